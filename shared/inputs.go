@@ -1,0 +1,72 @@
+package shared
+
+import "strings"
+
+// Inputs is a set of per-worker inputs a component declares it reads. The
+// router computes only the inputs that some component of a policy declared,
+// so a component must declare everything it reads from Candidates.
+type Inputs uint32
+
+const (
+	// InputActiveRequests is the router-owned in-flight request count of each
+	// worker (Candidates.ActiveRequests), booked at dispatch and released at
+	// completion, error, cancel or worker removal.
+	InputActiveRequests Inputs = 1 << iota
+	// InputOccupancy is the deprecated alias of InputActiveRequests. Loading a
+	// policy that declares it warns; it is removed in v2.0. The router treats
+	// it exactly as InputActiveRequests (see Normalize).
+	InputOccupancy
+	// InputLoad is the per-worker Load record (Candidates.Load): booked prefill
+	// tokens and decode blocks plus engine-reported KV usage and queue length.
+	InputLoad
+	// InputCache is the request's prefix overlap with each worker in blocks
+	// (Candidates.OverlapBlocks), from the router's prefix index.
+	InputCache
+	// InputCapacity is each worker's KV capacity in blocks
+	// (Candidates.TotalKVBlocks).
+	InputCapacity
+
+	inputsEnd
+)
+
+// AllInputs is the union of every defined input flag.
+const AllInputs = inputsEnd - 1
+
+var inputNames = [...]string{"ACTIVE_REQUESTS", "OCCUPANCY", "LOAD", "CACHE", "CAPACITY"}
+
+// Normalize folds the deprecated OCCUPANCY alias into ACTIVE_REQUESTS and
+// drops unknown bits.
+func (in Inputs) Normalize() Inputs {
+	if in&InputOccupancy != 0 {
+		in = in&^InputOccupancy | InputActiveRequests
+	}
+	return in & AllInputs
+}
+
+// Has reports whether every flag of want is in the set.
+func (in Inputs) Has(want Inputs) bool { return in&want == want }
+
+// String renders the set as "ACTIVE_REQUESTS|CACHE", or "none".
+func (in Inputs) String() string {
+	var parts []string
+	for i, name := range inputNames {
+		if in&(1<<i) != 0 {
+			parts = append(parts, name)
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, "|")
+}
+
+// ParseInput returns the flag named by its DESIGN.md name ("ACTIVE_REQUESTS",
+// "OCCUPANCY", "LOAD", "CACHE", "CAPACITY") and whether the name is known.
+func ParseInput(name string) (Inputs, bool) {
+	for i, n := range inputNames {
+		if n == name {
+			return 1 << i, true
+		}
+	}
+	return 0, false
+}

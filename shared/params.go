@@ -1,0 +1,113 @@
+package shared
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// ParamType is the type of one component parameter.
+type ParamType uint8
+
+// Parameter types. Values arrive in Params as float64 (Number), int64 (Int),
+// bool (Bool), string (String) or time.Duration (Duration, written as a Go
+// duration string such as "20ms").
+const (
+	Number ParamType = iota + 1
+	Int
+	Bool
+	String
+	Duration
+)
+
+// String returns the type's schema name.
+func (t ParamType) String() string {
+	switch t {
+	case Number:
+		return "number"
+	case Int:
+		return "int"
+	case Bool:
+		return "bool"
+	case String:
+		return "string"
+	case Duration:
+		return "duration"
+	}
+	return "unknown"
+}
+
+// ParamSpec declares one parameter of a component type: the schema the policy
+// loader decodes HCL attributes against, and what `router plugins describe`
+// prints.
+type ParamSpec struct {
+	Name     string
+	Type     ParamType
+	Required bool
+	// Default is used when the attribute is absent; nil means no default.
+	// Its Go type matches Type (float64, int64, bool, string, time.Duration).
+	Default any
+	// Doc states meaning, units and default for users.
+	Doc string
+}
+
+// Params holds decoded parameter values by name, typed as ParamType says.
+// Absent optional parameters without a default are missing from the map.
+type Params map[string]any
+
+// Float returns a Number (or Int) parameter, or def when absent.
+func (p Params) Float(name string, def float64) float64 {
+	switch v := p[name].(type) {
+	case float64:
+		return v
+	case int64:
+		return float64(v)
+	}
+	return def
+}
+
+// Int returns an Int parameter, or def when absent.
+func (p Params) Int(name string, def int64) int64 {
+	switch v := p[name].(type) {
+	case int64:
+		return v
+	case float64:
+		return int64(v)
+	}
+	return def
+}
+
+// Bool returns a Bool parameter, or def when absent.
+func (p Params) Bool(name string, def bool) bool {
+	if v, ok := p[name].(bool); ok {
+		return v
+	}
+	return def
+}
+
+// String returns a String parameter, or def when absent.
+func (p Params) String(name string, def string) string {
+	if v, ok := p[name].(string); ok {
+		return v
+	}
+	return def
+}
+
+// Duration returns a Duration parameter, or def when absent.
+func (p Params) Duration(name string, def time.Duration) time.Duration {
+	if v, ok := p[name].(time.Duration); ok {
+		return v
+	}
+	return def
+}
+
+// Has reports whether the parameter was given or defaulted.
+func (p Params) Has(name string) bool { _, ok := p[name]; return ok }
+
+// NonNegative returns a *ParamError unless v is finite and >= 0.
+func NonNegative(name string, v float64) error {
+	if math.IsNaN(v) || math.IsInf(v, 0) || v < 0 {
+		return &ParamError{Param: name, Err: fmt.Errorf("must be a finite number >= 0, got %v", v)}
+	}
+	return nil
+}

@@ -1,0 +1,158 @@
+package shared
+
+// WorkerID identifies one engine endpoint. Together with an optional
+// data-parallel rank it names one candidate: (WorkerID, DPRank).
+type WorkerID uint64
+
+// Role is a worker's serving role.
+type Role string
+
+// The worker roles. Disaggregated serving splits prefill and decode.
+const (
+	RoleAggregated Role = "aggregated"
+	RolePrefill    Role = "prefill"
+	RoleDecode     Role = "decode"
+)
+
+// Valid reports whether r is one of the three roles.
+func (r Role) Valid() bool {
+	return r == RoleAggregated || r == RolePrefill || r == RoleDecode
+}
+
+// Request is what a component sees of one LLM request. Components must treat
+// it as read-only; it is shared by every component of the policy.
+type Request struct {
+	// ID is unique among live requests.
+	ID string
+	// Model is the model the request names.
+	Model string
+	// Role is the role being selected for.
+	Role Role
+	// PromptTokens is the prompt length in tokens (>= 0).
+	PromptTokens int
+	// BlockSize is the router's tokens per KV block (> 0).
+	BlockSize int
+	// BlockHashes are the chained hashes of the prompt's full and partial
+	// blocks of BlockSize tokens: BlockHashes[k] identifies tokens
+	// [0, (k+1)*BlockSize), so equal leading hashes mean a shared prefix.
+	BlockHashes []uint64
+	// SessionID groups the turns of one conversation; empty when unknown.
+	SessionID string
+	// Priority is the classifier-assigned priority, higher first.
+	Priority int
+	// Metadata carries request attributes (HTTP headers in serve, trace
+	// fields in replay) for classifiers and plugins. May be nil.
+	Metadata map[string]string
+}
+
+// Load is what the router knows of one worker's load: its own bookings plus
+// the engine's last metrics report.
+type Load struct {
+	// Available is true when the engine has reported metrics recently; a
+	// worker without an observation is "unknown", which differs from idle.
+	Available bool
+	// ActivePrefillTokens is the booked prompt tokens not yet prefilled
+	// (uncached tokens of in-flight requests before their first token).
+	ActivePrefillTokens int64
+	// ActiveDecodeBlocks is the booked KV blocks of in-flight requests.
+	ActiveDecodeBlocks int64
+	// ActiveRequests is the router's in-flight request count.
+	ActiveRequests int64
+	// KVUsage is the engine's KV-cache usage in [0, 1]; valid when HasKVUsage.
+	KVUsage    float64
+	HasKVUsage bool
+	// Waiting is the engine's queued request count; valid when HasWaiting.
+	Waiting    int64
+	HasWaiting bool
+}
+
+// Candidates is the set of workers a policy chooses among, as columns: row i
+// of every non-nil column describes worker IDs[i]. Rows are in ascending
+// (WorkerID, DPRank) order without duplicates. A column is nil unless some
+// component of the policy declared its input.
+//
+// Components must not modify the columns; the pipeline compacts them between
+// filters and fills Costs before the picker runs.
+type Candidates struct {
+	IDs            []WorkerID
+	DPRanks        []uint32  // nil when no worker has a data-parallel rank
+	ActiveRequests []int64   // InputActiveRequests
+	Load           []Load    // InputLoad
+	OverlapBlocks  []int32   // InputCache: leading blocks of the request the worker holds
+	TotalKVBlocks  []int64   // InputCapacity
+	Costs          []float64 // summed weighted scorer costs; nil when the policy has no scorer
+}
+
+// Len is the number of candidate rows.
+func (c *Candidates) Len() int { return len(c.IDs) }
+
+// Compact keeps the rows whose keep flag is true, preserving order, in
+// place in every non-nil column, and returns the new length. keep must have
+// Len() entries.
+func (c *Candidates) Compact(keep []bool) int {
+	n := 0
+	for i, k := range keep {
+		if !k {
+			continue
+		}
+		if n != i {
+			c.IDs[n] = c.IDs[i]
+			if c.DPRanks != nil {
+				c.DPRanks[n] = c.DPRanks[i]
+			}
+			if c.ActiveRequests != nil {
+				c.ActiveRequests[n] = c.ActiveRequests[i]
+			}
+			if c.Load != nil {
+				c.Load[n] = c.Load[i]
+			}
+			if c.OverlapBlocks != nil {
+				c.OverlapBlocks[n] = c.OverlapBlocks[i]
+			}
+			if c.TotalKVBlocks != nil {
+				c.TotalKVBlocks[n] = c.TotalKVBlocks[i]
+			}
+			if c.Costs != nil {
+				c.Costs[n] = c.Costs[i]
+			}
+		}
+		n++
+	}
+	c.IDs = c.IDs[:n]
+	if c.DPRanks != nil {
+		c.DPRanks = c.DPRanks[:n]
+	}
+	if c.ActiveRequests != nil {
+		c.ActiveRequests = c.ActiveRequests[:n]
+	}
+	if c.Load != nil {
+		c.Load = c.Load[:n]
+	}
+	if c.OverlapBlocks != nil {
+		c.OverlapBlocks = c.OverlapBlocks[:n]
+	}
+	if c.TotalKVBlocks != nil {
+		c.TotalKVBlocks = c.TotalKVBlocks[:n]
+	}
+	if c.Costs != nil {
+		c.Costs = c.Costs[:n]
+	}
+	return n
+}
+
+// Sorted reports whether the rows are in strictly ascending (WorkerID,
+// DPRank) order, the order the router guarantees.
+func (c *Candidates) Sorted() bool {
+	for i := 1; i < len(c.IDs); i++ {
+		a, b := c.IDs[i-1], c.IDs[i]
+		if a > b {
+			return false
+		}
+		if a == b {
+			if c.DPRanks == nil || c.DPRanks[i-1] >= c.DPRanks[i] {
+				return false
+			}
+		}
+	}
+	return true
+}

@@ -1,0 +1,48 @@
+package shared
+
+// TypeInfo describes one component type: what the catalog registers and what
+// a plugin's Describe returns. Like Caddy's ModuleInfo, New returns a fresh
+// instance and has no side effects beyond it.
+type TypeInfo struct {
+	// Name is the type name used in policy files, e.g. "round-robin".
+	// Identifier characters [A-Za-z0-9_.-]; "default" is reserved.
+	Name string
+	// Kind is filter, scorer, picker or classifier.
+	Kind Kind
+	// Inputs are the inputs an instance may declare (informational; each
+	// instance reports its own through Component.Inputs).
+	Inputs Inputs
+	// Params is the parameter schema, in documentation order.
+	Params []ParamSpec
+	// Doc is a one-paragraph description for `router validate` and docs.
+	Doc string
+	// New builds an instance from decoded parameters (defaults applied). A
+	// parameter it refuses is reported as a *ParamError. The result must
+	// implement the interface matching Kind.
+	New func(p Params) (Component, error)
+}
+
+// Param returns the spec of the named parameter.
+func (t *TypeInfo) Param(name string) (ParamSpec, bool) {
+	for _, p := range t.Params {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return ParamSpec{}, false
+}
+
+// WithDefaults returns a copy of p with the schema's defaults filled in for
+// absent parameters.
+func (t *TypeInfo) WithDefaults(p Params) Params {
+	out := make(Params, len(t.Params))
+	for k, v := range p {
+		out[k] = v
+	}
+	for _, spec := range t.Params {
+		if _, ok := out[spec.Name]; !ok && spec.Default != nil {
+			out[spec.Name] = spec.Default
+		}
+	}
+	return out
+}
