@@ -1,0 +1,218 @@
+// Package fleet holds the router's view of its workers: membership by role,
+// each worker's router-owned booking counts (ACTIVE_REQUESTS and the booked
+// part of LOAD), and the engine's last load report.
+//
+// Membership changes publish an immutable Snapshot through an atomic
+// pointer, so selection reads candidates with no lock. Booking is keyed by
+// the worker's join generation: a booking holds the *Worker it was made on,
+// and a worker that leaves and rejoins under the same id is a new *Worker,
+// so a late release can never drive the new counts negative.
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// ErrUnknownWorker: RemoveWorker of an id that is not a member.
+var ErrUnknownWorker = errors.New("unknown worker")
+
+// Spec describes a worker joining the fleet.
+type Spec struct {
+	ID     shared.WorkerID
+	DPRank uint32
+	Role   shared.Role
+	// TotalKVBlocks is the worker's KV capacity in router blocks
+	// (block_size tokens), the CAPACITY input; > 0.
+	TotalKVBlocks int64
+	// Name is a human label (a worker block name or "sim-3").
+	Name string
+}
+
+// Worker is one member of the fleet for one join generation.
+type Worker struct {
+	Spec
+	// Generation increases with every join across the fleet.
+	Generation uint64
+
+	active        atomic.Int64
+	prefillTokens atomic.Int64
+	decodeBlocks  atomic.Int64
+	engine        atomic.Pointer[EngineLoad]
+}
+
+// EngineLoad is what the engine last reported of itself.
+type EngineLoad struct {
+	KVUsage    float64 // 0..1
+	HasKVUsage bool
+	Waiting    int64
+	HasWaiting bool
+}
+
+// ActiveRequests is the in-flight count booked on this worker.
+func (w *Worker) ActiveRequests() int64 { return w.active.Load() }
+
+// SetEngineLoad records the engine's own report; nil clears it (no
+// observation: Load.Available becomes false).
+func (w *Worker) SetEngineLoad(l *EngineLoad) { w.engine.Store(l) }
+
+// Load returns the LOAD input for this worker. Available is true when the
+// engine has reported, or when the worker is simulated and the router's own
+// bookings are the whole truth (see Fleet.BookingsAreLoad).
+func (w *Worker) Load(bookingsAreLoad bool) shared.Load {
+	l := shared.Load{
+		ActivePrefillTokens: w.prefillTokens.Load(),
+		ActiveDecodeBlocks:  w.decodeBlocks.Load(),
+		ActiveRequests:      w.active.Load(),
+		Available:           bookingsAreLoad,
+	}
+	if e := w.engine.Load(); e != nil {
+		l.Available = true
+		l.KVUsage, l.HasKVUsage = e.KVUsage, e.HasKVUsage
+		l.Waiting, l.HasWaiting = e.Waiting, e.HasWaiting
+	}
+	return l
+}
+
+// Partition is the sorted members of one role in one snapshot. It is
+// immutable once published.
+type Partition struct {
+	Role    shared.Role
+	Workers []*Worker         // ascending (ID, DPRank)
+	IDs     []shared.WorkerID // IDs[i] == Workers[i].ID
+	DPRanks []uint32          // nil when every rank is 0
+	// Key identifies the candidate set (role and member generations), so a
+	// round-robin cursor is never shared by two sets.
+	Key uint64
+	// ActiveAt returns Workers[row].ActiveRequests(); built once per
+	// partition so the hosted path passes it without allocating.
+	ActiveAt func(row int) int64
+}
+
+// Snapshot is one immutable membership view.
+type Snapshot struct {
+	roles map[shared.Role]*Partition
+}
+
+// Partition returns the members of role; nil when there are none.
+func (s *Snapshot) Partition(role shared.Role) *Partition { return s.roles[role] }
+
+// Fleet is the set of workers. Membership changes take a lock and publish a
+// new Snapshot; reads are lock-free.
+type Fleet struct {
+	mu      sync.Mutex
+	gen     uint64
+	members map[key]*Worker
+	snap    atomic.Pointer[Snapshot]
+}
+
+type key struct {
+	id   shared.WorkerID
+	rank uint32
+}
+
+// New returns an empty fleet.
+func New() *Fleet {
+	f := &Fleet{members: make(map[key]*Worker)}
+	f.snap.Store(&Snapshot{roles: map[shared.Role]*Partition{}})
+	return f
+}
+
+// Snapshot returns the current membership.
+func (f *Fleet) Snapshot() *Snapshot { return f.snap.Load() }
+
+// AddWorker joins a worker under a new generation and returns it. Joining an
+// id (and rank) that is already a member replaces it: the old *Worker keeps
+// its bookings, which release against it, not the new one.
+func (f *Fleet) AddWorker(s Spec) (*Worker, error) {
+	if !s.Role.Valid() {
+		return nil, fmt.Errorf("worker %d: invalid role %q", s.ID, s.Role)
+	}
+	if s.TotalKVBlocks <= 0 {
+		return nil, fmt.Errorf("worker %d: total_kv_blocks %d, want > 0", s.ID, s.TotalKVBlocks)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gen++
+	w := &Worker{Spec: s, Generation: f.gen}
+	f.members[key{s.ID, s.DPRank}] = w
+	f.publishLocked()
+	return w, nil
+}
+
+// RemoveWorker takes a worker out of every future candidate set. Requests
+// in flight on it keep their bookings until they end.
+func (f *Fleet) RemoveWorker(id shared.WorkerID, rank uint32) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	k := key{id, rank}
+	if _, ok := f.members[k]; !ok {
+		return fmt.Errorf("removing worker %d rank %d: %w", id, rank, ErrUnknownWorker)
+	}
+	delete(f.members, k)
+	f.publishLocked()
+	return nil
+}
+
+func (f *Fleet) publishLocked() {
+	byRole := map[shared.Role][]*Worker{}
+	for _, w := range f.members {
+		byRole[w.Role] = append(byRole[w.Role], w)
+	}
+	snap := &Snapshot{roles: make(map[shared.Role]*Partition, len(byRole))}
+	for role, ws := range byRole {
+		slices.SortFunc(ws, func(a, b *Worker) int {
+			if a.ID != b.ID {
+				if a.ID < b.ID {
+					return -1
+				}
+				return 1
+			}
+			return int(a.DPRank) - int(b.DPRank)
+		})
+		p := &Partition{Role: role, Workers: ws, IDs: make([]shared.WorkerID, len(ws))}
+		h := fnv(0xcbf29ce484222325, []byte(role))
+		for i, w := range ws {
+			p.IDs[i] = w.ID
+			if w.DPRank != 0 && p.DPRanks == nil {
+				p.DPRanks = make([]uint32, len(ws))
+			}
+			h = fnv64(h, uint64(w.ID))
+			h = fnv64(h, uint64(w.DPRank)<<32|w.Generation&0xffffffff)
+		}
+		if p.DPRanks != nil {
+			for i, w := range ws {
+				p.DPRanks[i] = w.DPRank
+			}
+		}
+		if h == 0 {
+			h = 1 // zero means "unknown" to the hosted path
+		}
+		p.Key = h
+		p.ActiveAt = func(row int) int64 { return ws[row].active.Load() }
+		snap.roles[role] = p
+	}
+	f.snap.Store(snap)
+}
+
+func fnv(h uint64, b []byte) uint64 {
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= 0x100000001b3
+	}
+	return h
+}
+
+func fnv64(h, v uint64) uint64 {
+	for range 8 {
+		h ^= v & 0xff
+		h *= 0x100000001b3
+		v >>= 8
+	}
+	return h
+}

@@ -1,0 +1,135 @@
+package fleet
+
+import (
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+func add(t *testing.T, f *Fleet, id shared.WorkerID, role shared.Role) *Worker {
+	t.Helper()
+	w, err := f.AddWorker(Spec{ID: id, Role: role, TotalKVBlocks: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+func TestPartitionsSortedByRole(t *testing.T) {
+	f := New()
+	for _, id := range []shared.WorkerID{9, 3, 7, 1} {
+		add(t, f, id, shared.RoleAggregated)
+	}
+	add(t, f, 5, shared.RolePrefill)
+	s := f.Snapshot()
+	if diff := cmp.Diff([]shared.WorkerID{1, 3, 7, 9}, s.Partition(shared.RoleAggregated).IDs); diff != "" {
+		t.Fatalf("aggregated ids (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]shared.WorkerID{5}, s.Partition(shared.RolePrefill).IDs); diff != "" {
+		t.Fatalf("prefill ids (-want +got):\n%s", diff)
+	}
+	if s.Partition(shared.RoleDecode) != nil {
+		t.Fatal("decode partition should be nil")
+	}
+	if s.Partition(shared.RoleAggregated).Key == s.Partition(shared.RolePrefill).Key {
+		t.Fatal("two roles share a candidate-set key")
+	}
+	before := s.Partition(shared.RoleAggregated).Key
+	if err := f.RemoveWorker(3, 0); err != nil {
+		t.Fatal(err)
+	}
+	after := f.Snapshot().Partition(shared.RoleAggregated)
+	if after.Key == before {
+		t.Fatal("membership change kept the candidate-set key")
+	}
+	if diff := cmp.Diff([]shared.WorkerID{1, 7, 9}, after.IDs); diff != "" {
+		t.Fatalf("after removal (-want +got):\n%s", diff)
+	}
+	if err := f.RemoveWorker(3, 0); !errors.Is(err, ErrUnknownWorker) {
+		t.Fatalf("second removal: err = %v, want ErrUnknownWorker", err)
+	}
+}
+
+func TestBookingReleasedExactlyOnce(t *testing.T) {
+	f := New()
+	w := add(t, f, 1, shared.RoleAggregated)
+	const n = 200
+	bookings := make([]*Booking, n)
+	for i := range bookings {
+		bookings[i] = Book(w, 100, 4)
+	}
+	if got := w.Load(true); got.ActiveRequests != n || got.ActivePrefillTokens != 100*n || got.ActiveDecodeBlocks != 4*n {
+		t.Fatalf("after booking: %+v", got)
+	}
+	// Every booking is released by up to four racing paths (completion,
+	// error, cancel, removal) and first-token by two; exactly one release
+	// counts per booking.
+	var wg sync.WaitGroup
+	var released sync.Map
+	for i, b := range bookings {
+		for range 2 {
+			wg.Go(b.PrefillDone)
+		}
+		for range 4 {
+			wg.Go(func() {
+				if b.Release() {
+					if _, dup := released.LoadOrStore(i, true); dup {
+						t.Errorf("booking %d released twice", i)
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if got := w.Load(true); got != (shared.Load{Available: true}) {
+		t.Fatalf("after release: %+v, want all zero", got)
+	}
+}
+
+func TestRejoinNeverGoesNegative(t *testing.T) {
+	f := New()
+	old := add(t, f, 1, shared.RoleAggregated)
+	b := Book(old, 10, 1)
+	if err := f.RemoveWorker(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	rejoined := add(t, f, 1, shared.RoleAggregated)
+	if rejoined == old || rejoined.Generation <= old.Generation {
+		t.Fatalf("rejoin must be a new generation: old %d new %d", old.Generation, rejoined.Generation)
+	}
+	b.Release() // the request that was in flight on the old generation ends
+	if got := rejoined.ActiveRequests(); got != 0 {
+		t.Fatalf("rejoined worker count = %d, want 0", got)
+	}
+	if got := old.ActiveRequests(); got != 0 {
+		t.Fatalf("old generation count = %d, want 0", got)
+	}
+	if p := f.Snapshot().Partition(shared.RoleAggregated); p.Workers[0] != rejoined || p.ActiveAt(0) != 0 {
+		t.Fatal("snapshot must hold the rejoined worker")
+	}
+}
+
+func TestAddWorkerValidates(t *testing.T) {
+	f := New()
+	if _, err := f.AddWorker(Spec{ID: 1, Role: "both", TotalKVBlocks: 1}); err == nil {
+		t.Error("want an error for an invalid role")
+	}
+	if _, err := f.AddWorker(Spec{ID: 1, Role: shared.RoleDecode}); err == nil {
+		t.Error("want an error for zero capacity")
+	}
+}
+
+func TestEngineLoadMakesAvailable(t *testing.T) {
+	f := New()
+	w := add(t, f, 1, shared.RoleAggregated)
+	if w.Load(false).Available {
+		t.Fatal("no observation must read as unavailable, not idle")
+	}
+	w.SetEngineLoad(&EngineLoad{KVUsage: 0.5, HasKVUsage: true})
+	if l := w.Load(false); !l.Available || l.KVUsage != 0.5 || !l.HasKVUsage {
+		t.Fatalf("after report: %+v", l)
+	}
+}

@@ -1,0 +1,132 @@
+package prefix
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+func hashes(ids ...uint64) []uint64 { return ChainHashes(nil, ids) }
+
+func TestChainHashSharesPrefixOnly(t *testing.T) {
+	a := hashes(0, 1, 2, 3)
+	b := hashes(0, 1, 9, 3)
+	if a[0] != b[0] || a[1] != b[1] {
+		t.Fatalf("equal leading ids must hash equal: %x %x", a[:2], b[:2])
+	}
+	if a[2] == b[2] || a[3] == b[3] {
+		t.Fatalf("a differing block must change every later hash: %x %x", a[2:], b[2:])
+	}
+}
+
+func TestFillOverlap(t *testing.T) {
+	x := New()
+	for id := shared.WorkerID(1); id <= 4; id++ {
+		if err := x.AddWorker(id, 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x.Record(1, hashes(0, 1, 2, 3))
+	x.Record(2, hashes(0, 1))
+	x.Record(3, hashes(0, 5, 6))
+	// Worker 4 holds nothing.
+	req := hashes(0, 1, 2, 7)
+	ids := []shared.WorkerID{1, 2, 3, 4}
+	got := make([]int32, 4)
+	x.Fill(ids, req, got)
+	if diff := cmp.Diff([]int32{3, 2, 1, 0}, got); diff != "" {
+		t.Fatalf("overlap (-want +got):\n%s", diff)
+	}
+	// A candidate subset in order; the scratch must be reset between calls.
+	got = got[:2]
+	x.Fill([]shared.WorkerID{2, 3}, req, got)
+	if diff := cmp.Diff([]int32{2, 1}, got); diff != "" {
+		t.Fatalf("subset overlap (-want +got):\n%s", diff)
+	}
+	for id, want := range map[shared.WorkerID]int{1: 3, 2: 2, 3: 1, 4: 0, 99: 0} {
+		if got := x.Overlap(id, req); got != want {
+			t.Errorf("Overlap(%d) = %d, want %d", id, got, want)
+		}
+	}
+}
+
+func TestEvictionTakesSuffixesFirst(t *testing.T) {
+	x := New()
+	if err := x.AddWorker(1, 4); err != nil {
+		t.Fatal(err)
+	}
+	a := hashes(0, 1, 2)
+	x.Record(1, a) // holds 0,1,2
+	b := hashes(0, 3, 4)
+	x.Record(1, b) // needs 2 new slots of 4: evicts a's tail (block 2) only
+	if got := x.Len(1); got != 4 {
+		t.Fatalf("Len = %d, want 4 (capacity)", got)
+	}
+	if got := x.Overlap(1, a); got != 2 {
+		t.Errorf("overlap with a = %d, want 2: its suffix block goes first, its prefix stays", got)
+	}
+	if got := x.Overlap(1, b); got != 3 {
+		t.Errorf("overlap with b = %d, want 3", got)
+	}
+	// The evicted hash is gone from the holder map too.
+	ids := []shared.WorkerID{1}
+	got := []int32{0}
+	x.Fill(ids, a, got)
+	if got[0] != 2 {
+		t.Errorf("Fill overlap with a = %d, want 2", got[0])
+	}
+	if _, ok := x.holders[a[2]]; ok {
+		t.Errorf("evicted block still has holders")
+	}
+}
+
+func TestRemoveWorkerPurges(t *testing.T) {
+	x := New()
+	_ = x.AddWorker(1, 10)
+	_ = x.AddWorker(2, 10)
+	h := hashes(0, 1)
+	x.Record(1, h)
+	x.Record(2, h)
+	x.RemoveWorker(1)
+	if n := len(x.holders[h[0]]); n != 1 {
+		t.Fatalf("holders after removal = %d, want 1", n)
+	}
+	got := []int32{9, 9}
+	x.Fill([]shared.WorkerID{1, 2}, h, got)
+	if diff := cmp.Diff([]int32{0, 2}, got); diff != "" {
+		t.Fatalf("overlap after removal (-want +got):\n%s", diff)
+	}
+	// Rejoining starts empty and reuses the freed slot.
+	_ = x.AddWorker(1, 10)
+	if x.Overlap(1, h) != 0 || len(x.slots) != 2 {
+		t.Fatalf("rejoined worker: overlap %d, slots %d; want 0, 2", x.Overlap(1, h), len(x.slots))
+	}
+	x.RemoveWorker(1)
+	x.RemoveWorker(2)
+	if len(x.holders) != 0 || len(x.byID) != 0 {
+		t.Fatalf("index not empty after removing all: %d holders, %d workers", len(x.holders), len(x.byID))
+	}
+}
+
+func TestAddWorkerRejectsZeroCapacity(t *testing.T) {
+	if err := New().AddWorker(1, 0); err == nil {
+		t.Fatal("want an error for capacity 0")
+	}
+}
+
+func BenchmarkFill(b *testing.B) {
+	x := New()
+	ids := make([]shared.WorkerID, 64)
+	for i := range ids {
+		ids[i] = shared.WorkerID(i)
+		_ = x.AddWorker(ids[i], 1000)
+		x.Record(ids[i], hashes(0, uint64(i), 2, 3))
+	}
+	req := hashes(0, 5, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
+	out := make([]int32, len(ids))
+	b.ReportAllocs()
+	for b.Loop() {
+		x.Fill(ids, req, out)
+	}
+}
