@@ -1,0 +1,143 @@
+package builtin
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// TypeMinCost is the type name of the MinCost picker.
+const TypeMinCost = "min-cost"
+
+// ParamTemperature is the name of the min-cost picker's temperature.
+const ParamTemperature = "temperature"
+
+// MinCost picks by the summed scorer costs (Candidates.Costs). At
+// temperature 0 it picks a lowest-cost row, uniformly among ties. At
+// temperature T > 0 it samples a softmax over range-normalised costs:
+//
+//	p_i ~ exp(-(c_i - c_min) / ((c_max - c_min) * T))
+//
+// so the cheapest row has weight 1, the dearest exp(-1/T), independent of
+// the costs' scale; when all costs are equal (or the policy has no scorer)
+// the draw is uniform. Draws come from the instance's generator, so with a
+// seed a single-threaded replay repeats exactly.
+//
+// A pick makes two passes over the costs (range, then a one-pass weighted
+// reservoir draw, Chao 1982) and allocates nothing.
+type MinCost struct {
+	temperature float64
+	rng         *rng
+}
+
+// MinCostType describes the min-cost picker.
+func MinCostType() shared.TypeInfo {
+	return shared.TypeInfo{
+		Name: TypeMinCost,
+		Kind: shared.KindPicker,
+		Params: []shared.ParamSpec{
+			{Name: ParamTemperature, Type: shared.Number, Default: 0.0,
+				Doc: "Softmax temperature over range-normalised costs, unitless, finite, >= 0. " +
+					"Default 0: always a lowest-cost candidate (uniform among ties). At T > 0 the " +
+					"dearest candidate is exp(1/T) times less likely than the cheapest (T = 1: e times)."},
+			seedSpec(),
+		},
+		Doc: "Picks the lowest summed scorer cost (temperature 0, uniform among ties) or samples " +
+			"p_i ~ exp(-(c_i - c_min) / ((c_max - c_min) * T)) (temperature T > 0).",
+		New: func(p shared.Params) (shared.Component, error) { return NewMinCost(p) },
+	}
+}
+
+// NewMinCost returns a min-cost picker from p. A temperature that is NaN,
+// infinite or negative fails with a *shared.ParamError.
+func NewMinCost(p shared.Params) (*MinCost, error) {
+	t := p.Float(ParamTemperature, 0)
+	if err := shared.NonNegative(ParamTemperature, t); err != nil {
+		return nil, err
+	}
+	return &MinCost{temperature: t, rng: newRNG(p)}, nil
+}
+
+// Inputs returns 0: the picker reads only the costs the scorers wrote.
+func (*MinCost) Inputs() shared.Inputs { return 0 }
+
+// Temperature returns the configured temperature.
+func (m *MinCost) Temperature() float64 { return m.temperature }
+
+// Pick returns a row of c chosen by cost as the type describes. It fails
+// with shared.ErrNoWorkers when c is empty and with ErrMissingColumn when
+// c.Costs is non-nil with a length other than c.Len(). A nil c.Costs (no
+// scorer) counts as all costs equal.
+func (m *MinCost) Pick(_ context.Context, _ *shared.Request, c *shared.Candidates) (int, error) {
+	n := c.Len()
+	if n == 0 {
+		return -1, shared.ErrNoWorkers
+	}
+	costs := c.Costs
+	if costs == nil {
+		return m.rng.intn(n), nil
+	}
+	if len(costs) != n {
+		return -1, fmt.Errorf("min-cost: %w: %d costs for %d candidates", ErrMissingColumn, len(costs), n)
+	}
+	if m.temperature == 0 {
+		return m.lowest(costs), nil
+	}
+	return m.softmax(costs), nil
+}
+
+// lowest returns a minimum-cost row, uniform among ties (reservoir
+// sampling).
+func (m *MinCost) lowest(costs []float64) int {
+	g := m.rng.stream()
+	best, low, ties := 0, costs[0], 1
+	for i := 1; i < len(costs); i++ {
+		switch c := costs[i]; {
+		case c < low:
+			best, low, ties = i, c, 1
+		case c == low:
+			ties++
+			if g.intn(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// softmax samples row i with weight exp(-(c_i - c_min) * k), k = 1 /
+// ((c_max - c_min) * T), by Chao's one-pass weighted reservoir: row i
+// replaces the current choice with probability w_i / (w_0 + ... + w_i).
+func (m *MinCost) softmax(costs []float64) int {
+	low, high := costs[0], costs[0]
+	for _, c := range costs[1:] {
+		if c < low {
+			low = c
+		} else if c > high {
+			high = c
+		}
+	}
+	span := high - low
+	if span == 0 {
+		return m.rng.intn(len(costs))
+	}
+	k := 1 / (span * m.temperature)
+	if math.IsInf(k, 0) { // T so small that every weight but the minimum's underflows
+		return m.lowest(costs)
+	}
+	g := m.rng.stream()
+	best, total := 0, 0.0
+	for i, c := range costs {
+		w := math.Exp(-(c - low) * k)
+		total += w
+		if g.float64()*total < w {
+			best = i
+		}
+	}
+	return best
+}
+
+// Interface guard.
+var _ shared.Picker = (*MinCost)(nil)

@@ -1,0 +1,148 @@
+package builtin
+
+import (
+	"context"
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// TestMinCostZeroTemperature: at T = 0 the pick is always a minimum, and
+// every tied minimum is picked about equally often.
+func TestMinCostZeroTemperature(t *testing.T) {
+	m, err := NewMinCost(seeded(5))
+	if err != nil {
+		t.Fatal(err)
+	}
+	costs := []float64{4, 1.5, 9, 1.5, 2, 1.5}
+	c := &shared.Candidates{IDs: idsN(len(costs)), Costs: costs}
+	seen := map[int]int{}
+	for range 6000 {
+		row, err := m.Pick(context.Background(), nil, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if costs[row] != 1.5 {
+			t.Fatalf("picked row %d of cost %v, want a minimum (1.5)", row, costs[row])
+		}
+		seen[row]++
+	}
+	for row, n := range seen {
+		if n < 1700 || n > 2300 {
+			t.Errorf("tied row %d picked %d times of 6000, want 2000 ± 300", row, n)
+		}
+	}
+	if len(seen) != 3 {
+		t.Errorf("picked rows %v, want all three minima", seen)
+	}
+}
+
+// TestMinCostSoftmax: at T > 0 the observed frequencies match the weights
+// exp(-(c_i - c_min) / ((c_max - c_min) T)) within 0.01 absolute over
+// 200000 draws (the binomial standard deviation is at most 0.0012).
+func TestMinCostSoftmax(t *testing.T) {
+	costs := []float64{10, 12, 20, 15, 10}
+	for _, temp := range []float64{0.25, 0.7, 2} {
+		m, err := NewMinCost(shared.Params{ParamTemperature: temp, ParamSeed: int64(11)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := &shared.Candidates{IDs: idsN(len(costs)), Costs: costs}
+		const draws = 200000
+		counts := make([]float64, len(costs))
+		for range draws {
+			row, err := m.Pick(context.Background(), nil, c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			counts[row]++
+		}
+		weights := make([]float64, len(costs))
+		var total float64
+		for i, c := range costs {
+			weights[i] = math.Exp(-(c - 10) / ((20 - 10) * temp))
+			total += weights[i]
+		}
+		for i := range weights {
+			weights[i] /= total
+			counts[i] /= draws
+		}
+		if diff := cmp.Diff(weights, counts, cmpApprox(0.01)); diff != "" {
+			t.Errorf("T=%v frequencies (-want +got):\n%s", temp, diff)
+		}
+	}
+}
+
+// TestMinCostEqualCosts: equal costs (or no scorer) give a uniform draw.
+func TestMinCostEqualCosts(t *testing.T) {
+	for _, costs := range [][]float64{{3, 3, 3, 3}, nil} {
+		for _, temp := range []float64{0, 0.7} {
+			m, _ := NewMinCost(shared.Params{ParamTemperature: temp, ParamSeed: int64(1)})
+			c := &shared.Candidates{IDs: idsN(4), Costs: costs}
+			counts := make([]int, 4)
+			for range 8000 {
+				row, err := m.Pick(context.Background(), nil, c)
+				if err != nil {
+					t.Fatal(err)
+				}
+				counts[row]++
+			}
+			for row, n := range counts {
+				if n < 1800 || n > 2200 {
+					t.Errorf("costs %v T=%v: row %d picked %d of 8000, want 2000 ± 200", costs, temp, row, n)
+				}
+			}
+		}
+	}
+}
+
+// TestMinCostTinyTemperature: a temperature so small that the softmax
+// degenerates still picks only minima.
+func TestMinCostTinyTemperature(t *testing.T) {
+	m, _ := NewMinCost(shared.Params{ParamTemperature: 1e-320, ParamSeed: int64(1)})
+	c := &shared.Candidates{IDs: idsN(3), Costs: []float64{1, 1 + 1e-9, 5}}
+	for range 500 {
+		if row, err := m.Pick(context.Background(), nil, c); err != nil || row != 0 {
+			t.Fatalf("Pick = %d, %v; want 0, nil", row, err)
+		}
+	}
+}
+
+func TestMinCostSeedRepeats(t *testing.T) {
+	costs := []float64{5, 1, 3, 1, 2, 8, 1}
+	c := &shared.Candidates{IDs: idsN(len(costs)), Costs: costs}
+	for _, temp := range []float64{0, 0.7} {
+		seq := func() []int {
+			m, _ := NewMinCost(shared.Params{ParamTemperature: temp, ParamSeed: int64(99)})
+			var out []int
+			for range 50 {
+				row, _ := m.Pick(context.Background(), nil, c)
+				out = append(out, row)
+			}
+			return out
+		}
+		if diff := cmp.Diff(seq(), seq()); diff != "" {
+			t.Errorf("T=%v: same seed, different picks (-first +second):\n%s", temp, diff)
+		}
+	}
+}
+
+func TestMinCostErrors(t *testing.T) {
+	for _, temp := range []float64{-0.1, math.NaN(), math.Inf(1)} {
+		var pe *shared.ParamError
+		if _, err := MinCostType().New(shared.Params{ParamTemperature: temp}); !errors.As(err, &pe) || pe.Param != ParamTemperature {
+			t.Errorf("temperature %v: error %v, want *ParamError for temperature", temp, err)
+		}
+	}
+	m, _ := NewMinCost(nil)
+	if _, err := m.Pick(context.Background(), nil, &shared.Candidates{}); !errors.Is(err, shared.ErrNoWorkers) {
+		t.Errorf("Pick on empty: %v, want ErrNoWorkers", err)
+	}
+	if _, err := m.Pick(context.Background(), nil, &shared.Candidates{IDs: idsN(2), Costs: []float64{1}}); !errors.Is(err, ErrMissingColumn) {
+		t.Errorf("Pick with short costs: %v, want ErrMissingColumn", err)
+	}
+}
