@@ -1,0 +1,188 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+func mustPolicy(t *testing.T, name string, scorers []shared.WeightedScorer, picker shared.Picker) *shared.Policy {
+	t.Helper()
+	return &shared.Policy{Name: name, Scorers: scorers, PickerName: "pick", Picker: picker}
+}
+
+func kvPolicy(t *testing.T) *shared.Policy {
+	t.Helper()
+	kv, err := builtin.NewKVCost(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc, err := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mustPolicy(t, "kv", []shared.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, mc)
+}
+
+func newRouter(t *testing.T, p *shared.Policy, workers int) *Router {
+	t.Helper()
+	r, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*shared.Policy{shared.RoleAggregated: p}, BookingsAreLoad: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range workers {
+		if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Role: shared.RoleAggregated, TotalKVBlocks: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return r
+}
+
+func request(prompt int, ids ...uint64) *shared.Request {
+	return &shared.Request{Role: shared.RoleAggregated, PromptTokens: prompt, BlockSize: 4, BlockHashes: prefix.ChainHashes(nil, ids)}
+}
+
+func TestHostedRoundRobinBooksAndReleases(t *testing.T) {
+	r := newRouter(t, mustPolicy(t, "rr", nil, builtin.NewRoundRobin()), 3)
+	if !r.Hosted(shared.RoleAggregated) {
+		t.Fatal("round-robin policy should run hosted")
+	}
+	var got []shared.WorkerID
+	var ds []Decision
+	for range 6 {
+		d, err := r.Select(context.Background(), request(8, 1, 2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Hosted {
+			t.Fatal("decision not hosted")
+		}
+		got = append(got, d.Worker.ID)
+		ds = append(ds, d)
+	}
+	if diff := cmp.Diff([]shared.WorkerID{1, 2, 3, 1, 2, 3}, got); diff != "" {
+		t.Fatalf("sequence (-want +got):\n%s", diff)
+	}
+	// Prompt 8 tokens = 2 blocks of 4; the first request to each worker had
+	// no overlap, the second had both blocks.
+	if ds[0].OverlapBlocks != 0 || ds[3].OverlapBlocks != 2 {
+		t.Fatalf("overlaps = %d, %d; want 0, 2", ds[0].OverlapBlocks, ds[3].OverlapBlocks)
+	}
+	w := ds[0].Worker
+	if l := w.Load(true); l.ActiveRequests != 2 || l.ActivePrefillTokens != 8 || l.ActiveDecodeBlocks != 4 {
+		t.Fatalf("worker 1 load = %+v; want 2 active, 8 prefill tokens (first request only), 4 blocks", l)
+	}
+	for _, d := range ds {
+		d.Booking.PrefillDone()
+		d.Booking.Release()
+		d.Booking.Release()
+	}
+	if l := w.Load(true); l.ActiveRequests != 0 || l.ActivePrefillTokens != 0 || l.ActiveDecodeBlocks != 0 {
+		t.Fatalf("after release: %+v", l)
+	}
+}
+
+func TestKVPolicyFollowsThePrefix(t *testing.T) {
+	r := newRouter(t, kvPolicy(t), 4)
+	if r.Hosted(shared.RoleAggregated) {
+		t.Fatal("kv policy must not run hosted")
+	}
+	first, err := r.Select(context.Background(), request(40, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first.Booking.PrefillDone()
+	first.Booking.Release()
+	// Same 10-block prefix plus one new block: the holder wins by 10 blocks
+	// of prefill credit.
+	d, err := r.Select(context.Background(), request(44, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 99))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker.ID != first.Worker.ID || d.OverlapBlocks != 10 {
+		t.Fatalf("second request went to %d with overlap %d; want %d with 10", d.Worker.ID, d.OverlapBlocks, first.Worker.ID)
+	}
+	// Booked prefill is the uncached part only: 44 - 10*4 = 4 tokens.
+	if l := d.Worker.Load(true); l.ActivePrefillTokens != 4 || l.ActiveDecodeBlocks != 11 {
+		t.Fatalf("load = %+v; want 4 prefill tokens, 11 blocks", l)
+	}
+}
+
+// failing is a picker that always errs, standing in for a broken component.
+type failing struct{}
+
+func (failing) Inputs() shared.Inputs { return 0 }
+func (failing) Pick(context.Context, *shared.Request, *shared.Candidates) (int, error) {
+	return 0, errors.New("component broke")
+}
+
+func TestFallbackAnswersWhenThePolicyFails(t *testing.T) {
+	ll := builtin.NewLeastLoaded(shared.Params{builtin.ParamSeed: int64(3)})
+	fb := mustPolicy(t, "least-loaded", nil, ll)
+	p := mustPolicy(t, "broken", nil, failing{})
+	p.Fallback = fb
+	r := newRouter(t, p, 2)
+	d, err := r.Select(context.Background(), request(4, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !d.Fallback || d.Policy != "least-loaded" || r.Fallbacks() != 1 || d.FallbackCause == nil {
+		t.Fatalf("decision %+v, fallbacks %d", d, r.Fallbacks())
+	}
+	// Without a fallback the error surfaces, naming the policy.
+	p.Fallback = nil
+	r = newRouter(t, p, 2)
+	if _, err := r.Select(context.Background(), request(4, 1)); err == nil || err.Error() != `policy "broken": picker "pick": component broke` {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestSelectErrors(t *testing.T) {
+	r := newRouter(t, mustPolicy(t, "rr", nil, builtin.NewRoundRobin()), 0)
+	if _, err := r.Select(context.Background(), request(4, 1)); !errors.Is(err, shared.ErrNoWorkers) {
+		t.Fatalf("no workers: err = %v", err)
+	}
+	req := request(4, 1)
+	req.Role = shared.RoleDecode
+	if _, err := r.Select(context.Background(), req); !errors.Is(err, ErrNoPolicy) {
+		t.Fatalf("no policy: err = %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := r.Select(ctx, request(4, 1)); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: err = %v", err)
+	}
+	if _, err := New(Options{BlockSize: 0}); err == nil {
+		t.Fatal("block size 0 accepted")
+	}
+}
+
+func TestRemoveWorkerLeavesSelection(t *testing.T) {
+	r := newRouter(t, kvPolicy(t), 2)
+	d, err := r.Select(context.Background(), request(8, 1, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.RemoveWorker(d.Worker.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	for range 5 {
+		d2, err := r.Select(context.Background(), request(8, 1, 2))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d2.Worker.ID == d.Worker.ID {
+			t.Fatal("removed worker selected")
+		}
+	}
+	d.Booking.Release() // in flight on the removed worker; must not panic or go negative
+	if got := d.Worker.ActiveRequests(); got != 0 {
+		t.Fatalf("removed worker count = %d", got)
+	}
+}
