@@ -1,0 +1,77 @@
+// Command router is the Switchyard request router: it validates policy
+// files and replays recorded LLM traffic through a policy on simulated
+// workers.
+//
+//	router validate FILE
+//	router replay [flags]
+//	router version
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// exitError carries an exit code through cobra without printing usage.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "router",
+		Short:         "Switchyard routes LLM requests to inference workers by policy",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.AddCommand(newValidateCmd(), newReplayCmd(), newVersionCmd())
+	return root
+}
+
+func newVersionCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the router version",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "switchyard router %s (plugin API switchyard.plugin.v1)\n", version)
+			return err
+		},
+	}
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes the command line and returns the process exit code: 0 on
+// success, 1 on a failed validation or run, 2 on a usage error.
+func run(args []string, stdout, stderr io.Writer) int {
+	root := newRootCmd(stdout, stderr)
+	root.SetArgs(args)
+	if err := root.Execute(); err != nil {
+		var ee *exitError
+		if errors.As(err, &ee) {
+			if ee.err != nil && ee.err.Error() != "" {
+				fmt.Fprintln(stderr, "router:", ee.err)
+			}
+			return ee.code
+		}
+		fmt.Fprintln(stderr, "router:", err)
+		return 2
+	}
+	return 0
+}

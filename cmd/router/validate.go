@@ -1,0 +1,88 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/switchyard-router/switchyard/hosted"
+	"github.com/switchyard-router/switchyard/router/catalog"
+	"github.com/switchyard-router/switchyard/router/config"
+)
+
+func newValidateCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "validate FILE",
+		Short: "Load a policy file and show what each role resolves to",
+		Long: `Load a policy file, resolve its bundle, and print per role the policy, its
+components (kind, name, type, source) and whether it runs on the hosted fast
+path. Warnings go to stderr; on any error the diagnostics are printed as
+file:line:col and the exit status is 1.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, diags := config.LoadFile(args[0], catalog.Default())
+			if len(diags) > 0 {
+				fmt.Fprint(cmd.ErrOrStderr(), config.FormatDiagnostics(diags))
+			}
+			if diags.HasErrors() || b == nil {
+				return &exitError{code: 1, err: errors.New("")}
+			}
+			return printBundle(cmd.OutOrStdout(), b)
+		},
+	}
+}
+
+// printBundle writes the per-role resolution of b.
+func printBundle(w io.Writer, b *config.Bundle) error {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%s: ok (block_size %d", b.Filename, b.BlockSize)
+	if b.Seed != nil {
+		fmt.Fprintf(&sb, ", seed %d", *b.Seed)
+	}
+	sb.WriteString(")\n")
+	decls := map[string]*config.PolicyDecl{}
+	for _, d := range b.Decls {
+		decls[d.Name] = d
+	}
+	for _, role := range config.Roles {
+		name := b.RolePolicies[role]
+		p := b.Roles[role]
+		if p == nil {
+			fmt.Fprintf(&sb, "%-10s  (no policy)\n", role)
+			continue
+		}
+		path := "pipeline"
+		if _, ok := hosted.IntoHosted(p); ok {
+			path = "hosted"
+		}
+		fmt.Fprintf(&sb, "%-10s  policy %q  [%s, inputs %s]\n", role, name, path, p.Inputs())
+		if d := decls[name]; d != nil {
+			for _, c := range d.Components {
+				where := "in-process"
+				if c.Source != catalog.SourceBuiltin {
+					where = "out-of-process (" + c.Source + ")"
+				}
+				label := c.Name
+				if label == "" {
+					label = c.Type
+				}
+				fmt.Fprintf(&sb, "            %-6s %-12s type %-14s %s", c.Kind, label, c.Type, where)
+				if c.Kind.String() == "scorer" {
+					fmt.Fprintf(&sb, "  weight %g", c.Weight)
+				}
+				sb.WriteByte('\n')
+			}
+			if d.Fallback != "" {
+				fmt.Fprintf(&sb, "            fallback %q\n", d.Fallback)
+			}
+		}
+	}
+	if b.Classifier != nil {
+		fmt.Fprintf(&sb, "classifier  type %s (%s)\n", b.Classifier.Type, b.Classifier.Source)
+	}
+	_, err := io.WriteString(w, sb.String())
+	return err
+}

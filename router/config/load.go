@@ -1,0 +1,400 @@
+package config
+
+import (
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/zclconf/go-cty/cty"
+
+	"github.com/switchyard-router/switchyard/router/catalog"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// Block and attribute names of the policy file.
+const (
+	blockRouter     = "router"
+	blockPlugin     = "plugin"
+	blockPolicy     = "policy"
+	blockSelection  = "worker_selection"
+	blockClassifier = "request_classifier"
+)
+
+var fileSchema = &hcl.BodySchema{
+	Blocks: []hcl.BlockHeaderSchema{
+		{Type: blockRouter},
+		{Type: blockPlugin, LabelNames: []string{"name"}},
+		{Type: blockPolicy, LabelNames: []string{"name"}},
+		{Type: blockSelection},
+		{Type: blockClassifier},
+	},
+}
+
+var routerSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "block_size"},
+		{Name: "seed"},
+	},
+}
+
+var pluginSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "command", Required: true},
+		{Name: "args"},
+		{Name: "env"},
+		{Name: "sha256"},
+		{Name: "start_timeout"},
+		{Name: "call_timeout"},
+	},
+}
+
+var selectionSchema = func() *hcl.BodySchema {
+	s := &hcl.BodySchema{}
+	for _, r := range Roles {
+		s.Attributes = append(s.Attributes, hcl.AttributeSchema{Name: string(r)})
+	}
+	return s
+}()
+
+// loader holds the state of one Load call.
+type loader struct {
+	filename string
+	cat      *catalog.Catalog
+	diags    hcl.Diagnostics
+	bundle   *Bundle
+
+	plugins     []*Plugin
+	pluginTypes int // components whose unknown type may have come from a plugin
+
+	decls  []*policyDecl
+	byName map[string]*policyDecl
+	// pickerFallbacks holds one picker-only policy per picker type used as a
+	// fallback.
+	pickerFallbacks map[string]*shared.Policy
+	def             *policyDecl // the built-in default policy; nil when unavailable
+	opts            Options
+}
+
+func newLoader(filename string, cat *catalog.Catalog) *loader {
+	return &loader{
+		filename: filename,
+		cat:      cat,
+		bundle: &Bundle{
+			Filename:     filename,
+			BlockSize:    DefaultBlockSize,
+			Policies:     make(map[string]*shared.Policy),
+			Roles:        make(map[shared.Role]*shared.Policy),
+			RolePolicies: make(map[shared.Role]string),
+		},
+		byName:          make(map[string]*policyDecl),
+		pickerFallbacks: make(map[string]*shared.Policy),
+	}
+}
+
+func (l *loader) load(body hcl.Body) {
+	content, diags := body.Content(fileSchema)
+	l.diags = append(l.diags, diags...)
+
+	singles := make(map[string]*hcl.Block)
+	var (
+		selection *hcl.Block
+		policies  []*hcl.Block
+	)
+	for _, blk := range content.Blocks {
+		switch blk.Type {
+		case blockRouter, blockSelection, blockClassifier:
+			if first, ok := singles[blk.Type]; ok {
+				l.errorf(blk.DefRange, "Duplicate "+blk.Type+" block",
+					"Only one %s block is allowed; the first is at %s. Merge them.", blk.Type, pos(first.DefRange))
+				continue
+			}
+			singles[blk.Type] = blk
+		}
+		switch blk.Type {
+		case blockRouter:
+			if singles[blk.Type] == blk {
+				l.routerBlock(blk)
+			}
+		case blockPlugin:
+			l.pluginBlock(blk)
+		case blockPolicy:
+			policies = append(policies, blk)
+		case blockSelection:
+			if singles[blk.Type] == blk {
+				selection = blk
+			}
+		}
+	}
+
+	if l.opts.Seed != nil {
+		seed := *l.opts.Seed
+		l.bundle.Seed = &seed
+	}
+	l.buildDefault()
+	for _, blk := range policies {
+		l.policyBlock(blk)
+	}
+	for _, d := range l.decls {
+		l.resolveFallback(d)
+	}
+	l.checkCycles()
+	l.selectRoles(selection)
+	if blk := singles[blockClassifier]; blk != nil {
+		l.bundle.Classifier = l.component(shared.KindClassifier, blk, "", "the request_classifier")
+	}
+	l.markUsed()
+	l.checkPluginsUsed()
+	l.finish()
+}
+
+func (l *loader) routerBlock(blk *hcl.Block) {
+	content, diags := blk.Body.Content(routerSchema)
+	l.diags = append(l.diags, diags...)
+	if attr, ok := content.Attributes["block_size"]; ok {
+		if v, ok := l.intAttr(attr); ok {
+			if v <= 0 || v > 1<<30 {
+				l.attrErrorf(attr, "Invalid block_size",
+					"block_size is the tokens per KV block and must be between 1 and %d, got %d; the Mooncake traces use %d.",
+					1<<30, v, DefaultBlockSize)
+			} else {
+				l.bundle.BlockSize = int(v)
+			}
+		}
+	}
+	if attr, ok := content.Attributes["seed"]; ok {
+		if v, ok := l.intAttr(attr); ok {
+			l.bundle.Seed = &v
+		}
+	}
+}
+
+func (l *loader) pluginBlock(blk *hcl.Block) {
+	name := blk.Labels[0]
+	nameOK := l.checkName("plugin", name, blk.LabelRanges[0])
+	if nameOK {
+		for _, p := range l.plugins {
+			if p.Name == name {
+				l.errorf(blk.LabelRanges[0], "Duplicate plugin",
+					"Plugin %q is already declared at %s; rename or remove one of them.", name, pos(p.Range))
+				nameOK = false
+				break
+			}
+		}
+	}
+	p := &Plugin{
+		Name:         name,
+		StartTimeout: DefaultStartTimeout,
+		CallTimeout:  DefaultCallTimeout,
+		Range:        blk.DefRange,
+		AttrRanges:   make(map[string]hcl.Range),
+	}
+	content, diags := blk.Body.Content(pluginSchema)
+	l.diags = append(l.diags, diags...)
+	for n, attr := range content.Attributes {
+		p.AttrRanges[n] = attr.Range
+	}
+	if attr, ok := content.Attributes["command"]; ok {
+		if s, ok := l.stringAttr(attr); ok {
+			if strings.TrimSpace(s) == "" || strings.ContainsRune(s, 0) {
+				l.attrErrorf(attr, "Invalid plugin command", "command must name the plugin binary to run, a path such as \"bin/my-plugin\".")
+			}
+			p.Command = s
+		}
+	}
+	if attr, ok := content.Attributes["args"]; ok {
+		if v, ok := l.decodeAttr(attr, cty.List(cty.String)); ok && !v.IsNull() {
+			for _, e := range v.AsValueSlice() {
+				if e.IsNull() {
+					l.attrErrorf(attr, "Invalid plugin argument", "args must be a list of strings without null elements.")
+					break
+				}
+				p.Args = append(p.Args, e.AsString())
+			}
+		}
+	}
+	if attr, ok := content.Attributes["env"]; ok {
+		if v, ok := l.decodeAttr(attr, cty.Map(cty.String)); ok && !v.IsNull() {
+			p.Env = make(map[string]string)
+			for k, e := range v.AsValueMap() {
+				switch {
+				case k == "" || strings.ContainsAny(k, "=\x00"):
+					l.attrErrorf(attr, "Invalid environment variable name",
+						"Environment variable name %q must be non-empty and contain neither '=' nor NUL.", k)
+				case e.IsNull() || strings.ContainsRune(e.AsString(), 0):
+					l.attrErrorf(attr, "Invalid environment variable value",
+						"The value of %q must be a string without NUL bytes.", k)
+				default:
+					p.Env[k] = e.AsString()
+				}
+			}
+		}
+	}
+	if attr, ok := content.Attributes["sha256"]; ok {
+		if s, ok := l.stringAttr(attr); ok {
+			b, err := hex.DecodeString(s)
+			if err != nil || len(b) != 32 {
+				l.attrErrorf(attr, "Invalid sha256",
+					"sha256 must be the 64 hexadecimal digits of the binary's SHA-256 checksum (as printed by sha256sum), got %d characters.", len(s))
+			} else {
+				p.SHA256 = strings.ToLower(s)
+			}
+		}
+	}
+	for _, f := range []struct {
+		name string
+		dst  *time.Duration
+	}{{"start_timeout", &p.StartTimeout}, {"call_timeout", &p.CallTimeout}} {
+		attr, ok := content.Attributes[f.name]
+		if !ok {
+			continue
+		}
+		d, ok := l.durationAttr(attr)
+		if !ok {
+			continue
+		}
+		if d <= 0 {
+			l.attrErrorf(attr, "Invalid "+f.name, "%s must be a positive duration such as \"5s\" or \"20ms\", got %q.", f.name, d.String())
+			continue
+		}
+		*f.dst = d
+	}
+	if nameOK {
+		l.plugins = append(l.plugins, p)
+	}
+}
+
+// selectRoles resolves worker_selection and fills Bundle.Roles.
+func (l *loader) selectRoles(blk *hcl.Block) {
+	names := make(map[shared.Role]string)
+	ranges := make(map[shared.Role]*hcl.Attribute)
+	if blk != nil {
+		content, diags := blk.Body.Content(selectionSchema)
+		l.diags = append(l.diags, diags...)
+		for _, role := range Roles {
+			attr, ok := content.Attributes[string(role)]
+			if !ok {
+				continue
+			}
+			s, ok := l.stringAttr(attr)
+			if !ok {
+				names[role] = "" // reported; skip the default check too
+				continue
+			}
+			if s != DefaultPolicyName && l.byName[s] == nil {
+				l.attrErrorf(attr, "Unknown policy",
+					"Role %s names policy %q, which is not declared. %s", role, s, l.policyChoices())
+				names[role] = ""
+				continue
+			}
+			names[role] = s
+			ranges[role] = attr
+		}
+	}
+	for _, role := range Roles {
+		name, set := names[role]
+		if !set {
+			name = DefaultPolicyName
+		}
+		if name == "" {
+			continue
+		}
+		if name == DefaultPolicyName && l.def == nil {
+			subject := hcl.Range{Filename: l.filename, Start: hcl.InitialPos, End: hcl.InitialPos}
+			if attr := ranges[role]; attr != nil {
+				subject = attr.Expr.Range()
+			} else if blk != nil {
+				subject = blk.DefRange
+			}
+			l.errorf(subject, "Default policy unavailable",
+				"Role %s uses the default policy (%s scorer + %s picker), but the catalog does not register both types; select a declared policy for the role in worker_selection.",
+				role, DefaultScorerType, DefaultPickerType)
+			continue
+		}
+		d := l.def
+		if name != DefaultPolicyName {
+			d = l.byName[name]
+		}
+		l.bundle.RolePolicies[role] = name
+		l.bundle.Roles[role] = d.policy
+		d.roles = append(d.roles, role)
+	}
+}
+
+// checkPluginsUsed warns about plugins no component uses. While plugin
+// types cannot be loaded yet, a component naming an unknown type already
+// got an error that names the plugins, so the warning is left out then.
+func (l *loader) checkPluginsUsed() {
+	if l.pluginTypes > 0 {
+		return
+	}
+	used := make(map[string]bool)
+	for _, e := range l.cat.Entries() {
+		if e.OutOfProcess {
+			used[strings.TrimPrefix(e.Source, "plugin ")] = true
+		}
+	}
+	for _, p := range l.plugins {
+		if !used[p.Name] {
+			l.warnf(p.Range, "Unused plugin",
+				"Plugin %q is declared but unused: no component uses a type it provides. Remove the block or use one of its types.", p.Name)
+		}
+	}
+}
+
+// checkName reports an invalid or reserved block name and returns whether it
+// is usable.
+func (l *loader) checkName(what, name string, rng hcl.Range) bool {
+	err := catalog.ValidName(name)
+	switch {
+	case err == nil:
+		return true
+	case err == catalog.ErrReservedName:
+		l.errorf(rng, "Reserved name",
+			"The name %q is reserved for the built-in default policy; choose another %s name.", name, what)
+	default:
+		l.errorf(rng, "Invalid name",
+			"%s name %q must be made of letters, digits, '_', '.' and '-'.", capitalize(what), name)
+	}
+	return false
+}
+
+// finish copies the loader's results into the bundle.
+func (l *loader) finish() {
+	for _, p := range l.plugins {
+		l.bundle.Plugins = append(l.bundle.Plugins, *p)
+	}
+	for _, d := range l.decls {
+		l.bundle.Policies[d.name] = d.policy
+		l.bundle.Decls = append(l.bundle.Decls, d.export())
+	}
+	if l.def != nil {
+		l.bundle.Policies[DefaultPolicyName] = l.def.policy
+		l.bundle.Decls = append(l.bundle.Decls, l.def.export())
+	}
+}
+
+// policyChoices is a hint listing the names a role or fallback may use.
+func (l *loader) policyChoices() string {
+	names := []string{DefaultPolicyName}
+	for _, d := range l.decls {
+		names = append(names, d.name)
+	}
+	return fmt.Sprintf("Declared policies: %s.", strings.Join(quoteAll(names), ", "))
+}
+
+func capitalize(s string) string {
+	if s == "" {
+		return s
+	}
+	return strings.ToUpper(s[:1]) + s[1:]
+}
+
+func quoteAll(ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = fmt.Sprintf("%q", s)
+	}
+	return out
+}

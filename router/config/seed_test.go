@@ -1,0 +1,65 @@
+package config
+
+import (
+	"testing"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+func TestSeed(t *testing.T) {
+	cat := testCatalog(t)
+	src := `
+router { seed = 7 }
+policy "a" {
+  picker "p" { type = "min-cost" }
+  fallback = "min-cost"
+}
+policy "b" {
+  picker "p" {
+    type = "min-cost"
+    seed = 42
+  }
+}
+worker_selection {
+  aggregated = "a"
+  prefill    = "b"
+}
+`
+	seedOf := func(p *shared.Policy) (int64, bool) {
+		params := p.Picker.(*testPicker).params
+		return params.Int(SeedParam, 0), params.Has(SeedParam)
+	}
+	load := func(src string) *Bundle {
+		t.Helper()
+		b, diags := Load("t.hcl", []byte(src), cat)
+		if diags.HasErrors() {
+			t.Fatalf("errors:\n%s", FormatDiagnostics(diags))
+		}
+		return b
+	}
+
+	b := load(src)
+	a, ok := seedOf(b.Policies["a"])
+	if !ok {
+		t.Fatal("policy a's picker got no seed")
+	}
+	fb, _ := seedOf(b.Policies["a"].Fallback)
+	def, _ := seedOf(b.Policies["default"])
+	if a == fb || a == def || fb == def {
+		t.Errorf("derived seeds collide: %d %d %d", a, fb, def)
+	}
+	if got, _ := seedOf(b.Policies["b"]); got != 42 {
+		t.Errorf("explicit seed = %d, want 42", got)
+	}
+	if again, _ := seedOf(load(src).Policies["a"]); again != a {
+		t.Errorf("seed not reproducible: %d then %d", a, again)
+	}
+
+	b = load(`policy "a" {
+  picker "p" { type = "min-cost" }
+}
+worker_selection { aggregated = "a" }`)
+	if _, ok := seedOf(b.Policies["a"]); ok {
+		t.Error("seed set without a router seed")
+	}
+}

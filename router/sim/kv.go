@@ -1,0 +1,190 @@
+package sim
+
+// kvCache is the worker's paged KV store at the granularity of prefix
+// groups: one node per chained prefix hash (a Request's PrefixBlockTokens-
+// token block, 32 engine blocks for Mooncake's 512 tokens over 16-token
+// blocks) instead of one per engine block. A node holds the engine blocks
+// (k, 0..blocks-1) of hash k that are computed and cached.
+//
+// Blocks are in one of four states, and
+//
+//	total = freePlain + lruBlocks + Σ pinned node blocks + Σ running private blocks
+//
+// always holds (checkInvariants):
+//   - freePlain: never used since start (vLLM's initial free queue head).
+//   - in the LRU list with reference count 0, either a cached node or a
+//     "private" run of freed uncached blocks (prompt partials, outputs,
+//     duplicates). Together these are vLLM's free block queue: allocation
+//     pops from its head, evicting cached blocks, and a freed request
+//     appends its blocks tail-first (private run, then groups last to first).
+//   - pinned: in a node with refs > 0.
+//   - private to a running request (allocated, not published in a node).
+//
+// Approximations (README.md): reference counts and LRU position are per
+// node, so a node referenced by any running request pins all its cached
+// blocks; within a node, eviction removes the highest sub-blocks first,
+// which is exact for vLLM's tail-first free order.
+type kvCache struct {
+	total     int
+	freePlain int
+	lruBlocks int
+	// lruPrivate is the part of lruBlocks in private runs.
+	lruPrivate int
+	nodes      []node
+	freeNodes  []int32
+	head       int32 // LRU head (next to evict); -1 when empty
+	tail       int32
+	index      map[uint64]int32 // chained prefix hash → node
+	evicted    int64            // cached engine blocks evicted
+}
+
+type node struct {
+	key     uint64
+	blocks  int32 // engine blocks cached (a prefix j = 0..blocks-1), or the run length
+	refs    int32 // running requests referencing the node
+	prev    int32
+	next    int32
+	inLRU   bool
+	private bool // an anonymous run of freed uncached blocks
+}
+
+func newKVCache(total int) *kvCache {
+	return &kvCache{
+		total:     total,
+		freePlain: total,
+		head:      -1,
+		tail:      -1,
+		index:     make(map[uint64]int32, 1024),
+		nodes:     make([]node, 0, 1024),
+	}
+}
+
+// available is the number of blocks an allocation can take: never-used
+// blocks plus every reference-count-0 block (vLLM's num_free_blocks).
+func (c *kvCache) available() int { return c.freePlain + c.lruBlocks }
+
+func (c *kvCache) newNode() int32 {
+	if n := len(c.freeNodes); n > 0 {
+		i := c.freeNodes[n-1]
+		c.freeNodes = c.freeNodes[:n-1]
+		return i
+	}
+	c.nodes = append(c.nodes, node{})
+	return int32(len(c.nodes) - 1)
+}
+
+func (c *kvCache) releaseNode(i int32) {
+	c.nodes[i] = node{}
+	c.freeNodes = append(c.freeNodes, i)
+}
+
+func (c *kvCache) pushTail(i int32) {
+	n := &c.nodes[i]
+	n.inLRU, n.prev, n.next = true, c.tail, -1
+	if c.tail >= 0 {
+		c.nodes[c.tail].next = i
+	} else {
+		c.head = i
+	}
+	c.tail = i
+	c.lruBlocks += int(n.blocks)
+}
+
+func (c *kvCache) unlink(i int32) {
+	n := &c.nodes[i]
+	if n.prev >= 0 {
+		c.nodes[n.prev].next = n.next
+	} else {
+		c.head = n.next
+	}
+	if n.next >= 0 {
+		c.nodes[n.next].prev = n.prev
+	} else {
+		c.tail = n.prev
+	}
+	n.inLRU, n.prev, n.next = false, -1, -1
+	c.lruBlocks -= int(n.blocks)
+}
+
+// take removes n <= available() blocks from the free pool for a request:
+// never-used blocks first, then from the LRU head, evicting cached blocks
+// from the end of each node.
+func (c *kvCache) take(n int) {
+	x := min(n, c.freePlain)
+	c.freePlain -= x
+	n -= x
+	for n > 0 {
+		i := c.head
+		nd := &c.nodes[i]
+		x := min(n, int(nd.blocks))
+		nd.blocks -= int32(x)
+		c.lruBlocks -= x
+		n -= x
+		if nd.private {
+			c.lruPrivate -= x
+		} else {
+			c.evicted += int64(x)
+		}
+		if nd.blocks == 0 {
+			c.unlinkEmpty(i)
+		}
+	}
+}
+
+// unlinkEmpty removes an emptied LRU node and forgets it.
+func (c *kvCache) unlinkEmpty(i int32) {
+	c.unlink(i) // blocks is 0, lruBlocks unchanged
+	if !c.nodes[i].private {
+		delete(c.index, c.nodes[i].key)
+	}
+	c.releaseNode(i)
+}
+
+// freePrivate appends n freed uncached blocks at the LRU tail, merging
+// with a private run already there.
+func (c *kvCache) freePrivate(n int) {
+	if n <= 0 {
+		return
+	}
+	c.lruPrivate += n
+	if c.tail >= 0 && c.nodes[c.tail].private {
+		c.nodes[c.tail].blocks += int32(n)
+		c.lruBlocks += n
+		return
+	}
+	i := c.newNode()
+	c.nodes[i] = node{blocks: int32(n), private: true, prev: -1, next: -1}
+	c.pushTail(i)
+}
+
+// ref takes a reference on node i, pinning it (vLLM touch()).
+func (c *kvCache) ref(i int32) {
+	if c.nodes[i].inLRU {
+		c.unlink(i)
+	}
+	c.nodes[i].refs++
+}
+
+// unref drops a reference; at zero the node joins the LRU tail, or is
+// forgotten when it caches nothing.
+func (c *kvCache) unref(i int32) {
+	n := &c.nodes[i]
+	n.refs--
+	if n.refs > 0 {
+		return
+	}
+	if n.blocks == 0 {
+		delete(c.index, n.key)
+		c.releaseNode(i)
+		return
+	}
+	c.pushTail(i)
+}
+
+// create makes a referenced, empty node for key, which must be absent.
+func (c *kvCache) create(key uint64) int32 {
+	i := c.newNode()
+	c.nodes[i] = node{key: key, refs: 1, prev: -1, next: -1}
+	c.index[key] = i
+	return i
+}

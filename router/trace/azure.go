@@ -1,0 +1,111 @@
+package trace
+
+import (
+	"encoding/csv"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"time"
+)
+
+// AzureTimeLayout is the time.Parse layout of the Azure trace TIMESTAMP
+// column: wall-clock time without a zone, 7 fractional digits (100 ns), e.g.
+// "2023-11-16 18:17:03.9799600" (shared/data/traces/README.md §3).
+const AzureTimeLayout = "2006-01-02 15:04:05.0000000"
+
+// azureHeader is the exact header of AzureLLMInferenceTrace_{code,conv}.csv.
+var azureHeader = [3]string{"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
+
+// ReadAzure parses an Azure LLM inference trace (Azure/AzurePublicDataset
+// data/AzureLLMInferenceTrace_*.csv, 2023): the header
+// "TIMESTAMP,ContextTokens,GeneratedTokens" then one request per line. Lines
+// may end in CRLF or LF and the last may lack a newline (as in the real
+// files); encoding/csv skips empty lines. TIMESTAMP is parsed with
+// AzureTimeLayout and Arrival is its offset from the first request's
+// timestamp. ContextTokens becomes InputLength and GeneratedTokens
+// OutputLength; HashIDs is nil.
+//
+// Each of these is a *ParseError naming the line: a missing or different
+// header, a record without exactly 3 fields, CSV syntax errors, an
+// unparsable timestamp, a non-integer or negative token count
+// (ErrNegative), or a timestamp earlier than the previous one
+// (ErrTimestampDecreased). An input with only the header yields no records
+// and no error; an empty input is an error (no header).
+func ReadAzure(r io.Reader, name string) ([]Record, error) {
+	cr := csv.NewReader(r)
+	cr.FieldsPerRecord = len(azureHeader)
+	cr.ReuseRecord = true
+	wrap := func(line int, err error) error {
+		var pe *csv.ParseError
+		if errors.As(err, &pe) {
+			return &ParseError{File: name, Line: pe.Line, Err: pe.Err}
+		}
+		return &ParseError{File: name, Line: line, Err: err}
+	}
+	hdr, err := cr.Read()
+	if err == io.EOF {
+		return nil, &ParseError{File: name, Line: 1, Err: errors.New("empty file: missing header")}
+	}
+	if err != nil {
+		return nil, wrap(1, err)
+	}
+	if line, _ := cr.FieldPos(0); [3]string(hdr) != azureHeader {
+		return nil, &ParseError{File: name, Line: line,
+			Err: fmt.Errorf("header %q, want %q", hdr, azureHeader[:])}
+	}
+	var (
+		recs  []Record
+		first time.Time
+		prev  time.Time
+	)
+	for {
+		rec, err := cr.Read()
+		if err == io.EOF {
+			return recs, nil
+		}
+		if err != nil {
+			line, _ := cr.FieldPos(0)
+			return nil, wrap(line, err)
+		}
+		line, _ := cr.FieldPos(0)
+		t, err := time.Parse(AzureTimeLayout, rec[0])
+		if err != nil {
+			return nil, &ParseError{File: name, Line: line, Err: fmt.Errorf("TIMESTAMP: %w", err)}
+		}
+		in, err := tokenCount("ContextTokens", rec[1])
+		if err != nil {
+			return nil, &ParseError{File: name, Line: line, Err: err}
+		}
+		out, err := tokenCount("GeneratedTokens", rec[2])
+		if err != nil {
+			return nil, &ParseError{File: name, Line: line, Err: err}
+		}
+		if len(recs) == 0 {
+			first, prev = t, t
+		}
+		if t.Before(prev) {
+			return nil, &ParseError{File: name, Line: line,
+				Err: fmt.Errorf("%w: %s after %s", ErrTimestampDecreased, rec[0], prev.Format(AzureTimeLayout))}
+		}
+		prev = t
+		recs = append(recs, Record{
+			Index:        len(recs),
+			Line:         line,
+			Arrival:      t.Sub(first),
+			InputLength:  in,
+			OutputLength: out,
+		})
+	}
+}
+
+func tokenCount(field, s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", field, err)
+	}
+	if n < 0 {
+		return 0, fmt.Errorf("%s: %w (%d)", field, ErrNegative, n)
+	}
+	return n, nil
+}

@@ -1,0 +1,109 @@
+// Package trace reads recorded LLM request traces for router replay: the
+// Mooncake JSONL traces (kvcache-ai/Mooncake FAST'25 release and the
+// ai-dynamo/dynamo arXiv sample) and the Azure LLM inference CSV traces
+// (Azure/AzurePublicDataset, 2023). The formats are described in
+// shared/data/traces/README.md.
+//
+// Readers are strict: every malformed line is reported as a *ParseError that
+// names the file and the 1-based line, so a corrupted trace fails loudly
+// instead of silently skewing a replay.
+package trace
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// MooncakeBlockTokens is the number of prompt tokens covered by one Mooncake
+// hash id: every Mooncake trace line carries ceil(input_length/512) ids
+// (shared/data/traces/README.md §1, §2).
+const MooncakeBlockTokens = 512
+
+// Record is one request of a recorded trace.
+type Record struct {
+	// Index is the 0-based position of the request in the trace.
+	Index int
+	// Line is the 1-based line number of the request in the file (the Azure
+	// header is line 1, so its first request is line 2).
+	Line int
+	// Arrival is the arrival time since the trace's first request (so the
+	// first record has Arrival 0). Mooncake timestamps have millisecond
+	// resolution, Azure timestamps 100 ns.
+	Arrival time.Duration
+	// InputLength is the number of prompt tokens (>= 0).
+	InputLength int
+	// OutputLength is the number of generated tokens (>= 0).
+	OutputLength int
+	// HashIDs are the Mooncake prefix-block ids, one per MooncakeBlockTokens
+	// prompt tokens (the last id may cover a partial block), so
+	// len(HashIDs) == ceil(InputLength/512). Two requests share a KV prefix
+	// exactly as far as their leading ids are equal. The ids are not chained:
+	// id k names the content of block k only. Nil for Azure records.
+	HashIDs []uint64
+}
+
+// ParseError reports a malformed trace line. Its message reads
+// "FILE:LINE: what is wrong"; Unwrap returns the underlying cause (for
+// example a *strconv.NumError, a *json.SyntaxError or a sentinel such as
+// ErrTimestampDecreased), so callers can use errors.Is and errors.As.
+type ParseError struct {
+	File string // the name passed to the reader
+	Line int    // 1-based line number
+	Err  error  // what is wrong
+}
+
+// Error implements error as "FILE:LINE: cause".
+func (e *ParseError) Error() string {
+	return fmt.Sprintf("%s:%d: %v", e.File, e.Line, e.Err)
+}
+
+// Unwrap returns the cause.
+func (e *ParseError) Unwrap() error { return e.Err }
+
+// Causes wrapped by *ParseError that callers may test with errors.Is.
+var (
+	// ErrTimestampDecreased: a request arrives before the one on the
+	// previous line; both trace families are sorted by arrival.
+	ErrTimestampDecreased = errors.New("timestamp decreases")
+	// ErrHashIDCount: a Mooncake line's hash_ids does not hold exactly
+	// ceil(input_length/512) ids.
+	ErrHashIDCount = errors.New("hash_ids length does not match input_length")
+	// ErrNegative: a length or timestamp is negative.
+	ErrNegative = errors.New("negative value")
+)
+
+// ErrUnknownFormat is returned by Read and ReadFile for a name whose
+// extension is neither .jsonl nor .csv. It is not wrapped in a *ParseError.
+var ErrUnknownFormat = errors.New("unknown trace format (want .jsonl or .csv)")
+
+// Read parses a trace, choosing the format from name's extension
+// (case-insensitive): ".jsonl" is read with ReadMooncake and ".csv" with
+// ReadAzure. Any other extension yields an error wrapping ErrUnknownFormat.
+// name is used only for the extension and in error messages.
+func Read(r io.Reader, name string) ([]Record, error) {
+	switch strings.ToLower(filepath.Ext(name)) {
+	case ".jsonl":
+		return ReadMooncake(r, name)
+	case ".csv":
+		return ReadAzure(r, name)
+	default:
+		return nil, fmt.Errorf("%s: %w", name, ErrUnknownFormat)
+	}
+}
+
+// ReadFile opens path and parses it with Read, using path as the name in
+// error messages. Open and read errors are returned as they are (a read
+// error in the middle of the file is wrapped in a *ParseError).
+func ReadFile(path string) ([]Record, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return Read(f, path)
+}

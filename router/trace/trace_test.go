@@ -1,0 +1,270 @@
+package trace
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+const traceDir = "../../testdata/traces"
+
+func seq(from, to uint64) []uint64 {
+	var s []uint64
+	for i := from; i <= to; i++ {
+		s = append(s, i)
+	}
+	return s
+}
+
+// TestRealTraces parses the four shipped traces and checks the record
+// counts of shared/data/traces/README.md and the first and last lines,
+// copied by hand from the files.
+func TestRealTraces(t *testing.T) {
+	tests := []struct {
+		file        string
+		count       int
+		first, last Record
+	}{
+		{
+			file: "mooncake_conversation_trace.jsonl", count: 12031,
+			first: Record{Index: 0, Line: 1, Arrival: 0, InputLength: 6758, OutputLength: 500, HashIDs: seq(0, 13)},
+			last: Record{Index: 12030, Line: 12031, Arrival: 3536999 * time.Millisecond, InputLength: 20774, OutputLength: 508,
+				HashIDs: append([]uint64{0}, seq(182750, 182789)...)},
+		},
+		{
+			file: "mooncake_arxiv_trace_first1000.jsonl", count: 1000,
+			first: Record{Index: 0, Line: 1, Arrival: 0, InputLength: 6755, OutputLength: 500, HashIDs: seq(0, 13)},
+			last: Record{Index: 999, Line: 1000, Arrival: 177098 * time.Millisecond, InputLength: 6689, OutputLength: 3,
+				HashIDs: append(seq(46, 57), 12825, 12826)},
+		},
+		{
+			// 2023-11-16 18:17:03.9799600 → 19:14:19.9280160
+			file: "azure_llm_2023_code.csv", count: 8819,
+			first: Record{Index: 0, Line: 2, Arrival: 0, InputLength: 4808, OutputLength: 10},
+			last: Record{Index: 8818, Line: 8820, Arrival: 57*time.Minute + 15*time.Second + 948056*time.Microsecond,
+				InputLength: 549, OutputLength: 173},
+		},
+		{
+			// 2023-11-16 18:15:46.6805900 → 19:14:08.4025270
+			file: "azure_llm_2023_conv.csv", count: 19366,
+			first: Record{Index: 0, Line: 2, Arrival: 0, InputLength: 374, OutputLength: 44},
+			last: Record{Index: 19365, Line: 19367, Arrival: 58*time.Minute + 21*time.Second + 721937*time.Microsecond,
+				InputLength: 197, OutputLength: 183},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.file, func(t *testing.T) {
+			recs, err := ReadFile(filepath.Join(traceDir, tt.file))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(recs) != tt.count {
+				t.Fatalf("got %d records, want %d", len(recs), tt.count)
+			}
+			if !reflect.DeepEqual(recs[0], tt.first) {
+				t.Errorf("first = %+v, want %+v", recs[0], tt.first)
+			}
+			if got := recs[len(recs)-1]; !reflect.DeepEqual(got, tt.last) {
+				t.Errorf("last = %+v, want %+v", got, tt.last)
+			}
+			for i, r := range recs {
+				if r.Index != i || (i > 0 && r.Arrival < recs[i-1].Arrival) {
+					t.Fatalf("record %d: index %d arrival %v not ordered", i, r.Index, r.Arrival)
+				}
+			}
+		})
+	}
+}
+
+func TestMooncakeGood(t *testing.T) {
+	in := `{"timestamp": 3000, "input_length": 512, "output_length": 1, "hash_ids": [7]}` + "\r\n" +
+		`{"hash_ids":[7,18446744073709551615],"output_length":0,"input_length":513,"timestamp":3000}` + "\n" +
+		`{"timestamp": 4500, "input_length": 0, "output_length": 2, "hash_ids": []}` + "\n\n  \n"
+	recs, err := ReadMooncake(strings.NewReader(in), "x.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Record{
+		{Index: 0, Line: 1, Arrival: 0, InputLength: 512, OutputLength: 1, HashIDs: []uint64{7}},
+		{Index: 1, Line: 2, Arrival: 0, InputLength: 513, OutputLength: 0, HashIDs: []uint64{7, 1<<64 - 1}},
+		{Index: 2, Line: 3, Arrival: 1500 * time.Millisecond, InputLength: 0, OutputLength: 2},
+	}
+	if !reflect.DeepEqual(recs, want) {
+		t.Fatalf("got %+v\nwant %+v", recs, want)
+	}
+	recs, err = ReadMooncake(strings.NewReader(""), "empty.jsonl")
+	if err != nil || len(recs) != 0 {
+		t.Fatalf("empty input: %v, %v", recs, err)
+	}
+}
+
+func TestMooncakeErrors(t *testing.T) {
+	const ok = `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}`
+	tests := []struct {
+		name, line2 string // line 2 of a trace whose line 1 is ok
+		want        string // full error message
+		is          error
+	}{
+		{"unknown field", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [1], "x": 1}`,
+			`t.jsonl:2: unknown field "x"`, nil},
+		{"case-folded field", `{"Timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
+			`t.jsonl:2: unknown field "Timestamp"`, nil},
+		{"missing field", `{"timestamp": 0, "input_length": 1, "hash_ids": [1]}`,
+			`t.jsonl:2: missing field "output_length"`, nil},
+		{"duplicate field", `{"timestamp": 0, "timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
+			`t.jsonl:2: duplicate field "timestamp"`, nil},
+		{"null", `{"timestamp": null, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
+			`t.jsonl:2: timestamp: null, want an integer`, nil},
+		{"negative length", `{"timestamp": 0, "input_length": -1, "output_length": 5, "hash_ids": []}`,
+			`t.jsonl:2: input_length: negative value (-1)`, ErrNegative},
+		{"negative id", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [-3]}`,
+			`t.jsonl:2: hash_ids[0]: negative value (-3)`, ErrNegative},
+		{"float", `{"timestamp": 1.5, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
+			`t.jsonl:2: timestamp: not an integer`, nil},
+		{"too few ids", `{"timestamp": 0, "input_length": 1025, "output_length": 5, "hash_ids": [1, 2]}`,
+			`t.jsonl:2: hash_ids length does not match input_length: 2 ids for input_length 1025, want 3`, ErrHashIDCount},
+		{"too many ids", `{"timestamp": 0, "input_length": 512, "output_length": 5, "hash_ids": [1, 2]}`,
+			`t.jsonl:2: hash_ids length does not match input_length: 2 ids for input_length 512, want 1`, ErrHashIDCount},
+		{"invalid json", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [1]`,
+			`t.jsonl:2: invalid JSON: unexpected end of line, want ',' or '}'`, nil},
+		{"trailing data", ok + ` {}`,
+			`t.jsonl:2: invalid JSON: trailing data after the object at column 79`, nil},
+		{"not an object", `[1]`,
+			`t.jsonl:2: invalid JSON: unexpected '[' at column 1, want '{'`, nil},
+		{"overflow", `{"timestamp": 99999999999999999999, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
+			`t.jsonl:2: timestamp: value out of range`, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ReadMooncake(strings.NewReader(ok+"\n"+tt.line2+"\n"), "t.jsonl")
+			checkParseError(t, err, tt.want, 2, tt.is)
+		})
+	}
+	t.Run("decreasing timestamp", func(t *testing.T) {
+		in := strings.Replace(ok, `"timestamp": 0`, `"timestamp": 6000`, 1) + "\n" +
+			strings.Replace(ok, `"timestamp": 0`, `"timestamp": 3000`, 1) + "\n"
+		_, err := ReadMooncake(strings.NewReader(in), "t.jsonl")
+		checkParseError(t, err, "t.jsonl:2: timestamp decreases: 3000 ms after 6000 ms", 2, ErrTimestampDecreased)
+	})
+	t.Run("blank line in the middle", func(t *testing.T) {
+		_, err := ReadMooncake(strings.NewReader(ok+"\n\n"+ok+"\n"), "t.jsonl")
+		checkParseError(t, err, "t.jsonl:2: blank line before the end of the trace", 2, nil)
+	})
+}
+
+func TestAzureGood(t *testing.T) {
+	in := "TIMESTAMP,ContextTokens,GeneratedTokens\r\n" +
+		"2023-11-16 18:17:03.9799600,4808,10\r\n" +
+		"2023-11-16 18:17:03.9799600,0,0\r\n" +
+		"2023-11-16 18:17:05.0000000,110,27"
+	recs, err := ReadAzure(strings.NewReader(in), "a.csv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Record{
+		{Index: 0, Line: 2, Arrival: 0, InputLength: 4808, OutputLength: 10},
+		{Index: 1, Line: 3, Arrival: 0, InputLength: 0, OutputLength: 0},
+		{Index: 2, Line: 4, Arrival: 1020040 * time.Microsecond, InputLength: 110, OutputLength: 27},
+	}
+	if !reflect.DeepEqual(recs, want) {
+		t.Fatalf("got %+v\nwant %+v", recs, want)
+	}
+	recs, err = ReadAzure(strings.NewReader("TIMESTAMP,ContextTokens,GeneratedTokens\r\n"), "a.csv")
+	if err != nil || len(recs) != 0 {
+		t.Fatalf("header only: %v, %v", recs, err)
+	}
+}
+
+func TestAzureErrors(t *testing.T) {
+	const hdr = "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:17:03.9799600,4808,10\r\n"
+	tests := []struct {
+		name, in string
+		line     int
+		want     string
+		is       error
+	}{
+		{"empty", "", 1, "a.csv:1: empty file: missing header", nil},
+		{"bad header", "TIMESTAMP,Context,GeneratedTokens\r\n", 1,
+			`a.csv:1: header ["TIMESTAMP" "Context" "GeneratedTokens"], want ["TIMESTAMP" "ContextTokens" "GeneratedTokens"]`, nil},
+		{"field count", hdr + "2023-11-16 18:17:04.0319600,3180\r\n", 3,
+			"a.csv:3: wrong number of fields", nil},
+		{"bad time", hdr + "2023-11-16 18:17:04.03196,3180,8\r\n", 3,
+			`a.csv:3: TIMESTAMP: parsing time "2023-11-16 18:17:04.03196" as "2006-01-02 15:04:05.0000000": cannot parse ".03196" as ".0000000"`, nil},
+		{"bad count", hdr + "2023-11-16 18:17:04.0319600,x,8\r\n", 3,
+			`a.csv:3: ContextTokens: strconv.Atoi: parsing "x": invalid syntax`, nil},
+		{"negative", hdr + "2023-11-16 18:17:04.0319600,3180,-8\r\n", 3,
+			"a.csv:3: GeneratedTokens: negative value (-8)", ErrNegative},
+		{"decreasing", hdr + "\r\n2023-11-16 18:17:03.0000000,3180,8", 4,
+			"a.csv:4: timestamp decreases: 2023-11-16 18:17:03.0000000 after 2023-11-16 18:17:03.9799600", ErrTimestampDecreased},
+		{"bare quote", hdr + "2023-11-16 18:17:04.0319600,3\"1,8\r\n", 3,
+			`a.csv:3: bare " in non-quoted-field`, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := ReadAzure(strings.NewReader(tt.in), "a.csv")
+			checkParseError(t, err, tt.want, tt.line, tt.is)
+		})
+	}
+}
+
+func checkParseError(t *testing.T, err error, want string, line int, is error) {
+	t.Helper()
+	var pe *ParseError
+	if !errors.As(err, &pe) {
+		t.Fatalf("error %v (%T), want *ParseError", err, err)
+	}
+	if err.Error() != want {
+		t.Errorf("error\n got %q\nwant %q", err.Error(), want)
+	}
+	if pe.Line != line {
+		t.Errorf("line %d, want %d", pe.Line, line)
+	}
+	if is != nil && !errors.Is(err, is) {
+		t.Errorf("errors.Is(%v, %v) = false", err, is)
+	}
+}
+
+func TestReadDispatch(t *testing.T) {
+	if _, err := Read(strings.NewReader(""), "x.txt"); !errors.Is(err, ErrUnknownFormat) {
+		t.Errorf("x.txt: %v, want ErrUnknownFormat", err)
+	}
+	recs, err := Read(strings.NewReader(`{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [9]}`), "X.JSONL")
+	if err != nil || len(recs) != 1 || recs[0].HashIDs[0] != 9 {
+		t.Errorf("X.JSONL: %+v, %v", recs, err)
+	}
+	recs, err = Read(strings.NewReader("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,4,1\n"), "y.csv")
+	if err != nil || len(recs) != 1 || recs[0].InputLength != 4 {
+		t.Errorf("y.csv: %+v, %v", recs, err)
+	}
+	if _, err := ReadFile(filepath.Join(traceDir, "missing.jsonl")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("missing file: %v", err)
+	}
+}
+
+func FuzzReadMooncake(f *testing.F) {
+	f.Add([]byte(`{"timestamp": 0, "input_length": 6758, "output_length": 500, "hash_ids": [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13]}` + "\n"))
+	f.Add([]byte(`{"hash_ids":[],"output_length":0,"input_length":0,"timestamp":0}` + "\n\n"))
+	f.Add([]byte(`{"\u0074imestamp": 1, "input_length": 1, "output_length": 1, "hash_ids": [1]}`))
+	f.Add([]byte("{\"timestamp\": 1e3}\n[\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		recs, err := ReadMooncake(strings.NewReader(string(data)), "f.jsonl")
+		if err != nil {
+			var pe *ParseError
+			if !errors.As(err, &pe) || pe.Line < 1 || !strings.HasPrefix(err.Error(), "f.jsonl:"+strconv.Itoa(pe.Line)+": ") {
+				t.Fatalf("bad error %v", err)
+			}
+			return
+		}
+		for i, r := range recs {
+			if r.Index != i || r.InputLength < 0 || r.OutputLength < 0 || r.Arrival < 0 ||
+				len(r.HashIDs) != (r.InputLength+MooncakeBlockTokens-1)/MooncakeBlockTokens {
+				t.Fatalf("bad record %+v", r)
+			}
+		}
+	})
+}
