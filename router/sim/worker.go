@@ -110,11 +110,11 @@ type seq struct {
 	hashes      []uint64
 	groups      int // cacheable prefix groups: min(len(hashes), ceil(L/groupTokens))
 	groupTokens int
-	computed    int // tokens whose KV is computed
-	generated   int // output tokens sampled
-	alloc       int // engine blocks held
-	private     int // held blocks not published in a cache node
-	cached      int // prompt tokens hit at first admission
+	computed    int           // tokens whose KV is computed
+	generated   int           // output tokens sampled
+	alloc       int           // engine blocks held
+	private     int           // held blocks not published in a cache node
+	cached      int           // prompt tokens hit at first admission
 	scheduledAt time.Duration // start of the step that first admitted it
 	scheduled   bool
 	slots       []int32
