@@ -1,0 +1,72 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// BenchmarkSelect measures one whole selection through the Router: the
+// hosted path or the pipeline with the inputs it declares (the prefix index
+// lookup for CACHE included), booking, prefix-index recording, and the
+// release, for a 24-block (12k-token) prompt that shares 8 leading blocks
+// with earlier traffic. The component-only numbers are BenchmarkHosted* in
+// hosted/ and BenchmarkDefaultPolicy* in builtin/.
+//
+//	go test -run='^$' -bench=Select -benchmem ./router/
+func BenchmarkSelect(b *testing.B) {
+	policies := []struct {
+		name string
+		make func() *shared.Policy
+	}{
+		{"round-robin", func() *shared.Policy {
+			return &shared.Policy{Name: "rr", PickerName: "rr", Picker: builtin.NewRoundRobin()}
+		}},
+		{"default", func() *shared.Policy {
+			kv, _ := builtin.NewKVCost(nil)
+			mc, _ := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
+			return &shared.Policy{Name: "default", Scorers: []shared.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
+		}},
+	}
+	for _, pol := range policies {
+		for _, n := range []int{8, 64, 1024} {
+			b.Run(fmt.Sprintf("%s/workers=%d", pol.name, n), func(b *testing.B) {
+				r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*shared.Policy{shared.RoleAggregated: pol.make()}, BookingsAreLoad: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := range n {
+					if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i), Role: shared.RoleAggregated, TotalKVBlocks: 859}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				ids := make([]uint64, 24)
+				// Warm the index: every worker has seen a different 8-block prefix.
+				for i := range n {
+					for k := range ids {
+						ids[k] = uint64(i*1000 + k)
+					}
+					r.index.Record(shared.WorkerID(i), prefix.ChainHashes(nil, ids[:8]))
+				}
+				for k := range ids {
+					ids[k] = uint64(3*1000 + k) // shares worker 3's prefix
+				}
+				req := &shared.Request{Role: shared.RoleAggregated, PromptTokens: 12000, BlockSize: 512, BlockHashes: prefix.ChainHashes(nil, ids)}
+				ctx := context.Background()
+				b.ReportAllocs()
+				for b.Loop() {
+					d, err := r.Select(ctx, req)
+					if err != nil {
+						b.Fatal(err)
+					}
+					d.Booking.Release()
+				}
+			})
+		}
+	}
+}
