@@ -1,6 +1,9 @@
 package config
 
 import (
+	"os"
+	"path/filepath"
+	"regexp"
 	"testing"
 
 	"github.com/hashicorp/hcl/v2"
@@ -36,5 +39,30 @@ policy "p" {
 worker_selection { aggregated = "p" }`), cat)
 	if got := short(diags, hcl.DiagError); len(got) != 1 || got[0] != "t.hcl:5:19: Invalid parameter value" {
 		t.Errorf("errors = %q\n%s", got, FormatDiagnostics(diags))
+	}
+}
+
+// TestShippedPolicies loads every policy file under examples/policies and
+// every hcl example in README.md against the real built-in catalog: what we
+// ship and show must load without an error or a warning.
+func TestShippedPolicies(t *testing.T) {
+	files, err := filepath.Glob("../../examples/policies/*.hcl")
+	if err != nil || len(files) < 4 {
+		t.Fatalf("example policies: %v %v", files, err)
+	}
+	for _, f := range files {
+		b, diags := LoadFile(f, catalog.Default())
+		if len(diags) > 0 || b == nil {
+			t.Errorf("%s:\n%s", f, FormatDiagnostics(diags))
+		}
+	}
+	md, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range regexp.MustCompile("(?s)```hcl\n(.*?)```").FindAllSubmatch(md, -1) {
+		if _, diags := Load("README.md", m[1], catalog.Default()); len(diags) > 0 {
+			t.Errorf("README example:\n%s\n%s", m[1], FormatDiagnostics(diags))
+		}
 	}
 }
