@@ -28,8 +28,13 @@ type Options struct {
 	BookingsAreLoad bool
 }
 
-// ErrNoPolicy: a request for a role the bundle maps to no policy.
-var ErrNoPolicy = errors.New("no policy for role")
+// Selection errors of the Router itself.
+var (
+	// ErrNoPolicy: a request for a role the bundle maps to no policy.
+	ErrNoPolicy = errors.New("no policy for role")
+	// ErrBlockSize: a request hashed at a block size other than the router's.
+	ErrBlockSize = errors.New("request block size differs from the router's")
+)
 
 // Router picks a worker for each request by its role's policy and books it.
 // Safe for concurrent use.
@@ -143,12 +148,19 @@ type Decision struct {
 }
 
 // Select picks a worker for req (req.Role selects the policy), books it and
-// records the request's blocks in the prefix index as sent to it. Errors:
-// ErrNoPolicy, shared.ErrNoWorkers, shared.ErrAllFiltered (wrapped), the
-// context's error, or the policy's error when no fallback could decide.
+// records the request's blocks in the prefix index as sent to it. A zero
+// req.BlockSize is set to the router's; req.BlockHashes must have been
+// hashed at that block size. Errors: ErrNoPolicy, ErrBlockSize,
+// shared.ErrNoWorkers, shared.ErrAllFiltered (wrapped), the context's error,
+// or the policy's error when no fallback could decide.
 func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
+	}
+	if req.BlockSize == 0 {
+		req.BlockSize = r.blockSize
+	} else if req.BlockSize != r.blockSize {
+		return Decision{}, fmt.Errorf("%w: request %d, router %d", ErrBlockSize, req.BlockSize, r.blockSize)
 	}
 	rp := r.roles[req.Role]
 	if rp == nil {

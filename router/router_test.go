@@ -158,6 +158,11 @@ func TestSelectErrors(t *testing.T) {
 	if _, err := r.Select(ctx, request(4, 1)); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: err = %v", err)
 	}
+	req = request(4, 1)
+	req.BlockSize = 16
+	if _, err := r.Select(context.Background(), req); !errors.Is(err, ErrBlockSize) {
+		t.Fatalf("block size mismatch: err = %v", err)
+	}
 	if _, err := New(Options{BlockSize: 0}); err == nil {
 		t.Fatal("block size 0 accepted")
 	}
