@@ -113,6 +113,10 @@ func (l *loader) lookup(typ string, kind shared.Kind, attr *hcl.Attribute, where
 	var unknown *catalog.UnknownTypeError
 	var wrong *catalog.WrongKindError
 	switch {
+	case errors.As(err, &unknown) && kind == shared.KindClassifier && len(unknown.Available) == 0 && len(l.plugins) == 0:
+		l.attrErrorf(attr, "Request classifiers not supported yet",
+			"%s uses type %q, but this router has no request classifier types yet (header-priority, session-affinity and prompt-length-class are planned). Remove the request_classifier block.",
+			capitalize(where), typ)
 	case errors.As(err, &unknown) && len(l.plugins) > 0:
 		l.pluginTypes++
 		var names []string

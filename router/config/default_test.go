@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 
 	"github.com/hashicorp/hcl/v2"
@@ -64,5 +65,20 @@ func TestShippedPolicies(t *testing.T) {
 		if _, diags := Load("README.md", m[1], catalog.Default()); len(diags) > 0 {
 			t.Errorf("README example:\n%s\n%s", m[1], FormatDiagnostics(diags))
 		}
+	}
+}
+
+// Until classifier types exist, a request_classifier block gets a clear
+// "not supported yet" error at its type.
+func TestClassifierNotSupportedYet(t *testing.T) {
+	src := "request_classifier {\n  type = \"header-priority\"\n}\n"
+	b, diags := Load("c.hcl", []byte(src), catalog.Default())
+	if b != nil || len(diags) != 1 {
+		t.Fatalf("bundle %v, diags:\n%s", b, FormatDiagnostics(diags))
+	}
+	got := FormatDiagnostics(diags)
+	want := "c.hcl:2:10: error: Request classifiers not supported yet;"
+	if !strings.HasPrefix(got, want) {
+		t.Fatalf("got %q, want prefix %q", got, want)
 	}
 }
