@@ -191,3 +191,57 @@ func TestRemoveWorkerLeavesSelection(t *testing.T) {
 		t.Fatalf("removed worker count = %d", got)
 	}
 }
+
+// spy is a scorer that declares a fixed input set and records which
+// columns the router filled.
+type spy struct {
+	in   shared.Inputs
+	seen []string
+}
+
+func (s *spy) Inputs() shared.Inputs { return s.in }
+func (s *spy) Score(_ context.Context, _ *shared.Request, c *shared.Candidates, costs []float64) error {
+	s.seen = s.seen[:0]
+	if c.ActiveRequests != nil {
+		s.seen = append(s.seen, "ACTIVE_REQUESTS")
+	}
+	if c.Load != nil {
+		s.seen = append(s.seen, "LOAD")
+	}
+	if c.OverlapBlocks != nil {
+		s.seen = append(s.seen, "CACHE")
+	}
+	if c.TotalKVBlocks != nil {
+		s.seen = append(s.seen, "CAPACITY")
+	}
+	if !c.Sorted() {
+		s.seen = append(s.seen, "UNSORTED")
+	}
+	return nil
+}
+
+func TestRouterComputesOnlyDeclaredInputs(t *testing.T) {
+	tests := []struct {
+		in   shared.Inputs
+		want []string
+	}{
+		{0, nil},
+		{shared.InputActiveRequests, []string{"ACTIVE_REQUESTS"}},
+		{shared.InputOccupancy, []string{"ACTIVE_REQUESTS"}}, // the deprecated alias
+		{shared.InputCache | shared.InputCapacity, []string{"CACHE", "CAPACITY"}},
+		{shared.AllInputs, []string{"ACTIVE_REQUESTS", "LOAD", "CACHE", "CAPACITY"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in.String(), func(t *testing.T) {
+			s := &spy{in: tt.in}
+			p := mustPolicy(t, "spy", []shared.WeightedScorer{{Name: "spy", Weight: 1, Scorer: s}}, builtin.NewRoundRobin())
+			r := newRouter(t, p, 3)
+			if _, err := r.Select(context.Background(), request(4, 1)); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, s.seen); diff != "" {
+				t.Fatalf("columns (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
