@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -25,10 +27,13 @@ const maxMillis = math.MaxInt64 / int64(time.Millisecond)
 //	{"timestamp": int ms, "input_length": int, "output_length": int, "hash_ids": [int, ...]}
 //
 // in any order (kvcache-ai/Mooncake FAST25-release; shared/data/traces/README.md).
-// Field names are matched exactly (case-sensitive). Each of these is an error,
-// reported as a *ParseError naming the line: invalid JSON, an unknown,
-// duplicate, missing or null field, a non-integer or negative number, a
-// timestamp that decreases (ErrTimestampDecreased), or
+// Lines are decoded with encoding/json, so field names match
+// case-insensitively ("Timestamp" is "timestamp") and, when a field is
+// repeated, the last value wins. Each of these is an error, reported as a
+// *ParseError naming the line: invalid JSON, trailing data after the
+// object, an unknown, missing or null field, a value that is not an integer
+// (a float, a string, ...), a negative number (ErrNegative), a number out of
+// range, a timestamp that decreases (ErrTimestampDecreased), or
 // len(hash_ids) != ceil(input_length/512) (ErrHashIDCount). Blank lines are
 // allowed only at the end of the input. Arrival is the timestamp minus the
 // first line's timestamp. name is used in error messages only.
@@ -43,7 +48,6 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 		blankLine int // first blank line not yet followed by content
 		first     int64
 		prev      int64
-		p         mooncakeParser
 	)
 	for sc.Scan() {
 		line++
@@ -57,37 +61,41 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 		if blankLine != 0 {
 			return nil, &ParseError{File: name, Line: blankLine, Err: errors.New("blank line before the end of the trace")}
 		}
-		f, err := p.parse(b)
+		l, err := decodeMooncakeLine(b)
 		if err != nil {
 			return nil, &ParseError{File: name, Line: line, Err: err}
 		}
+		ts, in, out := *l.Timestamp, *l.InputLength, *l.OutputLength
 		if len(recs) == 0 {
-			first, prev = f.timestamp, f.timestamp
+			first, prev = ts, ts
 		}
-		if f.timestamp < prev {
+		if ts < prev {
 			return nil, &ParseError{File: name, Line: line,
-				Err: fmt.Errorf("%w: %d ms after %d ms", ErrTimestampDecreased, f.timestamp, prev)}
+				Err: fmt.Errorf("%w: %d ms after %d ms", ErrTimestampDecreased, ts, prev)}
 		}
-		prev = f.timestamp
-		if want := ceilDiv(f.inputLength, MooncakeBlockTokens); int64(len(p.ids)) != want {
+		prev = ts
+		ids := *l.HashIDs
+		if want := ceilDiv(in, MooncakeBlockTokens); int64(len(ids)) != want {
 			return nil, &ParseError{File: name, Line: line,
-				Err: fmt.Errorf("%w: %d ids for input_length %d, want %d", ErrHashIDCount, len(p.ids), f.inputLength, want)}
+				Err: fmt.Errorf("%w: %d ids for input_length %d, want %d", ErrHashIDCount, len(ids), in, want)}
 		}
-		if f.inputLength > math.MaxInt || f.outputLength > math.MaxInt {
+		if in > math.MaxInt || out > math.MaxInt {
 			return nil, &ParseError{File: name, Line: line, Err: errors.New("length overflows int")}
 		}
-		var ids []uint64
-		if len(p.ids) > 0 {
-			ids = make([]uint64, len(p.ids))
-			copy(ids, p.ids)
+		var hashIDs []uint64
+		if len(ids) > 0 {
+			hashIDs = make([]uint64, len(ids))
+			for i, id := range ids {
+				hashIDs[i] = uint64(id)
+			}
 		}
 		recs = append(recs, Record{
 			Index:        len(recs),
 			Line:         line,
-			Arrival:      time.Duration(f.timestamp-first) * time.Millisecond,
-			InputLength:  int(f.inputLength),
-			OutputLength: int(f.outputLength),
-			HashIDs:      ids,
+			Arrival:      time.Duration(ts-first) * time.Millisecond,
+			InputLength:  int(in),
+			OutputLength: int(out),
+			HashIDs:      hashIDs,
 		})
 	}
 	if err := sc.Err(); err != nil {
@@ -98,251 +106,129 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 
 func ceilDiv(a, b int64) int64 { return a/b + min(a%b, 1) }
 
-// mooncakeFields is one parsed line.
-type mooncakeFields struct {
-	timestamp, inputLength, outputLength int64
+// mooncakeLine is one trace line. The fields are pointers so that a missing
+// field and a null one (which encoding/json leaves nil) are detected.
+type mooncakeLine struct {
+	Timestamp    *int64    `json:"timestamp"`
+	InputLength  *int64    `json:"input_length"`
+	OutputLength *int64    `json:"output_length"`
+	HashIDs      *[]hashID `json:"hash_ids"`
 }
 
-// mooncakeParser is a strict parser for the flat Mooncake line object. It is
-// hand-written rather than encoding/json because encoding/json matches field
-// names case-insensitively, silently accepts duplicate keys and floats such
-// as 1.5 into a float, and is several times slower on 3 MB traces.
-type mooncakeParser struct {
-	b   []byte
-	i   int
-	ids []uint64 // hash_ids of the last parsed line; reused
-}
+// hashID is one element of hash_ids. It has its own UnmarshalJSON because
+// encoding/json silently ignores a null array element (leaving 0) and words
+// a negative or fractional id as a type mismatch; this rejects null and
+// reports negatives as ErrNegative.
+type hashID uint64
 
-const (
-	fTimestamp = 1 << iota
-	fInput
-	fOutput
-	fHashIDs
-	fAll = fTimestamp | fInput | fOutput | fHashIDs
-)
-
-var fieldNames = [...]string{"timestamp", "input_length", "output_length", "hash_ids"}
-
-func (p *mooncakeParser) parse(b []byte) (mooncakeFields, error) {
-	p.b, p.i, p.ids = b, 0, p.ids[:0]
-	var f mooncakeFields
-	seen := 0
-	p.ws()
-	if err := p.expect('{'); err != nil {
-		return f, err
+func (h *hashID) UnmarshalJSON(b []byte) error {
+	v, err := parseCount(b)
+	if err != nil {
+		return fmt.Errorf("hash_ids: %w", err)
 	}
-	p.ws()
-	if p.peek() == '}' {
-		p.i++
-	} else {
-		for {
-			p.ws()
-			key, err := p.key()
-			if err != nil {
-				return f, err
-			}
-			p.ws()
-			if err := p.expect(':'); err != nil {
-				return f, err
-			}
-			p.ws()
-			var bit int
-			switch key {
-			case "timestamp":
-				bit = fTimestamp
-				f.timestamp, err = p.nonNeg(key)
-				if err == nil && f.timestamp > maxMillis {
-					err = fmt.Errorf("timestamp %d ms overflows a time.Duration", f.timestamp)
-				}
-			case "input_length":
-				bit = fInput
-				f.inputLength, err = p.nonNeg(key)
-			case "output_length":
-				bit = fOutput
-				f.outputLength, err = p.nonNeg(key)
-			case "hash_ids":
-				bit = fHashIDs
-				err = p.idArray()
-			default:
-				return f, fmt.Errorf("unknown field %q", key)
-			}
-			if err != nil {
-				return f, err
-			}
-			if seen&bit != 0 {
-				return f, fmt.Errorf("duplicate field %q", key)
-			}
-			seen |= bit
-			p.ws()
-			c := p.peek()
-			if p.i >= len(p.b) || (c != ',' && c != '}') {
-				return f, p.syntax("',' or '}'")
-			}
-			p.i++
-			if c == '}' {
-				break
-			}
-		}
-	}
-	p.ws()
-	if p.i < len(p.b) {
-		return f, fmt.Errorf("invalid JSON: trailing data after the object at column %d", p.i+1)
-	}
-	if seen != fAll {
-		for k, name := range fieldNames {
-			if seen&(1<<k) == 0 {
-				return f, fmt.Errorf("missing field %q", name)
-			}
-		}
-	}
-	return f, nil
-}
-
-func (p *mooncakeParser) peek() byte {
-	if p.i < len(p.b) {
-		return p.b[p.i]
-	}
-	return 0
-}
-
-func (p *mooncakeParser) ws() {
-	for p.i < len(p.b) {
-		switch p.b[p.i] {
-		case ' ', '\t', '\r', '\n':
-			p.i++
-		default:
-			return
-		}
-	}
-}
-
-func (p *mooncakeParser) syntax(want string) error {
-	if p.i >= len(p.b) {
-		return fmt.Errorf("invalid JSON: unexpected end of line, want %s", want)
-	}
-	return fmt.Errorf("invalid JSON: unexpected %q at column %d, want %s", p.b[p.i], p.i+1, want)
-}
-
-func (p *mooncakeParser) expect(c byte) error {
-	if p.peek() != c || p.i >= len(p.b) {
-		return p.syntax(fmt.Sprintf("%q", c))
-	}
-	p.i++
+	*h = hashID(v)
 	return nil
 }
 
-// key parses a JSON string. Keys without escapes (all real ones) are
-// returned without copying the bytes beyond the string conversion; escaped
-// keys are decoded by encoding/json so "\u0074imestamp" is "timestamp".
-func (p *mooncakeParser) key() (string, error) {
-	if p.peek() != '"' {
-		return "", p.syntax("a field name")
+// parseCount parses a JSON literal as a non-negative integer up to
+// math.MaxUint64, with a message saying what is wrong otherwise.
+func parseCount(b []byte) (uint64, error) {
+	v, err := strconv.ParseUint(string(b), 10, 64)
+	if err == nil || string(b) == "-0" {
+		return v, nil
 	}
-	start := p.i
-	p.i++
-	escaped := false
-	for p.i < len(p.b) {
-		switch c := p.b[p.i]; {
-		case c == '\\':
-			escaped = true
-			p.i += 2
-			continue
-		case c == '"':
-			p.i++
-			raw := p.b[start:p.i]
-			if !escaped {
-				return string(raw[1 : len(raw)-1]), nil
-			}
-			var s string
-			if err := json.Unmarshal(raw, &s); err != nil {
-				return "", fmt.Errorf("invalid JSON: field name %s: %v", raw, err)
-			}
-			return s, nil
-		case c < 0x20:
-			return "", fmt.Errorf("invalid JSON: control character in field name at column %d", p.i+1)
-		}
-		p.i++
-	}
-	return "", errors.New("invalid JSON: unterminated field name")
+	return 0, notCount(string(b))
 }
 
-// number parses a JSON integer (optional '-', no leading zeros) and reports
-// whether it was negative. Fractions, exponents and out-of-range values are
-// errors.
-func (p *mooncakeParser) number(what string) (mag uint64, neg bool, err error) {
-	if p.peek() == '-' {
-		neg = true
-		p.i++
-	}
-	start := p.i
-	for p.i < len(p.b) && p.b[p.i] >= '0' && p.b[p.i] <= '9' {
-		d := uint64(p.b[p.i] - '0')
-		if mag > (math.MaxUint64-d)/10 {
-			return 0, neg, fmt.Errorf("%s: value out of range", what)
-		}
-		mag = mag*10 + d
-		p.i++
-	}
-	n := p.i - start
+// notCount explains why the JSON literal s is not a non-negative integer
+// that fits its Go type.
+func notCount(s string) error {
 	switch {
-	case n == 0:
-		if p.i < len(p.b) && p.b[p.i] == 'n' {
-			return 0, neg, fmt.Errorf("%s: null, want an integer", what)
-		}
-		return 0, neg, fmt.Errorf("%s: %w", what, p.syntax("an integer"))
-	case n > 1 && p.b[start] == '0':
-		return 0, neg, fmt.Errorf("%s: invalid JSON: leading zero", what)
+	case s == "null":
+		return errors.New("null, want an integer")
+	case s == "true" || s == "false":
+		return fmt.Errorf("%s, want an integer", s)
+	case strings.HasPrefix(s, `"`):
+		return fmt.Errorf("string %s, want an integer", s)
+	case strings.HasPrefix(s, "-") && s != "-0":
+		return fmt.Errorf("%w (%s)", ErrNegative, s)
+	case strings.Trim(s, "0123456789") == "":
+		return fmt.Errorf("value %s out of range", s)
+	default:
+		return fmt.Errorf("%s is not an integer", s)
 	}
-	if c := p.peek(); c == '.' || c == 'e' || c == 'E' {
-		return 0, neg, fmt.Errorf("%s: not an integer", what)
-	}
-	return mag, neg, nil
 }
 
-func (p *mooncakeParser) nonNeg(what string) (int64, error) {
-	mag, neg, err := p.number(what)
+// decodeMooncakeLine decodes one non-blank line into a mooncakeLine whose
+// fields are all set, with a non-negative timestamp and lengths.
+func decodeMooncakeLine(b []byte) (*mooncakeLine, error) {
+	var l mooncakeLine
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&l); err != nil {
+		return nil, decodeError(err)
+	}
+	off := int(dec.InputOffset())
+	if rest := bytes.TrimLeft(b[off:], " \t\r\n"); len(rest) > 0 { // JSON whitespace only
+		return nil, fmt.Errorf("invalid JSON: trailing data after the object at column %d", len(b)-len(rest)+1)
+	}
+	for _, f := range [...]struct {
+		name string
+		v    *int64
+	}{{"timestamp", l.Timestamp}, {"input_length", l.InputLength}, {"output_length", l.OutputLength}} {
+		switch {
+		case f.v == nil:
+			return nil, fmt.Errorf("missing or null field %q", f.name)
+		case *f.v < 0:
+			return nil, fmt.Errorf("%s: %w (%d)", f.name, ErrNegative, *f.v)
+		}
+	}
+	if l.HashIDs == nil {
+		return nil, errors.New(`missing or null field "hash_ids"`)
+	}
+	if *l.Timestamp > maxMillis {
+		return nil, fmt.Errorf("timestamp %d ms overflows a time.Duration", *l.Timestamp)
+	}
+	return &l, nil
+}
+
+// decodeError words an encoding/json error for a trace line, keeping the
+// original as the cause where it has a useful type.
+func decodeError(err error) error {
+	var (
+		te *json.UnmarshalTypeError
+		se *json.SyntaxError
+	)
 	switch {
-	case err != nil:
-		return 0, err
-	case neg && mag != 0:
-		return 0, fmt.Errorf("%s: %w (-%d)", what, ErrNegative, mag)
-	case mag > math.MaxInt64:
-		return 0, fmt.Errorf("%s: value out of range", what)
+	case errors.As(err, &te):
+		// Value is "number 1.5", "number -3", "string", "bool", "array", ...
+		field := te.Field
+		if field == "" {
+			return fmt.Errorf("invalid JSON: the line is %s %s, want an object", article(te.Value), te.Value)
+		}
+		if num, ok := strings.CutPrefix(te.Value, "number "); ok {
+			return fmt.Errorf("%s: %w", field, notCount(num))
+		}
+		if field == "hash_ids" {
+			return fmt.Errorf("%s: %s, want an array of integers", field, te.Value)
+		}
+		return fmt.Errorf("%s: %s, want an integer", field, te.Value)
+	case errors.As(err, &se):
+		return fmt.Errorf("invalid JSON at column %d: %w", se.Offset, err)
+	case errors.Is(err, io.ErrUnexpectedEOF):
+		return errors.New("invalid JSON: unexpected end of line")
+	default:
+		// json: unknown field "x", or an error from hashID.UnmarshalJSON.
+		if s, ok := strings.CutPrefix(err.Error(), "json: "); ok {
+			return errors.New(s)
+		}
+		return err
 	}
-	return int64(mag), nil
 }
 
-func (p *mooncakeParser) idArray() error {
-	if p.peek() != '[' {
-		if p.peek() == 'n' {
-			return errors.New("hash_ids: null, want an array")
-		}
-		return fmt.Errorf("hash_ids: %w", p.syntax("'['"))
+func article(s string) string {
+	if s != "" && strings.ContainsRune("aeiou", rune(s[0])) {
+		return "an"
 	}
-	p.i++
-	p.ws()
-	if p.peek() == ']' {
-		p.i++
-		return nil
-	}
-	for {
-		p.ws()
-		mag, neg, err := p.number("hash_ids")
-		if err != nil {
-			return err
-		}
-		if neg && mag != 0 {
-			return fmt.Errorf("hash_ids[%d]: %w (-%d)", len(p.ids), ErrNegative, mag)
-		}
-		p.ids = append(p.ids, mag)
-		p.ws()
-		c := p.peek()
-		if p.i >= len(p.b) || (c != ',' && c != ']') {
-			return fmt.Errorf("hash_ids: %w", p.syntax("',' or ']'"))
-		}
-		p.i++
-		if c == ']' {
-			return nil
-		}
-	}
+	return "a"
 }

@@ -1,6 +1,7 @@
 package trace
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"path/filepath"
@@ -103,6 +104,25 @@ func TestMooncakeGood(t *testing.T) {
 	}
 }
 
+// TestMooncakeJSONRules pins what encoding/json accepts beyond the
+// canonical form: field names match case-insensitively, the last of
+// repeated fields wins, and -0 is 0.
+func TestMooncakeJSONRules(t *testing.T) {
+	in := `{"Timestamp": 7, "INPUT_LENGTH": 1, "output_Length": 2, "Hash_IDs": [-0]}` + "\n" +
+		`{"timestamp": 0, "timestamp": 9, "input_length": 1, "output_length": 5, "hash_ids": [3], "hash_ids": [4]}` + "\n"
+	recs, err := ReadMooncake(strings.NewReader(in), "j.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Record{
+		{Index: 0, Line: 1, Arrival: 0, InputLength: 1, OutputLength: 2, HashIDs: []uint64{0}},
+		{Index: 1, Line: 2, Arrival: 2 * time.Millisecond, InputLength: 1, OutputLength: 5, HashIDs: []uint64{4}},
+	}
+	if !reflect.DeepEqual(recs, want) {
+		t.Fatalf("got %+v\nwant %+v", recs, want)
+	}
+}
+
 func TestMooncakeErrors(t *testing.T) {
 	const ok = `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}`
 	tests := []struct {
@@ -112,32 +132,60 @@ func TestMooncakeErrors(t *testing.T) {
 	}{
 		{"unknown field", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [1], "x": 1}`,
 			`t.jsonl:2: unknown field "x"`, nil},
-		{"case-folded field", `{"Timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
-			`t.jsonl:2: unknown field "Timestamp"`, nil},
 		{"missing field", `{"timestamp": 0, "input_length": 1, "hash_ids": [1]}`,
-			`t.jsonl:2: missing field "output_length"`, nil},
-		{"duplicate field", `{"timestamp": 0, "timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
-			`t.jsonl:2: duplicate field "timestamp"`, nil},
+			`t.jsonl:2: missing or null field "output_length"`, nil},
+		{"missing hash_ids", `{"timestamp": 0, "input_length": 1, "output_length": 5}`,
+			`t.jsonl:2: missing or null field "hash_ids"`, nil},
 		{"null", `{"timestamp": null, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
-			`t.jsonl:2: timestamp: null, want an integer`, nil},
+			`t.jsonl:2: missing or null field "timestamp"`, nil},
+		{"null hash_ids", `{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": null}`,
+			`t.jsonl:2: missing or null field "hash_ids"`, nil},
+		{"duplicate field, last null", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [1], "timestamp": null}`,
+			`t.jsonl:2: missing or null field "timestamp"`, nil},
+		{"null id", `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, null]}`,
+			`t.jsonl:2: hash_ids: null, want an integer`, nil},
+		{"string", `{"timestamp": "0", "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
+			`t.jsonl:2: timestamp: string, want an integer`, nil},
+		{"string id", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": ["1"]}`,
+			`t.jsonl:2: hash_ids: string "1", want an integer`, nil},
+		{"bool", `{"timestamp": 0, "input_length": true, "output_length": 5, "hash_ids": [1]}`,
+			`t.jsonl:2: input_length: bool, want an integer`, nil},
+		{"hash_ids not an array", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": 1}`,
+			`t.jsonl:2: hash_ids: number, want an array of integers`, nil},
 		{"negative length", `{"timestamp": 0, "input_length": -1, "output_length": 5, "hash_ids": []}`,
 			`t.jsonl:2: input_length: negative value (-1)`, ErrNegative},
+		{"negative timestamp", `{"timestamp": -5, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
+			`t.jsonl:2: timestamp: negative value (-5)`, ErrNegative},
 		{"negative id", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [-3]}`,
-			`t.jsonl:2: hash_ids[0]: negative value (-3)`, ErrNegative},
+			`t.jsonl:2: hash_ids: negative value (-3)`, ErrNegative},
 		{"float", `{"timestamp": 1.5, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
-			`t.jsonl:2: timestamp: not an integer`, nil},
+			`t.jsonl:2: timestamp: 1.5 is not an integer`, nil},
+		{"exponent", `{"timestamp": 0, "input_length": 1, "output_length": 1e3, "hash_ids": [1]}`,
+			`t.jsonl:2: output_length: 1e3 is not an integer`, nil},
+		{"float id", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [2.0]}`,
+			`t.jsonl:2: hash_ids: 2.0 is not an integer`, nil},
 		{"too few ids", `{"timestamp": 0, "input_length": 1025, "output_length": 5, "hash_ids": [1, 2]}`,
 			`t.jsonl:2: hash_ids length does not match input_length: 2 ids for input_length 1025, want 3`, ErrHashIDCount},
 		{"too many ids", `{"timestamp": 0, "input_length": 512, "output_length": 5, "hash_ids": [1, 2]}`,
 			`t.jsonl:2: hash_ids length does not match input_length: 2 ids for input_length 512, want 1`, ErrHashIDCount},
 		{"invalid json", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [1]`,
-			`t.jsonl:2: invalid JSON: unexpected end of line, want ',' or '}'`, nil},
+			`t.jsonl:2: invalid JSON: unexpected end of line`, nil},
+		{"syntax error", `{"timestamp": 0, "input_length": 1, "output_length": 5 "hash_ids": [1]}`,
+			`t.jsonl:2: invalid JSON at column 56: invalid character '"' after object key:value pair`, nil},
 		{"trailing data", ok + ` {}`,
 			`t.jsonl:2: invalid JSON: trailing data after the object at column 79`, nil},
+		{"trailing garbage", ok + `x`,
+			`t.jsonl:2: invalid JSON: trailing data after the object at column 78`, nil},
+		{"trailing non-JSON space", ok + "\u00a0",
+			`t.jsonl:2: invalid JSON: trailing data after the object at column 78`, nil},
 		{"not an object", `[1]`,
-			`t.jsonl:2: invalid JSON: unexpected '[' at column 1, want '{'`, nil},
+			`t.jsonl:2: invalid JSON: the line is an array, want an object`, nil},
 		{"overflow", `{"timestamp": 99999999999999999999, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
-			`t.jsonl:2: timestamp: value out of range`, nil},
+			`t.jsonl:2: timestamp: value 99999999999999999999 out of range`, nil},
+		{"id overflow", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [18446744073709551616]}`,
+			`t.jsonl:2: hash_ids: value 18446744073709551616 out of range`, nil},
+		{"duration overflow", `{"timestamp": 9223372036854776, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
+			`t.jsonl:2: timestamp 9223372036854776 ms overflows a time.Duration`, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -267,4 +315,20 @@ func FuzzReadMooncake(f *testing.F) {
 			}
 		}
 	})
+}
+
+// BenchmarkReadMooncake reads the bundled 12,031-line conversation trace.
+func BenchmarkReadMooncake(b *testing.B) {
+	data, err := os.ReadFile(filepath.Join(traceDir, "mooncake_conversation_trace.jsonl"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		recs, err := ReadMooncake(bytes.NewReader(data), "conv.jsonl")
+		if err != nil || len(recs) != 12031 {
+			b.Fatalf("%d records, %v", len(recs), err)
+		}
+	}
 }

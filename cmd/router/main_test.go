@@ -1,0 +1,310 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+const (
+	policyDir = "../../examples/policies"
+	traceDir  = "../../testdata/traces"
+)
+
+var (
+	kvPolicy = filepath.Join(policyDir, "kv.hcl")
+	rrPolicy = filepath.Join(policyDir, "round-robin.hcl")
+)
+
+// routerRun runs the CLI in-process and returns its exit code and output.
+func routerRun(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code = run(args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+// writeFile writes content to name in a fresh temporary directory and
+// returns its path.
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestVersion(t *testing.T) {
+	code, out, errOut := routerRun(t, "version")
+	if code != 0 || errOut != "" {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if want := "switchyard router dev (plugin API switchyard.plugin.v1)\n"; out != want {
+		t.Errorf("stdout %q, want %q", out, want)
+	}
+}
+
+func TestValidateOK(t *testing.T) {
+	tests := []struct {
+		file string
+		want []string // lines (prefixes after trimming) stdout must contain
+	}{
+		{kvPolicy, []string{
+			kvPolicy + `: ok (block_size 512, seed 7)`,
+			`aggregated  policy "kv"  [pipeline, inputs LOAD|CACHE]`,
+			`scorer cost         type kv-cost        in-process  weight 1`,
+			`picker pick         type min-cost       in-process`,
+			`fallback "least-loaded"`,
+			`prefill     policy "default"  [pipeline, inputs LOAD|CACHE]`,
+			`decode      policy "default"  [pipeline, inputs LOAD|CACHE]`,
+		}},
+		{rrPolicy, []string{
+			rrPolicy + `: ok (block_size 512)`,
+			`aggregated  policy "rr"  [hosted, inputs none]`,
+			`picker rr           type round-robin    in-process`,
+			`prefill     policy "default"  [pipeline, inputs LOAD|CACHE]`,
+			`decode      policy "default"  [pipeline, inputs LOAD|CACHE]`,
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(filepath.Base(tt.file), func(t *testing.T) {
+			code, out, errOut := routerRun(t, "validate", tt.file)
+			if code != 0 {
+				t.Fatalf("exit %d, stderr %q", code, errOut)
+			}
+			lines := map[string]bool{}
+			for _, l := range strings.Split(out, "\n") {
+				lines[strings.TrimSpace(l)] = true
+			}
+			for _, w := range tt.want {
+				if !lines[w] {
+					t.Errorf("stdout lacks line %q:\n%s", w, out)
+				}
+			}
+		})
+	}
+}
+
+func TestValidateErrors(t *testing.T) {
+	kv, err := os.ReadFile(kvPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rr, err := os.ReadFile(rrPolicy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replace := func(src []byte, old, new string) string {
+		t.Helper()
+		if !bytes.Contains(src, []byte(old)) {
+			t.Fatalf("%q not in the example policy", old)
+		}
+		return strings.Replace(string(src), old, new, 1)
+	}
+	tests := []struct {
+		name    string
+		content string
+		pos     string // LINE:COL of the error
+		mention string // stderr must mention this
+	}{
+		// kv.hcl line 18: `    temperature = 0`; the value is column 19.
+		{"negative temperature", replace(kv, "temperature = 0", "temperature = -1"), "18:19", "temperature = -1"},
+		// kv.hcl line 12: `    overlap_credit        = 1.0`.
+		{"unknown attribute", replace(kv, "overlap_credit        = 1.0", "bogus = 1"), "12:5", `"bogus"`},
+		// round-robin.hcl line 9: `    type = "round-robin"`; the value is column 12.
+		{"unknown type", replace(rr, `"round-robin"`, `"no-such"`), "9:12", `"no-such"`},
+		{"syntax error", replace(rr, "policy \"rr\" {", "policy \"rr\" {{"), "7:", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			file := writeFile(t, "bad.hcl", tt.content)
+			code, out, errOut := routerRun(t, "validate", file)
+			if code != 1 {
+				t.Errorf("exit %d, want 1", code)
+			}
+			if out != "" {
+				t.Errorf("stdout %q, want none", out)
+			}
+			if want := file + ":" + tt.pos; !strings.HasPrefix(errOut, want) || !strings.Contains(errOut, ": error: ") {
+				t.Errorf("stderr %q, want it to start with %q and say error", errOut, want)
+			}
+			if !strings.Contains(errOut, tt.mention) {
+				t.Errorf("stderr %q does not mention %q", errOut, tt.mention)
+			}
+		})
+	}
+	t.Run("missing file", func(t *testing.T) {
+		file := filepath.Join(t.TempDir(), "missing.hcl")
+		code, _, errOut := routerRun(t, "validate", file)
+		if code != 1 {
+			t.Errorf("exit %d, want 1", code)
+		}
+		if !strings.HasPrefix(errOut, file+":") || !strings.Contains(errOut, "no such file") {
+			t.Errorf("stderr %q", errOut)
+		}
+	})
+	t.Run("no argument", func(t *testing.T) {
+		if code, _, _ := routerRun(t, "validate"); code != 2 {
+			t.Errorf("exit %d, want 2", code)
+		}
+	})
+}
+
+// TestReplayDeterministic replays 300 requests round-robin twice and checks
+// the per-request files are byte-identical and the report is complete.
+func TestReplayDeterministic(t *testing.T) {
+	dir := t.TempDir()
+	var perReq [2][]byte
+	var report map[string]any
+	for i := range perReq {
+		f := filepath.Join(dir, "per-request"+string(rune('1'+i))+".jsonl")
+		r := filepath.Join(dir, "report"+string(rune('1'+i))+".json")
+		code, out, errOut := routerRun(t, "replay", "--limit", "300", "--workers", "4",
+			"--policy", rrPolicy, "--per-request", f, "--report", r)
+		if code != 0 {
+			t.Fatalf("run %d: exit %d, stderr %q", i+1, code, errOut)
+		}
+		if !strings.Contains(out, "300 requests on 4 simulated workers") || !strings.Contains(out, "round-robin") {
+			t.Errorf("run %d: stdout %q", i+1, out)
+		}
+		var err error
+		if perReq[i], err = os.ReadFile(f); err != nil {
+			t.Fatal(err)
+		}
+		b, err := os.ReadFile(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		report = nil
+		if err := json.Unmarshal(b, &report); err != nil {
+			t.Fatalf("report: %v\n%s", err, b)
+		}
+	}
+	if !bytes.Equal(perReq[0], perReq[1]) {
+		t.Errorf("per-request output differs between two identical runs")
+	}
+
+	for _, k := range []string{"policy", "ttft_ms", "e2e_ms", "kv_hit_ratio", "imbalance",
+		"sim_duration_s", "wall_s", "decisions_per_s"} {
+		if _, ok := report[k]; !ok {
+			t.Errorf("report lacks %q", k)
+		}
+	}
+	if report["policy"] != "round-robin" {
+		t.Errorf("policy %v, want round-robin", report["policy"])
+	}
+	if report["requests"] != 300.0 || report["completed"] != 300.0 {
+		t.Errorf("requests %v completed %v, want 300 and 300", report["requests"], report["completed"])
+	}
+	for _, k := range []string{"ttft_ms", "e2e_ms"} {
+		s, _ := report[k].(map[string]any)
+		for _, q := range []string{"p50", "p90", "p99", "mean"} {
+			if _, ok := s[q].(float64); !ok {
+				t.Errorf("%s.%s missing or not a number: %v", k, q, report[k])
+			}
+		}
+	}
+	perWorker, _ := report["requests_per_worker"].([]any)
+	if len(perWorker) != 4 {
+		t.Fatalf("requests_per_worker %v, want 4 entries", report["requests_per_worker"])
+	}
+	for w, n := range perWorker {
+		if n != 75.0 {
+			t.Errorf("worker %d got %v requests, want 75 (round-robin over 300)", w, n)
+		}
+	}
+
+	lines := strings.Split(strings.TrimSuffix(string(perReq[0]), "\n"), "\n")
+	if len(lines) != 300 {
+		t.Fatalf("%d per-request lines, want 300", len(lines))
+	}
+	keys := []string{"index", "arrival_ms", "worker", "input_length", "output_length",
+		"overlap_blocks", "cached_tokens", "queue_ms", "ttft_ms", "e2e_ms", "status"}
+	for i, l := range lines {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("line %d: %v: %s", i+1, err, l)
+		}
+		for _, k := range keys {
+			if _, ok := m[k]; !ok {
+				t.Fatalf("line %d lacks %q: %s", i+1, k, l)
+			}
+		}
+		if m["index"] != float64(i) {
+			t.Fatalf("line %d: index %v", i+1, m["index"])
+		}
+	}
+}
+
+func TestReplayTraces(t *testing.T) {
+	good := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}`
+	bad := writeFile(t, "bad.jsonl", good+"\n"+good+"\n"+`{"timestamp": 1, "input_length": 1,`+"\n"+good+"\n")
+	tests := []struct {
+		name   string
+		args   []string
+		code   int
+		stdout []string // substrings of stdout
+		stderr []string // substrings of stderr
+	}{
+		{"malformed mooncake", []string{"replay", "--trace", bad, "--limit", "10"},
+			1, nil, []string{bad + ":3: "}},
+		{"missing trace", []string{"replay", "--trace", filepath.Join(t.TempDir(), "none.jsonl")},
+			1, nil, []string{"none.jsonl", "no such file"}},
+		{"azure csv", []string{"replay", "--trace", filepath.Join(traceDir, "azure_llm_2023_code.csv"), "--limit", "200", "--workers", "2"},
+			0, []string{"trace azure_llm_2023_code.csv: 200 requests on 2 simulated workers", "policy", "default", "TTFT p50"}, nil},
+		{"compare with policy", []string{"replay", "--compare", rrPolicy + "," + kvPolicy, "--policy", kvPolicy, "--limit", "10"},
+			2, nil, []string{"--compare", "--policy"}},
+		{"zero workers", []string{"replay", "--workers", "0", "--limit", "10"},
+			2, nil, []string{"--workers 0"}},
+		{"negative limit", []string{"replay", "--limit", "-1"},
+			2, nil, []string{"--limit -1"}},
+		{"broken policy", []string{"replay", "--policy", writeFile(t, "p.hcl", "policy {"), "--limit", "10"},
+			1, nil, []string{"p.hcl:1:", "policy file has errors"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := routerRun(t, tt.args...)
+			if code != tt.code {
+				t.Errorf("exit %d, want %d; stderr %q", code, tt.code, errOut)
+			}
+			for _, s := range tt.stdout {
+				if !strings.Contains(out, s) {
+					t.Errorf("stdout lacks %q:\n%s", s, out)
+				}
+			}
+			for _, s := range tt.stderr {
+				if !strings.Contains(errOut, s) {
+					t.Errorf("stderr lacks %q: %q", s, errOut)
+				}
+			}
+		})
+	}
+}
+
+// TestReplayCompareTable checks --compare prints one table with one row per
+// policy, in the order given.
+func TestReplayCompareTable(t *testing.T) {
+	code, out, errOut := routerRun(t, "replay", "--compare", rrPolicy+","+kvPolicy, "--limit", "200")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if !strings.Contains(out, "200 requests on 8 simulated workers") {
+		t.Errorf("stdout lacks the trace line:\n%s", out)
+	}
+	if n := strings.Count(out, "TTFT p50"); n != 1 {
+		t.Errorf("%d table headers, want 1:\n%s", n, out)
+	}
+	row := regexp.MustCompile(`(?m)^\s*(\S+)\s+200\s+200\s`)
+	var names []string
+	for _, m := range row.FindAllStringSubmatch(out, -1) {
+		names = append(names, m[1])
+	}
+	if want := []string{"round-robin", "kv"}; strings.Join(names, ",") != strings.Join(want, ",") {
+		t.Errorf("rows %q, want %q:\n%s", names, want, out)
+	}
+}
