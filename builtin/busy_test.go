@@ -72,19 +72,7 @@ func TestBusyParams(t *testing.T) {
 		{"kv over 1", shared.Params{ParamMaxKVUsage: 1.5}, ParamMaxKVUsage},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := BusyType().New(tt.params)
-			if tt.wantParam == "" {
-				if err != nil {
-					t.Fatalf("New: %v", err)
-				}
-				return
-			}
-			var pe *shared.ParamError
-			if !errors.As(err, &pe) || pe.Param != tt.wantParam {
-				t.Fatalf("New error = %v, want *ParamError for %q", err, tt.wantParam)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { checkNew(t, BusyType(), tt.params, tt.wantParam) })
 	}
 }
 

@@ -1,6 +1,9 @@
 package builtin
 
 import (
+	"errors"
+	"testing"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 
@@ -35,3 +38,20 @@ var cmpSorted = cmpopts.SortSlices(func(a, b int) bool { return a < b })
 
 // cmpApprox compares float64s within an absolute tolerance.
 func cmpApprox(tol float64) cmp.Option { return cmpopts.EquateApprox(0, tol) }
+
+// checkNew builds t's type from params and checks the outcome: success when
+// wantParam is "", else a *shared.ParamError naming wantParam.
+func checkNew(t *testing.T, typ shared.TypeInfo, params shared.Params, wantParam string) {
+	t.Helper()
+	_, err := typ.New(params)
+	if wantParam == "" {
+		if err != nil {
+			t.Fatalf("New(%v): %v", params, err)
+		}
+		return
+	}
+	var pe *shared.ParamError
+	if !errors.As(err, &pe) || pe.Param != wantParam {
+		t.Fatalf("New(%v) error = %v, want *ParamError for %q", params, err, wantParam)
+	}
+}

@@ -71,19 +71,7 @@ func TestKVCostParams(t *testing.T) {
 		{"infinite weight", shared.Params{ParamDecodeRequestWeight: math.Inf(1)}, ParamDecodeRequestWeight},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			_, err := KVCostType().New(tt.params)
-			if tt.wantParam == "" {
-				if err != nil {
-					t.Fatalf("New: %v", err)
-				}
-				return
-			}
-			var pe *shared.ParamError
-			if !errors.As(err, &pe) || pe.Param != tt.wantParam {
-				t.Fatalf("New error = %v, want *ParamError for %q", err, tt.wantParam)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { checkNew(t, KVCostType(), tt.params, tt.wantParam) })
 	}
 }
 

@@ -133,10 +133,7 @@ func TestMinCostSeedRepeats(t *testing.T) {
 
 func TestMinCostErrors(t *testing.T) {
 	for _, temp := range []float64{-0.1, math.NaN(), math.Inf(1)} {
-		var pe *shared.ParamError
-		if _, err := MinCostType().New(shared.Params{ParamTemperature: temp}); !errors.As(err, &pe) || pe.Param != ParamTemperature {
-			t.Errorf("temperature %v: error %v, want *ParamError for temperature", temp, err)
-		}
+		checkNew(t, MinCostType(), shared.Params{ParamTemperature: temp}, ParamTemperature)
 	}
 	m, _ := NewMinCost(nil)
 	if _, err := m.Pick(context.Background(), nil, &shared.Candidates{}); !errors.Is(err, shared.ErrNoWorkers) {

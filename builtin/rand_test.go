@@ -52,7 +52,8 @@ func TestIntnBounds(t *testing.T) {
 
 // TestUnseededDiffers: two unseeded instances draw from different streams.
 func TestUnseededDiffers(t *testing.T) {
-	if newRNG(nil).next() == newRNG(nil).next() {
+	a, b := newRNG(nil), newRNG(nil)
+	if a.next() == b.next() {
 		t.Error("two crypto-seeded generators gave the same first draw")
 	}
 }
