@@ -188,6 +188,9 @@ func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, err
 	d.Worker = w
 	d.OverlapBlocks = overlap
 	prefill := int64(req.PromptTokens - overlap*r.blockSize)
+	if req.Role == shared.RoleDecode {
+		prefill = 0 // the prompt's KV arrives from a prefill worker: nothing to prefill here
+	}
 	blocks := int64((req.PromptTokens + r.blockSize - 1) / r.blockSize)
 	d.Booking = fleet.Book(w, prefill, blocks)
 	r.index.Record(w.ID, req.BlockHashes)

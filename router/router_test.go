@@ -245,3 +245,43 @@ func TestRouterComputesOnlyDeclaredInputs(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeBookingHasNoPrefill: a decode worker receives the prompt's KV
+// from a prefill worker, so its booking charges the prompt's blocks and an
+// active request but no prefill tokens; a prefill booking of the same
+// request charges the whole uncached prompt.
+func TestDecodeBookingHasNoPrefill(t *testing.T) {
+	p := mustPolicy(t, "rr", nil, builtin.NewRoundRobin())
+	r, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*shared.Policy{shared.RolePrefill: p, shared.RoleDecode: p}, BookingsAreLoad: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for id, role := range []shared.Role{shared.RolePrefill, shared.RoleDecode} {
+		if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(id), Role: role, TotalKVBlocks: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// 10 tokens = 3 blocks of 4.
+	pre, err := r.Select(context.Background(), &shared.Request{Role: shared.RolePrefill, PromptTokens: 10, BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := r.Select(context.Background(), &shared.Request{Role: shared.RoleDecode, PromptTokens: 10, BlockSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pre.Worker.ID != 0 || dec.Worker.ID != 1 {
+		t.Fatalf("prefill on %d, decode on %d; want 0 and 1", pre.Worker.ID, dec.Worker.ID)
+	}
+	if l := pre.Worker.Load(true); l.ActiveRequests != 1 || l.ActivePrefillTokens != 10 || l.ActiveDecodeBlocks != 3 {
+		t.Fatalf("prefill worker load %+v; want 1 active, 10 prefill tokens, 3 blocks", l)
+	}
+	if l := dec.Worker.Load(true); l.ActiveRequests != 1 || l.ActivePrefillTokens != 0 || l.ActiveDecodeBlocks != 3 {
+		t.Fatalf("decode worker load %+v; want 1 active, 0 prefill tokens, 3 blocks", l)
+	}
+	dec.Booking.PrefillDone()
+	dec.Booking.Release()
+	if l := dec.Worker.Load(true); l.ActiveRequests != 0 || l.ActivePrefillTokens != 0 || l.ActiveDecodeBlocks != 0 {
+		t.Fatalf("decode worker load after release %+v; want all 0", l)
+	}
+}

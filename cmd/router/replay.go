@@ -23,6 +23,8 @@ type replayFlags struct {
 	policy     string
 	trace      string
 	workers    int
+	prefill    int
+	decode     int
 	seed       int64
 	limit      int
 	perRequest string
@@ -39,7 +41,13 @@ func newReplayCmd() *cobra.Command {
 time, and prints a summary table. With no flags it replays the bundled Mooncake
 conversation trace (12,031 requests) through the built-in default policy
 (kv-cost + min-cost) on 8 simulated workers. The same inputs and seed give
-byte-identical --per-request output.`,
+byte-identical --per-request output.
+
+With --prefill-workers N --decode-workers M it replays disaggregated serving:
+each request is routed by the policy's prefill role to one of N prefill
+workers, which compute its prompt and first token, then by the decode role to
+one of M decode workers, which receive its prompt's KV (128 KiB per token at
+50 GB/s) and generate the rest.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runReplay(cmd, &f)
@@ -49,6 +57,8 @@ byte-identical --per-request output.`,
 	fl.StringVar(&f.policy, "policy", "", "HCL policy file (default: the built-in default policy)")
 	fl.StringVar(&f.trace, "trace", "", "trace file: Mooncake .jsonl or Azure .csv (default: the bundled conversation trace)")
 	fl.IntVar(&f.workers, "workers", replay.DefaultWorkers, "number of simulated aggregated workers")
+	fl.IntVar(&f.prefill, "prefill-workers", 0, "number of simulated prefill workers (disaggregated serving; needs --decode-workers)")
+	fl.IntVar(&f.decode, "decode-workers", 0, "number of simulated decode workers (disaggregated serving; needs --prefill-workers)")
 	fl.Int64Var(&f.seed, "seed", 0, "seed for every seeded component without its own seed (overrides router.seed)")
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
 	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE")
@@ -58,7 +68,18 @@ byte-identical --per-request output.`,
 }
 
 func runReplay(cmd *cobra.Command, f *replayFlags) error {
-	if f.workers < 1 {
+	fs := cmd.Flags()
+	disagg := fs.Changed("prefill-workers") || fs.Changed("decode-workers")
+	switch {
+	case disagg && fs.Changed("workers"):
+		return errors.New("--workers sets aggregated workers: it cannot be combined with --prefill-workers or --decode-workers")
+	case disagg && (!fs.Changed("prefill-workers") || !fs.Changed("decode-workers")):
+		return errors.New("disaggregated serving needs both --prefill-workers and --decode-workers")
+	case disagg && f.prefill < 1:
+		return fmt.Errorf("--prefill-workers %d: want >= 1", f.prefill)
+	case disagg && f.decode < 1:
+		return fmt.Errorf("--decode-workers %d: want >= 1", f.decode)
+	case f.workers < 1:
 		return fmt.Errorf("--workers %d: want >= 1", f.workers)
 	}
 	if f.limit < 0 {
@@ -98,7 +119,11 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 			BlockSize:  b.BlockSize,
 			TraceName:  traceName,
 			Records:    records,
-			Workers:    f.workers,
+		}
+		if disagg {
+			opts.PrefillWorkers, opts.DecodeWorkers = f.prefill, f.decode
+		} else {
+			opts.Workers = f.workers
 		}
 		var perReq *os.File
 		if f.perRequest != "" {
@@ -119,7 +144,11 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		reports = append(reports, rep)
 	}
 	out := cmd.OutOrStdout()
-	fmt.Fprintf(out, "trace %s: %d requests on %d simulated workers\n", traceName, len(records), f.workers)
+	if disagg {
+		fmt.Fprintf(out, "trace %s: %d requests on %d prefill + %d decode simulated workers\n", traceName, len(records), f.prefill, f.decode)
+	} else {
+		fmt.Fprintf(out, "trace %s: %d requests on %d simulated workers\n", traceName, len(records), f.workers)
+	}
 	if err := replay.WriteTable(out, reports); err != nil {
 		return err
 	}

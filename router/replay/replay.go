@@ -1,17 +1,21 @@
 // Package replay drives a recorded trace through a Router on simulated
 // workers, in simulated time, and reports per-request outcomes and a
-// summary. The loop is single-threaded and reads no clock but for the wall
-// time it reports, so the same trace, policy and seed give byte-identical
-// per-request output.
+// summary. Workers are either aggregated (each serves prefill and decode)
+// or disaggregated into a prefill pool and a decode pool, with the prompt's
+// KV transferred between them. The loop is single-threaded and reads no
+// clock but for the wall time it reports, so the same trace, policy and
+// seed give byte-identical per-request output.
 package replay
 
 import (
 	"bufio"
+	"container/heap"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"strconv"
 	"time"
 
@@ -29,11 +33,33 @@ import (
 // to differ in latency rather than in whether they keep up.
 const DefaultWorkers = 8
 
+// KVBytesPerToken is the KV cache of one token of the simulated model,
+// Llama-3.1-8B-Instruct in bf16: 32 layers × 8 KV heads × 128 dimensions ×
+// 2 (key and value) × 2 bytes = 131,072 bytes (SIMULATION.md, model).
+const KVBytesPerToken = 128 << 10
+
+// DefaultKVTransferBandwidth is the prefill-to-decode KV transfer
+// bandwidth in bytes per second when Options gives none: 50 GB/s, one
+// 400 Gb/s RDMA NIC per GPU (ConnectX-7 class) at line rate. This is an
+// assumption, not a measurement: it ignores protocol overhead, NVLink
+// transfers inside a node (faster) and contention on a shared NIC (slower).
+const DefaultKVTransferBandwidth = 50e9
+
+// KVTransferTime is how long moving the KV of promptTokens tokens from a
+// prefill worker to a decode worker takes at bytesPerSecond:
+// promptTokens × KVBytesPerToken / bytesPerSecond, rounded to the
+// nanosecond, with no fixed latency. At the default 50 GB/s a 1,000-token
+// prompt (131 MB) takes 2.62144 ms.
+func KVTransferTime(promptTokens int, bytesPerSecond float64) time.Duration {
+	return time.Duration(math.Round(float64(promptTokens) * KVBytesPerToken / bytesPerSecond * 1e9))
+}
+
 // Options configure one replay.
 type Options struct {
 	// PolicyName labels the report ("default" or the policy file).
 	PolicyName string
-	// Roles maps each role to its policy; Aggregated is required.
+	// Roles maps each role to its policy: aggregated is required in
+	// aggregated mode, prefill and decode in disaggregated mode.
 	Roles map[shared.Role]*shared.Policy
 	// BlockSize is the router's tokens per block. Mooncake traces hash
 	// 512-token blocks, so they require 512.
@@ -42,40 +68,183 @@ type Options struct {
 	TraceName string
 	// Records is the trace, in arrival order.
 	Records []trace.Record
-	// Workers is the number of simulated aggregated workers (>= 1).
+	// Workers is the number of simulated aggregated workers (>= 1), fleet
+	// ids 0..Workers−1; it must be 0 in disaggregated mode.
 	Workers int
-	// Sim configures every simulated worker; zero means sim.DefaultConfig().
+	// PrefillWorkers and DecodeWorkers, when set (both >= 1), replay
+	// disaggregated serving instead: prefill workers have fleet ids
+	// 0..PrefillWorkers−1 and role prefill, decode workers the next
+	// DecodeWorkers ids and role decode. Each request is routed to a
+	// prefill worker on arrival and computes its prompt and first token
+	// there (submitted with OutputLength 1). At that first token its
+	// prefill booking is released and, if it has more to generate, it is
+	// routed to a decode worker; its prompt's KV moves there in
+	// KVTransferTime, then it is submitted with sim.Request.KVTransferred
+	// and decodes the rest of its output.
+	PrefillWorkers, DecodeWorkers int
+	// KVTransferBandwidth is the prefill-to-decode KV transfer bandwidth in
+	// bytes per second (disaggregated mode only); 0 means
+	// DefaultKVTransferBandwidth.
+	KVTransferBandwidth float64
+	// Sim configures every simulated worker, prefill and decode alike; zero
+	// means sim.DefaultConfig().
 	Sim sim.Config
 	// PerRequest, when set, receives one JSON line per request in trace
 	// order (see Outcome).
 	PerRequest io.Writer
 }
 
-// Outcome is one request's result, one JSON line of --per-request.
+// disaggregated reports whether o asks for prefill and decode pools.
+func (o *Options) disaggregated() bool { return o.PrefillWorkers != 0 || o.DecodeWorkers != 0 }
+
+// firstRole is the role a request is routed for on arrival.
+func (o *Options) firstRole() shared.Role {
+	if o.disaggregated() {
+		return shared.RolePrefill
+	}
+	return shared.RoleAggregated
+}
+
+// Outcome is one request's result, one JSON line of --per-request. In
+// disaggregated mode Worker is the prefill worker, TTFT is measured at the
+// prefill worker's first token (the token the client receives first), and
+// E2E at the decode worker's last token.
 type Outcome struct {
-	Index         int     `json:"index"`
-	ArrivalMs     float64 `json:"arrival_ms"`
-	Worker        int     `json:"worker"` // worker row, -1 when rejected
+	Index     int     `json:"index"`
+	ArrivalMs float64 `json:"arrival_ms"`
+	Worker    int     `json:"worker"` // aggregated or prefill worker's fleet id, -1 when rejected
+	// DecodeWorker is the decode worker's fleet id in disaggregated mode, or
+	// -1 when the request reached none (rejected, or done at prefill with
+	// output_length <= 1). It is absent in aggregated mode: decode ids
+	// start after at least one prefill worker, so 0 never names one.
+	DecodeWorker  int     `json:"decode_worker,omitempty"`
 	InputLength   int     `json:"input_length"`
 	OutputLength  int     `json:"output_length"`
 	OverlapBlocks int     `json:"overlap_blocks"` // router's prefix-index belief at selection
 	CachedTokens  int     `json:"cached_tokens"`  // prompt tokens the engine served from cache
-	QueueMs       float64 `json:"queue_ms"`       // arrival to first scheduled step
+	QueueMs       float64 `json:"queue_ms"`       // arrival to first scheduled step (of the prefill worker)
 	TTFTMs        float64 `json:"ttft_ms"`
-	E2EMs         float64 `json:"e2e_ms"`
-	Status        string  `json:"status"` // "ok" or "rejected: reason"
-	Fallback      bool    `json:"fallback,omitempty"`
+	// KVTransferMs is the prompt's KV transfer from the prefill to the
+	// decode worker (KVTransferTime); absent when there was none.
+	KVTransferMs float64 `json:"kv_transfer_ms,omitempty"`
+	E2EMs        float64 `json:"e2e_ms"`
+	Status       string  `json:"status"` // "ok" or "rejected: reason"
+	Fallback     bool    `json:"fallback,omitempty"`
 }
 
 // Run replays o.Records and returns the report. ctx cancels between
 // requests. Errors: an invalid option, a trace/block-size mismatch, or a
 // write error on PerRequest.
+//
+// Run is a discrete-event loop over four sources: arrivals, pending decode
+// submissions (KV transfers landing), and the step ends of the first-hop
+// (aggregated or prefill) and decode clusters. Everything is handled in
+// simulated-time order; at one instant, in this order: steps that end then
+// (decode workers' events first, then the others', each cluster in
+// sim.Cluster order), then decode submissions (by trace index), then
+// arrivals (trace order). A step that starts at that instant is formed
+// after all of them, so requests submitted then join it, and nothing is
+// ever submitted to a worker at a time before one it has reached.
+//
+// Only arrivals feed the first-hop cluster, so its steps up to the next
+// arrival are run in one AdvanceTo and their events then handled one by
+// one, the decode side brought up to each event's time first. The result is
+// the same as taking the single earliest source at every step (routing
+// reads only the bookings of the role it routes for), and the aggregated
+// loop is exactly the single-cluster one.
 func Run(ctx context.Context, o Options) (*Report, error) {
-	if o.Workers < 1 {
-		return nil, fmt.Errorf("replay: %d workers, want >= 1", o.Workers)
+	rep, _, err := execute(ctx, o)
+	return rep, err
+}
+
+// execute is Run, also returning the driver so that tests can inspect the
+// final state (bookings, workers).
+func execute(ctx context.Context, o Options) (*Report, *driver, error) {
+	d, err := newDriver(ctx, &o)
+	if err != nil {
+		return nil, nil, err
 	}
-	if o.Roles[shared.RoleAggregated] == nil {
-		return nil, errors.New("replay: no policy for role aggregated")
+	start := time.Now()
+	for i := range o.Records {
+		if i%1024 == 0 {
+			if err := ctx.Err(); err != nil {
+				return nil, nil, err
+			}
+		}
+		now := o.Records[i].Arrival
+		d.advance(now)
+		d.arrive(i, &o.Records[i])
+	}
+	d.drain()
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	wall := time.Since(start)
+
+	rep := d.report(&o, wall)
+	if o.PerRequest != nil {
+		if err := writeOutcomes(o.PerRequest, d.outcomes); err != nil {
+			return nil, nil, fmt.Errorf("replay: writing per-request output: %w", err)
+		}
+	}
+	return rep, d, nil
+}
+
+// driver keeps the state of one replay. The first hop is the aggregated
+// cluster, or the prefill cluster in disaggregated mode; decode is nil in
+// aggregated mode.
+type driver struct {
+	ctx       context.Context
+	r         *router.Router
+	blockSize int
+	records   []trace.Record
+
+	first      *sim.Cluster // aggregated or prefill workers: fleet ids 0..first.Len()−1
+	decode     *sim.Cluster // decode workers: fleet ids decodeBase.., or nil
+	decodeBase int
+	bandwidth  float64 // bytes per second
+
+	workers []*fleet.Worker // every fleet member, by fleet id
+
+	outcomes       []Outcome
+	arrival        []time.Duration
+	bookings       []*fleet.Booking // first-hop booking per request
+	decodeBookings []*fleet.Booking // decode booking per request (disaggregated)
+	reqs           []sim.Request    // first-hop request per request
+	decodeReqs     []sim.Request    // decode-hop request per request (disaggregated)
+	transfers      transferQueue    // routed to a decode worker, KV in flight
+
+	firstEvents, decodeEvents []sim.Event
+
+	lastAt       time.Duration // latest completion
+	decisions    int           // Select calls
+	decisionTime time.Duration // wall time in Select
+}
+
+func newDriver(ctx context.Context, o *Options) (*driver, error) {
+	disagg := o.disaggregated()
+	if disagg {
+		if o.PrefillWorkers < 1 || o.DecodeWorkers < 1 {
+			return nil, fmt.Errorf("replay: %d prefill and %d decode workers, want both >= 1", o.PrefillWorkers, o.DecodeWorkers)
+		}
+		if o.Workers != 0 {
+			return nil, fmt.Errorf("replay: %d aggregated workers with prefill and decode workers; use one or the other", o.Workers)
+		}
+		for _, role := range []shared.Role{shared.RolePrefill, shared.RoleDecode} {
+			if o.Roles[role] == nil {
+				return nil, fmt.Errorf("replay: no policy for role %s", role)
+			}
+		}
+		if bw := o.KVTransferBandwidth; bw < 0 || math.IsNaN(bw) || math.IsInf(bw, 0) {
+			return nil, fmt.Errorf("replay: KV transfer bandwidth %v B/s, want finite and > 0 (0: default)", bw)
+		}
+	} else {
+		if o.Workers < 1 {
+			return nil, fmt.Errorf("replay: %d workers, want >= 1", o.Workers)
+		}
+		if o.Roles[shared.RoleAggregated] == nil {
+			return nil, errors.New("replay: no policy for role aggregated")
+		}
 	}
 	cfg := o.Sim
 	if cfg == (sim.Config{}) {
@@ -99,164 +268,320 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
-	cluster, err := sim.NewCluster(o.Workers, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("replay: %w", err)
+	n := len(o.Records)
+	d := &driver{
+		ctx:       ctx,
+		r:         r,
+		blockSize: o.BlockSize,
+		records:   o.Records,
+		outcomes:  make([]Outcome, n),
+		arrival:   make([]time.Duration, n),
+		bookings:  make([]*fleet.Booking, n),
+		reqs:      make([]sim.Request, n),
 	}
 	// The index tracks what fits in each engine's KV cache, in router blocks.
-	capacity := int64(cfg.TotalKVBlocks) * int64(cfg.BlockSize) / int64(o.BlockSize)
-	for i := range o.Workers {
-		if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i), Role: shared.RoleAggregated,
-			TotalKVBlocks: max(capacity, 1), Name: "sim-" + strconv.Itoa(i)}); err != nil {
+	capacity := max(int64(cfg.TotalKVBlocks)*int64(cfg.BlockSize)/int64(o.BlockSize), 1)
+	join := func(role shared.Role, name string) error {
+		id := len(d.workers)
+		w, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(id), Role: role, TotalKVBlocks: capacity, Name: name + strconv.Itoa(id)})
+		if err != nil {
+			return fmt.Errorf("replay: %w", err)
+		}
+		d.workers = append(d.workers, w)
+		return nil
+	}
+	if !disagg {
+		if d.first, err = sim.NewCluster(o.Workers, cfg); err != nil {
 			return nil, fmt.Errorf("replay: %w", err)
 		}
-	}
-
-	d := driver{
-		r:        r,
-		cluster:  cluster,
-		outcomes: make([]Outcome, len(o.Records)),
-		bookings: make([]*fleet.Booking, len(o.Records)),
-		arrival:  make([]time.Duration, len(o.Records)),
-	}
-	start := time.Now()
-	var decisionTime time.Duration
-	var events []sim.Event
-	reqs := make([]sim.Request, len(o.Records))
-	for i := range o.Records {
-		if i%1024 == 0 {
-			if err := ctx.Err(); err != nil {
+		for range o.Workers {
+			if err := join(shared.RoleAggregated, "sim-"); err != nil {
 				return nil, err
 			}
 		}
-		rec := &o.Records[i]
-		now := rec.Arrival
-		events = cluster.AdvanceTo(now, events[:0])
-		d.handle(events)
-
-		hashes := prefix.ChainHashes(make([]uint64, 0, len(rec.HashIDs)), rec.HashIDs)
-		req := shared.Request{
-			ID:           strconv.Itoa(i),
-			Role:         shared.RoleAggregated,
-			PromptTokens: rec.InputLength,
-			BlockSize:    o.BlockSize,
-			BlockHashes:  hashes,
-		}
-		out := &d.outcomes[i]
-		*out = Outcome{Index: i, ArrivalMs: millis(now), Worker: -1, InputLength: rec.InputLength, OutputLength: rec.OutputLength}
-		d.arrival[i] = now
-		t0 := time.Now()
-		dec, err := r.Select(ctx, &req)
-		decisionTime += time.Since(t0)
-		if err != nil {
-			out.Status = "rejected: " + err.Error()
-			continue
-		}
-		row := int(dec.Worker.ID)
-		out.Worker = row
-		out.OverlapBlocks = dec.OverlapBlocks
-		out.Fallback = dec.Fallback
-		d.bookings[i] = dec.Booking
-		reqs[i] = sim.Request{ID: i, InputLength: max(rec.InputLength, 1), OutputLength: rec.OutputLength,
-			PrefixHashes: hashes, PrefixBlockTokens: o.BlockSize}
-		if err := cluster.Submit(now, row, &reqs[i]); err != nil {
-			dec.Booking.Release()
-			out.Status = "rejected: " + err.Error()
-			continue
+		return d, nil
+	}
+	if d.first, err = sim.NewCluster(o.PrefillWorkers, cfg); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	if d.decode, err = sim.NewCluster(o.DecodeWorkers, cfg); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	for range o.PrefillWorkers {
+		if err := join(shared.RolePrefill, "prefill-"); err != nil {
+			return nil, err
 		}
 	}
-	events = cluster.Drain(events[:0])
-	d.handle(events)
-	wall := time.Since(start)
-
-	rep := d.report(o, r, cluster, wall, decisionTime)
-	if o.PerRequest != nil {
-		if err := writeOutcomes(o.PerRequest, d.outcomes); err != nil {
-			return nil, fmt.Errorf("replay: writing per-request output: %w", err)
+	d.decodeBase = len(d.workers)
+	for range o.DecodeWorkers {
+		if err := join(shared.RoleDecode, "decode-"); err != nil {
+			return nil, err
 		}
 	}
-	return rep, nil
+	d.bandwidth = o.KVTransferBandwidth
+	if d.bandwidth == 0 {
+		d.bandwidth = DefaultKVTransferBandwidth
+	}
+	d.decodeBookings = make([]*fleet.Booking, n)
+	d.decodeReqs = make([]sim.Request, n)
+	return d, nil
 }
 
-// driver keeps the per-request state of one replay.
-type driver struct {
-	r        *router.Router
-	cluster  *sim.Cluster
-	outcomes []Outcome
-	bookings []*fleet.Booking
-	arrival  []time.Duration
-	lastAt   time.Duration
+// advance processes everything that happens up to and including t (see
+// Run for the order). The first-hop cluster's inputs are the arrivals
+// only, so with every arrival before t submitted its events up to t are
+// final and can be taken at once; each may route a decode hop, so the
+// decode side is brought up to each event's time before it is handled.
+func (d *driver) advance(t time.Duration) {
+	d.firstEvents = d.first.AdvanceTo(t, d.firstEvents[:0])
+	for _, e := range d.firstEvents {
+		d.decodeUpTo(e.At, false)
+		d.handleFirst(e)
+	}
+	d.decodeUpTo(t, true)
 }
 
-// handle feeds engine events back: the first token ends the request's
-// booked prefill, completion releases its booking.
-func (d *driver) handle(events []sim.Event) {
+// drain runs every worker until idle.
+func (d *driver) drain() {
+	d.firstEvents = d.first.Drain(d.firstEvents[:0])
+	for _, e := range d.firstEvents {
+		d.decodeUpTo(e.At, false)
+		d.handleFirst(e)
+	}
+	if d.decode == nil {
+		return
+	}
+	d.decodeUpTo(math.MaxInt64, false)
+	d.decodeEvents = d.decode.Drain(d.decodeEvents[:0])
+	d.handleDecode(d.decodeEvents)
+}
+
+// decodeUpTo submits the KV transfers that land before t (or at t, when
+// inclusive), each after the decode workers' events up to its time, and
+// then handles the decode workers' events up to t. No-op in aggregated
+// mode.
+func (d *driver) decodeUpTo(t time.Duration, inclusive bool) {
+	if d.decode == nil {
+		return
+	}
+	for len(d.transfers) > 0 {
+		x := d.transfers[0]
+		if x.at > t || (x.at == t && !inclusive) {
+			break
+		}
+		heap.Pop(&d.transfers)
+		d.decodeEvents = d.decode.AdvanceTo(x.at, d.decodeEvents[:0])
+		d.handleDecode(d.decodeEvents)
+		out := &d.outcomes[x.index]
+		if err := d.decode.Submit(x.at, out.DecodeWorker-d.decodeBase, &d.decodeReqs[x.index]); err != nil {
+			d.decodeBookings[x.index].Release()
+			out.Status = "rejected: decode: " + err.Error()
+		}
+	}
+	if t != math.MaxInt64 {
+		d.decodeEvents = d.decode.AdvanceTo(t, d.decodeEvents[:0])
+		d.handleDecode(d.decodeEvents)
+	}
+}
+
+// arrive routes trace request i, arriving now, to its first-hop worker and
+// submits it there.
+func (d *driver) arrive(i int, rec *trace.Record) {
+	now := rec.Arrival
+	hashes := prefix.ChainHashes(make([]uint64, 0, len(rec.HashIDs)), rec.HashIDs)
+	req := shared.Request{
+		ID:           strconv.Itoa(i),
+		Role:         shared.RoleAggregated,
+		PromptTokens: rec.InputLength,
+		BlockSize:    d.blockSize,
+		BlockHashes:  hashes,
+	}
+	out := &d.outcomes[i]
+	*out = Outcome{Index: i, ArrivalMs: millis(now), Worker: -1, InputLength: rec.InputLength, OutputLength: rec.OutputLength}
+	outputLength := rec.OutputLength
+	if d.decode != nil {
+		req.Role = shared.RolePrefill
+		out.DecodeWorker = -1
+		outputLength = 1 // the prefill worker samples the first token only
+	}
+	d.arrival[i] = now
+	dec, err := d.selectWorker(&req)
+	if err != nil {
+		out.Status = "rejected: " + err.Error()
+		return
+	}
+	out.Worker = int(dec.Worker.ID)
+	out.OverlapBlocks = dec.OverlapBlocks
+	out.Fallback = dec.Fallback
+	d.bookings[i] = dec.Booking
+	d.reqs[i] = sim.Request{ID: i, InputLength: max(rec.InputLength, 1), OutputLength: outputLength,
+		PrefixHashes: hashes, PrefixBlockTokens: d.blockSize}
+	if err := d.first.Submit(now, out.Worker, &d.reqs[i]); err != nil {
+		dec.Booking.Release()
+		out.Status = "rejected: " + err.Error()
+	}
+}
+
+// selectWorker calls the router, timing the decision.
+func (d *driver) selectWorker(req *shared.Request) (router.Decision, error) {
+	t0 := time.Now()
+	dec, err := d.r.Select(d.ctx, req)
+	d.decisionTime += time.Since(t0)
+	d.decisions++
+	return dec, err
+}
+
+// handleFirst feeds back one event of an aggregated or prefill worker:
+// the first token ends the request's booked prefill; completion releases
+// its booking and, in disaggregated mode, hands a request with more to
+// generate to the decode side.
+func (d *driver) handleFirst(e sim.Event) {
+	i := e.RequestID
+	out := &d.outcomes[i]
+	switch e.Kind {
+	case sim.FirstToken:
+		out.TTFTMs = millis(e.At - d.arrival[i])
+		out.CachedTokens = e.CachedTokens
+		out.QueueMs = millis(e.ScheduledAt - d.arrival[i])
+		d.bookings[i].PrefillDone()
+	case sim.Completed:
+		d.bookings[i].Release()
+		if d.decode != nil && d.records[i].OutputLength > 1 {
+			d.handOff(i, e.At)
+			return
+		}
+		out.E2EMs = millis(e.At - d.arrival[i])
+		out.Status = "ok"
+		d.lastAt = max(d.lastAt, e.At)
+	}
+}
+
+// handOff routes request i, whose prefill ended at `at`, to a decode
+// worker and queues its submission there for when its prompt's KV has
+// arrived. The decode worker is chosen before the transfer (the KV needs
+// a destination), so its booking covers the transfer too. The decode hop
+// carries no block hashes: transferred KV is not published to the decode
+// workers' prefix caches (sim.Request.KVTransferred), so the router must
+// not record it in its prefix index either.
+func (d *driver) handOff(i int, at time.Duration) {
+	rec := &d.records[i]
+	out := &d.outcomes[i]
+	req := shared.Request{
+		ID:           strconv.Itoa(i),
+		Role:         shared.RoleDecode,
+		PromptTokens: rec.InputLength,
+		BlockSize:    d.blockSize,
+	}
+	dec, err := d.selectWorker(&req)
+	if err != nil {
+		out.Status = "rejected: decode: " + err.Error()
+		return
+	}
+	out.DecodeWorker = int(dec.Worker.ID)
+	out.Fallback = out.Fallback || dec.Fallback
+	d.decodeBookings[i] = dec.Booking
+	prompt := max(rec.InputLength, 1)
+	xfer := KVTransferTime(prompt, d.bandwidth)
+	out.KVTransferMs = millis(xfer)
+	d.decodeReqs[i] = sim.Request{ID: i, InputLength: prompt, OutputLength: rec.OutputLength, KVTransferred: true}
+	heap.Push(&d.transfers, transfer{at: at + xfer, index: i})
+}
+
+// handleDecode feeds back decode workers' events: completion ends the
+// request and releases its decode booking.
+func (d *driver) handleDecode(events []sim.Event) {
 	for _, e := range events {
-		out := &d.outcomes[e.RequestID]
-		since := e.At - d.arrival[e.RequestID]
+		i := e.RequestID
 		switch e.Kind {
 		case sim.FirstToken:
-			out.TTFTMs = millis(since)
-			out.CachedTokens = e.CachedTokens
-			out.QueueMs = millis(e.ScheduledAt - d.arrival[e.RequestID])
-			d.bookings[e.RequestID].PrefillDone()
+			d.decodeBookings[i].PrefillDone() // books no prefill; marks the state
 		case sim.Completed:
-			out.E2EMs = millis(since)
+			out := &d.outcomes[i]
+			out.E2EMs = millis(e.At - d.arrival[i])
 			out.Status = "ok"
-			d.bookings[e.RequestID].Release()
+			d.decodeBookings[i].Release()
 			d.lastAt = max(d.lastAt, e.At)
 		}
 	}
 }
 
+// transfer is a request routed to a decode worker whose KV lands at `at`.
+type transfer struct {
+	at    time.Duration
+	index int
+}
+
+// transferQueue is a min-heap of transfers by (at, index), so decode
+// submissions happen in time order, ties in trace order.
+type transferQueue []transfer
+
+func (q transferQueue) Len() int { return len(q) }
+func (q transferQueue) Less(i, j int) bool {
+	return q[i].at < q[j].at || (q[i].at == q[j].at && q[i].index < q[j].index)
+}
+func (q transferQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *transferQueue) Push(x any)   { *q = append(*q, x.(transfer)) }
+func (q *transferQueue) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return x
+}
+
 func millis(d time.Duration) float64 { return round3(float64(d) / float64(time.Millisecond)) }
 
-func (d *driver) report(o Options, r *router.Router, c *sim.Cluster, wall, decisions time.Duration) *Report {
+func (d *driver) report(o *Options, wall time.Duration) *Report {
 	rep := &Report{
 		Policy:            o.PolicyName,
 		Trace:             o.TraceName,
-		Workers:           o.Workers,
+		Workers:           len(d.workers),
 		Requests:          len(o.Records),
-		RequestsPerWorker: make([]int, o.Workers),
+		RequestsPerWorker: make([]int, len(d.workers)),
 		WallS:             round3(wall.Seconds()),
-		Fallbacks:         r.Fallbacks(),
-		Hosted:            r.Hosted(shared.RoleAggregated),
+		Fallbacks:         d.r.Fallbacks(),
+		Hosted:            d.r.Hosted(o.firstRole()),
 	}
-	var ttft, e2e, queue []float64
+	if d.decode != nil {
+		rep.PrefillWorkers, rep.DecodeWorkers = d.first.Len(), d.decode.Len()
+	}
+	var ttft, e2e, queue, xfer []float64
 	var prompt, cached, predicted int64
 	for _, out := range d.outcomes {
 		if out.Worker >= 0 {
 			rep.RequestsPerWorker[out.Worker]++
 		}
+		if d.decode != nil && out.DecodeWorker >= 0 {
+			rep.RequestsPerWorker[out.DecodeWorker]++
+		}
 		if out.Status != "ok" {
-			if out.Worker < 0 {
-				rep.Rejected++
-			}
+			rep.Rejected++
 			continue
 		}
 		rep.Completed++
 		ttft = append(ttft, out.TTFTMs)
 		e2e = append(e2e, out.E2EMs)
 		queue = append(queue, out.QueueMs)
+		if out.DecodeWorker > 0 {
+			xfer = append(xfer, out.KVTransferMs)
+		}
 		prompt += int64(out.InputLength)
 		cached += int64(out.CachedTokens)
 		predicted += min(int64(out.OverlapBlocks)*int64(o.BlockSize), int64(max(out.InputLength-1, 0)))
 	}
 	rep.TTFT, rep.E2E, rep.Queue = summarize(ttft), summarize(e2e), summarize(queue)
+	rep.KVTransfer = summarize(xfer)
 	if prompt > 0 {
 		rep.KVHitRatio = round4(float64(cached) / float64(prompt))
 		rep.RouterOverlapRatio = round4(float64(predicted) / float64(prompt))
 	}
-	var maxN, sum int
-	for _, n := range rep.RequestsPerWorker {
-		maxN = max(maxN, n)
-		sum += n
+	rep.Imbalance = imbalance(rep.RequestsPerWorker[:d.first.Len()])
+	clusters := []*sim.Cluster{d.first}
+	if d.decode != nil {
+		rep.Imbalance = max(rep.Imbalance, imbalance(rep.RequestsPerWorker[d.decodeBase:]))
+		clusters = append(clusters, d.decode)
 	}
-	if sum > 0 {
-		rep.Imbalance = round3(float64(maxN) / (float64(sum) / float64(o.Workers)))
-	}
-	for i := range c.Len() {
-		rep.Preemptions += c.Worker(i).Stats().Preemptions
+	for _, c := range clusters {
+		rep.Preemptions += c.Stats().Preemptions
 	}
 	if len(o.Records) > 0 {
 		rep.SimDurationS = round3((d.lastAt - o.Records[0].Arrival).Seconds())
@@ -264,10 +589,24 @@ func (d *driver) report(o Options, r *router.Router, c *sim.Cluster, wall, decis
 	if s := wall.Seconds(); s > 0 {
 		rep.SimRequestsPerS = float64(int(float64(len(o.Records)) / s))
 	}
-	if s := decisions.Seconds(); s > 0 {
-		rep.DecisionsPerS = float64(int(float64(len(o.Records)) / s))
+	if s := d.decisionTime.Seconds(); s > 0 {
+		rep.DecisionsPerS = float64(int(float64(d.decisions) / s))
 	}
 	return rep
+}
+
+// imbalance is max over mean of one pool's request counts (0 when the
+// pool got none).
+func imbalance(counts []int) float64 {
+	var maxN, sum int
+	for _, n := range counts {
+		maxN = max(maxN, n)
+		sum += n
+	}
+	if sum == 0 {
+		return 0
+	}
+	return round3(float64(maxN) / (float64(sum) / float64(len(counts))))
 }
 
 func round4(x float64) float64 { return float64(int64(x*10000+0.5)) / 10000 }

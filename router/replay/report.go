@@ -51,29 +51,43 @@ type Report struct {
 	Policy string `json:"policy"`
 	// Trace is the trace's file name.
 	Trace string `json:"trace"`
-	// Workers is the number of simulated workers.
+	// Workers is the number of simulated workers, prefill and decode ones
+	// included.
 	Workers int `json:"workers"`
+	// PrefillWorkers and DecodeWorkers split Workers in disaggregated mode
+	// (fleet ids 0..PrefillWorkers−1 prefill, the rest decode); absent in
+	// aggregated mode.
+	PrefillWorkers int `json:"prefill_workers,omitempty"`
+	DecodeWorkers  int `json:"decode_workers,omitempty"`
 	// Requests is the number of requests replayed; Completed those that
-	// finished; Rejected those no worker could take.
+	// finished; Rejected those the router or a worker refused.
 	Requests  int `json:"requests"`
 	Completed int `json:"completed"`
 	Rejected  int `json:"rejected"`
 	// TTFT is time to first token, E2E arrival to last token, Queue arrival
-	// to first scheduled step; all in ms of simulated time.
+	// to first scheduled step; all in ms of simulated time. In
+	// disaggregated mode TTFT ends at the prefill worker's first token, E2E
+	// at the decode worker's last, and Queue is the prefill worker's.
 	TTFT  Summary `json:"ttft_ms"`
 	E2E   Summary `json:"e2e_ms"`
 	Queue Summary `json:"queue_ms"`
+	// KVTransfer is the prefill-to-decode KV transfer time of completed
+	// requests that had one, in ms; absent in aggregated mode.
+	KVTransfer Summary `json:"kv_transfer_ms,omitzero"`
 	// KVHitRatio is prompt tokens served from the engines' prefix caches
 	// divided by all prompt tokens of completed requests.
 	KVHitRatio float64 `json:"kv_hit_ratio"`
 	// RouterOverlapRatio is the same ratio as the router's prefix index
 	// predicted it at selection time.
 	RouterOverlapRatio float64 `json:"router_overlap_ratio"`
-	// RequestsPerWorker counts the requests each worker was sent, by row.
+	// RequestsPerWorker counts the requests each worker was sent, by fleet
+	// id: in disaggregated mode the prefill workers, then the decode
+	// workers.
 	RequestsPerWorker []int `json:"requests_per_worker"`
-	// Imbalance is max over mean of RequestsPerWorker (1 is perfect).
+	// Imbalance is max over mean of RequestsPerWorker (1 is perfect); in
+	// disaggregated mode, the larger of the prefill and decode pools'.
 	Imbalance float64 `json:"imbalance"`
-	// Preemptions and Evictions are the engines' totals.
+	// Preemptions is the engines' total of recompute preemptions.
 	Preemptions int64 `json:"preemptions"`
 	// SimDurationS is the simulated time from the first arrival to the last
 	// completion, in seconds.
@@ -86,7 +100,8 @@ type Report struct {
 	SimRequestsPerS float64 `json:"sim_requests_per_s"`
 	// Fallbacks is how many selections a fallback policy answered.
 	Fallbacks int64 `json:"fallbacks"`
-	// Hosted is true when the aggregated policy ran on the hosted path.
+	// Hosted is true when the policy requests are routed by on arrival (the
+	// aggregated one, or the prefill one) ran on the hosted path.
 	Hosted bool `json:"hosted"`
 }
 
@@ -96,7 +111,7 @@ func WriteTable(w io.Writer, reports []*Report) error {
 	fmt.Fprintln(tw, "policy\trequests\tcompleted\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\timbalance\tsim s\twall s\treq/s (wall)\t")
 	for _, r := range reports {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.3f\t%.0f\t%.2f\t%.0f\t\n",
-			r.Policy, r.Requests, r.Completed,
+			r.label(), r.Requests, r.Completed,
 			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), ms(r.E2E.P50), ms(r.E2E.P99),
 			100*r.KVHitRatio, r.Imbalance, r.SimDurationS, r.WallS, r.SimRequestsPerS)
 	}
@@ -105,6 +120,16 @@ func WriteTable(w io.Writer, reports []*Report) error {
 	}
 	_, err := io.WriteString(w, "latencies in ms of simulated time; KV hit = prompt tokens served from the engines' prefix caches\n")
 	return err
+}
+
+// label names a table row: the policy, plus the pool sizes in
+// disaggregated mode ("default(4P+4D)", one word so rows stay one field
+// per column).
+func (r *Report) label() string {
+	if r.PrefillWorkers == 0 && r.DecodeWorkers == 0 {
+		return r.Policy
+	}
+	return fmt.Sprintf("%s(%dP+%dD)", r.Policy, r.PrefillWorkers, r.DecodeWorkers)
 }
 
 func ms(v float64) string {

@@ -113,6 +113,7 @@ func (c *Cluster) Stats() Stats {
 		s.CacheHitTokens += x.CacheHitTokens
 		s.PrefillTokens += x.PrefillTokens
 		s.DecodeTokens += x.DecodeTokens
+		s.TransferredTokens += x.TransferredTokens
 		s.Submitted += x.Submitted
 		s.Completed += x.Completed
 	}

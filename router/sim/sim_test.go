@@ -275,7 +275,7 @@ func TestEviction(t *testing.T) {
 	if err := w.checkInvariants(); err != nil {
 		t.Fatal(err)
 	}
-	ev = w.Drain(ev[:0])
+	_ = w.Drain(ev[:0])
 	// C takes group 4's last 2 blocks for its 18th and 19th blocks; when C
 	// completes, E (30 blocks) evicts group 3 (4), the 20-block private run,
 	// then groups 6 (4) and 5 (2): 2 + 2 + 4 + 4 + 2 = 14 in all.

@@ -30,6 +30,31 @@ type Request struct {
 	// (trace.MooncakeBlockTokens = 512 for Mooncake). Required, as a positive
 	// multiple of Config.BlockSize, when PrefixHashes is non-empty.
 	PrefixBlockTokens int
+	// KVTransferred marks a request handed over by a prefill worker in
+	// disaggregated serving: the KV of its whole prompt has been transferred
+	// into this (decode) worker and its first output token was already
+	// sampled there. OutputLength still counts every output token, that
+	// first one included, so it must be >= 2; the worker decodes the other
+	// OutputLength−1.
+	//
+	// At admission the request takes blocks for its prompt plus the token it
+	// decodes first, ceil((InputLength+1)/BlockSize), and is scheduled as a
+	// decode from its first step: it computes no prefill, and the step-time
+	// model charges it one decode token attending to InputLength+1 tokens
+	// (then one more per step), like any decode. Its FirstToken event marks
+	// the end of its first decode step here, so the second output token of
+	// the request; its CachedTokens is 0.
+	//
+	// The transferred blocks are private: they are not published to the
+	// prefix cache and PrefixHashes is ignored. A decode worker is never
+	// sent a prefill, and the transfer is charged in full whatever it
+	// holds, so publishing could only change which blocks eviction takes
+	// first, not any result; keeping them private also keeps the decode
+	// pool's cache statistics meaning "nothing reused". If the request is
+	// preempted, the transferred KV is lost and it recomputes prompt and
+	// generated tokens locally as an ordinary prefill (vLLM's recompute
+	// preemption; the worker cannot fetch the KV again).
+	KVTransferred bool
 }
 
 // EventKind says what happened to a request.
@@ -37,7 +62,10 @@ type EventKind uint8
 
 const (
 	// FirstToken: the step that finished the request's prefill ended; At is
-	// its time to first token measured from the simulation epoch.
+	// its time to first token measured from the simulation epoch. For a
+	// KVTransferred request, which has no prefill here, it is the end of its
+	// first decode step: the first token this worker sampled, which is the
+	// request's second output token.
 	FirstToken EventKind = iota + 1
 	// Completed: the step that sampled the last output token ended; the
 	// request's KV blocks are freed (cached prefix blocks stay evictable).
@@ -88,7 +116,11 @@ type Stats struct {
 	// PrefillTokens counts tokens computed in prefill chunks (recomputation
 	// included); DecodeTokens counts decode tokens.
 	PrefillTokens, DecodeTokens int64
-	Submitted, Completed        int64 // requests
+	// TransferredTokens counts the prompt tokens of KVTransferred requests
+	// at their first admission: KV this worker received instead of
+	// computing.
+	TransferredTokens    int64
+	Submitted, Completed int64 // requests
 }
 
 // Load is a worker's instantaneous state, for routers that read engine
@@ -117,6 +149,7 @@ type seq struct {
 	cached      int           // prompt tokens hit at first admission
 	scheduledAt time.Duration // start of the step that first admitted it
 	scheduled   bool
+	transferred bool // KVTransferred and not yet admitted (a preempted one recomputes)
 	slots       []int32
 	prefilling  bool
 	first       bool
@@ -214,7 +247,8 @@ func (w *Worker) blocksFor(tokens int) int { return (tokens + w.bs - 1) / w.bs }
 // now are run; Submit itself never emits events.
 //
 // Errors: ErrTimeWentBackwards if now is before the latest time given to
-// Advance or Submit; ErrInvalidRequest or ErrRequestTooLarge (when
+// Advance or Submit; ErrInvalidRequest (including a KVTransferred request
+// with OutputLength < 2) or ErrRequestTooLarge (when
 // ceil((InputLength+OutputLength−1)/BlockSize) > TotalKVBlocks) for a bad
 // request. A rejected request leaves the worker unchanged.
 func (w *Worker) Submit(now time.Duration, r *Request) error {
@@ -224,9 +258,13 @@ func (w *Worker) Submit(now time.Duration, r *Request) error {
 	if r == nil || r.InputLength < 1 || r.OutputLength < 0 {
 		return fmt.Errorf("%w: input %d tokens, output %d tokens", ErrInvalidRequest, lenOr(r, true), lenOr(r, false))
 	}
+	if r.KVTransferred && r.OutputLength < 2 {
+		return fmt.Errorf("%w: KV-transferred request with output %d tokens, want >= 2 (its first token was sampled by the prefill worker)",
+			ErrInvalidRequest, r.OutputLength)
+	}
 	out := max(r.OutputLength, 1)
 	groups := 0
-	if len(r.PrefixHashes) > 0 {
+	if len(r.PrefixHashes) > 0 && !r.KVTransferred {
 		g := r.PrefixBlockTokens
 		if g <= 0 || g%w.bs != 0 {
 			return fmt.Errorf("%w: PrefixBlockTokens %d is not a positive multiple of BlockSize %d", ErrInvalidRequest, g, w.bs)
@@ -262,8 +300,13 @@ func (w *Worker) Submit(now time.Duration, r *Request) error {
 	}
 	*s = seq{
 		id: r.ID, prompt: r.InputLength, output: out,
-		hashes: r.PrefixHashes, groups: groups, groupTokens: r.PrefixBlockTokens,
-		slots: slots[:groups],
+		groups: groups, slots: slots[:groups],
+	}
+	if r.KVTransferred {
+		s.transferred = true
+		s.generated = 1 // sampled by the prefill worker
+	} else {
+		s.hashes, s.groupTokens = r.PrefixHashes, r.PrefixBlockTokens
 	}
 	w.wait.pushBack(i)
 	w.stats.Submitted++
@@ -417,6 +460,16 @@ func (w *Worker) admit(s *seq, hit, newBlocks int) {
 	s.prefilling = true
 }
 
+// admitTransferred allocates the blocks of a KVTransferred request, all
+// private, and marks its prompt computed: it decodes from its first step.
+func (w *Worker) admitTransferred(s *seq, blocks int) {
+	w.kv.take(blocks)
+	s.alloc, s.private = blocks, blocks
+	s.computed = s.prompt
+	s.transferred = false // a later preemption recomputes locally
+	w.stats.TransferredTokens += int64(s.prompt)
+}
+
 // release frees a request's blocks tail-first: its private blocks, then its
 // prefix groups from last to first (docs.vllm.ai design/prefix_caching).
 func (w *Worker) release(s *seq) {
@@ -482,6 +535,25 @@ func (w *Worker) plan(start time.Duration) {
 		for w.wait.len() > 0 && len(w.running) < w.cfg.MaxNumSeqs && budget > 0 {
 			idx := w.wait.front()
 			s := &w.seqs[idx]
+			if s.transferred {
+				// The prompt's KV is here: take its blocks and the first
+				// decode token's, and decode in this step.
+				need := w.blocksFor(s.prompt + 1)
+				if need > w.kv.available() {
+					break
+				}
+				w.admitTransferred(s, need)
+				w.wait.popFront()
+				w.running = append(w.running, idx)
+				if !s.scheduled {
+					s.scheduled, s.scheduledAt = true, start
+				}
+				w.sched = append(w.sched, sched{idx, 1})
+				budget--
+				d++
+				ctx += int64(s.computed + 1)
+				continue
+			}
 			numTokens := s.prompt + s.generated
 			hit, evictable := w.lookup(s, numTokens, s.slots)
 			n := min(numTokens-hit*w.bs, budget)
