@@ -308,3 +308,29 @@ func TestReplayCompareTable(t *testing.T) {
 		t.Errorf("rows %q, want %q:\n%s", names, want, out)
 	}
 }
+
+// A replay of the default policy with no seed anywhere still repeats
+// exactly (replay.DefaultSeed), and --seed changes the draws.
+func TestReplayReproducibleByDefault(t *testing.T) {
+	dir := t.TempDir()
+	out := func(name string, extra ...string) []byte {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		args := append([]string{"replay", "--limit", "400", "--workers", "4", "--per-request", path}, extra...)
+		if code, _, stderr := routerRun(t, args...); code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	a, b := out("a"), out("b")
+	if !bytes.Equal(a, b) {
+		t.Fatal("two unseeded default-policy replays differ")
+	}
+	if bytes.Equal(a, out("c", "--seed", "99")) {
+		t.Fatal("--seed 99 gave the same draws as the default seed")
+	}
+}

@@ -59,7 +59,7 @@ one of M decode workers, which receive its prompt's KV (128 KiB per token at
 	fl.IntVar(&f.workers, "workers", replay.DefaultWorkers, "number of simulated aggregated workers")
 	fl.IntVar(&f.prefill, "prefill-workers", 0, "number of simulated prefill workers (disaggregated serving; needs --decode-workers)")
 	fl.IntVar(&f.decode, "decode-workers", 0, "number of simulated decode workers (disaggregated serving; needs --prefill-workers)")
-	fl.Int64Var(&f.seed, "seed", 0, "seed for every seeded component without its own seed (overrides router.seed)")
+	fl.Int64Var(&f.seed, "seed", replay.DefaultSeed, "seed for every seeded component without its own seed (overrides router.seed; used when the file sets none)")
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
 	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE")
 	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE")
@@ -184,7 +184,9 @@ func loadTrace(path string) ([]trace.Record, string, error) {
 }
 
 // loadPolicy loads the policy file at path (the default policy when empty),
-// printing warnings to stderr. seed, when set, overrides router.seed.
+// printing warnings to stderr. seed, when set, overrides router.seed; when
+// neither gives one, replay.DefaultSeed seeds the policy, so a replay
+// repeats exactly by default.
 func loadPolicy(stderr io.Writer, path string, seed *int64) (*config.Bundle, error) {
 	src, name := []byte(""), "default"
 	if path != "" {
@@ -194,7 +196,8 @@ func loadPolicy(stderr io.Writer, path string, seed *int64) (*config.Bundle, err
 		}
 		name = path
 	}
-	b, diags := config.LoadWith(name, src, catalog.Default(), config.Options{Seed: seed})
+	def := int64(replay.DefaultSeed)
+	b, diags := config.LoadWith(name, src, catalog.Default(), config.Options{Seed: seed, DefaultSeed: &def})
 	if len(diags) > 0 {
 		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
 	}

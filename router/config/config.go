@@ -174,6 +174,10 @@ type Options struct {
 	// Seed, when set, replaces the file's router.seed (or supplies one), as
 	// `router replay --seed` does.
 	Seed *int64
+	// DefaultSeed, when set, is the seed used when neither Seed nor the
+	// file's router.seed gives one: replays use it so that they repeat
+	// exactly by default.
+	DefaultSeed *int64
 }
 
 // LoadWith is Load with options.

@@ -131,6 +131,9 @@ func (l *loader) load(body hcl.Body) {
 	if l.opts.Seed != nil {
 		seed := *l.opts.Seed
 		l.bundle.Seed = &seed
+	} else if l.bundle.Seed == nil && l.opts.DefaultSeed != nil {
+		seed := *l.opts.DefaultSeed
+		l.bundle.Seed = &seed
 	}
 	l.buildDefault()
 	for _, blk := range policies {

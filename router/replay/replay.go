@@ -54,6 +54,11 @@ func KVTransferTime(promptTokens int, bytesPerSecond float64) time.Duration {
 	return time.Duration(math.Round(float64(promptTokens) * KVBytesPerToken / bytesPerSecond * 1e9))
 }
 
+// DefaultSeed seeds a replayed policy whose file sets no router.seed and
+// whose command line gives no --seed, so `router replay` repeats exactly
+// by default.
+const DefaultSeed = 1
+
 // Options configure one replay.
 type Options struct {
 	// PolicyName labels the report ("default" or the policy file).
