@@ -1,0 +1,118 @@
+package shared
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestCompactKeepsOrderInEveryColumn(t *testing.T) {
+	c := &Candidates{
+		IDs:            []WorkerID{1, 2, 3, 4},
+		ActiveRequests: []int64{10, 20, 30, 40},
+		Load:           []Load{{ActiveRequests: 1}, {ActiveRequests: 2}, {ActiveRequests: 3}, {ActiveRequests: 4}},
+		OverlapBlocks:  []int32{5, 6, 7, 8},
+		TotalKVBlocks:  []int64{9, 10, 11, 12},
+		Costs:          []float64{0.1, 0.2, 0.3, 0.4},
+	}
+	if n := c.Compact([]bool{false, true, false, true}); n != 2 {
+		t.Fatalf("Compact = %d, want 2", n)
+	}
+	want := &Candidates{
+		IDs:            []WorkerID{2, 4},
+		ActiveRequests: []int64{20, 40},
+		Load:           []Load{{ActiveRequests: 2}, {ActiveRequests: 4}},
+		OverlapBlocks:  []int32{6, 8},
+		TotalKVBlocks:  []int64{10, 12},
+		Costs:          []float64{0.2, 0.4},
+	}
+	if diff := cmp.Diff(want, c); diff != "" {
+		t.Fatalf("after Compact (-want +got):\n%s", diff)
+	}
+	if c.DPRanks != nil {
+		t.Fatal("a nil column must stay nil")
+	}
+}
+
+func TestSorted(t *testing.T) {
+	tests := []struct {
+		name  string
+		c     Candidates
+		wants bool
+	}{
+		{"ascending", Candidates{IDs: []WorkerID{1, 2, 5}}, true},
+		{"empty", Candidates{}, true},
+		{"duplicate id", Candidates{IDs: []WorkerID{1, 1}}, false},
+		{"descending", Candidates{IDs: []WorkerID{2, 1}}, false},
+		{"same id, ascending ranks", Candidates{IDs: []WorkerID{1, 1}, DPRanks: []uint32{0, 1}}, true},
+		{"same id, same rank", Candidates{IDs: []WorkerID{1, 1}, DPRanks: []uint32{1, 1}}, false},
+	}
+	for _, tt := range tests {
+		if got := tt.c.Sorted(); got != tt.wants {
+			t.Errorf("%s: Sorted = %v, want %v", tt.name, got, tt.wants)
+		}
+	}
+}
+
+func TestInputs(t *testing.T) {
+	if got := (InputOccupancy | InputCache).Normalize(); got != InputActiveRequests|InputCache {
+		t.Errorf("Normalize folds OCCUPANCY: got %v", got)
+	}
+	if got := (InputLoad | 1<<20).Normalize(); got != InputLoad {
+		t.Errorf("Normalize drops unknown bits: got %v", got)
+	}
+	if got := (InputActiveRequests | InputCapacity).String(); got != "ACTIVE_REQUESTS|CAPACITY" {
+		t.Errorf("String = %q", got)
+	}
+	if got := Inputs(0).String(); got != "none" {
+		t.Errorf("String(0) = %q", got)
+	}
+	for _, name := range []string{"ACTIVE_REQUESTS", "OCCUPANCY", "LOAD", "CACHE", "CAPACITY"} {
+		in, ok := ParseInput(name)
+		if !ok || in.String() != name {
+			t.Errorf("ParseInput(%q) = %v, %v", name, in, ok)
+		}
+	}
+	if _, ok := ParseInput("active_requests"); ok {
+		t.Error("input names are case-sensitive")
+	}
+}
+
+func TestParamsAndDefaults(t *testing.T) {
+	ti := TypeInfo{Params: []ParamSpec{
+		{Name: "t", Type: Number, Default: 0.5},
+		{Name: "n", Type: Int, Default: int64(3)},
+		{Name: "d", Type: Duration, Default: 20 * time.Millisecond},
+		{Name: "opt", Type: String},
+	}}
+	p := ti.WithDefaults(Params{"n": int64(7), "b": true})
+	if p.Float("t", -1) != 0.5 || p.Int("n", -1) != 7 || p.Duration("d", 0) != 20*time.Millisecond ||
+		!p.Bool("b", false) || p.String("opt", "none") != "none" || p.Has("opt") {
+		t.Fatalf("params %v", p)
+	}
+	if p.Float("n", -1) != 7 {
+		t.Error("Float reads an Int parameter")
+	}
+	if _, ok := ti.Param("d"); !ok {
+		t.Error("Param(d) not found")
+	}
+	for _, v := range []float64{-1, math.NaN(), math.Inf(1)} {
+		if err := NonNegative("x", v); err == nil {
+			t.Errorf("NonNegative(%v) accepted", v)
+		}
+	}
+	if err := NonNegative("x", 0); err != nil {
+		t.Errorf("NonNegative(0): %v", err)
+	}
+}
+
+func TestKindAndRole(t *testing.T) {
+	if KindScorer.String() != "scorer" || Kind(0).String() != "unknown" {
+		t.Error("Kind.String")
+	}
+	if !RoleDecode.Valid() || Role("both").Valid() {
+		t.Error("Role.Valid")
+	}
+}
