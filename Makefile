@@ -6,7 +6,7 @@ BIN         := bin
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PKGS        := ./...
 
-.PHONY: all build test vet fmt-check lint bench demo clean
+.PHONY: all build test vet fmt-check lint bench demo proto proto-check clean
 
 all: build
 
@@ -37,6 +37,15 @@ bench:
 ## policy on the bundled Mooncake conversation trace (8 simulated workers)
 demo: build
 	$(BIN)/router replay --compare examples/policies/round-robin.hcl,examples/policies/power-of-two.hcl,examples/policies/least-loaded.hcl,examples/policies/kv.hcl
+
+## proto: regenerate pluginproto (installs protoc from Debian and the pinned
+## protoc-gen-go / protoc-gen-go-grpc through the module proxy)
+proto:
+	scripts/proto.sh
+
+## proto-check: fail when the committed generated code is stale
+proto-check:
+	scripts/proto.sh --check
 
 clean:
 	rm -rf $(BIN)
