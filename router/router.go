@@ -102,14 +102,31 @@ func (r *Router) Hosted(role shared.Role) bool {
 
 // AddWorker joins a worker; its prefix-index capacity is its TotalKVBlocks.
 func (r *Router) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
-	w, err := r.fleet.AddWorker(s)
+	ws, err := r.AddWorkers(s)
 	if err != nil {
 		return nil, err
 	}
-	if err := r.index.AddWorker(s.ID, int(s.TotalKVBlocks)); err != nil {
-		return nil, errors.Join(err, r.fleet.RemoveWorker(s.ID, s.DPRank))
+	return ws[0], nil
+}
+
+// AddWorkers joins several workers with one membership snapshot (see
+// fleet.AddWorkers); each worker's prefix-index capacity is its
+// TotalKVBlocks. On error none of them is a member.
+func (r *Router) AddWorkers(specs ...fleet.Spec) ([]*fleet.Worker, error) {
+	ws, err := r.fleet.AddWorkers(specs...)
+	if err != nil {
+		return nil, err
 	}
-	return w, nil
+	for i, s := range specs {
+		if err := r.index.AddWorker(s.ID, int(s.TotalKVBlocks)); err != nil {
+			for _, undo := range specs[:i+1] {
+				r.index.RemoveWorker(undo.ID)
+				err = errors.Join(err, r.fleet.RemoveWorker(undo.ID, undo.DPRank))
+			}
+			return nil, err
+		}
+	}
+	return ws, nil
 }
 
 // RemoveWorker takes a worker out of selection and purges its prefix-index

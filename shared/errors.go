@@ -3,6 +3,7 @@ package shared
 import (
 	"errors"
 	"fmt"
+	"math"
 )
 
 // Selection errors callers branch on with errors.Is.
@@ -15,12 +16,14 @@ var (
 	ErrAllBusy = errors.New("all workers busy")
 )
 
-// NonFiniteCostError reports a scorer that wrote NaN or ±Inf.
+// NonFiniteCostError reports a scorer whose cost, or whose weighted cost
+// added to the earlier scorers' sum, is NaN or ±Inf.
 type NonFiniteCostError struct {
 	Scorer int     // index of the scorer in the policy, 0-based
 	Name   string  // the scorer's block name, when known
 	Row    int     // candidate row
-	Cost   float64 // the offending value
+	Cost   float64 // the cost the scorer wrote
+	Sum    float64 // the running weighted sum it produced
 }
 
 func (e *NonFiniteCostError) Error() string {
@@ -28,7 +31,10 @@ func (e *NonFiniteCostError) Error() string {
 	if name == "" {
 		name = fmt.Sprintf("#%d", e.Scorer)
 	}
-	return fmt.Sprintf("scorer %s wrote non-finite cost %v at row %d", name, e.Cost, e.Row)
+	if math.IsNaN(e.Cost) || math.IsInf(e.Cost, 0) {
+		return fmt.Sprintf("scorer %s wrote non-finite cost %v at row %d", name, e.Cost, e.Row)
+	}
+	return fmt.Sprintf("scorer %s: cost %v at row %d overflows the weighted sum (%v)", name, e.Cost, e.Row, e.Sum)
 }
 
 // RowOutOfRangeError reports a picker (or a view accessor) given or

@@ -194,7 +194,10 @@ func LoadWith(filename string, src []byte, cat *catalog.Catalog, o Options) (*Bu
 	} else {
 		file, diags = hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
 	}
-	if diags.HasErrors() || file == nil || file.Body == nil {
+	// HCL returns a usable body alongside most syntax errors (a redefined
+	// attribute, say): keep loading it so every problem is reported in one
+	// run, not the first only.
+	if file == nil || file.Body == nil {
 		return nil, diags
 	}
 	l := newLoader(filename, cat)

@@ -130,19 +130,35 @@ func (f *Fleet) Snapshot() *Snapshot { return f.snap.Load() }
 // id (and rank) that is already a member replaces it: the old *Worker keeps
 // its bookings, which release against it, not the new one.
 func (f *Fleet) AddWorker(s Spec) (*Worker, error) {
-	if !s.Role.Valid() {
-		return nil, fmt.Errorf("worker %d: invalid role %q", s.ID, s.Role)
+	ws, err := f.AddWorkers(s)
+	if err != nil {
+		return nil, err
 	}
-	if s.TotalKVBlocks <= 0 {
-		return nil, fmt.Errorf("worker %d: total_kv_blocks %d, want > 0", s.ID, s.TotalKVBlocks)
+	return ws[0], nil
+}
+
+// AddWorkers joins several workers at once and publishes one snapshot, so
+// building a fleet of n costs O(n log n), not n snapshots. It checks every
+// spec first and joins none when one is invalid.
+func (f *Fleet) AddWorkers(specs ...Spec) ([]*Worker, error) {
+	for _, s := range specs {
+		if !s.Role.Valid() {
+			return nil, fmt.Errorf("worker %d: invalid role %q", s.ID, s.Role)
+		}
+		if s.TotalKVBlocks <= 0 {
+			return nil, fmt.Errorf("worker %d: total_kv_blocks %d, want > 0", s.ID, s.TotalKVBlocks)
+		}
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.gen++
-	w := &Worker{Spec: s, Generation: f.gen}
-	f.members[key{s.ID, s.DPRank}] = w
+	out := make([]*Worker, len(specs))
+	for i, s := range specs {
+		f.gen++
+		out[i] = &Worker{Spec: s, Generation: f.gen}
+		f.members[key{s.ID, s.DPRank}] = out[i]
+	}
 	f.publishLocked()
-	return w, nil
+	return out, nil
 }
 
 // RemoveWorker takes a worker out of every future candidate set. Requests

@@ -133,3 +133,27 @@ func TestEngineLoadMakesAvailable(t *testing.T) {
 		t.Fatalf("after report: %+v", l)
 	}
 }
+
+func TestAddWorkersAllOrNothing(t *testing.T) {
+	f := New()
+	ws, err := f.AddWorkers(
+		Spec{ID: 3, Role: shared.RoleAggregated, TotalKVBlocks: 1},
+		Spec{ID: 1, Role: shared.RoleAggregated, TotalKVBlocks: 1},
+		Spec{ID: 2, Role: shared.RoleDecode, TotalKVBlocks: 1},
+	)
+	if err != nil || len(ws) != 3 {
+		t.Fatalf("AddWorkers = %d workers, %v", len(ws), err)
+	}
+	if diff := cmp.Diff([]shared.WorkerID{1, 3}, f.Snapshot().Partition(shared.RoleAggregated).IDs); diff != "" {
+		t.Fatalf("aggregated ids (-want +got):\n%s", diff)
+	}
+	if ws[0].Generation >= ws[1].Generation || ws[1].Generation >= ws[2].Generation {
+		t.Fatalf("generations not increasing: %d %d %d", ws[0].Generation, ws[1].Generation, ws[2].Generation)
+	}
+	if _, err := f.AddWorkers(Spec{ID: 9, Role: shared.RoleDecode, TotalKVBlocks: 1}, Spec{ID: 10, Role: "x", TotalKVBlocks: 1}); err == nil {
+		t.Fatal("an invalid spec was accepted")
+	}
+	if p := f.Snapshot().Partition(shared.RoleDecode); len(p.IDs) != 1 {
+		t.Fatalf("a failed AddWorkers joined %v", p.IDs)
+	}
+}

@@ -100,10 +100,14 @@ func Run(ctx context.Context, p *shared.Policy, req *shared.Request, c *shared.C
 				return -1, fmt.Errorf("scorer %q: %w", sc.Name, err)
 			}
 			for i, v := range s.costs {
-				if math.IsNaN(v) || math.IsInf(v, 0) {
-					return -1, &shared.NonFiniteCostError{Scorer: si, Name: sc.Name, Row: i, Cost: v}
+				sum := s.sum[i] + sc.Weight*v
+				// A finite cost can still overflow once weighted and summed;
+				// the sum is what the picker reads, so that is what must be
+				// finite.
+				if math.IsNaN(sum) || math.IsInf(sum, 0) {
+					return -1, &shared.NonFiniteCostError{Scorer: si, Name: sc.Name, Row: i, Cost: v, Sum: sum}
 				}
-				s.sum[i] += sc.Weight * v
+				s.sum[i] = sum
 			}
 		}
 	} else {

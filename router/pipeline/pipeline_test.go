@@ -125,6 +125,15 @@ func TestRunErrors(t *testing.T) {
 				var e *shared.NonFiniteCostError
 				return errors.As(err, &e) && e.Scorer == 1 && e.Row == 1 && e.Name == "nan"
 			}},
+		{"weighted sum overflows", shared.Policy{Scorers: []shared.WeightedScorer{{Name: "big", Weight: 1e308, Scorer: scorerFunc(func(_ *shared.Candidates, costs []float64) error {
+			costs[2] = 10
+			return nil
+		})}}, Picker: lowest}, 3,
+			func(err error) bool {
+				var e *shared.NonFiniteCostError
+				return errors.As(err, &e) && e.Row == 2 && e.Cost == 10 && math.IsInf(e.Sum, 1) &&
+					e.Error() == "scorer big: cost 10 at row 2 overflows the weighted sum (+Inf)"
+			}},
 		{"row out of range", shared.Policy{Picker: pickerFunc(func(*shared.Candidates) (int, error) { return 3, nil })}, 3,
 			func(err error) bool {
 				var e *shared.RowOutOfRangeError
