@@ -45,7 +45,7 @@ func BusyType() shared.TypeInfo {
 		},
 		Doc: "Drops workers at or over max_active_requests in-flight requests or max_kv_usage " +
 			"KV-cache usage; at least one limit must be set.",
-		New: func(p shared.Params) (shared.Component, error) { return NewBusy(p) },
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return NewBusy(p) },
 	}
 }
 

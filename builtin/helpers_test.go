@@ -43,7 +43,7 @@ func cmpApprox(tol float64) cmp.Option { return cmpopts.EquateApprox(0, tol) }
 // wantParam is "", else a *shared.ParamError naming wantParam.
 func checkNew(t *testing.T, typ shared.TypeInfo, params shared.Params, wantParam string) {
 	t.Helper()
-	_, err := typ.New(params)
+	_, err := typ.New(shared.InstanceInfo{}, params)
 	if wantParam == "" {
 		if err != nil {
 			t.Fatalf("New(%v): %v", params, err)

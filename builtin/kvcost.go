@@ -67,7 +67,7 @@ func KVCostType() shared.TypeInfo {
 		Doc: "Scores each worker by max(0, (active_prefill_tokens + prompt_tokens)/block_size - " +
 			"overlap_credit*overlap_blocks) * prefill_load_scale + active_decode_blocks + " +
 			"decode_request_weight*active_requests, in KV blocks; lower is better.",
-		New: func(p shared.Params) (shared.Component, error) { return NewKVCost(p) },
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return NewKVCost(p) },
 	}
 }
 

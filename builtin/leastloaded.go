@@ -26,7 +26,7 @@ func LeastLoadedType() shared.TypeInfo {
 		Params: []shared.ParamSpec{seedSpec()},
 		Doc: "Picks the candidate with the fewest in-flight requests (ACTIVE_REQUESTS), uniformly " +
 			"among ties. A picker-only policy runs on the hosted path.",
-		New: func(p shared.Params) (shared.Component, error) { return NewLeastLoaded(p), nil },
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return NewLeastLoaded(p), nil },
 	}
 }
 

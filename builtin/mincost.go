@@ -46,7 +46,7 @@ func MinCostType() shared.TypeInfo {
 		},
 		Doc: "Picks the lowest summed scorer cost (temperature 0, uniform among ties) or samples " +
 			"p_i ~ exp(-(c_i - c_min) / ((c_max - c_min) * T)) (temperature T > 0).",
-		New: func(p shared.Params) (shared.Component, error) { return NewMinCost(p) },
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return NewMinCost(p) },
 	}
 }
 

@@ -29,7 +29,7 @@ func PowerOfTwoType() shared.TypeInfo {
 		Doc: "Draws two distinct candidates uniformly and picks the one with fewer in-flight " +
 			"requests (ACTIVE_REQUESTS); ties go to the first draw. O(1) in the number of " +
 			"candidates. A picker-only policy runs on the hosted path.",
-		New: func(p shared.Params) (shared.Component, error) { return NewPowerOfTwo(p), nil },
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return NewPowerOfTwo(p), nil },
 	}
 }
 

@@ -23,7 +23,7 @@ func RandomType() shared.TypeInfo {
 		Params: []shared.ParamSpec{seedSpec()},
 		Doc: "Picks a candidate uniformly at random. Reads no input, so a picker-only policy runs " +
 			"on the hosted path.",
-		New: func(p shared.Params) (shared.Component, error) { return NewRandom(p), nil },
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return NewRandom(p), nil },
 	}
 }
 

@@ -46,7 +46,7 @@ func RoundRobinType() shared.TypeInfo {
 		Inputs: 0,
 		Doc: "Picks the candidates of each candidate set in turn (row cursor % n, cursor++), with " +
 			"one cursor per instance and set. Reads no input, so a picker-only policy runs on the hosted path.",
-		New: func(shared.Params) (shared.Component, error) { return NewRoundRobin(), nil },
+		New: func(shared.InstanceInfo, shared.Params) (shared.Component, error) { return NewRoundRobin(), nil },
 	}
 }
 

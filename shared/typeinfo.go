@@ -16,10 +16,23 @@ type TypeInfo struct {
 	Params []ParamSpec
 	// Doc is a one-paragraph description for `router validate` and docs.
 	Doc string
-	// New builds an instance from decoded parameters (defaults applied). A
-	// parameter it refuses is reported as a *ParamError. The result must
-	// implement the interface matching Kind.
-	New func(p Params) (Component, error)
+	// New builds an instance for info from decoded parameters (defaults
+	// applied). A parameter it refuses is reported as a *ParamError (several
+	// joined with errors.Join); any other error refuses the whole block. The
+	// result must implement the interface matching Kind.
+	New func(info InstanceInfo, p Params) (Component, error)
+}
+
+// InstanceInfo says where a component instance is being created.
+type InstanceInfo struct {
+	// Name identifies the instance within its bundle, e.g. "decode/kv/cost"
+	// (role, policy, block); out-of-process instances are addressed by it.
+	Name string
+	// Role is the worker role the instance selects for; empty for request
+	// classifiers and for policies that no role uses.
+	Role Role
+	// BlockSize is the router's tokens per KV block (> 0).
+	BlockSize int
 }
 
 // Param returns the spec of the named parameter.

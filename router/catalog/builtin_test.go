@@ -53,7 +53,7 @@ func TestDefaultConstructs(t *testing.T) {
 	extra := map[string]shared.Params{"busy": {"max_active_requests": int64(8)}}
 	for _, e := range Default().Entries() {
 		t.Run(e.Name, func(t *testing.T) {
-			c, err := e.New(e.WithDefaults(extra[e.Name]))
+			c, err := e.New(shared.InstanceInfo{}, e.WithDefaults(extra[e.Name]))
 			if err != nil {
 				t.Fatalf("New: %v", err)
 			}
@@ -105,7 +105,7 @@ func TestDefaultIsIndependent(t *testing.T) {
 	a := Default()
 	if err := a.Register("plugin x", shared.TypeInfo{
 		Name: "extra", Kind: shared.KindPicker,
-		New: func(shared.Params) (shared.Component, error) { return builtin.NewRoundRobin(), nil },
+		New: func(shared.InstanceInfo, shared.Params) (shared.Component, error) { return builtin.NewRoundRobin(), nil },
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func nonNegative(names ...string) func(p shared.Params) error {
 
 func filterType(name string, in shared.Inputs, params []shared.ParamSpec, check func(shared.Params) error) shared.TypeInfo {
 	return shared.TypeInfo{Name: name, Kind: shared.KindFilter, Inputs: in, Params: params,
-		New: func(p shared.Params) (shared.Component, error) {
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) {
 			if check != nil {
 				if err := check(p); err != nil {
 					return nil, err
@@ -64,7 +64,7 @@ func filterType(name string, in shared.Inputs, params []shared.ParamSpec, check 
 
 func scorerType(name string, in shared.Inputs, params []shared.ParamSpec, check func(shared.Params) error) shared.TypeInfo {
 	return shared.TypeInfo{Name: name, Kind: shared.KindScorer, Inputs: in, Params: params,
-		New: func(p shared.Params) (shared.Component, error) {
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) {
 			if check != nil {
 				if err := check(p); err != nil {
 					return nil, err
@@ -76,7 +76,7 @@ func scorerType(name string, in shared.Inputs, params []shared.ParamSpec, check 
 
 func pickerType(name string, in shared.Inputs, params []shared.ParamSpec, check func(shared.Params) error) shared.TypeInfo {
 	return shared.TypeInfo{Name: name, Kind: shared.KindPicker, Inputs: in, Params: params,
-		New: func(p shared.Params) (shared.Component, error) {
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) {
 			if check != nil {
 				if err := check(p); err != nil {
 					return nil, err
@@ -127,7 +127,7 @@ func testCatalog(t testing.TB) *catalog.Catalog {
 		filterType("broken", 0, nil, func(shared.Params) error { return fmt.Errorf("out of cheese") }),
 		{Name: "header-priority", Kind: shared.KindClassifier, Params: []shared.ParamSpec{
 			{Name: "header", Type: shared.String, Default: "x-priority"},
-		}, New: func(p shared.Params) (shared.Component, error) { return &testComponent{0, p}, nil }},
+		}, New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return &testComponent{0, p}, nil }},
 	}
 	for _, ti := range types {
 		if err := cat.Register(catalog.SourceBuiltin, ti); err != nil {

@@ -277,7 +277,7 @@ func (l *loader) instantiate(t *shared.TypeInfo, params shared.Params) (shared.C
 	if params == nil {
 		params = t.WithDefaults(nil)
 	}
-	inst, err := t.New(params)
+	inst, err := t.New(shared.InstanceInfo{BlockSize: l.bundle.BlockSize}, params)
 	if err != nil {
 		return nil, err
 	}
