@@ -48,22 +48,37 @@ type Router struct {
 	fallbacks       atomic.Int64
 }
 
-// rolePolicy is a policy with its hosted form resolved once.
+// rolePolicy is a policy with its hosted form or its compiled pipeline
+// resolved once.
 type rolePolicy struct {
 	policy   *shared.Policy
 	inputs   shared.Inputs
 	hosted   hosted.HostedWorkerPicker // nil unless the policy is hosted-eligible
+	compiled *pipeline.Compiled        // nil when hosted
 	fallback *rolePolicy
 }
 
-func resolve(p *shared.Policy, depth int) *rolePolicy {
-	if p == nil || depth > 8 {
-		return nil
+// maxFallbackDepth bounds a chain of fallbacks (the loader rejects cycles).
+const maxFallbackDepth = 8
+
+func resolve(p *shared.Policy, depth int) (*rolePolicy, error) {
+	if p == nil || depth > maxFallbackDepth {
+		return nil, nil
+	}
+	if p.Picker == nil {
+		return nil, fmt.Errorf("policy %q has no picker", p.Name)
 	}
 	rp := &rolePolicy{policy: p, inputs: p.Inputs()}
 	rp.hosted, _ = hosted.IntoHosted(p)
-	rp.fallback = resolve(p.Fallback, depth+1)
-	return rp
+	if rp.hosted == nil {
+		var err error
+		if rp.compiled, err = pipeline.Compile(p); err != nil {
+			return nil, err
+		}
+	}
+	var err error
+	rp.fallback, err = resolve(p.Fallback, depth+1)
+	return rp, err
 }
 
 // New returns a Router with an empty fleet.
@@ -82,10 +97,14 @@ func New(o Options) (*Router, error) {
 		if !role.Valid() {
 			return nil, fmt.Errorf("router: invalid role %q", role)
 		}
-		if p == nil || p.Picker == nil {
-			return nil, fmt.Errorf("router: role %s: policy without a picker", role)
+		if p == nil {
+			return nil, fmt.Errorf("router: role %s: no policy", role)
 		}
-		r.roles[role] = resolve(p, 0)
+		rp, err := resolve(p, 0)
+		if err != nil {
+			return nil, fmt.Errorf("router: role %s: %w", role, err)
+		}
+		r.roles[role] = rp
 	}
 	r.scratch.New = func() any { return new(pipeline.Scratch) }
 	return r, nil
@@ -243,7 +262,7 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 	defer r.scratch.Put(s)
 	c := s.Candidates(len(part.Workers), rp.inputs, part.DPRanks != nil)
 	r.fill(c, rp.inputs, req, part)
-	row, err := pipeline.Run(ctx, rp.policy, req, c, s)
+	row, err := pipeline.Execute(ctx, rp.compiled, req, c, s)
 	if err != nil {
 		return nil, -1, err
 	}

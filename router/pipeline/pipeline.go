@@ -66,59 +66,135 @@ func grow[T any](b []T, n int) []T {
 	return b[:n]
 }
 
-// Run selects one row of c with policy p and returns it; c is compacted by
-// the filters in place, so the row indexes the compacted set. Errors:
-// shared.ErrNoWorkers for an empty set, shared.ErrAllFiltered (wrapped with
-// the filter's name), *shared.NonFiniteCostError, *shared.RowOutOfRangeError,
-// or a component's own error wrapped with its kind and name.
-func Run(ctx context.Context, p *shared.Policy, req *shared.Request, c *shared.Candidates, s *Scratch) (int, error) {
+// Execute selects one row of c with the compiled policy cp and returns it;
+// c is compacted by the filters in place, so the row indexes the compacted
+// set. Local components run in declared order; a fused run of out-of-process
+// components runs in one call, its kept rows compacted and its costs added
+// like any scorer's. Errors: shared.ErrNoWorkers for an empty set,
+// shared.ErrAllFiltered (wrapped with the filter's name),
+// *shared.NonFiniteCostError, *shared.RowOutOfRangeError, or a component's
+// (or run's) own error wrapped with its kind and name.
+func Execute(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.Candidates, s *Scratch) (int, error) {
 	if c.Len() == 0 {
 		return -1, shared.ErrNoWorkers
 	}
-	for _, f := range p.Filters {
-		n := c.Len()
-		s.keep = grow(s.keep, n)
-		for i := range s.keep {
-			s.keep[i] = true
-		}
-		if err := f.Filter.Filter(ctx, req, c, s.keep); err != nil {
-			return -1, fmt.Errorf("filter %q: %w", f.Name, err)
-		}
-		if c.Compact(s.keep) == 0 {
-			return -1, fmt.Errorf("filter %q: %w", f.Name, shared.ErrAllFiltered)
+	c.Costs = nil
+	for si := range cp.stages {
+		st := &cp.stages[si]
+		switch st.kind {
+		case shared.KindFilter:
+			n := c.Len()
+			s.keep = grow(s.keep, n)
+			for i := range s.keep {
+				s.keep[i] = true
+			}
+			if err := st.member.Component.(shared.Filter).Filter(ctx, req, c, s.keep); err != nil {
+				return -1, fmt.Errorf("filter %q: %w", st.member.Name, err)
+			}
+			if c.Compact(s.keep) == 0 {
+				return -1, fmt.Errorf("filter %q: %w", st.member.Name, shared.ErrAllFiltered)
+			}
+		case shared.KindScorer:
+			n := c.Len()
+			s.costs = grow(s.costs, n)
+			clear(s.costs)
+			if err := st.member.Component.(shared.Scorer).Score(ctx, req, c, s.costs); err != nil {
+				return -1, fmt.Errorf("scorer %q: %w", st.member.Name, err)
+			}
+			if err := s.addCosts(c, si, st.member.Name, st.member.Weight, s.costs); err != nil {
+				return -1, err
+			}
+		case shared.KindPicker:
+			row, err := st.member.Component.(shared.Picker).Pick(ctx, req, c)
+			if err != nil {
+				return -1, fmt.Errorf("picker %q: %w", st.member.Name, err)
+			}
+			if row < 0 || row >= c.Len() {
+				return -1, fmt.Errorf("picker %q: %w", st.member.Name, &shared.RowOutOfRangeError{Row: row, Count: c.Len()})
+			}
+			return row, nil
+		default:
+			row, done, err := s.runFused(ctx, st, si, req, c)
+			if err != nil || done {
+				return row, err
+			}
 		}
 	}
-	if len(p.Scorers) > 0 {
-		n := c.Len()
+	return -1, fmt.Errorf("policy %q has no picker", cp.Policy.Name)
+}
+
+// addCosts adds weight*costs to the running sum (c.Costs), which must stay
+// finite: a finite cost can still overflow once weighted and summed, and the
+// sum is what the picker reads.
+func (s *Scratch) addCosts(c *shared.Candidates, si int, name string, weight float64, costs []float64) error {
+	n := c.Len()
+	if c.Costs == nil {
 		s.sum = grow(s.sum, n)
-		s.costs = grow(s.costs, n)
 		clear(s.sum)
 		c.Costs = s.sum
-		for si, sc := range p.Scorers {
-			clear(s.costs)
-			if err := sc.Scorer.Score(ctx, req, c, s.costs); err != nil {
-				return -1, fmt.Errorf("scorer %q: %w", sc.Name, err)
-			}
-			for i, v := range s.costs {
-				sum := s.sum[i] + sc.Weight*v
-				// A finite cost can still overflow once weighted and summed;
-				// the sum is what the picker reads, so that is what must be
-				// finite.
-				if math.IsNaN(sum) || math.IsInf(sum, 0) {
-					return -1, &shared.NonFiniteCostError{Scorer: si, Name: sc.Name, Row: i, Cost: v, Sum: sum}
-				}
-				s.sum[i] = sum
-			}
+	}
+	for i, v := range costs[:n] {
+		sum := c.Costs[i] + weight*v
+		if math.IsNaN(sum) || math.IsInf(sum, 0) {
+			return &shared.NonFiniteCostError{Scorer: si, Name: name, Row: i, Cost: v, Sum: sum}
 		}
-	} else {
-		c.Costs = nil
+		c.Costs[i] = sum
 	}
-	row, err := p.Picker.Pick(ctx, req, c)
+	return nil
+}
+
+// runFused executes one fused run and applies its result to c. It returns
+// the picked row (in the compacted c) and done when the run picked.
+func (s *Scratch) runFused(ctx context.Context, st *stage, si int, req *shared.Request, c *shared.Candidates) (int, bool, error) {
+	n := c.Len()
+	res, err := st.run.Run(ctx, req, c)
 	if err != nil {
-		return -1, fmt.Errorf("picker %q: %w", p.PickerName, err)
+		return -1, false, fmt.Errorf("%s: %w", st.names, err)
 	}
-	if row < 0 || row >= c.Len() {
-		return -1, fmt.Errorf("picker %q: %w", p.PickerName, &shared.RowOutOfRangeError{Row: row, Count: c.Len()})
+	if res.FilteredBy != "" {
+		return -1, false, fmt.Errorf("filter %q: %w", res.FilteredBy, shared.ErrAllFiltered)
 	}
-	return row, nil
+	picked := res.Picked
+	if res.Kept != nil {
+		s.keep = grow(s.keep, n)
+		clear(s.keep)
+		prev := -1
+		for _, r := range res.Kept {
+			if int(r) >= n || int(r) <= prev {
+				return -1, false, fmt.Errorf("%s: kept rows not ascending within [0, %d)", st.names, n)
+			}
+			s.keep[r] = true
+			prev = int(r)
+		}
+		if picked >= 0 {
+			if picked >= n || !s.keep[picked] {
+				return -1, false, fmt.Errorf("%s: %w", st.names, &shared.RowOutOfRangeError{Row: picked, Count: n})
+			}
+			kept := 0
+			for r := 0; r < picked; r++ {
+				if s.keep[r] {
+					kept++
+				}
+			}
+			picked = kept
+		}
+		if c.Compact(s.keep) == 0 {
+			return -1, false, fmt.Errorf("%s: %w", st.names, shared.ErrAllFiltered)
+		}
+	}
+	if st.scores {
+		if len(res.Costs) != c.Len() {
+			return -1, false, fmt.Errorf("%s: %d costs for %d rows", st.names, len(res.Costs), c.Len())
+		}
+		if err := s.addCosts(c, si, st.names, 1, res.Costs); err != nil {
+			return -1, false, err
+		}
+	}
+	if !st.picks {
+		return -1, false, nil
+	}
+	if picked < 0 || picked >= c.Len() {
+		return -1, false, fmt.Errorf("%s: %w", st.names, &shared.RowOutOfRangeError{Row: res.Picked, Count: n})
+	}
+	return picked, true, nil
 }

@@ -43,6 +43,16 @@ var lowest = pickerFunc(func(c *shared.Candidates) (int, error) {
 	return best, nil
 })
 
+// run compiles p and executes it once.
+func run(t *testing.T, p *shared.Policy, c *shared.Candidates, s *Scratch) (int, error) {
+	t.Helper()
+	cp, err := Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Execute(context.Background(), cp, &shared.Request{}, c, s)
+}
+
 func candidates(s *Scratch, active ...int64) *shared.Candidates {
 	c := s.Candidates(len(active), shared.InputActiveRequests, false)
 	for i, a := range active {
@@ -90,7 +100,7 @@ func TestRunFiltersInOrderThenSumsWeightedCosts(t *testing.T) {
 	}
 	var s Scratch
 	c := candidates(&s, 1, 9, 3, 2, 7)
-	row, err := Run(context.Background(), p, &shared.Request{}, c, &s)
+	row, err := run(t, p, c, &s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +156,7 @@ func TestRunErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var s Scratch
 			active := make([]int64, tt.rows)
-			_, err := Run(context.Background(), &tt.p, &shared.Request{}, candidates(&s, active...), &s)
+			_, err := run(t, &tt.p, candidates(&s, active...), &s)
 			if err == nil || !tt.check(err) {
 				t.Fatalf("err = %v", err)
 			}
@@ -168,9 +178,13 @@ func TestRunAllocatesNothingInSteadyState(t *testing.T) {
 	var s Scratch
 	req := &shared.Request{}
 	ctx := context.Background()
+	cp, err := Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
 	allocs := testing.AllocsPerRun(100, func() {
 		c := candidates(&s, 4, 3, 2, 1)
-		if _, err := Run(ctx, p, req, c, &s); err != nil {
+		if _, err := Execute(ctx, cp, req, c, &s); err != nil {
 			t.Fatal(err)
 		}
 	})
