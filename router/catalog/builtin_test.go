@@ -105,7 +105,9 @@ func TestDefaultIsIndependent(t *testing.T) {
 	a := Default()
 	if err := a.Register("plugin x", shared.TypeInfo{
 		Name: "extra", Kind: shared.KindPicker,
-		New: func(shared.InstanceInfo, shared.Params) (shared.Component, error) { return builtin.NewRoundRobin(), nil },
+		New: func(shared.InstanceInfo, shared.Params) (shared.Component, error) {
+			return builtin.NewRoundRobin(), nil
+		},
 	}); err != nil {
 		t.Fatal(err)
 	}

@@ -127,7 +127,9 @@ func testCatalog(t testing.TB) *catalog.Catalog {
 		filterType("broken", 0, nil, func(shared.Params) error { return fmt.Errorf("out of cheese") }),
 		{Name: "header-priority", Kind: shared.KindClassifier, Params: []shared.ParamSpec{
 			{Name: "header", Type: shared.String, Default: "x-priority"},
-		}, New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return &testComponent{0, p}, nil }},
+		}, New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) {
+			return &testComponent{0, p}, nil
+		}},
 	}
 	for _, ti := range types {
 		if err := cat.Register(catalog.SourceBuiltin, ti); err != nil {
