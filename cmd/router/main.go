@@ -8,10 +8,13 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
+	"syscall"
 
 	"github.com/spf13/cobra"
 )
@@ -45,7 +48,7 @@ func newVersionCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
 		Short: "Print the router version",
-		Args:  cobra.NoArgs,
+		Args:  noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			_, err := fmt.Fprintf(cmd.OutOrStdout(), "switchyard router %s (plugin API switchyard.plugin.v1)\n", version)
 			return err
@@ -53,16 +56,31 @@ func newVersionCmd() *cobra.Command {
 	}
 }
 
+// main runs the command line. The first SIGINT or SIGTERM cancels the
+// command's context, so a replay stops at its next check and removes its
+// temporary output files; a second one kills the process as usual.
 func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop()
+	}()
+	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
 }
 
 // run executes the command line and returns the process exit code: 0 on
 // success, 1 on a failed validation or run, 2 on a usage error.
 func run(args []string, stdout, stderr io.Writer) int {
+	return runContext(context.Background(), args, stdout, stderr)
+}
+
+// runContext is run with a context that commands observe.
+func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
 	root.SetArgs(args)
-	if err := root.Execute(); err != nil {
+	if err := root.ExecuteContext(ctx); err != nil {
 		var ee *exitError
 		if errors.As(err, &ee) {
 			if ee.err != nil && ee.err.Error() != "" {

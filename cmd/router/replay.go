@@ -17,8 +17,10 @@ import (
 	"github.com/switchyard-router/switchyard/router/replay"
 	"github.com/switchyard-router/switchyard/router/replay/bundled"
 	"github.com/switchyard-router/switchyard/router/trace"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
+// replayFlags are the flags of router replay.
 type replayFlags struct {
 	policy     string
 	trace      string
@@ -47,8 +49,15 @@ With --prefill-workers N --decode-workers M it replays disaggregated serving:
 each request is routed by the policy's prefill role to one of N prefill
 workers, which compute its prompt and first token, then by the decode role to
 one of M decode workers, which receive its prompt's KV (128 KiB per token at
-50 GB/s) and generate the rest.`,
-		Args: cobra.NoArgs,
+50 GB/s) and generate the rest. A role the policy file does not select a
+policy for runs the built-in default policy, with a warning.
+
+The fleet is at most 4096 simulated workers in all. --per-request and
+--report are written atomically, only when the whole run succeeds. Requests
+the policy rejects are counted in the table (and summarised on stderr); they
+do not change the exit status, which is 0 on success, 1 when the run fails
+and 2 on a usage error. The full reference is docs/replay.md.`,
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runReplay(cmd, &f)
 		},
@@ -56,20 +65,59 @@ one of M decode workers, which receive its prompt's KV (128 KiB per token at
 	fl := cmd.Flags()
 	fl.StringVar(&f.policy, "policy", "", "HCL policy file (default: the built-in default policy)")
 	fl.StringVar(&f.trace, "trace", "", "trace file: Mooncake .jsonl or Azure .csv (default: the bundled conversation trace)")
-	fl.IntVar(&f.workers, "workers", replay.DefaultWorkers, "number of simulated aggregated workers")
-	fl.IntVar(&f.prefill, "prefill-workers", 0, "number of simulated prefill workers (disaggregated serving; needs --decode-workers)")
-	fl.IntVar(&f.decode, "decode-workers", 0, "number of simulated decode workers (disaggregated serving; needs --prefill-workers)")
-	fl.Int64Var(&f.seed, "seed", replay.DefaultSeed, "seed for every seeded component without its own seed (overrides router.seed; used when the file sets none)")
+	fl.IntVar(&f.workers, "workers", replay.DefaultWorkers,
+		fmt.Sprintf("number of simulated aggregated workers, at most %d", replay.MaxWorkers))
+	fl.IntVar(&f.prefill, "prefill-workers", 0,
+		fmt.Sprintf("number of simulated prefill workers (disaggregated serving; needs --decode-workers; at most %d with them)", replay.MaxWorkers))
+	fl.IntVar(&f.decode, "decode-workers", 0,
+		fmt.Sprintf("number of simulated decode workers (disaggregated serving; needs --prefill-workers; at most %d with them)", replay.MaxWorkers))
+	// The zero default is not used: the flag applies only when given (see
+	// loadPolicy), and a zero default keeps pflag from printing "(default 0)".
+	fl.Int64Var(&f.seed, "seed", 0,
+		fmt.Sprintf("seed for seeded components that set none (default: the file's router.seed, else %d)", replay.DefaultSeed))
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
-	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE")
-	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE")
-	fl.StringSliceVar(&f.compare, "compare", nil, "run each policy file FILE,FILE,... on the same trace and print one table")
+	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE (not with --compare)")
+	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE (a JSON array with --compare)")
+	fl.StringSliceVar(&f.compare, "compare", nil, "run each policy file FILE,FILE,... on the same trace and print one table (not with --policy)")
 	return cmd
 }
 
-func runReplay(cmd *cobra.Command, f *replayFlags) error {
+// noArgs rejects positional arguments, saying so: cobra.NoArgs words them
+// as an unknown command.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return fmt.Errorf("%s takes no arguments, got %q; see '%s --help'", cmd.CommandPath(), args, cmd.CommandPath())
+	}
+	return nil
+}
+
+// check validates the flags; every error it returns is a usage error.
+func (f *replayFlags) check(cmd *cobra.Command) error {
 	fs := cmd.Flags()
-	disagg := fs.Changed("prefill-workers") || fs.Changed("decode-workers")
+	for _, c := range []struct {
+		flag, value, hint string
+	}{
+		{"trace", f.trace, " (omit the flag for the bundled trace)"},
+		{"policy", f.policy, " (omit the flag for the built-in default policy)"},
+		{"per-request", f.perRequest, ""},
+		{"report", f.report, ""},
+	} {
+		if fs.Changed(c.flag) && c.value == "" {
+			return fmt.Errorf("--%s '': want a file name%s", c.flag, c.hint)
+		}
+	}
+	if fs.Changed("compare") {
+		if len(f.compare) == 0 {
+			return errors.New("--compare '': want a comma-separated list of policy files")
+		}
+		for i, p := range f.compare {
+			if p == "" {
+				return fmt.Errorf("--compare %s: entry %d of %d is empty; want a comma-separated list of policy files",
+					strings.Join(f.compare, ","), i+1, len(f.compare))
+			}
+		}
+	}
+	disagg := f.disaggregated(cmd)
 	switch {
 	case disagg && fs.Changed("workers"):
 		return errors.New("--workers sets aggregated workers: it cannot be combined with --prefill-workers or --decode-workers")
@@ -79,8 +127,17 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		return fmt.Errorf("--prefill-workers %d: want >= 1", f.prefill)
 	case disagg && f.decode < 1:
 		return fmt.Errorf("--decode-workers %d: want >= 1", f.decode)
+	case disagg && f.prefill > replay.MaxWorkers:
+		return fmt.Errorf("--prefill-workers %d: want at most %d simulated workers in all", f.prefill, replay.MaxWorkers)
+	case disagg && f.decode > replay.MaxWorkers:
+		return fmt.Errorf("--decode-workers %d: want at most %d simulated workers in all", f.decode, replay.MaxWorkers)
+	case disagg && f.prefill+f.decode > replay.MaxWorkers:
+		return fmt.Errorf("--prefill-workers %d + --decode-workers %d = %d simulated workers: want at most %d in all",
+			f.prefill, f.decode, f.prefill+f.decode, replay.MaxWorkers)
 	case f.workers < 1:
 		return fmt.Errorf("--workers %d: want >= 1", f.workers)
+	case f.workers > replay.MaxWorkers:
+		return fmt.Errorf("--workers %d: want at most %d simulated workers", f.workers, replay.MaxWorkers)
 	}
 	if f.limit < 0 {
 		return fmt.Errorf("--limit %d: want >= 0", f.limit)
@@ -88,6 +145,76 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	if len(f.compare) > 0 && (f.policy != "" || f.perRequest != "") {
 		return errors.New("--compare runs several policies: it cannot be combined with --policy or --per-request")
 	}
+	return f.checkPaths()
+}
+
+// disaggregated reports whether the flags ask for prefill and decode pools.
+func (f *replayFlags) disaggregated(cmd *cobra.Command) bool {
+	fs := cmd.Flags()
+	return fs.Changed("prefill-workers") || fs.Changed("decode-workers")
+}
+
+// checkPaths refuses an output that would overwrite an input or the other
+// output.
+func (f *replayFlags) checkPaths() error {
+	type named struct{ flag, path string }
+	var inputs, outputs []named
+	for _, in := range []named{{"--trace", f.trace}, {"--policy", f.policy}} {
+		if in.path != "" {
+			inputs = append(inputs, in)
+		}
+	}
+	for _, p := range f.compare {
+		inputs = append(inputs, named{"--compare", p})
+	}
+	for _, out := range []named{{"--per-request", f.perRequest}, {"--report", f.report}} {
+		if out.path != "" {
+			outputs = append(outputs, out)
+		}
+	}
+	for i, out := range outputs {
+		for _, in := range inputs {
+			if samePath(out.path, in.path) {
+				return fmt.Errorf("%s %s is the %s input %s: choose another output file", out.flag, out.path, in.flag, in.path)
+			}
+		}
+		for _, other := range outputs[i+1:] {
+			if samePath(out.path, other.path) {
+				return fmt.Errorf("%s %s and %s %s are the same file: choose two files", out.flag, out.path, other.flag, other.path)
+			}
+		}
+	}
+	return nil
+}
+
+// runReplay runs router replay: it checks the flags, creates the outputs'
+// temporary files, loads the trace and every policy, replays each policy,
+// prints the table and rejection summaries, and only then writes and
+// renames the outputs into place.
+func runReplay(cmd *cobra.Command, f *replayFlags) error {
+	fs := cmd.Flags()
+	if err := f.check(cmd); err != nil {
+		return err // a usage error: exit 2
+	}
+	disagg := f.disaggregated(cmd)
+	stderr := cmd.ErrOrStderr()
+
+	// Create the outputs' temporary files first, so an unwritable output
+	// fails before any work, and remove them on every failure below.
+	var perReq, report *pendingFile
+	defer func() { perReq.abort(); report.abort() }()
+	var err error
+	if f.perRequest != "" {
+		if perReq, err = createPending("--per-request", f.perRequest); err != nil {
+			return &exitError{code: 1, err: err}
+		}
+	}
+	if f.report != "" {
+		if report, err = createPending("--report", f.report); err != nil {
+			return &exitError{code: 1, err: err}
+		}
+	}
+
 	records, traceName, err := loadTrace(f.trace)
 	if err != nil {
 		return &exitError{code: 1, err: err}
@@ -96,53 +223,55 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		records = records[:f.limit]
 	}
 	var seed *int64
-	if cmd.Flags().Changed("seed") {
+	if fs.Changed("seed") {
 		seed = &f.seed
 	}
-	policies := f.compare
-	if len(policies) == 0 {
-		policies = []string{f.policy}
+	paths := f.compare
+	if len(paths) == 0 {
+		paths = []string{f.policy}
 	}
-	var reports []*replay.Report
-	for _, path := range policies {
-		b, err := loadPolicy(cmd.ErrOrStderr(), path, seed)
-		if err != nil {
+	roles := []shared.Role{shared.RoleAggregated}
+	if disagg {
+		roles = []shared.Role{shared.RolePrefill, shared.RoleDecode}
+	}
+	// Load every policy before replaying any, so a broken file fails at
+	// once and the warnings come before the table.
+	bundles := make([]*config.Bundle, len(paths))
+	for i, path := range paths {
+		if bundles[i], err = loadPolicy(stderr, path, seed); err != nil {
 			return &exitError{code: 1, err: err}
 		}
-		name := "default"
 		if path != "" {
-			name = strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+			warnDefaultRoles(stderr, path, bundles[i], roles)
 		}
+	}
+
+	var reports []*replay.Report
+	for i, path := range paths {
+		b := bundles[i]
 		opts := replay.Options{
-			PolicyName: name,
-			Roles:      b.Roles,
-			BlockSize:  b.BlockSize,
-			TraceName:  traceName,
-			Records:    records,
+			PolicyName:   policyName(path),
+			Roles:        b.Roles,
+			RolePolicies: b.RolePolicies,
+			BlockSize:    b.BlockSize,
+			TraceName:    traceName,
+			Records:      records,
 		}
 		if disagg {
 			opts.PrefillWorkers, opts.DecodeWorkers = f.prefill, f.decode
 		} else {
 			opts.Workers = f.workers
 		}
-		var perReq *os.File
-		if f.perRequest != "" {
-			if perReq, err = os.Create(f.perRequest); err != nil {
-				return &exitError{code: 1, err: err}
-			}
+		if perReq != nil {
 			opts.PerRequest = perReq
 		}
 		rep, err := replay.Run(cmd.Context(), opts)
-		if perReq != nil {
-			if cerr := perReq.Close(); err == nil {
-				err = cerr
-			}
-		}
 		if err != nil {
 			return &exitError{code: 1, err: err}
 		}
 		reports = append(reports, rep)
 	}
+
 	out := cmd.OutOrStdout()
 	if disagg {
 		fmt.Fprintf(out, "trace %s: %d requests on %d prefill + %d decode simulated workers\n", traceName, len(records), f.prefill, f.decode)
@@ -150,22 +279,71 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		fmt.Fprintf(out, "trace %s: %d requests on %d simulated workers\n", traceName, len(records), f.workers)
 	}
 	if err := replay.WriteTable(out, reports); err != nil {
-		return err
+		return &exitError{code: 1, err: err}
 	}
-	if f.report != "" {
-		var v any = reports[0]
-		if len(reports) > 1 {
-			v = reports
+	for _, rep := range reports {
+		if rep.Rejected > 0 {
+			reason, n := rep.TopRejection()
+			fmt.Fprintf(stderr, "router: %s: %d of %d requests rejected; most common reason (%d): %s\n",
+				rep.Label(), rep.Rejected, rep.Requests, n, reason)
+		}
+	}
+
+	if report != nil {
+		var v any = reports
+		if len(f.compare) == 0 {
+			v = reports[0]
 		}
 		buf, err := json.MarshalIndent(v, "", "  ")
 		if err != nil {
-			return err
-		}
-		if err := os.WriteFile(f.report, append(buf, '\n'), 0o644); err != nil {
 			return &exitError{code: 1, err: err}
+		}
+		if _, err := report.Write(append(buf, '\n')); err != nil {
+			return &exitError{code: 1, err: fmt.Errorf("--report %s: %w", f.report, err)}
+		}
+	}
+	// Both outputs are complete: only now replace the targets.
+	for _, p := range []*pendingFile{perReq, report} {
+		if p != nil {
+			if err := p.commit(); err != nil {
+				return &exitError{code: 1, err: err}
+			}
 		}
 	}
 	return nil
+}
+
+// policyName labels a policy file in the table and the report: its base
+// name without the extension, or "default" for the built-in policy.
+func policyName(path string) string {
+	if path == "" {
+		return config.DefaultPolicyName
+	}
+	return strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
+}
+
+// warnDefaultRoles warns when a role the replay routes for runs the
+// built-in default policy although a policy file was given, which is what
+// happens when the file's worker_selection does not set the role: replaying
+// round-robin.hcl disaggregated would otherwise silently compare the
+// default policy.
+func warnDefaultRoles(w io.Writer, path string, b *config.Bundle, roles []shared.Role) {
+	var fell []string
+	for _, role := range roles {
+		if b.RolePolicies[role] == config.DefaultPolicyName {
+			fell = append(fell, string(role))
+		}
+	}
+	if len(fell) == 0 {
+		return
+	}
+	subject, them := "role "+fell[0]+" runs", "it"
+	if len(fell) > 1 {
+		subject, them = "roles "+strings.Join(fell, " and ")+" run", "them"
+	}
+	fmt.Fprintf(w, "router: warning: %s: %s the built-in default policy %q (%s + %s), not one of the file's policies; "+
+		"set %s in worker_selection to replay the file's policy (the table row marks %s %q)\n",
+		path, subject, config.DefaultPolicyName, config.DefaultScorerType, config.DefaultPickerType, them, them, config.DefaultPolicyName)
 }
 
 // loadTrace reads the trace at path, or the bundled conversation trace when

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -199,6 +200,11 @@ func TestDisaggOptionErrors(t *testing.T) {
 		{"decode only", Options{DecodeWorkers: 2}, "0 prefill and 2 decode workers"},
 		{"with aggregated", Options{PrefillWorkers: 1, DecodeWorkers: 1, Workers: 8}, "8 aggregated workers"},
 		{"negative bandwidth", Options{PrefillWorkers: 1, DecodeWorkers: 1, KVTransferBandwidth: -1}, "bandwidth -1"},
+		{"fleet too large", Options{PrefillWorkers: 4000, DecodeWorkers: 97}, "4000 prefill and 97 decode workers, want at most 4096 together"},
+		{"prefill too large", Options{PrefillWorkers: MaxWorkers + 1, DecodeWorkers: 1}, "4097 prefill and 1 decode workers"},
+		{"sum overflows int", Options{PrefillWorkers: math.MaxInt, DecodeWorkers: math.MaxInt}, "want at most 4096 together"},
+		{"aggregated too large", Options{Workers: MaxWorkers + 1}, "4097 workers, want 1 to 4096"},
+		{"aggregated none", Options{Workers: 0}, "0 workers, want 1 to 4096"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			o := tt.o

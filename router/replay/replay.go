@@ -17,6 +17,7 @@ import (
 	"io"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router"
@@ -32,6 +33,14 @@ import (
 // without cache hits (SIMULATION.md §3), so 8 leaves headroom for policies
 // to differ in latency rather than in whether they keep up.
 const DefaultWorkers = 8
+
+// MaxWorkers bounds the simulated fleet of one replay, aggregated workers
+// or prefill and decode workers together: 4,096, the largest fleet the
+// benchmarks measure (BENCHMARKS.md). Every simulated worker carries its
+// own engine state and prefix index, so memory grows linearly with the
+// fleet; beyond this a typo such as --workers 100000 would take many
+// gigabytes before the first request.
+const MaxWorkers = 4096
 
 // KVBytesPerToken is the KV cache of one token of the simulated model,
 // Llama-3.1-8B-Instruct in bf16: 32 layers × 8 KV heads × 128 dimensions ×
@@ -61,11 +70,18 @@ const DefaultSeed = 1
 
 // Options configure one replay.
 type Options struct {
-	// PolicyName labels the report ("default" or the policy file).
+	// PolicyName labels the report: the policy file's name, or
+	// config.DefaultPolicyName ("default") for the built-in policy.
 	PolicyName string
 	// Roles maps each role to its policy: aggregated is required in
 	// aggregated mode, prefill and decode in disaggregated mode.
 	Roles map[shared.Role]*shared.Policy
+	// RolePolicies, when set, names each role's policy as the policy file
+	// does (config.Bundle.RolePolicies), config.DefaultPolicyName for the
+	// built-in one. The report copies the names of the roles it routes
+	// for, and its table label marks a role that ran the built-in policy
+	// although PolicyName names a file (see Report.Label).
+	RolePolicies map[shared.Role]string
 	// BlockSize is the router's tokens per block. Mooncake traces hash
 	// 512-token blocks, so they require 512.
 	BlockSize int
@@ -73,11 +89,12 @@ type Options struct {
 	TraceName string
 	// Records is the trace, in arrival order.
 	Records []trace.Record
-	// Workers is the number of simulated aggregated workers (>= 1), fleet
-	// ids 0..Workers−1; it must be 0 in disaggregated mode.
+	// Workers is the number of simulated aggregated workers (1 to
+	// MaxWorkers), fleet ids 0..Workers−1; it must be 0 in disaggregated
+	// mode.
 	Workers int
-	// PrefillWorkers and DecodeWorkers, when set (both >= 1), replay
-	// disaggregated serving instead: prefill workers have fleet ids
+	// PrefillWorkers and DecodeWorkers, when set (both >= 1, together at
+	// most MaxWorkers), replay disaggregated serving instead: prefill workers have fleet ids
 	// 0..PrefillWorkers−1 and role prefill, decode workers the next
 	// DecodeWorkers ids and role decode. Each request is routed to a
 	// prefill worker on arrival and computes its prompt and first token
@@ -165,11 +182,11 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 // execute is Run, also returning the driver so that tests can inspect the
 // final state (bookings, workers).
 func execute(ctx context.Context, o Options) (*Report, *driver, error) {
+	start := time.Now() // wall_s includes building the router and the clusters
 	d, err := newDriver(ctx, &o)
 	if err != nil {
 		return nil, nil, err
 	}
-	start := time.Now()
 	for i := range o.Records {
 		if i%1024 == 0 {
 			if err := ctx.Err(); err != nil {
@@ -232,6 +249,11 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		if o.PrefillWorkers < 1 || o.DecodeWorkers < 1 {
 			return nil, fmt.Errorf("replay: %d prefill and %d decode workers, want both >= 1", o.PrefillWorkers, o.DecodeWorkers)
 		}
+		// Each is checked alone first so that the sum cannot overflow.
+		if o.PrefillWorkers > MaxWorkers || o.DecodeWorkers > MaxWorkers || o.PrefillWorkers+o.DecodeWorkers > MaxWorkers {
+			return nil, fmt.Errorf("replay: %d prefill and %d decode workers, want at most %d together (MaxWorkers)",
+				o.PrefillWorkers, o.DecodeWorkers, MaxWorkers)
+		}
 		if o.Workers != 0 {
 			return nil, fmt.Errorf("replay: %d aggregated workers with prefill and decode workers; use one or the other", o.Workers)
 		}
@@ -244,8 +266,8 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 			return nil, fmt.Errorf("replay: KV transfer bandwidth %v B/s, want finite and > 0 (0: default)", bw)
 		}
 	} else {
-		if o.Workers < 1 {
-			return nil, fmt.Errorf("replay: %d workers, want >= 1", o.Workers)
+		if o.Workers < 1 || o.Workers > MaxWorkers {
+			return nil, fmt.Errorf("replay: %d workers, want 1 to %d (MaxWorkers)", o.Workers, MaxWorkers)
 		}
 		if o.Roles[shared.RoleAggregated] == nil {
 			return nil, errors.New("replay: no policy for role aggregated")
@@ -546,8 +568,16 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 		Fallbacks:         d.r.Fallbacks(),
 		Hosted:            d.r.Hosted(o.firstRole()),
 	}
+	roles := []shared.Role{shared.RoleAggregated}
 	if d.decode != nil {
 		rep.PrefillWorkers, rep.DecodeWorkers = d.first.Len(), d.decode.Len()
+		roles = []shared.Role{shared.RolePrefill, shared.RoleDecode}
+	}
+	if len(o.RolePolicies) > 0 {
+		rep.RolePolicies = make(map[string]string, len(roles))
+		for _, role := range roles {
+			rep.RolePolicies[string(role)] = o.RolePolicies[role]
+		}
 	}
 	var ttft, e2e, queue, xfer []float64
 	var prompt, cached, predicted int64
@@ -560,6 +590,10 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 		}
 		if out.Status != "ok" {
 			rep.Rejected++
+			if rep.RejectionReasons == nil {
+				rep.RejectionReasons = make(map[string]int)
+			}
+			rep.RejectionReasons[strings.TrimPrefix(out.Status, "rejected: ")]++
 			continue
 		}
 		rep.Completed++

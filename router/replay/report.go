@@ -5,8 +5,12 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // Summary is the distribution of one latency, in milliseconds, over the
@@ -47,8 +51,16 @@ func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
 
 // Report is the summary of one replay, written by --report as JSON.
 type Report struct {
-	// Policy is the policy file (or "default" for the built-in policy).
+	// Policy is the policy file's name without its extension, or "default"
+	// for the built-in policy.
 	Policy string `json:"policy"`
+	// RolePolicies names the policy each routed role ran, as the policy
+	// file names it: the aggregated role, or the prefill and decode roles
+	// in disaggregated mode. "default" is the built-in default policy (the
+	// name is reserved), which also runs for a role the file's
+	// worker_selection does not set. Absent when Options.RolePolicies was
+	// not given.
+	RolePolicies map[string]string `json:"role_policies,omitempty"`
 	// Trace is the trace's file name.
 	Trace string `json:"trace"`
 	// Workers is the number of simulated workers, prefill and decode ones
@@ -64,6 +76,11 @@ type Report struct {
 	Requests  int `json:"requests"`
 	Completed int `json:"completed"`
 	Rejected  int `json:"rejected"`
+	// RejectionReasons counts the rejected requests by reason, the
+	// per-request status without its "rejected: " prefix (for example
+	// `policy "kv": all workers busy`, or `decode: ...` when the decode
+	// hop was refused); absent when none was rejected.
+	RejectionReasons map[string]int `json:"rejection_reasons,omitempty"`
 	// TTFT is time to first token, E2E arrival to last token, Queue arrival
 	// to first scheduled step; all in ms of simulated time. In
 	// disaggregated mode TTFT ends at the prefill worker's first token, E2E
@@ -92,9 +109,12 @@ type Report struct {
 	// SimDurationS is the simulated time from the first arrival to the last
 	// completion, in seconds.
 	SimDurationS float64 `json:"sim_duration_s"`
-	// WallS is the wall time of the replay loop; DecisionsPerS is routing
-	// decisions per wall second and SimRequestsPerS requests replayed per
-	// wall second (decision plus simulation).
+	// WallS is the wall time of the whole replay: building the router, its
+	// fleet and the simulated clusters, then the replay loop (reading the
+	// trace and writing outputs are not included). SimRequestsPerS is
+	// requests replayed per second of WallS (setup, decisions and
+	// simulation). DecisionsPerS is routing decisions per wall second
+	// spent inside Router.Select only.
 	WallS           float64 `json:"wall_s"`
 	DecisionsPerS   float64 `json:"decisions_per_s"`
 	SimRequestsPerS float64 `json:"sim_requests_per_s"`
@@ -105,31 +125,71 @@ type Report struct {
 	Hosted bool `json:"hosted"`
 }
 
-// WriteTable writes reports as one aligned table, a row per report.
+// TableLegend is printed under the table by WriteTable.
+const TableLegend = `latencies in ms of simulated time; rejected = requests the router or a worker refused;
+KV hit = prompt tokens served from the engines' prefix caches; imbalance = max/mean requests per worker
+(1 is even; disaggregated: the worse pool); sim s = simulated first arrival to last completion;
+wall s = real time incl. building the fleet; req/s (wall) = requests / wall s
+`
+
+// WriteTable writes reports as one aligned table, a row per report, then
+// TableLegend.
 func WriteTable(w io.Writer, reports []*Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\trequests\tcompleted\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\timbalance\tsim s\twall s\treq/s (wall)\t")
+	fmt.Fprintln(tw, "policy\trequests\tcompleted\trejected\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\timbalance\tsim s\twall s\treq/s (wall)\t")
 	for _, r := range reports {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.3f\t%.0f\t%.2f\t%.0f\t\n",
-			r.label(), r.Requests, r.Completed,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.3f\t%.0f\t%.2f\t%.0f\t\n",
+			r.Label(), r.Requests, r.Completed, r.Rejected,
 			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), ms(r.E2E.P50), ms(r.E2E.P99),
 			100*r.KVHitRatio, r.Imbalance, r.SimDurationS, r.WallS, r.SimRequestsPerS)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := io.WriteString(w, "latencies in ms of simulated time; KV hit = prompt tokens served from the engines' prefix caches\n")
+	_, err := io.WriteString(w, TableLegend)
 	return err
 }
 
-// label names a table row: the policy, plus the pool sizes in
-// disaggregated mode ("default(4P+4D)", one word so rows stay one field
-// per column).
-func (r *Report) label() string {
+// Label names a table row, in one word so that rows stay one field per
+// column: the policy, plus the pool sizes in disaggregated mode, and a
+// ":default" mark on each role that ran the built-in default policy
+// although Policy names a policy file (its worker_selection does not set
+// the role):
+//
+//	kv                         aggregated, the file's policy
+//	kv(default)                aggregated, the built-in policy
+//	default(4P+4D)             no policy file: the built-in policy everywhere
+//	pd(4P+4D)                  the file's prefill and decode policies
+//	kv(4P:default+4D:default)  the file sets neither prefill nor decode
+func (r *Report) Label() string {
+	fellBack := func(role shared.Role) bool {
+		return r.Policy != config.DefaultPolicyName && r.RolePolicies[string(role)] == config.DefaultPolicyName
+	}
 	if r.PrefillWorkers == 0 && r.DecodeWorkers == 0 {
+		if fellBack(shared.RoleAggregated) {
+			return r.Policy + "(" + config.DefaultPolicyName + ")"
+		}
 		return r.Policy
 	}
-	return fmt.Sprintf("%s(%dP+%dD)", r.Policy, r.PrefillWorkers, r.DecodeWorkers)
+	pool := func(n int, kind string, role shared.Role) string {
+		s := strconv.Itoa(n) + kind
+		if fellBack(role) {
+			s += ":" + config.DefaultPolicyName
+		}
+		return s
+	}
+	return r.Policy + "(" + pool(r.PrefillWorkers, "P", shared.RolePrefill) + "+" + pool(r.DecodeWorkers, "D", shared.RoleDecode) + ")"
+}
+
+// TopRejection returns the most common rejection reason and its count,
+// the alphabetically first on a tie, or "" and 0 when none was rejected.
+func (r *Report) TopRejection() (reason string, n int) {
+	for k, c := range r.RejectionReasons {
+		if c > n || (c == n && k < reason) {
+			reason, n = k, c
+		}
+	}
+	return reason, n
 }
 
 func ms(v float64) string {

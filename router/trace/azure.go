@@ -29,9 +29,12 @@ var azureHeader = [3]string{"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
 // Each of these is a *ParseError naming the line: a missing or different
 // header, a record without exactly 3 fields, CSV syntax errors, an
 // unparsable timestamp, a non-integer or negative token count
-// (ErrNegative), or a timestamp earlier than the previous one
-// (ErrTimestampDecreased). An input with only the header yields no records
-// and no error; an empty input is an error (no header).
+// (ErrNegative), a timestamp earlier than the previous one
+// (ErrTimestampDecreased), or one so far after the first that its offset
+// does not fit a time.Duration (ErrDurationOverflow; time.Time.Sub would
+// saturate instead). An empty input is a *ParseError too (no header); an
+// input with only the header is an error wrapping ErrNoRecords,
+// "NAME: no records".
 func ReadAzure(r io.Reader, name string) ([]Record, error) {
 	cr := csv.NewReader(r)
 	cr.FieldsPerRecord = len(azureHeader)
@@ -62,6 +65,9 @@ func ReadAzure(r io.Reader, name string) ([]Record, error) {
 	for {
 		rec, err := cr.Read()
 		if err == io.EOF {
+			if len(recs) == 0 {
+				return nil, fmt.Errorf("%s: %w", name, ErrNoRecords)
+			}
 			return recs, nil
 		}
 		if err != nil {
@@ -89,10 +95,17 @@ func ReadAzure(r io.Reader, name string) ([]Record, error) {
 				Err: fmt.Errorf("%w: %s after %s", ErrTimestampDecreased, rec[0], prev.Format(AzureTimeLayout))}
 		}
 		prev = t
+		// Sub saturates at the largest Duration; adding it back detects that.
+		arrival := t.Sub(first)
+		if !first.Add(arrival).Equal(t) {
+			return nil, &ParseError{File: name, Line: line,
+				Err: fmt.Errorf("TIMESTAMP %s is too far after the first request's %s: the offset %w",
+					rec[0], first.Format(AzureTimeLayout), ErrDurationOverflow)}
+		}
 		recs = append(recs, Record{
 			Index:        len(recs),
 			Line:         line,
-			Arrival:      t.Sub(first),
+			Arrival:      arrival,
 			InputLength:  in,
 			OutputLength: out,
 		})

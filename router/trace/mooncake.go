@@ -38,7 +38,8 @@ const maxMillis = math.MaxInt64 / int64(time.Millisecond)
 // allowed only at the end of the input. Arrival is the timestamp minus the
 // first line's timestamp. name is used in error messages only.
 //
-// An empty input yields no records and no error.
+// An input with no records (empty, or only blank lines) is an error
+// wrapping ErrNoRecords, "NAME: no records".
 func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 0, 64<<10), maxMooncakeLine)
@@ -100,6 +101,9 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 	}
 	if err := sc.Err(); err != nil {
 		return nil, &ParseError{File: name, Line: line + 1, Err: err}
+	}
+	if len(recs) == 0 {
+		return nil, fmt.Errorf("%s: %w", name, ErrNoRecords)
 	}
 	return recs, nil
 }
@@ -187,7 +191,7 @@ func decodeMooncakeLine(b []byte) (*mooncakeLine, error) {
 		return nil, errors.New(`missing or null field "hash_ids"`)
 	}
 	if *l.Timestamp > maxMillis {
-		return nil, fmt.Errorf("timestamp %d ms overflows a time.Duration", *l.Timestamp)
+		return nil, fmt.Errorf("timestamp %d ms %w", *l.Timestamp, ErrDurationOverflow)
 	}
 	return &l, nil
 }

@@ -75,7 +75,17 @@ var (
 	ErrHashIDCount = errors.New("hash_ids length does not match input_length")
 	// ErrNegative: a length or timestamp is negative.
 	ErrNegative = errors.New("negative value")
+	// ErrDurationOverflow: a request's arrival, as an offset from the
+	// first request, does not fit a time.Duration (about 292 years).
+	ErrDurationOverflow = errors.New("overflows a time.Duration")
 )
+
+// ErrNoRecords is returned, wrapped as "NAME: no records", for a trace
+// that holds no request: an empty or all-blank Mooncake file, or an Azure
+// file with only its header. A replay of nothing is always a mistake (the
+// wrong file, a truncated download), so it fails loudly like a malformed
+// line. It is not wrapped in a *ParseError: no line is at fault.
+var ErrNoRecords = errors.New("no records")
 
 // ErrUnknownFormat is returned by Read and ReadFile for a name whose
 // extension is neither .jsonl nor .csv. It is not wrapped in a *ParseError.

@@ -3,6 +3,7 @@ package trace
 import (
 	"bytes"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -98,9 +99,39 @@ func TestMooncakeGood(t *testing.T) {
 	if !reflect.DeepEqual(recs, want) {
 		t.Fatalf("got %+v\nwant %+v", recs, want)
 	}
-	recs, err = ReadMooncake(strings.NewReader(""), "empty.jsonl")
-	if err != nil || len(recs) != 0 {
-		t.Fatalf("empty input: %v, %v", recs, err)
+}
+
+// TestNoRecords checks that a trace without a single request is an error
+// wrapping ErrNoRecords that names the file, in both formats; an empty
+// CSV lacks even its header, which is a line error.
+func TestNoRecords(t *testing.T) {
+	tests := []struct {
+		name, file, in string
+		want           string
+		noRecords      bool
+	}{
+		{"empty jsonl", "e.jsonl", "", "e.jsonl: no records", true},
+		{"blank jsonl", "b.jsonl", "\n  \r\n\n", "b.jsonl: no records", true},
+		{"header-only csv", "h.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n", "h.csv: no records", true},
+		{"header-only csv, blank lines", "h.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n\n\n", "h.csv: no records", true},
+		{"empty csv", "e.csv", "", "e.csv:1: empty file: missing header", false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			recs, err := Read(strings.NewReader(tt.in), tt.file)
+			if err == nil {
+				t.Fatalf("got %d records and no error, want %q", len(recs), tt.want)
+			}
+			if recs != nil {
+				t.Errorf("records %v with the error, want nil", recs)
+			}
+			if err.Error() != tt.want {
+				t.Errorf("error %q, want %q", err, tt.want)
+			}
+			if got := errors.Is(err, ErrNoRecords); got != tt.noRecords {
+				t.Errorf("errors.Is(err, ErrNoRecords) = %v, want %v", got, tt.noRecords)
+			}
+		})
 	}
 }
 
@@ -185,7 +216,7 @@ func TestMooncakeErrors(t *testing.T) {
 		{"id overflow", `{"timestamp": 0, "input_length": 1, "output_length": 5, "hash_ids": [18446744073709551616]}`,
 			`t.jsonl:2: hash_ids: value 18446744073709551616 out of range`, nil},
 		{"duration overflow", `{"timestamp": 9223372036854776, "input_length": 1, "output_length": 5, "hash_ids": [1]}`,
-			`t.jsonl:2: timestamp 9223372036854776 ms overflows a time.Duration`, nil},
+			`t.jsonl:2: timestamp 9223372036854776 ms overflows a time.Duration`, ErrDurationOverflow},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -222,10 +253,28 @@ func TestAzureGood(t *testing.T) {
 	if !reflect.DeepEqual(recs, want) {
 		t.Fatalf("got %+v\nwant %+v", recs, want)
 	}
-	recs, err = ReadAzure(strings.NewReader("TIMESTAMP,ContextTokens,GeneratedTokens\r\n"), "a.csv")
-	if err != nil || len(recs) != 0 {
-		t.Fatalf("header only: %v, %v", recs, err)
+}
+
+// TestAzureLongestOffset checks the edge of the Duration range: an offset
+// of exactly 2^63−1 ns is no longer representable at 100 ns resolution,
+// so the largest accepted offset is the last whole 100 ns below it.
+func TestAzureLongestOffset(t *testing.T) {
+	first := time.Date(2023, 11, 16, 18, 17, 3, 0, time.UTC)
+	longest := time.Duration(math.MaxInt64).Truncate(100 * time.Nanosecond)
+	in := "TIMESTAMP,ContextTokens,GeneratedTokens\n" +
+		first.Format(AzureTimeLayout) + ",1,1\n" +
+		first.Add(longest).Format(AzureTimeLayout) + ",2,2\n"
+	recs, err := ReadAzure(strings.NewReader(in), "a.csv")
+	if err != nil {
+		t.Fatal(err)
 	}
+	if len(recs) != 2 || recs[1].Arrival != longest {
+		t.Fatalf("got %+v, want the second arrival at %v", recs, longest)
+	}
+	in += first.Add(longest).Add(100*time.Nanosecond).Format(AzureTimeLayout) + ",3,3\n"
+	_, err = ReadAzure(strings.NewReader(in), "a.csv")
+	checkParseError(t, err, "a.csv:4: TIMESTAMP 2316-02-26 18:04:19.8547759 is too far after the first request's "+
+		"2023-11-16 18:17:03.0000000: the offset overflows a time.Duration", 4, ErrDurationOverflow)
 }
 
 func TestAzureErrors(t *testing.T) {
@@ -251,6 +300,10 @@ func TestAzureErrors(t *testing.T) {
 			"a.csv:4: timestamp decreases: 2023-11-16 18:17:03.0000000 after 2023-11-16 18:17:03.9799600", ErrTimestampDecreased},
 		{"bare quote", hdr + "2023-11-16 18:17:04.0319600,3\"1,8\r\n", 3,
 			`a.csv:3: bare " in non-quoted-field`, nil},
+		// Time.Sub saturates at about 292 years; the offset must not.
+		{"offset overflow", hdr + "2023-11-16 18:17:05.0000000,1,1\r\n2400-01-01 00:00:00.0000000,3180,8\r\n", 4,
+			"a.csv:4: TIMESTAMP 2400-01-01 00:00:00.0000000 is too far after the first request's 2023-11-16 18:17:03.9799600: " +
+				"the offset overflows a time.Duration", ErrDurationOverflow},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -301,6 +354,12 @@ func FuzzReadMooncake(f *testing.F) {
 	f.Add([]byte("{\"timestamp\": 1e3}\n[\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		recs, err := ReadMooncake(strings.NewReader(string(data)), "f.jsonl")
+		if errors.Is(err, ErrNoRecords) {
+			if err.Error() != "f.jsonl: no records" || len(bytes.TrimSpace(data)) != 0 {
+				t.Fatalf("no records in %q: %v", data, err)
+			}
+			return
+		}
 		if err != nil {
 			var pe *ParseError
 			if !errors.As(err, &pe) || pe.Line < 1 || !strings.HasPrefix(err.Error(), "f.jsonl:"+strconv.Itoa(pe.Line)+": ") {

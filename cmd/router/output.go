@@ -1,0 +1,130 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+)
+
+// pendingFile is an output file written atomically: the content goes to a
+// temporary file in the target's directory, which commit renames over the
+// target and abort removes. Until commit the target is untouched, and a
+// reader never sees a partly written file.
+type pendingFile struct {
+	flag   string // the flag that named the file, for messages
+	target string // the path renamed over: the named path, symlinks resolved
+	f      *os.File
+	done   bool
+}
+
+// createPending creates the temporary file for an output at path, named by
+// flag. Creating it up front checks that the directory exists and is
+// writable before any work is done. The temporary is created with mode
+// 0644 (less the umask), as os.Create would create the target; a target
+// that exists keeps its permission bits. A path that names a symbolic link
+// writes the link's target, as os.Create would. A target that exists but is
+// not a regular file (a directory, a device such as /dev/stdout, a named
+// pipe) is refused: it cannot be replaced by a rename.
+func createPending(flag, path string) (*pendingFile, error) {
+	target := path
+	var perm fs.FileMode = 0o644
+	if _, err := os.Lstat(path); err == nil {
+		if target, err = filepath.EvalSymlinks(path); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+		}
+		fi, err := os.Stat(target)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+		}
+		switch {
+		case fi.IsDir():
+			return nil, fmt.Errorf("%s %s: is a directory, want a file", flag, path)
+		case !fi.Mode().IsRegular():
+			return nil, fmt.Errorf("%s %s: not a regular file (outputs are written to a temporary file and renamed over the target)", flag, path)
+		}
+		perm = fi.Mode().Perm()
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	dir, base := filepath.Dir(target), filepath.Base(target)
+	for range 100 {
+		name := filepath.Join(dir, "."+base+"."+strconv.FormatUint(uint64(rand.Uint32()), 36)+".tmp")
+		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
+		if errors.Is(err, fs.ErrExist) {
+			continue
+		}
+		if err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err // the temporary's name means nothing to the user
+			}
+			return nil, fmt.Errorf("%s %s: cannot create a file in %s: %w", flag, path, dir, err)
+		}
+		if perm != 0o644 {
+			// An existing target keeps its mode; Chmod ignores the umask,
+			// as the mode is the one the file already had.
+			if err := f.Chmod(perm); err != nil {
+				f.Close()
+				os.Remove(name)
+				return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+			}
+		}
+		return &pendingFile{flag: flag, target: target, f: f}, nil
+	}
+	return nil, fmt.Errorf("%s %s: cannot create a temporary file in %s", flag, path, dir)
+}
+
+// Write writes to the temporary file.
+func (p *pendingFile) Write(b []byte) (int, error) { return p.f.Write(b) }
+
+// commit flushes the temporary file to disk and renames it over the
+// target. On error the temporary is removed and the target is untouched.
+func (p *pendingFile) commit() error {
+	if p.done {
+		return errors.New(p.flag + ": output already finished")
+	}
+	p.done = true
+	name := p.f.Name()
+	err := p.f.Sync()
+	if cerr := p.f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(name, p.target)
+	}
+	if err != nil {
+		os.Remove(name)
+		return fmt.Errorf("%s %s: %w", p.flag, p.target, err)
+	}
+	return nil
+}
+
+// abort closes and removes the temporary file, leaving the target as it
+// was. It is a no-op after commit or a previous abort, so it can be
+// deferred.
+func (p *pendingFile) abort() {
+	if p == nil || p.done {
+		return
+	}
+	p.done = true
+	p.f.Close()
+	os.Remove(p.f.Name())
+}
+
+// samePath reports whether a and b name the same file: equal once made
+// absolute and cleaned, or, when both exist, the same file by os.SameFile
+// (which sees through symbolic and hard links).
+func samePath(a, b string) bool {
+	aa, errA := filepath.Abs(a)
+	ab, errB := filepath.Abs(b)
+	if errA == nil && errB == nil && aa == ab {
+		return true
+	}
+	fa, errA := os.Stat(a)
+	fb, errB := os.Stat(b)
+	return errA == nil && errB == nil && os.SameFile(fa, fb)
+}

@@ -1,0 +1,182 @@
+package replay
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/switchyard-router/switchyard/router/trace"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// busyOne admits one request per worker at a time and refuses the rest.
+const busyOne = `
+policy "busy" {
+  filter "b" {
+    type                = "busy"
+    max_active_requests = 1
+  }
+  picker "rr" { type = "round-robin" }
+}
+worker_selection { aggregated = "busy" }
+`
+
+// simultaneous returns n requests that all arrive at time 0.
+func simultaneous(n int) []trace.Record {
+	recs := make([]trace.Record, n)
+	for i := range recs {
+		recs[i] = trace.Record{Index: i, Line: i + 1, InputLength: 100, OutputLength: 10}
+	}
+	return recs
+}
+
+// Five requests arrive at once on two workers that admit one each: the
+// first two are served, the other three rejected by the filter, and the
+// report counts them by reason.
+func TestReportRejections(t *testing.T) {
+	b := loadPolicy(t, busyOne)
+	var perReq bytes.Buffer
+	rep, err := Run(context.Background(), Options{PolicyName: "busy", Roles: b.Roles, RolePolicies: b.RolePolicies,
+		BlockSize: b.BlockSize, TraceName: "t", Records: simultaneous(5), Workers: 2, PerRequest: &perReq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const reason = `policy "busy": filter "b": all candidates filtered out`
+	if rep.Requests != 5 || rep.Completed != 2 || rep.Rejected != 3 {
+		t.Fatalf("requests %d completed %d rejected %d, want 5, 2, 3", rep.Requests, rep.Completed, rep.Rejected)
+	}
+	if len(rep.RejectionReasons) != 1 || rep.RejectionReasons[reason] != 3 {
+		t.Fatalf("rejection reasons %v, want {%q: 3}", rep.RejectionReasons, reason)
+	}
+	if r, n := rep.TopRejection(); r != reason || n != 3 {
+		t.Errorf("TopRejection() = %q, %d; want %q, 3", r, n, reason)
+	}
+	if got := rep.RolePolicies; len(got) != 1 || got["aggregated"] != "busy" {
+		t.Errorf("role policies %v, want {aggregated: busy}", got)
+	}
+	if n := strings.Count(perReq.String(), `"status":"rejected: `+strings.ReplaceAll(reason, `"`, `\"`)+`"`); n != 3 {
+		t.Errorf("%d per-request lines carry the rejection, want 3:\n%s", n, perReq.String())
+	}
+	raw, err := json.Marshal(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(raw, []byte(`"rejection_reasons":{"policy \"busy\": filter \"b\": all candidates filtered out":3}`)) {
+		t.Errorf("report JSON lacks rejection_reasons: %s", raw)
+	}
+}
+
+func TestTopRejection(t *testing.T) {
+	for _, tt := range []struct {
+		name    string
+		reasons map[string]int
+		reason  string
+		n       int
+	}{
+		{"none", nil, "", 0},
+		{"one", map[string]int{"x": 4}, "x", 4},
+		{"most common", map[string]int{"a": 1, "b": 7, "c": 2}, "b", 7},
+		{"tie takes the first name", map[string]int{"zeta": 3, "alpha": 3, "mid": 1}, "alpha", 3},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r, n := (&Report{RejectionReasons: tt.reasons}).TopRejection()
+			if r != tt.reason || n != tt.n {
+				t.Fatalf("TopRejection() = %q, %d; want %q, %d", r, n, tt.reason, tt.n)
+			}
+		})
+	}
+}
+
+func TestReportLabel(t *testing.T) {
+	agg := func(p string) map[string]string { return map[string]string{"aggregated": p} }
+	pd := func(p, d string) map[string]string { return map[string]string{"prefill": p, "decode": d} }
+	for _, tt := range []struct {
+		name string
+		rep  Report
+		want string
+	}{
+		{"aggregated file", Report{Policy: "kv", RolePolicies: agg("kv")}, "kv"},
+		{"aggregated no names", Report{Policy: "kv"}, "kv"},
+		{"aggregated falls back", Report{Policy: "pd", RolePolicies: agg("default")}, "pd(default)"},
+		{"aggregated built-in", Report{Policy: "default", RolePolicies: agg("default")}, "default"},
+		{"disaggregated built-in", Report{Policy: "default", PrefillWorkers: 2, DecodeWorkers: 3, RolePolicies: pd("default", "default")}, "default(2P+3D)"},
+		{"disaggregated file", Report{Policy: "pd", PrefillWorkers: 4, DecodeWorkers: 4, RolePolicies: pd("pre", "dec")}, "pd(4P+4D)"},
+		{"both fall back", Report{Policy: "round-robin", PrefillWorkers: 2, DecodeWorkers: 6, RolePolicies: pd("default", "default")},
+			"round-robin(2P:default+6D:default)"},
+		{"decode falls back", Report{Policy: "p", PrefillWorkers: 1, DecodeWorkers: 7, RolePolicies: pd("fast", "default")}, "p(1P+7D:default)"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.rep.Label(); got != tt.want {
+				t.Fatalf("Label() = %q, want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+// TestWriteTable pins the header, one row with the rejected column, and
+// the legend that explains the columns.
+func TestWriteTable(t *testing.T) {
+	rep := &Report{Policy: "kv", Requests: 300, Completed: 290, Rejected: 10,
+		TTFT: Summary{P50: 41.25, P90: 120, P99: 15000}, E2E: Summary{P50: 2000, P99: 9.5},
+		KVHitRatio: 0.4567, Imbalance: 1.25, SimDurationS: 61.4, WallS: 0.1234, SimRequestsPerS: 2431}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, []*Report{rep}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(buf.String(), "\n")
+	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	if got, want := fields(lines[0]), "policy requests completed rejected TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit imbalance sim s wall s req/s (wall)"; got != want {
+		t.Errorf("header %q, want %q", got, want)
+	}
+	if got, want := fields(lines[1]), "kv 300 290 10 41.2 120 15000 2000 9.5 45.7% 1.250 61 0.12 2431"; got != want {
+		t.Errorf("row %q, want %q", got, want)
+	}
+	if got := strings.Join(lines[2:], "\n"); got != TableLegend {
+		t.Errorf("legend %q, want TableLegend", got)
+	}
+	for _, s := range []string{"imbalance = max/mean requests per worker", "rejected", "wall s = real time incl. building the fleet"} {
+		if !strings.Contains(TableLegend, s) {
+			t.Errorf("legend lacks %q", s)
+		}
+	}
+}
+
+// TestWallIncludesSetup replays one request on 256 workers: the loop takes
+// microseconds, building the fleet about ten milliseconds, so a wall_s of
+// at least 1 ms shows that the setup is counted.
+func TestWallIncludesSetup(t *testing.T) {
+	b := loadPolicy(t, roundRobin)
+	rep, err := Run(context.Background(), Options{PolicyName: "rr", Roles: b.Roles, BlockSize: b.BlockSize,
+		Records: simultaneous(1), Workers: 256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.WallS < 0.001 {
+		t.Fatalf("wall_s %v for 256 workers, want >= 0.001 (setup included)", rep.WallS)
+	}
+	// The rate divides by the unrounded wall time, so it lies within the
+	// rounding of wall_s (0.5 ms either way) of 1 / wall_s.
+	if lo, hi := 1/(rep.WallS+0.0005)-1, 1/(rep.WallS-0.0005); rep.SimRequestsPerS < lo || rep.SimRequestsPerS > hi {
+		t.Errorf("sim_requests_per_s %v, want 1 request / wall_s (%v s): %.1f to %.1f", rep.SimRequestsPerS, rep.WallS, lo, hi)
+	}
+}
+
+// A disaggregated replay copies the prefill and decode roles' policy
+// names, not the aggregated one's.
+func TestReportRolePoliciesDisaggregated(t *testing.T) {
+	b := loadPolicy(t, roundRobin)
+	rep, err := Run(context.Background(), Options{PolicyName: "rr", Roles: b.Roles, RolePolicies: b.RolePolicies,
+		BlockSize: b.BlockSize, Records: simultaneous(4), PrefillWorkers: 1, DecodeWorkers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{string(shared.RolePrefill): "default", string(shared.RoleDecode): "default"}
+	if len(rep.RolePolicies) != 2 || rep.RolePolicies["prefill"] != want["prefill"] || rep.RolePolicies["decode"] != want["decode"] {
+		t.Fatalf("role policies %v, want %v", rep.RolePolicies, want)
+	}
+	if got := rep.Label(); got != "rr(1P:default+2D:default)" {
+		t.Errorf("label %q", got)
+	}
+}
