@@ -21,10 +21,27 @@ const (
 	attrWeight = "weight"
 )
 
-// component decodes one filter, scorer, picker or request_classifier block
-// and instantiates it. where names the block in diagnostics ("scorer "cost"
-// of policy "kv""). It returns nil after reporting any error.
-func (l *loader) component(kind shared.Kind, blk *hcl.Block, name, where string) *Component {
+// compDecl is one decoded component block, instantiated later once per
+// role its policy serves.
+type compDecl struct {
+	kind    shared.Kind
+	name    string // block label; "" for the request classifier
+	typ     string
+	where   string // names the block in diagnostics; also its seed key
+	entry   *catalog.Entry
+	gone    []string // the failed plugins an unavailable type may come from
+	params  shared.Params
+	attrs   map[string]*hcl.Attribute
+	weight  float64
+	rng     hcl.Range
+	builtin bool // a component of the built-in default policy
+}
+
+// decodeComponent decodes one filter, scorer, picker or request_classifier
+// block: its type is looked up and its parameters are decoded against the
+// type's schema. where names the block in diagnostics ("scorer "cost" of
+// policy "kv""). It returns nil after reporting any error.
+func (l *loader) decodeComponent(kind shared.Kind, blk *hcl.Block, name, where string) *compDecl {
 	schema := &hcl.BodySchema{Attributes: []hcl.AttributeSchema{{Name: attrType, Required: true}}}
 	if kind == shared.KindScorer {
 		schema.Attributes = append(schema.Attributes, hcl.AttributeSchema{Name: attrWeight})
@@ -47,42 +64,125 @@ func (l *loader) component(kind shared.Kind, blk *hcl.Block, name, where string)
 	if !ok {
 		return nil
 	}
-	entry := l.lookup(typ, kind, attr, where)
-	if entry == nil {
+	entry, gone := l.lookup(typ, kind, attr, where)
+	if entry == nil && gone == nil {
 		return nil
 	}
-	params, attrs, ok := l.decodeParams(&entry.TypeInfo, remain, where)
-	if !ok || weight < 0 {
-		return nil
-	}
-	params = entry.WithDefaults(l.withSeed(&entry.TypeInfo, params, where))
-	inst, err := l.instantiate(&entry.TypeInfo, params)
-	if err != nil {
-		var pe *shared.ParamError
-		if errors.As(err, &pe) {
-			if a := attrs[pe.Param]; a != nil {
-				l.attrErrorf(a, "Invalid parameter value", "%s (type %q) refused %s = %s: %v.%s",
-					capitalize(where), typ, pe.Param, exprText(a), pe.Err, paramDoc(&entry.TypeInfo, pe.Param))
-			} else {
-				l.errorf(blk.DefRange, "Invalid parameter value", "%s (type %q) refused parameter %q: %v.%s",
-					capitalize(where), typ, pe.Param, pe.Err, paramDoc(&entry.TypeInfo, pe.Param))
-			}
-		} else {
-			l.errorf(blk.DefRange, "Invalid "+kind.String()+" configuration", "%s (type %q): %v.", capitalize(where), typ, err)
+	c := &compDecl{kind: kind, name: name, typ: typ, where: where, entry: entry, gone: gone,
+		weight: weight, rng: blk.DefRange}
+	if entry != nil {
+		// An unavailable type's parameters are not checked: its schema is
+		// unknown.
+		c.params, c.attrs, ok = l.decodeParams(&entry.TypeInfo, remain, where)
+		if !ok {
+			return nil
 		}
+	}
+	if weight < 0 {
 		return nil
 	}
-	l.checkDeprecated(inst, blk.DefRange, where)
-	return &Component{
-		Kind:     kind,
-		Name:     name,
-		Type:     typ,
-		Source:   entry.Source,
-		Weight:   weight,
-		Params:   params,
-		Instance: inst,
-		Range:    blk.DefRange,
+	return c
+}
+
+// seedKey is the key a derived seed hashes: where, prefixed with the role
+// when there is one, so two roles' instances draw independently.
+func seedKey(role shared.Role, where string) string {
+	if role == "" {
+		return where
 	}
+	return string(role) + " " + where
+}
+
+// instantiate builds c for role as instance instName. When configure is
+// false (an out-of-process type in a policy no role reaches) the parameters
+// are resolved but the type's constructor is not called, so the result has
+// no Instance. It returns nil after reporting an error.
+func (l *loader) instantiate(c *compDecl, role shared.Role, instName string, configure bool) *Component {
+	out := &Component{
+		Kind:         c.kind,
+		Name:         c.name,
+		Type:         c.typ,
+		Weight:       c.weight,
+		Range:        c.rng,
+		InstanceName: instName,
+	}
+	if c.entry == nil {
+		out.Source = "plugin " + c.gone[0]
+		if len(c.gone) > 1 {
+			out.Source = "plugins " + strings.Join(c.gone, ", ")
+		}
+		out.OutOfProcess, out.Unavailable = true, true
+		out.Instance = newUnavailable(c.gone, c.typ)
+		return out
+	}
+	t := &c.entry.TypeInfo
+	out.Source, out.OutOfProcess = c.entry.Source, c.entry.OutOfProcess
+	out.Params = c.entry.WithDefaults(l.withSeed(t, c.params, seedKey(role, c.where)))
+	if !configure {
+		return out
+	}
+	info := shared.InstanceInfo{Name: instName, Role: role, BlockSize: l.bundle.BlockSize}
+	inst, err := newInstance(t, info, out.Params)
+	if err != nil {
+		l.reportNew(c, err)
+		return nil
+	}
+	if c.builtin {
+		l.checkDeprecated(inst, hcl.Range{Filename: l.filename, Start: hcl.InitialPos, End: hcl.InitialPos}, c.where)
+	} else {
+		l.checkDeprecated(inst, c.rng, c.where)
+	}
+	out.Instance = inst
+	return out
+}
+
+// reportNew reports the error of c's constructor: each *shared.ParamError
+// (several may be joined with errors.Join) at its attribute, or at the
+// block when the parameter was not given, and anything else at the block.
+func (l *loader) reportNew(c *compDecl, err error) {
+	if c.builtin {
+		l.errorf(hcl.Range{Filename: l.filename, Start: hcl.InitialPos, End: hcl.InitialPos}, "Default policy unavailable",
+			"Building the default policy's %s %s failed: %v.", c.typ, c.kind, err)
+		return
+	}
+	t := &c.entry.TypeInfo
+	typ := fmt.Sprintf("type %q", c.typ)
+	if c.entry.OutOfProcess {
+		typ += " from " + sourceText(c.entry.Source)
+	}
+	var other []error
+	for _, e := range flatten(err) {
+		var pe *shared.ParamError
+		if !errors.As(e, &pe) {
+			other = append(other, e)
+			continue
+		}
+		if a := c.attrs[pe.Param]; a != nil {
+			l.attrErrorf(a, "Invalid parameter value", "%s (%s) refused %s = %s: %v.%s",
+				capitalize(c.where), typ, pe.Param, exprText(a), pe.Err, paramDoc(t, pe.Param))
+		} else {
+			l.errorf(c.rng, "Invalid parameter value", "%s (%s) refused parameter %q: %v.%s",
+				capitalize(c.where), typ, pe.Param, pe.Err, paramDoc(t, pe.Param))
+		}
+	}
+	if len(other) > 0 {
+		l.errorf(c.rng, "Invalid "+c.kind.String()+" configuration", "%s (%s): %v.",
+			capitalize(c.where), typ, errors.Join(other...))
+	}
+}
+
+// flatten splits an errors.Join tree into its leaves.
+func flatten(err error) []error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			if e != nil {
+				out = append(out, flatten(e)...)
+			}
+		}
+		return out
+	}
+	return []error{err}
 }
 
 // weight decodes a scorer weight; it returns -1 after reporting an error.
@@ -104,29 +204,35 @@ func (l *loader) weight(attr *hcl.Attribute, where string) float64 {
 
 // lookup finds the type of a component block, reporting an unknown type
 // (with the available types of that kind), a type of another kind, or a
-// type that may come from a declared plugin.
-func (l *loader) lookup(typ string, kind shared.Kind, attr *hcl.Attribute, where string) *catalog.Entry {
+// type that may come from a declared plugin. While a plugin with
+// on_start_failure = "fallback" failed to start, an unknown type is not an
+// error: lookup returns the names of those plugins instead of an entry.
+func (l *loader) lookup(typ string, kind shared.Kind, attr *hcl.Attribute, where string) (*catalog.Entry, []string) {
 	e, err := l.cat.LookupKind(typ, kind)
 	if err == nil {
-		return e
+		return e, nil
 	}
 	var unknown *catalog.UnknownTypeError
 	var wrong *catalog.WrongKindError
+	isUnknown := errors.As(err, &unknown)
+	if failed := l.failedFallback(); isUnknown && len(failed) > 0 {
+		return nil, failed
+	}
 	switch {
-	case errors.As(err, &unknown) && kind == shared.KindClassifier && len(unknown.Available) == 0 && len(l.plugins) == 0:
+	case isUnknown && kind == shared.KindClassifier && len(unknown.Available) == 0 && len(l.plugins) == 0:
 		l.attrErrorf(attr, "Request classifiers not supported yet",
 			"%s uses type %q, but this router has no request classifier types yet (header-priority, session-affinity and prompt-length-class are planned). Remove the request_classifier block.",
 			capitalize(where), typ)
-	case errors.As(err, &unknown) && len(l.plugins) > 0:
+	case isUnknown && len(l.plugins) > 0 && !l.started:
 		l.pluginTypes++
-		var names []string
-		for _, p := range l.plugins {
-			names = append(names, fmt.Sprintf("plugin %q (%s)", p.Name, pos(p.Range)))
-		}
-		l.attrErrorf(attr, "Plugin types not supported yet",
-			"%s uses type %q, which is not a built-in %s type. It may come from %s, but types from plugin binaries are not supported yet. Built-in %s types: %s.",
-			capitalize(where), typ, kind, strings.Join(names, ", "), kind, available(unknown.Available))
-	case errors.As(err, &unknown):
+		l.attrErrorf(attr, "Plugin types not available",
+			"%s uses type %q, which is not a built-in %s type. It may come from %s, but this load was not given a plugin host to start plugins with (config.Options.Plugins; the router command always passes one, tests may not). Built-in %s types: %s.",
+			capitalize(where), typ, kind, l.pluginPlaces(l.plugins), kind, available(unknown.Available))
+	case isUnknown && len(l.notStarted()) > 0:
+		l.attrErrorf(attr, "Unknown "+kind.String()+" type",
+			"%s uses type %q, which is not registered. It may come from %s, which did not start. Available %s types: %s.",
+			capitalize(where), typ, l.pluginPlaces(l.notStarted()), kind, available(unknown.Available))
+	case isUnknown:
 		l.attrErrorf(attr, "Unknown "+kind.String()+" type",
 			"%s uses type %q, which is not registered. Available %s types: %s.",
 			capitalize(where), typ, kind, available(unknown.Available))
@@ -137,7 +243,16 @@ func (l *loader) lookup(typ string, kind shared.Kind, attr *hcl.Attribute, where
 	default:
 		l.attrErrorf(attr, "Unknown "+kind.String()+" type", "%s: %v.", capitalize(where), err)
 	}
-	return nil
+	return nil, nil
+}
+
+// pluginPlaces renders plugins as `plugin "a" (f.hcl:2:1), plugin "b" (...)`.
+func (l *loader) pluginPlaces(ps []*pluginDecl) string {
+	var names []string
+	for _, p := range ps {
+		names = append(names, fmt.Sprintf("plugin %q (%s)", p.Name, pos(p.Range)))
+	}
+	return strings.Join(names, ", ")
 }
 
 func available(names []string) string {
@@ -248,12 +363,14 @@ func paramValue(t shared.ParamType, v cty.Value) (any, error) {
 // SeedParam is the parameter through which seeded component types take
 // their random seed. When the router block sets seed, every component whose
 // type declares an int parameter of this name, and whose block leaves it
-// out, gets a seed derived from the router seed and the component's place in
-// the file, so instances draw independent but reproducible sequences.
+// out, gets a seed derived from the router seed, the role the instance
+// serves and the component's place in the file, so instances (also two
+// roles' instances of one policy) draw independent but reproducible
+// sequences.
 const SeedParam = "seed"
 
 // withSeed returns p with a derived seed added when SeedParam applies; key
-// identifies the component ("picker "p" of policy "kv"").
+// identifies the instance ("decode picker "p" of policy "kv"", see seedKey).
 func (l *loader) withSeed(t *shared.TypeInfo, p shared.Params, key string) shared.Params {
 	if l.bundle.Seed == nil || p.Has(SeedParam) {
 		return p
@@ -271,13 +388,13 @@ func (l *loader) withSeed(t *shared.TypeInfo, p shared.Params, key string) share
 	return out
 }
 
-// instantiate calls the type's constructor and checks that the instance
+// newInstance calls the type's constructor and checks that the instance
 // implements the interface of its kind.
-func (l *loader) instantiate(t *shared.TypeInfo, params shared.Params) (shared.Component, error) {
+func newInstance(t *shared.TypeInfo, info shared.InstanceInfo, params shared.Params) (shared.Component, error) {
 	if params == nil {
 		params = t.WithDefaults(nil)
 	}
-	inst, err := t.New(shared.InstanceInfo{BlockSize: l.bundle.BlockSize}, params)
+	inst, err := t.New(info, params)
 	if err != nil {
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strings"
@@ -49,28 +50,64 @@ type Bundle struct {
 	// Seed fixes the random draws of seeded components for reproducible
 	// replays; nil when unset.
 	Seed *int64
-	// Plugins are the decoded plugin blocks, in file order.
+	// Plugins are the decoded plugin blocks, in file order. When the load
+	// had a PluginHost, a plugin whose Start failed has Failed set.
 	Plugins []Plugin
-	// Policies holds every declared policy by name, plus the built-in
-	// default policy under DefaultPolicyName when the catalog registers its
-	// types. Each policy's Fallback points at its resolved fallback.
+	// Catalog is the catalog the file was resolved against: the caller's,
+	// or, when plugins were started, a clone of it holding their types too.
+	Catalog *catalog.Catalog
+	// Policies holds one instance of each policy by name, for callers that
+	// want a policy rather than a role's view of it: for a policy some role
+	// reaches, the instance of the first such role in Roles order
+	// (aggregated, prefill, decode); for a policy no role reaches, the
+	// instance built with an empty role, but only when all its components
+	// are built in (out-of-process components of unused policies are never
+	// configured). The built-in default policy is under DefaultPolicyName
+	// when the catalog registers its types. Each policy's Fallback points
+	// at its fallback's instance for the same role.
 	Policies map[string]*shared.Policy
-	// Roles maps each worker role to its policy: the one worker_selection
-	// names, or the default policy. Roles naming the same policy share one
-	// instance.
+	// Roles maps each worker role to its own instance of its policy: the
+	// one worker_selection names, or the default policy. Each role gets its
+	// own instances even when roles name the same policy (components learn
+	// their role at construction), and its Fallback chain holds that role's
+	// instances of the fallbacks.
 	Roles map[shared.Role]*shared.Policy
 	// RolePolicies maps each role to the name of its policy.
 	RolePolicies map[shared.Role]string
 	// Classifier is the request classifier, or nil when the file has none.
 	Classifier *Component
-	// Decls describes each policy of Policies as declared (components, their
-	// sources and ranges, the fallback), in file order with the default
-	// policy last: the material of `router validate`.
+	// Decls describes each policy as declared (components, their sources
+	// and ranges, the fallback), in file order with the default policy
+	// last: the material of `router validate`.
 	Decls []*PolicyDecl
 }
 
-// Plugin is one decoded plugin block. The loader validates it; launching
-// the binary is the supervisor's job.
+// FailedPlugins returns the plugins whose start failed, in file order.
+func (b *Bundle) FailedPlugins() []Plugin {
+	var out []Plugin
+	for _, p := range b.Plugins {
+		if p.Failed != nil {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Values of a plugin block's on_start_failure.
+const (
+	// OnStartFailureError makes a plugin that fails to start an error: the
+	// file does not load. The default.
+	OnStartFailureError = "error"
+	// OnStartFailureFallback makes it a warning: the components whose types
+	// the plugin would have provided become unavailable placeholders
+	// failing with ErrPluginUnavailable, so their policies decide by their
+	// fallbacks.
+	OnStartFailureFallback = "fallback"
+)
+
+// Plugin is one decoded plugin block. The loader validates it and, when
+// given a PluginHost, has the host start it; launching and supervising the
+// binary is the host's job.
 type Plugin struct {
 	// Name is the block label.
 	Name string
@@ -87,6 +124,13 @@ type Plugin struct {
 	StartTimeout time.Duration
 	// CallTimeout bounds one call (DefaultCallTimeout).
 	CallTimeout time.Duration
+	// OnStartFailure is OnStartFailureError (the default) or
+	// OnStartFailureFallback.
+	OnStartFailure string
+	// Failed is why the plugin did not start, or nil when it started or no
+	// PluginHost was given. With OnStartFailureFallback the file still
+	// loads and the plugin's components are unavailable placeholders.
+	Failed error
 	// Range is the block's definition (`plugin "NAME"`).
 	Range hcl.Range
 	// AttrRanges holds the range of each attribute given, by name, so later
@@ -104,14 +148,29 @@ type Component struct {
 	// Type is the component type name.
 	Type string
 	// Source is the type's catalog source: catalog.SourceBuiltin or
-	// "plugin NAME".
+	// "plugin NAME". For an unavailable placeholder it names the plugins
+	// that failed to start ("plugin NAME", or "plugins A, B").
 	Source string
+	// OutOfProcess is true for types served by a plugin binary, including
+	// unavailable placeholders.
+	OutOfProcess bool
+	// Unavailable is true for a placeholder standing in for a component
+	// whose type no started plugin provides while a plugin with
+	// on_start_failure = "fallback" failed to start: its parameters are not
+	// checked and every call fails with ErrPluginUnavailable.
+	Unavailable bool
 	// Weight is a scorer's weight (finite, >= 0; default 1); 0 otherwise.
 	Weight float64
-	// Params are the decoded parameters with the schema's defaults applied.
+	// Params are the decoded parameters with the schema's defaults applied
+	// (and a derived seed, see SeedParam).
 	Params shared.Params
+	// InstanceName is the InstanceInfo.Name the instance was created under,
+	// "ROLE/POLICY/BLOCK", or "POLICY/BLOCK" for a policy no role reaches.
+	InstanceName string
 	// Instance is what the type's constructor returned; it implements the
-	// interface matching Kind.
+	// interface matching Kind. It is nil for an out-of-process component of
+	// a policy no role reaches: such components are decoded against their
+	// schema but not configured.
 	Instance shared.Component
 	// Range is the block's definition; zero for components of the built-in
 	// default policy.
@@ -127,7 +186,7 @@ type PolicyDecl struct {
 	// Range is the policy block's definition; zero for the default policy.
 	Range hcl.Range
 	// Components are the filters, scorers and the picker, in that order,
-	// each group in file order.
+	// each group in file order, as instantiated for Policy.
 	Components []*Component
 	// Fallback names the resolved fallback: a policy name, or a picker type
 	// when FallbackPicker is set; "" when the policy has none.
@@ -138,12 +197,25 @@ type PolicyDecl struct {
 	// Used is true when some role reaches the policy, directly or through
 	// fallbacks.
 	Used bool
-	// Policy is the instantiated policy.
+	// Roles are the roles that reach the policy, in Roles order.
+	Roles []shared.Role
+	// Policy is the instance Bundle.Policies holds (the first role's, or
+	// the empty role's for an unused policy); nil for an unused policy with
+	// out-of-process components.
 	Policy *shared.Policy
+	// Instances holds the policy's instance for each role in Roles; for an
+	// unused policy with only built-in components, its one instance under
+	// the empty role.
+	Instances map[shared.Role]*shared.Policy
 }
 
 // LoadFile reads and loads the policy file at path; see Load.
 func LoadFile(path string, cat *catalog.Catalog) (*Bundle, hcl.Diagnostics) {
+	return LoadFileWith(path, cat, Options{})
+}
+
+// LoadFileWith is LoadFile with options (see LoadWith).
+func LoadFileWith(path string, cat *catalog.Catalog, o Options) (*Bundle, hcl.Diagnostics) {
 	src, err := os.ReadFile(path)
 	if err != nil {
 		return nil, hcl.Diagnostics{{
@@ -153,7 +225,7 @@ func LoadFile(path string, cat *catalog.Catalog) (*Bundle, hcl.Diagnostics) {
 			Subject:  &hcl.Range{Filename: path, Start: hcl.InitialPos, End: hcl.InitialPos},
 		}}
 	}
-	return Load(path, src, cat)
+	return LoadWith(path, src, cat, o)
 }
 
 // Load parses src as a policy file named filename and resolves it against
@@ -169,8 +241,30 @@ func Load(filename string, src []byte, cat *catalog.Catalog) (*Bundle, hcl.Diagn
 	return LoadWith(filename, src, cat, Options{})
 }
 
+// PluginHost starts the plugin binaries a policy file declares.
+type PluginHost interface {
+	// Start launches the plugin of block p, checks and describes it, and
+	// returns the component types it provides. Each TypeInfo.New configures
+	// an instance in that plugin process (Configure); it returns
+	// *shared.ParamError values (several joined with errors.Join) for
+	// parameters the plugin refused, other errors for the whole block.
+	Start(ctx context.Context, p Plugin) ([]shared.TypeInfo, error)
+}
+
 // Options adjust a load.
 type Options struct {
+	// Plugins starts the file's plugin blocks, in file order, and the
+	// types they return are registered, in a clone of the catalog, under
+	// the source "plugin NAME". When nil, no plugin is started and a
+	// component using a type that is not in the catalog while the file
+	// declares plugins is an error ("Plugin types not available"): the
+	// router command always passes a host; tests may not. LoadWith never
+	// stops plugins: the host owns their processes, also when the load
+	// fails.
+	Plugins PluginHost
+	// Context bounds the plugins' starts and configurations; nil means
+	// context.Background().
+	Context context.Context
 	// Seed, when set, replaces the file's router.seed (or supplies one), as
 	// `router replay --seed` does.
 	Seed *int64
@@ -200,10 +294,14 @@ func LoadWith(filename string, src []byte, cat *catalog.Catalog, o Options) (*Bu
 	if file == nil || file.Body == nil {
 		return nil, diags
 	}
+	if o.Context == nil {
+		o.Context = context.Background()
+	}
 	l := newLoader(filename, cat)
 	l.opts = o
 	l.diags = diags
 	l.load(file.Body)
+	l.diags = dedupe(l.diags)
 	if l.diags.HasErrors() {
 		return nil, l.diags
 	}

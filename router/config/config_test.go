@@ -48,9 +48,9 @@ func TestLoadFiles(t *testing.T) {
 		}},
 		{file: "design.hcl", errors: []string{
 			"testdata/design.hcl:10:19: Invalid sha256",
-			"testdata/design.hcl:28:33: Plugin types not supported yet",
-			"testdata/design.hcl:31:26: Plugin types not supported yet",
-			"testdata/design.hcl:32:28: Plugin types not supported yet",
+			"testdata/design.hcl:28:33: Plugin types not available",
+			"testdata/design.hcl:31:26: Plugin types not available",
+			"testdata/design.hcl:32:28: Plugin types not available",
 		}, warns: []string{
 			"testdata/design.hcl:36:1: Unused policy",
 		}},
@@ -121,9 +121,19 @@ func TestLoadFull(t *testing.T) {
 		t.Errorf("all-types params (-want +got):\n%s", diff)
 	}
 
-	// One instance per policy name, shared between roles.
-	if b.Roles[shared.RoleAggregated] != kv || b.Roles[shared.RoleDecode] != kv || b.Roles[shared.RolePrefill] != tuned {
+	// Each role has its own instances; Policies holds the first role's.
+	dec := b.Roles[shared.RoleDecode]
+	if b.Roles[shared.RoleAggregated] != kv || dec == kv || dec.Name != "kv" || b.Roles[shared.RolePrefill] != tuned {
 		t.Errorf("roles = %v", b.RolePolicies)
+	}
+	if dec.Picker == kv.Picker || dec.Fallback == kv.Fallback || dec.Fallback.Name != "rr" || dec.Fallback.Fallback.Name != "default" {
+		t.Errorf("decode shares instances with aggregated: %+v", dec)
+	}
+	if got := b.Decls[0].Roles; !slices.Equal(got, []shared.Role{shared.RoleAggregated, shared.RoleDecode}) {
+		t.Errorf("kv roles = %v", got)
+	}
+	if b.Decls[0].Instances[shared.RoleDecode] != dec {
+		t.Error("kv decl instances do not hold the decode role's")
 	}
 	if b.Classifier == nil || b.Classifier.Type != "header-priority" || b.Classifier.Params.String("header", "") != "x-tier" {
 		t.Errorf("classifier = %+v", b.Classifier)
@@ -162,9 +172,12 @@ func TestLoadDefaults(t *testing.T) {
 		t.Errorf("bundle = %+v", b)
 	}
 	for _, r := range Roles {
-		if b.Roles[r] != b.Policies["default"] || b.RolePolicies[r] != "default" {
+		if b.Roles[r] == nil || b.Roles[r].Name != "default" || b.RolePolicies[r] != "default" {
 			t.Errorf("role %s = %v", r, b.RolePolicies[r])
 		}
+	}
+	if b.Roles[shared.RoleAggregated] != b.Policies["default"] {
+		t.Error("Policies[default] is not the aggregated role's instance")
 	}
 
 	// Without the default types, an empty file has no policy for any role.
@@ -185,7 +198,8 @@ plugin "pd" {
   call_timeout  = "50ms"
 }
 plugin "other" {
-  command = "bin/other"
+  command          = "bin/other"
+  on_start_failure = "fallback"
 }
 `
 	b, diags := Load("t.hcl", []byte(src), testCatalog(t))
@@ -195,9 +209,10 @@ plugin "other" {
 	want := []Plugin{{
 		Name: "pd", Command: "bin/pd", Args: []string{"--x", "y"}, Env: map[string]string{"K": "v"},
 		SHA256:       "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-		StartTimeout: 5 * time.Second, CallTimeout: 50 * time.Millisecond,
+		StartTimeout: 5 * time.Second, CallTimeout: 50 * time.Millisecond, OnStartFailure: "error",
 	}, {
 		Name: "other", Command: "bin/other", StartTimeout: 5 * time.Second, CallTimeout: 20 * time.Millisecond,
+		OnStartFailure: "fallback",
 	}}
 	ignoreRanges := cmp.FilterPath(func(p cmp.Path) bool {
 		n := p.Last().String()
@@ -420,15 +435,15 @@ request_classifier { type = "min-cost" }
 worker_selection { aggregated = "p" }`,
 		errors: []string{"t.hcl:3:23: Wrong component kind", "t.hcl:6:29: Wrong component kind"},
 		detail: []string{`uses type "kv-cost", which is a scorer, not a filter. Available filter types: all-types, broken, busy.`}},
-	{name: "plugin types not supported yet", src: `
+	{name: "plugin types without a plugin host", src: `
 plugin "pd" { command = "bin/pd" }
 policy "p" {
   filter "f" { type = "min-overlap" }
   picker "p" { type = "round-robin" }
 }
 worker_selection { prefill = "p" }`,
-		errors: []string{"t.hcl:4:23: Plugin types not supported yet"},
-		detail: []string{`It may come from plugin "pd" (t.hcl:2:1), but types from plugin binaries are not supported yet.`}},
+		errors: []string{"t.hcl:4:23: Plugin types not available"},
+		detail: []string{`It may come from plugin "pd" (t.hcl:2:1), but this load was not given a plugin host`}},
 
 	// Parameters.
 	{name: "parameter out of range", src: `
@@ -610,6 +625,7 @@ plugin "pd" {
   call_timeout  = "-1ms"
   env           = { "A=B" = "x" }
   args          = "--x"
+  on_start_failure = "ignore"
 }`,
 		errors: []string{
 			"t.hcl:3:19: Invalid plugin command",
@@ -618,6 +634,7 @@ plugin "pd" {
 			"t.hcl:6:19: Invalid call_timeout",
 			"t.hcl:7:19: Invalid environment variable name",
 			"t.hcl:8:19: Incorrect attribute value type",
+			"t.hcl:9:22: Invalid on_start_failure",
 		},
 		warns:  []string{"t.hcl:2:1: Unused plugin"},
 		detail: []string{"sha256 must be the 64 hexadecimal digits", `(units ns, us, ms, s, m, h), got "5"`}},

@@ -47,6 +47,7 @@ var pluginSchema = &hcl.BodySchema{
 		{Name: "sha256"},
 		{Name: "start_timeout"},
 		{Name: "call_timeout"},
+		{Name: "on_start_failure"},
 	},
 }
 
@@ -65,16 +66,21 @@ type loader struct {
 	diags    hcl.Diagnostics
 	bundle   *Bundle
 
-	plugins     []*Plugin
-	pluginTypes int // components whose unknown type may have come from a plugin
+	plugins     []*pluginDecl
+	started     bool // a host was given: plugins were started
+	pluginTypes int  // components whose unknown type may have come from a plugin
 
-	decls  []*policyDecl
-	byName map[string]*policyDecl
-	// pickerFallbacks holds one picker-only policy per picker type used as a
-	// fallback.
-	pickerFallbacks map[string]*shared.Policy
-	def             *policyDecl // the built-in default policy; nil when unavailable
-	opts            Options
+	decls      []*policyDecl
+	byName     map[string]*policyDecl
+	def        *policyDecl // the built-in default policy; nil when unavailable
+	classifier *compDecl
+	opts       Options
+}
+
+// pluginDecl is one plugin block while the loader resolves it.
+type pluginDecl struct {
+	Plugin
+	blockErrors bool // the block has errors: the plugin is not started
 }
 
 func newLoader(filename string, cat *catalog.Catalog) *loader {
@@ -88,8 +94,7 @@ func newLoader(filename string, cat *catalog.Catalog) *loader {
 			Roles:        make(map[shared.Role]*shared.Policy),
 			RolePolicies: make(map[shared.Role]string),
 		},
-		byName:          make(map[string]*policyDecl),
-		pickerFallbacks: make(map[string]*shared.Policy),
+		byName: make(map[string]*policyDecl),
 	}
 }
 
@@ -135,6 +140,11 @@ func (l *loader) load(body hcl.Body) {
 		seed := *l.opts.DefaultSeed
 		l.bundle.Seed = &seed
 	}
+
+	// Decode and resolve everything first: which roles reach which policy
+	// decides how each is instantiated.
+	l.startPlugins()
+	l.bundle.Catalog = l.cat
 	l.buildDefault()
 	for _, blk := range policies {
 		l.policyBlock(blk)
@@ -145,10 +155,16 @@ func (l *loader) load(body hcl.Body) {
 	l.checkCycles()
 	l.selectRoles(selection)
 	if blk := singles[blockClassifier]; blk != nil {
-		l.bundle.Classifier = l.component(shared.KindClassifier, blk, "", "the request_classifier")
+		l.classifier = l.decodeComponent(shared.KindClassifier, blk, "", "the request_classifier")
 	}
 	l.markUsed()
 	l.checkPluginsUsed()
+
+	// Then instantiate: each policy once per role that reaches it.
+	l.instantiateAll()
+	if l.classifier != nil {
+		l.bundle.Classifier = l.instantiate(l.classifier, "", "request_classifier", true)
+	}
 	l.finish()
 }
 
@@ -186,13 +202,16 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 			}
 		}
 	}
-	p := &Plugin{
-		Name:         name,
-		StartTimeout: DefaultStartTimeout,
-		CallTimeout:  DefaultCallTimeout,
-		Range:        blk.DefRange,
-		AttrRanges:   make(map[string]hcl.Range),
-	}
+	p := &pluginDecl{Plugin: Plugin{
+		Name:           name,
+		StartTimeout:   DefaultStartTimeout,
+		CallTimeout:    DefaultCallTimeout,
+		OnStartFailure: OnStartFailureError,
+		Range:          blk.DefRange,
+		AttrRanges:     make(map[string]hcl.Range),
+	}}
+	errorsBefore := len(l.diags.Errs())
+	defer func() { p.blockErrors = len(l.diags.Errs()) > errorsBefore }()
 	content, diags := blk.Body.Content(pluginSchema)
 	l.diags = append(l.diags, diags...)
 	for n, attr := range content.Attributes {
@@ -263,6 +282,18 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 		}
 		*f.dst = d
 	}
+	if attr, ok := content.Attributes["on_start_failure"]; ok {
+		if s, ok := l.stringAttr(attr); ok {
+			switch s {
+			case OnStartFailureError, OnStartFailureFallback:
+				p.OnStartFailure = s
+			default:
+				l.attrErrorf(attr, "Invalid on_start_failure",
+					"on_start_failure must be %q (a plugin that cannot start stops the load; the default) or %q (warn, and let the policies using it decide by their fallbacks), got %q.",
+					OnStartFailureError, OnStartFailureFallback, s)
+			}
+		}
+	}
 	if nameOK {
 		l.plugins = append(l.plugins, p)
 	}
@@ -315,30 +346,37 @@ func (l *loader) selectRoles(blk *hcl.Block) {
 				role, DefaultScorerType, DefaultPickerType)
 			continue
 		}
-		d := l.def
-		if name != DefaultPolicyName {
-			d = l.byName[name]
-		}
 		l.bundle.RolePolicies[role] = name
-		l.bundle.Roles[role] = d.policy
-		d.roles = append(d.roles, role)
 	}
 }
 
-// checkPluginsUsed warns about plugins no component uses. While plugin
-// types cannot be loaded yet, a component naming an unknown type already
-// got an error that names the plugins, so the warning is left out then.
+// checkPluginsUsed warns about started plugins no component uses. Without
+// a plugin host, a component naming an unknown type already got an error
+// that names the plugins, so the warning is left out then; without a host
+// and such a component, a plugin whose types the caller's catalog holds
+// counts as used.
 func (l *loader) checkPluginsUsed() {
 	if l.pluginTypes > 0 {
 		return
 	}
 	used := make(map[string]bool)
-	for _, e := range l.cat.Entries() {
-		if e.OutOfProcess {
-			used[strings.TrimPrefix(e.Source, "plugin ")] = true
+	if l.started {
+		for _, c := range l.allComponents() {
+			if c.entry != nil && c.entry.OutOfProcess {
+				used[strings.TrimPrefix(c.entry.Source, "plugin ")] = true
+			}
+		}
+	} else {
+		for _, e := range l.cat.Entries() {
+			if e.OutOfProcess {
+				used[strings.TrimPrefix(e.Source, "plugin ")] = true
+			}
 		}
 	}
 	for _, p := range l.plugins {
+		if p.Failed != nil || p.blockErrors && l.started {
+			continue // already reported; its types are unknown
+		}
 		if !used[p.Name] {
 			l.warnf(p.Range, "Unused plugin",
 				"Plugin %q is declared but unused: no component uses a type it provides. Remove the block or use one of its types.", p.Name)
@@ -366,16 +404,50 @@ func (l *loader) checkName(what, name string, rng hcl.Range) bool {
 // finish copies the loader's results into the bundle.
 func (l *loader) finish() {
 	for _, p := range l.plugins {
-		l.bundle.Plugins = append(l.bundle.Plugins, *p)
+		l.bundle.Plugins = append(l.bundle.Plugins, p.Plugin)
 	}
-	for _, d := range l.decls {
-		l.bundle.Policies[d.name] = d.policy
+	for _, d := range l.allDecls() {
+		if d.policy != nil {
+			l.bundle.Policies[d.name] = d.policy
+		}
 		l.bundle.Decls = append(l.bundle.Decls, d.export())
 	}
-	if l.def != nil {
-		l.bundle.Policies[DefaultPolicyName] = l.def.policy
-		l.bundle.Decls = append(l.bundle.Decls, l.def.export())
+	for _, role := range Roles {
+		name, ok := l.bundle.RolePolicies[role]
+		if !ok {
+			continue
+		}
+		d := l.def
+		if name != DefaultPolicyName {
+			d = l.byName[name]
+		}
+		if p := d.instances[role]; p != nil {
+			l.bundle.Roles[role] = p
+		}
 	}
+}
+
+// allDecls returns the declared policies in file order, then the default
+// policy when available.
+func (l *loader) allDecls() []*policyDecl {
+	all := append([]*policyDecl{}, l.decls...)
+	if l.def != nil {
+		all = append(all, l.def)
+	}
+	return all
+}
+
+// allComponents returns every decoded component: of every policy, and the
+// request classifier.
+func (l *loader) allComponents() []*compDecl {
+	var out []*compDecl
+	for _, d := range l.allDecls() {
+		out = append(out, d.comps...)
+	}
+	if l.classifier != nil {
+		out = append(out, l.classifier)
+	}
+	return out
 }
 
 // policyChoices is a hint listing the names a role or fallback may use.

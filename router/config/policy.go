@@ -1,11 +1,13 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
 
+	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -22,18 +24,23 @@ var policySchema = &hcl.BodySchema{
 
 // policyDecl is one policy while the loader resolves it.
 type policyDecl struct {
-	name       string
-	builtin    bool
-	rng        hcl.Range
-	components []*Component
-	policy     *shared.Policy
+	name    string
+	builtin bool
+	rng     hcl.Range
+	comps   []*compDecl // filters, scorers, then the picker
 
-	fallbackAttr *hcl.Attribute // nil when the fallback is implicit
-	fallbackName string         // as written, or DefaultFallback
-	fallback     *policyDecl    // a policy fallback
-	fallbackPick string         // a picker-type fallback
-	roles        []shared.Role
-	used         bool
+	fallbackAttr  *hcl.Attribute // nil when the fallback is implicit
+	fallbackName  string         // as written, or DefaultFallback
+	fallback      *policyDecl    // a policy fallback
+	fallbackPick  string         // a picker-type fallback
+	fallbackEntry *catalog.Entry // its type; nil when unavailable
+	fallbackGone  []string       // the failed plugins it may come from
+	reach         []shared.Role  // the roles reaching the policy, in Roles order
+	used          bool
+
+	instances map[shared.Role]*shared.Policy // by role; "" for an unused policy
+	policy    *shared.Policy                 // the instance Bundle.Policies holds
+	repComps  []*Component                   // the components of the first instance
 }
 
 func (d *policyDecl) export() *PolicyDecl {
@@ -41,9 +48,11 @@ func (d *policyDecl) export() *PolicyDecl {
 		Name:       d.name,
 		Builtin:    d.builtin,
 		Range:      d.rng,
-		Components: d.components,
+		Components: d.repComps,
 		Used:       d.used,
+		Roles:      d.reach,
 		Policy:     d.policy,
+		Instances:  d.instances,
 	}
 	switch {
 	case d.fallback != nil:
@@ -54,7 +63,8 @@ func (d *policyDecl) export() *PolicyDecl {
 	return out
 }
 
-// policyBlock decodes one policy block and instantiates its components.
+// policyBlock decodes one policy block and its components; instantiation
+// waits until the roles reaching the policy are known.
 func (l *loader) policyBlock(blk *hcl.Block) {
 	name := blk.Labels[0]
 	nameOK := l.checkName("policy", name, blk.LabelRanges[0])
@@ -66,7 +76,6 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 	d := &policyDecl{
 		name:         name,
 		rng:          blk.DefRange,
-		policy:       &shared.Policy{Name: name},
 		fallbackName: DefaultFallback,
 	}
 	content, diags := blk.Body.Content(policySchema)
@@ -74,8 +83,8 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 
 	seen := make(map[string]*hcl.Block)
 	var picker *hcl.Block
-	var filters, scorers []*Component
-	var pick *Component
+	var filters, scorers []*compDecl
+	var pick *compDecl
 	for _, cb := range content.Blocks {
 		cname := cb.Labels[0]
 		cnameOK := l.checkName(cb.Type, cname, cb.LabelRanges[0])
@@ -89,18 +98,12 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 		where := fmt.Sprintf("%s %q of policy %q", cb.Type, cname, name)
 		switch cb.Type {
 		case "filter":
-			if c := l.component(shared.KindFilter, cb, cname, where); c != nil {
+			if c := l.decodeComponent(shared.KindFilter, cb, cname, where); c != nil {
 				filters = append(filters, c)
-				d.policy.Filters = append(d.policy.Filters, shared.NamedFilter{
-					Name: cname, Type: c.Type, Filter: c.Instance.(shared.Filter),
-				})
 			}
 		case "scorer":
-			if c := l.component(shared.KindScorer, cb, cname, where); c != nil {
+			if c := l.decodeComponent(shared.KindScorer, cb, cname, where); c != nil {
 				scorers = append(scorers, c)
-				d.policy.Scorers = append(d.policy.Scorers, shared.WeightedScorer{
-					Name: cname, Type: c.Type, Weight: c.Weight, Scorer: c.Instance.(shared.Scorer),
-				})
 			}
 		case "picker":
 			if picker != nil {
@@ -110,20 +113,16 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 				continue
 			}
 			picker = cb
-			if c := l.component(shared.KindPicker, cb, cname, where); c != nil {
-				pick = c
-				d.policy.PickerName, d.policy.PickerType = cname, c.Type
-				d.policy.Picker = c.Instance.(shared.Picker)
-			}
+			pick = l.decodeComponent(shared.KindPicker, cb, cname, where)
 		}
 	}
 	if picker == nil {
 		l.errorf(blk.DefRange, "Missing picker",
 			"Policy %q has no picker; add exactly one, for example: picker \"pick\" { type = %q }.", name, DefaultPickerType)
 	}
-	d.components = append(append(filters, scorers...), []*Component{pick}...)
-	if pick == nil {
-		d.components = d.components[:len(d.components)-1]
+	d.comps = append(filters, scorers...)
+	if pick != nil {
+		d.comps = append(d.comps, pick)
 	}
 
 	if attr, ok := content.Attributes["fallback"]; ok {
@@ -139,7 +138,7 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 	}
 }
 
-// buildDefault builds the built-in default policy from the catalog's
+// buildDefault declares the built-in default policy from the catalog's
 // kv-cost scorer and min-cost picker, when both are registered.
 func (l *loader) buildDefault() {
 	scorer, err1 := l.cat.LookupKind(DefaultScorerType, shared.KindScorer)
@@ -147,34 +146,14 @@ func (l *loader) buildDefault() {
 	if err1 != nil || err2 != nil {
 		return
 	}
-	sParams := scorer.WithDefaults(l.withSeed(&scorer.TypeInfo, nil, "default policy scorer"))
-	pParams := picker.WithDefaults(l.withSeed(&picker.TypeInfo, nil, "default policy picker"))
-	s, err := l.instantiate(&scorer.TypeInfo, sParams)
-	if err != nil {
-		l.errorf(hcl.Range{Filename: l.filename, Start: hcl.InitialPos, End: hcl.InitialPos}, "Default policy unavailable",
-			"Building the default policy's %s scorer failed: %v.", DefaultScorerType, err)
-		return
-	}
-	p, err := l.instantiate(&picker.TypeInfo, pParams)
-	if err != nil {
-		l.errorf(hcl.Range{Filename: l.filename, Start: hcl.InitialPos, End: hcl.InitialPos}, "Default policy unavailable",
-			"Building the default policy's %s picker failed: %v.", DefaultPickerType, err)
-		return
-	}
-	sc := &Component{Kind: shared.KindScorer, Name: "cost", Type: DefaultScorerType, Source: scorer.Source,
-		Weight: 1, Params: sParams, Instance: s}
-	pc := &Component{Kind: shared.KindPicker, Name: "pick", Type: DefaultPickerType, Source: picker.Source,
-		Params: pParams, Instance: p}
 	l.def = &policyDecl{
-		name:       DefaultPolicyName,
-		builtin:    true,
-		components: []*Component{sc, pc},
-		policy: &shared.Policy{
-			Name:       DefaultPolicyName,
-			Scorers:    []shared.WeightedScorer{{Name: sc.Name, Type: sc.Type, Weight: 1, Scorer: s.(shared.Scorer)}},
-			PickerName: pc.Name,
-			PickerType: pc.Type,
-			Picker:     p.(shared.Picker),
+		name:    DefaultPolicyName,
+		builtin: true,
+		comps: []*compDecl{
+			{kind: shared.KindScorer, name: "cost", typ: DefaultScorerType, where: "default policy scorer",
+				entry: scorer, weight: 1, builtin: true},
+			{kind: shared.KindPicker, name: "pick", typ: DefaultPickerType, where: "default policy picker",
+				entry: picker, builtin: true},
 		},
 		fallbackName: DefaultFallback,
 	}
@@ -199,17 +178,20 @@ func (l *loader) resolveFallback(d *policyDecl) {
 				return
 			}
 			d.fallback = l.def
-			d.policy.Fallback = l.def.policy
 			return
 		}
 		if f := l.byName[name]; f != nil {
 			d.fallback = f
-			d.policy.Fallback = f.policy
 			return
 		}
 	}
 	e, err := l.cat.LookupKind(name, shared.KindPicker)
 	if err != nil {
+		var unknown *catalog.UnknownTypeError
+		if failed := l.failedFallback(); attr != nil && errors.As(err, &unknown) && len(failed) > 0 {
+			d.fallbackPick, d.fallbackGone = name, failed
+			return
+		}
 		if attr != nil {
 			l.attrErrorf(attr, "Unknown fallback",
 				"Policy %q falls back to %q, which is neither a policy nor a picker type. %s Picker types: %s.",
@@ -217,12 +199,105 @@ func (l *loader) resolveFallback(d *policyDecl) {
 		}
 		return
 	}
-	d.fallbackPick = name
-	if p := l.pickerFallbacks[name]; p != nil {
-		d.policy.Fallback = p
-		return
+	d.fallbackPick, d.fallbackEntry = name, e
+}
+
+// instantiateAll builds every policy once per role that reaches it (once
+// with the empty role when none does), then links each instance to its
+// fallback's instance for the same role.
+func (l *loader) instantiateAll() {
+	all := l.allDecls()
+	for _, d := range all {
+		d.instances = make(map[shared.Role]*shared.Policy)
+		roles := d.reach
+		if len(roles) == 0 {
+			roles = []shared.Role{""}
+		}
+		for i, role := range roles {
+			p, comps, complete := l.instantiatePolicy(d, role)
+			if complete {
+				d.instances[role] = p
+			}
+			if i == 0 {
+				d.repComps = comps
+				if complete {
+					d.policy = p
+				}
+			}
+		}
 	}
-	inst, err := l.instantiate(&e.TypeInfo, e.WithDefaults(l.withSeed(&e.TypeInfo, nil, "fallback picker "+name)))
+	for _, d := range all {
+		if d.fallback == nil {
+			continue
+		}
+		for role, p := range d.instances {
+			f := d.fallback.instances[role]
+			if f == nil {
+				f = d.fallback.policy
+			}
+			p.Fallback = f
+		}
+	}
+}
+
+// instantiatePolicy builds d's components for role. complete is false when
+// a component failed (already reported) or, for the empty role, when an
+// out-of-process component was decoded but not configured.
+func (l *loader) instantiatePolicy(d *policyDecl, role shared.Role) (*shared.Policy, []*Component, bool) {
+	p := &shared.Policy{Name: d.name}
+	complete := true
+	var comps []*Component
+	for _, c := range d.comps {
+		configure := role != "" || c.entry == nil || !c.entry.OutOfProcess
+		comp := l.instantiate(c, role, instanceName(role, d.name, c.name), configure)
+		if comp == nil {
+			complete = false
+			continue
+		}
+		comps = append(comps, comp)
+		if comp.Instance == nil {
+			complete = false
+			continue
+		}
+		switch c.kind {
+		case shared.KindFilter:
+			p.Filters = append(p.Filters, shared.NamedFilter{
+				Name: c.name, Type: c.typ, Filter: comp.Instance.(shared.Filter),
+			})
+		case shared.KindScorer:
+			p.Scorers = append(p.Scorers, shared.WeightedScorer{
+				Name: c.name, Type: c.typ, Weight: c.weight, Scorer: comp.Instance.(shared.Scorer),
+			})
+		case shared.KindPicker:
+			p.PickerName, p.PickerType = c.name, c.typ
+			p.Picker = comp.Instance.(shared.Picker)
+		}
+	}
+	if d.fallbackPick != "" {
+		f, ok := l.fallbackPicker(d, role)
+		p.Fallback = f
+		complete = complete && ok
+	}
+	return p, comps, complete
+}
+
+// fallbackPicker builds d's picker-type fallback for role as a
+// picker-only policy with default parameters, instance
+// "ROLE/POLICY/fallback". For the empty role an out-of-process type is not
+// configured: it returns nil, false.
+func (l *loader) fallbackPicker(d *policyDecl, role shared.Role) (*shared.Policy, bool) {
+	name, attr := d.fallbackPick, d.fallbackAttr
+	if d.fallbackGone != nil {
+		return &shared.Policy{Name: name, PickerName: name, PickerType: name,
+			Picker: newUnavailable(d.fallbackGone, name)}, true
+	}
+	e := d.fallbackEntry
+	if role == "" && e.OutOfProcess {
+		return nil, false
+	}
+	key := seedKey(role, fmt.Sprintf("fallback picker %s of policy %s", name, d.name))
+	info := shared.InstanceInfo{Name: instanceName(role, d.name, "fallback"), Role: role, BlockSize: l.bundle.BlockSize}
+	inst, err := newInstance(&e.TypeInfo, info, e.WithDefaults(l.withSeed(&e.TypeInfo, nil, key)))
 	if err != nil {
 		subject := hcl.Range{Filename: l.filename, Start: hcl.InitialPos, End: hcl.InitialPos}
 		if attr != nil {
@@ -232,14 +307,21 @@ func (l *loader) resolveFallback(d *policyDecl) {
 		}
 		l.errorf(subject, "Invalid fallback",
 			"Picker type %q cannot run with its default parameters as the fallback of policy %q: %v.", name, d.name, err)
-		return
+		return nil, false
 	}
 	if attr != nil {
 		l.checkDeprecated(inst, attr.Expr.Range(), fmt.Sprintf("fallback picker %q of policy %q", name, d.name))
 	}
-	p := &shared.Policy{Name: name, PickerName: name, PickerType: name, Picker: inst.(shared.Picker)}
-	l.pickerFallbacks[name] = p
-	d.policy.Fallback = p
+	return &shared.Policy{Name: name, PickerName: name, PickerType: name, Picker: inst.(shared.Picker)}, true
+}
+
+// instanceName is "ROLE/POLICY/BLOCK", or "POLICY/BLOCK" for the empty
+// role.
+func instanceName(role shared.Role, policy, block string) string {
+	if role == "" {
+		return policy + "/" + block
+	}
+	return string(role) + "/" + policy + "/" + block
 }
 
 // checkCycles reports each cycle of policy fallbacks once, at the fallback
@@ -299,19 +381,23 @@ func indexOf(ds []*policyDecl, d *policyDecl) int {
 	return -1
 }
 
-// markUsed marks every policy reachable from a role and warns about the
-// declared policies nothing reaches.
+// markUsed records the roles reaching each policy, directly or through
+// fallbacks, and warns about the declared policies nothing reaches.
 func (l *loader) markUsed() {
-	all := append([]*policyDecl{}, l.decls...)
-	if l.def != nil {
-		all = append(all, l.def)
-	}
-	for _, d := range all {
-		if len(d.roles) == 0 {
+	for _, role := range Roles {
+		name, ok := l.bundle.RolePolicies[role]
+		if !ok {
 			continue
 		}
-		for f := d; f != nil && !f.used; f = f.fallback {
+		d := l.def
+		if name != DefaultPolicyName {
+			d = l.byName[name]
+		}
+		seen := make(map[*policyDecl]bool)
+		for f := d; f != nil && !seen[f]; f = f.fallback {
+			seen[f] = true
 			f.used = true
+			f.reach = append(f.reach, role)
 		}
 	}
 	for _, d := range l.decls {

@@ -63,3 +63,47 @@ worker_selection { aggregated = "a" }`)
 		t.Error("seed set without a router seed")
 	}
 }
+
+// Two roles' instances of one policy draw independently, unless the block
+// sets its own seed; the draws repeat across loads.
+func TestSeedPerRole(t *testing.T) {
+	src := `
+router { seed = 7 }
+policy "a" {
+  picker "p" { type = "min-cost" }
+}
+policy "b" {
+  picker "p" {
+    type = "min-cost"
+    seed = 42
+  }
+}
+worker_selection {
+  aggregated = "b"
+  prefill    = "a"
+  decode     = "a"
+}
+`
+	seeds := func() map[string]int64 {
+		b, diags := Load("t.hcl", []byte(src), testCatalog(t))
+		if diags.HasErrors() {
+			t.Fatalf("errors:\n%s", FormatDiagnostics(diags))
+		}
+		out := make(map[string]int64)
+		for _, role := range Roles {
+			p := b.Roles[role]
+			out[string(role)] = p.Picker.(*testPicker).params.Int(SeedParam, 0)
+		}
+		return out
+	}
+	got := seeds()
+	if got["prefill"] == got["decode"] {
+		t.Errorf("prefill and decode share seed %d", got["prefill"])
+	}
+	if got["aggregated"] != 42 {
+		t.Errorf("explicit seed = %d, want 42", got["aggregated"])
+	}
+	if again := seeds(); again["prefill"] != got["prefill"] || again["decode"] != got["decode"] {
+		t.Errorf("seeds not reproducible: %v then %v", got, again)
+	}
+}

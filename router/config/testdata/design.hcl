@@ -1,5 +1,5 @@
 # The policy file of DESIGN.md, verbatim. Policy "prefill" uses types from
-# plugin "pd", which the loader does not launch yet.
+# plugin "pd", which a load without a plugin host cannot resolve.
 router {
   block_size = 512          # tokens per KV block for prefix hashing
   seed       = 7            # fixed draws for reproducible replays
