@@ -10,9 +10,9 @@ PKGS        := ./...
 
 all: build
 
-## build: the router and plugin binaries into bin/
+## build: the router, the template plugin and the example plugins into bin/
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -o $(BIN)/ ./cmd/... ./examples/disagg-filter-score-pick ./examples/soft-pin-repin
 
 ## test: gofmt check, go vet, and every test under the race detector
 test: fmt-check vet

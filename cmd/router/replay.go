@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/replay"
 	"github.com/switchyard-router/switchyard/router/replay/bundled"
+	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -236,9 +238,13 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	}
 	// Load every policy before replaying any, so a broken file fails at
 	// once and the warnings come before the table.
+	// Plugin processes live for the whole command and are stopped, with
+	// their process groups, before it returns.
+	host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(stderr)})
+	defer shutdownHost(host)
 	bundles := make([]*config.Bundle, len(paths))
 	for i, path := range paths {
-		if bundles[i], err = loadPolicy(stderr, path, seed); err != nil {
+		if bundles[i], err = loadPolicy(cmd.Context(), stderr, path, seed, host); err != nil {
 			return &exitError{code: 1, err: err}
 		}
 		if path != "" {
@@ -365,7 +371,7 @@ func loadTrace(path string) ([]trace.Record, string, error) {
 // printing warnings to stderr. seed, when set, overrides router.seed; when
 // neither gives one, replay.DefaultSeed seeds the policy, so a replay
 // repeats exactly by default.
-func loadPolicy(stderr io.Writer, path string, seed *int64) (*config.Bundle, error) {
+func loadPolicy(ctx context.Context, stderr io.Writer, path string, seed *int64, host config.PluginHost) (*config.Bundle, error) {
 	src, name := []byte(""), "default"
 	if path != "" {
 		var err error
@@ -375,7 +381,7 @@ func loadPolicy(stderr io.Writer, path string, seed *int64) (*config.Bundle, err
 		name = path
 	}
 	def := int64(replay.DefaultSeed)
-	b, diags := config.LoadWith(name, src, catalog.Default(), config.Options{Seed: seed, DefaultSeed: &def})
+	b, diags := config.LoadWith(name, src, catalog.Default(), config.Options{Seed: seed, DefaultSeed: &def, Plugins: host, Context: ctx})
 	if len(diags) > 0 {
 		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
 	}

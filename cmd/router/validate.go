@@ -11,6 +11,7 @@ import (
 	"github.com/switchyard-router/switchyard/hosted"
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/supervisor"
 )
 
 func newValidateCmd() *cobra.Command {
@@ -23,7 +24,9 @@ path. Warnings go to stderr; on any error the diagnostics are printed as
 file:line:col and the exit status is 1.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			b, diags := config.LoadFile(args[0], catalog.Default())
+			host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(cmd.ErrOrStderr())})
+			defer shutdownHost(host)
+			b, diags := config.LoadFileWith(args[0], catalog.Default(), config.Options{Plugins: host, Context: cmd.Context()})
 			if len(diags) > 0 {
 				fmt.Fprint(cmd.ErrOrStderr(), config.FormatDiagnostics(diags))
 			}
@@ -62,7 +65,10 @@ func printBundle(w io.Writer, b *config.Bundle) error {
 		if d := decls[name]; d != nil {
 			for _, c := range d.Components {
 				where := "in-process"
-				if c.Source != catalog.SourceBuiltin {
+				switch {
+				case c.Unavailable:
+					where = "unavailable (" + c.Source + " did not start; the fallback decides)"
+				case c.OutOfProcess:
 					where = "out-of-process (" + c.Source + ")"
 				}
 				label := c.Name

@@ -1,0 +1,501 @@
+package supervisor
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// Stopping a plugin: closing its client and go-plugin's graceful Kill get
+// gracefulKill each before the process group is killed; killWait bounds
+// the whole stop.
+const (
+	gracefulKill = 500 * time.Millisecond
+	killWait     = 5 * time.Second
+)
+
+// supportedAPIVersions are the plugin API versions this host speaks.
+var supportedAPIVersions = []uint32{shared.APIVersion}
+
+// counters are one plugin's call statistics.
+type counters struct {
+	calls, errors, timeouts, fallbacks atomic.Int64
+}
+
+// proc is one running plugin process and its go-plugin client.
+type proc struct {
+	name         string
+	startTimeout time.Duration
+	callTimeout  time.Duration
+	log          hclog.Logger
+	client       *plugin.Client
+	rc           *shared.RemoteClient
+	pid          int    // also the process group id; 0 when the binary never ran
+	sockDir      string // the private socket directory, removed by stop
+	stderr       *tail
+	stats        *counters
+
+	// ctx is cancelled when the process exits or stop begins; every call's
+	// context is cancelled with it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// exited is closed when the process has exited: the exit pipe it
+	// holds (fd 3) reached EOF.
+	exited chan struct{}
+
+	mu       sync.Mutex
+	closing  bool
+	inflight int
+	drained  chan struct{}
+}
+
+// launch starts the plugin b describes, completes the go-plugin handshake
+// and Describes it. On any failure the process (group) is killed and the
+// socket directory removed before it returns a *StartError.
+func (h *Host) launch(ctx context.Context, b config.Plugin, stats *counters) (*proc, *shared.Description, error) {
+	fail := func(permanent bool, err error) error {
+		return &StartError{Plugin: b.Name, Cause: err, Permanent: permanent}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fail(false, err)
+	}
+	startTimeout := b.StartTimeout
+	if startTimeout <= 0 {
+		startTimeout = config.DefaultStartTimeout
+	}
+	callTimeout := b.CallTimeout
+	if callTimeout <= 0 {
+		callTimeout = config.DefaultCallTimeout
+	}
+	if b.Command == "" {
+		return nil, nil, fail(true, errors.New("no command"))
+	}
+	path := b.Command
+	if !filepath.IsAbs(path) {
+		abs, err := filepath.Abs(path)
+		if err != nil {
+			return nil, nil, fail(true, fmt.Errorf("resolving command %q: %w", b.Command, err))
+		}
+		path = abs
+	}
+	var secure *plugin.SecureConfig
+	if b.SHA256 != "" {
+		sum, err := hex.DecodeString(b.SHA256)
+		if err != nil || len(sum) != sha256.Size {
+			return nil, nil, fail(true, fmt.Errorf("sha256 %q is not 64 hex digits", b.SHA256))
+		}
+		secure = &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
+	}
+
+	dir, err := socketDir()
+	if err != nil {
+		return nil, nil, fail(false, fmt.Errorf("creating the socket directory: %w", err))
+	}
+	exitR, exitW, err := os.Pipe()
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, nil, fail(false, fmt.Errorf("creating the exit pipe: %w", err))
+	}
+
+	cmd := exec.Command(path, b.Args...)
+	cmd.Env = environ(b.Env, dir)
+	cmd.SysProcAttr = sysProcAttr()
+	// The child holds the pipe's write end as fd 3; EOF on the read end
+	// tells us it exited without polling go-plugin.
+	cmd.ExtraFiles = []*os.File{exitW}
+
+	log := h.log.Named(b.Name)
+	p := &proc{
+		name:         b.Name,
+		startTimeout: startTimeout,
+		callTimeout:  callTimeout,
+		log:          log,
+		sockDir:      dir,
+		stderr:       &tail{},
+		stats:        stats,
+		exited:       make(chan struct{}),
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.client = plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  shared.Handshake(),
+		VersionedPlugins: shared.HostPluginSets(),
+		Cmd:              cmd,
+		SecureConfig:     secure,
+		StartTimeout:     startTimeout,
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		Logger:           log,
+		Stderr:           p.stderr,
+		SkipHostEnv:      true,
+		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: dir},
+		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(shared.MaxMessageBytes),
+			grpc.MaxCallSendMsgSize(shared.MaxMessageBytes),
+		)},
+	})
+	go p.watchExit(exitR)
+
+	_, err = p.client.Start()
+	_ = exitW.Close()
+	if cmd.Process != nil {
+		p.pid = cmd.Process.Pid
+	}
+	if err != nil {
+		stopErr := p.stop()
+		cause := p.handshakeCause(err, path, b.SHA256, startTimeout)
+		return nil, nil, fail(true, errors.Join(cause, stopErr))
+	}
+
+	// The handshake is done; anything failing from here on fails Describe.
+	failStarted := func(permanent bool, err error) (*proc, *shared.Description, error) {
+		if p.ctx.Err() != nil {
+			err = fmt.Errorf("%w (%v)%s", shared.ErrPluginClosed, err, p.stderr.suffix())
+		}
+		return nil, nil, fail(permanent, errors.Join(err, p.stop()))
+	}
+	rpc, err := p.client.Client()
+	if err != nil {
+		return failStarted(false, fmt.Errorf("connecting: %w", err))
+	}
+	raw, err := rpc.Dispense(shared.PluginSetKey)
+	if err != nil {
+		return failStarted(true, fmt.Errorf("dispensing %q: %w", shared.PluginSetKey, err))
+	}
+	rc, ok := raw.(*shared.RemoteClient)
+	if !ok {
+		return failStarted(true, fmt.Errorf("dispensing %q: got %T, not a Switchyard plugin client", shared.PluginSetKey, raw))
+	}
+	p.rc = rc
+
+	dctx, cancel := context.WithTimeout(ctx, startTimeout)
+	stopAfter := context.AfterFunc(p.ctx, cancel)
+	desc, err := rc.Describe(dctx)
+	stopAfter()
+	cancel()
+	if err != nil {
+		return failStarted(false, fmt.Errorf("describe: %w", err))
+	}
+	if desc == nil {
+		return failStarted(true, errors.New("describe: empty answer"))
+	}
+	if pickVersion(desc.APIVersions) == 0 {
+		return failStarted(true, fmt.Errorf("unsupported API version: the plugin speaks %v, this router %v",
+			desc.APIVersions, supportedAPIVersions))
+	}
+	p.log.Debug("plugin started", "pid", p.pid, "version", desc.PluginVersion, "types", len(desc.Types))
+	return p, desc, nil
+}
+
+// maxSocketDir keeps the socket path (dir + "/plugin" + 10 digits) within
+// the 108 bytes of a unix socket address.
+const maxSocketDir = 80
+
+// socketDir creates the plugin's private socket directory (mode 0700) in
+// the temporary directory, or in /tmp when that path would be too long for
+// a socket.
+func socketDir() (string, error) {
+	dir, err := os.MkdirTemp("", "sy-")
+	if err != nil || len(dir) <= maxSocketDir {
+		return dir, err
+	}
+	_ = os.Remove(dir)
+	return os.MkdirTemp("/tmp", "sy-")
+}
+
+// environ is the plugin's entire environment: the block's variables,
+// sorted, and the socket directory. go-plugin appends its own handshake
+// variables.
+func environ(env map[string]string, sockDir string) []string {
+	keys := make([]string, 0, len(env))
+	for k := range env {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	out := make([]string, 0, len(env)+1)
+	for _, k := range keys {
+		out = append(out, k+"="+env[k])
+	}
+	// go-plugin v1.8 honours UnixSocketConfig.TempDir only with a
+	// RunnerFunc; with Cmd the server reads this variable.
+	return append(out, plugin.EnvUnixSocketDir+"="+sockDir)
+}
+
+// pickVersion returns the highest API version both sides speak, or 0.
+func pickVersion(theirs []uint32) uint32 {
+	var best uint32
+	for _, v := range theirs {
+		if v > best && slices.Contains(supportedAPIVersions, v) {
+			best = v
+		}
+	}
+	return best
+}
+
+// handshakeCause turns go-plugin's Start error into a cause that says what
+// went wrong, with the last line the plugin wrote to stderr. Call it after
+// stop, so the stderr tail is complete.
+func (p *proc) handshakeCause(err error, path, pinned string, startTimeout time.Duration) error {
+	msg := err.Error()
+	first, _, _ := strings.Cut(msg, "\n")
+	switch {
+	case errors.Is(err, plugin.ErrChecksumsDoNotMatch):
+		got := "unknown"
+		if sum, serr := fileSHA256(path); serr == nil {
+			got = sum
+		}
+		return fmt.Errorf("sha256 mismatch: %s has sha256 %s, the block pins %s; the binary was not run: %w",
+			path, got, pinned, err)
+	case strings.Contains(msg, "timeout while waiting for plugin to start"):
+		return fmt.Errorf("no handshake within start_timeout (%v)%s", startTimeout, p.stderr.suffix())
+	case strings.Contains(msg, "Failed to read any lines from plugin's stdout"),
+		strings.Contains(msg, "plugin exited before we could connect"):
+		return fmt.Errorf("the plugin exited before completing the handshake (wrong handshake cookie, or not a Switchyard plugin?)%s",
+			p.stderr.suffix())
+	case strings.HasPrefix(msg, "Unrecognized remote plugin message: "):
+		return fmt.Errorf("handshake failed: the plugin printed %q on stdout instead of the handshake line (plugins must not write to stdout)%s",
+			strings.TrimPrefix(first, "Unrecognized remote plugin message: "), p.stderr.suffix())
+	case strings.Contains(msg, "ncompatible API version"):
+		return fmt.Errorf("unsupported API version: %s", first)
+	}
+	return fmt.Errorf("%s%s", first, p.stderr.suffix())
+}
+
+func fileSHA256(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer func() { _ = f.Close() }()
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// watchExit waits for EOF on the exit pipe, then marks the process exited
+// and cancels every call in flight.
+func (p *proc) watchExit(r *os.File) {
+	defer close(p.exited)
+	defer p.cancel()
+	var buf [64]byte
+	for {
+		if _, err := r.Read(buf[:]); err != nil {
+			break
+		}
+	}
+	_ = r.Close()
+}
+
+// hasExited reports whether the process has exited.
+func (p *proc) hasExited() bool {
+	select {
+	case <-p.exited:
+		return true
+	default:
+		return false
+	}
+}
+
+// enter admits one call; false once the plugin is closing or gone.
+func (p *proc) enter() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closing || p.ctx.Err() != nil {
+		return false
+	}
+	p.inflight++
+	return true
+}
+
+func (p *proc) leave() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.inflight--
+	if p.inflight == 0 && p.drained != nil {
+		close(p.drained)
+		p.drained = nil
+	}
+}
+
+// beginClose refuses new calls and returns a channel closed once no call
+// is in flight.
+func (p *proc) beginClose() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closing = true
+	ch := make(chan struct{})
+	if p.inflight == 0 {
+		close(ch)
+	} else {
+		p.drained = ch
+	}
+	return ch
+}
+
+// closedErr is the error of a call to a plugin that is gone or shutting
+// down; it wraps shared.ErrPluginClosed.
+func (p *proc) closedErr(cause error) error {
+	why := "shutting down"
+	if p.hasExited() {
+		why = "process exited"
+	}
+	if cause != nil && !errors.Is(cause, shared.ErrPluginClosed) {
+		return fmt.Errorf("plugin %q: %w: %s (%v)", p.name, shared.ErrPluginClosed, why, cause)
+	}
+	return fmt.Errorf("plugin %q: %w: %s", p.name, shared.ErrPluginClosed, why)
+}
+
+// stop cancels every call, closes the client, has go-plugin end the
+// process (gracefully when it answers within gracefulKill), kills the
+// whole process group, waits for the process to be reaped, and removes the
+// socket directory. Each step is bounded: a wedged plugin never blocks
+// stop for more than about killWait.
+func (p *proc) stop() error {
+	p.cancel()
+	deadline := time.Now().Add(killWait)
+	var errs []error
+	if p.rc != nil {
+		closed := make(chan struct{})
+		go func() {
+			defer close(closed)
+			if err := p.rc.Close(); err != nil && !errors.Is(err, shared.ErrPluginClosed) {
+				p.log.Debug("closing the plugin client", "error", err)
+			}
+		}()
+		waitUntil(closed, time.Now().Add(gracefulKill))
+	}
+	// go-plugin's Kill asks the plugin to stop, then force-kills the
+	// process and reaps it; it blocks while a wedged plugin does not
+	// answer, so it runs aside.
+	killed := make(chan struct{})
+	go func() {
+		defer close(killed)
+		p.client.Kill()
+	}()
+	waitUntil(killed, time.Now().Add(gracefulKill))
+	if p.pid > 0 {
+		if err := syscall.Kill(-p.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
+			errs = append(errs, fmt.Errorf("killing process group %d: %w", p.pid, err))
+		}
+	}
+	if !waitUntil(killed, deadline) {
+		errs = append(errs, fmt.Errorf("go-plugin Kill did not return within %v", killWait))
+	}
+	if !waitUntil(p.exited, deadline) {
+		errs = append(errs, fmt.Errorf("process %d did not exit within %v", p.pid, killWait))
+	}
+	if p.pid > 0 {
+		for groupAlive(p.pid) {
+			if time.Now().After(deadline) {
+				errs = append(errs, fmt.Errorf("process group %d still has members after %v", p.pid, killWait))
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	if err := os.RemoveAll(p.sockDir); err != nil {
+		errs = append(errs, fmt.Errorf("removing the socket directory: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// waitUntil waits for ch to close until deadline; false on timeout.
+func waitUntil(ch <-chan struct{}, deadline time.Time) bool {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-ch:
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// tail keeps the last few meaningful lines a plugin wrote to stderr, for
+// start errors. hclog JSON lines below warn are skipped; the others are
+// shortened to their level and message.
+type tail struct {
+	mu    sync.Mutex
+	cur   []byte
+	lines []string
+}
+
+const (
+	tailLines   = 3
+	tailLineMax = 200
+)
+
+func (t *tail) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range b {
+		if c == '\n' {
+			t.flush()
+			continue
+		}
+		if len(t.cur) < tailLineMax {
+			t.cur = append(t.cur, c)
+		}
+	}
+	return len(b), nil
+}
+
+func (t *tail) flush() {
+	line := strings.TrimSpace(string(t.cur))
+	t.cur = t.cur[:0]
+	if strings.HasPrefix(line, "{") {
+		var entry struct {
+			Level   string `json:"@level"`
+			Message string `json:"@message"`
+			Error   string `json:"error"`
+		}
+		if json.Unmarshal([]byte(line), &entry) == nil {
+			switch entry.Level {
+			case "trace", "debug", "info":
+				return
+			}
+			line = entry.Level + ": " + entry.Message
+			if entry.Error != "" {
+				line += ": " + entry.Error
+			}
+		}
+	}
+	if line == "" {
+		return
+	}
+	if len(t.lines) == tailLines {
+		t.lines = t.lines[1:]
+	}
+	t.lines = append(t.lines, line)
+}
+
+// suffix renders the last stderr lines as `; stderr: "..."`, or "".
+func (t *tail) suffix() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.flush()
+	if len(t.lines) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; stderr: %q", strings.Join(t.lines, " / "))
+}

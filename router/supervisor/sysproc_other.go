@@ -1,0 +1,20 @@
+//go:build unix && !linux
+
+package supervisor
+
+import (
+	"errors"
+	"syscall"
+)
+
+// sysProcAttr puts the plugin in its own process group, so Shutdown can
+// kill everything it started. Parent-death signals are Linux-only; the SDK's
+// parent-pid watch covers the rest.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
+}
+
+// groupAlive reports whether process group pgid has a member left.
+func groupAlive(pgid int) bool {
+	return !errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
+}

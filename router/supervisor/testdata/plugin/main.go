@@ -1,0 +1,199 @@
+// Command plugin is the supervisor tests' plugin binary. SY_TEST_MODE in
+// its environment selects a behaviour:
+//
+//	"" (good)  serve a filter, a scorer and a picker
+//	cookie     serve with the wrong handshake cookie
+//	version    serve API version 99 only
+//	stdout     print a line on stdout, then serve
+//	hang       never complete the handshake
+//	child      start a child (in hang mode) that writes its pid to
+//	           SY_CHILD, then serve
+//
+// SY_STARTS names a file it appends a line to at every start, and
+// SY_MARKER a file it creates, so tests can tell whether (and how often)
+// it ran.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+func main() {
+	if f := os.Getenv("SY_STARTS"); f != "" {
+		out, err := os.OpenFile(f, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+		if err == nil {
+			_, _ = fmt.Fprintln(out, os.Getpid())
+			_ = out.Close()
+		}
+	}
+	if f := os.Getenv("SY_MARKER"); f != "" {
+		_ = os.WriteFile(f, []byte("ran\n"), 0o600)
+	}
+	switch os.Getenv("SY_TEST_MODE") {
+	case "cookie":
+		hs := shared.Handshake()
+		hs.MagicCookieValue = "not-the-switchyard-cookie"
+		serveRaw(hs, 1)
+	case "version":
+		hs := shared.Handshake()
+		hs.ProtocolVersion = 99
+		serveRaw(hs, 99)
+	case "stdout":
+		fmt.Println("hello from the plugin")
+		serve()
+	case "hang":
+		time.Sleep(time.Hour)
+	case "child":
+		startChild()
+		serve()
+	default:
+		serve()
+	}
+}
+
+// serveRaw serves the SDK's plugin through go-plugin directly, with hs and
+// the plugin set under version v.
+func serveRaw(hs plugin.HandshakeConfig, v int) {
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig:  hs,
+		VersionedPlugins: map[int]plugin.PluginSet{v: {shared.PluginSetKey: &shared.GRPCPlugin{Types: types()}}},
+		GRPCServer:       func(o []grpc.ServerOption) *grpc.Server { return plugin.DefaultGRPCServer(o) },
+	})
+}
+
+// startChild starts this binary again in hang mode, in the plugin's
+// process group, and records its pid in SY_CHILD.
+func startChild() {
+	self, err := os.Executable()
+	if err != nil {
+		panic(err)
+	}
+	cmd := exec.Command(self)
+	cmd.Env = []string{"SY_TEST_MODE=hang"}
+	if err := cmd.Start(); err != nil {
+		panic(err)
+	}
+	if err := os.WriteFile(os.Getenv("SY_CHILD"), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600); err != nil {
+		panic(err)
+	}
+}
+
+func serve() {
+	shared.Serve(shared.ServeOpts{Version: "test", Types: types()})
+}
+
+// envKeys lists the plugin's environment variables, except go-plugin's.
+func envKeys() string {
+	var keys []string
+	for _, kv := range os.Environ() {
+		k, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(k, "PLUGIN_") || k == shared.Handshake().MagicCookieKey {
+			continue
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return strings.Join(keys, ",")
+}
+
+func types() []shared.TypeInfo {
+	return []shared.TypeInfo{
+		{
+			Name:   "t-max-active",
+			Kind:   shared.KindFilter,
+			Inputs: shared.InputActiveRequests,
+			Params: []shared.ParamSpec{{Name: "max", Type: shared.Int, Default: int64(100), Doc: "most active requests kept"}},
+			Doc:    "keeps workers with at most max active requests",
+			New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) {
+				return &maxActive{max: p.Int("max", 100)}, nil
+			},
+		},
+		{
+			Name:   "t-active",
+			Kind:   shared.KindScorer,
+			Inputs: shared.InputActiveRequests,
+			Params: []shared.ParamSpec{
+				{Name: "factor", Type: shared.Number, Default: 1.0, Doc: "cost per active request"},
+				{Name: "delay", Type: shared.Duration, Doc: "sleep before scoring"},
+			},
+			Doc: "env:" + envKeys(),
+			New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) {
+				f := p.Float("factor", 1)
+				if err := shared.NonNegative("factor", f); err != nil {
+					return nil, err
+				}
+				return &active{factor: f, delay: p.Duration("delay", 0)}, nil
+			},
+		},
+		{
+			Name: "t-lowest",
+			Kind: shared.KindPicker,
+			Doc:  "picks the lowest cost",
+			New: func(info shared.InstanceInfo, _ shared.Params) (shared.Component, error) {
+				if info.Role == shared.RoleDecode {
+					return nil, errors.New("t-lowest does not pick decode workers")
+				}
+				return lowest{}, nil
+			},
+		},
+	}
+}
+
+type maxActive struct{ max int64 }
+
+func (f *maxActive) Inputs() shared.Inputs { return shared.InputActiveRequests }
+
+func (f *maxActive) Filter(_ context.Context, _ *shared.Request, c *shared.Candidates, keep []bool) error {
+	for i, a := range c.ActiveRequests {
+		keep[i] = a <= f.max
+	}
+	return nil
+}
+
+type active struct {
+	factor float64
+	delay  time.Duration
+}
+
+func (s *active) Inputs() shared.Inputs { return shared.InputActiveRequests }
+
+func (s *active) Score(ctx context.Context, _ *shared.Request, c *shared.Candidates, costs []float64) error {
+	if s.delay > 0 {
+		select {
+		case <-time.After(s.delay):
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	for i, a := range c.ActiveRequests {
+		costs[i] = float64(a) * s.factor
+	}
+	return nil
+}
+
+type lowest struct{}
+
+func (lowest) Inputs() shared.Inputs { return 0 }
+
+func (lowest) Pick(_ context.Context, _ *shared.Request, c *shared.Candidates) (int, error) {
+	best := 0
+	for i, v := range c.Costs {
+		if v < c.Costs[best] {
+			best = i
+		}
+	}
+	return best, nil
+}

@@ -1,0 +1,466 @@
+package shared
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+)
+
+// ErrPluginClosed is returned (wrapped) by RemoteClient calls when the
+// plugin's Decide stream or process is gone: the plugin exited, the
+// connection broke, or the client was closed. Callers branch on it with
+// errors.Is to tell a dead plugin from a component's own error.
+var ErrPluginClosed = errors.New("plugin closed")
+
+// RemoteClient is the host side of one plugin process: go-plugin dispenses
+// it (see HostPluginSets). Its methods are safe for concurrent use.
+//
+// Decide calls share one long-lived Decide stream, opened on first use. At
+// most one goroutine sends on it at a time (the "sender"): a caller that
+// finds no send in flight sends its own task directly, in a DecideBatch of
+// one, with no goroutine handoff. Every task that arrives while a send is in
+// flight is queued, and whoever finishes a send takes the whole queue into
+// the next DecideBatch before giving up the sender role (batching under
+// load, no timer). A caller stays the sender only until its own result has
+// arrived or its context is done; then, if tasks are still queued, it passes
+// the role to the stream's standby sender goroutine, which drains the queue
+// the same way. A receiver goroutine completes each caller's (pooled) result
+// channel directly.
+type RemoteClient struct {
+	client pluginv1.PluginClient
+	done   context.Context // cancelled when the plugin process exits
+
+	mu     sync.Mutex
+	stream *remoteStream
+	closed bool
+
+	nextID  atomic.Uint64
+	tasks   sync.Pool // *pluginv1.DecideTask, reused after Send
+	waiters sync.Pool // *waiter, reused once its channel is empty again
+
+	// Counters for tests and diagnostics.
+	batches   atomic.Int64 // DecideBatch messages sent
+	sentTasks atomic.Int64 // tasks sent
+	maxBatch  atomic.Int64 // most tasks in one DecideBatch
+
+	// testHookBeforeSend, when set, runs in whichever goroutine sends,
+	// before each Send, with the number of tasks in the batch.
+	testHookBeforeSend func(n int)
+}
+
+// NewRemoteClient returns a client over conn. done should be cancelled when
+// the plugin process exits (go-plugin's GRPCClient passes such a context);
+// nil means never.
+func NewRemoteClient(done context.Context, conn grpc.ClientConnInterface) *RemoteClient {
+	if done == nil {
+		done = context.Background()
+	}
+	return &RemoteClient{client: pluginv1.NewPluginClient(conn), done: done}
+}
+
+// callOpts are the explicit message-size limits of every call.
+var callOpts = []grpc.CallOption{grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)}
+
+// rpcError wraps a call's error with what was called, mapping a gone
+// plugin (Unavailable, or Canceled once the plugin's context is done) to
+// ErrPluginClosed.
+func (c *RemoteClient) rpcError(what string, err error) error {
+	code := status.Code(err)
+	if code == codes.Unavailable || (code == codes.Canceled && c.done.Err() != nil) {
+		return fmt.Errorf("plugin %s: %w: %w", what, ErrPluginClosed, err)
+	}
+	return fmt.Errorf("plugin %s: %w", what, err)
+}
+
+func (c *RemoteClient) isClosed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.closed
+}
+
+// Describe returns the plugin's version, API versions and component types
+// (with New nil).
+func (c *RemoteClient) Describe(ctx context.Context) (*Description, error) {
+	if c.isClosed() {
+		return nil, fmt.Errorf("plugin describe: %w", ErrPluginClosed)
+	}
+	resp, err := c.client.Describe(ctx, &pluginv1.DescribeRequest{ApiVersions: []uint32{APIVersion}}, callOpts...)
+	if err != nil {
+		return nil, c.rpcError("describe", err)
+	}
+	d := &Description{PluginVersion: resp.GetPluginVersion(), APIVersions: resp.GetApiVersions()}
+	for _, ct := range resp.GetTypes() {
+		t, err := typeFromProto(ct)
+		if err != nil {
+			return nil, fmt.Errorf("plugin describe: %w", err)
+		}
+		d.Types = append(d.Types, t)
+	}
+	return d, nil
+}
+
+// Configure asks the plugin for a new instance (replacing one of the same
+// name) and returns the inputs it declares, or the plugin's diagnostics.
+// The error is for the call itself (transport, a parameter value that
+// cannot travel); a refused configuration is diagnostics with a nil error.
+func (c *RemoteClient) Configure(ctx context.Context, req ConfigureRequest) (Inputs, []Diagnostic, error) {
+	if c.isClosed() {
+		return 0, nil, fmt.Errorf("plugin configure %q: %w", req.Info.Name, ErrPluginClosed)
+	}
+	params, err := paramsToProto(req.Params)
+	if err != nil {
+		return 0, nil, fmt.Errorf("plugin configure %q: %w", req.Info.Name, err)
+	}
+	resp, err := c.client.Configure(ctx, &pluginv1.ConfigureRequest{
+		Instance:  req.Info.Name,
+		Type:      req.Type,
+		Role:      string(req.Info.Role),
+		BlockSize: clampU32(req.Info.BlockSize),
+		Params:    params,
+	}, callOpts...)
+	if err != nil {
+		return 0, nil, c.rpcError(fmt.Sprintf("configure %q", req.Info.Name), err)
+	}
+	if len(resp.GetDiagnostics()) > 0 {
+		diags := make([]Diagnostic, 0, len(resp.GetDiagnostics()))
+		for _, d := range resp.GetDiagnostics() {
+			diags = append(diags, Diagnostic{Param: d.GetParam(), Summary: d.GetSummary(), Detail: d.GetDetail()})
+		}
+		return 0, diags, nil
+	}
+	return inputsFromProto(resp.GetInputs()), nil, nil
+}
+
+// Decide runs t in the plugin and waits for its result or ctx. The task's
+// deadline is ctx's; a result arriving after ctx is done is dropped. A
+// component's failure is an error; a broken stream fails with an error
+// wrapping ErrPluginClosed, and a later call opens a new stream.
+func (c *RemoteClient) Decide(ctx context.Context, t *Task) (TaskResult, error) {
+	if t == nil || t.Candidates == nil {
+		return TaskResult{Picked: -1}, errors.New("plugin decide: nil task or candidates")
+	}
+	if err := ctx.Err(); err != nil {
+		return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w", err)
+	}
+	s, err := c.openStream()
+	if err != nil {
+		return TaskResult{Picked: -1}, err
+	}
+	pt := c.newTask(ctx, t)
+	id := pt.TaskId
+	w := c.getWaiter()
+	if err := s.submit(ctx, id, pt, w); err != nil {
+		c.waiters.Put(w)
+		return TaskResult{Picked: -1}, err
+	}
+	select {
+	case r := <-w.ch:
+		c.waiters.Put(w)
+		if r.GetError() != "" {
+			if err := ctx.Err(); err != nil {
+				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w (plugin: %s)", err, r.GetError())
+			}
+			if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+				// The task ran out of the caller's time in the plugin, a
+				// moment before ctx's own timer fired.
+				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w (plugin: %s)", context.DeadlineExceeded, r.GetError())
+			}
+			return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %s", r.GetError())
+		}
+		return resultFromProto(r), nil
+	case <-ctx.Done():
+		s.release(id, w)
+		return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w", ctx.Err())
+	case <-s.broken:
+		s.release(id, w)
+		return TaskResult{Picked: -1}, s.err
+	}
+}
+
+// getWaiter returns a pooled waiter with an empty channel.
+func (c *RemoteClient) getWaiter() *waiter {
+	if w, ok := c.waiters.Get().(*waiter); ok {
+		return w
+	}
+	return &waiter{ch: make(chan *pluginv1.DecideResult, 1)}
+}
+
+// newTask converts t into a (pooled) DecideTask. Everything the caller owns
+// is copied, so the caller may return before the task is sent.
+func (c *RemoteClient) newTask(ctx context.Context, t *Task) *pluginv1.DecideTask {
+	pt, _ := c.tasks.Get().(*pluginv1.DecideTask)
+	if pt == nil {
+		pt = &pluginv1.DecideTask{Request: &pluginv1.Request{}, Candidates: &pluginv1.Columns{}}
+	}
+	pt.TaskId = c.nextID.Add(1)
+	pt.DeadlineUnixNano = 0
+	if dl, ok := ctx.Deadline(); ok {
+		pt.DeadlineUnixNano = dl.UnixNano()
+	}
+	requestIntoProto(t.Request, pt.Request)
+	candidatesToProto(t.Candidates, pt.Candidates)
+	stages := pt.Stages[:cap(pt.Stages)]
+	for i := range stages {
+		if stages[i] == nil {
+			stages[i] = &pluginv1.Stage{}
+		}
+	}
+	for len(stages) < len(t.Stages) {
+		stages = append(stages, &pluginv1.Stage{})
+	}
+	stages = stages[:len(t.Stages)]
+	for i, st := range t.Stages {
+		stages[i].Instance, stages[i].Weight = st.Instance, st.Weight
+	}
+	pt.Stages = stages
+	return pt
+}
+
+// openStream returns the current Decide stream, opening one if none is
+// usable.
+func (c *RemoteClient) openStream() (*remoteStream, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return nil, fmt.Errorf("plugin decide: %w", ErrPluginClosed)
+	}
+	if s := c.stream; s != nil {
+		select {
+		case <-s.broken:
+		default:
+			return s, nil
+		}
+		c.stream = nil
+	}
+	if err := c.done.Err(); err != nil {
+		return nil, fmt.Errorf("plugin decide: %w: plugin process exited", ErrPluginClosed)
+	}
+	ctx, cancel := context.WithCancel(c.done)
+	st, err := c.client.Decide(ctx, callOpts...)
+	if err != nil {
+		cancel()
+		return nil, c.rpcError("decide: opening stream", err)
+	}
+	s := &remoteStream{
+		c:       c,
+		stream:  st,
+		cancel:  cancel,
+		handoff: make(chan struct{}, 1),
+		broken:  make(chan struct{}),
+		pending: make(map[uint64]*waiter),
+	}
+	s.wg.Add(2)
+	go s.sendLoop(ctx)
+	go s.recvLoop()
+	c.stream = s
+	return s, nil
+}
+
+// Close ends the Decide stream and stops its goroutines; calls in flight
+// and later calls fail with ErrPluginClosed. It does not end the plugin
+// process (go-plugin's Client.Kill does).
+func (c *RemoteClient) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	s := c.stream
+	c.stream = nil
+	c.mu.Unlock()
+	if s != nil {
+		s.fail(errors.New("client closed"))
+		s.wg.Wait()
+	}
+	return nil
+}
+
+// waiter is one Decide call waiting for its result. Waiters are pooled:
+// one goes back to the pool only once nothing can send on ch any more and
+// ch is empty.
+type waiter struct {
+	ch chan *pluginv1.DecideResult // buffered: the receiver never blocks
+}
+
+// remoteStream is one Decide stream with its receiver and standby sender.
+type remoteStream struct {
+	c      *RemoteClient
+	stream pluginv1.Plugin_DecideClient
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	handoff chan struct{} // the sender role was passed to sendLoop
+	broken  chan struct{} // closed once, when the stream fails; err is set before
+	err     error
+
+	mu      sync.Mutex
+	queue   []*pluginv1.DecideTask // tasks waiting for the next send
+	spare   []*pluginv1.DecideTask // the last batch's buffer, for the next queue
+	sending bool                   // a goroutine holds the sender role; queue non-empty implies sending
+	pending map[uint64]*waiter
+	failed  bool
+
+	batch pluginv1.DecideBatch // owned by the sender
+}
+
+// submit registers w for id and queues the task. When no send is in flight
+// the caller becomes the sender and sends the queue (its own task, and
+// whatever queues behind it) before returning.
+func (s *remoteStream) submit(ctx context.Context, id uint64, pt *pluginv1.DecideTask, w *waiter) error {
+	s.mu.Lock()
+	if s.failed {
+		s.mu.Unlock()
+		s.c.tasks.Put(pt)
+		return s.err
+	}
+	s.pending[id] = w
+	s.queue = append(s.queue, pt)
+	if s.sending {
+		s.mu.Unlock()
+		return nil
+	}
+	s.sending = true
+	tasks := s.takeQueue()
+	s.mu.Unlock()
+	s.send(tasks, func() bool { return len(w.ch) > 0 || ctx.Err() != nil })
+	return nil
+}
+
+// takeQueue returns the queued tasks and starts an empty queue in the spare
+// buffer. s.mu is held.
+func (s *remoteStream) takeQueue() []*pluginv1.DecideTask {
+	tasks := s.queue
+	s.queue, s.spare = s.spare[:0], nil
+	return tasks
+}
+
+// send sends tasks, then every batch that queued meanwhile, as the holder
+// of the sender role. It gives the role up when the queue is empty; when
+// stop (nil: never) reports true with tasks still queued it passes the role
+// to sendLoop instead.
+func (s *remoteStream) send(tasks []*pluginv1.DecideTask, stop func() bool) {
+	for {
+		if h := s.c.testHookBeforeSend; h != nil {
+			h(len(tasks))
+		}
+		s.batch.Tasks = tasks
+		err := s.stream.Send(&s.batch)
+		s.batch.Tasks = nil
+		s.c.batches.Add(1)
+		s.c.sentTasks.Add(int64(len(tasks)))
+		for n := int64(len(tasks)); ; {
+			m := s.c.maxBatch.Load()
+			if n <= m || s.c.maxBatch.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		for i, pt := range tasks {
+			s.c.tasks.Put(pt)
+			tasks[i] = nil
+		}
+		s.mu.Lock()
+		s.spare = tasks[:0]
+		if err != nil {
+			s.sending = false
+			s.mu.Unlock()
+			s.fail(err)
+			return
+		}
+		if len(s.queue) == 0 || s.failed {
+			s.sending = false
+			s.mu.Unlock()
+			return
+		}
+		if stop != nil && stop() {
+			s.mu.Unlock()
+			s.handoff <- struct{}{} // buffered; at most one handoff is outstanding
+			return
+		}
+		tasks = s.takeQueue()
+		s.mu.Unlock()
+	}
+}
+
+// release drops the waiter of a call that gave up (its result, if it
+// comes, is discarded) and returns w to the pool. After the delete under
+// s.mu the receiver can no longer send on w.ch, so one drain empties it.
+func (s *remoteStream) release(id uint64, w *waiter) {
+	s.mu.Lock()
+	delete(s.pending, id)
+	s.mu.Unlock()
+	select {
+	case <-w.ch:
+	default:
+	}
+	s.c.waiters.Put(w)
+}
+
+// fail breaks the stream once: every pending call fails with an error
+// wrapping ErrPluginClosed and cause, and both goroutines stop.
+func (s *remoteStream) fail(cause error) {
+	s.mu.Lock()
+	if s.failed {
+		s.mu.Unlock()
+		return
+	}
+	s.failed = true
+	s.err = fmt.Errorf("plugin decide: %w: %w", ErrPluginClosed, cause)
+	clear(s.pending)
+	queued := s.queue
+	s.queue = nil
+	close(s.broken)
+	s.mu.Unlock()
+	for _, pt := range queued {
+		s.c.tasks.Put(pt)
+	}
+	s.cancel()
+}
+
+// sendLoop is the standby sender: it takes the sender role when a caller
+// passes it on and sends until the queue is empty.
+func (s *remoteStream) sendLoop(ctx context.Context) {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.handoff:
+		case <-ctx.Done():
+			s.fail(context.Cause(ctx))
+			return
+		}
+		s.mu.Lock()
+		if len(s.queue) == 0 { // only after fail
+			s.sending = false
+			s.mu.Unlock()
+			continue
+		}
+		tasks := s.takeQueue()
+		s.mu.Unlock()
+		s.send(tasks, nil)
+	}
+}
+
+// recvLoop completes each result's waiting caller.
+func (s *remoteStream) recvLoop() {
+	defer s.wg.Done()
+	for {
+		msg, err := s.stream.Recv()
+		if err != nil {
+			s.fail(err)
+			return
+		}
+		s.mu.Lock()
+		for _, r := range msg.GetResults() {
+			if w, ok := s.pending[r.GetTaskId()]; ok {
+				delete(s.pending, r.GetTaskId())
+				w.ch <- r
+			}
+		}
+		s.mu.Unlock()
+	}
+}

@@ -1,0 +1,122 @@
+package shared
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+)
+
+var built struct {
+	once sync.Once
+	dir  string
+	bin  string
+	err  error
+}
+
+// buildPlugin builds testdata/plugin once per test binary and returns its
+// path.
+func buildPlugin(t testing.TB) string {
+	t.Helper()
+	built.once.Do(func() {
+		built.dir, built.err = os.MkdirTemp("", "switchyard-shared-test-")
+		if built.err != nil {
+			return
+		}
+		built.bin = filepath.Join(built.dir, "plugin")
+		out, err := exec.Command("go", "build", "-o", built.bin, "./testdata/plugin").CombinedOutput()
+		if err != nil {
+			built.err = &buildError{err: err, out: string(out)}
+		}
+	})
+	if built.err != nil {
+		t.Fatalf("building the test plugin: %v", built.err)
+	}
+	return built.bin
+}
+
+type buildError struct {
+	err error
+	out string
+}
+
+func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
+
+func removeBuiltPlugin() {
+	if built.dir != "" {
+		_ = os.RemoveAll(built.dir)
+	}
+}
+
+// startPlugin starts the test plugin binary the way the host does and
+// returns the dispensed client and go-plugin's client protocol.
+func startPlugin(t testing.TB, args ...string) (*RemoteClient, plugin.ClientProtocol) {
+	t.Helper()
+	bin := buildPlugin(t)
+	client := plugin.NewClient(&plugin.ClientConfig{
+		HandshakeConfig:  Handshake(),
+		VersionedPlugins: HostPluginSets(),
+		Cmd:              exec.Command(bin, args...),
+		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
+		Logger:           hclog.New(&hclog.LoggerOptions{Output: os.Stderr, Level: hclog.Warn}),
+	})
+	t.Cleanup(client.Kill)
+	proto, err := client.Client()
+	if err != nil {
+		t.Fatalf("starting the test plugin: %v", err)
+	}
+	if v := client.NegotiatedVersion(); v != APIVersion {
+		t.Fatalf("negotiated version %d, want %d", v, APIVersion)
+	}
+	raw, err := proto.Dispense(PluginSetKey)
+	if err != nil {
+		t.Fatalf("Dispense: %v", err)
+	}
+	rc := raw.(*RemoteClient)
+	t.Cleanup(func() { _ = rc.Close() })
+	return rc, proto
+}
+
+func TestRealPluginProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts a plugin binary")
+	}
+	rc, _ := startPlugin(t)
+	ctx := context.Background()
+	d, err := rc.Describe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.PluginVersion != "0.0.1-test" || len(d.Types) != 2 || d.Types[0].Name != "test-cost" || d.Types[0].Params[0].Default != 16.0 {
+		t.Fatalf("Describe = %+v", d)
+	}
+	_, diags, err := rc.Configure(ctx, ConfigureRequest{Info: InstanceInfo{Name: "bad"}, Type: "test-cost", Params: Params{"block_size": 0.0}})
+	if err != nil || len(diags) != 1 || diags[0].Param != "block_size" {
+		t.Fatalf("Configure with block_size 0: %v, %v; want one diagnostic for block_size", diags, err)
+	}
+	if in := configure(t, rc, "s", "test-cost", nil); in != InputActiveRequests|InputLoad|InputCache {
+		t.Fatalf("inputs = %v", in)
+	}
+	configure(t, rc, "p", "test-lowest", nil)
+	c := benchCandidates()
+	got, err := rc.Decide(ctx, &Task{Request: benchRequest(), Candidates: c, Stages: []Stage{{Instance: "s", Weight: 1}, {Instance: "p"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := TaskResult{Picked: -1, Costs: make([]float64, c.Len())}
+	for i := range c.IDs {
+		want.Costs[i] = float64(c.ActiveRequests[i]) + float64(c.Load[i].ActiveDecodeBlocks)/16 - float64(c.OverlapBlocks[i])
+		if want.Picked < 0 || want.Costs[i] < want.Costs[want.Picked] {
+			want.Picked = i
+		}
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("Decide (-want +got):\n%s", diff)
+	}
+}
