@@ -33,10 +33,12 @@ lint:
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem -count=1 ./hosted/ ./builtin/ ./router/...
 
-## demo: compare round-robin, power-of-two, least-loaded and the KV-aware
-## policy on the bundled Mooncake conversation trace (8 simulated workers)
+## demo: compare round-robin, power-of-two, least-loaded, the KV-aware
+## policy and the queue-depth scorer served by the template plugin
+## (cmd/plugin-example, out of process) on the bundled Mooncake
+## conversation trace (8 simulated workers)
 demo: build
-	$(BIN)/router replay --compare examples/policies/round-robin.hcl,examples/policies/power-of-two.hcl,examples/policies/least-loaded.hcl,examples/policies/kv.hcl
+	$(BIN)/router replay --compare examples/policies/round-robin.hcl,examples/policies/power-of-two.hcl,examples/policies/least-loaded.hcl,examples/policies/kv.hcl,examples/policies/plugin-example.hcl
 
 ## proto: regenerate pluginproto (installs protoc from Debian and the pinned
 ## protoc-gen-go / protoc-gen-go-grpc through the module proxy)

@@ -1,0 +1,178 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// The example plugins, built once per test binary from the repository's
+// sources, so these tests run the real binaries a user builds.
+var (
+	buildOnce  sync.Once
+	pluginBins map[string]string
+	buildDir   string
+	buildErr   error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+func examplePlugin(t *testing.T, name string) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "sy-cmd-plugins-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildDir = dir
+		pluginBins = map[string]string{}
+		for name, pkg := range map[string]string{
+			"plugin-example":           "../plugin-example",
+			"disagg-filter-score-pick": "../../examples/disagg-filter-score-pick",
+			"soft-pin-repin":           "../../examples/soft-pin-repin",
+		} {
+			bin := filepath.Join(dir, name)
+			if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("building %s: %v\n%s", pkg, err, out)
+				return
+			}
+			pluginBins[name] = bin
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return pluginBins[name]
+}
+
+// policyWith rewrites an example policy's `command = "bin/NAME"` to the
+// freshly built binary and writes it to a temporary file.
+func policyWith(t *testing.T, example, binName string) string {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join(policyDir, example))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := strings.Replace(string(src), `"bin/`+binName+`"`, fmt.Sprintf("%q", examplePlugin(t, binName)), 1)
+	if out == string(src) {
+		t.Fatalf("%s does not run bin/%s", example, binName)
+	}
+	return writeFile(t, example, out)
+}
+
+func TestPluginsDescribe(t *testing.T) {
+	code, out, errOut := routerRun(t, "plugins", "describe", examplePlugin(t, "disagg-filter-score-pick"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		"plugin version 0.1.0, API v1, component types: 4",
+		`filter "min-overlap"  inputs CACHE`,
+		"min_device_overlap_blocks  number  true",
+		`scorer "prefill-cost"  inputs LOAD|CACHE`,
+		`scorer "decode-cost"  inputs LOAD`,
+		`picker "lowest-cost"  inputs none`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("describe output lacks %q:\n%s", want, out)
+		}
+	}
+	if code, _, errOut := routerRun(t, "plugins", "describe", filepath.Join(t.TempDir(), "nope")); code != 1 || !strings.Contains(errOut, "nope") {
+		t.Errorf("missing binary: exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestValidateShowsOutOfProcessComponents(t *testing.T) {
+	file := policyWith(t, "disagg.hcl", "disagg-filter-score-pick")
+	code, out, errOut := routerRun(t, "validate", file)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	for _, want := range []string{
+		`prefill     policy "prefill"  [pipeline, inputs LOAD|CACHE]`,
+		"filter overlap      type min-overlap    out-of-process (plugin pd)",
+		"picker lowest       type lowest-cost    out-of-process (plugin pd)",
+		`decode      policy "decode"  [pipeline, inputs LOAD]`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("validate output lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestValidateRefusesAPluginThatCannotStart(t *testing.T) {
+	src := `plugin "gone" {
+  command       = "/nonexistent/plugin"
+  start_timeout = "2s"
+}
+`
+	file := writeFile(t, "gone.hcl", src)
+	code, _, errOut := routerRun(t, "validate", file)
+	if code != 1 || !strings.Contains(errOut, file+":1:1: error: Plugin failed to start") || !strings.Contains(errOut, `"gone"`) {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	// With on_start_failure = "fallback" the file loads with a warning.
+	file = writeFile(t, "gone.hcl", strings.Replace(src, "}\n", "  on_start_failure = \"fallback\"\n}\n", 1))
+	code, _, errOut = routerRun(t, "validate", file)
+	if code != 0 || !strings.Contains(errOut, "warning: Plugin failed to start") {
+		t.Fatalf("fallback: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// Replay with out-of-process policies repeats byte for byte when the
+// plugins are deterministic, and every decision is the plugin's (no
+// fallback).
+func TestReplayWithPluginsIsDeterministic(t *testing.T) {
+	tests := []struct {
+		example, bin string
+		flags        []string
+	}{
+		{"plugin-example.hcl", "plugin-example", []string{"--workers", "4"}},
+		{"disagg.hcl", "disagg-filter-score-pick", []string{"--prefill-workers", "2", "--decode-workers", "2"}},
+		{"soft-pin.hcl", "soft-pin-repin", []string{"--workers", "3"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.example, func(t *testing.T) {
+			file := policyWith(t, tt.example, tt.bin)
+			dir := t.TempDir()
+			var outs [][]byte
+			for i := range 2 {
+				per := filepath.Join(dir, fmt.Sprintf("per-%d.jsonl", i))
+				rep := filepath.Join(dir, fmt.Sprintf("rep-%d.json", i))
+				args := append([]string{"replay", "--policy", file, "--trace", filepath.Join(traceDir, "mooncake_arxiv_trace_first1000.jsonl"),
+					"--limit", "300", "--per-request", per, "--report", rep}, tt.flags...)
+				code, _, errOut := routerRun(t, args...)
+				if code != 0 {
+					t.Fatalf("exit %d: %s", code, errOut)
+				}
+				b, err := os.ReadFile(per)
+				if err != nil {
+					t.Fatal(err)
+				}
+				outs = append(outs, b)
+				r, err := os.ReadFile(rep)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !bytes.Contains(r, []byte(`"completed": 300`)) || !bytes.Contains(r, []byte(`"fallbacks": 0`)) {
+					t.Fatalf("report:\n%s", r)
+				}
+			}
+			if !bytes.Equal(outs[0], outs[1]) {
+				t.Fatal("two replays with the same plugin policy differ")
+			}
+		})
+	}
+}
