@@ -176,3 +176,56 @@ func TestReplayWithPluginsIsDeterministic(t *testing.T) {
 		})
 	}
 }
+
+// A plugin that cannot start fails the replay by default; with
+// on_start_failure = "fallback" the replay runs, every decision of the
+// policy that uses it is the fallback's, and the report counts them.
+func TestReplayPluginDownFallsBack(t *testing.T) {
+	src := `plugin "gone" {
+  command          = "/nonexistent/plugin"
+  start_timeout    = "2s"
+  on_start_failure = "fallback"
+}
+
+policy "queue" {
+  scorer "depth" {
+    type = "queue-depth"
+  }
+  picker "pick" {
+    type = "min-cost"
+  }
+  fallback = "round-robin"
+}
+
+worker_selection {
+  aggregated = "queue"
+}
+`
+	file := writeFile(t, "down.hcl", src)
+	rep := filepath.Join(t.TempDir(), "rep.json")
+	args := []string{"replay", "--policy", file, "--trace", filepath.Join(traceDir, "mooncake_arxiv_trace_first1000.jsonl"),
+		"--limit", "200", "--workers", "4", "--report", rep}
+	code, _, errOut := routerRun(t, args...)
+	if code != 0 || !strings.Contains(errOut, "warning: Plugin failed to start") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	b, err := os.ReadFile(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"completed": 200`, `"fallbacks": 200`, `"requests_per_worker": [
+    50,
+    50,
+    50,
+    50
+  ]`} {
+		if !bytes.Contains(b, []byte(want)) {
+			t.Errorf("report lacks %s:\n%s", want, b)
+		}
+	}
+	// Without on_start_failure the same file does not replay.
+	file = writeFile(t, "down.hcl", strings.Replace(src, "  on_start_failure = \"fallback\"\n", "", 1))
+	if code, _, errOut := routerRun(t, append([]string{"replay", "--policy", file}, args[3:]...)...); code != 1 || !strings.Contains(errOut, "error: Plugin failed to start") {
+		t.Fatalf("default on_start_failure: exit %d, stderr %q", code, errOut)
+	}
+}

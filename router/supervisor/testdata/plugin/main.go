@@ -8,6 +8,8 @@
 //	hang       never complete the handshake
 //	child      start a child (in hang mode) that writes its pid to
 //	           SY_CHILD, then serve
+//	builtin    serve the router's own built-in kv-cost, min-cost and busy
+//	           types, unchanged
 //
 // SY_STARTS names a file it appends a line to at every start, and
 // SY_MARKER a file it creates, so tests can tell whether (and how often)
@@ -28,6 +30,7 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
+	"github.com/switchyard-router/switchyard/builtin"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -59,6 +62,10 @@ func main() {
 	case "child":
 		startChild()
 		serve()
+	case "builtin":
+		shared.Serve(shared.ServeOpts{Version: "test", Types: []shared.TypeInfo{
+			builtin.KVCostType(), builtin.MinCostType(), builtin.BusyType(),
+		}})
 	default:
 		serve()
 	}
