@@ -9,12 +9,33 @@ package shared
 //   - BenchmarkPluginDecide: RemoteClient.Decide through a real plugin
 //     process (testdata/plugin) running a scorer and a picker, serial and
 //     with 64 concurrent callers.
-//   - BenchmarkUnaryGRPC: the same DecideBatch as a plain unary gRPC call
-//     served by the same kind of go-plugin process, which runs the same
-//     scorer and picker (a test-only method of testdata/plugin).
-//   - BenchmarkUnixSocketFloor: the marshalled DecideBatch written to a
-//     goroutine echo server over a unix socket and read back: no gRPC, no
-//     process boundary, no work.
+//   - BenchmarkUnaryGRPC: the same decision as a plain unary gRPC call, one
+//     DecideBatch of one task in, one DecideResults out.
+//   - BenchmarkUnixSocketFloor: the marshalled DecideBatch written over a
+//     unix socket to an echo server and read back: no gRPC, no work. The
+//     in-process case echoes from a goroutine (no process boundary); the
+//     cross-process case echoes from the test plugin binary, the floor a
+//     plugin call cannot go below on this machine.
+//
+// What keeps the unary baseline a fair comparison with the plugin path:
+//   - Same process: both start testdata/plugin with the argument "unary",
+//     so the same binary, the same go-plugin gRPC server and options and the
+//     same message-size limits serve both; the unary method is one more
+//     service on that server, reached over the same go-plugin connection.
+//   - Same payload: each unary call builds its DecideTask with
+//     RemoteClient.newTask (the conversion Decide does, pooled the same
+//     way) under the same 5 s deadline, so the bytes on the wire match a
+//     plugin task's, deadline included.
+//   - Same work on either end: the unary handler checks the deadline, runs
+//     under a context with it, decodes every sent column into pooled
+//     Candidates (as the SDK does), runs the same test-cost scorer and
+//     test-lowest picker types, and returns a fresh costs slice; the client
+//     checks the task id and error and converts the result as Decide does.
+//   - Same harness: both go through runBench, so latency is per call
+//     including the per-call context, serially and with 64 callers.
+// What differs is only the transport use: the plugin path is one long-lived
+// bidirectional stream with batching; the unary call is a new HTTP/2
+// stream (headers, data, trailers) per decision.
 //
 // Each reports p50-us and p99-us (per-call latency) and decisions/s. Compare
 // runs with benchstat (go test ... -count=10 > new.txt; benchstat old.txt
@@ -23,8 +44,10 @@ package shared
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -136,7 +159,7 @@ func runBench(b *testing.B, call func() error) {
 }
 
 func BenchmarkPluginDecide(b *testing.B) {
-	rc, _ := startPlugin(b)
+	rc, _ := startPlugin(b, "unary")
 	configure(b, rc, "s", "test-cost", nil)
 	configure(b, rc, "p", "test-lowest", nil)
 	req, c := benchRequest(), benchCandidates()
@@ -151,14 +174,28 @@ func BenchmarkPluginDecide(b *testing.B) {
 }
 
 func BenchmarkUnaryGRPC(b *testing.B) {
-	_, proto := startPlugin(b, "unary")
+	rc, proto := startPlugin(b, "unary")
 	conn := proto.(*plugin.GRPCClient).Conn
-	batch := benchBatch()
+	req, c := benchRequest(), benchCandidates()
+	stages := []Stage{{Instance: "s", Weight: 1}, {Instance: "p"}}
 	runBench(b, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
+		// The same conversion (and pooled DecideTask) as RemoteClient.Decide.
+		pt := rc.newTask(ctx, &Task{Request: req, Candidates: c, Stages: stages})
+		batch := &pluginv1.DecideBatch{Tasks: []*pluginv1.DecideTask{pt}}
 		out := new(pluginv1.DecideResults)
-		return conn.Invoke(ctx, "/switchyard.bench.v1.Bench/Decide", batch, out, callOpts...)
+		err := conn.Invoke(ctx, "/switchyard.bench.v1.Bench/Decide", batch, out, callOpts...)
+		id := pt.TaskId
+		rc.tasks.Put(pt)
+		if err != nil {
+			return err
+		}
+		if len(out.Results) != 1 || out.Results[0].GetError() != "" || out.Results[0].GetTaskId() != id {
+			return fmt.Errorf("unexpected results %v", out.Results)
+		}
+		_ = resultFromProto(out.Results[0])
+		return nil
 	})
 }
 
@@ -167,43 +204,78 @@ func BenchmarkUnixSocketFloor(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sock := filepath.Join(b.TempDir(), "echo.sock")
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		b.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // echo every length-prefixed frame
-		defer wg.Done()
-		conn, err := ln.Accept()
+	// in-process: a goroutine echo server, no process boundary.
+	b.Run("in-process", func(b *testing.B) {
+		sock := filepath.Join(b.TempDir(), "echo.sock")
+		ln, err := net.Listen("unix", sock)
 		if err != nil {
-			return
+			b.Fatal(err)
 		}
-		defer conn.Close()
-		buf := make([]byte, 4+len(payload))
-		for {
-			if _, err := io.ReadFull(conn, buf[:4]); err != nil {
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() { // echo every length-prefixed frame
+			defer wg.Done()
+			conn, err := ln.Accept()
+			if err != nil {
 				return
 			}
-			n := binary.LittleEndian.Uint32(buf[:4])
-			if _, err := io.ReadFull(conn, buf[4:4+n]); err != nil {
-				return
+			defer conn.Close()
+			buf := make([]byte, 4+len(payload))
+			for {
+				if _, err := io.ReadFull(conn, buf[:4]); err != nil {
+					return
+				}
+				n := binary.LittleEndian.Uint32(buf[:4])
+				if _, err := io.ReadFull(conn, buf[4:4+n]); err != nil {
+					return
+				}
+				if _, err := conn.Write(buf[:4+n]); err != nil {
+					return
+				}
 			}
-			if _, err := conn.Write(buf[:4+n]); err != nil {
-				return
-			}
+		}()
+		conn, err := net.Dial("unix", sock)
+		if err != nil {
+			b.Fatal(err)
 		}
-	}()
-	conn, err := net.Dial("unix", sock)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		_ = conn.Close()
-		_ = ln.Close()
-		wg.Wait()
+		b.Cleanup(func() {
+			_ = conn.Close()
+			_ = ln.Close()
+			wg.Wait()
+		})
+		echoRoundTrips(b, conn, payload)
 	})
+	// cross-process: the echo server is the test plugin binary ("echo"),
+	// so each round trip crosses the process boundary as a plugin call
+	// does, with no gRPC and no work.
+	b.Run("cross-process", func(b *testing.B) {
+		sock := filepath.Join(b.TempDir(), "echo.sock")
+		cmd := exec.Command(buildPlugin(b), "echo", sock)
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+		var conn net.Conn
+		for deadline := time.Now().Add(5 * time.Second); ; {
+			if conn, err = net.Dial("unix", sock); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("dialing the echo process: %v", err)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		b.Cleanup(func() { _ = conn.Close() })
+		echoRoundTrips(b, conn, payload)
+	})
+}
+
+// echoRoundTrips writes the length-prefixed payload to conn and reads it
+// back, b.N times, reporting latency.
+func echoRoundTrips(b *testing.B, conn net.Conn, payload []byte) {
 	out := make([]byte, 4+len(payload))
 	binary.LittleEndian.PutUint32(out, uint32(len(payload)))
 	copy(out[4:], payload)

@@ -328,7 +328,7 @@ func (s *remoteStream) submit(ctx context.Context, id uint64, pt *pluginv1.Decid
 	s.sending = true
 	tasks := s.takeQueue()
 	s.mu.Unlock()
-	s.send(tasks, func() bool { return len(w.ch) > 0 || ctx.Err() != nil })
+	s.send(ctx, tasks, w)
 	return nil
 }
 
@@ -341,10 +341,11 @@ func (s *remoteStream) takeQueue() []*pluginv1.DecideTask {
 }
 
 // send sends tasks, then every batch that queued meanwhile, as the holder
-// of the sender role. It gives the role up when the queue is empty; when
-// stop (nil: never) reports true with tasks still queued it passes the role
-// to sendLoop instead.
-func (s *remoteStream) send(tasks []*pluginv1.DecideTask, stop func() bool) {
+// of the sender role. It gives the role up when the queue is empty. A
+// caller (w non-nil) stops sending others' tasks once its own result has
+// arrived or its ctx is done: with tasks still queued it passes the role to
+// sendLoop instead.
+func (s *remoteStream) send(ctx context.Context, tasks []*pluginv1.DecideTask, w *waiter) {
 	for {
 		if h := s.c.testHookBeforeSend; h != nil {
 			h(len(tasks))
@@ -377,7 +378,7 @@ func (s *remoteStream) send(tasks []*pluginv1.DecideTask, stop func() bool) {
 			s.mu.Unlock()
 			return
 		}
-		if stop != nil && stop() {
+		if w != nil && (len(w.ch) > 0 || ctx.Err() != nil) {
 			s.mu.Unlock()
 			s.handoff <- struct{}{} // buffered; at most one handoff is outstanding
 			return
@@ -441,7 +442,7 @@ func (s *remoteStream) sendLoop(ctx context.Context) {
 		}
 		tasks := s.takeQueue()
 		s.mu.Unlock()
-		s.send(tasks, nil)
+		s.send(ctx, tasks, nil)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"os"
 	"runtime"
 	"runtime/debug"
 	"sort"
@@ -217,9 +216,11 @@ type decideStream struct {
 	ctx    context.Context
 	log    hclog.Logger
 
-	// running counts the tasks received and not yet delivered.
-	running atomic.Int64
-	wg      sync.WaitGroup // every goroutine but the handler's
+	// running counts the tasks received and not yet run; lastInline is
+	// how long the last lone task ran, in nanoseconds.
+	running    atomic.Int64
+	lastInline atomic.Int64
+	wg         sync.WaitGroup // every goroutine but the handler's
 
 	mu      sync.Mutex
 	out     []*pluginv1.DecideResult
@@ -268,9 +269,11 @@ func (d *decideStream) deliver(r *pluginv1.DecideResult) {
 //
 // A batch of one task that arrives while no other task of the stream is
 // running runs at once on the goroutine that received it, and its result
-// is sent from there: no goroutine handoff on a lone decision's path. So
-// that a slow task never stops the stream from being read, that goroutine
-// first starts a new one to go on receiving. Larger batches, and tasks
+// is sent from there: no goroutine handoff on a lone decision's path. The
+// stream is not read while it runs, so this is done only while lone tasks
+// are short (the last one ran at most inlineMax); otherwise the goroutine
+// first starts a new one to go on receiving, and a slow component holds
+// up at most the one task that showed it slow. Larger batches, and tasks
 // that arrive while others run, run concurrently on up to GOMAXPROCS
 // goroutines that take the batch's tasks in turn.
 func (s *server) Decide(stream pluginv1.Plugin_DecideServer) error {
@@ -300,9 +303,13 @@ func (d *decideStream) receive() {
 			continue
 		}
 		if d.running.Add(int64(len(tasks))) == 1 {
-			if inlineMode == "pure" {
-				d.deliver(d.s.runTask(d.ctx, tasks[0]))
-				d.running.Add(-1)
+			// A lone task on an idle stream. While such tasks are short,
+			// run it here and go on receiving after its result is sent.
+			// After a long one, or while one runs long, hand the reading
+			// to a new goroutine first, so a slow component neither holds
+			// up the tasks behind it nor serializes them.
+			if time.Duration(d.lastInline.Load()) <= inlineMax {
+				d.deliver(d.runLone(tasks[0]))
 				continue
 			}
 			d.wg.Add(1)
@@ -310,8 +317,7 @@ func (d *decideStream) receive() {
 				defer d.wg.Done()
 				d.receive()
 			}()
-			d.deliver(d.s.runTask(d.ctx, tasks[0]))
-			d.running.Add(-1)
+			d.deliver(d.runLone(tasks[0]))
 			return
 		}
 		var next atomic.Int64
@@ -320,15 +326,27 @@ func (d *decideStream) receive() {
 			go func() {
 				defer d.wg.Done()
 				for i := next.Add(1) - 1; i < int64(len(tasks)); i = next.Add(1) - 1 {
-					d.deliver(d.s.runTask(d.ctx, tasks[i]))
+					r := d.s.runTask(d.ctx, tasks[i])
 					d.running.Add(-1)
+					d.deliver(r)
 				}
 			}()
 		}
 	}
 }
 
-var inlineMode = os.Getenv("SWITCHYARD_INLINE_MODE")
+// inlineMax is the longest a lone task may have run for the next one to run
+// on the receiving goroutine (see receive).
+const inlineMax = 50 * time.Microsecond
+
+// runLone runs a lone task, records how long it ran, and counts it done.
+func (d *decideStream) runLone(t *pluginv1.DecideTask) *pluginv1.DecideResult {
+	start := time.Now()
+	r := d.s.runTask(d.ctx, t)
+	d.lastInline.Store(int64(time.Since(start)))
+	d.running.Add(-1)
+	return r
+}
 
 func ignoreEOF(err error) error {
 	if errors.Is(err, io.EOF) {

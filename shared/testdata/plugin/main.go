@@ -7,7 +7,13 @@ package main
 
 import (
 	"context"
+	"encoding/binary"
+	"io"
+	"math"
+	"net"
 	"os"
+	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
@@ -73,6 +79,10 @@ func (e constError) Error() string { return string(e) }
 const errPositive = constError("must be > 0")
 
 func main() {
+	if len(os.Args) > 2 && os.Args[1] == "echo" {
+		echo(os.Args[2])
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "unary" {
 		serveWithUnary()
 		return
@@ -107,26 +117,80 @@ var benchDesc = grpc.ServiceDesc{
 	Metadata: "bench",
 }
 
-// decideUnary runs test-cost + test-lowest on every task, like Decide.
+// unaryScratch is decideUnary's per-call buffers, pooled as the SDK pools
+// its task scratch.
+type unaryScratch struct {
+	c     shared.Candidates
+	costs []float64
+}
+
+var unaryPool = sync.Pool{New: func() any { return new(unaryScratch) }}
+
+// decideUnary does, per task, the work the SDK's Decide does for a
+// test-cost + test-lowest task: the deadline check and a context with the
+// task's deadline, every sent column decoded into pooled Candidates
+// (including the LOAD kv_usage and waiting sentinels), the scorer, the
+// picker, and a fresh costs slice in the result.
 func decideUnary(ctx context.Context, in *pluginv1.DecideBatch) *pluginv1.DecideResults {
-	out := &pluginv1.DecideResults{}
+	out := &pluginv1.DecideResults{Results: make([]*pluginv1.DecideResult, 0, len(in.GetTasks()))}
 	for _, t := range in.GetTasks() {
-		cols := t.GetCandidates()
-		n := len(cols.GetIds())
-		c := &shared.Candidates{IDs: make([]shared.WorkerID, n), ActiveRequests: cols.GetActiveRequests(),
-			Load: make([]shared.Load, n), OverlapBlocks: cols.GetOverlapBlocks()}
-		for i := range n {
-			c.IDs[i] = shared.WorkerID(cols.Ids[i])
-			c.Load[i] = shared.Load{Available: cols.LoadAvailable[i], ActivePrefillTokens: cols.LoadActivePrefillTokens[i],
-				ActiveDecodeBlocks: cols.LoadActiveDecodeBlocks[i], ActiveRequests: cols.LoadActiveRequests[i]}
-		}
-		costs := make([]float64, n)
-		_ = costScorer{blockSize: 16}.Score(ctx, &shared.Request{}, c, costs)
-		c.Costs = costs
-		row, _ := lowestPicker{}.Pick(ctx, &shared.Request{}, c)
-		out.Results = append(out.Results, &pluginv1.DecideResult{TaskId: t.GetTaskId(), Costs: costs, Picked: int32(row)})
+		out.Results = append(out.Results, decideOne(ctx, t))
 	}
 	return out
+}
+
+func decideOne(ctx context.Context, t *pluginv1.DecideTask) *pluginv1.DecideResult {
+	res := &pluginv1.DecideResult{TaskId: t.GetTaskId(), Picked: -1}
+	if dl := t.GetDeadlineUnixNano(); dl != 0 {
+		deadline := time.Unix(0, dl)
+		if !time.Now().Before(deadline) {
+			res.Error = "deadline passed before the task ran"
+			return res
+		}
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, deadline)
+		defer cancel()
+	}
+	sc := unaryPool.Get().(*unaryScratch)
+	defer unaryPool.Put(sc)
+	cols := t.GetCandidates()
+	n := len(cols.GetIds())
+	c := &sc.c
+	c.IDs = grow(c.IDs, n)
+	for i, id := range cols.GetIds() {
+		c.IDs[i] = shared.WorkerID(id)
+	}
+	c.ActiveRequests = append(c.ActiveRequests[:0], cols.GetActiveRequests()...)
+	c.OverlapBlocks = append(c.OverlapBlocks[:0], cols.GetOverlapBlocks()...)
+	c.Load = grow(c.Load, n)
+	for i := range c.Load {
+		kv, w := cols.LoadKvUsage[i], cols.LoadWaiting[i]
+		c.Load[i] = shared.Load{Available: cols.LoadAvailable[i], ActivePrefillTokens: cols.LoadActivePrefillTokens[i],
+			ActiveDecodeBlocks: cols.LoadActiveDecodeBlocks[i], ActiveRequests: cols.LoadActiveRequests[i],
+			KVUsage: kv, HasKVUsage: !math.IsNaN(kv), Waiting: w, HasWaiting: w >= 0}
+	}
+	sc.costs = grow(sc.costs, n)
+	clear(sc.costs)
+	req := &shared.Request{ID: t.GetRequest().GetId(), Model: t.GetRequest().GetModel(), BlockHashes: t.GetRequest().GetBlockHashes()}
+	if err := (costScorer{blockSize: 16}).Score(ctx, req, c, sc.costs); err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	c.Costs = sc.costs
+	row, err := lowestPicker{}.Pick(ctx, req, c)
+	if err != nil {
+		res.Error = err.Error()
+		return res
+	}
+	res.Picked, res.Costs = int32(row), append([]float64(nil), sc.costs...)
+	return res
+}
+
+func grow[T any](b []T, n int) []T {
+	if cap(b) < n {
+		return make([]T, n)
+	}
+	return b[:n]
 }
 
 func serveWithUnary() {
@@ -142,4 +206,39 @@ func serveWithUnary() {
 		},
 		Logger: log,
 	})
+}
+
+// echo serves BenchmarkUnixSocketFloor's cross-process case: it listens on
+// the unix socket path, accepts one connection and writes back every
+// length-prefixed frame it reads, until the connection closes.
+func echo(path string) {
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		os.Exit(1)
+	}
+	defer ln.Close()
+	conn, err := ln.Accept()
+	if err != nil {
+		os.Exit(1)
+	}
+	defer conn.Close()
+	var hdr [4]byte
+	var buf []byte
+	for {
+		if _, err := io.ReadFull(conn, hdr[:]); err != nil {
+			return
+		}
+		n := int(binary.LittleEndian.Uint32(hdr[:]))
+		if cap(buf) < 4+n {
+			buf = make([]byte, 4+n)
+		}
+		buf = buf[:4+n]
+		copy(buf, hdr[:])
+		if _, err := io.ReadFull(conn, buf[4:]); err != nil {
+			return
+		}
+		if _, err := conn.Write(buf); err != nil {
+			return
+		}
+	}
 }
