@@ -105,6 +105,27 @@ const (
 	OnStartFailureFallback = "fallback"
 )
 
+// RestartPolicy is a plugin block's `restart { max_restarts, window,
+// backoff_min, backoff_max }`: a plugin that exits or is killed is
+// restarted after an exponential backoff with jitter between BackoffMin and
+// BackoffMax; after MaxRestarts restarts within Window it is marked failed,
+// its policies decide by fallback, and it is retried only on reload.
+type RestartPolicy struct {
+	MaxRestarts int           // restarts allowed within Window; 0 never restarts
+	Window      time.Duration // the sliding window MaxRestarts counts in
+	BackoffMin  time.Duration // first delay
+	BackoffMax  time.Duration // delay cap
+}
+
+// DefaultRestartPolicy is 5 restarts per minute, backing off from 100 ms to
+// 10 s: a crash-looping plugin is given up on within about a minute while a
+// one-off crash costs a tenth of a second. (Nomad's task restart default is
+// 2 attempts in 30 min with a 15 s delay; a routing plugin sits on the
+// request path, so it is retried sooner and more often.)
+func DefaultRestartPolicy() RestartPolicy {
+	return RestartPolicy{MaxRestarts: 5, Window: time.Minute, BackoffMin: 100 * time.Millisecond, BackoffMax: 10 * time.Second}
+}
+
 // Plugin is one decoded plugin block. The loader validates it and, when
 // given a PluginHost, has the host start it; launching and supervising the
 // binary is the host's job.
@@ -127,6 +148,9 @@ type Plugin struct {
 	// OnStartFailure is OnStartFailureError (the default) or
 	// OnStartFailureFallback.
 	OnStartFailure string
+	// Restart is the block's restart policy (DefaultRestartPolicy when it
+	// has no restart block).
+	Restart RestartPolicy
 	// Failed is why the plugin did not start, or nil when it started or no
 	// PluginHost was given. With OnStartFailureFallback the file still
 	// loads and the plugin's components are unavailable placeholders.

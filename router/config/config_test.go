@@ -210,9 +210,10 @@ plugin "other" {
 		Name: "pd", Command: "bin/pd", Args: []string{"--x", "y"}, Env: map[string]string{"K": "v"},
 		SHA256:       "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 		StartTimeout: 5 * time.Second, CallTimeout: 50 * time.Millisecond, OnStartFailure: "error",
+		Restart: DefaultRestartPolicy(),
 	}, {
 		Name: "other", Command: "bin/other", StartTimeout: 5 * time.Second, CallTimeout: 20 * time.Millisecond,
-		OnStartFailure: "fallback",
+		OnStartFailure: "fallback", Restart: DefaultRestartPolicy(),
 	}}
 	ignoreRanges := cmp.FilterPath(func(p cmp.Path) bool {
 		n := p.Last().String()

@@ -49,6 +49,16 @@ var pluginSchema = &hcl.BodySchema{
 		{Name: "call_timeout"},
 		{Name: "on_start_failure"},
 	},
+	Blocks: []hcl.BlockHeaderSchema{{Type: "restart"}},
+}
+
+var restartSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "max_restarts"},
+		{Name: "window"},
+		{Name: "backoff_min"},
+		{Name: "backoff_max"},
+	},
 }
 
 var selectionSchema = func() *hcl.BodySchema {
@@ -207,6 +217,7 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 		StartTimeout:   DefaultStartTimeout,
 		CallTimeout:    DefaultCallTimeout,
 		OnStartFailure: OnStartFailureError,
+		Restart:        DefaultRestartPolicy(),
 		Range:          blk.DefRange,
 		AttrRanges:     make(map[string]hcl.Range),
 	}}
@@ -294,8 +305,54 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 			}
 		}
 	}
+	var restart *hcl.Block
+	for _, rb := range content.Blocks {
+		if restart != nil {
+			l.errorf(rb.DefRange, "Duplicate restart block",
+				"Plugin %q already has a restart block at %s; merge them.", name, pos(restart.DefRange))
+			continue
+		}
+		restart = rb
+		l.restartBlock(rb, &p.Restart)
+	}
 	if nameOK {
 		l.plugins = append(l.plugins, p)
+	}
+}
+
+// restartBlock decodes a plugin's restart block into r (which holds the
+// defaults).
+func (l *loader) restartBlock(blk *hcl.Block, r *RestartPolicy) {
+	content, diags := blk.Body.Content(restartSchema)
+	l.diags = append(l.diags, diags...)
+	if attr, ok := content.Attributes["max_restarts"]; ok {
+		if n, ok := l.intAttr(attr); ok {
+			if n < 0 || n > 1000 {
+				l.attrErrorf(attr, "Invalid max_restarts", "max_restarts must be between 0 (never restart) and 1000, got %d.", n)
+			} else {
+				r.MaxRestarts = int(n)
+			}
+		}
+	}
+	for _, f := range []struct {
+		name string
+		dst  *time.Duration
+	}{{"window", &r.Window}, {"backoff_min", &r.BackoffMin}, {"backoff_max", &r.BackoffMax}} {
+		attr, ok := content.Attributes[f.name]
+		if !ok {
+			continue
+		}
+		if d, ok := l.durationAttr(attr); ok {
+			if d <= 0 {
+				l.attrErrorf(attr, "Invalid "+f.name, "%s must be a positive duration such as \"1s\", got %q.", f.name, d.String())
+				continue
+			}
+			*f.dst = d
+		}
+	}
+	if r.BackoffMin > r.BackoffMax {
+		l.errorf(blk.DefRange, "Invalid restart backoff",
+			"backoff_min (%s) must not exceed backoff_max (%s).", r.BackoffMin, r.BackoffMax)
 	}
 }
 
