@@ -6,6 +6,10 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-router/switchyard/hosted"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -17,23 +21,50 @@ import (
 // Options configure a Router.
 type Options struct {
 	// BlockSize is tokens per KV block for prefix hashing and LOAD
-	// projection (the policy file's router.block_size); > 0.
+	// projection (the policy file's router.block_size); > 0. With Bundle
+	// set, 0 takes the bundle's.
 	BlockSize int
-	// Roles maps each role to its policy. A role without a policy cannot be
-	// selected for (ErrNoPolicy).
+	// Roles maps each role to its policy, for a Router whose policies never
+	// change (replay). A role without a policy cannot be selected for
+	// (ErrNoPolicy). Set Roles or Bundle, not both.
 	Roles map[shared.Role]*shared.Policy
+	// Bundle is the initial bundle of a Router whose policies are reloaded
+	// (Apply, Reload): typically LoadBundle's. The Router owns it once New
+	// succeeded and closes it when it is swapped out by Reload or the
+	// Router closes; when New fails it is still the caller's to close.
+	Bundle *Bundle
 	// BookingsAreLoad marks LOAD as available from the router's own bookings
 	// alone, without engine metrics: true for simulated workers, whose only
 	// load is what the router sent them.
 	BookingsAreLoad bool
+
+	// Load adjusts the loads Reload makes. Its Logger defaults to Logger.
+	Load LoadOptions
+	// Logger receives reload outcomes (failures with their diagnostics,
+	// warnings, drain problems); nil discards them.
+	Logger hclog.Logger
+	// Registerer, when set, gets the router's metrics:
+	// switchyard_policy_reloads_total{result="success"|"failure"}. nil
+	// means no metrics.
+	Registerer prometheus.Registerer
+	// DrainTimeout bounds how long Reload waits for the decisions in
+	// flight on the old bundle before stopping its plugins
+	// (DefaultDrainTimeout).
+	DrainTimeout time.Duration
 }
+
+// DefaultDrainTimeout bounds the drain of a swapped-out bundle. Decisions
+// in flight are bounded by their plugins' call_timeout (then the fallback
+// decides), so a drain normally takes microseconds to milliseconds.
+const DefaultDrainTimeout = 2 * time.Second
 
 // Selection errors of the Router itself.
 var (
 	// ErrNoPolicy: a request for a role the bundle maps to no policy.
 	ErrNoPolicy = errors.New("no policy for role")
-	// ErrBlockSize: a request hashed at a block size other than the router's.
-	ErrBlockSize = errors.New("request block size differs from the router's")
+	// ErrBlockSize: a request hashed at a block size other than the
+	// router's, or a bundle whose file sets another block size.
+	ErrBlockSize = errors.New("block size differs from the router's")
 )
 
 // Router picks a worker for each request by its role's policy and books it.
@@ -41,11 +72,23 @@ var (
 type Router struct {
 	blockSize       int
 	bookingsAreLoad bool
-	roles           map[shared.Role]*rolePolicy
-	fleet           *fleet.Fleet
-	index           *prefix.Index
-	scratch         sync.Pool // *pipeline.Scratch
-	fallbacks       atomic.Int64
+	// cur is the bundle new selections decide with; nil once closed. Each
+	// selection reads it once (acquire) and counts itself in flight on it.
+	cur       atomic.Pointer[Bundle]
+	fleet     *fleet.Fleet
+	index     *prefix.Index
+	scratch   sync.Pool // *pipeline.Scratch
+	fallbacks atomic.Int64
+
+	log          hclog.Logger
+	loadOpts     LoadOptions
+	drainTimeout time.Duration
+	reloads      *prometheus.CounterVec // nil without a Registerer
+
+	// swapMu serialises Apply and Close; reloadMu serialises Reload.
+	swapMu   sync.Mutex
+	closed   bool
+	reloadMu sync.Mutex
 }
 
 // rolePolicy is a policy with its hosted form or its compiled pipeline
@@ -81,31 +124,55 @@ func resolve(p *shared.Policy, depth int) (*rolePolicy, error) {
 	return rp, err
 }
 
-// New returns a Router with an empty fleet.
+// New returns a Router with an empty fleet, deciding with o.Bundle or with
+// a bundle of o.Roles.
 func New(o Options) (*Router, error) {
+	if o.Bundle != nil && o.Roles != nil {
+		return nil, errors.New("router: both Roles and Bundle set")
+	}
+	if o.BlockSize == 0 && o.Bundle != nil {
+		o.BlockSize = o.Bundle.BlockSize()
+	}
 	if o.BlockSize <= 0 {
 		return nil, fmt.Errorf("router: block size %d, want > 0", o.BlockSize)
+	}
+	b := o.Bundle
+	if b == nil {
+		var err error
+		if b, err = NewBundle(o.Roles); err != nil {
+			return nil, err
+		}
+	} else if bs := b.BlockSize(); bs != 0 && bs != o.BlockSize {
+		return nil, fmt.Errorf("router: %w: bundle %d, router %d", ErrBlockSize, bs, o.BlockSize)
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.Load.Logger == nil {
+		o.Load.Logger = o.Logger
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = DefaultDrainTimeout
 	}
 	r := &Router{
 		blockSize:       o.BlockSize,
 		bookingsAreLoad: o.BookingsAreLoad,
-		roles:           make(map[shared.Role]*rolePolicy, len(o.Roles)),
 		fleet:           fleet.New(),
 		index:           prefix.New(),
+		log:             o.Logger,
+		loadOpts:        o.Load,
+		drainTimeout:    o.DrainTimeout,
 	}
-	for role, p := range o.Roles {
-		if !role.Valid() {
-			return nil, fmt.Errorf("router: invalid role %q", role)
+	if o.Registerer != nil {
+		var err error
+		if r.reloads, err = registerReloads(o.Registerer); err != nil {
+			return nil, fmt.Errorf("router: metrics: %w", err)
 		}
-		if p == nil {
-			return nil, fmt.Errorf("router: role %s: no policy", role)
-		}
-		rp, err := resolve(p, 0)
-		if err != nil {
-			return nil, fmt.Errorf("router: role %s: %w", role, err)
-		}
-		r.roles[role] = rp
 	}
+	if !b.state.CompareAndSwap(bundleNew, bundleActive) {
+		return nil, fmt.Errorf("router: initial bundle: %w", ErrBundleInUse)
+	}
+	r.cur.Store(b)
 	r.scratch.New = func() any { return new(pipeline.Scratch) }
 	return r, nil
 }
@@ -115,8 +182,78 @@ func (r *Router) BlockSize() int { return r.blockSize }
 
 // Hosted reports whether role's policy runs on the hosted fast path.
 func (r *Router) Hosted(role shared.Role) bool {
-	rp := r.roles[role]
+	b := r.cur.Load()
+	if b == nil {
+		return false
+	}
+	rp := b.roles[role]
 	return rp != nil && rp.hosted != nil
+}
+
+// Bundle returns the bundle new selections decide with, for inspection;
+// nil once the Router is closed. It may be swapped out at any time.
+func (r *Router) Bundle() *Bundle { return r.cur.Load() }
+
+// acquire returns the current bundle counted in flight (the caller calls
+// release), or nil when the Router is closed. The second load makes the
+// count visible to a drain: a bundle swapped out between the two loads is
+// released and the new one taken, so no selection starts on a bundle
+// after Apply swapped it out and its drain began.
+func (r *Router) acquire() *Bundle {
+	for {
+		b := r.cur.Load()
+		if b == nil {
+			return nil
+		}
+		b.inflight.Add(1)
+		if r.cur.Load() == b {
+			return b
+		}
+		b.release()
+	}
+}
+
+// Apply makes b the bundle new selections decide with and returns the one
+// it replaces, which stays usable by the selections already deciding with
+// it. The caller drains and stops old with old.Close (Reload does all of
+// this). b must be ready (LoadBundle succeeded), not applied before, and
+// of the router's block size (a bundle's prefix hashes and bookings are at
+// the router's block size, so a file that changes router.block_size needs
+// a restart). Errors: ErrClosed, ErrBundleInUse, ErrBlockSize.
+func (r *Router) Apply(b *Bundle) (old *Bundle, err error) {
+	if b == nil {
+		return nil, errors.New("router: Apply: nil bundle")
+	}
+	if bs := b.BlockSize(); bs != 0 && bs != r.blockSize {
+		return nil, fmt.Errorf("router: %w: bundle %d, router %d", ErrBlockSize, bs, r.blockSize)
+	}
+	r.swapMu.Lock()
+	defer r.swapMu.Unlock()
+	if r.closed {
+		return nil, ErrClosed
+	}
+	if !b.state.CompareAndSwap(bundleNew, bundleActive) {
+		return nil, fmt.Errorf("router: Apply: %w", ErrBundleInUse)
+	}
+	old = r.cur.Swap(b)
+	old.retire()
+	return old, nil
+}
+
+// Close stops the Router: selections from now on fail with ErrClosed, the
+// ones in flight finish, and the current bundle is drained and closed
+// (bounded by ctx; see Bundle.Close). A second Close returns nil.
+func (r *Router) Close(ctx context.Context) error {
+	r.swapMu.Lock()
+	if r.closed {
+		r.swapMu.Unlock()
+		return nil
+	}
+	r.closed = true
+	b := r.cur.Swap(nil)
+	b.retire()
+	r.swapMu.Unlock()
+	return b.Close(ctx)
 }
 
 // AddWorker joins a worker; its prefix-index capacity is its TotalKVBlocks.
@@ -188,7 +325,10 @@ type Decision struct {
 // req.BlockSize is set to the router's; req.BlockHashes must have been
 // hashed at that block size. Errors: ErrNoPolicy, ErrBlockSize,
 // shared.ErrNoWorkers, shared.ErrAllFiltered (wrapped), the context's error,
-// or the policy's error when no fallback could decide.
+// ErrClosed, or the policy's error when no fallback could decide.
+//
+// The selection decides with the bundle current when it starts, to the
+// end, also when Apply swaps in another meanwhile.
 func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
@@ -198,7 +338,12 @@ func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, err
 	} else if req.BlockSize != r.blockSize {
 		return Decision{}, fmt.Errorf("%w: request %d, router %d", ErrBlockSize, req.BlockSize, r.blockSize)
 	}
-	rp := r.roles[req.Role]
+	b := r.acquire()
+	if b == nil {
+		return Decision{}, ErrClosed
+	}
+	defer b.release()
+	rp := b.roles[req.Role]
 	if rp == nil {
 		return Decision{}, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
 	}
