@@ -12,4 +12,18 @@
 // start_timeout) is a permanent *StartError and is never retried.
 // Shutdown drains in-flight calls for a bounded grace, then kills every
 // plugin's whole process group and removes its socket directory.
+//
+// Supervision: a plugin's exit is seen at once (a pidfd, so a descendant
+// holding its pipes does not hide it; the exit pipe elsewhere); calls in
+// flight fail with shared.ErrPluginClosed and calls fail fast until a new
+// process, started after an exponential backoff with jitter
+// (RestartPolicy), has every instance configured again under the same
+// name, role and parameters. Past max_restarts within window the plugin is
+// failed (StatusFailed) until a reload. A frozen plugin (consecutive call
+// timeouts, or failed gRPC health checks under their own deadline:
+// HealthPolicy) has its process group killed and is restarted. A circuit
+// breaker per process (BreakerPolicy, gobreaker) refuses calls while open.
+// Every failed call's error lets the router's fallback decide; none wraps
+// context.DeadlineExceeded unless the caller's own deadline passed.
+// Metrics go to the registry in Options (NewMetrics).
 package supervisor

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
@@ -27,6 +28,22 @@ type Options struct {
 	// ShutdownGrace bounds how long Shutdown waits for in-flight calls
 	// before it kills the plugins (DefaultShutdownGrace).
 	ShutdownGrace time.Duration
+	// Restart is every plugin's restart policy, unless SetRestartPolicy
+	// gives one its own; zero fields take their defaults.
+	Restart RestartPolicy
+	// Health says when a plugin counts as frozen; zero fields take their
+	// defaults.
+	Health HealthPolicy
+	// Breaker configures each plugin's circuit breaker; zero fields take
+	// their defaults.
+	Breaker BreakerPolicy
+	// Metrics receives the plugin metrics (NewMetrics). nil: Registerer
+	// decides.
+	Metrics *Metrics
+	// Registerer, when Metrics is nil, is the registry the metrics go to,
+	// through NewMetrics: Hosts given the same Registerer (the old and new
+	// bundles of a reload) share one Metrics. nil: no metrics.
+	Registerer prometheus.Registerer
 }
 
 // Stats are one plugin's decision-call counters.
@@ -41,13 +58,20 @@ type Stats struct {
 	// Fallbacks is every failed call (Errors + Timeouts): each makes its
 	// policy fall back.
 	Fallbacks int64
+	// Restarts is how many times the plugin's process was restarted
+	// (attempts, successful or not).
+	Restarts int64
 }
 
 // Host starts and supervises out-of-process plugins. It implements
 // config.PluginHost. Safe for concurrent use.
 type Host struct {
-	log   hclog.Logger
-	grace time.Duration
+	log     hclog.Logger
+	grace   time.Duration
+	restart RestartPolicy
+	health  HealthPolicy
+	breaker BreakerPolicy
+	met     *Metrics
 
 	// starting counts launches in progress (Start, Describe); Shutdown
 	// waits for them. Add only under mu while !closed.
@@ -55,9 +79,11 @@ type Host struct {
 
 	mu     sync.Mutex
 	closed bool
-	done   chan struct{} // closed when Shutdown has finished
-	procs  map[string]*proc
+	done   chan struct{}       // closed when Shutdown has finished
+	procs  map[string]*managed // nil while starting
 	stats  map[string]*counters
+	// restartFor are the restart policies SetRestartPolicy gave.
+	restartFor map[string]RestartPolicy
 }
 
 var _ config.PluginHost = (*Host)(nil)
@@ -70,13 +96,62 @@ func NewHost(o Options) *Host {
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = DefaultShutdownGrace
 	}
-	return &Host{
-		log:   o.Logger,
-		grace: o.ShutdownGrace,
-		done:  make(chan struct{}),
-		procs: make(map[string]*proc),
-		stats: make(map[string]*counters),
+	met := o.Metrics
+	if met == nil && o.Registerer != nil {
+		var err error
+		if met, err = NewMetrics(o.Registerer); err != nil {
+			o.Logger.Error("plugin metrics not registered", "error", err)
+		}
 	}
+	return &Host{
+		log:        o.Logger,
+		grace:      o.ShutdownGrace,
+		restart:    o.Restart,
+		health:     o.Health.withDefaults(),
+		breaker:    o.Breaker.withDefaults(),
+		met:        met,
+		done:       make(chan struct{}),
+		procs:      make(map[string]*managed),
+		stats:      make(map[string]*counters),
+		restartFor: make(map[string]RestartPolicy),
+	}
+}
+
+// restartFromConfig maps a plugin block's restart block (whose
+// max_restarts = 0 means never restart) to a RestartPolicy (where that is
+// a negative MaxRestarts, zero meaning the default).
+func restartFromConfig(r config.RestartPolicy) RestartPolicy {
+	rp := RestartPolicy{MaxRestarts: r.MaxRestarts, Window: r.Window, BackoffMin: r.BackoffMin, BackoffMax: r.BackoffMax}
+	if rp.MaxRestarts == 0 {
+		rp.MaxRestarts = -1
+	}
+	return rp
+}
+
+// SetRestartPolicy gives the plugin named name its own restart policy, in
+// place of its block's restart block (config.Plugin.Restart) or, when the
+// block has none, Options.Restart. Call it
+// before Start; on a running plugin it applies from its next exit.
+func (h *Host) SetRestartPolicy(name string, rp RestartPolicy) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.restartFor[name] = rp
+	if m := h.procs[name]; m != nil {
+		m.mu.Lock()
+		m.restart = rp.withDefaults()
+		m.mu.Unlock()
+	}
+}
+
+// Status reports where the named plugin stands.
+func (h *Host) Status(name string) Status {
+	h.mu.Lock()
+	m := h.procs[name]
+	h.mu.Unlock()
+	if m == nil {
+		return StatusUnknown
+	}
+	return m.getStatus()
 }
 
 // Start launches the plugin p describes, completes the handshake,
@@ -99,16 +174,30 @@ func (h *Host) Start(ctx context.Context, p config.Plugin) ([]shared.TypeInfo, e
 		st = &counters{}
 		h.stats[p.Name] = st
 	}
+	rp, ok := h.restartFor[p.Name]
+	if !ok {
+		rp = h.restart
+		if p.Restart != (config.RestartPolicy{}) {
+			rp = restartFromConfig(p.Restart)
+		}
+	}
 	h.starting.Add(1)
 	h.mu.Unlock()
 	defer h.starting.Done()
 
-	pr, desc, err := h.launch(ctx, p, st)
+	pr, desc, err := h.launch(ctx, p)
+	var m *managed
+	if err == nil {
+		m = h.newManaged(p, st, rp)
+		m.met.own(m)
+		m.adopt(pr)
+		go m.supervise(pr)
+	}
 	h.mu.Lock()
 	if err != nil {
 		delete(h.procs, p.Name)
 	} else {
-		h.procs[p.Name] = pr
+		h.procs[p.Name] = m
 	}
 	h.mu.Unlock()
 	if err != nil {
@@ -125,7 +214,7 @@ func (h *Host) Start(ctx context.Context, p config.Plugin) ([]shared.TypeInfo, e
 			Params: slices.Clone(t.Params),
 			Doc:    t.Doc,
 			New: func(info shared.InstanceInfo, params shared.Params) (shared.Component, error) {
-				return pr.configure(t.Name, t.Kind, info, params)
+				return m.configure(t.Name, t.Kind, info, params)
 			},
 		}
 	}
@@ -147,7 +236,7 @@ func (h *Host) Describe(ctx context.Context, command string, args []string, star
 	defer h.starting.Done()
 
 	b := config.Plugin{Name: filepath.Base(command), Command: command, Args: args, StartTimeout: startTimeout}
-	pr, desc, err := h.launch(ctx, b, &counters{})
+	pr, desc, err := h.launch(ctx, b)
 	if err != nil {
 		return nil, err
 	}
@@ -173,10 +262,12 @@ func (h *Host) Stats(name string) Stats {
 		Errors:    c.errors.Load(),
 		Timeouts:  c.timeouts.Load(),
 		Fallbacks: c.fallbacks.Load(),
+		Restarts:  c.restarts.Load(),
 	}
 }
 
-// Shutdown stops every plugin: new calls fail at once, calls in flight get
+// Shutdown stops every plugin: restarts stop (a restart in progress
+// finishes first, bounded by start_timeout), new calls fail at once, calls in flight get
 // up to ShutdownGrace (or until ctx ends) to finish, then each client is
 // closed, each plugin's whole process group killed and reaped, and its
 // socket directory removed. Starts in progress finish first (bounded by
@@ -199,15 +290,29 @@ func (h *Host) Shutdown(ctx context.Context) error {
 
 	h.starting.Wait()
 	h.mu.Lock()
+	var plugins []*managed
+	for _, m := range h.procs {
+		if m != nil {
+			plugins = append(plugins, m)
+		}
+	}
+	h.mu.Unlock()
+	slices.SortFunc(plugins, func(a, b *managed) int { return strings.Compare(a.name, b.name) })
+	for _, m := range plugins {
+		m.beginShutdown()
+	}
 	var procs []*proc
-	for _, p := range h.procs {
-		if p != nil {
+	for _, m := range plugins {
+		<-m.done
+		if p := m.cur.Load(); p != nil {
 			procs = append(procs, p)
 		}
 	}
-	h.procs = map[string]*proc{}
-	h.mu.Unlock()
-	slices.SortFunc(procs, func(a, b *proc) int { return strings.Compare(a.name, b.name) })
+	defer func() {
+		for _, m := range plugins {
+			m.met.disown(m)
+		}
+	}()
 
 	drained := make([]<-chan struct{}, len(procs))
 	for i, p := range procs {

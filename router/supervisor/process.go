@@ -20,6 +20,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+	"github.com/sony/gobreaker/v2"
 	"google.golang.org/grpc"
 
 	"github.com/switchyard-router/switchyard/router/config"
@@ -39,7 +40,7 @@ var supportedAPIVersions = []uint32{shared.APIVersion}
 
 // counters are one plugin's call statistics.
 type counters struct {
-	calls, errors, timeouts, fallbacks atomic.Int64
+	calls, errors, timeouts, fallbacks, restarts atomic.Int64
 }
 
 // proc is one running plugin process and its go-plugin client.
@@ -50,10 +51,19 @@ type proc struct {
 	log          hclog.Logger
 	client       *plugin.Client
 	rc           *shared.RemoteClient
-	pid          int    // also the process group id; 0 when the binary never ran
-	sockDir      string // the private socket directory, removed by stop
+	conn         *grpc.ClientConn // the plugin's connection, for health checks
+	pid          int              // also the process group id; 0 when the binary never ran
+	sockDir      string           // the private socket directory, removed by stop
 	stderr       *tail
-	stats        *counters
+	exitR        *os.File // the exit pipe's read end, closed by stop
+
+	// breaker is this process's circuit breaker (nil: none); timeouts
+	// counts consecutive calls without an answer within call_timeout.
+	breaker  *gobreaker.TwoStepCircuitBreaker[struct{}]
+	timeouts atomic.Int32
+	// killReason says why the host killed the process, when it did.
+	killReason atomic.Pointer[string]
+	bg         sync.WaitGroup // the health probe
 
 	// ctx is cancelled when the process exits or stop begins; every call's
 	// context is cancelled with it.
@@ -61,7 +71,11 @@ type proc struct {
 	cancel context.CancelFunc
 	// exited is closed when the process has exited: the exit pipe it
 	// holds (fd 3) reached EOF.
-	exited chan struct{}
+	exited   chan struct{}
+	exitOnce sync.Once
+
+	stopOnce sync.Once
+	stopErr  error
 
 	mu       sync.Mutex
 	closing  bool
@@ -72,7 +86,7 @@ type proc struct {
 // launch starts the plugin b describes, completes the go-plugin handshake
 // and Describes it. On any failure the process (group) is killed and the
 // socket directory removed before it returns a *StartError.
-func (h *Host) launch(ctx context.Context, b config.Plugin, stats *counters) (*proc, *shared.Description, error) {
+func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *shared.Description, error) {
 	fail := func(permanent bool, err error) error {
 		return &StartError{Plugin: b.Name, Cause: err, Permanent: permanent}
 	}
@@ -132,7 +146,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin, stats *counters) (*p
 		log:          log,
 		sockDir:      dir,
 		stderr:       &tail{},
-		stats:        stats,
+		exitR:        exitR,
 		exited:       make(chan struct{}),
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
@@ -152,12 +166,18 @@ func (h *Host) launch(ctx context.Context, b config.Plugin, stats *counters) (*p
 			grpc.MaxCallSendMsgSize(shared.MaxMessageBytes),
 		)},
 	})
-	go p.watchExit(exitR)
+	go p.watchExitPipe()
 
 	_, err = p.client.Start()
 	_ = exitW.Close()
 	if cmd.Process != nil {
 		p.pid = cmd.Process.Pid
+	}
+	if err == nil && p.pid > 0 {
+		// A descendant of the plugin may hold the exit pipe (or its
+		// stderr, which holds up go-plugin's own exit detection): watch
+		// the process itself too.
+		watchPID(p.pid, p.markExited)
 	}
 	if err != nil {
 		stopErr := p.stop()
@@ -185,6 +205,9 @@ func (h *Host) launch(ctx context.Context, b config.Plugin, stats *counters) (*p
 		return failStarted(true, fmt.Errorf("dispensing %q: got %T, not a Switchyard plugin client", shared.PluginSetKey, raw))
 	}
 	p.rc = rc
+	if gc, ok := rpc.(*plugin.GRPCClient); ok {
+		p.conn = gc.Conn
+	}
 
 	dctx, cancel := context.WithTimeout(ctx, startTimeout)
 	stopAfter := context.AfterFunc(p.ctx, cancel)
@@ -292,18 +315,33 @@ func fileSHA256(path string) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// watchExit waits for EOF on the exit pipe, then marks the process exited
-// and cancels every call in flight.
-func (p *proc) watchExit(r *os.File) {
-	defer close(p.exited)
-	defer p.cancel()
+// watchExitPipe waits for EOF on the exit pipe (every holder closed it),
+// or for stop to close it, then marks the process exited.
+func (p *proc) watchExitPipe() {
 	var buf [64]byte
 	for {
-		if _, err := r.Read(buf[:]); err != nil {
+		if _, err := p.exitR.Read(buf[:]); err != nil {
 			break
 		}
 	}
-	_ = r.Close()
+	p.markExited()
+}
+
+// markExited marks the process exited and cancels every call in flight.
+func (p *proc) markExited() {
+	p.exitOnce.Do(func() {
+		p.cancel()
+		close(p.exited)
+	})
+}
+
+// killGroup kills the plugin's whole process group at once (SIGKILL),
+// recording why; it never blocks. The exit watchers then see the exit.
+func (p *proc) killGroup(reason string) {
+	p.killReason.CompareAndSwap(nil, &reason)
+	if p.pid > 0 {
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	}
 }
 
 // hasExited reports whether the process has exited.
@@ -371,9 +409,19 @@ func (p *proc) closedErr(cause error) error {
 // socket directory. Each step is bounded: a wedged plugin never blocks
 // stop for more than about killWait.
 func (p *proc) stop() error {
+	p.stopOnce.Do(func() { p.stopErr = p.doStop() })
+	return p.stopErr
+}
+
+func (p *proc) doStop() error {
 	p.cancel()
 	deadline := time.Now().Add(killWait)
 	var errs []error
+	if p.hasExited() && p.pid > 0 {
+		// Nothing graceful is left to do: kill what remains of the group
+		// (descendants holding its pipes hold up go-plugin's Kill).
+		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	}
 	if p.rc != nil {
 		closed := make(chan struct{})
 		go func() {
@@ -416,6 +464,8 @@ func (p *proc) stop() error {
 	if err := os.RemoveAll(p.sockDir); err != nil {
 		errs = append(errs, fmt.Errorf("removing the socket directory: %w", err))
 	}
+	_ = p.exitR.Close() // ends watchExitPipe, should a stray descendant hold the pipe
+	p.bg.Wait()
 	return errors.Join(errs...)
 }
 

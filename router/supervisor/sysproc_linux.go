@@ -7,7 +7,35 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
+
+// watchPID calls exited once process pid (a child of ours) has exited,
+// without reaping it: go-plugin reaps it. It watches a pidfd, so it sees
+// the exit even while a descendant holds the plugin's pipes. When no pidfd
+// can be had (a kernel before 5.3) it does nothing: the exit pipe is the
+// only watch then.
+func watchPID(pid int, exited func()) {
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		if errors.Is(err, unix.ESRCH) {
+			exited()
+		}
+		return
+	}
+	go func() {
+		defer func() { _ = unix.Close(fd) }()
+		var info unix.Siginfo
+		for {
+			// ECHILD: go-plugin has reaped it already.
+			if err := unix.Waitid(unix.P_PIDFD, fd, &info, unix.WEXITED|unix.WNOWAIT, nil); err != unix.EINTR {
+				break
+			}
+		}
+		exited()
+	}()
+}
 
 // sysProcAttr puts the plugin in its own process group, so Shutdown can
 // kill everything it started, and kills it when the router's thread dies.

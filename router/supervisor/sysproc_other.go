@@ -18,3 +18,6 @@ func sysProcAttr() *syscall.SysProcAttr {
 func groupAlive(pgid int) bool {
 	return !errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
 }
+
+// watchPID does nothing here: the exit pipe is the only exit watch.
+func watchPID(int, func()) {}

@@ -10,10 +10,21 @@
 //	           SY_CHILD, then serve
 //	builtin    serve the router's own built-in kv-cost, min-cost and busy
 //	           types, unchanged
+//	crash      the first start (SY_STARTS empty) serves; every later one
+//	           exits 20ms after starting, right after the handshake
+//	freeze     serve, but after SY_FREEZE_AFTER decisions every scorer
+//	           call blocks forever, ignoring its deadline (the health
+//	           service still answers)
+//	grandchild-stderr
+//	           start a grandchild (in hang mode, in the plugin's process
+//	           group) holding the plugin's stderr, write its pid to
+//	           SY_CHILD, then serve
+//	big        serve without the SDK's send limit; the t-active scorer
+//	           fails with an error message over shared.MaxMessageBytes
 //
-// SY_STARTS names a file it appends a line to at every start, and
-// SY_MARKER a file it creates, so tests can tell whether (and how often)
-// it ran.
+// SY_STARTS names a file it appends a line ("pid unixnano") to at every
+// start, and SY_MARKER a file it creates, so tests can tell whether (and
+// how often, and when) it ran.
 package main
 
 import (
@@ -25,6 +36,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-plugin"
@@ -35,10 +47,14 @@ import (
 )
 
 func main() {
+	earlier := 0
 	if f := os.Getenv("SY_STARTS"); f != "" {
+		if b, err := os.ReadFile(f); err == nil {
+			earlier = strings.Count(string(b), "\n")
+		}
 		out, err := os.OpenFile(f, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 		if err == nil {
-			_, _ = fmt.Fprintln(out, os.Getpid())
+			_, _ = fmt.Fprintln(out, os.Getpid(), time.Now().UnixNano())
 			_ = out.Close()
 		}
 	}
@@ -60,8 +76,29 @@ func main() {
 	case "hang":
 		time.Sleep(time.Hour)
 	case "child":
-		startChild()
+		startChild(nil)
 		serve()
+	case "crash":
+		if earlier > 0 {
+			go func() {
+				time.Sleep(20 * time.Millisecond)
+				os.Exit(3)
+			}()
+		}
+		serve()
+	case "freeze":
+		freezeAfter, _ = strconv.ParseInt(os.Getenv("SY_FREEZE_AFTER"), 10, 64)
+		serve()
+	case "grandchild-stderr":
+		startChild(os.Stderr)
+		serve()
+	case "big":
+		big = true
+		plugin.Serve(&plugin.ServeConfig{
+			HandshakeConfig:  shared.Handshake(),
+			VersionedPlugins: map[int]plugin.PluginSet{shared.APIVersion: {shared.PluginSetKey: &shared.GRPCPlugin{Version: "test", Types: types()}}},
+			GRPCServer:       plugin.DefaultGRPCServer, // no send limit: the host's receive limit trips
+		})
 	case "builtin":
 		shared.Serve(shared.ServeOpts{Version: "test", Types: []shared.TypeInfo{
 			builtin.KVCostType(), builtin.MinCostType(), builtin.BusyType(),
@@ -82,14 +119,18 @@ func serveRaw(hs plugin.HandshakeConfig, v int) {
 }
 
 // startChild starts this binary again in hang mode, in the plugin's
-// process group, and records its pid in SY_CHILD.
-func startChild() {
+// process group, with stderr as its stderr, and records its pid in
+// SY_CHILD.
+func startChild(stderr *os.File) {
 	self, err := os.Executable()
 	if err != nil {
 		panic(err)
 	}
 	cmd := exec.Command(self)
 	cmd.Env = []string{"SY_TEST_MODE=hang"}
+	if stderr != nil {
+		cmd.Stderr = stderr
+	}
 	if err := cmd.Start(); err != nil {
 		panic(err)
 	}
@@ -170,6 +211,14 @@ func (f *maxActive) Filter(_ context.Context, _ *shared.Request, c *shared.Candi
 	return nil
 }
 
+var (
+	// freezeAfter > 0: scorer calls after that many block forever.
+	freezeAfter int64
+	scored      atomic.Int64
+	// big: the scorer fails with an error over the message-size limit.
+	big bool
+)
+
 type active struct {
 	factor float64
 	delay  time.Duration
@@ -178,6 +227,12 @@ type active struct {
 func (s *active) Inputs() shared.Inputs { return shared.InputActiveRequests }
 
 func (s *active) Score(ctx context.Context, _ *shared.Request, c *shared.Candidates, costs []float64) error {
+	if freezeAfter > 0 && scored.Add(1) > freezeAfter {
+		select {} // a handler that never returns
+	}
+	if big {
+		return errors.New(strings.Repeat("x", shared.MaxMessageBytes+1<<20))
+	}
 	if s.delay > 0 {
 		select {
 		case <-time.After(s.delay):

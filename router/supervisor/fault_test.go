@@ -1,0 +1,703 @@
+package supervisor
+
+// The fault matrix: real plugin processes killed, frozen, crash-looping,
+// leaking a grandchild, answering too much. The long ones (a few seconds
+// each) say so in their name (Long) and are skipped under -short.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+
+	"github.com/switchyard-router/switchyard/router/pipeline"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// latencyMargin is what a decision may take beyond call_timeout while its
+// plugin is frozen: timer and scheduling slack under -race on a small
+// machine. The issue asks for 10ms.
+const latencyMargin = 10 * time.Millisecond
+
+// faultHost returns a host with metrics on a fresh registry, shut down and
+// checked for leftovers at the end of the test.
+func faultHost(t *testing.T, o Options) (*Host, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	o.Logger = testLogger()
+	o.Registerer = reg
+	h := NewHost(o)
+	t.Cleanup(func() {
+		if err := h.Shutdown(context.Background()); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		assertNoLeftovers(t)
+	})
+	return h, reg
+}
+
+func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue metrics
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return -1 // no such series
+}
+
+// waitFor polls cond every millisecond until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
+func currentPID(h *Host, name string) int {
+	h.mu.Lock()
+	m := h.procs[name]
+	h.mu.Unlock()
+	if m == nil {
+		return 0
+	}
+	if p := m.cur.Load(); p != nil {
+		return p.pid
+	}
+	return 0
+}
+
+// fallbackable reports whether the router would let the policy's
+// fallback decide after err (router.fallbackAllowed).
+func fallbackable(err error) bool {
+	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
+		!errors.Is(err, shared.ErrAllFiltered) && !errors.Is(err, shared.ErrNoWorkers)
+}
+
+// loadPace is the pause between two decisions of one load goroutine: 50
+// goroutines then make at most 50k decisions a second.
+const loadPace = time.Millisecond
+
+// loadResult is what runLoad's goroutines saw.
+type loadResult struct {
+	mu        sync.Mutex
+	latencies []time.Duration
+	oks       []time.Time // when each plugin-answered decision returned
+	fallbacks int
+	// lastFallback is when the last decision that fell back returned.
+	lastFallback time.Time
+	err          error // the first failure a fallback could not cover
+	done         chan struct{}
+}
+
+// runLoad runs decisions on cp from n goroutines until stop, each answered
+// by the plugin or, when its error lets the router fall back, by the
+// policy's fallback (counted). lr.done is closed once all have reported.
+func runLoad(cp *pipeline.Compiled, n int, stop <-chan struct{}) *loadResult {
+	lr := &loadResult{done: make(chan struct{})}
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			s := &pipeline.Scratch{}
+			var lat []time.Duration
+			var oks []time.Time
+			fallbacks := 0
+			var lastFallback time.Time
+			var bad error
+			defer func() {
+				lr.mu.Lock()
+				lr.latencies = append(lr.latencies, lat...)
+				lr.oks = append(lr.oks, oks...)
+				lr.fallbacks += fallbacks
+				if lastFallback.After(lr.lastFallback) {
+					lr.lastFallback = lastFallback
+				}
+				if lr.err == nil {
+					lr.err = bad
+				}
+				lr.mu.Unlock()
+			}()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				c := candidates()
+				start := time.Now()
+				row, err := pipeline.Execute(context.Background(), cp, request, c, s)
+				end := time.Now()
+				lat = append(lat, end.Sub(start))
+				switch {
+				case err == nil && c.IDs[row] == 11:
+					oks = append(oks, end)
+				case err == nil:
+					bad = fmt.Errorf("picked worker %d, want 11", c.IDs[row])
+				case fallbackable(err):
+					fallbacks++ // the fallback policy decides
+					lastFallback = end
+				default:
+					bad = fmt.Errorf("a decision failed with no fallback: %w", err)
+				}
+				// Paced: a failing plugin fails fast, and 50 goroutines
+				// spinning on fast failures would only measure how the
+				// restart fares on a starved CPU.
+				time.Sleep(loadPace)
+			}
+		})
+	}
+	go func() { wg.Wait(); close(lr.done) }()
+	return lr
+}
+
+func maxLatency(l []time.Duration) time.Duration {
+	if len(l) == 0 {
+		return 0
+	}
+	return slices.Max(l)
+}
+
+// TestLongKillUnderLoad: kill -9 while 50 goroutines decide for 2s.
+func TestLongKillUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long")
+	}
+	h, reg := faultHost(t, Options{})
+	b := block("victim", "")
+	b.CallTimeout = 200 * time.Millisecond
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	cp, err := pipeline.Compile(policy(t, types, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldPID := currentPID(h, "victim")
+	stop := make(chan struct{})
+	lr := runLoad(cp, 50, stop)
+	time.Sleep(700 * time.Millisecond)
+	killed := time.Now()
+	if err := syscall.Kill(oldPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1300 * time.Millisecond)
+	close(stop)
+	<-lr.done
+
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	if lr.err != nil {
+		t.Fatal(lr.err)
+	}
+	// Back: the first decision the plugin answered after the last one
+	// that fell back.
+	var back time.Time
+	for _, ok := range lr.oks {
+		if ok.After(lr.lastFallback) && (back.IsZero() || ok.Before(back)) {
+			back = ok
+		}
+	}
+	if back.IsZero() {
+		t.Fatalf("the plugin never served again after kill -9")
+	}
+	maxLat := maxLatency(lr.latencies)
+	t.Logf("%d decisions, %d by fallback, plugin back after %v, max latency %v, new pid %d",
+		len(lr.latencies), lr.fallbacks, back.Sub(killed), maxLat, currentPID(h, "victim"))
+	if d := back.Sub(killed); d > time.Second {
+		t.Errorf("the plugin served again %v after kill -9, want within 1s", d)
+	}
+	if lr.fallbacks == 0 {
+		t.Error("no decision fell back")
+	}
+	if maxLat > b.CallTimeout+100*time.Millisecond {
+		t.Errorf("a decision took %v, call_timeout is %v", maxLat, b.CallTimeout)
+	}
+	if s := h.Stats("victim"); s.Restarts != 1 || s.Fallbacks != int64(lr.fallbacks) {
+		t.Errorf("Stats = %+v, want 1 restart and %d fallbacks", s, lr.fallbacks)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_restarts_total", "plugin", "victim"); v != 1 {
+		t.Errorf("switchyard_plugin_restarts_total = %v, want 1", v)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_up", "plugin", "victim"); v != 1 {
+		t.Errorf("switchyard_plugin_up = %v, want 1", v)
+	}
+	if pid := currentPID(h, "victim"); pid == oldPID || pid == 0 {
+		t.Errorf("pid after restart %d, before %d", pid, oldPID)
+	}
+}
+
+// TestLongFrozenUnderLoad: SIGSTOP under load.
+func TestLongFrozenUnderLoad(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long")
+	}
+	h, _ := faultHost(t, Options{})
+	b := block("frozen", "")
+	b.CallTimeout = 50 * time.Millisecond
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	cp, err := pipeline.Compile(policy(t, types, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldPID := currentPID(h, "frozen")
+	stop := make(chan struct{})
+	lr := runLoad(cp, 20, stop)
+	time.Sleep(300 * time.Millisecond)
+	stopped := time.Now()
+	if err := syscall.Kill(oldPID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	restarted := waitFor(2*time.Second, func() bool {
+		pid := currentPID(h, "frozen")
+		return pid != 0 && pid != oldPID
+	})
+	back := time.Since(stopped)
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	<-lr.done
+
+	lr.mu.Lock()
+	defer lr.mu.Unlock()
+	if lr.err != nil {
+		t.Fatal(lr.err)
+	}
+	maxLat := maxLatency(lr.latencies)
+	over := 0
+	for _, l := range lr.latencies {
+		if l > b.CallTimeout+latencyMargin {
+			over++
+		}
+	}
+	t.Logf("%d decisions, %d by fallback, restarted after %v, max latency %v (%d over %v)",
+		len(lr.latencies), lr.fallbacks, back, maxLat, over, b.CallTimeout+latencyMargin)
+	if !restarted {
+		t.Fatalf("the frozen plugin was not restarted")
+	}
+	if over > 0 {
+		t.Errorf("%d decisions took longer than call_timeout + %v (max %v)", over, latencyMargin, maxLat)
+	}
+	if !groupGone(oldPID) {
+		t.Errorf("the frozen process group %d is still alive", oldPID)
+	}
+	if s := h.Stats("frozen"); s.Restarts != 1 || s.Timeouts == 0 {
+		t.Errorf("Stats = %+v, want 1 restart and timeouts", s)
+	}
+
+	// Shutdown with a frozen plugin is bounded.
+	if err := syscall.Kill(currentPID(h, "frozen"), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := h.Shutdown(context.Background()); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if d := time.Since(start); d > 2*gracefulKill {
+		t.Errorf("Shutdown with a frozen plugin took %v", d)
+	} else {
+		t.Logf("Shutdown with a frozen plugin took %v", d)
+	}
+}
+
+// TestFrozenDetectedByProbe: with no traffic, the health probe finds a
+// stopped plugin.
+func TestFrozenDetectedByProbe(t *testing.T) {
+	h, _ := faultHost(t, Options{Health: HealthPolicy{ProbeInterval: 50 * time.Millisecond, ProbeTimeout: 50 * time.Millisecond}})
+	if _, err := h.Start(context.Background(), block("idle", "")); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	oldPID := currentPID(h, "idle")
+	stopped := time.Now()
+	if err := syscall.Kill(oldPID, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(3*time.Second, func() bool { pid := currentPID(h, "idle"); return pid != 0 && pid != oldPID }) {
+		t.Fatal("the stopped plugin was not restarted")
+	}
+	t.Logf("stopped plugin restarted after %v", time.Since(stopped))
+	if !groupGone(oldPID) {
+		t.Errorf("the stopped process group %d is still alive", oldPID)
+	}
+}
+
+// TestHandlerNeverReturns: a scorer that blocks forever (the health
+// service still answers) is found by consecutive call timeouts.
+func TestHandlerNeverReturns(t *testing.T) {
+	h, reg := faultHost(t, Options{})
+	b := block("stuck", "freeze")
+	b.Env["SY_FREEZE_AFTER"] = "2"
+	b.CallTimeout = 30 * time.Millisecond
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
+	oldPID := currentPID(h, "stuck")
+	var errs []error
+	for range 5 {
+		errs = append(errs, s.Score(context.Background(), request, candidates(), make([]float64, 4)))
+	}
+	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], ErrCallTimeout) || !errors.Is(errs[3], ErrCallTimeout) || !errors.Is(errs[4], ErrCallTimeout) {
+		t.Errorf("errors = %v; want 2 answers, then timeouts", errs)
+	}
+	if !waitFor(2*time.Second, func() bool { pid := currentPID(h, "stuck"); return pid != 0 && pid != oldPID }) {
+		t.Fatal("the frozen plugin was not restarted")
+	}
+	// The restarted process has the instance again.
+	if err := s.Score(context.Background(), request, candidates(), make([]float64, 4)); err != nil {
+		t.Errorf("Score after the restart: %v", err)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "stuck", "code", "timeout"); v != 3 {
+		t.Errorf("call_errors_total{code=timeout} = %v, want 3", v)
+	}
+}
+
+// TestLongCrashLoop: a plugin that exits right after every handshake but
+// the first is restarted with a growing backoff, then marked failed.
+func TestLongCrashLoop(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long")
+	}
+	h, reg := faultHost(t, Options{})
+	rp := RestartPolicy{MaxRestarts: 5, Window: time.Minute, BackoffMin: 40 * time.Millisecond, BackoffMax: 200 * time.Millisecond}
+	h.SetRestartPolicy("looper", rp)
+	b := block("looper", "crash")
+	starts := filepath.Join(t.TempDir(), "starts")
+	b.Env["SY_STARTS"] = starts
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	picker := newInstance(t, types, "t-lowest", "agg/p/pick", nil).(shared.Picker)
+	if err := syscall.Kill(currentPID(h, "looper"), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(10*time.Second, func() bool { return h.Status("looper") == StatusFailed }) {
+		t.Fatalf("status %v, want failed", h.Status("looper"))
+	}
+	failedAt := readStarts(t, starts)
+	time.Sleep(time.Second) // idle: nothing starts any more
+	times := readStarts(t, starts)
+	if len(times) != len(failedAt) {
+		t.Errorf("%d starts after the plugin failed", len(times)-len(failedAt))
+	}
+	if len(times) != 1+rp.MaxRestarts {
+		t.Fatalf("%d starts, want 1 + max_restarts %d", len(times), rp.MaxRestarts)
+	}
+	// Gaps between restarts: the crash (20ms), its detection and cleanup,
+	// and the backoff, which doubles from BackoffMin up to BackoffMax with
+	// 20% jitter.
+	var gaps []time.Duration
+	want := rp.BackoffMin
+	for i := 2; i < len(times); i++ {
+		gap := times[i].Sub(times[i-1])
+		gaps = append(gaps, gap.Round(time.Millisecond))
+		want = min(2*want, rp.BackoffMax)
+		lo := time.Duration(float64(want) * (1 - backoffJitter))
+		hi := time.Duration(float64(want)*(1+backoffJitter)) + 400*time.Millisecond
+		if gap < lo || gap > hi {
+			t.Errorf("gap %d = %v, want the backoff %v (+-20%%) plus the crash", i-1, gap, want)
+		}
+	}
+	t.Logf("gaps between restarts: %v", gaps)
+	if s := h.Stats("looper"); s.Restarts != int64(rp.MaxRestarts) {
+		t.Errorf("Restarts = %d, want %d", s.Restarts, rp.MaxRestarts)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_failed", "plugin", "looper"); v != 1 {
+		t.Errorf("switchyard_plugin_failed = %v, want 1", v)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_up", "plugin", "looper"); v != 0 {
+		t.Errorf("switchyard_plugin_up = %v, want 0", v)
+	}
+	c := candidates()
+	c.Costs = []float64{1, 2, 3, 4}
+	start := time.Now()
+	if _, err := picker.Pick(context.Background(), request, c); !errors.Is(err, ErrPluginFailed) || !errors.Is(err, shared.ErrPluginClosed) {
+		t.Errorf("Pick on a failed plugin: %v, want ErrPluginFailed", err)
+	}
+	if d := time.Since(start); d > 10*time.Millisecond {
+		t.Errorf("Pick on a failed plugin took %v", d)
+	}
+}
+
+func readStarts(t *testing.T, file string) []time.Time {
+	t.Helper()
+	raw, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []time.Time
+	for line := range strings.Lines(string(raw)) {
+		f := strings.Fields(line)
+		if len(f) != 2 {
+			t.Fatalf("starts line %q", line)
+		}
+		ns, err := strconv.ParseInt(f[1], 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, time.Unix(0, ns))
+	}
+	return out
+}
+
+// TestGrandchildHoldingStderr: the plugin's grandchild holds its stderr
+// (and exit pipe); kill -9 of the plugin alone is still seen at once.
+func TestGrandchildHoldingStderr(t *testing.T) {
+	h, _ := faultHost(t, Options{})
+	b := block("parent", "grandchild-stderr")
+	childFile := filepath.Join(t.TempDir(), "child")
+	b.Env["SY_CHILD"] = childFile
+	if _, err := h.Start(context.Background(), b); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	pid := currentPID(h, "parent")
+	raw, err := os.ReadFile(childFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, _ := strconv.Atoi(string(raw))
+	killed := time.Now()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(2*time.Second, func() bool { p := currentPID(h, "parent"); return p != 0 && p != pid }) {
+		t.Fatalf("the plugin's death was not handled (status %v)", h.Status("parent"))
+	}
+	t.Logf("restarted %v after kill -9", time.Since(killed))
+	if !groupGone(pid) {
+		t.Errorf("the old group %d (grandchild %d) survived", pid, child)
+	}
+	start := time.Now()
+	if err := h.Shutdown(context.Background()); err != nil {
+		t.Errorf("Shutdown: %v", err)
+	}
+	if d := time.Since(start); d > 2*gracefulKill {
+		t.Errorf("Shutdown took %v", d)
+	}
+}
+
+// TestLongStartKillCycles: 100 kill -9 and restart cycles, then Shutdown,
+// leave goroutines, file descriptors and socket directories as they were.
+func TestLongStartKillCycles(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long")
+	}
+	before := goleak.IgnoreCurrent()
+	fds := openFDs(t)
+	dirs, _ := filepath.Glob(filepath.Join(tmpDir, "sy-*"))
+
+	h := NewHost(Options{Logger: testLogger(), Restart: RestartPolicy{MaxRestarts: 1000, BackoffMin: time.Millisecond, BackoffMax: 2 * time.Millisecond}})
+	types, err := h.Start(context.Background(), block("cycled", ""))
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	picker := newInstance(t, types, "t-lowest", "agg/p/pick", nil).(shared.Picker)
+	const cycles = 100
+	start := time.Now()
+	for i := range cycles {
+		pid := currentPID(h, "cycled")
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		if !waitFor(5*time.Second, func() bool { p := currentPID(h, "cycled"); return p != 0 && p != pid }) {
+			t.Fatalf("cycle %d: not restarted (status %v)", i, h.Status("cycled"))
+		}
+	}
+	c := candidates()
+	c.Costs = []float64{3, 2, 1, 4}
+	if row, err := picker.Pick(context.Background(), request, c); err != nil || row != 2 {
+		t.Errorf("Pick after %d restarts = %d, %v", cycles, row, err)
+	}
+	t.Logf("%d kill/restart cycles in %v", cycles, time.Since(start))
+	if err := h.Shutdown(context.Background()); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if s := h.Stats("cycled"); s.Restarts != cycles {
+		t.Errorf("Restarts = %d, want %d", s.Restarts, cycles)
+	}
+	assertNoLeftovers(t)
+	if err := goleak.Find(before); err != nil {
+		t.Errorf("goroutines left: %v", err)
+	}
+	var after int
+	waitFor(time.Second, func() bool { after = openFDs(t); return after <= fds })
+	if after > fds {
+		t.Errorf("open fds: %d before, %d after", fds, after)
+	}
+	if d, _ := filepath.Glob(filepath.Join(tmpDir, "sy-*")); len(d) != len(dirs) {
+		t.Errorf("socket directories: %v before, %v after", dirs, d)
+	}
+}
+
+func openFDs(t *testing.T) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
+}
+
+// TestAnswerTooLarge: an answer over the message-size limit is a clear
+// error, fast, and the plugin keeps serving.
+func TestAnswerTooLarge(t *testing.T) {
+	h, reg := faultHost(t, Options{})
+	b := block("big", "big")
+	b.CallTimeout = 5 * time.Second
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
+	p := newInstance(t, types, "t-lowest", "agg/p/pick", nil).(shared.Picker)
+	start := time.Now()
+	err = s.Score(context.Background(), request, candidates(), make([]float64, 4))
+	d := time.Since(start)
+	if !errors.Is(err, ErrTooLarge) || !fallbackable(err) {
+		t.Errorf("Score: %v; want ErrTooLarge", err)
+	}
+	t.Logf("over-size answer failed after %v: %v", d, err)
+	if d > time.Second {
+		t.Errorf("the over-size answer took %v to fail", d)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "big", "code", "too_large"); v != 1 {
+		t.Errorf("call_errors_total{code=too_large} = %v, want 1", v)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_fallbacks_total", "plugin", "big", "reason", "too_large"); v != 1 {
+		t.Errorf("fallbacks_total{reason=too_large} = %v, want 1", v)
+	}
+	c := candidates()
+	c.Costs = []float64{3, 2, 1, 4}
+	if row, err := p.Pick(context.Background(), request, c); err != nil || row != 2 {
+		t.Errorf("Pick after the over-size answer = %d, %v", row, err)
+	}
+	if s := h.Stats("big"); s.Restarts != 0 {
+		t.Errorf("Restarts = %d, want 0", s.Restarts)
+	}
+}
+
+// TestBreaker: consecutive failures open the breaker, which then refuses
+// calls without reaching the plugin; after its timeout a probe closes it.
+func TestBreaker(t *testing.T) {
+	h, reg := faultHost(t, Options{
+		Health:  HealthPolicy{MaxCallTimeouts: -1},
+		Breaker: BreakerPolicy{OpenTimeout: 100 * time.Millisecond},
+	})
+	b := block("flaky", "")
+	b.CallTimeout = 20 * time.Millisecond
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	slow := newInstance(t, types, "t-active", "agg/p/slow", shared.Params{"delay": time.Second}).(shared.Scorer)
+	fast := newInstance(t, types, "t-active", "agg/p/fast", nil).(shared.Scorer)
+	score := func(s shared.Scorer) (time.Duration, error) {
+		start := time.Now()
+		err := s.Score(context.Background(), request, candidates(), make([]float64, 4))
+		return time.Since(start), err
+	}
+	for i := range DefaultBreakerConsecutiveFailures {
+		if _, err := score(slow); !errors.Is(err, ErrCallTimeout) {
+			t.Fatalf("call %d: %v, want a timeout", i, err)
+		}
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "flaky"); v != 2 {
+		t.Errorf("breaker_state = %v, want 2 (open)", v)
+	}
+	d, err := score(fast)
+	if !errors.Is(err, ErrBreakerOpen) || !fallbackable(err) {
+		t.Errorf("a call while open: %v, want ErrBreakerOpen", err)
+	}
+	if d > 5*time.Millisecond {
+		t.Errorf("a call while open took %v", d)
+	}
+	time.Sleep(120 * time.Millisecond)
+	if _, err := score(fast); err != nil {
+		t.Errorf("the half-open probe: %v", err)
+	}
+	if _, err := score(fast); err != nil {
+		t.Errorf("a call after the breaker closed: %v", err)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "flaky"); v != 0 {
+		t.Errorf("breaker_state = %v, want 0 (closed)", v)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "flaky", "code", "breaker_open"); v != 1 {
+		t.Errorf("call_errors_total{code=breaker_open} = %v, want 1", v)
+	}
+}
+
+// TestMetricsAcrossHosts: the old and new Host of a reload share one
+// registry; the new one owns the gauges.
+func TestMetricsAcrossHosts(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	old := NewHost(Options{Logger: testLogger(), Registerer: reg})
+	if _, err := old.Start(context.Background(), block("same", "")); err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMetrics(reg) // a second set on the same registry reuses the collectors
+	if err != nil {
+		t.Fatalf("NewMetrics on a registry that has them: %v", err)
+	}
+	cur := NewHost(Options{Logger: testLogger(), Metrics: m})
+	if _, err := cur.Start(context.Background(), block("same", "")); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	// The gauges belong to the Host that started the plugin last.
+	if v := counterValue(t, reg, "switchyard_plugin_up", "plugin", "same"); v != 1 {
+		t.Errorf("switchyard_plugin_up = %v after the old host stopped", v)
+	}
+	if err := cur.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(""), "switchyard_plugin_up"); err != nil {
+		t.Errorf("switchyard_plugin_up after both hosts stopped: %v", err)
+	}
+	assertNoLeftovers(t)
+}

@@ -1,0 +1,521 @@
+package supervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
+	"github.com/sony/gobreaker/v2"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// Status is where a supervised plugin stands.
+type Status int32
+
+const (
+	// StatusUnknown: the Host has no plugin of that name.
+	StatusUnknown Status = iota
+	// StatusUp: its process runs and takes calls.
+	StatusUp
+	// StatusRestarting: its process exited; calls fail fast until the
+	// restart (after a backoff) has configured every instance again.
+	StatusRestarting
+	// StatusFailed: it exited more than max_restarts times within window,
+	// or could not be restarted at all; calls fail fast until a reload.
+	StatusFailed
+	// StatusStopped: the Host is shut down.
+	StatusStopped
+)
+
+func (s Status) String() string {
+	switch s {
+	case StatusUp:
+		return "up"
+	case StatusRestarting:
+		return "restarting"
+	case StatusFailed:
+		return "failed"
+	case StatusStopped:
+		return "stopped"
+	}
+	return "unknown"
+}
+
+// Errors of decision calls that did not get an answer from the plugin.
+// Each fails the call's policy, whose fallback then decides.
+var (
+	// ErrCallTimeout: no answer within call_timeout. It deliberately does
+	// not wrap context.DeadlineExceeded, which means the caller's own
+	// deadline.
+	ErrCallTimeout = errors.New("no answer within call_timeout")
+	// ErrBreakerOpen: the plugin's circuit breaker refused the call.
+	ErrBreakerOpen = errors.New("circuit breaker open")
+	// ErrRestarting: the plugin's process is being restarted (wrapped with
+	// shared.ErrPluginClosed).
+	ErrRestarting = errors.New("restarting")
+	// ErrPluginFailed: the plugin exceeded its restarts and is not
+	// restarted again until a reload (wrapped with shared.ErrPluginClosed).
+	ErrPluginFailed = errors.New("failed: not restarted until a reload")
+	// ErrTooLarge: the plugin's answer (or the task) exceeded the gRPC
+	// message-size limit, shared.MaxMessageBytes.
+	ErrTooLarge = errors.New("message over the size limit")
+)
+
+// Call error codes, the code label of switchyard_plugin_call_errors_total
+// and the reason of switchyard_plugin_fallbacks_total.
+const (
+	codeTimeout     = "timeout"      // no answer within call_timeout
+	codeClosed      = "closed"       // the process or stream went away during the call
+	codeTooLarge    = "too_large"    // a message over the size limit
+	codeError       = "error"        // the plugin answered with an error
+	codeCanceled    = "canceled"     // the caller's context ended (no fallback)
+	codeBreakerOpen = "breaker_open" // refused by the circuit breaker
+	codeRestarting  = "restarting"   // refused: the process is being restarted
+	codeFailed      = "failed"       // refused: the plugin is failed
+	codeShutdown    = "shutdown"     // refused: the host is shutting down
+)
+
+// instance is a Configure the plugin answered: replayed, in order, in
+// every restarted process.
+type instance struct {
+	typ    string
+	kind   shared.Kind
+	info   shared.InstanceInfo
+	params shared.Params
+	inputs shared.Inputs
+}
+
+// managed is one supervised plugin: the process currently serving it (nil
+// while it restarts or after it failed), the instances configured in it,
+// and the goroutine that restarts it. Components hold the managed plugin,
+// not a process, so they survive restarts.
+type managed struct {
+	h           *Host
+	name        string
+	block       config.Plugin
+	log         hclog.Logger
+	stats       *counters
+	met         *Metrics
+	health      HealthPolicy
+	breaker     BreakerPolicy
+	callTimeout time.Duration
+
+	cur    atomic.Pointer[proc]
+	status atomic.Int32 // a Status
+
+	mu           sync.Mutex
+	restart      RestartPolicy
+	instances    []*instance
+	restartTimes []time.Time // restart attempts within the window
+
+	quit       chan struct{}   // closed when Shutdown begins
+	quitCtx    context.Context // cancelled with quit
+	quitCancel context.CancelFunc
+	done       chan struct{} // closed when supervise has returned
+}
+
+func (h *Host) newManaged(b config.Plugin, st *counters, rp RestartPolicy) *managed {
+	m := &managed{
+		h:           h,
+		name:        b.Name,
+		block:       b,
+		log:         h.log.Named(b.Name),
+		stats:       st,
+		met:         h.met,
+		health:      h.health,
+		breaker:     h.breaker,
+		callTimeout: b.CallTimeout,
+		restart:     rp.withDefaults(),
+		quit:        make(chan struct{}),
+		done:        make(chan struct{}),
+	}
+	if m.callTimeout <= 0 {
+		m.callTimeout = config.DefaultCallTimeout
+	}
+	m.quitCtx, m.quitCancel = context.WithCancel(context.Background())
+	return m
+}
+
+func (m *managed) getStatus() Status { return Status(m.status.Load()) }
+
+// adopt makes p the process serving m: a fresh circuit breaker, the
+// health probe, and the gauges.
+func (m *managed) adopt(p *proc) {
+	if !m.breaker.Disabled {
+		p.breaker = m.newBreaker(p)
+	}
+	m.cur.Store(p)
+	if !m.status.CompareAndSwap(int32(StatusRestarting), int32(StatusUp)) {
+		m.status.CompareAndSwap(int32(StatusUnknown), int32(StatusUp)) // not over Stopped
+	}
+	m.met.setUp(m, true)
+	m.met.setBreaker(m, gobreaker.StateClosed)
+	if m.health.ProbeInterval > 0 && p.conn != nil {
+		p.bg.Add(1)
+		go m.probe(p)
+	}
+}
+
+func (m *managed) newBreaker(p *proc) *gobreaker.TwoStepCircuitBreaker[struct{}] {
+	b := m.breaker
+	return gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:         m.name,
+		MaxRequests:  uint32(b.HalfOpenCalls),
+		Interval:     b.Window,
+		BucketPeriod: b.Window / 10,
+		Timeout:      b.OpenTimeout,
+		ReadyToTrip: func(c gobreaker.Counts) bool {
+			return c.ConsecutiveFailures >= uint32(b.ConsecutiveFailures) ||
+				(c.Requests >= uint32(b.MinCalls) && float64(c.TotalFailures) >= b.FailureRatio*float64(c.Requests))
+		},
+		// The caller's own cancellation or deadline says nothing about
+		// the plugin.
+		IsExcluded: func(err error) bool {
+			return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+		},
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			if m.cur.Load() == p {
+				m.met.setBreaker(m, to)
+			}
+			m.log.Info("circuit breaker", "from", from.String(), "to", to.String())
+		},
+	})
+}
+
+// supervise waits for p's exit and restarts the plugin, until Shutdown or
+// until the plugin is failed.
+func (m *managed) supervise(p *proc) {
+	defer close(m.done)
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithRandomizationFactor(backoffJitter),
+		backoff.WithMultiplier(2),
+		backoff.WithMaxElapsedTime(0),
+	)
+	for {
+		select {
+		case <-p.exited:
+		case <-m.quit:
+			return
+		}
+		select {
+		case <-m.quit: // Shutdown stops it
+			return
+		default:
+		}
+		m.cur.CompareAndSwap(p, nil)
+		m.status.Store(int32(StatusRestarting))
+		m.met.setUp(m, false)
+		why := "the process exited"
+		if r := p.killReason.Load(); r != nil {
+			why = "killed by the host: " + *r
+		}
+		err := p.stop()
+		m.log.Warn("plugin process gone; restarting it", "pid", p.pid, "reason", why, "stderr", p.stderr.suffix(), "stop_error", err)
+		if p = m.restartLoop(bo); p == nil {
+			return
+		}
+	}
+}
+
+// restartLoop restarts the plugin after the backoff, again and again while
+// the restart policy allows. It returns the new process, or nil when the
+// plugin is failed or the host shuts down.
+func (m *managed) restartLoop(bo *backoff.ExponentialBackOff) *proc {
+	for {
+		m.mu.Lock()
+		rp := m.restart
+		now := time.Now()
+		m.restartTimes = slices.DeleteFunc(m.restartTimes, func(t time.Time) bool { return now.Sub(t) >= rp.Window })
+		n := len(m.restartTimes)
+		if n >= rp.MaxRestarts {
+			m.mu.Unlock()
+			m.fail(fmt.Sprintf("%d restarts within %v (max_restarts %d)", n, rp.Window, rp.MaxRestarts))
+			return nil
+		}
+		bo.InitialInterval, bo.MaxInterval = rp.BackoffMin, rp.BackoffMax
+		if n == 0 {
+			bo.Reset()
+		}
+		delay := bo.NextBackOff()
+		m.restartTimes = append(m.restartTimes, now)
+		m.mu.Unlock()
+
+		t := time.NewTimer(delay)
+		select {
+		case <-t.C:
+		case <-m.quit:
+			t.Stop()
+			return nil
+		}
+		m.stats.restarts.Add(1)
+		m.met.restarted(m.name)
+		m.log.Info("restarting plugin", "attempt", n+1, "backoff", delay)
+		p, err := m.relaunch()
+		if err == nil {
+			return p
+		}
+		select {
+		case <-m.quit:
+			return nil
+		default:
+		}
+		if IsPermanent(err) {
+			m.fail(err.Error())
+			return nil
+		}
+		m.log.Warn("plugin restart failed", "error", err)
+	}
+}
+
+// relaunch starts a new process and configures every instance in it, with
+// the names, roles and parameters they were configured with.
+func (m *managed) relaunch() (*proc, error) {
+	p, desc, err := m.h.launch(m.quitCtx, m.block)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(permanent bool, err error) (*proc, error) {
+		return nil, &StartError{Plugin: m.name, Cause: errors.Join(err, p.stop()), Permanent: permanent}
+	}
+	m.mu.Lock()
+	insts := slices.Clone(m.instances)
+	m.mu.Unlock()
+	for _, in := range insts {
+		i := slices.IndexFunc(desc.Types, func(t shared.TypeInfo) bool { return t.Name == in.typ })
+		if i < 0 || desc.Types[i].Kind != in.kind {
+			return fail(true, fmt.Errorf("the restarted plugin no longer has %s type %q", in.kind, in.typ))
+		}
+		ctx, cancel := context.WithTimeout(m.quitCtx, p.startTimeout)
+		stopAfter := context.AfterFunc(p.ctx, cancel)
+		inputs, diags, err := p.rc.Configure(ctx, shared.ConfigureRequest{Info: in.info, Type: in.typ, Params: in.params})
+		stopAfter()
+		cancel()
+		switch {
+		case err != nil:
+			return fail(false, fmt.Errorf("configuring %s %q again: %w", in.typ, in.info.Name, err))
+		case len(diags) > 0:
+			return fail(true, fmt.Errorf("configuring %s %q again: %w", in.typ, in.info.Name, diagErrors(diags)))
+		case inputs != in.inputs:
+			return fail(true, fmt.Errorf("configuring %s %q again: it declares inputs %v, before %v", in.typ, in.info.Name, inputs, in.inputs))
+		}
+	}
+	m.adopt(p)
+	m.log.Info("plugin restarted", "pid", p.pid, "instances", len(insts))
+	return p, nil
+}
+
+// fail marks the plugin failed: it is not restarted again.
+func (m *managed) fail(reason string) {
+	m.status.Store(int32(StatusFailed))
+	m.met.setFailed(m)
+	m.log.Error("plugin failed: it is not restarted again; its policies decide by fallback until the policy file is reloaded",
+		"reason", reason)
+}
+
+// probe checks the plugin's gRPC health service every ProbeInterval, each
+// check under its own ProbeTimeout, and kills the process group after
+// ProbeFailures failed checks in a row. It also refreshes the breaker
+// gauge (open turns half-open only when looked at).
+func (m *managed) probe(p *proc) {
+	defer p.bg.Done()
+	hc := healthpb.NewHealthClient(p.conn)
+	t := time.NewTicker(m.health.ProbeInterval)
+	defer t.Stop()
+	fails := 0
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-t.C:
+		}
+		if p.breaker != nil && m.cur.Load() == p {
+			m.met.setBreaker(m, p.breaker.State())
+		}
+		ctx, cancel := context.WithTimeout(p.ctx, m.health.ProbeTimeout)
+		resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{Service: plugin.GRPCServiceName})
+		cancel()
+		if p.ctx.Err() != nil {
+			return
+		}
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			fails = 0
+			continue
+		}
+		if err == nil {
+			err = fmt.Errorf("status %v", resp.GetStatus())
+		}
+		fails++
+		m.log.Warn("plugin health check failed", "pid", p.pid, "error", err, "failures", fails)
+		if fails >= m.health.ProbeFailures {
+			p.killGroup(fmt.Sprintf("%d failed health checks (deadline %v)", fails, m.health.ProbeTimeout))
+			return
+		}
+	}
+}
+
+// configure asks the plugin for a new instance of type typ: the New of
+// the types Start returns. A diagnostic naming a parameter becomes a
+// *shared.ParamError; one about the whole block, a plain error. The
+// instance is recorded, to be configured again in restarted processes.
+func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceInfo, params shared.Params) (shared.Component, error) {
+	switch kind {
+	case shared.KindFilter, shared.KindScorer, shared.KindPicker:
+	default:
+		return nil, fmt.Errorf("plugin %q: type %q: out-of-process %s components are not supported", m.name, typ, kind)
+	}
+	p := m.cur.Load()
+	if p == nil || !p.enter() {
+		_, err := m.refusal(p)
+		return nil, err
+	}
+	defer p.leave()
+	ctx, cancel := context.WithTimeout(context.Background(), p.startTimeout)
+	defer cancel()
+	defer context.AfterFunc(p.ctx, cancel)()
+
+	params = maps.Clone(params)
+	start := time.Now()
+	inputs, diags, err := p.rc.Configure(ctx, shared.ConfigureRequest{Info: info, Type: typ, Params: params})
+	m.met.observe(m.name, "configure", time.Since(start))
+	if err != nil {
+		if p.ctx.Err() != nil {
+			return nil, p.closedErr(err)
+		}
+		return nil, fmt.Errorf("plugin %q: configuring %s %q: %w", m.name, typ, info.Name, err)
+	}
+	if err := diagErrors(diags); err != nil {
+		return nil, err
+	}
+	in := &instance{typ: typ, kind: kind, info: info, params: params, inputs: inputs}
+	m.mu.Lock()
+	if i := slices.IndexFunc(m.instances, func(o *instance) bool { return o.info.Name == info.Name }); i >= 0 {
+		m.instances[i] = in
+	} else {
+		m.instances = append(m.instances, in)
+	}
+	m.mu.Unlock()
+	return &component{m: m, name: info.Name, typ: typ, kind: kind, inputs: inputs}, nil
+}
+
+// decide sends one task to the current process under call_timeout, through
+// its circuit breaker, and counts it. It fails fast while the plugin
+// restarts, is failed or shuts down, or while the breaker is open. The
+// call's context is also cancelled when the process exits or stops.
+func (m *managed) decide(ctx context.Context, task *shared.Task) (shared.TaskResult, error) {
+	m.stats.calls.Add(1)
+	p := m.cur.Load()
+	if p == nil || !p.enter() {
+		code, err := m.refusal(p)
+		return shared.TaskResult{Picked: -1}, m.failed(code, err)
+	}
+	defer p.leave()
+	var done func(error)
+	if p.breaker != nil {
+		d, err := p.breaker.Allow()
+		if err != nil {
+			return shared.TaskResult{Picked: -1}, m.failed(codeBreakerOpen, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrBreakerOpen, err))
+		}
+		done = d
+	}
+	start := time.Now()
+	deadline := start.Add(p.callTimeout)
+	cctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	defer context.AfterFunc(p.ctx, cancel)()
+
+	res, err := p.rc.Decide(cctx, task)
+	m.met.observe(m.name, "decide", time.Since(start))
+	if err == nil {
+		p.timeouts.Store(0)
+		if done != nil {
+			done(nil)
+		}
+		return res, nil
+	}
+	code, err := m.classify(p, ctx, deadline, err)
+	if done != nil {
+		done(err)
+	}
+	switch code {
+	case codeError:
+		p.timeouts.Store(0) // it answers
+	case codeTimeout:
+		if n := int(p.timeouts.Add(1)); m.health.MaxCallTimeouts > 0 && n >= m.health.MaxCallTimeouts {
+			if n == m.health.MaxCallTimeouts {
+				m.log.Warn("plugin frozen: killing its process group", "pid", p.pid, "timeouts", n, "call_timeout", p.callTimeout)
+			}
+			p.killGroup(fmt.Sprintf("%d consecutive calls without an answer within call_timeout %v", n, p.callTimeout))
+		}
+	}
+	return shared.TaskResult{Picked: -1}, m.failed(code, err)
+}
+
+// classify names a failed call's cause and words its error.
+func (m *managed) classify(p *proc, ctx context.Context, deadline time.Time, err error) (string, error) {
+	late := errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline)
+	callerDL, hasDL := ctx.Deadline()
+	switch {
+	case status.Code(err) == codes.ResourceExhausted:
+		return codeTooLarge, fmt.Errorf("plugin %q: %w (%d MiB): %w", m.name, ErrTooLarge, shared.MaxMessageBytes>>20, err)
+	case p.ctx.Err() != nil || errors.Is(err, shared.ErrPluginClosed):
+		return codeClosed, p.closedErr(err)
+	case ctx.Err() != nil, late && hasDL && !callerDL.After(deadline):
+		cause := ctx.Err()
+		if cause == nil {
+			cause = context.DeadlineExceeded
+		}
+		return codeCanceled, fmt.Errorf("plugin %q: %w", m.name, cause)
+	case late:
+		return codeTimeout, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrCallTimeout, p.callTimeout)
+	}
+	return codeError, fmt.Errorf("plugin %q: %w", m.name, err)
+}
+
+// refusal is the code and error of a call the plugin cannot take now.
+func (m *managed) refusal(p *proc) (string, error) {
+	switch m.getStatus() {
+	case StatusRestarting:
+		return codeRestarting, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrRestarting)
+	case StatusFailed:
+		return codeFailed, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrPluginFailed)
+	case StatusStopped:
+		return codeShutdown, fmt.Errorf("plugin %q: %w: shutting down", m.name, shared.ErrPluginClosed)
+	}
+	if p == nil {
+		return codeRestarting, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrRestarting)
+	}
+	return codeClosed, p.closedErr(nil)
+}
+
+// failed counts a failed call and returns err.
+func (m *managed) failed(code string, err error) error {
+	m.stats.fallbacks.Add(1)
+	if code == codeTimeout {
+		m.stats.timeouts.Add(1)
+	} else {
+		m.stats.errors.Add(1)
+	}
+	m.met.callFailed(m.name, code)
+	return err
+}
+
+// beginShutdown stops the restarts; Shutdown then stops the current
+// process once supervise has returned (m.done).
+func (m *managed) beginShutdown() {
+	m.status.Store(int32(StatusStopped))
+	close(m.quit)
+	m.quitCancel()
+}

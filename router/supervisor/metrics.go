@@ -1,0 +1,208 @@
+package supervisor
+
+import (
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sony/gobreaker/v2"
+)
+
+// Metrics are the plugin metrics of one Prometheus registry, shared by
+// every Host reporting to it: NewMetrics returns the same *Metrics for the
+// same registry, and Options.Registerer goes through NewMetrics. Old and
+// new Hosts of a reload thus share the counters, and the gauges of a
+// plugin name belong to the Host that started it last (a Host shutting
+// down deletes only the gauges it still owns).
+type Metrics struct {
+	up           *prometheus.GaugeVec
+	failed       *prometheus.GaugeVec
+	restarts     *prometheus.CounterVec
+	callDuration *prometheus.HistogramVec
+	callErrors   *prometheus.CounterVec
+	fallbacks    *prometheus.CounterVec
+	breakerState *prometheus.GaugeVec
+
+	mu     sync.Mutex
+	owners map[string]*managed // plugin name -> who sets its gauges
+}
+
+// Call duration buckets: 20us to 100ms.
+var callBuckets = prometheus.ExponentialBucketsRange(20e-6, 0.1, 12)
+
+// NewMetrics returns reg's plugin metrics, creating and registering them
+// on first use; later calls with the same reg return the same *Metrics
+// (the registry is remembered for the life of the process). A collector
+// reg already holds under the same name is reused rather than registered
+// twice. nil reg: nil Metrics, no metrics.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	if reg == nil {
+		return nil, nil
+	}
+	metricsMu.Lock()
+	defer metricsMu.Unlock()
+	if m := metricsByReg[reg]; m != nil {
+		return m, nil
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	metricsByReg[reg] = m
+	return m, nil
+}
+
+func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	m := &Metrics{
+		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_plugin_up",
+			Help: "1 while the plugin's process is up and serving, 0 while it is restarting, failed or stopped.",
+		}, []string{"plugin"}),
+		failed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_plugin_failed",
+			Help: "1 once the plugin exceeded max_restarts within window: its policies decide by fallback until a reload.",
+		}, []string{"plugin"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_plugin_restarts_total",
+			Help: "Restart attempts of the plugin's process.",
+		}, []string{"plugin"}),
+		callDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_plugin_call_duration_seconds",
+			Help:    "Duration of calls that reached the plugin, by method (decide, configure).",
+			Buckets: callBuckets,
+		}, []string{"plugin", "method"}),
+		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_plugin_call_errors_total",
+			Help: "Failed decision calls by code: timeout, closed, too_large, error, canceled, breaker_open, restarting, failed, shutdown.",
+		}, []string{"plugin", "code"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_plugin_fallbacks_total",
+			Help: "Decision calls that failed over to the policy's fallback, by reason (as call_errors_total's code, but for calls the caller cancelled).",
+		}, []string{"plugin", "reason"}),
+		breakerState: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_plugin_breaker_state",
+			Help: "The plugin's circuit breaker: 0 closed, 1 half-open, 2 open.",
+		}, []string{"plugin"}),
+		owners: make(map[string]*managed),
+	}
+	var errs []error
+	m.up = register(reg, m.up, &errs)
+	m.failed = register(reg, m.failed, &errs)
+	m.restarts = register(reg, m.restarts, &errs)
+	m.callDuration = register(reg, m.callDuration, &errs)
+	m.callErrors = register(reg, m.callErrors, &errs)
+	m.fallbacks = register(reg, m.fallbacks, &errs)
+	m.breakerState = register(reg, m.breakerState, &errs)
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return m, nil
+}
+
+// register registers c on reg, or returns the collector of the same
+// description reg already holds.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C, errs *[]error) C {
+	err := reg.Register(c)
+	if err == nil {
+		return c
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		if old, ok := are.ExistingCollector.(C); ok {
+			return old
+		}
+	}
+	*errs = append(*errs, err)
+	return c
+}
+
+var (
+	metricsMu    sync.Mutex
+	metricsByReg = map[prometheus.Registerer]*Metrics{}
+)
+
+// The methods below accept a nil *Metrics (no metrics).
+
+// own makes p the owner of its name's gauges.
+func (m *Metrics) own(p *managed) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	m.owners[p.name] = p
+	m.mu.Unlock()
+	m.restarts.WithLabelValues(p.name) // the series exists from the start
+}
+
+// disown deletes p's gauges if p still owns them.
+func (m *Metrics) disown(p *managed) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.owners[p.name] != p {
+		return
+	}
+	delete(m.owners, p.name)
+	m.up.DeleteLabelValues(p.name)
+	m.failed.DeleteLabelValues(p.name)
+	m.breakerState.DeleteLabelValues(p.name)
+}
+
+// gauges sets p's gauges if p owns them.
+func (m *Metrics) gauges(p *managed, set func(name string)) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.owners[p.name] == p {
+		set(p.name)
+	}
+}
+
+func (m *Metrics) setUp(p *managed, up bool) {
+	m.gauges(p, func(name string) { m.up.WithLabelValues(name).Set(b2f(up)) })
+}
+
+func (m *Metrics) setFailed(p *managed) {
+	m.gauges(p, func(name string) {
+		m.up.WithLabelValues(name).Set(0)
+		m.failed.WithLabelValues(name).Set(1)
+	})
+}
+
+func (m *Metrics) setBreaker(p *managed, s gobreaker.State) {
+	m.gauges(p, func(name string) { m.breakerState.WithLabelValues(name).Set(float64(s)) })
+}
+
+func (m *Metrics) restarted(name string) {
+	if m != nil {
+		m.restarts.WithLabelValues(name).Inc()
+	}
+}
+
+func (m *Metrics) observe(name, method string, d time.Duration) {
+	if m != nil {
+		m.callDuration.WithLabelValues(name, method).Observe(d.Seconds())
+	}
+}
+
+func (m *Metrics) callFailed(name, code string) {
+	if m == nil {
+		return
+	}
+	m.callErrors.WithLabelValues(name, code).Inc()
+	if code != codeCanceled {
+		m.fallbacks.WithLabelValues(name, code).Inc()
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
