@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -228,4 +229,65 @@ worker_selection {
 	if code, _, errOut := routerRun(t, append([]string{"replay", "--policy", file}, args[3:]...)...); code != 1 || !strings.Contains(errOut, "error: Plugin failed to start") {
 		t.Fatalf("default on_start_failure: exit %d, stderr %q", code, errOut)
 	}
+}
+
+// A replay of the bundled conversation trace through a plugin policy whose
+// plugin is killed with SIGKILL part way through (it kills itself after
+// 3,000 decisions) still completes every request: the fallback answers
+// while the supervisor restarts the plugin, and the report counts both.
+func TestReplaySurvivesPluginKill(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "dieafter")
+	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/dieafter").CombinedOutput(); err != nil {
+		t.Fatalf("building the test plugin: %v\n%s", err, out)
+	}
+	starts := filepath.Join(dir, "starts")
+	src := fmt.Sprintf(`plugin "q" {
+  command = %q
+  env = {
+    DIE_AFTER = "3000"
+    STARTS    = %q
+  }
+}
+
+policy "queue" {
+  scorer "depth" {
+    type = "queue-depth"
+  }
+  picker "pick" {
+    type = "min-cost"
+  }
+}
+
+worker_selection {
+  aggregated = "queue"
+}
+`, bin, starts)
+	file := writeFile(t, "die.hcl", src)
+	rep := filepath.Join(dir, "rep.json")
+	code, _, errOut := routerRun(t, "replay", "--policy", file, "--report", rep)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var r struct {
+		Requests       int   `json:"requests"`
+		Completed      int   `json:"completed"`
+		Fallbacks      int64 `json:"fallbacks"`
+		PluginRestarts int64 `json:"plugin_restarts"`
+	}
+	b, err := os.ReadFile(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Requests != 12031 || r.Completed != 12031 || r.PluginRestarts < 1 || r.Fallbacks < 1 {
+		t.Fatalf("requests %d completed %d plugin_restarts %d fallbacks %d; want 12031, 12031, >= 1, >= 1",
+			r.Requests, r.Completed, r.PluginRestarts, r.Fallbacks)
+	}
+	if lines, _ := os.ReadFile(starts); bytes.Count(lines, []byte("\n")) < 2 {
+		t.Fatalf("the plugin started %d times, want >= 2", bytes.Count(lines, []byte("\n")))
+	}
+	t.Logf("plugin_restarts %d, fallbacks %d", r.PluginRestarts, r.Fallbacks)
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -271,10 +272,13 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		if perReq != nil {
 			opts.PerRequest = perReq
 		}
+		restartsBefore := pluginRestarts(host, b)
 		rep, err := replay.Run(cmd.Context(), opts)
 		if err != nil {
 			return &exitError{code: 1, err: err}
 		}
+		settlePlugins(cmd.Context(), host, b)
+		rep.PluginRestarts = pluginRestarts(host, b) - restartsBefore
 		reports = append(reports, rep)
 	}
 
@@ -389,4 +393,41 @@ func loadPolicy(ctx context.Context, stderr io.Writer, path string, seed *int64,
 		return nil, fmt.Errorf("%s: policy file has errors", name)
 	}
 	return b, nil
+}
+
+// pluginRestarts sums the restarts of the plugins b declares.
+func pluginRestarts(h *supervisor.Host, b *config.Bundle) int64 {
+	var n int64
+	for _, p := range b.Plugins {
+		n += h.Stats(p.Name).Restarts
+	}
+	return n
+}
+
+// settleTimeout bounds how long a replay waits, after its last request,
+// for plugins that are restarting.
+const settleTimeout = 5 * time.Second
+
+// settlePlugins waits (up to settleTimeout) until none of b's plugins is
+// restarting. A replay runs far faster than real time, so a plugin killed
+// part way through is often still in its restart backoff when the last
+// request is decided; waiting lets the report count the restart the
+// failure set off rather than race it.
+func settlePlugins(ctx context.Context, h *supervisor.Host, b *config.Bundle) {
+	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
+	defer cancel()
+	for {
+		restarting := false
+		for _, p := range b.Plugins {
+			restarting = restarting || h.Status(p.Name) == supervisor.StatusRestarting
+		}
+		if !restarting {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }

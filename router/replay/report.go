@@ -120,6 +120,9 @@ type Report struct {
 	SimRequestsPerS float64 `json:"sim_requests_per_s"`
 	// Fallbacks is how many selections a fallback policy answered.
 	Fallbacks int64 `json:"fallbacks"`
+	// PluginRestarts is how many times the policy's plugins were restarted
+	// during the replay (the caller that owns the plugins fills it in).
+	PluginRestarts int64 `json:"plugin_restarts"`
 	// Hosted is true when the policy requests are routed by on arrival (the
 	// aggregated one, or the prefill one) ran on the hosted path.
 	Hosted bool `json:"hosted"`
