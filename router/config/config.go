@@ -74,6 +74,8 @@ type Bundle struct {
 	Roles map[shared.Role]*shared.Policy
 	// RolePolicies maps each role to the name of its policy.
 	RolePolicies map[shared.Role]string
+	// Queue is the file's queue block, or DefaultQueue when it has none.
+	Queue Queue
 	// Classifier is the request classifier, or nil when the file has none.
 	Classifier *Component
 	// Decls describes each policy as declared (components, their sources

@@ -29,6 +29,7 @@ var fileSchema = &hcl.BodySchema{
 		{Type: blockPolicy, LabelNames: []string{"name"}},
 		{Type: blockSelection},
 		{Type: blockClassifier},
+		{Type: blockQueue},
 	},
 }
 
@@ -103,6 +104,7 @@ func newLoader(filename string, cat *catalog.Catalog) *loader {
 			Policies:     make(map[string]*shared.Policy),
 			Roles:        make(map[shared.Role]*shared.Policy),
 			RolePolicies: make(map[shared.Role]string),
+			Queue:        DefaultQueue(),
 		},
 		byName: make(map[string]*policyDecl),
 	}
@@ -119,7 +121,7 @@ func (l *loader) load(body hcl.Body) {
 	)
 	for _, blk := range content.Blocks {
 		switch blk.Type {
-		case blockRouter, blockSelection, blockClassifier:
+		case blockRouter, blockSelection, blockClassifier, blockQueue:
 			if first, ok := singles[blk.Type]; ok {
 				l.errorf(blk.DefRange, "Duplicate "+blk.Type+" block",
 					"Only one %s block is allowed; the first is at %s. Merge them.", blk.Type, pos(first.DefRange))
@@ -139,6 +141,10 @@ func (l *loader) load(body hcl.Body) {
 		case blockSelection:
 			if singles[blk.Type] == blk {
 				selection = blk
+			}
+		case blockQueue:
+			if singles[blk.Type] == blk {
+				l.queueBlock(blk)
 			}
 		}
 	}

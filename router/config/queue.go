@@ -1,0 +1,188 @@
+package config
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hashicorp/hcl/v2"
+)
+
+// blockQueue is the queue block's name.
+const blockQueue = "queue"
+
+// Queue orders within a class.
+const (
+	OrderFCFS = "fcfs" // first come, first served (the default)
+	OrderLCFS = "lcfs" // last come, first served
+	OrderWSPT = "wspt" // weighted shortest processing time: the smallest scheduling cost first
+)
+
+// Queue is the file's queue block: requests that cannot be placed because
+// every candidate is at capacity wait here, served between classes by
+// weighted deficit round robin and within a class by (priority, order).
+//
+//	queue {
+//	  max_active_requests = 64      # per worker; a worker at it takes no more until one ends
+//	  max_waiting         = 10000   # 0: unbounded
+//	  aging               = "1s"    # a waiting request's priority rises by one per interval
+//	  default_class       = "interactive"
+//	  class "interactive" {
+//	    weight = 3
+//	    order  = "fcfs"
+//	  }
+//	  class "batch" {
+//	    weight = 1
+//	    order  = "wspt"
+//	  }
+//	}
+type Queue struct {
+	// MaxActiveRequests is each worker's capacity in in-flight requests;
+	// 0 means no router-side capacity (nothing queues unless a busy filter
+	// leaves no candidate).
+	MaxActiveRequests int
+	// MaxWaiting bounds the queue; a request beyond it is refused (429 in
+	// serve, "rejected" in replay). 0 means unbounded.
+	MaxWaiting int
+	// Aging is how long a wait raises a request's priority by one; 0 is
+	// strict priority, which can starve low priorities (the loader warns).
+	Aging time.Duration
+	// DefaultClass takes requests whose classification names no class (the
+	// first class when unset).
+	DefaultClass string
+	// Classes in file order; at least one. Without a queue block the router
+	// uses DefaultQueue.
+	Classes []QueueClass
+	// Range is the block's definition; zero for DefaultQueue.
+	Range hcl.Range
+}
+
+// QueueClass is one `class "NAME" { weight order }` of the queue block.
+type QueueClass struct {
+	Name   string
+	Weight int    // >= 1; default 1
+	Order  string // OrderFCFS (default), OrderLCFS or OrderWSPT
+	Range  hcl.Range
+}
+
+// DefaultAging is the aging of a queue block that sets none, and of the
+// default queue: one priority level per second keeps the worst-case wait
+// of a low-priority request bounded by its priority gap in seconds.
+const DefaultAging = time.Second
+
+// DefaultQueue is the queue of a file without a queue block: one class
+// "default", FCFS, no router-side capacity, aging DefaultAging.
+func DefaultQueue() Queue {
+	return Queue{Aging: DefaultAging, DefaultClass: "default", Classes: []QueueClass{{Name: "default", Weight: 1, Order: OrderFCFS}}}
+}
+
+var queueSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "max_active_requests"},
+		{Name: "max_waiting"},
+		{Name: "aging"},
+		{Name: "default_class"},
+	},
+	Blocks: []hcl.BlockHeaderSchema{{Type: "class", LabelNames: []string{"name"}}},
+}
+
+var queueClassSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "weight"},
+		{Name: "order"},
+	},
+}
+
+// queueBlock decodes the queue block into the bundle.
+func (l *loader) queueBlock(blk *hcl.Block) {
+	q := Queue{Aging: DefaultAging, Range: blk.DefRange}
+	content, diags := blk.Body.Content(queueSchema)
+	l.diags = append(l.diags, diags...)
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"max_active_requests", &q.MaxActiveRequests}, {"max_waiting", &q.MaxWaiting}} {
+		if attr, ok := content.Attributes[f.name]; ok {
+			if n, ok := l.intAttr(attr); ok {
+				if n < 0 || n > 1<<30 {
+					l.attrErrorf(attr, "Invalid "+f.name, "%s must be between 0 (no limit) and %d, got %d.", f.name, 1<<30, n)
+				} else {
+					*f.dst = int(n)
+				}
+			}
+		}
+	}
+	agingAttr, hasAging := content.Attributes["aging"]
+	if hasAging {
+		if d, ok := l.durationAttr(agingAttr); ok {
+			if d < 0 {
+				l.attrErrorf(agingAttr, "Invalid aging", "aging must be a duration >= 0 such as \"1s\" (0 is strict priority), got %q.", d.String())
+			} else {
+				q.Aging = d
+			}
+		}
+	}
+	seen := map[string]hcl.Range{}
+	for _, cb := range content.Blocks {
+		name := cb.Labels[0]
+		if !l.checkName("queue class", name, cb.LabelRanges[0]) {
+			continue
+		}
+		if first, dup := seen[name]; dup {
+			l.errorf(cb.LabelRanges[0], "Duplicate queue class",
+				"Queue class %q is already declared at %s; rename or remove one of them.", name, pos(first))
+			continue
+		}
+		seen[name] = cb.DefRange
+		c := QueueClass{Name: name, Weight: 1, Order: OrderFCFS, Range: cb.DefRange}
+		cc, diags := cb.Body.Content(queueClassSchema)
+		l.diags = append(l.diags, diags...)
+		if attr, ok := cc.Attributes["weight"]; ok {
+			if n, ok := l.intAttr(attr); ok {
+				if n < 1 || n > 1<<20 {
+					l.attrErrorf(attr, "Invalid weight", "A queue class weight must be an integer between 1 and %d, got %d.", 1<<20, n)
+				} else {
+					c.Weight = int(n)
+				}
+			}
+		}
+		if attr, ok := cc.Attributes["order"]; ok {
+			if s, ok := l.stringAttr(attr); ok {
+				switch s {
+				case OrderFCFS, OrderLCFS, OrderWSPT:
+					c.Order = s
+				default:
+					l.attrErrorf(attr, "Invalid order", "order must be %q, %q or %q, got %q.", OrderFCFS, OrderLCFS, OrderWSPT, s)
+				}
+			}
+		}
+		q.Classes = append(q.Classes, c)
+	}
+	if len(q.Classes) == 0 && len(content.Blocks) == 0 {
+		l.errorf(blk.DefRange, "Queue without classes",
+			"A queue block needs at least one class, for example: class \"default\" { weight = 1 }.")
+	}
+	if attr, ok := content.Attributes["default_class"]; ok {
+		if s, ok := l.stringAttr(attr); ok {
+			if _, known := seen[s]; !known && len(seen) > 0 {
+				l.attrErrorf(attr, "Unknown queue class", "default_class names %q, which is not a class of this queue.", s)
+			}
+			q.DefaultClass = s
+		}
+	} else if len(q.Classes) > 0 {
+		q.DefaultClass = q.Classes[0].Name
+	}
+	if q.Aging == 0 {
+		subject := blk.DefRange
+		if hasAging {
+			subject = agingAttr.Range
+		}
+		l.warnf(subject, "Strict priority can starve requests",
+			"With aging = \"0s\" a low-priority request waits as long as higher priorities keep arriving. Set aging (for example \"1s\") to bound every wait.")
+	}
+	l.bundle.Queue = q
+}
+
+// String renders a queue for messages: "2 classes, aging 1s, max_active_requests 64".
+func (q Queue) String() string {
+	return fmt.Sprintf("%d classes, aging %s, max_active_requests %d", len(q.Classes), q.Aging, q.MaxActiveRequests)
+}
