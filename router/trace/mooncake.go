@@ -90,14 +90,27 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 				hashIDs[i] = uint64(id)
 			}
 		}
-		recs = append(recs, Record{
+		rec := Record{
 			Index:        len(recs),
 			Line:         line,
 			Arrival:      time.Duration(ts-first) * time.Millisecond,
 			InputLength:  int(in),
 			OutputLength: int(out),
 			HashIDs:      hashIDs,
-		})
+		}
+		if l.Priority != nil {
+			if *l.Priority < math.MinInt32 || *l.Priority > math.MaxInt32 {
+				return nil, &ParseError{File: name, Line: line, Err: fmt.Errorf("priority %d out of range", *l.Priority)}
+			}
+			rec.Priority, rec.HasPriority = int(*l.Priority), true
+		}
+		if l.PolicyClass != nil {
+			rec.PolicyClass = *l.PolicyClass
+		}
+		if l.SessionID != nil {
+			rec.SessionID = *l.SessionID
+		}
+		recs = append(recs, rec)
 	}
 	if err := sc.Err(); err != nil {
 		return nil, &ParseError{File: name, Line: line + 1, Err: err}
@@ -117,6 +130,11 @@ type mooncakeLine struct {
 	InputLength  *int64    `json:"input_length"`
 	OutputLength *int64    `json:"output_length"`
 	HashIDs      *[]hashID `json:"hash_ids"`
+	// Optional request attributes, for classifiers (not in the published
+	// traces; a generated trace may carry them).
+	Priority    *int64  `json:"priority"`
+	PolicyClass *string `json:"policy_class"`
+	SessionID   *string `json:"session_id"`
 }
 
 // hashID is one element of hash_ids. It has its own UnmarshalJSON because

@@ -45,6 +45,14 @@ type Record struct {
 	// exactly as far as their leading ids are equal. The ids are not chained:
 	// id k names the content of block k only. Nil for Azure records.
 	HashIDs []uint64
+	// Priority (valid when HasPriority), PolicyClass and SessionID are the
+	// optional Mooncake fields `priority`, `policy_class` and `session_id`
+	// that a generated trace may carry for request classifiers; the
+	// published traces have none.
+	Priority    int
+	HasPriority bool
+	PolicyClass string
+	SessionID   string
 }
 
 // ParseError reports a malformed trace line. Its message reads

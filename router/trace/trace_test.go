@@ -391,3 +391,23 @@ func BenchmarkReadMooncake(b *testing.B) {
 		}
 	}
 }
+
+func TestMooncakeOptionalClassifierFields(t *testing.T) {
+	src := `{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1], "priority": 5, "policy_class": "batch", "session_id": "s-1"}
+{"timestamp": 1, "input_length": 10, "output_length": 2, "hash_ids": [1]}
+`
+	recs, err := ReadMooncake(strings.NewReader(src), "c.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := recs[0]; r.Priority != 5 || !r.HasPriority || r.PolicyClass != "batch" || r.SessionID != "s-1" {
+		t.Fatalf("record 0: %+v", r)
+	}
+	if r := recs[1]; r.HasPriority || r.PolicyClass != "" || r.SessionID != "" {
+		t.Fatalf("record 1: %+v", r)
+	}
+	bad := `{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1], "priority": "high"}` + "\n"
+	if _, err := ReadMooncake(strings.NewReader(bad), "c.jsonl"); err == nil || !strings.Contains(err.Error(), "c.jsonl:1:") {
+		t.Fatalf("string priority: err = %v", err)
+	}
+}
