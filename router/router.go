@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +85,9 @@ type Router struct {
 	loadOpts     LoadOptions
 	drainTimeout time.Duration
 	reloads      *prometheus.CounterVec // nil without a Registerer
+
+	// adm is the classify–queue–dispatch state; nil until EnableAdmission.
+	adm *admission
 
 	// swapMu serialises Apply and Close; reloadMu serialises Reload.
 	swapMu   sync.Mutex
@@ -318,6 +322,9 @@ type Decision struct {
 	Fallback bool
 	// FallbackCause is the primary policy's error when Fallback is true.
 	FallbackCause error
+	// Target is true when the request's advisory target worker was taken
+	// without running the policy.
+	Target bool
 }
 
 // Select picks a worker for req (req.Role selects the policy), books it and
@@ -338,6 +345,21 @@ func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, err
 	} else if req.BlockSize != r.blockSize {
 		return Decision{}, fmt.Errorf("%w: request %d, router %d", ErrBlockSize, req.BlockSize, r.blockSize)
 	}
+	return r.place(ctx, req, placement{})
+}
+
+// placement narrows a selection: a per-worker capacity in in-flight
+// requests (0: none) and an advisory target worker.
+type placement struct {
+	capacity  int64
+	target    shared.WorkerID
+	hasTarget bool
+}
+
+// place is Select with a placement: workers at capacity are not
+// candidates (none left: shared.ErrAllBusy), and an advisory target that
+// is a candidate is taken without running the policy.
+func (r *Router) place(ctx context.Context, req *shared.Request, pl placement) (Decision, error) {
 	b := r.acquire()
 	if b == nil {
 		return Decision{}, ErrClosed
@@ -351,6 +373,16 @@ func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, err
 	if part == nil || len(part.Workers) == 0 {
 		return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrNoWorkers)
 	}
+	if pl.capacity > 0 {
+		if part = underCapacity(part, pl.capacity); part == nil {
+			return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrAllBusy)
+		}
+	}
+	if pl.hasTarget {
+		if i, ok := slices.BinarySearch(part.IDs, pl.target); ok {
+			return r.book(req, Decision{Policy: "target", Target: true}, part.Workers[i], -1), nil
+		}
+	}
 	d := Decision{Policy: rp.policy.Name}
 	w, overlap, err := r.decide(ctx, rp, req, part, &d)
 	if err != nil && rp.fallback != nil && fallbackAllowed(err) {
@@ -363,6 +395,12 @@ func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, err
 	if err != nil {
 		return Decision{}, fmt.Errorf("policy %q: %w", d.Policy, err)
 	}
+	return r.book(req, d, w, overlap), nil
+}
+
+// book charges req to w (overlap < 0: look it up) and records its blocks
+// in the prefix index as sent to w.
+func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap int) Decision {
 	if overlap < 0 {
 		overlap = r.index.Overlap(w.ID, req.BlockHashes)
 	}
@@ -375,7 +413,46 @@ func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, err
 	blocks := int64((req.PromptTokens + r.blockSize - 1) / r.blockSize)
 	d.Booking = fleet.Book(w, prefill, blocks)
 	r.index.Record(w.ID, req.BlockHashes)
-	return d, nil
+	return d
+}
+
+// underCapacity returns the members of p with fewer than capacity
+// requests in flight: p itself when all are, nil when none is. A narrowed
+// partition gets its own candidate-set key, so a round-robin cursor over
+// it is not the full set's.
+func underCapacity(p *fleet.Partition, capacity int64) *fleet.Partition {
+	n := 0
+	for _, w := range p.Workers {
+		if w.ActiveRequests() < capacity {
+			n++
+		}
+	}
+	switch n {
+	case len(p.Workers):
+		return p
+	case 0:
+		return nil
+	}
+	q := &fleet.Partition{Role: p.Role, Workers: make([]*fleet.Worker, 0, n), IDs: make([]shared.WorkerID, 0, n)}
+	if p.DPRanks != nil {
+		q.DPRanks = make([]uint32, 0, n)
+	}
+	for i, w := range p.Workers {
+		if w.ActiveRequests() < capacity {
+			q.Workers = append(q.Workers, w)
+			q.IDs = append(q.IDs, w.ID)
+			if p.DPRanks != nil {
+				q.DPRanks = append(q.DPRanks, p.DPRanks[i])
+			}
+		}
+	}
+	q.Key = hosted.CandidateSetKey("capacity", p.Role, q.IDs)
+	if q.Key == 0 {
+		q.Key = 1
+	}
+	ws := q.Workers
+	q.ActiveAt = func(row int) int64 { return ws[row].ActiveRequests() }
+	return q
 }
 
 // fallbackAllowed: the fallback answers for component failures, not for

@@ -36,6 +36,11 @@ type Request struct {
 	// blocks of BlockSize tokens: BlockHashes[k] identifies tokens
 	// [0, (k+1)*BlockSize), so equal leading hashes mean a shared prefix.
 	BlockHashes []uint64
+	// CachedPromptTokens is how many leading prompt tokens the router
+	// believes the best-placed candidate already holds (its prefix index),
+	// set before classification; PromptTokens - CachedPromptTokens is the
+	// uncached prompt, the default scheduling cost.
+	CachedPromptTokens int
 	// SessionID groups the turns of one conversation; empty when unknown.
 	SessionID string
 	// Priority is the classifier-assigned priority, higher first.

@@ -21,6 +21,10 @@ func builtinTypes() []shared.TypeInfo {
 		builtin.PowerOfTwoType(),
 		builtin.RandomType(),
 		builtin.RoundRobinType(),
+		// Request classifiers.
+		builtin.HeaderPriorityType(),
+		builtin.PromptLengthClassType(),
+		builtin.SessionAffinityType(),
 	}
 }
 

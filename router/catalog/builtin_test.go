@@ -1,6 +1,7 @@
 package catalog
 
 import (
+	"context"
 	"errors"
 	"testing"
 
@@ -13,12 +14,15 @@ import (
 func TestDefaultNames(t *testing.T) {
 	want := []string{
 		builtin.TypeBusy,
+		builtin.TypeHeaderPriority,
 		builtin.TypeKVCost,
 		builtin.TypeLeastLoaded,
 		builtin.TypeMinCost,
 		builtin.TypePowerOfTwo,
+		builtin.TypePromptLengthClass,
 		builtin.TypeRandom,
 		builtin.TypeRoundRobin,
+		builtin.TypeSessionAffinity,
 	}
 	if diff := cmp.Diff(want, Default().Names(0)); diff != "" {
 		t.Errorf("Default().Names(0) (-want +got):\n%s", diff)
@@ -27,13 +31,16 @@ func TestDefaultNames(t *testing.T) {
 
 func TestDefaultKinds(t *testing.T) {
 	want := map[string]shared.Kind{
-		"busy":         shared.KindFilter,
-		"kv-cost":      shared.KindScorer,
-		"least-loaded": shared.KindPicker,
-		"min-cost":     shared.KindPicker,
-		"power-of-two": shared.KindPicker,
-		"random":       shared.KindPicker,
-		"round-robin":  shared.KindPicker,
+		"busy":                shared.KindFilter,
+		"header-priority":     shared.KindClassifier,
+		"kv-cost":             shared.KindScorer,
+		"least-loaded":        shared.KindPicker,
+		"min-cost":            shared.KindPicker,
+		"power-of-two":        shared.KindPicker,
+		"prompt-length-class": shared.KindClassifier,
+		"random":              shared.KindPicker,
+		"round-robin":         shared.KindPicker,
+		"session-affinity":    shared.KindClassifier,
 	}
 	got := map[string]shared.Kind{}
 	for _, e := range Default().Entries() {
@@ -48,9 +55,14 @@ func TestDefaultKinds(t *testing.T) {
 }
 
 // TestDefaultConstructs checks every built-in builds with its schema
-// defaults (plus a limit for busy) into an instance of its kind.
+// defaults (plus a limit for busy and buckets for prompt-length-class) into
+// an instance of its kind; a classifier factory also builds a partition's
+// classifier, which classifies a request.
 func TestDefaultConstructs(t *testing.T) {
-	extra := map[string]shared.Params{"busy": {"max_active_requests": int64(8)}}
+	extra := map[string]shared.Params{
+		"busy":                {"max_active_requests": int64(8)},
+		"prompt-length-class": {"buckets": "short:1024,long"},
+	}
 	for _, e := range Default().Entries() {
 		t.Run(e.Name, func(t *testing.T) {
 			c, err := e.New(shared.InstanceInfo{}, e.WithDefaults(extra[e.Name]))
@@ -65,6 +77,11 @@ func TestDefaultConstructs(t *testing.T) {
 				_, ok = c.(shared.Scorer)
 			case shared.KindPicker:
 				_, ok = c.(shared.Picker)
+			case shared.KindClassifier:
+				var f shared.ClassifierFactory
+				if f, ok = c.(shared.ClassifierFactory); ok {
+					checkClassifier(t, f)
+				}
 			}
 			if !ok {
 				t.Errorf("%T does not implement the %s interface", c, e.Kind)
@@ -82,11 +99,13 @@ func TestDefaultUnknownListsSorted(t *testing.T) {
 	if !errors.As(err, &u) {
 		t.Fatalf("Lookup(nope) error = %v, want *UnknownTypeError", err)
 	}
-	want := []string{"busy", "kv-cost", "least-loaded", "min-cost", "power-of-two", "random", "round-robin"}
+	want := []string{"busy", "header-priority", "kv-cost", "least-loaded", "min-cost", "power-of-two",
+		"prompt-length-class", "random", "round-robin", "session-affinity"}
 	if diff := cmp.Diff(want, u.Available); diff != "" {
 		t.Errorf("Available (-want +got):\n%s", diff)
 	}
-	const msg = `unknown type "nope"; available: busy, kv-cost, least-loaded, min-cost, power-of-two, random, round-robin`
+	const msg = `unknown type "nope"; available: busy, header-priority, kv-cost, least-loaded, min-cost, ` +
+		`power-of-two, prompt-length-class, random, round-robin, session-affinity`
 	if err.Error() != msg {
 		t.Errorf("error = %q, want %q", err, msg)
 	}
@@ -98,6 +117,42 @@ func TestDefaultUnknownListsSorted(t *testing.T) {
 	wantPickers := []string{"least-loaded", "min-cost", "power-of-two", "random", "round-robin"}
 	if diff := cmp.Diff(wantPickers, u.Available); diff != "" {
 		t.Errorf("picker Available (-want +got):\n%s", diff)
+	}
+
+	_, err = Default().LookupKind("nope", shared.KindClassifier)
+	if !errors.As(err, &u) {
+		t.Fatalf("LookupKind(nope, classifier) error = %v, want *UnknownTypeError", err)
+	}
+	wantClassifiers := []string{"header-priority", "prompt-length-class", "session-affinity"}
+	if diff := cmp.Diff(wantClassifiers, u.Available); diff != "" {
+		t.Errorf("classifier Available (-want +got):\n%s", diff)
+	}
+	const cmsg = `unknown classifier type "nope"; available: header-priority, prompt-length-class, session-affinity`
+	if err.Error() != cmsg {
+		t.Errorf("error = %q, want %q", err, cmsg)
+	}
+	var wk *WrongKindError
+	if _, err := Default().LookupKind("header-priority", shared.KindPicker); !errors.As(err, &wk) {
+		t.Errorf("header-priority as a picker: error = %v, want *WrongKindError", err)
+	}
+}
+
+// checkClassifier builds f's classifier for one partition and classifies a
+// request with a session and metadata.
+func checkClassifier(t *testing.T, f shared.ClassifierFactory) {
+	t.Helper()
+	c, err := f.NewClassifier(shared.PartitionContext{
+		Model: "m", Role: shared.RoleAggregated, BlockSize: 16,
+		Workers:  func() []shared.WorkerInfo { return []shared.WorkerInfo{{ID: 1, TotalKVBlocks: 100}} },
+		Progress: func(string) (int64, bool) { return 0, false },
+	})
+	if err != nil {
+		t.Fatalf("NewClassifier: %v", err)
+	}
+	req := &shared.Request{ID: "r", Model: "m", Role: shared.RoleAggregated, PromptTokens: 10, BlockSize: 16,
+		SessionID: "s", Metadata: map[string]string{"X-Priority": "2"}}
+	if _, err := shared.SafeClassify(context.Background(), "test", c, req); err != nil {
+		t.Errorf("Classify: %v", err)
 	}
 }
 

@@ -219,10 +219,6 @@ func (l *loader) lookup(typ string, kind shared.Kind, attr *hcl.Attribute, where
 		return nil, failed
 	}
 	switch {
-	case isUnknown && kind == shared.KindClassifier && len(unknown.Available) == 0 && len(l.plugins) == 0:
-		l.attrErrorf(attr, "Request classifiers not supported yet",
-			"%s uses type %q, but this router has no request classifier types yet (header-priority, session-affinity and prompt-length-class are planned). Remove the request_classifier block.",
-			capitalize(where), typ)
 	case isUnknown && len(l.plugins) > 0 && !l.started:
 		l.pluginTypes++
 		l.attrErrorf(attr, "Plugin types not available",

@@ -78,18 +78,20 @@ func TestShippedPolicies(t *testing.T) {
 	}
 }
 
-// Until classifier types exist, a request_classifier block gets a clear
-// "not supported yet" error at its type.
-func TestClassifierNotSupportedYet(t *testing.T) {
-	src := "request_classifier {\n  type = \"header-priority\"\n}\n"
+// The built-in classifiers load through request_classifier, with their
+// parameters checked at file:line:col.
+func TestBuiltinClassifierLoads(t *testing.T) {
+	src := "request_classifier {\n  type          = \"header-priority\"\n  default_class = \"batch\"\n}\n"
 	b, diags := Load("c.hcl", []byte(src), catalog.Default())
-	if b != nil || len(diags) != 1 {
-		t.Fatalf("bundle %v, diags:\n%s", b, FormatDiagnostics(diags))
+	if b == nil || len(diags) != 0 {
+		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
 	}
-	got := FormatDiagnostics(diags)
-	want := "c.hcl:2:10: error: Request classifiers not supported yet;"
-	if !strings.HasPrefix(got, want) {
-		t.Fatalf("got %q, want prefix %q", got, want)
+	if b.Classifier == nil || b.Classifier.Type != "header-priority" || b.Classifier.Instance == nil {
+		t.Fatalf("classifier %+v", b.Classifier)
+	}
+	src = "request_classifier {\n  type    = \"prompt-length-class\"\n  buckets = \"short:100,medium:50,long\"\n}\n"
+	if _, diags := Load("c.hcl", []byte(src), catalog.Default()); !strings.Contains(FormatDiagnostics(diags), "c.hcl:3:13: error:") {
+		t.Fatalf("bad buckets: %s", FormatDiagnostics(diags))
 	}
 }
 

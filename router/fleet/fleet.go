@@ -92,6 +92,9 @@ type Partition struct {
 	// ActiveAt returns Workers[row].ActiveRequests(); built once per
 	// partition so the hosted path passes it without allocating.
 	ActiveAt func(row int) int64
+	// Infos describes the members for classifiers (shared.PartitionContext
+	// Workers), in the same order; immutable.
+	Infos []shared.WorkerInfo
 }
 
 // Snapshot is one immutable membership view.
@@ -191,10 +194,11 @@ func (f *Fleet) publishLocked() {
 			}
 			return int(a.DPRank) - int(b.DPRank)
 		})
-		p := &Partition{Role: role, Workers: ws, IDs: make([]shared.WorkerID, len(ws))}
+		p := &Partition{Role: role, Workers: ws, IDs: make([]shared.WorkerID, len(ws)), Infos: make([]shared.WorkerInfo, len(ws))}
 		h := fnv(0xcbf29ce484222325, []byte(role))
 		for i, w := range ws {
 			p.IDs[i] = w.ID
+			p.Infos[i] = shared.WorkerInfo{ID: w.ID, DPRank: w.DPRank, TotalKVBlocks: w.TotalKVBlocks}
 			if w.DPRank != 0 && p.DPRanks == nil {
 				p.DPRanks = make([]uint32, len(ws))
 			}

@@ -1,0 +1,146 @@
+package shared
+
+import (
+	"context"
+	"fmt"
+	"runtime/debug"
+	"time"
+)
+
+// Classification is what a classifier sets on a request before selection.
+// The zero value is a valid classification: priority 0, the queue's default
+// class, no due time, the default scheduling cost and no target.
+type Classification struct {
+	// Priority orders requests within a queue class, higher first. Any int,
+	// negative included.
+	Priority int
+	// PolicyClass names the queue class the request waits in; "" means the
+	// queue's default class.
+	PolicyClass string
+	// DueAt is the request's deadline for leaving the queue: a request still
+	// queued at DueAt is rejected with a clear status. Zero: no due time.
+	DueAt time.Time
+	// SchedulingCostTokens is the request's charge against its class's
+	// quantum in the queue's weighted round robin. 0 means the default,
+	// which the router fills: the request's uncached prompt tokens, at
+	// least 1. Negative values are refused.
+	SchedulingCostTokens int64
+	// Target is an advisory worker, valid when HasTarget: a soft target.
+	// An explicit pin in the request still wins, and a target that is not
+	// among the candidates is ignored.
+	Target    WorkerID
+	HasTarget bool
+}
+
+// Classifier classifies the requests of one router partition (one model and
+// role). It is called once per request, before selection; the router stores
+// the result per live request id and reuses it when the request is retried,
+// so a retry is never classified twice.
+//
+// Classify must be safe for concurrent use. An error or a panic in Classify
+// fails only that request, with an error naming the classifier: the router
+// recovers the panic (see SafeClassify) and the classifier keeps serving
+// the other requests.
+//
+// A Classifier that also implements EventListener hears the lifecycle of
+// the requests of its partition.
+type Classifier interface {
+	Classify(ctx context.Context, req *Request) (Classification, error)
+}
+
+// ClassifierFactory is the Component a classifier type's TypeInfo.New
+// returns (kind KindClassifier). The router calls NewClassifier once per
+// partition (model and role) that the policy file's request_classifier
+// serves, and routes each request to its partition's Classifier.
+//
+// A factory holding resources may implement Closer; the router closes it
+// when the bundle is discarded, after the last Classify of every partition.
+type ClassifierFactory interface {
+	Component
+	NewClassifier(pc PartitionContext) (Classifier, error)
+}
+
+// PartitionContext is what a classifier is given for its partition. Its
+// functions are safe for concurrent use and remain valid for the
+// classifier's lifetime.
+type PartitionContext struct {
+	// Model is the partition's model name.
+	Model string
+	// Role is the worker role the partition selects for.
+	Role Role
+	// BlockSize is the router's tokens per KV block (> 0).
+	BlockSize int
+	// Workers returns a non-blocking snapshot of the partition's workers
+	// with their configured capacity, in ascending (ID, DPRank) order. The
+	// snapshot is immutable: the router publishes a new slice when
+	// membership changes instead of modifying the old one, so the call is
+	// cheap, does not allocate, and the caller must not modify the result.
+	Workers func() []WorkerInfo
+	// Progress returns a live request's prompt plus generated tokens so far
+	// (monotonic while the request lives), or false once the request ended
+	// or when the id is unknown.
+	Progress func(requestID string) (tokens int64, ok bool)
+	// Now is the router's clock: simulated time in replay, wall-clock time
+	// in serve. Nil means time.Now. Classifiers with time-based state (TTLs,
+	// due times) read it so that replays repeat exactly.
+	Now func() time.Time
+}
+
+// WorkerInfo is one worker of a partition as a classifier sees it.
+type WorkerInfo struct {
+	ID     WorkerID
+	DPRank uint32
+	// TotalKVBlocks is the worker's configured KV-cache capacity in blocks
+	// (the CAPACITY input); 0 when unknown.
+	TotalKVBlocks int64
+}
+
+// ClassifyError is a classifier's failure on one request: an error it
+// returned or a panic the router recovered. It fails only that request.
+type ClassifyError struct {
+	// Classifier names the classifier instance (or type) that failed.
+	Classifier string
+	// RequestID is the failed request's id.
+	RequestID string
+	// Err is the error Classify returned; nil after a panic.
+	Err error
+	// Panic is the recovered panic value, and Stack the goroutine's stack at
+	// the panic; both nil when Classify returned an error.
+	Panic any
+	Stack []byte
+}
+
+func (e *ClassifyError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("classifier %s: request %q: panic: %v", e.Classifier, e.RequestID, e.Panic)
+	}
+	return fmt.Sprintf("classifier %s: request %q: %v", e.Classifier, e.RequestID, e.Err)
+}
+
+// Unwrap returns the error Classify returned, or nil after a panic.
+func (e *ClassifyError) Unwrap() error { return e.Err }
+
+// SafeClassify calls c.Classify and turns both a returned error and a panic
+// into a *ClassifyError naming the classifier name and the request, so one
+// request's failure never takes down the caller. It also refuses a negative
+// SchedulingCostTokens. It adds no allocation on success.
+func SafeClassify(ctx context.Context, name string, c Classifier, req *Request) (cl Classification, err error) {
+	var id string
+	if req != nil {
+		id = req.ID
+	}
+	defer func() {
+		if v := recover(); v != nil {
+			cl, err = Classification{}, &ClassifyError{Classifier: name, RequestID: id, Panic: v, Stack: debug.Stack()}
+		}
+	}()
+	cl, err = c.Classify(ctx, req)
+	if err != nil {
+		return Classification{}, &ClassifyError{Classifier: name, RequestID: id, Err: err}
+	}
+	if cl.SchedulingCostTokens < 0 {
+		return Classification{}, &ClassifyError{Classifier: name, RequestID: id,
+			Err: fmt.Errorf("scheduling cost %d tokens is negative", cl.SchedulingCostTokens)}
+	}
+	return cl, nil
+}
