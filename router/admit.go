@@ -400,9 +400,19 @@ func (r *Router) Waiting(role shared.Role) int {
 
 // emit delivers one event to every listener, in order. Called with the
 // admission lock held, so per-request order is the order of the calls.
+//
+// Listeners are the admission's (the classifier and AdmissionOptions) and
+// the components of the current bundle that implement
+// shared.EventListener. A request admitted before a reload may end after
+// it; its later events go to the new bundle's components.
 func (r *Router) emit(ev shared.Event) {
 	batch := [1]shared.Event{ev}
 	for _, l := range r.adm.listeners {
 		l.OnEvents(batch[:])
+	}
+	if b := r.cur.Load(); b != nil {
+		for _, l := range b.eventListeners() {
+			l.OnEvents(batch[:])
+		}
 	}
 }

@@ -186,3 +186,29 @@ func TestAdmitAdvisoryTarget(t *testing.T) {
 		t.Fatalf("gone went to %d (target %v), want the policy's 1", tk.Decision.Worker.ID, tk.Decision.Target)
 	}
 }
+
+// listeningPicker is a round-robin picker that also wants lifecycle events.
+type listeningPicker struct {
+	*builtin.RoundRobin
+	recorder
+}
+
+func TestPolicyComponentsHearLifecycleEvents(t *testing.T) {
+	lp := &listeningPicker{RoundRobin: builtin.NewRoundRobin()}
+	r := newRouter(t, mustPolicy(t, "rr", nil, lp), 2)
+	if err := r.EnableAdmission(AdmissionOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Admit(context.Background(), &shared.Request{ID: "x", Role: shared.RoleAggregated, PromptTokens: 4}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.FirstToken("x"); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Abort("x", "client went away"); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]string{"sent:x@1", "first_token:x", "aborted:x@1"}, lp.got); diff != "" {
+		t.Fatalf("events (-want +got):\n%s", diff)
+	}
+}

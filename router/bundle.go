@@ -80,6 +80,9 @@ type Bundle struct {
 	closeOnce sync.Once
 	closed    chan struct{}
 	closeErr  error
+
+	listenersOnce sync.Once
+	listeners     []shared.EventListener
 }
 
 const (
@@ -257,9 +260,22 @@ func (b *Bundle) closeComponents() error {
 	if b.Config == nil {
 		return nil
 	}
-	seen := map[any]bool{}
 	var errs []error
-	closeOne := func(c any) {
+	b.eachComponent(func(c any) {
+		if cl, ok := c.(shared.Closer); ok {
+			if err := cl.Close(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	})
+	return errors.Join(errs...)
+}
+
+// eachComponent calls f once for each distinct component instance of the
+// bundle's policies (every role's, fallbacks included) and its classifier.
+func (b *Bundle) eachComponent(f func(c any)) {
+	seen := map[any]bool{}
+	visit := func(c any) {
 		if c == nil {
 			return
 		}
@@ -269,25 +285,27 @@ func (b *Bundle) closeComponents() error {
 			}
 			seen[c] = true
 		}
-		if cl, ok := c.(shared.Closer); ok {
-			if err := cl.Close(); err != nil {
-				errs = append(errs, err)
-			}
-		}
+		f(c)
 	}
 	var walk func(p *shared.Policy, depth int)
 	walk = func(p *shared.Policy, depth int) {
 		if p == nil || depth > maxFallbackDepth {
 			return
 		}
-		for _, f := range p.Filters {
-			closeOne(f.Filter)
+		for _, fl := range p.Filters {
+			visit(fl.Filter)
 		}
 		for _, s := range p.Scorers {
-			closeOne(s.Scorer)
+			visit(s.Scorer)
 		}
-		closeOne(p.Picker)
+		visit(p.Picker)
 		walk(p.Fallback, depth+1)
+	}
+	for _, rp := range b.roles {
+		walk(rp.policy, 0)
+	}
+	if b.Config == nil {
+		return
 	}
 	for _, p := range b.Config.Roles {
 		walk(p, 0)
@@ -301,7 +319,24 @@ func (b *Bundle) closeComponents() error {
 		}
 	}
 	if c := b.Config.Classifier; c != nil && c.Instance != nil {
-		closeOne(c.Instance)
+		visit(c.Instance)
 	}
-	return errors.Join(errs...)
+}
+
+// eventListeners returns the bundle's policy components that implement
+// shared.EventListener (computed once). The classifier is not among them:
+// the admission layer delivers to it.
+func (b *Bundle) eventListeners() []shared.EventListener {
+	b.listenersOnce.Do(func() {
+		var cls any
+		if b.Config != nil && b.Config.Classifier != nil {
+			cls = b.Config.Classifier.Instance
+		}
+		b.eachComponent(func(c any) {
+			if l, ok := c.(shared.EventListener); ok && c != cls {
+				b.listeners = append(b.listeners, l)
+			}
+		})
+	})
+	return b.listeners
 }
