@@ -264,6 +264,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 			TraceName:    traceName,
 			Records:      records,
 		}
+		if opts.Queue, opts.Classifier, err = admission(path, b); err != nil {
+			return &exitError{code: 1, err: err}
+		}
 		if disagg {
 			opts.PrefillWorkers, opts.DecodeWorkers = f.prefill, f.decode
 		} else {
@@ -321,6 +324,26 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		}
 	}
 	return nil
+}
+
+// admission returns the queue block and the request classifier of b for
+// replay.Options: the queue only when the file has a queue block (the
+// bundle's DefaultQueue has a zero Range), so that a file without one
+// replays exactly as before, and the classifier's factory when the file
+// has a request_classifier.
+func admission(path string, b *config.Bundle) (config.Queue, shared.ClassifierFactory, error) {
+	var q config.Queue
+	if b.Queue.Range.Filename != "" {
+		q = b.Queue
+	}
+	if b.Classifier == nil || b.Classifier.Instance == nil {
+		return q, nil, nil
+	}
+	f, ok := b.Classifier.Instance.(shared.ClassifierFactory)
+	if !ok {
+		return q, nil, fmt.Errorf("%s: request_classifier: %T is not a classifier factory", path, b.Classifier.Instance)
+	}
+	return q, f, nil
 }
 
 // policyName labels a policy file in the table and the report: its base

@@ -16,11 +16,13 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/sim"
@@ -62,6 +64,15 @@ const DefaultKVTransferBandwidth = 50e9
 func KVTransferTime(promptTokens int, bytesPerSecond float64) time.Duration {
 	return time.Duration(math.Round(float64(promptTokens) * KVBytesPerToken / bytesPerSecond * 1e9))
 }
+
+// Epoch is the router's clock at simulated time 0: a replay sets the
+// Router's Now (queue arrival, aging, due times; classifiers' and
+// listeners' clock) to Epoch plus the simulated time, so replays repeat
+// exactly. 2025-01-01T00:00:00Z, on a whole second, so an aging grid of
+// whole seconds starts at the first arrival.
+func Epoch() time.Time { return epoch }
+
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 
 // DefaultSeed seeds a replayed policy whose file sets no router.seed and
 // whose command line gives no --seed, so `router replay` repeats exactly
@@ -114,7 +125,40 @@ type Options struct {
 	// PerRequest, when set, receives one JSON line per request in trace
 	// order (see Outcome).
 	PerRequest io.Writer
+
+	// Queue is the policy file's queue block (config.Bundle.Queue) for the
+	// first hop (aggregated, or prefill): MaxActiveRequests is each first-hop
+	// worker's capacity in in-flight requests; a request that finds every
+	// candidate at capacity waits in the queue and is dispatched, by class
+	// weight, priority and aging, at the simulated instant capacity frees.
+	// The zero value means config.DefaultQueue(): no capacity, so nothing
+	// queues and the replay is the same as without admission.
+	Queue config.Queue
+	// Classifier, when set, classifies every request on arrival (priority,
+	// policy class, due time, scheduling cost, advisory target): the
+	// factory of the file's request_classifier, config.Bundle.Classifier's
+	// Instance. Requests carry the trace's session_id as SessionID and, as
+	// Metadata, its priority under "x-priority" and its policy_class under
+	// "x-policy-class", the HTTP header names header-priority reads by
+	// default, so one policy file classifies replayed and served requests
+	// alike.
+	Classifier shared.ClassifierFactory
+	// Listeners hear the lifecycle of every request's first hop (sent,
+	// first_token, completed, aborted), at simulated times (see Epoch).
+	Listeners []shared.EventListener
 }
+
+// MetadataPriority and MetadataPolicyClass are the Request.Metadata keys
+// a replay puts a trace record's priority and policy_class under: the
+// HTTP header names the header-priority classifier reads by default.
+const (
+	MetadataPriority    = "x-priority"
+	MetadataPolicyClass = "x-policy-class"
+)
+
+// classified reports whether requests are classified or may queue by a
+// queue block: then the per-request lines carry priority and policy_class.
+func (o *Options) classified() bool { return o.Classifier != nil || len(o.Queue.Classes) > 0 }
 
 // disaggregated reports whether o asks for prefill and decode pools.
 func (o *Options) disaggregated() bool { return o.PrefillWorkers != 0 || o.DecodeWorkers != 0 }
@@ -139,13 +183,22 @@ type Outcome struct {
 	// -1 when the request reached none (rejected, or done at prefill with
 	// output_length <= 1). It is absent in aggregated mode: decode ids
 	// start after at least one prefill worker, so 0 never names one.
-	DecodeWorker  int     `json:"decode_worker,omitempty"`
-	InputLength   int     `json:"input_length"`
-	OutputLength  int     `json:"output_length"`
-	OverlapBlocks int     `json:"overlap_blocks"` // router's prefix-index belief at selection
-	CachedTokens  int     `json:"cached_tokens"`  // prompt tokens the engine served from cache
-	QueueMs       float64 `json:"queue_ms"`       // arrival to first scheduled step (of the prefill worker)
-	TTFTMs        float64 `json:"ttft_ms"`
+	DecodeWorker int `json:"decode_worker,omitempty"`
+	InputLength  int `json:"input_length"`
+	OutputLength int `json:"output_length"`
+	// Priority and PolicyClass are the request's classification: its
+	// priority, and its queue class (the queue's default class when the
+	// classifier named none). Present only when the replay has a queue
+	// block or a classifier (Options.Queue, Options.Classifier), so the
+	// default configuration's lines are as they always were.
+	Priority      *int   `json:"priority,omitempty"`
+	PolicyClass   string `json:"policy_class,omitempty"`
+	OverlapBlocks int    `json:"overlap_blocks"` // router's prefix-index belief at selection
+	CachedTokens  int    `json:"cached_tokens"`  // prompt tokens the engine served from cache
+	// QueueMs is arrival to the first scheduled step of the (prefill)
+	// worker: time waiting in the router's queue plus in the engine's.
+	QueueMs float64 `json:"queue_ms"`
+	TTFTMs  float64 `json:"ttft_ms"`
 	// KVTransferMs is the prompt's KV transfer from the prefill to the
 	// decode worker (KVTransferTime); absent when there was none.
 	KVTransferMs float64 `json:"kv_transfer_ms,omitempty"`
@@ -168,12 +221,24 @@ type Outcome struct {
 // after all of them, so requests submitted then join it, and nothing is
 // ever submitted to a worker at a time before one it has reached.
 //
-// Only arrivals feed the first-hop cluster, so its steps up to the next
-// arrival are run in one AdvanceTo and their events then handled one by
-// one, the decode side brought up to each event's time first. The result is
-// the same as taking the single earliest source at every step (routing
-// reads only the bookings of the role it routes for), and the aggregated
-// loop is exactly the single-cluster one.
+// The first hop goes through the router's admission API: Admit on arrival,
+// FirstToken and Complete on the worker's events, and Dispatch whenever
+// capacity may have freed. Without a capacity (Options.Queue's
+// MaxActiveRequests 0, the default) nothing queues and only arrivals feed
+// the first-hop cluster, so its steps up to the next arrival are run in
+// one AdvanceTo and their events then handled one by one, the decode side
+// brought up to each event's time first. The result is the same as taking
+// the single earliest source at every step (routing reads only the
+// bookings of the role it routes for), and the aggregated loop is exactly
+// the single-cluster one.
+//
+// With a capacity, a queued request may be dispatched at any step end, so
+// the loop steps event by event: the next instant is the earlier of the
+// next arrival and the first-hop cluster's next step end
+// (sim.Cluster.NextEvent). At each instant the steps that end then are
+// handled, then queued requests are dispatched (Dispatch) and submitted at
+// that instant, then the arrivals, each after another Dispatch so that
+// waiting requests go first. No request is submitted in a worker's past.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	rep, _, err := execute(ctx, o)
 	return rep, err
@@ -187,15 +252,8 @@ func execute(ctx context.Context, o Options) (*Report, *driver, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	for i := range o.Records {
-		if i%1024 == 0 {
-			if err := ctx.Err(); err != nil {
-				return nil, nil, err
-			}
-		}
-		now := o.Records[i].Arrival
-		d.advance(now)
-		d.arrive(i, &o.Records[i])
+	if err := d.loop(); err != nil {
+		return nil, nil, err
 	}
 	d.drain()
 	if err := ctx.Err(); err != nil {
@@ -228,9 +286,24 @@ type driver struct {
 
 	workers []*fleet.Worker // every fleet member, by fleet id
 
+	// now is the simulated time the router's clock reads (Epoch + now):
+	// set before every admission call.
+	now      time.Duration
+	capacity int  // first-hop max_active_requests; 0: nothing queues
+	waiting  int  // requests in the router's queue
+	classify bool // per-request lines carry priority and policy_class
+	// defaultClass is the queue's default class, and classes its classes
+	// in file order (the report's order).
+	defaultClass string
+	classes      []string
+	tickets      []router.Ticket // Dispatch's buffer
+
 	outcomes       []Outcome
 	arrival        []time.Duration
-	bookings       []*fleet.Booking // first-hop booking per request
+	ids            []string         // request id per request (strconv.Itoa of the index)
+	priority       []int            // classification's priority per request
+	class          []string         // classification's class per request ("" until classified)
+	queued         []bool           // waiting in the router's queue
 	decodeBookings []*fleet.Booking // decode booking per request (disaggregated)
 	reqs           []sim.Request    // first-hop request per request
 	decodeReqs     []sim.Request    // decode-hop request per request (disaggregated)
@@ -295,16 +368,36 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
+	queue := o.Queue
+	if len(queue.Classes) == 0 {
+		queue = config.DefaultQueue()
+	}
 	n := len(o.Records)
 	d := &driver{
 		ctx:       ctx,
 		r:         r,
 		blockSize: o.BlockSize,
 		records:   o.Records,
+		capacity:  queue.MaxActiveRequests,
+		classify:  o.classified(),
 		outcomes:  make([]Outcome, n),
 		arrival:   make([]time.Duration, n),
-		bookings:  make([]*fleet.Booking, n),
+		ids:       make([]string, n),
+		priority:  make([]int, n),
+		class:     make([]string, n),
+		queued:    make([]bool, n),
 		reqs:      make([]sim.Request, n),
+	}
+	d.defaultClass = queue.DefaultClass
+	if d.defaultClass == "" {
+		d.defaultClass = queue.Classes[0].Name
+	}
+	for _, c := range queue.Classes {
+		d.classes = append(d.classes, c.Name)
+	}
+	if err := r.EnableAdmission(router.AdmissionOptions{Queue: queue, Classifier: o.Classifier, Listeners: o.Listeners,
+		Now: func() time.Time { return epoch.Add(d.now) }}); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
 	}
 	// The index tracks what fits in each engine's KV cache, in router blocks.
 	capacity := max(int64(cfg.TotalKVBlocks)*int64(cfg.BlockSize)/int64(o.BlockSize), 1)
@@ -352,6 +445,52 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	d.decodeBookings = make([]*fleet.Booking, n)
 	d.decodeReqs = make([]sim.Request, n)
 	return d, nil
+}
+
+// loop replays every arrival and runs the first-hop cluster until it is
+// idle with nothing queued (see Run).
+func (d *driver) loop() error {
+	recs := d.records
+	i, steps := 0, 0
+	for {
+		if steps++; steps%1024 == 0 {
+			if err := d.ctx.Err(); err != nil {
+				return err
+			}
+		}
+		if d.capacity == 0 && d.waiting == 0 {
+			// Nothing can wait for capacity: only arrivals feed the
+			// first hop.
+			if i == len(recs) {
+				return nil
+			}
+			now := recs[i].Arrival
+			d.advance(now)
+			d.arrive(i, &recs[i])
+			i++
+			continue
+		}
+		// A queued request may leave the queue at any step end: go event
+		// by event.
+		next, busy := d.first.NextEvent()
+		arrival := i < len(recs)
+		if !arrival && !busy {
+			if d.waiting > 0 {
+				d.dispatch(d.now)
+				d.abandon()
+			}
+			return nil
+		}
+		if arrival && (!busy || recs[i].Arrival <= next) {
+			next = recs[i].Arrival
+		}
+		d.advance(next)
+		d.dispatch(next)
+		for ; i < len(recs) && recs[i].Arrival == next; i++ {
+			d.dispatch(next)
+			d.arrive(i, &recs[i])
+		}
+	}
 }
 
 // advance processes everything that happens up to and including t (see
@@ -411,45 +550,127 @@ func (d *driver) decodeUpTo(t time.Duration, inclusive bool) {
 	}
 }
 
-// arrive routes trace request i, arriving now, to its first-hop worker and
-// submits it there.
+// arrive admits trace request i, arriving now, for its first hop and, when
+// a worker has capacity, submits it there; otherwise it waits in the
+// router's queue for dispatch.
 func (d *driver) arrive(i int, rec *trace.Record) {
 	now := rec.Arrival
+	d.now = now
 	hashes := prefix.ChainHashes(make([]uint64, 0, len(rec.HashIDs)), rec.HashIDs)
-	req := shared.Request{
+	req := &shared.Request{
 		ID:           strconv.Itoa(i),
 		Role:         shared.RoleAggregated,
 		PromptTokens: rec.InputLength,
 		BlockSize:    d.blockSize,
 		BlockHashes:  hashes,
+		SessionID:    rec.SessionID,
+	}
+	if rec.HasPriority || rec.PolicyClass != "" {
+		req.Metadata = make(map[string]string, 2)
+		if rec.HasPriority {
+			req.Metadata[MetadataPriority] = strconv.Itoa(rec.Priority)
+		}
+		if rec.PolicyClass != "" {
+			req.Metadata[MetadataPolicyClass] = rec.PolicyClass
+		}
 	}
 	out := &d.outcomes[i]
 	*out = Outcome{Index: i, ArrivalMs: millis(now), Worker: -1, InputLength: rec.InputLength, OutputLength: rec.OutputLength}
-	outputLength := rec.OutputLength
 	if d.decode != nil {
 		req.Role = shared.RolePrefill
 		out.DecodeWorker = -1
-		outputLength = 1 // the prefill worker samples the first token only
 	}
 	d.arrival[i] = now
-	dec, err := d.selectWorker(&req)
-	if err != nil {
+	d.ids[i] = req.ID
+	t0 := time.Now()
+	t, err := d.r.Admit(d.ctx, req)
+	d.decisionTime += time.Since(t0)
+	d.decisions++
+	d.classified(i, &t.Classification)
+	switch {
+	case err != nil:
 		out.Status = "rejected: " + err.Error()
-		return
+	case t.Queued:
+		d.queued[i] = true
+		d.waiting++
+	default:
+		d.start(i, &t.Decision, hashes, now)
 	}
+}
+
+// classified records request i's classification in its outcome.
+func (d *driver) classified(i int, cl *shared.Classification) {
+	d.priority[i], d.class[i] = cl.Priority, cl.PolicyClass
+	if d.class[i] == "" {
+		d.class[i] = d.defaultClass
+	}
+	if d.classify {
+		d.outcomes[i].Priority = &d.priority[i]
+		d.outcomes[i].PolicyClass = d.class[i]
+	}
+}
+
+// start submits request i, placed by dec, to its first-hop worker at `at`;
+// hashes are its chained prefix-block hashes.
+func (d *driver) start(i int, dec *router.Decision, hashes []uint64, at time.Duration) {
+	rec := &d.records[i]
+	out := &d.outcomes[i]
 	out.Worker = int(dec.Worker.ID)
 	out.OverlapBlocks = dec.OverlapBlocks
 	out.Fallback = dec.Fallback
-	d.bookings[i] = dec.Booking
+	outputLength := rec.OutputLength
+	if d.decode != nil {
+		outputLength = 1 // the prefill worker samples the first token only
+	}
 	d.reqs[i] = sim.Request{ID: i, InputLength: max(rec.InputLength, 1), OutputLength: outputLength,
 		PrefixHashes: hashes, PrefixBlockTokens: d.blockSize}
-	if err := d.first.Submit(now, out.Worker, &d.reqs[i]); err != nil {
-		dec.Booking.Release()
+	if err := d.first.Submit(at, out.Worker, &d.reqs[i]); err != nil {
+		_ = d.r.Abort(d.ids[i], err.Error()) // releases the booking
 		out.Status = "rejected: " + err.Error()
 	}
 }
 
-// selectWorker calls the router, timing the decision.
+// dispatch places queued requests while capacity allows and submits them
+// at `at`; those whose due time passed are rejected.
+func (d *driver) dispatch(at time.Duration) {
+	if d.waiting == 0 {
+		return
+	}
+	d.now = at
+	t0 := time.Now()
+	d.tickets = d.r.Dispatch(d.ctx, d.tickets[:0])
+	d.decisionTime += time.Since(t0)
+	for k := range d.tickets {
+		t := &d.tickets[k]
+		i, _ := strconv.Atoi(t.ID)
+		d.queued[i] = false
+		d.waiting--
+		if t.Err != nil {
+			d.outcomes[i].Status = "rejected: " + t.Err.Error()
+			continue
+		}
+		d.decisions++
+		d.start(i, &t.Decision, t.Request.BlockHashes, at)
+	}
+	clear(d.tickets) // drop the requests and bookings
+}
+
+// abandon rejects the requests still queued when the first hop is idle
+// and no arrival is left: only a policy that answers "all busy" with no
+// request in flight leaves any.
+func (d *driver) abandon() {
+	const reason = "never dispatched: every worker stayed busy after the last request ended"
+	for i, q := range d.queued {
+		if q {
+			_ = d.r.Abort(d.ids[i], reason)
+			d.queued[i] = false
+			d.waiting--
+			d.outcomes[i].Status = "rejected: " + reason
+		}
+	}
+}
+
+// selectWorker calls the router for a decode hop, timing the decision.
 func (d *driver) selectWorker(req *shared.Request) (router.Decision, error) {
 	t0 := time.Now()
 	dec, err := d.r.Select(d.ctx, req)
@@ -470,9 +691,11 @@ func (d *driver) handleFirst(e sim.Event) {
 		out.TTFTMs = millis(e.At - d.arrival[i])
 		out.CachedTokens = e.CachedTokens
 		out.QueueMs = millis(e.ScheduledAt - d.arrival[i])
-		d.bookings[i].PrefillDone()
+		d.now = e.At
+		_ = d.r.FirstToken(d.ids[i]) // ends the booked prefill
 	case sim.Completed:
-		d.bookings[i].Release()
+		d.now = e.At
+		_ = d.r.Complete(d.ids[i], int64(d.reqs[i].InputLength+max(d.reqs[i].OutputLength, 1))) // releases the booking
 		if d.decode != nil && d.records[i].OutputLength > 1 {
 			d.handOff(i, e.At)
 			return
@@ -581,6 +804,42 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 	}
 	var ttft, e2e, queue, xfer []float64
 	var prompt, cached, predicted int64
+	rep.Classes = make(map[string]*ClassReport, len(d.classes))
+	rep.classOrder = append(rep.classOrder, d.classes...)
+	for _, name := range d.classes {
+		rep.Classes[name] = &ClassReport{}
+	}
+	type samples struct{ ttft, queue []float64 }
+	perClass := make(map[string]*samples, len(d.classes))
+	var extra []string // classes the queue does not declare
+	for i := range d.outcomes {
+		out := &d.outcomes[i]
+		name := d.class[i]
+		c := rep.Classes[name]
+		if c == nil {
+			c = &ClassReport{}
+			rep.Classes[name] = c
+			extra = append(extra, name)
+		}
+		c.Requests++
+		if out.Status != "ok" {
+			c.Rejected++
+			continue
+		}
+		c.Completed++
+		sm := perClass[name]
+		if sm == nil {
+			sm = &samples{}
+			perClass[name] = sm
+		}
+		sm.ttft = append(sm.ttft, out.TTFTMs)
+		sm.queue = append(sm.queue, out.QueueMs)
+	}
+	for name, sm := range perClass {
+		rep.Classes[name].TTFT, rep.Classes[name].Queue = summarize(sm.ttft), summarize(sm.queue)
+	}
+	slices.Sort(extra)
+	rep.classOrder = append(rep.classOrder, extra...)
 	for _, out := range d.outcomes {
 		if out.Worker >= 0 {
 			rep.RequestsPerWorker[out.Worker]++

@@ -114,7 +114,8 @@ type Report struct {
 	// trace and writing outputs are not included). SimRequestsPerS is
 	// requests replayed per second of WallS (setup, decisions and
 	// simulation). DecisionsPerS is routing decisions per wall second
-	// spent inside Router.Select only.
+	// spent inside the router: Admit and Dispatch (classification,
+	// queueing, selection) and, for the decode hop, Select.
 	WallS           float64 `json:"wall_s"`
 	DecisionsPerS   float64 `json:"decisions_per_s"`
 	SimRequestsPerS float64 `json:"sim_requests_per_s"`
@@ -126,6 +127,25 @@ type Report struct {
 	// Hosted is true when the policy requests are routed by on arrival (the
 	// aggregated one, or the prefill one) ran on the hosted path.
 	Hosted bool `json:"hosted"`
+	// Classes summarises each queue class the requests were classified
+	// into, by name: every class of the queue (the default queue's one
+	// class "default" without a queue block), and any other class a
+	// classifier named.
+	Classes map[string]*ClassReport `json:"classes"`
+	// classOrder is Classes' names in the queue's order, then the others
+	// sorted: the table's order.
+	classOrder []string
+}
+
+// ClassReport is one policy class's share of a replay. TTFT and Queue are
+// over its completed requests, in ms of simulated time; Queue (arrival to
+// the first scheduled engine step) includes the wait in the router's queue.
+type ClassReport struct {
+	Requests  int     `json:"requests"`
+	Completed int     `json:"completed"`
+	Rejected  int     `json:"rejected"`
+	TTFT      Summary `json:"ttft_ms"`
+	Queue     Summary `json:"queue_ms"`
 }
 
 // TableLegend is printed under the table by WriteTable.
@@ -145,12 +165,53 @@ func WriteTable(w io.Writer, reports []*Report) error {
 			r.Label(), r.Requests, r.Completed, r.Rejected,
 			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), ms(r.E2E.P50), ms(r.E2E.P99),
 			100*r.KVHitRatio, r.Imbalance, r.SimDurationS, r.WallS, r.SimRequestsPerS)
+		classRows(tw, r)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	_, err := io.WriteString(w, TableLegend)
+	legend := TableLegend
+	for _, r := range reports {
+		if len(r.Classes) > 1 {
+			legend += ClassLegend
+			break
+		}
+	}
+	_, err := io.WriteString(w, legend)
 	return err
+}
+
+// ClassLegend is added to TableLegend when a row has class lines.
+const ClassLegend = `POLICY/CLASS rows: the requests of one queue class (TTFT over its completed requests; Q p50/p99 = queue_ms,
+arrival to first scheduled step including the router's queue)
+`
+
+// classRows writes one table line per class of r when it has more than
+// one, under r's row: requests, completed, rejected and TTFT, then the
+// queue time's p50 and p99 in the E2E columns, marked "Q".
+func classRows(tw io.Writer, r *Report) {
+	if len(r.Classes) < 2 {
+		return
+	}
+	for _, name := range r.order() {
+		c := r.Classes[name]
+		fmt.Fprintf(tw, "%s/%s\t%d\t%d\t%d\t%s\t%s\t%s\tQ %s\tQ %s\t\t\t\t\t\t\n",
+			r.Label(), name, c.Requests, c.Completed, c.Rejected,
+			ms(c.TTFT.P50), ms(c.TTFT.P90), ms(c.TTFT.P99), ms(c.Queue.P50), ms(c.Queue.P99))
+	}
+}
+
+// order returns the names of r.Classes in table order.
+func (r *Report) order() []string {
+	if len(r.classOrder) == len(r.Classes) {
+		return r.classOrder
+	}
+	names := make([]string, 0, len(r.Classes))
+	for name := range r.Classes {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
 }
 
 // Label names a table row, in one word so that rows stay one field per

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// classifyPolicy has a queue of two classes and the header-priority
+// classifier, which reads the trace's priority and policy_class fields.
+const classifyPolicy = `
+queue {
+  max_active_requests = 1
+  aging               = "1s"
+  max_waiting         = 50
+  default_class       = "batch"
+  class "interactive" {
+    weight = 3
+  }
+  class "batch" {
+    weight = 1
+    order  = "wspt"
+  }
+}
+
+request_classifier {
+  type = "header-priority"
+}
+
+policy "rr" {
+  picker "rr" {
+    type = "round-robin"
+  }
+}
+
+worker_selection {
+  aggregated = "rr"
+}
+`
+
+// writeClassTrace writes a Mooncake trace of n requests arriving together:
+// every third is interactive, the others carry no class (the queue's
+// default, batch); priorities 0..3.
+func writeClassTrace(t *testing.T, path string, n int) {
+	t.Helper()
+	var b strings.Builder
+	for i := range n {
+		class := ""
+		if i%3 == 0 {
+			class = `, "policy_class": "interactive"`
+		}
+		fmt.Fprintf(&b, `{"timestamp": 0, "input_length": 600, "output_length": 8, "hash_ids": [%d, %d], "priority": %d, "session_id": "s%d"%s}`+"\n",
+			2*i, 2*i+1, i%4, i%5, class)
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// router replay with a queue block and request_classifier: every request is
+// classified from its trace fields, the per-request lines carry priority
+// and policy_class, the report summarises each class, the table prints a
+// line per class, and requests beyond max_waiting are rejected.
+func TestReplayClassifiesAndQueues(t *testing.T) {
+	dir := t.TempDir()
+	policy, tr := filepath.Join(dir, "classes.hcl"), filepath.Join(dir, "classes.jsonl")
+	perReq, report := filepath.Join(dir, "req.jsonl"), filepath.Join(dir, "report.json")
+	if err := os.WriteFile(policy, []byte(classifyPolicy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const n = 60 // 2 workers take 1 each, 50 wait, 8 are refused
+	writeClassTrace(t, tr, n)
+	code, out, errOut := runRouter("replay", "--policy", policy, "--trace", tr, "--workers", "2",
+		"--per-request", perReq, "--report", report)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	for _, s := range []string{"classes/interactive", "classes/batch", "POLICY/CLASS"} {
+		if !strings.Contains(out, s) {
+			t.Errorf("stdout lacks %q:\n%s", s, out)
+		}
+	}
+	if !strings.Contains(errOut, "8 of 60 requests rejected") || !strings.Contains(errOut, "queue is full") {
+		t.Errorf("stderr %q, want 8 rejected because the queue is full", errOut)
+	}
+
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type summary struct{ P50, P90, P99, Mean float64 }
+	var rep struct {
+		Requests, Completed, Rejected int
+		Classes                       map[string]struct {
+			Requests  int     `json:"requests"`
+			Completed int     `json:"completed"`
+			Rejected  int     `json:"rejected"`
+			TTFT      summary `json:"ttft_ms"`
+			Queue     summary `json:"queue_ms"`
+		} `json:"classes"`
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests != n || rep.Completed != 52 || rep.Rejected != 8 || len(rep.Classes) != 2 {
+		t.Fatalf("report %+v", rep)
+	}
+	in, bt := rep.Classes["interactive"], rep.Classes["batch"]
+	if in.Requests != 20 || bt.Requests != 40 || in.Completed+bt.Completed != 52 || in.Rejected+bt.Rejected != 8 {
+		t.Fatalf("classes %+v", rep.Classes)
+	}
+	for name, c := range rep.Classes {
+		if c.TTFT.P50 <= 0 || c.TTFT.P99 < c.TTFT.P50 || c.Queue.P99 < c.Queue.P50 || c.TTFT.Mean <= c.Queue.Mean {
+			t.Errorf("class %s: %+v", name, c)
+		}
+	}
+	// Weight 3 against 1: the interactive requests wait less.
+	if in.Queue.Mean >= bt.Queue.Mean {
+		t.Errorf("interactive mean queue %v ms >= batch %v ms", in.Queue.Mean, bt.Queue.Mean)
+	}
+
+	lines, err := os.ReadFile(perReq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range strings.Split(strings.TrimSpace(string(lines)), "\n") {
+		var o struct {
+			Index       int     `json:"index"`
+			Priority    *int    `json:"priority"`
+			PolicyClass string  `json:"policy_class"`
+			QueueMs     float64 `json:"queue_ms"`
+			Status      string  `json:"status"`
+		}
+		if err := json.Unmarshal([]byte(l), &o); err != nil {
+			t.Fatal(err)
+		}
+		want := "batch"
+		if i%3 == 0 {
+			want = "interactive"
+		}
+		if o.Index != i || o.Priority == nil || *o.Priority != i%4 || o.PolicyClass != want {
+			t.Errorf("line %d: %s", i, l)
+		}
+		if o.Status != "ok" && !strings.HasPrefix(o.Status, "rejected: ") {
+			t.Errorf("line %d: status %q", i, o.Status)
+		}
+	}
+}
