@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -23,7 +24,29 @@ var (
 	ErrQueueFull = errors.New("every worker is at capacity and the queue is full")
 	// ErrDue: the request's due time passed while it waited in the queue.
 	ErrDue = errors.New("the request's due time passed while it was queued")
+	// ErrUnknownClass: a classifier named a policy class the queue does not
+	// have. The request fails whether or not it would have waited.
+	ErrUnknownClass = errors.New("unknown policy class")
 )
+
+// knownClass reports whether the queue has a class called name.
+func (a *admission) knownClass(name string) bool {
+	for _, c := range a.queueCfg.Classes {
+		if c.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// classNames lists the queue's classes for messages.
+func (a *admission) classNames() string {
+	names := make([]string, len(a.queueCfg.Classes))
+	for i, c := range a.queueCfg.Classes {
+		names[i] = c.Name
+	}
+	return strings.Join(names, ", ")
+}
 
 // Ticket is the outcome of admitting a request: dispatched now (Decision
 // set), or queued until capacity frees (Queued).
@@ -201,6 +224,10 @@ func (r *Router) Admit(ctx context.Context, req *shared.Request) (Ticket, error)
 		if err != nil {
 			delete(a.live, req.ID)
 			return Ticket{}, err
+		}
+		if cl.PolicyClass != "" && !a.knownClass(cl.PolicyClass) {
+			delete(a.live, req.ID)
+			return Ticket{}, fmt.Errorf("request %q: %w %q (queue classes: %s)", req.ID, ErrUnknownClass, cl.PolicyClass, a.classNames())
 		}
 		t.Classification = cl
 		req.Priority = cl.Priority

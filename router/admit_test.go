@@ -212,3 +212,16 @@ func TestPolicyComponentsHearLifecycleEvents(t *testing.T) {
 		t.Fatalf("events (-want +got):\n%s", diff)
 	}
 }
+
+// A class the queue does not have fails the request even when a worker is
+// free, so a typo in a classifier's configuration shows at once.
+func TestAdmitUnknownClass(t *testing.T) {
+	c := classifyFunc(func(req *shared.Request) (shared.Classification, error) {
+		return shared.Classification{PolicyClass: "bulk"}, nil
+	})
+	e := newAdmitEnv(t, 2, config.DefaultQueue(), c)
+	_, err := e.r.Admit(context.Background(), &shared.Request{ID: "a", Role: shared.RoleAggregated})
+	if !errors.Is(err, ErrUnknownClass) || !strings.Contains(err.Error(), `"bulk" (queue classes: default)`) {
+		t.Fatalf("err = %v", err)
+	}
+}
