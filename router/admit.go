@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -75,6 +76,7 @@ type admission struct {
 	factory    shared.ClassifierFactory
 	classifier map[shared.Role]shared.Classifier
 	classErr   map[shared.Role]error
+	overlap    []int32 // scratch for uncachedTokens, guarded by mu
 	listeners  []shared.EventListener
 	now        func() time.Time
 }
@@ -217,8 +219,13 @@ func (r *Router) Admit(ctx context.Context, req *shared.Request) (Ticket, error)
 	}
 	lr := &liveRequest{req: req, arrival: now, tokens: int64(req.PromptTokens)}
 	a.live[req.ID] = lr // visible to Progress during Classify
-	uncached := r.uncachedTokens(req)
-	req.CachedPromptTokens = max(req.PromptTokens-int(uncached), 0)
+	// The uncached prompt is the classifier's input and the queue's default
+	// charge; a router with neither never needs it.
+	uncached := int64(1)
+	if c != nil || a.capacity > 0 {
+		uncached = r.uncachedTokens(req)
+		req.CachedPromptTokens = max(req.PromptTokens-int(uncached), 0)
+	}
 	if c != nil {
 		cl, err := shared.SafeClassify(ctx, "request_classifier", c, req)
 		if err != nil {
@@ -272,13 +279,16 @@ func (r *Router) placementFor(cl shared.Classification) placement {
 // uncachedTokens is the default scheduling cost: the prompt tokens the
 // best-placed candidate does not hold, at least 1.
 func (r *Router) uncachedTokens(req *shared.Request) int64 {
-	best := 0
+	var best int32
 	if p := r.fleet.Snapshot().Partition(req.Role); p != nil && len(req.BlockHashes) > 0 {
-		for _, w := range p.Workers {
-			best = max(best, r.index.Overlap(w.ID, req.BlockHashes))
+		a := r.adm
+		a.overlap = slices.Grow(a.overlap[:0], len(p.IDs))[:len(p.IDs)]
+		r.index.Fill(p.IDs, req.BlockHashes, a.overlap)
+		for _, o := range a.overlap {
+			best = max(best, o)
 		}
 	}
-	return max(int64(req.PromptTokens-best*r.blockSize), 1)
+	return max(int64(req.PromptTokens-int(best)*r.blockSize), 1)
 }
 
 // Dispatch places queued requests while capacity allows and returns them
