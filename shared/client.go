@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,20 +22,30 @@ import (
 // errors.Is to tell a dead plugin from a component's own error.
 var ErrPluginClosed = errors.New("plugin closed")
 
+// ErrResultTooLarge is wrapped by a Decide call whose result the plugin
+// could not send: it was over the message-size limit (MaxMessageBytes), and
+// the SDK answered the task with an error instead.
+var ErrResultTooLarge = errors.New("result over the message-size limit")
+
+// tooLargeMessage reports whether a task's error is the SDK's over-size
+// answer (see fitResult).
+func tooLargeMessage(msg string) bool {
+	return strings.HasPrefix(msg, "result of ") && strings.HasSuffix(msg, "-byte limit")
+}
+
 // RemoteClient is the host side of one plugin process: go-plugin dispenses
 // it (see HostPluginSets). Its methods are safe for concurrent use.
 //
-// Decide calls share one long-lived Decide stream, opened on first use. At
-// most one goroutine sends on it at a time (the "sender"): a caller that
-// finds no send in flight sends its own task directly, in a DecideBatch of
-// one, with no goroutine handoff. Every task that arrives while a send is in
-// flight is queued, and whoever finishes a send takes the whole queue into
-// the next DecideBatch before giving up the sender role (batching under
-// load, no timer). A caller stays the sender only until its own result has
-// arrived or its context is done; then, if tasks are still queued, it passes
-// the role to the stream's standby sender goroutine, which drains the queue
-// the same way. A receiver goroutine completes each caller's (pooled) result
-// channel directly.
+// Decide calls share one long-lived Decide stream, opened on first use. One
+// goroutine per stream, the sender, does every Send: a caller queues its
+// task, wakes the sender if it is idle, and waits only for its result, its
+// context or the stream's end. A caller never blocks in Send, where HTTP/2
+// flow control would hold it, past its deadline, while the plugin is frozen
+// and stops reading: the caller's deadline (call_timeout) is a hard bound.
+// Every task that arrives while a Send is in flight is queued, and the
+// sender takes the whole queue into the next DecideBatch (batching under
+// load, no timer). A receiver goroutine completes each caller's (pooled)
+// result channel directly.
 type RemoteClient struct {
 	client pluginv1.PluginClient
 	done   context.Context // cancelled when the plugin process exits
@@ -158,7 +169,7 @@ func (c *RemoteClient) Decide(ctx context.Context, t *Task) (TaskResult, error) 
 	pt := c.newTask(ctx, t)
 	id := pt.TaskId
 	w := c.getWaiter()
-	if err := s.submit(ctx, id, pt, w); err != nil {
+	if err := s.submit(id, pt, w); err != nil {
 		c.waiters.Put(w)
 		return TaskResult{Picked: -1}, err
 	}
@@ -173,6 +184,9 @@ func (c *RemoteClient) Decide(ctx context.Context, t *Task) (TaskResult, error) 
 				// The task ran out of the caller's time in the plugin, a
 				// moment before ctx's own timer fired.
 				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w (plugin: %s)", context.DeadlineExceeded, r.GetError())
+			}
+			if tooLargeMessage(r.GetError()) {
+				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w: %s", ErrResultTooLarge, r.GetError())
 			}
 			return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %s", r.GetError())
 		}
@@ -254,7 +268,7 @@ func (c *RemoteClient) openStream() (*remoteStream, error) {
 		c:       c,
 		stream:  st,
 		cancel:  cancel,
-		handoff: make(chan struct{}, 1),
+		wake:    make(chan struct{}, 1),
 		broken:  make(chan struct{}),
 		pending: make(map[uint64]*waiter),
 	}
@@ -288,31 +302,30 @@ type waiter struct {
 	ch chan *pluginv1.DecideResult // buffered: the receiver never blocks
 }
 
-// remoteStream is one Decide stream with its receiver and standby sender.
+// remoteStream is one Decide stream with its receiver and sender.
 type remoteStream struct {
 	c      *RemoteClient
 	stream pluginv1.Plugin_DecideClient
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	handoff chan struct{} // the sender role was passed to sendLoop
-	broken  chan struct{} // closed once, when the stream fails; err is set before
-	err     error
+	wake   chan struct{} // buffered: the sender has tasks to send
+	broken chan struct{} // closed once, when the stream fails; err is set before
+	err    error
 
 	mu      sync.Mutex
 	queue   []*pluginv1.DecideTask // tasks waiting for the next send
 	spare   []*pluginv1.DecideTask // the last batch's buffer, for the next queue
-	sending bool                   // a goroutine holds the sender role; queue non-empty implies sending
+	sending bool                   // the sender was woken and has not yet found the queue empty
 	pending map[uint64]*waiter
 	failed  bool
 
 	batch pluginv1.DecideBatch // owned by the sender
 }
 
-// submit registers w for id and queues the task. When no send is in flight
-// the caller becomes the sender and sends the queue (its own task, and
-// whatever queues behind it) before returning.
-func (s *remoteStream) submit(ctx context.Context, id uint64, pt *pluginv1.DecideTask, w *waiter) error {
+// submit registers w for id and queues the task, waking the sender when it
+// is idle. It never blocks on the stream.
+func (s *remoteStream) submit(id uint64, pt *pluginv1.DecideTask, w *waiter) error {
 	s.mu.Lock()
 	if s.failed {
 		s.mu.Unlock()
@@ -326,9 +339,10 @@ func (s *remoteStream) submit(ctx context.Context, id uint64, pt *pluginv1.Decid
 		return nil
 	}
 	s.sending = true
-	tasks := s.takeQueue()
 	s.mu.Unlock()
-	s.send(ctx, tasks, w)
+	// At most one wake-up is outstanding: the sender takes it before it
+	// clears sending.
+	s.wake <- struct{}{}
 	return nil
 }
 
@@ -340,12 +354,9 @@ func (s *remoteStream) takeQueue() []*pluginv1.DecideTask {
 	return tasks
 }
 
-// send sends tasks, then every batch that queued meanwhile, as the holder
-// of the sender role. It gives the role up when the queue is empty. A
-// caller (w non-nil) stops sending others' tasks once its own result has
-// arrived or its ctx is done: with tasks still queued it passes the role to
-// sendLoop instead.
-func (s *remoteStream) send(ctx context.Context, tasks []*pluginv1.DecideTask, w *waiter) {
+// send sends tasks, then every batch that queued meanwhile, until the queue
+// is empty or the stream failed.
+func (s *remoteStream) send(tasks []*pluginv1.DecideTask) {
 	for {
 		if h := s.c.testHookBeforeSend; h != nil {
 			h(len(tasks))
@@ -376,11 +387,6 @@ func (s *remoteStream) send(ctx context.Context, tasks []*pluginv1.DecideTask, w
 		if len(s.queue) == 0 || s.failed {
 			s.sending = false
 			s.mu.Unlock()
-			return
-		}
-		if w != nil && (len(w.ch) > 0 || ctx.Err() != nil) {
-			s.mu.Unlock()
-			s.handoff <- struct{}{} // buffered; at most one handoff is outstanding
 			return
 		}
 		tasks = s.takeQueue()
@@ -423,26 +429,28 @@ func (s *remoteStream) fail(cause error) {
 	s.cancel()
 }
 
-// sendLoop is the standby sender: it takes the sender role when a caller
-// passes it on and sends until the queue is empty.
+// sendLoop is the sender: woken by submit, it sends until the queue is
+// empty. A Send blocked by flow control holds up only this goroutine; the
+// callers' contexts bound their waits, and failing the stream (fail
+// cancels it) ends the Send.
 func (s *remoteStream) sendLoop(ctx context.Context) {
 	defer s.wg.Done()
 	for {
 		select {
-		case <-s.handoff:
+		case <-s.wake:
 		case <-ctx.Done():
 			s.fail(context.Cause(ctx))
 			return
 		}
 		s.mu.Lock()
-		if len(s.queue) == 0 { // only after fail
+		if len(s.queue) == 0 || s.failed { // only after fail
 			s.sending = false
 			s.mu.Unlock()
 			continue
 		}
 		tasks := s.takeQueue()
 		s.mu.Unlock()
-		s.send(ctx, tasks, nil)
+		s.send(tasks)
 	}
 }
 

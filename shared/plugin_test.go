@@ -12,7 +12,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"go.uber.org/goleak"
 
@@ -654,7 +653,7 @@ func TestValidateTypes(t *testing.T) {
 
 func TestWatchParentExitsWhenParentChanges(t *testing.T) {
 	exited := make(chan struct{})
-	go watchParent(hclog.NewNullLogger(), -1, time.Millisecond, func() { close(exited) })
+	go watchParent(-1, time.Millisecond, func(int, int) { close(exited) })
 	select {
 	case <-exited:
 	case <-time.After(2 * time.Second):

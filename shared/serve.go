@@ -2,9 +2,14 @@ package shared
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"os/signal"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -93,7 +98,20 @@ type ServeOpts struct {
 
 // Serve serves opts.Types to the router and blocks until the router ends
 // the plugin. It exits the process with status 1 when opts are invalid (no
-// type, a duplicate name, a nil New) or when the parent process dies.
+// type, a duplicate name, a nil New).
+//
+// When the router dies, Serve cleans up after it, so nothing of the plugin
+// outlives the router, even one killed with SIGKILL: the router starts each
+// plugin as the leader of its own process group, with SIGTERM as its
+// parent-death signal (Linux), and Serve also watches its parent pid (every
+// 250ms, on every platform). On SIGTERM or a changed parent pid, Serve
+// removes its socket directory (the PLUGIN_UNIX_SOCKET_DIR the router made
+// for it, only if it looks like one: a directory named "sy-*" holding only
+// sockets) and then, when it leads its process group, SIGKILLs the whole
+// group, itself included, so any process the plugin started goes with it;
+// otherwise it exits with status 1. A normal router shutdown does not go
+// this way: the router asks go-plugin to stop the plugin and then kills
+// the group and removes the directory itself.
 func Serve(opts ServeOpts) {
 	log := opts.Logger
 	if log == nil {
@@ -103,7 +121,16 @@ func Serve(opts ServeOpts) {
 		log.Error("invalid plugin types", "error", err)
 		os.Exit(1)
 	}
-	go watchParent(log, os.Getppid(), 250*time.Millisecond, func() { os.Exit(1) })
+	sockDir := os.Getenv(plugin.EnvUnixSocketDir)
+	terms := make(chan os.Signal, 1)
+	signal.Notify(terms, syscall.SIGTERM)
+	go func() {
+		<-terms
+		abandon(log, sockDir, "SIGTERM (the router died, or an operator asked)")
+	}()
+	go watchParent(os.Getppid(), 250*time.Millisecond, func(ppid, now int) {
+		abandon(log, sockDir, fmt.Sprintf("the parent process %d exited (new parent %d)", ppid, now))
+	})
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake(),
 		VersionedPlugins: map[int]plugin.PluginSet{
@@ -131,18 +158,74 @@ func defaultLogger() hclog.Logger {
 	})
 }
 
-// watchParent calls exit when the parent pid is no longer ppid (the router
-// died and the process was reparented), checking every interval.
-func watchParent(log hclog.Logger, ppid int, interval time.Duration, exit func()) {
+// watchParent calls exit with the old and new parent pid when the parent
+// pid is no longer ppid (the router died and the process was reparented),
+// checking every interval.
+func watchParent(ppid int, interval time.Duration, exit func(ppid, now int)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for range t.C {
 		if now := os.Getppid(); now != ppid {
-			log.Error("parent process exited; stopping", "parent_pid", ppid, "new_parent_pid", now)
-			exit()
+			exit(ppid, now)
 			return
 		}
 	}
+}
+
+// abandon ends the plugin without its router: it removes the socket
+// directory, then kills the plugin's process group (itself included) when
+// it leads it, or exits with status 1. It does not return.
+//
+// SIGPIPE is ignored first: the router's end of stderr is likely closed
+// already, and a log line written to it would otherwise kill the process
+// (Go's rule for fds 1 and 2) before its group.
+func abandon(log hclog.Logger, sockDir, why string) {
+	signal.Ignore(syscall.SIGPIPE)
+	err := removeSocketDir(sockDir)
+	log.Error("stopping without the router; killing the process group", "reason", why)
+	if err != nil {
+		log.Warn("socket directory left behind", "dir", sockDir, "error", err)
+	}
+	killOwnGroup()
+	os.Exit(1)
+}
+
+// removeSocketDir removes dir when it looks like a socket directory the
+// router made: a directory (not a link) whose name starts with "sy-" and
+// that holds nothing but sockets. Anything else is left alone; "" is
+// nothing to do.
+func removeSocketDir(dir string) error {
+	if dir == "" || !strings.HasPrefix(filepath.Base(dir), "sy-") {
+		return nil
+	}
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil
+		}
+		return err
+	}
+	if !fi.IsDir() {
+		return nil
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if e.Type()&fs.ModeSocket == 0 {
+			return fmt.Errorf("not removed: %s is not a socket", e.Name())
+		}
+	}
+	for _, e := range entries {
+		if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+	}
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // validateTypes checks the types a plugin serves.

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 )
@@ -232,11 +234,52 @@ type decideStream struct {
 	// recvErr is the first receive error, set by the goroutine that got it.
 	recvErr  error
 	recvDone chan struct{}
+	// sendFailed is closed (under mu) when err is set: Decide then ends
+	// the stream, so the host fails its pending calls at once.
+	sendFailed chan struct{}
+}
+
+// testHookServerSend, when set, runs before each Send of results; an error
+// it returns stands for a failed Send.
+var testHookServerSend atomic.Pointer[func() error]
+
+// maxResultBytes bounds one DecideResults message; a variable so tests can
+// lower it.
+var maxResultBytes = MaxMessageBytes
+
+// resultOverhead is the most a DecideResult adds to DecideResults besides
+// its own size: its field tag and length prefix.
+const resultOverhead = 1 + 5
+
+// resultSize returns r's encoded size in DecideResults, cheaply: an upper
+// bound while that is far below the limit, the exact size otherwise.
+func resultSize(r *pluginv1.DecideResult) int {
+	// task_id, picked (10 bytes when negative), tags, lengths: < 64.
+	bound := 64 + len(r.Error) + len(r.FilteredBy) + 5*len(r.Kept) + 8*len(r.Costs)
+	if bound < maxResultBytes/2 {
+		return bound
+	}
+	return proto.Size(r) + resultOverhead
+}
+
+// fitResult replaces a result over the message-size limit with an error
+// result for its task, so the host gets an answer instead of a stream that
+// cannot send it.
+func fitResult(r *pluginv1.DecideResult) *pluginv1.DecideResult {
+	if n := resultSize(r); n > maxResultBytes {
+		return &pluginv1.DecideResult{TaskId: r.TaskId, Picked: -1,
+			Error: fmt.Sprintf("result of %d bytes exceeds the %d-byte limit", n-resultOverhead, maxResultBytes)}
+	}
+	return r
 }
 
 // deliver queues r and, when no other goroutine is sending, sends the queue
-// until it is empty.
+// until it is empty. A result over the message-size limit is replaced by an
+// error result (fitResult), and a queue whose results would not fit one
+// message goes out in several. After a failed Send nothing more is sent and
+// Decide ends the stream.
 func (d *decideStream) deliver(r *pluginv1.DecideResult) {
+	r = fitResult(r)
 	d.mu.Lock()
 	d.out = append(d.out, r)
 	if d.sending {
@@ -248,20 +291,52 @@ func (d *decideStream) deliver(r *pluginv1.DecideResult) {
 		batch := d.out
 		d.out, d.spare = d.spare[:0], nil
 		d.mu.Unlock()
-		d.results.Results = batch
-		err := d.stream.Send(&d.results)
+		var err error
+		for rest := batch; len(rest) > 0 && err == nil; {
+			n, size := 0, 0
+			for n < len(rest) {
+				size += resultSize(rest[n])
+				if n > 0 && size > maxResultBytes {
+					break
+				}
+				n++
+			}
+			d.results.Results = rest[:n]
+			if h := testHookServerSend.Load(); h != nil {
+				err = (*h)()
+			}
+			if err == nil {
+				err = d.stream.Send(&d.results)
+			}
+			rest = rest[n:]
+		}
 		d.results.Results = nil
 		clear(batch)
 		d.mu.Lock()
 		d.spare = batch[:0]
 		if err != nil && d.err == nil {
 			d.err = err
-			d.log.Debug("decide stream send failed", "error", err)
+			close(d.sendFailed)
+			if c := status.Code(err); c == codes.Unavailable || c == codes.Canceled {
+				d.log.Debug("decide stream send failed; ending the stream", "error", err)
+			} else {
+				d.log.Warn("decide stream send failed; ending the stream", "error", err)
+			}
 		}
 	}
 	d.out = d.out[:0]
 	d.sending = false
 	d.mu.Unlock()
+}
+
+// failed reports whether a Send failed.
+func (d *decideStream) failed() bool {
+	select {
+	case <-d.sendFailed:
+		return true
+	default:
+		return false
+	}
 }
 
 // Decide runs every received task and answers each with one DecideResult,
@@ -276,10 +351,34 @@ func (d *decideStream) deliver(r *pluginv1.DecideResult) {
 // up at most the one task that showed it slow. Larger batches, and tasks
 // that arrive while others run, run concurrently on up to GOMAXPROCS
 // goroutines that take the batch's tasks in turn.
+//
+// When a Send fails (a result that cannot be encoded, a broken transport),
+// Decide returns at once with that error, which ends the stream: the host
+// fails the calls pending on it instead of waiting for answers that will
+// never come. Goroutines still running tasks then finish without sending,
+// and the one receiving, if any, stops when its Recv fails on the ended
+// stream.
 func (s *server) Decide(stream pluginv1.Plugin_DecideServer) error {
-	d := &decideStream{s: s, stream: stream, ctx: stream.Context(), log: s.log, recvDone: make(chan struct{})}
-	d.receive()
-	<-d.recvDone
+	d := &decideStream{s: s, stream: stream, ctx: stream.Context(), log: s.log,
+		recvDone: make(chan struct{}), sendFailed: make(chan struct{})}
+	// The handler only waits: a goroutine reads the stream (for the
+	// stream's lifetime, not per decision), so that a failed Send can end
+	// the stream even while a Recv blocks.
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		d.receive()
+	}()
+	select {
+	case <-d.recvDone:
+	case <-d.sendFailed:
+	}
+	if d.failed() {
+		d.mu.Lock()
+		err := d.err
+		d.mu.Unlock()
+		return status.Errorf(codes.Internal, "sending decide results: %v", err)
+	}
 	d.wg.Wait() // no Send after the handler returns
 	err := d.recvErr
 	if status.Code(err) == codes.Canceled || errors.Is(err, context.Canceled) {
@@ -310,6 +409,9 @@ func (d *decideStream) receive() {
 			// up the tasks behind it nor serializes them.
 			if time.Duration(d.lastInline.Load()) <= inlineMax {
 				d.deliver(d.runLone(tasks[0]))
+				if d.failed() {
+					return // Decide ends the stream
+				}
 				continue
 			}
 			d.wg.Add(1)
@@ -382,7 +484,8 @@ func (s *server) runTask(ctx context.Context, t *pluginv1.DecideTask) *pluginv1.
 	sc := s.scratch.Get().(*taskScratch)
 	defer s.scratch.Put(sc)
 	if err := s.execute(ctx, t, sc, res); err != nil {
-		*res = pluginv1.DecideResult{TaskId: t.GetTaskId(), Picked: -1, Error: err.Error()}
+		// proto3 strings must be UTF-8, or the whole message fails to send.
+		*res = pluginv1.DecideResult{TaskId: t.GetTaskId(), Picked: -1, Error: strings.ToValidUTF8(err.Error(), "\uFFFD")}
 	}
 	return res
 }

@@ -5,9 +5,11 @@
 // calls, fusing consecutive members of a policy that live in one plugin
 // into one Decide task.
 //
-// Each start is a fresh exec.Cmd in its own process group with a
-// parent-death signal, the block's environment only, and a private socket
-// directory. A plugin that fails its handshake (wrong cookie, no common
+// Each start is a fresh exec.Cmd in its own process group with SIGTERM as
+// its parent-death signal (forked from a thread kept alive for the
+// process's lifetime, see startPinned; the SDK's Serve answers it by
+// killing its group and removing its socket directory), the block's
+// environment only, and a private socket directory. A plugin that fails its handshake (wrong cookie, no common
 // API version, text on stdout, a sha256 mismatch, no handshake within
 // start_timeout) is a permanent *StartError and is never retried.
 // Shutdown drains in-flight calls for a bounded grace, then kills every

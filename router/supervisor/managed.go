@@ -468,7 +468,7 @@ func (m *managed) classify(p *proc, ctx context.Context, deadline time.Time, err
 	late := errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline)
 	callerDL, hasDL := ctx.Deadline()
 	switch {
-	case status.Code(err) == codes.ResourceExhausted:
+	case status.Code(err) == codes.ResourceExhausted, errors.Is(err, shared.ErrResultTooLarge):
 		return codeTooLarge, fmt.Errorf("plugin %q: %w (%d MiB): %w", m.name, ErrTooLarge, shared.MaxMessageBytes>>20, err)
 	case p.ctx.Err() != nil || errors.Is(err, shared.ErrPluginClosed):
 		return codeClosed, p.closedErr(err)

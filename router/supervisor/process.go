@@ -168,7 +168,10 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *shared.Desc
 	})
 	go p.watchExitPipe()
 
-	_, err = p.client.Start()
+	err = startPinned(func() error {
+		_, err := p.client.Start()
+		return err
+	}, p.exited)
 	_ = exitW.Close()
 	if cmd.Process != nil {
 		p.pid = cmd.Process.Pid

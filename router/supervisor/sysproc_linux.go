@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"syscall"
 
@@ -38,9 +39,28 @@ func watchPID(pid int, exited func()) {
 }
 
 // sysProcAttr puts the plugin in its own process group, so Shutdown can
-// kill everything it started, and kills it when the router's thread dies.
+// kill everything it started, and sends it SIGTERM when the thread that
+// started it dies: the SDK's Serve then kills the rest of its process
+// group and removes its socket directory (see startPinned).
 func sysProcAttr() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	return &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+}
+
+// startPinned runs start, which forks the plugin, on a goroutine locked to
+// its OS thread, and keeps that goroutine (and so the thread) alive until
+// until is closed: the plugin's parent-death signal fires when the thread
+// that forked it exits (golang/go#27505), not when the router does, so
+// the forking thread must outlive the plugin. A locked goroutine that
+// returns takes its thread with it; by then the plugin is gone. It costs
+// one parked OS thread per running plugin process.
+func startPinned(start func() error, until <-chan struct{}) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		errc <- start()
+		<-until
+	}()
+	return <-errc
 }
 
 // groupAlive reports whether process group pgid has a member that is not

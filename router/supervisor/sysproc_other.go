@@ -19,5 +19,9 @@ func groupAlive(pgid int) bool {
 	return !errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
 }
 
+// startPinned runs start: without parent-death signals the forking
+// thread does not matter.
+func startPinned(start func() error, _ <-chan struct{}) error { return start() }
+
 // watchPID does nothing here: the exit pipe is the only exit watch.
 func watchPID(int, func()) {}

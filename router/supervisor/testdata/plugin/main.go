@@ -19,8 +19,9 @@
 //	           start a grandchild (in hang mode, in the plugin's process
 //	           group) holding the plugin's stderr, write its pid to
 //	           SY_CHILD, then serve
-//	big        serve without the SDK's send limit; the t-active scorer
-//	           fails with an error message over shared.MaxMessageBytes
+//	big        the t-active scorer fails with an error message over
+//	           shared.MaxMessageBytes (the SDK answers it with a short
+//	           "exceeds the limit" error instead)
 //
 // SY_STARTS names a file it appends a line ("pid unixnano") to at every
 // start, and SY_MARKER a file it creates, so tests can tell whether (and
@@ -94,11 +95,7 @@ func main() {
 		serve()
 	case "big":
 		big = true
-		plugin.Serve(&plugin.ServeConfig{
-			HandshakeConfig:  shared.Handshake(),
-			VersionedPlugins: map[int]plugin.PluginSet{shared.APIVersion: {shared.PluginSetKey: &shared.GRPCPlugin{Version: "test", Types: types()}}},
-			GRPCServer:       plugin.DefaultGRPCServer, // no send limit: the host's receive limit trips
-		})
+		serve()
 	case "builtin":
 		shared.Serve(shared.ServeOpts{Version: "test", Types: []shared.TypeInfo{
 			builtin.KVCostType(), builtin.MinCostType(), builtin.BusyType(),
