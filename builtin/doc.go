@@ -1,6 +1,8 @@
 // Package builtin holds Switchyard's built-in component types: the
 // round-robin, random, least-loaded, power-of-two and min-cost pickers, the
-// kv-cost scorer and the busy filter. README.md documents each type's
+// kv-cost scorer, the busy filter, and the header-priority,
+// session-affinity and prompt-length-class request classifiers. README.md
+// documents each type's
 // formula, inputs and parameters; router/catalog registers them.
 //
 // Every instance is safe for concurrent use. Randomised types own their

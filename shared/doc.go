@@ -1,6 +1,9 @@
 // Package shared is the Switchyard plugin SDK: the component contracts
-// (Filter, Scorer, Picker), the request and candidate types they see, the
-// declared-input flags, parameter schemas, and the typed selection errors.
+// (Filter, Scorer, Picker, and the request classifier: ClassifierFactory,
+// Classifier), request lifecycle events (EventListener), the request and
+// candidate types they see, the declared-input flags, parameter schemas,
+// the typed selection errors, and the go-plugin glue that serves them out
+// of process (Serve) and calls them from the router (RemoteClient).
 //
 // Built-in components (package builtin) and out-of-process plugins implement
 // the same interfaces, so a component written for one can be served as the
