@@ -280,7 +280,7 @@ func (r *Router) placementFor(cl shared.Classification) placement {
 // best-placed candidate does not hold, at least 1.
 func (r *Router) uncachedTokens(req *shared.Request) int64 {
 	var best int32
-	if p := r.fleet.Snapshot().Partition(req.Role); p != nil && len(req.BlockHashes) > 0 {
+	if p := r.fleet.Snapshot().ModelPartition(req.Model, req.Role); p != nil && len(req.BlockHashes) > 0 {
 		a := r.adm
 		a.overlap = slices.Grow(a.overlap[:0], len(p.IDs))[:len(p.IDs)]
 		r.index.Fill(p.IDs, req.BlockHashes, a.overlap)

@@ -302,6 +302,19 @@ func (r *Router) RemoveWorker(id shared.WorkerID, rank uint32) error {
 // Fallbacks is how many selections a fallback policy answered.
 func (r *Router) Fallbacks() int64 { return r.fallbacks.Load() }
 
+// Models returns the sorted union of the workers' models.
+func (r *Router) Models() []string { return r.fleet.Snapshot().Models() }
+
+// Workers returns the members of role serving model ("" for every model),
+// in ascending id order; nil when there are none. The slice is shared and
+// must not be modified.
+func (r *Router) Workers(model string, role shared.Role) []*fleet.Worker {
+	if p := r.fleet.Snapshot().ModelPartition(model, role); p != nil {
+		return p.Workers
+	}
+	return nil
+}
+
 // Decision is the outcome of one selection.
 type Decision struct {
 	// Worker is the chosen worker (its join generation).
@@ -369,8 +382,11 @@ func (r *Router) place(ctx context.Context, req *shared.Request, pl placement) (
 	if rp == nil {
 		return Decision{}, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
 	}
-	part := r.fleet.Snapshot().Partition(req.Role)
+	part := r.fleet.Snapshot().ModelPartition(req.Model, req.Role)
 	if part == nil || len(part.Workers) == 0 {
+		if req.Model != "" {
+			return Decision{}, fmt.Errorf("model %q, role %s: %w", req.Model, req.Role, shared.ErrNoWorkers)
+		}
 		return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrNoWorkers)
 	}
 	if pl.capacity > 0 {

@@ -32,6 +32,10 @@ type Spec struct {
 	TotalKVBlocks int64
 	// Name is a human label (a worker block name or "sim-3").
 	Name string
+	// Models are the model names the worker serves; requests naming a
+	// model are routed among the workers that list it (Snapshot
+	// ModelPartition). Empty for simulated workers.
+	Models []string
 }
 
 // Worker is one member of the fleet for one join generation.
@@ -79,10 +83,11 @@ func (w *Worker) Load(bookingsAreLoad bool) shared.Load {
 	return l
 }
 
-// Partition is the sorted members of one role in one snapshot. It is
-// immutable once published.
+// Partition is the sorted members of one role (and, when Model is set, of
+// one model) in one snapshot. It is immutable once published.
 type Partition struct {
 	Role    shared.Role
+	Model   string // "" for the partition of every model
 	Workers []*Worker         // ascending (ID, DPRank)
 	IDs     []shared.WorkerID // IDs[i] == Workers[i].ID
 	DPRanks []uint32          // nil when every rank is 0
@@ -99,11 +104,31 @@ type Partition struct {
 
 // Snapshot is one immutable membership view.
 type Snapshot struct {
-	roles map[shared.Role]*Partition
+	roles      map[shared.Role]*Partition
+	models     map[modelRole]*Partition
+	modelNames []string
 }
 
-// Partition returns the members of role; nil when there are none.
+type modelRole struct {
+	model string
+	role  shared.Role
+}
+
+// Partition returns the members of role, whatever models they serve; nil
+// when there are none.
 func (s *Snapshot) Partition(role shared.Role) *Partition { return s.roles[role] }
+
+// ModelPartition returns the members of role that serve model; with model
+// "" it is Partition(role). nil when there are none.
+func (s *Snapshot) ModelPartition(model string, role shared.Role) *Partition {
+	if model == "" {
+		return s.roles[role]
+	}
+	return s.models[modelRole{model, role}]
+}
+
+// Models returns the sorted union of the members' models.
+func (s *Snapshot) Models() []string { return s.modelNames }
 
 // Fleet is the set of workers. Membership changes take a lock and publish a
 // new Snapshot; reads are lock-free.
@@ -122,7 +147,7 @@ type key struct {
 // New returns an empty fleet.
 func New() *Fleet {
 	f := &Fleet{members: make(map[key]*Worker)}
-	f.snap.Store(&Snapshot{roles: map[shared.Role]*Partition{}})
+	f.snap.Store(&Snapshot{roles: map[shared.Role]*Partition{}, models: map[modelRole]*Partition{}})
 	return f
 }
 
@@ -179,45 +204,68 @@ func (f *Fleet) RemoveWorker(id shared.WorkerID, rank uint32) error {
 }
 
 func (f *Fleet) publishLocked() {
-	byRole := map[shared.Role][]*Worker{}
+	type pkey struct {
+		model string
+		role  shared.Role
+	}
+	groups := map[pkey][]*Worker{}
 	for _, w := range f.members {
-		byRole[w.Role] = append(byRole[w.Role], w)
+		groups[pkey{"", w.Role}] = append(groups[pkey{"", w.Role}], w)
+		for _, m := range w.Models {
+			if m != "" {
+				groups[pkey{m, w.Role}] = append(groups[pkey{m, w.Role}], w)
+			}
+		}
 	}
-	snap := &Snapshot{roles: make(map[shared.Role]*Partition, len(byRole))}
-	for role, ws := range byRole {
-		slices.SortFunc(ws, func(a, b *Worker) int {
-			if a.ID != b.ID {
-				if a.ID < b.ID {
-					return -1
-				}
-				return 1
-			}
-			return int(a.DPRank) - int(b.DPRank)
-		})
-		p := &Partition{Role: role, Workers: ws, IDs: make([]shared.WorkerID, len(ws)), Infos: make([]shared.WorkerInfo, len(ws))}
-		h := fnv(0xcbf29ce484222325, []byte(role))
-		for i, w := range ws {
-			p.IDs[i] = w.ID
-			p.Infos[i] = shared.WorkerInfo{ID: w.ID, DPRank: w.DPRank, TotalKVBlocks: w.TotalKVBlocks}
-			if w.DPRank != 0 && p.DPRanks == nil {
-				p.DPRanks = make([]uint32, len(ws))
-			}
-			h = fnv64(h, uint64(w.ID))
-			h = fnv64(h, uint64(w.DPRank)<<32|w.Generation&0xffffffff)
+	snap := &Snapshot{roles: map[shared.Role]*Partition{}, models: map[modelRole]*Partition{}}
+	for k, ws := range groups {
+		p := newPartition(k.model, k.role, ws)
+		if k.model == "" {
+			snap.roles[k.role] = p
+		} else {
+			snap.models[modelRole{k.model, k.role}] = p
+			snap.modelNames = append(snap.modelNames, k.model)
 		}
-		if p.DPRanks != nil {
-			for i, w := range ws {
-				p.DPRanks[i] = w.DPRank
-			}
-		}
-		if h == 0 {
-			h = 1 // zero means "unknown" to the hosted path
-		}
-		p.Key = h
-		p.ActiveAt = func(row int) int64 { return ws[row].active.Load() }
-		snap.roles[role] = p
 	}
+	slices.Sort(snap.modelNames)
+	snap.modelNames = slices.Compact(snap.modelNames)
 	f.snap.Store(snap)
+}
+
+// newPartition sorts ws and builds the partition of model (or of every
+// model when "") and role.
+func newPartition(model string, role shared.Role, ws []*Worker) *Partition {
+	slices.SortFunc(ws, func(a, b *Worker) int {
+		if a.ID != b.ID {
+			if a.ID < b.ID {
+				return -1
+			}
+			return 1
+		}
+		return int(a.DPRank) - int(b.DPRank)
+	})
+	p := &Partition{Role: role, Model: model, Workers: ws, IDs: make([]shared.WorkerID, len(ws)), Infos: make([]shared.WorkerInfo, len(ws))}
+	h := fnv(fnv(0xcbf29ce484222325, []byte(role)), []byte(model))
+	for i, w := range ws {
+		p.IDs[i] = w.ID
+		p.Infos[i] = shared.WorkerInfo{ID: w.ID, DPRank: w.DPRank, TotalKVBlocks: w.TotalKVBlocks}
+		if w.DPRank != 0 && p.DPRanks == nil {
+			p.DPRanks = make([]uint32, len(ws))
+		}
+		h = fnv64(h, uint64(w.ID))
+		h = fnv64(h, uint64(w.DPRank)<<32|w.Generation&0xffffffff)
+	}
+	if p.DPRanks != nil {
+		for i, w := range ws {
+			p.DPRanks[i] = w.DPRank
+		}
+	}
+	if h == 0 {
+		h = 1 // zero means "unknown" to the hosted path
+	}
+	p.Key = h
+	p.ActiveAt = func(row int) int64 { return ws[row].active.Load() }
+	return p
 }
 
 func fnv(h uint64, b []byte) uint64 {

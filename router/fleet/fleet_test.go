@@ -157,3 +157,33 @@ func TestAddWorkersAllOrNothing(t *testing.T) {
 		t.Fatalf("a failed AddWorkers joined %v", p.IDs)
 	}
 }
+
+func TestModelPartitions(t *testing.T) {
+	f := New()
+	if _, err := f.AddWorkers(
+		Spec{ID: 1, Role: shared.RoleAggregated, TotalKVBlocks: 1, Models: []string{"llama", "qwen"}},
+		Spec{ID: 2, Role: shared.RoleAggregated, TotalKVBlocks: 1, Models: []string{"llama"}},
+		Spec{ID: 3, Role: shared.RoleDecode, TotalKVBlocks: 1, Models: []string{"qwen"}},
+	); err != nil {
+		t.Fatal(err)
+	}
+	s := f.Snapshot()
+	if diff := cmp.Diff([]string{"llama", "qwen"}, s.Models()); diff != "" {
+		t.Fatalf("models (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]shared.WorkerID{1, 2}, s.ModelPartition("llama", shared.RoleAggregated).IDs); diff != "" {
+		t.Fatalf("llama (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]shared.WorkerID{1}, s.ModelPartition("qwen", shared.RoleAggregated).IDs); diff != "" {
+		t.Fatalf("qwen (-want +got):\n%s", diff)
+	}
+	if s.ModelPartition("mistral", shared.RoleAggregated) != nil {
+		t.Fatal("a model nobody serves has a partition")
+	}
+	if s.ModelPartition("llama", shared.RoleAggregated).Key == s.ModelPartition("qwen", shared.RoleAggregated).Key {
+		t.Fatal("two models share a candidate-set key")
+	}
+	if s.ModelPartition("", shared.RoleAggregated) != s.Partition(shared.RoleAggregated) {
+		t.Fatal(`model "" must be the role's whole partition`)
+	}
+}
