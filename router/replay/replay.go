@@ -543,6 +543,7 @@ func (d *driver) decodeUpTo(t time.Duration, inclusive bool) {
 			d.decodeBookings[x.index].Release()
 			out.Status = "rejected: decode: " + err.Error()
 		}
+		d.observe(d.decode, out.DecodeWorker-d.decodeBase, out.DecodeWorker)
 	}
 	if t != math.MaxInt64 {
 		d.decodeEvents = d.decode.AdvanceTo(t, d.decodeEvents[:0])
@@ -628,6 +629,21 @@ func (d *driver) start(i int, dec *router.Decision, hashes []uint64, at time.Dur
 		_ = d.r.Abort(d.ids[i], err.Error()) // releases the booking
 		out.Status = "rejected: " + err.Error()
 	}
+	d.observe(d.first, out.Worker, out.Worker)
+}
+
+// observe publishes simulated worker idx's engine state (queue length, KV
+// usage) as fleet worker id's engine report, as a scraped vLLM /metrics
+// would, so policies that read LOAD's kv_usage and waiting see them. It
+// runs after every change to the worker, in simulated-time order, so the
+// replay stays deterministic.
+func (d *driver) observe(c *sim.Cluster, idx, id int) {
+	l := c.Worker(idx).Load()
+	var usage float64
+	if total := l.UsedBlocks + l.FreeBlocks; total > 0 {
+		usage = float64(l.UsedBlocks) / float64(total)
+	}
+	d.workers[id].SetEngineLoad(&fleet.EngineLoad{KVUsage: usage, HasKVUsage: true, Waiting: int64(l.Waiting), HasWaiting: true})
 }
 
 // dispatch places queued requests while capacity allows and submits them
@@ -686,6 +702,7 @@ func (d *driver) selectWorker(req *shared.Request) (router.Decision, error) {
 func (d *driver) handleFirst(e sim.Event) {
 	i := e.RequestID
 	out := &d.outcomes[i]
+	defer d.observe(d.first, e.Worker, e.Worker)
 	switch e.Kind {
 	case sim.FirstToken:
 		out.TTFTMs = millis(e.At - d.arrival[i])
@@ -742,6 +759,7 @@ func (d *driver) handOff(i int, at time.Duration) {
 func (d *driver) handleDecode(events []sim.Event) {
 	for _, e := range events {
 		i := e.RequestID
+		d.observe(d.decode, e.Worker, d.decodeBase+e.Worker)
 		switch e.Kind {
 		case sim.FirstToken:
 			d.decodeBookings[i].PrefillDone() // books no prefill; marks the state
