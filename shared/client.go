@@ -54,6 +54,8 @@ type RemoteClient struct {
 	stream *remoteStream
 	closed bool
 
+	ev eventSender // the Events stream (client_classify.go)
+
 	nextID  atomic.Uint64
 	tasks   sync.Pool // *pluginv1.DecideTask, reused after Send
 	waiters sync.Pool // *waiter, reused once its channel is empty again
@@ -75,7 +77,9 @@ func NewRemoteClient(done context.Context, conn grpc.ClientConnInterface) *Remot
 	if done == nil {
 		done = context.Background()
 	}
-	return &RemoteClient{client: pluginv1.NewPluginClient(conn), done: done}
+	c := &RemoteClient{client: pluginv1.NewPluginClient(conn), done: done}
+	c.ev.c = c
+	return c
 }
 
 // callOpts are the explicit message-size limits of every call.
@@ -123,32 +127,11 @@ func (c *RemoteClient) Describe(ctx context.Context) (*Description, error) {
 // name) and returns the inputs it declares, or the plugin's diagnostics.
 // The error is for the call itself (transport, a parameter value that
 // cannot travel); a refused configuration is diagnostics with a nil error.
+// ConfigureInstance also returns whether the instance wants lifecycle
+// events.
 func (c *RemoteClient) Configure(ctx context.Context, req ConfigureRequest) (Inputs, []Diagnostic, error) {
-	if c.isClosed() {
-		return 0, nil, fmt.Errorf("plugin configure %q: %w", req.Info.Name, ErrPluginClosed)
-	}
-	params, err := paramsToProto(req.Params)
-	if err != nil {
-		return 0, nil, fmt.Errorf("plugin configure %q: %w", req.Info.Name, err)
-	}
-	resp, err := c.client.Configure(ctx, &pluginv1.ConfigureRequest{
-		Instance:  req.Info.Name,
-		Type:      req.Type,
-		Role:      string(req.Info.Role),
-		BlockSize: clampU32(req.Info.BlockSize),
-		Params:    params,
-	}, callOpts...)
-	if err != nil {
-		return 0, nil, c.rpcError(fmt.Sprintf("configure %q", req.Info.Name), err)
-	}
-	if len(resp.GetDiagnostics()) > 0 {
-		diags := make([]Diagnostic, 0, len(resp.GetDiagnostics()))
-		for _, d := range resp.GetDiagnostics() {
-			diags = append(diags, Diagnostic{Param: d.GetParam(), Summary: d.GetSummary(), Detail: d.GetDetail()})
-		}
-		return 0, diags, nil
-	}
-	return inputsFromProto(resp.GetInputs()), nil, nil
+	r, err := c.ConfigureInstance(ctx, req)
+	return r.Inputs, r.Diagnostics, err
 }
 
 // Decide runs t in the plugin and waits for its result or ctx. The task's
@@ -279,7 +262,8 @@ func (c *RemoteClient) openStream() (*remoteStream, error) {
 	return s, nil
 }
 
-// Close ends the Decide stream and stops its goroutines; calls in flight
+// Close ends the Decide and Events streams and stops the Decide stream's
+// goroutines (events still queued are dropped); calls in flight
 // and later calls fail with ErrPluginClosed. It does not end the plugin
 // process (go-plugin's Client.Kill does).
 func (c *RemoteClient) Close() error {
@@ -288,6 +272,7 @@ func (c *RemoteClient) Close() error {
 	s := c.stream
 	c.stream = nil
 	c.mu.Unlock()
+	c.ev.close()
 	if s != nil {
 		s.fail(errors.New("client closed"))
 		s.wg.Wait()

@@ -206,6 +206,7 @@ func requestIntoProto(r *Request, p *pluginv1.Request) {
 	p.PromptTokens, p.BlockSize = clampU32(r.PromptTokens), clampU32(r.BlockSize)
 	p.BlockHashes = append(p.BlockHashes[:0], r.BlockHashes...)
 	p.SessionId, p.Priority = r.SessionID, clampI32(r.Priority)
+	p.CachedPromptTokens = clampU32(r.CachedPromptTokens)
 	p.Metadata = nil
 	if r.Metadata != nil {
 		p.Metadata = maps.Clone(r.Metadata)
@@ -224,6 +225,8 @@ func requestFromProto(p *pluginv1.Request, r *Request) {
 		SessionID:    p.GetSessionId(),
 		Priority:     int(p.GetPriority()),
 		Metadata:     p.GetMetadata(),
+
+		CachedPromptTokens: int(p.GetCachedPromptTokens()),
 	}
 }
 
@@ -388,4 +391,79 @@ func resultFromProto(r *pluginv1.DecideResult) TaskResult {
 		res.Costs = r.GetCosts()
 	}
 	return res
+}
+
+// eventToProto converts one lifecycle event into p.
+func eventToProto(e *Event, p *pluginv1.Event) {
+	p.RequestId, p.Kind = e.RequestID, pluginv1.EventKind(e.Kind)
+	p.Worker, p.HasWorker = uint64(e.Worker), e.HasWorker
+	p.ContextTokens = uint64(max(e.ContextTokens, 0))
+	p.Reason = e.Reason
+	p.UnixNano = 0
+	if !e.At.IsZero() {
+		p.UnixNano = e.At.UnixNano()
+	}
+}
+
+// eventFromProto converts one wire event.
+func eventFromProto(p *pluginv1.Event) Event {
+	e := Event{
+		Kind:          EventKind(p.GetKind()),
+		RequestID:     p.GetRequestId(),
+		Worker:        WorkerID(p.GetWorker()),
+		HasWorker:     p.GetHasWorker(),
+		ContextTokens: int64(min(p.GetContextTokens(), math.MaxInt64)),
+		Reason:        p.GetReason(),
+	}
+	if ns := p.GetUnixNano(); ns != 0 {
+		e.At = time.Unix(0, ns)
+	}
+	return e
+}
+
+// classificationToProto and classificationFromProto convert a Classify
+// answer.
+func classificationToProto(c Classification) *pluginv1.ClassifyResponse {
+	r := &pluginv1.ClassifyResponse{
+		Priority:             clampI32(c.Priority),
+		PolicyClass:          c.PolicyClass,
+		SchedulingCostTokens: uint64(max(c.SchedulingCostTokens, 0)),
+		Target:               uint64(c.Target),
+		HasTarget:            c.HasTarget,
+	}
+	if !c.DueAt.IsZero() {
+		r.DueUnixNano = c.DueAt.UnixNano()
+	}
+	return r
+}
+
+func classificationFromProto(r *pluginv1.ClassifyResponse) Classification {
+	c := Classification{
+		Priority:             int(r.GetPriority()),
+		PolicyClass:          r.GetPolicyClass(),
+		SchedulingCostTokens: int64(min(r.GetSchedulingCostTokens(), math.MaxInt64)),
+		Target:               WorkerID(r.GetTarget()),
+		HasTarget:            r.GetHasTarget(),
+	}
+	if ns := r.GetDueUnixNano(); ns != 0 {
+		c.DueAt = time.Unix(0, ns)
+	}
+	return c
+}
+
+// workersToProto and workersFromProto convert a partition's worker list.
+func workersToProto(ws []WorkerInfo) []*pluginv1.WorkerInfo {
+	out := make([]*pluginv1.WorkerInfo, len(ws))
+	for i, w := range ws {
+		out[i] = &pluginv1.WorkerInfo{Id: uint64(w.ID), DpRank: w.DPRank, TotalKvBlocks: w.TotalKVBlocks}
+	}
+	return out
+}
+
+func workersFromProto(ws []*pluginv1.WorkerInfo) []WorkerInfo {
+	out := make([]WorkerInfo, len(ws))
+	for i, w := range ws {
+		out[i] = WorkerInfo{ID: WorkerID(w.GetId()), DPRank: w.GetDpRank(), TotalKVBlocks: w.GetTotalKvBlocks()}
+	}
+	return out
 }

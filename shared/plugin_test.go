@@ -631,7 +631,7 @@ func TestValidateTypes(t *testing.T) {
 		{"duplicate", []TypeInfo{{Name: "a", Kind: KindPicker, New: newOK}, {Name: "a", Kind: KindPicker, New: newOK}}, `type "a" is defined twice`},
 		{"nil New", []TypeInfo{{Name: "a", Kind: KindPicker}}, `type "a" has a nil New`},
 		{"bad kind", []TypeInfo{{Name: "a", New: newOK}}, `type "a" has invalid kind 0`},
-		{"classifier", []TypeInfo{{Name: "a", Kind: KindClassifier, New: newOK}}, "classifiers cannot be served"},
+		{"classifier", []TypeInfo{{Name: "a", Kind: KindClassifier, New: newOK}}, ""},
 		{"default of the wrong type", []TypeInfo{{Name: "a", Kind: KindPicker, New: newOK,
 			Params: []ParamSpec{{Name: "n", Type: Int, Default: 1.5}}}}, `parameter "n" default: got a number value, want int`},
 	}

@@ -37,8 +37,8 @@ const LogLevelEnv = "SWITCHYARD_PLUGIN_LOG_LEVEL"
 //
 // Protocol versions (go-plugin negotiates one through VersionedPlugins):
 //   - 1: switchyard.plugin.v1 over gRPC: Describe, Configure, Decide
-//     (bidirectional, batched tasks), Classify and Events (Unimplemented in
-//     this SDK so far).
+//     (bidirectional, batched tasks), Classify (request classifiers) and
+//     Events (bidirectional: batched lifecycle events, acknowledged).
 func Handshake() plugin.HandshakeConfig {
 	return plugin.HandshakeConfig{
 		ProtocolVersion:  APIVersion,
@@ -88,7 +88,8 @@ type ServeOpts struct {
 	// Version is the plugin's own version, returned by Describe.
 	Version string
 	// Types are the component types the plugin provides; each must have a
-	// unique Name, a filter, scorer or picker Kind, and New set.
+	// unique Name, a Kind (filter, scorer, picker or classifier), and New
+	// set.
 	Types []TypeInfo
 	// Logger is optional. The default logs JSON to stderr (which go-plugin
 	// forwards to the router's log) at the level SWITCHYARD_PLUGIN_LOG_LEVEL
@@ -247,9 +248,7 @@ func validateTypes(types []TypeInfo) error {
 			problems = append(problems, fmt.Sprintf("type %q has a nil New", t.Name))
 		}
 		switch t.Kind {
-		case KindFilter, KindScorer, KindPicker:
-		case KindClassifier:
-			problems = append(problems, fmt.Sprintf("type %q: classifiers cannot be served out of process yet", t.Name))
+		case KindFilter, KindScorer, KindPicker, KindClassifier:
 		default:
 			problems = append(problems, fmt.Sprintf("type %q has invalid kind %d", t.Name, t.Kind))
 		}

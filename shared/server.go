@@ -23,12 +23,9 @@ import (
 )
 
 // server is the plugin side of switchyard.plugin.v1: it describes the
-// types it was given, creates instances at Configure and runs Decide tasks
-// over them.
-//
-// Classify and Events return gRPC Unimplemented (from the embedded
-// UnimplementedPluginServer): request classifiers and lifecycle events come
-// with a later issue.
+// types it was given, creates instances at Configure, runs Decide tasks
+// over them, classifies requests (server_classify.go) and delivers
+// lifecycle events to the instances that listen.
 type server struct {
 	pluginv1.UnimplementedPluginServer
 
@@ -41,13 +38,20 @@ type server struct {
 	instances map[string]*instance
 
 	scratch sync.Pool // *taskScratch
+
+	clock  atomic.Int64 // the latest router clock seen, unix nanoseconds
+	events eventState
 }
 
 // instance is one configured component.
 type instance struct {
-	name string
-	kind Kind
-	comp Component
+	name      string
+	kind      Kind
+	comp      Component
+	blockSize int
+	// classifiers holds a classifier instance's partitions; nil for other
+	// kinds.
+	classifiers *classifierState
 }
 
 func newServer(version string, types []TypeInfo, log hclog.Logger) *server {
@@ -135,11 +139,17 @@ func (s *server) Configure(_ context.Context, req *pluginv1.ConfigureRequest) (*
 	if !implementsKind(comp, t.Kind) {
 		return diag("", fmt.Sprintf("type %q: %T does not implement the %s interface", t.Name, comp, t.Kind), ""), nil
 	}
+	inst := &instance{name: info.Name, kind: t.Kind, comp: comp, blockSize: info.BlockSize}
+	_, events := comp.(EventListener)
+	if t.Kind == KindClassifier {
+		inst.classifiers = &classifierState{}
+		events = events || t.Events
+	}
 	s.mu.Lock()
-	s.instances[info.Name] = &instance{name: info.Name, kind: t.Kind, comp: comp}
+	s.instances[info.Name] = inst
 	s.mu.Unlock()
-	s.log.Debug("configured instance", "instance", info.Name, "type", t.Name, "role", info.Role)
-	return &pluginv1.ConfigureResponse{Inputs: inputsToProto(comp.Inputs())}, nil
+	s.log.Debug("configured instance", "instance", info.Name, "type", t.Name, "role", info.Role, "events", events)
+	return &pluginv1.ConfigureResponse{Inputs: inputsToProto(comp.Inputs()), Events: events}, nil
 }
 
 // newInstance calls the type's New, turning a panic into an error.
@@ -197,6 +207,9 @@ func implementsKind(c Component, k Kind) bool {
 		return ok
 	case KindPicker:
 		_, ok := c.(Picker)
+		return ok
+	case KindClassifier:
+		_, ok := c.(ClassifierFactory)
 		return ok
 	}
 	return false

@@ -14,6 +14,13 @@ type TypeInfo struct {
 	Inputs Inputs
 	// Params is the parameter schema, in documentation order.
 	Params []ParamSpec
+	// Events, for a classifier type served out of process, says that its
+	// per-partition Classifiers implement EventListener although the
+	// factory New returns does not: the host then forwards lifecycle
+	// events to the instance. (A component that itself implements
+	// EventListener needs no flag; in process the router finds listeners
+	// by type assertion and ignores this field.)
+	Events bool
 	// Doc is a one-paragraph description for `router validate` and docs.
 	Doc string
 	// New builds an instance for info from decoded parameters (defaults

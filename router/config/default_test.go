@@ -108,15 +108,20 @@ func shapeHost(t *testing.T, filename string, src []byte, cat *catalog.Catalog) 
 	h := &fakeHost{types: map[string][]shared.TypeInfo{}}
 	first := ""
 	seen := map[string]bool{}
-	kinds := map[string]shared.Kind{"filter": shared.KindFilter, "scorer": shared.KindScorer, "picker": shared.KindPicker}
+	kinds := map[string]shared.Kind{"filter": shared.KindFilter, "scorer": shared.KindScorer, "picker": shared.KindPicker,
+		"request_classifier": shared.KindClassifier}
 	for _, blk := range file.Body.(*hclsyntax.Body).Blocks {
 		if blk.Type == "plugin" && first == "" && len(blk.Labels) == 1 {
 			first = blk.Labels[0]
 		}
-		if blk.Type != "policy" {
-			continue
+		var comps []*hclsyntax.Block
+		switch blk.Type {
+		case "policy":
+			comps = blk.Body.Blocks
+		case "request_classifier":
+			comps = []*hclsyntax.Block{blk}
 		}
-		for _, cb := range blk.Body.Blocks {
+		for _, cb := range comps {
 			attr := cb.Body.Attributes["type"]
 			if attr == nil || kinds[cb.Type] == 0 {
 				continue

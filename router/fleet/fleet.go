@@ -87,7 +87,7 @@ func (w *Worker) Load(bookingsAreLoad bool) shared.Load {
 // one model) in one snapshot. It is immutable once published.
 type Partition struct {
 	Role    shared.Role
-	Model   string // "" for the partition of every model
+	Model   string            // "" for the partition of every model
 	Workers []*Worker         // ascending (ID, DPRank)
 	IDs     []shared.WorkerID // IDs[i] == Workers[i].ID
 	DPRanks []uint32          // nil when every rank is 0
@@ -204,16 +204,12 @@ func (f *Fleet) RemoveWorker(id shared.WorkerID, rank uint32) error {
 }
 
 func (f *Fleet) publishLocked() {
-	type pkey struct {
-		model string
-		role  shared.Role
-	}
-	groups := map[pkey][]*Worker{}
+	groups := map[modelRole][]*Worker{}
 	for _, w := range f.members {
-		groups[pkey{"", w.Role}] = append(groups[pkey{"", w.Role}], w)
+		groups[modelRole{"", w.Role}] = append(groups[modelRole{"", w.Role}], w)
 		for _, m := range w.Models {
 			if m != "" {
-				groups[pkey{m, w.Role}] = append(groups[pkey{m, w.Role}], w)
+				groups[modelRole{m, w.Role}] = append(groups[modelRole{m, w.Role}], w)
 			}
 		}
 	}
@@ -223,7 +219,7 @@ func (f *Fleet) publishLocked() {
 		if k.model == "" {
 			snap.roles[k.role] = p
 		} else {
-			snap.models[modelRole{k.model, k.role}] = p
+			snap.models[k] = p
 			snap.modelNames = append(snap.modelNames, k.model)
 		}
 	}

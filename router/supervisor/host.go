@@ -61,6 +61,14 @@ type Stats struct {
 	// Restarts is how many times the plugin's process was restarted
 	// (attempts, successful or not).
 	Restarts int64
+	// EventsDropped is the lifecycle events for the plugin's interested
+	// instances that were dropped: emitted while no process served the
+	// plugin (restarting, failed, shut down), or lost with a process (see
+	// shared.EventStats.Dropped). Classify calls of an out-of-process
+	// request classifier count in Calls, Errors, Timeouts and Fallbacks
+	// like decision calls, but a failed one fails its request (there is
+	// no classifier fallback).
+	EventsDropped int64
 }
 
 // Host starts and supervises out-of-process plugins. It implements
@@ -263,6 +271,8 @@ func (h *Host) Stats(name string) Stats {
 		Timeouts:  c.timeouts.Load(),
 		Fallbacks: c.fallbacks.Load(),
 		Restarts:  c.restarts.Load(),
+
+		EventsDropped: c.eventsDropped.Load(),
 	}
 }
 

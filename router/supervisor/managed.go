@@ -223,6 +223,9 @@ func (m *managed) supervise(p *proc) {
 			why = "killed by the host: " + *r
 		}
 		err := p.stop()
+		if p.rc != nil {
+			m.stats.eventsDropped.Add(p.rc.EventStats().Dropped)
+		}
 		m.log.Warn("plugin process gone; restarting it", "pid", p.pid, "reason", why, "stderr", p.stderr.suffix(), "stop_error", err)
 		if p = m.restartLoop(bo); p == nil {
 			return
@@ -372,7 +375,7 @@ func (m *managed) probe(p *proc) {
 // instance is recorded, to be configured again in restarted processes.
 func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceInfo, params shared.Params) (shared.Component, error) {
 	switch kind {
-	case shared.KindFilter, shared.KindScorer, shared.KindPicker:
+	case shared.KindFilter, shared.KindScorer, shared.KindPicker, shared.KindClassifier:
 	default:
 		return nil, fmt.Errorf("plugin %q: type %q: out-of-process %s components are not supported", m.name, typ, kind)
 	}
@@ -388,7 +391,7 @@ func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceIn
 
 	params = maps.Clone(params)
 	start := time.Now()
-	inputs, diags, err := p.rc.Configure(ctx, shared.ConfigureRequest{Info: info, Type: typ, Params: params})
+	cr, err := p.rc.ConfigureInstance(ctx, shared.ConfigureRequest{Info: info, Type: typ, Params: params})
 	m.met.observe(m.name, "configure", time.Since(start))
 	if err != nil {
 		if p.ctx.Err() != nil {
@@ -396,9 +399,10 @@ func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceIn
 		}
 		return nil, fmt.Errorf("plugin %q: configuring %s %q: %w", m.name, typ, info.Name, err)
 	}
-	if err := diagErrors(diags); err != nil {
+	if err := diagErrors(cr.Diagnostics); err != nil {
 		return nil, err
 	}
+	inputs := cr.Inputs
 	in := &instance{typ: typ, kind: kind, info: info, params: params, inputs: inputs}
 	m.mu.Lock()
 	if i := slices.IndexFunc(m.instances, func(o *instance) bool { return o.info.Name == info.Name }); i >= 0 {
@@ -407,7 +411,16 @@ func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceIn
 		m.instances = append(m.instances, in)
 	}
 	m.mu.Unlock()
-	return &component{m: m, name: info.Name, typ: typ, kind: kind, inputs: inputs}, nil
+	c := &component{m: m, name: info.Name, typ: typ, kind: kind, inputs: inputs}
+	switch {
+	case kind == shared.KindClassifier && cr.Events:
+		return &listeningFactory{classifierFactory{c}}, nil
+	case kind == shared.KindClassifier:
+		return &classifierFactory{c}, nil
+	case cr.Events:
+		return &listeningComponent{c}, nil
+	}
+	return c, nil
 }
 
 // decide sends one task to the current process under call_timeout, through
@@ -415,18 +428,35 @@ func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceIn
 // restarts, is failed or shuts down, or while the breaker is open. The
 // call's context is also cancelled when the process exits or stops.
 func (m *managed) decide(ctx context.Context, task *shared.Task) (shared.TaskResult, error) {
+	res := shared.TaskResult{Picked: -1}
+	err := m.call(ctx, "decide", func(cctx context.Context, p *proc) (err error) {
+		res, err = p.rc.Decide(cctx, task)
+		return err
+	})
+	if err != nil {
+		return shared.TaskResult{Picked: -1}, err
+	}
+	return res, nil
+}
+
+// call runs one call of the plugin (op names it in the latency metric) on
+// the current process under call_timeout, through its circuit breaker, and
+// counts it: decide and classify. It fails fast while the plugin restarts,
+// is failed or shuts down, or while the breaker is open. The call's
+// context is also cancelled when the process exits or stops.
+func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Context, p *proc) error) error {
 	m.stats.calls.Add(1)
 	p := m.cur.Load()
 	if p == nil || !p.enter() {
 		code, err := m.refusal(p)
-		return shared.TaskResult{Picked: -1}, m.failed(code, err)
+		return m.failed(code, err)
 	}
 	defer p.leave()
 	var done func(error)
 	if p.breaker != nil {
 		d, err := p.breaker.Allow()
 		if err != nil {
-			return shared.TaskResult{Picked: -1}, m.failed(codeBreakerOpen, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrBreakerOpen, err))
+			return m.failed(codeBreakerOpen, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrBreakerOpen, err))
 		}
 		done = d
 	}
@@ -436,14 +466,14 @@ func (m *managed) decide(ctx context.Context, task *shared.Task) (shared.TaskRes
 	defer cancel()
 	defer context.AfterFunc(p.ctx, cancel)()
 
-	res, err := p.rc.Decide(cctx, task)
-	m.met.observe(m.name, "decide", time.Since(start))
+	err := fn(cctx, p)
+	m.met.observe(m.name, op, time.Since(start))
 	if err == nil {
 		p.timeouts.Store(0)
 		if done != nil {
 			done(nil)
 		}
-		return res, nil
+		return nil
 	}
 	code, err := m.classify(p, ctx, deadline, err)
 	if done != nil {
@@ -460,7 +490,7 @@ func (m *managed) decide(ctx context.Context, task *shared.Task) (shared.TaskRes
 			p.killGroup(fmt.Sprintf("%d consecutive calls without an answer within call_timeout %v", n, p.callTimeout))
 		}
 	}
-	return shared.TaskResult{Picked: -1}, m.failed(code, err)
+	return m.failed(code, err)
 }
 
 // classify names a failed call's cause and words its error.

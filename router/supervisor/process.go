@@ -41,6 +41,9 @@ var supportedAPIVersions = []uint32{shared.APIVersion}
 // counters are one plugin's call statistics.
 type counters struct {
 	calls, errors, timeouts, fallbacks, restarts atomic.Int64
+	// eventsDropped: lifecycle events for the plugin dropped while no
+	// process served it (restarting, failed, shut down).
+	eventsDropped atomic.Int64
 }
 
 // proc is one running plugin process and its go-plugin client.

@@ -51,7 +51,7 @@ func (c *component) Fuse(members []pipeline.Member) (pipeline.Run, error) {
 	r := &run{m: c.m, stages: make([]shared.Stage, len(members)), blocks: make(map[string]string, len(members))}
 	var last shared.Kind
 	for i, m := range members {
-		mc, ok := m.Component.(*component)
+		mc, ok := asComponent(m.Component)
 		if !ok || mc.m != c.m {
 			return nil, fmt.Errorf("%s %q is not a component of plugin %q", m.Kind, m.Name, c.m.name)
 		}

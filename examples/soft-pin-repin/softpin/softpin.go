@@ -33,7 +33,7 @@ const DefaultMaxSessions = 100_000
 var ErrMissingColumn = errors.New("declared input column missing")
 
 // Types returns the descriptors of every type this plugin serves.
-func Types() []shared.TypeInfo { return []shared.TypeInfo{SoftPinType()} }
+func Types() []shared.TypeInfo { return []shared.TypeInfo{SoftPinType(), StickySessionType()} }
 
 // worker is one candidate's identity: (WorkerID, DPRank).
 type worker struct {

@@ -298,7 +298,7 @@ func TestSoftPinParams(t *testing.T) {
 
 func TestSoftPinTypeAndErrors(t *testing.T) {
 	ti := SoftPinType()
-	if ti.Kind != shared.KindPicker || ti.Inputs != shared.InputActiveRequests || len(Types()) != 1 {
+	if ti.Kind != shared.KindPicker || ti.Inputs != shared.InputActiveRequests || len(Types()) != 2 {
 		t.Errorf("descriptor %+v", ti)
 	}
 	s, _ := NewSoftPin(shared.Params{ParamMaxActiveRequests: int64(1)})

@@ -682,7 +682,12 @@ type ConfigureResponse struct {
 	// diagnostics is empty when the instance was created.
 	Diagnostics []*Diagnostic `protobuf:"bytes,1,rep,name=diagnostics,proto3" json:"diagnostics,omitempty"`
 	// inputs the instance declares (may depend on its parameters).
-	Inputs        uint32 `protobuf:"varint,2,opt,name=inputs,proto3" json:"inputs,omitempty"`
+	Inputs uint32 `protobuf:"varint,2,opt,name=inputs,proto3" json:"inputs,omitempty"`
+	// events says the instance wants request lifecycle events: the SDK sets
+	// it when the instance implements EventListener (for a classifier type,
+	// also when its TypeInfo says its per-partition classifiers listen). The
+	// host forwards events over the Events stream only to such instances.
+	Events        bool `protobuf:"varint,3,opt,name=events,proto3" json:"events,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -729,6 +734,13 @@ func (x *ConfigureResponse) GetInputs() uint32 {
 		return x.Inputs
 	}
 	return 0
+}
+
+func (x *ConfigureResponse) GetEvents() bool {
+	if x != nil {
+		return x.Events
+	}
+	return false
 }
 
 // Diagnostic is one problem with a Configure call; param names the
@@ -796,18 +808,21 @@ func (x *Diagnostic) GetDetail() string {
 
 // Request is what a component sees of one LLM request.
 type Request struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Id            string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
-	Model         string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
-	Role          string                 `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
-	PromptTokens  uint32                 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
-	BlockSize     uint32                 `protobuf:"varint,5,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
-	BlockHashes   []uint64               `protobuf:"varint,6,rep,packed,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
-	SessionId     string                 `protobuf:"bytes,7,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	Priority      int32                  `protobuf:"varint,8,opt,name=priority,proto3" json:"priority,omitempty"`
-	Metadata      map[string]string      `protobuf:"bytes,9,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Id           string                 `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	Model        string                 `protobuf:"bytes,2,opt,name=model,proto3" json:"model,omitempty"`
+	Role         string                 `protobuf:"bytes,3,opt,name=role,proto3" json:"role,omitempty"`
+	PromptTokens uint32                 `protobuf:"varint,4,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	BlockSize    uint32                 `protobuf:"varint,5,opt,name=block_size,json=blockSize,proto3" json:"block_size,omitempty"`
+	BlockHashes  []uint64               `protobuf:"varint,6,rep,packed,name=block_hashes,json=blockHashes,proto3" json:"block_hashes,omitempty"`
+	SessionId    string                 `protobuf:"bytes,7,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	Priority     int32                  `protobuf:"varint,8,opt,name=priority,proto3" json:"priority,omitempty"`
+	Metadata     map[string]string      `protobuf:"bytes,9,rep,name=metadata,proto3" json:"metadata,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// cached_prompt_tokens is how many leading prompt tokens the router's
+	// index says are cached (set before classification).
+	CachedPromptTokens uint32 `protobuf:"varint,10,opt,name=cached_prompt_tokens,json=cachedPromptTokens,proto3" json:"cached_prompt_tokens,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Request) Reset() {
@@ -901,6 +916,13 @@ func (x *Request) GetMetadata() map[string]string {
 		return x.Metadata
 	}
 	return nil
+}
+
+func (x *Request) GetCachedPromptTokens() uint32 {
+	if x != nil {
+		return x.CachedPromptTokens
+	}
+	return 0
 }
 
 // Columns are the candidate rows, one entry per row in every non-empty
@@ -1355,10 +1377,29 @@ func (x *DecideResults) GetResults() []*DecideResult {
 	return nil
 }
 
+// ClassifyRequest classifies one request with a classifier instance. The
+// plugin keeps one classifier per (instance, request.model, request.role)
+// partition, created on that partition's first request.
 type ClassifyRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Instance      string                 `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
-	Request       *Request               `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Instance string                 `protobuf:"bytes,1,opt,name=instance,proto3" json:"instance,omitempty"`
+	Request  *Request               `protobuf:"bytes,2,opt,name=request,proto3" json:"request,omitempty"`
+	// workers_version numbers the partition's worker list as the host last
+	// published it (0: none yet). The host sends workers only when the
+	// plugin may not have that version (has_workers); otherwise the plugin
+	// keeps serving the list it was last sent.
+	WorkersVersion uint64        `protobuf:"varint,3,opt,name=workers_version,json=workersVersion,proto3" json:"workers_version,omitempty"`
+	HasWorkers     bool          `protobuf:"varint,4,opt,name=has_workers,json=hasWorkers,proto3" json:"has_workers,omitempty"`
+	Workers        []*WorkerInfo `protobuf:"bytes,5,rep,name=workers,proto3" json:"workers,omitempty"`
+	// events_through is the sequence number of the last lifecycle event the
+	// host queued for this plugin before the call (0: none). The plugin
+	// delivers every event up to it before it classifies, so a classifier
+	// sees the lifecycle of every request that ended before this one came.
+	EventsThrough uint64 `protobuf:"varint,6,opt,name=events_through,json=eventsThrough,proto3" json:"events_through,omitempty"`
+	// now_unix_nano is the router's clock at the call (simulated time in
+	// replay); the plugin's PartitionContext.Now returns the latest such
+	// time it has seen, so that TTLs repeat exactly in replay.
+	NowUnixNano   int64 `protobuf:"varint,7,opt,name=now_unix_nano,json=nowUnixNano,proto3" json:"now_unix_nano,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1407,6 +1448,102 @@ func (x *ClassifyRequest) GetRequest() *Request {
 	return nil
 }
 
+func (x *ClassifyRequest) GetWorkersVersion() uint64 {
+	if x != nil {
+		return x.WorkersVersion
+	}
+	return 0
+}
+
+func (x *ClassifyRequest) GetHasWorkers() bool {
+	if x != nil {
+		return x.HasWorkers
+	}
+	return false
+}
+
+func (x *ClassifyRequest) GetWorkers() []*WorkerInfo {
+	if x != nil {
+		return x.Workers
+	}
+	return nil
+}
+
+func (x *ClassifyRequest) GetEventsThrough() uint64 {
+	if x != nil {
+		return x.EventsThrough
+	}
+	return 0
+}
+
+func (x *ClassifyRequest) GetNowUnixNano() int64 {
+	if x != nil {
+		return x.NowUnixNano
+	}
+	return 0
+}
+
+// WorkerInfo is one worker of a partition as a classifier sees it.
+type WorkerInfo struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Id            uint64                 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	DpRank        uint32                 `protobuf:"varint,2,opt,name=dp_rank,json=dpRank,proto3" json:"dp_rank,omitempty"`
+	TotalKvBlocks int64                  `protobuf:"varint,3,opt,name=total_kv_blocks,json=totalKvBlocks,proto3" json:"total_kv_blocks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WorkerInfo) Reset() {
+	*x = WorkerInfo{}
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WorkerInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WorkerInfo) ProtoMessage() {}
+
+func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
+func (*WorkerInfo) Descriptor() ([]byte, []int) {
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *WorkerInfo) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *WorkerInfo) GetDpRank() uint32 {
+	if x != nil {
+		return x.DpRank
+	}
+	return 0
+}
+
+func (x *WorkerInfo) GetTotalKvBlocks() int64 {
+	if x != nil {
+		return x.TotalKvBlocks
+	}
+	return 0
+}
+
 type ClassifyResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	Priority    int32                  `protobuf:"varint,1,opt,name=priority,proto3" json:"priority,omitempty"`
@@ -1423,7 +1560,7 @@ type ClassifyResponse struct {
 
 func (x *ClassifyResponse) Reset() {
 	*x = ClassifyResponse{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1435,7 +1572,7 @@ func (x *ClassifyResponse) String() string {
 func (*ClassifyResponse) ProtoMessage() {}
 
 func (x *ClassifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1448,7 +1585,7 @@ func (x *ClassifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClassifyResponse.ProtoReflect.Descriptor instead.
 func (*ClassifyResponse) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClassifyResponse) GetPriority() int32 {
@@ -1508,7 +1645,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1520,7 +1657,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1533,7 +1670,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Event) GetRequestId() string {
@@ -1585,17 +1722,25 @@ func (x *Event) GetUnixNano() int64 {
 	return 0
 }
 
+// EventBatch carries events, in the order they happened, for one instance
+// that declared interest (ConfigureResponse.events). Batches of one stream
+// are delivered in order.
 type EventBatch struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	BatchId       uint64                 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
-	Events        []*Event               `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	BatchId  uint64                 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
+	Events   []*Event               `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	Instance string                 `protobuf:"bytes,3,opt,name=instance,proto3" json:"instance,omitempty"`
+	// through_seq, when not 0, says that once this batch is delivered every
+	// event the host queued up to that sequence number has been delivered
+	// (see ClassifyRequest.events_through).
+	ThroughSeq    uint64 `protobuf:"varint,4,opt,name=through_seq,json=throughSeq,proto3" json:"through_seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EventBatch) Reset() {
 	*x = EventBatch{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1607,7 +1752,7 @@ func (x *EventBatch) String() string {
 func (*EventBatch) ProtoMessage() {}
 
 func (x *EventBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1620,7 +1765,7 @@ func (x *EventBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventBatch.ProtoReflect.Descriptor instead.
 func (*EventBatch) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *EventBatch) GetBatchId() uint64 {
@@ -1637,6 +1782,20 @@ func (x *EventBatch) GetEvents() []*Event {
 	return nil
 }
 
+func (x *EventBatch) GetInstance() string {
+	if x != nil {
+		return x.Instance
+	}
+	return ""
+}
+
+func (x *EventBatch) GetThroughSeq() uint64 {
+	if x != nil {
+		return x.ThroughSeq
+	}
+	return 0
+}
+
 type EventAck struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	BatchId       uint64                 `protobuf:"varint,1,opt,name=batch_id,json=batchId,proto3" json:"batch_id,omitempty"`
@@ -1646,7 +1805,7 @@ type EventAck struct {
 
 func (x *EventAck) Reset() {
 	*x = EventAck{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1817,7 @@ func (x *EventAck) String() string {
 func (*EventAck) ProtoMessage() {}
 
 func (x *EventAck) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1830,7 @@ func (x *EventAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventAck.ProtoReflect.Descriptor instead.
 func (*EventAck) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *EventAck) GetBatchId() uint64 {
@@ -1721,15 +1880,16 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x06params\x18\x05 \x03(\v22.switchyard.plugin.v1.ConfigureRequest.ParamsEntryR\x06params\x1aV\n" +
 	"\vParamsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x121\n" +
-	"\x05value\x18\x02 \x01(\v2\x1b.switchyard.plugin.v1.ValueR\x05value:\x028\x01\"o\n" +
+	"\x05value\x18\x02 \x01(\v2\x1b.switchyard.plugin.v1.ValueR\x05value:\x028\x01\"\x87\x01\n" +
 	"\x11ConfigureResponse\x12B\n" +
 	"\vdiagnostics\x18\x01 \x03(\v2 .switchyard.plugin.v1.DiagnosticR\vdiagnostics\x12\x16\n" +
-	"\x06inputs\x18\x02 \x01(\rR\x06inputs\"T\n" +
+	"\x06inputs\x18\x02 \x01(\rR\x06inputs\x12\x16\n" +
+	"\x06events\x18\x03 \x01(\bR\x06events\"T\n" +
 	"\n" +
 	"Diagnostic\x12\x14\n" +
 	"\x05param\x18\x01 \x01(\tR\x05param\x12\x18\n" +
 	"\asummary\x18\x02 \x01(\tR\asummary\x12\x16\n" +
-	"\x06detail\x18\x03 \x01(\tR\x06detail\"\xeb\x02\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\"\x9d\x03\n" +
 	"\aRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x14\n" +
 	"\x05model\x18\x02 \x01(\tR\x05model\x12\x12\n" +
@@ -1741,7 +1901,9 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"\n" +
 	"session_id\x18\a \x01(\tR\tsessionId\x12\x1a\n" +
 	"\bpriority\x18\b \x01(\x05R\bpriority\x12G\n" +
-	"\bmetadata\x18\t \x03(\v2+.switchyard.plugin.v1.Request.MetadataEntryR\bmetadata\x1a;\n" +
+	"\bmetadata\x18\t \x03(\v2+.switchyard.plugin.v1.Request.MetadataEntryR\bmetadata\x120\n" +
+	"\x14cached_prompt_tokens\x18\n" +
+	" \x01(\rR\x12cachedPromptTokens\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdc\x03\n" +
@@ -1782,10 +1944,21 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"\vfiltered_by\x18\x06 \x01(\tR\n" +
 	"filteredBy\"M\n" +
 	"\rDecideResults\x12<\n" +
-	"\aresults\x18\x01 \x03(\v2\".switchyard.plugin.v1.DecideResultR\aresults\"f\n" +
+	"\aresults\x18\x01 \x03(\v2\".switchyard.plugin.v1.DecideResultR\aresults\"\xb7\x02\n" +
 	"\x0fClassifyRequest\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\tR\binstance\x127\n" +
-	"\arequest\x18\x02 \x01(\v2\x1d.switchyard.plugin.v1.RequestR\arequest\"\xe2\x01\n" +
+	"\arequest\x18\x02 \x01(\v2\x1d.switchyard.plugin.v1.RequestR\arequest\x12'\n" +
+	"\x0fworkers_version\x18\x03 \x01(\x04R\x0eworkersVersion\x12\x1f\n" +
+	"\vhas_workers\x18\x04 \x01(\bR\n" +
+	"hasWorkers\x12:\n" +
+	"\aworkers\x18\x05 \x03(\v2 .switchyard.plugin.v1.WorkerInfoR\aworkers\x12%\n" +
+	"\x0eevents_through\x18\x06 \x01(\x04R\reventsThrough\x12\"\n" +
+	"\rnow_unix_nano\x18\a \x01(\x03R\vnowUnixNano\"]\n" +
+	"\n" +
+	"WorkerInfo\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x17\n" +
+	"\adp_rank\x18\x02 \x01(\rR\x06dpRank\x12&\n" +
+	"\x0ftotal_kv_blocks\x18\x03 \x01(\x03R\rtotalKvBlocks\"\xe2\x01\n" +
 	"\x10ClassifyResponse\x12\x1a\n" +
 	"\bpriority\x18\x01 \x01(\x05R\bpriority\x12!\n" +
 	"\fpolicy_class\x18\x02 \x01(\tR\vpolicyClass\x12\"\n" +
@@ -1803,11 +1976,14 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"has_worker\x18\x04 \x01(\bR\thasWorker\x12%\n" +
 	"\x0econtext_tokens\x18\x05 \x01(\x04R\rcontextTokens\x12\x16\n" +
 	"\x06reason\x18\x06 \x01(\tR\x06reason\x12\x1b\n" +
-	"\tunix_nano\x18\a \x01(\x03R\bunixNano\"\\\n" +
+	"\tunix_nano\x18\a \x01(\x03R\bunixNano\"\x99\x01\n" +
 	"\n" +
 	"EventBatch\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\x04R\abatchId\x123\n" +
-	"\x06events\x18\x02 \x03(\v2\x1b.switchyard.plugin.v1.EventR\x06events\"%\n" +
+	"\x06events\x18\x02 \x03(\v2\x1b.switchyard.plugin.v1.EventR\x06events\x12\x1a\n" +
+	"\binstance\x18\x03 \x01(\tR\binstance\x12\x1f\n" +
+	"\vthrough_seq\x18\x04 \x01(\x04R\n" +
+	"throughSeq\"%\n" +
 	"\bEventAck\x12\x19\n" +
 	"\bbatch_id\x18\x01 \x01(\x04R\abatchId*d\n" +
 	"\x04Kind\x12\x14\n" +
@@ -1849,7 +2025,7 @@ func file_switchyard_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_switchyard_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_switchyard_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_switchyard_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_switchyard_plugin_v1_plugin_proto_goTypes = []any{
 	(Kind)(0),                 // 0: switchyard.plugin.v1.Kind
 	(ParamType)(0),            // 1: switchyard.plugin.v1.ParamType
@@ -1870,12 +2046,13 @@ var file_switchyard_plugin_v1_plugin_proto_goTypes = []any{
 	(*DecideResult)(nil),      // 16: switchyard.plugin.v1.DecideResult
 	(*DecideResults)(nil),     // 17: switchyard.plugin.v1.DecideResults
 	(*ClassifyRequest)(nil),   // 18: switchyard.plugin.v1.ClassifyRequest
-	(*ClassifyResponse)(nil),  // 19: switchyard.plugin.v1.ClassifyResponse
-	(*Event)(nil),             // 20: switchyard.plugin.v1.Event
-	(*EventBatch)(nil),        // 21: switchyard.plugin.v1.EventBatch
-	(*EventAck)(nil),          // 22: switchyard.plugin.v1.EventAck
-	nil,                       // 23: switchyard.plugin.v1.ConfigureRequest.ParamsEntry
-	nil,                       // 24: switchyard.plugin.v1.Request.MetadataEntry
+	(*WorkerInfo)(nil),        // 19: switchyard.plugin.v1.WorkerInfo
+	(*ClassifyResponse)(nil),  // 20: switchyard.plugin.v1.ClassifyResponse
+	(*Event)(nil),             // 21: switchyard.plugin.v1.Event
+	(*EventBatch)(nil),        // 22: switchyard.plugin.v1.EventBatch
+	(*EventAck)(nil),          // 23: switchyard.plugin.v1.EventAck
+	nil,                       // 24: switchyard.plugin.v1.ConfigureRequest.ParamsEntry
+	nil,                       // 25: switchyard.plugin.v1.Request.MetadataEntry
 }
 var file_switchyard_plugin_v1_plugin_proto_depIdxs = []int32{
 	5,  // 0: switchyard.plugin.v1.DescribeResponse.types:type_name -> switchyard.plugin.v1.ComponentType
@@ -1883,33 +2060,34 @@ var file_switchyard_plugin_v1_plugin_proto_depIdxs = []int32{
 	6,  // 2: switchyard.plugin.v1.ComponentType.params:type_name -> switchyard.plugin.v1.ParamSpec
 	1,  // 3: switchyard.plugin.v1.ParamSpec.type:type_name -> switchyard.plugin.v1.ParamType
 	7,  // 4: switchyard.plugin.v1.ParamSpec.default:type_name -> switchyard.plugin.v1.Value
-	23, // 5: switchyard.plugin.v1.ConfigureRequest.params:type_name -> switchyard.plugin.v1.ConfigureRequest.ParamsEntry
+	24, // 5: switchyard.plugin.v1.ConfigureRequest.params:type_name -> switchyard.plugin.v1.ConfigureRequest.ParamsEntry
 	10, // 6: switchyard.plugin.v1.ConfigureResponse.diagnostics:type_name -> switchyard.plugin.v1.Diagnostic
-	24, // 7: switchyard.plugin.v1.Request.metadata:type_name -> switchyard.plugin.v1.Request.MetadataEntry
+	25, // 7: switchyard.plugin.v1.Request.metadata:type_name -> switchyard.plugin.v1.Request.MetadataEntry
 	11, // 8: switchyard.plugin.v1.DecideTask.request:type_name -> switchyard.plugin.v1.Request
 	12, // 9: switchyard.plugin.v1.DecideTask.candidates:type_name -> switchyard.plugin.v1.Columns
 	13, // 10: switchyard.plugin.v1.DecideTask.stages:type_name -> switchyard.plugin.v1.Stage
 	14, // 11: switchyard.plugin.v1.DecideBatch.tasks:type_name -> switchyard.plugin.v1.DecideTask
 	16, // 12: switchyard.plugin.v1.DecideResults.results:type_name -> switchyard.plugin.v1.DecideResult
 	11, // 13: switchyard.plugin.v1.ClassifyRequest.request:type_name -> switchyard.plugin.v1.Request
-	2,  // 14: switchyard.plugin.v1.Event.kind:type_name -> switchyard.plugin.v1.EventKind
-	20, // 15: switchyard.plugin.v1.EventBatch.events:type_name -> switchyard.plugin.v1.Event
-	7,  // 16: switchyard.plugin.v1.ConfigureRequest.ParamsEntry.value:type_name -> switchyard.plugin.v1.Value
-	3,  // 17: switchyard.plugin.v1.Plugin.Describe:input_type -> switchyard.plugin.v1.DescribeRequest
-	8,  // 18: switchyard.plugin.v1.Plugin.Configure:input_type -> switchyard.plugin.v1.ConfigureRequest
-	15, // 19: switchyard.plugin.v1.Plugin.Decide:input_type -> switchyard.plugin.v1.DecideBatch
-	18, // 20: switchyard.plugin.v1.Plugin.Classify:input_type -> switchyard.plugin.v1.ClassifyRequest
-	21, // 21: switchyard.plugin.v1.Plugin.Events:input_type -> switchyard.plugin.v1.EventBatch
-	4,  // 22: switchyard.plugin.v1.Plugin.Describe:output_type -> switchyard.plugin.v1.DescribeResponse
-	9,  // 23: switchyard.plugin.v1.Plugin.Configure:output_type -> switchyard.plugin.v1.ConfigureResponse
-	17, // 24: switchyard.plugin.v1.Plugin.Decide:output_type -> switchyard.plugin.v1.DecideResults
-	19, // 25: switchyard.plugin.v1.Plugin.Classify:output_type -> switchyard.plugin.v1.ClassifyResponse
-	22, // 26: switchyard.plugin.v1.Plugin.Events:output_type -> switchyard.plugin.v1.EventAck
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	19, // 14: switchyard.plugin.v1.ClassifyRequest.workers:type_name -> switchyard.plugin.v1.WorkerInfo
+	2,  // 15: switchyard.plugin.v1.Event.kind:type_name -> switchyard.plugin.v1.EventKind
+	21, // 16: switchyard.plugin.v1.EventBatch.events:type_name -> switchyard.plugin.v1.Event
+	7,  // 17: switchyard.plugin.v1.ConfigureRequest.ParamsEntry.value:type_name -> switchyard.plugin.v1.Value
+	3,  // 18: switchyard.plugin.v1.Plugin.Describe:input_type -> switchyard.plugin.v1.DescribeRequest
+	8,  // 19: switchyard.plugin.v1.Plugin.Configure:input_type -> switchyard.plugin.v1.ConfigureRequest
+	15, // 20: switchyard.plugin.v1.Plugin.Decide:input_type -> switchyard.plugin.v1.DecideBatch
+	18, // 21: switchyard.plugin.v1.Plugin.Classify:input_type -> switchyard.plugin.v1.ClassifyRequest
+	22, // 22: switchyard.plugin.v1.Plugin.Events:input_type -> switchyard.plugin.v1.EventBatch
+	4,  // 23: switchyard.plugin.v1.Plugin.Describe:output_type -> switchyard.plugin.v1.DescribeResponse
+	9,  // 24: switchyard.plugin.v1.Plugin.Configure:output_type -> switchyard.plugin.v1.ConfigureResponse
+	17, // 25: switchyard.plugin.v1.Plugin.Decide:output_type -> switchyard.plugin.v1.DecideResults
+	20, // 26: switchyard.plugin.v1.Plugin.Classify:output_type -> switchyard.plugin.v1.ClassifyResponse
+	23, // 27: switchyard.plugin.v1.Plugin.Events:output_type -> switchyard.plugin.v1.EventAck
+	23, // [23:28] is the sub-list for method output_type
+	18, // [18:23] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_switchyard_plugin_v1_plugin_proto_init() }
@@ -1930,7 +2108,7 @@ func file_switchyard_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_switchyard_plugin_v1_plugin_proto_rawDesc), len(file_switchyard_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1,0 +1,190 @@
+package shared
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-plugin"
+)
+
+// recClassifier is a test classifier type served through the plugin
+// protocol: "panic" and "fail" request ids fail; otherwise the priority
+// is the number of workers the partition sees, the class is the role, and
+// the target is the worker of the last sent event it heard.
+type recFactory struct {
+	mu     sync.Mutex
+	events []Event // every event heard, in order
+	parts  []*recPartition
+}
+
+func (*recFactory) Inputs() Inputs { return 0 }
+
+func (f *recFactory) NewClassifier(pc PartitionContext) (Classifier, error) {
+	p := &recPartition{f: f, pc: pc}
+	f.mu.Lock()
+	f.parts = append(f.parts, p)
+	f.mu.Unlock()
+	return p, nil
+}
+
+func (f *recFactory) OnEvents(evs []Event) {
+	f.mu.Lock()
+	f.events = append(f.events, evs...)
+	f.mu.Unlock()
+}
+
+func (f *recFactory) heard() []Event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]Event(nil), f.events...)
+}
+
+type recPartition struct {
+	f  *recFactory
+	pc PartitionContext
+}
+
+func (p *recPartition) Classify(_ context.Context, r *Request) (Classification, error) {
+	switch r.ID {
+	case "panic":
+		panic("boom")
+	case "fail":
+		return Classification{}, errors.New("refused")
+	}
+	cl := Classification{Priority: len(p.pc.Workers()), PolicyClass: string(p.pc.Role)}
+	if _, ok := p.pc.Progress(r.ID); ok {
+		cl.PolicyClass = "progress?"
+	}
+	evs := p.f.heard()
+	for i := len(evs) - 1; i >= 0; i-- {
+		if evs[i].Kind == EventSent {
+			cl.Target, cl.HasTarget = evs[i].Worker, true
+			break
+		}
+	}
+	if !p.pc.Now().Equal(time.Unix(0, 42e9)) {
+		cl.PolicyClass = "clock " + p.pc.Now().String()
+	}
+	return cl, nil
+}
+
+// newClassifierClient serves one recFactory as type "rec" in process.
+func newClassifierClient(t *testing.T) (*RemoteClient, *recFactory) {
+	t.Helper()
+	f := &recFactory{}
+	types := []TypeInfo{{Name: "rec", Kind: KindClassifier,
+		New: func(InstanceInfo, Params) (Component, error) { return f, nil }}}
+	ps := map[string]plugin.Plugin{PluginSetKey: &GRPCPlugin{Version: "v", Types: types}}
+	client, server := plugin.TestPluginGRPCConn(t, false, ps)
+	t.Cleanup(func() {
+		server.Stop()
+		_ = client.Close()
+	})
+	raw, err := client.Dispense(PluginSetKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := raw.(*RemoteClient)
+	t.Cleanup(func() { _ = rc.Close() })
+	cr, err := rc.ConfigureInstance(context.Background(), ConfigureRequest{Info: InstanceInfo{Name: "c", BlockSize: 16}, Type: "rec"})
+	if err != nil || len(cr.Diagnostics) > 0 {
+		t.Fatalf("configure: %v %v", err, cr.Diagnostics)
+	}
+	if !cr.Events {
+		t.Fatal("a factory implementing EventListener did not declare events")
+	}
+	return rc, f
+}
+
+// Classify through the plugin protocol: the answer travels back, the
+// worker list reaches the classifier (sent once per version, kept after),
+// an error or a panic fails only that request, and the classifier keeps
+// serving.
+func TestRemoteClassify(t *testing.T) {
+	rc, f := newClassifierClient(t)
+	ctx := context.Background()
+	now := time.Unix(0, 42e9)
+	ws := []WorkerInfo{{ID: 1, TotalKVBlocks: 100}, {ID: 2}, {ID: 7, DPRank: 1}}
+	call := func(id string, send bool) (Classification, error) {
+		return rc.Classify(ctx, ClassifyCall{Instance: "c", Request: &Request{ID: id, Role: RoleDecode},
+			WorkersVersion: 1, SendWorkers: send, Workers: ws, Now: now})
+	}
+	cl, err := call("a", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cl.Priority != 3 || cl.PolicyClass != "decode" || cl.HasTarget {
+		t.Fatalf("classification %+v, want priority 3 (workers), class decode, no target", cl)
+	}
+	// Not sent again: the plugin keeps version 1.
+	if cl, err := call("b", false); err != nil || cl.Priority != 3 {
+		t.Fatalf("without the list: %+v %v", cl, err)
+	}
+	f.mu.Lock()
+	got := f.parts[0].pc.Workers()
+	bs := f.parts[0].pc.BlockSize
+	f.mu.Unlock()
+	if fmt.Sprint(got) != fmt.Sprint(ws) || bs != 16 {
+		t.Fatalf("workers %v block size %d, want %v and 16", got, bs, ws)
+	}
+	for _, id := range []string{"fail", "panic"} {
+		_, err := call(id, false)
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("request %q", id)) || !strings.Contains(err.Error(), "classifier c") {
+			t.Fatalf("%s: error %v, want one naming the classifier and the request", id, err)
+		}
+	}
+	if _, err := call("after", false); err != nil {
+		t.Fatalf("after a failure: %v", err)
+	}
+	if _, err := rc.Classify(ctx, ClassifyCall{Instance: "nope", Request: &Request{ID: "x"}}); err == nil {
+		t.Fatal("an unknown instance classified")
+	}
+}
+
+// Events through the plugin protocol: 64 concurrent emitters; each
+// emitter's events arrive in order, none lost, in batches (at least one of
+// more than one event), every batch acknowledged, and a Classify after
+// emitting sees every event emitted before it.
+func TestRemoteEventsOrderedBatchedAcked(t *testing.T) {
+	rc, f := newClassifierClient(t)
+	const emitters, per = 64, 50
+	var wg sync.WaitGroup
+	for e := range emitters {
+		wg.Go(func() {
+			for i := range per {
+				rc.SendEvents("c", []Event{{Kind: EventSent, RequestID: fmt.Sprintf("%d/%d", e, i), Worker: WorkerID(i), HasWorker: true,
+					At: time.Unix(0, int64(i+1))}})
+			}
+		})
+	}
+	wg.Wait()
+	// The barrier: Classify waits for every event queued before it.
+	if _, err := rc.Classify(context.Background(), ClassifyCall{Instance: "c", Request: &Request{ID: "z"}}); err != nil {
+		t.Fatal(err)
+	}
+	evs := f.heard()
+	if len(evs) != emitters*per {
+		t.Fatalf("heard %d events, want %d", len(evs), emitters*per)
+	}
+	next := map[int]int{}
+	for _, ev := range evs {
+		var e, i int
+		if _, err := fmt.Sscanf(ev.RequestID, "%d/%d", &e, &i); err != nil {
+			t.Fatal(err)
+		}
+		if i != next[e] || ev.Worker != WorkerID(i) || !ev.HasWorker || ev.Kind != EventSent || ev.At.UnixNano() != int64(i+1) {
+			t.Fatalf("emitter %d: got event %+v, want #%d", e, ev, next[e])
+		}
+		next[e]++
+	}
+	st := rc.EventStats()
+	if st.Sent != emitters*per || st.Dropped != 0 || st.Acked != st.Batches || st.MaxBatch < 2 || st.Batches >= st.Sent {
+		t.Fatalf("stats %+v: want all sent, none dropped, every batch acked, batching under load", st)
+	}
+	t.Logf("%d events in %d batches (largest %d)", st.Sent, st.Batches, st.MaxBatch)
+}
