@@ -244,7 +244,7 @@ func (r *Router) Admit(ctx context.Context, req *shared.Request) (Ticket, error)
 	}
 	lr.class = t.Classification
 
-	d, err := r.place(ctx, req, r.placementFor(t.Classification))
+	d, err := r.place(ctx, req, r.placementFor(req, t.Classification))
 	switch {
 	case err == nil:
 		t.Decision = d
@@ -272,8 +272,14 @@ func (r *Router) Admit(ctx context.Context, req *shared.Request) (Ticket, error)
 	}
 }
 
-func (r *Router) placementFor(cl shared.Classification) placement {
-	return placement{capacity: r.adm.capacity, target: cl.Target, hasTarget: cl.HasTarget}
+// placementFor narrows req's selection: the worker capacity, and the
+// request's explicit pin or else the classification's advisory target.
+func (r *Router) placementFor(req *shared.Request, cl shared.Classification) placement {
+	pl := placement{capacity: r.adm.capacity, target: cl.Target, hasTarget: cl.HasTarget}
+	if req.HasPin {
+		pl.target, pl.hasTarget = req.Pin, true
+	}
+	return pl
 }
 
 // uncachedTokens is the default scheduling cost: the prompt tokens the
@@ -319,7 +325,7 @@ func (r *Router) Dispatch(ctx context.Context, out []Ticket) []Ticket {
 				break
 			}
 			t := *it.Value.(*Ticket)
-			d, err := r.place(ctx, t.Request, r.placementFor(t.Classification))
+			d, err := r.place(ctx, t.Request, r.placementFor(t.Request, t.Classification))
 			if errors.Is(err, shared.ErrAllBusy) {
 				break
 			}
@@ -433,6 +439,33 @@ func (r *Router) Waiting(role shared.Role) int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.queues[role].Len()
+}
+
+// WaitingByClass appends to dst, for each class of the queue in file
+// order, how many requests wait in it summed over the roles' queues
+// (serve's switchyard_queue_depth{class}), and returns the extended slice;
+// dst unchanged before EnableAdmission.
+func (r *Router) WaitingByClass(dst []ClassDepth) []ClassDepth {
+	a := r.adm
+	if a == nil {
+		return dst
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.queueCfg.Classes {
+		n := 0
+		for _, q := range a.queues {
+			n += q.ClassLen(c.Name)
+		}
+		dst = append(dst, ClassDepth{Class: c.Name, Waiting: n})
+	}
+	return dst
+}
+
+// ClassDepth is one queue class's waiting count (WaitingByClass).
+type ClassDepth struct {
+	Class   string
+	Waiting int
 }
 
 // emit delivers one event to every listener, in order. Called with the

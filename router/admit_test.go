@@ -225,3 +225,18 @@ func TestAdmitUnknownClass(t *testing.T) {
 		t.Fatalf("err = %v", err)
 	}
 }
+
+// An explicit pin in the request wins over the classifier's target.
+func TestAdmitPinWinsOverTarget(t *testing.T) {
+	c := classifyFunc(func(*shared.Request) (shared.Classification, error) {
+		return shared.Classification{Target: 3, HasTarget: true}, nil
+	})
+	e := newAdmitEnv(t, 3, config.DefaultQueue(), c)
+	tk, err := e.r.Admit(context.Background(), &shared.Request{ID: "p", Role: shared.RoleAggregated, Pin: 2, HasPin: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tk.Decision.Worker.ID != 2 {
+		t.Fatalf("pinned request went to %d, want 2", tk.Decision.Worker.ID)
+	}
+}

@@ -41,6 +41,11 @@ type Request struct {
 	// set before classification; PromptTokens - CachedPromptTokens is the
 	// uncached prompt, the default scheduling cost.
 	CachedPromptTokens int
+	// Pin, when HasPin, names the worker the caller insists on (an explicit
+	// pin, e.g. a debugging header); it wins over a classifier's advisory
+	// target. A pin that is not a candidate is ignored like a target.
+	Pin    WorkerID
+	HasPin bool
 	// SessionID groups the turns of one conversation; empty when unknown.
 	SessionID string
 	// Priority is the classifier-assigned priority, higher first.
