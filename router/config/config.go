@@ -76,6 +76,8 @@ type Bundle struct {
 	RolePolicies map[shared.Role]string
 	// Queue is the file's queue block, or DefaultQueue when it has none.
 	Queue Queue
+	// Workers are the file's worker blocks, in file order (see Worker).
+	Workers []Worker
 	// Classifier is the request classifier, or nil when the file has none.
 	Classifier *Component
 	// Decls describes each policy as declared (components, their sources

@@ -30,6 +30,7 @@ var fileSchema = &hcl.BodySchema{
 		{Type: blockSelection},
 		{Type: blockClassifier},
 		{Type: blockQueue},
+		{Type: blockWorker, LabelNames: []string{"name"}},
 	},
 }
 
@@ -136,6 +137,8 @@ func (l *loader) load(body hcl.Body) {
 			}
 		case blockPlugin:
 			l.pluginBlock(blk)
+		case blockWorker:
+			l.workerBlock(blk)
 		case blockPolicy:
 			policies = append(policies, blk)
 		case blockSelection:

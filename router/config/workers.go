@@ -1,0 +1,233 @@
+package config
+
+import (
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/hashicorp/hcl/v2"
+	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"github.com/hashicorp/hcl/v2/json"
+	"github.com/zclconf/go-cty/cty"
+
+	"github.com/switchyard-router/switchyard/router/catalog"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// blockWorker is the worker block's name.
+const blockWorker = "worker"
+
+// Worker is one `worker "NAME"` block: an engine endpoint `router serve`
+// routes to.
+//
+//	worker "gpu-0" {
+//	  url             = "http://127.0.0.1:8001"
+//	  role            = "aggregated"          # default; or "prefill", "decode"
+//	  models          = ["llama"]
+//	  total_kv_blocks = 4096                  # in router blocks (router.block_size tokens)
+//	  metrics_url     = ""                    # default: url + "/metrics"
+//	}
+type Worker struct {
+	// Name is the block label: unique, an identifier, not "default". The
+	// router derives the worker's stable id from it.
+	Name string
+	// URL is the engine's base URL (scheme http or https, a host, an
+	// optional path prefix), without a trailing "/".
+	URL string
+	// Role is the worker's serving role (shared.RoleAggregated by default).
+	Role shared.Role
+	// Models are the model names the worker serves; at least one, unique.
+	Models []string
+	// TotalKVBlocks is the worker's KV capacity in router blocks of
+	// router.block_size tokens (not in the engine's own blocks): an engine
+	// with G GPU blocks of E tokens holds G*E/block_size router blocks. > 0.
+	TotalKVBlocks int64
+	// MetricsURL is the engine's Prometheus endpoint: the block's
+	// metrics_url, or URL + "/metrics" when unset or "".
+	MetricsURL string
+	// Range is the block's definition (`worker "NAME"`).
+	Range hcl.Range
+	// AttrRanges holds the range of each attribute given, by name.
+	AttrRanges map[string]hcl.Range
+}
+
+// Equal reports whether w and o describe the same worker: every field but
+// the ranges.
+func (w Worker) Equal(o Worker) bool {
+	return w.Name == o.Name && w.URL == o.URL && w.Role == o.Role &&
+		slices.Equal(w.Models, o.Models) && w.TotalKVBlocks == o.TotalKVBlocks &&
+		w.MetricsURL == o.MetricsURL
+}
+
+var workerSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "url", Required: true},
+		{Name: "role"},
+		{Name: "models", Required: true},
+		{Name: "total_kv_blocks", Required: true},
+		{Name: "metrics_url"},
+	},
+}
+
+// workersFileSchema is the schema of a --workers-file: worker blocks only.
+var workersFileSchema = &hcl.BodySchema{
+	Blocks: []hcl.BlockHeaderSchema{{Type: blockWorker, LabelNames: []string{"name"}}},
+}
+
+// LoadWorkers reads a workers file (`router serve --workers-file`): worker
+// blocks only, in the policy file's syntax (native HCL, or HCL's JSON
+// syntax when path ends in ".json"); any other block or attribute is an
+// error. It returns the workers in file order, or nil and every error found.
+// A file without blocks is valid and has no workers.
+func LoadWorkers(path string) ([]Worker, hcl.Diagnostics) {
+	src, err := os.ReadFile(path)
+	if err != nil {
+		return nil, hcl.Diagnostics{{
+			Severity: hcl.DiagError,
+			Summary:  "Failed to read workers file",
+			Detail:   fmt.Sprintf("Reading %s: %v.", path, err),
+			Subject:  &hcl.Range{Filename: path, Start: hcl.InitialPos, End: hcl.InitialPos},
+		}}
+	}
+	return ParseWorkers(path, src)
+}
+
+// ParseWorkers is LoadWorkers of src named filename.
+func ParseWorkers(filename string, src []byte) ([]Worker, hcl.Diagnostics) {
+	var (
+		file  *hcl.File
+		diags hcl.Diagnostics
+	)
+	if strings.HasSuffix(filename, ".json") {
+		file, diags = json.Parse(src, filename)
+	} else {
+		file, diags = hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
+	}
+	if file == nil || file.Body == nil {
+		return nil, diags
+	}
+	l := newLoader(filename, catalog.New())
+	l.diags = diags
+	content, diags := file.Body.Content(workersFileSchema)
+	l.diags = append(l.diags, diags...)
+	for _, blk := range content.Blocks {
+		l.workerBlock(blk)
+	}
+	l.diags = dedupe(l.diags)
+	if l.diags.HasErrors() {
+		return nil, l.diags
+	}
+	ws := l.bundle.Workers
+	if ws == nil {
+		ws = []Worker{}
+	}
+	return ws, l.diags
+}
+
+// workerBlock decodes one worker block into Bundle.Workers; a block with
+// an error is left out.
+func (l *loader) workerBlock(blk *hcl.Block) {
+	name := blk.Labels[0]
+	ok := l.checkName("worker", name, blk.LabelRanges[0])
+	if ok {
+		for _, o := range l.bundle.Workers {
+			if o.Name == name {
+				l.errorf(blk.LabelRanges[0], "Duplicate worker",
+					"Worker %q is already declared at %s; rename or remove one of them.", name, pos(o.Range))
+				ok = false
+				break
+			}
+		}
+	}
+	w := Worker{Name: name, Role: shared.RoleAggregated, Range: blk.DefRange, AttrRanges: make(map[string]hcl.Range)}
+	errorsBefore := len(l.diags.Errs())
+	content, diags := blk.Body.Content(workerSchema)
+	l.diags = append(l.diags, diags...)
+	for n, attr := range content.Attributes {
+		w.AttrRanges[n] = attr.Range
+	}
+	if attr, found := content.Attributes["url"]; found {
+		if s, good := l.stringAttr(attr); good {
+			w.URL = strings.TrimRight(l.engineURL(attr, s), "/")
+		}
+	}
+	if attr, found := content.Attributes["metrics_url"]; found {
+		if s, good := l.stringAttr(attr); good && s != "" {
+			w.MetricsURL = l.engineURL(attr, s)
+		}
+	}
+	if w.MetricsURL == "" && w.URL != "" {
+		w.MetricsURL = w.URL + "/metrics"
+	}
+	if attr, found := content.Attributes["role"]; found {
+		if s, good := l.stringAttr(attr); good {
+			if r := shared.Role(s); r.Valid() {
+				w.Role = r
+			} else {
+				l.attrErrorf(attr, "Invalid role", "role must be %q (the default), %q or %q, got %q.",
+					shared.RoleAggregated, shared.RolePrefill, shared.RoleDecode, s)
+			}
+		}
+	}
+	if attr, found := content.Attributes["models"]; found {
+		if v, good := l.nonNull(attr, cty.List(cty.String)); good {
+			w.Models = l.models(attr, v)
+		}
+	}
+	if attr, found := content.Attributes["total_kv_blocks"]; found {
+		if n, good := l.intAttr(attr); good {
+			if n <= 0 || n > 1<<40 {
+				l.attrErrorf(attr, "Invalid total_kv_blocks",
+					"total_kv_blocks is the worker's KV capacity in router blocks (router.block_size tokens each) and must be between 1 and %d, got %d.",
+					int64(1)<<40, n)
+			} else {
+				w.TotalKVBlocks = n
+			}
+		}
+	}
+	if ok && len(l.diags.Errs()) == errorsBefore {
+		l.bundle.Workers = append(l.bundle.Workers, w)
+	}
+}
+
+// engineURL checks an engine URL attribute and returns it ("" after
+// reporting an error).
+func (l *loader) engineURL(attr *hcl.Attribute, s string) string {
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		l.attrErrorf(attr, "Invalid URL", "The value of %q must be an http or https URL such as \"http://127.0.0.1:8001\": %v.", attr.Name, err)
+	case u.Scheme != "http" && u.Scheme != "https":
+		l.attrErrorf(attr, "Invalid URL", "The value of %q must be an http or https URL such as \"http://127.0.0.1:8001\", got scheme %q.", attr.Name, u.Scheme)
+	case u.Host == "" || u.Hostname() == "":
+		l.attrErrorf(attr, "Invalid URL", "The value of %q must name a host, as in \"http://127.0.0.1:8001\", got %q.", attr.Name, s)
+	case u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
+		l.attrErrorf(attr, "Invalid URL", "The value of %q must have no user, query or fragment, got %q.", attr.Name, s)
+	default:
+		return s
+	}
+	return ""
+}
+
+// models checks the models list: at least one name, each non-empty and
+// listed once.
+func (l *loader) models(attr *hcl.Attribute, v cty.Value) []string {
+	var out []string
+	for _, e := range v.AsValueSlice() {
+		switch {
+		case e.IsNull() || strings.TrimSpace(e.AsString()) == "":
+			l.attrErrorf(attr, "Invalid models", "models must list the model names the worker serves, as non-empty strings.")
+			return nil
+		case slices.Contains(out, e.AsString()):
+			l.attrErrorf(attr, "Invalid models", "Model %q is listed twice.", e.AsString())
+			return nil
+		}
+		out = append(out, e.AsString())
+	}
+	if len(out) == 0 {
+		l.attrErrorf(attr, "Invalid models", "models must list at least one model the worker serves, for example [\"llama\"].")
+	}
+	return out
+}

@@ -1,0 +1,256 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/hashicorp/hcl/v2"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+const workersSrc = `worker "a" {
+  url             = "http://127.0.0.1:8001/"
+  models          = ["llama", "qwen"]
+  total_kv_blocks = 4096
+}
+worker "b" {
+  url             = "http://127.0.0.1:8002/v1base"
+  role            = "decode"
+  models          = ["llama"]
+  total_kv_blocks = 10
+  metrics_url     = "http://127.0.0.1:9002/m"
+}
+`
+
+var wantWorkers = []Worker{
+	{Name: "a", URL: "http://127.0.0.1:8001", Role: shared.RoleAggregated, Models: []string{"llama", "qwen"},
+		TotalKVBlocks: 4096, MetricsURL: "http://127.0.0.1:8001/metrics"},
+	{Name: "b", URL: "http://127.0.0.1:8002/v1base", Role: shared.RoleDecode, Models: []string{"llama"},
+		TotalKVBlocks: 10, MetricsURL: "http://127.0.0.1:9002/m"},
+}
+
+var ignoreRanges = cmpopts.IgnoreFields(Worker{}, "Range", "AttrRanges")
+
+func TestWorkerBlocksInPolicyFile(t *testing.T) {
+	b, diags := Load("p.hcl", []byte(workersSrc), testCatalog(t))
+	if diags.HasErrors() || len(diags) > 0 {
+		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
+	}
+	if diff := cmp.Diff(wantWorkers, b.Workers, ignoreRanges); diff != "" {
+		t.Fatalf("workers (-want +got):\n%s", diff)
+	}
+	if got := pos(b.Workers[1].Range); got != "p.hcl:6:1" {
+		t.Errorf("b range = %s, want p.hcl:6:1", got)
+	}
+	if got := pos(b.Workers[1].AttrRanges["metrics_url"]); got != "p.hcl:11:3" {
+		t.Errorf("b metrics_url range = %s, want p.hcl:11:3", got)
+	}
+	if !b.Workers[0].Equal(wantWorkers[0]) || b.Workers[0].Equal(wantWorkers[1]) {
+		t.Error("Equal")
+	}
+	b, _ = Load("p.hcl", nil, testCatalog(t))
+	if b.Workers != nil {
+		t.Errorf("no worker blocks: Workers = %v", b.Workers)
+	}
+}
+
+// workerDiagCases pin each worker-block error at file:line:col.
+var workerDiagCases = []struct{ name, src, want string }{
+	{"bad url", `worker "a" {
+  url             = "127.0.0.1:8001"
+  models          = ["m"]
+  total_kv_blocks = 1
+}`, "w.hcl:2:21: error: Invalid URL"},
+	{"no host", `worker "a" {
+  url             = "http:///x"
+  models          = ["m"]
+  total_kv_blocks = 1
+}`, "w.hcl:2:21: error: Invalid URL"},
+	{"query", `worker "a" {
+  url             = "http://h:1/?x=1"
+  models          = ["m"]
+  total_kv_blocks = 1
+}`, "w.hcl:2:21: error: Invalid URL"},
+	{"bad metrics url", `worker "a" {
+  url             = "http://h:1"
+  models          = ["m"]
+  total_kv_blocks = 1
+  metrics_url     = "ftp://h/metrics"
+}`, "w.hcl:5:21: error: Invalid URL"},
+	{"unknown role", `worker "a" {
+  url             = "http://h:1"
+  role            = "both"
+  models          = ["m"]
+  total_kv_blocks = 1
+}`, "w.hcl:3:21: error: Invalid role"},
+	{"duplicate", `worker "a" {
+  url             = "http://h:1"
+  models          = ["m"]
+  total_kv_blocks = 1
+}
+worker "a" {
+  url             = "http://h:2"
+  models          = ["m"]
+  total_kv_blocks = 1
+}`, "w.hcl:6:8: error: Duplicate worker; Worker \"a\" is already declared at w.hcl:1:1"},
+	{"reserved", `worker "default" {
+  url             = "http://h:1"
+  models          = ["m"]
+  total_kv_blocks = 1
+}`, "w.hcl:1:8: error: Reserved name"},
+	{"invalid name", `worker "a b" {
+  url             = "http://h:1"
+  models          = ["m"]
+  total_kv_blocks = 1
+}`, "w.hcl:1:8: error: Invalid name"},
+	{"zero blocks", `worker "a" {
+  url             = "http://h:1"
+  models          = ["m"]
+  total_kv_blocks = 0
+}`, "w.hcl:4:21: error: Invalid total_kv_blocks"},
+	{"negative blocks", `worker "a" {
+  url             = "http://h:1"
+  models          = ["m"]
+  total_kv_blocks = -5
+}`, "w.hcl:4:21: error: Invalid total_kv_blocks"},
+	{"fractional blocks", `worker "a" {
+  url             = "http://h:1"
+  models          = ["m"]
+  total_kv_blocks = 1.5
+}`, "w.hcl:4:21: error: Invalid integer"},
+	{"no models", `worker "a" {
+  url             = "http://h:1"
+  models          = []
+  total_kv_blocks = 1
+}`, "w.hcl:3:21: error: Invalid models"},
+	{"duplicate model", `worker "a" {
+  url             = "http://h:1"
+  models          = ["m", "m"]
+  total_kv_blocks = 1
+}`, "w.hcl:3:21: error: Invalid models; Model \"m\" is listed twice."},
+	{"empty model", `worker "a" {
+  url             = "http://h:1"
+  models          = [""]
+  total_kv_blocks = 1
+}`, "w.hcl:3:21: error: Invalid models"},
+	{"missing url", `worker "a" {
+  models          = ["m"]
+  total_kv_blocks = 1
+}`, "w.hcl:1:12: error: Missing required argument"},
+	{"missing blocks", `worker "a" {
+  url    = "http://h:1"
+  models = ["m"]
+}`, "w.hcl:1:12: error: Missing required argument"},
+	{"unknown attribute", `worker "a" {
+  url             = "http://h:1"
+  models          = ["m"]
+  total_kv_blocks = 1
+  weight          = 2
+}`, "w.hcl:5:3: error: Unsupported argument"},
+	{"null role", `worker "a" {
+  url             = "http://h:1"
+  role            = null
+  models          = ["m"]
+  total_kv_blocks = 1
+}`, "w.hcl:3:21: error: Invalid attribute value"},
+}
+
+func TestWorkerBlockDiagnostics(t *testing.T) {
+	cat := testCatalog(t)
+	for _, tt := range workerDiagCases {
+		t.Run(tt.name, func(t *testing.T) {
+			b, diags := Load("w.hcl", []byte(tt.src), cat)
+			if got := FormatDiagnostics(diags); !strings.HasPrefix(got, tt.want) || b != nil {
+				t.Errorf("policy file: bundle %v, diagnostics\n%s\nwant prefix %q", b != nil, got, tt.want)
+			}
+			ws, diags := ParseWorkers("w.hcl", []byte(tt.src))
+			if got := FormatDiagnostics(diags); !strings.HasPrefix(got, tt.want) || ws != nil {
+				t.Errorf("workers file: workers %v, diagnostics\n%s\nwant prefix %q", ws, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLoadWorkers(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "workers.hcl")
+	if err := os.WriteFile(path, []byte(workersSrc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ws, diags := LoadWorkers(path)
+	if len(diags) > 0 {
+		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
+	}
+	if diff := cmp.Diff(wantWorkers, ws, ignoreRanges); diff != "" {
+		t.Fatalf("workers (-want +got):\n%s", diff)
+	}
+
+	// JSON syntax.
+	jsonPath := filepath.Join(dir, "workers.json")
+	js := `{"worker": {"a": {"url": "http://127.0.0.1:8001", "models": ["llama", "qwen"], "total_kv_blocks": 4096}}}`
+	if err := os.WriteFile(jsonPath, []byte(js), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ws, diags = LoadWorkers(jsonPath)
+	if len(diags) > 0 || len(ws) != 1 || !ws[0].Equal(wantWorkers[0]) {
+		t.Fatalf("json: %+v\n%s", ws, FormatDiagnostics(diags))
+	}
+
+	// An empty file has no workers, and is not an error.
+	ws, diags = ParseWorkers("empty.hcl", nil)
+	if ws == nil || len(ws) != 0 || len(diags) > 0 {
+		t.Errorf("empty file: %v %s", ws, FormatDiagnostics(diags))
+	}
+
+	for _, tt := range []struct{ src, want string }{
+		{"policy \"p\" {\n}\n", "w.hcl:1:1: error: Unsupported block type"},
+		{workersSrc + "router {\n  block_size = 16\n}\n", "w.hcl:13:1: error: Unsupported block type"},
+		{"block_size = 16\n", "w.hcl:1:1: error: Unsupported argument"},
+		{"worker \"a\" {\n", "w.hcl:1:12: error: Unclosed configuration block"},
+	} {
+		ws, diags := ParseWorkers("w.hcl", []byte(tt.src))
+		if got := FormatDiagnostics(diags); !strings.HasPrefix(got, tt.want) || ws != nil {
+			t.Errorf("%q: workers %v, diagnostics\n%s\nwant prefix %q", tt.src, ws, got, tt.want)
+		}
+	}
+
+	_, diags = LoadWorkers(filepath.Join(dir, "missing.hcl"))
+	if got := FormatDiagnostics(diags); !strings.Contains(got, "missing.hcl:1:1: error: Failed to read workers file") {
+		t.Errorf("missing file: %s", got)
+	}
+	if diags[0].Subject == nil || diags[0].Subject.Start != hcl.InitialPos {
+		t.Errorf("missing file subject = %v", diags[0].Subject)
+	}
+}
+
+// FuzzParseWorkers: a workers file never panics the loader, every error has
+// a position, and workers come back exactly when there is no error.
+//
+//	go test -fuzz=FuzzParseWorkers -fuzztime=30s ./router/config/
+func FuzzParseWorkers(f *testing.F) {
+	f.Add([]byte(workersSrc))
+	for _, c := range workerDiagCases {
+		f.Add([]byte(c.src))
+	}
+	f.Fuzz(func(t *testing.T, src []byte) {
+		ws, diags := ParseWorkers("fuzz.hcl", src)
+		if diags.HasErrors() != (ws == nil) {
+			t.Fatalf("workers %v with diagnostics\n%s", ws, FormatDiagnostics(diags))
+		}
+		for _, d := range diags {
+			if d.Severity == hcl.DiagError && d.Subject == nil {
+				t.Fatalf("error without a position: %s", FormatDiagnostics(hcl.Diagnostics{d}))
+			}
+		}
+		for _, w := range ws {
+			if w.URL == "" || w.MetricsURL == "" || !w.Role.Valid() || len(w.Models) == 0 || w.TotalKVBlocks <= 0 {
+				t.Fatalf("invalid worker loaded: %+v", w)
+			}
+		}
+	})
+}

@@ -1,0 +1,534 @@
+// Package workers owns the router's worker membership for `router serve`:
+// it joins the workers of the policy file's worker blocks (or of a watched
+// --workers-file) to the Router's fleet, scrapes each engine's Prometheus
+// metrics into its engine load, and takes workers that stop answering out
+// of the candidate set until they answer again.
+//
+// # Identity
+//
+// A worker's shared.WorkerID is ID(name), the FNV-1a 64-bit hash of its
+// block name, so a worker keeps its id across reloads and rejoins and the
+// same file gives the same ids in every router process. Data-parallel rank
+// is always 0.
+//
+// # Readiness
+//
+// A worker joins the fleet (is ready) after its first successful scrape,
+// so a worker that never answered is never a candidate. It leaves the
+// candidate set (fleet RemoveWorker; its requests in flight finish and
+// release against the generation they were booked on) when
+// FailureThreshold consecutive scrapes fail, or when the serve front
+// reports FailureThreshold consecutive request failures (ReportFailure,
+// reset by ReportSuccess). It rejoins, as a new fleet generation, at the
+// first successful scrape that started after it left: at least one scrape
+// interval later, without a router restart.
+//
+// # Engine load
+//
+// Each successful scrape that holds the vLLM or SGLang metrics (see
+// ParseEngine) sets the worker's engine load; only the worker's own report
+// does. A report older than StaleIntervals scrape intervals is cleared
+// (Worker.SetEngineLoad(nil): LOAD unavailable, which differs from idle).
+// A scrape that answers but holds none of the metrics keeps the worker
+// ready and sets nothing, so its last report ages out the same way.
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// Defaults of Options.
+const (
+	// DefaultScrapeInterval is how often each engine's metrics are scraped;
+	// it is also each scrape's timeout.
+	DefaultScrapeInterval = time.Second
+	// DefaultFailureThreshold is how many consecutive failed scrapes, or
+	// consecutive failed requests, make a worker not ready.
+	DefaultFailureThreshold = 3
+	// StaleIntervals is the age, in scrape intervals, at which an engine
+	// report is cleared.
+	StaleIntervals = 3
+	// DefaultDebounce is how long Watch waits after the last change to the
+	// workers file before reloading it.
+	DefaultDebounce = 100 * time.Millisecond
+)
+
+// Options configure a Manager.
+type Options struct {
+	// ScrapeInterval is the scrape period and each scrape's timeout
+	// (DefaultScrapeInterval).
+	ScrapeInterval time.Duration
+	// FailureThreshold is the consecutive failures that make a worker not
+	// ready (DefaultFailureThreshold).
+	FailureThreshold int
+	// Client scrapes the engines; nil uses a client over
+	// http.DefaultTransport.
+	Client *http.Client
+	// Logger receives membership changes, health transitions and workers
+	// file reload failures (with file:line:col); nil discards them.
+	Logger hclog.Logger
+	// Registerer, when set, gets switchyard_worker_ready{worker} (1 ready,
+	// 0 not) and switchyard_worker_active_requests{worker} (the requests in
+	// flight on the worker, over every generation it joined under), read
+	// from the current state at each collection.
+	Registerer prometheus.Registerer
+	// Debounce is Watch's quiet period (DefaultDebounce).
+	Debounce time.Duration
+}
+
+// ID is the WorkerID of the worker named name: FNV-1a 64 of the name.
+func ID(name string) shared.WorkerID {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(name))
+	return shared.WorkerID(h.Sum64())
+}
+
+// Status is a snapshot of one configured worker.
+type Status struct {
+	Config config.Worker
+	ID     shared.WorkerID
+	// Ready is true while the worker is a member of the fleet.
+	Ready bool
+	// Member is the worker's current fleet generation; nil when not ready.
+	Member *fleet.Worker
+	// Load is the engine's last report while it is fresh; nil otherwise.
+	Load *fleet.EngineLoad
+	// ObservedAt is when Load was scraped.
+	ObservedAt time.Time
+	// Running is the engine's running-request count of the last scrape
+	// that had it.
+	Running    int64
+	HasRunning bool
+	// ScrapeFailures and RequestFailures are the current consecutive
+	// failure counts.
+	ScrapeFailures, RequestFailures int
+	// LastError is the last scrape's error; nil after a success.
+	LastError error
+}
+
+// Manager owns the Router's membership. Safe for concurrent use.
+type Manager struct {
+	r   *router.Router
+	o   Options
+	log hclog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	entries map[string]*entry
+	closed  bool
+}
+
+// entry is one configured worker; its fields after done are guarded by
+// Manager.mu.
+type entry struct {
+	cfg  config.Worker
+	id   shared.WorkerID
+	stop context.CancelFunc
+
+	ready        bool
+	member       *fleet.Worker   // current generation while ready
+	gens         []*fleet.Worker // generations that may still have requests in flight
+	scrapeFails  int
+	requestFails int
+	leftAt       time.Time // when it last left the candidate set
+	obs          *fleet.EngineLoad
+	obsAt        time.Time
+	running      int64
+	hasRunning   bool
+	lastErr      error
+}
+
+// NewManager returns a Manager of r's membership with no workers; Sync
+// adds them. r's fleet must not be changed by anyone else while the
+// Manager is in use.
+func NewManager(r *router.Router, o Options) (*Manager, error) {
+	if r == nil {
+		return nil, errors.New("workers: nil router")
+	}
+	if o.ScrapeInterval <= 0 {
+		o.ScrapeInterval = DefaultScrapeInterval
+	}
+	if o.FailureThreshold <= 0 {
+		o.FailureThreshold = DefaultFailureThreshold
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{}
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	if o.Debounce <= 0 {
+		o.Debounce = DefaultDebounce
+	}
+	m := &Manager{r: r, o: o, log: o.Logger, entries: make(map[string]*entry)}
+	m.ctx, m.cancel = context.WithCancel(context.Background())
+	if o.Registerer != nil {
+		if err := o.Registerer.Register(collector{m}); err != nil {
+			m.cancel()
+			return nil, fmt.Errorf("workers: metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// Close stops every scrape and watch loop and waits for them. The fleet is
+// left as it is.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	m.closed = true
+	m.mu.Unlock()
+	m.cancel()
+	m.wg.Wait()
+}
+
+// Sync makes ws the configured workers: it adds the new names, removes the
+// names no longer listed (their requests in flight finish), and re-joins
+// the changed ones. A worker whose url or metrics_url changed starts over
+// as a new endpoint (not ready until its first scrape); one whose role,
+// models or total_kv_blocks changed is replaced in the fleet at once by a
+// new generation when it is ready (its prefix-index entries are purged).
+// An unchanged worker is left alone. Sync checks ws first and changes
+// nothing when a worker is invalid, two share a name, or two names hash to
+// one id.
+func (m *Manager) Sync(ws []config.Worker) error {
+	if err := check(ws); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return errors.New("workers: manager closed")
+	}
+	want := make(map[string]config.Worker, len(ws))
+	for _, w := range ws {
+		want[w.Name] = w
+	}
+	for name, e := range m.entries {
+		if _, ok := want[name]; !ok {
+			m.dropLocked(e, "removed from the configuration")
+		}
+	}
+	for _, w := range ws {
+		e := m.entries[w.Name]
+		switch {
+		case e == nil:
+			m.startLocked(w)
+			m.log.Info("worker added", "worker", w.Name, "url", w.URL, "role", w.Role, "models", w.Models)
+		case e.cfg.Equal(w):
+		case e.cfg.URL != w.URL || e.cfg.MetricsURL != w.MetricsURL:
+			m.dropLocked(e, "endpoint changed")
+			m.startLocked(w)
+			m.log.Info("worker endpoint changed", "worker", w.Name, "url", w.URL)
+		default:
+			e.cfg = cloneWorker(w)
+			if e.ready {
+				m.joinLocked(e)
+			}
+			m.log.Info("worker changed", "worker", w.Name, "role", w.Role, "models", w.Models, "total_kv_blocks", w.TotalKVBlocks)
+		}
+	}
+	return nil
+}
+
+func check(ws []config.Worker) error {
+	names := make(map[string]bool, len(ws))
+	ids := make(map[shared.WorkerID]string, len(ws))
+	for _, w := range ws {
+		switch {
+		case w.Name == "":
+			return errors.New("workers: a worker without a name")
+		case names[w.Name]:
+			return fmt.Errorf("workers: duplicate worker %q", w.Name)
+		case w.URL == "" || w.MetricsURL == "":
+			return fmt.Errorf("workers: worker %q: no url", w.Name)
+		case !w.Role.Valid():
+			return fmt.Errorf("workers: worker %q: invalid role %q", w.Name, w.Role)
+		case w.TotalKVBlocks <= 0:
+			return fmt.Errorf("workers: worker %q: total_kv_blocks %d, want > 0", w.Name, w.TotalKVBlocks)
+		}
+		if other, dup := ids[ID(w.Name)]; dup {
+			return fmt.Errorf("workers: workers %q and %q have the same id; rename one", other, w.Name)
+		}
+		names[w.Name] = true
+		ids[ID(w.Name)] = w.Name
+	}
+	return nil
+}
+
+func cloneWorker(w config.Worker) config.Worker {
+	w.Models = slices.Clone(w.Models)
+	return w
+}
+
+// startLocked adds an entry for w and starts its scrape loop.
+func (m *Manager) startLocked(w config.Worker) {
+	ctx, stop := context.WithCancel(m.ctx)
+	e := &entry{cfg: cloneWorker(w), id: ID(w.Name), stop: stop}
+	m.entries[w.Name] = e
+	m.wg.Add(1)
+	go m.run(ctx, e, w.MetricsURL)
+}
+
+// dropLocked stops e's loop and takes it out of the fleet and the Manager.
+func (m *Manager) dropLocked(e *entry, why string) {
+	e.stop()
+	if e.ready {
+		m.leaveLocked(e, why)
+	}
+	delete(m.entries, e.cfg.Name)
+	if why != "endpoint changed" {
+		m.log.Info("worker removed", "worker", e.cfg.Name, "reason", why)
+	}
+}
+
+// joinLocked (re)joins e to the fleet as a new generation carrying its
+// fresh engine report.
+func (m *Manager) joinLocked(e *entry) {
+	w, err := m.r.AddWorker(fleet.Spec{
+		ID:            e.id,
+		Role:          e.cfg.Role,
+		TotalKVBlocks: e.cfg.TotalKVBlocks,
+		Name:          e.cfg.Name,
+		Models:        slices.Clone(e.cfg.Models),
+	})
+	if err != nil {
+		m.log.Error("worker cannot join", "worker", e.cfg.Name, "error", err)
+		return
+	}
+	w.SetEngineLoad(e.obs)
+	e.ready, e.member = true, w
+	e.gens = append(e.gens, w)
+	e.requestFails = 0
+}
+
+// leaveLocked takes e out of the candidate set.
+func (m *Manager) leaveLocked(e *entry, why string) {
+	if err := m.r.RemoveWorker(e.id, 0); err != nil {
+		m.log.Error("worker removal failed", "worker", e.cfg.Name, "error", err)
+	}
+	e.ready, e.member = false, nil
+	e.leftAt = time.Now()
+	m.log.Warn("worker not ready", "worker", e.cfg.Name, "reason", why)
+}
+
+// run scrapes e's engine every interval until ctx ends.
+func (m *Manager) run(ctx context.Context, e *entry, url string) {
+	defer m.wg.Done()
+	t := time.NewTicker(m.o.ScrapeInterval)
+	defer t.Stop()
+	for {
+		start := time.Now()
+		sctx, cancel := context.WithTimeout(ctx, m.o.ScrapeInterval)
+		rep, err := scrape(sctx, m.o.Client, url)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		m.observe(e, start, rep, err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// observe applies one scrape's outcome to e.
+func (m *Manager) observe(e *entry, start time.Time, rep Engine, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.entries[e.cfg.Name] != e {
+		return // removed or replaced meanwhile
+	}
+	now := time.Now()
+	if err != nil {
+		e.scrapeFails++
+		if e.lastErr == nil || e.lastErr.Error() != err.Error() {
+			m.log.Debug("worker scrape failed", "worker", e.cfg.Name, "error", err)
+		}
+		e.lastErr = err
+		if e.ready && e.scrapeFails >= m.o.FailureThreshold {
+			m.leaveLocked(e, fmt.Sprintf("%d consecutive scrapes failed: %v", e.scrapeFails, err))
+		}
+	} else {
+		e.scrapeFails, e.lastErr = 0, nil
+		if rep.Load != nil {
+			e.obs, e.obsAt = rep.Load, now
+		}
+		if rep.HasRunning {
+			e.running, e.hasRunning = rep.Running, true
+		}
+		switch {
+		case !e.ready && start.After(e.leftAt):
+			m.joinLocked(e)
+			if e.ready {
+				m.log.Info("worker ready", "worker", e.cfg.Name, "generation", e.member.Generation)
+			}
+		case e.ready && rep.Load != nil:
+			e.member.SetEngineLoad(rep.Load)
+		}
+	}
+	if e.obs != nil && now.Sub(e.obsAt) > StaleIntervals*m.o.ScrapeInterval {
+		e.obs = nil
+		if e.member != nil {
+			e.member.SetEngineLoad(nil)
+		}
+	}
+}
+
+// ReportFailure records that a request to the worker named name failed
+// (connection refused, reset before any byte, a 5xx). FailureThreshold
+// consecutive failures take it out of the candidate set until a scrape
+// succeeds again. Unknown names and workers not ready are ignored.
+func (m *Manager) ReportFailure(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entries[name]
+	if e == nil || !e.ready {
+		return
+	}
+	e.requestFails++
+	if e.requestFails >= m.o.FailureThreshold {
+		m.leaveLocked(e, fmt.Sprintf("%d consecutive requests failed", e.requestFails))
+	}
+}
+
+// ReportSuccess records that a request to the worker named name succeeded,
+// resetting its consecutive request failures.
+func (m *Manager) ReportSuccess(name string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.entries[name]; e != nil {
+		e.requestFails = 0
+	}
+}
+
+// URL returns the engine base URL of the configured worker named name
+// (config.Worker.URL, without a trailing "/"), ready or not; false when no
+// worker of that name is configured.
+func (m *Manager) URL(name string) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if e := m.entries[name]; e != nil {
+		return e.cfg.URL, true
+	}
+	return "", false
+}
+
+// Ready reports whether at least one worker is ready (for /readyz).
+func (m *Manager) Ready() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.entries {
+		if e.ready {
+			return true
+		}
+	}
+	return false
+}
+
+// Status returns every configured worker's state, sorted by name.
+func (m *Manager) Status() []Status {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]Status, 0, len(m.entries))
+	for _, e := range m.entries {
+		out = append(out, e.statusLocked())
+	}
+	slices.SortFunc(out, func(a, b Status) int {
+		switch {
+		case a.Config.Name < b.Config.Name:
+			return -1
+		case a.Config.Name > b.Config.Name:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// StatusOf returns the state of the worker named name.
+func (m *Manager) StatusOf(name string) (Status, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e := m.entries[name]
+	if e == nil {
+		return Status{}, false
+	}
+	return e.statusLocked(), true
+}
+
+func (e *entry) statusLocked() Status {
+	s := Status{
+		Config: cloneWorker(e.cfg), ID: e.id, Ready: e.ready, Member: e.member,
+		Load: e.obs, ObservedAt: e.obsAt, Running: e.running, HasRunning: e.hasRunning,
+		ScrapeFailures: e.scrapeFails, RequestFailures: e.requestFails, LastError: e.lastErr,
+	}
+	if s.Load == nil {
+		s.ObservedAt = time.Time{}
+	}
+	return s
+}
+
+// activeLocked sums the requests in flight over e's generations, forgetting
+// past generations with none.
+func (e *entry) activeLocked() int64 {
+	var n int64
+	kept := e.gens[:0]
+	for _, w := range e.gens {
+		a := w.ActiveRequests()
+		n += a
+		if a != 0 || w == e.member {
+			kept = append(kept, w)
+		}
+	}
+	clear(e.gens[len(kept):])
+	e.gens = kept
+	return n
+}
+
+var (
+	readyDesc = prometheus.NewDesc("switchyard_worker_ready",
+		"1 when the worker is in the candidate set, 0 when it is configured but not ready.", []string{"worker"}, nil)
+	activeDesc = prometheus.NewDesc("switchyard_worker_active_requests",
+		"Requests in flight on the worker (ACTIVE_REQUESTS), over every generation it joined under.", []string{"worker"}, nil)
+)
+
+// collector reads the Manager's state at each collection.
+type collector struct{ m *Manager }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- readyDesc
+	ch <- activeDesc
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	for name, e := range c.m.entries {
+		ready := 0.0
+		if e.ready {
+			ready = 1
+		}
+		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, ready, name)
+		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(e.activeLocked()), name)
+	}
+}

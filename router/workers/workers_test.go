@@ -1,0 +1,585 @@
+package workers
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/goleak"
+
+	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const fast = 20 * time.Millisecond
+
+// engine is a fake engine's metrics endpoint: it serves body, or fails
+// with 500 while failing is set.
+type engine struct {
+	srv     *httptest.Server
+	mu      sync.Mutex
+	body    string
+	failing atomic.Bool
+	scrapes atomic.Int64
+}
+
+func newEngine(t *testing.T, body string) *engine {
+	t.Helper()
+	e := &engine{body: body}
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.scrapes.Add(1)
+		if r.URL.Path != "/metrics" {
+			http.NotFound(w, r)
+			return
+		}
+		if e.failing.Load() {
+			http.Error(w, "down", http.StatusInternalServerError)
+			return
+		}
+		e.mu.Lock()
+		b := e.body
+		e.mu.Unlock()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		fmt.Fprint(w, b)
+	}))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *engine) set(body string) {
+	e.mu.Lock()
+	e.body = body
+	e.mu.Unlock()
+}
+
+func worker(name string, e *engine, models ...string) config.Worker {
+	return config.Worker{Name: name, URL: e.srv.URL, MetricsURL: e.srv.URL + "/metrics", Role: shared.RoleAggregated,
+		Models: models, TotalKVBlocks: 100}
+}
+
+func newRouter(t *testing.T) *router.Router {
+	t.Helper()
+	p := &shared.Policy{Name: "rr", PickerName: "rr", Picker: builtin.NewRoundRobin()}
+	roles := map[shared.Role]*shared.Policy{shared.RoleAggregated: p, shared.RolePrefill: p, shared.RoleDecode: p}
+	r, err := router.New(router.Options{BlockSize: 16, Roles: roles})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	return r
+}
+
+// syncBuffer is a log sink safe for concurrent writes and reads.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func newManager(t *testing.T, r *router.Router, o Options) (*Manager, *syncBuffer) {
+	t.Helper()
+	logs := &syncBuffer{}
+	if o.Logger == nil {
+		o.Logger = hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Debug})
+	}
+	m, err := NewManager(r, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	return m, logs
+}
+
+// eventually polls cond until it holds or 5 s pass.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// names lists the members of the partition of model and role by name.
+func names(r *router.Router, model string, role shared.Role) []string {
+	var out []string
+	for _, w := range r.Workers(model, role) {
+		out = append(out, w.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func member(r *router.Router, name string) *fleet.Worker {
+	for _, role := range config.Roles {
+		for _, w := range r.Workers("", role) {
+			if w.Name == name {
+				return w
+			}
+		}
+	}
+	return nil
+}
+
+func membersAre(r *router.Router, model string, role shared.Role, want ...string) func() bool {
+	return func() bool { return slices.Equal(names(r, model, role), want) }
+}
+
+func TestID(t *testing.T) {
+	// FNV-1a 64 of "a": offset basis 0xcbf29ce484222325 xor 'a', times the prime.
+	if got, want := ID("a"), shared.WorkerID(0xaf63dc4c8601ec8c); got != want {
+		t.Errorf("ID(a) = %#x, want %#x", got, want)
+	}
+	if ID("gpu-0") == ID("gpu-1") {
+		t.Error("ids collide")
+	}
+}
+
+func TestEngineMetricsLandInLoad(t *testing.T) {
+	r := newRouter(t)
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast})
+	v, s := newEngine(t, vllmMetrics), newEngine(t, sglangMetrics)
+	if m.Ready() {
+		t.Fatal("ready without workers")
+	}
+	if err := m.Sync([]config.Worker{worker("v", v, "llama"), worker("s", s, "qwen")}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "both ready", membersAre(r, "", shared.RoleAggregated, "s", "v"))
+	if !m.Ready() {
+		t.Error("not ready")
+	}
+	for _, c := range []struct {
+		name, model      string
+		kv               float64
+		waiting, running int64
+	}{{"v", "llama", 0.42, 7, 3}, {"s", "qwen", 0.25, 2, 5}} {
+		ws := r.Workers(c.model, shared.RoleAggregated)
+		if len(ws) != 1 || ws[0].Name != c.name || ws[0].ID != ID(c.name) {
+			t.Fatalf("partition %s = %v", c.model, names(r, c.model, shared.RoleAggregated))
+		}
+		l := ws[0].Load(false)
+		if !l.Available || !l.HasKVUsage || l.KVUsage != c.kv || !l.HasWaiting || l.Waiting != c.waiting {
+			t.Errorf("%s load = %+v, want kv %v waiting %d", c.name, l, c.kv, c.waiting)
+		}
+		st, _ := m.StatusOf(c.name)
+		if !st.Ready || !st.HasRunning || st.Running != c.running || st.Member != ws[0] {
+			t.Errorf("%s status = %+v", c.name, st)
+		}
+	}
+	if u, ok := m.URL("v"); !ok || u != v.srv.URL {
+		t.Errorf("URL(v) = %q, %v", u, ok)
+	}
+	if _, ok := m.URL("nobody"); ok {
+		t.Error("URL of an unknown worker")
+	}
+	if got := r.Models(); !slices.Equal(got, []string{"llama", "qwen"}) {
+		t.Errorf("models = %v", got)
+	}
+
+	// A new report replaces the old one.
+	v.set(strings.ReplaceAll(vllmMetrics, "} 0.42", "} 0.9"))
+	eventually(t, "new kv usage", func() bool { return member(r, "v").Load(false).KVUsage == 0.9 })
+}
+
+func TestStaleReportIsUnavailable(t *testing.T) {
+	r := newRouter(t)
+	// A high threshold keeps failing workers members: only staleness acts.
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast, FailureThreshold: 1 << 20})
+	quiet, failing := newEngine(t, vllmMetrics), newEngine(t, vllmMetrics)
+	if err := m.Sync([]config.Worker{worker("quiet", quiet, "m"), worker("failing", failing, "m")}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "reports", func() bool {
+		a, b := member(r, "quiet"), member(r, "failing")
+		return a != nil && b != nil && a.Load(false).Available && b.Load(false).Available
+	})
+	quiet.set("# no engine metrics here\n") // answers, reports nothing
+	failing.failing.Store(true)
+	for _, name := range []string{"quiet", "failing"} {
+		// lastSeen is no later than the last report, so cleared-lastSeen
+		// bounds the report's age at clearing from above.
+		var lastSeen time.Time
+		eventually(t, name+" unavailable", func() bool {
+			st, _ := m.StatusOf(name)
+			if st.Load != nil {
+				lastSeen = st.ObservedAt
+			}
+			return !member(r, name).Load(false).Available
+		})
+		if age := time.Since(lastSeen); !lastSeen.IsZero() && age < StaleIntervals*fast {
+			t.Errorf("%s cleared %s after a report, before %d intervals", name, age, StaleIntervals)
+		}
+		l := member(r, name).Load(false)
+		if l.HasKVUsage || l.HasWaiting {
+			t.Errorf("%s stale load = %+v", name, l)
+		}
+		if st, _ := m.StatusOf(name); !st.Ready || st.Load != nil {
+			t.Errorf("%s status = %+v, want ready without a load", name, st)
+		}
+	}
+	// Unavailable differs from idle: bookings alone do not make it available,
+	// but a router whose bookings are the load would.
+	if member(r, "quiet").Load(true).Available != true {
+		t.Error("bookingsAreLoad")
+	}
+	// A fresh report makes it available again.
+	quiet.set(vllmMetrics)
+	eventually(t, "quiet available again", func() bool { return member(r, "quiet").Load(false).Available })
+}
+
+func TestFailingWorkerLeavesAndReturns(t *testing.T) {
+	r := newRouter(t)
+	reg := prometheus.NewPedanticRegistry()
+	m, logs := newManager(t, r, Options{ScrapeInterval: fast, Registerer: reg})
+	a, b := newEngine(t, vllmMetrics), newEngine(t, vllmMetrics)
+	if err := m.Sync([]config.Worker{worker("a", a, "m"), worker("b", b, "m")}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "both ready", membersAre(r, "m", shared.RoleAggregated, "a", "b"))
+	gen := member(r, "a").Generation
+
+	a.failing.Store(true)
+	eventually(t, "a out of the partition", membersAre(r, "m", shared.RoleAggregated, "b"))
+	if st, _ := m.StatusOf("a"); st.Ready || st.ScrapeFailures < DefaultFailureThreshold || st.LastError == nil {
+		t.Errorf("a status = %+v", st)
+	}
+	if !m.Ready() {
+		t.Error("manager not ready with b up")
+	}
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
+# HELP switchyard_worker_ready 1 when the worker is in the candidate set, 0 when it is configured but not ready.
+# TYPE switchyard_worker_ready gauge
+switchyard_worker_ready{worker="a"} 0
+switchyard_worker_ready{worker="b"} 1
+`), "switchyard_worker_ready"); err != nil {
+		t.Error(err)
+	}
+
+	a.failing.Store(false)
+	eventually(t, "a back", membersAre(r, "m", shared.RoleAggregated, "a", "b"))
+	if g := member(r, "a").Generation; g <= gen {
+		t.Errorf("a rejoined under generation %d, not after %d", g, gen)
+	}
+	eventually(t, "a's load after rejoining", func() bool { return member(r, "a").Load(false).Available })
+	if !strings.Contains(logs.String(), "worker not ready") || !strings.Contains(logs.String(), "consecutive scrapes failed") {
+		t.Errorf("logs:\n%s", logs)
+	}
+
+	// A worker that refuses connections leaves too; with none ready the
+	// manager is not ready.
+	a.srv.Close()
+	b.srv.Close()
+	eventually(t, "none ready", func() bool { return !m.Ready() })
+	if got := r.Workers("m", shared.RoleAggregated); got != nil {
+		t.Errorf("members = %v", names(r, "m", shared.RoleAggregated))
+	}
+}
+
+func TestReportFailure(t *testing.T) {
+	r := newRouter(t)
+	// A long interval so that the checks right after the reports see the
+	// state before the next scrape.
+	m, _ := newManager(t, r, Options{ScrapeInterval: 300 * time.Millisecond})
+	a := newEngine(t, vllmMetrics)
+	if err := m.Sync([]config.Worker{worker("a", a, "m")}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a ready", m.Ready)
+
+	m.ReportFailure("a")
+	m.ReportFailure("a")
+	m.ReportSuccess("a")
+	m.ReportFailure("a")
+	m.ReportFailure("a")
+	m.ReportFailure("nobody")
+	if !m.Ready() {
+		t.Fatal("a left after non-consecutive failures")
+	}
+	m.ReportFailure("a")
+	if m.Ready() || r.Workers("m", shared.RoleAggregated) != nil {
+		t.Fatal("a still a member after 3 consecutive failures")
+	}
+	m.ReportFailure("a") // not ready: ignored
+	// It returns at the next scrape that answers.
+	eventually(t, "a back", membersAre(r, "m", shared.RoleAggregated, "a"))
+	if st, _ := m.StatusOf("a"); st.RequestFailures != 0 {
+		t.Errorf("request failures after rejoining = %d", st.RequestFailures)
+	}
+}
+
+func TestSyncAddRemoveChange(t *testing.T) {
+	r := newRouter(t)
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast})
+	ea, eb, ec, ed := newEngine(t, vllmMetrics), newEngine(t, sglangMetrics), newEngine(t, vllmMetrics), newEngine(t, vllmMetrics)
+	a, b := worker("a", ea, "llama"), worker("b", eb, "llama")
+	if err := m.Sync([]config.Worker{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a, b", membersAre(r, "llama", shared.RoleAggregated, "a", "b"))
+	genA, genB := member(r, "a").Generation, member(r, "b").Generation
+
+	// Unchanged a stays as it is; b moves to another model and role with
+	// more capacity; c joins.
+	b2 := b
+	b2.Models, b2.Role, b2.TotalKVBlocks = []string{"qwen"}, shared.RoleDecode, 500
+	c := worker("c", ec, "llama")
+	if err := m.Sync([]config.Worker{a, b2, c}); err != nil {
+		t.Fatal(err)
+	}
+	// b is replaced at once, without waiting for a scrape.
+	if got := names(r, "qwen", shared.RoleDecode); !slices.Equal(got, []string{"b"}) {
+		t.Errorf("qwen decode = %v, want [b]", got)
+	}
+	wb := member(r, "b")
+	if wb.Generation <= genB || wb.TotalKVBlocks != 500 || wb.Role != shared.RoleDecode || wb.ID != ID("b") {
+		t.Errorf("b = %+v", wb.Spec)
+	}
+	if !wb.Load(false).Available {
+		t.Error("b lost its engine report on the change")
+	}
+	eventually(t, "c joins", membersAre(r, "llama", shared.RoleAggregated, "a", "c"))
+	if member(r, "a").Generation != genA {
+		t.Error("unchanged a was rejoined")
+	}
+
+	// a moves to another endpoint: it starts over there.
+	a2 := worker("a", ed, "llama")
+	if err := m.Sync([]config.Worker{a2, b2, c}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a on its new endpoint", func() bool {
+		w := member(r, "a")
+		return w != nil && w.Generation > genA && ed.scrapes.Load() > 0
+	})
+	if st, _ := m.StatusOf("a"); st.Config.URL != ed.srv.URL {
+		t.Errorf("a url = %s", st.Config.URL)
+	}
+
+	// An invalid set changes nothing.
+	for _, bad := range [][]config.Worker{
+		{a2, a2},
+		{func() config.Worker { w := c; w.TotalKVBlocks = 0; return w }()},
+		{func() config.Worker { w := c; w.Role = "both"; return w }()},
+	} {
+		if err := m.Sync(bad); err == nil {
+			t.Errorf("Sync(%v) succeeded", bad)
+		}
+	}
+	if len(m.Status()) != 3 {
+		t.Errorf("status = %v", m.Status())
+	}
+
+	// Removing all but c.
+	if err := m.Sync([]config.Worker{c}); err != nil {
+		t.Fatal(err)
+	}
+	if got := names(r, "", shared.RoleAggregated); !slices.Equal(got, []string{"c"}) {
+		t.Errorf("aggregated = %v", got)
+	}
+	if r.Workers("", shared.RoleDecode) != nil || slices.Contains(r.Models(), "qwen") {
+		t.Errorf("b still a member: models %v", r.Models())
+	}
+	if st := m.Status(); len(st) != 1 || st[0].Config.Name != "c" {
+		t.Errorf("status = %+v", st)
+	}
+	// A removed worker's engine is no longer scraped.
+	n := ea.scrapes.Load()
+	eventually(t, "some intervals", func() bool { return ec.scrapes.Load() > 5 })
+	if ea.scrapes.Load() > n+1 {
+		t.Errorf("removed a scraped %d more times", ea.scrapes.Load()-n)
+	}
+}
+
+// TestRejoinWithBookingInFlight removes a worker with a request in flight
+// and re-adds it under the same name: the late release charges the old
+// generation, so no count ever goes negative.
+func TestRejoinWithBookingInFlight(t *testing.T) {
+	r := newRouter(t)
+	reg := prometheus.NewPedanticRegistry()
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast, Registerer: reg})
+	e := newEngine(t, vllmMetrics)
+	a := worker("a", e, "llama")
+	if err := m.Sync([]config.Worker{a}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a ready", m.Ready)
+	sel := func() router.Decision {
+		t.Helper()
+		d, err := r.Select(context.Background(), &shared.Request{ID: "x", Model: "llama", Role: shared.RoleAggregated, PromptTokens: 40})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	d1 := sel()
+	old := d1.Worker
+
+	// Leave by Sync, with the request in flight, and rejoin.
+	if err := m.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Select(context.Background(), &shared.Request{Model: "llama", Role: shared.RoleAggregated}); err == nil {
+		t.Fatal("selected a removed worker")
+	}
+	if old.ActiveRequests() != 1 {
+		t.Fatalf("in-flight count on the removed worker = %d", old.ActiveRequests())
+	}
+	if err := m.Sync([]config.Worker{a}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a rejoined", m.Ready)
+	d2 := sel()
+	if d2.Worker == old || d2.Worker.ID != old.ID {
+		t.Fatalf("rejoined worker: %+v, old %+v", d2.Worker.Spec, old.Spec)
+	}
+	if !d1.Booking.Release() {
+		t.Fatal("first release did nothing")
+	}
+	if d1.Booking.Release() {
+		t.Fatal("second release released")
+	}
+	if old.ActiveRequests() != 0 || d2.Worker.ActiveRequests() != 1 {
+		t.Fatalf("counts: old %d, new %d", old.ActiveRequests(), d2.Worker.ActiveRequests())
+	}
+	if l := d2.Worker.Load(false); l.ActiveRequests != 1 || l.ActivePrefillTokens < 0 || l.ActiveDecodeBlocks != 3 {
+		t.Errorf("new load = %+v", l)
+	}
+	gaugeIs(t, reg, "switchyard_worker_active_requests", 1)
+
+	// Leave by failing health, with d2 in flight; a third booking after the
+	// return; d2 then ends.
+	e.failing.Store(true)
+	eventually(t, "a not ready", func() bool { return !m.Ready() })
+	gaugeIs(t, reg, "switchyard_worker_active_requests", 1) // still counted while in flight
+	e.failing.Store(false)
+	eventually(t, "a ready again", m.Ready)
+	d3 := sel()
+	d2.Booking.Release()
+	for _, w := range []*fleet.Worker{old, d2.Worker, d3.Worker} {
+		if w.ActiveRequests() < 0 {
+			t.Errorf("generation %d count %d", w.Generation, w.ActiveRequests())
+		}
+	}
+	if d2.Worker.ActiveRequests() != 0 || d3.Worker.ActiveRequests() != 1 {
+		t.Errorf("counts: d2's %d, d3's %d", d2.Worker.ActiveRequests(), d3.Worker.ActiveRequests())
+	}
+	d3.Booking.Release()
+	gaugeIs(t, reg, "switchyard_worker_active_requests", 0)
+}
+
+// gaugeIs checks the one series of name in reg.
+func gaugeIs(t *testing.T, reg *prometheus.Registry, name string, want float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			if ms := mf.GetMetric(); len(ms) != 1 || ms[0].GetGauge().GetValue() != want {
+				t.Errorf("%s = %v, want %v", name, ms, want)
+			}
+			return
+		}
+	}
+	t.Errorf("%s not gathered", name)
+}
+
+func TestWatch(t *testing.T) {
+	r := newRouter(t)
+	m, logs := newManager(t, r, Options{ScrapeInterval: fast})
+	ea, eb := newEngine(t, vllmMetrics), newEngine(t, vllmMetrics)
+	dir := t.TempDir()
+	path := filepath.Join(dir, "workers.hcl")
+	block := func(name string, e *engine) string {
+		return fmt.Sprintf("worker %q {\n  url             = %q\n  models          = [\"m\"]\n  total_kv_blocks = 64\n}\n", name, e.srv.URL)
+	}
+	write := func(src string) {
+		t.Helper()
+		// Replace atomically, as editors and deployments do.
+		tmp := filepath.Join(dir, ".workers.tmp")
+		if err := os.WriteFile(tmp, []byte(src), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(block("a", ea))
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Watch(ctx, path) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Watch: %v", err)
+		}
+	}()
+	eventually(t, "a from the file", membersAre(r, "m", shared.RoleAggregated, "a"))
+
+	write(block("a", ea) + block("b", eb))
+	eventually(t, "b added", membersAre(r, "m", shared.RoleAggregated, "a", "b"))
+
+	// An invalid file changes nothing and is logged at file:line:col.
+	write(block("a", ea) + "worker \"c\" {\n  url             = \"nope\"\n  models          = [\"m\"]\n  total_kv_blocks = 64\n}\n")
+	eventually(t, "the error logged", func() bool {
+		return strings.Contains(logs.String(), path+":7:21: error: Invalid URL")
+	})
+	if got := names(r, "m", shared.RoleAggregated); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("members after an invalid file = %v", got)
+	}
+
+	// Written in place, too.
+	if err := os.WriteFile(path, []byte(block("b", eb)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a removed", membersAre(r, "m", shared.RoleAggregated, "b"))
+	if len(m.Status()) != 1 {
+		t.Errorf("status = %+v", m.Status())
+	}
+}
+
+func TestNewManagerMetricsConflict(t *testing.T) {
+	r := newRouter(t)
+	reg := prometheus.NewRegistry()
+	newManager(t, r, Options{Registerer: reg})
+	if _, err := NewManager(r, Options{Registerer: reg}); err == nil {
+		t.Error("second registration succeeded")
+	}
+	if _, err := NewManager(nil, Options{}); err == nil {
+		t.Error("nil router accepted")
+	}
+}
