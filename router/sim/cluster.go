@@ -116,6 +116,7 @@ func (c *Cluster) Stats() Stats {
 		s.TransferredTokens += x.TransferredTokens
 		s.Submitted += x.Submitted
 		s.Completed += x.Completed
+		s.Aborted += x.Aborted
 	}
 	return s
 }

@@ -3,6 +3,7 @@ package sim
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -121,6 +122,8 @@ type Stats struct {
 	// computing.
 	TransferredTokens    int64
 	Submitted, Completed int64 // requests
+	// Aborted counts requests removed by Abort before completing.
+	Aborted int64
 }
 
 // Load is a worker's instantaneous state, for routers that read engine
@@ -372,6 +375,52 @@ func (w *Worker) run(until time.Duration, out []Event) []Event {
 		out = w.finish(out)
 	}
 	return out
+}
+
+// Abort removes the request with ID id, running or waiting, as vLLM does
+// when its client disconnects: a running request's KV blocks are freed like
+// a completed request's (private blocks, then prefix groups last to first;
+// the prefix blocks it computed and published stay cached and evictable),
+// and the request emits no further events. A step in flight that includes
+// it still ends when planned, its duration fixed when it started; the
+// request just takes no part in its results. A waiting request holds no
+// blocks and simply leaves the queue.
+//
+// Abort reports whether it found the request: false for an ID never
+// submitted, already completed or already aborted. With several requests of
+// the same ID it removes the earliest admitted running one, else the first
+// waiting one. It acts at the worker's latest time, so call Advance(now)
+// first to deliver the events due by now. Cost: O(running + waiting).
+func (w *Worker) Abort(id int) bool {
+	for i, idx := range w.running {
+		s := &w.seqs[idx]
+		if s.id != id {
+			continue
+		}
+		if w.busy {
+			w.sched = slices.DeleteFunc(w.sched, func(sc sched) bool { return sc.seq == idx })
+		}
+		w.release(s)
+		w.running = slices.Delete(w.running, i, i+1)
+		w.retire(idx)
+		return true
+	}
+	for i := 0; i < w.wait.len(); i++ {
+		if idx := w.wait.at(i); w.seqs[idx].id == id {
+			w.wait.removeAt(i)
+			w.retire(idx)
+			return true
+		}
+	}
+	return false
+}
+
+// retire frees the slot of an aborted request.
+func (w *Worker) retire(idx int32) {
+	s := &w.seqs[idx]
+	s.hashes, s.done = nil, true
+	w.free = append(w.free, idx)
+	w.stats.Aborted++
 }
 
 // lookup walks the request's prefix groups through the cache (one map
@@ -756,6 +805,17 @@ func (q *deque) pushFront(v int32) {
 }
 
 func (q *deque) front() int32 { return q.buf[q.head] }
+
+// at returns the i-th element from the front (0 <= i < len).
+func (q *deque) at(i int) int32 { return q.buf[(q.head+i)%len(q.buf)] }
+
+// removeAt removes the i-th element from the front, keeping the order.
+func (q *deque) removeAt(i int) {
+	for j := i; j < q.size-1; j++ {
+		q.buf[(q.head+j)%len(q.buf)] = q.buf[(q.head+j+1)%len(q.buf)]
+	}
+	q.size--
+}
 
 func (q *deque) popFront() {
 	q.head = (q.head + 1) % len(q.buf)

@@ -1,0 +1,444 @@
+package mockworker
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/router/sim"
+)
+
+// genRequest is the subset of the OpenAI completions and chat completions
+// request bodies the mock reads; other fields are ignored.
+type genRequest struct {
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+	PromptTokenIDs []int64 `json:"prompt_token_ids"`
+}
+
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// apiError is an error answered in the OpenAI shape.
+type apiError struct {
+	status int
+	typ    string
+	msg    string
+}
+
+func (e *apiError) Error() string { return e.msg }
+
+func badRequest(format string, args ...any) *apiError {
+	return &apiError{http.StatusBadRequest, "invalid_request_error", fmt.Sprintf(format, args...)}
+}
+
+// writeError answers {"error": {"message", "type", "param", "code"}}, code
+// being the HTTP status (as vLLM does).
+func writeError(w http.ResponseWriter, e *apiError) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(e.status)
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
+		"message": e.msg, "type": e.typ, "param": nil, "code": e.status,
+	}})
+}
+
+// prompt is a parsed request's prompt: text or token ids.
+type prompt struct {
+	text   string
+	ids    []int64
+	useIDs bool
+}
+
+// parsePrompt reads the completions "prompt": a string, a one-element array
+// of strings, token ids, or a one-element array of token-id arrays.
+func parsePrompt(raw json.RawMessage) (prompt, *apiError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return prompt{}, badRequest("prompt is required")
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return prompt{text: s}, nil
+	}
+	var ids []int64
+	if json.Unmarshal(raw, &ids) == nil {
+		return prompt{ids: ids, useIDs: true}, nil
+	}
+	var ss []string
+	if json.Unmarshal(raw, &ss) == nil {
+		if len(ss) != 1 {
+			return prompt{}, badRequest("prompt: %d prompts in one request; the mock engine serves one", len(ss))
+		}
+		return prompt{text: ss[0]}, nil
+	}
+	var idss [][]int64
+	if json.Unmarshal(raw, &idss) == nil {
+		if len(idss) != 1 {
+			return prompt{}, badRequest("prompt: %d prompts in one request; the mock engine serves one", len(idss))
+		}
+		return prompt{ids: idss[0], useIDs: true}, nil
+	}
+	return prompt{}, badRequest("prompt must be a string, an array of token ids, or a one-element array of either")
+}
+
+// chatText renders messages with prefix.RenderChat; content is a string,
+// null, or an array of parts whose "text" parts are joined.
+func chatText(msgs []chatMessage) (string, *apiError) {
+	out := make([]prefix.ChatMessage, len(msgs))
+	for i, m := range msgs {
+		out[i].Role = m.Role
+		raw := bytes.TrimSpace(m.Content)
+		if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+			continue
+		}
+		if json.Unmarshal(raw, &out[i].Content) == nil {
+			continue
+		}
+		var parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(raw, &parts); err != nil {
+			return "", badRequest("messages[%d].content must be a string or an array of content parts", i)
+		}
+		var b strings.Builder
+		for _, p := range parts {
+			if p.Type == "text" {
+				b.WriteString(p.Text)
+			}
+		}
+		out[i].Content = b.String()
+	}
+	return prefix.RenderChat(out), nil
+}
+
+// parse decodes and validates a request body into the simulated request.
+func (s *Server) parse(body []byte, chat bool) (*genRequest, sim.Request, *apiError) {
+	var req genRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&req); err != nil {
+		return nil, sim.Request{}, badRequest("malformed JSON body: %v", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return nil, sim.Request{}, badRequest("malformed JSON body: data after the JSON object")
+	}
+	if s.cfg.Model != "" && req.Model != "" && req.Model != s.cfg.Model {
+		return nil, sim.Request{}, &apiError{http.StatusNotFound, "NotFoundError",
+			fmt.Sprintf("The model `%s` does not exist; this engine serves `%s`.", req.Model, s.cfg.Model)}
+	}
+	var p prompt
+	switch {
+	case req.PromptTokenIDs != nil:
+		p = prompt{ids: req.PromptTokenIDs, useIDs: true}
+	case chat:
+		if len(req.Messages) == 0 {
+			return nil, sim.Request{}, badRequest("messages is required and must not be empty")
+		}
+		text, err := chatText(req.Messages)
+		if err != nil {
+			return nil, sim.Request{}, err
+		}
+		p = prompt{text: text}
+	default:
+		var err *apiError
+		if p, err = parsePrompt(req.Prompt); err != nil {
+			return nil, sim.Request{}, err
+		}
+	}
+	out := s.cfg.DefaultMaxTokens
+	if req.MaxTokens != nil {
+		out = *req.MaxTokens
+	}
+	if chat && req.MaxCompletionTokens != nil {
+		out = *req.MaxCompletionTokens
+	}
+	if out < 1 {
+		return nil, sim.Request{}, badRequest("max_tokens must be at least 1, got %d", out)
+	}
+	r := sim.Request{OutputLength: out, PrefixBlockTokens: s.cfg.BlockTokens}
+	if p.useIDs {
+		if len(p.ids) == 0 {
+			return nil, sim.Request{}, badRequest("prompt token ids must not be empty")
+		}
+		r.InputLength = len(p.ids)
+		r.PrefixHashes = prefix.TokenBlocks(p.ids, s.cfg.BlockTokens)
+	} else {
+		r.InputLength = max(1, prefix.EstimateTokens(p.text, s.cfg.CharsPerToken))
+		r.PrefixHashes = prefix.TextBlocks(p.text, s.cfg.BlockTokens, s.cfg.CharsPerToken)
+	}
+	return &req, r, nil
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"object": "list",
+		"data": []any{map[string]any{
+			"id": s.model, "object": "model", "created": s.created, "owned_by": "switchyard-mock",
+			"root": s.model, "parent": nil,
+		}},
+	})
+}
+
+// words are the generated text, one per token.
+var words = [...]string{" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing", " elit"}
+
+func token(i int) string { return words[i%len(words)] }
+
+func seconds(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 6, 64) }
+
+type usage struct {
+	PromptTokens        int `json:"prompt_tokens"`
+	CompletionTokens    int `json:"completion_tokens"`
+	TotalTokens         int `json:"total_tokens"`
+	PromptTokensDetails struct {
+		CachedTokens int `json:"cached_tokens"`
+	} `json:"prompt_tokens_details"`
+}
+
+func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, &apiError{http.StatusRequestEntityTooLarge, "invalid_request_error",
+				fmt.Sprintf("request body over %d bytes", mbe.Limit)})
+			return
+		}
+		writeError(w, badRequest("reading the request body: %v", err))
+		return
+	}
+	req, sr, perr := s.parse(body, chat)
+	if perr != nil {
+		writeError(w, perr)
+		return
+	}
+	a := &active{prompt: sr.InputLength, output: sr.OutputLength, notify: make(chan struct{}, 1)}
+	if err := s.eng.submit(a, sr); err != nil {
+		switch {
+		case errors.Is(err, sim.ErrRequestTooLarge):
+			writeError(w, badRequest("prompt of %d tokens plus max_tokens %d does not fit the KV cache of %d tokens (%d blocks of %d)",
+				sr.InputLength, sr.OutputLength, s.cfg.Sim.TotalKVBlocks*s.cfg.Sim.BlockSize, s.cfg.Sim.TotalKVBlocks, s.cfg.Sim.BlockSize))
+		case errors.Is(err, errClosed):
+			writeError(w, &apiError{http.StatusServiceUnavailable, "ServiceUnavailableError", err.Error()})
+		default:
+			writeError(w, badRequest("%v", err))
+		}
+		return
+	}
+	finished := false
+	defer func() {
+		if !finished {
+			s.eng.abort(a.id) // client gone, write failed or shutdown
+		}
+	}()
+	g := generation{s: s, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix()}
+	if req.Model != "" {
+		g.model = req.Model
+	} else {
+		g.model = s.model
+	}
+	if chat {
+		g.id = "chatcmpl-mock-" + strconv.FormatInt(s.seq.Add(1), 10)
+	} else {
+		g.id = "cmpl-mock-" + strconv.FormatInt(s.seq.Add(1), 10)
+	}
+	if req.Stream {
+		finished = g.stream(r, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	} else {
+		finished = g.complete(r)
+	}
+}
+
+// chunk is a streamed response chunk, in the OpenAI chunk format plus the
+// simulated time its token was produced.
+type chunk struct {
+	ID         string   `json:"id"`
+	Object     string   `json:"object"`
+	Created    int64    `json:"created"`
+	Model      string   `json:"model"`
+	Choices    []choice `json:"choices"`
+	Usage      *usage   `json:"usage,omitempty"`
+	SimSeconds *float64 `json:"x_mock_sim_seconds,omitempty"`
+}
+
+// choice is one choice of a chunk: Text for completions, Delta for chat.
+type choice struct {
+	Index        int     `json:"index"`
+	Text         *string `json:"text,omitempty"`
+	Delta        *delta  `json:"delta,omitempty"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+}
+
+type delta struct {
+	Role    string `json:"role,omitempty"`
+	Content string `json:"content"`
+}
+
+var finishLength = "length"
+
+// generation is one request being answered.
+type generation struct {
+	s       *Server
+	w       http.ResponseWriter
+	a       *active
+	sr      sim.Request
+	chat    bool
+	id      string
+	model   string
+	created int64
+}
+
+func (g *generation) usage(cached int) usage {
+	u := usage{PromptTokens: g.sr.InputLength, CompletionTokens: g.sr.OutputLength,
+		TotalTokens: g.sr.InputLength + g.sr.OutputLength}
+	u.PromptTokensDetails.CachedTokens = cached
+	return u
+}
+
+// wait blocks until there is news for the request; false if the client
+// left or the engine stopped.
+func (g *generation) wait(r *http.Request) bool {
+	select {
+	case <-g.a.notify:
+		return true
+	case <-r.Context().Done():
+		return false
+	case <-g.s.eng.done:
+		return false
+	}
+}
+
+// complete answers a non-streamed request once all tokens are produced.
+// It reports whether the request finished in the engine.
+func (g *generation) complete(r *http.Request) bool {
+	var p progress
+	for {
+		if p = g.a.since(0); p.done {
+			break
+		}
+		if !g.wait(r) {
+			if p = g.a.since(0); p.done {
+				break
+			}
+			if r.Context().Err() == nil {
+				writeError(g.w, &apiError{http.StatusServiceUnavailable, "ServiceUnavailableError", errClosed.Error()})
+			}
+			return false
+		}
+	}
+	var text strings.Builder
+	for i := range g.sr.OutputLength {
+		text.WriteString(token(i))
+	}
+	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "length"}
+	object := "text_completion"
+	if g.chat {
+		object = "chat.completion"
+		choice["message"] = map[string]any{"role": "assistant", "content": text.String()}
+	} else {
+		choice["text"] = text.String()
+	}
+	h := g.w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("x-mock-cached-tokens", strconv.Itoa(p.cached))
+	h.Set("x-mock-ttft-seconds", seconds(p.times[0]-p.submitAt))
+	h.Set("x-mock-latency-seconds", seconds(p.times[len(p.times)-1]-p.submitAt))
+	_ = json.NewEncoder(g.w).Encode(map[string]any{
+		"id": g.id, "object": object, "created": g.created, "model": g.model,
+		"choices": []any{choice}, "usage": g.usage(p.cached),
+	})
+	return true
+}
+
+// stream answers a streamed request: headers with the first token, one SSE
+// chunk per token, an optional usage chunk, then [DONE]. It reports whether
+// the request finished in the engine.
+func (g *generation) stream(r *http.Request, includeUsage bool) bool {
+	rc := http.NewResponseController(g.w)
+	object := "text_completion"
+	if g.chat {
+		object = "chat.completion.chunk"
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	ck := chunk{ID: g.id, Object: object, Created: g.created, Model: g.model, Choices: make([]choice, 0, 1)}
+	sent := 0
+	for {
+		p := g.a.since(sent)
+		if sent == 0 && len(p.times) > 0 {
+			h := g.w.Header()
+			h.Set("Content-Type", "text/event-stream")
+			h.Set("Cache-Control", "no-cache")
+			h.Set("x-mock-cached-tokens", strconv.Itoa(p.cached))
+			h.Set("x-mock-ttft-seconds", seconds(p.times[0]-p.submitAt))
+			g.w.WriteHeader(http.StatusOK)
+		}
+		buf.Reset()
+		for _, at := range p.times {
+			c := choice{}
+			if sent == g.sr.OutputLength-1 {
+				c.FinishReason = &finishLength
+			}
+			tok := token(sent)
+			if g.chat {
+				c.Delta = &delta{Content: tok}
+				if sent == 0 {
+					c.Delta.Role = "assistant"
+				}
+			} else {
+				c.Text = &tok
+			}
+			sim := at.Seconds()
+			ck.Choices, ck.SimSeconds = append(ck.Choices[:0], c), &sim
+			buf.WriteString("data: ")
+			_ = enc.Encode(&ck)
+			buf.WriteString("\n")
+			sent++
+		}
+		if p.done {
+			if includeUsage {
+				u := g.usage(p.cached)
+				ck.Choices, ck.SimSeconds, ck.Usage = ck.Choices[:0], nil, &u
+				buf.WriteString("data: ")
+				_ = enc.Encode(&ck)
+				buf.WriteString("\n")
+			}
+			buf.WriteString("data: [DONE]\n\n")
+		}
+		if buf.Len() > 0 {
+			if _, err := g.w.Write(buf.Bytes()); err != nil {
+				return p.done
+			}
+			if err := rc.Flush(); err != nil {
+				return p.done
+			}
+		}
+		if p.done {
+			return true
+		}
+		if !g.wait(r) {
+			if sent == 0 && r.Context().Err() == nil {
+				writeError(g.w, &apiError{http.StatusServiceUnavailable, "ServiceUnavailableError", errClosed.Error()})
+			}
+			return false
+		}
+	}
+}

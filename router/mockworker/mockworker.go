@@ -1,0 +1,195 @@
+// Package mockworker is a mock inference engine: an OpenAI-compatible HTTP
+// server that simulates one vLLM-like engine in real time with the replay
+// worker model (router/sim: step-time model, vLLM V1 scheduler, prefix
+// cache), streams tokens as the simulated steps end, and exports vLLM-named
+// Prometheus metrics. `router mock-worker` serves it; the router's
+// end-to-end tests, demos and benchmarks run fleets of them.
+//
+// # Endpoints
+//
+//	POST /v1/completions        prompt: string, [string], token ids or [[ids]]
+//	POST /v1/chat/completions   messages: [{role, content}], content a string or text parts
+//	GET  /v1/models             the one served model
+//	GET  /health                200
+//	GET  /metrics               Prometheus text, vLLM metric names
+//
+// Requests may set "stream" (SSE chunks in the OpenAI chunk format, one per
+// generated token, then "data: [DONE]"; "stream_options": {"include_usage":
+// true} adds a usage chunk before it), "max_tokens" (chat also
+// "max_completion_tokens"; default Config.DefaultMaxTokens, 16) and
+// "prompt_token_ids". The engine always generates exactly max_tokens tokens
+// (finish_reason "length"); the text is filler words.
+//
+// # Prompt length and prefix hashing
+//
+// Without a tokenizer, a prompt given as text counts
+// ceil(len(text)/CharsPerToken) tokens (CharsPerToken 4 bytes per token, an
+// approximation; prefix.EstimateTokens) and is hashed into chained blocks of
+// BlockTokens·CharsPerToken bytes (prefix.TextBlocks), the same hashing as
+// the router's routing key, so the router's prefix index and this engine's
+// cache agree on what a shared prefix is. A chat prompt is rendered first as
+// one "role: content\n" line per message (prefix.RenderChat). Token ids, in
+// "prompt_token_ids" or as the completions "prompt", count one token each
+// and are hashed with prefix.TokenBlocks. Only full blocks are cacheable.
+//
+// # Time
+//
+// One goroutine owns the sim.Worker. Simulated time is wall time since the
+// server started times Config.Speedup; the goroutine sleeps until the end of
+// the simulated step in flight, runs it, and hands each request the tokens
+// that step produced: its first token at the end of its prefill
+// (FirstToken), then one per step while it decodes, the rest at its
+// Completed event. That is exact unless the engine preempts a request (the
+// sim does not report per-step progress): then the tokens of the steps it
+// spent preempted are handed out early, spread over the following steps,
+// and its last ones arrive at completion, as they would.
+//
+// Every response says, in simulated terms, how it was served:
+// x-mock-cached-tokens (prompt tokens served from the prefix cache),
+// x-mock-ttft-seconds (submission to first token) and, on non-streamed
+// responses, x-mock-latency-seconds (submission to the last token). A
+// streamed response sends its headers with the first token, so these are
+// known; each chunk carries "x_mock_sim_seconds", the simulated time its
+// tokens were produced. usage.prompt_tokens_details.cached_tokens repeats
+// the cached tokens, as vLLM reports them.
+//
+// # Errors and cancellation
+//
+// Errors use the OpenAI shape {"error": {"message", "type", "param",
+// "code"}} with the HTTP status as code: malformed JSON or invalid fields
+// 400, a model other than Config.Model 404, a prompt plus max_tokens that
+// can never fit the KV cache 400, a closed server 503. A client that
+// disconnects, before or during its response, aborts its request in the
+// simulated engine (sim.Worker.Abort), which frees its KV blocks.
+package mockworker
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/router/sim"
+)
+
+// Defaults of Config.
+const (
+	// DefaultModel is the model name served when Config.Model is empty.
+	DefaultModel = "mock"
+	// DefaultBlockTokens is the prefix hashing block in tokens, the
+	// router's default router.block_size (router/config.DefaultBlockSize).
+	DefaultBlockTokens = 512
+	// DefaultMaxTokens is the output length of a request without
+	// max_tokens, as in vLLM's completions API.
+	DefaultMaxTokens = 16
+	// maxBodyBytes bounds a request body.
+	maxBodyBytes = 64 << 20
+)
+
+// Config configures a Server. The zero value serves DefaultModel, accepting
+// any model name, in real time with sim.DefaultConfig().
+type Config struct {
+	// Model is the served model name. When set, requests naming another
+	// model get 404; when empty, DefaultModel is listed and any name is
+	// accepted (and echoed).
+	Model string
+	// Speedup scales simulated time: a step of d simulated time takes
+	// d/Speedup of wall time. 0 means 1; otherwise it must be finite and
+	// positive.
+	Speedup float64
+	// Sim configures the simulated engine; the zero value means
+	// sim.DefaultConfig() (Llama-3.1-8B on one H100, 27,500 blocks of 16).
+	Sim sim.Config
+	// BlockTokens is the prefix hashing block in tokens; it must be a
+	// multiple of Sim.BlockSize. 0 means DefaultBlockTokens.
+	BlockTokens int
+	// CharsPerToken is the assumed bytes per token of text prompts. 0 means
+	// prefix.DefaultCharsPerToken (4).
+	CharsPerToken int
+	// DefaultMaxTokens is the output length when a request sets none. 0
+	// means DefaultMaxTokens (16).
+	DefaultMaxTokens int
+}
+
+// Server is a mock engine. It implements http.Handler; create it with New
+// and stop its engine with Close.
+type Server struct {
+	cfg     Config
+	model   string // the listed model name
+	eng     *engine
+	mux     *http.ServeMux
+	created int64 // unix seconds at New, the models' "created"
+	seq     atomic.Int64
+}
+
+// New validates cfg, starts the simulated engine and returns the server.
+func New(cfg Config) (*Server, error) {
+	if cfg.Speedup == 0 {
+		cfg.Speedup = 1
+	}
+	if math.IsNaN(cfg.Speedup) || math.IsInf(cfg.Speedup, 0) || cfg.Speedup <= 0 {
+		return nil, fmt.Errorf("mockworker: speedup %v, want a finite value > 0", cfg.Speedup)
+	}
+	if cfg.Sim == (sim.Config{}) {
+		cfg.Sim = sim.DefaultConfig()
+	}
+	if err := cfg.Sim.Validate(); err != nil {
+		return nil, fmt.Errorf("mockworker: %w", err)
+	}
+	if cfg.BlockTokens == 0 {
+		cfg.BlockTokens = DefaultBlockTokens
+	}
+	if cfg.BlockTokens < 0 || cfg.BlockTokens%cfg.Sim.BlockSize != 0 {
+		return nil, fmt.Errorf("mockworker: block tokens %d, want a positive multiple of the engine's block size %d",
+			cfg.BlockTokens, cfg.Sim.BlockSize)
+	}
+	if cfg.CharsPerToken == 0 {
+		cfg.CharsPerToken = prefix.DefaultCharsPerToken
+	}
+	if cfg.CharsPerToken < 0 {
+		return nil, fmt.Errorf("mockworker: chars per token %d, want > 0", cfg.CharsPerToken)
+	}
+	if cfg.DefaultMaxTokens == 0 {
+		cfg.DefaultMaxTokens = DefaultMaxTokens
+	}
+	if cfg.DefaultMaxTokens < 0 {
+		return nil, fmt.Errorf("mockworker: default max tokens %d, want > 0", cfg.DefaultMaxTokens)
+	}
+	model := cfg.Model
+	if model == "" {
+		model = DefaultModel
+	}
+	w, err := sim.NewWorker(cfg.Sim)
+	if err != nil {
+		return nil, fmt.Errorf("mockworker: %w", err)
+	}
+	m := newMetrics(model)
+	s := &Server{cfg: cfg, model: model, mux: http.NewServeMux(), created: time.Now().Unix()}
+	s.eng = startEngine(w, cfg.Speedup, m)
+	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, false) })
+	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, true) })
+	s.mux.HandleFunc("GET /v1/models", s.handleModels)
+	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	return s, nil
+}
+
+// Model returns the served model name.
+func (s *Server) Model() string { return s.model }
+
+// ServeHTTP serves the endpoints listed in the package documentation.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// Close stops the simulated engine and waits for its goroutine to exit.
+// Requests in flight end (a streamed one stops without [DONE], one that has
+// sent nothing gets 503) and new ones get 503. Close is idempotent. Call it
+// after http.Server.Shutdown to let in-flight requests finish first.
+func (s *Server) Close() { s.eng.close() }
+
+// errClosed is returned to requests once the engine stopped.
+var errClosed = errors.New("mock engine is shut down")

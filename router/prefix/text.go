@@ -1,0 +1,117 @@
+package prefix
+
+import "strings"
+
+// Routing keys for live OpenAI-compatible requests, shared by the router's
+// HTTP front and the mock engine (router/mockworker) so both hash a prompt
+// into the same chained block hashes.
+//
+// Without a tokenizer, text is cut into blocks of blockTokens·charsPerToken
+// bytes: charsPerToken (4 by default, DefaultCharsPerToken) is the usual
+// rule of thumb for English text with Llama-3/GPT-class tokenizers, an
+// approximation. "Characters" are bytes of the UTF-8 text, so a block may
+// end inside a multi-byte character; that changes nothing for hashing.
+// Only full blocks are hashed, as an engine caches only full KV blocks.
+
+// DefaultCharsPerToken is the assumed characters (bytes) per token when a
+// request carries text, not token ids.
+const DefaultCharsPerToken = 4
+
+// FNV-1a 64-bit (Fowler, Noll, Vo), the per-block content id before
+// chaining: stable across processes and versions, unlike hash/maphash.
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// TextBlocks returns the chained hashes (ChainHash folded from 0) of the
+// full blocks of blockTokens·charsPerToken bytes of text, the block's
+// content id being FNV-1a 64 of its bytes. A trailing partial block is not
+// hashed. It returns nil if blockTokens or charsPerToken is not positive or
+// text is shorter than one block.
+func TextBlocks(text string, blockTokens, charsPerToken int) []uint64 {
+	if blockTokens <= 0 || charsPerToken <= 0 {
+		return nil
+	}
+	size := blockTokens * charsPerToken
+	n := len(text) / size
+	if n == 0 {
+		return nil
+	}
+	out := make([]uint64, 0, n)
+	var h uint64
+	for i := range n {
+		id := uint64(fnvOffset)
+		for j := i * size; j < (i+1)*size; j++ {
+			id ^= uint64(text[j])
+			id *= fnvPrime
+		}
+		h = ChainHash(h, id)
+		out = append(out, h)
+	}
+	return out
+}
+
+// TokenBlocks returns the chained hashes of the full blocks of blockTokens
+// token ids, the block's content id being FNV-1a 64 of its ids as 8-byte
+// little-endian two's-complement integers. A trailing partial block is not
+// hashed. It returns nil if blockTokens is not positive or ids is shorter
+// than one block.
+func TokenBlocks(ids []int64, blockTokens int) []uint64 {
+	if blockTokens <= 0 {
+		return nil
+	}
+	n := len(ids) / blockTokens
+	if n == 0 {
+		return nil
+	}
+	out := make([]uint64, 0, n)
+	var h uint64
+	for i := range n {
+		id := uint64(fnvOffset)
+		for _, t := range ids[i*blockTokens : (i+1)*blockTokens] {
+			for b := 0; b < 64; b += 8 {
+				id ^= uint64(t) >> b & 0xff
+				id *= fnvPrime
+			}
+		}
+		h = ChainHash(h, id)
+		out = append(out, h)
+	}
+	return out
+}
+
+// EstimateTokens returns the approximate token count of text,
+// ceil(len(text)/charsPerToken) (0 for empty text or charsPerToken <= 0).
+func EstimateTokens(text string, charsPerToken int) int {
+	if charsPerToken <= 0 {
+		return 0
+	}
+	return (len(text) + charsPerToken - 1) / charsPerToken
+}
+
+// ChatMessage is one chat message as rendered for hashing: its role and its
+// text content (for OpenAI content-part arrays, the text parts joined).
+type ChatMessage struct {
+	Role, Content string
+}
+
+// RenderChat renders chat messages as the text hashed for routing: one
+// "role: content\n" line per message, in order. It is not a model's chat
+// template; it only has to be the same on the router and the mock engine,
+// and to make conversations that extend one another share a text prefix.
+func RenderChat(msgs []ChatMessage) string {
+	n := 0
+	for _, m := range msgs {
+		n += len(m.Role) + len(m.Content) + 3
+	}
+	var b strings.Builder
+	b.Grow(n)
+	for _, m := range msgs {
+		b.WriteString(m.Role)
+		b.WriteString(": ")
+		b.WriteString(m.Content)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
