@@ -42,6 +42,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetErr(stderr)
 	root.AddCommand(newValidateCmd(), newReplayCmd(), newPluginsCmd(), newVersionCmd())
 	root.AddCommand(newMockWorkerCmd())
+	root.AddCommand(newServeCmd())
 	return root
 }
 

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/hcl/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/spf13/cobra"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/serve"
+	"github.com/switchyard-router/switchyard/router/workers"
+)
+
+// routerCloseTimeout bounds the Router's close (the bundle's drain and
+// its plugins' shutdown) once the server has drained.
+const routerCloseTimeout = 10 * time.Second
+
+type serveOptions struct {
+	policy         string
+	listen         string
+	workersFile    string
+	watch          bool
+	requestTimeout time.Duration
+	drainTimeout   time.Duration
+	charsPerToken  int
+	logLevel       string
+}
+
+func newServeCmd() *cobra.Command {
+	o := serveOptions{}
+	cmd := &cobra.Command{
+		Use:   "serve --policy FILE",
+		Short: "Route live OpenAI-compatible traffic to inference engines by policy",
+		Long: `serve routes OpenAI-compatible requests (POST /v1/chat/completions and
+/v1/completions, streamed or not) to the workers of the policy file's worker
+blocks and of --workers-file, choosing each request's worker by the policy
+(queueing at the queue block's capacity), and proxies the answer back
+chunk by chunk. GET /v1/models lists the workers' models, /metrics the
+router's Prometheus metrics, /healthz liveness and /readyz readiness
+(policy loaded, plugins up, at least one worker ready).
+
+SIGHUP reloads the policy file (and, with --watch, so does every change to
+it); the workers file is always watched. SIGTERM or SIGINT stops accepting,
+lets the requests in flight finish for up to --drain-timeout, stops the
+plugins and exits 0.
+
+It prints "router serve listening on http://ADDR" once it accepts
+connections (useful with --listen 127.0.0.1:0).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if o.policy == "" {
+				return errors.New("--policy FILE is required")
+			}
+			if o.charsPerToken < 1 {
+				return fmt.Errorf("--chars-per-token %d, want >= 1", o.charsPerToken)
+			}
+			if o.requestTimeout <= 0 || o.drainTimeout <= 0 {
+				return errors.New("--request-timeout and --drain-timeout must be > 0")
+			}
+			level := hclog.LevelFromString(o.logLevel)
+			if level == hclog.NoLevel {
+				return fmt.Errorf("--log-level %q, want trace, debug, info, warn or error", o.logLevel)
+			}
+			return runServe(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.policy, "policy", "", "policy file (required)")
+	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
+	f.StringVar(&o.workersFile, "workers-file", "", "file of worker blocks, watched: workers join and leave as it changes")
+	f.BoolVar(&o.watch, "watch", false, "reload the policy file when it changes (SIGHUP always reloads it)")
+	f.DurationVar(&o.requestTimeout, "request-timeout", serve.DefaultRequestTimeout, "bound on each request, queue wait and streamed answer included")
+	f.DurationVar(&o.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long requests in flight may finish")
+	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
+	return cmd
+}
+
+// runServe runs `router serve` until ctx ends.
+func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, stderr io.Writer) error {
+	log := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	b, diags := router.LoadBundle(ctx, o.policy, router.LoadOptions{Logger: log})
+	if diags.HasErrors() || b == nil {
+		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
+		return &exitError{code: 1, err: fmt.Errorf("%s does not load", o.policy)}
+	}
+	if len(diags) > 0 {
+		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
+	}
+	r, err := router.New(router.Options{Bundle: b, Registerer: reg, Logger: log, Load: router.LoadOptions{Logger: log}})
+	if err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), routerCloseTimeout)
+		defer cancel()
+		_ = b.Close(cctx)
+		return &exitError{code: 1, err: err}
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), routerCloseTimeout)
+		defer cancel()
+		if err := r.Close(cctx); err != nil {
+			log.Warn("plugins did not stop cleanly", "error", err)
+		}
+	}()
+	queue, classifier, err := admission(o.policy, b.Config)
+	if err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	if err := r.EnableAdmission(router.AdmissionOptions{Queue: queue, Classifier: classifier}); err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	mgr, err := workers.NewManager(r, workers.Options{Logger: log, Registerer: reg})
+	if err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	defer mgr.Close()
+	ws, err := serveWorkers(b.Config, o.workersFile, stderr)
+	if err != nil {
+		return err
+	}
+	if err := mgr.Sync(ws); err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	srv, err := serve.New(serve.Options{
+		Router: r, Workers: mgr, Registry: reg, Logger: log,
+		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
+	})
+	if err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	reloader, err := router.NewReloader(r, router.ReloaderOptions{
+		Path: o.policy, Watch: o.watch, Logger: log,
+		OnReload: func(d hcl.Diagnostics) {
+			if d.HasErrors() {
+				return
+			}
+			// The reloaded file's worker blocks (and the workers file) are
+			// the membership now.
+			ws, err := serveWorkers(r.Bundle().Config, o.workersFile, io.Discard)
+			if err == nil {
+				err = mgr.Sync(ws)
+			}
+			if err != nil {
+				log.Error("workers not updated after the policy reload", "error", err)
+			}
+			srv.Wake()
+		},
+	})
+	if err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	bg, stopBG := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stopBG()
+		wg.Wait()
+	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := reloader.Run(bg); err != nil {
+			log.Error("policy reloads stopped", "error", err)
+		}
+	}()
+	if o.workersFile != "" {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resync := func() {
+				b := r.Bundle()
+				if b == nil {
+					return
+				}
+				ws, err := serveWorkers(b.Config, o.workersFile, io.Discard)
+				if err == nil {
+					err = mgr.Sync(ws)
+				}
+				if err != nil {
+					log.Error("workers file change not applied; the workers stay", "path", o.workersFile, "error", err)
+					return
+				}
+				log.Info("workers file reloaded", "path", o.workersFile, "workers", len(ws))
+				srv.Wake()
+			}
+			if err := watchFile(bg, o.workersFile, resync); err != nil {
+				log.Error("workers file not watched", "error", err)
+			}
+		}()
+	}
+	fmt.Fprintf(stdout, "router serve listening on http://%s\n", ln.Addr())
+	if err := srv.Serve(ctx, ln); err != nil {
+		return &exitError{code: 1, err: err}
+	}
+	return nil
+}
+
+// watchFile calls changed, from its own goroutine, after each change to
+// path once no further change arrived for workers.DefaultDebounce, until
+// ctx ends. It watches the directory, so a file replaced by a rename is
+// seen too.
+//
+// serve does not use workers.Manager.Watch: that makes the workers file
+// the whole membership, dropping the policy file's worker blocks; here the
+// membership is both.
+func watchFile(ctx context.Context, path string, changed func()) error {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return err
+	}
+	abs = filepath.Clean(abs)
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = w.Close() }()
+	if err := w.Add(filepath.Dir(abs)); err != nil {
+		return err
+	}
+	quiet := time.NewTimer(time.Hour)
+	quiet.Stop()
+	defer quiet.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-quiet.C:
+			changed()
+		case ev, ok := <-w.Events:
+			if !ok {
+				return nil
+			}
+			if filepath.Clean(ev.Name) == abs && (ev.Has(fsnotify.Create) || ev.Has(fsnotify.Write) || ev.Has(fsnotify.Rename) || ev.Has(fsnotify.Remove)) {
+				quiet.Reset(workers.DefaultDebounce)
+			}
+		case _, ok := <-w.Errors:
+			if !ok {
+				return nil
+			}
+		}
+	}
+}
+
+// serveWorkers is the policy file's worker blocks followed by the
+// workers file's.
+func serveWorkers(b *config.Bundle, workersFile string, stderr io.Writer) ([]config.Worker, error) {
+	ws := append([]config.Worker(nil), b.Workers...)
+	if workersFile == "" {
+		return ws, nil
+	}
+	fw, diags := config.LoadWorkers(workersFile)
+	if diags.HasErrors() {
+		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
+		return nil, &exitError{code: 1, err: fmt.Errorf("%s does not load", workersFile)}
+	}
+	return append(ws, fw...), nil
+}

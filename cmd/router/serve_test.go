@@ -1,0 +1,205 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchyard-router/switchyard/router/mockworker"
+)
+
+// serveStderr is a bytes.Buffer safe for the command's stderr.
+type serveStderr struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *serveStderr) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *serveStderr) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func startMockWorker(t *testing.T, model string) string {
+	t.Helper()
+	mw, err := mockworker.New(mockworker.Config{Model: model, Speedup: 50})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(mw)
+	t.Cleanup(func() {
+		hs.CloseClientConnections()
+		hs.Close()
+		mw.Close()
+	})
+	return hs.URL
+}
+
+// TestServeEndToEnd runs `router serve` with a round-robin policy over two
+// mock workers, one from the policy file and one from --workers-file:
+// readiness, the per-worker split, streaming, /v1/models, /metrics, and
+// exit 0 on shutdown.
+func TestServeEndToEnd(t *testing.T) {
+	dir := t.TempDir()
+	a, b := startMockWorker(t, "mock"), startMockWorker(t, "mock")
+	policy := filepath.Join(dir, "rr.hcl")
+	src, err := os.ReadFile("../../examples/policies/round-robin.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src = append(src, fmt.Sprintf("\nworker \"a\" {\n  url = %q\n  models = [\"mock\"]\n  total_kv_blocks = 1000\n}\n", a)...)
+	if err := os.WriteFile(policy, src, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	workersFile := filepath.Join(dir, "workers.hcl")
+	if err := os.WriteFile(workersFile, fmt.Appendf(nil, "worker \"b\" {\n  url = %q\n  models = [\"mock\"]\n  total_kv_blocks = 1000\n}\n", b), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	stderr := &serveStderr{}
+	exit := make(chan int, 1)
+	go func() {
+		exit <- runContext(ctx, []string{"serve", "--policy", policy, "--workers-file", workersFile, "--listen", "127.0.0.1:0", "--drain-timeout", "5s"}, pw, stderr)
+		_ = pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no listening line: %v; stderr:\n%s", err, stderr.String())
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	base := strings.TrimSpace(strings.TrimPrefix(line, "router serve listening on "))
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		// Ready once one worker joined; wait for both (their first scrapes).
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			_ = resp.Body.Close()
+			m, _ := http.Get(base + "/metrics")
+			var text []byte
+			if m != nil {
+				text, _ = io.ReadAll(m.Body)
+				_ = m.Body.Close()
+			}
+			if resp.StatusCode == http.StatusOK && strings.Contains(string(text), `switchyard_worker_ready{worker="a"} 1`) &&
+				strings.Contains(string(text), `switchyard_worker_ready{worker="b"} 1`) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not ready after 10s; stderr:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	split := map[string]int{}
+	for i := range 8 {
+		body := fmt.Sprintf(`{"model":"mock","stream":%v,"max_tokens":4,"messages":[{"role":"user","content":"hello %d"}]}`, i%2 == 0, i)
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d: %s", resp.StatusCode, got)
+		}
+		if i%2 == 0 && !strings.Contains(string(got), "data: [DONE]") {
+			t.Errorf("streamed answer lacks [DONE]: %s", got)
+		}
+		split[resp.Header.Get("X-Switchyard-Worker")]++
+	}
+	if split["a"] != 4 || split["b"] != 4 {
+		t.Errorf("round-robin split %v, want 4 each", split)
+	}
+	for path, want := range map[string]string{
+		"/v1/models": `"id":"mock"`,
+		"/metrics":   `switchyard_requests_total{code="200",model="mock"} 8`,
+	} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if !strings.Contains(string(got), want) {
+			t.Errorf("%s lacks %s:\n%s", path, want, got)
+		}
+	}
+	// Emptying the workers file removes b without a restart; a stays.
+	if err := os.WriteFile(workersFile, []byte("# no workers\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		m, err := http.Get(base + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		text, _ := io.ReadAll(m.Body)
+		_ = m.Body.Close()
+		if !strings.Contains(string(text), `worker="b"`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("b still a member 10s after the workers file emptied; stderr:\n%s", stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for range 2 {
+		resp, err := http.Post(base+"/v1/completions", "application/json", strings.NewReader(`{"model":"mock","prompt":"x","max_tokens":2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if w := resp.Header.Get("X-Switchyard-Worker"); resp.StatusCode != http.StatusOK || w != "a" {
+			t.Errorf("after b left: status %d worker %q, want 200 from a", resp.StatusCode, w)
+		}
+	}
+	cancel()
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Errorf("exit %d; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}
+
+func TestServeFlagErrors(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"serve"}, &stdout, &stderr); code != 2 {
+		t.Errorf("serve without --policy: exit %d, want 2", code)
+	}
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.hcl")
+	if err := os.WriteFile(bad, []byte("router {\n  block_size = \"x\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	stderr.Reset()
+	if code := run([]string{"serve", "--policy", bad, "--listen", "127.0.0.1:0"}, &stdout, &stderr); code != 1 {
+		t.Errorf("unloadable policy: exit %d, want 1; stderr:\n%s", code, stderr.String())
+	}
+	if !strings.Contains(stderr.String(), "bad.hcl:2") {
+		t.Errorf("stderr lacks the diagnostic's position:\n%s", stderr.String())
+	}
+}

@@ -1,0 +1,269 @@
+package serve
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// engine is a fake OpenAI engine on a real loopback server: it streams
+// chunks SSE events with delay between them, or answers one JSON body.
+type engine struct {
+	*httptest.Server
+	chunks int
+	delay  time.Duration
+	// gate, when set, holds every answer after its first chunk until it is
+	// closed.
+	gate     chan struct{}
+	requests atomic.Int64
+	mu       sync.Mutex
+	bodies   [][]byte
+	headers  []http.Header
+}
+
+func newEngine(t *testing.T, chunks int, delay time.Duration) *engine {
+	t.Helper()
+	e := &engine{chunks: chunks, delay: delay}
+	e.Server = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *engine) serve(w http.ResponseWriter, r *http.Request) {
+	e.requests.Add(1)
+	body, _ := io.ReadAll(r.Body)
+	e.mu.Lock()
+	e.bodies = append(e.bodies, body)
+	e.headers = append(e.headers, r.Header.Clone())
+	e.mu.Unlock()
+	var req struct {
+		Stream bool `json:"stream"`
+	}
+	_ = json.Unmarshal(body, &req)
+	if !req.Stream {
+		if e.gate != nil {
+			select {
+			case <-e.gate:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"cmpl-1","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hello"}}],"usage":{"completion_tokens":%d}}`, e.chunks)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	f := w.(http.Flusher)
+	for i := range e.chunks {
+		if i > 0 {
+			select {
+			case <-time.After(e.delay):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if i == 1 && e.gate != nil {
+			select {
+			case <-e.gate:
+			case <-r.Context().Done():
+				return
+			}
+		}
+		fmt.Fprintf(w, "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t%d\"}}]}\n\n", i)
+		f.Flush()
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	f.Flush()
+}
+
+// workerSet is a fake worker manager.
+type workerSet struct {
+	mu       sync.Mutex
+	urls     map[string]string
+	failures map[string]int
+	success  map[string]int
+	ready    atomic.Bool
+}
+
+func newWorkerSet() *workerSet {
+	ws := &workerSet{urls: map[string]string{}, failures: map[string]int{}, success: map[string]int{}}
+	ws.ready.Store(true)
+	return ws
+}
+
+func (ws *workerSet) URL(name string) (string, bool) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	u, ok := ws.urls[name]
+	return u, ok
+}
+
+func (ws *workerSet) ReportFailure(name string) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.failures[name]++
+}
+
+func (ws *workerSet) ReportSuccess(name string) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	ws.success[name]++
+}
+
+func (ws *workerSet) Ready() bool { return ws.ready.Load() }
+
+func (ws *workerSet) failuresOf(name string) int {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	return ws.failures[name]
+}
+
+// backend is one worker of a test fleet.
+type backend struct {
+	name   string
+	url    string
+	models []string
+}
+
+// env is a router, its Server on a real loopback listener and the fleet.
+type env struct {
+	r       *router.Router
+	s       *Server
+	ws      *workerSet
+	reg     *prometheus.Registry
+	url     string
+	workers []*fleet.Worker
+}
+
+type envOptions struct {
+	queue      config.Queue
+	classifier shared.ClassifierFactory
+	timeout    time.Duration
+}
+
+func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
+	t.Helper()
+	p := &shared.Policy{Name: "rr", PickerName: "pick", Picker: builtin.NewRoundRobin()}
+	r, err := router.New(router.Options{BlockSize: 16, Roles: map[shared.Role]*shared.Policy{shared.RoleAggregated: p}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	if err := r.EnableAdmission(router.AdmissionOptions{Queue: o.queue, Classifier: o.classifier}); err != nil {
+		t.Fatal(err)
+	}
+	e := &env{r: r, ws: newWorkerSet(), reg: prometheus.NewRegistry()}
+	for i, b := range backends {
+		models := b.models
+		if models == nil {
+			models = []string{"m"}
+		}
+		w, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Role: shared.RoleAggregated, TotalKVBlocks: 1000, Name: b.name, Models: models})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.workers = append(e.workers, w)
+		e.ws.urls[b.name] = b.url
+	}
+	e.s, err = New(Options{Router: r, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.s.Dispatcher(ctx) }()
+	hs := httptest.NewServer(e.s.Handler())
+	t.Cleanup(func() {
+		hs.CloseClientConnections() // a failed test may leave requests held
+		hs.Close()
+		cancel()
+		<-done
+	})
+	e.url = hs.URL
+	return e
+}
+
+// closedURL returns the URL of a loopback port nothing listens on.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close()
+	return "http://" + addr
+}
+
+func chatBody(model string, stream bool, text string) string {
+	return fmt.Sprintf(`{"model":%q,"stream":%v,"messages":[{"role":"user","content":%q}]}`, model, stream, text)
+}
+
+func post(t *testing.T, ctx context.Context, url, body string, hdr ...string) (*http.Response, error) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	return http.DefaultClient.Do(req)
+}
+
+// settle waits until the server has no request in flight and every
+// booking is released.
+func (e *env) settle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for e.s.InFlight() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests still in flight", e.s.InFlight())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	for _, w := range e.workers {
+		l := w.Load(false)
+		if l.ActiveRequests != 0 || l.ActivePrefillTokens != 0 || l.ActiveDecodeBlocks != 0 {
+			t.Errorf("worker %s: active %d, prefill tokens %d, decode blocks %d; want 0",
+				w.Name, l.ActiveRequests, l.ActivePrefillTokens, l.ActiveDecodeBlocks)
+		}
+	}
+	for _, role := range config.Roles {
+		if n := e.r.Waiting(role); n != 0 {
+			t.Errorf("%s queue holds %d", role, n)
+		}
+	}
+}
+
+func decodeError(t *testing.T, resp *http.Response) apiErrorBody {
+	t.Helper()
+	defer func() { _ = resp.Body.Close() }()
+	var e apiError
+	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+		t.Fatalf("error body: %v", err)
+	}
+	if e.Error.Message == "" || e.Error.Type == "" {
+		t.Errorf("error body %+v lacks message or type", e.Error)
+	}
+	return e.Error
+}

@@ -1,0 +1,75 @@
+package serve
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/switchyard-router/switchyard/router/prefix"
+)
+
+func TestRoutingKey(t *testing.T) {
+	long := strings.Repeat("abcd", 64) // 256 bytes: 4 blocks of 16 tokens * 4 chars
+	for _, tc := range []struct {
+		name, body string
+		chat       bool
+		want       routingKey
+	}{
+		{"chat string", `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}]}`, true,
+			routingKey{text: "system: s\nuser: hi\n"}},
+		{"chat parts", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}]}`, true,
+			routingKey{text: "user: ab\n"}},
+		{"chat null content", `{"model":"m","messages":[{"role":"assistant","content":null}]}`, true,
+			routingKey{text: "assistant: \n"}},
+		{"prompt string", `{"model":"m","prompt":"hello"}`, false, routingKey{text: "hello"}},
+		{"prompt strings", `{"model":"m","prompt":["a","b"]}`, false, routingKey{text: "a\nb"}},
+		{"prompt ids", `{"model":"m","prompt":[1,2,3]}`, false, routingKey{ids: []int64{1, 2, 3}}},
+		{"prompt id batches", `{"model":"m","prompt":[[1,2],[3]]}`, false, routingKey{ids: []int64{1, 2, 3}}},
+		{"prompt_token_ids win", `{"model":"m","prompt":"x","prompt_token_ids":[7,8]}`, false, routingKey{ids: []int64{7, 8}}},
+		{"chat prompt_token_ids", `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_token_ids":[9]}`, true, routingKey{ids: []int64{9}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := parseRequest([]byte(tc.body), tc.chat)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := req.key(tc.chat)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(routingKey{})); diff != "" {
+				t.Errorf("key (-want +got):\n%s", diff)
+			}
+		})
+	}
+	for _, bad := range []string{`{"model":"m","prompt":{}}`, `{"model":"m","prompt":[{}]}`, `{"model":"m","prompt":[1,"a"]}`} {
+		req, err := parseRequest([]byte(bad), false)
+		if err == nil {
+			_, err = req.key(false)
+		}
+		if !errors.Is(err, errBadRequest) {
+			t.Errorf("%s: %v, want errBadRequest", bad, err)
+		}
+	}
+	tokens, hashes := routingKey{text: long}.hash(16, 4)
+	if tokens != 64 || len(hashes) != 4 {
+		t.Errorf("text: %d tokens, %d blocks; want 64, 4", tokens, len(hashes))
+	}
+	if diff := cmp.Diff(prefix.TextBlocks(long, 16, 4), hashes); diff != "" {
+		t.Errorf("text hashes differ from prefix.TextBlocks (the mock engine's):\n%s", diff)
+	}
+	_, more := routingKey{text: long + "tail of another request"}.hash(16, 4)
+	if diff := cmp.Diff(hashes, more[:4]); diff != "" {
+		t.Errorf("a shared text prefix does not share its block hashes:\n%s", diff)
+	}
+	ids := make([]int64, 40)
+	for i := range ids {
+		ids[i] = int64(i)
+	}
+	tokens, hashes = routingKey{ids: ids}.hash(16, 4)
+	if tokens != 40 || len(hashes) != 2 {
+		t.Errorf("ids: %d tokens, %d blocks; want 40, 2 (full blocks only)", tokens, len(hashes))
+	}
+}

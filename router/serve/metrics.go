@@ -1,0 +1,67 @@
+package serve
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-router/switchyard/router"
+)
+
+// metrics are the server's Prometheus series.
+type metrics struct {
+	requests  *prometheus.CounterVec   // model, code
+	duration  *prometheus.HistogramVec // model
+	ttft      *prometheus.HistogramVec // model
+	selection *prometheus.HistogramVec // policy, role
+}
+
+// latencyBuckets span 5ms to about 10 minutes.
+var latencyBuckets = prometheus.ExponentialBuckets(0.005, 2, 18)
+
+// selectionBuckets span 1us to about 4s: a hosted pick takes
+// microseconds, a plugin call milliseconds.
+var selectionBuckets = prometheus.ExponentialBuckets(1e-6, 4, 12)
+
+func newMetrics(reg prometheus.Registerer, r *router.Router) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_requests_total",
+			Help: "Completion requests by model and HTTP status (499: the client left first).",
+		}, []string{"model", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_request_duration_seconds",
+			Help:    "Completion request duration, from the request's arrival to the answer's last byte.",
+			Buckets: latencyBuckets,
+		}, []string{"model"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_time_to_first_token_seconds",
+			Help:    "Streamed requests: time from arrival to the first byte of the engine's answer.",
+			Buckets: latencyBuckets,
+		}, []string{"model"}),
+		selection: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_selection_duration_seconds",
+			Help:    "Time in admission (classification and worker selection) per attempt, by policy and role.",
+			Buckets: selectionBuckets,
+		}, []string{"policy", "role"}),
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, &queueDepth{r: r}} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// queueDepth collects switchyard_queue_depth{class} from the Router's
+// queues at scrape time.
+type queueDepth struct{ r *router.Router }
+
+var queueDepthDesc = prometheus.NewDesc("switchyard_queue_depth",
+	"Requests waiting for worker capacity, by queue class.", []string{"class"}, nil)
+
+func (q *queueDepth) Describe(ch chan<- *prometheus.Desc) { ch <- queueDepthDesc }
+
+func (q *queueDepth) Collect(ch chan<- prometheus.Metric) {
+	for _, d := range q.r.WaitingByClass(nil) {
+		ch <- prometheus.MustNewConstMetric(queueDepthDesc, prometheus.GaugeValue, float64(d.Waiting), d.Class)
+	}
+}

@@ -1,0 +1,423 @@
+package serve
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/supervisor"
+)
+
+// Defaults of Options.
+const (
+	// DefaultRequestTimeout bounds one request end to end: queue wait,
+	// every attempt, and the streamed answer.
+	DefaultRequestTimeout = 10 * time.Minute
+	// DefaultMaxRetries is how many times a request whose worker failed
+	// before sending a byte is sent to another selection.
+	DefaultMaxRetries = 2
+	// DefaultDispatchInterval is how often queued requests are looked at
+	// when no request ended meanwhile (due times, aging, workers joining).
+	DefaultDispatchInterval = 20 * time.Millisecond
+	// DefaultMaxBodyBytes bounds a request body.
+	DefaultMaxBodyBytes = 32 << 20
+	// DefaultDrainTimeout bounds how long Serve waits for in-flight
+	// requests after its context ends.
+	DefaultDrainTimeout = 30 * time.Second
+)
+
+// Workers is what the server needs of the worker manager
+// (workers.Manager): where a worker is, how its requests went, and
+// whether any worker can take traffic.
+type Workers interface {
+	// URL returns the engine base URL of the worker named name (a
+	// fleet.Spec.Name), without a trailing "/"; false when it is unknown.
+	URL(name string) (string, bool)
+	// ReportFailure records that a request to the worker failed (it
+	// refused the connection, or failed mid-answer, or answered 5xx).
+	ReportFailure(name string)
+	// ReportSuccess records that the worker answered.
+	ReportSuccess(name string)
+	// Ready reports whether at least one worker is ready.
+	Ready() bool
+}
+
+// Options configure a Server.
+type Options struct {
+	// Router routes and books requests; EnableAdmission must have been
+	// called (the bundle's queue and classifier, the real clock). The
+	// Server does not close it.
+	Router *router.Router
+	// Workers resolves and reports on the fleet's workers.
+	Workers Workers
+	// Registry receives the server's metrics and is served on /metrics;
+	// nil: no metrics, /metrics answers 404.
+	Registry *prometheus.Registry
+	// RequestTimeout bounds each request end to end
+	// (DefaultRequestTimeout).
+	RequestTimeout time.Duration
+	// DrainTimeout bounds Serve's drain of in-flight requests on shutdown
+	// (DefaultDrainTimeout).
+	DrainTimeout time.Duration
+	// CharsPerToken is the text routing key's characters per token
+	// (DefaultCharsPerToken).
+	CharsPerToken int
+	// MaxRetries bounds the re-selections of a request whose worker failed
+	// before sending a byte (DefaultMaxRetries; negative: none).
+	MaxRetries int
+	// Transport sends requests to the engines; nil: a pooled transport
+	// without proxy or compression.
+	Transport http.RoundTripper
+	// DispatchInterval is the dispatcher's tick (DefaultDispatchInterval).
+	DispatchInterval time.Duration
+	// MaxBodyBytes bounds a request body (DefaultMaxBodyBytes).
+	MaxBodyBytes int64
+	// Logger receives the server's logs; nil discards them.
+	Logger hclog.Logger
+}
+
+// Server is the OpenAI-compatible front end. Safe for concurrent use.
+type Server struct {
+	r         *router.Router
+	workers   Workers
+	registry  *prometheus.Registry
+	met       *metrics
+	timeout   time.Duration
+	drain     time.Duration
+	cpt       int
+	retries   int
+	transport http.RoundTripper
+	interval  time.Duration
+	maxBody   int64
+	log       hclog.Logger
+	handler   http.Handler
+
+	idPrefix string
+	seq      atomic.Uint64
+	inflight atomic.Int64
+
+	// waiters maps a queued request's admission id to the channel the
+	// dispatcher hands its ticket to (capacity 1: a dispatch never blocks).
+	mu      sync.Mutex
+	waiters map[string]chan router.Ticket
+	queued  atomic.Int64
+	wakeC   chan struct{}
+
+	bufs sync.Pool // *[]byte, proxy copy buffers
+}
+
+// New returns a Server over o.Router.
+func New(o Options) (*Server, error) {
+	if o.Router == nil {
+		return nil, errors.New("serve: no router")
+	}
+	if o.Workers == nil {
+		return nil, errors.New("serve: no workers")
+	}
+	if o.RequestTimeout <= 0 {
+		o.RequestTimeout = DefaultRequestTimeout
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = DefaultDrainTimeout
+	}
+	if o.CharsPerToken <= 0 {
+		o.CharsPerToken = DefaultCharsPerToken
+	}
+	if o.MaxRetries == 0 {
+		o.MaxRetries = DefaultMaxRetries
+	}
+	if o.MaxRetries < 0 {
+		o.MaxRetries = 0
+	}
+	if o.Transport == nil {
+		o.Transport = NewTransport()
+	}
+	if o.DispatchInterval <= 0 {
+		o.DispatchInterval = DefaultDispatchInterval
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	var rnd [4]byte
+	_, _ = rand.Read(rnd[:])
+	s := &Server{
+		r:         o.Router,
+		workers:   o.Workers,
+		registry:  o.Registry,
+		timeout:   o.RequestTimeout,
+		drain:     o.DrainTimeout,
+		cpt:       o.CharsPerToken,
+		retries:   o.MaxRetries,
+		transport: o.Transport,
+		interval:  o.DispatchInterval,
+		maxBody:   o.MaxBodyBytes,
+		log:       o.Logger,
+		idPrefix:  hex.EncodeToString(rnd[:]),
+		waiters:   map[string]chan router.Ticket{},
+		wakeC:     make(chan struct{}, 1),
+	}
+	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
+	if o.Registry != nil {
+		var err error
+		if s.met, err = newMetrics(o.Registry, o.Router); err != nil {
+			return nil, fmt.Errorf("serve: metrics: %w", err)
+		}
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, true) })
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, false) })
+	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("GET /readyz", s.readyz)
+	if o.Registry != nil {
+		mux.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry}))
+	}
+	s.handler = mux
+	return s, nil
+}
+
+// NewTransport returns the engines' default transport: pooled keep-alive
+// connections (256 idle per engine), no proxy, no transparent
+// compression (bodies pass through as the engine sent them), a 5s dial
+// timeout and no response timeout (a non-streamed answer's headers come
+// when generation ends; the request timeout bounds it).
+func NewTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+}
+
+// Handler is the server's HTTP handler. Queued requests need the
+// dispatcher: run Serve, or Dispatcher beside the handler.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// InFlight is the number of completion requests being handled.
+func (s *Server) InFlight() int64 { return s.inflight.Load() }
+
+// Serve serves on ln until ctx ends, then shuts down: it stops accepting,
+// waits for the requests in flight up to the drain timeout, cuts those
+// still running (their bookings are released as their handlers end) and
+// returns. It returns nil after a shutdown, else the listener's error. The
+// Router stays open: the caller closes it (stopping its plugins) after
+// Serve returns.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          s.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+	}
+	dctx, stopDispatch := context.WithCancel(context.WithoutCancel(ctx))
+	dispatched := make(chan struct{})
+	go func() {
+		defer close(dispatched)
+		s.Dispatcher(dctx)
+	}()
+	defer func() {
+		stopDispatch()
+		<-dispatched
+	}()
+	served := make(chan error, 1)
+	go func() { served <- hs.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err
+	case <-ctx.Done():
+	}
+	start := time.Now()
+	s.log.Info("shutting down: draining requests in flight", "in_flight", s.InFlight(), "drain_timeout", s.drain)
+	sctx, cancel := context.WithTimeout(context.Background(), s.drain)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		s.log.Warn("drain timeout: cutting the requests still in flight", "in_flight", s.InFlight(), "error", err)
+		_ = hs.Close()
+		// Cut handlers see their context end and release their bookings;
+		// wait for that (bounded) so the Router closes with nothing booked.
+		deadline := time.Now().Add(5 * time.Second)
+		for s.InFlight() > 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	<-served
+	s.log.Info("drained", "took", time.Since(start))
+	return nil
+}
+
+// Dispatcher hands queued requests their tickets as capacity frees,
+// until ctx ends: woken by every request's end and by a ticker (due
+// times, aging, workers joining). Serve runs it; tests that use Handler
+// alone run it themselves.
+func (s *Server) Dispatcher(ctx context.Context) {
+	t := time.NewTicker(s.interval)
+	defer t.Stop()
+	var out []router.Ticket
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.wakeC:
+		case <-t.C:
+		}
+		if s.queued.Load() == 0 {
+			continue
+		}
+		out = s.r.Dispatch(ctx, out[:0])
+		for _, tk := range out {
+			s.deliver(tk)
+		}
+		clear(out)
+	}
+}
+
+// Wake asks the dispatcher to look at the queue now (a worker joined).
+func (s *Server) Wake() {
+	select {
+	case s.wakeC <- struct{}{}:
+	default:
+	}
+}
+
+// deliver hands a dispatched ticket to its waiting handler. The channel
+// has room for the one ticket a request can get, so this never blocks. A
+// ticket nobody waits for (impossible while handlers register before
+// Admit and Abort before leaving) is aborted so its booking is not lost.
+func (s *Server) deliver(tk router.Ticket) {
+	s.mu.Lock()
+	ch := s.waiters[tk.ID]
+	delete(s.waiters, tk.ID)
+	s.mu.Unlock()
+	if ch != nil {
+		s.queued.Add(-1)
+		ch <- tk
+		return
+	}
+	if tk.Err == nil {
+		_ = s.r.Abort(tk.ID, "no handler waits for the request")
+	}
+}
+
+// models answers GET /v1/models: the union of the workers' models.
+func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	list := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, m := range s.r.Models() {
+		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "switchyard"})
+	}
+	writeJSON(w, http.StatusOK, list)
+}
+
+// readyz answers GET /readyz: 200 when the policy is loaded, every plugin
+// of the current bundle is up and at least one worker is ready; else 503.
+// The body lists each check.
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	checks := map[string]string{"policy": "ok", "plugins": "ok", "workers": "ok"}
+	ready := true
+	b := s.r.Bundle()
+	if b == nil {
+		checks["policy"], ready = "router closed", false
+	} else if b.Config != nil && b.Host != nil {
+		var down []string
+		for _, p := range b.Config.Plugins {
+			if st := b.Host.Status(p.Name); st != supervisor.StatusUp {
+				down = append(down, p.Name+" "+st.String())
+			}
+		}
+		if len(down) > 0 {
+			checks["plugins"], ready = fmt.Sprintf("not up: %v", down), false
+		}
+	}
+	if !s.workers.Ready() {
+		checks["workers"], ready = "no worker ready", false
+	}
+	code := http.StatusOK
+	if !ready {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, struct {
+		Ready  bool              `json:"ready"`
+		Checks map[string]string `json:"checks"`
+	}{ready, checks})
+}
+
+// modelLabel bounds the model label's values to the fleet's models.
+func (s *Server) modelLabel(model string) string {
+	if model == "" {
+		return ""
+	}
+	if _, ok := slices.BinarySearch(s.r.Models(), model); ok {
+		return model
+	}
+	return "unknown"
+}
+
+// newID returns a request id for a request without x-request-id.
+func (s *Server) newID() string {
+	return "sy-" + s.idPrefix + "-" + strconv.FormatUint(s.seq.Add(1), 10)
+}
+
+// apiError is the OpenAI error body.
+type apiError struct {
+	Error apiErrorBody `json:"error"`
+}
+
+type apiErrorBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// Error types of the answers.
+const (
+	typeInvalidRequest = "invalid_request_error"
+	typeRateLimit      = "rate_limit_error"
+	typeServer         = "server_error"
+)
+
+func writeError(w http.ResponseWriter, status int, typ, code, msg string) {
+	writeJSON(w, status, apiError{Error: apiErrorBody{Message: msg, Type: typ, Code: code}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		status, b = http.StatusInternalServerError, []byte(`{"error":{"message":"encoding the answer failed","type":"server_error","param":null,"code":"internal"}}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}

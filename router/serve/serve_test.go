@@ -1,0 +1,517 @@
+package serve
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+func TestStreamPassesThroughChunkByChunk(t *testing.T) {
+	eng := newEngine(t, 5, time.Millisecond)
+	eng.gate = make(chan struct{})
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", true, "hi"), "X-Request-Id", "req-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if got := resp.Header.Get("X-Switchyard-Worker"); got != "w1" {
+		t.Errorf("x-switchyard-worker = %q, want w1", got)
+	}
+	if got := resp.Header.Get("Content-Type"); got != "text/event-stream" {
+		t.Errorf("content-type = %q", got)
+	}
+	br := bufio.NewReader(resp.Body)
+	// The engine holds everything after its first chunk until the gate
+	// opens: the client reading it proves the router does not buffer.
+	line, err := br.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "data: ") || !strings.Contains(line, `"t0"`) {
+		t.Fatalf("first line %q, %v", line, err)
+	}
+	if got := e.workers[0].ActiveRequests(); got != 1 {
+		t.Errorf("mid-stream active = %d, want 1", got)
+	}
+	close(eng.gate)
+	rest, err := io.ReadAll(br)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(rest), "data: "); n != 5 { // 4 chunks and [DONE]
+		t.Errorf("rest has %d events, want 5:\n%s", n, rest)
+	}
+	if !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Errorf("stream does not end with [DONE]: %q", rest)
+	}
+	e.settle(t)
+	if got := eng.headers[0].Get("X-Request-Id"); got != "req-1" {
+		t.Errorf("engine saw x-request-id %q, want req-1", got)
+	}
+	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("m", "200")); got != 1 {
+		t.Errorf("requests_total{m,200} = %v", got)
+	}
+	if got := testutil.CollectAndCount(e.s.met.ttft); got != 1 {
+		t.Errorf("ttft series = %d, want 1", got)
+	}
+}
+
+func TestNonStreamedPassesTheBodyThrough(t *testing.T) {
+	eng := newEngine(t, 3, 0)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	body := `{"model":"m","prompt":[1,2,3,4,5],"max_tokens":3}`
+	resp, err := post(t, context.Background(), e.url+"/v1/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(got), `"content":"hello"`) {
+		t.Fatalf("status %d body %s", resp.StatusCode, got)
+	}
+	if resp.Header.Get("X-Request-Id") == "" {
+		t.Error("no x-request-id on the answer")
+	}
+	if string(eng.bodies[0]) != body {
+		t.Errorf("engine got %s, want the client's body unchanged", eng.bodies[0])
+	}
+	e.settle(t)
+}
+
+func TestErrorShapes(t *testing.T) {
+	eng := newEngine(t, 3, 0)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	for _, tc := range []struct {
+		name, path, body string
+		status           int
+		typ              string
+	}{
+		{"malformed JSON", "/v1/chat/completions", `{"model":`, 400, typeInvalidRequest},
+		{"missing model", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, 400, typeInvalidRequest},
+		{"no messages", "/v1/chat/completions", `{"model":"m"}`, 400, typeInvalidRequest},
+		{"no prompt", "/v1/completions", `{"model":"m"}`, 400, typeInvalidRequest},
+		{"bad content", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":3}]}`, 400, typeInvalidRequest},
+		{"unknown model", "/v1/chat/completions", chatBody("nope", false, "x"), 503, typeServer},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp, err := post(t, context.Background(), e.url+tc.path, tc.body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.status {
+				t.Errorf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if got := decodeError(t, resp); got.Type != tc.typ {
+				t.Errorf("type %q, want %q", got.Type, tc.typ)
+			}
+		})
+	}
+	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("unknown", "503")); got != 1 {
+		t.Errorf("requests_total{unknown,503} = %v, want 1", got)
+	}
+	e.settle(t)
+}
+
+func capacityQueue(active, waiting int) config.Queue {
+	q := config.DefaultQueue()
+	q.MaxActiveRequests, q.MaxWaiting = active, waiting
+	return q
+}
+
+func TestQueueFullAnswers429AndQueuedRequestsDispatch(t *testing.T) {
+	eng := newEngine(t, 2, 0)
+	eng.gate = make(chan struct{})
+	e := newEnv(t, envOptions{queue: capacityQueue(1, 1)}, backend{name: "w1", url: eng.URL})
+	var wg sync.WaitGroup
+	codes := make(chan int, 2)
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+		// The first holds the worker; the second waits in the queue.
+		waitFor(t, func() bool {
+			return eng.requests.Load() == 1 && e.r.Waiting(shared.RoleAggregated) == i
+		})
+	}
+	if got := testutil.CollectAndCount(e.s.met.requests); got != 0 {
+		t.Fatalf("requests counted before any ended: %v", got)
+	}
+	if n, err := testutil.GatherAndCount(e.reg, "switchyard_queue_depth"); err != nil || n != 1 {
+		t.Errorf("queue_depth series %d, %v", n, err)
+	}
+	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("third request: status %d, want 429", resp.StatusCode)
+	}
+	if got := decodeError(t, resp); got.Code != "queue_full" {
+		t.Errorf("code %q", got.Code)
+	}
+	close(eng.gate)
+	wg.Wait()
+	close(codes)
+	for c := range codes {
+		if c != http.StatusOK {
+			t.Errorf("held request answered %d, want 200", c)
+		}
+	}
+	e.settle(t)
+}
+
+// dueIn classifies every request with a due time d from now.
+type dueIn time.Duration
+
+func (dueIn) Inputs() shared.Inputs { return 0 }
+func (d dueIn) NewClassifier(shared.PartitionContext) (shared.Classifier, error) {
+	return d, nil
+}
+func (d dueIn) Classify(context.Context, *shared.Request) (shared.Classification, error) {
+	return shared.Classification{DueAt: time.Now().Add(time.Duration(d))}, nil
+}
+
+func TestDueTimeAnswers429(t *testing.T) {
+	eng := newEngine(t, 2, 0)
+	eng.gate = make(chan struct{})
+	defer close(eng.gate)
+	e := newEnv(t, envOptions{queue: capacityQueue(1, 0), classifier: dueIn(30 * time.Millisecond)}, backend{name: "w1", url: eng.URL})
+	go func() {
+		resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
+		if err == nil {
+			_ = resp.Body.Close()
+		}
+	}()
+	waitFor(t, func() bool { return eng.requests.Load() == 1 })
+	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("status %d, want 429", resp.StatusCode)
+	}
+	if got := decodeError(t, resp); got.Code != "due_time_passed" {
+		t.Errorf("code %q", got.Code)
+	}
+}
+
+func TestRetriesOnARefusingWorkerThenSucceeds(t *testing.T) {
+	eng := newEngine(t, 2, 0)
+	e := newEnv(t, envOptions{}, backend{name: "dead", url: closedURL(t)}, backend{name: "live", url: eng.URL})
+	for range 4 {
+		resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", true, "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Switchyard-Worker") != "live" {
+			t.Errorf("status %d worker %q, want 200 from live", resp.StatusCode, resp.Header.Get("X-Switchyard-Worker"))
+		}
+	}
+	if got := e.ws.failuresOf("dead"); got == 0 {
+		t.Error("the refusing worker's failure was not reported")
+	}
+	e.settle(t)
+}
+
+func TestEveryWorkerRefusingAnswers502(t *testing.T) {
+	e := newEnv(t, envOptions{}, backend{name: "a", url: closedURL(t)}, backend{name: "b", url: closedURL(t)})
+	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("status %d, want 502", resp.StatusCode)
+	}
+	decodeError(t, resp)
+	if got := e.ws.failuresOf("a") + e.ws.failuresOf("b"); got != 1+DefaultMaxRetries {
+		t.Errorf("%d failures reported, want %d attempts", got, 1+DefaultMaxRetries)
+	}
+	e.settle(t)
+}
+
+// TestCancellationAccounting sends 1,000 requests over three slowly
+// streaming engines, a fifth of them cancelled at a random point (queued,
+// before the headers, mid-stream), with more concurrency than capacity so
+// requests queue; afterwards every booking is released and the queue is
+// empty.
+func TestCancellationAccounting(t *testing.T) {
+	var backends []backend
+	for _, name := range []string{"a", "b", "c"} {
+		eng := newEngine(t, 8, 500*time.Microsecond)
+		backends = append(backends, backend{name: name, url: eng.URL})
+	}
+	e := newEnv(t, envOptions{queue: capacityQueue(4, 0)}, backends...)
+	const total, concurrency = 1000, 32
+	rng := rand.New(rand.NewPCG(1, 2))
+	type job struct {
+		stream bool
+		cancel time.Duration // 0: never
+	}
+	jobs := make(chan job)
+	var mu sync.Mutex
+	codes := map[int]int{}
+	var cancelled int
+	var wg sync.WaitGroup
+	for range concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				ctx, cancel := context.WithCancel(context.Background())
+				if j.cancel > 0 {
+					time.AfterFunc(j.cancel, cancel)
+				}
+				resp, err := post(t, ctx, e.url+"/v1/chat/completions", chatBody("m", j.stream, "shared prefix "+time.Now().String()))
+				code := -1
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					_ = resp.Body.Close()
+					code = resp.StatusCode
+				}
+				cancel()
+				mu.Lock()
+				if err != nil {
+					cancelled++
+				} else {
+					codes[code]++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for range total {
+		j := job{stream: rng.IntN(4) != 0}
+		if rng.IntN(5) == 0 {
+			j.cancel = time.Duration(rng.Int64N(int64(8 * time.Millisecond)))
+		}
+		jobs <- j
+	}
+	close(jobs)
+	wg.Wait()
+	e.settle(t)
+	t.Logf("answers %v, cancelled %d", codes, cancelled)
+	if cancelled == 0 || codes[200] == 0 {
+		t.Errorf("want both cancelled and completed requests: %v, %d cancelled", codes, cancelled)
+	}
+	for c := range codes {
+		if c != http.StatusOK {
+			t.Errorf("unexpected status %d (%d times)", c, codes[c])
+		}
+	}
+	for _, d := range e.r.WaitingByClass(nil) {
+		if d.Waiting != 0 {
+			t.Errorf("class %s holds %d", d.Class, d.Waiting)
+		}
+	}
+}
+
+func TestModelsIsTheUnion(t *testing.T) {
+	e := newEnv(t, envOptions{},
+		backend{name: "a", url: "http://127.0.0.1:1", models: []string{"llama", "qwen"}},
+		backend{name: "b", url: "http://127.0.0.1:1", models: []string{"qwen", "mistral"}})
+	resp, err := http.Get(e.url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var list struct {
+		Object string `json:"object"`
+		Data   []struct {
+			ID     string `json:"id"`
+			Object string `json:"object"`
+		} `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, m := range list.Data {
+		ids = append(ids, m.ID)
+		if m.Object != "model" {
+			t.Errorf("object %q", m.Object)
+		}
+	}
+	if list.Object != "list" {
+		t.Errorf("object %q", list.Object)
+	}
+	if diff := cmp.Diff([]string{"llama", "mistral", "qwen"}, ids); diff != "" {
+		t.Errorf("models (-want +got):\n%s", diff)
+	}
+}
+
+func TestReadyz(t *testing.T) {
+	e := newEnv(t, envOptions{})
+	e.ws.ready.Store(false)
+	get := func() int {
+		resp, err := http.Get(e.url + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	if got := get(); got != http.StatusServiceUnavailable {
+		t.Errorf("no worker ready: %d, want 503", got)
+	}
+	e.ws.ready.Store(true)
+	if got := get(); got != http.StatusOK {
+		t.Errorf("a worker ready: %d, want 200", got)
+	}
+	resp, err := http.Get(e.url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("healthz %d", resp.StatusCode)
+	}
+	resp, err = http.Get(e.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if !strings.Contains(string(b), "switchyard_queue_depth{class=\"default\"} 0") {
+		t.Errorf("metrics lack the queue depth:\n%s", b)
+	}
+}
+
+func TestShutdownDrainsAnInFlightStream(t *testing.T) {
+	eng := newEngine(t, 4, time.Millisecond)
+	eng.gate = make(chan struct{})
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- e.s.Serve(ctx, ln) }()
+	url := "http://" + ln.Addr().String()
+	resp, err := post(t, context.Background(), url+"/v1/chat/completions", chatBody("m", true, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancel() // SIGTERM
+	// New connections are refused once the listener closed.
+	waitFor(t, func() bool {
+		c, err := net.DialTimeout("tcp", ln.Addr().String(), 100*time.Millisecond)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err != nil
+	})
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned %v with a stream in flight", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	close(eng.gate)
+	rest, err := io.ReadAll(br)
+	_ = resp.Body.Close()
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") {
+		t.Fatalf("drained stream: %q, %v", rest, err)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve: %v", err)
+	}
+	e.settle(t)
+}
+
+func TestShutdownCutsStreamsAfterTheDrainTimeout(t *testing.T) {
+	eng := newEngine(t, 4, time.Millisecond)
+	eng.gate = make(chan struct{})
+	defer close(eng.gate)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	e.s.drain = 50 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- e.s.Serve(ctx, ln) }()
+	resp, err := post(t, context.Background(), "http://"+ln.Addr().String()+"/v1/chat/completions", chatBody("m", true, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("Serve: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve did not return after its drain timeout")
+	}
+	e.settle(t)
+}
+
+func TestRequestTimeoutEndsAHeldRequest(t *testing.T) {
+	eng := newEngine(t, 4, time.Millisecond)
+	eng.gate = make(chan struct{})
+	defer close(eng.gate)
+	e := newEnv(t, envOptions{timeout: 50 * time.Millisecond}, backend{name: "w1", url: eng.URL})
+	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Errorf("status %d, want 504", resp.StatusCode)
+	}
+	decodeError(t, resp)
+	// A stream cut mid-answer by the timeout ends too.
+	resp, err = post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", true, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if !errors.Is(err, io.ErrUnexpectedEOF) {
+		t.Errorf("reading a stream cut by the timeout: %v, want io.ErrUnexpectedEOF", err)
+	}
+	e.settle(t)
+}
+
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached in 5s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
