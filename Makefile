@@ -6,7 +6,7 @@ BIN         := bin
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PKGS        := ./...
 
-.PHONY: all build test vet fmt-check lint bench demo proto proto-check clean
+.PHONY: all build test vet fmt-check lint bench demo demo-serve proto proto-check clean
 
 all: build
 
@@ -39,6 +39,11 @@ bench:
 ## conversation trace (8 simulated workers)
 demo: build
 	$(BIN)/router replay --compare examples/policies/round-robin.hcl,examples/policies/power-of-two.hcl,examples/policies/least-loaded.hcl,examples/policies/kv.hcl,examples/policies/plugin-example.hcl
+
+## demo-serve: three mock engines and `router serve` on loopback, a burst of
+## chat requests, then the per-worker split and the router's metrics
+demo-serve: build
+	scripts/demo-serve.sh
 
 ## proto: regenerate pluginproto (installs protoc from Debian and the pinned
 ## protoc-gen-go / protoc-gen-go-grpc through the module proxy)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -68,17 +69,16 @@ type Ticket struct {
 // serialises admissions and dispatches (the queue's order is the point)
 // but not plain Select calls.
 type admission struct {
-	mu         sync.Mutex
-	capacity   int64
-	queueCfg   config.Queue
-	queues     map[shared.Role]*queue.Queue
-	live       map[string]*liveRequest
-	factory    shared.ClassifierFactory
-	classifier map[shared.Role]shared.Classifier
-	classErr   map[shared.Role]error
-	overlap    []int32 // scratch for uncachedTokens, guarded by mu
-	listeners  []shared.EventListener
-	now        func() time.Time
+	mu          sync.Mutex
+	capacity    int64
+	queueCfg    config.Queue
+	queues      map[shared.Role]*queue.Queue
+	live        map[string]*liveRequest
+	factory     shared.ClassifierFactory // AdmissionOptions.Classifier
+	classifiers *classifierSet           // of the current factory; nil until first use
+	overlap     []int32                  // scratch for uncachedTokens, guarded by mu
+	listeners   []shared.EventListener
+	now         func() time.Time
 }
 
 // liveRequest is one admitted request until it ends.
@@ -117,18 +117,13 @@ func (r *Router) EnableAdmission(o AdmissionOptions) error {
 		o.Now = time.Now
 	}
 	a := &admission{
-		capacity:   int64(o.Queue.MaxActiveRequests),
-		queueCfg:   o.Queue,
-		queues:     map[shared.Role]*queue.Queue{},
-		live:       map[string]*liveRequest{},
-		factory:    o.Classifier,
-		classifier: map[shared.Role]shared.Classifier{},
-		classErr:   map[shared.Role]error{},
-		listeners:  o.Listeners,
-		now:        o.Now,
-	}
-	if l, ok := o.Classifier.(shared.EventListener); ok {
-		a.listeners = append(a.listeners, l)
+		capacity:  int64(o.Queue.MaxActiveRequests),
+		queueCfg:  o.Queue,
+		queues:    map[shared.Role]*queue.Queue{},
+		live:      map[string]*liveRequest{},
+		factory:   o.Classifier,
+		listeners: o.Listeners,
+		now:       o.Now,
 	}
 	for _, role := range config.Roles {
 		q, err := queue.New(queueConfig(o.Queue))
@@ -149,17 +144,50 @@ func queueConfig(q config.Queue) queue.Config {
 	return c
 }
 
-// classifierFor returns role's classifier, created on first use; nil
-// without a factory.
+// classifierSet is one classifier factory with the per-role classifiers
+// it made and the event listeners among them.
+type classifierSet struct {
+	factory   shared.ClassifierFactory
+	byRole    map[shared.Role]shared.Classifier
+	errs      map[shared.Role]error
+	listeners []shared.EventListener
+}
+
+// currentFactory is the classifier factory of the bundle deciding now (its
+// policy file's request_classifier), or AdmissionOptions.Classifier when
+// the bundle has none; nil without either.
+func (r *Router) currentFactory() shared.ClassifierFactory {
+	if b := r.cur.Load(); b != nil && b.Config != nil && b.Config.Classifier != nil {
+		if f, ok := b.Config.Classifier.Instance.(shared.ClassifierFactory); ok {
+			return f
+		}
+	}
+	return r.adm.factory
+}
+
+// classifierFor returns role's classifier from the current factory,
+// created on first use; nil without a factory. A reload that brings a new
+// request_classifier starts a new set: the old factory is closed with its
+// bundle, so its classifiers must not be called again.
 func (r *Router) classifierFor(role shared.Role) (shared.Classifier, error) {
 	a := r.adm
-	if a.factory == nil {
+	f := r.currentFactory()
+	if f == nil {
+		a.classifiers = nil
 		return nil, nil
 	}
-	if c, ok := a.classifier[role]; ok {
-		return c, a.classErr[role]
+	if cs := a.classifiers; cs == nil || !sameFactory(cs.factory, f) {
+		cs = &classifierSet{factory: f, byRole: map[shared.Role]shared.Classifier{}, errs: map[shared.Role]error{}}
+		if l, ok := f.(shared.EventListener); ok {
+			cs.listeners = append(cs.listeners, l)
+		}
+		a.classifiers = cs
 	}
-	c, err := a.factory.NewClassifier(shared.PartitionContext{
+	cs := a.classifiers
+	if c, ok := cs.byRole[role]; ok {
+		return c, cs.errs[role]
+	}
+	c, err := f.NewClassifier(shared.PartitionContext{
 		Role:      role,
 		BlockSize: r.blockSize,
 		Workers: func() []shared.WorkerInfo {
@@ -172,12 +200,19 @@ func (r *Router) classifierFor(role shared.Role) (shared.Classifier, error) {
 		Now:      a.now,
 	})
 	if err == nil {
-		if l, ok := c.(shared.EventListener); ok && any(c) != any(a.factory) {
-			a.listeners = append(a.listeners, l)
+		if l, ok := c.(shared.EventListener); ok && !sameFactory(c, f) {
+			cs.listeners = append(cs.listeners, l)
 		}
 	}
-	a.classifier[role], a.classErr[role] = c, err
+	cs.byRole[role], cs.errs[role] = c, err
 	return c, err
+}
+
+// sameFactory compares two components by identity, false for types that
+// cannot be compared.
+func sameFactory(a, b any) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta != nil && ta.Comparable() && a == b
 }
 
 // progress reports a live request's tokens so far (PartitionContext).
@@ -479,6 +514,11 @@ func (r *Router) emit(ev shared.Event) {
 	batch := [1]shared.Event{ev}
 	for _, l := range r.adm.listeners {
 		l.OnEvents(batch[:])
+	}
+	if cs := r.adm.classifiers; cs != nil {
+		for _, l := range cs.listeners {
+			l.OnEvents(batch[:])
+		}
 	}
 	if b := r.cur.Load(); b != nil {
 		for _, l := range b.eventListeners() {

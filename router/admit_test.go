@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/switchyard-router/switchyard/builtin"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -238,5 +241,53 @@ func TestAdmitPinWinsOverTarget(t *testing.T) {
 	}
 	if tk.Decision.Worker.ID != 2 {
 		t.Fatalf("pinned request went to %d, want 2", tk.Decision.Worker.ID)
+	}
+}
+
+// A reload that changes the request_classifier takes effect for the next
+// admission; the old bundle's classifier is not called again.
+func TestReloadSwapsTheClassifier(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "p.hcl")
+	policy := func(priority int) {
+		t.Helper()
+		src := fmt.Sprintf("request_classifier {\n  type             = \"header-priority\"\n  default_priority = %d\n}\n", priority)
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	policy(1)
+	b, diags := LoadBundle(context.Background(), path, LoadOptions{})
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	r, err := New(Options{Bundle: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(context.Background())
+	if _, err := r.AddWorker(fleet.Spec{ID: 1, Role: shared.RoleAggregated, TotalKVBlocks: 10}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.EnableAdmission(AdmissionOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	admit := func(id string) int {
+		t.Helper()
+		tk, err := r.Admit(context.Background(), &shared.Request{ID: id, Role: shared.RoleAggregated, PromptTokens: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tk.Classification.Priority
+	}
+	if got := admit("a"); got != 1 {
+		t.Fatalf("priority before reload = %d, want 1", got)
+	}
+	policy(2)
+	if diags := r.Reload(context.Background(), path); diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	if got := admit("b"); got != 2 {
+		t.Fatalf("priority after reload = %d, want 2", got)
 	}
 }

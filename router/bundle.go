@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -48,6 +49,10 @@ type LoadOptions struct {
 	// DefaultSeed, when set, seeds the policies when neither Seed nor the
 	// file gives a seed (config.Options.DefaultSeed).
 	DefaultSeed *int64
+	// Registerer, when set, receives the plugin metrics
+	// (switchyard_plugin_*); the Hosts of successive bundles share their
+	// collectors (supervisor.NewMetrics), so reloads do not collide.
+	Registerer prometheus.Registerer
 }
 
 // Bundle is what a policy file resolves to at run time: the policy of each
@@ -136,7 +141,7 @@ func LoadBundle(ctx context.Context, path string, o LoadOptions) (*Bundle, hcl.D
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
-	host := supervisor.NewHost(supervisor.Options{Logger: o.Logger, ShutdownGrace: o.ShutdownGrace})
+	host := supervisor.NewHost(supervisor.Options{Logger: o.Logger, ShutdownGrace: o.ShutdownGrace, Registerer: o.Registerer})
 	fail := func(diags hcl.Diagnostics) (*Bundle, hcl.Diagnostics) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failedLoadShutdown)
 		defer cancel()

@@ -94,7 +94,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	b, diags := router.LoadBundle(ctx, o.policy, router.LoadOptions{Logger: log})
+	b, diags := router.LoadBundle(ctx, o.policy, router.LoadOptions{Logger: log, Registerer: reg})
 	if diags.HasErrors() || b == nil {
 		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
 		return &exitError{code: 1, err: fmt.Errorf("%s does not load", o.policy)}
@@ -102,7 +102,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	if len(diags) > 0 {
 		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
 	}
-	r, err := router.New(router.Options{Bundle: b, Registerer: reg, Logger: log, Load: router.LoadOptions{Logger: log}})
+	r, err := router.New(router.Options{Bundle: b, Registerer: reg, Logger: log, Load: router.LoadOptions{Logger: log, Registerer: reg}})
 	if err != nil {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), routerCloseTimeout)
 		defer cancel()
