@@ -6,7 +6,7 @@ BIN         := bin
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PKGS        := ./...
 
-.PHONY: all build test vet fmt-check lint bench demo demo-serve proto proto-check clean
+.PHONY: all build test vet fmt-check lint bench bench-serve demo demo-serve proto proto-check clean
 
 all: build
 
@@ -32,6 +32,11 @@ lint:
 ## bench: the selection and replay benchmarks (see BENCHMARKS.md)
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem -count=1 ./hosted/ ./builtin/ ./router/...
+
+## bench-serve: loopback load on `router serve` against direct and a bare
+## httputil.ReverseProxy, with the issue's targets checked (under a minute)
+bench-serve:
+	scripts/bench-serve.sh
 
 ## demo: compare round-robin, power-of-two, least-loaded, the KV-aware
 ## policy and the queue-depth scorer served by the template plugin

@@ -1,0 +1,571 @@
+// Command serve is the loopback load generator of `make bench-serve`
+// (issue 6): in one run it measures requests per second and p50/p99
+// latency of
+//
+//	(a) direct to one mock worker,
+//	(b) a bare httputil.ReverseProxy round-robin over the mock workers,
+//	(c) `router serve` with a round-robin policy,
+//	(d) `router serve` with the default (KV-aware) policy,
+//
+// first closed-loop at --concurrency clients (throughput), then with one
+// client (the per-request latency the proxy adds, without queueing), and
+// checks the issue's targets: (c) >= 0.9x the throughput of (b), and the
+// router adds <= 100us at p50.
+//
+// It starts every process it measures (three `router mock-worker`s, the
+// bare proxy as a second copy of itself, and each `router serve` only for
+// its own case), all on 127.0.0.1 with ports picked by the kernel, and
+// stops them before it exits. The child pids are also written to
+// --pid-file so that the calling script can kill them if this process is
+// killed first; on Linux the children also get SIGKILL when it dies.
+//
+//	go run ./bench/serve --router-bin bin/router
+//	serve proxy --listen 127.0.0.1:0 --targets http://A,http://B   (the bare proxy)
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"text/tabwriter"
+	"time"
+)
+
+// Targets of issue 6.
+const (
+	targetThroughputRatio = 0.9
+	targetAddedP50        = 100 * time.Microsecond
+)
+
+type options struct {
+	routerBin   string
+	mocks       int
+	speedup     float64
+	concurrency int
+	duration    time.Duration
+	warmup      time.Duration
+	serialDur   time.Duration
+	promptBytes int
+	maxTokens   int
+	pidFile     string
+	routerArgs  string
+	jsonOut     string
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "proxy" {
+		if err := runProxy(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-serve proxy:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	var o options
+	flag.StringVar(&o.routerBin, "router-bin", "bin/router", "the router binary (mock-worker and serve)")
+	flag.IntVar(&o.mocks, "mocks", 3, "mock workers")
+	flag.Float64Var(&o.speedup, "speedup", 100000, "the mock workers' --speedup")
+	flag.IntVar(&o.concurrency, "concurrency", 32, "closed-loop clients of the throughput phase")
+	flag.DurationVar(&o.duration, "duration", 4*time.Second, "measured time of the throughput phase, per case")
+	flag.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured warm-up before each phase")
+	flag.DurationVar(&o.serialDur, "serial-duration", 3*time.Second, "measured time of the one-client latency phase, per case (0: skip)")
+	flag.IntVar(&o.promptBytes, "prompt-bytes", 2048, "bytes of the chat prompt (identical in every request)")
+	flag.IntVar(&o.maxTokens, "max-tokens", 4, "max_tokens of every request (non-streamed)")
+	flag.StringVar(&o.pidFile, "pid-file", "", "append each started child's pid here (for the caller's cleanup)")
+	flag.StringVar(&o.routerArgs, "router-args", "", "extra arguments for `router serve`, space-separated")
+	flag.StringVar(&o.jsonOut, "json", "", "also write the results as JSON to this file")
+	flag.Parse()
+	if o.concurrency < 1 || o.mocks < 1 || o.duration <= 0 || o.promptBytes < 1 || o.maxTokens < 1 {
+		fmt.Fprintln(os.Stderr, "bench-serve: bad flags")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	procs := &children{pidFile: o.pidFile}
+	err := run(ctx, o, procs)
+	procs.stopAll()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench-serve:", err)
+		os.Exit(1)
+	}
+}
+
+// result is one case's two phases.
+type result struct {
+	Case       string  `json:"case"`
+	RPS        float64 `json:"rps"`
+	P50us      float64 `json:"p50_us"`
+	P99us      float64 `json:"p99_us"`
+	Requests   int     `json:"requests"`
+	SerialRPS  float64 `json:"serial_rps,omitempty"`
+	SerialP50  float64 `json:"serial_p50_us,omitempty"`
+	SerialP99  float64 `json:"serial_p99_us,omitempty"`
+	SerialReqs int     `json:"serial_requests,omitempty"`
+}
+
+func run(ctx context.Context, o options, procs *children) error {
+	work, err := os.MkdirTemp("", "bench-serve-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(work)
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+
+	var mocks []string
+	for i := range o.mocks {
+		addr, err := procs.start(ctx, filepath.Join(work, fmt.Sprintf("mock%d.log", i+1)), mockRe, o.routerBin,
+			"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock",
+			"--speedup", fmt.Sprint(o.speedup), "--block-size", "16")
+		if err != nil {
+			return fmt.Errorf("mock worker %d: %w", i+1, err)
+		}
+		mocks = append(mocks, "http://"+addr)
+	}
+	rrPolicy := filepath.Join(work, "rr.hcl")
+	kvPolicy := filepath.Join(work, "kv.hcl")
+	if err := os.WriteFile(rrPolicy, []byte(policyFile(mocks, true)), 0o644); err != nil {
+		return err
+	}
+	if err := os.WriteFile(kvPolicy, []byte(policyFile(mocks, false)), 0o644); err != nil {
+		return err
+	}
+	body := requestBody(o.promptBytes, o.maxTokens)
+
+	fmt.Printf("bench-serve: %d mock workers (--speedup %v) at %s\n", o.mocks, o.speedup, strings.Join(mocks, " "))
+	fmt.Printf("  chat request: %d bytes body (%d-byte prompt), max_tokens %d, not streamed, identical\n", len(body), o.promptBytes, o.maxTokens)
+	fmt.Printf("  throughput: %d keep-alive clients, %v warm-up + %v per case; latency: 1 client, %v warm-up + %v per case\n",
+		o.concurrency, o.warmup, o.duration, o.warmup/2, o.serialDur)
+	fmt.Printf("  GOMAXPROCS %d, NumCPU %d; every process on 127.0.0.1\n\n", runtime.GOMAXPROCS(0), runtime.NumCPU())
+
+	type kase struct {
+		name  string
+		setup func() (url string, stop func(), err error)
+	}
+	serveArgs := func(policy string) []string {
+		a := []string{"serve", "--policy", policy, "--listen", "127.0.0.1:0", "--log-level", "warn"}
+		if o.routerArgs != "" {
+			a = append(a, strings.Fields(o.routerArgs)...)
+		}
+		return a
+	}
+	cases := []kase{
+		{"(a) direct, mock 1", func() (string, func(), error) { return mocks[0], func() {}, nil }},
+		{"(b) bare ReverseProxy, round-robin", func() (string, func(), error) {
+			addr, err := procs.start(ctx, filepath.Join(work, "proxy.log"), proxyRe, self,
+				"proxy", "--listen", "127.0.0.1:0", "--targets", strings.Join(mocks, ","))
+			if err != nil {
+				return "", nil, err
+			}
+			return "http://" + addr, func() { procs.stopLast() }, nil
+		}},
+		{"(c) router serve, round-robin", func() (string, func(), error) {
+			addr, err := procs.start(ctx, filepath.Join(work, "router-rr.log"), routerRe, o.routerBin, serveArgs(rrPolicy)...)
+			if err != nil {
+				return "", nil, err
+			}
+			return "http://" + addr, func() { procs.stopLast() }, waitReady(ctx, "http://"+addr)
+		}},
+		{"(d) router serve, default KV policy", func() (string, func(), error) {
+			addr, err := procs.start(ctx, filepath.Join(work, "router-kv.log"), routerRe, o.routerBin, serveArgs(kvPolicy)...)
+			if err != nil {
+				return "", nil, err
+			}
+			return "http://" + addr, func() { procs.stopLast() }, waitReady(ctx, "http://"+addr)
+		}},
+	}
+
+	var results []result
+	for _, c := range cases {
+		base, stopCase, err := c.setup()
+		if err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		target := base + "/v1/chat/completions"
+		r := result{Case: c.name}
+		lat, n, elapsed, err := load(ctx, target, body, o.concurrency, o.warmup, o.duration)
+		if err != nil {
+			stopCase()
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+		r.Requests, r.RPS = n, float64(n)/elapsed.Seconds()
+		r.P50us, r.P99us = pct(lat, 0.50), pct(lat, 0.99)
+		if o.serialDur > 0 {
+			lat, n, elapsed, err := load(ctx, target, body, 1, o.warmup/2, o.serialDur)
+			if err != nil {
+				stopCase()
+				return fmt.Errorf("%s, one client: %w", c.name, err)
+			}
+			r.SerialReqs, r.SerialRPS = n, float64(n)/elapsed.Seconds()
+			r.SerialP50, r.SerialP99 = pct(lat, 0.50), pct(lat, 0.99)
+		}
+		stopCase()
+		results = append(results, r)
+		fmt.Printf("  done: %-38s %8.0f req/s  p50 %7.0f us  p99 %7.0f us  | 1 client: p50 %5.0f us  p99 %5.0f us\n",
+			c.name, r.RPS, r.P50us, r.P99us, r.SerialP50, r.SerialP99)
+	}
+	report(os.Stdout, o, results)
+	if o.jsonOut != "" {
+		b, _ := json.MarshalIndent(results, "", "  ")
+		if err := os.WriteFile(o.jsonOut, append(b, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func report(w io.Writer, o options, rs []result) {
+	a, b, c := rs[0], rs[1], rs[2]
+	fmt.Fprintf(w, "\nthroughput phase: %d concurrent clients (added = case - (a))\n", o.concurrency)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "case\treq/s\tvs (b)\tp50 us\tp99 us\tadded p50 us\tadded p99 us\t")
+	for _, r := range rs {
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2fx\t%.0f\t%.0f\t%+.0f\t%+.0f\t\n", r.Case, r.RPS, r.RPS/b.RPS, r.P50us, r.P99us, r.P50us-a.P50us, r.P99us-a.P99us)
+	}
+	tw.Flush()
+	if o.serialDur > 0 {
+		fmt.Fprintf(w, "\nlatency phase: 1 client, no queueing (added = case - (a))\n")
+		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "case\treq/s\tp50 us\tp99 us\tadded p50 us\tadded p99 us\t")
+		for _, r := range rs {
+			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%+.0f\t%+.0f\t\n", r.Case, r.SerialRPS, r.SerialP50, r.SerialP99, r.SerialP50-a.SerialP50, r.SerialP99-a.SerialP99)
+		}
+		tw.Flush()
+	}
+	verdict := func(ok bool) string {
+		if ok {
+			return "PASS"
+		}
+		return "MISS"
+	}
+	ratio := c.RPS / b.RPS
+	fmt.Fprintf(w, "\ntarget (c) throughput >= %.1fx (b): %.0f / %.0f = %.2fx  %s\n", targetThroughputRatio, c.RPS, b.RPS, ratio, verdict(ratio >= targetThroughputRatio))
+	if o.serialDur > 0 {
+		added := time.Duration((c.SerialP50 - a.SerialP50) * 1e3)
+		fmt.Fprintf(w, "target router adds <= %v at p50 (1 client, (c) - (a)): %.0f us  %s\n", targetAddedP50, c.SerialP50-a.SerialP50, verdict(added <= targetAddedP50))
+		addedBare := c.SerialP50 - b.SerialP50
+		fmt.Fprintf(w, "  (router over the bare proxy at p50, 1 client, (c) - (b): %+.0f us)\n", addedBare)
+	}
+	added32 := time.Duration((c.P50us - a.P50us) * 1e3)
+	fmt.Fprintf(w, "router adds <= %v at p50 under %d clients ((c) - (a), queueing included): %.0f us  %s\n", targetAddedP50, o.concurrency, c.P50us-a.P50us, verdict(added32 <= targetAddedP50))
+}
+
+// load runs conc closed-loop clients against url for warm+dur and returns
+// the latencies of the requests started after the warm-up and finished
+// within dur, how many, and the measured window.
+func load(ctx context.Context, url string, body []byte, conc int, warm, dur time.Duration) ([]time.Duration, int, time.Duration, error) {
+	tr := &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		MaxIdleConns:        conc * 2,
+		MaxIdleConnsPerHost: conc * 2,
+		MaxConnsPerHost:     0,
+		IdleConnTimeout:     30 * time.Second,
+		DisableCompression:  true,
+	}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	start := time.Now()
+	from, until := start.Add(warm), start.Add(warm+dur)
+	lctx, cancel := context.WithDeadline(ctx, until.Add(5*time.Second))
+	defer cancel()
+	var (
+		wg       sync.WaitGroup
+		mu       sync.Mutex
+		all      []time.Duration
+		failures atomic.Int64
+		firstErr atomic.Value
+	)
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat := make([]time.Duration, 0, 1<<16)
+			for lctx.Err() == nil {
+				t0 := time.Now()
+				if !t0.Before(until) {
+					break
+				}
+				req, _ := http.NewRequestWithContext(lctx, http.MethodPost, url, bytes.NewReader(body))
+				req.Header.Set("Content-Type", "application/json")
+				resp, err := client.Do(req)
+				if err == nil {
+					_, err = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err == nil && resp.StatusCode != http.StatusOK {
+						err = fmt.Errorf("status %d", resp.StatusCode)
+					}
+				}
+				t1 := time.Now()
+				if err != nil {
+					failures.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+					if failures.Load() > 100 {
+						break
+					}
+					continue
+				}
+				if !t0.Before(from) && !t1.After(until) {
+					lat = append(lat, t1.Sub(t0))
+				}
+			}
+			mu.Lock()
+			all = append(all, lat...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		return nil, 0, 0, ctx.Err()
+	}
+	if f := failures.Load(); f > 0 {
+		return nil, 0, 0, fmt.Errorf("%d failed requests, first: %v", f, firstErr.Load())
+	}
+	if len(all) == 0 {
+		return nil, 0, 0, errors.New("no request completed in the measured window")
+	}
+	slices.Sort(all)
+	return all, len(all), dur, nil
+}
+
+// pct is the q-quantile of sorted latencies, in microseconds.
+func pct(sorted []time.Duration, q float64) float64 {
+	i := int(q*float64(len(sorted))+0.5) - 1
+	i = max(0, min(i, len(sorted)-1))
+	return float64(sorted[i]) / 1e3
+}
+
+// requestBody is the chat request every client sends: a system prompt
+// and a user message of promptBytes bytes together.
+func requestBody(promptBytes, maxTokens int) []byte {
+	sys := strings.Repeat("You are a helpful assistant. ", 20)
+	if len(sys) > promptBytes/2 {
+		sys = sys[:promptBytes/2]
+	}
+	userLen := promptBytes - len(sys)
+	user := strings.Repeat("Summarise the switchyard benchmark notes, please. ", userLen/50+1)[:userLen]
+	b, _ := json.Marshal(map[string]any{
+		"model":      "mock",
+		"max_tokens": maxTokens,
+		"stream":     false,
+		"messages": []map[string]string{
+			{"role": "system", "content": sys},
+			{"role": "user", "content": user},
+		},
+	})
+	return b
+}
+
+// policyFile is a router policy with one worker block per mock: the
+// round-robin policy, or no policy block (the built-in default, kv-cost +
+// min-cost).
+func policyFile(mocks []string, roundRobin bool) string {
+	var b strings.Builder
+	b.WriteString("router {\n  block_size = 16\n}\n\n")
+	if roundRobin {
+		b.WriteString("policy \"rr\" {\n  picker \"rr\" {\n    type = \"round-robin\"\n  }\n}\n\nworker_selection {\n  aggregated = \"rr\"\n}\n\n")
+	}
+	for i, m := range mocks {
+		fmt.Fprintf(&b, "worker \"w%d\" {\n  url             = %q\n  models          = [\"mock\"]\n  total_kv_blocks = 27500\n}\n", i+1, m)
+	}
+	return b.String()
+}
+
+// waitReady polls /readyz until 200 (the router has seen its workers).
+func waitReady(ctx context.Context, base string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := http.Get(base + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return errors.New("router not ready after 10s")
+}
+
+var (
+	mockRe   = regexp.MustCompile(`mock-worker listening on http://(\S+)`)
+	routerRe = regexp.MustCompile(`router serve listening on http://(\S+)`)
+	proxyRe  = regexp.MustCompile(`proxy listening on http://(\S+)`)
+)
+
+// children are the processes the bench started, stopped in reverse order.
+type children struct {
+	pidFile string
+	list    []*child
+}
+
+type child struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  string
+}
+
+// start runs bin args with stdout and stderr to logPath and waits (10s at
+// most) for the line matching re, returning its first group (the address).
+func (cs *children) start(ctx context.Context, logPath string, re *regexp.Regexp, bin string, args ...string) (string, error) {
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return "", err
+	}
+	defer lf.Close()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout, cmd.Stderr = pw, lf
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		pr.Close()
+		pw.Close()
+		return "", err
+	}
+	pw.Close()
+	c := &child{cmd: cmd, done: make(chan struct{}), log: logPath}
+	cs.list = append(cs.list, c)
+	if cs.pidFile != "" {
+		if f, err := os.OpenFile(cs.pidFile, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644); err == nil {
+			fmt.Fprintln(f, cmd.Process.Pid)
+			f.Close()
+		}
+	}
+	addrC := make(chan string, 1)
+	go func() {
+		defer pr.Close()
+		sc := bufio.NewScanner(pr)
+		sent := false
+		for sc.Scan() {
+			if !sent {
+				if m := re.FindStringSubmatch(sc.Text()); m != nil {
+					addrC <- m[1]
+					sent = true
+				}
+			}
+		}
+		if !sent {
+			close(addrC)
+		}
+	}()
+	go func() { _ = cmd.Wait(); close(c.done) }()
+	select {
+	case addr, ok := <-addrC:
+		if !ok {
+			out, _ := os.ReadFile(logPath)
+			return "", fmt.Errorf("%s exited before listening: %s", filepath.Base(bin), out)
+		}
+		return addr, nil
+	case <-time.After(10 * time.Second):
+		return "", fmt.Errorf("%s did not listen within 10s", filepath.Base(bin))
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// stop sends SIGTERM, then SIGKILL after 3s.
+func (c *child) stop() {
+	_ = c.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-c.done:
+	case <-time.After(3 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+func (cs *children) stopLast() {
+	if n := len(cs.list); n > 0 {
+		cs.list[n-1].stop()
+		cs.list = cs.list[:n-1]
+	}
+}
+
+func (cs *children) stopAll() {
+	for len(cs.list) > 0 {
+		cs.stopLast()
+	}
+}
+
+// runProxy is case (b): a bare httputil.ReverseProxy over the targets in
+// turn, with the router's engine transport settings (pooled keep-alive,
+// 256 idle per host, no compression).
+func runProxy(args []string) error {
+	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:0", "address")
+	targets := fs.String("targets", "", "comma-separated base URLs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var ups []*url.URL
+	for _, t := range strings.Split(*targets, ",") {
+		u, err := url.Parse(t)
+		if err != nil || u.Host == "" {
+			return fmt.Errorf("bad target %q", t)
+		}
+		ups = append(ups, u)
+	}
+	if len(ups) == 0 {
+		return errors.New("no --targets")
+	}
+	var next atomic.Uint64
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(ups[(next.Add(1)-1)%uint64(len(ups))])
+		},
+		Transport: &http.Transport{
+			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+			MaxIdleConns:        4096,
+			MaxIdleConnsPerHost: 256,
+			IdleConnTimeout:     90 * time.Second,
+			DisableCompression:  true,
+		},
+		ErrorLog: nil,
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	hs := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Printf("proxy listening on http://%s\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_ = hs.Shutdown(sctx)
+	return nil
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# make bench-serve: the loopback load generator of issue 6 (bench/serve).
+# One run measures (a) direct to one mock worker, (b) a bare
+# httputil.ReverseProxy round-robin, (c) `router serve` round-robin and
+# (d) `router serve` with the default KV policy, then prints PASS/MISS for
+# the targets. The bench starts every process it measures; whatever it
+# started is killed on exit, even if it is itself interrupted or killed.
+# Extra arguments go to the bench (e.g. --concurrency 64 --duration 8s).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-bin}
+GO=${GO:-go}
+work=$(mktemp -d)
+bench_pid=
+cleanup() {
+  if [ -n "$bench_pid" ]; then kill "$bench_pid" 2>/dev/null || true; fi
+  if [ -f "$work/pids" ]; then
+    while read -r p; do kill "$p" 2>/dev/null || true; done <"$work/pids"
+  fi
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+"$GO" build -o "$BIN/router" ./cmd/router
+"$GO" build -o "$work/bench-serve" ./bench/serve
+echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//'), $("$GO" env GOVERSION) $("$GO" env GOOS)/$("$GO" env GOARCH)"
+echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$work/bench-serve" --router-bin "$BIN/router" --pid-file "$work/pids" "$@" &
+bench_pid=$!
+set +e
+wait "$bench_pid"
+rc=$?
+set -e
+bench_pid=
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+exit "$rc"
