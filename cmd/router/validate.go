@@ -89,6 +89,12 @@ func printBundle(w io.Writer, b *config.Bundle) error {
 	if b.Classifier != nil {
 		fmt.Fprintf(&sb, "classifier  type %s (%s)\n", b.Classifier.Type, b.Classifier.Source)
 	}
+	if len(b.Queue.Classes) > 0 {
+		fmt.Fprintf(&sb, "queue       %s\n", b.Queue)
+	}
+	for _, w := range b.Workers {
+		fmt.Fprintf(&sb, "worker      %-10s %-10s %s  models %s  total_kv_blocks %d\n", w.Name, w.Role, w.URL, strings.Join(w.Models, ","), w.TotalKVBlocks)
+	}
 	_, err := io.WriteString(w, sb.String())
 	return err
 }

@@ -1,10 +1,12 @@
 package config
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
@@ -198,17 +200,42 @@ func (l *loader) engineURL(attr *hcl.Attribute, s string) string {
 	u, err := url.Parse(s)
 	switch {
 	case err != nil:
-		l.attrErrorf(attr, "Invalid URL", "The value of %q must be an http or https URL such as \"http://127.0.0.1:8001\": %v.", attr.Name, err)
+		l.attrErrorf(attr, "Invalid URL", "The value of %q must be an http or https URL such as \"http://127.0.0.1:8001\": %v.", attr.Name, redactErr(err))
 	case u.Scheme != "http" && u.Scheme != "https":
 		l.attrErrorf(attr, "Invalid URL", "The value of %q must be an http or https URL such as \"http://127.0.0.1:8001\", got scheme %q.", attr.Name, u.Scheme)
 	case u.Host == "" || u.Hostname() == "":
-		l.attrErrorf(attr, "Invalid URL", "The value of %q must name a host, as in \"http://127.0.0.1:8001\", got %q.", attr.Name, s)
+		l.attrErrorf(attr, "Invalid URL", "The value of %q must name a host, as in \"http://127.0.0.1:8001\", got %q.", attr.Name, u.Redacted())
 	case u.User != nil || u.RawQuery != "" || u.Fragment != "" || u.ForceQuery:
-		l.attrErrorf(attr, "Invalid URL", "The value of %q must have no user, query or fragment, got %q.", attr.Name, s)
+		// Redacted: never echo a password from the file into logs.
+		l.attrErrorf(attr, "Invalid URL", "The value of %q must have no user, query or fragment, got %q.", attr.Name, u.Redacted())
+	case !validPort(u.Port()):
+		l.attrErrorf(attr, "Invalid URL", "The port of %q must be a number from 1 to 65535, got %q.", attr.Name, u.Port())
 	default:
 		return s
 	}
 	return ""
+}
+
+// validPort reports whether p is empty (the scheme's default) or a port
+// number from 1 to 65535.
+func validPort(p string) bool {
+	if p == "" {
+		return true
+	}
+	n, err := strconv.Atoi(p)
+	return err == nil && n >= 1 && n <= 65535
+}
+
+// redactErr hides the user information of the URL a *url.Error names.
+func redactErr(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		if u, perr := url.Parse(ue.URL); perr == nil {
+			return &url.Error{Op: ue.Op, URL: u.Redacted(), Err: ue.Err}
+		}
+		return ue.Err
+	}
+	return err
 }
 
 // models checks the models list: at least one name, each non-empty and

@@ -254,3 +254,21 @@ func FuzzParseWorkers(f *testing.F) {
 		}
 	})
 }
+
+func TestWorkerURLPortAndSecrets(t *testing.T) {
+	for _, tt := range []struct{ url, want, notWant string }{
+		{"http://127.0.0.1:99999", `The port of "url" must be a number from 1 to 65535, got "99999"`, ""},
+		{"http://127.0.0.1:0", `got "0"`, ""},
+		{"http://user:s3cret@127.0.0.1:8001/", "must have no user", "s3cret"},
+	} {
+		src := "worker \"w\" {\n  url             = \"" + tt.url + "\"\n  models          = [\"m\"]\n  total_kv_blocks = 10\n}\n"
+		_, diags := Load("w.hcl", []byte(src), nil)
+		got := FormatDiagnostics(diags)
+		if !strings.Contains(got, "w.hcl:2:21: error: Invalid URL") || !strings.Contains(got, tt.want) {
+			t.Errorf("%s: %s", tt.url, got)
+		}
+		if tt.notWant != "" && strings.Contains(got, tt.notWant) {
+			t.Errorf("%s: the diagnostic echoes the password: %s", tt.url, got)
+		}
+	}
+}
