@@ -29,7 +29,29 @@ var (
 	// ErrUnknownClass: a classifier named a policy class the queue does not
 	// have. The request fails whether or not it would have waited.
 	ErrUnknownClass = errors.New("unknown policy class")
+	// ErrAllExcluded: every worker that serves the request's model and
+	// role is excluded (Exclude). It wraps shared.ErrNoWorkers.
+	ErrAllExcluded = fmt.Errorf("every candidate worker is excluded: %w", shared.ErrNoWorkers)
 )
+
+// AdmitOption adjusts one Admit.
+type AdmitOption func(*admitOptions)
+
+type admitOptions struct {
+	exclude []shared.WorkerID
+}
+
+// Exclude keeps the workers ids out of the request's candidates, at Admit
+// and at every later Dispatch of it, as if they were at capacity but
+// without waiting for them: when every candidate is excluded the request
+// fails with ErrAllExcluded. serve uses it to retry a request that failed
+// before its first byte anywhere but on the workers that failed it (the
+// prefix index recorded the prompt as sent there, so a KV-aware policy
+// would otherwise choose them again). The slice is kept; do not modify it
+// while the request is live.
+func Exclude(ids ...shared.WorkerID) AdmitOption {
+	return func(o *admitOptions) { o.exclude = append(o.exclude, ids...) }
+}
 
 // knownClass reports whether the queue has a class called name.
 func (a *admission) knownClass(name string) bool {
@@ -85,6 +107,7 @@ type admission struct {
 type liveRequest struct {
 	req     *shared.Request
 	class   shared.Classification
+	exclude []shared.WorkerID // Exclude: never candidates for it
 	arrival time.Time
 	queued  bool
 	booking *Decision
@@ -233,7 +256,12 @@ func (r *Router) progress(id string) (int64, bool) {
 // When the request was classified before it failed (queue full, no worker,
 // the policy's error), the returned Ticket still carries its ID, Request
 // and Classification, so callers can account the refusal to its class.
-func (r *Router) Admit(ctx context.Context, req *shared.Request) (Ticket, error) {
+// Options: Exclude.
+func (r *Router) Admit(ctx context.Context, req *shared.Request, opts ...AdmitOption) (Ticket, error) {
+	var o admitOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	a := r.adm
 	if a == nil {
 		return Ticket{}, errors.New("router: Admit before EnableAdmission")
@@ -252,7 +280,7 @@ func (r *Router) Admit(ctx context.Context, req *shared.Request) (Ticket, error)
 	if err != nil {
 		return Ticket{}, fmt.Errorf("request %q: creating the classifier: %w", req.ID, err)
 	}
-	lr := &liveRequest{req: req, arrival: now, tokens: int64(req.PromptTokens)}
+	lr := &liveRequest{req: req, exclude: o.exclude, arrival: now, tokens: int64(req.PromptTokens)}
 	a.live[req.ID] = lr // visible to Progress during Classify
 	// The uncached prompt is the classifier's input and the queue's default
 	// charge; a router with neither never needs it.
@@ -279,7 +307,7 @@ func (r *Router) Admit(ctx context.Context, req *shared.Request) (Ticket, error)
 	}
 	lr.class = t.Classification
 
-	d, err := r.place(ctx, req, r.placementFor(req, t.Classification))
+	d, err := r.place(ctx, req, r.placementFor(lr, t.Classification))
 	switch {
 	case err == nil:
 		t.Decision = d
@@ -307,10 +335,12 @@ func (r *Router) Admit(ctx context.Context, req *shared.Request) (Ticket, error)
 	}
 }
 
-// placementFor narrows req's selection: the worker capacity, and the
-// request's explicit pin or else the classification's advisory target.
-func (r *Router) placementFor(req *shared.Request, cl shared.Classification) placement {
-	pl := placement{capacity: r.adm.capacity, target: cl.Target, hasTarget: cl.HasTarget}
+// placementFor narrows a live request's selection: the worker capacity,
+// its excluded workers, and its explicit pin or else the classification's
+// advisory target.
+func (r *Router) placementFor(lr *liveRequest, cl shared.Classification) placement {
+	req := lr.req
+	pl := placement{capacity: r.adm.capacity, exclude: lr.exclude, target: cl.Target, hasTarget: cl.HasTarget}
 	if req.HasPin {
 		pl.target, pl.hasTarget = req.Pin, true
 	}
@@ -360,7 +390,8 @@ func (r *Router) Dispatch(ctx context.Context, out []Ticket) []Ticket {
 				break
 			}
 			t := *it.Value.(*Ticket)
-			d, err := r.place(ctx, t.Request, r.placementFor(t.Request, t.Classification))
+			lr := a.live[it.ID]
+			d, err := r.place(ctx, t.Request, r.placementFor(lr, t.Classification))
 			if errors.Is(err, shared.ErrAllBusy) {
 				break
 			}
@@ -376,7 +407,6 @@ func (r *Router) Dispatch(ctx context.Context, out []Ticket) []Ticket {
 				panic(fmt.Sprintf("router: queue Pop returned %v after Peek returned %q", popped, it.ID))
 			}
 			t.Queued, t.Waited = false, now.Sub(it.Arrival)
-			lr := a.live[it.ID]
 			if err != nil {
 				t.Err = err
 				delete(a.live, it.ID)

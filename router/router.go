@@ -362,16 +362,19 @@ func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, err
 }
 
 // placement narrows a selection: a per-worker capacity in in-flight
-// requests (0: none) and an advisory target worker.
+// requests (0: none), workers that are not candidates at all, and an
+// advisory target worker.
 type placement struct {
 	capacity  int64
+	exclude   []shared.WorkerID
 	target    shared.WorkerID
 	hasTarget bool
 }
 
-// place is Select with a placement: workers at capacity are not
-// candidates (none left: shared.ErrAllBusy), and an advisory target that
-// is a candidate is taken without running the policy.
+// place is Select with a placement: excluded workers are not candidates
+// (none left: ErrAllExcluded), nor are workers at capacity (none left:
+// shared.ErrAllBusy), and an advisory target that is a candidate is taken
+// without running the policy.
 func (r *Router) place(ctx context.Context, req *shared.Request, pl placement) (Decision, error) {
 	b := r.acquire()
 	if b == nil {
@@ -388,6 +391,11 @@ func (r *Router) place(ctx context.Context, req *shared.Request, pl placement) (
 			return Decision{}, fmt.Errorf("model %q, role %s: %w", req.Model, req.Role, shared.ErrNoWorkers)
 		}
 		return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrNoWorkers)
+	}
+	if len(pl.exclude) > 0 {
+		if part = excluding(part, pl.exclude); part == nil {
+			return Decision{}, fmt.Errorf("role %s: %w", req.Role, ErrAllExcluded)
+		}
 	}
 	if pl.capacity > 0 {
 		if part = underCapacity(part, pl.capacity); part == nil {
@@ -437,9 +445,23 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 // partition gets its own candidate-set key, so a round-robin cursor over
 // it is not the full set's.
 func underCapacity(p *fleet.Partition, capacity int64) *fleet.Partition {
+	return narrow(p, "capacity", func(w *fleet.Worker) bool { return w.ActiveRequests() < capacity })
+}
+
+// excluding returns the members of p whose id is not in ids: p itself
+// when none is, nil when every member is. Every rank of an excluded id is
+// left out.
+func excluding(p *fleet.Partition, ids []shared.WorkerID) *fleet.Partition {
+	return narrow(p, "exclude", func(w *fleet.Worker) bool { return !slices.Contains(ids, w.ID) })
+}
+
+// narrow returns the members of p that keep accepts: p itself when all
+// are, nil when none is. The narrowed partition's candidate-set key is
+// computed from its members under tag.
+func narrow(p *fleet.Partition, tag string, keep func(*fleet.Worker) bool) *fleet.Partition {
 	n := 0
 	for _, w := range p.Workers {
-		if w.ActiveRequests() < capacity {
+		if keep(w) {
 			n++
 		}
 	}
@@ -454,7 +476,7 @@ func underCapacity(p *fleet.Partition, capacity int64) *fleet.Partition {
 		q.DPRanks = make([]uint32, 0, n)
 	}
 	for i, w := range p.Workers {
-		if w.ActiveRequests() < capacity {
+		if keep(w) {
 			q.Workers = append(q.Workers, w)
 			q.IDs = append(q.IDs, w.ID)
 			if p.DPRanks != nil {
@@ -462,7 +484,7 @@ func underCapacity(p *fleet.Partition, capacity int64) *fleet.Partition {
 			}
 		}
 	}
-	q.Key = hosted.CandidateSetKey("capacity", p.Role, q.IDs)
+	q.Key = hosted.CandidateSetKey(tag, p.Role, q.IDs)
 	if q.Key == 0 {
 		q.Key = 1
 	}
@@ -475,7 +497,7 @@ func underCapacity(p *fleet.Partition, capacity int64) *fleet.Partition {
 // outcomes that are the policy's answer (every candidate filtered out) or
 // the caller's (cancelled).
 func fallbackAllowed(err error) bool {
-	return !errors.Is(err, shared.ErrAllFiltered) && !errors.Is(err, shared.ErrAllBusy) &&
+	return !errors.Is(err, shared.ErrAllFiltered) && !errors.Is(err, shared.ErrAllBusy) && !errors.Is(err, ErrAllExcluded) &&
 		!errors.Is(err, shared.ErrNoWorkers) && !errors.Is(err, context.Canceled) &&
 		!errors.Is(err, context.DeadlineExceeded)
 }

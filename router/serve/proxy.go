@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -35,6 +36,9 @@ type exchange struct {
 	meta    map[string]string
 	tokens  int
 	hashes  []uint64
+	// failed are the workers earlier attempts failed on before a byte;
+	// later attempts exclude them (router.Exclude).
+	failed []shared.WorkerID
 	// abort: the answer failed after its headers were sent; the
 	// connection is cut (http.ErrAbortHandler) so the client sees an
 	// error rather than a clean end of a truncated answer.
@@ -110,6 +114,9 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		if !retry {
 			return code
 		}
+		if w := tk.Decision.Worker; w != nil && !slices.Contains(ex.failed, w.ID) {
+			ex.failed = append(ex.failed, w.ID)
+		}
 		if attempt >= s.retries {
 			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
 				fmt.Sprintf("the selected workers failed before answering (%d attempts)", attempt+1))
@@ -120,8 +127,9 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 }
 
 // admit books a worker for one attempt, waiting in the queue when every
-// candidate is at capacity. It returns the dispatched ticket, or the code
-// of the error it answered.
+// candidate is at capacity; the workers earlier attempts failed on are not
+// candidates. It returns the dispatched ticket, or the code of the error
+// it answered.
 func (s *Server) admit(ex *exchange, attempt int) (router.Ticket, int) {
 	req := &shared.Request{
 		ID:           ex.id + "#" + strconv.Itoa(attempt),
@@ -135,13 +143,17 @@ func (s *Server) admit(ex *exchange, attempt int) (router.Ticket, int) {
 	ch := make(chan router.Ticket, 1)
 	s.register(req.ID, ch)
 	t0 := time.Now()
-	tk, err := s.r.Admit(ex.ctx, req)
+	var opts []router.AdmitOption
+	if len(ex.failed) > 0 {
+		opts = append(opts, router.Exclude(ex.failed...))
+	}
+	tk, err := s.r.Admit(ex.ctx, req, opts...)
 	if errors.Is(err, router.ErrDuplicateRequest) {
 		// The client reused a live request's id: admit under a unique one.
 		s.unregister(req.ID)
 		req.ID = s.newID() + "#" + strconv.Itoa(attempt)
 		s.register(req.ID, ch)
-		tk, err = s.r.Admit(ex.ctx, req)
+		tk, err = s.r.Admit(ex.ctx, req, opts...)
 	}
 	s.observeSelection(tk, req.Role, time.Since(t0))
 	if err != nil || !tk.Queued {
@@ -215,6 +227,11 @@ func (s *Server) admitError(ex *exchange, err error) int {
 	case errors.Is(err, router.ErrDue):
 		writeError(ex.w, http.StatusTooManyRequests, typeRateLimit, "due_time_passed", "the request's due time passed while it waited for a worker")
 		return http.StatusTooManyRequests
+	case errors.Is(err, router.ErrAllExcluded):
+		// A retry with no worker left that has not failed it.
+		writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
+			fmt.Sprintf("the selected workers failed before answering and no other worker serves model %q", ex.model))
+		return http.StatusBadGateway
 	case errors.As(err, &ce), errors.Is(err, router.ErrUnknownClass):
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", err.Error())
 		return http.StatusBadRequest

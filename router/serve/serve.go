@@ -29,7 +29,9 @@ const (
 	// every attempt, and the streamed answer.
 	DefaultRequestTimeout = 10 * time.Minute
 	// DefaultMaxRetries is how many times a request whose worker failed
-	// before sending a byte is sent to another selection.
+	// before sending a byte is sent to another selection, which excludes
+	// the workers that failed it (router.Exclude); with none left it
+	// answers 502 at once.
 	DefaultMaxRetries = 2
 	// DefaultDispatchInterval is how often queued requests are looked at
 	// when no request ended meanwhile (due times, aging, workers joining).

@@ -246,9 +246,13 @@ func TestEveryWorkerRefusingAnswers502(t *testing.T) {
 	if resp.StatusCode != http.StatusBadGateway {
 		t.Errorf("status %d, want 502", resp.StatusCode)
 	}
-	decodeError(t, resp)
-	if got := e.ws.failuresOf("a") + e.ws.failuresOf("b"); got != 1+DefaultMaxRetries {
-		t.Errorf("%d failures reported, want %d attempts", got, 1+DefaultMaxRetries)
+	if got := decodeError(t, resp); got.Code != "worker_failed" {
+		t.Errorf("code %q, want worker_failed", got.Code)
+	}
+	// Each attempt excludes the workers that failed before it: one attempt
+	// per worker, then no worker is left to try.
+	if a, b := e.ws.failuresOf("a"), e.ws.failuresOf("b"); a != 1 || b != 1 {
+		t.Errorf("failures reported: a %d, b %d; want one each", a, b)
 	}
 	e.settle(t)
 }
