@@ -44,6 +44,10 @@ var errBadRequest = errors.New("invalid request")
 func parseRequest(body []byte, chat bool) (*completionRequest, error) {
 	var req completionRequest
 	if err := json.Unmarshal(body, &req); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			return nil, fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, te.Field, te.Value)
+		}
 		return nil, fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, err)
 	}
 	if req.Model == "" {

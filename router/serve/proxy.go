@@ -236,7 +236,12 @@ func (s *Server) admitError(ex *exchange, err error) int {
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", err.Error())
 		return http.StatusBadRequest
 	case errors.Is(err, shared.ErrNoWorkers):
-		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "no_worker", fmt.Sprintf("no worker serves model %q", ex.model))
+		if ml, ok := s.workers.(modelServer); ok && !ml.Serves(ex.model) {
+			// OpenAI's answer for a model that does not exist: not retryable.
+			writeError(ex.w, http.StatusNotFound, typeInvalidRequest, "model_not_found", fmt.Sprintf("the model %q does not exist: no worker serves it", ex.model))
+			return http.StatusNotFound
+		}
+		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "no_worker", fmt.Sprintf("no ready worker for model %q: its workers are not answering", ex.model))
 		return http.StatusServiceUnavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		writeError(ex.w, http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out")
@@ -335,7 +340,12 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 	h.Set("X-Request-Id", ex.id)
 	ex.w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(ex.w)
-	_ = rc.Flush()
+	if resp.ContentLength < 0 {
+		// A stream (no length): send the headers now, not with the first
+		// chunk. A body of known length goes out with its headers in one
+		// write.
+		_ = rc.Flush()
+	}
 
 	bp := s.bufs.Get().(*[]byte)
 	defer s.bufs.Put(bp)

@@ -59,6 +59,12 @@ type Workers interface {
 	Ready() bool
 }
 
+// modelServer is implemented by Workers that know the configured models
+// (workers.Manager): a model no worker lists is a 404, not a 503.
+type modelServer interface {
+	Serves(model string) bool
+}
+
 // Options configure a Server.
 type Options struct {
 	// Router routes and books requests; EnableAdmission must have been
@@ -195,6 +201,15 @@ func New(o Options) (*Server, error) {
 	if o.Registry != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{Registry: o.Registry}))
 	}
+	// Anything else gets an OpenAI-shaped error, not net/http's plain text.
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/readyz", "/metrics":
+			writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path))
+		default:
+			writeError(w, http.StatusNotFound, typeInvalidRequest, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
+		}
+	})
 	s.handler = mux
 	return s, nil
 }

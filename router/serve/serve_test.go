@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -518,4 +519,49 @@ func waitFor(t *testing.T, cond func() bool) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// servingSet knows which models its workers list, as workers.Manager does.
+type servingSet struct {
+	*workerSet
+	models []string
+}
+
+func (s servingSet) Serves(model string) bool { return slices.Contains(s.models, model) }
+
+// A model no worker lists is OpenAI's 404 model_not_found (not retryable);
+// a listed model whose workers are all out is a 503. Unknown endpoints and
+// methods, and wrongly typed fields, get OpenAI-shaped errors too.
+func TestNotFoundShapes(t *testing.T) {
+	eng := newEngine(t, 3, 0)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	e.s.workers = servingSet{workerSet: e.ws, models: []string{"m", "down"}}
+	for _, tc := range []struct {
+		name, method, path, body string
+		status                   int
+		code                     string
+	}{
+		{"unknown model", "POST", "/v1/chat/completions", chatBody("nope", false, "x"), 404, "model_not_found"},
+		{"model with no ready worker", "POST", "/v1/chat/completions", chatBody("down", false, "x"), 503, "no_worker"},
+		{"unknown endpoint", "POST", "/v1/embeddings", `{}`, 404, "not_found"},
+		{"wrong method", "GET", "/v1/chat/completions", "", 405, "method_not_allowed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, e.url+tc.path, strings.NewReader(tc.body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tc.status {
+				t.Errorf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if got := decodeError(t, resp); got.Code != tc.code {
+				t.Errorf("code %q, want %q", got.Code, tc.code)
+			}
+		})
+	}
+	if _, err := parseRequest([]byte(`{"model":"m","messages":"hi"}`), true); err == nil || !strings.Contains(err.Error(), `"messages" must not be a JSON string`) {
+		t.Errorf("typed field error = %v", err)
+	}
+	e.settle(t)
 }

@@ -433,6 +433,20 @@ func (m *Manager) URL(name string) (string, bool) {
 	return "", false
 }
 
+// Serves reports whether some configured worker, ready or not, lists
+// model: serve answers 404 for a model nobody serves and 503 for one whose
+// workers are all not ready.
+func (m *Manager) Serves(model string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, e := range m.entries {
+		if slices.Contains(e.cfg.Models, model) {
+			return true
+		}
+	}
+	return false
+}
+
 // Ready reports whether at least one worker is ready (for /readyz).
 func (m *Manager) Ready() bool {
 	m.mu.Lock()
