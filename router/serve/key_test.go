@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
@@ -71,5 +72,22 @@ func TestRoutingKey(t *testing.T) {
 	tokens, hashes = routingKey{ids: ids}.hash(16, 4)
 	if tokens != 40 || len(hashes) != 2 {
 		t.Errorf("ids: %d tokens, %d blocks; want 40, 2 (full blocks only)", tokens, len(hashes))
+	}
+}
+
+// The fast path for unescaped content gives what a full decode gives.
+func TestContentTextFastPathMatchesDecode(t *testing.T) {
+	for _, raw := range []string{`"plain text"`, `"with \"escapes\" and \n"`, `"héllo wörld"`, `""`, `"a\u00e9b"`} {
+		got, err := contentText(json.RawMessage(raw))
+		if err != nil {
+			t.Fatalf("%s: %v", raw, err)
+		}
+		var want string
+		if err := json.Unmarshal([]byte(raw), &want); err != nil {
+			t.Fatal(err)
+		}
+		if got != want {
+			t.Errorf("%s: got %q, want %q", raw, got, want)
+		}
 	}
 }
