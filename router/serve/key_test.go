@@ -91,3 +91,20 @@ func TestContentTextFastPathMatchesDecode(t *testing.T) {
 		}
 	}
 }
+
+func TestUsageTokens(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		want int64
+		ok   bool
+	}{
+		{`{"id":"x","usage":{"prompt_tokens":250,"completion_tokens":5,"total_tokens":255}}`, 255, true},
+		{`{"id":"x"}`, 0, false},
+		{`not json`, 0, false},
+		{``, 0, false},
+	} {
+		if got, ok := usageTokens([]byte(tc.body)); got != tc.want || ok != tc.ok {
+			t.Errorf("%q: %d %v, want %d %v", tc.body, got, ok, tc.want, tc.ok)
+		}
+	}
+}

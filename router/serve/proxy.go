@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -353,6 +354,13 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 	first := true
 	var events int64 // SSE events ("\n\n"-terminated), about one token each
 	var last byte
+	// A non-streamed answer of known, bounded size is kept aside as it
+	// passes through, so its usage can give the exact context tokens.
+	var body []byte
+	keep := !ex.stream && resp.ContentLength > 0 && resp.ContentLength <= maxUsageBody
+	if keep {
+		body = make([]byte, 0, resp.ContentLength)
+	}
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -370,6 +378,9 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 				}
 				last = c
 			}
+			if keep {
+				body = append(body, buf[:n]...)
+			}
 			if _, werr := ex.w.Write(buf[:n]); werr != nil {
 				end(false, "client disconnected")
 				return codeClientGone, false
@@ -384,6 +395,9 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 			}
 		}
 		if rerr == io.EOF {
+			if n, ok := usageTokens(body); keep && ok {
+				contextTokens = n
+			}
 			end(true, "")
 			return resp.StatusCode, false
 		}
@@ -405,4 +419,24 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 			}
 		}
 	}
+}
+
+// maxUsageBody bounds the non-streamed answers read for their usage.
+const maxUsageBody = 1 << 20
+
+// usageTokens returns an OpenAI answer's usage.total_tokens (prompt plus
+// completion), or false when it has none.
+func usageTokens(body []byte) (int64, bool) {
+	if len(body) == 0 {
+		return 0, false
+	}
+	var v struct {
+		Usage *struct {
+			TotalTokens int64 `json:"total_tokens"`
+		} `json:"usage"`
+	}
+	if json.Unmarshal(body, &v) != nil || v.Usage == nil || v.Usage.TotalTokens <= 0 {
+		return 0, false
+	}
+	return v.Usage.TotalTokens, true
 }
