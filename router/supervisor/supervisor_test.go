@@ -243,9 +243,11 @@ func policy(t *testing.T, types []shared.TypeInfo, scorerParams shared.Params) *
 	}
 }
 
-func TestFusedPolicyIsOneCall(t *testing.T) {
-	h := newHost(t)
-	types, err := h.Start(context.Background(), block("good", ""))
+// startPolicy starts plugin block b on h and compiles the test policy
+// (filter + scorer + picker) over its types.
+func startPolicy(t *testing.T, h *Host, b config.Plugin) *pipeline.Compiled {
+	t.Helper()
+	types, err := h.Start(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
@@ -253,6 +255,12 @@ func TestFusedPolicyIsOneCall(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Compile: %v", err)
 	}
+	return cp
+}
+
+func TestFusedPolicyIsOneCall(t *testing.T) {
+	h := newHost(t)
+	cp := startPolicy(t, h, block("good", ""))
 	c := candidates()
 	row, err := pipeline.Execute(context.Background(), cp, request, c, &pipeline.Scratch{})
 	if err != nil {
@@ -627,14 +635,7 @@ func TestShutdownWedgedPlugin(t *testing.T) {
 
 func TestConcurrentDecisions(t *testing.T) {
 	h := newHost(t)
-	types, err := h.Start(context.Background(), block("good", ""))
-	if err != nil {
-		t.Fatalf("Start: %v", err)
-	}
-	cp, err := pipeline.Compile(policy(t, types, nil))
-	if err != nil {
-		t.Fatalf("Compile: %v", err)
-	}
+	cp := startPolicy(t, h, block("good", ""))
 	const workers, each = 16, 25
 	errs := make(chan error, workers)
 	for range workers {
