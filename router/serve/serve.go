@@ -21,6 +21,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/supervisor"
+	"github.com/switchyard-router/switchyard/router/upstream"
 )
 
 // Defaults of Options.
@@ -214,19 +215,16 @@ func New(o Options) (*Server, error) {
 	return s, nil
 }
 
-// NewTransport returns the engines' default transport: pooled keep-alive
-// connections (256 idle per engine), no proxy, no transparent
+// NewTransport returns the engines' default transport, an
+// upstream.Transport: each exchange on the handler's own goroutine over
+// pooled keep-alive connections (upstream.DefaultMaxIdlePerHost per
+// engine, idle ones checked before reuse), no proxy, no transparent
 // compression (bodies pass through as the engine sent them), a 5s dial
 // timeout and no response timeout (a non-streamed answer's headers come
-// when generation ends; the request timeout bounds it).
-func NewTransport() *http.Transport {
-	return &http.Transport{
-		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-		MaxIdleConns:        4096,
-		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-	}
+// when generation ends; the request timeout bounds it). It saves two
+// goroutine hand-offs per request over net/http's Transport (BENCHMARKS.md).
+func NewTransport() *upstream.Transport {
+	return &upstream.Transport{DialTimeout: 5 * time.Second}
 }
 
 // Handler is the server's HTTP handler. Queued requests need the
@@ -248,6 +246,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          s.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+	}
+	if ci, ok := s.transport.(interface{ CloseIdleConnections() }); ok {
+		defer ci.CloseIdleConnections()
 	}
 	dctx, stopDispatch := context.WithCancel(context.WithoutCancel(ctx))
 	dispatched := make(chan struct{})
@@ -311,8 +312,13 @@ func (s *Server) Dispatcher(ctx context.Context) {
 	}
 }
 
-// Wake asks the dispatcher to look at the queue now (a worker joined).
+// Wake asks the dispatcher to look at the queue now (a request ended, a
+// worker joined). With no request waiting it does nothing: a wake-up per
+// request would cost the dispatcher's goroutine a thread wake-up each.
 func (s *Server) Wake() {
+	if s.queued.Load() == 0 {
+		return
+	}
 	select {
 	case s.wakeC <- struct{}{}:
 	default:
