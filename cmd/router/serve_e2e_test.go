@@ -338,6 +338,7 @@ func chatJSON(stream bool, maxTokens int, text string) string {
 type streamResult struct {
 	status      int
 	worker      string
+	prefill     string        // x-switchyard-prefill-worker (disaggregated requests)
 	events      int           // "data: " lines before [DONE]
 	done        bool          // "data: [DONE]" arrived
 	first, last time.Duration // since the request was sent: first data line, [DONE]
@@ -359,6 +360,7 @@ func doChat(ctx context.Context, c *http.Client, base, body string) (streamResul
 	}
 	defer func() { _ = resp.Body.Close() }()
 	r.status, r.worker = resp.StatusCode, resp.Header.Get("X-Switchyard-Worker")
+	r.prefill = resp.Header.Get("X-Switchyard-Prefill-Worker")
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
 		b, err := io.ReadAll(resp.Body)
 		r.body = string(b)
@@ -967,4 +969,75 @@ worker_selection {
 	}
 	t.Logf("%s killed: %d requests in %v (max latency %v), %d attempts failed before a byte and were retried; split %v; %s not ready %v after the kill; test %v",
 		victim, total, sent, time.Duration(maxLatency.Load()), retried, split, victim, notReady, time.Since(t0))
+}
+
+// TestServeE2EDisaggregated: examples/policies/serve-disagg.hcl with one
+// prefill and one decode mock-worker process. A streamed request is served
+// in two hops: the answer names both workers and ends with [DONE], the
+// prefill engine computed the prompt and generated one token, the decode
+// engine computed no prompt (the KV came from the prefill) and generated
+// the rest, and every booking ends.
+func TestServeE2EDisaggregated(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	mocks := startMocks(t, routerBin, 2, "50")
+	src, err := os.ReadFile("../../examples/policies/serve-disagg.hcl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The example's policies and queue with the mocks' block size and
+	// these two workers.
+	policy, _, ok := strings.Cut(string(src), "\nworker \"")
+	if !ok || !strings.Contains(policy, "block_size = 512") {
+		t.Fatal("examples/policies/serve-disagg.hcl changed; update this test")
+	}
+	policy = strings.Replace(policy, "block_size = 512", "block_size = 16", 1)
+	for _, w := range []struct{ name, role, url string }{{"prefill-a", "prefill", mocks[0].url}, {"decode-a", "decode", mocks[1].url}} {
+		policy += fmt.Sprintf("\nworker %q {\n  url             = %q\n  role            = %q\n  models          = [\"mock\"]\n  total_kv_blocks = 27500\n}\n", w.name, w.url, w.role)
+	}
+	path := filepath.Join(t.TempDir(), "serve-disagg.hcl")
+	if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	router := startRouter(t, routerBin, "--policy", path)
+	c := e2eClient(t)
+	waitMetrics(t, c, router, 10*time.Second, "both workers ready", allReady("prefill-a", "decode-a"))
+
+	const tokens = 32
+	r, err := doChat(context.Background(), c, router.url, chatJSON(true, tokens, "a disaggregated answer"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.status != http.StatusOK || r.prefill != "prefill-a" || r.worker != "decode-a" || !r.done || r.events != tokens {
+		t.Fatalf("status %d, prefill worker %q, decode worker %q, %d events, [DONE] %v; want 200 from prefill-a then decode-a, %d events and [DONE]: %s\n%s",
+			r.status, r.prefill, r.worker, r.events, r.done, tokens, r.body, router.stderr.String())
+	}
+	m := waitMetrics(t, c, router, 5*time.Second, "the request counted and every worker idle", func(m map[string]float64) bool {
+		return m[`switchyard_requests_total{code="200",model="mock"}`] == 1 && idle(m)
+	})
+	if got := m[`switchyard_selection_duration_seconds_count{policy="prefill",role="prefill"}`]; got != 1 {
+		t.Errorf("prefill selections %v, want 1", got)
+	}
+	if got := m[`switchyard_selection_duration_seconds_count{policy="decode",role="decode"}`]; got != 1 {
+		t.Errorf("decode selections %v, want 1", got)
+	}
+	// The engines count a step's tokens just after handing them out: poll.
+	const prompt, generated = `vllm:prompt_tokens_total{model_name="mock"}`, `vllm:generation_tokens_total{model_name="mock"}`
+	var pm, dm map[string]float64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if pm, err = scrape(c, mocks[0].url); err != nil {
+			t.Fatal(err)
+		}
+		if dm, err = scrape(c, mocks[1].url); err != nil {
+			t.Fatal(err)
+		}
+		if (pm[generated] == 1 && dm[generated] == tokens-1) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if pm[prompt] == 0 || pm[generated] != 1 {
+		t.Errorf("prefill engine: %v prompt tokens, %v generated; want the prompt and 1 token", pm[prompt], pm[generated])
+	}
+	if dm[prompt] != 0 || dm[generated] != tokens-1 {
+		t.Errorf("decode engine: %v prompt tokens, %v generated; want none (transferred) and %d", dm[prompt], dm[generated], tokens-1)
+	}
 }

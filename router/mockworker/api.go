@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -28,7 +29,40 @@ type genRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	PromptTokenIDs []int64 `json:"prompt_token_ids"`
+	// KVTransferParams is vLLM's disaggregated-serving field: see
+	// kvTransferParams.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+
+	// prefill: do_remote_decode, answer one token and the KV's
+	// kv_transfer_params, not streamed.
+	prefill bool
 }
+
+// kvTransferParams is the part of a request's kv_transfer_params the mock
+// reads (vLLM's NixlConnector): do_remote_decode asks a prefill worker to
+// compute the prompt's KV and keep it for a decode worker;
+// do_remote_prefill tells a decode worker that the prompt's KV comes from
+// a prefill worker. The remote_* fields are not read.
+type kvTransferParams struct {
+	DoRemoteDecode  bool `json:"do_remote_decode"`
+	DoRemotePrefill bool `json:"do_remote_prefill"`
+}
+
+// kvTransferAnswer is the kv_transfer_params of a prefill answer: where a
+// decode worker fetches the prompt's KV, in vLLM's NixlConnector fields.
+type kvTransferAnswer struct {
+	DoRemotePrefill bool    `json:"do_remote_prefill"`
+	DoRemoteDecode  bool    `json:"do_remote_decode"`
+	RemoteEngineID  string  `json:"remote_engine_id"`
+	RemoteBlockIDs  []int64 `json:"remote_block_ids"`
+	RemoteHost      string  `json:"remote_host"`
+	RemotePort      int     `json:"remote_port"`
+	TPSize          int     `json:"tp_size"`
+}
+
+// maxRemoteBlockIDs bounds the block ids of a prefill answer: a few are
+// enough to show the hand-over (nothing fetches them).
+const maxRemoteBlockIDs = 16
 
 type chatMessage struct {
 	Role    string          `json:"role"`
@@ -172,6 +206,22 @@ func (s *Server) parse(body []byte, chat bool) (*genRequest, sim.Request, *apiEr
 		return nil, sim.Request{}, badRequest("max_tokens must be at least 1, got %d", out)
 	}
 	r := sim.Request{OutputLength: out, PrefixBlockTokens: s.cfg.BlockTokens}
+	if kv := bytes.TrimSpace(req.KVTransferParams); len(kv) > 0 && !bytes.Equal(kv, []byte("null")) {
+		var p kvTransferParams
+		if err := json.Unmarshal(kv, &p); err != nil {
+			return nil, sim.Request{}, badRequest("kv_transfer_params must be an object with boolean do_remote_decode and do_remote_prefill: %v", err)
+		}
+		switch {
+		case p.DoRemoteDecode && p.DoRemotePrefill:
+			return nil, sim.Request{}, badRequest("kv_transfer_params: do_remote_decode and do_remote_prefill are both true")
+		case p.DoRemoteDecode:
+			// A prefill: one token, answered whole with the KV's address.
+			req.prefill, req.Stream, r.OutputLength = true, false, 1
+		case p.DoRemotePrefill:
+			// A decode: the prompt's KV arrived from a prefill worker.
+			r.KVTransferred = true
+		}
+	}
 	if p.useIDs {
 		if len(p.ids) == 0 {
 			return nil, sim.Request{}, badRequest("prompt token ids must not be empty")
@@ -229,8 +279,14 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 		writeError(w, perr)
 		return
 	}
-	a := &active{prompt: sr.InputLength, output: sr.OutputLength, notify: make(chan struct{}, 1)}
-	if err := s.eng.submit(a, sr); err != nil {
+	a := &active{prompt: sr.InputLength, output: sr.OutputLength, transferred: sr.KVTransferred, notify: make(chan struct{}, 1)}
+	if sr.KVTransferred && sr.OutputLength == 1 {
+		// The one token was sampled by the prefill worker: nothing to
+		// compute here (the engine takes transferred requests of 2 tokens
+		// or more).
+		now := s.eng.simNow()
+		a.submitAt, a.times, a.done = now, []time.Duration{now}, true
+	} else if err := s.eng.submit(a, sr); err != nil {
 		switch {
 		case errors.Is(err, sim.ErrRequestTooLarge):
 			writeError(w, badRequest("prompt of %d tokens plus max_tokens %d does not fit the KV cache of %d tokens (%d blocks of %d)",
@@ -244,11 +300,14 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 	}
 	finished := false
 	defer func() {
-		if !finished {
+		if !finished && a.id != 0 {
 			s.eng.abort(a.id) // client gone, write failed or shutdown
 		}
 	}()
 	g := generation{s: s, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix()}
+	if req.prefill {
+		g.kv = s.kvAnswer(r, sr)
+	}
 	if req.Model != "" {
 		g.model = req.Model
 	} else {
@@ -304,6 +363,38 @@ type generation struct {
 	id      string
 	model   string
 	created int64
+	// kv is a prefill answer's kv_transfer_params; nil otherwise.
+	kv *kvTransferAnswer
+}
+
+// kvAnswer is the kv_transfer_params of a prefill request's answer: this
+// engine's id, the ids of the engine blocks holding the prompt (at most
+// maxRemoteBlockIDs, unique across the server's answers), and the address
+// the request came in on.
+func (s *Server) kvAnswer(r *http.Request, sr sim.Request) *kvTransferAnswer {
+	n := min((sr.InputLength+s.cfg.Sim.BlockSize-1)/s.cfg.Sim.BlockSize, maxRemoteBlockIDs)
+	first := s.blocks.Add(int64(n)) - int64(n)
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = first + int64(i)
+	}
+	host, port := listenAddr(r)
+	return &kvTransferAnswer{DoRemotePrefill: true, RemoteEngineID: s.engineID, RemoteBlockIDs: ids,
+		RemoteHost: host, RemotePort: port, TPSize: 1}
+}
+
+// listenAddr is the host and port the request came in on: the
+// connection's local address, else the Host header's; port 0 when unknown.
+func listenAddr(r *http.Request) (string, int) {
+	if a, ok := r.Context().Value(http.LocalAddrContextKey).(*net.TCPAddr); ok {
+		return a.IP.String(), a.Port
+	}
+	host, p, err := net.SplitHostPort(r.Host)
+	if err != nil {
+		return r.Host, 0
+	}
+	port, _ := strconv.Atoi(p)
+	return host, port
 }
 
 func (g *generation) usage(cached int) usage {
@@ -361,10 +452,14 @@ func (g *generation) complete(r *http.Request) bool {
 	h.Set("x-mock-cached-tokens", strconv.Itoa(p.cached))
 	h.Set("x-mock-ttft-seconds", seconds(p.times[0]-p.submitAt))
 	h.Set("x-mock-latency-seconds", seconds(p.times[len(p.times)-1]-p.submitAt))
-	_ = json.NewEncoder(g.w).Encode(map[string]any{
+	answer := map[string]any{
 		"id": g.id, "object": object, "created": g.created, "model": g.model,
 		"choices": []any{choice}, "usage": g.usage(p.cached),
-	})
+	}
+	if g.kv != nil {
+		answer["kv_transfer_params"] = g.kv
+	}
+	_ = json.NewEncoder(g.w).Encode(answer)
 	return true
 }
 

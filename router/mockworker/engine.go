@@ -44,7 +44,10 @@ type active struct {
 	id     int
 	prompt int
 	output int
-	notify chan struct{} // capacity 1: "there is news"
+	// transferred: the prompt's KV came from a prefill worker, which
+	// sampled the first token (sim.Request.KVTransferred).
+	transferred bool
+	notify      chan struct{} // capacity 1: "there is news"
 
 	mu       sync.Mutex
 	submitAt time.Duration   // simulated submission time
@@ -133,6 +136,12 @@ func (e *engine) abort(id int) {
 	case e.aborts <- id:
 	case <-e.done:
 	}
+}
+
+// simNow is the simulated time now, for handlers (clock is the engine
+// goroutine's).
+func (e *engine) simNow() time.Duration {
+	return time.Duration(float64(time.Since(e.epoch)) * e.speedup)
 }
 
 // clock returns the simulated time now, never less than a time used before.
@@ -238,6 +247,15 @@ func (e *engine) stepEnded(at time.Duration, evs []sim.Event) {
 		}
 		switch ev.Kind {
 		case sim.FirstToken:
+			if a.transferred {
+				// The end of the first decode step here: the token the
+				// prefill worker sampled and this step's go out together.
+				// No prompt was computed and the cache was not queried.
+				a.decoding, a.emitted = true, 2
+				gen++
+				a.produce(at, 2, true, 0, a.output == 2)
+				continue
+			}
 			a.decoding, a.emitted = true, 1
 			gen++
 			e.m.promptTokens.Add(float64(a.prompt))

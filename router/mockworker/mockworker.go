@@ -53,6 +53,31 @@
 // tokens were produced. usage.prompt_tokens_details.cached_tokens repeats
 // the cached tokens, as vLLM reports them.
 //
+// # Disaggregated prefill and decode
+//
+// The mock plays both ends of vLLM's disaggregated-serving proxy protocol
+// (the NixlConnector toy proxy), chosen per request by its
+// "kv_transfer_params" (absent or null: an ordinary request):
+//
+//   - "do_remote_decode": true makes a prefill request: it is simulated
+//     with max_tokens 1, whatever it asked, and answered not streamed with
+//     the usual completion body plus "kv_transfer_params":
+//     {"do_remote_prefill": true, "do_remote_decode": false,
+//     "remote_engine_id": Config.EngineID, "remote_block_ids": [the ids of
+//     up to 16 engine blocks of the prompt, unique across the server's
+//     answers], "remote_host" and "remote_port": the address the request
+//     came in on, "tp_size": 1}.
+//   - "do_remote_prefill": true makes a decode request: it is simulated
+//     with sim.Request.KVTransferred (no prefill computed, nothing
+//     published to the prefix cache, the first token already sampled by
+//     the prefill worker) and answered as usual, streamed or not, with all
+//     max_tokens tokens: the first two arrive at the end of its first
+//     decode step. A decode request of max_tokens 1 has nothing left to
+//     compute and is answered at once. x-mock-cached-tokens is 0.
+//
+// Both set is a 400. Nothing is transferred: the remote_* fields of a
+// decode request are not read, so any prefill answer's parameters work.
+//
 // # Errors and cancellation
 //
 // Errors use the OpenAI shape {"error": {"message", "type", "param",
@@ -64,6 +89,8 @@
 package mockworker
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -114,6 +141,10 @@ type Config struct {
 	// DefaultMaxTokens is the output length when a request sets none. 0
 	// means DefaultMaxTokens (16).
 	DefaultMaxTokens int
+	// EngineID is this engine's id in its prefill answers'
+	// kv_transfer_params (remote_engine_id). "" means "mock-" and 8
+	// random hex digits.
+	EngineID string
 }
 
 // Server is a mock engine. It implements http.Handler; create it with New
@@ -125,6 +156,10 @@ type Server struct {
 	mux     *http.ServeMux
 	created int64 // unix seconds at New, the models' "created"
 	seq     atomic.Int64
+	// engineID is Config.EngineID or the generated one.
+	engineID string
+	// blocks counts the remote_block_ids handed out by prefill answers.
+	blocks atomic.Int64
 }
 
 // New validates cfg, starts the simulated engine and returns the server.
@@ -169,7 +204,13 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("mockworker: %w", err)
 	}
 	m := newMetrics(model)
-	s := &Server{cfg: cfg, model: model, mux: http.NewServeMux(), created: time.Now().Unix()}
+	engineID := cfg.EngineID
+	if engineID == "" {
+		var rnd [4]byte
+		_, _ = rand.Read(rnd[:])
+		engineID = "mock-" + hex.EncodeToString(rnd[:])
+	}
+	s := &Server{cfg: cfg, model: model, mux: http.NewServeMux(), created: time.Now().Unix(), engineID: engineID}
 	s.eng = startEngine(w, cfg.Speedup, m)
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, false) })
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, true) })
@@ -181,6 +222,10 @@ func New(cfg Config) (*Server, error) {
 
 // Model returns the served model name.
 func (s *Server) Model() string { return s.model }
+
+// EngineID returns the engine id its prefill answers name as
+// remote_engine_id (Config.EngineID or the generated one).
+func (s *Server) EngineID() string { return s.engineID }
 
 // ServeHTTP serves the endpoints listed in the package documentation.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }

@@ -23,4 +23,50 @@
 // approximation of the tokenizer: equal text prefixes still give equal
 // block hashes, but block boundaries and the prompt's token count are
 // estimates.
+//
+// # Disaggregated prefill and decode
+//
+// A model is served in two hops, by vLLM's disaggregated proxy protocol
+// (the NixlConnector toy proxy), when no aggregated worker of the fleet
+// serves it and a prefill worker does; a model with an aggregated worker
+// is served aggregated, as above. The rules:
+//
+//  1. Mode: with prefill workers but no decode worker the answer is 503
+//     no_worker, before any prefill; a model no worker lists stays a 404
+//     model_not_found.
+//  2. Prefill hop: admitted with role prefill and the prompt's block
+//     hashes (classifier, queue and capacity as for an aggregated
+//     request). The body is the client's with "kv_transfer_params":
+//     {"do_remote_decode": true, "do_remote_prefill": false, and
+//     remote_engine_id, remote_block_ids, remote_host, remote_port null},
+//     "stream": false, "max_tokens": 1 ("max_completion_tokens": 1 when
+//     set), and no stream_options, min_tokens or min_completion_tokens.
+//     A prefill worker that fails before its answer is complete (nothing
+//     has reached the client) is excluded and the prefill admitted again,
+//     up to MaxRetries times, then 502. The answer is read whole (at most
+//     1 MiB; more is a 502): a non-2xx answer goes to the client as is
+//     and ends the request; a 2xx answer without a kv_transfer_params
+//     object is a 502 bad_prefill_answer. The prefill ticket gets
+//     FirstToken and Complete (the prompt plus one token) once the answer
+//     is read, Abort on every other path.
+//  3. Decode hop: Router.Select with role decode, the prompt's token
+//     count and no block hashes (the KV arrives by transfer, not from the
+//     decode worker's prefix cache, so the prefix index must not record
+//     it); no queue. The body is the client's with the prefill answer's
+//     kv_transfer_params copied in verbatim. The Select booking gets
+//     PrefillDone at the answer's first byte and Release exactly once
+//     when the answer ends or fails or the client leaves. A decode worker
+//     that fails before a byte is excluded (router.Exclude) and the hop
+//     selected again, up to MaxRetries times, then 502. The answer passes
+//     through as an aggregated answer does.
+//  4. Headers: X-Switchyard-Worker names the decode worker,
+//     X-Switchyard-Prefill-Worker the prefill worker (also on a prefill
+//     error passed through). Requests, duration and TTFT are counted
+//     once per client request; the selection duration once per hop and
+//     attempt, labelled role="prefill" or "decode".
+//  5. Every prefill and decode booking ends exactly once, whatever ends
+//     the request: completion, cancellation, worker failure or timeout.
+//
+// The request timeout bounds both hops together; the client's
+// X-Request-Id is sent on both.
 package serve

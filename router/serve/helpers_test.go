@@ -141,6 +141,7 @@ type backend struct {
 	name   string
 	url    string
 	models []string
+	role   shared.Role // "": aggregated
 }
 
 // env is a router, its Server on a real loopback listener and the fleet.
@@ -161,8 +162,11 @@ type envOptions struct {
 
 func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 	t.Helper()
-	p := &shared.Policy{Name: "rr", PickerName: "pick", Picker: builtin.NewRoundRobin()}
-	r, err := router.New(router.Options{BlockSize: 16, Roles: map[shared.Role]*shared.Policy{shared.RoleAggregated: p}})
+	roles := map[shared.Role]*shared.Policy{}
+	for _, role := range config.Roles {
+		roles[role] = &shared.Policy{Name: "rr", PickerName: "pick", Picker: builtin.NewRoundRobin()}
+	}
+	r, err := router.New(router.Options{BlockSize: 16, Roles: roles})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +180,11 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 		if models == nil {
 			models = []string{"m"}
 		}
-		w, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Role: shared.RoleAggregated, TotalKVBlocks: 1000, Name: b.name, Models: models})
+		role := b.role
+		if role == "" {
+			role = shared.RoleAggregated
+		}
+		w, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Role: role, TotalKVBlocks: 1000, Name: b.name, Models: models})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -38,7 +39,8 @@ type exchange struct {
 	tokens  int
 	hashes  []uint64
 	// failed are the workers earlier attempts failed on before a byte;
-	// later attempts exclude them (router.Exclude).
+	// later attempts exclude them (router.Exclude). For a disaggregated
+	// request, the prefill workers; its decode hop keeps its own list.
 	failed []shared.WorkerID
 	// abort: the answer failed after its headers were sent; the
 	// connection is cut (http.ErrAbortHandler) so the client sees an
@@ -106,8 +108,11 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 			ex.meta[strings.ToLower(k)] = v[0]
 		}
 	}
+	if s.disaggregated(ex.model) {
+		return s.disagg(ex)
+	}
 	for attempt := 0; ; attempt++ {
-		tk, code := s.admit(ex, attempt)
+		tk, code := s.admit(ex, shared.RoleAggregated, attempt)
 		if code != 0 {
 			return code
 		}
@@ -127,15 +132,16 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	}
 }
 
-// admit books a worker for one attempt, waiting in the queue when every
-// candidate is at capacity; the workers earlier attempts failed on are not
-// candidates. It returns the dispatched ticket, or the code of the error
-// it answered.
-func (s *Server) admit(ex *exchange, attempt int) (router.Ticket, int) {
+// admit books a worker of role (aggregated, or prefill for a
+// disaggregated request's first hop) for one attempt, waiting in the queue
+// when every candidate is at capacity; the workers earlier attempts failed
+// on (ex.failed) are not candidates. It returns the dispatched ticket, or
+// the code of the error it answered.
+func (s *Server) admit(ex *exchange, role shared.Role, attempt int) (router.Ticket, int) {
 	req := &shared.Request{
 		ID:           ex.id + "#" + strconv.Itoa(attempt),
 		Model:        ex.model,
-		Role:         shared.RoleAggregated,
+		Role:         role,
 		PromptTokens: ex.tokens,
 		BlockHashes:  ex.hashes,
 		SessionID:    ex.session,
@@ -156,7 +162,7 @@ func (s *Server) admit(ex *exchange, attempt int) (router.Ticket, int) {
 		s.register(req.ID, ch)
 		tk, err = s.r.Admit(ex.ctx, req, opts...)
 	}
-	s.observeSelection(tk, req.Role, time.Since(t0))
+	s.observeSelection(tk.Decision.Policy, req.Role, time.Since(t0))
 	if err != nil || !tk.Queued {
 		s.unregister(req.ID)
 		if err != nil {
@@ -203,11 +209,12 @@ func (s *Server) unregister(id string) {
 	}
 }
 
-func (s *Server) observeSelection(tk router.Ticket, role shared.Role, d time.Duration) {
+// observeSelection records one selection's duration under the policy
+// that decided ("" before a decision: the role's policy).
+func (s *Server) observeSelection(policy string, role shared.Role, d time.Duration) {
 	if s.met == nil {
 		return
 	}
-	policy := tk.Decision.Policy
 	if policy == "" {
 		if b := s.r.Bundle(); b != nil && b.Config != nil {
 			policy = b.Config.RolePolicies[role]
@@ -269,38 +276,69 @@ func ctxReason(ex *exchange) string {
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
-// forward sends one attempt to its worker and passes the answer through.
-// It ends the attempt's booking exactly once, on every path. retry is true
-// when the worker failed before sending a byte and nothing was written to
-// the client.
+// forward sends one attempt of an aggregated request to its worker and
+// passes the answer through. It ends the attempt's booking exactly once,
+// on every path. retry is true when the worker failed before sending a
+// byte and nothing was written to the client.
 func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) {
-	id, name := tk.ID, tk.Decision.Worker.Name
-	ended := false
-	var contextTokens int64 = int64(ex.tokens)
-	end := func(complete bool, reason string) {
-		if ended {
-			return
-		}
-		ended = true
-		if complete {
-			_ = s.r.Complete(id, contextTokens)
-		} else {
-			_ = s.r.Abort(id, reason)
-		}
-		s.Wake()
-	}
-	defer end(false, "handler ended")
+	return s.passThrough(ex, hop{id: tk.ID}, tk.Decision.Worker.Name, ex.body)
+}
 
+// hop is the booking of one upstream attempt: an admitted ticket (id
+// set: its lifecycle goes through the Router by id, as for an aggregated
+// request) or a Select booking (booking set: the decode hop of a
+// disaggregated request, which is not a live request of the Router).
+type hop struct {
+	id      string
+	booking *fleet.Booking
+}
+
+// firstByte records the answer's first byte: the end of the booked
+// prefill.
+func (s *Server) firstByte(h hop) {
+	if h.booking != nil {
+		h.booking.PrefillDone()
+		return
+	}
+	_ = s.r.FirstToken(h.id)
+}
+
+// progress records an admitted request's context tokens so far.
+func (s *Server) progress(h hop, contextTokens int64) {
+	if h.booking == nil {
+		s.r.Progress(h.id, contextTokens)
+	}
+}
+
+// endHop ends an attempt's booking: Complete or Abort for a ticket (then
+// the dispatcher looks at the queue), Release for a Select booking.
+func (s *Server) endHop(h hop, complete bool, contextTokens int64, reason string) {
+	if h.booking != nil {
+		h.booking.Release()
+		return
+	}
+	if complete {
+		_ = s.r.Complete(h.id, contextTokens)
+	} else {
+		_ = s.r.Abort(h.id, reason)
+	}
+	s.Wake()
+}
+
+// upstream builds the request of one attempt to the worker called name:
+// POST body to the client's path, with the client's headers but the
+// hop-by-hop ones, and the request id. nil and why when the worker is
+// unknown or its URL does not make a request (reported as the worker's
+// failure).
+func (s *Server) upstream(ex *exchange, name string, body []byte) (*http.Request, string) {
 	base, ok := s.workers.URL(name)
 	if !ok {
-		end(false, "worker unknown")
-		return 0, true
+		return nil, "worker unknown"
 	}
-	up, err := http.NewRequestWithContext(ex.ctx, http.MethodPost, base+ex.path, bytes.NewReader(ex.body))
+	up, err := http.NewRequestWithContext(ex.ctx, http.MethodPost, base+ex.path, bytes.NewReader(body))
 	if err != nil {
-		end(false, "bad worker url")
 		s.workers.ReportFailure(name)
-		return 0, true
+		return nil, "bad worker url"
 	}
 	for k, v := range ex.r.Header {
 		up.Header[k] = v
@@ -309,6 +347,31 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 		up.Header.Del(h)
 	}
 	up.Header.Set("X-Request-Id", ex.id)
+	return up, ""
+}
+
+// passThrough sends body to the worker called name as one attempt booked
+// by h and passes the answer through to the client: headers, then the
+// body chunk by chunk, flushed as it arrives. It ends h exactly once, on
+// every path. retry is true when the worker failed before sending a byte
+// and nothing was written to the client.
+func (s *Server) passThrough(ex *exchange, h hop, name string, body []byte) (code int, retry bool) {
+	ended := false
+	var contextTokens int64 = int64(ex.tokens)
+	end := func(complete bool, reason string) {
+		if ended {
+			return
+		}
+		ended = true
+		s.endHop(h, complete, contextTokens, reason)
+	}
+	defer end(false, "handler ended")
+
+	up, why := s.upstream(ex, name, body)
+	if up == nil {
+		end(false, why)
+		return 0, true
+	}
 	resp, err := s.transport.RoundTrip(up)
 	if err != nil {
 		if ex.ctx.Err() != nil {
@@ -330,15 +393,15 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 	} else {
 		s.workers.ReportSuccess(name)
 	}
-	h := ex.w.Header()
+	hdr := ex.w.Header()
 	for k, v := range resp.Header {
-		h[k] = v
+		hdr[k] = v
 	}
 	for _, hh := range hopHeaders {
-		h.Del(hh)
+		hdr.Del(hh)
 	}
-	h.Set("X-Switchyard-Worker", name)
-	h.Set("X-Request-Id", ex.id)
+	hdr.Set("X-Switchyard-Worker", name)
+	hdr.Set("X-Request-Id", ex.id)
 	ex.w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(ex.w)
 	if resp.ContentLength < 0 {
@@ -356,17 +419,17 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 	var last byte
 	// A non-streamed answer of known, bounded size is kept aside as it
 	// passes through, so its usage can give the exact context tokens.
-	var body []byte
+	var kept []byte
 	keep := !ex.stream && resp.ContentLength > 0 && resp.ContentLength <= maxUsageBody
 	if keep {
-		body = make([]byte, 0, resp.ContentLength)
+		kept = make([]byte, 0, resp.ContentLength)
 	}
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			if first {
 				first = false
-				_ = s.r.FirstToken(id)
+				s.firstByte(h)
 				if s.met != nil && ex.stream {
 					s.met.ttft.WithLabelValues(s.modelLabel(ex.model)).Observe(time.Since(ex.start).Seconds())
 				}
@@ -379,7 +442,7 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 				last = c
 			}
 			if keep {
-				body = append(body, buf[:n]...)
+				kept = append(kept, buf[:n]...)
 			}
 			if _, werr := ex.w.Write(buf[:n]); werr != nil {
 				end(false, "client disconnected")
@@ -391,11 +454,11 @@ func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) 
 			}
 			if events > before {
 				contextTokens = int64(ex.tokens) + events
-				s.r.Progress(id, contextTokens)
+				s.progress(h, contextTokens)
 			}
 		}
 		if rerr == io.EOF {
-			if n, ok := usageTokens(body); keep && ok {
+			if n, ok := usageTokens(kept); keep && ok {
 				contextTokens = n
 			}
 			end(true, "")

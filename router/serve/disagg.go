@@ -1,0 +1,306 @@
+package serve
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// Disaggregated serving: a model that no aggregated worker serves but a
+// prefill worker does is served in two hops, by vLLM's disaggregated
+// proxy protocol (the NixlConnector toy proxy). The prefill hop sends the
+// request, rewritten to compute the prompt's KV and one token, to a
+// prefill worker admitted like an aggregated request; the decode hop sends
+// the original request plus the prefill answer's kv_transfer_params to a
+// decode worker chosen by Select, and passes its answer through.
+
+// maxPrefillAnswer bounds a prefill worker's answer, which is read whole
+// for its kv_transfer_params (1 MiB).
+const maxPrefillAnswer = 1 << 20
+
+// prefillKVParams is the prefill request's kv_transfer_params: compute the
+// prompt's KV and keep it for a remote decode worker to fetch.
+var prefillKVParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+// Header naming the prefill worker of a disaggregated request (the decode
+// worker is X-Switchyard-Worker).
+const headerPrefillWorker = "X-Switchyard-Prefill-Worker"
+
+// disaggregated reports whether model is served in prefill and decode
+// hops: no aggregated worker of the fleet serves it and a prefill worker
+// does.
+func (s *Server) disaggregated(model string) bool {
+	return len(s.r.Workers(model, shared.RoleAggregated)) == 0 && len(s.r.Workers(model, shared.RolePrefill)) > 0
+}
+
+// disagg runs a disaggregated request, prefill hop then decode hop, and
+// returns the code it is counted under.
+func (s *Server) disagg(ex *exchange) int {
+	if len(s.r.Workers(ex.model, shared.RoleDecode)) == 0 {
+		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "no_worker",
+			fmt.Sprintf("no ready decode worker for model %q: it is served disaggregated (it has prefill workers but no aggregated one)", ex.model))
+		return http.StatusServiceUnavailable
+	}
+	pbody, err := prefillBody(ex.body)
+	if err != nil {
+		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
+		return http.StatusBadRequest
+	}
+	// The prefill hop set X-Switchyard-Prefill-Worker on the answer.
+	kv, code := s.prefill(ex, pbody)
+	if code != 0 {
+		return code
+	}
+	dbody, err := decodeBody(ex.body, kv)
+	if err != nil {
+		// The body and kv were both decoded as JSON already: unreachable.
+		writeError(ex.w, http.StatusInternalServerError, typeServer, "internal", err.Error())
+		return http.StatusInternalServerError
+	}
+	return s.decode(ex, dbody)
+}
+
+// prefill runs the prefill hop: admitted with role prefill (classifier,
+// queue and capacity as for an aggregated request), retried on another
+// prefill worker when one fails before answering. It returns the prefill
+// answer's kv_transfer_params, or the code of the answer it gave the
+// client.
+func (s *Server) prefill(ex *exchange, body []byte) (kv json.RawMessage, code int) {
+	for attempt := 0; ; attempt++ {
+		tk, code := s.admit(ex, shared.RolePrefill, attempt)
+		if code != 0 {
+			return nil, code
+		}
+		kv, code, retry := s.prefillHop(ex, tk, body)
+		if !retry {
+			return kv, code
+		}
+		ex.failed = append(ex.failed, tk.Decision.Worker.ID)
+		if attempt >= s.retries {
+			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
+				fmt.Sprintf("the selected prefill workers failed before answering (%d attempts)", attempt+1))
+			return nil, http.StatusBadGateway
+		}
+		s.log.Debug("retrying the prefill on another selection", "request_id", ex.id, "attempt", attempt+1)
+	}
+}
+
+// prefillHop sends the prefill request to the ticket's worker and reads
+// its answer whole. It ends the ticket exactly once: FirstToken and
+// Complete (the prompt plus the one token) when the answer carries
+// kv_transfer_params, Abort on every other path. code is 0 on success,
+// else the code of the answer given to the client: a non-2xx prefill
+// answer passed through as is, 502 for an answer without
+// kv_transfer_params, 499 or 504 when the request's context ended. retry
+// is true when the worker failed before its answer was complete; nothing
+// was written to the client then.
+func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv json.RawMessage, code int, retry bool) {
+	h := hop{id: tk.ID}
+	name := tk.Decision.Worker.Name
+	ended := false
+	end := func(complete bool, reason string) {
+		if ended {
+			return
+		}
+		ended = true
+		s.endHop(h, complete, int64(ex.tokens)+1, reason)
+	}
+	defer end(false, "handler ended")
+
+	up, why := s.upstream(ex, name, body)
+	if up == nil {
+		end(false, why)
+		return nil, 0, true
+	}
+	// The router reads this answer itself: no compressed encoding.
+	up.Header.Del("Accept-Encoding")
+	resp, err := s.transport.RoundTrip(up)
+	var answer []byte
+	if err == nil {
+		answer, err = io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer+1))
+		_ = resp.Body.Close()
+	}
+	if err != nil {
+		if ex.ctx.Err() != nil {
+			end(false, ctxReason(ex))
+			if ex.r.Context().Err() != nil {
+				return nil, codeClientGone, false
+			}
+			writeError(ex.w, http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out before the prefill worker answered")
+			return nil, http.StatusGatewayTimeout, false
+		}
+		s.log.Warn("prefill worker failed before answering", "worker", name, "request_id", ex.id, "error", err)
+		end(false, "worker error: "+err.Error())
+		s.workers.ReportFailure(name)
+		return nil, 0, true
+	}
+	if resp.StatusCode >= 500 {
+		s.workers.ReportFailure(name)
+	} else {
+		s.workers.ReportSuccess(name)
+	}
+	// The prefill worker answered: whatever the client gets now names it.
+	ex.w.Header().Set(headerPrefillWorker, name)
+	if len(answer) > maxPrefillAnswer {
+		end(false, "prefill answer too large")
+		writeError(ex.w, http.StatusBadGateway, typeServer, "bad_prefill_answer",
+			fmt.Sprintf("prefill worker %q answered more than %d bytes", name, maxPrefillAnswer))
+		return nil, http.StatusBadGateway, false
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		end(false, "prefill answered "+strconv.Itoa(resp.StatusCode))
+		hdr := ex.w.Header()
+		for k, v := range resp.Header {
+			hdr[k] = v
+		}
+		for _, hh := range hopHeaders {
+			hdr.Del(hh)
+		}
+		hdr.Set(headerPrefillWorker, name) // over the worker's own
+		hdr.Set("X-Request-Id", ex.id)
+		hdr.Set("Content-Length", strconv.Itoa(len(answer)))
+		ex.w.WriteHeader(resp.StatusCode)
+		_, _ = ex.w.Write(answer)
+		return nil, resp.StatusCode, false
+	}
+	kv, ok := kvTransferParams(answer)
+	if !ok {
+		s.log.Warn("prefill answer without kv_transfer_params", "worker", name, "request_id", ex.id)
+		end(false, "prefill answer without kv_transfer_params")
+		writeError(ex.w, http.StatusBadGateway, typeServer, "bad_prefill_answer",
+			fmt.Sprintf("prefill worker %q answered without a kv_transfer_params object: is it an engine with a KV connector producing KV (vLLM --kv-transfer-config kv_role kv_producer or kv_both)?", name))
+		return nil, http.StatusBadGateway, false
+	}
+	_ = s.r.FirstToken(tk.ID)
+	end(true, "")
+	return kv, 0, false
+}
+
+// decode runs the decode hop: Select with role decode, the prompt's token
+// count and no block hashes (the KV arrives by transfer; it is not in the
+// decode worker's prefix cache, so the prefix index must not record it),
+// and the answer passed through. A decode worker that fails before a byte
+// is excluded and the hop selected again, up to MaxRetries times. The
+// Select booking is released exactly once by the pass-through. It returns
+// the code the request is counted under.
+func (s *Server) decode(ex *exchange, body []byte) int {
+	var failed []shared.WorkerID
+	for attempt := 0; ; attempt++ {
+		req := &shared.Request{
+			ID:           ex.id + "#d" + strconv.Itoa(attempt),
+			Model:        ex.model,
+			Role:         shared.RoleDecode,
+			PromptTokens: ex.tokens,
+			SessionID:    ex.session,
+			Metadata:     ex.meta,
+		}
+		var opts []router.AdmitOption
+		if len(failed) > 0 {
+			opts = append(opts, router.Exclude(failed...))
+		}
+		t0 := time.Now()
+		d, err := s.r.Select(ex.ctx, req, opts...)
+		s.observeSelection(d.Policy, shared.RoleDecode, time.Since(t0))
+		if err != nil {
+			return s.decodeError(ex, err)
+		}
+		code, retry := s.passThrough(ex, hop{booking: d.Booking}, d.Worker.Name, body)
+		if !retry {
+			return code
+		}
+		failed = append(failed, d.Worker.ID)
+		if attempt >= s.retries {
+			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
+				fmt.Sprintf("the selected decode workers failed before answering (%d attempts)", attempt+1))
+			return http.StatusBadGateway
+		}
+		s.log.Debug("retrying the decode on another selection", "request_id", ex.id, "attempt", attempt+1)
+	}
+}
+
+// decodeError answers a decode selection's failure and returns its code.
+func (s *Server) decodeError(ex *exchange, err error) int {
+	switch {
+	case ex.r.Context().Err() != nil:
+		return codeClientGone
+	case errors.Is(err, router.ErrAllExcluded):
+		writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
+			fmt.Sprintf("the selected decode workers failed before answering and no other decode worker serves model %q", ex.model))
+		return http.StatusBadGateway
+	case errors.Is(err, shared.ErrNoWorkers):
+		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "no_worker",
+			fmt.Sprintf("no ready decode worker for model %q", ex.model))
+		return http.StatusServiceUnavailable
+	}
+	return s.admitError(ex, err)
+}
+
+// prefillBody is the prefill hop's body: the client's body with
+// kv_transfer_params asking for a remote decode, stream false, max_tokens
+// 1 (and max_completion_tokens 1 when set), and without stream_options,
+// min_tokens and min_completion_tokens (a prefill generates one token).
+// Every other field passes unchanged.
+func prefillBody(body []byte) ([]byte, error) {
+	return editJSON(body, func(m map[string]json.RawMessage) {
+		m["kv_transfer_params"] = prefillKVParams
+		m["stream"] = json.RawMessage("false")
+		m["max_tokens"] = json.RawMessage("1")
+		if _, ok := m["max_completion_tokens"]; ok {
+			m["max_completion_tokens"] = json.RawMessage("1")
+		}
+		delete(m, "stream_options")
+		delete(m, "min_tokens")
+		delete(m, "min_completion_tokens")
+	})
+}
+
+// decodeBody is the decode hop's body: the client's body with the prefill
+// answer's kv_transfer_params.
+func decodeBody(body []byte, kv json.RawMessage) ([]byte, error) {
+	return editJSON(body, func(m map[string]json.RawMessage) { m["kv_transfer_params"] = kv })
+}
+
+// editJSON decodes a JSON object, edits its members and encodes it again
+// (members in key order, HTML characters not escaped).
+func editJSON(body []byte, edit func(map[string]json.RawMessage)) ([]byte, error) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(body, &m); err != nil {
+		return nil, fmt.Errorf("%w: body is not a JSON object: %w", errBadRequest, err)
+	}
+	if m == nil {
+		return nil, fmt.Errorf("%w: body is not a JSON object", errBadRequest)
+	}
+	edit(m)
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(m); err != nil {
+		return nil, fmt.Errorf("encoding the rewritten body: %w", err)
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// kvTransferParams returns the kv_transfer_params object of a prefill
+// answer, as the answer spells it; false when there is none (absent, null,
+// not an object, or the answer is not JSON).
+func kvTransferParams(answer []byte) (json.RawMessage, bool) {
+	var v struct {
+		KV json.RawMessage `json:"kv_transfer_params"`
+	}
+	if json.Unmarshal(answer, &v) != nil {
+		return nil, false
+	}
+	kv := bytes.TrimSpace(v.KV)
+	if len(kv) == 0 || kv[0] != '{' {
+		return nil, false
+	}
+	return kv, true
+}
