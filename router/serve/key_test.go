@@ -36,22 +36,40 @@ func TestRoutingKey(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := req.key(tc.chat)
-			if err != nil {
-				t.Fatal(err)
-			}
+			got := req.key()
 			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(routingKey{})); diff != "" {
 				t.Errorf("key (-want +got):\n%s", diff)
 			}
 		})
 	}
-	for _, bad := range []string{`{"model":"m","prompt":{}}`, `{"model":"m","prompt":[{}]}`, `{"model":"m","prompt":[1,"a"]}`} {
-		req, err := parseRequest([]byte(bad), false)
-		if err == nil {
-			_, err = req.key(false)
-		}
-		if !errors.Is(err, errBadRequest) {
-			t.Errorf("%s: %v, want errBadRequest", bad, err)
+	for _, bad := range []struct {
+		body string
+		chat bool
+		msg  string
+	}{
+		{`{"model":"m","prompt":{}}`, false, "prompt must be a string, an array of strings or an array of token ids"},
+		{`{"model":"m","prompt":[{}]}`, false, "prompt[0] must be an integer token id, not a JSON object"},
+		{`{"model":"m","prompt":[1,"a"]}`, false, "prompt[1] must be an integer token id, not a JSON string"},
+		{`{"model":"m","prompt":["a",1]}`, false, `"prompt[1]" must not be a JSON number`},
+		{`{"model":"m","prompt":[[1],2]}`, false, `"prompt[1]" must not be a JSON number`},
+		{`{"model":"m"}`, false, "you must provide a prompt"},
+		{`{"model":"m","prompt":null}`, false, "you must provide a prompt"},
+		{`{"model":7,"prompt":"x"}`, false, `"model" must not be a JSON number`},
+		{`{"prompt":"x"}`, false, "you must provide a model parameter"},
+		{`{"model":"m","stream":"yes","prompt":"x"}`, false, `"stream" must not be a JSON string`},
+		{`{"model":"m","prompt":"x","prompt_token_ids":[1.5]}`, false, "prompt_token_ids[0] must be an integer token id, not a JSON number"},
+		{`{"model":"m","prompt":"x"} trailing`, false, "body is not valid JSON"},
+		{`[1]`, false, "body must be a JSON object, not a JSON array"},
+		{`{"model":"m","messages":[]}`, true, "messages must be a non-empty array"},
+		{`{"model":"m","messages":{}}`, true, `"messages" must not be a JSON object`},
+		{`{"model":"m","messages":["hi"]}`, true, `"messages[0]" must not be a JSON string`},
+		{`{"model":"m","messages":[{"role":1,"content":"x"}]}`, true, `"messages[0].role" must not be a JSON number`},
+		{`{"model":"m","messages":[{"role":"user","content":7}]}`, true, "messages[0].content must be a string or an array of parts"},
+		{`{"model":"m","messages":[{"role":"user","content":["x"]}]}`, true, `"messages[0].content[0]" must not be a JSON string`},
+	} {
+		_, err := parseRequest([]byte(bad.body), bad.chat)
+		if !errors.Is(err, errBadRequest) || !strings.Contains(err.Error(), bad.msg) {
+			t.Errorf("%s: %v, want errBadRequest saying %q", bad.body, err, bad.msg)
 		}
 	}
 	tokens, hashes := routingKey{text: long}.hash(16, 4)
@@ -75,10 +93,10 @@ func TestRoutingKey(t *testing.T) {
 	}
 }
 
-// The fast path for unescaped content gives what a full decode gives.
-func TestContentTextFastPathMatchesDecode(t *testing.T) {
-	for _, raw := range []string{`"plain text"`, `"with \"escapes\" and \n"`, `"héllo wörld"`, `""`, `"a\u00e9b"`} {
-		got, err := contentText(json.RawMessage(raw))
+// Escaped and non-ASCII content renders as encoding/json decodes it.
+func TestContentUnescapesAsEncodingJSON(t *testing.T) {
+	for _, raw := range []string{`"plain text"`, `"with \"escapes\" and \n"`, `"héllo wörld"`, `""`, `"a\u00e9b"`, `"\ud83d\ude00 surrogates"`} {
+		req, err := parseRequest([]byte(`{"model":"m","messages":[{"role":"user","content":`+raw+`}]}`), true)
 		if err != nil {
 			t.Fatalf("%s: %v", raw, err)
 		}
@@ -86,9 +104,23 @@ func TestContentTextFastPathMatchesDecode(t *testing.T) {
 		if err := json.Unmarshal([]byte(raw), &want); err != nil {
 			t.Fatal(err)
 		}
-		if got != want {
-			t.Errorf("%s: got %q, want %q", raw, got, want)
+		if got := req.key().text; got != "user: "+want+"\n" {
+			t.Errorf("%s: got %q, want %q", raw, got, "user: "+want+"\n")
 		}
+	}
+}
+
+// The rendered chat text is prefix.RenderChat's, which the mock engine
+// hashes too.
+func TestChatTextIsRenderChat(t *testing.T) {
+	body := `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}]}`
+	req, err := parseRequest([]byte(body), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := prefix.RenderChat([]prefix.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "ab"}, {Role: "assistant"}})
+	if got := req.key().text; got != want {
+		t.Errorf("got %q, want %q", got, want)
 	}
 }
 
@@ -101,6 +133,8 @@ func TestUsageTokens(t *testing.T) {
 		{`{"id":"x","usage":{"prompt_tokens":250,"completion_tokens":5,"total_tokens":255}}`, 255, true},
 		{`{"id":"x"}`, 0, false},
 		{`not json`, 0, false},
+		{`{"usage":{"total_tokens":"12"}}`, 0, false},
+		{`{"usage":null}`, 0, false},
 		{``, 0, false},
 	} {
 		if got, ok := usageTokens([]byte(tc.body)); got != tc.want || ok != tc.ok {

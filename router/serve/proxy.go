@@ -3,7 +3,6 @@ package serve
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -71,11 +70,26 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 }
 
+// readBody reads r's body, at most max bytes (else an
+// *http.MaxBytesError). A body of declared length is read into one buffer
+// of that size, not grown step by step as io.ReadAll does.
+func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
+	rd := http.MaxBytesReader(w, r.Body, max)
+	if n := r.ContentLength; n > 0 && n <= max {
+		body := make([]byte, n)
+		if _, err := io.ReadFull(rd, body); err != nil {
+			return nil, err
+		}
+		return body, nil
+	}
+	return io.ReadAll(rd)
+}
+
 // exchange runs the request and returns the code it is counted under.
 func (s *Server) exchange(ex *exchange, chat bool) int {
 	rc := http.NewResponseController(ex.w)
 	_ = rc.SetReadDeadline(time.Now().Add(s.timeout))
-	body, err := io.ReadAll(http.MaxBytesReader(ex.w, ex.r.Body, s.maxBody))
+	body, err := readBody(ex.w, ex.r, s.maxBody)
 	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -89,12 +103,9 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	}
 	ex.body = body
 	req, err := parseRequest(body, chat)
-	if req != nil {
-		ex.model, ex.stream = req.Model, req.Stream
-	}
 	var key routingKey
-	if err == nil {
-		key, err = req.key(chat)
+	if req != nil {
+		ex.model, ex.stream, key = req.Model, req.Stream, req.key()
 	}
 	if err != nil {
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
@@ -493,13 +504,12 @@ func usageTokens(body []byte) (int64, bool) {
 	if len(body) == 0 {
 		return 0, false
 	}
-	var v struct {
-		Usage *struct {
-			TotalTokens int64 `json:"total_tokens"`
-		} `json:"usage"`
-	}
-	if json.Unmarshal(body, &v) != nil || v.Usage == nil || v.Usage.TotalTokens <= 0 {
+	p := parsers.Get()
+	defer parsers.Put(p)
+	v, err := p.ParseBytes(body)
+	if err != nil {
 		return 0, false
 	}
-	return v.Usage.TotalTokens, true
+	n := v.GetInt64("usage", "total_tokens")
+	return n, n > 0
 }
