@@ -3,6 +3,9 @@
 // latency of
 //
 //	(a) direct to one mock worker,
+//	(f) the floor of a process hop: a minimal HTTP/1.1 forwarder (no
+//	    net/http server or Transport; one upstream connection per client
+//	    connection, round-robin), so that (f) - (a) is the hop itself,
 //	(b) a bare httputil.ReverseProxy round-robin over the mock workers,
 //	(c) `router serve` with a round-robin policy,
 //	(d) `router serve` with the default (KV-aware) policy,
@@ -10,17 +13,21 @@
 // first closed-loop at --concurrency clients (throughput), then with one
 // client (the per-request latency the proxy adds, without queueing), and
 // checks the issue's targets: (c) >= 0.9x the throughput of (b), and the
-// router adds <= 100us at p50.
+// router adds <= 100us at p50; it also splits the router's added latency
+// into the hop itself ((f) - (a)) and the router over that floor
+// ((c) - (f)).
 //
 // It starts every process it measures (three `router mock-worker`s, the
-// bare proxy as a second copy of itself, and each `router serve` only for
-// its own case), all on 127.0.0.1 with ports picked by the kernel, and
-// stops them before it exits. The child pids are also written to
+// floor forwarder and the bare proxy as copies of itself, and each
+// `router serve`; all but the mocks only for their own case), all on
+// 127.0.0.1 with ports picked by the kernel, and stops them before it
+// exits. The child pids are also written to
 // --pid-file so that the calling script can kill them if this process is
 // killed first; on Linux the children also get SIGKILL when it dies.
 //
 //	go run ./bench/serve --router-bin bin/router
 //	serve proxy --listen 127.0.0.1:0 --targets http://A,http://B   (the bare proxy)
+//	serve floor --listen 127.0.0.1:0 --targets http://A,http://B   (the floor forwarder)
 package main
 
 import (
@@ -80,6 +87,13 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "floor" {
+		if err := runFloor(os.Args[2:]); err != nil {
+			fmt.Fprintln(os.Stderr, "bench-serve floor:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	var o options
 	flag.StringVar(&o.routerBin, "router-bin", "bin/router", "the router binary (mock-worker and serve)")
 	flag.IntVar(&o.mocks, "mocks", 3, "mock workers")
@@ -111,6 +125,7 @@ func main() {
 
 // result is one case's two phases.
 type result struct {
+	key        string  // "a", "b", ...: what report looks the case up by
 	Case       string  `json:"case"`
 	RPS        float64 `json:"rps"`
 	P50us      float64 `json:"p50_us"`
@@ -160,6 +175,7 @@ func run(ctx context.Context, o options, procs *children) error {
 	fmt.Printf("  GOMAXPROCS %d, NumCPU %d; every process on 127.0.0.1\n\n", runtime.GOMAXPROCS(0), runtime.NumCPU())
 
 	type kase struct {
+		key   string
 		name  string
 		setup func() (url string, stop func(), err error)
 	}
@@ -171,8 +187,16 @@ func run(ctx context.Context, o options, procs *children) error {
 		return a
 	}
 	cases := []kase{
-		{"(a) direct, mock 1", func() (string, func(), error) { return mocks[0], func() {}, nil }},
-		{"(b) bare ReverseProxy, round-robin", func() (string, func(), error) {
+		{"a", "(a) direct, mock 1", func() (string, func(), error) { return mocks[0], func() {}, nil }},
+		{"f", "(f) floor: minimal HTTP/1.1 forwarder", func() (string, func(), error) {
+			addr, err := procs.start(ctx, filepath.Join(work, "floor.log"), floorRe, self,
+				"floor", "--listen", "127.0.0.1:0", "--targets", strings.Join(mocks, ","))
+			if err != nil {
+				return "", nil, err
+			}
+			return "http://" + addr, func() { procs.stopLast() }, nil
+		}},
+		{"b", "(b) bare ReverseProxy, round-robin", func() (string, func(), error) {
 			addr, err := procs.start(ctx, filepath.Join(work, "proxy.log"), proxyRe, self,
 				"proxy", "--listen", "127.0.0.1:0", "--targets", strings.Join(mocks, ","))
 			if err != nil {
@@ -180,14 +204,14 @@ func run(ctx context.Context, o options, procs *children) error {
 			}
 			return "http://" + addr, func() { procs.stopLast() }, nil
 		}},
-		{"(c) router serve, round-robin", func() (string, func(), error) {
+		{"c", "(c) router serve, round-robin", func() (string, func(), error) {
 			addr, err := procs.start(ctx, filepath.Join(work, "router-rr.log"), routerRe, o.routerBin, serveArgs(rrPolicy)...)
 			if err != nil {
 				return "", nil, err
 			}
 			return "http://" + addr, func() { procs.stopLast() }, waitReady(ctx, "http://"+addr)
 		}},
-		{"(d) router serve, default KV policy", func() (string, func(), error) {
+		{"d", "(d) router serve, default KV policy", func() (string, func(), error) {
 			addr, err := procs.start(ctx, filepath.Join(work, "router-kv.log"), routerRe, o.routerBin, serveArgs(kvPolicy)...)
 			if err != nil {
 				return "", nil, err
@@ -203,7 +227,7 @@ func run(ctx context.Context, o options, procs *children) error {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
 		target := base + "/v1/chat/completions"
-		r := result{Case: c.name}
+		r := result{key: c.key, Case: c.name}
 		lat, n, elapsed, err := load(ctx, target, body, o.concurrency, o.warmup, o.duration)
 		if err != nil {
 			stopCase()
@@ -235,13 +259,35 @@ func run(ctx context.Context, o options, procs *children) error {
 	return nil
 }
 
+// report prints the tables and the verdicts. It finds the cases it
+// compares by their key ("a" direct, "b" bare proxy, "c" router
+// round-robin, "f" floor), not by their position in rs; a line whose
+// cases are missing is left out.
 func report(w io.Writer, o options, rs []result) {
-	a, b, c := rs[0], rs[1], rs[2]
+	get := func(key string) (result, bool) {
+		for _, r := range rs {
+			if r.key == key {
+				return r, true
+			}
+		}
+		return result{}, false
+	}
+	a, haveA := get("a")
+	b, haveB := get("b")
+	c, haveC := get("c")
+	f, haveF := get("f")
 	fmt.Fprintf(w, "\nthroughput phase: %d concurrent clients (added = case - (a))\n", o.concurrency)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "case\treq/s\tvs (b)\tp50 us\tp99 us\tadded p50 us\tadded p99 us\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2fx\t%.0f\t%.0f\t%+.0f\t%+.0f\t\n", r.Case, r.RPS, r.RPS/b.RPS, r.P50us, r.P99us, r.P50us-a.P50us, r.P99us-a.P99us)
+		vsB, added := "-", "-\t-"
+		if haveB {
+			vsB = fmt.Sprintf("%.2fx", r.RPS/b.RPS)
+		}
+		if haveA {
+			added = fmt.Sprintf("%+.0f\t%+.0f", r.P50us-a.P50us, r.P99us-a.P99us)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%.0f\t%.0f\t%s\t\n", r.Case, r.RPS, vsB, r.P50us, r.P99us, added)
 	}
 	tw.Flush()
 	if o.serialDur > 0 {
@@ -249,7 +295,11 @@ func report(w io.Writer, o options, rs []result) {
 		tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 		fmt.Fprintln(tw, "case\treq/s\tp50 us\tp99 us\tadded p50 us\tadded p99 us\t")
 		for _, r := range rs {
-			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%+.0f\t%+.0f\t\n", r.Case, r.SerialRPS, r.SerialP50, r.SerialP99, r.SerialP50-a.SerialP50, r.SerialP99-a.SerialP99)
+			added := "-\t-"
+			if haveA {
+				added = fmt.Sprintf("%+.0f\t%+.0f", r.SerialP50-a.SerialP50, r.SerialP99-a.SerialP99)
+			}
+			fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.0f\t%s\t\n", r.Case, r.SerialRPS, r.SerialP50, r.SerialP99, added)
 		}
 		tw.Flush()
 	}
@@ -259,16 +309,26 @@ func report(w io.Writer, o options, rs []result) {
 		}
 		return "MISS"
 	}
-	ratio := c.RPS / b.RPS
-	fmt.Fprintf(w, "\ntarget (c) throughput >= %.1fx (b): %.0f / %.0f = %.2fx  %s\n", targetThroughputRatio, c.RPS, b.RPS, ratio, verdict(ratio >= targetThroughputRatio))
-	if o.serialDur > 0 {
+	fmt.Fprintln(w)
+	if haveB && haveC {
+		ratio := c.RPS / b.RPS
+		fmt.Fprintf(w, "target (c) throughput >= %.1fx (b): %.0f / %.0f = %.2fx  %s\n", targetThroughputRatio, c.RPS, b.RPS, ratio, verdict(ratio >= targetThroughputRatio))
+	}
+	if o.serialDur > 0 && haveA && haveC {
 		added := time.Duration((c.SerialP50 - a.SerialP50) * 1e3)
 		fmt.Fprintf(w, "target router adds <= %v at p50 (1 client, (c) - (a)): %.0f us  %s\n", targetAddedP50, c.SerialP50-a.SerialP50, verdict(added <= targetAddedP50))
-		addedBare := c.SerialP50 - b.SerialP50
-		fmt.Fprintf(w, "  (router over the bare proxy at p50, 1 client, (c) - (b): %+.0f us)\n", addedBare)
+		if haveB {
+			addedBare := c.SerialP50 - b.SerialP50
+			fmt.Fprintf(w, "  (router over the bare proxy at p50, 1 client, (c) - (b): %+.0f us)\n", addedBare)
+		}
 	}
-	added32 := time.Duration((c.P50us - a.P50us) * 1e3)
-	fmt.Fprintf(w, "router adds <= %v at p50 under %d clients ((c) - (a), queueing included): %.0f us  %s\n", targetAddedP50, o.concurrency, c.P50us-a.P50us, verdict(added32 <= targetAddedP50))
+	if haveA && haveC {
+		added32 := time.Duration((c.P50us - a.P50us) * 1e3)
+		fmt.Fprintf(w, "router adds <= %v at p50 under %d clients ((c) - (a), queueing included): %.0f us  %s\n", targetAddedP50, o.concurrency, c.P50us-a.P50us, verdict(added32 <= targetAddedP50))
+	}
+	if o.serialDur > 0 && haveA && haveC && haveF {
+		fmt.Fprintf(w, "  (the hop itself, 1 client, (f) - (a): %+.0f us; router over the floor, (c) - (f): %+.0f us)\n", f.SerialP50-a.SerialP50, c.SerialP50-f.SerialP50)
+	}
 }
 
 // load runs conc closed-loop clients against url for warm+dur and returns
@@ -415,6 +475,7 @@ var (
 	mockRe   = regexp.MustCompile(`mock-worker listening on http://(\S+)`)
 	routerRe = regexp.MustCompile(`router serve listening on http://(\S+)`)
 	proxyRe  = regexp.MustCompile(`proxy listening on http://(\S+)`)
+	floorRe  = regexp.MustCompile(`floor listening on http://(\S+)`)
 )
 
 // children are the processes the bench started, stopped in reverse order.

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// runFloor is case (f), the floor of a process hop: the least an HTTP/1.1
+// forwarder can do, without net/http's server or Transport. Each client
+// connection gets one upstream connection of its own (to the targets in
+// turn, round-robin per client connection) and one goroutine that, per
+// request, reads it (http.ReadRequest), reads its body fully, writes it
+// upstream, reads the answer (http.ReadResponse) and its body fully and
+// writes it back. No pooling, no header rewriting beyond what
+// Request.Write and Response.Write do, no concurrency within a
+// connection. Any error closes both connections.
+func runFloor(args []string) error {
+	fs := flag.NewFlagSet("floor", flag.ContinueOnError)
+	listen := fs.String("listen", "127.0.0.1:0", "address")
+	targets := fs.String("targets", "", "comma-separated base URLs")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var ups []*url.URL
+	for _, t := range strings.Split(*targets, ",") {
+		u, err := url.Parse(t)
+		if err != nil || u.Host == "" {
+			return fmt.Errorf("bad target %q", t)
+		}
+		ups = append(ups, u)
+	}
+	if len(ups) == 0 {
+		return errors.New("no --targets")
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	fmt.Printf("floor listening on http://%s\n", ln.Addr())
+	errc := make(chan error, 1)
+	go func() {
+		var next uint64
+		for {
+			cc, err := ln.Accept()
+			if err != nil {
+				errc <- err
+				return
+			}
+			up := ups[next%uint64(len(ups))]
+			next++
+			go floorConn(cc, up)
+		}
+	}()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	ln.Close()
+	return nil
+}
+
+// floorConn serves one client connection over its own upstream
+// connection to up until either side closes or fails.
+func floorConn(cc net.Conn, up *url.URL) {
+	defer cc.Close()
+	uc, err := net.DialTimeout("tcp", up.Host, 5*time.Second)
+	if err != nil {
+		return
+	}
+	defer uc.Close()
+	cr, cw := bufio.NewReader(cc), bufio.NewWriter(cc)
+	ur, uw := bufio.NewReader(uc), bufio.NewWriter(uc)
+	var reqBody, respBody bytes.Buffer
+	for {
+		req, err := http.ReadRequest(cr)
+		if err != nil {
+			return
+		}
+		if len(req.TransferEncoding) > 0 {
+			// Chunked request bodies are refused; the bench sends none.
+			_, _ = io.WriteString(cc, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+			return
+		}
+		reqBody.Reset()
+		if _, err := reqBody.ReadFrom(req.Body); err != nil {
+			return
+		}
+		req.Body.Close()
+		setBody(&req.Body, &req.ContentLength, reqBody.Bytes())
+		req.RequestURI = ""
+		req.URL.Scheme, req.URL.Host = up.Scheme, up.Host
+		req.Host = "" // Host: the target's, as ReverseProxy's SetURL does
+		if err := req.Write(uw); err != nil {
+			return
+		}
+		if err := uw.Flush(); err != nil {
+			return
+		}
+		resp, err := http.ReadResponse(ur, req)
+		if err != nil {
+			return
+		}
+		respBody.Reset()
+		_, err = respBody.ReadFrom(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			return
+		}
+		// The whole body is in hand: send it with a Content-Length even if
+		// it came chunked.
+		resp.TransferEncoding = nil
+		setBody(&resp.Body, &resp.ContentLength, respBody.Bytes())
+		if err := resp.Write(cw); err != nil {
+			return
+		}
+		if err := cw.Flush(); err != nil {
+			return
+		}
+		if req.Close || resp.Close {
+			return
+		}
+	}
+}
+
+// setBody replaces a body that has been read fully into b. An empty body
+// becomes http.NoBody so that Request.Write does not probe it.
+func setBody(body *io.ReadCloser, length *int64, b []byte) {
+	*length = int64(len(b))
+	if len(b) == 0 {
+		*body = http.NoBody
+		return
+	}
+	*body = io.NopCloser(bytes.NewReader(b))
+}
