@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make bench-serve: the loopback load generator of issue 6 (bench/serve).
-# One run measures (a) direct to one mock worker, (b) a bare
-# httputil.ReverseProxy round-robin, (c) `router serve` round-robin and
+# One run measures (a) direct to one mock worker, (f) the floor of a hop (a
+# minimal HTTP/1.1 forwarder), (b) a bare httputil.ReverseProxy
+# round-robin, (c) `router serve` round-robin and
 # (d) `router serve` with the default KV policy, then prints PASS/MISS for
 # the targets. The bench starts every process it measures; whatever it
 # started is killed on exit, even if it is itself interrupted or killed.
