@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -13,7 +11,6 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 )
@@ -28,22 +25,9 @@ import (
 // Request.Write and Response.Write do, no concurrency within a
 // connection. Any error closes both connections.
 func runFloor(args []string) error {
-	fs := flag.NewFlagSet("floor", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:0", "address")
-	targets := fs.String("targets", "", "comma-separated base URLs")
-	if err := fs.Parse(args); err != nil {
+	listen, ups, err := forwarderFlags("floor", args)
+	if err != nil {
 		return err
-	}
-	var ups []*url.URL
-	for _, t := range strings.Split(*targets, ",") {
-		u, err := url.Parse(t)
-		if err != nil || u.Host == "" {
-			return fmt.Errorf("bad target %q", t)
-		}
-		ups = append(ups, u)
-	}
-	if len(ups) == 0 {
-		return errors.New("no --targets")
 	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {

@@ -575,26 +575,35 @@ func (cs *children) stopAll() {
 	}
 }
 
-// runProxy is case (b): a bare httputil.ReverseProxy over the targets in
-// turn, with the router's engine transport settings (pooled keep-alive,
-// 256 idle per host, no compression).
-func runProxy(args []string) error {
-	fs := flag.NewFlagSet("proxy", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:0", "address")
+// forwarderFlags parses the flags of the proxy and floor subcommands:
+// --listen ADDR and --targets URL,URL,...
+func forwarderFlags(name string, args []string) (listen *string, ups []*url.URL, err error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	listen = fs.String("listen", "127.0.0.1:0", "address")
 	targets := fs.String("targets", "", "comma-separated base URLs")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, nil, err
 	}
-	var ups []*url.URL
 	for _, t := range strings.Split(*targets, ",") {
 		u, err := url.Parse(t)
 		if err != nil || u.Host == "" {
-			return fmt.Errorf("bad target %q", t)
+			return nil, nil, fmt.Errorf("bad target %q", t)
 		}
 		ups = append(ups, u)
 	}
 	if len(ups) == 0 {
-		return errors.New("no --targets")
+		return nil, nil, errors.New("no --targets")
+	}
+	return listen, ups, nil
+}
+
+// runProxy is case (b): a bare httputil.ReverseProxy over the targets in
+// turn, with the router's engine transport settings (pooled keep-alive,
+// 256 idle per host, no compression).
+func runProxy(args []string) error {
+	listen, ups, err := forwarderFlags("proxy", args)
+	if err != nil {
+		return err
 	}
 	var next atomic.Uint64
 	rp := &httputil.ReverseProxy{
