@@ -12,12 +12,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/filewatch"
 )
 
 // Values of the result label of switchyard_policy_reloads_total.
@@ -124,10 +124,18 @@ const DefaultDebounce = 100 * time.Millisecond
 type ReloaderOptions struct {
 	// Path is the policy file.
 	Path string
-	// Watch reloads when the file changes: its directory is watched
-	// (fsnotify), since editors and config-management tools replace a file
-	// by renaming another over it, which a watch on the file itself would
-	// lose; events naming the file that create or write it count.
+	// Watch reloads when the file's content changes (router/filewatch):
+	// the file's directory and its resolved target's are watched and, once
+	// events settle, the file is read and its content compared with the
+	// last read. So an in-place write, an editor's rename over the file, an
+	// edit of a symlinked file's target elsewhere and a Kubernetes
+	// ConfigMap or Secret update (kubelet swaps the `..data` symlink; no
+	// event names the file) each reload once, while a touch, a chmod, a
+	// save without changes or other files in the directory reload
+	// nothing. A file that disappears reloads (which fails, and the
+	// running policies stay), and so does its return. To reload an
+	// unchanged file (say, for a rebuilt plugin binary) send SIGHUP or
+	// call Trigger.
 	Watch bool
 	// Debounce is the quiet period after a change (DefaultDebounce).
 	Debounce time.Duration
@@ -191,7 +199,7 @@ func (l *Reloader) Trigger() {
 }
 
 // Ready is closed once Run listens: SIGHUP is caught and, with Watch, the
-// directory is watched.
+// file is watched (changes from then on reload).
 func (l *Reloader) Ready() <-chan struct{} { return l.ready }
 
 // Run reloads on SIGHUP, Trigger and (with Watch) file changes until ctx
@@ -213,27 +221,26 @@ func (l *Reloader) Run(ctx context.Context) error {
 		sigs = ch
 	}
 	var (
-		events <-chan fsnotify.Event
-		errs   <-chan error
+		changes <-chan struct{} // nil without Watch: never ready
+		errs    <-chan error
 	)
 	if l.o.Watch {
-		w, err := fsnotify.NewWatcher()
+		w, err := filewatch.New(l.path, l.debounce)
 		if err != nil {
-			return fmt.Errorf("router: watching %s: %w", l.path, err)
+			return fmt.Errorf("router: reloader: %w", err)
 		}
 		defer func() { _ = w.Close() }()
-		if err := w.Add(filepath.Dir(l.path)); err != nil {
-			return fmt.Errorf("router: watching %s: %w", l.path, err)
-		}
-		events, errs = w.Events, w.Errors
+		changes, errs = w.Changes(), w.Errors()
 	}
-	quiet := time.NewTimer(time.Hour)
-	quiet.Stop()
-	defer quiet.Stop()
 	close(l.ready)
 
 	reload := func(cause string) {
-		quiet.Stop() // this reload reads the file as it is now
+		// This reload reads the file as it is now: a change reported
+		// before it is in it.
+		select {
+		case <-changes:
+		default:
+		}
 		l.o.Logger.Info("reloading the policy file", "path", l.path, "cause", cause)
 		diags := l.r.Reload(ctx, l.path)
 		if l.o.OnReload != nil {
@@ -248,21 +255,9 @@ func (l *Reloader) Run(ctx context.Context) error {
 			reload("signal " + s.String())
 		case <-l.trigger:
 			reload("trigger")
-		case <-quiet.C:
+		case <-changes:
 			reload("file changed")
-		case ev, ok := <-events:
-			if !ok {
-				events = nil
-				continue
-			}
-			if filepath.Clean(ev.Name) == l.path && (ev.Has(fsnotify.Create) || ev.Has(fsnotify.Write)) {
-				quiet.Reset(l.debounce)
-			}
-		case err, ok := <-errs:
-			if !ok {
-				errs = nil
-				continue
-			}
+		case err := <-errs:
 			l.o.Logger.Warn("watching the policy file", "path", l.path, "error", err)
 		}
 	}

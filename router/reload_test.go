@@ -896,3 +896,56 @@ switchyard_policy_reloads_total{result="success"} 2
 		t.Fatal(err)
 	}
 }
+
+// A Kubernetes ConfigMap update (kubelet's AtomicWriter) never names the
+// mounted file: policy.hcl -> ..data/policy.hcl, ..data -> a timestamped
+// directory, and the update renames a new ..data_tmp symlink over ..data.
+// With Watch it reloads once, into the new content.
+func TestReloaderWatchConfigMap(t *testing.T) {
+	dir := t.TempDir()
+	mount := func(ts, content string) {
+		t.Helper()
+		if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, ts, "policy.hcl"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mount("..2026_a", rrHCL)
+	if err := os.Symlink("..2026_a", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "policy.hcl")
+	if err := os.Symlink(filepath.Join("..data", "policy.hcl"), path); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	r := loadedRouter(t, path, reg)
+	_, results := reloaderFor(t, r, ReloaderOptions{Path: path, Watch: true})
+	assertRoundRobin(t, r, nil)
+
+	mount("..2026_b", topHCL)
+	if err := os.Symlink("..2026_b", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "..2026_a")); err != nil {
+		t.Fatal(err)
+	}
+	if d := nextReload(t, results); d.HasErrors() {
+		t.Fatal(config.FormatDiagnostics(d))
+	}
+	if d := selectOne(t, r); d.Policy != "top" || d.Worker.ID != workers {
+		t.Fatalf("after the ..data swap: %q, worker %d", d.Policy, d.Worker.ID)
+	}
+	noReload(t, results, 300*time.Millisecond)
+	if got := testutil.ToFloat64(r.reloads.WithLabelValues(ReloadSuccess)); got != 1 {
+		t.Errorf("successes = %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(r.reloads.WithLabelValues(ReloadFailure)); got != 0 {
+		t.Errorf("failures = %v, want 0", got)
+	}
+}

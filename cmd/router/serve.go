@@ -6,11 +6,9 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"path/filepath"
 	"sync"
 	"time"
 
-	"github.com/fsnotify/fsnotify"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +17,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/filewatch"
 	"github.com/switchyard-router/switchyard/router/serve"
 	"github.com/switchyard-router/switchyard/router/workers"
 )
@@ -200,7 +199,8 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 				log.Info("workers file reloaded", "path", o.workersFile, "workers", len(ws))
 				srv.Wake()
 			}
-			if err := watchFile(bg, o.workersFile, resync); err != nil {
+			warn := func(err error) { log.Warn("watching the workers file", "path", o.workersFile, "error", err) }
+			if err := watchFile(bg, o.workersFile, resync, warn); err != nil {
 				log.Error("workers file not watched", "error", err)
 			}
 		}()
@@ -212,48 +212,28 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	return nil
 }
 
-// watchFile calls changed, from its own goroutine, after each change to
-// path once no further change arrived for workers.DefaultDebounce, until
-// ctx ends. It watches the directory, so a file replaced by a rename is
-// seen too.
+// watchFile calls changed, from its own goroutine, after each change of
+// path's content (router/filewatch: also a rename over it and a Kubernetes
+// ConfigMap `..data` swap) once no further event arrived for
+// workers.DefaultDebounce, until ctx ends. Watch errors go to warn.
 //
 // serve does not use workers.Manager.Watch: that makes the workers file
 // the whole membership, dropping the policy file's worker blocks; here the
 // membership is both.
-func watchFile(ctx context.Context, path string, changed func()) error {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return err
-	}
-	abs = filepath.Clean(abs)
-	w, err := fsnotify.NewWatcher()
+func watchFile(ctx context.Context, path string, changed func(), warn func(error)) error {
+	w, err := filewatch.New(path, workers.DefaultDebounce)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = w.Close() }()
-	if err := w.Add(filepath.Dir(abs)); err != nil {
-		return err
-	}
-	quiet := time.NewTimer(time.Hour)
-	quiet.Stop()
-	defer quiet.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-quiet.C:
+		case <-w.Changes():
 			changed()
-		case ev, ok := <-w.Events:
-			if !ok {
-				return nil
-			}
-			if filepath.Clean(ev.Name) == abs && (ev.Has(fsnotify.Create) || ev.Has(fsnotify.Write) || ev.Has(fsnotify.Rename) || ev.Has(fsnotify.Remove)) {
-				quiet.Reset(workers.DefaultDebounce)
-			}
-		case _, ok := <-w.Errors:
-			if !ok {
-				return nil
-			}
+		case err := <-w.Errors():
+			warn(err)
 		}
 	}
 }

@@ -583,3 +583,66 @@ func TestNewManagerMetricsConflict(t *testing.T) {
 		t.Error("nil router accepted")
 	}
 }
+
+// A Kubernetes ConfigMap update (kubelet's AtomicWriter) never names the
+// mounted file: workers.hcl -> ..data/workers.hcl, ..data -> a timestamped
+// directory, and the update renames a new ..data_tmp symlink over ..data.
+// Watch loads the new membership, once.
+func TestWatchConfigMap(t *testing.T) {
+	r := newRouter(t)
+	m, logs := newManager(t, r, Options{ScrapeInterval: fast})
+	ea, eb := newEngine(t, vllmMetrics), newEngine(t, vllmMetrics)
+	dir := t.TempDir()
+	block := func(name string, e *engine) string {
+		return fmt.Sprintf("worker %q {\n  url             = %q\n  models          = [\"m\"]\n  total_kv_blocks = 64\n}\n", name, e.srv.URL)
+	}
+	mount := func(ts, content string) {
+		t.Helper()
+		if err := os.Mkdir(filepath.Join(dir, ts), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, ts, "workers.hcl"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mount("..2026_a", block("a", ea))
+	if err := os.Symlink("..2026_a", filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "workers.hcl")
+	if err := os.Symlink(filepath.Join("..data", "workers.hcl"), path); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- m.Watch(ctx, path) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Watch: %v", err)
+		}
+	}()
+	eventually(t, "a from the file", membersAre(r, "m", shared.RoleAggregated, "a"))
+
+	mount("..2026_b", block("b", eb))
+	if err := os.Symlink("..2026_b", filepath.Join(dir, "..data_tmp")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(dir, "..2026_a")); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "b in place of a", membersAre(r, "m", shared.RoleAggregated, "b"))
+	// One load at the start, one for the swap, and no more.
+	loaded := func() int { return strings.Count(logs.String(), "workers file loaded") }
+	time.Sleep(4 * DefaultDebounce) // bounded: no further load may follow
+	if n := loaded(); n != 2 {
+		t.Errorf("the file was loaded %d times, want 2 (start, swap):\n%s", n, logs.String())
+	}
+	if strings.Contains(logs.String(), "[ERROR]") {
+		t.Errorf("errors logged:\n%s", logs.String())
+	}
+}
