@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
+	"net/http/pprof"
 	"sync"
 	"time"
 
@@ -35,6 +37,7 @@ type serveOptions struct {
 	drainTimeout   time.Duration
 	charsPerToken  int
 	logLevel       string
+	debugListen    string
 }
 
 func newServeCmd() *cobra.Command {
@@ -84,6 +87,7 @@ connections (useful with --listen 127.0.0.1:0).`,
 	f.DurationVar(&o.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long requests in flight may finish")
 	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
+	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) on this separate address; off when empty")
 	return cmd
 }
 
@@ -205,6 +209,19 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 			}
 		}()
 	}
+	if o.debugListen != "" {
+		dln, err := net.Listen("tcp", o.debugListen)
+		if err != nil {
+			_ = ln.Close()
+			return &exitError{code: 1, err: fmt.Errorf("--debug-listen: %w", err)}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			serveDebug(bg, dln, log)
+		}()
+		fmt.Fprintf(stdout, "router serve profiler on http://%s/debug/pprof/\n", dln.Addr())
+	}
 	fmt.Fprintf(stdout, "router serve listening on http://%s\n", ln.Addr())
 	if err := srv.Serve(ctx, ln); err != nil {
 		return &exitError{code: 1, err: err}
@@ -251,4 +268,22 @@ func serveWorkers(b *config.Bundle, workersFile string, stderr io.Writer) ([]con
 		return nil, &exitError{code: 1, err: fmt.Errorf("%s does not load", workersFile)}
 	}
 	return append(ws, fw...), nil
+}
+
+// serveDebug serves net/http/pprof's handlers on ln until ctx ends. It is
+// a listener of its own so that the profiler is never reachable on the
+// API address.
+func serveDebug(ctx context.Context, ln net.Listener, log hclog.Logger) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	stop := context.AfterFunc(ctx, func() { _ = hs.Close() })
+	defer stop()
+	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("profiler listener stopped", "error", err)
+	}
 }

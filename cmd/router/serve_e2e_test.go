@@ -1041,3 +1041,36 @@ func TestServeE2EDisaggregated(t *testing.T) {
 		t.Errorf("decode engine: %v prompt tokens, %v generated; want none (transferred) and %d", dm[prompt], dm[generated], tokens-1)
 	}
 }
+
+// TestServeE2EDebugListen: --debug-listen serves Go's profiler on its own
+// address and not on the API address.
+func TestServeE2EDebugListen(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	mocks := startMocks(t, routerBin, 1, "50")
+	policy := filepath.Join(t.TempDir(), "rr.hcl")
+	if err := os.WriteFile(policy, []byte(workerBlocks([]string{"a"}, map[string]string{"a": mocks[0].url})), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	debug := closedPort(t)
+	router := startRouter(t, routerBin, "--policy", policy, "--debug-listen", strings.TrimPrefix(debug, "http://"))
+	c := e2eClient(t)
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(debug + "/debug/pprof/cmdline"); code != http.StatusOK || !strings.Contains(body, "--debug-listen") {
+		t.Fatalf("profiler cmdline: %d %q, want 200 naming the router's flags", code, body)
+	}
+	if code, body := get(debug + "/debug/pprof/"); code != http.StatusOK || !strings.Contains(body, "goroutine") {
+		t.Fatalf("profiler index: %d %.200q", code, body)
+	}
+	if code, _ := get(router.url + "/debug/pprof/"); code != http.StatusNotFound {
+		t.Fatalf("the API address answers /debug/pprof/ with %d, want 404", code)
+	}
+}
