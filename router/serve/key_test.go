@@ -3,6 +3,7 @@ package serve
 import (
 	"encoding/json"
 	"errors"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -32,13 +33,22 @@ func TestRoutingKey(t *testing.T) {
 		{"chat prompt_token_ids", `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_token_ids":[9]}`, true, routingKey{ids: []int64{9}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			req, err := parseRequest([]byte(tc.body), tc.chat)
-			if err != nil {
-				t.Fatal(err)
+			// The fast path and encoding/json's give the same key.
+			fast, err, ok := parseFast([]byte(tc.body), tc.chat)
+			if !ok || err != nil {
+				t.Fatalf("fast path: ok %v, %v", ok, err)
 			}
-			got := req.key()
-			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(routingKey{})); diff != "" {
-				t.Errorf("key (-want +got):\n%s", diff)
+			std, err := parseStd([]byte(tc.body), tc.chat)
+			if err != nil {
+				t.Fatalf("encoding/json path: %v", err)
+			}
+			for path, req := range map[string]*completionRequest{"fast": fast, "std": std} {
+				if diff := cmp.Diff(tc.want, req.key(), cmp.AllowUnexported(routingKey{})); diff != "" {
+					t.Errorf("%s: key (-want +got):\n%s", path, diff)
+				}
+				if req.Model != "m" {
+					t.Errorf("%s: model %q", path, req.Model)
+				}
 			}
 		})
 	}
@@ -50,6 +60,7 @@ func TestRoutingKey(t *testing.T) {
 		{`{"model":"m","prompt":{}}`, false, "prompt must be a string, an array of strings or an array of token ids"},
 		{`{"model":"m","prompt":[{}]}`, false, "prompt[0] must be an integer token id, not a JSON object"},
 		{`{"model":"m","prompt":[1,"a"]}`, false, "prompt[1] must be an integer token id, not a JSON string"},
+		{`{"model":"m","prompt":[1.0]}`, false, "prompt[0] must be an integer token id, not the number 1.0"},
 		{`{"model":"m","prompt":["a",1]}`, false, `"prompt[1]" must not be a JSON number`},
 		{`{"model":"m","prompt":[[1],2]}`, false, `"prompt[1]" must not be a JSON number`},
 		{`{"model":"m"}`, false, "you must provide a prompt"},
@@ -57,8 +68,16 @@ func TestRoutingKey(t *testing.T) {
 		{`{"model":7,"prompt":"x"}`, false, `"model" must not be a JSON number`},
 		{`{"prompt":"x"}`, false, "you must provide a model parameter"},
 		{`{"model":"m","stream":"yes","prompt":"x"}`, false, `"stream" must not be a JSON string`},
-		{`{"model":"m","prompt":"x","prompt_token_ids":[1.5]}`, false, "prompt_token_ids[0] must be an integer token id, not a JSON number"},
+		{`{"model":"m","prompt":"x","prompt_token_ids":[1.5]}`, false, "prompt_token_ids[0] must be an integer token id, not the number 1.5"},
 		{`{"model":"m","prompt":"x"} trailing`, false, "body is not valid JSON"},
+		// Not strict JSON: fastjson's parser alone would take these; the
+		// validation sends them to encoding/json, whose error stands.
+		{`{"model":"m","prompt":NaN}`, false, "body is not valid JSON: invalid character 'N'"},
+		{"{\"model\":\"m\",\"prompt\":\"a\nb\"}", false, "body is not valid JSON: invalid character '\\n' in string literal"},
+		{`{"model":"m","prompt":"\x41"}`, false, "body is not valid JSON: invalid character 'x' in string escape code"},
+		{`{"model":"m","max_tokens":007,"prompt":"x"}`, false, "body is not valid JSON: invalid character '0' after object key:value pair"},
+		{`{"model":"m","prompt":"x","junk":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, false, "exceeded max depth"},
+		{strings.Repeat("[", 400) + strings.Repeat("]", 400), false, "body must be a JSON object, not a JSON array"},
 		{`[1]`, false, "body must be a JSON object, not a JSON array"},
 		{`{"model":"m","messages":[]}`, true, "messages must be a non-empty array"},
 		{`{"model":"m","messages":{}}`, true, `"messages" must not be a JSON object`},
@@ -69,7 +88,10 @@ func TestRoutingKey(t *testing.T) {
 	} {
 		_, err := parseRequest([]byte(bad.body), bad.chat)
 		if !errors.Is(err, errBadRequest) || !strings.Contains(err.Error(), bad.msg) {
-			t.Errorf("%s: %v, want errBadRequest saying %q", bad.body, err, bad.msg)
+			t.Errorf("%.80s: %v, want errBadRequest saying %q", bad.body, err, bad.msg)
+		}
+		if _, err := parseStd([]byte(bad.body), bad.chat); !errors.Is(err, errBadRequest) {
+			t.Errorf("%.80s: encoding/json path: %v, want errBadRequest", bad.body, err)
 		}
 	}
 	tokens, hashes := routingKey{text: long}.hash(16, 4)
@@ -139,6 +161,56 @@ func TestUsageTokens(t *testing.T) {
 	} {
 		if got, ok := usageTokens([]byte(tc.body)); got != tc.want || ok != tc.ok {
 			t.Errorf("%q: %d %v, want %d %v", tc.body, got, ok, tc.want, tc.ok)
+		}
+	}
+}
+
+// A key given twice is read as its last value on both paths, as
+// encoding/json and the engines' Python decoders read it.
+func TestDuplicateKeysReadTheLast(t *testing.T) {
+	body := `{"model":"first","stream":false,"model":"m","stream":true,"messages":[{"role":"x","content":"a","role":"user","content":"b"}]}`
+	fast, err, ok := parseFast([]byte(body), true)
+	if !ok || err != nil {
+		t.Fatalf("fast path: %v %v", ok, err)
+	}
+	std, err := parseStd([]byte(body), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for path, req := range map[string]*completionRequest{"fast": fast, "std": std} {
+		if req.Model != "m" || !req.Stream || req.key().text != "user: b\n" {
+			t.Errorf("%s: model %q stream %v text %q; want the last of each key", path, req.Model, req.Stream, req.key().text)
+		}
+	}
+}
+
+// A large body, or one of many small JSON values, is parsed within a
+// small multiple of its size (fastjson would keep a node per value:
+// ~600 MiB for 4 MiB of zeros). TotalAlloc counts garbage too, so it
+// bounds the peak from above. Token ids cost the most: 8 bytes an id
+// against 2 in the body, in a slice that grows by doubling.
+func TestLargeBodiesParseInBoundedMemory(t *testing.T) {
+	zeros := strings.Repeat("0,", 2<<20)
+	for _, tc := range []struct {
+		name, body string
+		chat       bool
+		factor     uint64
+	}{
+		{"ignored array", `{"model":"m","prompt":"x","junk":[` + zeros + `0]}`, false, 8},
+		{"token ids", `{"model":"m","prompt":[` + zeros + `0]}`, false, 40},
+		{"empty messages", `{"model":"m","messages":[` + strings.Repeat("{},", 1<<20) + `{"role":"user","content":"x"}]}`, true, 24},
+		{"many commas, small", `{"model":"m","prompt":"x","junk":[` + strings.Repeat("0,", fastMaxCommas+1) + `0]}`, false, 8},
+	} {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		req, err := parseRequest([]byte(tc.body), tc.chat)
+		runtime.ReadMemStats(&after)
+		if err != nil || req.Model != "m" {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got, limit := after.TotalAlloc-before.TotalAlloc, tc.factor*uint64(len(tc.body)); got > limit {
+			t.Errorf("%s: %d bytes allocated for a %d-byte body, want <= %d", tc.name, got, len(tc.body), limit)
 		}
 	}
 }

@@ -1,0 +1,255 @@
+package serve
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"unsafe"
+
+	"github.com/valyala/fastjson"
+)
+
+// parsers parse request bodies and answers' usage. fastjson parses in one
+// pass, without reflection, into a reused parser: against encoding/json,
+// which validates and then decodes (two passes) and copies every raw
+// content, it takes the router's per-request parse from about a third of
+// its handler time (BenchmarkHandler) to a few percent.
+var parsers fastjson.ParserPool
+
+// parseFast is parseRequest's fast path. ok is false when body is not
+// strict JSON (fastjson's parser alone accepts some invalid input, NaN or
+// raw control characters in strings, and refuses nesting deeper than
+// 300): the caller then asks encoding/json.
+func parseFast(body []byte, chat bool) (_ *completionRequest, _ error, ok bool) {
+	if fastjson.ValidateBytes(body) != nil {
+		return nil, nil, false
+	}
+	p := parsers.Get()
+	defer parsers.Put(p)
+	v, err := p.ParseBytes(body)
+	if err != nil {
+		return nil, nil, false
+	}
+	req, err := readFast(v, chat)
+	return req, err, true
+}
+
+// readFast reads a parsed request.
+func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
+	if v.Type() != fastjson.TypeObject {
+		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", errBadRequest, jsonType(v))
+	}
+	var (
+		req completionRequest
+		err error
+	)
+	if m := field(v, "model"); m != nil && m.Type() != fastjson.TypeNull {
+		b, err := m.StringBytes()
+		if err != nil {
+			return nil, typeError("model", m)
+		}
+		req.Model = string(b)
+	}
+	if st := field(v, "stream"); st != nil && st.Type() != fastjson.TypeNull {
+		if req.Stream, err = st.Bool(); err != nil {
+			return nil, typeError("stream", st)
+		}
+	}
+	if req.Model == "" {
+		return nil, fmt.Errorf("%w: you must provide a model parameter", errBadRequest)
+	}
+	if ids := field(v, "prompt_token_ids"); ids != nil && ids.Type() != fastjson.TypeNull {
+		if req.routing.ids, err = tokenIDs("prompt_token_ids", ids, nil); err != nil {
+			return nil, err
+		}
+	}
+	if chat {
+		msgs := field(v, "messages")
+		if msgs != nil && msgs.Type() != fastjson.TypeNull && msgs.Type() != fastjson.TypeArray {
+			return nil, typeError("messages", msgs)
+		}
+		if msgs == nil || len(msgs.GetArray()) == 0 {
+			return nil, fmt.Errorf("%w: messages must be a non-empty array", errBadRequest)
+		}
+		if len(req.routing.ids) > 0 {
+			return &req, nil
+		}
+		text, err := renderChat(msgs.GetArray())
+		if err != nil {
+			return nil, err
+		}
+		req.routing.text = text
+		return &req, nil
+	}
+	prompt := field(v, "prompt")
+	if prompt != nil && prompt.Type() == fastjson.TypeNull {
+		prompt = nil
+	}
+	if prompt == nil && len(req.routing.ids) == 0 {
+		return nil, fmt.Errorf("%w: you must provide a prompt", errBadRequest)
+	}
+	if prompt != nil {
+		// A malformed prompt is refused even when prompt_token_ids route.
+		key, err := promptKey(prompt)
+		if err != nil {
+			return nil, err
+		}
+		if len(req.routing.ids) == 0 {
+			req.routing = key
+		}
+	}
+	return &req, nil
+}
+
+// renderChat renders chat messages as prefix.RenderChat does ("role:
+// content\n" per message; a content-part array contributes its text parts
+// joined), in one buffer.
+func renderChat(msgs []*fastjson.Value) (string, error) {
+	n := 0
+	for _, m := range msgs {
+		n += len(field(m, "role").GetStringBytes()) + len(field(m, "content").GetStringBytes()) + 3
+	}
+	buf := make([]byte, 0, n)
+	for i, m := range msgs {
+		if m.Type() != fastjson.TypeObject {
+			return "", typeError(fmt.Sprintf("messages[%d]", i), m)
+		}
+		if r := field(m, "role"); r != nil && r.Type() != fastjson.TypeNull {
+			role, err := r.StringBytes()
+			if err != nil {
+				return "", typeError(fmt.Sprintf("messages[%d].role", i), r)
+			}
+			buf = append(buf, role...)
+		}
+		buf = append(buf, ": "...)
+		c := field(m, "content")
+		switch {
+		case c == nil || c.Type() == fastjson.TypeNull:
+		case c.Type() == fastjson.TypeString:
+			b, _ := c.StringBytes()
+			buf = append(buf, b...)
+		case c.Type() == fastjson.TypeArray:
+			for j, part := range c.GetArray() {
+				if part.Type() != fastjson.TypeObject {
+					return "", typeError(fmt.Sprintf("messages[%d].content[%d]", i, j), part)
+				}
+				if string(field(part, "type").GetStringBytes()) == "text" {
+					buf = append(buf, field(part, "text").GetStringBytes()...)
+				}
+			}
+		default:
+			return "", fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadRequest, i)
+		}
+		buf = append(buf, '\n')
+	}
+	if len(buf) == 0 {
+		return "", nil
+	}
+	// buf is not written again: the string shares it (as strings.Builder
+	// does) instead of copying the prompt once more.
+	return unsafe.String(&buf[0], len(buf)), nil
+}
+
+// promptKey reads a completions prompt: a string, an array of strings
+// (joined by newlines), an array of token ids, or an array of token-id
+// arrays (concatenated).
+func promptKey(v *fastjson.Value) (routingKey, error) {
+	switch v.Type() {
+	case fastjson.TypeString:
+		b, _ := v.StringBytes()
+		return routingKey{text: string(b)}, nil
+	case fastjson.TypeArray:
+		elems := v.GetArray()
+		if len(elems) == 0 {
+			return routingKey{}, nil
+		}
+		switch elems[0].Type() {
+		case fastjson.TypeString:
+			var sb strings.Builder
+			for i, e := range elems {
+				b, err := e.StringBytes()
+				if err != nil {
+					return routingKey{}, typeError(fmt.Sprintf("prompt[%d]", i), e)
+				}
+				if i > 0 {
+					sb.WriteByte('\n')
+				}
+				sb.Write(b)
+			}
+			return routingKey{text: sb.String()}, nil
+		case fastjson.TypeArray:
+			var ids []int64
+			for i, e := range elems {
+				var err error
+				if ids, err = tokenIDs(fmt.Sprintf("prompt[%d]", i), e, ids); err != nil {
+					return routingKey{}, err
+				}
+			}
+			return routingKey{ids: ids}, nil
+		default:
+			ids, err := tokenIDs("prompt", v, nil)
+			return routingKey{ids: ids}, err
+		}
+	}
+	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", errBadRequest)
+}
+
+// tokenIDs appends the integers of the JSON array v (the field name) to
+// dst.
+func tokenIDs(name string, v *fastjson.Value, dst []int64) ([]int64, error) {
+	arr, err := v.Array()
+	if err != nil {
+		return nil, typeError(name, v)
+	}
+	dst = slices.Grow(dst, len(arr))
+	for i, e := range arr {
+		id, err := e.Int64()
+		if err != nil {
+			got := "a JSON " + jsonType(e)
+			if e.Type() == fastjson.TypeNumber {
+				got = "the number " + e.String()
+			}
+			return nil, fmt.Errorf("%w: %s[%d] must be an integer token id, not %s", errBadRequest, name, i, got)
+		}
+		dst = append(dst, id)
+	}
+	return dst, nil
+}
+
+// typeError is the 400 for a field of the wrong JSON type.
+func typeError(field string, v *fastjson.Value) error {
+	return fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, field, jsonType(v))
+}
+
+// jsonType names v's JSON type as encoding/json's errors do.
+func jsonType(v *fastjson.Value) string {
+	switch v.Type() {
+	case fastjson.TypeString:
+		return "string"
+	case fastjson.TypeNumber:
+		return "number"
+	case fastjson.TypeObject:
+		return "object"
+	case fastjson.TypeArray:
+		return "array"
+	case fastjson.TypeTrue, fastjson.TypeFalse:
+		return "bool"
+	}
+	return "null"
+}
+
+// field returns the value of key in the object v, the last one when the
+// key is given twice; nil when v is not an object or has no such key.
+func field(v *fastjson.Value, key string) *fastjson.Value {
+	o, err := v.Object()
+	if err != nil {
+		return nil
+	}
+	var last *fastjson.Value
+	o.Visit(func(k []byte, e *fastjson.Value) {
+		if string(k) == key {
+			last = e
+		}
+	})
+	return last
+}
