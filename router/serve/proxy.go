@@ -60,6 +60,12 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	w.Header().Set("X-Request-Id", ex.id)
 	code := s.exchange(ex, chat)
+	if code == codeClientGone {
+		// Nothing more can reach the client; ending the handler normally
+		// would let net/http answer a client that only half-closed with an
+		// empty 200, or end a cut stream with a clean chunked terminator.
+		ex.abort = true
+	}
 	if s.met != nil {
 		label := s.modelLabel(ex.model)
 		s.met.requests.WithLabelValues(label, strconv.Itoa(code)).Inc()
@@ -85,10 +91,27 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error)
 	return io.ReadAll(rd)
 }
 
+// credentialHeaders (canonical names) are not copied into a request's
+// Metadata: classifiers and policy plugins, which may be third-party
+// binaries, see the other headers but not the client's credentials. They
+// are still forwarded to the engine.
+var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key"}
+
+// bodyReadTimeout bounds reading a request body (or the request timeout,
+// when shorter): a client that declares more than it sends does not hold
+// its handler for the whole request timeout.
+const bodyReadTimeout = time.Minute
+
 // exchange runs the request and returns the code it is counted under.
 func (s *Server) exchange(ex *exchange, chat bool) int {
+	if ex.r.ContentLength > s.maxBody {
+		// Refused before a byte is read (and before a 100 Continue).
+		writeError(ex.w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
+			fmt.Sprintf("request body of %d bytes exceeds %d bytes", ex.r.ContentLength, s.maxBody))
+		return http.StatusRequestEntityTooLarge
+	}
 	rc := http.NewResponseController(ex.w)
-	_ = rc.SetReadDeadline(time.Now().Add(s.timeout))
+	_ = rc.SetReadDeadline(time.Now().Add(min(s.timeout, bodyReadTimeout)))
 	body, err := readBody(ex.w, ex.r, s.maxBody)
 	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
@@ -115,7 +138,7 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	ex.session = ex.r.Header.Get("X-Session-Id")
 	ex.meta = make(map[string]string, len(ex.r.Header))
 	for k, v := range ex.r.Header {
-		if len(v) > 0 {
+		if len(v) > 0 && !slices.Contains(credentialHeaders, k) {
 			ex.meta[strings.ToLower(k)] = v[0]
 		}
 	}
@@ -260,7 +283,7 @@ func (s *Server) admitError(ex *exchange, err error) int {
 			writeError(ex.w, http.StatusNotFound, typeInvalidRequest, "model_not_found", fmt.Sprintf("the model %q does not exist: no worker serves it", ex.model))
 			return http.StatusNotFound
 		}
-		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "no_worker", fmt.Sprintf("no ready worker for model %q: its workers are not answering", ex.model))
+		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "no_worker", fmt.Sprintf("no ready worker for model %q: its workers are starting or not answering", ex.model))
 		return http.StatusServiceUnavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		writeError(ex.w, http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out")

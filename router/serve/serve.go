@@ -61,9 +61,13 @@ type Workers interface {
 }
 
 // modelServer is implemented by Workers that know the configured models
-// (workers.Manager): a model no worker lists is a 404, not a 503.
+// (workers.Manager): a model no worker lists is a 404, not a 503, and
+// /v1/models and the metrics' model label know a model whose workers are
+// all down.
 type modelServer interface {
 	Serves(model string) bool
+	// Models returns the configured workers' models, sorted, each once.
+	Models() []string
 }
 
 // Options configure a Server.
@@ -356,7 +360,11 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
 	}{Object: "list", Data: []model{}}
-	for _, m := range s.r.Models() {
+	models := s.r.Models()
+	if ms, ok := s.workers.(modelServer); ok {
+		models = ms.Models() // also the models whose workers are down
+	}
+	for _, m := range models {
 		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "switchyard"})
 	}
 	writeJSON(w, http.StatusOK, list)
@@ -402,6 +410,9 @@ func (s *Server) modelLabel(model string) string {
 	}
 	if _, ok := slices.BinarySearch(s.r.Models(), model); ok {
 		return model
+	}
+	if ms, ok := s.workers.(modelServer); ok && ms.Serves(model) {
+		return model // configured, its workers not ready
 	}
 	return "unknown"
 }

@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -528,6 +530,7 @@ type servingSet struct {
 }
 
 func (s servingSet) Serves(model string) bool { return slices.Contains(s.models, model) }
+func (s servingSet) Models() []string         { return slices.Sorted(slices.Values(s.models)) }
 
 // A model no worker lists is OpenAI's 404 model_not_found (not retryable);
 // a listed model whose workers are all out is a 503. Unknown endpoints and
@@ -562,6 +565,136 @@ func TestNotFoundShapes(t *testing.T) {
 	}
 	if _, err := parseRequest([]byte(`{"model":"m","messages":"hi"}`), true); err == nil || !strings.Contains(err.Error(), `"messages" must not be a JSON string`) {
 		t.Errorf("typed field error = %v", err)
+	}
+	// A configured model whose workers are all down keeps its name in the
+	// metrics and in /v1/models.
+	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("down", "503")); got != 1 {
+		t.Errorf(`requests_total{model="down",code="503"} = %v, want 1`, got)
+	}
+	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("unknown", "404")); got != 1 {
+		t.Errorf(`requests_total{model="unknown",code="404"} = %v, want 1 (the unlisted model)`, got)
+	}
+	resp, err := http.Get(e.url + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Data []struct{ ID string } `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if len(list.Data) != 2 || list.Data[0].ID != "down" || list.Data[1].ID != "m" {
+		t.Errorf("/v1/models = %+v, want down and m", list.Data)
+	}
+	e.settle(t)
+}
+
+// metaRecorder is a classifier that keeps the metadata of the requests it
+// classifies.
+type metaRecorder struct {
+	mu   sync.Mutex
+	seen []map[string]string
+}
+
+func (*metaRecorder) Inputs() shared.Inputs { return 0 }
+func (m *metaRecorder) NewClassifier(shared.PartitionContext) (shared.Classifier, error) {
+	return m, nil
+}
+func (m *metaRecorder) Classify(_ context.Context, r *shared.Request) (shared.Classification, error) {
+	m.mu.Lock()
+	m.seen = append(m.seen, maps.Clone(r.Metadata))
+	m.mu.Unlock()
+	return shared.Classification{}, nil
+}
+
+// Classifiers (and policy plugins) see the request's headers, lowercased,
+// but not its credentials; the engine still gets them.
+func TestMetadataLeavesOutCredentials(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	rec := &metaRecorder{}
+	e := newEnv(t, envOptions{classifier: rec}, backend{name: "w1", url: eng.URL})
+	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"),
+		"Authorization", "Bearer sk-secret", "Cookie", "s=1", "X-Api-Key", "k", "X-Priority", "3", "X-Tenant", "blue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	if len(rec.seen) != 1 {
+		t.Fatalf("classified %d requests, want 1", len(rec.seen))
+	}
+	md := rec.seen[0]
+	for _, k := range []string{"authorization", "cookie", "x-api-key"} {
+		if v, ok := md[k]; ok {
+			t.Errorf("metadata carries %s = %q", k, v)
+		}
+	}
+	if md["x-priority"] != "3" || md["x-tenant"] != "blue" {
+		t.Errorf("metadata %v lacks x-priority=3 and x-tenant=blue", md)
+	}
+	eng.mu.Lock()
+	got := eng.headers[0].Get("Authorization")
+	eng.mu.Unlock()
+	if got != "Bearer sk-secret" {
+		t.Errorf("the engine got Authorization %q, want it forwarded", got)
+	}
+	e.settle(t)
+}
+
+// rawExchange writes req on a new connection to the server at url, then
+// half-closes it when halfClose is set, and returns what came back
+// before the server closed the connection (or 5s passed).
+func rawExchange(t *testing.T, url, req string, halfClose bool) string {
+	t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, req); err != nil {
+		t.Fatal(err)
+	}
+	if halfClose {
+		_ = c.(*net.TCPConn).CloseWrite()
+	}
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, _ := io.ReadAll(c)
+	return string(b)
+}
+
+// A client that half-closes after its request is gone as far as net/http
+// can tell: it must not get an empty 200 (the connection is cut instead),
+// and the booking is released.
+func TestHalfClosedClientGetsNoFalseAnswer(t *testing.T) {
+	eng := newEngine(t, 3, 20*time.Millisecond)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	for _, stream := range []bool{false, true} {
+		body := chatBody("m", stream, "hello")
+		got := rawExchange(t, e.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+			fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body), true)
+		if strings.HasPrefix(got, "HTTP/1.1 200") && !strings.Contains(got, "data: [DONE]") && !strings.Contains(got, `"choices"`) {
+			t.Errorf("stream %v: an answer claiming success without content:\n%s", stream, got)
+		}
+	}
+	e.settle(t)
+}
+
+// A body declared larger than the limit is refused before it is read:
+// no 100 Continue, an immediate 413.
+func TestDeclaredOversizedBodyIsRefusedAtOnce(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	got := rawExchange(t, e.url, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"+
+		"Expect: 100-continue\r\nContent-Length: 1000000000000\r\n\r\n", false)
+	if !strings.HasPrefix(got, "HTTP/1.1 413") || strings.Contains(got, "100 Continue") || !strings.Contains(got, `"body_too_large"`) {
+		t.Errorf("answer:\n%s\nwant an immediate 413 body_too_large", got)
+	}
+	if eng.requests.Load() != 0 {
+		t.Errorf("the engine got %d requests", eng.requests.Load())
 	}
 	e.settle(t)
 }

@@ -447,6 +447,19 @@ func (m *Manager) Serves(model string) bool {
 	return false
 }
 
+// Models returns the models the configured workers list, ready or not:
+// sorted, each once.
+func (m *Manager) Models() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []string
+	for _, e := range m.entries {
+		out = append(out, e.cfg.Models...)
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
 // Ready reports whether at least one worker is ready (for /readyz).
 func (m *Manager) Ready() bool {
 	m.mu.Lock()
