@@ -274,7 +274,16 @@ func (s *Server) admitError(ex *exchange, err error) int {
 		writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
 			fmt.Sprintf("the selected workers failed before answering and no other worker serves model %q", ex.model))
 		return http.StatusBadGateway
-	case errors.As(err, &ce), errors.Is(err, router.ErrUnknownClass):
+	case errors.As(err, &ce) && ce.Err == nil:
+		// The classifier panicked: the router's fault, not the request's.
+		s.log.Error("classifier panicked", "classifier", ce.Classifier, "request_id", ex.id, "panic", ce.Panic, "stack", string(ce.Stack))
+		writeError(ex.w, http.StatusInternalServerError, typeServer, "classification_failed", "the request classifier failed")
+		return http.StatusInternalServerError
+	case ce != nil:
+		// The classifier's own words, without the router's request id.
+		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: "+ce.Err.Error())
+		return http.StatusBadRequest
+	case errors.Is(err, router.ErrUnknownClass):
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", err.Error())
 		return http.StatusBadRequest
 	case errors.Is(err, shared.ErrNoWorkers):

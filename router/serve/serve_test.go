@@ -698,3 +698,48 @@ func TestDeclaredOversizedBodyIsRefusedAtOnce(t *testing.T) {
 	}
 	e.settle(t)
 }
+
+// failingClassifier fails every request: with an error, or by panicking.
+type failingClassifier struct{ panics bool }
+
+func (failingClassifier) Inputs() shared.Inputs { return 0 }
+func (f failingClassifier) NewClassifier(shared.PartitionContext) (shared.Classifier, error) {
+	return f, nil
+}
+func (f failingClassifier) Classify(context.Context, *shared.Request) (shared.Classification, error) {
+	if f.panics {
+		panic("classifier bug")
+	}
+	return shared.Classification{}, errors.New(`x-priority "high" is not an integer`)
+}
+
+// A request the classifier refuses is the client's 400, in the
+// classifier's words and without the router's ids; a classifier that
+// panics is the router's 500. Nothing reaches the engine either way.
+func TestClassifierFailures(t *testing.T) {
+	for _, tc := range []struct {
+		panics bool
+		status int
+		msg    string
+	}{
+		{false, 400, `the request could not be classified: x-priority "high" is not an integer`},
+		{true, 500, "the request classifier failed"},
+	} {
+		eng := newEngine(t, 1, 0)
+		e := newEnv(t, envOptions{classifier: failingClassifier{panics: tc.panics}}, backend{name: "w1", url: eng.URL})
+		resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != tc.status {
+			t.Errorf("panics %v: status %d, want %d", tc.panics, resp.StatusCode, tc.status)
+		}
+		if got := decodeError(t, resp); got.Code != "classification_failed" || got.Message != tc.msg {
+			t.Errorf("panics %v: error %+v, want classification_failed %q", tc.panics, got, tc.msg)
+		}
+		if eng.requests.Load() != 0 {
+			t.Errorf("panics %v: the engine got %d requests", tc.panics, eng.requests.Load())
+		}
+		e.settle(t)
+	}
+}
