@@ -323,6 +323,12 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 	} else {
 		finished = g.complete(r)
 	}
+	if !finished && r.Context().Err() != nil {
+		// The client is gone (or half-closed): cut the connection rather
+		// than let net/http send an empty 200 or end a stream cleanly. The
+		// deferred abort still releases the simulated request.
+		panic(http.ErrAbortHandler)
+	}
 }
 
 // chunk is a streamed response chunk, in the OpenAI chunk format plus the
