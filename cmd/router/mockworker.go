@@ -43,7 +43,7 @@ first. Requests generate max_tokens tokens (default 16). Responses carry the
 simulated cached prompt tokens and time to first token in x-mock-cached-tokens
 and x-mock-ttft-seconds.
 
-It prints "mock-worker listening on http://ADDR" once it accepts connections
+It prints "mock-worker listening on http://ADDR (model NAME)" once it accepts connections
 (useful with --listen 127.0.0.1:0) and stops on SIGINT or SIGTERM, letting
 requests in flight finish for up to 5s.`,
 		Args: noArgs,

@@ -8,7 +8,13 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"os/signal"
+	"reflect"
+	"slices"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -73,7 +79,7 @@ connections (useful with --listen 127.0.0.1:0).`,
 			}
 			level := hclog.LevelFromString(o.logLevel)
 			if level == hclog.NoLevel {
-				return fmt.Errorf("--log-level %q, want trace, debug, info, warn or error", o.logLevel)
+				return fmt.Errorf("--log-level %q, want trace, debug, info, warn, error or off", o.logLevel)
 			}
 			return runServe(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
@@ -86,7 +92,7 @@ connections (useful with --listen 127.0.0.1:0).`,
 	f.DurationVar(&o.requestTimeout, "request-timeout", serve.DefaultRequestTimeout, "bound on each request, queue wait and streamed answer included")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long requests in flight may finish")
 	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
-	f.StringVar(&o.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error")
+	f.StringVar(&o.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error, off")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) on this separate address; off when empty")
 	return cmd
 }
@@ -119,11 +125,15 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 			log.Warn("plugins did not stop cleanly", "error", err)
 		}
 	}()
-	queue, classifier, err := admission(o.policy, b.Config)
+	// The classifier is not handed to EnableAdmission: the Router takes
+	// it from the current bundle, so a reload that changes or removes the
+	// request_classifier block takes effect (admission checks its type).
+	// The queue is built once: a reload that changes it is warned about.
+	queue, _, err := admission(o.policy, b.Config)
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
-	if err := r.EnableAdmission(router.AdmissionOptions{Queue: queue, Classifier: classifier}); err != nil {
+	if err := r.EnableAdmission(router.AdmissionOptions{Queue: queue}); err != nil {
 		return &exitError{code: 1, err: err}
 	}
 	mgr, err := workers.NewManager(r, workers.Options{Logger: log, Registerer: reg})
@@ -145,15 +155,27 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
+	// SIGHUP is caught for the process's whole life, not only while the
+	// reloader runs: its default action would end the process.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	reloader, err := router.NewReloader(r, router.ReloaderOptions{
-		Path: o.policy, Watch: o.watch, Logger: log,
+		Path: o.policy, Watch: o.watch, Logger: log, Signals: hup,
 		OnReload: func(d hcl.Diagnostics) {
 			if d.HasErrors() {
 				return
 			}
+			if q, _, err := admission(o.policy, r.Bundle().Config); err == nil && !reflect.DeepEqual(queueSettings(q), queueSettings(queue)) {
+				log.Warn("the queue block changed; the running queue keeps its settings until a restart", "path", o.policy)
+			}
 			// The reloaded file's worker blocks (and the workers file) are
 			// the membership now.
-			ws, err := serveWorkers(r.Bundle().Config, o.workersFile, io.Discard)
+			var diags strings.Builder
+			ws, err := serveWorkers(r.Bundle().Config, o.workersFile, &diags)
+			if err != nil {
+				err = fmt.Errorf("%w\n%s", err, strings.TrimSpace(diags.String()))
+			}
 			if err == nil {
 				err = mgr.Sync(ws)
 			}
@@ -176,13 +198,20 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		stopBG()
 		wg.Wait()
 	}()
+	reloadErr := make(chan error, 1)
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if err := reloader.Run(bg); err != nil {
-			log.Error("policy reloads stopped", "error", err)
-		}
+		reloadErr <- reloader.Run(bg)
 	}()
+	// Reloads are armed (SIGHUP read, --watch watching) before the
+	// listening line: a change from then on is not lost.
+	select {
+	case <-reloader.Ready():
+	case err := <-reloadErr:
+		_ = ln.Close()
+		return &exitError{code: 1, err: fmt.Errorf("--watch: %w", err)}
+	}
 	if o.workersFile != "" {
 		wg.Add(1)
 		go func() {
@@ -192,7 +221,11 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 				if b == nil {
 					return
 				}
-				ws, err := serveWorkers(b.Config, o.workersFile, io.Discard)
+				var diags strings.Builder
+				ws, err := serveWorkers(b.Config, o.workersFile, &diags)
+				if err != nil {
+					err = fmt.Errorf("%w\n%s", err, strings.TrimSpace(diags.String()))
+				}
 				if err == nil {
 					err = mgr.Sync(ws)
 				}
@@ -286,4 +319,15 @@ func serveDebug(ctx context.Context, ln net.Listener, log hclog.Logger) {
 	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 		log.Warn("profiler listener stopped", "error", err)
 	}
+}
+
+// queueSettings is what of a queue block the running queue was built from
+// (its source range aside).
+func queueSettings(q config.Queue) config.Queue {
+	q.Range = hcl.Range{}
+	q.Classes = slices.Clone(q.Classes)
+	for i := range q.Classes {
+		q.Classes[i].Range = hcl.Range{}
+	}
+	return q
 }

@@ -203,3 +203,79 @@ func TestServeFlagErrors(t *testing.T) {
 		t.Errorf("stderr lacks the diagnostic's position:\n%s", stderr.String())
 	}
 }
+
+// TestServeReloadReplacesTheClassifierAndWarnsOfTheQueue: a reload that
+// removes the request_classifier block stops classification (the
+// startup classifier is not kept as a fallback), and one that changes the
+// queue block says the running queue keeps its settings.
+func TestServeReloadReplacesTheClassifierAndWarnsOfTheQueue(t *testing.T) {
+	dir := t.TempDir()
+	a := startMockWorker(t, "mock")
+	worker := fmt.Sprintf("\nworker \"a\" {\n  url = %q\n  models = [\"mock\"]\n  total_kv_blocks = 1000\n}\n", a)
+	policy := filepath.Join(dir, "p.hcl")
+	write := func(src string) {
+		t.Helper()
+		tmp := policy + ".tmp"
+		if err := os.WriteFile(tmp, []byte(src+worker), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(tmp, policy); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("request_classifier {\n  type = \"header-priority\"\n}\n\nqueue {\n  class \"interactive\" {}\n}\n")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	stderr := &serveStderr{}
+	exit := make(chan int, 1)
+	go func() {
+		exit <- runContext(ctx, []string{"serve", "--policy", policy, "--watch", "--listen", "127.0.0.1:0", "--drain-timeout", "5s"}, pw, stderr)
+		_ = pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		t.Fatalf("no listening line: %v; stderr:\n%s", err, stderr.String())
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	base := strings.TrimSpace(strings.TrimPrefix(line, "router serve listening on "))
+	send := func() int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(`{"model":"mock","prompt":"x","max_tokens":2}`))
+		req.Header.Set("X-Priority", "high") // not an integer: header-priority refuses it
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for code := send(); code != http.StatusBadRequest; code = send() {
+		if time.Now().After(deadline) {
+			t.Fatalf("with header-priority: %d, want 400; stderr:\n%s", code, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond) // the worker's first scrape
+	}
+	write("queue {\n  class \"interactive\" {}\n  class \"batch\" {}\n}\n")
+	deadline = time.Now().Add(10 * time.Second)
+	for code := send(); code != http.StatusOK; code = send() {
+		if time.Now().After(deadline) {
+			t.Fatalf("10s after the classifier was removed: %d, want 200; stderr:\n%s", code, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if !strings.Contains(stderr.String(), "the queue block changed") {
+		t.Errorf("no warning that the queue block change needs a restart; stderr:\n%s", stderr.String())
+	}
+	cancel()
+	select {
+	case code := <-exit:
+		if code != 0 {
+			t.Errorf("exit %d; stderr:\n%s", code, stderr.String())
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("serve did not stop")
+	}
+}

@@ -159,7 +159,7 @@ func (l *loader) queueBlock(blk *hcl.Block) {
 	}
 	if len(q.Classes) == 0 && len(content.Blocks) == 0 {
 		l.errorf(blk.DefRange, "Queue without classes",
-			"A queue block needs at least one class, for example: class \"default\" { weight = 1 }.")
+			"A queue block needs at least one class, for example: class \"interactive\" { weight = 1 }.")
 	}
 	if attr, ok := content.Attributes["default_class"]; ok {
 		if s, ok := l.stringAttr(attr); ok {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 
@@ -83,7 +84,9 @@ func (s *Server) prefill(ex *exchange, body []byte) (kv json.RawMessage, code in
 		if !retry {
 			return kv, code
 		}
-		ex.failed = append(ex.failed, tk.Decision.Worker.ID)
+		if w := tk.Decision.Worker; w != nil && !slices.Contains(ex.failed, w.ID) {
+			ex.failed = append(ex.failed, w.ID)
+		}
 		if attempt >= s.retries {
 			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
 				fmt.Sprintf("the selected prefill workers failed before answering (%d attempts)", attempt+1))
@@ -158,12 +161,7 @@ func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv jso
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		end(false, "prefill answered "+strconv.Itoa(resp.StatusCode))
 		hdr := ex.w.Header()
-		for k, v := range resp.Header {
-			hdr[k] = v
-		}
-		for _, hh := range hopHeaders {
-			hdr.Del(hh)
-		}
+		copyHeaders(hdr, resp.Header)
 		hdr.Set(headerPrefillWorker, name) // over the worker's own
 		hdr.Set("X-Request-Id", ex.id)
 		hdr.Set("Content-Length", strconv.Itoa(len(answer)))

@@ -74,9 +74,13 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 			}
 			req.Stream = st != nil && *st
 		case key == "prompt_token_ids":
+			var raw json.RawMessage
+			if err := dec.Decode(&raw); err != nil {
+				return nil, invalid(err)
+			}
 			var ids []int64
-			if err := dec.Decode(&ids); err != nil {
-				return nil, fieldError("prompt_token_ids", err)
+			if err := tokenArray("prompt_token_ids", raw, &ids); err != nil {
+				return nil, err
 			}
 			req.routing.ids = ids
 		case key == "prompt" && !chat:
@@ -151,9 +155,12 @@ func stdMessages(dec *json.Decoder) (*string, error) {
 	}
 	var sb strings.Builder
 	for i := 0; dec.More(); i++ {
-		var m stdMessage
+		var m *stdMessage
 		if err := dec.Decode(&m); err != nil {
 			return nil, fieldError(fmt.Sprintf("messages[%d]", i), err)
+		}
+		if m == nil {
+			return nil, fmt.Errorf("%w: %q must not be a JSON null", errBadRequest, fmt.Sprintf("messages[%d]", i))
 		}
 		text, err := stdContent(i, m.Content)
 		if err != nil {
@@ -216,12 +223,15 @@ func stdContent(i int, raw json.RawMessage) (string, error) {
 		}
 		return s, nil
 	case '[':
-		var parts []stdPart
+		var parts []*stdPart
 		if err := json.Unmarshal(raw, &parts); err != nil {
 			return "", fmt.Errorf("%w: messages[%d].content: %v", errBadRequest, i, err)
 		}
 		var sb strings.Builder
-		for _, p := range parts {
+		for j, p := range parts {
+			if p == nil {
+				return "", fmt.Errorf("%w: %q must not be a JSON null", errBadRequest, fmt.Sprintf("messages[%d].content[%d]", i, j))
+			}
 			if p.Type == "text" {
 				sb.WriteString(p.Text)
 			}
@@ -251,15 +261,25 @@ func stdPrompt(raw json.RawMessage) (routingKey, error) {
 		}
 		switch rest[0] {
 		case '"':
-			var ss []string
+			var ss []*string
 			if err := json.Unmarshal(raw, &ss); err != nil {
 				return routingKey{}, fmt.Errorf("%w: prompt: %v", errBadRequest, err)
 			}
-			return routingKey{text: strings.Join(ss, "\n")}, nil
+			var sb strings.Builder
+			for j, p := range ss {
+				if p == nil {
+					return routingKey{}, fmt.Errorf("%w: %q must not be a JSON null", errBadRequest, fmt.Sprintf("prompt[%d]", j))
+				}
+				if j > 0 {
+					sb.WriteByte('\n')
+				}
+				sb.WriteString(*p)
+			}
+			return routingKey{text: sb.String()}, nil
 		case '[':
 			var batches [][]int64
-			if err := json.Unmarshal(raw, &batches); err != nil {
-				return routingKey{}, fmt.Errorf("%w: prompt: %v", errBadRequest, err)
+			if err := tokenArray("prompt", raw, &batches); err != nil {
+				return routingKey{}, err
 			}
 			var ids []int64
 			for _, b := range batches {
@@ -268,11 +288,26 @@ func stdPrompt(raw json.RawMessage) (routingKey, error) {
 			return routingKey{ids: ids}, nil
 		default:
 			var ids []int64
-			if err := json.Unmarshal(raw, &ids); err != nil {
-				return routingKey{}, fmt.Errorf("%w: prompt: %v", errBadRequest, err)
+			if err := tokenArray("prompt", raw, &ids); err != nil {
+				return routingKey{}, err
 			}
 			return routingKey{ids: ids}, nil
 		}
 	}
 	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", errBadRequest)
+}
+
+// tokenArray decodes raw, an array (or array of arrays) of token ids named
+// name, into dst (*[]int64 or *[][]int64). encoding/json would read a null
+// element as 0 (or an empty batch); the fast path refuses it, and so does
+// this. An array of integers holds no strings, so "null" in its text is a
+// null element.
+func tokenArray(name string, raw json.RawMessage, dst any) error {
+	if bytes.Contains(raw, []byte("null")) && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+		return fmt.Errorf("%w: %s must hold integer token ids, not JSON nulls", errBadRequest, name)
+	}
+	if err := json.Unmarshal(raw, dst); err != nil {
+		return fieldError(name, err)
+	}
+	return nil
 }

@@ -85,6 +85,14 @@ func TestRoutingKey(t *testing.T) {
 		{`{"model":"m","messages":[{"role":1,"content":"x"}]}`, true, `"messages[0].role" must not be a JSON number`},
 		{`{"model":"m","messages":[{"role":"user","content":7}]}`, true, "messages[0].content must be a string or an array of parts"},
 		{`{"model":"m","messages":[{"role":"user","content":["x"]}]}`, true, `"messages[0].content[0]" must not be a JSON string`},
+		// null elements are refused on both paths (encoding/json alone
+		// would read them as zero values).
+		{`{"model":"m","messages":[null]}`, true, `"messages[0]" must not be a JSON null`},
+		{`{"model":"m","messages":[{"role":"user","content":[null]}]}`, true, `"messages[0].content[0]" must not be a JSON null`},
+		{`{"model":"m","prompt":["a",null]}`, false, `"prompt[1]" must not be a JSON null`},
+		{`{"model":"m","prompt":[1,null]}`, false, "prompt[1] must be an integer token id, not a JSON null"},
+		{`{"model":"m","prompt":[[1],null]}`, false, `"prompt[1]" must not be a JSON null`},
+		{`{"model":"m","prompt":"x","prompt_token_ids":[1,null]}`, false, "prompt_token_ids[1] must be an integer token id, not a JSON null"},
 	} {
 		_, err := parseRequest([]byte(bad.body), bad.chat)
 		if !errors.Is(err, errBadRequest) || !strings.Contains(err.Error(), bad.msg) {
@@ -92,6 +100,8 @@ func TestRoutingKey(t *testing.T) {
 		}
 		if _, err := parseStd([]byte(bad.body), bad.chat); !errors.Is(err, errBadRequest) {
 			t.Errorf("%.80s: encoding/json path: %v, want errBadRequest", bad.body, err)
+		} else if strings.Contains(bad.msg, "null") && !strings.Contains(err.Error(), "null") {
+			t.Errorf("%.80s: encoding/json path: %v, want it to name the null", bad.body, err)
 		}
 	}
 	tokens, hashes := routingKey{text: long}.hash(16, 4)
@@ -198,7 +208,7 @@ func TestLargeBodiesParseInBoundedMemory(t *testing.T) {
 	}{
 		{"ignored array", `{"model":"m","prompt":"x","junk":[` + zeros + `0]}`, false, 8},
 		{"token ids", `{"model":"m","prompt":[` + zeros + `0]}`, false, 40},
-		{"empty messages", `{"model":"m","messages":[` + strings.Repeat("{},", 1<<20) + `{"role":"user","content":"x"}]}`, true, 24},
+		{"empty messages", `{"model":"m","messages":[` + strings.Repeat("{},", 1<<20) + `{"role":"user","content":"x"}]}`, true, 32},
 		{"many commas, small", `{"model":"m","prompt":"x","junk":[` + strings.Repeat("0,", fastMaxCommas+1) + `0]}`, false, 8},
 	} {
 		var before, after runtime.MemStats

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -120,6 +121,14 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 			writeError(ex.w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
 				fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
 			return http.StatusRequestEntityTooLarge
+		}
+		if ex.r.Context().Err() != nil {
+			return codeClientGone // it left (or half-closed) mid-body
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			writeError(ex.w, http.StatusRequestTimeout, typeInvalidRequest, "body_timeout",
+				fmt.Sprintf("the request body did not arrive within %v", min(s.timeout, bodyReadTimeout)))
+			return http.StatusRequestTimeout
 		}
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_body", "reading the request body: "+err.Error())
 		return http.StatusBadRequest
@@ -319,6 +328,25 @@ func ctxReason(ex *exchange) string {
 var hopHeaders = []string{"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Proxy-Connection", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// copyHeaders copies src's end-to-end headers into dst: not the
+// hop-by-hop ones, nor those src's Connection header names (RFC 9110
+// section 7.6.1).
+func copyHeaders(dst, src http.Header) {
+	for k, v := range src {
+		dst[k] = v
+	}
+	for _, c := range src.Values("Connection") {
+		for _, name := range strings.Split(c, ",") {
+			if name = strings.TrimSpace(name); name != "" {
+				dst.Del(name)
+			}
+		}
+	}
+	for _, h := range hopHeaders {
+		dst.Del(h)
+	}
+}
+
 // forward sends one attempt of an aggregated request to its worker and
 // passes the answer through. It ends the attempt's booking exactly once,
 // on every path. retry is true when the worker failed before sending a
@@ -383,12 +411,7 @@ func (s *Server) upstream(ex *exchange, name string, body []byte) (*http.Request
 		s.workers.ReportFailure(name)
 		return nil, "bad worker url"
 	}
-	for k, v := range ex.r.Header {
-		up.Header[k] = v
-	}
-	for _, h := range hopHeaders {
-		up.Header.Del(h)
-	}
+	copyHeaders(up.Header, ex.r.Header)
 	up.Header.Set("X-Request-Id", ex.id)
 	return up, ""
 }
@@ -437,12 +460,7 @@ func (s *Server) passThrough(ex *exchange, h hop, name string, body []byte) (cod
 		s.workers.ReportSuccess(name)
 	}
 	hdr := ex.w.Header()
-	for k, v := range resp.Header {
-		hdr[k] = v
-	}
-	for _, hh := range hopHeaders {
-		hdr.Del(hh)
-	}
+	copyHeaders(hdr, resp.Header)
 	hdr.Set("X-Switchyard-Worker", name)
 	hdr.Set("X-Request-Id", ex.id)
 	ex.w.WriteHeader(resp.StatusCode)

@@ -743,3 +743,23 @@ func TestClassifierFailures(t *testing.T) {
 		e.settle(t)
 	}
 }
+
+// Hop-by-hop headers, and the headers a Connection header names, are not
+// forwarded either way; end-to-end ones are.
+func TestCopyHeadersDropsHopByHop(t *testing.T) {
+	src := http.Header{
+		"Connection":    {"keep-alive, X-Hop-Secret"},
+		"X-Hop-Secret":  {"s"},
+		"Keep-Alive":    {"timeout=5"},
+		"Upgrade":       {"h2c"},
+		"Te":            {"trailers"},
+		"Authorization": {"Bearer k"},
+		"X-Session-Id":  {"abc"},
+	}
+	dst := http.Header{}
+	copyHeaders(dst, src)
+	want := http.Header{"Authorization": {"Bearer k"}, "X-Session-Id": {"abc"}}
+	if diff := cmp.Diff(want, dst); diff != "" {
+		t.Errorf("copied headers (-want +got):\n%s", diff)
+	}
+}

@@ -76,8 +76,9 @@ type Options struct {
 	// FailureThreshold is the consecutive failures that make a worker not
 	// ready (DefaultFailureThreshold).
 	FailureThreshold int
-	// Client scrapes the engines; nil uses a client over
-	// http.DefaultTransport.
+	// Client scrapes the engines; nil uses a client of its own that,
+	// unlike http.DefaultTransport, ignores HTTP_PROXY (the engines'
+	// requests take no proxy either).
 	Client *http.Client
 	// Logger receives membership changes, health transitions and workers
 	// file reload failures (with file:line:col); nil discards them.
@@ -170,7 +171,9 @@ func NewManager(r *router.Router, o Options) (*Manager, error) {
 		o.FailureThreshold = DefaultFailureThreshold
 	}
 	if o.Client == nil {
-		o.Client = &http.Client{}
+		// No proxy from the environment: scrapes reach the engines the way
+		// requests do (router/upstream uses none).
+		o.Client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second}}
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
