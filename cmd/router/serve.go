@@ -141,6 +141,15 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		return &exitError{code: 1, err: err}
 	}
 	defer mgr.Close()
+	// The workers file is watched from before its first load, so a change
+	// made while the router starts is not lost.
+	var workersWatch *filewatch.Watcher
+	if o.workersFile != "" {
+		if workersWatch, err = filewatch.New(o.workersFile, workers.DefaultDebounce); err != nil {
+			return &exitError{code: 1, err: fmt.Errorf("--workers-file: %w", err)}
+		}
+		defer func() { _ = workersWatch.Close() }()
+	}
 	ws, err := serveWorkers(b.Config, o.workersFile, stderr)
 	if err != nil {
 		return err
@@ -237,9 +246,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 				srv.Wake()
 			}
 			warn := func(err error) { log.Warn("watching the workers file", "path", o.workersFile, "error", err) }
-			if err := watchFile(bg, o.workersFile, resync, warn); err != nil {
-				log.Error("workers file not watched", "error", err)
-			}
+			watchFile(bg, workersWatch, resync, warn)
 		}()
 	}
 	if o.debugListen != "" {
@@ -262,24 +269,18 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	return nil
 }
 
-// watchFile calls changed, from its own goroutine, after each change of
-// path's content (router/filewatch: also a rename over it and a Kubernetes
-// ConfigMap `..data` swap) once no further event arrived for
-// workers.DefaultDebounce, until ctx ends. Watch errors go to warn.
+// watchFile calls changed after each change w reports of its file's
+// content (router/filewatch: also a rename over it and a Kubernetes
+// ConfigMap `..data` swap), until ctx ends. Watch errors go to warn.
 //
 // serve does not use workers.Manager.Watch: that makes the workers file
 // the whole membership, dropping the policy file's worker blocks; here the
 // membership is both.
-func watchFile(ctx context.Context, path string, changed func(), warn func(error)) error {
-	w, err := filewatch.New(path, workers.DefaultDebounce)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = w.Close() }()
+func watchFile(ctx context.Context, w *filewatch.Watcher, changed func(), warn func(error)) {
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-w.Changes():
 			changed()
 		case err := <-w.Errors():
