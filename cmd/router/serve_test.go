@@ -36,6 +36,45 @@ func (s *serveStderr) String() string {
 	return s.b.String()
 }
 
+// startServe runs `router serve` in process with args (plus a listen
+// address and a 5s drain) and returns its base URL, its stderr and stop,
+// which ends it and fails the test unless it exits 0 within 15s.
+func startServe(t *testing.T, args ...string) (base string, stderr *serveStderr, stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	pr, pw := io.Pipe()
+	stderr = &serveStderr{}
+	exit := make(chan int, 1)
+	go func() {
+		exit <- runContext(ctx, append([]string{"serve", "--listen", "127.0.0.1:0", "--drain-timeout", "5s"}, args...), pw, stderr)
+		_ = pw.Close()
+	}()
+	line, err := bufio.NewReader(pr).ReadString('\n')
+	if err != nil {
+		cancel()
+		t.Fatalf("no listening line: %v; stderr:\n%s", err, stderr.String())
+	}
+	go func() { _, _ = io.Copy(io.Discard, pr) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case code := <-exit:
+			if code != 0 {
+				t.Errorf("exit %d; stderr:\n%s", code, stderr.String())
+			}
+		case <-time.After(15 * time.Second):
+			t.Error("serve did not stop within 15s")
+		}
+	}
+	t.Cleanup(stop)
+	return strings.TrimSpace(strings.TrimPrefix(line, "router serve listening on ")), stderr, stop
+}
+
 func startMockWorker(t *testing.T, model string) string {
 	t.Helper()
 	mw, err := mockworker.New(mockworker.Config{Model: model, Speedup: 50})
@@ -71,21 +110,7 @@ func TestServeEndToEnd(t *testing.T) {
 	if err := os.WriteFile(workersFile, fmt.Appendf(nil, "worker \"b\" {\n  url = %q\n  models = [\"mock\"]\n  total_kv_blocks = 1000\n}\n", b), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pr, pw := io.Pipe()
-	stderr := &serveStderr{}
-	exit := make(chan int, 1)
-	go func() {
-		exit <- runContext(ctx, []string{"serve", "--policy", policy, "--workers-file", workersFile, "--listen", "127.0.0.1:0", "--drain-timeout", "5s"}, pw, stderr)
-		_ = pw.Close()
-	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	if err != nil {
-		t.Fatalf("no listening line: %v; stderr:\n%s", err, stderr.String())
-	}
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
-	base := strings.TrimSpace(strings.TrimPrefix(line, "router serve listening on "))
+	base, stderr, stop := startServe(t, "--policy", policy, "--workers-file", workersFile)
 
 	deadline := time.Now().Add(10 * time.Second)
 	for {
@@ -174,15 +199,7 @@ func TestServeEndToEnd(t *testing.T) {
 			t.Errorf("after b left: status %d worker %q, want 200 from a", resp.StatusCode, w)
 		}
 	}
-	cancel()
-	select {
-	case code := <-exit:
-		if code != 0 {
-			t.Errorf("exit %d; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not stop")
-	}
+	stop()
 }
 
 func TestServeFlagErrors(t *testing.T) {
@@ -224,21 +241,7 @@ func TestServeReloadReplacesTheClassifierAndWarnsOfTheQueue(t *testing.T) {
 		}
 	}
 	write("request_classifier {\n  type = \"header-priority\"\n}\n\nqueue {\n  class \"interactive\" {}\n}\n")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	pr, pw := io.Pipe()
-	stderr := &serveStderr{}
-	exit := make(chan int, 1)
-	go func() {
-		exit <- runContext(ctx, []string{"serve", "--policy", policy, "--watch", "--listen", "127.0.0.1:0", "--drain-timeout", "5s"}, pw, stderr)
-		_ = pw.Close()
-	}()
-	line, err := bufio.NewReader(pr).ReadString('\n')
-	if err != nil {
-		t.Fatalf("no listening line: %v; stderr:\n%s", err, stderr.String())
-	}
-	go func() { _, _ = io.Copy(io.Discard, pr) }()
-	base := strings.TrimSpace(strings.TrimPrefix(line, "router serve listening on "))
+	base, stderr, stop := startServe(t, "--policy", policy, "--watch")
 	send := func() int {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodPost, base+"/v1/completions", strings.NewReader(`{"model":"mock","prompt":"x","max_tokens":2}`))
@@ -269,13 +272,5 @@ func TestServeReloadReplacesTheClassifierAndWarnsOfTheQueue(t *testing.T) {
 	if !strings.Contains(stderr.String(), "the queue block changed") {
 		t.Errorf("no warning that the queue block change needs a restart; stderr:\n%s", stderr.String())
 	}
-	cancel()
-	select {
-	case code := <-exit:
-		if code != 0 {
-			t.Errorf("exit %d; stderr:\n%s", code, stderr.String())
-		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("serve did not stop")
-	}
+	stop()
 }

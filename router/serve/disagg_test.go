@@ -1,13 +1,11 @@
 package serve
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -501,64 +499,10 @@ func TestDisaggModeSelection(t *testing.T) {
 func TestDisaggCancellationAccounting(t *testing.T) {
 	engines, bs := pdFleet(t, 10)
 	e := newEnv(t, envOptions{queue: capacityQueue(2, 0)}, bs...)
-	const total, concurrency = 60, 12
-	rng := rand.New(rand.NewPCG(3, 4))
-	type job struct {
-		stream bool
-		cancel time.Duration // 0: never
-	}
-	jobs := make(chan job)
-	var mu sync.Mutex
-	codes := map[int]int{}
-	var cancelled, done int
-	var wg sync.WaitGroup
-	for range concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range jobs {
-				ctx, cancel := context.WithCancel(context.Background())
-				if j.cancel > 0 {
-					time.AfterFunc(j.cancel, cancel)
-				}
-				body := fmt.Sprintf(`{"model":"m","stream":%v,"max_tokens":16,"messages":[{"role":"user","content":"shared prefix %s"}]}`, j.stream, time.Now())
-				resp, err := post(t, ctx, e.url+"/v1/chat/completions", body)
-				code, streamDone := -1, false
-				if err == nil {
-					code = resp.StatusCode
-					sc := bufio.NewScanner(resp.Body)
-					for sc.Scan() {
-						streamDone = streamDone || sc.Text() == "data: [DONE]"
-					}
-					err = sc.Err()
-					_ = resp.Body.Close()
-					if err == nil && j.stream && code == http.StatusOK && !streamDone {
-						t.Errorf("a completed stream lacks [DONE]")
-					}
-				}
-				cancel()
-				mu.Lock()
-				if err != nil {
-					cancelled++
-				} else {
-					codes[code]++
-					if streamDone {
-						done++
-					}
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	for range total {
-		j := job{stream: rng.IntN(4) != 0}
-		if rng.IntN(3) == 0 {
-			j.cancel = time.Duration(rng.Int64N(int64(25 * time.Millisecond)))
-		}
-		jobs <- j
-	}
-	close(jobs)
-	wg.Wait()
+	run := runCancelling(t, e.url+"/v1/chat/completions", 60, 12, 3, 25*time.Millisecond, 3, func(stream bool) string {
+		return fmt.Sprintf(`{"model":"m","stream":%v,"max_tokens":16,"messages":[{"role":"user","content":"shared prefix %s"}]}`, stream, time.Now())
+	})
+	codes, cancelled, done := run.codes, run.cancelled, run.streamsDone
 	e.settle(t)
 	prefills := len(engines["p1"].callsSoFar()) + len(engines["p2"].callsSoFar())
 	decodes := len(engines["d1"].callsSoFar()) + len(engines["d2"].callsSoFar())

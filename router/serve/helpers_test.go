@@ -1,10 +1,12 @@
 package serve
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -274,4 +276,75 @@ func decodeError(t *testing.T, resp *http.Response) apiErrorBody {
 		t.Errorf("error body %+v lacks message or type", e.Error)
 	}
 	return e.Error
+}
+
+// cancelRun is what runCancelling saw: answers by status, requests the
+// client cancelled (any error), and streams that ended with [DONE].
+type cancelRun struct {
+	codes                  map[int]int
+	cancelled, streamsDone int
+}
+
+// runCancelling sends total chat requests to url from conc clients, three
+// in four streamed, and cancels about one in cancelOneIn of them after a
+// random delay below maxDelay (seeded: the same jobs each run). body
+// gives a request's body. A completed stream must end with [DONE].
+func runCancelling(t *testing.T, url string, total, conc, cancelOneIn int, maxDelay time.Duration, seed uint64, body func(stream bool) string) cancelRun {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed+1))
+	type job struct {
+		stream bool
+		cancel time.Duration // 0: never
+	}
+	jobs := make(chan job)
+	var mu sync.Mutex
+	out := cancelRun{codes: map[int]int{}}
+	var wg sync.WaitGroup
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range jobs {
+				ctx, cancel := context.WithCancel(context.Background())
+				if j.cancel > 0 {
+					time.AfterFunc(j.cancel, cancel)
+				}
+				resp, err := post(t, ctx, url, body(j.stream))
+				code, done := -1, false
+				if err == nil {
+					code = resp.StatusCode
+					sc := bufio.NewScanner(resp.Body)
+					for sc.Scan() {
+						done = done || sc.Text() == "data: [DONE]"
+					}
+					err = sc.Err()
+					_ = resp.Body.Close()
+					if err == nil && j.stream && code == http.StatusOK && !done {
+						t.Errorf("a completed stream lacks [DONE]")
+					}
+				}
+				cancel()
+				mu.Lock()
+				if err != nil {
+					out.cancelled++
+				} else {
+					out.codes[code]++
+					if done {
+						out.streamsDone++
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	for range total {
+		j := job{stream: rng.IntN(4) != 0}
+		if rng.IntN(cancelOneIn) == 0 {
+			j.cancel = time.Duration(rng.Int64N(int64(maxDelay)))
+		}
+		jobs <- j
+	}
+	close(jobs)
+	wg.Wait()
+	return out
 }

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"slices"
@@ -272,53 +271,10 @@ func TestCancellationAccounting(t *testing.T) {
 		backends = append(backends, backend{name: name, url: eng.URL})
 	}
 	e := newEnv(t, envOptions{queue: capacityQueue(4, 0)}, backends...)
-	const total, concurrency = 1000, 32
-	rng := rand.New(rand.NewPCG(1, 2))
-	type job struct {
-		stream bool
-		cancel time.Duration // 0: never
-	}
-	jobs := make(chan job)
-	var mu sync.Mutex
-	codes := map[int]int{}
-	var cancelled int
-	var wg sync.WaitGroup
-	for range concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for j := range jobs {
-				ctx, cancel := context.WithCancel(context.Background())
-				if j.cancel > 0 {
-					time.AfterFunc(j.cancel, cancel)
-				}
-				resp, err := post(t, ctx, e.url+"/v1/chat/completions", chatBody("m", j.stream, "shared prefix "+time.Now().String()))
-				code := -1
-				if err == nil {
-					_, err = io.Copy(io.Discard, resp.Body)
-					_ = resp.Body.Close()
-					code = resp.StatusCode
-				}
-				cancel()
-				mu.Lock()
-				if err != nil {
-					cancelled++
-				} else {
-					codes[code]++
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	for range total {
-		j := job{stream: rng.IntN(4) != 0}
-		if rng.IntN(5) == 0 {
-			j.cancel = time.Duration(rng.Int64N(int64(8 * time.Millisecond)))
-		}
-		jobs <- j
-	}
-	close(jobs)
-	wg.Wait()
+	run := runCancelling(t, e.url+"/v1/chat/completions", 1000, 32, 5, 8*time.Millisecond, 1, func(stream bool) string {
+		return chatBody("m", stream, "shared prefix "+time.Now().String())
+	})
+	codes, cancelled := run.codes, run.cancelled
 	e.settle(t)
 	t.Logf("answers %v, cancelled %d", codes, cancelled)
 	if cancelled == 0 || codes[200] == 0 {
