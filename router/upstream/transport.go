@@ -19,10 +19,13 @@
 // requests: before a pooled connection is reused it is checked with a
 // non-blocking peek (a closed or reset socket, or one with unexpected
 // bytes, is dropped; the check go-sql-driver/mysql makes for the same
-// reason), and an exchange on a reused connection that fails before the
-// response's first byte is sent once more on a new connection when the
-// request body can be rewound (http.Request.GetBody). Engines such as
-// uvicorn (vLLM's server) close idle connections after 5 s by default.
+// reason), and an exchange on a reused connection whose write fails, or
+// whose answer's first read fails within 10 ms of the write (the engine's
+// close was already in flight), is sent once more on a new connection
+// when the request body can be rewound (http.Request.GetBody). A later
+// failure is not resent: the engine had the request and may have worked
+// on it. Engines such as uvicorn (vLLM's server) close idle connections
+// after 5 s by default.
 //
 // Only plain http:// URLs take this path; any other scheme (https) goes
 // to a standard http.Transport with the same limits.
@@ -140,29 +143,33 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // closed; on success the response body owns c.
 func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*http.Response, error) {
 	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
-	fail := func(err error) (*http.Response, error) {
+	fail := func(err error, stale bool) (*http.Response, error) {
 		stop()
 		_ = c.nc.Close()
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, fmt.Errorf("upstream %s: %w", c.key, cerr)
 		}
-		return nil, &exchangeError{key: c.key, err: err}
+		return nil, &exchangeError{key: c.key, err: err, stale: stale}
 	}
 	if err := req.Write(c.bw); err != nil {
-		return fail(err)
+		return fail(err, true)
 	}
 	if err := c.bw.Flush(); err != nil {
-		return fail(err)
+		return fail(err, true)
 	}
+	wrote := time.Now()
 	// The first byte alone, so that a connection closed before any answer
 	// ends in io.EOF (http.ReadResponse reports io.ErrUnexpectedEOF).
 	if _, err := c.br.Peek(1); err != nil {
-		return fail(err)
+		// A close that was already on its way when the request went out
+		// arrives within a round trip; a later one means the engine held
+		// the request (and may have worked on it): not stale.
+		return fail(err, time.Since(wrote) < staleWindow)
 	}
 	for {
 		resp, err := http.ReadResponse(c.br, req)
 		if err != nil {
-			return fail(err)
+			return fail(err, false)
 		}
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
 			continue // an interim answer (100 Continue, 103 Early Hints)
@@ -375,19 +382,35 @@ func (b *body) Close() error {
 	return b.c.nc.Close()
 }
 
-// exchangeError is a failed exchange on one connection.
+// exchangeError is a failed exchange on one connection. stale is set when
+// the failure shows the engine had closed the connection before it read
+// the request: the write failed, or the answer's first read failed within
+// staleWindow of the write.
 type exchangeError struct {
-	key string
-	err error
+	key   string
+	err   error
+	stale bool
 }
+
+// staleWindow bounds how soon after the request's write a failed first
+// read still counts as the engine having closed the idle connection
+// before it read the request (its close was already in flight). Later
+// failures are the engine's failure with the request in hand: not resent
+// here, since the engine may have worked on it (net/http's Transport
+// likewise resends a POST only when nothing was written).
+const staleWindow = 10 * time.Millisecond
 
 func (e *exchangeError) Error() string { return "upstream " + e.key + ": " + e.err.Error() }
 func (e *exchangeError) Unwrap() error { return e.err }
 
 // retryable reports whether err is a pooled connection the engine had
-// already closed: the write fails, or the response's first read ends
-// with EOF (no byte came), a reset or a broken pipe.
+// already closed: a stale exchangeError ending in EOF (no byte came), a
+// reset or a broken pipe.
 func retryable(err error) bool {
+	var ee *exchangeError
+	if !errors.As(err, &ee) || !ee.stale {
+		return false
+	}
 	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 

@@ -164,6 +164,16 @@ func peekIdle(tr *Transport) *conn {
 // engine closing a keep-alive connection just as a request arrives.
 func oneShotServer(t *testing.T) (addr string, conns *atomic.Int64) {
 	t.Helper()
+	addr, conns, _ = holdingServer(t, 0)
+	return addr, conns
+}
+
+// holdingServer is oneShotServer holding the second request for hold
+// before it closes the connection (an engine that failed while it had the
+// request); requests counts the requests it read.
+func holdingServer(t *testing.T, hold time.Duration) (addr string, conns, requests *atomic.Int64) {
+	t.Helper()
+	requests = new(atomic.Int64)
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -190,14 +200,35 @@ func oneShotServer(t *testing.T) (addr string, conns *atomic.Int64) {
 					return
 				}
 				b, _ := io.ReadAll(req.Body)
+				requests.Add(1)
 				fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s", len(b), b)
 				if req, err = http.ReadRequest(br); err == nil {
 					_, _ = io.Copy(io.Discard, req.Body)
+					requests.Add(1)
+					time.Sleep(hold)
 				}
 			}()
 		}
 	}()
-	return ln.Addr().String(), conns
+	return ln.Addr().String(), conns, requests
+}
+
+// An engine that had the request and then closed the connection may have
+// worked on it: the request is not sent again, the error is returned.
+func TestRequestTheEngineHeldIsNotResent(t *testing.T) {
+	addr, _, requests := holdingServer(t, 100*time.Millisecond)
+	tr := &Transport{}
+	defer tr.Close()
+	post(t, tr, context.Background(), "http://"+addr+"/", "first")
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/", strings.NewReader("second"))
+	resp, err := tr.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatal("want an error: the engine closed the connection after holding the request")
+	}
+	if got := requests.Load(); got != 2 || tr.Dials() != 1 {
+		t.Fatalf("the engine read %d requests over %d dials; want 2 over 1 (no resend)", got, tr.Dials())
+	}
 }
 
 func TestReusedConnectionClosedMidRequestIsRetriedOnce(t *testing.T) {
