@@ -85,6 +85,9 @@ type Transport struct {
 	fallback     *http.Transport
 
 	dials atomic.Int64 // connections opened
+
+	// staleWin overrides staleWindow (tests on slow machines).
+	staleWin time.Duration
 }
 
 // conn is one pooled connection.
@@ -164,7 +167,11 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 		// A close that was already on its way when the request went out
 		// arrives within a round trip; a later one means the engine held
 		// the request (and may have worked on it): not stale.
-		return fail(err, time.Since(wrote) < staleWindow)
+		win := staleWindow
+		if t.staleWin > 0 {
+			win = t.staleWin
+		}
+		return fail(err, time.Since(wrote) < win)
 	}
 	for {
 		resp, err := http.ReadResponse(c.br, req)
