@@ -3,6 +3,7 @@ package serve
 import (
 	"bytes"
 	"errors"
+	"unicode/utf8"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
 )
@@ -33,6 +34,17 @@ const (
 	fastMaxCommas = 8192
 )
 
+// plainText reports whether body's strings read the same under fastjson
+// and encoding/json: valid UTF-8 (encoding/json turns invalid bytes into
+// U+FFFD, fastjson keeps them) and no \uD800-\uDFFF escape (encoding/json
+// turns a lone surrogate into U+FFFD, fastjson keeps the escape's text).
+// Bodies that fail it take encoding/json, so a prompt's routing key does
+// not depend on its body's size. Escaped emoji (surrogate pairs) take it
+// too: correct, if slower.
+func plainText(body []byte) bool {
+	return utf8.Valid(body) && !bytes.Contains(body, []byte(`\ud`)) && !bytes.Contains(body, []byte(`\uD`))
+}
+
 // parseRequest decodes body and extracts its routing key; chat selects
 // the chat schema (messages) over the completions one (prompt). Errors
 // wrap errBadRequest and name the offending field.
@@ -44,7 +56,7 @@ const (
 // stand. Both read a key given twice as its last value, as encoding/json
 // and the engines' Python JSON decoders do.
 func parseRequest(body []byte, chat bool) (*completionRequest, error) {
-	if len(body) <= fastMaxBytes && bytes.Count(body, []byte{','}) <= fastMaxCommas {
+	if len(body) <= fastMaxBytes && bytes.Count(body, []byte{','}) <= fastMaxCommas && plainText(body) {
 		if req, err, ok := parseFast(body, chat); ok {
 			return req, err
 		}

@@ -3,130 +3,107 @@ package serve
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"slices"
+	"strconv"
 	"strings"
 )
 
-type stdMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-}
-
-// stdPart is one element of a chat message's content array.
-type stdPart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
-}
-
-// parseStd is parseRequest with encoding/json: the path for large bodies
-// and the authority on bodies the fast path refuses. It reads what
-// parseFast reads, with the same rules (null is absent; a key given twice
-// counts as its last value; a malformed prompt is refused even when
-// prompt_token_ids route); its error messages are encoding/json's.
+// parseStd is parseRequest with encoding/json's token stream: the path
+// for large bodies and the authority on bodies the fast path refuses.
 //
-// It walks the body as a token stream and renders chat messages one at a
-// time, so what it keeps is the routing key, not the document: a body of
-// a million tiny messages or array elements costs about what its text
-// does.
+// It follows parseFast's rules exactly, so that a request routes the same
+// whatever its size: keys match exactly (encoding/json's struct decoding
+// would match "Role" for "role"); a key given twice counts as its last
+// value, and only that value is checked; null is absent; chat messages
+// are not read when prompt_token_ids route; a content part's text counts
+// only when its type is "text" and it is a string. Its strings are
+// encoding/json's (invalid UTF-8 and lone surrogates become U+FFFD);
+// parseRequest sends bodies holding either here, so the fast path never
+// sees them.
+//
+// It keeps the last raw value of each key it reads (at most the body
+// again) and walks arrays token by token, so what it builds is the
+// routing key, not the document: a body of a million tiny JSON values
+// costs a small multiple of its size.
 func parseStd(body []byte, chat bool) (*completionRequest, error) {
 	dec := json.NewDecoder(bytes.NewReader(body))
-	invalid := func(err error) error {
-		var te *json.UnmarshalTypeError
-		if errors.As(err, &te) && te.Field != "" {
-			return fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, te.Field, te.Value)
-		}
-		return fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, err)
-	}
+	dec.UseNumber()
 	tok, err := dec.Token()
 	if err != nil {
-		return nil, invalid(err)
+		return nil, notJSON(err)
 	}
 	if d, ok := tok.(json.Delim); !ok || d != '{' {
 		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", errBadRequest, tokenType(tok))
 	}
-	var (
-		req      completionRequest
-		prompt   json.RawMessage
-		rendered *string // the last messages array, rendered; nil: none
-	)
+	last := map[string]json.RawMessage{}
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return nil, invalid(err)
+			return nil, notJSON(err)
 		}
-		key, _ := tok.(string)
-		switch {
-		case key == "model":
-			var m *string
-			if err := dec.Decode(&m); err != nil {
-				return nil, fieldError("model", err)
-			}
-			req.Model = ""
-			if m != nil {
-				req.Model = *m
-			}
-		case key == "stream":
-			var st *bool
-			if err := dec.Decode(&st); err != nil {
-				return nil, fieldError("stream", err)
-			}
-			req.Stream = st != nil && *st
-		case key == "prompt_token_ids":
-			var raw json.RawMessage
-			if err := dec.Decode(&raw); err != nil {
-				return nil, invalid(err)
-			}
-			var ids []int64
-			if err := tokenArray("prompt_token_ids", raw, &ids); err != nil {
-				return nil, err
-			}
-			req.routing.ids = ids
-		case key == "prompt" && !chat:
-			prompt = nil
-			if err := dec.Decode(&prompt); err != nil {
-				return nil, invalid(err)
-			}
-		case key == "messages" && chat:
-			text, err := stdMessages(dec)
-			if err != nil {
-				return nil, err
-			}
-			rendered = text
-		default:
-			var skip json.RawMessage
-			if err := dec.Decode(&skip); err != nil {
-				return nil, invalid(err)
-			}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return nil, notJSON(err)
+		}
+		switch key, _ := tok.(string); key {
+		case "model", "stream", "prompt_token_ids", "messages", "prompt":
+			last[key] = raw
 		}
 	}
 	if _, err := dec.Token(); err != nil { // the closing brace
-		return nil, invalid(err)
+		return nil, notJSON(err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, fmt.Errorf("%w: body is not valid JSON: data after the top-level object", errBadRequest)
 	}
+
+	var req completionRequest
+	if raw := present(last["model"]); raw != nil {
+		var m string
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return nil, rawTypeError("model", raw)
+		}
+		req.Model = m
+	}
+	if raw := present(last["stream"]); raw != nil {
+		if err := json.Unmarshal(raw, &req.Stream); err != nil {
+			return nil, rawTypeError("stream", raw)
+		}
+	}
 	if req.Model == "" {
 		return nil, fmt.Errorf("%w: you must provide a model parameter", errBadRequest)
 	}
+	if raw := present(last["prompt_token_ids"]); raw != nil {
+		if req.routing.ids, err = stdTokenIDs("prompt_token_ids", raw); err != nil {
+			return nil, err
+		}
+	}
 	if chat {
-		if rendered == nil || *rendered == "" {
+		raw := present(last["messages"])
+		if raw != nil && raw[0] != '[' {
+			return nil, rawTypeError("messages", raw)
+		}
+		if raw == nil || isEmptyArray(raw) {
 			return nil, fmt.Errorf("%w: messages must be a non-empty array", errBadRequest)
 		}
-		if len(req.routing.ids) == 0 {
-			req.routing.text = *rendered
+		if len(req.routing.ids) > 0 {
+			return &req, nil
 		}
+		text, err := stdMessages(raw)
+		if err != nil {
+			return nil, err
+		}
+		req.routing.text = text
 		return &req, nil
 	}
-	prompt = bytes.TrimSpace(prompt)
-	if bytes.Equal(prompt, []byte("null")) {
-		prompt = nil
-	}
-	if len(prompt) == 0 && len(req.routing.ids) == 0 {
+	prompt := present(last["prompt"])
+	if prompt == nil && len(req.routing.ids) == 0 {
 		return nil, fmt.Errorf("%w: you must provide a prompt", errBadRequest)
 	}
-	if len(prompt) > 0 {
+	if prompt != nil {
+		// A malformed prompt is refused even when prompt_token_ids route.
 		key, err := stdPrompt(prompt)
 		if err != nil {
 			return nil, err
@@ -138,55 +115,272 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 	return &req, nil
 }
 
-// stdMessages reads a messages value from dec (an array, or null) and
-// renders it as prefix.RenderChat does, one message at a time. An empty
-// or null array renders as "", which the caller refuses.
-func stdMessages(dec *json.Decoder) (*string, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, err)
+// present returns raw without surrounding space, or nil when it is absent
+// or null.
+func present(raw json.RawMessage) json.RawMessage {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil
 	}
-	empty := ""
-	if tok == nil {
-		return &empty, nil
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '[' {
-		return nil, fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, "messages", tokenType(tok))
+	return raw
+}
+
+func isEmptyArray(raw json.RawMessage) bool {
+	return len(raw) >= 2 && raw[0] == '[' && len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0
+}
+
+// stdMessages renders a messages array as prefix.RenderChat does, one
+// message at a time, on one decoder.
+func stdMessages(raw json.RawMessage) (string, error) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if _, err := dec.Token(); err != nil { // '['
+		return "", notJSON(err)
 	}
 	var sb strings.Builder
 	for i := 0; dec.More(); i++ {
-		var m *stdMessage
-		if err := dec.Decode(&m); err != nil {
-			return nil, fieldError(fmt.Sprintf("messages[%d]", i), err)
-		}
-		if m == nil {
-			return nil, fmt.Errorf("%w: %q must not be a JSON null", errBadRequest, fmt.Sprintf("messages[%d]", i))
-		}
-		text, err := stdContent(i, m.Content)
+		name := func() string { return fmt.Sprintf("messages[%d]", i) }
+		fields, err := objectFields(dec, name, "role", "content")
 		if err != nil {
-			return nil, err
+			return "", err
 		}
-		sb.WriteString(m.Role)
+		if role := present(fields[0]); role != nil {
+			var r string
+			if err := json.Unmarshal(role, &r); err != nil {
+				return "", rawTypeError(name()+".role", role)
+			}
+			sb.WriteString(r)
+		}
 		sb.WriteString(": ")
-		sb.WriteString(text)
+		if err := stdContent(&sb, i, present(fields[1])); err != nil {
+			return "", err
+		}
 		sb.WriteByte('\n')
 	}
-	if _, err := dec.Token(); err != nil { // the closing bracket
-		return nil, fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, err)
-	}
-	out := sb.String()
-	return &out, nil
+	return sb.String(), nil
 }
 
-// fieldError is the 400 for a field whose value failed to decode.
-func fieldError(field string, err error) error {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) {
-		if te.Field != "" {
-			field += "." + te.Field
-		}
-		return fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, field, te.Value)
+// objectFields reads the next value of dec, which must be an object
+// (named name() in errors), and returns the last raw value of each of
+// keys, in keys' order (nil when absent); other members are skipped.
+func objectFields(dec *json.Decoder, name func() string, keys ...string) ([]json.RawMessage, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, notJSON(err)
 	}
+	if d, ok := tok.(json.Delim); !ok || d != '{' {
+		return nil, fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, name(), skipValue(dec, tok))
+	}
+	out := make([]json.RawMessage, len(keys))
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, notJSON(err)
+		}
+		k := slices.Index(keys, tok.(string))
+		if k < 0 {
+			t, err := dec.Token()
+			if err != nil {
+				return nil, notJSON(err)
+			}
+			skipValue(dec, t)
+			continue
+		}
+		if err := dec.Decode(&out[k]); err != nil {
+			return nil, notJSON(err)
+		}
+	}
+	if _, err := dec.Token(); err != nil { // '}'
+		return nil, notJSON(err)
+	}
+	return out, nil
+}
+
+// stdContent appends message i's content (raw, nil when absent or null):
+// a string, or an array of parts whose "text" parts' text is joined.
+func stdContent(sb *strings.Builder, i int, raw json.RawMessage) error {
+	switch {
+	case raw == nil:
+		return nil
+	case raw[0] == '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return notJSON(err)
+		}
+		sb.WriteString(s)
+		return nil
+	case raw[0] == '[':
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		if _, err := dec.Token(); err != nil {
+			return notJSON(err)
+		}
+		for j := 0; dec.More(); j++ {
+			fields, err := objectFields(dec, func() string { return fmt.Sprintf("messages[%d].content[%d]", i, j) }, "type", "text")
+			if err != nil {
+				return err
+			}
+			var typ, text string
+			if json.Unmarshal(fields[0], &typ) == nil && typ == "text" && json.Unmarshal(fields[1], &text) == nil {
+				sb.WriteString(text)
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadRequest, i)
+}
+
+// stdPrompt reads a completions prompt (raw, present): a string, an array
+// of strings (joined by newlines), an array of token ids, or an array of
+// token-id arrays (concatenated); the first element decides which.
+func stdPrompt(raw json.RawMessage) (routingKey, error) {
+	switch raw[0] {
+	case '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return routingKey{}, notJSON(err)
+		}
+		return routingKey{text: s}, nil
+	case '[':
+		rest := bytes.TrimLeft(raw[1:], " \t\r\n")
+		switch {
+		case len(rest) == 0 || rest[0] == ']':
+			return routingKey{}, nil
+		case rest[0] == '"':
+			dec := json.NewDecoder(bytes.NewReader(raw))
+			_, _ = dec.Token() // '['
+			var sb strings.Builder
+			for i := 0; dec.More(); i++ {
+				tok, err := dec.Token()
+				if err != nil {
+					return routingKey{}, notJSON(err)
+				}
+				s, ok := tok.(string)
+				if !ok {
+					return routingKey{}, fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, fmt.Sprintf("prompt[%d]", i), skipValue(dec, tok))
+				}
+				if i > 0 {
+					sb.WriteByte('\n')
+				}
+				sb.WriteString(s)
+			}
+			return routingKey{text: sb.String()}, nil
+		default:
+			ids, err := stdTokenIDs("prompt", raw)
+			return routingKey{ids: ids}, err
+		}
+	}
+	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", errBadRequest)
+}
+
+// stdTokenIDs reads the token-id array raw (field name), or for "prompt"
+// an array of token-id arrays when its first element is an array. A flat
+// array is decoded in one call (an array of integers holds no strings, so
+// "null" in its text is a null element, which encoding/json would read as
+// 0); a nested one token by token, keeping only the ids.
+func stdTokenIDs(name string, raw json.RawMessage) ([]int64, error) {
+	if raw[0] != '[' {
+		return nil, rawTypeError(name, raw)
+	}
+	rest := bytes.TrimLeft(raw[1:], " \t\r\n")
+	if name != "prompt" || len(rest) == 0 || rest[0] != '[' {
+		var ids []int64
+		if !bytes.Contains(raw, []byte("null")) && json.Unmarshal(raw, &ids) == nil {
+			return ids, nil
+		}
+		// Name the first element that is not an integer id.
+		dec := json.NewDecoder(bytes.NewReader(raw))
+		dec.UseNumber()
+		_, _ = dec.Token() // '['
+		for i := 0; dec.More(); i++ {
+			if _, err := tokenID(dec, fmt.Sprintf("%s[%d]", name, i)); err != nil {
+				return nil, err
+			}
+		}
+		return nil, fmt.Errorf("%w: %s must be an array of integer token ids", errBadRequest, name)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	_, _ = dec.Token() // '['
+	var ids []int64
+	for i := 0; dec.More(); i++ {
+		elem := fmt.Sprintf("%s[%d]", name, i)
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, notJSON(err)
+		}
+		if d, ok := tok.(json.Delim); !ok || d != '[' {
+			return nil, fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, elem, skipValue(dec, tok))
+		}
+		for j := 0; dec.More(); j++ {
+			id, err := tokenID(dec, fmt.Sprintf("%s[%d]", elem, j))
+			if err != nil {
+				return nil, err
+			}
+			ids = append(ids, id)
+		}
+		if _, err := dec.Token(); err != nil { // ']'
+			return nil, notJSON(err)
+		}
+	}
+	return ids, nil
+}
+
+// tokenID reads the next value of dec as the integer token id name.
+func tokenID(dec *json.Decoder, name string) (int64, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return 0, notJSON(err)
+	}
+	if n, ok := tok.(json.Number); ok {
+		if id, err := strconv.ParseInt(string(n), 10, 64); err == nil {
+			return id, nil
+		}
+		return 0, fmt.Errorf("%w: %s must be an integer token id, not the number %s", errBadRequest, name, n)
+	}
+	return 0, fmt.Errorf("%w: %s must be an integer token id, not a JSON %s", errBadRequest, name, skipValue(dec, tok))
+}
+
+// skipValue names the JSON type of the value tok starts and, for an
+// object or array, reads the rest of it from dec.
+func skipValue(dec *json.Decoder, tok json.Token) string {
+	typ := tokenType(tok)
+	if d, ok := tok.(json.Delim); ok && (d == '[' || d == '{') {
+		for depth := 1; depth > 0; {
+			t, err := dec.Token()
+			if err != nil {
+				break
+			}
+			if d, ok := t.(json.Delim); ok {
+				if d == '[' || d == '{' {
+					depth++
+				} else {
+					depth--
+				}
+			}
+		}
+	}
+	return typ
+}
+
+// rawTypeError is the 400 for field whose raw value has the wrong type.
+func rawTypeError(field string, raw json.RawMessage) error {
+	typ := "null"
+	switch c := raw[0]; {
+	case c == '"':
+		typ = "string"
+	case c == '{':
+		typ = "object"
+	case c == '[':
+		typ = "array"
+	case c == 't' || c == 'f':
+		typ = "bool"
+	case c == '-' || (c >= '0' && c <= '9'):
+		typ = "number"
+	}
+	return fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, field, typ)
+}
+
+// notJSON is the 400 for a body encoding/json cannot read.
+func notJSON(err error) error {
 	return fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, err)
 }
 
@@ -206,108 +400,4 @@ func tokenType(tok json.Token) string {
 		return "bool"
 	}
 	return "null"
-}
-
-// stdContent renders message i's content: a string, null, or an array of
-// parts whose "text" parts are joined.
-func stdContent(i int, raw json.RawMessage) (string, error) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return "", nil
-	}
-	switch raw[0] {
-	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", fmt.Errorf("%w: messages[%d].content: %v", errBadRequest, i, err)
-		}
-		return s, nil
-	case '[':
-		var parts []*stdPart
-		if err := json.Unmarshal(raw, &parts); err != nil {
-			return "", fmt.Errorf("%w: messages[%d].content: %v", errBadRequest, i, err)
-		}
-		var sb strings.Builder
-		for j, p := range parts {
-			if p == nil {
-				return "", fmt.Errorf("%w: %q must not be a JSON null", errBadRequest, fmt.Sprintf("messages[%d].content[%d]", i, j))
-			}
-			if p.Type == "text" {
-				sb.WriteString(p.Text)
-			}
-		}
-		return sb.String(), nil
-	}
-	return "", fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadRequest, i)
-}
-
-// stdPrompt reads a completions prompt: a string, an array of strings
-// (joined by newlines), an array of token ids, or an array of token-id
-// arrays (concatenated).
-func stdPrompt(raw json.RawMessage) (routingKey, error) {
-	switch raw[0] {
-	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return routingKey{}, fmt.Errorf("%w: prompt: %v", errBadRequest, err)
-		}
-		return routingKey{text: s}, nil
-	case '[':
-		// The first element's kind decides the shape; the array is then
-		// decoded once, into that shape.
-		rest := bytes.TrimLeft(raw[1:], " \t\r\n")
-		if len(rest) == 0 || rest[0] == ']' {
-			return routingKey{}, nil
-		}
-		switch rest[0] {
-		case '"':
-			var ss []*string
-			if err := json.Unmarshal(raw, &ss); err != nil {
-				return routingKey{}, fmt.Errorf("%w: prompt: %v", errBadRequest, err)
-			}
-			var sb strings.Builder
-			for j, p := range ss {
-				if p == nil {
-					return routingKey{}, fmt.Errorf("%w: %q must not be a JSON null", errBadRequest, fmt.Sprintf("prompt[%d]", j))
-				}
-				if j > 0 {
-					sb.WriteByte('\n')
-				}
-				sb.WriteString(*p)
-			}
-			return routingKey{text: sb.String()}, nil
-		case '[':
-			var batches [][]int64
-			if err := tokenArray("prompt", raw, &batches); err != nil {
-				return routingKey{}, err
-			}
-			var ids []int64
-			for _, b := range batches {
-				ids = append(ids, b...)
-			}
-			return routingKey{ids: ids}, nil
-		default:
-			var ids []int64
-			if err := tokenArray("prompt", raw, &ids); err != nil {
-				return routingKey{}, err
-			}
-			return routingKey{ids: ids}, nil
-		}
-	}
-	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", errBadRequest)
-}
-
-// tokenArray decodes raw, an array (or array of arrays) of token ids named
-// name, into dst (*[]int64 or *[][]int64). encoding/json would read a null
-// element as 0 (or an empty batch); the fast path refuses it, and so does
-// this. An array of integers holds no strings, so "null" in its text is a
-// null element.
-func tokenArray(name string, raw json.RawMessage, dst any) error {
-	if bytes.Contains(raw, []byte("null")) && !bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
-		return fmt.Errorf("%w: %s must hold integer token ids, not JSON nulls", errBadRequest, name)
-	}
-	if err := json.Unmarshal(raw, dst); err != nil {
-		return fieldError(name, err)
-	}
-	return nil
 }

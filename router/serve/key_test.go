@@ -4,8 +4,12 @@ import (
 	"encoding/json"
 	"errors"
 	"runtime"
+	"runtime/debug"
+	rtmetrics "runtime/metrics"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -196,31 +200,111 @@ func TestDuplicateKeysReadTheLast(t *testing.T) {
 
 // A large body, or one of many small JSON values, is parsed within a
 // small multiple of its size (fastjson would keep a node per value:
-// ~600 MiB for 4 MiB of zeros). TotalAlloc counts garbage too, so it
-// bounds the peak from above. Token ids cost the most: 8 bytes an id
-// against 2 in the body, in a slice that grows by doubling.
+// ~600 MiB for 4 MiB of zeros). What is measured is the peak of the heap's
+// live objects, sampled while the parse runs with the collector set to
+// run often: the garbage of a token-by-token walk is not kept.
 func TestLargeBodiesParseInBoundedMemory(t *testing.T) {
 	zeros := strings.Repeat("0,", 2<<20)
+	defer debug.SetGCPercent(debug.SetGCPercent(5))
 	for _, tc := range []struct {
 		name, body string
 		chat       bool
 		factor     uint64
 	}{
 		{"ignored array", `{"model":"m","prompt":"x","junk":[` + zeros + `0]}`, false, 8},
-		{"token ids", `{"model":"m","prompt":[` + zeros + `0]}`, false, 40},
-		{"empty messages", `{"model":"m","messages":[` + strings.Repeat("{},", 1<<20) + `{"role":"user","content":"x"}]}`, true, 32},
+		{"token ids", `{"model":"m","prompt":[` + zeros + `0]}`, false, 16},
+		{"empty messages", `{"model":"m","messages":[` + strings.Repeat("{},", 1<<20) + `{"role":"user","content":"x"}]}`, true, 8},
 		{"many commas, small", `{"model":"m","prompt":"x","junk":[` + strings.Repeat("0,", fastMaxCommas+1) + `0]}`, false, 8},
+		{"nested token ids", `{"model":"m","prompt":[` + strings.Repeat("[0],", 1<<20) + `[0]]}`, false, 8},
+		{"string array", `{"model":"m","prompt":[` + strings.Repeat(`"",`, 1<<20) + `""]}`, false, 8},
+		{"content parts", `{"model":"m","messages":[{"role":"user","content":[` + strings.Repeat("{},", 1<<20) + `{}]}]}`, true, 8},
 	} {
-		var before, after runtime.MemStats
+		body := []byte(tc.body)
 		runtime.GC()
-		runtime.ReadMemStats(&before)
-		req, err := parseRequest([]byte(tc.body), tc.chat)
-		runtime.ReadMemStats(&after)
+		base := liveHeap()
+		var peak atomic.Uint64
+		stop := make(chan struct{})
+		sampled := make(chan struct{})
+		go func() {
+			defer close(sampled)
+			for {
+				if h := liveHeap(); h > peak.Load() {
+					peak.Store(h)
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Microsecond):
+				}
+			}
+		}()
+		req, err := parseRequest(body, tc.chat)
+		close(stop)
+		<-sampled
 		if err != nil || req.Model != "m" {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
-		if got, limit := after.TotalAlloc-before.TotalAlloc, tc.factor*uint64(len(tc.body)); got > limit {
-			t.Errorf("%s: %d bytes allocated for a %d-byte body, want <= %d", tc.name, got, len(tc.body), limit)
+		if got, limit := peak.Load()-min(base, peak.Load()), tc.factor*uint64(len(body)); got > limit {
+			t.Errorf("%s: the live heap grew by %d bytes for a %d-byte body, want <= %d", tc.name, got, len(body), limit)
+		}
+	}
+}
+
+// liveHeap is the heap's bytes in objects, live or not yet swept.
+func liveHeap() uint64 {
+	s := []rtmetrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
+	rtmetrics.Read(s)
+	return s[0].Value.Uint64()
+}
+
+// The two paths agree on what they accept and on the key, so a request
+// routes the same whatever its size: exact key names, the last of a
+// duplicated key (only it is checked), messages not read when token ids
+// route, a non-text part's text ignored; and encoding/json's strings
+// (U+FFFD for invalid UTF-8 and lone surrogates), which parseRequest
+// gets by sending such bodies to parseStd.
+func TestParsePathsAgree(t *testing.T) {
+	for _, tc := range []struct {
+		body string
+		chat bool
+		want routingKey // when accepted
+		ok   bool
+	}{
+		{`{"model":"m","messages":[{"Role":"user","Content":"hello"}]}`, true, routingKey{text: ": \n"}, true},
+		{`{"model":5,"model":"m","prompt":"x"}`, false, routingKey{text: "x"}, true},
+		{`{"model":"m","stream":"yes","stream":true,"prompt":"x"}`, false, routingKey{text: "x"}, true},
+		{`{"model":"m","messages":5,"messages":[{"role":"user","content":"a"}]}`, true, routingKey{text: "user: a\n"}, true},
+		{`{"model":"m","prompt_token_ids":[null],"prompt_token_ids":[1,2],"prompt":"x"}`, false, routingKey{ids: []int64{1, 2}}, true},
+		{`{"model":"m","prompt_token_ids":[7],"messages":[{"role":"user","content":5}]}`, true, routingKey{ids: []int64{7}}, true},
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","text":5},{"type":"text","text":"b"}]}]}`, true, routingKey{text: "user: b\n"}, true},
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, true, routingKey{text: "user: \n"}, true},
+		{`{"model":"m","prompt":"\ud800abc"}`, false, routingKey{text: "\uFFFDabc"}, true},
+		{"{\"model\":\"m\",\"prompt\":\"a\xffb\"}", false, routingKey{text: "a\uFFFDb"}, true},
+		{`{"model":"m","prompt":"\ud83d\ude00"}`, false, routingKey{text: "😀"}, true},
+		{`{"model":"m","prompt":[[1],[2,3]]}`, false, routingKey{ids: []int64{1, 2, 3}}, true},
+		{`{"model":"m","prompt":[[1],2]}`, false, routingKey{}, false},
+		{`{"model":"m","prompt":[1,2.5]}`, false, routingKey{}, false},
+		{`{"model":"m","messages":[{"role":"user","content":[null]}]}`, true, routingKey{}, false},
+	} {
+		got, err := parseRequest([]byte(tc.body), tc.chat)
+		std, stdErr := parseStd([]byte(tc.body), tc.chat)
+		if (err == nil) != tc.ok || (stdErr == nil) != tc.ok {
+			t.Errorf("%s: parseRequest %v, parseStd %v; want accepted %v", tc.body, err, stdErr, tc.ok)
+			continue
+		}
+		if !tc.ok {
+			continue
+		}
+		for path, req := range map[string]*completionRequest{"parseRequest": got, "parseStd": std} {
+			if diff := cmp.Diff(tc.want, req.key(), cmp.AllowUnexported(routingKey{})); diff != "" {
+				t.Errorf("%s: %s key (-want +got):\n%s", tc.body, path, diff)
+			}
+		}
+		if plainText([]byte(tc.body)) {
+			fast, ferr, ok := parseFast([]byte(tc.body), tc.chat)
+			if !ok || ferr != nil || !cmp.Equal(fast.key(), std.key(), cmp.AllowUnexported(routingKey{})) {
+				t.Errorf("%s: fast path %v %v %+v, want the encoding/json path's key %+v", tc.body, ok, ferr, fast, std.key())
+			}
 		}
 	}
 }
