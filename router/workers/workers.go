@@ -134,6 +134,11 @@ type Manager struct {
 
 	mu      sync.Mutex
 	entries map[string]*entry
+	// retired are the generations of workers removed from the
+	// configuration that still have requests in flight, by name: their
+	// active-requests series lasts until those finish, and a worker
+	// configured again under the name takes them back.
+	retired map[string][]*fleet.Worker
 	closed  bool
 }
 
@@ -181,7 +186,7 @@ func NewManager(r *router.Router, o Options) (*Manager, error) {
 	if o.Debounce <= 0 {
 		o.Debounce = DefaultDebounce
 	}
-	m := &Manager{r: r, o: o, log: o.Logger, entries: make(map[string]*entry)}
+	m := &Manager{r: r, o: o, log: o.Logger, entries: make(map[string]*entry), retired: make(map[string][]*fleet.Worker)}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if o.Registerer != nil {
 		if err := o.Registerer.Register(collector{m}); err != nil {
@@ -285,6 +290,8 @@ func cloneWorker(w config.Worker) config.Worker {
 func (m *Manager) startLocked(w config.Worker) {
 	ctx, stop := context.WithCancel(m.ctx)
 	e := &entry{cfg: cloneWorker(w), id: ID(w.Name), stop: stop}
+	e.gens, m.retired[w.Name] = m.retired[w.Name], nil
+	delete(m.retired, w.Name)
 	m.entries[w.Name] = e
 	m.wg.Add(1)
 	go m.run(ctx, e, w.MetricsURL)
@@ -297,6 +304,9 @@ func (m *Manager) dropLocked(e *entry, why string) {
 		m.leaveLocked(e, why)
 	}
 	delete(m.entries, e.cfg.Name)
+	if e.activeLocked() > 0 {
+		m.retired[e.cfg.Name] = append(m.retired[e.cfg.Name], e.gens...)
+	}
 	if why != "endpoint changed" {
 		m.log.Info("worker removed", "worker", e.cfg.Name, "reason", why)
 	}
@@ -539,7 +549,7 @@ var (
 	readyDesc = prometheus.NewDesc("switchyard_worker_ready",
 		"1 when the worker is in the candidate set, 0 when it is configured but not ready.", []string{"worker"}, nil)
 	activeDesc = prometheus.NewDesc("switchyard_worker_active_requests",
-		"Requests in flight on the worker (ACTIVE_REQUESTS), over every generation it joined under.", []string{"worker"}, nil)
+		"Requests in flight on the worker (ACTIVE_REQUESTS), over every generation it joined under; a worker removed from the configuration keeps its series until its requests finish.", []string{"worker"}, nil)
 )
 
 // collector reads the Manager's state at each collection.
@@ -560,5 +570,22 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, ready, name)
 		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(e.activeLocked()), name)
+	}
+	for name, gens := range c.m.retired {
+		var n int64
+		kept := gens[:0]
+		for _, w := range gens {
+			if a := w.ActiveRequests(); a != 0 {
+				n += a
+				kept = append(kept, w)
+			}
+		}
+		clear(gens[len(kept):])
+		if len(kept) == 0 {
+			delete(c.m.retired, name)
+			continue
+		}
+		c.m.retired[name] = kept
+		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(n), name)
 	}
 }

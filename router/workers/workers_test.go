@@ -456,6 +456,8 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	if old.ActiveRequests() != 1 {
 		t.Fatalf("in-flight count on the removed worker = %d", old.ActiveRequests())
 	}
+	// No longer configured, but its request is in flight: still counted.
+	gaugeIs(t, reg, "switchyard_worker_active_requests", 1)
 	if err := m.Sync([]config.Worker{a}); err != nil {
 		t.Fatal(err)
 	}
@@ -464,6 +466,9 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	if d2.Worker == old || d2.Worker.ID != old.ID {
 		t.Fatalf("rejoined worker: %+v, old %+v", d2.Worker.Spec, old.Spec)
 	}
+	// Configured again under its name: the removed generation's request
+	// counts with the new one's.
+	gaugeIs(t, reg, "switchyard_worker_active_requests", 2)
 	if !d1.Booking.Release() {
 		t.Fatal("first release did nothing")
 	}
