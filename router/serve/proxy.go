@@ -293,7 +293,12 @@ func (s *Server) admitError(ex *exchange, err error) int {
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: "+ce.Err.Error())
 		return http.StatusBadRequest
 	case errors.Is(err, router.ErrUnknownClass):
-		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", err.Error())
+		// The router's text, without the router's request id.
+		msg := err.Error()
+		if i := strings.Index(msg, router.ErrUnknownClass.Error()); i >= 0 {
+			msg = msg[i:]
+		}
+		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: "+msg)
 		return http.StatusBadRequest
 	case errors.Is(err, shared.ErrNoWorkers):
 		if ml, ok := s.workers.(modelServer); ok && !ml.Serves(ex.model) {

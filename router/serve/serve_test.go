@@ -719,3 +719,31 @@ func TestCopyHeadersDropsHopByHop(t *testing.T) {
 		t.Errorf("copied headers (-want +got):\n%s", diff)
 	}
 }
+
+// classOf classifies every request into one policy class.
+type classOf string
+
+func (classOf) Inputs() shared.Inputs { return 0 }
+func (c classOf) NewClassifier(shared.PartitionContext) (shared.Classifier, error) {
+	return c, nil
+}
+func (c classOf) Classify(context.Context, *shared.Request) (shared.Classification, error) {
+	return shared.Classification{PolicyClass: string(c)}, nil
+}
+
+// A class the queue does not have is the client's 400, naming the class
+// and the queue's classes but not the router's request id.
+func TestUnknownClassAnswer(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	e := newEnv(t, envOptions{classifier: classOf("gold")}, backend{name: "w1", url: eng.URL})
+	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"), "X-Request-Id", "client-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := decodeError(t, resp)
+	want := `the request could not be classified: unknown policy class "gold" (queue classes: default)`
+	if resp.StatusCode != http.StatusBadRequest || got.Code != "classification_failed" || got.Message != want {
+		t.Errorf("%d %+v, want 400 classification_failed %q", resp.StatusCode, got, want)
+	}
+	e.settle(t)
+}
