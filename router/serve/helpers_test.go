@@ -348,3 +348,22 @@ func runCancelling(t *testing.T, url string, total, conc, cancelOneIn int, maxDe
 	wg.Wait()
 	return out
 }
+
+// postWantError posts a non-streamed chat request to the server at url
+// and checks that the answer is an OpenAI error of status and code; it
+// returns the error body.
+func postWantError(t *testing.T, url string, status int, code string) apiErrorBody {
+	t.Helper()
+	resp, err := post(t, context.Background(), url+"/v1/chat/completions", chatBody("m", false, "x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != status {
+		t.Errorf("status %d, want %d", resp.StatusCode, status)
+	}
+	got := decodeError(t, resp)
+	if got.Code != code {
+		t.Errorf("code %q, want %q", got.Code, code)
+	}
+	return got
+}

@@ -163,16 +163,7 @@ func TestQueueFullAnswers429AndQueuedRequestsDispatch(t *testing.T) {
 	if n, err := testutil.GatherAndCount(e.reg, "switchyard_queue_depth"); err != nil || n != 1 {
 		t.Errorf("queue_depth series %d, %v", n, err)
 	}
-	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusTooManyRequests {
-		t.Errorf("third request: status %d, want 429", resp.StatusCode)
-	}
-	if got := decodeError(t, resp); got.Code != "queue_full" {
-		t.Errorf("code %q", got.Code)
-	}
+	postWantError(t, e.url, http.StatusTooManyRequests, "queue_full") // the third request
 	close(eng.gate)
 	wg.Wait()
 	close(codes)
@@ -207,16 +198,7 @@ func TestDueTimeAnswers429(t *testing.T) {
 		}
 	}()
 	waitFor(t, func() bool { return eng.requests.Load() == 1 })
-	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusTooManyRequests {
-		t.Errorf("status %d, want 429", resp.StatusCode)
-	}
-	if got := decodeError(t, resp); got.Code != "due_time_passed" {
-		t.Errorf("code %q", got.Code)
-	}
+	postWantError(t, e.url, http.StatusTooManyRequests, "due_time_passed")
 }
 
 func TestRetriesOnARefusingWorkerThenSucceeds(t *testing.T) {
@@ -241,16 +223,7 @@ func TestRetriesOnARefusingWorkerThenSucceeds(t *testing.T) {
 
 func TestEveryWorkerRefusingAnswers502(t *testing.T) {
 	e := newEnv(t, envOptions{}, backend{name: "a", url: closedURL(t)}, backend{name: "b", url: closedURL(t)})
-	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if resp.StatusCode != http.StatusBadGateway {
-		t.Errorf("status %d, want 502", resp.StatusCode)
-	}
-	if got := decodeError(t, resp); got.Code != "worker_failed" {
-		t.Errorf("code %q, want worker_failed", got.Code)
-	}
+	postWantError(t, e.url, http.StatusBadGateway, "worker_failed")
 	// Each attempt excludes the workers that failed before it: one attempt
 	// per worker, then no worker is left to try.
 	if a, b := e.ws.failuresOf("a"), e.ws.failuresOf("b"); a != 1 || b != 1 {
