@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"time"
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/shared"
@@ -76,7 +75,7 @@ func (s *Server) disagg(ex *exchange) int {
 // client.
 func (s *Server) prefill(ex *exchange, body []byte) (kv json.RawMessage, code int) {
 	for attempt := 0; ; attempt++ {
-		tk, code := s.admit(ex, shared.RolePrefill, attempt)
+		tk, code := s.admit(ex, hopSpec{role: shared.RolePrefill, tag: "#", hashes: ex.hashes, exclude: ex.failed}, attempt)
 		if code != 0 {
 			return nil, code
 		}
@@ -106,7 +105,6 @@ func (s *Server) prefill(ex *exchange, body []byte) (kv json.RawMessage, code in
 // is true when the worker failed before its answer was complete; nothing
 // was written to the client then.
 func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv json.RawMessage, code int, retry bool) {
-	h := hop{id: tk.ID}
 	name := tk.Decision.Worker.Name
 	ended := false
 	end := func(complete bool, reason string) {
@@ -114,7 +112,7 @@ func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv jso
 			return
 		}
 		ended = true
-		s.endHop(h, complete, int64(ex.tokens)+1, reason)
+		s.endTicket(tk.ID, complete, int64(ex.tokens)+1, reason)
 	}
 	defer end(false, "handler ended")
 
@@ -182,39 +180,28 @@ func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv jso
 	return kv, 0, false
 }
 
-// decode runs the decode hop: Select with role decode, the prompt's token
+// decode runs the decode hop: admitted with role decode (classifier,
+// queue and capacity as for the prefill hop), with the prompt's token
 // count and no block hashes (the KV arrives by transfer; it is not in the
 // decode worker's prefix cache, so the prefix index must not record it),
 // and the answer passed through. A decode worker that fails before a byte
-// is excluded and the hop selected again, up to MaxRetries times. The
-// Select booking is released exactly once by the pass-through. It returns
-// the code the request is counted under.
+// is excluded and the hop admitted again, up to MaxRetries times. The
+// booking is ended exactly once by the pass-through. It returns the code
+// the request is counted under.
 func (s *Server) decode(ex *exchange, body []byte) int {
 	var failed []shared.WorkerID
 	for attempt := 0; ; attempt++ {
-		req := &shared.Request{
-			ID:           ex.id + "#d" + strconv.Itoa(attempt),
-			Model:        ex.model,
-			Role:         shared.RoleDecode,
-			PromptTokens: ex.tokens,
-			SessionID:    ex.session,
-			Metadata:     ex.meta,
+		tk, code := s.admit(ex, hopSpec{role: shared.RoleDecode, tag: "#d", exclude: failed, answer: s.decodeError}, attempt)
+		if code != 0 {
+			return code
 		}
-		var opts []router.AdmitOption
-		if len(failed) > 0 {
-			opts = append(opts, router.Exclude(failed...))
-		}
-		t0 := time.Now()
-		d, err := s.r.Select(ex.ctx, req, opts...)
-		s.observeSelection(d.Policy, shared.RoleDecode, time.Since(t0))
-		if err != nil {
-			return s.decodeError(ex, err)
-		}
-		code, retry := s.passThrough(ex, hop{booking: d.Booking}, d.Worker.Name, body)
+		code, retry := s.passThrough(ex, tk.ID, tk.Decision.Worker.Name, body)
 		if !retry {
 			return code
 		}
-		failed = append(failed, d.Worker.ID)
+		if w := tk.Decision.Worker; w != nil && !slices.Contains(failed, w.ID) {
+			failed = append(failed, w.ID)
+		}
 		if attempt >= s.retries {
 			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
 				fmt.Sprintf("the selected decode workers failed before answering (%d attempts)", attempt+1))
@@ -224,7 +211,7 @@ func (s *Server) decode(ex *exchange, body []byte) int {
 	}
 }
 
-// decodeError answers a decode selection's failure and returns its code.
+// decodeError answers a decode admission's failure and returns its code.
 func (s *Server) decodeError(ex *exchange, err error) int {
 	switch {
 	case ex.r.Context().Err() != nil:

@@ -524,3 +524,43 @@ func TestDisaggCancellationAccounting(t *testing.T) {
 		}
 	}
 }
+
+// The decode hop is admitted like the prefill hop: with a capacity of one
+// request per worker and one decode worker busy, a second request's
+// decode waits in the decode queue (its prefill done), and is dispatched
+// when the first ends.
+func TestDisaggDecodeWaitsForCapacity(t *testing.T) {
+	pre := newMock(t, "engine-p1", 50)
+	dec := newEngine(t, 1, 0)
+	dec.gate = make(chan struct{})
+	e := newEnv(t, envOptions{queue: capacityQueue(1, 0)},
+		backend{name: "p1", url: pre.URL, role: shared.RolePrefill},
+		backend{name: "d1", url: dec.URL, role: shared.RoleDecode})
+	codes := make(chan int, 2)
+	for i := range 2 {
+		go func() {
+			resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, fmt.Sprintf("request %d", i)))
+			if err != nil {
+				codes <- -1
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	waitFor(t, func() bool { return dec.requests.Load() == 1 && e.r.Waiting(shared.RoleDecode) == 1 })
+	if n := e.workers[1].ActiveRequests(); n != 1 {
+		t.Errorf("decode worker active %d while one decode waits, want 1 (its capacity)", n)
+	}
+	close(dec.gate)
+	for range 2 {
+		if c := <-codes; c != http.StatusOK {
+			t.Errorf("status %d, want 200", c)
+		}
+	}
+	if dec.requests.Load() != 2 {
+		t.Errorf("decode worker got %d requests, want 2", dec.requests.Load())
+	}
+	e.settle(t)
+}

@@ -49,16 +49,17 @@
 //     object is a 502 bad_prefill_answer. The prefill ticket gets
 //     FirstToken and Complete (the prompt plus one token) once the answer
 //     is read, Abort on every other path.
-//  3. Decode hop: Router.Select with role decode, the prompt's token
-//     count and no block hashes (the KV arrives by transfer, not from the
-//     decode worker's prefix cache, so the prefix index must not record
-//     it); no queue. The body is the client's with the prefill answer's
-//     kv_transfer_params copied in verbatim. The Select booking gets
-//     PrefillDone at the answer's first byte and Release exactly once
-//     when the answer ends or fails or the client leaves. A decode worker
-//     that fails before a byte is excluded (router.Exclude) and the hop
-//     selected again, up to MaxRetries times, then 502. The answer passes
-//     through as an aggregated answer does.
+//  3. Decode hop: Router.Admit with role decode (classifier, queue and
+//     capacity as for the prefill hop; the request id gets "#d"), the
+//     prompt's token count and no block hashes (the KV arrives by
+//     transfer, not from the decode worker's prefix cache, so the prefix
+//     index must not record it). The body is the client's with the
+//     prefill answer's kv_transfer_params copied in verbatim. The ticket
+//     gets FirstToken at the answer's first byte and Complete or Abort
+//     exactly once when the answer ends or fails or the client leaves. A
+//     decode worker that fails before a byte is excluded (router.Exclude)
+//     and the hop admitted again, up to MaxRetries times, then 502. The
+//     answer passes through as an aggregated answer does.
 //  4. Headers: X-Switchyard-Worker names the decode worker,
 //     X-Switchyard-Prefill-Worker the prefill worker (also on a prefill
 //     error passed through). Requests, duration and TTFT are counted

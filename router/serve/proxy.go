@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router"
-	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -155,7 +154,7 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		return s.disagg(ex)
 	}
 	for attempt := 0; ; attempt++ {
-		tk, code := s.admit(ex, shared.RoleAggregated, attempt)
+		tk, code := s.admit(ex, hopSpec{role: shared.RoleAggregated, tag: "#", hashes: ex.hashes, exclude: ex.failed}, attempt)
 		if code != 0 {
 			return code
 		}
@@ -175,18 +174,38 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	}
 }
 
-// admit books a worker of role (aggregated, or prefill for a
-// disaggregated request's first hop) for one attempt, waiting in the queue
-// when every candidate is at capacity; the workers earlier attempts failed
-// on (ex.failed) are not candidates. It returns the dispatched ticket, or
-// the code of the error it answered.
-func (s *Server) admit(ex *exchange, role shared.Role, attempt int) (router.Ticket, int) {
+// hopSpec is what admit books for one hop of a request.
+type hopSpec struct {
+	role shared.Role
+	// tag goes between the request's id and the attempt number in the
+	// admitted request's id ("#"; "#d" for a decode hop, whose request is
+	// live while its prefill's is not yet ended).
+	tag string
+	// hashes are the prompt's block hashes; nil for a decode hop (the KV
+	// arrives by transfer, so the prefix index must not record it).
+	hashes []uint64
+	// exclude are the workers earlier attempts of the hop failed on.
+	exclude []shared.WorkerID
+	// answer answers an admission error and returns its code; nil:
+	// admitError.
+	answer func(*exchange, error) int
+}
+
+// admit books a worker for one attempt of hop h (aggregated, a prefill or
+// a decode), waiting in the queue when every candidate is at capacity;
+// the workers in h.exclude are not candidates. It returns the dispatched
+// ticket, or the code of the error it answered.
+func (s *Server) admit(ex *exchange, h hopSpec, attempt int) (router.Ticket, int) {
+	answer := h.answer
+	if answer == nil {
+		answer = s.admitError
+	}
 	req := &shared.Request{
-		ID:           ex.id + "#" + strconv.Itoa(attempt),
+		ID:           ex.id + h.tag + strconv.Itoa(attempt),
 		Model:        ex.model,
-		Role:         role,
+		Role:         h.role,
 		PromptTokens: ex.tokens,
-		BlockHashes:  ex.hashes,
+		BlockHashes:  h.hashes,
 		SessionID:    ex.session,
 		Metadata:     ex.meta,
 	}
@@ -194,14 +213,14 @@ func (s *Server) admit(ex *exchange, role shared.Role, attempt int) (router.Tick
 	s.register(req.ID, ch)
 	t0 := time.Now()
 	var opts []router.AdmitOption
-	if len(ex.failed) > 0 {
-		opts = append(opts, router.Exclude(ex.failed...))
+	if len(h.exclude) > 0 {
+		opts = append(opts, router.Exclude(h.exclude...))
 	}
 	tk, err := s.r.Admit(ex.ctx, req, opts...)
 	if errors.Is(err, router.ErrDuplicateRequest) {
 		// The client reused a live request's id: admit under a unique one.
 		s.unregister(req.ID)
-		req.ID = s.newID() + "#" + strconv.Itoa(attempt)
+		req.ID = s.newID() + h.tag + strconv.Itoa(attempt)
 		s.register(req.ID, ch)
 		tk, err = s.r.Admit(ex.ctx, req, opts...)
 	}
@@ -209,7 +228,7 @@ func (s *Server) admit(ex *exchange, role shared.Role, attempt int) (router.Tick
 	if err != nil || !tk.Queued {
 		s.unregister(req.ID)
 		if err != nil {
-			return tk, s.admitError(ex, err)
+			return tk, answer(ex, err)
 		}
 		return tk, 0
 	}
@@ -217,7 +236,7 @@ func (s *Server) admit(ex *exchange, role shared.Role, attempt int) (router.Tick
 	case tk = <-ch:
 		// deliver unregistered it.
 		if tk.Err != nil {
-			return tk, s.admitError(ex, tk.Err)
+			return tk, answer(ex, tk.Err)
 		}
 		return tk, 0
 	case <-ex.ctx.Done():
@@ -357,46 +376,16 @@ func copyHeaders(dst, src http.Header) {
 // on every path. retry is true when the worker failed before sending a
 // byte and nothing was written to the client.
 func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) {
-	return s.passThrough(ex, hop{id: tk.ID}, tk.Decision.Worker.Name, ex.body)
+	return s.passThrough(ex, tk.ID, tk.Decision.Worker.Name, ex.body)
 }
 
-// hop is the booking of one upstream attempt: an admitted ticket (id
-// set: its lifecycle goes through the Router by id, as for an aggregated
-// request) or a Select booking (booking set: the decode hop of a
-// disaggregated request, which is not a live request of the Router).
-type hop struct {
-	id      string
-	booking *fleet.Booking
-}
-
-// firstByte records the answer's first byte: the end of the booked
-// prefill.
-func (s *Server) firstByte(h hop) {
-	if h.booking != nil {
-		h.booking.PrefillDone()
-		return
-	}
-	_ = s.r.FirstToken(h.id)
-}
-
-// progress records an admitted request's context tokens so far.
-func (s *Server) progress(h hop, contextTokens int64) {
-	if h.booking == nil {
-		s.r.Progress(h.id, contextTokens)
-	}
-}
-
-// endHop ends an attempt's booking: Complete or Abort for a ticket (then
-// the dispatcher looks at the queue), Release for a Select booking.
-func (s *Server) endHop(h hop, complete bool, contextTokens int64, reason string) {
-	if h.booking != nil {
-		h.booking.Release()
-		return
-	}
+// endTicket ends an admitted attempt: Complete or Abort, then the
+// dispatcher looks at the queue.
+func (s *Server) endTicket(id string, complete bool, contextTokens int64, reason string) {
 	if complete {
-		_ = s.r.Complete(h.id, contextTokens)
+		_ = s.r.Complete(id, contextTokens)
 	} else {
-		_ = s.r.Abort(h.id, reason)
+		_ = s.r.Abort(id, reason)
 	}
 	s.Wake()
 }
@@ -421,12 +410,13 @@ func (s *Server) upstream(ex *exchange, name string, body []byte) (*http.Request
 	return up, ""
 }
 
-// passThrough sends body to the worker called name as one attempt booked
-// by h and passes the answer through to the client: headers, then the
-// body chunk by chunk, flushed as it arrives. It ends h exactly once, on
+// passThrough sends body to the worker called name as the admitted
+// attempt id and passes the answer through to the client: headers, then
+// the body chunk by chunk, flushed as it arrives. It ends the attempt
+// (FirstToken at the first byte, then Complete or Abort) exactly once, on
 // every path. retry is true when the worker failed before sending a byte
 // and nothing was written to the client.
-func (s *Server) passThrough(ex *exchange, h hop, name string, body []byte) (code int, retry bool) {
+func (s *Server) passThrough(ex *exchange, id, name string, body []byte) (code int, retry bool) {
 	ended := false
 	var contextTokens int64 = int64(ex.tokens)
 	end := func(complete bool, reason string) {
@@ -434,7 +424,7 @@ func (s *Server) passThrough(ex *exchange, h hop, name string, body []byte) (cod
 			return
 		}
 		ended = true
-		s.endHop(h, complete, contextTokens, reason)
+		s.endTicket(id, complete, contextTokens, reason)
 	}
 	defer end(false, "handler ended")
 
@@ -495,7 +485,7 @@ func (s *Server) passThrough(ex *exchange, h hop, name string, body []byte) (cod
 		if n > 0 {
 			if first {
 				first = false
-				s.firstByte(h)
+				_ = s.r.FirstToken(id)
 				if s.met != nil && ex.stream {
 					s.met.ttft.WithLabelValues(s.modelLabel(ex.model)).Observe(time.Since(ex.start).Seconds())
 				}
@@ -520,7 +510,7 @@ func (s *Server) passThrough(ex *exchange, h hop, name string, body []byte) (cod
 			}
 			if events > before {
 				contextTokens = int64(ex.tokens) + events
-				s.progress(h, contextTokens)
+				s.r.Progress(id, contextTokens)
 			}
 		}
 		if rerr == io.EOF {
