@@ -34,7 +34,7 @@ var (
 	ErrAllExcluded = fmt.Errorf("every candidate worker is excluded: %w", shared.ErrNoWorkers)
 )
 
-// AdmitOption adjusts one Admit or Select.
+// AdmitOption adjusts one Admit.
 type AdmitOption func(*admitOptions)
 
 type admitOptions struct {
@@ -47,9 +47,8 @@ type admitOptions struct {
 // fails with ErrAllExcluded. serve uses it to retry a request that failed
 // before its first byte anywhere but on the workers that failed it (the
 // prefix index recorded the prompt as sent there, so a KV-aware policy
-// would otherwise choose them again). Given to Select, it narrows that one
-// selection the same way. The slice is kept; do not modify it while the
-// request is live.
+// would otherwise choose them again). The slice is kept; do not modify it
+// while the request is live.
 func Exclude(ids ...shared.WorkerID) AdmitOption {
 	return func(o *admitOptions) { o.exclude = append(o.exclude, ids...) }
 }

@@ -344,19 +344,12 @@ type Decision struct {
 // records the request's blocks in the prefix index as sent to it. A zero
 // req.BlockSize is set to the router's; req.BlockHashes must have been
 // hashed at that block size. Errors: ErrNoPolicy, ErrBlockSize,
-// shared.ErrNoWorkers, shared.ErrAllFiltered (wrapped), ErrAllExcluded
-// (wrapped; every candidate excluded), the context's error, ErrClosed, or
-// the policy's error when no fallback could decide.
-//
-// Options: Exclude keeps workers out of the candidates, as at Admit (serve
-// retries a disaggregated request's decode hop on another decode worker
-// with it). Select does no admission: no classifier, no queue, no
-// capacity; the request is not live, so its booking is ended only by the
-// caller's Decision.Booking.Release.
+// shared.ErrNoWorkers, shared.ErrAllFiltered (wrapped), the context's error,
+// ErrClosed, or the policy's error when no fallback could decide.
 //
 // The selection decides with the bundle current when it starts, to the
 // end, also when Apply swaps in another meanwhile.
-func (r *Router) Select(ctx context.Context, req *shared.Request, opts ...AdmitOption) (Decision, error) {
+func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
 	}
@@ -365,15 +358,7 @@ func (r *Router) Select(ctx context.Context, req *shared.Request, opts ...AdmitO
 	} else if req.BlockSize != r.blockSize {
 		return Decision{}, fmt.Errorf("%w: request %d, router %d", ErrBlockSize, req.BlockSize, r.blockSize)
 	}
-	var pl placement
-	if len(opts) > 0 {
-		var o admitOptions
-		for _, opt := range opts {
-			opt(&o)
-		}
-		pl.exclude = o.exclude
-	}
-	return r.place(ctx, req, pl)
+	return r.place(ctx, req, placement{})
 }
 
 // placement narrows a selection: a per-worker capacity in in-flight
