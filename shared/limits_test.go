@@ -31,16 +31,14 @@ func TestDecideResultOverLimit(t *testing.T) {
 		big.Load = append(big.Load, Load{Available: true})
 		big.OverlapBlocks = append(big.OverlapBlocks, 0)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// A call that waited for its deadline would fail with
+	// DeadlineExceeded, not ErrResultTooLarge.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	start := time.Now()
 	_, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: big, Stages: []Stage{{Instance: "s", Weight: 1}}})
 	if !errors.Is(err, ErrResultTooLarge) || errors.Is(err, ErrPluginClosed) ||
 		!strings.Contains(err.Error(), "exceeds the 4096-byte limit") {
 		t.Fatalf("err = %v, want ErrResultTooLarge with the limit", err)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("the over-size answer took %v", d)
 	}
 	// The stream goes on: a small result on it gets through.
 	small := &Candidates{IDs: []WorkerID{1, 2}, ActiveRequests: []int64{3, 1}, Load: make([]Load, 2), OverlapBlocks: make([]int32, 2)}
@@ -69,15 +67,13 @@ func TestDecideSendFailureEndsStream(t *testing.T) {
 	rc := newTestClient(t)
 	configure(t, rc, "p", "lowest", nil)
 	c := &Candidates{IDs: []WorkerID{1, 2}, ActiveRequests: []int64{3, 1}, Costs: []float64{2, 1}}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// A call that waited for its deadline would fail with
+	// DeadlineExceeded, not ErrPluginClosed.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	start := time.Now()
 	_, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "p"}}})
 	if !errors.Is(err, ErrPluginClosed) || !strings.Contains(err.Error(), "injected send failure") {
 		t.Fatalf("err = %v, want ErrPluginClosed with the send error", err)
-	}
-	if d := time.Since(start); d > 2*time.Second {
-		t.Fatalf("the call failed only after %v", d)
 	}
 	got, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "p"}}})
 	if err != nil || got.Picked != 1 {
@@ -127,21 +123,28 @@ func TestDecideFrozenPluginHonoursDeadline(t *testing.T) {
 		c.IDs = append(c.IDs, WorkerID(i+1))
 		c.ActiveRequests = append(c.ActiveRequests, int64(i))
 	}
-	const timeout, margin = 50 * time.Millisecond, 100 * time.Millisecond
+	// The plugin never answers, so a call can only return by honouring its
+	// deadline; one stuck in a blocked send would never return.
+	const timeout = 50 * time.Millisecond
 	var worst time.Duration
 	for i := range 20 {
 		ctx, cancel := context.WithTimeout(context.Background(), timeout)
 		start := time.Now()
-		_, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "s"}}})
-		d := time.Since(start)
+		errc := make(chan error, 1)
+		go func() {
+			_, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "s"}}})
+			errc <- err
+		}()
+		select {
+		case err := <-errc:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("call %d: err = %v, want DeadlineExceeded", i, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("call %d has not returned a minute after its %v deadline", i, timeout)
+		}
 		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("call %d: err = %v, want DeadlineExceeded", i, err)
-		}
-		if d > timeout+margin {
-			t.Fatalf("call %d returned after %v; its deadline was %v", i, d, timeout)
-		}
-		worst = max(worst, d)
+		worst = max(worst, time.Since(start))
 	}
 	sent := rc.sentTasks.Load()
 	if sent >= 20 {

@@ -489,21 +489,22 @@ func TestServerTaskErrors(t *testing.T) {
 	}
 }
 
+// TestDecideCallerDeadline: a call returns at its caller's deadline while
+// the plugin still holds its task (the gate is released only after the
+// call returned), and the stream survives it.
 func TestDecideCallerDeadline(t *testing.T) {
 	rc := newTestClient(t)
-	configure(t, rc, "slow", "sleepy", Params{"sleep": time.Second})
+	gate, release := newGate(t)
+	configure(t, rc, "held", "gated", Params{"gate": gate})
 	configure(t, rc, "p", "lowest", nil)
 	c := &Candidates{IDs: []WorkerID{1}, ActiveRequests: []int64{0}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	start := time.Now()
-	_, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "slow"}}})
+	_, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "held"}}})
 	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrPluginClosed) {
 		t.Fatalf("err = %v, want DeadlineExceeded", err)
 	}
-	if d := time.Since(start); d > 500*time.Millisecond {
-		t.Fatalf("Decide returned after %v; the deadline was 20ms", d)
-	}
+	release()
 	// The stream survives a caller's deadline.
 	got, err := rc.Decide(context.Background(), &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "p"}}})
 	if err != nil || got.Picked != 0 {
@@ -572,7 +573,7 @@ func TestClientClose(t *testing.T) {
 		if !errors.Is(err, ErrPluginClosed) {
 			t.Fatalf("in-flight call: err = %v, want ErrPluginClosed", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("in-flight call did not fail after Close")
 	}
 	if _, err := rc.Decide(context.Background(), &Task{Request: &Request{}, Candidates: c}); !errors.Is(err, ErrPluginClosed) {
@@ -609,7 +610,7 @@ func TestStreamBreakFailsPendingAndReopens(t *testing.T) {
 		if !errors.Is(err, ErrPluginClosed) {
 			t.Fatalf("pending call: err = %v, want ErrPluginClosed", err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("pending call did not fail when the plugin went away")
 	}
 	// A later call tries a new stream; the plugin is gone, so it fails too.
@@ -656,7 +657,7 @@ func TestWatchParentExitsWhenParentChanges(t *testing.T) {
 	go watchParent(-1, time.Millisecond, func(int, int) { close(exited) })
 	select {
 	case <-exited:
-	case <-time.After(2 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("watchParent did not notice a changed parent")
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
+	"testing"
 	"time"
 )
 
@@ -83,6 +85,33 @@ func (s sleepyScorer) Score(ctx context.Context, _ *Request, _ *Candidates, _ []
 	}
 }
 
+// gates are the channels "gated" scorers wait on, by name (the test
+// plugin runs in the test's process).
+var gates sync.Map // string -> chan struct{}
+
+// newGate registers a gate named after the test and returns its name and
+// an idempotent release; the test's cleanup releases it.
+func newGate(t *testing.T) (name string, release func()) {
+	ch := make(chan struct{})
+	name = t.Name()
+	gates.Store(name, ch)
+	var once sync.Once
+	release = func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(func() { release(); gates.Delete(name) })
+	return name, release
+}
+
+// gatedScorer holds its task until its gate is released, whatever its
+// context says, then scores 0: a plugin that keeps a task past its
+// deadline, for as long as the test wants, whatever the machine's speed.
+type gatedScorer struct{ gate chan struct{} }
+
+func (gatedScorer) Inputs() Inputs { return 0 }
+func (s gatedScorer) Score(context.Context, *Request, *Candidates, []float64) error {
+	<-s.gate
+	return nil
+}
+
 // notAScorer is a Component that implements no kind interface.
 type notAScorer struct{}
 
@@ -139,6 +168,17 @@ func testTypes() []TypeInfo {
 		{
 			Name: "panicky", Kind: KindScorer, Doc: "Panics on model \"panic\".",
 			New: func(InstanceInfo, Params) (Component, error) { return panicScorer{}, nil },
+		},
+		{
+			Name: "gated", Kind: KindScorer, Doc: "Holds its task until the test releases its gate.",
+			Params: []ParamSpec{{Name: "gate", Type: String, Required: true, Doc: "The gate's name (newGate)."}},
+			New: func(_ InstanceInfo, p Params) (Component, error) {
+				ch, ok := gates.Load(p.String("gate", ""))
+				if !ok {
+					return nil, fmt.Errorf("no gate %q", p.String("gate", ""))
+				}
+				return gatedScorer{gate: ch.(chan struct{})}, nil
+			},
 		},
 		{
 			Name: "sleepy", Kind: KindScorer, Doc: "Sleeps, or until its context ends.",

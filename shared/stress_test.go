@@ -2,6 +2,7 @@ package shared
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -33,33 +34,46 @@ func TestDecideStress(t *testing.T) {
 // TestSlowLoneTaskDoesNotHoldUpOthers: the plugin runs a lone task on the
 // stream's receiving goroutine only while lone tasks are short; once one
 // has run long, the next lone task runs while the stream is still read, so
-// a fast task sent meanwhile is answered without waiting for it.
+// a fast task sent meanwhile is answered while the held one still waits
+// for its gate (released only after the fast answer).
 func TestSlowLoneTaskDoesNotHoldUpOthers(t *testing.T) {
 	rc := newTestClient(t)
+	gate, release := newGate(t)
 	configure(t, rc, "slow", "sleepy", Params{"sleep": 300 * time.Millisecond})
+	configure(t, rc, "held", "gated", Params{"gate": gate})
 	configure(t, rc, "p", "lowest", nil)
 	c := &Candidates{IDs: []WorkerID{1}, ActiveRequests: []int64{0}}
-	slow := &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "slow"}}}
-	fast := &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "p"}}}
-	if _, err := rc.Decide(context.Background(), slow); err != nil { // shows the plugin lone tasks can be slow
+	task := func(instance string) *Task {
+		return &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: instance}}}
+	}
+	if _, err := rc.Decide(context.Background(), task("slow")); err != nil { // shows the plugin lone tasks can be slow
 		t.Fatal(err)
 	}
 	errc := make(chan error, 1)
 	go func() {
-		_, err := rc.Decide(context.Background(), slow)
+		_, err := rc.Decide(context.Background(), task("held"))
 		errc <- err
 	}()
 	for rc.sentTasks.Load() < 2 {
 		time.Sleep(time.Millisecond)
 	}
-	time.Sleep(20 * time.Millisecond) // the slow task is running in the plugin
-	start := time.Now()
-	if got, err := rc.Decide(context.Background(), fast); err != nil || got.Picked != 0 {
-		t.Fatalf("fast task: %+v, %v", got, err)
+	fast := make(chan error, 1)
+	go func() {
+		got, err := rc.Decide(context.Background(), task("p"))
+		if err == nil && got.Picked != 0 {
+			err = fmt.Errorf("picked %d, want 0", got.Picked)
+		}
+		fast <- err
+	}()
+	select {
+	case err := <-fast:
+		if err != nil {
+			t.Fatalf("fast task: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the fast task is still waiting behind the held one after a minute")
 	}
-	if d := time.Since(start); d > 150*time.Millisecond {
-		t.Errorf("a fast task waited %v behind a slow one", d)
-	}
+	release()
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}

@@ -44,7 +44,7 @@ func TestMockWorkerCommand(t *testing.T) {
 	}()
 	re := regexp.MustCompile(`listening on (http://127\.0\.0\.1:\d+) \(model m1\)`)
 	var url string
-	for deadline := time.Now().Add(10 * time.Second); url == ""; {
+	for deadline := time.Now().Add(time.Minute); url == ""; {
 		if m := re.FindStringSubmatch(stdout.String()); m != nil {
 			url = m[1]
 			break

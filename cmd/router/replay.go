@@ -241,7 +241,7 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	// once and the warnings come before the table.
 	// Plugin processes live for the whole command and are stopped, with
 	// their process groups, before it returns.
-	host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(stderr)})
+	host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(stderr), CallTimeout: supervisor.ReplayCallTimeout})
 	defer shutdownHost(host)
 	bundles := make([]*config.Bundle, len(paths))
 	for i, path := range paths {

@@ -65,11 +65,11 @@ func e2eBinaries(t *testing.T) (routerBin, pluginBin string) {
 	return e2eRouterBin, e2ePluginBin
 }
 
-// checkNoSurvivors fails the test if, within 5s, a process of one of the
+// checkNoSurvivors fails the test if, within a minute, a process of one of the
 // binaries is still alive, and kills it.
 func checkNoSurvivors(t *testing.T, bins ...string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		var left []int
 		for _, b := range bins {
@@ -121,9 +121,9 @@ type e2eProc struct {
 	done   chan struct{}
 }
 
-// startProc starts bin with args in its own process group, waits (10s at
+// startProc starts bin with args in its own process group, waits (a minute at
 // most) for its "... listening on http://ADDR" line and registers a
-// cleanup that stops the group (SIGTERM, then SIGKILL after 10s).
+// cleanup that stops the group (SIGTERM, then SIGKILL after a minute).
 func startProc(t *testing.T, bin string, args ...string) *e2eProc {
 	t.Helper()
 	p := &e2eProc{cmd: exec.Command(bin, args...), stderr: &serveStderr{}, done: make(chan struct{})}
@@ -157,21 +157,21 @@ func startProc(t *testing.T, bin string, args ...string) *e2eProc {
 	case p.url = <-addr:
 	case <-p.done:
 		t.Fatalf("%s %v exited before listening: %v\n%s", filepath.Base(bin), args, p.cmd.ProcessState, p.stderr.String())
-	case <-time.After(10 * time.Second):
-		t.Fatalf("%s %v: no listening line in 10s\n%s", filepath.Base(bin), args, p.stderr.String())
+	case <-time.After(time.Minute):
+		t.Fatalf("%s %v: no listening line in a minute\n%s", filepath.Base(bin), args, p.stderr.String())
 	}
 	return p
 }
 
 // stop ends the process group: SIGTERM, then SIGKILL if it is not gone
-// within 10s. Idempotent.
+// within a minute. Idempotent.
 func (p *e2eProc) stop(t *testing.T) {
 	pgid := p.cmd.Process.Pid
 	_ = syscall.Kill(-pgid, syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(10 * time.Second):
-		t.Errorf("%s did not stop on SIGTERM within 10s", p.cmd.Path)
+	case <-time.After(time.Minute):
+		t.Errorf("%s did not stop on SIGTERM within a minute", p.cmd.Path)
 		_ = syscall.Kill(-pgid, syscall.SIGKILL)
 		<-p.done
 	}
@@ -452,7 +452,7 @@ func TestServeE2EStreamingWithPlugin(t *testing.T) {
 
 	tJoin := time.Now()
 	writeAtomic(t, workersFile, workerBlocks(names, urls))
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		resp, err := c.Get(router.url + "/readyz")
 		if err != nil {
@@ -475,7 +475,7 @@ func TestServeE2EStreamingWithPlugin(t *testing.T) {
 			t.Fatalf("/readyz: %d %s", resp.StatusCode, body)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("/readyz not 200 10s after the workers file named them: %s\n%s", body, router.stderr.String())
+			t.Fatalf("/readyz not 200 a minute after the workers file named them: %s\n%s", body, router.stderr.String())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -493,7 +493,10 @@ func TestServeE2EStreamingWithPlugin(t *testing.T) {
 	if s.status != http.StatusOK || !s.done || s.events < 2000 || urls[s.worker] == "" {
 		t.Fatalf("stream: status %d, worker %q, %d events, done %v: %s", s.status, s.worker, s.events, s.done, s.body)
 	}
-	if spread := s.last - s.first; spread < 100*time.Millisecond || s.first > s.last/2 {
+	// A buffered stream arrives in one read, its events microseconds apart;
+	// a streamed one spreads over the mock's decode (~0.3s), however slow
+	// the machine.
+	if spread := s.last - s.first; spread < 100*time.Millisecond {
 		t.Errorf("stream buffered: first event at %v, [DONE] at %v; want the first well before the last", s.first, s.last)
 	}
 	t.Logf("stream of %d events from %s: first event %v, [DONE] %v", s.events, s.worker, s.first, s.last)
@@ -1023,7 +1026,7 @@ func TestServeE2EDisaggregated(t *testing.T) {
 	// The engines count a step's tokens just after handing them out: poll.
 	const prompt, generated = `vllm:prompt_tokens_total{model_name="mock"}`, `vllm:generation_tokens_total{model_name="mock"}`
 	var pm, dm map[string]float64
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		if pm, err = scrape(c, mocks[0].url); err != nil {
 			t.Fatal(err)
 		}

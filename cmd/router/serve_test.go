@@ -38,7 +38,7 @@ func (s *serveStderr) String() string {
 
 // startServe runs `router serve` in process with args (plus a listen
 // address and a 5s drain) and returns its base URL, its stderr and stop,
-// which ends it and fails the test unless it exits 0 within 15s.
+// which ends it and fails the test unless it exits 0 within a minute.
 func startServe(t *testing.T, args ...string) (base string, stderr *serveStderr, stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -67,8 +67,8 @@ func startServe(t *testing.T, args ...string) (base string, stderr *serveStderr,
 			if code != 0 {
 				t.Errorf("exit %d; stderr:\n%s", code, stderr.String())
 			}
-		case <-time.After(15 * time.Second):
-			t.Error("serve did not stop within 15s")
+		case <-time.After(time.Minute):
+			t.Error("serve did not stop within a minute")
 		}
 	}
 	t.Cleanup(stop)
@@ -112,7 +112,7 @@ func TestServeEndToEnd(t *testing.T) {
 	}
 	base, stderr, stop := startServe(t, "--policy", policy, "--workers-file", workersFile)
 
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		// Ready once one worker joined; wait for both (their first scrapes).
 		resp, err := http.Get(base + "/readyz")
@@ -130,7 +130,7 @@ func TestServeEndToEnd(t *testing.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("not ready after 10s; stderr:\n%s", stderr.String())
+			t.Fatalf("not ready after a minute; stderr:\n%s", stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -172,7 +172,7 @@ func TestServeEndToEnd(t *testing.T) {
 	if err := os.WriteFile(workersFile, []byte("# no workers\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	deadline = time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(time.Minute)
 	for {
 		m, err := http.Get(base + "/metrics")
 		if err != nil {
@@ -184,7 +184,7 @@ func TestServeEndToEnd(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("b still a member 10s after the workers file emptied; stderr:\n%s", stderr.String())
+			t.Fatalf("b still a member a minute after the workers file emptied; stderr:\n%s", stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -254,7 +254,7 @@ func TestServeReloadReplacesTheClassifierAndWarnsOfTheQueue(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp.StatusCode
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for code := send(); code != http.StatusBadRequest; code = send() {
 		if time.Now().After(deadline) {
 			t.Fatalf("with header-priority: %d, want 400; stderr:\n%s", code, stderr.String())
@@ -262,10 +262,10 @@ func TestServeReloadReplacesTheClassifierAndWarnsOfTheQueue(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // the worker's first scrape
 	}
 	write("queue {\n  class \"interactive\" {}\n  class \"batch\" {}\n}\n")
-	deadline = time.Now().Add(10 * time.Second)
+	deadline = time.Now().Add(time.Minute)
 	for code := send(); code != http.StatusOK; code = send() {
 		if time.Now().After(deadline) {
-			t.Fatalf("10s after the classifier was removed: %d, want 200; stderr:\n%s", code, stderr.String())
+			t.Fatalf("a minute after the classifier was removed: %d, want 200; stderr:\n%s", code, stderr.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

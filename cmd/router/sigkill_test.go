@@ -141,8 +141,8 @@ worker_selection {
 		if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
 			t.Fatalf("the router ended with %v, not by the SIGKILL (did the replay finish first?):\n%s", err, stderr.String())
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the router did not die within 5s of SIGKILL")
+	case <-time.After(time.Minute):
+		t.Fatal("the router did not die within a minute of SIGKILL")
 	}
 
 	var left []int
@@ -152,8 +152,8 @@ worker_selection {
 		if len(left) == 0 && len(dirs) == 0 {
 			break
 		}
-		if time.Since(killed) > time.Second {
-			t.Fatalf("1s after the router's SIGKILL: processes %v of the plugin binary alive (plugin %d, grandchild %d), socket directories %v left",
+		if time.Since(killed) > 30*time.Second {
+			t.Fatalf("30s after the router's SIGKILL: processes %v of the plugin binary alive (plugin %d, grandchild %d), socket directories %v left",
 				left, plugin, child, dirs)
 		}
 		time.Sleep(5 * time.Millisecond)

@@ -303,7 +303,7 @@ func metricValue(t *testing.T, url, name string) float64 {
 // waitMetric polls until name has value want.
 func waitMetric(t *testing.T, url, name string, want float64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		got := metricValue(t, url, name)
 		if got == want {

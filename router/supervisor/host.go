@@ -20,6 +20,12 @@ import (
 // DefaultShutdownGrace is how long Shutdown lets in-flight calls finish.
 const DefaultShutdownGrace = 2 * time.Second
 
+// ReplayCallTimeout is the call deadline a simulated-time replay gives
+// every plugin (Options.CallTimeout) in place of call_timeout: a decision's
+// outcome must not depend on the machine's speed, so only a plugin that
+// holds one call this long (a wedged one) makes its policy fall back.
+const ReplayCallTimeout = time.Minute
+
 // Options configure a Host.
 type Options struct {
 	// Logger receives the host's logs and, under a sub-logger named after
@@ -40,6 +46,11 @@ type Options struct {
 	// Metrics receives the plugin metrics (NewMetrics). nil: Registerer
 	// decides.
 	Metrics *Metrics
+	// CallTimeout, when positive, replaces every plugin block's
+	// call_timeout. A replay sets it (ReplayCallTimeout): in simulated time
+	// how long a call takes changes nothing, so a call must not fall back
+	// because the machine was busy.
+	CallTimeout time.Duration
 	// Registerer, when Metrics is nil, is the registry the metrics go to,
 	// through NewMetrics: Hosts given the same Registerer (the old and new
 	// bundles of a reload) share one Metrics. nil: no metrics.
@@ -74,12 +85,13 @@ type Stats struct {
 // Host starts and supervises out-of-process plugins. It implements
 // config.PluginHost. Safe for concurrent use.
 type Host struct {
-	log     hclog.Logger
-	grace   time.Duration
-	restart RestartPolicy
-	health  HealthPolicy
-	breaker BreakerPolicy
-	met     *Metrics
+	log         hclog.Logger
+	grace       time.Duration
+	callTimeout time.Duration
+	restart     RestartPolicy
+	health      HealthPolicy
+	breaker     BreakerPolicy
+	met         *Metrics
 
 	// starting counts launches in progress (Start, Describe); Shutdown
 	// waits for them. Add only under mu while !closed.
@@ -112,16 +124,17 @@ func NewHost(o Options) *Host {
 		}
 	}
 	return &Host{
-		log:        o.Logger,
-		grace:      o.ShutdownGrace,
-		restart:    o.Restart,
-		health:     o.Health.withDefaults(),
-		breaker:    o.Breaker.withDefaults(),
-		met:        met,
-		done:       make(chan struct{}),
-		procs:      make(map[string]*managed),
-		stats:      make(map[string]*counters),
-		restartFor: make(map[string]RestartPolicy),
+		log:         o.Logger,
+		grace:       o.ShutdownGrace,
+		callTimeout: o.CallTimeout,
+		restart:     o.Restart,
+		health:      o.Health.withDefaults(),
+		breaker:     o.Breaker.withDefaults(),
+		met:         met,
+		done:        make(chan struct{}),
+		procs:       make(map[string]*managed),
+		stats:       make(map[string]*counters),
+		restartFor:  make(map[string]RestartPolicy),
 	}
 }
 
@@ -177,6 +190,9 @@ func (h *Host) Start(ctx context.Context, p config.Plugin) ([]shared.TypeInfo, e
 		return nil, &StartError{Plugin: p.Name, Cause: errors.New("already started"), Permanent: true}
 	}
 	h.procs[p.Name] = nil // reserved while starting
+	if h.callTimeout > 0 {
+		p.CallTimeout = h.callTimeout
+	}
 	st := h.stats[p.Name]
 	if st == nil {
 		st = &counters{}

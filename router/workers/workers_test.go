@@ -119,10 +119,10 @@ func newManager(t *testing.T, r *router.Router, o Options) (*Manager, *syncBuffe
 	return m, logs
 }
 
-// eventually polls cond until it holds or 5 s pass.
+// eventually polls cond until it holds or a minute passes.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
