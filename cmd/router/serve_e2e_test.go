@@ -440,7 +440,7 @@ func TestServeE2EStreamingWithPlugin(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(body), "no worker ready") {
 		t.Fatalf("/readyz without workers: %d %s, want 503 naming the workers", resp.StatusCode, body)
 	}
-	m := waitMetrics(t, c, router, 5*time.Second, "plugin up", func(m map[string]float64) bool {
+	m := waitMetrics(t, c, router, time.Minute, "plugin up", func(m map[string]float64) bool {
 		return m[`switchyard_plugin_up{plugin="example"}`] == 1
 	})
 	if _, ok := m[readyOf("a")]; ok {
@@ -480,7 +480,7 @@ func TestServeE2EStreamingWithPlugin(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	readyAfter := time.Since(tJoin)
-	waitMetrics(t, c, router, 10*time.Second, "all three workers ready", allReady(names...))
+	waitMetrics(t, c, router, time.Minute, "all three workers ready", allReady(names...))
 
 	// A long streamed answer: about 2,000 tokens over ~0.3s of the mock's
 	// decode. Chunk by chunk means the first event arrives while most of
@@ -538,7 +538,7 @@ func TestServeE2EStreamingWithPlugin(t *testing.T) {
 		t.FailNow()
 	}
 	total := float64(2 + more)
-	m = waitMetrics(t, c, router, 5*time.Second, "requests_total counts every request", func(m map[string]float64) bool {
+	m = waitMetrics(t, c, router, time.Minute, "requests_total counts every request", func(m map[string]float64) bool {
 		return m[`switchyard_requests_total{code="200",model="mock"}`] == total
 	})
 	if m[`switchyard_plugin_up{plugin="example"}`] != 1 {
@@ -547,7 +547,7 @@ func TestServeE2EStreamingWithPlugin(t *testing.T) {
 	if got := m[`switchyard_time_to_first_token_seconds_count{model="mock"}`]; got != 1+more/2 {
 		t.Errorf("time_to_first_token count %v, want %d streamed", got, 1+more/2)
 	}
-	waitMetrics(t, c, router, 5*time.Second, "every worker idle", idle)
+	waitMetrics(t, c, router, time.Minute, "every worker idle", idle)
 	t.Logf("ready %v after the workers file named the workers; split %v; test %v", readyAfter, split, time.Since(t0))
 }
 
@@ -565,7 +565,7 @@ func TestServeE2ECancellationAccounting(t *testing.T) {
 	policy := queueDepthPolicy(t, pluginBin, "queue {\n  max_active_requests = 4\n  class \"interactive\" {\n    weight = 1\n  }\n}\n"+workerBlocks(names, urls))
 	router := startRouter(t, routerBin, "--policy", policy)
 	c := e2eClient(t)
-	waitMetrics(t, c, router, 10*time.Second, "all three workers ready", allReady(names...))
+	waitMetrics(t, c, router, time.Minute, "all three workers ready", allReady(names...))
 
 	const total, conc = 300, 16
 	rng := rand.New(rand.NewPCG(6, 300))
@@ -621,7 +621,7 @@ func TestServeE2ECancellationAccounting(t *testing.T) {
 	wg.Wait()
 	load := time.Since(tLoad)
 	tIdle := time.Now()
-	m := waitMetrics(t, c, router, 10*time.Second, "every worker's active requests and the queue depth back to 0", idle)
+	m := waitMetrics(t, c, router, time.Minute, "every worker's active requests and the queue depth back to 0", idle)
 	settled := time.Since(tIdle)
 	for _, n := range names {
 		if _, ok := m[activeOf(n)]; !ok {
@@ -682,7 +682,7 @@ worker_selection {
 	writeAtomic(t, workersFile, workerBlocks(names, urls))
 	router := startRouter(t, routerBin, "--policy", policy, "--workers-file", workersFile)
 	c := e2eClient(t)
-	waitMetrics(t, c, router, 10*time.Second, "all three workers ready", allReady(names...))
+	waitMetrics(t, c, router, time.Minute, "all three workers ready", allReady(names...))
 
 	// The slow stream: ~450 tokens at the mock's real-time decode, about
 	// 3s. Its worker is X.
@@ -779,7 +779,7 @@ worker_selection {
 	}
 	out.Store(true)
 	writeAtomic(t, workersFile, workerBlocks(rest, urls))
-	waitMetrics(t, c, router, 5*time.Second, "worker "+x+" removed", func(m map[string]float64) bool {
+	waitMetrics(t, c, router, time.Minute, "worker "+x+" removed", func(m map[string]float64) bool {
 		v, ok := m[readyOf(x)]
 		return !ok || v == 0
 	})
@@ -797,7 +797,7 @@ worker_selection {
 	// Add X back under the same name while its old stream still runs.
 	out.Store(false)
 	writeAtomic(t, workersFile, workerBlocks(names, urls))
-	waitMetrics(t, c, router, 5*time.Second, "worker "+x+" ready again", allReady(x))
+	waitMetrics(t, c, router, time.Minute, "worker "+x+" ready again", allReady(x))
 	readdedAfter := time.Since(tStream)
 	select {
 	case res := <-slow:
@@ -821,7 +821,7 @@ worker_selection {
 	if res.err != nil || res.r.status != http.StatusOK || !res.r.done || res.r.events < 450 {
 		t.Fatalf("the slow stream on %s did not finish normally: %v status %d done %v events %d", x, res.err, res.r.status, res.r.done, res.r.events)
 	}
-	waitMetrics(t, c, router, 5*time.Second, x+"'s active requests back to 0", func(m map[string]float64) bool {
+	waitMetrics(t, c, router, time.Minute, x+"'s active requests back to 0", func(m map[string]float64) bool {
 		v, ok := m[activeOf(x)]
 		return ok && v == 0 && idle(m)
 	})
@@ -877,7 +877,7 @@ worker_selection {
 	}
 	router := startRouter(t, routerBin, "--policy", policy)
 	c := e2eClient(t)
-	waitMetrics(t, c, router, 10*time.Second, "the three live workers ready, never not", func(m map[string]float64) bool {
+	waitMetrics(t, c, router, time.Minute, "the three live workers ready, never not", func(m map[string]float64) bool {
 		v, ok := m[readyOf("never")]
 		return allReady(names...)(m) && ok && v == 0
 	})
@@ -959,7 +959,7 @@ worker_selection {
 	if retried == 0 {
 		t.Errorf("no request was sent to the refusing %s: the test did not exercise the retry", victim)
 	}
-	m := waitMetrics(t, c, router, 10*time.Second, victim+" and never not ready", func(m map[string]float64) bool {
+	m := waitMetrics(t, c, router, time.Minute, victim+" and never not ready", func(m map[string]float64) bool {
 		v, ok := m[readyOf(victim)]
 		w, ok2 := m[readyOf("never")]
 		return ok && ok2 && v == 0 && w == 0 && idle(m)
@@ -1003,7 +1003,7 @@ func TestServeE2EDisaggregated(t *testing.T) {
 	}
 	router := startRouter(t, routerBin, "--policy", path)
 	c := e2eClient(t)
-	waitMetrics(t, c, router, 10*time.Second, "both workers ready", allReady("prefill-a", "decode-a"))
+	waitMetrics(t, c, router, time.Minute, "both workers ready", allReady("prefill-a", "decode-a"))
 
 	const tokens = 32
 	r, err := doChat(context.Background(), c, router.url, chatJSON(true, tokens, "a disaggregated answer"))
@@ -1014,7 +1014,7 @@ func TestServeE2EDisaggregated(t *testing.T) {
 		t.Fatalf("status %d, prefill worker %q, decode worker %q, %d events, [DONE] %v; want 200 from prefill-a then decode-a, %d events and [DONE]: %s\n%s",
 			r.status, r.prefill, r.worker, r.events, r.done, tokens, r.body, router.stderr.String())
 	}
-	m := waitMetrics(t, c, router, 5*time.Second, "the request counted and every worker idle", func(m map[string]float64) bool {
+	m := waitMetrics(t, c, router, time.Minute, "the request counted and every worker idle", func(m map[string]float64) bool {
 		return m[`switchyard_requests_total{code="200",model="mock"}`] == 1 && idle(m)
 	})
 	if got := m[`switchyard_selection_duration_seconds_count{policy="prefill",role="prefill"}`]; got != 1 {
