@@ -6,7 +6,7 @@ BIN         := bin
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PKGS        := ./...
 
-.PHONY: all build test vet fmt-check lint bench bench-serve demo demo-serve proto proto-check clean
+.PHONY: all build test test-under-load vet fmt-check lint bench bench-serve demo demo-serve proto proto-check clean
 
 all: build
 
@@ -24,6 +24,11 @@ fmt-check:
 
 vet:
 	$(GO) vet $(PKGS)
+
+## test-under-load: `make test` three times while stress-ng --cpu 4
+## saturates the machine (tests assert behaviour, never speed)
+test-under-load:
+	scripts/test-under-load.sh
 
 ## lint: staticcheck, pinned, fetched through the module proxy
 lint:
