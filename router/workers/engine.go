@@ -136,8 +136,9 @@ func ParseEngineText(r io.Reader) (Engine, error) {
 	return ParseEngine(mfs), nil
 }
 
-// Why a probe failed; the errors a probe returns wrap one of these or are
-// a *StatusError, and read as plain words naming the URL.
+// Why a probe failed. A probe's error wraps one of these, or a
+// *StatusError, or is another network error ("GET URL: ..."); each reads
+// as plain words naming the URL.
 var (
 	// ErrRefused: nothing listens at the endpoint's address.
 	ErrRefused = errors.New("connection refused")

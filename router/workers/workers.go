@@ -136,9 +136,9 @@ type Status struct {
 	// ScrapeFailures (failed probes) and RequestFailures are the current
 	// consecutive failure counts.
 	ScrapeFailures, RequestFailures int
-	// LastError is the last probe's error (wrapping ErrRefused,
-	// ErrTimeout or ErrUnparseable, or a *StatusError); nil after a
-	// success.
+	// LastError is the last probe's error: wrapping ErrRefused,
+	// ErrTimeout or ErrUnparseable, or a *StatusError, or another network
+	// error ("GET URL: ..."); nil after a success.
 	LastError error
 	// Reason says in plain words, bounded in length, why the worker is
 	// not ready or what is amiss with a ready one: the last probe's error;
