@@ -48,7 +48,14 @@ for _ in $(seq 100); do
   curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null 2>&1 && break
   sleep 0.1
 done
-curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null || { echo "router did not become ready:"; cat "$work/router.log"; exit 1; }
+if ! curl -sf "http://127.0.0.1:$PORT/readyz" >/dev/null; then
+  echo "router not ready after 10 s; /readyz says:"
+  curl -s "http://127.0.0.1:$PORT/readyz" || echo "(no answer)"
+  echo
+  echo "router log:"
+  cat "$work/router.log"
+  exit 1
+fi
 
 system=$(printf 'You are a helpful assistant. %.0s' $(seq 40))
 echo "sending 60 chat requests (10 conversations x 6 turns; the 10 turns of a round at once)..."

@@ -25,13 +25,14 @@ func newMockWorkerCmd() *cobra.Command {
 		speedup   float64
 		blockSize int
 		kvBlocks  int
+		noMetrics bool
 	)
 	cmd := &cobra.Command{
 		Use:   "mock-worker",
 		Short: "Serve a simulated OpenAI-compatible inference engine",
 		Long: `mock-worker serves an OpenAI-compatible API (POST /v1/completions,
 POST /v1/chat/completions, streamed or not; GET /v1/models, /health and
-/metrics with vLLM metric names) backed by one simulated engine running in
+/metrics with vLLM metric names, or 404 with --no-metrics) backed by one simulated engine running in
 real time: the replay worker model (Llama-3.1-8B-Instruct on one H100, vLLM V1
 scheduler, prefix cache). --speedup X runs simulated time X times faster than
 the wall clock.
@@ -54,7 +55,7 @@ requests in flight finish for up to 5s.`,
 			cfg := sim.DefaultConfig()
 			cfg.TotalKVBlocks = kvBlocks
 			srv, err := mockworker.New(mockworker.Config{
-				Model: model, Speedup: speedup, Sim: cfg, BlockTokens: blockSize,
+				Model: model, Speedup: speedup, Sim: cfg, BlockTokens: blockSize, NoMetrics: noMetrics,
 			})
 			if err != nil {
 				return err // usage error: exit 2
@@ -73,6 +74,7 @@ requests in flight finish for up to 5s.`,
 	f.Float64Var(&speedup, "speedup", 1, "simulated seconds per wall-clock second")
 	f.IntVar(&blockSize, "block-size", mockworker.DefaultBlockTokens, "prefix hashing block in tokens, the router's router.block_size (a multiple of 16)")
 	f.IntVar(&kvBlocks, "kv-blocks", sim.DefaultConfig().TotalKVBlocks, "KV cache capacity in 16-token blocks")
+	f.BoolVar(&noMetrics, "no-metrics", false, "answer 404 on /metrics, as SGLang started without --enable-metrics does")
 	return cmd
 }
 

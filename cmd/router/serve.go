@@ -56,8 +56,11 @@ func newServeCmd() *cobra.Command {
 blocks and of --workers-file, choosing each request's worker by the policy
 (queueing at the queue block's capacity), and proxies the answer back
 chunk by chunk. GET /v1/models lists the workers' models, /metrics the
-router's Prometheus metrics, /healthz liveness and /readyz readiness
-(policy loaded, plugins up, at least one worker ready).
+router's Prometheus metrics, /healthz liveness and /readyz readiness: 200
+when the policy is loaded and at least one worker is ready, with JSON
+saying, per worker, ready or not and why, and each plugin's state (a
+plugin that is down degrades its policies to their fallbacks; it does not
+make the router unready). Why a worker is not ready is also logged.
 
 SIGHUP reloads the policy file (and, with --watch, so does every change to
 it); the workers file is always watched. SIGTERM or SIGINT stops accepting,

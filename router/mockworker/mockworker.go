@@ -11,7 +11,7 @@
 //	POST /v1/chat/completions   messages: [{role, content}], content a string or text parts
 //	GET  /v1/models             the one served model
 //	GET  /health                200
-//	GET  /metrics               Prometheus text, vLLM metric names
+//	GET  /metrics               Prometheus text, vLLM metric names; 404 with Config.NoMetrics
 //
 // Requests may set "stream" (SSE chunks in the OpenAI chunk format, one per
 // generated token, then "data: [DONE]"; "stream_options": {"include_usage":
@@ -145,6 +145,9 @@ type Config struct {
 	// kv_transfer_params (remote_engine_id). "" means "mock-" and 8
 	// random hex digits.
 	EngineID string
+	// NoMetrics makes GET /metrics answer 404, as SGLang started without
+	// --enable-metrics does; /health still answers 200.
+	NoMetrics bool
 }
 
 // Server is a mock engine. It implements http.Handler; create it with New
@@ -216,7 +219,9 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, true) })
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	if !cfg.NoMetrics {
+		s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
+	}
 	return s, nil
 }
 

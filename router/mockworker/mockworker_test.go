@@ -475,6 +475,25 @@ func TestModelsAndHealth(t *testing.T) {
 	}
 }
 
+// TestNoMetrics: with NoMetrics the engine plays SGLang without
+// --enable-metrics: /metrics is 404, /health 200, and it still serves.
+func TestNoMetrics(t *testing.T) {
+	_, url := startServer(t, Config{Model: testModel, NoMetrics: true})
+	for path, want := range map[string]int{"/metrics": http.StatusNotFound, "/health": http.StatusOK} {
+		resp, err := http.Get(url + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	if resp, body := post(t, url+"/v1/completions", map[string]any{"prompt": "hi", "max_tokens": 2}); resp.StatusCode != 200 {
+		t.Errorf("completion: %d %s", resp.StatusCode, body)
+	}
+}
+
 func TestErrors(t *testing.T) {
 	cfg := sim.DefaultConfig()
 	cfg.TotalKVBlocks = 100 // 1600 tokens

@@ -13,7 +13,7 @@
 //	GET  /v1/models            the union of the workers' models
 //	GET  /metrics              the server's Prometheus registry
 //	GET  /healthz              alive
-//	GET  /readyz               policy loaded, plugins up, a worker ready
+//	GET  /readyz               policy loaded and a worker ready; JSON Readiness: why, per worker and plugin
 //
 // The routing key is the prompt's token ids when the request carries them
 // (prompt_token_ids, or a prompt that is an array of integers), hashed

@@ -16,6 +16,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -109,4 +110,4 @@ func newBenchWorkers() benchWorkers { return benchWorkers{} }
 func (ws benchWorkers) URL(name string) (string, bool) { u, ok := ws[name]; return u, ok }
 func (benchWorkers) ReportFailure(string)              {}
 func (benchWorkers) ReportSuccess(string)              {}
-func (benchWorkers) Ready() bool                       { return true }
+func (benchWorkers) Status() []workers.Status          { return []workers.Status{{Ready: true}} }

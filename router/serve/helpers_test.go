@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +23,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -130,7 +132,17 @@ func (ws *workerSet) ReportSuccess(name string) {
 	ws.success[name]++
 }
 
-func (ws *workerSet) Ready() bool { return ws.ready.Load() }
+// Status lists the workers by name, all ready or none as ready says.
+func (ws *workerSet) Status() []workers.Status {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	var out []workers.Status
+	for name, url := range ws.urls {
+		out = append(out, workers.Status{Config: config.Worker{Name: name, URL: url, Role: shared.RoleAggregated}, Ready: ws.ready.Load()})
+	}
+	slices.SortFunc(out, func(a, b workers.Status) int { return strings.Compare(a.Config.Name, b.Config.Name) })
+	return out
+}
 
 func (ws *workerSet) failuresOf(name string) int {
 	ws.mu.Lock()

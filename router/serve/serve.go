@@ -22,6 +22,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/upstream"
+	"github.com/switchyard-router/switchyard/router/workers"
 )
 
 // Defaults of Options.
@@ -46,7 +47,7 @@ const (
 
 // Workers is what the server needs of the worker manager
 // (workers.Manager): where a worker is, how its requests went, and
-// whether any worker can take traffic.
+// each worker's readiness.
 type Workers interface {
 	// URL returns the engine base URL of the worker named name (a
 	// fleet.Spec.Name), without a trailing "/"; false when it is unknown.
@@ -56,8 +57,9 @@ type Workers interface {
 	ReportFailure(name string)
 	// ReportSuccess records that the worker answered.
 	ReportSuccess(name string)
-	// Ready reports whether at least one worker is ready.
-	Ready() bool
+	// Status returns every configured worker's state, sorted by name:
+	// /readyz lists them and is 200 only while one is Ready.
+	Status() []workers.Status
 }
 
 // modelServer is implemented by Workers that know the configured models
@@ -370,37 +372,114 @@ func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, http.StatusOK, list)
 }
 
-// readyz answers GET /readyz: 200 when the policy is loaded, every plugin
-// of the current bundle is up and at least one worker is ready; else 503.
-// The body lists each check.
+// Readiness is the /readyz answer (docs/serve.md shows one).
+type Readiness struct {
+	// Ready is true when the policy is loaded and at least one worker is
+	// ready; the answer is then 200, else 503.
+	Ready bool `json:"ready"`
+	// Reason says why not ready ("router closed", "no worker ready");
+	// absent when ready.
+	Reason  string            `json:"reason,omitempty"`
+	Policy  PolicyReadiness   `json:"policy"`
+	Plugins []PluginReadiness `json:"plugins"`
+	Workers []WorkerReadiness `json:"workers"`
+}
+
+// PolicyReadiness is the policy file's state in /readyz.
+type PolicyReadiness struct {
+	// State is "loaded", or "router closed" once the router shut down.
+	State string `json:"state"`
+	// File is the policy file loaded; absent for policies built in code.
+	File string `json:"file,omitempty"`
+}
+
+// PluginReadiness is one plugin block's state in /readyz, in file order.
+// A plugin that is not up does not make the router unready: the policies
+// using it decide by their fallbacks.
+type PluginReadiness struct {
+	Name string `json:"name"`
+	// State is "up", or "degraded: serving by fallback".
+	State string `json:"state"`
+	// Status is the supervisor's status (supervisor.Status.String():
+	// "up", "restarting", "failed", "stopped", ...), or "not started"
+	// when it failed to start under on_start_failure = "fallback" (the
+	// load logged why).
+	Status string `json:"status"`
+}
+
+// WorkerReadiness is one configured worker's state in /readyz, by name.
+type WorkerReadiness struct {
+	Name  string `json:"name"`
+	URL   string `json:"url"`
+	Role  string `json:"role"`
+	Ready bool   `json:"ready"`
+	// Load is "available" while the engine's last load report is fresh,
+	// else "unavailable" (unknown, which differs from idle).
+	Load string `json:"load"`
+	// Reason is workers.Status.Reason: why the worker is not ready, or
+	// what is amiss with a ready one (its load unknown, a failed probe);
+	// absent when nothing is.
+	Reason string `json:"reason,omitempty"`
+}
+
+// pluginFallback is the /readyz state of a plugin that is not up.
+const pluginFallback = "degraded: serving by fallback"
+
+// readyz answers GET /readyz with the Readiness: 200 when the policy is
+// loaded and at least one worker is ready, else 503. Its size is linear
+// in the workers and plugins configured (each reason is bounded).
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
-	checks := map[string]string{"policy": "ok", "plugins": "ok", "workers": "ok"}
-	ready := true
-	b := s.r.Bundle()
-	if b == nil {
-		checks["policy"], ready = "router closed", false
-	} else if b.Config != nil && b.Host != nil {
-		var down []string
-		for _, p := range b.Config.Plugins {
-			if st := b.Host.Status(p.Name); st != supervisor.StatusUp {
-				down = append(down, p.Name+" "+st.String())
-			}
-		}
-		if len(down) > 0 {
-			checks["plugins"], ready = fmt.Sprintf("not up: %v", down), false
-		}
-	}
-	if !s.workers.Ready() {
-		checks["workers"], ready = "no worker ready", false
-	}
+	a := s.readiness()
 	code := http.StatusOK
-	if !ready {
+	if !a.Ready {
 		code = http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, struct {
-		Ready  bool              `json:"ready"`
-		Checks map[string]string `json:"checks"`
-	}{ready, checks})
+	writeJSON(w, code, a)
+}
+
+// readiness is the current Readiness.
+func (s *Server) readiness() Readiness {
+	a := Readiness{Policy: PolicyReadiness{State: "loaded"}, Plugins: []PluginReadiness{}, Workers: []WorkerReadiness{}}
+	b := s.r.Bundle()
+	if b == nil {
+		a.Policy.State = "router closed"
+	} else if b.Config != nil {
+		a.Policy.File = b.Config.Filename
+		for _, p := range b.Config.Plugins {
+			pr := PluginReadiness{Name: p.Name, State: "up", Status: supervisor.StatusUnknown.String()}
+			switch {
+			case p.Failed != nil:
+				pr.Status = "not started"
+			case b.Host != nil:
+				pr.Status = b.Host.Status(p.Name).String()
+			}
+			if pr.Status != supervisor.StatusUp.String() {
+				pr.State = pluginFallback
+			}
+			a.Plugins = append(a.Plugins, pr)
+		}
+	}
+	anyReady := false
+	for _, st := range s.workers.Status() {
+		wr := WorkerReadiness{Name: st.Config.Name, URL: st.Config.URL, Role: string(st.Config.Role),
+			Ready: st.Ready, Load: "unavailable", Reason: st.Reason}
+		if st.Load != nil {
+			wr.Load = "available"
+		}
+		anyReady = anyReady || st.Ready
+		a.Workers = append(a.Workers, wr)
+	}
+	switch {
+	case b == nil:
+		a.Reason = "router closed"
+	case !anyReady && len(a.Workers) == 0:
+		a.Reason = "no worker ready: none is configured"
+	case !anyReady:
+		a.Reason = "no worker ready"
+	default:
+		a.Ready = true
+	}
+	return a
 }
 
 // modelLabel bounds the model label's values to the fleet's models.

@@ -6,12 +6,18 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
+	neturl "net/url"
+	"syscall"
+	"time"
+	"unicode/utf8"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
 )
 
@@ -130,28 +136,119 @@ func ParseEngineText(r io.Reader) (Engine, error) {
 	return ParseEngine(mfs), nil
 }
 
-// errStatus is a metrics endpoint answering other than 200.
-var errStatus = errors.New("metrics endpoint status")
+// Why a probe failed. A probe's error wraps one of these, or a
+// *StatusError, or is another network error ("GET URL: ..."); each reads
+// as plain words naming the URL.
+var (
+	// ErrRefused: nothing listens at the endpoint's address.
+	ErrRefused = errors.New("connection refused")
+	// ErrTimeout: no whole answer within the scrape interval.
+	ErrTimeout = errors.New("timeout")
+	// ErrUnparseable: the metrics endpoint answered 200 with something
+	// that is not Prometheus text.
+	ErrUnparseable = errors.New("metrics unparseable")
+)
 
-// scrape fetches and parses url within timeout.
-func scrape(ctx context.Context, c *http.Client, url string) (Engine, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return Engine{}, err
+// StatusError is an endpoint answering with a status other than 200.
+type StatusError struct {
+	// URL is the endpoint; Code the HTTP status it answered.
+	URL  string
+	Code int
+}
+
+func (e *StatusError) Error() string { return fmt.Sprintf("HTTP status %d from %s", e.Code, e.URL) }
+
+// maxReasonBytes bounds the engine-provided text (a parse error quotes the
+// engine's input) kept in a probe error.
+const maxReasonBytes = 200
+
+// probe is one probe of w's engine within timeout. It scrapes w.MetricsURL
+// and returns the report; when the metrics endpoint answers 404 (SGLang
+// without --enable-metrics) it GETs w.URL + "/health" instead and, when
+// that answers 200, returns an empty report (Load nil). noLoad says why a
+// successful probe has no load; "" when it has one.
+func probe(ctx context.Context, c *http.Client, w config.Worker, timeout time.Duration) (rep Engine, noLoad string, err error) {
+	rep, err = scrape(ctx, c, w.MetricsURL, timeout)
+	if se := (*StatusError)(nil); errors.As(err, &se) && se.Code == http.StatusNotFound {
+		health := w.URL + "/health"
+		resp, herr := get(ctx, c, health, timeout)
+		if herr != nil {
+			return Engine{}, "", fmt.Errorf("%w (and %s answers 404)", herr, w.MetricsURL)
+		}
+		drain(resp)
+		return Engine{}, fmt.Sprintf("%s answers 404 (SGLang serves metrics only with --enable-metrics); ready by %s", w.MetricsURL, health), nil
 	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
-	resp, err := c.Do(req)
+	if err == nil && rep.Load == nil {
+		noLoad = w.MetricsURL + " holds no vLLM or SGLang load metrics"
+	}
+	return rep, noLoad, err
+}
+
+// scrape fetches and parses the metrics at url.
+func scrape(ctx context.Context, c *http.Client, url string, timeout time.Duration) (Engine, error) {
+	resp, err := get(ctx, c, url, timeout)
 	if err != nil {
 		return Engine{}, err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return Engine{}, fmt.Errorf("%w %s", errStatus, resp.Status)
-	}
 	e, err := ParseEngineText(io.LimitReader(resp.Body, maxMetricsBytes))
-	if err != nil {
-		return Engine{}, fmt.Errorf("parsing metrics: %w", err)
+	switch {
+	case err == nil:
+		return e, nil
+	case isTimeout(err):
+		return Engine{}, fmt.Errorf("%w: the answer of %s took longer than %s", ErrTimeout, url, timeout)
 	}
-	return e, nil
+	return Engine{}, fmt.Errorf("%w from %s: %s", ErrUnparseable, url, clip(err.Error()))
+}
+
+// get GETs url; an answer other than 200 is a *StatusError (its body
+// drained, up to 4 KiB). Its errors say what happened in plain words.
+func get(ctx context.Context, c *http.Client, url string, timeout time.Duration) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
+	resp, err := c.Do(req)
+	switch {
+	case err == nil:
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return nil, fmt.Errorf("%w by %s", ErrRefused, url)
+	case isTimeout(err):
+		return nil, fmt.Errorf("%w: no answer from %s within %s", ErrTimeout, url, timeout)
+	default:
+		if ue := (*neturl.Error)(nil); errors.As(err, &ue) {
+			err = ue.Err // its message repeats the method and the URL
+		}
+		return nil, fmt.Errorf("GET %s: %s", url, clip(err.Error()))
+	}
+	if resp.StatusCode != http.StatusOK {
+		drain(resp)
+		return nil, &StatusError{URL: url, Code: resp.StatusCode}
+	}
+	return resp, nil
+}
+
+// drain reads up to 4 KiB of resp's body, so its connection may be reused,
+// and closes it.
+func drain(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	_ = resp.Body.Close()
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout()
+}
+
+// clip bounds s to maxReasonBytes, on a rune boundary.
+func clip(s string) string {
+	if len(s) <= maxReasonBytes {
+		return s
+	}
+	i := maxReasonBytes
+	for i > 0 && !utf8.RuneStart(s[i]) {
+		i--
+	}
+	return s[:i] + "..."
 }

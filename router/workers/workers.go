@@ -13,15 +13,28 @@
 //
 // # Readiness
 //
-// A worker joins the fleet (is ready) after its first successful scrape,
+// Each worker is probed every scrape interval: its metrics endpoint is
+// scraped, and when that answers 404 (SGLang started without
+// --enable-metrics serves no /metrics) its health endpoint, URL +
+// "/health", is asked instead. A probe succeeds when the metrics answer
+// 200 with Prometheus text, or answer 404 while /health answers 200.
+//
+// A worker joins the fleet (is ready) after its first successful probe,
 // so a worker that never answered is never a candidate. It leaves the
 // candidate set (fleet RemoveWorker; its requests in flight finish and
 // release against the generation they were booked on) when
-// FailureThreshold consecutive scrapes fail, or when the serve front
+// FailureThreshold consecutive probes fail, or when the serve front
 // reports FailureThreshold consecutive request failures (ReportFailure,
 // reset by ReportSuccess). It rejoins, as a new fleet generation, at the
-// first successful scrape that started after it left: at least one scrape
+// first successful probe that started after it left: at least one scrape
 // interval later, without a router restart.
+//
+// Logged at info: a worker's first failed probe and each probe failing
+// for another reason than the one before (connection refused, HTTP status
+// N from the metrics or health URL, metrics unparseable, timeout), never a
+// repeat of the same failure; it joining ("worker ready"). At warn: it
+// leaving ("worker not ready", with the reason) and its engine load
+// becoming unknown. Status.Reason keeps the latest reason for /readyz.
 //
 // # Engine load
 //
@@ -29,8 +42,12 @@
 // ParseEngine) sets the worker's engine load; only the worker's own report
 // does. A report older than StaleIntervals scrape intervals is cleared
 // (Worker.SetEngineLoad(nil): LOAD unavailable, which differs from idle).
-// A scrape that answers but holds none of the metrics keeps the worker
-// ready and sets nothing, so its last report ages out the same way.
+// A successful probe without the metrics (a metrics endpoint answering
+// 404, or answering without the engine metrics) keeps the worker ready and
+// sets nothing, so its last report ages out the same way, and a worker
+// that never had one is ready with its load unavailable; the first such
+// probe logs a warning that its load is unknown, once until a report
+// arrives again.
 package workers
 
 import (
@@ -54,10 +71,10 @@ import (
 
 // Defaults of Options.
 const (
-	// DefaultScrapeInterval is how often each engine's metrics are scraped;
-	// it is also each scrape's timeout.
+	// DefaultScrapeInterval is how often each engine is probed (its
+	// metrics scraped); it is also each probe's timeout.
 	DefaultScrapeInterval = time.Second
-	// DefaultFailureThreshold is how many consecutive failed scrapes, or
+	// DefaultFailureThreshold is how many consecutive failed probes, or
 	// consecutive failed requests, make a worker not ready.
 	DefaultFailureThreshold = 3
 	// StaleIntervals is the age, in scrape intervals, at which an engine
@@ -70,7 +87,7 @@ const (
 
 // Options configure a Manager.
 type Options struct {
-	// ScrapeInterval is the scrape period and each scrape's timeout
+	// ScrapeInterval is the probe period and each probe's timeout
 	// (DefaultScrapeInterval).
 	ScrapeInterval time.Duration
 	// FailureThreshold is the consecutive failures that make a worker not
@@ -80,8 +97,9 @@ type Options struct {
 	// unlike http.DefaultTransport, ignores HTTP_PROXY (the engines'
 	// requests take no proxy either).
 	Client *http.Client
-	// Logger receives membership changes, health transitions and workers
-	// file reload failures (with file:line:col); nil discards them.
+	// Logger receives membership changes, failed probes and readiness
+	// changes with their reasons (see Readiness), and workers file reload
+	// failures (with file:line:col); nil discards them.
 	Logger hclog.Logger
 	// Registerer, when set, gets switchyard_worker_ready{worker} (1 ready,
 	// 0 not) and switchyard_worker_active_requests{worker} (the requests in
@@ -115,11 +133,20 @@ type Status struct {
 	// that had it.
 	Running    int64
 	HasRunning bool
-	// ScrapeFailures and RequestFailures are the current consecutive
-	// failure counts.
+	// ScrapeFailures (failed probes) and RequestFailures are the current
+	// consecutive failure counts.
 	ScrapeFailures, RequestFailures int
-	// LastError is the last scrape's error; nil after a success.
+	// LastError is the last probe's error: wrapping ErrRefused,
+	// ErrTimeout or ErrUnparseable, or a *StatusError, or another network
+	// error ("GET URL: ..."); nil after a success.
 	LastError error
+	// Reason says in plain words, bounded in length, why the worker is
+	// not ready or what is amiss with a ready one: the last probe's error;
+	// else, when not ready, why it left ("3 consecutive requests
+	// failed") or "not probed yet"; else why its engine load is unknown
+	// (its metrics endpoint answers 404, or holds no engine metrics). ""
+	// for a ready worker whose last probe had a load.
+	Reason string
 }
 
 // Manager owns the Router's membership. Safe for concurrent use.
@@ -160,6 +187,8 @@ type entry struct {
 	running      int64
 	hasRunning   bool
 	lastErr      error
+	leftWhy      string // why it left the candidate set, or could not join
+	noLoad       string // why the last successful probe had no load; "" when it had one
 }
 
 // NewManager returns a Manager of r's membership with no workers; Sync
@@ -294,7 +323,7 @@ func (m *Manager) startLocked(w config.Worker) {
 	delete(m.retired, w.Name)
 	m.entries[w.Name] = e
 	m.wg.Add(1)
-	go m.run(ctx, e, w.MetricsURL)
+	go m.run(ctx, e, cloneWorker(w))
 }
 
 // dropLocked stops e's loop and takes it out of the fleet and the Manager.
@@ -324,12 +353,13 @@ func (m *Manager) joinLocked(e *entry) {
 	})
 	if err != nil {
 		m.log.Error("worker cannot join", "worker", e.cfg.Name, "error", err)
+		e.leftWhy = "cannot join the fleet: " + err.Error()
 		return
 	}
 	w.SetEngineLoad(e.obs)
 	e.ready, e.member = true, w
 	e.gens = append(e.gens, w)
-	e.requestFails = 0
+	e.requestFails, e.leftWhy = 0, ""
 }
 
 // leaveLocked takes e out of the candidate set.
@@ -338,24 +368,24 @@ func (m *Manager) leaveLocked(e *entry, why string) {
 		m.log.Error("worker removal failed", "worker", e.cfg.Name, "error", err)
 	}
 	e.ready, e.member = false, nil
-	e.leftAt = time.Now()
+	e.leftAt, e.leftWhy = time.Now(), why
 	m.log.Warn("worker not ready", "worker", e.cfg.Name, "reason", why)
 }
 
-// run scrapes e's engine every interval until ctx ends.
-func (m *Manager) run(ctx context.Context, e *entry, url string) {
+// run probes w's engine every interval until ctx ends.
+func (m *Manager) run(ctx context.Context, e *entry, w config.Worker) {
 	defer m.wg.Done()
 	t := time.NewTicker(m.o.ScrapeInterval)
 	defer t.Stop()
 	for {
 		start := time.Now()
 		sctx, cancel := context.WithTimeout(ctx, m.o.ScrapeInterval)
-		rep, err := scrape(sctx, m.o.Client, url)
+		rep, noLoad, err := probe(sctx, m.o.Client, w, m.o.ScrapeInterval)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		m.observe(e, start, rep, err)
+		m.observe(e, start, rep, noLoad, err)
 		select {
 		case <-ctx.Done():
 			return
@@ -364,8 +394,8 @@ func (m *Manager) run(ctx context.Context, e *entry, url string) {
 	}
 }
 
-// observe applies one scrape's outcome to e.
-func (m *Manager) observe(e *entry, start time.Time, rep Engine, err error) {
+// observe applies one probe's outcome to e.
+func (m *Manager) observe(e *entry, start time.Time, rep Engine, noLoad string, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.entries[e.cfg.Name] != e {
@@ -375,14 +405,22 @@ func (m *Manager) observe(e *entry, start time.Time, rep Engine, err error) {
 	if err != nil {
 		e.scrapeFails++
 		if e.lastErr == nil || e.lastErr.Error() != err.Error() {
-			m.log.Debug("worker scrape failed", "worker", e.cfg.Name, "error", err)
+			m.log.Info("worker probe failed", "worker", e.cfg.Name, "reason", err.Error(),
+				"ready", e.ready, "consecutive_failures", e.scrapeFails)
 		}
 		e.lastErr = err
 		if e.ready && e.scrapeFails >= m.o.FailureThreshold {
-			m.leaveLocked(e, fmt.Sprintf("%d consecutive scrapes failed: %v", e.scrapeFails, err))
+			m.leaveLocked(e, fmt.Sprintf("%d consecutive probes failed: %v", e.scrapeFails, err))
 		}
 	} else {
 		e.scrapeFails, e.lastErr = 0, nil
+		switch {
+		case noLoad != "" && e.noLoad != noLoad:
+			m.log.Warn("worker engine load unknown: LOAD is unavailable, not idle", "worker", e.cfg.Name, "reason", noLoad)
+		case noLoad == "" && e.noLoad != "":
+			m.log.Info("worker engine load known again", "worker", e.cfg.Name)
+		}
+		e.noLoad = noLoad
 		if rep.Load != nil {
 			e.obs, e.obsAt = rep.Load, now
 		}
@@ -473,18 +511,6 @@ func (m *Manager) Models() []string {
 	return slices.Compact(out)
 }
 
-// Ready reports whether at least one worker is ready (for /readyz).
-func (m *Manager) Ready() bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, e := range m.entries {
-		if e.ready {
-			return true
-		}
-	}
-	return false
-}
-
 // Status returns every configured worker's state, sorted by name.
 func (m *Manager) Status() []Status {
 	m.mu.Lock()
@@ -524,6 +550,16 @@ func (e *entry) statusLocked() Status {
 	}
 	if s.Load == nil {
 		s.ObservedAt = time.Time{}
+	}
+	switch {
+	case e.lastErr != nil:
+		s.Reason = e.lastErr.Error()
+	case !e.ready && e.leftWhy != "":
+		s.Reason = e.leftWhy
+	case !e.ready:
+		s.Reason = "not probed yet"
+	default:
+		s.Reason = e.noLoad
 	}
 	return s
 }

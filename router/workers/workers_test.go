@@ -31,22 +31,34 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const fast = 20 * time.Millisecond
 
-// engine is a fake engine's metrics endpoint: it serves body, or fails
-// with 500 while failing is set.
+// engine is a fake engine's metrics and health endpoints: /metrics serves
+// body, or fails with 500 while failing is set, or answers 404 while
+// noMetrics is set (SGLang without --enable-metrics); /health answers
+// healthCode, 200 when 0.
 type engine struct {
-	srv     *httptest.Server
-	mu      sync.Mutex
-	body    string
-	failing atomic.Bool
-	scrapes atomic.Int64
+	srv        *httptest.Server
+	mu         sync.Mutex
+	body       string
+	failing    atomic.Bool
+	noMetrics  atomic.Bool
+	healthCode atomic.Int64
+	scrapes    atomic.Int64
+	healths    atomic.Int64
 }
 
 func newEngine(t *testing.T, body string) *engine {
 	t.Helper()
 	e := &engine{body: body}
 	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			e.healths.Add(1)
+			if c := e.healthCode.Load(); c != 0 {
+				w.WriteHeader(int(c))
+			}
+			return
+		}
 		e.scrapes.Add(1)
-		if r.URL.Path != "/metrics" {
+		if r.URL.Path != "/metrics" || e.noMetrics.Load() {
 			http.NotFound(w, r)
 			return
 		}
@@ -152,6 +164,11 @@ func member(r *router.Router, name string) *fleet.Worker {
 	return nil
 }
 
+// anyReady reports whether a worker of m is ready.
+func anyReady(m *Manager) bool {
+	return slices.ContainsFunc(m.Status(), func(s Status) bool { return s.Ready })
+}
+
 func membersAre(r *router.Router, model string, role shared.Role, want ...string) func() bool {
 	return func() bool { return slices.Equal(names(r, model, role), want) }
 }
@@ -170,14 +187,14 @@ func TestEngineMetricsLandInLoad(t *testing.T) {
 	r := newRouter(t)
 	m, _ := newManager(t, r, Options{ScrapeInterval: fast})
 	v, s := newEngine(t, vllmMetrics), newEngine(t, sglangMetrics)
-	if m.Ready() {
+	if anyReady(m) {
 		t.Fatal("ready without workers")
 	}
 	if err := m.Sync([]config.Worker{worker("v", v, "llama"), worker("s", s, "qwen")}); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, "both ready", membersAre(r, "", shared.RoleAggregated, "s", "v"))
-	if !m.Ready() {
+	if !anyReady(m) {
 		t.Error("not ready")
 	}
 	for _, c := range []struct {
@@ -275,7 +292,7 @@ func TestFailingWorkerLeavesAndReturns(t *testing.T) {
 	if st, _ := m.StatusOf("a"); st.Ready || st.ScrapeFailures < DefaultFailureThreshold || st.LastError == nil {
 		t.Errorf("a status = %+v", st)
 	}
-	if !m.Ready() {
+	if !anyReady(m) {
 		t.Error("manager not ready with b up")
 	}
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`
@@ -293,7 +310,7 @@ switchyard_worker_ready{worker="b"} 1
 		t.Errorf("a rejoined under generation %d, not after %d", g, gen)
 	}
 	eventually(t, "a's load after rejoining", func() bool { return member(r, "a").Load(false).Available })
-	if !strings.Contains(logs.String(), "worker not ready") || !strings.Contains(logs.String(), "consecutive scrapes failed") {
+	if !strings.Contains(logs.String(), "worker not ready") || !strings.Contains(logs.String(), "consecutive probes failed") {
 		t.Errorf("logs:\n%s", logs)
 	}
 
@@ -301,7 +318,7 @@ switchyard_worker_ready{worker="b"} 1
 	// manager is not ready.
 	a.srv.Close()
 	b.srv.Close()
-	eventually(t, "none ready", func() bool { return !m.Ready() })
+	eventually(t, "none ready", func() bool { return !anyReady(m) })
 	if got := r.Workers("m", shared.RoleAggregated); got != nil {
 		t.Errorf("members = %v", names(r, "m", shared.RoleAggregated))
 	}
@@ -316,7 +333,7 @@ func TestReportFailure(t *testing.T) {
 	if err := m.Sync([]config.Worker{worker("a", a, "m")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a ready", m.Ready)
+	eventually(t, "a ready", func() bool { return anyReady(m) })
 
 	m.ReportFailure("a")
 	m.ReportFailure("a")
@@ -324,11 +341,11 @@ func TestReportFailure(t *testing.T) {
 	m.ReportFailure("a")
 	m.ReportFailure("a")
 	m.ReportFailure("nobody")
-	if !m.Ready() {
+	if !anyReady(m) {
 		t.Fatal("a left after non-consecutive failures")
 	}
 	m.ReportFailure("a")
-	if m.Ready() || r.Workers("m", shared.RoleAggregated) != nil {
+	if anyReady(m) || r.Workers("m", shared.RoleAggregated) != nil {
 		t.Fatal("a still a member after 3 consecutive failures")
 	}
 	m.ReportFailure("a") // not ready: ignored
@@ -434,7 +451,7 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	if err := m.Sync([]config.Worker{a}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a ready", m.Ready)
+	eventually(t, "a ready", func() bool { return anyReady(m) })
 	sel := func() router.Decision {
 		t.Helper()
 		d, err := r.Select(context.Background(), &shared.Request{ID: "x", Model: "llama", Role: shared.RoleAggregated, PromptTokens: 40})
@@ -461,7 +478,7 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	if err := m.Sync([]config.Worker{a}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a rejoined", m.Ready)
+	eventually(t, "a rejoined", func() bool { return anyReady(m) })
 	d2 := sel()
 	if d2.Worker == old || d2.Worker.ID != old.ID {
 		t.Fatalf("rejoined worker: %+v, old %+v", d2.Worker.Spec, old.Spec)
@@ -486,10 +503,10 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	// Leave by failing health, with d2 in flight; a third booking after the
 	// return; d2 then ends.
 	e.failing.Store(true)
-	eventually(t, "a not ready", func() bool { return !m.Ready() })
+	eventually(t, "a not ready", func() bool { return !anyReady(m) })
 	gaugeIs(t, reg, "switchyard_worker_active_requests", 1) // still counted while in flight
 	e.failing.Store(false)
-	eventually(t, "a ready again", m.Ready)
+	eventually(t, "a ready again", func() bool { return anyReady(m) })
 	d3 := sel()
 	d2.Booking.Release()
 	for _, w := range []*fleet.Worker{old, d2.Worker, d3.Worker} {
