@@ -7,11 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/hashicorp/hcl/v2"
 	"github.com/spf13/cobra"
 
 	"github.com/switchyard-router/switchyard/router/catalog"
@@ -399,16 +399,19 @@ func loadTrace(path string) ([]trace.Record, string, error) {
 // neither gives one, replay.DefaultSeed seeds the policy, so a replay
 // repeats exactly by default.
 func loadPolicy(ctx context.Context, stderr io.Writer, path string, seed *int64, host config.PluginHost) (*config.Bundle, error) {
-	src, name := []byte(""), "default"
-	if path != "" {
-		var err error
-		if src, err = os.ReadFile(path); err != nil {
-			return nil, err
-		}
-		name = path
-	}
 	def := int64(replay.DefaultSeed)
-	b, diags := config.LoadWith(name, src, catalog.Default(), config.Options{Seed: seed, DefaultSeed: &def, Plugins: host, Context: ctx})
+	o := config.Options{Seed: seed, DefaultSeed: &def, Plugins: host, Context: ctx}
+	var (
+		b     *config.Bundle
+		diags hcl.Diagnostics
+		name  = path
+	)
+	if path == "" {
+		name = "default"
+		b, diags = config.LoadWith(name, nil, catalog.Default(), o)
+	} else {
+		b, diags = config.LoadFileWith(path, catalog.Default(), o)
+	}
 	if len(diags) > 0 {
 		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
 	}
