@@ -2,6 +2,7 @@ package config
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"time"
 
@@ -256,9 +257,19 @@ func LoadFileWith(path string, cat *catalog.Catalog, o Options) (*Bundle, hcl.Di
 // inputfile.MaxConfigSize bytes (router/inputfile). Anything else (a
 // missing file, a directory, a named pipe, a device such as /dev/zero, a
 // file over the limit) is one error diagnostic at path:1:1, "Failed to
-// read policy file", whose detail says why and names the file.
+// read policy file", whose detail says why and names the file. "-" is not
+// standard input here: a policy or workers file is read again on reload,
+// so it must be a file; the diagnostic says so.
 func readFile(path, what string) ([]byte, hcl.Diagnostics) {
-	src, err := inputfile.ReadFile(path, inputfile.MaxConfigSize)
+	var (
+		src []byte
+		err error
+	)
+	if path == "-" {
+		err = errors.New(`"-" is not standard input here: a ` + what + ` file is read from a named file (write ./- for a file named -)`)
+	} else {
+		src, err = inputfile.ReadFile(path, inputfile.MaxConfigSize)
+	}
 	if err != nil {
 		return nil, hcl.Diagnostics{{
 			Severity: hcl.DiagError,
