@@ -279,3 +279,29 @@ func TestFlagRanges(t *testing.T) {
 		}
 	}
 }
+
+// TestArgumentsInWords: a wrong number of arguments, and an address that
+// cannot be listened on, are answered naming the command or the flag.
+func TestArgumentsInWords(t *testing.T) {
+	dir := t.TempDir()
+	for _, tt := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"validate"}, 2, "router: router validate takes the policy file to check; see 'router validate --help'\n"},
+		{[]string{"validate", "a.hcl", "b.hcl"}, 2, "router: router validate takes one policy file, got 2: [\"a.hcl\" \"b.hcl\"]\n"},
+		{[]string{"plugins", "describe"}, 2,
+			"router: router plugins describe takes a plugin binary to start (and its arguments); see 'router plugins describe --help'\n"},
+		{[]string{"mock-worker", "--listen", "nohost"}, 1, "router: --listen nohost: listen tcp: address nohost: missing port in address\n"},
+		{[]string{"serve", "--policy", rrPolicy, "--listen", "nohost"}, 1, "router: --listen nohost: listen tcp: address nohost: missing port in address\n"},
+		// A directory is not a stream: no hint to pipe it.
+		{[]string{"replay", "--trace", dir}, 1, "router: " + dir + " is a directory, not a regular file\n"},
+	} {
+		var out, errb bytes.Buffer
+		// serve may log before it listens: the message is the last line.
+		if code := runContext(canceled(), tt.args, &out, &errb); code != tt.code || !strings.HasSuffix(errb.String(), tt.want) {
+			t.Errorf("%q: exit %d, stderr %q; want %d and a stderr ending in %q", tt.args, code, errb.String(), tt.code, tt.want)
+		}
+	}
+}

@@ -70,7 +70,7 @@ requests in flight finish for up to 5s.`,
 			defer srv.Close()
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitError{code: 1, err: fmt.Errorf("--listen %s: %w", listen, err)}
 			}
 			return serveMockWorker(cmd.Context(), cmd, ln, srv)
 		},

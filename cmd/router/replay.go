@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -458,10 +459,16 @@ func loadTrace(path string, format trace.Format, stdin io.Reader) ([]trace.Recor
 		err = fmt.Errorf("%w; use a .%s name or --trace-format %s", err, fe.Looks, fe.Looks)
 	case errors.Is(err, trace.ErrUnknownFormat):
 		err = fmt.Errorf("%w; or give --trace-format jsonl or --trace-format csv", err)
-	case errors.Is(err, inputfile.ErrNotRegular):
+	case errors.Is(err, inputfile.ErrNotRegular) && !isDir(path):
 		err = fmt.Errorf("%w; to replay a stream, pipe it to --trace - (with --trace-format)", err)
 	}
 	return recs, name, err
+}
+
+// isDir reports whether path is a directory, symbolic links followed.
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
 }
 
 // noteNoPrefixHashes notes on w, once, that a trace without prefix hashes

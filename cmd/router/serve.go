@@ -213,7 +213,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
-		return &exitError{code: 1, err: err}
+		return &exitError{code: 1, err: fmt.Errorf("--listen %s: %w", o.listen, err)}
 	}
 	bg, stopBG := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -267,7 +267,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		dln, err := net.Listen("tcp", o.debugListen)
 		if err != nil {
 			_ = ln.Close()
-			return &exitError{code: 1, err: fmt.Errorf("--debug-listen: %w", err)}
+			return &exitError{code: 1, err: fmt.Errorf("--debug-listen %s: %w", o.debugListen, err)}
 		}
 		wg.Add(1)
 		go func() {
