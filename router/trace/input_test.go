@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -120,5 +122,22 @@ func TestLineLimiterBoundary(t *testing.T) {
 	l = &lineLimiter{r: bytes.NewReader(in), line: 1}
 	if _, err := io.ReadAll(l); !errors.Is(err, ErrLineTooLong) || l.line != 2 {
 		t.Fatalf("a line of MaxLineBytes+1: %v at line %d, want ErrLineTooLong at line 2", err, l.line)
+	}
+}
+
+// BenchmarkReadAzure reads the bundled Azure conversation trace (19,366
+// requests) through ReadAzure, line limit and format check included.
+func BenchmarkReadAzure(b *testing.B) {
+	data, err := os.ReadFile(filepath.Join(traceDir, "azure_llm_2023_conv.csv"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		recs, err := ReadAzure(bytes.NewReader(data), "conv.csv")
+		if err != nil || len(recs) != 19366 {
+			b.Fatalf("%d records, %v", len(recs), err)
+		}
 	}
 }
