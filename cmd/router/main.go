@@ -40,6 +40,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	}
 	root.SetOut(stdout)
 	root.SetErr(stderr)
+	root.SetFlagErrorFunc(flagError)
 	root.AddCommand(newValidateCmd(), newReplayCmd(), newPluginsCmd(), newVersionCmd())
 	root.AddCommand(newMockWorkerCmd())
 	root.AddCommand(newServeCmd())
@@ -80,7 +81,14 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 // runContext is run with a context that commands observe.
 func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return runIO(ctx, args, os.Stdin, stdout, stderr)
+}
+
+// runIO is runContext reading standard input (router replay --trace -)
+// from stdin.
+func runIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root := newRootCmd(stdout, stderr)
+	root.SetIn(stdin)
 	root.SetArgs(args)
 	if err := root.ExecuteContext(ctx); err != nil {
 		var ee *exitError

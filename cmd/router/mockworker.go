@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"time"
@@ -49,8 +50,15 @@ It prints "mock-worker listening on http://ADDR (model NAME)" once it accepts co
 requests in flight finish for up to 5s.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if !(speedup > 0) { // New reads 0 as "default"; the flag's default is 1
-				return fmt.Errorf("--speedup %v, want a value > 0", speedup)
+			// New reads 0 as "default"; the flags' defaults are not 0.
+			if !(speedup > 0) || math.IsInf(speedup, 1) {
+				return fmt.Errorf("--speedup %v: want %s", speedup, speedupWant)
+			}
+			if blockSize < 1 || blockSize%sim.DefaultConfig().BlockSize != 0 {
+				return fmt.Errorf("--block-size %d: want %s", blockSize, blockSizeWant)
+			}
+			if kvBlocks < 1 || kvBlocks > math.MaxInt32 {
+				return fmt.Errorf("--kv-blocks %d: want %s", kvBlocks, kvBlocksWant)
 			}
 			cfg := sim.DefaultConfig()
 			cfg.TotalKVBlocks = kvBlocks
@@ -63,7 +71,7 @@ requests in flight finish for up to 5s.`,
 			defer srv.Close()
 			ln, err := net.Listen("tcp", listen)
 			if err != nil {
-				return &exitError{code: 1, err: err}
+				return &exitError{code: 1, err: fmt.Errorf("--listen %s: %w", listen, err)}
 			}
 			return serveMockWorker(cmd.Context(), cmd, ln, srv)
 		},
@@ -75,8 +83,20 @@ requests in flight finish for up to 5s.`,
 	f.IntVar(&blockSize, "block-size", mockworker.DefaultBlockTokens, "prefix hashing block in tokens, the router's router.block_size (a multiple of 16)")
 	f.IntVar(&kvBlocks, "kv-blocks", sim.DefaultConfig().TotalKVBlocks, "KV cache capacity in 16-token blocks")
 	f.BoolVar(&noMetrics, "no-metrics", false, "answer 404 on /metrics, as SGLang started without --enable-metrics does")
+	setWant(f, "speedup", speedupWant)
+	setWant(f, "block-size", blockSizeWant)
+	setWant(f, "kv-blocks", kvBlocksWant)
 	return cmd
 }
+
+// What the mock-worker's numeric flags accept, in words: the simulated
+// engine's limits (sim.Config.Validate, mockworker.New).
+const speedupWant = "a finite number greater than 0"
+
+var (
+	blockSizeWant = fmt.Sprintf("a positive multiple of %d, the engine's KV block", sim.DefaultConfig().BlockSize)
+	kvBlocksWant  = fmt.Sprintf("a whole number from 1 to %d", math.MaxInt32)
+)
 
 // serveMockWorker serves srv on ln until ctx is cancelled, then drains.
 func serveMockWorker(ctx context.Context, cmd *cobra.Command, ln net.Listener, srv *mockworker.Server) error {

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"os"
@@ -18,6 +19,7 @@ type pendingFile struct {
 	flag   string // the flag that named the file, for messages
 	target string // the path renamed over: the named path, symlinks resolved
 	f      *os.File
+	stdout io.Writer // when set, commit copies f here (createOutput of "-")
 	done   bool
 }
 
@@ -83,11 +85,23 @@ func (p *pendingFile) Write(b []byte) (int, error) { return p.f.Write(b) }
 
 // commit flushes the temporary file to disk and renames it over the
 // target. On error the temporary is removed and the target is untouched.
+// An output to stdout is copied there instead.
 func (p *pendingFile) commit() error {
 	if p.done {
 		return errors.New(p.flag + ": output already finished")
 	}
 	p.done = true
+	if p.stdout != nil {
+		defer p.f.Close()
+		_, err := p.f.Seek(0, io.SeekStart)
+		if err == nil {
+			_, err = io.Copy(p.stdout, p.f)
+		}
+		if err != nil {
+			return fmt.Errorf("%s -: writing to standard output: %w", p.flag, err)
+		}
+		return nil
+	}
 	name := p.f.Name()
 	err := p.f.Sync()
 	if cerr := p.f.Close(); err == nil {
@@ -112,7 +126,9 @@ func (p *pendingFile) abort() {
 	}
 	p.done = true
 	p.f.Close()
-	os.Remove(p.f.Name())
+	if p.stdout == nil { // stdout's temporary has no name any more
+		os.Remove(p.f.Name())
+	}
 }
 
 // samePath reports whether a and b name the same file: equal once made
@@ -127,4 +143,22 @@ func samePath(a, b string) bool {
 	fa, errA := os.Stat(a)
 	fb, errB := os.Stat(b)
 	return errA == nil && errB == nil && os.SameFile(fa, fb)
+}
+
+// createOutput is createPending for an output flag's path, or, for "-",
+// a pending output to stdout: its content is held in an unnamed temporary
+// file (created in os.TempDir and removed at once, so nothing is left
+// behind even on SIGKILL) and copied to stdout by commit, so standard
+// output, like a file, gets the output only when the whole run succeeds.
+// A file named "-" is never created.
+func createOutput(flag, path string, stdout io.Writer) (*pendingFile, error) {
+	if path != "-" {
+		return createPending(flag, path)
+	}
+	f, err := os.CreateTemp("", ".router-output-*.tmp")
+	if err != nil {
+		return nil, fmt.Errorf("%s -: cannot create a temporary file to hold standard output's content: %w", flag, err)
+	}
+	_ = os.Remove(f.Name()) // the open file stays readable
+	return &pendingFile{flag: flag, target: "-", f: f, stdout: stdout}, nil
 }

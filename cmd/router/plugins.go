@@ -31,8 +31,16 @@ func newPluginsCmd() *cobra.Command {
 print its version, API versions and, per component type, the kind, declared
 inputs and parameters (name, type, required, default, doc). The binary is
 stopped afterwards. It runs with an empty environment, as the router runs it.`,
-		Args: cobra.MinimumNArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return fmt.Errorf("%s takes a plugin binary to start (and its arguments); see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if startTimeout <= 0 {
+				return fmt.Errorf("--start-timeout %v: want %s", startTimeout, positiveDurationWant)
+			}
 			host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(cmd.ErrOrStderr())})
 			defer shutdownHost(host)
 			d, err := host.Describe(cmd.Context(), args[0], args[1:], startTimeout)
@@ -43,6 +51,7 @@ stopped afterwards. It runs with an empty environment, as the router runs it.`,
 		},
 	}
 	describe.Flags().DurationVar(&startTimeout, "start-timeout", config.DefaultStartTimeout, "bound on the plugin's start and handshake")
+	setWant(describe.Flags(), "start-timeout", positiveDurationWant)
 	cmd.AddCommand(describe)
 	return cmd
 }

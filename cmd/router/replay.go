@@ -7,15 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
+	"github.com/hashicorp/hcl/v2"
 	"github.com/spf13/cobra"
 
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/inputfile"
 	"github.com/switchyard-router/switchyard/router/replay"
 	"github.com/switchyard-router/switchyard/router/replay/bundled"
 	"github.com/switchyard-router/switchyard/router/supervisor"
@@ -25,16 +28,17 @@ import (
 
 // replayFlags are the flags of router replay.
 type replayFlags struct {
-	policy     string
-	trace      string
-	workers    int
-	prefill    int
-	decode     int
-	seed       int64
-	limit      int
-	perRequest string
-	report     string
-	compare    []string
+	policy      string
+	trace       string
+	traceFormat string
+	workers     int
+	prefill     int
+	decode      int
+	seed        int64
+	limit       int
+	perRequest  string
+	report      string
+	compare     []string
 }
 
 func newReplayCmd() *cobra.Command {
@@ -55,6 +59,10 @@ one of M decode workers, which receive its prompt's KV (128 KiB per token at
 50 GB/s) and generate the rest. A role the policy file does not select a
 policy for runs the built-in default policy, with a warning.
 
+--trace - reads the trace from standard input, in the format --trace-format
+names (jsonl or csv; required then). --per-request - or --report - writes that
+output to standard output, and the table then goes to standard error.
+
 The fleet is at most 4096 simulated workers in all. --per-request and
 --report are written atomically, only when the whole run succeeds. Requests
 the policy rejects are counted in the table (and summarised on stderr); they
@@ -67,7 +75,8 @@ and 2 on a usage error. The full reference is docs/replay.md.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.policy, "policy", "", "HCL policy file (default: the built-in default policy)")
-	fl.StringVar(&f.trace, "trace", "", "trace file: Mooncake .jsonl or Azure .csv (default: the bundled conversation trace)")
+	fl.StringVar(&f.trace, "trace", "", "trace file: Mooncake .jsonl or Azure .csv, or - for standard input (default: the bundled conversation trace)")
+	fl.StringVar(&f.traceFormat, "trace-format", "", "trace format, jsonl (Mooncake) or csv (Azure), in place of the file's extension; required with --trace -")
 	fl.IntVar(&f.workers, "workers", replay.DefaultWorkers,
 		fmt.Sprintf("number of simulated aggregated workers, at most %d", replay.MaxWorkers))
 	fl.IntVar(&f.prefill, "prefill-workers", 0,
@@ -79,9 +88,16 @@ and 2 on a usage error. The full reference is docs/replay.md.`,
 	fl.Int64Var(&f.seed, "seed", 0,
 		fmt.Sprintf("seed for seeded components that set none (default: the file's router.seed, else %d)", replay.DefaultSeed))
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
-	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE (not with --compare)")
-	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE (a JSON array with --compare)")
+	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE, or - for standard output (not with --compare)")
+	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE, or - for standard output (a JSON array with --compare)")
 	fl.StringSliceVar(&f.compare, "compare", nil, "run each policy file FILE,FILE,... on the same trace and print one table (not with --policy)")
+	setWant(fl, "workers", fmt.Sprintf("a whole number from 1 to %d", replay.MaxWorkers))
+	for _, name := range []string{"prefill-workers", "decode-workers"} {
+		setWant(fl, name, fmt.Sprintf("a whole number from 1 to %d (prefill and decode workers together)", replay.MaxWorkers))
+	}
+	setWant(fl, "seed", fmt.Sprintf("a whole number from %d to %d", math.MinInt64, math.MaxInt64))
+	setWant(fl, "limit", fmt.Sprintf("a whole number from 0 (all) to %d", math.MaxInt))
+	setWant(fl, "compare", "a comma-separated list of policy files")
 	return cmd
 }
 
@@ -108,6 +124,9 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 		if fs.Changed(c.flag) && c.value == "" {
 			return fmt.Errorf("--%s '': want a file name%s", c.flag, c.hint)
 		}
+	}
+	if err := f.checkStreams(cmd); err != nil {
+		return err
 	}
 	if fs.Changed("compare") {
 		if len(f.compare) == 0 {
@@ -151,6 +170,27 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 	return f.checkPaths()
 }
 
+// checkStreams checks the flags that name standard input or output ("-")
+// and --trace-format; every error it returns is a usage error.
+func (f *replayFlags) checkStreams(cmd *cobra.Command) error {
+	fs := cmd.Flags()
+	switch format := trace.Format(f.traceFormat); {
+	case fs.Changed("trace-format") && format != trace.Mooncake && format != trace.Azure:
+		v := f.traceFormat
+		if v == "" {
+			v = "''"
+		}
+		return fmt.Errorf("--trace-format %s: want jsonl (a Mooncake trace) or csv (an Azure trace)", v)
+	case f.trace == "-" && format == "":
+		return errors.New("--trace - reads the trace from standard input: give its format, --trace-format jsonl or --trace-format csv")
+	case format != "" && f.trace == "":
+		return errors.New("--trace-format needs --trace: the bundled trace is JSON lines")
+	case f.perRequest == "-" && f.report == "-":
+		return errors.New("--per-request - and --report - cannot both write to standard output: give one of them a file")
+	}
+	return nil
+}
+
 // disaggregated reports whether the flags ask for prefill and decode pools.
 func (f *replayFlags) disaggregated(cmd *cobra.Command) bool {
 	fs := cmd.Flags()
@@ -158,12 +198,12 @@ func (f *replayFlags) disaggregated(cmd *cobra.Command) bool {
 }
 
 // checkPaths refuses an output that would overwrite an input or the other
-// output.
+// output. "-" (standard input or output) is no path.
 func (f *replayFlags) checkPaths() error {
 	type named struct{ flag, path string }
 	var inputs, outputs []named
 	for _, in := range []named{{"--trace", f.trace}, {"--policy", f.policy}} {
-		if in.path != "" {
+		if in.path != "" && in.path != "-" {
 			inputs = append(inputs, in)
 		}
 	}
@@ -171,7 +211,7 @@ func (f *replayFlags) checkPaths() error {
 		inputs = append(inputs, named{"--compare", p})
 	}
 	for _, out := range []named{{"--per-request", f.perRequest}, {"--report", f.report}} {
-		if out.path != "" {
+		if out.path != "" && out.path != "-" {
 			outputs = append(outputs, out)
 		}
 	}
@@ -208,23 +248,24 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	defer func() { perReq.abort(); report.abort() }()
 	var err error
 	if f.perRequest != "" {
-		if perReq, err = createPending("--per-request", f.perRequest); err != nil {
+		if perReq, err = createOutput("--per-request", f.perRequest, cmd.OutOrStdout()); err != nil {
 			return &exitError{code: 1, err: err}
 		}
 	}
 	if f.report != "" {
-		if report, err = createPending("--report", f.report); err != nil {
+		if report, err = createOutput("--report", f.report, cmd.OutOrStdout()); err != nil {
 			return &exitError{code: 1, err: err}
 		}
 	}
 
-	records, traceName, err := loadTrace(f.trace)
+	records, traceName, err := loadTrace(f.trace, trace.Format(f.traceFormat), cmd.InOrStdin())
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
 	if f.limit > 0 && f.limit < len(records) {
 		records = records[:f.limit]
 	}
+	noteNoPrefixHashes(stderr, traceName, records)
 	var seed *int64
 	if fs.Changed("seed") {
 		seed = &f.seed
@@ -286,6 +327,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	}
 
 	out := cmd.OutOrStdout()
+	if f.perRequest == "-" || f.report == "-" {
+		out = stderr // standard output carries the JSON
+	}
 	if disagg {
 		fmt.Fprintf(out, "trace %s: %d requests on %d prefill + %d decode simulated workers\n", traceName, len(records), f.prefill, f.decode)
 	} else {
@@ -379,19 +423,65 @@ func warnDefaultRoles(w io.Writer, path string, b *config.Bundle, roles []shared
 		path, subject, config.DefaultPolicyName, config.DefaultScorerType, config.DefaultPickerType, them, them, config.DefaultPolicyName)
 }
 
-// loadTrace reads the trace at path, or the bundled conversation trace when
-// path is empty.
-func loadTrace(path string) ([]trace.Record, string, error) {
-	if path == "" {
+// loadTrace reads the trace at path in format (by path's extension when
+// format is empty), stdin when path is "-", or the bundled conversation
+// trace when path is empty. It returns the records and the trace's name
+// for the table. Its errors say what to do where the flags can help: a
+// trace that looks like the other format, an unknown extension, a path
+// that is a pipe.
+func loadTrace(path string, format trace.Format, stdin io.Reader) ([]trace.Record, string, error) {
+	var (
+		recs []trace.Record
+		err  error
+		name = filepath.Base(path)
+	)
+	switch {
+	case path == "":
 		b, err := bundled.ConversationTrace()
 		if err != nil {
 			return nil, "", err
 		}
 		recs, err := trace.ReadMooncake(bytes.NewReader(b), bundled.Name)
 		return recs, bundled.Name + " (bundled)", err
+	case path == "-":
+		name = "stdin"
+		recs, err = trace.ReadAs(stdin, name, format)
+	case format != "":
+		recs, err = trace.ReadFileAs(path, format)
+	default:
+		recs, err = trace.ReadFile(path)
 	}
-	recs, err := trace.ReadFile(path)
-	return recs, filepath.Base(path), err
+	var fe *trace.FormatError
+	switch {
+	case errors.As(err, &fe) && (format != "" || path == "-"):
+		err = fmt.Errorf("%w; use --trace-format %s", err, fe.Looks)
+	case errors.As(err, &fe):
+		err = fmt.Errorf("%w; use a .%s name or --trace-format %s", err, fe.Looks, fe.Looks)
+	case errors.Is(err, trace.ErrUnknownFormat):
+		err = fmt.Errorf("%w; or give --trace-format jsonl or --trace-format csv", err)
+	case errors.Is(err, inputfile.ErrNotRegular) && !isDir(path):
+		err = fmt.Errorf("%w; to replay a stream, pipe it to --trace - (with --trace-format)", err)
+	}
+	return recs, name, err
+}
+
+// isDir reports whether path is a directory, symbolic links followed.
+func isDir(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
+}
+
+// noteNoPrefixHashes notes on w, once, that a trace without prefix hashes
+// (an Azure trace: token counts only) gives KV-aware policies nothing to
+// reuse: every prompt misses the prefix caches.
+func noteNoPrefixHashes(w io.Writer, traceName string, records []trace.Record) {
+	for _, r := range records {
+		if len(r.HashIDs) > 0 {
+			return
+		}
+	}
+	fmt.Fprintf(w, "router: note: trace %s has no prefix hashes (an Azure trace has token counts only): "+
+		"KV-aware policies (those reading CACHE, such as kv-cost) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName)
 }
 
 // loadPolicy loads the policy file at path (the default policy when empty),
@@ -399,16 +489,19 @@ func loadTrace(path string) ([]trace.Record, string, error) {
 // neither gives one, replay.DefaultSeed seeds the policy, so a replay
 // repeats exactly by default.
 func loadPolicy(ctx context.Context, stderr io.Writer, path string, seed *int64, host config.PluginHost) (*config.Bundle, error) {
-	src, name := []byte(""), "default"
-	if path != "" {
-		var err error
-		if src, err = os.ReadFile(path); err != nil {
-			return nil, err
-		}
-		name = path
-	}
 	def := int64(replay.DefaultSeed)
-	b, diags := config.LoadWith(name, src, catalog.Default(), config.Options{Seed: seed, DefaultSeed: &def, Plugins: host, Context: ctx})
+	o := config.Options{Seed: seed, DefaultSeed: &def, Plugins: host, Context: ctx}
+	var (
+		b     *config.Bundle
+		diags hcl.Diagnostics
+		name  = path
+	)
+	if path == "" {
+		name = "default"
+		b, diags = config.LoadWith(name, nil, catalog.Default(), o)
+	} else {
+		b, diags = config.LoadFileWith(path, catalog.Default(), o)
+	}
 	if len(diags) > 0 {
 		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
 	}

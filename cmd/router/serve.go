@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -75,10 +76,13 @@ connections (useful with --listen 127.0.0.1:0).`,
 				return errors.New("--policy FILE is required")
 			}
 			if o.charsPerToken < 1 {
-				return fmt.Errorf("--chars-per-token %d, want >= 1", o.charsPerToken)
+				return fmt.Errorf("--chars-per-token %d: want %s", o.charsPerToken, charsPerTokenWant)
 			}
-			if o.requestTimeout <= 0 || o.drainTimeout <= 0 {
-				return errors.New("--request-timeout and --drain-timeout must be > 0")
+			if o.requestTimeout <= 0 {
+				return fmt.Errorf("--request-timeout %v: want %s", o.requestTimeout, positiveDurationWant)
+			}
+			if o.drainTimeout <= 0 {
+				return fmt.Errorf("--drain-timeout %v: want %s", o.drainTimeout, positiveDurationWant)
 			}
 			level := hclog.LevelFromString(o.logLevel)
 			if level == hclog.NoLevel {
@@ -97,8 +101,18 @@ connections (useful with --listen 127.0.0.1:0).`,
 	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
 	f.StringVar(&o.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error, off")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) on this separate address; off when empty")
+	setWant(f, "request-timeout", positiveDurationWant)
+	setWant(f, "drain-timeout", positiveDurationWant)
+	setWant(f, "chars-per-token", charsPerTokenWant)
 	return cmd
 }
+
+// charsPerTokenWant words the values --chars-per-token accepts.
+var charsPerTokenWant = fmt.Sprintf("a whole number from 1 to %d", math.MaxInt)
+
+// positiveDurationWant words the values of a duration flag that must be
+// positive; 2562047h is about the largest time.Duration.
+const positiveDurationWant = "a duration greater than 0 with a unit, such as 500ms, 30s, 5m or 1h30m (at most 2562047h)"
 
 // runServe runs `router serve` until ctx ends.
 func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, stderr io.Writer) error {
@@ -202,7 +216,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
-		return &exitError{code: 1, err: err}
+		return &exitError{code: 1, err: fmt.Errorf("--listen %s: %w", o.listen, err)}
 	}
 	bg, stopBG := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -256,7 +270,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		dln, err := net.Listen("tcp", o.debugListen)
 		if err != nil {
 			_ = ln.Close()
-			return &exitError{code: 1, err: fmt.Errorf("--debug-listen: %w", err)}
+			return &exitError{code: 1, err: fmt.Errorf("--debug-listen %s: %w", o.debugListen, err)}
 		}
 		wg.Add(1)
 		go func() {

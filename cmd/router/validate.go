@@ -22,7 +22,15 @@ func newValidateCmd() *cobra.Command {
 components (kind, name, type, source) and whether it runs on the hosted fast
 path. Warnings go to stderr; on any error the diagnostics are printed as
 file:line:col and the exit status is 1.`,
-		Args: cobra.ExactArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case len(args) == 0:
+				return fmt.Errorf("%s takes the policy file to check; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
+			case len(args) > 1:
+				return fmt.Errorf("%s takes one policy file, got %d: %q", cmd.CommandPath(), len(args), args)
+			}
+			return nil
+		},
 		RunE: func(cmd *cobra.Command, args []string) error {
 			host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(cmd.ErrOrStderr())})
 			defer shutdownHost(host)

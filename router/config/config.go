@@ -2,8 +2,7 @@ package config
 
 import (
 	"context"
-	"fmt"
-	"os"
+	"errors"
 	"strings"
 	"time"
 
@@ -12,6 +11,7 @@ import (
 	"github.com/hashicorp/hcl/v2/json"
 
 	"github.com/switchyard-router/switchyard/router/catalog"
+	"github.com/switchyard-router/switchyard/router/inputfile"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -237,23 +237,48 @@ type PolicyDecl struct {
 	Instances map[shared.Role]*shared.Policy
 }
 
-// LoadFile reads and loads the policy file at path; see Load.
+// LoadFile reads and loads the policy file at path; see Load and
+// readFile for what files are read.
 func LoadFile(path string, cat *catalog.Catalog) (*Bundle, hcl.Diagnostics) {
 	return LoadFileWith(path, cat, Options{})
 }
 
 // LoadFileWith is LoadFile with options (see LoadWith).
 func LoadFileWith(path string, cat *catalog.Catalog, o Options) (*Bundle, hcl.Diagnostics) {
-	src, err := os.ReadFile(path)
+	src, diags := readFile(path, "policy")
+	if diags != nil {
+		return nil, diags
+	}
+	return LoadWith(path, src, cat, o)
+}
+
+// readFile reads the policy or workers file (what) at path for LoadFile
+// and LoadWorkers: a regular file, symbolic links followed, of at most
+// inputfile.MaxConfigSize bytes (router/inputfile). Anything else (a
+// missing file, a directory, a named pipe, a device such as /dev/zero, a
+// file over the limit) is one error diagnostic at path:1:1, "Failed to
+// read policy file", whose detail says why and names the file. "-" is not
+// standard input here: a policy or workers file is read again on reload,
+// so it must be a file; the diagnostic says so.
+func readFile(path, what string) ([]byte, hcl.Diagnostics) {
+	var (
+		src []byte
+		err error
+	)
+	if path == "-" {
+		err = errors.New(`"-" is not standard input here: a ` + what + ` file is read from a named file (write ./- for a file named -)`)
+	} else {
+		src, err = inputfile.ReadFile(path, inputfile.MaxConfigSize)
+	}
 	if err != nil {
 		return nil, hcl.Diagnostics{{
 			Severity: hcl.DiagError,
-			Summary:  "Failed to read policy file",
-			Detail:   fmt.Sprintf("Reading %s: %v.", path, err),
+			Summary:  "Failed to read " + what + " file",
+			Detail:   err.Error() + ".",
 			Subject:  &hcl.Range{Filename: path, Start: hcl.InitialPos, End: hcl.InitialPos},
 		}}
 	}
-	return LoadWith(path, src, cat, o)
+	return src, nil
 }
 
 // Load parses src as a policy file named filename and resolves it against

@@ -2,9 +2,7 @@ package config
 
 import (
 	"errors"
-	"fmt"
 	"net/url"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,16 +80,13 @@ var workersFileSchema = &hcl.BodySchema{
 // blocks only, in the policy file's syntax (native HCL, or HCL's JSON
 // syntax when path ends in ".json"); any other block or attribute is an
 // error. It returns the workers in file order, or nil and every error found.
-// A file without blocks is valid and has no workers.
+// A file without blocks is valid and has no workers. The file must be a
+// regular file (symbolic links are followed) of at most
+// inputfile.MaxConfigSize bytes; see readFile.
 func LoadWorkers(path string) ([]Worker, hcl.Diagnostics) {
-	src, err := os.ReadFile(path)
-	if err != nil {
-		return nil, hcl.Diagnostics{{
-			Severity: hcl.DiagError,
-			Summary:  "Failed to read workers file",
-			Detail:   fmt.Sprintf("Reading %s: %v.", path, err),
-			Subject:  &hcl.Range{Filename: path, Start: hcl.InitialPos, End: hcl.InitialPos},
-		}}
+	src, diags := readFile(path, "workers")
+	if diags != nil {
+		return nil, diags
 	}
 	return ParseWorkers(path, src)
 }

@@ -27,6 +27,8 @@ import (
 	"time"
 
 	"github.com/fsnotify/fsnotify"
+
+	"github.com/switchyard-router/switchyard/router/inputfile"
 )
 
 // DefaultDebounce is the quiet period New uses when given a debounce <= 0:
@@ -52,8 +54,10 @@ const maxHops = 40
 // own, "absent"; a later file of any content is a change from it, even an
 // empty one). Metadata alone (touch, chmod, an unchanged rewrite) and
 // other files are not a change. A file that exists but cannot be read (a
-// permission error, say) is not a change: the error goes to Errors and the
-// next successful read is compared with the last one.
+// permission error, say, or one that is not a regular file or is larger
+// than inputfile.MaxConfigSize: the file is read as the policy and workers
+// loaders read it) is not a change: the error goes to Errors and the next
+// successful read is compared with the last one.
 //
 // What is watched: the directory holding the path, the directory of each
 // symlink the path leads through, and the directory of the path's fully
@@ -231,9 +235,12 @@ func (w *Watcher) run() {
 	}
 }
 
-// read fingerprints the file, following symlinks.
+// read fingerprints the file, following symlinks. It reads the file as
+// the router's loaders do (router/inputfile): a file that is not a
+// regular file (a named pipe would block the read forever) or is over
+// inputfile.MaxConfigSize is an error, not a change.
 func (w *Watcher) read() (fingerprint, error) {
-	b, err := os.ReadFile(w.path)
+	b, err := inputfile.ReadFile(w.path, inputfile.MaxConfigSize)
 	switch {
 	case err == nil:
 		return fingerprint{state: present, sum: sha256.Sum256(b)}, nil
@@ -241,7 +248,7 @@ func (w *Watcher) read() (fingerprint, error) {
 		// Also a dangling symlink (a target removed or not there yet).
 		return fingerprint{state: absent}, nil
 	default:
-		return fingerprint{}, fmt.Errorf("filewatch: reading %s: %w", w.path, err)
+		return fingerprint{}, fmt.Errorf("filewatch: %w", err) // names the path
 	}
 }
 

@@ -1,11 +1,14 @@
 package trace
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/csv"
 	"errors"
 	"fmt"
 	"io"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -34,15 +37,26 @@ var azureHeader = [3]string{"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
 // does not fit a time.Duration (ErrDurationOverflow; time.Time.Sub would
 // saturate instead). An empty input is a *ParseError too (no header); an
 // input with only the header is an error wrapping ErrNoRecords,
-// "NAME: no records".
+// "NAME: no records". So is a line over MaxLineBytes (ErrLineTooLong) and
+// an input that starts with a JSON object (a *FormatError: JSON lines).
 func ReadAzure(r io.Reader, name string) ([]Record, error) {
-	cr := csv.NewReader(r)
+	lr := &lineLimiter{r: r, line: 1}
+	br := bufio.NewReader(lr)
+	if looksLikeJSON(br) {
+		return nil, &ParseError{File: name, Line: 1, Err: &FormatError{Read: Azure, Looks: Mooncake}}
+	}
+	cr := csv.NewReader(br)
 	cr.FieldsPerRecord = len(azureHeader)
 	cr.ReuseRecord = true
 	wrap := func(line int, err error) error {
 		var pe *csv.ParseError
-		if errors.As(err, &pe) {
+		switch {
+		case errors.As(err, &pe) && errors.Is(pe.Err, csv.ErrFieldCount):
+			return &ParseError{File: name, Line: pe.Line, Err: fmt.Errorf("%w: want %d, %s", pe.Err, len(azureHeader), strings.Join(azureHeader[:], ","))}
+		case errors.As(err, &pe):
 			return &ParseError{File: name, Line: pe.Line, Err: pe.Err}
+		case errors.Is(err, ErrLineTooLong):
+			return &ParseError{File: name, Line: lr.line, Err: err}
 		}
 		return &ParseError{File: name, Line: line, Err: err}
 	}
@@ -77,7 +91,8 @@ func ReadAzure(r io.Reader, name string) ([]Record, error) {
 		line, _ := cr.FieldPos(0)
 		t, err := time.Parse(AzureTimeLayout, rec[0])
 		if err != nil {
-			return nil, &ParseError{File: name, Line: line, Err: fmt.Errorf("TIMESTAMP: %w", err)}
+			return nil, &ParseError{File: name, Line: line,
+				Err: fmt.Errorf("TIMESTAMP %q: want a time such as 2023-11-16 18:17:03.9799600 (7 fractional digits)", rec[0])}
 		}
 		in, err := tokenCount("ContextTokens", rec[1])
 		if err != nil {
@@ -112,13 +127,58 @@ func ReadAzure(r io.Reader, name string) ([]Record, error) {
 	}
 }
 
+// tokenCount parses the token count s of column field, with a message
+// in words when it is not a non-negative integer that fits an int.
 func tokenCount(field, s string) (int, error) {
 	n, err := strconv.Atoi(s)
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", field, err)
+		if s == "" {
+			return 0, fmt.Errorf("%s: empty, want an integer", field)
+		}
+		return 0, fmt.Errorf("%s: %w", field, notCount(s))
 	}
 	if n < 0 {
 		return 0, fmt.Errorf("%s: %w (%d)", field, ErrNegative, n)
 	}
 	return n, nil
+}
+
+// looksLikeJSON reports whether the input, past leading white space, starts
+// with a JSON object: a Mooncake JSONL trace read as CSV. It peeks and
+// consumes nothing.
+func looksLikeJSON(br *bufio.Reader) bool {
+	b, _ := br.Peek(512)
+	b = bytes.TrimLeft(b, " \t\r\n")
+	return len(b) > 0 && b[0] == '{'
+}
+
+// lineLimiter passes r through until a line (the bytes up to a '\n')
+// reaches MaxLineBytes, then fails with lineTooLong: encoding/csv buffers a
+// whole line, however long. line is the 1-based number of the line being
+// read.
+type lineLimiter struct {
+	r    io.Reader
+	line int
+	cur  int // bytes of the current line read so far
+}
+
+func (l *lineLimiter) Read(p []byte) (int, error) {
+	n, err := l.r.Read(p)
+	for b := p[:n]; ; {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			l.cur += len(b)
+			break
+		}
+		if l.cur+i > MaxLineBytes {
+			return 0, lineTooLong()
+		}
+		l.cur = 0
+		l.line++
+		b = b[i+1:]
+	}
+	if l.cur > MaxLineBytes {
+		return 0, lineTooLong()
+	}
+	return n, err
 }

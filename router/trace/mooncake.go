@@ -13,11 +13,6 @@ import (
 	"time"
 )
 
-// maxMooncakeLine bounds one JSONL line. The longest real line (a
-// 126,195-token prompt, 247 ids) is about 2 KB; 16 MiB leaves room for any
-// prompt that fits a 64-bit token count while still rejecting garbage.
-const maxMooncakeLine = 16 << 20
-
 // maxMillis is the largest timestamp (ms) whose Duration does not overflow.
 const maxMillis = math.MaxInt64 / int64(time.Millisecond)
 
@@ -34,15 +29,18 @@ const maxMillis = math.MaxInt64 / int64(time.Millisecond)
 // object, an unknown, missing or null field, a value that is not an integer
 // (a float, a string, ...), a negative number (ErrNegative), a number out of
 // range, a timestamp that decreases (ErrTimestampDecreased), or
-// len(hash_ids) != ceil(input_length/512) (ErrHashIDCount). Blank lines are
-// allowed only at the end of the input. Arrival is the timestamp minus the
+// len(hash_ids) != ceil(input_length/512) (ErrHashIDCount), a line over
+// MaxLineBytes (ErrLineTooLong), and a first line that is CSV rather than
+// JSON (a *FormatError). Blank lines are allowed only at the end of the
+// input. Arrival is the timestamp minus the
 // first line's timestamp. name is used in error messages only.
 //
 // An input with no records (empty, or only blank lines) is an error
 // wrapping ErrNoRecords, "NAME: no records".
 func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 64<<10), maxMooncakeLine)
+	// The buffer holds a line and its newline.
+	sc.Buffer(make([]byte, 0, 64<<10), MaxLineBytes+1)
 	var (
 		recs      []Record
 		line      int
@@ -64,6 +62,9 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 		}
 		l, err := decodeMooncakeLine(b)
 		if err != nil {
+			if len(recs) == 0 && looksLikeCSV(b) {
+				err = &FormatError{Read: Mooncake, Looks: Azure}
+			}
 			return nil, &ParseError{File: name, Line: line, Err: err}
 		}
 		ts, in, out := *l.Timestamp, *l.InputLength, *l.OutputLength
@@ -113,6 +114,9 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 		recs = append(recs, rec)
 	}
 	if err := sc.Err(); err != nil {
+		if errors.Is(err, bufio.ErrTooLong) {
+			err = lineTooLong()
+		}
 		return nil, &ParseError{File: name, Line: line + 1, Err: err}
 	}
 	if len(recs) == 0 {
@@ -122,6 +126,14 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 }
 
 func ceilDiv(a, b int64) int64 { return a/b + min(a%b, 1) }
+
+// looksLikeCSV reports whether the first line of a would-be JSONL trace,
+// which did not decode, is rather a CSV line: it is no JSON object and
+// has commas (the Azure header is "TIMESTAMP,ContextTokens,GeneratedTokens").
+func looksLikeCSV(line []byte) bool {
+	line = bytes.TrimSpace(line)
+	return !bytes.HasPrefix(line, []byte("{")) && bytes.Contains(line, []byte(","))
+}
 
 // mooncakeLine is one trace line. The fields are pointers so that a missing
 // field and a null one (which encoding/json leaves nil) are detected.

@@ -13,10 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/switchyard-router/switchyard/router/inputfile"
 )
 
 // MooncakeBlockTokens is the number of prompt tokens covered by one Mooncake
@@ -96,18 +97,94 @@ var (
 var ErrNoRecords = errors.New("no records")
 
 // ErrUnknownFormat is returned by Read and ReadFile for a name whose
-// extension is neither .jsonl nor .csv. It is not wrapped in a *ParseError.
+// extension is neither .jsonl nor .csv, and by ReadAs and ReadFileAs for a
+// Format that is neither Mooncake nor Azure. It is not wrapped in a
+// *ParseError.
 var ErrUnknownFormat = errors.New("unknown trace format (want .jsonl or .csv)")
 
+// MaxLineBytes bounds one line of a trace, in bytes (16 MiB). The longest
+// real Mooncake line (a 126,195-token prompt, 247 ids) is about 2 KB and an
+// Azure line about 40 bytes; 16 MiB leaves room for any prompt that fits a
+// 64-bit token count while bounding the memory a file without newlines
+// (/dev/zero, a binary file) can take. A longer line is a *ParseError
+// wrapping ErrLineTooLong.
+const MaxLineBytes = 16 << 20
+
+// ErrLineTooLong is the cause of the *ParseError for a line longer than
+// MaxLineBytes; the error names the line.
+var ErrLineTooLong = errors.New("line too long")
+
+// lineTooLong is the cause for a line over MaxLineBytes, in words.
+func lineTooLong() error {
+	return fmt.Errorf("%w: over %d MiB, the limit for one trace line", ErrLineTooLong, MaxLineBytes>>20)
+}
+
+// Format is a trace file format, named as the extension it is read by.
+type Format string
+
+const (
+	// Mooncake is the Mooncake JSON lines format (.jsonl), read by
+	// ReadMooncake.
+	Mooncake Format = "jsonl"
+	// Azure is the Azure LLM inference CSV format (.csv), read by ReadAzure.
+	Azure Format = "csv"
+)
+
+// describe words the format for messages.
+func (f Format) describe() string {
+	switch f {
+	case Mooncake:
+		return "JSON lines (a Mooncake trace)"
+	case Azure:
+		return "CSV (an Azure trace)"
+	default:
+		return string(f)
+	}
+}
+
+// FormatOf returns the format named by path's extension (case-insensitive):
+// Mooncake for ".jsonl", Azure for ".csv", "" for any other.
+func FormatOf(path string) Format {
+	switch strings.ToLower(filepath.Ext(path)) {
+	case ".jsonl":
+		return Mooncake
+	case ".csv":
+		return Azure
+	default:
+		return ""
+	}
+}
+
+// FormatError is the cause of the *ParseError for an input that plainly
+// is in the other format: JSON lines read as an Azure CSV, or a CSV read
+// as Mooncake JSON lines (a file with the wrong extension, say).
+type FormatError struct {
+	Read  Format // the format the input was read as
+	Looks Format // the format it looks like
+}
+
+// Error implements error as "looks like JSON lines (a Mooncake trace), not
+// CSV (an Azure trace)".
+func (e *FormatError) Error() string {
+	return fmt.Sprintf("looks like %s, not %s", e.Looks.describe(), e.Read.describe())
+}
+
 // Read parses a trace, choosing the format from name's extension
-// (case-insensitive): ".jsonl" is read with ReadMooncake and ".csv" with
+// (FormatOf): ".jsonl" is read with ReadMooncake and ".csv" with
 // ReadAzure. Any other extension yields an error wrapping ErrUnknownFormat.
 // name is used only for the extension and in error messages.
 func Read(r io.Reader, name string) ([]Record, error) {
-	switch strings.ToLower(filepath.Ext(name)) {
-	case ".jsonl":
+	return ReadAs(r, name, FormatOf(name))
+}
+
+// ReadAs parses a trace in format f, whatever name's extension; name is
+// used in error messages only. A Format other than Mooncake and Azure
+// yields an error wrapping ErrUnknownFormat.
+func ReadAs(r io.Reader, name string, f Format) ([]Record, error) {
+	switch f {
+	case Mooncake:
 		return ReadMooncake(r, name)
-	case ".csv":
+	case Azure:
 		return ReadAzure(r, name)
 	default:
 		return nil, fmt.Errorf("%s: %w", name, ErrUnknownFormat)
@@ -115,13 +192,22 @@ func Read(r io.Reader, name string) ([]Record, error) {
 }
 
 // ReadFile opens path and parses it with Read, using path as the name in
-// error messages. Open and read errors are returned as they are (a read
-// error in the middle of the file is wrapped in a *ParseError).
+// error messages; see ReadFileAs.
 func ReadFile(path string) ([]Record, error) {
-	f, err := os.Open(path)
+	return ReadFileAs(path, FormatOf(path))
+}
+
+// ReadFileAs opens path and parses it with ReadAs in format f, using path
+// as the name in error messages. path must be a regular file (symbolic
+// links are followed): a named pipe, a device or a directory is refused
+// with an error wrapping inputfile.ErrNotRegular, so that a pipe with no
+// writer cannot block the open. Open errors are returned as they are (a
+// read error in the middle of the file is wrapped in a *ParseError).
+func ReadFileAs(path string, f Format) ([]Record, error) {
+	file, err := inputfile.Open(path)
 	if err != nil {
 		return nil, err
 	}
-	defer f.Close()
-	return Read(f, path)
+	defer file.Close()
+	return ReadAs(file, path, f)
 }
