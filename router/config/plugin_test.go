@@ -323,7 +323,9 @@ worker_selection { prefill = "pd" }
 		t.Fatalf("prefill = %+v", p)
 	}
 	_, err := p.Picker.Pick(context.Background(), nil, nil)
-	if !errors.Is(err, ErrPluginUnavailable) || !strings.Contains(err.Error(), `plugin "pd"`) {
+	var ue *UnavailableError
+	if !errors.Is(err, ErrPluginUnavailable) || !errors.As(err, &ue) || ue.Type != "lowest-cost" || !slices.Equal(ue.Plugins, []string{"pd"}) ||
+		err.Error() != `plugin unavailable: type "lowest-cost" may come from plugin "pd", which failed to start` {
 		t.Errorf("Pick error = %v", err)
 	}
 	if err := p.Filters[0].Filter.Filter(context.Background(), nil, nil, nil); !errors.Is(err, ErrPluginUnavailable) {
