@@ -465,7 +465,8 @@ policy "p" {
 }
 worker_selection { prefill = "p" }`,
 		errors: []string{"t.hcl:4:23: Unknown picker type"},
-		warns:  []string{"t.hcl:2:1: Unused plugin"},
+		// Not "Unused plugin": the misspelled type may have meant one of
+		// pd's, which the error lists.
 		detail: []string{`Available picker types: least-loaded, legacy-least-loaded, lowest-cost, min-cost, round-robin.`}},
 	{name: "built-in parameter errors are reported once for three roles", src: `
 policy "p" {
