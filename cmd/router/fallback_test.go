@@ -94,7 +94,7 @@ func TestReplayFailingPluginIsReported(t *testing.T) {
 				if m[2] != tt.first {
 					t.Errorf("first error %q, want %q", m[2], tt.first)
 				}
-				if want := fmt.Sprintf(`plugin call failed; the policy's fallback decides: cause=%s failures=1 error=`, tt.cause); !strings.Contains(errOut, want) {
+				if want := fmt.Sprintf(`plugin call failed: call=decide cause=%s failures=1 error=`, tt.cause); !strings.Contains(errOut, want) {
 					t.Errorf("stderr lacks the warning %q:\n%s", want, errOut)
 				}
 

@@ -768,16 +768,16 @@ func TestCallErrorCauses(t *testing.T) {
 	// 3 and 9 (panic); 5 and 6, the second of each, are not.
 	var got []string
 	for _, line := range strings.Split(logs.String(), "\n") {
-		if strings.Contains(line, "[WARN]  host.flaky: plugin call failed; the policy's fallback decides:") {
-			_, kv, _ := strings.Cut(line, "decides: ")
+		if strings.Contains(line, "[WARN]  host.flaky: plugin call failed: ") {
+			_, kv, _ := strings.Cut(line, "failed: ")
 			got = append(got, kv)
 		}
 	}
 	want := []string{
-		`cause=error failures=1 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\": injected error on call 2"`,
-		`cause=panic failures=1 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\" panicked: injected panic on call 3"`,
-		`cause=error failures=3 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\": injected error on call 8"`,
-		`cause=panic failures=3 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\" panicked: injected panic on call 9"`,
+		`call=decide cause=error failures=1 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\": injected error on call 2"`,
+		`call=decide cause=panic failures=1 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\" panicked: injected panic on call 3"`,
+		`call=decide cause=error failures=3 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\": injected error on call 8"`,
+		`call=decide cause=panic failures=3 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\" panicked: injected panic on call 9"`,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("warnings (-want +got):\n%s\nlog:\n%s", diff, logs.String())

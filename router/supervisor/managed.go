@@ -460,14 +460,14 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 	p := m.cur.Load()
 	if p == nil || !p.enter() {
 		code, err := m.refusal(p)
-		return m.failed(code, err)
+		return m.failed(op, code, err)
 	}
 	defer p.leave()
 	var done func(error)
 	if p.breaker != nil {
 		d, err := p.breaker.Allow()
 		if err != nil {
-			return m.failed(codeBreakerOpen, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrBreakerOpen, err))
+			return m.failed(op, codeBreakerOpen, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrBreakerOpen, err))
 		}
 		done = d
 	}
@@ -501,7 +501,7 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 			p.killGroup(fmt.Sprintf("%d consecutive calls without an answer within call_timeout %v", n, p.callTimeout))
 		}
 	}
-	return m.failed(code, err)
+	return m.failed(op, code, err)
 }
 
 // classify names a failed call's cause and words its error.
@@ -545,9 +545,9 @@ func (m *managed) refusal(p *proc) (string, error) {
 	return codeClosed, p.closedErr(nil)
 }
 
-// failed counts a failed call, logs it (rate-limited, see
+// failed counts a failed call of op, logs it (rate-limited, see
 // FailureLogPolicy) and returns err as a *CallError with its cause code.
-func (m *managed) failed(code string, err error) error {
+func (m *managed) failed(op, code string, err error) error {
 	m.stats.fallbacks.Add(1)
 	if code == codeTimeout {
 		m.stats.timeouts.Add(1)
@@ -560,7 +560,7 @@ func (m *managed) failed(code string, err error) error {
 		log := false
 		l.s.Do(func() { log = true })
 		if log { // outside Sometimes' lock: a log write may block
-			m.log.Warn("plugin call failed; the policy's fallback decides", "cause", code, "failures", n, "error", err)
+			m.log.Warn("plugin call failed", "call", op, "cause", code, "failures", n, "error", err)
 		}
 	}
 	return &CallError{Plugin: m.name, Cause: code, Err: err}
