@@ -197,3 +197,47 @@ func TestReplayHealthyPluginPassesFailOnFallback(t *testing.T) {
 		t.Errorf("report has fallback_sources:\n%s", b)
 	}
 }
+
+// With --compare every row has its fallbacks cell, and the stderr line
+// names the row whose plugin failed.
+func TestReplayCompareShowsFallbacks(t *testing.T) {
+	healthy := policyWith(t, "plugin-example.hcl", "plugin-example")
+	failing := faultyPolicy(t, "fail", "error")
+	rep := filepath.Join(t.TempDir(), "rep.json")
+	code, out, errOut := routerRun(t, "replay", "--compare", healthy+","+failing, "--trace", filepath.Join(traceDir, "mooncake_arxiv_trace_first1000.jsonl"),
+		"--limit", "200", "--workers", "4", "--report", rep)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	rows := strings.Split(out, "\n")
+	if r := strings.Fields(rows[2]); len(r) < 5 || strings.Join(r[:5], " ") != "plugin-example 200 200 0 0" {
+		t.Errorf("healthy row %q, want fallbacks 0", r)
+	}
+	if r := strings.Fields(rows[3]); len(r) < 6 || strings.Join(r[:6], " ") != "fail 200 200 0 200 (100.0%)" {
+		t.Errorf("failing row %q, want fallbacks 200 (100.0%%)", r)
+	}
+	lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+	if m := fallbackLine.FindStringSubmatch(lines[len(lines)-1]); m == nil {
+		t.Errorf("last stderr line %q, want the failing plugin's", lines[len(lines)-1])
+	}
+	if strings.Count(errOut, "selections fall back") != 1 {
+		t.Errorf("want one fallback line:\n%s", errOut)
+	}
+	b, err := os.ReadFile(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reps []struct {
+		Policy     string `json:"policy"`
+		Selections int64  `json:"selections"`
+		Fallbacks  int64  `json:"fallbacks"`
+		Sources    []any  `json:"fallback_sources"`
+	}
+	if err := json.Unmarshal(b, &reps); err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 2 || reps[0].Fallbacks != 0 || reps[0].Sources != nil || reps[0].Selections != 200 ||
+		reps[1].Fallbacks != 200 || len(reps[1].Sources) != 1 || reps[1].Selections != 200 {
+		t.Errorf("reports %+v", reps)
+	}
+}
