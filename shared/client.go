@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,31 @@ var ErrPluginClosed = errors.New("plugin closed")
 // could not send: it was over the message-size limit (MaxMessageBytes), and
 // the SDK answered the task with an error instead.
 var ErrResultTooLarge = errors.New("result over the message-size limit")
+
+// ErrComponentPanicked is wrapped by a Decide call whose component panicked
+// in the plugin: the SDK recovered the panic and answered the task with an
+// error naming the component (`scorer "NAME" panicked: VALUE`). The error's
+// text is the plugin's, unchanged.
+var ErrComponentPanicked = errors.New("component panicked")
+
+// panicError is a task error that is the SDK's answer to a panic.
+type panicError struct{ msg string }
+
+func (e *panicError) Error() string        { return e.msg }
+func (e *panicError) Is(target error) bool { return target == ErrComponentPanicked }
+
+// panicMessage reports whether a task's error is the SDK's answer to a
+// component's panic, as guard words it: a kind, the quoted instance name,
+// then panicMark. A component's own error is worded `KIND "NAME": ...`,
+// so it never matches.
+func panicMessage(msg string) bool {
+	kind, rest, ok := strings.Cut(msg, " ")
+	if !ok || (kind != KindFilter.String() && kind != KindScorer.String() && kind != KindPicker.String()) {
+		return false
+	}
+	name, err := strconv.QuotedPrefix(rest)
+	return err == nil && strings.HasPrefix(rest[len(name):], panicMark)
+}
 
 // tooLargeMessage reports whether a task's error is the SDK's over-size
 // answer (see fitResult).
@@ -170,6 +196,9 @@ func (c *RemoteClient) Decide(ctx context.Context, t *Task) (TaskResult, error) 
 			}
 			if tooLargeMessage(r.GetError()) {
 				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w: %s", ErrResultTooLarge, r.GetError())
+			}
+			if panicMessage(r.GetError()) {
+				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w", &panicError{r.GetError()})
 			}
 			return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %s", r.GetError())
 		}

@@ -3,6 +3,7 @@ package shared
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"go.uber.org/goleak"
 
@@ -419,8 +421,9 @@ func TestDecidePanicFailsOnlyItsTask(t *testing.T) {
 	wg.Wait()
 	for i, err := range errs {
 		if i%2 == 0 {
-			if err == nil || !strings.Contains(err.Error(), `scorer "boom" panicked: boom`) || errors.Is(err, ErrPluginClosed) {
-				t.Errorf("task %d: err = %v, want the panic naming the instance", i, err)
+			if err == nil || err.Error() != `plugin decide: scorer "boom" panicked: boom` ||
+				!errors.Is(err, ErrComponentPanicked) || errors.Is(err, ErrPluginClosed) {
+				t.Errorf("task %d: err = %v, want the panic naming the instance, as ErrComponentPanicked", i, err)
 			}
 			continue
 		}
@@ -431,6 +434,51 @@ func TestDecidePanicFailsOnlyItsTask(t *testing.T) {
 	// The plugin keeps serving.
 	if _, err := rc.Describe(context.Background()); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// An instance's panics are logged with their stack the first time, then at
+// most once per interval (an hour here), each answered with its error.
+func TestPanicLogIsRateLimited(t *testing.T) {
+	var logs strings.Builder
+	s := newServer("v", testTypes(), hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Error}))
+	if resp, _ := s.Configure(context.Background(), &pluginv1.ConfigureRequest{Instance: "boom", Type: "panicky"}); len(resp.Diagnostics) > 0 {
+		t.Fatal(resp.Diagnostics)
+	}
+	inst := s.lookup("boom")
+	inst.panicLog.Interval = time.Hour
+	for i := range 5 {
+		err := s.guard(inst, func() error { panic(fmt.Sprint("boom ", i)) })
+		if want := fmt.Sprintf(`scorer "boom" panicked: boom %d`, i); err == nil || err.Error() != want || !panicMessage(err.Error()) {
+			t.Errorf("panic %d: err = %v, want %s", i, err, want)
+		}
+	}
+	if n := strings.Count(logs.String(), "component panicked"); n != 1 ||
+		!strings.Contains(logs.String(), `panics=1 panic="boom 0"`) || !strings.Contains(logs.String(), "runtime/debug.Stack") {
+		t.Errorf("%d panic lines, want the first with its stack only:\n%s", n, logs.String())
+	}
+}
+
+// panicMessage tells the SDK's answer to a panic from a component's own
+// error, whatever the error says.
+func TestPanicMessage(t *testing.T) {
+	for _, c := range []struct {
+		msg  string
+		want bool
+	}{
+		{`scorer "boom" panicked: boom`, true},
+		{`filter "a b" panicked: runtime error: index out of range [3] with length 3`, true},
+		{`picker "q\"x" panicked: nil`, true},
+		{`scorer "boom": boom`, false},                   // a returned error
+		{`scorer "boom": scorer "x" panicked: y`, false}, // one that quotes a panic
+		{`classifier "c" panicked: x`, false},            // not a Decide stage
+		{`scorer boom panicked: x`, false},               // the name unquoted
+		{`scorer "unterminated panicked: x`, false},
+		{`deadline passed before the task ran`, false},
+	} {
+		if got := panicMessage(c.msg); got != c.want {
+			t.Errorf("panicMessage(%q) = %v, want %v", c.msg, got, c.want)
+		}
 	}
 }
 
@@ -455,8 +503,8 @@ func TestDecideErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := rc.Decide(context.Background(), tt.task)
-			if err == nil || !strings.Contains(err.Error(), tt.want) {
-				t.Fatalf("err = %v, want %q", err, tt.want)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || errors.Is(err, ErrComponentPanicked) {
+				t.Fatalf("err = %v, want %q, not a panic", err, tt.want)
 			}
 		})
 	}

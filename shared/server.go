@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -52,7 +53,17 @@ type instance struct {
 	// classifiers holds a classifier instance's partitions; nil for other
 	// kinds.
 	classifiers *classifierState
+	// panics counts the instance's recovered panics; panicLog limits their
+	// logging (see guard).
+	panics   atomic.Int64
+	panicLog rate.Sometimes
 }
+
+// panicLogInterval is how often guard logs an instance's panics after the
+// first: a component that panics on every call of a busy router logs its
+// stack a few times a minute, not once per request (the host logs every
+// failed call's error, rate-limited too).
+const panicLogInterval = 10 * time.Second
 
 func newServer(version string, types []TypeInfo, log hclog.Logger) *server {
 	if log == nil {
@@ -139,7 +150,8 @@ func (s *server) Configure(_ context.Context, req *pluginv1.ConfigureRequest) (*
 	if !implementsKind(comp, t.Kind) {
 		return diag("", fmt.Sprintf("type %q: %T does not implement the %s interface", t.Name, comp, t.Kind), ""), nil
 	}
-	inst := &instance{name: info.Name, kind: t.Kind, comp: comp, blockSize: info.BlockSize}
+	inst := &instance{name: info.Name, kind: t.Kind, comp: comp, blockSize: info.BlockSize,
+		panicLog: rate.Sometimes{Interval: panicLogInterval}}
 	_, events := comp.(EventListener)
 	if t.Kind == KindClassifier {
 		inst.classifiers = &classifierState{}
@@ -612,13 +624,26 @@ func (s *server) execute(ctx context.Context, t *pluginv1.DecideTask, sc *taskSc
 	return nil
 }
 
+// panicMark follows the kind and quoted name in the error guard answers a
+// panic with; the host's client recognises it (panicMessage).
+const panicMark = " panicked: "
+
 // guard runs one component call, turning a panic into an error naming the
-// instance, and wraps the component's error with its kind and name.
+// instance (`KIND "NAME" panicked: VALUE`), and wraps the component's error
+// with its kind and name. A panic is logged at error level with its stack:
+// an instance's first, then at most one every panicLogInterval, with the
+// count so far.
 func (s *server) guard(inst *instance, call func() error) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			s.log.Error("component panicked", "instance", inst.name, "kind", inst.kind.String(), "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-			err = fmt.Errorf("%s %q panicked: %v", inst.kind, inst.name, r)
+			n := inst.panics.Add(1)
+			log := false
+			inst.panicLog.Do(func() { log = true })
+			if log {
+				s.log.Error("component panicked", "instance", inst.name, "kind", inst.kind.String(), "panics", n,
+					"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			}
+			err = fmt.Errorf("%s %q"+panicMark+"%v", inst.kind, inst.name, r)
 		}
 	}()
 	if err := call(); err != nil {

@@ -7,13 +7,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 )
 
 // The example plugins, built once per test binary from the repository's
-// sources, so these tests run the real binaries a user builds.
+// sources, so these tests run the real binaries a user builds, and the
+// supervisor's test plugin ("faulty"), whose modes misbehave on purpose.
 var (
 	buildOnce  sync.Once
 	pluginBins map[string]string
@@ -43,6 +46,7 @@ func examplePlugin(t *testing.T, name string) string {
 			"plugin-example":           "../plugin-example",
 			"disagg-filter-score-pick": "../../examples/disagg-filter-score-pick",
 			"soft-pin-repin":           "../../examples/soft-pin-repin",
+			"faulty":                   "../../router/supervisor/testdata/plugin",
 		} {
 			bin := filepath.Join(dir, name)
 			if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
@@ -210,11 +214,23 @@ worker_selection {
 	if code != 0 || !strings.Contains(errOut, "warning: Plugin failed to start") {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
+	// stderr ends with the plugin that made the selections fall back.
+	const line = `router: down: plugin "gone" made 200 of 200 selections fall back (100.0%): unavailable 200; ` +
+		`first error: scorer "depth": plugin unavailable: type "queue-depth" may come from plugin "gone", which failed to start` + "\n"
+	if !strings.HasSuffix(errOut, line) {
+		t.Errorf("stderr does not end with %q:\n%s", line, errOut)
+	}
 	b, err := os.ReadFile(rep)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{`"completed": 200`, `"fallbacks": 200`, `"requests_per_worker": [
+	for _, want := range []string{`"completed": 200`, `"fallbacks": 200`, `"fallback_share": 1`, `"fallback_sources": [
+    {
+      "plugin": "gone",
+      "fallbacks": 200,
+      "causes": {
+        "unavailable": 200
+      },`, `"requests_per_worker": [
     50,
     50,
     50,
@@ -285,6 +301,14 @@ worker_selection {
 	if r.Requests != 12031 || r.Completed != 12031 || r.PluginRestarts < 1 || r.Fallbacks < 1 {
 		t.Fatalf("requests %d completed %d plugin_restarts %d fallbacks %d; want 12031, 12031, >= 1, >= 1",
 			r.Requests, r.Completed, r.PluginRestarts, r.Fallbacks)
+	}
+	// The fallbacks are the killed plugin's: its process went away during
+	// a call (closed, or no answer in time), or it was restarting (then
+	// maybe refused by its breaker).
+	lines := strings.Split(strings.TrimSuffix(errOut, "\n"), "\n")
+	m := regexp.MustCompile(`^router: die: plugin "q" made (\d+) of 12031 selections fall back \([0-9.<]+%\): (.*); first error: .*`).FindStringSubmatch(lines[len(lines)-1])
+	if m == nil || m[1] != strconv.FormatInt(r.Fallbacks, 10) || !regexp.MustCompile(`^(closed|restarting|timeout|breaker_open) \d+(, (closed|restarting|timeout|breaker_open) \d+)*$`).MatchString(m[2]) {
+		t.Errorf("last stderr line %q, want plugin \"q\"'s %d fallbacks: closed, restarting, timeout, breaker_open", lines[len(lines)-1], r.Fallbacks)
 	}
 	if lines, _ := os.ReadFile(starts); bytes.Count(lines, []byte("\n")) < 2 {
 		t.Fatalf("the plugin started %d times, want >= 2", bytes.Count(lines, []byte("\n")))

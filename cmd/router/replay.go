@@ -39,6 +39,9 @@ type replayFlags struct {
 	perRequest  string
 	report      string
 	compare     []string
+	// failOnFallback makes any fallback a failure (exit 1), after the
+	// outputs are written.
+	failOnFallback bool
 }
 
 func newReplayCmd() *cobra.Command {
@@ -67,7 +70,11 @@ The fleet is at most 4096 simulated workers in all. --per-request and
 --report are written atomically, only when the whole run succeeds. Requests
 the policy rejects are counted in the table (and summarised on stderr); they
 do not change the exit status, which is 0 on success, 1 when the run fails
-and 2 on a usage error. The full reference is docs/replay.md.`,
+and 2 on a usage error. Selections a policy's fallback made because the
+policy failed (a plugin's error, panic, timeout, restart...) are counted in
+the table's fallbacks column, and stderr ends with one line per plugin that
+caused them, by cause, with the first error; with --fail-on-fallback any
+fallback makes the exit status 1. The full reference is docs/replay.md.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runReplay(cmd, &f)
@@ -91,6 +98,7 @@ and 2 on a usage error. The full reference is docs/replay.md.`,
 	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE, or - for standard output (not with --compare)")
 	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE, or - for standard output (a JSON array with --compare)")
 	fl.StringSliceVar(&f.compare, "compare", nil, "run each policy file FILE,FILE,... on the same trace and print one table (not with --policy)")
+	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
 	setWant(fl, "workers", fmt.Sprintf("a whole number from 1 to %d", replay.MaxWorkers))
 	for _, name := range []string{"prefill-workers", "decode-workers"} {
 		setWant(fl, name, fmt.Sprintf("a whole number from 1 to %d (prefill and decode workers together)", replay.MaxWorkers))
@@ -282,7 +290,10 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	// once and the warnings come before the table.
 	// Plugin processes live for the whole command and are stopped, with
 	// their process groups, before it returns.
-	host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(stderr), CallTimeout: supervisor.ReplayCallTimeout})
+	// A failed plugin call's warning is rate-limited by count, not by
+	// time, so a replay logs the same lines every run.
+	host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(stderr), FailureLog: supervisor.FailureLogPolicy{Every: 1000},
+		CallTimeout: supervisor.ReplayCallTimeout})
 	defer shutdownHost(host)
 	bundles := make([]*config.Bundle, len(paths))
 	for i, path := range paths {
@@ -366,6 +377,16 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 				return &exitError{code: 1, err: err}
 			}
 		}
+	}
+	var fellBack int64
+	for _, rep := range reports {
+		fellBack += rep.Fallbacks
+		if err := replay.WriteFallbacks(stderr, rep); err != nil {
+			return &exitError{code: 1, err: err}
+		}
+	}
+	if f.failOnFallback && fellBack > 0 {
+		return &exitError{code: 1, err: fmt.Errorf("--fail-on-fallback: %d selections were decided by a fallback policy", fellBack)}
 	}
 	return nil
 }

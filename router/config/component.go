@@ -58,15 +58,21 @@ func (l *loader) decodeComponent(kind shared.Kind, blk *hcl.Block, name, where s
 	}
 	attr, ok := content.Attributes[attrType]
 	if !ok {
+		l.unresolved++
 		return nil // "Missing required argument", reported by PartialContent
 	}
 	typ, ok := l.stringAttr(attr)
 	if !ok {
+		l.unresolved++
 		return nil
 	}
 	entry, gone := l.lookup(typ, kind, attr, where)
 	if entry == nil && gone == nil {
+		l.unresolved++
 		return nil
+	}
+	if entry != nil {
+		l.usedSources[entry.Source] = true
 	}
 	c := &compDecl{kind: kind, name: name, typ: typ, where: where, entry: entry, gone: gone,
 		weight: weight, rng: blk.DefRange}
@@ -220,7 +226,6 @@ func (l *loader) lookup(typ string, kind shared.Kind, attr *hcl.Attribute, where
 	}
 	switch {
 	case isUnknown && len(l.plugins) > 0 && !l.started:
-		l.pluginTypes++
 		l.attrErrorf(attr, "Plugin types not available",
 			"%s uses type %q, which is not a built-in %s type. It may come from %s, but this load was not given a plugin host to start plugins with (config.Options.Plugins; the router command always passes one, tests may not). Built-in %s types: %s.",
 			capitalize(where), typ, kind, l.pluginPlaces(l.plugins), kind, available(unknown.Available))

@@ -78,9 +78,17 @@ type loader struct {
 	diags    hcl.Diagnostics
 	bundle   *Bundle
 
-	plugins     []*pluginDecl
-	started     bool // a host was given: plugins were started
-	pluginTypes int  // components whose unknown type may have come from a plugin
+	plugins []*pluginDecl
+	started bool // a host was given: plugins were started
+	// usedSources are the catalog sources of the types that component
+	// blocks and fallbacks name, also of blocks that have errors;
+	// unresolved counts the component blocks whose type is unknown or
+	// unreadable, which may have meant any plugin's type.
+	usedSources map[string]bool
+	unresolved  int
+	// badSelection: a role in worker_selection names no usable policy, so
+	// which policies are in use is not known.
+	badSelection bool
 
 	decls      []*policyDecl
 	byName     map[string]*policyDecl
@@ -107,7 +115,8 @@ func newLoader(filename string, cat *catalog.Catalog) *loader {
 			RolePolicies: make(map[shared.Role]string),
 			Queue:        DefaultQueue(),
 		},
-		byName: make(map[string]*policyDecl),
+		byName:      make(map[string]*policyDecl),
+		usedSources: make(map[string]bool),
 	}
 }
 
@@ -380,12 +389,14 @@ func (l *loader) selectRoles(blk *hcl.Block) {
 			s, ok := l.stringAttr(attr)
 			if !ok {
 				names[role] = "" // reported; skip the default check too
+				l.badSelection = true
 				continue
 			}
 			if s != DefaultPolicyName && l.byName[s] == nil {
 				l.attrErrorf(attr, "Unknown policy",
 					"Role %s names policy %q, which is not declared. %s", role, s, l.policyChoices())
 				names[role] = ""
+				l.badSelection = true
 				continue
 			}
 			names[role] = s
@@ -416,20 +427,22 @@ func (l *loader) selectRoles(blk *hcl.Block) {
 	}
 }
 
-// checkPluginsUsed warns about started plugins no component uses. Without
-// a plugin host, a component naming an unknown type already got an error
-// that names the plugins, so the warning is left out then; without a host
-// and such a component, a plugin whose types the caller's catalog holds
-// counts as used.
+// checkPluginsUsed warns about started plugins no component block or
+// fallback names a type of. A component block whose type is not known
+// already got an error (naming the plugins when their types may be
+// missing), and it may have meant any plugin's type, so the warning is
+// left out then. A block that names a plugin's type uses the plugin even
+// when it has other errors. Without a host, a plugin whose types the
+// caller's catalog holds counts as used.
 func (l *loader) checkPluginsUsed() {
-	if l.pluginTypes > 0 {
+	if l.unresolved > 0 {
 		return
 	}
 	used := make(map[string]bool)
 	if l.started {
-		for _, c := range l.allComponents() {
-			if c.entry != nil && c.entry.OutOfProcess {
-				used[strings.TrimPrefix(c.entry.Source, "plugin ")] = true
+		for src := range l.usedSources {
+			if name, ok := strings.CutPrefix(src, "plugin "); ok {
+				used[name] = true
 			}
 		}
 	} else {
@@ -501,19 +514,6 @@ func (l *loader) allDecls() []*policyDecl {
 		all = append(all, l.def)
 	}
 	return all
-}
-
-// allComponents returns every decoded component: of every policy, and the
-// request classifier.
-func (l *loader) allComponents() []*compDecl {
-	var out []*compDecl
-	for _, d := range l.allDecls() {
-		out = append(out, d.comps...)
-	}
-	if l.classifier != nil {
-		out = append(out, l.classifier)
-	}
-	return out
 }
 
 // policyChoices is a hint listing the names a role or fallback may use.

@@ -323,7 +323,9 @@ worker_selection { prefill = "pd" }
 		t.Fatalf("prefill = %+v", p)
 	}
 	_, err := p.Picker.Pick(context.Background(), nil, nil)
-	if !errors.Is(err, ErrPluginUnavailable) || !strings.Contains(err.Error(), `plugin "pd"`) {
+	var ue *UnavailableError
+	if !errors.Is(err, ErrPluginUnavailable) || !errors.As(err, &ue) || ue.Type != "lowest-cost" || !slices.Equal(ue.Plugins, []string{"pd"}) ||
+		err.Error() != `plugin unavailable: type "lowest-cost" may come from plugin "pd", which failed to start` {
 		t.Errorf("Pick error = %v", err)
 	}
 	if err := p.Filters[0].Filter.Filter(context.Background(), nil, nil, nil); !errors.Is(err, ErrPluginUnavailable) {
@@ -463,7 +465,8 @@ policy "p" {
 }
 worker_selection { prefill = "p" }`,
 		errors: []string{"t.hcl:4:23: Unknown picker type"},
-		warns:  []string{"t.hcl:2:1: Unused plugin"},
+		// Not "Unused plugin": the misspelled type may have meant one of
+		// pd's, which the error lists.
 		detail: []string{`Available picker types: least-loaded, legacy-least-loaded, lowest-cost, min-cost, round-robin.`}},
 	{name: "built-in parameter errors are reported once for three roles", src: `
 policy "p" {

@@ -18,6 +18,23 @@ import (
 // error, so the policy's fallback decides.
 var ErrPluginUnavailable = errors.New("plugin unavailable")
 
+// UnavailableError is the error every call of an unavailable placeholder
+// returns. It wraps ErrPluginUnavailable.
+type UnavailableError struct {
+	// Type is the component type the policy file names.
+	Type string
+	// Plugins are the plugins that failed to start, any of which may have
+	// provided Type (in file order).
+	Plugins []string
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("%v: type %q may come from %s, which failed to start", ErrPluginUnavailable, e.Type, pluginList(e.Plugins))
+}
+
+// Unwrap returns ErrPluginUnavailable.
+func (e *UnavailableError) Unwrap() error { return ErrPluginUnavailable }
+
 // unavailable stands in for a component of a plugin that failed to start.
 // It fits any slot of a policy and fails every call.
 type unavailable struct {
@@ -25,8 +42,7 @@ type unavailable struct {
 }
 
 func newUnavailable(plugins []string, typ string) *unavailable {
-	return &unavailable{err: fmt.Errorf("%w: type %q may come from %s, which failed to start",
-		ErrPluginUnavailable, typ, pluginList(plugins))}
+	return &unavailable{err: &UnavailableError{Type: typ, Plugins: plugins}}
 }
 
 func (u *unavailable) Inputs() shared.Inputs { return 0 }

@@ -116,7 +116,10 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 			pick = l.decodeComponent(shared.KindPicker, cb, cname, where)
 		}
 	}
-	if picker == nil {
+	// A policy body with an unexpected block or argument (a misspelled
+	// `pickr` block, `picker = ...`) has its own error, and that may be
+	// the picker: "Missing picker" would only precede the real error.
+	if picker == nil && !diags.HasErrors() {
 		l.errorf(blk.DefRange, "Missing picker",
 			"Policy %q has no picker; add exactly one, for example: picker \"pick\" { type = %q }.", name, DefaultPickerType)
 	}
@@ -200,6 +203,7 @@ func (l *loader) resolveFallback(d *policyDecl) {
 		return
 	}
 	d.fallbackPick, d.fallbackEntry = name, e
+	l.usedSources[e.Source] = true
 }
 
 // instantiateAll builds every policy once per role that reaches it (once
@@ -401,7 +405,8 @@ func (l *loader) markUsed() {
 		}
 	}
 	for _, d := range l.decls {
-		if !d.used {
+		// A role whose selection has an error may have meant any policy.
+		if !d.used && !l.badSelection {
 			l.warnf(d.rng, "Unused policy",
 				"Policy %q is declared but unused: no role selects it in worker_selection, directly or as a fallback of a policy in use. Select it for a role or remove it.",
 				d.name)

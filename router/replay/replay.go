@@ -314,6 +314,13 @@ type driver struct {
 	lastAt       time.Duration // latest completion
 	decisions    int           // Select calls
 	decisionTime time.Duration // wall time in Select
+
+	// selections counts the selections that placed a request on a worker
+	// (first hops and decode hops); fell, those a fallback decided, by
+	// cause. firstPolicy and decodePolicy name the roles' policies.
+	selections                int64
+	fell                      fallbackTally
+	firstPolicy, decodePolicy string
 }
 
 func newDriver(ctx context.Context, o *Options) (*driver, error) {
@@ -387,6 +394,10 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		class:     make([]string, n),
 		queued:    make([]bool, n),
 		reqs:      make([]sim.Request, n),
+	}
+	d.firstPolicy = o.Roles[o.firstRole()].Name
+	if disagg {
+		d.decodePolicy = o.Roles[shared.RoleDecode].Name
 	}
 	d.defaultClass = queue.DefaultClass
 	if d.defaultClass == "" {
@@ -619,6 +630,7 @@ func (d *driver) start(i int, dec *router.Decision, hashes []uint64, at time.Dur
 	out.Worker = int(dec.Worker.ID)
 	out.OverlapBlocks = dec.OverlapBlocks
 	out.Fallback = dec.Fallback
+	d.selected(d.firstPolicy, dec)
 	outputLength := rec.OutputLength
 	if d.decode != nil {
 		outputLength = 1 // the prefill worker samples the first token only
@@ -630,6 +642,15 @@ func (d *driver) start(i int, dec *router.Decision, hashes []uint64, at time.Dur
 		out.Status = "rejected: " + err.Error()
 	}
 	d.observe(d.first, out.Worker, out.Worker)
+}
+
+// selected counts a selection that placed a request, by policy (the
+// role's), and tallies its cause when its fallback decided.
+func (d *driver) selected(policy string, dec *router.Decision) {
+	d.selections++
+	if dec.Fallback {
+		d.fell.add(policy, dec.FallbackCause)
+	}
 }
 
 // observe publishes simulated worker idx's engine state (queue length, KV
@@ -746,6 +767,7 @@ func (d *driver) handOff(i int, at time.Duration) {
 	}
 	out.DecodeWorker = int(dec.Worker.ID)
 	out.Fallback = out.Fallback || dec.Fallback
+	d.selected(d.decodePolicy, &dec)
 	d.decodeBookings[i] = dec.Booking
 	prompt := max(rec.InputLength, 1)
 	xfer := KVTransferTime(prompt, d.bandwidth)
@@ -806,7 +828,9 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 		Requests:          len(o.Records),
 		RequestsPerWorker: make([]int, len(d.workers)),
 		WallS:             round3(wall.Seconds()),
+		Selections:        d.selections,
 		Fallbacks:         d.r.Fallbacks(),
+		FallbackSources:   d.fell.list(),
 		Hosted:            d.r.Hosted(o.firstRole()),
 	}
 	roles := []shared.Role{shared.RoleAggregated}
@@ -901,6 +925,9 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 	}
 	if len(o.Records) > 0 {
 		rep.SimDurationS = round3((d.lastAt - o.Records[0].Arrival).Seconds())
+	}
+	if rep.Selections > 0 {
+		rep.FallbackShare = float64(rep.Fallbacks) / float64(rep.Selections)
 	}
 	if s := wall.Seconds(); s > 0 {
 		rep.SimRequestsPerS = float64(int(float64(len(o.Records)) / s))

@@ -119,8 +119,19 @@ type Report struct {
 	WallS           float64 `json:"wall_s"`
 	DecisionsPerS   float64 `json:"decisions_per_s"`
 	SimRequestsPerS float64 `json:"sim_requests_per_s"`
-	// Fallbacks is how many selections a fallback policy answered.
+	// Selections is how many selections placed a request on a worker: one
+	// per routed request, two (prefill and decode) per request that
+	// reached a decode worker in disaggregated mode.
+	Selections int64 `json:"selections"`
+	// Fallbacks is how many selections a fallback policy answered,
+	// because the role's policy failed.
 	Fallbacks int64 `json:"fallbacks"`
+	// FallbackShare is Fallbacks / Selections (0 without selections).
+	FallbackShare float64 `json:"fallback_share"`
+	// FallbackSources breaks Fallbacks down by the plugin (or policy)
+	// that failed and by cause, most fallbacks first; absent when none
+	// fell back.
+	FallbackSources []FallbackSource `json:"fallback_sources,omitempty"`
 	// PluginRestarts is how many times the policy's plugins were restarted
 	// during the replay (the caller that owns the plugins fills it in).
 	PluginRestarts int64 `json:"plugin_restarts"`
@@ -150,6 +161,8 @@ type ClassReport struct {
 
 // TableLegend is printed under the table by WriteTable.
 const TableLegend = `latencies in ms of simulated time; rejected = requests the router or a worker refused;
+fallbacks = selections a policy's fallback made because the policy failed (a plugin error, panic, timeout,
+restart...), with their share of all selections;
 KV hit = prompt tokens served from the engines' prefix caches; imbalance = max/mean requests per worker
 (1 is even; disaggregated: the worse pool); sim s = simulated first arrival to last completion;
 wall s = real time incl. building the fleet; req/s (wall) = requests / wall s
@@ -159,10 +172,10 @@ wall s = real time incl. building the fleet; req/s (wall) = requests / wall s
 // TableLegend.
 func WriteTable(w io.Writer, reports []*Report) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\trequests\tcompleted\trejected\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\timbalance\tsim s\twall s\treq/s (wall)\t")
+	fmt.Fprintln(tw, "policy\trequests\tcompleted\trejected\tfallbacks\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\timbalance\tsim s\twall s\treq/s (wall)\t")
 	for _, r := range reports {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.3f\t%.0f\t%.2f\t%.0f\t\n",
-			r.Label(), r.Requests, r.Completed, r.Rejected,
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.3f\t%.0f\t%.2f\t%.0f\t\n",
+			r.Label(), r.Requests, r.Completed, r.Rejected, fallbacks(r),
 			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), ms(r.E2E.P50), ms(r.E2E.P99),
 			100*r.KVHitRatio, r.Imbalance, r.SimDurationS, r.WallS, r.SimRequestsPerS)
 		classRows(tw, r)
@@ -181,6 +194,15 @@ func WriteTable(w io.Writer, reports []*Report) error {
 	return err
 }
 
+// fallbacks is r's fallbacks cell: the count and its share of the
+// selections, "12 (0.1%)", or "0".
+func fallbacks(r *Report) string {
+	if r.Fallbacks == 0 {
+		return "0"
+	}
+	return fmt.Sprintf("%d (%s)", r.Fallbacks, share(r.Fallbacks, r.Selections))
+}
+
 // ClassLegend is added to TableLegend when a row has class lines.
 const ClassLegend = `POLICY/CLASS rows: the requests of one queue class (TTFT over its completed requests; Q p50/p99 = queue_ms,
 arrival to first scheduled step including the router's queue)
@@ -195,7 +217,7 @@ func classRows(tw io.Writer, r *Report) {
 	}
 	for _, name := range r.order() {
 		c := r.Classes[name]
-		fmt.Fprintf(tw, "%s/%s\t%d\t%d\t%d\t%s\t%s\t%s\tQ %s\tQ %s\t\t\t\t\t\t\n",
+		fmt.Fprintf(tw, "%s/%s\t%d\t%d\t%d\t\t%s\t%s\t%s\tQ %s\tQ %s\t\t\t\t\t\t\n",
 			r.Label(), name, c.Requests, c.Completed, c.Rejected,
 			ms(c.TTFT.P50), ms(c.TTFT.P90), ms(c.TTFT.P99), ms(c.Queue.P50), ms(c.Queue.P99))
 	}

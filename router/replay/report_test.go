@@ -118,25 +118,35 @@ func TestReportLabel(t *testing.T) {
 // TestWriteTable pins the header, one row with the rejected column, and
 // the legend that explains the columns.
 func TestWriteTable(t *testing.T) {
-	rep := &Report{Policy: "kv", Requests: 300, Completed: 290, Rejected: 10,
+	rep := &Report{Policy: "kv", Requests: 300, Completed: 290, Rejected: 10, Selections: 290, Fallbacks: 12,
 		TTFT: Summary{P50: 41.25, P90: 120, P99: 15000}, E2E: Summary{P50: 2000, P99: 9.5},
 		KVHitRatio: 0.4567, Imbalance: 1.25, SimDurationS: 61.4, WallS: 0.1234, SimRequestsPerS: 2431}
+	healthy := &Report{Policy: "rr", Requests: 300, Completed: 300, Selections: 300,
+		TTFT: Summary{P50: 50, P90: 130, P99: 16000}, E2E: Summary{P50: 2100, P99: 9.5},
+		KVHitRatio: 0.1, Imbalance: 1, SimDurationS: 62, WallS: 0.1, SimRequestsPerS: 3000}
 	var buf bytes.Buffer
-	if err := WriteTable(&buf, []*Report{rep}); err != nil {
+	if err := WriteTable(&buf, []*Report{rep, healthy}); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(buf.String(), "\n")
 	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	if got, want := fields(lines[0]), "policy requests completed rejected TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit imbalance sim s wall s req/s (wall)"; got != want {
+	if got, want := fields(lines[0]), "policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit imbalance sim s wall s req/s (wall)"; got != want {
 		t.Errorf("header %q, want %q", got, want)
 	}
-	if got, want := fields(lines[1]), "kv 300 290 10 41.2 120 15000 2000 9.5 45.7% 1.250 61 0.12 2431"; got != want {
+	if got, want := fields(lines[1]), "kv 300 290 10 12 (4.1%) 41.2 120 15000 2000 9.5 45.7% 1.250 61 0.12 2431"; got != want {
 		t.Errorf("row %q, want %q", got, want)
 	}
-	if got := strings.Join(lines[2:], "\n"); got != TableLegend {
+	if got, want := fields(lines[2]), "rr 300 300 0 0 50 130 16000 2100 9.5 10.0% 1.000 62 0.10 3000"; got != want {
+		t.Errorf("row %q, want %q", got, want)
+	}
+	// Columns stay aligned: every cell ends where its header does.
+	if end := strings.Index(lines[0], "fallbacks") + len("fallbacks"); !strings.HasSuffix(lines[1][:end], "12 (4.1%)") || !strings.HasSuffix(lines[2][:end], " 0") {
+		t.Errorf("fallbacks column misaligned:\n%s\n%s\n%s", lines[0], lines[1], lines[2])
+	}
+	if got := strings.Join(lines[3:], "\n"); got != TableLegend {
 		t.Errorf("legend %q, want TableLegend", got)
 	}
-	for _, s := range []string{"imbalance = max/mean requests per worker", "rejected", "wall s = real time incl. building the fleet"} {
+	for _, s := range []string{"imbalance = max/mean requests per worker", "rejected", "fallbacks = selections a policy's fallback made", "wall s = real time incl. building the fleet"} {
 		if !strings.Contains(TableLegend, s) {
 			t.Errorf("legend lacks %q", s)
 		}

@@ -32,3 +32,31 @@ func IsPermanent(err error) bool {
 	var se *StartError
 	return errors.As(err, &se) && se.Permanent
 }
+
+// CallError is a decision or classify call of a plugin that got no usable
+// answer, so its policy's fallback decides (a classify call fails only its
+// request). Every error such a call returns is a *CallError; errors.Is
+// still sees its cause (ErrCallTimeout, ErrBreakerOpen, ErrRestarting,
+// shared.ErrPluginClosed, shared.ErrComponentPanicked...) through Unwrap.
+type CallError struct {
+	// Plugin is the name of the plugin block.
+	Plugin string
+	// Cause says why, as the code label of
+	// switchyard_plugin_call_errors_total: "error" (a component returned
+	// an error), "panic" (a component panicked; the plugin's SDK recovered
+	// it), "timeout" (no answer within call_timeout), "too_large" (a
+	// message over shared.MaxMessageBytes), "closed" (the process or its
+	// stream went away during the call), "restarting" and "failed"
+	// (refused: the process is being restarted, or is not restarted any
+	// more), "breaker_open" (refused by the circuit breaker), "shutdown"
+	// (refused: the host is shutting down) or "canceled" (the caller's
+	// own context ended; no fallback then).
+	Cause string
+	// Err is the error, worded `plugin "NAME": ...`.
+	Err error
+}
+
+func (e *CallError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err.
+func (e *CallError) Unwrap() error { return e.Err }

@@ -5,6 +5,7 @@ package supervisor
 // each) say so in their name (Long) and are skipped under -short.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
@@ -686,4 +689,97 @@ func TestMetricsAcrossHosts(t *testing.T) {
 		t.Errorf("switchyard_plugin_up after both hosts stopped: %v", err)
 	}
 	assertNoLeftovers(t)
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's and the test's
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// TestCallErrorCauses: a component's error and its panic fail the call
+// with a *CallError naming the plugin and the cause ("error", "panic"),
+// and each failure is logged at warn, the first of each cause and then
+// every FailureLog.Every-th.
+func TestCallErrorCauses(t *testing.T) {
+	var logs syncBuffer
+	reg := prometheus.NewRegistry()
+	h := NewHost(Options{
+		Logger:     hclog.New(&hclog.LoggerOptions{Name: "host", Output: &logs, Level: hclog.Warn}),
+		Registerer: reg,
+		FailureLog: FailureLogPolicy{Every: 2},
+	})
+	t.Cleanup(func() {
+		if err := h.Shutdown(context.Background()); err != nil {
+			t.Errorf("Shutdown: %v", err)
+		}
+		assertNoLeftovers(t)
+	})
+	b := block("flaky", "fail")
+	b.Env["SY_FAIL"] = "ok,error,panic"
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
+	for call := 1; call <= 9; call++ {
+		err := s.Score(context.Background(), request, candidates(), make([]float64, 4))
+		var ce *CallError
+		switch call % 3 {
+		case 1:
+			if err != nil {
+				t.Errorf("call %d: %v, want success", call, err)
+			}
+		case 2:
+			want := fmt.Sprintf(`plugin "flaky": plugin decide: scorer "agg/p/cost": injected error on call %d`, call)
+			if !errors.As(err, &ce) || ce.Plugin != "flaky" || ce.Cause != "error" || err.Error() != want || !fallbackable(err) {
+				t.Errorf("call %d: %#v, want a CallError of cause error: %s", call, err, want)
+			}
+		case 0:
+			want := fmt.Sprintf(`plugin "flaky": plugin decide: scorer "agg/p/cost" panicked: injected panic on call %d`, call)
+			if !errors.As(err, &ce) || ce.Plugin != "flaky" || ce.Cause != "panic" || err.Error() != want ||
+				!errors.Is(err, shared.ErrComponentPanicked) || !fallbackable(err) {
+				t.Errorf("call %d: %#v, want a CallError of cause panic: %s", call, err, want)
+			}
+		}
+	}
+	if diff := cmp.Diff(Stats{Calls: 9, Errors: 6, Fallbacks: 6}, h.Stats("flaky")); diff != "" {
+		t.Errorf("Stats (-want +got):\n%s", diff)
+	}
+	for _, code := range []string{"error", "panic"} {
+		if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "flaky", "code", code); v != 3 {
+			t.Errorf("call_errors_total{code=%s} = %v, want 3", code, v)
+		}
+	}
+	// Failures 1 and 3 of each cause are logged: calls 2 and 8 (error),
+	// 3 and 9 (panic); 5 and 6, the second of each, are not.
+	var got []string
+	for _, line := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(line, "[WARN]  host.flaky: plugin call failed: ") {
+			_, kv, _ := strings.Cut(line, "failed: ")
+			got = append(got, kv)
+		}
+	}
+	want := []string{
+		`call=decide cause=error failures=1 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\": injected error on call 2"`,
+		`call=decide cause=panic failures=1 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\" panicked: injected panic on call 3"`,
+		`call=decide cause=error failures=3 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\": injected error on call 8"`,
+		`call=decide cause=panic failures=3 error="plugin \"flaky\": plugin decide: scorer \"agg/p/cost\" panicked: injected panic on call 9"`,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("warnings (-want +got):\n%s\nlog:\n%s", diff, logs.String())
+	}
 }

@@ -55,7 +55,32 @@ type Options struct {
 	// through NewMetrics: Hosts given the same Registerer (the old and new
 	// bundles of a reload) share one Metrics. nil: no metrics.
 	Registerer prometheus.Registerer
+	// FailureLog rate-limits the warning each failed call logs; the zero
+	// value means DefaultFailureLog.
+	FailureLog FailureLogPolicy
 }
+
+// FailureLogPolicy rate-limits the warning a failed plugin call logs (the
+// call's error, its cause and how many calls of the plugin failed for that
+// cause so far), separately for each plugin and cause (CallError.Cause):
+// the first failure is always logged, then every Every-th one, and one
+// whenever Interval has passed since the last line (golang.org/x/time/rate's
+// Sometimes: a union of the rules; a zero field turns its rule off).
+// Calls the caller cancelled are not logged.
+type FailureLogPolicy struct {
+	// Every logs the 1st, (Every+1)-th, (2·Every+1)-th... failure.
+	Every int
+	// Interval logs a failure when Interval has passed since the last
+	// line. It reads the wall clock, so a replay, whose logs should
+	// repeat, uses Every instead.
+	Interval time.Duration
+}
+
+// DefaultFailureLog logs, per plugin and cause, the first failure and then
+// at most one line every 10 seconds: a plugin failing every call of a busy
+// router writes a few lines a minute, not one per request, and a failure
+// that persists still shows at least every 10 s.
+var DefaultFailureLog = FailureLogPolicy{Interval: 10 * time.Second}
 
 // Stats are one plugin's decision-call counters.
 type Stats struct {
@@ -92,6 +117,7 @@ type Host struct {
 	health      HealthPolicy
 	breaker     BreakerPolicy
 	met         *Metrics
+	failLog     FailureLogPolicy
 
 	// starting counts launches in progress (Start, Describe); Shutdown
 	// waits for them. Add only under mu while !closed.
@@ -116,6 +142,9 @@ func NewHost(o Options) *Host {
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = DefaultShutdownGrace
 	}
+	if o.FailureLog == (FailureLogPolicy{}) {
+		o.FailureLog = DefaultFailureLog
+	}
 	met := o.Metrics
 	if met == nil && o.Registerer != nil {
 		var err error
@@ -131,6 +160,7 @@ func NewHost(o Options) *Host {
 		health:      o.Health.withDefaults(),
 		breaker:     o.Breaker.withDefaults(),
 		met:         met,
+		failLog:     o.FailureLog,
 		done:        make(chan struct{}),
 		procs:       make(map[string]*managed),
 		stats:       make(map[string]*counters),

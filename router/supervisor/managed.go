@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 	"github.com/sony/gobreaker/v2"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -81,6 +82,7 @@ const (
 	codeClosed      = "closed"       // the process or stream went away during the call
 	codeTooLarge    = "too_large"    // a message over the size limit
 	codeError       = "error"        // the plugin answered with an error
+	codePanic       = "panic"        // a component panicked (the plugin's SDK recovered it)
 	codeCanceled    = "canceled"     // the caller's context ended (no fallback)
 	codeBreakerOpen = "breaker_open" // refused by the circuit breaker
 	codeRestarting  = "restarting"   // refused: the process is being restarted
@@ -121,6 +123,10 @@ type managed struct {
 	instances    []*instance
 	restartTimes []time.Time // restart attempts within the window
 
+	// failLogs rate-limit the warnings of failed calls, one per cause
+	// code; the map is not modified after newManaged.
+	failLogs map[string]*failureLog
+
 	quit       chan struct{}   // closed when Shutdown begins
 	quitCtx    context.Context // cancelled with quit
 	quitCancel context.CancelFunc
@@ -144,6 +150,11 @@ func (h *Host) newManaged(b config.Plugin, st *counters, rp RestartPolicy) *mana
 	}
 	if m.callTimeout <= 0 {
 		m.callTimeout = config.DefaultCallTimeout
+	}
+	m.failLogs = make(map[string]*failureLog)
+	for _, code := range []string{codeTimeout, codeClosed, codeTooLarge, codeError, codePanic,
+		codeBreakerOpen, codeRestarting, codeFailed, codeShutdown} {
+		m.failLogs[code] = &failureLog{s: rate.Sometimes{Every: h.failLog.Every, Interval: h.failLog.Interval}}
 	}
 	m.quitCtx, m.quitCancel = context.WithCancel(context.Background())
 	return m
@@ -449,14 +460,14 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 	p := m.cur.Load()
 	if p == nil || !p.enter() {
 		code, err := m.refusal(p)
-		return m.failed(code, err)
+		return m.failed(op, code, err)
 	}
 	defer p.leave()
 	var done func(error)
 	if p.breaker != nil {
 		d, err := p.breaker.Allow()
 		if err != nil {
-			return m.failed(codeBreakerOpen, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrBreakerOpen, err))
+			return m.failed(op, codeBreakerOpen, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrBreakerOpen, err))
 		}
 		done = d
 	}
@@ -480,7 +491,7 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 		done(err)
 	}
 	switch code {
-	case codeError:
+	case codeError, codePanic:
 		p.timeouts.Store(0) // it answers
 	case codeTimeout:
 		if n := int(p.timeouts.Add(1)); m.health.MaxCallTimeouts > 0 && n >= m.health.MaxCallTimeouts {
@@ -490,7 +501,7 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 			p.killGroup(fmt.Sprintf("%d consecutive calls without an answer within call_timeout %v", n, p.callTimeout))
 		}
 	}
-	return m.failed(code, err)
+	return m.failed(op, code, err)
 }
 
 // classify names a failed call's cause and words its error.
@@ -511,7 +522,11 @@ func (m *managed) classify(p *proc, ctx context.Context, deadline time.Time, err
 	case late:
 		return codeTimeout, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrCallTimeout, p.callTimeout)
 	}
-	return codeError, fmt.Errorf("plugin %q: %w", m.name, err)
+	err = fmt.Errorf("plugin %q: %w", m.name, err)
+	if errors.Is(err, shared.ErrComponentPanicked) {
+		return codePanic, err
+	}
+	return codeError, err
 }
 
 // refusal is the code and error of a call the plugin cannot take now.
@@ -530,8 +545,9 @@ func (m *managed) refusal(p *proc) (string, error) {
 	return codeClosed, p.closedErr(nil)
 }
 
-// failed counts a failed call and returns err.
-func (m *managed) failed(code string, err error) error {
+// failed counts a failed call of op, logs it (rate-limited, see
+// FailureLogPolicy) and returns err as a *CallError with its cause code.
+func (m *managed) failed(op, code string, err error) error {
 	m.stats.fallbacks.Add(1)
 	if code == codeTimeout {
 		m.stats.timeouts.Add(1)
@@ -539,7 +555,21 @@ func (m *managed) failed(code string, err error) error {
 		m.stats.errors.Add(1)
 	}
 	m.met.callFailed(m.name, code)
-	return err
+	if l := m.failLogs[code]; l != nil { // not canceled: the caller's doing
+		n := l.n.Add(1)
+		log := false
+		l.s.Do(func() { log = true })
+		if log { // outside Sometimes' lock: a log write may block
+			m.log.Warn("plugin call failed", "call", op, "cause", code, "failures", n, "error", err)
+		}
+	}
+	return &CallError{Plugin: m.name, Cause: code, Err: err}
+}
+
+// failureLog is the log rate limit of one plugin's failures of one cause.
+type failureLog struct {
+	n atomic.Int64 // failures so far
+	s rate.Sometimes
 }
 
 // beginShutdown stops the restarts; Shutdown then stops the current

@@ -74,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"plugin", "method"}),
 		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_plugin_call_errors_total",
-			Help: "Failed decision calls by code: timeout, closed, too_large, error, canceled, breaker_open, restarting, failed, shutdown.",
+			Help: "Failed decision calls by code: timeout, closed, too_large, error, panic, canceled, breaker_open, restarting, failed, shutdown.",
 		}, []string{"plugin", "code"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_plugin_fallbacks_total",

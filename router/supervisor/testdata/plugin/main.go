@@ -22,6 +22,11 @@
 //	big        the t-active scorer fails with an error message over
 //	           shared.MaxMessageBytes (the SDK answers it with a short
 //	           "exceeds the limit" error instead)
+//	fail       the t-active scorer's calls follow SY_FAIL, a cycle of
+//	           comma-separated outcomes: call n (from 1) takes entry
+//	           (n-1) mod len. "ok" scores, "error" returns the error
+//	           "injected error on call n", "panic" panics with
+//	           "injected panic on call n"
 //
 // SY_STARTS names a file it appends a line ("pid unixnano") to at every
 // start, and SY_MARKER a file it creates, so tests can tell whether (and
@@ -95,6 +100,9 @@ func main() {
 		serve()
 	case "big":
 		big = true
+		serve()
+	case "fail":
+		failCycle = strings.Split(os.Getenv("SY_FAIL"), ",")
 		serve()
 	case "builtin":
 		shared.Serve(shared.ServeOpts{Version: "test", Types: []shared.TypeInfo{
@@ -214,6 +222,9 @@ var (
 	scored      atomic.Int64
 	// big: the scorer fails with an error over the message-size limit.
 	big bool
+	// failCycle: the outcomes of the scorer's calls, in turn (fail mode).
+	failCycle []string
+	failCalls atomic.Int64
 )
 
 type active struct {
@@ -229,6 +240,15 @@ func (s *active) Score(ctx context.Context, _ *shared.Request, c *shared.Candida
 	}
 	if big {
 		return errors.New(strings.Repeat("x", shared.MaxMessageBytes+1<<20))
+	}
+	if len(failCycle) > 0 {
+		n := failCalls.Add(1)
+		switch failCycle[(n-1)%int64(len(failCycle))] {
+		case "error":
+			return fmt.Errorf("injected error on call %d", n)
+		case "panic":
+			panic(fmt.Sprintf("injected panic on call %d", n))
+		}
 	}
 	if s.delay > 0 {
 		select {
