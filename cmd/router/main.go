@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -87,6 +88,9 @@ func runContext(ctx context.Context, args []string, stdout, stderr io.Writer) in
 // runIO is runContext reading standard input (router replay --trace -)
 // from stdin.
 func runIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// Plugins' stderr is logged from go-plugin's goroutines while the
+	// command writes its own lines: one lock keeps every write whole.
+	stderr = &lockedWriter{w: stderr}
 	root := newRootCmd(stdout, stderr)
 	root.SetIn(stdin)
 	root.SetArgs(args)
@@ -102,4 +106,17 @@ func runIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 		return 2
 	}
 	return 0
+}
+
+// lockedWriter serialises writes to w, so lines written from several
+// goroutines (the command's own, plugin logs) never interleave or race.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
