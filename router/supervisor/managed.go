@@ -34,6 +34,13 @@ const (
 	// policies decide by fallback) until the restart, after a short
 	// backoff, has configured every instance again.
 	StatusRestarting
+	// StatusBackoff: degraded, serving by fallback. The plugin exited more
+	// than max_restarts times within window (a crash loop); calls fail
+	// fast and its policies decide by fallback while the host keeps
+	// trying to start it after a backoff that doubles up to
+	// CrashLoopBackoffMax. It is StatusUp again, by itself, as soon as a
+	// start succeeds.
+	StatusBackoff
 	// StatusFailed: it cannot be restarted without a change on disk (a
 	// restart failed its handshake: wrong cookie, no common API version,
 	// text on stdout, a sha256 mismatch, or the types changed) or its
@@ -42,13 +49,6 @@ const (
 	StatusFailed
 	// StatusStopped: the Host is shut down.
 	StatusStopped
-	// StatusBackoff: degraded, serving by fallback. The plugin exited more
-	// than max_restarts times within window (a crash loop); calls fail
-	// fast and its policies decide by fallback while the host keeps
-	// trying to start it after a backoff that doubles up to
-	// CrashLoopBackoffMax. It is StatusUp again, by itself, as soon as a
-	// start succeeds.
-	StatusBackoff
 )
 
 // String is the status as one lowercase word: "up", "restarting",
