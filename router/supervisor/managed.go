@@ -329,7 +329,7 @@ func (m *managed) restartLoop(bo *backoff.ExponentialBackOff, uptime time.Durati
 		}
 		m.stats.restarts.Add(1)
 		m.met.restarted(m.name)
-		m.log.Info("restarting plugin", "attempt", n+1, "backoff", delay, "status", status.String())
+		m.log.Info("restarting plugin", "restarts_in_window", n+1, "backoff", delay, "status", status.String())
 		p, err := m.relaunch()
 		if err == nil {
 			return p
