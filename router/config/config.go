@@ -111,21 +111,25 @@ const (
 
 // RestartPolicy is a plugin block's `restart { max_restarts, window,
 // backoff_min, backoff_max }`: a plugin that exits or is killed is
-// restarted after an exponential backoff with jitter between BackoffMin and
-// BackoffMax; after MaxRestarts restarts within Window it is marked failed,
-// its policies decide by fallback, and it is retried only on reload.
+// restarted after an exponential backoff with jitter from BackoffMin
+// doubling to BackoffMax; past MaxRestarts restarts within Window it is
+// crash-looping: its policies decide by fallback while the host keeps
+// retrying it with a delay doubling on up to 5 minutes
+// (supervisor.CrashLoopBackoffMax), until a start succeeds. The
+// supervisor's RestartPolicy documents the details.
 type RestartPolicy struct {
-	MaxRestarts int           // restarts allowed within Window; 0 never restarts
+	MaxRestarts int           // restarts within Window before the crash-loop backoff; 0 never restarts
 	Window      time.Duration // the sliding window MaxRestarts counts in
 	BackoffMin  time.Duration // first delay
-	BackoffMax  time.Duration // delay cap
+	BackoffMax  time.Duration // delay cap outside a crash loop
 }
 
 // DefaultRestartPolicy is 5 restarts per minute, backing off from 100 ms to
-// 10 s: a crash-looping plugin is given up on within about a minute while a
-// one-off crash costs a tenth of a second. (Nomad's task restart default is
-// 2 attempts in 30 min with a 15 s delay; a routing plugin sits on the
-// request path, so it is retried sooner and more often.)
+// 10 s: a one-off crash costs a tenth of a second, and a crash-looping
+// plugin moves to the slower crash-loop backoff within about 3 s.
+// (Nomad's task restart default is 2 attempts in 30 min with a 15 s delay;
+// a routing plugin sits on the request path, so it is retried sooner and
+// more often.)
 func DefaultRestartPolicy() RestartPolicy {
 	return RestartPolicy{MaxRestarts: 5, Window: time.Minute, BackoffMin: 100 * time.Millisecond, BackoffMax: 10 * time.Second}
 }

@@ -9,9 +9,10 @@
 // its parent-death signal (forked from a thread kept alive for the
 // process's lifetime, see startPinned; the SDK's Serve answers it by
 // killing its group and removing its socket directory), the block's
-// environment only, and a private socket directory. A plugin that fails its handshake (wrong cookie, no common
-// API version, text on stdout, a sha256 mismatch, no handshake within
-// start_timeout) is a permanent *StartError and is never retried.
+// environment only, and a private socket directory. A plugin that fails
+// its handshake (wrong cookie, no common API version, text on stdout, a
+// sha256 mismatch) is a permanent *StartError and is never retried; Start
+// never retries any failure (no handshake within start_timeout included).
 // Shutdown drains in-flight calls for a bounded grace, then kills every
 // plugin's whole process group and removes its socket directory.
 //
@@ -21,9 +22,14 @@
 // process, started after an exponential backoff with jitter
 // (RestartPolicy), has every instance configured again under the same
 // name, role and parameters. Past max_restarts within window the plugin is
-// failed (StatusFailed) until a reload. A frozen plugin (consecutive call
-// timeouts, or failed gRPC health checks under their own deadline:
-// HealthPolicy) has its process group killed and is restarted. A circuit
+// crash-looping (StatusBackoff): its policies decide by fallback while it
+// is retried after a backoff doubling up to CrashLoopBackoffMax, and it
+// serves again by itself once a start succeeds. Only a restart that fails
+// its handshake, or max_restarts = 0, makes it failed (StatusFailed) until
+// a reload. A frozen plugin (ProbeFailures consecutive gRPC health checks
+// without an answer within their own deadline: HealthPolicy) has its
+// process group killed and is restarted; a call that misses call_timeout
+// only makes the probe check at once. A circuit
 // breaker per process (BreakerPolicy, gobreaker) refuses calls while open.
 // Every failed call's error lets the router's fallback decide; none wraps
 // context.DeadlineExceeded unless the caller's own deadline passed.

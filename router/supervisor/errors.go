@@ -10,10 +10,14 @@ var ErrHostClosed = errors.New("plugin host is shut down")
 
 // StartError is a plugin that could not be started: its binary did not run,
 // did not complete the go-plugin handshake within start_timeout, or its
-// Describe answer was unusable. Permanent marks failures that a restart
-// cannot fix (wrong handshake cookie, no common API version, text on
-// stdout, a sha256 mismatch, a missing binary, no handshake in time): the
-// host never retries them.
+// Describe answer was unusable. Host.Start never retries. Permanent marks
+// failures that starting again cannot fix (wrong handshake cookie, no
+// common API version, text on stdout, a sha256 mismatch, a missing binary,
+// types that changed): a supervised restart that fails so marks the plugin
+// failed (StatusFailed) until a reload. Other restart failures (no
+// handshake within start_timeout, which a starved machine can cause, or a
+// process that exits while being configured) are retried after the
+// backoff.
 type StartError struct {
 	Plugin    string
 	Cause     error

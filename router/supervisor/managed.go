@@ -31,22 +31,39 @@ const (
 	StatusUnknown Status = iota
 	// StatusUp: its process runs and takes calls.
 	StatusUp
-	// StatusRestarting: its process exited; calls fail fast until the
-	// restart (after a backoff) has configured every instance again.
+	// StatusRestarting: its process exited; calls fail fast (their
+	// policies decide by fallback) until the restart, after a short
+	// backoff, has configured every instance again.
 	StatusRestarting
-	// StatusFailed: it exited more than max_restarts times within window,
-	// or could not be restarted at all; calls fail fast until a reload.
+	// StatusBackoff: degraded, serving by fallback. The plugin exited more
+	// than max_restarts times within window (a crash loop); calls fail
+	// fast and its policies decide by fallback while the host keeps
+	// trying to start it after a backoff that doubles up to
+	// CrashLoopBackoffMax. It is StatusUp again, by itself, as soon as a
+	// start succeeds.
+	StatusBackoff
+	// StatusFailed: it cannot be restarted without a change on disk (a
+	// restart failed its handshake: wrong cookie, no common API version,
+	// text on stdout, a sha256 mismatch, or the types changed) or its
+	// restart block says max_restarts = 0; calls fail fast (their policies
+	// decide by fallback) until a reload.
 	StatusFailed
 	// StatusStopped: the Host is shut down.
 	StatusStopped
 )
 
+// String is the status as one lowercase word: "up", "restarting",
+// "backoff", "failed", "stopped" or "unknown". Every status but "up" means
+// the plugin's policies decide by their fallbacks; "restarting" and
+// "backoff" also mean the host brings the plugin back by itself.
 func (s Status) String() string {
 	switch s {
 	case StatusUp:
 		return "up"
 	case StatusRestarting:
 		return "restarting"
+	case StatusBackoff:
+		return "backoff"
 	case StatusFailed:
 		return "failed"
 	case StatusStopped:
@@ -67,8 +84,13 @@ var (
 	// ErrRestarting: the plugin's process is being restarted (wrapped with
 	// shared.ErrPluginClosed).
 	ErrRestarting = errors.New("restarting")
-	// ErrPluginFailed: the plugin exceeded its restarts and is not
-	// restarted again until a reload (wrapped with shared.ErrPluginClosed).
+	// ErrBackoff: the plugin is crash-looping (StatusBackoff); the host
+	// tries to start it again after a backoff (wrapped with
+	// shared.ErrPluginClosed).
+	ErrBackoff = errors.New("crash-looping: retried after a backoff")
+	// ErrPluginFailed: the plugin cannot be restarted and is not started
+	// again until a reload (StatusFailed; wrapped with
+	// shared.ErrPluginClosed).
 	ErrPluginFailed = errors.New("failed: not restarted until a reload")
 	// ErrTooLarge: the plugin's answer (or the task) exceeded the gRPC
 	// message-size limit, shared.MaxMessageBytes.
@@ -86,6 +108,7 @@ const (
 	codeCanceled    = "canceled"     // the caller's context ended (no fallback)
 	codeBreakerOpen = "breaker_open" // refused by the circuit breaker
 	codeRestarting  = "restarting"   // refused: the process is being restarted
+	codeBackoff     = "backoff"      // refused: the plugin is crash-looping
 	codeFailed      = "failed"       // refused: the plugin is failed
 	codeShutdown    = "shutdown"     // refused: the host is shutting down
 )
@@ -101,9 +124,9 @@ type instance struct {
 }
 
 // managed is one supervised plugin: the process currently serving it (nil
-// while it restarts or after it failed), the instances configured in it,
-// and the goroutine that restarts it. Components hold the managed plugin,
-// not a process, so they survive restarts.
+// while it restarts, backs off or after it failed), the instances
+// configured in it, and the goroutine that restarts it. Components hold the
+// managed plugin, not a process, so they survive restarts.
 type managed struct {
 	h           *Host
 	name        string
@@ -126,6 +149,11 @@ type managed struct {
 	// failLogs rate-limit the warnings of failed calls, one per cause
 	// code; the map is not modified after newManaged.
 	failLogs map[string]*failureLog
+
+	// crashLoop: the plugin exceeded max_restarts within window and no
+	// process has stayed up for window since (StatusBackoff while it has
+	// no process).
+	crashLoop bool
 
 	quit       chan struct{}   // closed when Shutdown begins
 	quitCtx    context.Context // cancelled with quit
@@ -162,17 +190,30 @@ func (h *Host) newManaged(b config.Plugin, st *counters, rp RestartPolicy) *mana
 
 func (m *managed) getStatus() Status { return Status(m.status.Load()) }
 
+// setStatus makes s the plugin's status and sets its gauges, unless the
+// Host is shut down (StatusStopped is final).
+func (m *managed) setStatus(s Status) {
+	for {
+		old := m.status.Load()
+		if Status(old) == StatusStopped {
+			return
+		}
+		if m.status.CompareAndSwap(old, int32(s)) {
+			m.met.setStatus(m, s)
+			return
+		}
+	}
+}
+
 // adopt makes p the process serving m: a fresh circuit breaker, the
 // health probe, and the gauges.
 func (m *managed) adopt(p *proc) {
 	if !m.breaker.Disabled {
 		p.breaker = m.newBreaker(p)
 	}
+	p.upSince = time.Now()
 	m.cur.Store(p)
-	if !m.status.CompareAndSwap(int32(StatusRestarting), int32(StatusUp)) {
-		m.status.CompareAndSwap(int32(StatusUnknown), int32(StatusUp)) // not over Stopped
-	}
-	m.met.setUp(m, true)
+	m.setStatus(StatusUp)
 	m.met.setBreaker(m, gobreaker.StateClosed)
 	if m.health.ProbeInterval > 0 && p.conn != nil {
 		p.bg.Add(1)
@@ -227,8 +268,6 @@ func (m *managed) supervise(p *proc) {
 		default:
 		}
 		m.cur.CompareAndSwap(p, nil)
-		m.status.Store(int32(StatusRestarting))
-		m.met.setUp(m, false)
 		why := "the process exited"
 		if r := p.killReason.Load(); r != nil {
 			why = "killed by the host: " + *r
@@ -238,34 +277,59 @@ func (m *managed) supervise(p *proc) {
 			m.stats.eventsDropped.Add(p.rc.EventStats().Dropped)
 		}
 		m.log.Warn("plugin process gone; restarting it", "pid", p.pid, "reason", why, "stderr", p.stderr.suffix(), "stop_error", err)
-		if p = m.restartLoop(bo); p == nil {
+		if p = m.restartLoop(bo, time.Since(p.upSince)); p == nil {
 			return
 		}
 	}
 }
 
-// restartLoop restarts the plugin after the backoff, again and again while
-// the restart policy allows. It returns the new process, or nil when the
-// plugin is failed or the host shuts down.
-func (m *managed) restartLoop(bo *backoff.ExponentialBackOff) *proc {
+// restartLoop restarts the plugin after the backoff, again and again,
+// after a process that served for uptime exited. Within max_restarts per
+// window the backoff stays under backoff_max (StatusRestarting); past it
+// the plugin is crash-looping (StatusBackoff) and the backoff doubles on
+// up to CrashLoopBackoffMax, until a process has stayed up for window. It
+// returns the new process, or nil when the plugin is failed (max_restarts
+// 0, or a permanent start error) or the host shuts down.
+func (m *managed) restartLoop(bo *backoff.ExponentialBackOff, uptime time.Duration) *proc {
+	m.mu.Lock()
+	if m.crashLoop && uptime >= m.restart.Window {
+		m.crashLoop = false // it stayed up: the next restart is a first one
+		m.restartTimes = nil
+	}
+	m.mu.Unlock()
 	for {
 		m.mu.Lock()
 		rp := m.restart
 		now := time.Now()
 		m.restartTimes = slices.DeleteFunc(m.restartTimes, func(t time.Time) bool { return now.Sub(t) >= rp.Window })
 		n := len(m.restartTimes)
-		if n >= rp.MaxRestarts {
+		if rp.MaxRestarts == 0 {
 			m.mu.Unlock()
-			m.fail(fmt.Sprintf("%d restarts within %v (max_restarts %d)", n, rp.Window, rp.MaxRestarts))
+			m.fail("max_restarts is 0")
 			return nil
 		}
+		entered := !m.crashLoop && n >= rp.MaxRestarts
+		m.crashLoop = m.crashLoop || entered
 		bo.InitialInterval, bo.MaxInterval = rp.BackoffMin, rp.BackoffMax
-		if n == 0 {
+		if m.crashLoop {
+			bo.MaxInterval = max(rp.BackoffMax, CrashLoopBackoffMax)
+		} else if n == 0 {
 			bo.Reset()
 		}
 		delay := bo.NextBackOff()
 		m.restartTimes = append(m.restartTimes, now)
+		crashLoop := m.crashLoop
 		m.mu.Unlock()
+
+		status := StatusRestarting
+		if crashLoop {
+			status = StatusBackoff
+		}
+		m.setStatus(status)
+		if entered {
+			m.log.Error("plugin crash-looping: its policies decide by fallback while it is retried with a growing backoff",
+				"restarts", n, "window", rp.Window, "max_restarts", rp.MaxRestarts, "next_attempt_in", delay, "backoff_cap", bo.MaxInterval)
+		}
 
 		t := time.NewTimer(delay)
 		select {
@@ -276,7 +340,7 @@ func (m *managed) restartLoop(bo *backoff.ExponentialBackOff) *proc {
 		}
 		m.stats.restarts.Add(1)
 		m.met.restarted(m.name)
-		m.log.Info("restarting plugin", "attempt", n+1, "backoff", delay)
+		m.log.Info("restarting plugin", "restarts_in_window", n+1, "backoff", delay, "status", status.String())
 		p, err := m.relaunch()
 		if err == nil {
 			return p
@@ -333,27 +397,33 @@ func (m *managed) relaunch() (*proc, error) {
 
 // fail marks the plugin failed: it is not restarted again.
 func (m *managed) fail(reason string) {
-	m.status.Store(int32(StatusFailed))
-	m.met.setFailed(m)
+	m.setStatus(StatusFailed)
 	m.log.Error("plugin failed: it is not restarted again; its policies decide by fallback until the policy file is reloaded",
 		"reason", reason)
 }
 
-// probe checks the plugin's gRPC health service every ProbeInterval, each
-// check under its own ProbeTimeout, and kills the process group after
-// ProbeFailures failed checks in a row. It also refreshes the breaker
-// gauge (open turns half-open only when looked at).
+// probe checks the plugin's gRPC health service every ProbeInterval, and
+// at once when a call missed its deadline (p.checkNow) unless a check
+// succeeded within the last ProbeInterval; each check runs under its own
+// ProbeTimeout. It kills the process group after ProbeFailures failed
+// checks in a row. It also refreshes the breaker gauge (open turns
+// half-open only when looked at).
 func (m *managed) probe(p *proc) {
 	defer p.bg.Done()
 	hc := healthpb.NewHealthClient(p.conn)
 	t := time.NewTicker(m.health.ProbeInterval)
 	defer t.Stop()
 	fails := 0
+	var lastOK time.Time
 	for {
 		select {
 		case <-p.ctx.Done():
 			return
 		case <-t.C:
+		case <-p.checkNow:
+			if time.Since(lastOK) < m.health.ProbeInterval {
+				continue
+			}
 		}
 		if p.breaker != nil && m.cur.Load() == p {
 			m.met.setBreaker(m, p.breaker.State())
@@ -364,8 +434,10 @@ func (m *managed) probe(p *proc) {
 		if p.ctx.Err() != nil {
 			return
 		}
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			fails = 0
+		ok := err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+		m.met.healthChecked(m.name, ok)
+		if ok {
+			fails, lastOK = 0, time.Now()
 			continue
 		}
 		if err == nil {
@@ -480,7 +552,6 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 	err := fn(cctx, p)
 	m.met.observe(m.name, op, time.Since(start))
 	if err == nil {
-		p.timeouts.Store(0)
 		if done != nil {
 			done(nil)
 		}
@@ -490,16 +561,9 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 	if done != nil {
 		done(err)
 	}
-	switch code {
-	case codeError, codePanic:
-		p.timeouts.Store(0) // it answers
-	case codeTimeout:
-		if n := int(p.timeouts.Add(1)); m.health.MaxCallTimeouts > 0 && n >= m.health.MaxCallTimeouts {
-			if n == m.health.MaxCallTimeouts {
-				m.log.Warn("plugin frozen: killing its process group", "pid", p.pid, "timeouts", n, "call_timeout", p.callTimeout)
-			}
-			p.killGroup(fmt.Sprintf("%d consecutive calls without an answer within call_timeout %v", n, p.callTimeout))
-		}
+	if code == codeTimeout {
+		// Late is not dead: the health probe decides (HealthPolicy).
+		p.requestCheck()
 	}
 	return m.failed(op, code, err)
 }
@@ -534,6 +598,8 @@ func (m *managed) refusal(p *proc) (string, error) {
 	switch m.getStatus() {
 	case StatusRestarting:
 		return codeRestarting, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrRestarting)
+	case StatusBackoff:
+		return codeBackoff, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrBackoff)
 	case StatusFailed:
 		return codeFailed, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrPluginFailed)
 	case StatusStopped:
@@ -575,7 +641,7 @@ type failureLog struct {
 // beginShutdown stops the restarts; Shutdown then stops the current
 // process once supervise has returned (m.done).
 func (m *managed) beginShutdown() {
-	m.status.Store(int32(StatusStopped))
+	m.status.Store(int32(StatusStopped)) // its gauges go with disown
 	close(m.quit)
 	m.quitCancel()
 }

@@ -17,12 +17,13 @@ import (
 // down deletes only the gauges it still owns).
 type Metrics struct {
 	up           *prometheus.GaugeVec
-	failed       *prometheus.GaugeVec
+	state        *prometheus.GaugeVec
 	restarts     *prometheus.CounterVec
 	callDuration *prometheus.HistogramVec
 	callErrors   *prometheus.CounterVec
 	fallbacks    *prometheus.CounterVec
 	breakerState *prometheus.GaugeVec
+	healthChecks *prometheus.CounterVec
 
 	mu     sync.Mutex
 	owners map[string]*managed // plugin name -> who sets its gauges
@@ -57,12 +58,12 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m := &Metrics{
 		up: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "switchyard_plugin_up",
-			Help: "1 while the plugin's process is up and serving, 0 while it is restarting, failed or stopped.",
+			Help: "1 while the plugin's process is up and serving, 0 while its policies decide by fallback (restarting, backoff, failed).",
 		}, []string{"plugin"}),
-		failed: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: "switchyard_plugin_failed",
-			Help: "1 once the plugin exceeded max_restarts within window: its policies decide by fallback until a reload.",
-		}, []string{"plugin"}),
+		state: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_plugin_state",
+			Help: "1 for the plugin's current state, 0 for the others: up; restarting, backoff (crash-looping, retried by itself) and failed (until a reload) serve by fallback.",
+		}, []string{"plugin", "state"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_plugin_restarts_total",
 			Help: "Restart attempts of the plugin's process.",
@@ -74,7 +75,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"plugin", "method"}),
 		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_plugin_call_errors_total",
-			Help: "Failed decision calls by code: timeout, closed, too_large, error, panic, canceled, breaker_open, restarting, failed, shutdown.",
+			Help: "Failed decision calls by code: timeout, closed, too_large, error, panic, canceled, breaker_open, restarting, backoff, failed, shutdown.",
 		}, []string{"plugin", "code"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_plugin_fallbacks_total",
@@ -84,16 +85,21 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "switchyard_plugin_breaker_state",
 			Help: "The plugin's circuit breaker: 0 closed, 1 half-open, 2 open.",
 		}, []string{"plugin"}),
+		healthChecks: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_plugin_health_checks_total",
+			Help: "The host's gRPC health checks of the plugin, by result: ok, failed (no SERVING answer within the probe timeout; probe_failures in a row kill the process group).",
+		}, []string{"plugin", "result"}),
 		owners: make(map[string]*managed),
 	}
 	var errs []error
 	m.up = register(reg, m.up, &errs)
-	m.failed = register(reg, m.failed, &errs)
+	m.state = register(reg, m.state, &errs)
 	m.restarts = register(reg, m.restarts, &errs)
 	m.callDuration = register(reg, m.callDuration, &errs)
 	m.callErrors = register(reg, m.callErrors, &errs)
 	m.fallbacks = register(reg, m.fallbacks, &errs)
 	m.breakerState = register(reg, m.breakerState, &errs)
+	m.healthChecks = register(reg, m.healthChecks, &errs)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -147,7 +153,7 @@ func (m *Metrics) disown(p *managed) {
 	}
 	delete(m.owners, p.name)
 	m.up.DeleteLabelValues(p.name)
-	m.failed.DeleteLabelValues(p.name)
+	m.state.DeletePartialMatch(prometheus.Labels{"plugin": p.name})
 	m.breakerState.DeleteLabelValues(p.name)
 }
 
@@ -163,14 +169,15 @@ func (m *Metrics) gauges(p *managed, set func(name string)) {
 	}
 }
 
-func (m *Metrics) setUp(p *managed, up bool) {
-	m.gauges(p, func(name string) { m.up.WithLabelValues(name).Set(b2f(up)) })
-}
+// gaugedStates are the values of switchyard_plugin_state's state label.
+var gaugedStates = []Status{StatusUp, StatusRestarting, StatusBackoff, StatusFailed}
 
-func (m *Metrics) setFailed(p *managed) {
+func (m *Metrics) setStatus(p *managed, s Status) {
 	m.gauges(p, func(name string) {
-		m.up.WithLabelValues(name).Set(0)
-		m.failed.WithLabelValues(name).Set(1)
+		m.up.WithLabelValues(name).Set(b2f(s == StatusUp))
+		for _, g := range gaugedStates {
+			m.state.WithLabelValues(name, g.String()).Set(b2f(s == g))
+		}
 	})
 }
 
@@ -182,6 +189,17 @@ func (m *Metrics) restarted(name string) {
 	if m != nil {
 		m.restarts.WithLabelValues(name).Inc()
 	}
+}
+
+func (m *Metrics) healthChecked(name string, ok bool) {
+	if m == nil {
+		return
+	}
+	result := "failed"
+	if ok {
+		result = "ok"
+	}
+	m.healthChecks.WithLabelValues(name, result).Inc()
 }
 
 func (m *Metrics) observe(name, method string, d time.Duration) {

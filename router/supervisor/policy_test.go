@@ -17,3 +17,24 @@ func TestRestartFromConfig(t *testing.T) {
 		t.Fatalf("max_restarts = 0 must mean never restart, got %+v", got)
 	}
 }
+
+// TestStatusString: /readyz reports each plugin by Status.String, one
+// lowercase word per status.
+func TestStatusString(t *testing.T) {
+	want := map[Status]string{
+		StatusUnknown:    "unknown",
+		StatusUp:         "up",
+		StatusRestarting: "restarting",
+		StatusBackoff:    "backoff",
+		StatusFailed:     "failed",
+		StatusStopped:    "stopped",
+	}
+	for s, w := range want {
+		if got := s.String(); got != w {
+			t.Errorf("Status(%d).String() = %q, want %q", s, got, w)
+		}
+	}
+	if got := Status(99).String(); got != "unknown" {
+		t.Errorf("Status(99).String() = %q, want unknown", got)
+	}
+}

@@ -60,10 +60,13 @@ type proc struct {
 	stderr       *tail
 	exitR        *os.File // the exit pipe's read end, closed by stop
 
-	// breaker is this process's circuit breaker (nil: none); timeouts
-	// counts consecutive calls without an answer within call_timeout.
-	breaker  *gobreaker.TwoStepCircuitBreaker[struct{}]
-	timeouts atomic.Int32
+	// breaker is this process's circuit breaker (nil: none).
+	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
+	// checkNow asks the health probe for a check at once (a call missed
+	// its deadline); it holds at most one request.
+	checkNow chan struct{}
+	// upSince is when the host adopted the process (managed.adopt).
+	upSince time.Time
 	// killReason says why the host killed the process, when it did.
 	killReason atomic.Pointer[string]
 	bg         sync.WaitGroup // the health probe
@@ -151,6 +154,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *shared.Desc
 		stderr:       &tail{},
 		exitR:        exitR,
 		exited:       make(chan struct{}),
+		checkNow:     make(chan struct{}, 1),
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.client = plugin.NewClient(&plugin.ClientConfig{
@@ -187,8 +191,8 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *shared.Desc
 	}
 	if err != nil {
 		stopErr := p.stop()
-		cause := p.handshakeCause(err, path, b.SHA256, startTimeout)
-		return nil, nil, fail(true, errors.Join(cause, stopErr))
+		cause, permanent := p.handshakeCause(err, path, b.SHA256, startTimeout)
+		return nil, nil, fail(permanent, errors.Join(cause, stopErr))
 	}
 
 	// The handshake is done; anything failing from here on fails Describe.
@@ -280,9 +284,11 @@ func pickVersion(theirs []uint32) uint32 {
 }
 
 // handshakeCause turns go-plugin's Start error into a cause that says what
-// went wrong, with the last line the plugin wrote to stderr. Call it after
+// went wrong, with the last line the plugin wrote to stderr, and whether
+// starting again cannot help: every handshake failure but no handshake
+// within start_timeout, which a starved machine can cause. Call it after
 // stop, so the stderr tail is complete.
-func (p *proc) handshakeCause(err error, path, pinned string, startTimeout time.Duration) error {
+func (p *proc) handshakeCause(err error, path, pinned string, startTimeout time.Duration) (cause error, permanent bool) {
 	msg := err.Error()
 	first, _, _ := strings.Cut(msg, "\n")
 	switch {
@@ -292,20 +298,20 @@ func (p *proc) handshakeCause(err error, path, pinned string, startTimeout time.
 			got = sum
 		}
 		return fmt.Errorf("sha256 mismatch: %s has sha256 %s, the block pins %s; the binary was not run: %w",
-			path, got, pinned, err)
+			path, got, pinned, err), true
 	case strings.Contains(msg, "timeout while waiting for plugin to start"):
-		return fmt.Errorf("no handshake within start_timeout (%v)%s", startTimeout, p.stderr.suffix())
+		return fmt.Errorf("no handshake within start_timeout (%v)%s", startTimeout, p.stderr.suffix()), false
 	case strings.Contains(msg, "Failed to read any lines from plugin's stdout"),
 		strings.Contains(msg, "plugin exited before we could connect"):
 		return fmt.Errorf("the plugin exited before completing the handshake (wrong handshake cookie, or not a Switchyard plugin?)%s",
-			p.stderr.suffix())
+			p.stderr.suffix()), true
 	case strings.HasPrefix(msg, "Unrecognized remote plugin message: "):
 		return fmt.Errorf("handshake failed: the plugin printed %q on stdout instead of the handshake line (plugins must not write to stdout)%s",
-			strings.TrimPrefix(first, "Unrecognized remote plugin message: "), p.stderr.suffix())
+			strings.TrimPrefix(first, "Unrecognized remote plugin message: "), p.stderr.suffix()), true
 	case strings.Contains(msg, "ncompatible API version"):
-		return fmt.Errorf("unsupported API version: %s", first)
+		return fmt.Errorf("unsupported API version: %s", first), true
 	}
-	return fmt.Errorf("%s%s", first, p.stderr.suffix())
+	return fmt.Errorf("%s%s", first, p.stderr.suffix()), true
 }
 
 func fileSHA256(path string) (string, error) {
@@ -347,6 +353,15 @@ func (p *proc) killGroup(reason string) {
 	p.killReason.CompareAndSwap(nil, &reason)
 	if p.pid > 0 {
 		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
+	}
+}
+
+// requestCheck asks the health probe for a check at once; it never
+// blocks, and requests made before the probe took the last one coalesce.
+func (p *proc) requestCheck() {
+	select {
+	case p.checkNow <- struct{}{}:
+	default:
 	}
 }
 

@@ -11,7 +11,9 @@
 //	builtin    serve the router's own built-in kv-cost, min-cost and busy
 //	           types, unchanged
 //	crash      the first start (SY_STARTS empty) serves; every later one
-//	           exits 20ms after starting, right after the handshake
+//	           exits (status 3) when asked to configure an instance, while
+//	           the file SY_CRASH names exists (always when SY_CRASH is
+//	           unset)
 //	freeze     serve, but after SY_FREEZE_AFTER decisions every scorer
 //	           call blocks forever, ignoring its deadline (the health
 //	           service still answers)
@@ -85,13 +87,18 @@ func main() {
 		startChild(nil)
 		serve()
 	case "crash":
-		if earlier > 0 {
-			go func() {
-				time.Sleep(20 * time.Millisecond)
-				os.Exit(3)
-			}()
+		if f := os.Getenv("SY_CRASH"); earlier == 0 || f != "" && !exists(f) {
+			serve()
+			return
 		}
-		serve()
+		ts := types()
+		for i := range ts {
+			ts[i].New = func(shared.InstanceInfo, shared.Params) (shared.Component, error) {
+				os.Exit(3)
+				return nil, nil
+			}
+		}
+		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
 	case "freeze":
 		freezeAfter, _ = strconv.ParseInt(os.Getenv("SY_FREEZE_AFTER"), 10, 64)
 		serve()
@@ -111,6 +118,11 @@ func main() {
 	default:
 		serve()
 	}
+}
+
+func exists(file string) bool {
+	_, err := os.Stat(file)
+	return err == nil
 }
 
 // serveRaw serves the SDK's plugin through go-plugin directly, with hs and
