@@ -86,8 +86,10 @@ type loader struct {
 	// unreadable, which may have meant any plugin's type.
 	usedSources map[string]bool
 	unresolved  int
-	// badSelection: a role in worker_selection names no usable policy, so
-	// which policies are in use is not known.
+	// badSelection: a role in worker_selection names no usable policy, the
+	// block has errors (a misspelled role), or there is no worker_selection
+	// block but the file has a top-level error (a misspelled
+	// worker_selection block), so which policies are in use is not known.
 	badSelection bool
 
 	decls      []*policyDecl
@@ -181,6 +183,9 @@ func (l *loader) load(body hcl.Body) {
 		l.resolveFallback(d)
 	}
 	l.checkCycles()
+	if selection == nil && diags.HasErrors() {
+		l.badSelection = true // an unsupported top-level block may have meant it
+	}
 	l.selectRoles(selection)
 	if blk := singles[blockClassifier]; blk != nil {
 		l.classifier = l.decodeComponent(shared.KindClassifier, blk, "", "the request_classifier")
@@ -381,6 +386,9 @@ func (l *loader) selectRoles(blk *hcl.Block) {
 	if blk != nil {
 		content, diags := blk.Body.Content(selectionSchema)
 		l.diags = append(l.diags, diags...)
+		if diags.HasErrors() {
+			l.badSelection = true // a misspelled role may have named any policy
+		}
 		for _, role := range Roles {
 			attr, ok := content.Attributes[string(role)]
 			if !ok {

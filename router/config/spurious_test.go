@@ -140,6 +140,27 @@ worker_selection { aggregated = "p" }`,
 worker_selection { aggregated = "kvv" }`,
 			want:     []string{"t.hcl:4:33: error: Unknown policy"},
 			spurious: []string{"Unused policy"}},
+		{name: "misspelled role in worker_selection", src: `policy "kv" {
+  picker "pick" { type = "min-cost" }
+}
+worker_selection { aggregted = "kv" }`,
+			want:     []string{"t.hcl:4:20: error: Unsupported argument"},
+			spurious: []string{"Unused policy"}},
+		{name: "misspelled worker_selection block", src: `policy "kv" {
+  picker "pick" { type = "min-cost" }
+}
+worker_selectoin { aggregated = "kv" }`,
+			want:     []string{"t.hcl:4:1: error: Unsupported block type"},
+			spurious: []string{"Unused policy"}},
+		{name: "unused policy is still reported beside another misspelled block", src: `policy "kv" {
+  picker "pick" { type = "min-cost" }
+}
+policy "other" {
+  picker "pick" { type = "round-robin" }
+}
+routr { seed = 1 }
+worker_selection { aggregated = "kv" }`,
+			want: []string{"t.hcl:4:1: warning: Unused policy", "t.hcl:7:1: error: Unsupported block type"}},
 		{name: "unused policy is still reported", src: `policy "kv" {
   picker "pick" { type = "min-cost" }
 }
