@@ -97,7 +97,10 @@ func runIO(ctx context.Context, args []string, stdin io.Reader, stdout, stderr i
 	if err := root.ExecuteContext(ctx); err != nil {
 		var ee *exitError
 		if errors.As(err, &ee) {
-			if ee.err != nil && ee.err.Error() != "" {
+			if ctx.Err() != nil && errors.Is(ee.err, context.Canceled) {
+				// SIGINT or SIGTERM: say so, not "context canceled".
+				fmt.Fprintln(stderr, "router: interrupted")
+			} else if ee.err != nil && ee.err.Error() != "" {
 				fmt.Fprintln(stderr, "router:", ee.err)
 			}
 			return ee.code

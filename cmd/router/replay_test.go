@@ -202,7 +202,7 @@ func TestReplayFailureKeepsTargets(t *testing.T) {
 		{"replay error", context.Background(), []string{"--policy", bs16}, "block_size = 512", true},
 		// The first policy replays, the second fails.
 		{"second of two", context.Background(), []string{"--compare", rrPolicy + "," + bs16}, "block_size = 512", false},
-		{"interrupted", canceled(), []string{"--policy", rrPolicy}, "context canceled", true},
+		{"interrupted", canceled(), []string{"--policy", rrPolicy}, "router: interrupted\n", true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
