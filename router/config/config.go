@@ -357,6 +357,7 @@ func LoadWith(filename string, src []byte, cat *catalog.Catalog, o Options) (*Bu
 	l := newLoader(filename, cat)
 	l.opts = o
 	l.diags = diags
+	l.syntaxErrors = diags.HasErrors()
 	l.load(file.Body)
 	l.diags = dedupe(l.diags)
 	if l.diags.HasErrors() {

@@ -86,6 +86,10 @@ type loader struct {
 	// unreadable, which may have meant any plugin's type.
 	usedSources map[string]bool
 	unresolved  int
+	// syntaxErrors: the file did not parse cleanly, so HCL may have dropped
+	// any part of it (a broken one-line block swallows the rest of the
+	// file): what looks missing or unused may be in the dropped part.
+	syntaxErrors bool
 	// badSelection: a role in worker_selection names no usable policy, the
 	// block has errors (a misspelled role), or there is no worker_selection
 	// block but the file has a top-level error (a misspelled
@@ -183,7 +187,7 @@ func (l *loader) load(body hcl.Body) {
 		l.resolveFallback(d)
 	}
 	l.checkCycles()
-	if selection == nil && diags.HasErrors() {
+	if l.syntaxErrors || selection == nil && diags.HasErrors() {
 		l.badSelection = true // an unsupported top-level block may have meant it
 	}
 	l.selectRoles(selection)
@@ -439,11 +443,12 @@ func (l *loader) selectRoles(blk *hcl.Block) {
 // fallback names a type of. A component block whose type is not known
 // already got an error (naming the plugins when their types may be
 // missing), and it may have meant any plugin's type, so the warning is
-// left out then. A block that names a plugin's type uses the plugin even
+// left out then, as it is when the file has a syntax error (the parser may
+// have dropped the block naming it). A block that names a plugin's type uses the plugin even
 // when it has other errors. Without a host, a plugin whose types the
 // caller's catalog holds counts as used.
 func (l *loader) checkPluginsUsed() {
-	if l.unresolved > 0 {
+	if l.unresolved > 0 || l.syntaxErrors {
 		return
 	}
 	used := make(map[string]bool)

@@ -118,8 +118,9 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 	}
 	// A policy body with an unexpected block or argument (a misspelled
 	// `pickr` block, `picker = ...`) has its own error, and that may be
-	// the picker: "Missing picker" would only precede the real error.
-	if picker == nil && !diags.HasErrors() {
+	// the picker: "Missing picker" would only precede the real error. So
+	// may a syntax error anywhere (it may have dropped the picker block).
+	if picker == nil && !diags.HasErrors() && !l.syntaxErrors {
 		l.errorf(blk.DefRange, "Missing picker",
 			"Policy %q has no picker; add exactly one, for example: picker \"pick\" { type = %q }.", name, DefaultPickerType)
 	}

@@ -25,7 +25,8 @@ func diagLines(diags string) []string {
 // from it: no "Unused plugin" for a plugin whose type a broken component
 // block names (or may have meant), no "Missing picker" before the error of
 // a misspelled picker block, no "Unused policy" for a policy a broken role
-// selection may have meant. The real warnings and errors of the same
+// selection may have meant, none of these after a syntax error (the parser
+// may have dropped the rest of the file). The real warnings and errors of the same
 // kinds stay. Each case lists every diagnostic of the file, in order.
 func TestNoSpuriousDiagnostics(t *testing.T) {
 	const pd = "plugin \"pd\" {\n  command = \"bin/pd\"\n}\n" // lines 1-3
@@ -117,6 +118,21 @@ worker_selection { aggregated = "p" }`,
 worker_selection { prefill = "p" }`,
 			want:     []string{"t.hcl:6:3: error: Unsupported block type"},
 			spurious: []string{"Missing picker", "Unused plugin"}},
+		{name: "picker in a broken one-line policy block", src: `policy "p" { picker "pick" { type = "min-cost" } }
+worker_selection { aggregated = "p" }`,
+			want:     []string{"t.hcl:1:14: error: Argument definition required"},
+			spurious: []string{"Missing picker"}},
+		{name: "plugin type in a broken one-line block", src: pd + `policy "p" { scorer "s" { type = "prefill-cost" } }
+worker_selection { prefill = "p" }`,
+			want:     []string{"t.hcl:4:14: error: Argument definition required"},
+			spurious: []string{"Missing picker", "Unused plugin", "Unused policy"}},
+		{name: "picker on a line with a syntax error", src: `policy "p" {
+  picker "pick" { type = "min-cost" 
+  }
+}
+worker_selection { aggregated = "p" }`,
+			want:     []string{"t.hcl:2:37: error: Invalid single-argument block definition"},
+			spurious: []string{"Missing picker"}},
 		{name: "picker given as an attribute", src: `policy "p" {
   picker = "min-cost"
 }
