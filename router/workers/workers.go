@@ -61,6 +61,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/hcl/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-router/switchyard/router"
@@ -286,13 +287,19 @@ func (m *Manager) Sync(ws []config.Worker) error {
 }
 
 func check(ws []config.Worker) error {
-	names := make(map[string]bool, len(ws))
+	names := make(map[string]hcl.Range, len(ws))
 	ids := make(map[shared.WorkerID]string, len(ws))
 	for _, w := range ws {
+		first, dup := names[w.Name]
 		switch {
 		case w.Name == "":
 			return errors.New("workers: a worker without a name")
-		case names[w.Name]:
+		case dup && first.Filename != "" && w.Range.Filename != "":
+			// router serve merges the policy file's worker blocks and the
+			// workers file's; a name repeated in one file is a load error.
+			return fmt.Errorf("workers: duplicate worker %q: declared at %s:%d:%d and at %s:%d:%d; worker names must be unique across the policy file and the workers file",
+				w.Name, first.Filename, first.Start.Line, first.Start.Column, w.Range.Filename, w.Range.Start.Line, w.Range.Start.Column)
+		case dup:
 			return fmt.Errorf("workers: duplicate worker %q", w.Name)
 		case w.URL == "" || w.MetricsURL == "":
 			return fmt.Errorf("workers: worker %q: no url", w.Name)
@@ -304,7 +311,7 @@ func check(ws []config.Worker) error {
 		if other, dup := ids[ID(w.Name)]; dup {
 			return fmt.Errorf("workers: workers %q and %q have the same id; rename one", other, w.Name)
 		}
-		names[w.Name] = true
+		names[w.Name] = w.Range
 		ids[ID(w.Name)] = w.Name
 	}
 	return nil

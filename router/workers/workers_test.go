@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/hcl/v2"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
@@ -666,5 +667,30 @@ func TestWatchConfigMap(t *testing.T) {
 	}
 	if strings.Contains(logs.String(), "[ERROR]") {
 		t.Errorf("errors logged:\n%s", logs.String())
+	}
+}
+
+// TestSyncDuplicateNamesBothBlocks checks that a worker name given twice,
+// in the policy file and in the workers file as router serve merges them,
+// is refused naming both blocks' file:line:col, and without positions
+// (workers built in code) by name alone.
+func TestSyncDuplicateNamesBothBlocks(t *testing.T) {
+	r := newRouter(t)
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast})
+	e := newEngine(t, vllmMetrics)
+	a1, a2 := worker("a", e, "llama"), worker("a", e, "llama")
+	a1.Range = hcl.Range{Filename: "policy.hcl", Start: hcl.Pos{Line: 12, Column: 1}}
+	a2.Range = hcl.Range{Filename: "workers.hcl", Start: hcl.Pos{Line: 3, Column: 1}}
+	err := m.Sync([]config.Worker{a1, a2})
+	const want = `workers: duplicate worker "a": declared at policy.hcl:12:1 and at workers.hcl:3:1; worker names must be unique across the policy file and the workers file`
+	if err == nil || err.Error() != want {
+		t.Errorf("Sync = %v, want %s", err, want)
+	}
+	a1.Range, a2.Range = hcl.Range{}, hcl.Range{}
+	if err := m.Sync([]config.Worker{a1, a2}); err == nil || err.Error() != `workers: duplicate worker "a"` {
+		t.Errorf("Sync without positions = %v, want workers: duplicate worker \"a\"", err)
+	}
+	if got := names(r, "llama", shared.RoleAggregated); len(got) != 0 {
+		t.Errorf("members after refused Syncs = %v, want none", got)
 	}
 }
