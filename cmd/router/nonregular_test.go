@@ -125,3 +125,78 @@ func runBinary(t *testing.T, bin string, args ...string) (int, string) {
 		return 0, ""
 	}
 }
+
+// TestOutputToOwnStandardStreamIsRefused runs the router binary with its
+// standard input, output or error redirected to a regular file and an
+// output flag naming that stream by a /dev or /proc path. The output is
+// written by renaming a temporary over the target, which would replace
+// the redirected file instead of writing to the stream: an appended log
+// lost, the trace read from stdin replaced. Each is refused, pointing to
+// `-`, and the file is left as it was.
+func TestOutputToOwnStandardStreamIsRefused(t *testing.T) {
+	bin, _ := e2eBinaries(t)
+	trace, err := os.ReadFile(arxivTrace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name, stream string // stream: the redirected one
+		args         []string
+	}{
+		{"report to /dev/stdout", "stdout", []string{"--report", "/dev/stdout"}},
+		{"per-request to /proc/self/fd/1", "stdout", []string{"--per-request", "/proc/self/fd/1"}},
+		{"report to /dev/stderr", "stderr", []string{"--report", "/dev/stderr"}},
+		{"report to /dev/stdin", "stdin", []string{"--trace", "-", "--trace-format", "jsonl", "--report", "/dev/stdin"}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			file := filepath.Join(dir, tt.stream)
+			old := []byte("an earlier log line\n")
+			if tt.stream == "stdin" {
+				old = trace
+			}
+			if err := os.WriteFile(file, old, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			f, err := os.OpenFile(file, os.O_RDWR|os.O_APPEND, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			var stdout, stderr bytes.Buffer
+			cmd := exec.CommandContext(ctx, bin, append([]string{"replay", "--limit", "5"}, tt.args...)...)
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			switch tt.stream {
+			case "stdin":
+				cmd.Stdin = f
+			case "stdout":
+				cmd.Stdout = f
+			case "stderr":
+				cmd.Stderr = f
+			}
+			err = cmd.Run()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+				t.Errorf("exit: %v, want status 1", err)
+			}
+			got, err := os.ReadFile(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			msg := stderr.String()
+			if tt.stream == "stderr" {
+				msg = strings.TrimPrefix(string(got), string(old))
+				got = got[:min(len(got), len(old))]
+			}
+			if !bytes.Equal(got, old) {
+				t.Errorf("%s's file holds %.200q, want it as it was", tt.stream, got)
+			}
+			want := "is the router's standard " + map[string]string{"stdin": "input", "stdout": "output", "stderr": "error"}[tt.stream]
+			if !strings.Contains(msg, want) || !strings.Contains(msg, "-") {
+				t.Errorf("stderr %q, want it to say %q", msg, want)
+			}
+		})
+	}
+}

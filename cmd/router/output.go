@@ -30,7 +30,8 @@ type pendingFile struct {
 // that exists keeps its permission bits. A path that names a symbolic link
 // writes the link's target, as os.Create would. A target that exists but is
 // not a regular file (a directory, a device such as /dev/stdout, a named
-// pipe) is refused: it cannot be replaced by a rename.
+// pipe) is refused: it cannot be replaced by a rename. So is the file the
+// router's standard input, output or error is redirected to (stdStream).
 func createPending(flag, path string) (*pendingFile, error) {
 	target := path
 	var perm fs.FileMode = 0o644
@@ -47,6 +48,9 @@ func createPending(flag, path string) (*pendingFile, error) {
 			return nil, fmt.Errorf("%s %s: is a directory, want a file", flag, path)
 		case !fi.Mode().IsRegular():
 			return nil, fmt.Errorf("%s %s: not a regular file (outputs are written to a temporary file and renamed over the target)", flag, path)
+		}
+		if name := stdStream(fi); name != "" {
+			return nil, fmt.Errorf("%s %s: is the router's standard %s (a file it was redirected to), which the output would replace, not write to; use %s - for standard output, or name another file", flag, path, name, flag)
 		}
 		perm = fi.Mode().Perm()
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -78,6 +82,23 @@ func createPending(flag, path string) (*pendingFile, error) {
 		return &pendingFile{flag: flag, target: target, f: f}, nil
 	}
 	return nil, fmt.Errorf("%s %s: cannot create a temporary file in %s", flag, path, dir)
+}
+
+// stdStream names the router's standard stream ("input", "output" or
+// "error") that is the file fi, or returns "". A stream redirected to a
+// regular file is reachable by path (/dev/stdout, /proc/self/fd/1), and
+// renaming an output over that path would replace the file: an appended
+// log, or the trace read from stdin, would be lost.
+func stdStream(fi fs.FileInfo) string {
+	for _, s := range []struct {
+		f    *os.File
+		name string
+	}{{os.Stdin, "input"}, {os.Stdout, "output"}, {os.Stderr, "error"}} {
+		if sfi, err := s.f.Stat(); err == nil && os.SameFile(fi, sfi) {
+			return s.name
+		}
+	}
+	return ""
 }
 
 // Write writes to the temporary file.
