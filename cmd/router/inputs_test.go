@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"compress/gzip"
 	"context"
 	"encoding/json"
 	"io"
@@ -152,6 +153,48 @@ func TestReplayTraceFormat(t *testing.T) {
 			"stdin:1: looks like CSV (an Azure trace), not JSON lines (a Mooncake trace); use --trace-format csv"},
 		{"unknown extension", "", []string{"--trace", txt},
 			txt + ": unknown trace format (want .jsonl or .csv); or give --trace-format jsonl or --trace-format csv"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			code, out, errOut := routerRunStdin(t, strings.NewReader(tt.stdin), append([]string{"replay"}, tt.args...)...)
+			if want := "router: " + tt.want + "\n"; code != 1 || out != "" || errOut != want {
+				t.Errorf("exit %d, stdout %q, stderr\n%q\nwant exit 1, stderr\n%q", code, out, errOut, want)
+			}
+		})
+	}
+}
+
+// TestReplayCompressedTrace: a gzip-compressed trace is named compressed
+// with how to replay it (decompressed into --trace -), by its .gz name
+// before it is read and by its bytes whatever its name. It was taken for
+// CSV ("looks like CSV (an Azure trace)... use --trace-format csv").
+func TestReplayCompressedTrace(t *testing.T) {
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	if _, err := zw.Write([]byte(traceHead(t, arxivTrace, 50))); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	dotGz := writeFile(t, "t.jsonl.gz", gz.String())
+	asJSONL := writeFile(t, "gz.jsonl", gz.String())
+	asCSV := writeFile(t, "gz.csv", gz.String())
+	for _, tt := range []struct {
+		name  string
+		stdin string
+		args  []string
+		want  string
+	}{
+		{"by extension", "", []string{"--trace", dotGz},
+			dotGz + ": a compressed trace; decompress it into standard input: zcat " + dotGz + " | router replay --trace - --trace-format jsonl"},
+		{"by extension, format given", "", []string{"--trace", dotGz, "--trace-format", "jsonl"},
+			dotGz + ":1: compressed with gzip, not a text trace; decompress it into standard input: zcat " + dotGz + " | router replay --trace - --trace-format jsonl"},
+		{"named jsonl", "", []string{"--trace", asJSONL},
+			asJSONL + ":1: compressed with gzip, not a text trace; decompress it into standard input: zcat " + asJSONL + " | router replay --trace - --trace-format jsonl"},
+		{"named csv", "", []string{"--trace", asCSV},
+			asCSV + ":1: compressed with gzip, not a text trace; decompress it into standard input: zcat " + asCSV + " | router replay --trace - --trace-format csv"},
+		{"stdin", gz.String(), []string{"--trace", "-", "--trace-format", "jsonl"},
+			"stdin:1: compressed with gzip, not a text trace; decompress it before the router reads it: ... | zcat | router replay --trace - --trace-format jsonl"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			code, out, errOut := routerRunStdin(t, strings.NewReader(tt.stdin), append([]string{"replay"}, tt.args...)...)

@@ -479,8 +479,15 @@ func loadTrace(path string, format trace.Format, stdin io.Reader) ([]trace.Recor
 	default:
 		recs, err = trace.ReadFile(path)
 	}
-	var fe *trace.FormatError
+	var (
+		fe *trace.FormatError
+		ce *trace.CompressedError
+	)
 	switch {
+	case errors.As(err, &ce):
+		err = fmt.Errorf("%w; %s", err, decompressHint(ce.Compression, path, format))
+	case errors.Is(err, trace.ErrUnknownFormat) && compressionOf(path) != nil:
+		err = fmt.Errorf("%s: a compressed trace; %s", path, decompressHint(*compressionOf(path), path, format))
 	case errors.As(err, &fe) && (format != "" || path == "-"):
 		err = fmt.Errorf("%w; use --trace-format %s", err, fe.Looks)
 	case errors.As(err, &fe):
@@ -491,6 +498,39 @@ func loadTrace(path string, format trace.Format, stdin io.Reader) ([]trace.Recor
 		err = fmt.Errorf("%w; to replay a stream, pipe it to --trace - (with --trace-format)", err)
 	}
 	return recs, name, err
+}
+
+// compressionOf returns the compression path's extension names
+// (t.jsonl.gz: gzip), or nil.
+func compressionOf(path string) *trace.Compression {
+	ext := strings.ToLower(filepath.Ext(path))
+	for i, c := range trace.Compressions {
+		if c.Ext == ext {
+			return &trace.Compressions[i]
+		}
+	}
+	return nil
+}
+
+// decompressHint tells how to replay a trace compressed with c: decompress
+// it into --trace -, in the format given, or the one the name without the
+// compression's extension has (t.jsonl.gz: jsonl).
+func decompressHint(c trace.Compression, file string, format trace.Format) string {
+	path := file
+	if format == "" {
+		if strings.EqualFold(filepath.Ext(path), c.Ext) {
+			path = path[:len(path)-len(c.Ext)]
+		}
+		format = trace.FormatOf(path)
+	}
+	formatFlag := "--trace-format " + string(format)
+	if format == "" {
+		formatFlag = "--trace-format jsonl (or csv)"
+	}
+	if file == "-" {
+		return fmt.Sprintf("decompress it before the router reads it: ... | %s | router replay --trace - %s", c.Decompressor, formatFlag)
+	}
+	return fmt.Sprintf("decompress it into standard input: %s %s | router replay --trace - %s", c.Decompressor, file, formatFlag)
 }
 
 // isDir reports whether path is a directory, symbolic links followed.

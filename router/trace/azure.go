@@ -38,10 +38,14 @@ var azureHeader = [3]string{"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
 // saturate instead). An empty input is a *ParseError too (no header); an
 // input with only the header is an error wrapping ErrNoRecords,
 // "NAME: no records". So is a line over MaxLineBytes (ErrLineTooLong) and
-// an input that starts with a JSON object (a *FormatError: JSON lines).
+// an input that starts with a JSON object (a *FormatError: JSON lines), and
+// one that starts with a compressed stream (a *CompressedError).
 func ReadAzure(r io.Reader, name string) ([]Record, error) {
 	lr := &lineLimiter{r: r, line: 1}
 	br := bufio.NewReader(lr)
+	if err := compressed(br); err != nil {
+		return nil, &ParseError{File: name, Line: 1, Err: err}
+	}
 	if looksLikeJSON(br) {
 		return nil, &ParseError{File: name, Line: 1, Err: &FormatError{Read: Azure, Looks: Mooncake}}
 	}

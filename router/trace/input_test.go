@@ -2,6 +2,7 @@ package trace
 
 import (
 	"bytes"
+	"compress/gzip"
 	"errors"
 	"io"
 	"os"
@@ -138,6 +139,39 @@ func BenchmarkReadAzure(b *testing.B) {
 		recs, err := ReadAzure(bytes.NewReader(data), "conv.csv")
 		if err != nil || len(recs) != 19366 {
 			b.Fatalf("%d records, %v", len(recs), err)
+		}
+	}
+}
+
+// TestCompressedTrace: a compressed trace, read as either format, is
+// named compressed at line 1, not taken for CSV (gzip's bytes hold no '{'
+// and may hold a ','), whatever its name.
+func TestCompressedTrace(t *testing.T) {
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	if _, err := zw.Write([]byte(jsonLine + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	if err := zw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		in     []byte
+		f      Format
+		name   string
+		compre string
+	}{
+		{gz.Bytes(), Mooncake, "gzip", "zcat"},
+		{gz.Bytes(), Azure, "gzip", "zcat"},
+		{[]byte("\x28\xb5\x2f\xfd\x04\x00"), Mooncake, "zstd", "zstdcat"},
+		{[]byte("BZh91AY&SY"), Azure, "bzip2", "bzcat"},
+		{[]byte("\xfd7zXZ\x00\x00"), Mooncake, "xz", "xzcat"},
+	} {
+		_, err := ReadAs(bytes.NewReader(tt.in), "t.gz", tt.f)
+		checkParseError(t, err, "t.gz:1: compressed with "+tt.name+", not a text trace", 1, nil)
+		var ce *CompressedError
+		if !errors.As(err, &ce) || ce.Name != tt.name || ce.Decompressor != tt.compre {
+			t.Errorf("%s as %s: %v, want a *CompressedError for %s (%s)", tt.name, tt.f, err, tt.name, tt.compre)
 		}
 	}
 }

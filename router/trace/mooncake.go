@@ -31,14 +31,18 @@ const maxMillis = math.MaxInt64 / int64(time.Millisecond)
 // range, a timestamp that decreases (ErrTimestampDecreased), or
 // len(hash_ids) != ceil(input_length/512) (ErrHashIDCount), a line over
 // MaxLineBytes (ErrLineTooLong), and a first line that is CSV rather than
-// JSON (a *FormatError). Blank lines are allowed only at the end of the
+// JSON (a *FormatError) or is a compressed stream (a *CompressedError). Blank lines are allowed only at the end of the
 // input. Arrival is the timestamp minus the
 // first line's timestamp. name is used in error messages only.
 //
 // An input with no records (empty, or only blank lines) is an error
 // wrapping ErrNoRecords, "NAME: no records".
 func ReadMooncake(r io.Reader, name string) ([]Record, error) {
-	sc := bufio.NewScanner(r)
+	br := bufio.NewReader(r)
+	if err := compressed(br); err != nil {
+		return nil, &ParseError{File: name, Line: 1, Err: err}
+	}
+	sc := bufio.NewScanner(br)
 	// The buffer holds a line and its newline.
 	sc.Buffer(make([]byte, 0, 64<<10), MaxLineBytes+1)
 	var (

@@ -10,6 +10,7 @@
 package trace
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -167,6 +168,47 @@ type FormatError struct {
 // CSV (an Azure trace)".
 func (e *FormatError) Error() string {
 	return fmt.Sprintf("looks like %s, not %s", e.Looks.describe(), e.Read.describe())
+}
+
+// Compression is a compressed file format a trace may be shipped in.
+type Compression struct {
+	Name         string // "gzip"
+	Ext          string // its usual file extension, ".gz"
+	Decompressor string // the usual command that writes it decompressed to stdout, "zcat"
+	magic        string // the bytes its streams start with
+}
+
+// Compressions are the compressed formats the readers recognise by their
+// first bytes (and the command line by extension): gzip, zstd, bzip2, xz.
+var Compressions = []Compression{
+	{Name: "gzip", Ext: ".gz", Decompressor: "zcat", magic: "\x1f\x8b"},
+	{Name: "zstd", Ext: ".zst", Decompressor: "zstdcat", magic: "\x28\xb5\x2f\xfd"},
+	{Name: "bzip2", Ext: ".bz2", Decompressor: "bzcat", magic: "BZh"},
+	{Name: "xz", Ext: ".xz", Decompressor: "xzcat", magic: "\xfd7zXZ\x00"},
+}
+
+// CompressedError is the cause of the *ParseError (line 1) for an input
+// that starts with a compressed stream (one of Compressions): the readers
+// take text, so it must be decompressed first.
+type CompressedError struct {
+	Compression
+}
+
+// Error implements error as "compressed with gzip, not a text trace".
+func (e *CompressedError) Error() string {
+	return "compressed with " + e.Name + ", not a text trace"
+}
+
+// compressed returns a *CompressedError when br starts with the magic
+// bytes of one of Compressions, else nil.
+func compressed(br *bufio.Reader) error {
+	b, _ := br.Peek(8)
+	for _, c := range Compressions {
+		if strings.HasPrefix(string(b), c.magic) {
+			return &CompressedError{Compression: c}
+		}
+	}
+	return nil
 }
 
 // Read parses a trace, choosing the format from name's extension
