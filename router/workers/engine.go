@@ -147,6 +147,10 @@ var (
 	// ErrUnparseable: the metrics endpoint answered 200 with something
 	// that is not Prometheus text.
 	ErrUnparseable = errors.New("metrics unparseable")
+	// ErrTooLarge: the metrics endpoint answered more than 16 MiB
+	// (maxMetricsBytes), more than any engine's metrics; the answer is
+	// not read past that.
+	ErrTooLarge = errors.New("metrics too large")
 )
 
 // StatusError is an endpoint answering with a status other than 200.
@@ -191,8 +195,12 @@ func scrape(ctx context.Context, c *http.Client, url string, timeout time.Durati
 		return Engine{}, err
 	}
 	defer resp.Body.Close()
-	e, err := ParseEngineText(io.LimitReader(resp.Body, maxMetricsBytes))
+	// One byte past the limit tells an answer over it from one at it.
+	body := &io.LimitedReader{R: resp.Body, N: maxMetricsBytes + 1}
+	e, err := ParseEngineText(body)
 	switch {
+	case body.N == 0:
+		return Engine{}, fmt.Errorf("%w: the answer of %s is over %d MiB", ErrTooLarge, url, maxMetricsBytes>>20)
 	case err == nil:
 		return e, nil
 	case isTimeout(err):

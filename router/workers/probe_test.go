@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -302,5 +303,32 @@ func TestReasonIsBounded(t *testing.T) {
 	st, _ := m.StatusOf("e")
 	if !errors.Is(st.LastError, ErrUnparseable) || len(st.Reason) > len(e.srv.URL)+100+maxReasonBytes {
 		t.Errorf("reason of %d bytes: %.300q", len(st.Reason), st.Reason)
+	}
+}
+
+// TestScrapeTooLarge: a metrics answer over maxMetricsBytes fails the
+// probe as too large, saying so, whether its first 16 MiB parse (many
+// series, the load at the end) or not (one huge label). It was a parse
+// error ("unexpected end of input stream") or a report without the load
+// the cut-off lines held.
+func TestScrapeTooLarge(t *testing.T) {
+	series := strings.Repeat("vllm:num_requests_running{engine=\"0\"} 1\n", maxMetricsBytes/40+1) + vllmMetrics
+	label := "vllm:num_requests_waiting{a=\"" + strings.Repeat("x", maxMetricsBytes) + "\"} 1\n"
+	for name, body := range map[string]string{"many series": series, "one huge label": label} {
+		t.Run(name, func(t *testing.T) {
+			e := newEngine(t, body)
+			_, err := scrape(context.Background(), &http.Client{}, e.srv.URL+"/metrics", time.Minute)
+			want := "metrics too large: the answer of " + e.srv.URL + "/metrics is over 16 MiB"
+			if !errors.Is(err, ErrTooLarge) || err.Error() != want {
+				t.Errorf("scrape = %v, want %s", err, want)
+			}
+		})
+	}
+	// At the limit exactly: parsed.
+	fill := "# " + strings.Repeat("x", maxMetricsBytes-len(vllmMetrics)-3) + "\n"
+	e := newEngine(t, fill+vllmMetrics)
+	rep, err := scrape(context.Background(), &http.Client{}, e.srv.URL+"/metrics", time.Minute)
+	if err != nil || rep.Load == nil {
+		t.Errorf("scrape of %d bytes = %+v, %v; want its load", len(fill+vllmMetrics), rep, err)
 	}
 }

@@ -31,8 +31,9 @@
 //
 // Logged at info: a worker's first failed probe and each probe failing
 // for another reason than the one before (connection refused, HTTP status
-// N from the metrics or health URL, metrics unparseable, timeout), never a
-// repeat of the same failure; it joining ("worker ready"). At warn: it
+// N from the metrics or health URL, metrics unparseable or too large,
+// timeout), never a repeat of the same failure; it joining ("worker
+// ready"). At warn: it
 // leaving ("worker not ready", with the reason) and its engine load
 // becoming unknown. Status.Reason keeps the latest reason for /readyz.
 //
