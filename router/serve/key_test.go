@@ -38,9 +38,9 @@ func TestRoutingKey(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The fast path and encoding/json's give the same key.
-			fast, err, ok := parseFast([]byte(tc.body), tc.chat)
-			if !ok || err != nil {
-				t.Fatalf("fast path: ok %v, %v", ok, err)
+			fast, err := parseFast([]byte(tc.body), tc.chat)
+			if err != nil {
+				t.Fatalf("fast path: %v", err)
 			}
 			std, err := parseStd([]byte(tc.body), tc.chat)
 			if err != nil {
@@ -80,8 +80,9 @@ func TestRoutingKey(t *testing.T) {
 		{"{\"model\":\"m\",\"prompt\":\"a\nb\"}", false, "body is not valid JSON: invalid character '\\n' in string literal"},
 		{`{"model":"m","prompt":"\x41"}`, false, "body is not valid JSON: invalid character 'x' in string escape code"},
 		{`{"model":"m","max_tokens":007,"prompt":"x"}`, false, "body is not valid JSON: invalid character '0' after object key:value pair"},
-		{`{"model":"m","prompt":"x","junk":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, false, "exceeded max depth"},
-		{strings.Repeat("[", 400) + strings.Repeat("]", 400), false, "body must be a JSON object, not a JSON array"},
+		{`{"model":"m","prompt":"x","junk":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, false, "body is nested too deeply: JSON arrays and objects may nest at most 128 levels"},
+		{strings.Repeat("[", 400) + strings.Repeat("]", 400), false, "body is nested too deeply"},
+		{strings.Repeat("[", 100) + strings.Repeat("]", 100), false, "body must be a JSON object, not a JSON array"},
 		{`[1]`, false, "body must be a JSON object, not a JSON array"},
 		{`{"model":"m","messages":[]}`, true, "messages must be a non-empty array"},
 		{`{"model":"m","messages":{}}`, true, `"messages" must not be a JSON object`},
@@ -183,9 +184,9 @@ func TestUsageTokens(t *testing.T) {
 // encoding/json and the engines' Python decoders read it.
 func TestDuplicateKeysReadTheLast(t *testing.T) {
 	body := `{"model":"first","stream":false,"model":"m","stream":true,"messages":[{"role":"x","content":"a","role":"user","content":"b"}]}`
-	fast, err, ok := parseFast([]byte(body), true)
-	if !ok || err != nil {
-		t.Fatalf("fast path: %v %v", ok, err)
+	fast, err := parseFast([]byte(body), true)
+	if err != nil {
+		t.Fatalf("fast path: %v", err)
 	}
 	std, err := parseStd([]byte(body), true)
 	if err != nil {
@@ -202,7 +203,7 @@ func TestDuplicateKeysReadTheLast(t *testing.T) {
 // small multiple of its size (fastjson would keep a node per value:
 // ~600 MiB for 4 MiB of zeros). What is measured is the peak of the heap's
 // live objects, sampled while the parse runs with the collector set to
-// run often: the garbage of a token-by-token walk is not kept.
+// run often.
 func TestLargeBodiesParseInBoundedMemory(t *testing.T) {
 	zeros := strings.Repeat("0,", 2<<20)
 	defer debug.SetGCPercent(debug.SetGCPercent(5))
@@ -214,7 +215,7 @@ func TestLargeBodiesParseInBoundedMemory(t *testing.T) {
 		{"ignored array", `{"model":"m","prompt":"x","junk":[` + zeros + `0]}`, false, 8},
 		{"token ids", `{"model":"m","prompt":[` + zeros + `0]}`, false, 16},
 		{"empty messages", `{"model":"m","messages":[` + strings.Repeat("{},", 1<<20) + `{"role":"user","content":"x"}]}`, true, 8},
-		{"many commas, small", `{"model":"m","prompt":"x","junk":[` + strings.Repeat("0,", fastMaxCommas+1) + `0]}`, false, 8},
+		{"many values, small", `{"model":"m","prompt":"x","junk":[` + strings.Repeat("[],", fastMaxValues/2+1) + `0]}`, false, 8},
 		{"nested token ids", `{"model":"m","prompt":[` + strings.Repeat("[0],", 1<<20) + `[0]]}`, false, 8},
 		{"string array", `{"model":"m","prompt":[` + strings.Repeat(`"",`, 1<<20) + `""]}`, false, 8},
 		{"content parts", `{"model":"m","messages":[{"role":"user","content":[` + strings.Repeat("{},", 1<<20) + `{}]}]}`, true, 8},
@@ -301,9 +302,9 @@ func TestParsePathsAgree(t *testing.T) {
 			}
 		}
 		if plainText([]byte(tc.body)) {
-			fast, ferr, ok := parseFast([]byte(tc.body), tc.chat)
-			if !ok || ferr != nil || !cmp.Equal(fast.key(), std.key(), cmp.AllowUnexported(routingKey{})) {
-				t.Errorf("%s: fast path %v %v %+v, want the encoding/json path's key %+v", tc.body, ok, ferr, fast, std.key())
+			fast, ferr := parseFast([]byte(tc.body), tc.chat)
+			if ferr != nil || !cmp.Equal(fast.key(), std.key(), cmp.AllowUnexported(routingKey{})) {
+				t.Errorf("%s: fast path %v %+v, want the walk's key %+v", tc.body, ferr, fast, std.key())
 			}
 		}
 	}
