@@ -309,3 +309,35 @@ func TestParsePathsAgree(t *testing.T) {
 		}
 	}
 }
+
+// A body nested maxNesting levels is read; one level more is refused with
+// errTooDeep, on both paths and through parseRequest, arrays and objects
+// alike. Brackets inside strings do not count.
+func TestNestingLimit(t *testing.T) {
+	paths := map[string]func([]byte, bool) (*completionRequest, error){"fast": parseFast, "std": parseStd, "parseRequest": parseRequest}
+	for _, open := range []byte{'[', '{'} {
+		for _, depth := range []int{maxNesting - 1, maxNesting, maxNesting + 1} {
+			// The top-level object is level 1, the junk member's value 2.
+			body := []byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"junk":` + nested(open, depth-1) + `}`)
+			if got := nesting(body, maxNesting+10); got != depth {
+				t.Fatalf("%c %d: nesting counts %d", open, depth, got)
+			}
+			for name, parse := range paths {
+				req, err := parse(body, true)
+				switch {
+				case depth <= maxNesting && (err != nil || req.key().text != "user: x\n"):
+					t.Errorf("%s, %c nested %d levels: %v, want it read", name, open, depth, err)
+				case depth > maxNesting && (!errors.Is(err, errBadRequest) || err.Error() != errTooDeep.Error()):
+					t.Errorf("%s, %c nested %d levels: %v, want %v", name, open, depth, err, errTooDeep)
+				}
+			}
+		}
+	}
+	deepText := strings.Repeat(`[{\"`, 2*maxNesting)
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + deepText + `"}]}`)
+	for name, parse := range paths {
+		if req, err := parse(body, true); err != nil || req.key().text != "user: "+strings.ReplaceAll(deepText, `\"`, `"`)+"\n" {
+			t.Errorf("%s: brackets in a string: %v", name, err)
+		}
+	}
+}

@@ -142,6 +142,11 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
 		return http.StatusBadRequest
 	}
+	if err := ex.ctx.Err(); err != nil {
+		// The client left, or the request timeout passed, while the body
+		// was read and parsed: nothing more is done for it.
+		return s.admitError(ex, err)
+	}
 	ex.tokens, ex.hashes = key.hash(s.r.BlockSize(), s.cpt)
 	ex.session = ex.r.Header.Get("X-Session-Id")
 	ex.meta = make(map[string]string, len(ex.r.Header))
