@@ -173,6 +173,9 @@ func TestUsageTokens(t *testing.T) {
 		{`{"usage":{"total_tokens":"12"}}`, 0, false},
 		{`{"usage":null}`, 0, false},
 		{``, 0, false},
+		{`{"usage":{"total_tokens":7},"x":` + strings.Repeat("[", maxNesting) + strings.Repeat("]", maxNesting) + `}`, 0, false},
+		{`{"usage":{"total_tokens":7},"x":` + strings.Repeat("[", maxNesting-1) + strings.Repeat("]", maxNesting-1) + `}`, 7, true},
+		{`{"usage":{"total_tokens":7},"x":tru` + strings.Repeat("e", 1000), 0, false},
 	} {
 		if got, ok := usageTokens([]byte(tc.body)); got != tc.want || ok != tc.ok {
 			t.Errorf("%q: %d %v, want %d %v", tc.body, got, ok, tc.want, tc.ok)
