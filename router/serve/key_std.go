@@ -201,6 +201,16 @@ func decodeString(raw []byte) string {
 	return out
 }
 
+// writeString appends the JSON string raw (quoted), decoded as
+// decodeString does, to sb.
+func writeString(sb *strings.Builder, raw []byte) {
+	if s := raw[1 : len(raw)-1]; bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) {
+		sb.Write(s)
+		return
+	}
+	sb.WriteString(decodeString(raw))
+}
+
 // unquoteKey returns the object key raw (quoted) decoded, without a copy
 // when it has no escape.
 func unquoteKey(raw []byte) []byte {
@@ -211,9 +221,11 @@ func unquoteKey(raw []byte) []byte {
 }
 
 // stdMessages renders a messages array as prefix.RenderChat does ("role:
-// content\n" per message).
+// content\n" per message). The text is shorter than raw, whose size it
+// is given at once.
 func stdMessages(raw []byte) (string, error) {
 	var sb strings.Builder
+	sb.Grow(len(raw))
 	err := elements(raw, func(i int, m []byte) error {
 		if m[0] != '{' {
 			return rawTypeError(fmt.Sprintf("messages[%d]", i), m)
@@ -231,7 +243,7 @@ func stdMessages(raw []byte) (string, error) {
 			if role[0] != '"' {
 				return rawTypeError(fmt.Sprintf("messages[%d].role", i), role)
 			}
-			sb.WriteString(decodeString(role))
+			writeString(&sb, role)
 		}
 		sb.WriteString(": ")
 		if err := stdContent(&sb, i, present(content)); err != nil {
@@ -250,7 +262,7 @@ func stdContent(sb *strings.Builder, i int, raw []byte) error {
 	case raw == nil:
 		return nil
 	case raw[0] == '"':
-		sb.WriteString(decodeString(raw))
+		writeString(sb, raw)
 		return nil
 	case raw[0] == '[':
 		return elements(raw, func(j int, part []byte) error {
@@ -267,7 +279,7 @@ func stdContent(sb *strings.Builder, i int, raw []byte) error {
 				}
 			})
 			if typ != nil && typ[0] == '"' && decodeString(typ) == "text" && text != nil && text[0] == '"' {
-				sb.WriteString(decodeString(text))
+				writeString(sb, text)
 			}
 			return nil
 		})
@@ -288,6 +300,7 @@ func stdPrompt(raw []byte) (routingKey, error) {
 			return routingKey{}, nil
 		case '"':
 			var sb strings.Builder
+			sb.Grow(len(raw))
 			err := elements(raw, func(i int, e []byte) error {
 				if e[0] != '"' {
 					return rawTypeError(fmt.Sprintf("prompt[%d]", i), e)
@@ -295,7 +308,7 @@ func stdPrompt(raw []byte) (routingKey, error) {
 				if i > 0 {
 					sb.WriteByte('\n')
 				}
-				sb.WriteString(decodeString(e))
+				writeString(&sb, e)
 				return nil
 			})
 			return routingKey{text: sb.String()}, err
