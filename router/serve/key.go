@@ -32,9 +32,10 @@ var errBadRequest = errors.New("invalid request")
 // opening brackets (a bound on the number of JSON values, each of which
 // fastjson builds a node for), are parsed by parseStd, which builds
 // nothing but the routing key. A 4 MiB array of zeros would otherwise take
-// ~600 MiB of heap; and a node costs fastjson some 30 times what a byte
-// of string costs it, so a body dense in values would cost the fast path
-// far more per byte than an ordinary one (BenchmarkParseAdversarial).
+// ~600 MiB of heap; and a node costs fastjson tens of times what a byte
+// of string costs it, so a body dense in values (unclosed brackets, say)
+// would cost the fast path far more per byte than an ordinary one
+// (BenchmarkParseAdversarial).
 const (
 	fastMaxBytes  = 256 << 10
 	fastMaxValues = 8192
