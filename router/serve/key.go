@@ -2,8 +2,12 @@ package serve
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"unicode/utf8"
+
+	"github.com/tidwall/gjson"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
 )
@@ -24,23 +28,26 @@ type completionRequest struct {
 // errBadRequest wraps every reason a body is refused with 400.
 var errBadRequest = errors.New("invalid request")
 
-// Bounds of the fast parse: larger bodies, or bodies with more commas (a
-// proxy for the number of JSON values, each of which fastjson keeps as a
-// node of ~100-300 bytes), are parsed by encoding/json, whose memory stays
-// within a small multiple of the body. A 4 MiB array of zeros would
-// otherwise take ~600 MiB of heap.
+// Bounds of the fast parse: larger bodies, or bodies with more commas and
+// opening brackets (a bound on the number of JSON values, each of which
+// fastjson builds a node for), are parsed by parseStd, which builds
+// nothing but the routing key. A 4 MiB array of zeros would otherwise take
+// ~600 MiB of heap; and a node costs fastjson tens of times what a byte
+// of string costs it, so a body dense in values (unclosed brackets, say)
+// would cost the fast path far more per byte than an ordinary one
+// (BenchmarkParseAdversarial).
 const (
 	fastMaxBytes  = 256 << 10
-	fastMaxCommas = 8192
+	fastMaxValues = 8192
 )
 
 // plainText reports whether body's strings read the same under fastjson
 // and encoding/json: valid UTF-8 (encoding/json turns invalid bytes into
 // U+FFFD, fastjson keeps them) and no \uD800-\uDFFF escape (encoding/json
 // turns a lone surrogate into U+FFFD, fastjson keeps the escape's text).
-// Bodies that fail it take encoding/json, so a prompt's routing key does
-// not depend on its body's size. Escaped emoji (surrogate pairs) take it
-// too: correct, if slower.
+// Bodies that fail it take parseStd, which decodes strings as
+// encoding/json does, so a prompt's routing key does not depend on its
+// body's size. Escaped emoji (surrogate pairs) take it too.
 func plainText(body []byte) bool {
 	return utf8.Valid(body) && !bytes.Contains(body, []byte(`\ud`)) && !bytes.Contains(body, []byte(`\uD`))
 }
@@ -49,19 +56,112 @@ func plainText(body []byte) bool {
 // the chat schema (messages) over the completions one (prompt). Errors
 // wrap errBadRequest and name the offending field.
 //
-// Small bodies take the fast path (fastjson, one pass, after
-// fastjson.ValidateBytes has checked the body is strict JSON); large
-// ones, and any body the fast path's validation refuses, take encoding/json
-// (parseStd), which is authoritative: its answer, and its error message,
-// stand. Both read a key given twice as its last value, as encoding/json
-// and the engines' Python JSON decoders do.
+// Small bodies of plain text and few values take the fast path
+// (parseFast: a fastjson tree); the others parseStd (a walk over the
+// body's bytes). Both first check the body (checkBody: nesting depth,
+// strict JSON) alike, read a key given twice as its last value, as
+// encoding/json and the engines' Python JSON decoders do, and decode
+// strings as encoding/json does, so a request is accepted, refused and
+// routed the same on either. Each takes time linear in the body's size.
 func parseRequest(body []byte, chat bool) (*completionRequest, error) {
-	if len(body) <= fastMaxBytes && bytes.Count(body, []byte{','}) <= fastMaxCommas && plainText(body) {
-		if req, err, ok := parseFast(body, chat); ok {
-			return req, err
-		}
+	if len(body) <= fastMaxBytes && plainText(body) &&
+		bytes.Count(body, []byte{','})+bytes.Count(body, []byte{'['})+bytes.Count(body, []byte{'{'}) <= fastMaxValues {
+		return parseFast(body, chat)
 	}
 	return parseStd(body, chat)
+}
+
+// maxNesting bounds how deeply a request body nests JSON arrays and
+// objects, the top-level object being level 1; checkBody refuses deeper
+// bodies (errTooDeep) before anything else reads them, so that no
+// recursive reader (the validator, fastjson's parser) recurses deeper.
+// Unbounded, fastjson's validation, which checked bodies before, cost the
+// square of the depth: 10,000 unclosed brackets took seconds.
+//
+// 128 levels is serde_json's default recursion limit (so the Rust
+// gateways in front of SGLang and TGI refuse deeper bodies too), and
+// several times what any OpenAI request needs: Structured Outputs caps a
+// schema at 10 levels of nesting (https://platform.openai.com/docs/guides/structured-outputs,
+// "Supported schemas"), a few dozen JSON levels with the request around
+// it. vLLM (FastAPI) would parse deeper bodies, up to its Python's
+// json.loads ceiling, which moves with the interpreter: about 1,000
+// levels on Python 3.10 and 3.11 (the default recursion limit), 5,000
+// still parse on 3.13, 100,000 on 3.14. A body between the two is refused
+// here although vLLM would have read it.
+const maxNesting = 128
+
+// errTooDeep is the 400 for a body nested deeper than maxNesting.
+var errTooDeep = fmt.Errorf("%w: body is nested too deeply: JSON arrays and objects may nest at most %d levels", errBadRequest, maxNesting)
+
+// checkBody is the first step of both parse paths: body must nest at most
+// maxNesting levels (errTooDeep) and be strict JSON (RFC 8259, as
+// encoding/json reads it). Linear in len(body), and nothing is allocated
+// for a valid body.
+//
+// The validator is gjson's (a recursive descent, zero-allocation, which
+// the depth check bounds). fastjson's, which this replaced, builds each
+// error as the message of the level below plus, for a bad literal, the
+// whole rest of the body: its cost was the square of the depth, or the
+// depth times the body (4 MiB took 2 s and 8 GB of allocations). Errors
+// are worded by encoding/json, as the API answered before.
+func checkBody(body []byte) error {
+	if nesting(body, maxNesting) > maxNesting {
+		return errTooDeep
+	}
+	if gjson.ValidBytes(body) {
+		return nil
+	}
+	var syn *json.SyntaxError
+	if errors.As(json.Unmarshal(body, &struct{}{}), &syn) {
+		return fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, syn)
+	}
+	return fmt.Errorf("%w: body is not valid JSON", errBadRequest)
+}
+
+// nesting returns how deeply body nests JSON arrays and objects, counting
+// until it passes limit (it returns limit+1 then, at once). It reads body
+// once, strings skipped whole, and takes malformed JSON as it comes: the
+// count is exact on the valid prefix of body, which is all a validator
+// reads before it stops.
+func nesting(body []byte, limit int) int {
+	depth, deepest := 0, 0
+	for i := 0; i < len(body); i++ {
+		switch body[i] {
+		case '[', '{':
+			if depth++; depth > deepest {
+				if deepest = depth; deepest > limit {
+					return deepest
+				}
+			}
+		case ']', '}':
+			depth--
+		case '"':
+			i = stringEnd(body, i) - 1
+		}
+	}
+	return deepest
+}
+
+// stringEnd returns the index just past the JSON string that starts at
+// body[i] (a quote): past the next quote that follows an even run of
+// backslashes; len(body) when the string is not closed. The runs before
+// distinct quotes are distinct, so a walk over body that skips strings
+// with it reads each byte a bounded number of times.
+func stringEnd(body []byte, i int) int {
+	for {
+		j := bytes.IndexByte(body[i+1:], '"')
+		if j < 0 {
+			return len(body)
+		}
+		i += 1 + j
+		k := i - 1
+		for body[k] == '\\' {
+			k--
+		}
+		if (i-1-k)%2 == 0 {
+			return i + 1
+		}
+	}
 }
 
 // routingKey is what a request is routed by: its prompt as token ids or

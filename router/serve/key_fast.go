@@ -16,22 +16,21 @@ import (
 // its handler time (BenchmarkHandler) to a few percent.
 var parsers fastjson.ParserPool
 
-// parseFast is parseRequest's fast path. ok is false when body is not
-// strict JSON (fastjson's parser alone accepts some invalid input, NaN or
-// raw control characters in strings, and refuses nesting deeper than
-// 300): the caller then asks encoding/json.
-func parseFast(body []byte, chat bool) (_ *completionRequest, _ error, ok bool) {
-	if fastjson.ValidateBytes(body) != nil {
-		return nil, nil, false
+// parseFast is parseRequest's fast path, for small bodies of plain text
+// (plainText) and few values: checkBody, then fastjson's tree of the body.
+func parseFast(body []byte, chat bool) (*completionRequest, error) {
+	if err := checkBody(body); err != nil {
+		return nil, err
 	}
 	p := parsers.Get()
 	defer parsers.Put(p)
 	v, err := p.ParseBytes(body)
 	if err != nil {
-		return nil, nil, false
+		// Not expected: the body is valid JSON nested well under
+		// fastjson.MaxDepth.
+		return nil, fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, err)
 	}
-	req, err := readFast(v, chat)
-	return req, err, true
+	return readFast(v, chat)
 }
 
 // readFast reads a parsed request.

@@ -4,88 +4,84 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
-	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
-// parseStd is parseRequest with encoding/json's token stream: the path
-// for large bodies and the authority on bodies the fast path refuses.
+// parseStd is parseRequest's path for large bodies, bodies dense in JSON
+// values, and bodies whose strings fastjson would read otherwise than
+// encoding/json: checkBody, then a walk over the body's bytes, which
+// checkBody has found to be strict JSON nested at most maxNesting levels.
 //
 // It follows parseFast's rules exactly, so that a request routes the same
-// whatever its size: keys match exactly (encoding/json's struct decoding
-// would match "Role" for "role"); a key given twice counts as its last
-// value, and only that value is checked; null is absent; chat messages
-// are not read when prompt_token_ids route; a content part's text counts
-// only when its type is "text" and it is a string. Its strings are
-// encoding/json's (invalid UTF-8 and lone surrogates become U+FFFD);
-// parseRequest sends bodies holding either here, so the fast path never
-// sees them.
+// whatever its size: keys match exactly; a key given twice counts as its
+// last value, and only that value is checked; null is absent; chat
+// messages are not read when prompt_token_ids route; a content part's
+// text counts only when its type is "text" and it is a string. Its
+// strings are encoding/json's (invalid UTF-8 and lone surrogates become
+// U+FFFD); parseRequest sends bodies holding either here, so the fast path
+// never sees them.
 //
-// It keeps the last raw value of each key it reads (at most the body
-// again) and walks arrays token by token, so what it builds is the
-// routing key, not the document: a body of a million tiny JSON values
-// costs a small multiple of its size.
+// It builds the routing key and nothing else: members it does not read
+// are skipped, not decoded, so a body of a million tiny JSON values costs
+// a walk over its bytes. Each byte is looked at a bounded number of times
+// (once per level of the walk, at most five: body, messages, message,
+// content, part), so the time is linear in the body's size.
 func parseStd(body []byte, chat bool) (*completionRequest, error) {
-	dec := json.NewDecoder(bytes.NewReader(body))
-	dec.UseNumber()
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, notJSON(err)
+	if err := checkBody(body); err != nil {
+		return nil, err
 	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", errBadRequest, tokenType(tok))
+	body = body[skipSpace(body, 0):]
+	if body[0] != '{' {
+		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", errBadRequest, rawType(body))
 	}
-	last := map[string]json.RawMessage{}
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, notJSON(err)
+	var model, stream, tokenIDs, messages, prompt []byte // the last raw value of each
+	members(body, func(key, val []byte) {
+		switch string(unquoteKey(key)) {
+		case "model":
+			model = val
+		case "stream":
+			stream = val
+		case "prompt_token_ids":
+			tokenIDs = val
+		case "messages":
+			messages = val
+		case "prompt":
+			prompt = val
 		}
-		var raw json.RawMessage
-		if err := dec.Decode(&raw); err != nil {
-			return nil, notJSON(err)
-		}
-		switch key, _ := tok.(string); key {
-		case "model", "stream", "prompt_token_ids", "messages", "prompt":
-			last[key] = raw
-		}
-	}
-	if _, err := dec.Token(); err != nil { // the closing brace
-		return nil, notJSON(err)
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return nil, fmt.Errorf("%w: body is not valid JSON: data after the top-level object", errBadRequest)
-	}
+	})
 
-	var req completionRequest
-	if raw := present(last["model"]); raw != nil {
-		var m string
-		if err := json.Unmarshal(raw, &m); err != nil {
+	var (
+		req completionRequest
+		err error
+	)
+	if raw := present(model); raw != nil {
+		if raw[0] != '"' {
 			return nil, rawTypeError("model", raw)
 		}
-		req.Model = m
+		req.Model = decodeString(raw)
 	}
-	if raw := present(last["stream"]); raw != nil {
-		if err := json.Unmarshal(raw, &req.Stream); err != nil {
+	if raw := present(stream); raw != nil {
+		if raw[0] != 't' && raw[0] != 'f' {
 			return nil, rawTypeError("stream", raw)
 		}
+		req.Stream = raw[0] == 't'
 	}
 	if req.Model == "" {
 		return nil, fmt.Errorf("%w: you must provide a model parameter", errBadRequest)
 	}
-	if raw := present(last["prompt_token_ids"]); raw != nil {
-		if req.routing.ids, err = stdTokenIDs("prompt_token_ids", raw); err != nil {
+	if raw := present(tokenIDs); raw != nil {
+		if req.routing.ids, err = stdTokenIDs("prompt_token_ids", raw, nil); err != nil {
 			return nil, err
 		}
 	}
 	if chat {
-		raw := present(last["messages"])
+		raw := present(messages)
 		if raw != nil && raw[0] != '[' {
 			return nil, rawTypeError("messages", raw)
 		}
-		if raw == nil || isEmptyArray(raw) {
+		if raw == nil || raw[skipSpace(raw, 1)] == ']' {
 			return nil, fmt.Errorf("%w: messages must be a non-empty array", errBadRequest)
 		}
 		if len(req.routing.ids) > 0 {
@@ -98,13 +94,13 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 		req.routing.text = text
 		return &req, nil
 	}
-	prompt := present(last["prompt"])
-	if prompt == nil && len(req.routing.ids) == 0 {
+	raw := present(prompt)
+	if raw == nil && len(req.routing.ids) == 0 {
 		return nil, fmt.Errorf("%w: you must provide a prompt", errBadRequest)
 	}
-	if prompt != nil {
+	if raw != nil {
 		// A malformed prompt is refused even when prompt_token_ids route.
-		key, err := stdPrompt(prompt)
+		key, err := stdPrompt(raw)
 		if err != nil {
 			return nil, err
 		}
@@ -115,115 +111,178 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 	return &req, nil
 }
 
-// present returns raw without surrounding space, or nil when it is absent
-// or null.
-func present(raw json.RawMessage) json.RawMessage {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+// The walk: functions over valid JSON (checkBody's), each value given as
+// its raw bytes without surrounding space.
+
+// members calls f with the raw key (quoted) and value of each member of
+// the JSON object obj, in order.
+func members(obj []byte, f func(key, val []byte)) {
+	for i := skipSpace(obj, 1); obj[i] != '}'; {
+		end := stringEnd(obj, i)
+		v := skipSpace(obj, skipSpace(obj, end)+1) // past the colon
+		vend := valueEnd(obj, v)
+		f(obj[i:end], obj[v:vend])
+		if i = skipSpace(obj, vend); obj[i] == ',' {
+			i = skipSpace(obj, i+1)
+		}
+	}
+}
+
+// elements calls f with the index and raw value of each element of the
+// JSON array arr, in order, until f returns an error, which it returns.
+func elements(arr []byte, f func(i int, val []byte) error) error {
+	for n, i := 0, skipSpace(arr, 1); arr[i] != ']'; n++ {
+		end := valueEnd(arr, i)
+		if err := f(n, arr[i:end]); err != nil {
+			return err
+		}
+		if i = skipSpace(arr, end); arr[i] == ',' {
+			i = skipSpace(arr, i+1)
+		}
+	}
+	return nil
+}
+
+// valueEnd returns the index just past the JSON value that starts at b[i].
+func valueEnd(b []byte, i int) int {
+	switch b[i] {
+	case '"':
+		return stringEnd(b, i)
+	case '[', '{':
+		for depth := 0; ; i++ {
+			switch b[i] {
+			case '"':
+				i = stringEnd(b, i) - 1
+			case '[', '{':
+				depth++
+			case ']', '}':
+				if depth--; depth == 0 {
+					return i + 1
+				}
+			}
+		}
+	}
+	for ; i < len(b); i++ { // a number, true, false or null
+		switch b[i] {
+		case ',', ']', '}', ' ', '\t', '\r', '\n':
+			return i
+		}
+	}
+	return i
+}
+
+// skipSpace returns the index of the first byte of b at or after i that
+// is not JSON white space.
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n') {
+		i++
+	}
+	return i
+}
+
+// present returns raw, or nil when it is absent or null.
+func present(raw []byte) []byte {
+	if len(raw) == 0 || raw[0] == 'n' {
 		return nil
 	}
 	return raw
 }
 
-func isEmptyArray(raw json.RawMessage) bool {
-	return len(raw) >= 2 && raw[0] == '[' && len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0
+// decodeString returns the JSON string raw (quoted) as encoding/json
+// decodes it: escapes resolved, invalid UTF-8 and lone surrogates turned
+// into U+FFFD. A string without either is its bytes.
+func decodeString(raw []byte) string {
+	s := raw[1 : len(raw)-1]
+	if bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) {
+		return string(s)
+	}
+	var out string
+	_ = json.Unmarshal(raw, &out) // cannot fail: raw is a valid JSON string
+	return out
 }
 
-// stdMessages renders a messages array as prefix.RenderChat does, one
-// message at a time, on one decoder.
-func stdMessages(raw json.RawMessage) (string, error) {
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	if _, err := dec.Token(); err != nil { // '['
-		return "", notJSON(err)
+// writeString appends the JSON string raw (quoted), decoded as
+// decodeString does, to sb.
+func writeString(sb *strings.Builder, raw []byte) {
+	if s := raw[1 : len(raw)-1]; bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) {
+		sb.Write(s)
+		return
 	}
+	sb.WriteString(decodeString(raw))
+}
+
+// unquoteKey returns the object key raw (quoted) decoded, without a copy
+// when it has no escape.
+func unquoteKey(raw []byte) []byte {
+	if bytes.IndexByte(raw, '\\') < 0 {
+		return raw[1 : len(raw)-1]
+	}
+	return []byte(decodeString(raw))
+}
+
+// stdMessages renders a messages array as prefix.RenderChat does ("role:
+// content\n" per message). The text is shorter than raw, whose size it
+// is given at once.
+func stdMessages(raw []byte) (string, error) {
 	var sb strings.Builder
-	for i := 0; dec.More(); i++ {
-		name := func() string { return fmt.Sprintf("messages[%d]", i) }
-		fields, err := objectFields(dec, name, "role", "content")
-		if err != nil {
-			return "", err
+	sb.Grow(len(raw))
+	err := elements(raw, func(i int, m []byte) error {
+		if m[0] != '{' {
+			return rawTypeError(fmt.Sprintf("messages[%d]", i), m)
 		}
-		if role := present(fields[0]); role != nil {
-			var r string
-			if err := json.Unmarshal(role, &r); err != nil {
-				return "", rawTypeError(name()+".role", role)
+		var role, content []byte
+		members(m, func(key, val []byte) {
+			switch string(unquoteKey(key)) {
+			case "role":
+				role = val
+			case "content":
+				content = val
 			}
-			sb.WriteString(r)
+		})
+		if role = present(role); role != nil {
+			if role[0] != '"' {
+				return rawTypeError(fmt.Sprintf("messages[%d].role", i), role)
+			}
+			writeString(&sb, role)
 		}
 		sb.WriteString(": ")
-		if err := stdContent(&sb, i, present(fields[1])); err != nil {
-			return "", err
+		if err := stdContent(&sb, i, present(content)); err != nil {
+			return err
 		}
 		sb.WriteByte('\n')
-	}
-	return sb.String(), nil
-}
-
-// objectFields reads the next value of dec, which must be an object
-// (named name() in errors), and returns the last raw value of each of
-// keys, in keys' order (nil when absent); other members are skipped.
-func objectFields(dec *json.Decoder, name func() string, keys ...string) ([]json.RawMessage, error) {
-	tok, err := dec.Token()
-	if err != nil {
-		return nil, notJSON(err)
-	}
-	if d, ok := tok.(json.Delim); !ok || d != '{' {
-		return nil, fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, name(), skipValue(dec, tok))
-	}
-	out := make([]json.RawMessage, len(keys))
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return nil, notJSON(err)
-		}
-		k := slices.Index(keys, tok.(string))
-		if k < 0 {
-			t, err := dec.Token()
-			if err != nil {
-				return nil, notJSON(err)
-			}
-			skipValue(dec, t)
-			continue
-		}
-		if err := dec.Decode(&out[k]); err != nil {
-			return nil, notJSON(err)
-		}
-	}
-	if _, err := dec.Token(); err != nil { // '}'
-		return nil, notJSON(err)
-	}
-	return out, nil
+		return nil
+	})
+	return sb.String(), err
 }
 
 // stdContent appends message i's content (raw, nil when absent or null):
 // a string, or an array of parts whose "text" parts' text is joined.
-func stdContent(sb *strings.Builder, i int, raw json.RawMessage) error {
+func stdContent(sb *strings.Builder, i int, raw []byte) error {
 	switch {
 	case raw == nil:
 		return nil
 	case raw[0] == '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return notJSON(err)
-		}
-		sb.WriteString(s)
+		writeString(sb, raw)
 		return nil
 	case raw[0] == '[':
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		if _, err := dec.Token(); err != nil {
-			return notJSON(err)
-		}
-		for j := 0; dec.More(); j++ {
-			fields, err := objectFields(dec, func() string { return fmt.Sprintf("messages[%d].content[%d]", i, j) }, "type", "text")
-			if err != nil {
-				return err
+		return elements(raw, func(j int, part []byte) error {
+			if part[0] != '{' {
+				return rawTypeError(fmt.Sprintf("messages[%d].content[%d]", i, j), part)
 			}
-			var typ, text string
-			if json.Unmarshal(fields[0], &typ) == nil && typ == "text" && json.Unmarshal(fields[1], &text) == nil {
-				sb.WriteString(text)
+			var typ, text []byte
+			members(part, func(key, val []byte) {
+				switch string(unquoteKey(key)) {
+				case "type":
+					typ = val
+				case "text":
+					text = val
+				}
+			})
+			if typ != nil && typ[0] == '"' && decodeString(typ) == "text" && text != nil && text[0] == '"' {
+				writeString(sb, text)
 			}
-		}
-		return nil
+			return nil
+		})
 	}
 	return fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadRequest, i)
 }
@@ -231,173 +290,86 @@ func stdContent(sb *strings.Builder, i int, raw json.RawMessage) error {
 // stdPrompt reads a completions prompt (raw, present): a string, an array
 // of strings (joined by newlines), an array of token ids, or an array of
 // token-id arrays (concatenated); the first element decides which.
-func stdPrompt(raw json.RawMessage) (routingKey, error) {
+func stdPrompt(raw []byte) (routingKey, error) {
 	switch raw[0] {
 	case '"':
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return routingKey{}, notJSON(err)
-		}
-		return routingKey{text: s}, nil
+		return routingKey{text: decodeString(raw)}, nil
 	case '[':
-		rest := bytes.TrimLeft(raw[1:], " \t\r\n")
-		switch {
-		case len(rest) == 0 || rest[0] == ']':
+		switch raw[skipSpace(raw, 1)] {
+		case ']':
 			return routingKey{}, nil
-		case rest[0] == '"':
-			dec := json.NewDecoder(bytes.NewReader(raw))
-			_, _ = dec.Token() // '['
+		case '"':
 			var sb strings.Builder
-			for i := 0; dec.More(); i++ {
-				tok, err := dec.Token()
-				if err != nil {
-					return routingKey{}, notJSON(err)
-				}
-				s, ok := tok.(string)
-				if !ok {
-					return routingKey{}, fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, fmt.Sprintf("prompt[%d]", i), skipValue(dec, tok))
+			sb.Grow(len(raw))
+			err := elements(raw, func(i int, e []byte) error {
+				if e[0] != '"' {
+					return rawTypeError(fmt.Sprintf("prompt[%d]", i), e)
 				}
 				if i > 0 {
 					sb.WriteByte('\n')
 				}
-				sb.WriteString(s)
-			}
-			return routingKey{text: sb.String()}, nil
+				writeString(&sb, e)
+				return nil
+			})
+			return routingKey{text: sb.String()}, err
+		case '[':
+			var ids []int64
+			err := elements(raw, func(i int, e []byte) error {
+				var err error
+				ids, err = stdTokenIDs(fmt.Sprintf("prompt[%d]", i), e, ids)
+				return err
+			})
+			return routingKey{ids: ids}, err
 		default:
-			ids, err := stdTokenIDs("prompt", raw)
+			ids, err := stdTokenIDs("prompt", raw, nil)
 			return routingKey{ids: ids}, err
 		}
 	}
 	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", errBadRequest)
 }
 
-// stdTokenIDs reads the token-id array raw (field name), or for "prompt"
-// an array of token-id arrays when its first element is an array. A flat
-// array is decoded in one call (an array of integers holds no strings, so
-// "null" in its text is a null element, which encoding/json would read as
-// 0); a nested one token by token, keeping only the ids.
-func stdTokenIDs(name string, raw json.RawMessage) ([]int64, error) {
+// stdTokenIDs appends the integers of the JSON array raw (the field name)
+// to dst.
+func stdTokenIDs(name string, raw []byte, dst []int64) ([]int64, error) {
 	if raw[0] != '[' {
 		return nil, rawTypeError(name, raw)
 	}
-	rest := bytes.TrimLeft(raw[1:], " \t\r\n")
-	if name != "prompt" || len(rest) == 0 || rest[0] != '[' {
-		var ids []int64
-		if !bytes.Contains(raw, []byte("null")) && json.Unmarshal(raw, &ids) == nil {
-			return ids, nil
+	err := elements(raw, func(i int, e []byte) error {
+		if c := e[0]; c != '-' && (c < '0' || c > '9') {
+			return fmt.Errorf("%w: %s[%d] must be an integer token id, not a JSON %s", errBadRequest, name, i, rawType(e))
 		}
-		// Name the first element that is not an integer id.
-		dec := json.NewDecoder(bytes.NewReader(raw))
-		dec.UseNumber()
-		_, _ = dec.Token() // '['
-		for i := 0; dec.More(); i++ {
-			if _, err := tokenID(dec, fmt.Sprintf("%s[%d]", name, i)); err != nil {
-				return nil, err
-			}
-		}
-		return nil, fmt.Errorf("%w: %s must be an array of integer token ids", errBadRequest, name)
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber()
-	_, _ = dec.Token() // '['
-	var ids []int64
-	for i := 0; dec.More(); i++ {
-		elem := fmt.Sprintf("%s[%d]", name, i)
-		tok, err := dec.Token()
+		id, err := strconv.ParseInt(string(e), 10, 64)
 		if err != nil {
-			return nil, notJSON(err)
+			return fmt.Errorf("%w: %s[%d] must be an integer token id, not the number %s", errBadRequest, name, i, e)
 		}
-		if d, ok := tok.(json.Delim); !ok || d != '[' {
-			return nil, fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, elem, skipValue(dec, tok))
-		}
-		for j := 0; dec.More(); j++ {
-			id, err := tokenID(dec, fmt.Sprintf("%s[%d]", elem, j))
-			if err != nil {
-				return nil, err
-			}
-			ids = append(ids, id)
-		}
-		if _, err := dec.Token(); err != nil { // ']'
-			return nil, notJSON(err)
-		}
-	}
-	return ids, nil
-}
-
-// tokenID reads the next value of dec as the integer token id name.
-func tokenID(dec *json.Decoder, name string) (int64, error) {
-	tok, err := dec.Token()
+		dst = append(dst, id)
+		return nil
+	})
 	if err != nil {
-		return 0, notJSON(err)
+		return nil, err
 	}
-	if n, ok := tok.(json.Number); ok {
-		if id, err := strconv.ParseInt(string(n), 10, 64); err == nil {
-			return id, nil
-		}
-		return 0, fmt.Errorf("%w: %s must be an integer token id, not the number %s", errBadRequest, name, n)
-	}
-	return 0, fmt.Errorf("%w: %s must be an integer token id, not a JSON %s", errBadRequest, name, skipValue(dec, tok))
-}
-
-// skipValue names the JSON type of the value tok starts and, for an
-// object or array, reads the rest of it from dec.
-func skipValue(dec *json.Decoder, tok json.Token) string {
-	typ := tokenType(tok)
-	if d, ok := tok.(json.Delim); ok && (d == '[' || d == '{') {
-		for depth := 1; depth > 0; {
-			t, err := dec.Token()
-			if err != nil {
-				break
-			}
-			if d, ok := t.(json.Delim); ok {
-				if d == '[' || d == '{' {
-					depth++
-				} else {
-					depth--
-				}
-			}
-		}
-	}
-	return typ
+	return dst, nil
 }
 
 // rawTypeError is the 400 for field whose raw value has the wrong type.
-func rawTypeError(field string, raw json.RawMessage) error {
-	typ := "null"
+func rawTypeError(field string, raw []byte) error {
+	return fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, field, rawType(raw))
+}
+
+// rawType names the JSON type of the raw value as encoding/json's errors
+// do.
+func rawType(raw []byte) string {
 	switch c := raw[0]; {
 	case c == '"':
-		typ = "string"
-	case c == '{':
-		typ = "object"
-	case c == '[':
-		typ = "array"
-	case c == 't' || c == 'f':
-		typ = "bool"
-	case c == '-' || (c >= '0' && c <= '9'):
-		typ = "number"
-	}
-	return fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, field, typ)
-}
-
-// notJSON is the 400 for a body encoding/json cannot read.
-func notJSON(err error) error {
-	return fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, err)
-}
-
-// tokenType names the JSON type a json.Decoder token starts.
-func tokenType(tok json.Token) string {
-	switch t := tok.(type) {
-	case json.Delim:
-		if t == '[' {
-			return "array"
-		}
-		return "object"
-	case string:
 		return "string"
-	case float64, json.Number:
-		return "number"
-	case bool:
+	case c == '{':
+		return "object"
+	case c == '[':
+		return "array"
+	case c == 't' || c == 'f':
 		return "bool"
+	case c == '-' || (c >= '0' && c <= '9'):
+		return "number"
 	}
 	return "null"
 }

@@ -38,9 +38,9 @@ func TestRoutingKey(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The fast path and encoding/json's give the same key.
-			fast, err, ok := parseFast([]byte(tc.body), tc.chat)
-			if !ok || err != nil {
-				t.Fatalf("fast path: ok %v, %v", ok, err)
+			fast, err := parseFast([]byte(tc.body), tc.chat)
+			if err != nil {
+				t.Fatalf("fast path: %v", err)
 			}
 			std, err := parseStd([]byte(tc.body), tc.chat)
 			if err != nil {
@@ -80,8 +80,9 @@ func TestRoutingKey(t *testing.T) {
 		{"{\"model\":\"m\",\"prompt\":\"a\nb\"}", false, "body is not valid JSON: invalid character '\\n' in string literal"},
 		{`{"model":"m","prompt":"\x41"}`, false, "body is not valid JSON: invalid character 'x' in string escape code"},
 		{`{"model":"m","max_tokens":007,"prompt":"x"}`, false, "body is not valid JSON: invalid character '0' after object key:value pair"},
-		{`{"model":"m","prompt":"x","junk":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, false, "exceeded max depth"},
-		{strings.Repeat("[", 400) + strings.Repeat("]", 400), false, "body must be a JSON object, not a JSON array"},
+		{`{"model":"m","prompt":"x","junk":` + strings.Repeat("[", 10001) + strings.Repeat("]", 10001) + `}`, false, "body is nested too deeply: JSON arrays and objects may nest at most 128 levels"},
+		{strings.Repeat("[", 400) + strings.Repeat("]", 400), false, "body is nested too deeply"},
+		{strings.Repeat("[", 100) + strings.Repeat("]", 100), false, "body must be a JSON object, not a JSON array"},
 		{`[1]`, false, "body must be a JSON object, not a JSON array"},
 		{`{"model":"m","messages":[]}`, true, "messages must be a non-empty array"},
 		{`{"model":"m","messages":{}}`, true, `"messages" must not be a JSON object`},
@@ -172,6 +173,9 @@ func TestUsageTokens(t *testing.T) {
 		{`{"usage":{"total_tokens":"12"}}`, 0, false},
 		{`{"usage":null}`, 0, false},
 		{``, 0, false},
+		{`{"usage":{"total_tokens":7},"x":` + strings.Repeat("[", maxNesting) + strings.Repeat("]", maxNesting) + `}`, 0, false},
+		{`{"usage":{"total_tokens":7},"x":` + strings.Repeat("[", maxNesting-1) + strings.Repeat("]", maxNesting-1) + `}`, 7, true},
+		{`{"usage":{"total_tokens":7},"x":tru` + strings.Repeat("e", 1000), 0, false},
 	} {
 		if got, ok := usageTokens([]byte(tc.body)); got != tc.want || ok != tc.ok {
 			t.Errorf("%q: %d %v, want %d %v", tc.body, got, ok, tc.want, tc.ok)
@@ -183,9 +187,9 @@ func TestUsageTokens(t *testing.T) {
 // encoding/json and the engines' Python decoders read it.
 func TestDuplicateKeysReadTheLast(t *testing.T) {
 	body := `{"model":"first","stream":false,"model":"m","stream":true,"messages":[{"role":"x","content":"a","role":"user","content":"b"}]}`
-	fast, err, ok := parseFast([]byte(body), true)
-	if !ok || err != nil {
-		t.Fatalf("fast path: %v %v", ok, err)
+	fast, err := parseFast([]byte(body), true)
+	if err != nil {
+		t.Fatalf("fast path: %v", err)
 	}
 	std, err := parseStd([]byte(body), true)
 	if err != nil {
@@ -202,7 +206,7 @@ func TestDuplicateKeysReadTheLast(t *testing.T) {
 // small multiple of its size (fastjson would keep a node per value:
 // ~600 MiB for 4 MiB of zeros). What is measured is the peak of the heap's
 // live objects, sampled while the parse runs with the collector set to
-// run often: the garbage of a token-by-token walk is not kept.
+// run often.
 func TestLargeBodiesParseInBoundedMemory(t *testing.T) {
 	zeros := strings.Repeat("0,", 2<<20)
 	defer debug.SetGCPercent(debug.SetGCPercent(5))
@@ -214,7 +218,7 @@ func TestLargeBodiesParseInBoundedMemory(t *testing.T) {
 		{"ignored array", `{"model":"m","prompt":"x","junk":[` + zeros + `0]}`, false, 8},
 		{"token ids", `{"model":"m","prompt":[` + zeros + `0]}`, false, 16},
 		{"empty messages", `{"model":"m","messages":[` + strings.Repeat("{},", 1<<20) + `{"role":"user","content":"x"}]}`, true, 8},
-		{"many commas, small", `{"model":"m","prompt":"x","junk":[` + strings.Repeat("0,", fastMaxCommas+1) + `0]}`, false, 8},
+		{"many values, small", `{"model":"m","prompt":"x","junk":[` + strings.Repeat("[],", fastMaxValues/2+1) + `0]}`, false, 8},
 		{"nested token ids", `{"model":"m","prompt":[` + strings.Repeat("[0],", 1<<20) + `[0]]}`, false, 8},
 		{"string array", `{"model":"m","prompt":[` + strings.Repeat(`"",`, 1<<20) + `""]}`, false, 8},
 		{"content parts", `{"model":"m","messages":[{"role":"user","content":[` + strings.Repeat("{},", 1<<20) + `{}]}]}`, true, 8},
@@ -301,10 +305,42 @@ func TestParsePathsAgree(t *testing.T) {
 			}
 		}
 		if plainText([]byte(tc.body)) {
-			fast, ferr, ok := parseFast([]byte(tc.body), tc.chat)
-			if !ok || ferr != nil || !cmp.Equal(fast.key(), std.key(), cmp.AllowUnexported(routingKey{})) {
-				t.Errorf("%s: fast path %v %v %+v, want the encoding/json path's key %+v", tc.body, ok, ferr, fast, std.key())
+			fast, ferr := parseFast([]byte(tc.body), tc.chat)
+			if ferr != nil || !cmp.Equal(fast.key(), std.key(), cmp.AllowUnexported(routingKey{})) {
+				t.Errorf("%s: fast path %v %+v, want the walk's key %+v", tc.body, ferr, fast, std.key())
 			}
+		}
+	}
+}
+
+// A body nested maxNesting levels is read; one level more is refused with
+// errTooDeep, on both paths and through parseRequest, arrays and objects
+// alike. Brackets inside strings do not count.
+func TestNestingLimit(t *testing.T) {
+	paths := map[string]func([]byte, bool) (*completionRequest, error){"fast": parseFast, "std": parseStd, "parseRequest": parseRequest}
+	for _, open := range []byte{'[', '{'} {
+		for _, depth := range []int{maxNesting - 1, maxNesting, maxNesting + 1} {
+			// The top-level object is level 1, the junk member's value 2.
+			body := []byte(`{"model":"m","messages":[{"role":"user","content":"x"}],"junk":` + nested(open, depth-1) + `}`)
+			if got := nesting(body, maxNesting+10); got != depth {
+				t.Fatalf("%c %d: nesting counts %d", open, depth, got)
+			}
+			for name, parse := range paths {
+				req, err := parse(body, true)
+				switch {
+				case depth <= maxNesting && (err != nil || req.key().text != "user: x\n"):
+					t.Errorf("%s, %c nested %d levels: %v, want it read", name, open, depth, err)
+				case depth > maxNesting && (!errors.Is(err, errBadRequest) || err.Error() != errTooDeep.Error()):
+					t.Errorf("%s, %c nested %d levels: %v, want %v", name, open, depth, err, errTooDeep)
+				}
+			}
+		}
+	}
+	deepText := strings.Repeat(`[{\"`, 2*maxNesting)
+	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + deepText + `"}]}`)
+	for name, parse := range paths {
+		if req, err := parse(body, true); err != nil || req.key().text != "user: "+strings.ReplaceAll(deepText, `\"`, `"`)+"\n" {
+			t.Errorf("%s: brackets in a string: %v", name, err)
 		}
 	}
 }

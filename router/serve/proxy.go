@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/tidwall/gjson"
+
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -141,6 +143,11 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	if err != nil {
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
 		return http.StatusBadRequest
+	}
+	if err := ex.ctx.Err(); err != nil {
+		// The client left, or the request timeout passed, while the body
+		// was read and parsed: nothing more is done for it.
+		return s.admitError(ex, err)
 	}
 	ex.tokens, ex.hashes = key.hash(s.r.BlockSize(), s.cpt)
 	ex.session = ex.r.Header.Get("X-Session-Id")
@@ -544,9 +551,12 @@ func (s *Server) passThrough(ex *exchange, id, name string, body []byte) (code i
 const maxUsageBody = 1 << 20
 
 // usageTokens returns an OpenAI answer's usage.total_tokens (prompt plus
-// completion), or false when it has none.
+// completion), or false when it has none, or is not strict JSON nested at
+// most maxNesting levels.
 func usageTokens(body []byte) (int64, bool) {
-	if len(body) == 0 {
+	// fastjson's parser builds its error for a malformed body from the rest
+	// of the body at each level: checked first, as request bodies are.
+	if nesting(body, maxNesting) > maxNesting || !gjson.ValidBytes(body) {
 		return 0, false
 	}
 	p := parsers.Get()

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"path"
 	"slices"
 	"strconv"
 	"sync"
@@ -217,8 +218,25 @@ func New(o Options) (*Server, error) {
 			writeError(w, http.StatusNotFound, typeInvalidRequest, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
 		}
 	})
-	s.handler = mux
+	s.handler = canonicalPaths(mux)
 	return s, nil
+}
+
+// canonicalPaths answers 404 not_found, in the OpenAI error shape, for a
+// request whose path is not in canonical form (path.Clean's: no empty,
+// "." or ".." segment, no trailing slash, no percent-escape where none is
+// needed), and passes the others to next. net/http's ServeMux would
+// redirect such a path (307) to its clean form, and a client following
+// the redirect would send its POST, body and all, a second time.
+func canonicalPaths(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.EscapedPath(); p != path.Clean(r.URL.Path) {
+			writeError(w, http.StatusNotFound, typeInvalidRequest, "not_found",
+				fmt.Sprintf("no endpoint %s %s: the path is not in canonical form (%s)", r.Method, p, path.Clean(r.URL.Path)))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // NewTransport returns the engines' default transport, an

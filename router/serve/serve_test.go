@@ -10,6 +10,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -722,6 +723,130 @@ func TestUnknownClassAnswer(t *testing.T) {
 	want := `the request could not be classified: unknown policy class "gold" (queue classes: default)`
 	if resp.StatusCode != http.StatusBadRequest || got.Code != "classification_failed" || got.Message != want {
 		t.Errorf("%d %+v, want 400 classification_failed %q", resp.StatusCode, got, want)
+	}
+	e.settle(t)
+}
+
+// The issue's denial of service: 100 KB of unclosed brackets (or of
+// nested objects) to the chat endpoint was never answered; it is now
+// refused with 400 invalid_request, and the engine never sees it.
+func TestDeeplyNestedBodiesAreRefused(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for name, body := range map[string]string{
+		"arrays":                strings.Repeat("[", 100_000),
+		"objects":               strings.Repeat(`{"a":`, 20_000),
+		"arrays in a chat body": `{"model":"m","messages":[{"role":"user","content":"x"}],"junk":` + strings.Repeat("[", 100_000),
+		"closed arrays":         `{"model":"m","messages":[{"role":"user","content":"x"}],"junk":` + strings.Repeat("[", 50_000) + strings.Repeat("]", 50_000) + `}`,
+	} {
+		resp, err := post(t, ctx, e.url+"/v1/chat/completions", body)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if resp.StatusCode != http.StatusBadRequest {
+			t.Errorf("%s: status %d, want 400", name, resp.StatusCode)
+		}
+		got := decodeError(t, resp)
+		if got.Code != "invalid_request" || got.Type != typeInvalidRequest || got.Message != errTooDeep.Error() {
+			t.Errorf("%s: error %+v, want invalid_request saying %q", name, got, errTooDeep)
+		}
+	}
+	if n := eng.requests.Load(); n != 0 {
+		t.Errorf("the engine got %d requests", n)
+	}
+	e.settle(t)
+}
+
+// Paths not in canonical form are answered 404 in the OpenAI error shape,
+// never redirected: net/http's ServeMux would answer 307 to the clean
+// path, and a client following it would send its POST again. The raw
+// request lines reach the server as written (a client could clean them);
+// the Go client is told not to follow redirects.
+func TestNonCanonicalPathsAre404(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	body := chatBody("m", false, "x")
+	for _, p := range []string{
+		"//v1/chat/completions", "/v1//chat/completions", "/v1/../v1/chat/completions", "/v1/./chat/completions",
+		"/v1/chat/completions/.", "/v1/chat/completions/..", "/v1/chat/completions/", "/v1/chat%2Fcompletions",
+		"/v1/ch%61t/completions", "/./v1/models",
+	} {
+		got := rawExchange(t, e.url, "POST "+p+" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"+
+			fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body), false)
+		head, answer, _ := strings.Cut(got, "\r\n\r\n")
+		if !strings.HasPrefix(head, "HTTP/1.1 404 ") || strings.Contains(strings.ToLower(head), "\r\nlocation:") {
+			t.Errorf("POST %s: answer head\n%s\nwant a 404 without Location", p, head)
+			continue
+		}
+		var apiErr apiError
+		if err := json.Unmarshal([]byte(answer), &apiErr); err != nil || apiErr.Error.Code != "not_found" || apiErr.Error.Type != typeInvalidRequest {
+			t.Errorf("POST %s: body %q (%v), want an OpenAI not_found error", p, answer, err)
+		}
+	}
+	noRedirects := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	for _, tc := range []struct{ method, path string }{
+		{"GET", "/v1/./models"}, {"GET", "/v1/models/."}, {"POST", "/v1/../v1/completions"}, {"GET", "/healthz/"},
+	} {
+		req, _ := http.NewRequest(tc.method, e.url+tc.path, strings.NewReader(`{"model":"m","prompt":"x"}`))
+		resp, err := noRedirects.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusNotFound || resp.Header.Get("Location") != "" {
+			t.Errorf("%s %s: status %d, Location %q; want 404 and none", tc.method, tc.path, resp.StatusCode, resp.Header.Get("Location"))
+		}
+		if got := decodeError(t, resp); got.Code != "not_found" {
+			t.Errorf("%s %s: code %q, want not_found", tc.method, tc.path, got.Code)
+		}
+	}
+	if n := eng.requests.Load(); n != 0 {
+		t.Errorf("the engine got %d requests", n)
+	}
+	// The canonical paths still serve.
+	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("POST /v1/chat/completions: status %d", resp.StatusCode)
+	}
+	e.settle(t)
+}
+
+// A request whose client left, or whose timeout passed, by the time its
+// body is parsed is not admitted: no selection, nothing sent to an
+// engine.
+func TestExpiredRequestIsNotAdmitted(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	e := newEnv(t, envOptions{timeout: time.Nanosecond}, backend{name: "w1", url: eng.URL})
+	rec := httptest.NewRecorder()
+	e.s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chatBody("m", false, "x"))))
+	if got := decodeError(t, rec.Result()); rec.Code != http.StatusGatewayTimeout || got.Code != "timeout" {
+		t.Errorf("timed out: status %d, code %q; want 504 timeout", rec.Code, got.Code)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	func() {
+		defer func() {
+			if p := recover(); p != http.ErrAbortHandler {
+				t.Errorf("client gone: handler ended with %v, want the connection cut (http.ErrAbortHandler)", p)
+			}
+		}()
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chatBody("m", false, "x"))).WithContext(ctx)
+		e.s.Handler().ServeHTTP(httptest.NewRecorder(), req)
+	}()
+	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("m", "499")); got != 1 {
+		t.Errorf(`requests_total{model="m",code="499"} = %v, want 1`, got)
+	}
+	if n := testutil.CollectAndCount(e.s.met.selection); n != 0 {
+		t.Errorf("%d selections observed, want none", n)
+	}
+	if n := eng.requests.Load(); n != 0 {
+		t.Errorf("the engine got %d requests", n)
 	}
 	e.settle(t)
 }

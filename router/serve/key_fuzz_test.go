@@ -1,0 +1,80 @@
+package serve
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// FuzzParse checks the request parser on any body: checkBody accepts
+// exactly the bodies encoding/json finds valid, within the depth limit;
+// the fast path (parseFast), on the bodies parseRequest may give it, and
+// the walk (parseStd) agree, as TestParsePathsAgree asks: the same
+// accept or refuse, the same error, the same model, stream and routing
+// key; and parseRequest answers as the walk does. Seeded with
+// BenchmarkParseAdversarial's shapes (600 bytes each) and the bodies of the
+// paths' tests.
+func FuzzParse(f *testing.F) {
+	for _, shape := range adversarialShapes {
+		f.Add(shape.build(600), true)
+		f.Add(shape.build(600), false)
+	}
+	for _, body := range []string{
+		`{"model":"m","messages":[{"Role":"user","Content":"hello"}]}`,
+		`{"model":5,"model":"m","prompt":"x"}`,
+		`{"model":"m","messages":5,"messages":[{"role":"user","content":"a"}]}`,
+		`{"model":"m","prompt_token_ids":[null],"prompt_token_ids":[1,2],"prompt":"x"}`,
+		`{"model":"m","prompt_token_ids":[7],"messages":[{"role":"user","content":5}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","text":5},{"type":"text","text":"b"}]}]}`,
+		`{"model":"m","prompt":"\ud800abc"}`,
+		"{\"model\":\"m\",\"prompt\":\"a\xffb\"}",
+		`{"model":"m","prompt":"\ud83d\ude00 \u00e9 \" \\ \/ \b\f\n\r\t"}`,
+		`{"model":"m","prompt":[[1],[2,3]]}`,
+		`{"model":"m","prompt":[[1],2]}`,
+		`{"model":"m","prompt":[1,2.5,-0,1e3]}`,
+		`{"model":"m","prompt":["a",null]}`,
+		`{"mod\u0065l":"m","stream":true,"prompt":[]}`,
+		` {"model":"m","prompt":"x"} `,
+		`{"model":"m","prompt":"x"} trailing`,
+		`{"model":"m","prompt":NaN}`,
+		`[1]`,
+		``,
+	} {
+		f.Add([]byte(body), true)
+		f.Add([]byte(body), false)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		checked := checkBody(body)
+		if nesting(body, maxNesting) > maxNesting {
+			if checked != errTooDeep {
+				t.Fatalf("nested over the limit: checkBody %v, want errTooDeep", checked)
+			}
+		} else if (checked == nil) != json.Valid(body) {
+			t.Fatalf("checkBody %v, but encoding/json finds the body valid: %v", checked, json.Valid(body))
+		}
+		std, stdErr := parseStd(body, chat)
+		got, err := parseRequest(body, chat)
+		same(t, "parseRequest", got, err, std, stdErr)
+		if plainText(body) {
+			fast, fastErr := parseFast(body, chat)
+			same(t, "parseFast", fast, fastErr, std, stdErr)
+		}
+	})
+}
+
+// same fails t unless a parse (name) answered as the walk did.
+func same(t *testing.T, name string, got *completionRequest, err error, std *completionRequest, stdErr error) {
+	t.Helper()
+	switch {
+	case (err == nil) != (stdErr == nil):
+		t.Fatalf("%s: %v; parseStd: %v", name, err, stdErr)
+	case err != nil && (!errors.Is(err, errBadRequest) || err.Error() != stdErr.Error()):
+		t.Fatalf("%s refuses with %q, parseStd with %q", name, err, stdErr)
+	case err == nil && (got.Model != std.Model || got.Stream != std.Stream):
+		t.Fatalf("%s: model %q stream %v; parseStd: model %q stream %v", name, got.Model, got.Stream, std.Model, std.Stream)
+	case err == nil && !cmp.Equal(got.key(), std.key(), cmp.AllowUnexported(routingKey{})):
+		t.Fatalf("%s: key (-parseStd +%s):\n%s", name, name, cmp.Diff(std.key(), got.key(), cmp.AllowUnexported(routingKey{})))
+	}
+}
