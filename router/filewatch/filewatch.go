@@ -84,6 +84,11 @@ type Watcher struct {
 
 	// Owned by run once New returns.
 	last fingerprint
+	// readErr is the text of the last failed read's error, "" after a
+	// successful one: a file that stays unreadable is reported once, not
+	// at every event in its directory (a log written beside it would
+	// otherwise feed the watch its own warnings).
+	readErr string
 }
 
 // fingerprint is what a read of the file saw.
@@ -155,6 +160,7 @@ func New(path string, debounce time.Duration) (*Watcher, error) {
 	if fp, err := w.read(); err == nil {
 		w.last = fp
 	} else {
+		w.readErr = err.Error()
 		w.sendErr(err)
 	}
 	go w.run()
@@ -175,7 +181,8 @@ func (w *Watcher) Changes() <-chan struct{} { return w.changes }
 // own (an event queue overflow, say; the Watcher then reads the file
 // anyway, since events may have been lost), a directory that could not be
 // watched, and a file that exists but cannot be read. Each names the path
-// and wraps its cause. It is buffered (ErrorBuffer) and never blocks the
+// and wraps its cause. A read error is sent once while it stays the same:
+// again only after it changed or a read succeeded. It is buffered (ErrorBuffer) and never blocks the
 // Watcher: errors that arrive while it is full are dropped. It is never
 // closed.
 func (w *Watcher) Errors() <-chan error { return w.errs }
@@ -221,9 +228,13 @@ func (w *Watcher) run() {
 			w.rewatch()
 			fp, err := w.read()
 			if err != nil {
-				w.sendErr(err)
+				if err.Error() != w.readErr {
+					w.readErr = err.Error()
+					w.sendErr(err)
+				}
 				continue
 			}
+			w.readErr = ""
 			if fp.differs(w.last) {
 				w.last = fp
 				select {

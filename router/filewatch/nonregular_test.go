@@ -56,6 +56,29 @@ func TestNotARegularFileIsAnErrorNotAChange(t *testing.T) {
 	}
 	wantErr(inputfile.ErrTooLarge, path+": file too large: over the 4 MiB limit")
 
+	// While it stays too large, other events in its directory (a log
+	// written beside it) read it again but report nothing new.
+	for i := range 3 {
+		write(t, filepath.Join(filepath.Dir(path), "serve.log"), strings.Repeat("warn\n", i+1))
+		noChange(t, w, "a log written beside the oversized file")
+	}
+
 	write(t, path, "a = 2\n")
 	oneChange(t, w, "a regular file with new content")
+
+	// After a good read the same error is news again.
+	if err := os.Rename(newFIFO(t, staging, "fifo2"), path); err != nil {
+		t.Fatal(err)
+	}
+	wantErr(inputfile.ErrNotRegular, path+" is a named pipe (FIFO), not a regular file")
+}
+
+// newFIFO makes the named pipe dir/name and returns its path.
+func newFIFO(t *testing.T, dir, name string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := syscall.Mkfifo(p, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -416,7 +416,9 @@ type PolicyReadiness struct {
 // using it decide by their fallbacks.
 type PluginReadiness struct {
 	Name string `json:"name"`
-	// State is "up", or "degraded: serving by fallback".
+	// State is "up", or "degraded: serving by fallback" when the plugin
+	// is not up or is up with its circuit breaker open (its calls failed;
+	// the breaker lets one through now and then).
 	State string `json:"state"`
 	// Status is the supervisor's status (supervisor.Status.String():
 	// "up", "restarting", "failed", "stopped", ...), or "not started"
@@ -471,8 +473,11 @@ func (s *Server) readiness() Readiness {
 			case b.Host != nil:
 				pr.Status = b.Host.Status(p.Name).String()
 			}
-			if pr.Status != supervisor.StatusUp.String() {
+			switch {
+			case pr.Status != supervisor.StatusUp.String():
 				pr.State = pluginFallback
+			case b.Host != nil && b.Host.BreakerOpen(p.Name):
+				pr.State = pluginFallback + " (circuit breaker open)"
 			}
 			a.Plugins = append(a.Plugins, pr)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/sony/gobreaker/v2"
 
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
@@ -203,6 +204,21 @@ func (h *Host) Status(name string) Status {
 		return StatusUnknown
 	}
 	return m.getStatus()
+}
+
+// BreakerOpen reports whether the named plugin's circuit breaker is open
+// or half-open: its process is up, but its recent calls failed, so most
+// of its policies' decisions are made by their fallbacks. False for an
+// unknown plugin, one without a process, or one without a breaker.
+func (h *Host) BreakerOpen(name string) bool {
+	h.mu.Lock()
+	m := h.procs[name]
+	h.mu.Unlock()
+	if m == nil {
+		return false
+	}
+	p := m.cur.Load()
+	return p != nil && p.breaker != nil && p.breaker.State() != gobreaker.StateClosed
 }
 
 // Start launches the plugin p describes, completes the handshake,
