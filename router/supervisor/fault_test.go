@@ -423,11 +423,14 @@ func TestDeadlineMissChecksAtOnce(t *testing.T) {
 }
 
 // TestHandlerNeverReturns: a scorer that blocks forever while the health
-// service still answers is not killed (its calls only time out, and the
-// probe finds the process healthy); the circuit breaker then keeps calls
-// away from it, and its policies decide by fallback.
+// service still answers is not killed by the probe, which keeps finding
+// the process healthy; its calls time out, the circuit breaker opens and
+// its policies decide by fallback. Once its calls have had no answer for
+// StallTimeout, the stall rule kills it at the next call that times out
+// (a half-open trial of the breaker), and it is restarted.
 func TestHandlerNeverReturns(t *testing.T) {
-	h, reg := faultHost(t, Options{Health: HealthPolicy{ProbeInterval: 10 * time.Millisecond, ProbeTimeout: time.Second}})
+	const stall = time.Second
+	h, reg := faultHost(t, Options{Health: HealthPolicy{ProbeInterval: 10 * time.Millisecond, ProbeTimeout: time.Second, StallTimeout: stall}})
 	b := block("stuck", "freeze")
 	b.Env["SY_FREEZE_AFTER"] = "2"
 	b.CallTimeout = 30 * time.Millisecond
@@ -436,10 +439,11 @@ func TestHandlerNeverReturns(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
-	oldPID := currentPID(h, "stuck")
+	old := procOf(t, h, "stuck")
+	score := func() error { return s.Score(context.Background(), request, candidates(), make([]float64, 4)) }
 	var errs []error
 	for range 2 + DefaultBreakerConsecutiveFailures + 1 {
-		errs = append(errs, s.Score(context.Background(), request, candidates(), make([]float64, 4)))
+		errs = append(errs, score())
 	}
 	for i, err := range errs {
 		var want error
@@ -453,15 +457,25 @@ func TestHandlerNeverReturns(t *testing.T) {
 			t.Errorf("call %d: %v, want %v", i, err, want)
 		}
 	}
-	// The probe keeps finding it healthy after the timeouts.
+	// No call is made now, so nothing can evaluate the stall rule: the
+	// probe keeps finding the process healthy, past StallTimeout.
+	ss := old.stallSince.Load()
+	if ss == nil {
+		t.Fatal("no stall recorded after the timeouts")
+	}
+	stuckSince := *ss
 	okBefore := counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "ok")
 	if !waitFor(time.Minute, func() bool {
-		return counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "ok") >= okBefore+3
+		return time.Since(stuckSince) > stall &&
+			counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "ok") >= okBefore+3
 	}) {
 		t.Fatal("no health checks after the timeouts")
 	}
-	if pid := currentPID(h, "stuck"); pid != oldPID || h.Status("stuck") != StatusUp {
-		t.Errorf("pid %d, status %v; want %d, up (not killed)", pid, h.Status("stuck"), oldPID)
+	if v := counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "failed"); v > 0 {
+		t.Errorf("health_checks_total{result=failed} = %v before the kill, want none", v)
+	}
+	if p, st := runningProc(h, "stuck"), h.Status("stuck"); p != old || st != StatusUp || old.killReason.Load() != nil {
+		t.Fatalf("status %v, kill reason %v; want up with the same process (not killed before a call finds the stall)", st, old.killReason.Load())
 	}
 	if st := h.Stats("stuck"); st.Restarts != 0 || st.Timeouts != DefaultBreakerConsecutiveFailures {
 		t.Errorf("Stats = %+v, want no restart and %d timeouts", st, DefaultBreakerConsecutiveFailures)
@@ -471,6 +485,83 @@ func TestHandlerNeverReturns(t *testing.T) {
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "stuck"); v != 2 {
 		t.Errorf("breaker_state = %v, want 2 (open)", v)
+	}
+
+	// Calls again: refused by the open breaker, until its half-open trial
+	// call times out too and finds the stream silent for StallTimeout.
+	calls := 0
+	if !waitFor(time.Minute, func() bool {
+		if p := runningProc(h, "stuck"); p != nil && p != old {
+			return true
+		}
+		if err := score(); err != nil && !fallbackable(err) {
+			t.Fatalf("Score on a stuck plugin: %v, want an error the fallback covers", err)
+		}
+		calls++
+		time.Sleep(10 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("the stuck plugin was not restarted within a minute (status %v, kill reason %v)", h.Status("stuck"), old.killReason.Load())
+	}
+	t.Logf("killed %v after its first unanswered call, %d calls later", time.Since(stuckSince), calls)
+	if r := old.killReason.Load(); r == nil || *r != "no answer to any decision call for 1s" {
+		t.Errorf("kill reason %v, want no answer to any decision call for 1s", r)
+	}
+	if !groupGone(old.pid) {
+		t.Errorf("the stuck process group %d is still alive", old.pid)
+	}
+	if st := h.Stats("stuck"); st.Restarts != 1 || st.Timeouts != DefaultBreakerConsecutiveFailures+1 {
+		t.Errorf("Stats = %+v, want 1 restart and %d timeouts (the last one the breaker's trial)", st, DefaultBreakerConsecutiveFailures+1)
+	}
+	// The restarted process answers again (until it, too, freezes).
+	if err := score(); err != nil {
+		t.Errorf("Score after the restart: %v", err)
+	}
+}
+
+// TestSlowPluginNotStuck: a plugin that answers every call, each well
+// after call_timeout, is slow, not stuck: its late answers are counted
+// (LastAnswer advances), and the stall rule does not kill it while its
+// calls time out for several times StallTimeout.
+func TestSlowPluginNotStuck(t *testing.T) {
+	const stall = time.Second
+	h, reg := faultHost(t, Options{Health: HealthPolicy{StallTimeout: stall}, Breaker: BreakerPolicy{Disabled: true}})
+	b := block("slow", "slow")
+	b.CallTimeout = 50 * time.Millisecond
+	b.Env["SY_SLOW"] = (3 * b.CallTimeout).String()
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
+	p := procOf(t, h, "slow")
+	start := time.Now()
+	answers := 0 // times LastAnswer was seen to advance
+	last := p.rc.LastAnswer()
+	calls := 0
+	for time.Since(start) < 4*stall {
+		err := s.Score(context.Background(), request, candidates(), make([]float64, 4))
+		if !errors.Is(err, ErrCallTimeout) {
+			t.Fatalf("call %d: %v, want a timeout (each answer comes 3 x call_timeout late)", calls, err)
+		}
+		calls++
+		if a := p.rc.LastAnswer(); a.After(last) {
+			answers++
+			last = a
+		}
+	}
+	t.Logf("%d calls, LastAnswer advanced %d times", calls, answers)
+	if answers == 0 || !last.After(start) {
+		t.Errorf("LastAnswer %v never advanced after the calls began at %v: the late answers were not counted", last, start)
+	}
+	if cur, st := runningProc(h, "slow"), h.Status("slow"); cur != p || st != StatusUp || p.killReason.Load() != nil {
+		t.Errorf("status %v, kill reason %v; want up with the same process", st, p.killReason.Load())
+	}
+	if st := h.Stats("slow"); st.Restarts != 0 || st.Timeouts != int64(calls) {
+		t.Errorf("Stats = %+v, want no restart and %d timeouts", st, calls)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "slow", "code", "timeout"); v != float64(calls) {
+		t.Errorf("call_errors_total{code=timeout} = %v, want %d", v, calls)
 	}
 }
 

@@ -67,6 +67,10 @@ type proc struct {
 	checkNow chan struct{}
 	// upSince is when the host adopted the process (managed.adopt).
 	upSince time.Time
+	// stallSince is when the earliest decision call that timed out with no
+	// answer on the Decide stream since was sent (managed.checkStall); nil
+	// or a time before the last answer: no stall.
+	stallSince atomic.Pointer[time.Time]
 	// killReason says why the host killed the process, when it did.
 	killReason atomic.Pointer[string]
 	bg         sync.WaitGroup // the health probe

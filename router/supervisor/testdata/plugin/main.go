@@ -17,6 +17,9 @@
 //	freeze     serve, but after SY_FREEZE_AFTER decisions every scorer
 //	           call blocks forever, ignoring its deadline (the health
 //	           service still answers)
+//	slow       every t-active scorer call sleeps SY_SLOW (a Go duration),
+//	           ignoring its deadline, then scores: a plugin that answers
+//	           every call, late
 //	grandchild-stderr
 //	           start a grandchild (in hang mode, in the plugin's process
 //	           group) holding the plugin's stderr, write its pid to
@@ -101,6 +104,12 @@ func main() {
 		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
 	case "freeze":
 		freezeAfter, _ = strconv.ParseInt(os.Getenv("SY_FREEZE_AFTER"), 10, 64)
+		serve()
+	case "slow":
+		var err error
+		if slow, err = time.ParseDuration(os.Getenv("SY_SLOW")); err != nil {
+			panic(err)
+		}
 		serve()
 	case "grandchild-stderr":
 		startChild(os.Stderr)
@@ -232,6 +241,8 @@ var (
 	// freezeAfter > 0: scorer calls after that many block forever.
 	freezeAfter int64
 	scored      atomic.Int64
+	// slow: every scorer call sleeps that long first (slow mode).
+	slow time.Duration
 	// big: the scorer fails with an error over the message-size limit.
 	big bool
 	// failCycle: the outcomes of the scorer's calls, in turn (fail mode).
@@ -250,6 +261,7 @@ func (s *active) Score(ctx context.Context, _ *shared.Request, c *shared.Candida
 	if freezeAfter > 0 && scored.Add(1) > freezeAfter {
 		select {} // a handler that never returns
 	}
+	time.Sleep(slow) // ignoring ctx: the answer comes late
 	if big {
 		return errors.New(strings.Repeat("x", shared.MaxMessageBytes+1<<20))
 	}
