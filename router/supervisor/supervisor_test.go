@@ -627,9 +627,7 @@ func TestShutdownWedgedPlugin(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	p := procOf(t, h, "wedged")
-	if err := syscall.Kill(p.pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	stopProcess(t, p.pid)
 	// Every step of stopping a wedged plugin is bounded (killWait); one
 	// that ran out would make Shutdown return an error.
 	start := time.Now()
