@@ -49,6 +49,9 @@ func testMain(m *testing.M) int {
 		fmt.Fprintf(os.Stderr, "building the test plugin: %v\n%s", err, out)
 		return 1
 	}
+	// A stop that runs out of killWait fails Shutdown: a minute, so that
+	// only a stop that hangs does, not one on a starved machine.
+	killWait = time.Minute
 	tmpDir = filepath.Join(dir, "tmp")
 	if err := os.Mkdir(tmpDir, 0o700); err != nil {
 		fmt.Fprintln(os.Stderr, err)
