@@ -132,10 +132,10 @@ const (
 // check at once (unless a check succeeded within the last ProbeInterval),
 // but never kills the plugin by itself, since on a starved machine a
 // healthy plugin misses a 20 ms deadline routinely. Such a call is where
-// the stall rule is evaluated: the host tracks when the earliest call that
-// timed out with no answer received since it was sent was sent, and kills
-// the plugin at a timeout that finds that call StallTimeout old with the
-// stream still silent. Any answer, to any call, even one whose caller gave
+// the stall rule is evaluated: the host remembers the send time of the
+// earliest call that timed out and has had no answer on the stream since,
+// and kills the plugin at a timeout that finds that time StallTimeout past
+// with the stream still silent. Any answer, to any call, even one whose caller gave
 // up long ago (shared.RemoteClient.LastAnswer), starts the count over: a
 // plugin that answers late is slow, not stuck. While the circuit breaker
 // is open its half-open trial calls (one per OpenTimeout) keep the rule
