@@ -86,6 +86,10 @@ type RemoteClient struct {
 	tasks   sync.Pool // *pluginv1.DecideTask, reused after Send
 	waiters sync.Pool // *waiter, reused once its channel is empty again
 
+	// lastAnswer is when a Decide stream last received a message from the
+	// plugin, as nanoseconds since clockBase (monotonic); 0: never.
+	lastAnswer atomic.Int64
+
 	// Counters for tests and diagnostics.
 	batches   atomic.Int64 // DecideBatch messages sent
 	sentTasks atomic.Int64 // tasks sent
@@ -106,6 +110,26 @@ func NewRemoteClient(done context.Context, conn grpc.ClientConnInterface) *Remot
 	c := &RemoteClient{client: pluginv1.NewPluginClient(conn), done: done}
 	c.ev.c = c
 	return c
+}
+
+// clockBase anchors the monotonic clock readings stored as int64s
+// (RemoteClient.lastAnswer).
+var clockBase = time.Now()
+
+// LastAnswer is when the plugin last sent anything on a Decide stream: a
+// batch of results, including results for calls whose callers had already
+// given up (a late answer is still an answer). It is the zero time when no
+// Decide stream has received anything yet. The time carries a monotonic
+// clock reading, so comparing it with time.Now or time.Since is immune to
+// wall-clock steps. A host uses it to tell a plugin that answers late (a
+// starved machine) from one that answers nothing at all (a wedged
+// handler).
+func (c *RemoteClient) LastAnswer() time.Time {
+	ns := c.lastAnswer.Load()
+	if ns == 0 {
+		return time.Time{}
+	}
+	return clockBase.Add(time.Duration(ns))
 }
 
 // callOpts are the explicit message-size limits of every call.
@@ -468,7 +492,8 @@ func (s *remoteStream) sendLoop(ctx context.Context) {
 	}
 }
 
-// recvLoop completes each result's waiting caller.
+// recvLoop completes each result's waiting caller, and records when the
+// plugin last answered (LastAnswer).
 func (s *remoteStream) recvLoop() {
 	defer s.wg.Done()
 	for {
@@ -477,6 +502,8 @@ func (s *remoteStream) recvLoop() {
 			s.fail(err)
 			return
 		}
+		// max 1: a reading within clockBase's own nanosecond is not "never".
+		s.c.lastAnswer.Store(max(int64(time.Since(clockBase)), 1))
 		s.mu.Lock()
 		for _, r := range msg.GetResults() {
 			if w, ok := s.pending[r.GetTaskId()]; ok {

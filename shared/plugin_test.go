@@ -560,6 +560,45 @@ func TestDecideCallerDeadline(t *testing.T) {
 	}
 }
 
+// TestLastAnswer: LastAnswer is zero until the plugin answers, moves with
+// each answer, stays put while the plugin holds a task past its caller's
+// deadline, and counts the late answer once it comes.
+func TestLastAnswer(t *testing.T) {
+	rc := newTestClient(t)
+	if got := rc.LastAnswer(); !got.IsZero() {
+		t.Fatalf("LastAnswer before any call = %v, want the zero time", got)
+	}
+	gate, release := newGate(t)
+	configure(t, rc, "held", "gated", Params{"gate": gate})
+	configure(t, rc, "p", "lowest", nil)
+	c := &Candidates{IDs: []WorkerID{1}, ActiveRequests: []int64{0}}
+	before := time.Now()
+	if _, err := rc.Decide(context.Background(), &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "p"}}}); err != nil {
+		t.Fatal(err)
+	}
+	answered := rc.LastAnswer()
+	if answered.Before(before) || answered.After(time.Now()) {
+		t.Fatalf("LastAnswer = %v, want within the call (from %v)", answered, before)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if _, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "held"}}}); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want DeadlineExceeded", err)
+	}
+	if got := rc.LastAnswer(); !got.Equal(answered) {
+		t.Errorf("LastAnswer = %v while the plugin holds the task, want %v (no answer since)", got, answered)
+	}
+	released := time.Now()
+	release()
+	deadline := time.Now().Add(time.Minute)
+	for !rc.LastAnswer().After(answered) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if got := rc.LastAnswer(); got.Before(released) {
+		t.Errorf("LastAnswer = %v, want the late answer, after the release at %v", got, released)
+	}
+}
+
 func TestDecideConcurrentCallsBatch(t *testing.T) {
 	rc := newTestClient(t)
 	configure(t, rc, "f", "max-active", Params{"max": int64(6)})

@@ -92,16 +92,16 @@ func TestRemoteClassifierRealProcess(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(5*time.Second, func() bool { return h.Status("pins") != StatusUp || currentPID(h, "pins") != pid }) {
+	if !waitFor(time.Minute, func() bool { return h.Status("pins") != StatusUp || currentPID(h, "pins") != pid }) {
 		t.Fatal("the kill was not noticed")
 	}
 	// While it is gone (or just back), calls may fail: only the call.
 	l.OnEvents([]shared.Event{{Kind: shared.EventAborted, RequestID: "r4", Reason: "test"}})
-	if !waitFor(5*time.Second, func() bool { return h.Status("pins") == StatusUp && currentPID(h, "pins") != pid }) {
+	if !waitFor(time.Minute, func() bool { return h.Status("pins") == StatusUp && currentPID(h, "pins") != pid }) {
 		t.Fatalf("not restarted: %v", h.Status("pins"))
 	}
 	var cl shared.Classification
-	if !waitFor(5*time.Second, func() bool { cl, err = c.Classify(ctx, &shared.Request{ID: "r5", SessionID: "s1"}); return err == nil }) {
+	if !waitFor(time.Minute, func() bool { cl, err = c.Classify(ctx, &shared.Request{ID: "r5", SessionID: "s1"}); return err == nil }) {
 		t.Fatalf("classify after the restart: %v", err)
 	}
 	if cl.HasTarget {

@@ -27,9 +27,11 @@
 // serves again by itself once a start succeeds. Only a restart that fails
 // its handshake, or max_restarts = 0, makes it failed (StatusFailed) until
 // a reload. A frozen plugin (ProbeFailures consecutive gRPC health checks
-// without an answer within their own deadline: HealthPolicy) has its
-// process group killed and is restarted; a call that misses call_timeout
-// only makes the probe check at once. A circuit
+// without an answer within their own deadline) or a stuck one (decision
+// calls unanswered for StallTimeout with nothing at all received on its
+// Decide stream meanwhile) has its process group killed and is restarted
+// (HealthPolicy); a call that misses call_timeout only makes the probe
+// check at once. A circuit
 // breaker per process (BreakerPolicy, gobreaker) refuses calls while open.
 // Every failed call's error lets the router's fallback decide; none wraps
 // context.DeadlineExceeded unless the caller's own deadline passed.

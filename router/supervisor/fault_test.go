@@ -117,6 +117,38 @@ func fallbackable(err error) bool {
 		!errors.Is(err, shared.ErrAllFiltered) && !errors.Is(err, shared.ErrNoWorkers)
 }
 
+// stopProcess sends SIGSTOP to pid and waits until every thread of it is
+// stopped: kill returns once the signal is queued, and on a starved
+// machine the process can answer a call or two before its threads get the
+// CPU to stop.
+func stopProcess(t *testing.T, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := func() bool {
+		stats, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/[0-9]*/stat", pid))
+		if err != nil || len(stats) == 0 {
+			return false
+		}
+		for _, f := range stats {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				return false
+			}
+			// tid (comm) state ...; comm may hold spaces and parens.
+			i := bytes.LastIndexByte(b, ')')
+			if i < 0 || i+2 >= len(b) || b[i+2] != 'T' && b[i+2] != 't' {
+				return false
+			}
+		}
+		return true
+	}
+	if !waitFor(time.Minute, stopped) {
+		t.Fatalf("process %d is not stopped a minute after SIGSTOP", pid)
+	}
+}
+
 // loadPace is the pause between two decisions of one load goroutine: 50
 // goroutines then make at most 50k decisions a second.
 const loadPace = time.Millisecond
@@ -203,7 +235,10 @@ func maxLatency(l []time.Duration) time.Duration {
 	return slices.Max(l)
 }
 
-// TestLongKillUnderLoad: kill -9 while 50 goroutines decide for 2s.
+// TestLongKillUnderLoad: kill -9 while 50 goroutines decide. Every
+// decision completes (by the plugin, or by fallback while it is gone: the
+// calls in flight fail as closed, later ones are refused as restarting),
+// the plugin is restarted once and decides again.
 func TestLongKillUnderLoad(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long")
@@ -213,44 +248,58 @@ func TestLongKillUnderLoad(t *testing.T) {
 	b.CallTimeout = 200 * time.Millisecond
 	cp := startPolicy(t, h, b)
 	oldPID := currentPID(h, "victim")
+	answered := func() int64 { s := h.Stats("victim"); return s.Calls - s.Fallbacks }
 	stop := make(chan struct{})
 	lr := runLoad(cp, 50, stop)
-	time.Sleep(700 * time.Millisecond)
+	stopped := false
+	defer func() {
+		if !stopped {
+			close(stop)
+			<-lr.done
+		}
+	}()
+	if !waitFor(time.Minute, func() bool { return answered() >= 50 }) {
+		t.Fatalf("the plugin answered %d decisions before the kill, want 50", answered())
+	}
 	killed := time.Now()
 	if err := syscall.Kill(oldPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(1300 * time.Millisecond)
+	if !waitFor(time.Minute, func() bool { pid := currentPID(h, "victim"); return pid != 0 && pid != oldPID }) {
+		t.Fatalf("the plugin was not restarted within a minute (status %v)", h.Status("victim"))
+	}
+	restarted := time.Now()
+	base := answered()
+	if !waitFor(time.Minute, func() bool { return answered() >= base+50 }) {
+		t.Fatalf("the restarted plugin answered %d decisions within a minute, want 50", answered()-base)
+	}
 	close(stop)
 	<-lr.done
+	stopped = true
 
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	if lr.err != nil {
 		t.Fatal(lr.err)
 	}
-	// Back: the first decision the plugin answered after the last one
-	// that fell back.
-	var back time.Time
+	after := 0 // decisions the new process answered
 	for _, ok := range lr.oks {
-		if ok.After(lr.lastFallback) && (back.IsZero() || ok.Before(back)) {
-			back = ok
+		if ok.After(restarted) {
+			after++
 		}
 	}
-	if back.IsZero() {
-		t.Fatalf("the plugin never served again after kill -9")
-	}
-	maxLat := maxLatency(lr.latencies)
-	t.Logf("%d decisions, %d by fallback, plugin back after %v, max latency %v, new pid %d",
-		len(lr.latencies), lr.fallbacks, back.Sub(killed), maxLat, currentPID(h, "victim"))
-	if d := back.Sub(killed); d > time.Second {
-		t.Errorf("the plugin served again %v after kill -9, want within 1s", d)
+	t.Logf("%d decisions, %d by fallback, restarted %v after kill -9, %d answered by the new process, max latency %v",
+		len(lr.latencies), lr.fallbacks, restarted.Sub(killed), after, maxLatency(lr.latencies))
+	if after == 0 {
+		t.Error("no decision returned by the plugin after its restart")
 	}
 	if lr.fallbacks == 0 {
 		t.Error("no decision fell back")
 	}
-	if maxLat > b.CallTimeout+100*time.Millisecond {
-		t.Errorf("a decision took %v, call_timeout is %v", maxLat, b.CallTimeout)
+	closed := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "victim", "code", codeClosed)
+	refused := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "victim", "code", codeRestarting)
+	if closed+refused < 1 {
+		t.Errorf("call_errors_total{code=closed} = %v, {code=restarting} = %v; want the kill to fail calls", closed, refused)
 	}
 	if s := h.Stats("victim"); s.Restarts != 1 || s.Fallbacks != int64(lr.fallbacks) {
 		t.Errorf("Stats = %+v, want 1 restart and %d fallbacks", s, lr.fallbacks)
@@ -260,9 +309,6 @@ func TestLongKillUnderLoad(t *testing.T) {
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_up", "plugin", "victim"); v != 1 {
 		t.Errorf("switchyard_plugin_up = %v, want 1", v)
-	}
-	if pid := currentPID(h, "victim"); pid == oldPID || pid == 0 {
-		t.Errorf("pid after restart %d, before %d", pid, oldPID)
 	}
 }
 
@@ -282,10 +328,8 @@ func TestLongFrozenUnderLoad(t *testing.T) {
 	stop := make(chan struct{})
 	lr := runLoad(cp, 20, stop)
 	time.Sleep(300 * time.Millisecond)
+	stopProcess(t, old.pid)
 	stopped := time.Now()
-	if err := syscall.Kill(old.pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
 	restarted := waitFor(time.Minute, func() bool {
 		pid := currentPID(h, "frozen")
 		return pid != 0 && pid != old.pid
@@ -331,9 +375,7 @@ func TestLongFrozenUnderLoad(t *testing.T) {
 
 	// Shutdown with a frozen plugin ends, and kills it.
 	frozen := currentPID(h, "frozen")
-	if err := syscall.Kill(frozen, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	stopProcess(t, frozen)
 	start := time.Now()
 	if err := h.Shutdown(context.Background()); err != nil {
 		t.Errorf("Shutdown: %v", err)
@@ -353,9 +395,7 @@ func TestFrozenDetectedByProbe(t *testing.T) {
 	}
 	old := procOf(t, h, "idle")
 	stopped := time.Now()
-	if err := syscall.Kill(old.pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	stopProcess(t, old.pid)
 	if !waitFor(time.Minute, func() bool { pid := currentPID(h, "idle"); return pid != 0 && pid != old.pid }) {
 		t.Fatalf("the stopped plugin was not restarted within a minute (status %v)", h.Status("idle"))
 	}
@@ -384,9 +424,7 @@ func TestDeadlineMissChecksAtOnce(t *testing.T) {
 	}
 	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
 	old := procOf(t, h, "late")
-	if err := syscall.Kill(old.pid, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	stopProcess(t, old.pid)
 	calls := 0
 	restarted := waitFor(time.Minute, func() bool {
 		if pid := currentPID(h, "late"); pid != 0 && pid != old.pid {
@@ -423,54 +461,168 @@ func TestDeadlineMissChecksAtOnce(t *testing.T) {
 }
 
 // TestHandlerNeverReturns: a scorer that blocks forever while the health
-// service still answers is not killed (its calls only time out, and the
-// probe finds the process healthy); the circuit breaker then keeps calls
-// away from it, and its policies decide by fallback.
+// service still answers is not killed by the probe, which keeps finding
+// the process healthy; its calls time out, the circuit breaker opens and
+// its policies decide by fallback. Once its calls have had no answer for
+// StallTimeout, the stall rule kills it at the next call that times out
+// (a half-open trial of the breaker), and it is restarted.
 func TestHandlerNeverReturns(t *testing.T) {
-	h, reg := faultHost(t, Options{Health: HealthPolicy{ProbeInterval: 10 * time.Millisecond, ProbeTimeout: time.Second}})
-	b := block("stuck", "freeze")
-	b.Env["SY_FREEZE_AFTER"] = "2"
+	const stall = time.Second
+	// The breaker stays open 3 s: the call right after the one that opened
+	// it is refused however busy the machine.
+	h, reg := faultHost(t, Options{
+		Health:  HealthPolicy{ProbeInterval: 10 * time.Millisecond, ProbeTimeout: 10 * time.Second, StallTimeout: stall},
+		Breaker: BreakerPolicy{OpenTimeout: 3 * time.Second},
+	})
+	b := block("stuck", "freeze") // every scorer call blocks forever; the picker answers
 	b.CallTimeout = 30 * time.Millisecond
 	types, err := h.Start(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
-	oldPID := currentPID(h, "stuck")
+	picker := newInstance(t, types, "t-lowest", "agg/p/pick", nil).(shared.Picker)
+	old := procOf(t, h, "stuck")
+	score := func() error { return s.Score(context.Background(), request, candidates(), make([]float64, 4)) }
+	// The plugin answers a pick (retried: a busy machine may make one
+	// late), so its stream has answered before the scorer's calls.
+	if !waitFor(time.Minute, func() bool {
+		c := candidates()
+		c.Costs = []float64{3, 2, 1, 4}
+		row, err := picker.Pick(context.Background(), request, c)
+		return err == nil && row == 2
+	}) {
+		t.Fatal("the plugin answered no pick within a minute")
+	}
+	if old.rc.LastAnswer().IsZero() {
+		t.Fatal("LastAnswer is zero after an answered pick")
+	}
+	base := h.Stats("stuck")
 	var errs []error
-	for range 2 + DefaultBreakerConsecutiveFailures + 1 {
-		errs = append(errs, s.Score(context.Background(), request, candidates(), make([]float64, 4)))
+	for range DefaultBreakerConsecutiveFailures + 1 {
+		errs = append(errs, score())
 	}
 	for i, err := range errs {
-		var want error
-		switch {
-		case i >= 2+DefaultBreakerConsecutiveFailures:
+		want := ErrCallTimeout
+		if i >= DefaultBreakerConsecutiveFailures {
 			want = ErrBreakerOpen
-		case i >= 2:
-			want = ErrCallTimeout
 		}
-		if (want == nil) != (err == nil) || !errors.Is(err, want) {
+		if !errors.Is(err, want) {
 			t.Errorf("call %d: %v, want %v", i, err, want)
 		}
 	}
-	// The probe keeps finding it healthy after the timeouts.
+	// No call is made now, so nothing can evaluate the stall rule: the
+	// probe keeps finding the process healthy, past StallTimeout.
+	ss := old.stallSince.Load()
+	if ss == nil {
+		t.Fatal("no stall recorded after the timeouts")
+	}
+	stuckSince := *ss
 	okBefore := counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "ok")
 	if !waitFor(time.Minute, func() bool {
-		return counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "ok") >= okBefore+3
+		return time.Since(stuckSince) > stall &&
+			counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "ok") >= okBefore+3
 	}) {
 		t.Fatal("no health checks after the timeouts")
 	}
-	if pid := currentPID(h, "stuck"); pid != oldPID || h.Status("stuck") != StatusUp {
-		t.Errorf("pid %d, status %v; want %d, up (not killed)", pid, h.Status("stuck"), oldPID)
+	if v := counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "failed"); v > 0 {
+		t.Errorf("health_checks_total{result=failed} = %v before the kill, want none", v)
 	}
-	if st := h.Stats("stuck"); st.Restarts != 0 || st.Timeouts != DefaultBreakerConsecutiveFailures {
-		t.Errorf("Stats = %+v, want no restart and %d timeouts", st, DefaultBreakerConsecutiveFailures)
+	if p, st := runningProc(h, "stuck"), h.Status("stuck"); p != old || st != StatusUp || old.killReason.Load() != nil {
+		t.Fatalf("status %v, kill reason %v; want up with the same process (not killed before a call finds the stall)", st, old.killReason.Load())
 	}
-	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "stuck", "code", "timeout"); v != DefaultBreakerConsecutiveFailures {
-		t.Errorf("call_errors_total{code=timeout} = %v, want %d", v, DefaultBreakerConsecutiveFailures)
+	if st := h.Stats("stuck"); st.Restarts != 0 || st.Timeouts-base.Timeouts != DefaultBreakerConsecutiveFailures {
+		t.Errorf("Stats = %+v (before the scorer's calls %+v), want no restart and %d more timeouts", st, base, DefaultBreakerConsecutiveFailures)
 	}
-	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "stuck"); v != 2 {
-		t.Errorf("breaker_state = %v, want 2 (open)", v)
+	// Open, or half-open once OpenTimeout has passed (the probe refreshes
+	// the gauge): no call has gone through since it opened.
+	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "stuck"); v != 2 && v != 1 {
+		t.Errorf("breaker_state = %v, want 2 (open) or 1 (half-open)", v)
+	}
+
+	// Calls again: refused by the open breaker, until its half-open trial
+	// call times out too and finds the stream silent for StallTimeout.
+	calls := 0
+	if !waitFor(time.Minute, func() bool {
+		if p := runningProc(h, "stuck"); p != nil && p != old {
+			return true
+		}
+		if err := score(); err != nil && !fallbackable(err) {
+			t.Fatalf("Score on a stuck plugin: %v, want an error the fallback covers", err)
+		}
+		calls++
+		time.Sleep(10 * time.Millisecond)
+		return false
+	}) {
+		t.Fatalf("the stuck plugin was not restarted within a minute (status %v, kill reason %v)", h.Status("stuck"), old.killReason.Load())
+	}
+	t.Logf("killed %v after its first unanswered call, %d calls later", time.Since(stuckSince), calls)
+	if r := old.killReason.Load(); r == nil || *r != "no answer to any decision call for 1s" {
+		t.Errorf("kill reason %v, want no answer to any decision call for 1s", r)
+	}
+	if !groupGone(old.pid) {
+		t.Errorf("the stuck process group %d is still alive", old.pid)
+	}
+	if st := h.Stats("stuck"); st.Restarts != 1 || st.Timeouts-base.Timeouts != DefaultBreakerConsecutiveFailures+1 {
+		t.Errorf("Stats = %+v (before the scorer's calls %+v), want 1 restart and %d more timeouts (the last one the breaker's trial)",
+			st, base, DefaultBreakerConsecutiveFailures+1)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_up", "plugin", "stuck"); v != 1 {
+		t.Errorf("switchyard_plugin_up = %v after the restart, want 1", v)
+	}
+}
+
+// TestSlowPluginNotStuck: a plugin that answers every call, each well
+// after call_timeout, is slow, not stuck: its late answers are counted
+// (LastAnswer advances), and the stall rule does not kill it while its
+// calls time out for several times StallTimeout.
+func TestSlowPluginNotStuck(t *testing.T) {
+	const stall = time.Second
+	h, reg := faultHost(t, Options{Health: HealthPolicy{StallTimeout: stall}, Breaker: BreakerPolicy{Disabled: true}})
+	b := block("slow", "slow")
+	b.CallTimeout = 50 * time.Millisecond
+	b.Env["SY_SLOW"] = (3 * b.CallTimeout).String()
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
+	p := procOf(t, h, "slow")
+	start := time.Now()
+	answers := 0 // times LastAnswer was seen to advance
+	last := p.rc.LastAnswer()
+	calls, timeouts := 0, 0
+	for time.Since(start) < 4*stall {
+		// A timeout, or a success when the caller, starved, got the CPU
+		// back only after the late answer was in.
+		err := s.Score(context.Background(), request, candidates(), make([]float64, 4))
+		if err != nil && !errors.Is(err, ErrCallTimeout) {
+			t.Fatalf("call %d: %v, want a timeout (each answer comes 3 x call_timeout late)", calls, err)
+		}
+		calls++
+		if err != nil {
+			timeouts++
+		}
+		if a := p.rc.LastAnswer(); a.After(last) {
+			answers++
+			last = a
+		}
+	}
+	t.Logf("%d calls, %d timeouts, LastAnswer advanced %d times", calls, timeouts, answers)
+	if timeouts == 0 {
+		t.Fatal("no call timed out")
+	}
+	if answers == 0 || !last.After(start) {
+		t.Errorf("LastAnswer %v never advanced after the calls began at %v: the late answers were not counted", last, start)
+	}
+	if cur, st := runningProc(h, "slow"), h.Status("slow"); cur != p || st != StatusUp || p.killReason.Load() != nil {
+		t.Errorf("status %v, kill reason %v; want up with the same process", st, p.killReason.Load())
+	}
+	if st := h.Stats("slow"); st.Restarts != 0 || st.Timeouts != int64(timeouts) {
+		t.Errorf("Stats = %+v, want no restart and %d timeouts", st, timeouts)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "slow", "code", "timeout"); v != float64(timeouts) {
+		t.Errorf("call_errors_total{code=timeout} = %v, want %d", v, timeouts)
 	}
 }
 
@@ -507,14 +659,15 @@ func TestLongCrashLoop(t *testing.T) {
 	if err := syscall.Kill(currentPID(h, "looper"), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(time.Minute, func() bool { return h.Status("looper") == StatusBackoff }) {
+	// The gauges follow the status a moment later (setStatus).
+	if !waitFor(time.Minute, func() bool {
+		return h.Status("looper") == StatusBackoff &&
+			counterValue(t, reg, "switchyard_plugin_state", "plugin", "looper", "state", "backoff") == 1
+	}) {
 		t.Fatalf("status %v, want backoff", h.Status("looper"))
 	}
 	if n := len(readStarts(t, starts)); n < 1+rp.MaxRestarts {
 		t.Errorf("crash-looping after %d starts, want 1 + max_restarts %d", n, rp.MaxRestarts)
-	}
-	if v := counterValue(t, reg, "switchyard_plugin_state", "plugin", "looper", "state", "backoff"); v != 1 {
-		t.Errorf("switchyard_plugin_state{state=backoff} = %v, want 1", v)
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_up", "plugin", "looper"); v != 0 {
 		t.Errorf("switchyard_plugin_up = %v, want 0", v)
@@ -613,7 +766,10 @@ func readStarts(t *testing.T, file string) []time.Time {
 }
 
 // TestGrandchildHoldingStderr: the plugin's grandchild holds its stderr
-// (and exit pipe); kill -9 of the plugin alone is still seen at once.
+// (and exit pipe) for an hour; kill -9 of the plugin alone is still seen
+// (the process itself is watched) and the plugin restarted, and Shutdown,
+// the restarted plugin's grandchild holding its stderr too, stops it
+// within its bounds.
 func TestGrandchildHoldingStderr(t *testing.T) {
 	h, _ := faultHost(t, Options{})
 	b := block("parent", "grandchild-stderr")
@@ -632,19 +788,23 @@ func TestGrandchildHoldingStderr(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(2*time.Second, func() bool { p := currentPID(h, "parent"); return p != 0 && p != pid }) {
+	if !waitFor(time.Minute, func() bool { p := currentPID(h, "parent"); return p != 0 && p != pid }) {
 		t.Fatalf("the plugin's death was not handled (status %v)", h.Status("parent"))
 	}
 	t.Logf("restarted %v after kill -9", time.Since(killed))
 	if !groupGone(pid) {
 		t.Errorf("the old group %d (grandchild %d) survived", pid, child)
 	}
+	// The grandchild holding the stderr pipe does not hold up Shutdown:
+	// a stop step that ran out of killWait would make it return an error.
+	restarted := currentPID(h, "parent")
 	start := time.Now()
 	if err := h.Shutdown(context.Background()); err != nil {
 		t.Errorf("Shutdown: %v", err)
 	}
-	if d := time.Since(start); d > 2*gracefulKill {
-		t.Errorf("Shutdown took %v", d)
+	t.Logf("Shutdown took %v", time.Since(start))
+	if !groupGone(restarted) {
+		t.Errorf("the restarted plugin's group %d survived Shutdown", restarted)
 	}
 }
 
@@ -671,7 +831,7 @@ func TestLongStartKillCycles(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		if !waitFor(5*time.Second, func() bool { p := currentPID(h, "cycled"); return p != 0 && p != pid }) {
+		if !waitFor(time.Minute, func() bool { p := currentPID(h, "cycled"); return p != 0 && p != pid }) {
 			t.Fatalf("cycle %d: not restarted (status %v)", i, h.Status("cycled"))
 		}
 	}
@@ -692,7 +852,7 @@ func TestLongStartKillCycles(t *testing.T) {
 		t.Errorf("goroutines left: %v", err)
 	}
 	var after int
-	waitFor(time.Second, func() bool { after = openFDs(t); return after <= fds })
+	waitFor(time.Minute, func() bool { after = openFDs(t); return after <= fds })
 	if after > fds {
 		t.Errorf("open fds: %d before, %d after", fds, after)
 	}
@@ -711,11 +871,11 @@ func openFDs(t *testing.T) int {
 }
 
 // TestAnswerTooLarge: an answer over the message-size limit is a clear
-// error (not a timeout: call_timeout is 5s), and the plugin keeps serving.
+// error (not a timeout: call_timeout is block's 30 s), and the plugin keeps
+// serving.
 func TestAnswerTooLarge(t *testing.T) {
 	h, reg := faultHost(t, Options{})
 	b := block("big", "big")
-	b.CallTimeout = 5 * time.Second
 	types, err := h.Start(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
@@ -743,49 +903,52 @@ func TestAnswerTooLarge(t *testing.T) {
 }
 
 // TestBreaker: consecutive failures open the breaker, which then refuses
-// calls without reaching the plugin; after its timeout a probe closes it.
+// a call without reaching the plugin (the plugin numbers the calls it
+// gets, so the refused one would have shifted the numbers); after its
+// timeout a trial call closes it.
 func TestBreaker(t *testing.T) {
 	h, reg := faultHost(t, Options{Breaker: BreakerPolicy{OpenTimeout: 100 * time.Millisecond}})
-	b := block("flaky", "")
-	b.CallTimeout = 20 * time.Millisecond
+	b := block("flaky", "fail")
+	// The plugin's calls 1-5 fail, 6 succeeds, 7 fails.
+	b.Env["SY_FAIL"] = strings.Repeat("error,", DefaultBreakerConsecutiveFailures) + "ok,error"
 	types, err := h.Start(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	slow := newInstance(t, types, "t-active", "agg/p/slow", shared.Params{"delay": time.Second}).(shared.Scorer)
-	fast := newInstance(t, types, "t-active", "agg/p/fast", nil).(shared.Scorer)
-	score := func(s shared.Scorer) (time.Duration, error) {
-		start := time.Now()
-		err := s.Score(context.Background(), request, candidates(), make([]float64, 4))
-		return time.Since(start), err
-	}
+	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
+	score := func() error { return s.Score(context.Background(), request, candidates(), make([]float64, 4)) }
+	var ce *CallError
 	for i := range DefaultBreakerConsecutiveFailures {
-		if _, err := score(slow); !errors.Is(err, ErrCallTimeout) {
-			t.Fatalf("call %d: %v, want a timeout", i, err)
+		if err := score(); !errors.As(err, &ce) || ce.Cause != codeError {
+			t.Fatalf("call %d: %v, want the plugin's error", i, err)
 		}
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "flaky"); v != 2 {
 		t.Errorf("breaker_state = %v, want 2 (open)", v)
 	}
-	d, err := score(fast)
-	if !errors.Is(err, ErrBreakerOpen) || !fallbackable(err) {
-		t.Errorf("a call while open: %v, want ErrBreakerOpen", err)
+	opened := time.Now()
+	err = score()
+	if !errors.Is(err, ErrBreakerOpen) || !errors.As(err, &ce) || ce.Cause != codeBreakerOpen || !fallbackable(err) {
+		t.Errorf("a call while open: %v, want ErrBreakerOpen with cause breaker_open", err)
 	}
-	if d > 5*time.Millisecond {
-		t.Errorf("a call while open took %v", d)
+	time.Sleep(time.Until(opened.Add(120 * time.Millisecond))) // past OpenTimeout: half-open
+	// The trial call is the plugin's call 6, which succeeds: the refused
+	// call never reached it.
+	if err := score(); err != nil {
+		t.Errorf("the half-open trial call: %v, want the plugin's 6th call (ok)", err)
 	}
-	time.Sleep(120 * time.Millisecond)
-	if _, err := score(fast); err != nil {
-		t.Errorf("the half-open probe: %v", err)
-	}
-	if _, err := score(fast); err != nil {
-		t.Errorf("a call after the breaker closed: %v", err)
+	want := `plugin "flaky": plugin decide: scorer "agg/p/cost": injected error on call 7`
+	if err := score(); err == nil || err.Error() != want {
+		t.Errorf("a call after the breaker closed: %v, want %s", err, want)
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "flaky"); v != 0 {
 		t.Errorf("breaker_state = %v, want 0 (closed)", v)
 	}
 	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "flaky", "code", "breaker_open"); v != 1 {
 		t.Errorf("call_errors_total{code=breaker_open} = %v, want 1", v)
+	}
+	if diff := cmp.Diff(Stats{Calls: 8, Errors: 7, Fallbacks: 7}, h.Stats("flaky")); diff != "" {
+		t.Errorf("Stats (-want +got):\n%s", diff)
 	}
 }
 

@@ -562,10 +562,43 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 		done(err)
 	}
 	if code == codeTimeout {
-		// Late is not dead: the health probe decides (HealthPolicy).
+		// Late is not dead: the health probe decides (HealthPolicy), and a
+		// decision call's stream must stay silent for StallTimeout.
 		p.requestCheck()
+		if op == "decide" {
+			m.checkStall(p, start)
+		}
 	}
 	return m.failed(op, code, err)
+}
+
+// checkStall is the stall rule of HealthPolicy, run when a decision call
+// sent at sent got no answer within call_timeout: it kills p's process
+// group once the earliest such call with no answer on the Decide stream
+// since it was sent is StallTimeout old, the stream still silent.
+func (m *managed) checkStall(p *proc, sent time.Time) {
+	if m.health.StallTimeout < 0 {
+		return
+	}
+	last := p.rc.LastAnswer()
+	if !last.Before(sent) {
+		return // the plugin answered something since: late, not stuck
+	}
+	var since time.Time
+	for {
+		old := p.stallSince.Load()
+		if old != nil && last.Before(*old) && !old.After(sent) {
+			since = *old // an earlier call is still unanswered
+			break
+		}
+		if p.stallSince.CompareAndSwap(old, &sent) {
+			since = sent
+			break
+		}
+	}
+	if time.Since(since) >= m.health.StallTimeout && p.rc.LastAnswer().Before(since) && p.ctx.Err() == nil {
+		p.killGroup(fmt.Sprintf("no answer to any decision call for %v", m.health.StallTimeout))
+	}
 }
 
 // classify names a failed call's cause and words its error.

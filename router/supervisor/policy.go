@@ -91,6 +91,18 @@ func (r RestartPolicy) withDefaults() RestartPolicy {
 // frozen plugin's calls already fail fast (call_timeout, then its open
 // circuit breaker) and its policies decide by fallback; a wrong kill under
 // load adds a restart to the load and can end in a crash loop.
+//
+// DefaultStallTimeout is the same trade for a plugin whose process answers
+// its health checks while its decision handlers never return (a deadlock in
+// plugin code): it is killed once decision calls have gone unanswered for
+// 30 s with nothing at all coming back on its Decide stream meanwhile, late
+// answers included. A healthy plugin on a starved machine answers late,
+// within seconds (the 2.3 s worst case above is a whole round trip through
+// the starved host), and every answer, however late, ends a stall; 30 s of
+// total silence is more than ten times that worst case. Killing the stuck
+// plugin sooner would buy little, since its calls fail fast and its
+// policies decide by fallback meanwhile, and the restart brings back a
+// plugin whose deadlock would otherwise last until a reload.
 const (
 	// DefaultProbeInterval: a health check every 2 s while the plugin
 	// answers.
@@ -99,18 +111,40 @@ const (
 	DefaultProbeTimeout = 2 * time.Second
 	// DefaultProbeFailures: consecutive failed checks before a kill.
 	DefaultProbeFailures = 5
+	// DefaultStallTimeout: how long decision calls may get no answer at
+	// all before the plugin counts as stuck (HealthPolicy.StallTimeout).
+	DefaultStallTimeout = 30 * time.Second
 )
 
-// HealthPolicy says when a running plugin counts as frozen (stopped by a
-// signal, wedged as a whole): its process group is then killed and the
-// plugin restarted under its RestartPolicy. The health probe alone
-// decides: a decision call that misses call_timeout falls back and makes
-// the probe check at once (unless a check succeeded within the last
-// ProbeInterval), but never kills the plugin by itself, since on a starved
-// machine a healthy plugin misses a 20 ms deadline routinely. A handler
-// that never returns while the process still answers its health checks is
-// not killed either: the circuit breaker (BreakerPolicy) keeps its calls
-// away, and its policies decide by fallback.
+// HealthPolicy says when a running plugin counts as frozen or stuck: its
+// process group is then killed and the plugin restarted under its
+// RestartPolicy. Two rules kill, and nothing else does:
+//
+//   - The health probe: ProbeFailures gRPC health checks in a row without
+//     a SERVING answer within ProbeTimeout each (stopped by a signal,
+//     wedged as a whole).
+//   - The stall rule: decision calls got no answer for StallTimeout and
+//     nothing at all came back on the plugin's Decide stream since (a
+//     handler that never returns while the process still answers its
+//     health checks).
+//
+// A decision call that misses call_timeout falls back and makes the probe
+// check at once (unless a check succeeded within the last ProbeInterval),
+// but never kills the plugin by itself, since on a starved machine a
+// healthy plugin misses a 20 ms deadline routinely. Such a call is where
+// the stall rule is evaluated: the host remembers the send time of the
+// earliest call that timed out and has had no answer on the stream since,
+// and kills the plugin at a timeout that finds that time StallTimeout past
+// with the stream still silent. Any answer, to any call, even one whose caller gave
+// up long ago (shared.RemoteClient.LastAnswer), starts the count over: a
+// plugin that answers late is slow, not stuck. While the circuit breaker
+// is open its half-open trial calls (one per OpenTimeout) keep the rule
+// evaluated; a plugin that gets no decision calls at all is never found
+// stuck, and need not be. A plugin with one stuck component whose other
+// components keep answering is not stuck by this rule either: its calls to
+// the stuck one time out and fall back. Classify calls (a request
+// classifier's, unary gRPC) are not covered: one that never returns only
+// times out.
 type HealthPolicy struct {
 	// ProbeInterval is the time between two gRPC health checks on the
 	// plugin's connection (DefaultProbeInterval). Negative: no probe, and
@@ -121,6 +155,11 @@ type HealthPolicy struct {
 	// ProbeFailures is how many consecutive failed checks make the plugin
 	// frozen (DefaultProbeFailures).
 	ProbeFailures int
+	// StallTimeout is how long decision calls may get no answer, with
+	// nothing at all received from the plugin's Decide stream meanwhile,
+	// before the plugin counts as stuck (DefaultStallTimeout). Negative:
+	// never.
+	StallTimeout time.Duration
 }
 
 func (h HealthPolicy) withDefaults() HealthPolicy {
@@ -132,6 +171,9 @@ func (h HealthPolicy) withDefaults() HealthPolicy {
 	}
 	if h.ProbeFailures <= 0 {
 		h.ProbeFailures = DefaultProbeFailures
+	}
+	if h.StallTimeout == 0 {
+		h.StallTimeout = DefaultStallTimeout
 	}
 	return h
 }

@@ -29,11 +29,12 @@ import (
 
 // Stopping a plugin: closing its client and go-plugin's graceful Kill get
 // gracefulKill each before the process group is killed; killWait bounds
-// the whole stop.
-const (
-	gracefulKill = 500 * time.Millisecond
-	killWait     = 5 * time.Second
-)
+// the whole stop, and a step still running then makes the stop return an
+// error. killWait is a variable so that the tests can make it generous:
+// on a machine starved for seconds a step can outlast 5 s.
+const gracefulKill = 500 * time.Millisecond
+
+var killWait = 5 * time.Second
 
 // supportedAPIVersions are the plugin API versions this host speaks.
 var supportedAPIVersions = []uint32{shared.APIVersion}
@@ -67,6 +68,10 @@ type proc struct {
 	checkNow chan struct{}
 	// upSince is when the host adopted the process (managed.adopt).
 	upSince time.Time
+	// stallSince is when the earliest decision call that timed out with no
+	// answer on the Decide stream since was sent (managed.checkStall); nil
+	// or a time before the last answer: no stall.
+	stallSince atomic.Pointer[time.Time]
 	// killReason says why the host killed the process, when it did.
 	killReason atomic.Pointer[string]
 	bg         sync.WaitGroup // the health probe

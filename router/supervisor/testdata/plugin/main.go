@@ -14,9 +14,12 @@
 //	           exits (status 3) when asked to configure an instance, while
 //	           the file SY_CRASH names exists (always when SY_CRASH is
 //	           unset)
-//	freeze     serve, but after SY_FREEZE_AFTER decisions every scorer
-//	           call blocks forever, ignoring its deadline (the health
-//	           service still answers)
+//	freeze     serve, but after SY_FREEZE_AFTER scorer calls (0 when
+//	           unset) every scorer call blocks forever, ignoring its
+//	           deadline; pickers and the health service still answer
+//	slow       every t-active scorer call sleeps SY_SLOW (a Go duration),
+//	           ignoring its deadline, then scores: a plugin that answers
+//	           every call, late
 //	grandchild-stderr
 //	           start a grandchild (in hang mode, in the plugin's process
 //	           group) holding the plugin's stderr, write its pid to
@@ -100,7 +103,14 @@ func main() {
 		}
 		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
 	case "freeze":
+		freeze = true
 		freezeAfter, _ = strconv.ParseInt(os.Getenv("SY_FREEZE_AFTER"), 10, 64)
+		serve()
+	case "slow":
+		var err error
+		if slow, err = time.ParseDuration(os.Getenv("SY_SLOW")); err != nil {
+			panic(err)
+		}
 		serve()
 	case "grandchild-stderr":
 		startChild(os.Stderr)
@@ -229,9 +239,12 @@ func (f *maxActive) Filter(_ context.Context, _ *shared.Request, c *shared.Candi
 }
 
 var (
-	// freezeAfter > 0: scorer calls after that many block forever.
+	// freeze: scorer calls after freezeAfter block forever.
+	freeze      bool
 	freezeAfter int64
 	scored      atomic.Int64
+	// slow: every scorer call sleeps that long first (slow mode).
+	slow time.Duration
 	// big: the scorer fails with an error over the message-size limit.
 	big bool
 	// failCycle: the outcomes of the scorer's calls, in turn (fail mode).
@@ -247,9 +260,10 @@ type active struct {
 func (s *active) Inputs() shared.Inputs { return shared.InputActiveRequests }
 
 func (s *active) Score(ctx context.Context, _ *shared.Request, c *shared.Candidates, costs []float64) error {
-	if freezeAfter > 0 && scored.Add(1) > freezeAfter {
+	if freeze && scored.Add(1) > freezeAfter {
 		select {} // a handler that never returns
 	}
+	time.Sleep(slow) // ignoring ctx: the answer comes late
 	if big {
 		return errors.New(strings.Repeat("x", shared.MaxMessageBytes+1<<20))
 	}
