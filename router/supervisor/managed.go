@@ -181,7 +181,7 @@ func (h *Host) newManaged(b config.Plugin, st *counters, rp RestartPolicy) *mana
 	}
 	m.failLogs = make(map[string]*failureLog)
 	for _, code := range []string{codeTimeout, codeClosed, codeTooLarge, codeError, codePanic,
-		codeBreakerOpen, codeRestarting, codeFailed, codeShutdown} {
+		codeBreakerOpen, codeRestarting, codeBackoff, codeFailed, codeShutdown} {
 		m.failLogs[code] = &failureLog{s: rate.Sometimes{Every: h.failLog.Every, Interval: h.failLog.Interval}}
 	}
 	m.quitCtx, m.quitCancel = context.WithCancel(context.Background())
