@@ -10,11 +10,11 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/inputfile"
+	"github.com/switchyard-router/switchyard/router/inputfile/inputfiletest"
 )
 
 // TestNonRegularInputsAreRefused runs the router binary on policy,
@@ -27,30 +27,12 @@ import (
 func TestNonRegularInputsAreRefused(t *testing.T) {
 	bin, _ := e2eBinaries(t)
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo.hcl")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	zero := filepath.Join(dir, "zero.hcl")
-	if err := os.Symlink("/dev/zero", zero); err != nil {
-		t.Fatal(err)
-	}
-	sub := filepath.Join(dir, "dir.hcl")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	big := filepath.Join(dir, "big.hcl")
-	if err := os.WriteFile(big, bytes.Repeat([]byte("\n"), inputfile.MaxConfigSize+1), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	fifoTrace := filepath.Join(dir, "fifo.jsonl")
-	if err := syscall.Mkfifo(fifoTrace, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	zeroTrace := filepath.Join(dir, "zero.csv")
-	if err := os.Symlink("/dev/zero", zeroTrace); err != nil {
-		t.Fatal(err)
-	}
+	fifo := inputfiletest.FIFO(t, dir, "fifo.hcl")
+	zero := inputfiletest.DevZero(t, dir, "zero.hcl")
+	sub := inputfiletest.Dir(t, dir, "dir.hcl")
+	big := inputfiletest.Oversized(t, dir, "big.hcl", inputfile.MaxConfigSize)
+	fifoTrace := inputfiletest.FIFO(t, dir, "fifo.jsonl")
+	zeroTrace := inputfiletest.DevZero(t, dir, "zero.csv")
 	const (
 		isFIFO = " is a named pipe (FIFO), not a regular file"
 		isZero = " (a symbolic link to /dev/zero) is a character device, not a regular file"

@@ -3,14 +3,12 @@
 package config
 
 import (
-	"bytes"
-	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/switchyard-router/switchyard/router/inputfile"
+	"github.com/switchyard-router/switchyard/router/inputfile/inputfiletest"
 )
 
 // TestLoadRefusesNonRegularFiles: a policy or workers file that is not a
@@ -20,23 +18,10 @@ import (
 // The named pipe has no writer: reading it would block for ever.
 func TestLoadRefusesNonRegularFiles(t *testing.T) {
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo.hcl")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	zero := filepath.Join(dir, "zero.hcl")
-	if err := os.Symlink("/dev/zero", zero); err != nil {
-		t.Fatal(err)
-	}
-	sub := filepath.Join(dir, "dir.hcl")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	big := filepath.Join(dir, "big.hcl")
-	// A valid file, all comment, one byte over the limit.
-	if err := os.WriteFile(big, append([]byte("#"), bytes.Repeat([]byte(" "), inputfile.MaxConfigSize)...), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	fifo := inputfiletest.FIFO(t, dir, "fifo.hcl")
+	zero := inputfiletest.DevZero(t, dir, "zero.hcl")
+	sub := inputfiletest.Dir(t, dir, "dir.hcl")
+	big := inputfiletest.Oversized(t, dir, "big.hcl", inputfile.MaxConfigSize)
 	for _, tt := range []struct{ path, why string }{
 		{fifo, fifo + " is a named pipe (FIFO), not a regular file."},
 		{zero, zero + " (a symbolic link to /dev/zero) is a character device, not a regular file."},

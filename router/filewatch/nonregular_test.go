@@ -8,11 +8,11 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/inputfile"
+	"github.com/switchyard-router/switchyard/router/inputfile/inputfiletest"
 )
 
 // TestNotARegularFileIsAnErrorNotAChange: a named pipe with no writer in
@@ -40,11 +40,7 @@ func TestNotARegularFileIsAnErrorNotAChange(t *testing.T) {
 	// Each replacement is made in another directory and renamed over the
 	// file, so that the Watcher never reads it half made.
 	staging := t.TempDir()
-	fifo := filepath.Join(staging, "fifo")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(fifo, path); err != nil {
+	if err := os.Rename(inputfiletest.FIFO(t, staging, "fifo"), path); err != nil {
 		t.Fatal(err)
 	}
 	wantErr(inputfile.ErrNotRegular, path+" is a named pipe (FIFO), not a regular file")
@@ -67,18 +63,8 @@ func TestNotARegularFileIsAnErrorNotAChange(t *testing.T) {
 	oneChange(t, w, "a regular file with new content")
 
 	// After a good read the same error is news again.
-	if err := os.Rename(newFIFO(t, staging, "fifo2"), path); err != nil {
+	if err := os.Rename(inputfiletest.FIFO(t, staging, "fifo2"), path); err != nil {
 		t.Fatal(err)
 	}
 	wantErr(inputfile.ErrNotRegular, path+" is a named pipe (FIFO), not a regular file")
-}
-
-// newFIFO makes the named pipe dir/name and returns its path.
-func newFIFO(t *testing.T, dir, name string) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := syscall.Mkfifo(p, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return p
 }

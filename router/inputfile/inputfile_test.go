@@ -3,16 +3,16 @@
 package inputfile
 
 import (
-	"bytes"
 	"errors"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/switchyard-router/switchyard/router/inputfile/inputfiletest"
 )
 
 // readFile runs ReadFile in a goroutine and fails the test if it has not
@@ -85,28 +85,16 @@ func TestReadFileRegular(t *testing.T) {
 
 func TestReadFileRefuses(t *testing.T) {
 	dir := t.TempDir()
-	fifo := filepath.Join(dir, "fifo.hcl")
-	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	zero := filepath.Join(dir, "zero.hcl")
-	if err := os.Symlink("/dev/zero", zero); err != nil {
-		t.Fatal(err)
-	}
-	sub := filepath.Join(dir, "dir.hcl")
-	if err := os.Mkdir(sub, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	fifo := inputfiletest.FIFO(t, dir, "fifo.hcl")
+	zero := inputfiletest.DevZero(t, dir, "zero.hcl")
+	sub := inputfiletest.Dir(t, dir, "dir.hcl")
 	sock := filepath.Join(dir, "s.hcl")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	big := filepath.Join(dir, "big.hcl")
-	if err := os.WriteFile(big, bytes.Repeat([]byte("#"), MaxConfigSize+1), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	big := inputfiletest.Oversized(t, dir, "big.hcl", MaxConfigSize)
 	for _, tt := range []struct {
 		name, path string
 		limit      int64
