@@ -154,9 +154,9 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 	case disagg && (!fs.Changed("prefill-workers") || !fs.Changed("decode-workers")):
 		return errors.New("disaggregated serving needs both --prefill-workers and --decode-workers")
 	case disagg && f.prefill < 1:
-		return fmt.Errorf("--prefill-workers %d: want >= 1", f.prefill)
+		return fmt.Errorf("--prefill-workers %d: want a whole number from 1 to %d (prefill and decode workers together)", f.prefill, replay.MaxWorkers)
 	case disagg && f.decode < 1:
-		return fmt.Errorf("--decode-workers %d: want >= 1", f.decode)
+		return fmt.Errorf("--decode-workers %d: want a whole number from 1 to %d (prefill and decode workers together)", f.decode, replay.MaxWorkers)
 	case disagg && f.prefill > replay.MaxWorkers:
 		return fmt.Errorf("--prefill-workers %d: want at most %d simulated workers in all", f.prefill, replay.MaxWorkers)
 	case disagg && f.decode > replay.MaxWorkers:
@@ -165,9 +165,9 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 		return fmt.Errorf("--prefill-workers %d + --decode-workers %d = %d simulated workers: want at most %d in all",
 			f.prefill, f.decode, f.prefill+f.decode, replay.MaxWorkers)
 	case f.workers < 1:
-		return fmt.Errorf("--workers %d: want >= 1", f.workers)
+		return fmt.Errorf("--workers %d: want a whole number from 1 to %d", f.workers, replay.MaxWorkers)
 	case f.workers > replay.MaxWorkers:
-		return fmt.Errorf("--workers %d: want at most %d simulated workers", f.workers, replay.MaxWorkers)
+		return fmt.Errorf("--workers %d: want a whole number from 1 to %d", f.workers, replay.MaxWorkers)
 	}
 	if f.limit < 0 {
 		return fmt.Errorf("--limit %d: want >= 0", f.limit)

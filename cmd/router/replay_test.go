@@ -36,8 +36,10 @@ func TestReplayWorkerLimit(t *testing.T) {
 		args []string
 		want string
 	}{
-		{"workers", []string{"--workers", "4097"}, "--workers 4097: want at most 4096 simulated workers"},
-		{"workers huge", []string{"--workers", "100000"}, "--workers 100000: want at most 4096"},
+		{"workers", []string{"--workers", "4097"}, "--workers 4097: want a whole number from 1 to 4096"},
+		{"no workers", []string{"--workers", "0"}, "--workers 0: want a whole number from 1 to 4096"},
+		{"no decode workers", []string{"--prefill-workers", "2", "--decode-workers", "0"}, "--decode-workers 0: want a whole number from 1 to 4096 (prefill and decode workers together)"},
+		{"workers huge", []string{"--workers", "100000"}, "--workers 100000: want a whole number from 1 to 4096"},
 		{"pools together", []string{"--prefill-workers", "4000", "--decode-workers", "97"},
 			"--prefill-workers 4000 + --decode-workers 97 = 4097 simulated workers: want at most 4096 in all"},
 		{"prefill alone", []string{"--prefill-workers", "5000", "--decode-workers", "1"}, "--prefill-workers 5000: want at most 4096"},
