@@ -29,48 +29,13 @@ const (
 	servingAgainWithin = 10 * time.Second
 )
 
-// Environment of the busy-loop helper (TestBusyLoopHelper in a child
-// process): how many threads spin, and for how long.
-const (
-	busyThreadsEnv = "SY_BUSY_LOOP_THREADS"
-	busyForEnv     = "SY_BUSY_LOOP_FOR"
-)
-
-// TestBusyLoopHelper is not a test: run by startBusyLoop in a child
-// process, it spins SY_BUSY_LOOP_THREADS threads (each locked to its OS
-// thread) for SY_BUSY_LOOP_FOR, then exits.
-func TestBusyLoopHelper(t *testing.T) {
-	n, err := strconv.Atoi(os.Getenv(busyThreadsEnv))
-	if err != nil {
-		t.Skip("the busy-loop helper of TestServeE2EPluginUnderCPUSaturation; runs only in its child process")
-	}
-	d, err := time.ParseDuration(os.Getenv(busyForEnv))
-	if err != nil {
-		t.Fatalf("%s: %v", busyForEnv, err)
-	}
-	runtime.GOMAXPROCS(n + 1)
-	end := time.Now().Add(d)
-	var wg sync.WaitGroup
-	for range n {
-		wg.Go(func() {
-			runtime.LockOSThread()
-			for spins := 0; ; spins++ {
-				if spins%(1<<20) == 0 && time.Now().After(end) {
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-}
-
 // startBusyLoop re-executes the test binary as the busy-loop helper:
 // threads spinning threads for d. The returned channel is closed when the
 // helper has exited. The helper dies with the test (parent-death signal,
 // and a cleanup that kills it).
 func startBusyLoop(t *testing.T, threads int, d time.Duration) <-chan struct{} {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestBusyLoopHelper$", "-test.count=1")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), busyThreadsEnv+"="+strconv.Itoa(threads), busyForEnv+"="+d.String())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {

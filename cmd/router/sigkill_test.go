@@ -147,12 +147,12 @@ worker_selection {
 
 	var left []int
 	var dirs []string
-	for {
+	for deadline := killed.Add(30 * time.Second); ; {
 		left, dirs = running(pluginBin), socketDirs(tmp)
 		if len(left) == 0 && len(dirs) == 0 {
 			break
 		}
-		if time.Since(killed) > 30*time.Second {
+		if time.Now().After(deadline) {
 			t.Fatalf("30s after the router's SIGKILL: processes %v of the plugin binary alive (plugin %d, grandchild %d), socket directories %v left",
 				left, plugin, child, dirs)
 		}
