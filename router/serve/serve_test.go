@@ -303,24 +303,12 @@ func TestModelsIsTheUnion(t *testing.T) {
 func TestReadyz(t *testing.T) {
 	e := newEnv(t, envOptions{}, backend{name: "a", url: closedURL(t)})
 	e.ws.ready.Store(false)
-	get := func() (int, Readiness) {
-		resp, err := http.Get(e.url + "/readyz")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = resp.Body.Close() }()
-		var a Readiness
-		if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
-			t.Fatal(err)
-		}
-		return resp.StatusCode, a
-	}
-	if code, a := get(); code != http.StatusServiceUnavailable || a.Ready || a.Reason != "no worker ready" ||
+	if code, a := getReadyz(t, e.url); code != http.StatusServiceUnavailable || a.Ready || a.Reason != "no worker ready" ||
 		len(a.Workers) != 1 || a.Workers[0].Ready || a.Policy.State != "loaded" {
 		t.Errorf("no worker ready: %d %+v, want 503 saying so", code, a)
 	}
 	e.ws.ready.Store(true)
-	if code, a := get(); code != http.StatusOK || !a.Ready || a.Reason != "" || len(a.Workers) != 1 || !a.Workers[0].Ready {
+	if code, a := getReadyz(t, e.url); code != http.StatusOK || !a.Ready || a.Reason != "" || len(a.Workers) != 1 || !a.Workers[0].Ready {
 		t.Errorf("a worker ready: %d %+v, want 200", code, a)
 	}
 	resp, err := http.Get(e.url + "/healthz")
