@@ -203,7 +203,7 @@ func addWorkers(t *testing.T, r *Router) {
 
 func selectOne(t *testing.T, r *Router) Decision {
 	t.Helper()
-	d, err := r.Select(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 1024})
+	d, err := r.Place(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 1024}, Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -242,7 +242,7 @@ func startLoad(r *Router, check func(phase int32, d Decision) error) *load {
 				l.pause.RLock()
 				ph := l.phase.Load()
 				r2 := req
-				d, err := r.Select(context.Background(), &r2)
+				d, err := r.Place(context.Background(), &r2, Placement{})
 				if err == nil {
 					d.Booking.PrefillDone()
 					d.Booking.Release()
@@ -553,7 +553,7 @@ func TestApplyDrainsTheOldBundle(t *testing.T) {
 
 	held := make(chan Decision, 1)
 	go func() {
-		d, err := r.Select(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8})
+		d, err := r.Place(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8}, Placement{})
 		if err != nil {
 			t.Error(err)
 		}
@@ -617,7 +617,7 @@ func TestCloseDrainTimeout(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		if d, err := r.Select(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8}); err == nil {
+		if d, err := r.Place(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8}, Placement{}); err == nil {
 			d.Booking.Release()
 		}
 	}()
@@ -646,7 +646,7 @@ func TestRouterClose(t *testing.T) {
 	if err := r.Close(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Select(context.Background(), request(8)); !errors.Is(err, ErrClosed) {
+	if _, err := r.Place(context.Background(), request(8), Placement{}); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Select after Close: %v, want ErrClosed", err)
 	}
 	if _, err := r.Apply(staticBundle(t, "y", highestID{})); !errors.Is(err, ErrClosed) {

@@ -66,6 +66,9 @@ var (
 	// ErrBlockSize: a request hashed at a block size other than the
 	// router's, or a bundle whose file sets another block size.
 	ErrBlockSize = errors.New("block size differs from the router's")
+	// ErrAllExcluded: every worker that serves the request's model and
+	// role is excluded (Placement.Exclude). It wraps shared.ErrNoWorkers.
+	ErrAllExcluded = fmt.Errorf("every candidate worker is excluded: %w", shared.ErrNoWorkers)
 )
 
 // Router picks a worker for each request by its role's policy and books it.
@@ -85,9 +88,6 @@ type Router struct {
 	loadOpts     LoadOptions
 	drainTimeout time.Duration
 	reloads      *prometheus.CounterVec // nil without a Registerer
-
-	// adm is the classify–queue–dispatch state; nil until EnableAdmission.
-	adm *admission
 
 	// swapMu serialises Apply and Close; reloadMu serialises Reload.
 	swapMu   sync.Mutex
@@ -179,6 +179,57 @@ func New(o Options) (*Router, error) {
 	r.cur.Store(b)
 	r.scratch.New = func() any { return new(pipeline.Scratch) }
 	return r, nil
+}
+
+// UncachedTokens is the prompt tokens of req that the best-placed member
+// of its model and role does not hold by the prefix index, at least 1:
+// the default scheduling cost of a queued request and a classifier's
+// input. Lock-free apart from the index's own brief lock.
+func (r *Router) UncachedTokens(req *shared.Request) int64 {
+	var best int32
+	if p := r.fleet.Snapshot().ModelPartition(req.Model, req.Role); p != nil && len(req.BlockHashes) > 0 {
+		s := r.scratch.Get().(*pipeline.Scratch)
+		overlap := s.Overlap(len(p.IDs))
+		r.index.Fill(p.IDs, req.BlockHashes, overlap)
+		for _, o := range overlap {
+			best = max(best, o)
+		}
+		r.scratch.Put(s)
+	}
+	return max(int64(req.PromptTokens-int(best)*r.blockSize), 1)
+}
+
+// PartitionInfos returns the members of model's role partition as a
+// classifier sees them (shared.PartitionContext.Workers): an immutable
+// snapshot in ascending (ID, DPRank) order, nil when there are none.
+func (r *Router) PartitionInfos(model string, role shared.Role) []shared.WorkerInfo {
+	if p := r.fleet.Snapshot().ModelPartition(model, role); p != nil {
+		return p.Infos
+	}
+	return nil
+}
+
+// ClassifierFactory is the current bundle's request classifier (its
+// policy file's request_classifier block); nil without one or once the
+// Router is closed.
+func (r *Router) ClassifierFactory() shared.ClassifierFactory {
+	if b := r.cur.Load(); b != nil && b.Config != nil && b.Config.Classifier != nil {
+		if f, ok := b.Config.Classifier.Instance.(shared.ClassifierFactory); ok {
+			return f
+		}
+	}
+	return nil
+}
+
+// EventListeners returns the current bundle's policy components that
+// implement shared.EventListener (not its classifier: the admission layer
+// delivers to that); nil once the Router is closed. The slice is shared
+// and must not be modified.
+func (r *Router) EventListeners() []shared.EventListener {
+	if b := r.cur.Load(); b != nil {
+		return b.eventListeners()
+	}
+	return nil
 }
 
 // BlockSize is the router's tokens per KV block.
@@ -340,16 +391,48 @@ type Decision struct {
 	Target bool
 }
 
-// Select picks a worker for req (req.Role selects the policy), books it and
-// records the request's blocks in the prefix index as sent to it. A zero
-// req.BlockSize is set to the router's; req.BlockHashes must have been
-// hashed at that block size. Errors: ErrNoPolicy, ErrBlockSize,
-// shared.ErrNoWorkers, shared.ErrAllFiltered (wrapped), the context's error,
+// Placement narrows one selection (Place).
+type Placement struct {
+	// Capacity is the most requests a worker may have in flight; 0: no
+	// limit. A worker at Capacity is not a candidate, and the booking is
+	// an atomic try-book on the chosen worker, so concurrent selections
+	// never take a worker past it.
+	Capacity int64
+	// Exclude are workers that are not candidates at all (every rank of
+	// an id). The slice is read, not kept.
+	Exclude []shared.WorkerID
+	// Target, when HasTarget, is an advisory worker: taken without
+	// running the policy when it is a candidate, ignored otherwise.
+	Target    shared.WorkerID
+	HasTarget bool
+	// Booking, when not nil, is the storage the decision's booking is
+	// made in (the admission layer keeps one in each request handle); it
+	// must not hold a live booking. nil allocates one.
+	Booking *fleet.Booking
+}
+
+// maxTryBooks bounds how often Place re-runs a selection whose chosen
+// worker reached Placement.Capacity between the candidates' snapshot and
+// the try-book (another selection booked it first); then it answers
+// shared.ErrAllBusy.
+const maxTryBooks = 4
+
+// Place picks a worker for req (req.Role selects the policy) among the
+// members of its model and role that pl leaves, books it and records the
+// request's blocks in the prefix index as sent to it. It takes no
+// router-wide lock: the fleet is an atomic snapshot, the bundle is
+// counted in flight, and the booking is atomic. A zero req.BlockSize is
+// set to the router's; req.BlockHashes must have been hashed at that
+// block size.
+//
+// Errors: ErrNoPolicy, ErrBlockSize, shared.ErrNoWorkers, ErrAllExcluded
+// (every member excluded), shared.ErrAllBusy (every member at
+// pl.Capacity), shared.ErrAllFiltered (wrapped), the context's error,
 // ErrClosed, or the policy's error when no fallback could decide.
 //
 // The selection decides with the bundle current when it starts, to the
 // end, also when Apply swaps in another meanwhile.
-func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, error) {
+func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
 	}
@@ -358,24 +441,6 @@ func (r *Router) Select(ctx context.Context, req *shared.Request) (Decision, err
 	} else if req.BlockSize != r.blockSize {
 		return Decision{}, fmt.Errorf("%w: request %d, router %d", ErrBlockSize, req.BlockSize, r.blockSize)
 	}
-	return r.place(ctx, req, placement{})
-}
-
-// placement narrows a selection: a per-worker capacity in in-flight
-// requests (0: none), workers that are not candidates at all, and an
-// advisory target worker.
-type placement struct {
-	capacity  int64
-	exclude   []shared.WorkerID
-	target    shared.WorkerID
-	hasTarget bool
-}
-
-// place is Select with a placement: excluded workers are not candidates
-// (none left: ErrAllExcluded), nor are workers at capacity (none left:
-// shared.ErrAllBusy), and an advisory target that is a candidate is taken
-// without running the policy.
-func (r *Router) place(ctx context.Context, req *shared.Request, pl placement) (Decision, error) {
 	b := r.acquire()
 	if b == nil {
 		return Decision{}, ErrClosed
@@ -385,6 +450,22 @@ func (r *Router) place(ctx context.Context, req *shared.Request, pl placement) (
 	if rp == nil {
 		return Decision{}, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
 	}
+	for try := 1; ; try++ {
+		d, err := r.placeOnce(ctx, rp, req, pl)
+		if !errors.Is(err, errLostRace) {
+			return d, err
+		}
+		if try == maxTryBooks {
+			return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrAllBusy)
+		}
+	}
+}
+
+// errLostRace: the chosen worker reached capacity before the try-book.
+var errLostRace = errors.New("the chosen worker reached capacity first")
+
+// placeOnce is one selection of Place over the current fleet snapshot.
+func (r *Router) placeOnce(ctx context.Context, rp *rolePolicy, req *shared.Request, pl Placement) (Decision, error) {
 	part := r.fleet.Snapshot().ModelPartition(req.Model, req.Role)
 	if part == nil || len(part.Workers) == 0 {
 		if req.Model != "" {
@@ -392,19 +473,19 @@ func (r *Router) place(ctx context.Context, req *shared.Request, pl placement) (
 		}
 		return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrNoWorkers)
 	}
-	if len(pl.exclude) > 0 {
-		if part = excluding(part, pl.exclude); part == nil {
+	if len(pl.Exclude) > 0 {
+		if part = excluding(part, pl.Exclude); part == nil {
 			return Decision{}, fmt.Errorf("role %s: %w", req.Role, ErrAllExcluded)
 		}
 	}
-	if pl.capacity > 0 {
-		if part = underCapacity(part, pl.capacity); part == nil {
+	if pl.Capacity > 0 {
+		if part = underCapacity(part, pl.Capacity); part == nil {
 			return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrAllBusy)
 		}
 	}
-	if pl.hasTarget {
-		if i, ok := slices.BinarySearch(part.IDs, pl.target); ok {
-			return r.book(req, Decision{Policy: "target", Target: true}, part.Workers[i], -1), nil
+	if pl.HasTarget {
+		if i, ok := slices.BinarySearch(part.IDs, pl.Target); ok {
+			return r.book(req, Decision{Policy: "target", Target: true}, part.Workers[i], -1, pl)
 		}
 	}
 	d := Decision{Policy: rp.policy.Name}
@@ -419,12 +500,14 @@ func (r *Router) place(ctx context.Context, req *shared.Request, pl placement) (
 	if err != nil {
 		return Decision{}, fmt.Errorf("policy %q: %w", d.Policy, err)
 	}
-	return r.book(req, d, w, overlap), nil
+	return r.book(req, d, w, overlap, pl)
 }
 
 // book charges req to w (overlap < 0: look it up) and records its blocks
-// in the prefix index as sent to w.
-func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap int) Decision {
+// in the prefix index as sent to w, in pl.Booking when set. With
+// pl.Capacity > 0 the charge is a try-book: errLostRace when w already
+// has that many requests in flight.
+func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap int, pl Placement) (Decision, error) {
 	if overlap < 0 {
 		overlap = r.index.Overlap(w.ID, req.BlockHashes)
 	}
@@ -435,9 +518,15 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 		prefill = 0 // the prompt's KV arrives from a prefill worker: nothing to prefill here
 	}
 	blocks := int64((req.PromptTokens + r.blockSize - 1) / r.blockSize)
-	d.Booking = fleet.Book(w, prefill, blocks)
+	if pl.Capacity > 0 {
+		if d.Booking = fleet.TryBook(pl.Booking, w, pl.Capacity, prefill, blocks); d.Booking == nil {
+			return Decision{}, errLostRace
+		}
+	} else {
+		d.Booking = fleet.BookInto(pl.Booking, w, prefill, blocks)
+	}
 	r.index.Record(w.ID, req.BlockHashes)
-	return d
+	return d, nil
 }
 
 // underCapacity returns the members of p with fewer than capacity

@@ -60,7 +60,7 @@ func BenchmarkSelect(b *testing.B) {
 				ctx := context.Background()
 				b.ReportAllocs()
 				for b.Loop() {
-					d, err := r.Select(ctx, req)
+					d, err := r.Place(ctx, req, Placement{})
 					if err != nil {
 						b.Fatal(err)
 					}

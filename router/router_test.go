@@ -56,7 +56,7 @@ func TestHostedRoundRobinBooksAndReleases(t *testing.T) {
 	var got []shared.WorkerID
 	var ds []Decision
 	for range 6 {
-		d, err := r.Select(context.Background(), request(8, 1, 2))
+		d, err := r.Place(context.Background(), request(8, 1, 2), Placement{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +93,7 @@ func TestKVPolicyFollowsThePrefix(t *testing.T) {
 	if r.Hosted(shared.RoleAggregated) {
 		t.Fatal("kv policy must not run hosted")
 	}
-	first, err := r.Select(context.Background(), request(40, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16))
+	first, err := r.Place(context.Background(), request(40, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16), Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +101,7 @@ func TestKVPolicyFollowsThePrefix(t *testing.T) {
 	first.Booking.Release()
 	// Same 10-block prefix plus one new block: the holder wins by 10 blocks
 	// of prefill credit.
-	d, err := r.Select(context.Background(), request(44, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 99))
+	d, err := r.Place(context.Background(), request(44, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 99), Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestFallbackAnswersWhenThePolicyFails(t *testing.T) {
 	p := mustPolicy(t, "broken", nil, failing{})
 	p.Fallback = fb
 	r := newRouter(t, p, 2)
-	d, err := r.Select(context.Background(), request(4, 1))
+	d, err := r.Place(context.Background(), request(4, 1), Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,29 +138,29 @@ func TestFallbackAnswersWhenThePolicyFails(t *testing.T) {
 	// Without a fallback the error surfaces, naming the policy.
 	p.Fallback = nil
 	r = newRouter(t, p, 2)
-	if _, err := r.Select(context.Background(), request(4, 1)); err == nil || err.Error() != `policy "broken": picker "pick": component broke` {
+	if _, err := r.Place(context.Background(), request(4, 1), Placement{}); err == nil || err.Error() != `policy "broken": picker "pick": component broke` {
 		t.Fatalf("err = %v", err)
 	}
 }
 
 func TestSelectErrors(t *testing.T) {
 	r := newRouter(t, mustPolicy(t, "rr", nil, builtin.NewRoundRobin()), 0)
-	if _, err := r.Select(context.Background(), request(4, 1)); !errors.Is(err, shared.ErrNoWorkers) {
+	if _, err := r.Place(context.Background(), request(4, 1), Placement{}); !errors.Is(err, shared.ErrNoWorkers) {
 		t.Fatalf("no workers: err = %v", err)
 	}
 	req := request(4, 1)
 	req.Role = shared.RoleDecode
-	if _, err := r.Select(context.Background(), req); !errors.Is(err, ErrNoPolicy) {
+	if _, err := r.Place(context.Background(), req, Placement{}); !errors.Is(err, ErrNoPolicy) {
 		t.Fatalf("no policy: err = %v", err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if _, err := r.Select(ctx, request(4, 1)); !errors.Is(err, context.Canceled) {
+	if _, err := r.Place(ctx, request(4, 1), Placement{}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled: err = %v", err)
 	}
 	req = request(4, 1)
 	req.BlockSize = 16
-	if _, err := r.Select(context.Background(), req); !errors.Is(err, ErrBlockSize) {
+	if _, err := r.Place(context.Background(), req, Placement{}); !errors.Is(err, ErrBlockSize) {
 		t.Fatalf("block size mismatch: err = %v", err)
 	}
 	if _, err := New(Options{BlockSize: 0}); err == nil {
@@ -170,7 +170,7 @@ func TestSelectErrors(t *testing.T) {
 
 func TestRemoveWorkerLeavesSelection(t *testing.T) {
 	r := newRouter(t, kvPolicy(t), 2)
-	d, err := r.Select(context.Background(), request(8, 1, 2))
+	d, err := r.Place(context.Background(), request(8, 1, 2), Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestRemoveWorkerLeavesSelection(t *testing.T) {
 		t.Fatal(err)
 	}
 	for range 5 {
-		d2, err := r.Select(context.Background(), request(8, 1, 2))
+		d2, err := r.Place(context.Background(), request(8, 1, 2), Placement{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -236,7 +236,7 @@ func TestRouterComputesOnlyDeclaredInputs(t *testing.T) {
 			s := &spy{in: tt.in}
 			p := mustPolicy(t, "spy", []shared.WeightedScorer{{Name: "spy", Weight: 1, Scorer: s}}, builtin.NewRoundRobin())
 			r := newRouter(t, p, 3)
-			if _, err := r.Select(context.Background(), request(4, 1)); err != nil {
+			if _, err := r.Place(context.Background(), request(4, 1), Placement{}); err != nil {
 				t.Fatal(err)
 			}
 			if diff := cmp.Diff(tt.want, s.seen); diff != "" {
@@ -262,11 +262,11 @@ func TestDecodeBookingHasNoPrefill(t *testing.T) {
 		}
 	}
 	// 10 tokens = 3 blocks of 4.
-	pre, err := r.Select(context.Background(), &shared.Request{Role: shared.RolePrefill, PromptTokens: 10, BlockSize: 4})
+	pre, err := r.Place(context.Background(), &shared.Request{Role: shared.RolePrefill, PromptTokens: 10, BlockSize: 4}, Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dec, err := r.Select(context.Background(), &shared.Request{Role: shared.RoleDecode, PromptTokens: 10, BlockSize: 4})
+	dec, err := r.Place(context.Background(), &shared.Request{Role: shared.RoleDecode, PromptTokens: 10, BlockSize: 4}, Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -142,15 +142,12 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 			log.Warn("plugins did not stop cleanly", "error", err)
 		}
 	}()
-	// The classifier is not handed to EnableAdmission: the Router takes
-	// it from the current bundle, so a reload that changes or removes the
+	// The classifier is not handed to the server: admission takes it from
+	// the Router's current bundle, so a reload that changes or removes the
 	// request_classifier block takes effect (admission checks its type).
 	// The queue is built once: a reload that changes it is warned about.
 	queue, _, err := admission(o.policy, b.Config)
 	if err != nil {
-		return &exitError{code: 1, err: err}
-	}
-	if err := r.EnableAdmission(router.AdmissionOptions{Queue: queue}); err != nil {
 		return &exitError{code: 1, err: err}
 	}
 	mgr, err := workers.NewManager(r, workers.Options{Logger: log, Registerer: reg})
@@ -175,7 +172,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		return &exitError{code: 1, err: err}
 	}
 	srv, err := serve.New(serve.Options{
-		Router: r, Workers: mgr, Registry: reg, Logger: log,
+		Router: r, Queue: queue, Workers: mgr, Registry: reg, Logger: log,
 		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
 	})
 	if err != nil {

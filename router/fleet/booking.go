@@ -22,11 +22,7 @@ const (
 // Book charges a request to w: prefillTokens (uncached prompt tokens, >= 0)
 // and blocks (KV blocks it will hold, >= 0).
 func Book(w *Worker, prefillTokens, blocks int64) *Booking {
-	b := &Booking{w: w, prefill: max(prefillTokens, 0), blocks: max(blocks, 0)}
-	w.active.Add(1)
-	w.prefillTokens.Add(b.prefill)
-	w.decodeBlocks.Add(b.blocks)
-	return b
+	return BookInto(nil, w, prefillTokens, blocks)
 }
 
 // Worker is the worker (join generation) the booking charges.
@@ -58,4 +54,42 @@ func (b *Booking) Release() bool {
 			return true
 		}
 	}
+}
+
+// TryBook is Book when w has fewer than capacity requests in flight, and
+// nil when it has capacity or more: the check and the charge are one
+// atomic step, so concurrent bookings never take w past capacity
+// (capacity > 0). into, when not nil, is the storage the booking is made
+// in (a caller that owns one per request saves an allocation); it must
+// not hold a live booking.
+func TryBook(into *Booking, w *Worker, capacity, prefillTokens, blocks int64) *Booking {
+	for {
+		n := w.active.Load()
+		if n >= capacity {
+			return nil
+		}
+		if w.active.CompareAndSwap(n, n+1) {
+			break
+		}
+	}
+	return charge(into, w, prefillTokens, blocks)
+}
+
+// BookInto is Book in caller-owned storage (see TryBook); nil into
+// allocates.
+func BookInto(into *Booking, w *Worker, prefillTokens, blocks int64) *Booking {
+	w.active.Add(1)
+	return charge(into, w, prefillTokens, blocks)
+}
+
+// charge fills a booking whose +1 ACTIVE_REQUESTS is already counted.
+func charge(into *Booking, w *Worker, prefillTokens, blocks int64) *Booking {
+	if into == nil {
+		into = new(Booking)
+	}
+	into.w, into.prefill, into.blocks = w, max(prefillTokens, 0), max(blocks, 0)
+	into.state.Store(bookedState)
+	w.prefillTokens.Add(into.prefill)
+	w.decodeBlocks.Add(into.blocks)
+	return into
 }

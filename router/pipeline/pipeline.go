@@ -32,6 +32,13 @@ type Scratch struct {
 // declared (plus IDs always, and DPRanks when withRanks), and returns the
 // candidate set for the caller to fill. The returned pointer is valid until
 // the next call.
+// Overlap returns a scratch slice of n overlap counts, valid until the
+// Scratch's next use.
+func (s *Scratch) Overlap(n int) []int32 {
+	s.overlap = grow(s.overlap, n)
+	return s.overlap
+}
+
 func (s *Scratch) Candidates(n int, declared shared.Inputs, withRanks bool) *shared.Candidates {
 	declared = declared.Normalize()
 	s.ids = grow(s.ids, n)

@@ -112,8 +112,8 @@ func runQueued(t *testing.T, b *config.Bundle, recs []trace.Record, workers int,
 		t.Fatal(err)
 	}
 	checkBookingsReleased(t, d)
-	if d.waiting != 0 || d.r.Waiting(shared.RoleAggregated) != 0 {
-		t.Fatalf("%d requests still queued (router: %d)", d.waiting, d.r.Waiting(shared.RoleAggregated))
+	if d.waiting != 0 || d.adm.Waiting(shared.RoleAggregated) != 0 {
+		t.Fatalf("%d requests still queued (router: %d)", d.waiting, d.adm.Waiting(shared.RoleAggregated))
 	}
 	outs := decodeOutcomes(t, perReq.Bytes(), len(recs))
 	return rep, outs, log.check(t, len(recs))

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/prefix"
@@ -276,6 +277,7 @@ func execute(ctx context.Context, o Options) (*Report, *driver, error) {
 type driver struct {
 	ctx       context.Context
 	r         *router.Router
+	adm       *admission.Controller
 	blockSize int
 	records   []trace.Record
 
@@ -296,11 +298,11 @@ type driver struct {
 	// in file order (the report's order).
 	defaultClass string
 	classes      []string
-	tickets      []router.Ticket // Dispatch's buffer
+	dispatched   []*admission.Handle // Dispatch's buffer
 
 	outcomes       []Outcome
 	arrival        []time.Duration
-	ids            []string         // request id per request (strconv.Itoa of the index)
+	handles        []*admission.Handle // first-hop handle per request, nil once it ended
 	priority       []int            // classification's priority per request
 	class          []string         // classification's class per request ("" until classified)
 	queued         []bool           // waiting in the router's queue
@@ -389,7 +391,7 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		classify:  o.classified(),
 		outcomes:  make([]Outcome, n),
 		arrival:   make([]time.Duration, n),
-		ids:       make([]string, n),
+		handles:   make([]*admission.Handle, n),
 		priority:  make([]int, n),
 		class:     make([]string, n),
 		queued:    make([]bool, n),
@@ -406,8 +408,8 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	for _, c := range queue.Classes {
 		d.classes = append(d.classes, c.Name)
 	}
-	if err := r.EnableAdmission(router.AdmissionOptions{Queue: queue, Classifier: o.Classifier, Listeners: o.Listeners,
-		Now: func() time.Time { return epoch.Add(d.now) }}); err != nil {
+	if d.adm, err = admission.New(r, admission.Options{Queue: queue, Classifier: o.Classifier, Listeners: o.Listeners,
+		Now: func() time.Time { return epoch.Add(d.now) }, InlineEvents: true}); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
 	// The index tracks what fits in each engine's KV cache, in router blocks.
@@ -593,20 +595,26 @@ func (d *driver) arrive(i int, rec *trace.Record) {
 		out.DecodeWorker = -1
 	}
 	d.arrival[i] = now
-	d.ids[i] = req.ID
 	t0 := time.Now()
-	t, err := d.r.Admit(d.ctx, req)
+	h, err := d.adm.Admit(d.ctx, req)
 	d.decisionTime += time.Since(t0)
 	d.decisions++
-	d.classified(i, &t.Classification)
+	var cl shared.Classification
+	if h != nil {
+		cl = h.Classification()
+	}
+	d.classified(i, &cl)
 	switch {
 	case err != nil:
 		out.Status = "rejected: " + err.Error()
-	case t.Queued:
+	case h.Queued():
+		d.handles[i] = h
 		d.queued[i] = true
 		d.waiting++
 	default:
-		d.start(i, &t.Decision, hashes, now)
+		d.handles[i] = h
+		dec := h.Decision()
+		d.start(i, &dec, hashes, now)
 	}
 }
 
@@ -638,10 +646,18 @@ func (d *driver) start(i int, dec *router.Decision, hashes []uint64, at time.Dur
 	d.reqs[i] = sim.Request{ID: i, InputLength: max(rec.InputLength, 1), OutputLength: outputLength,
 		PrefixHashes: hashes, PrefixBlockTokens: d.blockSize}
 	if err := d.first.Submit(at, out.Worker, &d.reqs[i]); err != nil {
-		_ = d.r.Abort(d.ids[i], err.Error()) // releases the booking
+		d.end(i, admission.Aborted(err.Error())) // releases the booking
 		out.Status = "rejected: " + err.Error()
 	}
 	d.observe(d.first, out.Worker, out.Worker)
+}
+
+// end ends request i's first hop.
+func (d *driver) end(i int, o admission.Outcome) {
+	if h := d.handles[i]; h != nil {
+		h.End(o)
+		d.handles[i] = nil
+	}
 }
 
 // selected counts a selection that placed a request, by policy (the
@@ -675,21 +691,22 @@ func (d *driver) dispatch(at time.Duration) {
 	}
 	d.now = at
 	t0 := time.Now()
-	d.tickets = d.r.Dispatch(d.ctx, d.tickets[:0])
+	d.dispatched = d.adm.Dispatch(d.ctx, d.dispatched[:0])
 	d.decisionTime += time.Since(t0)
-	for k := range d.tickets {
-		t := &d.tickets[k]
-		i, _ := strconv.Atoi(t.ID)
+	for _, h := range d.dispatched {
+		i, _ := strconv.Atoi(h.Request().ID)
 		d.queued[i] = false
 		d.waiting--
-		if t.Err != nil {
-			d.outcomes[i].Status = "rejected: " + t.Err.Error()
+		if err := h.Err(); err != nil {
+			d.handles[i] = nil
+			d.outcomes[i].Status = "rejected: " + err.Error()
 			continue
 		}
 		d.decisions++
-		d.start(i, &t.Decision, t.Request.BlockHashes, at)
+		dec := h.Decision()
+		d.start(i, &dec, h.Request().BlockHashes, at)
 	}
-	clear(d.tickets) // drop the requests and bookings
+	clear(d.dispatched) // drop the handles
 }
 
 // abandon rejects the requests still queued when the first hop is idle
@@ -699,7 +716,7 @@ func (d *driver) abandon() {
 	const reason = "never dispatched: every worker stayed busy after the last request ended"
 	for i, q := range d.queued {
 		if q {
-			_ = d.r.Abort(d.ids[i], reason)
+			d.end(i, admission.Aborted(reason))
 			d.queued[i] = false
 			d.waiting--
 			d.outcomes[i].Status = "rejected: " + reason
@@ -710,7 +727,7 @@ func (d *driver) abandon() {
 // selectWorker calls the router for a decode hop, timing the decision.
 func (d *driver) selectWorker(req *shared.Request) (router.Decision, error) {
 	t0 := time.Now()
-	dec, err := d.r.Select(d.ctx, req)
+	dec, err := d.r.Place(d.ctx, req, router.Placement{})
 	d.decisionTime += time.Since(t0)
 	d.decisions++
 	return dec, err
@@ -730,10 +747,10 @@ func (d *driver) handleFirst(e sim.Event) {
 		out.CachedTokens = e.CachedTokens
 		out.QueueMs = millis(e.ScheduledAt - d.arrival[i])
 		d.now = e.At
-		_ = d.r.FirstToken(d.ids[i]) // ends the booked prefill
+		d.handles[i].FirstToken() // ends the booked prefill
 	case sim.Completed:
 		d.now = e.At
-		_ = d.r.Complete(d.ids[i], int64(d.reqs[i].InputLength+max(d.reqs[i].OutputLength, 1))) // releases the booking
+		d.end(i, admission.Completed(int64(d.reqs[i].InputLength+max(d.reqs[i].OutputLength, 1)))) // releases the booking
 		if d.decode != nil && d.records[i].OutputLength > 1 {
 			d.handOff(i, e.At)
 			return

@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -18,9 +18,10 @@ import (
 // prefill worker does is served in two hops, by vLLM's disaggregated
 // proxy protocol (the NixlConnector toy proxy). The prefill hop sends the
 // request, rewritten to compute the prompt's KV and one token, to a
-// prefill worker admitted like an aggregated request; the decode hop sends
-// the original request plus the prefill answer's kv_transfer_params to a
-// decode worker chosen by Select, and passes its answer through.
+// prefill worker admitted like an aggregated request; the decode hop,
+// admitted the same way with role decode, sends the original request plus
+// the prefill answer's kv_transfer_params to a decode worker and passes
+// its answer through.
 
 // maxPrefillAnswer bounds a prefill worker's answer, which is read whole
 // for its kv_transfer_params (1 MiB).
@@ -74,52 +75,37 @@ func (s *Server) disagg(ex *exchange) int {
 // answer's kv_transfer_params, or the code of the answer it gave the
 // client.
 func (s *Server) prefill(ex *exchange, body []byte) (kv json.RawMessage, code int) {
-	for attempt := 0; ; attempt++ {
-		tk, code := s.admit(ex, hopSpec{role: shared.RolePrefill, tag: "#", hashes: ex.hashes, exclude: ex.failed}, attempt)
-		if code != 0 {
-			return nil, code
-		}
-		kv, code, retry := s.prefillHop(ex, tk, body)
-		if !retry {
-			return kv, code
-		}
-		if w := tk.Decision.Worker; w != nil && !slices.Contains(ex.failed, w.ID) {
-			ex.failed = append(ex.failed, w.ID)
-		}
-		if attempt >= s.retries {
-			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
-				fmt.Sprintf("the selected prefill workers failed before answering (%d attempts)", attempt+1))
-			return nil, http.StatusBadGateway
-		}
-		s.log.Debug("retrying the prefill on another selection", "request_id", ex.id, "attempt", attempt+1)
-	}
+	code = s.hop(ex, hopSpec{role: shared.RolePrefill, tag: "#", hashes: ex.hashes, workers: "prefill workers"},
+		func(h *admission.Handle, d router.Decision) (int, bool, string) {
+			var code int
+			var retry bool
+			var why string
+			kv, code, retry, why = s.prefillHop(ex, h, d.Worker.Name, body)
+			return code, retry, why
+		})
+	return kv, code
 }
 
-// prefillHop sends the prefill request to the ticket's worker and reads
-// its answer whole. It ends the ticket exactly once: FirstToken and
-// Complete (the prompt plus the one token) when the answer carries
-// kv_transfer_params, Abort on every other path. code is 0 on success,
+// prefillHop sends the prefill request to the worker called name and
+// reads its answer whole. It ends h on every path but a retry: completed
+// (the prompt plus the one token, after its first token) when the answer
+// carries kv_transfer_params, aborted otherwise. code is 0 on success,
 // else the code of the answer given to the client: a non-2xx prefill
 // answer passed through as is, 502 for an answer without
 // kv_transfer_params, 499 or 504 when the request's context ended. retry
-// is true when the worker failed before its answer was complete; nothing
-// was written to the client then.
-func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv json.RawMessage, code int, retry bool) {
-	name := tk.Decision.Worker.Name
-	ended := false
+// is true, with why, when the worker failed before its answer was
+// complete; nothing was written to the client then.
+func (s *Server) prefillHop(ex *exchange, h *admission.Handle, name string, body []byte) (kv json.RawMessage, code int, retry bool, why string) {
 	end := func(complete bool, reason string) {
-		if ended {
-			return
+		if complete {
+			s.end(h, admission.Completed(int64(ex.tokens)+1))
+		} else {
+			s.end(h, admission.Aborted(reason))
 		}
-		ended = true
-		s.endTicket(tk.ID, complete, int64(ex.tokens)+1, reason)
 	}
-	defer end(false, "handler ended")
-
 	up, why := s.upstream(ex, name, body)
 	if up == nil {
-		end(false, why)
-		return nil, 0, true
+		return nil, 0, true, why
 	}
 	// The router reads this answer itself: no compressed encoding.
 	up.Header.Del("Accept-Encoding")
@@ -133,15 +119,14 @@ func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv jso
 		if ex.ctx.Err() != nil {
 			end(false, ctxReason(ex))
 			if ex.r.Context().Err() != nil {
-				return nil, codeClientGone, false
+				return nil, codeClientGone, false, ""
 			}
 			writeError(ex.w, http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out before the prefill worker answered")
-			return nil, http.StatusGatewayTimeout, false
+			return nil, http.StatusGatewayTimeout, false, ""
 		}
 		s.log.Warn("prefill worker failed before answering", "worker", name, "request_id", ex.id, "error", err)
-		end(false, "worker error: "+err.Error())
 		s.workers.ReportFailure(name)
-		return nil, 0, true
+		return nil, 0, true, "worker error: " + err.Error()
 	}
 	if resp.StatusCode >= 500 {
 		s.workers.ReportFailure(name)
@@ -154,7 +139,7 @@ func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv jso
 		end(false, "prefill answer too large")
 		writeError(ex.w, http.StatusBadGateway, typeServer, "bad_prefill_answer",
 			fmt.Sprintf("prefill worker %q answered more than %d bytes", name, maxPrefillAnswer))
-		return nil, http.StatusBadGateway, false
+		return nil, http.StatusBadGateway, false, ""
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		end(false, "prefill answered "+strconv.Itoa(resp.StatusCode))
@@ -165,7 +150,7 @@ func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv jso
 		hdr.Set("Content-Length", strconv.Itoa(len(answer)))
 		ex.w.WriteHeader(resp.StatusCode)
 		_, _ = ex.w.Write(answer)
-		return nil, resp.StatusCode, false
+		return nil, resp.StatusCode, false, ""
 	}
 	kv, ok := kvTransferParams(answer)
 	if !ok {
@@ -173,11 +158,11 @@ func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv jso
 		end(false, "prefill answer without kv_transfer_params")
 		writeError(ex.w, http.StatusBadGateway, typeServer, "bad_prefill_answer",
 			fmt.Sprintf("prefill worker %q answered without a kv_transfer_params object: is it an engine with a KV connector producing KV (vLLM --kv-transfer-config kv_role kv_producer or kv_both)?", name))
-		return nil, http.StatusBadGateway, false
+		return nil, http.StatusBadGateway, false, ""
 	}
-	_ = s.r.FirstToken(tk.ID)
+	h.FirstToken()
 	end(true, "")
-	return kv, 0, false
+	return kv, 0, false, ""
 }
 
 // decode runs the decode hop: admitted with role decode (classifier,
@@ -185,30 +170,13 @@ func (s *Server) prefillHop(ex *exchange, tk router.Ticket, body []byte) (kv jso
 // count and no block hashes (the KV arrives by transfer; it is not in the
 // decode worker's prefix cache, so the prefix index must not record it),
 // and the answer passed through. A decode worker that fails before a byte
-// is excluded and the hop admitted again, up to MaxRetries times. The
-// booking is ended exactly once by the pass-through. It returns the code
-// the request is counted under.
+// is excluded and the hop placed again, up to MaxRetries times. It
+// returns the code the request is counted under.
 func (s *Server) decode(ex *exchange, body []byte) int {
-	var failed []shared.WorkerID
-	for attempt := 0; ; attempt++ {
-		tk, code := s.admit(ex, hopSpec{role: shared.RoleDecode, tag: "#d", exclude: failed, answer: s.decodeError}, attempt)
-		if code != 0 {
-			return code
-		}
-		code, retry := s.passThrough(ex, tk.ID, tk.Decision.Worker.Name, body)
-		if !retry {
-			return code
-		}
-		if w := tk.Decision.Worker; w != nil && !slices.Contains(failed, w.ID) {
-			failed = append(failed, w.ID)
-		}
-		if attempt >= s.retries {
-			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
-				fmt.Sprintf("the selected decode workers failed before answering (%d attempts)", attempt+1))
-			return http.StatusBadGateway
-		}
-		s.log.Debug("retrying the decode on another selection", "request_id", ex.id, "attempt", attempt+1)
-	}
+	return s.hop(ex, hopSpec{role: shared.RoleDecode, tag: "#d", workers: "decode workers", answer: s.decodeError},
+		func(h *admission.Handle, d router.Decision) (int, bool, string) {
+			return s.passThrough(ex, h, d.Worker.Name, body)
+		})
 }
 
 // decodeError answers a decode admission's failure and returns its code.

@@ -549,7 +549,7 @@ func TestDisaggDecodeWaitsForCapacity(t *testing.T) {
 			codes <- resp.StatusCode
 		}()
 	}
-	waitFor(t, func() bool { return dec.requests.Load() == 1 && e.r.Waiting(shared.RoleDecode) == 1 })
+	waitFor(t, func() bool { return dec.requests.Load() == 1 && e.s.adm.Waiting(shared.RoleDecode) == 1 })
 	if n := e.workers[1].ActiveRequests(); n != 1 {
 		t.Errorf("decode worker active %d while one decode waits, want 1 (its capacity)", n)
 	}

@@ -71,9 +71,6 @@ func BenchmarkHandler(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = r.Close(context.Background()) }()
-	if err := r.EnableAdmission(router.AdmissionOptions{}); err != nil {
-		b.Fatal(err)
-	}
 	ws := newBenchWorkers()
 	for i := range 3 {
 		name := "w" + strconv.Itoa(i+1)

@@ -185,9 +185,6 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close(context.Background()) })
-	if err := r.EnableAdmission(router.AdmissionOptions{Queue: o.queue, Classifier: o.classifier}); err != nil {
-		t.Fatal(err)
-	}
 	e := &env{r: r, ws: newWorkerSet(), reg: prometheus.NewRegistry()}
 	for i, b := range backends {
 		models := b.models
@@ -205,7 +202,7 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 		e.workers = append(e.workers, w)
 		e.ws.urls[b.name] = b.url
 	}
-	e.s, err = New(Options{Router: r, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond})
+	e.s, err = New(Options{Router: r, Queue: o.queue, Classifier: o.classifier, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,6 +215,7 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 		hs.Close()
 		cancel()
 		<-done
+		e.s.Close()
 	})
 	e.url = hs.URL
 	return e
@@ -271,7 +269,7 @@ func (e *env) settle(t *testing.T) {
 		}
 	}
 	for _, role := range config.Roles {
-		if n := e.r.Waiting(role); n != 0 {
+		if n := e.s.adm.Waiting(role); n != 0 {
 			t.Errorf("%s queue holds %d", role, n)
 		}
 	}

@@ -3,7 +3,7 @@ package serve
 import (
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
 )
 
 // metrics are the server's Prometheus series.
@@ -21,7 +21,7 @@ var latencyBuckets = prometheus.ExponentialBuckets(0.005, 2, 18)
 // microseconds, a plugin call milliseconds.
 var selectionBuckets = prometheus.ExponentialBuckets(1e-6, 4, 12)
 
-func newMetrics(reg prometheus.Registerer, r *router.Router) (*metrics, error) {
+func newMetrics(reg prometheus.Registerer, adm *admission.Controller) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_requests_total",
@@ -43,7 +43,7 @@ func newMetrics(reg prometheus.Registerer, r *router.Router) (*metrics, error) {
 			Buckets: selectionBuckets,
 		}, []string{"policy", "role"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, &queueDepth{r: r}} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, &queueDepth{adm: adm}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -53,7 +53,7 @@ func newMetrics(reg prometheus.Registerer, r *router.Router) (*metrics, error) {
 
 // queueDepth collects switchyard_queue_depth{class} from the Router's
 // queues at scrape time.
-type queueDepth struct{ r *router.Router }
+type queueDepth struct{ adm *admission.Controller }
 
 var queueDepthDesc = prometheus.NewDesc("switchyard_queue_depth",
 	"Requests waiting for worker capacity, by queue class.", []string{"class"}, nil)
@@ -61,7 +61,7 @@ var queueDepthDesc = prometheus.NewDesc("switchyard_queue_depth",
 func (q *queueDepth) Describe(ch chan<- *prometheus.Desc) { ch <- queueDepthDesc }
 
 func (q *queueDepth) Collect(ch chan<- prometheus.Metric) {
-	for _, d := range q.r.WaitingByClass(nil) {
+	for _, d := range q.adm.WaitingByClass(nil) {
 		ch <- prometheus.MustNewConstMetric(queueDepthDesc, prometheus.GaugeValue, float64(d.Waiting), d.Class)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -39,10 +40,6 @@ type exchange struct {
 	meta    map[string]string
 	tokens  int
 	hashes  []uint64
-	// failed are the workers earlier attempts failed on before a byte;
-	// later attempts exclude them (router.Exclude). For a disaggregated
-	// request, the prefill workers; its decode hop keeps its own list.
-	failed []shared.WorkerID
 	// abort: the answer failed after its headers were sent; the
 	// connection is cut (http.ErrAbortHandler) so the client sees an
 	// error rather than a clean end of a truncated answer.
@@ -160,25 +157,10 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	if s.disaggregated(ex.model) {
 		return s.disagg(ex)
 	}
-	for attempt := 0; ; attempt++ {
-		tk, code := s.admit(ex, hopSpec{role: shared.RoleAggregated, tag: "#", hashes: ex.hashes, exclude: ex.failed}, attempt)
-		if code != 0 {
-			return code
-		}
-		code, retry := s.forward(ex, tk)
-		if !retry {
-			return code
-		}
-		if w := tk.Decision.Worker; w != nil && !slices.Contains(ex.failed, w.ID) {
-			ex.failed = append(ex.failed, w.ID)
-		}
-		if attempt >= s.retries {
-			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
-				fmt.Sprintf("the selected workers failed before answering (%d attempts)", attempt+1))
-			return http.StatusBadGateway
-		}
-		s.log.Debug("retrying on another selection", "request_id", ex.id, "attempt", attempt+1)
-	}
+	return s.hop(ex, hopSpec{role: shared.RoleAggregated, tag: "#", hashes: ex.hashes},
+		func(h *admission.Handle, d router.Decision) (int, bool, string) {
+			return s.passThrough(ex, h, d.Worker.Name, ex.body)
+		})
 }
 
 // hopSpec is what admit books for one hop of a request.
@@ -191,91 +173,133 @@ type hopSpec struct {
 	// hashes are the prompt's block hashes; nil for a decode hop (the KV
 	// arrives by transfer, so the prefix index must not record it).
 	hashes []uint64
-	// exclude are the workers earlier attempts of the hop failed on.
-	exclude []shared.WorkerID
+	// workers names the hop's workers in messages ("workers", "prefill
+	// workers", "decode workers").
+	workers string
 	// answer answers an admission error and returns its code; nil:
 	// admitError.
 	answer func(*exchange, error) int
 }
 
-// admit books a worker for one attempt of hop h (aggregated, a prefill or
-// a decode), waiting in the queue when every candidate is at capacity;
-// the workers in h.exclude are not candidates. It returns the dispatched
-// ticket, or the code of the error it answered.
-func (s *Server) admit(ex *exchange, h hopSpec, attempt int) (router.Ticket, int) {
-	answer := h.answer
-	if answer == nil {
-		answer = s.admitError
+// sendFunc sends one attempt of a hop to its placement and returns the
+// code of the answer it gave the client; retry is true when the worker
+// failed before answering and nothing was written to the client, with
+// why it failed. It ends the handle on every path that does not retry.
+type sendFunc func(h *admission.Handle, d router.Decision) (code int, retry bool, why string)
+
+// hop runs one hop of a request (aggregated, prefill or decode): admitted
+// once (classified once), sent, and, when its worker fails before
+// answering, placed again with that worker excluded (Handle.Retry), up to
+// MaxRetries times. The handle ends exactly once, on every path. It
+// returns the code the request is counted under.
+func (s *Server) hop(ex *exchange, spec hopSpec, send sendFunc) int {
+	if spec.workers == "" {
+		spec.workers = "workers"
 	}
+	h, d, code := s.admit(ex, spec)
+	if code != 0 {
+		return code
+	}
+	defer s.end(h, admission.Aborted("handler ended"))
+	for attempt := 0; ; attempt++ {
+		code, retry, why := send(h, d)
+		if !retry {
+			return code
+		}
+		if attempt >= s.retries {
+			s.end(h, admission.Aborted(why))
+			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
+				fmt.Sprintf("the selected %s failed before answering (%d attempts)", spec.workers, attempt+1))
+			return http.StatusBadGateway
+		}
+		s.log.Debug("retrying on another selection", "request_id", ex.id, "role", spec.role, "attempt", attempt+1)
+		if d, code = s.retry(ex, spec, h, attempt+1, why, d.Worker.ID); code != 0 {
+			return code
+		}
+	}
+}
+
+// admit admits the first attempt of hop spec and waits for its placement
+// when every candidate is at capacity. It returns the handle and its
+// placement, or the code of the error it answered (the handle has ended
+// then).
+func (s *Server) admit(ex *exchange, spec hopSpec) (*admission.Handle, router.Decision, int) {
 	req := &shared.Request{
-		ID:           ex.id + h.tag + strconv.Itoa(attempt),
+		ID:           ex.id + spec.tag + "0",
 		Model:        ex.model,
-		Role:         h.role,
+		Role:         spec.role,
 		PromptTokens: ex.tokens,
-		BlockHashes:  h.hashes,
+		BlockHashes:  spec.hashes,
 		SessionID:    ex.session,
 		Metadata:     ex.meta,
 	}
-	ch := make(chan router.Ticket, 1)
-	s.register(req.ID, ch)
 	t0 := time.Now()
-	var opts []router.AdmitOption
-	if len(h.exclude) > 0 {
-		opts = append(opts, router.Exclude(h.exclude...))
-	}
-	tk, err := s.r.Admit(ex.ctx, req, opts...)
-	if errors.Is(err, router.ErrDuplicateRequest) {
+	h, err := s.adm.Admit(ex.ctx, req)
+	if errors.Is(err, admission.ErrDuplicateRequest) {
 		// The client reused a live request's id: admit under a unique one.
-		s.unregister(req.ID)
-		req.ID = s.newID() + h.tag + strconv.Itoa(attempt)
-		s.register(req.ID, ch)
-		tk, err = s.r.Admit(ex.ctx, req, opts...)
+		req.ID = s.newID() + spec.tag + "0"
+		h, err = s.adm.Admit(ex.ctx, req)
 	}
-	s.observeSelection(tk.Decision.Policy, req.Role, time.Since(t0))
-	if err != nil || !tk.Queued {
-		s.unregister(req.ID)
-		if err != nil {
-			return tk, answer(ex, err)
-		}
-		return tk, 0
+	var policy string
+	if h != nil {
+		policy = h.Decision().Policy
 	}
-	select {
-	case tk = <-ch:
-		// deliver unregistered it.
-		if tk.Err != nil {
-			return tk, answer(ex, tk.Err)
-		}
-		return tk, 0
-	case <-ex.ctx.Done():
-		s.unregister(req.ID)
-		// Leaves the queue, or releases the booking of a dispatch that
-		// raced with the end (its ticket then sits unread in ch).
-		_ = s.r.Abort(req.ID, ctxReason(ex))
-		s.Wake()
+	s.observeSelection(policy, req.Role, time.Since(t0))
+	if err != nil {
+		return nil, router.Decision{}, s.answer(ex, spec, err)
+	}
+	d, code := s.await(ex, spec, h)
+	return h, d, code
+}
+
+// retry places hop spec's handle again as attempt n after its worker
+// failed (why), excluding it, and waits for the new placement; the code of
+// the error it answered otherwise (the handle has ended then).
+func (s *Server) retry(ex *exchange, spec hopSpec, h *admission.Handle, n int, why string, failed shared.WorkerID) (router.Decision, int) {
+	suffix := spec.tag + strconv.Itoa(n)
+	err := h.Retry(ex.ctx, ex.id+suffix, why, failed)
+	if errors.Is(err, admission.ErrDuplicateRequest) {
+		err = h.Retry(ex.ctx, s.newID()+suffix, why, failed)
+	}
+	if err != nil {
+		return router.Decision{}, s.answer(ex, spec, err)
+	}
+	return s.await(ex, spec, h)
+}
+
+// await waits for h's placement while it is queued; when the request's
+// context ends first it leaves the queue and the client gets 429 (or
+// nothing: it left).
+func (s *Server) await(ex *exchange, spec hopSpec, h *admission.Handle) (router.Decision, int) {
+	d, err := h.Wait(ex.ctx)
+	switch {
+	case err == nil:
+		return d, 0
+	case ex.ctx.Err() != nil:
+		s.end(h, admission.Aborted(ctxReason(ex)))
 		if ex.r.Context().Err() != nil {
-			return tk, codeClientGone
+			return d, codeClientGone
 		}
 		writeError(ex.w, http.StatusTooManyRequests, typeRateLimit, "queue_timeout",
 			"every worker stayed at capacity until the request timeout")
-		return tk, http.StatusTooManyRequests
+		return d, http.StatusTooManyRequests
+	default:
+		return d, s.answer(ex, spec, err)
 	}
 }
 
-func (s *Server) register(id string, ch chan router.Ticket) {
-	s.mu.Lock()
-	s.waiters[id] = ch
-	s.mu.Unlock()
-	s.queued.Add(1)
+// answer answers an admission error of hop spec and returns its code.
+func (s *Server) answer(ex *exchange, spec hopSpec, err error) int {
+	if spec.answer != nil {
+		return spec.answer(ex, err)
+	}
+	return s.admitError(ex, err)
 }
 
-func (s *Server) unregister(id string) {
-	s.mu.Lock()
-	_, ok := s.waiters[id]
-	delete(s.waiters, id)
-	s.mu.Unlock()
-	if ok {
-		s.queued.Add(-1)
-	}
+// end ends h with o, then the dispatcher looks at the queue.
+func (s *Server) end(h *admission.Handle, o admission.Outcome) {
+	h.End(o)
+	s.Wake()
 }
 
 // observeSelection records one selection's duration under the policy
@@ -298,10 +322,10 @@ func (s *Server) admitError(ex *exchange, err error) int {
 	switch {
 	case ex.r.Context().Err() != nil:
 		return codeClientGone
-	case errors.Is(err, router.ErrQueueFull):
+	case errors.Is(err, admission.ErrQueueFull):
 		writeError(ex.w, http.StatusTooManyRequests, typeRateLimit, "queue_full", "every worker is at capacity and the queue is full")
 		return http.StatusTooManyRequests
-	case errors.Is(err, router.ErrDue):
+	case errors.Is(err, admission.ErrDue):
 		writeError(ex.w, http.StatusTooManyRequests, typeRateLimit, "due_time_passed", "the request's due time passed while it waited for a worker")
 		return http.StatusTooManyRequests
 	case errors.Is(err, router.ErrAllExcluded):
@@ -318,10 +342,10 @@ func (s *Server) admitError(ex *exchange, err error) int {
 		// The classifier's own words, without the router's request id.
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: "+ce.Err.Error())
 		return http.StatusBadRequest
-	case errors.Is(err, router.ErrUnknownClass):
+	case errors.Is(err, admission.ErrUnknownClass):
 		// The router's text, without the router's request id.
 		msg := err.Error()
-		if i := strings.Index(msg, router.ErrUnknownClass.Error()); i >= 0 {
+		if i := strings.Index(msg, admission.ErrUnknownClass.Error()); i >= 0 {
 			msg = msg[i:]
 		}
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: "+msg)
@@ -378,25 +402,6 @@ func copyHeaders(dst, src http.Header) {
 	}
 }
 
-// forward sends one attempt of an aggregated request to its worker and
-// passes the answer through. It ends the attempt's booking exactly once,
-// on every path. retry is true when the worker failed before sending a
-// byte and nothing was written to the client.
-func (s *Server) forward(ex *exchange, tk router.Ticket) (code int, retry bool) {
-	return s.passThrough(ex, tk.ID, tk.Decision.Worker.Name, ex.body)
-}
-
-// endTicket ends an admitted attempt: Complete or Abort, then the
-// dispatcher looks at the queue.
-func (s *Server) endTicket(id string, complete bool, contextTokens int64, reason string) {
-	if complete {
-		_ = s.r.Complete(id, contextTokens)
-	} else {
-		_ = s.r.Abort(id, reason)
-	}
-	s.Wake()
-}
-
 // upstream builds the request of one attempt to the worker called name:
 // POST body to the client's path, with the client's headers but the
 // hop-by-hop ones, and the request id. nil and why when the worker is
@@ -418,42 +423,37 @@ func (s *Server) upstream(ex *exchange, name string, body []byte) (*http.Request
 }
 
 // passThrough sends body to the worker called name as the admitted
-// attempt id and passes the answer through to the client: headers, then
-// the body chunk by chunk, flushed as it arrives. It ends the attempt
-// (FirstToken at the first byte, then Complete or Abort) exactly once, on
-// every path. retry is true when the worker failed before sending a byte
-// and nothing was written to the client.
-func (s *Server) passThrough(ex *exchange, id, name string, body []byte) (code int, retry bool) {
-	ended := false
-	var contextTokens int64 = int64(ex.tokens)
+// request h and passes the answer through to the client: headers, then
+// the body chunk by chunk, flushed as it arrives. It records the first
+// token at the first byte and ends h (completed or aborted) on every path
+// but one: retry is true, with why, when the worker failed before sending
+// a byte and nothing was written to the client (sendFunc).
+func (s *Server) passThrough(ex *exchange, h *admission.Handle, name string, body []byte) (code int, retry bool, why string) {
+	contextTokens := int64(ex.tokens)
 	end := func(complete bool, reason string) {
-		if ended {
-			return
+		if complete {
+			s.end(h, admission.Completed(contextTokens))
+		} else {
+			s.end(h, admission.Aborted(reason))
 		}
-		ended = true
-		s.endTicket(id, complete, contextTokens, reason)
 	}
-	defer end(false, "handler ended")
-
 	up, why := s.upstream(ex, name, body)
 	if up == nil {
-		end(false, why)
-		return 0, true
+		return 0, true, why
 	}
 	resp, err := s.transport.RoundTrip(up)
 	if err != nil {
 		if ex.ctx.Err() != nil {
 			end(false, ctxReason(ex))
 			if ex.r.Context().Err() != nil {
-				return codeClientGone, false
+				return codeClientGone, false, ""
 			}
 			writeError(ex.w, http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out before the worker answered")
-			return http.StatusGatewayTimeout, false
+			return http.StatusGatewayTimeout, false, ""
 		}
 		s.log.Warn("worker failed before answering", "worker", name, "request_id", ex.id, "error", err)
-		end(false, "worker error: "+err.Error())
 		s.workers.ReportFailure(name)
-		return 0, true
+		return 0, true, "worker error: " + err.Error()
 	}
 	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode >= 500 {
@@ -492,7 +492,7 @@ func (s *Server) passThrough(ex *exchange, id, name string, body []byte) (code i
 		if n > 0 {
 			if first {
 				first = false
-				_ = s.r.FirstToken(id)
+				h.FirstToken()
 				if s.met != nil && ex.stream {
 					s.met.ttft.WithLabelValues(s.modelLabel(ex.model)).Observe(time.Since(ex.start).Seconds())
 				}
@@ -509,15 +509,15 @@ func (s *Server) passThrough(ex *exchange, id, name string, body []byte) (code i
 			}
 			if _, werr := ex.w.Write(buf[:n]); werr != nil {
 				end(false, "client disconnected")
-				return codeClientGone, false
+				return codeClientGone, false, ""
 			}
 			if ferr := rc.Flush(); ferr != nil && !errors.Is(ferr, http.ErrNotSupported) {
 				end(false, "client disconnected")
-				return codeClientGone, false
+				return codeClientGone, false, ""
 			}
 			if events > before {
 				contextTokens = int64(ex.tokens) + events
-				s.r.Progress(id, contextTokens)
+				h.Progress(contextTokens)
 			}
 		}
 		if rerr == io.EOF {
@@ -525,23 +525,23 @@ func (s *Server) passThrough(ex *exchange, id, name string, body []byte) (code i
 				contextTokens = n
 			}
 			end(true, "")
-			return resp.StatusCode, false
+			return resp.StatusCode, false, ""
 		}
 		if rerr != nil {
 			switch {
 			case ex.r.Context().Err() != nil:
 				end(false, "client disconnected")
-				return codeClientGone, false
+				return codeClientGone, false, ""
 			case ex.ctx.Err() != nil:
 				end(false, "request timeout")
 				ex.abort = true
-				return http.StatusGatewayTimeout, false
+				return http.StatusGatewayTimeout, false, ""
 			default:
 				s.log.Warn("worker failed mid-answer", "worker", name, "request_id", ex.id, "error", rerr)
 				end(false, "worker error: "+rerr.Error())
 				s.workers.ReportFailure(name)
 				ex.abort = true
-				return http.StatusBadGateway, false
+				return http.StatusBadGateway, false, ""
 			}
 		}
 	}

@@ -75,9 +75,6 @@ func TestReadyzExplains(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close(context.Background()) })
-	if err := r.EnableAdmission(router.AdmissionOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	mgr, err := workers.NewManager(r, workers.Options{ScrapeInterval: 250 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)

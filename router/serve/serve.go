@@ -21,6 +21,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/shared"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/upstream"
 	"github.com/switchyard-router/switchyard/router/workers"
@@ -75,10 +78,15 @@ type modelServer interface {
 
 // Options configure a Server.
 type Options struct {
-	// Router routes and books requests; EnableAdmission must have been
-	// called (the bundle's queue and classifier, the real clock). The
-	// Server does not close it.
+	// Router routes and books requests. The Server does not close it.
 	Router *router.Router
+	// Queue is the policy file's queue block (config.DefaultQueue when it
+	// has no class): capacity per worker, classes, max_waiting. It is
+	// read once; a reload does not change it.
+	Queue config.Queue
+	// Classifier classifies requests when the Router's current bundle has
+	// no request_classifier (tests); nil: none.
+	Classifier shared.ClassifierFactory
 	// Workers resolves and reports on the fleet's workers.
 	Workers Workers
 	// Registry receives the server's metrics and is served on /metrics;
@@ -127,12 +135,10 @@ type Server struct {
 	seq      atomic.Uint64
 	inflight atomic.Int64
 
-	// waiters maps a queued request's admission id to the channel the
-	// dispatcher hands its ticket to (capacity 1: a dispatch never blocks).
-	mu      sync.Mutex
-	waiters map[string]chan router.Ticket
-	queued  atomic.Int64
-	wakeC   chan struct{}
+	// adm admits, queues and tracks the requests; wakeC wakes its
+	// dispatcher (Dispatcher).
+	adm   *admission.Controller
+	wakeC chan struct{}
 
 	bufs sync.Pool // *[]byte, proxy copy buffers
 }
@@ -187,13 +193,15 @@ func New(o Options) (*Server, error) {
 		maxBody:   o.MaxBodyBytes,
 		log:       o.Logger,
 		idPrefix:  hex.EncodeToString(rnd[:]),
-		waiters:   map[string]chan router.Ticket{},
 		wakeC:     make(chan struct{}, 1),
+	}
+	var err error
+	if s.adm, err = admission.New(o.Router, admission.Options{Queue: o.Queue, Classifier: o.Classifier, OnQueued: s.Wake}); err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	if o.Registry != nil {
-		var err error
-		if s.met, err = newMetrics(o.Registry, o.Router); err != nil {
+		if s.met, err = newMetrics(o.Registry, s.adm); err != nil {
 			return nil, fmt.Errorf("serve: metrics: %w", err)
 		}
 	}
@@ -265,6 +273,7 @@ func (s *Server) InFlight() int64 { return s.inflight.Load() }
 // Router stays open: the caller closes it (stopping its plugins) after
 // Serve returns.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	defer s.Close() // after the drain: the handlers have ended
 	hs := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -310,37 +319,19 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	return nil
 }
 
-// Dispatcher hands queued requests their tickets as capacity frees,
+// Dispatcher hands queued requests their placements as capacity frees,
 // until ctx ends: woken by every request's end and by a ticker (due
 // times, aging, workers joining). Serve runs it; tests that use Handler
 // alone run it themselves.
 func (s *Server) Dispatcher(ctx context.Context) {
-	t := time.NewTicker(s.interval)
-	defer t.Stop()
-	var out []router.Ticket
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-s.wakeC:
-		case <-t.C:
-		}
-		if s.queued.Load() == 0 {
-			continue
-		}
-		out = s.r.Dispatch(ctx, out[:0])
-		for _, tk := range out {
-			s.deliver(tk)
-		}
-		clear(out)
-	}
+	s.adm.Run(ctx, s.interval, s.wakeC)
 }
 
 // Wake asks the dispatcher to look at the queue now (a request ended, a
 // worker joined). With no request waiting it does nothing: a wake-up per
 // request would cost the dispatcher's goroutine a thread wake-up each.
 func (s *Server) Wake() {
-	if s.queued.Load() == 0 {
+	if s.adm.Queued() == 0 {
 		return
 	}
 	select {
@@ -349,24 +340,10 @@ func (s *Server) Wake() {
 	}
 }
 
-// deliver hands a dispatched ticket to its waiting handler. The channel
-// has room for the one ticket a request can get, so this never blocks. A
-// ticket nobody waits for (impossible while handlers register before
-// Admit and Abort before leaving) is aborted so its booking is not lost.
-func (s *Server) deliver(tk router.Ticket) {
-	s.mu.Lock()
-	ch := s.waiters[tk.ID]
-	delete(s.waiters, tk.ID)
-	s.mu.Unlock()
-	if ch != nil {
-		s.queued.Add(-1)
-		ch <- tk
-		return
-	}
-	if tk.Err == nil {
-		_ = s.r.Abort(tk.ID, "no handler waits for the request")
-	}
-}
+// Close stops the delivery of lifecycle events (after delivering those
+// already emitted). Call it once the handler has stopped serving; Serve
+// does.
+func (s *Server) Close() { s.adm.Close() }
 
 // models answers GET /v1/models: the union of the workers' models.
 func (s *Server) models(w http.ResponseWriter, _ *http.Request) {

@@ -155,7 +155,7 @@ func TestQueueFullAnswers429AndQueuedRequestsDispatch(t *testing.T) {
 		}()
 		// The first holds the worker; the second waits in the queue.
 		waitFor(t, func() bool {
-			return eng.requests.Load() == 1 && e.r.Waiting(shared.RoleAggregated) == i
+			return eng.requests.Load() == 1 && e.s.adm.Waiting(shared.RoleAggregated) == i
 		})
 	}
 	if got := testutil.CollectAndCount(e.s.met.requests); got != 0 {
@@ -259,7 +259,7 @@ func TestCancellationAccounting(t *testing.T) {
 			t.Errorf("unexpected status %d (%d times)", c, codes[c])
 		}
 	}
-	for _, d := range e.r.WaitingByClass(nil) {
+	for _, d := range e.s.adm.WaitingByClass(nil) {
 		if d.Waiting != 0 {
 			t.Errorf("class %s holds %d", d.Class, d.Waiting)
 		}

@@ -457,7 +457,7 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	eventually(t, "a ready", func() bool { return anyReady(m) })
 	sel := func() router.Decision {
 		t.Helper()
-		d, err := r.Select(context.Background(), &shared.Request{ID: "x", Model: "llama", Role: shared.RoleAggregated, PromptTokens: 40})
+		d, err := r.Place(context.Background(), &shared.Request{ID: "x", Model: "llama", Role: shared.RoleAggregated, PromptTokens: 40}, router.Placement{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -470,7 +470,7 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	if err := m.Sync(nil); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := r.Select(context.Background(), &shared.Request{Model: "llama", Role: shared.RoleAggregated}); err == nil {
+	if _, err := r.Place(context.Background(), &shared.Request{Model: "llama", Role: shared.RoleAggregated}, router.Placement{}); err == nil {
 		t.Fatal("selected a removed worker")
 	}
 	if old.ActiveRequests() != 1 {

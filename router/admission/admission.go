@@ -1,0 +1,457 @@
+// Package admission is the flow-control layer above the selection core
+// (package router): it classifies each request once, places it through
+// the core, queues it when every candidate is at capacity, tracks it while
+// it lives, and delivers its lifecycle events. Replay and serve both drive
+// it; they differ only in where time comes from.
+//
+// A request's path:
+//
+//	h, err := c.Admit(ctx, req)    // classify once; place, or queue when every candidate is full
+//	defer h.End(outcome)           // idempotent: releases the booking or leaves the queue
+//	d, err := h.Wait(ctx)          // until dispatched or refused
+//	... proxy or simulate on d.Worker ...
+//	h.FirstToken(); h.Progress(n)  // as the answer streams
+//	h.Retry(ctx, id, failed...)    // a worker failed before its first byte: place again, same classification
+//
+// No lock of this package is held across a classifier, a policy or a
+// plugin call. Classification and selection run in the caller's
+// goroutine, concurrently with every other request's; capacity is an
+// atomic try-book on the chosen worker (router.Placement.Capacity). Locks
+// are brief and narrow: a role's queue (only when something waits or is
+// about to), one shard of the live-request table, and the event queue
+// (only when some component listens). The llm-d router's flow-control
+// layer above its scheduler is the model.
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/queue"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// Errors callers branch on.
+var (
+	// ErrDuplicateRequest: Admit or Retry with a request id that is still
+	// live.
+	ErrDuplicateRequest = errors.New("a request with this id is already live")
+	// ErrQueueFull: every candidate is at capacity and the queue holds
+	// max_waiting requests (429 in serve).
+	ErrQueueFull = errors.New("every worker is at capacity and the queue is full")
+	// ErrDue: the request's due time passed while it was queued.
+	ErrDue = errors.New("the request's due time passed while it was queued")
+	// ErrUnknownClass: a classifier named a policy class the queue does not
+	// have. The request fails whether or not it would have waited.
+	ErrUnknownClass = errors.New("unknown policy class")
+	// ErrEnded: Retry of a request that has ended.
+	ErrEnded = errors.New("the request has ended")
+	// ErrClosed: Admit after Close.
+	ErrClosed = errors.New("admission closed")
+)
+
+// Options configure a Controller.
+type Options struct {
+	// Queue is the queue block (config.DefaultQueue when it has no class):
+	// max_active_requests per worker, classes, aging, max_waiting.
+	Queue config.Queue
+	// Classifier classifies every request when the core's current bundle
+	// has no request_classifier of its own; nil: none.
+	Classifier shared.ClassifierFactory
+	// Listeners receive every request's lifecycle events besides the
+	// classifiers and the bundle's components that listen.
+	Listeners []shared.EventListener
+	// Now is the clock for arrival, aging, due times and event times:
+	// simulated time in replay; nil means time.Now.
+	Now func() time.Time
+	// InlineEvents delivers events in the goroutine that caused them, as
+	// they happen: for replay, which is single-threaded, so delivery is
+	// deterministic. false (serve): one delivery goroutine per Controller
+	// takes the events in order, in batches, and calls each listener from
+	// it (shared.EventListener's contract); Close stops it.
+	InlineEvents bool
+	// OnQueued, when set, is called after a request joined a queue
+	// (outside every lock): serve wakes its dispatcher with it.
+	OnQueued func()
+}
+
+// Controller admits requests into a Router. Safe for concurrent use.
+type Controller struct {
+	core     *router.Router
+	capacity int64
+	queueCfg config.Queue
+	queues   map[shared.Role]*roleQueue
+	// waiting counts the requests in every queue: Dispatch with nothing
+	// queued costs one atomic load.
+	waiting  atomic.Int64
+	live     liveTable
+	factory  shared.ClassifierFactory
+	cls      atomic.Pointer[classifierSet]
+	clsMu    sync.Mutex // serialises replacing cls
+	bus      *bus
+	now      func() time.Time
+	onQueued func()
+
+	// dispatchMu serialises Dispatch calls: the queue's order is the
+	// point. Admissions never take it.
+	dispatchMu sync.Mutex
+	closed     atomic.Bool
+}
+
+// roleQueue is one role's queue and its lock.
+type roleQueue struct {
+	mu sync.Mutex
+	q  *queue.Queue
+}
+
+// New returns a Controller that places requests through core.
+func New(core *router.Router, o Options) (*Controller, error) {
+	if core == nil {
+		return nil, errors.New("admission: nil router")
+	}
+	if len(o.Queue.Classes) == 0 {
+		o.Queue = config.DefaultQueue()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	c := &Controller{
+		core:     core,
+		capacity: int64(o.Queue.MaxActiveRequests),
+		queueCfg: o.Queue,
+		queues:   map[shared.Role]*roleQueue{},
+		factory:  o.Classifier,
+		now:      o.Now,
+		onQueued: o.OnQueued,
+	}
+	c.live.init()
+	for _, role := range config.Roles {
+		q, err := queue.New(queueConfig(o.Queue))
+		if err != nil {
+			return nil, fmt.Errorf("admission: queue: %w", err)
+		}
+		c.queues[role] = &roleQueue{q: q}
+	}
+	c.bus = newBus(c, o.Listeners, o.InlineEvents)
+	return c, nil
+}
+
+func queueConfig(q config.Queue) queue.Config {
+	c := queue.Config{DefaultClass: q.DefaultClass, Aging: q.Aging, MaxLen: q.MaxWaiting}
+	for _, cl := range q.Classes {
+		c.Classes = append(c.Classes, queue.ClassConfig{Name: cl.Name, Weight: cl.Weight, Order: queue.Order(cl.Order)})
+	}
+	return c
+}
+
+// Close stops the event delivery goroutine after it delivered every event
+// emitted before. Requests still live keep working; their later events
+// are dropped. Admit fails with ErrClosed afterwards. A second Close does
+// nothing.
+func (c *Controller) Close() {
+	if c.closed.CompareAndSwap(false, true) {
+		c.bus.close()
+	}
+}
+
+// Router is the selection core the Controller places through.
+func (c *Controller) Router() *router.Router { return c.core }
+
+// Option adjusts one Admit.
+type Option func(*Handle)
+
+// Exclude keeps the workers ids out of the request's candidates, at Admit
+// and at every later dispatch of it, as if they were at capacity but
+// without waiting for them: when every candidate is excluded the request
+// fails with router.ErrAllExcluded. The slice is kept; do not modify it
+// while the request is live.
+func Exclude(ids ...shared.WorkerID) Option {
+	return func(h *Handle) { h.exclude = append(h.exclude, ids...) }
+}
+
+// Admit classifies req and places it on a worker of its role with
+// capacity, or queues it when every candidate is at capacity. It returns
+// the request's handle; call End on it exactly when the request is over
+// (End is idempotent and safe on every path, so `defer h.End(...)` right
+// after Admit is the idiom).
+//
+// Errors, with a nil handle: ErrClosed, ErrDuplicateRequest, a
+// *shared.ClassifyError (the classifier failed or panicked; only this
+// request fails), the classifier factory's error, ErrUnknownClass. Errors
+// after classification come with the handle (ended, its classification
+// readable, so callers can account the refusal to its class):
+// ErrQueueFull, or the core's (router.Place).
+func (c *Controller) Admit(ctx context.Context, req *shared.Request, opts ...Option) (*Handle, error) {
+	if c.closed.Load() {
+		return nil, ErrClosed
+	}
+	if req.BlockSize == 0 {
+		req.BlockSize = c.core.BlockSize()
+	}
+	h := &Handle{c: c, req: req, arrival: c.now()}
+	for _, opt := range opts {
+		opt(h)
+	}
+	h.tokens.Store(int64(req.PromptTokens))
+	if !c.live.add(req.ID, h) {
+		return nil, fmt.Errorf("request %q: %w", req.ID, ErrDuplicateRequest)
+	}
+	// Live from here, so that Progress answers during Classify.
+	if err := c.classify(ctx, h); err != nil {
+		c.live.remove(req.ID, h)
+		return nil, err
+	}
+	if err := h.enter(ctx); err != nil {
+		return h, err
+	}
+	return h, nil
+}
+
+// classify sets h's classification: the classifier's answer when there is
+// one, with the scheduling cost defaulted to the uncached prompt tokens.
+func (c *Controller) classify(ctx context.Context, h *Handle) error {
+	req := h.req
+	cl, err := c.classifierFor(req.Model, req.Role)
+	if err != nil {
+		return fmt.Errorf("request %q: creating the classifier: %w", req.ID, err)
+	}
+	// The uncached prompt is the classifier's input and the queue's
+	// default charge; a router with neither never needs it.
+	uncached := int64(1)
+	if cl != nil || c.capacity > 0 {
+		uncached = c.core.UncachedTokens(req)
+		req.CachedPromptTokens = max(req.PromptTokens-int(uncached), 0)
+	}
+	if cl != nil {
+		class, err := shared.SafeClassify(ctx, "request_classifier", cl, req)
+		if err != nil {
+			return err
+		}
+		if class.PolicyClass != "" && !c.knownClass(class.PolicyClass) {
+			return fmt.Errorf("request %q: %w %q (queue classes: %s)", req.ID, ErrUnknownClass, class.PolicyClass, c.classNames())
+		}
+		h.class = class
+		req.Priority = class.Priority
+	}
+	if h.class.SchedulingCostTokens <= 0 {
+		h.class.SchedulingCostTokens = uncached
+	}
+	return nil
+}
+
+// knownClass reports whether the queue has a class called name.
+func (c *Controller) knownClass(name string) bool {
+	for _, cl := range c.queueCfg.Classes {
+		if cl.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// classNames lists the queue's classes for messages.
+func (c *Controller) classNames() string {
+	names := make([]string, len(c.queueCfg.Classes))
+	for i, cl := range c.queueCfg.Classes {
+		names[i] = cl.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// placement narrows h's selection: the worker capacity, its excluded
+// workers, and its explicit pin or else the classification's advisory
+// target; the booking is made in the handle.
+func (c *Controller) placement(h *Handle) router.Placement {
+	pl := router.Placement{Capacity: c.capacity, Exclude: h.exclude, Target: h.class.Target, HasTarget: h.class.HasTarget, Booking: &h.booking}
+	if h.req.HasPin {
+		pl.Target, pl.HasTarget = h.req.Pin, true
+	}
+	return pl
+}
+
+// push queues h in its role's queue. Errors: ErrQueueFull, or the queue's
+// (an unknown class).
+func (c *Controller) push(h *Handle) error {
+	rq := c.queues[h.req.Role]
+	it := &queue.Item{ID: h.req.ID, Class: h.class.PolicyClass, Priority: h.class.Priority,
+		Cost: h.class.SchedulingCostTokens, Arrival: h.arrival, DueAt: h.class.DueAt, Value: h}
+	rq.mu.Lock()
+	err := rq.q.Push(it)
+	if err == nil {
+		c.waiting.Add(1)
+	}
+	rq.mu.Unlock()
+	if errors.Is(err, queue.ErrFull) {
+		err = ErrQueueFull
+	}
+	return err
+}
+
+// unqueue takes h out of its role's queue; false when it is not there
+// (dispatched or expired meanwhile).
+func (c *Controller) unqueue(h *Handle) bool {
+	rq := c.queues[h.req.Role]
+	rq.mu.Lock()
+	_, ok := rq.q.Remove(h.req.ID)
+	if ok {
+		c.waiting.Add(-1)
+	}
+	rq.mu.Unlock()
+	return ok
+}
+
+// Dispatch places queued requests while capacity allows, in each role's
+// queue order, and appends them to out; requests whose due time passed are
+// refused (their Wait returns ErrDue) and appended too. Call it whenever
+// capacity may have freed (a request ended, a worker joined) and as time
+// passes; serve's Run does. With nothing queued it costs one atomic load.
+//
+// The queue's lock is not held while a request is placed: Dispatch peeks
+// at the head, places it, and takes it out of the queue only if it is
+// still there (a request cancelled meanwhile gets its booking released).
+// Dispatch calls are serialised among themselves.
+func (c *Controller) Dispatch(ctx context.Context, out []*Handle) []*Handle {
+	if c.waiting.Load() == 0 {
+		return out
+	}
+	c.dispatchMu.Lock()
+	defer c.dispatchMu.Unlock()
+	now := c.now()
+	for _, role := range config.Roles {
+		rq := c.queues[role]
+		rq.mu.Lock()
+		expired := rq.q.Expire(now, nil)
+		c.waiting.Add(-int64(len(expired)))
+		rq.mu.Unlock()
+		for _, it := range expired {
+			h := it.Value.(*Handle)
+			if h.refuse(ErrDue, now) {
+				out = append(out, h)
+			}
+		}
+		for {
+			rq.mu.Lock()
+			it, ok := rq.q.Peek(now)
+			rq.mu.Unlock()
+			if !ok {
+				break
+			}
+			h := it.Value.(*Handle)
+			d, err := c.core.Place(ctx, h.req, c.placement(h))
+			if errors.Is(err, shared.ErrAllBusy) {
+				break
+			}
+			if !c.take(rq, it, now) {
+				// Cancelled while it was being placed.
+				if err == nil {
+					d.Booking.Release()
+				}
+				continue
+			}
+			if err != nil {
+				if h.refuse(err, now) {
+					out = append(out, h)
+				}
+				continue
+			}
+			if h.dispatched(d, now) {
+				out = append(out, h)
+			}
+		}
+	}
+	return out
+}
+
+// take removes it from rq after it was placed; false when it left the
+// queue meanwhile (End). When it is still the head, Pop removes it, which
+// charges its class's deficit and moves the round robin on (what shares
+// dispatches between classes by weight); when an admission pushed a new
+// head meanwhile, Remove takes it without the charge (a rare race; the
+// next dispatch of its class pays the deficit as usual).
+func (c *Controller) take(rq *roleQueue, it *queue.Item, now time.Time) bool {
+	rq.mu.Lock()
+	defer rq.mu.Unlock()
+	var ok bool
+	if head, _ := rq.q.Peek(now); head == it {
+		_, ok = rq.q.Pop(now)
+	} else {
+		_, ok = rq.q.Remove(it.ID)
+	}
+	if ok {
+		c.waiting.Add(-1)
+	}
+	return ok
+}
+
+// Run dispatches queued requests until ctx ends: at every Wake and every
+// interval (due times, aging, workers joining). serve runs it; replay
+// calls Dispatch itself at simulated times.
+func (c *Controller) Run(ctx context.Context, interval time.Duration, wake <-chan struct{}) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+		case <-t.C:
+		}
+		c.Dispatch(ctx, nil)
+	}
+}
+
+// Queued is how many requests wait in every queue.
+func (c *Controller) Queued() int { return int(c.waiting.Load()) }
+
+// Waiting is how many requests wait in role's queue.
+func (c *Controller) Waiting(role shared.Role) int {
+	rq := c.queues[role]
+	if rq == nil {
+		return 0
+	}
+	rq.mu.Lock()
+	defer rq.mu.Unlock()
+	return rq.q.Len()
+}
+
+// ClassDepth is one queue class's waiting count (WaitingByClass).
+type ClassDepth struct {
+	Class   string
+	Waiting int
+}
+
+// WaitingByClass appends to dst, for each class of the queue in file
+// order, how many requests wait in it summed over the roles' queues
+// (serve's switchyard_queue_depth{class}), and returns the extended slice.
+func (c *Controller) WaitingByClass(dst []ClassDepth) []ClassDepth {
+	start := len(dst)
+	for _, cl := range c.queueCfg.Classes {
+		dst = append(dst, ClassDepth{Class: cl.Name})
+	}
+	for _, role := range config.Roles {
+		rq := c.queues[role]
+		rq.mu.Lock()
+		for i, cl := range c.queueCfg.Classes {
+			dst[start+i].Waiting += rq.q.ClassLen(cl.Name)
+		}
+		rq.mu.Unlock()
+	}
+	return dst
+}
+
+// Progress reports a live request's prompt plus generated tokens so far
+// (shared.PartitionContext.Progress); false for an id that is not live.
+func (c *Controller) Progress(id string) (int64, bool) {
+	h := c.live.get(id)
+	if h == nil {
+		return 0, false
+	}
+	return h.tokens.Load(), true
+}

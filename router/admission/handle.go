@@ -1,0 +1,298 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// Handle is one admitted request from Admit to End. Its methods are safe
+// for concurrent use; the request's own goroutine calls Wait, FirstToken,
+// Progress, Retry and End, and the dispatcher may dispatch or refuse it
+// meanwhile.
+type Handle struct {
+	c       *Controller
+	req     *shared.Request
+	class   shared.Classification
+	exclude []shared.WorkerID
+	arrival time.Time
+	tokens  atomic.Int64 // prompt plus generated tokens so far
+
+	mu       sync.Mutex
+	state    state
+	ready    chan struct{} // closed when a queued request is dispatched or refused
+	decision router.Decision
+	err      error // why the request was refused (state ended before a dispatch)
+	waited   time.Duration
+	first    bool // FirstToken was recorded
+	// booking is the storage of the request's booking (no allocation per
+	// request); decision.Booking points here while it is dispatched.
+	booking fleet.Booking
+}
+
+type state uint8
+
+const (
+	stateNew        state = iota // classified, being placed
+	stateQueued                  // waiting in its role's queue
+	stateDispatched              // booked on decision.Worker
+	stateEnded                   // over: End, a refusal, or a failed placement
+)
+
+// Outcome is how a request ended (End).
+type Outcome struct {
+	// Completed is true when the worker finished the request normally.
+	Completed bool
+	// ContextTokens is, when Completed, the prompt plus generated tokens.
+	ContextTokens int64
+	// Reason says why a request that did not complete ended ("client
+	// disconnected", "worker error: ...").
+	Reason string
+}
+
+// Completed is the outcome of a request its worker finished, with
+// contextTokens of prompt plus generated tokens.
+func Completed(contextTokens int64) Outcome {
+	return Outcome{Completed: true, ContextTokens: contextTokens}
+}
+
+// Aborted is the outcome of a request that ended without completing.
+func Aborted(reason string) Outcome { return Outcome{Reason: reason} }
+
+// Request is the admitted request (its ID changes with Retry).
+func (h *Handle) Request() *shared.Request { return h.req }
+
+// Classification is the request's classification, made once at Admit;
+// its SchedulingCostTokens defaults to the uncached prompt tokens.
+func (h *Handle) Classification() shared.Classification { return h.class }
+
+// Queued reports whether the request waits in a queue for capacity.
+func (h *Handle) Queued() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.state == stateQueued
+}
+
+// Decision is the request's placement while it is dispatched (the zero
+// Decision before, or after a refusal).
+func (h *Handle) Decision() router.Decision {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.decision
+}
+
+// Err is why the request was refused without a worker (ErrDue, the core's
+// error at a dispatch), nil otherwise.
+func (h *Handle) Err() error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.err
+}
+
+// Waited is how long the request waited in the queue before it was
+// dispatched or refused, on the Controller's clock.
+func (h *Handle) Waited() time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.waited
+}
+
+// Wait returns the request's placement once it is dispatched, at once
+// when it was placed at Admit. Errors: the refusal's (ErrDue, the core's
+// error at a dispatch), ErrEnded after End, or ctx's error when ctx ends
+// first; the request then still waits, and End takes it out of the queue.
+func (h *Handle) Wait(ctx context.Context) (router.Decision, error) {
+	h.mu.Lock()
+	ready := h.ready
+	if h.state == stateQueued {
+		h.mu.Unlock()
+		select {
+		case <-ready:
+		case <-ctx.Done():
+			return router.Decision{}, ctx.Err()
+		}
+		h.mu.Lock()
+	}
+	defer h.mu.Unlock()
+	switch {
+	case h.state == stateDispatched:
+		return h.decision, nil
+	case h.err != nil:
+		return router.Decision{}, h.err
+	default:
+		return router.Decision{}, ErrEnded
+	}
+}
+
+// FirstToken records the request's first token: its booked prefill ends
+// (LOAD) and listeners hear first_token. Later calls, and calls when the
+// request is not dispatched, do nothing.
+func (h *Handle) FirstToken() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != stateDispatched || h.first {
+		return
+	}
+	h.first = true
+	h.decision.Booking.PrefillDone()
+	h.c.bus.emit(shared.Event{Kind: shared.EventFirstToken, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true, At: h.c.now()})
+}
+
+// Progress records that the request has contextTokens (prompt plus
+// generated) tokens so far; classifiers read it through
+// shared.PartitionContext.Progress. Lock-free; smaller values than the
+// last are ignored.
+func (h *Handle) Progress(contextTokens int64) {
+	for {
+		cur := h.tokens.Load()
+		if contextTokens <= cur || h.tokens.CompareAndSwap(cur, contextTokens) {
+			return
+		}
+	}
+}
+
+// End ends the request with outcome o: a dispatched request's booking is
+// released and listeners hear completed or aborted; a queued one leaves
+// the queue and listeners hear aborted. Idempotent: only the first call
+// (or a refusal before it) ends the request.
+func (h *Handle) End(o Outcome) {
+	c := h.c
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	ev := shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Reason: o.Reason}
+	switch h.state {
+	case stateEnded:
+		return
+	case stateQueued:
+		// Not in the queue any more means a Dispatch took it and is
+		// placing it: seeing the state ended, it releases the booking.
+		c.unqueue(h)
+		close(h.ready)
+	case stateDispatched:
+		h.decision.Booking.Release()
+		ev.Worker, ev.HasWorker = h.decision.Worker.ID, true
+		if o.Completed {
+			ev.Kind, ev.ContextTokens, ev.Reason = shared.EventCompleted, o.ContextTokens, ""
+		}
+	}
+	h.state = stateEnded
+	if h.err == nil {
+		h.err = ErrEnded
+	}
+	c.live.remove(h.req.ID, h)
+	ev.At = c.now()
+	c.bus.emit(ev)
+}
+
+// Retry places a dispatched request again, keeping its classification,
+// after its worker failed before answering: the attempt ends (its booking
+// released, listeners hear aborted for reason under the old id) and the
+// request continues as id, with the failed workers excluded, placed now
+// or queued. Wait then returns the new placement. Errors:
+// ErrDuplicateRequest when id is live (nothing changed: retry with
+// another id), ErrEnded when the request is not dispatched, and the
+// errors of a placement (the request has then ended).
+func (h *Handle) Retry(ctx context.Context, id, reason string, failed ...shared.WorkerID) error {
+	c := h.c
+	h.mu.Lock()
+	if h.state != stateDispatched {
+		h.mu.Unlock()
+		return ErrEnded
+	}
+	if id != h.req.ID && !c.live.add(id, h) {
+		h.mu.Unlock()
+		return fmt.Errorf("request %q: %w", id, ErrDuplicateRequest)
+	}
+	h.decision.Booking.Release()
+	c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true, Reason: reason, At: c.now()})
+	if id != h.req.ID {
+		c.live.remove(h.req.ID, h)
+		h.req.ID = id
+	}
+	h.exclude = append(h.exclude, failed...)
+	h.state, h.decision, h.first, h.ready = stateNew, router.Decision{}, false, nil
+	h.mu.Unlock()
+	return h.enter(ctx)
+}
+
+// enter places a classified request, or queues it when every candidate
+// is at capacity; on any other failure the request ends.
+func (h *Handle) enter(ctx context.Context) error {
+	c := h.c
+	d, err := c.core.Place(ctx, h.req, c.placement(h))
+	switch {
+	case err == nil:
+		h.mu.Lock()
+		h.state, h.decision = stateDispatched, d
+		c.bus.emit(shared.Event{Kind: shared.EventSent, RequestID: h.req.ID, Worker: d.Worker.ID, HasWorker: true, At: c.now()})
+		h.mu.Unlock()
+		return nil
+	case errors.Is(err, shared.ErrAllBusy):
+		h.mu.Lock()
+		h.state, h.ready = stateQueued, make(chan struct{})
+		h.mu.Unlock()
+		if err := c.push(h); err != nil {
+			h.fail(err)
+			return fmt.Errorf("request %q: %w", h.req.ID, err)
+		}
+		if c.onQueued != nil {
+			c.onQueued()
+		}
+		return nil
+	default:
+		h.fail(err)
+		return err
+	}
+}
+
+// fail ends a request that could not be placed or queued.
+func (h *Handle) fail(err error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state == stateEnded {
+		return
+	}
+	if h.ready != nil {
+		close(h.ready)
+	}
+	h.state, h.err = stateEnded, err
+	h.c.live.remove(h.req.ID, h)
+	h.c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Reason: err.Error(), At: h.c.now()})
+}
+
+// dispatched hands a queued request the placement a Dispatch made at now;
+// false when it ended meanwhile (its booking is released then).
+func (h *Handle) dispatched(d router.Decision, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != stateQueued {
+		d.Booking.Release()
+		return false
+	}
+	h.state, h.decision, h.waited = stateDispatched, d, now.Sub(h.arrival)
+	h.c.bus.emit(shared.Event{Kind: shared.EventSent, RequestID: h.req.ID, Worker: d.Worker.ID, HasWorker: true, At: now})
+	close(h.ready)
+	return true
+}
+
+// refuse ends a queued request without a worker at now, for err; false
+// when it ended meanwhile.
+func (h *Handle) refuse(err error, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != stateQueued {
+		return false
+	}
+	h.state, h.err, h.waited = stateEnded, err, now.Sub(h.arrival)
+	h.c.live.remove(h.req.ID, h)
+	h.c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Reason: err.Error(), At: now})
+	close(h.ready)
+	return true
+}
