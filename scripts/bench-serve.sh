@@ -3,7 +3,9 @@
 # One run measures (a) direct to one mock worker, (f) the floor of a hop (a
 # minimal HTTP/1.1 forwarder), (b) a bare httputil.ReverseProxy
 # round-robin, (c) `router serve` round-robin and
-# (d) `router serve` with the default KV policy, then prints PASS/MISS for
+# (d) `router serve` with the default KV policy, (e) `router serve` with an
+# out-of-process scorer (the template plugin) under 64 clients against one
+# client, with the plugin's Decide tasks per message, then prints PASS/MISS for
 # the targets. The bench starts every process it measures; whatever it
 # started is killed on exit, even if it is itself interrupted or killed.
 # Extra arguments go to the bench (e.g. --concurrency 64 --duration 8s).
@@ -25,6 +27,7 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 "$GO" build -o "$BIN/router" ./cmd/router
+"$GO" build -o "$BIN/plugin-example" ./cmd/plugin-example
 "$GO" build -o "$work/bench-serve" ./bench/serve
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//'), $("$GO" env GOVERSION) $("$GO" env GOOS)/$("$GO" env GOARCH)"
 echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ); load before: $(cut -d' ' -f1-3 /proc/loadavg)"

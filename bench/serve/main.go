@@ -77,6 +77,8 @@ type options struct {
 	pidFile     string
 	routerArgs  string
 	jsonOut     string
+	pluginBin   string
+	pluginConc  int
 }
 
 func main() {
@@ -107,6 +109,8 @@ func main() {
 	flag.StringVar(&o.pidFile, "pid-file", "", "append each started child's pid here (for the caller's cleanup)")
 	flag.StringVar(&o.routerArgs, "router-args", "", "extra arguments for `router serve`, space-separated")
 	flag.StringVar(&o.jsonOut, "json", "", "also write the results as JSON to this file")
+	flag.StringVar(&o.pluginBin, "plugin-bin", "bin/plugin-example", "the template plugin for case (e), an out-of-process scorer (empty: skip (e))")
+	flag.IntVar(&o.pluginConc, "plugin-concurrency", 64, "closed-loop clients of case (e)'s throughput phase")
 	flag.Parse()
 	if o.concurrency < 1 || o.mocks < 1 || o.duration <= 0 || o.promptBytes < 1 || o.maxTokens < 1 {
 		fmt.Fprintln(os.Stderr, "bench-serve: bad flags")
@@ -135,6 +139,48 @@ type result struct {
 	SerialP50  float64 `json:"serial_p50_us,omitempty"`
 	SerialP99  float64 `json:"serial_p99_us,omitempty"`
 	SerialReqs int     `json:"serial_requests,omitempty"`
+	// TasksPerMessage is case (e)'s mean Decide tasks per message to the
+	// plugin over the warm-up and the throughput phase
+	// (switchyard_plugin_decide_tasks_per_message).
+	TasksPerMessage float64 `json:"tasks_per_message,omitempty"`
+}
+
+// tasksPerMessage reads the router's /metrics and returns the mean of
+// switchyard_plugin_decide_tasks_per_message (sum / count over plugins).
+func tasksPerMessage(ctx context.Context, base string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var sum, count float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		var v float64
+		switch {
+		case strings.HasPrefix(line, "switchyard_plugin_decide_tasks_per_message_sum"):
+			if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err == nil {
+				sum += v
+			}
+		case strings.HasPrefix(line, "switchyard_plugin_decide_tasks_per_message_count"):
+			if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err == nil {
+				count += v
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return 0, err
+	}
+	if count == 0 {
+		return 0, errors.New("no switchyard_plugin_decide_tasks_per_message samples in /metrics")
+	}
+	return sum / count, nil
 }
 
 func run(ctx context.Context, o options, procs *children) error {
@@ -219,6 +265,23 @@ func run(ctx context.Context, o options, procs *children) error {
 			return "http://" + addr, func() { procs.stopLast() }, waitReady(ctx, "http://"+addr)
 		}},
 	}
+	if o.pluginBin != "" {
+		pluginBin, err := filepath.Abs(o.pluginBin)
+		if err != nil {
+			return err
+		}
+		plPolicy := filepath.Join(work, "plugin.hcl")
+		if err := os.WriteFile(plPolicy, []byte(pluginPolicyFile(mocks, pluginBin)), 0o644); err != nil {
+			return err
+		}
+		cases = append(cases, kase{"e", "(e) router serve, out-of-process scorer", func() (string, func(), error) {
+			addr, err := procs.start(ctx, filepath.Join(work, "router-plugin.log"), routerRe, o.routerBin, serveArgs(plPolicy)...)
+			if err != nil {
+				return "", nil, err
+			}
+			return "http://" + addr, func() { procs.stopLast() }, waitReady(ctx, "http://"+addr)
+		}})
+	}
 
 	var results []result
 	for _, c := range cases {
@@ -228,13 +291,26 @@ func run(ctx context.Context, o options, procs *children) error {
 		}
 		target := base + "/v1/chat/completions"
 		r := result{key: c.key, Case: c.name}
-		lat, n, elapsed, err := load(ctx, target, body, o.concurrency, o.warmup, o.duration)
+		conc := o.concurrency
+		if c.key == "e" {
+			conc = o.pluginConc
+		}
+		lat, n, elapsed, err := load(ctx, target, body, conc, o.warmup, o.duration)
 		if err != nil {
 			stopCase()
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
 		r.Requests, r.RPS = n, float64(n)/elapsed.Seconds()
 		r.P50us, r.P99us = pct(lat, 0.50), pct(lat, 0.99)
+		if c.key == "e" {
+			// The batching of the throughput phase alone: read before the
+			// one-client phase adds its one-task messages.
+			r.TasksPerMessage, err = tasksPerMessage(ctx, base)
+			if err != nil {
+				stopCase()
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+		}
 		if o.serialDur > 0 {
 			lat, n, elapsed, err := load(ctx, target, body, 1, o.warmup/2, o.serialDur)
 			if err != nil {
@@ -321,6 +397,12 @@ func report(w io.Writer, o options, rs []result) {
 			addedBare := c.SerialP50 - b.SerialP50
 			fmt.Fprintf(w, "  (router over the bare proxy at p50, 1 client, (c) - (b): %+.0f us)\n", addedBare)
 		}
+	}
+	if e, ok := get("e"); ok {
+		fmt.Fprintf(w, "(e) out-of-process scorer: %d clients %.0f decisions/s, 1 client %.0f decisions/s = %.2fx  %s (target >= 3x)\n",
+			o.pluginConc, e.RPS, e.SerialRPS, e.RPS/e.SerialRPS, verdict(e.SerialRPS > 0 && e.RPS >= 3*e.SerialRPS))
+		fmt.Fprintf(w, "  Decide tasks per message under %d clients: mean %.2f  %s (target > 1.5)\n",
+			o.pluginConc, e.TasksPerMessage, verdict(e.TasksPerMessage > 1.5))
 	}
 	if haveA && haveC {
 		added32 := time.Duration((c.P50us - a.P50us) * 1e3)
@@ -440,8 +522,37 @@ func requestBody(promptBytes, maxTokens int) []byte {
 // round-robin policy, or no policy block (the built-in default, kv-cost +
 // min-cost).
 func policyFile(mocks []string, roundRobin bool) string {
+	return policyFileWith(mocks, roundRobin, "")
+}
+
+// pluginPolicyFile is case (e)'s policy: the template plugin's
+// queue-depth scorer (out of process) and the in-process min-cost picker.
+func pluginPolicyFile(mocks []string, pluginBin string) string {
+	return policyFileWith(mocks, false, fmt.Sprintf(`plugin "example" {
+  command = %q
+}
+
+policy "queue" {
+  scorer "depth" {
+    type = "queue-depth"
+  }
+  picker "pick" {
+    type = "min-cost"
+  }
+  fallback = "least-loaded"
+}
+
+worker_selection {
+  aggregated = "queue"
+}
+
+`, pluginBin))
+}
+
+func policyFileWith(mocks []string, roundRobin bool, extra string) string {
 	var b strings.Builder
 	b.WriteString("router {\n  block_size = 16\n}\n\n")
+	b.WriteString(extra)
 	if roundRobin {
 		b.WriteString("policy \"rr\" {\n  picker \"rr\" {\n    type = \"round-robin\"\n  }\n}\n\nworker_selection {\n  aggregated = \"rr\"\n}\n\n")
 	}

@@ -216,34 +216,40 @@ func (c *Controller) Admit(ctx context.Context, req *shared.Request, opts ...Opt
 
 // classify sets h's classification: the classifier's answer when there is
 // one, with the scheduling cost defaulted to the uncached prompt tokens.
+// Without a classifier the cost is computed only if the request queues
+// (chargeOf): a request placed at once never needs it.
 func (c *Controller) classify(ctx context.Context, h *Handle) error {
 	req := h.req
 	cl, err := c.classifierFor(req.Model, req.Role)
-	if err != nil {
-		return fmt.Errorf("request %q: creating the classifier: %w", req.ID, err)
-	}
-	// The uncached prompt is the classifier's input and the queue's
-	// default charge; a router with neither never needs it.
-	uncached := int64(1)
-	if cl != nil || c.capacity > 0 {
-		uncached = c.core.UncachedTokens(req)
-		req.CachedPromptTokens = max(req.PromptTokens-int(uncached), 0)
-	}
-	if cl != nil {
-		class, err := shared.SafeClassify(ctx, "request_classifier", cl, req)
+	if err != nil || cl == nil {
 		if err != nil {
-			return err
+			return fmt.Errorf("request %q: creating the classifier: %w", req.ID, err)
 		}
-		if class.PolicyClass != "" && !c.knownClass(class.PolicyClass) {
-			return fmt.Errorf("request %q: %w %q (queue classes: %s)", req.ID, ErrUnknownClass, class.PolicyClass, c.classNames())
-		}
-		h.class = class
-		req.Priority = class.Priority
+		return nil
 	}
+	// The uncached prompt is the classifier's input.
+	uncached := c.uncached(req)
+	class, err := shared.SafeClassify(ctx, "request_classifier", cl, req)
+	if err != nil {
+		return err
+	}
+	if class.PolicyClass != "" && !c.knownClass(class.PolicyClass) {
+		return fmt.Errorf("request %q: %w %q (queue classes: %s)", req.ID, ErrUnknownClass, class.PolicyClass, c.classNames())
+	}
+	h.class = class
+	req.Priority = class.Priority
 	if h.class.SchedulingCostTokens <= 0 {
 		h.class.SchedulingCostTokens = uncached
 	}
 	return nil
+}
+
+// uncached sets req.CachedPromptTokens from the prefix index and returns
+// the uncached prompt tokens (at least 1).
+func (c *Controller) uncached(req *shared.Request) int64 {
+	n := c.core.UncachedTokens(req)
+	req.CachedPromptTokens = max(req.PromptTokens-int(n), 0)
+	return n
 }
 
 // knownClass reports whether the queue has a class called name.
@@ -279,6 +285,9 @@ func (c *Controller) placement(h *Handle) router.Placement {
 // push queues h in its role's queue. Errors: ErrQueueFull, or the queue's
 // (an unknown class).
 func (c *Controller) push(h *Handle) error {
+	if h.class.SchedulingCostTokens <= 0 {
+		h.class.SchedulingCostTokens = c.uncached(h.req)
+	}
 	rq := c.queues[h.req.Role]
 	it := &queue.Item{ID: h.req.ID, Class: h.class.PolicyClass, Priority: h.class.Priority,
 		Cost: h.class.SchedulingCostTokens, Arrival: h.arrival, DueAt: h.class.DueAt, Value: h}

@@ -69,8 +69,9 @@ func Aborted(reason string) Outcome { return Outcome{Reason: reason} }
 // Request is the admitted request (its ID changes with Retry).
 func (h *Handle) Request() *shared.Request { return h.req }
 
-// Classification is the request's classification, made once at Admit;
-// its SchedulingCostTokens defaults to the uncached prompt tokens.
+// Classification is the request's classification, made once at Admit.
+// Its SchedulingCostTokens defaults to the uncached prompt tokens when a
+// classifier ran or the request queued; 0 otherwise (never needed).
 func (h *Handle) Classification() shared.Classification { return h.class }
 
 // Queued reports whether the request waits in a queue for capacity.
