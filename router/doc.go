@@ -1,7 +1,9 @@
-// Package router assembles a Router from its parts: the resolved policies
-// per role, the fleet of workers with their bookings, the prefix index, and
-// the selection pipeline (or the hosted fast path for picker-only
-// policies). Replay and serve both drive the same Router.
+// Package router is the selection core: a Router places one request
+// (Place) with the resolved policy of its role over the fleet of workers,
+// books the chosen worker and records the prompt in the prefix index,
+// with no router-wide lock; and it swaps bundles under load (Apply,
+// Reload). Above it, router/admission classifies, queues and tracks
+// requests with handles; replay and serve both drive that.
 //
 // Floors: this root package imports its parts (router/catalog,
 // router/config, router/fleet, router/pipeline, router/prefix,
