@@ -1,11 +1,18 @@
 package prefix
 
-import "github.com/switchyard-router/switchyard/shared"
+import (
+	"sync"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
 
 // lru is one worker's set of block hashes in recency order: an intrusive
 // doubly linked list over preallocated arrays (head = most recent), with a
-// map from hash to node. No allocation after the arrays fill.
+// map from hash to node. No allocation after the arrays fill. mu guards
+// every field but owner and capacity; dead marks a list its worker left.
 type lru struct {
+	mu         sync.Mutex
+	dead       bool
 	owner      shared.WorkerID
 	capacity   int
 	pos        map[uint64]int32

@@ -43,22 +43,41 @@ func ChainHashes(dst []uint64, ids []uint64) []uint64 {
 	return dst
 }
 
+// holderShards is how many independently locked parts the map from block
+// hash to holders is split into, so concurrent selections rarely meet on
+// one lock.
+const holderShards = 64
+
 // Index maps block hashes to the workers believed to hold them. Safe for
-// concurrent use; every method takes one mutex.
+// concurrent use, with no index-wide lock on the selection path: each
+// worker's recency list has its own mutex (Record, Overlap), and the map
+// from block hash to holders is split into holderShards read-write-locked
+// shards (Fill takes one shard's read lock at a time). Membership (AddWorker,
+// RemoveWorker) takes a read-write lock that selections only read-lock for
+// a map lookup. Lock order: membership, then a worker's list, then a shard.
 type Index struct {
-	mu      sync.Mutex
-	holders map[uint64][]int32 // block hash -> slots of the workers holding it
-	slots   []*lru             // by slot; nil when free
-	byID    map[shared.WorkerID]int32
-	free    []int32
-	depth   []int32 // scratch, by slot: leading blocks held so far in a query
-	touched []int32 // scratch: slots advanced in a query
+	mu     sync.RWMutex // guards byID
+	byID   map[shared.WorkerID]*lru
+	shards [holderShards]holderShard
+}
+
+// holderShard is one part of the hash -> holders map.
+type holderShard struct {
+	mu      sync.RWMutex
+	holders map[uint64][]shared.WorkerID // block hash -> the workers holding it, each once
+	_       [32]byte                     // keep shards on their own cache lines
 }
 
 // New returns an empty index.
 func New() *Index {
-	return &Index{holders: make(map[uint64][]int32), byID: make(map[shared.WorkerID]int32)}
+	x := &Index{byID: make(map[shared.WorkerID]*lru)}
+	for i := range x.shards {
+		x.shards[i].holders = make(map[uint64][]shared.WorkerID)
+	}
+	return x
 }
+
+func (x *Index) shard(h uint64) *holderShard { return &x.shards[h%holderShards] }
 
 // AddWorker starts tracking a worker whose KV cache holds capacity blocks
 // (in the router's block size, > 0). Adding a tracked worker resets its
@@ -69,19 +88,10 @@ func (x *Index) AddWorker(id shared.WorkerID, capacity int) error {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if s, ok := x.byID[id]; ok {
-		x.purgeLocked(s)
+	if old := x.byID[id]; old != nil {
+		x.purge(old)
 	}
-	var s int32
-	if n := len(x.free); n > 0 {
-		s, x.free = x.free[n-1], x.free[:n-1]
-	} else {
-		s = int32(len(x.slots))
-		x.slots = append(x.slots, nil)
-		x.depth = append(x.depth, 0)
-	}
-	x.slots[s] = newLRU(id, capacity)
-	x.byID[id] = s
+	x.byID[id] = newLRU(id, capacity)
 	return nil
 }
 
@@ -89,32 +99,51 @@ func (x *Index) AddWorker(id shared.WorkerID, capacity int) error {
 func (x *Index) RemoveWorker(id shared.WorkerID) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if s, ok := x.byID[id]; ok {
-		x.purgeLocked(s)
+	if old := x.byID[id]; old != nil {
+		delete(x.byID, id)
+		x.purge(old)
 	}
 }
 
-func (x *Index) purgeLocked(s int32) {
-	l := x.slots[s]
+// purge drops every entry of l and marks it dead, so a Record that looked
+// it up before it left records nothing.
+func (x *Index) purge(l *lru) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for i := l.head; i >= 0; i = l.next[i] {
-		x.dropHolderLocked(l.hash[i], s)
+		x.dropHolder(l.hash[i], l.owner)
 	}
-	delete(x.byID, l.owner)
-	x.slots[s] = nil
-	x.free = append(x.free, s)
+	l.dead = true
 }
 
-func (x *Index) dropHolderLocked(h uint64, s int32) {
-	hs := x.holders[h]
-	if i := slices.Index(hs, s); i >= 0 {
+func (x *Index) dropHolder(h uint64, id shared.WorkerID) {
+	sh := x.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	hs := sh.holders[h]
+	if i := slices.Index(hs, id); i >= 0 {
 		hs[i] = hs[len(hs)-1]
 		hs = hs[:len(hs)-1]
 	}
 	if len(hs) == 0 {
-		delete(x.holders, h)
+		delete(sh.holders, h)
 	} else {
-		x.holders[h] = hs
+		sh.holders[h] = hs
 	}
+}
+
+func (x *Index) addHolder(h uint64, id shared.WorkerID) {
+	sh := x.shard(h)
+	sh.mu.Lock()
+	sh.holders[h] = append(sh.holders[h], id)
+	sh.mu.Unlock()
+}
+
+// worker returns id's list, nil when untracked.
+func (x *Index) worker(id shared.WorkerID) *lru {
+	x.mu.RLock()
+	defer x.mu.RUnlock()
+	return x.byID[id]
 }
 
 // Record notes that the worker was sent a prompt with these chained block
@@ -123,34 +152,35 @@ func (x *Index) dropHolderLocked(h uint64, s int32) {
 // frees blocks tail-first). Blocks beyond capacity evict the least recently
 // used. Unknown workers are ignored.
 func (x *Index) Record(id shared.WorkerID, hashes []uint64) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	s, ok := x.byID[id]
-	if !ok {
+	l := x.worker(id)
+	if l == nil {
 		return
 	}
-	l := x.slots[s]
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dead {
+		return
+	}
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
 		if l.touch(h) {
 			continue
 		}
 		if evicted, ok := l.insert(h); ok {
-			x.dropHolderLocked(evicted, s)
+			x.dropHolder(evicted, id)
 		}
-		x.holders[h] = append(x.holders[h], s)
+		x.addHolder(h, id)
 	}
 }
 
 // Overlap returns how many leading blocks of hashes the worker holds.
 func (x *Index) Overlap(id shared.WorkerID, hashes []uint64) int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	s, ok := x.byID[id]
-	if !ok {
+	l := x.worker(id)
+	if l == nil {
 		return 0
 	}
-	l := x.slots[s]
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	n := 0
 	for _, h := range hashes {
 		if _, ok := l.pos[h]; !ok {
@@ -163,42 +193,40 @@ func (x *Index) Overlap(id shared.WorkerID, hashes []uint64) int {
 
 // Fill writes into overlap[i] the leading blocks of hashes held by ids[i].
 // ids must be sorted ascending (the candidate order); len(overlap) ==
-// len(ids). Cost: O(sum over blocks of their holders + touched·log len(ids)),
-// independent of workers that hold nothing.
+// len(ids). Cost: O(sum over the leading blocks of their holders ×
+// log len(ids)), independent of workers that hold nothing; it stops at
+// the first block no candidate extends. Each block's holders are read
+// under that block's shard read lock alone, so a Record running meanwhile
+// may be seen in part (the index is a belief either way).
 func (x *Index) Fill(ids []shared.WorkerID, hashes []uint64, overlap []int32) {
 	clear(overlap)
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	x.touched = x.touched[:0]
 	for k, h := range hashes {
 		advanced := false
-		for _, s := range x.holders[h] {
-			if x.depth[s] == int32(k) {
-				if k == 0 {
-					x.touched = append(x.touched, s)
-				}
-				x.depth[s] = int32(k + 1)
+		sh := x.shard(h)
+		sh.mu.RLock()
+		for _, w := range sh.holders[h] {
+			if i, ok := slices.BinarySearch(ids, w); ok && overlap[i] == int32(k) {
+				overlap[i] = int32(k + 1)
 				advanced = true
 			}
 		}
+		sh.mu.RUnlock()
 		if !advanced {
-			break
+			return
 		}
-	}
-	for _, s := range x.touched {
-		if i, ok := slices.BinarySearch(ids, x.slots[s].owner); ok {
-			overlap[i] = x.depth[s]
-		}
-		x.depth[s] = 0
 	}
 }
 
 // Len returns the number of blocks the worker is believed to hold.
 func (x *Index) Len(id shared.WorkerID) int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	if s, ok := x.byID[id]; ok {
-		return len(x.slots[s].pos)
+	l := x.worker(id)
+	if l == nil {
+		return 0
 	}
-	return 0
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.dead {
+		return 0
+	}
+	return len(l.pos)
 }

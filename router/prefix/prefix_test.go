@@ -1,6 +1,7 @@
 package prefix
 
 import (
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -76,7 +77,7 @@ func TestEvictionTakesSuffixesFirst(t *testing.T) {
 	if got[0] != 2 {
 		t.Errorf("Fill overlap with a = %d, want 2", got[0])
 	}
-	if _, ok := x.holders[a[2]]; ok {
+	if _, ok := x.shard(a[2]).holders[a[2]]; ok {
 		t.Errorf("evicted block still has holders")
 	}
 }
@@ -89,7 +90,7 @@ func TestRemoveWorkerPurges(t *testing.T) {
 	x.Record(1, h)
 	x.Record(2, h)
 	x.RemoveWorker(1)
-	if n := len(x.holders[h[0]]); n != 1 {
+	if n := len(x.shard(h[0]).holders[h[0]]); n != 1 {
 		t.Fatalf("holders after removal = %d, want 1", n)
 	}
 	got := []int32{9, 9}
@@ -97,15 +98,19 @@ func TestRemoveWorkerPurges(t *testing.T) {
 	if diff := cmp.Diff([]int32{0, 2}, got); diff != "" {
 		t.Fatalf("overlap after removal (-want +got):\n%s", diff)
 	}
-	// Rejoining starts empty and reuses the freed slot.
+	// Rejoining starts empty.
 	_ = x.AddWorker(1, 10)
-	if x.Overlap(1, h) != 0 || len(x.slots) != 2 {
-		t.Fatalf("rejoined worker: overlap %d, slots %d; want 0, 2", x.Overlap(1, h), len(x.slots))
+	if x.Overlap(1, h) != 0 || len(x.byID) != 2 {
+		t.Fatalf("rejoined worker: overlap %d, workers %d; want 0, 2", x.Overlap(1, h), len(x.byID))
 	}
 	x.RemoveWorker(1)
 	x.RemoveWorker(2)
-	if len(x.holders) != 0 || len(x.byID) != 0 {
-		t.Fatalf("index not empty after removing all: %d holders, %d workers", len(x.holders), len(x.byID))
+	holders := 0
+	for i := range x.shards {
+		holders += len(x.shards[i].holders)
+	}
+	if holders != 0 || len(x.byID) != 0 {
+		t.Fatalf("index not empty after removing all: %d holders, %d workers", holders, len(x.byID))
 	}
 }
 
@@ -128,5 +133,70 @@ func BenchmarkFill(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		x.Fill(ids, req, out)
+	}
+}
+
+// TestConcurrentRecordFillRemove runs records, lookups and membership
+// changes from many goroutines (for the race detector) and then checks
+// that the index agrees with itself: every holder of a block holds it in
+// its own list, and the overlap Fill reports for each worker equals
+// Overlap's.
+func TestConcurrentRecordFillRemove(t *testing.T) {
+	x := New()
+	for id := range shared.WorkerID(8) {
+		if err := x.AddWorker(id, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := []shared.WorkerID{0, 1, 2, 3, 4, 5, 6, 7}
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			blocks := make([]uint64, 12)
+			overlap := make([]int32, len(ids))
+			for i := range 500 {
+				for k := range blocks {
+					blocks[k] = uint64((g+i)%5*100 + k)
+				}
+				h := ChainHashes(nil, blocks[:1+i%12])
+				x.Record(shared.WorkerID((g+i)%8), h)
+				x.Fill(ids, h, overlap)
+				_ = x.Overlap(shared.WorkerID(i%8), h)
+				if g == 0 && i%100 == 99 {
+					x.RemoveWorker(7)
+					_ = x.AddWorker(7, 64)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	for i := range x.shards {
+		for h, hs := range x.shards[i].holders {
+			for _, w := range hs {
+				l := x.byID[w]
+				if l == nil {
+					t.Fatalf("block %x held by untracked worker %d", h, w)
+				}
+				if _, ok := l.pos[h]; !ok {
+					t.Fatalf("block %x listed as held by %d, which does not hold it", h, w)
+				}
+			}
+		}
+	}
+	for g := range 5 {
+		blocks := make([]uint64, 12)
+		for k := range blocks {
+			blocks[k] = uint64(g*100 + k)
+		}
+		h := ChainHashes(nil, blocks)
+		overlap := make([]int32, len(ids))
+		x.Fill(ids, h, overlap)
+		for i, id := range ids {
+			if want := x.Overlap(id, h); int(overlap[i]) != want {
+				t.Fatalf("prefix %d, worker %d: Fill says %d, Overlap %d", g, id, overlap[i], want)
+			}
+		}
 	}
 }
