@@ -303,13 +303,13 @@ type driver struct {
 	outcomes       []Outcome
 	arrival        []time.Duration
 	handles        []*admission.Handle // first-hop handle per request, nil once it ended
-	priority       []int            // classification's priority per request
-	class          []string         // classification's class per request ("" until classified)
-	queued         []bool           // waiting in the router's queue
-	decodeBookings []*fleet.Booking // decode booking per request (disaggregated)
-	reqs           []sim.Request    // first-hop request per request
-	decodeReqs     []sim.Request    // decode-hop request per request (disaggregated)
-	transfers      transferQueue    // routed to a decode worker, KV in flight
+	priority       []int               // classification's priority per request
+	class          []string            // classification's class per request ("" until classified)
+	queued         []bool              // waiting in the router's queue
+	decodeBookings []*fleet.Booking    // decode booking per request (disaggregated)
+	reqs           []sim.Request       // first-hop request per request
+	decodeReqs     []sim.Request       // decode-hop request per request (disaggregated)
+	transfers      transferQueue       // routed to a decode worker, KV in flight
 
 	firstEvents, decodeEvents []sim.Event
 

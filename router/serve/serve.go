@@ -23,10 +23,10 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
-	"github.com/switchyard-router/switchyard/shared"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/upstream"
 	"github.com/switchyard-router/switchyard/router/workers"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // Defaults of Options.
