@@ -331,11 +331,8 @@ func TestAsyncEventsInOrderAndCloseDelivers(t *testing.T) {
 	r := newRouter(t, rrPolicy(), 2)
 	l := newTally()
 	wake := make(chan struct{}, 1)
-	c, err := admission.New(r, admission.Options{Queue: capacityQueue(2), Listeners: []shared.EventListener{l},
+	c := newController(t, r, admission.Options{Queue: capacityQueue(2), Listeners: []shared.EventListener{l},
 		OnQueued: func() { poke(wake) }})
-	if err != nil {
-		t.Fatal(err)
-	}
 	d := startDispatcher(t, c, wake)
 	ctx, cancel := context.WithTimeout(context.Background(), testTimeout)
 	defer cancel()
