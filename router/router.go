@@ -546,32 +546,41 @@ func excluding(p *fleet.Partition, ids []shared.WorkerID) *fleet.Partition {
 
 // narrow returns the members of p that keep accepts: p itself when all
 // are, nil when none is. The narrowed partition's candidate-set key is
-// computed from its members under tag.
+// computed from its members under tag. keep is called once per member:
+// it may read counters that concurrent selections change (underCapacity),
+// so a second look could disagree with the first.
 func narrow(p *fleet.Partition, tag string, keep func(*fleet.Worker) bool) *fleet.Partition {
-	n := 0
-	for _, w := range p.Workers {
-		if keep(w) {
-			n++
+	var q *fleet.Partition
+	add := func(i int) {
+		q.Workers = append(q.Workers, p.Workers[i])
+		q.IDs = append(q.IDs, p.IDs[i])
+		if p.DPRanks != nil {
+			q.DPRanks = append(q.DPRanks, p.DPRanks[i])
 		}
-	}
-	switch n {
-	case len(p.Workers):
-		return p
-	case 0:
-		return nil
-	}
-	q := &fleet.Partition{Role: p.Role, Workers: make([]*fleet.Worker, 0, n), IDs: make([]shared.WorkerID, 0, n)}
-	if p.DPRanks != nil {
-		q.DPRanks = make([]uint32, 0, n)
 	}
 	for i, w := range p.Workers {
-		if keep(w) {
-			q.Workers = append(q.Workers, w)
-			q.IDs = append(q.IDs, w.ID)
+		switch {
+		case keep(w):
+			if q != nil {
+				add(i)
+			}
+		case q == nil:
+			// The first member left out: copy the ones before it.
+			n := len(p.Workers) - 1
+			q = &fleet.Partition{Role: p.Role, Workers: make([]*fleet.Worker, 0, n), IDs: make([]shared.WorkerID, 0, n)}
 			if p.DPRanks != nil {
-				q.DPRanks = append(q.DPRanks, p.DPRanks[i])
+				q.DPRanks = make([]uint32, 0, n)
+			}
+			for j := range i {
+				add(j)
 			}
 		}
+	}
+	switch {
+	case q == nil:
+		return p
+	case len(q.Workers) == 0:
+		return nil
 	}
 	q.Key = hosted.CandidateSetKey(tag, p.Role, q.IDs)
 	if q.Key == 0 {

@@ -294,6 +294,7 @@ func (c *Controller) push(h *Handle) error {
 	rq.mu.Lock()
 	err := rq.q.Push(it)
 	if err == nil {
+		h.item = it
 		c.waiting.Add(1)
 	}
 	rq.mu.Unlock()
@@ -308,12 +309,14 @@ func (c *Controller) push(h *Handle) error {
 func (c *Controller) unqueue(h *Handle) bool {
 	rq := c.queues[h.req.Role]
 	rq.mu.Lock()
-	_, ok := rq.q.Remove(h.req.ID)
-	if ok {
-		c.waiting.Add(-1)
+	defer rq.mu.Unlock()
+	if h.item == nil {
+		return false
 	}
-	rq.mu.Unlock()
-	return ok
+	rq.q.Remove(h.item.ID)
+	h.item = nil
+	c.waiting.Add(-1)
+	return true
 }
 
 // Dispatch places queued requests while capacity allows, in each role's
@@ -321,6 +324,8 @@ func (c *Controller) unqueue(h *Handle) bool {
 // refused (their Wait returns ErrDue) and appended too. Call it whenever
 // capacity may have freed (a request ended, a worker joined) and as time
 // passes; serve's Run does. With nothing queued it costs one atomic load.
+// ctx bounds the placements: once it ends Dispatch returns, and the
+// requests not placed keep waiting (ctx is the dispatcher's, not theirs).
 //
 // The queue's lock is not held while a request is placed: Dispatch peeks
 // at the head, places it, and takes it out of the queue only if it is
@@ -337,6 +342,9 @@ func (c *Controller) Dispatch(ctx context.Context, out []*Handle) []*Handle {
 		rq := c.queues[role]
 		rq.mu.Lock()
 		expired := rq.q.Expire(now, nil)
+		for _, it := range expired {
+			it.Value.(*Handle).item = nil
+		}
 		c.waiting.Add(-int64(len(expired)))
 		rq.mu.Unlock()
 		for _, it := range expired {
@@ -354,10 +362,11 @@ func (c *Controller) Dispatch(ctx context.Context, out []*Handle) []*Handle {
 			}
 			h := it.Value.(*Handle)
 			d, err := c.core.Place(ctx, h.req, c.placement(h))
-			if errors.Is(err, shared.ErrAllBusy) {
+			if err != nil && (errors.Is(err, shared.ErrAllBusy) || ctx.Err() != nil) {
+				// Nothing fits now, or the dispatcher is stopping.
 				break
 			}
-			if !c.take(rq, it, now) {
+			if !c.take(rq, h, it, now) {
 				// Cancelled while it was being placed.
 				if err == nil {
 					d.Booking.Release()
@@ -378,25 +387,28 @@ func (c *Controller) Dispatch(ctx context.Context, out []*Handle) []*Handle {
 	return out
 }
 
-// take removes it from rq after it was placed; false when it left the
-// queue meanwhile (End). When it is still the head, Pop removes it, which
-// charges its class's deficit and moves the round robin on (what shares
-// dispatches between classes by weight); when an admission pushed a new
-// head meanwhile, Remove takes it without the charge (a rare race; the
-// next dispatch of its class pays the deficit as usual).
-func (c *Controller) take(rq *roleQueue, it *queue.Item, now time.Time) bool {
+// take removes h's item it from rq after it was placed; false when it
+// left the queue meanwhile (End). h.item tells, not the id: once h ended,
+// a new request may have queued under the same id. When it is still the
+// head, Pop removes it, which charges its class's deficit and moves the
+// round robin on (what shares dispatches between classes by weight); when
+// an admission pushed a new head meanwhile, Remove takes it without the
+// charge (a rare race; the next dispatch of its class pays the deficit as
+// usual).
+func (c *Controller) take(rq *roleQueue, h *Handle, it *queue.Item, now time.Time) bool {
 	rq.mu.Lock()
 	defer rq.mu.Unlock()
-	var ok bool
+	if h.item != it {
+		return false
+	}
 	if head, _ := rq.q.Peek(now); head == it {
-		_, ok = rq.q.Pop(now)
+		rq.q.Pop(now)
 	} else {
-		_, ok = rq.q.Remove(it.ID)
+		rq.q.Remove(it.ID)
 	}
-	if ok {
-		c.waiting.Add(-1)
-	}
-	return ok
+	h.item = nil
+	c.waiting.Add(-1)
+	return true
 }
 
 // Run dispatches queued requests until ctx ends: at every Wake and every

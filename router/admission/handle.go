@@ -10,6 +10,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/queue"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -35,6 +36,10 @@ type Handle struct {
 	// booking is the storage of the request's booking (no allocation per
 	// request); decision.Booking points here while it is dispatched.
 	booking fleet.Booking
+	// item is the request's entry in its role's queue while it holds one
+	// (waiting, or expired and not yet refused), else nil. Guarded by
+	// that queue's lock, not mu.
+	item *queue.Item
 }
 
 type state uint8

@@ -74,7 +74,10 @@ type partKey struct {
 // classifiers it made. Reads are lock-free: the map is replaced, never
 // modified, when a partition's classifier is first made.
 type classifierSet struct {
-	factory   shared.ClassifierFactory
+	factory shared.ClassifierFactory
+	// own is true for Options.Classifier's set: the Controller's own
+	// factory never changes, whether or not its type is comparable.
+	own       bool
 	parts     atomic.Pointer[map[partKey]*partClassifier]
 	listeners atomic.Pointer[[]shared.EventListener]
 	mu        sync.Mutex // serialises replacing parts and listeners
@@ -95,16 +98,16 @@ type partClassifier struct {
 // and out of process alike, a factory makes one classifier per partition,
 // with PartitionContext.Model set.
 func (c *Controller) classifierFor(model string, role shared.Role) (shared.Classifier, error) {
-	f := c.core.ClassifierFactory()
+	f, own := c.core.ClassifierFactory(), false
 	if f == nil {
-		f = c.factory
+		f, own = c.factory, true
 	}
 	if f == nil {
 		return nil, nil
 	}
 	cs := c.cls.Load()
-	if cs == nil || !sameComponent(cs.factory, f) {
-		cs = c.newSet(f)
+	if !cs.serves(f, own) {
+		cs = c.newSet(f, own)
 	}
 	key := partKey{model, role}
 	pc := (*cs.parts.Load())[key]
@@ -127,14 +130,19 @@ func (c *Controller) classifierFor(model string, role shared.Role) (shared.Class
 	return pc.c, pc.err
 }
 
+// serves reports whether cs is the set of f (own: Options.Classifier).
+func (cs *classifierSet) serves(f shared.ClassifierFactory, own bool) bool {
+	return cs != nil && cs.own == own && (own || sameComponent(cs.factory, f))
+}
+
 // newSet makes f the current factory's set, unless another caller did.
-func (c *Controller) newSet(f shared.ClassifierFactory) *classifierSet {
+func (c *Controller) newSet(f shared.ClassifierFactory, own bool) *classifierSet {
 	c.clsMu.Lock()
 	defer c.clsMu.Unlock()
-	if cs := c.cls.Load(); cs != nil && sameComponent(cs.factory, f) {
+	if cs := c.cls.Load(); cs.serves(f, own) {
 		return cs
 	}
-	cs := &classifierSet{factory: f}
+	cs := &classifierSet{factory: f, own: own}
 	parts := map[partKey]*partClassifier{}
 	cs.parts.Store(&parts)
 	var ls []shared.EventListener
