@@ -88,10 +88,8 @@ type PolicyFile struct {
 	Decls []*PolicyDecl
 }
 
-// Bundle is the former name of PolicyFile.
-//
-// Deprecated: use PolicyFile; kept only until router/replay's tests, which
-// are being rewritten, name it.
+// Bundle is PolicyFile's former name, kept only until router/replay's
+// tests (being rewritten) name PolicyFile; new code names PolicyFile.
 type Bundle = PolicyFile
 
 // FailedPlugins returns the plugins whose start failed, in file order.
