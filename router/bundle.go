@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,7 +54,17 @@ type LoadOptions struct {
 	// (switchyard_plugin_*); the Hosts of successive bundles share their
 	// collectors (supervisor.NewMetrics), so reloads do not collide.
 	Registerer prometheus.Registerer
+	// SimulatedTime sets the plugin Host up for a replay, where nothing
+	// may depend on the wall clock (docs/replay.md, "Plugins in replay"):
+	// a call waits up to supervisor.ReplayCallTimeout for its answer
+	// instead of its call_timeout, no circuit breaker opens, and a failed
+	// call's warning is rate-limited by count (every 1000th), not by time.
+	SimulatedTime bool
 }
+
+// replayFailureLog rate-limits failed-call warnings under SimulatedTime:
+// by count, so a replay logs the same every run.
+var replayFailureLog = supervisor.FailureLogPolicy{Every: 1000}
 
 // Bundle is what a policy file resolves to at run time: the policy of each
 // role, compiled (or on the hosted path), and the plugin Host whose
@@ -64,12 +75,15 @@ type LoadOptions struct {
 //
 // A Bundle is applied to at most one Router, once.
 type Bundle struct {
-	// Config is the loaded policy file, for inspection (`router validate`
-	// output, the plugins and their ranges); nil for NewBundle.
-	Config *config.Bundle
-	// Host runs the bundle's plugins; nil for NewBundle. Close shuts it
+	// Config is the loaded policy file, for inspection of the whole file
+	// (`router validate`'s output, replay's options); nil for NewBundle.
+	// What a running router reads of it has methods: Filename,
+	// PolicyName, Plugins, Workers, Queue, Classifier.
+	Config *config.PolicyFile
+
+	// host runs the bundle's plugins; nil for NewBundle. Close shuts it
 	// down.
-	Host *supervisor.Host
+	host *supervisor.Host
 
 	roles map[shared.Role]*rolePolicy
 	// owned is true when the bundle built its policies' components (a
@@ -127,10 +141,18 @@ func NewBundle(roles map[shared.Role]*shared.Policy) (*Bundle, error) {
 
 // LoadBundle loads the policy file at path with a new plugin Host: the
 // file's plugins are started and their components configured, and each
-// role's policy is compiled. On success the bundle is ready to Apply and
-// the diagnostics hold warnings only. On any error the Host is shut down
-// before LoadBundle returns (nothing is left running), the bundle is nil
-// and the diagnostics, each at file:line:col, say why.
+// role's policy is compiled. An empty path loads the built-in default
+// policy (config.DefaultPolicyName, diagnostics under that name), as
+// `router replay` without --policy does. On success the bundle is ready
+// to Apply (or to inspect) and the diagnostics hold warnings only. On any
+// error the Host is shut down before LoadBundle returns (nothing is left
+// running), the bundle is nil and the diagnostics, each at file:line:col,
+// say why.
+//
+// Every command that reads a policy file loads it here (`router
+// validate`, `replay`, `serve` and its reloads), so they accept and refuse
+// the same files. The caller closes the bundle (Close), or hands it to a
+// Router that does.
 //
 // ctx bounds the plugins' starts and configurations only; the processes
 // live until the bundle is closed.
@@ -141,7 +163,14 @@ func LoadBundle(ctx context.Context, path string, o LoadOptions) (*Bundle, hcl.D
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
-	host := supervisor.NewHost(supervisor.Options{Logger: o.Logger, ShutdownGrace: o.ShutdownGrace, Registerer: o.Registerer})
+	ho := supervisor.Options{Logger: o.Logger, ShutdownGrace: o.ShutdownGrace, Registerer: o.Registerer}
+	if o.SimulatedTime {
+		ho.CallTimeout = supervisor.ReplayCallTimeout
+		ho.Breaker = supervisor.BreakerPolicy{Disabled: true}
+		ho.FailureLog = replayFailureLog
+	}
+	host := supervisor.NewHost(ho)
+	var diags hcl.Diagnostics
 	fail := func(diags hcl.Diagnostics) (*Bundle, hcl.Diagnostics) {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), failedLoadShutdown)
 		defer cancel()
@@ -155,17 +184,18 @@ func LoadBundle(ctx context.Context, path string, o LoadOptions) (*Bundle, hcl.D
 		}
 		return nil, diags
 	}
-	cb, diags := config.LoadFileWith(path, o.Catalog, config.Options{
-		Plugins:     host,
-		Context:     ctx,
-		Seed:        o.Seed,
-		DefaultSeed: o.DefaultSeed,
-	})
+	co := config.Options{Plugins: host, Context: ctx, Seed: o.Seed, DefaultSeed: o.DefaultSeed}
+	var cb *config.PolicyFile
+	if path == "" {
+		cb, diags = config.LoadWith(config.DefaultPolicyName, nil, o.Catalog, co)
+	} else {
+		cb, diags = config.LoadFileWith(path, o.Catalog, co)
+	}
 	if diags.HasErrors() || cb == nil {
 		return fail(diags)
 	}
 	b := newBundle()
-	b.Config, b.Host, b.owned = cb, host, true
+	b.Config, b.host, b.owned = cb, host, true
 	for _, role := range config.Roles {
 		p := cb.Roles[role]
 		if p == nil {
@@ -200,6 +230,97 @@ func (b *Bundle) BlockSize() int {
 		return 0
 	}
 	return b.Config.BlockSize
+}
+
+// Filename is the name of the policy file the bundle was loaded from;
+// "" for a NewBundle bundle.
+func (b *Bundle) Filename() string {
+	if b.Config == nil {
+		return ""
+	}
+	return b.Config.Filename
+}
+
+// PolicyName is the name of the policy the file's worker_selection gives
+// role (config.DefaultPolicyName when it names none); "" for a NewBundle
+// bundle, whose policies have no file names.
+func (b *Bundle) PolicyName(role shared.Role) string {
+	if b.Config == nil {
+		return ""
+	}
+	return b.Config.RolePolicies[role]
+}
+
+// Workers returns a copy of the file's worker blocks, in file order; nil
+// for a NewBundle bundle.
+func (b *Bundle) Workers() []config.Worker {
+	if b.Config == nil {
+		return nil
+	}
+	return slices.Clone(b.Config.Workers)
+}
+
+// Queue is the file's queue block, or config.DefaultQueue when the file
+// has none or the bundle is a NewBundle bundle.
+func (b *Bundle) Queue() config.Queue {
+	if b.Config == nil {
+		return config.DefaultQueue()
+	}
+	return b.Config.Queue
+}
+
+// Classifier returns the factory of the file's request_classifier; nil,
+// nil when the file has none (or for a NewBundle bundle). The error says
+// that the block's instance is not a shared.ClassifierFactory.
+func (b *Bundle) Classifier() (shared.ClassifierFactory, error) {
+	if b.Config == nil || b.Config.Classifier == nil || b.Config.Classifier.Instance == nil {
+		return nil, nil
+	}
+	f, ok := b.Config.Classifier.Instance.(shared.ClassifierFactory)
+	if !ok {
+		return nil, fmt.Errorf("%s: request_classifier: %T is not a classifier factory", b.Config.Filename, b.Config.Classifier.Instance)
+	}
+	return f, nil
+}
+
+// PluginState is one plugin block's state in a bundle (Bundle.Plugins).
+type PluginState struct {
+	// Name is the plugin block's name.
+	Name string
+	// Started is false for a plugin whose start failed under
+	// on_start_failure = "fallback": its components are unavailable and
+	// their policies decide by fallback.
+	Started bool
+	// Status is the supervisor's status (up, restarting, backoff,
+	// failed...); supervisor.StatusUnknown when not started.
+	Status supervisor.Status
+	// BreakerOpen is true while the plugin is up with its circuit breaker
+	// open or half-open (supervisor.Host.BreakerOpen): most of its
+	// policies' decisions are made by their fallbacks.
+	BreakerOpen bool
+	// Stats are the plugin's decision-call counters since the bundle was
+	// loaded (calls, fallbacks, restarts...).
+	Stats supervisor.Stats
+}
+
+// Plugins returns the state of each of the file's plugin blocks, in file
+// order; nil for a NewBundle bundle or a file without plugins. Each call
+// reads the current state.
+func (b *Bundle) Plugins() []PluginState {
+	if b.Config == nil || len(b.Config.Plugins) == 0 {
+		return nil
+	}
+	out := make([]PluginState, len(b.Config.Plugins))
+	for i, p := range b.Config.Plugins {
+		ps := PluginState{Name: p.Name, Started: p.Failed == nil, Status: supervisor.StatusUnknown}
+		if b.host != nil {
+			ps.Status = b.host.Status(p.Name)
+			ps.BreakerOpen = b.host.BreakerOpen(p.Name)
+			ps.Stats = b.host.Stats(p.Name)
+		}
+		out[i] = ps
+	}
+	return out
 }
 
 // InFlight is the number of selections deciding with the bundle now.
@@ -251,8 +372,8 @@ func (b *Bundle) Close(ctx context.Context) error {
 		if b.owned {
 			errs = append(errs, b.closeComponents())
 		}
-		if b.Host != nil {
-			errs = append(errs, b.Host.Shutdown(ctx))
+		if b.host != nil {
+			errs = append(errs, b.host.Shutdown(ctx))
 		}
 		b.closeErr = errors.Join(errs...)
 	})

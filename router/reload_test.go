@@ -393,7 +393,7 @@ func TestReloadUnderLoadInvalidThenValid(t *testing.T) {
 	if n := b0.InFlight(); n != 0 {
 		t.Errorf("old bundle still has %d decisions in flight after the reload", n)
 	}
-	if !hostClosed(b0.Host) {
+	if !hostClosed(b0.host) {
 		t.Error("old bundle's Host still runs after the reload")
 	}
 	l.waitDecisions(t, 3, 1000)
@@ -468,7 +468,9 @@ func TestReloadAwayFromPluginStopsIt(t *testing.T) {
 	}
 	l.phase.Store(1)
 	l.waitDecisions(t, 1, 200)
-	if calls := b0.Host.Stats("example").Calls; calls < 400 {
+	if ps := b0.Plugins(); len(ps) != 1 || ps[0].Name != "example" || !ps[0].Started || ps[0].Status != supervisor.StatusUp {
+		t.Errorf("plugins %+v, want example started and up", ps)
+	} else if calls := ps[0].Stats.Calls; calls < 400 {
 		t.Errorf("plugin served %d calls, want >= 400", calls)
 	}
 
@@ -481,10 +483,10 @@ func TestReloadAwayFromPluginStopsIt(t *testing.T) {
 	if got := pluginPIDs(); len(got) > 0 {
 		t.Errorf("plugin processes %v still run after the reload away from the plugin", got)
 	}
-	if !hostClosed(b0.Host) {
+	if !hostClosed(b0.host) {
 		t.Error("old bundle's Host still runs after the reload")
 	}
-	if st := b0.Host.Stats("example"); st.Fallbacks != 0 {
+	if st := b0.Plugins()[0].Stats; st.Fallbacks != 0 {
 		t.Errorf("plugin stats %+v: calls failed", st)
 	}
 	l.waitDecisions(t, 3, 200)

@@ -189,6 +189,44 @@ func TestReplayWithPluginsIsDeterministic(t *testing.T) {
 	}
 }
 
+// TestReplayCompareFilesSharingAPlugin: --compare of two files that
+// declare the same plugin block (two versions of one policy) runs each
+// with plugin processes of its own; a Host shared by the files refused
+// the second start ("already started").
+func TestReplayCompareFilesSharingAPlugin(t *testing.T) {
+	a := policyWith(t, "plugin-example.hcl", "plugin-example")
+	src, err := os.ReadFile(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := writeFile(t, "plugin-example-copy.hcl", string(src))
+	rep := filepath.Join(t.TempDir(), "rep.json")
+	code, _, errOut := routerRun(t, "replay", "--compare", a+","+b, "--limit", "100", "--workers", "4", "--report", rep)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	raw, err := os.ReadFile(rep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reports []struct {
+		Policy    string `json:"policy"`
+		Completed int    `json:"completed"`
+		Fallbacks int64  `json:"fallbacks"`
+	}
+	if err := json.Unmarshal(raw, &reports); err != nil {
+		t.Fatal(err)
+	}
+	if len(reports) != 2 || reports[0].Policy != "plugin-example" || reports[1].Policy != "plugin-example-copy" {
+		t.Fatalf("reports %+v, want plugin-example and plugin-example-copy", reports)
+	}
+	for _, r := range reports {
+		if r.Completed != 100 || r.Fallbacks != 0 {
+			t.Errorf("%s: %d completed, %d fallbacks; want 100 and 0", r.Policy, r.Completed, r.Fallbacks)
+		}
+	}
+}
+
 // A plugin that cannot start fails the replay by default; with
 // on_start_failure = "fallback" the replay runs, every decision of the
 // policy that uses it is the fallback's, and the report counts them.

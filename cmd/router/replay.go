@@ -10,13 +10,13 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
-	"github.com/hashicorp/hcl/v2"
 	"github.com/spf13/cobra"
 
-	"github.com/switchyard-router/switchyard/router/catalog"
+	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/inputfile"
 	"github.com/switchyard-router/switchyard/router/replay"
@@ -287,28 +287,24 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		roles = []shared.Role{shared.RolePrefill, shared.RoleDecode}
 	}
 	// Load every policy before replaying any, so a broken file fails at
-	// once and the warnings come before the table.
-	// Plugin processes live for the whole command and are stopped, with
-	// their process groups, before it returns.
-	// Nothing of the host's may depend on the wall clock (docs/replay.md,
-	// "Plugins in replay"): a call waits for its answer instead of
-	// call_timeout, no circuit breaker opens for a while, and a failed
-	// call's warning is rate-limited by count, not by time, so a replay
-	// decides and logs the same every run.
-	host := supervisor.NewHost(supervisor.Options{
-		Logger:      pluginLogger(stderr),
-		CallTimeout: supervisor.ReplayCallTimeout,
-		Breaker:     supervisor.BreakerPolicy{Disabled: true},
-		FailureLog:  supervisor.FailureLogPolicy{Every: 1000},
-	})
-	defer shutdownHost(host)
-	bundles := make([]*config.Bundle, len(paths))
-	for i, path := range paths {
-		if bundles[i], err = loadPolicy(cmd.Context(), stderr, path, seed, host); err != nil {
+	// once and the warnings come before the table. Each file's plugin
+	// processes live until the command returns, and are stopped, with
+	// their process groups, before it does. Nothing of their Hosts may
+	// depend on the wall clock (router.LoadOptions.SimulatedTime).
+	bundles := make([]*router.Bundle, 0, len(paths))
+	defer func() {
+		for _, b := range bundles {
+			closeBundle(b)
+		}
+	}()
+	for _, path := range paths {
+		b, err := loadPolicy(cmd.Context(), stderr, path, seed)
+		if err != nil {
 			return &exitError{code: 1, err: err}
 		}
+		bundles = append(bundles, b)
 		if path != "" {
-			warnDefaultRoles(stderr, path, bundles[i], roles)
+			warnDefaultRoles(stderr, path, b, roles)
 		}
 	}
 
@@ -317,13 +313,13 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		b := bundles[i]
 		opts := replay.Options{
 			PolicyName:   policyName(path),
-			Roles:        b.Roles,
-			RolePolicies: b.RolePolicies,
-			BlockSize:    b.BlockSize,
+			Roles:        b.Config.Roles,
+			RolePolicies: b.Config.RolePolicies,
+			BlockSize:    b.BlockSize(),
 			TraceName:    traceName,
 			Records:      records,
 		}
-		if opts.Queue, opts.Classifier, err = admission(path, b); err != nil {
+		if opts.Queue, opts.Classifier, err = admission(b); err != nil {
 			return &exitError{code: 1, err: err}
 		}
 		if disagg {
@@ -334,13 +330,13 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		if perReq != nil {
 			opts.PerRequest = perReq
 		}
-		restartsBefore := pluginRestarts(host, b)
+		restartsBefore := pluginRestarts(b)
 		rep, err := replay.Run(cmd.Context(), opts)
 		if err != nil {
 			return &exitError{code: 1, err: err}
 		}
-		settlePlugins(cmd.Context(), host, b)
-		rep.PluginRestarts = pluginRestarts(host, b) - restartsBefore
+		settlePlugins(cmd.Context(), b)
+		rep.PluginRestarts = pluginRestarts(b) - restartsBefore
 		reports = append(reports, rep)
 	}
 
@@ -400,22 +396,16 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 
 // admission returns the queue block and the request classifier of b for
 // replay.Options: the queue only when the file has a queue block (the
-// bundle's DefaultQueue has a zero Range), so that a file without one
-// replays exactly as before, and the classifier's factory when the file
-// has a request_classifier.
-func admission(path string, b *config.Bundle) (config.Queue, shared.ClassifierFactory, error) {
+// default queue has a zero Range), so that a file without one replays
+// exactly as before, and the classifier's factory when the file has a
+// request_classifier.
+func admission(b *router.Bundle) (config.Queue, shared.ClassifierFactory, error) {
 	var q config.Queue
-	if b.Queue.Range.Filename != "" {
-		q = b.Queue
+	if bq := b.Queue(); bq.Range.Filename != "" {
+		q = bq
 	}
-	if b.Classifier == nil || b.Classifier.Instance == nil {
-		return q, nil, nil
-	}
-	f, ok := b.Classifier.Instance.(shared.ClassifierFactory)
-	if !ok {
-		return q, nil, fmt.Errorf("%s: request_classifier: %T is not a classifier factory", path, b.Classifier.Instance)
-	}
-	return q, f, nil
+	f, err := b.Classifier()
+	return q, f, err
 }
 
 // policyName labels a policy file in the table and the report: its base
@@ -432,10 +422,10 @@ func policyName(path string) string {
 // happens when the file's worker_selection does not set the role: replaying
 // round-robin.hcl disaggregated would otherwise silently compare the
 // default policy.
-func warnDefaultRoles(w io.Writer, path string, b *config.Bundle, roles []shared.Role) {
+func warnDefaultRoles(w io.Writer, path string, b *router.Bundle, roles []shared.Role) {
 	var fell []string
 	for _, role := range roles {
-		if b.RolePolicies[role] == config.DefaultPolicyName {
+		if b.PolicyName(role) == config.DefaultPolicyName {
 			fell = append(fell, string(role))
 		}
 	}
@@ -552,38 +542,28 @@ func noteNoPrefixHashes(w io.Writer, traceName string, records []trace.Record) {
 		"KV-aware policies (those reading CACHE, such as kv-cost) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName)
 }
 
-// loadPolicy loads the policy file at path (the default policy when empty),
-// printing warnings to stderr. seed, when set, overrides router.seed; when
-// neither gives one, replay.DefaultSeed seeds the policy, so a replay
-// repeats exactly by default.
-func loadPolicy(ctx context.Context, stderr io.Writer, path string, seed *int64, host config.PluginHost) (*config.Bundle, error) {
+// loadPolicy loads the policy file at path (the default policy when empty)
+// for a replay, printing warnings to stderr. seed, when set, overrides
+// router.seed; when neither gives one, replay.DefaultSeed seeds the
+// policy, so a replay repeats exactly by default.
+func loadPolicy(ctx context.Context, stderr io.Writer, path string, seed *int64) (*router.Bundle, error) {
 	def := int64(replay.DefaultSeed)
-	o := config.Options{Seed: seed, DefaultSeed: &def, Plugins: host, Context: ctx}
-	var (
-		b     *config.Bundle
-		diags hcl.Diagnostics
-		name  = path
-	)
-	if path == "" {
-		name = "default"
-		b, diags = config.LoadWith(name, nil, catalog.Default(), o)
-	} else {
-		b, diags = config.LoadFileWith(path, catalog.Default(), o)
-	}
-	if len(diags) > 0 {
-		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
-	}
-	if diags.HasErrors() || b == nil {
-		return nil, fmt.Errorf("%s: policy file has errors", name)
+	b, err := loadBundle(ctx, stderr, path, router.LoadOptions{Seed: seed, DefaultSeed: &def, SimulatedTime: true})
+	if err != nil {
+		name := path
+		if path == "" {
+			name = config.DefaultPolicyName
+		}
+		return nil, fmt.Errorf("%s: %w", name, err)
 	}
 	return b, nil
 }
 
-// pluginRestarts sums the restarts of the plugins b declares.
-func pluginRestarts(h *supervisor.Host, b *config.Bundle) int64 {
+// pluginRestarts sums the restarts of b's plugins.
+func pluginRestarts(b *router.Bundle) int64 {
 	var n int64
-	for _, p := range b.Plugins {
-		n += h.Stats(p.Name).Restarts
+	for _, p := range b.Plugins() {
+		n += p.Stats.Restarts
 	}
 	return n
 }
@@ -597,17 +577,10 @@ const settleTimeout = 5 * time.Second
 // part way through is often still in its restart backoff when the last
 // request is decided; waiting lets the report count the restart the
 // failure set off rather than race it.
-func settlePlugins(ctx context.Context, h *supervisor.Host, b *config.Bundle) {
+func settlePlugins(ctx context.Context, b *router.Bundle) {
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
-	for {
-		restarting := false
-		for _, p := range b.Plugins {
-			restarting = restarting || h.Status(p.Name) == supervisor.StatusRestarting
-		}
-		if !restarting {
-			return
-		}
+	for slices.ContainsFunc(b.Plugins(), func(p router.PluginState) bool { return p.Status == supervisor.StatusRestarting }) {
 		select {
 		case <-ctx.Done():
 			return

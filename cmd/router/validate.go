@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,9 +10,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/switchyard-router/switchyard/hosted"
-	"github.com/switchyard-router/switchyard/router/catalog"
+	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
-	"github.com/switchyard-router/switchyard/router/supervisor"
 )
 
 func newValidateCmd() *cobra.Command {
@@ -32,22 +32,18 @@ file:line:col and the exit status is 1.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(cmd.ErrOrStderr())})
-			defer shutdownHost(host)
-			b, diags := config.LoadFileWith(args[0], catalog.Default(), config.Options{Plugins: host, Context: cmd.Context()})
-			if len(diags) > 0 {
-				fmt.Fprint(cmd.ErrOrStderr(), config.FormatDiagnostics(diags))
-			}
-			if diags.HasErrors() || b == nil {
+			b, err := loadBundle(cmd.Context(), cmd.ErrOrStderr(), args[0], router.LoadOptions{})
+			if err != nil {
 				return &exitError{code: 1, err: errors.New("")}
 			}
-			return printBundle(cmd.OutOrStdout(), b)
+			defer closeBundle(b)
+			return printBundle(cmd.OutOrStdout(), b.Config)
 		},
 	}
 }
 
 // printBundle writes the per-role resolution of b.
-func printBundle(w io.Writer, b *config.Bundle) error {
+func printBundle(w io.Writer, b *config.PolicyFile) error {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%s: ok (block_size %d", b.Filename, b.BlockSize)
 	if b.Seed != nil {
@@ -105,4 +101,35 @@ func printBundle(w io.Writer, b *config.Bundle) error {
 	}
 	_, err := io.WriteString(w, sb.String())
 	return err
+}
+
+// loadBundle loads the policy file at path (the built-in default policy
+// when empty) through router.LoadBundle, the one loader of every command,
+// with its plugins' logs on stderr (pluginLogger) unless o sets a logger.
+// The diagnostics, warnings included, go to stderr at file:line:col; the
+// error (ErrNotLoaded) only says that the file did not load. The caller
+// closes the bundle (closeBundle).
+func loadBundle(ctx context.Context, stderr io.Writer, path string, o router.LoadOptions) (*router.Bundle, error) {
+	if o.Logger == nil {
+		o.Logger = pluginLogger(stderr)
+	}
+	b, diags := router.LoadBundle(ctx, path, o)
+	if len(diags) > 0 {
+		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
+	}
+	if diags.HasErrors() || b == nil {
+		return nil, errNotLoaded
+	}
+	return b, nil
+}
+
+// errNotLoaded is loadBundle's error: the diagnostics went to stderr.
+var errNotLoaded = errors.New("policy file has errors")
+
+// closeBundle closes b, stopping its plugins, bounded by shutdownGrace
+// whatever context the command had.
+func closeBundle(b *router.Bundle) {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	_ = b.Close(ctx)
 }

@@ -127,7 +127,7 @@ func (l *loader) instantiate(c *compDecl, role shared.Role, instName string, con
 	if !configure {
 		return out
 	}
-	info := shared.InstanceInfo{Name: instName, Role: role, BlockSize: l.bundle.BlockSize}
+	info := shared.InstanceInfo{Name: instName, Role: role, BlockSize: l.file.BlockSize}
 	inst, err := newInstance(t, info, out.Params)
 	if err != nil {
 		l.reportNew(c, err)
@@ -373,7 +373,7 @@ const SeedParam = "seed"
 // withSeed returns p with a derived seed added when SeedParam applies; key
 // identifies the instance ("decode picker "p" of policy "kv"", see seedKey).
 func (l *loader) withSeed(t *shared.TypeInfo, p shared.Params, key string) shared.Params {
-	if l.bundle.Seed == nil || p.Has(SeedParam) {
+	if l.file.Seed == nil || p.Has(SeedParam) {
 		return p
 	}
 	if spec, ok := t.Param(SeedParam); !ok || spec.Type != shared.Int {
@@ -385,7 +385,7 @@ func (l *loader) withSeed(t *shared.TypeInfo, p shared.Params, key string) share
 	}
 	h := fnv.New64a()
 	h.Write([]byte(key))
-	out[SeedParam] = *l.bundle.Seed ^ int64(h.Sum64())
+	out[SeedParam] = *l.file.Seed ^ int64(h.Sum64())
 	return out
 }
 

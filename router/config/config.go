@@ -37,10 +37,12 @@ const (
 // Roles lists the worker roles in the order worker_selection documents them.
 var Roles = []shared.Role{shared.RoleAggregated, shared.RolePrefill, shared.RoleDecode}
 
-// Bundle is what a policy file resolves to: the router settings, the
+// PolicyFile is what a policy file resolves to: the router settings, the
 // declared plugins, every policy instantiated, the policy serving each role,
-// and the request classifier.
-type Bundle struct {
+// the queue, the worker blocks and the request classifier. It is data: the
+// running form of the file (compiled policies, the plugin Host) is
+// router.Bundle, which LoadBundle builds from it.
+type PolicyFile struct {
 	// Filename is the name the file was loaded under; diagnostics and
 	// ranges refer to it.
 	Filename string
@@ -86,10 +88,14 @@ type Bundle struct {
 	Decls []*PolicyDecl
 }
 
+// Bundle is PolicyFile's former name, kept only until router/replay's
+// tests (being rewritten) name PolicyFile; new code names PolicyFile.
+type Bundle = PolicyFile
+
 // FailedPlugins returns the plugins whose start failed, in file order.
-func (b *Bundle) FailedPlugins() []Plugin {
+func (f *PolicyFile) FailedPlugins() []Plugin {
 	var out []Plugin
-	for _, p := range b.Plugins {
+	for _, p := range f.Plugins {
 		if p.Failed != nil {
 			out = append(out, p)
 		}
@@ -209,7 +215,7 @@ type Component struct {
 	Range hcl.Range
 }
 
-// PolicyDecl describes one policy of a Bundle as declared.
+// PolicyDecl describes one policy of a PolicyFile as declared.
 type PolicyDecl struct {
 	// Name is the policy name.
 	Name string
@@ -231,7 +237,7 @@ type PolicyDecl struct {
 	Used bool
 	// Roles are the roles that reach the policy, in Roles order.
 	Roles []shared.Role
-	// Policy is the instance Bundle.Policies holds (the first role's, or
+	// Policy is the instance PolicyFile.Policies holds (the first role's, or
 	// the empty role's for an unused policy); nil for an unused policy with
 	// out-of-process components.
 	Policy *shared.Policy
@@ -243,12 +249,12 @@ type PolicyDecl struct {
 
 // LoadFile reads and loads the policy file at path; see Load and
 // readFile for what files are read.
-func LoadFile(path string, cat *catalog.Catalog) (*Bundle, hcl.Diagnostics) {
+func LoadFile(path string, cat *catalog.Catalog) (*PolicyFile, hcl.Diagnostics) {
 	return LoadFileWith(path, cat, Options{})
 }
 
 // LoadFileWith is LoadFile with options (see LoadWith).
-func LoadFileWith(path string, cat *catalog.Catalog, o Options) (*Bundle, hcl.Diagnostics) {
+func LoadFileWith(path string, cat *catalog.Catalog, o Options) (*PolicyFile, hcl.Diagnostics) {
 	src, diags := readFile(path, "policy")
 	if diags != nil {
 		return nil, diags
@@ -290,11 +296,11 @@ func readFile(path, what string) ([]byte, hcl.Diagnostics) {
 // ending in ".json" is read as HCL's JSON syntax, anything else as native
 // HCL.
 //
-// On success the bundle is non-nil and the diagnostics hold only warnings
+// On success the PolicyFile is non-nil and the diagnostics hold only warnings
 // (unused policies or plugins, deprecated inputs). When any error is
-// reported the bundle is nil; every error is reported, not only the first.
+// reported it is nil; every error is reported, not only the first.
 // Load never panics on malformed input.
-func Load(filename string, src []byte, cat *catalog.Catalog) (*Bundle, hcl.Diagnostics) {
+func Load(filename string, src []byte, cat *catalog.Catalog) (*PolicyFile, hcl.Diagnostics) {
 	return LoadWith(filename, src, cat, Options{})
 }
 
@@ -332,7 +338,7 @@ type Options struct {
 }
 
 // LoadWith is Load with options.
-func LoadWith(filename string, src []byte, cat *catalog.Catalog, o Options) (*Bundle, hcl.Diagnostics) {
+func LoadWith(filename string, src []byte, cat *catalog.Catalog, o Options) (*PolicyFile, hcl.Diagnostics) {
 	if cat == nil {
 		cat = catalog.New()
 	}
@@ -363,5 +369,5 @@ func LoadWith(filename string, src []byte, cat *catalog.Catalog, o Options) (*Bu
 	if l.diags.HasErrors() {
 		return nil, l.diags
 	}
-	return l.bundle, l.diags
+	return l.file, l.diags
 }

@@ -78,7 +78,7 @@ func checkLoad(t *testing.T, src []byte, cat *catalog.Catalog, host PluginHost) 
 }
 
 // checkAcyclic fails when a fallback chain of b loops.
-func checkAcyclic(t *testing.T, b *Bundle) {
+func checkAcyclic(t *testing.T, b *PolicyFile) {
 	for name, p := range b.Policies {
 		seen := 0
 		for f := p; f != nil; f = f.Fallback {

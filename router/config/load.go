@@ -76,7 +76,7 @@ type loader struct {
 	filename string
 	cat      *catalog.Catalog
 	diags    hcl.Diagnostics
-	bundle   *Bundle
+	file     *PolicyFile
 
 	plugins []*pluginDecl
 	started bool // a host was given: plugins were started
@@ -113,7 +113,7 @@ func newLoader(filename string, cat *catalog.Catalog) *loader {
 	return &loader{
 		filename: filename,
 		cat:      cat,
-		bundle: &Bundle{
+		file: &PolicyFile{
 			Filename:     filename,
 			BlockSize:    DefaultBlockSize,
 			Policies:     make(map[string]*shared.Policy),
@@ -169,16 +169,16 @@ func (l *loader) load(body hcl.Body) {
 
 	if l.opts.Seed != nil {
 		seed := *l.opts.Seed
-		l.bundle.Seed = &seed
-	} else if l.bundle.Seed == nil && l.opts.DefaultSeed != nil {
+		l.file.Seed = &seed
+	} else if l.file.Seed == nil && l.opts.DefaultSeed != nil {
 		seed := *l.opts.DefaultSeed
-		l.bundle.Seed = &seed
+		l.file.Seed = &seed
 	}
 
 	// Decode and resolve everything first: which roles reach which policy
 	// decides how each is instantiated.
 	l.startPlugins()
-	l.bundle.Catalog = l.cat
+	l.file.Catalog = l.cat
 	l.buildDefault()
 	for _, blk := range policies {
 		l.policyBlock(blk)
@@ -200,7 +200,7 @@ func (l *loader) load(body hcl.Body) {
 	// Then instantiate: each policy once per role that reaches it.
 	l.instantiateAll()
 	if l.classifier != nil {
-		l.bundle.Classifier = l.instantiate(l.classifier, "", "request_classifier", true)
+		l.file.Classifier = l.instantiate(l.classifier, "", "request_classifier", true)
 	}
 	l.finish()
 }
@@ -215,13 +215,13 @@ func (l *loader) routerBlock(blk *hcl.Block) {
 					"block_size is the tokens per KV block and must be between 1 and %d, got %d; the Mooncake traces use %d.",
 					1<<30, v, DefaultBlockSize)
 			} else {
-				l.bundle.BlockSize = int(v)
+				l.file.BlockSize = int(v)
 			}
 		}
 	}
 	if attr, ok := content.Attributes["seed"]; ok {
 		if v, ok := l.intAttr(attr); ok {
-			l.bundle.Seed = &v
+			l.file.Seed = &v
 		}
 	}
 }
@@ -383,7 +383,7 @@ func (l *loader) restartBlock(blk *hcl.Block, r *RestartPolicy) {
 	}
 }
 
-// selectRoles resolves worker_selection and fills Bundle.Roles.
+// selectRoles resolves worker_selection and fills PolicyFile.Roles.
 func (l *loader) selectRoles(blk *hcl.Block) {
 	names := make(map[shared.Role]string)
 	ranges := make(map[shared.Role]*hcl.Attribute)
@@ -435,7 +435,7 @@ func (l *loader) selectRoles(blk *hcl.Block) {
 				role, DefaultScorerType, DefaultPickerType)
 			continue
 		}
-		l.bundle.RolePolicies[role] = name
+		l.file.RolePolicies[role] = name
 	}
 }
 
@@ -493,19 +493,19 @@ func (l *loader) checkName(what, name string, rng hcl.Range) bool {
 	return false
 }
 
-// finish copies the loader's results into the bundle.
+// finish copies the loader's results into the PolicyFile.
 func (l *loader) finish() {
 	for _, p := range l.plugins {
-		l.bundle.Plugins = append(l.bundle.Plugins, p.Plugin)
+		l.file.Plugins = append(l.file.Plugins, p.Plugin)
 	}
 	for _, d := range l.allDecls() {
 		if d.policy != nil {
-			l.bundle.Policies[d.name] = d.policy
+			l.file.Policies[d.name] = d.policy
 		}
-		l.bundle.Decls = append(l.bundle.Decls, d.export())
+		l.file.Decls = append(l.file.Decls, d.export())
 	}
 	for _, role := range Roles {
-		name, ok := l.bundle.RolePolicies[role]
+		name, ok := l.file.RolePolicies[role]
 		if !ok {
 			continue
 		}
@@ -514,7 +514,7 @@ func (l *loader) finish() {
 			d = l.byName[name]
 		}
 		if p := d.instances[role]; p != nil {
-			l.bundle.Roles[role] = p
+			l.file.Roles[role] = p
 		}
 	}
 }

@@ -101,7 +101,7 @@ func pdHost() *fakeHost {
 	return h
 }
 
-func loadWithHost(t *testing.T, h PluginHost, src string) (*Bundle, hcl.Diagnostics) {
+func loadWithHost(t *testing.T, h PluginHost, src string) (*PolicyFile, hcl.Diagnostics) {
 	t.Helper()
 	b, diags := LoadWith("t.hcl", []byte(src), testCatalog(t), Options{Plugins: h})
 	if diags.HasErrors() != (b == nil) {

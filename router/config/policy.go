@@ -39,7 +39,7 @@ type policyDecl struct {
 	used          bool
 
 	instances map[shared.Role]*shared.Policy // by role; "" for an unused policy
-	policy    *shared.Policy                 // the instance Bundle.Policies holds
+	policy    *shared.Policy                 // the instance PolicyFile.Policies holds
 	repComps  []*Component                   // the components of the first instance
 }
 
@@ -301,7 +301,7 @@ func (l *loader) fallbackPicker(d *policyDecl, role shared.Role) (*shared.Policy
 		return nil, false
 	}
 	key := seedKey(role, fmt.Sprintf("fallback picker %s of policy %s", name, d.name))
-	info := shared.InstanceInfo{Name: instanceName(role, d.name, "fallback"), Role: role, BlockSize: l.bundle.BlockSize}
+	info := shared.InstanceInfo{Name: instanceName(role, d.name, "fallback"), Role: role, BlockSize: l.file.BlockSize}
 	inst, err := newInstance(&e.TypeInfo, info, e.WithDefaults(l.withSeed(&e.TypeInfo, nil, key)))
 	if err != nil {
 		subject := hcl.Range{Filename: l.filename, Start: hcl.InitialPos, End: hcl.InitialPos}
@@ -390,7 +390,7 @@ func indexOf(ds []*policyDecl, d *policyDecl) int {
 // fallbacks, and warns about the declared policies nothing reaches.
 func (l *loader) markUsed() {
 	for _, role := range Roles {
-		name, ok := l.bundle.RolePolicies[role]
+		name, ok := l.file.RolePolicies[role]
 		if !ok {
 			continue
 		}

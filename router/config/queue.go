@@ -92,7 +92,7 @@ var queueClassSchema = &hcl.BodySchema{
 	},
 }
 
-// queueBlock decodes the queue block into the bundle.
+// queueBlock decodes the queue block into the PolicyFile.
 func (l *loader) queueBlock(blk *hcl.Block) {
 	q := Queue{Aging: DefaultAging, Range: blk.DefRange}
 	content, diags := blk.Body.Content(queueSchema)
@@ -179,7 +179,7 @@ func (l *loader) queueBlock(blk *hcl.Block) {
 		l.warnf(subject, "Strict priority can starve requests",
 			"With aging = \"0s\" a low-priority request waits as long as higher priorities keep arriving. Set aging (for example \"1s\") to bound every wait.")
 	}
-	l.bundle.Queue = q
+	l.file.Queue = q
 }
 
 // String renders a queue for messages: "2 classes, aging 1s, max_active_requests 64".

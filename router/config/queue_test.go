@@ -11,7 +11,7 @@ import (
 )
 
 func TestQueueBlock(t *testing.T) {
-	load := func(src string) (*Bundle, string) {
+	load := func(src string) (*PolicyFile, string) {
 		b, diags := Load("q.hcl", []byte(src), testCatalog(t))
 		return b, FormatDiagnostics(diags)
 	}

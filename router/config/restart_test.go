@@ -9,7 +9,7 @@ import (
 )
 
 func TestRestartBlock(t *testing.T) {
-	load := func(body string) (*Bundle, string) {
+	load := func(body string) (*PolicyFile, string) {
 		src := "plugin \"p\" {\n  command = \"bin/x\"\n" + body + "}\n"
 		b, diags := Load("r.hcl", []byte(src), testCatalog(t))
 		return b, FormatDiagnostics(diags)

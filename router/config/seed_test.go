@@ -29,7 +29,7 @@ worker_selection {
 		params := p.Picker.(*testPicker).params
 		return params.Int(SeedParam, 0), params.Has(SeedParam)
 	}
-	load := func(src string) *Bundle {
+	load := func(src string) *PolicyFile {
 		t.Helper()
 		b, diags := Load("t.hcl", []byte(src), cat)
 		if diags.HasErrors() {

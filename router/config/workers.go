@@ -116,20 +116,20 @@ func ParseWorkers(filename string, src []byte) ([]Worker, hcl.Diagnostics) {
 	if l.diags.HasErrors() {
 		return nil, l.diags
 	}
-	ws := l.bundle.Workers
+	ws := l.file.Workers
 	if ws == nil {
 		ws = []Worker{}
 	}
 	return ws, l.diags
 }
 
-// workerBlock decodes one worker block into Bundle.Workers; a block with
+// workerBlock decodes one worker block into PolicyFile.Workers; a block with
 // an error is left out.
 func (l *loader) workerBlock(blk *hcl.Block) {
 	name := blk.Labels[0]
 	ok := l.checkName("worker", name, blk.LabelRanges[0])
 	if ok {
-		for _, o := range l.bundle.Workers {
+		for _, o := range l.file.Workers {
 			if o.Name == name {
 				l.errorf(blk.LabelRanges[0], "Duplicate worker",
 					"Worker %q is already declared at %s; rename or remove one of them.", name, pos(o.Range))
@@ -185,7 +185,7 @@ func (l *loader) workerBlock(blk *hcl.Block) {
 		}
 	}
 	if ok && len(l.diags.Errs()) == errorsBefore {
-		l.bundle.Workers = append(l.bundle.Workers, w)
+		l.file.Workers = append(l.file.Workers, w)
 	}
 }
 

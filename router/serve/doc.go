@@ -6,6 +6,11 @@
 // ends: the body's end, a worker error, the client leaving before or after
 // the headers, or the request timeout.
 //
+// Server is the front end; Daemon is all of `router serve` but its
+// flags: it loads the policy file, builds the Router and the workers'
+// Manager, watches the workers file, reloads on SIGHUP (and on change),
+// and runs the Server until its context ends.
+//
 // Endpoints:
 //
 //	POST /v1/chat/completions  routed, streamed or not

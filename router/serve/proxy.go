@@ -309,8 +309,8 @@ func (s *Server) observeSelection(policy string, role shared.Role, d time.Durati
 		return
 	}
 	if policy == "" {
-		if b := s.r.Bundle(); b != nil && b.Config != nil {
-			policy = b.Config.RolePolicies[role]
+		if b := s.r.Bundle(); b != nil {
+			policy = b.PolicyName(role)
 		}
 	}
 	s.met.selection.WithLabelValues(policy, string(role)).Observe(d.Seconds())

@@ -440,20 +440,17 @@ func (s *Server) readiness() Readiness {
 	b := s.r.Bundle()
 	if b == nil {
 		a.Policy.State = "router closed"
-	} else if b.Config != nil {
-		a.Policy.File = b.Config.Filename
-		for _, p := range b.Config.Plugins {
-			pr := PluginReadiness{Name: p.Name, State: "up", Status: supervisor.StatusUnknown.String()}
-			switch {
-			case p.Failed != nil:
+	} else {
+		a.Policy.File = b.Filename()
+		for _, p := range b.Plugins() {
+			pr := PluginReadiness{Name: p.Name, State: "up", Status: p.Status.String()}
+			if !p.Started {
 				pr.Status = "not started"
-			case b.Host != nil:
-				pr.Status = b.Host.Status(p.Name).String()
 			}
 			switch {
-			case pr.Status != supervisor.StatusUp.String():
+			case !p.Started || p.Status != supervisor.StatusUp:
 				pr.State = pluginFallback
-			case b.Host != nil && b.Host.BreakerOpen(p.Name):
+			case p.BreakerOpen:
 				pr.State = pluginFallback + " (circuit breaker open)"
 			}
 			a.Plugins = append(a.Plugins, pr)

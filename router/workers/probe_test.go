@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -245,7 +246,7 @@ func TestReadinessChangesLoggedOnce(t *testing.T) {
 // metrics appear its load is known again.
 func TestMetrics404IsReadyByHealth(t *testing.T) {
 	m, logs := infoManager(t, Options{ScrapeInterval: every})
-	r := m.r
+	r := m.r.(*router.Router)
 	sgl, v := newEngine(t, sglangMetrics), newEngine(t, vllmMetrics)
 	sgl.noMetrics.Store(true)
 	if err := m.Sync([]config.Worker{worker("sgl", sgl, "m"), worker("v", v, "m")}); err != nil {

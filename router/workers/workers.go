@@ -65,7 +65,6 @@ import (
 	"github.com/hashicorp/hcl/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/shared"
@@ -151,9 +150,19 @@ type Status struct {
 	Reason string
 }
 
+// Membership is what a Manager changes: the fleet of the Router
+// (*router.Router implements it). AddWorker joins a worker as a new
+// generation (fleet.Fleet.AddWorker's rules: an id already present is
+// replaced); RemoveWorker takes the worker (id, data-parallel rank) out of
+// the candidate set, its requests in flight finishing on their generation.
+type Membership interface {
+	AddWorker(s fleet.Spec) (*fleet.Worker, error)
+	RemoveWorker(id shared.WorkerID, rank uint32) error
+}
+
 // Manager owns the Router's membership. Safe for concurrent use.
 type Manager struct {
-	r   *router.Router
+	r   Membership
 	o   Options
 	log hclog.Logger
 
@@ -196,7 +205,7 @@ type entry struct {
 // NewManager returns a Manager of r's membership with no workers; Sync
 // adds them. r's fleet must not be changed by anyone else while the
 // Manager is in use.
-func NewManager(r *router.Router, o Options) (*Manager, error) {
+func NewManager(r Membership, o Options) (*Manager, error) {
 	if r == nil {
 		return nil, errors.New("workers: nil router")
 	}

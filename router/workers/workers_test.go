@@ -3,6 +3,7 @@ package workers
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -694,5 +695,85 @@ func TestSyncDuplicateNamesBothBlocks(t *testing.T) {
 	}
 	if got := names(r, "llama", shared.RoleAggregated); len(got) != 0 {
 		t.Errorf("members after refused Syncs = %v, want none", got)
+	}
+}
+
+// The Router is the Membership serve hands the Manager.
+var _ Membership = (*router.Router)(nil)
+
+// recordingMembership is a Membership over a real fleet that records the
+// Manager's calls and refuses joins while refuse is set.
+type recordingMembership struct {
+	f      *fleet.Fleet
+	refuse atomic.Bool
+	mu     sync.Mutex
+	calls  []string
+}
+
+func (r *recordingMembership) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
+	r.mu.Lock()
+	r.calls = append(r.calls, "add "+s.Name)
+	r.mu.Unlock()
+	if r.refuse.Load() {
+		return nil, errors.New("the fleet refuses it")
+	}
+	return r.f.AddWorker(s)
+}
+
+func (r *recordingMembership) RemoveWorker(id shared.WorkerID, rank uint32) error {
+	r.mu.Lock()
+	r.calls = append(r.calls, fmt.Sprintf("remove %d/%d", id, rank))
+	r.mu.Unlock()
+	return r.f.RemoveWorker(id, rank)
+}
+
+func (r *recordingMembership) callsAre(want ...string) func() bool {
+	return func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return slices.Equal(r.calls, want)
+	}
+}
+
+// TestManagerOverMembership drives a Manager over a Membership that is not
+// a Router: it joins a worker at its first good probe (once), removes it
+// when its probes fail, and while the membership refuses the join says
+// why in the worker's status and retries at later probes.
+func TestManagerOverMembership(t *testing.T) {
+	mem := &recordingMembership{f: fleet.New()}
+	m, err := NewManager(mem, Options{ScrapeInterval: fast, Logger: hclog.NewNullLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	e := newEngine(t, vllmMetrics)
+	if err := m.Sync([]config.Worker{worker("a", e, "m")}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a joined", mem.callsAre("add a"))
+	if st, _ := m.StatusOf("a"); !st.Ready || st.ID != ID("a") || st.Member == nil || st.Member.Name != "a" {
+		t.Errorf("a status %+v, want ready as member a", st)
+	}
+
+	mem.refuse.Store(true)
+	e.failing.Store(true)
+	removed := fmt.Sprintf("remove %d/0", ID("a"))
+	eventually(t, "a removed", mem.callsAre("add a", removed))
+	e.failing.Store(false)
+	eventually(t, "a refused", func() bool {
+		st, _ := m.StatusOf("a")
+		return !st.Ready && st.Reason == "cannot join the fleet: the fleet refuses it"
+	})
+	mem.refuse.Store(false)
+	eventually(t, "a back", func() bool { st, _ := m.StatusOf("a"); return st.Ready })
+	mem.mu.Lock()
+	calls := slices.Clone(mem.calls)
+	mem.mu.Unlock()
+	// add a, remove, then one refused add or more, then the add that took.
+	if len(calls) < 4 || calls[len(calls)-1] != "add a" || calls[len(calls)-2] != "add a" {
+		t.Errorf("calls %v, want add, remove, refused adds, add", calls)
+	}
+	if p := mem.f.Snapshot().ModelPartition("m", shared.RoleAggregated); p == nil || len(p.Workers) != 1 || p.Workers[0].Name != "a" {
+		t.Errorf("fleet partition %+v, want a alone", p)
 	}
 }

@@ -1,0 +1,150 @@
+package router
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/supervisor"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// accessorsHCL has a plugin that cannot start (under fallback), a
+// prefill policy, a queue block, a request_classifier and two workers.
+const accessorsHCL = `plugin "gone" {
+  command          = "/nonexistent/switchyard-plugin"
+  on_start_failure = "fallback"
+}
+
+policy "rr" {
+  picker "rr" {
+    type = "round-robin"
+  }
+}
+
+worker_selection {
+  prefill = "rr"
+}
+
+queue {
+  max_active_requests = 8
+  class "interactive" {}
+}
+
+request_classifier {
+  type = "header-priority"
+}
+
+worker "a" {
+  url             = "http://127.0.0.1:1"
+  models          = ["m"]
+  total_kv_blocks = 10
+}
+
+worker "b" {
+  url             = "http://127.0.0.1:2"
+  role            = "prefill"
+  models          = ["m"]
+  total_kv_blocks = 20
+}
+`
+
+// TestBundleAccessors: what a running router reads of a loaded bundle
+// comes through its methods, and a NewBundle bundle answers them with
+// its defaults.
+func TestBundleAccessors(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.hcl")
+	writeFile(t, path, accessorsHCL)
+	b, diags := LoadBundle(context.Background(), path, LoadOptions{})
+	if diags.HasErrors() {
+		t.Fatal(config.FormatDiagnostics(diags))
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+
+	if b.Filename() != path {
+		t.Errorf("Filename %q, want %q", b.Filename(), path)
+	}
+	for role, want := range map[shared.Role]string{
+		shared.RoleAggregated: config.DefaultPolicyName, shared.RolePrefill: "rr", shared.RoleDecode: config.DefaultPolicyName,
+	} {
+		if got := b.PolicyName(role); got != want {
+			t.Errorf("PolicyName(%s) %q, want %q", role, got, want)
+		}
+	}
+	ws := b.Workers()
+	if len(ws) != 2 || ws[0].Name != "a" || ws[1].Name != "b" || ws[1].Role != shared.RolePrefill || ws[1].TotalKVBlocks != 20 {
+		t.Fatalf("Workers %+v, want a then b (prefill, 20 blocks)", ws)
+	}
+	ws[0].Name = "changed"
+	if b.Workers()[0].Name != "a" {
+		t.Error("Workers returned the bundle's own slice")
+	}
+	q := b.Queue()
+	if q.MaxActiveRequests != 8 || len(q.Classes) != 1 || q.Classes[0].Name != "interactive" {
+		t.Errorf("Queue %+v, want the file's", q)
+	}
+	if f, err := b.Classifier(); err != nil || f == nil {
+		t.Errorf("Classifier %v, %v, want header-priority's factory", f, err)
+	}
+	want := []PluginState{{Name: "gone", Started: false, Status: supervisor.StatusUnknown}}
+	if got := b.Plugins(); !slices.Equal(got, want) {
+		t.Errorf("Plugins %+v, want %+v", got, want)
+	}
+
+	nb, err := NewBundle(map[shared.Role]*shared.Policy{shared.RoleAggregated: {Name: "p", Picker: highestID{}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nb.Filename() != "" || nb.PolicyName(shared.RoleAggregated) != "" || nb.Workers() != nil || nb.Plugins() != nil {
+		t.Errorf("NewBundle: filename %q policy %q workers %v plugins %v, want none", nb.Filename(), nb.PolicyName(shared.RoleAggregated), nb.Workers(), nb.Plugins())
+	}
+	if q := nb.Queue(); q.DefaultClass != config.DefaultQueue().DefaultClass || len(q.Classes) != 1 {
+		t.Errorf("NewBundle queue %+v, want the default queue", q)
+	}
+	if f, err := nb.Classifier(); f != nil || err != nil {
+		t.Errorf("NewBundle classifier %v, %v, want none", f, err)
+	}
+}
+
+// TestLoadBundleDefaultPolicy: an empty path loads the built-in default
+// policy under its name.
+func TestLoadBundleDefaultPolicy(t *testing.T) {
+	b, diags := LoadBundle(context.Background(), "", LoadOptions{})
+	if diags.HasErrors() || b == nil {
+		t.Fatal(config.FormatDiagnostics(diags))
+	}
+	t.Cleanup(func() { _ = b.Close(context.Background()) })
+	if b.Filename() != config.DefaultPolicyName || b.PolicyName(shared.RoleAggregated) != config.DefaultPolicyName {
+		t.Errorf("filename %q, aggregated policy %q, want both %q", b.Filename(), b.PolicyName(shared.RoleAggregated), config.DefaultPolicyName)
+	}
+	if b.BlockSize() != config.DefaultBlockSize {
+		t.Errorf("block size %d, want %d", b.BlockSize(), config.DefaultBlockSize)
+	}
+}
+
+// TestPluginsReportsARunningPlugin: Plugins reads the Host's state of a
+// started plugin (up, breaker closed, its calls counted) and, once the
+// bundle is closed, the plugin's stop.
+func TestPluginsReportsARunningPlugin(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "p.hcl")
+	writeFile(t, path, pluginHCL("queue-depth"))
+	b, diags := LoadBundle(context.Background(), path, LoadOptions{SimulatedTime: true})
+	if diags.HasErrors() {
+		t.Fatal(config.FormatDiagnostics(diags))
+	}
+	ps := b.Plugins()
+	if len(ps) != 1 || ps[0].Name != "example" || !ps[0].Started || ps[0].Status != supervisor.StatusUp || ps[0].BreakerOpen {
+		t.Fatalf("Plugins %+v, want example started, up, breaker closed", ps)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := b.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if ps := b.Plugins(); ps[0].Status != supervisor.StatusStopped {
+		t.Errorf("after Close: status %v, want stopped", ps[0].Status)
+	}
+}

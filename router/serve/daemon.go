@@ -1,0 +1,428 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"os"
+	"os/signal"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/hcl/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/filewatch"
+	"github.com/switchyard-router/switchyard/router/workers"
+)
+
+// RouterCloseTimeout bounds the Router's close when a Daemon stops (the
+// bundle's drain and its plugins' shutdown), after the server drained.
+const RouterCloseTimeout = 10 * time.Second
+
+// Errors of a Daemon. Callers branch on them with errors.Is.
+var (
+	// ErrNotLoaded: the policy file or the workers file does not load at
+	// start; the error names the file ("policy.hcl does not load") and its
+	// diagnostics went to DaemonOptions.Diagnostics.
+	ErrNotLoaded = errors.New("does not load")
+	// ErrNotRunning: Reload before the Daemon is ready (OnReady) or
+	// after Run returned.
+	ErrNotRunning = errors.New("serve: the daemon is not running")
+	// ErrReloadFailed: the policy file did not reload (it does not load,
+	// or sets another router.block_size); the running policies and
+	// workers stay.
+	ErrReloadFailed = errors.New("policy file not reloaded; the running policies and workers stay")
+	// ErrPartialReload: the policy file reloaded (its policies decide
+	// now) but the workers could not be set from it and the workers file
+	// (the workers file does not load, or the two repeat a name); the
+	// previous workers stay until a reload or a workers file change
+	// succeeds.
+	ErrPartialReload = errors.New("policy file reloaded, but the workers were not updated; the previous workers stay")
+)
+
+// DaemonOptions configure a Daemon: what `router serve`'s flags say.
+type DaemonOptions struct {
+	// PolicyFile is the policy file (required): its policies decide, its
+	// worker blocks are workers, its queue block is the queue.
+	PolicyFile string
+	// WorkersFile, when set, is a file of worker blocks
+	// (config.LoadWorkers), watched for the daemon's life: the workers are
+	// the policy file's worker blocks followed by this file's.
+	WorkersFile string
+	// Watch also reloads the policy file whenever its content changes
+	// (router.ReloaderOptions.Watch); a reload signal reloads it either
+	// way.
+	Watch bool
+	// Listener is where the API is served (required). Run closes it.
+	Listener net.Listener
+	// DebugListener, when set, serves Go's profiler (net/http/pprof under
+	// /debug/pprof/), never reachable on Listener. Run closes it.
+	DebugListener net.Listener
+	// RequestTimeout, DrainTimeout and CharsPerToken are the Server's
+	// (Options; zero takes the defaults there).
+	RequestTimeout time.Duration
+	DrainTimeout   time.Duration
+	CharsPerToken  int
+	// ScrapeInterval is each worker's probe period and timeout
+	// (workers.DefaultScrapeInterval when zero).
+	ScrapeInterval time.Duration
+	// Logger receives the router's, the workers' and the server's logs;
+	// nil discards them.
+	Logger hclog.Logger
+	// Diagnostics receives the diagnostics of the policy file and the
+	// workers file loaded at start (warnings too), one per line at
+	// file:line:col (config.FormatDiagnostics); nil logs them. Those of
+	// later reloads are logged.
+	Diagnostics io.Writer
+	// Signals, when set, is the channel whose values reload the policy
+	// file; nil subscribes SIGHUP for Run's whole life, so that a SIGHUP
+	// never ends the process while Run runs.
+	Signals <-chan os.Signal
+	// Registry receives every metric and is served on /metrics; nil: a
+	// new registry with Go's runtime and process collectors.
+	Registry *prometheus.Registry
+	// OnReady, when set, is called on Run's goroutine once the daemon is
+	// ready, just before it serves: the policy file is loaded, the workers
+	// are set (not yet probed), reloads are armed (the signal is caught
+	// and, with Watch, the file watched) and the listeners accept. `router
+	// serve` prints its "listening" line here.
+	OnReady func()
+}
+
+// Daemon is `router serve` without its command line: Run loads the
+// policy file (router.LoadBundle), builds the Router with admission and a
+// workers.Manager of its fleet, sets the workers from the policy file's
+// worker blocks and the workers file, watches the workers file, reloads
+// the policy file on a signal (and with Watch on change), and serves the
+// API (Server) until its context ends, then drains and stops the
+// plugins. Reload reloads on demand.
+type Daemon struct {
+	o   DaemonOptions
+	log hclog.Logger
+
+	started atomic.Bool
+	ready   chan struct{} // closed once Run is ready (before OnReady)
+	stopped chan struct{} // closed when Run returns
+
+	// Set by Run before ready is closed, read-only after.
+	r     *router.Router
+	mgr   *workers.Manager
+	srv   *Server
+	queue config.Queue // the running queue's settings
+
+	// syncMu serialises reading the membership (the current bundle's
+	// worker blocks, the workers file) with Syncing it, so a later read
+	// is never overwritten by an earlier one.
+	syncMu sync.Mutex
+}
+
+// NewDaemon checks o and returns a Daemon; Run starts it.
+func NewDaemon(o DaemonOptions) (*Daemon, error) {
+	if o.PolicyFile == "" {
+		return nil, errors.New("serve: daemon: no policy file")
+	}
+	if o.Listener == nil {
+		return nil, errors.New("serve: daemon: no listener")
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	return &Daemon{o: o, log: o.Logger, ready: make(chan struct{}), stopped: make(chan struct{})}, nil
+}
+
+// Run runs the daemon until ctx ends, then shuts down: the server drains
+// (DrainTimeout), watches and reloads stop, and the Router is closed
+// (RouterCloseTimeout), stopping the plugins. It returns nil after a
+// shutdown. A policy or workers file that does not load is an error
+// wrapping ErrNotLoaded; a watch that cannot be set up, a listener that
+// fails, or a Router that cannot be built are errors too. Run runs once;
+// it closes the listeners whatever happens.
+func (d *Daemon) Run(ctx context.Context) error {
+	if !d.started.CompareAndSwap(false, true) {
+		return errors.New("serve: daemon: Run called twice")
+	}
+	defer close(d.stopped)
+	o := d.o
+	defer func() {
+		_ = o.Listener.Close()
+		if o.DebugListener != nil {
+			_ = o.DebugListener.Close()
+		}
+	}()
+	signals := o.Signals
+	if signals == nil {
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		signals = hup
+	}
+	reg := o.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+
+	load := router.LoadOptions{Logger: d.log, Registerer: reg}
+	b, diags := router.LoadBundle(ctx, o.PolicyFile, load)
+	d.diagnostics(diags)
+	if diags.HasErrors() || b == nil {
+		return fmt.Errorf("%s %w", o.PolicyFile, ErrNotLoaded)
+	}
+	r, err := d.newRouter(ctx, b, reg, load)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RouterCloseTimeout)
+		defer cancel()
+		if err := r.Close(cctx); err != nil {
+			d.log.Warn("plugins did not stop cleanly", "error", err)
+		}
+	}()
+	mgr, err := workers.NewManager(r, workers.Options{Logger: d.log, Registerer: reg, ScrapeInterval: o.ScrapeInterval})
+	if err != nil {
+		return err
+	}
+	defer mgr.Close()
+	d.r, d.mgr = r, mgr
+	// The workers file is watched from before its first load, so a change
+	// made while the router starts is not lost.
+	var workersWatch *filewatch.Watcher
+	if o.WorkersFile != "" {
+		if workersWatch, err = filewatch.New(o.WorkersFile, workers.DefaultDebounce); err != nil {
+			return fmt.Errorf("workers file: %w", err)
+		}
+		defer func() { _ = workersWatch.Close() }()
+	}
+	_, wdiags, err := d.syncWorkers()
+	d.diagnostics(wdiags)
+	if err != nil {
+		return err
+	}
+	if d.srv, err = New(Options{
+		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log,
+		RequestTimeout: o.RequestTimeout, DrainTimeout: o.DrainTimeout, CharsPerToken: o.CharsPerToken,
+	}); err != nil {
+		return err
+	}
+	reloader, err := router.NewReloader(r, router.ReloaderOptions{
+		Path: o.PolicyFile, Watch: o.Watch, Logger: d.log, Signals: signals,
+		OnReload: func(diags hcl.Diagnostics) { _ = d.afterReload(diags) },
+	})
+	if err != nil {
+		return err
+	}
+
+	bg, stopBG := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		stopBG()
+		wg.Wait()
+	}()
+	reloadErr := make(chan error, 1)
+	wg.Go(func() { reloadErr <- reloader.Run(bg) })
+	// Reloads are armed (the signal read, the watch watching) before the
+	// daemon is ready (OnReady): a change from then on is not lost.
+	select {
+	case <-reloader.Ready():
+	case err := <-reloadErr:
+		return fmt.Errorf("policy file: %w", err)
+	}
+	if workersWatch != nil {
+		wg.Go(func() { d.watchWorkers(bg, workersWatch) })
+	}
+	if o.DebugListener != nil {
+		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log) })
+	}
+	close(d.ready)
+	if o.OnReady != nil {
+		o.OnReady()
+	}
+	return d.srv.Serve(ctx, o.Listener)
+}
+
+// newRouter builds the Router over b with admission (b's queue; the
+// classifier is taken from the current bundle at each request, so a
+// reload that changes or removes request_classifier takes effect). b is
+// closed when the Router cannot be built.
+func (d *Daemon) newRouter(ctx context.Context, b *router.Bundle, reg prometheus.Registerer, load router.LoadOptions) (*router.Router, error) {
+	closeBundle := func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RouterCloseTimeout)
+		defer cancel()
+		_ = b.Close(cctx)
+	}
+	if _, err := b.Classifier(); err != nil {
+		closeBundle()
+		return nil, err
+	}
+	r, err := router.New(router.Options{Bundle: b, Registerer: reg, Logger: d.log, Load: load})
+	if err != nil {
+		closeBundle()
+		return nil, err
+	}
+	// The queue is built once (the Server's admission takes it): a reload
+	// that changes it is warned about.
+	d.queue = b.Queue()
+	return r, nil
+}
+
+// Reload reloads the policy file, as a reload signal does, and waits for
+// it: router.Router.Reload (a new bundle with fresh plugins, applied once
+// ready), then the workers are set from the new file's worker blocks and
+// the workers file. It returns nil when both applied; an error wrapping
+// ErrReloadFailed (with the diagnostics) when the file did not reload and
+// nothing changed; one wrapping ErrPartialReload when the new policies
+// decide but the workers could not be updated; ErrNotRunning outside
+// Run. ctx bounds the new plugins' starts. Reloads are serialised with
+// the signal's and the watch's.
+func (d *Daemon) Reload(ctx context.Context) error {
+	select {
+	case <-d.stopped:
+		return ErrNotRunning
+	default:
+	}
+	select {
+	case <-d.ready:
+	default:
+		return ErrNotRunning
+	}
+	d.log.Info("reloading the policy file", "path", d.o.PolicyFile, "cause", "Reload")
+	return d.afterReload(d.r.Reload(ctx, d.o.PolicyFile))
+}
+
+// afterReload finishes a reload whose diagnostics are diags (logged by
+// Router.Reload): it warns when the queue block changed, and sets the
+// workers again. See Reload for the error.
+func (d *Daemon) afterReload(diags hcl.Diagnostics) error {
+	if diags.HasErrors() {
+		return fmt.Errorf("%w: %s", ErrReloadFailed, strings.TrimSpace(config.FormatDiagnostics(diags)))
+	}
+	if b := d.r.Bundle(); b != nil && !reflect.DeepEqual(queueSettings(b.Queue()), queueSettings(d.queue)) {
+		d.log.Warn("the queue block changed; the running queue keeps its settings until a restart", "path", d.o.PolicyFile)
+	}
+	if _, wdiags, err := d.syncWorkers(); err != nil {
+		err = withDiagnostics(err, wdiags)
+		d.log.Error("policy reload half-applied: the new policies decide, but the workers were not updated; the previous workers stay",
+			"path", d.o.PolicyFile, "error", err)
+		return fmt.Errorf("%w: %w", ErrPartialReload, err)
+	}
+	d.srv.Wake()
+	return nil
+}
+
+// watchWorkers sets the workers again after each change w reports of the
+// workers file's content (router/filewatch: also a rename over it and a
+// Kubernetes ConfigMap `..data` swap), until ctx ends. Watch errors are
+// logged.
+//
+// workers.Manager.Watch is not used: it makes the workers file the whole
+// membership, dropping the policy file's worker blocks; here the
+// membership is both.
+func (d *Daemon) watchWorkers(ctx context.Context, w *filewatch.Watcher) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.Changes():
+			n, diags, err := d.syncWorkers()
+			if err != nil {
+				d.log.Error("workers file change not applied; the workers stay", "path", d.o.WorkersFile, "error", withDiagnostics(err, diags))
+				continue
+			}
+			d.log.Info("workers file reloaded", "path", d.o.WorkersFile, "workers", n)
+			d.srv.Wake()
+		case err := <-w.Errors():
+			d.log.Warn("watching the workers file", "path", d.o.WorkersFile, "error", err)
+		}
+	}
+}
+
+// syncWorkers makes the current bundle's worker blocks followed by the
+// workers file's the Manager's workers, and returns how many there are
+// and the workers file's diagnostics. A workers file that does not load
+// is an error wrapping ErrNotLoaded and changes nothing; so is a set the
+// Manager refuses (a repeated name).
+func (d *Daemon) syncWorkers() (int, hcl.Diagnostics, error) {
+	d.syncMu.Lock()
+	defer d.syncMu.Unlock()
+	b := d.r.Bundle()
+	if b == nil {
+		return 0, nil, router.ErrClosed
+	}
+	ws := b.Workers()
+	var diags hcl.Diagnostics
+	if d.o.WorkersFile != "" {
+		var fw []config.Worker
+		fw, diags = config.LoadWorkers(d.o.WorkersFile)
+		if diags.HasErrors() {
+			return 0, diags, fmt.Errorf("%s %w", d.o.WorkersFile, ErrNotLoaded)
+		}
+		ws = append(ws, fw...)
+	}
+	return len(ws), diags, d.mgr.Sync(ws)
+}
+
+// withDiagnostics adds the error diagnostics among diags to err's text.
+func withDiagnostics(err error, diags hcl.Diagnostics) error {
+	if !diags.HasErrors() {
+		return err
+	}
+	return fmt.Errorf("%w\n%s", err, strings.TrimSpace(config.FormatDiagnostics(diags)))
+}
+
+// diagnostics writes load diagnostics to DaemonOptions.Diagnostics, or
+// logs them.
+func (d *Daemon) diagnostics(diags hcl.Diagnostics) {
+	switch {
+	case len(diags) == 0:
+	case d.o.Diagnostics != nil:
+		fmt.Fprint(d.o.Diagnostics, config.FormatDiagnostics(diags))
+	case diags.HasErrors():
+		d.log.Error("load failed", "diagnostics", strings.TrimSpace(config.FormatDiagnostics(diags)))
+	default:
+		d.log.Warn("loaded with warnings", "diagnostics", strings.TrimSpace(config.FormatDiagnostics(diags)))
+	}
+}
+
+// serveDebug serves net/http/pprof's handlers on ln until ctx ends. It is
+// a listener of its own so that the profiler is never reachable on the
+// API address.
+func serveDebug(ctx context.Context, ln net.Listener, log hclog.Logger) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	stop := context.AfterFunc(ctx, func() { _ = hs.Close() })
+	defer stop()
+	if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		log.Warn("profiler listener stopped", "error", err)
+	}
+}
+
+// queueSettings is what of a queue block the running queue was built from
+// (its source range aside).
+func queueSettings(q config.Queue) config.Queue {
+	q.Range = hcl.Range{}
+	q.Classes = slices.Clone(q.Classes)
+	for i := range q.Classes {
+		q.Classes[i].Range = hcl.Range{}
+	}
+	return q
+}
