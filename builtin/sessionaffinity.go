@@ -45,8 +45,9 @@ const (
 // It learns bindings from lifecycle events, so each per-partition
 // classifier implements shared.EventListener: EventSent with a worker binds
 // the request's session to that worker (the last send wins), and
-// EventCompleted on the bound worker refreshes the binding. A binding
-// expires after ttl without a request, send or completion of its session;
+// EventCompleted on the bound worker refreshes the binding, each at the
+// event's time (Event.At, the router's clock). A binding expires after ttl
+// without a request, send or completion of its session;
 // at most max_sessions are kept, the least recently used evicted first; and
 // a binding to a worker no longer in the partition (PartitionContext.Workers
 // at classify time) is dropped.
@@ -72,6 +73,9 @@ func SessionAffinityType() shared.TypeInfo {
 				Doc: "Most sessions bound at once per partition (model and role); the least recently used is " +
 					"evicted to make room. In [1, 2^30]. Default 100000 (about 13 MB with 20-byte session ids)."},
 		},
+		// The per-partition classifiers listen, the factory does not: served
+		// out of process, the host forwards events only with this flag.
+		Events: true,
 		Doc: "Sets a session's requests' advisory target to the worker that served the session last, learned " +
 			"from lifecycle events; bindings expire after ttl idle, at most max_sessions are kept (LRU), and a " +
 			"removed worker's bindings are dropped.",
@@ -197,14 +201,19 @@ func (p *affinityPartition) Classify(_ context.Context, req *shared.Request) (sh
 		p.remove(i)
 		return shared.Classification{}, nil
 	}
-	b.last = now
-	p.toFront(i)
+	p.touch(i, now)
 	return shared.Classification{Target: b.worker, HasTarget: true}, nil
 }
 
 // OnEvents binds sessions on EventSent, refreshes them on EventCompleted at
-// the bound worker, and forgets a request when it ends. Events of requests
-// it did not classify (or without a session) are ignored.
+// the bound worker, and forgets a request when it ends. It dates bindings
+// by the events' time (Event.At; the partition's clock for an event
+// without one), not by their delivery, which lags: serve delivers from a
+// goroutine of its own, and a plugin may hear an event only after it has
+// seen a later request's clock. So a binding expires at the same moment in
+// process and out of process, and in replay at the same simulated time on
+// every run. Events of requests it did not classify (or without a session)
+// are ignored.
 func (p *affinityPartition) OnEvents(events []shared.Event) {
 	if len(events) == 0 {
 		return
@@ -218,15 +227,18 @@ func (p *affinityPartition) OnEvents(events []shared.Event) {
 		if !ok {
 			continue
 		}
+		at := ev.At
+		if at.IsZero() {
+			at = now
+		}
 		switch ev.Kind {
 		case shared.EventSent:
 			if ev.HasWorker {
-				p.bind(ps.session, ev.Worker, now)
+				p.bind(ps.session, ev.Worker, at)
 			}
 		case shared.EventCompleted:
 			if j, ok := p.index[ps.session]; ok && ev.HasWorker && p.slots[j].worker == ev.Worker {
-				p.slots[j].last = now
-				p.toFront(j)
+				p.touch(j, at)
 			}
 			delete(p.pending, ev.RequestID)
 		case shared.EventAborted:
@@ -254,16 +266,16 @@ func (p *affinityPartition) remember(id, session string, now time.Time) {
 	p.pending[id] = pendingSession{session: session, at: now}
 }
 
-// bind points session at worker, as most recently used. Called with mu held.
-func (p *affinityPartition) bind(session string, worker shared.WorkerID, now time.Time) {
+// bind points session at worker, as most recently used as of at. Called
+// with mu held.
+func (p *affinityPartition) bind(session string, worker shared.WorkerID, at time.Time) {
 	if i, ok := p.index[session]; ok {
 		p.slots[i].worker = worker
-		p.slots[i].last = now
-		p.toFront(i)
+		p.touch(i, at)
 		return
 	}
 	// Reclaim a few expired bindings from the cold end, then make room.
-	for k := 0; k < 2 && p.tail != nilSlot && now.Sub(p.slots[p.tail].last) > p.ttl; k++ {
+	for k := 0; k < 2 && p.tail != nilSlot && at.Sub(p.slots[p.tail].last) > p.ttl; k++ {
 		p.remove(p.tail)
 	}
 	if len(p.index) >= p.max {
@@ -277,9 +289,19 @@ func (p *affinityPartition) bind(session string, worker shared.WorkerID, now tim
 		i = int32(len(p.slots) - 1)
 	}
 	session = strings.Clone(session) // do not retain the request's buffers
-	p.slots[i] = binding{session: session, worker: worker, last: now, prev: nilSlot, next: nilSlot}
+	p.slots[i] = binding{session: session, worker: worker, last: at, prev: nilSlot, next: nilSlot}
 	p.index[session] = i
 	p.pushFront(i)
+}
+
+// touch makes binding i the most recently used, as of at unless it was
+// used later (events may arrive after a later request of the session was
+// classified). Called with mu held.
+func (p *affinityPartition) touch(i int32, at time.Time) {
+	if at.After(p.slots[i].last) {
+		p.slots[i].last = at
+	}
+	p.toFront(i)
 }
 
 // remove drops binding i. Called with mu held.

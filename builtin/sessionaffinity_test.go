@@ -178,6 +178,47 @@ func TestSessionAffinityTTL(t *testing.T) {
 	h2.wantTarget("s", 0)
 }
 
+// Bindings are dated by the events' time, not by when the events arrive:
+// a send heard a minute late (as a plugin may hear it, after a later
+// request's clock) still expires ttl after it happened, and an event
+// older than the binding's last use does not age it.
+func TestSessionAffinityDatesByEventTime(t *testing.T) {
+	h := newAffinity(t, shared.Params{ParamTTL: time.Minute})
+	id, _ := h.classify("s")
+	sentAt := h.clock.now()
+	h.clock.advance(time.Minute) // delivery lags
+	h.p.OnEvents([]shared.Event{{Kind: shared.EventSent, RequestID: id, Worker: 20, HasWorker: true, At: sentAt}})
+	h.clock.advance(time.Second) // a minute and a second after the send
+	h.wantTarget("s", 0)
+
+	// A completion refreshes the binding as of its own time.
+	h2 := newAffinity(t, shared.Params{ParamTTL: time.Minute})
+	id, _ = h2.classify("s")
+	h2.p.OnEvents([]shared.Event{{Kind: shared.EventSent, RequestID: id, Worker: 30, HasWorker: true, At: h2.clock.now()}})
+	h2.clock.advance(50 * time.Second)
+	doneAt := h2.clock.now()
+	h2.clock.advance(50 * time.Second)
+	h2.p.OnEvents([]shared.Event{{Kind: shared.EventCompleted, RequestID: id, Worker: 30, HasWorker: true, At: doneAt}})
+	h2.clock.advance(10 * time.Second) // a minute after the completion: still bound
+	id2, target := h2.classify("s")
+	if target != 30 {
+		t.Fatalf("a minute after the completion: target %d, want 30", target)
+	}
+	// That hit used the binding now; a late send of id2 dated before it
+	// does not make it older.
+	h2.p.OnEvents([]shared.Event{{Kind: shared.EventSent, RequestID: id2, Worker: 30, HasWorker: true, At: doneAt}})
+	h2.clock.advance(time.Minute)
+	h2.wantTarget("s", 30)
+}
+
+// The type declares that its classifiers listen, so that a plugin serving
+// it out of process gets the lifecycle events.
+func TestSessionAffinityTypeListens(t *testing.T) {
+	if ti := SessionAffinityType(); !ti.Events {
+		t.Error("SessionAffinityType().Events is false: served out of process, its classifiers would hear no event")
+	}
+}
+
 func TestSessionAffinityRemovedWorker(t *testing.T) {
 	h := newAffinity(t, nil)
 	h.serve("a", 20)

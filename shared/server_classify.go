@@ -214,7 +214,7 @@ func (s *server) newClassifier(inst *instance, pc PartitionContext) (c Classifie
 	defer func() {
 		if v := recover(); v != nil {
 			s.log.Error("NewClassifier panicked", "instance", inst.name, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
-			c, err = nil, fmt.Errorf("classifier %s: NewClassifier(role %q) panicked: %v", inst.name, pc.Role, v)
+			c, err = nil, fmt.Errorf("classifier %s: NewClassifier(model %q, role %q) panicked: %v", inst.name, pc.Model, pc.Role, v)
 		}
 	}()
 	c, err = inst.comp.(ClassifierFactory).NewClassifier(pc)
@@ -222,7 +222,7 @@ func (s *server) newClassifier(inst *instance, pc PartitionContext) (c Classifie
 		err = fmt.Errorf("NewClassifier returned a nil classifier")
 	}
 	if err != nil {
-		return nil, fmt.Errorf("classifier %s: creating the classifier of role %q: %w", inst.name, pc.Role, err)
+		return nil, fmt.Errorf("classifier %s: creating the classifier of model %q, role %q: %w", inst.name, pc.Model, pc.Role, err)
 	}
 	return c, nil
 }
