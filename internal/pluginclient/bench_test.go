@@ -1,12 +1,12 @@
-package shared
+package pluginclient
 
 // Benchmarks of the plugin path, in one run:
 //
-//	go test -run='^$' -bench=. -benchmem ./shared/
+//	go test -run='^$' -bench=. -benchmem ./internal/pluginclient/
 //
 // All three carry the same payload, one decision over 64 candidates with
 // ids, ACTIVE_REQUESTS, LOAD and CACHE columns:
-//   - BenchmarkPluginDecide: RemoteClient.Decide through a real plugin
+//   - BenchmarkPluginDecide: Client.Decide through a real plugin
 //     process (testdata/plugin) running a scorer and a picker, serial and
 //     with 64 concurrent callers.
 //   - BenchmarkUnaryGRPC: the same decision as a plain unary gRPC call, one
@@ -23,7 +23,7 @@ package shared
 //     same message-size limits serve both; the unary method is one more
 //     service on that server, reached over the same go-plugin connection.
 //   - Same payload: each unary call builds its DecideTask with
-//     RemoteClient.newTask (the conversion Decide does, pooled the same
+//     Client.newTask (the conversion Decide does, pooled the same
 //     way) under the same 5 s deadline, so the bytes on the wire match a
 //     plugin task's, deadline included.
 //   - Same work on either end: the unary handler checks the deadline, runs
@@ -59,27 +59,28 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 const benchRows = 64
 
-func benchRequest() *Request {
-	return &Request{ID: "bench-1", Model: "m", Role: RoleAggregated, PromptTokens: 1000, BlockSize: 16,
+func benchRequest() *shared.Request {
+	return &shared.Request{ID: "bench-1", Model: "m", Role: shared.RoleAggregated, PromptTokens: 1000, BlockSize: 16,
 		BlockHashes: make([]uint64, 63), SessionID: "s"}
 }
 
 // benchCandidates are 64 rows with ids, ACTIVE_REQUESTS, LOAD and CACHE.
-func benchCandidates() *Candidates {
-	c := &Candidates{
-		IDs:            make([]WorkerID, benchRows),
+func benchCandidates() *shared.Candidates {
+	c := &shared.Candidates{
+		IDs:            make([]shared.WorkerID, benchRows),
 		ActiveRequests: make([]int64, benchRows),
-		Load:           make([]Load, benchRows),
+		Load:           make([]shared.Load, benchRows),
 		OverlapBlocks:  make([]int32, benchRows),
 	}
 	for i := range benchRows {
-		c.IDs[i] = WorkerID(1000 + i)
+		c.IDs[i] = shared.WorkerID(1000 + i)
 		c.ActiveRequests[i] = int64(i*7) % 13
-		c.Load[i] = Load{Available: true, ActivePrefillTokens: int64(i * 311 % 4096), ActiveDecodeBlocks: int64(i * 17 % 900),
+		c.Load[i] = shared.Load{Available: true, ActivePrefillTokens: int64(i * 311 % 4096), ActiveDecodeBlocks: int64(i * 17 % 900),
 			ActiveRequests: c.ActiveRequests[i], KVUsage: float64(i%10) / 10, HasKVUsage: i%3 != 0, Waiting: int64(i % 4), HasWaiting: i%2 == 0}
 		c.OverlapBlocks[i] = int32(i % 9)
 	}
@@ -88,7 +89,7 @@ func benchCandidates() *Candidates {
 
 // benchBatch is the DecideBatch the plugin path sends for one decision.
 func benchBatch() *pluginv1.DecideBatch {
-	rc := &RemoteClient{}
+	rc := &Client{}
 	pt := rc.newTask(context.Background(), &Task{Request: benchRequest(), Candidates: benchCandidates(),
 		Stages: []Stage{{Instance: "s", Weight: 1}, {Instance: "p"}}})
 	return &pluginv1.DecideBatch{Tasks: []*pluginv1.DecideTask{pt}}
@@ -181,7 +182,7 @@ func BenchmarkUnaryGRPC(b *testing.B) {
 	runBench(b, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		// The same conversion (and pooled DecideTask) as RemoteClient.Decide.
+		// The same conversion (and pooled DecideTask) as Client.Decide.
 		pt := rc.newTask(ctx, &Task{Request: req, Candidates: c, Stages: stages})
 		batch := &pluginv1.DecideBatch{Tasks: []*pluginv1.DecideTask{pt}}
 		out := new(pluginv1.DecideResults)
