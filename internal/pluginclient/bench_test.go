@@ -37,7 +37,9 @@ package pluginclient
 // bidirectional stream with batching; the unary call is a new HTTP/2
 // stream (headers, data, trailers) per decision.
 //
-// Each reports p50-us and p99-us (per-call latency) and decisions/s. Compare
+// Each reports p50-us and p99-us (per-call latency) and decisions/s, and
+// BenchmarkPluginDecide the mean tasks per DecideBatch message (tasks/msg,
+// what switchyard_plugin_decide_tasks_per_message averages). Compare
 // runs with benchstat (go test ... -count=10 > new.txt; benchstat old.txt
 // new.txt).
 
@@ -123,10 +125,12 @@ func (l *latencies) report(b *testing.B) {
 	b.ReportMetric(float64(len(l.d))/elapsed.Seconds(), "decisions/s")
 }
 
-// runBench runs call serially and with 64 concurrent callers.
-func runBench(b *testing.B, call func() error) {
+// runBench runs call serially and with 64 concurrent callers. With rc, it
+// also reports the mean tasks per DecideBatch message rc sent (tasks/msg).
+func runBench(b *testing.B, rc *Client, call func() error) {
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
+		defer perMessage(b, rc)()
 		lat := &latencies{d: make([]time.Duration, 0, b.N)}
 		b.ResetTimer()
 		for range b.N {
@@ -140,6 +144,7 @@ func runBench(b *testing.B, call func() error) {
 	})
 	b.Run("concurrent-64", func(b *testing.B) {
 		b.ReportAllocs()
+		defer perMessage(b, rc)()
 		lat := &latencies{}
 		b.SetParallelism((64 + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 		b.ResetTimer()
@@ -159,13 +164,27 @@ func runBench(b *testing.B, call func() error) {
 	})
 }
 
+// perMessage returns a func that reports the mean tasks per DecideBatch
+// rc sent since perMessage was called; nil rc: nothing.
+func perMessage(b *testing.B, rc *Client) func() {
+	if rc == nil {
+		return func() {}
+	}
+	tasks, batches := rc.sentTasks.Load(), rc.batches.Load()
+	return func() {
+		if n := rc.batches.Load() - batches; n > 0 {
+			b.ReportMetric(float64(rc.sentTasks.Load()-tasks)/float64(n), "tasks/msg")
+		}
+	}
+}
+
 func BenchmarkPluginDecide(b *testing.B) {
 	rc, _ := startPlugin(b, "unary")
 	configure(b, rc, "s", "test-cost", nil)
 	configure(b, rc, "p", "test-lowest", nil)
 	req, c := benchRequest(), benchCandidates()
 	stages := []Stage{{Instance: "s", Weight: 1}, {Instance: "p"}}
-	runBench(b, func() error {
+	runBench(b, rc, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_, err := rc.Decide(ctx, &Task{Request: req, Candidates: c, Stages: stages})
@@ -179,7 +198,7 @@ func BenchmarkUnaryGRPC(b *testing.B) {
 	conn := proto.(*plugin.GRPCClient).Conn
 	req, c := benchRequest(), benchCandidates()
 	stages := []Stage{{Instance: "s", Weight: 1}, {Instance: "p"}}
-	runBench(b, func() error {
+	runBench(b, nil, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		// The same conversion (and pooled DecideTask) as Client.Decide.

@@ -25,8 +25,8 @@ var ErrPluginClosed = errors.New("plugin closed")
 
 // ErrResultTooLarge is wrapped by a Decide call whose result the plugin
 // could not send: it was over the message-size limit
-// (shared.MaxMessageBytes), and
-// the SDK answered the task with an error instead.
+// (shared.MaxMessageBytes), and the SDK answered the task with an error
+// instead (pluginwire.TooLargeMessage).
 var ErrResultTooLarge = errors.New("result over the message-size limit")
 
 // ErrComponentPanicked is wrapped by a Decide call whose component panicked
@@ -59,8 +59,7 @@ func panicMessage(msg string) bool {
 // Every task that arrives while a Send is in flight is queued, and the
 // sender takes the whole queue into the next DecideBatch (batching under
 // load, no timer; Options.DecideBatch sees each batch's size). A receiver
-// goroutine completes each caller's (pooled)
-// result channel directly.
+// goroutine completes each caller's (pooled) result channel directly.
 type Client struct {
 	client pluginv1.PluginClient
 	done   context.Context // cancelled when the plugin process exits
