@@ -2,13 +2,15 @@
 // (Filter, Scorer, Picker, and the request classifier: ClassifierFactory,
 // Classifier), request lifecycle events (EventListener), the request and
 // candidate types they see, the declared-input flags, parameter schemas,
-// the typed selection errors, and the go-plugin glue that serves them out
-// of process (Serve) and calls them from the router (RemoteClient).
+// the typed errors, and the go-plugin glue that serves them out of process
+// (Serve, with the Handshake and APIVersion it speaks).
 //
 // Built-in components (package builtin) and out-of-process plugins implement
 // the same interfaces, so a component written for one can be served as the
 // other unchanged. Plugin authors import only this package; it never imports
-// the router.
+// the router. The router's side of the plugin connection (its client, the
+// decision tasks it sends) lives in the router's internal/pluginclient and
+// is no part of the SDK.
 //
 // Concurrency: one component instance serves every request concurrently.
 // Every method must be safe for concurrent use; state kept between calls

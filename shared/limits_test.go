@@ -6,53 +6,119 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-plugin"
-	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 )
 
+// newWireClient serves types in process through go-plugin's test
+// connection and returns the generated protocol client GRPCPlugin
+// dispenses: the plugin side's tests speak switchyard.plugin.v1 directly.
+func newWireClient(t *testing.T, types []TypeInfo) pluginv1.PluginClient {
+	t.Helper()
+	ps := map[string]plugin.Plugin{PluginSetKey: &GRPCPlugin{Version: "v", Types: types}}
+	client, server := plugin.TestPluginGRPCConn(t, false, ps)
+	t.Cleanup(func() {
+		server.Stop() // before client.Close, whose Shutdown call would stop it concurrently
+		_ = client.Close()
+	})
+	raw, err := client.Dispense(PluginSetKey)
+	if err != nil {
+		t.Fatalf("Dispense: %v", err)
+	}
+	pc, ok := raw.(pluginv1.PluginClient)
+	if !ok {
+		t.Fatalf("Dispense returned %T, want a pluginv1.PluginClient", raw)
+	}
+	return pc
+}
+
+// configureWire creates an instance and fails the test on any diagnostic.
+func configureWire(t *testing.T, pc pluginv1.PluginClient, name, typ string) {
+	t.Helper()
+	resp, err := pc.Configure(context.Background(), &pluginv1.ConfigureRequest{Instance: name, Type: typ, BlockSize: 16})
+	if err != nil || len(resp.GetDiagnostics()) > 0 {
+		t.Fatalf("Configure %s (%s): err %v, diagnostics %v", name, typ, err, resp.GetDiagnostics())
+	}
+}
+
+// openDecide opens a Decide stream that ends with the test.
+func openDecide(t *testing.T, pc pluginv1.PluginClient) pluginv1.Plugin_DecideClient {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	st, err := pc.Decide(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// oneTask sends one task on st and returns the first answer.
+func oneTask(t *testing.T, st pluginv1.Plugin_DecideClient, task *pluginv1.DecideTask) (*pluginv1.DecideResults, error) {
+	t.Helper()
+	if err := st.Send(&pluginv1.DecideBatch{Tasks: []*pluginv1.DecideTask{task}}); err != nil {
+		t.Fatal(err)
+	}
+	return st.Recv()
+}
+
 // TestDecideResultOverLimit: a result over the message-size limit is
-// answered with an error for its task, at once, and the stream goes on.
+// answered with an error for its task (pluginwire.TooLargeMessage, which
+// the router recognises), at once, and the stream goes on.
 func TestDecideResultOverLimit(t *testing.T) {
 	old := maxResultBytes
 	maxResultBytes = 4096
 	t.Cleanup(func() { maxResultBytes = old })
-	rc := newTestClient(t)
-	configure(t, rc, "s", "load", nil)
-	big := &Candidates{}
+	pc := newWireClient(t, testTypes())
+	configureWire(t, pc, "s", "load")
+	st := openDecide(t, pc)
+	big := &pluginv1.Columns{}
 	for i := range 1000 { // 1000 costs: 8000 bytes
-		big.IDs = append(big.IDs, WorkerID(i+1))
+		big.Ids = append(big.Ids, uint64(i+1))
 		big.ActiveRequests = append(big.ActiveRequests, int64(i%7))
-		big.Load = append(big.Load, Load{Available: true})
 		big.OverlapBlocks = append(big.OverlapBlocks, 0)
 	}
-	// A call that waited for its deadline would fail with
-	// DeadlineExceeded, not ErrResultTooLarge.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	_, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: big, Stages: []Stage{{Instance: "s", Weight: 1}}})
-	if !errors.Is(err, ErrResultTooLarge) || errors.Is(err, ErrPluginClosed) ||
-		!strings.Contains(err.Error(), "exceeds the 4096-byte limit") {
-		t.Fatalf("err = %v, want ErrResultTooLarge with the limit", err)
+	big.LoadAvailable = make([]bool, 1000)
+	big.LoadActivePrefillTokens = make([]int64, 1000)
+	big.LoadActiveDecodeBlocks = make([]int64, 1000)
+	big.LoadActiveRequests = make([]int64, 1000)
+	big.LoadKvUsage = make([]float64, 1000)
+	big.LoadWaiting = make([]int64, 1000)
+	stages := []*pluginv1.Stage{{Instance: "s", Weight: 1}}
+	out, err := oneTask(t, st, &pluginv1.DecideTask{TaskId: 1, Candidates: big, Stages: stages})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := out.GetResults()
+	if len(r) != 1 || r[0].GetTaskId() != 1 || r[0].GetPicked() != -1 || len(r[0].GetCosts()) != 0 ||
+		!pluginwire.IsTooLargeMessage(r[0].GetError()) || !strings.Contains(r[0].GetError(), "exceeds the 4096-byte limit") {
+		t.Fatalf("results %v, want task 1's error naming the 4096-byte limit", r)
 	}
 	// The stream goes on: a small result on it gets through.
-	small := &Candidates{IDs: []WorkerID{1, 2}, ActiveRequests: []int64{3, 1}, Load: make([]Load, 2), OverlapBlocks: make([]int32, 2)}
-	if got, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: small, Stages: []Stage{{Instance: "s", Weight: 1}}}); err != nil || len(got.Costs) != 2 {
-		t.Fatalf("small: %+v, %v", got, err)
+	small := &pluginv1.Columns{Ids: []uint64{1, 2}, ActiveRequests: []int64{3, 1}, OverlapBlocks: []int32{0, 0},
+		LoadAvailable: make([]bool, 2), LoadActivePrefillTokens: make([]int64, 2), LoadActiveDecodeBlocks: make([]int64, 2),
+		LoadActiveRequests: make([]int64, 2), LoadKvUsage: make([]float64, 2), LoadWaiting: make([]int64, 2)}
+	out, err = oneTask(t, st, &pluginv1.DecideTask{TaskId: 2, Candidates: small, Stages: stages})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if rc.batches.Load() == 0 {
-		t.Fatal("nothing sent")
+	if r := out.GetResults(); len(r) != 1 || r[0].GetTaskId() != 2 || r[0].GetError() != "" || !slices.Equal(r[0].GetCosts(), []float64{3, 1}) {
+		t.Fatalf("small: results %v, want task 2's costs [3 1]", r)
 	}
 }
 
 // TestDecideSendFailureEndsStream: when the plugin cannot send a result,
-// it ends the stream, so the pending call fails at once (not at its
-// deadline), and the next call opens a new stream.
+// it ends the stream at once with the send's error (so the host fails the
+// calls pending on it, not at their deadline), and a new stream works.
 func TestDecideSendFailureEndsStream(t *testing.T) {
 	failures := 1
 	hook := func() error {
@@ -64,93 +130,21 @@ func TestDecideSendFailureEndsStream(t *testing.T) {
 	}
 	testHookServerSend.Store(&hook)
 	t.Cleanup(func() { testHookServerSend.Store(nil) })
-	rc := newTestClient(t)
-	configure(t, rc, "p", "lowest", nil)
-	c := &Candidates{IDs: []WorkerID{1, 2}, ActiveRequests: []int64{3, 1}, Costs: []float64{2, 1}}
-	// A call that waited for its deadline would fail with
-	// DeadlineExceeded, not ErrPluginClosed.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	_, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "p"}}})
-	if !errors.Is(err, ErrPluginClosed) || !strings.Contains(err.Error(), "injected send failure") {
-		t.Fatalf("err = %v, want ErrPluginClosed with the send error", err)
+	pc := newWireClient(t, testTypes())
+	configureWire(t, pc, "p", "lowest")
+	task := &pluginv1.DecideTask{TaskId: 1, Candidates: &pluginv1.Columns{Ids: []uint64{1, 2}, ActiveRequests: []int64{3, 1}, Costs: []float64{2, 1}},
+		Stages: []*pluginv1.Stage{{Instance: "p"}}}
+	_, err := oneTask(t, openDecide(t, pc), task)
+	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "injected send failure") {
+		t.Fatalf("err = %v, want the stream ended (Internal) with the send error", err)
 	}
-	got, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "p"}}})
-	if err != nil || got.Picked != 1 {
-		t.Fatalf("after the stream ended: %+v, %v", got, err)
-	}
-}
-
-// frozenPlugin serves a Decide that never reads its stream, like a frozen
-// plugin: HTTP/2 flow control then blocks the host's Sends.
-type frozenPlugin struct{ plugin.NetRPCUnsupportedPlugin }
-
-type frozenServer struct {
-	pluginv1.UnimplementedPluginServer
-}
-
-func (frozenServer) Decide(stream pluginv1.Plugin_DecideServer) error {
-	<-stream.Context().Done()
-	return nil
-}
-
-func (frozenPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
-	pluginv1.RegisterPluginServer(s, frozenServer{})
-	return nil
-}
-
-func (frozenPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
-	return NewRemoteClient(ctx, conn), nil
-}
-
-// TestDecideFrozenPluginHonoursDeadline: callers whose tasks cannot be sent
-// (the plugin stopped reading) still return at their deadline.
-func TestDecideFrozenPluginHonoursDeadline(t *testing.T) {
-	client, server := plugin.TestPluginGRPCConn(t, false, map[string]plugin.Plugin{PluginSetKey: frozenPlugin{}})
-	t.Cleanup(func() {
-		server.Stop()
-		_ = client.Close()
-	})
-	raw, err := client.Dispense(PluginSetKey)
+	out, err := oneTask(t, openDecide(t, pc), task)
 	if err != nil {
 		t.Fatal(err)
 	}
-	rc := raw.(*RemoteClient)
-	t.Cleanup(func() { _ = rc.Close() })
-	// About 160 KB a task: a few fill the stream's flow-control window.
-	c := &Candidates{}
-	for i := range 20000 {
-		c.IDs = append(c.IDs, WorkerID(i+1))
-		c.ActiveRequests = append(c.ActiveRequests, int64(i))
+	if r := out.GetResults(); len(r) != 1 || r[0].GetError() != "" || r[0].GetPicked() != 1 {
+		t.Fatalf("on a new stream: results %v, want row 1 picked", r)
 	}
-	// The plugin never answers, so a call can only return by honouring its
-	// deadline; one stuck in a blocked send would never return.
-	const timeout = 50 * time.Millisecond
-	var worst time.Duration
-	for i := range 20 {
-		ctx, cancel := context.WithTimeout(context.Background(), timeout)
-		start := time.Now()
-		errc := make(chan error, 1)
-		go func() {
-			_, err := rc.Decide(ctx, &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: "s"}}})
-			errc <- err
-		}()
-		select {
-		case err := <-errc:
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("call %d: err = %v, want DeadlineExceeded", i, err)
-			}
-		case <-time.After(time.Minute):
-			t.Fatalf("call %d has not returned a minute after its %v deadline", i, timeout)
-		}
-		cancel()
-		worst = max(worst, time.Since(start))
-	}
-	sent := rc.sentTasks.Load()
-	if sent >= 20 {
-		t.Fatalf("all %d tasks were sent: the plugin's window never filled, so the test proves nothing", sent)
-	}
-	t.Logf("slowest of 20 calls: %v (deadline %v); %d tasks got through before flow control stopped the sender", worst, timeout, sent)
 }
 
 func TestRemoveSocketDir(t *testing.T) {

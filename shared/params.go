@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"time"
+
+	"github.com/switchyard-router/switchyard/internal/pluginwire"
 )
 
 // ParamType is the type of one component parameter.
@@ -20,22 +22,9 @@ const (
 	Duration
 )
 
-// String returns the type's schema name.
-func (t ParamType) String() string {
-	switch t {
-	case Number:
-		return "number"
-	case Int:
-		return "int"
-	case Bool:
-		return "bool"
-	case String:
-		return "string"
-	case Duration:
-		return "duration"
-	}
-	return "unknown"
-}
+// String returns the type's schema name: "number", "int", "bool",
+// "string", "duration", or "unknown".
+func (t ParamType) String() string { return pluginwire.ParamTypeName(paramTypeToProto(t)) }
 
 // ParamSpec declares one parameter of a component type: the schema the policy
 // loader decodes HCL attributes against, and what `router plugins describe`

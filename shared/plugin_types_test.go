@@ -3,27 +3,11 @@ package shared
 import (
 	"context"
 	"errors"
-	"fmt"
-	"sync"
-	"testing"
 	"time"
 )
 
-// Small components for the plugin contract tests, with the built-in-like
-// semantics the tests compare against when run locally.
-
-// maxActiveFilter drops rows with more than max active requests.
-type maxActiveFilter struct{ max int64 }
-
-func (f *maxActiveFilter) Inputs() Inputs { return InputActiveRequests }
-func (f *maxActiveFilter) Filter(_ context.Context, _ *Request, c *Candidates, keep []bool) error {
-	for i, a := range c.ActiveRequests {
-		if a > f.max {
-			keep[i] = false
-		}
-	}
-	return nil
-}
+// Small components for the plugin side's tests. (The contract tests of the
+// whole connection, with more types, are internal/pluginclient's.)
 
 // loadScorer: scale*active_requests + active_decode_blocks - overlap_blocks.
 type loadScorer struct{ scale float64 }
@@ -72,68 +56,9 @@ func (panicScorer) Score(_ context.Context, req *Request, _ *Candidates, costs [
 	return nil
 }
 
-// sleepyScorer sleeps d or until ctx is done, then scores 0.
-type sleepyScorer struct{ d time.Duration }
-
-func (sleepyScorer) Inputs() Inputs { return 0 }
-func (s sleepyScorer) Score(ctx context.Context, _ *Request, _ *Candidates, _ []float64) error {
-	select {
-	case <-time.After(s.d):
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// gates are the channels "gated" scorers wait on, by name (the test
-// plugin runs in the test's process).
-var gates sync.Map // string -> chan struct{}
-
-// newGate registers a gate named after the test and returns its name and
-// an idempotent release; the test's cleanup releases it.
-func newGate(t *testing.T) (name string, release func()) {
-	ch := make(chan struct{})
-	name = t.Name()
-	gates.Store(name, ch)
-	var once sync.Once
-	release = func() { once.Do(func() { close(ch) }) }
-	t.Cleanup(func() { release(); gates.Delete(name) })
-	return name, release
-}
-
-// gatedScorer holds its task until its gate is released, whatever its
-// context says, then scores 0: a plugin that keeps a task past its
-// deadline, for as long as the test wants, whatever the machine's speed.
-type gatedScorer struct{ gate chan struct{} }
-
-func (gatedScorer) Inputs() Inputs { return 0 }
-func (s gatedScorer) Score(context.Context, *Request, *Candidates, []float64) error {
-	<-s.gate
-	return nil
-}
-
-// notAScorer is a Component that implements no kind interface.
-type notAScorer struct{}
-
-func (notAScorer) Inputs() Inputs { return 0 }
-
-// testTypes are the types the in-process test plugin serves.
+// testTypes are the types the tests serve.
 func testTypes() []TypeInfo {
 	return []TypeInfo{
-		{
-			Name: "max-active", Kind: KindFilter, Inputs: InputActiveRequests,
-			Doc: "Drops workers with more than max active requests.",
-			Params: []ParamSpec{
-				{Name: "max", Type: Int, Default: int64(4), Doc: "Most active requests kept (inclusive)."},
-			},
-			New: func(_ InstanceInfo, p Params) (Component, error) {
-				m := p.Int("max", 4)
-				if m < 0 {
-					return nil, &ParamError{Param: "max", Err: fmt.Errorf("must be >= 0, got %d", m)}
-				}
-				return &maxActiveFilter{max: m}, nil
-			},
-		},
 		{
 			Name: "load", Kind: KindScorer, Inputs: InputActiveRequests | InputLoad | InputCache,
 			Doc: "Active requests times scale plus decode blocks minus overlap.",
@@ -168,28 +93,6 @@ func testTypes() []TypeInfo {
 		{
 			Name: "panicky", Kind: KindScorer, Doc: "Panics on model \"panic\".",
 			New: func(InstanceInfo, Params) (Component, error) { return panicScorer{}, nil },
-		},
-		{
-			Name: "gated", Kind: KindScorer, Doc: "Holds its task until the test releases its gate.",
-			Params: []ParamSpec{{Name: "gate", Type: String, Required: true, Doc: "The gate's name (newGate)."}},
-			New: func(_ InstanceInfo, p Params) (Component, error) {
-				ch, ok := gates.Load(p.String("gate", ""))
-				if !ok {
-					return nil, fmt.Errorf("no gate %q", p.String("gate", ""))
-				}
-				return gatedScorer{gate: ch.(chan struct{})}, nil
-			},
-		},
-		{
-			Name: "sleepy", Kind: KindScorer, Doc: "Sleeps, or until its context ends.",
-			Params: []ParamSpec{{Name: "sleep", Type: Duration, Required: true, Doc: "How long to sleep."}},
-			New: func(_ InstanceInfo, p Params) (Component, error) {
-				return sleepyScorer{d: p.Duration("sleep", 0)}, nil
-			},
-		},
-		{
-			Name: "liar", Kind: KindScorer, Doc: "Claims to be a scorer but is not.",
-			New: func(InstanceInfo, Params) (Component, error) { return notAScorer{}, nil },
 		},
 	}
 }

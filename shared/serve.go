@@ -16,11 +16,17 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
+	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 )
 
+// APIVersion is the plugin API version this SDK speaks: switchyard.plugin.v1.
+// go-plugin negotiates it as the protocol version (VersionedPlugins).
+const APIVersion = 1
+
 // MaxMessageBytes is the gRPC send and receive limit, set explicitly on both
-// sides of the plugin connection (gRPC's default receive limit is 4 MiB).
+// sides of the plugin connection (gRPC's default receive limit is 4 MiB). A
+// Decide result over it is answered with an error for its task instead.
 const MaxMessageBytes = 64 << 20
 
 // PluginSetKey is the name the plugin is dispensed under from the plugin
@@ -47,24 +53,18 @@ func Handshake() plugin.HandshakeConfig {
 	}
 }
 
-// HostPluginSets returns the VersionedPlugins for the host's
-// plugin.ClientConfig: API version 1 dispenses a *RemoteClient under
-// PluginSetKey.
-func HostPluginSets() map[int]plugin.PluginSet {
-	return map[int]plugin.PluginSet{APIVersion: {PluginSetKey: &GRPCPlugin{}}}
-}
-
-// GRPCPlugin is the go-plugin plugin.GRPCPlugin of Switchyard. On the plugin
-// side it serves Types; on the host side (zero value, see HostPluginSets)
-// GRPCClient returns a *RemoteClient.
+// GRPCPlugin is the go-plugin plugin.GRPCPlugin that serves Types: what
+// Serve serves under PluginSetKey for APIVersion. A plugin binary that
+// builds its own plugin.ServeConfig (to add a gRPC service, or to test a
+// handshake) puts it in its VersionedPlugins; most call Serve instead.
 type GRPCPlugin struct {
 	plugin.NetRPCUnsupportedPlugin
 
-	// Version is the plugin's version, returned by Describe (plugin side).
+	// Version is the plugin's version, returned by Describe.
 	Version string
-	// Types are the component types served (plugin side).
+	// Types are the component types served.
 	Types []TypeInfo
-	// Logger receives the server's logs (plugin side); nil discards them.
+	// Logger receives the server's logs; nil discards them.
 	Logger hclog.Logger
 }
 
@@ -76,11 +76,11 @@ func (p *GRPCPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
 	return nil
 }
 
-// GRPCClient returns a *RemoteClient over conn. ctx is go-plugin's context
-// for the plugin process: it is cancelled when the process exits, which
-// ends the client's Decide stream.
-func (p *GRPCPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
-	return NewRemoteClient(ctx, conn), nil
+// GRPCClient returns the generated switchyard.plugin.v1 client over conn
+// (a pluginv1.PluginClient, for tests that speak the protocol directly).
+// The router dispenses its own client instead; the SDK has none.
+func (p *GRPCPlugin) GRPCClient(_ context.Context, _ *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
+	return pluginv1.NewPluginClient(conn), nil
 }
 
 // ServeOpts are what a plugin binary passes to Serve.
@@ -256,9 +256,9 @@ func validateTypes(types []TypeInfo) error {
 			if p.Default == nil {
 				continue
 			}
-			v, err := valueToProto(p.Default)
+			v, err := pluginwire.ValueToProto(p.Default)
 			if err == nil {
-				_, err = valueFromProto(v, p.Type)
+				_, err = pluginwire.ValueFromProto(v, paramTypeToProto(p.Type))
 			}
 			if err != nil {
 				problems = append(problems, fmt.Sprintf("type %q parameter %q default: %v", t.Name, p.Name, err))

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 )
 
@@ -124,7 +125,7 @@ func (s *server) Configure(_ context.Context, req *pluginv1.ConfigureRequest) (*
 			diags = append(diags, &pluginv1.Diagnostic{Param: name, Summary: fmt.Sprintf("unsupported parameter %q for type %q", name, t.Name)})
 			continue
 		}
-		v, err := valueFromProto(req.GetParams()[name], spec.Type)
+		v, err := pluginwire.ValueFromProto(req.GetParams()[name], paramTypeToProto(spec.Type))
 		if err != nil {
 			diags = append(diags, &pluginv1.Diagnostic{Param: name, Summary: fmt.Sprintf("parameter %q: %v", name, err)})
 			continue
@@ -292,8 +293,7 @@ func resultSize(r *pluginv1.DecideResult) int {
 // cannot send it.
 func fitResult(r *pluginv1.DecideResult) *pluginv1.DecideResult {
 	if n := resultSize(r); n > maxResultBytes {
-		return &pluginv1.DecideResult{TaskId: r.TaskId, Picked: -1,
-			Error: fmt.Sprintf("result of %d bytes exceeds the %d-byte limit", n-resultOverhead, maxResultBytes)}
+		return &pluginv1.DecideResult{TaskId: r.TaskId, Picked: -1, Error: pluginwire.TooLargeMessage(n-resultOverhead, maxResultBytes)}
 	}
 	return r
 }
@@ -529,7 +529,7 @@ func (s *server) execute(ctx context.Context, t *pluginv1.DecideTask, sc *taskSc
 	if n == 0 {
 		return ErrNoWorkers
 	}
-	sc.orig = growTo(sc.orig, n)
+	sc.orig = pluginwire.GrowTo(sc.orig, n)
 	for i := range sc.orig {
 		sc.orig[i] = uint32(i)
 	}
@@ -548,7 +548,7 @@ func (s *server) execute(ctx context.Context, t *pluginv1.DecideTask, sc *taskSc
 		case KindFilter:
 			filtered = true
 			n := c.Len()
-			sc.keep = growTo(sc.keep, n)
+			sc.keep = pluginwire.GrowTo(sc.keep, n)
 			for i := range sc.keep {
 				sc.keep[i] = true
 			}
@@ -576,18 +576,18 @@ func (s *server) execute(ctx context.Context, t *pluginv1.DecideTask, sc *taskSc
 			}
 		case KindScorer:
 			n := c.Len()
-			sc.costs = growTo(sc.costs, n)
+			sc.costs = pluginwire.GrowTo(sc.costs, n)
 			clear(sc.costs)
 			if err := s.guard(inst, func() error { return inst.comp.(Scorer).Score(ctx, req, c, sc.costs) }); err != nil {
 				return err
 			}
 			if !scored {
-				sc.sum = growTo(sc.sum, n)
+				sc.sum = pluginwire.GrowTo(sc.sum, n)
 				clear(sc.sum)
 				scored = true
 			}
 			if c.Costs == nil {
-				sc.total = growTo(sc.total, n)
+				sc.total = pluginwire.GrowTo(sc.total, n)
 				clear(sc.total)
 				c.Costs = sc.total
 			}
@@ -624,12 +624,9 @@ func (s *server) execute(ctx context.Context, t *pluginv1.DecideTask, sc *taskSc
 	return nil
 }
 
-// panicMark follows the kind and quoted name in the error guard answers a
-// panic with; the host's client recognises it (panicMessage).
-const panicMark = " panicked: "
-
 // guard runs one component call, turning a panic into an error naming the
-// instance (`KIND "NAME" panicked: VALUE`), and wraps the component's error
+// instance (pluginwire.PanicMessage: `KIND "NAME" panicked: VALUE`, which
+// the router's client recognises), and wraps the component's error
 // with its kind and name. A panic is logged at error level with its stack:
 // an instance's first, then at most one every panicLogInterval, with the
 // count so far.
@@ -643,7 +640,7 @@ func (s *server) guard(inst *instance, call func() error) (err error) {
 				s.log.Error("component panicked", "instance", inst.name, "kind", inst.kind.String(), "panics", n,
 					"panic", fmt.Sprint(r), "stack", string(debug.Stack()))
 			}
-			err = fmt.Errorf("%s %q"+panicMark+"%v", inst.kind, inst.name, r)
+			err = errors.New(pluginwire.PanicMessage(inst.kind.String(), inst.name, r))
 		}
 	}()
 	if err := call(); err != nil {

@@ -12,9 +12,9 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/supervisor"
-	"github.com/switchyard-router/switchyard/shared"
 )
 
 func newPluginsCmd() *cobra.Command {
@@ -57,7 +57,7 @@ stopped afterwards. It runs with an empty environment, as the router runs it.`,
 }
 
 // printDescription writes what a plugin binary declares.
-func printDescription(w io.Writer, binary string, d *shared.Description) error {
+func printDescription(w io.Writer, binary string, d *pluginclient.Description) error {
 	var sb strings.Builder
 	apis := make([]string, len(d.APIVersions))
 	for i, v := range d.APIVersions {

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -20,11 +21,11 @@ import (
 // router has no classifier fallback.
 //
 // An instance whose plugin said at Configure that it wants lifecycle events
-// (shared.ConfigureResult.Events: the Go instance implements
+// (pluginclient.ConfigureResult.Events: the Go instance implements
 // shared.EventListener, or a classifier type sets TypeInfo.Events) is a
 // listeningComponent or listeningFactory, which implement
 // shared.EventListener by queueing the events on the current process's
-// Events stream (shared.RemoteClient.SendEvents). Other instances do not
+// Events stream (pluginclient.Client.SendEvents). Other instances do not
 // implement it, so they cost no events at all.
 //
 // Across a restart, events are dropped and counted (Stats.EventsDropped),
@@ -92,7 +93,7 @@ type remoteClassifier struct {
 	first   *shared.WorkerInfo // the snapshot's identity: its first element
 	n       int
 	version uint64
-	ackedBy *shared.RemoteClient // the process that has version, if any
+	ackedBy *pluginclient.Client // the process that has version, if any
 }
 
 // Classify classifies req in the plugin under call_timeout.
@@ -121,7 +122,7 @@ func (c *remoteClassifier) Classify(ctx context.Context, req *shared.Request) (s
 	err := m.call(ctx, "classify", func(cctx context.Context, p *proc) error {
 		send := ackedBy != p.rc
 		var err error
-		cl, err = p.rc.Classify(cctx, shared.ClassifyCall{Instance: c.f.name, Request: req,
+		cl, err = p.rc.Classify(cctx, pluginclient.ClassifyCall{Instance: c.f.name, Request: req,
 			WorkersVersion: version, SendWorkers: send, Workers: ws, Now: now})
 		if err == nil && send {
 			c.mu.Lock()

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -112,7 +113,7 @@ func TestRemoteClassifierRealProcess(t *testing.T) {
 	}
 	// An unknown instance's error is the call's, wrapped with the plugin.
 	bad := &remoteClassifier{f: &classifierFactory{&component{m: f.(*listeningFactory).m, name: "nope", typ: "sticky-session"}}}
-	if _, err := bad.Classify(ctx, &shared.Request{ID: "x"}); err == nil || errors.Is(err, shared.ErrPluginClosed) {
+	if _, err := bad.Classify(ctx, &shared.Request{ID: "x"}); err == nil || errors.Is(err, pluginclient.ErrPluginClosed) {
 		t.Fatalf("unknown instance: %v", err)
 	}
 }

@@ -18,7 +18,7 @@
 //
 // Supervision: a plugin's exit is seen at once (a pidfd, so a descendant
 // holding its pipes does not hide it; the exit pipe elsewhere); calls in
-// flight fail with shared.ErrPluginClosed and calls fail fast until a new
+// flight fail with pluginclient.ErrPluginClosed and calls fail fast until a new
 // process, started after an exponential backoff with jitter
 // (RestartPolicy), has every instance configured again under the same
 // name, role and parameters. Past max_restarts within window the plugin is

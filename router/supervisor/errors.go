@@ -41,7 +41,7 @@ func IsPermanent(err error) bool {
 // answer, so its policy's fallback decides (a classify call fails only its
 // request). Every error such a call returns is a *CallError; errors.Is
 // still sees its cause (ErrCallTimeout, ErrBreakerOpen, ErrRestarting,
-// shared.ErrPluginClosed, shared.ErrComponentPanicked...) through Unwrap.
+// pluginclient.ErrPluginClosed, pluginclient.ErrComponentPanicked...) through Unwrap.
 type CallError struct {
 	// Plugin is the name of the plugin block.
 	Plugin string

@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -672,7 +673,7 @@ func TestLongCrashLoop(t *testing.T) {
 	if v := counterValue(t, reg, "switchyard_plugin_up", "plugin", "looper"); v != 0 {
 		t.Errorf("switchyard_plugin_up = %v, want 0", v)
 	}
-	if _, err := pick(); !errors.Is(err, ErrBackoff) || !errors.Is(err, shared.ErrPluginClosed) || !fallbackable(err) {
+	if _, err := pick(); !errors.Is(err, ErrBackoff) || !errors.Is(err, pluginclient.ErrPluginClosed) || !fallbackable(err) {
 		t.Errorf("Pick on a crash-looping plugin: %v, want ErrBackoff", err)
 	}
 	// It keeps being retried, each delay at least the backoff's, which
@@ -1044,7 +1045,7 @@ func TestCallErrorCauses(t *testing.T) {
 		case 0:
 			want := fmt.Sprintf(`plugin "flaky": plugin decide: scorer "agg/p/cost" panicked: injected panic on call %d`, call)
 			if !errors.As(err, &ce) || ce.Plugin != "flaky" || ce.Cause != "panic" || err.Error() != want ||
-				!errors.Is(err, shared.ErrComponentPanicked) || !fallbackable(err) {
+				!errors.Is(err, pluginclient.ErrComponentPanicked) || !fallbackable(err) {
 				t.Errorf("call %d: %#v, want a CallError of cause panic: %s", call, err, want)
 			}
 		}

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -101,7 +102,7 @@ type Stats struct {
 	// EventsDropped is the lifecycle events for the plugin's interested
 	// instances that were dropped: emitted while no process served the
 	// plugin (restarting, failed, shut down), or lost with a process (see
-	// shared.EventStats.Dropped). Classify calls of an out-of-process
+	// pluginclient.EventStats.Dropped). Classify calls of an out-of-process
 	// request classifier count in Calls, Errors, Timeouts and Fallbacks
 	// like decision calls, but a failed one fails its request (there is
 	// no classifier fallback).
@@ -119,6 +120,11 @@ type Host struct {
 	breaker     BreakerPolicy
 	met         *Metrics
 	failLog     FailureLogPolicy
+
+	// testHookDecideBatch, when a test sets it before starting plugins,
+	// runs after each DecideBatch's size is observed, on the sending
+	// goroutine of the plugin's client: it can hold the sender.
+	testHookDecideBatch func(tasks int)
 
 	// starting counts launches in progress (Start, Describe); Shutdown
 	// waits for them. Add only under mu while !closed.
@@ -295,7 +301,7 @@ func (h *Host) Start(ctx context.Context, p config.Plugin) ([]shared.TypeInfo, e
 // checksum), describes it and stops it: `router plugins describe`. The
 // types' New is nil. An error stopping the binary is returned with the
 // description.
-func (h *Host) Describe(ctx context.Context, command string, args []string, startTimeout time.Duration) (*shared.Description, error) {
+func (h *Host) Describe(ctx context.Context, command string, args []string, startTimeout time.Duration) (*pluginclient.Description, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()

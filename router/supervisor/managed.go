@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -82,15 +83,15 @@ var (
 	// ErrBreakerOpen: the plugin's circuit breaker refused the call.
 	ErrBreakerOpen = errors.New("circuit breaker open")
 	// ErrRestarting: the plugin's process is being restarted (wrapped with
-	// shared.ErrPluginClosed).
+	// pluginclient.ErrPluginClosed).
 	ErrRestarting = errors.New("restarting")
 	// ErrBackoff: the plugin is crash-looping (StatusBackoff); the host
 	// tries to start it again after a backoff (wrapped with
-	// shared.ErrPluginClosed).
+	// pluginclient.ErrPluginClosed).
 	ErrBackoff = errors.New("crash-looping: retried after a backoff")
 	// ErrPluginFailed: the plugin cannot be restarted and is not started
 	// again until a reload (StatusFailed; wrapped with
-	// shared.ErrPluginClosed).
+	// pluginclient.ErrPluginClosed).
 	ErrPluginFailed = errors.New("failed: not restarted until a reload")
 	// ErrTooLarge: the plugin's answer (or the task) exceeded the gRPC
 	// message-size limit, shared.MaxMessageBytes.
@@ -378,7 +379,7 @@ func (m *managed) relaunch() (*proc, error) {
 		}
 		ctx, cancel := context.WithTimeout(m.quitCtx, p.startTimeout)
 		stopAfter := context.AfterFunc(p.ctx, cancel)
-		inputs, diags, err := p.rc.Configure(ctx, shared.ConfigureRequest{Info: in.info, Type: in.typ, Params: in.params})
+		inputs, diags, err := p.rc.Configure(ctx, pluginclient.ConfigureRequest{Info: in.info, Type: in.typ, Params: in.params})
 		stopAfter()
 		cancel()
 		switch {
@@ -474,7 +475,7 @@ func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceIn
 
 	params = maps.Clone(params)
 	start := time.Now()
-	cr, err := p.rc.ConfigureInstance(ctx, shared.ConfigureRequest{Info: info, Type: typ, Params: params})
+	cr, err := p.rc.ConfigureInstance(ctx, pluginclient.ConfigureRequest{Info: info, Type: typ, Params: params})
 	m.met.observe(m.name, "configure", time.Since(start))
 	if err != nil {
 		if p.ctx.Err() != nil {
@@ -510,14 +511,14 @@ func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceIn
 // its circuit breaker, and counts it. It fails fast while the plugin
 // restarts, is failed or shuts down, or while the breaker is open. The
 // call's context is also cancelled when the process exits or stops.
-func (m *managed) decide(ctx context.Context, task *shared.Task) (shared.TaskResult, error) {
-	res := shared.TaskResult{Picked: -1}
+func (m *managed) decide(ctx context.Context, task *pluginclient.Task) (pluginclient.TaskResult, error) {
+	res := pluginclient.TaskResult{Picked: -1}
 	err := m.call(ctx, "decide", func(cctx context.Context, p *proc) (err error) {
 		res, err = p.rc.Decide(cctx, task)
 		return err
 	})
 	if err != nil {
-		return shared.TaskResult{Picked: -1}, err
+		return pluginclient.TaskResult{Picked: -1}, err
 	}
 	return res, nil
 }
@@ -606,9 +607,9 @@ func (m *managed) classify(p *proc, ctx context.Context, deadline time.Time, err
 	late := errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline)
 	callerDL, hasDL := ctx.Deadline()
 	switch {
-	case status.Code(err) == codes.ResourceExhausted, errors.Is(err, shared.ErrResultTooLarge):
+	case status.Code(err) == codes.ResourceExhausted, errors.Is(err, pluginclient.ErrResultTooLarge):
 		return codeTooLarge, fmt.Errorf("plugin %q: %w (%d MiB): %w", m.name, ErrTooLarge, shared.MaxMessageBytes>>20, err)
-	case p.ctx.Err() != nil || errors.Is(err, shared.ErrPluginClosed):
+	case p.ctx.Err() != nil || errors.Is(err, pluginclient.ErrPluginClosed):
 		return codeClosed, p.closedErr(err)
 	case ctx.Err() != nil, late && hasDL && !callerDL.After(deadline):
 		cause := ctx.Err()
@@ -620,7 +621,7 @@ func (m *managed) classify(p *proc, ctx context.Context, deadline time.Time, err
 		return codeTimeout, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrCallTimeout, p.callTimeout)
 	}
 	err = fmt.Errorf("plugin %q: %w", m.name, err)
-	if errors.Is(err, shared.ErrComponentPanicked) {
+	if errors.Is(err, pluginclient.ErrComponentPanicked) {
 		return codePanic, err
 	}
 	return codeError, err
@@ -630,16 +631,16 @@ func (m *managed) classify(p *proc, ctx context.Context, deadline time.Time, err
 func (m *managed) refusal(p *proc) (string, error) {
 	switch m.getStatus() {
 	case StatusRestarting:
-		return codeRestarting, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrRestarting)
+		return codeRestarting, fmt.Errorf("plugin %q: %w: %w", m.name, pluginclient.ErrPluginClosed, ErrRestarting)
 	case StatusBackoff:
-		return codeBackoff, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrBackoff)
+		return codeBackoff, fmt.Errorf("plugin %q: %w: %w", m.name, pluginclient.ErrPluginClosed, ErrBackoff)
 	case StatusFailed:
-		return codeFailed, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrPluginFailed)
+		return codeFailed, fmt.Errorf("plugin %q: %w: %w", m.name, pluginclient.ErrPluginClosed, ErrPluginFailed)
 	case StatusStopped:
-		return codeShutdown, fmt.Errorf("plugin %q: %w: shutting down", m.name, shared.ErrPluginClosed)
+		return codeShutdown, fmt.Errorf("plugin %q: %w: shutting down", m.name, pluginclient.ErrPluginClosed)
 	}
 	if p == nil {
-		return codeRestarting, fmt.Errorf("plugin %q: %w: %w", m.name, shared.ErrPluginClosed, ErrRestarting)
+		return codeRestarting, fmt.Errorf("plugin %q: %w: %w", m.name, pluginclient.ErrPluginClosed, ErrRestarting)
 	}
 	return codeClosed, p.closedErr(nil)
 }

@@ -24,6 +24,7 @@ type Metrics struct {
 	fallbacks    *prometheus.CounterVec
 	breakerState *prometheus.GaugeVec
 	healthChecks *prometheus.CounterVec
+	decideTasks  *prometheus.HistogramVec
 
 	mu     sync.Mutex
 	owners map[string]*managed // plugin name -> who sets its gauges
@@ -31,6 +32,9 @@ type Metrics struct {
 
 // Call duration buckets: 20us to 100ms.
 var callBuckets = prometheus.ExponentialBucketsRange(20e-6, 0.1, 12)
+
+// Tasks-per-message buckets: 1, 2, 4 ... 128.
+var batchBuckets = prometheus.ExponentialBuckets(1, 2, 8)
 
 // NewMetrics returns reg's plugin metrics, creating and registering them
 // on first use; later calls with the same reg return the same *Metrics
@@ -89,6 +93,11 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "switchyard_plugin_health_checks_total",
 			Help: "The host's gRPC health checks of the plugin, by result: ok, failed (no SERVING answer within the probe timeout; probe_failures in a row kill the process group).",
 		}, []string{"plugin", "result"}),
+		decideTasks: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_plugin_decide_tasks_per_message",
+			Help:    "Decision tasks in each DecideBatch message sent to the plugin: decisions that queue while one is being sent share the next (batching under load, no timer).",
+			Buckets: batchBuckets,
+		}, []string{"plugin"}),
 		owners: make(map[string]*managed),
 	}
 	var errs []error
@@ -100,6 +109,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.fallbacks = register(reg, m.fallbacks, &errs)
 	m.breakerState = register(reg, m.breakerState, &errs)
 	m.healthChecks = register(reg, m.healthChecks, &errs)
+	m.decideTasks = register(reg, m.decideTasks, &errs)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -206,6 +216,16 @@ func (m *Metrics) observe(name, method string, d time.Duration) {
 	if m != nil {
 		m.callDuration.WithLabelValues(name, method).Observe(d.Seconds())
 	}
+}
+
+// decideBatch returns the observer of the named plugin's DecideBatch
+// sizes (pluginclient.Options.DecideBatch), or nil without metrics.
+func (m *Metrics) decideBatch(name string) func(tasks int) {
+	if m == nil {
+		return nil
+	}
+	h := m.decideTasks.WithLabelValues(name)
+	return func(tasks int) { h.Observe(float64(tasks)) }
 }
 
 func (m *Metrics) callFailed(name, code string) {

@@ -136,7 +136,7 @@ const (
 // earliest call that timed out and has had no answer on the stream since,
 // and kills the plugin at a timeout that finds that time StallTimeout past
 // with the stream still silent. Any answer, to any call, even one whose caller gave
-// up long ago (shared.RemoteClient.LastAnswer), starts the count over: a
+// up long ago (pluginclient.Client.LastAnswer), starts the count over: a
 // plugin that answers late is slow, not stuck. While the circuit breaker
 // is open its half-open trial calls (one per OpenTimeout) keep the rule
 // evaluated; a plugin that gets no decision calls at all is never found

@@ -5,8 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
-	"github.com/switchyard-router/switchyard/shared"
 )
 
 func TestRestartFromConfig(t *testing.T) {
@@ -58,7 +58,7 @@ func TestHealthPolicyDefaults(t *testing.T) {
 // old does a timeout kill; a negative StallTimeout never kills.
 func TestStallRule(t *testing.T) {
 	newProc := func() *proc {
-		p := &proc{rc: shared.NewRemoteClient(context.Background(), nil)} // pid 0: killGroup only records
+		p := &proc{rc: pluginclient.New(context.Background(), nil, pluginclient.Options{})} // pid 0: killGroup only records
 		p.ctx, p.cancel = context.WithCancel(context.Background())
 		t.Cleanup(p.cancel)
 		return p

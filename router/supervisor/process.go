@@ -23,6 +23,7 @@ import (
 	"github.com/sony/gobreaker/v2"
 	"google.golang.org/grpc"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -54,7 +55,7 @@ type proc struct {
 	callTimeout  time.Duration
 	log          hclog.Logger
 	client       *plugin.Client
-	rc           *shared.RemoteClient
+	rc           *pluginclient.Client
 	conn         *grpc.ClientConn // the plugin's connection, for health checks
 	pid          int              // also the process group id; 0 when the binary never ran
 	sockDir      string           // the private socket directory, removed by stop
@@ -97,7 +98,7 @@ type proc struct {
 // launch starts the plugin b describes, completes the go-plugin handshake
 // and Describes it. On any failure the process (group) is killed and the
 // socket directory removed before it returns a *StartError.
-func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *shared.Description, error) {
+func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclient.Description, error) {
 	fail := func(permanent bool, err error) error {
 		return &StartError{Plugin: b.Name, Cause: err, Permanent: permanent}
 	}
@@ -164,7 +165,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *shared.Desc
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.client = plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  shared.Handshake(),
-		VersionedPlugins: shared.HostPluginSets(),
+		VersionedPlugins: pluginclient.PluginSets(h.clientOptions(b.Name)),
 		Cmd:              cmd,
 		SecureConfig:     secure,
 		StartTimeout:     startTimeout,
@@ -201,9 +202,9 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *shared.Desc
 	}
 
 	// The handshake is done; anything failing from here on fails Describe.
-	failStarted := func(permanent bool, err error) (*proc, *shared.Description, error) {
+	failStarted := func(permanent bool, err error) (*proc, *pluginclient.Description, error) {
 		if p.ctx.Err() != nil {
-			err = fmt.Errorf("%w (%v)%s", shared.ErrPluginClosed, err, p.stderr.suffix())
+			err = fmt.Errorf("%w (%v)%s", pluginclient.ErrPluginClosed, err, p.stderr.suffix())
 		}
 		return nil, nil, fail(permanent, errors.Join(err, p.stop()))
 	}
@@ -215,7 +216,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *shared.Desc
 	if err != nil {
 		return failStarted(true, fmt.Errorf("dispensing %q: %w", shared.PluginSetKey, err))
 	}
-	rc, ok := raw.(*shared.RemoteClient)
+	rc, ok := raw.(*pluginclient.Client)
 	if !ok {
 		return failStarted(true, fmt.Errorf("dispensing %q: got %T, not a Switchyard plugin client", shared.PluginSetKey, raw))
 	}
@@ -241,6 +242,21 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *shared.Desc
 	}
 	p.log.Debug("plugin started", "pid", p.pid, "version", desc.PluginVersion, "types", len(desc.Types))
 	return p, desc, nil
+}
+
+// clientOptions are the options of the named plugin's clients: their
+// DecideBatch sizes go to switchyard_plugin_decide_tasks_per_message.
+func (h *Host) clientOptions(name string) pluginclient.Options {
+	observe, hook := h.met.decideBatch(name), h.testHookDecideBatch
+	if hook == nil {
+		return pluginclient.Options{DecideBatch: observe}
+	}
+	return pluginclient.Options{DecideBatch: func(tasks int) {
+		if observe != nil {
+			observe(tasks)
+		}
+		hook(tasks)
+	}}
 }
 
 // maxSocketDir keeps the socket path (dir + "/plugin" + 10 digits) within
@@ -417,16 +433,16 @@ func (p *proc) beginClose() <-chan struct{} {
 }
 
 // closedErr is the error of a call to a plugin that is gone or shutting
-// down; it wraps shared.ErrPluginClosed.
+// down; it wraps pluginclient.ErrPluginClosed.
 func (p *proc) closedErr(cause error) error {
 	why := "shutting down"
 	if p.hasExited() {
 		why = "process exited"
 	}
-	if cause != nil && !errors.Is(cause, shared.ErrPluginClosed) {
-		return fmt.Errorf("plugin %q: %w: %s (%v)", p.name, shared.ErrPluginClosed, why, cause)
+	if cause != nil && !errors.Is(cause, pluginclient.ErrPluginClosed) {
+		return fmt.Errorf("plugin %q: %w: %s (%v)", p.name, pluginclient.ErrPluginClosed, why, cause)
 	}
-	return fmt.Errorf("plugin %q: %w: %s", p.name, shared.ErrPluginClosed, why)
+	return fmt.Errorf("plugin %q: %w: %s", p.name, pluginclient.ErrPluginClosed, why)
 }
 
 // stop cancels every call, closes the client, has go-plugin end the
@@ -452,7 +468,7 @@ func (p *proc) doStop() error {
 		closed := make(chan struct{})
 		go func() {
 			defer close(closed)
-			if err := p.rc.Close(); err != nil && !errors.Is(err, shared.ErrPluginClosed) {
+			if err := p.rc.Close(); err != nil && !errors.Is(err, pluginclient.ErrPluginClosed) {
 				p.log.Debug("closing the plugin client", "error", err)
 			}
 		}()

@@ -5,12 +5,13 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
 // diagErrors joins a plugin's Configure diagnostics into one error.
-func diagErrors(diags []shared.Diagnostic) error {
+func diagErrors(diags []pluginclient.Diagnostic) error {
 	var errs []error
 	for _, d := range diags {
 		msg := d.Summary
@@ -48,7 +49,7 @@ func (c *component) FuseKey() any { return c.m }
 
 // Fuse returns a Run sending members as the stages of one task.
 func (c *component) Fuse(members []pipeline.Member) (pipeline.Run, error) {
-	r := &run{m: c.m, stages: make([]shared.Stage, len(members)), blocks: make(map[string]string, len(members))}
+	r := &run{m: c.m, stages: make([]pluginclient.Stage, len(members)), blocks: make(map[string]string, len(members))}
 	var last shared.Kind
 	for i, m := range members {
 		mc, ok := asComponent(m.Component)
@@ -65,7 +66,7 @@ func (c *component) Fuse(members []pipeline.Member) (pipeline.Run, error) {
 			return nil, fmt.Errorf("%s %q is out of order: filters, then scorers, then one picker", m.Kind, m.Name)
 		}
 		last = m.Kind
-		st := shared.Stage{Instance: mc.name, Kind: m.Kind}
+		st := pluginclient.Stage{Instance: mc.name, Kind: m.Kind}
 		if m.Kind == shared.KindScorer {
 			st.Weight = m.Weight
 		}
@@ -123,28 +124,28 @@ func (c *component) Pick(ctx context.Context, req *shared.Request, cands *shared
 	return res.Picked, nil
 }
 
-func (c *component) alone(ctx context.Context, want shared.Kind, req *shared.Request, cands *shared.Candidates) (shared.TaskResult, error) {
+func (c *component) alone(ctx context.Context, want shared.Kind, req *shared.Request, cands *shared.Candidates) (pluginclient.TaskResult, error) {
 	if c.kind != want {
-		return shared.TaskResult{Picked: -1}, fmt.Errorf("plugin %q: %q (type %q) is a %s, not a %s", c.m.name, c.name, c.typ, c.kind, want)
+		return pluginclient.TaskResult{Picked: -1}, fmt.Errorf("plugin %q: %q (type %q) is a %s, not a %s", c.m.name, c.name, c.typ, c.kind, want)
 	}
-	st := shared.Stage{Instance: c.name, Kind: c.kind}
+	st := pluginclient.Stage{Instance: c.name, Kind: c.kind}
 	if want == shared.KindScorer {
 		st.Weight = 1
 	}
-	return c.m.decide(ctx, &shared.Task{Request: req, Candidates: cands, Stages: []shared.Stage{st}})
+	return c.m.decide(ctx, &pluginclient.Task{Request: req, Candidates: cands, Stages: []pluginclient.Stage{st}})
 }
 
 // run is a fused run of consecutive members living in one plugin.
 type run struct {
 	m      *managed
-	stages []shared.Stage
+	stages []pluginclient.Stage
 	blocks map[string]string // instance name -> block name, for FilteredBy
 	picks  bool
 }
 
 // Run sends the members as one task and returns its answer.
 func (r *run) Run(ctx context.Context, req *shared.Request, c *shared.Candidates) (pipeline.RunResult, error) {
-	res, err := r.m.decide(ctx, &shared.Task{Request: req, Candidates: c, Stages: r.stages})
+	res, err := r.m.decide(ctx, &pluginclient.Task{Request: req, Candidates: c, Stages: r.stages})
 	if err != nil {
 		return pipeline.RunResult{Picked: -1}, err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"go.uber.org/goleak"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/shared"
@@ -386,7 +387,7 @@ func TestShutdownLeavesNothing(t *testing.T) {
 
 	c := candidates()
 	c.Costs = []float64{1, 2, 3, 4}
-	if _, err := picker.Pick(context.Background(), request, c); !errors.Is(err, shared.ErrPluginClosed) {
+	if _, err := picker.Pick(context.Background(), request, c); !errors.Is(err, pluginclient.ErrPluginClosed) {
 		t.Errorf("Pick after Shutdown: got %v, want ErrPluginClosed", err)
 	}
 	var se *StartError
@@ -416,7 +417,7 @@ func TestShutdownDrainsInFlightCalls(t *testing.T) {
 	for !closing(p) {
 		time.Sleep(time.Millisecond)
 	}
-	if err := fast.Score(context.Background(), request, candidates(), make([]float64, 4)); !errors.Is(err, shared.ErrPluginClosed) {
+	if err := fast.Score(context.Background(), request, candidates(), make([]float64, 4)); !errors.Is(err, pluginclient.ErrPluginClosed) {
 		t.Errorf("a call during Shutdown: got %v, want ErrPluginClosed", err)
 	}
 	if err := <-done; err != nil {
@@ -471,7 +472,7 @@ func TestPluginKilledMidRun(t *testing.T) {
 	}
 	select {
 	case err := <-done:
-		if !errors.Is(err, shared.ErrPluginClosed) {
+		if !errors.Is(err, pluginclient.ErrPluginClosed) {
 			t.Errorf("the run in flight: got %v, want ErrPluginClosed", err)
 		}
 	case <-time.After(b.CallTimeout / 2):
@@ -482,7 +483,7 @@ func TestPluginKilledMidRun(t *testing.T) {
 	}
 	_, err = pipeline.Execute(context.Background(), cp, request, candidates(), &pipeline.Scratch{})
 	var ce *CallError
-	if !errors.Is(err, shared.ErrPluginClosed) || !errors.Is(err, ErrRestarting) || !errors.As(err, &ce) || ce.Cause != codeRestarting {
+	if !errors.Is(err, pluginclient.ErrPluginClosed) || !errors.Is(err, ErrRestarting) || !errors.As(err, &ce) || ce.Cause != codeRestarting {
 		t.Errorf("a later run: got %v, want ErrRestarting (cause restarting)", err)
 	}
 	if s := h.Stats("doomed"); s.Calls != 2 || s.Fallbacks != 2 || s.Errors != 2 {

@@ -1,4 +1,4 @@
-package shared
+package pluginclient
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 var built struct {
@@ -25,7 +27,7 @@ var built struct {
 func buildPlugin(t testing.TB) string {
 	t.Helper()
 	built.once.Do(func() {
-		built.dir, built.err = os.MkdirTemp("", "switchyard-shared-test-")
+		built.dir, built.err = os.MkdirTemp("", "switchyard-pluginclient-test-")
 		if built.err != nil {
 			return
 		}
@@ -56,12 +58,12 @@ func removeBuiltPlugin() {
 
 // startPlugin starts the test plugin binary the way the host does and
 // returns the dispensed client and go-plugin's client protocol.
-func startPlugin(t testing.TB, args ...string) (*RemoteClient, plugin.ClientProtocol) {
+func startPlugin(t testing.TB, args ...string) (*Client, plugin.ClientProtocol) {
 	t.Helper()
 	bin := buildPlugin(t)
 	client := plugin.NewClient(&plugin.ClientConfig{
-		HandshakeConfig:  Handshake(),
-		VersionedPlugins: HostPluginSets(),
+		HandshakeConfig:  shared.Handshake(),
+		VersionedPlugins: PluginSets(Options{}),
 		Cmd:              exec.Command(bin, args...),
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		Logger:           hclog.New(&hclog.LoggerOptions{Output: os.Stderr, Level: hclog.Warn}),
@@ -71,14 +73,14 @@ func startPlugin(t testing.TB, args ...string) (*RemoteClient, plugin.ClientProt
 	if err != nil {
 		t.Fatalf("starting the test plugin: %v", err)
 	}
-	if v := client.NegotiatedVersion(); v != APIVersion {
-		t.Fatalf("negotiated version %d, want %d", v, APIVersion)
+	if v := client.NegotiatedVersion(); v != shared.APIVersion {
+		t.Fatalf("negotiated version %d, want %d", v, shared.APIVersion)
 	}
-	raw, err := proto.Dispense(PluginSetKey)
+	raw, err := proto.Dispense(shared.PluginSetKey)
 	if err != nil {
 		t.Fatalf("Dispense: %v", err)
 	}
-	rc := raw.(*RemoteClient)
+	rc := raw.(*Client)
 	t.Cleanup(func() { _ = rc.Close() })
 	return rc, proto
 }
@@ -96,11 +98,11 @@ func TestRealPluginProcess(t *testing.T) {
 	if d.PluginVersion != "0.0.1-test" || len(d.Types) != 2 || d.Types[0].Name != "test-cost" || d.Types[0].Params[0].Default != 16.0 {
 		t.Fatalf("Describe = %+v", d)
 	}
-	_, diags, err := rc.Configure(ctx, ConfigureRequest{Info: InstanceInfo{Name: "bad"}, Type: "test-cost", Params: Params{"block_size": 0.0}})
+	_, diags, err := rc.Configure(ctx, ConfigureRequest{Info: shared.InstanceInfo{Name: "bad"}, Type: "test-cost", Params: shared.Params{"block_size": 0.0}})
 	if err != nil || len(diags) != 1 || diags[0].Param != "block_size" {
 		t.Fatalf("Configure with block_size 0: %v, %v; want one diagnostic for block_size", diags, err)
 	}
-	if in := configure(t, rc, "s", "test-cost", nil); in != InputActiveRequests|InputLoad|InputCache {
+	if in := configure(t, rc, "s", "test-cost", nil); in != shared.InputActiveRequests|shared.InputLoad|shared.InputCache {
 		t.Fatalf("inputs = %v", in)
 	}
 	configure(t, rc, "p", "test-lowest", nil)

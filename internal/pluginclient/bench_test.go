@@ -1,12 +1,12 @@
-package shared
+package pluginclient
 
 // Benchmarks of the plugin path, in one run:
 //
-//	go test -run='^$' -bench=. -benchmem ./shared/
+//	go test -run='^$' -bench=. -benchmem ./internal/pluginclient/
 //
 // All three carry the same payload, one decision over 64 candidates with
 // ids, ACTIVE_REQUESTS, LOAD and CACHE columns:
-//   - BenchmarkPluginDecide: RemoteClient.Decide through a real plugin
+//   - BenchmarkPluginDecide: Client.Decide through a real plugin
 //     process (testdata/plugin) running a scorer and a picker, serial and
 //     with 64 concurrent callers.
 //   - BenchmarkUnaryGRPC: the same decision as a plain unary gRPC call, one
@@ -23,7 +23,7 @@ package shared
 //     same message-size limits serve both; the unary method is one more
 //     service on that server, reached over the same go-plugin connection.
 //   - Same payload: each unary call builds its DecideTask with
-//     RemoteClient.newTask (the conversion Decide does, pooled the same
+//     Client.newTask (the conversion Decide does, pooled the same
 //     way) under the same 5 s deadline, so the bytes on the wire match a
 //     plugin task's, deadline included.
 //   - Same work on either end: the unary handler checks the deadline, runs
@@ -37,7 +37,9 @@ package shared
 // bidirectional stream with batching; the unary call is a new HTTP/2
 // stream (headers, data, trailers) per decision.
 //
-// Each reports p50-us and p99-us (per-call latency) and decisions/s. Compare
+// Each reports p50-us and p99-us (per-call latency) and decisions/s, and
+// BenchmarkPluginDecide the mean tasks per DecideBatch message (tasks/msg,
+// what switchyard_plugin_decide_tasks_per_message averages). Compare
 // runs with benchstat (go test ... -count=10 > new.txt; benchstat old.txt
 // new.txt).
 
@@ -59,27 +61,28 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 const benchRows = 64
 
-func benchRequest() *Request {
-	return &Request{ID: "bench-1", Model: "m", Role: RoleAggregated, PromptTokens: 1000, BlockSize: 16,
+func benchRequest() *shared.Request {
+	return &shared.Request{ID: "bench-1", Model: "m", Role: shared.RoleAggregated, PromptTokens: 1000, BlockSize: 16,
 		BlockHashes: make([]uint64, 63), SessionID: "s"}
 }
 
 // benchCandidates are 64 rows with ids, ACTIVE_REQUESTS, LOAD and CACHE.
-func benchCandidates() *Candidates {
-	c := &Candidates{
-		IDs:            make([]WorkerID, benchRows),
+func benchCandidates() *shared.Candidates {
+	c := &shared.Candidates{
+		IDs:            make([]shared.WorkerID, benchRows),
 		ActiveRequests: make([]int64, benchRows),
-		Load:           make([]Load, benchRows),
+		Load:           make([]shared.Load, benchRows),
 		OverlapBlocks:  make([]int32, benchRows),
 	}
 	for i := range benchRows {
-		c.IDs[i] = WorkerID(1000 + i)
+		c.IDs[i] = shared.WorkerID(1000 + i)
 		c.ActiveRequests[i] = int64(i*7) % 13
-		c.Load[i] = Load{Available: true, ActivePrefillTokens: int64(i * 311 % 4096), ActiveDecodeBlocks: int64(i * 17 % 900),
+		c.Load[i] = shared.Load{Available: true, ActivePrefillTokens: int64(i * 311 % 4096), ActiveDecodeBlocks: int64(i * 17 % 900),
 			ActiveRequests: c.ActiveRequests[i], KVUsage: float64(i%10) / 10, HasKVUsage: i%3 != 0, Waiting: int64(i % 4), HasWaiting: i%2 == 0}
 		c.OverlapBlocks[i] = int32(i % 9)
 	}
@@ -88,7 +91,7 @@ func benchCandidates() *Candidates {
 
 // benchBatch is the DecideBatch the plugin path sends for one decision.
 func benchBatch() *pluginv1.DecideBatch {
-	rc := &RemoteClient{}
+	rc := &Client{}
 	pt := rc.newTask(context.Background(), &Task{Request: benchRequest(), Candidates: benchCandidates(),
 		Stages: []Stage{{Instance: "s", Weight: 1}, {Instance: "p"}}})
 	return &pluginv1.DecideBatch{Tasks: []*pluginv1.DecideTask{pt}}
@@ -122,10 +125,12 @@ func (l *latencies) report(b *testing.B) {
 	b.ReportMetric(float64(len(l.d))/elapsed.Seconds(), "decisions/s")
 }
 
-// runBench runs call serially and with 64 concurrent callers.
-func runBench(b *testing.B, call func() error) {
+// runBench runs call serially and with 64 concurrent callers. With rc, it
+// also reports the mean tasks per DecideBatch message rc sent (tasks/msg).
+func runBench(b *testing.B, rc *Client, call func() error) {
 	b.Run("serial", func(b *testing.B) {
 		b.ReportAllocs()
+		defer perMessage(b, rc)()
 		lat := &latencies{d: make([]time.Duration, 0, b.N)}
 		b.ResetTimer()
 		for range b.N {
@@ -139,6 +144,7 @@ func runBench(b *testing.B, call func() error) {
 	})
 	b.Run("concurrent-64", func(b *testing.B) {
 		b.ReportAllocs()
+		defer perMessage(b, rc)()
 		lat := &latencies{}
 		b.SetParallelism((64 + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
 		b.ResetTimer()
@@ -158,13 +164,27 @@ func runBench(b *testing.B, call func() error) {
 	})
 }
 
+// perMessage returns a func that reports the mean tasks per DecideBatch
+// rc sent since perMessage was called; nil rc: nothing.
+func perMessage(b *testing.B, rc *Client) func() {
+	if rc == nil {
+		return func() {}
+	}
+	tasks, batches := rc.sentTasks.Load(), rc.batches.Load()
+	return func() {
+		if n := rc.batches.Load() - batches; n > 0 {
+			b.ReportMetric(float64(rc.sentTasks.Load()-tasks)/float64(n), "tasks/msg")
+		}
+	}
+}
+
 func BenchmarkPluginDecide(b *testing.B) {
 	rc, _ := startPlugin(b, "unary")
 	configure(b, rc, "s", "test-cost", nil)
 	configure(b, rc, "p", "test-lowest", nil)
 	req, c := benchRequest(), benchCandidates()
 	stages := []Stage{{Instance: "s", Weight: 1}, {Instance: "p"}}
-	runBench(b, func() error {
+	runBench(b, rc, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_, err := rc.Decide(ctx, &Task{Request: req, Candidates: c, Stages: stages})
@@ -178,10 +198,10 @@ func BenchmarkUnaryGRPC(b *testing.B) {
 	conn := proto.(*plugin.GRPCClient).Conn
 	req, c := benchRequest(), benchCandidates()
 	stages := []Stage{{Instance: "s", Weight: 1}, {Instance: "p"}}
-	runBench(b, func() error {
+	runBench(b, nil, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		// The same conversion (and pooled DecideTask) as RemoteClient.Decide.
+		// The same conversion (and pooled DecideTask) as Client.Decide.
 		pt := rc.newTask(ctx, &Task{Request: req, Candidates: c, Stages: stages})
 		batch := &pluginv1.DecideBatch{Tasks: []*pluginv1.DecideTask{pt}}
 		out := new(pluginv1.DecideResults)

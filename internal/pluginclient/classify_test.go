@@ -1,4 +1,4 @@
-package shared
+package pluginclient
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/go-plugin"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // recClassifier is a test classifier type served through the plugin
@@ -18,13 +18,13 @@ import (
 // the target is the worker of the last sent event it heard.
 type recFactory struct {
 	mu     sync.Mutex
-	events []Event // every event heard, in order
+	events []shared.Event // every event heard, in order
 	parts  []*recPartition
 }
 
-func (*recFactory) Inputs() Inputs { return 0 }
+func (*recFactory) Inputs() shared.Inputs { return 0 }
 
-func (f *recFactory) NewClassifier(pc PartitionContext) (Classifier, error) {
+func (f *recFactory) NewClassifier(pc shared.PartitionContext) (shared.Classifier, error) {
 	p := &recPartition{f: f, pc: pc}
 	f.mu.Lock()
 	f.parts = append(f.parts, p)
@@ -32,37 +32,37 @@ func (f *recFactory) NewClassifier(pc PartitionContext) (Classifier, error) {
 	return p, nil
 }
 
-func (f *recFactory) OnEvents(evs []Event) {
+func (f *recFactory) OnEvents(evs []shared.Event) {
 	f.mu.Lock()
 	f.events = append(f.events, evs...)
 	f.mu.Unlock()
 }
 
-func (f *recFactory) heard() []Event {
+func (f *recFactory) heard() []shared.Event {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return append([]Event(nil), f.events...)
+	return append([]shared.Event(nil), f.events...)
 }
 
 type recPartition struct {
 	f  *recFactory
-	pc PartitionContext
+	pc shared.PartitionContext
 }
 
-func (p *recPartition) Classify(_ context.Context, r *Request) (Classification, error) {
+func (p *recPartition) Classify(_ context.Context, r *shared.Request) (shared.Classification, error) {
 	switch r.ID {
 	case "panic":
 		panic("boom")
 	case "fail":
-		return Classification{}, errors.New("refused")
+		return shared.Classification{}, errors.New("refused")
 	}
-	cl := Classification{Priority: len(p.pc.Workers()), PolicyClass: string(p.pc.Role)}
+	cl := shared.Classification{Priority: len(p.pc.Workers()), PolicyClass: string(p.pc.Role)}
 	if _, ok := p.pc.Progress(r.ID); ok {
 		cl.PolicyClass = "progress?"
 	}
 	evs := p.f.heard()
 	for i := len(evs) - 1; i >= 0; i-- {
-		if evs[i].Kind == EventSent {
+		if evs[i].Kind == shared.EventSent {
 			cl.Target, cl.HasTarget = evs[i].Worker, true
 			break
 		}
@@ -74,24 +74,13 @@ func (p *recPartition) Classify(_ context.Context, r *Request) (Classification, 
 }
 
 // newClassifierClient serves one recFactory as type "rec" in process.
-func newClassifierClient(t *testing.T) (*RemoteClient, *recFactory) {
+func newClassifierClient(t *testing.T) (*Client, *recFactory) {
 	t.Helper()
 	f := &recFactory{}
-	types := []TypeInfo{{Name: "rec", Kind: KindClassifier,
-		New: func(InstanceInfo, Params) (Component, error) { return f, nil }}}
-	ps := map[string]plugin.Plugin{PluginSetKey: &GRPCPlugin{Version: "v", Types: types}}
-	client, server := plugin.TestPluginGRPCConn(t, false, ps)
-	t.Cleanup(func() {
-		server.Stop()
-		_ = client.Close()
-	})
-	raw, err := client.Dispense(PluginSetKey)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rc := raw.(*RemoteClient)
-	t.Cleanup(func() { _ = rc.Close() })
-	cr, err := rc.ConfigureInstance(context.Background(), ConfigureRequest{Info: InstanceInfo{Name: "c", BlockSize: 16}, Type: "rec"})
+	types := []shared.TypeInfo{{Name: "rec", Kind: shared.KindClassifier,
+		New: func(shared.InstanceInfo, shared.Params) (shared.Component, error) { return f, nil }}}
+	rc, _ := serveInProcess(t, types, Options{})
+	cr, err := rc.ConfigureInstance(context.Background(), ConfigureRequest{Info: shared.InstanceInfo{Name: "c", BlockSize: 16}, Type: "rec"})
 	if err != nil || len(cr.Diagnostics) > 0 {
 		t.Fatalf("configure: %v %v", err, cr.Diagnostics)
 	}
@@ -109,9 +98,9 @@ func TestRemoteClassify(t *testing.T) {
 	rc, f := newClassifierClient(t)
 	ctx := context.Background()
 	now := time.Unix(0, 42e9)
-	ws := []WorkerInfo{{ID: 1, TotalKVBlocks: 100}, {ID: 2}, {ID: 7, DPRank: 1}}
-	call := func(id string, send bool) (Classification, error) {
-		return rc.Classify(ctx, ClassifyCall{Instance: "c", Request: &Request{ID: id, Role: RoleDecode},
+	ws := []shared.WorkerInfo{{ID: 1, TotalKVBlocks: 100}, {ID: 2}, {ID: 7, DPRank: 1}}
+	call := func(id string, send bool) (shared.Classification, error) {
+		return rc.Classify(ctx, ClassifyCall{Instance: "c", Request: &shared.Request{ID: id, Role: shared.RoleDecode},
 			WorkersVersion: 1, SendWorkers: send, Workers: ws, Now: now})
 	}
 	cl, err := call("a", true)
@@ -141,7 +130,7 @@ func TestRemoteClassify(t *testing.T) {
 	if _, err := call("after", false); err != nil {
 		t.Fatalf("after a failure: %v", err)
 	}
-	if _, err := rc.Classify(ctx, ClassifyCall{Instance: "nope", Request: &Request{ID: "x"}}); err == nil {
+	if _, err := rc.Classify(ctx, ClassifyCall{Instance: "nope", Request: &shared.Request{ID: "x"}}); err == nil {
 		t.Fatal("an unknown instance classified")
 	}
 }
@@ -157,14 +146,14 @@ func TestRemoteEventsOrderedBatchedAcked(t *testing.T) {
 	for e := range emitters {
 		wg.Go(func() {
 			for i := range per {
-				rc.SendEvents("c", []Event{{Kind: EventSent, RequestID: fmt.Sprintf("%d/%d", e, i), Worker: WorkerID(i), HasWorker: true,
+				rc.SendEvents("c", []shared.Event{{Kind: shared.EventSent, RequestID: fmt.Sprintf("%d/%d", e, i), Worker: shared.WorkerID(i), HasWorker: true,
 					At: time.Unix(0, int64(i+1))}})
 			}
 		})
 	}
 	wg.Wait()
 	// The barrier: Classify waits for every event queued before it.
-	if _, err := rc.Classify(context.Background(), ClassifyCall{Instance: "c", Request: &Request{ID: "z"}}); err != nil {
+	if _, err := rc.Classify(context.Background(), ClassifyCall{Instance: "c", Request: &shared.Request{ID: "z"}}); err != nil {
 		t.Fatal(err)
 	}
 	evs := f.heard()
@@ -177,7 +166,7 @@ func TestRemoteEventsOrderedBatchedAcked(t *testing.T) {
 		if _, err := fmt.Sscanf(ev.RequestID, "%d/%d", &e, &i); err != nil {
 			t.Fatal(err)
 		}
-		if i != next[e] || ev.Worker != WorkerID(i) || !ev.HasWorker || ev.Kind != EventSent || ev.At.UnixNano() != int64(i+1) {
+		if i != next[e] || ev.Worker != shared.WorkerID(i) || !ev.HasWorker || ev.Kind != shared.EventSent || ev.At.UnixNano() != int64(i+1) {
 			t.Fatalf("emitter %d: got event %+v, want #%d", e, ev, next[e])
 		}
 		next[e]++

@@ -1,4 +1,4 @@
-// Command plugin is the test plugin of package shared's process tests and
+// Command plugin is the test plugin of package pluginclient's process tests and
 // benchmarks: a scorer and a picker served with shared.Serve. With the
 // argument "unary" it also serves a test-only unary gRPC method,
 // /switchyard.bench.v1.Bench/Decide, that runs the same scorer and picker on

@@ -1,11 +1,9 @@
-package shared
+package pluginclient
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,18 +12,21 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
-// ErrPluginClosed is returned (wrapped) by RemoteClient calls when the
+// ErrPluginClosed is returned (wrapped) by Client calls when the
 // plugin's Decide stream or process is gone: the plugin exited, the
 // connection broke, or the client was closed. Callers branch on it with
 // errors.Is to tell a dead plugin from a component's own error.
 var ErrPluginClosed = errors.New("plugin closed")
 
 // ErrResultTooLarge is wrapped by a Decide call whose result the plugin
-// could not send: it was over the message-size limit (MaxMessageBytes), and
-// the SDK answered the task with an error instead.
+// could not send: it was over the message-size limit
+// (shared.MaxMessageBytes), and the SDK answered the task with an error
+// instead (pluginwire.TooLargeMessage).
 var ErrResultTooLarge = errors.New("result over the message-size limit")
 
 // ErrComponentPanicked is wrapped by a Decide call whose component panicked
@@ -41,26 +42,13 @@ func (e *panicError) Error() string        { return e.msg }
 func (e *panicError) Is(target error) bool { return target == ErrComponentPanicked }
 
 // panicMessage reports whether a task's error is the SDK's answer to a
-// component's panic, as guard words it: a kind, the quoted instance name,
-// then panicMark. A component's own error is worded `KIND "NAME": ...`,
-// so it never matches.
+// component's panic (pluginwire.PanicMessage) in one of a task's stages.
 func panicMessage(msg string) bool {
-	kind, rest, ok := strings.Cut(msg, " ")
-	if !ok || (kind != KindFilter.String() && kind != KindScorer.String() && kind != KindPicker.String()) {
-		return false
-	}
-	name, err := strconv.QuotedPrefix(rest)
-	return err == nil && strings.HasPrefix(rest[len(name):], panicMark)
+	return pluginwire.IsPanicMessage(msg, shared.KindFilter.String(), shared.KindScorer.String(), shared.KindPicker.String())
 }
 
-// tooLargeMessage reports whether a task's error is the SDK's over-size
-// answer (see fitResult).
-func tooLargeMessage(msg string) bool {
-	return strings.HasPrefix(msg, "result of ") && strings.HasSuffix(msg, "-byte limit")
-}
-
-// RemoteClient is the host side of one plugin process: go-plugin dispenses
-// it (see HostPluginSets). Its methods are safe for concurrent use.
+// Client is the host side of one plugin process: go-plugin dispenses it
+// (see PluginSets). Its methods are safe for concurrent use.
 //
 // Decide calls share one long-lived Decide stream, opened on first use. One
 // goroutine per stream, the sender, does every Send: a caller queues its
@@ -70,9 +58,9 @@ func tooLargeMessage(msg string) bool {
 // and stops reading: the caller's deadline (call_timeout) is a hard bound.
 // Every task that arrives while a Send is in flight is queued, and the
 // sender takes the whole queue into the next DecideBatch (batching under
-// load, no timer). A receiver goroutine completes each caller's (pooled)
-// result channel directly.
-type RemoteClient struct {
+// load, no timer; Options.DecideBatch sees each batch's size). A receiver
+// goroutine completes each caller's (pooled) result channel directly.
+type Client struct {
 	client pluginv1.PluginClient
 	done   context.Context // cancelled when the plugin process exits
 
@@ -80,7 +68,7 @@ type RemoteClient struct {
 	stream *remoteStream
 	closed bool
 
-	ev eventSender // the Events stream (client_classify.go)
+	ev eventSender // the Events stream (classify.go)
 
 	nextID  atomic.Uint64
 	tasks   sync.Pool // *pluginv1.DecideTask, reused after Send
@@ -90,30 +78,29 @@ type RemoteClient struct {
 	// plugin, as nanoseconds since clockBase (monotonic); 0: never.
 	lastAnswer atomic.Int64
 
+	// onBatch is Options.DecideBatch; nil: none.
+	onBatch func(tasks int)
+
 	// Counters for tests and diagnostics.
 	batches   atomic.Int64 // DecideBatch messages sent
 	sentTasks atomic.Int64 // tasks sent
 	maxBatch  atomic.Int64 // most tasks in one DecideBatch
-
-	// testHookBeforeSend, when set, runs in whichever goroutine sends,
-	// before each Send, with the number of tasks in the batch.
-	testHookBeforeSend func(n int)
 }
 
-// NewRemoteClient returns a client over conn. done should be cancelled when
-// the plugin process exits (go-plugin's GRPCClient passes such a context);
-// nil means never.
-func NewRemoteClient(done context.Context, conn grpc.ClientConnInterface) *RemoteClient {
+// New returns a client over conn. done should be cancelled when the plugin
+// process exits (go-plugin's GRPCClient passes such a context); nil means
+// never.
+func New(done context.Context, conn grpc.ClientConnInterface, opts Options) *Client {
 	if done == nil {
 		done = context.Background()
 	}
-	c := &RemoteClient{client: pluginv1.NewPluginClient(conn), done: done}
+	c := &Client{client: pluginv1.NewPluginClient(conn), done: done, onBatch: opts.DecideBatch}
 	c.ev.c = c
 	return c
 }
 
 // clockBase anchors the monotonic clock readings stored as int64s
-// (RemoteClient.lastAnswer).
+// (Client.lastAnswer).
 var clockBase = time.Now()
 
 // LastAnswer is when the plugin last sent anything on a Decide stream: a
@@ -124,7 +111,7 @@ var clockBase = time.Now()
 // wall-clock steps. A host uses it to tell a plugin that answers late (a
 // starved machine) from one that answers nothing at all (a wedged
 // handler).
-func (c *RemoteClient) LastAnswer() time.Time {
+func (c *Client) LastAnswer() time.Time {
 	ns := c.lastAnswer.Load()
 	if ns == 0 {
 		return time.Time{}
@@ -132,13 +119,29 @@ func (c *RemoteClient) LastAnswer() time.Time {
 	return clockBase.Add(time.Duration(ns))
 }
 
+// Pending returns how many Decide calls wait for their answer on the
+// current Decide stream: queued for the sender, or sent and not yet
+// answered. Calls that gave up (their context ended) are not counted; 0
+// when no stream is open or the last one broke.
+func (c *Client) Pending() int {
+	c.mu.Lock()
+	s := c.stream
+	c.mu.Unlock()
+	if s == nil {
+		return 0
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pending)
+}
+
 // callOpts are the explicit message-size limits of every call.
-var callOpts = []grpc.CallOption{grpc.MaxCallRecvMsgSize(MaxMessageBytes), grpc.MaxCallSendMsgSize(MaxMessageBytes)}
+var callOpts = []grpc.CallOption{grpc.MaxCallRecvMsgSize(shared.MaxMessageBytes), grpc.MaxCallSendMsgSize(shared.MaxMessageBytes)}
 
 // rpcError wraps a call's error with what was called, mapping a gone
 // plugin (Unavailable, or Canceled once the plugin's context is done) to
 // ErrPluginClosed.
-func (c *RemoteClient) rpcError(what string, err error) error {
+func (c *Client) rpcError(what string, err error) error {
 	code := status.Code(err)
 	if code == codes.Unavailable || (code == codes.Canceled && c.done.Err() != nil) {
 		return fmt.Errorf("plugin %s: %w: %w", what, ErrPluginClosed, err)
@@ -146,7 +149,7 @@ func (c *RemoteClient) rpcError(what string, err error) error {
 	return fmt.Errorf("plugin %s: %w", what, err)
 }
 
-func (c *RemoteClient) isClosed() bool {
+func (c *Client) isClosed() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.closed
@@ -154,11 +157,11 @@ func (c *RemoteClient) isClosed() bool {
 
 // Describe returns the plugin's version, API versions and component types
 // (with New nil).
-func (c *RemoteClient) Describe(ctx context.Context) (*Description, error) {
+func (c *Client) Describe(ctx context.Context) (*Description, error) {
 	if c.isClosed() {
 		return nil, fmt.Errorf("plugin describe: %w", ErrPluginClosed)
 	}
-	resp, err := c.client.Describe(ctx, &pluginv1.DescribeRequest{ApiVersions: []uint32{APIVersion}}, callOpts...)
+	resp, err := c.client.Describe(ctx, &pluginv1.DescribeRequest{ApiVersions: []uint32{shared.APIVersion}}, callOpts...)
 	if err != nil {
 		return nil, c.rpcError("describe", err)
 	}
@@ -179,7 +182,7 @@ func (c *RemoteClient) Describe(ctx context.Context) (*Description, error) {
 // cannot travel); a refused configuration is diagnostics with a nil error.
 // ConfigureInstance also returns whether the instance wants lifecycle
 // events.
-func (c *RemoteClient) Configure(ctx context.Context, req ConfigureRequest) (Inputs, []Diagnostic, error) {
+func (c *Client) Configure(ctx context.Context, req ConfigureRequest) (shared.Inputs, []Diagnostic, error) {
 	r, err := c.ConfigureInstance(ctx, req)
 	return r.Inputs, r.Diagnostics, err
 }
@@ -188,7 +191,7 @@ func (c *RemoteClient) Configure(ctx context.Context, req ConfigureRequest) (Inp
 // deadline is ctx's; a result arriving after ctx is done is dropped. A
 // component's failure is an error; a broken stream fails with an error
 // wrapping ErrPluginClosed, and a later call opens a new stream.
-func (c *RemoteClient) Decide(ctx context.Context, t *Task) (TaskResult, error) {
+func (c *Client) Decide(ctx context.Context, t *Task) (TaskResult, error) {
 	if t == nil || t.Candidates == nil {
 		return TaskResult{Picked: -1}, errors.New("plugin decide: nil task or candidates")
 	}
@@ -218,7 +221,7 @@ func (c *RemoteClient) Decide(ctx context.Context, t *Task) (TaskResult, error) 
 				// moment before ctx's own timer fired.
 				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w (plugin: %s)", context.DeadlineExceeded, r.GetError())
 			}
-			if tooLargeMessage(r.GetError()) {
+			if pluginwire.IsTooLargeMessage(r.GetError()) {
 				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w: %s", ErrResultTooLarge, r.GetError())
 			}
 			if panicMessage(r.GetError()) {
@@ -237,7 +240,7 @@ func (c *RemoteClient) Decide(ctx context.Context, t *Task) (TaskResult, error) 
 }
 
 // getWaiter returns a pooled waiter with an empty channel.
-func (c *RemoteClient) getWaiter() *waiter {
+func (c *Client) getWaiter() *waiter {
 	if w, ok := c.waiters.Get().(*waiter); ok {
 		return w
 	}
@@ -246,7 +249,7 @@ func (c *RemoteClient) getWaiter() *waiter {
 
 // newTask converts t into a (pooled) DecideTask. Everything the caller owns
 // is copied, so the caller may return before the task is sent.
-func (c *RemoteClient) newTask(ctx context.Context, t *Task) *pluginv1.DecideTask {
+func (c *Client) newTask(ctx context.Context, t *Task) *pluginv1.DecideTask {
 	pt, _ := c.tasks.Get().(*pluginv1.DecideTask)
 	if pt == nil {
 		pt = &pluginv1.DecideTask{Request: &pluginv1.Request{}, Candidates: &pluginv1.Columns{}}
@@ -277,7 +280,7 @@ func (c *RemoteClient) newTask(ctx context.Context, t *Task) *pluginv1.DecideTas
 
 // openStream returns the current Decide stream, opening one if none is
 // usable.
-func (c *RemoteClient) openStream() (*remoteStream, error) {
+func (c *Client) openStream() (*remoteStream, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -319,7 +322,7 @@ func (c *RemoteClient) openStream() (*remoteStream, error) {
 // goroutines (events still queued are dropped); calls in flight
 // and later calls fail with ErrPluginClosed. It does not end the plugin
 // process (go-plugin's Client.Kill does).
-func (c *RemoteClient) Close() error {
+func (c *Client) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	s := c.stream
@@ -342,7 +345,7 @@ type waiter struct {
 
 // remoteStream is one Decide stream with its receiver and sender.
 type remoteStream struct {
-	c      *RemoteClient
+	c      *Client
 	stream pluginv1.Plugin_DecideClient
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
@@ -396,8 +399,8 @@ func (s *remoteStream) takeQueue() []*pluginv1.DecideTask {
 // is empty or the stream failed.
 func (s *remoteStream) send(tasks []*pluginv1.DecideTask) {
 	for {
-		if h := s.c.testHookBeforeSend; h != nil {
-			h(len(tasks))
+		if f := s.c.onBatch; f != nil {
+			f(len(tasks))
 		}
 		s.batch.Tasks = tasks
 		err := s.stream.Send(&s.batch)

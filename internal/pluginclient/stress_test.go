@@ -1,4 +1,4 @@
-package shared
+package pluginclient
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // TestDecideStress keeps 64 callers busy: it caught a batch buffer that the
@@ -39,12 +41,12 @@ func TestDecideStress(t *testing.T) {
 func TestSlowLoneTaskDoesNotHoldUpOthers(t *testing.T) {
 	rc := newTestClient(t)
 	gate, release := newGate(t)
-	configure(t, rc, "slow", "sleepy", Params{"sleep": 300 * time.Millisecond})
-	configure(t, rc, "held", "gated", Params{"gate": gate})
+	configure(t, rc, "slow", "sleepy", shared.Params{"sleep": 300 * time.Millisecond})
+	configure(t, rc, "held", "gated", shared.Params{"gate": gate})
 	configure(t, rc, "p", "lowest", nil)
-	c := &Candidates{IDs: []WorkerID{1}, ActiveRequests: []int64{0}}
+	c := &shared.Candidates{IDs: []shared.WorkerID{1}, ActiveRequests: []int64{0}}
 	task := func(instance string) *Task {
-		return &Task{Request: &Request{}, Candidates: c, Stages: []Stage{{Instance: instance}}}
+		return &Task{Request: &shared.Request{}, Candidates: c, Stages: []Stage{{Instance: instance}}}
 	}
 	if _, err := rc.Decide(context.Background(), task("slow")); err != nil { // shows the plugin lone tasks can be slow
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package shared
+package pluginclient
 
 import (
 	"context"
@@ -8,23 +8,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared"
 )
-
-// ConfigureResult is what ConfigureInstance returns.
-type ConfigureResult struct {
-	// Inputs the instance declares.
-	Inputs Inputs
-	// Events says the instance wants lifecycle events (SendEvents).
-	Events bool
-	// Diagnostics are the plugin's reasons for refusing the instance; the
-	// other fields are then zero.
-	Diagnostics []Diagnostic
-}
 
 // ConfigureInstance is Configure, also returning whether the instance wants
 // lifecycle events.
-func (c *RemoteClient) ConfigureInstance(ctx context.Context, req ConfigureRequest) (ConfigureResult, error) {
+func (c *Client) ConfigureInstance(ctx context.Context, req ConfigureRequest) (ConfigureResult, error) {
 	if c.isClosed() {
 		return ConfigureResult{}, fmt.Errorf("plugin configure %q: %w", req.Info.Name, ErrPluginClosed)
 	}
@@ -36,7 +27,7 @@ func (c *RemoteClient) ConfigureInstance(ctx context.Context, req ConfigureReque
 		Instance:  req.Info.Name,
 		Type:      req.Type,
 		Role:      string(req.Info.Role),
-		BlockSize: clampU32(req.Info.BlockSize),
+		BlockSize: pluginwire.ClampU32(req.Info.BlockSize),
 		Params:    params,
 	}, callOpts...)
 	if err != nil {
@@ -52,29 +43,13 @@ func (c *RemoteClient) ConfigureInstance(ctx context.Context, req ConfigureReque
 	return ConfigureResult{Inputs: inputsFromProto(resp.GetInputs()), Events: resp.GetEvents()}, nil
 }
 
-// ClassifyCall is one Classify call of a classifier instance.
-type ClassifyCall struct {
-	// Instance is the classifier instance's name.
-	Instance string
-	// Request is the request to classify (its Role and Model name the
-	// partition in the plugin).
-	Request *Request
-	// WorkersVersion numbers the partition's worker list; Workers is sent
-	// only when SendWorkers is set (the plugin may not have that version).
-	WorkersVersion uint64
-	SendWorkers    bool
-	Workers        []WorkerInfo
-	// Now is the router's clock; zero means time.Now.
-	Now time.Time
-}
-
 // Classify classifies one request in the plugin. The plugin first delivers
 // every lifecycle event this client queued before the call (SendEvents), so
 // the classifier has heard the end of every earlier request. A classifier
 // error or panic, and a plugin that is gone, are errors.
-func (c *RemoteClient) Classify(ctx context.Context, call ClassifyCall) (Classification, error) {
+func (c *Client) Classify(ctx context.Context, call ClassifyCall) (shared.Classification, error) {
 	if c.isClosed() {
-		return Classification{}, fmt.Errorf("plugin classify: %w", ErrPluginClosed)
+		return shared.Classification{}, fmt.Errorf("plugin classify: %w", ErrPluginClosed)
 	}
 	now := call.Now
 	if now.IsZero() {
@@ -94,33 +69,19 @@ func (c *RemoteClient) Classify(ctx context.Context, call ClassifyCall) (Classif
 	}
 	resp, err := c.client.Classify(ctx, preq, callOpts...)
 	if err != nil {
-		return Classification{}, c.rpcError("classify", err)
+		return shared.Classification{}, c.rpcError("classify", err)
 	}
 	return classificationFromProto(resp), nil
 }
 
-// MaxQueuedEvents bounds the lifecycle events a RemoteClient holds for a
+// MaxQueuedEvents bounds the lifecycle events a Client holds for a
 // plugin that does not acknowledge them; beyond it events are dropped and
 // counted (EventStats). It only matters for a plugin that stopped reading
 // for a long time: the health checks and call timeouts kill such a plugin.
 const MaxQueuedEvents = 1 << 20
 
-// EventStats are a RemoteClient's lifecycle event counters.
-type EventStats struct {
-	// Sent is the events sent and Batches the EventBatch messages they went
-	// in; MaxBatch is the most events in one batch.
-	Sent, Batches, MaxBatch int64
-	// Acked is the batches the plugin acknowledged.
-	Acked int64
-	// Dropped is the events dropped: queued beyond MaxQueuedEvents,
-	// queued after the Events stream failed (the plugin exited, or broke
-	// the stream), or in the round that was in flight when it failed (not
-	// acknowledged, so perhaps not delivered).
-	Dropped int64
-}
-
 // EventStats returns the client's event counters.
-func (c *RemoteClient) EventStats() EventStats {
+func (c *Client) EventStats() EventStats {
 	return EventStats{Sent: c.ev.sent.Load(), Batches: c.ev.batches.Load(), MaxBatch: c.ev.maxBatch.Load(),
 		Acked: c.ev.acked.Load(), Dropped: c.ev.dropped.Load()}
 }
@@ -132,7 +93,7 @@ type queuedEvent struct {
 	seq      uint64
 }
 
-// eventSender is a RemoteClient's Events stream: callers queue events
+// eventSender is a Client's Events stream: callers queue events
 // (never blocking), one goroutine at a time sends them. It runs while the
 // queue is not empty: it takes the whole queue, sends it as one EventBatch
 // per instance (in order within each), waits for the plugin to acknowledge
@@ -140,7 +101,7 @@ type queuedEvent struct {
 // in flight, and every event that queues while it is goes out together in
 // the next: batching under load, without a timer.
 type eventSender struct {
-	c *RemoteClient
+	c *Client
 
 	mu      sync.Mutex
 	queue   []queuedEvent
@@ -170,7 +131,7 @@ func (e *eventSender) through() uint64 {
 // are delivered in the order queued, batched, lossless while the plugin
 // process and its Events stream live. Events queued after the stream failed
 // or beyond MaxQueuedEvents are dropped and counted (EventStats.Dropped).
-func (c *RemoteClient) SendEvents(instance string, events []Event) {
+func (c *Client) SendEvents(instance string, events []shared.Event) {
 	if len(events) == 0 {
 		return
 	}
@@ -297,7 +258,7 @@ func (e *eventSender) round(st pluginv1.Plugin_EventsClient, q []queuedEvent) er
 	return nil
 }
 
-// closeEvents ends the Events stream (Close).
+// close ends the Events stream (Client.Close).
 func (e *eventSender) close() {
 	e.mu.Lock()
 	if e.broken == nil {

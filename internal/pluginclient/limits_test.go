@@ -1,0 +1,161 @@
+package pluginclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-plugin"
+	"google.golang.org/grpc"
+
+	"github.com/switchyard-router/switchyard/internal/pluginwire"
+	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// tooLargePlugin serves a Decide that answers a task of request "big" the
+// way the SDK answers a result over the message-size limit, and any other
+// task with row 0.
+type tooLargePlugin struct{ plugin.NetRPCUnsupportedPlugin }
+
+type tooLargeServer struct {
+	pluginv1.UnimplementedPluginServer
+}
+
+func (tooLargeServer) Decide(stream pluginv1.Plugin_DecideServer) error {
+	for {
+		batch, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		out := &pluginv1.DecideResults{}
+		for _, task := range batch.GetTasks() {
+			r := &pluginv1.DecideResult{TaskId: task.GetTaskId()}
+			if task.GetRequest().GetId() == "big" {
+				r.Picked, r.Error = -1, pluginwire.TooLargeMessage(70<<20, shared.MaxMessageBytes)
+			}
+			out.Results = append(out.Results, r)
+		}
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
+}
+
+func (tooLargePlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	pluginv1.RegisterPluginServer(s, tooLargeServer{})
+	return nil
+}
+
+func (tooLargePlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
+	return New(ctx, conn, Options{}), nil
+}
+
+// TestDecideResultOverLimit: the SDK's answer to a result over the
+// message-size limit fails its call with ErrResultTooLarge (not a closed
+// plugin), and the stream goes on. (The SDK's side, that such a result is
+// answered so, is package shared's TestDecideResultOverLimit; the whole
+// path through a real plugin process is the supervisor's
+// TestAnswerTooLarge.)
+func TestDecideResultOverLimit(t *testing.T) {
+	client, server := plugin.TestPluginGRPCConn(t, false, map[string]plugin.Plugin{shared.PluginSetKey: tooLargePlugin{}})
+	t.Cleanup(func() {
+		server.Stop()
+		_ = client.Close()
+	})
+	raw, err := client.Dispense(shared.PluginSetKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := raw.(*Client)
+	t.Cleanup(func() { _ = rc.Close() })
+	c := &shared.Candidates{IDs: []shared.WorkerID{1, 2}}
+	// A call that waited for its deadline would fail with
+	// DeadlineExceeded, not ErrResultTooLarge.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = rc.Decide(ctx, &Task{Request: &shared.Request{ID: "big"}, Candidates: c, Stages: []Stage{{Instance: "s", Weight: 1}}})
+	want := fmt.Sprintf("exceeds the %d-byte limit", shared.MaxMessageBytes)
+	if !errors.Is(err, ErrResultTooLarge) || errors.Is(err, ErrPluginClosed) || !strings.Contains(err.Error(), want) {
+		t.Fatalf("err = %v, want ErrResultTooLarge with %q", err, want)
+	}
+	// The stream goes on.
+	if got, err := rc.Decide(ctx, &Task{Request: &shared.Request{ID: "small"}, Candidates: c, Stages: []Stage{{Instance: "p"}}}); err != nil || got.Picked != 0 {
+		t.Fatalf("small: %+v, %v", got, err)
+	}
+}
+
+// frozenPlugin serves a Decide that never reads its stream, like a frozen
+// plugin: HTTP/2 flow control then blocks the host's Sends.
+type frozenPlugin struct{ plugin.NetRPCUnsupportedPlugin }
+
+type frozenServer struct {
+	pluginv1.UnimplementedPluginServer
+}
+
+func (frozenServer) Decide(stream pluginv1.Plugin_DecideServer) error {
+	<-stream.Context().Done()
+	return nil
+}
+
+func (frozenPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	pluginv1.RegisterPluginServer(s, frozenServer{})
+	return nil
+}
+
+func (frozenPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
+	return New(ctx, conn, Options{}), nil
+}
+
+// TestDecideFrozenPluginHonoursDeadline: callers whose tasks cannot be sent
+// (the plugin stopped reading) still return at their deadline.
+func TestDecideFrozenPluginHonoursDeadline(t *testing.T) {
+	client, server := plugin.TestPluginGRPCConn(t, false, map[string]plugin.Plugin{shared.PluginSetKey: frozenPlugin{}})
+	t.Cleanup(func() {
+		server.Stop()
+		_ = client.Close()
+	})
+	raw, err := client.Dispense(shared.PluginSetKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := raw.(*Client)
+	t.Cleanup(func() { _ = rc.Close() })
+	// About 160 KB a task: a few fill the stream's flow-control window.
+	c := &shared.Candidates{}
+	for i := range 20000 {
+		c.IDs = append(c.IDs, shared.WorkerID(i+1))
+		c.ActiveRequests = append(c.ActiveRequests, int64(i))
+	}
+	// The plugin never answers, so a call can only return by honouring its
+	// deadline; one stuck in a blocked send would never return.
+	const timeout = 50 * time.Millisecond
+	var worst time.Duration
+	for i := range 20 {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		start := time.Now()
+		errc := make(chan error, 1)
+		go func() {
+			_, err := rc.Decide(ctx, &Task{Request: &shared.Request{}, Candidates: c, Stages: []Stage{{Instance: "s"}}})
+			errc <- err
+		}()
+		select {
+		case err := <-errc:
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("call %d: err = %v, want DeadlineExceeded", i, err)
+			}
+		case <-time.After(time.Minute):
+			t.Fatalf("call %d has not returned a minute after its %v deadline", i, timeout)
+		}
+		cancel()
+		worst = max(worst, time.Since(start))
+	}
+	sent := rc.sentTasks.Load()
+	if sent >= 20 {
+		t.Fatalf("all %d tasks were sent: the plugin's window never filled, so the test proves nothing", sent)
+	}
+	t.Logf("slowest of 20 calls: %v (deadline %v); %d tasks got through before flow control stopped the sender", worst, timeout, sent)
+}
