@@ -1,9 +1,11 @@
-package shared
+package pluginclient
 
 import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // The plugin makes one classifier per (model, role) partition of an
@@ -16,18 +18,18 @@ func TestRemoteClassifyPartitions(t *testing.T) {
 	ctx := context.Background()
 	type part struct {
 		model string
-		role  Role
+		role  shared.Role
 	}
 	// Each partition's list has as many workers as its position, so the
 	// answer's priority (the workers the classifier sees) tells whose it is.
-	order := []part{{"m0", RoleDecode}, {"m1", RoleDecode}, {"m0", RolePrefill}, {"", RoleDecode}}
+	order := []part{{"m0", shared.RoleDecode}, {"m1", shared.RoleDecode}, {"m0", shared.RolePrefill}, {"", shared.RoleDecode}}
 	for round := range 2 {
 		for i, p := range order {
-			ws := make([]WorkerInfo, i+1)
+			ws := make([]shared.WorkerInfo, i+1)
 			for k := range ws {
-				ws[k].ID = WorkerID(10*i + k)
+				ws[k].ID = shared.WorkerID(10*i + k)
 			}
-			cl, err := rc.Classify(ctx, ClassifyCall{Instance: "c", Request: &Request{ID: "r", Model: p.model, Role: p.role},
+			cl, err := rc.Classify(ctx, ClassifyCall{Instance: "c", Request: &shared.Request{ID: "r", Model: p.model, Role: p.role},
 				WorkersVersion: 1, SendWorkers: round == 0, Workers: ws, Now: time.Unix(0, 42e9)})
 			if err != nil {
 				t.Fatal(err)
