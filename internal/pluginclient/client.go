@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -417,6 +418,14 @@ func (s *remoteStream) send(tasks []*pluginv1.DecideTask) {
 			s.c.tasks.Put(pt)
 			tasks[i] = nil
 		}
+		// Let the goroutines that are ready to run (callers about to
+		// submit, the receiver completing results) run before the queue
+		// is taken again: under load the next message then carries
+		// everything they queued, rather than one task each (measured in
+		// BENCHMARKS.md: 1.2 tasks per message without it, 9-10 with it,
+		// at equal throughput and serial latency). With nothing else
+		// ready, Gosched returns at once; no timer is involved.
+		runtime.Gosched()
 		s.mu.Lock()
 		s.spare = tasks[:0]
 		if err != nil {
