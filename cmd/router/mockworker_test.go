@@ -84,14 +84,22 @@ func TestMockWorkerCommand(t *testing.T) {
 	if resp.StatusCode != 404 {
 		t.Errorf("other model: %d, want 404", resp.StatusCode)
 	}
-	resp, err = http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if !strings.Contains(string(b), `vllm:generation_tokens_total{model_name="m1"} 3`) {
-		t.Errorf("metrics:\n%s", b)
+	// The engine counts the last token as the answer goes out, so the
+	// counter may trail the answer by a moment (as vLLM's may): poll.
+	for deadline := time.Now().Add(time.Minute); ; {
+		resp, err = http.Get(url + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if strings.Contains(string(b), `vllm:generation_tokens_total{model_name="m1"} 3`) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics:\n%s", b)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 
 	cancel()
