@@ -218,6 +218,7 @@ func (d *driver) loop() error {
 			}
 			continue
 		}
+		d.now = t
 		d.advance(t)
 		d.startDue(t)
 		d.dispatch(t)
@@ -307,18 +308,27 @@ func (d *driver) startDue(t time.Duration) {
 
 // decodeUpTo submits the decode hops that reach their worker before t (or
 // at t, when inclusive), each after the decode workers' events up to its
-// time, and then handles the decode workers' events up to t. No-op in
-// aggregated mode.
+// time, and then handles the decode workers' events up to t. While decode
+// hops wait, a decode worker's completion dispatches them and sends them
+// on their way, so the decode workers are then run one step end at a
+// time. No-op in aggregated mode.
 func (d *driver) decodeUpTo(t time.Duration, inclusive bool) {
 	if d.decode == nil {
 		return
 	}
-	for len(d.transfers) > 0 {
-		x := d.transfers[0]
-		if x.at > t || (x.at == t && !inclusive) {
+	for {
+		landing := len(d.transfers) > 0 && (d.transfers[0].at < t || (inclusive && d.transfers[0].at == t))
+		if d.decodeWaiting > 0 {
+			if at, busy := d.decode.NextEvent(); busy && at <= t && (!landing || at <= d.transfers[0].at) {
+				d.decodeEvents = d.decode.AdvanceTo(at, d.decodeEvents[:0])
+				d.handleDecode(d.decodeEvents)
+				continue
+			}
+		}
+		if !landing {
 			break
 		}
-		heap.Pop(&d.transfers)
+		x := heap.Pop(&d.transfers).(due)
 		d.decodeEvents = d.decode.AdvanceTo(x.at, d.decodeEvents[:0])
 		d.handleDecode(d.decodeEvents)
 		d.submit(x.index, decodeHop, x.at)
