@@ -13,12 +13,12 @@ func TestPathHops(t *testing.T) {
 	base := &shared.Request{ID: "r", Model: "m", Role: shared.RoleAggregated, PromptTokens: 1000, BlockHashes: []uint64{1, 2},
 		SessionID: "s", Metadata: map[string]string{"x-priority": "3"}}
 	for _, c := range []struct {
-		path    Path
-		hop     int
-		role    shared.Role
-		hashes  bool
-		ctx     int64 // context tokens at completion, 1000-token prompt, 50-token answer
-		endsAt1 bool  // the request is over when this hop completes, 1-token answer
+		path     Path
+		hop      int
+		role     shared.Role
+		hashes   bool
+		ctx      int64 // context tokens at completion, 1000-token prompt, 50-token answer
+		endsAt1  bool  // the request is over when this hop completes, 1-token answer
 		endsAt50 bool  // 50-token answer
 	}{
 		{Aggregated, 0, shared.RoleAggregated, true, 1050, true, true},
