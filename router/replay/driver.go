@@ -99,9 +99,8 @@ type request struct {
 // hop is one hop of a request.
 type hop struct {
 	h      *admission.Handle // while admitted: nil before, and once it ended
+	worker int32             // its worker's index in the hop's cluster, once placed
 	queued bool              // waiting in the router's queue
-	worker int               // its worker's index in the hop's cluster, once placed
-	sim    sim.Request       // what the worker is sent
 }
 
 func newDriver(ctx context.Context, o *Options) (*driver, error) {

@@ -117,9 +117,8 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 	rec := &d.records[i]
 	st := &d.reqs[i]
 	out := &st.out
-	hp := &st.hops[k]
 	id := int(dec.Worker.ID)
-	hp.worker = id - d.base[k]
+	st.hops[k].worker = int32(id - d.base[k])
 	out.Fallback = out.Fallback || dec.Fallback
 	d.selected(d.policy[k], dec)
 	charge := d.chargeFor(k, dec)
@@ -127,12 +126,9 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 		st.charged += charge
 		out.DecisionMs = millis(st.charged)
 	}
-	outputLength := d.path.Hop(k).OutputTokens(rec.OutputLength)
 	if k == firstHop {
 		out.Worker = id
 		out.OverlapBlocks = dec.OverlapBlocks
-		hp.sim = sim.Request{ID: i, InputLength: max(rec.InputLength, 1), OutputLength: outputLength,
-			PrefixHashes: hp.h.Request().BlockHashes, PrefixBlockTokens: d.blockSize}
 		if charge == 0 {
 			d.submit(i, k, at)
 		} else {
@@ -141,10 +137,8 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 		return
 	}
 	out.DecodeWorker = id
-	prompt := max(rec.InputLength, 1)
-	xfer := KVTransferTime(prompt, d.bandwidth)
+	xfer := KVTransferTime(max(rec.InputLength, 1), d.bandwidth)
 	out.KVTransferMs = millis(xfer)
-	hp.sim = sim.Request{ID: i, InputLength: prompt, OutputLength: outputLength, KVTransferred: true}
 	heap.Push(&d.transfers, due{at: at + charge + xfer, index: i})
 }
 
@@ -170,17 +164,26 @@ func (d *driver) selected(policy string, dec *router.Decision) {
 	}
 }
 
-// submit sends hop k of request i to its worker at `at`; a worker that
-// refuses it ends the hop.
+// submit sends hop k of request i to its worker at `at`: the prompt (at
+// least 1 token) with its block hashes, to generate the first token
+// (prefill) or the whole output; a decode hop's prompt KV was transferred.
+// A worker that refuses it ends the hop.
 func (d *driver) submit(i, k int, at time.Duration) {
+	rec := &d.records[i]
 	hp := &d.reqs[i].hops[k]
-	c := d.clusters[k]
-	if err := c.Submit(at, hp.worker, &hp.sim); err != nil {
+	hop := d.path.Hop(k)
+	r := sim.Request{ID: i, InputLength: max(rec.InputLength, 1), OutputLength: hop.OutputTokens(rec.OutputLength),
+		KVTransferred: k == decodeHop}
+	if hop.PrefixHashes {
+		r.PrefixHashes, r.PrefixBlockTokens = hp.h.Request().BlockHashes, d.blockSize
+	}
+	c, w := d.clusters[k], int(hp.worker)
+	if err := c.Submit(at, w, &r); err != nil {
 		d.now = at
 		d.end(i, k, admission.Aborted(err.Error())) // releases the booking
 		d.reject(i, k, err.Error())
 	}
-	d.observe(c, hp.worker, d.base[k]+hp.worker)
+	d.observe(c, w, d.base[k]+w)
 }
 
 // end ends hop k of request i with o, once.
@@ -253,7 +256,7 @@ func (d *driver) completed(i, k int, at time.Duration) bool {
 	rec := &d.records[i]
 	st := &d.reqs[i]
 	hop := d.path.Hop(k)
-	d.end(i, k, admission.Completed(hop.ContextTokens(st.hops[k].sim.InputLength, rec.OutputLength))) // releases the booking
+	d.end(i, k, admission.Completed(hop.ContextTokens(max(rec.InputLength, 1), rec.OutputLength))) // releases the booking
 	if !hop.Ends(rec.OutputLength) {
 		return false
 	}
