@@ -5,6 +5,8 @@
 # machine in the same run: the two builds run alternately, RUNS times each
 # (default 3), and the script prints each run and the medians of
 #   wall  the whole command (decompress and parse the trace, replay, print)
+#   cpu   its user + system CPU time, which other load on a shared machine
+#         disturbs less than wall time
 #   loop  the report's wall_s (building the router and the replay loop)
 # It also checks that both builds write the same --per-request bytes (the
 # default policy's replay must not change).
@@ -34,23 +36,25 @@ done
 # median prints the middle of its arguments, sorted as numbers.
 median() { printf '%s\n' "$@" | sort -g | sed -n "$((($# + 1) / 2))p"; }
 
-declare -A wall loop
+declare -A wall cpu loop
 for i in $(seq 1 "$runs"); do
 	for side in before after; do
-		start=$(date +%s%N)
-		"$work/$side/router" replay --per-request "$work/$side.$i.jsonl" --report "$work/$side.$i.json" >/dev/null
-		end=$(date +%s%N)
-		w=$(awk -v ns=$((end - start)) 'BEGIN { printf "%.3f", ns / 1e9 }')
+		/usr/bin/time -o "$work/time" -f '%e %U %S' \
+			"$work/$side/router" replay --per-request "$work/$side.$i.jsonl" --report "$work/$side.$i.json" >/dev/null
+		read -r w u s <"$work/time"
+		c=$(awk -v u="$u" -v s="$s" 'BEGIN { printf "%.2f", u + s }')
 		l=$(sed -n 's/^ *"wall_s": \([0-9.]*\),*$/\1/p' "$work/$side.$i.json")
 		wall[$side]+="$w "
+		cpu[$side]+="$c "
 		loop[$side]+="$l "
-		printf 'run %d %-6s wall %s s  loop %s s  load %s\n' "$i" "$side" "$w" "$l" "$(cut -d' ' -f1 /proc/loadavg)"
+		printf 'run %d %-6s wall %s s  cpu %s s  loop %s s  load %s\n' "$i" "$side" "$w" "$c" "$l" "$(cut -d' ' -f1 /proc/loadavg)"
 	done
 done
 
 for side in before after; do
 	# shellcheck disable=SC2086 # the lists are space-separated numbers
-	printf '%-6s median of %d: wall %s s, loop %s s\n' "$side" "$runs" "$(median ${wall[$side]})" "$(median ${loop[$side]})"
+	printf '%-6s median of %d: wall %s s, cpu %s s, loop %s s\n' "$side" "$runs" \
+		"$(median ${wall[$side]})" "$(median ${cpu[$side]})" "$(median ${loop[$side]})"
 done
 if cmp -s "$work/before.1.jsonl" "$work/after.1.jsonl"; then
 	echo "per-request output: identical ($(sha256sum <"$work/after.1.jsonl" | cut -c1-16))"
