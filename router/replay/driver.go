@@ -93,11 +93,11 @@ type request struct {
 	priority int
 	class    string
 	charged  time.Duration // decision latency charged so far (out.DecisionMs)
-	hops     [2]hop        // by hop index; decode only in disaggregated mode
+	hops     [2]hopState   // by hop index; decode only in disaggregated mode
 }
 
-// hop is one hop of a request.
-type hop struct {
+// hopState is one hop of a request.
+type hopState struct {
 	h      *admission.Handle // while admitted: nil before, and once it ended
 	worker int32             // its worker's index in the hop's cluster, once placed
 	queued bool              // waiting in the router's queue

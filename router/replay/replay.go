@@ -25,7 +25,7 @@ import (
 // requests. Errors: an invalid option, a trace/block-size mismatch, or a
 // write error on PerRequest.
 //
-// Run is a discrete-event loop over six sources: arrivals, first hops
+// Run is a discrete-event loop over five sources: arrivals, first hops
 // decided and on their way to their worker (the decision latency),
 // decode hops decided and on their way (decision latency and KV
 // transfer), the step ends of the first-hop (aggregated or prefill)
