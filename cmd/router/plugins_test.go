@@ -12,6 +12,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/switchyard-router/switchyard/router/replay"
 )
 
 // The example plugins, built once per test binary from the repository's
@@ -144,25 +146,40 @@ func TestValidateRefusesAPluginThatCannotStart(t *testing.T) {
 }
 
 // Replay with out-of-process policies repeats byte for byte when the
-// plugins are deterministic, and every decision is the plugin's (no
-// fallback).
+// plugins are deterministic (three runs), every decision is the plugin's
+// (no fallback), and each request is charged its plugin calls'
+// replay_decision_latency in simulated time (decision_ms): the default
+// 100 us per call, or the 2 ms the disaggregated policy's plugin block
+// sets, for the prefill hop and again for the decode hop. The latency
+// is in every request's queue_ms, and a replay with it set to 0s charges
+// nothing.
 func TestReplayWithPluginsIsDeterministic(t *testing.T) {
 	tests := []struct {
 		example, bin string
+		latency      string // replay_decision_latency set in the plugin block; "" keeps the default
 		flags        []string
+		decisionMs   func(outputLength int) float64
 	}{
-		{"plugin-example.hcl", "plugin-example", []string{"--workers", "4"}},
-		{"disagg.hcl", "disagg-filter-score-pick", []string{"--prefill-workers", "2", "--decode-workers", "2"}},
-		{"soft-pin.hcl", "soft-pin-repin", []string{"--workers", "3"}},
+		{"plugin-example.hcl", "plugin-example", "", []string{"--workers", "4"}, func(int) float64 { return 0.1 }},
+		{"disagg.hcl", "disagg-filter-score-pick", "2ms", []string{"--prefill-workers", "2", "--decode-workers", "2"},
+			func(out int) float64 {
+				if out > 1 {
+					return 4 // one fused call per hop
+				}
+				return 2
+			}},
+		{"soft-pin.hcl", "soft-pin-repin", "", []string{"--workers", "3"}, func(int) float64 { return 0.1 }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.example, func(t *testing.T) {
 			file := policyWith(t, tt.example, tt.bin)
+			if tt.latency != "" {
+				setLatency(t, file, tt.latency)
+			}
 			dir := t.TempDir()
-			var outs [][]byte
-			for i := range 2 {
-				per := filepath.Join(dir, fmt.Sprintf("per-%d.jsonl", i))
-				rep := filepath.Join(dir, fmt.Sprintf("rep-%d.json", i))
+			replayOnce := func(name, file string) []byte {
+				per := filepath.Join(dir, "per-"+name+".jsonl")
+				rep := filepath.Join(dir, "rep-"+name+".json")
 				args := append([]string{"replay", "--policy", file, "--trace", filepath.Join(traceDir, "mooncake_arxiv_trace_first1000.jsonl"),
 					"--limit", "300", "--per-request", per, "--report", rep}, tt.flags...)
 				code, _, errOut := routerRun(t, args...)
@@ -173,7 +190,6 @@ func TestReplayWithPluginsIsDeterministic(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				outs = append(outs, b)
 				r, err := os.ReadFile(rep)
 				if err != nil {
 					t.Fatal(err)
@@ -181,9 +197,39 @@ func TestReplayWithPluginsIsDeterministic(t *testing.T) {
 				if !bytes.Contains(r, []byte(`"completed": 300`)) || !bytes.Contains(r, []byte(`"fallbacks": 0`)) {
 					t.Fatalf("report:\n%s", r)
 				}
+				return b
 			}
-			if !bytes.Equal(outs[0], outs[1]) {
-				t.Fatal("two replays with the same plugin policy differ")
+			var outs [][]byte
+			for i := range 3 {
+				outs = append(outs, replayOnce(strconv.Itoa(i), file))
+			}
+			for i := 1; i < len(outs); i++ {
+				if !bytes.Equal(outs[0], outs[i]) {
+					t.Fatalf("replays 1 and %d with the same plugin policy differ", i+1)
+				}
+			}
+			// The first hop reaches its worker its decision's latency
+			// after arrival at the earliest: queue_ms includes it.
+			first := tt.decisionMs(1)
+			for i, o := range perRequestLines(t, outs[0]) {
+				if want := tt.decisionMs(o.OutputLength); o.DecisionMs != want || o.QueueMs < first {
+					t.Fatalf("request %d (output %d): decision_ms %v, queue_ms %v; want decision_ms %v and queue_ms >= %v",
+						i, o.OutputLength, o.DecisionMs, o.QueueMs, want, first)
+				}
+			}
+			free := filepath.Join(dir, "free.hcl")
+			if err := os.WriteFile(free, readFile(t, file), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			setLatency(t, free, "0s")
+			uncharged := replayOnce("free", free)
+			for i, o := range perRequestLines(t, uncharged) {
+				if o.DecisionMs != 0 {
+					t.Fatalf("request %d: decision_ms %v with replay_decision_latency 0s", i, o.DecisionMs)
+				}
+			}
+			if bytes.Equal(uncharged, outs[0]) {
+				t.Fatal("the replay without decision latency is the same as with it")
 			}
 		})
 	}
@@ -225,6 +271,44 @@ func TestReplayCompareFilesSharingAPlugin(t *testing.T) {
 			t.Errorf("%s: %d completed, %d fallbacks; want 100 and 0", r.Policy, r.Completed, r.Fallbacks)
 		}
 	}
+}
+
+// setLatency sets replay_decision_latency in the (one) plugin block of
+// the policy file at path.
+func setLatency(t *testing.T, path, latency string) {
+	t.Helper()
+	src := string(readFile(t, path))
+	re := regexp.MustCompile(`(?m)^(plugin "[^"]+" \{\n)(  replay_decision_latency = "[^"]*"\n)?`)
+	if len(re.FindAllStringIndex(src, -1)) != 1 {
+		t.Fatalf("%s: want one plugin block:\n%s", path, src)
+	}
+	src = re.ReplaceAllString(src, fmt.Sprintf("${1}  replay_decision_latency = %q\n", latency))
+	if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// perRequestLines decodes a --per-request file.
+func perRequestLines(t *testing.T, b []byte) []replay.Outcome {
+	t.Helper()
+	var outs []replay.Outcome
+	for line := range bytes.Lines(b) {
+		var o replay.Outcome
+		if err := json.Unmarshal(line, &o); err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, o)
+	}
+	return outs
 }
 
 // A plugin that cannot start fails the replay by default; with

@@ -24,6 +24,17 @@ const (
 	DefaultStartTimeout = 5 * time.Second
 	// DefaultCallTimeout bounds one call into a plugin.
 	DefaultCallTimeout = 20 * time.Millisecond
+	// DefaultReplayDecisionLatency is the simulated time router replay
+	// charges for one call into a plugin (Plugin.ReplayDecisionLatency):
+	// 100 us, the measured p50 of one plugin Decide round trip on loopback
+	// (80 us; p99 168 us), rounded up (BENCHMARKS.md, "Out-of-process
+	// plugins").
+	DefaultReplayDecisionLatency = 100 * time.Microsecond
+	// MaxReplayDecisionLatency bounds replay_decision_latency: 1 s, far
+	// above any routing decision, so that a slip of unit ("100ms" for
+	// "100us") is still accepted but a value that would stall every
+	// simulated request by minutes is not.
+	MaxReplayDecisionLatency = time.Second
 	// DefaultFallback is the fallback of a policy that names none: the
 	// built-in least-loaded picker.
 	DefaultFallback = "least-loaded"
@@ -159,6 +170,12 @@ type Plugin struct {
 	StartTimeout time.Duration
 	// CallTimeout bounds one call (DefaultCallTimeout).
 	CallTimeout time.Duration
+	// ReplayDecisionLatency is the simulated time router replay charges
+	// for each call a decision makes into this plugin, between the
+	// decision and the request reaching its worker; 0 to
+	// MaxReplayDecisionLatency (DefaultReplayDecisionLatency). Serve does
+	// not use it. See Bundle.ReplayDecisionLatency.
+	ReplayDecisionLatency time.Duration
 	// OnStartFailure is OnStartFailureError (the default) or
 	// OnStartFailureFallback.
 	OnStartFailure string

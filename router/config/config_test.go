@@ -196,6 +196,7 @@ plugin "pd" {
   env           = { K = "v" }
   sha256        = "0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef"
   call_timeout  = "50ms"
+  replay_decision_latency = "250us"
 }
 plugin "other" {
   command          = "bin/other"
@@ -209,11 +210,11 @@ plugin "other" {
 	want := []Plugin{{
 		Name: "pd", Command: "bin/pd", Args: []string{"--x", "y"}, Env: map[string]string{"K": "v"},
 		SHA256:       "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
-		StartTimeout: 5 * time.Second, CallTimeout: 50 * time.Millisecond, OnStartFailure: "error",
-		Restart: DefaultRestartPolicy(),
+		StartTimeout: 5 * time.Second, CallTimeout: 50 * time.Millisecond, ReplayDecisionLatency: 250 * time.Microsecond,
+		OnStartFailure: "error", Restart: DefaultRestartPolicy(),
 	}, {
 		Name: "other", Command: "bin/other", StartTimeout: 5 * time.Second, CallTimeout: 20 * time.Millisecond,
-		OnStartFailure: "fallback", Restart: DefaultRestartPolicy(),
+		ReplayDecisionLatency: 100 * time.Microsecond, OnStartFailure: "fallback", Restart: DefaultRestartPolicy(),
 	}}
 	ignoreRanges := cmp.FilterPath(func(p cmp.Path) bool {
 		n := p.Last().String()
@@ -225,7 +226,7 @@ plugin "other" {
 	if r := b.Plugins[0].AttrRanges["call_timeout"]; r.Start.Line != 7 {
 		t.Errorf("call_timeout range = %v", r)
 	}
-	if got := short(diags, hcl.DiagWarning); !slices.Equal(got, []string{"t.hcl:2:1: Unused plugin", "t.hcl:9:1: Unused plugin"}) {
+	if got := short(diags, hcl.DiagWarning); !slices.Equal(got, []string{"t.hcl:2:1: Unused plugin", "t.hcl:10:1: Unused plugin"}) {
 		t.Errorf("warnings = %q", got)
 	}
 }
@@ -639,6 +640,27 @@ plugin "pd" {
 		},
 		warns:  []string{"t.hcl:2:1: Unused plugin"},
 		detail: []string{"sha256 must be the 64 hexadecimal digits", `(units ns, us, ms, s, m, h), got "5"`}},
+	{name: "replay_decision_latency out of range", src: `
+plugin "a" {
+  command                 = "bin/a"
+  replay_decision_latency = "-1us"
+}
+plugin "b" {
+  command                 = "bin/b"
+  replay_decision_latency = "2s"
+}
+plugin "c" {
+  command                 = "bin/c"
+  replay_decision_latency = 100
+}`,
+		errors: []string{
+			"t.hcl:4:29: Invalid replay_decision_latency",
+			"t.hcl:8:29: Invalid replay_decision_latency",
+			"t.hcl:12:29: Invalid duration",
+		},
+		warns: []string{"t.hcl:2:1: Unused plugin", "t.hcl:6:1: Unused plugin", "t.hcl:10:1: Unused plugin"},
+		detail: []string{`replay_decision_latency must be a duration from "0s" to "1s", such as "100us" (the default), got "-1µs".`,
+			`got "2s"`}},
 	{name: "plugin without command", src: `plugin "pd" {}`,
 		errors: []string{"t.hcl:1:13: Missing required argument"},
 		warns:  []string{"t.hcl:1:1: Unused plugin"}},

@@ -49,6 +49,7 @@ var pluginSchema = &hcl.BodySchema{
 		{Name: "sha256"},
 		{Name: "start_timeout"},
 		{Name: "call_timeout"},
+		{Name: "replay_decision_latency"},
 		{Name: "on_start_failure"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{{Type: "restart"}},
@@ -240,13 +241,14 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 		}
 	}
 	p := &pluginDecl{Plugin: Plugin{
-		Name:           name,
-		StartTimeout:   DefaultStartTimeout,
-		CallTimeout:    DefaultCallTimeout,
-		OnStartFailure: OnStartFailureError,
-		Restart:        DefaultRestartPolicy(),
-		Range:          blk.DefRange,
-		AttrRanges:     make(map[string]hcl.Range),
+		Name:                  name,
+		StartTimeout:          DefaultStartTimeout,
+		CallTimeout:           DefaultCallTimeout,
+		ReplayDecisionLatency: DefaultReplayDecisionLatency,
+		OnStartFailure:        OnStartFailureError,
+		Restart:               DefaultRestartPolicy(),
+		Range:                 blk.DefRange,
+		AttrRanges:            make(map[string]hcl.Range),
 	}}
 	errorsBefore := len(l.diags.Errs())
 	defer func() { p.blockErrors = len(l.diags.Errs()) > errorsBefore }()
@@ -319,6 +321,17 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 			continue
 		}
 		*f.dst = d
+	}
+	if attr, ok := content.Attributes["replay_decision_latency"]; ok {
+		if d, ok := l.durationAttr(attr); ok {
+			if d < 0 || d > MaxReplayDecisionLatency {
+				l.attrErrorf(attr, "Invalid replay_decision_latency",
+					"replay_decision_latency must be a duration from \"0s\" to %q, such as \"100us\" (the default), got %q.",
+					MaxReplayDecisionLatency.String(), d.String())
+			} else {
+				p.ReplayDecisionLatency = d
+			}
+		}
 	}
 	if attr, ok := content.Attributes["on_start_failure"]; ok {
 		if s, ok := l.stringAttr(attr); ok {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/hcl/v2"
@@ -513,5 +514,88 @@ func TestLoadWithoutPluginHost(t *testing.T) {
 	b, diags := Load("t.hcl", []byte(`plugin "pd" { command = "x" }`), cat)
 	if diags.HasErrors() || b.Catalog != cat {
 		t.Errorf("catalog %p, want the caller's %p\n%s", b.Catalog, cat, FormatDiagnostics(diags))
+	}
+}
+
+// router replay charges each plugin call of a decision the plugin's
+// replay_decision_latency: consecutive components of one plugin are one
+// call (one fused Decide message), built-in components and unavailable
+// placeholders make none.
+func TestReplayDecisionLatency(t *testing.T) {
+	src := `
+plugin "pd" {
+  command                 = "bin/pd"
+  replay_decision_latency = "300us"
+}
+plugin "q" {
+  command          = "bin/q"
+  on_start_failure = "fallback"
+}
+policy "fused" {
+  filter "overlap" { type = "min-overlap" }
+  scorer "cost" { type = "prefill-cost" }
+  picker "lowest" { type = "lowest-cost" }
+  fallback = "split"
+}
+policy "split" {
+  filter "overlap" { type = "min-overlap" }
+  scorer "kv" { type = "kv-cost" }
+  picker "lowest" { type = "lowest-cost" }
+  fallback = "two"
+}
+policy "two" {
+  scorer "cost" { type = "prefill-cost" }
+  scorer "q" { type = "q-cost" }
+  picker "min" { type = "min-cost" }
+  fallback = "rr"
+}
+policy "rr" {
+  picker "rr" { type = "round-robin" }
+}
+worker_selection {
+  prefill = "fused"
+  decode  = "two"
+}
+`
+	for _, c := range []struct {
+		name  string
+		qDown bool
+		want  map[string]time.Duration
+	}{
+		{"both up", false, map[string]time.Duration{"fused": 300 * time.Microsecond, "split": 600 * time.Microsecond,
+			"two": 400 * time.Microsecond, "rr": 0, "least-loaded": 0, "nope": 0}},
+		{"q failed to start", true, map[string]time.Duration{"fused": 300 * time.Microsecond, "split": 600 * time.Microsecond,
+			"two": 300 * time.Microsecond, "rr": 0}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := pdHost()
+			h.types["q"] = []shared.TypeInfo{h.remote("q-cost", shared.KindScorer, nil, nil)}
+			if c.qDown {
+				h.fail["q"] = errors.New("exec format error")
+			}
+			b, diags := loadWithHost(t, h, src)
+			if diags.HasErrors() {
+				t.Fatal(FormatDiagnostics(diags))
+			}
+			for policy, want := range c.want {
+				if got := b.ReplayDecisionLatency(policy); got != want {
+					t.Errorf("ReplayDecisionLatency(%q) = %v, want %v", policy, got, want)
+				}
+			}
+			if got := b.ReplayClassifierLatency(); got != 0 {
+				t.Errorf("ReplayClassifierLatency() without a classifier = %v, want 0", got)
+			}
+		})
+	}
+	// An out-of-process classifier costs its plugin's latency; a built-in
+	// one nothing.
+	b := &Bundle{Plugins: []Plugin{{Name: "cls", ReplayDecisionLatency: 70 * time.Microsecond}},
+		Classifier: &Component{Kind: shared.KindClassifier, OutOfProcess: true, Source: "plugin cls"}}
+	if got := b.ReplayClassifierLatency(); got != 70*time.Microsecond {
+		t.Errorf("out-of-process classifier: %v, want 70µs", got)
+	}
+	b.Classifier = &Component{Kind: shared.KindClassifier, Source: "builtin"}
+	if got := b.ReplayClassifierLatency(); got != 0 {
+		t.Errorf("built-in classifier: %v, want 0", got)
 	}
 }

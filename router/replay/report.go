@@ -8,8 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -288,3 +290,138 @@ func ms(v float64) string {
 		return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.1f", v), "0"), ".")
 	}
 }
+
+func (d *driver) report(o *Options, wall time.Duration) *Report {
+	rep := &Report{
+		Policy:            o.PolicyName,
+		Trace:             o.TraceName,
+		Workers:           len(d.workers),
+		Requests:          len(o.Records),
+		RequestsPerWorker: make([]int, len(d.workers)),
+		WallS:             round3(wall.Seconds()),
+		Selections:        d.selections,
+		Fallbacks:         d.r.Fallbacks(),
+		FallbackSources:   d.fell.list(),
+		Hosted:            d.r.Hosted(d.path.Hop(firstHop).Role),
+	}
+	roles := []shared.Role{shared.RoleAggregated}
+	if d.decode != nil {
+		rep.PrefillWorkers, rep.DecodeWorkers = d.first.Len(), d.decode.Len()
+		roles = []shared.Role{shared.RolePrefill, shared.RoleDecode}
+	}
+	if len(o.RolePolicies) > 0 {
+		rep.RolePolicies = make(map[string]string, len(roles))
+		for _, role := range roles {
+			rep.RolePolicies[string(role)] = o.RolePolicies[role]
+		}
+	}
+	var ttft, e2e, queue, xfer []float64
+	var prompt, cached, predicted int64
+	rep.Classes = make(map[string]*ClassReport, len(d.classes))
+	rep.classOrder = append(rep.classOrder, d.classes...)
+	for _, name := range d.classes {
+		rep.Classes[name] = &ClassReport{}
+	}
+	type samples struct{ ttft, queue []float64 }
+	perClass := make(map[string]*samples, len(d.classes))
+	var extra []string // classes the queue does not declare
+	for i := range d.reqs {
+		out := &d.reqs[i].out
+		name := d.reqs[i].class
+		c := rep.Classes[name]
+		if c == nil {
+			c = &ClassReport{}
+			rep.Classes[name] = c
+			extra = append(extra, name)
+		}
+		c.Requests++
+		if out.Status != "ok" {
+			c.Rejected++
+			continue
+		}
+		c.Completed++
+		sm := perClass[name]
+		if sm == nil {
+			sm = &samples{}
+			perClass[name] = sm
+		}
+		sm.ttft = append(sm.ttft, out.TTFTMs)
+		sm.queue = append(sm.queue, out.QueueMs)
+	}
+	for name, sm := range perClass {
+		rep.Classes[name].TTFT, rep.Classes[name].Queue = summarize(sm.ttft), summarize(sm.queue)
+	}
+	slices.Sort(extra)
+	rep.classOrder = append(rep.classOrder, extra...)
+	for i := range d.reqs {
+		out := &d.reqs[i].out
+		if out.Worker >= 0 {
+			rep.RequestsPerWorker[out.Worker]++
+		}
+		if d.decode != nil && out.DecodeWorker >= 0 {
+			rep.RequestsPerWorker[out.DecodeWorker]++
+		}
+		if out.Status != "ok" {
+			rep.Rejected++
+			if rep.RejectionReasons == nil {
+				rep.RejectionReasons = make(map[string]int)
+			}
+			rep.RejectionReasons[strings.TrimPrefix(out.Status, "rejected: ")]++
+			continue
+		}
+		rep.Completed++
+		ttft = append(ttft, out.TTFTMs)
+		e2e = append(e2e, out.E2EMs)
+		queue = append(queue, out.QueueMs)
+		if out.DecodeWorker > 0 {
+			xfer = append(xfer, out.KVTransferMs)
+		}
+		prompt += int64(out.InputLength)
+		cached += int64(out.CachedTokens)
+		predicted += min(int64(out.OverlapBlocks)*int64(o.BlockSize), int64(max(out.InputLength-1, 0)))
+	}
+	rep.TTFT, rep.E2E, rep.Queue = summarize(ttft), summarize(e2e), summarize(queue)
+	rep.KVTransfer = summarize(xfer)
+	if prompt > 0 {
+		rep.KVHitRatio = round4(float64(cached) / float64(prompt))
+		rep.RouterOverlapRatio = round4(float64(predicted) / float64(prompt))
+	}
+	rep.Imbalance = imbalance(rep.RequestsPerWorker[:d.first.Len()])
+	clusters := []*sim.Cluster{d.first}
+	if d.decode != nil {
+		rep.Imbalance = max(rep.Imbalance, imbalance(rep.RequestsPerWorker[d.base[decodeHop]:]))
+		clusters = append(clusters, d.decode)
+	}
+	for _, c := range clusters {
+		rep.Preemptions += c.Stats().Preemptions
+	}
+	if len(o.Records) > 0 {
+		rep.SimDurationS = round3((d.lastAt - o.Records[0].Arrival).Seconds())
+	}
+	if rep.Selections > 0 {
+		rep.FallbackShare = float64(rep.Fallbacks) / float64(rep.Selections)
+	}
+	if s := wall.Seconds(); s > 0 {
+		rep.SimRequestsPerS = float64(int(float64(len(o.Records)) / s))
+	}
+	if s := d.decisionTime.Seconds(); s > 0 {
+		rep.DecisionsPerS = float64(int(float64(d.decisions) / s))
+	}
+	return rep
+}
+
+// imbalance is max over mean of one pool's request counts (0 when the
+// pool got none).
+func imbalance(counts []int) float64 {
+	var maxN, sum int
+	for _, n := range counts {
+		maxN = max(maxN, n)
+		sum += n
+	}
+	if sum == 0 {
+		return 0
+	}
+	return round3(float64(maxN) / (float64(sum) / float64(len(counts))))
+}
+
+func round4(x float64) float64 { return float64(int64(x*10000+0.5)) / 10000 }

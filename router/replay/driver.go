@@ -1,0 +1,443 @@
+package replay
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"math"
+	"strconv"
+	"time"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/sim"
+	"github.com/switchyard-router/switchyard/router/trace"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// Hop indexes of request.hops (admission.Path.Hop).
+const (
+	firstHop  = 0 // aggregated, or prefill
+	decodeHop = 1 // disaggregated mode only
+)
+
+// driver keeps the state of one replay. The first hop is the aggregated
+// cluster, or the prefill cluster in disaggregated mode; decode is nil in
+// aggregated mode.
+type driver struct {
+	ctx       context.Context
+	r         *router.Router
+	adm       *admission.Controller
+	blockSize int
+	records   []trace.Record
+	path      admission.Path
+
+	first     *sim.Cluster    // aggregated or prefill workers: fleet ids 0..first.Len()−1
+	decode    *sim.Cluster    // decode workers: fleet ids base[decodeHop].., or nil
+	clusters  [2]*sim.Cluster // by hop: first, decode
+	base      [2]int          // by hop: the fleet id of its cluster's worker 0
+	bandwidth float64         // bytes per second
+
+	workers []*fleet.Worker // every fleet member, by fleet id
+
+	// now is the simulated time the router's clock reads (Epoch + now):
+	// set before every admission call.
+	now      time.Duration
+	capacity int // max_active_requests; 0: nothing queues for capacity
+	// waiting counts the hops in the router's queues, decodeWaiting those
+	// of them that are decode hops.
+	waiting, decodeWaiting int
+	classify               bool // per-request lines carry priority and policy_class
+	// defaultClass is the queue's default class, and classes its classes
+	// in file order (the report's order).
+	defaultClass string
+	classes      []string
+	dispatched   []*admission.Handle // Dispatch's buffer
+
+	reqs      []request
+	next      int      // the next arrival's trace index
+	starts    dueQueue // first hops placed, reaching their worker after the decision latency
+	transfers dueQueue // decode hops placed, reaching their worker after the decision latency and the KV transfer
+
+	firstEvents, decodeEvents []sim.Event
+
+	// charge is each hop's role policy's decision latency, classifierCharge
+	// the classifier's (zero without one), policyCharge every policy's
+	// (for fallbacks); see Options.DecisionLatency.
+	charge           [2]time.Duration
+	classifierCharge time.Duration
+	policyCharge     map[string]time.Duration
+
+	lastAt       time.Duration // latest completion
+	decisions    int           // Admit calls and dispatches
+	decisionTime time.Duration // wall time in Admit and Dispatch
+
+	// selections counts the selections that placed a request on a worker
+	// (first hops and decode hops); fell, those a fallback decided, by
+	// cause. policy names each hop's role policy.
+	selections int64
+	fell       fallbackTally
+	policy     [2]string
+}
+
+// request is one trace request's state through the replay.
+type request struct {
+	out     Outcome
+	arrival time.Duration
+	// priority and class are the first hop's classification: its
+	// priority, and its class ("" until classified, then the queue's
+	// default class when the classifier named none). out.Priority points
+	// at priority.
+	priority int
+	class    string
+	charged  time.Duration // decision latency charged so far (out.DecisionMs)
+	hops     [2]hopState   // by hop index; decode only in disaggregated mode
+}
+
+// hopState is one hop of a request.
+type hopState struct {
+	h      *admission.Handle // while admitted: nil before, and once it ended
+	worker int32             // its worker's index in the hop's cluster, once placed
+	queued bool              // waiting in the router's queue
+}
+
+func newDriver(ctx context.Context, o *Options) (*driver, error) {
+	cfg, err := o.check()
+	if err != nil {
+		return nil, err
+	}
+	r, err := router.New(router.Options{BlockSize: o.BlockSize, Roles: o.Roles, BookingsAreLoad: true})
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	queue := o.Queue
+	if len(queue.Classes) == 0 {
+		queue = config.DefaultQueue()
+	}
+	d := &driver{
+		ctx:          ctx,
+		r:            r,
+		blockSize:    o.BlockSize,
+		records:      o.Records,
+		path:         o.path(),
+		capacity:     queue.MaxActiveRequests,
+		classify:     o.classified(),
+		reqs:         make([]request, len(o.Records)),
+		policyCharge: o.DecisionLatency.Policies,
+	}
+	if o.Classifier != nil {
+		d.classifierCharge = o.DecisionLatency.Classifier
+	}
+	for k := range d.path.Len() {
+		d.policy[k] = o.Roles[d.path.Hop(k).Role].Name
+		d.charge[k] = d.policyCharge[d.policy[k]]
+	}
+	d.defaultClass = queue.DefaultClass
+	if d.defaultClass == "" {
+		d.defaultClass = queue.Classes[0].Name
+	}
+	for _, c := range queue.Classes {
+		d.classes = append(d.classes, c.Name)
+	}
+	if d.adm, err = admission.New(r, admission.Options{Queue: queue, Classifier: o.Classifier, Listeners: o.Listeners,
+		Now: func() time.Time { return epoch.Add(d.now) }, InlineEvents: true}); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	// The index tracks what fits in each engine's KV cache, in router blocks.
+	capacity := max(int64(cfg.TotalKVBlocks)*int64(cfg.BlockSize)/int64(o.BlockSize), 1)
+	sizes := [2]int{o.Workers}
+	names := [2]string{"sim-"}
+	if d.path == admission.Disaggregated {
+		sizes, names = [2]int{o.PrefillWorkers, o.DecodeWorkers}, [2]string{"prefill-", "decode-"}
+	}
+	for k := range d.path.Len() {
+		if d.clusters[k], err = sim.NewCluster(sizes[k], cfg); err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
+		}
+		d.base[k] = len(d.workers)
+		for range sizes[k] {
+			id := len(d.workers)
+			w, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(id), Role: d.path.Hop(k).Role, TotalKVBlocks: capacity, Name: names[k] + strconv.Itoa(id)})
+			if err != nil {
+				return nil, fmt.Errorf("replay: %w", err)
+			}
+			d.workers = append(d.workers, w)
+		}
+	}
+	d.first, d.decode = d.clusters[firstHop], d.clusters[decodeHop]
+	d.bandwidth = o.KVTransferBandwidth
+	if d.bandwidth == 0 {
+		d.bandwidth = DefaultKVTransferBandwidth
+	}
+	return d, nil
+}
+
+// loop replays every arrival and runs the clusters until nothing is in
+// flight and nothing waits (see Run).
+func (d *driver) loop() error {
+	recs := d.records
+	for steps := 1; ; steps++ {
+		if steps%1024 == 0 {
+			if err := d.ctx.Err(); err != nil {
+				return err
+			}
+		}
+		if d.capacity == 0 && d.waiting == 0 {
+			// Nothing waits for capacity: only arrivals, and the first
+			// hops they place, feed the first hop. (A decode hop may
+			// still wait, when its policy finds every worker busy; the
+			// next iteration then steps event by event.)
+			t, ok := d.nextInput()
+			if !ok {
+				d.drain()
+				if d.waiting == 0 {
+					return nil
+				}
+				continue
+			}
+			d.advance(t)
+			d.startDue(t)
+			if d.next < len(recs) && recs[d.next].Arrival == t {
+				d.arrive(d.next)
+				d.next++
+			}
+			continue
+		}
+		// A queued hop may leave the queue at any step end: go event by
+		// event.
+		t, ok := d.nextInstant()
+		if !ok {
+			// Nothing is in flight and nothing is left to arrive: dispatch
+			// once more; what still waits then never will.
+			if !d.dispatch(d.now) {
+				d.abandon()
+				return nil
+			}
+			continue
+		}
+		d.now = t
+		d.advance(t)
+		d.startDue(t)
+		d.dispatch(t)
+		for ; d.next < len(recs) && recs[d.next].Arrival == t; d.next++ {
+			d.dispatch(t)
+			d.arrive(d.next)
+		}
+	}
+}
+
+// nextInput is the next instant something enters the first-hop cluster:
+// the next arrival or first-hop submission; false when there is none.
+func (d *driver) nextInput() (time.Duration, bool) {
+	var t time.Duration
+	ok := d.next < len(d.records)
+	if ok {
+		t = d.records[d.next].Arrival
+	}
+	if len(d.starts) > 0 && (!ok || d.starts[0].at < t) {
+		t, ok = d.starts[0].at, true
+	}
+	return t, ok
+}
+
+// nextInstant is the earliest instant of any source (see Run); false when
+// there is none: no arrival left, nothing on its way to a worker, every
+// worker idle.
+func (d *driver) nextInstant() (time.Duration, bool) {
+	t, ok := d.nextInput()
+	earliest := func(at time.Duration) {
+		if !ok || at < t {
+			t, ok = at, true
+		}
+	}
+	if at, busy := d.first.NextEvent(); busy {
+		earliest(at)
+	}
+	if d.decode != nil {
+		if len(d.transfers) > 0 {
+			earliest(d.transfers[0].at)
+		}
+		if at, busy := d.decode.NextEvent(); busy {
+			earliest(at)
+		}
+	}
+	return t, ok
+}
+
+// advance processes the step ends up to and including t and the decode
+// submissions up to t (see Run for the order). The first-hop cluster's
+// inputs are the arrivals and the first hops placed, so with every one of
+// them before t submitted its events up to t are final and can be taken
+// at once; each may admit a decode hop, so the decode side is brought up
+// to each event's time before it is handled.
+func (d *driver) advance(t time.Duration) {
+	d.firstEvents = d.first.AdvanceTo(t, d.firstEvents[:0])
+	for _, e := range d.firstEvents {
+		d.decodeUpTo(e.At, false)
+		d.handleFirst(e)
+	}
+	d.decodeUpTo(t, true)
+}
+
+// drain runs every worker until idle.
+func (d *driver) drain() {
+	d.firstEvents = d.first.Drain(d.firstEvents[:0])
+	for _, e := range d.firstEvents {
+		d.decodeUpTo(e.At, false)
+		d.handleFirst(e)
+	}
+	if d.decode == nil {
+		return
+	}
+	d.decodeUpTo(math.MaxInt64, false)
+	d.decodeEvents = d.decode.Drain(d.decodeEvents[:0])
+	d.handleDecode(d.decodeEvents)
+}
+
+// startDue submits the first hops whose decision latency ends at or
+// before t, in (time, trace index) order.
+func (d *driver) startDue(t time.Duration) {
+	for len(d.starts) > 0 && d.starts[0].at <= t {
+		x := heap.Pop(&d.starts).(due)
+		d.submit(x.index, firstHop, x.at)
+	}
+}
+
+// decodeUpTo submits the decode hops that reach their worker before t (or
+// at t, when inclusive), each after the decode workers' events up to its
+// time, and then handles the decode workers' events up to t. While decode
+// hops wait, a decode worker's completion dispatches them and sends them
+// on their way, so the decode workers are then run one step end at a
+// time. No-op in aggregated mode.
+func (d *driver) decodeUpTo(t time.Duration, inclusive bool) {
+	if d.decode == nil {
+		return
+	}
+	for {
+		landing := len(d.transfers) > 0 && (d.transfers[0].at < t || (inclusive && d.transfers[0].at == t))
+		if d.decodeWaiting > 0 {
+			if at, busy := d.decode.NextEvent(); busy && at <= t && (!landing || at <= d.transfers[0].at) {
+				d.decodeEvents = d.decode.AdvanceTo(at, d.decodeEvents[:0])
+				d.handleDecode(d.decodeEvents)
+				continue
+			}
+		}
+		if !landing {
+			break
+		}
+		x := heap.Pop(&d.transfers).(due)
+		d.decodeEvents = d.decode.AdvanceTo(x.at, d.decodeEvents[:0])
+		d.handleDecode(d.decodeEvents)
+		d.submit(x.index, decodeHop, x.at)
+	}
+	if t != math.MaxInt64 {
+		d.decodeEvents = d.decode.AdvanceTo(t, d.decodeEvents[:0])
+		d.handleDecode(d.decodeEvents)
+	}
+}
+
+// dispatch places queued hops while capacity allows and sends them on
+// their way at `at`; those whose due time passed are rejected. It reports
+// whether the router dispatched or refused any.
+func (d *driver) dispatch(at time.Duration) bool {
+	if d.waiting == 0 {
+		return false
+	}
+	d.now = at
+	t0 := time.Now()
+	d.dispatched = d.adm.Dispatch(d.ctx, d.dispatched[:0])
+	d.decisionTime += time.Since(t0)
+	for _, h := range d.dispatched {
+		i := requestIndex(h.Request().ID)
+		k := firstHop
+		if d.reqs[i].hops[decodeHop].h == h {
+			k = decodeHop
+		}
+		d.unqueue(i, k)
+		if err := h.Err(); err != nil {
+			d.reqs[i].hops[k].h = nil
+			d.reject(i, k, err.Error())
+			continue
+		}
+		d.decisions++
+		dec := h.Decision()
+		d.placed(i, k, &dec, at)
+	}
+	n := len(d.dispatched)
+	clear(d.dispatched) // drop the handles
+	return n > 0
+}
+
+// unqueue records that hop k of request i left the router's queue.
+func (d *driver) unqueue(i, k int) {
+	d.reqs[i].hops[k].queued = false
+	d.waiting--
+	if k == decodeHop {
+		d.decodeWaiting--
+	}
+}
+
+// abandon rejects the hops still queued when every worker is idle and no
+// arrival is left: only a policy that answers "all busy" with no request
+// in flight leaves any.
+func (d *driver) abandon() {
+	const reason = "never dispatched: every worker stayed busy after the last request ended"
+	for i := range d.reqs {
+		for k := range d.reqs[i].hops {
+			if d.reqs[i].hops[k].queued {
+				d.unqueue(i, k)
+				d.end(i, k, admission.Aborted(reason))
+				d.reject(i, k, reason)
+			}
+		}
+	}
+}
+
+// requestIndex is the trace index of an admitted request's id ("7", or
+// "7#d" for a decode hop).
+func requestIndex(id string) int {
+	if n := len(id) - len(DecodeIDSuffix); n > 0 && id[n:] == DecodeIDSuffix {
+		id = id[:n]
+	}
+	i, _ := strconv.Atoi(id)
+	return i
+}
+
+// observe publishes simulated worker idx's engine state (queue length, KV
+// usage) as fleet worker id's engine report, as a scraped vLLM /metrics
+// would, so policies that read LOAD's kv_usage and waiting see them. It
+// runs after every change to the worker, in simulated-time order, so the
+// replay stays deterministic.
+func (d *driver) observe(c *sim.Cluster, idx, id int) {
+	l := c.Worker(idx).Load()
+	var usage float64
+	if total := l.UsedBlocks + l.FreeBlocks; total > 0 {
+		usage = float64(l.UsedBlocks) / float64(total)
+	}
+	d.workers[id].SetEngineLoad(&fleet.EngineLoad{KVUsage: usage, HasKVUsage: true, Waiting: int64(l.Waiting), HasWaiting: true})
+}
+
+// due is a hop placed on a worker, reaching it at `at`.
+type due struct {
+	at    time.Duration
+	index int
+}
+
+// dueQueue is a min-heap of hops by (at, index), so submissions happen in
+// time order, ties in trace order.
+type dueQueue []due
+
+func (q dueQueue) Len() int { return len(q) }
+func (q dueQueue) Less(i, j int) bool {
+	return q[i].at < q[j].at || (q[i].at == q[j].at && q[i].index < q[j].index)
+}
+func (q dueQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
+func (q *dueQueue) Push(x any)   { *q = append(*q, x.(due)) }
+func (q *dueQueue) Pop() any {
+	old := *q
+	x := old[len(old)-1]
+	*q = old[:len(old)-1]
+	return x
+}

@@ -1,0 +1,267 @@
+package replay
+
+import (
+	"container/heap"
+	"strconv"
+	"time"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/router/sim"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// A request's hops, as admission.Path walks them: each hop is admitted
+// (classified, placed, or queued until capacity frees), sent to its
+// worker after the decision latency (and, for a decode hop, the prompt's
+// KV transfer), told its first token, and ended when its worker completes
+// it (Handle.End with admission.Completed) or when it fails. The request
+// is over when a hop that admission.Hop.Ends completes.
+
+// arrive admits trace request i, arriving now, for its first hop.
+func (d *driver) arrive(i int) {
+	rec := &d.records[i]
+	st := &d.reqs[i]
+	now := rec.Arrival
+	d.now = now
+	st.arrival = now
+	st.out = Outcome{Index: i, ArrivalMs: millis(now), Worker: -1, InputLength: rec.InputLength, OutputLength: rec.OutputLength}
+	if d.decode != nil {
+		st.out.DecodeWorker = -1
+	}
+	h, err := d.admit(i, firstHop)
+	var cl shared.Classification
+	if h != nil {
+		cl = h.Classification()
+	}
+	d.classified(i, &cl)
+	d.admitted(i, firstHop, h, err, now)
+}
+
+// admit admits hop k of request i at d.now.
+func (d *driver) admit(i, k int) (*admission.Handle, error) {
+	t0 := time.Now()
+	h, err := d.adm.Admit(d.ctx, d.request(i, k))
+	d.decisionTime += time.Since(t0)
+	d.decisions++
+	return h, err
+}
+
+// request is the request hop k of trace request i admits
+// (admission.Hop.Request): its id (with DecodeIDSuffix for the decode
+// hop), prompt tokens, chained block hashes when the hop carries them,
+// session and classifier metadata.
+func (d *driver) request(i, k int) *shared.Request {
+	rec := &d.records[i]
+	hop := d.path.Hop(k)
+	base := shared.Request{ID: strconv.Itoa(i), PromptTokens: rec.InputLength, BlockSize: d.blockSize, SessionID: rec.SessionID}
+	if k == decodeHop {
+		base.ID += DecodeIDSuffix
+	}
+	if hop.PrefixHashes {
+		base.BlockHashes = prefix.ChainHashes(make([]uint64, 0, len(rec.HashIDs)), rec.HashIDs)
+	}
+	if rec.HasPriority || rec.PolicyClass != "" {
+		base.Metadata = make(map[string]string, 2)
+		if rec.HasPriority {
+			base.Metadata[MetadataPriority] = strconv.Itoa(rec.Priority)
+		}
+		if rec.PolicyClass != "" {
+			base.Metadata[MetadataPolicyClass] = rec.PolicyClass
+		}
+	}
+	return hop.Request(&base)
+}
+
+// admitted records the admission of hop k of request i at `at`: refused
+// (h may be an ended handle), queued, or placed.
+func (d *driver) admitted(i, k int, h *admission.Handle, err error, at time.Duration) {
+	hp := &d.reqs[i].hops[k]
+	switch {
+	case err != nil:
+		d.reject(i, k, err.Error())
+	case h.Queued():
+		hp.h, hp.queued = h, true
+		d.waiting++
+		if k == decodeHop {
+			d.decodeWaiting++
+		}
+	default:
+		hp.h = h
+		dec := h.Decision()
+		d.placed(i, k, &dec, at)
+	}
+}
+
+// classified records request i's classification in its outcome.
+func (d *driver) classified(i int, cl *shared.Classification) {
+	st := &d.reqs[i]
+	st.priority, st.class = cl.Priority, cl.PolicyClass
+	if st.class == "" {
+		st.class = d.defaultClass
+	}
+	if d.classify {
+		st.out.Priority = &st.priority
+		st.out.PolicyClass = st.class
+	}
+}
+
+// placed records hop k of request i, placed by dec at `at`, and sends it
+// on its way: a first hop reaches its worker after the decision latency
+// (at once when there is none), a decode hop after the decision latency
+// and its prompt's KV transfer. The decode worker is chosen before the
+// transfer (the KV needs a destination), so its booking covers the
+// transfer too.
+func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
+	rec := &d.records[i]
+	st := &d.reqs[i]
+	out := &st.out
+	id := int(dec.Worker.ID)
+	st.hops[k].worker = int32(id - d.base[k])
+	out.Fallback = out.Fallback || dec.Fallback
+	d.selected(d.policy[k], dec)
+	charge := d.chargeFor(k, dec)
+	if charge > 0 {
+		st.charged += charge
+		out.DecisionMs = millis(st.charged)
+	}
+	if k == firstHop {
+		out.Worker = id
+		out.OverlapBlocks = dec.OverlapBlocks
+		if charge == 0 {
+			d.submit(i, k, at)
+		} else {
+			heap.Push(&d.starts, due{at: at + charge, index: i})
+		}
+		return
+	}
+	out.DecodeWorker = id
+	xfer := KVTransferTime(max(rec.InputLength, 1), d.bandwidth)
+	out.KVTransferMs = millis(xfer)
+	heap.Push(&d.transfers, due{at: at + charge + xfer, index: i})
+}
+
+// chargeFor is the decision latency of hop k's placement dec (see
+// Options.DecisionLatency).
+func (d *driver) chargeFor(k int, dec *router.Decision) time.Duration {
+	c := d.classifierCharge
+	if !dec.Target {
+		c += d.charge[k]
+	}
+	if dec.Fallback {
+		c += d.policyCharge[dec.Policy]
+	}
+	return c
+}
+
+// selected counts a selection that placed a request, by policy (the
+// role's), and tallies its cause when its fallback decided.
+func (d *driver) selected(policy string, dec *router.Decision) {
+	d.selections++
+	if dec.Fallback {
+		d.fell.add(policy, dec.FallbackCause)
+	}
+}
+
+// submit sends hop k of request i to its worker at `at`: the prompt (at
+// least 1 token) with its block hashes, to generate the first token
+// (prefill) or the whole output; a decode hop's prompt KV was transferred.
+// A worker that refuses it ends the hop.
+func (d *driver) submit(i, k int, at time.Duration) {
+	rec := &d.records[i]
+	hp := &d.reqs[i].hops[k]
+	hop := d.path.Hop(k)
+	r := sim.Request{ID: i, InputLength: max(rec.InputLength, 1), OutputLength: hop.OutputTokens(rec.OutputLength),
+		KVTransferred: k == decodeHop}
+	if hop.PrefixHashes {
+		r.PrefixHashes, r.PrefixBlockTokens = hp.h.Request().BlockHashes, d.blockSize
+	}
+	c, w := d.clusters[k], int(hp.worker)
+	if err := c.Submit(at, w, &r); err != nil {
+		d.now = at
+		d.end(i, k, admission.Aborted(err.Error())) // releases the booking
+		d.reject(i, k, err.Error())
+	}
+	d.observe(c, w, d.base[k]+w)
+}
+
+// end ends hop k of request i with o, once.
+func (d *driver) end(i, k int, o admission.Outcome) {
+	hp := &d.reqs[i].hops[k]
+	if hp.h != nil {
+		hp.h.End(o)
+		hp.h = nil
+	}
+}
+
+// reject marks request i rejected at hop k for reason.
+func (d *driver) reject(i, k int, reason string) {
+	status := "rejected: "
+	if k == decodeHop {
+		status += "decode: "
+	}
+	d.reqs[i].out.Status = status + reason
+}
+
+// handleFirst feeds back one event of an aggregated or prefill worker:
+// the first token ends the request's booked prefill; completion ends the
+// hop (releasing its booking) and, when the request has more to generate,
+// admits its decode hop.
+func (d *driver) handleFirst(e sim.Event) {
+	i := e.RequestID
+	st := &d.reqs[i]
+	defer d.observe(d.first, e.Worker, e.Worker)
+	d.now = e.At
+	switch e.Kind {
+	case sim.FirstToken:
+		out := &st.out
+		out.TTFTMs = millis(e.At - st.arrival)
+		out.CachedTokens = e.CachedTokens
+		out.QueueMs = millis(e.ScheduledAt - st.arrival)
+		st.hops[firstHop].h.FirstToken() // ends the booked prefill
+	case sim.Completed:
+		if d.completed(i, firstHop, e.At) {
+			return
+		}
+		h, err := d.admit(i, decodeHop)
+		d.admitted(i, decodeHop, h, err, e.At)
+	}
+}
+
+// handleDecode feeds back decode workers' events: completion ends the
+// hop and the request, and dispatches the decode hops waiting for the
+// capacity it freed.
+func (d *driver) handleDecode(events []sim.Event) {
+	for _, e := range events {
+		i := e.RequestID
+		d.observe(d.decode, e.Worker, d.base[decodeHop]+e.Worker)
+		d.now = e.At
+		switch e.Kind {
+		case sim.FirstToken:
+			d.reqs[i].hops[decodeHop].h.FirstToken() // books no prefill; marks the state
+		case sim.Completed:
+			d.completed(i, decodeHop, e.At)
+			if d.decodeWaiting > 0 {
+				d.dispatch(e.At)
+			}
+		}
+	}
+}
+
+// completed ends hop k of request i, which its worker completed at `at`,
+// and reports whether the request is over (admission.Hop.Ends); then its
+// outcome is ok.
+func (d *driver) completed(i, k int, at time.Duration) bool {
+	rec := &d.records[i]
+	st := &d.reqs[i]
+	hop := d.path.Hop(k)
+	d.end(i, k, admission.Completed(hop.ContextTokens(max(rec.InputLength, 1), rec.OutputLength))) // releases the booking
+	if !hop.Ends(rec.OutputLength) {
+		return false
+	}
+	st.out.E2EMs = millis(at - st.arrival)
+	st.out.Status = "ok"
+	d.lastAt = max(d.lastAt, at)
+	return true
+}

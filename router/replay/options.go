@@ -1,0 +1,242 @@
+package replay
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"time"
+
+	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/sim"
+	"github.com/switchyard-router/switchyard/router/trace"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// DefaultWorkers is the number of simulated workers when none is given:
+// the conversation trace needs about 1.6 GPU-seconds of prefill per second
+// without cache hits (SIMULATION.md §3), so 8 leaves headroom for policies
+// to differ in latency rather than in whether they keep up.
+const DefaultWorkers = 8
+
+// MaxWorkers bounds the simulated fleet of one replay, aggregated workers
+// or prefill and decode workers together: 4,096, the largest fleet the
+// benchmarks measure (BENCHMARKS.md). Every simulated worker carries its
+// own engine state and prefix index, so memory grows linearly with the
+// fleet; beyond this a typo such as --workers 100000 would take many
+// gigabytes before the first request.
+const MaxWorkers = 4096
+
+// KVBytesPerToken is the KV cache of one token of the simulated model,
+// Llama-3.1-8B-Instruct in bf16: 32 layers × 8 KV heads × 128 dimensions ×
+// 2 (key and value) × 2 bytes = 131,072 bytes (SIMULATION.md, model).
+const KVBytesPerToken = 128 << 10
+
+// DefaultKVTransferBandwidth is the prefill-to-decode KV transfer
+// bandwidth in bytes per second when Options gives none: 50 GB/s, one
+// 400 Gb/s RDMA NIC per GPU (ConnectX-7 class) at line rate. This is an
+// assumption, not a measurement: it ignores protocol overhead, NVLink
+// transfers inside a node (faster) and contention on a shared NIC (slower).
+const DefaultKVTransferBandwidth = 50e9
+
+// KVTransferTime is how long moving the KV of promptTokens tokens from a
+// prefill worker to a decode worker takes at bytesPerSecond:
+// promptTokens × KVBytesPerToken / bytesPerSecond, rounded to the
+// nanosecond, with no fixed latency. At the default 50 GB/s a 1,000-token
+// prompt (131 MB) takes 2.62144 ms.
+func KVTransferTime(promptTokens int, bytesPerSecond float64) time.Duration {
+	return time.Duration(math.Round(float64(promptTokens) * KVBytesPerToken / bytesPerSecond * 1e9))
+}
+
+// Epoch is the router's clock at simulated time 0: a replay sets the
+// Router's Now (queue arrival, aging, due times; classifiers' and
+// listeners' clock) to Epoch plus the simulated time, so replays repeat
+// exactly. 2025-01-01T00:00:00Z, on a whole second, so an aging grid of
+// whole seconds starts at the first arrival.
+func Epoch() time.Time { return epoch }
+
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// DefaultSeed seeds a replayed policy whose file sets no router.seed and
+// whose command line gives no --seed, so `router replay` repeats exactly
+// by default.
+const DefaultSeed = 1
+
+// MetadataPriority and MetadataPolicyClass are the Request.Metadata keys
+// a replay puts a trace record's priority and policy_class under: the
+// HTTP header names the header-priority classifier reads by default.
+const (
+	MetadataPriority    = "x-priority"
+	MetadataPolicyClass = "x-policy-class"
+)
+
+// DecodeIDSuffix ends the request id of a request's decode hop in
+// disaggregated mode: trace request 7 is admitted as "7" for its prefill
+// hop and as "7#d" for its decode hop, so listeners hear each hop's
+// lifecycle under its own id.
+const DecodeIDSuffix = "#d"
+
+// Options configure one replay.
+type Options struct {
+	// PolicyName labels the report: the policy file's name, or
+	// config.DefaultPolicyName ("default") for the built-in policy.
+	PolicyName string
+	// Roles maps each role to its policy: aggregated is required in
+	// aggregated mode, prefill and decode in disaggregated mode.
+	Roles map[shared.Role]*shared.Policy
+	// RolePolicies, when set, names each role's policy as the policy file
+	// does (config.Bundle.RolePolicies), config.DefaultPolicyName for the
+	// built-in one. The report copies the names of the roles it routes
+	// for, and its table label marks a role that ran the built-in policy
+	// although PolicyName names a file (see Report.Label).
+	RolePolicies map[shared.Role]string
+	// BlockSize is the router's tokens per block. Mooncake traces hash
+	// 512-token blocks, so they require 512.
+	BlockSize int
+	// TraceName labels the report.
+	TraceName string
+	// Records is the trace, in arrival order.
+	Records []trace.Record
+	// Workers is the number of simulated aggregated workers (1 to
+	// MaxWorkers), fleet ids 0..Workers−1; it must be 0 in disaggregated
+	// mode.
+	Workers int
+	// PrefillWorkers and DecodeWorkers, when set (both >= 1, together at
+	// most MaxWorkers), replay disaggregated serving instead
+	// (admission.Disaggregated): prefill workers have fleet ids
+	// 0..PrefillWorkers−1 and role prefill, decode workers the next
+	// DecodeWorkers ids and role decode. Each request is admitted for a
+	// prefill worker on arrival and computes its prompt and first token
+	// there (submitted with OutputLength 1). At that first token its
+	// prefill hop ends and, if it has more to generate, its decode hop is
+	// admitted for a decode worker; its prompt's KV moves there in
+	// KVTransferTime, then it is submitted with sim.Request.KVTransferred
+	// and decodes the rest of its output.
+	PrefillWorkers, DecodeWorkers int
+	// KVTransferBandwidth is the prefill-to-decode KV transfer bandwidth in
+	// bytes per second (disaggregated mode only); 0 means
+	// DefaultKVTransferBandwidth.
+	KVTransferBandwidth float64
+	// Sim configures every simulated worker, prefill and decode alike; zero
+	// means sim.DefaultConfig().
+	Sim sim.Config
+	// PerRequest, when set, receives one JSON line per request in trace
+	// order (see Outcome).
+	PerRequest io.Writer
+
+	// Queue is the policy file's queue block (config.Bundle.Queue), for
+	// every hop (aggregated, or prefill and decode): MaxActiveRequests is
+	// each worker's capacity in in-flight requests; a hop that finds every
+	// candidate of its role at capacity waits in its role's queue and is
+	// dispatched, by class weight, priority and aging, at the simulated
+	// instant capacity frees. The zero value means config.DefaultQueue():
+	// no capacity, so nothing queues (unless a policy itself answers that
+	// every worker is busy) and the replay is the same as without
+	// admission.
+	Queue config.Queue
+	// Classifier, when set, classifies every hop on its admission
+	// (priority, policy class, due time, scheduling cost, advisory
+	// target): the factory of the file's request_classifier,
+	// config.Bundle.Classifier's Instance. Requests carry the trace's
+	// session_id as SessionID and, as Metadata, its priority under
+	// "x-priority" and its policy_class under "x-policy-class", the HTTP
+	// header names header-priority reads by default, so one policy file
+	// classifies replayed and served requests alike.
+	Classifier shared.ClassifierFactory
+	// Listeners hear the lifecycle of every hop (sent, first_token,
+	// completed, aborted) at simulated times (see Epoch); a decode hop's
+	// request id ends in DecodeIDSuffix.
+	Listeners []shared.EventListener
+	// DecisionLatency is the simulated time each decision's plugin calls
+	// take; the zero value charges none (built-in policies).
+	DecisionLatency DecisionLatency
+}
+
+// DecisionLatency is the simulated time between a hop's decision and its
+// request reaching the chosen worker: what the decision's out-of-process
+// calls take. A replay reads no clock, so it charges these fixed figures
+// (each plugin's replay_decision_latency, summed per policy by
+// config.Bundle.ReplayDecisionLatency) whatever the calls took, and
+// repeats exactly. The router decides, and books the worker, with the
+// state at decision time; the simulated worker receives the request at
+// decision time plus the charge (a decode hop's KV transfer starts then).
+// Outcome.DecisionMs reports each request's total.
+type DecisionLatency struct {
+	// Policies is the charge of one decision of each policy, by policy
+	// name (config.Bundle.ReplayDecisionLatency): charged for the role's
+	// policy when it ran (not when an advisory target was taken without
+	// it), plus its fallback's when the fallback decided. A policy not in
+	// the map is charged nothing. Each >= 0.
+	Policies map[string]time.Duration
+	// Classifier is charged for every hop that Options.Classifier
+	// classified (config.Bundle.ReplayClassifierLatency); >= 0.
+	Classifier time.Duration
+}
+
+// classified reports whether requests are classified or may queue by a
+// queue block: then the per-request lines carry priority and policy_class.
+func (o *Options) classified() bool { return o.Classifier != nil || len(o.Queue.Classes) > 0 }
+
+// disaggregated reports whether o asks for prefill and decode pools.
+func (o *Options) disaggregated() bool { return o.PrefillWorkers != 0 || o.DecodeWorkers != 0 }
+
+// path is how o's requests cross the fleet.
+func (o *Options) path() admission.Path {
+	if o.disaggregated() {
+		return admission.Disaggregated
+	}
+	return admission.Aggregated
+}
+
+// check validates o and returns the simulated workers' configuration.
+func (o *Options) check() (sim.Config, error) {
+	if o.disaggregated() {
+		if o.PrefillWorkers < 1 || o.DecodeWorkers < 1 {
+			return sim.Config{}, fmt.Errorf("replay: %d prefill and %d decode workers, want both >= 1", o.PrefillWorkers, o.DecodeWorkers)
+		}
+		// Each is checked alone first so that the sum cannot overflow.
+		if o.PrefillWorkers > MaxWorkers || o.DecodeWorkers > MaxWorkers || o.PrefillWorkers+o.DecodeWorkers > MaxWorkers {
+			return sim.Config{}, fmt.Errorf("replay: %d prefill and %d decode workers, want at most %d together (MaxWorkers)",
+				o.PrefillWorkers, o.DecodeWorkers, MaxWorkers)
+		}
+		if o.Workers != 0 {
+			return sim.Config{}, fmt.Errorf("replay: %d aggregated workers with prefill and decode workers; use one or the other", o.Workers)
+		}
+		if bw := o.KVTransferBandwidth; bw < 0 || math.IsNaN(bw) || math.IsInf(bw, 0) {
+			return sim.Config{}, fmt.Errorf("replay: KV transfer bandwidth %v B/s, want finite and > 0 (0: default)", bw)
+		}
+	} else if o.Workers < 1 || o.Workers > MaxWorkers {
+		return sim.Config{}, fmt.Errorf("replay: %d workers, want 1 to %d (MaxWorkers)", o.Workers, MaxWorkers)
+	}
+	path := o.path()
+	for k := range path.Len() {
+		if role := path.Hop(k).Role; o.Roles[role] == nil {
+			return sim.Config{}, fmt.Errorf("replay: no policy for role %s", role)
+		}
+	}
+	if o.DecisionLatency.Classifier < 0 {
+		return sim.Config{}, fmt.Errorf("replay: classifier decision latency %v, want >= 0", o.DecisionLatency.Classifier)
+	}
+	for name, l := range o.DecisionLatency.Policies {
+		if l < 0 {
+			return sim.Config{}, fmt.Errorf("replay: policy %q decision latency %v, want >= 0", name, l)
+		}
+	}
+	cfg := o.Sim
+	if cfg == (sim.Config{}) {
+		cfg = sim.DefaultConfig()
+	}
+	if err := cfg.Validate(); err != nil {
+		return sim.Config{}, fmt.Errorf("replay: %w", err)
+	}
+	for _, rec := range o.Records {
+		if len(rec.HashIDs) > 0 {
+			if o.BlockSize != trace.MooncakeBlockTokens {
+				return sim.Config{}, fmt.Errorf("replay: %s hashes %d-token blocks; set router.block_size = %d (have %d)",
+					o.TraceName, trace.MooncakeBlockTokens, trace.MooncakeBlockTokens, o.BlockSize)
+			}
+			break
+		}
+	}
+	return cfg, nil
+}
