@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"reflect"
 	"slices"
 	"sync"
@@ -90,7 +91,10 @@ type Bundle struct {
 	// loaded file) and so closes those implementing shared.Closer.
 	owned bool
 
-	inflight atomic.Int64
+	// inflight counts the selections deciding with the bundle, striped
+	// over cache lines so that concurrent selections do not contend on
+	// one counter; the count is the sum.
+	inflight [inflightStripes]inflightStripe
 	// state is bundleNew, bundleActive or bundleRetired.
 	state     atomic.Int32
 	drained   chan struct{} // closed once retired with nothing in flight
@@ -323,12 +327,39 @@ func (b *Bundle) Plugins() []PluginState {
 	return out
 }
 
-// InFlight is the number of selections deciding with the bundle now.
-func (b *Bundle) InFlight() int64 { return b.inflight.Load() }
+// inflightStripes is how many counters Bundle.inflight is striped over.
+const inflightStripes = 16
 
-// release ends one selection on b.
-func (b *Bundle) release() {
-	if b.inflight.Add(-1) == 0 && b.state.Load() == bundleRetired {
+// inflightStripe is one counter of Bundle.inflight on its own cache line.
+type inflightStripe struct {
+	n atomic.Int64
+	_ [56]byte
+}
+
+// InFlight is the number of selections deciding with the bundle now.
+func (b *Bundle) InFlight() int64 {
+	var n int64
+	for i := range b.inflight {
+		n += b.inflight[i].n.Load()
+	}
+	return n
+}
+
+// enter counts one selection in flight on b and returns the stripe it
+// counted in, for release.
+func (b *Bundle) enter() int {
+	i := int(rand.Uint32() % inflightStripes)
+	b.inflight[i].n.Add(1)
+	return i
+}
+
+// release ends one selection on b, counted in stripe i. A retired bundle
+// is drained when the sum reaches 0: no selection starts on it after it
+// was retired (acquire re-checks the current bundle after counting
+// itself), so a sum of 0 read after retirement stays 0.
+func (b *Bundle) release(i int) {
+	b.inflight[i].n.Add(-1)
+	if b.state.Load() == bundleRetired && b.InFlight() == 0 {
 		b.drainOnce.Do(func() { close(b.drained) })
 	}
 }
@@ -336,7 +367,7 @@ func (b *Bundle) release() {
 // retire marks b as swapped out: it drains once nothing is in flight.
 func (b *Bundle) retire() {
 	b.state.Store(bundleRetired)
-	if b.inflight.Load() == 0 {
+	if b.InFlight() == 0 {
 		b.drainOnce.Do(func() { close(b.drained) })
 	}
 }
@@ -367,7 +398,7 @@ func (b *Bundle) Close(ctx context.Context) error {
 		select {
 		case <-b.drained:
 		case <-ctx.Done():
-			errs = append(errs, fmt.Errorf("router: bundle drain: %d decisions still in flight: %w", b.inflight.Load(), ctx.Err()))
+			errs = append(errs, fmt.Errorf("router: bundle drain: %d decisions still in flight: %w", b.InFlight(), ctx.Err()))
 		}
 		if b.owned {
 			errs = append(errs, b.closeComponents())

@@ -249,22 +249,23 @@ func (r *Router) Hosted(role shared.Role) bool {
 // nil once the Router is closed. It may be swapped out at any time.
 func (r *Router) Bundle() *Bundle { return r.cur.Load() }
 
-// acquire returns the current bundle counted in flight (the caller calls
-// release), or nil when the Router is closed. The second load makes the
+// acquire returns the current bundle counted in flight and the stripe it
+// counted in (the caller calls release with it), or nil when the Router
+// is closed. The second load makes the
 // count visible to a drain: a bundle swapped out between the two loads is
 // released and the new one taken, so no selection starts on a bundle
 // after Apply swapped it out and its drain began.
-func (r *Router) acquire() *Bundle {
+func (r *Router) acquire() (*Bundle, int) {
 	for {
 		b := r.cur.Load()
 		if b == nil {
-			return nil
+			return nil, 0
 		}
-		b.inflight.Add(1)
+		i := b.enter()
 		if r.cur.Load() == b {
-			return b
+			return b, i
 		}
-		b.release()
+		b.release(i)
 	}
 }
 
@@ -441,17 +442,17 @@ func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (
 	} else if req.BlockSize != r.blockSize {
 		return Decision{}, fmt.Errorf("%w: request %d, router %d", ErrBlockSize, req.BlockSize, r.blockSize)
 	}
-	b := r.acquire()
+	b, stripe := r.acquire()
 	if b == nil {
 		return Decision{}, ErrClosed
 	}
-	defer b.release()
+	defer b.release(stripe)
 	rp := b.roles[req.Role]
 	if rp == nil {
 		return Decision{}, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
 	}
 	for try := 1; ; try++ {
-		d, err := r.placeOnce(ctx, rp, req, pl)
+		d, err := r.placeOnce(ctx, rp, req, pl, try > 1)
 		if !errors.Is(err, errLostRace) {
 			return d, err
 		}
@@ -465,7 +466,9 @@ func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (
 var errLostRace = errors.New("the chosen worker reached capacity first")
 
 // placeOnce is one selection of Place over the current fleet snapshot.
-func (r *Router) placeOnce(ctx context.Context, rp *rolePolicy, req *shared.Request, pl Placement) (Decision, error) {
+// After a lost race, check every candidate's capacity (checkAll)
+// whatever the fleet's full count says.
+func (r *Router) placeOnce(ctx context.Context, rp *rolePolicy, req *shared.Request, pl Placement, checkAll bool) (Decision, error) {
 	part := r.fleet.Snapshot().ModelPartition(req.Model, req.Role)
 	if part == nil || len(part.Workers) == 0 {
 		if req.Model != "" {
@@ -478,7 +481,10 @@ func (r *Router) placeOnce(ctx context.Context, rp *rolePolicy, req *shared.Requ
 			return Decision{}, fmt.Errorf("role %s: %w", req.Role, ErrAllExcluded)
 		}
 	}
-	if pl.Capacity > 0 {
+	// With no worker at capacity (the common case) the candidates are
+	// the partition as it is, and the try-book below still guards the
+	// limit: no scan of every candidate's count.
+	if pl.Capacity > 0 && (checkAll || r.fleet.AtCapacity()) {
 		if part = underCapacity(part, pl.Capacity); part == nil {
 			return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrAllBusy)
 		}

@@ -10,6 +10,9 @@ type Booking struct {
 	w       *Worker
 	prefill int64
 	blocks  int64
+	// capacity is TryBook's capacity (0 for Book): the release that takes
+	// the worker from it back below it updates the fleet's full count.
+	capacity int64
 	state   atomic.Uint32 // bookedState, prefilledState, releasedState
 }
 
@@ -50,7 +53,9 @@ func (b *Booking) Release() bool {
 				b.w.prefillTokens.Add(-b.prefill)
 			}
 			b.w.decodeBlocks.Add(-b.blocks)
-			b.w.active.Add(-1)
+			if b.w.active.Add(-1) == b.capacity-1 && b.capacity > 0 && b.w.full != nil {
+				b.w.full.Add(-1)
+			}
 			return true
 		}
 	}
@@ -69,10 +74,15 @@ func TryBook(into *Booking, w *Worker, capacity, prefillTokens, blocks int64) *B
 			return nil
 		}
 		if w.active.CompareAndSwap(n, n+1) {
+			if n+1 == capacity && w.full != nil {
+				w.full.Add(1)
+			}
 			break
 		}
 	}
-	return charge(into, w, prefillTokens, blocks)
+	b := charge(into, w, prefillTokens, blocks)
+	b.capacity = capacity
+	return b
 }
 
 // BookInto is Book in caller-owned storage (see TryBook); nil into
@@ -87,7 +97,7 @@ func charge(into *Booking, w *Worker, prefillTokens, blocks int64) *Booking {
 	if into == nil {
 		into = new(Booking)
 	}
-	into.w, into.prefill, into.blocks = w, max(prefillTokens, 0), max(blocks, 0)
+	into.w, into.prefill, into.blocks, into.capacity = w, max(prefillTokens, 0), max(blocks, 0), 0
 	into.state.Store(bookedState)
 	w.prefillTokens.Add(into.prefill)
 	w.decodeBlocks.Add(into.blocks)

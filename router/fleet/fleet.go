@@ -45,6 +45,7 @@ type Worker struct {
 	Generation uint64
 
 	active        atomic.Int64
+	full          *atomic.Int64 // the fleet's count of workers at capacity
 	prefillTokens atomic.Int64
 	decodeBlocks  atomic.Int64
 	engine        atomic.Pointer[EngineLoad]
@@ -137,7 +138,28 @@ type Fleet struct {
 	gen     uint64
 	members map[key]*Worker
 	snap    atomic.Pointer[Snapshot]
+	// full counts the workers that a TryBook took to its capacity and
+	// that have not dropped below it since (AtCapacity).
+	full fullCount
 }
+
+// fullCount is an atomic count on a cache line of its own: read by every
+// selection under a capacity, written only when a worker fills up or
+// frees its last slot.
+type fullCount struct {
+	_ [64]byte
+	n atomic.Int64
+	_ [56]byte
+}
+
+// AtCapacity reports whether some worker may be at the capacity a
+// TryBook enforced: false means every worker booked with TryBook is below
+// it, so a selection under that capacity need not check each candidate
+// (the try-book still guards the limit). Bookings made with Book, or
+// with different capacities on one fleet, can make it report true when
+// no worker is full (a check that finds nothing: correct, only slower),
+// never false while TryBook would refuse a worker for long.
+func (f *Fleet) AtCapacity() bool { return f.full.n.Load() > 0 }
 
 type key struct {
 	id   shared.WorkerID
@@ -182,7 +204,7 @@ func (f *Fleet) AddWorkers(specs ...Spec) ([]*Worker, error) {
 	out := make([]*Worker, len(specs))
 	for i, s := range specs {
 		f.gen++
-		out[i] = &Worker{Spec: s, Generation: f.gen}
+		out[i] = &Worker{Spec: s, Generation: f.gen, full: &f.full.n}
 		f.members[key{s.ID, s.DPRank}] = out[i]
 	}
 	f.publishLocked()

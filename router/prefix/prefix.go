@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -53,11 +54,14 @@ const holderShards = 64
 // worker's recency list has its own mutex (Record, Overlap), and the map
 // from block hash to holders is split into holderShards read-write-locked
 // shards (Fill takes one shard's read lock at a time). Membership (AddWorker,
-// RemoveWorker) takes a read-write lock that selections only read-lock for
-// a map lookup. Lock order: membership, then a worker's list, then a shard.
+// RemoveWorker) replaces an immutable map that selections read with one
+// atomic load. Lock order: membership, then a worker's list, then a shard.
 type Index struct {
-	mu     sync.RWMutex // guards byID
-	byID   map[shared.WorkerID]*lru
+	mu sync.Mutex // serialises membership changes
+	// byID maps the tracked workers to their lists: an immutable map,
+	// replaced (copy on write) by AddWorker and RemoveWorker, so a lookup
+	// is one atomic load with no lock and no shared write.
+	byID   atomic.Pointer[map[shared.WorkerID]*lru]
 	shards [holderShards]holderShard
 }
 
@@ -70,7 +74,8 @@ type holderShard struct {
 
 // New returns an empty index.
 func New() *Index {
-	x := &Index{byID: make(map[shared.WorkerID]*lru)}
+	x := &Index{}
+	x.byID.Store(&map[shared.WorkerID]*lru{})
 	for i := range x.shards {
 		x.shards[i].holders = make(map[uint64][]shared.WorkerID)
 	}
@@ -88,10 +93,16 @@ func (x *Index) AddWorker(id shared.WorkerID, capacity int) error {
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if old := x.byID[id]; old != nil {
-		x.purge(old)
+	old := *x.byID.Load()
+	if l := old[id]; l != nil {
+		x.purge(l)
 	}
-	x.byID[id] = newLRU(id, capacity)
+	m := make(map[shared.WorkerID]*lru, len(old)+1)
+	for k, v := range old {
+		m[k] = v
+	}
+	m[id] = newLRU(id, capacity)
+	x.byID.Store(&m)
 	return nil
 }
 
@@ -99,10 +110,19 @@ func (x *Index) AddWorker(id shared.WorkerID, capacity int) error {
 func (x *Index) RemoveWorker(id shared.WorkerID) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if old := x.byID[id]; old != nil {
-		delete(x.byID, id)
-		x.purge(old)
+	old := *x.byID.Load()
+	l := old[id]
+	if l == nil {
+		return
 	}
+	m := make(map[shared.WorkerID]*lru, len(old))
+	for k, v := range old {
+		if k != id {
+			m[k] = v
+		}
+	}
+	x.byID.Store(&m)
+	x.purge(l)
 }
 
 // purge drops every entry of l and marks it dead, so a Record that looked
@@ -141,9 +161,7 @@ func (x *Index) addHolder(h uint64, id shared.WorkerID) {
 
 // worker returns id's list, nil when untracked.
 func (x *Index) worker(id shared.WorkerID) *lru {
-	x.mu.RLock()
-	defer x.mu.RUnlock()
-	return x.byID[id]
+	return (*x.byID.Load())[id]
 }
 
 // Record notes that the worker was sent a prompt with these chained block
@@ -152,6 +170,9 @@ func (x *Index) worker(id shared.WorkerID) *lru {
 // frees blocks tail-first). Blocks beyond capacity evict the least recently
 // used. Unknown workers are ignored.
 func (x *Index) Record(id shared.WorkerID, hashes []uint64) {
+	if len(hashes) == 0 {
+		return
+	}
 	l := x.worker(id)
 	if l == nil {
 		return
@@ -175,6 +196,9 @@ func (x *Index) Record(id shared.WorkerID, hashes []uint64) {
 
 // Overlap returns how many leading blocks of hashes the worker holds.
 func (x *Index) Overlap(id shared.WorkerID, hashes []uint64) int {
+	if len(hashes) == 0 {
+		return 0
+	}
 	l := x.worker(id)
 	if l == nil {
 		return 0

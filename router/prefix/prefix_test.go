@@ -100,8 +100,8 @@ func TestRemoveWorkerPurges(t *testing.T) {
 	}
 	// Rejoining starts empty.
 	_ = x.AddWorker(1, 10)
-	if x.Overlap(1, h) != 0 || len(x.byID) != 2 {
-		t.Fatalf("rejoined worker: overlap %d, workers %d; want 0, 2", x.Overlap(1, h), len(x.byID))
+	if x.Overlap(1, h) != 0 || len(*x.byID.Load()) != 2 {
+		t.Fatalf("rejoined worker: overlap %d, workers %d; want 0, 2", x.Overlap(1, h), len(*x.byID.Load()))
 	}
 	x.RemoveWorker(1)
 	x.RemoveWorker(2)
@@ -109,8 +109,8 @@ func TestRemoveWorkerPurges(t *testing.T) {
 	for i := range x.shards {
 		holders += len(x.shards[i].holders)
 	}
-	if holders != 0 || len(x.byID) != 0 {
-		t.Fatalf("index not empty after removing all: %d holders, %d workers", holders, len(x.byID))
+	if holders != 0 || len(*x.byID.Load()) != 0 {
+		t.Fatalf("index not empty after removing all: %d holders, %d workers", holders, len(*x.byID.Load()))
 	}
 }
 
@@ -175,7 +175,7 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 	for i := range x.shards {
 		for h, hs := range x.shards[i].holders {
 			for _, w := range hs {
-				l := x.byID[w]
+				l := (*x.byID.Load())[w]
 				if l == nil {
 					t.Fatalf("block %x held by untracked worker %d", h, w)
 				}
