@@ -13,7 +13,7 @@ type Booking struct {
 	// capacity is TryBook's capacity (0 for Book): the release that takes
 	// the worker from it back below it updates the fleet's full count.
 	capacity int64
-	state   atomic.Uint32 // bookedState, prefilledState, releasedState
+	state    atomic.Uint32 // bookedState, prefilledState, releasedState
 }
 
 const (
