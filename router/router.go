@@ -514,24 +514,36 @@ func (r *Router) placeOnce(ctx context.Context, rp *rolePolicy, req *shared.Requ
 // pl.Capacity > 0 the charge is a try-book: errLostRace when w already
 // has that many requests in flight.
 func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap int, pl Placement) (Decision, error) {
-	if overlap < 0 {
-		overlap = r.index.Overlap(w.ID, req.BlockHashes)
-	}
-	d.Worker = w
-	d.OverlapBlocks = overlap
-	prefill := int64(req.PromptTokens - overlap*r.blockSize)
-	if req.Role == shared.RoleDecode {
-		prefill = 0 // the prompt's KV arrives from a prefill worker: nothing to prefill here
-	}
+	// Without the policy's overlap (it did not declare CACHE), the index
+	// reports it while it records the prompt (one pass, not two), so the
+	// booking is made first and charged its prefill after.
+	known := overlap >= 0
 	blocks := int64((req.PromptTokens + r.blockSize - 1) / r.blockSize)
+	prefill := func() int64 {
+		if req.Role == shared.RoleDecode {
+			return 0 // the prompt's KV arrives from a prefill worker: nothing to prefill here
+		}
+		return int64(req.PromptTokens - overlap*r.blockSize)
+	}
+	var charge int64
+	if known {
+		charge = prefill()
+	}
 	if pl.Capacity > 0 {
-		if d.Booking = fleet.TryBook(pl.Booking, w, pl.Capacity, prefill, blocks); d.Booking == nil {
+		if d.Booking = fleet.TryBook(pl.Booking, w, pl.Capacity, charge, blocks); d.Booking == nil {
 			return Decision{}, errLostRace
 		}
 	} else {
-		d.Booking = fleet.BookInto(pl.Booking, w, prefill, blocks)
+		d.Booking = fleet.BookInto(pl.Booking, w, charge, blocks)
 	}
-	r.index.Record(w.ID, req.BlockHashes)
+	if known {
+		r.index.Record(w.ID, req.BlockHashes)
+	} else {
+		overlap = r.index.RecordOverlap(w.ID, req.BlockHashes)
+		d.Booking.AddPrefill(prefill())
+	}
+	d.Worker = w
+	d.OverlapBlocks = overlap
 	return d, nil
 }
 

@@ -195,7 +195,7 @@ func (c *Controller) Admit(ctx context.Context, req *shared.Request, opts ...Opt
 	if req.BlockSize == 0 {
 		req.BlockSize = c.core.BlockSize()
 	}
-	h := &Handle{c: c, req: req, arrival: c.now()}
+	h := &Handle{c: c, req: req}
 	for _, opt := range opts {
 		opt(h)
 	}
@@ -288,6 +288,9 @@ func (c *Controller) push(h *Handle) error {
 	if h.class.SchedulingCostTokens <= 0 {
 		h.class.SchedulingCostTokens = c.uncached(h.req)
 	}
+	// The clock is read only for a request that queues: its arrival in
+	// the queue (aging, Waited) is now.
+	h.arrival = c.now()
 	rq := c.queues[h.req.Role]
 	it := &queue.Item{ID: h.req.ID, Class: h.class.PolicyClass, Priority: h.class.Priority,
 		Cost: h.class.SchedulingCostTokens, Arrival: h.arrival, DueAt: h.class.DueAt, Value: h}

@@ -51,10 +51,14 @@ func (b *bus) listening() bool {
 
 // emit delivers ev: at once (inline) or through the delivery goroutine.
 // Callers emit a request's events in its lifecycle order (under its
-// handle's lock), so each listener hears them in that order.
+// handle's lock), so each listener hears them in that order. A zero ev.At
+// is set to the Controller's clock: read only when someone listens.
 func (b *bus) emit(ev shared.Event) {
 	if !b.listening() {
 		return
+	}
+	if ev.At.IsZero() {
+		ev.At = b.c.now()
 	}
 	if b.inline {
 		batch := [1]shared.Event{ev}

@@ -23,7 +23,7 @@ type Handle struct {
 	req     *shared.Request
 	class   shared.Classification
 	exclude []shared.WorkerID
-	arrival time.Time
+	arrival time.Time    // when it last joined a queue (Controller clock)
 	tokens  atomic.Int64 // prompt plus generated tokens so far
 
 	mu       sync.Mutex
@@ -148,7 +148,7 @@ func (h *Handle) FirstToken() {
 	}
 	h.first = true
 	h.decision.Booking.PrefillDone()
-	h.c.bus.emit(shared.Event{Kind: shared.EventFirstToken, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true, At: h.c.now()})
+	h.c.bus.emit(shared.Event{Kind: shared.EventFirstToken, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true})
 }
 
 // Progress records that the request has contextTokens (prompt plus
@@ -193,7 +193,6 @@ func (h *Handle) End(o Outcome) {
 		h.err = ErrEnded
 	}
 	c.live.remove(h.req.ID, h)
-	ev.At = c.now()
 	c.bus.emit(ev)
 }
 
@@ -217,7 +216,7 @@ func (h *Handle) Retry(ctx context.Context, id, reason string, failed ...shared.
 		return fmt.Errorf("request %q: %w", id, ErrDuplicateRequest)
 	}
 	h.decision.Booking.Release()
-	c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true, Reason: reason, At: c.now()})
+	c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true, Reason: reason})
 	if id != h.req.ID {
 		c.live.remove(h.req.ID, h)
 		h.req.ID = id
@@ -237,7 +236,7 @@ func (h *Handle) enter(ctx context.Context) error {
 	case err == nil:
 		h.mu.Lock()
 		h.state, h.decision = stateDispatched, d
-		c.bus.emit(shared.Event{Kind: shared.EventSent, RequestID: h.req.ID, Worker: d.Worker.ID, HasWorker: true, At: c.now()})
+		c.bus.emit(shared.Event{Kind: shared.EventSent, RequestID: h.req.ID, Worker: d.Worker.ID, HasWorker: true})
 		h.mu.Unlock()
 		return nil
 	case errors.Is(err, shared.ErrAllBusy):
@@ -270,7 +269,7 @@ func (h *Handle) fail(err error) {
 	}
 	h.state, h.err = stateEnded, err
 	h.c.live.remove(h.req.ID, h)
-	h.c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Reason: err.Error(), At: h.c.now()})
+	h.c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Reason: err.Error()})
 }
 
 // dispatched hands a queued request the placement a Dispatch made at now;

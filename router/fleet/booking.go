@@ -28,6 +28,16 @@ func Book(w *Worker, prefillTokens, blocks int64) *Booking {
 	return BookInto(nil, w, prefillTokens, blocks)
 }
 
+// AddPrefill adds tokens (>= 0) to the booking's active prefill, for a
+// booking made before its uncached prompt was known. Call it before the
+// booking is handed on (before PrefillDone or Release can run).
+func (b *Booking) AddPrefill(tokens int64) {
+	if tokens > 0 && b.state.Load() == bookedState {
+		b.prefill += tokens
+		b.w.prefillTokens.Add(tokens)
+	}
+}
+
 // Worker is the worker (join generation) the booking charges.
 func (b *Booking) Worker() *Worker { return b.w }
 

@@ -15,6 +15,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/puzpuzpuz/xsync/v4"
+
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -44,45 +46,31 @@ func ChainHashes(dst []uint64, ids []uint64) []uint64 {
 	return dst
 }
 
-// holderShards is how many independently locked parts the map from block
-// hash to holders is split into, so concurrent selections rarely meet on
-// one lock.
-const holderShards = 64
-
 // Index maps block hashes to the workers believed to hold them. Safe for
 // concurrent use, with no index-wide lock on the selection path: each
-// worker's recency list has its own mutex (Record, Overlap), and the map
-// from block hash to holders is split into holderShards read-write-locked
-// shards (Fill takes one shard's read lock at a time). Membership (AddWorker,
-// RemoveWorker) replaces an immutable map that selections read with one
-// atomic load. Lock order: membership, then a worker's list, then a shard.
+// worker's recency list has its own mutex (Record, Overlap); the map from
+// block hash to holders is a concurrent hash map whose reads take no lock
+// and write nothing (github.com/puzpuzpuz/xsync, a cache-line hash table),
+// holding immutable holder lists that writers replace; membership
+// (AddWorker, RemoveWorker) replaces an immutable map that selections read
+// with one atomic load. Lock order: membership, then a worker's list.
 type Index struct {
 	mu sync.Mutex // serialises membership changes
 	// byID maps the tracked workers to their lists: an immutable map,
 	// replaced (copy on write) by AddWorker and RemoveWorker, so a lookup
 	// is one atomic load with no lock and no shared write.
-	byID   atomic.Pointer[map[shared.WorkerID]*lru]
-	shards [holderShards]holderShard
-}
-
-// holderShard is one part of the hash -> holders map.
-type holderShard struct {
-	mu      sync.RWMutex
-	holders map[uint64][]shared.WorkerID // block hash -> the workers holding it, each once
-	_       [32]byte                     // keep shards on their own cache lines
+	byID atomic.Pointer[map[shared.WorkerID]*lru]
+	// holders maps a block hash to the workers holding it, each once.
+	// The slices are never modified once stored.
+	holders *xsync.Map[uint64, []shared.WorkerID]
 }
 
 // New returns an empty index.
 func New() *Index {
-	x := &Index{}
+	x := &Index{holders: xsync.NewMap[uint64, []shared.WorkerID]()}
 	x.byID.Store(&map[shared.WorkerID]*lru{})
-	for i := range x.shards {
-		x.shards[i].holders = make(map[uint64][]shared.WorkerID)
-	}
 	return x
 }
-
-func (x *Index) shard(h uint64) *holderShard { return &x.shards[h%holderShards] }
 
 // AddWorker starts tracking a worker whose KV cache holds capacity blocks
 // (in the router's block size, > 0). Adding a tracked worker resets its
@@ -137,26 +125,25 @@ func (x *Index) purge(l *lru) {
 }
 
 func (x *Index) dropHolder(h uint64, id shared.WorkerID) {
-	sh := x.shard(h)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	hs := sh.holders[h]
-	if i := slices.Index(hs, id); i >= 0 {
-		hs[i] = hs[len(hs)-1]
-		hs = hs[:len(hs)-1]
-	}
-	if len(hs) == 0 {
-		delete(sh.holders, h)
-	} else {
-		sh.holders[h] = hs
-	}
+	x.holders.Compute(h, func(hs []shared.WorkerID, loaded bool) ([]shared.WorkerID, xsync.ComputeOp) {
+		i := slices.Index(hs, id)
+		switch {
+		case i < 0:
+			return hs, xsync.CancelOp
+		case len(hs) == 1:
+			return nil, xsync.DeleteOp
+		}
+		return slices.Delete(slices.Clone(hs), i, i+1), xsync.UpdateOp
+	})
 }
 
 func (x *Index) addHolder(h uint64, id shared.WorkerID) {
-	sh := x.shard(h)
-	sh.mu.Lock()
-	sh.holders[h] = append(sh.holders[h], id)
-	sh.mu.Unlock()
+	x.holders.Compute(h, func(hs []shared.WorkerID, loaded bool) ([]shared.WorkerID, xsync.ComputeOp) {
+		out := make([]shared.WorkerID, len(hs)+1)
+		copy(out, hs)
+		out[len(hs)] = id
+		return out, xsync.UpdateOp
+	})
 }
 
 // worker returns id's list, nil when untracked.
@@ -169,18 +156,32 @@ func (x *Index) worker(id shared.WorkerID) *lru {
 // all, so eviction takes suffixes before the prefixes they extend (as vLLM
 // frees blocks tail-first). Blocks beyond capacity evict the least recently
 // used. Unknown workers are ignored.
-func (x *Index) Record(id shared.WorkerID, hashes []uint64) {
+func (x *Index) Record(id shared.WorkerID, hashes []uint64) { x.RecordOverlap(id, hashes) }
+
+// RecordOverlap is Record, also returning what Overlap returned just
+// before it: the leading blocks of hashes the worker held, under one lock
+// of the worker's list instead of two. 0 for unknown workers.
+func (x *Index) RecordOverlap(id shared.WorkerID, hashes []uint64) int {
 	if len(hashes) == 0 {
-		return
+		return 0
 	}
 	l := x.worker(id)
 	if l == nil {
-		return
+		return 0
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.dead {
-		return
+		return 0
+	}
+	// Counted before recording: recording a long prompt can evict its own
+	// leading blocks before it reaches them.
+	overlap := 0
+	for _, h := range hashes {
+		if _, ok := l.pos[h]; !ok {
+			break
+		}
+		overlap++
 	}
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
@@ -192,6 +193,7 @@ func (x *Index) Record(id shared.WorkerID, hashes []uint64) {
 		}
 		x.addHolder(h, id)
 	}
+	return overlap
 }
 
 // Overlap returns how many leading blocks of hashes the worker holds.
@@ -219,22 +221,20 @@ func (x *Index) Overlap(id shared.WorkerID, hashes []uint64) int {
 // ids must be sorted ascending (the candidate order); len(overlap) ==
 // len(ids). Cost: O(sum over the leading blocks of their holders ×
 // log len(ids)), independent of workers that hold nothing; it stops at
-// the first block no candidate extends. Each block's holders are read
-// under that block's shard read lock alone, so a Record running meanwhile
-// may be seen in part (the index is a belief either way).
+// the first block no candidate extends. It takes no lock: a Record
+// running meanwhile may be seen in part (the index is a belief either
+// way).
 func (x *Index) Fill(ids []shared.WorkerID, hashes []uint64, overlap []int32) {
 	clear(overlap)
 	for k, h := range hashes {
 		advanced := false
-		sh := x.shard(h)
-		sh.mu.RLock()
-		for _, w := range sh.holders[h] {
+		hs, _ := x.holders.Load(h)
+		for _, w := range hs {
 			if i, ok := slices.BinarySearch(ids, w); ok && overlap[i] == int32(k) {
 				overlap[i] = int32(k + 1)
 				advanced = true
 			}
 		}
-		sh.mu.RUnlock()
 		if !advanced {
 			return
 		}

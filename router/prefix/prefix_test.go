@@ -77,7 +77,7 @@ func TestEvictionTakesSuffixesFirst(t *testing.T) {
 	if got[0] != 2 {
 		t.Errorf("Fill overlap with a = %d, want 2", got[0])
 	}
-	if _, ok := x.shard(a[2]).holders[a[2]]; ok {
+	if _, ok := x.holders.Load(a[2]); ok {
 		t.Errorf("evicted block still has holders")
 	}
 }
@@ -90,8 +90,8 @@ func TestRemoveWorkerPurges(t *testing.T) {
 	x.Record(1, h)
 	x.Record(2, h)
 	x.RemoveWorker(1)
-	if n := len(x.shard(h[0]).holders[h[0]]); n != 1 {
-		t.Fatalf("holders after removal = %d, want 1", n)
+	if hs, _ := x.holders.Load(h[0]); len(hs) != 1 {
+		t.Fatalf("holders after removal = %d, want 1", len(hs))
 	}
 	got := []int32{9, 9}
 	x.Fill([]shared.WorkerID{1, 2}, h, got)
@@ -105,10 +105,7 @@ func TestRemoveWorkerPurges(t *testing.T) {
 	}
 	x.RemoveWorker(1)
 	x.RemoveWorker(2)
-	holders := 0
-	for i := range x.shards {
-		holders += len(x.shards[i].holders)
-	}
+	holders := x.holders.Size()
 	if holders != 0 || len(*x.byID.Load()) != 0 {
 		t.Fatalf("index not empty after removing all: %d holders, %d workers", holders, len(*x.byID.Load()))
 	}
@@ -172,8 +169,8 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	for i := range x.shards {
-		for h, hs := range x.shards[i].holders {
+	{
+		for h, hs := range x.holders.All() {
 			for _, w := range hs {
 				l := (*x.byID.Load())[w]
 				if l == nil {
@@ -198,5 +195,30 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 				t.Fatalf("prefix %d, worker %d: Fill says %d, Overlap %d", g, id, overlap[i], want)
 			}
 		}
+	}
+}
+
+// TestRecordOverlapIsOverlapThenRecord: RecordOverlap returns what
+// Overlap said just before, and leaves the index as Record does.
+func TestRecordOverlapIsOverlapThenRecord(t *testing.T) {
+	a, b := New(), New()
+	for _, x := range []*Index{a, b} {
+		_ = x.AddWorker(1, 6)
+	}
+	prompts := [][]uint64{hashes(0, 1, 2), hashes(0, 1, 3, 4), hashes(0, 1, 2, 5), hashes(7), hashes(0, 1, 3, 4, 8, 9), hashes(0)}
+	for i, h := range prompts {
+		want := a.Overlap(1, h)
+		a.Record(1, h)
+		if got := b.RecordOverlap(1, h); got != want {
+			t.Fatalf("prompt %d: RecordOverlap %d, Overlap before Record %d", i, got, want)
+		}
+		for _, q := range prompts {
+			if a.Overlap(1, q) != b.Overlap(1, q) {
+				t.Fatalf("after prompt %d the two indexes differ on %v", i, q)
+			}
+		}
+	}
+	if b.RecordOverlap(2, hashes(0)) != 0 || b.RecordOverlap(1, nil) != 0 {
+		t.Fatal("unknown worker or no hashes: want 0")
 	}
 }
