@@ -75,7 +75,7 @@ func (s *Server) disagg(ex *exchange) int {
 // answer's kv_transfer_params, or the code of the answer it gave the
 // client.
 func (s *Server) prefill(ex *exchange, body []byte) (kv json.RawMessage, code int) {
-	code = s.hop(ex, hopSpec{role: shared.RolePrefill, tag: "#", hashes: ex.hashes, workers: "prefill workers"},
+	code = s.hop(ex, hopSpec{hop: admission.Disaggregated.Hop(0), tag: "#", workers: "prefill workers"},
 		func(h *admission.Handle, d router.Decision) (int, bool, string) {
 			var code int
 			var retry bool
@@ -98,7 +98,8 @@ func (s *Server) prefill(ex *exchange, body []byte) (kv json.RawMessage, code in
 func (s *Server) prefillHop(ex *exchange, h *admission.Handle, name string, body []byte) (kv json.RawMessage, code int, retry bool, why string) {
 	end := func(complete bool, reason string) {
 		if complete {
-			s.end(h, admission.Completed(int64(ex.tokens)+1))
+			// The prompt plus the one token the prefill generated.
+			s.end(h, admission.Completed(admission.Disaggregated.Hop(0).ContextTokens(ex.tokens, 1)))
 		} else {
 			s.end(h, admission.Aborted(reason))
 		}
@@ -173,7 +174,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, name string, body
 // is excluded and the hop placed again, up to MaxRetries times. It
 // returns the code the request is counted under.
 func (s *Server) decode(ex *exchange, body []byte) int {
-	return s.hop(ex, hopSpec{role: shared.RoleDecode, tag: "#d", workers: "decode workers", answer: s.decodeError},
+	return s.hop(ex, hopSpec{hop: admission.Disaggregated.Hop(1), tag: "#d", workers: "decode workers", answer: s.decodeError},
 		func(h *admission.Handle, d router.Decision) (int, bool, string) {
 			return s.passThrough(ex, h, d.Worker.Name, body)
 		})

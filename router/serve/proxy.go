@@ -157,22 +157,23 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	if s.disaggregated(ex.model) {
 		return s.disagg(ex)
 	}
-	return s.hop(ex, hopSpec{role: shared.RoleAggregated, tag: "#", hashes: ex.hashes},
+	return s.hop(ex, hopSpec{hop: admission.Aggregated.Hop(0), tag: "#"},
 		func(h *admission.Handle, d router.Decision) (int, bool, string) {
 			return s.passThrough(ex, h, d.Worker.Name, ex.body)
 		})
 }
 
-// hopSpec is what admit books for one hop of a request.
+// hopSpec is one hop of a request's path (admission.Path: the same hops
+// replay walks) with what serve adds to it.
 type hopSpec struct {
-	role shared.Role
+	// hop says the hop's role and whether its request carries the
+	// prompt's block hashes (not a decode hop's: its KV arrives by
+	// transfer, so the prefix index must not record it).
+	hop admission.Hop
 	// tag goes between the request's id and the attempt number in the
 	// admitted request's id ("#"; "#d" for a decode hop, whose request is
 	// live while its prefill's is not yet ended).
 	tag string
-	// hashes are the prompt's block hashes; nil for a decode hop (the KV
-	// arrives by transfer, so the prefix index must not record it).
-	hashes []uint64
 	// workers names the hop's workers in messages ("workers", "prefill
 	// workers", "decode workers").
 	workers string
@@ -212,7 +213,7 @@ func (s *Server) hop(ex *exchange, spec hopSpec, send sendFunc) int {
 				fmt.Sprintf("the selected %s failed before answering (%d attempts)", spec.workers, attempt+1))
 			return http.StatusBadGateway
 		}
-		s.log.Debug("retrying on another selection", "request_id", ex.id, "role", spec.role, "attempt", attempt+1)
+		s.log.Debug("retrying on another selection", "request_id", ex.id, "role", spec.hop.Role, "attempt", attempt+1)
 		if d, code = s.retry(ex, spec, h, attempt+1, why, d.Worker.ID); code != 0 {
 			return code
 		}
@@ -224,15 +225,14 @@ func (s *Server) hop(ex *exchange, spec hopSpec, send sendFunc) int {
 // placement, or the code of the error it answered (the handle has ended
 // then).
 func (s *Server) admit(ex *exchange, spec hopSpec) (*admission.Handle, router.Decision, int) {
-	req := &shared.Request{
-		ID:           ex.id + spec.tag + "0",
+	req := spec.hop.Request(&shared.Request{
 		Model:        ex.model,
-		Role:         spec.role,
 		PromptTokens: ex.tokens,
-		BlockHashes:  spec.hashes,
+		BlockHashes:  ex.hashes,
 		SessionID:    ex.session,
 		Metadata:     ex.meta,
-	}
+	})
+	req.ID = ex.id + spec.tag + "0"
 	t0 := time.Now()
 	h, err := s.adm.Admit(ex.ctx, req)
 	if errors.Is(err, admission.ErrDuplicateRequest) {
