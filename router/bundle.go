@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -125,7 +126,7 @@ func newBundle() *Bundle {
 // NewBundle returns a bundle of policies built by the caller, with no
 // plugin Host: what Options.Roles makes. The caller keeps ownership of the
 // policies' components (Close does not close them).
-func NewBundle(roles map[shared.Role]*shared.Policy) (*Bundle, error) {
+func NewBundle(roles map[shared.Role]*policy.Policy) (*Bundle, error) {
 	b := newBundle()
 	for role, p := range roles {
 		if !role.Valid() {
@@ -444,8 +445,8 @@ func (b *Bundle) eachComponent(f func(c any)) {
 		}
 		f(c)
 	}
-	var walk func(p *shared.Policy, depth int)
-	walk = func(p *shared.Policy, depth int) {
+	var walk func(p *policy.Policy, depth int)
+	walk = func(p *policy.Policy, depth int) {
 		if p == nil || depth > maxFallbackDepth {
 			return
 		}

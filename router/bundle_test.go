@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -94,7 +95,7 @@ func TestBundleAccessors(t *testing.T) {
 		t.Errorf("Plugins %+v, want %+v", got, want)
 	}
 
-	nb, err := NewBundle(map[shared.Role]*shared.Policy{shared.RoleAggregated: {Name: "p", Picker: highestID{}}})
+	nb, err := NewBundle(map[shared.Role]*policy.Policy{shared.RoleAggregated: {Name: "p", Picker: highestID{}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/hcl/v2"
 
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -179,7 +180,7 @@ func TestPluginTypesPerRole(t *testing.T) {
 	if b.Policies["pd"] != pre || b.Policies["lo"] != pre.Fallback {
 		t.Error("Policies does not hold the first role's instances")
 	}
-	for role, p := range map[shared.Role]*shared.Policy{shared.RolePrefill: pre, shared.RoleDecode: dec} {
+	for role, p := range map[shared.Role]*policy.Policy{shared.RolePrefill: pre, shared.RoleDecode: dec} {
 		lo := p.Fallback
 		if lo == nil || lo.Name != "lo" || lo != b.Decls[1].Instances[role] {
 			t.Errorf("%s fallback = %+v, want its own lo", role, lo)

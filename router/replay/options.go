@@ -8,6 +8,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
@@ -83,7 +84,7 @@ type Options struct {
 	PolicyName string
 	// Roles maps each role to its policy: aggregated is required in
 	// aggregated mode, prefill and decode in disaggregated mode.
-	Roles map[shared.Role]*shared.Policy
+	Roles map[shared.Role]*policy.Policy
 	// RolePolicies, when set, names each role's policy as the policy file
 	// does (config.Bundle.RolePolicies), config.DefaultPolicyName for the
 	// built-in one. The report copies the names of the roles it routes
