@@ -225,9 +225,9 @@ func TestClassifierFailureFailsOnlyThatRequest(t *testing.T) {
 	e := newEnv(t, 1, config.DefaultQueue(), c)
 	for _, id := range []string{"err", "panic"} {
 		h, err := e.c.Admit(context.Background(), &shared.Request{ID: id, Role: shared.RoleAggregated})
-		var ce *shared.ClassifyError
+		var ce *admission.ClassifyError
 		if !errors.As(err, &ce) || ce.RequestID != id || h != nil {
-			t.Fatalf("%s: handle %v, err = %v; want a *shared.ClassifyError", id, h, err)
+			t.Fatalf("%s: handle %v, err = %v; want a *admission.ClassifyError", id, h, err)
 		}
 		// A failed request never became live.
 		if _, live := e.c.Progress(id); live {
