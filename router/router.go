@@ -214,8 +214,8 @@ func (r *Router) PartitionInfos(model string, role shared.Role) []shared.WorkerI
 // policy file's request_classifier block); nil without one or once the
 // Router is closed.
 func (r *Router) ClassifierFactory() shared.ClassifierFactory {
-	if b := r.cur.Load(); b != nil && b.Config != nil && b.Config.Classifier != nil {
-		if f, ok := b.Config.Classifier.Instance.(shared.ClassifierFactory); ok {
+	if b := r.cur.Load(); b != nil && b.file != nil && b.file.Classifier != nil {
+		if f, ok := b.file.Classifier.Instance.(shared.ClassifierFactory); ok {
 			return f
 		}
 	}

@@ -100,10 +100,6 @@ type PolicyFile struct {
 	Decls []*PolicyDecl
 }
 
-// Bundle is PolicyFile's former name, kept only until router/replay's
-// tests (being rewritten) name PolicyFile; new code names PolicyFile.
-type Bundle = PolicyFile
-
 // FailedPlugins returns the plugins whose start failed, in file order.
 func (f *PolicyFile) FailedPlugins() []Plugin {
 	var out []Plugin
@@ -175,7 +171,7 @@ type Plugin struct {
 	// for each call a decision makes into this plugin, between the
 	// decision and the request reaching its worker; 0 to
 	// MaxReplayDecisionLatency (DefaultReplayDecisionLatency). Serve does
-	// not use it. See Bundle.ReplayDecisionLatency.
+	// not use it. See PolicyFile.ReplayDecisionLatency.
 	ReplayDecisionLatency time.Duration
 	// OnStartFailure is OnStartFailureError (the default) or
 	// OnStartFailureFallback.

@@ -590,7 +590,7 @@ worker_selection {
 	}
 	// An out-of-process classifier costs its plugin's latency; a built-in
 	// one nothing.
-	b := &Bundle{Plugins: []Plugin{{Name: "cls", ReplayDecisionLatency: 70 * time.Microsecond}},
+	b := &PolicyFile{Plugins: []Plugin{{Name: "cls", ReplayDecisionLatency: 70 * time.Microsecond}},
 		Classifier: &Component{Kind: shared.KindClassifier, OutOfProcess: true, Source: "plugin cls"}}
 	if got := b.ReplayClassifierLatency(); got != 70*time.Microsecond {
 		t.Errorf("out-of-process classifier: %v, want 70µs", got)
