@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -81,7 +82,7 @@ func Select(p HostedWorkerPicker, v *WorkerInputView) (int, error) {
 // policy's normalised inputs are at most ACTIVE_REQUESTS (OCCUPANCY counts
 // as ACTIVE_REQUESTS). Otherwise it returns (nil, false) and the caller
 // keeps running the full policy. The policy's fallback is not consulted.
-func IntoHosted(p *shared.Policy) (HostedWorkerPicker, bool) {
+func IntoHosted(p *policy.Policy) (HostedWorkerPicker, bool) {
 	if p == nil || p.Picker == nil || !p.PickerOnly() {
 		return nil, false
 	}

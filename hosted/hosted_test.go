@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -243,20 +244,20 @@ func TestIntoHosted(t *testing.T) {
 	loadP := &fakePicker{inputs: shared.InputActiveRequests | shared.InputLoad}
 	tests := []struct {
 		name   string
-		policy *shared.Policy
+		policy *policy.Policy
 		want   HostedWorkerPicker
 	}{
-		{"picker only, no inputs", &shared.Policy{Picker: noInputsP}, noInputsP},
-		{"picker only, ACTIVE_REQUESTS", &shared.Policy{Picker: hostedP}, hostedP},
-		{"picker only, OCCUPANCY", &shared.Policy{Picker: occupancyP}, occupancyP},
+		{"picker only, no inputs", &policy.Policy{Picker: noInputsP}, noInputsP},
+		{"picker only, ACTIVE_REQUESTS", &policy.Policy{Picker: hostedP}, hostedP},
+		{"picker only, OCCUPANCY", &policy.Policy{Picker: occupancyP}, occupancyP},
 		{"nil policy", nil, nil},
-		{"no picker", &shared.Policy{}, nil},
-		{"picker declares LOAD", &shared.Policy{Picker: loadP}, nil},
-		{"not hosted (out of process)", &shared.Policy{Picker: plainPicker{}}, nil},
-		{"with filter", &shared.Policy{Picker: hostedP,
-			Filters: []shared.NamedFilter{{Name: "f", Filter: inputsComponent(0)}}}, nil},
-		{"with scorer", &shared.Policy{Picker: hostedP,
-			Scorers: []shared.WeightedScorer{{Name: "s", Weight: 1, Scorer: inputsComponent(0)}}}, nil},
+		{"no picker", &policy.Policy{}, nil},
+		{"picker declares LOAD", &policy.Policy{Picker: loadP}, nil},
+		{"not hosted (out of process)", &policy.Policy{Picker: plainPicker{}}, nil},
+		{"with filter", &policy.Policy{Picker: hostedP,
+			Filters: []policy.NamedFilter{{Name: "f", Filter: inputsComponent(0)}}}, nil},
+		{"with scorer", &policy.Policy{Picker: hostedP,
+			Scorers: []policy.WeightedScorer{{Name: "s", Weight: 1, Scorer: inputsComponent(0)}}}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -76,11 +78,10 @@ var replayFailureLog = supervisor.FailureLogPolicy{Every: 1000}
 //
 // A Bundle is applied to at most one Router, once.
 type Bundle struct {
-	// Config is the loaded policy file, for inspection of the whole file
-	// (`router validate`'s output, replay's options); nil for NewBundle.
-	// What a running router reads of it has methods: Filename,
-	// PolicyName, Plugins, Workers, Queue, Classifier.
-	Config *config.PolicyFile
+	// file is the loaded policy file; nil for NewBundle. Callers read it
+	// through methods (Filename, PolicyName, Roles, Queue, Classifier...),
+	// or whole through PolicyFile.
+	file *config.PolicyFile
 
 	// host runs the bundle's plugins; nil for NewBundle. Close shuts it
 	// down.
@@ -125,7 +126,7 @@ func newBundle() *Bundle {
 // NewBundle returns a bundle of policies built by the caller, with no
 // plugin Host: what Options.Roles makes. The caller keeps ownership of the
 // policies' components (Close does not close them).
-func NewBundle(roles map[shared.Role]*shared.Policy) (*Bundle, error) {
+func NewBundle(roles map[shared.Role]*policy.Policy) (*Bundle, error) {
 	b := newBundle()
 	for role, p := range roles {
 		if !role.Valid() {
@@ -199,7 +200,7 @@ func LoadBundle(ctx context.Context, path string, o LoadOptions) (*Bundle, hcl.D
 		return fail(diags)
 	}
 	b := newBundle()
-	b.Config, b.host, b.owned = cb, host, true
+	b.file, b.host, b.owned = cb, host, true
 	for _, role := range config.Roles {
 		p := cb.Roles[role]
 		if p == nil {
@@ -230,59 +231,107 @@ func LoadBundle(ctx context.Context, path string, o LoadOptions) (*Bundle, hcl.D
 // BlockSize is the tokens per KV block the bundle's file sets, or 0 for a
 // NewBundle bundle (which fits any Router).
 func (b *Bundle) BlockSize() int {
-	if b.Config == nil {
+	if b.file == nil {
 		return 0
 	}
-	return b.Config.BlockSize
+	return b.file.BlockSize
 }
+
+// PolicyFile is the loaded policy file, for inspection of the whole file
+// (`router validate` prints it); nil for a NewBundle bundle. It is the
+// bundle's own: the caller must not modify it.
+func (b *Bundle) PolicyFile() *config.PolicyFile { return b.file }
 
 // Filename is the name of the policy file the bundle was loaded from;
 // "" for a NewBundle bundle.
 func (b *Bundle) Filename() string {
-	if b.Config == nil {
+	if b.file == nil {
 		return ""
 	}
-	return b.Config.Filename
+	return b.file.Filename
 }
 
 // PolicyName is the name of the policy the file's worker_selection gives
 // role (config.DefaultPolicyName when it names none); "" for a NewBundle
 // bundle, whose policies have no file names.
 func (b *Bundle) PolicyName(role shared.Role) string {
-	if b.Config == nil {
+	if b.file == nil {
 		return ""
 	}
-	return b.Config.RolePolicies[role]
+	return b.file.RolePolicies[role]
+}
+
+// Roles returns each role's policy in a new map: the file's instances for
+// a loaded bundle (config.PolicyFile.Roles), the given ones for NewBundle.
+// The policies are the bundle's, not copies: a replay runs them in a
+// Router of its own (router.Options.Roles).
+func (b *Bundle) Roles() map[shared.Role]*policy.Policy {
+	out := make(map[shared.Role]*policy.Policy, len(b.roles))
+	for role, rp := range b.roles {
+		out[role] = rp.policy
+	}
+	return out
+}
+
+// RolePolicies returns a copy of the name of each role's policy (see
+// PolicyName); nil for a NewBundle bundle.
+func (b *Bundle) RolePolicies() map[shared.Role]string {
+	if b.file == nil {
+		return nil
+	}
+	return maps.Clone(b.file.RolePolicies)
+}
+
+// ReplayDecisionLatency is the simulated time a replay charges for the
+// bundle's plugin calls (docs/replay.md, "Plugins in replay"): per decision
+// of each policy that calls a plugin, by policy name
+// (config.PolicyFile.ReplayDecisionLatency; a policy of built-in
+// components only is not listed), and per call of the request classifier
+// (config.PolicyFile.ReplayClassifierLatency). Nil and 0 for a NewBundle
+// bundle. They are replay.DecisionLatency's Policies and Classifier.
+func (b *Bundle) ReplayDecisionLatency() (policies map[string]time.Duration, classifier time.Duration) {
+	if b.file == nil {
+		return nil, 0
+	}
+	for _, d := range b.file.Decls {
+		if l := b.file.ReplayDecisionLatency(d.Name); l > 0 {
+			if policies == nil {
+				policies = make(map[string]time.Duration)
+			}
+			policies[d.Name] = l
+		}
+	}
+	return policies, b.file.ReplayClassifierLatency()
 }
 
 // Workers returns a copy of the file's worker blocks, in file order; nil
 // for a NewBundle bundle.
 func (b *Bundle) Workers() []config.Worker {
-	if b.Config == nil {
+	if b.file == nil {
 		return nil
 	}
-	return slices.Clone(b.Config.Workers)
+	return slices.Clone(b.file.Workers)
 }
 
 // Queue is the file's queue block, or config.DefaultQueue when the file
 // has none or the bundle is a NewBundle bundle.
 func (b *Bundle) Queue() config.Queue {
-	if b.Config == nil {
+	if b.file == nil {
 		return config.DefaultQueue()
 	}
-	return b.Config.Queue
+	return b.file.Queue
 }
 
 // Classifier returns the factory of the file's request_classifier; nil,
 // nil when the file has none (or for a NewBundle bundle). The error says
 // that the block's instance is not a shared.ClassifierFactory.
 func (b *Bundle) Classifier() (shared.ClassifierFactory, error) {
-	if b.Config == nil || b.Config.Classifier == nil || b.Config.Classifier.Instance == nil {
+	if b.file == nil || b.file.Classifier == nil || b.file.Classifier.Instance == nil {
 		return nil, nil
 	}
-	f, ok := b.Config.Classifier.Instance.(shared.ClassifierFactory)
+	f, ok := b.file.Classifier.Instance.(shared.ClassifierFactory)
 	if !ok {
-		return nil, fmt.Errorf("%s: request_classifier: %T is not a classifier factory", b.Config.Filename, b.Config.Classifier.Instance)
+		return nil, fmt.Errorf("%s: request_classifier: %T is not a classifier factory", b.file.Filename, b.file.Classifier.Instance)
 	}
 	return f, nil
 }
@@ -311,11 +360,11 @@ type PluginState struct {
 // order; nil for a NewBundle bundle or a file without plugins. Each call
 // reads the current state.
 func (b *Bundle) Plugins() []PluginState {
-	if b.Config == nil || len(b.Config.Plugins) == 0 {
+	if b.file == nil || len(b.file.Plugins) == 0 {
 		return nil
 	}
-	out := make([]PluginState, len(b.Config.Plugins))
-	for i, p := range b.Config.Plugins {
+	out := make([]PluginState, len(b.file.Plugins))
+	for i, p := range b.file.Plugins {
 		ps := PluginState{Name: p.Name, Started: p.Failed == nil, Status: supervisor.StatusUnknown}
 		if b.host != nil {
 			ps.Status = b.host.Status(p.Name)
@@ -414,7 +463,7 @@ func (b *Bundle) Close(ctx context.Context) error {
 // closeComponents closes, once each, every component instance of the
 // loaded file that implements shared.Closer.
 func (b *Bundle) closeComponents() error {
-	if b.Config == nil {
+	if b.file == nil {
 		return nil
 	}
 	var errs []error
@@ -444,8 +493,8 @@ func (b *Bundle) eachComponent(f func(c any)) {
 		}
 		f(c)
 	}
-	var walk func(p *shared.Policy, depth int)
-	walk = func(p *shared.Policy, depth int) {
+	var walk func(p *policy.Policy, depth int)
+	walk = func(p *policy.Policy, depth int) {
 		if p == nil || depth > maxFallbackDepth {
 			return
 		}
@@ -461,21 +510,21 @@ func (b *Bundle) eachComponent(f func(c any)) {
 	for _, rp := range b.roles {
 		walk(rp.policy, 0)
 	}
-	if b.Config == nil {
+	if b.file == nil {
 		return
 	}
-	for _, p := range b.Config.Roles {
+	for _, p := range b.file.Roles {
 		walk(p, 0)
 	}
-	for _, p := range b.Config.Policies {
+	for _, p := range b.file.Policies {
 		walk(p, 0)
 	}
-	for _, d := range b.Config.Decls {
+	for _, d := range b.file.Decls {
 		for _, p := range d.Instances {
 			walk(p, 0)
 		}
 	}
-	if c := b.Config.Classifier; c != nil && c.Instance != nil {
+	if c := b.file.Classifier; c != nil && c.Instance != nil {
 		visit(c.Instance)
 	}
 }
@@ -486,8 +535,8 @@ func (b *Bundle) eachComponent(f func(c any)) {
 func (b *Bundle) eventListeners() []shared.EventListener {
 	b.listenersOnce.Do(func() {
 		var cls any
-		if b.Config != nil && b.Config.Classifier != nil {
-			cls = b.Config.Classifier.Instance
+		if b.file != nil && b.file.Classifier != nil {
+			cls = b.file.Classifier.Instance
 		}
 		b.eachComponent(func(c any) {
 			if l, ok := c.(shared.EventListener); ok && c != cls {

@@ -2,12 +2,14 @@ package router
 
 import (
 	"context"
+	"maps"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -93,8 +95,34 @@ func TestBundleAccessors(t *testing.T) {
 	if got := b.Plugins(); !slices.Equal(got, want) {
 		t.Errorf("Plugins %+v, want %+v", got, want)
 	}
+	f := b.PolicyFile()
+	if f == nil || f.Filename != path || f.Classifier == nil || f.Classifier.Type != "header-priority" {
+		t.Fatalf("PolicyFile %+v, want the loaded file", f)
+	}
+	roles := b.Roles()
+	if len(roles) != 3 || roles[shared.RolePrefill] != f.Roles[shared.RolePrefill] || roles[shared.RolePrefill].Name != "rr" ||
+		roles[shared.RoleAggregated] != f.Roles[shared.RoleAggregated] || roles[shared.RoleDecode] != f.Roles[shared.RoleDecode] {
+		t.Errorf("Roles %v, want the file's instance of each role's policy", roles)
+	}
+	delete(roles, shared.RolePrefill)
+	if b.Roles()[shared.RolePrefill] == nil {
+		t.Error("Roles returned the bundle's own map")
+	}
+	names := b.RolePolicies()
+	if len(names) != 3 || names[shared.RolePrefill] != "rr" || names[shared.RoleDecode] != config.DefaultPolicyName {
+		t.Errorf("RolePolicies %v, want prefill rr, the others %s", names, config.DefaultPolicyName)
+	}
+	names[shared.RolePrefill] = "changed"
+	if b.PolicyName(shared.RolePrefill) != "rr" {
+		t.Error("RolePolicies returned the bundle's own map")
+	}
+	// Built-in components and the unavailable plugin's placeholders make no
+	// plugin call: nothing is charged.
+	if pols, cls := b.ReplayDecisionLatency(); pols != nil || cls != 0 {
+		t.Errorf("ReplayDecisionLatency %v, %v; want none", pols, cls)
+	}
 
-	nb, err := NewBundle(map[shared.Role]*shared.Policy{shared.RoleAggregated: {Name: "p", Picker: highestID{}}})
+	nb, err := NewBundle(map[shared.Role]*policy.Policy{shared.RoleAggregated: {Name: "p", Picker: highestID{}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,6 +134,15 @@ func TestBundleAccessors(t *testing.T) {
 	}
 	if f, err := nb.Classifier(); f != nil || err != nil {
 		t.Errorf("NewBundle classifier %v, %v, want none", f, err)
+	}
+	if nb.PolicyFile() != nil || nb.RolePolicies() != nil {
+		t.Errorf("NewBundle: file %v, role policies %v, want none", nb.PolicyFile(), nb.RolePolicies())
+	}
+	if roles := nb.Roles(); len(roles) != 1 || roles[shared.RoleAggregated] == nil || roles[shared.RoleAggregated].Name != "p" {
+		t.Errorf("NewBundle roles %v, want the given aggregated policy", roles)
+	}
+	if pols, cls := nb.ReplayDecisionLatency(); pols != nil || cls != 0 {
+		t.Errorf("NewBundle ReplayDecisionLatency %v, %v; want none", pols, cls)
 	}
 }
 
@@ -138,6 +175,12 @@ func TestPluginsReportsARunningPlugin(t *testing.T) {
 	ps := b.Plugins()
 	if len(ps) != 1 || ps[0].Name != "example" || !ps[0].Started || ps[0].Status != supervisor.StatusUp || ps[0].BreakerOpen {
 		t.Fatalf("Plugins %+v, want example started, up, breaker closed", ps)
+	}
+	// The queue policy makes one plugin call (its scorer; the picker is
+	// built in), charged the plugin's default replay_decision_latency.
+	pols, cls := b.ReplayDecisionLatency()
+	if want := map[string]time.Duration{"queue": config.DefaultReplayDecisionLatency}; !maps.Equal(pols, want) || cls != 0 {
+		t.Errorf("ReplayDecisionLatency %v, %v; want %v, 0", pols, cls, want)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

@@ -8,7 +8,8 @@
 // Floors: this root package imports its parts (router/catalog,
 // router/config, router/fleet, router/pipeline, router/prefix,
 // router/supervisor) and the in-process components (hosted, builtin via the
-// catalog); no part imports the root.
+// catalog); no part imports the root. The resolved policy they all pass
+// around (router/policy) imports only the SDK, so hosted can use it too.
 //
 // A Bundle is what a policy file resolves to at run time (per-role
 // policies plus the plugin Host serving them); Router.Reload swaps bundles

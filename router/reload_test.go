@@ -25,6 +25,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -535,7 +536,7 @@ func (g *gate) Pick(ctx context.Context, _ *shared.Request, _ *shared.Candidates
 
 func staticBundle(t *testing.T, name string, p shared.Picker) *Bundle {
 	t.Helper()
-	b, err := NewBundle(map[shared.Role]*shared.Policy{shared.RoleAggregated: {Name: name, PickerName: name, Picker: p}})
+	b, err := NewBundle(map[shared.Role]*policy.Policy{shared.RoleAggregated: {Name: name, PickerName: name, Picker: p}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -699,7 +700,7 @@ func TestReloadMetrics(t *testing.T) {
 	if diags := r.Reload(context.Background(), path); diags.HasErrors() {
 		t.Fatal(config.FormatDiagnostics(diags))
 	}
-	r3, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*shared.Policy{}, Registerer: reg})
+	r3, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{}, Registerer: reg})
 	if err != nil {
 		t.Fatalf("second router on the same registry: %v", err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/switchyard-router/switchyard/hosted"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/pipeline"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -28,7 +29,7 @@ type Options struct {
 	// Roles maps each role to its policy, for a Router whose policies never
 	// change (replay). A role without a policy cannot be selected for
 	// (ErrNoPolicy). Set Roles or Bundle, not both.
-	Roles map[shared.Role]*shared.Policy
+	Roles map[shared.Role]*policy.Policy
 	// Bundle is the initial bundle of a Router whose policies are reloaded
 	// (Apply, Reload): typically LoadBundle's. The Router owns it once New
 	// succeeded and closes it when it is swapped out by Reload or the
@@ -98,7 +99,7 @@ type Router struct {
 // rolePolicy is a policy with its hosted form or its compiled pipeline
 // resolved once.
 type rolePolicy struct {
-	policy   *shared.Policy
+	policy   *policy.Policy
 	inputs   shared.Inputs
 	hosted   hosted.HostedWorkerPicker // nil unless the policy is hosted-eligible
 	compiled *pipeline.Compiled        // nil when hosted
@@ -108,7 +109,7 @@ type rolePolicy struct {
 // maxFallbackDepth bounds a chain of fallbacks (the loader rejects cycles).
 const maxFallbackDepth = 8
 
-func resolve(p *shared.Policy, depth int) (*rolePolicy, error) {
+func resolve(p *policy.Policy, depth int) (*rolePolicy, error) {
 	if p == nil || depth > maxFallbackDepth {
 		return nil, nil
 	}
@@ -213,8 +214,8 @@ func (r *Router) PartitionInfos(model string, role shared.Role) []shared.WorkerI
 // policy file's request_classifier block); nil without one or once the
 // Router is closed.
 func (r *Router) ClassifierFactory() shared.ClassifierFactory {
-	if b := r.cur.Load(); b != nil && b.Config != nil && b.Config.Classifier != nil {
-		if f, ok := b.Config.Classifier.Instance.(shared.ClassifierFactory); ok {
+	if b := r.cur.Load(); b != nil && b.file != nil && b.file.Classifier != nil {
+		if f, ok := b.file.Classifier.Instance.(shared.ClassifierFactory); ok {
 			return f
 		}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/builtin"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -22,21 +23,21 @@ import (
 func BenchmarkSelect(b *testing.B) {
 	policies := []struct {
 		name string
-		make func() *shared.Policy
+		make func() *policy.Policy
 	}{
-		{"round-robin", func() *shared.Policy {
-			return &shared.Policy{Name: "rr", PickerName: "rr", Picker: builtin.NewRoundRobin()}
+		{"round-robin", func() *policy.Policy {
+			return &policy.Policy{Name: "rr", PickerName: "rr", Picker: builtin.NewRoundRobin()}
 		}},
-		{"default", func() *shared.Policy {
+		{"default", func() *policy.Policy {
 			kv, _ := builtin.NewKVCost(nil)
 			mc, _ := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
-			return &shared.Policy{Name: "default", Scorers: []shared.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
+			return &policy.Policy{Name: "default", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
 		}},
 	}
 	for _, pol := range policies {
 		for _, n := range []int{8, 64, 1024} {
 			b.Run(fmt.Sprintf("%s/workers=%d", pol.name, n), func(b *testing.B) {
-				r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*shared.Policy{shared.RoleAggregated: pol.make()}, BookingsAreLoad: true})
+				r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: pol.make()}, BookingsAreLoad: true})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -8,16 +8,17 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/switchyard-router/switchyard/builtin"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
-func mustPolicy(t *testing.T, name string, scorers []shared.WeightedScorer, picker shared.Picker) *shared.Policy {
+func mustPolicy(t *testing.T, name string, scorers []policy.WeightedScorer, picker shared.Picker) *policy.Policy {
 	t.Helper()
-	return &shared.Policy{Name: name, Scorers: scorers, PickerName: "pick", Picker: picker}
+	return &policy.Policy{Name: name, Scorers: scorers, PickerName: "pick", Picker: picker}
 }
 
-func kvPolicy(t *testing.T) *shared.Policy {
+func kvPolicy(t *testing.T) *policy.Policy {
 	t.Helper()
 	kv, err := builtin.NewKVCost(nil)
 	if err != nil {
@@ -27,12 +28,12 @@ func kvPolicy(t *testing.T) *shared.Policy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mustPolicy(t, "kv", []shared.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, mc)
+	return mustPolicy(t, "kv", []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, mc)
 }
 
-func newRouter(t *testing.T, p *shared.Policy, workers int) *Router {
+func newRouter(t *testing.T, p *policy.Policy, workers int) *Router {
 	t.Helper()
-	r, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*shared.Policy{shared.RoleAggregated: p}, BookingsAreLoad: true})
+	r, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: p}, BookingsAreLoad: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestRouterComputesOnlyDeclaredInputs(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.in.String(), func(t *testing.T) {
 			s := &spy{in: tt.in}
-			p := mustPolicy(t, "spy", []shared.WeightedScorer{{Name: "spy", Weight: 1, Scorer: s}}, builtin.NewRoundRobin())
+			p := mustPolicy(t, "spy", []policy.WeightedScorer{{Name: "spy", Weight: 1, Scorer: s}}, builtin.NewRoundRobin())
 			r := newRouter(t, p, 3)
 			if _, err := r.Place(context.Background(), request(4, 1), Placement{}); err != nil {
 				t.Fatal(err)
@@ -252,7 +253,7 @@ func TestRouterComputesOnlyDeclaredInputs(t *testing.T) {
 // request charges the whole uncached prompt.
 func TestDecodeBookingHasNoPrefill(t *testing.T) {
 	p := mustPolicy(t, "rr", nil, builtin.NewRoundRobin())
-	r, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*shared.Policy{shared.RolePrefill: p, shared.RoleDecode: p}, BookingsAreLoad: true})
+	r, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RolePrefill: p, shared.RoleDecode: p}, BookingsAreLoad: true})
 	if err != nil {
 		t.Fatal(err)
 	}

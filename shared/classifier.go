@@ -2,8 +2,6 @@ package shared
 
 import (
 	"context"
-	"fmt"
-	"runtime/debug"
 	"time"
 )
 
@@ -38,9 +36,10 @@ type Classification struct {
 // so a retry is never classified twice.
 //
 // Classify must be safe for concurrent use. An error or a panic in Classify
-// fails only that request, with an error naming the classifier: the router
-// recovers the panic (see SafeClassify) and the classifier keeps serving
-// the other requests.
+// fails only that request, with an error naming the classifier and the
+// request: the router (and Serve, in a plugin process) recovers the panic
+// and the classifier keeps serving the other requests. A negative
+// SchedulingCostTokens fails the request the same way.
 //
 // A Classifier that also implements EventListener hears the lifecycle of
 // the requests of its partition.
@@ -93,54 +92,4 @@ type WorkerInfo struct {
 	// TotalKVBlocks is the worker's configured KV-cache capacity in blocks
 	// (the CAPACITY input); 0 when unknown.
 	TotalKVBlocks int64
-}
-
-// ClassifyError is a classifier's failure on one request: an error it
-// returned or a panic the router recovered. It fails only that request.
-type ClassifyError struct {
-	// Classifier names the classifier instance (or type) that failed.
-	Classifier string
-	// RequestID is the failed request's id.
-	RequestID string
-	// Err is the error Classify returned; nil after a panic.
-	Err error
-	// Panic is the recovered panic value, and Stack the goroutine's stack at
-	// the panic; both nil when Classify returned an error.
-	Panic any
-	Stack []byte
-}
-
-func (e *ClassifyError) Error() string {
-	if e.Err == nil {
-		return fmt.Sprintf("classifier %s: request %q: panic: %v", e.Classifier, e.RequestID, e.Panic)
-	}
-	return fmt.Sprintf("classifier %s: request %q: %v", e.Classifier, e.RequestID, e.Err)
-}
-
-// Unwrap returns the error Classify returned, or nil after a panic.
-func (e *ClassifyError) Unwrap() error { return e.Err }
-
-// SafeClassify calls c.Classify and turns both a returned error and a panic
-// into a *ClassifyError naming the classifier name and the request, so one
-// request's failure never takes down the caller. It also refuses a negative
-// SchedulingCostTokens. It adds no allocation on success.
-func SafeClassify(ctx context.Context, name string, c Classifier, req *Request) (cl Classification, err error) {
-	var id string
-	if req != nil {
-		id = req.ID
-	}
-	defer func() {
-		if v := recover(); v != nil {
-			cl, err = Classification{}, &ClassifyError{Classifier: name, RequestID: id, Panic: v, Stack: debug.Stack()}
-		}
-	}()
-	cl, err = c.Classify(ctx, req)
-	if err != nil {
-		return Classification{}, &ClassifyError{Classifier: name, RequestID: id, Err: err}
-	}
-	if cl.SchedulingCostTokens < 0 {
-		return Classification{}, &ClassifyError{Classifier: name, RequestID: id,
-			Err: fmt.Errorf("scheduling cost %d tokens is negative", cl.SchedulingCostTokens)}
-	}
-	return cl, nil
 }

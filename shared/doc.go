@@ -8,9 +8,10 @@
 // Built-in components (package builtin) and out-of-process plugins implement
 // the same interfaces, so a component written for one can be served as the
 // other unchanged. Plugin authors import only this package; it never imports
-// the router. The router's side of the plugin connection (its client, the
-// decision tasks it sends) lives in the router's internal/pluginclient and
-// is no part of the SDK.
+// the router. The router's side is no part of the SDK: its plugin client
+// and the decision tasks it sends (internal/pluginclient), the resolved
+// policy it runs (router/policy) and its guard around a classifier call
+// (router/admission).
 //
 // Concurrency: one component instance serves every request concurrently.
 // Every method must be safe for concurrent use; state kept between calls

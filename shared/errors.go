@@ -17,7 +17,11 @@ var (
 )
 
 // NonFiniteCostError reports a scorer whose cost, or whose weighted cost
-// added to the earlier scorers' sum, is NaN or ±Inf.
+// added to the earlier scorers' sum, is NaN or ±Inf (the Scorer contract).
+// It belongs to the SDK because it is what an author's scorer is reported
+// with: Serve produces it in the plugin process (its message is what the
+// router reports for the failed call), and the router's pipeline returns it,
+// for errors.As, when an in-process (built-in) scorer breaks the contract.
 type NonFiniteCostError struct {
 	Scorer int     // index of the scorer in the policy, 0-based
 	Name   string  // the scorer's block name, when known
@@ -38,7 +42,10 @@ func (e *NonFiniteCostError) Error() string {
 }
 
 // RowOutOfRangeError reports a picker (or a view accessor) given or
-// returning a row outside [0, Count).
+// returning a row outside [0, Count) (the Picker contract). It belongs to
+// the SDK for the reason NonFiniteCostError does: Serve reports an author's
+// picker with it, and the router's pipeline and hosted path report an
+// in-process picker with the same error.
 type RowOutOfRangeError struct {
 	Row   int
 	Count int

@@ -158,14 +158,32 @@ func (s *server) Classify(ctx context.Context, req *pluginv1.ClassifyRequest) (*
 			}
 		}
 	}
-	cl, err := SafeClassify(ctx, inst.name, p.c, &r)
+	cl, err := s.classify(ctx, inst, p.c, &r)
 	if err != nil {
-		if ce, ok := err.(*ClassifyError); ok && ce.Panic != nil {
-			s.log.Error("classifier panicked", "instance", inst.name, "request", r.ID, "panic", fmt.Sprint(ce.Panic), "stack", string(ce.Stack))
-		}
 		return nil, status.Error(codes.Unknown, validUTF8(err.Error()))
 	}
 	return classificationToProto(cl), nil
+}
+
+// classify calls c.Classify for r, as the router's own guard does on its
+// side: a returned error, a panic (recovered and logged with its stack) and
+// a negative SchedulingCostTokens become an error naming the instance and
+// the request, and fail only that request.
+func (s *server) classify(ctx context.Context, inst *instance, c Classifier, r *Request) (cl Classification, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			s.log.Error("classifier panicked", "instance", inst.name, "request", r.ID, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
+			cl, err = Classification{}, fmt.Errorf("classifier %s: request %q: panic: %v", inst.name, r.ID, v)
+		}
+	}()
+	cl, err = c.Classify(ctx, r)
+	if err != nil {
+		return Classification{}, fmt.Errorf("classifier %s: request %q: %w", inst.name, r.ID, err)
+	}
+	if cl.SchedulingCostTokens < 0 {
+		return Classification{}, fmt.Errorf("classifier %s: request %q: scheduling cost %d tokens is negative", inst.name, r.ID, cl.SchedulingCostTokens)
+	}
+	return cl, nil
 }
 
 // partition returns the request's partition of inst, creating its

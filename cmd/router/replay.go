@@ -313,8 +313,8 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		b := bundles[i]
 		opts := replay.Options{
 			PolicyName:   policyName(path),
-			Roles:        b.Config.Roles,
-			RolePolicies: b.Config.RolePolicies,
+			Roles:        b.Roles(),
+			RolePolicies: b.RolePolicies(),
 			BlockSize:    b.BlockSize(),
 			TraceName:    traceName,
 			Records:      records,
@@ -322,7 +322,7 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		if opts.Queue, opts.Classifier, err = admission(b); err != nil {
 			return &exitError{code: 1, err: err}
 		}
-		opts.DecisionLatency = decisionLatency(b.Config)
+		opts.DecisionLatency.Policies, opts.DecisionLatency.Classifier = b.ReplayDecisionLatency()
 		if disagg {
 			opts.PrefillWorkers, opts.DecodeWorkers = f.prefill, f.decode
 		} else {
@@ -407,22 +407,6 @@ func admission(b *router.Bundle) (config.Queue, shared.ClassifierFactory, error)
 	}
 	f, err := b.Classifier()
 	return q, f, err
-}
-
-// decisionLatency is the simulated time b's plugin calls are charged in a
-// replay: each policy's (config.Bundle.ReplayDecisionLatency, listed only
-// when it calls a plugin) and the request classifier's.
-func decisionLatency(b *config.PolicyFile) replay.DecisionLatency {
-	lat := replay.DecisionLatency{Classifier: b.ReplayClassifierLatency()}
-	for _, d := range b.Decls {
-		if l := b.ReplayDecisionLatency(d.Name); l > 0 {
-			if lat.Policies == nil {
-				lat.Policies = make(map[string]time.Duration)
-			}
-			lat.Policies[d.Name] = l
-		}
-	}
-	return lat
 }
 
 // policyName labels a policy file in the table and the report: its base

@@ -37,7 +37,7 @@ file:line:col and the exit status is 1.`,
 				return &exitError{code: 1, err: errors.New("")}
 			}
 			defer closeBundle(b)
-			return printBundle(cmd.OutOrStdout(), b.Config)
+			return printBundle(cmd.OutOrStdout(), b.PolicyFile())
 		},
 	}
 }

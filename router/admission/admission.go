@@ -183,7 +183,7 @@ func Exclude(ids ...shared.WorkerID) Option {
 // after Admit is the idiom).
 //
 // Errors, with a nil handle: ErrClosed, ErrDuplicateRequest, a
-// *shared.ClassifyError (the classifier failed or panicked; only this
+// *ClassifyError (the classifier failed or panicked; only this
 // request fails), the classifier factory's error, ErrUnknownClass. Errors
 // after classification come with the handle (ended, its classification
 // readable, so callers can account the refusal to its class):
@@ -229,7 +229,7 @@ func (c *Controller) classify(ctx context.Context, h *Handle) error {
 	}
 	// The uncached prompt is the classifier's input.
 	uncached := c.uncached(req)
-	class, err := shared.SafeClassify(ctx, "request_classifier", cl, req)
+	class, err := SafeClassify(ctx, "request_classifier", cl, req)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -72,11 +73,11 @@ func (r *recorder) events() []string {
 	return append([]string(nil), r.got...)
 }
 
-func rrPolicy() *shared.Policy {
-	return &shared.Policy{Name: "rr", PickerName: "pick", Picker: builtin.NewRoundRobin()}
+func rrPolicy() *policy.Policy {
+	return &policy.Policy{Name: "rr", PickerName: "pick", Picker: builtin.NewRoundRobin()}
 }
 
-func kvPolicy(t *testing.T) *shared.Policy {
+func kvPolicy(t *testing.T) *policy.Policy {
 	t.Helper()
 	kv, err := builtin.NewKVCost(nil)
 	if err != nil {
@@ -86,14 +87,14 @@ func kvPolicy(t *testing.T) *shared.Policy {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &shared.Policy{Name: "kv", Scorers: []shared.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
+	return &policy.Policy{Name: "kv", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
 }
 
 // newRouter is a router with block size 4 and workers 1..n of role
 // aggregated, deciding with p.
-func newRouter(t *testing.T, p *shared.Policy, workers int) *router.Router {
+func newRouter(t *testing.T, p *policy.Policy, workers int) *router.Router {
 	t.Helper()
-	r, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*shared.Policy{shared.RoleAggregated: p}, BookingsAreLoad: true})
+	r, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: p}, BookingsAreLoad: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +131,7 @@ func newEnv(t *testing.T, workers int, q config.Queue, cls shared.ClassifierFact
 	return newEnvWith(t, rrPolicy(), workers, q, cls)
 }
 
-func newEnvWith(t *testing.T, p *shared.Policy, workers int, q config.Queue, cls shared.ClassifierFactory) *env {
+func newEnvWith(t *testing.T, p *policy.Policy, workers int, q config.Queue, cls shared.ClassifierFactory) *env {
 	t.Helper()
 	e := &env{rec: &recorder{}, now: time.Unix(1000, 0)}
 	e.r = newRouter(t, p, workers)
@@ -224,9 +225,9 @@ func TestClassifierFailureFailsOnlyThatRequest(t *testing.T) {
 	e := newEnv(t, 1, config.DefaultQueue(), c)
 	for _, id := range []string{"err", "panic"} {
 		h, err := e.c.Admit(context.Background(), &shared.Request{ID: id, Role: shared.RoleAggregated})
-		var ce *shared.ClassifyError
+		var ce *admission.ClassifyError
 		if !errors.As(err, &ce) || ce.RequestID != id || h != nil {
-			t.Fatalf("%s: handle %v, err = %v; want a *shared.ClassifyError", id, h, err)
+			t.Fatalf("%s: handle %v, err = %v; want a *admission.ClassifyError", id, h, err)
 		}
 		// A failed request never became live.
 		if _, live := e.c.Progress(id); live {
@@ -354,7 +355,7 @@ type listeningPicker struct {
 
 func TestPolicyComponentsHearLifecycleEvents(t *testing.T) {
 	lp := &listeningPicker{RoundRobin: builtin.NewRoundRobin()}
-	r := newRouter(t, &shared.Policy{Name: "rr", PickerName: "pick", Picker: lp}, 2)
+	r := newRouter(t, &policy.Policy{Name: "rr", PickerName: "pick", Picker: lp}, 2)
 	c := newController(t, r, admission.Options{InlineEvents: true})
 	h, err := c.Admit(context.Background(), &shared.Request{ID: "x", Role: shared.RoleAggregated, PromptTokens: 4})
 	if err != nil {

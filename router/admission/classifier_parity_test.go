@@ -187,7 +187,7 @@ func runParity(t *testing.T, path string, steps []parityStep) []parityAnswer {
 	}
 	var clock atomic.Int64
 	clock.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	c, err := New(r, Options{Queue: b.Config.Queue, InlineEvents: true, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
+	c, err := New(r, Options{Queue: b.Queue(), InlineEvents: true, Now: func() time.Time { return time.Unix(0, clock.Load()) }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -425,7 +426,7 @@ func (noClass) Classify(context.Context, *shared.Request) (shared.Classification
 // partition; its Progress follows a live request.
 func TestClassifierPerPartition(t *testing.T) {
 	r, err := router.New(router.Options{BlockSize: 4, BookingsAreLoad: true,
-		Roles: map[shared.Role]*shared.Policy{shared.RoleAggregated: rrPolicy(), shared.RolePrefill: rrPolicy()}})
+		Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: rrPolicy(), shared.RolePrefill: rrPolicy()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -563,7 +564,7 @@ func (p *gatePicker) arm(id string) { p.gateID.Store(&id) }
 func gateEnv(t *testing.T) (*env, *gatePicker, *admission.Handle, *admission.Handle, *admission.Handle) {
 	t.Helper()
 	p := newGatePicker()
-	e := newEnvWith(t, &shared.Policy{Name: "first", PickerName: "gate", Picker: p}, 2, capacityQueue(1), nil)
+	e := newEnvWith(t, &policy.Policy{Name: "first", PickerName: "gate", Picker: p}, 2, capacityQueue(1), nil)
 	w1, w2, x := e.admit(t, "w1"), e.admit(t, "w2"), e.admit(t, "x")
 	if worker(w1) != 1 || worker(w2) != 2 || !x.Queued() {
 		t.Fatalf("w1 on %d, w2 on %d, x queued %v", worker(w1), worker(w2), x.Queued())

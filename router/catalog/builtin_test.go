@@ -151,7 +151,7 @@ func checkClassifier(t *testing.T, f shared.ClassifierFactory) {
 	}
 	req := &shared.Request{ID: "r", Model: "m", Role: shared.RoleAggregated, PromptTokens: 10, BlockSize: 16,
 		SessionID: "s", Metadata: map[string]string{"X-Priority": "2"}}
-	if _, err := shared.SafeClassify(context.Background(), "test", c, req); err != nil {
+	if _, err := c.Classify(context.Background(), req); err != nil {
 		t.Errorf("Classify: %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/inputfile"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -78,13 +79,13 @@ type PolicyFile struct {
 	// configured). The built-in default policy is under DefaultPolicyName
 	// when the catalog registers its types. Each policy's Fallback points
 	// at its fallback's instance for the same role.
-	Policies map[string]*shared.Policy
+	Policies map[string]*policy.Policy
 	// Roles maps each worker role to its own instance of its policy: the
 	// one worker_selection names, or the default policy. Each role gets its
 	// own instances even when roles name the same policy (components learn
 	// their role at construction), and its Fallback chain holds that role's
 	// instances of the fallbacks.
-	Roles map[shared.Role]*shared.Policy
+	Roles map[shared.Role]*policy.Policy
 	// RolePolicies maps each role to the name of its policy.
 	RolePolicies map[shared.Role]string
 	// Queue is the file's queue block, or DefaultQueue when it has none.
@@ -98,10 +99,6 @@ type PolicyFile struct {
 	// last: the material of `router validate`.
 	Decls []*PolicyDecl
 }
-
-// Bundle is PolicyFile's former name, kept only until router/replay's
-// tests (being rewritten) name PolicyFile; new code names PolicyFile.
-type Bundle = PolicyFile
 
 // FailedPlugins returns the plugins whose start failed, in file order.
 func (f *PolicyFile) FailedPlugins() []Plugin {
@@ -174,7 +171,7 @@ type Plugin struct {
 	// for each call a decision makes into this plugin, between the
 	// decision and the request reaching its worker; 0 to
 	// MaxReplayDecisionLatency (DefaultReplayDecisionLatency). Serve does
-	// not use it. See Bundle.ReplayDecisionLatency.
+	// not use it. See PolicyFile.ReplayDecisionLatency.
 	ReplayDecisionLatency time.Duration
 	// OnStartFailure is OnStartFailureError (the default) or
 	// OnStartFailureFallback.
@@ -257,11 +254,11 @@ type PolicyDecl struct {
 	// Policy is the instance PolicyFile.Policies holds (the first role's, or
 	// the empty role's for an unused policy); nil for an unused policy with
 	// out-of-process components.
-	Policy *shared.Policy
+	Policy *policy.Policy
 	// Instances holds the policy's instance for each role in Roles; for an
 	// unused policy with only built-in components, its one instance under
 	// the empty role.
-	Instances map[shared.Role]*shared.Policy
+	Instances map[shared.Role]*policy.Policy
 }
 
 // LoadFile reads and loads the policy file at path; see Load and

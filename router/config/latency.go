@@ -15,17 +15,17 @@ import (
 // of built-in components only and for a name the file does not declare (a
 // picker-type fallback is built in). The policy's fallback is not
 // included: it runs only when the policy fails, and is charged then.
-func (b *Bundle) ReplayDecisionLatency(policy string) time.Duration {
-	for _, d := range b.Decls {
+func (f *PolicyFile) ReplayDecisionLatency(policy string) time.Duration {
+	for _, d := range f.Decls {
 		if d.Name != policy {
 			continue
 		}
 		var sum time.Duration
 		prev := ""
 		for _, c := range d.Components {
-			src := b.callSource(c)
+			src := f.callSource(c)
 			if src != "" && src != prev {
-				sum += b.pluginLatency(src)
+				sum += f.pluginLatency(src)
 			}
 			prev = src
 		}
@@ -37,16 +37,16 @@ func (b *Bundle) ReplayDecisionLatency(policy string) time.Duration {
 // ReplayClassifierLatency is the simulated time router replay charges for
 // each call of the request classifier: its plugin's
 // replay_decision_latency when the classifier runs out of process, else 0.
-func (b *Bundle) ReplayClassifierLatency() time.Duration {
-	if b.Classifier == nil {
+func (f *PolicyFile) ReplayClassifierLatency() time.Duration {
+	if f.Classifier == nil {
 		return 0
 	}
-	return b.pluginLatency(b.callSource(b.Classifier))
+	return f.pluginLatency(f.callSource(f.Classifier))
 }
 
 // callSource is the name of the plugin a call of c goes to, "" when c
 // makes no plugin call (built in, or an unavailable placeholder).
-func (b *Bundle) callSource(c *Component) string {
+func (f *PolicyFile) callSource(c *Component) string {
 	if !c.OutOfProcess || c.Unavailable {
 		return ""
 	}
@@ -56,13 +56,13 @@ func (b *Bundle) callSource(c *Component) string {
 
 // pluginLatency is the replay_decision_latency of the plugin called name;
 // 0 for "" or an undeclared name.
-func (b *Bundle) pluginLatency(name string) time.Duration {
+func (f *PolicyFile) pluginLatency(name string) time.Duration {
 	if name == "" {
 		return 0
 	}
-	for i := range b.Plugins {
-		if b.Plugins[i].Name == name {
-			return b.Plugins[i].ReplayDecisionLatency
+	for i := range f.Plugins {
+		if f.Plugins[i].Name == name {
+			return f.Plugins[i].ReplayDecisionLatency
 		}
 	}
 	return 0

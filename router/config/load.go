@@ -10,6 +10,7 @@ import (
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/switchyard-router/switchyard/router/catalog"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -117,8 +118,8 @@ func newLoader(filename string, cat *catalog.Catalog) *loader {
 		file: &PolicyFile{
 			Filename:     filename,
 			BlockSize:    DefaultBlockSize,
-			Policies:     make(map[string]*shared.Policy),
-			Roles:        make(map[shared.Role]*shared.Policy),
+			Policies:     make(map[string]*policy.Policy),
+			Roles:        make(map[shared.Role]*policy.Policy),
 			RolePolicies: make(map[shared.Role]string),
 			Queue:        DefaultQueue(),
 		},

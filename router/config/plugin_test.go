@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/hcl/v2"
 
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -179,7 +180,7 @@ func TestPluginTypesPerRole(t *testing.T) {
 	if b.Policies["pd"] != pre || b.Policies["lo"] != pre.Fallback {
 		t.Error("Policies does not hold the first role's instances")
 	}
-	for role, p := range map[shared.Role]*shared.Policy{shared.RolePrefill: pre, shared.RoleDecode: dec} {
+	for role, p := range map[shared.Role]*policy.Policy{shared.RolePrefill: pre, shared.RoleDecode: dec} {
 		lo := p.Fallback
 		if lo == nil || lo.Name != "lo" || lo != b.Decls[1].Instances[role] {
 			t.Errorf("%s fallback = %+v, want its own lo", role, lo)
@@ -589,7 +590,7 @@ worker_selection {
 	}
 	// An out-of-process classifier costs its plugin's latency; a built-in
 	// one nothing.
-	b := &Bundle{Plugins: []Plugin{{Name: "cls", ReplayDecisionLatency: 70 * time.Microsecond}},
+	b := &PolicyFile{Plugins: []Plugin{{Name: "cls", ReplayDecisionLatency: 70 * time.Microsecond}},
 		Classifier: &Component{Kind: shared.KindClassifier, OutOfProcess: true, Source: "plugin cls"}}
 	if got := b.ReplayClassifierLatency(); got != 70*time.Microsecond {
 		t.Errorf("out-of-process classifier: %v, want 70µs", got)

@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 
 	"github.com/switchyard-router/switchyard/router/catalog"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -38,8 +39,8 @@ type policyDecl struct {
 	reach         []shared.Role  // the roles reaching the policy, in Roles order
 	used          bool
 
-	instances map[shared.Role]*shared.Policy // by role; "" for an unused policy
-	policy    *shared.Policy                 // the instance PolicyFile.Policies holds
+	instances map[shared.Role]*policy.Policy // by role; "" for an unused policy
+	policy    *policy.Policy                 // the instance PolicyFile.Policies holds
 	repComps  []*Component                   // the components of the first instance
 }
 
@@ -213,7 +214,7 @@ func (l *loader) resolveFallback(d *policyDecl) {
 func (l *loader) instantiateAll() {
 	all := l.allDecls()
 	for _, d := range all {
-		d.instances = make(map[shared.Role]*shared.Policy)
+		d.instances = make(map[shared.Role]*policy.Policy)
 		roles := d.reach
 		if len(roles) == 0 {
 			roles = []shared.Role{""}
@@ -248,8 +249,8 @@ func (l *loader) instantiateAll() {
 // instantiatePolicy builds d's components for role. complete is false when
 // a component failed (already reported) or, for the empty role, when an
 // out-of-process component was decoded but not configured.
-func (l *loader) instantiatePolicy(d *policyDecl, role shared.Role) (*shared.Policy, []*Component, bool) {
-	p := &shared.Policy{Name: d.name}
+func (l *loader) instantiatePolicy(d *policyDecl, role shared.Role) (*policy.Policy, []*Component, bool) {
+	p := &policy.Policy{Name: d.name}
 	complete := true
 	var comps []*Component
 	for _, c := range d.comps {
@@ -266,11 +267,11 @@ func (l *loader) instantiatePolicy(d *policyDecl, role shared.Role) (*shared.Pol
 		}
 		switch c.kind {
 		case shared.KindFilter:
-			p.Filters = append(p.Filters, shared.NamedFilter{
+			p.Filters = append(p.Filters, policy.NamedFilter{
 				Name: c.name, Type: c.typ, Filter: comp.Instance.(shared.Filter),
 			})
 		case shared.KindScorer:
-			p.Scorers = append(p.Scorers, shared.WeightedScorer{
+			p.Scorers = append(p.Scorers, policy.WeightedScorer{
 				Name: c.name, Type: c.typ, Weight: c.weight, Scorer: comp.Instance.(shared.Scorer),
 			})
 		case shared.KindPicker:
@@ -290,10 +291,10 @@ func (l *loader) instantiatePolicy(d *policyDecl, role shared.Role) (*shared.Pol
 // picker-only policy with default parameters, instance
 // "ROLE/POLICY/fallback". For the empty role an out-of-process type is not
 // configured: it returns nil, false.
-func (l *loader) fallbackPicker(d *policyDecl, role shared.Role) (*shared.Policy, bool) {
+func (l *loader) fallbackPicker(d *policyDecl, role shared.Role) (*policy.Policy, bool) {
 	name, attr := d.fallbackPick, d.fallbackAttr
 	if d.fallbackGone != nil {
-		return &shared.Policy{Name: name, PickerName: name, PickerType: name,
+		return &policy.Policy{Name: name, PickerName: name, PickerType: name,
 			Picker: newUnavailable(d.fallbackGone, name)}, true
 	}
 	e := d.fallbackEntry
@@ -317,7 +318,7 @@ func (l *loader) fallbackPicker(d *policyDecl, role shared.Role) (*shared.Policy
 	if attr != nil {
 		l.checkDeprecated(inst, attr.Expr.Range(), fmt.Sprintf("fallback picker %q of policy %q", name, d.name))
 	}
-	return &shared.Policy{Name: name, PickerName: name, PickerType: name, Picker: inst.(shared.Picker)}, true
+	return &policy.Policy{Name: name, PickerName: name, PickerType: name, Picker: inst.(shared.Picker)}, true
 }
 
 // instanceName is "ROLE/POLICY/BLOCK", or "POLICY/BLOCK" for the empty

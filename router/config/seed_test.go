@@ -3,7 +3,7 @@ package config
 import (
 	"testing"
 
-	"github.com/switchyard-router/switchyard/shared"
+	"github.com/switchyard-router/switchyard/router/policy"
 )
 
 func TestSeed(t *testing.T) {
@@ -25,7 +25,7 @@ worker_selection {
   prefill    = "b"
 }
 `
-	seedOf := func(p *shared.Policy) (int64, bool) {
+	seedOf := func(p *policy.Policy) (int64, bool) {
 		params := p.Picker.(*testPicker).params
 		return params.Int(SeedParam, 0), params.Has(SeedParam)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -63,12 +64,12 @@ type stage struct {
 // Compiled is a policy prepared for Execute: its components in order, with
 // consecutive fusable members fused into runs. Immutable; safe to share.
 type Compiled struct {
-	Policy *shared.Policy
+	Policy *policy.Policy
 	stages []stage
 }
 
 // Compile prepares p. It fails when a Fusable refuses to fuse.
-func Compile(p *shared.Policy) (*Compiled, error) {
+func Compile(p *policy.Policy) (*Compiled, error) {
 	var members []Member
 	for _, f := range p.Filters {
 		members = append(members, Member{Kind: shared.KindFilter, Name: f.Name, Component: f.Filter})

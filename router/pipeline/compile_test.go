@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -83,10 +84,10 @@ func TestCompileFusesConsecutiveMembersOfOneProcess(t *testing.T) {
 		seenCosts = append([]float64(nil), c.Costs...)
 		return RunResult{Picked: 1}, nil // row 1 of the 3 it is given
 	}
-	p := &shared.Policy{
+	p := &policy.Policy{
 		Name:    "mixed",
-		Filters: []shared.NamedFilter{{Name: "overlap", Filter: a("overlap")}},
-		Scorers: []shared.WeightedScorer{
+		Filters: []policy.NamedFilter{{Name: "overlap", Filter: a("overlap")}},
+		Scorers: []policy.WeightedScorer{
 			{Name: "prefill", Weight: 1, Scorer: a("prefill")},
 			{Name: "local", Weight: 0.5, Scorer: local},
 		},
@@ -137,7 +138,7 @@ func TestFusedRunResultsAreChecked(t *testing.T) {
 			pk := &remote{process: "A", fused: &fused, calls: &calls,
 				answer: func([]Member, *shared.Candidates) (RunResult, error) { return tt.res, nil }}
 			var s Scratch
-			_, err := run(t, &shared.Policy{Name: "p", PickerName: "pk", Picker: pk}, candidates(&s, 0, 0, 0), &s)
+			_, err := run(t, &policy.Policy{Name: "p", PickerName: "pk", Picker: pk}, candidates(&s, 0, 0, 0), &s)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want it to contain %q", err, tt.want)
 			}
@@ -157,7 +158,7 @@ func TestFusedRunMapsPickThroughKeptRows(t *testing.T) {
 	pk := &remote{process: "A", fused: &fused, calls: &calls}
 	var s Scratch
 	c := candidates(&s, 0, 0, 0, 0)
-	row, err := run(t, &shared.Policy{Name: "p", Filters: []shared.NamedFilter{{Name: "f", Filter: f}}, PickerName: "pk", Picker: pk}, c, &s)
+	row, err := run(t, &policy.Policy{Name: "p", Filters: []policy.NamedFilter{{Name: "f", Filter: f}}, PickerName: "pk", Picker: pk}, c, &s)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -44,7 +45,7 @@ var lowest = pickerFunc(func(c *shared.Candidates) (int, error) {
 })
 
 // run compiles p and executes it once.
-func run(t *testing.T, p *shared.Policy, c *shared.Candidates, s *Scratch) (int, error) {
+func run(t *testing.T, p *policy.Policy, c *shared.Candidates, s *Scratch) (int, error) {
 	t.Helper()
 	cp, err := Compile(p)
 	if err != nil {
@@ -65,9 +66,9 @@ func candidates(s *Scratch, active ...int64) *shared.Candidates {
 func TestRunFiltersInOrderThenSumsWeightedCosts(t *testing.T) {
 	var seen [][]shared.WorkerID
 	record := func(c *shared.Candidates) { seen = append(seen, append([]shared.WorkerID(nil), c.IDs...)) }
-	p := &shared.Policy{
+	p := &policy.Policy{
 		Name: "p",
-		Filters: []shared.NamedFilter{
+		Filters: []policy.NamedFilter{
 			{Name: "drop-busy", Filter: filterFunc(func(c *shared.Candidates, keep []bool) error {
 				record(c)
 				for i, a := range c.ActiveRequests {
@@ -81,7 +82,7 @@ func TestRunFiltersInOrderThenSumsWeightedCosts(t *testing.T) {
 				return nil
 			})},
 		},
-		Scorers: []shared.WeightedScorer{
+		Scorers: []policy.WeightedScorer{
 			{Name: "active", Weight: 2, Scorer: scorerFunc(func(c *shared.Candidates, costs []float64) error {
 				for i, a := range c.ActiveRequests {
 					costs[i] = float64(a)
@@ -123,19 +124,19 @@ func TestRunErrors(t *testing.T) {
 	boom := errors.New("boom")
 	tests := []struct {
 		name  string
-		p     shared.Policy
+		p     policy.Policy
 		rows  int
 		check func(error) bool
 	}{
-		{"no workers", shared.Policy{Picker: lowest}, 0, func(err error) bool { return errors.Is(err, shared.ErrNoWorkers) }},
-		{"all filtered", shared.Policy{Filters: []shared.NamedFilter{{Name: "f", Filter: keepNone}}, Picker: lowest}, 3,
+		{"no workers", policy.Policy{Picker: lowest}, 0, func(err error) bool { return errors.Is(err, shared.ErrNoWorkers) }},
+		{"all filtered", policy.Policy{Filters: []policy.NamedFilter{{Name: "f", Filter: keepNone}}, Picker: lowest}, 3,
 			func(err error) bool { return errors.Is(err, shared.ErrAllFiltered) }},
-		{"non-finite cost", shared.Policy{Scorers: []shared.WeightedScorer{{Name: "ok", Weight: 1, Scorer: scorerFunc(func(*shared.Candidates, []float64) error { return nil })}, {Name: "nan", Weight: 1, Scorer: nan}}, Picker: lowest}, 3,
+		{"non-finite cost", policy.Policy{Scorers: []policy.WeightedScorer{{Name: "ok", Weight: 1, Scorer: scorerFunc(func(*shared.Candidates, []float64) error { return nil })}, {Name: "nan", Weight: 1, Scorer: nan}}, Picker: lowest}, 3,
 			func(err error) bool {
 				var e *shared.NonFiniteCostError
 				return errors.As(err, &e) && e.Scorer == 1 && e.Row == 1 && e.Name == "nan"
 			}},
-		{"weighted sum overflows", shared.Policy{Scorers: []shared.WeightedScorer{{Name: "big", Weight: 1e308, Scorer: scorerFunc(func(_ *shared.Candidates, costs []float64) error {
+		{"weighted sum overflows", policy.Policy{Scorers: []policy.WeightedScorer{{Name: "big", Weight: 1e308, Scorer: scorerFunc(func(_ *shared.Candidates, costs []float64) error {
 			costs[2] = 10
 			return nil
 		})}}, Picker: lowest}, 3,
@@ -144,12 +145,12 @@ func TestRunErrors(t *testing.T) {
 				return errors.As(err, &e) && e.Row == 2 && e.Cost == 10 && math.IsInf(e.Sum, 1) &&
 					e.Error() == "scorer big: cost 10 at row 2 overflows the weighted sum (+Inf)"
 			}},
-		{"row out of range", shared.Policy{Picker: pickerFunc(func(*shared.Candidates) (int, error) { return 3, nil })}, 3,
+		{"row out of range", policy.Policy{Picker: pickerFunc(func(*shared.Candidates) (int, error) { return 3, nil })}, 3,
 			func(err error) bool {
 				var e *shared.RowOutOfRangeError
 				return errors.As(err, &e) && e.Row == 3 && e.Count == 3
 			}},
-		{"picker error wrapped", shared.Policy{PickerName: "x", Picker: pickerFunc(func(*shared.Candidates) (int, error) { return 0, boom })}, 3,
+		{"picker error wrapped", policy.Policy{PickerName: "x", Picker: pickerFunc(func(*shared.Candidates) (int, error) { return 0, boom })}, 3,
 			func(err error) bool { return errors.Is(err, boom) && err.Error() == `picker "x": boom` }},
 	}
 	for _, tt := range tests {
@@ -165,9 +166,9 @@ func TestRunErrors(t *testing.T) {
 }
 
 func TestRunAllocatesNothingInSteadyState(t *testing.T) {
-	p := &shared.Policy{
-		Filters: []shared.NamedFilter{{Name: "f", Filter: filterFunc(func(c *shared.Candidates, keep []bool) error { keep[0] = false; return nil })}},
-		Scorers: []shared.WeightedScorer{{Name: "s", Weight: 1, Scorer: scorerFunc(func(c *shared.Candidates, costs []float64) error {
+	p := &policy.Policy{
+		Filters: []policy.NamedFilter{{Name: "f", Filter: filterFunc(func(c *shared.Candidates, keep []bool) error { keep[0] = false; return nil })}},
+		Scorers: []policy.WeightedScorer{{Name: "s", Weight: 1, Scorer: scorerFunc(func(c *shared.Candidates, costs []float64) error {
 			for i, a := range c.ActiveRequests {
 				costs[i] = float64(a)
 			}

@@ -17,7 +17,7 @@ const seededDefault = "router { seed = 7 }\n"
 
 // runDisagg replays recs on prefill + decode workers and returns the report
 // and the driver's final state.
-func runDisagg(t testing.TB, b *config.Bundle, recs []trace.Record, prefill, decode int, bandwidth float64, perReq *bytes.Buffer) (*Report, *driver) {
+func runDisagg(t testing.TB, b *config.PolicyFile, recs []trace.Record, prefill, decode int, bandwidth float64, perReq *bytes.Buffer) (*Report, *driver) {
 	t.Helper()
 	o := Options{PolicyName: "default", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs,
 		PrefillWorkers: prefill, DecodeWorkers: decode, KVTransferBandwidth: bandwidth}

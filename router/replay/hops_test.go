@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -209,7 +210,7 @@ func (p busyPicker) Pick(_ context.Context, _ *shared.Request, c *shared.Candida
 // decode worker ever holding more than the policy's limit.
 func TestDecodePolicyAllBusyWaits(t *testing.T) {
 	b := loadPolicy(t, seededDefault)
-	roles := map[shared.Role]*shared.Policy{
+	roles := map[shared.Role]*policy.Policy{
 		shared.RolePrefill: b.Roles[shared.RolePrefill],
 		shared.RoleDecode:  {Name: "one-each", PickerName: "p", PickerType: "busy-picker", Picker: busyPicker{limit: 1}},
 	}
@@ -297,7 +298,7 @@ func (firstPicker) Pick(context.Context, *shared.Request, *shared.Candidates) (i
 // latencyRun replays recs on one aggregated worker with the given roles,
 // latency and options, and returns the per-request outcomes and the
 // lifecycle of each request.
-func latencyRun(t *testing.T, roles map[shared.Role]*shared.Policy, recs []trace.Record, lat DecisionLatency, opt func(*Options)) ([]Outcome, map[string]*lifecycle) {
+func latencyRun(t *testing.T, roles map[shared.Role]*policy.Policy, recs []trace.Record, lat DecisionLatency, opt func(*Options)) ([]Outcome, map[string]*lifecycle) {
 	t.Helper()
 	var perReq bytes.Buffer
 	log := &eventLog{}
@@ -363,8 +364,8 @@ func TestDecisionLatencyIsChargedInSimulatedTime(t *testing.T) {
 		shift(t, outs, hops, 1, 0.3)
 	})
 	t.Run("fallback", func(t *testing.T) {
-		roles := map[shared.Role]*shared.Policy{shared.RoleAggregated: {Name: "bad", PickerName: "p", PickerType: "fail", Picker: failPicker{},
-			Fallback: &shared.Policy{Name: "first", PickerName: "p", PickerType: "first", Picker: firstPicker{}}}}
+		roles := map[shared.Role]*policy.Policy{shared.RoleAggregated: {Name: "bad", PickerName: "p", PickerType: "fail", Picker: failPicker{},
+			Fallback: &policy.Policy{Name: "first", PickerName: "p", PickerType: "first", Picker: firstPicker{}}}}
 		outs, hops := latencyRun(t, roles, recs, DecisionLatency{Policies: map[string]time.Duration{"bad": 300 * time.Microsecond, "first": 100 * time.Microsecond}}, nil)
 		shift(t, outs, hops, 0, 0.4)
 		if !outs[0].Fallback {
@@ -440,7 +441,7 @@ func TestDecisionLatencyDisaggregated(t *testing.T) {
 // next arrival ten seconds later.
 func TestDecodeHopDispatchedWhenDecodeWorkerFrees(t *testing.T) {
 	b := loadPolicy(t, "router {\n  block_size = 16\n}\n")
-	roles := map[shared.Role]*shared.Policy{
+	roles := map[shared.Role]*policy.Policy{
 		shared.RolePrefill: b.Roles[shared.RolePrefill],
 		shared.RoleDecode:  {Name: "one", PickerName: "p", PickerType: "busy-picker", Picker: busyPicker{limit: 1}},
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
@@ -83,9 +84,9 @@ type Options struct {
 	PolicyName string
 	// Roles maps each role to its policy: aggregated is required in
 	// aggregated mode, prefill and decode in disaggregated mode.
-	Roles map[shared.Role]*shared.Policy
+	Roles map[shared.Role]*policy.Policy
 	// RolePolicies, when set, names each role's policy as the policy file
-	// does (config.Bundle.RolePolicies), config.DefaultPolicyName for the
+	// does (config.PolicyFile.RolePolicies), config.DefaultPolicyName for the
 	// built-in one. The report copies the names of the roles it routes
 	// for, and its table label marks a role that ran the built-in policy
 	// although PolicyName names a file (see Report.Label).
@@ -124,7 +125,7 @@ type Options struct {
 	// order (see Outcome).
 	PerRequest io.Writer
 
-	// Queue is the policy file's queue block (config.Bundle.Queue), for
+	// Queue is the policy file's queue block (config.PolicyFile.Queue), for
 	// every hop (aggregated, or prefill and decode): MaxActiveRequests is
 	// each worker's capacity in in-flight requests; a hop that finds every
 	// candidate of its role at capacity waits in its role's queue and is
@@ -137,7 +138,7 @@ type Options struct {
 	// Classifier, when set, classifies every hop on its admission
 	// (priority, policy class, due time, scheduling cost, advisory
 	// target): the factory of the file's request_classifier,
-	// config.Bundle.Classifier's Instance. Requests carry the trace's
+	// config.PolicyFile.Classifier's Instance. Requests carry the trace's
 	// session_id as SessionID and, as Metadata, its priority under
 	// "x-priority" and its policy_class under "x-policy-class", the HTTP
 	// header names header-priority reads by default, so one policy file
@@ -156,20 +157,20 @@ type Options struct {
 // request reaching the chosen worker: what the decision's out-of-process
 // calls take. A replay reads no clock, so it charges these fixed figures
 // (each plugin's replay_decision_latency, summed per policy by
-// config.Bundle.ReplayDecisionLatency) whatever the calls took, and
+// config.PolicyFile.ReplayDecisionLatency) whatever the calls took, and
 // repeats exactly. The router decides, and books the worker, with the
 // state at decision time; the simulated worker receives the request at
 // decision time plus the charge (a decode hop's KV transfer starts then).
 // Outcome.DecisionMs reports each request's total.
 type DecisionLatency struct {
 	// Policies is the charge of one decision of each policy, by policy
-	// name (config.Bundle.ReplayDecisionLatency): charged for the role's
+	// name (config.PolicyFile.ReplayDecisionLatency): charged for the role's
 	// policy when it ran (not when an advisory target was taken without
 	// it), plus its fallback's when the fallback decided. A policy not in
 	// the map is charged nothing. Each >= 0.
 	Policies map[string]time.Duration
 	// Classifier is charged for every hop that Options.Classifier
-	// classified (config.Bundle.ReplayClassifierLatency); >= 0.
+	// classified (config.PolicyFile.ReplayClassifierLatency); >= 0.
 	Classifier time.Duration
 }
 

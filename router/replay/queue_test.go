@@ -95,7 +95,7 @@ func (l *eventLog) check(t *testing.T, n int) []time.Duration {
 // runQueued replays recs with b's queue and classifier (and extra options
 // applied by opt), checks the lifecycle events and returns the report, the
 // per-request outcomes and each request's dispatch time.
-func runQueued(t *testing.T, b *config.Bundle, recs []trace.Record, workers int, opt func(*Options)) (*Report, []Outcome, []time.Duration) {
+func runQueued(t *testing.T, b *config.PolicyFile, recs []trace.Record, workers int, opt func(*Options)) (*Report, []Outcome, []time.Duration) {
 	t.Helper()
 	var perReq bytes.Buffer
 	log := &eventLog{}

@@ -23,7 +23,7 @@ func readTrace(t testing.TB, name string) []trace.Record {
 	return recs
 }
 
-func loadPolicy(t testing.TB, src string) *config.Bundle {
+func loadPolicy(t testing.TB, src string) *config.PolicyFile {
 	t.Helper()
 	b, diags := config.Load("test.hcl", []byte(src), catalog.Default())
 	if diags.HasErrors() {
@@ -47,7 +47,7 @@ policy "p2c" {
 worker_selection { aggregated = "p2c" }
 `
 
-func run(t testing.TB, b *config.Bundle, name string, recs []trace.Record, workers int, perReq *bytes.Buffer) *Report {
+func run(t testing.TB, b *config.PolicyFile, name string, recs []trace.Record, workers int, perReq *bytes.Buffer) *Report {
 	t.Helper()
 	o := Options{PolicyName: name, Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs, Workers: workers}
 	if perReq != nil {

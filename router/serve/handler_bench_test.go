@@ -16,6 +16,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -62,9 +63,9 @@ func BenchmarkHandler(b *testing.B) {
 	sys := strings.Repeat("You are a helpful assistant. ", 20)
 	user := strings.Repeat("Summarise the switchyard benchmark notes, please. ", 30)[:2048-len(sys)]
 	body := []byte(`{"model":"m","max_tokens":4,"stream":false,"messages":[{"role":"system","content":"` + sys + `"},{"role":"user","content":"` + user + `"}]}`)
-	roles := map[shared.Role]*shared.Policy{}
+	roles := map[shared.Role]*policy.Policy{}
 	for _, role := range config.Roles {
-		roles[role] = &shared.Policy{Name: "rr", PickerName: "pick", Picker: builtin.NewRoundRobin()}
+		roles[role] = &policy.Policy{Name: "rr", PickerName: "pick", Picker: builtin.NewRoundRobin()}
 	}
 	r, err := router.New(router.Options{BlockSize: 16, Roles: roles})
 	if err != nil {

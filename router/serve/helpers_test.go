@@ -23,6 +23,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -176,9 +177,9 @@ type envOptions struct {
 
 func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 	t.Helper()
-	roles := map[shared.Role]*shared.Policy{}
+	roles := map[shared.Role]*policy.Policy{}
 	for _, role := range config.Roles {
-		roles[role] = &shared.Policy{Name: "rr", PickerName: "pick", Picker: builtin.NewRoundRobin()}
+		roles[role] = &policy.Policy{Name: "rr", PickerName: "pick", Picker: builtin.NewRoundRobin()}
 	}
 	r, err := router.New(router.Options{BlockSize: 16, Roles: roles})
 	if err != nil {

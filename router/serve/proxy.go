@@ -318,7 +318,7 @@ func (s *Server) observeSelection(policy string, role shared.Role, d time.Durati
 
 // admitError answers an admission failure and returns its code.
 func (s *Server) admitError(ex *exchange, err error) int {
-	var ce *shared.ClassifyError
+	var ce *admission.ClassifyError
 	switch {
 	case ex.r.Context().Err() != nil:
 		return codeClientGone

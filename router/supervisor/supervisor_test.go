@@ -23,6 +23,7 @@ import (
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/pipeline"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -236,13 +237,13 @@ func TestNewConfigures(t *testing.T) {
 	}
 }
 
-// policy builds a filter+scorer+picker policy of the test plugin.
-func policy(t *testing.T, types []shared.TypeInfo, scorerParams shared.Params) *shared.Policy {
+// testPolicy builds a filter+scorer+picker policy of the test plugin.
+func testPolicy(t *testing.T, types []shared.TypeInfo, scorerParams shared.Params) *policy.Policy {
 	t.Helper()
-	return &shared.Policy{
+	return &policy.Policy{
 		Name:       "p",
-		Filters:    []shared.NamedFilter{{Name: "max", Type: "t-max-active", Filter: newInstance(t, types, "t-max-active", "agg/p/max", shared.Params{"max": int64(8)}).(shared.Filter)}},
-		Scorers:    []shared.WeightedScorer{{Name: "cost", Type: "t-active", Weight: 1, Scorer: newInstance(t, types, "t-active", "agg/p/cost", scorerParams).(shared.Scorer)}},
+		Filters:    []policy.NamedFilter{{Name: "max", Type: "t-max-active", Filter: newInstance(t, types, "t-max-active", "agg/p/max", shared.Params{"max": int64(8)}).(shared.Filter)}},
+		Scorers:    []policy.WeightedScorer{{Name: "cost", Type: "t-active", Weight: 1, Scorer: newInstance(t, types, "t-active", "agg/p/cost", scorerParams).(shared.Scorer)}},
 		PickerName: "pick",
 		PickerType: "t-lowest",
 		Picker:     newInstance(t, types, "t-lowest", "agg/p/pick", nil).(shared.Picker),
@@ -257,7 +258,7 @@ func startPolicy(t *testing.T, h *Host, b config.Plugin) *pipeline.Compiled {
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	cp, err := pipeline.Compile(policy(t, types, nil))
+	cp, err := pipeline.Compile(testPolicy(t, types, nil))
 	if err != nil {
 		t.Fatalf("Compile: %v", err)
 	}
@@ -327,7 +328,7 @@ func TestCallTimeout(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	cp, err := pipeline.Compile(policy(t, types, shared.Params{"delay": 5 * time.Second}))
+	cp, err := pipeline.Compile(testPolicy(t, types, shared.Params{"delay": 5 * time.Second}))
 	if err != nil {
 		t.Fatalf("Compile: %v", err)
 	}
@@ -453,7 +454,7 @@ func TestPluginKilledMidRun(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	cp, err := pipeline.Compile(policy(t, types, shared.Params{"delay": time.Minute}))
+	cp, err := pipeline.Compile(testPolicy(t, types, shared.Params{"delay": time.Minute}))
 	if err != nil {
 		t.Fatalf("Compile: %v", err)
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -91,8 +92,8 @@ func worker(name string, e *engine, models ...string) config.Worker {
 
 func newRouter(t *testing.T) *router.Router {
 	t.Helper()
-	p := &shared.Policy{Name: "rr", PickerName: "rr", Picker: builtin.NewRoundRobin()}
-	roles := map[shared.Role]*shared.Policy{shared.RoleAggregated: p, shared.RolePrefill: p, shared.RoleDecode: p}
+	p := &policy.Policy{Name: "rr", PickerName: "rr", Picker: builtin.NewRoundRobin()}
+	roles := map[shared.Role]*policy.Policy{shared.RoleAggregated: p, shared.RolePrefill: p, shared.RoleDecode: p}
 	r, err := router.New(router.Options{BlockSize: 16, Roles: roles})
 	if err != nil {
 		t.Fatal(err)

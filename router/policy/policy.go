@@ -1,10 +1,19 @@
-package shared
+// Package policy holds the resolved policy the router runs for one role:
+// its filters in order, its weighted scorers in order, its picker and its
+// fallback, each component an instance of a shared interface (built in or
+// served out of process). The policy loader (router/config) builds them;
+// the pipeline (router/pipeline), the hosted fast path (hosted), the Router
+// and replay run them. It is the router's side, no part of the plugin SDK:
+// it imports only shared.
+package policy
+
+import "github.com/switchyard-router/switchyard/shared"
 
 // NamedFilter is one filter of a policy with its block name.
 type NamedFilter struct {
 	Name   string
 	Type   string
-	Filter Filter
+	Filter shared.Filter
 }
 
 // WeightedScorer is one scorer of a policy with its block name and weight
@@ -13,7 +22,7 @@ type WeightedScorer struct {
 	Name   string
 	Type   string
 	Weight float64
-	Scorer Scorer
+	Scorer shared.Scorer
 }
 
 // Policy is an ordered list of filters, ordered weighted scorers, exactly
@@ -25,14 +34,14 @@ type Policy struct {
 	Scorers    []WeightedScorer
 	PickerName string
 	PickerType string
-	Picker     Picker
+	Picker     shared.Picker
 	Fallback   *Policy
 }
 
 // Inputs is the union of the inputs every component declares, normalised
 // (OCCUPANCY folded into ACTIVE_REQUESTS). The fallback is not included.
-func (p *Policy) Inputs() Inputs {
-	var in Inputs
+func (p *Policy) Inputs() shared.Inputs {
+	var in shared.Inputs
 	for _, f := range p.Filters {
 		in |= f.Filter.Inputs()
 	}
