@@ -67,11 +67,13 @@ type Event struct {
 // Delivery is in order and lossless: per request, sent? -> first_token? ->
 // completed | aborted, and a request can end without sent. Events arrive in
 // batches, in the order they happened; a batch may mix requests. A
-// per-partition Classifier hears the requests of its partition, a
-// ClassifierFactory those of every partition it serves, and a filter,
-// scorer or picker those selected by the policies it is in.
-// A listener may see events of requests it never saw otherwise (a retry, a
-// request its partition rejected) and must ignore those it does not know.
+// ClassifierFactory and each of its per-partition Classifiers hear the
+// requests of every partition the factory serves (in process and in a
+// plugin alike: a Classifier keeps what it learns of its own requests,
+// found by id), and a filter, scorer or picker those selected by the
+// policies it is in. A listener may see events of requests it never saw
+// otherwise (another partition's, a retry, a request its partition
+// rejected) and must ignore those it does not know.
 //
 // OnEvents is called from one goroutine per listener, never concurrently
 // with itself (but concurrently with the component's other methods), and

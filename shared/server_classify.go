@@ -45,7 +45,10 @@ type partKey struct {
 
 // partition is one classifier partition in the plugin.
 type partition struct {
+	once    sync.Once
+	ready   atomic.Bool // c is set (after once, without error)
 	c       Classifier
+	err     error // NewClassifier's; the entry is then dropped, so the next request tries again
 	version atomic.Uint64
 	workers atomic.Pointer[[]WorkerInfo]
 }
@@ -192,37 +195,49 @@ func (s *server) partition(inst *instance, r *Request) (*partition, error) {
 	cs := inst.classifiers
 	key := partKey{model: r.Model, role: r.Role}
 	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	if p := cs.parts[key]; p != nil {
-		return p, nil
+	p := cs.parts[key]
+	if p == nil {
+		p = &partition{}
+		if cs.parts == nil {
+			cs.parts = make(map[partKey]*partition)
+		}
+		cs.parts[key] = p
 	}
-	p := &partition{}
-	bs := inst.blockSize
-	if r.BlockSize > 0 {
-		bs = r.BlockSize
+	cs.mu.Unlock()
+	// The classifier is made outside the lock: NewClassifier is the
+	// author's code and may take its time; only this partition's first
+	// requests wait for it.
+	p.once.Do(func() {
+		bs := inst.blockSize
+		if r.BlockSize > 0 {
+			bs = r.BlockSize
+		}
+		pc := PartitionContext{
+			Model:     r.Model,
+			Role:      r.Role,
+			BlockSize: bs,
+			Workers: func() []WorkerInfo {
+				if w := p.workers.Load(); w != nil {
+					return *w
+				}
+				return nil
+			},
+			Progress: func(string) (int64, bool) { return 0, false },
+			Now:      s.now,
+		}
+		p.c, p.err = s.newClassifier(inst, pc)
+		if p.err == nil {
+			p.ready.Store(true)
+		}
+	})
+	if p.err != nil {
+		cs.mu.Lock()
+		if cs.parts[key] == p {
+			delete(cs.parts, key)
+		}
+		cs.mu.Unlock()
+		return nil, p.err
 	}
-	pc := PartitionContext{
-		Model:     r.Model,
-		Role:      r.Role,
-		BlockSize: bs,
-		Workers: func() []WorkerInfo {
-			if w := p.workers.Load(); w != nil {
-				return *w
-			}
-			return nil
-		},
-		Progress: func(string) (int64, bool) { return 0, false },
-		Now:      s.now,
-	}
-	c, err := s.newClassifier(inst, pc)
-	if err != nil {
-		return nil, err
-	}
-	p.c = c
-	if cs.parts == nil {
-		cs.parts = make(map[partKey]*partition)
-	}
-	cs.parts[key] = p
 	return p, nil
 }
 
@@ -256,6 +271,9 @@ func (inst *instance) listeners(buf []EventListener) []EventListener {
 	if cs := inst.classifiers; cs != nil {
 		cs.mu.Lock()
 		for _, p := range cs.parts {
+			if !p.ready.Load() {
+				continue
+			}
 			if l, ok := p.c.(EventListener); ok && any(p.c) != any(inst.comp) {
 				buf = append(buf, l)
 			}

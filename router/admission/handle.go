@@ -94,8 +94,10 @@ func (h *Handle) Decision() router.Decision {
 	return h.decision
 }
 
-// Err is why the request was refused without a worker (ErrDue, the core's
-// error at a dispatch), nil otherwise.
+// Err is why the request is not (or no longer) placed: the refusal's
+// error (ErrDue, the core's error at a dispatch, a failed placement),
+// ErrEnded once it ended by End; nil while it is new, queued or
+// dispatched.
 func (h *Handle) Err() error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
