@@ -11,7 +11,12 @@
 // catalog); no part imports the root. The resolved policy they all pass
 // around (router/policy) imports only the SDK, so hosted can use it too.
 //
-// A Bundle is what a policy file resolves to at run time (per-role
-// policies plus the plugin Host serving them); Router.Reload swaps bundles
-// under load and Reloader drives it from SIGHUP or file changes.
+// The root holds the selection core and the bundle swap only: router.go
+// (Router, Place, bookings), bundle.go (Bundle, LoadBundle, Apply and the
+// old bundle's drain) and reload.go (Router.Reload: load a policy file into
+// a new Bundle and swap it in; switchyard_policy_reloads_total). A Bundle
+// is what a policy file resolves to at run time (per-role policies plus the
+// plugin Host serving them). What decides when to reload (SIGHUP, the
+// policy file's watch) is router serve's wiring: serve.Reloader, in
+// router/serve.
 package router

@@ -64,7 +64,7 @@ type DaemonOptions struct {
 	// the policy file's worker blocks followed by this file's.
 	WorkersFile string
 	// Watch also reloads the policy file whenever its content changes
-	// (router.ReloaderOptions.Watch); a reload signal reloads it either
+	// (ReloaderOptions.Watch); a reload signal reloads it either
 	// way.
 	Watch bool
 	// Listener is where the API is served (required). Run closes it.
@@ -219,7 +219,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	reloader, err := router.NewReloader(r, router.ReloaderOptions{
+	reloader, err := NewReloader(r, ReloaderOptions{
 		Path: o.PolicyFile, Watch: o.Watch, Logger: d.log, Signals: signals,
 		OnReload: func(diags hcl.Diagnostics) { _ = d.afterReload(diags) },
 	})
