@@ -138,9 +138,9 @@ func (c *Client) Pending() int {
 	return len(s.pending)
 }
 
-// maxBatchBytes bounds one DecideBatch message (the plugin's receive
+// maxMessageBytes bounds one DecideBatch message (the plugin's receive
 // limit, shared.MaxMessageBytes); a variable so tests can lower it.
-var maxBatchBytes = shared.MaxMessageBytes
+var maxMessageBytes = shared.MaxMessageBytes
 
 // callOpts are the explicit message-size limits of every call.
 var callOpts = []grpc.CallOption{grpc.MaxCallRecvMsgSize(shared.MaxMessageBytes), grpc.MaxCallSendMsgSize(shared.MaxMessageBytes)}
@@ -404,7 +404,7 @@ func (s *remoteStream) takeQueue() []*pluginv1.DecideTask {
 
 // send sends tasks, then every batch that queued meanwhile, until the queue
 // is empty or the stream failed. Tasks that would not fit one message
-// together (maxBatchBytes) go out in several.
+// together (maxMessageBytes) go out in several.
 func (s *remoteStream) send(tasks []*pluginv1.DecideTask) {
 	for {
 		var err error
@@ -467,7 +467,7 @@ func (s *remoteStream) sendBatch(tasks []*pluginv1.DecideTask) error {
 const taskOverhead = 1 + 5
 
 // fitBatch returns how many of the leading tasks fit one DecideBatch of
-// at most maxBatchBytes, at least 1. A lone task is not measured: the
+// at most maxMessageBytes, at least 1. A lone task is not measured: the
 // request behind it is bounded far below the limit (a body of at most 32
 // MiB in serve), and one that did not fit could not be split anyway.
 func fitBatch(tasks []*pluginv1.DecideTask) int {
@@ -477,7 +477,7 @@ func fitBatch(tasks []*pluginv1.DecideTask) int {
 	size := 0
 	for i, pt := range tasks {
 		size += proto.Size(pt) + taskOverhead
-		if i > 0 && size > maxBatchBytes {
+		if i > 0 && size > maxMessageBytes {
 			return i
 		}
 	}

@@ -213,9 +213,9 @@ func (p *sizedPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, conn
 // each at once made one 83 MB message under router serve.
 func TestDecideBatchesStayUnderTheMessageLimit(t *testing.T) {
 	const limit = 1 << 20 // under the test server's 4 MiB receive limit
-	old := maxBatchBytes
-	maxBatchBytes = limit
-	t.Cleanup(func() { maxBatchBytes = old })
+	old := maxMessageBytes
+	maxMessageBytes = limit
+	t.Cleanup(func() { maxMessageBytes = old })
 
 	const calls = 24 // about 7 MB together
 	var rc *Client
