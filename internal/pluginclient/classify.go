@@ -211,9 +211,10 @@ func (e *eventSender) open() (pluginv1.Plugin_EventsClient, error) {
 	return st, nil
 }
 
-// round sends q as one batch per instance and waits for every ack. Only the
-// round's last batch carries through_seq, so the plugin counts the round
-// delivered only once all of it is.
+// round sends q as one batch per instance, several when an instance's
+// events would not fit one message (maxMessageBytes), and waits for every
+// ack. Only the round's last batch carries through_seq, so the plugin
+// counts the round delivered only once all of it is.
 func (e *eventSender) round(st pluginv1.Plugin_EventsClient, q []queuedEvent) error {
 	var order []string
 	groups := make(map[string][]*pluginv1.Event, 1)
@@ -223,15 +224,17 @@ func (e *eventSender) round(st pluginv1.Plugin_EventsClient, q []queuedEvent) er
 		}
 		groups[qe.instance] = append(groups[qe.instance], qe.ev)
 	}
-	last := q[len(q)-1].seq
-	ids := make([]uint64, len(order))
-	for i, inst := range order {
-		e.nextID++
-		ids[i] = e.nextID
-		b := &pluginv1.EventBatch{BatchId: e.nextID, Instance: inst, Events: groups[inst]}
-		if i == len(order)-1 {
-			b.ThroughSeq = last
+	var batches []*pluginv1.EventBatch
+	for _, inst := range order {
+		for rest := groups[inst]; len(rest) > 0; {
+			n := fitEvents(inst, rest)
+			e.nextID++
+			batches = append(batches, &pluginv1.EventBatch{BatchId: e.nextID, Instance: inst, Events: rest[:n]})
+			rest = rest[n:]
 		}
+	}
+	batches[len(batches)-1].ThroughSeq = q[len(q)-1].seq
+	for _, b := range batches {
 		if err := st.Send(b); err != nil {
 			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, err)
 		}
@@ -245,17 +248,44 @@ func (e *eventSender) round(st pluginv1.Plugin_EventsClient, q []queuedEvent) er
 			}
 		}
 	}
-	for _, id := range ids {
+	for _, b := range batches {
 		ack, err := st.Recv()
 		if err != nil {
 			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, err)
 		}
-		if ack.GetBatchId() != id {
-			return fmt.Errorf("plugin events: acknowledged batch %d, expected %d", ack.GetBatchId(), id)
+		if ack.GetBatchId() != b.BatchId {
+			return fmt.Errorf("plugin events: acknowledged batch %d, expected %d", ack.GetBatchId(), b.BatchId)
 		}
 		e.acked.Add(1)
 	}
 	return nil
+}
+
+// eventBatchOverhead bounds what an EventBatch adds to its events besides
+// the instance name: batch_id, through_seq, their tags and lengths.
+const eventBatchOverhead = 32
+
+// fitEvents returns how many of the leading events fit one EventBatch of
+// instance inst of at most maxMessageBytes, at least 1 (an event is
+// bounded far below the limit: its request id is a header of at most 1
+// MiB in serve).
+func fitEvents(inst string, evs []*pluginv1.Event) int {
+	size := eventBatchOverhead + len(inst)
+	for i, ev := range evs {
+		size += eventSize(ev)
+		if i > 0 && size > maxMessageBytes {
+			return i
+		}
+	}
+	return len(evs)
+}
+
+// eventSize bounds ev's encoded size in an EventBatch without encoding it:
+// its two strings, five numeric fields of at most 11 bytes with their
+// tags, the strings' tags and length prefixes (6 bytes each), and its own
+// tag and length prefix (6).
+func eventSize(ev *pluginv1.Event) int {
+	return len(ev.RequestId) + len(ev.Reason) + 5*11 + 2*6 + 6
 }
 
 // close ends the Events stream (Client.Close).

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
+	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -176,4 +180,63 @@ func TestRemoteEventsOrderedBatchedAcked(t *testing.T) {
 		t.Fatalf("stats %+v: want all sent, none dropped, every batch acked, batching under load", st)
 	}
 	t.Logf("%d events in %d batches (largest %d)", st.Sent, st.Batches, st.MaxBatch)
+}
+
+// TestRemoteEventsOverTheMessageLimit: events queued together whose batch
+// would exceed the message-size limit go out in several EventBatch
+// messages, each within it, all delivered in order and acknowledged. One
+// message of all of them failed the Events stream for good (events are
+// dropped from then on, silently): under router serve, a few dozen
+// requests with 900 KB X-Request-Id values (which every event carries)
+// stopped the sticky-session classifier from ever learning again.
+func TestRemoteEventsOverTheMessageLimit(t *testing.T) {
+	const limit = 1 << 20 // under the test server's 4 MiB receive limit
+	old := maxMessageBytes
+	maxMessageBytes = limit
+	t.Cleanup(func() { maxMessageBytes = old })
+	rc, f := newClassifierClient(t)
+
+	const n = 24 // about 7 MB together
+	pad := strings.Repeat("x", 300<<10)
+	evs := make([]shared.Event, n)
+	for i := range evs {
+		evs[i] = shared.Event{Kind: shared.EventSent, RequestID: fmt.Sprintf("%d/%s", i, pad), Worker: shared.WorkerID(i), HasWorker: true}
+	}
+	rc.SendEvents("c", evs) // one queue, one round
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	// The barrier: Classify waits for every event queued before it.
+	if _, err := rc.Classify(ctx, ClassifyCall{Instance: "c", Request: &shared.Request{ID: "z"}}); err != nil {
+		t.Fatal(err)
+	}
+	heard := f.heard()
+	if len(heard) != n {
+		t.Fatalf("heard %d events, want %d (stats %+v)", len(heard), n, rc.EventStats())
+	}
+	for i, ev := range heard {
+		if ev.Worker != shared.WorkerID(i) || !strings.HasPrefix(ev.RequestID, fmt.Sprintf("%d/", i)) {
+			t.Fatalf("event %d is for worker %d, want the events in order", i, ev.Worker)
+		}
+	}
+	st := rc.EventStats()
+	if st.Sent != n || st.Dropped != 0 || st.Acked != st.Batches || st.Batches < 2 {
+		t.Fatalf("stats %+v: want all %d sent in several batches, each acked, none dropped", st, n)
+	}
+}
+
+// TestEventSizeBound: eventSize is at least an event's encoded size in an
+// EventBatch (its tag and length prefix included), also with every
+// numeric field at its longest encoding.
+func TestEventSizeBound(t *testing.T) {
+	for _, ev := range []*pluginv1.Event{
+		{},
+		{RequestId: "sy-0123abcd-1#0", Kind: pluginv1.EventKind_EVENT_KIND_COMPLETED, Worker: 7, HasWorker: true, ContextTokens: 900, UnixNano: 1},
+		{RequestId: strings.Repeat("r", 1<<20), Reason: strings.Repeat("why", 300), Kind: pluginv1.EventKind(math.MinInt32), Worker: math.MaxUint64,
+			HasWorker: true, ContextTokens: math.MaxUint64, UnixNano: math.MinInt64},
+	} {
+		b := &pluginv1.EventBatch{Events: []*pluginv1.Event{ev}}
+		if got, min := eventSize(ev), proto.Size(b); got < min {
+			t.Errorf("eventSize = %d, below the %d bytes of a batch holding only the event (request id of %d bytes)", got, min, len(ev.RequestId))
+		}
+	}
 }

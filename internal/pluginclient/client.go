@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
@@ -59,7 +60,8 @@ func panicMessage(msg string) bool {
 // and stops reading: the caller's deadline (call_timeout) is a hard bound.
 // Every task that arrives while a Send is in flight is queued, and the
 // sender takes the whole queue into the next DecideBatch (batching under
-// load, no timer; Options.DecideBatch sees each batch's size). A receiver
+// load, no timer; Options.DecideBatch sees each batch's size), or into
+// several when together they would exceed the message-size limit. A receiver
 // goroutine completes each caller's (pooled) result channel directly.
 type Client struct {
 	client pluginv1.PluginClient
@@ -135,6 +137,10 @@ func (c *Client) Pending() int {
 	defer s.mu.Unlock()
 	return len(s.pending)
 }
+
+// maxMessageBytes bounds one DecideBatch message (the plugin's receive
+// limit, shared.MaxMessageBytes); a variable so tests can lower it.
+var maxMessageBytes = shared.MaxMessageBytes
 
 // callOpts are the explicit message-size limits of every call.
 var callOpts = []grpc.CallOption{grpc.MaxCallRecvMsgSize(shared.MaxMessageBytes), grpc.MaxCallSendMsgSize(shared.MaxMessageBytes)}
@@ -397,22 +403,15 @@ func (s *remoteStream) takeQueue() []*pluginv1.DecideTask {
 }
 
 // send sends tasks, then every batch that queued meanwhile, until the queue
-// is empty or the stream failed.
+// is empty or the stream failed. Tasks that would not fit one message
+// together (maxMessageBytes) go out in several.
 func (s *remoteStream) send(tasks []*pluginv1.DecideTask) {
 	for {
-		if f := s.c.onBatch; f != nil {
-			f(len(tasks))
-		}
-		s.batch.Tasks = tasks
-		err := s.stream.Send(&s.batch)
-		s.batch.Tasks = nil
-		s.c.batches.Add(1)
-		s.c.sentTasks.Add(int64(len(tasks)))
-		for n := int64(len(tasks)); ; {
-			m := s.c.maxBatch.Load()
-			if n <= m || s.c.maxBatch.CompareAndSwap(m, n) {
-				break
-			}
+		var err error
+		for rest := tasks; len(rest) > 0 && err == nil; {
+			n := fitBatch(rest)
+			err = s.sendBatch(rest[:n])
+			rest = rest[n:]
 		}
 		for i, pt := range tasks {
 			s.c.tasks.Put(pt)
@@ -442,6 +441,47 @@ func (s *remoteStream) send(tasks []*pluginv1.DecideTask) {
 		tasks = s.takeQueue()
 		s.mu.Unlock()
 	}
+}
+
+// sendBatch sends tasks as one DecideBatch and counts it.
+func (s *remoteStream) sendBatch(tasks []*pluginv1.DecideTask) error {
+	if f := s.c.onBatch; f != nil {
+		f(len(tasks))
+	}
+	s.batch.Tasks = tasks
+	err := s.stream.Send(&s.batch)
+	s.batch.Tasks = nil
+	s.c.batches.Add(1)
+	s.c.sentTasks.Add(int64(len(tasks)))
+	for n := int64(len(tasks)); ; {
+		m := s.c.maxBatch.Load()
+		if n <= m || s.c.maxBatch.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	return err
+}
+
+// taskOverhead is the most a DecideTask adds to DecideBatch besides its
+// own size: its field tag and length prefix.
+const taskOverhead = 1 + 5
+
+// fitBatch returns how many of the leading tasks fit one DecideBatch of
+// at most maxMessageBytes, at least 1. A lone task is not measured: the
+// request behind it is bounded far below the limit (a body of at most 32
+// MiB in serve), and one that did not fit could not be split anyway.
+func fitBatch(tasks []*pluginv1.DecideTask) int {
+	if len(tasks) == 1 {
+		return 1
+	}
+	size := 0
+	for i, pt := range tasks {
+		size += proto.Size(pt) + taskOverhead
+		if i > 0 && size > maxMessageBytes {
+			return i
+		}
+	}
+	return len(tasks)
 }
 
 // release drops the waiter of a call that gave up (its result, if it

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
@@ -158,4 +160,117 @@ func TestDecideFrozenPluginHonoursDeadline(t *testing.T) {
 		t.Fatalf("all %d tasks were sent: the plugin's window never filled, so the test proves nothing", sent)
 	}
 	t.Logf("slowest of 20 calls: %v (deadline %v); %d tasks got through before flow control stopped the sender", worst, timeout, sent)
+}
+
+// sizedPlugin serves a Decide that answers every task with row 0 and
+// records the encoded size of each DecideBatch it receives. Its client
+// calls hold, once, before the first Send.
+type sizedPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	srv  *sizedServer
+	hold func(tasks int)
+}
+
+type sizedServer struct {
+	pluginv1.UnimplementedPluginServer
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (s *sizedServer) Decide(stream pluginv1.Plugin_DecideServer) error {
+	for {
+		batch, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		s.mu.Lock()
+		s.sizes = append(s.sizes, proto.Size(batch))
+		s.mu.Unlock()
+		out := &pluginv1.DecideResults{}
+		for _, task := range batch.GetTasks() {
+			out.Results = append(out.Results, &pluginv1.DecideResult{TaskId: task.GetTaskId()})
+		}
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
+}
+
+func (p *sizedPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	pluginv1.RegisterPluginServer(s, p.srv)
+	return nil
+}
+
+func (p *sizedPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
+	return New(ctx, conn, Options{DecideBatch: p.hold}), nil
+}
+
+// TestDecideBatchesStayUnderTheMessageLimit: tasks that queue together
+// and would exceed the message-size limit together go out in several
+// DecideBatch messages, each within it, and every call is answered.
+// One message of all of them failed the whole stream (ResourceExhausted),
+// and with it every call pending on it: 100 requests of 1 MB of headers
+// each at once made one 83 MB message under router serve.
+func TestDecideBatchesStayUnderTheMessageLimit(t *testing.T) {
+	const limit = 1 << 20 // under the test server's 4 MiB receive limit
+	old := maxMessageBytes
+	maxMessageBytes = limit
+	t.Cleanup(func() { maxMessageBytes = old })
+
+	const calls = 24 // about 7 MB together
+	var rc *Client
+	var once sync.Once
+	p := &sizedPlugin{srv: &sizedServer{}, hold: func(int) {
+		// Hold the first Send until every call is pending, so the rest
+		// queue behind it and go out together.
+		once.Do(func() {
+			deadline := time.Now().Add(time.Minute)
+			for rc.Pending() < calls && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+		})
+	}}
+	client, server := plugin.TestPluginGRPCConn(t, false, map[string]plugin.Plugin{shared.PluginSetKey: p})
+	t.Cleanup(func() {
+		server.Stop()
+		_ = client.Close()
+	})
+	raw, err := client.Dispense(shared.PluginSetKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc = raw.(*Client)
+	t.Cleanup(func() { _ = rc.Close() })
+
+	c := &shared.Candidates{IDs: []shared.WorkerID{1, 2}}
+	pad := strings.Repeat("x", 300<<10)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make([]error, calls)
+	for i := range calls {
+		wg.Go(func() {
+			req := &shared.Request{ID: fmt.Sprint(i), Metadata: map[string]string{"x-pad": pad}}
+			_, errs[i] = rc.Decide(ctx, &Task{Request: req, Candidates: c, Stages: []Stage{{Instance: "p"}}})
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("call %d: %v", i, err)
+		}
+	}
+	p.srv.mu.Lock()
+	defer p.srv.mu.Unlock()
+	if len(p.srv.sizes) < 2 {
+		t.Fatalf("the plugin got %d messages %v; want the %d tasks in several", len(p.srv.sizes), p.srv.sizes, calls)
+	}
+	for _, n := range p.srv.sizes {
+		if n > limit {
+			t.Errorf("a DecideBatch of %d bytes, over the %d-byte limit (all: %v)", n, limit, p.srv.sizes)
+		}
+	}
+	if got := rc.sentTasks.Load(); got != calls {
+		t.Errorf("%d tasks sent, want %d", got, calls)
+	}
 }

@@ -184,7 +184,10 @@ func Exclude(ids ...shared.WorkerID) Option {
 //
 // Errors, with a nil handle: ErrClosed, ErrDuplicateRequest, a
 // *ClassifyError (the classifier failed or panicked; only this
-// request fails), the classifier factory's error, ErrUnknownClass. Errors
+// request fails), the classifier factory's error, ErrUnknownClass, and
+// shared.ErrNoWorkers when a classifier would be made for the request's
+// model and role while no worker serves them (model names come from
+// clients: one nobody serves is refused unclassified). Errors
 // after classification come with the handle (ended, its classification
 // readable, so callers can account the refusal to its class):
 // ErrQueueFull, or the core's (router.Place).
@@ -221,6 +224,9 @@ func (c *Controller) Admit(ctx context.Context, req *shared.Request, opts ...Opt
 func (c *Controller) classify(ctx context.Context, h *Handle) error {
 	req := h.req
 	cl, err := c.classifierFor(req.Model, req.Role)
+	if errors.Is(err, shared.ErrNoWorkers) {
+		return fmt.Errorf("request %q: %w", req.ID, err)
+	}
 	if err != nil || cl == nil {
 		if err != nil {
 			return fmt.Errorf("request %q: creating the classifier: %w", req.ID, err)

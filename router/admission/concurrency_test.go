@@ -502,6 +502,48 @@ func TestClassifierPerPartition(t *testing.T) {
 	}
 }
 
+// TestUnknownModelMakesNoClassifier: model names come from clients, so a
+// request for a model no worker serves is refused with shared.ErrNoWorkers
+// without making a classifier partition for it (each new name used to
+// make one, and copy every earlier one: memory and time without bound);
+// its id is free again, and a served model still gets its partition.
+func TestUnknownModelMakesNoClassifier(t *testing.T) {
+	r, err := router.New(router.Options{BlockSize: 4, BookingsAreLoad: true,
+		Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: rrPolicy()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	if _, err := r.AddWorker(fleet.Spec{ID: 1, Role: shared.RoleAggregated, TotalKVBlocks: 100, Models: []string{"m1"}}); err != nil {
+		t.Fatal(err)
+	}
+	f := &partitionFactory{}
+	c := newController(t, r, admission.Options{Classifier: f, InlineEvents: true})
+	ctx := context.Background()
+	for i := range 200 {
+		req := &shared.Request{ID: fmt.Sprintf("u%d", i), Model: fmt.Sprintf("nobody-serves-%d", i), Role: shared.RoleAggregated, PromptTokens: 8}
+		if h, err := c.Admit(ctx, req); !errors.Is(err, shared.ErrNoWorkers) {
+			t.Fatalf("Admit(%s) = %v, %v; want shared.ErrNoWorkers", req.Model, h, err)
+		}
+	}
+	f.mu.Lock()
+	n := len(f.parts)
+	f.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d classifier partitions made for models no worker serves, want 0", n)
+	}
+	h, err := c.Admit(ctx, &shared.Request{ID: "u0", Model: "m1", Role: shared.RoleAggregated, PromptTokens: 8})
+	if err != nil {
+		t.Fatalf("Admit(m1) under a refused request's id: %v", err)
+	}
+	h.End(admission.Completed(8))
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.parts) != 1 || f.parts[0].Model != "m1" {
+		t.Fatalf("partitions %+v, want one for m1", f.parts)
+	}
+}
+
 // funcFactory is a classifier factory of a type that cannot be compared
 // (a func type); made counts its NewClassifier calls.
 type funcFactory func(*shared.Request) (shared.Classification, error)

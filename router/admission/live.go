@@ -1,6 +1,7 @@
 package admission
 
 import (
+	"fmt"
 	"hash/maphash"
 	"reflect"
 	"sync"
@@ -96,7 +97,9 @@ type partClassifier struct {
 // that brings a new factory starts a new set: the old factory is closed
 // with its bundle, so its classifiers are not called again. In process
 // and out of process alike, a factory makes one classifier per partition,
-// with PartitionContext.Model set.
+// with PartitionContext.Model set. A (model, role) without a partition
+// yet gets one only while it has workers; otherwise the error wraps
+// shared.ErrNoWorkers.
 func (c *Controller) classifierFor(model string, role shared.Role) (shared.Classifier, error) {
 	f, own := c.core.ClassifierFactory(), false
 	if f == nil {
@@ -112,6 +115,12 @@ func (c *Controller) classifierFor(model string, role shared.Role) (shared.Class
 	key := partKey{model, role}
 	pc := (*cs.parts.Load())[key]
 	if pc == nil {
+		// Model names come from clients: a partition is made only for
+		// a model and role that have workers, so names nobody serves
+		// (which the core would refuse anyway) cannot grow the set.
+		if len(c.core.Workers(model, role)) == 0 {
+			return nil, fmt.Errorf("model %q, role %s: %w", model, role, shared.ErrNoWorkers)
+		}
 		pc = cs.part(key)
 	}
 	pc.once.Do(func() {
