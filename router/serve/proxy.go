@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -27,19 +28,22 @@ const (
 
 // exchange is one client request across its attempts.
 type exchange struct {
-	w       http.ResponseWriter
-	r       *http.Request
-	ctx     context.Context // the client's, bounded by the request timeout
-	start   time.Time
-	path    string
-	body    []byte
-	model   string
-	stream  bool
-	id      string // the client's request id (x-request-id or generated)
-	session string
-	meta    map[string]string
-	tokens  int
-	hashes  []uint64
+	w      http.ResponseWriter
+	r      *http.Request
+	ctx    context.Context // the client's, bounded by the request timeout
+	start  time.Time
+	path   string
+	body   []byte
+	model  string
+	stream bool
+	id     string // the client's request id (x-request-id or generated)
+	// label is the model's metrics label, set when the body parsed.
+	label    string
+	labelSet bool
+	session  string
+	meta     map[string]string
+	tokens   int
+	hashes   []uint64
 	// abort: the answer failed after its headers were sent; the
 	// connection is cut (http.ErrAbortHandler) so the client sees an
 	// error rather than a clean end of a truncated answer.
@@ -66,7 +70,10 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		ex.abort = true
 	}
 	if s.met != nil {
-		label := s.modelLabel(ex.model)
+		label := ex.label
+		if !ex.labelSet {
+			label = s.modelLabel(ex.model)
+		}
 		s.met.requests.WithLabelValues(label, strconv.Itoa(code)).Inc()
 		s.met.duration.WithLabelValues(label).Observe(time.Since(ex.start).Seconds())
 	}
@@ -136,6 +143,9 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	var key routingKey
 	if req != nil {
 		ex.model, ex.stream, key = req.Model, req.Stream, req.key()
+		// The metrics' model label as the request arrives: a model whose
+		// workers leave while it is served still counts under its name.
+		ex.label, ex.labelSet = s.modelLabel(ex.model), true
 	}
 	if err != nil {
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
@@ -338,6 +348,18 @@ func (s *Server) admitError(ex *exchange, err error) int {
 		s.log.Error("classifier panicked", "classifier", ce.Classifier, "request_id", ex.id, "panic", ce.Panic, "stack", string(ce.Stack))
 		writeError(ex.w, http.StatusInternalServerError, typeServer, "classification_failed", "the request classifier failed")
 		return http.StatusInternalServerError
+	case ce != nil && pluginCause(ce.Err) == "panic":
+		// The classifier panicked in its plugin (the SDK recovered it):
+		// as in process, the router's fault.
+		s.log.Error("classifier panicked in its plugin", "classifier", ce.Classifier, "request_id", ex.id, "error", ce.Err)
+		writeError(ex.w, http.StatusInternalServerError, typeServer, "classification_failed", "the request classifier failed")
+		return http.StatusInternalServerError
+	case ce != nil && pluginCause(ce.Err) != "" && pluginCause(ce.Err) != "error":
+		// The classifier's plugin did not answer (timeout, restarting,
+		// breaker open...): the router's trouble, and worth a retry.
+		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "classifier_unavailable",
+			"the request classifier is unavailable: "+ce.Err.Error())
+		return http.StatusServiceUnavailable
 	case ce != nil:
 		// The classifier's own words, without the router's request id.
 		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: "+ce.Err.Error())
@@ -369,6 +391,17 @@ func (s *Server) admitError(ex *exchange, err error) int {
 		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "selection_failed", "no worker could be selected: "+err.Error())
 		return http.StatusServiceUnavailable
 	}
+}
+
+// pluginCause is the supervisor.CallError cause in err ("error" when the
+// component itself returned an error, "panic", "timeout", "restarting",
+// "breaker_open"...), or "" when err did not come from a plugin call.
+func pluginCause(err error) string {
+	var ce *supervisor.CallError
+	if errors.As(err, &ce) {
+		return ce.Cause
+	}
+	return ""
 }
 
 // ctxReason names why ex's context ended.
@@ -494,7 +527,7 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, name string, bod
 				first = false
 				h.FirstToken()
 				if s.met != nil && ex.stream {
-					s.met.ttft.WithLabelValues(s.modelLabel(ex.model)).Observe(time.Since(ex.start).Seconds())
+					s.met.ttft.WithLabelValues(ex.label).Observe(time.Since(ex.start).Seconds())
 				}
 			}
 			before := events

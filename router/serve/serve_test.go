@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -622,8 +623,13 @@ func TestDeclaredOversizedBodyIsRefusedAtOnce(t *testing.T) {
 	e.settle(t)
 }
 
-// failingClassifier fails every request: with an error, or by panicking.
-type failingClassifier struct{ panics bool }
+// failingClassifier fails every request: with an error, or by panicking,
+// or, with plugin set, with a plugin call error of that cause as an
+// out-of-process classifier does.
+type failingClassifier struct {
+	panics bool
+	plugin string
+}
 
 func (failingClassifier) Inputs() shared.Inputs { return 0 }
 func (f failingClassifier) NewClassifier(shared.PartitionContext) (shared.Classifier, error) {
@@ -633,32 +639,43 @@ func (f failingClassifier) Classify(context.Context, *shared.Request) (shared.Cl
 	if f.panics {
 		panic("classifier bug")
 	}
+	if f.plugin != "" {
+		return shared.Classification{}, &supervisor.CallError{Plugin: "p", Cause: f.plugin, Err: errors.New(`plugin "p": ` + f.plugin)}
+	}
 	return shared.Classification{}, errors.New(`x-priority "high" is not an integer`)
 }
 
 // A request the classifier refuses is the client's 400, in the
 // classifier's words and without the router's ids; a classifier that
-// panics is the router's 500. Nothing reaches the engine either way.
+// panics, in process or in its plugin, is the router's 500; a plugin that
+// does not answer (timeout, restarting, breaker open) is a 503 the client
+// may retry, not the client's fault. Nothing reaches the engine in any
+// case.
 func TestClassifierFailures(t *testing.T) {
 	for _, tc := range []struct {
 		panics bool
+		plugin string
 		status int
+		code   string
 		msg    string
 	}{
-		{false, 400, `the request could not be classified: x-priority "high" is not an integer`},
-		{true, 500, "the request classifier failed"},
+		{false, "", 400, "classification_failed", `the request could not be classified: x-priority "high" is not an integer`},
+		{true, "", 500, "classification_failed", "the request classifier failed"},
+		{false, "panic", 500, "classification_failed", "the request classifier failed"},
+		{false, "timeout", 503, "classifier_unavailable", `the request classifier is unavailable: plugin "p": timeout`},
+		{false, "breaker_open", 503, "classifier_unavailable", `the request classifier is unavailable: plugin "p": breaker_open`},
 	} {
 		eng := newEngine(t, 1, 0)
-		e := newEnv(t, envOptions{classifier: failingClassifier{panics: tc.panics}}, backend{name: "w1", url: eng.URL})
+		e := newEnv(t, envOptions{classifier: failingClassifier{panics: tc.panics, plugin: tc.plugin}}, backend{name: "w1", url: eng.URL})
 		resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
 		if err != nil {
 			t.Fatal(err)
 		}
 		if resp.StatusCode != tc.status {
-			t.Errorf("panics %v: status %d, want %d", tc.panics, resp.StatusCode, tc.status)
+			t.Errorf("panics %v, plugin %q: status %d, want %d", tc.panics, tc.plugin, resp.StatusCode, tc.status)
 		}
-		if got := decodeError(t, resp); got.Code != "classification_failed" || got.Message != tc.msg {
-			t.Errorf("panics %v: error %+v, want classification_failed %q", tc.panics, got, tc.msg)
+		if got := decodeError(t, resp); got.Code != tc.code || got.Message != tc.msg {
+			t.Errorf("panics %v, plugin %q: error %+v, want %s %q", tc.panics, tc.plugin, got, tc.code, tc.msg)
 		}
 		if eng.requests.Load() != 0 {
 			t.Errorf("panics %v: the engine got %d requests", tc.panics, eng.requests.Load())
