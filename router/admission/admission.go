@@ -17,16 +17,17 @@
 // plugin call. Classification and selection run in the caller's
 // goroutine, concurrently with every other request's; capacity is an
 // atomic try-book on the chosen worker (router.Placement.Capacity). Locks
-// are brief and narrow: a role's queue (only when something waits or is
-// about to), one shard of the live-request table, and the event queue
-// (only when some component listens). The llm-d router's flow-control
-// layer above its scheduler is the model.
+// are brief and narrow: a (model, role) partition's queue (only when
+// something waits or is about to), one shard of the live-request table,
+// and the event queue (only when some component listens). The llm-d
+// router's flow-control layer above its scheduler is the model.
 package admission
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,9 +88,10 @@ type Controller struct {
 	core     *router.Router
 	capacity int64
 	queueCfg config.Queue
-	queues   map[shared.Role]*roleQueue
-	// waiting counts the requests in every queue: Dispatch with nothing
-	// queued costs one atomic load.
+	queues   queueSet
+	// waiting counts the requests in every queue (and the places pushes
+	// have reserved): Dispatch with nothing queued costs one atomic load,
+	// and max_waiting bounds it.
 	waiting  atomic.Int64
 	live     liveTable
 	factory  shared.ClassifierFactory
@@ -100,15 +102,10 @@ type Controller struct {
 	onQueued func()
 
 	// dispatchMu serialises Dispatch calls: the queue's order is the
-	// point. Admissions never take it.
+	// point. Admissions never take it. blocked is Dispatch's scratch.
 	dispatchMu sync.Mutex
+	blocked    []bool
 	closed     atomic.Bool
-}
-
-// roleQueue is one role's queue and its lock.
-type roleQueue struct {
-	mu sync.Mutex
-	q  *queue.Queue
 }
 
 // New returns a Controller that places requests through core.
@@ -126,25 +123,23 @@ func New(core *router.Router, o Options) (*Controller, error) {
 		core:     core,
 		capacity: int64(o.Queue.MaxActiveRequests),
 		queueCfg: o.Queue,
-		queues:   map[shared.Role]*roleQueue{},
 		factory:  o.Classifier,
 		now:      o.Now,
 		onQueued: o.OnQueued,
 	}
 	c.live.init()
-	for _, role := range config.Roles {
-		q, err := queue.New(queueConfig(o.Queue))
-		if err != nil {
-			return nil, fmt.Errorf("admission: queue: %w", err)
-		}
-		c.queues[role] = &roleQueue{q: q}
+	if err := c.queues.init(queueConfig(o.Queue)); err != nil {
+		return nil, fmt.Errorf("admission: queue: %w", err)
 	}
 	c.bus = newBus(c, o.Listeners, o.InlineEvents)
 	return c, nil
 }
 
+// queueConfig is the configuration of each partition's queue: the
+// classes and aging of the queue block. max_waiting bounds all of them
+// together (push), not each.
 func queueConfig(q config.Queue) queue.Config {
-	c := queue.Config{DefaultClass: q.DefaultClass, Aging: q.Aging, MaxLen: q.MaxWaiting}
+	c := queue.Config{DefaultClass: q.DefaultClass, Aging: q.Aging}
 	for _, cl := range q.Classes {
 		c.Classes = append(c.Classes, queue.ClassConfig{Name: cl.Name, Weight: cl.Weight, Order: queue.Order(cl.Order)})
 	}
@@ -288,53 +283,84 @@ func (c *Controller) placement(h *Handle) router.Placement {
 	return pl
 }
 
-// push queues h in its role's queue. Errors: ErrQueueFull, or the queue's
-// (an unknown class).
+// push queues h in the queue of its (model, role) partition. Errors:
+// ErrQueueFull (max_waiting requests wait already, in every queue
+// together), or the queue's (an unknown class).
 func (c *Controller) push(h *Handle) error {
 	if h.class.SchedulingCostTokens <= 0 {
 		h.class.SchedulingCostTokens = c.uncached(h.req)
 	}
+	if !c.reserve() {
+		return ErrQueueFull
+	}
 	// The clock is read only for a request that queues: its arrival in
 	// the queue (aging, Waited) is now.
 	h.arrival = c.now()
-	rq := c.queues[h.req.Role]
+	pq := c.queues.get(partKey{h.req.Model, h.req.Role})
 	it := &queue.Item{ID: h.req.ID, Class: h.class.PolicyClass, Priority: h.class.Priority,
 		Cost: h.class.SchedulingCostTokens, Arrival: h.arrival, DueAt: h.class.DueAt, Value: h}
-	rq.mu.Lock()
-	err := rq.q.Push(it)
+	pq.mu.Lock()
+	err := pq.q.Push(it)
 	if err == nil {
-		h.item = it
-		c.waiting.Add(1)
+		h.item, h.pq = it, pq
 	}
-	rq.mu.Unlock()
-	if errors.Is(err, queue.ErrFull) {
-		err = ErrQueueFull
+	pq.mu.Unlock()
+	if err != nil {
+		c.waiting.Add(-1)
 	}
 	return err
 }
 
-// unqueue takes h out of its role's queue; false when it is not there
+// reserve counts one more waiting request; false when max_waiting
+// already wait.
+func (c *Controller) reserve() bool {
+	limit := int64(c.queueCfg.MaxWaiting)
+	for {
+		n := c.waiting.Load()
+		if limit > 0 && n >= limit {
+			return false
+		}
+		if c.waiting.CompareAndSwap(n, n+1) {
+			return true
+		}
+	}
+}
+
+// unqueue takes h out of its queue; false when it is not there
 // (dispatched or expired meanwhile).
 func (c *Controller) unqueue(h *Handle) bool {
-	rq := c.queues[h.req.Role]
-	rq.mu.Lock()
-	defer rq.mu.Unlock()
+	pq := h.pq
+	if pq == nil {
+		return false
+	}
+	pq.mu.Lock()
+	defer pq.mu.Unlock()
 	if h.item == nil {
 		return false
 	}
-	rq.q.Remove(h.item.ID)
+	pq.q.Remove(h.item.ID)
 	h.item = nil
 	c.waiting.Add(-1)
 	return true
 }
 
-// Dispatch places queued requests while capacity allows, in each role's
-// queue order, and appends them to out; requests whose due time passed are
-// refused (their Wait returns ErrDue) and appended too. Call it whenever
-// capacity may have freed (a request ended, a worker joined) and as time
-// passes; serve's Run does. With nothing queued it costs one atomic load.
-// ctx bounds the placements: once it ends Dispatch returns, and the
-// requests not placed keep waiting (ctx is the dispatcher's, not theirs).
+// Dispatch places queued requests while capacity allows and appends them
+// to out; requests whose due time passed are refused (their Wait returns
+// ErrDue) and appended too. Call it whenever capacity may have freed (a
+// request ended, a worker joined) and as time passes; serve's Run does.
+// With nothing queued it costs one atomic load. ctx bounds the
+// placements: once it ends Dispatch returns, and the requests not placed
+// keep waiting (ctx is the dispatcher's, not theirs).
+//
+// Requests wait in one queue per (model, role) partition, so a model
+// whose workers are full never holds up another's (a request is placed
+// only on its own model's workers). Role by role, Dispatch takes the
+// heads of the partitions' queues in turn, the highest priority first,
+// then the earliest to queue (then the model name), until each head
+// either cannot be placed (every candidate busy: that partition waits
+// for the next Dispatch) or its queue is empty. Within a partition the
+// queue's own order holds (classes by weight, aged priority, the class's
+// order).
 //
 // The queue's lock is not held while a request is placed: Dispatch peeks
 // at the head, places it, and takes it out of the queue only if it is
@@ -347,35 +373,36 @@ func (c *Controller) Dispatch(ctx context.Context, out []*Handle) []*Handle {
 	c.dispatchMu.Lock()
 	defer c.dispatchMu.Unlock()
 	now := c.now()
+	all := c.queues.all()
 	for _, role := range config.Roles {
-		rq := c.queues[role]
-		rq.mu.Lock()
-		expired := rq.q.Expire(now, nil)
-		for _, it := range expired {
-			it.Value.(*Handle).item = nil
+		qs := byRole(all, role)
+		if len(qs) == 0 {
+			continue
 		}
-		c.waiting.Add(-int64(len(expired)))
-		rq.mu.Unlock()
-		for _, it := range expired {
-			h := it.Value.(*Handle)
-			if h.refuse(ErrDue, now) {
-				out = append(out, h)
-			}
+		for _, pq := range qs {
+			out = c.expire(pq, now, out)
 		}
+		c.blocked = slices.Grow(c.blocked[:0], len(qs))[:len(qs)]
+		clear(c.blocked)
 		for {
-			rq.mu.Lock()
-			it, ok := rq.q.Peek(now)
-			rq.mu.Unlock()
-			if !ok {
+			best, it := c.head(qs, now)
+			if best < 0 {
 				break
 			}
+			pq := qs[best]
 			h := it.Value.(*Handle)
 			d, err := c.core.Place(ctx, h.req, c.placement(h))
-			if err != nil && (errors.Is(err, shared.ErrAllBusy) || ctx.Err() != nil) {
-				// Nothing fits now, or the dispatcher is stopping.
-				break
+			if ctx.Err() != nil {
+				if err == nil {
+					d.Booking.Release()
+				}
+				return out // the dispatcher is stopping
 			}
-			if !c.take(rq, h, it, now) {
+			if errors.Is(err, shared.ErrAllBusy) {
+				c.blocked[best] = true // nothing of this partition fits now
+				continue
+			}
+			if !c.take(pq, h, it, now) {
 				// Cancelled while it was being placed.
 				if err == nil {
 					d.Booking.Release()
@@ -396,7 +423,52 @@ func (c *Controller) Dispatch(ctx context.Context, out []*Handle) []*Handle {
 	return out
 }
 
-// take removes h's item it from rq after it was placed; false when it
+// expire refuses pq's requests whose due time passed, appending them to
+// out.
+func (c *Controller) expire(pq *partQueue, now time.Time, out []*Handle) []*Handle {
+	pq.mu.Lock()
+	expired := pq.q.Expire(now, nil)
+	for _, it := range expired {
+		it.Value.(*Handle).item = nil
+	}
+	c.waiting.Add(-int64(len(expired)))
+	pq.mu.Unlock()
+	for _, it := range expired {
+		h := it.Value.(*Handle)
+		if h.refuse(ErrDue, now) {
+			out = append(out, h)
+		}
+	}
+	return out
+}
+
+// head returns the index in qs of the queue whose head goes next, and
+// that head: among the queues not blocked (c.blocked) and not empty, the
+// head of the highest priority, then the earliest arrival, then the first
+// queue (model order). -1 when there is none; empty queues are marked
+// blocked.
+func (c *Controller) head(qs []*partQueue, now time.Time) (int, *queue.Item) {
+	best := -1
+	var bestIt *queue.Item
+	for i, pq := range qs {
+		if c.blocked[i] {
+			continue
+		}
+		pq.mu.Lock()
+		it, ok := pq.q.Peek(now)
+		pq.mu.Unlock()
+		if !ok {
+			c.blocked[i] = true
+			continue
+		}
+		if best < 0 || it.Priority > bestIt.Priority || (it.Priority == bestIt.Priority && it.Arrival.Before(bestIt.Arrival)) {
+			best, bestIt = i, it
+		}
+	}
+	return best, bestIt
+}
+
+// take removes h's item it from pq after it was placed; false when it
 // left the queue meanwhile (End). h.item tells, not the id: once h ended,
 // a new request may have queued under the same id. When it is still the
 // head, Pop removes it, which charges its class's deficit and moves the
@@ -404,16 +476,16 @@ func (c *Controller) Dispatch(ctx context.Context, out []*Handle) []*Handle {
 // an admission pushed a new head meanwhile, Remove takes it without the
 // charge (a rare race; the next dispatch of its class pays the deficit as
 // usual).
-func (c *Controller) take(rq *roleQueue, h *Handle, it *queue.Item, now time.Time) bool {
-	rq.mu.Lock()
-	defer rq.mu.Unlock()
+func (c *Controller) take(pq *partQueue, h *Handle, it *queue.Item, now time.Time) bool {
+	pq.mu.Lock()
+	defer pq.mu.Unlock()
 	if h.item != it {
 		return false
 	}
-	if head, _ := rq.q.Peek(now); head == it {
-		rq.q.Pop(now)
+	if head, _ := pq.q.Peek(now); head == it {
+		pq.q.Pop(now)
 	} else {
-		rq.q.Remove(it.ID)
+		pq.q.Remove(it.ID)
 	}
 	h.item = nil
 	c.waiting.Add(-1)
@@ -440,15 +512,15 @@ func (c *Controller) Run(ctx context.Context, interval time.Duration, wake <-cha
 // Queued is how many requests wait in every queue.
 func (c *Controller) Queued() int { return int(c.waiting.Load()) }
 
-// Waiting is how many requests wait in role's queue.
+// Waiting is how many requests wait in role's queues (every model's).
 func (c *Controller) Waiting(role shared.Role) int {
-	rq := c.queues[role]
-	if rq == nil {
-		return 0
+	n := 0
+	for _, pq := range byRole(c.queues.all(), role) {
+		pq.mu.Lock()
+		n += pq.q.Len()
+		pq.mu.Unlock()
 	}
-	rq.mu.Lock()
-	defer rq.mu.Unlock()
-	return rq.q.Len()
+	return n
 }
 
 // ClassDepth is one queue class's waiting count (WaitingByClass).
@@ -458,20 +530,19 @@ type ClassDepth struct {
 }
 
 // WaitingByClass appends to dst, for each class of the queue in file
-// order, how many requests wait in it summed over the roles' queues
-// (serve's switchyard_queue_depth{class}), and returns the extended slice.
+// order, how many requests wait in it summed over every queue (serve's
+// switchyard_queue_depth{class}), and returns the extended slice.
 func (c *Controller) WaitingByClass(dst []ClassDepth) []ClassDepth {
 	start := len(dst)
 	for _, cl := range c.queueCfg.Classes {
 		dst = append(dst, ClassDepth{Class: cl.Name})
 	}
-	for _, role := range config.Roles {
-		rq := c.queues[role]
-		rq.mu.Lock()
+	for _, pq := range c.queues.all() {
+		pq.mu.Lock()
 		for i, cl := range c.queueCfg.Classes {
-			dst[start+i].Waiting += rq.q.ClassLen(cl.Name)
+			dst[start+i].Waiting += pq.q.ClassLen(cl.Name)
 		}
-		rq.mu.Unlock()
+		pq.mu.Unlock()
 	}
 	return dst
 }

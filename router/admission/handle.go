@@ -36,17 +36,18 @@ type Handle struct {
 	// booking is the storage of the request's booking (no allocation per
 	// request); decision.Booking points here while it is dispatched.
 	booking fleet.Booking
-	// item is the request's entry in its role's queue while it holds one
+	// item is the request's entry in its queue (pq) while it holds one
 	// (waiting, or expired and not yet refused), else nil. Guarded by
 	// that queue's lock, not mu.
 	item *queue.Item
+	pq   *partQueue
 }
 
 type state uint8
 
 const (
 	stateNew        state = iota // classified, being placed
-	stateQueued                  // waiting in its role's queue
+	stateQueued                  // waiting in its partition's queue
 	stateDispatched              // booked on decision.Worker
 	stateEnded                   // over: End, a refusal, or a failed placement
 )
