@@ -855,3 +855,37 @@ func TestExpiredRequestIsNotAdmitted(t *testing.T) {
 	}
 	e.settle(t)
 }
+
+// A request counts under its model's name in the metrics even when the
+// model's workers leave while it is served: the label is taken when the
+// request arrives (it used to be taken at its end, as "unknown").
+func TestMetricsLabelTakenAtArrival(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	eng.gate = make(chan struct{})
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	done := make(chan int, 1)
+	go func() {
+		resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", false, "x"))
+		if err != nil {
+			done <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	waitFor(t, func() bool { return eng.requests.Load() == 1 })
+	if err := e.r.RemoveWorker(e.workers[0].ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	close(eng.gate)
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("status %d, want 200 (the answer was on its way)", code)
+	}
+	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("m", "200")); got != 1 {
+		t.Errorf(`requests_total{model="m",code="200"} = %v, want 1`, got)
+	}
+	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("unknown", "200")); got != 0 {
+		t.Errorf(`requests_total{model="unknown",code="200"} = %v, want 0`, got)
+	}
+}
