@@ -1,10 +1,17 @@
 // Package serve is the HTTP front end of `router serve`: an
 // OpenAI-compatible proxy that routes each completion request by the
-// Router's policy (Admit: classify, queue at capacity, select and book),
-// passes the engine's answer through (SSE chunk by chunk, flushed as it
-// arrives), and releases the request's booking exactly once however it
-// ends: the body's end, a worker error, the client leaving before or after
-// the headers, or the request timeout.
+// Router's policy, passes the engine's answer through (SSE chunk by chunk,
+// flushed as it arrives), and releases the request's booking exactly once
+// however it ends: the body's end, a worker error, the client leaving
+// before or after the headers, or the request timeout.
+//
+// Each hop of a request (admission.Path: one aggregated hop, or a prefill
+// hop then a decode hop, as replay walks them) is one admission.Handle:
+// Admit classifies it once and places it or queues it, Wait returns its
+// worker, FirstToken and Progress follow the answer, Retry places it again
+// with the failed worker excluded and the same classification, and End,
+// deferred, ends it exactly once. The Server keeps no map of its own;
+// its Dispatcher is the Controller's Run.
 //
 // Server is the front end; Daemon is all of `router serve` but its
 // flags: it loads the policy file, builds the Router and the workers'
@@ -48,23 +55,23 @@
 //     "stream": false, "max_tokens": 1 ("max_completion_tokens": 1 when
 //     set), and no stream_options, min_tokens or min_completion_tokens.
 //     A prefill worker that fails before its answer is complete (nothing
-//     has reached the client) is excluded and the prefill admitted again,
+//     has reached the client) is excluded and the prefill placed again,
 //     up to MaxRetries times, then 502. The answer is read whole (at most
 //     1 MiB; more is a 502): a non-2xx answer goes to the client as is
 //     and ends the request; a 2xx answer without a kv_transfer_params
-//     object is a 502 bad_prefill_answer. The prefill ticket gets
-//     FirstToken and Complete (the prompt plus one token) once the answer
-//     is read, Abort on every other path.
-//  3. Decode hop: Router.Admit with role decode (classifier, queue and
+//     object is a 502 bad_prefill_answer. The prefill hop's handle gets
+//     FirstToken and End(Completed: the prompt plus one token) once the
+//     answer is read, End(Aborted) on every other path.
+//  3. Decode hop: admitted with role decode (classifier, queue and
 //     capacity as for the prefill hop; the request id gets "#d"), the
 //     prompt's token count and no block hashes (the KV arrives by
 //     transfer, not from the decode worker's prefix cache, so the prefix
 //     index must not record it). The body is the client's with the
-//     prefill answer's kv_transfer_params copied in verbatim. The ticket
-//     gets FirstToken at the answer's first byte and Complete or Abort
-//     exactly once when the answer ends or fails or the client leaves. A
-//     decode worker that fails before a byte is excluded (router.Exclude)
-//     and the hop admitted again, up to MaxRetries times, then 502. The
+//     prefill answer's kv_transfer_params copied in verbatim. The handle
+//     gets FirstToken at the answer's first byte and End exactly once
+//     when the answer ends or fails or the client leaves. A decode
+//     worker that fails before a byte is excluded (Handle.Retry) and the
+//     hop placed again, up to MaxRetries times, then 502. The
 //     answer passes through as an aggregated answer does.
 //  4. Headers: X-Switchyard-Worker names the decode worker,
 //     X-Switchyard-Prefill-Worker the prefill worker (also on a prefill
