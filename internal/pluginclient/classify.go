@@ -192,6 +192,9 @@ func (e *eventSender) run() {
 			if cancel != nil {
 				cancel()
 			}
+			if cb := e.c.onEventsBroken; cb != nil && e.c.done.Err() == nil && !e.c.isClosed() {
+				cb(err)
+			}
 			return
 		}
 	}

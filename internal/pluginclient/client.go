@@ -66,6 +66,8 @@ func panicMessage(msg string) bool {
 type Client struct {
 	client pluginv1.PluginClient
 	done   context.Context // cancelled when the plugin process exits
+	// onEventsBroken is Options.EventsBroken.
+	onEventsBroken func(error)
 
 	mu     sync.Mutex
 	stream *remoteStream
@@ -97,7 +99,7 @@ func New(done context.Context, conn grpc.ClientConnInterface, opts Options) *Cli
 	if done == nil {
 		done = context.Background()
 	}
-	c := &Client{client: pluginv1.NewPluginClient(conn), done: done, onBatch: opts.DecideBatch}
+	c := &Client{client: pluginv1.NewPluginClient(conn), done: done, onBatch: opts.DecideBatch, onEventsBroken: opts.EventsBroken}
 	c.ev.c = c
 	return c
 }

@@ -274,3 +274,67 @@ func TestDecideBatchesStayUnderTheMessageLimit(t *testing.T) {
 		t.Errorf("%d tasks sent, want %d", got, calls)
 	}
 }
+
+// brokenEventsPlugin serves an Events stream that fails at its first
+// batch; its client reports a broken stream to broken.
+type brokenEventsPlugin struct {
+	plugin.NetRPCUnsupportedPlugin
+	broken chan error
+}
+
+type brokenEventsServer struct {
+	pluginv1.UnimplementedPluginServer
+}
+
+func (brokenEventsServer) Events(stream pluginv1.Plugin_EventsServer) error {
+	if _, err := stream.Recv(); err != nil {
+		return err
+	}
+	return errors.New("listener state lost")
+}
+
+func (brokenEventsPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
+	pluginv1.RegisterPluginServer(s, brokenEventsServer{})
+	return nil
+}
+
+func (p brokenEventsPlugin) GRPCClient(ctx context.Context, _ *plugin.GRPCBroker, conn *grpc.ClientConn) (any, error) {
+	return New(ctx, conn, Options{EventsBroken: func(err error) { p.broken <- err }}), nil
+}
+
+// TestEventsBrokenIsReportedOnce: an Events stream that fails while the
+// client is open is reported once through Options.EventsBroken, and the
+// events sent after it are dropped and counted; closing the client
+// reports nothing.
+func TestEventsBrokenIsReportedOnce(t *testing.T) {
+	broken := make(chan error, 4)
+	client, server := plugin.TestPluginGRPCConn(t, false, map[string]plugin.Plugin{shared.PluginSetKey: brokenEventsPlugin{broken: broken}})
+	t.Cleanup(func() {
+		server.Stop()
+		_ = client.Close()
+	})
+	raw, err := client.Dispense(shared.PluginSetKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := raw.(*Client)
+	rc.SendEvents("c", []shared.Event{{Kind: shared.EventSent, RequestID: "a", Worker: 1, HasWorker: true}})
+	select {
+	case err := <-broken:
+		if !errors.Is(err, ErrPluginClosed) {
+			t.Fatalf("reported %v, want an ErrPluginClosed", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the broken stream was not reported within a minute")
+	}
+	rc.SendEvents("c", []shared.Event{{Kind: shared.EventCompleted, RequestID: "a", Worker: 1, HasWorker: true}})
+	if st := rc.EventStats(); st.Dropped != 2 {
+		t.Fatalf("dropped %d events, want 2 (the failed one and the one after)", st.Dropped)
+	}
+	_ = rc.Close()
+	select {
+	case err := <-broken:
+		t.Fatalf("reported again: %v", err)
+	default:
+	}
+}

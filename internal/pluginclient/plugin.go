@@ -17,6 +17,14 @@ type Options struct {
 	// the stream's sending goroutine, so no later batch is sent before it
 	// returns: it must be quick (a metric's Observe).
 	DecideBatch func(tasks int)
+	// EventsBroken, when set, is called once if the Events stream fails
+	// while the client is open (not when it closes, nor when done ends):
+	// from then on every event for the plugin is dropped and counted
+	// (EventStats.Dropped), so its listeners' state no longer follows the
+	// requests. A host restarts the plugin then, as after a crash (a fresh
+	// process starts from a clean state). It runs on the event sender's
+	// goroutine.
+	EventsBroken func(err error)
 }
 
 // PluginSets returns the VersionedPlugins of the router's

@@ -165,7 +165,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.client = plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  shared.Handshake(),
-		VersionedPlugins: pluginclient.PluginSets(h.clientOptions(b.Name)),
+		VersionedPlugins: pluginclient.PluginSets(h.clientOptions(b.Name, p)),
 		Cmd:              cmd,
 		SecureConfig:     secure,
 		StartTimeout:     startTimeout,
@@ -244,19 +244,31 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 	return p, desc, nil
 }
 
-// clientOptions are the options of the named plugin's clients: their
-// DecideBatch sizes go to switchyard_plugin_decide_tasks_per_message.
-func (h *Host) clientOptions(name string) pluginclient.Options {
+// clientOptions are the options of the client of p, a process of the
+// named plugin: its DecideBatch sizes go to
+// switchyard_plugin_decide_tasks_per_message, and a lifecycle event stream
+// that breaks while p lives gets p restarted (EventsBroken): its listeners
+// would otherwise go on without the events they depend on (sessions no
+// longer sticking, counts drifting), while a fresh process starts clean
+// and the lost events are counted (Stats.EventsDropped).
+func (h *Host) clientOptions(name string, p *proc) pluginclient.Options {
 	observe, hook := h.met.decideBatch(name), h.testHookDecideBatch
-	if hook == nil {
-		return pluginclient.Options{DecideBatch: observe}
-	}
-	return pluginclient.Options{DecideBatch: func(tasks int) {
-		if observe != nil {
-			observe(tasks)
+	o := pluginclient.Options{DecideBatch: observe, EventsBroken: func(err error) {
+		if p.ctx.Err() != nil || p.hasExited() {
+			return // stopping or gone: the exit is the news
 		}
-		hook(tasks)
+		p.log.Warn("the plugin's lifecycle event stream broke: restarting it so that its listeners start again from a clean state", "error", err)
+		p.killGroup("lifecycle event stream broke: " + err.Error())
 	}}
+	if hook != nil {
+		o.DecideBatch = func(tasks int) {
+			if observe != nil {
+				observe(tasks)
+			}
+			hook(tasks)
+		}
+	}
+	return o
 }
 
 // maxSocketDir keeps the socket path (dir + "/plugin" + 10 digits) within
