@@ -560,7 +560,15 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 	}
 	code, err := m.classify(p, ctx, deadline, err)
 	if done != nil {
-		done(err)
+		if code == codeTimeout && !p.countTimeout(start, deadline) {
+			// Late together with a timeout the breaker already counted:
+			// one late message (batched calls go out and come back
+			// together) or one slow spell is one failure, not one per
+			// call in it. Neither success nor failure for the breaker.
+			done(context.DeadlineExceeded)
+		} else {
+			done(err)
+		}
 	}
 	if code == codeTimeout {
 		// Late is not dead: the health probe decides (HealthPolicy), and a
@@ -572,6 +580,28 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 	}
 	return m.failed(op, code, err)
 }
+
+// countTimeout reports whether a call that started at start and timed out
+// at deadline counts as a failure for the circuit breaker: only when it
+// started after the deadline of the last timeout that counted, so calls
+// that were in flight together (one batched message, one stall) count
+// once, and a plugin that times out call after call still trips it.
+func (p *proc) countTimeout(start, deadline time.Time) bool {
+	s, d := int64(start.Sub(monoBase)), int64(deadline.Sub(monoBase))
+	for {
+		last := p.lastTimeout.Load()
+		if s < last {
+			return false
+		}
+		if p.lastTimeout.CompareAndSwap(last, d) {
+			return true
+		}
+	}
+}
+
+// monoBase anchors the monotonic clock readings stored as int64s
+// (proc.lastTimeout).
+var monoBase = time.Now()
 
 // checkStall is the stall rule of HealthPolicy, run when a decision call
 // sent at sent got no answer within call_timeout: it kills p's process

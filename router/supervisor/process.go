@@ -67,6 +67,9 @@ type proc struct {
 	// checkNow asks the health probe for a check at once (a call missed
 	// its deadline); it holds at most one request.
 	checkNow chan struct{}
+	// lastTimeout is the deadline, in monoBase nanoseconds, of the last
+	// call timeout the circuit breaker counted (countTimeout).
+	lastTimeout atomic.Int64
 	// upSince is when the host adopted the process (managed.adopt).
 	upSince time.Time
 	// stallSince is when the earliest decision call that timed out with no
