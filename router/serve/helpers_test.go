@@ -170,9 +170,10 @@ type env struct {
 }
 
 type envOptions struct {
-	queue      config.Queue
-	classifier shared.ClassifierFactory
-	timeout    time.Duration
+	queue          config.Queue
+	classifier     shared.ClassifierFactory
+	timeout        time.Duration
+	bodiesInFlight int64 // Options.MaxBodyBytesInFlight
 }
 
 func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
@@ -203,7 +204,7 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 		e.workers = append(e.workers, w)
 		e.ws.urls[b.name] = b.url
 	}
-	e.s, err = New(Options{Router: r, Queue: o.queue, Classifier: o.classifier, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond})
+	e.s, err = New(Options{Router: r, Queue: o.queue, Classifier: o.classifier, MaxBodyBytesInFlight: o.bodiesInFlight, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

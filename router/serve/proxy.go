@@ -118,7 +118,24 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	}
 	rc := http.NewResponseController(ex.w)
 	_ = rc.SetReadDeadline(time.Now().Add(min(s.timeout, bodyReadTimeout)))
+	// Bodies held at once are bounded (MaxBodyBytesInFlight): a declared
+	// length is counted before a byte is read, an undeclared one once read.
+	declared := ex.r.ContentLength
+	if declared > 0 {
+		release, ok := s.holdBody(declared)
+		if !ok {
+			return s.overloaded(ex)
+		}
+		defer release()
+	}
 	body, err := readBody(ex.w, ex.r, s.maxBody)
+	if err == nil && declared <= 0 {
+		release, ok := s.holdBody(int64(len(body)))
+		if !ok {
+			return s.overloaded(ex)
+		}
+		defer release()
+	}
 	_ = rc.SetReadDeadline(time.Time{})
 	if err != nil {
 		var tooBig *http.MaxBytesError
@@ -402,6 +419,14 @@ func pluginCause(err error) string {
 		return ce.Cause
 	}
 	return ""
+}
+
+// overloaded answers a request whose body would pass
+// MaxBodyBytesInFlight.
+func (s *Server) overloaded(ex *exchange) int {
+	writeError(ex.w, http.StatusServiceUnavailable, typeServer, "overloaded",
+		"the router holds as many request bodies as it may; retry shortly")
+	return http.StatusServiceUnavailable
 }
 
 // ctxReason names why ex's context ended.

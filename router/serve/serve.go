@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
@@ -44,6 +45,10 @@ const (
 	DefaultDispatchInterval = 20 * time.Millisecond
 	// DefaultMaxBodyBytes bounds a request body.
 	DefaultMaxBodyBytes = 32 << 20
+	// DefaultMaxBodyBytesInFlight bounds the request bodies held at once,
+	// all requests together (1 GiB: 32 bodies of the largest size, tens
+	// of thousands of ordinary chat requests).
+	DefaultMaxBodyBytesInFlight = 1 << 30
 	// DefaultDrainTimeout bounds how long Serve waits for in-flight
 	// requests after its context ends.
 	DefaultDrainTimeout = 30 * time.Second
@@ -111,6 +116,13 @@ type Options struct {
 	DispatchInterval time.Duration
 	// MaxBodyBytes bounds a request body (DefaultMaxBodyBytes).
 	MaxBodyBytes int64
+	// MaxBodyBytesInFlight bounds the bytes of the request bodies held at
+	// once, all requests together (DefaultMaxBodyBytesInFlight; negative:
+	// no bound). A request whose body would pass it is answered 503
+	// overloaded. A body of declared length is counted before it is read;
+	// one without (chunked) once it is read, so while chunked bodies are
+	// being read the bound may be passed by at most MaxBodyBytes each.
+	MaxBodyBytesInFlight int64
 	// Logger receives the server's logs; nil discards them.
 	Logger hclog.Logger
 }
@@ -128,8 +140,11 @@ type Server struct {
 	transport http.RoundTripper
 	interval  time.Duration
 	maxBody   int64
-	log       hclog.Logger
-	handler   http.Handler
+	// bodies counts the request bodies' bytes held (MaxBodyBytesInFlight);
+	// nil: no bound.
+	bodies  *semaphore.Weighted
+	log     hclog.Logger
+	handler http.Handler
 
 	idPrefix string
 	seq      atomic.Uint64
@@ -175,6 +190,9 @@ func New(o Options) (*Server, error) {
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if o.MaxBodyBytesInFlight == 0 {
+		o.MaxBodyBytesInFlight = DefaultMaxBodyBytesInFlight
+	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
@@ -191,6 +209,7 @@ func New(o Options) (*Server, error) {
 		transport: o.Transport,
 		interval:  o.DispatchInterval,
 		maxBody:   o.MaxBodyBytes,
+		bodies:    bodyBudget(o.MaxBodyBytesInFlight),
 		log:       o.Logger,
 		idPrefix:  hex.EncodeToString(rnd[:]),
 		wakeC:     make(chan struct{}, 1),
@@ -317,6 +336,26 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	<-served
 	s.log.Info("drained", "took", time.Since(start))
 	return nil
+}
+
+// bodyBudget is the semaphore of MaxBodyBytesInFlight; nil when negative.
+func bodyBudget(n int64) *semaphore.Weighted {
+	if n < 0 {
+		return nil
+	}
+	return semaphore.NewWeighted(n)
+}
+
+// holdBody counts n bytes of request body as held until the returned
+// release; false when that would pass MaxBodyBytesInFlight.
+func (s *Server) holdBody(n int64) (release func(), ok bool) {
+	if s.bodies == nil || n <= 0 {
+		return func() {}, true
+	}
+	if !s.bodies.TryAcquire(n) {
+		return nil, false
+	}
+	return func() { s.bodies.Release(n) }, true
 }
 
 // Dispatcher hands queued requests their placements as capacity frees,

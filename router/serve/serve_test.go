@@ -889,3 +889,48 @@ func TestMetricsLabelTakenAtArrival(t *testing.T) {
 		t.Errorf(`requests_total{model="unknown",code="200"} = %v, want 0`, got)
 	}
 }
+
+// The bodies held at once are bounded: with room for one body, a second
+// request while the first is served is answered 503 overloaded before its
+// body is read, and once the first ends its room is free again.
+func TestBodiesInFlightAreBounded(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	eng.gate = make(chan struct{})
+	body := chatBody("m", false, strings.Repeat("x", 500))
+	e := newEnv(t, envOptions{bodiesInFlight: int64(len(body)) + 100}, backend{name: "w1", url: eng.URL})
+	done := make(chan int, 1)
+	go func() {
+		resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", body)
+		if err != nil {
+			done <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	waitFor(t, func() bool { return eng.requests.Load() == 1 })
+	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := decodeError(t, resp); resp.StatusCode != http.StatusServiceUnavailable || got.Code != "overloaded" {
+		t.Fatalf("second body: %d %+v, want 503 overloaded", resp.StatusCode, got)
+	}
+	close(eng.gate)
+	if code := <-done; code != http.StatusOK {
+		t.Fatalf("first request: %d, want 200", code)
+	}
+	resp, err = post(t, context.Background(), e.url+"/v1/chat/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the first ended: %d, want 200", resp.StatusCode)
+	}
+	if eng.requests.Load() != 2 {
+		t.Fatalf("the engine got %d requests, want 2 (the refused one never reached it)", eng.requests.Load())
+	}
+}
