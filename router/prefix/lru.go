@@ -85,3 +85,15 @@ func (l *lru) pushFront(i int32) {
 		l.tail = i
 	}
 }
+
+// leading returns how many leading hashes l holds. l.mu is held.
+func (l *lru) leading(hashes []uint64) int {
+	n := 0
+	for _, h := range hashes {
+		if _, ok := l.pos[h]; !ok {
+			break
+		}
+		n++
+	}
+	return n
+}

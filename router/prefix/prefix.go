@@ -176,13 +176,7 @@ func (x *Index) RecordOverlap(id shared.WorkerID, hashes []uint64) int {
 	}
 	// Counted before recording: recording a long prompt can evict its own
 	// leading blocks before it reaches them.
-	overlap := 0
-	for _, h := range hashes {
-		if _, ok := l.pos[h]; !ok {
-			break
-		}
-		overlap++
-	}
+	overlap := l.leading(hashes)
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
 		if l.touch(h) {
@@ -207,14 +201,7 @@ func (x *Index) Overlap(id shared.WorkerID, hashes []uint64) int {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	n := 0
-	for _, h := range hashes {
-		if _, ok := l.pos[h]; !ok {
-			break
-		}
-		n++
-	}
-	return n
+	return l.leading(hashes)
 }
 
 // Fill writes into overlap[i] the leading blocks of hashes held by ids[i].
