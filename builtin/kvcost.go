@@ -16,6 +16,7 @@ const (
 	ParamOverlapCredit       = "overlap_credit"
 	ParamPrefillLoadScale    = "prefill_load_scale"
 	ParamDecodeRequestWeight = "decode_request_weight"
+	ParamEngineLoad          = "engine_load"
 )
 
 // Errors KVCost.Score returns for malformed input.
@@ -32,18 +33,42 @@ var (
 // blocks not covered by the prefix cache, weighted, plus decode blocks):
 //
 //	prefill = max(0, (active_prefill_tokens + prompt_tokens)/bs - overlap_credit*overlap_blocks)
-//	cost    = prefill_load_scale*prefill + active_decode_blocks + decode_request_weight*active_requests
+//	        + unsent_waiting * prompt_tokens/bs
+//	decode  = max(active_decode_blocks, kv_usage * total_kv_blocks)
+//	cost    = prefill_load_scale*prefill + decode + decode_request_weight*active_requests
 //
 // where bs is the request's block size, the division is in float64, and
-// active_prefill_tokens, active_decode_blocks and active_requests come from
-// the worker's Load record (LOAD) and overlap_blocks from CACHE. Lower is
-// better. active_requests is always read from Load.ActiveRequests, which the
-// LOAD input carries, so the scorer declares LOAD|CACHE whatever
-// decode_request_weight is.
+// active_prefill_tokens, active_decode_blocks and active_requests are the
+// router's own bookings from the worker's Load record (LOAD), overlap_blocks
+// comes from CACHE and total_kv_blocks from CAPACITY. Lower is better.
+//
+// The engine's own report (Load.KVUsage, Load.Waiting; engine_load = true,
+// the default) enters where it knows more than the bookings:
+//
+//   - decode: the engine's KV usage times its capacity is the blocks its
+//     running requests hold, output blocks included, and requests the
+//     router did not send; the bookings count only prompt blocks, but
+//     include requests sent since the engine's last report. The larger of
+//     the two is taken. Without a KV usage or with capacity unknown
+//     (total_kv_blocks 0) decode is the bookings alone.
+//   - unsent_waiting = max(0, waiting - active_requests): requests queued at
+//     the engine beyond every request the router has in flight there were
+//     sent by someone else (or outlived their booking); each is charged one
+//     prompt of this request's length, as their lengths are unknown. 0
+//     without a waiting count.
+//
+// This follows Dynamo's KV router, which charges prefill blocks and active
+// decode blocks and read the decode blocks from the engines' own
+// ForwardPassMetrics (kv_active_blocks) before it tracked them itself, and
+// its default worker selector, which also subtracts the engine's normalised
+// waiting count; the max of the two views is ours, so that neither a stale
+// report nor a missing booking hides load. In replay the simulated engines
+// report after every change, so their report is never stale there.
 type KVCost struct {
 	overlapCredit       float64
 	prefillLoadScale    float64
 	decodeRequestWeight float64
+	engineLoad          bool
 }
 
 // KVCostType describes the kv-cost scorer.
@@ -51,7 +76,7 @@ func KVCostType() shared.TypeInfo {
 	return shared.TypeInfo{
 		Name:   TypeKVCost,
 		Kind:   shared.KindScorer,
-		Inputs: shared.InputLoad | shared.InputCache,
+		Inputs: shared.InputLoad | shared.InputCache | shared.InputCapacity,
 		Params: []shared.ParamSpec{
 			{Name: ParamOverlapCredit, Type: shared.Number, Default: 1.0,
 				Doc: "Prefill blocks saved per block of the request's prefix the worker already " +
@@ -63,10 +88,16 @@ func KVCostType() shared.TypeInfo {
 			{Name: ParamDecodeRequestWeight, Type: shared.Number, Default: 0.0,
 				Doc: "Cost in blocks added per in-flight request (Load.active_requests). Finite, " +
 					">= 0; default 0 (request count ignored)."},
+			{Name: ParamEngineLoad, Type: shared.Bool, Default: true,
+				Doc: "Use the engine's own report: decode blocks are the larger of the booked ones " +
+					"and kv_usage*total_kv_blocks, and requests waiting at the engine beyond the " +
+					"router's in-flight ones are charged one prompt each. Default true; false " +
+					"scores the router's bookings alone."},
 		},
-		Doc: "Scores each worker by max(0, (active_prefill_tokens + prompt_tokens)/block_size - " +
-			"overlap_credit*overlap_blocks) * prefill_load_scale + active_decode_blocks + " +
-			"decode_request_weight*active_requests, in KV blocks; lower is better.",
+		Doc: "Scores each worker by (max(0, (active_prefill_tokens + prompt_tokens)/block_size - " +
+			"overlap_credit*overlap_blocks) + unsent_waiting*prompt_tokens/block_size) * prefill_load_scale + " +
+			"max(active_decode_blocks, kv_usage*total_kv_blocks) + decode_request_weight*active_requests, " +
+			"in KV blocks, where unsent_waiting = max(0, engine waiting - active_requests); lower is better.",
 		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return NewKVCost(p) },
 	}
 }
@@ -79,6 +110,7 @@ func NewKVCost(p shared.Params) (*KVCost, error) {
 		overlapCredit:       p.Float(ParamOverlapCredit, 1),
 		prefillLoadScale:    p.Float(ParamPrefillLoadScale, 1),
 		decodeRequestWeight: p.Float(ParamDecodeRequestWeight, 0),
+		engineLoad:          p.Bool(ParamEngineLoad, true),
 	}
 	for _, c := range []struct {
 		name string
@@ -95,24 +127,28 @@ func NewKVCost(p shared.Params) (*KVCost, error) {
 	return s, nil
 }
 
-// Inputs returns LOAD|CACHE.
-func (*KVCost) Inputs() shared.Inputs { return shared.InputLoad | shared.InputCache }
+// Inputs returns LOAD|CACHE|CAPACITY.
+func (*KVCost) Inputs() shared.Inputs {
+	return shared.InputLoad | shared.InputCache | shared.InputCapacity
+}
 
 // Score writes each row's cost into costs (len(costs) == c.Len()). It fails
 // with ErrBlockSize when req.BlockSize <= 0 and with ErrMissingColumn when
-// c lacks the Load or OverlapBlocks column or costs has the wrong length.
+// c lacks the Load, OverlapBlocks or TotalKVBlocks column or costs has the
+// wrong length.
 // It does not allocate.
 func (s *KVCost) Score(_ context.Context, req *shared.Request, c *shared.Candidates, costs []float64) error {
 	n := c.Len()
 	if req.BlockSize <= 0 {
 		return fmt.Errorf("kv-cost: %w, got %d", ErrBlockSize, req.BlockSize)
 	}
-	if len(c.Load) != n || len(c.OverlapBlocks) != n || len(costs) != n {
-		return fmt.Errorf("kv-cost: %w: need LOAD and CACHE columns and costs of %d rows", ErrMissingColumn, n)
+	if len(c.Load) != n || len(c.OverlapBlocks) != n || len(c.TotalKVBlocks) != n || len(costs) != n {
+		return fmt.Errorf("kv-cost: %w: need LOAD, CACHE and CAPACITY columns and costs of %d rows", ErrMissingColumn, n)
 	}
 	bs := float64(req.BlockSize)
 	prompt := float64(req.PromptTokens)
 	overlap := c.OverlapBlocks[:n]
+	capacity := c.TotalKVBlocks[:n]
 	costs = costs[:n]
 	for i := range c.Load[:n] {
 		l := &c.Load[i]
@@ -120,8 +156,16 @@ func (s *KVCost) Score(_ context.Context, req *shared.Request, c *shared.Candida
 		if prefill < 0 {
 			prefill = 0
 		}
-		costs[i] = s.prefillLoadScale*prefill + float64(l.ActiveDecodeBlocks) +
-			s.decodeRequestWeight*float64(l.ActiveRequests)
+		decode := float64(l.ActiveDecodeBlocks)
+		if s.engineLoad {
+			if l.HasWaiting && l.Waiting > l.ActiveRequests {
+				prefill += float64(l.Waiting-l.ActiveRequests) * prompt / bs
+			}
+			if l.HasKVUsage && capacity[i] > 0 {
+				decode = max(decode, l.KVUsage*float64(capacity[i]))
+			}
+		}
+		costs[i] = s.prefillLoadScale*prefill + decode + s.decodeRequestWeight*float64(l.ActiveRequests)
 	}
 	return nil
 }

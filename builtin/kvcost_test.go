@@ -22,6 +22,7 @@ func TestKVCostScore(t *testing.T) {
 			{ActivePrefillTokens: 250, ActiveDecodeBlocks: 12, ActiveRequests: 1},
 		},
 		OverlapBlocks: []int32{0, 4, 20, 3},
+		TotalKVBlocks: []int64{100, 100, 100, 100},
 	}
 	req := &shared.Request{PromptTokens: 1000, BlockSize: 100}
 	tests := []struct {
@@ -77,7 +78,7 @@ func TestKVCostParams(t *testing.T) {
 
 func TestKVCostErrors(t *testing.T) {
 	s, _ := NewKVCost(nil)
-	c := &shared.Candidates{IDs: idsN(1), Load: make([]shared.Load, 1), OverlapBlocks: make([]int32, 1)}
+	c := &shared.Candidates{IDs: idsN(1), Load: make([]shared.Load, 1), OverlapBlocks: make([]int32, 1), TotalKVBlocks: make([]int64, 1)}
 	costs := make([]float64, 1)
 	if err := s.Score(context.Background(), &shared.Request{BlockSize: 0}, c, costs); !errors.Is(err, ErrBlockSize) {
 		t.Errorf("block size 0: %v, want ErrBlockSize", err)
@@ -86,7 +87,61 @@ func TestKVCostErrors(t *testing.T) {
 	if err := s.Score(context.Background(), &shared.Request{BlockSize: 16}, noCache, costs); !errors.Is(err, ErrMissingColumn) {
 		t.Errorf("no CACHE column: %v, want ErrMissingColumn", err)
 	}
-	if got := s.Inputs(); got != shared.InputLoad|shared.InputCache {
-		t.Errorf("Inputs() = %v, want LOAD|CACHE", got)
+	noCapacity := &shared.Candidates{IDs: idsN(1), Load: make([]shared.Load, 1), OverlapBlocks: make([]int32, 1)}
+	if err := s.Score(context.Background(), &shared.Request{BlockSize: 16}, noCapacity, costs); !errors.Is(err, ErrMissingColumn) {
+		t.Errorf("no CAPACITY column: %v, want ErrMissingColumn", err)
+	}
+	if got := s.Inputs(); got != shared.InputLoad|shared.InputCache|shared.InputCapacity {
+		t.Errorf("Inputs() = %v, want LOAD|CACHE|CAPACITY", got)
+	}
+}
+
+// TestKVCostEngineLoad checks how the engine's report combines with the
+// bookings: decode is the larger of booked blocks and kv_usage*capacity
+// (capacity 0 = unknown leaves the bookings), and waiting requests beyond
+// the router's in-flight ones cost one prompt each.
+func TestKVCostEngineLoad(t *testing.T) {
+	// Request of 1000 tokens, block size 100 (10 blocks), no overlap.
+	c := &shared.Candidates{
+		IDs: idsN(5),
+		Load: []shared.Load{
+			// usage 0.5 of 100 = 50 > booked 20: decode 50.
+			{ActiveDecodeBlocks: 20, ActiveRequests: 2, KVUsage: 0.5, HasKVUsage: true},
+			// usage 0.1 of 100 = 10 < booked 20: decode 20.
+			{ActiveDecodeBlocks: 20, ActiveRequests: 2, KVUsage: 0.1, HasKVUsage: true},
+			// capacity unknown: usage ignored, decode 20.
+			{ActiveDecodeBlocks: 20, ActiveRequests: 2, KVUsage: 0.9, HasKVUsage: true},
+			// waiting 5 > 2 in flight: 3 unsent prompts = 30 prefill blocks.
+			{ActiveDecodeBlocks: 20, ActiveRequests: 2, Waiting: 5, HasWaiting: true},
+			// waiting 1 <= 2 in flight: nothing added.
+			{ActiveDecodeBlocks: 20, ActiveRequests: 2, Waiting: 1, HasWaiting: true},
+		},
+		OverlapBlocks: make([]int32, 5),
+		TotalKVBlocks: []int64{100, 100, 0, 100, 100},
+	}
+	req := &shared.Request{PromptTokens: 1000, BlockSize: 100}
+	for _, tt := range []struct {
+		name   string
+		params shared.Params
+		want   []float64
+	}{
+		{"engine load", nil, []float64{10 + 50, 10 + 20, 10 + 20, 10 + 30 + 20, 10 + 20}},
+		{"bookings only", shared.Params{ParamEngineLoad: false}, []float64{30, 30, 30, 30, 30}},
+		{"prefill scale applies to waiting", shared.Params{ParamPrefillLoadScale: 2.0},
+			[]float64{20 + 50, 20 + 20, 20 + 20, 80 + 20, 20 + 20}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := NewKVCost(tt.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			costs := make([]float64, c.Len())
+			if err := s.Score(context.Background(), req, c, costs); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, costs); diff != "" {
+				t.Errorf("costs (-want +got):\n%s", diff)
+			}
+		})
 	}
 }

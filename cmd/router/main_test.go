@@ -56,19 +56,19 @@ func TestValidateOK(t *testing.T) {
 	}{
 		{kvPolicy, []string{
 			kvPolicy + `: ok (block_size 512, seed 7)`,
-			`aggregated  policy "kv"  [pipeline, inputs LOAD|CACHE]`,
+			`aggregated  policy "kv"  [pipeline, inputs LOAD|CACHE|CAPACITY]`,
 			`scorer cost         type kv-cost        in-process  weight 1`,
 			`picker pick         type min-cost       in-process`,
 			`fallback "least-loaded"`,
-			`prefill     policy "default"  [pipeline, inputs LOAD|CACHE]`,
-			`decode      policy "default"  [pipeline, inputs LOAD|CACHE]`,
+			`prefill     policy "default"  [pipeline, inputs LOAD|CACHE|CAPACITY]`,
+			`decode      policy "default"  [pipeline, inputs LOAD|CACHE|CAPACITY]`,
 		}},
 		{rrPolicy, []string{
 			rrPolicy + `: ok (block_size 512)`,
 			`aggregated  policy "rr"  [hosted, inputs none]`,
 			`picker rr           type round-robin    in-process`,
-			`prefill     policy "default"  [pipeline, inputs LOAD|CACHE]`,
-			`decode      policy "default"  [pipeline, inputs LOAD|CACHE]`,
+			`prefill     policy "default"  [pipeline, inputs LOAD|CACHE|CAPACITY]`,
+			`decode      policy "default"  [pipeline, inputs LOAD|CACHE|CAPACITY]`,
 		}},
 	}
 	for _, tt := range tests {
