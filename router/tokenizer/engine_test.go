@@ -154,9 +154,9 @@ func TestEnginePrefixCache(t *testing.T) {
 			t.Errorf("after %d bytes: stats %+v, want %d calls and %d hits", len(prompt), s, wantCalls, wantHits)
 		}
 	}
-	step(base, 1, 0, want)      // a call
-	step(base, 1, 1, want)      // the same prompt: from the cache
-	step(base+"x", 1, 2, want)  // a short tail: the earlier ids, without the tail's
+	step(base, 1, 0, want)     // a call
+	step(base, 1, 1, want)     // the same prompt: from the cache
+	step(base+"x", 1, 2, want) // a short tail: the earlier ids, without the tail's
 	full := base + strings.Repeat("the system ", 10)
 	wantFull, _ := f.Encode(ctx, full)
 	step(full, 2, 2, wantFull) // 120 of 230 bytes covered, under 75%: a call
