@@ -26,7 +26,10 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/filewatch"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/router/workers"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // RouterCloseTimeout bounds the Router's close when a Daemon stops (the
@@ -213,8 +216,12 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	toks, err := d.tokenizers(b)
+	if err != nil {
+		return fmt.Errorf("%s %w: %w", o.PolicyFile, ErrNotLoaded, err)
+	}
 	if d.srv, err = New(Options{
-		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log,
+		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log, Tokenizers: toks,
 		RequestTimeout: o.RequestTimeout, DrainTimeout: o.DrainTimeout, CharsPerToken: o.CharsPerToken,
 	}); err != nil {
 		return err
@@ -311,8 +318,16 @@ func (d *Daemon) afterReload(diags hcl.Diagnostics) error {
 	if diags.HasErrors() {
 		return fmt.Errorf("%w: %s", ErrReloadFailed, strings.TrimSpace(config.FormatDiagnostics(diags)))
 	}
-	if b := d.r.Bundle(); b != nil && !reflect.DeepEqual(queueSettings(b.Queue()), queueSettings(d.queue)) {
+	b := d.r.Bundle()
+	if b != nil && !reflect.DeepEqual(queueSettings(b.Queue()), queueSettings(d.queue)) {
 		d.log.Warn("the queue block changed; the running queue keeps its settings until a restart", "path", d.o.PolicyFile)
+	}
+	if b != nil {
+		if toks, err := d.tokenizers(b); err != nil {
+			d.log.Error("the tokenizer blocks did not load; the previous tokenizers stay", "path", d.o.PolicyFile, "error", err)
+		} else {
+			d.srv.SetTokenizers(toks)
+		}
 	}
 	if _, wdiags, err := d.syncWorkers(); err != nil {
 		err = withDiagnostics(err, wdiags)
@@ -322,6 +337,42 @@ func (d *Daemon) afterReload(diags hcl.Diagnostics) error {
 	}
 	d.srv.Wake()
 	return nil
+}
+
+// tokenizers builds the tokenizers of b's tokenizer blocks
+// (tokenizer.FromConfig); nil when it has none. An engine-sourced
+// tokenizer calls the ready worker serving its model with the fewest
+// requests in flight.
+func (d *Daemon) tokenizers(b *router.Bundle) (*tokenizer.Set, error) {
+	pf := b.PolicyFile()
+	if pf == nil || len(pf.Tokenizers) == 0 {
+		return nil, nil
+	}
+	client := &http.Client{Transport: NewTransport()}
+	return tokenizer.FromConfig(pf.Tokenizers, d.tokenizerEngine, tokenizer.EngineOptions{Client: client})
+}
+
+// tokenizerEngine returns the engine chooser of model's engine-sourced
+// tokenizer: the base URL of the ready worker serving model (any role)
+// with the fewest requests in flight, or an error naming the model when
+// none is ready.
+func (d *Daemon) tokenizerEngine(model string) tokenizer.EngineURL {
+	return func(context.Context) (string, error) {
+		var best *fleet.Worker
+		for _, role := range []shared.Role{shared.RoleAggregated, shared.RolePrefill, shared.RoleDecode} {
+			for _, w := range d.r.Workers(model, role) {
+				if best == nil || w.ActiveRequests() < best.ActiveRequests() {
+					best = w
+				}
+			}
+		}
+		if best != nil {
+			if u, ok := d.mgr.URL(best.Name); ok {
+				return u, nil
+			}
+		}
+		return "", fmt.Errorf("no ready worker serves model %q", model)
+	}
 }
 
 // watchWorkers sets the workers again after each change w reports of the

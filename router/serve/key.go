@@ -165,10 +165,37 @@ func stringEnd(body []byte, i int) int {
 }
 
 // routingKey is what a request is routed by: its prompt as token ids or
-// as text.
+// as text. For a chat request the text is the messages rendered as
+// prefix.RenderChat does, and chat holds each message's span in it, so a
+// tokenizer can be given the messages themselves (messages).
 type routingKey struct {
 	ids  []int64
 	text string
+	chat []chatSpan
+}
+
+// chatSpan is one chat message in routingKey.text: its role is
+// text[start:roleEnd] and its content text[roleEnd+2:end-1], start being
+// the previous span's end (0 for the first).
+// The offsets are 32-bit (a body is far below 4 GiB) so a body of many
+// small messages costs little more than its size.
+type chatSpan struct {
+	roleEnd, end uint32
+}
+
+// messages returns the chat messages of k (nil for a text prompt), their
+// strings sharing k.text.
+func (k routingKey) messages() []prefix.ChatMessage {
+	if k.chat == nil {
+		return nil
+	}
+	out := make([]prefix.ChatMessage, len(k.chat))
+	var start uint32
+	for i, sp := range k.chat {
+		out[i] = prefix.ChatMessage{Role: k.text[start:sp.roleEnd], Content: k.text[sp.roleEnd+2 : sp.end-1]}
+		start = sp.end
+	}
+	return out
 }
 
 // key returns the routing key parseRequest extracted: token ids when the

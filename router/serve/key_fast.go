@@ -73,11 +73,11 @@ func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
 		if len(req.routing.ids) > 0 {
 			return &req, nil
 		}
-		text, err := renderChat(msgs.GetArray())
+		text, spans, err := renderChat(msgs.GetArray())
 		if err != nil {
 			return nil, err
 		}
-		req.routing.text = text
+		req.routing.text, req.routing.chat = text, spans
 		return &req, nil
 	}
 	prompt := field(v, "prompt")
@@ -102,24 +102,26 @@ func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
 
 // renderChat renders chat messages as prefix.RenderChat does ("role:
 // content\n" per message; a content-part array contributes its text parts
-// joined), in one buffer.
-func renderChat(msgs []*fastjson.Value) (string, error) {
+// joined), in one buffer, with each message's span in it.
+func renderChat(msgs []*fastjson.Value) (string, []chatSpan, error) {
 	n := 0
 	for _, m := range msgs {
 		n += len(field(m, "role").GetStringBytes()) + len(field(m, "content").GetStringBytes()) + 3
 	}
 	buf := make([]byte, 0, n)
+	spans := make([]chatSpan, 0, len(msgs))
 	for i, m := range msgs {
 		if m.Type() != fastjson.TypeObject {
-			return "", typeError(fmt.Sprintf("messages[%d]", i), m)
+			return "", nil, typeError(fmt.Sprintf("messages[%d]", i), m)
 		}
 		if r := field(m, "role"); r != nil && r.Type() != fastjson.TypeNull {
 			role, err := r.StringBytes()
 			if err != nil {
-				return "", typeError(fmt.Sprintf("messages[%d].role", i), r)
+				return "", nil, typeError(fmt.Sprintf("messages[%d].role", i), r)
 			}
 			buf = append(buf, role...)
 		}
+		sp := chatSpan{roleEnd: uint32(len(buf))}
 		buf = append(buf, ": "...)
 		c := field(m, "content")
 		switch {
@@ -130,23 +132,25 @@ func renderChat(msgs []*fastjson.Value) (string, error) {
 		case c.Type() == fastjson.TypeArray:
 			for j, part := range c.GetArray() {
 				if part.Type() != fastjson.TypeObject {
-					return "", typeError(fmt.Sprintf("messages[%d].content[%d]", i, j), part)
+					return "", nil, typeError(fmt.Sprintf("messages[%d].content[%d]", i, j), part)
 				}
 				if string(field(part, "type").GetStringBytes()) == "text" {
 					buf = append(buf, field(part, "text").GetStringBytes()...)
 				}
 			}
 		default:
-			return "", fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadRequest, i)
+			return "", nil, fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadRequest, i)
 		}
 		buf = append(buf, '\n')
+		sp.end = uint32(len(buf))
+		spans = append(spans, sp)
 	}
 	if len(buf) == 0 {
-		return "", nil
+		return "", spans, nil
 	}
 	// buf is not written again: the string shares it (as strings.Builder
 	// does) instead of copying the prompt once more.
-	return unsafe.String(&buf[0], len(buf)), nil
+	return unsafe.String(&buf[0], len(buf)), spans, nil
 }
 
 // promptKey reads a completions prompt: a string, an array of strings

@@ -87,11 +87,11 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 		if len(req.routing.ids) > 0 {
 			return &req, nil
 		}
-		text, err := stdMessages(raw)
+		text, spans, err := stdMessages(raw)
 		if err != nil {
 			return nil, err
 		}
-		req.routing.text = text
+		req.routing.text, req.routing.chat = text, spans
 		return &req, nil
 	}
 	raw := present(prompt)
@@ -221,10 +221,13 @@ func unquoteKey(raw []byte) []byte {
 }
 
 // stdMessages renders a messages array as prefix.RenderChat does ("role:
-// content\n" per message). The text is shorter than raw, whose size it
-// is given at once.
-func stdMessages(raw []byte) (string, error) {
+// content\n" per message), with each message's span in the text. The text
+// is shorter than raw, whose size it is given at once.
+func stdMessages(raw []byte) (string, []chatSpan, error) {
+	n := 0
+	_ = elements(raw, func(int, []byte) error { n++; return nil })
 	var sb strings.Builder
+	spans := make([]chatSpan, 0, n)
 	sb.Grow(len(raw))
 	err := elements(raw, func(i int, m []byte) error {
 		if m[0] != '{' {
@@ -245,14 +248,17 @@ func stdMessages(raw []byte) (string, error) {
 			}
 			writeString(&sb, role)
 		}
+		sp := chatSpan{roleEnd: uint32(sb.Len())}
 		sb.WriteString(": ")
 		if err := stdContent(&sb, i, present(content)); err != nil {
 			return err
 		}
 		sb.WriteByte('\n')
+		sp.end = uint32(sb.Len())
+		spans = append(spans, sp)
 		return nil
 	})
-	return sb.String(), err
+	return sb.String(), spans, err
 }
 
 // stdContent appends message i's content (raw, nil when absent or null):

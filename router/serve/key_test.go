@@ -24,11 +24,11 @@ func TestRoutingKey(t *testing.T) {
 		want       routingKey
 	}{
 		{"chat string", `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}]}`, true,
-			routingKey{text: "system: s\nuser: hi\n"}},
+			routingKey{text: "system: s\nuser: hi\n", chat: []chatSpan{{6, 10}, {14, 19}}}},
 		{"chat parts", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}]}`, true,
-			routingKey{text: "user: ab\n"}},
+			routingKey{text: "user: ab\n", chat: []chatSpan{{4, 9}}}},
 		{"chat null content", `{"model":"m","messages":[{"role":"assistant","content":null}]}`, true,
-			routingKey{text: "assistant: \n"}},
+			routingKey{text: "assistant: \n", chat: []chatSpan{{9, 12}}}},
 		{"prompt string", `{"model":"m","prompt":"hello"}`, false, routingKey{text: "hello"}},
 		{"prompt strings", `{"model":"m","prompt":["a","b"]}`, false, routingKey{text: "a\nb"}},
 		{"prompt ids", `{"model":"m","prompt":[1,2,3]}`, false, routingKey{ids: []int64{1, 2, 3}}},
@@ -47,7 +47,7 @@ func TestRoutingKey(t *testing.T) {
 				t.Fatalf("encoding/json path: %v", err)
 			}
 			for path, req := range map[string]*completionRequest{"fast": fast, "std": std} {
-				if diff := cmp.Diff(tc.want, req.key(), cmp.AllowUnexported(routingKey{})); diff != "" {
+				if diff := cmp.Diff(tc.want, req.key(), cmp.AllowUnexported(routingKey{}, chatSpan{})); diff != "" {
 					t.Errorf("%s: key (-want +got):\n%s", path, diff)
 				}
 				if req.Model != "m" {
@@ -158,6 +158,18 @@ func TestChatTextIsRenderChat(t *testing.T) {
 	want := prefix.RenderChat([]prefix.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "ab"}, {Role: "assistant"}})
 	if got := req.key().text; got != want {
 		t.Errorf("got %q, want %q", got, want)
+	}
+	msgs := []prefix.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "ab"}, {Role: "assistant"}}
+	if got := req.key().messages(); !cmp.Equal(got, msgs) {
+		t.Errorf("messages (-want +got):\n%s", cmp.Diff(msgs, got))
+	}
+	// The large-body walk gives the same spans.
+	std, err := parseStd([]byte(body), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := std.key().messages(); !cmp.Equal(got, msgs) {
+		t.Errorf("parseStd messages (-want +got):\n%s", cmp.Diff(msgs, got))
 	}
 }
 
@@ -274,14 +286,14 @@ func TestParsePathsAgree(t *testing.T) {
 		want routingKey // when accepted
 		ok   bool
 	}{
-		{`{"model":"m","messages":[{"Role":"user","Content":"hello"}]}`, true, routingKey{text: ": \n"}, true},
+		{`{"model":"m","messages":[{"Role":"user","Content":"hello"}]}`, true, routingKey{text: ": \n", chat: []chatSpan{{0, 3}}}, true},
 		{`{"model":5,"model":"m","prompt":"x"}`, false, routingKey{text: "x"}, true},
 		{`{"model":"m","stream":"yes","stream":true,"prompt":"x"}`, false, routingKey{text: "x"}, true},
-		{`{"model":"m","messages":5,"messages":[{"role":"user","content":"a"}]}`, true, routingKey{text: "user: a\n"}, true},
+		{`{"model":"m","messages":5,"messages":[{"role":"user","content":"a"}]}`, true, routingKey{text: "user: a\n", chat: []chatSpan{{4, 8}}}, true},
 		{`{"model":"m","prompt_token_ids":[null],"prompt_token_ids":[1,2],"prompt":"x"}`, false, routingKey{ids: []int64{1, 2}}, true},
 		{`{"model":"m","prompt_token_ids":[7],"messages":[{"role":"user","content":5}]}`, true, routingKey{ids: []int64{7}}, true},
-		{`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","text":5},{"type":"text","text":"b"}]}]}`, true, routingKey{text: "user: b\n"}, true},
-		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, true, routingKey{text: "user: \n"}, true},
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","text":5},{"type":"text","text":"b"}]}]}`, true, routingKey{text: "user: b\n", chat: []chatSpan{{4, 8}}}, true},
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, true, routingKey{text: "user: \n", chat: []chatSpan{{4, 7}}}, true},
 		{`{"model":"m","prompt":"\ud800abc"}`, false, routingKey{text: "\uFFFDabc"}, true},
 		{"{\"model\":\"m\",\"prompt\":\"a\xffb\"}", false, routingKey{text: "a\uFFFDb"}, true},
 		{`{"model":"m","prompt":"\ud83d\ude00"}`, false, routingKey{text: "😀"}, true},
@@ -300,13 +312,13 @@ func TestParsePathsAgree(t *testing.T) {
 			continue
 		}
 		for path, req := range map[string]*completionRequest{"parseRequest": got, "parseStd": std} {
-			if diff := cmp.Diff(tc.want, req.key(), cmp.AllowUnexported(routingKey{})); diff != "" {
+			if diff := cmp.Diff(tc.want, req.key(), cmp.AllowUnexported(routingKey{}, chatSpan{})); diff != "" {
 				t.Errorf("%s: %s key (-want +got):\n%s", tc.body, path, diff)
 			}
 		}
 		if plainText([]byte(tc.body)) {
 			fast, ferr := parseFast([]byte(tc.body), tc.chat)
-			if ferr != nil || !cmp.Equal(fast.key(), std.key(), cmp.AllowUnexported(routingKey{})) {
+			if ferr != nil || !cmp.Equal(fast.key(), std.key(), cmp.AllowUnexported(routingKey{}, chatSpan{})) {
 				t.Errorf("%s: fast path %v %+v, want the walk's key %+v", tc.body, ferr, fast, std.key())
 			}
 		}

@@ -12,6 +12,8 @@ type metrics struct {
 	duration  *prometheus.HistogramVec // model
 	ttft      *prometheus.HistogramVec // model
 	selection *prometheus.HistogramVec // policy, role
+	tokenize  *prometheus.HistogramVec // model
+	tokFails  *prometheus.CounterVec   // model
 }
 
 // latencyBuckets span 5ms to about 10 minutes.
@@ -42,8 +44,17 @@ func newMetrics(reg prometheus.Registerer, adm *admission.Controller) (*metrics,
 			Help:    "Time in admission (classification and worker selection) per attempt, by policy and role.",
 			Buckets: selectionBuckets,
 		}, []string{"policy", "role"}),
+		tokenize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_tokenize_duration_seconds",
+			Help:    "Time to tokenize a prompt for its routing key, for models with a tokenizer block (failures included).",
+			Buckets: selectionBuckets,
+		}, []string{"model"}),
+		tokFails: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_tokenize_failures_total",
+			Help: "Prompts whose tokenizer failed (an engine's /tokenize unreachable or refusing, a chat template error); they were keyed by character blocks.",
+		}, []string{"model"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, &queueDepth{adm: adm}} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, m.tokenize, m.tokFails, &queueDepth{adm: adm}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

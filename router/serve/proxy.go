@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/supervisor"
+	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -44,6 +45,9 @@ type exchange struct {
 	meta     map[string]string
 	tokens   int
 	hashes   []uint64
+	// ids are the prompt's token ids: the request's own, or its
+	// tokenizer's; nil when it was keyed by character blocks.
+	ids []int64
 	// abort: the answer failed after its headers were sent; the
 	// connection is cut (http.ErrAbortHandler) so the client sees an
 	// error rather than a clean end of a truncated answer.
@@ -173,7 +177,7 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		// was read and parsed: nothing more is done for it.
 		return s.admitError(ex, err)
 	}
-	ex.tokens, ex.hashes = key.hash(s.r.BlockSize(), s.cpt)
+	s.routingHashes(ex, key)
 	ex.session = ex.r.Header.Get("X-Session-Id")
 	ex.meta = make(map[string]string, len(ex.r.Header))
 	for k, v := range ex.r.Header {
@@ -189,6 +193,42 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 			return s.passThrough(ex, h, d.Worker.Name, ex.body)
 		})
 }
+
+// routingHashes sets ex's prompt length, token ids and block hashes from
+// its routing key: token ids the request carries are hashed as they are;
+// a text prompt of a model with a tokenizer is tokenized (chat: the
+// messages, rendered by the model's template); otherwise, or when the
+// tokenizer fails (counted, logged at debug), it is keyed by character
+// blocks. The tokenizer runs in the request's goroutine under its context,
+// with no lock held.
+func (s *Server) routingHashes(ex *exchange, key routingKey) {
+	bs := s.r.BlockSize()
+	if key.ids == nil {
+		if set := s.toks.Load(); set != nil {
+			if tok := set.For(ex.model); tok != nil {
+				t0 := time.Now()
+				hashes, ids, err := tokenizer.Blocks(ex.ctx, tok, tokenizer.Prompt{Text: key.text, Messages: key.messages()}, bs, s.cpt)
+				if s.met != nil {
+					s.met.tokenize.WithLabelValues(ex.label).Observe(time.Since(t0).Seconds())
+				}
+				if err == nil {
+					ex.tokens, ex.hashes, ex.ids = len(ids), hashes, ids
+					return
+				}
+				if s.met != nil {
+					s.met.tokFails.WithLabelValues(ex.label).Inc()
+				}
+				s.log.Debug("tokenizer failed; keyed by character blocks", "model", ex.model, "request_id", ex.id, "error", err)
+			}
+		}
+	}
+	ex.tokens, ex.hashes = key.hash(bs, s.cpt)
+	ex.ids = key.ids
+}
+
+// SetTokenizers makes set the tokenizers of the requests that arrive from
+// now on (nil: none, every text prompt keyed by character blocks).
+func (s *Server) SetTokenizers(set *tokenizer.Set) { s.toks.Store(set) }
 
 // hopSpec is one hop of a request's path (admission.Path: the same hops
 // replay walks) with what serve adds to it.

@@ -25,6 +25,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/supervisor"
+	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/router/upstream"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
@@ -104,8 +105,12 @@ type Options struct {
 	// (DefaultDrainTimeout).
 	DrainTimeout time.Duration
 	// CharsPerToken is the text routing key's characters per token
-	// (DefaultCharsPerToken).
+	// (DefaultCharsPerToken), for models without a tokenizer.
 	CharsPerToken int
+	// Tokenizers tokenizes the prompts of the models that have one (the
+	// policy file's tokenizer blocks); nil: every text prompt is keyed by
+	// character blocks. SetTokenizers replaces it.
+	Tokenizers *tokenizer.Set
 	// MaxRetries bounds the re-selections of a request whose worker failed
 	// before sending a byte (DefaultMaxRetries; negative: none).
 	MaxRetries int
@@ -129,13 +134,16 @@ type Options struct {
 
 // Server is the OpenAI-compatible front end. Safe for concurrent use.
 type Server struct {
-	r         *router.Router
-	workers   Workers
-	registry  *prometheus.Registry
-	met       *metrics
-	timeout   time.Duration
-	drain     time.Duration
-	cpt       int
+	r        *router.Router
+	workers  Workers
+	registry *prometheus.Registry
+	met      *metrics
+	timeout  time.Duration
+	drain    time.Duration
+	cpt      int
+	// toks is the current tokenizer set (Options.Tokenizers,
+	// SetTokenizers); it may hold nil.
+	toks      atomic.Pointer[tokenizer.Set]
 	retries   int
 	transport http.RoundTripper
 	interval  time.Duration
@@ -214,6 +222,7 @@ func New(o Options) (*Server, error) {
 		idPrefix:  hex.EncodeToString(rnd[:]),
 		wakeC:     make(chan struct{}, 1),
 	}
+	s.toks.Store(o.Tokenizers)
 	var err error
 	if s.adm, err = admission.New(o.Router, admission.Options{Queue: o.Queue, Classifier: o.Classifier, OnQueued: s.Wake}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
