@@ -28,7 +28,8 @@ type Spec struct {
 	DPRank uint32
 	Role   shared.Role
 	// TotalKVBlocks is the worker's KV capacity in router blocks
-	// (block_size tokens), the CAPACITY input; > 0.
+	// (block_size tokens), the CAPACITY input; >= 0, where 0 means unknown
+	// (CAPACITY unavailable for the worker, which stays routable).
 	TotalKVBlocks int64
 	// Name is a human label (a worker block name or "sim-3").
 	Name string
@@ -195,8 +196,8 @@ func (f *Fleet) AddWorkers(specs ...Spec) ([]*Worker, error) {
 		if !s.Role.Valid() {
 			return nil, fmt.Errorf("worker %d: invalid role %q", s.ID, s.Role)
 		}
-		if s.TotalKVBlocks <= 0 {
-			return nil, fmt.Errorf("worker %d: total_kv_blocks %d, want > 0", s.ID, s.TotalKVBlocks)
+		if s.TotalKVBlocks < 0 {
+			return nil, fmt.Errorf("worker %d: total_kv_blocks %d, want >= 0 (0: unknown)", s.ID, s.TotalKVBlocks)
 		}
 	}
 	f.mu.Lock()
