@@ -37,6 +37,11 @@ type Spec struct {
 	// model are routed among the workers that list it (Snapshot
 	// ModelPartition). Empty for simulated workers.
 	Models []string
+	// EngineBlockSize is the engine's own KV block size in tokens, as its
+	// metrics report it (vLLM cache_config_info block_size, SGLang
+	// page_size); 0 when unknown or simulated. Precise prefix keys are
+	// cut at this size.
+	EngineBlockSize int64
 }
 
 // Worker is one member of the fleet for one join generation.
