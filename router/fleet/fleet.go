@@ -42,6 +42,10 @@ type Spec struct {
 	// page_size); 0 when unknown or simulated. Precise prefix keys are
 	// cut at this size.
 	EngineBlockSize int64
+	// DataParallel is true when the worker's engine reports data-parallel
+	// ranks (several members share its URL, one per DPRank): requests to
+	// it name DPRank (router serve sends the X-data-parallel-rank header).
+	DataParallel bool
 }
 
 // Worker is one member of the fleet for one join generation.

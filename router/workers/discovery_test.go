@@ -106,8 +106,8 @@ func TestURLOnlyWorkerDiscovery(t *testing.T) {
 	eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
 	ws := ranksOf(r, "w")
 	for i, want := range []fleet.Spec{
-		{ID: ID("w"), DPRank: 0, Role: shared.RoleAggregated, TotalKVBlocks: 2048, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16},
-		{ID: ID("w"), DPRank: 1, Role: shared.RoleAggregated, TotalKVBlocks: 1024, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16},
+		{ID: ID("w"), DPRank: 0, Role: shared.RoleAggregated, TotalKVBlocks: 2048, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16, DataParallel: true},
+		{ID: ID("w"), DPRank: 1, Role: shared.RoleAggregated, TotalKVBlocks: 1024, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16, DataParallel: true},
 	} {
 		if !sameSpec(ws[i].Spec, want) {
 			t.Errorf("rank %d spec = %+v, want %+v", i, ws[i].Spec, want)
@@ -169,8 +169,10 @@ vllm:num_requests_waiting{engine="0"} 2
 `
 	})
 	eventually(t, "one rank", func() bool { return len(ranksOf(r, "w")) == 1 })
-	if ws := ranksOf(r, "w"); ws[0] != r0 || ws[0].DPRank != 0 {
-		t.Errorf("rank 0 rejoined (generation %d, was %d)", ws[0].Generation, r0.Generation)
+	// Rank 0 rejoins: requests to it no longer name a rank.
+	eventually(t, "rank 0 not data-parallel", func() bool { ws := ranksOf(r, "w"); return len(ws) == 1 && !ws[0].DataParallel })
+	if ws := ranksOf(r, "w"); ws[0].Generation <= r0.Generation || ws[0].DPRank != 0 {
+		t.Errorf("rank 0 generation %d, was %d", ws[0].Generation, r0.Generation)
 	}
 	eventually(t, "not ranked", func() bool { st, _ := m.StatusOf("w"); return !st.Ranked && len(st.Ranks) == 1 })
 

@@ -528,13 +528,14 @@ func (m *Manager) specLocked(e *entry, rs *rankState) fleet.Spec {
 	blocks, _ := m.capacityLocked(e, rs)
 	return fleet.Spec{
 		ID: e.id, DPRank: rs.rank, Role: e.cfg.Role, TotalKVBlocks: blocks,
-		Name: e.cfg.Name, Models: slices.Clone(models), EngineBlockSize: rs.blockSize,
+		Name: e.cfg.Name, Models: slices.Clone(models), EngineBlockSize: rs.blockSize, DataParallel: e.ranked,
 	}
 }
 
 func sameSpec(a, b fleet.Spec) bool {
 	return a.ID == b.ID && a.DPRank == b.DPRank && a.Role == b.Role && a.TotalKVBlocks == b.TotalKVBlocks &&
-		a.Name == b.Name && slices.Equal(a.Models, b.Models) && a.EngineBlockSize == b.EngineBlockSize
+		a.Name == b.Name && slices.Equal(a.Models, b.Models) && a.EngineBlockSize == b.EngineBlockSize &&
+		a.DataParallel == b.DataParallel
 }
 
 // joinLocked joins every rank of e to the fleet as a new generation
