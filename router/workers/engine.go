@@ -94,15 +94,6 @@ type Rank struct {
 	BlockSize int64
 }
 
-// Load returns the report's load when the engine has one rank; nil
-// otherwise, and when that rank has none.
-func (e Engine) Load() *fleet.EngineLoad {
-	if len(e.Ranks) != 1 {
-		return nil
-	}
-	return e.Ranks[0].Load
-}
-
 // HasLoad reports whether some rank of the report has a load.
 func (e Engine) HasLoad() bool {
 	for _, r := range e.Ranks {
