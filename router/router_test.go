@@ -286,3 +286,26 @@ func TestDecodeBookingHasNoPrefill(t *testing.T) {
 		t.Fatalf("decode worker load after release %+v; want all 0", l)
 	}
 }
+
+// TestUnknownCapacityWorkerIsRoutable: a worker whose capacity is unknown
+// (TotalKVBlocks 0) joins, is selected, and its prefix-index entries are
+// recorded (bounded by UnknownCapacityBlocks).
+func TestUnknownCapacityWorkerIsRoutable(t *testing.T) {
+	r, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: kvPolicy(t)}, BookingsAreLoad: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.AddWorker(fleet.Spec{ID: 7, Role: shared.RoleAggregated}); err != nil {
+		t.Fatalf("unknown capacity refused: %v", err)
+	}
+	for i := range 2 {
+		d, err := r.Place(context.Background(), request(12, 1, 2, 3), Placement{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Worker.ID != 7 || d.Worker.TotalKVBlocks != 0 || d.OverlapBlocks != 3*i {
+			t.Fatalf("placement %d: worker %d capacity %d overlap %d; want 7, 0, %d", i, d.Worker.ID, d.Worker.TotalKVBlocks, d.OverlapBlocks, 3*i)
+		}
+		d.Booking.Release()
+	}
+}

@@ -89,7 +89,8 @@ type PartitionContext struct {
 type WorkerInfo struct {
 	ID     WorkerID
 	DPRank uint32
-	// TotalKVBlocks is the worker's configured KV-cache capacity in blocks
-	// (the CAPACITY input); 0 when unknown.
+	// TotalKVBlocks is the worker's KV-cache capacity in blocks (the
+	// CAPACITY input), configured or reported by its engine; 0 when
+	// unknown (unavailable).
 	TotalKVBlocks int64
 }

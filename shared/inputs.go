@@ -23,7 +23,8 @@ const (
 	// (Candidates.OverlapBlocks), from the router's prefix index.
 	InputCache
 	// InputCapacity is each worker's KV capacity in blocks
-	// (Candidates.TotalKVBlocks).
+	// (Candidates.TotalKVBlocks); 0 for a worker whose capacity is
+	// unknown (unavailable: an engine that has not reported it yet).
 	InputCapacity
 
 	inputsEnd

@@ -89,7 +89,7 @@ type Candidates struct {
 	ActiveRequests []int64   // InputActiveRequests
 	Load           []Load    // InputLoad
 	OverlapBlocks  []int32   // InputCache: leading blocks of the request the worker holds
-	TotalKVBlocks  []int64   // InputCapacity
+	TotalKVBlocks  []int64   // InputCapacity: KV capacity in router blocks; 0 = unavailable (unknown), never divide by it
 	Costs          []float64 // summed weighted scorer costs; nil when the policy has no scorer
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -97,7 +98,18 @@ func printBundle(w io.Writer, b *config.PolicyFile) error {
 		fmt.Fprintf(&sb, "queue       %s\n", b.Queue)
 	}
 	for _, w := range b.Workers {
-		fmt.Fprintf(&sb, "worker      %-10s %-10s %s  models %s  total_kv_blocks %d\n", w.Name, w.Role, w.URL, strings.Join(w.Models, ","), w.TotalKVBlocks)
+		models, blocks := strings.Join(w.Models, ","), strconv.FormatInt(w.TotalKVBlocks, 10)
+		if w.Models == nil {
+			models = "(from the engine)"
+		}
+		if w.TotalKVBlocks == 0 {
+			blocks = "(from the engine)"
+		}
+		fmt.Fprintf(&sb, "worker      %-10s %-10s %s  models %s  total_kv_blocks %s", w.Name, w.Role, w.URL, models, blocks)
+		if w.KVEvents != nil {
+			fmt.Fprintf(&sb, "  kv_events %s", w.KVEvents.Endpoint)
+		}
+		sb.WriteByte('\n')
 	}
 	_, err := io.WriteString(w, sb.String())
 	return err

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"net"
 	"net/url"
 	"slices"
 	"strconv"
@@ -23,11 +24,16 @@ const blockWorker = "worker"
 // routes to.
 //
 //	worker "gpu-0" {
-//	  url             = "http://127.0.0.1:8001"
+//	  url             = "http://127.0.0.1:8001" # required; the rest is optional
 //	  role            = "aggregated"          # default; or "prefill", "decode"
-//	  models          = ["llama"]
-//	  total_kv_blocks = 4096                  # in router blocks (router.block_size tokens)
+//	  models          = ["llama"]             # default: the engine's GET /v1/models
+//	  total_kv_blocks = 4096                  # in router blocks; default: the engine's /metrics
 //	  metrics_url     = ""                    # default: url + "/metrics"
+//	  kv_events {                             # optional: the engine's KV-event stream
+//	    endpoint        = "tcp://127.0.0.1:5557"
+//	    topic           = ""
+//	    replay_endpoint = ""
+//	  }
 //	}
 type Worker struct {
 	// Name is the block label: unique, an identifier, not "default". The
@@ -38,15 +44,20 @@ type Worker struct {
 	URL string
 	// Role is the worker's serving role (shared.RoleAggregated by default).
 	Role shared.Role
-	// Models are the model names the worker serves; at least one, unique.
+	// Models are the model names the worker serves, unique; nil when the
+	// block sets none, and the router asks the engine (GET /v1/models).
 	Models []string
 	// TotalKVBlocks is the worker's KV capacity in router blocks of
 	// router.block_size tokens (not in the engine's own blocks): an engine
-	// with G GPU blocks of E tokens holds G*E/block_size router blocks. > 0.
+	// with G GPU blocks of E tokens holds G*E/block_size router blocks. > 0
+	// when set; 0 when the block sets none, and the router reads it from
+	// the engine's metrics.
 	TotalKVBlocks int64
 	// MetricsURL is the engine's Prometheus endpoint: the block's
 	// metrics_url, or URL + "/metrics" when unset or "".
 	MetricsURL string
+	// KVEvents is the block's kv_events block; nil when it has none.
+	KVEvents *KVEvents
 	// Range is the block's definition (`worker "NAME"`).
 	Range hcl.Range
 	// AttrRanges holds the range of each attribute given, by name.
@@ -58,16 +69,57 @@ type Worker struct {
 func (w Worker) Equal(o Worker) bool {
 	return w.Name == o.Name && w.URL == o.URL && w.Role == o.Role &&
 		slices.Equal(w.Models, o.Models) && w.TotalKVBlocks == o.TotalKVBlocks &&
-		w.MetricsURL == o.MetricsURL
+		w.MetricsURL == o.MetricsURL && w.KVEvents.Equal(o.KVEvents)
+}
+
+// KVEvents is a worker's `kv_events` block: where the engine publishes its
+// KV-cache events (vLLM's --kv-events-config, SGLang's likewise).
+//
+//	kv_events {
+//	  endpoint        = "tcp://10.0.0.5:5557"  # required: the engine's ZeroMQ PUB socket
+//	  topic           = ""                     # default: every topic
+//	  replay_endpoint = "tcp://10.0.0.5:5558"  # default "": no replay
+//	}
+type KVEvents struct {
+	// Endpoint is the PUB socket to subscribe to: "tcp://HOST:PORT", a
+	// host and a port from 1 to 65535.
+	Endpoint string
+	// Topic is the subscription's topic prefix; "" subscribes to every
+	// topic.
+	Topic string
+	// ReplayEndpoint is the engine's ROUTER socket that replays events
+	// from a sequence number ("tcp://HOST:PORT"); "" when the engine has
+	// none.
+	ReplayEndpoint string
+	// Range is the block's definition (`kv_events`).
+	Range hcl.Range
+}
+
+// Equal reports whether k and o are both nil or set the same endpoints and
+// topic (their ranges aside).
+func (k *KVEvents) Equal(o *KVEvents) bool {
+	if k == nil || o == nil {
+		return k == o
+	}
+	return k.Endpoint == o.Endpoint && k.Topic == o.Topic && k.ReplayEndpoint == o.ReplayEndpoint
 }
 
 var workerSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{
 		{Name: "url", Required: true},
 		{Name: "role"},
-		{Name: "models", Required: true},
-		{Name: "total_kv_blocks", Required: true},
+		{Name: "models"},
+		{Name: "total_kv_blocks"},
 		{Name: "metrics_url"},
+	},
+	Blocks: []hcl.BlockHeaderSchema{{Type: "kv_events"}},
+}
+
+var kvEventsSchema = &hcl.BodySchema{
+	Attributes: []hcl.AttributeSchema{
+		{Name: "endpoint", Required: true},
+		{Name: "topic"},
+		{Name: "replay_endpoint"},
 	},
 }
 
@@ -184,9 +236,64 @@ func (l *loader) workerBlock(blk *hcl.Block) {
 			}
 		}
 	}
+	for _, kb := range content.Blocks {
+		if w.KVEvents != nil {
+			l.errorf(kb.DefRange, "Duplicate kv_events block",
+				"Worker %q already has a kv_events block at %s; a worker has at most one.", name, pos(w.KVEvents.Range))
+			continue
+		}
+		w.KVEvents = l.kvEventsBlock(kb)
+	}
 	if ok && len(l.diags.Errs()) == errorsBefore {
 		l.file.Workers = append(l.file.Workers, w)
 	}
+}
+
+// kvEventsBlock decodes a worker's kv_events block; its errors are reported
+// at the attribute's file:line:col.
+func (l *loader) kvEventsBlock(blk *hcl.Block) *KVEvents {
+	k := &KVEvents{Range: blk.DefRange}
+	content, diags := blk.Body.Content(kvEventsSchema)
+	l.diags = append(l.diags, diags...)
+	if attr, found := content.Attributes["endpoint"]; found {
+		if s, good := l.stringAttr(attr); good {
+			k.Endpoint = l.zmqEndpoint(attr, s)
+		}
+	}
+	if attr, found := content.Attributes["topic"]; found {
+		if s, good := l.stringAttr(attr); good {
+			k.Topic = s
+		}
+	}
+	if attr, found := content.Attributes["replay_endpoint"]; found {
+		if s, good := l.stringAttr(attr); good && s != "" {
+			k.ReplayEndpoint = l.zmqEndpoint(attr, s)
+		}
+	}
+	return k
+}
+
+// zmqEndpoint checks a ZeroMQ endpoint attribute, "tcp://HOST:PORT", and
+// returns it ("" after reporting an error).
+func (l *loader) zmqEndpoint(attr *hcl.Attribute, s string) string {
+	const example = "\"tcp://127.0.0.1:5557\""
+	rest, found := strings.CutPrefix(s, "tcp://")
+	if !found {
+		l.attrErrorf(attr, "Invalid endpoint", "The value of %q must be a ZeroMQ TCP endpoint such as %s, got %q.", attr.Name, example, s)
+		return ""
+	}
+	host, port, err := net.SplitHostPort(rest)
+	switch {
+	case err != nil || strings.ContainsAny(rest, "/?#@"):
+		l.attrErrorf(attr, "Invalid endpoint", "The value of %q must be \"tcp://HOST:PORT\", such as %s, got %q.", attr.Name, example, s)
+	case host == "" || host == "*":
+		l.attrErrorf(attr, "Invalid endpoint", "The value of %q must name the engine's host, as in %s, got %q.", attr.Name, example, s)
+	case port == "" || !validPort(port):
+		l.attrErrorf(attr, "Invalid endpoint", "The port of %q must be a number from 1 to 65535, got %q.", attr.Name, port)
+	default:
+		return s
+	}
+	return ""
 }
 
 // engineURL checks an engine URL attribute and returns it ("" after

@@ -142,10 +142,59 @@ worker "a" {
   models          = ["m"]
   total_kv_blocks = 1
 }`, "w.hcl:1:12: error: Missing required argument"},
-	{"missing blocks", `worker "a" {
-  url    = "http://h:1"
-  models = ["m"]
-}`, "w.hcl:1:12: error: Missing required argument"},
+	{"kv_events without endpoint", `worker "a" {
+  url = "http://h:1"
+  kv_events {
+    topic = "kv"
+  }
+}`, "w.hcl:3:13: error: Missing required argument"},
+	{"kv_events not tcp", `worker "a" {
+  url = "http://h:1"
+  kv_events {
+    endpoint = "ipc:///tmp/kv"
+  }
+}`, "w.hcl:4:16: error: Invalid endpoint"},
+	{"kv_events no port", `worker "a" {
+  url = "http://h:1"
+  kv_events {
+    endpoint = "tcp://h"
+  }
+}`, "w.hcl:4:16: error: Invalid endpoint"},
+	{"kv_events bad port", `worker "a" {
+  url = "http://h:1"
+  kv_events {
+    endpoint = "tcp://h:70000"
+  }
+}`, "w.hcl:4:16: error: Invalid endpoint; The port of \"endpoint\" must be a number from 1 to 65535, got \"70000\"."},
+	{"kv_events wildcard host", `worker "a" {
+  url = "http://h:1"
+  kv_events {
+    endpoint = "tcp://*:5557"
+  }
+}`, "w.hcl:4:16: error: Invalid endpoint; The value of \"endpoint\" must name the engine's host"},
+	{"kv_events bad replay", `worker "a" {
+  url = "http://h:1"
+  kv_events {
+    endpoint        = "tcp://h:5557"
+    replay_endpoint = "tcp://h:5558/x"
+  }
+}`, "w.hcl:5:23: error: Invalid endpoint"},
+	{"kv_events twice", `worker "a" {
+  url = "http://h:1"
+  kv_events {
+    endpoint = "tcp://h:5557"
+  }
+  kv_events {
+    endpoint = "tcp://h:5558"
+  }
+}`, "w.hcl:6:3: error: Duplicate kv_events block; Worker \"a\" already has a kv_events block at w.hcl:3:3"},
+	{"kv_events unknown attribute", `worker "a" {
+  url = "http://h:1"
+  kv_events {
+    endpoint = "tcp://h:5557"
+    medium   = "GPU"
+  }
+}`, "w.hcl:5:5: error: Unsupported argument"},
 	{"unknown attribute", `worker "a" {
   url             = "http://h:1"
   models          = ["m"]
@@ -173,6 +222,59 @@ func TestWorkerBlockDiagnostics(t *testing.T) {
 				t.Errorf("workers file: workers %v, diagnostics\n%s\nwant prefix %q", ws, got, tt.want)
 			}
 		})
+	}
+}
+
+// TestURLOnlyWorker: a worker block needs only a url; models and
+// total_kv_blocks are left to the engine, and a kv_events block is parsed.
+func TestURLOnlyWorker(t *testing.T) {
+	src := `worker "a" {
+  url = "http://10.0.0.5:8000"
+}
+worker "b" {
+  url = "http://10.0.0.6:8000"
+  kv_events {
+    endpoint        = "tcp://10.0.0.6:5557"
+    topic           = "kv@"
+    replay_endpoint = "tcp://10.0.0.6:5558"
+  }
+}
+worker "c" {
+  url = "http://10.0.0.7:8000"
+  kv_events {
+    endpoint        = "tcp://[::1]:5557"
+    replay_endpoint = ""
+  }
+}
+`
+	ws, diags := ParseWorkers("w.hcl", []byte(src))
+	if len(diags) > 0 {
+		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
+	}
+	want := []Worker{
+		{Name: "a", URL: "http://10.0.0.5:8000", Role: shared.RoleAggregated, MetricsURL: "http://10.0.0.5:8000/metrics"},
+		{Name: "b", URL: "http://10.0.0.6:8000", Role: shared.RoleAggregated, MetricsURL: "http://10.0.0.6:8000/metrics",
+			KVEvents: &KVEvents{Endpoint: "tcp://10.0.0.6:5557", Topic: "kv@", ReplayEndpoint: "tcp://10.0.0.6:5558"}},
+		{Name: "c", URL: "http://10.0.0.7:8000", Role: shared.RoleAggregated, MetricsURL: "http://10.0.0.7:8000/metrics",
+			KVEvents: &KVEvents{Endpoint: "tcp://[::1]:5557"}},
+	}
+	if diff := cmp.Diff(want, ws, ignoreRanges, cmpopts.IgnoreFields(KVEvents{}, "Range")); diff != "" {
+		t.Fatalf("workers (-want +got):\n%s", diff)
+	}
+	if got := pos(ws[1].KVEvents.Range); got != "w.hcl:6:3" {
+		t.Errorf("kv_events range = %s, want w.hcl:6:3", got)
+	}
+	if ws[1].Equal(ws[2]) || !ws[1].Equal(ws[1]) {
+		t.Error("Equal of distinct workers")
+	}
+	other := ws[1]
+	other.KVEvents = &KVEvents{Endpoint: "tcp://10.0.0.6:5557", Topic: "kv@"}
+	if ws[1].Equal(other) {
+		t.Error("Equal ignores kv_events.replay_endpoint")
+	}
+	other.KVEvents = nil
+	if ws[1].Equal(other) || other.Equal(ws[1]) {
+		t.Error("Equal ignores a missing kv_events block")
 	}
 }
 
@@ -248,7 +350,8 @@ func FuzzParseWorkers(f *testing.F) {
 			}
 		}
 		for _, w := range ws {
-			if w.URL == "" || w.MetricsURL == "" || !w.Role.Valid() || len(w.Models) == 0 || w.TotalKVBlocks <= 0 {
+			if w.URL == "" || w.MetricsURL == "" || !w.Role.Valid() || (w.Models != nil && len(w.Models) == 0) || w.TotalKVBlocks < 0 ||
+				(w.KVEvents != nil && w.KVEvents.Endpoint == "") {
 				t.Fatalf("invalid worker loaded: %+v", w)
 			}
 		}

@@ -28,7 +28,8 @@ type Spec struct {
 	DPRank uint32
 	Role   shared.Role
 	// TotalKVBlocks is the worker's KV capacity in router blocks
-	// (block_size tokens), the CAPACITY input; > 0.
+	// (block_size tokens), the CAPACITY input; >= 0, where 0 means unknown
+	// (CAPACITY unavailable for the worker, which stays routable).
 	TotalKVBlocks int64
 	// Name is a human label (a worker block name or "sim-3").
 	Name string
@@ -36,6 +37,15 @@ type Spec struct {
 	// model are routed among the workers that list it (Snapshot
 	// ModelPartition). Empty for simulated workers.
 	Models []string
+	// EngineBlockSize is the engine's own KV block size in tokens, as its
+	// metrics report it (vLLM cache_config_info block_size, SGLang
+	// page_size); 0 when unknown or simulated. Precise prefix keys are
+	// cut at this size.
+	EngineBlockSize int64
+	// DataParallel is true when the worker's engine reports data-parallel
+	// ranks (several members share its URL, one per DPRank): requests to
+	// it name DPRank (router serve sends the X-data-parallel-rank header).
+	DataParallel bool
 }
 
 // Worker is one member of the fleet for one join generation.
@@ -195,8 +205,8 @@ func (f *Fleet) AddWorkers(specs ...Spec) ([]*Worker, error) {
 		if !s.Role.Valid() {
 			return nil, fmt.Errorf("worker %d: invalid role %q", s.ID, s.Role)
 		}
-		if s.TotalKVBlocks <= 0 {
-			return nil, fmt.Errorf("worker %d: total_kv_blocks %d, want > 0", s.ID, s.TotalKVBlocks)
+		if s.TotalKVBlocks < 0 {
+			return nil, fmt.Errorf("worker %d: total_kv_blocks %d, want >= 0 (0: unknown)", s.ID, s.TotalKVBlocks)
 		}
 	}
 	f.mu.Lock()

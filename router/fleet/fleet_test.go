@@ -117,8 +117,17 @@ func TestAddWorkerValidates(t *testing.T) {
 	if _, err := f.AddWorker(Spec{ID: 1, Role: "both", TotalKVBlocks: 1}); err == nil {
 		t.Error("want an error for an invalid role")
 	}
-	if _, err := f.AddWorker(Spec{ID: 1, Role: shared.RoleDecode}); err == nil {
-		t.Error("want an error for zero capacity")
+	if _, err := f.AddWorker(Spec{ID: 1, Role: shared.RoleDecode, TotalKVBlocks: -1}); err == nil {
+		t.Error("want an error for a negative capacity")
+	}
+	// Capacity 0 is unknown: the worker joins and is a candidate.
+	w, err := f.AddWorker(Spec{ID: 2, Role: shared.RoleDecode})
+	if err != nil {
+		t.Fatalf("unknown capacity: %v", err)
+	}
+	p := f.Snapshot().Partition(shared.RoleDecode)
+	if len(p.Workers) != 1 || p.Workers[0] != w || p.Infos[0].TotalKVBlocks != 0 {
+		t.Errorf("unknown-capacity worker not a candidate with capacity 0: %+v", p.Infos)
 	}
 }
 

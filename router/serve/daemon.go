@@ -73,7 +73,9 @@ type DaemonOptions struct {
 	// Listener is where the API is served (required). Run closes it.
 	Listener net.Listener
 	// DebugListener, when set, serves Go's profiler (net/http/pprof under
-	// /debug/pprof/), never reachable on Listener. Run closes it.
+	// /debug/pprof/) and the router's view of its workers
+	// (/debug/workers, DebugWorkers), never reachable on Listener. Run
+	// closes it.
 	DebugListener net.Listener
 	// RequestTimeout, DrainTimeout and CharsPerToken are the Server's
 	// (Options; zero takes the defaults there).
@@ -196,7 +198,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.log.Warn("plugins did not stop cleanly", "error", err)
 		}
 	}()
-	mgr, err := workers.NewManager(r, workers.Options{Logger: d.log, Registerer: reg, ScrapeInterval: o.ScrapeInterval})
+	mgr, err := workers.NewManager(r, workers.Options{
+		Logger: d.log, Registerer: reg, ScrapeInterval: o.ScrapeInterval, BlockSize: r.BlockSize(),
+	})
 	if err != nil {
 		return err
 	}
@@ -253,7 +257,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Go(func() { d.watchWorkers(bg, workersWatch) })
 	}
 	if o.DebugListener != nil {
-		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log) })
+		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log, http.HandlerFunc(d.srv.debugWorkers)) })
 	}
 	close(d.ready)
 	if o.OnReady != nil {
@@ -449,11 +453,12 @@ func (d *Daemon) diagnostics(diags hcl.Diagnostics) {
 	}
 }
 
-// serveDebug serves net/http/pprof's handlers on ln until ctx ends. It is
-// a listener of its own so that the profiler is never reachable on the
-// API address.
-func serveDebug(ctx context.Context, ln net.Listener, log hclog.Logger) {
+// serveDebug serves net/http/pprof's handlers and workersView (GET
+// /debug/workers) on ln until ctx ends. It is a listener of its own so
+// that the profiler is never reachable on the API address.
+func serveDebug(ctx context.Context, ln net.Listener, log hclog.Logger, workersView http.Handler) {
 	mux := http.NewServeMux()
+	mux.Handle("GET /debug/workers", workersView)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

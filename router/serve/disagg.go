@@ -11,6 +11,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -80,7 +81,7 @@ func (s *Server) prefill(ex *exchange, body []byte) (kv json.RawMessage, code in
 			var code int
 			var retry bool
 			var why string
-			kv, code, retry, why = s.prefillHop(ex, h, d.Worker.Name, body)
+			kv, code, retry, why = s.prefillHop(ex, h, d.Worker, body)
 			return code, retry, why
 		})
 	return kv, code
@@ -95,7 +96,8 @@ func (s *Server) prefill(ex *exchange, body []byte) (kv json.RawMessage, code in
 // kv_transfer_params, 499 or 504 when the request's context ended. retry
 // is true, with why, when the worker failed before its answer was
 // complete; nothing was written to the client then.
-func (s *Server) prefillHop(ex *exchange, h *admission.Handle, name string, body []byte) (kv json.RawMessage, code int, retry bool, why string) {
+func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, body []byte) (kv json.RawMessage, code int, retry bool, why string) {
+	name := w.Name
 	end := func(complete bool, reason string) {
 		if complete {
 			// The prompt plus the one token the prefill generated.
@@ -104,7 +106,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, name string, body
 			s.end(h, admission.Aborted(reason))
 		}
 	}
-	up, why := s.upstream(ex, name, body)
+	up, why := s.upstream(ex, w, body)
 	if up == nil {
 		return nil, 0, true, why
 	}
@@ -176,7 +178,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, name string, body
 func (s *Server) decode(ex *exchange, body []byte) int {
 	return s.hop(ex, hopSpec{hop: admission.Disaggregated.Hop(1), tag: "#d", workers: "decode workers", answer: s.decodeError},
 		func(h *admission.Handle, d router.Decision) (int, bool, string) {
-			return s.passThrough(ex, h, d.Worker.Name, body)
+			return s.passThrough(ex, h, d.Worker, body)
 		})
 }
 

@@ -189,8 +189,36 @@ func TestUsageTokens(t *testing.T) {
 		{`{"usage":{"total_tokens":7},"x":` + strings.Repeat("[", maxNesting-1) + strings.Repeat("]", maxNesting-1) + `}`, 7, true},
 		{`{"usage":{"total_tokens":7},"x":tru` + strings.Repeat("e", 1000), 0, false},
 	} {
-		if got, ok := usageTokens([]byte(tc.body)); got != tc.want || ok != tc.ok {
-			t.Errorf("%q: %d %v, want %d %v", tc.body, got, ok, tc.want, tc.ok)
+		if u := readUsage([]byte(tc.body)); u.total != tc.want || u.ok != tc.ok {
+			t.Errorf("%q: %d %v, want %d %v", tc.body, u.total, u.ok, tc.want, tc.ok)
+		}
+	}
+	// vLLM's usage with prefix caching: the cached part of the prompt.
+	u := readUsage([]byte(`{"usage":{"prompt_tokens":250,"total_tokens":255,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":192}}}`))
+	if u != (usage{prompt: 250, cached: 192, completion: 5, total: 255, ok: true}) {
+		t.Errorf("usage = %+v", u)
+	}
+	if u := readUsage([]byte(`{"usage":{"prompt_tokens":-3,"completion_tokens":2}}`)); u != (usage{completion: 2, ok: true}) {
+		t.Errorf("negative counts: %+v", u)
+	}
+}
+
+func TestStreamUsage(t *testing.T) {
+	for _, tc := range []struct {
+		chunk string
+		want  usage
+	}{
+		{"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3,\"total_tokens\":13,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\ndata: [DONE]\n\n",
+			usage{prompt: 10, cached: 8, completion: 3, total: 13, ok: true}},
+		// continuous usage: the last event's counts.
+		{"data: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1}}\n\ndata: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":2}}\n\n",
+			usage{prompt: 10, completion: 2, ok: true}},
+		{"data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n", usage{}},
+		{"data: {\"usage\":{\"prompt_tokens\":10", usage{}}, // cut mid-event
+		{"event: x\n\n", usage{}},
+	} {
+		if got := streamUsage([]byte(tc.chunk)); got != tc.want {
+			t.Errorf("%q: %+v, want %+v", tc.chunk, got, tc.want)
 		}
 	}
 }

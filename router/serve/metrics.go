@@ -14,6 +14,8 @@ type metrics struct {
 	selection *prometheus.HistogramVec // policy, role
 	tokenize  *prometheus.HistogramVec // model
 	tokFails  *prometheus.CounterVec   // model
+	// Tokens of the engines' answers' usage, by model.
+	promptTokens, cachedTokens, completionTokens *prometheus.CounterVec
 }
 
 // latencyBuckets span 5ms to about 10 minutes.
@@ -53,8 +55,20 @@ func newMetrics(reg prometheus.Registerer, adm *admission.Controller) (*metrics,
 			Name: "switchyard_tokenize_failures_total",
 			Help: "Prompts whose tokenizer failed (an engine's /tokenize unreachable or refusing, a chat template error); they were keyed by character blocks.",
 		}, []string{"model"}),
+		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_prompt_tokens_total",
+			Help: "Prompt tokens of the answered requests, by model, from the engines' usage (usage.prompt_tokens; a stream's only when the client asked for its usage).",
+		}, []string{"model"}),
+		cachedTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_cached_prompt_tokens_total",
+			Help: "Prompt tokens the engines served from their prefix cache, by model (usage.prompt_tokens_details.cached_tokens).",
+		}, []string{"model"}),
+		completionTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_completion_tokens_total",
+			Help: "Completion tokens of the answered requests, by model (usage.completion_tokens).",
+		}, []string{"model"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, m.tokenize, m.tokFails, &queueDepth{adm: adm}} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, m.tokenize, m.tokFails, m.promptTokens, m.cachedTokens, m.completionTokens, &queueDepth{adm: adm}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

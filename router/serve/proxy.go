@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/shared"
@@ -190,7 +191,7 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	}
 	return s.hop(ex, hopSpec{hop: admission.Aggregated.Hop(0), tag: "#"},
 		func(h *admission.Handle, d router.Decision) (int, bool, string) {
-			return s.passThrough(ex, h, d.Worker.Name, ex.body)
+			return s.passThrough(ex, h, d.Worker, ex.body)
 		})
 }
 
@@ -500,12 +501,22 @@ func copyHeaders(dst, src http.Header) {
 	}
 }
 
-// upstream builds the request of one attempt to the worker called name:
-// POST body to the client's path, with the client's headers but the
-// hop-by-hop ones, and the request id. nil and why when the worker is
-// unknown or its URL does not make a request (reported as the worker's
-// failure).
-func (s *Server) upstream(ex *exchange, name string, body []byte) (*http.Request, string) {
+// HeaderDPRank names the data-parallel rank a request is for: vLLM's
+// OpenAI server reads it (OpenAIServing._get_data_parallel_rank, added by
+// vLLM PR #24945, merged September 2025, in v0.11.0 and later) and sends
+// the request to that engine of its data-parallel group, bypassing its own
+// balancing; SGLang honours it too (PR #19832). Header names are
+// case-insensitive.
+const HeaderDPRank = "X-Data-Parallel-Rank"
+
+// upstream builds the request of one attempt to the worker w: POST body to
+// the client's path, with the client's headers but the hop-by-hop ones
+// and any X-Data-Parallel-Rank, the request id, and, when w's engine
+// reports data-parallel ranks (fleet.Spec.DataParallel), w's rank in
+// HeaderDPRank. nil and why when the worker is unknown or its URL does
+// not make a request (reported as the worker's failure).
+func (s *Server) upstream(ex *exchange, w *fleet.Worker, body []byte) (*http.Request, string) {
+	name := w.Name
 	base, ok := s.workers.URL(name)
 	if !ok {
 		return nil, "worker unknown"
@@ -517,16 +528,23 @@ func (s *Server) upstream(ex *exchange, name string, body []byte) (*http.Request
 	}
 	copyHeaders(up.Header, ex.r.Header)
 	up.Header.Set("X-Request-Id", ex.id)
+	// The router places the request: a client's rank never reaches the
+	// engine.
+	up.Header.Del(HeaderDPRank)
+	if w.DataParallel {
+		up.Header.Set(HeaderDPRank, strconv.FormatUint(uint64(w.DPRank), 10))
+	}
 	return up, ""
 }
 
-// passThrough sends body to the worker called name as the admitted
+// passThrough sends body to the worker w as the admitted
 // request h and passes the answer through to the client: headers, then
 // the body chunk by chunk, flushed as it arrives. It records the first
 // token at the first byte and ends h (completed or aborted) on every path
 // but one: retry is true, with why, when the worker failed before sending
 // a byte and nothing was written to the client (sendFunc).
-func (s *Server) passThrough(ex *exchange, h *admission.Handle, name string, body []byte) (code int, retry bool, why string) {
+func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker, body []byte) (code int, retry bool, why string) {
+	name := w.Name
 	contextTokens := int64(ex.tokens)
 	end := func(complete bool, reason string) {
 		if complete {
@@ -535,7 +553,7 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, name string, bod
 			s.end(h, admission.Aborted(reason))
 		}
 	}
-	up, why := s.upstream(ex, name, body)
+	up, why := s.upstream(ex, w, body)
 	if up == nil {
 		return 0, true, why
 	}
@@ -585,6 +603,11 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, name string, bod
 	if keep {
 		kept = make([]byte, 0, resp.ContentLength)
 	}
+	// A stream's usage comes in one of its last events (the client's
+	// stream_options.include_usage): the latest chunk that mentions it is
+	// kept (at most one read buffer), and read at the end.
+	var streamed []byte
+	watch := ex.stream && s.met != nil
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -604,6 +627,8 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, name string, bod
 			}
 			if keep {
 				kept = append(kept, buf[:n]...)
+			} else if watch && bytes.Contains(buf[:n], usageKey) {
+				streamed = append(streamed[:0], buf[:n]...)
 			}
 			if _, werr := ex.w.Write(buf[:n]); werr != nil {
 				end(false, "client disconnected")
@@ -619,9 +644,17 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, name string, bod
 			}
 		}
 		if rerr == io.EOF {
-			if n, ok := usageTokens(kept); keep && ok {
-				contextTokens = n
+			var u usage
+			switch {
+			case keep:
+				u = readUsage(kept)
+				if u.total > 0 {
+					contextTokens = u.total
+				}
+			case streamed != nil:
+				u = streamUsage(streamed)
 			}
+			s.countUsage(ex.label, u)
 			end(true, "")
 			return resp.StatusCode, false, ""
 		}
@@ -648,21 +681,65 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, name string, bod
 // maxUsageBody bounds the non-streamed answers read for their usage.
 const maxUsageBody = 1 << 20
 
-// usageTokens returns an OpenAI answer's usage.total_tokens (prompt plus
-// completion), or false when it has none, or is not strict JSON nested at
-// most maxNesting levels.
-func usageTokens(body []byte) (int64, bool) {
+// usage is an OpenAI answer's usage object; ok is false when the answer
+// has none.
+type usage struct {
+	prompt, cached, completion, total int64
+	ok                                bool
+}
+
+// usageKey marks the chunks of a stream that may carry its usage.
+var usageKey = []byte(`"usage"`)
+
+// readUsage reads an OpenAI answer's usage: prompt_tokens,
+// prompt_tokens_details.cached_tokens (vLLM with prefix caching reports
+// it; 0 when absent), completion_tokens and total_tokens. ok is false
+// when the body is not strict JSON nested at most maxNesting levels, or
+// has no usage object with a positive count.
+func readUsage(body []byte) usage {
 	// fastjson's parser builds its error for a malformed body from the rest
 	// of the body at each level: checked first, as request bodies are.
 	if nesting(body, maxNesting) > maxNesting || !gjson.ValidBytes(body) {
-		return 0, false
+		return usage{}
 	}
 	p := parsers.Get()
 	defer parsers.Put(p)
 	v, err := p.ParseBytes(body)
 	if err != nil {
-		return 0, false
+		return usage{}
 	}
-	n := v.GetInt64("usage", "total_tokens")
-	return n, n > 0
+	u := usage{
+		prompt:     max(v.GetInt64("usage", "prompt_tokens"), 0),
+		cached:     max(v.GetInt64("usage", "prompt_tokens_details", "cached_tokens"), 0),
+		completion: max(v.GetInt64("usage", "completion_tokens"), 0),
+		total:      max(v.GetInt64("usage", "total_tokens"), 0),
+	}
+	u.ok = u.prompt > 0 || u.completion > 0 || u.total > 0
+	return u
+}
+
+// streamUsage reads the usage of the last event of an SSE chunk that has
+// one ("data: {...}" lines).
+func streamUsage(chunk []byte) usage {
+	var found usage
+	for line := range bytes.Lines(chunk) {
+		data, ok := bytes.CutPrefix(bytes.TrimSpace(line), []byte("data:"))
+		if !ok || !bytes.Contains(data, usageKey) {
+			continue
+		}
+		if u := readUsage(bytes.TrimSpace(data)); u.ok {
+			found = u
+		}
+	}
+	return found
+}
+
+// countUsage adds an answer's usage to the token counters of its model.
+func (s *Server) countUsage(label string, u usage) {
+	if s.met == nil || !u.ok {
+		return
+	}
+	s.met.promptTokens.WithLabelValues(label).Add(float64(u.prompt))
+	s.met.cachedTokens.WithLabelValues(label).Add(float64(min(u.cached, u.prompt)))
+	s.met.completionTokens.WithLabelValues(label).Add(float64(u.completion))
 }

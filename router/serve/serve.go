@@ -458,8 +458,9 @@ type WorkerReadiness struct {
 	URL   string `json:"url"`
 	Role  string `json:"role"`
 	Ready bool   `json:"ready"`
-	// Load is "available" while the engine's last load report is fresh,
-	// else "unavailable" (unknown, which differs from idle).
+	// Load is "available" while the engine's last load report is fresh
+	// (for a data-parallel engine: any rank's), else "unavailable"
+	// (unknown, which differs from idle).
 	Load string `json:"load"`
 	// Reason is workers.Status.Reason: why the worker is not ready, or
 	// what is amiss with a ready one (its load unknown, a failed probe);
@@ -508,8 +509,10 @@ func (s *Server) readiness() Readiness {
 	for _, st := range s.workers.Status() {
 		wr := WorkerReadiness{Name: st.Config.Name, URL: st.Config.URL, Role: string(st.Config.Role),
 			Ready: st.Ready, Load: "unavailable", Reason: st.Reason}
-		if st.Load != nil {
-			wr.Load = "available"
+		for _, r := range st.Ranks {
+			if r.Load != nil {
+				wr.Load = "available"
+			}
 		}
 		anyReady = anyReady || st.Ready
 		a.Workers = append(a.Workers, wr)

@@ -2,6 +2,7 @@ package workers
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,9 @@ import (
 	"net"
 	"net/http"
 	neturl "net/url"
+	"slices"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -23,106 +27,322 @@ import (
 
 // The engine metrics the Manager reads. vLLM's KV usage is
 // vllm:kv_cache_usage_perc, or vllm:gpu_cache_usage_perc on versions before
-// it was renamed; SGLang reports sglang:token_usage.
+// it was renamed; SGLang reports sglang:token_usage. Capacity is vLLM's
+// vllm:cache_config_info info gauge (its labels are the engine's
+// CacheConfig fields, num_gpu_blocks and block_size among them) or
+// SGLang's sglang:max_total_num_tokens, with sglang:page_size as SGLang's
+// block size.
 const (
 	VLLMRunning     = "vllm:num_requests_running"
 	VLLMWaiting     = "vllm:num_requests_waiting"
 	VLLMKVUsage     = "vllm:kv_cache_usage_perc"
 	VLLMGPUKVUsage  = "vllm:gpu_cache_usage_perc"
+	VLLMCacheConfig = "vllm:cache_config_info"
 	SGLangRunning   = "sglang:num_running_reqs"
 	SGLangWaiting   = "sglang:num_queue_reqs"
 	SGLangKVUsage   = "sglang:token_usage"
+	SGLangMaxTokens = "sglang:max_total_num_tokens"
+	SGLangPageSize  = "sglang:page_size"
 	maxMetricsBytes = 16 << 20
+)
+
+// RankLabel is the label vLLM (V1) puts on each data-parallel engine's
+// series: engine="N" for rank N. MaxRanks bounds the ranks read from one
+// engine: a series of rank MaxRanks or more is ignored.
+const (
+	RankLabel = "engine"
+	MaxRanks  = 1024
+	// maxCapacityTokens bounds a reported capacity (2^50 tokens), so that
+	// products and conversions never overflow.
+	maxCapacityTokens = 1 << 50
 )
 
 // Engine is one parsed report of an engine's metrics.
 type Engine struct {
-	// Load is what the report sets as the worker's engine load; nil when
-	// the report holds none of the KV-usage and waiting metrics.
+	// Ranks are the reports of the engine's data-parallel ranks, in
+	// ascending rank order. An engine whose series carry no engine label,
+	// or only engine="0", has one rank, 0. Empty when the report holds
+	// none of the metrics ParseEngine reads.
+	Ranks []Rank
+	// Ranked is true when the engine reports data-parallel ranks: its
+	// series carry vLLM's engine="N" label with more than one N, or with
+	// an N other than 0. Each rank is then a candidate of its own, and a
+	// request to it names its rank (X-data-parallel-rank).
+	Ranked bool
+}
+
+// Rank is one data-parallel rank's part of an engine report.
+type Rank struct {
+	Rank uint32
+	// Load is what the report sets as the rank's engine load; nil when
+	// the rank's series hold none of the KV-usage and waiting metrics.
 	Load *fleet.EngineLoad
-	// Running is the engine's count of running requests (vLLM
+	// Running is the rank's count of running requests (vLLM
 	// num_requests_running, SGLang num_running_reqs); HasRunning is false
 	// when absent. fleet.EngineLoad has no field for it: it is reported in
 	// Status only.
 	Running    int64
 	HasRunning bool
+	// CapacityTokens is the rank's KV-cache capacity in tokens:
+	// num_gpu_blocks * block_size of vllm:cache_config_info, or
+	// sglang:max_total_num_tokens; 0 when not reported (vLLM reports
+	// num_gpu_blocks "None" until its memory profiling ends).
+	CapacityTokens int64
+	// BlockSize is the engine's KV block size in tokens
+	// (cache_config_info's block_size, or sglang:page_size); 0 when not
+	// reported.
+	BlockSize int64
+}
+
+// HasLoad reports whether some rank of the report has a load.
+func (e Engine) HasLoad() bool {
+	for _, r := range e.Ranks {
+		if r.Load != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// RouterBlocks converts an engine capacity of tokens into router blocks of
+// blockSize tokens (docs/design.md): floor(tokens / blockSize); 0 when
+// either is unknown (<= 0).
+func RouterBlocks(tokens, blockSize int64) int64 {
+	if tokens <= 0 || blockSize <= 0 {
+		return 0
+	}
+	return tokens / blockSize
 }
 
 // ParseEngine maps the metric families of an engine's /metrics into an
-// Engine report:
+// Engine report, one Rank per data-parallel rank (RankLabel):
 //
 //   - waiting: vllm:num_requests_waiting, else sglang:num_queue_reqs;
 //   - KV usage: vllm:kv_cache_usage_perc, else vllm:gpu_cache_usage_perc,
 //     else sglang:token_usage;
-//   - running: vllm:num_requests_running, else sglang:num_running_reqs.
+//   - running: vllm:num_requests_running, else sglang:num_running_reqs;
+//   - capacity: vllm:cache_config_info's num_gpu_blocks * block_size
+//     labels, else sglang:max_total_num_tokens (block size
+//     sglang:page_size).
 //
-// Counts are summed over a family's series (one per model or
-// data-parallel engine) and rounded; KV usage is the largest series (the
-// fullest engine). KV usage is a fraction in 0..1 despite vLLM's "_perc"
-// name; a value above 1 is taken as a percentage and divided by 100, and
-// the result is clamped to 0..1. NaN and infinite samples are ignored.
+// A series without the engine label counts for rank 0, except
+// cache_config_info's and SGLang's capacity, which apply to every rank
+// that reports none of its own (vLLM versions before the label on
+// cache_config_info). Within a rank, counts are summed over a family's
+// series (one per model) and rounded, KV usage is the largest series,
+// SGLang's capacity the largest (its tensor-parallel ranks share one
+// pool). KV usage is a fraction in 0..1 despite vLLM's "_perc" name; a
+// value above 1 is taken as a percentage and divided by 100, and the
+// result is clamped to 0..1. NaN and infinite samples are ignored, and
+// so are series whose engine label is not a rank below MaxRanks. Work is
+// linear in the number of series.
 func ParseEngine(mfs map[string]*dto.MetricFamily) Engine {
-	var e Engine
-	l := &fleet.EngineLoad{}
-	if v, ok := first(mfs, sum, VLLMWaiting, SGLangWaiting); ok {
-		l.Waiting, l.HasWaiting = int64(math.Round(max(v, 0))), true
-	}
-	if v, ok := first(mfs, maxOf, VLLMKVUsage, VLLMGPUKVUsage, SGLangKVUsage); ok {
-		if v > 1 {
-			v /= 100
+	p := parser{ranks: map[uint32]*rankAcc{}}
+	p.fold(mfs, func(a *rankAcc, v float64) { a.waiting += v; a.hasWaiting = true }, VLLMWaiting, SGLangWaiting)
+	p.fold(mfs, func(a *rankAcc, v float64) {
+		if !a.hasKV || v > a.kv {
+			a.kv, a.hasKV = v, true
 		}
-		l.KVUsage, l.HasKVUsage = min(max(v, 0), 1), true
+	}, VLLMKVUsage, VLLMGPUKVUsage, SGLangKVUsage)
+	p.fold(mfs, func(a *rankAcc, v float64) { a.running += v; a.hasRunning = true }, VLLMRunning, SGLangRunning)
+	p.cacheConfig(mfs[VLLMCacheConfig])
+	if !p.anyCapacity() {
+		p.sglangCapacity(mfs)
 	}
-	if v, ok := first(mfs, sum, VLLMRunning, SGLangRunning); ok {
-		e.Running, e.HasRunning = int64(math.Round(max(v, 0))), true
+
+	var e Engine
+	ranks := make([]uint32, 0, len(p.ranks))
+	for r := range p.ranks {
+		ranks = append(ranks, r)
 	}
-	if l.HasWaiting || l.HasKVUsage {
-		e.Load = l
+	slices.Sort(ranks)
+	e.Ranked = p.labelled && (len(ranks) > 1 || len(ranks) == 1 && ranks[0] != 0)
+	if len(ranks) == 0 && (p.all.tokens > 0 || p.all.blockSize > 0) {
+		ranks = []uint32{0}
+		p.ranks[0] = &rankAcc{}
+	}
+	for _, r := range ranks {
+		a := p.ranks[r]
+		out := Rank{Rank: r, CapacityTokens: a.tokens, BlockSize: a.blockSize}
+		if out.CapacityTokens == 0 {
+			out.CapacityTokens = p.all.tokens
+		}
+		if out.BlockSize == 0 {
+			out.BlockSize = p.all.blockSize
+		}
+		l := &fleet.EngineLoad{}
+		if a.hasWaiting {
+			l.Waiting, l.HasWaiting = int64(math.Round(max(a.waiting, 0))), true
+		}
+		if a.hasKV {
+			v := a.kv
+			if v > 1 {
+				v /= 100
+			}
+			l.KVUsage, l.HasKVUsage = min(max(v, 0), 1), true
+		}
+		if l.HasWaiting || l.HasKVUsage {
+			out.Load = l
+		}
+		if a.hasRunning {
+			out.Running, out.HasRunning = int64(math.Round(max(a.running, 0))), true
+		}
+		e.Ranks = append(e.Ranks, out)
 	}
 	return e
 }
 
-func sum(a, b float64) float64   { return a + b }
-func maxOf(a, b float64) float64 { return max(a, b) }
+// rankAcc accumulates one rank's series.
+type rankAcc struct {
+	waiting, kv, running          float64
+	hasWaiting, hasKV, hasRunning bool
+	tokens, blockSize             int64
+}
 
-// first folds the samples of the first of names present with a finite
-// sample.
-func first(mfs map[string]*dto.MetricFamily, fold func(a, b float64) float64, names ...string) (float64, bool) {
-	for _, n := range names {
-		mf := mfs[n]
-		if mf == nil {
-			continue
-		}
-		var (
-			acc float64
-			any bool
-		)
-		for _, m := range mf.GetMetric() {
-			var v float64
-			switch {
-			case m.GetGauge() != nil:
-				v = m.GetGauge().GetValue()
-			case m.GetUntyped() != nil:
-				v = m.GetUntyped().GetValue()
-			case m.GetCounter() != nil:
-				v = m.GetCounter().GetValue()
-			default:
-				continue
-			}
-			if math.IsNaN(v) || math.IsInf(v, 0) {
-				continue
-			}
-			if !any {
-				acc, any = v, true
-			} else {
-				acc = fold(acc, v)
-			}
-		}
-		if any {
-			return acc, true
+// parser accumulates a report's series by rank.
+type parser struct {
+	ranks map[uint32]*rankAcc
+	// all is the capacity that applies to every rank without its own.
+	all rankAcc
+	// labelled: some series carried a rank label.
+	labelled bool
+}
+
+func (p *parser) anyCapacity() bool {
+	if p.all.tokens > 0 {
+		return true
+	}
+	for _, a := range p.ranks {
+		if a.tokens > 0 {
+			return true
 		}
 	}
-	return 0, false
+	return false
+}
+
+// rankOf returns m's rank: its RankLabel's value, or 0 and labelled false
+// without one; ok is false for a label that is not a rank below MaxRanks.
+func rankOf(m *dto.Metric) (rank uint32, labelled, ok bool) {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() != RankLabel {
+			continue
+		}
+		n, err := strconv.ParseUint(lp.GetValue(), 10, 32)
+		if err != nil || n >= MaxRanks {
+			return 0, true, false
+		}
+		return uint32(n), true, true
+	}
+	return 0, false, true
+}
+
+// acc returns rank's accumulator, creating it.
+func (p *parser) acc(rank uint32) *rankAcc {
+	a := p.ranks[rank]
+	if a == nil {
+		a = &rankAcc{}
+		p.ranks[rank] = a
+	}
+	return a
+}
+
+// value returns m's finite gauge, untyped or counter value.
+func value(m *dto.Metric) (float64, bool) {
+	var v float64
+	switch {
+	case m.GetGauge() != nil:
+		v = m.GetGauge().GetValue()
+	case m.GetUntyped() != nil:
+		v = m.GetUntyped().GetValue()
+	case m.GetCounter() != nil:
+		v = m.GetCounter().GetValue()
+	default:
+		return 0, false
+	}
+	return v, !math.IsNaN(v) && !math.IsInf(v, 0)
+}
+
+// fold applies add to each finite sample of the first of names that has
+// one, in its series' rank.
+func (p *parser) fold(mfs map[string]*dto.MetricFamily, add func(a *rankAcc, v float64), names ...string) {
+	for _, n := range names {
+		found := false
+		for _, m := range mfs[n].GetMetric() {
+			v, ok := value(m)
+			if !ok {
+				continue
+			}
+			rank, labelled, ok := rankOf(m)
+			if !ok {
+				continue
+			}
+			p.labelled = p.labelled || labelled
+			add(p.acc(rank), v)
+			found = true
+		}
+		if found {
+			return
+		}
+	}
+}
+
+// cacheConfig reads vllm:cache_config_info's num_gpu_blocks and block_size
+// labels.
+func (p *parser) cacheConfig(mf *dto.MetricFamily) {
+	for _, m := range mf.GetMetric() {
+		var blocks, size int64
+		for _, lp := range m.GetLabel() {
+			switch lp.GetName() {
+			case "num_gpu_blocks":
+				blocks = positive(lp.GetValue())
+			case "block_size":
+				size = positive(lp.GetValue())
+			}
+		}
+		rank, labelled, ok := rankOf(m)
+		if !ok || size == 0 {
+			continue
+		}
+		a := &p.all
+		if labelled {
+			p.labelled = true
+			a = p.acc(rank)
+		}
+		a.blockSize = size
+		if blocks > 0 && blocks <= maxCapacityTokens/size {
+			a.tokens = blocks * size
+		}
+	}
+}
+
+// sglangCapacity reads sglang:max_total_num_tokens and sglang:page_size,
+// the largest series of each, as the capacity of every rank.
+func (p *parser) sglangCapacity(mfs map[string]*dto.MetricFamily) {
+	largest := func(name string) int64 {
+		var best int64
+		for _, m := range mfs[name].GetMetric() {
+			if v, ok := value(m); ok && v >= 1 && v <= maxCapacityTokens {
+				best = max(best, int64(v))
+			}
+		}
+		return best
+	}
+	if t := largest(SGLangMaxTokens); t > 0 {
+		p.all.tokens = t
+		if b := largest(SGLangPageSize); b > 0 {
+			p.all.blockSize = b
+		}
+	}
+}
+
+// positive parses a label value as an integer in 1..maxCapacityTokens; 0
+// otherwise ("None", garbage).
+func positive(s string) int64 {
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 || n > maxCapacityTokens {
+		return 0
+	}
+	return n
 }
 
 // ParseEngineText parses Prometheus text exposition with prometheus/common's
@@ -151,7 +371,63 @@ var (
 	// (maxMetricsBytes), more than any engine's metrics; the answer is
 	// not read past that.
 	ErrTooLarge = errors.New("metrics too large")
+	// ErrModels: the engine's GET /v1/models answered 200 with something
+	// that is not an OpenAI model list of 1 to MaxModels models (ids of at
+	// most MaxModelBytes bytes), or with more than 4 MiB.
+	ErrModels = errors.New("model list unusable")
 )
+
+// Bounds of an engine's model list (fetchModels).
+const (
+	MaxModels      = 4096
+	MaxModelBytes  = 512
+	maxModelsBytes = 4 << 20
+)
+
+// fetchModels GETs an engine's OpenAI model list at url and returns its
+// data[].id, sorted, each once. vLLM lists its LoRA adapters there too
+// (with a "parent" field naming the base model): they are models requests
+// may name, and are kept. The answer is read up to 4 MiB, decoded in one
+// pass (linear in its size); see ErrModels.
+func fetchModels(ctx context.Context, c *http.Client, url string, timeout time.Duration) ([]string, error) {
+	resp, err := get(ctx, c, url, "application/json", timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body := &io.LimitedReader{R: resp.Body, N: maxModelsBytes + 1}
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	err = json.NewDecoder(body).Decode(&list)
+	switch {
+	case body.N == 0:
+		return nil, fmt.Errorf("%w: the answer of %s is over %d MiB", ErrModels, url, maxModelsBytes>>20)
+	case err != nil && isTimeout(err):
+		return nil, fmt.Errorf("%w: the answer of %s took longer than %s", ErrTimeout, url, timeout)
+	case err != nil:
+		return nil, fmt.Errorf("%w: %s does not answer an OpenAI model list: %s", ErrModels, url, clip(err.Error()))
+	case len(list.Data) > MaxModels:
+		return nil, fmt.Errorf("%w: %s lists %d models, more than %d", ErrModels, url, len(list.Data), MaxModels)
+	}
+	ids := make([]string, 0, len(list.Data))
+	for _, d := range list.Data {
+		switch {
+		case strings.TrimSpace(d.ID) == "":
+			continue
+		case len(d.ID) > MaxModelBytes:
+			return nil, fmt.Errorf("%w: %s lists a model id of %d bytes, more than %d", ErrModels, url, len(d.ID), MaxModelBytes)
+		}
+		ids = append(ids, d.ID)
+	}
+	if len(ids) == 0 {
+		return nil, fmt.Errorf("%w: %s lists no model", ErrModels, url)
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids), nil
+}
 
 // StatusError is an endpoint answering with a status other than 200.
 type StatusError struct {
@@ -175,14 +451,14 @@ func probe(ctx context.Context, c *http.Client, w config.Worker, timeout time.Du
 	rep, err = scrape(ctx, c, w.MetricsURL, timeout)
 	if se := (*StatusError)(nil); errors.As(err, &se) && se.Code == http.StatusNotFound {
 		health := w.URL + "/health"
-		resp, herr := get(ctx, c, health, timeout)
+		resp, herr := get(ctx, c, health, "", timeout)
 		if herr != nil {
 			return Engine{}, "", fmt.Errorf("%w (and %s answers 404)", herr, w.MetricsURL)
 		}
 		drain(resp)
 		return Engine{}, fmt.Sprintf("%s answers 404 (SGLang serves metrics only with --enable-metrics); ready by %s", w.MetricsURL, health), nil
 	}
-	if err == nil && rep.Load == nil {
+	if err == nil && !rep.HasLoad() {
 		noLoad = w.MetricsURL + " holds no vLLM or SGLang load metrics"
 	}
 	return rep, noLoad, err
@@ -190,7 +466,7 @@ func probe(ctx context.Context, c *http.Client, w config.Worker, timeout time.Du
 
 // scrape fetches and parses the metrics at url.
 func scrape(ctx context.Context, c *http.Client, url string, timeout time.Duration) (Engine, error) {
-	resp, err := get(ctx, c, url, timeout)
+	resp, err := get(ctx, c, url, promAccept, timeout)
 	if err != nil {
 		return Engine{}, err
 	}
@@ -209,14 +485,20 @@ func scrape(ctx context.Context, c *http.Client, url string, timeout time.Durati
 	return Engine{}, fmt.Errorf("%w from %s: %s", ErrUnparseable, url, clip(err.Error()))
 }
 
-// get GETs url; an answer other than 200 is a *StatusError (its body
-// drained, up to 4 KiB). Its errors say what happened in plain words.
-func get(ctx context.Context, c *http.Client, url string, timeout time.Duration) (*http.Response, error) {
+// promAccept asks for Prometheus text exposition.
+const promAccept = "text/plain;version=0.0.4;q=1,*/*;q=0.1"
+
+// get GETs url with an Accept header of accept (none when ""); an answer
+// other than 200 is a *StatusError (its body drained, up to 4 KiB). Its
+// errors say what happened in plain words.
+func get(ctx context.Context, c *http.Client, url, accept string, timeout time.Duration) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
 	resp, err := c.Do(req)
 	switch {
 	case err == nil:

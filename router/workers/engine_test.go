@@ -42,32 +42,32 @@ sglang:num_queue_reqs{model_name="qwen"} 2.0
 sglang:token_usage{model_name="qwen"} 0.25
 `
 
+// one is the report of an engine without ranks.
+func one(l *fleet.EngineLoad, running int64, hasRunning bool) Engine {
+	return Engine{Ranks: []Rank{{Load: l, Running: running, HasRunning: hasRunning}}}
+}
+
 func TestParseEngineText(t *testing.T) {
 	for _, tt := range []struct {
 		name string
 		text string
 		want Engine
 	}{
-		{"vllm", vllmMetrics, Engine{Load: &fleet.EngineLoad{KVUsage: 0.42, HasKVUsage: true, Waiting: 7, HasWaiting: true}, Running: 3, HasRunning: true}},
-		{"sglang", sglangMetrics, Engine{Load: &fleet.EngineLoad{KVUsage: 0.25, HasKVUsage: true, Waiting: 2, HasWaiting: true}, Running: 5, HasRunning: true}},
+		{"vllm", vllmMetrics, one(&fleet.EngineLoad{KVUsage: 0.42, HasKVUsage: true, Waiting: 7, HasWaiting: true}, 3, true)},
+		{"sglang", sglangMetrics, one(&fleet.EngineLoad{KVUsage: 0.25, HasKVUsage: true, Waiting: 2, HasWaiting: true}, 5, true)},
 		{"old vllm percent", "vllm:gpu_cache_usage_perc 85\nvllm:num_requests_waiting 0\n",
-			Engine{Load: &fleet.EngineLoad{KVUsage: 0.85, HasKVUsage: true, Waiting: 0, HasWaiting: true}}},
+			one(&fleet.EngineLoad{KVUsage: 0.85, HasKVUsage: true, Waiting: 0, HasWaiting: true}, 0, false)},
 		{"old vllm fraction", "vllm:gpu_cache_usage_perc 0.5\n",
-			Engine{Load: &fleet.EngineLoad{KVUsage: 0.5, HasKVUsage: true}}},
+			one(&fleet.EngineLoad{KVUsage: 0.5, HasKVUsage: true}, 0, false)},
 		{"new name wins", "vllm:gpu_cache_usage_perc 0.9\nvllm:kv_cache_usage_perc 0.1\n",
-			Engine{Load: &fleet.EngineLoad{KVUsage: 0.1, HasKVUsage: true}}},
-		{"data parallel: counts sum, usage is the fullest", `vllm:num_requests_waiting{engine="0"} 2
-vllm:num_requests_waiting{engine="1"} 3
-vllm:kv_cache_usage_perc{engine="0"} 0.2
-vllm:kv_cache_usage_perc{engine="1"} 0.7
-vllm:num_requests_running{engine="0"} 1
-vllm:num_requests_running{engine="1"} 1
-`, Engine{Load: &fleet.EngineLoad{KVUsage: 0.7, HasKVUsage: true, Waiting: 5, HasWaiting: true}, Running: 2, HasRunning: true}},
+			one(&fleet.EngineLoad{KVUsage: 0.1, HasKVUsage: true}, 0, false)},
 		{"clamped", "vllm:kv_cache_usage_perc 250\nvllm:num_requests_waiting -1\n",
-			Engine{Load: &fleet.EngineLoad{KVUsage: 1, HasKVUsage: true, Waiting: 0, HasWaiting: true}}},
+			one(&fleet.EngineLoad{KVUsage: 1, HasKVUsage: true, Waiting: 0, HasWaiting: true}, 0, false)},
 		{"NaN ignored", "vllm:kv_cache_usage_perc NaN\nvllm:num_requests_waiting 4\n",
-			Engine{Load: &fleet.EngineLoad{Waiting: 4, HasWaiting: true}}},
-		{"running only: no load", "vllm:num_requests_running 2\n", Engine{Running: 2, HasRunning: true}},
+			one(&fleet.EngineLoad{Waiting: 4, HasWaiting: true}, 0, false)},
+		{"counts sum over models", "vllm:num_requests_waiting{model_name=\"a\"} 2\nvllm:num_requests_waiting{model_name=\"b\"} 3\n",
+			one(&fleet.EngineLoad{Waiting: 5, HasWaiting: true}, 0, false)},
+		{"running only: no load", "vllm:num_requests_running 2\n", one(nil, 2, true)},
 		{"none", "process_cpu_seconds_total 3\n", Engine{}},
 		{"empty", "", Engine{}},
 	} {
@@ -83,5 +83,88 @@ vllm:num_requests_running{engine="1"} 1
 	}
 	if _, err := ParseEngineText(strings.NewReader("vllm:num_requests_waiting{ 3\n")); err == nil {
 		t.Error("malformed text parsed")
+	}
+}
+
+// vllmDP is a vLLM engine with two data-parallel ranks: its per-rank
+// series carry engine="N", and cache_config_info reports each rank's
+// blocks.
+const vllmDP = `# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2048"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="1",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="1024"} 1.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="llama"} 0.0
+vllm:num_requests_waiting{engine="1",model_name="llama"} 9.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="llama"} 0.1
+vllm:kv_cache_usage_perc{engine="1",model_name="llama"} 1.0
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="llama"} 1.0
+vllm:num_requests_running{engine="1",model_name="llama"} 12.0
+`
+
+func TestParseEngineRanksAndCapacity(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		text string
+		want Engine
+	}{
+		{"vllm data parallel: one report per rank", vllmDP, Engine{Ranked: true, Ranks: []Rank{
+			{Rank: 0, Load: &fleet.EngineLoad{KVUsage: 0.1, HasKVUsage: true, HasWaiting: true}, Running: 1, HasRunning: true, CapacityTokens: 2048 * 16, BlockSize: 16},
+			{Rank: 1, Load: &fleet.EngineLoad{KVUsage: 1, HasKVUsage: true, Waiting: 9, HasWaiting: true}, Running: 12, HasRunning: true, CapacityTokens: 1024 * 16, BlockSize: 16},
+		}}},
+		{"vllm engine 0 only: not ranked", `vllm:cache_config_info{block_size="32",engine="0",num_gpu_blocks="100"} 1
+vllm:num_requests_waiting{engine="0"} 3
+`, Engine{Ranks: []Rank{{Load: &fleet.EngineLoad{Waiting: 3, HasWaiting: true}, CapacityTokens: 3200, BlockSize: 32}}}},
+		{"a single rank other than 0 is ranked", `vllm:num_requests_waiting{engine="3"} 1
+`, Engine{Ranked: true, Ranks: []Rank{{Rank: 3, Load: &fleet.EngineLoad{Waiting: 1, HasWaiting: true}}}}},
+		{"older vllm: cache_config_info without engine applies to every rank", `vllm:cache_config_info{block_size="16",num_gpu_blocks="500"} 1
+vllm:num_requests_waiting{engine="0"} 1
+vllm:num_requests_waiting{engine="1"} 2
+`, Engine{Ranked: true, Ranks: []Rank{
+			{Rank: 0, Load: &fleet.EngineLoad{Waiting: 1, HasWaiting: true}, CapacityTokens: 8000, BlockSize: 16},
+			{Rank: 1, Load: &fleet.EngineLoad{Waiting: 2, HasWaiting: true}, CapacityTokens: 8000, BlockSize: 16},
+		}}},
+		{"num_gpu_blocks None before profiling: block size only", `vllm:cache_config_info{block_size="16",num_gpu_blocks="None"} 1
+`, Engine{Ranks: []Rank{{BlockSize: 16}}}},
+		{"capacity without load", `vllm:cache_config_info{block_size="16",num_gpu_blocks="10"} 1
+`, Engine{Ranks: []Rank{{CapacityTokens: 160, BlockSize: 16}}}},
+		{"sglang max_total_num_tokens and page_size", `sglang:max_total_num_tokens{model_name="qwen",tp_rank="0"} 471258
+sglang:max_total_num_tokens{model_name="qwen",tp_rank="1"} 471258
+sglang:page_size{model_name="qwen"} 1
+sglang:num_queue_reqs{model_name="qwen"} 4
+`, Engine{Ranks: []Rank{{Load: &fleet.EngineLoad{Waiting: 4, HasWaiting: true}, CapacityTokens: 471258, BlockSize: 1}}}},
+		{"bad rank labels ignored", `vllm:num_requests_waiting{engine="x"} 5
+vllm:num_requests_waiting{engine="1024"} 6
+vllm:num_requests_waiting{engine="-1"} 7
+vllm:num_requests_waiting{engine="0"} 1
+`, Engine{Ranks: []Rank{{Load: &fleet.EngineLoad{Waiting: 1, HasWaiting: true}}}}},
+		{"absurd capacity ignored", `vllm:cache_config_info{block_size="16",num_gpu_blocks="99999999999999999"} 1
+`, Engine{Ranks: []Rank{{BlockSize: 16}}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseEngineText(strings.NewReader(tt.text))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, got); diff != "" {
+				t.Errorf("(-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestRouterBlocks(t *testing.T) {
+	for _, tt := range []struct{ tokens, bs, want int64 }{
+		{2048 * 16, 512, 64}, // vLLM: 2048 blocks of 16 tokens = 64 router blocks of 512
+		{471258, 512, 920},   // SGLang: floor(471258/512)
+		{511, 512, 0},        // less than one router block: unavailable
+		{0, 512, 0},
+		{100, 0, 0},
+	} {
+		if got := RouterBlocks(tt.tokens, tt.bs); got != tt.want {
+			t.Errorf("RouterBlocks(%d, %d) = %d, want %d", tt.tokens, tt.bs, got, tt.want)
+		}
 	}
 }

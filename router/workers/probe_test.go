@@ -329,7 +329,7 @@ func TestScrapeTooLarge(t *testing.T) {
 	fill := "# " + strings.Repeat("x", maxMetricsBytes-len(vllmMetrics)-3) + "\n"
 	e := newEngine(t, fill+vllmMetrics)
 	rep, err := scrape(context.Background(), &http.Client{}, e.srv.URL+"/metrics", time.Minute)
-	if err != nil || rep.Load == nil {
+	if err != nil || !rep.HasLoad() {
 		t.Errorf("scrape of %d bytes = %+v, %v; want its load", len(fill+vllmMetrics), rep, err)
 	}
 }

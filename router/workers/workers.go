@@ -1,15 +1,43 @@
 // Package workers owns the router's worker membership for `router serve`:
 // it joins the workers of the policy file's worker blocks (or of a watched
 // --workers-file) to the Router's fleet, scrapes each engine's Prometheus
-// metrics into its engine load, and takes workers that stop answering out
-// of the candidate set until they answer again.
+// metrics into its engine load and capacity, reads the models it serves,
+// and takes workers that stop answering out of the candidate set until
+// they answer again.
 //
 // # Identity
 //
 // A worker's shared.WorkerID is ID(name), the FNV-1a 64-bit hash of its
 // block name, so a worker keeps its id across reloads and rejoins and the
-// same file gives the same ids in every router process. Data-parallel rank
-// is always 0.
+// same file gives the same ids in every router process.
+//
+// # Data-parallel ranks
+//
+// An engine whose metrics carry vLLM's engine="N" label with several N (or
+// an N other than 0) reports data-parallel ranks (Engine.Ranked): each
+// rank is a fleet member of its own, fleet.Spec{ID, DPRank: N}, with its
+// own engine load (waiting, KV usage and running from its own series) and
+// capacity, so a full rank never makes its siblings look busy. Requests to
+// such a worker name the chosen rank (serve sends X-data-parallel-rank).
+// An engine without ranks is one member of rank 0. Ranks follow the
+// engine's report: a rank that appears joins, one that disappears leaves.
+// Readiness is the engine's: every rank joins and leaves with its probe.
+//
+// # Discovery
+//
+// A worker block needs only a url. Models: the block's models, else the
+// engine's GET url + "/v1/models" (the OpenAI list; each data[].id, LoRA
+// adapters included), read before the worker first joins, again whenever
+// it rejoins, and every ModelsInterval (DefaultModelsInterval, 30 s) while
+// it is ready; a changed list rejoins the worker as a new generation with
+// the new models. A worker whose models are unknown (the block sets none
+// and the engine's list could not be read) is not ready; a re-read that
+// fails keeps the last list. Capacity: the block's total_kv_blocks, else
+// the engine's (ParseEngine: vLLM cache_config_info, SGLang
+// max_total_num_tokens) in router blocks, RouterBlocks(tokens,
+// Options.BlockSize); until the engine reports it the worker is routable
+// with TotalKVBlocks 0, CAPACITY unavailable. A capacity or engine block
+// size that changes rejoins the rank.
 //
 // # Readiness
 //
@@ -58,6 +86,8 @@ import (
 	"hash/fnv"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -84,6 +114,9 @@ const (
 	// DefaultDebounce is how long Watch waits after the last change to the
 	// workers file before reloading it.
 	DefaultDebounce = 100 * time.Millisecond
+	// DefaultModelsInterval is how often a ready worker without models in
+	// its block has its engine's /v1/models read again.
+	DefaultModelsInterval = 30 * time.Second
 )
 
 // Options configure a Manager.
@@ -104,11 +137,47 @@ type Options struct {
 	Logger hclog.Logger
 	// Registerer, when set, gets switchyard_worker_ready{worker} (1 ready,
 	// 0 not) and switchyard_worker_active_requests{worker} (the requests in
-	// flight on the worker, over every generation it joined under), read
-	// from the current state at each collection.
+	// flight on the worker, over every generation it joined under), and
+	// per worker and data-parallel rank (labels worker, rank) the engine's
+	// view: switchyard_worker_engine_kv_usage (0..1),
+	// switchyard_worker_engine_waiting_requests and
+	// switchyard_worker_engine_running_requests (while the engine's report
+	// is fresh), switchyard_worker_capacity_blocks (router blocks; 0
+	// unknown), switchyard_worker_engine_report_age_seconds (since the
+	// last report with a load), switchyard_worker_engine_load_available
+	// (1 or 0), and, with Streams, switchyard_worker_kv_events_total and
+	// switchyard_worker_kv_event_gaps_total. All are read from the current
+	// state at each collection.
 	Registerer prometheus.Registerer
 	// Debounce is Watch's quiet period (DefaultDebounce).
 	Debounce time.Duration
+	// BlockSize is the router's block size in tokens (router.block_size),
+	// the unit engine capacities are converted to
+	// (config.DefaultBlockSize when 0).
+	BlockSize int
+	// ModelsInterval is how often a ready worker's engine models are read
+	// again (DefaultModelsInterval).
+	ModelsInterval time.Duration
+	// Streams, when set, reports a candidate's KV-event stream (false:
+	// it has none). The KV-event subscriber provides it; Status, /metrics
+	// and /debug/workers read it at each call, without the Manager's lock
+	// held. It must not block.
+	Streams func(id shared.WorkerID, rank uint32) (EventStream, bool)
+	// IndexBlocks, when set, reports the prefix-index entries (blocks)
+	// the router holds for a candidate (false: unknown). Read like
+	// Streams; it must not block.
+	IndexBlocks func(id shared.WorkerID, rank uint32) (int64, bool)
+}
+
+// EventStream is a candidate's KV-event stream as the subscriber reports
+// it (Options.Streams).
+type EventStream struct {
+	// State is the stream's state in words: "cold" (never synced, or
+	// after a gap without replay: scored approximately) or "live".
+	State string `json:"state"`
+	// Received counts the KV events received; Gaps the sequence gaps seen.
+	Received uint64 `json:"events_received"`
+	Gaps     uint64 `json:"sequence_gaps"`
 }
 
 // ID is the WorkerID of the worker named name: FNV-1a 64 of the name.
@@ -122,32 +191,76 @@ func ID(name string) shared.WorkerID {
 type Status struct {
 	Config config.Worker
 	ID     shared.WorkerID
-	// Ready is true while the worker is a member of the fleet.
+	// Ready is true while the worker is a member of the fleet (every rank
+	// of it).
 	Ready bool
-	// Member is the worker's current fleet generation; nil when not ready.
-	Member *fleet.Worker
-	// Load is the engine's last report while it is fresh; nil otherwise.
-	Load *fleet.EngineLoad
-	// ObservedAt is when Load was scraped.
+	// Models are the models the worker is routed for: Config.Models when
+	// set, else the engine's list (sorted); nil while unknown.
+	// ModelsSource says which: "config", "engine", or "" while unknown.
+	Models       []string
+	ModelsSource string
+	// Ranked is true when the engine reports data-parallel ranks
+	// (Engine.Ranked): requests to it name their rank.
+	Ranked bool
+	// Ranks are the worker's candidates, one per data-parallel rank in
+	// ascending order; one, rank 0, for an engine without ranks.
+	Ranks []RankStatus
+	// Member, Load, ObservedAt, Running and HasRunning are those of
+	// Ranks[0] (the only rank of an engine without ranks).
+	Member     *fleet.Worker
+	Load       *fleet.EngineLoad
 	ObservedAt time.Time
-	// Running is the engine's running-request count of the last scrape
-	// that had it.
 	Running    int64
 	HasRunning bool
 	// ScrapeFailures (failed probes) and RequestFailures are the current
 	// consecutive failure counts.
 	ScrapeFailures, RequestFailures int
 	// LastError is the last probe's error: wrapping ErrRefused,
-	// ErrTimeout or ErrUnparseable, or a *StatusError, or another network
-	// error ("GET URL: ..."); nil after a success.
+	// ErrTimeout, ErrUnparseable, ErrTooLarge or ErrModels, or a
+	// *StatusError, or another network error ("GET URL: ..."); nil after
+	// a success.
 	LastError error
 	// Reason says in plain words, bounded in length, why the worker is
 	// not ready or what is amiss with a ready one: the last probe's error;
 	// else, when not ready, why it left ("3 consecutive requests
 	// failed") or "not probed yet"; else why its engine load is unknown
-	// (its metrics endpoint answers 404, or holds no engine metrics). ""
-	// for a ready worker whose last probe had a load.
+	// (its metrics endpoint answers 404, or holds no engine metrics), or
+	// why its models were not re-read. "" for a ready worker whose last
+	// probe had a load.
 	Reason string
+}
+
+// RankStatus is one data-parallel rank of a worker: one fleet candidate.
+type RankStatus struct {
+	Rank uint32
+	// Member is the rank's current fleet generation; nil when not ready.
+	Member *fleet.Worker
+	// Load is the rank's last engine report while it is fresh; nil
+	// otherwise. ObservedAt is when it was scraped (zero when Load is
+	// nil); LastReport when the last report with a load arrived, fresh or
+	// not (zero when none ever did).
+	Load       *fleet.EngineLoad
+	ObservedAt time.Time
+	LastReport time.Time
+	// Running is the rank's running-request count while its report is
+	// fresh; HasRunning is false otherwise.
+	Running    int64
+	HasRunning bool
+	// TotalKVBlocks is the rank's capacity in router blocks, 0 while
+	// unknown; CapacitySource is "config" (total_kv_blocks), "engine"
+	// (its metrics), or "" while unknown.
+	TotalKVBlocks  int64
+	CapacitySource string
+	// EngineBlockSize is the engine's KV block size in tokens; 0 while
+	// unknown.
+	EngineBlockSize int64
+	// Events is the rank's KV-event stream (Options.Streams); nil when
+	// it has none or Streams is unset.
+	Events *EventStream
+	// IndexBlocks is the prefix-index entries held for the rank
+	// (Options.IndexBlocks); HasIndexBlocks is false when unknown.
+	IndexBlocks    int64
+	HasIndexBlocks bool
 }
 
 // Membership is what a Manager changes: the fleet of the Router
@@ -188,18 +301,31 @@ type entry struct {
 	stop context.CancelFunc
 
 	ready        bool
-	member       *fleet.Worker   // current generation while ready
+	ranked       bool
+	ranks        []*rankState    // ascending by rank, never empty
 	gens         []*fleet.Worker // generations that may still have requests in flight
 	scrapeFails  int
 	requestFails int
 	leftAt       time.Time // when it last left the candidate set
-	obs          *fleet.EngineLoad
-	obsAt        time.Time
-	running      int64
-	hasRunning   bool
 	lastErr      error
-	leftWhy      string // why it left the candidate set, or could not join
-	noLoad       string // why the last successful probe had no load; "" when it had one
+	leftWhy      string    // why it left the candidate set, or could not join
+	noLoad       string    // why the last successful probe had no load; "" when it had one
+	models       []string  // the engine's models, sorted; nil until read
+	modelsAt     time.Time // when they were last read
+	modelsWhy    string    // why the last re-read failed; "" when it did not
+}
+
+// rankState is one data-parallel rank of an entry; guarded by Manager.mu.
+type rankState struct {
+	rank       uint32
+	member     *fleet.Worker // current generation while ready
+	obs        *fleet.EngineLoad
+	obsAt      time.Time
+	lastAt     time.Time // last report with a load, fresh or not
+	running    int64
+	hasRunning bool
+	capTokens  int64 // engine-reported capacity in tokens; 0 unknown
+	blockSize  int64 // engine block size in tokens; 0 unknown
 }
 
 // NewManager returns a Manager of r's membership with no workers; Sync
@@ -225,6 +351,12 @@ func NewManager(r Membership, o Options) (*Manager, error) {
 	}
 	if o.Debounce <= 0 {
 		o.Debounce = DefaultDebounce
+	}
+	if o.BlockSize <= 0 {
+		o.BlockSize = config.DefaultBlockSize
+	}
+	if o.ModelsInterval <= 0 {
+		o.ModelsInterval = DefaultModelsInterval
 	}
 	m := &Manager{r: r, o: o, log: o.Logger, entries: make(map[string]*entry), retired: make(map[string][]*fleet.Worker)}
 	m.ctx, m.cancel = context.WithCancel(context.Background())
@@ -252,7 +384,8 @@ func (m *Manager) Close() {
 // the changed ones. A worker whose url or metrics_url changed starts over
 // as a new endpoint (not ready until its first scrape); one whose role,
 // models or total_kv_blocks changed is replaced in the fleet at once by a
-// new generation when it is ready (its prefix-index entries are purged).
+// new generation when it is ready (its prefix-index entries are purged);
+// one whose kv_events block alone changed keeps its generation.
 // An unchanged worker is left alone. Sync checks ws first and changes
 // nothing when a worker is invalid, two share a name, or two names hash to
 // one id.
@@ -287,8 +420,8 @@ func (m *Manager) Sync(ws []config.Worker) error {
 			m.log.Info("worker endpoint changed", "worker", w.Name, "url", w.URL)
 		default:
 			e.cfg = cloneWorker(w)
-			if e.ready {
-				m.joinLocked(e)
+			if e.ready && !m.reconcileLocked(e) {
+				m.leaveLocked(e, e.leftWhy)
 			}
 			m.log.Info("worker changed", "worker", w.Name, "role", w.Role, "models", w.Models, "total_kv_blocks", w.TotalKVBlocks)
 		}
@@ -315,8 +448,10 @@ func check(ws []config.Worker) error {
 			return fmt.Errorf("workers: worker %q: no url", w.Name)
 		case !w.Role.Valid():
 			return fmt.Errorf("workers: worker %q: invalid role %q", w.Name, w.Role)
-		case w.TotalKVBlocks <= 0:
-			return fmt.Errorf("workers: worker %q: total_kv_blocks %d, want > 0", w.Name, w.TotalKVBlocks)
+		case w.TotalKVBlocks < 0:
+			return fmt.Errorf("workers: worker %q: total_kv_blocks %d, want > 0 (or 0: from the engine)", w.Name, w.TotalKVBlocks)
+		case w.Models != nil && len(w.Models) == 0:
+			return fmt.Errorf("workers: worker %q: an empty models list (nil: from the engine)", w.Name)
 		}
 		if other, dup := ids[ID(w.Name)]; dup {
 			return fmt.Errorf("workers: workers %q and %q have the same id; rename one", other, w.Name)
@@ -329,13 +464,17 @@ func check(ws []config.Worker) error {
 
 func cloneWorker(w config.Worker) config.Worker {
 	w.Models = slices.Clone(w.Models)
+	if w.KVEvents != nil {
+		k := *w.KVEvents
+		w.KVEvents = &k
+	}
 	return w
 }
 
 // startLocked adds an entry for w and starts its scrape loop.
 func (m *Manager) startLocked(w config.Worker) {
 	ctx, stop := context.WithCancel(m.ctx)
-	e := &entry{cfg: cloneWorker(w), id: ID(w.Name), stop: stop}
+	e := &entry{cfg: cloneWorker(w), id: ID(w.Name), stop: stop, ranks: []*rankState{{}}}
 	e.gens, m.retired[w.Name] = m.retired[w.Name], nil
 	delete(m.retired, w.Name)
 	m.entries[w.Name] = e
@@ -358,35 +497,127 @@ func (m *Manager) dropLocked(e *entry, why string) {
 	}
 }
 
-// joinLocked (re)joins e to the fleet as a new generation carrying its
-// fresh engine report.
+// modelsLocked returns the models e is routed for and where they came
+// from: its block's, else its engine's (nil, "" while unknown).
+func (e *entry) modelsLocked() ([]string, string) {
+	switch {
+	case e.cfg.Models != nil:
+		return e.cfg.Models, "config"
+	case e.models != nil:
+		return e.models, "engine"
+	}
+	return nil, ""
+}
+
+// capacityLocked returns rs's capacity in router blocks and where it came
+// from: the block's total_kv_blocks, else the engine's report converted
+// (RouterBlocks), else 0 and "".
+func (m *Manager) capacityLocked(e *entry, rs *rankState) (int64, string) {
+	if e.cfg.TotalKVBlocks > 0 {
+		return e.cfg.TotalKVBlocks, "config"
+	}
+	if n := RouterBlocks(rs.capTokens, int64(m.o.BlockSize)); n > 0 {
+		return n, "engine"
+	}
+	return 0, ""
+}
+
+// specLocked is the fleet.Spec rs should be a member under.
+func (m *Manager) specLocked(e *entry, rs *rankState) fleet.Spec {
+	models, _ := e.modelsLocked()
+	blocks, _ := m.capacityLocked(e, rs)
+	return fleet.Spec{
+		ID: e.id, DPRank: rs.rank, Role: e.cfg.Role, TotalKVBlocks: blocks,
+		Name: e.cfg.Name, Models: slices.Clone(models), EngineBlockSize: rs.blockSize, DataParallel: e.ranked,
+	}
+}
+
+func sameSpec(a, b fleet.Spec) bool {
+	return a.ID == b.ID && a.DPRank == b.DPRank && a.Role == b.Role && a.TotalKVBlocks == b.TotalKVBlocks &&
+		a.Name == b.Name && slices.Equal(a.Models, b.Models) && a.EngineBlockSize == b.EngineBlockSize &&
+		a.DataParallel == b.DataParallel
+}
+
+// joinLocked joins every rank of e to the fleet as a new generation
+// carrying its fresh engine report.
 func (m *Manager) joinLocked(e *entry) {
-	w, err := m.r.AddWorker(fleet.Spec{
-		ID:            e.id,
-		Role:          e.cfg.Role,
-		TotalKVBlocks: e.cfg.TotalKVBlocks,
-		Name:          e.cfg.Name,
-		Models:        slices.Clone(e.cfg.Models),
-	})
-	if err != nil {
-		m.log.Error("worker cannot join", "worker", e.cfg.Name, "error", err)
-		e.leftWhy = "cannot join the fleet: " + err.Error()
+	e.ready = true
+	if !m.reconcileLocked(e) {
+		m.leaveLocked(e, e.leftWhy)
 		return
 	}
-	w.SetEngineLoad(e.obs)
-	e.ready, e.member = true, w
-	e.gens = append(e.gens, w)
 	e.requestFails, e.leftWhy = 0, ""
 }
 
-// leaveLocked takes e out of the candidate set.
-func (m *Manager) leaveLocked(e *entry, why string) {
-	if err := m.r.RemoveWorker(e.id, 0); err != nil {
-		m.log.Error("worker removal failed", "worker", e.cfg.Name, "error", err)
+// reconcileLocked makes the fleet hold each rank of the ready e under its
+// current spec: a rank without a member, or whose spec changed (models,
+// capacity, role), joins as a new generation; the others get their fresh
+// engine load. It reports false, with e.leftWhy set, when the fleet
+// refused a rank.
+func (m *Manager) reconcileLocked(e *entry) bool {
+	for _, rs := range e.ranks {
+		want := m.specLocked(e, rs)
+		if rs.member != nil && sameSpec(rs.member.Spec, want) {
+			rs.member.SetEngineLoad(rs.obs)
+			continue
+		}
+		w, err := m.r.AddWorker(want)
+		if err != nil {
+			m.log.Error("worker cannot join", "worker", e.cfg.Name, "rank", rs.rank, "error", err)
+			e.leftWhy = "cannot join the fleet: " + err.Error()
+			return false
+		}
+		if rs.member != nil {
+			m.log.Info("worker changed", "worker", e.cfg.Name, "rank", rs.rank, "models", want.Models,
+				"total_kv_blocks", want.TotalKVBlocks, "generation", w.Generation)
+		}
+		w.SetEngineLoad(rs.obs)
+		rs.member = w
+		e.gens = append(e.gens, w)
 	}
-	e.ready, e.member = false, nil
+	return true
+}
+
+// leaveLocked takes every rank of e out of the candidate set.
+func (m *Manager) leaveLocked(e *entry, why string) {
+	for _, rs := range e.ranks {
+		m.removeRankLocked(e, rs)
+	}
+	e.ready = false
 	e.leftAt, e.leftWhy = time.Now(), why
 	m.log.Warn("worker not ready", "worker", e.cfg.Name, "reason", why)
+}
+
+// removeRankLocked takes rs's member, if any, out of the fleet.
+func (m *Manager) removeRankLocked(e *entry, rs *rankState) {
+	if rs.member == nil {
+		return
+	}
+	if err := m.r.RemoveWorker(e.id, rs.rank); err != nil {
+		m.log.Error("worker removal failed", "worker", e.cfg.Name, "rank", rs.rank, "error", err)
+	}
+	rs.member = nil
+}
+
+// outcome is one probe's result.
+type outcome struct {
+	rep    Engine
+	noLoad string
+	err    error
+	// fetched is true when the engine's models were read: models, or
+	// modelsErr.
+	fetched   bool
+	models    []string
+	modelsErr error
+}
+
+// modelsDue reports whether a successful probe of e started at now reads
+// the engine's models: the block sets none, and they are unknown, or e is
+// not ready (it will join with a fresh list), or ModelsInterval passed.
+func (m *Manager) modelsDue(e *entry, now time.Time) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return e.cfg.Models == nil && (e.models == nil || !e.ready || now.Sub(e.modelsAt) >= m.o.ModelsInterval)
 }
 
 // run probes w's engine every interval until ctx ends.
@@ -396,13 +627,20 @@ func (m *Manager) run(ctx context.Context, e *entry, w config.Worker) {
 	defer t.Stop()
 	for {
 		start := time.Now()
+		var o outcome
 		sctx, cancel := context.WithTimeout(ctx, m.o.ScrapeInterval)
-		rep, noLoad, err := probe(sctx, m.o.Client, w, m.o.ScrapeInterval)
+		o.rep, o.noLoad, o.err = probe(sctx, m.o.Client, w, m.o.ScrapeInterval)
 		cancel()
+		if o.err == nil && w.Models == nil && m.modelsDue(e, start) {
+			mctx, cancel := context.WithTimeout(ctx, m.o.ScrapeInterval)
+			o.models, o.modelsErr = fetchModels(mctx, m.o.Client, w.URL+"/v1/models", m.o.ScrapeInterval)
+			o.fetched = true
+			cancel()
+		}
 		if ctx.Err() != nil {
 			return
 		}
-		m.observe(e, start, rep, noLoad, err)
+		m.observe(e, start, o)
 		select {
 		case <-ctx.Done():
 			return
@@ -412,13 +650,17 @@ func (m *Manager) run(ctx context.Context, e *entry, w config.Worker) {
 }
 
 // observe applies one probe's outcome to e.
-func (m *Manager) observe(e *entry, start time.Time, rep Engine, noLoad string, err error) {
+func (m *Manager) observe(e *entry, start time.Time, o outcome) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.entries[e.cfg.Name] != e {
 		return // removed or replaced meanwhile
 	}
 	now := time.Now()
+	err := o.err
+	if err == nil && o.fetched && o.modelsErr != nil && e.models == nil && e.cfg.Models == nil {
+		err = o.modelsErr // without models the worker cannot serve
+	}
 	if err != nil {
 		e.scrapeFails++
 		if e.lastErr == nil || e.lastErr.Error() != err.Error() {
@@ -432,33 +674,93 @@ func (m *Manager) observe(e *entry, start time.Time, rep Engine, noLoad string, 
 	} else {
 		e.scrapeFails, e.lastErr = 0, nil
 		switch {
-		case noLoad != "" && e.noLoad != noLoad:
-			m.log.Warn("worker engine load unknown: LOAD is unavailable, not idle", "worker", e.cfg.Name, "reason", noLoad)
-		case noLoad == "" && e.noLoad != "":
+		case o.noLoad != "" && e.noLoad != o.noLoad:
+			m.log.Warn("worker engine load unknown: LOAD is unavailable, not idle", "worker", e.cfg.Name, "reason", o.noLoad)
+		case o.noLoad == "" && e.noLoad != "":
 			m.log.Info("worker engine load known again", "worker", e.cfg.Name)
 		}
-		e.noLoad = noLoad
-		if rep.Load != nil {
-			e.obs, e.obsAt = rep.Load, now
-		}
-		if rep.HasRunning {
-			e.running, e.hasRunning = rep.Running, true
-		}
+		e.noLoad = o.noLoad
+		m.applyModelsLocked(e, o, now)
+		m.applyReportLocked(e, o.rep, now)
 		switch {
 		case !e.ready && start.After(e.leftAt):
 			m.joinLocked(e)
 			if e.ready {
-				m.log.Info("worker ready", "worker", e.cfg.Name, "generation", e.member.Generation)
+				m.log.Info("worker ready", "worker", e.cfg.Name, "generation", e.ranks[0].member.Generation,
+					"ranks", len(e.ranks), "models", e.ranks[0].member.Models, "total_kv_blocks", e.ranks[0].member.TotalKVBlocks)
 			}
-		case e.ready && rep.Load != nil:
-			e.member.SetEngineLoad(rep.Load)
+		case e.ready:
+			if !m.reconcileLocked(e) {
+				m.leaveLocked(e, e.leftWhy)
+			}
 		}
 	}
-	if e.obs != nil && now.Sub(e.obsAt) > StaleIntervals*m.o.ScrapeInterval {
-		e.obs = nil
-		if e.member != nil {
-			e.member.SetEngineLoad(nil)
+	for _, rs := range e.ranks {
+		if rs.obs != nil && now.Sub(rs.obsAt) > StaleIntervals*m.o.ScrapeInterval {
+			rs.obs, rs.hasRunning = nil, false
+			if rs.member != nil {
+				rs.member.SetEngineLoad(nil)
+			}
 		}
+	}
+}
+
+// applyModelsLocked records a read of the engine's models.
+func (m *Manager) applyModelsLocked(e *entry, o outcome, now time.Time) {
+	switch {
+	case !o.fetched:
+	case o.modelsErr == nil:
+		if e.models != nil && !slices.Equal(e.models, o.models) {
+			m.log.Info("worker models changed", "worker", e.cfg.Name, "was", e.models, "now", o.models)
+		}
+		e.models, e.modelsAt, e.modelsWhy = o.models, now, ""
+	default:
+		why := "models not re-read, the last list stays: " + o.modelsErr.Error()
+		if e.modelsWhy != why {
+			m.log.Info("worker models not re-read; the last list stays", "worker", e.cfg.Name, "reason", o.modelsErr.Error())
+		}
+		e.modelsWhy = why
+	}
+}
+
+// applyReportLocked records rep's ranks: their loads, running counts,
+// capacities and block sizes. A report with ranks makes them e's ranks
+// (ranks it no longer lists leave the fleet); one without (no engine
+// metrics) changes none.
+func (m *Manager) applyReportLocked(e *entry, rep Engine, now time.Time) {
+	if len(rep.Ranks) == 0 {
+		return
+	}
+	e.ranked = rep.Ranked
+	old := e.ranks
+	e.ranks = make([]*rankState, 0, len(rep.Ranks))
+	i := 0
+	for _, r := range rep.Ranks {
+		for i < len(old) && old[i].rank < r.Rank {
+			m.removeRankLocked(e, old[i]) // a rank the engine no longer reports
+			i++
+		}
+		rs := &rankState{rank: r.Rank}
+		if i < len(old) && old[i].rank == r.Rank {
+			rs = old[i]
+			i++
+		}
+		if r.Load != nil {
+			rs.obs, rs.obsAt, rs.lastAt = r.Load, now, now
+		}
+		if r.HasRunning {
+			rs.running, rs.hasRunning = r.Running, true
+		}
+		if r.CapacityTokens > 0 {
+			rs.capTokens = r.CapacityTokens
+		}
+		if r.BlockSize > 0 {
+			rs.blockSize = r.BlockSize
+		}
+		e.ranks = append(e.ranks, rs)
+	}
+	for ; i < len(old); i++ {
+		m.removeRankLocked(e, old[i])
 	}
 }
 
@@ -508,7 +810,7 @@ func (m *Manager) Serves(model string) bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, e := range m.entries {
-		if slices.Contains(e.cfg.Models, model) {
+		if models, _ := e.modelsLocked(); slices.Contains(models, model) {
 			return true
 		}
 	}
@@ -522,52 +824,80 @@ func (m *Manager) Models() []string {
 	defer m.mu.Unlock()
 	var out []string
 	for _, e := range m.entries {
-		out = append(out, e.cfg.Models...)
+		models, _ := e.modelsLocked()
+		out = append(out, models...)
 	}
 	slices.Sort(out)
 	return slices.Compact(out)
 }
 
-// Status returns every configured worker's state, sorted by name.
+// Status returns every configured worker's state, sorted by name. The
+// Options.Streams and IndexBlocks hooks are called after the Manager's
+// lock is released.
 func (m *Manager) Status() []Status {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	out := make([]Status, 0, len(m.entries))
 	for _, e := range m.entries {
-		out = append(out, e.statusLocked())
+		out = append(out, m.statusLocked(e))
 	}
-	slices.SortFunc(out, func(a, b Status) int {
-		switch {
-		case a.Config.Name < b.Config.Name:
-			return -1
-		case a.Config.Name > b.Config.Name:
-			return 1
-		}
-		return 0
-	})
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b Status) int { return strings.Compare(a.Config.Name, b.Config.Name) })
+	for i := range out {
+		m.hooks(&out[i])
+	}
 	return out
 }
 
 // StatusOf returns the state of the worker named name.
 func (m *Manager) StatusOf(name string) (Status, bool) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
 	e := m.entries[name]
 	if e == nil {
+		m.mu.Unlock()
 		return Status{}, false
 	}
-	return e.statusLocked(), true
+	s := m.statusLocked(e)
+	m.mu.Unlock()
+	m.hooks(&s)
+	return s, true
 }
 
-func (e *entry) statusLocked() Status {
+// hooks fills s's ranks' event streams and index sizes from the Options'
+// hooks.
+func (m *Manager) hooks(s *Status) {
+	for i := range s.Ranks {
+		r := &s.Ranks[i]
+		if m.o.Streams != nil {
+			if es, ok := m.o.Streams(s.ID, r.Rank); ok {
+				r.Events = &es
+			}
+		}
+		if m.o.IndexBlocks != nil {
+			r.IndexBlocks, r.HasIndexBlocks = m.o.IndexBlocks(s.ID, r.Rank)
+		}
+	}
+}
+
+func (m *Manager) statusLocked(e *entry) Status {
 	s := Status{
-		Config: cloneWorker(e.cfg), ID: e.id, Ready: e.ready, Member: e.member,
-		Load: e.obs, ObservedAt: e.obsAt, Running: e.running, HasRunning: e.hasRunning,
+		Config: cloneWorker(e.cfg), ID: e.id, Ready: e.ready, Ranked: e.ranked,
 		ScrapeFailures: e.scrapeFails, RequestFailures: e.requestFails, LastError: e.lastErr,
 	}
-	if s.Load == nil {
-		s.ObservedAt = time.Time{}
+	models, src := e.modelsLocked()
+	s.Models, s.ModelsSource = slices.Clone(models), src
+	for _, rs := range e.ranks {
+		r := RankStatus{
+			Rank: rs.rank, Member: rs.member, Load: rs.obs, ObservedAt: rs.obsAt, LastReport: rs.lastAt,
+			Running: rs.running, HasRunning: rs.hasRunning, EngineBlockSize: rs.blockSize,
+		}
+		if r.Load == nil {
+			r.ObservedAt = time.Time{}
+		}
+		r.TotalKVBlocks, r.CapacitySource = m.capacityLocked(e, rs)
+		s.Ranks = append(s.Ranks, r)
 	}
+	r0 := s.Ranks[0]
+	s.Member, s.Load, s.ObservedAt, s.Running, s.HasRunning = r0.Member, r0.Load, r0.ObservedAt, r0.Running, r0.HasRunning
 	switch {
 	case e.lastErr != nil:
 		s.Reason = e.lastErr.Error()
@@ -575,8 +905,10 @@ func (e *entry) statusLocked() Status {
 		s.Reason = e.leftWhy
 	case !e.ready:
 		s.Reason = "not probed yet"
-	default:
+	case e.noLoad != "":
 		s.Reason = e.noLoad
+	default:
+		s.Reason = e.modelsWhy
 	}
 	return s
 }
@@ -589,7 +921,7 @@ func (e *entry) activeLocked() int64 {
 	for _, w := range e.gens {
 		a := w.ActiveRequests()
 		n += a
-		if a != 0 || w == e.member {
+		if a != 0 || e.current(w) {
 			kept = append(kept, w)
 		}
 	}
@@ -598,31 +930,58 @@ func (e *entry) activeLocked() int64 {
 	return n
 }
 
+// current reports whether w is the current generation of one of e's ranks.
+func (e *entry) current(w *fleet.Worker) bool {
+	for _, rs := range e.ranks {
+		if rs.member == w {
+			return true
+		}
+	}
+	return false
+}
+
 var (
 	readyDesc = prometheus.NewDesc("switchyard_worker_ready",
 		"1 when the worker is in the candidate set, 0 when it is configured but not ready.", []string{"worker"}, nil)
 	activeDesc = prometheus.NewDesc("switchyard_worker_active_requests",
 		"Requests in flight on the worker (ACTIVE_REQUESTS), over every generation it joined under; a worker removed from the configuration keeps its series until its requests finish.", []string{"worker"}, nil)
+	rankLabels  = []string{"worker", "rank"}
+	kvUsageDesc = prometheus.NewDesc("switchyard_worker_engine_kv_usage",
+		"The engine's KV-cache usage (0..1) for the worker's data-parallel rank, while its report is fresh.", rankLabels, nil)
+	waitingDesc = prometheus.NewDesc("switchyard_worker_engine_waiting_requests",
+		"Requests the engine reports waiting in its queue, per data-parallel rank, while its report is fresh.", rankLabels, nil)
+	runningDesc = prometheus.NewDesc("switchyard_worker_engine_running_requests",
+		"Requests the engine reports running, per data-parallel rank, while its report is fresh.", rankLabels, nil)
+	capacityDesc = prometheus.NewDesc("switchyard_worker_capacity_blocks",
+		"The rank's KV capacity in router blocks (router.block_size tokens), configured or reported by the engine; 0 while unknown.", rankLabels, nil)
+	ageDesc = prometheus.NewDesc("switchyard_worker_engine_report_age_seconds",
+		"Seconds since the engine's last load report for the rank (absent until one arrives).", rankLabels, nil)
+	availableDesc = prometheus.NewDesc("switchyard_worker_engine_load_available",
+		"1 while the rank's engine load report is fresh (LOAD available), 0 when unknown, which differs from idle.", rankLabels, nil)
+	eventsDesc = prometheus.NewDesc("switchyard_worker_kv_events_total",
+		"KV-cache events received from the engine for the rank (workers with a kv_events block).", rankLabels, nil)
+	gapsDesc = prometheus.NewDesc("switchyard_worker_kv_event_gaps_total",
+		"Sequence gaps in the rank's KV-event stream (a lost message or a restarted engine).", rankLabels, nil)
 )
 
 // collector reads the Manager's state at each collection.
 type collector struct{ m *Manager }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	ch <- readyDesc
-	ch <- activeDesc
+	for _, d := range []*prometheus.Desc{readyDesc, activeDesc, kvUsageDesc, waitingDesc, runningDesc, capacityDesc, ageDesc, availableDesc, eventsDesc, gapsDesc} {
+		ch <- d
+	}
 }
 
 func (c collector) Collect(ch chan<- prometheus.Metric) {
+	type active struct {
+		name string
+		n    int64
+	}
+	var actives []active
 	c.m.mu.Lock()
-	defer c.m.mu.Unlock()
 	for name, e := range c.m.entries {
-		ready := 0.0
-		if e.ready {
-			ready = 1
-		}
-		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, ready, name)
-		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(e.activeLocked()), name)
+		actives = append(actives, active{name, e.activeLocked()})
 	}
 	for name, gens := range c.m.retired {
 		var n int64
@@ -639,6 +998,47 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			continue
 		}
 		c.m.retired[name] = kept
-		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(n), name)
+		actives = append(actives, active{name, n})
+	}
+	c.m.mu.Unlock()
+	for _, a := range actives {
+		ch <- prometheus.MustNewConstMetric(activeDesc, prometheus.GaugeValue, float64(a.n), a.name)
+	}
+	now := time.Now()
+	gauge := func(d *prometheus.Desc, v float64, name, rank string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name, rank)
+	}
+	for _, st := range c.m.Status() {
+		name := st.Config.Name
+		ready := 0.0
+		if st.Ready {
+			ready = 1
+		}
+		ch <- prometheus.MustNewConstMetric(readyDesc, prometheus.GaugeValue, ready, name)
+		for _, r := range st.Ranks {
+			rank := strconv.FormatUint(uint64(r.Rank), 10)
+			gauge(capacityDesc, float64(r.TotalKVBlocks), name, rank)
+			available := 0.0
+			if l := r.Load; l != nil {
+				available = 1
+				if l.HasKVUsage {
+					gauge(kvUsageDesc, l.KVUsage, name, rank)
+				}
+				if l.HasWaiting {
+					gauge(waitingDesc, float64(l.Waiting), name, rank)
+				}
+			}
+			gauge(availableDesc, available, name, rank)
+			if r.HasRunning {
+				gauge(runningDesc, float64(r.Running), name, rank)
+			}
+			if !r.LastReport.IsZero() {
+				gauge(ageDesc, now.Sub(r.LastReport).Seconds(), name, rank)
+			}
+			if r.Events != nil {
+				ch <- prometheus.MustNewConstMetric(eventsDesc, prometheus.CounterValue, float64(r.Events.Received), name, rank)
+				ch <- prometheus.MustNewConstMetric(gapsDesc, prometheus.CounterValue, float64(r.Events.Gaps), name, rank)
+			}
+		}
 	}
 }

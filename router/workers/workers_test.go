@@ -412,7 +412,8 @@ func TestSyncAddRemoveChange(t *testing.T) {
 	// An invalid set changes nothing.
 	for _, bad := range [][]config.Worker{
 		{a2, a2},
-		{func() config.Worker { w := c; w.TotalKVBlocks = 0; return w }()},
+		{func() config.Worker { w := c; w.TotalKVBlocks = -1; return w }()},
+		{func() config.Worker { w := c; w.Models = []string{}; return w }()},
 		{func() config.Worker { w := c; w.Role = "both"; return w }()},
 	} {
 		if err := m.Sync(bad); err == nil {

@@ -1,0 +1,378 @@
+package workers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// vEngine is a fake vLLM engine: /metrics serves metrics, /v1/models
+// serves models (an OpenAI list body), or answers modelsCode when set.
+type vEngine struct {
+	srv        *httptest.Server
+	mu         sync.Mutex
+	metrics    string
+	models     string
+	modelsCode int
+}
+
+func newVEngine(t *testing.T, metrics, models string) *vEngine {
+	t.Helper()
+	e := &vEngine{metrics: metrics, models: models}
+	e.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		e.mu.Lock()
+		metrics, models, code := e.metrics, e.models, e.modelsCode
+		e.mu.Unlock()
+		switch r.URL.Path {
+		case "/metrics":
+			fmt.Fprint(w, metrics)
+		case "/v1/models":
+			if code != 0 {
+				http.Error(w, "no", code)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			fmt.Fprint(w, models)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(e.srv.Close)
+	return e
+}
+
+func (e *vEngine) set(f func(e *vEngine)) {
+	e.mu.Lock()
+	f(e)
+	e.mu.Unlock()
+}
+
+// urlOnly is a worker block with a url only.
+func urlOnly(name, url string) config.Worker {
+	return config.Worker{Name: name, URL: url, MetricsURL: url + "/metrics", Role: shared.RoleAggregated}
+}
+
+// modelList is an OpenAI model list as vLLM serves it: a LoRA adapter
+// names its base model in "parent".
+func modelList(ids ...string) string {
+	var parts []string
+	for i, id := range ids {
+		parent := "null"
+		if i > 0 {
+			parent = fmt.Sprintf("%q", ids[0])
+		}
+		parts = append(parts, fmt.Sprintf(`{"id":%q,"object":"model","created":1,"owned_by":"vllm","root":%q,"parent":%s,"max_model_len":4096}`, id, id, parent))
+	}
+	return `{"object":"list","data":[` + strings.Join(parts, ",") + `]}`
+}
+
+// ranksOf returns the fleet members of the worker called name, by rank.
+func ranksOf(r *router.Router, name string) []*fleet.Worker {
+	var out []*fleet.Worker
+	for _, w := range r.Workers("", shared.RoleAggregated) {
+		if w.Name == name {
+			out = append(out, w)
+		}
+	}
+	slices.SortFunc(out, func(a, b *fleet.Worker) int { return int(a.DPRank) - int(b.DPRank) })
+	return out
+}
+
+// TestURLOnlyWorkerDiscovery: a worker block with only a url joins with
+// the engine's models and capacity, one candidate per data-parallel rank
+// with its own load; model changes, rank changes and the block's
+// overrides rejoin it.
+func TestURLOnlyWorkerDiscovery(t *testing.T) {
+	r := newRouter(t) // block size 16
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast, ModelsInterval: 50 * time.Millisecond, BlockSize: 16})
+	e := newVEngine(t, vllmDP, modelList("llama", "llama-lora"))
+	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
+	ws := ranksOf(r, "w")
+	for i, want := range []fleet.Spec{
+		{ID: ID("w"), DPRank: 0, Role: shared.RoleAggregated, TotalKVBlocks: 2048, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16, DataParallel: true},
+		{ID: ID("w"), DPRank: 1, Role: shared.RoleAggregated, TotalKVBlocks: 1024, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16, DataParallel: true},
+	} {
+		if !sameSpec(ws[i].Spec, want) {
+			t.Errorf("rank %d spec = %+v, want %+v", i, ws[i].Spec, want)
+		}
+	}
+	// Each rank has its own load: rank 1 full with 9 waiting, rank 0 idle.
+	if l := ws[0].Load(false); !l.Available || l.KVUsage != 0.1 || l.Waiting != 0 {
+		t.Errorf("rank 0 load = %+v", l)
+	}
+	if l := ws[1].Load(false); !l.Available || l.KVUsage != 1 || l.Waiting != 9 {
+		t.Errorf("rank 1 load = %+v", l)
+	}
+	st, _ := m.StatusOf("w")
+	if !st.Ready || !st.Ranked || st.ModelsSource != "engine" || !slices.Equal(st.Models, []string{"llama", "llama-lora"}) || len(st.Ranks) != 2 {
+		t.Fatalf("status = %+v", st)
+	}
+	for i, r := range st.Ranks {
+		if r.CapacitySource != "engine" || r.EngineBlockSize != 16 || !r.HasRunning || r.Member != ws[i] {
+			t.Errorf("rank %d status = %+v", i, r)
+		}
+	}
+	if st.Ranks[1].Running != 12 || st.Ranks[0].Running != 1 {
+		t.Errorf("running = %d, %d; want 1, 12", st.Ranks[0].Running, st.Ranks[1].Running)
+	}
+	if !m.Serves("llama-lora") || m.Serves("qwen") {
+		t.Error("Serves does not follow the engine's models")
+	}
+
+	// The engine's models change: both ranks rejoin with the new list.
+	gen := ws[1].Generation
+	e.set(func(e *vEngine) { e.models = modelList("qwen") })
+	eventually(t, "models re-read", func() bool {
+		ws := ranksOf(r, "w")
+		return len(ws) == 2 && slices.Equal(ws[0].Models, []string{"qwen"}) && slices.Equal(ws[1].Models, []string{"qwen"})
+	})
+	if ranksOf(r, "w")[1].Generation <= gen {
+		t.Error("a model change did not make a new generation")
+	}
+	if !slices.Equal(names(r, "qwen", shared.RoleAggregated), []string{"w", "w"}) || names(r, "llama", shared.RoleAggregated) != nil {
+		t.Errorf("model partitions: qwen %v, llama %v", names(r, "qwen", shared.RoleAggregated), names(r, "llama", shared.RoleAggregated))
+	}
+
+	// A re-read that fails keeps the last list, and says why.
+	e.set(func(e *vEngine) { e.modelsCode = http.StatusInternalServerError })
+	eventually(t, "re-read failure reported", func() bool {
+		st, _ := m.StatusOf("w")
+		return strings.Contains(st.Reason, "models not re-read") && st.Ready
+	})
+	if ws := ranksOf(r, "w"); len(ws) != 2 || !slices.Equal(ws[0].Models, []string{"qwen"}) {
+		t.Fatalf("after a failed re-read: %v", ws)
+	}
+	e.set(func(e *vEngine) { e.modelsCode = 0 })
+
+	// The engine drops to one engine: rank 1 leaves, rank 0 stays.
+	r0 := ranksOf(r, "w")[0]
+	e.set(func(e *vEngine) {
+		e.metrics = `vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="2048"} 1
+vllm:num_requests_waiting{engine="0"} 2
+`
+	})
+	eventually(t, "one rank", func() bool { return len(ranksOf(r, "w")) == 1 })
+	// Rank 0 rejoins: requests to it no longer name a rank.
+	eventually(t, "rank 0 not data-parallel", func() bool { ws := ranksOf(r, "w"); return len(ws) == 1 && !ws[0].DataParallel })
+	if ws := ranksOf(r, "w"); ws[0].Generation <= r0.Generation || ws[0].DPRank != 0 {
+		t.Errorf("rank 0 generation %d, was %d", ws[0].Generation, r0.Generation)
+	}
+	eventually(t, "not ranked", func() bool { st, _ := m.StatusOf("w"); return !st.Ranked && len(st.Ranks) == 1 })
+
+	// The block's values override the engine's.
+	over := urlOnly("w", e.srv.URL)
+	over.Models, over.TotalKVBlocks = []string{"x"}, 7
+	if err := m.Sync([]config.Worker{over}); err != nil {
+		t.Fatal(err)
+	}
+	ws = ranksOf(r, "w")
+	if len(ws) != 1 || ws[0].TotalKVBlocks != 7 || !slices.Equal(ws[0].Models, []string{"x"}) {
+		t.Fatalf("overridden: %+v", ws[0].Spec)
+	}
+	st, _ = m.StatusOf("w")
+	if st.ModelsSource != "config" || st.Ranks[0].CapacitySource != "config" || st.Ranks[0].TotalKVBlocks != 7 {
+		t.Errorf("sources = %q, %q", st.ModelsSource, st.Ranks[0].CapacitySource)
+	}
+}
+
+// TestUnknownCapacity: an engine that does not report its capacity is
+// routable with TotalKVBlocks 0 until it does; then the worker rejoins
+// with it.
+func TestUnknownCapacity(t *testing.T) {
+	r := newRouter(t)
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast, BlockSize: 16})
+	e := newVEngine(t, "vllm:num_requests_waiting 1\n", modelList("llama"))
+	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "ready", func() bool { return member(r, "w") != nil })
+	w := member(r, "w")
+	if w.TotalKVBlocks != 0 || w.EngineBlockSize != 0 {
+		t.Fatalf("unknown capacity joined as %+v", w.Spec)
+	}
+	if d, err := r.Place(context.Background(), &shared.Request{Role: shared.RoleAggregated, Model: "llama", PromptTokens: 1}, router.Placement{}); err != nil || d.Worker != w {
+		t.Fatalf("unknown-capacity worker not routable: %v", err)
+	} else {
+		d.Booking.Release()
+	}
+	st, _ := m.StatusOf("w")
+	if st.Ranks[0].CapacitySource != "" || st.Ranks[0].TotalKVBlocks != 0 {
+		t.Errorf("capacity status = %+v", st.Ranks[0])
+	}
+	e.set(func(e *vEngine) {
+		e.metrics = "vllm:num_requests_waiting 1\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\n"
+	})
+	eventually(t, "capacity", func() bool { w := member(r, "w"); return w != nil && w.TotalKVBlocks == 100 })
+	if member(r, "w").Generation <= w.Generation || member(r, "w").EngineBlockSize != 16 {
+		t.Error("a reported capacity did not rejoin the worker")
+	}
+}
+
+// TestModelsUnknownNotReady: a URL-only worker whose engine's model list
+// cannot be read is not ready, and says why; it joins once the list is
+// readable.
+func TestModelsUnknownNotReady(t *testing.T) {
+	r := newRouter(t)
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast})
+	e := newVEngine(t, vllmMetrics, "")
+	e.set(func(e *vEngine) { e.modelsCode = http.StatusNotFound })
+	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {
+		t.Fatal(err)
+	}
+	want := "HTTP status 404 from " + e.srv.URL + "/v1/models"
+	eventually(t, "reason", func() bool { st, _ := m.StatusOf("w"); return st.Reason == want })
+	if st, _ := m.StatusOf("w"); st.Ready || st.Models != nil || member(r, "w") != nil {
+		t.Fatalf("ready without models: %+v", st)
+	}
+	e.set(func(e *vEngine) { e.modelsCode, e.models = 0, `{"data":[]}` })
+	eventually(t, "no model reason", func() bool {
+		st, _ := m.StatusOf("w")
+		return strings.Contains(st.Reason, "lists no model")
+	})
+	e.set(func(e *vEngine) { e.models = modelList("llama") })
+	eventually(t, "ready", func() bool { return member(r, "w") != nil })
+	if got := member(r, "w").Models; !slices.Equal(got, []string{"llama"}) {
+		t.Errorf("models = %v", got)
+	}
+}
+
+func TestFetchModelsBounds(t *testing.T) {
+	many := make([]string, MaxModels+1)
+	for i := range many {
+		many[i] = fmt.Sprintf("m%d", i)
+	}
+	for _, tt := range []struct{ name, body, want string }{
+		{"not json", "<html>", "does not answer an OpenAI model list"},
+		{"wrong shape", `{"data":{"id":"x"}}`, "does not answer an OpenAI model list"},
+		{"empty", `{"object":"list","data":[]}`, "lists no model"},
+		{"blank ids", `{"data":[{"id":" "}]}`, "lists no model"},
+		{"too many", modelList(many...), fmt.Sprintf("lists %d models, more than %d", MaxModels+1, MaxModels)},
+		{"long id", modelList(strings.Repeat("x", MaxModelBytes+1)), "a model id of 513 bytes"},
+		{"too large", `{"data":[{"id":"` + strings.Repeat("x", maxModelsBytes) + `"}]}`, "is over 4 MiB"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			e := newVEngine(t, "", tt.body)
+			_, err := fetchModels(context.Background(), http.DefaultClient, e.srv.URL+"/v1/models", time.Minute)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrModels) {
+				t.Errorf("error = %v, want ErrModels with %q", err, tt.want)
+			}
+		})
+	}
+	e := newVEngine(t, "", `{"data":[{"id":"b"},{"id":"a"},{"id":"b","parent":"a"}]}`)
+	got, err := fetchModels(context.Background(), http.DefaultClient, e.srv.URL+"/v1/models", time.Minute)
+	if err != nil || !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("models = %v, %v; want [a b]", got, err)
+	}
+}
+
+// TestRankMetricsAndHooks: /metrics has each rank's engine view, and the
+// KV-event and prefix-index hooks reach Status and /metrics.
+func TestRankMetricsAndHooks(t *testing.T) {
+	r := newRouter(t)
+	reg := prometheus.NewRegistry()
+	m, _ := newManager(t, r, Options{
+		ScrapeInterval: fast, BlockSize: 16, Registerer: reg,
+		Streams: func(id shared.WorkerID, rank uint32) (EventStream, bool) {
+			if rank != 1 {
+				return EventStream{}, false
+			}
+			return EventStream{State: "live", Received: 42, Gaps: 3}, true
+		},
+		IndexBlocks: func(id shared.WorkerID, rank uint32) (int64, bool) { return int64(rank) + 10, id == ID("w") },
+	})
+	e := newVEngine(t, vllmDP, modelList("llama"))
+	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
+	st, _ := m.StatusOf("w")
+	if st.Ranks[0].Events != nil || st.Ranks[1].Events == nil || *st.Ranks[1].Events != (EventStream{State: "live", Received: 42, Gaps: 3}) {
+		t.Errorf("events = %v, %v", st.Ranks[0].Events, st.Ranks[1].Events)
+	}
+	if !st.Ranks[1].HasIndexBlocks || st.Ranks[1].IndexBlocks != 11 {
+		t.Errorf("index blocks = %d, %v", st.Ranks[1].IndexBlocks, st.Ranks[1].HasIndexBlocks)
+	}
+	want := map[string]float64{
+		`switchyard_worker_engine_kv_usage{rank="0",worker="w"}`:           0.1,
+		`switchyard_worker_engine_kv_usage{rank="1",worker="w"}`:           1,
+		`switchyard_worker_engine_waiting_requests{rank="1",worker="w"}`:   9,
+		`switchyard_worker_engine_running_requests{rank="1",worker="w"}`:   12,
+		`switchyard_worker_capacity_blocks{rank="0",worker="w"}`:           2048,
+		`switchyard_worker_capacity_blocks{rank="1",worker="w"}`:           1024,
+		`switchyard_worker_engine_load_available{rank="0",worker="w"}`:     1,
+		`switchyard_worker_kv_events_total{rank="1",worker="w"}`:           42,
+		`switchyard_worker_kv_event_gaps_total{rank="1",worker="w"}`:       3,
+		`switchyard_worker_ready{worker="w"}`:                              1,
+		`switchyard_worker_engine_report_age_seconds{rank="0",worker="w"}`: -1, // present, >= 0
+	}
+	got := gathered(t, reg)
+	for k, v := range want {
+		g, ok := got[k]
+		switch {
+		case !ok:
+			t.Errorf("%s missing", k)
+		case v < 0 && g < 0:
+			t.Errorf("%s = %v, want >= 0", k, g)
+		case v >= 0 && g != v:
+			t.Errorf("%s = %v, want %v", k, g, v)
+		}
+	}
+	if _, ok := got[`switchyard_worker_kv_events_total{rank="0",worker="w"}`]; ok {
+		t.Error("kv events of a rank without a stream")
+	}
+	// The engine stops reporting: the load becomes unavailable, the age
+	// grows, capacity stays.
+	e.set(func(e *vEngine) { e.metrics = "" })
+	eventually(t, "load unavailable", func() bool {
+		return gathered(t, reg)[`switchyard_worker_engine_load_available{rank="1",worker="w"}`] == 0
+	})
+	got = gathered(t, reg)
+	if _, ok := got[`switchyard_worker_engine_waiting_requests{rank="1",worker="w"}`]; ok {
+		t.Error("stale waiting still exported")
+	}
+	if got[`switchyard_worker_capacity_blocks{rank="1",worker="w"}`] != 1024 || got[`switchyard_worker_engine_report_age_seconds{rank="1",worker="w"}`] <= 0 {
+		t.Errorf("after the reports stopped: %v", got)
+	}
+}
+
+// gathered returns reg's gauge and counter samples by
+// name{label="value",...} (labels in name order).
+func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var ls []string
+			for _, lp := range m.GetLabel() {
+				ls = append(ls, fmt.Sprintf("%s=%q", lp.GetName(), lp.GetValue()))
+			}
+			v := m.GetGauge().GetValue()
+			if m.GetCounter() != nil {
+				v = m.GetCounter().GetValue()
+			}
+			out[mf.GetName()+"{"+strings.Join(ls, ",")+"}"] = v
+		}
+	}
+	return out
+}
