@@ -36,6 +36,8 @@ type genRequest struct {
 	// prefill: do_remote_decode, answer one token and the KV's
 	// kv_transfer_params, not streamed.
 	prefill bool
+	// ids are the prompt's token ids, nil for text hashed by bytes.
+	ids []int64
 }
 
 // kvTransferParams is the part of a request's kv_transfer_params the mock
@@ -228,6 +230,7 @@ func (s *Server) parse(body []byte, chat bool) (*genRequest, sim.Request, *apiEr
 		}
 		r.InputLength = len(p.ids)
 		r.PrefixHashes = prefix.TokenBlocks(p.ids, s.cfg.BlockTokens)
+		req.ids = p.ids
 	} else {
 		r.InputLength = max(1, prefix.EstimateTokens(p.text, s.cfg.CharsPerToken))
 		r.PrefixHashes = prefix.TextBlocks(p.text, s.cfg.BlockTokens, s.cfg.CharsPerToken)
@@ -279,14 +282,20 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 		writeError(w, perr)
 		return
 	}
-	a := &active{prompt: sr.InputLength, output: sr.OutputLength, transferred: sr.KVTransferred, notify: make(chan struct{}, 1)}
+	eng, perr := s.pickEngine(r)
+	if perr != nil {
+		writeError(w, perr)
+		return
+	}
+	a := &active{prompt: sr.InputLength, output: sr.OutputLength, transferred: sr.KVTransferred, ids: req.ids, notify: make(chan struct{}, 1)}
+	w.Header().Set("x-mock-dp-rank", strconv.Itoa(eng.rank))
 	if sr.KVTransferred && sr.OutputLength == 1 {
 		// The one token was sampled by the prefill worker: nothing to
 		// compute here (the engine takes transferred requests of 2 tokens
 		// or more).
-		now := s.eng.simNow()
+		now := eng.simNow()
 		a.submitAt, a.times, a.done = now, []time.Duration{now}, true
-	} else if err := s.eng.submit(a, sr); err != nil {
+	} else if err := eng.submitPicked(a, sr); err != nil {
 		switch {
 		case errors.Is(err, sim.ErrRequestTooLarge):
 			writeError(w, badRequest("prompt of %d tokens plus max_tokens %d does not fit the KV cache of %d tokens (%d blocks of %d)",
@@ -301,10 +310,10 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 	finished := false
 	defer func() {
 		if !finished && a.id != 0 {
-			s.eng.abort(a.id) // client gone, write failed or shutdown
+			eng.abort(a.id) // client gone, write failed or shutdown
 		}
 	}()
-	g := generation{s: s, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix()}
+	g := generation{s: s, eng: eng, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix()}
 	if req.prefill {
 		g.kv = s.kvAnswer(r, sr)
 	}
@@ -362,6 +371,7 @@ var finishLength = "length"
 // generation is one request being answered.
 type generation struct {
 	s       *Server
+	eng     *engine // the rank serving it
 	w       http.ResponseWriter
 	a       *active
 	sr      sim.Request
@@ -418,7 +428,7 @@ func (g *generation) wait(r *http.Request) bool {
 		return true
 	case <-r.Context().Done():
 		return false
-	case <-g.s.eng.done:
+	case <-g.eng.done:
 		return false
 	}
 }

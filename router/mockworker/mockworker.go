@@ -94,12 +94,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/sim"
 )
@@ -148,14 +150,47 @@ type Config struct {
 	// NoMetrics makes GET /metrics answer 404, as SGLang started without
 	// --enable-metrics does; /health still answers 200.
 	NoMetrics bool
+	// DataParallelSize is the number of data-parallel ranks, each its own
+	// simulated engine with the whole Sim configuration (its own KV cache
+	// and queue), behind this one server. 0 means 1; at most
+	// MaxDataParallelSize.
+	DataParallelSize int
+
+	// KVEventsEndpoint, when set, publishes every rank's KV-cache events
+	// in vLLM's format on a ZeroMQ PUB socket listening there
+	// ("tcp://HOST:PORT"; vLLM's default is tcp://*:5557), rank N on PORT+N
+	// (port 0, a free port, only with one rank). See the package doc,
+	// "KV events".
+	KVEventsEndpoint string
+	// KVEventsReplayEndpoint, when set with KVEventsEndpoint, also listens
+	// there (a ROUTER socket, rank N on PORT+N) for replay requests,
+	// answered from the last KVEventsReplayBatches batches.
+	KVEventsReplayEndpoint string
+	// KVEventsTopic is the first frame of every published message; vLLM's
+	// default is "".
+	KVEventsTopic string
+	// KVEventsEncoding is the payload layout: kvevents.EncodingArray
+	// (positional events, vLLM before PR 42892, the zero value),
+	// kvevents.EncodingMap (events as maps with a "type" key, as vLLM
+	// since then and SGLang send) or kvevents.EncodingMapEnvelope.
+	KVEventsEncoding kvevents.Encoding
+	// KVEventsReplayBatches bounds the batches kept for replay per rank. 0
+	// means DefaultKVEventsReplayBatches (10,000, vLLM's buffer_steps).
+	KVEventsReplayBatches int
 }
+
+// MaxDataParallelSize bounds Config.DataParallelSize: each rank is a
+// goroutine and a simulated engine of its own.
+const MaxDataParallelSize = 64
 
 // Server is a mock engine. It implements http.Handler; create it with New
 // and stop its engine with Close.
 type Server struct {
-	cfg     Config
-	model   string // the listed model name
-	eng     *engine
+	cfg   Config
+	model string // the listed model name
+	// engines are the data-parallel ranks, by rank.
+	engines []*engine
+	pubs    []*kvPublisher // by rank; nil without KV events
 	mux     *http.ServeMux
 	created int64 // unix seconds at New, the models' "created"
 	seq     atomic.Int64
@@ -198,15 +233,29 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DefaultMaxTokens < 0 {
 		return nil, fmt.Errorf("mockworker: default max tokens %d, want > 0", cfg.DefaultMaxTokens)
 	}
+	if cfg.DataParallelSize == 0 {
+		cfg.DataParallelSize = 1
+	}
+	if cfg.DataParallelSize < 0 || cfg.DataParallelSize > MaxDataParallelSize {
+		return nil, fmt.Errorf("mockworker: data-parallel size %d, want 1 to %d", cfg.DataParallelSize, MaxDataParallelSize)
+	}
+	if cfg.KVEventsReplayBatches == 0 {
+		cfg.KVEventsReplayBatches = DefaultKVEventsReplayBatches
+	}
+	if cfg.KVEventsReplayBatches < 0 {
+		return nil, fmt.Errorf("mockworker: KV events replay batches %d, want > 0", cfg.KVEventsReplayBatches)
+	}
+	if cfg.KVEventsEncoding > kvevents.EncodingMapEnvelope {
+		return nil, fmt.Errorf("mockworker: KV events encoding %d is not one of kvevents' encodings", cfg.KVEventsEncoding)
+	}
+	if cfg.KVEventsReplayEndpoint != "" && cfg.KVEventsEndpoint == "" {
+		return nil, errors.New("mockworker: a KV events replay endpoint needs a KV events endpoint")
+	}
 	model := cfg.Model
 	if model == "" {
 		model = DefaultModel
 	}
-	w, err := sim.NewWorker(cfg.Sim)
-	if err != nil {
-		return nil, fmt.Errorf("mockworker: %w", err)
-	}
-	m := newMetrics(model)
+	m := newMetrics(model, cfg.DataParallelSize, cfg.Sim)
 	engineID := cfg.EngineID
 	if engineID == "" {
 		var rnd [4]byte
@@ -214,11 +263,36 @@ func New(cfg Config) (*Server, error) {
 		engineID = "mock-" + hex.EncodeToString(rnd[:])
 	}
 	s := &Server{cfg: cfg, model: model, mux: http.NewServeMux(), created: time.Now().Unix(), engineID: engineID}
-	s.eng = startEngine(w, cfg.Speedup, m)
+	if cfg.KVEventsEndpoint != "" {
+		o := kvEventsOptions{endpoint: cfg.KVEventsEndpoint, replay: cfg.KVEventsReplayEndpoint,
+			topic: cfg.KVEventsTopic, encoding: cfg.KVEventsEncoding, ringSize: cfg.KVEventsReplayBatches}
+		for r := range cfg.DataParallelSize {
+			p, err := newKVPublisher(o, r, m.ranks[r])
+			if err != nil {
+				s.closePubs()
+				return nil, fmt.Errorf("mockworker: %w", err)
+			}
+			s.pubs = append(s.pubs, p)
+		}
+	}
+	epoch := time.Now()
+	for r := range cfg.DataParallelSize {
+		w, err := sim.NewWorker(cfg.Sim) // validated above: cannot fail
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("mockworker: %w", err)
+		}
+		var p *kvPublisher
+		if s.pubs != nil {
+			p = s.pubs[r]
+		}
+		s.engines = append(s.engines, startEngine(r, w, epoch, cfg.Speedup, m.ranks[r], p))
+	}
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, false) })
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, true) })
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	if !cfg.NoMetrics {
 		s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	}
@@ -239,7 +313,32 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // Requests in flight end (a streamed one stops without [DONE], one that has
 // sent nothing gets 503) and new ones get 503. Close is idempotent. Call it
 // after http.Server.Shutdown to let in-flight requests finish first.
-func (s *Server) Close() { s.eng.close() }
+func (s *Server) Close() {
+	for _, e := range s.engines {
+		e.close()
+	}
+	s.closePubs()
+}
+
+func (s *Server) closePubs() {
+	for _, p := range s.pubs {
+		p.close()
+	}
+}
+
+// DataParallelSize returns the number of ranks.
+func (s *Server) DataParallelSize() int { return len(s.engines) }
+
+// KVEventsAddr returns the address rank's KV events PUB socket listens on
+// and its replay ROUTER socket's (nil without one), or nil, nil without KV
+// events or for a rank out of range. With port 0 in the endpoint it names
+// the port picked.
+func (s *Server) KVEventsAddr(rank int) (pub, replay net.Addr) {
+	if rank < 0 || rank >= len(s.pubs) {
+		return nil, nil
+	}
+	return s.pubs[rank].addr(), s.pubs[rank].replayAddr()
+}
 
 // errClosed is returned to requests once the engine stopped.
 var errClosed = errors.New("mock engine is shut down")
