@@ -63,6 +63,8 @@ type Event struct {
 	// SlidingWindow is kv_cache_spec_sliding_window, when HasSlidingWindow.
 	SlidingWindow    int64
 	HasSlidingWindow bool
+
+	extra [][]byte // ExtraKeys' storage, kept while ExtraKeys is nil
 }
 
 // Batch is one published EventBatch.
