@@ -170,12 +170,11 @@ func (p *kvPublisher) flush() {
 		p.mu.Unlock()
 	}
 	// The PUB socket queues without blocking; past its high-water mark it
-	// drops the batch, which subscribers see as a sequence gap.
-	if err := p.pub.Send(kvevents.Message(p.topic, seq, payload)); err != nil {
-		p.m.kvEventsDropped.Inc()
-		return
+	// drops the batch silently, which subscribers see as a sequence gap.
+	// It fails only once closed.
+	if p.pub.Send(kvevents.Message(p.topic, seq, payload)) == nil {
+		p.m.kvEventBatches.Inc()
 	}
-	p.m.kvEventBatches.Inc()
 }
 
 // endSeq is the replay end marker, -1 as 8 bytes big-endian.

@@ -27,7 +27,6 @@ type rankMetrics struct {
 	cacheQueries, cacheHits   prometheus.Counter
 	success                   prometheus.Counter
 	kvEventBatches            prometheus.Counter
-	kvEventsDropped           prometheus.Counter
 }
 
 func newMetrics(model string, ranks int, cfg sim.Config) *metrics {
@@ -49,9 +48,7 @@ func newMetrics(model string, ranks int, cfg sim.Config) *metrics {
 	success := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm:request_success_total", Help: "Count of successfully processed requests.",
 	}, []string{"model_name", "engine", "finished_reason"})
-	batches := counter("mock_kv_event_batches_total", "KV event batches published (switchyard mock engine).")
-	dropped := counter("mock_kv_event_batches_dropped_total",
-		"KV event batches not sent because the publisher's queue was full; subscribers see a sequence gap (switchyard mock engine).")
+	batches := counter("mock_kv_event_batches_total", "KV event batches handed to the PUB socket (switchyard mock engine; past the socket's high-water mark it drops them).")
 	// vLLM's CacheConfig.metrics_info: every field of the cache config as a
 	// label (str() of its value), plus engine. The mock sets the ones it
 	// models; num_gpu_blocks and block_size are the simulated engine's.
@@ -60,7 +57,7 @@ func newMetrics(model string, ranks int, cfg sim.Config) *metrics {
 	}, []string{"block_size", "cache_dtype", "enable_prefix_caching", "engine", "gpu_memory_utilization", "num_cpu_blocks", "num_gpu_blocks"})
 	m := &metrics{reg: prometheus.NewRegistry()}
 	m.reg.MustRegister(running, waiting, kvUsage, promptTokens, generationTokens, preemptions,
-		cacheQueries, cacheHits, success, batches, dropped, info)
+		cacheQueries, cacheHits, success, batches, info)
 	for r := range ranks {
 		e := strconv.Itoa(r)
 		m.ranks = append(m.ranks, &rankMetrics{
@@ -74,7 +71,6 @@ func newMetrics(model string, ranks int, cfg sim.Config) *metrics {
 			cacheHits:        cacheHits.WithLabelValues(model, e),
 			success:          success.WithLabelValues(model, e, "length"),
 			kvEventBatches:   batches.WithLabelValues(model, e),
-			kvEventsDropped:  dropped.WithLabelValues(model, e),
 		})
 		info.WithLabelValues(strconv.Itoa(cfg.BlockSize), "auto", "True", e, "0.9", "None",
 			strconv.Itoa(cfg.TotalKVBlocks)).Set(1)
