@@ -1,0 +1,93 @@
+// Package tokenizer turns a model's prompts into the token ids its engine
+// computes, so that the router keys prefix blocks by tokens as the engine
+// caches them (docs/design.md, "Precise prefix keys").
+//
+// Three sources, chosen per model by the policy file's `tokenizer "MODEL"`
+// block (router/config, FromConfig):
+//
+//   - File: a Hugging Face tokenizer.json, encoded in process, with the
+//     model's Jinja chat template for chat requests.
+//   - Engine: the engine's own POST /tokenize, with an LRU of prompt
+//     prefix -> tokens so a conversation's shared prefix is not sent again
+//     and again.
+//   - no tokenizer: today's character blocks (prefix.TextBlocks), the
+//     fallback for a model without a block. Blocks picks it when given a
+//     nil Tokenizer; it is not a Tokenizer because it yields no token ids.
+//
+// A request that already carries token ids (a completions prompt given as
+// an array of ids) needs no tokenizer: the caller hashes the ids with
+// prefix.TokenBlocks directly and does not call this package.
+package tokenizer
+
+import (
+	"context"
+	"errors"
+
+	"github.com/switchyard-router/switchyard/router/prefix"
+)
+
+// Tokenizer encodes one model's prompts to token ids (int64, as the
+// router's routing keys hold them). Implementations are safe for
+// concurrent use; ctx bounds any blocking call (Engine's HTTP request).
+type Tokenizer interface {
+	// Encode returns the token ids the engine computes for a text prompt
+	// (a /v1/completions prompt string), special tokens included as the
+	// engine adds them (add_special_tokens=true, vLLM's and SGLang's
+	// default: a BOS token for Llama-family tokenizers).
+	Encode(ctx context.Context, prompt string) ([]int64, error)
+	// EncodeChat returns the token ids the engine computes for a chat
+	// request: the messages rendered by the model's chat template with the
+	// generation prompt added (add_generation_prompt=true), then tokenized
+	// without adding special tokens again (the template writes them), as
+	// vLLM's chat completions do.
+	EncodeChat(ctx context.Context, msgs []prefix.ChatMessage) ([]int64, error)
+}
+
+// Errors callers branch on.
+var (
+	// ErrNoChatTemplate is returned by File.EncodeChat when the tokenizer
+	// has no chat template (none configured and none in
+	// tokenizer_config.json).
+	ErrNoChatTemplate = errors.New("no chat template")
+	// ErrEngine is wrapped by Engine's errors about the engine's answer:
+	// a non-200 status, an answer too large, or one that is not the
+	// /tokenize JSON shape.
+	ErrEngine = errors.New("engine tokenize failed")
+	// ErrNoEngine is wrapped when the engine chooser has no ready engine
+	// serving the model.
+	ErrNoEngine = errors.New("no engine to tokenize with")
+)
+
+// Prompt is a request's prompt as this package encodes it: a text prompt,
+// or chat messages (when Messages is non-nil, Text is ignored).
+type Prompt struct {
+	Text     string
+	Messages []prefix.ChatMessage
+}
+
+// Blocks returns the chained hashes of the prompt's full blocks of
+// blockTokens tokens and the ids they were cut from. With a tokenizer, the
+// ids are tok's and the hashes are prefix.TokenBlocks(ids, blockTokens).
+// With tok == nil (no tokenizer configured for the model) it is the
+// character fallback: ids is nil and the hashes are
+// prefix.TextBlocks(text, blockTokens, prefix.DefaultCharsPerToken) of the
+// text prompt, or of prefix.RenderChat(messages), exactly as the router
+// keyed prompts before tokenizers existed. Errors are tok's.
+func Blocks(ctx context.Context, tok Tokenizer, p Prompt, blockTokens int) (hashes []uint64, ids []int64, err error) {
+	if tok == nil {
+		text := p.Text
+		if p.Messages != nil {
+			text = prefix.RenderChat(p.Messages)
+		}
+		return prefix.TextBlocks(text, blockTokens, prefix.DefaultCharsPerToken), nil, nil
+	}
+	if p.Messages != nil {
+		ids, err = tok.EncodeChat(ctx, p.Messages)
+	} else {
+		ids, err = tok.Encode(ctx, p.Text)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	return prefix.TokenBlocks(ids, blockTokens), ids, nil
+}
