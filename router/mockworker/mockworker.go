@@ -104,6 +104,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/sim"
+	"github.com/switchyard-router/switchyard/router/tokenizer"
 )
 
 // Defaults of Config.
@@ -177,6 +178,14 @@ type Config struct {
 	// KVEventsReplayBatches bounds the batches kept for replay per rank. 0
 	// means DefaultKVEventsReplayBatches (10,000, vLLM's buffer_steps).
 	KVEventsReplayBatches int
+
+	// Tokenizer, when set, tokenizes text prompts (chat: rendered by its
+	// chat template) into the token ids that count the prompt's length,
+	// key its prefix cache (prefix.TokenBlocks at BlockTokens) and ride on
+	// its BlockStored events, and serves POST /tokenize. nil: text counts
+	// ceil(bytes/CharsPerToken) tokens and is hashed by bytes, and
+	// /tokenize answers 404.
+	Tokenizer tokenizer.Tokenizer
 }
 
 // MaxDataParallelSize bounds Config.DataParallelSize: each rank is a
@@ -293,6 +302,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
+	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	if !cfg.NoMetrics {
 		s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	}
@@ -325,6 +335,10 @@ func (s *Server) closePubs() {
 		p.close()
 	}
 }
+
+// maxModelLen is the longest prompt plus output the engine accepts, its
+// KV cache in tokens, reported as vLLM's max_model_len.
+func (s *Server) maxModelLen() int { return s.cfg.Sim.TotalKVBlocks * s.cfg.Sim.BlockSize }
 
 // DataParallelSize returns the number of ranks.
 func (s *Server) DataParallelSize() int { return len(s.engines) }
