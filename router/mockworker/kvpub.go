@@ -3,6 +3,7 @@ package mockworker
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -26,6 +27,11 @@ const (
 	// beyond it a batch is dropped and subscribers see a sequence gap.
 	kvEventsHWM = 10_000
 )
+
+// ErrListen is wrapped by New's errors when a KV events socket cannot
+// listen on its endpoint (a port in use, an address not of this host),
+// as opposed to an invalid Config.
+var ErrListen = errors.New("cannot listen")
 
 // rankEndpoint returns endpoint ("tcp://host:port") with the port
 // increased by rank, as vLLM offsets a data-parallel rank's KV event
@@ -101,7 +107,7 @@ func newKVPublisher(o kvEventsOptions, rank int, m *rankMetrics) (*kvPublisher, 
 	}
 	if err := p.pub.Listen(ep); err != nil {
 		p.close()
-		return nil, fmt.Errorf("KV events endpoint %s: %w", ep, err)
+		return nil, fmt.Errorf("%w: KV events endpoint %s: %w", ErrListen, ep, err)
 	}
 	if o.replay != "" {
 		rep, err := rankEndpoint(o.replay, rank)
@@ -112,7 +118,7 @@ func newKVPublisher(o kvEventsOptions, rank int, m *rankMetrics) (*kvPublisher, 
 		p.replay = zmq4.NewRouter(ctx)
 		if err := p.replay.Listen(rep); err != nil {
 			p.close()
-			return nil, fmt.Errorf("KV events replay endpoint %s: %w", rep, err)
+			return nil, fmt.Errorf("%w: KV events replay endpoint %s: %w", ErrListen, rep, err)
 		}
 		p.ring = make([]kvRecord, 0, o.ringSize)
 		p.wg.Add(1)
