@@ -1,17 +1,29 @@
 // Package mockworker is a mock inference engine: an OpenAI-compatible HTTP
-// server that simulates one vLLM-like engine in real time with the replay
+// server that simulates vLLM-like engines in real time with the replay
 // worker model (router/sim: step-time model, vLLM V1 scheduler, prefix
 // cache), streams tokens as the simulated steps end, and exports vLLM-named
-// Prometheus metrics. `router mock-worker` serves it; the router's
-// end-to-end tests, demos and benchmarks run fleets of them.
+// Prometheus metrics. It speaks vLLM's side protocols too: KV-cache events
+// over ZeroMQ, /tokenize, data-parallel ranks. `router mock-worker` serves
+// it; the router's end-to-end tests, demos and benchmarks run fleets of
+// them.
 //
 // # Endpoints
 //
 //	POST /v1/completions        prompt: string, [string], token ids or [[ids]]
 //	POST /v1/chat/completions   messages: [{role, content}], content a string or text parts
-//	GET  /v1/models             the one served model
+//	POST /tokenize              vLLM's shape; 404 without Config.Tokenizer
+//	POST /reset_prefix_cache    drops every rank's prefix cache (vLLM's dev-mode endpoint); 409 while requests run
+//	GET  /v1/models             the one served model, with max_model_len (the KV cache in tokens)
 //	GET  /health                200
 //	GET  /metrics               Prometheus text, vLLM metric names; 404 with Config.NoMetrics
+//
+// /metrics has, per rank, labelled model_name and engine="R" as vLLM does:
+// vllm:num_requests_running, vllm:num_requests_waiting,
+// vllm:kv_cache_usage_perc, the token, preemption, prefix-cache and success
+// counters, and the info gauge vllm:cache_config_info (value 1) whose
+// labels are the cache configuration, among them num_gpu_blocks (Sim's
+// TotalKVBlocks) and block_size (Sim's BlockSize, 16: the engine's KV
+// block, not BlockTokens).
 //
 // Requests may set "stream" (SSE chunks in the OpenAI chunk format, one per
 // generated token, then "data: [DONE]"; "stream_options": {"include_usage":
@@ -21,6 +33,12 @@
 // (finish_reason "length"); the text is filler words.
 //
 // # Prompt length and prefix hashing
+//
+// With Config.Tokenizer, text prompts are tokenized (a completions prompt
+// with special tokens, chat messages through the tokenizer's chat template
+// with the generation prompt, as vLLM does), and then count and hash like
+// token ids: prefix.TokenBlocks at BlockTokens, the keys a token-accurate
+// router computes. /tokenize answers the same ids.
 //
 // Without a tokenizer, a prompt given as text counts
 // ceil(len(text)/CharsPerToken) tokens (CharsPerToken 4 bytes per token, an
@@ -52,6 +70,45 @@
 // known; each chunk carries "x_mock_sim_seconds", the simulated time its
 // tokens were produced. usage.prompt_tokens_details.cached_tokens repeats
 // the cached tokens, as vLLM reports them.
+//
+// # Data-parallel ranks
+//
+// Config.DataParallelSize N runs N simulated engines, each with the whole
+// Sim configuration, behind one address, as vLLM's data parallelism does.
+// A request with the header X-data-parallel-rank: R (vLLM's, read by
+// OpenAIServing._get_data_parallel_rank) goes to rank R (400 when out of
+// range; a value that is not an integer is ignored, as vLLM ignores it);
+// the others go to the least loaded rank by the score of vLLM's internal
+// balancer (DPLBAsyncMPClient), 4·waiting + running, ties to the lowest
+// rank. The answer's x-mock-dp-rank header names the rank that served it.
+//
+// # KV events
+//
+// With Config.KVEventsEndpoint each rank publishes its prefix cache's
+// changes as vLLM's ZmqEventPublisher does (format in router/kvevents):
+// messages [topic, sequence, payload] on a PUB socket, rank R on the
+// endpoint's port + R, one batch per change of the simulated engine (the
+// evictions of a step's allocation, the blocks a step computed, a reset),
+// data_parallel_rank R. BlockStored carries the new blocks' hashes (the
+// chained prefix hashes the cache is keyed by, as unsigned ints), the
+// parent's hash (none for a prompt's first block), block_size and medium
+// "GPU"; BlockRemoved the evicted hashes; AllBlocksCleared follows
+// /reset_prefix_cache. Consecutive blocks of one chain share one event.
+//
+// One event block is one prefix group of BlockTokens tokens, not one
+// 16-token engine block (router/sim README, "KV events", lists what that
+// approximates; with BlockTokens 16 it is exact). BlockStored carries the
+// blocks' token ids when the prompt's ids are known (token-id prompts, or
+// a Tokenizer). A text prompt without a tokenizer is hashed by bytes, so
+// its events carry hashes only: a router that keys blocks by token ids
+// cannot key them, and can only match the hashes against its own byte
+// hashing (prefix.TextBlocks at the same block and CharsPerToken).
+//
+// With Config.KVEventsReplayEndpoint a ROUTER socket (port + R too)
+// answers replay requests from the last KVEventsReplayBatches batches.
+// The PUB socket never blocks the engine: past its high-water mark
+// (10,000 batches queued) it drops a batch, which subscribers see as a
+// sequence gap.
 //
 // # Disaggregated prefill and decode
 //
