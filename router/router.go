@@ -352,6 +352,20 @@ func (r *Router) RemoveWorker(id shared.WorkerID, rank uint32) error {
 	return nil
 }
 
+// PrefixPrecise puts the member (id, rank) in precise prefix mode and
+// returns its precise index, the kvevents.Sink its engine's KV event
+// subscriber feeds; nil when it is not a member. Re-adding the member
+// (AddWorker) detaches the returned index: call PrefixPrecise again.
+func (r *Router) PrefixPrecise(id shared.WorkerID, rank uint32) *prefix.Precise {
+	return r.index.Precise(prefix.Candidate{ID: id, Rank: rank})
+}
+
+// PrefixBlocks is the router blocks in the member's approximate prefix
+// index (its precise index's size is in PrefixPrecise(...).Stats()).
+func (r *Router) PrefixBlocks(id shared.WorkerID, rank uint32) int {
+	return r.index.Len(prefix.Candidate{ID: id, Rank: rank})
+}
+
 // Fallbacks is how many selections a fallback policy answered.
 func (r *Router) Fallbacks() int64 { return r.fallbacks.Load() }
 

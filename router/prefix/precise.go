@@ -21,8 +21,8 @@ const maxGroups = 64
 // it holds (router/kvevents), keyed at the engine's block size E by the
 // router's own chained hash of their token ids, so that a request cut with
 // TokenBlocks(ids, E) finds them. It implements kvevents.Sink. Events are
-// applied under its own mutex; selections read what it publishes to the
-// index's concurrent holder map without locking.
+// applied under its own mutex; selections read its set of held blocks, an
+// open-addressing table of atomic words, without locking or allocating.
 //
 // The rules, for every BlockStored:
 //   - Tier: only the GPU tier counts (medium "GPU" or absent). Blocks
@@ -65,6 +65,9 @@ type Precise struct {
 
 	live      atomic.Bool
 	blockSize atomic.Int64 // E, 0 until the first stored event
+	// set holds the blocks every reported group holds, for lock-free
+	// lookups; made when E is known, sized by the bound.
+	set atomic.Pointer[hashSet]
 
 	mu          sync.Mutex
 	dead        bool
@@ -174,11 +177,8 @@ func (p *Precise) Clear() {
 // clearLocked drops every block and the group set, and goes cold. p.mu is
 // held.
 func (p *Precise) clearLocked() {
-	held := p.groups
-	for i := p.l.head; i >= 0; i = p.l.next[i] {
-		if p.mask[i] == held {
-			dropHolder(p.x.precise, p.l.hash[i], p.c)
-		}
+	if set := p.set.Load(); set != nil {
+		set.reset()
 	}
 	p.l.reset()
 	p.eng, p.mask = p.eng[:0], p.mask[:0]
@@ -241,7 +241,7 @@ func (p *Precise) addGroup(bit uint64) {
 	}
 	for i := p.l.head; i >= 0; i = p.l.next[i] {
 		if p.mask[i] == p.groups {
-			dropHolder(p.x.precise, p.l.hash[i], p.c)
+			p.set.Load().del(p.l.hash[i])
 		}
 	}
 	p.groups |= bit
@@ -266,6 +266,7 @@ func (p *Precise) stored(ev *kvevents.Event) {
 		if p.capTokens > 0 {
 			p.l.capacity = max(p.capTokens/e, 1)
 		}
+		p.set.Store(newHashSet(p.l.capacity))
 	}
 	if int64(e) != ev.BlockSize {
 		p.stats.SkippedBlockSize += n
@@ -315,7 +316,7 @@ func (p *Precise) store(rh, eh uint64, bit uint64) {
 		}
 		p.engine[eh] = rh
 		if p.mask[i] != p.groups && p.mask[i]|bit == p.groups {
-			addHolder(p.x.precise, rh, p.c)
+			p.set.Load().add(rh)
 		}
 		p.mask[i] |= bit
 		return
@@ -333,7 +334,7 @@ func (p *Precise) store(rh, eh uint64, bit uint64) {
 	p.eng[i], p.mask[i] = eh, bit
 	p.engine[eh] = rh
 	if bit == p.groups {
-		addHolder(p.x.precise, rh, p.c)
+		p.set.Load().add(rh)
 	}
 }
 
@@ -341,7 +342,7 @@ func (p *Precise) store(rh, eh uint64, bit uint64) {
 func (p *Precise) drop(i int32) {
 	rh := p.l.hash[i]
 	if p.mask[i] == p.groups {
-		dropHolder(p.x.precise, rh, p.c)
+		p.set.Load().del(rh)
 	}
 	if p.engine[p.eng[i]] == rh {
 		delete(p.engine, p.eng[i])
@@ -367,7 +368,7 @@ func (p *Precise) removed(ev *kvevents.Event) {
 		}
 		i := p.l.pos[rh]
 		if p.mask[i] == p.groups {
-			dropHolder(p.x.precise, rh, p.c)
+			p.set.Load().del(rh)
 		}
 		p.mask[i] &^= bit
 		if p.mask[i] == 0 {
@@ -382,7 +383,7 @@ func (p *Precise) removed(ev *kvevents.Event) {
 
 // overlapTokens returns n·E for the n leading engine blocks of the prompt
 // the index holds, and true, when it is live and the prompt has token ids;
-// else false.
+// else false. Lock-free.
 func (p *Precise) overlapTokens(prompt shared.PromptKey) (int, bool) {
 	if prompt == nil || !p.live.Load() {
 		return 0, false
@@ -391,22 +392,17 @@ func (p *Precise) overlapTokens(prompt shared.PromptKey) (int, bool) {
 	if e <= 0 {
 		return 0, false
 	}
+	set := p.set.Load()
 	hashes := prompt.TokenBlockHashes(e)
-	if hashes == nil {
+	if hashes == nil || set == nil {
 		return 0, false
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	n := 0
-	for _, h := range hashes {
-		i, ok := p.l.pos[h]
-		if !ok || p.mask[i] != p.groups {
-			break
-		}
-		n++
-	}
-	return n * e, true
+	return set.leading(hashes) * e, true
 }
+
+// maxEngineSizes bounds the block sizes a Key caches hashes for; further
+// sizes are hashed on every call.
+const maxEngineSizes = 4
 
 // Key is a request's prompt as token ids, with its chained hashes at each
 // block size computed once (shared.PromptKey). Not safe for concurrent

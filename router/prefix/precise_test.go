@@ -17,6 +17,13 @@ func stored(parent *uint64, hashes []uint64, tokens []int64, size int64) kvevent
 	return ev
 }
 
+func setLen(p *Precise) int {
+	if s := p.set.Load(); s != nil {
+		return s.n
+	}
+	return 0
+}
+
 func ptr(v uint64) *uint64 { return &v }
 
 func apply(p *Precise, evs ...kvevents.Event) { p.Apply(&kvevents.Batch{Events: evs}) }
@@ -195,7 +202,7 @@ func TestPreciseBoundEvictsOldest(t *testing.T) {
 	if got, _ := x.OverlapTokens(cand(1), nil, &Key{IDs: ids}); got != 0 {
 		t.Fatalf("overlap %d after the head was evicted", got)
 	}
-	if n := x.precise.Size(); n != 8 {
+	if n := setLen(p); n != 8 {
 		t.Fatalf("holder map has %d blocks, want 8", n)
 	}
 	if len(p.engine) != 8 {
@@ -225,8 +232,8 @@ func TestPreciseColdScoresApproximately(t *testing.T) {
 		t.Fatalf("text prompt (-want +got):\n%s", diff)
 	}
 	p.Clear()
-	if s := p.Stats(); s.Live || s.Blocks != 0 || s.Resets != 1 || x.precise.Size() != 0 {
-		t.Fatalf("after Clear: %+v, holder map %d", s, x.precise.Size())
+	if s := p.Stats(); s.Live || s.Blocks != 0 || s.Resets != 1 || setLen(p) != 0 {
+		t.Fatalf("after Clear: %+v, holder map %d", s, setLen(p))
 	}
 	if diff := cmp.Diff([]int32{1, 0}, fill(x, key, routerHashes)); diff != "" {
 		t.Fatalf("cleared: approximate (-want +got):\n%s", diff)
@@ -239,8 +246,8 @@ func TestPreciseColdScoresApproximately(t *testing.T) {
 	// RemoveWorker detaches it.
 	x.RemoveWorker(cand(1))
 	apply(p, stored(nil, []uint64{5}, []int64{9, 9}, 2))
-	if x.precise.Size() != 0 || x.live.Load() != 0 {
-		t.Fatalf("removed candidate still indexed: %d blocks, %d live", x.precise.Size(), x.live.Load())
+	if setLen(p) != 0 || x.live.Load() != 0 {
+		t.Fatalf("removed candidate still indexed: %d blocks, %d live", setLen(p), x.live.Load())
 	}
 }
 
@@ -322,16 +329,19 @@ func TestPreciseConcurrentApplyFill(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	for h, hs := range x.precise.All() {
-		for _, c := range hs {
-			p := ps[c.ID]
-			i, ok := p.l.pos[h]
-			if !ok || p.mask[i] != p.groups {
-				t.Fatalf("block %x listed for %v, which does not hold it", h, c)
+	for _, p := range ps {
+		held := 0
+		for i := p.l.head; i >= 0; i = p.l.next[i] {
+			if p.mask[i] == p.groups {
+				held++
+				if !p.set.Load().has(p.l.hash[i]) {
+					t.Fatalf("held block %x missing from the lookup set", p.l.hash[i])
+				}
 			}
 		}
-	}
-	for _, p := range ps {
+		if held != setLen(p) {
+			t.Fatalf("lookup set has %d blocks, index holds %d", setLen(p), held)
+		}
 		if s := p.Stats(); s.Blocks > 16 { // 2·8 router blocks·2 tokens / 2
 			t.Fatalf("bound exceeded: %+v", s)
 		}

@@ -107,10 +107,9 @@ type Index struct {
 	// is one atomic load with no lock and no shared write.
 	byID atomic.Pointer[map[Candidate]*member]
 	// holders maps a block hash at the router's block size to the
-	// candidates whose approximate lists hold it, each once; precise maps
-	// an engine-block-size hash to the live precise candidates holding it.
-	// The slices are never modified once stored.
-	holders, precise *xsync.Map[uint64, []Candidate]
+	// candidates whose approximate lists hold it, each once. The slices
+	// are never modified once stored.
+	holders *xsync.Map[uint64, []Candidate]
 	// live counts precise candidates whose stream is live, so Fill skips
 	// the precise pass when there are none.
 	live atomic.Int64
@@ -119,7 +118,7 @@ type Index struct {
 // New returns an empty index for a router of blockSize tokens per block
 // (> 0; the unit of the approximate hashes and of overlaps).
 func New(blockSize int) *Index {
-	x := &Index{blockSize: max(blockSize, 1), holders: xsync.NewMap[uint64, []Candidate](), precise: xsync.NewMap[uint64, []Candidate]()}
+	x := &Index{blockSize: max(blockSize, 1), holders: xsync.NewMap[uint64, []Candidate]()}
 	x.byID.Store(&map[Candidate]*member{})
 	return x
 }
@@ -326,8 +325,9 @@ func search(ids []shared.WorkerID, ranks []uint32, c Candidate) (int, bool) {
 // (may be nil) gives its hashes at engine block sizes for live precise
 // candidates, which are scored by their precise index as Overlap says.
 // Cost: O(sum over the leading blocks of their holders × log len(ids)),
-// plus one membership lookup per candidate when some precise candidate is
-// live; it stops at the first block no candidate extends. It takes no
+// stopping at the first block no candidate extends; when some precise
+// candidate is live, plus one membership lookup per candidate and, per
+// live precise one, a lookup per leading engine block. It takes no
 // lock: an update running meanwhile may be seen in part (the index is a
 // belief either way).
 func (x *Index) Fill(ids []shared.WorkerID, ranks []uint32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
@@ -350,66 +350,21 @@ func (x *Index) Fill(ids []shared.WorkerID, ranks []uint32, hashes []uint64, pro
 	}
 }
 
-// maxEngineSizes bounds the distinct engine block sizes one Fill looks
-// up; live precise candidates of further sizes keep their approximate
-// overlap.
-const maxEngineSizes = 4
-
-// livePrecise returns c's precise index when its stream is live.
-func livePrecise(m map[Candidate]*member, ids []shared.WorkerID, ranks []uint32, i int) *Precise {
-	c := Candidate{ID: ids[i]}
-	if ranks != nil {
-		c.Rank = ranks[i]
-	}
-	if mem := m[c]; mem != nil && mem.precise != nil && mem.precise.live.Load() {
-		return mem.precise
-	}
-	return nil
-}
-
-// fillPrecise overwrites the overlap of every live precise candidate whose
-// engine block size the prompt can be hashed at (a prompt of text only
-// cannot: those keep their approximate overlap). One pass per engine block
-// size; a pass's participants are marked with negative counts (-(n+1) for
-// n blocks so far), so the walk advances them only.
+// fillPrecise overwrites the overlap of every live precise candidate with
+// its precise overlap when the prompt has token ids (a prompt of text only
+// keeps the approximate overlap): floor(n·E/blockSize) for the n leading
+// engine blocks of E tokens its set holds. The prompt caches its hashes
+// per engine block size.
 func (x *Index) fillPrecise(ids []shared.WorkerID, ranks []uint32, prompt shared.PromptKey, overlap []int32) {
 	m := *x.byID.Load()
-	var sizes [maxEngineSizes]int
-	n := 0
-	for i := range ids {
-		if p := livePrecise(m, ids, ranks, i); p != nil {
-			if e := int(p.blockSize.Load()); e > 0 && n < len(sizes) && !slices.Contains(sizes[:n], e) {
-				sizes[n] = e
-				n++
-			}
+	for i, id := range ids {
+		c := Candidate{ID: id}
+		if ranks != nil {
+			c.Rank = ranks[i]
 		}
-	}
-	for _, size := range sizes[:n] {
-		hashes := prompt.TokenBlockHashes(size)
-		if hashes == nil {
-			continue
-		}
-		for i := range ids {
-			if p := livePrecise(m, ids, ranks, i); p != nil && int(p.blockSize.Load()) == size {
-				overlap[i] = -1
-			}
-		}
-		for k, h := range hashes {
-			advanced := false
-			hs, _ := x.precise.Load(h)
-			for _, c := range hs {
-				if i, ok := search(ids, ranks, c); ok && overlap[i] == int32(-1-k) {
-					overlap[i] = int32(-2 - k)
-					advanced = true
-				}
-			}
-			if !advanced {
-				break
-			}
-		}
-		for i, o := range overlap {
-			if o < 0 {
-				overlap[i] = int32(int(-1-o) * size / x.blockSize)
+		if mem := m[c]; mem != nil && mem.precise != nil {
+			if t, ok := mem.precise.overlapTokens(prompt); ok {
+				overlap[i] = int32(t / x.blockSize)
 			}
 		}
 	}
