@@ -381,17 +381,7 @@ func (x *Decoder) field(ev *Event, f fieldID) error {
 	case fParent:
 		ev.ParentBlockHash, ev.HasParent, err = x.hash(true)
 	case fTokenIDs:
-		var n int
-		if n, err = x.arrayLen(); err != nil {
-			return err
-		}
-		for range n {
-			var t int64
-			if t, err = x.d.DecodeInt64(); err != nil {
-				return err
-			}
-			ev.TokenIDs = append(ev.TokenIDs, t)
-		}
+		ev.TokenIDs, err = x.ints(ev.TokenIDs)
 	case fBlockSize:
 		ev.BlockSize, err = x.d.DecodeInt64()
 	case fLoRAID:
@@ -433,6 +423,68 @@ func (x *Decoder) field(ev *Event, f fieldID) error {
 		err = x.skip(1)
 	}
 	return err
+}
+
+// ints appends an array of integers, read straight from the payload (the
+// hot path: a stored block carries block_size token ids, each a few
+// bytes, where the msgpack.Decoder's per-value reads dominate).
+func (x *Decoder) ints(dst []int64) ([]int64, error) {
+	n, err := x.arrayLen()
+	if err != nil {
+		return dst, err
+	}
+	p := x.payload
+	i := x.pos()
+	for range n {
+		if i >= len(p) {
+			return dst, io.ErrUnexpectedEOF
+		}
+		c := p[i]
+		var v int64
+		var w int // bytes after the code
+		switch {
+		case c <= 0x7f || c >= 0xe0: // positive or negative fixint
+			v = int64(int8(c))
+		case c == msgpcode.Uint8:
+			w = 1
+		case c == msgpcode.Uint16, c == msgpcode.Int16:
+			w = 2
+		case c == msgpcode.Uint32, c == msgpcode.Int32:
+			w = 4
+		case c == msgpcode.Uint64, c == msgpcode.Int64:
+			w = 8
+		case c == msgpcode.Int8:
+			w = 1
+		default:
+			return dst, fmt.Errorf("integer expected, found code %#x", c)
+		}
+		if w > 0 {
+			if i+1+w > len(p) {
+				return dst, io.ErrUnexpectedEOF
+			}
+			b := p[i+1 : i+1+w]
+			switch c {
+			case msgpcode.Uint8:
+				v = int64(b[0])
+			case msgpcode.Int8:
+				v = int64(int8(b[0]))
+			case msgpcode.Uint16:
+				v = int64(binary.BigEndian.Uint16(b))
+			case msgpcode.Int16:
+				v = int64(int16(binary.BigEndian.Uint16(b)))
+			case msgpcode.Uint32:
+				v = int64(binary.BigEndian.Uint32(b))
+			case msgpcode.Int32:
+				v = int64(int32(binary.BigEndian.Uint32(b)))
+			default:
+				v = int64(binary.BigEndian.Uint64(b))
+			}
+		}
+		i += 1 + w
+		dst = append(dst, v)
+	}
+	_, _ = x.r.Seek(int64(i), io.SeekStart)
+	return dst, nil
 }
 
 func (x *Decoder) optInt() (int64, bool, error) {

@@ -90,3 +90,19 @@ func (b *Batch) BlockEvents() int {
 	}
 	return n
 }
+
+// Sink receives one candidate's event stream (the prefix index's Precise
+// implements it). The subscriber calls it from one goroutine, in sequence
+// order. The Batch and everything it points to are valid only during
+// Apply.
+type Sink interface {
+	// Apply applies one batch, in sequence order.
+	Apply(b *Batch)
+	// Clear drops everything the sink learned from the stream: the
+	// stream had a gap that could not be replayed, or the engine
+	// restarted. The sink is cold (not trusted) until it is warm again.
+	Clear()
+	// MarkLive says the stream is known complete from the engine's start
+	// (it began at sequence 0, or a replay filled the gap).
+	MarkLive()
+}
