@@ -92,6 +92,9 @@ type PolicyFile struct {
 	Queue Queue
 	// Workers are the file's worker blocks, in file order (see Worker).
 	Workers []Worker
+	// Tokenizers are the file's tokenizer blocks, in file order (see
+	// Tokenizer); a model without one is keyed by characters.
+	Tokenizers []Tokenizer
 	// Classifier is the request classifier, or nil when the file has none.
 	Classifier *Component
 	// Decls describes each policy as declared (components, their sources

@@ -32,6 +32,7 @@ var fileSchema = &hcl.BodySchema{
 		{Type: blockClassifier},
 		{Type: blockQueue},
 		{Type: blockWorker, LabelNames: []string{"name"}},
+		{Type: blockTokenizer, LabelNames: []string{"model"}},
 	},
 }
 
@@ -156,6 +157,8 @@ func (l *loader) load(body hcl.Body) {
 			l.pluginBlock(blk)
 		case blockWorker:
 			l.workerBlock(blk)
+		case blockTokenizer:
+			l.tokenizerBlock(blk)
 		case blockPolicy:
 			policies = append(policies, blk)
 		case blockSelection:

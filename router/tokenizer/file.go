@@ -80,6 +80,9 @@ func NewFile(name string, tokenizerJSON []byte, tmpl *ChatTemplate) (f *File, er
 	if err := json.Unmarshal(tokenizerJSON, &doc); err != nil {
 		return nil, bad("%w", err)
 	}
+	if m := doc["model"]; len(m) == 0 || m[0] != '{' {
+		return nil, bad("it has no model object")
+	}
 	var added []addedToken
 	if raw := doc["added_tokens"]; len(raw) > 0 && string(raw) != "null" {
 		if err := json.Unmarshal(raw, &added); err != nil {
@@ -94,9 +97,6 @@ func NewFile(name string, tokenizerJSON []byte, tmpl *ChatTemplate) (f *File, er
 	tk, err := pretrained.FromReader(bytes.NewReader(stripped))
 	if err != nil {
 		return nil, bad("%w", err)
-	}
-	if tk.GetModel() == nil {
-		return nil, bad("it has no model")
 	}
 	f = &File{tk: tk, added: make(map[byte][]addedToken), tmpl: tmpl}
 	for _, a := range added {

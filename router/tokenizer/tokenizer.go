@@ -70,16 +70,17 @@ type Prompt struct {
 // ids are tok's and the hashes are prefix.TokenBlocks(ids, blockTokens).
 // With tok == nil (no tokenizer configured for the model) it is the
 // character fallback: ids is nil and the hashes are
-// prefix.TextBlocks(text, blockTokens, prefix.DefaultCharsPerToken) of the
-// text prompt, or of prefix.RenderChat(messages), exactly as the router
-// keyed prompts before tokenizers existed. Errors are tok's.
-func Blocks(ctx context.Context, tok Tokenizer, p Prompt, blockTokens int) (hashes []uint64, ids []int64, err error) {
+// prefix.TextBlocks(text, blockTokens, charsPerToken) of the text prompt,
+// or of prefix.RenderChat(messages), exactly as the router keyed prompts
+// before tokenizers existed (serve's --chars-per-token, default
+// prefix.DefaultCharsPerToken). Errors are tok's.
+func Blocks(ctx context.Context, tok Tokenizer, p Prompt, blockTokens, charsPerToken int) (hashes []uint64, ids []int64, err error) {
 	if tok == nil {
 		text := p.Text
 		if p.Messages != nil {
 			text = prefix.RenderChat(p.Messages)
 		}
-		return prefix.TextBlocks(text, blockTokens, prefix.DefaultCharsPerToken), nil, nil
+		return prefix.TextBlocks(text, blockTokens, charsPerToken), nil, nil
 	}
 	if p.Messages != nil {
 		ids, err = tok.EncodeChat(ctx, p.Messages)
