@@ -1,32 +1,21 @@
 package mockworker
 
 import (
-	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"strconv"
-	"sync"
 	"time"
-
-	"github.com/go-zeromq/zmq4"
 
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/sim"
 )
 
-// Defaults of the KV event publisher.
-const (
-	// DefaultKVEventsReplayBatches is how many recent batches the replay
-	// endpoint keeps, vLLM's KVEventsConfig.buffer_steps default.
-	DefaultKVEventsReplayBatches = 10_000
-	// kvEventsHWM bounds the batches queued on the PUB socket for its
-	// subscribers (vLLM's hwm default, 100,000, is for a real GPU's rate);
-	// beyond it a batch is dropped and subscribers see a sequence gap.
-	kvEventsHWM = 10_000
-)
+// DefaultKVEventsReplayBatches is how many recent batches the replay
+// endpoint keeps, vLLM's KVEventsConfig.buffer_steps default
+// (kvevents.DefaultBufferSteps).
+const DefaultKVEventsReplayBatches = kvevents.DefaultBufferSteps
 
 // ErrListen is wrapped by New's errors when a KV events socket cannot
 // listen on its endpoint (a port in use, an address not of this host),
@@ -48,40 +37,20 @@ func rankEndpoint(endpoint string, rank int) (string, error) {
 	return "tcp://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(port+rank)), nil
 }
 
-// kvPublisher publishes one rank's KV events as vLLM's ZmqEventPublisher
-// does: each batch as [topic, sequence (8 bytes big-endian, from 0),
-// msgpack payload] on a PUB socket, and, with a replay endpoint, answers
-// replay requests on a ROUTER socket from a ring of recent batches.
-//
-// The engine goroutine calls add (while building a batch) and flush;
-// those never block: the PUB socket queues (bounded by kvEventsHWM), the
-// ring is under a mutex held only to copy, and the replay goroutine sends
-// outside it.
+// kvPublisher publishes one rank's KV events with kvevents.Publisher, as
+// vLLM's ZmqEventPublisher does: each batch as [topic, sequence (from 0),
+// msgpack payload] on a PUB socket and, with a replay endpoint, replays
+// from a ring of recent batches on a ROUTER socket. The engine goroutine
+// builds the batch (kvEvent) and publishes it (flush); neither blocks:
+// the PUB socket queues.
 type kvPublisher struct {
-	rank  int
-	topic string
-	m     *rankMetrics
-
-	ctx    context.Context
-	cancel context.CancelFunc
-	pub    zmq4.Socket
-	replay zmq4.Socket // nil without a replay endpoint
-	wg     sync.WaitGroup
+	rank int
+	m    *rankMetrics
+	pub  *kvevents.Publisher
 
 	// Owned by the engine goroutine.
 	enc   kvevents.Encoder
 	batch kvevents.Batch
-	seq   uint64
-
-	mu   sync.Mutex
-	ring []kvRecord // the last cap(ring) batches, oldest at head
-	head int
-}
-
-// kvRecord is a published batch kept for replay.
-type kvRecord struct {
-	seq     uint64
-	payload []byte
 }
 
 // kvEventsOptions are the publisher settings of Config.
@@ -97,57 +66,20 @@ func newKVPublisher(o kvEventsOptions, rank int, m *rankMetrics) (*kvPublisher, 
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p := &kvPublisher{rank: rank, topic: o.topic, m: m, ctx: ctx, cancel: cancel,
-		enc: kvevents.Encoder{Encoding: o.encoding}}
-	p.pub = zmq4.NewPub(ctx)
-	if err := p.pub.SetOption(zmq4.OptionHWM, kvEventsHWM); err != nil {
-		p.close()
-		return nil, fmt.Errorf("KV events: %w", err)
-	}
-	if err := p.pub.Listen(ep); err != nil {
-		p.close()
-		return nil, fmt.Errorf("%w: KV events endpoint %s: %w", ErrListen, ep, err)
-	}
+	var rep string
 	if o.replay != "" {
-		rep, err := rankEndpoint(o.replay, rank)
-		if err != nil {
-			p.close()
+		if rep, err = rankEndpoint(o.replay, rank); err != nil {
 			return nil, err
 		}
-		p.replay = zmq4.NewRouter(ctx)
-		if err := p.replay.Listen(rep); err != nil {
-			p.close()
-			return nil, fmt.Errorf("%w: KV events replay endpoint %s: %w", ErrListen, rep, err)
-		}
-		p.ring = make([]kvRecord, 0, o.ringSize)
-		p.wg.Add(1)
-		go p.serveReplay()
 	}
-	return p, nil
+	pub, err := kvevents.NewPublisher(ep, rep, o.topic, o.ringSize)
+	if err != nil {
+		return nil, fmt.Errorf("%w: KV events endpoint: %w", ErrListen, err)
+	}
+	return &kvPublisher{rank: rank, m: m, pub: pub, enc: kvevents.Encoder{Encoding: o.encoding}}, nil
 }
 
-// addr returns the PUB socket's address (its port when listening on 0).
-func (p *kvPublisher) addr() net.Addr { return p.pub.Addr() }
-
-// replayAddr returns the ROUTER socket's address, nil without one.
-func (p *kvPublisher) replayAddr() net.Addr {
-	if p.replay == nil {
-		return nil
-	}
-	return p.replay.Addr()
-}
-
-func (p *kvPublisher) close() {
-	p.cancel()
-	if p.pub != nil {
-		p.pub.Close()
-	}
-	if p.replay != nil {
-		p.replay.Close()
-	}
-	p.wg.Wait()
-}
+func (p *kvPublisher) close() { _ = p.pub.Close() }
 
 // flush publishes the events added since the last flush as one batch.
 func (p *kvPublisher) flush() {
@@ -162,72 +94,10 @@ func (p *kvPublisher) flush() {
 		// Unreachable: the mock builds only encodable events.
 		panic(fmt.Sprintf("mockworker: encoding KV events: %v", err))
 	}
-	payload = append([]byte(nil), payload...)
-	seq := p.seq
-	p.seq++
-	if p.replay != nil {
-		p.mu.Lock()
-		if len(p.ring) < cap(p.ring) {
-			p.ring = append(p.ring, kvRecord{seq, payload})
-		} else {
-			p.ring[p.head] = kvRecord{seq, payload}
-			p.head = (p.head + 1) % len(p.ring)
-		}
-		p.mu.Unlock()
-	}
-	// The PUB socket queues without blocking; past its high-water mark it
-	// drops the batch silently, which subscribers see as a sequence gap.
-	// It fails only once closed.
-	if p.pub.Send(kvevents.Message(p.topic, seq, payload)) == nil {
+	// Publish copies the payload; it fails only once closed.
+	if _, err := p.pub.Publish(payload); err == nil {
 		p.m.kvEventBatches.Inc()
 	}
-}
-
-// endSeq is the replay end marker, -1 as 8 bytes big-endian.
-var endSeq = binary.BigEndian.AppendUint64(nil, ^uint64(0))
-
-// serveReplay answers replay requests until the publisher closes: a
-// request [identity, "", start sequence] gets every kept batch from start
-// on as [identity, "", sequence, payload], then [identity, "", -1, ""]
-// (vLLM's ZmqEventPublisher._service_replay). A malformed request is
-// ignored, as vLLM does.
-func (p *kvPublisher) serveReplay() {
-	defer p.wg.Done()
-	for {
-		msg, err := p.replay.Recv()
-		if err != nil {
-			if p.ctx.Err() != nil {
-				return
-			}
-			continue
-		}
-		if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
-			continue
-		}
-		id := msg.Frames[0]
-		start := binary.BigEndian.Uint64(msg.Frames[2])
-		for _, r := range p.since(start) {
-			if err := p.replay.Send(zmq4.NewMsgFrom(id, nil, binary.BigEndian.AppendUint64(nil, r.seq), r.payload)); err != nil {
-				break
-			}
-		}
-		if err := p.replay.Send(zmq4.NewMsgFrom(id, nil, endSeq, nil)); err != nil && p.ctx.Err() != nil {
-			return
-		}
-	}
-}
-
-// since returns the kept batches with sequence >= start, oldest first.
-func (p *kvPublisher) since(start uint64) []kvRecord {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []kvRecord
-	for i := range p.ring {
-		if r := p.ring[(p.head+i)%len(p.ring)]; r.seq >= start {
-			out = append(out, r)
-		}
-	}
-	return out
 }
 
 // kvEvent is the simulated worker's KV event hook: it adds the change to

@@ -48,7 +48,7 @@ func newMetrics(model string, ranks int, cfg sim.Config) *metrics {
 	success := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "vllm:request_success_total", Help: "Count of successfully processed requests.",
 	}, []string{"model_name", "engine", "finished_reason"})
-	batches := counter("mock_kv_event_batches_total", "KV event batches handed to the PUB socket (switchyard mock engine; past the socket's high-water mark it drops them).")
+	batches := counter("mock_kv_event_batches_total", "KV event batches published (switchyard mock engine).")
 	// vLLM's CacheConfig.metrics_info: every field of the cache config as a
 	// label (str() of its value), plus engine. The mock sets the ones it
 	// models; num_gpu_blocks and block_size are the simulated engine's.

@@ -106,9 +106,8 @@
 //
 // With Config.KVEventsReplayEndpoint a ROUTER socket (port + R too)
 // answers replay requests from the last KVEventsReplayBatches batches.
-// The PUB socket never blocks the engine: past its high-water mark
-// (10,000 batches queued) it drops a batch, which subscribers see as a
-// sequence gap.
+// The PUB socket never blocks the engine: it queues the batches for slow
+// subscribers.
 //
 // # Disaggregated prefill and decode
 //
@@ -408,7 +407,7 @@ func (s *Server) KVEventsAddr(rank int) (pub, replay net.Addr) {
 	if rank < 0 || rank >= len(s.pubs) {
 		return nil, nil
 	}
-	return s.pubs[rank].addr(), s.pubs[rank].replayAddr()
+	return s.pubs[rank].pub.Addr(), s.pubs[rank].pub.ReplayAddr()
 }
 
 // errClosed is returned to requests once the engine stopped.
