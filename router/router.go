@@ -163,7 +163,7 @@ func New(o Options) (*Router, error) {
 		blockSize:       o.BlockSize,
 		bookingsAreLoad: o.BookingsAreLoad,
 		fleet:           fleet.New(),
-		index:           prefix.New(),
+		index:           prefix.New(o.BlockSize),
 		log:             o.Logger,
 		loadOpts:        o.Load,
 		drainTimeout:    o.DrainTimeout,
@@ -191,7 +191,7 @@ func (r *Router) UncachedTokens(req *shared.Request) int64 {
 	if p := r.fleet.Snapshot().ModelPartition(req.Model, req.Role); p != nil && len(req.BlockHashes) > 0 {
 		s := r.scratch.Get().(*pipeline.Scratch)
 		overlap := s.Overlap(len(p.IDs))
-		r.index.Fill(p.IDs, req.BlockHashes, overlap)
+		r.index.Fill(p.IDs, p.DPRanks, req.BlockHashes, req.Prompt, overlap)
 		for _, o := range overlap {
 			best = max(best, o)
 		}
@@ -350,9 +350,9 @@ func (r *Router) AddWorkers(specs ...fleet.Spec) ([]*fleet.Worker, error) {
 		return nil, err
 	}
 	for i, s := range specs {
-		if err := r.index.AddWorker(s.ID, indexCapacity(s)); err != nil {
+		if err := r.index.AddWorker(prefix.Candidate{ID: s.ID, Rank: s.DPRank}, indexCapacity(s)); err != nil {
 			for _, undo := range specs[:i+1] {
-				r.index.RemoveWorker(undo.ID)
+				r.index.RemoveWorker(prefix.Candidate{ID: undo.ID, Rank: undo.DPRank})
 				err = errors.Join(err, r.fleet.RemoveWorker(undo.ID, undo.DPRank))
 			}
 			return nil, err
@@ -367,8 +367,22 @@ func (r *Router) RemoveWorker(id shared.WorkerID, rank uint32) error {
 	if err := r.fleet.RemoveWorker(id, rank); err != nil {
 		return err
 	}
-	r.index.RemoveWorker(id)
+	r.index.RemoveWorker(prefix.Candidate{ID: id, Rank: rank})
 	return nil
+}
+
+// PrefixPrecise puts the member (id, rank) in precise prefix mode and
+// returns its precise index, the kvevents.Sink its engine's KV event
+// subscriber feeds; nil when it is not a member. Re-adding the member
+// (AddWorker) detaches the returned index: call PrefixPrecise again.
+func (r *Router) PrefixPrecise(id shared.WorkerID, rank uint32) *prefix.Precise {
+	return r.index.Precise(prefix.Candidate{ID: id, Rank: rank})
+}
+
+// PrefixBlocks is the router blocks in the member's approximate prefix
+// index (its precise index's size is in PrefixPrecise(...).Stats()).
+func (r *Router) PrefixBlocks(id shared.WorkerID, rank uint32) int {
+	return r.index.Len(prefix.Candidate{ID: id, Rank: rank})
 }
 
 // Fallbacks is how many selections a fallback policy answered.
@@ -557,9 +571,9 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 		d.Booking = fleet.BookInto(pl.Booking, w, charge, blocks)
 	}
 	if known {
-		r.index.Record(w.ID, req.BlockHashes)
+		r.index.Record(prefix.Candidate{ID: w.ID, Rank: w.DPRank}, req.BlockHashes)
 	} else {
-		overlap = r.index.RecordOverlap(w.ID, req.BlockHashes)
+		overlap = r.index.RecordOverlap(prefix.Candidate{ID: w.ID, Rank: w.DPRank}, req.BlockHashes, req.Prompt)
 		d.Booking.AddPrefill(prefill())
 	}
 	d.Worker = w
@@ -688,7 +702,7 @@ func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Reques
 		}
 	}
 	if c.OverlapBlocks != nil {
-		r.index.Fill(c.IDs, req.BlockHashes, c.OverlapBlocks)
+		r.index.Fill(c.IDs, c.DPRanks, req.BlockHashes, req.Prompt, c.OverlapBlocks)
 	}
 }
 

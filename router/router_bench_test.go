@@ -52,7 +52,7 @@ func BenchmarkSelect(b *testing.B) {
 					for k := range ids {
 						ids[k] = uint64(i*1000 + k)
 					}
-					r.index.Record(shared.WorkerID(i), prefix.ChainHashes(nil, ids[:8]))
+					r.index.Record(prefix.Candidate{ID: shared.WorkerID(i)}, prefix.ChainHashes(nil, ids[:8]))
 				}
 				for k := range ids {
 					ids[k] = uint64(3*1000 + k) // shares worker 3's prefix

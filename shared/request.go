@@ -36,6 +36,10 @@ type Request struct {
 	// blocks of BlockSize tokens: BlockHashes[k] identifies tokens
 	// [0, (k+1)*BlockSize), so equal leading hashes mean a shared prefix.
 	BlockHashes []uint64
+	// Prompt, when not nil, gives the prompt's hashes at an engine's own
+	// block size for candidates whose prefix index follows the engine's KV
+	// events (precise mode); nil when only BlockHashes are known.
+	Prompt PromptKey
 	// CachedPromptTokens is how many leading prompt tokens the router
 	// believes the best-placed candidate already holds (its prefix index),
 	// set before classification; PromptTokens - CachedPromptTokens is the
@@ -165,4 +169,14 @@ func (c *Candidates) Sorted() bool {
 		}
 	}
 	return true
+}
+
+// PromptKey gives a request's prompt as chained block hashes at any
+// engine block size: TokenBlockHashes(n) is the hashes of its full blocks
+// of n token ids (router/prefix.TokenBlocks), nil when the prompt is known
+// only as text or n <= 0. The router's prefix index implements it
+// (prefix.Key) and looks up precise candidates with it. Not safe for
+// concurrent use: one request's selection uses it at a time.
+type PromptKey interface {
+	TokenBlockHashes(blockSize int) []uint64
 }

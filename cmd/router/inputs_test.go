@@ -306,6 +306,7 @@ func TestFlagRanges(t *testing.T) {
 		{[]string{"mock-worker", "--block-size", "20"}, "--block-size 20: want a positive multiple of 16, the engine's KV block"},
 		{[]string{"mock-worker", "--speedup", "+Inf"}, "--speedup +Inf: want a finite number greater than 0"},
 		{[]string{"mock-worker", "--speedup", "NaN"}, "--speedup NaN: want a finite number greater than 0"},
+		{[]string{"mock-worker", "--data-parallel-size", "65"}, "--data-parallel-size 65: want a whole number from 1 to 64"},
 		{[]string{"serve", "--policy", rrPolicy, "--request-timeout", "0s"}, "--request-timeout 0s: want " + positive},
 		{[]string{"serve", "--policy", rrPolicy, "--drain-timeout", "-1s"}, "--drain-timeout -1s: want " + positive},
 		{[]string{"serve", "--policy", rrPolicy, "--chars-per-token", "0"}, "--chars-per-token 0: want a whole number from 1 to 9223372036854775807"},

@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -93,7 +96,7 @@ func TestMockWorkerCommand(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if strings.Contains(string(b), `vllm:generation_tokens_total{model_name="m1"} 3`) {
+		if strings.Contains(string(b), `vllm:generation_tokens_total{engine="0",model_name="m1"} 3`) {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -123,6 +126,13 @@ func TestMockWorkerCommandUsage(t *testing.T) {
 		{"mock-worker", "--block-size", "20"},
 		{"mock-worker", "--kv-blocks", "0"},
 		{"mock-worker", "extra"},
+		{"mock-worker", "--data-parallel-size", "0"},
+		{"mock-worker", "--data-parallel-size", "65"},
+		{"mock-worker", "--kv-events-encoding", "json"},
+		{"mock-worker", "--kv-events-endpoint", "127.0.0.1:5557"},
+		{"mock-worker", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0"},
+		{"mock-worker", "--chat-template", "t.jinja"},
+		{"mock-worker", "--tokenizer", "testdata/no-such-tokenizer.json"},
 	} {
 		args = append(args, "--listen", "127.0.0.1:0")
 		if code := runContext(ctx, args, io.Discard, io.Discard); code != 2 {
@@ -132,4 +142,122 @@ func TestMockWorkerCommandUsage(t *testing.T) {
 	if code, _, errOut := routerRun(t, "mock-worker", "--listen", "256.0.0.1:1"); code != 1 || errOut == "" {
 		t.Errorf("bad listen address: exit %d, stderr %q", code, errOut)
 	}
+	if code, _, errOut := routerRun(t, "mock-worker", "--listen", "127.0.0.1:0", "--kv-events-endpoint", "tcp://256.0.0.1:1"); code != 1 || !strings.Contains(errOut, "KV events endpoint") {
+		t.Errorf("bad KV events address: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestMockWorkerCommandEngines starts `router mock-worker` with two
+// data-parallel ranks publishing KV events (rank R on PORT+R, replay too)
+// and a tokenizer: it prints each rank's endpoints, answers /tokenize,
+// honours X-data-parallel-rank, and labels its metrics by engine.
+func TestMockWorkerCommandEngines(t *testing.T) {
+	port := consecutivePorts(t, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var stdout, stderr syncBuffer
+	codec := make(chan int, 1)
+	go func() {
+		codec <- runContext(ctx, []string{"mock-worker", "--listen", "127.0.0.1:0", "--model", "m1", "--speedup", "100",
+			"--data-parallel-size", "2", "--kv-events-encoding", "map",
+			"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", port),
+			"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", port+2),
+			"--tokenizer", "../../router/tokenizer/testdata/bytebpe.json",
+			"--tokenizer-config", "../../router/tokenizer/testdata/chatml_config.json"}, &stdout, &stderr)
+	}()
+	re := regexp.MustCompile(`listening on (http://127\.0\.0\.1:\d+) \(model m1\)\n` +
+		`mock-worker rank 0 KV events on tcp://127\.0\.0\.1:(\d+) replay on tcp://127\.0\.0\.1:(\d+)\n` +
+		`mock-worker rank 1 KV events on tcp://127\.0\.0\.1:(\d+) replay on tcp://127\.0\.0\.1:(\d+)\n`)
+	var m []string
+	for deadline := time.Now().Add(time.Minute); m == nil; time.Sleep(5 * time.Millisecond) {
+		m = re.FindStringSubmatch(stdout.String())
+		select {
+		case code := <-codec:
+			t.Fatalf("exited %d before listening: %s%s", code, stdout.String(), stderr.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no listening lines: %q", stdout.String())
+		}
+	}
+	for i, want := range []int{port, port + 2, port + 1, port + 3} {
+		if m[i+2] != strconv.Itoa(want) {
+			t.Errorf("endpoint %d on port %s, want %d: %q", i, m[i+2], want, stdout.String())
+		}
+	}
+	url := m[1]
+
+	resp, err := http.Post(url+"/tokenize", "application/json", strings.NewReader(`{"model": "m1", "messages": [{"role": "user", "content": "hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tk struct {
+		Count  int     `json:"count"`
+		Tokens []int64 `json:"tokens"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&tk)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != 200 || tk.Count == 0 || tk.Count != len(tk.Tokens) {
+		t.Fatalf("/tokenize: %d %v %+v", resp.StatusCode, err, tk)
+	}
+
+	req, _ := http.NewRequest("POST", url+"/v1/completions", strings.NewReader(`{"model": "m1", "prompt": "hello", "max_tokens": 2}`))
+	req.Header.Set("X-data-parallel-rank", "1")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("x-mock-dp-rank") != "1" {
+		t.Fatalf("pinned request: %d, rank %q", resp.StatusCode, resp.Header.Get("x-mock-dp-rank"))
+	}
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		metrics, err := scrape(http.DefaultClient, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if metrics[`vllm:request_success_total{engine="1",finished_reason="length",model_name="m1"}`] == 1 &&
+			metrics[`vllm:request_success_total{engine="0",finished_reason="length",model_name="m1"}`] == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics: %v", metrics)
+		}
+	}
+	cancel()
+	select {
+	case code := <-codec:
+		if code != 0 {
+			t.Errorf("exit %d, stderr %q", code, stderr.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("mock-worker did not stop")
+	}
+}
+
+// consecutivePorts returns a port p such that p..p+n-1 were free a moment
+// ago.
+func consecutivePorts(t *testing.T, n int) int {
+	t.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := l.Addr().(*net.TCPAddr).Port
+		ok := true
+		for i := 1; i < n && ok; i++ {
+			l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+i)))
+			if ok = err == nil; ok {
+				l2.Close()
+			}
+		}
+		l.Close()
+		if ok {
+			return p
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
 }

@@ -1024,7 +1024,7 @@ func TestServeE2EDisaggregated(t *testing.T) {
 		t.Errorf("decode selections %v, want 1", got)
 	}
 	// The engines count a step's tokens just after handing them out: poll.
-	const prompt, generated = `vllm:prompt_tokens_total{model_name="mock"}`, `vllm:generation_tokens_total{model_name="mock"}`
+	const prompt, generated = `vllm:prompt_tokens_total{engine="0",model_name="mock"}`, `vllm:generation_tokens_total{engine="0",model_name="mock"}`
 	var pm, dm map[string]float64
 	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
 		if pm, err = scrape(c, mocks[0].url); err != nil {

@@ -2,6 +2,7 @@ package mockworker
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -36,6 +37,8 @@ type genRequest struct {
 	// prefill: do_remote_decode, answer one token and the KV's
 	// kv_transfer_params, not streamed.
 	prefill bool
+	// ids are the prompt's token ids, nil for text hashed by bytes.
+	ids []int64
 }
 
 // kvTransferParams is the part of a request's kv_transfer_params the mock
@@ -131,9 +134,9 @@ func parsePrompt(raw json.RawMessage) (prompt, *apiError) {
 	return prompt{}, badRequest("prompt must be a string, an array of token ids, or a one-element array of either")
 }
 
-// chatText renders messages with prefix.RenderChat; content is a string,
-// null, or an array of parts whose "text" parts are joined.
-func chatText(msgs []chatMessage) (string, *apiError) {
+// chatMessages reads messages for rendering; content is a string, null,
+// or an array of parts whose "text" parts are joined.
+func chatMessages(msgs []chatMessage) ([]prefix.ChatMessage, *apiError) {
 	out := make([]prefix.ChatMessage, len(msgs))
 	for i, m := range msgs {
 		out[i].Role = m.Role
@@ -149,7 +152,7 @@ func chatText(msgs []chatMessage) (string, *apiError) {
 			Text string `json:"text"`
 		}
 		if err := json.Unmarshal(raw, &parts); err != nil {
-			return "", badRequest("messages[%d].content must be a string or an array of content parts", i)
+			return nil, badRequest("messages[%d].content must be a string or an array of content parts", i)
 		}
 		var b strings.Builder
 		for _, p := range parts {
@@ -159,11 +162,31 @@ func chatText(msgs []chatMessage) (string, *apiError) {
 		}
 		out[i].Content = b.String()
 	}
-	return prefix.RenderChat(out), nil
+	return out, nil
+}
+
+// encode tokenizes a text prompt (chat messages when msgs is non-nil) with
+// the configured tokenizer: special tokens added to a text prompt, the
+// chat template with its generation prompt for messages, as vLLM's
+// completions and chat completions do.
+func (s *Server) encode(ctx context.Context, text string, msgs []prefix.ChatMessage) ([]int64, *apiError) {
+	var (
+		ids []int64
+		err error
+	)
+	if msgs != nil {
+		ids, err = s.cfg.Tokenizer.EncodeChat(ctx, msgs)
+	} else {
+		ids, err = s.cfg.Tokenizer.Encode(ctx, text)
+	}
+	if err != nil {
+		return nil, badRequest("tokenizing the prompt: %v", err)
+	}
+	return ids, nil
 }
 
 // parse decodes and validates a request body into the simulated request.
-func (s *Server) parse(body []byte, chat bool) (*genRequest, sim.Request, *apiError) {
+func (s *Server) parse(ctx context.Context, body []byte, chat bool) (*genRequest, sim.Request, *apiError) {
 	var req genRequest
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if err := dec.Decode(&req); err != nil {
@@ -184,15 +207,26 @@ func (s *Server) parse(body []byte, chat bool) (*genRequest, sim.Request, *apiEr
 		if len(req.Messages) == 0 {
 			return nil, sim.Request{}, badRequest("messages is required and must not be empty")
 		}
-		text, err := chatText(req.Messages)
+		msgs, err := chatMessages(req.Messages)
 		if err != nil {
 			return nil, sim.Request{}, err
 		}
-		p = prompt{text: text}
+		if s.cfg.Tokenizer == nil {
+			p = prompt{text: prefix.RenderChat(msgs)}
+		} else if p.ids, err = s.encode(ctx, "", msgs); err != nil {
+			return nil, sim.Request{}, err
+		}
+		p.useIDs = s.cfg.Tokenizer != nil
 	default:
 		var err *apiError
 		if p, err = parsePrompt(req.Prompt); err != nil {
 			return nil, sim.Request{}, err
+		}
+		if !p.useIDs && s.cfg.Tokenizer != nil {
+			if p.ids, err = s.encode(ctx, p.text, nil); err != nil {
+				return nil, sim.Request{}, err
+			}
+			p.useIDs = true
 		}
 	}
 	out := s.cfg.DefaultMaxTokens
@@ -224,10 +258,11 @@ func (s *Server) parse(body []byte, chat bool) (*genRequest, sim.Request, *apiEr
 	}
 	if p.useIDs {
 		if len(p.ids) == 0 {
-			return nil, sim.Request{}, badRequest("prompt token ids must not be empty")
+			return nil, sim.Request{}, badRequest("the prompt has no tokens")
 		}
 		r.InputLength = len(p.ids)
 		r.PrefixHashes = prefix.TokenBlocks(p.ids, s.cfg.BlockTokens)
+		req.ids = p.ids
 	} else {
 		r.InputLength = max(1, prefix.EstimateTokens(p.text, s.cfg.CharsPerToken))
 		r.PrefixHashes = prefix.TextBlocks(p.text, s.cfg.BlockTokens, s.cfg.CharsPerToken)
@@ -241,7 +276,7 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 		"object": "list",
 		"data": []any{map[string]any{
 			"id": s.model, "object": "model", "created": s.created, "owned_by": "switchyard-mock",
-			"root": s.model, "parent": nil,
+			"root": s.model, "parent": nil, "max_model_len": s.maxModelLen(),
 		}},
 	})
 }
@@ -274,19 +309,25 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 		writeError(w, badRequest("reading the request body: %v", err))
 		return
 	}
-	req, sr, perr := s.parse(body, chat)
+	req, sr, perr := s.parse(r.Context(), body, chat)
 	if perr != nil {
 		writeError(w, perr)
 		return
 	}
-	a := &active{prompt: sr.InputLength, output: sr.OutputLength, transferred: sr.KVTransferred, notify: make(chan struct{}, 1)}
+	eng, perr := s.pickEngine(r)
+	if perr != nil {
+		writeError(w, perr)
+		return
+	}
+	a := &active{prompt: sr.InputLength, output: sr.OutputLength, transferred: sr.KVTransferred, ids: req.ids, notify: make(chan struct{}, 1)}
+	w.Header().Set("x-mock-dp-rank", strconv.Itoa(eng.rank))
 	if sr.KVTransferred && sr.OutputLength == 1 {
 		// The one token was sampled by the prefill worker: nothing to
 		// compute here (the engine takes transferred requests of 2 tokens
 		// or more).
-		now := s.eng.simNow()
+		now := eng.simNow()
 		a.submitAt, a.times, a.done = now, []time.Duration{now}, true
-	} else if err := s.eng.submit(a, sr); err != nil {
+	} else if err := eng.submitPicked(a, sr); err != nil {
 		switch {
 		case errors.Is(err, sim.ErrRequestTooLarge):
 			writeError(w, badRequest("prompt of %d tokens plus max_tokens %d does not fit the KV cache of %d tokens (%d blocks of %d)",
@@ -301,10 +342,10 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 	finished := false
 	defer func() {
 		if !finished && a.id != 0 {
-			s.eng.abort(a.id) // client gone, write failed or shutdown
+			eng.abort(a.id) // client gone, write failed or shutdown
 		}
 	}()
-	g := generation{s: s, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix()}
+	g := generation{s: s, eng: eng, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix()}
 	if req.prefill {
 		g.kv = s.kvAnswer(r, sr)
 	}
@@ -362,6 +403,7 @@ var finishLength = "length"
 // generation is one request being answered.
 type generation struct {
 	s       *Server
+	eng     *engine // the rank serving it
 	w       http.ResponseWriter
 	a       *active
 	sr      sim.Request
@@ -418,7 +460,7 @@ func (g *generation) wait(r *http.Request) bool {
 		return true
 	case <-r.Context().Done():
 		return false
-	case <-g.s.eng.done:
+	case <-g.eng.done:
 		return false
 	}
 }

@@ -2,6 +2,7 @@ package mockworker
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/sim"
@@ -11,17 +12,27 @@ import (
 // handlers talk to it through channels and read their request's progress
 // from its active record.
 type engine struct {
+	rank    int // data-parallel rank
 	w       *sim.Worker
-	m       *metrics
+	m       *rankMetrics
 	epoch   time.Time
 	speedup float64
 	total   int // KV blocks
+	// kv publishes the cache's events; nil when KV events are off.
+	kv *kvPublisher
 
 	submits chan submitCmd
 	aborts  chan int
+	clears  chan chan bool
 	quit    chan struct{}
 	done    chan struct{}
 	once    sync.Once
+
+	// Load for the data-parallel balancer, written by run: requests
+	// waiting and running after the last change. pending counts requests
+	// the balancer sent here that are not yet submitted (vLLM's balancer
+	// counts its own picks the same way between load updates).
+	waiting, running, pending atomic.Int64
 
 	// Owned by run.
 	reqs        map[int]*active
@@ -44,6 +55,9 @@ type active struct {
 	id     int
 	prompt int
 	output int
+	// ids are the prompt's token ids when it was tokenized or given as
+	// ids (BlockStored events carry them); nil for text hashed by bytes.
+	ids []int64
 	// transferred: the prompt's KV came from a prefill worker, which
 	// sampled the first token (sim.Request.KVTransferred).
 	transferred bool
@@ -93,15 +107,21 @@ func (a *active) produce(at time.Duration, n int, first bool, cached int, done b
 	}
 }
 
-func startEngine(w *sim.Worker, speedup float64, m *metrics) *engine {
+// startEngine runs w as data-parallel rank rank from epoch on; kv, when
+// not nil, publishes its KV events.
+func startEngine(rank int, w *sim.Worker, epoch time.Time, speedup float64, m *rankMetrics, kv *kvPublisher) *engine {
 	e := &engine{
-		w: w, m: m, epoch: time.Now(), speedup: speedup,
+		rank: rank, w: w, m: m, epoch: epoch, speedup: speedup, kv: kv,
 		total:   w.Config().TotalKVBlocks,
 		submits: make(chan submitCmd),
 		aborts:  make(chan int, 256),
+		clears:  make(chan chan bool),
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
 		reqs:    make(map[int]*active),
+	}
+	if kv != nil {
+		w.SetKVEventHook(e.kvEvent)
 	}
 	e.updateLoad()
 	go e.run()
@@ -138,6 +158,24 @@ func (e *engine) abort(id int) {
 	}
 }
 
+// clearCache asks the engine to drop its prefix cache
+// (sim.Worker.ClearPrefixCache); false if it refused (requests running)
+// or stopped.
+func (e *engine) clearCache() bool {
+	reply := make(chan bool, 1)
+	select {
+	case e.clears <- reply:
+	case <-e.done:
+		return false
+	}
+	select {
+	case ok := <-reply:
+		return ok
+	case <-e.done:
+		return false
+	}
+}
+
 // simNow is the simulated time now, for handlers (clock is the engine
 // goroutine's).
 func (e *engine) simNow() time.Duration {
@@ -163,7 +201,9 @@ func (e *engine) run() {
 	for {
 		e.catchUp()
 		var tick <-chan time.Time
-		if next, busy := e.w.NextEvent(); busy {
+		next, busy := e.w.NextEvent() // may form a step, evicting blocks
+		e.flushKV()
+		if busy {
 			timer.Reset(max(0, e.wallUntil(next)))
 			tick = timer.C
 		} else {
@@ -178,6 +218,11 @@ func (e *engine) run() {
 		case id := <-e.aborts:
 			e.catchUp()
 			e.doAbort(id)
+		case reply := <-e.clears:
+			e.catchUp()
+			ok := e.w.ClearPrefixCache()
+			e.flushKV()
+			reply <- ok
 		case <-tick:
 		}
 	}
@@ -195,6 +240,7 @@ func (e *engine) catchUp() {
 		// next is the end of the step in flight: Advance runs exactly it
 		// (the following step, starting at next, is left unformed).
 		e.evs = e.w.Advance(next, e.evs[:0])
+		e.flushKV()
 		e.stepEnded(next, e.evs)
 	}
 	e.updateLoad()
@@ -205,7 +251,9 @@ func (e *engine) doSubmit(c submitCmd) {
 	id := e.nextID
 	c.r.ID = id
 	now := e.now
-	if err := e.w.Submit(now, &c.r); err != nil {
+	err := e.w.Submit(now, &c.r)
+	e.flushKV()
+	if err != nil {
 		c.reply <- err
 		return
 	}
@@ -276,6 +324,8 @@ func (e *engine) stepEnded(at time.Duration, evs []sim.Event) {
 
 func (e *engine) updateLoad() {
 	l := e.w.Load()
+	e.running.Store(int64(l.Running))
+	e.waiting.Store(int64(l.Waiting))
 	e.m.running.Set(float64(l.Running))
 	e.m.waiting.Set(float64(l.Waiting))
 	e.m.kvUsage.Set(float64(l.UsedBlocks) / float64(e.total))

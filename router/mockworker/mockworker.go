@@ -1,17 +1,29 @@
 // Package mockworker is a mock inference engine: an OpenAI-compatible HTTP
-// server that simulates one vLLM-like engine in real time with the replay
+// server that simulates vLLM-like engines in real time with the replay
 // worker model (router/sim: step-time model, vLLM V1 scheduler, prefix
 // cache), streams tokens as the simulated steps end, and exports vLLM-named
-// Prometheus metrics. `router mock-worker` serves it; the router's
-// end-to-end tests, demos and benchmarks run fleets of them.
+// Prometheus metrics. It speaks vLLM's side protocols too: KV-cache events
+// over ZeroMQ, /tokenize, data-parallel ranks. `router mock-worker` serves
+// it; the router's end-to-end tests, demos and benchmarks run fleets of
+// them.
 //
 // # Endpoints
 //
 //	POST /v1/completions        prompt: string, [string], token ids or [[ids]]
 //	POST /v1/chat/completions   messages: [{role, content}], content a string or text parts
-//	GET  /v1/models             the one served model
+//	POST /tokenize              vLLM's shape; 404 without Config.Tokenizer
+//	POST /reset_prefix_cache    drops every rank's prefix cache (vLLM's dev-mode endpoint); 409 while requests run
+//	GET  /v1/models             the one served model, with max_model_len (the KV cache in tokens)
 //	GET  /health                200
 //	GET  /metrics               Prometheus text, vLLM metric names; 404 with Config.NoMetrics
+//
+// /metrics has, per rank, labelled model_name and engine="R" as vLLM does:
+// vllm:num_requests_running, vllm:num_requests_waiting,
+// vllm:kv_cache_usage_perc, the token, preemption, prefix-cache and success
+// counters, and the info gauge vllm:cache_config_info (value 1) whose
+// labels are the cache configuration, among them num_gpu_blocks (Sim's
+// TotalKVBlocks) and block_size (Sim's BlockSize, 16: the engine's KV
+// block, not BlockTokens).
 //
 // Requests may set "stream" (SSE chunks in the OpenAI chunk format, one per
 // generated token, then "data: [DONE]"; "stream_options": {"include_usage":
@@ -21,6 +33,12 @@
 // (finish_reason "length"); the text is filler words.
 //
 // # Prompt length and prefix hashing
+//
+// With Config.Tokenizer, text prompts are tokenized (a completions prompt
+// with special tokens, chat messages through the tokenizer's chat template
+// with the generation prompt, as vLLM does), and then count and hash like
+// token ids: prefix.TokenBlocks at BlockTokens, the keys a token-accurate
+// router computes. /tokenize answers the same ids.
 //
 // Without a tokenizer, a prompt given as text counts
 // ceil(len(text)/CharsPerToken) tokens (CharsPerToken 4 bytes per token, an
@@ -52,6 +70,44 @@
 // known; each chunk carries "x_mock_sim_seconds", the simulated time its
 // tokens were produced. usage.prompt_tokens_details.cached_tokens repeats
 // the cached tokens, as vLLM reports them.
+//
+// # Data-parallel ranks
+//
+// Config.DataParallelSize N runs N simulated engines, each with the whole
+// Sim configuration, behind one address, as vLLM's data parallelism does.
+// A request with the header X-data-parallel-rank: R (vLLM's, read by
+// OpenAIServing._get_data_parallel_rank) goes to rank R (400 when out of
+// range; a value that is not an integer is ignored, as vLLM ignores it);
+// the others go to the least loaded rank by the score of vLLM's internal
+// balancer (DPLBAsyncMPClient), 4·waiting + running, ties to the lowest
+// rank. The answer's x-mock-dp-rank header names the rank that served it.
+//
+// # KV events
+//
+// With Config.KVEventsEndpoint each rank publishes its prefix cache's
+// changes as vLLM's ZmqEventPublisher does (format in router/kvevents):
+// messages [topic, sequence, payload] on a PUB socket, rank R on the
+// endpoint's port + R, one batch per change of the simulated engine (the
+// evictions of a step's allocation, the blocks a step computed, a reset),
+// data_parallel_rank R. BlockStored carries the new blocks' hashes (the
+// chained prefix hashes the cache is keyed by, as unsigned ints), the
+// parent's hash (none for a prompt's first block), block_size and medium
+// "GPU"; BlockRemoved the evicted hashes; AllBlocksCleared follows
+// /reset_prefix_cache. Consecutive blocks of one chain share one event.
+//
+// One event block is one prefix group of BlockTokens tokens, not one
+// 16-token engine block (router/sim README, "KV events", lists what that
+// approximates; with BlockTokens 16 it is exact). BlockStored carries the
+// blocks' token ids when the prompt's ids are known (token-id prompts, or
+// a Tokenizer). A text prompt without a tokenizer is hashed by bytes, so
+// its events carry hashes only: a router that keys blocks by token ids
+// cannot key them, and can only match the hashes against its own byte
+// hashing (prefix.TextBlocks at the same block and CharsPerToken).
+//
+// With Config.KVEventsReplayEndpoint a ROUTER socket (port + R too)
+// answers replay requests from the last KVEventsReplayBatches batches.
+// The PUB socket never blocks the engine: it queues the batches for slow
+// subscribers.
 //
 // # Disaggregated prefill and decode
 //
@@ -94,14 +150,17 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"net"
 	"net/http"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/sim"
+	"github.com/switchyard-router/switchyard/router/tokenizer"
 )
 
 // Defaults of Config.
@@ -148,14 +207,55 @@ type Config struct {
 	// NoMetrics makes GET /metrics answer 404, as SGLang started without
 	// --enable-metrics does; /health still answers 200.
 	NoMetrics bool
+	// DataParallelSize is the number of data-parallel ranks, each its own
+	// simulated engine with the whole Sim configuration (its own KV cache
+	// and queue), behind this one server. 0 means 1; at most
+	// MaxDataParallelSize.
+	DataParallelSize int
+
+	// KVEventsEndpoint, when set, publishes every rank's KV-cache events
+	// in vLLM's format on a ZeroMQ PUB socket listening there
+	// ("tcp://HOST:PORT"; vLLM's default is tcp://*:5557), rank N on PORT+N
+	// (port 0, a free port, only with one rank). See the package doc,
+	// "KV events".
+	KVEventsEndpoint string
+	// KVEventsReplayEndpoint, when set with KVEventsEndpoint, also listens
+	// there (a ROUTER socket, rank N on PORT+N) for replay requests,
+	// answered from the last KVEventsReplayBatches batches.
+	KVEventsReplayEndpoint string
+	// KVEventsTopic is the first frame of every published message; vLLM's
+	// default is "".
+	KVEventsTopic string
+	// KVEventsEncoding is the payload layout: kvevents.EncodingArray
+	// (positional events, vLLM before PR 42892, the zero value),
+	// kvevents.EncodingMap (events as maps with a "type" key, as vLLM
+	// since then and SGLang send) or kvevents.EncodingMapEnvelope.
+	KVEventsEncoding kvevents.Encoding
+	// KVEventsReplayBatches bounds the batches kept for replay per rank. 0
+	// means DefaultKVEventsReplayBatches (10,000, vLLM's buffer_steps).
+	KVEventsReplayBatches int
+
+	// Tokenizer, when set, tokenizes text prompts (chat: rendered by its
+	// chat template) into the token ids that count the prompt's length,
+	// key its prefix cache (prefix.TokenBlocks at BlockTokens) and ride on
+	// its BlockStored events, and serves POST /tokenize. nil: text counts
+	// ceil(bytes/CharsPerToken) tokens and is hashed by bytes, and
+	// /tokenize answers 404.
+	Tokenizer tokenizer.Tokenizer
 }
+
+// MaxDataParallelSize bounds Config.DataParallelSize: each rank is a
+// goroutine and a simulated engine of its own.
+const MaxDataParallelSize = 64
 
 // Server is a mock engine. It implements http.Handler; create it with New
 // and stop its engine with Close.
 type Server struct {
-	cfg     Config
-	model   string // the listed model name
-	eng     *engine
+	cfg   Config
+	model string // the listed model name
+	// engines are the data-parallel ranks, by rank.
+	engines []*engine
+	pubs    []*kvPublisher // by rank; nil without KV events
 	mux     *http.ServeMux
 	created int64 // unix seconds at New, the models' "created"
 	seq     atomic.Int64
@@ -198,15 +298,29 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DefaultMaxTokens < 0 {
 		return nil, fmt.Errorf("mockworker: default max tokens %d, want > 0", cfg.DefaultMaxTokens)
 	}
+	if cfg.DataParallelSize == 0 {
+		cfg.DataParallelSize = 1
+	}
+	if cfg.DataParallelSize < 0 || cfg.DataParallelSize > MaxDataParallelSize {
+		return nil, fmt.Errorf("mockworker: data-parallel size %d, want 1 to %d", cfg.DataParallelSize, MaxDataParallelSize)
+	}
+	if cfg.KVEventsReplayBatches == 0 {
+		cfg.KVEventsReplayBatches = DefaultKVEventsReplayBatches
+	}
+	if cfg.KVEventsReplayBatches < 0 {
+		return nil, fmt.Errorf("mockworker: KV events replay batches %d, want > 0", cfg.KVEventsReplayBatches)
+	}
+	if cfg.KVEventsEncoding > kvevents.EncodingMapEnvelope {
+		return nil, fmt.Errorf("mockworker: KV events encoding %d is not one of kvevents' encodings", cfg.KVEventsEncoding)
+	}
+	if cfg.KVEventsReplayEndpoint != "" && cfg.KVEventsEndpoint == "" {
+		return nil, errors.New("mockworker: a KV events replay endpoint needs a KV events endpoint")
+	}
 	model := cfg.Model
 	if model == "" {
 		model = DefaultModel
 	}
-	w, err := sim.NewWorker(cfg.Sim)
-	if err != nil {
-		return nil, fmt.Errorf("mockworker: %w", err)
-	}
-	m := newMetrics(model)
+	m := newMetrics(model, cfg.DataParallelSize, cfg.Sim)
 	engineID := cfg.EngineID
 	if engineID == "" {
 		var rnd [4]byte
@@ -214,11 +328,37 @@ func New(cfg Config) (*Server, error) {
 		engineID = "mock-" + hex.EncodeToString(rnd[:])
 	}
 	s := &Server{cfg: cfg, model: model, mux: http.NewServeMux(), created: time.Now().Unix(), engineID: engineID}
-	s.eng = startEngine(w, cfg.Speedup, m)
+	if cfg.KVEventsEndpoint != "" {
+		o := kvEventsOptions{endpoint: cfg.KVEventsEndpoint, replay: cfg.KVEventsReplayEndpoint,
+			topic: cfg.KVEventsTopic, encoding: cfg.KVEventsEncoding, ringSize: cfg.KVEventsReplayBatches}
+		for r := range cfg.DataParallelSize {
+			p, err := newKVPublisher(o, r, m.ranks[r])
+			if err != nil {
+				s.closePubs()
+				return nil, fmt.Errorf("mockworker: %w", err)
+			}
+			s.pubs = append(s.pubs, p)
+		}
+	}
+	epoch := time.Now()
+	for r := range cfg.DataParallelSize {
+		w, err := sim.NewWorker(cfg.Sim) // validated above: cannot fail
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("mockworker: %w", err)
+		}
+		var p *kvPublisher
+		if s.pubs != nil {
+			p = s.pubs[r]
+		}
+		s.engines = append(s.engines, startEngine(r, w, epoch, cfg.Speedup, m.ranks[r], p))
+	}
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, false) })
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, true) })
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
+	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	if !cfg.NoMetrics {
 		s.mux.Handle("GET /metrics", promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{}))
 	}
@@ -239,7 +379,36 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 // Requests in flight end (a streamed one stops without [DONE], one that has
 // sent nothing gets 503) and new ones get 503. Close is idempotent. Call it
 // after http.Server.Shutdown to let in-flight requests finish first.
-func (s *Server) Close() { s.eng.close() }
+func (s *Server) Close() {
+	for _, e := range s.engines {
+		e.close()
+	}
+	s.closePubs()
+}
+
+func (s *Server) closePubs() {
+	for _, p := range s.pubs {
+		p.close()
+	}
+}
+
+// maxModelLen is the longest prompt plus output the engine accepts, its
+// KV cache in tokens, reported as vLLM's max_model_len.
+func (s *Server) maxModelLen() int { return s.cfg.Sim.TotalKVBlocks * s.cfg.Sim.BlockSize }
+
+// DataParallelSize returns the number of ranks.
+func (s *Server) DataParallelSize() int { return len(s.engines) }
+
+// KVEventsAddr returns the address rank's KV events PUB socket listens on
+// and its replay ROUTER socket's (nil without one), or nil, nil without KV
+// events or for a rank out of range. With port 0 in the endpoint it names
+// the port picked.
+func (s *Server) KVEventsAddr(rank int) (pub, replay net.Addr) {
+	if rank < 0 || rank >= len(s.pubs) {
+		return nil, nil
+	}
+	return s.pubs[rank].pub.Addr(), s.pubs[rank].pub.ReplayAddr()
+}
 
 // errClosed is returned to requests once the engine stopped.
 var errClosed = errors.New("mock engine is shut down")

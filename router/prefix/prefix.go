@@ -1,12 +1,19 @@
-// Package prefix is the router's prefix index: for each worker, the chained
-// block hashes the router has sent it, bounded by that worker's KV capacity
-// with least-recently-used eviction. It answers CACHE: how many leading
-// blocks of a request each worker already holds (overlap_blocks).
+// Package prefix is the router's prefix index. It answers CACHE: how many
+// leading blocks of a request each candidate (a worker, or one
+// data-parallel rank of it) already holds (overlap_blocks).
 //
-// The index is the router's belief, not the engine's truth: it records what
-// was dispatched and evicts on its own LRU clock. Like Dynamo's approximate
-// KV router (no KV events), it can be wrong when the engine evicts earlier;
-// the simulated worker reports actual cached tokens separately.
+// Every candidate has an approximate index: the chained block hashes the
+// router has sent it, at the router's block size, bounded by its KV
+// capacity with least-recently-used eviction. That is the router's belief,
+// not the engine's truth (Dynamo's approximate KV router, without events):
+// it can be wrong when the engine evicts earlier.
+//
+// A candidate whose engine publishes KV events (router/kvevents) also has
+// a precise index (Precise): the blocks the engine reports it holds, keyed
+// at the engine's block size by the router's own chained hash of their
+// token ids. While its event stream is live, the candidate is scored by
+// the precise index; while cold (not yet synced, or after a gap it could
+// not replay), by the approximate one. See Precise for the rules.
 package prefix
 
 import (
@@ -46,87 +53,143 @@ func ChainHashes(dst []uint64, ids []uint64) []uint64 {
 	return dst
 }
 
-// Index maps block hashes to the workers believed to hold them. Safe for
-// concurrent use, with no index-wide lock on the selection path: each
-// worker's recency list has its own mutex (Record, Overlap); the map from
-// block hash to holders is a concurrent hash map whose reads take no lock
-// and write nothing (github.com/puzpuzpuz/xsync, a cache-line hash table),
-// holding immutable holder lists that writers replace; membership
-// (AddWorker, RemoveWorker) replaces an immutable map that selections read
-// with one atomic load. Lock order: membership, then a worker's list.
-type Index struct {
-	mu sync.Mutex // serialises membership changes
-	// byID maps the tracked workers to their lists: an immutable map,
-	// replaced (copy on write) by AddWorker and RemoveWorker, so a lookup
-	// is one atomic load with no lock and no shared write.
-	byID atomic.Pointer[map[shared.WorkerID]*lru]
-	// holders maps a block hash to the workers holding it, each once.
-	// The slices are never modified once stored.
-	holders *xsync.Map[uint64, []shared.WorkerID]
+// Candidate names one routing candidate: a worker and its data-parallel
+// rank (0 for an engine without ranks). Candidates order by (ID, Rank), as
+// fleet partitions do.
+type Candidate struct {
+	ID   shared.WorkerID
+	Rank uint32
 }
 
-// New returns an empty index.
-func New() *Index {
-	x := &Index{holders: xsync.NewMap[uint64, []shared.WorkerID]()}
-	x.byID.Store(&map[shared.WorkerID]*lru{})
+func (c Candidate) less(o Candidate) int {
+	switch {
+	case c.ID != o.ID:
+		if c.ID < o.ID {
+			return -1
+		}
+		return 1
+	case c.Rank != o.Rank:
+		if c.Rank < o.Rank {
+			return -1
+		}
+		return 1
+	}
+	return 0
+}
+
+// DefaultUnknownCapacity is the approximate index's bound, in router
+// blocks, for a candidate whose KV capacity is unknown (0): 4096 blocks,
+// 2 Mi tokens at the default 512-token router block, the order of one
+// 80 GB GPU's KV cache for an 8B model.
+const DefaultUnknownCapacity = 4096
+
+// member is one candidate's state: its approximate list and, in precise
+// mode, its precise index.
+type member struct {
+	lru     *lru
+	precise *Precise // nil in approximate mode
+}
+
+// Index maps block hashes to the candidates believed to hold them. Safe
+// for concurrent use, with no index-wide lock on the selection path: each
+// candidate's recency list has its own mutex (Record, Overlap); the maps
+// from block hash to holders are concurrent hash maps whose reads take no
+// lock and write nothing (github.com/puzpuzpuz/xsync, a cache-line hash
+// table), holding immutable holder lists that writers replace; membership
+// (AddWorker, RemoveWorker) replaces an immutable map that selections read
+// with one atomic load. Lock order: membership, then a candidate's list or
+// precise index.
+type Index struct {
+	blockSize int
+	mu        sync.Mutex // serialises membership changes
+	// byID maps the tracked candidates to their state: an immutable map,
+	// replaced (copy on write) by AddWorker and RemoveWorker, so a lookup
+	// is one atomic load with no lock and no shared write.
+	byID atomic.Pointer[map[Candidate]*member]
+	// holders maps a block hash at the router's block size to the
+	// candidates whose approximate lists hold it, each once. The slices
+	// are never modified once stored.
+	holders *xsync.Map[uint64, []Candidate]
+	// live counts precise candidates whose stream is live, so Fill skips
+	// the precise pass when there are none.
+	live atomic.Int64
+}
+
+// New returns an empty index for a router of blockSize tokens per block
+// (> 0; the unit of the approximate hashes and of overlaps).
+func New(blockSize int) *Index {
+	x := &Index{blockSize: max(blockSize, 1), holders: xsync.NewMap[uint64, []Candidate]()}
+	x.byID.Store(&map[Candidate]*member{})
 	return x
 }
 
-// AddWorker starts tracking a worker whose KV cache holds capacity blocks
-// (in the router's block size, > 0). Adding a tracked worker resets its
-// entries and capacity.
-func (x *Index) AddWorker(id shared.WorkerID, capacity int) error {
-	if capacity <= 0 {
-		return fmt.Errorf("prefix index: worker %d: capacity %d blocks, want > 0", id, capacity)
+// AddWorker starts tracking a candidate whose KV cache holds capacity
+// blocks of the router's size (0: unknown, bounded by
+// DefaultUnknownCapacity). Adding a tracked candidate resets its entries,
+// approximate and precise, and makes it approximate: call Precise after.
+func (x *Index) AddWorker(c Candidate, capacity int) error {
+	if capacity < 0 {
+		return fmt.Errorf("prefix index: worker %d rank %d: capacity %d blocks, want >= 0", c.ID, c.Rank, capacity)
+	}
+	if capacity == 0 {
+		capacity = DefaultUnknownCapacity
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	old := *x.byID.Load()
-	if l := old[id]; l != nil {
-		x.purge(l)
+	if m := old[c]; m != nil {
+		x.purge(m)
 	}
-	m := make(map[shared.WorkerID]*lru, len(old)+1)
+	m := make(map[Candidate]*member, len(old)+1)
 	for k, v := range old {
 		m[k] = v
 	}
-	m[id] = newLRU(id, capacity)
+	m[c] = &member{lru: newLRU(c, capacity)}
 	x.byID.Store(&m)
 	return nil
 }
 
-// RemoveWorker purges every entry of the worker. Unknown ids are ignored.
-func (x *Index) RemoveWorker(id shared.WorkerID) {
+// RemoveWorker purges every entry of the candidate. Unknown ones are
+// ignored.
+func (x *Index) RemoveWorker(c Candidate) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	old := *x.byID.Load()
-	l := old[id]
-	if l == nil {
+	mem := old[c]
+	if mem == nil {
 		return
 	}
-	m := make(map[shared.WorkerID]*lru, len(old))
+	m := make(map[Candidate]*member, len(old))
 	for k, v := range old {
-		if k != id {
+		if k != c {
 			m[k] = v
 		}
 	}
 	x.byID.Store(&m)
-	x.purge(l)
+	x.purge(mem)
 }
 
-// purge drops every entry of l and marks it dead, so a Record that looked
-// it up before it left records nothing.
-func (x *Index) purge(l *lru) {
+// purge drops every entry of m and marks it dead, so a Record or an event
+// that looked it up before it left records nothing.
+func (x *Index) purge(m *member) {
+	l := m.lru
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	for i := l.head; i >= 0; i = l.next[i] {
-		x.dropHolder(l.hash[i], l.owner)
+		dropHolder(x.holders, l.hash[i], l.owner)
 	}
 	l.dead = true
+	l.mu.Unlock()
+	if p := m.precise; p != nil {
+		p.mu.Lock()
+		p.clearLocked()
+		p.dead = true
+		p.mu.Unlock()
+	}
 }
 
-func (x *Index) dropHolder(h uint64, id shared.WorkerID) {
-	x.holders.Compute(h, func(hs []shared.WorkerID, loaded bool) ([]shared.WorkerID, xsync.ComputeOp) {
-		i := slices.Index(hs, id)
+func dropHolder(hm *xsync.Map[uint64, []Candidate], h uint64, c Candidate) {
+	hm.Compute(h, func(hs []Candidate, loaded bool) ([]Candidate, xsync.ComputeOp) {
+		i := slices.Index(hs, c)
 		switch {
 		case i < 0:
 			return hs, xsync.CancelOp
@@ -137,38 +200,48 @@ func (x *Index) dropHolder(h uint64, id shared.WorkerID) {
 	})
 }
 
-func (x *Index) addHolder(h uint64, id shared.WorkerID) {
-	x.holders.Compute(h, func(hs []shared.WorkerID, loaded bool) ([]shared.WorkerID, xsync.ComputeOp) {
-		out := make([]shared.WorkerID, len(hs)+1)
+func addHolder(hm *xsync.Map[uint64, []Candidate], h uint64, c Candidate) {
+	hm.Compute(h, func(hs []Candidate, loaded bool) ([]Candidate, xsync.ComputeOp) {
+		out := make([]Candidate, len(hs)+1)
 		copy(out, hs)
-		out[len(hs)] = id
+		out[len(hs)] = c
 		return out, xsync.UpdateOp
 	})
 }
 
-// worker returns id's list, nil when untracked.
-func (x *Index) worker(id shared.WorkerID) *lru {
-	return (*x.byID.Load())[id]
+// member returns c's state, nil when untracked.
+func (x *Index) member(c Candidate) *member {
+	return (*x.byID.Load())[c]
 }
 
-// Record notes that the worker was sent a prompt with these chained block
-// hashes: each becomes most recently used, the first block most recent of
-// all, so eviction takes suffixes before the prefixes they extend (as vLLM
-// frees blocks tail-first). Blocks beyond capacity evict the least recently
-// used. Unknown workers are ignored.
-func (x *Index) Record(id shared.WorkerID, hashes []uint64) { x.RecordOverlap(id, hashes) }
+// Record notes that the candidate was sent a prompt with these chained
+// block hashes (router block size): each becomes most recently used, the
+// first block most recent of all, so eviction takes suffixes before the
+// prefixes they extend (as vLLM frees blocks tail-first). Blocks beyond
+// capacity evict the least recently used. Unknown candidates are ignored.
+// A precise candidate records too: its approximate list is what it is
+// scored by while its stream is cold.
+func (x *Index) Record(c Candidate, hashes []uint64) { x.RecordOverlap(c, hashes, nil) }
 
 // RecordOverlap is Record, also returning what Overlap returned just
-// before it: the leading blocks of hashes the worker held, under one lock
-// of the worker's list instead of two. 0 for unknown workers.
-func (x *Index) RecordOverlap(id shared.WorkerID, hashes []uint64) int {
+// before it, under one lock of the candidate's list instead of two. 0 for
+// unknown candidates.
+func (x *Index) RecordOverlap(c Candidate, hashes []uint64, prompt shared.PromptKey) int {
+	m := x.member(c)
+	if m == nil {
+		return 0
+	}
+	blocks, ok := -1, false
+	if m.precise != nil {
+		var tokens int
+		if tokens, ok = m.precise.overlapTokens(prompt); ok {
+			blocks = tokens / x.blockSize
+		}
+	}
 	if len(hashes) == 0 {
-		return 0
+		return max(blocks, 0)
 	}
-	l := x.worker(id)
-	if l == nil {
-		return 0
-	}
+	l := m.lru
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.dead {
@@ -176,64 +249,135 @@ func (x *Index) RecordOverlap(id shared.WorkerID, hashes []uint64) int {
 	}
 	// Counted before recording: recording a long prompt can evict its own
 	// leading blocks before it reaches them.
-	overlap := l.leading(hashes)
+	if !ok {
+		blocks = l.leading(hashes)
+	}
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
 		if l.touch(h) {
 			continue
 		}
 		if evicted, ok := l.insert(h); ok {
-			x.dropHolder(evicted, id)
+			dropHolder(x.holders, evicted, c)
 		}
-		x.addHolder(h, id)
+		addHolder(x.holders, h, c)
 	}
-	return overlap
+	return blocks
 }
 
-// Overlap returns how many leading blocks of hashes the worker holds.
-func (x *Index) Overlap(id shared.WorkerID, hashes []uint64) int {
+// Overlap returns how many leading router blocks of the request the
+// candidate holds: by its precise index when live and the prompt has
+// token ids (floor(n·E/blockSize) for n leading engine blocks of E
+// tokens), else by its approximate list over hashes.
+func (x *Index) Overlap(c Candidate, hashes []uint64, prompt shared.PromptKey) int {
+	tokens, _ := x.OverlapTokens(c, hashes, prompt)
+	return tokens / x.blockSize
+}
+
+// OverlapTokens returns the leading prompt tokens the candidate holds and
+// whether the figure is precise: n·E for n leading engine blocks of its
+// live precise index, else (false) the approximate overlap in router
+// blocks times the router's block size.
+func (x *Index) OverlapTokens(c Candidate, hashes []uint64, prompt shared.PromptKey) (int, bool) {
+	m := x.member(c)
+	if m == nil {
+		return 0, false
+	}
+	if m.precise != nil {
+		if t, ok := m.precise.overlapTokens(prompt); ok {
+			return t, true
+		}
+	}
 	if len(hashes) == 0 {
-		return 0
+		return 0, false
 	}
-	l := x.worker(id)
-	if l == nil {
-		return 0
-	}
+	l := m.lru
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.leading(hashes)
+	return l.leading(hashes) * x.blockSize, false
 }
 
-// Fill writes into overlap[i] the leading blocks of hashes held by ids[i].
-// ids must be sorted ascending (the candidate order); len(overlap) ==
-// len(ids). Cost: O(sum over the leading blocks of their holders ×
-// log len(ids)), independent of workers that hold nothing; it stops at
-// the first block no candidate extends. It takes no lock: a Record
-// running meanwhile may be seen in part (the index is a belief either
-// way).
-func (x *Index) Fill(ids []shared.WorkerID, hashes []uint64, overlap []int32) {
+// search returns the row of candidate c in the sorted ids/ranks columns
+// (ranks nil: every rank 0).
+func search(ids []shared.WorkerID, ranks []uint32, c Candidate) (int, bool) {
+	if ranks == nil {
+		if c.Rank != 0 {
+			return 0, false
+		}
+		return slices.BinarySearch(ids, c.ID)
+	}
+	lo, hi := 0, len(ids)
+	for lo < hi {
+		m := int(uint(lo+hi) >> 1)
+		if (Candidate{ids[m], ranks[m]}).less(c) < 0 {
+			lo = m + 1
+		} else {
+			hi = m
+		}
+	}
+	return lo, lo < len(ids) && ids[lo] == c.ID && ranks[lo] == c.Rank
+}
+
+// Fill writes into overlap[i] the leading router blocks of the request
+// held by candidate (ids[i], ranks[i]) (ranks nil: all 0). The columns
+// must be sorted ascending by (id, rank), the candidate order; len(overlap)
+// == len(ids). hashes are the request's at the router's block size; prompt
+// (may be nil) gives its hashes at engine block sizes for live precise
+// candidates, which are scored by their precise index as Overlap says.
+// Cost: O(sum over the leading blocks of their holders × log len(ids)),
+// stopping at the first block no candidate extends; when some precise
+// candidate is live, plus one membership lookup per candidate and, per
+// live precise one, a lookup per leading engine block. It takes no
+// lock: an update running meanwhile may be seen in part (the index is a
+// belief either way).
+func (x *Index) Fill(ids []shared.WorkerID, ranks []uint32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
 	clear(overlap)
 	for k, h := range hashes {
 		advanced := false
 		hs, _ := x.holders.Load(h)
-		for _, w := range hs {
-			if i, ok := slices.BinarySearch(ids, w); ok && overlap[i] == int32(k) {
+		for _, c := range hs {
+			if i, ok := search(ids, ranks, c); ok && overlap[i] == int32(k) {
 				overlap[i] = int32(k + 1)
 				advanced = true
 			}
 		}
 		if !advanced {
-			return
+			break
+		}
+	}
+	if prompt != nil && x.live.Load() > 0 {
+		x.fillPrecise(ids, ranks, prompt, overlap)
+	}
+}
+
+// fillPrecise overwrites the overlap of every live precise candidate with
+// its precise overlap when the prompt has token ids (a prompt of text only
+// keeps the approximate overlap): floor(n·E/blockSize) for the n leading
+// engine blocks of E tokens its set holds. The prompt caches its hashes
+// per engine block size.
+func (x *Index) fillPrecise(ids []shared.WorkerID, ranks []uint32, prompt shared.PromptKey, overlap []int32) {
+	m := *x.byID.Load()
+	for i, id := range ids {
+		c := Candidate{ID: id}
+		if ranks != nil {
+			c.Rank = ranks[i]
+		}
+		if mem := m[c]; mem != nil && mem.precise != nil {
+			if t, ok := mem.precise.overlapTokens(prompt); ok {
+				overlap[i] = int32(t / x.blockSize)
+			}
 		}
 	}
 }
 
-// Len returns the number of blocks the worker is believed to hold.
-func (x *Index) Len(id shared.WorkerID) int {
-	l := x.worker(id)
-	if l == nil {
+// Len returns the number of router blocks in the candidate's approximate
+// list.
+func (x *Index) Len(c Candidate) int {
+	m := x.member(c)
+	if m == nil {
 		return 0
 	}
+	l := m.lru
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.dead {

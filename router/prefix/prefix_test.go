@@ -10,6 +10,8 @@ import (
 
 func hashes(ids ...uint64) []uint64 { return ChainHashes(nil, ids) }
 
+func cand[T ~uint64 | ~int](id T) Candidate { return Candidate{ID: shared.WorkerID(id)} }
+
 func TestChainHashSharesPrefixOnly(t *testing.T) {
 	a := hashes(0, 1, 2, 3)
 	b := hashes(0, 1, 9, 3)
@@ -22,58 +24,58 @@ func TestChainHashSharesPrefixOnly(t *testing.T) {
 }
 
 func TestFillOverlap(t *testing.T) {
-	x := New()
+	x := New(1)
 	for id := shared.WorkerID(1); id <= 4; id++ {
-		if err := x.AddWorker(id, 100); err != nil {
+		if err := x.AddWorker(cand(id), 100); err != nil {
 			t.Fatal(err)
 		}
 	}
-	x.Record(1, hashes(0, 1, 2, 3))
-	x.Record(2, hashes(0, 1))
-	x.Record(3, hashes(0, 5, 6))
+	x.Record(cand(1), hashes(0, 1, 2, 3))
+	x.Record(cand(2), hashes(0, 1))
+	x.Record(cand(3), hashes(0, 5, 6))
 	// Worker 4 holds nothing.
 	req := hashes(0, 1, 2, 7)
 	ids := []shared.WorkerID{1, 2, 3, 4}
 	got := make([]int32, 4)
-	x.Fill(ids, req, got)
+	x.Fill(ids, nil, req, nil, got)
 	if diff := cmp.Diff([]int32{3, 2, 1, 0}, got); diff != "" {
 		t.Fatalf("overlap (-want +got):\n%s", diff)
 	}
 	// A candidate subset in order; the scratch must be reset between calls.
 	got = got[:2]
-	x.Fill([]shared.WorkerID{2, 3}, req, got)
+	x.Fill([]shared.WorkerID{2, 3}, nil, req, nil, got)
 	if diff := cmp.Diff([]int32{2, 1}, got); diff != "" {
 		t.Fatalf("subset overlap (-want +got):\n%s", diff)
 	}
 	for id, want := range map[shared.WorkerID]int{1: 3, 2: 2, 3: 1, 4: 0, 99: 0} {
-		if got := x.Overlap(id, req); got != want {
+		if got := x.Overlap(cand(id), req, nil); got != want {
 			t.Errorf("Overlap(%d) = %d, want %d", id, got, want)
 		}
 	}
 }
 
 func TestEvictionTakesSuffixesFirst(t *testing.T) {
-	x := New()
-	if err := x.AddWorker(1, 4); err != nil {
+	x := New(1)
+	if err := x.AddWorker(cand(1), 4); err != nil {
 		t.Fatal(err)
 	}
 	a := hashes(0, 1, 2)
-	x.Record(1, a) // holds 0,1,2
+	x.Record(cand(1), a) // holds 0,1,2
 	b := hashes(0, 3, 4)
-	x.Record(1, b) // needs 2 new slots of 4: evicts a's tail (block 2) only
-	if got := x.Len(1); got != 4 {
+	x.Record(cand(1), b) // needs 2 new slots of 4: evicts a's tail (block 2) only
+	if got := x.Len(cand(1)); got != 4 {
 		t.Fatalf("Len = %d, want 4 (capacity)", got)
 	}
-	if got := x.Overlap(1, a); got != 2 {
+	if got := x.Overlap(cand(1), a, nil); got != 2 {
 		t.Errorf("overlap with a = %d, want 2: its suffix block goes first, its prefix stays", got)
 	}
-	if got := x.Overlap(1, b); got != 3 {
+	if got := x.Overlap(cand(1), b, nil); got != 3 {
 		t.Errorf("overlap with b = %d, want 3", got)
 	}
 	// The evicted hash is gone from the holder map too.
 	ids := []shared.WorkerID{1}
 	got := []int32{0}
-	x.Fill(ids, a, got)
+	x.Fill(ids, nil, a, nil, got)
 	if got[0] != 2 {
 		t.Errorf("Fill overlap with a = %d, want 2", got[0])
 	}
@@ -83,53 +85,66 @@ func TestEvictionTakesSuffixesFirst(t *testing.T) {
 }
 
 func TestRemoveWorkerPurges(t *testing.T) {
-	x := New()
-	_ = x.AddWorker(1, 10)
-	_ = x.AddWorker(2, 10)
+	x := New(1)
+	_ = x.AddWorker(cand(1), 10)
+	_ = x.AddWorker(cand(2), 10)
 	h := hashes(0, 1)
-	x.Record(1, h)
-	x.Record(2, h)
-	x.RemoveWorker(1)
+	x.Record(cand(1), h)
+	x.Record(cand(2), h)
+	x.RemoveWorker(cand(1))
 	if hs, _ := x.holders.Load(h[0]); len(hs) != 1 {
 		t.Fatalf("holders after removal = %d, want 1", len(hs))
 	}
 	got := []int32{9, 9}
-	x.Fill([]shared.WorkerID{1, 2}, h, got)
+	x.Fill([]shared.WorkerID{1, 2}, nil, h, nil, got)
 	if diff := cmp.Diff([]int32{0, 2}, got); diff != "" {
 		t.Fatalf("overlap after removal (-want +got):\n%s", diff)
 	}
 	// Rejoining starts empty.
-	_ = x.AddWorker(1, 10)
-	if x.Overlap(1, h) != 0 || len(*x.byID.Load()) != 2 {
-		t.Fatalf("rejoined worker: overlap %d, workers %d; want 0, 2", x.Overlap(1, h), len(*x.byID.Load()))
+	_ = x.AddWorker(cand(1), 10)
+	if x.Overlap(cand(1), h, nil) != 0 || len(*x.byID.Load()) != 2 {
+		t.Fatalf("rejoined worker: overlap %d, workers %d; want 0, 2", x.Overlap(cand(1), h, nil), len(*x.byID.Load()))
 	}
-	x.RemoveWorker(1)
-	x.RemoveWorker(2)
+	x.RemoveWorker(cand(1))
+	x.RemoveWorker(cand(2))
 	holders := x.holders.Size()
 	if holders != 0 || len(*x.byID.Load()) != 0 {
 		t.Fatalf("index not empty after removing all: %d holders, %d workers", holders, len(*x.byID.Load()))
 	}
 }
 
-func TestAddWorkerRejectsZeroCapacity(t *testing.T) {
-	if err := New().AddWorker(1, 0); err == nil {
-		t.Fatal("want an error for capacity 0")
+func TestAddWorkerCapacity(t *testing.T) {
+	x := New(1)
+	if err := x.AddWorker(cand(1), -1); err == nil {
+		t.Fatal("want an error for capacity -1")
+	}
+	// Unknown capacity (0) is bounded by DefaultUnknownCapacity.
+	if err := x.AddWorker(cand(1), 0); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uint64, DefaultUnknownCapacity+10)
+	for i := range ids {
+		ids[i] = uint64(i)
+	}
+	x.Record(cand(1), hashes(ids...))
+	if got := x.Len(cand(1)); got != DefaultUnknownCapacity {
+		t.Fatalf("Len = %d, want %d", got, DefaultUnknownCapacity)
 	}
 }
 
 func BenchmarkFill(b *testing.B) {
-	x := New()
+	x := New(1)
 	ids := make([]shared.WorkerID, 64)
 	for i := range ids {
 		ids[i] = shared.WorkerID(i)
-		_ = x.AddWorker(ids[i], 1000)
-		x.Record(ids[i], hashes(0, uint64(i), 2, 3))
+		_ = x.AddWorker(cand(ids[i]), 1000)
+		x.Record(cand(ids[i]), hashes(0, uint64(i), 2, 3))
 	}
 	req := hashes(0, 5, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 	out := make([]int32, len(ids))
 	b.ReportAllocs()
 	for b.Loop() {
-		x.Fill(ids, req, out)
+		x.Fill(ids, nil, req, nil, out)
 	}
 }
 
@@ -139,9 +154,9 @@ func BenchmarkFill(b *testing.B) {
 // its own list, and the overlap Fill reports for each worker equals
 // Overlap's.
 func TestConcurrentRecordFillRemove(t *testing.T) {
-	x := New()
+	x := New(1)
 	for id := range shared.WorkerID(8) {
-		if err := x.AddWorker(id, 64); err != nil {
+		if err := x.AddWorker(cand(id), 64); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -158,12 +173,12 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 					blocks[k] = uint64((g+i)%5*100 + k)
 				}
 				h := ChainHashes(nil, blocks[:1+i%12])
-				x.Record(shared.WorkerID((g+i)%8), h)
-				x.Fill(ids, h, overlap)
-				_ = x.Overlap(shared.WorkerID(i%8), h)
+				x.Record(cand(shared.WorkerID((g+i)%8)), h)
+				x.Fill(ids, nil, h, nil, overlap)
+				_ = x.Overlap(cand(shared.WorkerID(i%8)), h, nil)
 				if g == 0 && i%100 == 99 {
-					x.RemoveWorker(7)
-					_ = x.AddWorker(7, 64)
+					x.RemoveWorker(cand(7))
+					_ = x.AddWorker(cand(7), 64)
 				}
 			}
 		}()
@@ -176,7 +191,7 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 				if l == nil {
 					t.Fatalf("block %x held by untracked worker %d", h, w)
 				}
-				if _, ok := l.pos[h]; !ok {
+				if _, ok := l.lru.pos[h]; !ok {
 					t.Fatalf("block %x listed as held by %d, which does not hold it", h, w)
 				}
 			}
@@ -189,9 +204,9 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 		}
 		h := ChainHashes(nil, blocks)
 		overlap := make([]int32, len(ids))
-		x.Fill(ids, h, overlap)
+		x.Fill(ids, nil, h, nil, overlap)
 		for i, id := range ids {
-			if want := x.Overlap(id, h); int(overlap[i]) != want {
+			if want := x.Overlap(cand(id), h, nil); int(overlap[i]) != want {
 				t.Fatalf("prefix %d, worker %d: Fill says %d, Overlap %d", g, id, overlap[i], want)
 			}
 		}
@@ -201,24 +216,24 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 // TestRecordOverlapIsOverlapThenRecord: RecordOverlap returns what
 // Overlap said just before, and leaves the index as Record does.
 func TestRecordOverlapIsOverlapThenRecord(t *testing.T) {
-	a, b := New(), New()
+	a, b := New(1), New(1)
 	for _, x := range []*Index{a, b} {
-		_ = x.AddWorker(1, 6)
+		_ = x.AddWorker(cand(1), 6)
 	}
 	prompts := [][]uint64{hashes(0, 1, 2), hashes(0, 1, 3, 4), hashes(0, 1, 2, 5), hashes(7), hashes(0, 1, 3, 4, 8, 9), hashes(0)}
 	for i, h := range prompts {
-		want := a.Overlap(1, h)
-		a.Record(1, h)
-		if got := b.RecordOverlap(1, h); got != want {
+		want := a.Overlap(cand(1), h, nil)
+		a.Record(cand(1), h)
+		if got := b.RecordOverlap(cand(1), h, nil); got != want {
 			t.Fatalf("prompt %d: RecordOverlap %d, Overlap before Record %d", i, got, want)
 		}
 		for _, q := range prompts {
-			if a.Overlap(1, q) != b.Overlap(1, q) {
+			if a.Overlap(cand(1), q, nil) != b.Overlap(cand(1), q, nil) {
 				t.Fatalf("after prompt %d the two indexes differ on %v", i, q)
 			}
 		}
 	}
-	if b.RecordOverlap(2, hashes(0)) != 0 || b.RecordOverlap(1, nil) != 0 {
+	if b.RecordOverlap(cand(2), hashes(0), nil) != 0 || b.RecordOverlap(cand(1), nil, nil) != 0 {
 		t.Fatal("unknown worker or no hashes: want 0")
 	}
 }

@@ -1,8 +1,8 @@
 package prefix
 
 import (
-	"encoding/binary"
 	"hash/fnv"
+	"math/bits"
 	"slices"
 	"strings"
 	"testing"
@@ -47,17 +47,24 @@ func TestTextBlocks(t *testing.T) {
 func TestTokenBlocks(t *testing.T) {
 	ids := []int64{1, 2, 3, 128000, -1, 7, 9}
 	got := TokenBlocks(ids, 3)
-	le := func(v ...int64) []byte {
-		var b []byte
+	content := func(v ...int64) uint64 {
+		id := uint64(14695981039346656037)
 		for _, x := range v {
-			b = binary.LittleEndian.AppendUint64(b, uint64(x))
+			id = bits.RotateLeft64((id^uint64(x))*0x9e3779b97f4a7c15, 31)
 		}
-		return b
+		return id
 	}
-	h0 := ChainHash(0, fnv64(le(1, 2, 3)))
-	want := []uint64{h0, ChainHash(h0, fnv64(le(128000, -1, 7)))}
+	h0 := ChainHash(0, content(1, 2, 3))
+	want := []uint64{h0, ChainHash(h0, content(128000, -1, 7))}
 	if !slices.Equal(got, want) {
 		t.Fatalf("TokenBlocks = %x, want %x", got, want)
+	}
+	// Every position and every bit counts.
+	if a, b := TokenBlocks([]int64{1, 2, 3}, 3), TokenBlocks([]int64{2, 1, 3}, 3); a[0] == b[0] {
+		t.Errorf("swapped ids hash equal")
+	}
+	if a, b := TokenBlocks([]int64{1 << 62, 0}, 2), TokenBlocks([]int64{0, 0}, 2); a[0] == b[0] {
+		t.Errorf("a high bit is lost")
 	}
 	if b := TokenBlocks(ids[:2], 3); b != nil {
 		t.Errorf("partial block hashed: %x", b)

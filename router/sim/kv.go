@@ -1,5 +1,7 @@
 package sim
 
+import "time"
+
 // kvCache is the worker's paged KV store at the granularity of prefix
 // groups: one node per chained prefix hash (a Request's PrefixBlockTokens-
 // token block, 32 engine blocks for Mooncake's 512 tokens over 16-token
@@ -36,6 +38,13 @@ type kvCache struct {
 	tail       int32
 	index      map[uint64]int32 // chained prefix hash → node
 	evicted    int64            // cached engine blocks evicted
+
+	// hook, when set, is told of stored and removed groups (KVEvent);
+	// at is the simulated time of the change in progress and worker the
+	// owner's index.
+	hook   func(KVEvent)
+	at     time.Duration
+	worker int
 }
 
 type node struct {
@@ -134,8 +143,11 @@ func (c *kvCache) take(n int) {
 // unlinkEmpty removes an emptied LRU node and forgets it.
 func (c *kvCache) unlinkEmpty(i int32) {
 	c.unlink(i) // blocks is 0, lruBlocks unchanged
-	if !c.nodes[i].private {
-		delete(c.index, c.nodes[i].key)
+	if nd := &c.nodes[i]; !nd.private {
+		delete(c.index, nd.key)
+		if c.hook != nil {
+			c.hook(KVEvent{Kind: KVBlockRemoved, Worker: c.worker, At: c.at, Hash: nd.key})
+		}
 	}
 	c.releaseNode(i)
 }

@@ -535,6 +535,7 @@ func (w *Worker) release(s *seq) {
 // plan forms the step starting at start and marks it in flight. Blocks are
 // allocated and preemptions done now, as vLLM does at schedule time.
 func (w *Worker) plan(start time.Duration) {
+	w.kv.at = start
 	budget := w.cfg.MaxNumBatchedTokens
 	w.sched = w.sched[:0]
 	var (
@@ -717,9 +718,22 @@ func (w *Worker) publish(s *seq, c0 int) {
 		full := int32(min(per, b1-g*per))
 		if full > nd.blocks {
 			s.private -= int(full - nd.blocks)
+			if nd.blocks == 0 && w.kv.hook != nil {
+				w.stored(s, g, nd.key)
+			}
 			nd.blocks = full
 		}
 	}
+}
+
+// stored reports group g of s, just cached, to the hook.
+func (w *Worker) stored(s *seq, g int, key uint64) {
+	ev := KVEvent{Kind: KVBlockStored, Worker: w.index, At: w.end, Hash: key,
+		RequestID: s.id, Group: g, Tokens: s.groupTokens}
+	if g > 0 {
+		ev.Parent = s.hashes[g-1]
+	}
+	w.kv.hook(ev)
 }
 
 // decodeRun is the fast path for a batch of pure decodes with nothing

@@ -1,0 +1,108 @@
+package kvevents
+
+import "fmt"
+
+// Kind is an event's type, named on the wire by its vLLM class name.
+type Kind uint8
+
+// The event kinds.
+const (
+	BlockStored      Kind = iota + 1 // "BlockStored"
+	BlockRemoved                     // "BlockRemoved"
+	AllBlocksCleared                 // "AllBlocksCleared"
+)
+
+var kindNames = [...]string{BlockStored: "BlockStored", BlockRemoved: "BlockRemoved", AllBlocksCleared: "AllBlocksCleared"}
+
+// String returns the wire name of k.
+func (k Kind) String() string {
+	if int(k) < len(kindNames) && kindNames[k] != "" {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("Kind(%d)", uint8(k))
+}
+
+// MediumGPU is vLLM's medium name for the GPU tier (MEDIUM_GPU). An absent
+// medium means the GPU tier too.
+const MediumGPU = "GPU"
+
+// Event is one KV-cache event. Fields a kind does not have stay zero.
+// Optional fields carry a Has flag (an int) or are nil when None (bytes).
+// In a decoded Batch every slice points into the decoder's reused storage
+// or into the payload, and is valid until the next decode into that Batch.
+type Event struct {
+	Kind Kind
+	// BlockHashes are the engine's hashes of the blocks, folded to 64 bits
+	// (see the package doc). BlockStored, BlockRemoved.
+	BlockHashes []uint64
+	// ParentBlockHash is the engine hash of the block preceding the first
+	// of BlockHashes, when HasParent (None for a prompt's first block).
+	ParentBlockHash uint64
+	HasParent       bool
+	// TokenIDs are the token ids of every stored block in order,
+	// BlockSize per block. BlockStored.
+	TokenIDs []int64
+	// BlockSize is the engine's tokens per block. BlockStored.
+	BlockSize int64
+	// LoRAID is the deprecated LoRA adapter id, when HasLoRAID.
+	LoRAID    int64
+	HasLoRAID bool
+	// Medium is the storage tier ("GPU", "CPU", …); nil when None.
+	Medium []byte
+	// LoRAName is the LoRA adapter's name; nil when None (base model).
+	LoRAName []byte
+	// ExtraKeys, when not nil, has one entry per block: the raw msgpack
+	// encoding of that block's extra-keys tuple (multimodal ids, LoRA name,
+	// cache salt…), nil for None. nil when the field is None or absent.
+	ExtraKeys [][]byte
+	// GroupIdx is the KV-cache group (hybrid models), when HasGroupIdx.
+	GroupIdx    int64
+	HasGroupIdx bool
+	// SpecKind is kv_cache_spec_kind (e.g. "full_attention"); nil when None.
+	SpecKind []byte
+	// SlidingWindow is kv_cache_spec_sliding_window, when HasSlidingWindow.
+	SlidingWindow    int64
+	HasSlidingWindow bool
+
+	extra [][]byte // ExtraKeys' storage, kept while ExtraKeys is nil
+}
+
+// Batch is one published EventBatch.
+type Batch struct {
+	// TS is the engine's timestamp, seconds since the Unix epoch.
+	TS     float64
+	Events []Event
+	// DataParallelRank is the publishing rank, when HasDataParallelRank.
+	DataParallelRank    int64
+	HasDataParallelRank bool
+}
+
+// BlockEvents returns the block events in b: a block stored or removed
+// counts one, a clear counts one.
+func (b *Batch) BlockEvents() int {
+	n := 0
+	for i := range b.Events {
+		if k := len(b.Events[i].BlockHashes); k > 0 {
+			n += k
+		} else if b.Events[i].Kind == AllBlocksCleared {
+			n++
+		}
+	}
+	return n
+}
+
+// Sink receives one candidate's event stream (the prefix index's Precise
+// implements it). The subscriber calls it from one goroutine, in sequence
+// order. The Batch and everything it points to are valid only during
+// Apply.
+type Sink interface {
+	// Apply applies one batch, in sequence order.
+	Apply(b *Batch)
+	// Clear drops everything the sink learned from the stream: the
+	// stream had a gap that could not be replayed, or the engine
+	// restarted. The sink is cold (not trusted) until it is warm again.
+	Clear()
+	// MarkLive says the stream is known complete from the engine's start
+	// (it began at sequence 0, or a replay filled the gap).
+	MarkLive()
+}

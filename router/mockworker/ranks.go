@@ -1,0 +1,68 @@
+package mockworker
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/switchyard-router/switchyard/router/sim"
+)
+
+// dpRankHeader is the header vLLM reads to pin a request to a
+// data-parallel rank (OpenAIServing._get_data_parallel_rank; HTTP header
+// names are case-insensitive).
+const dpRankHeader = "X-data-parallel-rank"
+
+// pickEngine chooses the rank serving r, as vLLM's API server does: the
+// rank in the X-data-parallel-rank header when it is an integer (a value
+// that is not an integer is ignored, as vLLM ignores it; one out of range
+// is a 400), else the least loaded rank by vLLM's internal balancer's
+// score, 4·waiting + running (DPLBAsyncMPClient.get_core_engine_for_request),
+// waiting counting the requests this balancer sent that are not yet queued,
+// ties to the lowest rank.
+func (s *Server) pickEngine(r *http.Request) (*engine, *apiError) {
+	if h := r.Header.Get(dpRankHeader); h != "" {
+		if n, err := strconv.Atoi(strings.TrimSpace(h)); err == nil {
+			if n < 0 || n >= len(s.engines) {
+				return nil, badRequest("%s: %d, this engine has data-parallel ranks 0 to %d", dpRankHeader, n, len(s.engines)-1)
+			}
+			return s.engines[n], nil
+		}
+	}
+	best, bestScore := s.engines[0], int64(-1)
+	for _, e := range s.engines {
+		score := 4*(e.waiting.Load()+e.pending.Load()) + e.running.Load()
+		if bestScore < 0 || score < bestScore {
+			best, bestScore = e, score
+		}
+	}
+	return best, nil
+}
+
+// submitPicked submits a to e, counting it pending for the balancer until
+// e has queued it.
+func (e *engine) submitPicked(a *active, r sim.Request) error {
+	e.pending.Add(1)
+	defer e.pending.Add(-1)
+	return e.submit(a, r)
+}
+
+// handleResetPrefixCache serves POST /reset_prefix_cache (vLLM's, served
+// in its development mode): every rank drops its prefix cache and
+// publishes AllBlocksCleared. 200 when all did; 409 naming the ranks that
+// refused because requests were running (their caches are unchanged).
+func (s *Server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) {
+	var refused []string
+	for _, e := range s.engines {
+		if !e.clearCache() {
+			refused = append(refused, strconv.Itoa(e.rank))
+		}
+	}
+	if len(refused) > 0 {
+		writeError(w, &apiError{http.StatusConflict, "conflict_error",
+			fmt.Sprintf("prefix cache not reset on data-parallel rank(s) %s: requests are running there", strings.Join(refused, ", "))})
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}

@@ -1,0 +1,99 @@
+package mockworker
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/switchyard-router/switchyard/router/prefix"
+)
+
+// tokenizeRequest is vLLM's /tokenize body (TokenizeCompletionRequest or,
+// with messages, TokenizeChatRequest); other fields are ignored.
+type tokenizeRequest struct {
+	Model               string        `json:"model"`
+	Prompt              *string       `json:"prompt"`
+	Messages            []chatMessage `json:"messages"`
+	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
+	AddSpecialTokens    *bool         `json:"add_special_tokens"`
+}
+
+// handleTokenize serves POST /tokenize in vLLM's shape: {"model",
+// "prompt"} (special tokens added) or {"model", "messages",
+// "add_generation_prompt"} (the chat template, generation prompt added),
+// answered {"count", "max_model_len", "tokens", "token_strs": null} with the
+// ids generation uses for the same prompt. The settings the Tokenizer
+// interface cannot follow (add_special_tokens false for a prompt, true for
+// messages; add_generation_prompt false) are a 400, as is a model other
+// than Config.Model (404) and a body over 64 MiB (413). Without a
+// tokenizer it answers 404.
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	if s.cfg.Tokenizer == nil {
+		writeError(w, &apiError{http.StatusNotFound, "NotFoundError",
+			"this mock engine has no tokenizer (start it with --tokenizer FILE)"})
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, &apiError{http.StatusRequestEntityTooLarge, "invalid_request_error",
+				fmt.Sprintf("request body over %d bytes", mbe.Limit)})
+			return
+		}
+		writeError(w, badRequest("reading the request body: %v", err))
+		return
+	}
+	var req tokenizeRequest
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(&req); err != nil {
+		writeError(w, badRequest("malformed JSON body: %v", err))
+		return
+	}
+	if s.cfg.Model != "" && req.Model != "" && req.Model != s.cfg.Model {
+		writeError(w, &apiError{http.StatusNotFound, "NotFoundError",
+			fmt.Sprintf("The model `%s` does not exist; this engine serves `%s`.", req.Model, s.cfg.Model)})
+		return
+	}
+	var (
+		ids  []int64
+		aerr *apiError
+	)
+	switch {
+	case req.Messages != nil:
+		if req.AddGenerationPrompt != nil && !*req.AddGenerationPrompt {
+			writeError(w, badRequest("add_generation_prompt false is not supported by this mock engine"))
+			return
+		}
+		if req.AddSpecialTokens != nil && *req.AddSpecialTokens {
+			writeError(w, badRequest("add_special_tokens true with messages is not supported by this mock engine"))
+			return
+		}
+		var msgs []prefix.ChatMessage
+		if msgs, aerr = chatMessages(req.Messages); aerr == nil {
+			ids, aerr = s.encode(r.Context(), "", msgs)
+		}
+	case req.Prompt != nil:
+		if req.AddSpecialTokens != nil && !*req.AddSpecialTokens {
+			writeError(w, badRequest("add_special_tokens false is not supported by this mock engine"))
+			return
+		}
+		ids, aerr = s.encode(r.Context(), *req.Prompt, nil)
+	default:
+		aerr = badRequest("prompt or messages is required")
+	}
+	if aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	if ids == nil {
+		ids = []int64{}
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"count": len(ids), "max_model_len": s.maxModelLen(), "tokens": ids, "token_strs": nil,
+	})
+}
