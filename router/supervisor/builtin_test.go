@@ -54,13 +54,15 @@ func TestBuiltinTypesServeUnchanged(t *testing.T) {
 	for round := range 50 {
 		n := 1 + rng.IntN(40)
 		c := &shared.Candidates{IDs: make([]shared.WorkerID, n), ActiveRequests: make([]int64, n),
-			Load: make([]shared.Load, n), OverlapBlocks: make([]int32, n)}
+			Load: make([]shared.Load, n), OverlapBlocks: make([]int32, n), TotalKVBlocks: make([]int64, n)}
 		for i := range n {
 			c.IDs[i] = shared.WorkerID(10 * (i + 1))
 			c.ActiveRequests[i] = rng.Int64N(10)
 			c.Load[i] = shared.Load{Available: true, ActivePrefillTokens: rng.Int64N(5000), ActiveDecodeBlocks: rng.Int64N(300),
-				ActiveRequests: c.ActiveRequests[i], KVUsage: rng.Float64(), HasKVUsage: rng.IntN(2) == 0}
+				ActiveRequests: c.ActiveRequests[i], KVUsage: rng.Float64(), HasKVUsage: rng.IntN(2) == 0,
+				Waiting: rng.Int64N(15), HasWaiting: rng.IntN(2) == 0}
 			c.OverlapBlocks[i] = int32(rng.IntN(20))
+			c.TotalKVBlocks[i] = rng.Int64N(3) * 500 // 0 (unknown), 500 or 1000
 		}
 		req := &shared.Request{PromptTokens: rng.IntN(4000), BlockSize: 16}
 
