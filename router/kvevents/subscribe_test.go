@@ -216,12 +216,11 @@ func TestSubscribeEngineRestart(t *testing.T) {
 		st := s.Stats()
 		return st.Gaps >= 1 && st.State == StateLive && st.Connects >= 2
 	})
-	applied, clears, _ := sink.snapshot()
 	q.mu.Lock()
 	n := int(q.seq)
 	q.mu.Unlock()
 	eventually(t, "all of the new stream", func() bool { return s.Stats().LastSeq == uint64(n-1) })
-	applied, clears, _ = sink.snapshot()
+	applied, clears, _ := sink.snapshot()
 	if clears < 1 || !slices.Equal(applied, seqs(0, n)) {
 		t.Fatalf("clears %d, applied %v, want 0..%d", clears, applied, n-1)
 	}

@@ -14,7 +14,10 @@ import (
 // earlier, while the index is at its capacity bound, so stores also evict.
 // The timed loop is Decoder.Decode + Precise.Apply of pre-encoded
 // payloads (the array layout; the map layout is reported separately).
-// block_events/s counts stored plus removed blocks.
+// block_events/s counts stored plus removed blocks per wall second;
+// block_events/cpu-s per second of the process's CPU time (getrusage),
+// the rate on one core that other processes on a shared machine do not
+// dilute (GC included; run with -cpu 1 for one thread).
 func BenchmarkIngest(b *testing.B) {
 	for _, enc := range []kvevents.Encoding{kvevents.EncodingArray, kvevents.EncodingMap} {
 		name := map[kvevents.Encoding]string{kvevents.EncodingArray: "array", kvevents.EncodingMap: "map"}[enc]
@@ -74,6 +77,7 @@ func benchIngest(b *testing.B, enc kvevents.Encoding) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(payloads[0])))
 	n := 0
+	cpu0 := cpuTime()
 	for b.Loop() {
 		pl := payloads[n%batches]
 		n++
@@ -82,7 +86,11 @@ func benchIngest(b *testing.B, enc kvevents.Encoding) {
 		}
 		p.Apply(&batch)
 	}
+	cpu := cpuTime() - cpu0
 	b.ReportMetric(float64(n*2*perBatch)/b.Elapsed().Seconds(), "block_events/s")
+	if cpu > 0 {
+		b.ReportMetric(float64(n*2*perBatch)/cpu.Seconds(), "block_events/cpu-s")
+	}
 	b.ReportMetric(0, "ns/op")
 	if s := p.Stats(); s.Blocks == 0 || s.SkippedParent+s.SkippedMalformed != 0 {
 		b.Fatalf("the benchmark's events did not apply as meant: %+v", s)
