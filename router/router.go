@@ -373,10 +373,17 @@ func (r *Router) RemoveWorker(id shared.WorkerID, rank uint32) error {
 
 // PrefixPrecise puts the member (id, rank) in precise prefix mode and
 // returns its precise index, the kvevents.Sink its engine's KV event
-// subscriber feeds; nil when it is not a member. Re-adding the member
-// (AddWorker) detaches the returned index: call PrefixPrecise again.
+// subscriber feeds; nil when it is not a member. The index outlives the
+// membership (the member leaving and rejoining keeps it, fed all along)
+// until PrefixDropPrecise.
 func (r *Router) PrefixPrecise(id shared.WorkerID, rank uint32) *prefix.Precise {
 	return r.index.Precise(prefix.Candidate{ID: id, Rank: rank})
+}
+
+// PrefixDropPrecise ends (id, rank)'s precise index: it is scored
+// approximately from then on (prefix.Index.DropPrecise).
+func (r *Router) PrefixDropPrecise(id shared.WorkerID, rank uint32) {
+	r.index.DropPrecise(prefix.Candidate{ID: id, Rank: rank})
 }
 
 // PrefixBlocks is the router blocks in the member's approximate prefix

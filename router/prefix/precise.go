@@ -108,8 +108,9 @@ type PreciseStats struct {
 
 // Precise makes the candidate precise (idempotent) and returns its index,
 // the kvevents.Sink for its engine's stream; nil for an untracked
-// candidate. It starts cold. Removing or re-adding the candidate detaches
-// it: its later events change nothing.
+// candidate. It starts cold. It outlives the candidate's membership: while
+// the candidate is removed its events still apply, and re-adding it
+// (AddWorker) scores it by the same index. DropPrecise ends it.
 func (x *Index) Precise(c Candidate) *Precise {
 	x.mu.Lock()
 	defer x.mu.Unlock()
@@ -125,6 +126,7 @@ func (x *Index) Precise(c Candidate) *Precise {
 	if mem.lru.capacity != DefaultUnknownCapacity {
 		p.capTokens = 2 * mem.lru.capacity * x.blockSize
 	}
+	x.precise[c] = p
 	m := make(map[Candidate]*member, len(old))
 	for k, v := range old {
 		m[k] = v
@@ -132,6 +134,32 @@ func (x *Index) Precise(c Candidate) *Precise {
 	m[c] = &member{lru: mem.lru, precise: p}
 	x.byID.Store(&m)
 	return p
+}
+
+// DropPrecise ends the candidate's precise index (its engine no longer
+// publishes, or its worker left the configuration): its blocks are
+// dropped, its later events change nothing, and the candidate, if
+// tracked, is scored approximately. Unknown candidates are ignored.
+func (x *Index) DropPrecise(c Candidate) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	p := x.precise[c]
+	if p == nil {
+		return
+	}
+	delete(x.precise, c)
+	if old := *x.byID.Load(); old[c] != nil {
+		m := make(map[Candidate]*member, len(old))
+		for k, v := range old {
+			m[k] = v
+		}
+		m[c] = &member{lru: old[c].lru}
+		x.byID.Store(&m)
+	}
+	p.mu.Lock()
+	p.clearLocked()
+	p.dead = true
+	p.mu.Unlock()
 }
 
 // Stats returns the index's counters.

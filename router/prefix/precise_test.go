@@ -243,11 +243,30 @@ func TestPreciseColdScoresApproximately(t *testing.T) {
 	if s := p.Stats(); !s.Live || s.Blocks != 1 {
 		t.Fatalf("after AllBlocksCleared: %+v", s)
 	}
-	// RemoveWorker detaches it.
+	// RemoveWorker keeps it: events still apply, and the candidate
+	// re-added is scored by it at once.
 	x.RemoveWorker(cand(1))
 	apply(p, stored(nil, []uint64{5}, []int64{9, 9}, 2))
+	if s := p.Stats(); !s.Live || s.Blocks != 2 {
+		t.Fatalf("removed candidate's precise index: %+v, want live with 2 blocks", s)
+	}
+	if err := x.AddWorker(cand(1), 10); err != nil {
+		t.Fatal(err)
+	}
+	if got := x.Precise(cand(1)); got != p {
+		t.Fatal("re-added candidate got a new precise index")
+	}
+	if diff := cmp.Diff([]int32{1, 0}, fill(x, key, routerHashes)); diff != "" {
+		t.Fatalf("re-added: precise (-want +got):\n%s", diff)
+	}
+	// DropPrecise ends it.
+	x.DropPrecise(cand(1))
+	apply(p, stored(nil, []uint64{6}, []int64{8, 8}, 2))
 	if setLen(p) != 0 || x.live.Load() != 0 {
-		t.Fatalf("removed candidate still indexed: %d blocks, %d live", setLen(p), x.live.Load())
+		t.Fatalf("dropped precise index still indexed: %d blocks, %d live", setLen(p), x.live.Load())
+	}
+	if x.Precise(cand(1)) == p {
+		t.Fatal("Precise after DropPrecise returned the dropped index")
 	}
 }
 

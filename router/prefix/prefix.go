@@ -113,20 +113,27 @@ type Index struct {
 	// live counts precise candidates whose stream is live, so Fill skips
 	// the precise pass when there are none.
 	live atomic.Int64
+	// precise holds the candidates' precise indexes (guarded by mu). They
+	// outlive membership: what an engine holds does not change when the
+	// router takes its worker out of the candidate set and back (a failed
+	// probe, a new model list), so its subscriber keeps feeding the same
+	// index, which a re-added candidate takes back. DropPrecise ends one.
+	precise map[Candidate]*Precise
 }
 
 // New returns an empty index for a router of blockSize tokens per block
 // (> 0; the unit of the approximate hashes and of overlaps).
 func New(blockSize int) *Index {
-	x := &Index{blockSize: max(blockSize, 1), holders: xsync.NewMap[uint64, []Candidate]()}
+	x := &Index{blockSize: max(blockSize, 1), holders: xsync.NewMap[uint64, []Candidate](), precise: make(map[Candidate]*Precise)}
 	x.byID.Store(&map[Candidate]*member{})
 	return x
 }
 
 // AddWorker starts tracking a candidate whose KV cache holds capacity
 // blocks of the router's size (0: unknown, bounded by
-// DefaultUnknownCapacity). Adding a tracked candidate resets its entries,
-// approximate and precise, and makes it approximate: call Precise after.
+// DefaultUnknownCapacity). Adding a tracked candidate resets its
+// approximate entries. A candidate made precise before (Precise, and not
+// dropped since) gets its precise index back, as its events left it.
 func (x *Index) AddWorker(c Candidate, capacity int) error {
 	if capacity < 0 {
 		return fmt.Errorf("prefix index: worker %d rank %d: capacity %d blocks, want >= 0", c.ID, c.Rank, capacity)
@@ -144,7 +151,7 @@ func (x *Index) AddWorker(c Candidate, capacity int) error {
 	for k, v := range old {
 		m[k] = v
 	}
-	m[c] = &member{lru: newLRU(c, capacity)}
+	m[c] = &member{lru: newLRU(c, capacity), precise: x.precise[c]}
 	x.byID.Store(&m)
 	return nil
 }
@@ -179,12 +186,6 @@ func (x *Index) purge(m *member) {
 	}
 	l.dead = true
 	l.mu.Unlock()
-	if p := m.precise; p != nil {
-		p.mu.Lock()
-		p.clearLocked()
-		p.dead = true
-		p.mu.Unlock()
-	}
 }
 
 func dropHolder(hm *xsync.Map[uint64, []Candidate], h uint64, c Candidate) {
