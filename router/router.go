@@ -419,6 +419,11 @@ type Decision struct {
 	// OverlapBlocks is the leading blocks of the request the index believes
 	// Worker holds.
 	OverlapBlocks int
+	// Belief is the index's belief of what Worker holds of the prompt,
+	// precise and approximate, in tokens, taken before the prompt was
+	// recorded; set only for a request with token ids (Request.Prompt),
+	// the zero Belief otherwise.
+	Belief prefix.Belief
 	// Policy is the name of the policy that decided (the fallback's name when
 	// Fallback is true).
 	Policy string
@@ -577,10 +582,14 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 	} else {
 		d.Booking = fleet.BookInto(pl.Booking, w, charge, blocks)
 	}
+	c := prefix.Candidate{ID: w.ID, Rank: w.DPRank}
+	if req.Prompt != nil {
+		d.Belief = r.index.Belief(c, req.BlockHashes, req.Prompt)
+	}
 	if known {
-		r.index.Record(prefix.Candidate{ID: w.ID, Rank: w.DPRank}, req.BlockHashes)
+		r.index.Record(c, req.BlockHashes)
 	} else {
-		overlap = r.index.RecordOverlap(prefix.Candidate{ID: w.ID, Rank: w.DPRank}, req.BlockHashes, req.Prompt)
+		overlap = r.index.RecordOverlap(c, req.BlockHashes, req.Prompt)
 		d.Booking.AddPrefill(prefill())
 	}
 	d.Worker = w

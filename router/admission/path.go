@@ -58,7 +58,7 @@ func (h Hop) Request(base *shared.Request) *shared.Request {
 	r := *base
 	r.Role = h.Role
 	if !h.PrefixHashes {
-		r.BlockHashes = nil
+		r.BlockHashes, r.Prompt = nil, nil
 	}
 	return &r
 }

@@ -298,6 +298,48 @@ func (x *Index) OverlapTokens(c Candidate, hashes []uint64, prompt shared.Prompt
 	return l.leading(hashes) * x.blockSize, false
 }
 
+// Belief is what the index believes a candidate holds of one prompt, both
+// ways, in tokens: for comparing with what its engine then served from
+// cache (the engine's cached-token count).
+type Belief struct {
+	// Taken is true once the belief was taken (Index.Belief of a tracked
+	// candidate); the zero Belief has it false.
+	Taken bool
+	// PreciseTokens is n·E for the n leading engine blocks of E tokens
+	// that the candidate's live precise index holds; Precise is false
+	// (and PreciseTokens 0) when it has no live precise index or the
+	// prompt has no token ids.
+	PreciseTokens   int
+	Precise         bool
+	EngineBlockSize int
+	// ApproxTokens is the leading router blocks its approximate list
+	// holds times the router's block size.
+	ApproxTokens int
+}
+
+// Belief returns what the index believes candidate c holds of the prompt
+// (hashes at the router's block size, prompt its token ids or nil), before
+// the prompt is recorded. The zero Belief for unknown candidates.
+func (x *Index) Belief(c Candidate, hashes []uint64, prompt shared.PromptKey) Belief {
+	m := x.member(c)
+	if m == nil {
+		return Belief{}
+	}
+	b := Belief{Taken: true}
+	if m.precise != nil {
+		if t, ok := m.precise.overlapTokens(prompt); ok {
+			b.PreciseTokens, b.Precise, b.EngineBlockSize = t, true, int(m.precise.blockSize.Load())
+		}
+	}
+	if len(hashes) > 0 {
+		l := m.lru
+		l.mu.Lock()
+		b.ApproxTokens = l.leading(hashes) * x.blockSize
+		l.mu.Unlock()
+	}
+	return b
+}
+
 // search returns the row of candidate c in the sorted ids/ranks columns
 // (ranks nil: every rank 0).
 func search(ids []shared.WorkerID, ranks []uint32, c Candidate) (int, bool) {

@@ -126,6 +126,7 @@ type Daemon struct {
 	// Set by Run before ready is closed, read-only after.
 	r     *router.Router
 	mgr   *workers.Manager
+	kvs   *kvSubs
 	srv   *Server
 	queue config.Queue // the running queue's settings
 
@@ -198,14 +199,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 			d.log.Warn("plugins did not stop cleanly", "error", err)
 		}
 	}()
-	mgr, err := workers.NewManager(r, workers.Options{
+	// The workers with a kv_events block get their engines' KV events
+	// followed as they join (kvSubs wraps the Router's membership).
+	kvs := newKVSubs(r, d.log)
+	defer kvs.close()
+	mgr, err := workers.NewManager(kvs, workers.Options{
 		Logger: d.log, Registerer: reg, ScrapeInterval: o.ScrapeInterval, BlockSize: r.BlockSize(),
+		Streams: kvs.stream, IndexBlocks: kvs.indexBlocks,
 	})
 	if err != nil {
 		return err
 	}
 	defer mgr.Close()
-	d.r, d.mgr = r, mgr
+	d.r, d.mgr, d.kvs = r, mgr, kvs
 	// The workers file is watched from before its first load, so a change
 	// made while the router starts is not lost.
 	var workersWatch *filewatch.Watcher
@@ -428,7 +434,13 @@ func (d *Daemon) syncWorkers() (int, hcl.Diagnostics, error) {
 		}
 		ws = append(ws, fw...)
 	}
-	return len(ws), diags, d.mgr.Sync(ws)
+	prev := d.kvs.expect(ws)
+	if err := d.mgr.Sync(ws); err != nil {
+		d.kvs.setWorkers(prev)
+		return len(ws), diags, err
+	}
+	d.kvs.setWorkers(configured(ws))
+	return len(ws), diags, nil
 }
 
 // withDiagnostics adds the error diagnostics among diags to err's text.

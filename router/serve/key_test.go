@@ -195,7 +195,7 @@ func TestUsageTokens(t *testing.T) {
 	}
 	// vLLM's usage with prefix caching: the cached part of the prompt.
 	u := readUsage([]byte(`{"usage":{"prompt_tokens":250,"total_tokens":255,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":192}}}`))
-	if u != (usage{prompt: 250, cached: 192, completion: 5, total: 255, ok: true}) {
+	if u != (usage{prompt: 250, cached: 192, completion: 5, total: 255, ok: true, hasCached: true}) {
 		t.Errorf("usage = %+v", u)
 	}
 	if u := readUsage([]byte(`{"usage":{"prompt_tokens":-3,"completion_tokens":2}}`)); u != (usage{completion: 2, ok: true}) {
@@ -209,7 +209,7 @@ func TestStreamUsage(t *testing.T) {
 		want  usage
 	}{
 		{"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3,\"total_tokens\":13,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\ndata: [DONE]\n\n",
-			usage{prompt: 10, cached: 8, completion: 3, total: 13, ok: true}},
+			usage{prompt: 10, cached: 8, completion: 3, total: 13, ok: true, hasCached: true}},
 		// continuous usage: the last event's counts.
 		{"data: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1}}\n\ndata: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":2}}\n\n",
 			usage{prompt: 10, completion: 2, ok: true}},

@@ -14,6 +14,7 @@ type metrics struct {
 	selection *prometheus.HistogramVec // policy, role
 	tokenize  *prometheus.HistogramVec // model
 	tokFails  *prometheus.CounterVec   // model
+	belief    *prometheus.CounterVec   // mode, result
 	// Tokens of the engines' answers' usage, by model.
 	promptTokens, cachedTokens, completionTokens *prometheus.CounterVec
 }
@@ -55,6 +56,10 @@ func newMetrics(reg prometheus.Registerer, adm *admission.Controller) (*metrics,
 			Name: "switchyard_tokenize_failures_total",
 			Help: "Prompts whose tokenizer failed (an engine's /tokenize unreachable or refusing, a chat template error); they were keyed by character blocks.",
 		}, []string{"model"}),
+		belief: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_prefix_belief_total",
+			Help: "Answers of token-keyed requests whose engine reported cached_tokens, by how the prefix index's belief of the chosen worker's cached prefix compared with it: mode precise (the worker's KV events, when live) or approximate (what the router sent), result exact, over or under.",
+		}, []string{"mode", "result"}),
 		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_prompt_tokens_total",
 			Help: "Prompt tokens of the answered requests, by model, from the engines' usage (usage.prompt_tokens; a stream's only when the client asked for its usage).",
@@ -68,7 +73,7 @@ func newMetrics(reg prometheus.Registerer, adm *admission.Controller) (*metrics,
 			Help: "Completion tokens of the answered requests, by model (usage.completion_tokens).",
 		}, []string{"model"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, m.tokenize, m.tokFails, m.promptTokens, m.cachedTokens, m.completionTokens, &queueDepth{adm: adm}} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, m.tokenize, m.tokFails, m.belief, m.promptTokens, m.cachedTokens, m.completionTokens, &queueDepth{adm: adm}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/shared"
@@ -227,6 +228,16 @@ func (s *Server) routingHashes(ex *exchange, key routingKey) {
 	ex.ids = key.ids
 }
 
+// promptKey is the request's token ids as a shared.PromptKey, which a
+// candidate's precise prefix index (KV events) looks up at its engine's
+// block size; nil (no PromptKey) when the prompt was keyed by characters.
+func (ex *exchange) promptKey() shared.PromptKey {
+	if ex.ids == nil {
+		return nil
+	}
+	return &prefix.Key{IDs: ex.ids}
+}
+
 // SetTokenizers makes set the tokenizers of the requests that arrive from
 // now on (nil: none, every text prompt keyed by character blocks).
 func (s *Server) SetTokenizers(set *tokenizer.Set) { s.toks.Store(set) }
@@ -299,6 +310,7 @@ func (s *Server) admit(ex *exchange, spec hopSpec) (*admission.Handle, router.De
 		BlockHashes:  ex.hashes,
 		SessionID:    ex.session,
 		Metadata:     ex.meta,
+		Prompt:       ex.promptKey(),
 	})
 	req.ID = ex.id + spec.tag + "0"
 	t0 := time.Now()
@@ -655,6 +667,7 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 				u = streamUsage(streamed)
 			}
 			s.countUsage(ex.label, u)
+			s.countBelief(h.Decision().Belief, u)
 			end(true, "")
 			return resp.StatusCode, false, ""
 		}
@@ -686,6 +699,9 @@ const maxUsageBody = 1 << 20
 type usage struct {
 	prompt, cached, completion, total int64
 	ok                                bool
+	// hasCached: the answer reports cached_tokens (vLLM does with prefix
+	// caching on; cached is 0 when it does not).
+	hasCached bool
 }
 
 // usageKey marks the chunks of a stream that may carry its usage.
@@ -715,6 +731,7 @@ func readUsage(body []byte) usage {
 		total:      max(v.GetInt64("usage", "total_tokens"), 0),
 	}
 	u.ok = u.prompt > 0 || u.completion > 0 || u.total > 0
+	u.hasCached = v.Exists("usage", "prompt_tokens_details", "cached_tokens")
 	return u
 }
 
@@ -732,6 +749,44 @@ func streamUsage(chunk []byte) usage {
 		}
 	}
 	return found
+}
+
+// countBelief compares what the prefix index believed the worker held of
+// the prompt (b, taken at selection) with what the engine says it served
+// from cache (u's cached_tokens), in switchyard_prefix_belief_total, for
+// the precise belief (when the worker's KV-event stream was live) and the
+// approximate one. The engine computes at least the prompt's last token
+// and caches whole blocks of E tokens, so a belief of t tokens means
+// min(t, floor((prompt-1)/E)·E) served (vLLM's KV cache manager caps a
+// hit at prompt_len-1); E is the engine's block size, or the router's
+// when no precise index told it. Answers without cached_tokens, and
+// prompts keyed by characters (no belief), are not counted.
+func (s *Server) countBelief(b prefix.Belief, u usage) {
+	if s.met == nil || !b.Taken || !u.ok || !u.hasCached || u.prompt <= 0 {
+		return
+	}
+	e := b.EngineBlockSize
+	if e <= 0 {
+		e = s.r.BlockSize()
+	}
+	limit := (int((u.prompt - 1)) / e) * e
+	served := int(u.cached)
+	if b.Precise {
+		s.met.belief.WithLabelValues("precise", compareBelief(min(b.PreciseTokens, limit), served)).Inc()
+	}
+	s.met.belief.WithLabelValues("approximate", compareBelief(min(b.ApproxTokens, limit), served)).Inc()
+}
+
+// compareBelief says how a belief of believed tokens compares with the
+// served ones: "exact", "over" (believed more) or "under".
+func compareBelief(believed, served int) string {
+	switch {
+	case believed == served:
+		return "exact"
+	case believed > served:
+		return "over"
+	}
+	return "under"
 }
 
 // countUsage adds an answer's usage to the token counters of its model.
