@@ -1,0 +1,9 @@
+package main
+
+import "syscall"
+
+// sysProcAttr makes the kernel SIGKILL a child when this process dies, so
+// a killed bench leaves no mock worker or router behind.
+func sysProcAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+}
