@@ -386,6 +386,9 @@ func TestPreciseEngineHashKeys(t *testing.T) {
 	if s := p.Stats(); s.SkippedMalformed != 3 || s.Blocks != 0 {
 		t.Fatalf("without engine keys: stats %+v, want 3 malformed blocks and none held", s)
 	}
+	if got, ok := x.OverlapTokens(cand(1), nil, &HashKey{Hashes: held, BlockSize: 4}); got != 0 || !ok {
+		t.Fatalf("without engine keys: OverlapTokens = %d, %v; want 0 exact", got, ok)
+	}
 
 	x, p = preciseIndex(t)
 	p.KeyByEngineHashes()
