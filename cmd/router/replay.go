@@ -39,6 +39,10 @@ type replayFlags struct {
 	perRequest  string
 	report      string
 	compare     []string
+	// prefix is --prefix: approximate, precise or both; kvEventDelay the
+	// precise runs' KV event delay.
+	prefix       string
+	kvEventDelay time.Duration
 	// failOnFallback makes any fallback a failure (exit 1), after the
 	// outputs are written.
 	failOnFallback bool
@@ -74,7 +78,15 @@ and 2 on a usage error. Selections a policy's fallback made because the
 policy failed (a plugin's error, panic, timeout, restart...) are counted in
 the table's fallbacks column, and stderr ends with one line per plugin that
 caused them, by cause, with the first error; with --fail-on-fallback any
-fallback makes the exit status 1. The full reference is docs/replay.md.`,
+fallback makes the exit status 1.
+
+--prefix precise routes by the simulated engines' KV events instead of the
+router's own record of what it sent: each engine publishes the prefix blocks
+it stores and evicts, and the router applies them --kv-event-delay later
+through the same precise index router serve uses. --prefix both runs every
+policy both ways, in rows NAME and NAME+precise, with a belief column: the
+share of requests whose router belief of the chosen worker's cached prefix
+equals what the engine served. The full reference is docs/replay.md.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runReplay(cmd, &f)
@@ -96,8 +108,11 @@ fallback makes the exit status 1. The full reference is docs/replay.md.`,
 		fmt.Sprintf("seed for seeded components that set none (default: the file's router.seed, else %d)", replay.DefaultSeed))
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
 	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE, or - for standard output (not with --compare)")
-	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE, or - for standard output (a JSON array with --compare)")
+	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE, or - for standard output (a JSON array with --compare or --prefix both)")
 	fl.StringSliceVar(&f.compare, "compare", nil, "run each policy file FILE,FILE,... on the same trace and print one table (not with --policy)")
+	fl.StringVar(&f.prefix, "prefix", "approximate", "how the router learns what the engines cache: approximate (what it sent them), precise (their KV events) or both (each policy twice)")
+	fl.DurationVar(&f.kvEventDelay, "kv-event-delay", replay.DefaultKVEventDelay,
+		"simulated time from an engine's cache change to the router applying its KV event (--prefix precise or both; default: one engine step)")
 	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
 	setWant(fl, "workers", fmt.Sprintf("a whole number from 1 to %d", replay.MaxWorkers))
 	for _, name := range []string{"prefill-workers", "decode-workers"} {
@@ -106,6 +121,7 @@ fallback makes the exit status 1. The full reference is docs/replay.md.`,
 	setWant(fl, "seed", fmt.Sprintf("a whole number from %d to %d", math.MinInt64, math.MaxInt64))
 	setWant(fl, "limit", fmt.Sprintf("a whole number from 0 (all) to %d", math.MaxInt))
 	setWant(fl, "compare", "a comma-separated list of policy files")
+	setWant(fl, "kv-event-delay", "a duration >= 0 such as 20ms or 1s")
 	return cmd
 }
 
@@ -175,7 +191,36 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 	if len(f.compare) > 0 && (f.policy != "" || f.perRequest != "") {
 		return errors.New("--compare runs several policies: it cannot be combined with --policy or --per-request")
 	}
+	if _, err := f.prefixModes(); err != nil {
+		return err
+	}
+	switch {
+	case f.kvEventDelay < 0:
+		return fmt.Errorf("--kv-event-delay %v: want a duration >= 0 such as 20ms or 1s", f.kvEventDelay)
+	case fs.Changed("kv-event-delay") && f.prefix == "approximate":
+		return errors.New("--kv-event-delay applies to KV events: give --prefix precise or --prefix both")
+	case f.prefix == "both" && f.perRequest != "":
+		return errors.New("--prefix both runs each policy twice: it cannot be combined with --per-request (use --prefix precise)")
+	}
 	return f.checkPaths()
+}
+
+// prefixModes returns the prefix modes --prefix asks for, in table
+// order; an unknown value is a usage error.
+func (f *replayFlags) prefixModes() ([]replay.PrefixMode, error) {
+	switch f.prefix {
+	case "approximate":
+		return []replay.PrefixMode{replay.PrefixApproximate}, nil
+	case "precise":
+		return []replay.PrefixMode{replay.PrefixPrecise}, nil
+	case "both":
+		return []replay.PrefixMode{replay.PrefixApproximate, replay.PrefixPrecise}, nil
+	}
+	v := f.prefix
+	if v == "" {
+		v = "''"
+	}
+	return nil, fmt.Errorf("--prefix %s: want approximate, precise or both", v)
 }
 
 // checkStreams checks the flags that name standard input or output ("-")
@@ -286,31 +331,45 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	if disagg {
 		roles = []shared.Role{shared.RolePrefill, shared.RoleDecode}
 	}
-	// Load every policy before replaying any, so a broken file fails at
-	// once and the warnings come before the table. Each file's plugin
-	// processes live until the command returns, and are stopped, with
-	// their process groups, before it does. Nothing of their Hosts may
-	// depend on the wall clock (router.LoadOptions.SimulatedTime).
-	bundles := make([]*router.Bundle, 0, len(paths))
+	modes, _ := f.prefixModes() // checked
+	// One run per policy and prefix mode, policy by policy. Load every
+	// policy before replaying any, so a broken file fails at once and the
+	// warnings come before the table; each run gets its own load, so that
+	// seeded components start from their seed in every run. Each file's
+	// plugin processes live until the command returns, and are stopped,
+	// with their process groups, before it does. Nothing of their Hosts
+	// may depend on the wall clock (router.LoadOptions.SimulatedTime).
+	type replayRun struct {
+		path   string
+		mode   replay.PrefixMode
+		bundle *router.Bundle
+	}
+	runs := make([]replayRun, 0, len(paths)*len(modes))
 	defer func() {
-		for _, b := range bundles {
-			closeBundle(b)
+		for _, r := range runs {
+			closeBundle(r.bundle)
 		}
 	}()
 	for _, path := range paths {
-		b, err := loadPolicy(cmd.Context(), stderr, path, seed)
-		if err != nil {
-			return &exitError{code: 1, err: err}
-		}
-		bundles = append(bundles, b)
-		if path != "" {
-			warnDefaultRoles(stderr, path, b, roles)
+		for k, mode := range modes {
+			warnings := stderr
+			if k > 0 {
+				warnings = io.Discard // said once per file
+			}
+			b, err := loadPolicy(cmd.Context(), warnings, path, seed)
+			if err != nil {
+				return &exitError{code: 1, err: err}
+			}
+			runs = append(runs, replayRun{path, mode, b})
+			if path != "" && k == 0 {
+				warnDefaultRoles(stderr, path, b, roles)
+			}
 		}
 	}
 
 	var reports []*replay.Report
-	for i, path := range paths {
-		b := bundles[i]
+	for _, run := range runs {
+		path, b := run.path, run.bundle
 		opts := replay.Options{
 			PolicyName:   policyName(path),
 			Roles:        b.Roles(),
@@ -318,6 +377,10 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 			BlockSize:    b.BlockSize(),
 			TraceName:    traceName,
 			Records:      records,
+			Prefix:       run.mode,
+		}
+		if run.mode == replay.PrefixPrecise {
+			opts.KVEventDelay = f.kvEventDelay
 		}
 		if opts.Queue, opts.Classifier, err = admission(b); err != nil {
 			return &exitError{code: 1, err: err}
@@ -363,7 +426,7 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 
 	if report != nil {
 		var v any = reports
-		if len(f.compare) == 0 {
+		if len(reports) == 1 && len(f.compare) == 0 {
 			v = reports[0]
 		}
 		buf, err := json.MarshalIndent(v, "", "  ")

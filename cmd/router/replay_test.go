@@ -364,3 +364,88 @@ worker_selection { aggregated = "busy" }
 }
 
 func regexpMatch(pattern, s string) bool { return regexp.MustCompile(pattern).MatchString(s) }
+
+// --prefix both replays each policy twice, NAME then NAME+precise, in one
+// table with a belief column; the report is an array naming each run's
+// mode and the precise run's delay. The table without --prefix has no
+// belief column.
+func TestReplayPrefixBoth(t *testing.T) {
+	report := filepath.Join(t.TempDir(), "r.json")
+	code, out, errOut := routerRun(t, "replay", "--trace", arxivTrace, "--limit", "200", "--workers", "4",
+		"--prefix", "both", "--kv-event-delay", "5ms", "--report", report)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	lines := strings.Split(out, "\n")
+	if !strings.Contains(lines[1], " KV hit  belief ") {
+		t.Errorf("header %q lacks the belief column", lines[1])
+	}
+	if f2, f3 := strings.Fields(lines[2]), strings.Fields(lines[3]); len(f2) == 0 || f2[0] != "default" || len(f3) == 0 || f3[0] != "default+precise" {
+		t.Errorf("rows %q, %q; want default then default+precise", lines[2], lines[3])
+	}
+	if !strings.Contains(out, "NAME+precise rows") {
+		t.Errorf("legend lacks the precise rows' note:\n%s", out)
+	}
+	var reps []struct {
+		Policy         string
+		Prefix         string
+		BeliefAccuracy float64 `json:"belief_accuracy"`
+		KVEvents       *struct {
+			DelayMs float64 `json:"delay_ms"`
+			Events  int64
+		} `json:"kv_events"`
+	}
+	b, err := os.ReadFile(report)
+	if err != nil || json.Unmarshal(b, &reps) != nil || len(reps) != 2 {
+		t.Fatalf("report %q, %v; want an array of two", b, err)
+	}
+	if reps[0].Prefix != "approximate" || reps[0].KVEvents != nil || reps[1].Prefix != "precise" ||
+		reps[1].KVEvents == nil || reps[1].KVEvents.DelayMs != 5 || reps[1].KVEvents.Events == 0 || reps[1].BeliefAccuracy <= 0 {
+		t.Errorf("report %s", b)
+	}
+
+	code, out, errOut = routerRun(t, "replay", "--trace", arxivTrace, "--limit", "20", "--workers", "4")
+	if code != 0 || strings.Contains(out, "belief") {
+		t.Errorf("default replay: exit %d, stderr %q, table mentions belief:\n%s", code, errOut, out)
+	}
+}
+
+// A precise replay repeats byte for byte (scripts/replay-repeat-under-load.sh
+// checks the default's the same way).
+func TestReplayPrecisePerRequestRepeats(t *testing.T) {
+	dir := t.TempDir()
+	var sums [2]string
+	for i := range sums {
+		p := filepath.Join(dir, "r"+string(rune('0'+i))+".jsonl")
+		if code, _, errOut := routerRun(t, "replay", "--trace", arxivTrace, "--limit", "300", "--workers", "4",
+			"--prefix", "precise", "--per-request", p); code != 0 {
+			t.Fatalf("exit %d, stderr %q", code, errOut)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil || len(b) == 0 {
+			t.Fatalf("per-request %q: %v", p, err)
+		}
+		sums[i] = string(b)
+	}
+	if sums[0] != sums[1] {
+		t.Fatal("two precise replays wrote different per-request lines")
+	}
+}
+
+func TestReplayPrefixFlagErrors(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"unknown", []string{"--prefix", "exact"}, "--prefix exact: want approximate, precise or both"},
+		{"empty", []string{"--prefix", ""}, "--prefix '': want approximate, precise or both"},
+		{"delay alone", []string{"--kv-event-delay", "1s"}, "--kv-event-delay applies to KV events: give --prefix precise or --prefix both"},
+		{"negative", []string{"--prefix", "precise", "--kv-event-delay", "-1s"}, "--kv-event-delay -1s: want a duration >= 0"},
+		{"both per-request", []string{"--prefix", "both", "--per-request", "x.jsonl"}, "--prefix both runs each policy twice"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			wantExit(t, 2, append([]string{"replay", "--limit", "10"}, tt.args...), tt.want)
+		})
+	}
+}

@@ -54,6 +54,16 @@ const maxGroups = 64
 //     recently stored evicted first. BlockRemoved of an engine hash the
 //     index does not know is ignored.
 //
+// Engine-hash keys (replay only): after KeyByEngineHashes the router hash
+// of a stored block is its engine hash, and its token ids, parent, LoRA and
+// extra keys are not read. That is for a stream whose engine hashes
+// already are the router's chained hashes, at E = the router's block size:
+// router/replay's simulated engines, whose blocks are a trace's blocks
+// hashed with ChainHashes (traces carry no token ids). Requests then
+// present those hashes through a HashKey. Every other rule (tier, block
+// size, groups, bound, warmth) is the same code. A real engine seeds its
+// hashes per process and must be keyed by token ids.
+//
 // Warmth: a precise index starts cold (the candidate is scored by its
 // approximate list) until MarkLive (its subscriber saw the stream from
 // sequence 0, or replayed a gap). After Clear it is cold until it has
@@ -63,8 +73,9 @@ type Precise struct {
 	x *Index
 	c Candidate
 
-	live      atomic.Bool
-	blockSize atomic.Int64 // E, 0 until the first stored event
+	live       atomic.Bool
+	blockSize  atomic.Int64 // E, 0 until the first stored event
+	engineKeys bool         // KeyByEngineHashes; guarded by mu
 	// set holds the blocks every reported group holds, for lock-free
 	// lookups; made when E is known, sized by the bound.
 	set atomic.Pointer[hashSet]
@@ -160,6 +171,15 @@ func (x *Index) DropPrecise(c Candidate) {
 	p.clearLocked()
 	p.dead = true
 	p.mu.Unlock()
+}
+
+// KeyByEngineHashes makes p key stored blocks by their engine hashes (see
+// "Engine-hash keys" on Precise): replay's simulated engines only. Call it
+// before the first event; it cannot be undone.
+func (p *Precise) KeyByEngineHashes() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.engineKeys = true
 }
 
 // Stats returns the index's counters.
@@ -300,6 +320,14 @@ func (p *Precise) stored(ev *kvevents.Event) {
 		p.stats.SkippedBlockSize += n
 		return
 	}
+	if p.engineKeys {
+		for _, eh := range ev.BlockHashes {
+			p.store(eh, eh, bit)
+		}
+		p.stats.Stored += n
+		p.sinceClear += len(ev.BlockHashes)
+		return
+	}
 	if len(ev.TokenIDs) != len(ev.BlockHashes)*e || ev.ExtraKeys != nil && len(ev.ExtraKeys) != len(ev.BlockHashes) {
 		p.stats.SkippedMalformed += n
 		return
@@ -426,6 +454,31 @@ func (p *Precise) overlapTokens(prompt shared.PromptKey) (int, bool) {
 		return 0, false
 	}
 	return set.leading(hashes) * e, true
+}
+
+// HashKey is a prompt known only by its chained block hashes at one block
+// size (a trace's: ChainHashes of its hash_ids, shared.Request.BlockHashes
+// at the router's block size), the shared.PromptKey of requests routed to
+// precise indexes keyed by engine hashes (Precise.KeyByEngineHashes,
+// replay only).
+type HashKey struct {
+	// Hashes are the chained hashes of the prompt's blocks of BlockSize
+	// tokens, as the engine hashes them.
+	Hashes    []uint64
+	BlockSize int
+}
+
+// TokenBlockHashes returns k.Hashes when blockSize is k.BlockSize, else
+// nil (the prompt is unknown at that size: such a candidate is scored
+// approximately). The slice must not be modified.
+func (k *HashKey) TokenBlockHashes(blockSize int) []uint64 {
+	if k == nil || blockSize != k.BlockSize || blockSize <= 0 {
+		return nil
+	}
+	if k.Hashes == nil {
+		return []uint64{}
+	}
+	return k.Hashes
 }
 
 // maxEngineSizes bounds the block sizes a Key caches hashes for; further

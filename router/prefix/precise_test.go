@@ -366,3 +366,57 @@ func TestPreciseConcurrentApplyFill(t *testing.T) {
 		}
 	}
 }
+
+// A stream whose engine hashes are the router's chained hashes (replay's
+// simulated engines) is keyed by them once KeyByEngineHashes is set, with
+// no token ids, and found by a HashKey at E; without the option the same
+// events are malformed (no token ids) and never count.
+func TestPreciseEngineHashKeys(t *testing.T) {
+	chain := func(ids ...uint64) []uint64 { return ChainHashes(nil, ids) }
+	held := chain(7, 8, 9)
+	ev := func() []kvevents.Event {
+		return []kvevents.Event{
+			stored(nil, held[:2], nil, 4),
+			stored(ptr(held[1]), held[2:], nil, 4),
+		}
+	}
+
+	x, p := preciseIndex(t) // router blocks of 4 tokens
+	apply(p, ev()...)
+	if s := p.Stats(); s.SkippedMalformed != 3 || s.Blocks != 0 {
+		t.Fatalf("without engine keys: stats %+v, want 3 malformed blocks and none held", s)
+	}
+	if got, ok := x.OverlapTokens(cand(1), nil, &HashKey{Hashes: held, BlockSize: 4}); got != 0 || !ok {
+		t.Fatalf("without engine keys: OverlapTokens = %d, %v; want 0 exact", got, ok)
+	}
+
+	x, p = preciseIndex(t)
+	p.KeyByEngineHashes()
+	apply(p, ev()...)
+	want := chain(7, 8, 10, 11) // shares two leading blocks
+	key := &HashKey{Hashes: want, BlockSize: 4}
+	if got, ok := x.OverlapTokens(cand(1), nil, key); got != 8 || !ok {
+		t.Fatalf("OverlapTokens = %d, %v; want 8 exact", got, ok)
+	}
+	if diff := cmp.Diff([]int32{3, 0}, fill(x, &HashKey{Hashes: held, BlockSize: 4}, held)); diff != "" {
+		t.Fatalf("Fill (-want +got):\n%s", diff)
+	}
+	// At another size the prompt is unknown: scored approximately (the
+	// approximate list holds nothing).
+	if got, ok := x.OverlapTokens(cand(1), nil, &HashKey{Hashes: want, BlockSize: 8}); got != 0 || ok {
+		t.Fatalf("HashKey at another size: %d, %v; want 0 approximate", got, ok)
+	}
+	// BlockRemoved by engine hash cuts the lead.
+	apply(p, kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: held[1:2]})
+	if got, _ := x.OverlapTokens(cand(1), nil, key); got != 4 {
+		t.Fatalf("after removal: %d tokens, want 4", got)
+	}
+	// A block at another size is skipped, as for any stream.
+	apply(p, stored(nil, chain(1), nil, 8))
+	if s := p.Stats(); s.Stored != 3 || s.Removed != 1 || s.Blocks != 2 || s.SkippedBlockSize != 1 || s.SkippedMalformed != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+	if got := (&HashKey{BlockSize: 4}).TokenBlockHashes(4); got == nil || len(got) != 0 {
+		t.Fatalf("empty HashKey: %v, want empty, not nil", got)
+	}
+}

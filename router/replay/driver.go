@@ -63,6 +63,13 @@ type driver struct {
 
 	firstEvents, decodeEvents []sim.Event
 
+	// kv feeds the first-hop workers' KV events to the router's precise
+	// indexes (PrefixPrecise mode); nil in approximate mode.
+	kv *kvFeed
+	// engineBlock is the simulated engines' tokens per KV block
+	// (sim.Config.BlockSize), for the belief accuracy.
+	engineBlock int
+
 	// charge is each hop's role policy's decision latency, classifierCharge
 	// the classifier's (zero without one), policyCharge every policy's
 	// (for fallbacks); see Options.DecisionLatency.
@@ -126,6 +133,7 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		classify:     o.classified(),
 		reqs:         make([]request, len(o.Records)),
 		policyCharge: o.DecisionLatency.Policies,
+		engineBlock:  cfg.BlockSize,
 	}
 	if o.Classifier != nil {
 		d.classifierCharge = o.DecisionLatency.Classifier
@@ -167,6 +175,9 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		}
 	}
 	d.first, d.decode = d.clusters[firstHop], d.clusters[decodeHop]
+	if o.Prefix == PrefixPrecise {
+		d.newKVFeed(d.first, d.base[firstHop], o.KVEventDelay)
+	}
 	d.bandwidth = o.KVTransferBandwidth
 	if d.bandwidth == 0 {
 		d.bandwidth = DefaultKVTransferBandwidth
@@ -346,6 +357,7 @@ func (d *driver) dispatch(at time.Duration) bool {
 		return false
 	}
 	d.now = at
+	d.kv.deliver(at)
 	t0 := time.Now()
 	d.dispatched = d.adm.Dispatch(d.ctx, d.dispatched[:0])
 	d.decisionTime += time.Since(t0)

@@ -41,6 +41,7 @@ func (d *driver) arrive(i int) {
 
 // admit admits hop k of request i at d.now.
 func (d *driver) admit(i, k int) (*admission.Handle, error) {
+	d.kv.deliver(d.now)
 	t0 := time.Now()
 	h, err := d.adm.Admit(d.ctx, d.request(i, k))
 	d.decisionTime += time.Since(t0)
@@ -61,6 +62,10 @@ func (d *driver) request(i, k int) *shared.Request {
 	}
 	if hop.PrefixHashes {
 		base.BlockHashes = prefix.ChainHashes(make([]uint64, 0, len(rec.HashIDs)), rec.HashIDs)
+		if d.kv != nil {
+			// The simulated engines' block hashes are these (KVEvent.Hash).
+			base.Prompt = &prefix.HashKey{Hashes: base.BlockHashes, BlockSize: d.blockSize}
+		}
 	}
 	if rec.HasPriority || rec.PolicyClass != "" {
 		base.Metadata = make(map[string]string, 2)

@@ -151,7 +151,56 @@ type Options struct {
 	// DecisionLatency is the simulated time each decision's plugin calls
 	// take; the zero value charges none (built-in policies).
 	DecisionLatency DecisionLatency
+	// Prefix is how the router learns what each engine's prefix cache
+	// holds; the zero value is PrefixApproximate.
+	Prefix PrefixMode
+	// KVEventDelay, in PrefixPrecise mode, is the simulated time between a
+	// change of an engine's cache and the router applying its KV event
+	// (>= 0; DefaultKVEventDelay is the command line's default). Must be 0
+	// in PrefixApproximate mode.
+	KVEventDelay time.Duration
 }
+
+// PrefixMode is how the router's prefix index learns what each simulated
+// engine's prefix cache holds.
+type PrefixMode uint8
+
+const (
+	// PrefixApproximate: from what the router sent each worker (the
+	// approximate index, bounded by its KV capacity); the default.
+	PrefixApproximate PrefixMode = iota
+	// PrefixPrecise: from the engines' KV events. Every first-hop worker
+	// (aggregated, or prefill) publishes its stored, removed and cleared
+	// prefix groups (sim.Worker.SetKVEventHook); each reaches the router
+	// KVEventDelay later, as a kvevents.Batch applied by the same precise
+	// index code as router serve's (prefix.Precise), keyed by the trace's
+	// chained hashes (prefix.Precise.KeyByEngineHashes, prefix.HashKey).
+	PrefixPrecise
+)
+
+// String returns "approximate" or "precise", the --prefix values.
+func (m PrefixMode) String() string {
+	switch m {
+	case PrefixApproximate:
+		return "approximate"
+	case PrefixPrecise:
+		return "precise"
+	}
+	return fmt.Sprintf("PrefixMode(%d)", uint8(m))
+}
+
+// DefaultKVEventDelay is the KV event delay of `router replay --prefix
+// precise` when none is given: 20 ms, one engine step. vLLM's scheduler
+// publishes one batch of events per engine step (KVEventBatch, in
+// vllm/v1/core/sched/scheduler.py); the simulator stamps a stored block at
+// the end of the step that computed it but an eviction at the start of the
+// step whose allocation caused it, so an eviction reaches the wire about
+// one step after it happened. The simulated engines' mean step on the
+// bundled conversation trace is 19.5 ms at 4 workers, 10.5 ms at 8 and
+// 8.8 ms at 16 (BusyTime/Steps, measured); ZeroMQ on a LAN and the
+// router's decode and apply (BENCHMARKS.md, KV event ingestion) add well
+// under 1 ms.
+const DefaultKVEventDelay = 20 * time.Millisecond
 
 // DecisionLatency is the simulated time between a hop's decision and its
 // request reaching the chosen worker: what the decision's out-of-process
@@ -214,6 +263,14 @@ func (o *Options) check() (sim.Config, error) {
 		if role := path.Hop(k).Role; o.Roles[role] == nil {
 			return sim.Config{}, fmt.Errorf("replay: no policy for role %s", role)
 		}
+	}
+	switch {
+	case o.Prefix > PrefixPrecise:
+		return sim.Config{}, fmt.Errorf("replay: prefix mode %d, want approximate or precise", o.Prefix)
+	case o.KVEventDelay < 0:
+		return sim.Config{}, fmt.Errorf("replay: KV event delay %v, want >= 0", o.KVEventDelay)
+	case o.KVEventDelay != 0 && o.Prefix != PrefixPrecise:
+		return sim.Config{}, fmt.Errorf("replay: KV event delay %v without precise prefix mode: only precise mode reads KV events", o.KVEventDelay)
 	}
 	if o.DecisionLatency.Classifier < 0 {
 		return sim.Config{}, fmt.Errorf("replay: classifier decision latency %v, want >= 0", o.DecisionLatency.Classifier)

@@ -99,6 +99,21 @@ type Report struct {
 	// RouterOverlapRatio is the same ratio as the router's prefix index
 	// predicted it at selection time.
 	RouterOverlapRatio float64 `json:"router_overlap_ratio"`
+	// BeliefAccuracy is the share of completed requests whose router
+	// belief at selection equals what the engine then served from cache:
+	// min(overlap_blocks × block_size, ⌊(input_length − 1)/E⌋ × E) ==
+	// cached_tokens (Outcome), E the engines' tokens per KV block
+	// (sim.Config.BlockSize). The cap is the engine's own: it always
+	// computes the block of a prompt's last token, so an entirely cached
+	// prompt is served one engine block short (router/sim README, "KV
+	// events"). 0 without completed requests.
+	BeliefAccuracy float64 `json:"belief_accuracy"`
+	// Prefix is how the router learned what the engines hold:
+	// "approximate" or "precise" (Options.Prefix).
+	Prefix string `json:"prefix"`
+	// KVEvents describes the KV event feed in precise mode; absent in
+	// approximate mode.
+	KVEvents *KVEventsReport `json:"kv_events,omitempty"`
 	// RequestsPerWorker counts the requests each worker was sent, by fleet
 	// id: in disaggregated mode the prefill workers, then the decode
 	// workers.
@@ -150,6 +165,17 @@ type Report struct {
 	classOrder []string
 }
 
+// KVEventsReport is the KV event feed of a precise replay.
+type KVEventsReport struct {
+	// DelayMs is Options.KVEventDelay in ms.
+	DelayMs float64 `json:"delay_ms"`
+	// Batches and Events count the batches (one per worker and engine
+	// step) and events (a prefix group stored or removed, or a clear)
+	// the router applied.
+	Batches int64 `json:"batches"`
+	Events  int64 `json:"events"`
+}
+
 // ClassReport is one policy class's share of a replay. TTFT and Queue are
 // over its completed requests, in ms of simulated time; Queue (arrival to
 // the first scheduled engine step) includes the wait in the router's queue.
@@ -170,22 +196,40 @@ KV hit = prompt tokens served from the engines' prefix caches; imbalance = max/m
 wall s = real time incl. building the fleet; req/s (wall) = requests / wall s
 `
 
+// BeliefLegend is added to TableLegend when a row is precise.
+const BeliefLegend = `NAME+precise rows: the router's prefix index follows the engines' KV events (--prefix precise);
+belief = requests whose router belief of the chosen worker's cached prefix equals what the engine served
+from cache (in engine blocks, the engine's last-block recompute applied to both)
+`
+
 // WriteTable writes reports as one aligned table, a row per report, then
-// TableLegend.
+// TableLegend. When a report is precise (Prefix "precise") the table has
+// a belief column (BeliefAccuracy) and BeliefLegend.
 func WriteTable(w io.Writer, reports []*Report) error {
+	belief := slices.ContainsFunc(reports, func(r *Report) bool { return r.KVEvents != nil })
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\trequests\tcompleted\trejected\tfallbacks\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\timbalance\tsim s\twall s\treq/s (wall)\t")
+	head := "policy\trequests\tcompleted\trejected\tfallbacks\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\t"
+	if belief {
+		head += "belief\t"
+	}
+	fmt.Fprintln(tw, head+"imbalance\tsim s\twall s\treq/s (wall)\t")
 	for _, r := range reports {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.3f\t%.0f\t%.2f\t%.0f\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t",
 			r.Label(), r.Requests, r.Completed, r.Rejected, fallbacks(r),
-			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), ms(r.E2E.P50), ms(r.E2E.P99),
-			100*r.KVHitRatio, r.Imbalance, r.SimDurationS, r.WallS, r.SimRequestsPerS)
-		classRows(tw, r)
+			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), ms(r.E2E.P50), ms(r.E2E.P99), 100*r.KVHitRatio)
+		if belief {
+			fmt.Fprintf(tw, "%.1f%%\t", 100*r.BeliefAccuracy)
+		}
+		fmt.Fprintf(tw, "%.3f\t%.0f\t%.2f\t%.0f\t\n", r.Imbalance, r.SimDurationS, r.WallS, r.SimRequestsPerS)
+		classRows(tw, r, belief)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
 	legend := TableLegend
+	if belief {
+		legend += BeliefLegend
+	}
 	for _, r := range reports {
 		if len(r.Classes) > 1 {
 			legend += ClassLegend
@@ -213,15 +257,19 @@ arrival to first scheduled step including the router's queue)
 // classRows writes one table line per class of r when it has more than
 // one, under r's row: requests, completed, rejected and TTFT, then the
 // queue time's p50 and p99 in the E2E columns, marked "Q".
-func classRows(tw io.Writer, r *Report) {
+func classRows(tw io.Writer, r *Report, belief bool) {
 	if len(r.Classes) < 2 {
 		return
 	}
+	empty := "\t\t\t\t\t\t"
+	if belief {
+		empty += "\t"
+	}
 	for _, name := range r.order() {
 		c := r.Classes[name]
-		fmt.Fprintf(tw, "%s/%s\t%d\t%d\t%d\t\t%s\t%s\t%s\tQ %s\tQ %s\t\t\t\t\t\t\n",
+		fmt.Fprintf(tw, "%s/%s\t%d\t%d\t%d\t\t%s\t%s\t%s\tQ %s\tQ %s%s\n",
 			r.Label(), name, c.Requests, c.Completed, c.Rejected,
-			ms(c.TTFT.P50), ms(c.TTFT.P90), ms(c.TTFT.P99), ms(c.Queue.P50), ms(c.Queue.P99))
+			ms(c.TTFT.P50), ms(c.TTFT.P90), ms(c.TTFT.P99), ms(c.Queue.P50), ms(c.Queue.P99), empty)
 	}
 }
 
@@ -249,7 +297,15 @@ func (r *Report) order() []string {
 //	default(4P+4D)             no policy file: the built-in policy everywhere
 //	pd(4P+4D)                  the file's prefill and decode policies
 //	kv(4P:default+4D:default)  the file sets neither prefill nor decode
+//	kv+precise                 any of these, routed by KV events (Prefix "precise")
 func (r *Report) Label() string {
+	if r.KVEvents != nil {
+		return r.label() + "+precise"
+	}
+	return r.label()
+}
+
+func (r *Report) label() string {
 	fellBack := func(role shared.Role) bool {
 		return r.Policy != config.DefaultPolicyName && r.RolePolicies[string(role)] == config.DefaultPolicyName
 	}
@@ -317,6 +373,7 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 	}
 	var ttft, e2e, queue, xfer []float64
 	var prompt, cached, predicted int64
+	var believed int
 	rep.Classes = make(map[string]*ClassReport, len(d.classes))
 	rep.classOrder = append(rep.classOrder, d.classes...)
 	for _, name := range d.classes {
@@ -379,8 +436,18 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 		prompt += int64(out.InputLength)
 		cached += int64(out.CachedTokens)
 		predicted += min(int64(out.OverlapBlocks)*int64(o.BlockSize), int64(max(out.InputLength-1, 0)))
+		if d.believed(out) {
+			believed++
+		}
 	}
 	rep.TTFT, rep.E2E, rep.Queue = summarize(ttft), summarize(e2e), summarize(queue)
+	if rep.Completed > 0 {
+		rep.BeliefAccuracy = round4(float64(believed) / float64(rep.Completed))
+	}
+	rep.Prefix = o.Prefix.String()
+	if d.kv != nil {
+		rep.KVEvents = &KVEventsReport{DelayMs: millis(o.KVEventDelay), Batches: d.kv.batches, Events: d.kv.events}
+	}
 	rep.KVTransfer = summarize(xfer)
 	if prompt > 0 {
 		rep.KVHitRatio = round4(float64(cached) / float64(prompt))
@@ -408,6 +475,14 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 		rep.DecisionsPerS = float64(int(float64(d.decisions) / s))
 	}
 	return rep
+}
+
+// believed reports whether a completed request's router belief equals
+// the tokens its engine served from cache (Report.BeliefAccuracy).
+func (d *driver) believed(out *Outcome) bool {
+	e := int64(d.engineBlock)
+	limit := int64(max(out.InputLength, 1)-1) / e * e
+	return min(int64(out.OverlapBlocks)*int64(d.blockSize), limit) == int64(out.CachedTokens)
 }
 
 // imbalance is max over mean of one pool's request counts (0 when the

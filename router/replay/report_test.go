@@ -190,3 +190,28 @@ func TestReportRolePoliciesDisaggregated(t *testing.T) {
 		t.Errorf("label %q", got)
 	}
 }
+
+// A precise row adds the belief column, for every row, and its legend.
+func TestWriteTableBelief(t *testing.T) {
+	approx := &Report{Policy: "default", Prefix: "approximate", Requests: 10, Completed: 10, BeliefAccuracy: 0.9806, KVHitRatio: 0.3272, Imbalance: 1}
+	precise := &Report{Policy: "default", Prefix: "precise", KVEvents: &KVEventsReport{DelayMs: 20}, Requests: 10, Completed: 10,
+		BeliefAccuracy: 0.999, KVHitRatio: 0.332, Imbalance: 1}
+	var buf bytes.Buffer
+	if err := WriteTable(&buf, []*Report{approx, precise}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(buf.String(), "\n")
+	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	for i, want := range []string{
+		"policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit belief imbalance sim s wall s req/s (wall)",
+		"default 10 10 0 0 0 0 0 0 0 32.7% 98.1% 1.000 0 0.00 0",
+		"default+precise 10 10 0 0 0 0 0 0 0 33.2% 99.9% 1.000 0 0.00 0",
+	} {
+		if got := fields(lines[i]); got != want {
+			t.Errorf("line %d %q, want %q", i, got, want)
+		}
+	}
+	if got := strings.Join(lines[3:], "\n"); got != TableLegend+BeliefLegend {
+		t.Errorf("legend %q, want TableLegend+BeliefLegend", got)
+	}
+}
