@@ -64,7 +64,9 @@ type Options struct {
 	Backoff backoff.BackOff
 	// Logger; nil: no logging.
 	Logger hclog.Logger
-	// MaxPayload is the decoder's payload limit; 0: MaxPayloadBytes.
+	// MaxPayload is the decoder's payload limit; 0: MaxPayloadBytes. At
+	// most MaxFrameBytes, which bounds every frame read from a tcp://
+	// endpoint whatever this is.
 	MaxPayload int
 }
 
@@ -117,6 +119,9 @@ func Subscribe(ctx context.Context, o Options, sink Sink) (*Subscriber, error) {
 	}
 	if sink == nil {
 		return nil, fmt.Errorf("%w: no sink", ErrOptions)
+	}
+	if o.MaxPayload < 0 || o.MaxPayload > MaxFrameBytes {
+		return nil, fmt.Errorf("%w: payload limit %d bytes, want 0 to %d", ErrOptions, o.MaxPayload, MaxFrameBytes)
 	}
 	if o.ReplayTimeout <= 0 {
 		o.ReplayTimeout = DefaultReplayTimeout
@@ -206,7 +211,7 @@ func (s *Subscriber) session(ctx context.Context) (connected bool, err error) {
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.o.Topic); err != nil {
 		return false, err
 	}
-	if err := sub.Dial(s.o.Endpoint); err != nil {
+	if err := sub.Dial(bounded(s.o.Endpoint)); err != nil {
 		return false, err
 	}
 	s.update(func(st *Stats) {
@@ -313,7 +318,7 @@ func (s *Subscriber) replay(ctx context.Context, from, until uint64) bool {
 func (s *Subscriber) replayOnce(ctx context.Context, from, until uint64) (bool, error) {
 	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0))
 	defer d.Close()
-	if err := d.Dial(s.o.ReplayEndpoint); err != nil {
+	if err := d.Dial(bounded(s.o.ReplayEndpoint)); err != nil {
 		return false, err
 	}
 	if err := d.Send(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, from))); err != nil {

@@ -1,0 +1,129 @@
+package kvevents
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/go-zeromq/zmq4/transport"
+)
+
+// MaxFrameBytes bounds one ZeroMQ frame the subscriber reads from an
+// engine: 64 MiB, above any payload the decoder accepts (MaxPayloadBytes
+// by default; Options.MaxPayload is capped at it). zmq4 v0.17.0 allocates
+// whatever length a peer declares for a frame, up to 2^63 bytes, so a
+// broken or hostile endpoint could make it allocate without bound (or
+// panic); the subscriber's tcp:// connections are read through a frame
+// parser that refuses a longer frame first, closing the connection,
+// which the subscriber then dials again (with backoff) like any other
+// broken connection.
+const MaxFrameBytes = 64 << 20
+
+// boundedNetwork is the zmq4 transport name the subscriber dials tcp://
+// endpoints with: TCP read through frameLimiter.
+const boundedNetwork = "switchyard-bounded-tcp"
+
+// errFrameTooLarge: a peer declared a frame over MaxFrameBytes.
+var errFrameTooLarge = errors.New("ZeroMQ frame over the size limit")
+
+func init() {
+	// Registered once, at init, like the transports zmq4 itself registers;
+	// the name is ours, so it cannot clash with another package's.
+	if err := zmq4.RegisterTransport(boundedNetwork, boundedTCP{transport.New("tcp")}); err != nil {
+		panic(err)
+	}
+}
+
+// bounded returns endpoint on the bounded transport when it is tcp://
+// (other schemes, ipc:// for a local engine, are dialled as given).
+func bounded(endpoint string) string {
+	if rest, ok := strings.CutPrefix(endpoint, "tcp://"); ok {
+		return boundedNetwork + "://" + rest
+	}
+	return endpoint
+}
+
+// boundedTCP is TCP whose dialled connections refuse frames over
+// MaxFrameBytes.
+type boundedTCP struct{ transport.Transport }
+
+func (t boundedTCP) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+	c, err := t.Transport.Dial(ctx, d, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &frameLimiter{Conn: c, max: MaxFrameBytes}, nil
+}
+
+// frameLimiter follows the ZMTP 3 stream a connection reads (RFC 23 and
+// 37: a 64-byte greeting, then frames of a flags byte, a 1-byte or, with
+// the LONG flag, 8-byte big-endian size, and that many bytes of body;
+// commands and messages alike) and fails the read that would deliver a
+// frame header declaring more than max bytes. It parses only what passes
+// through, a few instructions per header, so it adds no copy.
+type frameLimiter struct {
+	net.Conn
+	max uint64
+
+	greeting int     // greeting bytes still to pass
+	body     uint64  // body bytes of the current frame still to pass
+	hdr      [9]byte // the frame header read so far
+	hdrN     int
+	err      error
+}
+
+// zmtpGreeting is the length of the ZMTP 3 greeting.
+const zmtpGreeting = 64
+
+// Read reads from the connection and checks every frame header in what
+// it read.
+func (f *frameLimiter) Read(p []byte) (int, error) {
+	if f.err != nil {
+		return 0, f.err
+	}
+	n, err := f.Conn.Read(p)
+	if cerr := f.check(p[:n]); cerr != nil {
+		f.err = cerr
+		_ = f.Conn.Close()
+		return 0, cerr
+	}
+	return n, err
+}
+
+// check advances the parser over b.
+func (f *frameLimiter) check(b []byte) error {
+	for len(b) > 0 {
+		switch {
+		case f.greeting < zmtpGreeting:
+			k := min(zmtpGreeting-f.greeting, len(b))
+			f.greeting += k
+			b = b[k:]
+		case f.body > 0:
+			k := uint64(len(b))
+			if k > f.body {
+				k = f.body
+			}
+			f.body -= k
+			b = b[k:]
+		default:
+			f.hdr[f.hdrN] = b[0]
+			f.hdrN++
+			b = b[1:]
+			long := f.hdr[0]&0x02 != 0
+			switch {
+			case !long && f.hdrN == 2:
+				f.body, f.hdrN = uint64(f.hdr[1]), 0
+			case long && f.hdrN == 9:
+				f.body, f.hdrN = binary.BigEndian.Uint64(f.hdr[1:9]), 0
+				if f.body > f.max {
+					return fmt.Errorf("%w: a frame of %d bytes declared, the limit is %d", errFrameTooLarge, f.body, f.max)
+				}
+			}
+		}
+	}
+	return nil
+}
