@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# make demo-serve: three mock engines and `router serve` on loopback, a short
-# burst of chat requests (shared system prompt, a few conversations), then
-# the per-worker split and the router's metrics. Everything it starts is
-# stopped on exit.
+# make demo-serve: three mock engines that tokenize and publish their
+# KV-cache events, and `router serve` on loopback with a policy file whose
+# workers give only a URL and an events endpoint; a short burst of chat
+# requests (shared system prompt, a few conversations), then the
+# per-worker split, the router's metrics (among them how its belief of each
+# request's cached prefix compared with what the engine served) and its
+# view of a worker. Everything it starts is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-bin}
@@ -16,32 +19,41 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Each engine tokenizes with the test tokenizer and publishes its KV-cache
+# events (ZeroMQ, vLLM's format) on port PORT+10+i.
+tok=router/tokenizer/testdata
 for i in 1 2 3; do
-  "$BIN/router" mock-worker --listen "127.0.0.1:$((PORT + i))" --model mock --speedup 20 --block-size 16 >"$work/mock$i.log" 2>&1 &
+  "$BIN/router" mock-worker --listen "127.0.0.1:$((PORT + i))" --model mock --speedup 20 --block-size 16 \
+    --tokenizer "$tok/bytebpe.json" --tokenizer-config "$tok/chatml_config.json" \
+    --kv-events-endpoint "tcp://127.0.0.1:$((PORT + 10 + i))" >"$work/mock$i.log" 2>&1 &
   pids+=($!)
 done
+# Workers need only a URL (models and capacity come from the engines) and,
+# to follow what the engines hold, their KV events endpoint.
 cat >"$work/policy.hcl" <<HCL
 router {
   block_size = 16
 }
 
-worker "a" {
-  url             = "http://127.0.0.1:$((PORT + 1))"
-  models          = ["mock"]
-  total_kv_blocks = 27500
-}
-worker "b" {
-  url             = "http://127.0.0.1:$((PORT + 2))"
-  models          = ["mock"]
-  total_kv_blocks = 27500
-}
-worker "c" {
-  url             = "http://127.0.0.1:$((PORT + 3))"
-  models          = ["mock"]
-  total_kv_blocks = 27500
+tokenizer "mock" {
+  source = "file"
+  path   = "$PWD/$tok/bytebpe.json"
+  config = "$PWD/$tok/chatml_config.json"
 }
 HCL
-"$BIN/router" serve --policy "$work/policy.hcl" --listen "127.0.0.1:$PORT" >"$work/router.log" 2>&1 &
+for i in 1 2 3; do
+  name=$(printf '%b' "\\x$(printf %x $((96 + i)))")
+  cat >>"$work/policy.hcl" <<HCL
+
+worker "$name" {
+  url = "http://127.0.0.1:$((PORT + i))"
+  kv_events {
+    endpoint = "tcp://127.0.0.1:$((PORT + 10 + i))"
+  }
+}
+HCL
+done
+"$BIN/router" serve --policy "$work/policy.hcl" --listen "127.0.0.1:$PORT" --debug-listen "127.0.0.1:$((PORT + 9))" >"$work/router.log" 2>&1 &
 pids+=($!)
 
 for _ in $(seq 100); do
@@ -77,4 +89,13 @@ echo "requests per worker:"
 sort "$work/split" | uniq -c | awk '{printf "  %-4s %s\n", $2, $1}'
 echo
 echo "router metrics:"
-curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^switchyard_(requests_total|worker_active_requests|worker_ready|queue_depth|time_to_first_token_seconds_count|request_duration_seconds_count)' | sed 's/^/  /'
+curl -s "http://127.0.0.1:$PORT/metrics" | grep -E '^switchyard_(requests_total|worker_ready|worker_capacity_blocks|worker_kv_events_total|prefix_belief_total|prompt_tokens_total|cached_prompt_tokens_total|time_to_first_token_seconds_count)' | sed 's/^/  /'
+echo
+echo "the router's view of worker a (/debug/workers on --debug-listen):"
+if command -v python3 >/dev/null; then
+  curl -s "http://127.0.0.1:$((PORT + 9))/debug/workers" |
+    python3 -c 'import json, sys; print(json.dumps(json.load(sys.stdin)["workers"][0], indent=2))' | sed 's/^/  /'
+else
+  curl -s "http://127.0.0.1:$((PORT + 9))/debug/workers" | head -c 1500 | sed 's/^/  /'
+fi
+echo
