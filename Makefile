@@ -6,7 +6,7 @@ BIN         := bin
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PKGS        := ./...
 
-.PHONY: all build test test-under-load vet fmt-check lint bench bench-serve demo demo-serve proto proto-check clean
+.PHONY: all build test test-under-load vet fmt-check lint bench bench-serve bench-overlap demo demo-serve proto proto-check clean
 
 all: build
 
@@ -37,6 +37,12 @@ lint:
 ## bench: the selection and replay benchmarks (see BENCHMARKS.md)
 bench:
 	$(GO) test -run='^$$' -bench=. -benchmem -count=1 ./hosted/ ./builtin/ ./router/...
+
+## bench-overlap: the router's belief of each request's cached prefix
+## (precise, from the engines' KV events, and approximate) against what
+## three mock engines served, on 2,000 requests with evictions (about a minute)
+bench-overlap: build
+	$(GO) run ./bench/overlap --router-bin $(BIN)/router
 
 ## bench-serve: loopback load on `router serve` against direct and a bare
 ## httputil.ReverseProxy, with the issue's targets checked (under a minute)
