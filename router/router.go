@@ -585,6 +585,9 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 	c := prefix.Candidate{ID: w.ID, Rank: w.DPRank}
 	if req.Prompt != nil {
 		d.Belief = r.index.Belief(c, req.BlockHashes, req.Prompt)
+		if in := r.index.AddInflight(c, req.Prompt); in != nil {
+			d.Booking.SetHeld(in)
+		}
 	}
 	if known {
 		r.index.Record(c, req.BlockHashes)

@@ -64,6 +64,7 @@ type options struct {
 	seed          uint64
 	encoding      string
 	source        string
+	keepLog       string
 }
 
 func main() {
@@ -81,6 +82,7 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the conversations")
 	flag.StringVar(&o.encoding, "kv-events-encoding", "array", "the engines' KV event layout: array or map")
 	flag.StringVar(&o.source, "tokenizer-source", "file", "the router's tokenizer source: file (in process) or engine (/tokenize)")
+	flag.StringVar(&o.keepLog, "router-log", "", "copy the router's log (debug level: each precise belief that differs from the engine) to this file")
 	flag.Parse()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -137,8 +139,20 @@ func run(ctx context.Context, o options) error {
 	if err := os.WriteFile(workers, []byte(workersFile.String()), 0o644); err != nil {
 		return err
 	}
+	if o.keepLog != "" {
+		defer func() {
+			if b, err := os.ReadFile(filepath.Join(dir, "router.log")); err == nil {
+				_ = os.WriteFile(o.keepLog, b, 0o644)
+			}
+		}()
+	}
+	debugPort, err := freePort()
+	if err != nil {
+		return err
+	}
 	router, err := procs.start(ctx, filepath.Join(dir, "router.log"), listening, o.routerBin,
-		"serve", "--listen", "127.0.0.1:0", "--policy", policy, "--workers-file", workers)
+		"serve", "--listen", "127.0.0.1:0", "--policy", policy, "--workers-file", workers, "--log-level", "debug",
+		"--debug-listen", "127.0.0.1:"+strconv.Itoa(debugPort))
 	if err != nil {
 		return err
 	}
@@ -157,6 +171,13 @@ func run(ctx context.Context, o options) error {
 	m, err := scrape(client, router)
 	if err != nil {
 		return err
+	}
+	if o.keepLog != "" {
+		if resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/workers", debugPort)); err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			_ = os.WriteFile(o.keepLog+".workers.json", b, 0o644)
+		}
 	}
 	return report(os.Stdout, o, m, direct, failed, elapsed)
 }

@@ -14,7 +14,17 @@ type Booking struct {
 	// the worker from it back below it updates the fleet's full count.
 	capacity int64
 	state    atomic.Uint32 // bookedState, prefilledState, releasedState
+	// held is released with the booking (SetHeld); nil when none.
+	held Held
 }
+
+// Held is something a request holds as long as its booking: Release is
+// called once, when the booking is released.
+type Held interface{ Release() }
+
+// SetHeld makes the booking release h when it is released. Call it before
+// the booking is handed on (before Release can run).
+func (b *Booking) SetHeld(h Held) { b.held = h }
 
 const (
 	bookedState uint32 = iota
@@ -66,6 +76,9 @@ func (b *Booking) Release() bool {
 			if b.w.active.Add(-1) == b.capacity-1 && b.capacity > 0 && b.w.full != nil {
 				b.w.full.Add(-1)
 			}
+			if b.held != nil {
+				b.held.Release()
+			}
 			return true
 		}
 	}
@@ -107,7 +120,7 @@ func charge(into *Booking, w *Worker, prefillTokens, blocks int64) *Booking {
 	if into == nil {
 		into = new(Booking)
 	}
-	into.w, into.prefill, into.blocks, into.capacity = w, max(prefillTokens, 0), max(blocks, 0), 0
+	into.w, into.prefill, into.blocks, into.capacity, into.held = w, max(prefillTokens, 0), max(blocks, 0), 0, nil
 	into.state.Store(bookedState)
 	w.prefillTokens.Add(into.prefill)
 	w.decodeBlocks.Add(into.blocks)

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/puzpuzpuz/xsync/v4"
+
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -80,8 +82,21 @@ type Precise struct {
 	// lookups; made when E is known, sized by the bound.
 	set atomic.Pointer[hashSet]
 
-	mu          sync.Mutex
-	dead        bool
+	// inflight counts, per router hash at E, the requests in flight on
+	// the candidate whose prompt has that block and which the set did not
+	// hold when they were placed (AddInflight); inflightN is its number
+	// of keys, so lookups skip it when empty.
+	inflight  *xsync.Map[uint64, int32]
+	inflightN atomic.Int64
+
+	mu   sync.Mutex
+	dead bool
+	// lingering are released requests' in-flight blocks kept until
+	// lingerBatches more batches have been applied (Inflight.Release);
+	// batches counts the batches applied.
+	lingering []lingering
+	batches   uint64
+
 	capTokens   int // 2·capacity in tokens; 0: unknown
 	l           *lru
 	eng, mask   []uint64          // per slot of l: engine hash, groups holding it
@@ -133,7 +148,7 @@ func (x *Index) Precise(c Candidate) *Precise {
 	if mem.precise != nil {
 		return mem.precise
 	}
-	p := &Precise{x: x, c: c, l: newLRU(c, MaxPreciseBlocks), engine: make(map[uint64]uint64)}
+	p := &Precise{x: x, c: c, l: newLRU(c, MaxPreciseBlocks), engine: make(map[uint64]uint64), inflight: xsync.NewMap[uint64, int32]()}
 	if mem.lru.capacity != DefaultUnknownCapacity {
 		p.capTokens = 2 * mem.lru.capacity * x.blockSize
 	}
@@ -266,6 +281,37 @@ func (p *Precise) Apply(b *kvevents.Batch) {
 	if p.warming && p.sinceClear >= p.l.capacity {
 		p.warming = false
 		p.setLive(true)
+	}
+	p.batches++
+	p.expireLocked()
+}
+
+// lingerBatches is how many batches a released request's in-flight blocks
+// are still counted for: an engine publishes a request's stored blocks
+// before it answers the request's end, but the events travel on another
+// connection than the answer, so they can reach the router just after the
+// request ended, when the conversation's next turn is already being
+// placed. The blocks the events then store are held by the index itself;
+// the few batches bound how long blocks the engine never stored (a
+// request aborted before its prefill) are believed.
+const lingerBatches = 4
+
+// lingering is a released Inflight, dropped once batches reaches until.
+type lingering struct {
+	in    *Inflight
+	until uint64
+}
+
+// expireLocked drops the lingering in-flight blocks whose time is up.
+// p.mu is held.
+func (p *Precise) expireLocked() {
+	i := 0
+	for ; i < len(p.lingering) && p.lingering[i].until <= p.batches; i++ {
+		p.lingering[i].in.drop()
+		p.lingering[i] = lingering{}
+	}
+	if i > 0 {
+		p.lingering = append(p.lingering[:0], p.lingering[i:]...)
 	}
 }
 
@@ -438,8 +484,9 @@ func (p *Precise) removed(ev *kvevents.Event) {
 }
 
 // overlapTokens returns n·E for the n leading engine blocks of the prompt
-// the index holds, and true, when it is live and the prompt has token ids;
-// else false. Lock-free.
+// the candidate holds or will hold (its set, then the blocks of requests
+// in flight on it: AddInflight), and true, when it is live and the prompt
+// has token ids; else false. Lock-free.
 func (p *Precise) overlapTokens(prompt shared.PromptKey) (int, bool) {
 	if prompt == nil || !p.live.Load() {
 		return 0, false
@@ -453,7 +500,99 @@ func (p *Precise) overlapTokens(prompt shared.PromptKey) (int, bool) {
 	if hashes == nil || set == nil {
 		return 0, false
 	}
-	return set.leading(hashes) * e, true
+	n := set.leading(hashes)
+	if p.inflightN.Load() > 0 {
+		for n < len(hashes) {
+			if _, ok := p.inflight.Load(hashes[n]); !ok && !set.has(hashes[n]) {
+				break
+			}
+			n++
+		}
+	}
+	return n * e, true
+}
+
+// Inflight is a request's blocks counted as held by its candidate while
+// it is in flight there (Index.AddInflight). Release ends it; later calls
+// do nothing. It implements fleet.Held, so the request's booking releases
+// it.
+type Inflight struct {
+	p      *Precise
+	hashes []uint64
+	done   atomic.Bool
+}
+
+// AddInflight counts the prompt's engine blocks that candidate c's live
+// precise index does not hold yet as held until the returned Inflight is
+// released (at the request's end). An engine publishes a block only once
+// it has computed it, which is after the request was placed: without
+// this, a second request sharing the new prefix, placed while the first
+// is queued or in prefill, would be believed a miss there, although the
+// engine will serve it from the first's blocks (it schedules in arrival
+// order, and a running request's blocks cannot be evicted). The blocks
+// are those after the leading run the index holds, so a turn of a
+// conversation adds only its new part. nil when c has no live precise
+// index, the prompt has no token ids, or every block is held.
+func (x *Index) AddInflight(c Candidate, prompt shared.PromptKey) *Inflight {
+	m := x.member(c)
+	if m == nil || m.precise == nil || prompt == nil {
+		return nil
+	}
+	p := m.precise
+	e := int(p.blockSize.Load())
+	set := p.set.Load()
+	if !p.live.Load() || e <= 0 || set == nil {
+		return nil
+	}
+	hashes := prompt.TokenBlockHashes(e)
+	n := set.leading(hashes)
+	if n == len(hashes) {
+		return nil
+	}
+	in := &Inflight{p: p, hashes: hashes[n:]}
+	for _, h := range in.hashes {
+		p.inflight.Compute(h, func(old int32, loaded bool) (int32, xsync.ComputeOp) {
+			if !loaded {
+				p.inflightN.Add(1)
+			}
+			return old + 1, xsync.UpdateOp
+		})
+	}
+	return in
+}
+
+// Release ends the request's claim (idempotent): its blocks are counted
+// for lingerBatches more batches of the engine's stream (see
+// lingerBatches), then no more; a dead or cold index drops them at once.
+func (in *Inflight) Release() {
+	if in == nil || !in.done.CompareAndSwap(false, true) {
+		return
+	}
+	p := in.p
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead || !p.live.Load() {
+		in.drop()
+		return
+	}
+	p.lingering = append(p.lingering, lingering{in: in, until: p.batches + lingerBatches})
+}
+
+// drop stops counting the request's blocks.
+func (in *Inflight) drop() {
+	p := in.p
+	for _, h := range in.hashes {
+		p.inflight.Compute(h, func(old int32, loaded bool) (int32, xsync.ComputeOp) {
+			if !loaded {
+				return 0, xsync.CancelOp
+			}
+			if old <= 1 {
+				p.inflightN.Add(-1)
+				return 0, xsync.DeleteOp
+			}
+			return old - 1, xsync.UpdateOp
+		})
+	}
 }
 
 // HashKey is a prompt known only by its chained block hashes at one block

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -418,5 +420,84 @@ func TestPreciseEngineHashKeys(t *testing.T) {
 	}
 	if got := (&HashKey{BlockSize: 4}).TokenBlockHashes(4); got == nil || len(got) != 0 {
 		t.Fatalf("empty HashKey: %v, want empty, not nil", got)
+	}
+}
+
+// A request's blocks the engine has not published yet count as held while
+// it is in flight (AddInflight), for the requests placed after it; its
+// release (idempotent, by its booking) ends that, and what the engine then
+// publishes is what counts.
+func TestInflightCountsUntilReleased(t *testing.T) {
+	x, p := preciseIndex(t) // candidate 1 precise and live; E is set by the first store
+	c := Candidate{ID: 1}
+	ids := func(n int) []int64 {
+		out := make([]int64, n)
+		for i := range out {
+			out[i] = int64(100 + i)
+		}
+		return out
+	}
+	// The engine holds the first 2-token block of the prompt.
+	apply(p, stored(nil, []uint64{11}, ids(2), 2))
+	a := &Key{IDs: ids(8)} // 4 blocks of 2: 1 held, 3 new
+	if got, _ := x.OverlapTokens(c, nil, a); got != 2 {
+		t.Fatalf("before: %d tokens, want 2", got)
+	}
+	inA := x.AddInflight(c, a)
+	if inA == nil || len(inA.hashes) != 3 {
+		t.Fatalf("AddInflight: %+v, want the 3 blocks not held", inA)
+	}
+	// A second request sharing 3 of A's blocks, placed while A is in flight.
+	b := &Key{IDs: append(ids(6), 7, 7)}
+	if got, _ := x.OverlapTokens(c, nil, b); got != 6 {
+		t.Fatalf("with A in flight: %d tokens, want 6", got)
+	}
+	inB := x.AddInflight(c, b) // B's last block only
+	if inB == nil || len(inB.hashes) != 3 {
+		t.Fatalf("AddInflight(B): %+v", inB)
+	}
+	inA.Release()
+	inA.Release() // idempotent: B's counts of the shared blocks stay
+	if got, _ := x.OverlapTokens(c, nil, a); got != 8 {
+		t.Fatalf("A just released: %d tokens of A, want 8 (lingering)", got)
+	}
+	for range lingerBatches {
+		apply(p)
+	}
+	if got, _ := x.OverlapTokens(c, nil, a); got != 6 {
+		t.Fatalf("A released, B in flight: %d tokens of A, want 6 (B still holds them)", got)
+	}
+	// Released through a booking.
+	fw := &fleet.Worker{}
+	bk := fleet.Book(fw, 0, 0)
+	bk.SetHeld(inB)
+	bk.Release()
+	// Released, the blocks linger for lingerBatches batches of the
+	// engine's stream (their store events may still be on the way).
+	for i := range lingerBatches {
+		if got, _ := x.OverlapTokens(c, nil, a); got != 6 {
+			t.Fatalf("both released, %d batches later: %d tokens, want 6 (lingering)", i, got)
+		}
+		apply(p)
+	}
+	if got, _ := x.OverlapTokens(c, nil, a); got != 2 {
+		t.Fatalf("both released, %d batches later: %d tokens, want the held 2", lingerBatches, got)
+	}
+	if n := p.inflightN.Load(); n != 0 {
+		t.Fatalf("%d in-flight keys left", n)
+	}
+	// A fully held prompt needs none; a cold index counts none.
+	if x.AddInflight(c, &Key{IDs: ids(2)}) != nil {
+		t.Error("AddInflight of a held prompt")
+	}
+	// Released on a cold index, they are dropped at once.
+	inC := x.AddInflight(c, a)
+	p.Clear()
+	inC.Release()
+	if n := p.inflightN.Load(); n != 0 {
+		t.Fatalf("released on a cold index: %d in-flight keys left", n)
+	}
+	if x.AddInflight(c, a) != nil {
+		t.Error("AddInflight on a cold index")
 	}
 }

@@ -5,6 +5,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/prefix"
 )
 
@@ -32,7 +34,7 @@ func TestCountBelief(t *testing.T) {
 		{"no belief (characters)", prefix.Belief{}, cached(100, 32), "", ""},
 	} {
 		e.s.met.belief.Reset()
-		e.s.countBelief(c.b, c.u)
+		e.s.countBelief(&exchange{}, router.Decision{Belief: c.b, Worker: &fleet.Worker{}}, c.u)
 		for mode, want := range map[string]string{"precise": c.precise, "approximate": c.approx} {
 			for _, r := range []string{"exact", "over", "under"} {
 				wantN := 0.0

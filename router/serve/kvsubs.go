@@ -197,14 +197,15 @@ func (k *kvSubs) stream(id shared.WorkerID, rank uint32) (workers.EventStream, b
 	if s == nil {
 		return workers.EventStream{}, false
 	}
-	st := s.sub.Stats()
+	st, ps := s.sub.Stats(), s.precise.Stats()
 	state := st.State.String()
-	if s.precise.Stats().Live {
+	if ps.Live {
 		state = "live"
 	} else if st.State == kvevents.StateLive {
 		state = "cold"
 	}
-	return workers.EventStream{State: state, Received: st.Events, Gaps: st.Gaps}, true
+	return workers.EventStream{State: state, Received: st.Events, Gaps: st.Gaps, Evicted: ps.Evicted,
+		Skipped: ps.SkippedTier + ps.SkippedBlockSize + ps.SkippedParent + ps.SkippedGroup + ps.SkippedMalformed}, true
 }
 
 // indexBlocks reports the prefix-index entries of candidate (id, rank)

@@ -667,7 +667,7 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 				u = streamUsage(streamed)
 			}
 			s.countUsage(ex.label, u)
-			s.countBelief(h.Decision().Belief, u)
+			s.countBelief(ex, h.Decision(), u)
 			end(true, "")
 			return resp.StatusCode, false, ""
 		}
@@ -761,7 +761,11 @@ func streamUsage(chunk []byte) usage {
 // hit at prompt_len-1); E is the engine's block size, or the router's
 // when no precise index told it. Answers without cached_tokens, and
 // prompts keyed by characters (no belief), are not counted.
-func (s *Server) countBelief(b prefix.Belief, u usage) {
+//
+// A precise belief that differs is logged at debug level with the worker
+// and both counts.
+func (s *Server) countBelief(ex *exchange, d router.Decision, u usage) {
+	b := d.Belief
 	if s.met == nil || !b.Taken || !u.ok || !u.hasCached || u.prompt <= 0 {
 		return
 	}
@@ -772,7 +776,13 @@ func (s *Server) countBelief(b prefix.Belief, u usage) {
 	limit := (int((u.prompt - 1)) / e) * e
 	served := int(u.cached)
 	if b.Precise {
-		s.met.belief.WithLabelValues("precise", compareBelief(min(b.PreciseTokens, limit), served)).Inc()
+		r := compareBelief(min(b.PreciseTokens, limit), served)
+		s.met.belief.WithLabelValues("precise", r).Inc()
+		if r != "exact" && s.log.IsDebug() {
+			s.log.Debug("precise prefix belief differs from the engine's cached tokens", "request_id", ex.id,
+				"worker", d.Worker.Name, "rank", d.Worker.DPRank, "believed_tokens", min(b.PreciseTokens, limit),
+				"cached_tokens", served, "prompt_tokens", u.prompt, "approximate_tokens", min(b.ApproxTokens, limit))
+		}
 	}
 	s.met.belief.WithLabelValues("approximate", compareBelief(min(b.ApproxTokens, limit), served)).Inc()
 }

@@ -178,6 +178,11 @@ type EventStream struct {
 	// Received counts the KV events received; Gaps the sequence gaps seen.
 	Received uint64 `json:"events_received"`
 	Gaps     uint64 `json:"sequence_gaps"`
+	// Evicted counts blocks the router's index dropped at its bound
+	// (the engine's removals missed); Skipped, stored blocks it could not
+	// key (another tier or block size, an unknown parent, malformed).
+	Evicted uint64 `json:"blocks_evicted"`
+	Skipped uint64 `json:"blocks_skipped"`
 }
 
 // ID is the WorkerID of the worker named name: FNV-1a 64 of the name.
