@@ -306,7 +306,8 @@ type Belief struct {
 	// candidate); the zero Belief has it false.
 	Taken bool
 	// PreciseTokens is n·E for the n leading engine blocks of E tokens
-	// that the candidate's live precise index holds; Precise is false
+	// that the candidate's live precise index holds or counts as held for
+	// requests in flight there (AddInflight); Precise is false
 	// (and PreciseTokens 0) when it has no live precise index or the
 	// prompt has no token ids.
 	PreciseTokens   int
