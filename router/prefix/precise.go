@@ -213,11 +213,14 @@ func (p *Precise) MarkLive() {
 }
 
 // Clear drops every block and makes the candidate cold until warm again
-// (kvevents.Sink).
+// (kvevents.Sink). It also forgets the engine's block size E, learnt again
+// from the next stored event: after a restart the engine may run with
+// another one.
 func (p *Precise) Clear() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.clearLocked()
+	p.blockSize.Store(0)
 	p.stats.Resets++
 	p.warming, p.sinceClear = true, 0
 }

@@ -420,3 +420,25 @@ func TestPreciseEngineHashKeys(t *testing.T) {
 		t.Fatalf("empty HashKey: %v, want empty, not nil", got)
 	}
 }
+
+// An engine that restarts with another block size (its stream went back
+// to sequence 0: the subscriber Clears, then MarkLive) is keyed at its new
+// size: the old E is not kept after Clear, or every later store would be
+// skipped while the candidate scores precisely as holding nothing.
+func TestPreciseRelearnsBlockSizeAfterClear(t *testing.T) {
+	x, p := preciseIndex(t)
+	apply(p, stored(nil, []uint64{100}, []int64{1, 2}, 2))
+	if got, _ := x.OverlapTokens(cand(1), nil, &Key{IDs: []int64{1, 2}}); got != 2 {
+		t.Fatalf("before the restart: %d tokens, want 2", got)
+	}
+	p.Clear() // the engine restarted
+	p.MarkLive()
+	apply(p, stored(nil, []uint64{200, 201}, []int64{1, 2, 3, 4, 5, 6, 7, 8}, 4))
+	key := &Key{IDs: []int64{1, 2, 3, 4, 5, 6, 7, 8, 9}}
+	if got, ok := x.OverlapTokens(cand(1), nil, key); got != 8 || !ok {
+		t.Fatalf("after a restart at block size 4: %d tokens, %v; want 8 exact", got, ok)
+	}
+	if s := p.Stats(); s.BlockSize != 4 || s.Blocks != 2 || s.SkippedBlockSize != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
