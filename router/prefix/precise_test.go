@@ -442,3 +442,47 @@ func TestPreciseRelearnsBlockSizeAfterClear(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// The precise bound follows the candidate's capacity when it is added
+// again with another (the engine reported one later, or a reload changed
+// total_kv_blocks): it grows, or shrinks evicting the oldest, and the
+// blocks it keeps are still found.
+func TestPreciseBoundFollowsCapacity(t *testing.T) {
+	x := New(4)
+	_ = x.AddWorker(cand(1), 2) // bound 2·8/2 = 8 engine blocks of 2 tokens
+	p := x.Precise(cand(1))
+	p.MarkLive()
+	ids := make([]int64, 60)
+	hs := make([]uint64, 30)
+	for i := range ids {
+		ids[i] = int64(i)
+	}
+	for i := range hs {
+		hs[i] = uint64(100 + i)
+	}
+	apply(p, stored(nil, hs[:4], ids[:8], 2))
+	_ = x.AddWorker(cand(1), 10) // bound 2·40/2 = 40
+	apply(p, stored(ptr(hs[3]), hs[4:], ids[8:], 2))
+	if s := p.Stats(); s.Blocks != 30 || s.Evicted != 0 {
+		t.Fatalf("after growing: stats %+v, want 30 blocks, none evicted", s)
+	}
+	if got, _ := x.OverlapTokens(cand(1), nil, &Key{IDs: ids}); got != 60 {
+		t.Fatalf("after growing: overlap %d tokens, want 60", got)
+	}
+	_ = x.AddWorker(cand(1), 1) // bound 2·4/2 = 4: the 26 oldest go
+	if s := p.Stats(); s.Blocks != 4 || s.Evicted != 26 {
+		t.Fatalf("after shrinking: stats %+v, want 4 blocks, 26 evicted", s)
+	}
+	if n, e := setLen(p), len(p.engine); n != 4 || e != 4 {
+		t.Fatalf("after shrinking: %d blocks in the set, %d engine hashes; want 4", n, e)
+	}
+	// The head went, so nothing leads; a store chained to a kept block is
+	// keyed through it.
+	if got, _ := x.OverlapTokens(cand(1), nil, &Key{IDs: ids}); got != 0 {
+		t.Fatalf("after shrinking: overlap %d tokens, want 0", got)
+	}
+	apply(p, stored(ptr(hs[29]), []uint64{500}, []int64{7, 7}, 2))
+	if s := p.Stats(); s.Blocks != 4 || s.Evicted != 27 || s.SkippedParent != 0 {
+		t.Fatalf("after a store past the bound: stats %+v", s)
+	}
+}

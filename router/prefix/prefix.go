@@ -133,7 +133,8 @@ func New(blockSize int) *Index {
 // blocks of the router's size (0: unknown, bounded by
 // DefaultUnknownCapacity). Adding a tracked candidate resets its
 // approximate entries. A candidate made precise before (Precise, and not
-// dropped since) gets its precise index back, as its events left it.
+// dropped since) gets its precise index back, as its events left it, with
+// its bound following the new capacity.
 func (x *Index) AddWorker(c Candidate, capacity int) error {
 	if capacity < 0 {
 		return fmt.Errorf("prefix index: worker %d rank %d: capacity %d blocks, want >= 0", c.ID, c.Rank, capacity)
@@ -151,8 +152,12 @@ func (x *Index) AddWorker(c Candidate, capacity int) error {
 	for k, v := range old {
 		m[k] = v
 	}
-	m[c] = &member{lru: newLRU(c, capacity), precise: x.precise[c]}
+	p := x.precise[c]
+	m[c] = &member{lru: newLRU(c, capacity), precise: p}
 	x.byID.Store(&m)
+	if p != nil {
+		p.resize(capacity)
+	}
 	return nil
 }
 
