@@ -313,25 +313,8 @@ func (r *Router) Close(ctx context.Context) error {
 	return b.Close(ctx)
 }
 
-// UnknownCapacityBlocks is the prefix-index capacity, in router blocks, of
-// a worker whose TotalKVBlocks is 0 (unknown: its engine has not reported
-// it yet). It bounds the index's memory for such a worker (at most this
-// many entries, evicted least recently used) as a configured capacity
-// does; 65,536 blocks of the default 512 tokens are 32M tokens, more than
-// one GPU's KV cache, so an unknown worker is not made to forget blocks it
-// holds. The worker rejoins with its real capacity once reported.
-const UnknownCapacityBlocks = 1 << 16
-
-// indexCapacity is the prefix-index capacity of s.
-func indexCapacity(s fleet.Spec) int {
-	if s.TotalKVBlocks <= 0 {
-		return UnknownCapacityBlocks
-	}
-	return int(s.TotalKVBlocks)
-}
-
 // AddWorker joins a worker; its prefix-index capacity is its TotalKVBlocks
-// (UnknownCapacityBlocks when 0).
+// (0: unknown, bounded by prefix.DefaultUnknownCapacity).
 func (r *Router) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 	ws, err := r.AddWorkers(s)
 	if err != nil {
@@ -342,15 +325,15 @@ func (r *Router) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 
 // AddWorkers joins several workers with one membership snapshot (see
 // fleet.AddWorkers); each worker's prefix-index capacity is its
-// TotalKVBlocks (UnknownCapacityBlocks when 0). On error none of them is a
-// member.
+// TotalKVBlocks (0: unknown, bounded by prefix.DefaultUnknownCapacity).
+// On error none of them is a member.
 func (r *Router) AddWorkers(specs ...fleet.Spec) ([]*fleet.Worker, error) {
 	ws, err := r.fleet.AddWorkers(specs...)
 	if err != nil {
 		return nil, err
 	}
 	for i, s := range specs {
-		if err := r.index.AddWorker(prefix.Candidate{ID: s.ID, Rank: s.DPRank}, indexCapacity(s)); err != nil {
+		if err := r.index.AddWorker(prefix.Candidate{ID: s.ID, Rank: s.DPRank}, int(s.TotalKVBlocks)); err != nil {
 			for _, undo := range specs[:i+1] {
 				r.index.RemoveWorker(prefix.Candidate{ID: undo.ID, Rank: undo.DPRank})
 				err = errors.Join(err, r.fleet.RemoveWorker(undo.ID, undo.DPRank))

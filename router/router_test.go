@@ -289,7 +289,7 @@ func TestDecodeBookingHasNoPrefill(t *testing.T) {
 
 // TestUnknownCapacityWorkerIsRoutable: a worker whose capacity is unknown
 // (TotalKVBlocks 0) joins, is selected, and its prefix-index entries are
-// recorded (bounded by UnknownCapacityBlocks).
+// recorded (bounded by prefix.DefaultUnknownCapacity).
 func TestUnknownCapacityWorkerIsRoutable(t *testing.T) {
 	r, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: kvPolicy(t)}, BookingsAreLoad: true})
 	if err != nil {

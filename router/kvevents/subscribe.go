@@ -177,6 +177,7 @@ func (s *Subscriber) update(f func(*Stats)) {
 func (s *Subscriber) run(ctx context.Context) {
 	defer close(s.done)
 	s.o.Backoff.Reset()
+	lastErr := "" // the failure last logged at warn since a connection was made
 	for ctx.Err() == nil {
 		connected, err := s.session(ctx)
 		if ctx.Err() != nil {
@@ -184,13 +185,23 @@ func (s *Subscriber) run(ctx context.Context) {
 		}
 		if connected {
 			s.o.Backoff.Reset()
+			lastErr = ""
 		}
 		s.update(func(st *Stats) { st.State = StateConnecting })
 		wait := s.o.Backoff.NextBackOff()
 		if wait == backoff.Stop {
 			wait = 5 * time.Second
 		}
-		s.log.Warn("kv events: connection lost; reconnecting", "endpoint", s.o.Endpoint, "error", err, "in", wait)
+		// An engine that stays down fails every retry alike: its first
+		// failure is a warning, the same one again only debug, as a
+		// worker's repeated probe failure.
+		logf := s.log.Warn
+		if msg := fmt.Sprint(err); msg == lastErr {
+			logf = s.log.Debug
+		} else {
+			lastErr = msg
+		}
+		logf("kv events: connection lost; reconnecting", "endpoint", s.o.Endpoint, "error", err, "in", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

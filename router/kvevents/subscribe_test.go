@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
 )
 
@@ -249,5 +250,54 @@ func TestSubscribeOptions(t *testing.T) {
 	}
 	if _, err := RankEndpoint("tcp://host", 1); err == nil || !strings.Contains(err.Error(), "no port") {
 		t.Errorf("RankEndpoint without a port: %v", err)
+	}
+}
+
+// lockedBuf is a log destination safe for the subscriber's goroutine.
+type lockedBuf struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuf) count(level, s string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for _, line := range strings.Split(l.b.String(), "\n") {
+		if strings.Contains(line, level) && strings.Contains(line, s) {
+			n++
+		}
+	}
+	return n
+}
+
+// TestSubscribeUnreachableWarnsOnce: an endpoint nothing listens on is
+// retried for ever; the failure is logged at warn once, and its repeats
+// (the same error) only at debug, as a worker's failed probes are.
+func TestSubscribeUnreachableWarnsOnce(t *testing.T) {
+	p := newPub(t, false) // take a free port, then free it
+	endpoint := "tcp://" + p.Addr().String()
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	logs := &lockedBuf{}
+	log := hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: logs})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	s, err := Subscribe(ctx, Options{Endpoint: endpoint, Logger: log, Backoff: backoff.NewConstantBackOff(time.Millisecond)}, &recSink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "10 reconnections logged", func() bool { return logs.count("", "reconnecting") >= 10 })
+	cancel()
+	s.Wait()
+	if n := logs.count("[WARN]", "reconnecting"); n != 1 {
+		t.Fatalf("%d warnings for one repeated failure, want 1:\n%s", n, logs.b.String())
 	}
 }

@@ -149,9 +149,7 @@ func (x *Index) Precise(c Candidate) *Precise {
 		return mem.precise
 	}
 	p := &Precise{x: x, c: c, l: newLRU(c, MaxPreciseBlocks), engine: make(map[uint64]uint64), inflight: xsync.NewMap[uint64, int32]()}
-	if mem.lru.capacity != DefaultUnknownCapacity {
-		p.capTokens = 2 * mem.lru.capacity * x.blockSize
-	}
+	p.capTokens = x.preciseCapTokens(mem.capacity)
 	x.precise[c] = p
 	m := make(map[Candidate]*member, len(old))
 	for k, v := range old {
@@ -186,6 +184,54 @@ func (x *Index) DropPrecise(c Candidate) {
 	p.clearLocked()
 	p.dead = true
 	p.mu.Unlock()
+}
+
+// preciseCapTokens is a precise index's bound in tokens for a candidate
+// of capacity router blocks: twice the capacity, 0 when it is unknown (0).
+func (x *Index) preciseCapTokens(capacity int) int {
+	return 2 * capacity * x.blockSize
+}
+
+// bound is the index's bound in engine blocks of e tokens:
+// capTokens / e, MaxPreciseBlocks when the capacity is unknown. p.mu is
+// held.
+func (p *Precise) bound(e int) int {
+	if p.capTokens > 0 {
+		return max(p.capTokens/e, 1)
+	}
+	return MaxPreciseBlocks
+}
+
+// resize bounds the index for a candidate of capacity router blocks (it
+// was added again, with another capacity): once the engine's block size
+// is known, the oldest blocks beyond the new bound are evicted and the
+// lookup set is made again at the new size. Work is linear in the blocks
+// held. x.mu is held.
+func (p *Precise) resize(capacity int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	capTokens := p.x.preciseCapTokens(capacity)
+	if p.dead || capTokens == p.capTokens {
+		return
+	}
+	p.capTokens = capTokens
+	e := int(p.blockSize.Load())
+	if e == 0 {
+		return // bounded when the first stored event gives E
+	}
+	n := p.bound(e)
+	for len(p.l.pos) > n {
+		p.drop(p.l.tail)
+		p.stats.Evicted++
+	}
+	p.l.capacity = n
+	set := newHashSet(n)
+	for i := p.l.head; i >= 0; i = p.l.next[i] {
+		if p.mask[i] == p.groups {
+			set.add(p.l.hash[i])
+		}
+	}
+	p.set.Store(set)
 }
 
 // KeyByEngineHashes makes p key stored blocks by their engine hashes (see
@@ -228,11 +274,14 @@ func (p *Precise) MarkLive() {
 }
 
 // Clear drops every block and makes the candidate cold until warm again
-// (kvevents.Sink).
+// (kvevents.Sink). It also forgets the engine's block size E, learnt again
+// from the next stored event: after a restart the engine may run with
+// another one.
 func (p *Precise) Clear() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.clearLocked()
+	p.blockSize.Store(0)
 	p.stats.Resets++
 	p.warming, p.sinceClear = true, 0
 }
@@ -357,9 +406,7 @@ func (p *Precise) stored(ev *kvevents.Event) {
 	if e == 0 && ev.BlockSize > 0 && ev.BlockSize <= 1<<20 {
 		e = int(ev.BlockSize)
 		p.blockSize.Store(int64(e))
-		if p.capTokens > 0 {
-			p.l.capacity = max(p.capTokens/e, 1)
-		}
+		p.l.capacity = p.bound(e)
 		p.set.Store(newHashSet(p.l.capacity))
 	}
 	if int64(e) != ev.BlockSize {

@@ -501,3 +501,88 @@ func TestInflightCountsUntilReleased(t *testing.T) {
 		t.Error("AddInflight on a cold index")
 	}
 }
+
+// An engine that restarts with another block size (its stream went back
+// to sequence 0: the subscriber Clears, then MarkLive) is keyed at its new
+// size: the old E is not kept after Clear, or every later store would be
+// skipped while the candidate scores precisely as holding nothing.
+func TestPreciseRelearnsBlockSizeAfterClear(t *testing.T) {
+	x, p := preciseIndex(t)
+	apply(p, stored(nil, []uint64{100}, []int64{1, 2}, 2))
+	if got, _ := x.OverlapTokens(cand(1), nil, &Key{IDs: []int64{1, 2}}); got != 2 {
+		t.Fatalf("before the restart: %d tokens, want 2", got)
+	}
+	p.Clear() // the engine restarted
+	p.MarkLive()
+	apply(p, stored(nil, []uint64{200, 201}, []int64{1, 2, 3, 4, 5, 6, 7, 8}, 4))
+	key := &Key{IDs: []int64{1, 2, 3, 4, 5, 6, 7, 8, 9}}
+	if got, ok := x.OverlapTokens(cand(1), nil, key); got != 8 || !ok {
+		t.Fatalf("after a restart at block size 4: %d tokens, %v; want 8 exact", got, ok)
+	}
+	if s := p.Stats(); s.BlockSize != 4 || s.Blocks != 2 || s.SkippedBlockSize != 0 {
+		t.Fatalf("stats %+v", s)
+	}
+}
+
+// The precise bound follows the candidate's capacity when it is added
+// again with another (the engine reported one later, or a reload changed
+// total_kv_blocks): it grows, or shrinks evicting the oldest, and the
+// blocks it keeps are still found.
+func TestPreciseBoundFollowsCapacity(t *testing.T) {
+	x := New(4)
+	_ = x.AddWorker(cand(1), 2) // bound 2·8/2 = 8 engine blocks of 2 tokens
+	p := x.Precise(cand(1))
+	p.MarkLive()
+	ids := make([]int64, 60)
+	hs := make([]uint64, 30)
+	for i := range ids {
+		ids[i] = int64(i)
+	}
+	for i := range hs {
+		hs[i] = uint64(100 + i)
+	}
+	apply(p, stored(nil, hs[:4], ids[:8], 2))
+	_ = x.AddWorker(cand(1), 10) // bound 2·40/2 = 40
+	apply(p, stored(ptr(hs[3]), hs[4:], ids[8:], 2))
+	if s := p.Stats(); s.Blocks != 30 || s.Evicted != 0 {
+		t.Fatalf("after growing: stats %+v, want 30 blocks, none evicted", s)
+	}
+	if got, _ := x.OverlapTokens(cand(1), nil, &Key{IDs: ids}); got != 60 {
+		t.Fatalf("after growing: overlap %d tokens, want 60", got)
+	}
+	_ = x.AddWorker(cand(1), 1) // bound 2·4/2 = 4: the 26 oldest go
+	if s := p.Stats(); s.Blocks != 4 || s.Evicted != 26 {
+		t.Fatalf("after shrinking: stats %+v, want 4 blocks, 26 evicted", s)
+	}
+	if n, e := setLen(p), len(p.engine); n != 4 || e != 4 {
+		t.Fatalf("after shrinking: %d blocks in the set, %d engine hashes; want 4", n, e)
+	}
+	// The head went, so nothing leads; a store chained to a kept block is
+	// keyed through it.
+	if got, _ := x.OverlapTokens(cand(1), nil, &Key{IDs: ids}); got != 0 {
+		t.Fatalf("after shrinking: overlap %d tokens, want 0", got)
+	}
+	apply(p, stored(ptr(hs[29]), []uint64{500}, []int64{7, 7}, 2))
+	if s := p.Stats(); s.Blocks != 4 || s.Evicted != 27 || s.SkippedParent != 0 {
+		t.Fatalf("after a store past the bound: stats %+v", s)
+	}
+}
+
+// A capacity of exactly DefaultUnknownCapacity blocks is a known one: the
+// precise bound follows it, not MaxPreciseBlocks.
+func TestKnownCapacityEqualToTheUnknownBound(t *testing.T) {
+	x := New(4)
+	if err := x.AddWorker(cand(1), DefaultUnknownCapacity); err != nil {
+		t.Fatal(err)
+	}
+	p := x.Precise(cand(1))
+	if want := 2 * DefaultUnknownCapacity * 4; p.capTokens != want {
+		t.Fatalf("capTokens %d, want %d", p.capTokens, want)
+	}
+	if err := x.AddWorker(cand(1), 0); err != nil {
+		t.Fatal(err)
+	}
+	if p.capTokens != 0 {
+		t.Fatalf("unknown capacity: capTokens %d, want 0 (MaxPreciseBlocks)", p.capTokens)
+	}
+}

@@ -78,16 +78,22 @@ func (c Candidate) less(o Candidate) int {
 }
 
 // DefaultUnknownCapacity is the approximate index's bound, in router
-// blocks, for a candidate whose KV capacity is unknown (0): 4096 blocks,
-// 2 Mi tokens at the default 512-token router block, the order of one
-// 80 GB GPU's KV cache for an 8B model.
-const DefaultUnknownCapacity = 4096
+// blocks, for a candidate whose KV capacity is unknown (0: its engine has
+// not reported it yet): 65,536 blocks, 32 Mi tokens at the default
+// 512-token router block, more than one GPU's KV cache, so such a
+// candidate is not made to forget blocks it holds. The list does not
+// preallocate: this is a ceiling on its memory. (Its precise index is
+// bounded by MaxPreciseBlocks then.)
+const DefaultUnknownCapacity = 1 << 16
 
 // member is one candidate's state: its approximate list and, in precise
 // mode, its precise index.
 type member struct {
 	lru     *lru
 	precise *Precise // nil in approximate mode
+	// capacity is the candidate's KV capacity in router blocks, 0 when
+	// unknown (the list is then bounded by DefaultUnknownCapacity).
+	capacity int
 }
 
 // Index maps block hashes to the candidates believed to hold them. Safe
@@ -133,11 +139,13 @@ func New(blockSize int) *Index {
 // blocks of the router's size (0: unknown, bounded by
 // DefaultUnknownCapacity). Adding a tracked candidate resets its
 // approximate entries. A candidate made precise before (Precise, and not
-// dropped since) gets its precise index back, as its events left it.
+// dropped since) gets its precise index back, as its events left it, with
+// its bound following the new capacity.
 func (x *Index) AddWorker(c Candidate, capacity int) error {
 	if capacity < 0 {
 		return fmt.Errorf("prefix index: worker %d rank %d: capacity %d blocks, want >= 0", c.ID, c.Rank, capacity)
 	}
+	known := capacity
 	if capacity == 0 {
 		capacity = DefaultUnknownCapacity
 	}
@@ -151,8 +159,12 @@ func (x *Index) AddWorker(c Candidate, capacity int) error {
 	for k, v := range old {
 		m[k] = v
 	}
-	m[c] = &member{lru: newLRU(c, capacity), precise: x.precise[c]}
+	p := x.precise[c]
+	m[c] = &member{lru: newLRU(c, capacity), precise: p, capacity: known}
 	x.byID.Store(&m)
+	if p != nil {
+		p.resize(known)
+	}
 	return nil
 }
 

@@ -93,3 +93,20 @@ func BenchmarkFileConversation(b *testing.B) {
 	b.ReportMetric(float64(tokens)/n, "tokens/req")
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/req")
 }
+
+// BenchmarkFileLongRun encodes a run of letters without whitespace of
+// each size: linear in its size (ns/byte flat), as maxRunBytes makes it.
+func BenchmarkFileLongRun(b *testing.B) {
+	f := loadFile(b, "bytebpe.json", nil)
+	for _, n := range []int{4 << 10, 16 << 10, 64 << 10} {
+		text := strings.Repeat("hello", n/5)
+		b.Run(fmt.Sprintf("%dKiB", n>>10), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := f.Encode(context.Background(), text); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(text)), "ns/byte")
+		})
+	}
+}

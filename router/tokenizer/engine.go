@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	lru "github.com/hashicorp/golang-lru/v2"
@@ -31,6 +32,10 @@ const (
 	// (each holds one tokenized prompt: its ids and under ChunkBytes of
 	// text).
 	DefaultCacheEntries = 8192
+	// DefaultCacheTokens bounds the prefix cache's token ids per model in
+	// all: 2^24 (128 MiB of ids), as the entries alone would let clients
+	// fill it with 8192 long prompts (a 32 MiB answer holds millions).
+	DefaultCacheTokens = 1 << 24
 	// DefaultChunkBytes is the prefix cache's chunk of text, 256 bytes:
 	// the block size of llm-d's prefix store (llm-d-kv-cache-manager,
 	// pkg/tokenization/prefixstore, defaultBlockSize).
@@ -50,6 +55,10 @@ type EngineOptions struct {
 	MaxAnswerBytes int64
 	// CacheEntries bounds the prefix cache (DefaultCacheEntries).
 	CacheEntries int
+	// CacheTokens bounds the token ids the prefix cache holds in all
+	// (DefaultCacheTokens); the least recently used inputs are evicted
+	// to stay under it, and an answer larger than it is not cached.
+	CacheTokens int
 	// ChunkBytes is the cache's chunk size in bytes (DefaultChunkBytes).
 	ChunkBytes int
 	// MinCoverage is the share of a prompt's bytes the cache must cover
@@ -106,6 +115,12 @@ type Engine struct {
 	minCoverage float64
 	cache       *lru.Cache[uint64, cached]
 
+	// addMu serialises additions to cache, so that cachedIDs, the ids it
+	// holds (kept by its eviction callback, which runs in the adding
+	// goroutine), stays under maxCachedIDs.
+	addMu                   sync.Mutex
+	cachedIDs, maxCachedIDs int
+
 	calls, hits, tokens atomic.Int64
 }
 
@@ -138,7 +153,11 @@ func NewEngine(model string, url EngineURL, o EngineOptions) (*Engine, error) {
 	if n <= 0 {
 		n = DefaultCacheEntries
 	}
-	c, err := lru.New[uint64, cached](n)
+	e.maxCachedIDs = o.CacheTokens
+	if e.maxCachedIDs <= 0 {
+		e.maxCachedIDs = DefaultCacheTokens
+	}
+	c, err := lru.NewWithEvict(n, func(_ uint64, v cached) { e.cachedIDs -= len(v.ids) })
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
@@ -200,9 +219,28 @@ func (e *Engine) tokenize(ctx context.Context, key string, body map[string]any) 
 	e.calls.Add(1)
 	e.tokens.Add(int64(len(ids)))
 	if k := len(chain); k > 0 {
-		e.cache.Add(chain[k-1], cached{ids: slices.Clone(ids), tail: key[k*e.chunk:]})
+		e.add(chain[k-1], cached{ids: slices.Clone(ids), tail: key[k*e.chunk:]})
 	}
 	return ids, nil
+}
+
+// add caches c under h, evicting the least recently used inputs while the
+// cache holds more than maxCachedIDs ids; c is not cached when it alone
+// holds more.
+func (e *Engine) add(h uint64, c cached) {
+	if len(c.ids) > e.maxCachedIDs {
+		return
+	}
+	e.addMu.Lock()
+	defer e.addMu.Unlock()
+	e.cache.Remove(h) // a replaced value is not passed to the eviction callback
+	e.cache.Add(h, c)
+	e.cachedIDs += len(c.ids)
+	for e.cachedIDs > e.maxCachedIDs {
+		if _, _, ok := e.cache.RemoveOldest(); !ok {
+			break
+		}
+	}
 }
 
 // lookup returns a copy of the ids of the longest cached input that key

@@ -265,3 +265,37 @@ func TestEngineContextDeadline(t *testing.T) {
 		t.Fatalf("err = %v, want the context's deadline", err)
 	}
 }
+
+// TestEnginePrefixCacheBoundedInTokens: the prefix cache holds at most
+// CacheTokens ids in all, whatever the entry count allows, evicting the
+// least recently used; an answer larger than the whole bound is not kept.
+func TestEnginePrefixCacheBoundedInTokens(t *testing.T) {
+	f := loadFile(t, "bytebpe.json", nil)
+	fe := newFakeEngine(t, f)
+	ctx := context.Background()
+	a, b := strings.Repeat("hello world ", 10), strings.Repeat("the system ", 10)
+	idsA, _ := f.Encode(ctx, a)
+	idsB, _ := f.Encode(ctx, b)
+	e, err := NewEngine("m", fe.url, EngineOptions{ChunkBytes: 16, CacheTokens: len(idsA) + len(idsB) - 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(prompt string, wantCalls, wantHits int64) {
+		t.Helper()
+		if _, err := e.Encode(ctx, prompt); err != nil {
+			t.Fatal(err)
+		}
+		if s := e.Stats(); s.Calls != wantCalls || s.CacheHits != wantHits {
+			t.Fatalf("after %.12q: stats %+v, want %d calls and %d hits", prompt, s, wantCalls, wantHits)
+		}
+	}
+	step(a, 1, 0)
+	step(a, 1, 1) // cached
+	step(b, 2, 1) // cached, and a evicted: both would pass the bound
+	step(b, 2, 2)
+	step(a, 3, 2) // a call again
+	big := strings.Repeat(a, 3)
+	step(big, 4, 2)
+	step(big, 5, 2) // larger than the bound: never cached
+	step(a, 5, 3)   // and it evicted nothing
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -171,5 +172,48 @@ func TestLoadFile(t *testing.T) {
 	}
 	if _, err := LoadFile("testdata", nil); !errors.Is(err, inputfile.ErrNotRegular) {
 		t.Errorf("LoadFile(dir) = %v, want ErrNotRegular", err)
+	}
+}
+
+// TestFileEncodesLongRunsInPieces: a run without whitespace, or of
+// whitespace only, longer than maxRunBytes is handed to the library in
+// pieces of maxRunBytes (its BPE is quadratic in a word's length), so its
+// ids are those of the pieces; ordinary text is one piece.
+func TestFileEncodesLongRunsInPieces(t *testing.T) {
+	f := loadFile(t, "bytebpe.json", nil)
+	ctx := context.Background()
+	enc := func(pieces ...string) []int64 {
+		t.Helper()
+		var ids []int64
+		for _, p := range pieces {
+			got, err := f.model(p, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ids = append(ids, got...)
+		}
+		return ids
+	}
+	h := strings.Repeat("hello", 200) // 1,000 bytes: cuts fall inside a "hello"
+	sp := strings.Repeat(" ", 600)
+	for _, tt := range []struct {
+		text   string
+		pieces []string
+	}{
+		{"x " + h, []string{"x " + h[:256], h[256:512], h[512:768], h[768:]}},
+		{"a" + sp + "b", []string{"a" + sp[:256], sp[256:512], sp[512:] + "b"}},
+		{"hello world, " + h[:200] + " again", []string{"hello world, " + h[:200] + " again"}},
+	} {
+		want := enc(tt.pieces...)
+		got, err := f.Encode(ctx, tt.text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("Encode(%.20q…, %d bytes) = %d ids, want the %d of its %d pieces", tt.text, len(tt.text), len(got), len(want), len(tt.pieces))
+		}
+	}
+	if whole := enc("x " + h); slices.Equal(whole, enc("x "+h[:256], h[256:512], h[512:768], h[768:])) {
+		t.Fatal("the pieces encode as the whole run: the test cannot tell them apart")
 	}
 }

@@ -129,7 +129,7 @@ func RouterBlocks(tokens, blockSize int64) int64 {
 // cache_config_info's and SGLang's capacity, which apply to every rank
 // that reports none of its own (vLLM versions before the label on
 // cache_config_info). Within a rank, counts are summed over a family's
-// series (one per model) and rounded, KV usage is the largest series,
+// series (one per model), rounded and capped at maxCount, KV usage is the largest series,
 // SGLang's capacity the largest (its tensor-parallel ranks share one
 // pool). KV usage is a fraction in 0..1 despite vLLM's "_perc" name; a
 // value above 1 is taken as a percentage and divided by 100, and the
@@ -172,7 +172,7 @@ func ParseEngine(mfs map[string]*dto.MetricFamily) Engine {
 		}
 		l := &fleet.EngineLoad{}
 		if a.hasWaiting {
-			l.Waiting, l.HasWaiting = int64(math.Round(max(a.waiting, 0))), true
+			l.Waiting, l.HasWaiting = count(a.waiting), true
 		}
 		if a.hasKV {
 			v := a.kv
@@ -185,11 +185,24 @@ func ParseEngine(mfs map[string]*dto.MetricFamily) Engine {
 			out.Load = l
 		}
 		if a.hasRunning {
-			out.Running, out.HasRunning = int64(math.Round(max(a.running, 0))), true
+			out.Running, out.HasRunning = count(a.running), true
 		}
 		e.Ranks = append(e.Ranks, out)
 	}
 	return e
+}
+
+// maxCount caps an engine's request counts (waiting, running): 2^31 - 1,
+// far past any engine's queue, and small enough that arithmetic on a
+// count (a scorer's sums and products) stays in range.
+const maxCount = math.MaxInt32
+
+// count is a summed request count as a whole number: rounded, negative
+// read as 0, and capped at maxCount, so that a sum past int64 (or +Inf,
+// from adding huge samples) never wraps to a negative count, which would
+// read as an idle engine.
+func count(v float64) int64 {
+	return int64(math.Round(min(max(v, 0), maxCount)))
 }
 
 // rankAcc accumulates one rank's series.

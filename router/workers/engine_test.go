@@ -68,6 +68,12 @@ func TestParseEngineText(t *testing.T) {
 		{"counts sum over models", "vllm:num_requests_waiting{model_name=\"a\"} 2\nvllm:num_requests_waiting{model_name=\"b\"} 3\n",
 			one(&fleet.EngineLoad{Waiting: 5, HasWaiting: true}, 0, false)},
 		{"running only: no load", "vllm:num_requests_running 2\n", one(nil, 2, true)},
+		// Counts past int64 (or a sum that overflows to +Inf) must not wrap
+		// to a negative count, which reads as an idle engine.
+		{"huge counts capped", "vllm:num_requests_waiting 1e300\nvllm:num_requests_running 9.3e18\n",
+			one(&fleet.EngineLoad{Waiting: maxCount, HasWaiting: true}, maxCount, true)},
+		{"sum past the largest float capped", "vllm:num_requests_waiting{model_name=\"a\"} 1.7e308\nvllm:num_requests_waiting{model_name=\"b\"} 1.7e308\n",
+			one(&fleet.EngineLoad{Waiting: maxCount, HasWaiting: true}, 0, false)},
 		{"none", "process_cpu_seconds_total 3\n", Engine{}},
 		{"empty", "", Engine{}},
 	} {

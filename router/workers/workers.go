@@ -172,8 +172,9 @@ type Options struct {
 // EventStream is a candidate's KV-event stream as the subscriber reports
 // it (Options.Streams).
 type EventStream struct {
-	// State is the stream's state in words: "cold" (never synced, or
-	// after a gap without replay: scored approximately) or "live".
+	// State is the stream's state in words: "connecting" (no connection
+	// to the engine's endpoint), "cold" (never synced, or after a gap
+	// without replay: scored approximately) or "live".
 	State string `json:"state"`
 	// Received counts the KV events received; Gaps the sequence gaps seen.
 	Received uint64 `json:"events_received"`
