@@ -54,7 +54,7 @@ func newMetrics(reg prometheus.Registerer, adm *admission.Controller) (*metrics,
 		}, []string{"model"}),
 		tokFails: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_tokenize_failures_total",
-			Help: "Prompts whose tokenizer failed (an engine's /tokenize unreachable or refusing, a chat template error); they were keyed by character blocks.",
+			Help: "Prompts whose tokenizer failed (an engine's /tokenize unreachable or refusing, a chat template error) or that were over its size limit; they were keyed by character blocks.",
 		}, []string{"model"}),
 		belief: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_prefix_belief_total",

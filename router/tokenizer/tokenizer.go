@@ -22,6 +22,7 @@ package tokenizer
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
 )
@@ -56,6 +57,9 @@ var (
 	// ErrNoEngine is wrapped when the engine chooser has no ready engine
 	// serving the model.
 	ErrNoEngine = errors.New("no engine to tokenize with")
+	// ErrTooLong is returned by Blocks for a prompt longer than its
+	// tokenizer takes (MaxPromptBytes).
+	ErrTooLong = errors.New("prompt too long to tokenize")
 )
 
 // Prompt is a request's prompt as this package encodes it: a text prompt,
@@ -82,6 +86,16 @@ func Blocks(ctx context.Context, tok Tokenizer, p Prompt, blockTokens, charsPerT
 		}
 		return prefix.TextBlocks(text, blockTokens, charsPerToken), nil, nil
 	}
+	n := len(p.Text)
+	if p.Messages != nil {
+		n = 0
+		for _, m := range p.Messages {
+			n += len(m.Role) + len(m.Content)
+		}
+	}
+	if limit := MaxPromptBytes(tok); n > limit {
+		return nil, nil, fmt.Errorf("%w: %d bytes of text, over %d", ErrTooLong, n, limit)
+	}
 	if p.Messages != nil {
 		ids, err = tok.EncodeChat(ctx, p.Messages)
 	} else {
@@ -91,4 +105,25 @@ func Blocks(ctx context.Context, tok Tokenizer, p Prompt, blockTokens, charsPerT
 		return nil, nil, err
 	}
 	return prefix.TokenBlocks(ids, blockTokens), ids, nil
+}
+
+// Bounds of the prompt text Blocks tokenizes, by source: the in-process
+// tokenizer.json costs this process 3 to 5 us per byte (sugarme/tokenizer,
+// BENCHMARKS.md), so 256 KiB (about 64k tokens) is at most about a second
+// of CPU; the engine's /tokenize runs Hugging Face's Rust tokenizer on the
+// engine, and 4 MiB (about a million tokens) is beyond any model's
+// context. A longer prompt is keyed by character blocks.
+const (
+	MaxFilePromptBytes   = 256 << 10
+	MaxEnginePromptBytes = 4 << 20
+)
+
+// MaxPromptBytes is the longest prompt text, in bytes (chat: the
+// messages' roles and contents), that Blocks gives tok:
+// MaxFilePromptBytes for a File, MaxEnginePromptBytes otherwise.
+func MaxPromptBytes(tok Tokenizer) int {
+	if _, ok := tok.(*File); ok {
+		return MaxFilePromptBytes
+	}
+	return MaxEnginePromptBytes
 }
