@@ -330,7 +330,7 @@ type stderrLogger struct{ hclog.Logger }
 
 // Named returns the stderr lines' logger: l itself, lines tagged with the
 // plugin's name.
-func (l stderrLogger) Named(string) hclog.Logger { return plainInfo{l.Logger} }
+func (l stderrLogger) Named(string) hclog.Logger { return plainInfo(l) }
 
 // plainInfo logs the messages go-plugin logs at debug without fields, a
 // plugin's plain-text stderr lines, at info.
