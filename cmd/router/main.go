@@ -42,6 +42,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(flagError)
+	addLogLevelFlag(root)
 	root.AddCommand(newValidateCmd(), newReplayCmd(), newPluginsCmd(), newVersionCmd())
 	root.AddCommand(newMockWorkerCmd())
 	root.AddCommand(newServeCmd())

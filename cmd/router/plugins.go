@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,37 +25,136 @@ func newPluginsCmd() *cobra.Command {
 		Short: "Inspect out-of-process plugin binaries",
 		Args:  noArgs,
 	}
-	var startTimeout time.Duration
+	var (
+		startTimeout          time.Duration
+		env, passEnv          []string
+		policyFile, blockName string
+	)
 	describe := &cobra.Command{
-		Use:   "describe BINARY [ARGS...]",
+		Use:   "describe (BINARY [ARGS...] | --policy FILE --plugin NAME)",
 		Short: "Start a plugin binary and print its component types",
 		Long: `Start a plugin binary, complete the handshake, ask it to Describe itself, and
 print its version, API versions and, per component type, the kind, declared
 inputs and parameters (name, type, required, default, doc). The binary is
-stopped afterwards. It runs with an empty environment, as the router runs it.`,
+stopped afterwards.
+
+It is launched as the router launches a plugin block: BINARY without a slash
+is looked up on PATH, and it runs in the router's working directory with
+only the environment --env and --pass-env give it. With --policy FILE
+--plugin NAME it runs the plugin block NAME of the policy file instead, with
+that block's command, args, env, pass_env, sha256 and start_timeout (the
+rest of the file is not checked).`,
 		Args: func(cmd *cobra.Command, args []string) error {
+			if policyFile != "" || blockName != "" {
+				if policyFile == "" || blockName == "" {
+					return fmt.Errorf("--policy FILE and --plugin NAME go together; see '%s --help'", cmd.CommandPath())
+				}
+				if len(args) > 0 || len(env) > 0 || len(passEnv) > 0 || cmd.Flags().Changed("start-timeout") {
+					return fmt.Errorf("with --policy, the plugin block gives the command, its arguments, environment and start timeout: give no BINARY, --env, --pass-env or --start-timeout; see '%s --help'", cmd.CommandPath())
+				}
+				return nil
+			}
 			if len(args) == 0 {
-				return fmt.Errorf("%s takes a plugin binary to start (and its arguments); see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
+				return fmt.Errorf("%s takes a plugin binary to start (and its arguments), or --policy FILE --plugin NAME; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
 			}
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if startTimeout <= 0 {
-				return fmt.Errorf("--start-timeout %v: want %s", startTimeout, positiveDurationWant)
+			var b config.Plugin
+			if policyFile != "" {
+				var err error
+				if b, err = pluginBlock(cmd.ErrOrStderr(), policyFile, blockName); err != nil {
+					return &exitError{code: 1, err: err}
+				}
+			} else {
+				if startTimeout <= 0 {
+					return fmt.Errorf("--start-timeout %v: want %s", startTimeout, positiveDurationWant)
+				}
+				var err error
+				if b, err = binaryPlugin(args, env, passEnv, startTimeout); err != nil {
+					return err
+				}
 			}
-			host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(cmd.ErrOrStderr())})
+			host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(cmd.Context(), cmd.ErrOrStderr())})
 			defer shutdownHost(host)
-			d, err := host.Describe(cmd.Context(), args[0], args[1:], startTimeout)
+			d, err := host.Describe(cmd.Context(), b)
 			if err != nil {
 				return &exitError{code: 1, err: err}
 			}
-			return printDescription(cmd.OutOrStdout(), args[0], d)
+			return printDescription(cmd.OutOrStdout(), b.Command, d)
 		},
 	}
-	describe.Flags().DurationVar(&startTimeout, "start-timeout", config.DefaultStartTimeout, "bound on the plugin's start and handshake")
-	setWant(describe.Flags(), "start-timeout", positiveDurationWant)
+	f := describe.Flags()
+	f.DurationVar(&startTimeout, "start-timeout", config.DefaultStartTimeout, "bound on the plugin's start and handshake")
+	f.StringArrayVar(&env, "env", nil, "NAME=VALUE: a variable of the plugin's environment, as in a plugin block's env (repeatable)")
+	f.StringArrayVar(&passEnv, "pass-env", nil, "NAME: pass this variable of the router's environment on to the plugin, as a plugin block's pass_env (repeatable)")
+	f.StringVar(&policyFile, "policy", "", "policy file whose plugin block --plugin names to run")
+	f.StringVar(&blockName, "plugin", "", "name of the plugin block of --policy to run")
+	setWant(f, "start-timeout", positiveDurationWant)
 	cmd.AddCommand(describe)
 	return cmd
+}
+
+// binaryPlugin is the plugin block `router plugins describe BINARY ARGS...`
+// runs: args[0] looked up on PATH when it has no slash, the environment
+// env ("NAME=VALUE" each) gives plus the passEnv variables. A malformed,
+// repeated or doubly given variable is a usage error, as in a policy file.
+func binaryPlugin(args, env, passEnv []string, startTimeout time.Duration) (config.Plugin, error) {
+	b := config.Plugin{Name: filepath.Base(args[0]), Command: args[0], Args: args[1:], StartTimeout: startTimeout}
+	for _, kv := range env {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || !config.ValidEnvName(name) || strings.ContainsRune(value, 0) {
+			return b, fmt.Errorf("--env %q: want NAME=VALUE, NAME non-empty and without '=' or NUL", kv)
+		}
+		if _, dup := b.Env[name]; dup {
+			return b, fmt.Errorf("--env %q: %s is given twice", kv, name)
+		}
+		if b.Env == nil {
+			b.Env = make(map[string]string)
+		}
+		b.Env[name] = value
+	}
+	for _, name := range passEnv {
+		switch _, inEnv := b.Env[name]; {
+		case !config.ValidEnvName(name):
+			return b, fmt.Errorf("--pass-env %q: want a variable name, non-empty and without '=' or NUL", name)
+		case inEnv:
+			return b, fmt.Errorf("--pass-env %s: %s is also given by --env; keep one", name, name)
+		case slices.Contains(b.PassEnv, name):
+			return b, fmt.Errorf("--pass-env %s is given twice", name)
+		}
+		b.PassEnv = append(b.PassEnv, name)
+	}
+	path, err := config.ResolveCommand(args[0])
+	if err != nil {
+		return b, &exitError{code: 1, err: err}
+	}
+	b.Path = path
+	return b, nil
+}
+
+// pluginBlock returns the plugin block name of the policy file at path;
+// the blocks' diagnostics go to stderr at file:line:col.
+func pluginBlock(stderr io.Writer, path, name string) (config.Plugin, error) {
+	blocks, diags := config.LoadPluginBlocks(path)
+	if len(diags) > 0 {
+		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
+	}
+	names := make([]string, 0, len(blocks))
+	for _, b := range blocks {
+		if b.Name == name {
+			return b, nil
+		}
+		names = append(names, strconv.Quote(b.Name))
+	}
+	if diags.HasErrors() {
+		return config.Plugin{}, errNotLoaded
+	}
+	declared := "it declares no plugin"
+	if len(names) > 0 {
+		declared = "it declares " + strings.Join(names, ", ")
+	}
+	return config.Plugin{}, fmt.Errorf("--plugin %q: %s has no plugin block of that name (%s)", name, path, declared)
 }
 
 // printDescription writes what a plugin binary declares.
@@ -91,15 +192,10 @@ func printDescription(w io.Writer, binary string, d *pluginclient.Description) e
 }
 
 // pluginLogger is the logger plugin processes' stderr and the host's own
-// lines go to: warnings and errors on the router's stderr, like its own
-// messages. SWITCHYARD_LOG_LEVEL (trace, debug, info, warn, error) raises
-// or lowers it.
-func pluginLogger(w io.Writer) hclog.Logger {
-	level := hclog.LevelFromString(os.Getenv("SWITCHYARD_LOG_LEVEL"))
-	if level == hclog.NoLevel {
-		level = hclog.Warn
-	}
-	return hclog.New(&hclog.LoggerOptions{Name: "router", Output: w, Level: level})
+// lines go to: the router's stderr, like its own messages, at the level
+// --log-level or SWITCHYARD_LOG_LEVEL sets (warn by default).
+func pluginLogger(ctx context.Context, w io.Writer) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: "router", Output: w, Level: logLevel(ctx, hclog.Warn)})
 }
 
 // shutdownGrace bounds how long the CLI waits for plugins to stop.

@@ -23,7 +23,6 @@ type serveOptions struct {
 	requestTimeout time.Duration
 	drainTimeout   time.Duration
 	charsPerToken  int
-	logLevel       string
 	debugListen    string
 }
 
@@ -64,10 +63,7 @@ connections (useful with --listen 127.0.0.1:0).`,
 			if o.drainTimeout <= 0 {
 				return fmt.Errorf("--drain-timeout %v: want %s", o.drainTimeout, positiveDurationWant)
 			}
-			level := hclog.LevelFromString(o.logLevel)
-			if level == hclog.NoLevel {
-				return fmt.Errorf("--log-level %q, want trace, debug, info, warn, error or off", o.logLevel)
-			}
+			level := logLevel(cmd.Context(), hclog.Info)
 			return runServe(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
@@ -79,7 +75,6 @@ connections (useful with --listen 127.0.0.1:0).`,
 	f.DurationVar(&o.requestTimeout, "request-timeout", serve.DefaultRequestTimeout, "bound on each request, queue wait and streamed answer included")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long requests in flight may finish")
 	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
-	f.StringVar(&o.logLevel, "log-level", "info", "log level: trace, debug, info, warn, error, off")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) on this separate address; off when empty")
 	setWant(f, "request-timeout", positiveDurationWant)
 	setWant(f, "drain-timeout", positiveDurationWant)

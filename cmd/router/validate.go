@@ -123,7 +123,7 @@ func printBundle(w io.Writer, b *config.PolicyFile) error {
 // closes the bundle (closeBundle).
 func loadBundle(ctx context.Context, stderr io.Writer, path string, o router.LoadOptions) (*router.Bundle, error) {
 	if o.Logger == nil {
-		o.Logger = pluginLogger(stderr)
+		o.Logger = pluginLogger(ctx, stderr)
 	}
 	b, diags := router.LoadBundle(ctx, path, o)
 	if len(diags) > 0 {

@@ -159,11 +159,23 @@ type Plugin struct {
 	Name string
 	// Command is the binary to run, as written in the file.
 	Command string
-	// Args are the command's arguments.
+	// Path is the binary the host runs and SHA256 checks: Command looked
+	// up on the router's PATH at load when it has no slash
+	// (ResolveCommand), Command as written otherwise. The host runs
+	// Command when Path is empty.
+	Path string
+	// Args are the command's arguments, passed as written: a relative path
+	// among them is relative to the plugin's working directory, which is
+	// the router's.
 	Args []string
-	// Env is the plugin's entire environment; the host's is never passed.
+	// Env is the plugin's environment, with the PassEnv variables; the
+	// host's is never passed otherwise.
 	Env map[string]string
-	// SHA256 is the expected checksum of Command in lowercase hex, or ""
+	// PassEnv names variables of the router's environment passed on to the
+	// plugin, read at each start; one the router does not have is left
+	// unset. A name is never in both Env and PassEnv (a load error).
+	PassEnv []string
+	// SHA256 is the expected checksum of Path in lowercase hex, or ""
 	// when the binary is not pinned.
 	SHA256 string
 	// StartTimeout bounds the start and handshake (DefaultStartTimeout).
@@ -354,20 +366,51 @@ type Options struct {
 	DefaultSeed *int64
 }
 
+// parse parses src as HCL, or as HCL's JSON syntax when filename ends in
+// ".json".
+func parse(filename string, src []byte) (*hcl.File, hcl.Diagnostics) {
+	if strings.HasSuffix(filename, ".json") {
+		return json.Parse(src, filename)
+	}
+	return hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
+}
+
+// LoadPluginBlocks reads the policy file at path (as LoadFile does) and
+// decodes its plugin blocks only, as Load does (the command looked up on
+// PATH, the attributes checked), without starting them: what `router
+// plugins describe --policy` launches. The rest of the file is not
+// checked. The diagnostics are the plugin blocks' and the syntax's; a
+// block with an error is left out of the result.
+func LoadPluginBlocks(path string) ([]Plugin, hcl.Diagnostics) {
+	src, diags := readFile(path, "policy")
+	if diags != nil {
+		return nil, diags
+	}
+	file, diags := parse(path, src)
+	if file == nil || file.Body == nil {
+		return nil, diags
+	}
+	content, _, more := file.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{{Type: blockPlugin, LabelNames: []string{"name"}}}})
+	l := newLoader(path, nil)
+	l.diags = append(diags, more...)
+	for _, blk := range content.Blocks {
+		l.pluginBlock(blk)
+	}
+	var out []Plugin
+	for _, p := range l.plugins {
+		if !p.blockErrors {
+			out = append(out, p.Plugin)
+		}
+	}
+	return out, l.diags
+}
+
 // LoadWith is Load with options.
 func LoadWith(filename string, src []byte, cat *catalog.Catalog, o Options) (*PolicyFile, hcl.Diagnostics) {
 	if cat == nil {
 		cat = catalog.New()
 	}
-	var (
-		file  *hcl.File
-		diags hcl.Diagnostics
-	)
-	if strings.HasSuffix(filename, ".json") {
-		file, diags = json.Parse(src, filename)
-	} else {
-		file, diags = hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
-	}
+	file, diags := parse(filename, src)
 	// HCL returns a usable body alongside most syntax errors (a redefined
 	// attribute, say): keep loading it so every problem is reported in one
 	// run, not the first only.

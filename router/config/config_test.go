@@ -194,6 +194,7 @@ plugin "pd" {
   command       = "bin/pd"
   args          = ["--x", "y"]
   env           = { K = "v" }
+  pass_env      = ["HOME", "PATH"]
   sha256        = "0123456789ABCDEF0123456789abcdef0123456789abcdef0123456789abcdef"
   call_timeout  = "50ms"
   replay_decision_latency = "250us"
@@ -208,12 +209,13 @@ plugin "other" {
 		t.Fatalf("errors:\n%s", FormatDiagnostics(diags))
 	}
 	want := []Plugin{{
-		Name: "pd", Command: "bin/pd", Args: []string{"--x", "y"}, Env: map[string]string{"K": "v"},
+		Name: "pd", Command: "bin/pd", Path: "bin/pd", Args: []string{"--x", "y"}, Env: map[string]string{"K": "v"},
+		PassEnv:      []string{"HOME", "PATH"},
 		SHA256:       "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
 		StartTimeout: 5 * time.Second, CallTimeout: 50 * time.Millisecond, ReplayDecisionLatency: 250 * time.Microsecond,
 		OnStartFailure: "error", Restart: DefaultRestartPolicy(),
 	}, {
-		Name: "other", Command: "bin/other", StartTimeout: 5 * time.Second, CallTimeout: 20 * time.Millisecond,
+		Name: "other", Command: "bin/other", Path: "bin/other", StartTimeout: 5 * time.Second, CallTimeout: 20 * time.Millisecond,
 		ReplayDecisionLatency: 100 * time.Microsecond, OnStartFailure: "fallback", Restart: DefaultRestartPolicy(),
 	}}
 	ignoreRanges := cmp.FilterPath(func(p cmp.Path) bool {
@@ -223,10 +225,10 @@ plugin "other" {
 	if diff := cmp.Diff(want, b.Plugins, ignoreRanges); diff != "" {
 		t.Errorf("plugins (-want +got):\n%s", diff)
 	}
-	if r := b.Plugins[0].AttrRanges["call_timeout"]; r.Start.Line != 7 {
+	if r := b.Plugins[0].AttrRanges["call_timeout"]; r.Start.Line != 8 {
 		t.Errorf("call_timeout range = %v", r)
 	}
-	if got := short(diags, hcl.DiagWarning); !slices.Equal(got, []string{"t.hcl:2:1: Unused plugin", "t.hcl:10:1: Unused plugin"}) {
+	if got := short(diags, hcl.DiagWarning); !slices.Equal(got, []string{"t.hcl:2:1: Unused plugin", "t.hcl:11:1: Unused plugin"}) {
 		t.Errorf("warnings = %q", got)
 	}
 }
@@ -290,7 +292,7 @@ worker_selection { aggregated = "a" }`,
 			`Fallback picker "legacy-least-loaded" of policy "a" declares input OCCUPANCY`,
 		}},
 	{name: "unused plugin", src: `
-plugin "pd" { command = "x" }`,
+plugin "pd" { command = "./x" }`,
 		warns:  []string{"t.hcl:2:1: Unused plugin"},
 		detail: []string{`Plugin "pd" is declared but unused`}},
 
@@ -365,7 +367,7 @@ request_classifier { type = "header-priority" }`,
 
 	// Names.
 	{name: "bad identifiers", src: `
-plugin "a b" { command = "x" }
+plugin "a b" { command = "./x" }
 policy "p/q" {
   picker "p!" { type = "round-robin" }
 }
@@ -380,7 +382,7 @@ policy "" {
 		},
 		detail: []string{`Policy name "p/q" must be made of letters, digits, '_', '.' and '-'`}},
 	{name: "reserved default", src: `
-plugin "default" { command = "x" }
+plugin "default" { command = "./x" }
 policy "default" {
   picker "default" { type = "round-robin" }
 }`,
@@ -391,8 +393,8 @@ policy "default" {
 		},
 		detail: []string{`The name "default" is reserved for the built-in default policy; choose another policy name.`}},
 	{name: "duplicate names", src: `
-plugin "pd" { command = "x" }
-plugin "pd" { command = "y" }
+plugin "pd" { command = "./x" }
+plugin "pd" { command = "./y" }
 policy "p" {
   filter "c" { type = "busy" }
   scorer "c" { type = "kv-cost" }

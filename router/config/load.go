@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -48,6 +49,7 @@ var pluginSchema = &hcl.BodySchema{
 		{Name: "command", Required: true},
 		{Name: "args"},
 		{Name: "env"},
+		{Name: "pass_env"},
 		{Name: "sha256"},
 		{Name: "start_timeout"},
 		{Name: "call_timeout"},
@@ -265,6 +267,10 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 		if s, ok := l.stringAttr(attr); ok {
 			if strings.TrimSpace(s) == "" || strings.ContainsRune(s, 0) {
 				l.attrErrorf(attr, "Invalid plugin command", "command must name the plugin binary to run, a path such as \"bin/my-plugin\".")
+			} else if path, err := ResolveCommand(s); err != nil {
+				l.attrErrorf(attr, "Plugin command not found", "%v. Give the binary's path (with a slash), or install it on the router's PATH.", err)
+			} else {
+				p.Path = path
 			}
 			p.Command = s
 		}
@@ -285,7 +291,7 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 			p.Env = make(map[string]string)
 			for k, e := range v.AsValueMap() {
 				switch {
-				case k == "" || strings.ContainsAny(k, "=\x00"):
+				case !ValidEnvName(k):
 					l.attrErrorf(attr, "Invalid environment variable name",
 						"Environment variable name %q must be non-empty and contain neither '=' nor NUL.", k)
 				case e.IsNull() || strings.ContainsRune(e.AsString(), 0):
@@ -296,6 +302,9 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 				}
 			}
 		}
+	}
+	if attr, ok := content.Attributes["pass_env"]; ok {
+		l.passEnv(attr, p)
 	}
 	if attr, ok := content.Attributes["sha256"]; ok {
 		if s, ok := l.stringAttr(attr); ok {
@@ -361,6 +370,37 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 	}
 	if nameOK {
 		l.plugins = append(l.plugins, p)
+	}
+}
+
+// passEnv decodes a plugin's pass_env list into p.PassEnv: names of
+// environment variables, each at most once and not also in env.
+func (l *loader) passEnv(attr *hcl.Attribute, p *pluginDecl) {
+	v, ok := l.decodeAttr(attr, cty.List(cty.String))
+	if !ok || v.IsNull() {
+		return
+	}
+	for _, e := range v.AsValueSlice() {
+		switch {
+		case e.IsNull():
+			l.attrErrorf(attr, "Invalid environment variable name", "pass_env must be a list of strings without null elements.")
+			continue
+		case !ValidEnvName(e.AsString()):
+			l.attrErrorf(attr, "Invalid environment variable name",
+				"pass_env names variables of the router's environment; %q is not a name: it must be non-empty and contain neither '=' nor NUL.", e.AsString())
+			continue
+		case slices.Contains(p.PassEnv, e.AsString()):
+			l.attrErrorf(attr, "Duplicate environment variable",
+				"pass_env lists %q more than once.", e.AsString())
+			continue
+		}
+		name := e.AsString()
+		if _, both := p.Env[name]; both {
+			l.attrErrorf(attr, "Environment variable set twice",
+				"%q is in both env and pass_env: env gives the plugin a fixed value, pass_env the router's own. Keep it in one of them.", name)
+			continue
+		}
+		p.PassEnv = append(p.PassEnv, name)
 	}
 }
 

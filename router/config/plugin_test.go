@@ -512,7 +512,7 @@ func TestLoadWithPluginHost(t *testing.T) {
 // Without a host, nothing is started and the caller's catalog is used as is.
 func TestLoadWithoutPluginHost(t *testing.T) {
 	cat := testCatalog(t)
-	b, diags := Load("t.hcl", []byte(`plugin "pd" { command = "x" }`), cat)
+	b, diags := Load("t.hcl", []byte(`plugin "pd" { command = "./x" }`), cat)
 	if diags.HasErrors() || b.Catalog != cat {
 		t.Errorf("catalog %p, want the caller's %p\n%s", b.Catalog, cat, FormatDiagnostics(diags))
 	}

@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
@@ -65,6 +69,48 @@ var (
 	_ shared.Scorer = (*unavailable)(nil)
 	_ shared.Picker = (*unavailable)(nil)
 )
+
+// ErrCommandNotFound is wrapped by ResolveCommand's error for a command
+// that is on none of the PATH's directories.
+var ErrCommandNotFound = errors.New("command not found")
+
+// ResolveCommand returns the binary a plugin block's command runs: a
+// command without a slash ("python3", "my-plugin") is looked up on the
+// router's PATH (exec.LookPath) and the absolute path found is returned;
+// a command with a slash is returned as written (a relative one is relative
+// to the router's working directory). A command on none of PATH's
+// directories, or found only through a relative directory on PATH (such as
+// "."), is an error wrapping ErrCommandNotFound that names the directories
+// searched.
+func ResolveCommand(command string) (string, error) {
+	if strings.ContainsRune(command, '/') {
+		return command, nil
+	}
+	path, err := exec.LookPath(command)
+	if err == nil && !filepath.IsAbs(path) {
+		err = exec.ErrDot
+	}
+	if err != nil {
+		searched := "PATH is empty"
+		if env := os.Getenv("PATH"); env != "" {
+			var dirs []string
+			for _, d := range filepath.SplitList(env) {
+				if !slices.Contains(dirs, d) {
+					dirs = append(dirs, d)
+				}
+			}
+			searched = "searched PATH: " + strings.Join(dirs, ", ")
+		}
+		return "", fmt.Errorf("%w: %q has no slash, so it is looked up on the router's PATH, and no executable file of that name is found there (%s)", ErrCommandNotFound, command, searched)
+	}
+	return path, nil
+}
+
+// ValidEnvName reports whether name can name an environment variable of a
+// plugin (env, pass_env): non-empty, without '=' or NUL.
+func ValidEnvName(name string) bool {
+	return name != "" && !strings.ContainsAny(name, "=\x00")
+}
 
 // pluginSource is the catalog source of a plugin's types.
 func pluginSource(name string) string { return "plugin " + name }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -297,21 +296,20 @@ func (h *Host) Start(ctx context.Context, p config.Plugin) ([]shared.TypeInfo, e
 	return types, nil
 }
 
-// Describe starts the binary command with args (no environment, no
-// checksum), describes it and stops it: `router plugins describe`. The
-// types' New is nil. An error stopping the binary is returned with the
-// description.
-func (h *Host) Describe(ctx context.Context, command string, args []string, startTimeout time.Duration) (*pluginclient.Description, error) {
+// Describe starts the plugin b describes (its Path or Command, Args, Env,
+// PassEnv, SHA256 and StartTimeout; the rest is not used), describes it
+// and stops it: `router plugins describe`. The types' New is nil. An
+// error stopping the plugin is returned with the description.
+func (h *Host) Describe(ctx context.Context, b config.Plugin) (*pluginclient.Description, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
-		return nil, &StartError{Plugin: filepath.Base(command), Cause: ErrHostClosed, Permanent: true}
+		return nil, &StartError{Plugin: b.Name, Cause: ErrHostClosed, Permanent: true}
 	}
 	h.starting.Add(1)
 	h.mu.Unlock()
 	defer h.starting.Done()
 
-	b := config.Plugin{Name: filepath.Base(command), Command: command, Args: args, StartTimeout: startTimeout}
 	pr, desc, err := h.launch(ctx, b)
 	if err != nil {
 		return nil, err

@@ -119,7 +119,10 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 	if b.Command == "" {
 		return nil, nil, fail(true, errors.New("no command"))
 	}
-	path := b.Command
+	path := b.Path
+	if path == "" {
+		path = b.Command
+	}
 	if !filepath.IsAbs(path) {
 		abs, err := filepath.Abs(path)
 		if err != nil {
@@ -147,7 +150,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 	}
 
 	cmd := exec.Command(path, b.Args...)
-	cmd.Env = environ(b.Env, dir)
+	cmd.Env = environ(b.Env, b.PassEnv, dir)
 	cmd.SysProcAttr = sysProcAttr()
 	// The child holds the pipe's write end as fd 3; EOF on the read end
 	// tells us it exited without polling go-plugin.
@@ -173,7 +176,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		SecureConfig:     secure,
 		StartTimeout:     startTimeout,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
-		Logger:           log,
+		Logger:           stderrLogger{log},
 		Stderr:           p.stderr,
 		SkipHostEnv:      true,
 		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: dir},
@@ -290,22 +293,57 @@ func socketDir() (string, error) {
 	return os.MkdirTemp("/tmp", "sy-")
 }
 
-// environ is the plugin's entire environment: the block's variables,
-// sorted, and the socket directory. go-plugin appends its own handshake
-// variables.
-func environ(env map[string]string, sockDir string) []string {
+// environ is a plugin's whole environment: env, the variables passEnv
+// names that the router's environment has (one it lacks stays unset),
+// and go-plugin's socket directory. The router's other variables are
+// never passed on.
+func environ(env map[string]string, passEnv []string, sockDir string) []string {
 	keys := make([]string, 0, len(env))
 	for k := range env {
 		keys = append(keys, k)
 	}
 	slices.Sort(keys)
-	out := make([]string, 0, len(env)+1)
+	out := make([]string, 0, len(env)+len(passEnv)+1)
 	for _, k := range keys {
 		out = append(out, k+"="+env[k])
+	}
+	for _, k := range passEnv {
+		if v, ok := os.LookupEnv(k); ok {
+			out = append(out, k+"="+v)
+		}
 	}
 	// go-plugin v1.8 honours UnixSocketConfig.TempDir only with a
 	// RunnerFunc; with Cmd the server reads this variable.
 	return append(out, plugin.EnvUnixSocketDir+"="+sockDir)
+}
+
+// stderrLogger is the logger go-plugin is given for a plugin, already
+// named after the plugin ("router.NAME"). go-plugin logs each line the
+// plugin writes to stderr through Named(the binary's base name): an
+// hclog JSON line at its own level, with its fields (a timestamp at
+// least), and any other line at debug without fields. stderrLogger keeps
+// the plugin's name as the lines' tag, not the binary's (every Python
+// plugin's is "python3"), and raises the plain lines, those logged without
+// fields, to info: what a plugin prints is shown at the router's default
+// level.
+type stderrLogger struct{ hclog.Logger }
+
+// Named returns the stderr lines' logger: l itself, lines tagged with the
+// plugin's name.
+func (l stderrLogger) Named(string) hclog.Logger { return plainInfo(l) }
+
+// plainInfo logs the messages go-plugin logs at debug without fields, a
+// plugin's plain-text stderr lines, at info.
+type plainInfo struct{ hclog.Logger }
+
+// Debug logs msg at info when it has no fields (a plain stderr line), at
+// debug otherwise.
+func (l plainInfo) Debug(msg string, args ...any) {
+	if len(args) == 0 {
+		l.Logger.Info(msg)
+		return
+	}
+	l.Logger.Debug(msg, args...)
 }
 
 // pickVersion returns the highest API version both sides speak, or 0.

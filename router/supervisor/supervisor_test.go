@@ -512,7 +512,7 @@ func TestSHA256Pinned(t *testing.T) {
 
 func TestDescribe(t *testing.T) {
 	h := newHost(t)
-	desc, err := h.Describe(context.Background(), testBin, nil, 30*time.Second)
+	desc, err := h.Describe(context.Background(), config.Plugin{Name: "plugin", Command: testBin, StartTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatalf("Describe: %v", err)
 	}

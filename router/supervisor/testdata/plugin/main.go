@@ -32,10 +32,14 @@
 //	           (n-1) mod len. "ok" scores, "error" returns the error
 //	           "injected error on call n", "panic" panics with
 //	           "injected panic on call n"
+//	stderr     write to stderr, before serving, the plain line "plain line
+//	           from the plugin" and two hclog JSON lines, "json warn line"
+//	           at warn and "json debug line" at debug
 //
 // SY_STARTS names a file it appends a line ("pid unixnano") to at every
 // start, and SY_MARKER a file it creates, so tests can tell whether (and
-// how often, and when) it ran.
+// how often, and when) it ran. SY_ENV_OUT names a file it writes its
+// environment to, one NAME=VALUE a line.
 package main
 
 import (
@@ -71,6 +75,9 @@ func main() {
 	}
 	if f := os.Getenv("SY_MARKER"); f != "" {
 		_ = os.WriteFile(f, []byte("ran\n"), 0o600)
+	}
+	if f := os.Getenv("SY_ENV_OUT"); f != "" {
+		_ = os.WriteFile(f, []byte(strings.Join(os.Environ(), "\n")+"\n"), 0o600)
 	}
 	switch os.Getenv("SY_TEST_MODE") {
 	case "cookie":
@@ -111,6 +118,11 @@ func main() {
 		if slow, err = time.ParseDuration(os.Getenv("SY_SLOW")); err != nil {
 			panic(err)
 		}
+		serve()
+	case "stderr":
+		fmt.Fprintln(os.Stderr, "plain line from the plugin")
+		fmt.Fprintln(os.Stderr, `{"@level":"warn","@message":"json warn line","@timestamp":"2026-01-01T00:00:00.000000Z"}`)
+		fmt.Fprintln(os.Stderr, `{"@level":"debug","@message":"json debug line","@timestamp":"2026-01-01T00:00:00.000000Z"}`)
 		serve()
 	case "grandchild-stderr":
 		startChild(os.Stderr)
