@@ -176,8 +176,10 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		SecureConfig:     secure,
 		StartTimeout:     startTimeout,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
-		Logger:           stderrLogger{log},
-		Stderr:           p.stderr,
+		// go-plugin's own messages go to log; the plugin's stderr lines
+		// are logged by stderrLog (see there why not by go-plugin).
+		Logger:           quietStderr{Logger: log, stderrName: filepath.Base(path)},
+		Stderr:           io.MultiWriter(p.stderr, &stderrLog{log: log}),
 		SkipHostEnv:      true,
 		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: dir},
 		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
@@ -315,35 +317,6 @@ func environ(env map[string]string, passEnv []string, sockDir string) []string {
 	// go-plugin v1.8 honours UnixSocketConfig.TempDir only with a
 	// RunnerFunc; with Cmd the server reads this variable.
 	return append(out, plugin.EnvUnixSocketDir+"="+sockDir)
-}
-
-// stderrLogger is the logger go-plugin is given for a plugin, already
-// named after the plugin ("router.NAME"). go-plugin logs each line the
-// plugin writes to stderr through Named(the binary's base name): an
-// hclog JSON line at its own level, with its fields (a timestamp at
-// least), and any other line at debug without fields. stderrLogger keeps
-// the plugin's name as the lines' tag, not the binary's (every Python
-// plugin's is "python3"), and raises the plain lines, those logged without
-// fields, to info: what a plugin prints is shown at the router's default
-// level.
-type stderrLogger struct{ hclog.Logger }
-
-// Named returns the stderr lines' logger: l itself, lines tagged with the
-// plugin's name.
-func (l stderrLogger) Named(string) hclog.Logger { return plainInfo(l) }
-
-// plainInfo logs the messages go-plugin logs at debug without fields, a
-// plugin's plain-text stderr lines, at info.
-type plainInfo struct{ hclog.Logger }
-
-// Debug logs msg at info when it has no fields (a plain stderr line), at
-// debug otherwise.
-func (l plainInfo) Debug(msg string, args ...any) {
-	if len(args) == 0 {
-		l.Logger.Info(msg)
-		return
-	}
-	l.Logger.Debug(msg, args...)
 }
 
 // pickVersion returns the highest API version both sides speak, or 0.
