@@ -10,8 +10,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -419,4 +421,30 @@ wait:
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// CheckHealth asks the named running plugin once, under ctx, whether it
+// serves: the gRPC health check of the service "plugin" that the health
+// probe makes every ProbeInterval. It fails when the plugin is unknown or
+// has no process, when the call fails, or when the answer is not SERVING.
+// `router plugins check` uses it.
+func (h *Host) CheckHealth(ctx context.Context, name string) error {
+	h.mu.Lock()
+	m := h.procs[name]
+	h.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("plugin %q is not running", name)
+	}
+	p := m.cur.Load()
+	if p == nil || p.conn == nil {
+		return fmt.Errorf("plugin %q has no process", name)
+	}
+	resp, err := healthpb.NewHealthClient(p.conn).Check(ctx, &healthpb.HealthCheckRequest{Service: plugin.GRPCServiceName})
+	if err != nil {
+		return fmt.Errorf("plugin %q: health check: %w", name, err)
+	}
+	if s := resp.GetStatus(); s != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("plugin %q: health check answered %v, not SERVING", name, s)
+	}
+	return nil
 }
