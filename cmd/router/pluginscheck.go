@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -166,13 +167,25 @@ type checkOptions struct {
 // stops after a failed handshake.
 func runPluginChecks(ctx context.Context, log hclog.Logger, b config.Plugin, o checkOptions) []checkResult {
 	cfg, onlyType := o.config, o.onlyType
+	var (
+		stdout  stdoutTap
+		mu      sync.Mutex
+		stopped []supervisor.StopReport
+	)
 	host := supervisor.NewHost(supervisor.Options{
 		Logger: log,
 		// Answers are checked here, not latency: only a wedged call fails.
 		CallTimeout: supervisor.ReplayCallTimeout,
 		// Every call is checked on its own; none is refused because an
 		// earlier one failed.
-		Breaker: supervisor.BreakerPolicy{Disabled: true},
+		Breaker:   supervisor.BreakerPolicy{Disabled: true},
+		StopGrace: checkStopGrace,
+		Stopped: func(r supervisor.StopReport) {
+			mu.Lock()
+			stopped = append(stopped, r)
+			mu.Unlock()
+		},
+		Stdout: &stdout,
 	})
 	defer shutdownHost(host)
 	var out []checkResult
@@ -213,7 +226,60 @@ func runPluginChecks(ctx context.Context, log hclog.Logger, b config.Plugin, o c
 	} else {
 		out = append(out, pass("health", ""))
 	}
+
+	shutdownHost(host)
+	mu.Lock()
+	defer mu.Unlock()
+	expected := fmt.Sprintf("an exit within %v of plugin.GRPCController/Shutdown", checkStopGrace)
+	switch {
+	case len(stopped) != 1:
+		out = append(out, fail("shutdown", expected, fmt.Sprintf("%d stops reported", len(stopped))))
+	case !stopped[0].WasRunning:
+		out = append(out, fail("shutdown", expected, "the plugin had already exited"))
+	case !stopped[0].Exited:
+		out = append(out, fail("shutdown", expected, "still running after "+checkStopGrace.String()+"; its process group was killed"))
+	default:
+		out = append(out, pass("shutdown", "exited "+stopped[0].After.Round(time.Millisecond).String()+" after the stop began"))
+	}
+	if n, first := stdout.written(); n > 0 {
+		out = append(out, fail("stdout", "nothing on stdout after the handshake (log to stderr)", fmt.Sprintf("%d bytes, starting %q", n, first)))
+	} else {
+		out = append(out, pass("stdout", "as relayed by go-plugin's stdio service"))
+	}
 	return out
+}
+
+// checkStopGrace is how long the shutdown check lets a plugin take to exit
+// once asked to: generous (the router's own is 500 ms), and below the 2 s
+// after which go-plugin kills it.
+const checkStopGrace = 1500 * time.Millisecond
+
+// stdoutTap counts what a plugin writes to stdout after the handshake and
+// keeps the start of it. Safe for concurrent use.
+type stdoutTap struct {
+	mu    sync.Mutex
+	n     int
+	first []byte
+}
+
+// stdoutTapKeep is how much of the plugin's stdout the tap keeps.
+const stdoutTapKeep = 80
+
+func (t *stdoutTap) Write(b []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.n += len(b)
+	if room := stdoutTapKeep - len(t.first); room > 0 {
+		t.first = append(t.first, b[:min(room, len(b))]...)
+	}
+	return len(b), nil
+}
+
+// written returns how many bytes were written and the first of them.
+func (t *stdoutTap) written() (int, string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.n, string(t.first)
 }
 
 func pass(name, note string) checkResult { return checkResult{Name: name, Pass: true, Note: note} }

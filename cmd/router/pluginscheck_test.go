@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -56,14 +57,20 @@ func TestPluginsCheckExamples(t *testing.T) {
 					t.Errorf("line %q is not a PASS", l)
 				}
 			}
-			for _, w := range tc.want {
+			for _, w := range append(tc.want, "PASS stdout (as relayed by go-plugin's stdio service)") {
 				if !strings.Contains(out, w+"\n") {
 					t.Errorf("output lacks %q:\n%s", w, out)
 				}
 			}
+			if !shutdownPass.MatchString(out) {
+				t.Errorf("output lacks a passed shutdown check:\n%s", out)
+			}
 		})
 	}
 }
+
+// shutdownPass is the line of a passed shutdown check.
+var shutdownPass = regexp.MustCompile(`(?m)^PASS shutdown \(exited [0-9.]+[µm]?s after the stop began\)$`)
 
 // TestPluginsCheckFailures: a broken plugin (modes of the supervisor's
 // test plugin) or a missing required parameter fails with a named check
@@ -88,6 +95,15 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`PASS decide "t-active" rows=1`,
 			`FAIL decide "t-active" rows=8: expected a well-formed answer, got plugin "faulty": plugin decide: scorer "check/t-active": injected error on call 2`,
 			`PASS decide "t-active" rows=4096`,
+		}},
+		{"stdout after the handshake", []string{faulty, "--env", "SY_TEST_MODE=stdout-after", "--type", "t-max-active"}, []string{
+			`PASS health`,
+			`FAIL stdout: expected nothing on stdout after the handshake (log to stderr), got 24 bytes, starting "configured t-max-active\n"`,
+		}},
+		{"no exit at shutdown", []string{faulty, "--env", "SY_TEST_MODE=linger", "--type", "t-lowest"}, []string{
+			`PASS decide "t-lowest" rows=4096`,
+			`FAIL shutdown: expected an exit within 1.5s of plugin.GRPCController/Shutdown, got still running after 1.5s; its process group was killed`,
+			"PASS stdout",
 		}},
 		{"required parameter", []string{examplePlugin(t, "soft-pin-repin")}, []string{
 			`FAIL configure "soft-pin": expected a value for required parameter "max_active_requests", got none (give --config max_active_requests=VALUE)`,
@@ -143,7 +159,7 @@ func TestPluginsCheckJSON(t *testing.T) {
 	if len(failed) != 3 || failed[0] != (checkResult{Name: `schema type "t-max-active"`, Expected: "a doc", Got: "none"}) {
 		t.Errorf("failed checks %+v, want the 3 schema problems, first the missing doc", failed)
 	}
-	for _, name := range []string{"handshake", `configure "t-lowest"`, `decide "t-lowest" rows=4096`, "health"} {
+	for _, name := range []string{"handshake", `configure "t-lowest"`, `decide "t-lowest" rows=4096`, "health", "shutdown", "stdout"} {
 		if !passed[name] {
 			t.Errorf("check %q did not pass: %s", name, out)
 		}

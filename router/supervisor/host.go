@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -61,6 +62,37 @@ type Options struct {
 	// FailureLog rate-limits the warning each failed call logs; the zero
 	// value means DefaultFailureLog.
 	FailureLog FailureLogPolicy
+	// StopGrace is how long stopping a plugin process waits, once it has
+	// been asked to shut down (plugin.GRPCController/Shutdown), for it to
+	// exit on its own before its process group is killed. Zero: 500 ms.
+	// go-plugin kills it after 2 s whatever this says.
+	StopGrace time.Duration
+	// Stopped, when set, is told how every plugin process the host stops
+	// (at Shutdown, a restart, a failed start) went; it runs on the
+	// stopping goroutine, once the process group is gone.
+	Stopped func(StopReport)
+	// Stdout, when set, receives what plugins write to stdout after the
+	// handshake, as far as go-plugin's stdio service
+	// (plugin.GRPCStdio/StreamStdio) relays it: a Go plugin's os.Stdout.
+	// Lines a plugin writes to its raw stdout pipe after the handshake
+	// are read and dropped by go-plugin. Default: dropped too.
+	Stdout io.Writer
+}
+
+// StopReport says how a plugin process stopped.
+type StopReport struct {
+	// Plugin is the plugin block's name; PID its process (group) id.
+	Plugin string
+	PID    int
+	// WasRunning: the process had not exited when the stop began.
+	WasRunning bool
+	// Exited: it exited on its own within StopGrace of being asked to
+	// shut down (after its client was closed); otherwise its process
+	// group was killed.
+	Exited bool
+	// After is how long after the stop began it exited, or StopGrace when
+	// it did not exit on its own.
+	After time.Duration
 }
 
 // FailureLogPolicy rate-limits the warning a failed plugin call logs (the
@@ -121,6 +153,9 @@ type Host struct {
 	breaker     BreakerPolicy
 	met         *Metrics
 	failLog     FailureLogPolicy
+	stopGrace   time.Duration
+	onStopped   func(StopReport)
+	stdout      io.Writer
 
 	// testHookDecideBatch, when a test sets it before starting plugins,
 	// runs after each DecideBatch's size is observed, on the sending
@@ -150,6 +185,9 @@ func NewHost(o Options) *Host {
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = DefaultShutdownGrace
 	}
+	if o.StopGrace <= 0 {
+		o.StopGrace = gracefulKill
+	}
 	if o.FailureLog == (FailureLogPolicy{}) {
 		o.FailureLog = DefaultFailureLog
 	}
@@ -169,6 +207,9 @@ func NewHost(o Options) *Host {
 		breaker:     o.Breaker.withDefaults(),
 		met:         met,
 		failLog:     o.FailureLog,
+		stopGrace:   o.StopGrace,
+		onStopped:   o.Stopped,
+		stdout:      o.Stdout,
 		done:        make(chan struct{}),
 		procs:       make(map[string]*managed),
 		stats:       make(map[string]*counters),
