@@ -65,9 +65,11 @@ of the declared type, docs on every type and parameter); Configure of every
 type with its defaults (plus --config for required parameters), and the
 refusal of a parameter of the wrong type as a diagnostic naming it; Decide
 of every filter, scorer and picker over 1, 8 and 4,096 rows with worker ids
-above 2^53, each answer checked as the router checks it (kept rows ascending
-and in range, one finite cost per row, picked row in range); the health
-service. The plugin is stopped afterwards.
+above 2^53, then 32 calls at once, each answer checked as the router checks
+it (kept rows ascending and in range, one finite cost per row, picked row in
+range); the health service; an exit within 1.5 s once asked to shut down;
+nothing on stdout after the handshake (as go-plugin's stdio service relays
+it: a Go plugin's os.Stdout). The plugin is stopped afterwards.
 
 It prints one line per check, "PASS name" or "FAIL name: expected X, got
 Y" (with --json one JSON object with a "checks" array), and exits 0 only
@@ -454,40 +456,74 @@ func checkRequest(role shared.Role) *shared.Request {
 // component validates kept rows (ascending, in range) and the number of
 // costs; costs must be finite and a picked row in range, as the pipeline
 // requires.
+//
+// Then checkConcurrent calls, of 1 to checkConcurrent rows, are made at
+// once: the router's client sends what queues together in one message, and
+// each answer must be its own task's.
 func checkDecide(ctx context.Context, t shared.TypeInfo, comp shared.Component, role shared.Role) []checkResult {
+	switch t.Kind {
+	case shared.KindFilter, shared.KindScorer, shared.KindPicker:
+	default:
+		return []checkResult{pass(fmt.Sprintf("decide %q", t.Name), fmt.Sprintf("not checked: a %s makes no decision", t.Kind))}
+	}
 	var out []checkResult
 	for _, n := range checkRows {
 		name := fmt.Sprintf("decide %q rows=%d", t.Name, n)
-		c := checkCandidates(n)
-		var err error
-		switch t.Kind {
-		case shared.KindFilter:
-			keep := make([]bool, n)
-			err = comp.(shared.Filter).Filter(ctx, checkRequest(role), c, keep)
-		case shared.KindScorer:
-			costs := make([]float64, n)
-			if err = comp.(shared.Scorer).Score(ctx, checkRequest(role), c, costs); err == nil {
-				if i := slices.IndexFunc(costs, func(v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) }); i >= 0 {
-					out = append(out, fail(name, "finite costs", fmt.Sprintf("cost %v for row %d", costs[i], i)))
-					continue
-				}
-			}
-		case shared.KindPicker:
-			var row int
-			if row, err = comp.(shared.Picker).Pick(ctx, checkRequest(role), c); err == nil && (row < 0 || row >= n) {
-				out = append(out, fail(name, fmt.Sprintf("a picked row in [0, %d)", n), strconv.Itoa(row)))
-				continue
-			}
-		default:
-			return []checkResult{pass(fmt.Sprintf("decide %q", t.Name), fmt.Sprintf("not checked: a %s makes no decision", t.Kind))}
+		if expected, got := decideOnce(ctx, t.Kind, comp, checkRequest(role), checkCandidates(n)); expected != "" {
+			out = append(out, fail(name, expected, got))
+		} else {
+			out = append(out, pass(name, ""))
 		}
-		if err != nil {
-			out = append(out, fail(name, "a well-formed answer", err.Error()))
-			continue
-		}
-		out = append(out, pass(name, ""))
 	}
-	return out
+	type answer struct{ expected, got string }
+	answers := make([]answer, checkConcurrent)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Go(func() {
+			answers[i].expected, answers[i].got = decideOnce(ctx, t.Kind, comp, checkRequest(role), checkCandidates(i+1))
+		})
+	}
+	wg.Wait()
+	name := fmt.Sprintf("decide %q concurrent=%d", t.Name, checkConcurrent)
+	for i, a := range answers {
+		if a.expected != "" {
+			return append(out, fail(name, a.expected+" for the call of "+strconv.Itoa(i+1)+" rows", a.got))
+		}
+	}
+	return append(out, pass(name, fmt.Sprintf("calls of 1 to %d rows at once", checkConcurrent)))
+}
+
+// checkConcurrent is how many Decide calls the concurrent check makes at
+// once.
+const checkConcurrent = 32
+
+// decideOnce runs comp, a filter, scorer or picker, over c and checks its
+// answer; expected is "" when it passed, else what was expected, and got
+// what came back.
+func decideOnce(ctx context.Context, kind shared.Kind, comp shared.Component, req *shared.Request, c *shared.Candidates) (expected, got string) {
+	n := c.Len()
+	var err error
+	switch kind {
+	case shared.KindFilter:
+		keep := make([]bool, n)
+		err = comp.(shared.Filter).Filter(ctx, req, c, keep)
+	case shared.KindScorer:
+		costs := make([]float64, n)
+		if err = comp.(shared.Scorer).Score(ctx, req, c, costs); err == nil {
+			if i := slices.IndexFunc(costs, func(v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) }); i >= 0 {
+				return "finite costs", fmt.Sprintf("cost %v for row %d", costs[i], i)
+			}
+		}
+	case shared.KindPicker:
+		var row int
+		if row, err = comp.(shared.Picker).Pick(ctx, req, c); err == nil && (row < 0 || row >= n) {
+			return fmt.Sprintf("a picked row in [0, %d)", n), strconv.Itoa(row)
+		}
+	}
+	if err != nil {
+		return "a well-formed answer", err.Error()
+	}
+	return "", ""
 }
 
 // printChecks writes the results: a line each, or one JSON object.

@@ -7,6 +7,7 @@ import (
 	"math"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +28,7 @@ func TestPluginsCheckExamples(t *testing.T) {
 			"PASS handshake (1 component types)", "PASS schema",
 			`PASS configure "queue-depth"`, `PASS configure "queue-depth" wrong type`,
 			`PASS decide "queue-depth" rows=1`, `PASS decide "queue-depth" rows=8`, `PASS decide "queue-depth" rows=4096`,
+			`PASS decide "queue-depth" concurrent=32 (calls of 1 to 32 rows at once)`,
 			"PASS health",
 		}},
 		{"disagg-filter-score-pick", []string{"--role", "prefill", "--config", "min_device_overlap_blocks=0"}, []string{
@@ -36,6 +38,9 @@ func TestPluginsCheckExamples(t *testing.T) {
 			`PASS configure "prefill-cost"`, `PASS decide "prefill-cost" rows=4096`,
 			`PASS configure "decode-cost"`, `PASS decide "decode-cost" rows=4096`,
 			`PASS configure "lowest-cost"`, `PASS decide "lowest-cost" rows=1`, `PASS decide "lowest-cost" rows=4096`,
+			`PASS decide "min-overlap" concurrent=32 (calls of 1 to 32 rows at once)`,
+			`PASS decide "prefill-cost" concurrent=32 (calls of 1 to 32 rows at once)`,
+			`PASS decide "lowest-cost" concurrent=32 (calls of 1 to 32 rows at once)`,
 			"PASS health",
 		}},
 		{"soft-pin-repin", []string{"--config", "max_active_requests=4"}, []string{
@@ -184,11 +189,16 @@ func (p rowPicker) Pick(context.Context, *shared.Request, *shared.Candidates) (i
 	return p.row, nil
 }
 
-type idFilter struct{ ids []shared.WorkerID }
+type idFilter struct {
+	mu  sync.Mutex
+	ids []shared.WorkerID
+}
 
 func (*idFilter) Inputs() shared.Inputs { return 0 }
 func (f *idFilter) Filter(_ context.Context, _ *shared.Request, c *shared.Candidates, keep []bool) error {
+	f.mu.Lock()
 	f.ids = append(f.ids, c.IDs...)
+	f.mu.Unlock()
 	if c.Len() == 8 {
 		return errors.New("kept rows not ascending")
 	}
@@ -198,12 +208,22 @@ func (f *idFilter) Filter(_ context.Context, _ *shared.Request, c *shared.Candid
 func TestCheckDecideAnswers(t *testing.T) {
 	ctx := context.Background()
 	got := checkDecide(ctx, shared.TypeInfo{Name: "nan", Kind: shared.KindScorer}, nanScorer{}, shared.RoleAggregated)
-	if want := (checkResult{Name: `decide "nan" rows=4096`, Expected: "finite costs", Got: "cost NaN for row 4095"}); len(got) != 3 || got[2] != want {
-		t.Errorf("NaN scorer: %+v, want 3 results, the last %+v", got, want)
+	if want := (checkResult{Name: `decide "nan" rows=4096`, Expected: "finite costs", Got: "cost NaN for row 4095"}); len(got) != 4 || got[2] != want {
+		t.Errorf("NaN scorer: %+v, want 4 results, the third %+v", got, want)
+	}
+	if want := (checkResult{Name: `decide "nan" concurrent=32`, Expected: "finite costs for the call of 1 rows", Got: "cost NaN for row 0"}); got[3] != want {
+		t.Errorf("NaN scorer, concurrent: %+v, want %+v", got[3], want)
 	}
 	got = checkDecide(ctx, shared.TypeInfo{Name: "p", Kind: shared.KindPicker}, rowPicker{row: 1}, shared.RoleAggregated)
-	if want := (checkResult{Name: `decide "p" rows=1`, Expected: "a picked row in [0, 1)", Got: "1"}); len(got) != 3 || got[0] != want || !got[1].Pass || !got[2].Pass {
+	if want := (checkResult{Name: `decide "p" rows=1`, Expected: "a picked row in [0, 1)", Got: "1"}); len(got) != 4 || got[0] != want || !got[1].Pass || !got[2].Pass {
 		t.Errorf("picker of row 1: %+v, want %+v then two passes", got, want)
+	}
+	if want := (checkResult{Name: `decide "p" concurrent=32`, Expected: "a picked row in [0, 1) for the call of 1 rows", Got: "1"}); got[3] != want {
+		t.Errorf("picker of row 1, concurrent: %+v, want %+v", got[3], want)
+	}
+	got = checkDecide(ctx, shared.TypeInfo{Name: "p", Kind: shared.KindPicker}, rowPicker{row: 0}, shared.RoleAggregated)
+	if want := (checkResult{Name: `decide "p" concurrent=32`, Pass: true, Note: "calls of 1 to 32 rows at once"}); len(got) != 4 || got[3] != want {
+		t.Errorf("picker of row 0: %+v, want the last %+v", got, want)
 	}
 	got = checkDecide(ctx, shared.TypeInfo{Name: "p", Kind: shared.KindPicker}, rowPicker{row: -1}, shared.RoleAggregated)
 	if want := (checkResult{Name: `decide "p" rows=8`, Expected: "a picked row in [0, 8)", Got: "-1"}); got[1] != want {
@@ -214,8 +234,11 @@ func TestCheckDecideAnswers(t *testing.T) {
 	if want := (checkResult{Name: `decide "f" rows=8`, Expected: "a well-formed answer", Got: "kept rows not ascending"}); got[1] != want || !got[0].Pass || !got[2].Pass {
 		t.Errorf("filter: %+v, want the rows=8 failure %+v", got, want)
 	}
-	if len(f.ids) != 1+8+4096 {
-		t.Fatalf("filter saw %d rows, want %d", len(f.ids), 1+8+4096)
+	if want := (checkResult{Name: `decide "f" concurrent=32`, Expected: "a well-formed answer for the call of 8 rows", Got: "kept rows not ascending"}); got[3] != want {
+		t.Errorf("filter, concurrent: %+v, want %+v", got[3], want)
+	}
+	if want := 1 + 8 + 4096 + 32*33/2; len(f.ids) != want {
+		t.Fatalf("filter saw %d rows, want %d", len(f.ids), want)
 	}
 	for i, id := range f.ids {
 		if uint64(id) <= 1<<53 {
