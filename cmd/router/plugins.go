@@ -91,7 +91,7 @@ rest of the file is not checked).`,
 	f.StringVar(&policyFile, "policy", "", "policy file whose plugin block --plugin names to run")
 	f.StringVar(&blockName, "plugin", "", "name of the plugin block of --policy to run")
 	setWant(f, "start-timeout", positiveDurationWant)
-	cmd.AddCommand(describe)
+	cmd.AddCommand(describe, newPluginsCheckCmd())
 	return cmd
 }
 

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/go-plugin"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -59,6 +62,37 @@ type Options struct {
 	// FailureLog rate-limits the warning each failed call logs; the zero
 	// value means DefaultFailureLog.
 	FailureLog FailureLogPolicy
+	// StopGrace is how long stopping a plugin process waits, once it has
+	// been asked to shut down (plugin.GRPCController/Shutdown), for it to
+	// exit on its own before its process group is killed. Zero: 500 ms.
+	// go-plugin kills it after 2 s whatever this says.
+	StopGrace time.Duration
+	// Stopped, when set, is told how every plugin process the host stops
+	// (at Shutdown, a restart, a failed start) went; it runs on the
+	// stopping goroutine, once the process group is gone.
+	Stopped func(StopReport)
+	// Stdout, when set, receives what plugins write to stdout after the
+	// handshake, as far as go-plugin's stdio service
+	// (plugin.GRPCStdio/StreamStdio) relays it: a Go plugin's os.Stdout.
+	// Lines a plugin writes to its raw stdout pipe after the handshake
+	// are read and dropped by go-plugin. Default: dropped too.
+	Stdout io.Writer
+}
+
+// StopReport says how a plugin process stopped.
+type StopReport struct {
+	// Plugin is the plugin block's name; PID its process (group) id.
+	Plugin string
+	PID    int
+	// WasRunning: the process had not exited when the stop began.
+	WasRunning bool
+	// Exited: it exited on its own within StopGrace of being asked to
+	// shut down (after its client was closed); otherwise its process
+	// group was killed.
+	Exited bool
+	// After is how long after the stop began it exited, or StopGrace when
+	// it did not exit on its own.
+	After time.Duration
 }
 
 // FailureLogPolicy rate-limits the warning a failed plugin call logs (the
@@ -119,6 +153,9 @@ type Host struct {
 	breaker     BreakerPolicy
 	met         *Metrics
 	failLog     FailureLogPolicy
+	stopGrace   time.Duration
+	onStopped   func(StopReport)
+	stdout      io.Writer
 
 	// testHookDecideBatch, when a test sets it before starting plugins,
 	// runs after each DecideBatch's size is observed, on the sending
@@ -148,6 +185,9 @@ func NewHost(o Options) *Host {
 	if o.ShutdownGrace <= 0 {
 		o.ShutdownGrace = DefaultShutdownGrace
 	}
+	if o.StopGrace <= 0 {
+		o.StopGrace = gracefulKill
+	}
 	if o.FailureLog == (FailureLogPolicy{}) {
 		o.FailureLog = DefaultFailureLog
 	}
@@ -167,6 +207,9 @@ func NewHost(o Options) *Host {
 		breaker:     o.Breaker.withDefaults(),
 		met:         met,
 		failLog:     o.FailureLog,
+		stopGrace:   o.StopGrace,
+		onStopped:   o.Stopped,
+		stdout:      o.Stdout,
 		done:        make(chan struct{}),
 		procs:       make(map[string]*managed),
 		stats:       make(map[string]*counters),
@@ -419,4 +462,30 @@ wait:
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// CheckHealth asks the named running plugin once, under ctx, whether it
+// serves: the gRPC health check of the service "plugin" that the health
+// probe makes every ProbeInterval. It fails when the plugin is unknown or
+// has no process, when the call fails, or when the answer is not SERVING.
+// `router plugins check` uses it.
+func (h *Host) CheckHealth(ctx context.Context, name string) error {
+	h.mu.Lock()
+	m := h.procs[name]
+	h.mu.Unlock()
+	if m == nil {
+		return fmt.Errorf("plugin %q is not running", name)
+	}
+	p := m.cur.Load()
+	if p == nil || p.conn == nil {
+		return fmt.Errorf("plugin %q has no process", name)
+	}
+	resp, err := healthpb.NewHealthClient(p.conn).Check(ctx, &healthpb.HealthCheckRequest{Service: plugin.GRPCServiceName})
+	if err != nil {
+		return fmt.Errorf("plugin %q: health check: %w", name, err)
+	}
+	if s := resp.GetStatus(); s != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("plugin %q: health check answered %v, not SERVING", name, s)
+	}
+	return nil
 }

@@ -62,6 +62,10 @@ type proc struct {
 	stderr       *tail
 	exitR        *os.File // the exit pipe's read end, closed by stop
 
+	// stopGrace is Options.StopGrace; onStopped Options.Stopped.
+	stopGrace time.Duration
+	onStopped func(StopReport)
+
 	// breaker is this process's circuit breaker (nil: none).
 	breaker *gobreaker.TwoStepCircuitBreaker[struct{}]
 	// checkNow asks the health probe for a check at once (a call missed
@@ -167,6 +171,8 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		exitR:        exitR,
 		exited:       make(chan struct{}),
 		checkNow:     make(chan struct{}, 1),
+		stopGrace:    h.stopGrace,
+		onStopped:    h.onStopped,
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.client = plugin.NewClient(&plugin.ClientConfig{
@@ -181,6 +187,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		Logger:           quietStderr{Logger: log, stderrName: filepath.Base(path)},
 		Stderr:           io.MultiWriter(p.stderr, &stderrLog{log: log}),
 		SkipHostEnv:      true,
+		SyncStdout:       h.stdout,
 		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: dir},
 		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(shared.MaxMessageBytes),
@@ -472,7 +479,7 @@ func (p *proc) closedErr(cause error) error {
 }
 
 // stop cancels every call, closes the client, has go-plugin end the
-// process (gracefully when it answers within gracefulKill), kills the
+// process (gracefully when it exits within stopGrace), kills the
 // whole process group, waits for the process to be reaped, and removes the
 // socket directory. Each step is bounded: a wedged plugin never blocks
 // stop for more than about killWait.
@@ -483,9 +490,11 @@ func (p *proc) stop() error {
 
 func (p *proc) doStop() error {
 	p.cancel()
-	deadline := time.Now().Add(killWait)
+	start := time.Now()
+	deadline := start.Add(killWait)
 	var errs []error
-	if p.hasExited() && p.pid > 0 {
+	report := StopReport{Plugin: p.name, PID: p.pid, WasRunning: !p.hasExited()}
+	if !report.WasRunning && p.pid > 0 {
 		// Nothing graceful is left to do: kill what remains of the group
 		// (descendants holding its pipes hold up go-plugin's Kill).
 		_ = syscall.Kill(-p.pid, syscall.SIGKILL)
@@ -508,7 +517,14 @@ func (p *proc) doStop() error {
 		defer close(killed)
 		p.client.Kill()
 	}()
-	waitUntil(killed, time.Now().Add(gracefulKill))
+	graceEnd := time.Now().Add(p.stopGrace)
+	if waitUntil(killed, graceEnd) && report.WasRunning {
+		// go-plugin's Kill returned: the process exited on its own (or
+		// go-plugin gave up on it and killed it, after 2 s); the exit pipe
+		// reports it a moment later.
+		report.Exited = waitUntil(p.exited, graceEnd)
+		report.After = time.Since(start)
+	}
 	if p.pid > 0 {
 		if err := syscall.Kill(-p.pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
 			errs = append(errs, fmt.Errorf("killing process group %d: %w", p.pid, err))
@@ -534,6 +550,12 @@ func (p *proc) doStop() error {
 	}
 	_ = p.exitR.Close() // ends watchExitPipe, should a stray descendant hold the pipe
 	p.bg.Wait()
+	if p.onStopped != nil && p.pid > 0 {
+		if !report.Exited {
+			report.After = p.stopGrace
+		}
+		p.onStopped(report)
+	}
 	return errors.Join(errs...)
 }
 

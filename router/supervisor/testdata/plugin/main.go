@@ -32,6 +32,14 @@
 //	           (n-1) mod len. "ok" scores, "error" returns the error
 //	           "injected error on call n", "panic" panics with
 //	           "injected panic on call n"
+//	badschema  serve the good types, but t-max-active has no doc, a second
+//	           parameter "max" and a parameter "bad name" (for
+//	           `router plugins check`)
+//	stdout-after
+//	           serve the good types, but configuring t-max-active prints
+//	           "configured t-max-active" on stdout
+//	linger     serve, and keep running for an hour once serving ends
+//	           (asked to shut down)
 //	stderr     write to stderr, before serving, the plain line "plain line
 //	           from the plugin" and two hclog JSON lines, "json warn line"
 //	           at warn and "json debug line" at debug
@@ -133,6 +141,24 @@ func main() {
 	case "fail":
 		failCycle = strings.Split(os.Getenv("SY_FAIL"), ",")
 		serve()
+	case "badschema":
+		ts := types()
+		ts[0].Doc = ""
+		ts[0].Params = append(ts[0].Params,
+			shared.ParamSpec{Name: "max", Type: shared.Int, Doc: "the same name again"},
+			shared.ParamSpec{Name: "bad name", Type: shared.Bool, Doc: "not an identifier"})
+		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
+	case "stdout-after":
+		ts := types()
+		newMax := ts[0].New
+		ts[0].New = func(info shared.InstanceInfo, p shared.Params) (shared.Component, error) {
+			fmt.Println("configured t-max-active")
+			return newMax(info, p)
+		}
+		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
+	case "linger":
+		serve()
+		time.Sleep(time.Hour)
 	case "builtin":
 		shared.Serve(shared.ServeOpts{Version: "test", Types: []shared.TypeInfo{
 			builtin.KVCostType(), builtin.MinCostType(), builtin.BusyType(),
