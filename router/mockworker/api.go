@@ -297,16 +297,26 @@ type usage struct {
 	} `json:"prompt_tokens_details"`
 }
 
-func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+// readBody reads r's body, at most maxBodyBytes; on an error it answers
+// (413 over the bound, else 400) and returns false.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			writeError(w, &apiError{http.StatusRequestEntityTooLarge, "invalid_request_error",
 				fmt.Sprintf("request body over %d bytes", mbe.Limit)})
-			return
+			return nil, false
 		}
 		writeError(w, badRequest("reading the request body: %v", err))
+		return nil, false
+	}
+	return body, true
+}
+
+func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat bool) {
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	req, sr, perr := s.parse(r.Context(), body, chat)

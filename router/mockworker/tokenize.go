@@ -3,9 +3,7 @@ package mockworker
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"net/http"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
@@ -36,15 +34,8 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 			"this mock engine has no tokenizer (start it with --tokenizer FILE)"})
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			writeError(w, &apiError{http.StatusRequestEntityTooLarge, "invalid_request_error",
-				fmt.Sprintf("request body over %d bytes", mbe.Limit)})
-			return
-		}
-		writeError(w, badRequest("reading the request body: %v", err))
+	body, ok := readBody(w, r)
+	if !ok {
 		return
 	}
 	var req tokenizeRequest

@@ -390,15 +390,26 @@ func (p *Precise) addGroup(bit uint64) {
 	p.groups |= bit
 }
 
-func (p *Precise) stored(ev *kvevents.Event) {
+// tierGroup returns the group bit of a store or removal the index takes
+// (the GPU tier, a group below maxGroups); 0 after counting its blocks as
+// skipped. p.mu is held.
+func (p *Precise) tierGroup(ev *kvevents.Event) uint64 {
 	n := uint64(len(ev.BlockHashes))
 	if !gpu(ev.Medium) {
 		p.stats.SkippedTier += n
-		return
+		return 0
 	}
 	bit := group(ev)
 	if bit == 0 {
 		p.stats.SkippedGroup += n
+	}
+	return bit
+}
+
+func (p *Precise) stored(ev *kvevents.Event) {
+	n := uint64(len(ev.BlockHashes))
+	bit := p.tierGroup(ev)
+	if bit == 0 {
 		return
 	}
 	p.addGroup(bit)
@@ -500,14 +511,8 @@ func (p *Precise) drop(i int32) {
 }
 
 func (p *Precise) removed(ev *kvevents.Event) {
-	n := uint64(len(ev.BlockHashes))
-	if !gpu(ev.Medium) {
-		p.stats.SkippedTier += n
-		return
-	}
-	bit := group(ev)
+	bit := p.tierGroup(ev)
 	if bit == 0 {
-		p.stats.SkippedGroup += n
 		return
 	}
 	for _, eh := range ev.BlockHashes {
