@@ -241,6 +241,9 @@ func (e *engine) catchUp() {
 		// (the following step, starting at next, is left unformed).
 		e.evs = e.w.Advance(next, e.evs[:0])
 		e.flushKV()
+		// The gauges change before the step's tokens go out, so a client
+		// that has read its last token never scrapes itself as running.
+		e.updateLoad()
 		e.stepEnded(next, e.evs)
 	}
 	e.updateLoad()
@@ -280,11 +283,12 @@ func (e *engine) doAbort(id int) {
 // last, which comes with Completed), the first to requests whose prefill
 // ended, the rest to completed ones.
 func (e *engine) stepEnded(at time.Duration, evs []sim.Event) {
-	gen := 0
+	// Counters move before the tokens they count go out, so a client that
+	// has read its tokens scrapes them counted.
 	for _, a := range e.reqs {
 		if a.decoding && a.emitted < a.output-1 {
 			a.emitted++
-			gen++
+			e.m.generationTokens.Inc()
 			a.produce(at, 1, false, 0, false)
 		}
 	}
@@ -300,12 +304,12 @@ func (e *engine) stepEnded(at time.Duration, evs []sim.Event) {
 				// prefill worker sampled and this step's go out together.
 				// No prompt was computed and the cache was not queried.
 				a.decoding, a.emitted = true, 2
-				gen++
+				e.m.generationTokens.Inc()
 				a.produce(at, 2, true, 0, a.output == 2)
 				continue
 			}
 			a.decoding, a.emitted = true, 1
-			gen++
+			e.m.generationTokens.Inc()
 			e.m.promptTokens.Add(float64(a.prompt))
 			e.m.cacheQueries.Add(float64(a.prompt))
 			e.m.cacheHits.Add(float64(ev.CachedTokens))
@@ -313,13 +317,12 @@ func (e *engine) stepEnded(at time.Duration, evs []sim.Event) {
 		case sim.Completed:
 			n := a.output - a.emitted
 			a.decoding, a.emitted = false, a.output
-			gen += n
+			e.m.generationTokens.Add(float64(n))
 			delete(e.reqs, ev.RequestID)
 			e.m.success.Inc()
 			a.produce(at, n, false, 0, true)
 		}
 	}
-	e.m.generationTokens.Add(float64(gen))
 }
 
 func (e *engine) updateLoad() {
