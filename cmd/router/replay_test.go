@@ -377,7 +377,7 @@ func TestReplayPrefixBoth(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
 	lines := strings.Split(out, "\n")
-	if !strings.Contains(lines[1], " KV hit  belief ") {
+	if !strings.Contains(lines[1], " of ref  belief ") {
 		t.Errorf("header %q lacks the belief column", lines[1])
 	}
 	if f2, f3 := strings.Fields(lines[2]), strings.Fields(lines[3]); len(f2) == 0 || f2[0] != "default" || len(f3) == 0 || f3[0] != "default+precise" {

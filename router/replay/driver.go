@@ -69,6 +69,9 @@ type driver struct {
 	// engineBlock is the simulated engines' tokens per KV block
 	// (sim.Config.BlockSize), for the belief accuracy.
 	engineBlock int
+	// engineKV is each simulated engine's KV capacity in engine blocks
+	// (sim.Config.TotalKVBlocks).
+	engineKV int
 
 	// charge is each hop's role policy's decision latency, classifierCharge
 	// the classifier's (zero without one), policyCharge every policy's
@@ -134,6 +137,7 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		reqs:         make([]request, len(o.Records)),
 		policyCharge: o.DecisionLatency.Policies,
 		engineBlock:  cfg.BlockSize,
+		engineKV:     cfg.TotalKVBlocks,
 	}
 	if o.Classifier != nil {
 		d.classifierCharge = o.DecisionLatency.Classifier

@@ -96,6 +96,17 @@ type Report struct {
 	// KVHitRatio is prompt tokens served from the engines' prefix caches
 	// divided by all prompt tokens of completed requests.
 	KVHitRatio float64 `json:"kv_hit_ratio"`
+	// KVHitReference is the hit ratio of one LRU cache holding the whole
+	// fleet's KV capacity (the aggregated or prefill workers' engine
+	// blocks), fed every request of the trace in arrival order with the
+	// engines' cache rules; KVHitCeiling the same with a cache that never
+	// evicts (KVReference; docs/replay.md "How much a better policy could
+	// gain"). Both count the prompt tokens of every request, rejected ones
+	// included. KVHitOfReference is KVHitRatio / KVHitReference (0 when
+	// the reference is 0).
+	KVHitReference   float64 `json:"kv_hit_reference"`
+	KVHitOfReference float64 `json:"kv_hit_of_reference"`
+	KVHitCeiling     float64 `json:"kv_hit_ceiling"`
 	// RouterOverlapRatio is the same ratio as the router's prefix index
 	// predicted it at selection time.
 	RouterOverlapRatio float64 `json:"router_overlap_ratio"`
@@ -191,7 +202,9 @@ type ClassReport struct {
 const TableLegend = `latencies in ms of simulated time; rejected = requests the router or a worker refused;
 fallbacks = selections a policy's fallback made because the policy failed (a plugin error, panic, timeout,
 restart...), with their share of all selections;
-KV hit = prompt tokens served from the engines' prefix caches; imbalance = max/mean requests per worker
+KV hit = prompt tokens served from the engines' prefix caches; KV ref = the same for one LRU cache of the whole
+fleet's KV capacity fed the trace in arrival order (a reference, not a bound; unbounded ceiling in the report's
+kv_hit_ceiling); of ref = KV hit / KV ref; imbalance = max/mean requests per worker
 (1 is even; disaggregated: the worse pool); sim s = simulated first arrival to last completion;
 wall s = real time incl. building the fleet; req/s (wall) = requests / wall s
 `
@@ -208,15 +221,16 @@ from cache (in engine blocks, the engine's last-block recompute applied to both)
 func WriteTable(w io.Writer, reports []*Report) error {
 	belief := slices.ContainsFunc(reports, func(r *Report) bool { return r.KVEvents != nil })
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "policy\trequests\tcompleted\trejected\tfallbacks\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\t"
+	head := "policy\trequests\tcompleted\trejected\tfallbacks\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\tKV ref\tof ref\t"
 	if belief {
 		head += "belief\t"
 	}
 	fmt.Fprintln(tw, head+"imbalance\tsim s\twall s\treq/s (wall)\t")
 	for _, r := range reports {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%.0f%%\t",
 			r.Label(), r.Requests, r.Completed, r.Rejected, fallbacks(r),
-			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), ms(r.E2E.P50), ms(r.E2E.P99), 100*r.KVHitRatio)
+			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), ms(r.E2E.P50), ms(r.E2E.P99), 100*r.KVHitRatio,
+			100*r.KVHitReference, 100*r.KVHitOfReference)
 		if belief {
 			fmt.Fprintf(tw, "%.1f%%\t", 100*r.BeliefAccuracy)
 		}
@@ -261,7 +275,7 @@ func classRows(tw io.Writer, r *Report, belief bool) {
 	if len(r.Classes) < 2 {
 		return
 	}
-	empty := "\t\t\t\t\t\t"
+	empty := "\t\t\t\t\t\t\t\t"
 	if belief {
 		empty += "\t"
 	}
@@ -452,6 +466,11 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 	if prompt > 0 {
 		rep.KVHitRatio = round4(float64(cached) / float64(prompt))
 		rep.RouterOverlapRatio = round4(float64(predicted) / float64(prompt))
+	}
+	ref := kvReference(o.Records, d.blockSize, d.engineBlock, int64(d.first.Len())*int64(d.engineKV))
+	rep.KVHitReference, rep.KVHitCeiling = ref.HitRatio, ref.CeilingRatio
+	if ref.HitRatio > 0 {
+		rep.KVHitOfReference = round4(rep.KVHitRatio / ref.HitRatio)
 	}
 	rep.Imbalance = imbalance(rep.RequestsPerWorker[:d.first.Len()])
 	clusters := []*sim.Cluster{d.first}

@@ -120,23 +120,23 @@ func TestReportLabel(t *testing.T) {
 func TestWriteTable(t *testing.T) {
 	rep := &Report{Policy: "kv", Requests: 300, Completed: 290, Rejected: 10, Selections: 290, Fallbacks: 12,
 		TTFT: Summary{P50: 41.25, P90: 120, P99: 15000}, E2E: Summary{P50: 2000, P99: 9.5},
-		KVHitRatio: 0.4567, Imbalance: 1.25, SimDurationS: 61.4, WallS: 0.1234, SimRequestsPerS: 2431}
+		KVHitRatio: 0.4567, KVHitReference: 0.5, KVHitOfReference: 0.9134, Imbalance: 1.25, SimDurationS: 61.4, WallS: 0.1234, SimRequestsPerS: 2431}
 	healthy := &Report{Policy: "rr", Requests: 300, Completed: 300, Selections: 300,
 		TTFT: Summary{P50: 50, P90: 130, P99: 16000}, E2E: Summary{P50: 2100, P99: 9.5},
-		KVHitRatio: 0.1, Imbalance: 1, SimDurationS: 62, WallS: 0.1, SimRequestsPerS: 3000}
+		KVHitRatio: 0.1, KVHitReference: 0.5, KVHitOfReference: 0.2, Imbalance: 1, SimDurationS: 62, WallS: 0.1, SimRequestsPerS: 3000}
 	var buf bytes.Buffer
 	if err := WriteTable(&buf, []*Report{rep, healthy}); err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(buf.String(), "\n")
 	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	if got, want := fields(lines[0]), "policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit imbalance sim s wall s req/s (wall)"; got != want {
+	if got, want := fields(lines[0]), "policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit KV ref of ref imbalance sim s wall s req/s (wall)"; got != want {
 		t.Errorf("header %q, want %q", got, want)
 	}
-	if got, want := fields(lines[1]), "kv 300 290 10 12 (4.1%) 41.2 120 15000 2000 9.5 45.7% 1.250 61 0.12 2431"; got != want {
+	if got, want := fields(lines[1]), "kv 300 290 10 12 (4.1%) 41.2 120 15000 2000 9.5 45.7% 50.0% 91% 1.250 61 0.12 2431"; got != want {
 		t.Errorf("row %q, want %q", got, want)
 	}
-	if got, want := fields(lines[2]), "rr 300 300 0 0 50 130 16000 2100 9.5 10.0% 1.000 62 0.10 3000"; got != want {
+	if got, want := fields(lines[2]), "rr 300 300 0 0 50 130 16000 2100 9.5 10.0% 50.0% 20% 1.000 62 0.10 3000"; got != want {
 		t.Errorf("row %q, want %q", got, want)
 	}
 	// Columns stay aligned: every cell ends where its header does.
@@ -203,9 +203,9 @@ func TestWriteTableBelief(t *testing.T) {
 	lines := strings.Split(buf.String(), "\n")
 	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	for i, want := range []string{
-		"policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit belief imbalance sim s wall s req/s (wall)",
-		"default 10 10 0 0 0 0 0 0 0 32.7% 98.1% 1.000 0 0.00 0",
-		"default+precise 10 10 0 0 0 0 0 0 0 33.2% 99.9% 1.000 0 0.00 0",
+		"policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit KV ref of ref belief imbalance sim s wall s req/s (wall)",
+		"default 10 10 0 0 0 0 0 0 0 32.7% 0.0% 0% 98.1% 1.000 0 0.00 0",
+		"default+precise 10 10 0 0 0 0 0 0 0 33.2% 0.0% 0% 99.9% 1.000 0 0.00 0",
 	} {
 		if got := fields(lines[i]); got != want {
 			t.Errorf("line %d %q, want %q", i, got, want)

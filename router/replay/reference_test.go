@@ -1,0 +1,52 @@
+package replay
+
+import (
+	"testing"
+
+	"github.com/switchyard-router/switchyard/router/trace"
+)
+
+// TestKVReferenceByHand walks a 4-block LRU (2 engine blocks of 16 tokens
+// per 32-token trace block) through whole and partial evictions; every
+// number is worked out in the comments.
+func TestKVReferenceByHand(t *testing.T) {
+	a := []uint64{1, 2}
+	recs := []trace.Record{
+		{InputLength: 64, HashIDs: a},           // miss; cache A1 A2 (4 blocks)
+		{InputLength: 64, HashIDs: a},           // 4 cached, capped at ⌊63/16⌋ = 3: 48 tokens
+		{InputLength: 40, HashIDs: []uint64{3}}, // miss; B (2 blocks) evicts A2 whole
+		{InputLength: 64, HashIDs: a},           // A1 only: 2 blocks, 32 tokens; A2 back evicts B
+		{InputLength: 16, HashIDs: []uint64{4}}, // capped at ⌊15/16⌋ = 0; C (1 block) takes one of A2's
+		{InputLength: 64, HashIDs: a},           // A1 (2) + A2 (1 left) = 3 blocks: 48 tokens
+		{InputLength: 100},                      // no hashes: prompt tokens only
+	}
+	got := kvReference(recs, 32, 16, 4)
+	// prompt 64+64+40+64+16+64+100 = 412; hits 48+32+48 = 128; the
+	// ceiling serves 48 at each repeat of A: 144.
+	want := KVReference{HitRatio: round4(128.0 / 412), CeilingRatio: round4(144.0 / 412)}
+	if got != want {
+		t.Fatalf("kvReference = %+v, want %+v", got, want)
+	}
+	if got := kvReference(nil, 32, 16, 4); got != (KVReference{}) {
+		t.Errorf("empty trace: %+v", got)
+	}
+}
+
+// A cache large enough for everything is the ceiling.
+func TestKVReferenceUnboundedEqualsCeiling(t *testing.T) {
+	recs := []trace.Record{
+		{InputLength: 1000, HashIDs: []uint64{1, 2}},
+		{InputLength: 1500, HashIDs: []uint64{1, 2, 3}},
+		{InputLength: 600, HashIDs: []uint64{1, 9}},
+	}
+	got := kvReference(recs, 512, 16, 1<<40)
+	if got.HitRatio != got.CeilingRatio || got.HitRatio == 0 {
+		t.Fatalf("%+v: want equal, non-zero", got)
+	}
+	// Request 2 finds request 1's 1000 tokens: 512/16 + ⌊488/16⌋ = 62 blocks
+	// (992 tokens, under its cap of ⌊1499/16⌋); request 3 finds block 1's
+	// 32 blocks (512 tokens). 1504 of 3100.
+	if want := round4(1504.0 / 3100); got.HitRatio != want {
+		t.Errorf("hit ratio %v, want %v", got.HitRatio, want)
+	}
+}
