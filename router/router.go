@@ -332,14 +332,15 @@ func (r *Router) AddWorkers(specs ...fleet.Spec) ([]*fleet.Worker, error) {
 	if err != nil {
 		return nil, err
 	}
+	ms := make([]prefix.Member, len(specs))
 	for i, s := range specs {
-		if err := r.index.AddWorker(prefix.Candidate{ID: s.ID, Rank: s.DPRank}, int(s.TotalKVBlocks)); err != nil {
-			for _, undo := range specs[:i+1] {
-				r.index.RemoveWorker(prefix.Candidate{ID: undo.ID, Rank: undo.DPRank})
-				err = errors.Join(err, r.fleet.RemoveWorker(undo.ID, undo.DPRank))
-			}
-			return nil, err
+		ms[i] = prefix.Member{Candidate: prefix.Candidate{ID: s.ID, Rank: s.DPRank}, Capacity: int(s.TotalKVBlocks)}
+	}
+	if err := r.index.AddWorkers(ms...); err != nil {
+		for _, undo := range specs {
+			err = errors.Join(err, r.fleet.RemoveWorker(undo.ID, undo.DPRank))
 		}
+		return nil, err
 	}
 	return ws, nil
 }

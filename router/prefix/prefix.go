@@ -140,31 +140,50 @@ func New(blockSize int) *Index {
 // DefaultUnknownCapacity). Adding a tracked candidate resets its
 // approximate entries. A candidate made precise before (Precise, and not
 // dropped since) gets its precise index back, as its events left it, with
-// its bound following the new capacity.
+// its bound following the new capacity. It is AddWorkers with one member.
 func (x *Index) AddWorker(c Candidate, capacity int) error {
-	if capacity < 0 {
-		return fmt.Errorf("prefix index: worker %d rank %d: capacity %d blocks, want >= 0", c.ID, c.Rank, capacity)
-	}
-	known := capacity
-	if capacity == 0 {
-		capacity = DefaultUnknownCapacity
+	return x.AddWorkers(Member{Candidate: c, Capacity: capacity})
+}
+
+// Member is a candidate joining the index and its KV capacity in blocks of
+// the router's size (0: unknown).
+type Member struct {
+	Candidate
+	Capacity int
+}
+
+// AddWorkers starts tracking every member as AddWorker does, with one copy
+// of the membership map for all of them: joining n candidates costs O(n +
+// tracked), where n AddWorker calls would cost O(n × tracked). A negative
+// capacity is an error and adds none of them.
+func (x *Index) AddWorkers(ms ...Member) error {
+	for _, m := range ms {
+		if m.Capacity < 0 {
+			return fmt.Errorf("prefix index: worker %d rank %d: capacity %d blocks, want >= 0", m.ID, m.Rank, m.Capacity)
+		}
 	}
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	old := *x.byID.Load()
-	if m := old[c]; m != nil {
-		x.purge(m)
-	}
-	m := make(map[Candidate]*member, len(old)+1)
+	next := make(map[Candidate]*member, len(old)+len(ms))
 	for k, v := range old {
-		m[k] = v
+		next[k] = v
 	}
-	p := x.precise[c]
-	m[c] = &member{lru: newLRU(c, capacity), precise: p, capacity: known}
-	x.byID.Store(&m)
-	if p != nil {
-		p.resize(known)
+	for _, j := range ms {
+		if m := next[j.Candidate]; m != nil {
+			x.purge(m)
+		}
+		bound := j.Capacity
+		if bound == 0 {
+			bound = DefaultUnknownCapacity
+		}
+		p := x.precise[j.Candidate]
+		next[j.Candidate] = &member{lru: newLRU(j.Candidate, bound), precise: p, capacity: j.Capacity}
+		if p != nil {
+			p.resize(j.Capacity)
+		}
 	}
+	x.byID.Store(&next)
 	return nil
 }
 

@@ -132,6 +132,35 @@ func TestAddWorkerCapacity(t *testing.T) {
 	}
 }
 
+// AddWorkers joins several candidates in one membership change, with the
+// same rules as AddWorker: each bounded by its capacity, a tracked one
+// reset, and a negative capacity refusing the whole batch.
+func TestAddWorkers(t *testing.T) {
+	x := New(1)
+	_ = x.AddWorker(cand(1), 10)
+	x.Record(cand(1), hashes(0, 1, 2))
+	if err := x.AddWorkers(Member{cand(2), 2}, Member{cand(3), -1}); err == nil {
+		t.Fatal("want an error for capacity -1")
+	}
+	if n := len(*x.byID.Load()); n != 1 {
+		t.Fatalf("%d members after a refused batch, want 1", n)
+	}
+	if err := x.AddWorkers(Member{cand(1), 10}, Member{cand(2), 2}, Member{cand(3), 0}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(*x.byID.Load()); n != 3 {
+		t.Fatalf("%d members, want 3", n)
+	}
+	if got := x.Len(cand(1)); got != 0 {
+		t.Errorf("re-added candidate 1 holds %d blocks, want 0 (reset)", got)
+	}
+	x.Record(cand(2), hashes(0, 1, 2))
+	x.Record(cand(3), hashes(0, 1, 2))
+	if a, b := x.Len(cand(2)), x.Len(cand(3)); a != 2 || b != 3 {
+		t.Errorf("Len = %d, %d; want 2 (its capacity) and 3", a, b)
+	}
+}
+
 func BenchmarkFill(b *testing.B) {
 	x := New(1)
 	ids := make([]shared.WorkerID, 64)

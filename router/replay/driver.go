@@ -169,14 +169,18 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 			return nil, fmt.Errorf("replay: %w", err)
 		}
 		d.base[k] = len(d.workers)
-		for range sizes[k] {
-			id := len(d.workers)
-			w, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(id), Role: d.path.Hop(k).Role, TotalKVBlocks: capacity, Name: names[k] + strconv.Itoa(id)})
-			if err != nil {
-				return nil, fmt.Errorf("replay: %w", err)
-			}
-			d.workers = append(d.workers, w)
+		// One membership change for the whole cluster: the fleet sorts
+		// its partition once, not once per worker.
+		specs := make([]fleet.Spec, sizes[k])
+		for i := range specs {
+			id := d.base[k] + i
+			specs[i] = fleet.Spec{ID: shared.WorkerID(id), Role: d.path.Hop(k).Role, TotalKVBlocks: capacity, Name: names[k] + strconv.Itoa(id)}
 		}
+		ws, err := r.AddWorkers(specs...)
+		if err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
+		}
+		d.workers = append(d.workers, ws...)
 	}
 	d.first, d.decode = d.clusters[firstHop], d.clusters[decodeHop]
 	if o.Prefix == PrefixPrecise {

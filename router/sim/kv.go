@@ -63,8 +63,7 @@ func newKVCache(total int) *kvCache {
 		freePlain: total,
 		head:      -1,
 		tail:      -1,
-		index:     make(map[uint64]int32, 1024),
-		nodes:     make([]node, 0, 1024),
+		index:     make(map[uint64]int32),
 	}
 }
 

@@ -209,14 +209,13 @@ func NewWorker(cfg Config) (*Worker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// Buffers and the cache's tables grow as requests arrive: a fleet of
+	// thousands of mostly idle simulated workers costs little to build.
 	return &Worker{
-		cfg:     cfg,
-		k:       cfg.Timing.compile(),
-		kv:      newKVCache(cfg.TotalKVBlocks),
-		bs:      cfg.BlockSize,
-		seqs:    make([]seq, 0, 256),
-		running: make([]int32, 0, min(cfg.MaxNumSeqs, 1024)),
-		sched:   make([]sched, 0, min(cfg.MaxNumSeqs, 1024)),
+		cfg: cfg,
+		k:   cfg.Timing.compile(),
+		kv:  newKVCache(cfg.TotalKVBlocks),
+		bs:  cfg.BlockSize,
 	}, nil
 }
 
