@@ -191,7 +191,7 @@ func (r *Router) UncachedTokens(req *shared.Request) int64 {
 	if p := r.fleet.Snapshot().ModelPartition(req.Model, req.Role); p != nil && len(req.BlockHashes) > 0 {
 		s := r.scratch.Get().(*pipeline.Scratch)
 		overlap := s.Overlap(len(p.IDs))
-		r.index.Fill(p.IDs, p.DPRanks, req.BlockHashes, req.Prompt, overlap)
+		r.index.Fill(p.Slots, req.BlockHashes, req.Prompt, overlap)
 		for _, o := range overlap {
 			best = max(best, o)
 		}
@@ -328,21 +328,24 @@ func (r *Router) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 // TotalKVBlocks (0: unknown, bounded by prefix.DefaultUnknownCapacity).
 // On error none of them is a member.
 func (r *Router) AddWorkers(specs ...fleet.Spec) ([]*fleet.Worker, error) {
-	ws, err := r.fleet.AddWorkers(specs...)
+	ms := make([]prefix.Member, len(specs))
+	for i, s := range specs {
+		if err := s.Validate(); err != nil {
+			return nil, err
+		}
+		ms[i] = prefix.Member{Candidate: prefix.Candidate{ID: s.ID, Rank: s.DPRank}, Capacity: int(s.TotalKVBlocks)}
+	}
+	// The index first, so that every member is scored by its slot from
+	// the moment selections can see it.
+	slots, err := r.index.AddWorkers(ms...)
 	if err != nil {
 		return nil, err
 	}
-	ms := make([]prefix.Member, len(specs))
-	for i, s := range specs {
-		ms[i] = prefix.Member{Candidate: prefix.Candidate{ID: s.ID, Rank: s.DPRank}, Capacity: int(s.TotalKVBlocks)}
+	specs = slices.Clone(specs)
+	for i := range specs {
+		specs[i].Slot = slots[i]
 	}
-	if err := r.index.AddWorkers(ms...); err != nil {
-		for _, undo := range specs {
-			err = errors.Join(err, r.fleet.RemoveWorker(undo.ID, undo.DPRank))
-		}
-		return nil, err
-	}
-	return ws, nil
+	return r.fleet.AddWorkers(specs...)
 }
 
 // RemoveWorker takes a worker out of selection and purges its prefix-index
@@ -705,7 +708,7 @@ func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Reques
 		}
 	}
 	if c.OverlapBlocks != nil {
-		r.index.Fill(c.IDs, c.DPRanks, req.BlockHashes, req.Prompt, c.OverlapBlocks)
+		r.index.Fill(part.Slots, req.BlockHashes, req.Prompt, c.OverlapBlocks)
 	}
 }
 

@@ -46,6 +46,23 @@ type Spec struct {
 	// ranks (several members share its URL, one per DPRank): requests to
 	// it name DPRank (router serve sends the X-data-parallel-rank header).
 	DataParallel bool
+	// Slot is the worker's slot in the router's prefix index
+	// (prefix.Index.Slot), by which the index scores it through the
+	// Partition's Slots column; Router.AddWorkers sets it, whatever the
+	// caller gave. -1: not tracked (overlap 0).
+	Slot int32
+}
+
+// Validate reports a spec the fleet refuses: an invalid role or a
+// negative capacity.
+func (s Spec) Validate() error {
+	if !s.Role.Valid() {
+		return fmt.Errorf("worker %d: invalid role %q", s.ID, s.Role)
+	}
+	if s.TotalKVBlocks < 0 {
+		return fmt.Errorf("worker %d: total_kv_blocks %d, want >= 0 (0: unknown)", s.ID, s.TotalKVBlocks)
+	}
+	return nil
 }
 
 // Worker is one member of the fleet for one join generation.
@@ -102,6 +119,7 @@ type Partition struct {
 	Workers []*Worker         // ascending (ID, DPRank)
 	IDs     []shared.WorkerID // IDs[i] == Workers[i].ID
 	DPRanks []uint32          // nil when every rank is 0
+	Slots   []int32           // Slots[i] == Workers[i].Slot
 	// Key identifies the candidate set (role and member generations), so a
 	// round-robin cursor is never shared by two sets.
 	Key uint64
@@ -202,11 +220,8 @@ func (f *Fleet) AddWorker(s Spec) (*Worker, error) {
 // spec first and joins none when one is invalid.
 func (f *Fleet) AddWorkers(specs ...Spec) ([]*Worker, error) {
 	for _, s := range specs {
-		if !s.Role.Valid() {
-			return nil, fmt.Errorf("worker %d: invalid role %q", s.ID, s.Role)
-		}
-		if s.TotalKVBlocks < 0 {
-			return nil, fmt.Errorf("worker %d: total_kv_blocks %d, want >= 0 (0: unknown)", s.ID, s.TotalKVBlocks)
+		if err := s.Validate(); err != nil {
+			return nil, err
 		}
 	}
 	f.mu.Lock()
@@ -272,10 +287,10 @@ func newPartition(model string, role shared.Role, ws []*Worker) *Partition {
 		}
 		return int(a.DPRank) - int(b.DPRank)
 	})
-	p := &Partition{Role: role, Model: model, Workers: ws, IDs: make([]shared.WorkerID, len(ws)), Infos: make([]shared.WorkerInfo, len(ws))}
+	p := &Partition{Role: role, Model: model, Workers: ws, IDs: make([]shared.WorkerID, len(ws)), Slots: make([]int32, len(ws)), Infos: make([]shared.WorkerInfo, len(ws))}
 	h := fnv(fnv(0xcbf29ce484222325, []byte(role)), []byte(model))
 	for i, w := range ws {
-		p.IDs[i] = w.ID
+		p.IDs[i], p.Slots[i] = w.ID, w.Slot
 		p.Infos[i] = shared.WorkerInfo{ID: w.ID, DPRank: w.DPRank, TotalKVBlocks: w.TotalKVBlocks}
 		if w.DPRank != 0 && p.DPRanks == nil {
 			p.DPRanks = make([]uint32, len(ws))

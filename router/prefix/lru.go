@@ -6,10 +6,11 @@ import "sync"
 // doubly linked list over preallocated arrays (head = most recent), with a
 // map from hash to node. No allocation after the arrays fill. mu guards
 // every field but owner and capacity; dead marks a list its worker left.
+// owner is the candidate's slot in the index (Index.Slot).
 type lru struct {
 	mu         sync.Mutex
 	dead       bool
-	owner      Candidate
+	owner      int32
 	capacity   int
 	pos        map[uint64]int32
 	hash       []uint64
@@ -18,7 +19,7 @@ type lru struct {
 	free       []int32 // slots freed by remove, reused first
 }
 
-func newLRU(owner Candidate, capacity int) *lru {
+func newLRU(owner int32, capacity int) *lru {
 	return &lru{owner: owner, capacity: capacity, pos: make(map[uint64]int32), head: -1, tail: -1}
 }
 

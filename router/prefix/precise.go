@@ -148,15 +148,12 @@ func (x *Index) Precise(c Candidate) *Precise {
 	if mem.precise != nil {
 		return mem.precise
 	}
-	p := &Precise{x: x, c: c, l: newLRU(c, MaxPreciseBlocks), engine: make(map[uint64]uint64), inflight: xsync.NewMap[uint64, int32]()}
+	p := &Precise{x: x, c: c, l: newLRU(mem.slot, MaxPreciseBlocks), engine: make(map[uint64]uint64), inflight: xsync.NewMap[uint64, int32]()}
 	p.capTokens = x.preciseCapTokens(mem.capacity)
 	x.precise[c] = p
-	m := make(map[Candidate]*member, len(old))
-	for k, v := range old {
-		m[k] = v
-	}
-	m[c] = &member{lru: mem.lru, precise: p}
-	x.byID.Store(&m)
+	m := *mem
+	m.precise = p
+	x.setMember(c, &m)
 	return p
 }
 
@@ -172,13 +169,10 @@ func (x *Index) DropPrecise(c Candidate) {
 		return
 	}
 	delete(x.precise, c)
-	if old := *x.byID.Load(); old[c] != nil {
-		m := make(map[Candidate]*member, len(old))
-		for k, v := range old {
-			m[k] = v
-		}
-		m[c] = &member{lru: old[c].lru}
-		x.byID.Store(&m)
+	if mem := (*x.byID.Load())[c]; mem != nil {
+		m := *mem
+		m.precise = nil
+		x.setMember(c, &m)
 	}
 	p.mu.Lock()
 	p.clearLocked()

@@ -48,7 +48,7 @@ func preciseIndex(t *testing.T) (*Index, *Precise) {
 
 func fill(x *Index, prompt shared.PromptKey, routerHashes []uint64) []int32 {
 	out := make([]int32, 2)
-	x.Fill([]shared.WorkerID{1, 2}, nil, routerHashes, prompt, out)
+	fillRows(x, []shared.WorkerID{1, 2}, nil, routerHashes, prompt, out)
 	return out
 }
 
@@ -282,12 +282,12 @@ func TestPreciseDataParallelRanks(t *testing.T) {
 	ids := []int64{1, 2, 3, 4}
 	apply(pb, stored(nil, []uint64{1, 2}, ids, 2))
 	out := make([]int32, 2)
-	x.Fill([]shared.WorkerID{7, 7}, []uint32{0, 1}, nil, &Key{IDs: ids}, out)
+	fillRows(x, []shared.WorkerID{7, 7}, []uint32{0, 1}, nil, &Key{IDs: ids}, out)
 	if diff := cmp.Diff([]int32{0, 2}, out); diff != "" {
 		t.Fatalf("per-rank overlap (-want +got):\n%s", diff)
 	}
 	x.Record(a, TokenBlocks(ids, 2))
-	x.Fill([]shared.WorkerID{7, 7}, []uint32{0, 1}, TokenBlocks(ids, 2), nil, out)
+	fillRows(x, []shared.WorkerID{7, 7}, []uint32{0, 1}, TokenBlocks(ids, 2), nil, out)
 	if diff := cmp.Diff([]int32{2, 0}, out); diff != "" {
 		t.Fatalf("approximate per rank (-want +got):\n%s", diff)
 	}
@@ -345,7 +345,7 @@ func TestPreciseConcurrentApplyFill(t *testing.T) {
 			defer wg.Done()
 			out := make([]int32, 4)
 			for n := range 300 {
-				x.Fill([]shared.WorkerID{0, 1, 2, 3}, nil, nil, &Key{IDs: []int64{int64(n % 7), 1, int64(n % 3), 2}}, out)
+				fillRows(x, []shared.WorkerID{0, 1, 2, 3}, nil, nil, &Key{IDs: []int64{int64(n % 7), 1, int64(n % 3), 2}}, out)
 			}
 		}()
 	}

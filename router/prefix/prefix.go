@@ -18,6 +18,7 @@ package prefix
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -89,6 +90,10 @@ const DefaultUnknownCapacity = 1 << 16
 // member is one candidate's state: its approximate list and, in precise
 // mode, its precise index.
 type member struct {
+	// slot is the candidate's dense number in the index: the unit of the
+	// holder lists and of Fill's slots column. Kept while it is tracked
+	// (re-adding it keeps it), reused after it leaves.
+	slot    int32
 	lru     *lru
 	precise *Precise // nil in approximate mode
 	// capacity is the candidate's KV capacity in router blocks, 0 when
@@ -112,10 +117,19 @@ type Index struct {
 	// replaced (copy on write) by AddWorker and RemoveWorker, so a lookup
 	// is one atomic load with no lock and no shared write.
 	byID atomic.Pointer[map[Candidate]*member]
-	// holders maps a block hash at the router's block size to the
-	// candidates whose approximate lists hold it, each once. The slices
-	// are never modified once stored.
-	holders *xsync.Map[uint64, []Candidate]
+	// bySlot is the same members by slot (nil: a free slot), replaced
+	// with byID.
+	bySlot atomic.Pointer[[]*member]
+	// freeSlots are slots of candidates that left, reused first (guarded
+	// by mu).
+	freeSlots []int32
+	// holders maps a block hash at the router's block size to the slots
+	// of the candidates whose approximate lists hold it, each once. The
+	// slices are never modified once stored.
+	holders *xsync.Map[uint64, []int32]
+	// depths pools Fill's per-slot scratch (*[]int32, all zero when
+	// pooled).
+	depths sync.Pool
 	// live counts precise candidates whose stream is live, so Fill skips
 	// the precise pass when there are none.
 	live atomic.Int64
@@ -130,8 +144,9 @@ type Index struct {
 // New returns an empty index for a router of blockSize tokens per block
 // (> 0; the unit of the approximate hashes and of overlaps).
 func New(blockSize int) *Index {
-	x := &Index{blockSize: max(blockSize, 1), holders: xsync.NewMap[uint64, []Candidate](), precise: make(map[Candidate]*Precise)}
+	x := &Index{blockSize: max(blockSize, 1), holders: xsync.NewMap[uint64, []int32](), precise: make(map[Candidate]*Precise)}
 	x.byID.Store(&map[Candidate]*member{})
+	x.bySlot.Store(&[]*member{})
 	return x
 }
 
@@ -142,7 +157,8 @@ func New(blockSize int) *Index {
 // dropped since) gets its precise index back, as its events left it, with
 // its bound following the new capacity. It is AddWorkers with one member.
 func (x *Index) AddWorker(c Candidate, capacity int) error {
-	return x.AddWorkers(Member{Candidate: c, Capacity: capacity})
+	_, err := x.AddWorkers(Member{Candidate: c, Capacity: capacity})
+	return err
 }
 
 // Member is a candidate joining the index and its KV capacity in blocks of
@@ -153,13 +169,14 @@ type Member struct {
 }
 
 // AddWorkers starts tracking every member as AddWorker does, with one copy
-// of the membership map for all of them: joining n candidates costs O(n +
-// tracked), where n AddWorker calls would cost O(n × tracked). A negative
-// capacity is an error and adds none of them.
-func (x *Index) AddWorkers(ms ...Member) error {
+// of the membership for all of them: joining n candidates costs O(n +
+// tracked), where n AddWorker calls would cost O(n × tracked). It returns
+// each member's slot (Slot), in order. A negative capacity is an error and
+// adds none of them.
+func (x *Index) AddWorkers(ms ...Member) ([]int32, error) {
 	for _, m := range ms {
 		if m.Capacity < 0 {
-			return fmt.Errorf("prefix index: worker %d rank %d: capacity %d blocks, want >= 0", m.ID, m.Rank, m.Capacity)
+			return nil, fmt.Errorf("prefix index: worker %d rank %d: capacity %d blocks, want >= 0", m.ID, m.Rank, m.Capacity)
 		}
 	}
 	x.mu.Lock()
@@ -169,22 +186,43 @@ func (x *Index) AddWorkers(ms ...Member) error {
 	for k, v := range old {
 		next[k] = v
 	}
-	for _, j := range ms {
+	slots := slices.Clone(*x.bySlot.Load())
+	out := make([]int32, len(ms))
+	for i, j := range ms {
+		var slot int32
 		if m := next[j.Candidate]; m != nil {
 			x.purge(m)
+			slot = m.slot
+		} else if n := len(x.freeSlots); n > 0 {
+			slot, x.freeSlots = x.freeSlots[n-1], x.freeSlots[:n-1]
+		} else {
+			slot = int32(len(slots))
+			slots = append(slots, nil)
 		}
 		bound := j.Capacity
 		if bound == 0 {
 			bound = DefaultUnknownCapacity
 		}
 		p := x.precise[j.Candidate]
-		next[j.Candidate] = &member{lru: newLRU(j.Candidate, bound), precise: p, capacity: j.Capacity}
+		m := &member{slot: slot, lru: newLRU(slot, bound), precise: p, capacity: j.Capacity}
+		next[j.Candidate], slots[slot], out[i] = m, m, slot
 		if p != nil {
 			p.resize(j.Capacity)
 		}
 	}
+	x.bySlot.Store(&slots)
 	x.byID.Store(&next)
-	return nil
+	return out, nil
+}
+
+// Slot returns the candidate's slot, the dense number Fill's slots column
+// holds for it (0 to the number of tracked candidates, reused after one
+// leaves), or -1 when it is not tracked.
+func (x *Index) Slot(c Candidate) int32 {
+	if m := x.member(c); m != nil {
+		return m.slot
+	}
+	return -1
 }
 
 // RemoveWorker purges every entry of the candidate. Unknown ones are
@@ -203,8 +241,23 @@ func (x *Index) RemoveWorker(c Candidate) {
 			m[k] = v
 		}
 	}
+	slots := slices.Clone(*x.bySlot.Load())
+	slots[mem.slot] = nil
+	x.bySlot.Store(&slots)
 	x.byID.Store(&m)
 	x.purge(mem)
+	x.freeSlots = append(x.freeSlots, mem.slot)
+}
+
+// setMember replaces tracked candidate c's state by m, a copy with its
+// precise index changed, in both membership views. x.mu is held.
+func (x *Index) setMember(c Candidate, m *member) {
+	next := maps.Clone(*x.byID.Load())
+	next[c] = m
+	slots := slices.Clone(*x.bySlot.Load())
+	slots[m.slot] = m
+	x.bySlot.Store(&slots)
+	x.byID.Store(&next)
 }
 
 // purge drops every entry of m and marks it dead, so a Record or an event
@@ -219,8 +272,8 @@ func (x *Index) purge(m *member) {
 	l.mu.Unlock()
 }
 
-func dropHolder(hm *xsync.Map[uint64, []Candidate], h uint64, c Candidate) {
-	hm.Compute(h, func(hs []Candidate, loaded bool) ([]Candidate, xsync.ComputeOp) {
+func dropHolder(hm *xsync.Map[uint64, []int32], h uint64, c int32) {
+	hm.Compute(h, func(hs []int32, loaded bool) ([]int32, xsync.ComputeOp) {
 		i := slices.Index(hs, c)
 		switch {
 		case i < 0:
@@ -232,9 +285,9 @@ func dropHolder(hm *xsync.Map[uint64, []Candidate], h uint64, c Candidate) {
 	})
 }
 
-func addHolder(hm *xsync.Map[uint64, []Candidate], h uint64, c Candidate) {
-	hm.Compute(h, func(hs []Candidate, loaded bool) ([]Candidate, xsync.ComputeOp) {
-		out := make([]Candidate, len(hs)+1)
+func addHolder(hm *xsync.Map[uint64, []int32], h uint64, c int32) {
+	hm.Compute(h, func(hs []int32, loaded bool) ([]int32, xsync.ComputeOp) {
+		out := make([]int32, len(hs)+1)
 		copy(out, hs)
 		out[len(hs)] = c
 		return out, xsync.UpdateOp
@@ -290,9 +343,9 @@ func (x *Index) RecordOverlap(c Candidate, hashes []uint64, prompt shared.Prompt
 			continue
 		}
 		if evicted, ok := l.insert(h); ok {
-			dropHolder(x.holders, evicted, c)
+			dropHolder(x.holders, evicted, l.owner)
 		}
-		addHolder(x.holders, h, c)
+		addHolder(x.holders, h, l.owner)
 	}
 	return blocks
 }
@@ -372,47 +425,37 @@ func (x *Index) Belief(c Candidate, hashes []uint64, prompt shared.PromptKey) Be
 	return b
 }
 
-// search returns the row of candidate c in the sorted ids/ranks columns
-// (ranks nil: every rank 0).
-func search(ids []shared.WorkerID, ranks []uint32, c Candidate) (int, bool) {
-	if ranks == nil {
-		if c.Rank != 0 {
-			return 0, false
-		}
-		return slices.BinarySearch(ids, c.ID)
-	}
-	lo, hi := 0, len(ids)
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if (Candidate{ids[m], ranks[m]}).less(c) < 0 {
-			lo = m + 1
-		} else {
-			hi = m
-		}
-	}
-	return lo, lo < len(ids) && ids[lo] == c.ID && ranks[lo] == c.Rank
-}
-
 // Fill writes into overlap[i] the leading router blocks of the request
-// held by candidate (ids[i], ranks[i]) (ranks nil: all 0). The columns
-// must be sorted ascending by (id, rank), the candidate order; len(overlap)
-// == len(ids). hashes are the request's at the router's block size; prompt
-// (may be nil) gives its hashes at engine block sizes for live precise
-// candidates, which are scored by their precise index as Overlap says.
-// Cost: O(sum over the leading blocks of their holders × log len(ids)),
-// stopping at the first block no candidate extends; when some precise
-// candidate is live, plus one membership lookup per candidate and, per
-// live precise one, a lookup per leading engine block. It takes no
-// lock: an update running meanwhile may be seen in part (the index is a
-// belief either way).
-func (x *Index) Fill(ids []shared.WorkerID, ranks []uint32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
-	clear(overlap)
+// held by the candidate whose slot (Slot) is slots[i]; -1 (untracked)
+// gives 0. len(overlap) == len(slots). hashes are the request's at the
+// router's block size; prompt (may be nil) gives its hashes at engine
+// block sizes for live precise candidates, which are scored by their
+// precise index as Overlap says.
+//
+// Cost: O(sum over the leading blocks of their holders + tracked
+// candidates + len(slots)), stopping at the first block no tracked
+// candidate extends; no allocation once its pooled per-slot scratch has
+// grown to the number of slots. When some precise candidate is live, plus
+// per live precise candidate a lookup per leading engine block. It takes
+// no lock: an update running meanwhile may be seen in part (the index is
+// a belief either way), and a slot reused during the call by a candidate
+// that just joined may be credited with what its previous owner held.
+func (x *Index) Fill(slots []int32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
+	members := *x.bySlot.Load()
+	p, _ := x.depths.Get().(*[]int32)
+	if p == nil || len(*p) < len(members) {
+		d := make([]int32, len(members))
+		p = &d
+	}
+	depth := *p
+	// depth[s] is how many leading blocks slot s holds: it advances from k
+	// to k+1 only while s held every block before block k.
 	for k, h := range hashes {
 		advanced := false
 		hs, _ := x.holders.Load(h)
-		for _, c := range hs {
-			if i, ok := search(ids, ranks, c); ok && overlap[i] == int32(k) {
-				overlap[i] = int32(k + 1)
+		for _, s := range hs {
+			if int(s) < len(depth) && depth[s] == int32(k) {
+				depth[s] = int32(k + 1)
 				advanced = true
 			}
 		}
@@ -420,29 +463,21 @@ func (x *Index) Fill(ids []shared.WorkerID, ranks []uint32, hashes []uint64, pro
 			break
 		}
 	}
-	if prompt != nil && x.live.Load() > 0 {
-		x.fillPrecise(ids, ranks, prompt, overlap)
-	}
-}
-
-// fillPrecise overwrites the overlap of every live precise candidate with
-// its precise overlap when the prompt has token ids (a prompt of text only
-// keeps the approximate overlap): floor(n·E/blockSize) for the n leading
-// engine blocks of E tokens its set holds. The prompt caches its hashes
-// per engine block size.
-func (x *Index) fillPrecise(ids []shared.WorkerID, ranks []uint32, prompt shared.PromptKey, overlap []int32) {
-	m := *x.byID.Load()
-	for i, id := range ids {
-		c := Candidate{ID: id}
-		if ranks != nil {
-			c.Rank = ranks[i]
+	live := prompt != nil && x.live.Load() > 0
+	for i, s := range slots {
+		overlap[i] = 0
+		if s < 0 || int(s) >= len(depth) {
+			continue
 		}
-		if mem := m[c]; mem != nil && mem.precise != nil {
-			if t, ok := mem.precise.overlapTokens(prompt); ok {
+		overlap[i] = depth[s]
+		if m := members[s]; live && m != nil && m.precise != nil {
+			if t, ok := m.precise.overlapTokens(prompt); ok {
 				overlap[i] = int32(t / x.blockSize)
 			}
 		}
 	}
+	clear(depth)
+	x.depths.Put(p)
 }
 
 // Len returns the number of router blocks in the candidate's approximate

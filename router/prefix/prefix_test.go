@@ -37,13 +37,13 @@ func TestFillOverlap(t *testing.T) {
 	req := hashes(0, 1, 2, 7)
 	ids := []shared.WorkerID{1, 2, 3, 4}
 	got := make([]int32, 4)
-	x.Fill(ids, nil, req, nil, got)
+	fillRows(x, ids, nil, req, nil, got)
 	if diff := cmp.Diff([]int32{3, 2, 1, 0}, got); diff != "" {
 		t.Fatalf("overlap (-want +got):\n%s", diff)
 	}
 	// A candidate subset in order; the scratch must be reset between calls.
 	got = got[:2]
-	x.Fill([]shared.WorkerID{2, 3}, nil, req, nil, got)
+	fillRows(x, []shared.WorkerID{2, 3}, nil, req, nil, got)
 	if diff := cmp.Diff([]int32{2, 1}, got); diff != "" {
 		t.Fatalf("subset overlap (-want +got):\n%s", diff)
 	}
@@ -75,7 +75,7 @@ func TestEvictionTakesSuffixesFirst(t *testing.T) {
 	// The evicted hash is gone from the holder map too.
 	ids := []shared.WorkerID{1}
 	got := []int32{0}
-	x.Fill(ids, nil, a, nil, got)
+	fillRows(x, ids, nil, a, nil, got)
 	if got[0] != 2 {
 		t.Errorf("Fill overlap with a = %d, want 2", got[0])
 	}
@@ -96,7 +96,7 @@ func TestRemoveWorkerPurges(t *testing.T) {
 		t.Fatalf("holders after removal = %d, want 1", len(hs))
 	}
 	got := []int32{9, 9}
-	x.Fill([]shared.WorkerID{1, 2}, nil, h, nil, got)
+	fillRows(x, []shared.WorkerID{1, 2}, nil, h, nil, got)
 	if diff := cmp.Diff([]int32{0, 2}, got); diff != "" {
 		t.Fatalf("overlap after removal (-want +got):\n%s", diff)
 	}
@@ -139,14 +139,19 @@ func TestAddWorkers(t *testing.T) {
 	x := New(1)
 	_ = x.AddWorker(cand(1), 10)
 	x.Record(cand(1), hashes(0, 1, 2))
-	if err := x.AddWorkers(Member{cand(2), 2}, Member{cand(3), -1}); err == nil {
+	if _, err := x.AddWorkers(Member{cand(2), 2}, Member{cand(3), -1}); err == nil {
 		t.Fatal("want an error for capacity -1")
 	}
 	if n := len(*x.byID.Load()); n != 1 {
 		t.Fatalf("%d members after a refused batch, want 1", n)
 	}
-	if err := x.AddWorkers(Member{cand(1), 10}, Member{cand(2), 2}, Member{cand(3), 0}); err != nil {
+	slots, err := x.AddWorkers(Member{cand(1), 10}, Member{cand(2), 2}, Member{cand(3), 0})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// Candidate 1 keeps its slot; the others take the next ones.
+	if diff := cmp.Diff([]int32{0, 1, 2}, slots); diff != "" {
+		t.Errorf("slots (-want +got):\n%s", diff)
 	}
 	if n := len(*x.byID.Load()); n != 3 {
 		t.Fatalf("%d members, want 3", n)
@@ -171,9 +176,13 @@ func BenchmarkFill(b *testing.B) {
 	}
 	req := hashes(0, 5, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)
 	out := make([]int32, len(ids))
+	slots := make([]int32, len(ids))
+	for i, id := range ids {
+		slots[i] = x.Slot(cand(id))
+	}
 	b.ReportAllocs()
 	for b.Loop() {
-		x.Fill(ids, nil, req, nil, out)
+		x.Fill(slots, req, nil, out)
 	}
 }
 
@@ -203,7 +212,7 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 				}
 				h := ChainHashes(nil, blocks[:1+i%12])
 				x.Record(cand(shared.WorkerID((g+i)%8)), h)
-				x.Fill(ids, nil, h, nil, overlap)
+				fillRows(x, ids, nil, h, nil, overlap)
 				_ = x.Overlap(cand(shared.WorkerID(i%8)), h, nil)
 				if g == 0 && i%100 == 99 {
 					x.RemoveWorker(cand(7))
@@ -216,7 +225,7 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 	{
 		for h, hs := range x.holders.All() {
 			for _, w := range hs {
-				l := (*x.byID.Load())[w]
+				l := (*x.bySlot.Load())[w]
 				if l == nil {
 					t.Fatalf("block %x held by untracked worker %d", h, w)
 				}
@@ -233,7 +242,7 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 		}
 		h := ChainHashes(nil, blocks)
 		overlap := make([]int32, len(ids))
-		x.Fill(ids, nil, h, nil, overlap)
+		fillRows(x, ids, nil, h, nil, overlap)
 		for i, id := range ids {
 			if want := x.Overlap(cand(id), h, nil); int(overlap[i]) != want {
 				t.Fatalf("prefix %d, worker %d: Fill says %d, Overlap %d", g, id, overlap[i], want)
@@ -265,4 +274,18 @@ func TestRecordOverlapIsOverlapThenRecord(t *testing.T) {
 	if b.RecordOverlap(cand(2), hashes(0), nil) != 0 || b.RecordOverlap(cand(1), nil, nil) != 0 {
 		t.Fatal("unknown worker or no hashes: want 0")
 	}
+}
+
+// fillRows is Fill over the candidates (ids[i], ranks[i]) (ranks nil: all 0),
+// by their slots.
+func fillRows(x *Index, ids []shared.WorkerID, ranks []uint32, hashes []uint64, prompt shared.PromptKey, out []int32) {
+	slots := make([]int32, len(ids))
+	for i, id := range ids {
+		c := Candidate{ID: id}
+		if ranks != nil {
+			c.Rank = ranks[i]
+		}
+		slots[i] = x.Slot(c)
+	}
+	x.Fill(slots, hashes, prompt, out)
 }

@@ -52,7 +52,7 @@ func TestSubscriberFeedsPrecise(t *testing.T) {
 	out := []int32{0}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		x.Fill([]shared.WorkerID{3}, []uint32{1}, nil, key, out)
+		fillRows(x, []shared.WorkerID{3}, []uint32{1}, nil, key, out)
 		if out[0] == 1 {
 			break
 		}
