@@ -25,6 +25,12 @@ import (
 // errors.Is to tell a dead plugin from a component's own error.
 var ErrPluginClosed = errors.New("plugin closed")
 
+// ErrProtocol is wrapped (with ErrPluginClosed) by the calls in flight on a
+// Decide stream the router ended because the plugin broke the protocol:
+// it answered a task id the router never sent. The next call opens a new
+// stream.
+var ErrProtocol = errors.New("protocol violation")
+
 // ErrResultTooLarge is wrapped by a Decide call whose result the plugin
 // could not send: it was over the message-size limit
 // (shared.MaxMessageBytes), and the SDK answered the task with an error
@@ -560,9 +566,20 @@ func (s *remoteStream) recvLoop() {
 		s.c.lastAnswer.Store(max(int64(time.Since(clockBase)), 1))
 		s.mu.Lock()
 		for _, r := range msg.GetResults() {
-			if w, ok := s.pending[r.GetTaskId()]; ok {
-				delete(s.pending, r.GetTaskId())
+			id := r.GetTaskId()
+			if w, ok := s.pending[id]; ok {
+				delete(s.pending, id)
 				w.ch <- r
+				continue
+			}
+			// Not waited for: a late or repeated answer (ignored), or an
+			// id the router never sent. The calls in flight cannot be
+			// matched to their answers then, so they fail now rather
+			// than at their deadlines.
+			if sent := s.c.nextID.Load(); id == 0 || id > sent {
+				s.mu.Unlock()
+				s.fail(fmt.Errorf("%w: a result for task %d, which the router never sent (task ids sent so far: 1 to %d); DecideResult.task_id must echo DecideTask.task_id", ErrProtocol, id, sent))
+				return
 			}
 		}
 		s.mu.Unlock()

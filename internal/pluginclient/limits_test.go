@@ -19,7 +19,8 @@ import (
 )
 
 // tooLargePlugin serves a Decide that answers a task of request "big" the
-// way the SDK answers a result over the message-size limit, and any other
+// way the SDK answers a result over the message-size limit, a task of
+// request "wrong-id" under a task id the router never sent, and any other
 // task with row 0.
 type tooLargePlugin struct{ plugin.NetRPCUnsupportedPlugin }
 
@@ -36,8 +37,11 @@ func (tooLargeServer) Decide(stream pluginv1.Plugin_DecideServer) error {
 		out := &pluginv1.DecideResults{}
 		for _, task := range batch.GetTasks() {
 			r := &pluginv1.DecideResult{TaskId: task.GetTaskId()}
-			if task.GetRequest().GetId() == "big" {
+			switch task.GetRequest().GetId() {
+			case "big":
 				r.Picked, r.Error = -1, pluginwire.TooLargeMessage(70<<20, shared.MaxMessageBytes)
+			case "wrong-id":
+				r.TaskId += 1_000_000
 			}
 			out.Results = append(out.Results, r)
 		}
@@ -87,6 +91,33 @@ func TestDecideResultOverLimit(t *testing.T) {
 	// The stream goes on.
 	if got, err := rc.Decide(ctx, &Task{Request: &shared.Request{ID: "small"}, Candidates: c, Stages: []Stage{{Instance: "p"}}}); err != nil || got.Picked != 0 {
 		t.Fatalf("small: %+v, %v", got, err)
+	}
+}
+
+// TestUnknownTaskIDFailsFast: a result for a task id the router never
+// sent is a protocol violation. The calls in flight fail at once with
+// ErrProtocol (not at their deadlines, which could be a minute away), and
+// the next call opens a new stream.
+func TestUnknownTaskIDFailsFast(t *testing.T) {
+	client, server := plugin.TestPluginGRPCConn(t, false, map[string]plugin.Plugin{shared.PluginSetKey: tooLargePlugin{}})
+	t.Cleanup(func() {
+		server.Stop()
+		_ = client.Close()
+	})
+	raw, err := client.Dispense(shared.PluginSetKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := raw.(*Client)
+	t.Cleanup(func() { _ = rc.Close() })
+	c := &shared.Candidates{IDs: []shared.WorkerID{1, 2}}
+	// No deadline: only the protocol check can end this call.
+	_, err = rc.Decide(context.Background(), &Task{Request: &shared.Request{ID: "wrong-id"}, Candidates: c, Stages: []Stage{{Instance: "p"}}})
+	if !errors.Is(err, ErrProtocol) || !errors.Is(err, ErrPluginClosed) || !strings.Contains(err.Error(), "a result for task 1000001, which the router never sent (task ids sent so far: 1 to 1)") {
+		t.Fatalf("err = %v, want ErrProtocol naming task 1000001", err)
+	}
+	if got, err := rc.Decide(context.Background(), &Task{Request: &shared.Request{ID: "small"}, Candidates: c, Stages: []Stage{{Instance: "p"}}}); err != nil || got.Picked != 0 {
+		t.Fatalf("the next call: %+v, %v; want row 0 on a new stream", got, err)
 	}
 }
 

@@ -469,8 +469,17 @@ func (p *proc) beginClose() <-chan struct{} {
 // down; it wraps pluginclient.ErrPluginClosed.
 func (p *proc) closedErr(cause error) error {
 	why := "shutting down"
-	if p.hasExited() {
+	switch {
+	case p.hasExited():
 		why = "process exited"
+	case p.ctx.Err() == nil && cause != nil:
+		// The process is up and not being stopped: its stream or
+		// connection broke, and the cause says why (a protocol
+		// violation, an answer the router could not decode...).
+		if errors.Is(cause, pluginclient.ErrPluginClosed) {
+			return fmt.Errorf("plugin %q: %w", p.name, cause)
+		}
+		return fmt.Errorf("plugin %q: %w: %w", p.name, pluginclient.ErrPluginClosed, cause)
 	}
 	if cause != nil && !errors.Is(cause, pluginclient.ErrPluginClosed) {
 		return fmt.Errorf("plugin %q: %w: %s (%v)", p.name, pluginclient.ErrPluginClosed, why, cause)
