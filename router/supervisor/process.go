@@ -223,7 +223,28 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		}
 		return nil, nil, fail(permanent, errors.Join(err, p.stop()))
 	}
-	rpc, err := p.client.Client()
+	// go-plugin's Client opens its stdio stream, which waits for the
+	// HTTP/2 handshake: a plugin that listens but does not speak gRPC
+	// would hold it for gRPC's connect timeout (20 s), so it is bounded
+	// by start_timeout too (stopping the process ends the wait).
+	type connected struct {
+		rpc plugin.ClientProtocol
+		err error
+	}
+	conn := make(chan connected, 1)
+	go func() {
+		rpc, err := p.client.Client()
+		conn <- connected{rpc, err}
+	}()
+	timer := time.NewTimer(startTimeout)
+	var c connected
+	select {
+	case c = <-conn:
+		timer.Stop()
+	case <-timer.C:
+		return failStarted(false, fmt.Errorf("no gRPC connection within start_timeout (%v): the plugin accepted the connection but did not speak gRPC (HTTP/2)%s", startTimeout, p.stderr.suffix()))
+	}
+	rpc, err := c.rpc, c.err
 	if err != nil {
 		return failStarted(false, fmt.Errorf("connecting: %w", err))
 	}
