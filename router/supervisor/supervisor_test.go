@@ -543,6 +543,7 @@ func TestBadPlugins(t *testing.T) {
 		{name: "version", mode: "version", cause: "unsupported API version", runs: 1},
 		{name: "stdout", mode: "stdout", cause: `printed "hello from the plugin" on stdout`, runs: 1},
 		{name: "hang", mode: "hang", cause: "no handshake within start_timeout (2s)", runs: 1, transient: true},
+		{name: "mute-socket", mode: "mute-socket", cause: "no gRPC connection within start_timeout (2s): the plugin accepted the connection but did not speak gRPC", runs: 1, transient: true},
 		{name: "sha256", sha256: wrongSum, cause: "sha256 mismatch", runs: 0},
 	}
 	for _, tt := range tests {

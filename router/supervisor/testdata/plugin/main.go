@@ -54,8 +54,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -101,6 +104,22 @@ func main() {
 		serve()
 	case "hang":
 		time.Sleep(time.Hour)
+	case "mute-socket":
+		// Handshakes on a socket that accepts connections and never
+		// speaks gRPC (nor anything else).
+		sock := filepath.Join(os.Getenv("PLUGIN_UNIX_SOCKET_DIR"), "mute")
+		l, err := net.Listen("unix", sock)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Printf("1|1|unix|%s|grpc\n", sock)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c) }()
+		}
 	case "child":
 		startChild(nil)
 		serve()
