@@ -11,20 +11,7 @@ cd "$(dirname "$0")/.."
 PROTOC_GEN_GO=google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC=google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.6.2
 
-# apt_install PACKAGE...: installs Debian packages, as root or through sudo.
-apt_install() {
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && apt-get install -y -qq "$@" >/dev/null
-  else
-    sudo apt-get update -qq && sudo apt-get install -y -qq "$@" >/dev/null
-  fi
-}
-missing=()
-command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
-command -v grpc_python_plugin >/dev/null 2>&1 || missing+=(protobuf-compiler-grpc)
-if [ ${#missing[@]} -gt 0 ]; then
-  apt_install "${missing[@]}"
-fi
+scripts/apt-install.sh protobuf-compiler protobuf-compiler-grpc
 bin="$(pwd)/bin/proto-tools"
 mkdir -p "$bin"
 GOBIN="$bin" go install "$PROTOC_GEN_GO"

@@ -9,7 +9,8 @@ shutdown, parent death and the log format. See sdk/python/README.md.
 """
 
 from .log import LOG_LEVEL_ENV, TRACE, JSONFormatter
-from .serve import COOKIE_KEY, COOKIE_VALUE, serve
+from .log import setup as setup_logging
+from .process import COOKIE_KEY, COOKIE_VALUE, serve
 from .server import API_VERSION, MAX_MESSAGE_BYTES, PluginServer
 from .types import (
     Candidates,
@@ -72,4 +73,5 @@ __all__ = [
     "WorkerInfo",
     "non_negative",
     "serve",
+    "setup_logging",
 ]
