@@ -108,7 +108,7 @@ def setup(stream: Optional[IO[str]] = None) -> logging.Logger:
             log.error(
                 "uncaught exception in a thread",
                 exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
-                extra={"thread": getattr(args.thread, "name", "")},
+                extra={"thread_name": getattr(args.thread, "name", "")},
             )
 
     sys.excepthook = excepthook

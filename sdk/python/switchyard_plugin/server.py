@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import queue
 import threading
 import time
@@ -417,8 +418,14 @@ class PluginServer(
                 if si != len(stages) - 1:
                     raise _TaskError(f"picker {quote(inst.name)} is not the task's last stage")
                 row = self._call(inst, lambda: inst.comp.pick(req, c))
-                if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < len(c):
-                    raise _TaskError(f"picker {quote(inst.name)}: row {row!r} out of range [0, {len(c)})")
+                try:
+                    if isinstance(row, bool):
+                        raise TypeError("a bool")
+                    row = operator.index(row)  # any integer, numpy's too; never a float
+                except TypeError:
+                    raise _TaskError(f"picker {quote(inst.name)}: returned {row!r}, not a row index") from None
+                if not 0 <= row < len(c):
+                    raise _TaskError(f"picker {quote(inst.name)}: row {row} out of range [0, {len(c)})")
                 res.picked = orig[row]
             else:
                 raise _TaskError(f"instance {quote(inst.name)} is a {inst.kind}, which Decide cannot run")
@@ -642,8 +649,12 @@ def _compact(c: Candidates, rows: Sequence[int]) -> None:
 
 def event_from_proto(p: pb.Event) -> Event:
     """Converts one wire event."""
+    try:
+        kind = EventKind(p.kind)
+    except ValueError:  # a kind newer than this SDK: passed on as its number
+        kind = p.kind
     return Event(
-        kind=EventKind(p.kind) if p.kind in EventKind._value2member_map_ else p.kind,
+        kind=kind,
         request_id=p.request_id,
         worker=p.worker if p.has_worker else None,
         context_tokens=p.context_tokens,
@@ -660,7 +671,7 @@ def _classification_to_proto(c: Classification) -> pb.ClassifyResponse:
         scheduling_cost_tokens=int(c.scheduling_cost_tokens),
     )
     if c.target is not None:
-        r.target, r.has_target = c.target, True
+        r.target, r.has_target = int(c.target), True
     return r
 
 

@@ -109,6 +109,16 @@ class Counting:
         self.completed += sum(1 for e in events if e.kind == sp.EventKind.COMPLETED)
 
 
+class Fixed:
+    """Picks the row its parameter says, as an int or a float."""
+
+    def __init__(self, p):
+        self.row, self.as_float = p["row"], p["as_float"]
+
+    def pick(self, req, cands):
+        return float(self.row) if self.as_float else self.row
+
+
 def make_active(info, p):
     return Active(p["factor"], p.get("mode", ""))
 
@@ -127,6 +137,10 @@ TYPES = [
         new=make_active,
     ),
     sp.TypeInfo(name="max-id", kind=sp.Kind.PICKER, doc="Highest id.", new=lambda i, p: MaxID()),
+    sp.TypeInfo(name="fixed", kind=sp.Kind.PICKER, doc="Picks a fixed row.", new=lambda i, p: Fixed(p), params=[
+        sp.ParamSpec("row", sp.ParamType.INT, "The row.", default=0),
+        sp.ParamSpec("as_float", sp.ParamType.BOOL, "Answer a float.", default=False),
+    ]),
     sp.TypeInfo(name="listen", kind=sp.Kind.SCORER, doc="Hears events.", new=lambda i, p: Listener()),
     sp.TypeInfo(name="count", kind=sp.Kind.CLASSIFIER, doc="Counts.", events=True, new=lambda i, p: Partitions()),
 ]
@@ -183,7 +197,7 @@ class ServerTest(unittest.TestCase):
         d = self.s.stub.Describe(pb.DescribeRequest(api_versions=[1]), timeout=TIMEOUT)
         self.assertEqual(d.plugin_version, "1.2.3")
         self.assertEqual(list(d.api_versions), [1])
-        self.assertEqual([t.name for t in d.types], ["even", "active", "max-id", "listen", "count"])
+        self.assertEqual([t.name for t in d.types], ["even", "active", "max-id", "fixed", "listen", "count"])
         active = d.types[1]
         self.assertEqual(active.kind, pb.KIND_SCORER)
         self.assertEqual(active.inputs, 1)
@@ -280,6 +294,16 @@ class ServerTest(unittest.TestCase):
         self.assertEqual(r.error, "deadline passed before the task ran")
         r = self.decide(task(4, [("s", 1.0)], [1, 2], active=[1]))[4]
         self.assertEqual(r.error, "column active_requests has 1 entries for 2 rows")
+        self.configure("p5", "fixed", row=value(int=5))
+        self.configure("pf", "fixed", row=value(int=1), as_float=value(bool=True))
+        self.configure("p1", "fixed", row=value(int=1))
+        for name, want in [("p5", 'picker "p5": row 5 out of range [0, 2)'),
+                           ("pf", 'picker "pf": returned 1.0, not a row index'),
+                           ("p1", "")]:
+            r = self.decide(task(5, [(name, 0)], [1, 2]))[5]
+            self.assertEqual((r.error, r.picked), (want, 1 if want == "" else -1), name)
+        r = self.decide(task(6, [("p1", 0), ("s", 1.0)], [1, 2], active=[1, 2]))[6]
+        self.assertEqual(r.error, 'picker "p1" is not the task\'s last stage')
 
     def test_decide_batch_answers_out_of_order(self):
         """A slow task does not hold up the next task of its batch: its
