@@ -61,6 +61,10 @@ HEALTH_SERVICE = "plugin"
 # tag and a length prefix.
 _RESULT_OVERHEAD = 1 + 5
 
+# The longest the last task may have run for a lone task to run on the
+# thread that reads the Decide stream rather than on the pool, seconds.
+_INLINE_MAX_SECONDS = 0.001
+
 # How often an instance's exceptions after the first are logged, seconds.
 _EXCEPTION_LOG_INTERVAL = 10.0
 
@@ -305,18 +309,30 @@ class PluginServer(
         DecideResult, several per message when they finish together, in the
         order they finish."""
         out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
-        pending = [0]  # tasks submitted and not yet answered
+        pending = [0]  # tasks received and not yet answered
+        last_run = [0.0]  # how long the last task ran, seconds
         lock = threading.Lock()
 
         def run(task: pb.DecideTask) -> None:
-            out.put(self.run_task(task))
+            start = time.perf_counter()
+            r = self.run_task(task)
+            last_run[0] = time.perf_counter() - start
+            out.put(r)
 
         def receive() -> None:
             try:
                 for batch in request_iterator:
-                    for task in batch.tasks:
-                        with lock:
-                            pending[0] += 1
+                    tasks = batch.tasks
+                    with lock:
+                        idle = pending[0] == 0
+                        pending[0] += len(tasks)
+                    if len(tasks) == 1 and idle and last_run[0] <= _INLINE_MAX_SECONDS:
+                        # A lone task while tasks run short: run it here,
+                        # without a handoff to the pool (the next batch
+                        # waits for it in gRPC's buffers meanwhile).
+                        run(tasks[0])
+                        continue
+                    for task in tasks:
                         try:
                             self._pool.submit(run, task)
                         except RuntimeError:  # the pool is shut down: the plugin is stopping

@@ -48,6 +48,8 @@ class Active:
             return [1.0]
         if self.mode == "slow":
             SLOW.wait(TIMEOUT)
+        if self.mode == "sleep":
+            time.sleep(0.05)
         return [a * self.factor for a in cands.active_requests]
 
 
@@ -322,6 +324,30 @@ class ServerTest(unittest.TestCase):
             if len(order) == 2:
                 reqs.put(None)
         self.assertEqual(order, [(2, [4.0]), (1, [9.0])])
+
+    def test_lone_tasks_after_a_slow_one_run_off_the_reader(self):
+        """A lone task runs on the thread reading the stream only while
+        tasks run short: after a slow one, the next lone task runs on the
+        pool, so a fast task sent after it is answered first."""
+        SLOW.clear()
+        self.configure("sleep", "active", mode=value(string="sleep"))
+        self.configure("slow", "active", mode=value(string="slow"))
+        self.configure("fast", "active")
+        reqs = queue.SimpleQueue()
+        stream = self.s.stub.Decide(iter(reqs.get, None), timeout=TIMEOUT)
+        reqs.put(pb.DecideBatch(tasks=[task(1, [("sleep", 1.0)], [1], active=[1])]))
+        order = []
+        for msg in stream:
+            for r in msg.results:
+                order.append(r.task_id)
+                if r.task_id == 1:  # now send a slow lone task, then a fast one
+                    reqs.put(pb.DecideBatch(tasks=[task(2, [("slow", 1.0)], [1], active=[2])]))
+                    reqs.put(pb.DecideBatch(tasks=[task(3, [("fast", 1.0)], [1], active=[3])]))
+                else:
+                    SLOW.set()
+            if len(order) == 3:
+                reqs.put(None)
+        self.assertEqual(order, [1, 3, 2])
 
     def test_many_tasks_one_stream(self):
         self.configure("s", "active")
