@@ -305,9 +305,11 @@ class PluginServer(
     # --- Decide ----------------------------------------------------------
 
     def Decide(self, request_iterator, context) -> Iterator[pb.DecideResults]:  # noqa: N802
-        """Runs every task received on the pool and answers each with one
-        DecideResult, several per message when they finish together, in the
-        order they finish."""
+        """Runs every task received and answers each with one DecideResult,
+        several per message when they finish together, in the order they
+        finish. Tasks run on the pool, except a lone task on an idle stream
+        while the last task ran under 1 ms: that one runs on the thread that
+        reads the stream, which saves two thread handoffs per decision."""
         out: "queue.SimpleQueue[object]" = queue.SimpleQueue()
         pending = [0]  # tasks received and not yet answered
         last_run = [0.0]  # how long the last task ran, seconds
