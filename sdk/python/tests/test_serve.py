@@ -3,6 +3,7 @@ SIGTERM and parent death (docs/plugin-protocol.md sections 1, 2, 6 and 7)."""
 
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -78,6 +79,8 @@ class ServeTest(unittest.TestCase):
             pass
 
     def handshake(self, p):
+        ready, _, _ = select.select([p.stdout], [], [], TIMEOUT)
+        self.assertTrue(ready, f"no handshake within {TIMEOUT} s")
         line = p.stdout.readline().decode()
         fields = line.rstrip("\n").split("|")
         self.assertEqual(len(fields), 5, line)
