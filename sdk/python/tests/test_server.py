@@ -349,6 +349,18 @@ class ServerTest(unittest.TestCase):
                 reqs.put(None)
         self.assertEqual(order, [1, 3, 2])
 
+    def test_messages_over_grpc_default_4_mib(self):
+        """Both ways, messages over gRPC's default 4 MiB limit go through:
+        a task of 600,000 rows (about 7 MB) and its 600,000 costs (4.8 MB)."""
+        self.configure("s", "active")
+        n = 600_000
+        t = task(1, [("s", 1.0)], [BIG - i for i in range(n, 0, -1)], active=[i % 5 for i in range(n)])
+        self.assertGreater(t.ByteSize(), 4 << 20)
+        r = self.decide(t)[1]
+        self.assertEqual(r.error, "")
+        self.assertEqual(len(r.costs), n)
+        self.assertEqual(list(r.costs[:6]), [0.0, 1.0, 2.0, 3.0, 4.0, 0.0])
+
     def test_many_tasks_one_stream(self):
         self.configure("s", "active")
         tasks = [task(i, [("s", 1.0)], list(range(1, i % 7 + 2)), active=[i] * (i % 7 + 1)) for i in range(1, 200)]
