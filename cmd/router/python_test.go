@@ -136,3 +136,57 @@ func reportFields(t *testing.T, b []byte) map[string]any {
 	}
 	return m
 }
+
+// TestReplayPythonClassifierMatchesGo: the Python SDK's sticky-session
+// classifier (sdk/python/examples/sticky_session.py), out of process in
+// place of the soft-pin-repin plugin's in examples/policies/sticky-session.hcl,
+// keeps every session on one worker on a generated 200-request, 20-session
+// trace, with byte-identical per-request output to the Go plugin's: the
+// router's Classify calls (worker lists, its clock, events_through) and the
+// lifecycle events reach both the same way.
+func TestReplayPythonClassifierMatchesGo(t *testing.T) {
+	goPolicy := policyWith(t, "sticky-session.hcl", "soft-pin-repin")
+	script, err := filepath.Abs("../../sdk/python/examples/sticky_session.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pythonExample(t) // the Debian packages are there
+	src := string(readFile(t, filepath.Join(policyDir, "sticky-session.hcl")))
+	py := strings.Replace(src, `command = "bin/soft-pin-repin"`,
+		fmt.Sprintf("command = %q\n  args    = [%q]", pythonBin, script), 1)
+	if py == src {
+		t.Fatal(`sticky-session.hcl does not run "bin/soft-pin-repin"`)
+	}
+	pyPolicy := writeFile(t, "sticky-python.hcl", py)
+	dir := t.TempDir()
+	tr := filepath.Join(dir, "sessions.jsonl")
+	sessionOf := writeSessionTrace(t, tr, 200, 20, 20)
+	run := func(name, policy string) []byte {
+		per := filepath.Join(dir, name+".jsonl")
+		code, _, errOut := routerRun(t, "replay", "--policy", policy, "--trace", tr, "--workers", "4",
+			"--per-request", per, "--fail-on-fallback")
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", name, code, errOut)
+		}
+		return readFile(t, per)
+	}
+	goPer, pyPer := run("go", goPolicy), run("python", pyPolicy)
+	goOut, pyOut := perRequestLines(t, goPer), perRequestLines(t, pyPer)
+	if diff := cmp.Diff(goOut, pyOut); diff != "" {
+		t.Fatalf("per-request outcomes (-Go plugin +Python plugin):\n%s", diff)
+	}
+	if len(pyOut) != len(sessionOf) {
+		t.Fatalf("%d per-request lines, want %d", len(pyOut), len(sessionOf))
+	}
+	workerOf := map[int]int{}
+	for _, o := range pyOut {
+		s := sessionOf[o.Index]
+		if w, ok := workerOf[s]; ok && w != o.Worker {
+			t.Fatalf("session %d went to workers %d and %d", s, w, o.Worker)
+		}
+		workerOf[s] = o.Worker
+	}
+	if !bytes.Equal(goPer, pyPer) {
+		t.Error("per-request outputs differ")
+	}
+}

@@ -14,6 +14,7 @@ from switchyard_plugin.server import GRPC_OPTIONS
 
 SDK_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(SDK_DIR, "examples", "queue_depth.py")
+STICKY_EXAMPLE = os.path.join(SDK_DIR, "examples", "sticky_session.py")
 
 #: A generous deadline for every call: the tests assert answers, never speed.
 TIMEOUT = 60
@@ -42,9 +43,10 @@ class Served:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-def load_example():
-    """Imports examples/queue_depth.py as a module (it is a script, not a package)."""
-    spec = importlib.util.spec_from_file_location("queue_depth", EXAMPLE)
+def load_example(path=EXAMPLE):
+    """Imports an example (examples/queue_depth.py by default) as a module:
+    it is a script, not a package."""
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
