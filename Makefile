@@ -1,12 +1,15 @@
 # Switchyard developer targets. Everything a fresh machine lacks is installed
-# here through the Go module proxy (staticcheck) or apt (protoc, later).
+# here through the Go module proxy (staticcheck) or apt (protoc, Python's gRPC).
 
 GO          ?= go
 BIN         := bin
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PKGS        := ./...
+# Debian's Python, which has the Debian packages below (not a pyenv shim).
+PYTHON      := /usr/bin/python3
+PYTHON_DEBS := python3-grpcio python3-protobuf
 
-.PHONY: all build test test-under-load vet fmt-check lint bench bench-serve bench-overlap demo demo-serve proto proto-check clean
+.PHONY: all build test python-deps test-under-load vet fmt-check lint bench bench-serve bench-overlap demo demo-serve proto proto-check clean
 
 all: build
 
@@ -14,9 +17,16 @@ all: build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/... ./examples/disagg-filter-score-pick ./examples/soft-pin-repin
 
-## test: gofmt check, go vet, and every test under the race detector
-test: fmt-check vet
+## test: gofmt check, go vet, every Go test under the race detector, and the
+## Python SDK's unit tests (installs the Debian packages they and the Go tests
+## that start the Python example plugin need, when missing)
+test: fmt-check vet python-deps
 	$(GO) test -race -count=1 $(PKGS)
+	$(PYTHON) -m unittest discover -s sdk/python/tests -t sdk/python
+
+## python-deps: Debian's Python gRPC and protobuf, for sdk/python
+python-deps:
+	scripts/apt-install.sh $(PYTHON_DEBS)
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -61,7 +71,8 @@ demo: build
 demo-serve: build
 	scripts/demo-serve.sh
 
-## proto: regenerate pluginproto (installs protoc from Debian and the pinned
+## proto: regenerate pluginproto and the Python SDK's sdk/python/switchyard_plugin/_pb
+## (installs protoc and grpc_python_plugin from Debian and the pinned
 ## protoc-gen-go / protoc-gen-go-grpc through the module proxy)
 proto:
 	scripts/proto.sh

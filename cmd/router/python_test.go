@@ -1,0 +1,192 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// The Python SDK's example plugin (sdk/python/examples/queue_depth.py), run
+// by Debian's Python as the policy file examples/policies/python-example.hcl
+// runs it. `make test` installs the Debian packages it needs
+// (python3-grpcio, python3-protobuf).
+const pythonBin = "/usr/bin/python3"
+
+// pythonExample returns the absolute path of the Python example plugin,
+// failing the test with what to install when Debian's Python lacks the
+// SDK's dependencies.
+func pythonExample(t *testing.T) string {
+	t.Helper()
+	if out, err := exec.Command(pythonBin, "-c", "import grpc, google.protobuf").CombinedOutput(); err != nil {
+		t.Fatalf("%s cannot import grpc and protobuf (run make python-deps, which installs "+
+			"Debian's python3-grpcio and python3-protobuf): %v\n%s", pythonBin, err, out)
+	}
+	p, err := filepath.Abs("../../sdk/python/examples/queue_depth.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestPluginsCheckPythonExample: the Python SDK's queue-depth scorer, run
+// through its interpreter as a policy file runs it, passes every check of
+// `router plugins check`, the same ones the Go template plugin passes.
+func TestPluginsCheckPythonExample(t *testing.T) {
+	code, out, errOut := routerRun(t, "plugins", "check", pythonBin, pythonExample(t))
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		if !strings.HasPrefix(l, "PASS ") {
+			t.Errorf("line %q is not a PASS", l)
+		}
+	}
+	for _, w := range []string{
+		"PASS handshake (1 component types)", "PASS schema",
+		`PASS configure "queue-depth"`, `PASS configure "queue-depth" wrong type`,
+		`PASS decide "queue-depth" rows=1`, `PASS decide "queue-depth" rows=8`, `PASS decide "queue-depth" rows=4096`,
+		`PASS decide "queue-depth" concurrent=32 (calls of 1 to 32 rows at once)`,
+		"PASS health", "PASS stdout (as relayed by go-plugin's stdio service)",
+	} {
+		if !strings.Contains(out, w+"\n") {
+			t.Errorf("output lacks %q:\n%s", w, out)
+		}
+	}
+	if !shutdownPass.MatchString(out) {
+		t.Errorf("output lacks a passed shutdown check:\n%s", out)
+	}
+}
+
+// TestReplayPythonExampleMatchesGo: a replay through the Python example
+// scorer (examples/policies/python-example.hcl) makes exactly the decisions
+// of the same replay through the Go template plugin (plugin-example.hcl):
+// the same scorer in two languages, byte-identical per-request outputs and
+// reports, with no fallback.
+func TestReplayPythonExampleMatchesGo(t *testing.T) {
+	goPolicy := policyWith(t, "plugin-example.hcl", "plugin-example")
+	src := string(readFile(t, filepath.Join(policyDir, "python-example.hcl")))
+	pyPolicy := strings.Replace(src, `"sdk/python/examples/queue_depth.py"`, fmt.Sprintf("%q", pythonExample(t)), 1)
+	if pyPolicy == src {
+		t.Fatal("python-example.hcl does not run sdk/python/examples/queue_depth.py")
+	}
+	pyFile := writeFile(t, "python-example.hcl", pyPolicy)
+	dir := t.TempDir()
+	replay := func(name, policy string) (perRequest, report []byte) {
+		per := filepath.Join(dir, name+".jsonl")
+		rep := filepath.Join(dir, name+".json")
+		code, _, errOut := routerRun(t, "replay", "--policy", policy,
+			"--trace", filepath.Join(traceDir, "mooncake_arxiv_trace_first1000.jsonl"),
+			"--limit", "300", "--workers", "4", "--per-request", per, "--report", rep)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", name, code, errOut)
+		}
+		return readFile(t, per), readFile(t, rep)
+	}
+	goPer, goRep := replay("go", goPolicy)
+	pyPer, pyRep := replay("python", pyFile)
+	if !bytes.Contains(pyRep, []byte(`"completed": 300`)) || !bytes.Contains(pyRep, []byte(`"fallbacks": 0`)) {
+		t.Fatalf("python report:\n%s", pyRep)
+	}
+	goOut, pyOut := perRequestLines(t, goPer), perRequestLines(t, pyPer)
+	if len(goOut) != 300 || len(pyOut) != 300 {
+		t.Fatalf("%d and %d per-request lines, want 300", len(goOut), len(pyOut))
+	}
+	if diff := cmp.Diff(goOut, pyOut); diff != "" {
+		t.Fatalf("per-request outcomes (-Go plugin +Python plugin):\n%s", diff)
+	}
+	workers := map[int]int{}
+	for _, o := range goOut {
+		workers[o.Worker]++
+	}
+	if len(workers) != 4 {
+		t.Errorf("the decisions used %d of 4 workers: %v", len(workers), workers)
+	}
+	if !bytes.Equal(goPer, pyPer) {
+		t.Error("per-request outputs differ")
+	}
+	// The reports differ only in the policy's name (the file's) and in
+	// what the wall clock measured (wall_s and the rates per wall second).
+	goSum, pySum := reportFields(t, goRep), reportFields(t, pyRep)
+	if goSum["policy"] != "plugin-example" || pySum["policy"] != "python-example" {
+		t.Errorf("policies %v and %v", goSum["policy"], pySum["policy"])
+	}
+	for _, m := range []map[string]any{goSum, pySum} {
+		delete(m, "policy")
+		delete(m, "wall_s")
+		delete(m, "decisions_per_s")
+		delete(m, "sim_requests_per_s")
+	}
+	if diff := cmp.Diff(goSum, pySum); diff != "" {
+		t.Errorf("reports (-Go plugin +Python plugin):\n%s", diff)
+	}
+}
+
+// reportFields decodes a --report file of one policy.
+func reportFields(t *testing.T, b []byte) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatalf("report: %v\n%s", err, b)
+	}
+	return m
+}
+
+// TestReplayPythonClassifierMatchesGo: the Python SDK's sticky-session
+// classifier (sdk/python/examples/sticky_session.py), out of process in
+// place of the soft-pin-repin plugin's in examples/policies/sticky-session.hcl,
+// keeps every session on one worker on a generated 200-request, 20-session
+// trace, with byte-identical per-request output to the Go plugin's: the
+// router's Classify calls (worker lists, its clock, events_through) and the
+// lifecycle events reach both the same way.
+func TestReplayPythonClassifierMatchesGo(t *testing.T) {
+	goPolicy := policyWith(t, "sticky-session.hcl", "soft-pin-repin")
+	script, err := filepath.Abs("../../sdk/python/examples/sticky_session.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pythonExample(t) // the Debian packages are there
+	src := string(readFile(t, filepath.Join(policyDir, "sticky-session.hcl")))
+	py := strings.Replace(src, `command = "bin/soft-pin-repin"`,
+		fmt.Sprintf("command = %q\n  args    = [%q]", pythonBin, script), 1)
+	if py == src {
+		t.Fatal(`sticky-session.hcl does not run "bin/soft-pin-repin"`)
+	}
+	pyPolicy := writeFile(t, "sticky-python.hcl", py)
+	dir := t.TempDir()
+	tr := filepath.Join(dir, "sessions.jsonl")
+	sessionOf := writeSessionTrace(t, tr, 200, 20, 20)
+	run := func(name, policy string) []byte {
+		per := filepath.Join(dir, name+".jsonl")
+		code, _, errOut := routerRun(t, "replay", "--policy", policy, "--trace", tr, "--workers", "4",
+			"--per-request", per, "--fail-on-fallback")
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", name, code, errOut)
+		}
+		return readFile(t, per)
+	}
+	goPer, pyPer := run("go", goPolicy), run("python", pyPolicy)
+	goOut, pyOut := perRequestLines(t, goPer), perRequestLines(t, pyPer)
+	if diff := cmp.Diff(goOut, pyOut); diff != "" {
+		t.Fatalf("per-request outcomes (-Go plugin +Python plugin):\n%s", diff)
+	}
+	if len(pyOut) != len(sessionOf) {
+		t.Fatalf("%d per-request lines, want %d", len(pyOut), len(sessionOf))
+	}
+	workerOf := map[int]int{}
+	for _, o := range pyOut {
+		s := sessionOf[o.Index]
+		if w, ok := workerOf[s]; ok && w != o.Worker {
+			t.Fatalf("session %d went to workers %d and %d", s, w, o.Worker)
+		}
+		workerOf[s] = o.Worker
+	}
+	if !bytes.Equal(goPer, pyPer) {
+		t.Error("per-request outputs differ")
+	}
+}

@@ -1,0 +1,35 @@
+# queue-depth again, served by the Python SDK's example scorer
+# (sdk/python/examples/queue_depth.py) instead of the Go template plugin: the
+# same costs, so `router replay` makes the same decisions as with
+# plugin-example.hcl. Needs Debian's python3-grpcio and python3-protobuf
+# (sdk/python/README.md). Paths are relative to the router's working
+# directory: run it from the repository's root.
+router {
+  block_size = 512
+  seed       = 7
+}
+
+plugin "python" {
+  command = "/usr/bin/python3"
+  args    = ["sdk/python/examples/queue_depth.py"]
+  # The plugin gets no environment but this: the script finds the SDK next
+  # to it; an SDK installed elsewhere needs env = { PYTHONPATH = "..." }.
+  # Python starts slower than a Go binary; 5 s (the default) is plenty.
+}
+
+policy "queue" {
+  scorer "depth" {
+    type           = "queue-depth" # declared by plugin "python"
+    waiting_weight = 1.0
+  }
+  picker "pick" {
+    type = "min-cost"
+    seed = 7
+  }
+  # Answers while the plugin fails, times out or restarts.
+  fallback = "least-loaded"
+}
+
+worker_selection {
+  aggregated = "queue"
+}
