@@ -260,4 +260,3 @@ func TestPluginsCheckJSON(t *testing.T) {
 		}
 	}
 }
-
