@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"math"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -109,5 +113,58 @@ func TestCheckSchemaDefaults(t *testing.T) {
 	}
 	if got := checkSchema([]shared.TypeInfo{{Name: "ok-type_1", Doc: "d"}}); len(got) != 1 || !got[0].Pass {
 		t.Errorf("a valid schema: %+v", got)
+	}
+}
+
+// buildFaulty builds the supervisor tests' plugin into a temporary
+// directory.
+func buildFaulty(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "faulty")
+	if out, err := exec.Command("go", "build", "-o", bin, "../supervisor/testdata/plugin").CombinedOutput(); err != nil {
+		t.Fatalf("building the test plugin: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestBatchMissingAnswer: a plugin that never answers one task of the
+// batch fails the batch check, naming the task, once answerWait passed;
+// the other checks pass.
+func TestBatchMissingAnswer(t *testing.T) {
+	old := answerWait
+	answerWait = 2 * time.Second
+	t.Cleanup(func() { answerWait = old })
+	results := Run(context.Background(), Options{
+		Plugin: config.Plugin{Name: "faulty", Command: buildFaulty(t), Env: map[string]string{"SY_TEST_MODE": "decide-drop"}},
+		Type:   "t-lowest",
+	})
+	want := Result{Name: "decide batch", Expected: oneResultPerTask,
+		Got: "no result for task 4611686018427387905: no result within 2s"}
+	var failed []Result
+	for _, r := range results {
+		if !r.Pass {
+			failed = append(failed, r)
+		}
+	}
+	if len(failed) != 1 || failed[0] != want {
+		t.Errorf("failed checks %+v, want only %+v", failed, want)
+	}
+}
+
+// TestLatencyWarning: times over the call timeout make a warning naming
+// them; one past the stall timeout says the router would kill the plugin.
+func TestLatencyWarning(t *testing.T) {
+	ms := time.Millisecond
+	stats := []latencyStats{{rows: 8, p50: ms, p99: 2 * ms, max: 30 * ms}, {rows: 64, p50: ms, p99: 25 * ms, max: 26 * ms}}
+	if w := latencyWarning(5*ms, stats, 20*ms); !strings.HasPrefix(w, "rows=8 max 30.00ms, rows=64 p99 25.00ms over call_timeout 20ms: ") ||
+		strings.Contains(w, "killed as stuck") {
+		t.Errorf("warning %q", w)
+	}
+	if w := latencyWarning(5*ms, stats, 40*ms); w != "" {
+		t.Errorf("all under the timeout: warning %q", w)
+	}
+	if w := latencyWarning(31*time.Second, stats, 40*ms); !strings.HasPrefix(w, "cold 31000.00ms over call_timeout 40ms: ") ||
+		!strings.HasSuffix(w, "; a call of 31000.00ms would get it killed as stuck") {
+		t.Errorf("a 31s cold call: warning %q", w)
 	}
 }

@@ -25,7 +25,9 @@ func (*recorder) Helper() {}
 func (r *recorder) Errorf(format string, args ...any) {
 	r.errors = append(r.errors, fmt.Sprintf(format, args...))
 }
-func (r *recorder) Logf(format string, args ...any) { r.logs = append(r.logs, fmt.Sprintf(format, args...)) }
+func (r *recorder) Logf(format string, args ...any) {
+	r.logs = append(r.logs, fmt.Sprintf(format, args...))
+}
 
 // TestCheckReportsFailures: a plugin with a bad schema and a t-active
 // scorer slower than the call timeout gets the schema checks failed, with
