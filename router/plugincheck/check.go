@@ -196,7 +196,7 @@ func Run(ctx context.Context, o Options) []Result {
 		switch t.Kind {
 		case shared.KindFilter, shared.KindScorer, shared.KindPicker:
 			out = append(out, checkDecide(ctx, t, comp, o.Role)...)
-			out = append(out, checkLatency(ctx, t, comp, o.Role, o.CallTimeout))
+			out = append(out, checkLatency(ctx, t, params, o.Role, o.CallTimeout))
 			deciders = append(deciders, configured{t, instanceName(t.Name)})
 		case shared.KindClassifier:
 			out = append(out, w.checkClassify(ctx, t, params)...)

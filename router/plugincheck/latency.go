@@ -23,13 +23,17 @@ type latencyStats struct {
 	p50, p99, max time.Duration
 }
 
-// checkLatency times comp's calls through the router's client: the first
-// call after Configure on a fresh instance (cold; it may open the Decide
-// stream), then warmCalls calls at each of latencyRows, one at a time. It
-// fails only when a call fails; a cold call or a warm p99 or maximum over
-// callTimeout is a warning, saying what the router would do.
-func checkLatency(ctx context.Context, t shared.TypeInfo, comp shared.Component, role shared.Role, callTimeout time.Duration) Result {
+// checkLatency times calls through the router's client to an instance of
+// t configured with params for this check: the first call after its
+// Configure (cold), then warmCalls calls at each of latencyRows, one at a
+// time. It fails only when a call fails; a cold call or a warm p99 or
+// maximum over callTimeout is a warning, saying what the router would do.
+func checkLatency(ctx context.Context, t shared.TypeInfo, params shared.Params, role shared.Role, callTimeout time.Duration) Result {
 	name := fmt.Sprintf("latency %q", t.Name)
+	comp, err := t.New(checkInfo(instanceName(t.Name)+"-latency", role), params)
+	if err != nil {
+		return fail(name, "an instance configured as for the decide checks", err.Error())
+	}
 	req := request(role)
 	start := time.Now()
 	if expected, got := decideOnce(ctx, t.Kind, comp, req, candidates(latencyRows[0])); expected != "" {

@@ -108,7 +108,7 @@ func (w *wire) checkBoundaries(ctx context.Context, t shared.TypeInfo, params sh
 			out = append(out, *bad)
 			continue
 		}
-		out = append(out, pass(name, fmt.Sprintf("%d values accepted, %d refused naming it", accepted, refused)))
+		out = append(out, pass(name, fmt.Sprintf("of %d values %d accepted, %d refused naming it", accepted+refused, accepted, refused)))
 	}
 	return out
 }
