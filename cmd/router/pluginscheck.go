@@ -105,7 +105,7 @@ runs the same checks.`,
 	f.StringArrayVar(&configKV, "config", nil, "PARAM=VALUE: a parameter value for every type declaring PARAM, parsed as its declared type (repeatable; needed for required parameters)")
 	f.StringVar(&onlyType, "type", "", "check only the component type of this name")
 	f.StringVar(&role, "role", string(shared.RoleAggregated), "the worker role instances are configured and decide for: aggregated, prefill or decode")
-	f.BoolVar(&asJSON, "json", false, `print one JSON object {"checks": [{"name", "pass", "expected", "got", "note"}...]}`)
+	f.BoolVar(&asJSON, "json", false, `print one JSON object {"checks": [{"name", "pass", "expected", "got", "note", "warning"}...]}`)
 	setWant(f, "start-timeout", positiveDurationWant)
 	setWant(f, "call-timeout", positiveDurationWant)
 	return cmd

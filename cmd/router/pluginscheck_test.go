@@ -127,7 +127,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 		}},
 		{"stdout after the handshake", []string{faulty, "--env", "SY_TEST_MODE=stdout-after", "--type", "t-max-active"}, []string{
 			`PASS health`,
-			`FAIL stdout: expected nothing on stdout after the handshake (log to stderr), got 144 bytes, starting "configured t-max-active\nconfigured t-max-active\nconfigured t-max-active\nconfigur"`,
+			`FAIL stdout: expected nothing on stdout after the handshake (log to stderr), got 168 bytes, starting "configured t-max-active\nconfigured t-max-active\nconfigured t-max-active\nconfigur"`,
 		}},
 		{"no exit at shutdown", []string{faulty, "--env", "SY_TEST_MODE=linger", "--type", "t-lowest"}, []string{
 			`PASS decide "t-lowest" rows=4096`,
