@@ -48,7 +48,8 @@ protocol (docs/plugin-protocol.md, section 9 lists every check):
                    a WARNING, not a failure, when over --call-timeout
   classify/events  classifiers answer sample requests; those wanting events
                    acknowledge every batch in order and honour events_through
-  health           grpc.health.v1 answers SERVING for "plugin"
+  health           5 grpc.health.v1 checks of "plugin" in a row answer SERVING;
+                   a WARNING when one takes over the router's 2 s probe deadline
   shutdown         an exit within 1.5 s of being asked to stop
   stdout           nothing on stdout after the handshake (a Go plugin's
                    os.Stdout, as go-plugin relays it)

@@ -151,6 +151,9 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`FAIL configure "t-max-active" boundaries of "max": expected -1 accepted, or refused with a Diagnostic naming "max", got a refusal naming "": negative`,
 			`PASS decide "t-max-active" rows=4096`,
 		}},
+		{"boundary crashes the plugin", []string{faulty, "--env", "SY_TEST_MODE=boundcrash", "--type", "t-max-active"}, []string{
+			`FAIL configure "t-max-active" boundaries of "max": expected -9223372036854775808 accepted, or refused with a Diagnostic naming "max", got rpc error: code = Unavailable`,
+		}},
 		{"duplicate result", []string{faulty, "--env", "SY_TEST_MODE=decide-dup", "--type", "t-lowest"}, []string{
 			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got a second result for task 4611686018427387905`,
 			"PASS decide streams=4",

@@ -206,13 +206,7 @@ func Run(ctx context.Context, o Options) []Result {
 		out = append(out, w.checkBatch(ctx, deciders))
 		out = append(out, w.checkStreams(ctx, deciders))
 	}
-	hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := host.CheckHealth(hctx, o.Plugin.Name); err != nil {
-		out = append(out, fail("health", `SERVING for service "plugin"`, err.Error()))
-	} else {
-		out = append(out, pass("health", ""))
-	}
+	out = append(out, checkHealth(ctx, host, o.Plugin.Name))
 
 	shutdownHost(host)
 	mu.Lock()
@@ -234,6 +228,37 @@ func Run(ctx context.Context, o Options) []Result {
 		out = append(out, pass("stdout", "as relayed by go-plugin's stdio service"))
 	}
 	return append(out, checkParentDeath(ctx, o.Plugin))
+}
+
+// checkHealth makes as many health checks in a row as the frozen rule
+// counts, each under a generous deadline: each must answer SERVING. The
+// slowest is printed, with a warning when it took longer than the router's
+// probe allows one.
+func checkHealth(ctx context.Context, host *supervisor.Host, name string) Result {
+	var slowest time.Duration
+	for range supervisor.DefaultProbeFailures {
+		hctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		start := time.Now()
+		err := host.CheckHealth(hctx, name)
+		cancel()
+		if err != nil {
+			return fail("health", `SERVING for service "plugin"`, err.Error())
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	r := pass("health", fmt.Sprintf("%d checks, the slowest %s", supervisor.DefaultProbeFailures, ms(slowest)))
+	r.Warning = healthWarning(slowest)
+	return r
+}
+
+// healthWarning says what the router does about a health check as slow as
+// d; "" when it would not notice.
+func healthWarning(d time.Duration) string {
+	if d <= supervisor.DefaultProbeTimeout {
+		return ""
+	}
+	return fmt.Sprintf("a check took %s, over the %v the router's probe gives one: %d such in a row and the router kills the plugin as frozen",
+		ms(d), supervisor.DefaultProbeTimeout, supervisor.DefaultProbeFailures)
 }
 
 // configured is a decision type and the instance the checks configured.

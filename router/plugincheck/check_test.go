@@ -168,3 +168,15 @@ func TestLatencyWarning(t *testing.T) {
 		t.Errorf("a 31s cold call: warning %q", w)
 	}
 }
+
+// TestHealthWarning: a health check slower than the probe's deadline is a
+// warning naming the frozen rule; one within it is none.
+func TestHealthWarning(t *testing.T) {
+	if w := healthWarning(2 * time.Second); w != "" {
+		t.Errorf("2s: warning %q", w)
+	}
+	want := "a check took 2500.00ms, over the 2s the router's probe gives one: 5 such in a row and the router kills the plugin as frozen"
+	if w := healthWarning(2500 * time.Millisecond); w != want {
+		t.Errorf("2.5s: warning %q, want %q", w, want)
+	}
+}

@@ -128,7 +128,7 @@ func checkParentDeath(ctx context.Context, p config.Plugin) Result {
 	if len(left) > 0 {
 		return fail(name, expected, strings.Join(left, ", ")+" after "+parentWait.String())
 	}
-	return pass(name, "gone, its socket directory removed, "+time.Since(killed).Round(time.Millisecond).String()+" after its parent's SIGKILL")
+	return pass(name, "gone, its socket directory removed, "+ms(time.Since(killed))+" after its parent's SIGKILL")
 }
 
 // exists reports whether path exists.

@@ -47,6 +47,8 @@
 //	           for task 7, never sent (extra), or is never sent (drop)
 //	badbound   serve the good types, but t-max-active refuses a negative
 //	           max with an error naming no parameter
+//	boundcrash serve the good types, but configuring t-max-active with the
+//	           smallest int64 as max exits the process (status 3)
 //	orphan     serve the good types through go-plugin directly, ignoring
 //	           SIGTERM: nothing notices the parent's death
 //	nowait     serve the good types and t-classify, a classifier wanting
@@ -66,6 +68,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -182,6 +185,16 @@ func main() {
 		ts[0].New = func(info shared.InstanceInfo, p shared.Params) (shared.Component, error) {
 			if p.Int("max", 100) < 0 {
 				return nil, errors.New("negative")
+			}
+			return newMax(info, p)
+		}
+		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
+	case "boundcrash":
+		ts := types()
+		newMax := ts[0].New
+		ts[0].New = func(info shared.InstanceInfo, p shared.Params) (shared.Component, error) {
+			if p.Int("max", 100) == math.MinInt64 {
+				os.Exit(3)
 			}
 			return newMax(info, p)
 		}
