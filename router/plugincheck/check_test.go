@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -178,5 +179,37 @@ func TestHealthWarning(t *testing.T) {
 	want := "a check took 2500.00ms, over the 2s the router's probe gives one: 5 such in a row and the router kills the plugin as frozen"
 	if w := healthWarning(2500 * time.Millisecond); w != want {
 		t.Errorf("2.5s: warning %q, want %q", w, want)
+	}
+}
+
+// TestCheckResult: each way a DecideResult can be malformed for its task
+// is named.
+func TestCheckResult(t *testing.T) {
+	f, s, p := shared.KindFilter, shared.KindScorer, shared.KindPicker
+	for _, tc := range []struct {
+		r    *pluginv1.DecideResult
+		w    want
+		want string
+	}{
+		{&pluginv1.DecideResult{Kept: []uint32{0, 2}, Picked: -1}, want{kind: f, n: 3}, ""},
+		{&pluginv1.DecideResult{FilteredBy: "x", Picked: -1}, want{kind: f, n: 3}, ""},
+		{&pluginv1.DecideResult{Kept: []uint32{2, 1}, Picked: -1}, want{kind: f, n: 3}, "kept rows [2 1] not strictly ascending in [0, 3)"},
+		{&pluginv1.DecideResult{Kept: []uint32{0, 3}, Picked: -1}, want{kind: f, n: 3}, "kept rows [0 3] not strictly ascending in [0, 3)"},
+		{&pluginv1.DecideResult{Kept: []uint32{0}, Costs: []float64{1}, Picked: -1}, want{kind: s, n: 1}, "1 kept rows from a task without a filter"},
+		{&pluginv1.DecideResult{Costs: []float64{1, 2}, Picked: -1}, want{kind: s, n: 2}, ""},
+		{&pluginv1.DecideResult{Costs: []float64{1}, Picked: -1}, want{kind: s, n: 2}, "1 costs for 2 rows"},
+		{&pluginv1.DecideResult{Costs: []float64{1, math.Inf(1)}, Picked: -1}, want{kind: s, n: 2}, "cost +Inf for row 1"},
+		{&pluginv1.DecideResult{Costs: []float64{1, 2}}, want{kind: s, n: 2}, "picked 0 from a task without a picker (want -1)"},
+		{&pluginv1.DecideResult{Costs: []float64{1}, Picked: 0}, want{kind: p, n: 2}, "1 costs from a task without a scorer"},
+		{&pluginv1.DecideResult{Picked: 1}, want{kind: p, n: 2}, ""},
+		{&pluginv1.DecideResult{Picked: 2}, want{kind: p, n: 2}, "picked row 2, not in [0, 2)"},
+		{&pluginv1.DecideResult{Picked: -1}, want{kind: p, n: 2}, "picked row -1, not in [0, 2)"},
+		{&pluginv1.DecideResult{Error: "boom", Picked: -1}, want{kind: p, n: 2}, `the error "boom"`},
+		{&pluginv1.DecideResult{Error: "unknown instance", Picked: -1}, want{n: 1, wantErr: true}, ""},
+		{&pluginv1.DecideResult{Picked: 0}, want{n: 1, wantErr: true}, "no error for a task naming an instance never configured"},
+	} {
+		if got := checkResult(tc.r, tc.w); got != tc.want {
+			t.Errorf("checkResult(%v, %+v) = %q, want %q", tc.r, tc.w, got, tc.want)
+		}
 	}
 }

@@ -257,28 +257,37 @@ func (w *wire) openDecide(ctx context.Context) (*decideStream, error) {
 }
 
 // exchange sends tasks in one DecideBatch and reads results until every
-// task has one or answerWait passes. It returns the task ids in the order
+// task has one or answerWait passes, recording them in answered (shared by
+// the exchanges of a stream). It returns the task ids in the order
 // answered and the problems seen: a result for a task not sent (or sent
 // on another stream), a second result for a task, a malformed one, a
 // missing one.
-func (d *decideStream) exchange(tasks []*pluginv1.DecideTask, wants map[uint64]want) (order []uint64, problems []string) {
+func (d *decideStream) exchange(tasks []*pluginv1.DecideTask, wants map[uint64]want, answered map[uint64]bool) (order []uint64, problems []string) {
 	if err := d.s.Send(&pluginv1.DecideBatch{Tasks: tasks}); err != nil {
 		return nil, []string{"sending the batch failed: " + err.Error()}
 	}
-	answered := make(map[uint64]bool, len(tasks))
+	pending := make(map[uint64]bool, len(tasks))
+	for _, t := range tasks {
+		pending[t.GetTaskId()] = true
+	}
+	take := func(r *pluginv1.DecideResult) {
+		if p := d.take(r, wants, answered); p != "" {
+			problems = append(problems, p)
+		} else {
+			order = append(order, r.GetTaskId())
+		}
+		delete(pending, r.GetTaskId())
+	}
 	timeout := time.NewTimer(answerWait)
 	defer timeout.Stop()
-	for len(answered) < len(tasks) {
+	for len(pending) > 0 {
 		select {
 		case r := <-d.in:
-			problems = append(problems, d.take(r, wants, answered)...)
-			if _, ok := wants[r.GetTaskId()]; ok {
-				order = append(order, r.GetTaskId())
-			}
+			take(r)
 		case <-d.ended:
 			// Results read before the end are still in d.in.
 			for len(d.in) > 0 {
-				problems = append(problems, d.take(<-d.in, wants, answered)...)
+				take(<-d.in)
 			}
 			return order, append(problems, missing(tasks, answered, fmt.Sprintf("the stream ended (%v)", d.err))...)
 		case <-timeout.C:
@@ -288,21 +297,22 @@ func (d *decideStream) exchange(tasks []*pluginv1.DecideTask, wants map[uint64]w
 	return order, problems
 }
 
-// take records one result.
-func (d *decideStream) take(r *pluginv1.DecideResult, wants map[uint64]want, answered map[uint64]bool) []string {
+// take records one result in answered and says what is wrong with it, ""
+// when nothing is.
+func (d *decideStream) take(r *pluginv1.DecideResult, wants map[uint64]want, answered map[uint64]bool) string {
 	id := r.GetTaskId()
 	wt, ok := wants[id]
 	switch {
 	case !ok:
-		return []string{fmt.Sprintf("a result for task %d, which was not sent on this stream", id)}
+		return fmt.Sprintf("a result for task %d, which was not sent on this stream", id)
 	case answered[id]:
-		return []string{fmt.Sprintf("a second result for task %d", id)}
+		return fmt.Sprintf("a second result for task %d", id)
 	}
 	answered[id] = true
 	if p := checkResult(r, wt); p != "" {
-		return []string{fmt.Sprintf("for task %d (%d rows): %s", id, wt.n, p)}
+		return fmt.Sprintf("for task %d (%d rows): %s", id, wt.n, p)
 	}
-	return nil
+	return ""
 }
 
 // missing lists the tasks without a result.
@@ -330,10 +340,14 @@ func (d *decideStream) finish(wants map[uint64]want, answered map[uint64]bool) [
 	for {
 		select {
 		case r := <-d.in:
-			problems = append(problems, d.take(r, wants, answered)...)
+			if p := d.take(r, wants, answered); p != "" {
+				problems = append(problems, p)
+			}
 		case <-d.ended:
 			for len(d.in) > 0 {
-				problems = append(problems, d.take(<-d.in, wants, answered)...)
+				if p := d.take(<-d.in, wants, answered); p != "" {
+					problems = append(problems, p)
+				}
 			}
 			return problems
 		case <-timeout.C:
@@ -384,11 +398,8 @@ func (w *wire) checkBatch(ctx context.Context, types []configured) Result {
 	id++
 	tasks = append(tasks, w.task(id, "check/no-such-instance", types[0].t.Kind, 1))
 	wants[id] = want{n: 1, wantErr: true}
-	order, problems := d.exchange(tasks, wants)
-	answered := make(map[uint64]bool, len(order))
-	for _, o := range order {
-		answered[o] = true
-	}
+	answered := make(map[uint64]bool, len(tasks))
+	order, problems := d.exchange(tasks, wants, answered)
 	problems = append(problems, d.finish(wants, answered)...)
 	if len(problems) > 0 {
 		return fail(name, oneResultPerTask, problemsGot(problems))
@@ -432,11 +443,7 @@ func (w *wire) checkStreams(ctx context.Context, types []configured) Result {
 					tasks = append(tasks, w.task(id, c.instance, c.t.Kind, n))
 					wants[id] = want{kind: c.t.Kind, n: n}
 				}
-				order, p := d.exchange(tasks, wants)
-				for _, o := range order {
-					answered[o] = true
-				}
-				if len(p) > 0 {
+				if _, p := d.exchange(tasks, wants, answered); len(p) > 0 {
 					problems[s] = p
 					d.cancel()
 					return
