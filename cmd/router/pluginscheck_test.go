@@ -1,17 +1,19 @@
 package main
 
 import (
-	"context"
+	"bytes"
 	"encoding/json"
 	"errors"
-	"math"
+	"io/fs"
+	"os"
 	"regexp"
+	"strconv"
 	"strings"
-	"sync"
+	"syscall"
 	"testing"
 	"time"
 
-	"github.com/switchyard-router/switchyard/shared"
+	"github.com/switchyard-router/switchyard/router/plugincheck"
 )
 
 // TestPluginsCheckExamples: the template and both example plugins pass
@@ -29,6 +31,8 @@ func TestPluginsCheckExamples(t *testing.T) {
 			`PASS configure "queue-depth"`, `PASS configure "queue-depth" wrong type`,
 			`PASS decide "queue-depth" rows=1`, `PASS decide "queue-depth" rows=8`, `PASS decide "queue-depth" rows=4096`,
 			`PASS decide "queue-depth" concurrent=32 (calls of 1 to 32 rows at once)`,
+			`PASS configure "queue-depth" boundaries of "waiting_weight" (of 5 values 3 accepted, 2 refused naming it)`,
+			"PASS decide batch (6 tasks in one DecideBatch, answered ",
 			"PASS health",
 		}},
 		{"disagg-filter-score-pick", []string{"--role", "prefill", "--config", "min_device_overlap_blocks=0"}, []string{
@@ -41,12 +45,20 @@ func TestPluginsCheckExamples(t *testing.T) {
 			`PASS decide "min-overlap" concurrent=32 (calls of 1 to 32 rows at once)`,
 			`PASS decide "prefill-cost" concurrent=32 (calls of 1 to 32 rows at once)`,
 			`PASS decide "lowest-cost" concurrent=32 (calls of 1 to 32 rows at once)`,
+			`PASS configure "min-overlap" boundaries of "min_device_overlap_blocks" (of 5 values 3 accepted, 2 refused naming it)`,
+			"PASS decide batch (21 tasks in one DecideBatch, answered ",
 			"PASS health",
 		}},
 		{"soft-pin-repin", []string{"--config", "max_active_requests=4"}, []string{
 			"PASS handshake (2 component types)", "PASS schema",
 			`PASS configure "soft-pin"`, `PASS configure "soft-pin" wrong type`, `PASS decide "soft-pin" rows=4096`,
-			`PASS configure "sticky-session"`, `PASS decide "sticky-session" (not checked: a classifier makes no decision)`,
+			`PASS configure "sticky-session"`,
+			`PASS configure "sticky-session" boundaries of "ttl" (of 5 values 2 accepted, 3 refused naming it)`,
+			`PASS configure "sticky-session" boundaries of "max_sessions" (of 5 values 1 accepted, 4 refused naming it)`,
+			`PASS classify "sticky-session" (19 calls, 16 at once)`,
+			`PASS events "sticky-session" (3 batches acknowledged in order)`,
+			`PASS events "sticky-session" events_through (waits for the events it names)`,
+			"PASS decide batch (6 tasks in one DecideBatch, answered ",
 			"PASS health",
 		}},
 	} {
@@ -58,17 +70,23 @@ func TestPluginsCheckExamples(t *testing.T) {
 			}
 			lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
 			for _, l := range lines {
-				if !strings.HasPrefix(l, "PASS ") {
+				// A loaded machine may make a call slower than
+				// call_timeout, or a health check than the probe's
+				// deadline: a warning, never a failure.
+				if !strings.HasPrefix(l, "PASS ") && !strings.HasPrefix(l, "WARNING latency ") && !strings.HasPrefix(l, "WARNING health: ") {
 					t.Errorf("line %q is not a PASS", l)
 				}
 			}
-			for _, w := range append(tc.want, "PASS stdout (as relayed by go-plugin's stdio service)") {
-				if !strings.Contains(out, w+"\n") {
+			for _, w := range append(tc.want, "PASS stdout (as relayed by go-plugin's stdio service)",
+				"PASS decide streams=4 (4 streams at once, 8 messages each)") {
+				if !strings.Contains(out, w) {
 					t.Errorf("output lacks %q:\n%s", w, out)
 				}
 			}
-			if !shutdownPass.MatchString(out) {
-				t.Errorf("output lacks a passed shutdown check:\n%s", out)
+			for _, re := range []*regexp.Regexp{shutdownPass, parentDeathPass, latencyPass} {
+				if !re.MatchString(out) {
+					t.Errorf("output lacks a line matching %v:\n%s", re, out)
+				}
 			}
 		})
 	}
@@ -76,6 +94,13 @@ func TestPluginsCheckExamples(t *testing.T) {
 
 // shutdownPass is the line of a passed shutdown check.
 var shutdownPass = regexp.MustCompile(`(?m)^PASS shutdown \(exited [0-9.]+[µm]?s after the stop began\)$`)
+
+// parentDeathPass and latencyPass are lines of a passed parent-death and
+// latency check.
+var (
+	parentDeathPass = regexp.MustCompile(`(?m)^PASS parent death \(gone, its socket directory removed, [0-9.]+m?s after its parent's SIGKILL\)$`)
+	latencyPass     = regexp.MustCompile(`(?m)^PASS latency "[a-z-]+" \(cold [0-9.]+ms; rows=8 warm p50 [0-9.]+ms p99 [0-9.]+ms max [0-9.]+ms; rows=64 warm p50 [0-9.]+ms p99 [0-9.]+ms max [0-9.]+ms\)$`)
+)
 
 // TestPluginsCheckFailures: a broken plugin (modes of the supervisor's
 // test plugin) or a missing required parameter fails with a named check
@@ -103,7 +128,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 		}},
 		{"stdout after the handshake", []string{faulty, "--env", "SY_TEST_MODE=stdout-after", "--type", "t-max-active"}, []string{
 			`PASS health`,
-			`FAIL stdout: expected nothing on stdout after the handshake (log to stderr), got 24 bytes, starting "configured t-max-active\n"`,
+			`FAIL stdout: expected nothing on stdout after the handshake (log to stderr), got 168 bytes, starting "configured t-max-active\nconfigured t-max-active\nconfigured t-max-active\nconfigur"`,
 		}},
 		{"no exit at shutdown", []string{faulty, "--env", "SY_TEST_MODE=linger", "--type", "t-lowest"}, []string{
 			`PASS decide "t-lowest" rows=4096`,
@@ -123,6 +148,26 @@ func TestPluginsCheckFailures(t *testing.T) {
 		{"config for no type", []string{faulty, "--config", "nope=1"}, []string{
 			`FAIL config nope: expected a parameter of a checked type, got no checked type declares "nope"`,
 		}},
+		{"boundary refused naming no parameter", []string{faulty, "--env", "SY_TEST_MODE=badbound", "--type", "t-max-active"}, []string{
+			`FAIL configure "t-max-active" boundaries of "max": expected -1 accepted, or refused with a Diagnostic naming "max", got a refusal naming "": negative`,
+			`PASS decide "t-max-active" rows=4096`,
+		}},
+		{"boundary crashes the plugin", []string{faulty, "--env", "SY_TEST_MODE=boundcrash", "--type", "t-max-active"}, []string{
+			`FAIL configure "t-max-active" boundaries of "max": expected -9223372036854775808 accepted, or refused with a Diagnostic naming "max", got rpc error: code = Unavailable`,
+		}},
+		{"duplicate result", []string{faulty, "--env", "SY_TEST_MODE=decide-dup", "--type", "t-lowest"}, []string{
+			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got a second result for task 4611686018427387905`,
+			"PASS decide streams=4",
+			"PASS parent death",
+		}},
+		{"result for a task not sent", []string{faulty, "--env", "SY_TEST_MODE=decide-extra", "--type", "t-active"}, []string{
+			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got a result for task 7, which was not sent on this stream`,
+		}},
+		{"events_through not awaited", []string{faulty, "--env", "SY_TEST_MODE=nowait", "--type", "t-classify"}, []string{
+			`PASS classify "t-classify" (19 calls, 16 at once)`,
+			`PASS events "t-classify" (3 batches acknowledged in order)`,
+			`FAIL events "t-classify" events_through: expected DEADLINE_EXCEEDED with events_through 5, never sent, got an answer`,
+		}},
 		{"config of the wrong type", []string{faulty, "--type", "t-max-active", "--config", "max=lots"}, []string{
 			`FAIL configure "t-max-active": expected --config max=VALUE a int, got "lots": strconv.ParseInt: parsing "lots": invalid syntax`,
 		}},
@@ -141,6 +186,55 @@ func TestPluginsCheckFailures(t *testing.T) {
 	}
 }
 
+// TestPluginsCheckOrphan: a plugin that ignores its parent's death (no
+// SIGTERM handling, no watch of its parent pid) fails the parent-death
+// check, which then kills it and removes its socket directory.
+func TestPluginsCheckOrphan(t *testing.T) {
+	code, out, errOut := routerRun(t, "plugins", "check", examplePlugin(t, "faulty"), "--env", "SY_TEST_MODE=orphan", "--type", "t-lowest")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	re := regexp.MustCompile(`(?m)^FAIL parent death: expected the plugin gone and its socket directory removed within 10s of its parent's SIGKILL, got process ([0-9]+) still running, socket directory (/\S+) still there after 10s$`)
+	m := re.FindStringSubmatch(out)
+	if m == nil {
+		t.Fatalf("output lacks %v:\n%s", re, out)
+	}
+	if _, err := os.Stat(m[2]); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("socket directory %s left behind: %v", m[2], err)
+	}
+	pid, _ := strconv.Atoi(m[1])
+	deadline := time.Now().Add(30 * time.Second)
+	for syscall.Kill(pid, 0) == nil && !zombie(pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("plugin %d still running 30s after the check", pid)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// zombie reports whether pid has exited and awaits reaping.
+func zombie(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	i := bytes.LastIndexByte(b, ')')
+	return err == nil && i > 0 && i+2 < len(b) && b[i+2] == 'Z'
+}
+
+// TestPluginsCheckLatencyWarning: calls slower than --call-timeout (a
+// scorer sleeping 5ms a call, against 1ns) pass with a warning saying
+// what the router would do, and the exit status is 0.
+func TestPluginsCheckLatencyWarning(t *testing.T) {
+	code, out, errOut := routerRun(t, "plugins", "check", examplePlugin(t, "faulty"), "--type", "t-active", "--config", "delay=5ms", "--call-timeout", "1ns")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	want := `WARNING latency "t-active": cold [0-9.]+ms, rows=8 p99 [0-9.]+ms, rows=64 p99 [0-9.]+ms over call_timeout 1ns: ` +
+		`the router answers each call over call_timeout by the policy's fallback, and 5 failed calls in a row open the plugin's circuit breaker; ` +
+		`it kills the plugin only when frozen \(5 health checks in a row unanswered within 2s\) or stuck \(no Decide answer for 30s\)\n`
+	if !latencyPass.MatchString(out) || !regexp.MustCompile(`(?m)^`+want).MatchString(out) {
+		t.Errorf("output lacks the latency line and %q:\n%s", want, out)
+	}
+}
+
 // TestPluginsCheckJSON: --json prints one object whose checks say which
 // failed, with what was expected and what came back.
 func TestPluginsCheckJSON(t *testing.T) {
@@ -148,11 +242,11 @@ func TestPluginsCheckJSON(t *testing.T) {
 	if code != 1 {
 		t.Fatalf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
-	var got struct{ Checks []checkResult }
+	var got struct{ Checks []plugincheck.Result }
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("%v:\n%s", err, out)
 	}
-	var failed []checkResult
+	var failed []plugincheck.Result
 	passed := map[string]bool{}
 	for _, c := range got.Checks {
 		if c.Pass {
@@ -161,113 +255,12 @@ func TestPluginsCheckJSON(t *testing.T) {
 			failed = append(failed, c)
 		}
 	}
-	if len(failed) != 3 || failed[0] != (checkResult{Name: `schema type "t-max-active"`, Expected: "a doc", Got: "none"}) {
+	if len(failed) != 3 || failed[0] != (plugincheck.Result{Name: `schema type "t-max-active"`, Expected: "a doc", Got: "none"}) {
 		t.Errorf("failed checks %+v, want the 3 schema problems, first the missing doc", failed)
 	}
 	for _, name := range []string{"handshake", `configure "t-lowest"`, `decide "t-lowest" rows=4096`, "health", "shutdown", "stdout"} {
 		if !passed[name] {
 			t.Errorf("check %q did not pass: %s", name, out)
 		}
-	}
-}
-
-// The answers the Go SDK never sends (it refuses them in the plugin) are
-// checked too, for plugins written without it: fake components stand in
-// for the plugin's instances.
-type nanScorer struct{}
-
-func (nanScorer) Inputs() shared.Inputs { return 0 }
-func (nanScorer) Score(_ context.Context, _ *shared.Request, c *shared.Candidates, costs []float64) error {
-	costs[c.Len()-1] = math.NaN()
-	return nil
-}
-
-type rowPicker struct{ row int }
-
-func (rowPicker) Inputs() shared.Inputs { return 0 }
-func (p rowPicker) Pick(context.Context, *shared.Request, *shared.Candidates) (int, error) {
-	return p.row, nil
-}
-
-type idFilter struct {
-	mu  sync.Mutex
-	ids []shared.WorkerID
-}
-
-func (*idFilter) Inputs() shared.Inputs { return 0 }
-func (f *idFilter) Filter(_ context.Context, _ *shared.Request, c *shared.Candidates, keep []bool) error {
-	f.mu.Lock()
-	f.ids = append(f.ids, c.IDs...)
-	f.mu.Unlock()
-	if c.Len() == 8 {
-		return errors.New("kept rows not ascending")
-	}
-	return nil
-}
-
-func TestCheckDecideAnswers(t *testing.T) {
-	ctx := context.Background()
-	got := checkDecide(ctx, shared.TypeInfo{Name: "nan", Kind: shared.KindScorer}, nanScorer{}, shared.RoleAggregated)
-	if want := (checkResult{Name: `decide "nan" rows=4096`, Expected: "finite costs", Got: "cost NaN for row 4095"}); len(got) != 4 || got[2] != want {
-		t.Errorf("NaN scorer: %+v, want 4 results, the third %+v", got, want)
-	}
-	if want := (checkResult{Name: `decide "nan" concurrent=32`, Expected: "finite costs for the call of 1 rows", Got: "cost NaN for row 0"}); got[3] != want {
-		t.Errorf("NaN scorer, concurrent: %+v, want %+v", got[3], want)
-	}
-	got = checkDecide(ctx, shared.TypeInfo{Name: "p", Kind: shared.KindPicker}, rowPicker{row: 1}, shared.RoleAggregated)
-	if want := (checkResult{Name: `decide "p" rows=1`, Expected: "a picked row in [0, 1)", Got: "1"}); len(got) != 4 || got[0] != want || !got[1].Pass || !got[2].Pass {
-		t.Errorf("picker of row 1: %+v, want %+v then two passes", got, want)
-	}
-	if want := (checkResult{Name: `decide "p" concurrent=32`, Expected: "a picked row in [0, 1) for the call of 1 rows", Got: "1"}); got[3] != want {
-		t.Errorf("picker of row 1, concurrent: %+v, want %+v", got[3], want)
-	}
-	got = checkDecide(ctx, shared.TypeInfo{Name: "p", Kind: shared.KindPicker}, rowPicker{row: 0}, shared.RoleAggregated)
-	if want := (checkResult{Name: `decide "p" concurrent=32`, Pass: true, Note: "calls of 1 to 32 rows at once"}); len(got) != 4 || got[3] != want {
-		t.Errorf("picker of row 0: %+v, want the last %+v", got, want)
-	}
-	got = checkDecide(ctx, shared.TypeInfo{Name: "p", Kind: shared.KindPicker}, rowPicker{row: -1}, shared.RoleAggregated)
-	if want := (checkResult{Name: `decide "p" rows=8`, Expected: "a picked row in [0, 8)", Got: "-1"}); got[1] != want {
-		t.Errorf("picker of row -1: %+v, want %+v", got, want)
-	}
-	f := &idFilter{}
-	got = checkDecide(ctx, shared.TypeInfo{Name: "f", Kind: shared.KindFilter}, f, shared.RoleAggregated)
-	if want := (checkResult{Name: `decide "f" rows=8`, Expected: "a well-formed answer", Got: "kept rows not ascending"}); got[1] != want || !got[0].Pass || !got[2].Pass {
-		t.Errorf("filter: %+v, want the rows=8 failure %+v", got, want)
-	}
-	if want := (checkResult{Name: `decide "f" concurrent=32`, Expected: "a well-formed answer for the call of 8 rows", Got: "kept rows not ascending"}); got[3] != want {
-		t.Errorf("filter, concurrent: %+v, want %+v", got[3], want)
-	}
-	if want := 1 + 8 + 4096 + 32*33/2; len(f.ids) != want {
-		t.Fatalf("filter saw %d rows, want %d", len(f.ids), want)
-	}
-	for i, id := range f.ids {
-		if uint64(id) <= 1<<53 {
-			t.Fatalf("row %d: id %d not above 2^53", i, id)
-		}
-	}
-}
-
-func TestCheckSchemaDefaults(t *testing.T) {
-	got := checkSchema([]shared.TypeInfo{{Name: "t", Doc: "d", Params: []shared.ParamSpec{
-		{Name: "n", Type: shared.Number, Default: 1.5, Doc: "ok"},
-		{Name: "d", Type: shared.Duration, Default: int64(5), Doc: "int, not a duration"},
-		{Name: "9lives", Type: shared.Bool, Default: time.Second, Doc: "bad name, bad default"},
-	}}, {Name: "t", Doc: "again"}})
-	want := []checkResult{
-		{Name: `schema type "t" parameter "d"`, Expected: "a default of the declared type duration", Got: "int64 5"},
-		{Name: `schema type "t" parameter "9lives"`, Expected: "a name of letters, digits, '_' and '-', not starting with a digit", Got: `"9lives"`},
-		{Name: `schema type "t" parameter "9lives"`, Expected: "a default of the declared type bool", Got: "time.Duration 1s"},
-		{Name: `schema type "t"`, Expected: "type names unique", Got: "a second type of that name"},
-	}
-	if len(got) != len(want) {
-		t.Fatalf("got %+v, want %+v", got, want)
-	}
-	for i := range want {
-		if got[i] != want[i] {
-			t.Errorf("result %d: %+v, want %+v", i, got[i], want[i])
-		}
-	}
-	if got := checkSchema([]shared.TypeInfo{{Name: "ok-type_1", Doc: "d"}}); len(got) != 1 || !got[0].Pass {
-		t.Errorf("a valid schema: %+v", got)
 	}
 }

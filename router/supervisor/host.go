@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/sony/gobreaker/v2"
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
@@ -488,4 +489,32 @@ func (h *Host) CheckHealth(ctx context.Context, name string) error {
 		return fmt.Errorf("plugin %q: health check answered %v, not SERVING", name, s)
 	}
 	return nil
+}
+
+// ProcessInfo is a running plugin process, as `router plugins check`
+// needs it to speak the protocol directly and to watch the process.
+type ProcessInfo struct {
+	// PID is the process id, also its process group id.
+	PID int
+	// SocketDir is the PLUGIN_UNIX_SOCKET_DIR the host made for it.
+	SocketDir string
+	// Conn is the gRPC connection the host's own client uses; it is
+	// closed when the process stops.
+	Conn *grpc.ClientConn
+}
+
+// Process returns the named plugin's current process. It fails when the
+// plugin is unknown or has no process.
+func (h *Host) Process(name string) (ProcessInfo, error) {
+	h.mu.Lock()
+	m := h.procs[name]
+	h.mu.Unlock()
+	if m == nil {
+		return ProcessInfo{}, fmt.Errorf("plugin %q is not running", name)
+	}
+	p := m.cur.Load()
+	if p == nil || p.conn == nil {
+		return ProcessInfo{}, fmt.Errorf("plugin %q has no process", name)
+	}
+	return ProcessInfo{PID: p.pid, SocketDir: p.sockDir, Conn: p.conn}, nil
 }

@@ -40,6 +40,20 @@
 //	           "configured t-max-active" on stdout
 //	linger     serve, and keep running for an hour once serving ends
 //	           (asked to shut down)
+//	decide-dup, decide-extra, decide-drop
+//	           serve the good types, but on the Decide stream the result
+//	           of task 2^62+1 (the first task of `router plugins check`'s
+//	           batch check) is sent twice (dup), is followed by a result
+//	           for task 7, never sent (extra), or is never sent (drop)
+//	badbound   serve the good types, but t-max-active refuses a negative
+//	           max with an error naming no parameter
+//	boundcrash serve the good types, but configuring t-max-active with the
+//	           smallest int64 as max exits the process (status 3)
+//	orphan     serve the good types through go-plugin directly, ignoring
+//	           SIGTERM: nothing notices the parent's death
+//	nowait     serve the good types and t-classify, a classifier wanting
+//	           events, whose Classify calls are answered at once, without
+//	           waiting for events_through
 //	stderr     write to stderr, before serving, the plain line "plain line
 //	           from the plugin" and two hclog JSON lines, "json warn line"
 //	           at warn and "json debug line" at debug
@@ -55,20 +69,24 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/exec"
+	"os/signal"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
 	"github.com/switchyard-router/switchyard/builtin"
+	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -178,6 +196,37 @@ func main() {
 	case "linger":
 		serve()
 		time.Sleep(time.Hour)
+	case "decide-dup", "decide-extra", "decide-drop":
+		serveIntercepted(grpc.StreamInterceptor(mangleDecide(os.Getenv("SY_TEST_MODE"))))
+	case "badbound":
+		ts := types()
+		newMax := ts[0].New
+		ts[0].New = func(info shared.InstanceInfo, p shared.Params) (shared.Component, error) {
+			if p.Int("max", 100) < 0 {
+				return nil, errors.New("negative")
+			}
+			return newMax(info, p)
+		}
+		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
+	case "boundcrash":
+		ts := types()
+		newMax := ts[0].New
+		ts[0].New = func(info shared.InstanceInfo, p shared.Params) (shared.Component, error) {
+			if p.Int("max", 100) == math.MinInt64 {
+				os.Exit(3)
+			}
+			return newMax(info, p)
+		}
+		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
+	case "orphan":
+		serveIntercepted()
+	case "nowait":
+		serveIntercepted(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+			if _, ok := req.(*pluginv1.ClassifyRequest); ok {
+				return &pluginv1.ClassifyResponse{}, nil
+			}
+			return h(ctx, req)
+		}))
 	case "builtin":
 		shared.Serve(shared.ServeOpts{Version: "test", Types: []shared.TypeInfo{
 			builtin.KVCostType(), builtin.MinCostType(), builtin.BusyType(),
@@ -222,6 +271,90 @@ func startChild(stderr *os.File) {
 		panic(err)
 	}
 }
+
+// serveIntercepted serves the good types (and t-classify) through
+// go-plugin directly, without Serve's watch of the parent, with extra gRPC
+// server options.
+//
+// Unless in orphan mode (which ignores SIGTERM), SIGTERM removes the socket
+// directory and exits, as Serve does.
+func serveIntercepted(extra ...grpc.ServerOption) {
+	if os.Getenv("SY_TEST_MODE") == "orphan" {
+		signal.Ignore(syscall.SIGTERM)
+	} else {
+		terms := make(chan os.Signal, 1)
+		signal.Notify(terms, syscall.SIGTERM)
+		go func() {
+			<-terms
+			_ = os.RemoveAll(os.Getenv(plugin.EnvUnixSocketDir))
+			os.Exit(1)
+		}()
+	}
+	plugin.Serve(&plugin.ServeConfig{
+		HandshakeConfig: shared.Handshake(),
+		VersionedPlugins: map[int]plugin.PluginSet{shared.APIVersion: {
+			shared.PluginSetKey: &shared.GRPCPlugin{Types: append(types(), classifierType())}}},
+		GRPCServer: func(o []grpc.ServerOption) *grpc.Server { return plugin.DefaultGRPCServer(append(o, extra...)) },
+	})
+}
+
+// mangleDecide breaks the Decide stream's answer to task 2^62+1 as mode
+// says.
+func mangleDecide(mode string) grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if info.FullMethod != pluginv1.Plugin_Decide_FullMethodName {
+			return h(srv, ss)
+		}
+		return h(srv, &mangled{ServerStream: ss, mode: mode})
+	}
+}
+
+type mangled struct {
+	grpc.ServerStream
+	mode string
+}
+
+func (m *mangled) SendMsg(msg any) error {
+	rs, ok := msg.(*pluginv1.DecideResults)
+	if !ok {
+		return m.ServerStream.SendMsg(msg)
+	}
+	out := &pluginv1.DecideResults{}
+	for _, r := range rs.GetResults() {
+		if r.GetTaskId() != 1<<62+1 {
+			out.Results = append(out.Results, r)
+			continue
+		}
+		switch m.mode {
+		case "decide-dup":
+			out.Results = append(out.Results, r, r)
+		case "decide-extra":
+			out.Results = append(out.Results, r, &pluginv1.DecideResult{TaskId: 7, Picked: -1})
+		}
+	}
+	if len(out.Results) == 0 {
+		return nil
+	}
+	return m.ServerStream.SendMsg(out)
+}
+
+// classifierType is t-classify: a classifier wanting events that gives
+// every request priority 1.
+func classifierType() shared.TypeInfo {
+	return shared.TypeInfo{Name: "t-classify", Kind: shared.KindClassifier, Events: true, Doc: "priority 1 for all",
+		New: func(shared.InstanceInfo, shared.Params) (shared.Component, error) { return classifier{}, nil }}
+}
+
+type classifier struct{}
+
+func (classifier) Inputs() shared.Inputs { return 0 }
+func (classifier) NewClassifier(shared.PartitionContext) (shared.Classifier, error) {
+	return classifier{}, nil
+}
+func (classifier) Classify(context.Context, *shared.Request) (shared.Classification, error) {
+	return shared.Classification{Priority: 1}, nil
+}
+func (classifier) OnEvents([]shared.Event) {}
 
 func serve() {
 	shared.Serve(shared.ServeOpts{Version: "test", Types: types()})

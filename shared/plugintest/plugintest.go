@@ -1,0 +1,159 @@
+// Package plugintest runs the conformance checks of `router plugins check`
+// (docs/plugin-protocol.md, section 9) on a plugin binary from a Go test,
+// so that `go test` checks a plugin as the router will run it:
+//
+//	func TestConformance(t *testing.T) {
+//		bin := plugintest.Build(t, ".") // this directory's main package
+//		plugintest.Check(t, bin, plugintest.Config("max_active_requests", "4"))
+//	}
+//
+// Check starts the binary as the router does and reports every check as a
+// subtest: a failed check says what was expected and what came back; a
+// check's measurements (latency) and warnings are logged.
+//
+// One check, parent death, needs a parent process it can kill: it runs the
+// test binary itself again as the plugin's parent (package
+// router/plugincheck takes over a process started with
+// plugincheck.ParentEnv set, before TestMain runs), so nothing else has to
+// be built or installed.
+package plugintest
+
+import (
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/plugincheck"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// An Option changes what Check checks or how it starts the plugin.
+type Option func(*plugincheck.Options)
+
+// Config gives parameter param the value value (parsed as its declared
+// type, as in a policy file: "4", "2.5", "true", "10s") for every checked
+// type that declares it. Required parameters need one.
+func Config(param, value string) Option {
+	return func(o *plugincheck.Options) {
+		if o.Config == nil {
+			o.Config = map[string]string{}
+		}
+		o.Config[param] = value
+	}
+}
+
+// Type checks only the component type of that name.
+func Type(name string) Option { return func(o *plugincheck.Options) { o.Type = name } }
+
+// Role configures the instances for role (default shared.RoleAggregated);
+// a disaggregated plugin is checked with shared.RolePrefill or
+// shared.RoleDecode.
+func Role(role shared.Role) Option { return func(o *plugincheck.Options) { o.Role = role } }
+
+// Env sets a variable of the plugin's environment, as a plugin block's env
+// does; the plugin gets no other variable of the test's environment.
+func Env(name, value string) Option {
+	return func(o *plugincheck.Options) {
+		if o.Plugin.Env == nil {
+			o.Plugin.Env = map[string]string{}
+		}
+		o.Plugin.Env[name] = value
+	}
+}
+
+// Args are the plugin's arguments, as a plugin block's args.
+func Args(args ...string) Option { return func(o *plugincheck.Options) { o.Plugin.Args = args } }
+
+// CallTimeout is the call_timeout call latency is compared with (default
+// 20ms, the router's): a call over it is logged as a warning, never a
+// failure.
+func CallTimeout(d time.Duration) Option { return func(o *plugincheck.Options) { o.CallTimeout = d } }
+
+// Check starts binary as the router does and runs every check of
+// `router plugins check` on it, each as a subtest of t named after the
+// check. The plugin's stderr lines at warn and above are logged. Check
+// returns once the plugin and every process it started are stopped.
+func Check(t *testing.T, binary string, opts ...Option) {
+	t.Helper()
+	for _, r := range run(t, binary, opts) {
+		t.Run(r.Name, func(t *testing.T) {
+			t.Helper()
+			report(t, r)
+		})
+	}
+}
+
+// run runs the checks, logging the plugin's stderr to t while they run.
+func run(t testing.TB, binary string, opts []Option) []plugincheck.Result {
+	t.Helper()
+	o := plugincheck.Options{Plugin: config.Plugin{Name: filepath.Base(binary), Command: binary}}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	w := &testWriter{t: t}
+	defer w.stop()
+	o.Logger = hclog.New(&hclog.LoggerOptions{Name: "plugintest", Level: hclog.Warn, Output: w})
+	return plugincheck.Run(t.Context(), o)
+}
+
+// reporter is what report needs of a *testing.T.
+type reporter interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Logf(format string, args ...any)
+}
+
+// report reports one check's result on t: an error for a failure, logs
+// for a note or a warning.
+func report(t reporter, r plugincheck.Result) {
+	t.Helper()
+	switch {
+	case !r.Pass:
+		t.Errorf("expected %s, got %s", r.Expected, r.Got)
+	case r.Note != "":
+		t.Logf("%s", r.Note)
+	}
+	if r.Pass && r.Warning != "" {
+		t.Logf("WARNING: %s", r.Warning)
+	}
+}
+
+// testWriter logs what it is given on t until stop.
+type testWriter struct {
+	mu      sync.Mutex
+	t       testing.TB
+	stopped bool
+}
+
+func (w *testWriter) Write(b []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped {
+		w.t.Logf("%s", b)
+	}
+	return len(b), nil
+}
+
+func (w *testWriter) stop() {
+	w.mu.Lock()
+	w.stopped = true
+	w.mu.Unlock()
+}
+
+// Build builds the main package pkg (a directory such as ".", or an import
+// path) with `go build` into a temporary directory removed after the test,
+// and returns the binary's path. A failed build fails the test at once,
+// with the compiler's output.
+func Build(t testing.TB, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "plugin")
+	if out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	}
+	return bin
+}
