@@ -49,6 +49,9 @@ type Options struct {
 	// switchyard_policy_reloads_total{result="success"|"failure"}. nil
 	// means no metrics.
 	Registerer prometheus.Registerer
+	// Shadow sets how the policies' shadows run (serve: asynchronously;
+	// replay: Inline). Without a shadow in any policy it has no effect.
+	Shadow ShadowOptions
 	// DrainTimeout bounds how long Reload waits for the decisions in
 	// flight on the old bundle before stopping its plugins
 	// (DefaultDrainTimeout).
@@ -90,6 +93,13 @@ type Router struct {
 	drainTimeout time.Duration
 	reloads      *prometheus.CounterVec // nil without a Registerer
 
+	shadow         ShadowOptions
+	shadowJobs     sync.Pool // *shadowJob
+	shadowInFlight atomic.Int64
+	shadowWG       sync.WaitGroup  // the asynchronous shadow decisions running
+	shadowCtx      context.Context // cancelled by Close
+	shadowStop     context.CancelFunc
+
 	// swapMu serialises Apply and Close; reloadMu serialises Reload.
 	swapMu   sync.Mutex
 	closed   bool
@@ -104,29 +114,49 @@ type rolePolicy struct {
 	hosted   hosted.HostedWorkerPicker // nil unless the policy is hosted-eligible
 	compiled *pipeline.Compiled        // nil when hosted
 	fallback *rolePolicy
+	shadow   *rolePolicy // compiled, never hosted; its own fallback and shadow are not resolved
 }
 
 // maxFallbackDepth bounds a chain of fallbacks (the loader rejects cycles).
 const maxFallbackDepth = 8
 
+// resolve resolves a role's policy, its fallbacks and its shadow.
 func resolve(p *policy.Policy, depth int) (*rolePolicy, error) {
 	if p == nil || depth > maxFallbackDepth {
 		return nil, nil
 	}
+	rp, err := resolveOne(p, true)
+	if err != nil {
+		return nil, err
+	}
+	if depth == 0 && p.Shadow != nil {
+		// The shadow always runs its pipeline, on candidates captured
+		// before the live booking: the hosted path reads live counters.
+		if rp.shadow, err = resolveOne(p.Shadow, false); err != nil {
+			return nil, fmt.Errorf("shadow: %w", err)
+		}
+	}
+	rp.fallback, err = resolve(p.Fallback, depth+1)
+	return rp, err
+}
+
+// resolveOne compiles p, or takes the hosted path when hostedOK and p is
+// eligible.
+func resolveOne(p *policy.Policy, hostedOK bool) (*rolePolicy, error) {
 	if p.Picker == nil {
 		return nil, fmt.Errorf("policy %q has no picker", p.Name)
 	}
 	rp := &rolePolicy{policy: p, inputs: p.Inputs()}
-	rp.hosted, _ = hosted.IntoHosted(p)
+	if hostedOK {
+		rp.hosted, _ = hosted.IntoHosted(p)
+	}
 	if rp.hosted == nil {
 		var err error
 		if rp.compiled, err = pipeline.Compile(p); err != nil {
 			return nil, err
 		}
 	}
-	var err error
-	rp.fallback, err = resolve(p.Fallback, depth+1)
-	return rp, err
+	return rp, nil
 }
 
 // New returns a Router with an empty fleet, deciding with o.Bundle or with
@@ -159,6 +189,9 @@ func New(o Options) (*Router, error) {
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
+	if o.Shadow.MaxInFlight <= 0 {
+		o.Shadow.MaxInFlight = DefaultShadowInFlight
+	}
 	r := &Router{
 		blockSize:       o.BlockSize,
 		bookingsAreLoad: o.BookingsAreLoad,
@@ -167,6 +200,7 @@ func New(o Options) (*Router, error) {
 		log:             o.Logger,
 		loadOpts:        o.Load,
 		drainTimeout:    o.DrainTimeout,
+		shadow:          o.Shadow,
 	}
 	if o.Registerer != nil {
 		var err error
@@ -179,6 +213,8 @@ func New(o Options) (*Router, error) {
 	}
 	r.cur.Store(b)
 	r.scratch.New = func() any { return new(pipeline.Scratch) }
+	r.shadowJobs.New = func() any { return new(shadowJob) }
+	r.shadowCtx, r.shadowStop = context.WithCancel(context.Background())
 	return r, nil
 }
 
@@ -298,7 +334,8 @@ func (r *Router) Apply(b *Bundle) (old *Bundle, err error) {
 }
 
 // Close stops the Router: selections from now on fail with ErrClosed, the
-// ones in flight finish, and the current bundle is drained and closed
+// ones in flight finish, the asynchronous shadow decisions running are
+// cancelled and waited for, and the current bundle is drained and closed
 // (bounded by ctx; see Bundle.Close). A second Close returns nil.
 func (r *Router) Close(ctx context.Context) error {
 	r.swapMu.Lock()
@@ -310,7 +347,10 @@ func (r *Router) Close(ctx context.Context) error {
 	b := r.cur.Swap(nil)
 	b.retire()
 	r.swapMu.Unlock()
-	return b.Close(ctx)
+	r.shadowStop()
+	err := b.Close(ctx)
+	r.shadowWG.Wait()
+	return err
 }
 
 // AddWorker joins a worker; its prefix-index capacity is its TotalKVBlocks
@@ -419,6 +459,11 @@ type Decision struct {
 	// Target is true when the request's advisory target worker was taken
 	// without running the policy.
 	Target bool
+	// Shadow is the outcome of the role's policy's shadow when the Router
+	// runs shadows inline (ShadowOptions.Inline); the zero outcome
+	// (Result "") otherwise, for a policy without a shadow and for a
+	// Target decision (no policy ran).
+	Shadow ShadowOutcome
 }
 
 // Placement narrows one selection (Place).
@@ -481,7 +526,7 @@ func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (
 		return Decision{}, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
 	}
 	for try := 1; ; try++ {
-		d, err := r.placeOnce(ctx, rp, req, pl, try > 1)
+		d, err := r.placeOnce(ctx, b, rp, req, pl, try > 1)
 		if !errors.Is(err, errLostRace) {
 			return d, err
 		}
@@ -497,7 +542,7 @@ var errLostRace = errors.New("the chosen worker reached capacity first")
 // placeOnce is one selection of Place over the current fleet snapshot.
 // After a lost race, check every candidate's capacity (checkAll)
 // whatever the fleet's full count says.
-func (r *Router) placeOnce(ctx context.Context, rp *rolePolicy, req *shared.Request, pl Placement, checkAll bool) (Decision, error) {
+func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *shared.Request, pl Placement, checkAll bool) (Decision, error) {
 	part := r.fleet.Snapshot().ModelPartition(req.Model, req.Role)
 	if part == nil || len(part.Workers) == 0 {
 		if req.Model != "" {
@@ -524,18 +569,28 @@ func (r *Router) placeOnce(ctx context.Context, rp *rolePolicy, req *shared.Requ
 		}
 	}
 	d := Decision{Policy: rp.policy.Name}
-	w, overlap, err := r.decide(ctx, rp, req, part, &d)
+	// The shadow sees the candidates as the live policy does (captured in
+	// decide), and is compared with whichever policy decided: the role's
+	// or its fallback.
+	sj := r.shadowStart(b, rp, req)
+	w, overlap, err := r.decide(ctx, rp, req, part, &d, sj)
 	if err != nil && rp.fallback != nil && fallbackAllowed(err) {
 		d = Decision{Policy: rp.fallback.policy.Name, Fallback: true, FallbackCause: err}
-		w, overlap, err = r.decide(ctx, rp.fallback, req, part, &d)
+		w, overlap, err = r.decide(ctx, rp.fallback, req, part, &d, nil)
 		if err == nil {
 			r.fallbacks.Add(1)
 		}
 	}
 	if err != nil {
+		r.shadowCancel(sj)
 		return Decision{}, fmt.Errorf("policy %q: %w", d.Policy, err)
 	}
-	return r.book(req, d, w, overlap, pl)
+	if d, err = r.book(req, d, w, overlap, pl); err != nil {
+		r.shadowCancel(sj)
+		return d, err
+	}
+	d.Shadow = r.shadowRun(sj, w)
+	return d, nil
 }
 
 // book charges req to w (overlap < 0: look it up) and records its blocks
@@ -655,9 +710,13 @@ func fallbackAllowed(err error) bool {
 }
 
 // decide runs one policy over the partition and returns the chosen worker
-// and, when the policy computed CACHE, its overlap (else -1).
-func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request, part *fleet.Partition, d *Decision) (*fleet.Worker, int, error) {
+// and, when the policy computed CACHE, its overlap (else -1). A shadow job
+// sj, when not nil, captures the candidates before the policy runs.
+func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request, part *fleet.Partition, d *Decision, sj *shadowJob) (*fleet.Worker, int, error) {
 	if rp.hosted != nil {
+		if sj != nil {
+			r.capture(sj, nil, part)
+		}
 		var active func(int) int64
 		if rp.inputs.Has(shared.InputActiveRequests) {
 			active = part.ActiveAt
@@ -674,6 +733,9 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 	defer r.scratch.Put(s)
 	c := s.Candidates(len(part.Workers), rp.inputs, part.DPRanks != nil)
 	r.fill(c, rp.inputs, req, part)
+	if sj != nil {
+		r.capture(sj, c, part)
+	}
 	row, err := pipeline.Execute(ctx, rp.compiled, req, c, s)
 	if err != nil {
 		return nil, -1, err
@@ -686,24 +748,26 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 	return w, overlap, nil
 }
 
-// fill computes the declared inputs of every member of the partition.
+// fill sets the rows of c to the members of the partition and computes
+// the inputs in (normalised) of each; c has their columns.
 func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Request, part *fleet.Partition) {
 	copy(c.IDs, part.IDs)
 	if c.DPRanks != nil {
 		copy(c.DPRanks, part.DPRanks)
 	}
+	active, load, kv := in.Has(shared.InputActiveRequests), in.Has(shared.InputLoad), in.Has(shared.InputCapacity)
 	for i, w := range part.Workers {
-		if c.ActiveRequests != nil {
+		if active {
 			c.ActiveRequests[i] = w.ActiveRequests()
 		}
-		if c.Load != nil {
+		if load {
 			c.Load[i] = w.Load(r.bookingsAreLoad)
 		}
-		if c.TotalKVBlocks != nil {
+		if kv {
 			c.TotalKVBlocks[i] = w.TotalKVBlocks
 		}
 	}
-	if c.OverlapBlocks != nil {
+	if in.Has(shared.InputCache) {
 		r.index.Fill(c.IDs, c.DPRanks, req.BlockHashes, req.Prompt, c.OverlapBlocks)
 	}
 }
