@@ -46,8 +46,10 @@ type Options struct {
 	// warnings, drain problems); nil discards them.
 	Logger hclog.Logger
 	// Registerer, when set, gets the router's metrics:
-	// switchyard_policy_reloads_total{result="success"|"failure"}. nil
-	// means no metrics.
+	// switchyard_policy_reloads_total{result="success"|"failure"},
+	// switchyard_shadow_decisions_total{role,policy,shadow,result} and
+	// switchyard_shadow_decision_seconds{role,shadow}. nil means no
+	// metrics.
 	Registerer prometheus.Registerer
 	// Shadow sets how the policies' shadows run (serve: asynchronously;
 	// replay: Inline). Without a shadow in any policy it has no effect.
@@ -94,6 +96,7 @@ type Router struct {
 	reloads      *prometheus.CounterVec // nil without a Registerer
 
 	shadow         ShadowOptions
+	shadowMetrics  *shadowMetrics // nil without a Registerer
 	shadowJobs     sync.Pool // *shadowJob
 	shadowInFlight atomic.Int64
 	shadowWG       sync.WaitGroup  // the asynchronous shadow decisions running
@@ -205,6 +208,9 @@ func New(o Options) (*Router, error) {
 	if o.Registerer != nil {
 		var err error
 		if r.reloads, err = registerReloads(o.Registerer); err != nil {
+			return nil, fmt.Errorf("router: metrics: %w", err)
+		}
+		if r.shadowMetrics, err = registerShadow(o.Registerer); err != nil {
 			return nil, fmt.Errorf("router: metrics: %w", err)
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/shared"
@@ -217,7 +219,64 @@ func (r *Router) shadowDone(j *shadowJob) {
 }
 
 func (r *Router) observeShadow(out ShadowOutcome) {
+	r.shadowMetrics.observe(out)
 	if r.shadow.Observe != nil {
 		r.shadow.Observe(out)
+	}
+}
+
+// shadowMetrics are the Router's shadow series (Options.Registerer).
+type shadowMetrics struct {
+	decisions *prometheus.CounterVec   // role, policy, shadow, result
+	seconds   *prometheus.HistogramVec // role, shadow
+}
+
+// shadowBuckets span 1us to about 4s: a built-in shadow takes
+// microseconds, a plugin call milliseconds up to its call_timeout.
+var shadowBuckets = prometheus.ExponentialBuckets(1e-6, 4, 12)
+
+// registerShadow registers switchyard_shadow_decisions_total and
+// switchyard_shadow_decision_seconds, or takes the ones a previous
+// Router registered on reg.
+func registerShadow(reg prometheus.Registerer) (*shadowMetrics, error) {
+	m := &shadowMetrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_shadow_decisions_total",
+			Help: "Shadow decisions by role, live policy, shadow policy and result: agree (the shadow picked the live worker), disagree, failed (error, call_timeout, panic), dropped (too many shadow decisions running) or none (the shadow's filters kept no candidate).",
+		}, []string{"role", "policy", "shadow", "result"}),
+		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "switchyard_shadow_decision_seconds",
+			Help:    "Wall time of each shadow decision that ran (not the dropped ones), off the live request's path, by role and shadow policy.",
+			Buckets: shadowBuckets,
+		}, []string{"role", "shadow"}),
+	}
+	if err := reg.Register(m.decisions); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, err
+		}
+		if m.decisions, _ = are.ExistingCollector.(*prometheus.CounterVec); m.decisions == nil {
+			return nil, err
+		}
+	}
+	if err := reg.Register(m.seconds); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if !errors.As(err, &are) {
+			return nil, err
+		}
+		if m.seconds, _ = are.ExistingCollector.(*prometheus.HistogramVec); m.seconds == nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *shadowMetrics) observe(out ShadowOutcome) {
+	if m == nil {
+		return
+	}
+	m.decisions.WithLabelValues(string(out.Role), out.Policy, out.Shadow, string(out.Result)).Inc()
+	if out.Result != ShadowDropped {
+		m.seconds.WithLabelValues(string(out.Role), out.Shadow).Observe(out.Elapsed.Seconds())
 	}
 }
