@@ -71,3 +71,63 @@ func BenchmarkSelect(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPlaceShadow measures one whole selection through Place, as
+// BenchmarkSelect does (the default policy over 64 workers, booking,
+// prefix-index recording, release), without a shadow and with the
+// default policy's twin (a second, in-process instance) as its shadow:
+// async is serve's mode (the live path captures the shadow's candidate
+// inputs and starts its goroutine; the shadow runs beside it, on the
+// other core when there is one), inline is replay's (the shadow's whole
+// decision is inside Place). off vs async is what shadow mode costs the
+// live path.
+//
+//	go test -run='^$' -bench=PlaceShadow -benchmem ./router/
+func BenchmarkPlaceShadow(b *testing.B) {
+	defaultPolicy := func() *policy.Policy {
+		kv, _ := builtin.NewKVCost(nil)
+		mc, _ := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
+		return &policy.Policy{Name: "default", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
+	}
+	for _, mode := range []string{"off", "async", "inline"} {
+		b.Run(mode, func(b *testing.B) {
+			live := defaultPolicy()
+			var o ShadowOptions
+			if mode != "off" {
+				live.Shadow = defaultPolicy()
+				o.Inline = mode == "inline"
+			}
+			const n = 64
+			r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: live}, BookingsAreLoad: true, Shadow: o})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer func() { _ = r.Close(context.Background()) }()
+			for i := range n {
+				if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i), Role: shared.RoleAggregated, TotalKVBlocks: 859}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			ids := make([]uint64, 24)
+			for i := range n {
+				for k := range ids {
+					ids[k] = uint64(i*1000 + k)
+				}
+				r.index.Record(prefix.Candidate{ID: shared.WorkerID(i)}, prefix.ChainHashes(nil, ids[:8]))
+			}
+			for k := range ids {
+				ids[k] = uint64(3*1000 + k)
+			}
+			req := &shared.Request{Role: shared.RoleAggregated, PromptTokens: 12000, BlockSize: 512, BlockHashes: prefix.ChainHashes(nil, ids)}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				d, err := r.Place(ctx, req, Placement{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				d.Booking.Release()
+			}
+		})
+	}
+}
