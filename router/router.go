@@ -97,7 +97,7 @@ type Router struct {
 
 	shadow         ShadowOptions
 	shadowMetrics  *shadowMetrics // nil without a Registerer
-	shadowJobs     sync.Pool // *shadowJob
+	shadowJobs     sync.Pool      // *shadowJob
 	shadowInFlight atomic.Int64
 	shadowWG       sync.WaitGroup  // the asynchronous shadow decisions running
 	shadowCtx      context.Context // cancelled by Close
