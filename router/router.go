@@ -102,6 +102,7 @@ type Router struct {
 	shadowWG       sync.WaitGroup  // the asynchronous shadow decisions running
 	shadowCtx      context.Context // cancelled by Close
 	shadowStop     context.CancelFunc
+	shadowClosed   atomic.Bool // set by Close: no asynchronous shadow starts
 
 	// swapMu serialises Apply and Close; reloadMu serialises Reload.
 	swapMu   sync.Mutex
@@ -353,6 +354,7 @@ func (r *Router) Close(ctx context.Context) error {
 	b := r.cur.Swap(nil)
 	b.retire()
 	r.swapMu.Unlock()
+	r.shadowClosed.Store(true)
 	r.shadowStop()
 	err := b.Close(ctx)
 	r.shadowWG.Wait()
@@ -513,6 +515,12 @@ const maxTryBooks = 4
 //
 // The selection decides with the bundle current when it starts, to the
 // end, also when Apply swaps in another meanwhile.
+//
+// When the role's policy has a shadow (policy.Policy.Shadow), Place also
+// asks it (Options.Shadow): inline, its outcome is in Decision.Shadow;
+// otherwise it runs after Place returned, on a copy of *req that shares
+// req's BlockHashes, Prompt and Metadata, which the caller must then not
+// modify.
 func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err

@@ -107,6 +107,9 @@ func (r *Router) shadowStart(b *Bundle, rp *rolePolicy, req *shared.Request) *sh
 	if sp == nil {
 		return nil
 	}
+	if !r.shadow.Inline && r.shadowClosed.Load() {
+		return nil // the Router is closing: a selection still in flight
+	}
 	out := ShadowOutcome{Role: req.Role, Policy: rp.policy.Name, Shadow: sp.policy.Name}
 	if !r.shadow.Inline && r.shadowInFlight.Add(1) > int64(r.shadow.MaxInFlight) {
 		r.shadowInFlight.Add(-1)
