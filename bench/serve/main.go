@@ -12,6 +12,8 @@
 //	(g) the same KV policy with the template plugin's queue-depth scorer
 //	    as its shadow (asked beside it on every decision, never acted
 //	    on): against (d), what shadow mode costs the live path,
+//	(h) the same with a built-in shadow (least-loaded): the cost of the
+//	    mechanism without a plugin process competing for the CPUs,
 //
 // first closed-loop at --concurrency clients (throughput), then with one
 // client (the per-request latency the proxy adds, without queueing), and
@@ -317,19 +319,31 @@ func run(ctx context.Context, o options, procs *children) error {
 		if err := os.WriteFile(plPolicy, []byte(pluginPolicyFile(mocks, pluginBin)), 0o644); err != nil {
 			return err
 		}
-		shPolicy := filepath.Join(work, "shadow.hcl")
-		if err := os.WriteFile(shPolicy, []byte(shadowPolicyFile(mocks, pluginBin)), 0o644); err != nil {
-			return err
-		}
-		// Right after (d), its shadowless twin, so the two see the same
+		// Right after (d), its shadowless twin, so they see the same
 		// machine.
-		cases = append(cases, kase{"g", "(g) router serve, KV policy + shadow", func() (string, func(), error) {
-			addr, err := procs.start(ctx, filepath.Join(work, "router-shadow.log"), routerRe, o.routerBin, serveArgs(shPolicy)...)
-			if err != nil {
-				return "", nil, err
+		for _, sh := range []struct{ key, name, plugin, trial string }{
+			{"g", "(g) router serve, KV + plugin shadow", pluginBin, `scorer "depth" {
+    type = "queue-depth"
+  }
+  picker "pick" {
+    type = "min-cost"
+  }`},
+			{"h", "(h) router serve, KV + built-in shadow", "", `picker "pick" {
+    type = "least-loaded"
+  }`},
+		} {
+			policy := filepath.Join(work, "shadow-"+sh.key+".hcl")
+			if err := os.WriteFile(policy, []byte(shadowPolicyFile(mocks, sh.plugin, sh.trial)), 0o644); err != nil {
+				return err
 			}
-			return "http://" + addr, func() { procs.stopLast() }, waitReady(ctx, "http://"+addr)
-		}})
+			cases = append(cases, kase{sh.key, sh.name, func() (string, func(), error) {
+				addr, err := procs.start(ctx, filepath.Join(work, "router-shadow-"+sh.key+".log"), routerRe, o.routerBin, serveArgs(policy)...)
+				if err != nil {
+					return "", nil, err
+				}
+				return "http://" + addr, func() { procs.stopLast() }, waitReady(ctx, "http://"+addr)
+			}})
+		}
 		cases = append(cases, kase{"e", "(e) router serve, out-of-process scorer", func() (string, func(), error) {
 			addr, err := procs.start(ctx, filepath.Join(work, "router-plugin.log"), routerRe, o.routerBin, serveArgs(plPolicy)...)
 			if err != nil {
@@ -376,7 +390,7 @@ func run(ctx context.Context, o options, procs *children) error {
 			r.SerialReqs, r.SerialRPS = n, float64(n)/elapsed.Seconds()
 			r.SerialP50, r.SerialP99 = pct(lat, 0.50), pct(lat, 0.99)
 		}
-		if c.key == "g" {
+		if c.key == "g" || c.key == "h" {
 			if r.Shadow, err = shadowCounts(ctx, base); err != nil {
 				stopCase()
 				return fmt.Errorf("%s: %w", c.name, err)
@@ -467,9 +481,13 @@ func report(w io.Writer, o options, rs []result) {
 			o.pluginConc, e.TasksPerMessage, verdict(e.TasksPerMessage > 1.5))
 	}
 	if d, ok := get("d"); ok {
-		if g, ok := get("g"); ok {
-			fmt.Fprintf(w, "shadow on vs off ((g) vs (d)): %d clients %.0f vs %.0f req/s (%.2fx), p50 %+.0f us, p99 %+.0f us",
-				o.concurrency, g.RPS, d.RPS, g.RPS/d.RPS, g.P50us-d.P50us, g.P99us-d.P99us)
+		for _, key := range []string{"g", "h"} {
+			g, ok := get(key)
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(w, "shadow on vs off ((%s) vs (d)): %d clients %.0f vs %.0f req/s (%.2fx), p50 %+.0f us, p99 %+.0f us",
+				key, o.concurrency, g.RPS, d.RPS, g.RPS/d.RPS, g.P50us-d.P50us, g.P99us-d.P99us)
 			if o.serialDur > 0 {
 				fmt.Fprintf(w, "; 1 client p50 %+.0f us, p99 %+.0f us", g.SerialP50-d.SerialP50, g.SerialP99-d.SerialP99)
 			}
@@ -477,8 +495,8 @@ func report(w io.Writer, o options, rs []result) {
 			for _, v := range g.Shadow {
 				sum += v
 			}
-			fmt.Fprintf(w, "\n  (g)'s shadow decisions: %.0f agree, %.0f disagree, %.0f failed, %.0f dropped, %.0f none of %.0f\n",
-				g.Shadow["agree"], g.Shadow["disagree"], g.Shadow["failed"], g.Shadow["dropped"], g.Shadow["none"], sum)
+			fmt.Fprintf(w, "\n  (%s)'s shadow decisions: %.0f agree, %.0f disagree, %.0f failed, %.0f dropped, %.0f none of %.0f\n",
+				key, g.Shadow["agree"], g.Shadow["disagree"], g.Shadow["failed"], g.Shadow["dropped"], g.Shadow["none"], sum)
 		}
 	}
 	if haveA && haveC {
@@ -626,14 +644,16 @@ worker_selection {
 `, pluginBin))
 }
 
-// shadowPolicyFile is case (g)'s policy: the default policy's components
-// (case (d)) deciding, with case (e)'s plugin policy as its shadow.
-func shadowPolicyFile(mocks []string, pluginBin string) string {
-	return policyFileWith(mocks, false, fmt.Sprintf(`plugin "example" {
-  command = %q
-}
-
-policy "live" {
+// shadowPolicyFile is the policy of cases (g) and (h): the default
+// policy's components (case (d)) deciding, with a policy of the trial
+// components as its shadow; the template plugin is declared when
+// pluginBin is not empty.
+func shadowPolicyFile(mocks []string, pluginBin, trial string) string {
+	plugin := ""
+	if pluginBin != "" {
+		plugin = fmt.Sprintf("plugin \"example\" {\n  command = %q\n}\n\n", pluginBin)
+	}
+	return policyFileWith(mocks, false, plugin+fmt.Sprintf(`policy "live" {
   scorer "cost" {
     type = "kv-cost"
   }
@@ -644,19 +664,14 @@ policy "live" {
 }
 
 policy "trial" {
-  scorer "depth" {
-    type = "queue-depth"
-  }
-  picker "pick" {
-    type = "min-cost"
-  }
+  %s
 }
 
 worker_selection {
   aggregated = "live"
 }
 
-`, pluginBin))
+`, trial))
 }
 
 func policyFileWith(mocks []string, roundRobin bool, extra string) string {
