@@ -78,10 +78,16 @@ type ShadowOptions struct {
 	Observe func(ShadowOutcome)
 }
 
-// DefaultShadowInFlight is ShadowOptions.MaxInFlight's default: enough
-// for a shadow plugin within its call_timeout at thousands of decisions
-// per second, few enough that a stuck one costs a bounded memory.
-const DefaultShadowInFlight = 64
+// DefaultShadowInFlight is ShadowOptions.MaxInFlight's default (and
+// `router serve --shadow-max-inflight`'s). Few: a shadow plugin's calls
+// take CPU from live requests, and with few in flight a shadow whose
+// calls slow down because the CPUs are busy is asked less often (the rest
+// are dropped). On 2 busy cores, 64 let a plugin shadow cut the live
+// throughput to 0.6x; 4 kept it at 0.96x, dropping two thirds of the
+// shadow decisions (BENCHMARKS.md, "Shadow mode"). A healthy plugin
+// answers in about 100 us, so 4 in flight still keep up with tens of
+// thousands of decisions per second.
+const DefaultShadowInFlight = 4
 
 // shadowJob is one shadow decision: a copy of the request, the candidate
 // inputs as the live decision saw them (before its booking changed
