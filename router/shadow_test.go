@@ -325,7 +325,7 @@ func TestShadowAsyncAgree(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	done := make(chan ShadowOutcome, 6)
 	r := shadowRouter(t, picker("rr", builtin.NewRoundRobin()), picker("low", lowestActive{}), 3,
-		ShadowOptions{Observe: func(o ShadowOutcome) { done <- o }})
+		ShadowOptions{MaxInFlight: 6, Observe: func(o ShadowOutcome) { done <- o }}) // none dropped
 	for range 6 {
 		if _, err := r.Place(context.Background(), request(8, 1), Placement{}); err != nil {
 			t.Fatal(err)
