@@ -83,8 +83,9 @@ type ShadowOptions struct {
 // take CPU from live requests, and with few in flight a shadow whose
 // calls slow down because the CPUs are busy is asked less often (the rest
 // are dropped). On 2 busy cores, 64 let a plugin shadow cut the live
-// throughput to 0.6x; 4 kept it at 0.96x, dropping two thirds of the
-// shadow decisions (BENCHMARKS.md, "Shadow mode"). A healthy plugin
+// throughput to 0.6x in two runs of three; 4 kept it at 0.96-1.03x,
+// dropping two thirds of the shadow decisions (BENCHMARKS.md, "Shadow
+// mode"). A healthy plugin
 // answers in about 100 us, so 4 in flight still keep up with tens of
 // thousands of decisions per second.
 const DefaultShadowInFlight = 4
