@@ -104,11 +104,12 @@ type shadowJob struct {
 	stripe int
 }
 
-// shadowStart prepares the shadow decision of the live policy rp over
-// part for req, or returns nil: rp has no shadow, or (counted as
-// ShadowDropped) MaxInFlight shadow decisions are running. The caller
-// captures the candidates (capture) before the live decision and then
-// calls shadowRun or shadowCancel exactly once.
+// shadowStart prepares the shadow decision of the live policy rp for
+// req, or returns nil: rp has no shadow, the Router is closing, or
+// (counted as ShadowDropped) MaxInFlight shadow decisions are running.
+// Asynchronously the job holds b in flight. The caller captures the
+// candidates (capture) before the live decision and then calls shadowRun
+// or shadowCancel exactly once.
 func (r *Router) shadowStart(b *Bundle, rp *rolePolicy, req *shared.Request) *shadowJob {
 	sp := rp.shadow
 	if sp == nil {
