@@ -852,3 +852,25 @@ worker_selection {
 		t.Errorf("trial decl = %+v", trial)
 	}
 }
+
+// TestShadowDefault: the built-in default policy may be a shadow; it is
+// then instantiated for the role like a policy the role selects.
+func TestShadowDefault(t *testing.T) {
+	src := `
+policy "rr" {
+  picker "p" { type = "round-robin" }
+  shadow = "default"
+}
+worker_selection { aggregated = "rr" }`
+	b, diags := Load("t.hcl", []byte(src), testCatalog(t))
+	if len(diags) > 0 {
+		t.Fatal(FormatDiagnostics(diags))
+	}
+	sh := b.Roles[shared.RoleAggregated].Shadow
+	if sh == nil || sh.Name != DefaultPolicyName || len(sh.Scorers) != 1 || sh.Scorers[0].Type != DefaultScorerType {
+		t.Fatalf("shadow = %+v", sh)
+	}
+	if sh == b.Roles[shared.RolePrefill] || sh.Scorers[0].Scorer == b.Roles[shared.RolePrefill].Scorers[0].Scorer {
+		t.Error("the aggregated role's shadow shares the prefill role's default policy instance")
+	}
+}
