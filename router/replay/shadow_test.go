@@ -160,3 +160,55 @@ func TestShadowReplay(t *testing.T) {
 		}
 	})
 }
+
+// TestShadowReplayDisaggregated: each role's shadow is asked on its own
+// hop's selections; the report counts both, per-request lines carry the
+// prefill hop's.
+func TestShadowReplayDisaggregated(t *testing.T) {
+	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:200]
+	b := loadPolicy(t, `
+policy "rr" {
+  picker "rr" { type = "round-robin" }
+  shadow = "twin"
+}
+policy "twin" {
+  picker "rr" { type = "round-robin" }
+}
+policy "dec" {
+  picker "rr" { type = "round-robin" }
+  shadow = "bad"
+}
+policy "bad" {
+  picker "rr" { type = "round-robin" }
+}
+worker_selection {
+  prefill = "rr"
+  decode  = "dec"
+}
+`)
+	b.Roles[shared.RoleDecode].Shadow.Picker = failingPicker{err: errors.New("shadow down")}
+	var per bytes.Buffer
+	rep, d := runDisagg(t, b, recs, 2, 2, 0, &per)
+	checkBookingsReleased(t, d)
+	var prefill, decode int64
+	for _, o := range outcomes(t, per.Bytes()) {
+		if o.Status != "ok" {
+			continue
+		}
+		prefill++
+		if o.DecodeWorker >= 0 {
+			decode++
+		}
+		if o.Shadow != "agree" || o.ShadowWorker == nil || *o.ShadowWorker != o.Worker {
+			t.Fatalf("request %d: worker %d, shadow %q %v", o.Index, o.Worker, o.Shadow, o.ShadowWorker)
+		}
+	}
+	want := &ShadowReport{Shadows: map[string]string{"prefill": "twin", "decode": "bad"},
+		Decisions: prefill + decode, Agree: prefill, Failed: decode, AgreeShare: round4(float64(prefill) / float64(prefill+decode))}
+	if diff := cmp.Diff(want, rep.Shadow); diff != "" {
+		t.Errorf("shadow report (-want +got):\n%s", diff)
+	}
+	if rep.Selections != prefill+decode || decode == 0 {
+		t.Errorf("selections %d, prefill %d, decode %d", rep.Selections, prefill, decode)
+	}
+}
