@@ -478,7 +478,8 @@ func (b *Bundle) closeComponents() error {
 }
 
 // eachComponent calls f once for each distinct component instance of the
-// bundle's policies (every role's, fallbacks included) and its classifier.
+// bundle's policies (every role's, fallbacks and shadows included) and its
+// classifier.
 func (b *Bundle) eachComponent(f func(c any)) {
 	seen := map[any]bool{}
 	visit := func(c any) {
@@ -506,6 +507,7 @@ func (b *Bundle) eachComponent(f func(c any)) {
 		}
 		visit(p.Picker)
 		walk(p.Fallback, depth+1)
+		walk(p.Shadow, depth+1)
 	}
 	for _, rp := range b.roles {
 		walk(rp.policy, 0)

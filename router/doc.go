@@ -12,7 +12,9 @@
 // around (router/policy) imports only the SDK, so hosted can use it too.
 //
 // The root holds the selection core and the bundle swap only: router.go
-// (Router, Place, bookings), bundle.go (Bundle, LoadBundle, Apply and the
+// (Router, Place, bookings), shadow.go (the shadow decisions Place asks
+// beside the live one, inline for replay or on bounded goroutines for
+// serve; switchyard_shadow_*), bundle.go (Bundle, LoadBundle, Apply and the
 // old bundle's drain) and reload.go (Router.Reload: load a policy file into
 // a new Bundle and swap it in; switchyard_policy_reloads_total). A Bundle
 // is what a policy file resolves to at run time (per-role policies plus the

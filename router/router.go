@@ -46,9 +46,14 @@ type Options struct {
 	// warnings, drain problems); nil discards them.
 	Logger hclog.Logger
 	// Registerer, when set, gets the router's metrics:
-	// switchyard_policy_reloads_total{result="success"|"failure"}. nil
-	// means no metrics.
+	// switchyard_policy_reloads_total{result="success"|"failure"},
+	// switchyard_shadow_decisions_total{role,policy,shadow,result} and
+	// switchyard_shadow_decision_seconds{role,shadow}. nil means no
+	// metrics.
 	Registerer prometheus.Registerer
+	// Shadow sets how the policies' shadows run (serve: asynchronously;
+	// replay: Inline). Without a shadow in any policy it has no effect.
+	Shadow ShadowOptions
 	// DrainTimeout bounds how long Reload waits for the decisions in
 	// flight on the old bundle before stopping its plugins
 	// (DefaultDrainTimeout).
@@ -90,6 +95,15 @@ type Router struct {
 	drainTimeout time.Duration
 	reloads      *prometheus.CounterVec // nil without a Registerer
 
+	shadow         ShadowOptions
+	shadowMetrics  *shadowMetrics // nil without a Registerer
+	shadowJobs     sync.Pool      // *shadowJob
+	shadowInFlight atomic.Int64
+	shadowWG       sync.WaitGroup  // the asynchronous shadow decisions running
+	shadowCtx      context.Context // cancelled by Close
+	shadowStop     context.CancelFunc
+	shadowClosed   atomic.Bool // set by Close: no asynchronous shadow starts
+
 	// swapMu serialises Apply and Close; reloadMu serialises Reload.
 	swapMu   sync.Mutex
 	closed   bool
@@ -104,29 +118,49 @@ type rolePolicy struct {
 	hosted   hosted.HostedWorkerPicker // nil unless the policy is hosted-eligible
 	compiled *pipeline.Compiled        // nil when hosted
 	fallback *rolePolicy
+	shadow   *rolePolicy // compiled, never hosted; its own fallback and shadow are not resolved
 }
 
 // maxFallbackDepth bounds a chain of fallbacks (the loader rejects cycles).
 const maxFallbackDepth = 8
 
+// resolve resolves a role's policy, its fallbacks and its shadow.
 func resolve(p *policy.Policy, depth int) (*rolePolicy, error) {
 	if p == nil || depth > maxFallbackDepth {
 		return nil, nil
 	}
+	rp, err := resolveOne(p, true)
+	if err != nil {
+		return nil, err
+	}
+	if depth == 0 && p.Shadow != nil {
+		// The shadow always runs its pipeline, on candidates captured
+		// before the live booking: the hosted path reads live counters.
+		if rp.shadow, err = resolveOne(p.Shadow, false); err != nil {
+			return nil, fmt.Errorf("shadow: %w", err)
+		}
+	}
+	rp.fallback, err = resolve(p.Fallback, depth+1)
+	return rp, err
+}
+
+// resolveOne compiles p, or takes the hosted path when hostedOK and p is
+// eligible.
+func resolveOne(p *policy.Policy, hostedOK bool) (*rolePolicy, error) {
 	if p.Picker == nil {
 		return nil, fmt.Errorf("policy %q has no picker", p.Name)
 	}
 	rp := &rolePolicy{policy: p, inputs: p.Inputs()}
-	rp.hosted, _ = hosted.IntoHosted(p)
+	if hostedOK {
+		rp.hosted, _ = hosted.IntoHosted(p)
+	}
 	if rp.hosted == nil {
 		var err error
 		if rp.compiled, err = pipeline.Compile(p); err != nil {
 			return nil, err
 		}
 	}
-	var err error
-	rp.fallback, err = resolve(p.Fallback, depth+1)
-	return rp, err
+	return rp, nil
 }
 
 // New returns a Router with an empty fleet, deciding with o.Bundle or with
@@ -159,6 +193,9 @@ func New(o Options) (*Router, error) {
 	if o.DrainTimeout <= 0 {
 		o.DrainTimeout = DefaultDrainTimeout
 	}
+	if o.Shadow.MaxInFlight <= 0 {
+		o.Shadow.MaxInFlight = DefaultShadowInFlight
+	}
 	r := &Router{
 		blockSize:       o.BlockSize,
 		bookingsAreLoad: o.BookingsAreLoad,
@@ -167,10 +204,14 @@ func New(o Options) (*Router, error) {
 		log:             o.Logger,
 		loadOpts:        o.Load,
 		drainTimeout:    o.DrainTimeout,
+		shadow:          o.Shadow,
 	}
 	if o.Registerer != nil {
 		var err error
 		if r.reloads, err = registerReloads(o.Registerer); err != nil {
+			return nil, fmt.Errorf("router: metrics: %w", err)
+		}
+		if r.shadowMetrics, err = registerShadow(o.Registerer); err != nil {
 			return nil, fmt.Errorf("router: metrics: %w", err)
 		}
 	}
@@ -179,6 +220,8 @@ func New(o Options) (*Router, error) {
 	}
 	r.cur.Store(b)
 	r.scratch.New = func() any { return new(pipeline.Scratch) }
+	r.shadowJobs.New = func() any { return new(shadowJob) }
+	r.shadowCtx, r.shadowStop = context.WithCancel(context.Background())
 	return r, nil
 }
 
@@ -298,7 +341,8 @@ func (r *Router) Apply(b *Bundle) (old *Bundle, err error) {
 }
 
 // Close stops the Router: selections from now on fail with ErrClosed, the
-// ones in flight finish, and the current bundle is drained and closed
+// ones in flight finish, the asynchronous shadow decisions running are
+// cancelled and waited for, and the current bundle is drained and closed
 // (bounded by ctx; see Bundle.Close). A second Close returns nil.
 func (r *Router) Close(ctx context.Context) error {
 	r.swapMu.Lock()
@@ -310,7 +354,11 @@ func (r *Router) Close(ctx context.Context) error {
 	b := r.cur.Swap(nil)
 	b.retire()
 	r.swapMu.Unlock()
-	return b.Close(ctx)
+	r.shadowClosed.Store(true)
+	r.shadowStop()
+	err := b.Close(ctx)
+	r.shadowWG.Wait()
+	return err
 }
 
 // AddWorker joins a worker; its prefix-index capacity is its TotalKVBlocks
@@ -423,6 +471,11 @@ type Decision struct {
 	// Target is true when the request's advisory target worker was taken
 	// without running the policy.
 	Target bool
+	// Shadow is the outcome of the role's policy's shadow when the Router
+	// runs shadows inline (ShadowOptions.Inline); the zero outcome
+	// (Result "") otherwise, for a policy without a shadow and for a
+	// Target decision (no policy ran).
+	Shadow ShadowOutcome
 }
 
 // Placement narrows one selection (Place).
@@ -466,6 +519,12 @@ const maxTryBooks = 4
 //
 // The selection decides with the bundle current when it starts, to the
 // end, also when Apply swaps in another meanwhile.
+//
+// When the role's policy has a shadow (policy.Policy.Shadow), Place also
+// asks it (Options.Shadow): inline, its outcome is in Decision.Shadow;
+// otherwise it runs after Place returned, on a copy of *req that shares
+// req's BlockHashes, Prompt and Metadata, which the caller must then not
+// modify.
 func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (Decision, error) {
 	if err := ctx.Err(); err != nil {
 		return Decision{}, err
@@ -485,7 +544,7 @@ func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (
 		return Decision{}, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
 	}
 	for try := 1; ; try++ {
-		d, err := r.placeOnce(ctx, rp, req, pl, try > 1)
+		d, err := r.placeOnce(ctx, b, rp, req, pl, try > 1)
 		if !errors.Is(err, errLostRace) {
 			return d, err
 		}
@@ -501,7 +560,7 @@ var errLostRace = errors.New("the chosen worker reached capacity first")
 // placeOnce is one selection of Place over the current fleet snapshot.
 // After a lost race, check every candidate's capacity (checkAll)
 // whatever the fleet's full count says.
-func (r *Router) placeOnce(ctx context.Context, rp *rolePolicy, req *shared.Request, pl Placement, checkAll bool) (Decision, error) {
+func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *shared.Request, pl Placement, checkAll bool) (Decision, error) {
 	part := r.fleet.Snapshot().ModelPartition(req.Model, req.Role)
 	if part == nil || len(part.Workers) == 0 {
 		if req.Model != "" {
@@ -528,18 +587,28 @@ func (r *Router) placeOnce(ctx context.Context, rp *rolePolicy, req *shared.Requ
 		}
 	}
 	d := Decision{Policy: rp.policy.Name}
-	w, overlap, err := r.decide(ctx, rp, req, part, &d)
+	// The shadow sees the candidates as the live policy does (captured in
+	// decide), and is compared with whichever policy decided: the role's
+	// or its fallback.
+	sj := r.shadowStart(b, rp, req)
+	w, overlap, err := r.decide(ctx, rp, req, part, &d, sj)
 	if err != nil && rp.fallback != nil && fallbackAllowed(err) {
 		d = Decision{Policy: rp.fallback.policy.Name, Fallback: true, FallbackCause: err}
-		w, overlap, err = r.decide(ctx, rp.fallback, req, part, &d)
+		w, overlap, err = r.decide(ctx, rp.fallback, req, part, &d, nil)
 		if err == nil {
 			r.fallbacks.Add(1)
 		}
 	}
 	if err != nil {
+		r.shadowCancel(sj)
 		return Decision{}, fmt.Errorf("policy %q: %w", d.Policy, err)
 	}
-	return r.book(req, d, w, overlap, pl)
+	if d, err = r.book(req, d, w, overlap, pl); err != nil {
+		r.shadowCancel(sj)
+		return d, err
+	}
+	d.Shadow = r.shadowRun(sj, w)
+	return d, nil
 }
 
 // book charges req to w (overlap < 0: look it up) and records its blocks
@@ -659,9 +728,13 @@ func fallbackAllowed(err error) bool {
 }
 
 // decide runs one policy over the partition and returns the chosen worker
-// and, when the policy computed CACHE, its overlap (else -1).
-func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request, part *fleet.Partition, d *Decision) (*fleet.Worker, int, error) {
+// and, when the policy computed CACHE, its overlap (else -1). A shadow job
+// sj, when not nil, captures the candidates before the policy runs.
+func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request, part *fleet.Partition, d *Decision, sj *shadowJob) (*fleet.Worker, int, error) {
 	if rp.hosted != nil {
+		if sj != nil {
+			r.capture(sj, nil, part)
+		}
 		var active func(int) int64
 		if rp.inputs.Has(shared.InputActiveRequests) {
 			active = part.ActiveAt
@@ -678,6 +751,9 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 	defer r.scratch.Put(s)
 	c := s.Candidates(len(part.Workers), rp.inputs, part.DPRanks != nil)
 	r.fill(c, rp.inputs, req, part)
+	if sj != nil {
+		r.capture(sj, c, part)
+	}
 	row, err := pipeline.Execute(ctx, rp.compiled, req, c, s)
 	if err != nil {
 		return nil, -1, err
@@ -690,24 +766,26 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 	return w, overlap, nil
 }
 
-// fill computes the declared inputs of every member of the partition.
+// fill sets the rows of c to the members of the partition and computes
+// the inputs in (normalised) of each; c has their columns.
 func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Request, part *fleet.Partition) {
 	copy(c.IDs, part.IDs)
 	if c.DPRanks != nil {
 		copy(c.DPRanks, part.DPRanks)
 	}
+	active, load, kv := in.Has(shared.InputActiveRequests), in.Has(shared.InputLoad), in.Has(shared.InputCapacity)
 	for i, w := range part.Workers {
-		if c.ActiveRequests != nil {
+		if active {
 			c.ActiveRequests[i] = w.ActiveRequests()
 		}
-		if c.Load != nil {
+		if load {
 			c.Load[i] = w.Load(r.bookingsAreLoad)
 		}
-		if c.TotalKVBlocks != nil {
+		if kv {
 			c.TotalKVBlocks[i] = w.TotalKVBlocks
 		}
 	}
-	if c.OverlapBlocks != nil {
+	if in.Has(shared.InputCache) {
 		r.index.Fill(part.Slots, req.BlockHashes, req.Prompt, c.OverlapBlocks)
 	}
 }

@@ -3,7 +3,9 @@ package router
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/switchyard-router/switchyard/builtin"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -128,5 +130,107 @@ func BenchmarkSelect(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// shadowBenchRouter is BenchmarkSelect's router of the default policy
+// over 64 workers, warmed the same way, with the default policy's twin (a
+// second, in-process instance) as its shadow when mode is "async"
+// (serve's) or "inline" (replay's), and the request it places.
+func shadowBenchRouter(b *testing.B, mode string) (*Router, *shared.Request) {
+	defaultPolicy := func() *policy.Policy {
+		kv, _ := builtin.NewKVCost(nil)
+		mc, _ := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
+		return &policy.Policy{Name: "default", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
+	}
+	live := defaultPolicy()
+	var o ShadowOptions
+	if mode != "off" {
+		live.Shadow = defaultPolicy()
+		o.Inline = mode == "inline"
+	}
+	const n = 64
+	r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: live}, BookingsAreLoad: true, Shadow: o})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = r.Close(context.Background()) })
+	for i := range n {
+		if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i), Role: shared.RoleAggregated, TotalKVBlocks: 859}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	ids := make([]uint64, 24)
+	for i := range n {
+		for k := range ids {
+			ids[k] = uint64(i*1000 + k)
+		}
+		r.index.Record(prefix.Candidate{ID: shared.WorkerID(i)}, prefix.ChainHashes(nil, ids[:8]))
+	}
+	for k := range ids {
+		ids[k] = uint64(3*1000 + k)
+	}
+	return r, &shared.Request{Role: shared.RoleAggregated, PromptTokens: 12000, BlockSize: 512, BlockHashes: prefix.ChainHashes(nil, ids)}
+}
+
+// BenchmarkPlaceShadow measures one whole selection through Place, as
+// BenchmarkSelect does (the default policy over 64 workers: candidate
+// inputs, the policy, booking, prefix-index recording, the release),
+// without a shadow (off) and with the default policy's twin as its
+// shadow: async is serve's mode (the live path copies the shadow's
+// candidate inputs and starts its goroutine; the shadow runs beside it,
+// on the other core when there is one), inline is replay's (the shadow's
+// whole decision is inside Place). off vs async is what shadow mode costs
+// the live path. BenchmarkPlaceShadowInterleaved times the same on a busy
+// machine.
+//
+//	go test -run='^$' -bench=PlaceShadow -benchmem ./router/
+func BenchmarkPlaceShadow(b *testing.B) {
+	for _, mode := range []string{"off", "async", "inline"} {
+		b.Run(mode, func(b *testing.B) {
+			r, req := shadowBenchRouter(b, mode)
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				d, err := r.Place(ctx, req, Placement{})
+				if err != nil {
+					b.Fatal(err)
+				}
+				d.Booking.Release()
+			}
+		})
+	}
+}
+
+// BenchmarkPlaceShadowInterleaved is BenchmarkPlaceShadow's three modes
+// timed in turn within each iteration (off, async, inline), so that a
+// machine whose load drifts slows all three alike, and reports each
+// mode's median and p90 Place time (off-p50-ns and so on; ns/op is the
+// three together).
+func BenchmarkPlaceShadowInterleaved(b *testing.B) {
+	modes := []string{"off", "async", "inline"}
+	var routers [3]*Router
+	var reqs [3]*shared.Request
+	for i, m := range modes {
+		routers[i], reqs[i] = shadowBenchRouter(b, m)
+	}
+	var times [3][]time.Duration
+	ctx := context.Background()
+	for b.Loop() {
+		for i, r := range routers {
+			t0 := time.Now()
+			d, err := r.Place(ctx, reqs[i], Placement{})
+			times[i] = append(times[i], time.Since(t0))
+			if err != nil {
+				b.Fatal(err)
+			}
+			d.Booking.Release()
+		}
+	}
+	for i, m := range modes {
+		slices.Sort(times[i])
+		q := func(p float64) float64 { return float64(times[i][int(p*float64(len(times[i])-1))]) }
+		b.ReportMetric(q(0.5), m+"-p50-ns")
+		b.ReportMetric(q(0.9), m+"-p90-ns")
 	}
 }

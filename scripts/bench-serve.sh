@@ -3,7 +3,8 @@
 # One run measures (a) direct to one mock worker, (f) the floor of a hop (a
 # minimal HTTP/1.1 forwarder), (b) a bare httputil.ReverseProxy
 # round-robin, (c) `router serve` round-robin and
-# (d) `router serve` with the default KV policy, (e) `router serve` with an
+# (d) `router serve` with the default KV policy, (g) the same with the
+# template plugin as its shadow (shadow mode's cost), (e) `router serve` with an
 # out-of-process scorer (the template plugin) under 64 clients against one
 # client, with the plugin's Decide tasks per message, then prints PASS/MISS for
 # the targets. The bench starts every process it measures; whatever it

@@ -9,6 +9,11 @@
 //	(b) a bare httputil.ReverseProxy round-robin over the mock workers,
 //	(c) `router serve` with a round-robin policy,
 //	(d) `router serve` with the default (KV-aware) policy,
+//	(g) the same KV policy with the template plugin's queue-depth scorer
+//	    as its shadow (asked beside it on every decision, never acted
+//	    on): against (d), what shadow mode costs the live path,
+//	(h) the same with a built-in shadow (least-loaded): the cost of the
+//	    mechanism without a plugin process competing for the CPUs,
 //
 // first closed-loop at --concurrency clients (throughput), then with one
 // client (the per-request latency the proxy adds, without queueing), and
@@ -143,7 +148,47 @@ type result struct {
 	// plugin over the warm-up and the throughput phase
 	// (switchyard_plugin_decide_tasks_per_message).
 	TasksPerMessage float64 `json:"tasks_per_message,omitempty"`
+	// Shadow is case (g)'s shadow decisions by result over both phases
+	// (switchyard_shadow_decisions_total).
+	Shadow map[string]float64 `json:"shadow,omitempty"`
 }
+
+// shadowCounts reads the router's /metrics and returns
+// switchyard_shadow_decisions_total summed by its result label.
+func shadowCounts(ctx context.Context, base string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.HasPrefix(line, "switchyard_shadow_decisions_total{") {
+			continue
+		}
+		m := resultLabel.FindStringSubmatch(line)
+		var v float64
+		if _, err := fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v); err == nil && m != nil {
+			out[m[1]] += v
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no switchyard_shadow_decisions_total in /metrics")
+	}
+	return out, nil
+}
+
+var resultLabel = regexp.MustCompile(`result="([a-z]+)"`)
 
 // tasksPerMessage reads the router's /metrics and returns the mean of
 // switchyard_plugin_decide_tasks_per_message (sum / count over plugins).
@@ -274,6 +319,31 @@ func run(ctx context.Context, o options, procs *children) error {
 		if err := os.WriteFile(plPolicy, []byte(pluginPolicyFile(mocks, pluginBin)), 0o644); err != nil {
 			return err
 		}
+		// Right after (d), its shadowless twin, so they see the same
+		// machine.
+		for _, sh := range []struct{ key, name, plugin, trial string }{
+			{"g", "(g) router serve, KV + plugin shadow", pluginBin, `scorer "depth" {
+    type = "queue-depth"
+  }
+  picker "pick" {
+    type = "min-cost"
+  }`},
+			{"h", "(h) router serve, KV + built-in shadow", "", `picker "pick" {
+    type = "least-loaded"
+  }`},
+		} {
+			policy := filepath.Join(work, "shadow-"+sh.key+".hcl")
+			if err := os.WriteFile(policy, []byte(shadowPolicyFile(mocks, sh.plugin, sh.trial)), 0o644); err != nil {
+				return err
+			}
+			cases = append(cases, kase{sh.key, sh.name, func() (string, func(), error) {
+				addr, err := procs.start(ctx, filepath.Join(work, "router-shadow-"+sh.key+".log"), routerRe, o.routerBin, serveArgs(policy)...)
+				if err != nil {
+					return "", nil, err
+				}
+				return "http://" + addr, func() { procs.stopLast() }, waitReady(ctx, "http://"+addr)
+			}})
+		}
 		cases = append(cases, kase{"e", "(e) router serve, out-of-process scorer", func() (string, func(), error) {
 			addr, err := procs.start(ctx, filepath.Join(work, "router-plugin.log"), routerRe, o.routerBin, serveArgs(plPolicy)...)
 			if err != nil {
@@ -319,6 +389,12 @@ func run(ctx context.Context, o options, procs *children) error {
 			}
 			r.SerialReqs, r.SerialRPS = n, float64(n)/elapsed.Seconds()
 			r.SerialP50, r.SerialP99 = pct(lat, 0.50), pct(lat, 0.99)
+		}
+		if c.key == "g" || c.key == "h" {
+			if r.Shadow, err = shadowCounts(ctx, base); err != nil {
+				stopCase()
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
 		}
 		stopCase()
 		results = append(results, r)
@@ -403,6 +479,25 @@ func report(w io.Writer, o options, rs []result) {
 			o.pluginConc, e.RPS, e.SerialRPS, e.RPS/e.SerialRPS, verdict(e.SerialRPS > 0 && e.RPS >= 3*e.SerialRPS))
 		fmt.Fprintf(w, "  Decide tasks per message under %d clients: mean %.2f  %s (target > 1.5)\n",
 			o.pluginConc, e.TasksPerMessage, verdict(e.TasksPerMessage > 1.5))
+	}
+	if d, ok := get("d"); ok {
+		for _, key := range []string{"g", "h"} {
+			g, ok := get(key)
+			if !ok {
+				continue
+			}
+			fmt.Fprintf(w, "shadow on vs off ((%s) vs (d)): %d clients %.0f vs %.0f req/s (%.2fx), p50 %+.0f us, p99 %+.0f us",
+				key, o.concurrency, g.RPS, d.RPS, g.RPS/d.RPS, g.P50us-d.P50us, g.P99us-d.P99us)
+			if o.serialDur > 0 {
+				fmt.Fprintf(w, "; 1 client p50 %+.0f us, p99 %+.0f us", g.SerialP50-d.SerialP50, g.SerialP99-d.SerialP99)
+			}
+			var sum float64
+			for _, v := range g.Shadow {
+				sum += v
+			}
+			fmt.Fprintf(w, "\n  (%s)'s shadow decisions: %.0f agree, %.0f disagree, %.0f failed, %.0f dropped, %.0f none of %.0f\n",
+				key, g.Shadow["agree"], g.Shadow["disagree"], g.Shadow["failed"], g.Shadow["dropped"], g.Shadow["none"], sum)
+		}
 	}
 	if haveA && haveC {
 		added32 := time.Duration((c.P50us - a.P50us) * 1e3)
@@ -547,6 +642,36 @@ worker_selection {
 }
 
 `, pluginBin))
+}
+
+// shadowPolicyFile is the policy of cases (g) and (h): the default
+// policy's components (case (d)) deciding, with a policy of the trial
+// components as its shadow; the template plugin is declared when
+// pluginBin is not empty.
+func shadowPolicyFile(mocks []string, pluginBin, trial string) string {
+	plugin := ""
+	if pluginBin != "" {
+		plugin = fmt.Sprintf("plugin \"example\" {\n  command = %q\n}\n\n", pluginBin)
+	}
+	return policyFileWith(mocks, false, plugin+fmt.Sprintf(`policy "live" {
+  scorer "cost" {
+    type = "kv-cost"
+  }
+  picker "pick" {
+    type = "min-cost"
+  }
+  shadow = "trial"
+}
+
+policy "trial" {
+  %s
+}
+
+worker_selection {
+  aggregated = "live"
+}
+
+`, trial))
 }
 
 func policyFileWith(mocks []string, roundRobin bool, extra string) string {

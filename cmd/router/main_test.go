@@ -50,6 +50,19 @@ func TestVersion(t *testing.T) {
 }
 
 func TestValidateOK(t *testing.T) {
+	shadowPolicy := filepath.Join(t.TempDir(), "shadow.hcl")
+	if err := os.WriteFile(shadowPolicy, []byte(`policy "live" {
+  scorer "cost" { type = "kv-cost" }
+  picker "pick" { type = "min-cost" }
+  shadow = "trial"
+}
+policy "trial" {
+  picker "pick" { type = "least-loaded" }
+}
+worker_selection { aggregated = "live" }
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		file string
 		want []string // lines (prefixes after trimming) stdout must contain
@@ -69,6 +82,12 @@ func TestValidateOK(t *testing.T) {
 			`picker rr           type round-robin    in-process`,
 			`prefill     policy "default"  [pipeline, inputs LOAD|CACHE|CAPACITY]`,
 			`decode      policy "default"  [pipeline, inputs LOAD|CACHE|CAPACITY]`,
+		}},
+		{shadowPolicy, []string{
+			shadowPolicy + `: ok (block_size 512)`,
+			`aggregated  policy "live"  [pipeline, inputs LOAD|CACHE|CAPACITY]`,
+			`fallback "least-loaded"`,
+			`shadow "trial"`,
 		}},
 	}
 	for _, tt := range tests {

@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
 
+	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
 
@@ -24,6 +25,7 @@ type serveOptions struct {
 	drainTimeout   time.Duration
 	charsPerToken  int
 	debugListen    string
+	shadowInFlight int
 }
 
 func newServeCmd() *cobra.Command {
@@ -63,6 +65,9 @@ connections (useful with --listen 127.0.0.1:0).`,
 			if o.drainTimeout <= 0 {
 				return fmt.Errorf("--drain-timeout %v: want %s", o.drainTimeout, positiveDurationWant)
 			}
+			if o.shadowInFlight < 1 || o.shadowInFlight > maxShadowInFlight {
+				return fmt.Errorf("--shadow-max-inflight %d: want %s", o.shadowInFlight, shadowInFlightWant)
+			}
 			level := logLevel(cmd.Context(), hclog.Info)
 			return runServe(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
@@ -76,11 +81,20 @@ connections (useful with --listen 127.0.0.1:0).`,
 	f.DurationVar(&o.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long requests in flight may finish")
 	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) on this separate address; off when empty")
+	f.IntVar(&o.shadowInFlight, "shadow-max-inflight", router.DefaultShadowInFlight, "most shadow decisions running at once (policies with a shadow); one more is dropped")
 	setWant(f, "request-timeout", positiveDurationWant)
 	setWant(f, "drain-timeout", positiveDurationWant)
 	setWant(f, "chars-per-token", charsPerTokenWant)
+	setWant(f, "shadow-max-inflight", shadowInFlightWant)
 	return cmd
 }
+
+// maxShadowInFlight bounds --shadow-max-inflight: each running shadow
+// decision holds a goroutine and a copy of its candidates.
+const maxShadowInFlight = 4096
+
+// shadowInFlightWant words the values --shadow-max-inflight accepts.
+var shadowInFlightWant = fmt.Sprintf("a whole number from 1 to %d", maxShadowInFlight)
 
 // charsPerTokenWant words the values --chars-per-token accepts.
 var charsPerTokenWant = fmt.Sprintf("a whole number from 1 to %d", math.MaxInt)
@@ -107,8 +121,9 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		PolicyFile: o.policy, WorkersFile: o.workersFile, Watch: o.watch,
 		Listener: ln, DebugListener: debug,
 		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
-		Logger:      hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level}),
-		Diagnostics: stderr,
+		ShadowMaxInFlight: o.shadowInFlight,
+		Logger:            hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level}),
+		Diagnostics:       stderr,
 		OnReady: func() {
 			if debug != nil {
 				fmt.Fprintf(stdout, "router serve profiler on http://%s/debug/pprof/\n", debug.Addr())

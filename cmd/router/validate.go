@@ -89,6 +89,9 @@ func printBundle(w io.Writer, b *config.PolicyFile) error {
 			if d.Fallback != "" {
 				fmt.Fprintf(&sb, "            fallback %q\n", d.Fallback)
 			}
+			if d.Shadow != "" {
+				fmt.Fprintf(&sb, "            shadow %q\n", d.Shadow)
+			}
 		}
 	}
 	if b.Classifier != nil {

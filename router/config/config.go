@@ -261,8 +261,12 @@ type PolicyDecl struct {
 	// FallbackPicker is true when Fallback is a picker type run as a
 	// picker-only policy with default parameters.
 	FallbackPicker bool
-	// Used is true when some role reaches the policy, directly or through
-	// fallbacks.
+	// Shadow names the policy asked beside this one on every decision of
+	// the roles that select it, whose answer is only compared (the
+	// policy's `shadow`); "" when it has none.
+	Shadow string
+	// Used is true when some role reaches the policy, directly, through
+	// fallbacks, or as the shadow of a role's policy.
 	Used bool
 	// Roles are the roles that reach the policy, in Roles order.
 	Roles []shared.Role

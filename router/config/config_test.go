@@ -667,6 +667,59 @@ plugin "c" {
 		errors: []string{"t.hcl:1:13: Missing required argument"},
 		warns:  []string{"t.hcl:1:1: Unused plugin"}},
 
+	// Shadows.
+	{name: "unknown shadow", src: `
+policy "p" {
+  picker "p" { type = "round-robin" }
+  shadow = "round-robin"
+}
+worker_selection { aggregated = "p" }`,
+		errors: []string{"t.hcl:4:12: Unknown shadow"},
+		detail: []string{`Policy "p" is shadowed by "round-robin", which is not a policy. Declared policies: "default", "p".`}},
+	{name: "shadow of itself", src: `
+policy "p" {
+  picker "p" { type = "round-robin" }
+  shadow = "p"
+}
+worker_selection { aggregated = "p" }`,
+		errors: []string{"t.hcl:4:12: Policy shadows itself"}},
+	{name: "shadow chain", src: `
+policy "a" {
+  picker "p" { type = "round-robin" }
+  shadow = "b"
+}
+policy "b" {
+  picker "p" { type = "round-robin" }
+  shadow = "c"
+}
+policy "c" {
+  picker "p" { type = "least-loaded" }
+}
+worker_selection { aggregated = "a" }`,
+		errors: []string{"t.hcl:4:12: Shadow chain"},
+		detail: []string{`Policy "a" is shadowed by "b", which has a shadow of its own (at t.hcl:8:3)`},
+		// c is reached by no role: b's shadow is not run, and a's shadow
+		// is refused.
+		warns: []string{"t.hcl:6:1: Unused policy", "t.hcl:10:1: Unused policy"}},
+	{name: "shadow in the fallback chain", src: `
+policy "a" {
+  picker "p" { type = "round-robin" }
+  fallback = "b"
+  shadow   = "b"
+}
+policy "b" {
+  picker "p" { type = "least-loaded" }
+}
+worker_selection { aggregated = "a" }`,
+		errors: []string{"t.hcl:5:14: Shadow in the fallback chain"}},
+	{name: "null shadow", src: `
+policy "a" {
+  picker "p" { type = "round-robin" }
+  shadow = null
+}
+worker_selection { aggregated = "a" }`,
+		errors: []string{"t.hcl:4:12: Invalid attribute value"}},
+
 	// All errors are reported, not just the first.
 	{name: "many errors at once", src: `
 router { block_size = 0 }
@@ -744,5 +797,80 @@ func TestLoadFileMissing(t *testing.T) {
 	_, diags := LoadFile("testdata/nope.hcl", testCatalog(t))
 	if got := short(diags, hcl.DiagError); !slices.Equal(got, []string{"testdata/nope.hcl:1:1: Failed to read policy file"}) {
 		t.Errorf("errors = %q", got)
+	}
+}
+
+// TestShadowInstances: each role selecting a policy with a shadow gets its
+// own instance of the shadow, named by that role, and only the role's own
+// policy's shadow is reached (not a fallback's).
+func TestShadowInstances(t *testing.T) {
+	src := `
+policy "live" {
+  picker "p" { type = "round-robin" }
+  fallback = "fb"
+  shadow   = "trial"
+}
+policy "fb" {
+  picker "p" { type = "least-loaded" }
+  shadow = "fbtrial"
+}
+policy "trial" {
+  picker "p" { type = "round-robin" }
+}
+policy "fbtrial" {
+  picker "p" { type = "round-robin" }
+}
+worker_selection {
+  prefill = "live"
+  decode  = "live"
+}`
+	b, diags := Load("t.hcl", []byte(src), testCatalog(t))
+	if diags.HasErrors() {
+		t.Fatal(FormatDiagnostics(diags))
+	}
+	if got := short(diags, hcl.DiagWarning); !slices.Equal(got, []string{"t.hcl:14:1: Unused policy"}) {
+		t.Errorf("warnings = %v, want fbtrial unused", got)
+	}
+	pre, dec := b.Roles[shared.RolePrefill], b.Roles[shared.RoleDecode]
+	if pre.Shadow == nil || dec.Shadow == nil || pre.Shadow.Name != "trial" || dec.Shadow.Name != "trial" {
+		t.Fatalf("shadows: prefill %+v, decode %+v", pre.Shadow, dec.Shadow)
+	}
+	if pre.Shadow == dec.Shadow || pre.Shadow.Picker == dec.Shadow.Picker || pre.Shadow.Picker == pre.Picker {
+		t.Error("the roles share a shadow instance, or the shadow shares the live picker")
+	}
+	var trial *PolicyDecl
+	for _, d := range b.Decls {
+		if d.Name == "live" && d.Shadow != "trial" {
+			t.Errorf("live decl shadow = %q", d.Shadow)
+		}
+		if d.Name == "trial" {
+			trial = d
+		}
+	}
+	if trial == nil || !trial.Used || !slices.Equal(trial.Roles, []shared.Role{shared.RolePrefill, shared.RoleDecode}) ||
+		trial.Instances[shared.RoleDecode] != dec.Shadow {
+		t.Errorf("trial decl = %+v", trial)
+	}
+}
+
+// TestShadowDefault: the built-in default policy may be a shadow; it is
+// then instantiated for the role like a policy the role selects.
+func TestShadowDefault(t *testing.T) {
+	src := `
+policy "rr" {
+  picker "p" { type = "round-robin" }
+  shadow = "default"
+}
+worker_selection { aggregated = "rr" }`
+	b, diags := Load("t.hcl", []byte(src), testCatalog(t))
+	if len(diags) > 0 {
+		t.Fatal(FormatDiagnostics(diags))
+	}
+	sh := b.Roles[shared.RoleAggregated].Shadow
+	if sh == nil || sh.Name != DefaultPolicyName || len(sh.Scorers) != 1 || sh.Scorers[0].Type != DefaultScorerType {
+		t.Fatalf("shadow = %+v", sh)
+	}
+	if sh == b.Roles[shared.RolePrefill] || sh.Scorers[0].Scorer == b.Roles[shared.RolePrefill].Scorers[0].Scorer {
+		t.Error("the aggregated role's shadow shares the prefill role's default policy instance")
 	}
 }

@@ -15,6 +15,7 @@ import (
 var policySchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{
 		{Name: "fallback"},
+		{Name: "shadow"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{
 		{Type: "filter", LabelNames: []string{"name"}},
@@ -36,6 +37,8 @@ type policyDecl struct {
 	fallbackPick  string         // a picker-type fallback
 	fallbackEntry *catalog.Entry // its type; nil when unavailable
 	fallbackGone  []string       // the failed plugins it may come from
+	shadowAttr    *hcl.Attribute // nil without a shadow
+	shadow        *policyDecl    // the policy asked beside this one, never acted on
 	reach         []shared.Role  // the roles reaching the policy, in Roles order
 	used          bool
 
@@ -60,6 +63,9 @@ func (d *policyDecl) export() *PolicyDecl {
 		out.Fallback = d.fallback.name
 	case d.fallbackPick != "":
 		out.Fallback, out.FallbackPicker = d.fallbackPick, true
+	}
+	if d.shadow != nil {
+		out.Shadow = d.shadow.name
 	}
 	return out
 }
@@ -137,6 +143,9 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 			d.fallbackName = s
 		}
 	}
+	if attr, ok := content.Attributes["shadow"]; ok {
+		d.shadowAttr = attr
+	}
 	if nameOK {
 		l.decls = append(l.decls, d)
 		l.byName[name] = d
@@ -208,6 +217,54 @@ func (l *loader) resolveFallback(d *policyDecl) {
 	l.usedSources[e.Source] = true
 }
 
+// resolveShadow links d to its shadow policy: a declared policy or the
+// default policy. Unlike a fallback it cannot be a picker type (declare a
+// one-picker policy for that), and it must not be d itself, have a shadow
+// of its own (shadows do not chain), or be in d's fallback chain (the
+// role's instance would be shared by the live path and the shadow).
+// Resolve every fallback first.
+func (l *loader) resolveShadow(d *policyDecl) {
+	attr := d.shadowAttr
+	if attr == nil {
+		return
+	}
+	name, ok := l.stringAttr(attr)
+	if !ok {
+		return
+	}
+	s := l.byName[name]
+	if name == DefaultPolicyName && s == nil {
+		s = l.def
+	}
+	switch {
+	case s == nil && name == DefaultPolicyName:
+		l.attrErrorf(attr, "Default policy unavailable",
+			"Policy %q is shadowed by the default policy (%s scorer + %s picker), but the catalog does not register both types; name another shadow.",
+			d.name, DefaultScorerType, DefaultPickerType)
+	case s == nil:
+		l.attrErrorf(attr, "Unknown shadow",
+			"Policy %q is shadowed by %q, which is not a policy. %s A shadow is a policy; to shadow with a picker type, declare a policy with just that picker.",
+			d.name, name, l.policyChoices())
+	case s == d:
+		l.attrErrorf(attr, "Policy shadows itself",
+			"Policy %q names itself as its shadow; a shadow is another policy, tried beside this one.", d.name)
+	case s.shadowAttr != nil:
+		l.attrErrorf(attr, "Shadow chain",
+			"Policy %q is shadowed by %q, which has a shadow of its own (at %s); shadows do not chain: remove one of the two.",
+			d.name, s.name, pos(s.shadowAttr.Range))
+	default:
+		for f, n := d.fallback, 0; f != nil && n <= len(l.decls); f, n = f.fallback, n+1 {
+			if f == s {
+				l.attrErrorf(attr, "Shadow in the fallback chain",
+					"Policy %q is shadowed by %q, which is also in its fallback chain; the shadow would share the live path's instance. Shadow with another policy.",
+					d.name, s.name)
+				return
+			}
+		}
+		d.shadow = s
+	}
+}
+
 // instantiateAll builds every policy once per role that reaches it (once
 // with the empty role when none does), then links each instance to its
 // fallback's instance for the same role.
@@ -233,15 +290,19 @@ func (l *loader) instantiateAll() {
 		}
 	}
 	for _, d := range all {
-		if d.fallback == nil {
-			continue
-		}
 		for role, p := range d.instances {
-			f := d.fallback.instances[role]
-			if f == nil {
-				f = d.fallback.policy
+			if d.fallback != nil {
+				p.Fallback = d.fallback.instances[role]
+				if p.Fallback == nil {
+					p.Fallback = d.fallback.policy
+				}
 			}
-			p.Fallback = f
+			if d.shadow != nil {
+				p.Shadow = d.shadow.instances[role]
+				if p.Shadow == nil {
+					p.Shadow = d.shadow.policy
+				}
+			}
 		}
 	}
 }
@@ -387,8 +448,8 @@ func indexOf(ds []*policyDecl, d *policyDecl) int {
 	return -1
 }
 
-// markUsed records the roles reaching each policy, directly or through
-// fallbacks, and warns about the declared policies nothing reaches.
+// markUsed records the roles reaching each policy, directly, through
+// fallbacks, or as the shadow of a role's policy, and warns about the declared policies nothing reaches.
 func (l *loader) markUsed() {
 	for _, role := range Roles {
 		name, ok := l.file.RolePolicies[role]
@@ -405,12 +466,18 @@ func (l *loader) markUsed() {
 			f.used = true
 			f.reach = append(f.reach, role)
 		}
+		// The role's own policy's shadow runs for the role (not its
+		// fallbacks' shadows, nor the shadow's fallback).
+		if s := d.shadow; s != nil && !seen[s] {
+			s.used = true
+			s.reach = append(s.reach, role)
+		}
 	}
 	for _, d := range l.decls {
 		// A role whose selection has an error may have meant any policy.
 		if !d.used && !l.badSelection {
 			l.warnf(d.rng, "Unused policy",
-				"Policy %q is declared but unused: no role selects it in worker_selection, directly or as a fallback of a policy in use. Select it for a role or remove it.",
+				"Policy %q is declared but unused: no role selects it in worker_selection, directly, as a fallback of a policy in use or as the shadow of a role's policy. Select it for a role or remove it.",
 				d.name)
 		}
 	}

@@ -26,8 +26,9 @@ type WeightedScorer struct {
 }
 
 // Policy is an ordered list of filters, ordered weighted scorers, exactly
-// one picker, and an optional fallback policy that answers when this one
-// fails (an out-of-process component errs, times out or is restarting).
+// one picker, an optional fallback policy that answers when this one
+// fails (an out-of-process component errs, times out or is restarting),
+// and an optional shadow policy.
 type Policy struct {
 	Name       string
 	Filters    []NamedFilter
@@ -36,6 +37,11 @@ type Policy struct {
 	PickerType string
 	Picker     shared.Picker
 	Fallback   *Policy
+	// Shadow, when not nil, is asked beside this policy on every decision
+	// and never acted on: the router counts whether it agrees (its
+	// filters, scorers and picker only; its own fallback and shadow are
+	// not run). Its components are instances of their own.
+	Shadow *Policy
 }
 
 // Inputs is the union of the inputs every component declares, normalised

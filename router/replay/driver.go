@@ -90,6 +90,9 @@ type driver struct {
 	selections int64
 	fell       fallbackTally
 	policy     [2]string
+	// shadow counts the shadow decisions by result (the roles' policies'
+	// shadows); all zero without one.
+	shadow map[router.ShadowResult]int64
 }
 
 // request is one trace request's state through the replay.
@@ -118,7 +121,9 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	r, err := router.New(router.Options{BlockSize: o.BlockSize, Roles: o.Roles, BookingsAreLoad: true})
+	// Shadows run inline: deterministic, and never charged to a request.
+	r, err := router.New(router.Options{BlockSize: o.BlockSize, Roles: o.Roles, BookingsAreLoad: true,
+		Shadow: router.ShadowOptions{Inline: true}})
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}

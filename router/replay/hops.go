@@ -134,6 +134,13 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 	if k == firstHop {
 		out.Worker = id
 		out.OverlapBlocks = dec.OverlapBlocks
+		if sh := dec.Shadow; sh.Result != "" {
+			out.Shadow = string(sh.Result)
+			if sh.Result == router.ShadowAgree || sh.Result == router.ShadowDisagree {
+				w := int(sh.Worker)
+				out.ShadowWorker = &w
+			}
+		}
 		if charge == 0 {
 			d.submit(i, k, at)
 		} else {
@@ -161,11 +168,18 @@ func (d *driver) chargeFor(k int, dec *router.Decision) time.Duration {
 }
 
 // selected counts a selection that placed a request, by policy (the
-// role's), and tallies its cause when its fallback decided.
+// role's), tallies its cause when its fallback decided, and counts its
+// shadow's result.
 func (d *driver) selected(policy string, dec *router.Decision) {
 	d.selections++
 	if dec.Fallback {
 		d.fell.add(policy, dec.FallbackCause)
+	}
+	if r := dec.Shadow.Result; r != "" {
+		if d.shadow == nil {
+			d.shadow = make(map[router.ShadowResult]int64)
+		}
+		d.shadow[r]++
 	}
 }
 

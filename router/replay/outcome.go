@@ -47,6 +47,13 @@ type Outcome struct {
 	E2EMs        float64 `json:"e2e_ms"`
 	Status       string  `json:"status"` // "ok" or "rejected: reason"
 	Fallback     bool    `json:"fallback,omitempty"`
+	// Shadow is the result of the (prefill) hop's shadow decision
+	// (router.ShadowResult: agree, disagree, failed or none) and
+	// ShadowWorker the fleet id it picked (agree or disagree); both absent
+	// when the role's policy has no shadow (a decode hop's shadow is
+	// counted in Report.Shadow only).
+	Shadow       string `json:"shadow,omitempty"`
+	ShadowWorker *int   `json:"shadow_worker,omitempty"`
 }
 
 // writeOutcomes writes the outcome of each request, one JSON object per

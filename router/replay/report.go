@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/shared"
@@ -160,6 +161,9 @@ type Report struct {
 	// that failed and by cause, most fallbacks first; absent when none
 	// fell back.
 	FallbackSources []FallbackSource `json:"fallback_sources,omitempty"`
+	// Shadow counts the shadow decisions when a routed role's policy has a
+	// shadow (policy.Policy.Shadow); absent otherwise.
+	Shadow *ShadowReport `json:"shadow,omitempty"`
 	// PluginRestarts is how many times the policy's plugins were restarted
 	// during the replay (the caller that owns the plugins fills it in).
 	PluginRestarts int64 `json:"plugin_restarts"`
@@ -174,6 +178,27 @@ type Report struct {
 	// classOrder is Classes' names in the queue's order, then the others
 	// sorted: the table's order.
 	classOrder []string
+}
+
+// ShadowReport is how a replay's shadow policies compared with the live
+// decisions. A replay asks each shadow inline, in simulated time, and
+// never charges its decision latency to the request, so the live
+// decisions are those of the same replay without shadows.
+type ShadowReport struct {
+	// Shadows names each routed role's shadow policy, by role; only the
+	// roles whose policy has one.
+	Shadows map[string]string `json:"shadows"`
+	// Decisions is how many selections the shadows were asked about (the
+	// selections of those roles that placed a request); Agree, Disagree,
+	// Failed and None split it by router.ShadowResult.
+	Decisions int64 `json:"decisions"`
+	Agree     int64 `json:"agree"`
+	Disagree  int64 `json:"disagree"`
+	Failed    int64 `json:"failed"`
+	None      int64 `json:"none"`
+	// AgreeShare is Agree / Decisions (0 without decisions), rounded to
+	// 4 decimals.
+	AgreeShare float64 `json:"agree_share"`
 }
 
 // KVEventsReport is the KV event feed of a precise replay.
@@ -209,6 +234,11 @@ kv_hit_ceiling); of ref = KV hit / KV ref; imbalance = max/mean requests per wor
 wall s = real time incl. building the fleet; req/s (wall) = requests / wall s
 `
 
+// ShadowLegend is added to TableLegend when a row has a shadow policy.
+const ShadowLegend = `shadow agree = selections on which the role's shadow policy picked the live decision's worker, out of all
+its selections (failed or filtered-out shadow decisions count as not agreeing; "-" without a shadow)
+`
+
 // BeliefLegend is added to TableLegend when a row is precise.
 const BeliefLegend = `NAME+precise rows: the router's prefix index follows the engines' KV events (--prefix precise);
 belief = requests whose router belief of the chosen worker's cached prefix equals what the engine served
@@ -217,13 +247,19 @@ from cache (in engine blocks, the engine's last-block recompute applied to both)
 
 // WriteTable writes reports as one aligned table, a row per report, then
 // TableLegend. When a report is precise (Prefix "precise") the table has
-// a belief column (BeliefAccuracy) and BeliefLegend.
+// a belief column (BeliefAccuracy) and BeliefLegend; when a report has a
+// shadow, a shadow agree column (ShadowReport.AgreeShare) and
+// ShadowLegend.
 func WriteTable(w io.Writer, reports []*Report) error {
 	belief := slices.ContainsFunc(reports, func(r *Report) bool { return r.KVEvents != nil })
+	shadow := slices.ContainsFunc(reports, func(r *Report) bool { return r.Shadow != nil })
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	head := "policy\trequests\tcompleted\trejected\tfallbacks\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\tKV ref\tof ref\t"
 	if belief {
 		head += "belief\t"
+	}
+	if shadow {
+		head += "shadow agree\t"
 	}
 	fmt.Fprintln(tw, head+"imbalance\tsim s\twall s\treq/s (wall)\t")
 	for _, r := range reports {
@@ -234,8 +270,15 @@ func WriteTable(w io.Writer, reports []*Report) error {
 		if belief {
 			fmt.Fprintf(tw, "%.1f%%\t", 100*r.BeliefAccuracy)
 		}
+		if shadow {
+			agree := "-"
+			if r.Shadow != nil {
+				agree = share(r.Shadow.Agree, r.Shadow.Decisions)
+			}
+			fmt.Fprintf(tw, "%s\t", agree)
+		}
 		fmt.Fprintf(tw, "%.3f\t%.0f\t%.2f\t%.0f\t\n", r.Imbalance, r.SimDurationS, r.WallS, r.SimRequestsPerS)
-		classRows(tw, r, belief)
+		classRows(tw, r, belief, shadow)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -243,6 +286,9 @@ func WriteTable(w io.Writer, reports []*Report) error {
 	legend := TableLegend
 	if belief {
 		legend += BeliefLegend
+	}
+	if shadow {
+		legend += ShadowLegend
 	}
 	for _, r := range reports {
 		if len(r.Classes) > 1 {
@@ -271,12 +317,15 @@ arrival to first scheduled step including the router's queue)
 // classRows writes one table line per class of r when it has more than
 // one, under r's row: requests, completed, rejected and TTFT, then the
 // queue time's p50 and p99 in the E2E columns, marked "Q".
-func classRows(tw io.Writer, r *Report, belief bool) {
+func classRows(tw io.Writer, r *Report, belief, shadow bool) {
 	if len(r.Classes) < 2 {
 		return
 	}
 	empty := "\t\t\t\t\t\t\t\t"
 	if belief {
+		empty += "\t"
+	}
+	if shadow {
 		empty += "\t"
 	}
 	for _, name := range r.order() {
@@ -487,6 +536,7 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 	if rep.Selections > 0 {
 		rep.FallbackShare = float64(rep.Fallbacks) / float64(rep.Selections)
 	}
+	rep.Shadow = d.shadowReport(o, roles)
 	if s := wall.Seconds(); s > 0 {
 		rep.SimRequestsPerS = float64(int(float64(len(o.Records)) / s))
 	}
@@ -494,6 +544,30 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 		rep.DecisionsPerS = float64(int(float64(d.decisions) / s))
 	}
 	return rep
+}
+
+// shadowReport is the report of the roles' shadows; nil when no routed
+// role's policy has one.
+func (d *driver) shadowReport(o *Options, roles []shared.Role) *ShadowReport {
+	var sr *ShadowReport
+	for _, role := range roles {
+		if p := o.Roles[role]; p != nil && p.Shadow != nil {
+			if sr == nil {
+				sr = &ShadowReport{Shadows: make(map[string]string, len(roles))}
+			}
+			sr.Shadows[string(role)] = p.Shadow.Name
+		}
+	}
+	if sr == nil {
+		return nil
+	}
+	sr.Agree, sr.Disagree = d.shadow[router.ShadowAgree], d.shadow[router.ShadowDisagree]
+	sr.Failed, sr.None = d.shadow[router.ShadowFailed], d.shadow[router.ShadowNone]
+	sr.Decisions = sr.Agree + sr.Disagree + sr.Failed + sr.None
+	if sr.Decisions > 0 {
+		sr.AgreeShare = round4(float64(sr.Agree) / float64(sr.Decisions))
+	}
+	return sr
 }
 
 // believed reports whether a completed request's router belief equals

@@ -82,6 +82,10 @@ type DaemonOptions struct {
 	RequestTimeout time.Duration
 	DrainTimeout   time.Duration
 	CharsPerToken  int
+	// ShadowMaxInFlight bounds the shadow decisions running at once
+	// (router.ShadowOptions.MaxInFlight; router.DefaultShadowInFlight
+	// when zero).
+	ShadowMaxInFlight int
 	// ScrapeInterval is each worker's probe period and timeout
 	// (workers.DefaultScrapeInterval when zero).
 	ScrapeInterval time.Duration
@@ -286,7 +290,8 @@ func (d *Daemon) newRouter(ctx context.Context, b *router.Bundle, reg prometheus
 		closeBundle()
 		return nil, err
 	}
-	r, err := router.New(router.Options{Bundle: b, Registerer: reg, Logger: d.log, Load: load})
+	r, err := router.New(router.Options{Bundle: b, Registerer: reg, Logger: d.log, Load: load,
+		Shadow: router.ShadowOptions{MaxInFlight: d.o.ShadowMaxInFlight}})
 	if err != nil {
 		closeBundle()
 		return nil, err
