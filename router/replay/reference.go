@@ -1,8 +1,6 @@
 package replay
 
 import (
-	"math"
-
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
@@ -36,12 +34,15 @@ type KVReference struct {
 // all (vLLM frees a request's blocks tail first, so its later blocks are
 // evicted before its earlier ones).
 //
-// Work and memory are linear in the trace's hash ids: one map entry per
-// distinct group, and each request touches its groups once for the lookup
-// and once for the update.
+// Work is linear in the trace's hash ids: each request touches its groups
+// once for each lookup and once for each update. Memory: the LRU's
+// entries are bounded by capacity; the ceiling keeps one map entry (about
+// 25 bytes) per distinct prefix group of the trace.
 func kvReference(records []trace.Record, groupTokens, engineBlock int, capacity int64) KVReference {
 	lru := newGroupLRU(capacity)
-	ceiling := newGroupLRU(math.MaxInt64)
+	// The ceiling keeps every group: a plain map from group hash to its
+	// cached blocks, half the memory of an LRU entry.
+	ceiling := make(map[uint64]int32)
 	var prompt, hit, ceil int64
 	var hashes []uint64
 	var blocks []int32
@@ -63,9 +64,11 @@ func kvReference(records []trace.Record, groupTokens, engineBlock int, capacity 
 		}
 		limit := int64((r.InputLength - 1) / engineBlock)
 		hit += min(lru.lookup(hashes[:groups], blocks), limit) * int64(engineBlock)
-		ceil += min(ceiling.lookup(hashes[:groups], blocks), limit) * int64(engineBlock)
+		ceil += min(leadingSeen(ceiling, hashes[:groups], blocks), limit) * int64(engineBlock)
 		lru.store(hashes[:groups], blocks)
-		ceiling.store(hashes[:groups], blocks)
+		for k, h := range hashes[:groups] {
+			ceiling[h] = max(ceiling[h], blocks[k])
+		}
 	}
 	if prompt == 0 {
 		return KVReference{}
@@ -74,6 +77,19 @@ func kvReference(records []trace.Record, groupTokens, engineBlock int, capacity 
 		HitRatio:     round4(float64(hit) / float64(prompt)),
 		CeilingRatio: round4(float64(ceil) / float64(prompt)),
 	}
+}
+
+// leadingSeen is groupLRU.lookup over the ceiling's map.
+func leadingSeen(seen map[uint64]int32, hashes []uint64, blocks []int32) int64 {
+	var n int64
+	for k, h := range hashes {
+		have := seen[h]
+		n += int64(min(have, blocks[k]))
+		if have < blocks[k] {
+			break
+		}
+	}
+	return n
 }
 
 // groupLRU is an LRU cache of engine blocks kept per prefix group: entry
