@@ -1,8 +1,10 @@
 package supervisor
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"regexp"
@@ -192,17 +194,62 @@ func escapeControl(s string) string {
 // (start, exit, its stdio client's) go to the plugin's logger, but the
 // logger it names for the plugin's stderr lines, after the command's base
 // name (stderrName), is off, so it never parses them (stderrLog does).
+// It also reads two of go-plugin's messages about p: a failed scan of
+// stdout for a line too long (recorded in p.stdoutTooLong), and its
+// warning that the plugin failed to exit gracefully, which is logged at
+// debug when no graceful exit was tried (the handshake did not complete
+// or was refused) or the process had already exited.
 type quietStderr struct {
 	hclog.Logger
 	stderrName string
+	p          *proc
 }
 
 // Named returns, for the stderr lines' name, a logger whose level is off
-// (go-plugin checks it before it parses a line); else the plugin's logger
-// named name.
+// (go-plugin checks it before it parses a line), and so it does for its
+// stdio client made while killing a plugin whose address was never
+// accepted (it only warns that it cannot connect); else the plugin's
+// logger named name.
 func (q quietStderr) Named(name string) hclog.Logger {
-	if name == q.stderrName {
+	if name == q.stderrName || name == "stdio" && q.p.addr.Load() == nil {
 		return hclog.New(&hclog.LoggerOptions{Level: hclog.Off, Output: io.Discard})
 	}
 	return q.Logger.Named(name)
+}
+
+// go-plugin v1.8.0's messages that quietStderr reads.
+const (
+	msgScanStdout  = "error encountered while scanning stdout"
+	msgNotGraceful = "plugin failed to exit gracefully"
+	msgKillClient  = "client" // Kill could not connect to close the client
+)
+
+// Error logs msg; go-plugin's failed stdout scan is recorded, and its
+// failure to connect while killing a plugin whose address was never
+// accepted is only a debug line.
+func (q quietStderr) Error(msg string, args ...any) {
+	switch msg {
+	case msgScanStdout:
+		for _, a := range args {
+			if err, ok := a.(error); ok && errors.Is(err, bufio.ErrTooLong) {
+				q.p.stdoutTooLong.Store(true)
+			}
+		}
+	case msgKillClient:
+		if q.p.addr.Load() == nil {
+			q.Logger.Debug(msg, args...)
+			return
+		}
+	}
+	q.Logger.Error(msg, args...)
+}
+
+// Warn logs msg, but go-plugin's "plugin failed to exit gracefully" only
+// at debug when no graceful exit was tried or the process is gone.
+func (q quietStderr) Warn(msg string, args ...any) {
+	if msg == msgNotGraceful && (q.p.addr.Load() == nil || q.p.hasExited()) {
+		q.Logger.Debug(msg, args...)
+		return
+	}
+	q.Logger.Warn(msg, args...)
 }
