@@ -549,6 +549,7 @@ func TestBadPlugins(t *testing.T) {
 		{name: "version", mode: "version", cause: "unsupported API version", runs: 1},
 		{name: "stdout", mode: "stdout", cause: `printed "hello from the plugin" on stdout instead of the handshake line`, runs: 1},
 		{name: "fields", mode: "fields", cause: `the handshake line "1|1|unix" is malformed: it has 3 fields, the protocol expects 5 (CORE|APP|NETWORK|ADDRESS|PROTOCOL)`, runs: 1},
+		{name: "fields4", mode: "fields4", cause: `unsupported plugin protocol "netrpc". Supported: [grpc]: the handshake line has 4 fields or names another protocol; the protocol expects 5 fields (CORE|APP|NETWORK|ADDRESS|PROTOCOL), the last one grpc`, runs: 1},
 		{name: "hugeline", mode: "hugeline", cause: "the plugin wrote a line of more than 65536 bytes on stdout before its handshake line", runs: 1},
 		{name: "tcp-remote", mode: "tcp-remote", cause: "the plugin gave TCP address 192.0.2.1:53; the router connects only to a unix socket or to 127.0.0.1:PORT (loopback), and did not connect", runs: 1},
 		{name: "directory", dir: true, cause: " is a directory, not an executable file", runs: 0},

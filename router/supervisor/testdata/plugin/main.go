@@ -55,6 +55,8 @@
 //	           events, whose Classify calls are answered at once, without
 //	           waiting for events_through
 //	fields     print the handshake line "1|1|unix" (3 fields), then hang
+//	fields4    print the handshake line "1|1|unix|/nonexistent/sock" (no
+//	           protocol field), then hang
 //	hugeline   print a line of 100000 bytes on stdout, then hang
 //	tcp-remote print a handshake line with the TCP address 192.0.2.1:53
 //	           (TEST-NET-1, not loopback), then hang
@@ -130,6 +132,9 @@ func main() {
 		time.Sleep(time.Hour)
 	case "fields":
 		fmt.Println("1|1|unix")
+		time.Sleep(time.Hour)
+	case "fields4":
+		fmt.Println("1|1|unix|/nonexistent/sock")
 		time.Sleep(time.Hour)
 	case "hugeline":
 		fmt.Println(strings.Repeat("x", 100000))
