@@ -535,12 +535,13 @@ func TestDescribe(t *testing.T) {
 func TestBadPlugins(t *testing.T) {
 	wrongSum := strings.Repeat("ab", 32)
 	tests := []struct {
-		name   string
-		mode   string
-		sha256 string
-		dir    bool   // the command is a directory
-		cause  string // substring of the error
-		runs   int    // times the binary must have run
+		name    string
+		mode    string
+		sha256  string
+		dir     bool   // the command is a directory
+		missing bool   // the command does not exist
+		cause   string // substring of the error
+		runs    int    // times the binary must have run
 		// transient: a supervised restart that fails so is retried (a
 		// starved machine can delay a handshake).
 		transient bool
@@ -553,6 +554,7 @@ func TestBadPlugins(t *testing.T) {
 		{name: "hugeline", mode: "hugeline", cause: "the plugin wrote a line of more than 65536 bytes on stdout before its handshake line", runs: 1},
 		{name: "tcp-remote", mode: "tcp-remote", cause: "the plugin gave TCP address 192.0.2.1:53; the router connects only to a unix socket or to 127.0.0.1:PORT (loopback), and did not connect", runs: 1},
 		{name: "directory", dir: true, cause: " is a directory, not an executable file", runs: 0},
+		{name: "missing", missing: true, cause: "no-such-plugin: no such file or directory", runs: 0},
 		{name: "hang", mode: "hang", cause: "no handshake within start_timeout (2s)", runs: 1, transient: true},
 		{name: "mute-socket", mode: "mute-socket", cause: "no gRPC connection within start_timeout (2s): the plugin accepted the connection but did not speak gRPC", runs: 1, transient: true},
 		{name: "sha256", sha256: wrongSum, cause: "sha256 mismatch", runs: 0},
@@ -573,6 +575,9 @@ func TestBadPlugins(t *testing.T) {
 			b.SHA256 = tt.sha256
 			if tt.dir {
 				b.Command = t.TempDir()
+			}
+			if tt.missing {
+				b.Command = filepath.Join(t.TempDir(), "no-such-plugin")
 			}
 			b.Env["SY_STARTS"] = filepath.Join(dir, "starts")
 			b.Env["SY_MARKER"] = filepath.Join(dir, "marker")
@@ -614,17 +619,6 @@ func TestBadPlugins(t *testing.T) {
 				t.Errorf("marker file: %v, want it to exist: %v", err, tt.runs > 0)
 			}
 		})
-	}
-}
-
-func TestMissingBinary(t *testing.T) {
-	h := newHost(t)
-	b := block("missing", "")
-	b.Command = filepath.Join(t.TempDir(), "no-such-plugin")
-	_, err := h.Start(context.Background(), b)
-	var se *StartError
-	if !errors.As(err, &se) || !se.Permanent || !strings.Contains(err.Error(), "no such file") {
-		t.Errorf("Start = %v; want a permanent *StartError saying no such file", err)
 	}
 }
 
