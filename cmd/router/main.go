@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/cobra"
@@ -64,15 +65,44 @@ func newVersionCmd() *cobra.Command {
 // main runs the command line. The first SIGINT or SIGTERM cancels the
 // command's context, so a replay stops at its next check and removes its
 // temporary output files; a second one kills the process as usual.
+//
+// A write to a stdout or stderr whose reader is gone (`router validate
+// ... 2>&1 | head -1`) would kill the process with SIGPIPE, skipping
+// every cleanup (plugins' socket directories); SIGPIPE is caught for the
+// whole run instead (catchBrokenPipe): such a write fails with EPIPE, the
+// first one cancels the command like SIGTERM, and the router exits with
+// status 141 (128 + SIGPIPE, what a shell reports for a process killed by
+// it) once the command has cleaned up.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
 		stop()
 	}()
+	ctx, brokenPipe := catchBrokenPipe(ctx)
 	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
+	if brokenPipe() {
+		code = 128 + int(syscall.SIGPIPE)
+	}
 	os.Exit(code)
+}
+
+// catchBrokenPipe catches SIGPIPE until the process exits, and returns a
+// context cancelled at the first one and a function reporting whether one
+// came. Go kills a process that writes to a broken pipe on fd 1 or 2 only
+// while SIGPIPE is not caught; caught, the write returns EPIPE.
+func catchBrokenPipe(parent context.Context) (context.Context, func() bool) {
+	ctx, cancel := context.WithCancel(parent)
+	pipes := make(chan os.Signal, 1)
+	signal.Notify(pipes, syscall.SIGPIPE)
+	var broke atomic.Bool
+	go func() {
+		<-pipes
+		broke.Store(true)
+		cancel()
+	}()
+	return ctx, broke.Load
 }
 
 // run executes the command line and returns the process exit code: 0 on

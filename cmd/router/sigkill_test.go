@@ -224,3 +224,80 @@ func sockets(dir string) []string {
 	m, _ := filepath.Glob(filepath.Join(dir, "sy-*", "*"))
 	return m
 }
+
+// TestValidateBrokenPipeCleansUp runs `router validate POLICY --log-level
+// debug 2>&1 | head -1`: the reader of the router's stdout and stderr goes
+// away after the first line, while the plugin starts. The router catches
+// SIGPIPE, so it is not killed by it: it stops the plugin, removes its
+// socket directory and exits with status 141.
+func TestValidateBrokenPipeCleansUp(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the router and a plugin binary")
+	}
+	routerBin := filepath.Join(t.TempDir(), "router")
+	if out, err := exec.Command("go", "build", "-o", routerBin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("building the router: %v\n%s", err, out)
+	}
+	policy := policyWith(t, "plugin-example.hcl", "plugin-example")
+	pluginBin := examplePlugin(t, "plugin-example")
+	tmp, err := os.MkdirTemp("/tmp", "bp-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(tmp) })
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(routerBin, "validate", policy, "--log-level", "debug")
+	cmd.Env = append(os.Environ(), "TMPDIR="+tmp)
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_ = w.Close()
+	waited := make(chan error, 1)
+	go func() { waited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-waited
+	})
+	// head -1: read the first line, then go away.
+	var first []byte
+	for b := make([]byte, 1); !bytes.HasSuffix(first, []byte("\n")); first = append(first, b[0]) {
+		if _, err := r.Read(b); err != nil {
+			t.Fatalf("reading the router's first line: %v (got %q)", err, first)
+		}
+	}
+	_ = r.Close()
+	t.Logf("first line: %s", first)
+
+	select {
+	case err := <-waited:
+		waited <- err
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Fatalf("the router exited with %v, want status 141", err)
+		}
+		ws := ee.Sys().(syscall.WaitStatus)
+		if ws.Signaled() {
+			t.Fatalf("the router was killed by %v: its cleanup did not run", ws.Signal())
+		}
+		if ws.ExitStatus() != 141 {
+			t.Errorf("the router exited with status %d, want 141 (128 + SIGPIPE)", ws.ExitStatus())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("the router did not exit within a minute of its output pipe closing")
+	}
+	// The router removes the directory before it exits; the plugin
+	// process is gone once stopped.
+	if dirs := socketDirs(tmp); len(dirs) > 0 {
+		t.Errorf("socket directories left: %v", dirs)
+	}
+	for deadline := time.Now().Add(30 * time.Second); len(running(pluginBin)) > 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("plugin processes %v alive 30s after the router exited", running(pluginBin))
+		}
+	}
+}

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -45,7 +47,8 @@ plugin "b" { command = "./my-plugin" }
 // TestPluginCommandNotFound: a command found on none of PATH's
 // directories (absent, not executable, or only through a relative
 // directory such as ".") is an error at the command's file:line:col that
-// names the directories searched.
+// names the directories searched, or, for a relative directory, says that
+// such entries are ignored and how to write the command.
 func TestPluginCommandNotFound(t *testing.T) {
 	dir := t.TempDir()
 	writeExecutable(t, dir, "not-executable", 0o644)
@@ -56,7 +59,8 @@ func TestPluginCommandNotFound(t *testing.T) {
 		{"absent", dir, "nowhere", `"nowhere" has no slash, so it is looked up on the router's PATH, and no executable file of that name is found there (searched PATH: ` + dir + ")"},
 		{"not executable", dir + string(filepath.ListSeparator) + dir, "not-executable", "(searched PATH: " + dir + ")"},
 		{"empty PATH", "", "nowhere", "(PATH is empty)"},
-		{"relative PATH entry", ".", "dot-plugin", "(searched PATH: .)"},
+		{"relative PATH entry", ".", "dot-plugin", `where it is found only as ./dot-plugin, through a relative PATH entry: relative PATH entries such as "." are ignored (they would make the binary run depend on the working directory); write command = "./dot-plugin"`},
+		{"relative PATH entry first", "." + string(filepath.ListSeparator) + "/nonexistent", "dot-plugin", `write command = "./dot-plugin"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -71,6 +75,30 @@ func TestPluginCommandNotFound(t *testing.T) {
 				t.Errorf("detail %q does not contain %q", d, tt.detail)
 			}
 		})
+	}
+}
+
+// TestPluginCommandIsDirectory: a command naming a directory is an error
+// at the command's file:line:col saying so, not a failed exec later.
+func TestPluginCommandIsDirectory(t *testing.T) {
+	dir := t.TempDir()
+	t.Chdir(dir)
+	if err := os.Mkdir("plugins", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, command := range []string{dir, "./plugins", "plugins/"} {
+		src := "plugin \"p\" {\n  command = \"" + command + "\"\n}\n"
+		_, diags := Load("t.hcl", []byte(src), testCatalog(t))
+		if got := short(diags, hcl.DiagError); !slices.Equal(got, []string{"t.hcl:2:13: Plugin command is a directory"}) {
+			t.Fatalf("command %q: errors = %q, want the command at t.hcl:2:13\n%s", command, got, FormatDiagnostics(diags))
+		}
+		want := fmt.Sprintf("%q is a directory, not an executable file", command)
+		if d := diags.Errs()[0].(*hcl.Diagnostic).Detail; !strings.Contains(d, want) {
+			t.Errorf("detail %q does not contain %q", d, want)
+		}
+		if _, err := ResolveCommand(command); !errors.Is(err, ErrCommandIsDirectory) {
+			t.Errorf("ResolveCommand(%q) = %v, want ErrCommandIsDirectory", command, err)
+		}
 	}
 }
 

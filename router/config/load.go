@@ -2,6 +2,7 @@ package config
 
 import (
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -270,7 +271,9 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 		if s, ok := l.stringAttr(attr); ok {
 			if strings.TrimSpace(s) == "" || strings.ContainsRune(s, 0) {
 				l.attrErrorf(attr, "Invalid plugin command", "command must name the plugin binary to run, a path such as \"bin/my-plugin\".")
-			} else if path, err := ResolveCommand(s); err != nil {
+			} else if path, err := ResolveCommand(s); errors.Is(err, ErrCommandIsDirectory) {
+				l.attrErrorf(attr, "Plugin command is a directory", "%v. Give the path of the plugin binary (or of its interpreter) to run.", err)
+			} else if err != nil {
 				l.attrErrorf(attr, "Plugin command not found", "%v. Give the binary's path (with a slash), or install it on the router's PATH.", err)
 			} else {
 				p.Path = path

@@ -74,21 +74,38 @@ var (
 // that is on none of the PATH's directories.
 var ErrCommandNotFound = errors.New("command not found")
 
+// ErrCommandIsDirectory is wrapped by ResolveCommand's error for a command
+// that names a directory.
+var ErrCommandIsDirectory = errors.New("is a directory")
+
 // ResolveCommand returns the binary a plugin block's command runs: a
 // command without a slash ("python3", "my-plugin") is looked up on the
 // router's PATH (exec.LookPath) and the absolute path found is returned;
 // a command with a slash is returned as written (a relative one is relative
 // to the router's working directory). A command on none of PATH's
 // directories, or found only through a relative directory on PATH (such as
-// "."), is an error wrapping ErrCommandNotFound that names the directories
-// searched.
+// "."), which exec.LookPath refuses (exec.ErrDot), is an error wrapping
+// ErrCommandNotFound that names the directories searched, or says how to
+// write the path found. A command with a slash naming a directory is an
+// error wrapping ErrCommandIsDirectory; one naming nothing is not an error
+// here (starting it is).
 func ResolveCommand(command string) (string, error) {
 	if strings.ContainsRune(command, '/') {
+		if fi, err := os.Stat(command); err == nil && fi.IsDir() {
+			return "", fmt.Errorf("command %q %w, not an executable file", command, ErrCommandIsDirectory)
+		}
 		return command, nil
 	}
 	path, err := exec.LookPath(command)
 	if err == nil && !filepath.IsAbs(path) {
 		err = exec.ErrDot
+	}
+	if errors.Is(err, exec.ErrDot) && path != "" {
+		found := path
+		if !strings.ContainsRune(found, '/') {
+			found = "./" + found
+		}
+		return "", fmt.Errorf("%w: %q has no slash, so it is looked up on the router's PATH, where it is found only as %s, through a relative PATH entry: relative PATH entries such as \".\" are ignored (they would make the binary run depend on the working directory); write command = %q", ErrCommandNotFound, command, found, found)
 	}
 	if err != nil {
 		searched := "PATH is empty"

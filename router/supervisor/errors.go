@@ -12,8 +12,9 @@ var ErrHostClosed = errors.New("plugin host is shut down")
 // did not complete the go-plugin handshake within start_timeout, or its
 // Describe answer was unusable. Host.Start never retries. Permanent marks
 // failures that starting again cannot fix (wrong handshake cookie, no
-// common API version, text on stdout, a sha256 mismatch, a missing binary,
-// types that changed): a supervised restart that fails so marks the plugin
+// common API version, text on stdout or a malformed handshake line, a
+// handshake address that is not a unix socket or loopback TCP, a sha256
+// mismatch, a missing binary or a directory, types that changed): a supervised restart that fails so marks the plugin
 // failed (StatusFailed) until a reload. Other restart failures (no
 // handshake within start_timeout, which a starved machine can cause, or a
 // process that exits while being configured) are retried after the

@@ -1,6 +1,7 @@
 package supervisor
 
 import (
+	"bufio"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -61,6 +63,20 @@ type proc struct {
 	sockDir      string           // the private socket directory, removed by stop
 	stderr       *tail
 	exitR        *os.File // the exit pipe's read end, closed by stop
+
+	// addr is the handshake's address once it is accepted (a unix socket
+	// or a loopback TCP address); nil before, or when it was refused. The
+	// gRPC dialer connects only to it.
+	addr atomic.Pointer[net.Addr]
+	// stdoutTooLong: go-plugin's scan of stdout for the handshake line
+	// failed on a line over bufio.MaxScanTokenSize (quietStderr sees it).
+	stdoutTooLong atomic.Bool
+	// started is closed once go-plugin's Start has returned and pid and
+	// pidWatched are set.
+	started chan struct{}
+	// pidWatched: watchPID watches the process (Linux, pidfd), so the
+	// exit pipe's end-of-file is not needed to see its exit.
+	pidWatched bool
 
 	// stopGrace is Options.StopGrace; onStopped Options.Stopped.
 	stopGrace time.Duration
@@ -134,6 +150,9 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		}
 		path = abs
 	}
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		return nil, nil, fail(true, fmt.Errorf("command %s %w, not an executable file", path, config.ErrCommandIsDirectory))
+	}
 	var secure *plugin.SecureConfig
 	if b.SHA256 != "" {
 		sum, err := hex.DecodeString(b.SHA256)
@@ -170,6 +189,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		stderr:       &tail{},
 		exitR:        exitR,
 		exited:       make(chan struct{}),
+		started:      make(chan struct{}),
 		checkNow:     make(chan struct{}, 1),
 		stopGrace:    h.stopGrace,
 		onStopped:    h.onStopped,
@@ -184,20 +204,27 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		// go-plugin's own messages go to log; the plugin's stderr lines
 		// are logged by stderrLog (see there why not by go-plugin).
-		Logger:           quietStderr{Logger: log, stderrName: filepath.Base(path)},
+		Logger:           quietStderr{Logger: log, stderrName: filepath.Base(path), p: p},
 		Stderr:           io.MultiWriter(p.stderr, &stderrLog{log: log}),
 		SkipHostEnv:      true,
 		SyncStdout:       h.stdout,
 		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: dir},
-		GRPCDialOptions: []grpc.DialOption{grpc.WithDefaultCallOptions(
-			grpc.MaxCallRecvMsgSize(shared.MaxMessageBytes),
-			grpc.MaxCallSendMsgSize(shared.MaxMessageBytes),
-		)},
+		GRPCDialOptions: []grpc.DialOption{
+			grpc.WithDefaultCallOptions(
+				grpc.MaxCallRecvMsgSize(shared.MaxMessageBytes),
+				grpc.MaxCallSendMsgSize(shared.MaxMessageBytes),
+			),
+			// Replaces go-plugin's dialer, which would connect to
+			// whatever address the handshake gave.
+			grpc.WithContextDialer(p.dial),
+		},
 	})
 	go p.watchExitPipe()
 
+	var addr net.Addr
 	err = startPinned(func() error {
-		_, err := p.client.Start()
+		var err error
+		addr, err = p.client.Start()
 		return err
 	}, p.exited)
 	_ = exitW.Close()
@@ -206,9 +233,16 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 	}
 	if err == nil && p.pid > 0 {
 		// A descendant of the plugin may hold the exit pipe (or its
-		// stderr, which holds up go-plugin's own exit detection): watch
-		// the process itself too.
-		watchPID(p.pid, p.markExited)
+		// stderr, which holds up go-plugin's own exit detection), and
+		// the plugin may close its own end: watch the process itself
+		// too.
+		p.pidWatched = watchPID(p.pid, p.markExited)
+	}
+	close(p.started)
+	if err == nil {
+		if err = checkAddr(addr); err == nil {
+			p.addr.Store(&addr)
+		}
 	}
 	if err != nil {
 		stopErr := p.stop()
@@ -374,6 +408,11 @@ func (p *proc) handshakeCause(err error, path, pinned string, startTimeout time.
 		}
 		return fmt.Errorf("sha256 mismatch: %s has sha256 %s, the block pins %s; the binary was not run: %w",
 			path, got, pinned, err), true
+	case errors.Is(err, errRemoteAddr):
+		return fmt.Errorf("handshake failed: %w", err), true
+	case p.stdoutTooLong.Load():
+		return fmt.Errorf("handshake failed: the plugin wrote a line of more than %d bytes on stdout before its handshake line (plugins must not write to stdout)%s",
+			bufio.MaxScanTokenSize, p.stderr.suffix()), true
 	case strings.Contains(msg, "timeout while waiting for plugin to start"):
 		return fmt.Errorf("no handshake within start_timeout (%v)%s", startTimeout, p.stderr.suffix()), false
 	case strings.Contains(msg, "Failed to read any lines from plugin's stdout"),
@@ -381,12 +420,64 @@ func (p *proc) handshakeCause(err error, path, pinned string, startTimeout time.
 		return fmt.Errorf("the plugin exited before completing the handshake (wrong handshake cookie, or not a Switchyard plugin?)%s",
 			p.stderr.suffix()), true
 	case strings.HasPrefix(msg, "Unrecognized remote plugin message: "):
+		line := strings.TrimPrefix(first, "Unrecognized remote plugin message: ")
+		if n := strings.Count(line, "|") + 1; n > 1 {
+			return fmt.Errorf("handshake failed: the handshake line %q is malformed: it has %d fields, the protocol expects 5 (%s)%s",
+				truncate(line), n, handshakeFields, p.stderr.suffix()), true
+		}
 		return fmt.Errorf("handshake failed: the plugin printed %q on stdout instead of the handshake line (plugins must not write to stdout)%s",
-			strings.TrimPrefix(first, "Unrecognized remote plugin message: "), p.stderr.suffix()), true
+			truncate(line), p.stderr.suffix()), true
+	case strings.HasPrefix(msg, "unsupported plugin protocol "):
+		return fmt.Errorf("handshake failed: %s: the handshake line has 4 fields or names another protocol; the protocol expects 5 fields (%s), the last one grpc", first, handshakeFields), true
 	case strings.Contains(msg, "ncompatible API version"):
 		return fmt.Errorf("unsupported API version: %s", first), true
 	}
 	return fmt.Errorf("%s%s", first, p.stderr.suffix()), true
+}
+
+// handshakeFields are the fields of a handshake line (docs/plugin-protocol.md §2).
+const handshakeFields = "CORE|APP|NETWORK|ADDRESS|PROTOCOL"
+
+// quoteMax bounds what an error quotes of a plugin's stdout.
+const quoteMax = 100
+
+// truncate shortens s to quoteMax bytes, marking the cut with "...".
+func truncate(s string) string {
+	if len(s) <= quoteMax {
+		return s
+	}
+	return strings.ToValidUTF8(s[:quoteMax], "") + "..."
+}
+
+// errRemoteAddr is checkAddr's error: the handshake gave an address the
+// router does not connect to.
+var errRemoteAddr = errors.New("the handshake address is not a loopback address")
+
+// checkAddr accepts a handshake address the router may connect to: a unix
+// socket, or a TCP address on a loopback IP (127.0.0.0/8, ::1). Anything
+// else is an error wrapping errRemoteAddr; nothing is dialled then.
+func checkAddr(addr net.Addr) error {
+	switch a := addr.(type) {
+	case *net.UnixAddr:
+		return nil
+	case *net.TCPAddr:
+		if a.IP.IsLoopback() {
+			return nil
+		}
+		return fmt.Errorf("%w: the plugin gave TCP address %s; the router connects only to a unix socket or to 127.0.0.1:PORT (loopback), and did not connect", errRemoteAddr, a)
+	}
+	return fmt.Errorf("%w: the plugin gave %s address %s; the router connects only to a unix socket or to 127.0.0.1:PORT", errRemoteAddr, addr.Network(), addr)
+}
+
+// dial connects to the plugin's accepted handshake address (p.addr); it
+// is the gRPC dialer of the plugin's connection.
+func (p *proc) dial(ctx context.Context, _ string) (net.Conn, error) {
+	addr := p.addr.Load()
+	if addr == nil {
+		return nil, errors.New("no accepted handshake address to connect to")
+	}
+	var d net.Dialer
+	return d.DialContext(ctx, (*addr).Network(), (*addr).String())
 }
 
 func fileSHA256(path string) (string, error) {
@@ -403,13 +494,19 @@ func fileSHA256(path string) (string, error) {
 }
 
 // watchExitPipe waits for EOF on the exit pipe (every holder closed it),
-// or for stop to close it, then marks the process exited.
+// or for stop to close it, then marks the process exited, unless the
+// process itself is watched (watchPID): a plugin that closed its fd 3 has
+// not exited, and the process watch sees the real exit.
 func (p *proc) watchExitPipe() {
 	var buf [64]byte
 	for {
 		if _, err := p.exitR.Read(buf[:]); err != nil {
 			break
 		}
+	}
+	<-p.started
+	if p.pidWatched {
+		return
 	}
 	p.markExited()
 }

@@ -35,9 +35,11 @@ func (s *syncBuf) String() string {
 }
 
 // stderrLog logs each stderr line at its level: hclog JSON at its
-// @level (any JSON value as the message, no panic), plain text at info,
-// [LEVEL] prefixes at theirs, a panic and what follows at error; lines
-// may arrive in any pieces, and a line over the bound is cut.
+// @level (any other JSON value as the message rendered as JSON, no
+// panic; no @timestamp field), plain text at info, hclog's plain
+// [LEVEL] prefixes (after a timestamp or not) at theirs and stripped, a
+// panic and what follows at error; control characters are escaped;
+// lines may arrive in any pieces, and a line over the bound is cut.
 func TestStderrLogLevels(t *testing.T) {
 	var out syncBuf
 	log := hclog.New(&hclog.LoggerOptions{Name: "router.p", Level: hclog.Trace, Output: &out, DisableTime: true})
@@ -46,9 +48,15 @@ func TestStderrLogLevels(t *testing.T) {
 		`{"@level":"warn","@message":"disk low","free":3}`,
 		`{"@level":"info","@message":1}`,
 		`{"@level":17,"@message":{"a":[1,2]}}`,
+		`{"@level":"info","@message":"stamped","@timestamp":"2026-01-01T00:00:00.000000Z","n":{"k":"v"}}`,
+		`{"@level":"error","@message":"esc \u001b[31mred\u0000 nul\nnewline","k\u001bk":"v\u001b"}`,
+		"plain \x1b[2Jclear\x00nul \xff bad",
 		`plain words`,
 		`[DEBUG] tagged debug`,
 		`[ERROR] tagged error`,
+		`2026-12-01T19:56:41.608Z [WARN]  stamped warn`,
+		`2026/12/01 19:56:41 [TRACE] log package trace`,
+		`[warn] lower case is plain`,
 		`{not json`,
 		`panic: boom`,
 		`goroutine 1 [running]:`,
@@ -61,13 +69,24 @@ func TestStderrLogLevels(t *testing.T) {
 		}
 	}
 	got := out.String()
+	for _, bad := range []string{"\x1b", "\x00", "\xff", "timestamp", "map["} {
+		if strings.Contains(got, bad) {
+			t.Errorf("log holds %q:\n%s", bad, got)
+		}
+	}
 	for _, want := range []string{
 		`[WARN]  router.p: disk low: free=3`,
 		`[INFO]  router.p: 1`,
-		`[INFO]  router.p: map[a:[1 2]]`,
+		`[INFO]  router.p: {"a":[1,2]}` + "\n",
+		`[INFO]  router.p: stamped: n="{\"k\":\"v\"}"` + "\n",
+		`[ERROR] router.p: esc \x1b[31mred\x00 nul\x0anewline: k\x1bk=v\x1b` + "\n",
+		`[INFO]  router.p: plain \x1b[2Jclear\x00nul \xff bad` + "\n",
 		`[INFO]  router.p: plain words`,
-		`[DEBUG] router.p: [DEBUG] tagged debug`,
-		`[ERROR] router.p: [ERROR] tagged error`,
+		`[DEBUG] router.p: tagged debug` + "\n",
+		`[ERROR] router.p: tagged error` + "\n",
+		`[WARN]  router.p: stamped warn` + "\n",
+		`[TRACE] router.p: log package trace` + "\n",
+		`[INFO]  router.p: [warn] lower case is plain` + "\n",
 		`[INFO]  router.p: {not json`,
 		`[ERROR] router.p: panic: boom`,
 		`[ERROR] router.p: goroutine 1 [running]:`,

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -74,11 +75,15 @@ func testMain(m *testing.M) int {
 }
 
 func testLogger() hclog.Logger {
-	out := io.Discard
+	return hclog.New(&hclog.LoggerOptions{Name: "host", Output: testOutput(), Level: hclog.Debug})
+}
+
+// testOutput is where test hosts log: stderr with -v, else nowhere.
+func testOutput() io.Writer {
 	if testing.Verbose() {
-		out = os.Stderr
+		return os.Stderr
 	}
-	return hclog.New(&hclog.LoggerOptions{Name: "host", Output: out, Level: hclog.Debug})
+	return io.Discard
 }
 
 // newHost returns a host shut down, and checked for leftovers, at the end
@@ -530,29 +535,50 @@ func TestDescribe(t *testing.T) {
 func TestBadPlugins(t *testing.T) {
 	wrongSum := strings.Repeat("ab", 32)
 	tests := []struct {
-		name   string
-		mode   string
-		sha256 string
-		cause  string // substring of the error
-		runs   int    // times the binary must have run
+		name    string
+		mode    string
+		sha256  string
+		dir     bool   // the command is a directory
+		missing bool   // the command does not exist
+		cause   string // substring of the error
+		runs    int    // times the binary must have run
 		// transient: a supervised restart that fails so is retried (a
 		// starved machine can delay a handshake).
 		transient bool
 	}{
 		{name: "cookie", mode: "cookie", cause: "exited before completing the handshake", runs: 1},
 		{name: "version", mode: "version", cause: "unsupported API version", runs: 1},
-		{name: "stdout", mode: "stdout", cause: `printed "hello from the plugin" on stdout`, runs: 1},
+		{name: "stdout", mode: "stdout", cause: `printed "hello from the plugin" on stdout instead of the handshake line`, runs: 1},
+		{name: "fields", mode: "fields", cause: `the handshake line "1|1|unix" is malformed: it has 3 fields, the protocol expects 5 (CORE|APP|NETWORK|ADDRESS|PROTOCOL)`, runs: 1},
+		{name: "fields4", mode: "fields4", cause: `unsupported plugin protocol "netrpc". Supported: [grpc]: the handshake line has 4 fields or names another protocol; the protocol expects 5 fields (CORE|APP|NETWORK|ADDRESS|PROTOCOL), the last one grpc`, runs: 1},
+		{name: "hugeline", mode: "hugeline", cause: "the plugin wrote a line of more than 65536 bytes on stdout before its handshake line", runs: 1},
+		{name: "tcp-remote", mode: "tcp-remote", cause: "the plugin gave TCP address 192.0.2.1:53; the router connects only to a unix socket or to 127.0.0.1:PORT (loopback), and did not connect", runs: 1},
+		{name: "directory", dir: true, cause: " is a directory, not an executable file", runs: 0},
+		{name: "missing", missing: true, cause: "no-such-plugin: no such file or directory", runs: 0},
 		{name: "hang", mode: "hang", cause: "no handshake within start_timeout (2s)", runs: 1, transient: true},
 		{name: "mute-socket", mode: "mute-socket", cause: "no gRPC connection within start_timeout (2s): the plugin accepted the connection but did not speak gRPC", runs: 1, transient: true},
 		{name: "sha256", sha256: wrongSum, cause: "sha256 mismatch", runs: 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHost(t)
+			var log syncBuf
+			h := NewHost(Options{Logger: hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: io.MultiWriter(&log, testOutput())})})
+			t.Cleanup(func() {
+				if err := h.Shutdown(context.Background()); err != nil {
+					t.Errorf("Shutdown: %v", err)
+				}
+				assertNoLeftovers(t)
+			})
 			dir := t.TempDir()
 			b := block("bad-"+tt.name, tt.mode)
 			b.StartTimeout = 2 * time.Second
 			b.SHA256 = tt.sha256
+			if tt.dir {
+				b.Command = t.TempDir()
+			}
+			if tt.missing {
+				b.Command = filepath.Join(t.TempDir(), "no-such-plugin")
+			}
 			b.Env["SY_STARTS"] = filepath.Join(dir, "starts")
 			b.Env["SY_MARKER"] = filepath.Join(dir, "marker")
 
@@ -572,6 +598,14 @@ func TestBadPlugins(t *testing.T) {
 			if tt.name == "sha256" && !errors.Is(err, plugin.ErrChecksumsDoNotMatch) {
 				t.Errorf("error %v does not wrap go-plugin's ErrChecksumsDoNotMatch", err)
 			}
+			if tt.dir && !errors.Is(err, config.ErrCommandIsDirectory) {
+				t.Errorf("error %v does not wrap config.ErrCommandIsDirectory", err)
+			}
+			// The router ended the process (or there was none): no
+			// graceful exit was tried, so none failed.
+			if got := log.String(); strings.Contains(got, "failed to exit gracefully") {
+				t.Errorf("a failed start logged a warning that the plugin failed to exit gracefully:\n%s", got)
+			}
 			t.Logf("Start failed after %v, start_timeout is %v", elapsed, b.StartTimeout)
 			assertNoLeftovers(t)
 
@@ -588,14 +622,51 @@ func TestBadPlugins(t *testing.T) {
 	}
 }
 
-func TestMissingBinary(t *testing.T) {
+// A plugin that closes file descriptor 3 (the router's exit pipe) has
+// not exited: it starts and serves, and its real exit is still seen.
+func TestPluginClosingFD3(t *testing.T) {
 	h := newHost(t)
-	b := block("missing", "")
-	b.Command = filepath.Join(t.TempDir(), "no-such-plugin")
-	_, err := h.Start(context.Background(), b)
-	var se *StartError
-	if !errors.As(err, &se) || !se.Permanent || !strings.Contains(err.Error(), "no such file") {
-		t.Errorf("Start = %v; want a permanent *StartError saying no such file", err)
+	if _, err := h.Start(context.Background(), block("closefd3", "closefd3")); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	p := procOf(t, h, "closefd3")
+	select {
+	case <-p.exited:
+		t.Fatal("the plugin that closed fd 3 is taken as exited")
+	case <-time.After(500 * time.Millisecond):
+	}
+	if !p.pidWatched {
+		t.Skip("no pidfd on this kernel: the exit pipe is the only exit watch")
+	}
+	if err := syscall.Kill(p.pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.exited:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the killed plugin's exit was not seen within 60 s")
+	}
+}
+
+// checkAddr accepts unix sockets and loopback TCP addresses only.
+func TestCheckAddr(t *testing.T) {
+	for _, tt := range []struct {
+		addr net.Addr
+		ok   bool
+	}{
+		{&net.UnixAddr{Net: "unix", Name: "/tmp/sy-1/plugin1"}, true},
+		{&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 10000}, true},
+		{&net.TCPAddr{IP: net.IPv4(127, 1, 2, 3), Port: 10000}, true},
+		{&net.TCPAddr{IP: net.IPv6loopback, Port: 10000}, true},
+		{&net.TCPAddr{IP: net.IPv4(8, 8, 8, 8), Port: 53}, false},
+		{&net.TCPAddr{IP: net.IPv4zero, Port: 10000}, false},
+		{&net.TCPAddr{IP: net.IPv4(10, 0, 0, 1), Port: 10000}, false},
+		{&net.TCPAddr{Port: 10000}, false},
+	} {
+		err := checkAddr(tt.addr)
+		if (err == nil) != tt.ok || err != nil && !errors.Is(err, errRemoteAddr) {
+			t.Errorf("checkAddr(%v) = %v, want ok %v", tt.addr, err, tt.ok)
+		}
 	}
 }
 

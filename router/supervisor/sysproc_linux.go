@@ -14,16 +14,19 @@ import (
 
 // watchPID calls exited once process pid (a child of ours) has exited,
 // without reaping it: go-plugin reaps it. It watches a pidfd, so it sees
-// the exit even while a descendant holds the plugin's pipes. When no pidfd
-// can be had (a kernel before 5.3) it does nothing: the exit pipe is the
-// only watch then.
-func watchPID(pid int, exited func()) {
+// the exit even while a descendant holds the plugin's pipes, or after the
+// plugin closed its end of the exit pipe. It reports whether it watches
+// (or the process is gone already, and exited was called); when no pidfd
+// can be had (a kernel before 5.3) it does nothing and returns false: the
+// exit pipe is the only watch then.
+func watchPID(pid int, exited func()) bool {
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		if errors.Is(err, unix.ESRCH) {
 			exited()
+			return true
 		}
-		return
+		return false
 	}
 	go func() {
 		defer func() { _ = unix.Close(fd) }()
@@ -36,6 +39,7 @@ func watchPID(pid int, exited func()) {
 		}
 		exited()
 	}()
+	return true
 }
 
 // sysProcAttr puts the plugin in its own process group, so Shutdown can

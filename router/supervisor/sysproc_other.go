@@ -23,5 +23,6 @@ func groupAlive(pgid int) bool {
 // thread does not matter.
 func startPinned(start func() error, _ <-chan struct{}) error { return start() }
 
-// watchPID does nothing here: the exit pipe is the only exit watch.
-func watchPID(int, func()) {}
+// watchPID does nothing here and returns false: the exit pipe is the only
+// exit watch.
+func watchPID(int, func()) bool { return false }

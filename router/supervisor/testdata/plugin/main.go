@@ -54,6 +54,14 @@
 //	nowait     serve the good types and t-classify, a classifier wanting
 //	           events, whose Classify calls are answered at once, without
 //	           waiting for events_through
+//	fields     print the handshake line "1|1|unix" (3 fields), then hang
+//	fields4    print the handshake line "1|1|unix|/nonexistent/sock" (no
+//	           protocol field), then hang
+//	hugeline   print a line of 100000 bytes on stdout, then hang
+//	tcp-remote print a handshake line with the TCP address 192.0.2.1:53
+//	           (TEST-NET-1, not loopback), then hang
+//	closefd3   close file descriptor 3 (the router's exit pipe), then
+//	           serve
 //	stderr     write to stderr, before serving, the plain line "plain line
 //	           from the plugin" and two hclog JSON lines, "json warn line"
 //	           at warn and "json debug line" at debug
@@ -122,6 +130,23 @@ func main() {
 		serve()
 	case "hang":
 		time.Sleep(time.Hour)
+	case "fields":
+		fmt.Println("1|1|unix")
+		time.Sleep(time.Hour)
+	case "fields4":
+		fmt.Println("1|1|unix|/nonexistent/sock")
+		time.Sleep(time.Hour)
+	case "hugeline":
+		fmt.Println(strings.Repeat("x", 100000))
+		time.Sleep(time.Hour)
+	case "tcp-remote":
+		fmt.Println("1|1|tcp|192.0.2.1:53|grpc")
+		time.Sleep(time.Hour)
+	case "closefd3":
+		if err := syscall.Close(3); err != nil {
+			panic(err)
+		}
+		serve()
 	case "mute-socket":
 		// Handshakes on a socket that accepts connections and never
 		// speaks gRPC (nor anything else).
