@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -27,10 +28,15 @@ import (
 type wire struct {
 	c    pluginv1.PluginClient
 	role shared.Role
+	// startTimeout bounds each Configure, as the router bounds one.
+	startTimeout time.Duration
 }
 
-func newWire(conn *grpc.ClientConn, role shared.Role) *wire {
-	return &wire{c: pluginv1.NewPluginClient(conn), role: role}
+func newWire(conn *grpc.ClientConn, role shared.Role, startTimeout time.Duration) *wire {
+	if startTimeout <= 0 {
+		startTimeout = config.DefaultStartTimeout
+	}
+	return &wire{c: pluginv1.NewPluginClient(conn), role: role, startTimeout: startTimeout}
 }
 
 // answerWait bounds how long a wire check waits for the answers it is
@@ -114,7 +120,7 @@ func (w *wire) checkBoundaries(ctx context.Context, t shared.TypeInfo, params sh
 }
 
 // configure configures instance of t with params over the wire, under the
-// start timeout's default.
+// plugin's start timeout.
 func (w *wire) configure(ctx context.Context, t shared.TypeInfo, instance string, params shared.Params) (*pluginv1.ConfigureResponse, error) {
 	req := &pluginv1.ConfigureRequest{Instance: instance, Type: t.Name, Role: string(instanceRole(t, w.role)), BlockSize: 16,
 		Params: make(map[string]*pluginv1.Value, len(params))}
@@ -125,7 +131,7 @@ func (w *wire) configure(ctx context.Context, t shared.TypeInfo, instance string
 		}
 		req.Params[name] = pv
 	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, w.startTimeout)
 	defer cancel()
 	return w.c.Configure(cctx, req)
 }
