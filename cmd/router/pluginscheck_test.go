@@ -128,7 +128,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 		}},
 		{"stdout after the handshake", []string{faulty, "--env", "SY_TEST_MODE=stdout-after", "--type", "t-max-active"}, []string{
 			`PASS health`,
-			`FAIL stdout: expected nothing on stdout after the handshake (log to stderr), got 168 bytes, starting "configured t-max-active\nconfigured t-max-active\nconfigured t-max-active\nconfigur"`,
+			`FAIL stdout: expected nothing on stdout after the handshake (log to stderr), got 192 bytes, starting "configured t-max-active\nconfigured t-max-active\nconfigured t-max-active\nconfigur"`,
 		}},
 		{"no exit at shutdown", []string{faulty, "--env", "SY_TEST_MODE=linger", "--type", "t-lowest"}, []string{
 			`PASS decide "t-lowest" rows=4096`,
@@ -143,7 +143,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`FAIL configure "lowest-cost": expected the instance configured with its defaults, got lowest-cost: role not supported: configured for "aggregated"`,
 		}},
 		{"unknown type", []string{faulty, "--type", "nope"}, []string{
-			`FAIL type nope: expected a type the plugin declares, got "t-max-active", "t-active", "t-lowest"`,
+			`FAIL type nope: expected one of the types the plugin declares ("t-max-active", "t-active", "t-lowest"), got "nope"`,
 		}},
 		{"config for no type", []string{faulty, "--config", "nope=1"}, []string{
 			`FAIL config nope: expected a parameter of a checked type, got no checked type declares "nope"`,
@@ -153,7 +153,37 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`PASS decide "t-max-active" rows=4096`,
 		}},
 		{"boundary crashes the plugin", []string{faulty, "--env", "SY_TEST_MODE=boundcrash", "--type", "t-max-active"}, []string{
-			`FAIL configure "t-max-active" boundaries of "max": expected -9223372036854775808 accepted, or refused with a Diagnostic naming "max", got rpc error: code = Unavailable`,
+			`PASS configure "t-max-active" inputs (ACTIVE_REQUESTS, a subset of its type's)`,
+			`FAIL configure "t-max-active" boundaries of "max": expected -9223372036854775808 accepted, or refused with a Diagnostic naming "max", got the plugin exited (exit status 3)` + "\n",
+			`SKIP decide "t-max-active": not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP latency "t-max-active": not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP decide batch: not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP health: not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP shutdown: not run: the plugin exited (exit status 3)` + "\n",
+			"PASS stdout",
+		}},
+		{"crash in Configure", []string{faulty, "--env", "SY_TEST_MODE=crash", "--env", "SY_STARTS=" + startedOnce(t)}, []string{
+			`FAIL configure "t-max-active": expected the instance configured with its defaults, got the plugin exited (exit status 3)` + "\n",
+			`SKIP configure "t-active": not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP configure "t-lowest": not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP health: not run: the plugin exited (exit status 3)` + "\n",
+		}},
+		{"type names the loader refuses", []string{faulty, "--env", "SY_TEST_MODE=names", "--env", "SY_TYPE_NAMES=my.type,min-cost,default", "--type", "my.type"}, []string{
+			`FAIL schema type "min-cost": expected a name no built-in type has, got the name of the built-in picker type: the router refuses the plugin (Duplicate component type)` + "\n",
+			`FAIL schema type "default": expected a name of letters, digits, '_', '.' and '-', not "default", got name "default" is reserved` + "\n",
+			`PASS configure "my.type"` + "\n",
+		}},
+		{"no types", []string{faulty, "--env", "SY_TEST_MODE=no-types"}, []string{
+			"FAIL handshake: expected a Describe answer declaring at least one component type, got none: nothing to check\n",
+		}},
+		{"instance inputs beyond the type's", []string{faulty, "--env", "SY_TEST_MODE=extra-inputs", "--type", "t-lowest"}, []string{
+			`FAIL configure "t-lowest" inputs: expected the instance's inputs a subset of its type's (none), got ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (0x1f), of which ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (0x1f) beyond its type's` + "\n",
+		}},
+		{"filtered_by with kept rows", []string{faulty, "--env", "SY_TEST_MODE=filtered-kept", "--type", "t-max-active"}, []string{
+			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got for task 4611686018427387905 (4096 rows): filtered_by "check/t-max-active" with 1 kept rows (filtered_by means no row was kept)` + "\n",
+		}},
+		{"config refused", []string{faulty, "--type", "t-active", "--config", "factor=-1"}, []string{
+			`FAIL configure "t-active": expected the instance configured with its defaults and --config values, got `,
 		}},
 		{"duplicate result", []string{faulty, "--env", "SY_TEST_MODE=decide-dup", "--type", "t-lowest"}, []string{
 			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got a second result for task 4611686018427387905`,
@@ -169,7 +199,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`FAIL events "t-classify" events_through: expected DEADLINE_EXCEEDED with events_through 5, never sent, got an answer`,
 		}},
 		{"config of the wrong type", []string{faulty, "--type", "t-max-active", "--config", "max=lots"}, []string{
-			`FAIL configure "t-max-active": expected --config max=VALUE a int, got "lots": strconv.ParseInt: parsing "lots": invalid syntax`,
+			`FAIL configure "t-max-active": expected --config max=VALUE an int, got "lots": strconv.ParseInt: parsing "lots": invalid syntax`,
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -183,6 +213,31 @@ func TestPluginsCheckFailures(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// startedOnce returns a file holding one start line, as the faulty
+// plugin's SY_STARTS after one start: its crash mode then crashes on
+// every Configure.
+func startedOnce(t *testing.T) string {
+	t.Helper()
+	return writeFile(t, "starts", "1 1\n")
+}
+
+// TestPluginsCheckDuplicateType: a type declared twice fails the schema
+// check and is configured and decided once.
+func TestPluginsCheckDuplicateType(t *testing.T) {
+	code, out, errOut := routerRun(t, "plugins", "check", examplePlugin(t, "faulty"), "--env", "SY_TEST_MODE=dup-type")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if want := `FAIL schema type "t-classify": expected type names unique, got a second type of that name` + "\n"; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+	for _, line := range []string{`PASS configure "t-classify"` + "\n", `PASS classify "t-classify" (19 calls, 16 at once)` + "\n"} {
+		if n := strings.Count(out, line); n != 1 {
+			t.Errorf("%d lines %q, want 1:\n%s", n, line, out)
+		}
 	}
 }
 

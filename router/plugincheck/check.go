@@ -207,6 +207,7 @@ func Run(ctx context.Context, o Options) []Result {
 		return r.out
 	}
 	r.exited = proc.Exited
+	relayed := servesStdio(ctx, proc.Conn)
 	w := newWire(proc.Conn, o.Role, o.Plugin.StartTimeout)
 	var deciders []configured
 	for _, t := range types {
@@ -221,6 +222,7 @@ func Run(ctx context.Context, o Options) []Result {
 			if comp == nil {
 				return results
 			}
+			results = append(results, w.checkInputs(ctx, t, params))
 			return append(results, w.checkBoundaries(ctx, t, params)...)
 		}, configureName)
 		if comp == nil {
@@ -240,7 +242,6 @@ func Run(ctx context.Context, o Options) []Result {
 		r.step(func() []Result { return []Result{w.checkStreams(ctx, deciders)} }, fmt.Sprintf("decide streams=%d", streams))
 	}
 	r.step(func() []Result { return []Result{checkHealth(ctx, host, o.Plugin.Name)} }, "health")
-	relayed := r.gone == "" && servesStdio(ctx, proc.Conn)
 	r.step(func() []Result {
 		r.mu.Lock()
 		r.shuttingDown = true
@@ -402,7 +403,11 @@ func (r *run) step(f func() []Result, names ...string) {
 		return
 	}
 	rs := f()
-	if !Failed(rs) || !r.died() {
+	r.mu.Lock()
+	stopping := r.shuttingDown
+	r.mu.Unlock()
+	// A failed shutdown check is about how the process exits, not a death.
+	if !Failed(rs) || stopping || !r.died() {
 		r.add(rs...)
 		return
 	}

@@ -54,6 +54,14 @@
 //	nowait     serve the good types and t-classify, a classifier wanting
 //	           events, whose Classify calls are answered at once, without
 //	           waiting for events_through
+//	names      serve the good types renamed, in order, to the
+//	           comma-separated names of SY_TYPE_NAMES
+//	no-types, dup-type, extra-inputs, filtered-kept
+//	           serve the good types, but Describe declares no type
+//	           (no-types) or t-lowest twice (dup-type); Configure answers
+//	           every input (extra-inputs); the Decide result of task
+//	           2^62+1 keeps row 0 and names its instance in filtered_by
+//	           (filtered-kept)
 //	stderr     write to stderr, before serving, the plain line "plain line
 //	           from the plugin" and two hclog JSON lines, "json warn line"
 //	           at warn and "json debug line" at debug
@@ -196,6 +204,16 @@ func main() {
 	case "linger":
 		serve()
 		time.Sleep(time.Hour)
+	case "names":
+		ts := types()
+		for i, name := range strings.Split(os.Getenv("SY_TYPE_NAMES"), ",") {
+			ts[i].Name = name
+		}
+		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
+	case "no-types", "dup-type", "extra-inputs":
+		serveIntercepted(grpc.UnaryInterceptor(mangleUnary(os.Getenv("SY_TEST_MODE"))))
+	case "filtered-kept":
+		serveIntercepted(grpc.StreamInterceptor(mangleDecide("filtered-kept")))
 	case "decide-dup", "decide-extra", "decide-drop":
 		serveIntercepted(grpc.StreamInterceptor(mangleDecide(os.Getenv("SY_TEST_MODE"))))
 	case "badbound":
@@ -309,6 +327,27 @@ func mangleDecide(mode string) grpc.StreamServerInterceptor {
 	}
 }
 
+// mangleUnary breaks the Describe or Configure answers as mode says.
+func mangleUnary(mode string) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		switch r := resp.(type) {
+		case *pluginv1.DescribeResponse:
+			switch mode {
+			case "no-types":
+				r.Types = nil
+			case "dup-type":
+				r.Types = append(r.Types, r.Types[len(r.Types)-1])
+			}
+		case *pluginv1.ConfigureResponse:
+			if mode == "extra-inputs" && len(r.GetDiagnostics()) == 0 {
+				r.Inputs = uint32(shared.AllInputs)
+			}
+		}
+		return resp, err
+	}
+}
+
 type mangled struct {
 	grpc.ServerStream
 	mode string
@@ -330,6 +369,9 @@ func (m *mangled) SendMsg(msg any) error {
 			out.Results = append(out.Results, r, r)
 		case "decide-extra":
 			out.Results = append(out.Results, r, &pluginv1.DecideResult{TaskId: 7, Picked: -1})
+		case "filtered-kept":
+			r.Kept, r.FilteredBy = []uint32{0}, "check/t-max-active"
+			out.Results = append(out.Results, r)
 		}
 	}
 	if len(out.Results) == 0 {
