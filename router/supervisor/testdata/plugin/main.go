@@ -62,6 +62,9 @@
 //	           every input (extra-inputs); the Decide result of task
 //	           2^62+1 keeps row 0 and names its instance in filtered_by
 //	           (filtered-kept)
+//	no-reflection
+//	           serve the good types, refusing gRPC server reflection
+//	           (Unimplemented), as a plugin not built on go-plugin does
 //	stderr     write to stderr, before serving, the plain line "plain line
 //	           from the plugin" and two hclog JSON lines, "json warn line"
 //	           at warn and "json debug line" at debug
@@ -69,7 +72,8 @@
 // SY_STARTS names a file it appends a line ("pid unixnano") to at every
 // start, and SY_MARKER a file it creates, so tests can tell whether (and
 // how often, and when) it ran. SY_ENV_OUT names a file it writes its
-// environment to, one NAME=VALUE a line.
+// environment to, one NAME=VALUE a line, and SY_ARGS_OUT one it writes its
+// arguments to, one a line.
 package main
 
 import (
@@ -92,6 +96,8 @@ import (
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/switchyard-router/switchyard/builtin"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
@@ -115,6 +121,9 @@ func main() {
 	}
 	if f := os.Getenv("SY_ENV_OUT"); f != "" {
 		_ = os.WriteFile(f, []byte(strings.Join(os.Environ(), "\n")+"\n"), 0o600)
+	}
+	if f := os.Getenv("SY_ARGS_OUT"); f != "" {
+		_ = os.WriteFile(f, []byte(strings.Join(os.Args[1:], "\n")+"\n"), 0o600)
 	}
 	switch os.Getenv("SY_TEST_MODE") {
 	case "cookie":
@@ -212,6 +221,13 @@ func main() {
 		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
 	case "no-types", "dup-type", "extra-inputs":
 		serveIntercepted(grpc.UnaryInterceptor(mangleUnary(os.Getenv("SY_TEST_MODE"))))
+	case "no-reflection":
+		serveIntercepted(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if strings.HasPrefix(info.FullMethod, "/grpc.reflection.") {
+				return status.Error(codes.Unimplemented, "no reflection")
+			}
+			return h(srv, ss)
+		}))
 	case "filtered-kept":
 		serveIntercepted(grpc.StreamInterceptor(mangleDecide("filtered-kept")))
 	case "decide-dup", "decide-extra", "decide-drop":
@@ -369,7 +385,14 @@ func (m *mangled) SendMsg(msg any) error {
 			out.Results = append(out.Results, r, r)
 		case "decide-extra":
 			out.Results = append(out.Results, r, &pluginv1.DecideResult{TaskId: 7, Picked: -1})
-		case "filtered-kept":
+		case "no-reflection":
+		serveIntercepted(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if strings.HasPrefix(info.FullMethod, "/grpc.reflection.") {
+				return status.Error(codes.Unimplemented, "no reflection")
+			}
+			return h(srv, ss)
+		}))
+	case "filtered-kept":
 			r.Kept, r.FilteredBy = []uint32{0}, "check/t-max-active"
 			out.Results = append(out.Results, r)
 		}
