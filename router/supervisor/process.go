@@ -271,7 +271,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 	stopAfter()
 	cancel()
 	if err != nil {
-		return failStarted(false, fmt.Errorf("describe: %w", err))
+		return failStarted(false, err) // err says "plugin describe"
 	}
 	if desc == nil {
 		return failStarted(true, errors.New("describe: empty answer"))
