@@ -185,9 +185,6 @@ func TestPluginsCheckFailures(t *testing.T) {
 		{"filtered_by with kept rows", []string{faulty, "--env", "SY_TEST_MODE=filtered-kept", "--type", "t-max-active"}, []string{
 			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got for task 4611686018427387905 (4096 rows): filtered_by "check/t-max-active" with 1 kept rows (filtered_by means no row was kept)` + "\n",
 		}},
-		{"stdout not observable", []string{faulty, "--env", "SY_TEST_MODE=no-reflection", "--type", "t-lowest"}, []string{
-			"SKIP stdout: not observable: the plugin serves no plugin.GRPCStdio service, and what it writes to stdout after the handshake is read and dropped unseen\n",
-		}},
 		{"config refused", []string{faulty, "--type", "t-active", "--config", "factor=-1"}, []string{
 			`FAIL configure "t-active": expected the instance configured with its defaults and --config values, got `,
 		}},
@@ -323,6 +320,23 @@ func TestPluginsCheckJSON(t *testing.T) {
 		if !passed[name] {
 			t.Errorf("check %q did not pass: %s", name, out)
 		}
+	}
+}
+
+// stdoutSkip is the stdout check's line for a plugin that serves no
+// go-plugin stdio service.
+const stdoutSkip = "SKIP stdout: not observable: the plugin serves no plugin.GRPCStdio service, and what it writes to stdout after the handshake is read and dropped unseen"
+
+// TestPluginsCheckStdoutNotObservable: a plugin whose gRPC server does not
+// list go-plugin's stdio service (here: refusing reflection) gets the
+// stdout check skipped, saying why, and passes (exit 0).
+func TestPluginsCheckStdoutNotObservable(t *testing.T) {
+	code, out, errOut := routerRun(t, "plugins", "check", examplePlugin(t, "faulty"), "--env", "SY_TEST_MODE=no-reflection", "--type", "t-lowest")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "\n"+stdoutSkip+"\n") || strings.Contains(out, "PASS stdout") {
+		t.Errorf("output lacks %q:\n%s", stdoutSkip, out)
 	}
 }
 
