@@ -385,13 +385,6 @@ func (m *mangled) SendMsg(msg any) error {
 			out.Results = append(out.Results, r, r)
 		case "decide-extra":
 			out.Results = append(out.Results, r, &pluginv1.DecideResult{TaskId: 7, Picked: -1})
-		case "no-reflection":
-			serveIntercepted(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-				if strings.HasPrefix(info.FullMethod, "/grpc.reflection.") {
-					return status.Error(codes.Unimplemented, "no reflection")
-				}
-				return h(srv, ss)
-			}))
 		case "filtered-kept":
 			r.Kept, r.FilteredBy = []uint32{0}, "check/t-max-active"
 			out.Results = append(out.Results, r)
