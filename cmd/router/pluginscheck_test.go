@@ -186,7 +186,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got for task 4611686018427387905 (4096 rows): filtered_by "check/t-max-active" with 1 kept rows (filtered_by means no row was kept)` + "\n",
 		}},
 		{"config refused", []string{faulty, "--type", "t-active", "--config", "factor=-1"}, []string{
-			`FAIL configure "t-active": expected the instance configured with its defaults and --config values, got `,
+			`FAIL configure "t-active": expected the instance configured with its defaults and --config values, got parameter "factor": must be a finite number >= 0, got -1` + "\n",
 		}},
 		{"duplicate result", []string{faulty, "--env", "SY_TEST_MODE=decide-dup", "--type", "t-lowest"}, []string{
 			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got a second result for task 4611686018427387905`,
