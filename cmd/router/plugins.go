@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -25,11 +26,7 @@ func newPluginsCmd() *cobra.Command {
 		Short: "Inspect out-of-process plugin binaries",
 		Args:  noArgs,
 	}
-	var (
-		startTimeout          time.Duration
-		env, passEnv          []string
-		policyFile, blockName string
-	)
+	var src pluginSource
 	describe := &cobra.Command{
 		Use:   "describe (BINARY [ARGS...] | --policy FILE --plugin NAME)",
 		Short: "Start a plugin binary and print its component types",
@@ -44,36 +41,11 @@ only the environment --env and --pass-env give it. With --policy FILE
 --plugin NAME it runs the plugin block NAME of the policy file instead, with
 that block's command, args, env, pass_env, sha256 and start_timeout (the
 rest of the file is not checked).`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if policyFile != "" || blockName != "" {
-				if policyFile == "" || blockName == "" {
-					return fmt.Errorf("--policy FILE and --plugin NAME go together; see '%s --help'", cmd.CommandPath())
-				}
-				if len(args) > 0 || len(env) > 0 || len(passEnv) > 0 || cmd.Flags().Changed("start-timeout") {
-					return fmt.Errorf("with --policy, the plugin block gives the command, its arguments, environment and start timeout: give no BINARY, --env, --pass-env or --start-timeout; see '%s --help'", cmd.CommandPath())
-				}
-				return nil
-			}
-			if len(args) == 0 {
-				return fmt.Errorf("%s takes a plugin binary to start (and its arguments), or --policy FILE --plugin NAME; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
-			}
-			return nil
-		},
+		Args: func(cmd *cobra.Command, args []string) error { return src.validate(cmd, args) },
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var b config.Plugin
-			if policyFile != "" {
-				var err error
-				if b, err = pluginBlock(cmd.ErrOrStderr(), policyFile, blockName); err != nil {
-					return &exitError{code: 1, err: err}
-				}
-			} else {
-				if startTimeout <= 0 {
-					return fmt.Errorf("--start-timeout %v: want %s", startTimeout, positiveDurationWant)
-				}
-				var err error
-				if b, err = binaryPlugin(args, env, passEnv, startTimeout); err != nil {
-					return err
-				}
+			b, err := src.plugin(cmd, args)
+			if err != nil {
+				return err
 			}
 			host := supervisor.NewHost(supervisor.Options{Logger: pluginLogger(cmd.Context(), cmd.ErrOrStderr())})
 			defer shutdownHost(host)
@@ -84,15 +56,64 @@ rest of the file is not checked).`,
 			return printDescription(cmd.OutOrStdout(), b.Command, d)
 		},
 	}
-	f := describe.Flags()
-	f.DurationVar(&startTimeout, "start-timeout", config.DefaultStartTimeout, "bound on the plugin's start and handshake")
-	f.StringArrayVar(&env, "env", nil, "NAME=VALUE: a variable of the plugin's environment, as in a plugin block's env (repeatable)")
-	f.StringArrayVar(&passEnv, "pass-env", nil, "NAME: pass this variable of the router's environment on to the plugin, as a plugin block's pass_env (repeatable)")
-	f.StringVar(&policyFile, "policy", "", "policy file whose plugin block --plugin names to run")
-	f.StringVar(&blockName, "plugin", "", "name of the plugin block of --policy to run")
-	setWant(f, "start-timeout", positiveDurationWant)
+	src.addFlags(describe.Flags())
 	cmd.AddCommand(describe, newPluginsCheckCmd())
 	return cmd
+}
+
+// pluginSource is how `router plugins describe` and `router plugins check`
+// are told which plugin to start: BINARY [ARGS...] with --env, --pass-env
+// and --start-timeout, or --policy FILE --plugin NAME.
+type pluginSource struct {
+	startTimeout          time.Duration
+	env, passEnv          []string
+	policyFile, blockName string
+}
+
+// addFlags declares the flags of s on f.
+func (s *pluginSource) addFlags(f *pflag.FlagSet) {
+	f.DurationVar(&s.startTimeout, "start-timeout", config.DefaultStartTimeout, "bound on the plugin's start and handshake")
+	f.StringArrayVar(&s.env, "env", nil, "NAME=VALUE: a variable of the plugin's environment, as in a plugin block's env (repeatable)")
+	f.StringArrayVar(&s.passEnv, "pass-env", nil, "NAME: pass this variable of the router's environment on to the plugin, as a plugin block's pass_env (repeatable)")
+	f.StringVar(&s.policyFile, "policy", "", "policy file whose plugin block --plugin names to run")
+	f.StringVar(&s.blockName, "plugin", "", "name of the plugin block of --policy to run")
+	setWant(f, "start-timeout", positiveDurationWant)
+}
+
+// validate checks that args and the flags name one plugin, one way: a
+// usage error otherwise.
+func (s *pluginSource) validate(cmd *cobra.Command, args []string) error {
+	if s.policyFile != "" || s.blockName != "" {
+		if s.policyFile == "" || s.blockName == "" {
+			return fmt.Errorf("--policy FILE and --plugin NAME go together; see '%s --help'", cmd.CommandPath())
+		}
+		if len(args) > 0 || len(s.env) > 0 || len(s.passEnv) > 0 || cmd.Flags().Changed("start-timeout") {
+			return fmt.Errorf("with --policy, the plugin block gives the command, its arguments, environment and start timeout: give no BINARY, --env, --pass-env or --start-timeout; see '%s --help'", cmd.CommandPath())
+		}
+		return nil
+	}
+	if len(args) == 0 {
+		return fmt.Errorf("%s takes a plugin binary to start (and its arguments), or --policy FILE --plugin NAME; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
+	}
+	if s.startTimeout <= 0 {
+		return fmt.Errorf("--start-timeout %v: want %s", s.startTimeout, positiveDurationWant)
+	}
+	return nil
+}
+
+// plugin is the plugin block to start, once validate passed: the --policy
+// file's block (an *exitError of code 1 when it cannot be had), or args
+// and the flags (an *exitError of code 1 wrapping
+// config.ErrCommandNotFound when BINARY is not found on PATH).
+func (s *pluginSource) plugin(cmd *cobra.Command, args []string) (config.Plugin, error) {
+	if s.policyFile != "" {
+		b, err := pluginBlock(cmd.ErrOrStderr(), s.policyFile, s.blockName)
+		if err != nil {
+			return b, &exitError{code: 1, err: err}
+		}
+		return b, nil
+	}
+	return binaryPlugin(args, s.env, s.passEnv, s.startTimeout)
 }
 
 // binaryPlugin is the plugin block `router plugins describe BINARY ARGS...`

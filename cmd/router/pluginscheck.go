@@ -14,23 +14,30 @@ import (
 
 func newPluginsCheckCmd() *cobra.Command {
 	var (
-		startTimeout time.Duration
-		callTimeout  time.Duration
-		env, passEnv []string
-		configKV     []string
-		onlyType     string
-		role         string
-		asJSON       bool
+		src         pluginSource
+		callTimeout time.Duration
+		configKV    []string
+		onlyType    string
+		role        string
+		asJSON      bool
 	)
 	cmd := &cobra.Command{
-		Use:   "check BINARY [ARGS...]",
+		Use:   "check (BINARY [ARGS...] | --policy FILE --plugin NAME)",
 		Short: "Run a plugin binary through the protocol's conformance checks",
 		Long: `Start a plugin binary as the router would, and check it against the plugin
-protocol (docs/plugin-protocol.md, section 9 lists every check):
+protocol (docs/plugin-protocol.md, section 9 lists every check). BINARY
+without a slash is looked up on PATH; it gets only the environment --env and
+--pass-env give it. With --policy FILE --plugin NAME the plugin block NAME of
+the policy file is started instead, with that block's command, args, env,
+pass_env, sha256 and start_timeout. Put "--" before BINARY when its
+arguments look like flags: router plugins check -- node x.js --log-level debug.
 
   handshake        the handshake line first, then a usable Describe
-  schema           unique identifier-like type and parameter names, defaults of
-                   the declared type, a doc on every type and parameter
+  schema           at least one type; type names the policy loader accepts
+                   (letters, digits, '_', '.' and '-', not "default", no
+                   built-in type's name), unique; identifier-like parameter
+                   names, unique per type; defaults of the declared type; a
+                   doc on every type and parameter
   configure        every type (or --type T) with its defaults plus --config
                    (needed for required parameters), for --role; a value of the
                    wrong type, and each parameter at its type's boundaries (int
@@ -51,46 +58,85 @@ protocol (docs/plugin-protocol.md, section 9 lists every check):
   health           5 grpc.health.v1 checks of "plugin" in a row answer SERVING;
                    a WARNING when one takes over the router's 2 s probe deadline
   shutdown         an exit within 1.5 s of being asked to stop
-  stdout           nothing on stdout after the handshake (a Go plugin's
-                   os.Stdout, as go-plugin relays it)
+  stdout           nothing on stdout after the handshake, as go-plugin's stdio
+                   service relays it (a Go plugin's os.Stdout); SKIP when the
+                   plugin serves no such service: its stdout is then unseen
   parent death     a second copy, started under a parent that is then
                    SIGKILLed, exits and removes its socket directory within
                    10 s
 
-It prints one line per check, "PASS name (note)" or "FAIL name: expected X,
-got Y", plus "WARNING name: ..." after a passing check the router would
-still act on (with --json one JSON object with a "checks" array), and exits
-0 only when every check passed, 1 otherwise. Calls get a minute each:
-latency is reported, not failed. In "go test", package shared/plugintest
-runs the same checks.`,
-		Args: func(cmd *cobra.Command, args []string) error {
-			if len(args) == 0 {
-				return fmt.Errorf("%s takes a plugin binary to start (and its arguments); see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
-			}
-			return nil
-		},
+It prints one line per check as it completes, "PASS name (note)" or "FAIL
+name: expected X, got Y", plus "WARNING name: ..." after a passing check the
+router would still act on; once the plugin process is gone (it exited or
+was killed), the first FAIL says how, and the checks needing it print "SKIP
+name: not run: ...". With --json it prints one JSON object at the end, with a
+"checks" array (or an "error" when the checks could not start). It exits 0
+only when no check failed, 1 otherwise (2 on a usage error). Describe and
+each Configure get --start-timeout; other calls a minute each: latency is
+reported, not failed. In "go test", package shared/plugintest runs the same
+checks.`,
+		// Arguments are checked in RunE, so that with --json a usage
+		// error is a JSON document too.
+		Args: cobra.ArbitraryArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if startTimeout <= 0 {
-				return fmt.Errorf("--start-timeout %v: want %s", startTimeout, positiveDurationWant)
-			}
-			b, err := binaryPlugin(args, env, passEnv, startTimeout)
-			if err != nil {
+			stdout := cmd.OutOrStdout()
+			// runErr reports an error that kept the checks from running:
+			// with --json as a JSON document too.
+			runErr := func(err error) error {
+				if asJSON {
+					if werr := plugincheck.WriteJSON(stdout, plugincheck.Report{Error: err.Error()}); werr != nil {
+						return werr
+					}
+				}
 				return err
+			}
+			if err := src.validate(cmd, args); err != nil {
+				return runErr(err)
 			}
 			cfg, err := plugincheck.ParseConfig(configKV)
 			if err != nil {
-				return err
+				return runErr(err)
 			}
 			if !shared.Role(role).Valid() {
-				return fmt.Errorf("--role %q: want aggregated, prefill or decode", role)
+				return runErr(fmt.Errorf("--role %q: want aggregated, prefill or decode", role))
 			}
 			if callTimeout <= 0 {
-				return fmt.Errorf("--call-timeout %v: want %s", callTimeout, positiveDurationWant)
+				return runErr(fmt.Errorf("--call-timeout %v: want %s", callTimeout, positiveDurationWant))
 			}
-			results := plugincheck.Run(cmd.Context(), plugincheck.Options{Plugin: b, Config: cfg, Type: onlyType,
-				Role: shared.Role(role), CallTimeout: callTimeout, Logger: pluginLogger(cmd.Context(), cmd.ErrOrStderr())})
-			if err := plugincheck.Print(cmd.OutOrStdout(), results, asJSON); err != nil {
-				return err
+			var results []plugincheck.Result
+			b, err := src.plugin(cmd, args)
+			switch {
+			case errors.Is(err, config.ErrCommandNotFound):
+				// As a path that does not exist: the handshake fails.
+				results = []plugincheck.Result{{Name: "handshake", Expected: "the handshake line, then a usable Describe answer", Got: err.Error()}}
+				if !asJSON {
+					if err := plugincheck.WriteText(stdout, results[0]); err != nil {
+						return err
+					}
+				}
+			case err != nil:
+				return runErr(err)
+			default:
+				o := plugincheck.Options{Plugin: b, Config: cfg, Type: onlyType, Role: shared.Role(role), CallTimeout: callTimeout,
+					Logger: pluginLogger(cmd.Context(), cmd.ErrOrStderr())}
+				var writeErr error
+				if !asJSON {
+					// Each line as its check completes.
+					o.Report = func(r plugincheck.Result) {
+						if writeErr == nil {
+							writeErr = plugincheck.WriteText(stdout, r)
+						}
+					}
+				}
+				results = plugincheck.Run(cmd.Context(), o)
+				if writeErr != nil {
+					return writeErr
+				}
+			}
+			if asJSON {
+				if err := plugincheck.WriteJSON(stdout, plugincheck.Report{Checks: results}); err != nil {
+					return err
+				}
 			}
 			if plugincheck.Failed(results) {
 				return &exitError{code: 1, err: errChecksFailed}
@@ -99,15 +145,12 @@ runs the same checks.`,
 		},
 	}
 	f := cmd.Flags()
-	f.DurationVar(&startTimeout, "start-timeout", config.DefaultStartTimeout, "bound on the plugin's start and handshake")
+	src.addFlags(f)
 	f.DurationVar(&callTimeout, "call-timeout", config.DefaultCallTimeout, "the plugin block's call_timeout that call latency is compared with (a warning when above)")
-	f.StringArrayVar(&env, "env", nil, "NAME=VALUE: a variable of the plugin's environment, as in a plugin block's env (repeatable)")
-	f.StringArrayVar(&passEnv, "pass-env", nil, "NAME: pass this variable of the router's environment on to the plugin, as a plugin block's pass_env (repeatable)")
 	f.StringArrayVar(&configKV, "config", nil, "PARAM=VALUE: a parameter value for every type declaring PARAM, parsed as its declared type (repeatable; needed for required parameters)")
 	f.StringVar(&onlyType, "type", "", "check only the component type of this name")
 	f.StringVar(&role, "role", string(shared.RoleAggregated), "the worker role instances are configured and decide for: aggregated, prefill or decode")
-	f.BoolVar(&asJSON, "json", false, `print one JSON object {"checks": [{"name", "pass", "expected", "got", "note", "warning"}...]}`)
-	setWant(f, "start-timeout", positiveDurationWant)
+	f.BoolVar(&asJSON, "json", false, `print one JSON object at the end: {"checks": [{"name", "pass", "skipped", "expected", "got", "note", "warning"}...], "error"}`)
 	setWant(f, "call-timeout", positiveDurationWant)
 	return cmd
 }

@@ -2,10 +2,13 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -128,7 +131,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 		}},
 		{"stdout after the handshake", []string{faulty, "--env", "SY_TEST_MODE=stdout-after", "--type", "t-max-active"}, []string{
 			`PASS health`,
-			`FAIL stdout: expected nothing on stdout after the handshake (log to stderr), got 168 bytes, starting "configured t-max-active\nconfigured t-max-active\nconfigured t-max-active\nconfigur"`,
+			`FAIL stdout: expected nothing on stdout after the handshake (log to stderr), got 192 bytes, starting "configured t-max-active\nconfigured t-max-active\nconfigured t-max-active\nconfigur"`,
 		}},
 		{"no exit at shutdown", []string{faulty, "--env", "SY_TEST_MODE=linger", "--type", "t-lowest"}, []string{
 			`PASS decide "t-lowest" rows=4096`,
@@ -143,7 +146,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`FAIL configure "lowest-cost": expected the instance configured with its defaults, got lowest-cost: role not supported: configured for "aggregated"`,
 		}},
 		{"unknown type", []string{faulty, "--type", "nope"}, []string{
-			`FAIL type nope: expected a type the plugin declares, got "t-max-active", "t-active", "t-lowest"`,
+			`FAIL type nope: expected one of the types the plugin declares ("t-max-active", "t-active", "t-lowest"), got "nope"`,
 		}},
 		{"config for no type", []string{faulty, "--config", "nope=1"}, []string{
 			`FAIL config nope: expected a parameter of a checked type, got no checked type declares "nope"`,
@@ -153,7 +156,37 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`PASS decide "t-max-active" rows=4096`,
 		}},
 		{"boundary crashes the plugin", []string{faulty, "--env", "SY_TEST_MODE=boundcrash", "--type", "t-max-active"}, []string{
-			`FAIL configure "t-max-active" boundaries of "max": expected -9223372036854775808 accepted, or refused with a Diagnostic naming "max", got rpc error: code = Unavailable`,
+			`PASS configure "t-max-active" inputs (ACTIVE_REQUESTS, a subset of its type's)`,
+			`FAIL configure "t-max-active" boundaries of "max": expected -9223372036854775808 accepted, or refused with a Diagnostic naming "max", got the plugin exited (exit status 3)` + "\n",
+			`SKIP decide "t-max-active": not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP latency "t-max-active": not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP decide batch: not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP health: not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP shutdown: not run: the plugin exited (exit status 3)` + "\n",
+			"PASS stdout",
+		}},
+		{"crash in Configure", []string{faulty, "--env", "SY_TEST_MODE=crash", "--env", "SY_STARTS=" + startedOnce(t)}, []string{
+			`FAIL configure "t-max-active": expected the instance configured with its defaults, got the plugin exited (exit status 3)` + "\n",
+			`SKIP configure "t-active": not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP configure "t-lowest": not run: the plugin exited (exit status 3)` + "\n",
+			`SKIP health: not run: the plugin exited (exit status 3)` + "\n",
+		}},
+		{"type names the loader refuses", []string{faulty, "--env", "SY_TEST_MODE=names", "--env", "SY_TYPE_NAMES=my.type,min-cost,default", "--type", "my.type"}, []string{
+			`FAIL schema type "min-cost": expected a name no built-in type has, got the name of the built-in picker type: the router refuses the plugin (Duplicate component type)` + "\n",
+			`FAIL schema type "default": expected a name of letters, digits, '_', '.' and '-', not "default", got name "default" is reserved` + "\n",
+			`PASS configure "my.type"` + "\n",
+		}},
+		{"no types", []string{faulty, "--env", "SY_TEST_MODE=no-types"}, []string{
+			"FAIL handshake: expected a Describe answer declaring at least one component type, got none: nothing to check\n",
+		}},
+		{"instance inputs beyond the type's", []string{faulty, "--env", "SY_TEST_MODE=extra-inputs", "--type", "t-lowest"}, []string{
+			`FAIL configure "t-lowest" inputs: expected the instance's inputs a subset of its type's (none), got ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (0x1f), of which ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (0x1f) beyond its type's` + "\n",
+		}},
+		{"filtered_by with kept rows", []string{faulty, "--env", "SY_TEST_MODE=filtered-kept", "--type", "t-max-active"}, []string{
+			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got for task 4611686018427387905 (4096 rows): filtered_by "check/t-max-active" with 1 kept rows (filtered_by means no row was kept)` + "\n",
+		}},
+		{"config refused", []string{faulty, "--type", "t-active", "--config", "factor=-1"}, []string{
+			`FAIL configure "t-active": expected the instance configured with its defaults and --config values, got parameter "factor": must be a finite number >= 0, got -1` + "\n",
 		}},
 		{"duplicate result", []string{faulty, "--env", "SY_TEST_MODE=decide-dup", "--type", "t-lowest"}, []string{
 			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got a second result for task 4611686018427387905`,
@@ -169,7 +202,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`FAIL events "t-classify" events_through: expected DEADLINE_EXCEEDED with events_through 5, never sent, got an answer`,
 		}},
 		{"config of the wrong type", []string{faulty, "--type", "t-max-active", "--config", "max=lots"}, []string{
-			`FAIL configure "t-max-active": expected --config max=VALUE a int, got "lots": strconv.ParseInt: parsing "lots": invalid syntax`,
+			`FAIL configure "t-max-active": expected --config max=VALUE an int, got "lots": strconv.ParseInt: parsing "lots": invalid syntax`,
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -183,6 +216,31 @@ func TestPluginsCheckFailures(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// startedOnce returns a file holding one start line, as the faulty
+// plugin's SY_STARTS after one start: its crash mode then crashes on
+// every Configure.
+func startedOnce(t *testing.T) string {
+	t.Helper()
+	return writeFile(t, "starts", "1 1\n")
+}
+
+// TestPluginsCheckDuplicateType: a type declared twice fails the schema
+// check and is configured and decided once.
+func TestPluginsCheckDuplicateType(t *testing.T) {
+	code, out, errOut := routerRun(t, "plugins", "check", examplePlugin(t, "faulty"), "--env", "SY_TEST_MODE=dup-type")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if want := `FAIL schema type "t-classify": expected type names unique, got a second type of that name` + "\n"; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q:\n%s", want, out)
+	}
+	for _, line := range []string{`PASS configure "t-classify"` + "\n", `PASS classify "t-classify" (19 calls, 16 at once)` + "\n"} {
+		if n := strings.Count(out, line); n != 1 {
+			t.Errorf("%d lines %q, want 1:\n%s", n, line, out)
+		}
 	}
 }
 
@@ -262,5 +320,151 @@ func TestPluginsCheckJSON(t *testing.T) {
 		if !passed[name] {
 			t.Errorf("check %q did not pass: %s", name, out)
 		}
+	}
+}
+
+// stdoutSkip is the stdout check's line for a plugin that serves no
+// go-plugin stdio service.
+const stdoutSkip = "SKIP stdout: not observable: the plugin serves no plugin.GRPCStdio service, and what it writes to stdout after the handshake is read and dropped unseen"
+
+// TestPluginsCheckStdoutNotObservable: a plugin whose gRPC server does not
+// list go-plugin's stdio service (here: refusing reflection) gets the
+// stdout check skipped, saying why, and passes (exit 0).
+func TestPluginsCheckStdoutNotObservable(t *testing.T) {
+	code, out, errOut := routerRun(t, "plugins", "check", examplePlugin(t, "faulty"), "--env", "SY_TEST_MODE=no-reflection", "--type", "t-lowest")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "\n"+stdoutSkip+"\n") || strings.Contains(out, "PASS stdout") {
+		t.Errorf("output lacks %q:\n%s", stdoutSkip, out)
+	}
+}
+
+// TestPluginsCheckPolicy: --policy FILE --plugin NAME starts the plugin as
+// its block says: the command looked up on PATH, its args, env and
+// pass_env.
+func TestPluginsCheckPolicy(t *testing.T) {
+	faulty := examplePlugin(t, "faulty")
+	t.Setenv("PATH", filepath.Dir(faulty)+string(filepath.ListSeparator)+os.Getenv("PATH"))
+	t.Setenv("SY_PASSED", "passed-on")
+	argsOut := filepath.Join(t.TempDir(), "args")
+	envOut := filepath.Join(t.TempDir(), "env")
+	file := writeFile(t, "p.hcl", fmt.Sprintf(`plugin "f" {
+  command  = %q
+  args     = ["--log-level", "debug"]
+  env      = { SY_TEST_MODE = "badschema", SY_ARGS_OUT = %q, SY_ENV_OUT = %q }
+  pass_env = ["SY_PASSED"]
+}
+`, filepath.Base(faulty), argsOut, envOut))
+	code, out, errOut := routerRun(t, "plugins", "check", "--policy", file, "--plugin", "f", "--type", "t-lowest")
+	if code != 1 {
+		t.Fatalf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if want := `FAIL schema type "t-max-active": expected a doc, got none` + "\n"; !strings.Contains(out, want) {
+		t.Errorf("output lacks %q (env not applied?):\n%s", want, out)
+	}
+	if b, err := os.ReadFile(argsOut); err != nil || string(b) != "--log-level\ndebug\n" {
+		t.Errorf("plugin arguments %q (%v), want --log-level debug", b, err)
+	}
+	if b, err := os.ReadFile(envOut); err != nil || !strings.Contains(string(b), "\nSY_PASSED=passed-on\n") {
+		t.Errorf("plugin environment lacks SY_PASSED=passed-on (%v):\n%s", err, b)
+	}
+	code, out, errOut = routerRun(t, "plugins", "check", "--policy", file, "--plugin", "nope")
+	if want := fmt.Sprintf(`--plugin "nope": %s has no plugin block of that name (it declares "f")`, file); code != 1 || out != "" || !strings.Contains(errOut, want) {
+		t.Errorf("exit %d, stdout %q, stderr %q for an unknown block, want 1, no checks and %q", code, out, errOut, want)
+	}
+}
+
+// TestPluginsCheckDashDash: after "--" every argument, flag-like or not, is
+// the plugin's, and flags before it are the check's.
+func TestPluginsCheckDashDash(t *testing.T) {
+	argsOut := filepath.Join(t.TempDir(), "args")
+	code, out, errOut := routerRun(t, "plugins", "check", "--type", "t-lowest", "--env", "SY_ARGS_OUT="+argsOut,
+		"--", examplePlugin(t, "faulty"), "--log-level", "debug", "--type", "x")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if b, err := os.ReadFile(argsOut); err != nil || string(b) != "--log-level\ndebug\n--type\nx\n" {
+		t.Errorf("plugin arguments %q (%v), want --log-level debug --type x", b, err)
+	}
+	if !strings.Contains(out, `PASS configure "t-lowest"`+"\n") || strings.Contains(out, `configure "t-active"`) {
+		t.Errorf("--type before -- not applied:\n%s", out)
+	}
+}
+
+// firstWrite records every write to it, and whether the plugin whose pid
+// the file starts names was running at the first.
+type firstWrite struct {
+	starts         string
+	writes         []string
+	runningAtFirst bool
+}
+
+func (w *firstWrite) Write(b []byte) (int, error) {
+	if len(w.writes) == 0 {
+		s, _ := os.ReadFile(w.starts)
+		pidText, _, _ := strings.Cut(string(s), " ")
+		pid, err := strconv.Atoi(pidText)
+		w.runningAtFirst = err == nil && syscall.Kill(pid, 0) == nil && !zombie(pid)
+	}
+	w.writes = append(w.writes, string(b))
+	return len(b), nil
+}
+
+// TestPluginsCheckPrintsAsItGoes: each check's line is written as the
+// check completes: the first, the handshake's, while the plugin still
+// runs; one write per line (and its warning).
+func TestPluginsCheckPrintsAsItGoes(t *testing.T) {
+	w := &firstWrite{starts: filepath.Join(t.TempDir(), "starts")}
+	var errb bytes.Buffer
+	code := runIO(context.Background(), []string{"plugins", "check", examplePlugin(t, "faulty"), "--type", "t-lowest",
+		"--env", "SY_STARTS=" + w.starts}, nil, w, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, strings.Join(w.writes, ""), errb.String())
+	}
+	if len(w.writes) < 10 || w.writes[0] != "PASS handshake (3 component types)\n" || !strings.HasPrefix(w.writes[len(w.writes)-1], "PASS parent death ") {
+		t.Fatalf("writes %q, want one per check, the handshake's first", w.writes)
+	}
+	if !w.runningAtFirst {
+		t.Errorf("the plugin was not running when the first line was written: the lines were held back")
+	}
+}
+
+// TestPluginsCheckJSONEveryOutcome: with --json, a binary not on PATH is a
+// JSON handshake failure (as a path that does not exist), and an error
+// that keeps the checks from starting a JSON document with "error".
+func TestPluginsCheckJSONEveryOutcome(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		args     []string
+		code     int
+		failed   string
+		errorHas string
+	}{
+		{"not on PATH", []string{"nonexistent-xyz-plugin"}, 1, "handshake", `"nonexistent-xyz-plugin" has no slash, so it is looked up on the router's PATH`},
+		{"no such path", []string{"/nonexistent/xyz-plugin"}, 1, "handshake", "/nonexistent/xyz-plugin"},
+		{"bad role", []string{"/nonexistent/xyz-plugin", "--role", "both"}, 2, "", `--role "both": want aggregated, prefill or decode`},
+		{"no binary", nil, 2, "", "takes a plugin binary to start"},
+		{"unknown block", []string{"--policy", writeFile(t, "p.hcl", ""), "--plugin", "f"}, 1, "", `--plugin "f": `},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, out, errOut := routerRun(t, append([]string{"plugins", "check", "--json"}, tc.args...)...)
+			if code != tc.code {
+				t.Fatalf("exit %d, want %d\nstdout:\n%s\nstderr:\n%s", code, tc.code, out, errOut)
+			}
+			var rep plugincheck.Report
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("stdout is not one JSON document: %v:\n%s", err, out)
+			}
+			if tc.failed != "" {
+				if len(rep.Checks) != 1 || rep.Checks[0].Name != tc.failed || rep.Checks[0].Pass || !strings.Contains(rep.Checks[0].Got, tc.errorHas) || rep.Error != "" {
+					t.Errorf("report %+v, want one failed %s check saying %q", rep, tc.failed, tc.errorHas)
+				}
+				return
+			}
+			if len(rep.Checks) != 0 || !strings.Contains(rep.Error, tc.errorHas) {
+				t.Errorf("report %+v, want no checks and an error saying %q", rep, tc.errorHas)
+			}
+		})
 	}
 }

@@ -45,7 +45,7 @@ func TestPluginsCheckPythonExample(t *testing.T) {
 	for _, l := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
 		// A busy machine may slow a call past call_timeout: a warning,
 		// not a failure.
-		if !strings.HasPrefix(l, "PASS ") && !strings.HasPrefix(l, "WARNING latency ") && !strings.HasPrefix(l, "WARNING health: ") {
+		if !strings.HasPrefix(l, "PASS ") && !strings.HasPrefix(l, "WARNING latency ") && !strings.HasPrefix(l, "WARNING health: ") && l != stdoutSkip {
 			t.Errorf("line %q is not a PASS", l)
 		}
 	}
@@ -54,7 +54,9 @@ func TestPluginsCheckPythonExample(t *testing.T) {
 		`PASS configure "queue-depth"`, `PASS configure "queue-depth" wrong type`,
 		`PASS decide "queue-depth" rows=1`, `PASS decide "queue-depth" rows=8`, `PASS decide "queue-depth" rows=4096`,
 		`PASS decide "queue-depth" concurrent=32 (calls of 1 to 32 rows at once)`,
-		"PASS stdout (as relayed by go-plugin's stdio service)",
+		// The Python SDK serves no go-plugin stdio service: what it
+		// writes to stdout is not observable.
+		stdoutSkip,
 	} {
 		if !strings.Contains(out, w+"\n") {
 			t.Errorf("output lacks %q:\n%s", w, out)

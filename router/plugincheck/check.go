@@ -16,7 +16,10 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
+	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
@@ -33,6 +36,8 @@ type Result struct {
 	// Warning, on a passing check, is something the router would do to
 	// the plugin that its author should know (latency over call_timeout).
 	Warning string `json:"warning,omitempty"`
+	// Skipped: the check was not run (Pass is false); Note says why.
+	Skipped bool `json:"skipped,omitempty"`
 }
 
 // Options say what to check and how.
@@ -55,6 +60,9 @@ type Options struct {
 	// Logger receives the host's logs and the plugin's stderr; nil
 	// discards them.
 	Logger hclog.Logger
+	// Report, when set, is given each result as soon as its check
+	// completes, in the order Run returns them.
+	Report func(Result)
 }
 
 // rows are the candidate counts every filter, scorer and picker is asked
@@ -65,9 +73,17 @@ var rows = []int{1, 8, 4096}
 // ids as doubles (JSON numbers, JavaScript Numbers) gets them wrong.
 const idBase = 1<<63 + 12345
 
-// identifierRE is what a type or parameter name must look like: a policy
-// file writes it as an HCL attribute name or a quoted type name.
+// identifierRE is what a parameter name must look like: a policy file
+// writes it as an HCL attribute name.
 var identifierRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_-]*$`)
+
+// typeNameRule is the policy loader's rule for a type name
+// (catalog.ValidName), as the schema check states it.
+const typeNameRule = `a name of letters, digits, '_', '.' and '-', not "default"`
+
+// builtins are the router's built-in types, whose names a plugin's types
+// must not take.
+var builtins = catalog.Default()
 
 // stopGrace is how long the shutdown check lets a plugin take to exit once
 // asked to: generous (the router's own is 500 ms), and below the 2 s after
@@ -112,15 +128,18 @@ func parseParamValue(t shared.ParamType, s string) (any, error) {
 	return nil, fmt.Errorf("unknown parameter type %v", t)
 }
 
-// Failed reports whether any of results failed.
+// Failed reports whether any of results failed (a skipped check did not).
 func Failed(results []Result) bool {
-	return slices.ContainsFunc(results, func(r Result) bool { return !r.Pass })
+	return slices.ContainsFunc(results, func(r Result) bool { return !r.Pass && !r.Skipped })
 }
 
 // Run starts the plugin o.Plugin describes and runs every check in order;
 // it stops after a failed handshake. It returns one Result per check (a
-// check that finds several problems returns one each). The plugin is
-// stopped before it returns; ctx bounds the whole run.
+// check that finds several problems returns one each), each also given to
+// o.Report as it completes. Once the plugin process is gone (it exited, or
+// the host killed it), the first failure says how it went and the checks
+// that need the process are reported skipped. The plugin is stopped before
+// it returns; ctx bounds the whole run.
 func Run(ctx context.Context, o Options) []Result {
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -134,11 +153,8 @@ func Run(ctx context.Context, o Options) []Result {
 	if o.Plugin.Name == "" {
 		o.Plugin.Name = "plugin"
 	}
-	var (
-		stdout  stdoutTap
-		mu      sync.Mutex
-		stopped []supervisor.StopReport
-	)
+	var stdout stdoutTap
+	r := &run{report: o.Report, firstStop: make(chan struct{})}
 	host := supervisor.NewHost(supervisor.Options{
 		Logger: o.Logger,
 		// Answers are checked here, and latency measured: only a wedged
@@ -146,23 +162,26 @@ func Run(ctx context.Context, o Options) []Result {
 		CallTimeout: supervisor.ReplayCallTimeout,
 		// Every call is checked on its own; none is refused because an
 		// earlier one failed.
-		Breaker:   supervisor.BreakerPolicy{Disabled: true},
+		Breaker: supervisor.BreakerPolicy{Disabled: true},
+		// A process that exits is not restarted: the checks after it are
+		// skipped.
+		Restart:   supervisor.RestartPolicy{MaxRestarts: -1},
 		StopGrace: stopGrace,
-		Stopped: func(r supervisor.StopReport) {
-			mu.Lock()
-			stopped = append(stopped, r)
-			mu.Unlock()
-		},
-		Stdout: &stdout,
+		Stopped:   r.stopped,
+		Stdout:    &stdout,
 	})
 	defer shutdownHost(host)
-	var out []Result
 	types, err := host.Start(ctx, o.Plugin)
 	if err != nil {
-		return append(out, fail("handshake", "the handshake line, then a usable Describe answer", err.Error()))
+		r.add(fail("handshake", "the handshake line, then a usable Describe answer", err.Error()))
+		return r.out
 	}
-	out = append(out, pass("handshake", fmt.Sprintf("%d component types", len(types))))
-	out = append(out, checkSchema(types)...)
+	if len(types) == 0 {
+		r.add(fail("handshake", "a Describe answer declaring at least one component type", "none: nothing to check"))
+		return r.out
+	}
+	r.add(pass("handshake", fmt.Sprintf("%d component types", len(types))))
+	r.add(checkSchema(types)...)
 
 	if o.Type != "" {
 		i := slices.IndexFunc(types, func(t shared.TypeInfo) bool { return t.Name == o.Type })
@@ -171,63 +190,281 @@ func Run(ctx context.Context, o Options) []Result {
 			for j, t := range types {
 				names[j] = strconv.Quote(t.Name)
 			}
-			return append(out, fail("type "+o.Type, "a type the plugin declares", strings.Join(names, ", ")))
+			r.add(fail("type "+o.Type, "one of the types the plugin declares ("+strings.Join(names, ", ")+")", strconv.Quote(o.Type)))
+			return r.out
 		}
 		types = types[i : i+1]
 	}
+	types = uniqueTypes(types)
 	for name := range o.Config {
 		if !slices.ContainsFunc(types, func(t shared.TypeInfo) bool { _, ok := t.Param(name); return ok }) {
-			out = append(out, fail("config "+name, "a parameter of a checked type", "no checked type declares "+strconv.Quote(name)))
+			r.add(fail("config "+name, "a parameter of a checked type", "no checked type declares "+strconv.Quote(name)))
 		}
 	}
 	proc, err := host.Process(o.Plugin.Name)
 	if err != nil {
-		return append(out, fail("process", "the plugin running after its start", err.Error()))
+		r.add(fail("process", "the plugin running after its start", err.Error()))
+		return r.out
 	}
-	w := newWire(proc.Conn, o.Role)
+	r.exited = proc.Exited
+	relayed := servesStdio(ctx, proc.Conn)
+	w := newWire(proc.Conn, o.Role, o.Plugin.StartTimeout)
 	var deciders []configured
 	for _, t := range types {
-		comp, params, results := checkConfigure(t, o.Config, o.Role)
-		out = append(out, results...)
+		var (
+			comp   shared.Component
+			params shared.Params
+		)
+		configureName := fmt.Sprintf("configure %q", t.Name)
+		r.step(func() []Result {
+			var results []Result
+			comp, params, results = checkConfigure(t, o.Config, o.Role)
+			if comp == nil {
+				return results
+			}
+			results = append(results, w.checkInputs(ctx, t, params))
+			return append(results, w.checkBoundaries(ctx, t, params)...)
+		}, configureName)
 		if comp == nil {
 			continue
 		}
-		out = append(out, w.checkBoundaries(ctx, t, params)...)
 		switch t.Kind {
 		case shared.KindFilter, shared.KindScorer, shared.KindPicker:
-			out = append(out, checkDecide(ctx, t, comp, o.Role)...)
-			out = append(out, checkLatency(ctx, t, params, o.Role, o.CallTimeout))
+			r.step(func() []Result { return checkDecide(ctx, t, comp, o.Role) }, fmt.Sprintf("decide %q", t.Name))
+			r.step(func() []Result { return []Result{checkLatency(ctx, t, params, o.Role, o.CallTimeout)} }, fmt.Sprintf("latency %q", t.Name))
 			deciders = append(deciders, configured{t, instanceName(t.Name)})
 		case shared.KindClassifier:
-			out = append(out, w.checkClassify(ctx, t, params)...)
+			r.step(func() []Result { return w.checkClassify(ctx, t, params) }, fmt.Sprintf("classify %q", t.Name))
 		}
 	}
 	if len(deciders) > 0 {
-		out = append(out, w.checkBatch(ctx, deciders))
-		out = append(out, w.checkStreams(ctx, deciders))
+		r.step(func() []Result { return []Result{w.checkBatch(ctx, deciders)} }, "decide batch")
+		r.step(func() []Result { return []Result{w.checkStreams(ctx, deciders)} }, fmt.Sprintf("decide streams=%d", streams))
 	}
-	out = append(out, checkHealth(ctx, host, o.Plugin.Name))
+	r.step(func() []Result { return []Result{checkHealth(ctx, host, o.Plugin.Name)} }, "health")
+	r.step(func() []Result {
+		r.mu.Lock()
+		r.shuttingDown = true
+		r.mu.Unlock()
+		shutdownHost(host)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return []Result{shutdownResult(r.stops)}
+	}, "shutdown")
+	r.add(stdoutResult(&stdout, relayed))
+	r.add(checkParentDeath(ctx, o.Plugin))
+	return r.out
+}
 
-	shutdownHost(host)
-	mu.Lock()
+// shutdownResult is the shutdown check's result from the stops the host
+// reported once asked to shut down.
+func shutdownResult(stops []supervisor.StopReport) Result {
 	expected := fmt.Sprintf("an exit within %v of plugin.GRPCController/Shutdown", stopGrace)
 	switch {
-	case len(stopped) != 1:
-		out = append(out, fail("shutdown", expected, fmt.Sprintf("%d stops reported", len(stopped))))
-	case !stopped[0].WasRunning:
-		out = append(out, fail("shutdown", expected, "the plugin had already exited"))
-	case !stopped[0].Exited:
-		out = append(out, fail("shutdown", expected, "still running after "+stopGrace.String()+"; its process group was killed"))
-	default:
-		out = append(out, pass("shutdown", "exited "+stopped[0].After.Round(time.Millisecond).String()+" after the stop began"))
+	case len(stops) != 1:
+		return fail("shutdown", expected, fmt.Sprintf("%d stops reported", len(stops)))
+	case !stops[0].WasRunning:
+		return fail("shutdown", expected, "the plugin had already exited")
+	case !stops[0].Exited:
+		return fail("shutdown", expected, "still running after "+stopGrace.String()+"; its process group was killed")
 	}
-	mu.Unlock()
-	if n, first := stdout.written(); n > 0 {
-		out = append(out, fail("stdout", "nothing on stdout after the handshake (log to stderr)", fmt.Sprintf("%d bytes, starting %q", n, first)))
-	} else {
-		out = append(out, pass("stdout", "as relayed by go-plugin's stdio service"))
+	return pass("shutdown", "exited "+stops[0].After.Round(time.Millisecond).String()+" after the stop began")
+}
+
+// stdioService is the gRPC service go-plugin relays a plugin's stdout by.
+const stdioService = "plugin.GRPCStdio"
+
+// servesStdio reports whether the plugin serves stdioService, as its gRPC
+// server reflection lists it (go-plugin's server registers both); false
+// when it does not say.
+func servesStdio(ctx context.Context, conn *grpc.ClientConn) bool {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	s, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		return false
 	}
-	return append(out, checkParentDeath(ctx, o.Plugin))
+	if err := s.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		return false
+	}
+	resp, err := s.Recv()
+	if err != nil {
+		return false
+	}
+	return slices.ContainsFunc(resp.GetListServicesResponse().GetService(), func(sr *reflectionpb.ServiceResponse) bool {
+		return sr.GetName() == stdioService
+	})
+}
+
+// stdoutResult is the stdout check's result: a failure when the tap saw
+// output; a pass when the plugin's stdout is relayed (so nothing was
+// written); else skipped, as nothing it writes can be seen.
+func stdoutResult(tap *stdoutTap, relayed bool) Result {
+	const name = "stdout"
+	if n, first := tap.written(); n > 0 {
+		return fail(name, "nothing on stdout after the handshake (log to stderr)", fmt.Sprintf("%d bytes, starting %q", n, first))
+	}
+	if relayed {
+		return pass(name, "as relayed by go-plugin's stdio service")
+	}
+	return skip(name, "not observable: the plugin serves no "+stdioService+" service, and what it writes to stdout after the handshake is read and dropped unseen")
+}
+
+// uniqueTypes returns types without the second and later declarations of
+// a name (the schema check fails them): each name is checked once.
+func uniqueTypes(types []shared.TypeInfo) []shared.TypeInfo {
+	seen := make(map[string]bool, len(types))
+	return slices.DeleteFunc(slices.Clone(types), func(t shared.TypeInfo) bool {
+		dup := seen[t.Name]
+		seen[t.Name] = true
+		return dup
+	})
+}
+
+// exitWait bounds how long a check that failed waits for the plugin's exit
+// to be known, so that its failure can say the process is gone; the exit
+// pipe reports an exit at once.
+const exitWait = 2 * time.Second
+
+// stopWait bounds how long, once the process exited, the host's report of
+// how it went (its exit status) is waited for: the host's stop of a gone
+// process is bounded by its own kill wait.
+const stopWait = 15 * time.Second
+
+// run is one Run's results and what it knows of the plugin process.
+type run struct {
+	report func(Result)
+	out    []Result
+	// exited is the process's exit channel, once it started.
+	exited <-chan struct{}
+	// gone says how the process went ("the plugin exited (exit status
+	// 3)"), once it is known to be gone; then checks needing it are
+	// skipped.
+	gone string
+	// goneReported: a failure said so.
+	goneReported bool
+
+	mu           sync.Mutex
+	shuttingDown bool
+	stops        []supervisor.StopReport
+	// firstStop is closed at the first stop reported before shutdown:
+	// the process went away on its own, or was killed by the host.
+	firstStop chan struct{}
+	early     *supervisor.StopReport
+}
+
+// stopped is the host's Stopped hook.
+func (r *run) stopped(rep supervisor.StopReport) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.shuttingDown {
+		r.stops = append(r.stops, rep)
+		return
+	}
+	if r.early == nil {
+		r.early = &rep
+		close(r.firstStop)
+	}
+}
+
+// add records results and reports each.
+func (r *run) add(rs ...Result) {
+	for _, res := range rs {
+		r.out = append(r.out, res)
+		if r.report != nil {
+			r.report(res)
+		}
+	}
+}
+
+// step runs f, checks that need the plugin process, unless the process is
+// gone: then each of names is reported skipped. When f's results hold a
+// failure and the process turns out gone, the first failure says how it
+// went and the later ones are reported skipped.
+func (r *run) step(f func() []Result, names ...string) {
+	if r.gone == "" && r.exited != nil {
+		select {
+		case <-r.exited:
+			r.learnGone()
+		default:
+		}
+	}
+	if r.gone != "" {
+		for _, n := range names {
+			if !r.goneReported {
+				// It went between checks: the first check it misses
+				// fails, saying so.
+				r.add(fail(n, "the plugin process running", r.gone))
+				r.goneReported = true
+				continue
+			}
+			r.add(skip(n, "not run: "+r.gone))
+		}
+		return
+	}
+	rs := f()
+	r.mu.Lock()
+	stopping := r.shuttingDown
+	r.mu.Unlock()
+	// A failed shutdown check is about how the process exits, not a death.
+	if !Failed(rs) || stopping || !r.died() {
+		r.add(rs...)
+		return
+	}
+	first := true
+	for i, res := range rs {
+		switch {
+		case res.Pass || res.Skipped:
+		case first:
+			rs[i].Got, first = r.gone, false
+			r.goneReported = true
+		default:
+			rs[i] = skip(res.Name, "not run: "+r.gone)
+		}
+	}
+	r.add(rs...)
+}
+
+// died reports whether the process is gone, waiting exitWait for its exit
+// to show; it sets r.gone.
+func (r *run) died() bool {
+	t := time.NewTimer(exitWait)
+	defer t.Stop()
+	select {
+	case <-r.exited:
+		r.learnGone()
+		return true
+	case <-t.C:
+		return false
+	}
+}
+
+// learnGone sets r.gone from the host's report of the process's stop,
+// waiting stopWait for it.
+func (r *run) learnGone() {
+	t := time.NewTimer(stopWait)
+	defer t.Stop()
+	select {
+	case <-r.firstStop:
+	case <-t.C:
+		r.gone = "the plugin exited"
+		return
+	}
+	r.mu.Lock()
+	rep := *r.early
+	r.mu.Unlock()
+	r.gone = goneText(rep)
+}
+
+// goneText says how a process that went before the checks were done went.
+func goneText(rep supervisor.StopReport) string {
+	switch {
+	case rep.KillReason != "":
+		return "the plugin was killed by the router (" + rep.KillReason + ")"
+	case rep.Status != "":
+		return "the plugin exited (" + rep.Status + ")"
+	}
+	return "the plugin exited"
 }
 
 // checkHealth makes as many health checks in a row as the frozen rule
@@ -309,6 +546,8 @@ func fail(name, expected, got string) Result {
 	return Result{Name: name, Expected: expected, Got: got}
 }
 
+func skip(name, why string) Result { return Result{Name: name, Skipped: true, Note: why} }
+
 // checkSchema checks the declared types: unique identifier-like type names,
 // unique identifier-like parameter names per type, defaults of the declared
 // type, docs on every type and parameter. One result per problem, or one
@@ -321,8 +560,10 @@ func checkSchema(types []shared.TypeInfo) []Result {
 	seen := make(map[string]bool, len(types))
 	for _, t := range types {
 		tn := fmt.Sprintf("type %q", t.Name)
-		if !identifierRE.MatchString(t.Name) {
-			bad(tn, "a name of letters, digits, '_' and '-', not starting with a digit", strconv.Quote(t.Name))
+		if err := catalog.ValidName(t.Name); err != nil {
+			bad(tn, typeNameRule, err.Error())
+		} else if e, err := builtins.Lookup(t.Name); err == nil {
+			bad(tn, "a name no built-in type has", fmt.Sprintf("the name of the built-in %s type: the router refuses the plugin (Duplicate component type)", e.Kind))
 		}
 		if seen[t.Name] {
 			bad(tn, "type names unique", "a second type of that name")
@@ -397,9 +638,13 @@ func checkConfigure(t shared.TypeInfo, cfg map[string]string, role shared.Role) 
 		}
 		v, err := parseParamValue(p.Type, s)
 		if err != nil {
-			return nil, nil, []Result{fail(name, fmt.Sprintf("--config %s=VALUE a %s", p.Name, p.Type), fmt.Sprintf("%q: %v", s, err))}
+			return nil, nil, []Result{fail(name, fmt.Sprintf("--config %s=VALUE %s", p.Name, withArticle(p.Type.String())), fmt.Sprintf("%q: %v", s, err))}
 		}
 		params[p.Name] = v
+	}
+	configured := "the instance configured with its defaults"
+	if len(params) > 0 {
+		configured += " and --config values"
 	}
 	params = t.WithDefaults(params)
 	for _, p := range t.Params {
@@ -409,7 +654,7 @@ func checkConfigure(t shared.TypeInfo, cfg map[string]string, role shared.Role) 
 	}
 	comp, err := t.New(checkInfo(instanceName(t.Name), instanceRole(t, role)), params)
 	if err != nil {
-		return nil, nil, []Result{fail(name, "the instance configured with its defaults", err.Error())}
+		return nil, nil, []Result{fail(name, configured, err.Error())}
 	}
 	out := []Result{pass(name, "")}
 	if len(t.Params) == 0 {
@@ -417,7 +662,7 @@ func checkConfigure(t shared.TypeInfo, cfg map[string]string, role shared.Role) 
 	}
 	p := t.Params[0]
 	wrong := maps.Clone(params)
-	wrong[p.Name] = "not a " + p.Type.String()
+	wrong[p.Name] = "not " + withArticle(p.Type.String())
 	if p.Type == shared.String {
 		wrong[p.Name] = int64(1)
 	}
@@ -427,13 +672,29 @@ func checkConfigure(t shared.TypeInfo, cfg map[string]string, role shared.Role) 
 	var pe *shared.ParamError
 	switch {
 	case err == nil:
-		out = append(out, fail(wname, expected, fmt.Sprintf("%T %v accepted", wrong[p.Name], wrong[p.Name])))
+		out = append(out, fail(wname, expected, fmt.Sprintf("%s %#v accepted for %s parameter", withArticle(valueKind(wrong[p.Name])), wrong[p.Name], withArticle(p.Type.String()))))
 	case !errors.As(err, &pe) || pe.Param != p.Name:
 		out = append(out, fail(wname, expected, err.Error()))
 	default:
 		out = append(out, pass(wname, ""))
 	}
 	return comp, params, out
+}
+
+// withArticle puts "a" or "an" before word.
+func withArticle(word string) string {
+	if word != "" && strings.ContainsRune("aeiouAEIOU", rune(word[0])) {
+		return "an " + word
+	}
+	return "a " + word
+}
+
+// valueKind names the kind of a wrong-type value the configure check sends.
+func valueKind(v any) string {
+	if _, ok := v.(string); ok {
+		return "string"
+	}
+	return "int"
 }
 
 // instanceRole is the role an instance of t is configured for: none for a
@@ -539,32 +800,40 @@ func decideOnce(ctx context.Context, kind shared.Kind, comp shared.Component, re
 	return "", ""
 }
 
-// Print writes results: one line each ("PASS name (note)", "FAIL name:
-// expected X, got Y", and "WARNING name: W" after a passing check with a
-// warning), or with asJSON one object {"checks": [Result...]}.
-func Print(w io.Writer, results []Result, asJSON bool) error {
-	if asJSON {
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		return enc.Encode(struct {
-			Checks []Result `json:"checks"`
-		}{results})
+// WriteText writes r as one line ("PASS name (note)", "FAIL name:
+// expected X, got Y", "SKIP name: why"), followed by "WARNING name: W"
+// when it passed with a warning.
+func WriteText(w io.Writer, r Result) error {
+	line := r.Line() + "\n"
+	if r.Pass && r.Warning != "" {
+		line += fmt.Sprintf("WARNING %s: %s\n", r.Name, r.Warning)
 	}
-	var sb strings.Builder
-	for _, r := range results {
-		sb.WriteString(r.Line())
-		sb.WriteByte('\n')
-		if r.Pass && r.Warning != "" {
-			fmt.Fprintf(&sb, "WARNING %s: %s\n", r.Name, r.Warning)
-		}
-	}
-	_, err := io.WriteString(w, sb.String())
+	_, err := io.WriteString(w, line)
 	return err
 }
 
-// Line is the result as Print writes it, without its warning.
+// Report is the JSON document of a run: its checks, and Error when the
+// run could not start (a usage error; the checks are then empty).
+type Report struct {
+	Checks []Result `json:"checks"`
+	Error  string   `json:"error,omitempty"`
+}
+
+// WriteJSON writes rep as one indented JSON object.
+func WriteJSON(w io.Writer, rep Report) error {
+	if rep.Checks == nil {
+		rep.Checks = []Result{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(rep)
+}
+
+// Line is the result as WriteText writes it, without its warning.
 func (r Result) Line() string {
 	switch {
+	case r.Skipped:
+		return fmt.Sprintf("SKIP %s: %s", r.Name, r.Note)
 	case !r.Pass:
 		return fmt.Sprintf("FAIL %s: expected %s, got %s", r.Name, r.Expected, r.Got)
 	case r.Note != "":

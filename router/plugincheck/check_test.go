@@ -117,6 +117,27 @@ func TestCheckSchemaDefaults(t *testing.T) {
 	}
 }
 
+// TestCheckSchemaTypeNames: type names follow the policy loader's rule
+// (catalog.ValidName), and a built-in type's name fails.
+func TestCheckSchemaTypeNames(t *testing.T) {
+	for _, name := range []string{"my.type", "9abc", "ok-type_1"} {
+		if got := checkSchema([]shared.TypeInfo{{Name: name, Doc: "d"}}); len(got) != 1 || !got[0].Pass {
+			t.Errorf("type %q: %+v, want a pass", name, got)
+		}
+	}
+	for name, want := range map[string]Result{
+		"default":  {Name: `schema type "default"`, Expected: typeNameRule, Got: `name "default" is reserved`},
+		"a b":      {Name: `schema type "a b"`, Expected: typeNameRule, Got: `invalid name: use letters, digits, '_', '.' and '-': "a b"`},
+		"":         {Name: `schema type ""`, Expected: typeNameRule, Got: "empty type name"},
+		"kv-cost":  {Name: `schema type "kv-cost"`, Expected: "a name no built-in type has", Got: "the name of the built-in scorer type: the router refuses the plugin (Duplicate component type)"},
+		"min-cost": {Name: `schema type "min-cost"`, Expected: "a name no built-in type has", Got: "the name of the built-in picker type: the router refuses the plugin (Duplicate component type)"},
+	} {
+		if got := checkSchema([]shared.TypeInfo{{Name: name, Doc: "d"}}); len(got) != 1 || got[0] != want {
+			t.Errorf("type %q: %+v, want %+v", name, got, want)
+		}
+	}
+}
+
 // buildFaulty builds the supervisor tests' plugin into a temporary
 // directory.
 func buildFaulty(t *testing.T) string {
@@ -194,6 +215,7 @@ func TestCheckResult(t *testing.T) {
 	}{
 		{&pluginv1.DecideResult{Kept: []uint32{0, 2}, Picked: -1}, want{kind: f, n: 3}, ""},
 		{&pluginv1.DecideResult{FilteredBy: "x", Picked: -1}, want{kind: f, n: 3}, ""},
+		{&pluginv1.DecideResult{FilteredBy: "x", Kept: []uint32{1}, Picked: -1}, want{kind: f, n: 3}, `filtered_by "x" with 1 kept rows (filtered_by means no row was kept)`},
 		{&pluginv1.DecideResult{Kept: []uint32{2, 1}, Picked: -1}, want{kind: f, n: 3}, "kept rows [2 1] not strictly ascending in [0, 3)"},
 		{&pluginv1.DecideResult{Kept: []uint32{0, 3}, Picked: -1}, want{kind: f, n: 3}, "kept rows [0 3] not strictly ascending in [0, 3)"},
 		{&pluginv1.DecideResult{Kept: []uint32{0}, Costs: []float64{1}, Picked: -1}, want{kind: s, n: 1}, "1 kept rows from a task without a filter"},

@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -27,10 +28,15 @@ import (
 type wire struct {
 	c    pluginv1.PluginClient
 	role shared.Role
+	// startTimeout bounds each Configure, as the router bounds one.
+	startTimeout time.Duration
 }
 
-func newWire(conn *grpc.ClientConn, role shared.Role) *wire {
-	return &wire{c: pluginv1.NewPluginClient(conn), role: role}
+func newWire(conn *grpc.ClientConn, role shared.Role, startTimeout time.Duration) *wire {
+	if startTimeout <= 0 {
+		startTimeout = config.DefaultStartTimeout
+	}
+	return &wire{c: pluginv1.NewPluginClient(conn), role: role, startTimeout: startTimeout}
 }
 
 // answerWait bounds how long a wire check waits for the answers it is
@@ -113,8 +119,28 @@ func (w *wire) checkBoundaries(ctx context.Context, t shared.TypeInfo, params sh
 	return out
 }
 
+// checkInputs configures an instance of t with params over the wire and
+// checks the inputs its answer declares: a subset of the type's (the
+// router collects only the type's for it).
+func (w *wire) checkInputs(ctx context.Context, t shared.TypeInfo, params shared.Params) Result {
+	name := fmt.Sprintf("configure %q inputs", t.Name)
+	resp, err := w.configure(ctx, t, instanceName(t.Name)+"-inputs", params)
+	switch {
+	case err != nil:
+		return fail(name, "the instance configured again", err.Error())
+	case len(resp.GetDiagnostics()) > 0:
+		return fail(name, "the instance configured again", resp.GetDiagnostics()[0].GetSummary())
+	}
+	got := resp.GetInputs()
+	if extra := got &^ uint32(t.Inputs); extra != 0 {
+		return fail(name, fmt.Sprintf("the instance's inputs a subset of its type's (%v)", t.Inputs),
+			fmt.Sprintf("%v (%#x), of which %v (%#x) beyond its type's", shared.Inputs(got), got, shared.Inputs(extra), extra))
+	}
+	return pass(name, fmt.Sprintf("%v, a subset of its type's", shared.Inputs(got)))
+}
+
 // configure configures instance of t with params over the wire, under the
-// start timeout's default.
+// plugin's start timeout.
 func (w *wire) configure(ctx context.Context, t shared.TypeInfo, instance string, params shared.Params) (*pluginv1.ConfigureResponse, error) {
 	req := &pluginv1.ConfigureRequest{Instance: instance, Type: t.Name, Role: string(instanceRole(t, w.role)), BlockSize: 16,
 		Params: make(map[string]*pluginv1.Value, len(params))}
@@ -125,7 +151,7 @@ func (w *wire) configure(ctx context.Context, t shared.TypeInfo, instance string
 		}
 		req.Params[name] = pv
 	}
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, w.startTimeout)
 	defer cancel()
 	return w.c.Configure(cctx, req)
 }
@@ -185,6 +211,9 @@ func checkResult(r *pluginv1.DecideResult, wt want) string {
 	kept, costs := r.GetKept(), r.GetCosts()
 	if wt.kind != shared.KindFilter && len(kept) > 0 {
 		return fmt.Sprintf("%d kept rows from a task without a filter", len(kept))
+	}
+	if by := r.GetFilteredBy(); by != "" && len(kept) > 0 {
+		return fmt.Sprintf("filtered_by %q with %d kept rows (filtered_by means no row was kept)", by, len(kept))
 	}
 	if wt.kind == shared.KindFilter && r.GetFilteredBy() == "" {
 		for i, k := range kept {

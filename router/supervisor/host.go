@@ -94,6 +94,12 @@ type StopReport struct {
 	// After is how long after the stop began it exited, or StopGrace when
 	// it did not exit on its own.
 	After time.Duration
+	// Status is how the process ended, as os.ProcessState prints it
+	// ("exit status 3", "signal: killed"); "" when it is not known.
+	Status string
+	// KillReason says why the host killed the process before the stop
+	// (frozen, stuck, its event stream broke); "" when it did not.
+	KillReason string
 }
 
 // FailureLogPolicy rate-limits the warning a failed plugin call logs (the
@@ -501,6 +507,9 @@ type ProcessInfo struct {
 	// Conn is the gRPC connection the host's own client uses; it is
 	// closed when the process stops.
 	Conn *grpc.ClientConn
+	// Exited is closed once the process has exited (for whatever reason,
+	// a stop included).
+	Exited <-chan struct{}
 }
 
 // Process returns the named plugin's current process. It fails when the
@@ -516,5 +525,5 @@ func (h *Host) Process(name string) (ProcessInfo, error) {
 	if p == nil || p.conn == nil {
 		return ProcessInfo{}, fmt.Errorf("plugin %q has no process", name)
 	}
-	return ProcessInfo{PID: p.pid, SocketDir: p.sockDir, Conn: p.conn}, nil
+	return ProcessInfo{PID: p.pid, SocketDir: p.sockDir, Conn: p.conn, Exited: p.exited}, nil
 }

@@ -481,7 +481,7 @@ func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceIn
 		if p.ctx.Err() != nil {
 			return nil, p.closedErr(err)
 		}
-		return nil, fmt.Errorf("plugin %q: configuring %s %q: %w", m.name, typ, info.Name, err)
+		return nil, fmt.Errorf("plugin %q: type %s: %w", m.name, typ, err) // err names the instance
 	}
 	if err := diagErrors(cr.Diagnostics); err != nil {
 		return nil, err

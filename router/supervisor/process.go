@@ -98,7 +98,10 @@ type proc struct {
 	stallSince atomic.Pointer[time.Time]
 	// killReason says why the host killed the process, when it did.
 	killReason atomic.Pointer[string]
-	bg         sync.WaitGroup // the health probe
+	// cmd is the process's command; its ProcessState is read once
+	// go-plugin's Kill returned (go-plugin has waited for it by then).
+	cmd *exec.Cmd
+	bg  sync.WaitGroup // the health probe
 
 	// ctx is cancelled when the process exits or stop begins; every call's
 	// context is cancelled with it.
@@ -193,6 +196,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		checkNow:     make(chan struct{}, 1),
 		stopGrace:    h.stopGrace,
 		onStopped:    h.onStopped,
+		cmd:          cmd,
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	p.client = plugin.NewClient(&plugin.ClientConfig{
@@ -301,7 +305,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 	stopAfter()
 	cancel()
 	if err != nil {
-		return failStarted(false, fmt.Errorf("describe: %w", err))
+		return failStarted(false, err) // err says "plugin describe"
 	}
 	if desc == nil {
 		return failStarted(true, errors.New("describe: empty answer"))
@@ -659,6 +663,12 @@ func (p *proc) doStop() error {
 	}
 	if !waitUntil(killed, deadline) {
 		errs = append(errs, fmt.Errorf("go-plugin Kill did not return within %v", killWait))
+	} else if st := p.cmd.ProcessState; st != nil {
+		// Kill returned once go-plugin's wait for the process ended.
+		report.Status = st.String()
+	}
+	if r := p.killReason.Load(); r != nil {
+		report.KillReason = *r
 	}
 	if !waitUntil(p.exited, deadline) {
 		errs = append(errs, fmt.Errorf("process %d did not exit within %v", p.pid, killWait))

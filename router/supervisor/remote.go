@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/pipeline"
@@ -22,6 +23,9 @@ func diagErrors(diags []pluginclient.Diagnostic) error {
 			msg += d.Detail
 		}
 		if d.Param != "" {
+			// The SDK's summary of a *shared.ParamError names the
+			// parameter already: say it once.
+			msg = strings.TrimPrefix(msg, fmt.Sprintf("parameter %q: ", d.Param))
 			errs = append(errs, &shared.ParamError{Param: d.Param, Err: errors.New(msg)})
 		} else {
 			errs = append(errs, errors.New(msg))

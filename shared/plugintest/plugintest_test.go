@@ -19,7 +19,11 @@ func TestCheckPasses(t *testing.T) {
 }
 
 // recorder is a reporter that keeps what it was told.
-type recorder struct{ errors, logs []string }
+type recorder struct{ errors, logs, skips []string }
+
+func (r *recorder) Skipf(format string, args ...any) {
+	r.skips = append(r.skips, fmt.Sprintf(format, args...))
+}
 
 func (*recorder) Helper() {}
 func (r *recorder) Errorf(format string, args ...any) {
@@ -53,6 +57,29 @@ func TestCheckReportsFailures(t *testing.T) {
 	for _, name := range []string{"handshake", `decide "t-active" rows=4096`, "decide batch", "health", "shutdown", "parent death"} {
 		if !byName[name].Pass {
 			t.Errorf("check %q: %+v, want a pass", name, byName[name])
+		}
+	}
+}
+
+// TestCheckReportsDeath: a plugin that exits (status 3) while a boundary
+// value is configured fails that check naming the exit status, and the
+// checks needing the process are reported as skipped subtests.
+func TestCheckReportsDeath(t *testing.T) {
+	results := run(t, Build(t, faulty), []Option{Env("SY_TEST_MODE", "boundcrash"), Type("t-max-active")})
+	byName := map[string]plugincheck.Result{}
+	for _, r := range results {
+		byName[r.Name] = r
+	}
+	r := &recorder{}
+	report(r, byName[`configure "t-max-active" boundaries of "max"`])
+	if want := `expected -9223372036854775808 accepted, or refused with a Diagnostic naming "max", got the plugin exited (exit status 3)`; fmt.Sprint(r.errors) != fmt.Sprint([]string{want}) {
+		t.Errorf("boundary check reported %q, want %q", r.errors, want)
+	}
+	for _, name := range []string{`decide "t-max-active"`, "decide batch", "health", "shutdown"} {
+		r := &recorder{}
+		report(r, byName[name])
+		if want := []string{"not run: the plugin exited (exit status 3)"}; fmt.Sprint(r.skips) != fmt.Sprint(want) || len(r.errors) != 0 {
+			t.Errorf("check %q reported skips %q, errors %q; want %q", name, r.skips, r.errors, want)
 		}
 	}
 }

@@ -62,6 +62,17 @@
 //	           (TEST-NET-1, not loopback), then hang
 //	closefd3   close file descriptor 3 (the router's exit pipe), then
 //	           serve
+//	names      serve the good types renamed, in order, to the
+//	           comma-separated names of SY_TYPE_NAMES
+//	no-types, dup-type, extra-inputs, filtered-kept
+//	           serve the good types, but Describe declares no type
+//	           (no-types) or t-lowest twice (dup-type); Configure answers
+//	           every input (extra-inputs); the Decide result of task
+//	           2^62+1 keeps row 0 and names its instance in filtered_by
+//	           (filtered-kept)
+//	no-reflection
+//	           serve the good types, refusing gRPC server reflection
+//	           (Unimplemented), as a plugin not built on go-plugin does
 //	stderr     write to stderr, before serving, the plain line "plain line
 //	           from the plugin" and two hclog JSON lines, "json warn line"
 //	           at warn and "json debug line" at debug
@@ -69,7 +80,8 @@
 // SY_STARTS names a file it appends a line ("pid unixnano") to at every
 // start, and SY_MARKER a file it creates, so tests can tell whether (and
 // how often, and when) it ran. SY_ENV_OUT names a file it writes its
-// environment to, one NAME=VALUE a line.
+// environment to, one NAME=VALUE a line, and SY_ARGS_OUT one it writes its
+// arguments to, one a line.
 package main
 
 import (
@@ -92,6 +104,8 @@ import (
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/switchyard-router/switchyard/builtin"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
@@ -115,6 +129,9 @@ func main() {
 	}
 	if f := os.Getenv("SY_ENV_OUT"); f != "" {
 		_ = os.WriteFile(f, []byte(strings.Join(os.Environ(), "\n")+"\n"), 0o600)
+	}
+	if f := os.Getenv("SY_ARGS_OUT"); f != "" {
+		_ = os.WriteFile(f, []byte(strings.Join(os.Args[1:], "\n")+"\n"), 0o600)
 	}
 	switch os.Getenv("SY_TEST_MODE") {
 	case "cookie":
@@ -221,6 +238,23 @@ func main() {
 	case "linger":
 		serve()
 		time.Sleep(time.Hour)
+	case "names":
+		ts := types()
+		for i, name := range strings.Split(os.Getenv("SY_TYPE_NAMES"), ",") {
+			ts[i].Name = name
+		}
+		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
+	case "no-types", "dup-type", "extra-inputs":
+		serveIntercepted(grpc.UnaryInterceptor(mangleUnary(os.Getenv("SY_TEST_MODE"))))
+	case "no-reflection":
+		serveIntercepted(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+			if strings.HasPrefix(info.FullMethod, "/grpc.reflection.") {
+				return status.Error(codes.Unimplemented, "no reflection")
+			}
+			return h(srv, ss)
+		}))
+	case "filtered-kept":
+		serveIntercepted(grpc.StreamInterceptor(mangleDecide("filtered-kept")))
 	case "decide-dup", "decide-extra", "decide-drop":
 		serveIntercepted(grpc.StreamInterceptor(mangleDecide(os.Getenv("SY_TEST_MODE"))))
 	case "badbound":
@@ -334,6 +368,27 @@ func mangleDecide(mode string) grpc.StreamServerInterceptor {
 	}
 }
 
+// mangleUnary breaks the Describe or Configure answers as mode says.
+func mangleUnary(mode string) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+		resp, err := h(ctx, req)
+		switch r := resp.(type) {
+		case *pluginv1.DescribeResponse:
+			switch mode {
+			case "no-types":
+				r.Types = nil
+			case "dup-type":
+				r.Types = append(r.Types, r.Types[len(r.Types)-1])
+			}
+		case *pluginv1.ConfigureResponse:
+			if mode == "extra-inputs" && len(r.GetDiagnostics()) == 0 {
+				r.Inputs = uint32(shared.AllInputs)
+			}
+		}
+		return resp, err
+	}
+}
+
 type mangled struct {
 	grpc.ServerStream
 	mode string
@@ -355,6 +410,9 @@ func (m *mangled) SendMsg(msg any) error {
 			out.Results = append(out.Results, r, r)
 		case "decide-extra":
 			out.Results = append(out.Results, r, &pluginv1.DecideResult{TaskId: 7, Picked: -1})
+		case "filtered-kept":
+			r.Kept, r.FilteredBy = []uint32{0}, "check/t-max-active"
+			out.Results = append(out.Results, r)
 		}
 	}
 	if len(out.Results) == 0 {
