@@ -204,7 +204,7 @@ func (r *Router) shadowDecide(ctx context.Context, j *shadowJob, id shared.Worke
 			j.out.Result, j.out.Err = ShadowFailed, fmt.Errorf("shadow policy %q panicked: %v", j.out.Shadow, p)
 		}
 	}()
-	row, err := pipeline.Execute(ctx, j.sp.compiled, &j.req, j.c, &j.s)
+	row, err := pipeline.Execute(pipeline.WithShadow(ctx), j.sp.compiled, &j.req, j.c, &j.s)
 	switch {
 	case errors.Is(err, shared.ErrAllFiltered):
 		j.out.Result, j.out.Err = ShadowNone, err

@@ -451,6 +451,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		if err := replay.WriteFallbacks(stderr, rep); err != nil {
 			return &exitError{code: 1, err: err}
 		}
+		if err := replay.WriteShadowFailures(stderr, rep); err != nil {
+			return &exitError{code: 1, err: err}
+		}
 	}
 	if f.failOnFallback && fellBack > 0 {
 		return &exitError{code: 1, err: fmt.Errorf("--fail-on-fallback: %d selections were decided by a fallback policy", fellBack)}

@@ -93,6 +93,8 @@ type driver struct {
 	// shadow counts the shadow decisions by result (the roles' policies'
 	// shadows); all zero without one.
 	shadow map[router.ShadowResult]int64
+	// shadowFirstErr is the first failed shadow decision's error.
+	shadowFirstErr string
 }
 
 // request is one trace request's state through the replay.

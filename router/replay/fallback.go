@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 
@@ -139,6 +140,25 @@ func WriteFallbacks(w io.Writer, r *Report) error {
 		}
 	}
 	return nil
+}
+
+// WriteShadowFailures writes one stderr line when r's shadow decisions
+// failed (errors, panics, plugin calls that got no answer): how many of
+// the shadow's decisions, and the first error. A shadow never changes a
+// live decision, so this is the only place a failing shadow shows besides
+// the report's shadow counts and the table's lower agreement.
+func WriteShadowFailures(w io.Writer, r *Report) error {
+	s := r.Shadow
+	if s == nil || s.Failed == 0 {
+		return nil
+	}
+	names := make([]string, 0, len(s.Shadows))
+	for _, role := range slices.Sorted(maps.Keys(s.Shadows)) {
+		names = append(names, fmt.Sprintf("%q (%s)", s.Shadows[role], role))
+	}
+	_, err := fmt.Fprintf(w, "router: %s: shadow policy %s failed %d of %d decisions (%s); first error: %s\n",
+		r.Label(), strings.Join(names, ", "), s.Failed, s.Decisions, share(s.Failed, s.Decisions), s.FirstError)
+	return err
 }
 
 // share renders n of total as a percentage with one decimal, "<0.1%" for

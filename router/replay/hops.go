@@ -180,6 +180,9 @@ func (d *driver) selected(policy string, dec *router.Decision) {
 			d.shadow = make(map[router.ShadowResult]int64)
 		}
 		d.shadow[r]++
+		if r == router.ShadowFailed && d.shadowFirstErr == "" && dec.Shadow.Err != nil {
+			d.shadowFirstErr = dec.Shadow.Err.Error()
+		}
 	}
 }
 

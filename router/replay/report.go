@@ -199,6 +199,9 @@ type ShadowReport struct {
 	// AgreeShare is Agree / Decisions (0 without decisions), rounded to
 	// 4 decimals.
 	AgreeShare float64 `json:"agree_share"`
+	// FirstError is the error of the first failed shadow decision; absent
+	// when none failed.
+	FirstError string `json:"first_error,omitempty"`
 }
 
 // KVEventsReport is the KV event feed of a precise replay.
@@ -564,6 +567,7 @@ func (d *driver) shadowReport(o *Options, roles []shared.Role) *ShadowReport {
 	sr.Agree, sr.Disagree = d.shadow[router.ShadowAgree], d.shadow[router.ShadowDisagree]
 	sr.Failed, sr.None = d.shadow[router.ShadowFailed], d.shadow[router.ShadowNone]
 	sr.Decisions = sr.Agree + sr.Disagree + sr.Failed + sr.None
+	sr.FirstError = d.shadowFirstErr
 	if sr.Decisions > 0 {
 		sr.AgreeShare = round4(float64(sr.Agree) / float64(sr.Decisions))
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -151,12 +152,20 @@ func TestShadowReplay(t *testing.T) {
 		b.Roles[shared.RoleAggregated].Shadow.Picker = failingPicker{err: errors.New("shadow down")}
 		var per bytes.Buffer
 		rep := run(t, b, "rr", recs, workers, &per)
-		want := &ShadowReport{Shadows: map[string]string{"aggregated": "rr2"}, Decisions: n, Failed: n}
+		want := &ShadowReport{Shadows: map[string]string{"aggregated": "rr2"}, Decisions: n, Failed: n, FirstError: `picker "rr": shadow down`}
 		if diff := cmp.Diff(want, rep.Shadow); diff != "" {
 			t.Errorf("shadow report (-want +got):\n%s", diff)
 		}
 		if rep.Fallbacks != 0 || !bytes.Contains(per.Bytes(), []byte(`"shadow":"failed"`)) {
 			t.Errorf("fallbacks %d; per-request lines lack the failed shadow", rep.Fallbacks)
+		}
+		var stderr bytes.Buffer
+		if err := WriteShadowFailures(&stderr, rep); err != nil {
+			t.Fatal(err)
+		}
+		wantLine := fmt.Sprintf("router: rr: shadow policy \"rr2\" (aggregated) failed %d of %d decisions (100.0%%); first error: picker \"rr\": shadow down\n", n, n)
+		if stderr.String() != wantLine {
+			t.Errorf("stderr %q, want %q", stderr.String(), wantLine)
 		}
 	})
 }
@@ -204,7 +213,8 @@ worker_selection {
 		}
 	}
 	want := &ShadowReport{Shadows: map[string]string{"prefill": "twin", "decode": "bad"},
-		Decisions: prefill + decode, Agree: prefill, Failed: decode, AgreeShare: round4(float64(prefill) / float64(prefill+decode))}
+		Decisions: prefill + decode, Agree: prefill, Failed: decode, AgreeShare: round4(float64(prefill) / float64(prefill+decode)),
+		FirstError: `picker "rr": shadow down`}
 	if diff := cmp.Diff(want, rep.Shadow); diff != "" {
 		t.Errorf("shadow report (-want +got):\n%s", diff)
 	}

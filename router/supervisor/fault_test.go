@@ -961,6 +961,44 @@ func TestBreaker(t *testing.T) {
 	}
 }
 
+// TestShadowCallsLeaveTheBreakerAlone: a shadow decision's failed calls
+// (pipeline.WithShadow) never open the breaker that the live calls to the
+// same plugin go through, and are not fallbacks; they are call errors.
+func TestShadowCallsLeaveTheBreakerAlone(t *testing.T) {
+	h, reg := faultHost(t, Options{Breaker: BreakerPolicy{OpenTimeout: time.Hour}})
+	b := block("shared", "fail")
+	n := DefaultBreakerConsecutiveFailures + 2
+	b.Env["SY_FAIL"] = strings.Repeat("error,", n) + "ok"
+	types, err := h.Start(context.Background(), b)
+	if err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
+	shadowCtx := pipeline.WithShadow(context.Background())
+	var ce *CallError
+	for i := range n {
+		if err := s.Score(shadowCtx, request, candidates(), make([]float64, 4)); !errors.As(err, &ce) || ce.Cause != codeError {
+			t.Fatalf("shadow call %d: %v, want the plugin's error", i, err)
+		}
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_breaker_state", "plugin", "shared"); v != 0 {
+		t.Errorf("breaker_state = %v after %d failed shadow calls, want 0 (closed)", v, n)
+	}
+	// The live call reaches the plugin (its call n+1, which succeeds).
+	if err := s.Score(context.Background(), request, candidates(), make([]float64, 4)); err != nil {
+		t.Errorf("the live call after the shadow's failures: %v", err)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_fallbacks_total", "plugin", "shared", "reason", "error"); v > 0 {
+		t.Errorf("fallbacks_total{reason=error} = %v, want none (nothing falls back for a shadow)", v)
+	}
+	if v := counterValue(t, reg, "switchyard_plugin_call_errors_total", "plugin", "shared", "code", "error"); v != float64(n) {
+		t.Errorf("call_errors_total{code=error} = %v, want %d", v, n)
+	}
+	if diff := cmp.Diff(Stats{Calls: int64(n + 1), Errors: int64(n)}, h.Stats("shared")); diff != "" {
+		t.Errorf("Stats (-want +got):\n%s", diff)
+	}
+}
+
 // TestMetricsAcrossHosts: the old and new Host of a reload share one
 // registry; the new one owns the gauges.
 func TestMetricsAcrossHosts(t *testing.T) {

@@ -21,6 +21,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -528,19 +529,32 @@ func (m *managed) decide(ctx context.Context, task *pluginclient.Task) (plugincl
 // counts it: decide and classify. It fails fast while the plugin restarts,
 // is failed or shuts down, or while the breaker is open. The call's
 // context is also cancelled when the process exits or stops.
+//
+// A shadow decision's call (pipeline.IsShadow) is refused while the
+// breaker is open but never counts toward it, and its failures are not
+// counted as fallbacks: nothing falls back for a shadow, and a failing
+// shadow must not open the breaker that the live policies using the same
+// plugin go through.
 func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Context, p *proc) error) error {
 	m.stats.calls.Add(1)
+	shadow := pipeline.IsShadow(ctx)
 	p := m.cur.Load()
 	if p == nil || !p.enter() {
 		code, err := m.refusal(p)
-		return m.failed(op, code, err)
+		return m.failed(op, code, err, shadow)
 	}
 	defer p.leave()
 	var done func(error)
-	if p.breaker != nil {
+	switch {
+	case p.breaker == nil:
+	case shadow:
+		if p.breaker.State() == gobreaker.StateOpen {
+			return m.failed(op, codeBreakerOpen, fmt.Errorf("plugin %q: %w", m.name, ErrBreakerOpen), shadow)
+		}
+	default:
 		d, err := p.breaker.Allow()
 		if err != nil {
-			return m.failed(op, codeBreakerOpen, fmt.Errorf("plugin %q: %w (%v)", m.name, ErrBreakerOpen, err))
+			return m.failed(op, codeBreakerOpen, fmt.Errorf("plugin %q: %w", m.name, ErrBreakerOpen), shadow)
 		}
 		done = d
 	}
@@ -578,7 +592,7 @@ func (m *managed) call(ctx context.Context, op string, fn func(ctx context.Conte
 			m.checkStall(p, start)
 		}
 	}
-	return m.failed(op, code, err)
+	return m.failed(op, code, err, shadow)
 }
 
 // countTimeout reports whether a call that started at start and timed out
@@ -677,14 +691,16 @@ func (m *managed) refusal(p *proc) (string, error) {
 
 // failed counts a failed call of op, logs it (rate-limited, see
 // FailureLogPolicy) and returns err as a *CallError with its cause code.
-func (m *managed) failed(op, code string, err error) error {
-	m.stats.fallbacks.Add(1)
+func (m *managed) failed(op, code string, err error, shadow bool) error {
+	if !shadow {
+		m.stats.fallbacks.Add(1)
+	}
 	if code == codeTimeout {
 		m.stats.timeouts.Add(1)
 	} else {
 		m.stats.errors.Add(1)
 	}
-	m.met.callFailed(m.name, code)
+	m.met.callFailed(m.name, code, shadow)
 	if l := m.failLogs[code]; l != nil { // not canceled: the caller's doing
 		n := l.n.Add(1)
 		log := false

@@ -228,12 +228,12 @@ func (m *Metrics) decideBatch(name string) func(tasks int) {
 	return func(tasks int) { h.Observe(float64(tasks)) }
 }
 
-func (m *Metrics) callFailed(name, code string) {
+func (m *Metrics) callFailed(name, code string, shadow bool) {
 	if m == nil {
 		return
 	}
 	m.callErrors.WithLabelValues(name, code).Inc()
-	if code != codeCanceled {
+	if code != codeCanceled && !shadow {
 		m.fallbacks.WithLabelValues(name, code).Inc()
 	}
 }
