@@ -97,9 +97,10 @@ type loader struct {
 	// file): what looks missing or unused may be in the dropped part.
 	syntaxErrors bool
 	// badSelection: a role in worker_selection names no usable policy, the
-	// block has errors (a misspelled role), or there is no worker_selection
+	// block has errors (a misspelled role), there is no worker_selection
 	// block but the file has a top-level error (a misspelled
-	// worker_selection block), so which policies are in use is not known.
+	// worker_selection block), or a policy's shadow is in error, so which
+	// policies are in use is not known.
 	badSelection bool
 
 	decls      []*policyDecl

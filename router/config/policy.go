@@ -236,6 +236,10 @@ func (l *loader) resolveShadow(d *policyDecl) {
 	if name == DefaultPolicyName && s == nil {
 		s = l.def
 	}
+	// A shadow in error may have meant any policy: no "Unused policy"
+	// beside the error (restored when it resolves).
+	prev := l.badSelection
+	l.badSelection = true
 	switch {
 	case s == nil && name == DefaultPolicyName:
 		l.attrErrorf(attr, "Default policy unavailable",
@@ -262,6 +266,7 @@ func (l *loader) resolveShadow(d *policyDecl) {
 			}
 		}
 		d.shadow = s
+		l.badSelection = prev
 	}
 }
 
