@@ -70,17 +70,19 @@ func newVersionCmd() *cobra.Command {
 // ... 2>&1 | head -1`) would kill the process with SIGPIPE, skipping
 // every cleanup (plugins' socket directories); SIGPIPE is caught for the
 // whole run instead (catchBrokenPipe): such a write fails with EPIPE, the
-// first one cancels the command like SIGTERM, and the router exits with
-// status 141 (128 + SIGPIPE, what a shell reports for a process killed by
-// it) once the command has cleaned up.
+// first one on stdout or stderr cancels the command like SIGTERM, and the
+// router exits with status 141 (128 + SIGPIPE, what a shell reports for a
+// process killed by it) once the command has cleaned up. A broken
+// connection (a client of router serve that left) raises SIGPIPE too
+// while it is caught; only the router's own stdout and stderr count.
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	go func() {
 		<-ctx.Done()
 		stop()
 	}()
-	ctx, brokenPipe := catchBrokenPipe(ctx)
-	code := runContext(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	ctx, out, brokenPipe := catchBrokenPipe(ctx)
+	code := runContext(ctx, os.Args[1:], out(os.Stdout), out(os.Stderr))
 	stop()
 	if brokenPipe() {
 		code = 128 + int(syscall.SIGPIPE)
@@ -88,21 +90,41 @@ func main() {
 	os.Exit(code)
 }
 
-// catchBrokenPipe catches SIGPIPE until the process exits, and returns a
-// context cancelled at the first one and a function reporting whether one
-// came. Go kills a process that writes to a broken pipe on fd 1 or 2 only
-// while SIGPIPE is not caught; caught, the write returns EPIPE.
-func catchBrokenPipe(parent context.Context) (context.Context, func() bool) {
+// catchBrokenPipe catches SIGPIPE until the process exits (Go kills a
+// process that writes to a broken pipe on fd 1 or 2 only while SIGPIPE is
+// not caught; caught, the write returns EPIPE, and every broken socket's
+// write raises it too, so the signal itself says nothing). It returns a
+// context cancelled at the first EPIPE of a writer wrapped by out (the
+// router's stdout and stderr), out, and a function reporting whether one
+// came.
+func catchBrokenPipe(parent context.Context) (context.Context, func(io.Writer) io.Writer, func() bool) {
 	ctx, cancel := context.WithCancel(parent)
 	pipes := make(chan os.Signal, 1)
 	signal.Notify(pipes, syscall.SIGPIPE)
-	var broke atomic.Bool
 	go func() {
-		<-pipes
-		broke.Store(true)
-		cancel()
+		for range pipes { // drained: the writes' EPIPE tells whose pipe broke
+		}
 	}()
-	return ctx, broke.Load
+	broke := new(atomic.Bool)
+	out := func(w io.Writer) io.Writer { return &pipeWriter{w: w, broke: broke, cancel: cancel} }
+	return ctx, out, broke.Load
+}
+
+// pipeWriter is the router's stdout or stderr: its first write that
+// fails with EPIPE (the reader is gone) marks the pipe broken and cancels
+// the command.
+type pipeWriter struct {
+	w      io.Writer
+	broke  *atomic.Bool
+	cancel context.CancelFunc
+}
+
+func (p *pipeWriter) Write(b []byte) (int, error) {
+	n, err := p.w.Write(b)
+	if err != nil && errors.Is(err, syscall.EPIPE) && p.broke.CompareAndSwap(false, true) {
+		p.cancel()
+	}
+	return n, err
 }
 
 // run executes the command line and returns the process exit code: 0 on
