@@ -8,14 +8,17 @@ directly on a gRPC server of their own.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
+import numbers
 import operator
 import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Set
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
@@ -149,6 +152,26 @@ def validate_types(types: Sequence[TypeInfo]) -> None:
         raise ValueError("; ".join(problems))
 
 
+class _LogLimit:
+    """Counts failures of one kind and says which to log: the first, then at
+    most one every 10 s."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._last = -math.inf
+
+    def note(self) -> Tuple[bool, int]:
+        """Counts one failure; returns whether to log it and the count so far."""
+        with self._lock:
+            self._count += 1
+            now = time.monotonic()
+            log = now - self._last >= _EXCEPTION_LOG_INTERVAL
+            if log:
+                self._last = now
+            return log, self._count
+
+
 class _Instance:
     """One configured component."""
 
@@ -160,8 +183,7 @@ class _Instance:
         self.block_size = block_size
         self.partitions: Dict[Tuple[str, str], _Partition] = {}
         self.lock = threading.Lock()
-        self.exceptions = 0
-        self.last_logged = -math.inf
+        self.exceptions = _LogLimit()
 
 
 class _Partition:
@@ -215,6 +237,7 @@ class PluginServer(
         self._clock = 0  # the latest router clock seen, unix ns
         self._delivered = 0  # the highest through_seq delivered
         self._events_cond = threading.Condition()
+        self._internal_errors = _LogLimit()  # the SDK's own failures in Decide
 
     def add_to(self, server: grpc.Server) -> None:
         """Registers every service on server."""
@@ -376,7 +399,9 @@ class PluginServer(
         except _TaskError as e:
             res = pb.DecideResult(task_id=task.task_id, picked=-1, error=str(e))
         except Exception as e:  # noqa: BLE001 - a task never takes the stream down
-            self._log.exception("decide task %d failed", task.task_id)
+            log, count = self._internal_errors.note()
+            if log:
+                self._log.exception("decide task %d failed", task.task_id, extra={"failures": count})
             res = pb.DecideResult(task_id=task.task_id, picked=-1, error=f"internal error: {e}")
         return res
 
@@ -398,11 +423,8 @@ class PluginServer(
                 raise _TaskError(f"unknown instance {quote(st.instance)} (not configured)")
             if inst.kind == Kind.FILTER:
                 filtered = True
-                keep = self._call(inst, lambda: inst.comp.filter(req, c))
-                keep = list(keep)
-                if len(keep) != len(c):
-                    raise _TaskError(f"filter {quote(inst.name)}: {len(keep)} keep flags for {len(c)} rows")
-                rows = [i for i, k in enumerate(keep) if k]
+                keep = self._results(inst, lambda: inst.comp.filter(req, c), len(c))
+                rows = _kept_rows(inst, keep)
                 orig = [orig[i] for i in rows]
                 if task_sum is not None:
                     task_sum = [task_sum[i] for i in rows]
@@ -411,19 +433,15 @@ class PluginServer(
                     res.filtered_by = inst.name
                     return
             elif inst.kind == Kind.SCORER:
-                costs = list(self._call(inst, lambda: inst.comp.score(req, c)))
-                if len(costs) != len(c):
-                    raise _TaskError(f"scorer {quote(inst.name)}: {len(costs)} costs for {len(c)} rows")
+                costs = self._results(inst, lambda: inst.comp.score(req, c), len(c))
                 if task_sum is None:
                     task_sum = [0.0] * len(c)
                 if c.costs is None:
                     c.costs = [0.0] * len(c)
                 w = st.weight
                 for i, v in enumerate(costs):
-                    try:
-                        v = float(v)
-                    except (TypeError, ValueError):
-                        raise _TaskError(f"scorer {quote(inst.name)}: cost {v!r} at row {i} is not a number") from None
+                    if type(v) is not float:
+                        v = _cost(inst, v, i)
                     s, tot = task_sum[i] + w * v, c.costs[i] + w * v
                     if not (math.isfinite(s) and math.isfinite(tot)):
                         if not math.isfinite(v):
@@ -462,18 +480,49 @@ class PluginServer(
         except ComponentError as e:
             raise _TaskError(f"{inst.kind} {quote(inst.name)}: {e}") from None
         except Exception as e:  # noqa: BLE001
-            with inst.lock:
-                inst.exceptions += 1
-                count = inst.exceptions
-                now = time.monotonic()
-                log = now - inst.last_logged >= _EXCEPTION_LOG_INTERVAL
-                if log:
-                    inst.last_logged = now
+            log, count = inst.exceptions.note()
             if log:
                 self._log.error(
                     "component raised", exc_info=True, extra={"instance": inst.name, "kind": str(inst.kind), "panics": count}
                 )
             raise _TaskError(f"{inst.kind} {quote(inst.name)} panicked: {type(e).__name__}: {e}") from None
+
+    def _results(self, inst: _Instance, call: Callable[[], object], n: int) -> List[object]:
+        """Runs a filter's or scorer's call (through :meth:`_call`) and reads
+        its answer into a list of n entries: any iterable but a string,
+        bytes, a mapping or a set; a generator is read in the call, so its
+        exceptions are the component's, and never past entry n + 1. Raises
+        _TaskError naming the component for anything else or another
+        length."""
+        what = "keep flags" if inst.kind == Kind.FILTER else "costs"
+
+        def read() -> object:
+            out = call()
+            if out is None or isinstance(out, (str, bytes, bytearray, Mapping, Set)):
+                return _NotEntries(out)
+            try:
+                size = len(out)  # type: ignore[arg-type]
+            except TypeError:
+                size = None
+            if size is not None and size != n:
+                return _WrongLength(size)
+            try:
+                it = iter(out)  # type: ignore[call-overload]
+            except TypeError:
+                return _NotEntries(out)
+            return list(itertools.islice(it, n + 1))  # an endless generator stops here
+
+        out = self._call(inst, read)
+        if isinstance(out, _NotEntries):
+            want = "bools" if inst.kind == Kind.FILTER else "numbers"
+            raise _TaskError(f"{inst.kind} {quote(inst.name)}: returned {_show(out.value)}, not a sequence of {want}")
+        if isinstance(out, _WrongLength):
+            raise _TaskError(f"{inst.kind} {quote(inst.name)}: {out.size} {what} for {n} rows")
+        assert isinstance(out, list)
+        if len(out) != n:
+            got = f"more than {n}" if len(out) > n else str(len(out))
+            raise _TaskError(f"{inst.kind} {quote(inst.name)}: {got} {what} for {n} rows")
+        return out
 
     # --- Classify and Events ---------------------------------------------
 
@@ -691,6 +740,57 @@ def _classification_to_proto(c: Classification) -> pb.ClassifyResponse:
     if c.target is not None:
         r.target, r.has_target = int(c.target), True
     return r
+
+
+class _NotEntries:
+    """A filter's or scorer's answer that is not a sequence of entries."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+class _WrongLength:
+    """A filter's or scorer's answer of another length than the rows'."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _kept_rows(inst: _Instance, keep: Sequence[object]) -> List[int]:
+    """The rows a filter keeps; raises _TaskError for an entry that is not a
+    bool (1, "False" and NaN are refused, not read as truthy)."""
+    rows = []
+    for i, k in enumerate(keep):
+        if k is True:
+            rows.append(i)
+        elif k is not False:
+            raise _TaskError(f"filter {quote(inst.name)}: keep flag {_show(k)} at row {i} is not a bool")
+    return rows
+
+
+def _cost(inst: _Instance, v: object, i: int) -> float:
+    """Converts a scorer's cost that is not a float: any real number (int,
+    numpy's numbers, Fraction) but a bool; raises _TaskError for anything
+    else or an int beyond a float's range. Finiteness is checked later."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise _TaskError(f"scorer {quote(inst.name)}: cost {_show(v)} at row {i} is not a number (int or float)")
+    try:
+        return float(v)
+    except OverflowError:
+        raise _TaskError(f"scorer {quote(inst.name)}: cost {_show(v)} at row {i} is too large for a float") from None
+
+
+def _show(v: object, limit: int = 60) -> str:
+    """repr(v) cut to about limit characters, for an error message: a
+    component's answer can be anything (an int of 400 digits, an object whose
+    repr raises)."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 128:
+        return f"an int of {v.bit_length()} bits"
+    try:
+        r = repr(v)
+    except Exception:  # noqa: BLE001 - any repr may raise
+        r = f"<{type(v).__name__}>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def _go_float(v: float) -> str:
