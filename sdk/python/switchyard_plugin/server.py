@@ -8,6 +8,7 @@ directly on a gRPC server of their own.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import logging
@@ -33,6 +34,7 @@ from .types import (
     ComponentError,
     Event,
     EventKind,
+    Inputs,
     InstanceInfo,
     Kind,
     ParamError,
@@ -315,7 +317,15 @@ class PluginServer(
             return refuse(("", f"type {quote(t.name)}: {type(comp).__name__} does not implement the {t.kind} interface", ""))
         events = callable(getattr(comp, "on_events", None)) or (t.kind == Kind.CLASSIFIER and t.events)
         inputs_fn = getattr(comp, "inputs", None)
-        inputs = int(inputs_fn()) if callable(inputs_fn) else int(t.inputs)
+        inputs = int(t.inputs)
+        if callable(inputs_fn):
+            try:
+                inputs = _instance_inputs(inputs_fn(), t)
+            except ValueError as e:
+                return refuse(("", f"type {quote(t.name)}: inputs() {e}", ""))
+            except Exception as e:  # noqa: BLE001 - a refusal, never a gRPC error
+                self._log.error("inputs() raised", exc_info=True, extra={"type": t.name, "instance": info.name})
+                return refuse(("", f"type {quote(t.name)}: inputs() raised {type(e).__name__}: {e}", ""))
         with self._lock:
             self._instances[info.name] = _Instance(info.name, t, comp, info.block_size)
         self._log.debug("configured instance %s", info.name, extra={"type": t.name, "role": info.role, "events": events})
@@ -740,6 +750,31 @@ def _classification_to_proto(c: Classification) -> pb.ClassifyResponse:
     if c.target is not None:
         r.target, r.has_target = int(c.target), True
     return r
+
+
+#: Every input bit this SDK knows (docs/plugin-protocol.md, "Inputs").
+_KNOWN_INPUTS = int(functools.reduce(operator.or_, Inputs))
+
+
+def _instance_inputs(got: object, t: TypeInfo) -> int:
+    """Checks what an instance's inputs() returned: an Inputs (or int) of
+    known bits, a subset of its type's declared inputs. Raises ValueError
+    saying what is wrong (`returned ..., not ...`)."""
+    if isinstance(got, bool) or not isinstance(got, int):
+        raise ValueError(f"returned {_show(got)}, not an Inputs value")
+    if got & ~_KNOWN_INPUTS:
+        raise ValueError(f"returned {_show(got)}, which has bits outside the known inputs ({_inputs_names(_KNOWN_INPUTS)})")
+    if got & ~int(t.inputs):
+        raise ValueError(
+            f"returned {_inputs_names(got)}, not a subset of the type's declared inputs ({_inputs_names(t.inputs)})"
+        )
+    return int(got)
+
+
+def _inputs_names(v: int) -> str:
+    """Names the bits of an Inputs value: `LOAD|CACHE (12)`, `NONE (0)`."""
+    names = "|".join(f.name or "" for f in Inputs if f and v & f) or "NONE"
+    return f"{names} ({int(v)})"
 
 
 class _NotEntries:

@@ -8,7 +8,9 @@ import unittest
 
 import switchyard_plugin as sp
 
-from .helpers import Served
+from switchyard_plugin._pb import plugin_pb2 as pb
+
+from .helpers import TIMEOUT, Served
 from . import test_server
 from .test_server import task
 
@@ -116,6 +118,59 @@ class ResultsTest(unittest.TestCase):
                                  'scorer "none": returned None, not a sequence of numbers')
             logging.getLogger("switchyard_plugin").error("end")
         self.assertEqual([rec.getMessage() for rec in logs.records if rec.levelname != "DEBUG"], ["end"])
+
+
+class Declares:
+    """A scorer whose inputs() answers INPUTS[instance name] (raised when an exception)."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def inputs(self):
+        got = INPUTS[self.name]
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def score(self, req, cands):
+        return [0.0] * len(cands)
+
+
+INPUTS = {}
+
+
+class InputsTest(unittest.TestCase):
+    def test_inputs_refused_as_diagnostics(self):
+        s = Served([sp.TypeInfo(name="decl", kind=sp.Kind.SCORER, doc="d", inputs=sp.Inputs.LOAD | sp.Inputs.CACHE,
+                                new=lambda i, p: Declares(i.name))])
+        self.addCleanup(s.close)
+        cases = [
+            (RuntimeError("inputs boom"), 'type "decl": inputs() raised RuntimeError: inputs boom'),
+            (None, 'type "decl": inputs() returned None, not an Inputs value'),
+            (True, 'type "decl": inputs() returned True, not an Inputs value'),
+            (64 | 4, 'type "decl": inputs() returned 68, which has bits outside the known inputs '
+                     '(ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (31))'),
+            (-1, 'type "decl": inputs() returned -1, which has bits outside the known inputs '
+                 '(ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (31))'),
+            (sp.Inputs.LOAD | sp.Inputs.ACTIVE_REQUESTS,
+             'type "decl": inputs() returned ACTIVE_REQUESTS|LOAD (5), not a subset of the type\'s declared inputs '
+             '(LOAD|CACHE (12))'),
+        ]
+        for i, (got, want) in enumerate(cases):
+            name = f"i{i}"
+            INPUTS[name] = got
+            with self.assertLogs("switchyard_plugin", "ERROR") as logs:
+                r = s.stub.Configure(pb.ConfigureRequest(instance=name, type="decl"), timeout=TIMEOUT)
+                logging.getLogger("switchyard_plugin").error("end")
+            self.assertEqual([(d.param, d.summary) for d in r.diagnostics], [("", want)])
+            # Only an exception is logged, with its traceback.
+            self.assertEqual([rec.getMessage() for rec in logs.records],
+                             ["inputs() raised", "end"] if i == 0 else ["end"])
+            self.assertIsNone(s.plugin._lookup(name))  # not configured
+        for i, (got, want) in enumerate([(sp.Inputs.CACHE, 8), (4, 4), (sp.Inputs.NONE, 0)]):
+            INPUTS[f"ok{i}"] = got
+            r = s.stub.Configure(pb.ConfigureRequest(instance=f"ok{i}", type="decl"), timeout=TIMEOUT)
+            self.assertEqual((list(r.diagnostics), r.inputs), ([], want))
 
 
 if __name__ == "__main__":
