@@ -38,6 +38,7 @@ from .types import (
     InstanceInfo,
     Kind,
     ParamError,
+    ParamSpec,
     ParamType,
     ParamValue,
     PartitionContext,
@@ -128,28 +129,56 @@ def value_from_proto(v: pb.Value, t: ParamType) -> ParamValue:
 
 def validate_types(types: Sequence[TypeInfo]) -> None:
     """Raises ValueError naming every problem with the types a plugin serves:
-    none, an empty or duplicate name, an invalid kind, a default not of its
-    parameter's type."""
+    not a list of TypeInfo, none, an empty or duplicate name, no callable
+    ``new``, an invalid kind, inputs of unknown bits, parameters that are not
+    ParamSpecs, of no name, defined twice, of an invalid type, or with a
+    default not of the parameter's type (an int for a number; never NaN or
+    an infinity)."""
+    if not isinstance(types, (list, tuple)):
+        raise ValueError(f"types must be a list of TypeInfo, got {_show(types)}")
     if not types:
         raise ValueError("no component types to serve")
     problems: List[str] = []
     seen = set()
     for i, t in enumerate(types):
-        if not t.name:
+        if not isinstance(t, TypeInfo):
+            problems.append(f"type #{i} is {_show(t)}, not a TypeInfo")
+            continue
+        if not isinstance(t.name, str) or not t.name:
             problems.append(f"type #{i} has no name")
         elif t.name in seen:
             problems.append(f'type "{t.name}" is defined twice')
         seen.add(t.name)
+        name = quote(str(t.name))
         if not callable(t.new):
-            problems.append(f'type "{t.name}" has no callable new')
+            problems.append(f"type {name} has no callable new")
         if t.kind not in KIND_INTERFACES:
-            problems.append(f'type "{t.name}" has invalid kind {t.kind!r}')
-        for p in t.params:
-            if p.default is not None:
+            problems.append(f"type {name} has invalid kind {_show(t.kind)}")
+        if isinstance(t.inputs, bool) or not isinstance(t.inputs, int) or t.inputs & ~_KNOWN_INPUTS:
+            problems.append(f"type {name} has inputs {_show(t.inputs)}, not an Inputs value of known bits")
+        if not isinstance(t.params, (list, tuple)):
+            problems.append(f"type {name} has params {_show(t.params)}, not a list of ParamSpec")
+            continue
+        params = set()
+        for j, p in enumerate(t.params):
+            if not isinstance(p, ParamSpec):
+                problems.append(f"type {name} parameter #{j} is {_show(p)}, not a ParamSpec")
+                continue
+            if not isinstance(p.name, str) or not p.name:
+                problems.append(f"type {name} parameter #{j} has no name")
+                continue
+            if p.name in params:
+                problems.append(f'type {name} parameter "{p.name}" is defined twice')
+            params.add(p.name)
+            if p.type not in _PARAM_FIELDS:
+                problems.append(f'type {name} parameter "{p.name}" has invalid type {_show(p.type)}')
+            elif p.default is not None:
                 try:
                     value_to_proto(p.default, p.type)
-                except (ValueError, KeyError) as e:
-                    problems.append(f'type "{t.name}" parameter "{p.name}" default: {e}')
+                    if p.type == ParamType.NUMBER and not math.isfinite(p.default):
+                        raise ValueError(f"{p.default} is not a finite number")
+                except ValueError as e:
+                    problems.append(f'type {name} parameter "{p.name}" default: {e}')
     if problems:
         raise ValueError("; ".join(problems))
 
