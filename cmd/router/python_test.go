@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -197,5 +199,36 @@ func TestReplayPythonClassifierMatchesGo(t *testing.T) {
 	}
 	if !bytes.Equal(goPer, pyPer) {
 		t.Error("per-request outputs differ")
+	}
+}
+
+// TestPluginsCheckPythonMistakes: a Python plugin's mistakes reach the
+// check's output in the SDK's words: invalid types (refused by serve()
+// before the handshake) in the quoted stderr, and a scorer's wrong answer
+// as the task's error naming the scorer.
+func TestPluginsCheckPythonMistakes(t *testing.T) {
+	sdk := filepath.Dir(filepath.Dir(pythonExample(t)))
+	dir := t.TempDir()
+	for i, c := range []struct{ script, want string }{
+		{`sp.serve("0.1.0", [sp.TypeInfo(name="a", kind=sp.Kind.SCORER, doc="d", new=lambda i, p: None,
+    params=[sp.ParamSpec("x", sp.ParamType.INT, "d"), sp.ParamSpec("x", sp.ParamType.INT, "d")])])`,
+			`FAIL handshake: expected the handshake line, then a usable Describe answer, got plugin "python3": ` +
+				`the plugin exited before completing the handshake (wrong handshake cookie, or not a Switchyard plugin?); ` +
+				`stderr: "error: invalid plugin types: type \"a\" parameter \"x\" is defined twice"`},
+		{`class S:
+    def score(self, req, cands):
+        return None
+sp.serve("0.1.0", [sp.TypeInfo(name="s", kind=sp.Kind.SCORER, doc="d", new=lambda i, p: S())])`,
+			`FAIL decide "s" rows=1: expected a well-formed answer, got plugin "python3": ` +
+				`plugin decide: scorer "check/s": returned None, not a sequence of numbers`},
+	} {
+		script := filepath.Join(dir, fmt.Sprintf("p%d.py", i))
+		if err := os.WriteFile(script, []byte("import switchyard_plugin as sp\n"+c.script+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, out, errOut := routerRun(t, "plugins", "check", "--env", "PYTHONPATH="+sdk, pythonBin, script)
+		if code != 1 || !slices.Contains(strings.Split(out, "\n"), c.want) {
+			t.Errorf("exit %d, want 1 and the line\n%s\nstdout:\n%s\nstderr:\n%s", code, c.want, out, errOut)
+		}
 	}
 }

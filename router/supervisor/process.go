@@ -710,7 +710,9 @@ func waitUntil(ch <-chan struct{}, deadline time.Time) bool {
 
 // tail keeps the last few meaningful lines a plugin wrote to stderr, for
 // start errors. hclog JSON lines below warn are skipped; the others are
-// shortened to their level and message.
+// shortened to their level, message and error field. Each line is read up
+// to tailRawMax bytes, so a JSON line whose error is long still parses,
+// and kept as at most tailLineMax bytes.
 type tail struct {
 	mu    sync.Mutex
 	cur   []byte
@@ -720,6 +722,7 @@ type tail struct {
 const (
 	tailLines   = 3
 	tailLineMax = 200
+	tailRawMax  = 4 << 10
 )
 
 func (t *tail) Write(b []byte) (int, error) {
@@ -730,7 +733,7 @@ func (t *tail) Write(b []byte) (int, error) {
 			t.flush()
 			continue
 		}
-		if len(t.cur) < tailLineMax {
+		if len(t.cur) < tailRawMax {
 			t.cur = append(t.cur, c)
 		}
 	}
@@ -759,6 +762,9 @@ func (t *tail) flush() {
 	}
 	if line == "" {
 		return
+	}
+	if len(line) > tailLineMax {
+		line = strings.ToValidUTF8(line[:tailLineMax], "") + "..."
 	}
 	if len(t.lines) == tailLines {
 		t.lines = t.lines[1:]

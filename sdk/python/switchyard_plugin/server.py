@@ -8,14 +8,18 @@ directly on a gRPC server of their own.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import logging
 import math
+import numbers
 import operator
 import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping, Set
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
@@ -30,9 +34,11 @@ from .types import (
     ComponentError,
     Event,
     EventKind,
+    Inputs,
     InstanceInfo,
     Kind,
     ParamError,
+    ParamSpec,
     ParamType,
     ParamValue,
     PartitionContext,
@@ -123,30 +129,78 @@ def value_from_proto(v: pb.Value, t: ParamType) -> ParamValue:
 
 def validate_types(types: Sequence[TypeInfo]) -> None:
     """Raises ValueError naming every problem with the types a plugin serves:
-    none, an empty or duplicate name, an invalid kind, a default not of its
-    parameter's type."""
+    not a list of TypeInfo, none, an empty or duplicate name, no callable
+    ``new``, an invalid kind, inputs of unknown bits, parameters that are not
+    ParamSpecs, of no name, defined twice, of an invalid type, or with a
+    default not of the parameter's type (an int for a number; never NaN or
+    an infinity)."""
+    if not isinstance(types, (list, tuple)):
+        raise ValueError(f"types must be a list of TypeInfo, got {_show(types)}")
     if not types:
         raise ValueError("no component types to serve")
     problems: List[str] = []
     seen = set()
     for i, t in enumerate(types):
-        if not t.name:
+        if not isinstance(t, TypeInfo):
+            problems.append(f"type #{i} is {_show(t)}, not a TypeInfo")
+            continue
+        if not isinstance(t.name, str) or not t.name:
             problems.append(f"type #{i} has no name")
         elif t.name in seen:
             problems.append(f'type "{t.name}" is defined twice')
         seen.add(t.name)
+        name = quote(str(t.name))
         if not callable(t.new):
-            problems.append(f'type "{t.name}" has no callable new')
+            problems.append(f"type {name} has no callable new")
         if t.kind not in KIND_INTERFACES:
-            problems.append(f'type "{t.name}" has invalid kind {t.kind!r}')
-        for p in t.params:
-            if p.default is not None:
+            problems.append(f"type {name} has invalid kind {_show(t.kind)}")
+        if isinstance(t.inputs, bool) or not isinstance(t.inputs, int) or t.inputs & ~_KNOWN_INPUTS:
+            problems.append(f"type {name} has inputs {_show(t.inputs)}, not an Inputs value of known bits")
+        if not isinstance(t.params, (list, tuple)):
+            problems.append(f"type {name} has params {_show(t.params)}, not a list of ParamSpec")
+            continue
+        params = set()
+        for j, p in enumerate(t.params):
+            if not isinstance(p, ParamSpec):
+                problems.append(f"type {name} parameter #{j} is {_show(p)}, not a ParamSpec")
+                continue
+            if not isinstance(p.name, str) or not p.name:
+                problems.append(f"type {name} parameter #{j} has no name")
+                continue
+            if p.name in params:
+                problems.append(f'type {name} parameter "{p.name}" is defined twice')
+            params.add(p.name)
+            if p.type not in _PARAM_FIELDS:
+                problems.append(f'type {name} parameter "{p.name}" has invalid type {_show(p.type)}')
+            elif p.default is not None:
                 try:
                     value_to_proto(p.default, p.type)
-                except (ValueError, KeyError) as e:
-                    problems.append(f'type "{t.name}" parameter "{p.name}" default: {e}')
+                    if p.type == ParamType.NUMBER and not math.isfinite(p.default):
+                        raise ValueError(f"{p.default} is not a finite number")
+                except ValueError as e:
+                    problems.append(f'type {name} parameter "{p.name}" default: {e}')
     if problems:
         raise ValueError("; ".join(problems))
+
+
+class _LogLimit:
+    """Counts failures of one kind and says which to log: the first, then at
+    most one every 10 s."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._last = -math.inf
+
+    def note(self) -> Tuple[bool, int]:
+        """Counts one failure; returns whether to log it and the count so far."""
+        with self._lock:
+            self._count += 1
+            now = time.monotonic()
+            log = now - self._last >= _EXCEPTION_LOG_INTERVAL
+            if log:
+                self._last = now
+            return log, self._count
 
 
 class _Instance:
@@ -160,8 +214,7 @@ class _Instance:
         self.block_size = block_size
         self.partitions: Dict[Tuple[str, str], _Partition] = {}
         self.lock = threading.Lock()
-        self.exceptions = 0
-        self.last_logged = -math.inf
+        self.exceptions = _LogLimit()
 
 
 class _Partition:
@@ -215,6 +268,7 @@ class PluginServer(
         self._clock = 0  # the latest router clock seen, unix ns
         self._delivered = 0  # the highest through_seq delivered
         self._events_cond = threading.Condition()
+        self._internal_errors = _LogLimit()  # the SDK's own failures in Decide
 
     def add_to(self, server: grpc.Server) -> None:
         """Registers every service on server."""
@@ -292,7 +346,15 @@ class PluginServer(
             return refuse(("", f"type {quote(t.name)}: {type(comp).__name__} does not implement the {t.kind} interface", ""))
         events = callable(getattr(comp, "on_events", None)) or (t.kind == Kind.CLASSIFIER and t.events)
         inputs_fn = getattr(comp, "inputs", None)
-        inputs = int(inputs_fn()) if callable(inputs_fn) else int(t.inputs)
+        inputs = int(t.inputs)
+        if callable(inputs_fn):
+            try:
+                inputs = _instance_inputs(inputs_fn(), t)
+            except ValueError as e:
+                return refuse(("", f"type {quote(t.name)}: inputs() {e}", ""))
+            except Exception as e:  # noqa: BLE001 - a refusal, never a gRPC error
+                self._log.error("inputs() raised", exc_info=True, extra={"type": t.name, "instance": info.name})
+                return refuse(("", f"type {quote(t.name)}: inputs() raised {type(e).__name__}: {e}", ""))
         with self._lock:
             self._instances[info.name] = _Instance(info.name, t, comp, info.block_size)
         self._log.debug("configured instance %s", info.name, extra={"type": t.name, "role": info.role, "events": events})
@@ -376,7 +438,9 @@ class PluginServer(
         except _TaskError as e:
             res = pb.DecideResult(task_id=task.task_id, picked=-1, error=str(e))
         except Exception as e:  # noqa: BLE001 - a task never takes the stream down
-            self._log.exception("decide task %d failed", task.task_id)
+            log, count = self._internal_errors.note()
+            if log:
+                self._log.exception("decide task %d failed", task.task_id, extra={"failures": count})
             res = pb.DecideResult(task_id=task.task_id, picked=-1, error=f"internal error: {e}")
         return res
 
@@ -398,11 +462,8 @@ class PluginServer(
                 raise _TaskError(f"unknown instance {quote(st.instance)} (not configured)")
             if inst.kind == Kind.FILTER:
                 filtered = True
-                keep = self._call(inst, lambda: inst.comp.filter(req, c))
-                keep = list(keep)
-                if len(keep) != len(c):
-                    raise _TaskError(f"filter {quote(inst.name)}: {len(keep)} keep flags for {len(c)} rows")
-                rows = [i for i, k in enumerate(keep) if k]
+                keep = self._results(inst, lambda: inst.comp.filter(req, c), len(c))
+                rows = _kept_rows(inst, keep)
                 orig = [orig[i] for i in rows]
                 if task_sum is not None:
                     task_sum = [task_sum[i] for i in rows]
@@ -411,19 +472,15 @@ class PluginServer(
                     res.filtered_by = inst.name
                     return
             elif inst.kind == Kind.SCORER:
-                costs = list(self._call(inst, lambda: inst.comp.score(req, c)))
-                if len(costs) != len(c):
-                    raise _TaskError(f"scorer {quote(inst.name)}: {len(costs)} costs for {len(c)} rows")
+                costs = self._results(inst, lambda: inst.comp.score(req, c), len(c))
                 if task_sum is None:
                     task_sum = [0.0] * len(c)
                 if c.costs is None:
                     c.costs = [0.0] * len(c)
                 w = st.weight
                 for i, v in enumerate(costs):
-                    try:
-                        v = float(v)
-                    except (TypeError, ValueError):
-                        raise _TaskError(f"scorer {quote(inst.name)}: cost {v!r} at row {i} is not a number") from None
+                    if type(v) is not float:
+                        v = _cost(inst, v, i)
                     s, tot = task_sum[i] + w * v, c.costs[i] + w * v
                     if not (math.isfinite(s) and math.isfinite(tot)):
                         if not math.isfinite(v):
@@ -462,18 +519,49 @@ class PluginServer(
         except ComponentError as e:
             raise _TaskError(f"{inst.kind} {quote(inst.name)}: {e}") from None
         except Exception as e:  # noqa: BLE001
-            with inst.lock:
-                inst.exceptions += 1
-                count = inst.exceptions
-                now = time.monotonic()
-                log = now - inst.last_logged >= _EXCEPTION_LOG_INTERVAL
-                if log:
-                    inst.last_logged = now
+            log, count = inst.exceptions.note()
             if log:
                 self._log.error(
                     "component raised", exc_info=True, extra={"instance": inst.name, "kind": str(inst.kind), "panics": count}
                 )
             raise _TaskError(f"{inst.kind} {quote(inst.name)} panicked: {type(e).__name__}: {e}") from None
+
+    def _results(self, inst: _Instance, call: Callable[[], object], n: int) -> List[object]:
+        """Runs a filter's or scorer's call (through :meth:`_call`) and reads
+        its answer into a list of n entries: any iterable but a string,
+        bytes, a mapping or a set; a generator is read in the call, so its
+        exceptions are the component's, and never past entry n + 1. Raises
+        _TaskError naming the component for anything else or another
+        length."""
+        what = "keep flags" if inst.kind == Kind.FILTER else "costs"
+
+        def read() -> object:
+            out = call()
+            if out is None or isinstance(out, (str, bytes, bytearray, Mapping, Set)):
+                return _NotEntries(out)
+            try:
+                size = len(out)  # type: ignore[arg-type]
+            except TypeError:
+                size = None
+            if size is not None and size != n:
+                return _WrongLength(size)
+            try:
+                it = iter(out)  # type: ignore[call-overload]
+            except TypeError:
+                return _NotEntries(out)
+            return list(itertools.islice(it, n + 1))  # an endless generator stops here
+
+        out = self._call(inst, read)
+        if isinstance(out, _NotEntries):
+            want = "bools" if inst.kind == Kind.FILTER else "numbers"
+            raise _TaskError(f"{inst.kind} {quote(inst.name)}: returned {_show(out.value)}, not a sequence of {want}")
+        if isinstance(out, _WrongLength):
+            raise _TaskError(f"{inst.kind} {quote(inst.name)}: {out.size} {what} for {n} rows")
+        assert isinstance(out, list)
+        if len(out) != n:
+            got = f"more than {n}" if len(out) > n else str(len(out))
+            raise _TaskError(f"{inst.kind} {quote(inst.name)}: {got} {what} for {n} rows")
+        return out
 
     # --- Classify and Events ---------------------------------------------
 
@@ -691,6 +779,82 @@ def _classification_to_proto(c: Classification) -> pb.ClassifyResponse:
     if c.target is not None:
         r.target, r.has_target = int(c.target), True
     return r
+
+
+#: Every input bit this SDK knows (docs/plugin-protocol.md, "Inputs").
+_KNOWN_INPUTS = int(functools.reduce(operator.or_, Inputs))
+
+
+def _instance_inputs(got: object, t: TypeInfo) -> int:
+    """Checks what an instance's inputs() returned: an Inputs (or int) of
+    known bits, a subset of its type's declared inputs. Raises ValueError
+    saying what is wrong (`returned ..., not ...`)."""
+    if isinstance(got, bool) or not isinstance(got, int):
+        raise ValueError(f"returned {_show(got)}, not an Inputs value")
+    if got & ~_KNOWN_INPUTS:
+        raise ValueError(f"returned {_show(got)}, which has bits outside the known inputs ({_inputs_names(_KNOWN_INPUTS)})")
+    if got & ~int(t.inputs):
+        raise ValueError(
+            f"returned {_inputs_names(got)}, not a subset of the type's declared inputs ({_inputs_names(t.inputs)})"
+        )
+    return int(got)
+
+
+def _inputs_names(v: int) -> str:
+    """Names the bits of an Inputs value: `LOAD|CACHE (12)`, `NONE (0)`."""
+    names = "|".join(f.name or "" for f in Inputs if f and v & f) or "NONE"
+    return f"{names} ({int(v)})"
+
+
+class _NotEntries:
+    """A filter's or scorer's answer that is not a sequence of entries."""
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+
+
+class _WrongLength:
+    """A filter's or scorer's answer of another length than the rows'."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+
+def _kept_rows(inst: _Instance, keep: Sequence[object]) -> List[int]:
+    """The rows a filter keeps; raises _TaskError for an entry that is not a
+    bool (1, "False" and NaN are refused, not read as truthy)."""
+    rows = []
+    for i, k in enumerate(keep):
+        if k is True:
+            rows.append(i)
+        elif k is not False:
+            raise _TaskError(f"filter {quote(inst.name)}: keep flag {_show(k)} at row {i} is not a bool")
+    return rows
+
+
+def _cost(inst: _Instance, v: object, i: int) -> float:
+    """Converts a scorer's cost that is not a float: any real number (int,
+    numpy's numbers, Fraction) but a bool; raises _TaskError for anything
+    else or an int beyond a float's range. Finiteness is checked later."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise _TaskError(f"scorer {quote(inst.name)}: cost {_show(v)} at row {i} is not a number (int or float)")
+    try:
+        return float(v)
+    except OverflowError:
+        raise _TaskError(f"scorer {quote(inst.name)}: cost {_show(v)} at row {i} is too large for a float") from None
+
+
+def _show(v: object, limit: int = 60) -> str:
+    """repr(v) cut to about limit characters, for an error message: a
+    component's answer can be anything (an int of 400 digits, an object whose
+    repr raises)."""
+    if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 128:
+        return f"an int of {v.bit_length()} bits"
+    try:
+        r = repr(v)
+    except Exception:  # noqa: BLE001 - any repr may raise
+        r = f"<{type(v).__name__}>"
+    return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
 def _go_float(v: float) -> str:

@@ -215,14 +215,18 @@ class Candidates:
 
 @runtime_checkable
 class Filter(Protocol):
-    """Keeps a subset of the candidates: returns one bool per row, True to keep it."""
+    """Keeps a subset of the candidates: returns one Python ``bool`` per row
+    (a list, tuple or other iterable but a string), True to keep it; any
+    other entry (1, "False", NaN, numpy's ``bool_``) fails the task."""
 
     def filter(self, req: Request, cands: Candidates) -> Sequence[bool]: ...
 
 
 @runtime_checkable
 class Scorer(Protocol):
-    """Returns one finite, lower-is-better cost per row (any real numbers).
+    """Returns one finite, lower-is-better cost per row: ints or floats
+    (any real number, numpy's too; never a bool or a str), as a list, tuple
+    or other iterable but a string.
 
     The SDK multiplies them by the stage's weight; NaN or infinity fails the task.
     """

@@ -100,6 +100,21 @@ class ServeTest(unittest.TestCase):
         self.assertEqual(p.stdout.read(), b"")
         self.assertIn("It is not meant to be run directly", "\n".join(self.stderr_lines()))
 
+    def test_invalid_types_exit_1_before_the_handshake(self):
+        """Invalid types: one JSON line at error on stderr naming every
+        problem (the router shows it), nothing on stdout, exit 1."""
+        script = os.path.join(self.tmp, "bad_types.py")
+        with open(script, "w") as f:
+            f.write(f"import sys\nsys.path.insert(0, {SDK_DIR!r})\nimport switchyard_plugin as sp\n"
+                    "sp.serve('0.1.0', [sp.TypeInfo(name='a', kind=sp.Kind.SCORER, doc='d', new=print, inputs=64), 'b'])\n")
+        p = self.start(script)
+        self.assertEqual(p.wait(TIMEOUT), 1)
+        self.assertEqual(p.stdout.read(), b"")
+        lines = [json.loads(line) for line in self.stderr_lines()]
+        self.assertEqual([(e["@level"], e["@message"], e["error"]) for e in lines], [
+            ("error", "invalid plugin types",
+             "type \"a\" has inputs 64, not an Inputs value of known bits; type #1 is 'b', not a TypeInfo")])
+
     def test_handshake_describe_shutdown(self):
         p = self.start()
         path = self.handshake(p)

@@ -458,6 +458,24 @@ class WireTest(unittest.TestCase):
             srv.validate_types([t, t])
         with self.assertRaisesRegex(ValueError, "no component types"):
             srv.validate_types([])
+        ok = lambda i, p: None  # noqa: E731
+        for types, want in [
+            (sp.TypeInfo(name="a", kind=sp.Kind.SCORER, doc="d", new=ok), "types must be a list of TypeInfo, got TypeInfo("),
+            ([sp.TypeInfo(name="", kind=5, doc="d", new=None, inputs=True)],
+             'type #0 has no name; type "" has no callable new; type "" has invalid kind 5; '
+             'type "" has inputs True, not an Inputs value of known bits'),
+            ([sp.TypeInfo(name="a", kind=sp.Kind.SCORER, doc="d", new=ok, params=[
+                sp.ParamSpec("x", sp.ParamType.NUMBER, "x", default=math.nan), sp.ParamSpec("x", 9, "x"),
+                "y", sp.ParamSpec("", sp.ParamType.INT, "")])],
+             'type "a" parameter "x" default: nan is not a finite number; type "a" parameter "x" is defined twice; '
+             'type "a" parameter "x" has invalid type 9; type "a" parameter #2 is \'y\', not a ParamSpec; '
+             'type "a" parameter #3 has no name'),
+            ([sp.TypeInfo(name="a", kind=sp.Kind.SCORER, doc="d", new=ok, params=sp.ParamSpec("x", sp.ParamType.INT, "x"))],
+             'type "a" has params ParamSpec('),
+        ]:
+            with self.assertRaises(ValueError) as e:
+                srv.validate_types(types)
+            self.assertTrue(str(e.exception).startswith(want), (str(e.exception), want))
 
     def test_pack_and_fit(self):
         rs = [pb.DecideResult(task_id=i, costs=[1.0] * 100) for i in range(1, 11)]
