@@ -82,7 +82,9 @@ func TestCheckDecideAnswers(t *testing.T) {
 	if want := (Result{Name: `decide "f" concurrent=32`, Expected: "a well-formed answer for the call of 8 rows", Got: "kept rows not ascending"}); got[3] != want {
 		t.Errorf("filter, concurrent: %+v, want %+v", got[3], want)
 	}
-	if want := 1 + 8 + 4096 + 32*33/2; len(f.ids) != want {
+	// The failing call of 8 rows is made again, then with every column
+	// set, to tell whether an undeclared column is what it missed.
+	if want := 1 + 8 + 8 + 8 + 4096 + 32*33/2; len(f.ids) != want {
 		t.Fatalf("filter saw %d rows, want %d", len(f.ids), want)
 	}
 	for i, id := range f.ids {
@@ -234,5 +236,25 @@ func TestCheckResult(t *testing.T) {
 		if got := checkResult(tc.r, tc.w); got != tc.want {
 			t.Errorf("checkResult(%v, %+v) = %q, want %q", tc.r, tc.w, got, tc.want)
 		}
+	}
+}
+
+// TestCandidatesDeclaredOnly: the Decide checks' rows carry only the
+// declared columns, as the router's pipeline allocates them, and every
+// column with shared.AllInputs.
+func TestCandidatesDeclaredOnly(t *testing.T) {
+	c := candidates(5, shared.InputActiveRequests|shared.InputCapacity)
+	if len(c.IDs) != 5 || len(c.ActiveRequests) != 5 || len(c.TotalKVBlocks) != 5 || len(c.Costs) != 5 {
+		t.Fatalf("declared columns: %d ids, %d active, %d capacity, %d costs; want 5 each", len(c.IDs), len(c.ActiveRequests), len(c.TotalKVBlocks), len(c.Costs))
+	}
+	if c.Load != nil || c.OverlapBlocks != nil || c.DPRanks != nil {
+		t.Fatalf("undeclared columns set: load %v, overlap %v, ranks %v", c.Load, c.OverlapBlocks, c.DPRanks)
+	}
+	if c.ActiveRequests[4] != 4 || c.TotalKVBlocks[4] != 10000 {
+		t.Fatalf("row 4: active %d, capacity %d; want 4, 10000", c.ActiveRequests[4], c.TotalKVBlocks[4])
+	}
+	all := candidates(5, shared.AllInputs)
+	if len(all.Load) != 5 || len(all.OverlapBlocks) != 5 || all.Load[4].Waiting != 1 {
+		t.Fatalf("every column: %d load, %d overlap, waiting %v", len(all.Load), len(all.OverlapBlocks), all.Load)
 	}
 }
