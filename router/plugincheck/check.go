@@ -550,8 +550,9 @@ func fail(name, expected, got string) Result {
 func skip(name, why string) Result { return Result{Name: name, Skipped: true, Note: why} }
 
 // checkSchema checks the declared types: unique identifier-like type names,
-// unique identifier-like parameter names per type, defaults of the declared
-// type, docs on every type and parameter. One result per problem, or one
+// unique identifier-like parameter names per type, none the policy file's
+// block reserves (catalog.ValidParam), defaults of the declared type (a
+// NUMBER's finite), docs on every type and parameter. One result per problem, or one
 // pass.
 func checkSchema(types []shared.TypeInfo) []Result {
 	var out []Result
@@ -588,6 +589,12 @@ func checkSchema(types []shared.TypeInfo) []Result {
 			}
 			if p.Default != nil && !valueOfType(p.Default, p.Type) {
 				bad(pn, "a default of the declared type "+p.Type.String(), fmt.Sprintf("%T %v", p.Default, p.Default))
+			}
+			switch err := catalog.ValidParam(t.Kind, p); {
+			case errors.Is(err, catalog.ErrReservedParam):
+				bad(pn, "a name the policy file's block does not take for itself", err.Error()+": the router refuses the plugin (Invalid plugin type)")
+			case err != nil:
+				bad(pn, "a finite default", err.Error()+": the router refuses the plugin (Invalid plugin type)")
 			}
 		}
 	}

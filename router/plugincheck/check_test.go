@@ -119,6 +119,39 @@ func TestCheckSchemaDefaults(t *testing.T) {
 	}
 }
 
+// TestCheckSchemaReservedParams: a parameter the policy file's block takes
+// for itself ("type"; "weight" in a scorer) and a non-finite NUMBER default
+// fail, as the router refuses such a plugin; "weight" in a filter passes.
+func TestCheckSchemaReservedParams(t *testing.T) {
+	got := checkSchema([]shared.TypeInfo{
+		{Name: "s", Kind: shared.KindScorer, Doc: "d", Params: []shared.ParamSpec{
+			{Name: "weight", Type: shared.Number, Default: 1.0, Doc: "w"},
+			{Name: "type", Type: shared.String, Doc: "t"},
+			{Name: "inf", Type: shared.Number, Default: math.Inf(1), Doc: "i"},
+		}},
+		{Name: "f", Kind: shared.KindFilter, Doc: "d", Params: []shared.ParamSpec{
+			{Name: "weight", Type: shared.Number, Default: math.NaN(), Doc: "w"},
+		}},
+	})
+	const refused = ": the router refuses the plugin (Invalid plugin type)"
+	want := []Result{
+		{Name: `schema type "s" parameter "weight"`, Expected: "a name the policy file's block does not take for itself",
+			Got: `parameter "weight": reserved parameter name: a scorer block's "weight" attribute is the block's own, so the parameter could never be set` + refused},
+		{Name: `schema type "s" parameter "type"`, Expected: "a name the policy file's block does not take for itself",
+			Got: `parameter "type": reserved parameter name: a scorer block's "type" attribute is the block's own, so the parameter could never be set` + refused},
+		{Name: `schema type "s" parameter "inf"`, Expected: "a finite default", Got: `parameter "inf": non-finite default +Inf: a NUMBER default must be finite` + refused},
+		{Name: `schema type "f" parameter "weight"`, Expected: "a finite default", Got: `parameter "weight": non-finite default NaN: a NUMBER default must be finite` + refused},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("result %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
 // TestCheckSchemaTypeNames: type names follow the policy loader's rule
 // (catalog.ValidName), and a built-in type's name fails.
 func TestCheckSchemaTypeNames(t *testing.T) {
