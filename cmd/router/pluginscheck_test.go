@@ -124,10 +124,16 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`FAIL schema type "t-max-active" parameter "bad name": expected a name of letters, digits, '_' and '-', not starting with a digit, got "bad name"`,
 			"PASS health",
 		}},
-		{"decide error", []string{faulty, "--env", "SY_TEST_MODE=fail", "--env", "SY_FAIL=ok,error", "--type", "t-active"}, []string{
+		{"decide error", []string{faulty, "--env", "SY_TEST_MODE=fail", "--env", "SY_FAIL=ok,error,ok,ok", "--type", "t-active"}, []string{
 			`PASS decide "t-active" rows=1`,
-			`FAIL decide "t-active" rows=8: expected a well-formed answer, got plugin "faulty": plugin decide: scorer "check/t-active": injected error on call 2`,
+			// Call 3 makes the failed call again, and it passes: no
+			// hint of an undeclared column.
+			`FAIL decide "t-active" rows=8: expected a well-formed answer, got plugin "faulty": plugin decide: scorer "check/t-active": injected error on call 2` + "\n",
 			`PASS decide "t-active" rows=4096`,
+		}},
+		{"reads a column it did not declare", []string{faulty, "--env", "SY_TEST_MODE=undeclared", "--type", "t-active"}, []string{
+			`FAIL decide "t-active" rows=8: expected a well-formed answer, got plugin "faulty": plugin decide: scorer "check/t-active" panicked: runtime error: index out of range [0] with length 0 (sent only the columns it declared, ACTIVE_REQUESTS, as the router does; with every column set it answers well: it may be reading a column it did not declare)` + "\n",
+			"PASS decide batch",
 		}},
 		{"stdout after the handshake", []string{faulty, "--env", "SY_TEST_MODE=stdout-after", "--type", "t-max-active"}, []string{
 			`PASS health`,

@@ -275,7 +275,7 @@ func (c *Client) newTask(ctx context.Context, t *Task) *pluginv1.DecideTask {
 		pt.DeadlineUnixNano = dl.UnixNano()
 	}
 	requestIntoProto(t.Request, pt.Request)
-	candidatesToProto(t.Candidates, pt.Candidates)
+	CandidatesToProto(t.Candidates, pt.Candidates)
 	stages := pt.Stages[:cap(pt.Stages)]
 	for i := range stages {
 		if stages[i] == nil {

@@ -98,10 +98,11 @@ func requestIntoProto(r *shared.Request, p *pluginv1.Request) {
 	}
 }
 
-// candidatesToProto fills cols from c: only the non-nil columns travel.
+// CandidatesToProto fills cols from c as the router sends a task's rows
+// (and `router plugins check` does): only the non-nil columns travel.
 // Load travels as parallel columns, with NaN kv_usage and -1 waiting when
 // the engine has not reported them. cols is reset first, its slices reused.
-func candidatesToProto(c *shared.Candidates, cols *pluginv1.Columns) {
+func CandidatesToProto(c *shared.Candidates, cols *pluginv1.Columns) {
 	n := c.Len()
 	cols.Ids = cols.Ids[:0]
 	for _, id := range c.IDs {

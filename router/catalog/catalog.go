@@ -10,6 +10,7 @@ package catalog
 import (
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"slices"
 	"sort"
@@ -34,7 +35,36 @@ var (
 	ErrReservedName = errors.New(`name "default" is reserved`)
 	// ErrInvalidName: a name with characters outside [A-Za-z0-9_.-].
 	ErrInvalidName = errors.New("invalid name: use letters, digits, '_', '.' and '-'")
+	// ErrReservedParam: a parameter named as an attribute the policy
+	// file's component block takes for itself (see ValidParam).
+	ErrReservedParam = errors.New("reserved parameter name")
+	// ErrNonFiniteDefault: a NUMBER parameter whose default is NaN or
+	// infinite.
+	ErrNonFiniteDefault = errors.New("non-finite default")
 )
+
+// Attributes the policy file's component block takes besides its type's
+// parameters: "type" in every block, "weight" in a scorer's.
+const (
+	AttrType   = "type"
+	AttrWeight = "weight"
+)
+
+// ValidParam returns nil when p can be a parameter of a type of kind k, or
+// an error wrapping ErrReservedParam (p is named "type", or "weight" in a
+// scorer: the policy file's block would set the attribute, never the
+// parameter) or ErrNonFiniteDefault (a NUMBER default of NaN or ±Inf, which
+// the policy file cannot write nor the instance use).
+func ValidParam(k shared.Kind, p shared.ParamSpec) error {
+	if p.Name == AttrType || k == shared.KindScorer && p.Name == AttrWeight {
+		return fmt.Errorf("parameter %q: %w: a %s block's %q attribute is the block's own, so the parameter could never be set",
+			p.Name, ErrReservedParam, k, p.Name)
+	}
+	if f, ok := p.Default.(float64); ok && (math.IsNaN(f) || math.IsInf(f, 0)) {
+		return fmt.Errorf("parameter %q: %w %v: a NUMBER default must be finite", p.Name, ErrNonFiniteDefault, f)
+	}
+	return nil
+}
 
 var identRe = regexp.MustCompile(`^[A-Za-z0-9_.-]+$`)
 
@@ -111,7 +141,8 @@ type Catalog struct {
 func New() *Catalog { return &Catalog{types: make(map[string]*Entry)} }
 
 // Register adds a type from source. It fails with ErrEmptyName,
-// ErrReservedName, ErrInvalidName, a *DuplicateError, or an error for an
+// ErrReservedName, ErrInvalidName, a *DuplicateError, an error wrapping
+// ErrReservedParam or ErrNonFiniteDefault (ValidParam), or an error for an
 // unknown kind or a missing constructor.
 func (c *Catalog) Register(source string, t shared.TypeInfo) error {
 	if err := ValidName(t.Name); err != nil {
@@ -122,6 +153,11 @@ func (c *Catalog) Register(source string, t shared.TypeInfo) error {
 	}
 	if t.New == nil {
 		return fmt.Errorf("registering type %q from %s: missing constructor", t.Name, source)
+	}
+	for _, p := range t.Params {
+		if err := ValidParam(t.Kind, p); err != nil {
+			return fmt.Errorf("registering type %q from %s: %w", t.Name, source, err)
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -15,10 +15,11 @@ import (
 	"github.com/switchyard-router/switchyard/shared"
 )
 
-// Attributes every component block takes besides its type's parameters.
+// Attributes every component block takes besides its type's parameters
+// (catalog.ValidParam refuses parameters of these names).
 const (
-	attrType   = "type"
-	attrWeight = "weight"
+	attrType   = catalog.AttrType
+	attrWeight = catalog.AttrWeight
 )
 
 // compDecl is one decoded component block, instantiated later once per

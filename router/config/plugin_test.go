@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -417,6 +418,22 @@ plugin "pd" { command = "bin/pd" }`,
 		errors: []string{"t.hcl:2:1: Invalid plugin type"},
 		warns:  []string{"t.hcl:2:1: Unused plugin"},
 		detail: []string{`Plugin "pd": registering type "no-new" from plugin pd: missing constructor.`}},
+	{name: "a scorer parameter named weight", src: `
+plugin "pd" { command = "bin/pd" }`,
+		setup: func(h *fakeHost) {
+			h.types["pd"] = []shared.TypeInfo{h.remote("w-cost", shared.KindScorer, []shared.ParamSpec{{Name: "weight", Type: shared.Number, Doc: "w"}}, nil)}
+		},
+		errors: []string{"t.hcl:2:1: Invalid plugin type"},
+		warns:  []string{"t.hcl:2:1: Unused plugin"},
+		detail: []string{`Plugin "pd": registering type "w-cost" from plugin pd: parameter "weight": reserved parameter name: a scorer block's "weight" attribute is the block's own, so the parameter could never be set.`}},
+	{name: "a NaN default", src: `
+plugin "pd" { command = "bin/pd" }`,
+		setup: func(h *fakeHost) {
+			h.types["pd"] = []shared.TypeInfo{h.remote("nan-filter", shared.KindFilter, []shared.ParamSpec{{Name: "limit", Type: shared.Number, Default: math.NaN(), Doc: "l"}}, nil)}
+		},
+		errors: []string{"t.hcl:2:1: Invalid plugin type"},
+		warns:  []string{"t.hcl:2:1: Unused plugin"},
+		detail: []string{`Plugin "pd": registering type "nan-filter" from plugin pd: parameter "limit": non-finite default NaN: a NUMBER default must be finite.`}},
 	{name: "parameters the plugin refuses point at their attributes, once for all roles", src: `
 plugin "pd" { command = "bin/pd" }
 policy "p" {

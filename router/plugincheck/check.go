@@ -21,6 +21,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -549,8 +550,9 @@ func fail(name, expected, got string) Result {
 func skip(name, why string) Result { return Result{Name: name, Skipped: true, Note: why} }
 
 // checkSchema checks the declared types: unique identifier-like type names,
-// unique identifier-like parameter names per type, defaults of the declared
-// type, docs on every type and parameter. One result per problem, or one
+// unique identifier-like parameter names per type, none the policy file's
+// block reserves (catalog.ValidParam), defaults of the declared type (a
+// NUMBER's finite), docs on every type and parameter. One result per problem, or one
 // pass.
 func checkSchema(types []shared.TypeInfo) []Result {
 	var out []Result
@@ -587,6 +589,12 @@ func checkSchema(types []shared.TypeInfo) []Result {
 			}
 			if p.Default != nil && !valueOfType(p.Default, p.Type) {
 				bad(pn, "a default of the declared type "+p.Type.String(), fmt.Sprintf("%T %v", p.Default, p.Default))
+			}
+			switch err := catalog.ValidParam(t.Kind, p); {
+			case errors.Is(err, catalog.ErrReservedParam):
+				bad(pn, "a name the policy file's block does not take for itself", err.Error()+": the router refuses the plugin (Invalid plugin type)")
+			case err != nil:
+				bad(pn, "a finite default", err.Error()+": the router refuses the plugin (Invalid plugin type)")
 			}
 		}
 	}
@@ -706,24 +714,30 @@ func instanceRole(t shared.TypeInfo, role shared.Role) shared.Role {
 	return role
 }
 
-// candidates returns n rows with every column set and worker ids above
-// 2^53, ascending; costs finite and distinct.
-func candidates(n int) *shared.Candidates {
-	c := &shared.Candidates{
-		IDs:            make([]shared.WorkerID, n),
-		ActiveRequests: make([]int64, n),
-		Load:           make([]shared.Load, n),
-		OverlapBlocks:  make([]int32, n),
-		TotalKVBlocks:  make([]int64, n),
-		Costs:          make([]float64, n),
-	}
+// candidates returns n rows with worker ids above 2^53, ascending, and
+// finite, distinct costs (the sum a picker reads), with only the columns of
+// declared set, as the router's pipeline allocates them
+// (pipeline.Scratch.Candidates): a component gets only what it declared
+// (and what other components of its policy did). shared.AllInputs sets
+// every column.
+func candidates(n int, declared shared.Inputs) *shared.Candidates {
+	c := new(pipeline.Scratch).Candidates(n, declared, false)
+	c.Costs = make([]float64, n)
 	for i := range n {
 		c.IDs[i] = shared.WorkerID(idBase + uint64(i)*7919)
-		c.ActiveRequests[i] = int64(i % 13)
-		c.Load[i] = shared.Load{Available: true, ActivePrefillTokens: int64(i%7) * 512, ActiveDecodeBlocks: int64(i % 11),
-			ActiveRequests: int64(i % 13), KVUsage: float64(i%10) / 10, HasKVUsage: true, Waiting: int64(i % 3), HasWaiting: true}
-		c.OverlapBlocks[i] = int32(i % 5)
-		c.TotalKVBlocks[i] = 10000
+		if c.ActiveRequests != nil {
+			c.ActiveRequests[i] = int64(i % 13)
+		}
+		if c.Load != nil {
+			c.Load[i] = shared.Load{Available: true, ActivePrefillTokens: int64(i%7) * 512, ActiveDecodeBlocks: int64(i % 11),
+				ActiveRequests: int64(i % 13), KVUsage: float64(i%10) / 10, HasKVUsage: true, Waiting: int64(i % 3), HasWaiting: true}
+		}
+		if c.OverlapBlocks != nil {
+			c.OverlapBlocks[i] = int32(i % 5)
+		}
+		if c.TotalKVBlocks != nil {
+			c.TotalKVBlocks[i] = 10000
+		}
 		c.Costs[i] = float64((i*37)%101) / 10
 	}
 	return c
@@ -745,10 +759,11 @@ func request(role shared.Role) *shared.Request {
 // answer must be its own task's.
 func checkDecide(ctx context.Context, t shared.TypeInfo, comp shared.Component, role shared.Role) []Result {
 	var out []Result
+	declared := comp.Inputs()
 	for _, n := range rows {
 		name := fmt.Sprintf("decide %q rows=%d", t.Name, n)
-		if expected, got := decideOnce(ctx, t.Kind, comp, request(role), candidates(n)); expected != "" {
-			out = append(out, fail(name, expected, got))
+		if expected, got := decideOnce(ctx, t.Kind, comp, request(role), candidates(n, declared)); expected != "" {
+			out = append(out, fail(name, expected, got+undeclaredHint(ctx, t.Kind, comp, role, n)))
 		} else {
 			out = append(out, pass(name, ""))
 		}
@@ -758,7 +773,7 @@ func checkDecide(ctx context.Context, t shared.TypeInfo, comp shared.Component, 
 	var wg sync.WaitGroup
 	for i := range answers {
 		wg.Go(func() {
-			answers[i].expected, answers[i].got = decideOnce(ctx, t.Kind, comp, request(role), candidates(i+1))
+			answers[i].expected, answers[i].got = decideOnce(ctx, t.Kind, comp, request(role), candidates(i+1, declared))
 		})
 	}
 	wg.Wait()
@@ -769,6 +784,22 @@ func checkDecide(ctx context.Context, t shared.TypeInfo, comp shared.Component, 
 		}
 	}
 	return append(out, pass(name, fmt.Sprintf("calls of 1 to %d rows at once", concurrent)))
+}
+
+// undeclaredHint is called after comp failed a call over n rows with only
+// the columns it declared. When it fails that call again, then answers it
+// well with every column set, it says that comp may be reading a column it
+// did not declare; "" otherwise (a failure that does not repeat, or one
+// that every column does not cure).
+func undeclaredHint(ctx context.Context, kind shared.Kind, comp shared.Component, role shared.Role, n int) string {
+	if expected, _ := decideOnce(ctx, kind, comp, request(role), candidates(n, comp.Inputs())); expected == "" {
+		return ""
+	}
+	if expected, _ := decideOnce(ctx, kind, comp, request(role), candidates(n, shared.AllInputs)); expected != "" {
+		return ""
+	}
+	return fmt.Sprintf(" (sent only the columns it declared, %v, as the router does; with every column set it answers well: "+
+		"it may be reading a column it did not declare)", comp.Inputs())
 }
 
 // decideOnce runs comp, a filter, scorer or picker, over c and checks its

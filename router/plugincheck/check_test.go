@@ -82,7 +82,9 @@ func TestCheckDecideAnswers(t *testing.T) {
 	if want := (Result{Name: `decide "f" concurrent=32`, Expected: "a well-formed answer for the call of 8 rows", Got: "kept rows not ascending"}); got[3] != want {
 		t.Errorf("filter, concurrent: %+v, want %+v", got[3], want)
 	}
-	if want := 1 + 8 + 4096 + 32*33/2; len(f.ids) != want {
+	// The failing call of 8 rows is made again, then with every column
+	// set, to tell whether an undeclared column is what it missed.
+	if want := 1 + 8 + 8 + 8 + 4096 + 32*33/2; len(f.ids) != want {
 		t.Fatalf("filter saw %d rows, want %d", len(f.ids), want)
 	}
 	for i, id := range f.ids {
@@ -114,6 +116,39 @@ func TestCheckSchemaDefaults(t *testing.T) {
 	}
 	if got := checkSchema([]shared.TypeInfo{{Name: "ok-type_1", Doc: "d"}}); len(got) != 1 || !got[0].Pass {
 		t.Errorf("a valid schema: %+v", got)
+	}
+}
+
+// TestCheckSchemaReservedParams: a parameter the policy file's block takes
+// for itself ("type"; "weight" in a scorer) and a non-finite NUMBER default
+// fail, as the router refuses such a plugin; "weight" in a filter passes.
+func TestCheckSchemaReservedParams(t *testing.T) {
+	got := checkSchema([]shared.TypeInfo{
+		{Name: "s", Kind: shared.KindScorer, Doc: "d", Params: []shared.ParamSpec{
+			{Name: "weight", Type: shared.Number, Default: 1.0, Doc: "w"},
+			{Name: "type", Type: shared.String, Doc: "t"},
+			{Name: "inf", Type: shared.Number, Default: math.Inf(1), Doc: "i"},
+		}},
+		{Name: "f", Kind: shared.KindFilter, Doc: "d", Params: []shared.ParamSpec{
+			{Name: "weight", Type: shared.Number, Default: math.NaN(), Doc: "w"},
+		}},
+	})
+	const refused = ": the router refuses the plugin (Invalid plugin type)"
+	want := []Result{
+		{Name: `schema type "s" parameter "weight"`, Expected: "a name the policy file's block does not take for itself",
+			Got: `parameter "weight": reserved parameter name: a scorer block's "weight" attribute is the block's own, so the parameter could never be set` + refused},
+		{Name: `schema type "s" parameter "type"`, Expected: "a name the policy file's block does not take for itself",
+			Got: `parameter "type": reserved parameter name: a scorer block's "type" attribute is the block's own, so the parameter could never be set` + refused},
+		{Name: `schema type "s" parameter "inf"`, Expected: "a finite default", Got: `parameter "inf": non-finite default +Inf: a NUMBER default must be finite` + refused},
+		{Name: `schema type "f" parameter "weight"`, Expected: "a finite default", Got: `parameter "weight": non-finite default NaN: a NUMBER default must be finite` + refused},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("result %d: %+v, want %+v", i, got[i], want[i])
+		}
 	}
 }
 
@@ -234,5 +269,25 @@ func TestCheckResult(t *testing.T) {
 		if got := checkResult(tc.r, tc.w); got != tc.want {
 			t.Errorf("checkResult(%v, %+v) = %q, want %q", tc.r, tc.w, got, tc.want)
 		}
+	}
+}
+
+// TestCandidatesDeclaredOnly: the Decide checks' rows carry only the
+// declared columns, as the router's pipeline allocates them, and every
+// column with shared.AllInputs.
+func TestCandidatesDeclaredOnly(t *testing.T) {
+	c := candidates(5, shared.InputActiveRequests|shared.InputCapacity)
+	if len(c.IDs) != 5 || len(c.ActiveRequests) != 5 || len(c.TotalKVBlocks) != 5 || len(c.Costs) != 5 {
+		t.Fatalf("declared columns: %d ids, %d active, %d capacity, %d costs; want 5 each", len(c.IDs), len(c.ActiveRequests), len(c.TotalKVBlocks), len(c.Costs))
+	}
+	if c.Load != nil || c.OverlapBlocks != nil || c.DPRanks != nil {
+		t.Fatalf("undeclared columns set: load %v, overlap %v, ranks %v", c.Load, c.OverlapBlocks, c.DPRanks)
+	}
+	if c.ActiveRequests[4] != 4 || c.TotalKVBlocks[4] != 10000 {
+		t.Fatalf("row 4: active %d, capacity %d; want 4, 10000", c.ActiveRequests[4], c.TotalKVBlocks[4])
+	}
+	all := candidates(5, shared.AllInputs)
+	if len(all.Load) != 5 || len(all.OverlapBlocks) != 5 || all.Load[4].Waiting != 1 {
+		t.Fatalf("every column: %d load, %d overlap, waiting %v", len(all.Load), len(all.OverlapBlocks), all.Load)
 	}
 }

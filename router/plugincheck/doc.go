@@ -6,10 +6,14 @@
 // Run starts the binary as the router launches it (router/supervisor),
 // then checks the handshake, the schema Describe declares (type names by
 // the policy loader's own rule, catalog.ValidName, and no built-in type's
-// name), Configure (defaults, parameters at their type's boundaries, a
-// value of the wrong type, instance inputs within the type's), Decide through the router's own client (1, 8 and 4,096 rows, ids
-// above 2^53, concurrent calls) and directly on the wire (several tasks in
-// one DecideBatch, answered in any order; several Decide streams at once),
+// name; no parameter the policy file's block reserves, no non-finite NUMBER
+// default: catalog.ValidParam), Configure (defaults, parameters at their
+// type's boundaries, a value of the wrong type, instance inputs within the
+// type's), Decide through the router's own client (1, 8 and 4,096 rows, ids
+// above 2^53, concurrent calls; only the columns the instance declared, as
+// the router's pipeline allocates them) and directly on the wire (several
+// tasks in one DecideBatch, answered in any order, with every column set;
+// several Decide streams at once),
 // latency against call_timeout (a warning, never a failure), Classify and
 // Events for the types that declare them, health, the exit at Shutdown,
 // stdout after the handshake, and, with a second copy of the plugin, the

@@ -36,13 +36,13 @@ func checkLatency(ctx context.Context, t shared.TypeInfo, params shared.Params, 
 	}
 	req := request(role)
 	start := time.Now()
-	if expected, got := decideOnce(ctx, t.Kind, comp, req, candidates(latencyRows[0])); expected != "" {
+	if expected, got := decideOnce(ctx, t.Kind, comp, req, candidates(latencyRows[0], comp.Inputs())); expected != "" {
 		return fail(name, expected, got)
 	}
 	cold := time.Since(start)
 	var stats []latencyStats
 	for _, n := range latencyRows {
-		c := candidates(n)
+		c := candidates(n, comp.Inputs())
 		times := make([]time.Duration, warmCalls)
 		for i := range times {
 			start := time.Now()

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -158,17 +159,8 @@ func (w *wire) configure(ctx context.Context, t shared.TypeInfo, instance string
 
 // columns are c's rows as the router sends them.
 func columns(c *shared.Candidates) *pluginv1.Columns {
-	n := c.Len()
-	col := &pluginv1.Columns{Ids: make([]uint64, n), ActiveRequests: c.ActiveRequests, OverlapBlocks: c.OverlapBlocks,
-		TotalKvBlocks: c.TotalKVBlocks, Costs: c.Costs,
-		LoadAvailable: make([]bool, n), LoadActivePrefillTokens: make([]int64, n), LoadActiveDecodeBlocks: make([]int64, n),
-		LoadActiveRequests: make([]int64, n), LoadKvUsage: make([]float64, n), LoadWaiting: make([]int64, n)}
-	for i, id := range c.IDs {
-		col.Ids[i] = uint64(id)
-		l := c.Load[i]
-		col.LoadAvailable[i], col.LoadActivePrefillTokens[i], col.LoadActiveDecodeBlocks[i] = l.Available, l.ActivePrefillTokens, l.ActiveDecodeBlocks
-		col.LoadActiveRequests[i], col.LoadKvUsage[i], col.LoadWaiting[i] = l.ActiveRequests, l.KVUsage, l.Waiting
-	}
+	col := &pluginv1.Columns{}
+	pluginclient.CandidatesToProto(c, col)
 	return col
 }
 
@@ -186,13 +178,16 @@ type want struct {
 	wantErr bool
 }
 
-// task is a DecideTask of one stage, instance of kind, over n rows.
+// task is a DecideTask of one stage, instance of kind, over n rows with
+// every column set: the batch and stream checks also check that a
+// component ignores the columns it did not declare, which the router sends
+// when another component of the policy declared them.
 func (w *wire) task(id uint64, instance string, kind shared.Kind, n int) *pluginv1.DecideTask {
 	weight := 0.0
 	if kind == shared.KindScorer {
 		weight = 1
 	}
-	return &pluginv1.DecideTask{TaskId: id, Request: protoRequest(request(w.role)), Candidates: columns(candidates(n)),
+	return &pluginv1.DecideTask{TaskId: id, Request: protoRequest(request(w.role)), Candidates: columns(candidates(n, shared.AllInputs)),
 		Stages: []*pluginv1.Stage{{Instance: instance, Weight: weight}}}
 }
 

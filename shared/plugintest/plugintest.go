@@ -19,8 +19,13 @@
 package plugintest
 
 import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,11 +160,62 @@ func (w *testWriter) stop() {
 // path) with `go build` into a temporary directory removed after the test,
 // and returns the binary's path. A failed build fails the test at once,
 // with the compiler's output.
+//
+// go test caches a passing result keyed on the test binary and on the files
+// the test itself opened or stat'ed; a child `go build` is invisible to it,
+// and a change to a method body of a package the test imports can leave the
+// test binary's key unchanged. So Build first stats every source file of pkg
+// and of its dependencies in the main module (or in a directory a replace
+// directive points at), and the module's go.mod: a change to any of them
+// makes the next `go test` run the checks again rather than print a cached
+// ok.
 func Build(t testing.TB, pkg string) string {
 	t.Helper()
+	if err := statSources(t.Context(), pkg); err != nil {
+		t.Fatalf("listing the sources of %s: %v", pkg, err)
+	}
 	bin := filepath.Join(t.TempDir(), "plugin")
 	if out, err := exec.CommandContext(t.Context(), "go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
+}
+
+// localSources prints, for each package `go list -deps` lists that comes
+// from a main module or a directory replacement, its directory, a tab and
+// one source file name, a line each; and each such module's go.mod.
+const localSources = `{{if .Module}}{{if or .Module.Main (and .Module.Replace (not .Module.Replace.Version))}}` +
+	`{{range .GoFiles}}{{$.Dir}}{{"\t"}}{{.}}{{"\n"}}{{end}}` +
+	`{{range .CgoFiles}}{{$.Dir}}{{"\t"}}{{.}}{{"\n"}}{{end}}` +
+	`{{range .CFiles}}{{$.Dir}}{{"\t"}}{{.}}{{"\n"}}{{end}}` +
+	`{{range .HFiles}}{{$.Dir}}{{"\t"}}{{.}}{{"\n"}}{{end}}` +
+	`{{range .SFiles}}{{$.Dir}}{{"\t"}}{{.}}{{"\n"}}{{end}}` +
+	`{{range .EmbedFiles}}{{$.Dir}}{{"\t"}}{{.}}{{"\n"}}{{end}}` +
+	`{{with .Module.GoMod}}{{.}}{{"\n"}}{{end}}{{end}}{{end}}`
+
+// statSources stats the files localSources lists for pkg, so that go
+// test's cache (which records the files a test stats) notices a change to
+// any of them. A file that cannot be stat'ed is left to `go build` to
+// report.
+func statSources(ctx context.Context, pkg string) error {
+	cmd := exec.CommandContext(ctx, "go", "list", "-deps", "-f", localSources, pkg)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("go list: %w\n%s", err, stderr.Bytes())
+	}
+	seen := map[string]bool{}
+	for line := range strings.Lines(string(out)) {
+		line = strings.TrimSuffix(line, "\n")
+		if dir, file, ok := strings.Cut(line, "\t"); ok {
+			line = filepath.Join(dir, file)
+		}
+		if line == "" || seen[line] {
+			continue
+		}
+		seen[line] = true
+		_, _ = os.Stat(line)
+	}
+	return nil
 }

@@ -2,8 +2,12 @@ package plugintest
 
 import (
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/switchyard-router/switchyard/router/plugincheck"
 )
@@ -81,5 +85,84 @@ func TestCheckReportsDeath(t *testing.T) {
 		if want := []string{"not run: the plugin exited (exit status 3)"}; fmt.Sprint(r.skips) != fmt.Sprint(want) || len(r.errors) != 0 {
 			t.Errorf("check %q reported skips %q, errors %q; want %q", name, r.skips, r.errors, want)
 		}
+	}
+}
+
+// TestBuildInvalidatesTestCache runs `go test` in a module of its own whose
+// test calls Build on its main package, which imports a package with a
+// method too large to inline: a passing run is cached, and once the
+// method's body changes (its export data, and so the test binary's cache
+// key, does not), the next run runs the test again and fails, not a cached
+// ok.
+func TestBuildInvalidatesTestCache(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go test three times")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	lib := func(answer string) string {
+		return "package lib\n\ntype T struct{}\n\n//go:noinline\nfunc (T) Answer() string { return \"" + answer + "\" }\n"
+	}
+	past := time.Now().Add(-time.Hour)
+	write := func(name, text string) {
+		t.Helper()
+		path := filepath.Join(dir, name)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		// Older than go test's 2 s cutoff, so a pass is cached.
+		if err := os.Chtimes(path, past, past); err != nil {
+			t.Fatal(err)
+		}
+		past = past.Add(time.Minute)
+	}
+	write("go.mod", "module example.com/cachetest\n\ngo 1.26.0\n\nrequire github.com/switchyard-router/switchyard v0.0.0\n\n"+
+		"replace github.com/switchyard-router/switchyard => "+root+"\n")
+	write("go.sum", string(sum))
+	write("lib/lib.go", lib("one"))
+	write("main.go", "package main\n\nimport (\n\t\"fmt\"\n\n\t\"example.com/cachetest/lib\"\n)\n\nfunc main() { fmt.Print(lib.T{}.Answer()) }\n")
+	write("main_test.go", `package main
+
+import (
+	"os/exec"
+	"testing"
+
+	"github.com/switchyard-router/switchyard/shared/plugintest"
+)
+
+func TestAnswer(t *testing.T) {
+	out, err := exec.Command(plugintest.Build(t, ".")).Output()
+	if err != nil || string(out) != "one" {
+		t.Fatalf("answer %q (%v), want \"one\"", out, err)
+	}
+}
+`)
+	goTest := func() string {
+		t.Helper()
+		cmd := exec.CommandContext(t.Context(), "go", "test", "-run", "TestAnswer", ".")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOPROXY=off", "GOWORK=off")
+		out, _ := cmd.CombinedOutput()
+		return string(out)
+	}
+	if out := goTest(); !strings.HasPrefix(out, "ok ") || strings.Contains(out, "(cached)") {
+		t.Fatalf("first run: %s", out)
+	}
+	if out := goTest(); !strings.Contains(out, "(cached)") {
+		t.Fatalf("second run, nothing changed: %s, want a cached ok", out)
+	}
+	write("lib/lib.go", lib("two"))
+	if out := goTest(); !strings.Contains(out, `answer "two" (<nil>), want "one"`) || strings.Contains(out, "(cached)") {
+		t.Fatalf("run after the method changed: %s, want the test run again and failing", out)
 	}
 }

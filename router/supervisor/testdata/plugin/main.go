@@ -73,6 +73,8 @@
 //	no-reflection
 //	           serve the good types, refusing gRPC server reflection
 //	           (Unimplemented), as a plugin not built on go-plugin does
+//	undeclared serve the good types, but t-active's scorer reads the LOAD
+//	           column (Candidates.Load), which it does not declare
 //	stderr     write to stderr, before serving, the plain line "plain line
 //	           from the plugin" and two hclog JSON lines, "json warn line"
 //	           at warn and "json debug line" at debug
@@ -216,6 +218,9 @@ func main() {
 		serve()
 	case "big":
 		big = true
+		serve()
+	case "undeclared":
+		undeclared = true
 		serve()
 	case "fail":
 		failCycle = strings.Split(os.Getenv("SY_FAIL"), ",")
@@ -523,6 +528,8 @@ var (
 	// failCycle: the outcomes of the scorer's calls, in turn (fail mode).
 	failCycle []string
 	failCalls atomic.Int64
+	// undeclared: the scorer reads Candidates.Load, not declared.
+	undeclared bool
 )
 
 type active struct {
@@ -558,6 +565,9 @@ func (s *active) Score(ctx context.Context, _ *shared.Request, c *shared.Candida
 	}
 	for i, a := range c.ActiveRequests {
 		costs[i] = float64(a) * s.factor
+		if undeclared {
+			costs[i] += float64(c.Load[i].Waiting)
+		}
 	}
 	return nil
 }
