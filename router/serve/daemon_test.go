@@ -92,7 +92,7 @@ func startDaemon(t *testing.T, o DaemonOptions) *runningDaemon {
 	logs := &lockedBuffer{}
 	o.Listener = ln
 	o.Logger = hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})
-	o.ScrapeInterval = 50 * time.Millisecond
+	o.ScrapeInterval = 200 * time.Millisecond // also each probe's timeout: a loaded machine needs room
 	o.DrainTimeout = 5 * time.Second
 	ready := make(chan struct{})
 	o.OnReady = func() { close(ready) }
