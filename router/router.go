@@ -592,7 +592,7 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 	// or its fallback.
 	sj := r.shadowStart(b, rp, req)
 	w, overlap, err := r.decide(ctx, rp, req, part, &d, sj)
-	if err != nil && rp.fallback != nil && fallbackAllowed(err) {
+	if err != nil && rp.fallback != nil && fallbackAllowed(ctx, err) {
 		d = Decision{Policy: rp.fallback.policy.Name, Fallback: true, FallbackCause: err}
 		w, overlap, err = r.decide(ctx, rp.fallback, req, part, &d, nil)
 		if err == nil {
@@ -720,11 +720,13 @@ func narrow(p *fleet.Partition, tag string, keep func(*fleet.Worker) bool) *flee
 
 // fallbackAllowed: the fallback answers for component failures, not for
 // outcomes that are the policy's answer (every candidate filtered out) or
-// the caller's (cancelled).
-func fallbackAllowed(err error) bool {
-	return !errors.Is(err, shared.ErrAllFiltered) && !errors.Is(err, shared.ErrAllBusy) && !errors.Is(err, ErrAllExcluded) &&
-		!errors.Is(err, shared.ErrNoWorkers) && !errors.Is(err, context.Canceled) &&
-		!errors.Is(err, context.DeadlineExceeded)
+// the caller's. Whether the caller gave up is read from ctx, the caller's
+// own context: a component's error can wrap context.Canceled from a
+// context of its own (a plugin's stream ending with its process), and
+// that is a component failure.
+func fallbackAllowed(ctx context.Context, err error) bool {
+	return ctx.Err() == nil && !errors.Is(err, shared.ErrAllFiltered) && !errors.Is(err, shared.ErrAllBusy) &&
+		!errors.Is(err, ErrAllExcluded) && !errors.Is(err, shared.ErrNoWorkers)
 }
 
 // decide runs one policy over the partition and returns the chosen worker

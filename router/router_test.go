@@ -3,6 +3,7 @@ package router
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -142,6 +143,48 @@ func TestFallbackAnswersWhenThePolicyFails(t *testing.T) {
 	if _, err := r.Place(context.Background(), request(4, 1), Placement{}); err == nil || err.Error() != `policy "broken": picker "pick": component broke` {
 		t.Fatalf("err = %v", err)
 	}
+}
+
+// failingWith is a picker that fails with err.
+type failingWith struct{ err error }
+
+func (failingWith) Inputs() shared.Inputs { return 0 }
+func (f failingWith) Pick(context.Context, *shared.Request, *shared.Candidates) (int, error) {
+	return 0, f.err
+}
+
+// A component's error that wraps context.Canceled from a context of its
+// own (a plugin's stream ending with its process) is a component failure:
+// the fallback decides. Only the caller's own cancellation skips it.
+func TestFallbackReadsTheCallersContext(t *testing.T) {
+	ll := builtin.NewLeastLoaded(shared.Params{builtin.ParamSeed: int64(3)})
+	p := mustPolicy(t, "dying", nil, failingWith{fmt.Errorf("plugin closed: %w", context.Canceled)})
+	p.Fallback = mustPolicy(t, "least-loaded", nil, ll)
+	r := newRouter(t, p, 2)
+	d, err := r.Place(context.Background(), request(4, 1), Placement{})
+	if err != nil {
+		t.Fatalf("a component's own cancellation: err = %v, want the fallback's decision", err)
+	}
+	if !d.Fallback || d.Policy != "least-loaded" || !errors.Is(d.FallbackCause, context.Canceled) {
+		t.Fatalf("decision %+v", d)
+	}
+	d.Booking.Release()
+	ctx, cancel := context.WithCancel(context.Background())
+	p2 := mustPolicy(t, "cancelling", nil, cancelling{cancel})
+	p2.Fallback = mustPolicy(t, "least-loaded", nil, ll)
+	r = newRouter(t, p2, 2)
+	if _, err := r.Place(ctx, request(4, 1), Placement{}); !errors.Is(err, context.Canceled) || r.Fallbacks() != 0 {
+		t.Fatalf("the caller cancelled during the decision: err = %v, fallbacks %d; want context.Canceled and none", err, r.Fallbacks())
+	}
+}
+
+// cancelling is a picker during whose call the caller gives up.
+type cancelling struct{ cancel context.CancelFunc }
+
+func (cancelling) Inputs() shared.Inputs { return 0 }
+func (c cancelling) Pick(ctx context.Context, _ *shared.Request, _ *shared.Candidates) (int, error) {
+	c.cancel()
+	return 0, ctx.Err()
 }
 
 func TestSelectErrors(t *testing.T) {

@@ -515,7 +515,14 @@ func (s *remoteStream) fail(cause error) {
 		return
 	}
 	s.failed = true
-	s.err = fmt.Errorf("plugin decide: %w: %w", ErrPluginClosed, cause)
+	if errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded) {
+		// The stream's own context (the plugin's process), never the
+		// caller's: wrapping it would make a plugin that died look like
+		// a caller that gave up, and callers do not fall back for that.
+		s.err = fmt.Errorf("plugin decide: %w: stream ended (%v)", ErrPluginClosed, cause)
+	} else {
+		s.err = fmt.Errorf("plugin decide: %w: %w", ErrPluginClosed, cause)
+	}
 	clear(s.pending)
 	queued := s.queue
 	s.queue = nil

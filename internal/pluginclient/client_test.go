@@ -665,6 +665,11 @@ func TestClientClose(t *testing.T) {
 		if !errors.Is(err, ErrPluginClosed) {
 			t.Fatalf("in-flight call: err = %v, want ErrPluginClosed", err)
 		}
+		// The stream's own context ended, not the caller's: a caller
+		// that reads context.Canceled as "I gave up" must not see it.
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("in-flight call: err = %v wraps a context error; the caller's context is live", err)
+		}
 	case <-time.After(time.Minute):
 		t.Fatal("in-flight call did not fail after Close")
 	}
@@ -701,5 +706,41 @@ func TestStreamBreakFailsPendingAndReopens(t *testing.T) {
 	_, err := rc.Decide(context.Background(), &Task{Request: &shared.Request{}, Candidates: c, Stages: []Stage{{Instance: "slow"}}})
 	if !errors.Is(err, ErrPluginClosed) {
 		t.Fatalf("call after the plugin died: err = %v, want ErrPluginClosed", err)
+	}
+}
+
+// When the plugin's process context (New's done) ends, a call in flight
+// fails as closed, and its error does not wrap context.Canceled: that
+// context is the plugin's, and callers read a wrapped context.Canceled as
+// their own cancellation (the router then skips the fallback).
+func TestProcessDoneFailsCallsAsClosed(t *testing.T) {
+	ps := map[string]plugin.Plugin{shared.PluginSetKey: &inProcess{GRPCPlugin: shared.GRPCPlugin{Version: "1.2.3", Types: testTypes()}}}
+	client, server := plugin.TestPluginGRPCConn(t, false, ps)
+	t.Cleanup(func() {
+		server.Stop()
+		_ = client.Close()
+	})
+	done, exited := context.WithCancel(context.Background())
+	defer exited()
+	rc := New(done, client.Conn, Options{})
+	defer rc.Close()
+	configure(t, rc, "slow", "sleepy", shared.Params{"sleep": 10 * time.Second})
+	c := &shared.Candidates{IDs: []shared.WorkerID{1}}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := rc.Decide(context.Background(), &Task{Request: &shared.Request{}, Candidates: c, Stages: []Stage{{Instance: "slow"}}})
+		errc <- err
+	}()
+	for rc.sentTasks.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	exited()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrPluginClosed) || errors.Is(err, context.Canceled) {
+			t.Fatalf("in-flight call: err = %v, want ErrPluginClosed without context.Canceled", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("in-flight call did not fail when the process context ended")
 	}
 }

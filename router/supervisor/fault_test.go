@@ -112,7 +112,11 @@ func currentPID(h *Host, name string) int {
 }
 
 // fallbackable reports whether the router would let the policy's
-// fallback decide after err (router.fallbackAllowed).
+// fallback decide after err (router.fallbackAllowed), for a caller whose
+// context is live, as every caller's here is. Stricter than the router:
+// an error wrapping a context error is refused too, since no caller here
+// gives up, so such an error would be a plugin failure worded as the
+// caller's.
 func fallbackable(err error) bool {
 	return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) &&
 		!errors.Is(err, shared.ErrAllFiltered) && !errors.Is(err, shared.ErrNoWorkers)
