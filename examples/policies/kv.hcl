@@ -1,6 +1,6 @@
-# KV-cache-aware cost policy (the default policy, spelled out): prefer the
+# KV-cache-aware cost policy kv-cost (the default before issue #14): prefer the
 # worker that already holds the longest prefix of the prompt, charged for the
-# prefill and decode work it already has.
+# prefill and decode work it already has, a decode block weighing a prefill block.
 router {
   block_size = 512
   seed       = 7

@@ -14,6 +14,7 @@ func builtinTypes() []shared.TypeInfo {
 		// Filters.
 		builtin.BusyType(),
 		// Scorers.
+		builtin.KVAffinityType(),
 		builtin.KVCostType(),
 		// Pickers.
 		builtin.LeastLoadedType(),

@@ -96,6 +96,9 @@ func testCatalog(t testing.TB) *catalog.Catalog {
 	t.Helper()
 	cat := catalog.New()
 	types := []shared.TypeInfo{
+		scorerType("kv-affinity", shared.InputLoad|shared.InputCache, []shared.ParamSpec{
+			{Name: "affinity", Type: shared.Number, Default: 4.0, Doc: "Credit per cached block."},
+		}, nonNegative("affinity")),
 		scorerType("kv-cost", shared.InputLoad|shared.InputCache, []shared.ParamSpec{
 			{Name: "overlap_credit", Type: shared.Number, Default: 1.0, Doc: "Credit per cached block."},
 			{Name: "prefill_load_scale", Type: shared.Number, Default: 1.0},

@@ -42,7 +42,7 @@ const (
 	// DefaultPolicyName names the built-in default policy; it is reserved.
 	DefaultPolicyName = catalog.ReservedName
 	// DefaultScorerType and DefaultPickerType make up the default policy.
-	DefaultScorerType = "kv-cost"
+	DefaultScorerType = "kv-affinity"
 	DefaultPickerType = "min-cost"
 )
 

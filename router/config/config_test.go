@@ -107,7 +107,7 @@ func TestLoadFull(t *testing.T) {
 	if def.Fallback == nil || def.Fallback.PickerType != "least-loaded" || !def.Fallback.PickerOnly() {
 		t.Errorf("default fallback = %+v, want least-loaded picker-only", def.Fallback)
 	}
-	if len(def.Scorers) != 1 || def.Scorers[0].Type != "kv-cost" || def.PickerType != "min-cost" {
+	if len(def.Scorers) != 1 || def.Scorers[0].Type != DefaultScorerType || def.PickerType != "min-cost" {
 		t.Errorf("default = %+v, want kv-cost + min-cost", def)
 	}
 

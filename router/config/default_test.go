@@ -23,7 +23,7 @@ func TestLoadDefaultCatalog(t *testing.T) {
 		t.Fatalf("unexpected diagnostics:\n%s", FormatDiagnostics(diags))
 	}
 	def := b.Policies[DefaultPolicyName]
-	if def == nil || def.PickerType != "min-cost" || len(def.Scorers) != 1 || def.Scorers[0].Type != "kv-cost" {
+	if def == nil || def.PickerType != "min-cost" || len(def.Scorers) != 1 || def.Scorers[0].Type != "kv-affinity" {
 		t.Fatalf("default policy = %+v", def)
 	}
 	if def.Fallback == nil || def.Fallback.PickerType != "least-loaded" {

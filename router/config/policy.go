@@ -153,7 +153,7 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 }
 
 // buildDefault declares the built-in default policy from the catalog's
-// kv-cost scorer and min-cost picker, when both are registered.
+// kv-affinity scorer and min-cost picker, when both are registered.
 func (l *loader) buildDefault() {
 	scorer, err1 := l.cat.LookupKind(DefaultScorerType, shared.KindScorer)
 	picker, err2 := l.cat.LookupKind(DefaultPickerType, shared.KindPicker)

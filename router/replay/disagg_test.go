@@ -15,6 +15,21 @@ import (
 
 const seededDefault = "router { seed = 7 }\n"
 
+// seededKVCost is the default policy before issue #14 (kv-cost +
+// min-cost), for the tests measured with it: the prefix modes' belief
+// accuracy, whose subject is not the policy.
+const seededKVCost = `router { seed = 7 }
+policy "kv-cost" {
+  scorer "cost" { type = "kv-cost" }
+  picker "pick" { type = "min-cost" }
+}
+worker_selection {
+  aggregated = "kv-cost"
+  prefill    = "kv-cost"
+  decode     = "kv-cost"
+}
+`
+
 // runDisagg replays recs on prefill + decode workers and returns the report
 // and the driver's final state.
 func runDisagg(t testing.TB, b *config.PolicyFile, recs []trace.Record, prefill, decode int, bandwidth float64, perReq *bytes.Buffer) (*Report, *driver) {

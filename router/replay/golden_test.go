@@ -13,7 +13,8 @@ import (
 // (Admit, Dispatch, FirstToken, Complete). The hashes were taken from the
 // driver that called Router.Select directly; the default policy's were
 // retaken when kv-cost began to read the engines' KV usage and waiting
-// count (issue #12), which changes its choices.
+// count (issue #12), which changes its choices, and again when the default
+// became kv-affinity + min-cost (issue #14).
 func TestDefaultConfigOutputUnchanged(t *testing.T) {
 	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")
 	for _, c := range []struct {
@@ -21,7 +22,7 @@ func TestDefaultConfigOutputUnchanged(t *testing.T) {
 		workers   int
 		want      string
 	}{
-		{"default", seededDefault, 4, "e0baf8e39dd87affdc5ded7e41a79beaa8d9ace9112f64fe79efb00a6171296f"},
+		{"default", seededDefault, 4, "88269a9e149bab164e46ba803442fe8a6335d37ec76cce49d92ff5be2e73313f"},
 		{"rr", roundRobin, 4, "3bcb69fea63679042bf867bad9b94b64b63515c45bf23c6fa16dfc833af9512f"},
 		{"p2c", powerOfTwo, 3, "d4f4d1c268ec83d5b2702c719aba52ad8c852a40fec2208ca76ced348f907f7b"},
 	} {
@@ -35,7 +36,7 @@ func TestDefaultConfigOutputUnchanged(t *testing.T) {
 	var buf bytes.Buffer
 	runDisagg(t, loadPolicy(t, seededDefault), recs, 3, 5, 1e9, &buf)
 	sum := sha256.Sum256(buf.Bytes())
-	if got, want := hex.EncodeToString(sum[:]), "0d12ad0f2452b65582fc6377c29cdae30c9a252b7e86f881a8e14eaa6292f63b"; got != want {
+	if got, want := hex.EncodeToString(sum[:]), "f3f0780d8d55c244ea02de284c91d8fe651c1203371f7cde8ad72df81e128de9"; got != want {
 		t.Errorf("default on 3P+5D: per-request sha256 %s, want %s", got, want)
 	}
 }

@@ -25,7 +25,7 @@ func smallKV() sim.Config {
 
 func runPrefix(t testing.TB, recs []trace.Record, workers int, cfg sim.Config, mode PrefixMode, delay time.Duration, perReq *bytes.Buffer) (*Report, *driver) {
 	t.Helper()
-	b := loadPolicy(t, seededDefault)
+	b := loadPolicy(t, seededKVCost)
 	o := Options{PolicyName: "default", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs, Workers: workers,
 		Sim: cfg, Prefix: mode, KVEventDelay: delay}
 	if perReq != nil {

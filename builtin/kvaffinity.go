@@ -1,0 +1,230 @@
+package builtin
+
+import (
+	"context"
+	"fmt"
+	"math"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// TypeKVAffinity is the type name of the KVAffinity scorer, the scorer of
+// the built-in default policy.
+const TypeKVAffinity = "kv-affinity"
+
+// Parameter names of the kv-affinity scorer (engine_load is shared with
+// kv-cost: ParamEngineLoad).
+const (
+	ParamAffinity       = "affinity"
+	ParamDecodeWeight   = "decode_weight"
+	ParamSpillFactor    = "spill_factor"
+	ParamBalanceAbs     = "balance_abs"
+	ParamBalanceRel     = "balance_rel"
+	defaultAffinity     = 4.0
+	defaultDecodeWeight = 1.0 / 16
+	defaultSpillFactor  = 2.0
+	defaultBalanceAbs   = 32.0
+	defaultBalanceRel   = 2.0
+)
+
+// KVAffinity scores each worker by the prefill work a request would wait
+// behind there and cause, in KV blocks of the request's block size bs,
+// crediting the prefix the worker already holds more than once so that a
+// conversation's turns stay where their cache is, and bounding how far
+// that may pile requests onto one worker. Lower is better:
+//
+//	pending = (active_prefill_tokens + unsent_waiting*prompt_tokens) / bs
+//	own     = prompt_tokens/bs - affinity*overlap_blocks
+//	decode  = decode_weight * max(active_decode_blocks, kv_usage*total_kv_blocks)
+//	cost    = pending + own + decode
+//
+// with unsent_waiting and the engine's report (engine_load) as in kv-cost.
+// Two guards keep the tail of load balancing:
+//
+//   - Imbalance (SGLang's cache-aware policy, sgl-router
+//     src/policies/cache_aware.rs): when the candidates' in-flight request
+//     counts differ by more than balance_abs and the largest exceeds
+//     balance_rel times the smallest, the fleet is imbalanced and the
+//     prefix is ignored for this request (affinity 0): it goes where the
+//     least work waits.
+//   - Spill (consistent hashing with bounded loads, Mirrokni, Thorup and
+//     Zadimoghaddam, SODA 2018): a worker whose in-flight requests exceed
+//     spill_factor times the candidates' mean (plus one, so that an idle
+//     fleet spills nothing) costs more than every worker within the bound,
+//     so it is chosen only when all are over it.
+//
+// Why these terms. The simulated engine's step time (router/sim) charges
+// about 0.021 ms per prefilled token and 7.6e-5 ms per token of decode
+// context per step, so queued prefill, not resident decode context,
+// decides when a request's first token comes; kv-cost weighs a decode
+// block equal to a prefill block, and decode load differences then
+// outweigh any prefix, spreading a conversation's turns over workers.
+// decode_weight 1/16 keeps decode in the balance (it still decides among
+// workers with equal prefill) without letting it override the cache.
+// affinity > 1 counts what a kept prefix saves later: the conversation's
+// next turn hits only where this one ran. Dynamo's KV router charges the
+// same two terms (overlap_score_weight on prefill blocks, plus decode
+// blocks, lib/llm/src/kv_router/scheduler.rs); llm-d's scheduler adds a
+// weighted prefix-cache score to queue and KV-utilisation scores. The
+// defaults were chosen by replaying the bundled Mooncake conversation and
+// arXiv traces and a generated session trace at 4, 8 and 16 workers
+// (BENCHMARKS.md "Routing quality").
+//
+// Score makes two passes over the rows and allocates nothing.
+type KVAffinity struct {
+	affinity     float64
+	decodeWeight float64
+	spillFactor  float64
+	balanceAbs   float64
+	balanceRel   float64
+	engineLoad   bool
+}
+
+// KVAffinityType describes the kv-affinity scorer.
+func KVAffinityType() shared.TypeInfo {
+	return shared.TypeInfo{
+		Name:   TypeKVAffinity,
+		Kind:   shared.KindScorer,
+		Inputs: shared.InputLoad | shared.InputCache | shared.InputCapacity,
+		Params: []shared.ParamSpec{
+			{Name: ParamAffinity, Type: shared.Number, Default: defaultAffinity,
+				Doc: "Prefill blocks credited per block of the request's prefix the worker holds " +
+					"(overlap_blocks). Unitless, finite, >= 0; default 4: the block's own prefill " +
+					"plus what keeping the conversation together saves its next turns; 1 credits " +
+					"only this request's saving, 0 ignores the prefix cache."},
+			{Name: ParamDecodeWeight, Type: shared.Number, Default: defaultDecodeWeight,
+				Doc: "Cost of one block of decode context (max(active_decode_blocks, " +
+					"kv_usage*total_kv_blocks)) in prefill blocks. Unitless, finite, >= 0; default " +
+					"0.0625 (1/16)."},
+			{Name: ParamSpillFactor, Type: shared.Number, Default: defaultSpillFactor,
+				Doc: "Bounded load: a worker with more than spill_factor*mean+1 in-flight " +
+					"requests (mean over the candidates) costs more than every worker within the " +
+					"bound. Finite, 0 (off) or >= 1; default 2."},
+			{Name: ParamBalanceAbs, Type: shared.Number, Default: defaultBalanceAbs,
+				Doc: "Imbalance switch, absolute part: the candidates' in-flight request counts " +
+					"must differ by more than this (requests) for the prefix to be ignored. " +
+					"Finite, >= 0; default 32. Set balance_rel to 0 to turn the switch off."},
+			{Name: ParamBalanceRel, Type: shared.Number, Default: defaultBalanceRel,
+				Doc: "Imbalance switch, relative part: the largest in-flight count must also " +
+					"exceed balance_rel times the smallest. Finite, 0 (switch off) or >= 1; " +
+					"default 2."},
+			{Name: ParamEngineLoad, Type: shared.Bool, Default: true,
+				Doc: "Use the engine's own report as kv-cost does: decode blocks are the larger " +
+					"of the booked ones and kv_usage*total_kv_blocks, and requests waiting at the " +
+					"engine beyond the router's in-flight ones are charged one prompt each. " +
+					"Default true."},
+		},
+		Doc: "Scores each worker by pending prefill + (prompt_tokens/block_size - affinity*overlap_blocks) " +
+			"+ decode_weight*decode blocks, in KV blocks; ignores the prefix when in-flight counts are " +
+			"imbalanced (balance_abs, balance_rel) and ranks workers over spill_factor*mean+1 " +
+			"in-flight requests last; lower is better.",
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return NewKVAffinity(p) },
+	}
+}
+
+// NewKVAffinity returns a kv-affinity scorer from p (absent parameters take
+// their defaults). A parameter that is NaN, infinite or negative, or a
+// spill_factor or balance_rel strictly between 0 and 1, fails with a
+// *shared.ParamError naming it.
+func NewKVAffinity(p shared.Params) (*KVAffinity, error) {
+	s := &KVAffinity{
+		affinity:     p.Float(ParamAffinity, defaultAffinity),
+		decodeWeight: p.Float(ParamDecodeWeight, defaultDecodeWeight),
+		spillFactor:  p.Float(ParamSpillFactor, defaultSpillFactor),
+		balanceAbs:   p.Float(ParamBalanceAbs, defaultBalanceAbs),
+		balanceRel:   p.Float(ParamBalanceRel, defaultBalanceRel),
+		engineLoad:   p.Bool(ParamEngineLoad, true),
+	}
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{
+		{ParamAffinity, s.affinity},
+		{ParamDecodeWeight, s.decodeWeight},
+		{ParamSpillFactor, s.spillFactor},
+		{ParamBalanceAbs, s.balanceAbs},
+		{ParamBalanceRel, s.balanceRel},
+	} {
+		if err := shared.NonNegative(c.name, c.v); err != nil {
+			return nil, err
+		}
+	}
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{{ParamSpillFactor, s.spillFactor}, {ParamBalanceRel, s.balanceRel}} {
+		if c.v > 0 && c.v < 1 {
+			return nil, &shared.ParamError{Param: c.name, Err: fmt.Errorf("must be 0 (off) or >= 1, got %g", c.v)}
+		}
+	}
+	return s, nil
+}
+
+// Inputs returns LOAD|CACHE|CAPACITY.
+func (*KVAffinity) Inputs() shared.Inputs {
+	return shared.InputLoad | shared.InputCache | shared.InputCapacity
+}
+
+// Score writes each row's cost into costs (len(costs) == c.Len()). It fails
+// with ErrBlockSize when req.BlockSize <= 0 and with ErrMissingColumn when
+// c lacks the Load, OverlapBlocks or TotalKVBlocks column or costs has the
+// wrong length. It does not allocate.
+func (s *KVAffinity) Score(_ context.Context, req *shared.Request, c *shared.Candidates, costs []float64) error {
+	n := c.Len()
+	if req.BlockSize <= 0 {
+		return fmt.Errorf("kv-affinity: %w, got %d", ErrBlockSize, req.BlockSize)
+	}
+	if len(c.Load) != n || len(c.OverlapBlocks) != n || len(c.TotalKVBlocks) != n || len(costs) != n {
+		return fmt.Errorf("kv-affinity: %w: need LOAD, CACHE and CAPACITY columns and costs of %d rows", ErrMissingColumn, n)
+	}
+	if n == 0 {
+		return nil
+	}
+	loads := c.Load[:n]
+	minActive, maxActive, sumActive := int64(math.MaxInt64), int64(math.MinInt64), 0.0
+	for i := range loads {
+		a := loads[i].ActiveRequests
+		minActive, maxActive = min(minActive, a), max(maxActive, a)
+		sumActive += float64(a)
+	}
+	affinity := s.affinity
+	if s.balanceRel > 0 && float64(maxActive-minActive) > s.balanceAbs && float64(maxActive) > s.balanceRel*float64(minActive) {
+		affinity = 0
+	}
+	bs := float64(req.BlockSize)
+	prompt := float64(req.PromptTokens) / bs
+	overlap := c.OverlapBlocks[:n]
+	capacity := c.TotalKVBlocks[:n]
+	costs = costs[:n]
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i := range loads {
+		l := &loads[i]
+		pending := float64(l.ActivePrefillTokens) / bs
+		decode := float64(l.ActiveDecodeBlocks)
+		if s.engineLoad {
+			if l.HasWaiting && l.Waiting > l.ActiveRequests {
+				pending += float64(l.Waiting-l.ActiveRequests) * prompt
+			}
+			if l.HasKVUsage && capacity[i] > 0 {
+				decode = max(decode, l.KVUsage*float64(capacity[i]))
+			}
+		}
+		cost := pending + prompt - affinity*float64(overlap[i]) + s.decodeWeight*decode
+		costs[i] = cost
+		lo, hi = min(lo, cost), max(hi, cost)
+	}
+	if s.spillFactor == 0 {
+		return nil
+	}
+	bound := s.spillFactor*sumActive/float64(n) + 1
+	over := hi - lo + 1 // ranks a worker over the bound after every worker within it
+	for i := range loads {
+		if float64(loads[i].ActiveRequests) > bound {
+			costs[i] += over
+		}
+	}
+	return nil
+}
+
+// Interface guard.
+var _ shared.Scorer = (*KVAffinity)(nil)
