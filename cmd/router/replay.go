@@ -56,7 +56,7 @@ func newReplayCmd() *cobra.Command {
 		Long: `Replay drives a trace through a policy on simulated workers, in simulated
 time, and prints a summary table. With no flags it replays the bundled Mooncake
 conversation trace (12,031 requests) through the built-in default policy
-(kv-cost + min-cost) on 8 simulated workers. The same inputs and seed give
+(kv-affinity + min-cost) on 8 simulated workers. The same inputs and seed give
 byte-identical --per-request output.
 
 With --prefill-workers N --decode-workers M it replays disaggregated serving:
