@@ -47,6 +47,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(newValidateCmd(), newReplayCmd(), newPluginsCmd(), newVersionCmd())
 	root.AddCommand(newMockWorkerCmd())
 	root.AddCommand(newServeCmd())
+	root.AddCommand(newTraceCmd())
 	return root
 }
 
