@@ -83,9 +83,8 @@ type Params struct {
 	Requests int
 
 	// SystemPromptTokens are the system prompts' lengths in tokens, in
-	// order of popularity (the first is the most used). Each is >= 1 and
-	// at most MaxPromptTokens - MaxUserTokens, so a first turn always
-	// fits; at most 64 prompts. Default 2,300, 700, 8,500, 1,200, 5,400,
+	// order of popularity (the first is the most used); 1 to 64 prompts
+	// of 1 to 2^20-1 tokens. Default 2,300, 700, 8,500, 1,200, 5,400,
 	// 3,300 tokens: 4, 1, 16, 2, 10 and 6 full blocks plus a partial one,
 	// lengths mixed in popularity (our choice).
 	SystemPromptTokens []int
@@ -109,8 +108,8 @@ type Params struct {
 	// most of its prompt by the second or third turn).
 	UserTokensMedian float64
 	UserTokensSigma  float64
-	// MaxUserTokens caps one user message, in tokens. Default 8,192 (our
-	// choice).
+	// MaxUserTokens caps one user message, in tokens, 1 to 2^20-1.
+	// Default 8,192 (our choice).
 	MaxUserTokens int
 	// OutputTokensMedian and OutputTokensSigma are the lognormal answer
 	// length (output_length), in tokens, clamped to 1..MaxOutputTokens.
@@ -121,8 +120,10 @@ type Params struct {
 	// MaxOutputTokens caps one answer, in tokens. Default 4,096 (our
 	// choice).
 	MaxOutputTokens int
-	// MaxPromptTokens caps a prompt (input_length), in tokens, 2 to 2^20:
-	// a session whose next prompt would be longer ends instead. Default 32,768
+	// MaxPromptTokens caps a prompt (input_length), in tokens: a session
+	// whose next prompt would be longer ends instead. At least the longest
+	// system prompt plus MaxUserTokens, so that every first turn fits, and
+	// at most 2^20. Default 32,768
 	// (our choice: a common context window; the bundled Mooncake
 	// conversation trace's prompts reach about 126,000 tokens).
 	MaxPromptTokens int
@@ -231,10 +232,8 @@ func (p Params) Validate() error {
 		return bad("SystemPromptZipf", p.SystemPromptZipf, "an exponent from 0 (uniform) to 10")
 	case !inRange(p.MeanTurns, 1, 1000):
 		return bad("MeanTurns", p.MeanTurns, "a mean from 1 to 1000 turns per session")
-	case p.MaxPromptTokens < 2 || p.MaxPromptTokens > maxPromptTokens:
-		return bad("MaxPromptTokens", p.MaxPromptTokens, fmt.Sprintf("2 to %d tokens", maxPromptTokens))
-	case p.MaxUserTokens < 1 || p.MaxUserTokens >= p.MaxPromptTokens:
-		return bad("MaxUserTokens", p.MaxUserTokens, fmt.Sprintf("1 to %d tokens (less than MaxPromptTokens)", p.MaxPromptTokens-1))
+	case p.MaxUserTokens < 1 || p.MaxUserTokens >= maxPromptTokens:
+		return bad("MaxUserTokens", p.MaxUserTokens, fmt.Sprintf("1 to %d tokens", maxPromptTokens-1))
 	case p.MaxOutputTokens < 1 || p.MaxOutputTokens > math.MaxInt32:
 		return bad("MaxOutputTokens", p.MaxOutputTokens, fmt.Sprintf("1 to %d tokens", math.MaxInt32))
 	case !inRange(p.UserTokensMedian, 1, float64(p.MaxUserTokens)):
@@ -258,11 +257,17 @@ func (p Params) Validate() error {
 	case p.BurstMean < time.Second || p.BurstMean > maxDuration:
 		return bad("BurstMean", p.BurstMean, "1s to 24h")
 	}
+	longest := 0
 	for i, n := range p.SystemPromptTokens {
-		if n < 1 || n > p.MaxPromptTokens-p.MaxUserTokens {
-			return bad(fmt.Sprintf("SystemPromptTokens[%d]", i), n,
-				fmt.Sprintf("1 to %d tokens (MaxPromptTokens - MaxUserTokens, so a first turn fits)", p.MaxPromptTokens-p.MaxUserTokens))
+		if n < 1 || n >= maxPromptTokens {
+			return bad(fmt.Sprintf("SystemPromptTokens[%d]", i), n, fmt.Sprintf("1 to %d tokens", maxPromptTokens-1))
 		}
+		longest = max(longest, n)
+	}
+	if least := longest + p.MaxUserTokens; p.MaxPromptTokens < least || p.MaxPromptTokens > maxPromptTokens {
+		return bad("MaxPromptTokens", p.MaxPromptTokens, fmt.Sprintf(
+			"%d to %d tokens (at least the longest system prompt, %d, plus MaxUserTokens, %d, so that a first turn fits)",
+			least, maxPromptTokens, longest, p.MaxUserTokens))
 	}
 	return nil
 }
@@ -304,7 +309,7 @@ type Summary struct {
 	// Last is the last request's arrival.
 	Last time.Duration
 	// Bursts are the burst periods that started before Last, in order
-	// (the last one may end after Last).
+	// (the last one may end after Last); none when BurstFactor is 1.
 	Bursts []Interval
 	// SystemPromptIDs holds, per system prompt, the hash ids of its full
 	// blocks (none for a prompt under 512 tokens).
@@ -357,7 +362,7 @@ func Generate(p Params, emit func(Request) error) (Summary, error) {
 	}
 	sum.Sessions = sessions
 	for _, b := range g.bursts {
-		if b.Start <= sum.Last {
+		if b.Start <= sum.Last && p.BurstFactor > 1 {
 			sum.Bursts = append(sum.Bursts, b)
 		}
 	}
