@@ -4,6 +4,7 @@
 //
 //	router validate FILE
 //	router replay [flags]
+//	router trace generate [flags]
 //	router version
 package main
 
