@@ -8,10 +8,12 @@
 // every random number from one PCG stream (math/rand/v2) seeded by
 // Params.Seed, and keeps simulated time in integer microseconds, so equal
 // Params give byte-identical output. Floating point is used only to turn a
-// uniform draw into an exponential, lognormal or Zipf one; a different
-// last bit from an architecture's math.Exp or math.Log could in principle
-// move one value across a rounding boundary of a whole millisecond or
-// token, which is why the bundled file's check runs where it was made.
+// uniform draw into an exponential, lognormal or Zipf one, each rounded at
+// once to whole microseconds or tokens; on another architecture a
+// different last bit of math.Exp or math.Log (which have assembly
+// versions) could in principle move one value across such a rounding
+// boundary. The bundled testdata/traces/synthetic_sessions.jsonl was
+// generated on linux/amd64.
 //
 // # Shape
 //
@@ -318,9 +320,10 @@ type Summary struct {
 
 // Generate validates p and generates its trace, calling emit with each
 // request in arrival order (ties in session order, then turn order). The
-// request's HashIDs are its own: emit may keep them but not change them. Generate stops at the
-// first error of emit and returns it. Its memory is bounded by the
-// sessions in progress, not by p.Requests.
+// request's HashIDs are its own: emit may keep them but not change them.
+// Generate stops at the first error of emit and returns it. Its memory is
+// bounded by the sessions in progress (one queued turn each), not by
+// p.Requests.
 func Generate(p Params, emit func(Request) error) (Summary, error) {
 	if err := p.Validate(); err != nil {
 		return Summary{}, err

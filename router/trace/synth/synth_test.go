@@ -3,6 +3,7 @@ package synth
 import (
 	"bytes"
 	"errors"
+	"io"
 	"math"
 	"slices"
 	"strings"
@@ -359,6 +360,18 @@ func TestValidate(t *testing.T) {
 		}
 		if _, gerr := Generate(p, func(Request) error { return nil }); !errors.Is(gerr, ErrInvalidParams) {
 			t.Errorf("%s: Generate error %v, want the validation error", c.field, gerr)
+		}
+	}
+}
+
+// BenchmarkWriteJSONL generates the default trace (10,000 requests) into
+// io.Discard.
+func BenchmarkWriteJSONL(b *testing.B) {
+	p := DefaultParams()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := WriteJSONL(io.Discard, p); err != nil {
+			b.Fatal(err)
 		}
 	}
 }
