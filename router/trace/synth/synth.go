@@ -64,7 +64,7 @@ import (
 // blockTokens is the number of prompt tokens per hash id.
 const blockTokens = trace.MooncakeBlockTokens
 
-// MaxRequests bounds Params.Requests: a million requests are about 200 MB
+// MaxRequests bounds Params.Requests: a million requests are about 170 MB
 // of JSON lines at the default shape, far more than any replay needs.
 const MaxRequests = 1_000_000
 
