@@ -4,6 +4,7 @@
 //
 //	router validate FILE
 //	router replay [flags]
+//	router trace generate [flags]
 //	router version
 package main
 
@@ -47,6 +48,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(newValidateCmd(), newReplayCmd(), newPluginsCmd(), newVersionCmd())
 	root.AddCommand(newMockWorkerCmd())
 	root.AddCommand(newServeCmd())
+	root.AddCommand(newTraceCmd())
 	return root
 }
 
