@@ -63,9 +63,12 @@ const (
 // workers with equal prefill) without letting it override the cache.
 // affinity > 1 counts what a kept prefix saves later: the conversation's
 // next turn hits only where this one ran. Dynamo's KV router charges the
-// same two terms (overlap_score_weight on prefill blocks, plus decode
-// blocks, lib/llm/src/kv_router/scheduler.rs); llm-d's scheduler adds a
-// weighted prefix-cache score to queue and KV-utilisation scores. The
+// same two terms, prefill blocks weighted by --kv-overlap-score-weight
+// plus decode blocks, and documents that a larger weight trades
+// inter-token latency for TTFT (ai-dynamo/dynamo docs/router); llm-d's
+// default scheduler profile leans the same way, a prefix-cache score
+// weighted 3 against a queue-depth score weighted 2 (Red Hat OpenShift AI
+// 3.4, "Configuring scheduler settings"). The
 // defaults were chosen by replaying the bundled Mooncake conversation and
 // arXiv traces and a generated session trace at 4, 8 and 16 workers
 // (BENCHMARKS.md "Routing quality").
