@@ -21,7 +21,7 @@ const (
 	ParamBalanceAbs     = "balance_abs"
 	ParamBalanceRel     = "balance_rel"
 	defaultAffinity     = 4.0
-	defaultDecodeWeight = 1.0 / 16
+	defaultDecodeWeight = 1.0 / 32
 	defaultSpillFactor  = 2.0
 	defaultBalanceAbs   = 32.0
 	defaultBalanceRel   = 2.0
@@ -59,7 +59,7 @@ const (
 // decides when a request's first token comes; kv-cost weighs a decode
 // block equal to a prefill block, and decode load differences then
 // outweigh any prefix, spreading a conversation's turns over workers.
-// decode_weight 1/16 keeps decode in the balance (it still decides among
+// decode_weight 1/32 keeps decode in the balance (it still decides among
 // workers with equal prefill) without letting it override the cache.
 // affinity > 1 counts what a kept prefix saves later: the conversation's
 // next turn hits only where this one ran. Dynamo's KV router charges the
@@ -71,7 +71,7 @@ const (
 // 3.4, "Configuring scheduler settings"). The
 // defaults were chosen by replaying the bundled Mooncake conversation and
 // arXiv traces and a generated session trace at 4, 8 and 16 workers
-// (BENCHMARKS.md "Routing quality").
+// over seeds 1 to 5 (BENCHMARKS.md "Routing quality").
 //
 // Score makes two passes over the rows and allocates nothing.
 type KVAffinity struct {
@@ -98,7 +98,7 @@ func KVAffinityType() shared.TypeInfo {
 			{Name: ParamDecodeWeight, Type: shared.Number, Default: defaultDecodeWeight,
 				Doc: "Cost of one block of decode context (max(active_decode_blocks, " +
 					"kv_usage*total_kv_blocks)) in prefill blocks. Unitless, finite, >= 0; default " +
-					"0.0625 (1/16)."},
+					"0.03125 (1/32)."},
 			{Name: ParamSpillFactor, Type: shared.Number, Default: defaultSpillFactor,
 				Doc: "Bounded load: a worker with more than spill_factor*mean+1 in-flight " +
 					"requests (mean over the candidates) costs more than every worker within the " +

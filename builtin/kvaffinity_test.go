@@ -46,12 +46,12 @@ func TestKVAffinityScore(t *testing.T) {
 		params shared.Params
 		want   []float64
 	}{
-		// pending + 10 - 4*overlap + decode/16:
-		// 0+10-0+0, 5+10-16+2, 0.5+10-8+0.5, 2.5+10-12+1
-		{"defaults", nil, []float64{10, 1, 3, 1.5}},
+		// pending + 10 - 4*overlap + decode/32:
+		// 0+10-0+0, 5+10-16+1, 0.5+10-8+0.25, 2.5+10-12+0.5
+		{"defaults", nil, []float64{10, 0, 2.75, 1}},
 		// Credit only this request's saving: the second worker's queued
 		// prefill and decode now outweigh its prefix.
-		{"affinity 1", shared.Params{ParamAffinity: 1.0}, []float64{10, 13, 9, 10.5}},
+		{"affinity 1", shared.Params{ParamAffinity: 1.0}, []float64{10, 12, 8.75, 10}},
 		{"no decode weight", shared.Params{ParamDecodeWeight: 0.0}, []float64{10, -1, 2.5, 0.5}},
 		{"kv-cost's weights", shared.Params{ParamAffinity: 1.0, ParamDecodeWeight: 1.0},
 			[]float64{10, 15 - 4 + 32, 10.5 - 2 + 8, 12.5 - 3 + 16}},
@@ -149,7 +149,7 @@ func TestKVAffinityEngineLoad(t *testing.T) {
 	c := &shared.Candidates{
 		IDs: idsN(3),
 		Load: []shared.Load{
-			// usage 0.64 of 100 = 64 > booked 16: decode 64/16 = 4.
+			// usage 0.64 of 100 = 64 > booked 16: decode 64/32 = 2.
 			{ActiveDecodeBlocks: 16, ActiveRequests: 2, KVUsage: 0.64, HasKVUsage: true},
 			// waiting 5 > 2 in flight: 3 unsent prompts = 30 blocks.
 			{ActiveDecodeBlocks: 16, ActiveRequests: 2, Waiting: 5, HasWaiting: true},
@@ -160,10 +160,10 @@ func TestKVAffinityEngineLoad(t *testing.T) {
 		TotalKVBlocks: []int64{100, 100, 0},
 	}
 	req := &shared.Request{PromptTokens: 1000, BlockSize: 100}
-	if got, want := scoreKVAffinity(t, nil, req, c), []float64{14, 41, 11}; !cmp.Equal(got, want) {
+	if got, want := scoreKVAffinity(t, nil, req, c), []float64{12, 40.5, 10.5}; !cmp.Equal(got, want) {
 		t.Errorf("engine load: costs %v, want %v", got, want)
 	}
-	if got, want := scoreKVAffinity(t, shared.Params{ParamEngineLoad: false}, req, c), []float64{11, 11, 11}; !cmp.Equal(got, want) {
+	if got, want := scoreKVAffinity(t, shared.Params{ParamEngineLoad: false}, req, c), []float64{10.5, 10.5, 10.5}; !cmp.Equal(got, want) {
 		t.Errorf("bookings only: costs %v, want %v", got, want)
 	}
 }

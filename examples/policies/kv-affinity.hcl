@@ -13,7 +13,7 @@ policy "kv-affinity" {
   scorer "cost" {
     type          = "kv-affinity"
     affinity      = 4
-    decode_weight = 0.0625
+    decode_weight = 0.03125
     spill_factor  = 2
     balance_abs   = 32
     balance_rel   = 2

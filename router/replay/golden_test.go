@@ -22,7 +22,7 @@ func TestDefaultConfigOutputUnchanged(t *testing.T) {
 		workers   int
 		want      string
 	}{
-		{"default", seededDefault, 4, "88269a9e149bab164e46ba803442fe8a6335d37ec76cce49d92ff5be2e73313f"},
+		{"default", seededDefault, 4, "2f25e6f14ba0697f6ddbc40fcd49564f053e46d04f3c43493d63e9bbc20b1c92"},
 		{"rr", roundRobin, 4, "3bcb69fea63679042bf867bad9b94b64b63515c45bf23c6fa16dfc833af9512f"},
 		{"p2c", powerOfTwo, 3, "d4f4d1c268ec83d5b2702c719aba52ad8c852a40fec2208ca76ced348f907f7b"},
 	} {
@@ -36,7 +36,7 @@ func TestDefaultConfigOutputUnchanged(t *testing.T) {
 	var buf bytes.Buffer
 	runDisagg(t, loadPolicy(t, seededDefault), recs, 3, 5, 1e9, &buf)
 	sum := sha256.Sum256(buf.Bytes())
-	if got, want := hex.EncodeToString(sum[:]), "f3f0780d8d55c244ea02de284c91d8fe651c1203371f7cde8ad72df81e128de9"; got != want {
+	if got, want := hex.EncodeToString(sum[:]), "5e04bc35b20b7dc8547b2f910003dfbfe87b12fc6080df1d5597b7ad3f4c5611"; got != want {
 		t.Errorf("default on 3P+5D: per-request sha256 %s, want %s", got, want)
 	}
 }
