@@ -62,22 +62,6 @@ type Candidate struct {
 	Rank uint32
 }
 
-func (c Candidate) less(o Candidate) int {
-	switch {
-	case c.ID != o.ID:
-		if c.ID < o.ID {
-			return -1
-		}
-		return 1
-	case c.Rank != o.Rank:
-		if c.Rank < o.Rank {
-			return -1
-		}
-		return 1
-	}
-	return 0
-}
-
 // DefaultUnknownCapacity is the approximate index's bound, in router
 // blocks, for a candidate whose KV capacity is unknown (0: its engine has
 // not reported it yet): 65,536 blocks, 32 Mi tokens at the default
