@@ -9,7 +9,7 @@ import (
 )
 
 // BenchmarkDefaultPolicy measures the default policy (kv-cost scorer +
-// min-cost picker) on prebuilt candidates with LOAD and CACHE columns of
+// min-cost picker) on prebuilt candidates with LOAD, CACHE and CAPACITY columns of
 // varied values: the scorer writes a scratch column that is summed with its
 // weight into Costs, exactly as the pipeline does, then the picker runs. The
 // candidate columns and scratch are allocated once, outside the loop, as the
@@ -25,6 +25,7 @@ func BenchmarkDefaultPolicy(b *testing.B) {
 					IDs:           idsN(n),
 					Load:          make([]shared.Load, n),
 					OverlapBlocks: make([]int32, n),
+					TotalKVBlocks: make([]int64, n),
 					Costs:         make([]float64, n),
 				}
 				for i := range n {
@@ -37,6 +38,7 @@ func BenchmarkDefaultPolicy(b *testing.B) {
 						HasKVUsage:          true,
 					}
 					c.OverlapBlocks[i] = int32((i * 31) % 40)
+					c.TotalKVBlocks[i] = 4096
 				}
 				req := &shared.Request{PromptTokens: 8192, BlockSize: 512}
 				scorer, err := NewKVCost(nil)

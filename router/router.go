@@ -681,6 +681,8 @@ func narrow(p *fleet.Partition, tag string, keep func(*fleet.Worker) bool) *flee
 	add := func(i int) {
 		q.Workers = append(q.Workers, p.Workers[i])
 		q.IDs = append(q.IDs, p.IDs[i])
+		q.Slots = append(q.Slots, p.Slots[i])
+		q.KVBlocks = append(q.KVBlocks, p.KVBlocks[i])
 		if p.DPRanks != nil {
 			q.DPRanks = append(q.DPRanks, p.DPRanks[i])
 		}
@@ -694,7 +696,8 @@ func narrow(p *fleet.Partition, tag string, keep func(*fleet.Worker) bool) *flee
 		case q == nil:
 			// The first member left out: copy the ones before it.
 			n := len(p.Workers) - 1
-			q = &fleet.Partition{Role: p.Role, Workers: make([]*fleet.Worker, 0, n), IDs: make([]shared.WorkerID, 0, n)}
+			q = &fleet.Partition{Role: p.Role, Model: p.Model, Workers: make([]*fleet.Worker, 0, n), IDs: make([]shared.WorkerID, 0, n),
+				Slots: make([]int32, 0, n), KVBlocks: make([]int64, 0, n)}
 			if p.DPRanks != nil {
 				q.DPRanks = make([]uint32, 0, n)
 			}
@@ -769,23 +772,27 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 }
 
 // fill sets the rows of c to the members of the partition and computes
-// the inputs in (normalised) of each; c has their columns.
+// the inputs in (normalised) of each; c has their columns. One pass per
+// column: the CAPACITY column is the partition's, copied.
 func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Request, part *fleet.Partition) {
 	copy(c.IDs, part.IDs)
 	if c.DPRanks != nil {
 		copy(c.DPRanks, part.DPRanks)
 	}
-	active, load, kv := in.Has(shared.InputActiveRequests), in.Has(shared.InputLoad), in.Has(shared.InputCapacity)
-	for i, w := range part.Workers {
-		if active {
-			c.ActiveRequests[i] = w.ActiveRequests()
+	if in.Has(shared.InputActiveRequests) {
+		active := c.ActiveRequests[:len(part.Workers)]
+		for i, w := range part.Workers {
+			active[i] = w.ActiveRequests()
 		}
-		if load {
-			c.Load[i] = w.Load(r.bookingsAreLoad)
+	}
+	if in.Has(shared.InputLoad) {
+		load := c.Load[:len(part.Workers)]
+		for i, w := range part.Workers {
+			w.LoadInto(&load[i], r.bookingsAreLoad)
 		}
-		if kv {
-			c.TotalKVBlocks[i] = w.TotalKVBlocks
-		}
+	}
+	if in.Has(shared.InputCapacity) {
+		copy(c.TotalKVBlocks, part.KVBlocks)
 	}
 	if in.Has(shared.InputCache) {
 		r.index.Fill(part.Slots, req.BlockHashes, req.Prompt, c.OverlapBlocks)

@@ -8,22 +8,36 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/internal/cputime"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
-// BenchmarkSelectShapes measures one whole selection of the default
-// policy (kv-cost + min-cost) through Router.Place, the scope Dynamo's
-// router benchmark times (docs in BENCHMARKS.md, "Whole selection"):
-// the candidate partition, the prefix-index lookup, the load and capacity
-// columns, scoring, picking, booking, recording the prefix and releasing
-// the booking; a 16-block (8k-token) prompt, at 64, 1,024 and 4,096
-// workers, with its prefix held by no worker, by one, or by every worker.
+// BenchmarkSelect times whole selections of the default policy (kv-cost
+// scorer + min-cost picker, temperature 0) at 64, 1,024 and 4,096
+// workers, for a 16-block (8,192-token, 512-token blocks) prompt whose
+// prefix no worker holds (none), one worker holds (one: it wins every
+// selection) or every worker holds (all: a tie among all, broken at
+// random). Each timed iteration is one Router.Place and the release of
+// its booking: reading the fleet snapshot and the bundle, the CACHE
+// column from the prefix index (Index.Fill), the LOAD column (each
+// worker's booking counters), the CAPACITY column, kv-cost's costs,
+// min-cost's pick, the booking (into storage the caller owns, as the
+// admission layer books: Placement.Booking), recording the prompt in the
+// chosen worker's recency list, and Booking.Release. With none, every
+// iteration's prompt is new (its first block id is the iteration
+// number), so the iteration also computes its 16 chained hashes and
+// records 16 new blocks in the index (evicting the worker's 16 least
+// recent once its 4,096-block list is full); the other shapes record
+// blocks the chosen worker already holds. Not timed: building the fleet
+// and recording the held prefix. Besides ns/op (wall time) it reports
+// cpu-ns/op, the process's CPU time per selection (getrusage), which
+// other processes on a shared machine do not stretch.
 //
-//	go test -run='^$' -bench=SelectShapes -benchmem ./router/
-func BenchmarkSelectShapes(b *testing.B) {
+//	go test -run='^$' -bench='^BenchmarkSelect$' -benchmem ./router/
+func BenchmarkSelect(b *testing.B) {
 	for _, n := range []int{64, 1024, 4096} {
 		for _, shape := range []string{"none", "one", "all"} {
 			b.Run(fmt.Sprintf("workers=%d/held=%s", n, shape), func(b *testing.B) {
@@ -55,33 +69,40 @@ func BenchmarkSelectShapes(b *testing.B) {
 					}
 				}
 				req := &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8192, BlockSize: 512, BlockHashes: held}
-				if shape == "none" {
-					ids[0] = 1 << 40
-					req.BlockHashes = prefix.ChainHashes(nil, ids)
-				}
 				ctx := context.Background()
+				var booking fleet.Booking
+				pl := Placement{Booking: &booking}
 				b.ReportAllocs()
-				for b.Loop() {
-					d, err := r.Place(ctx, req, Placement{})
+				n, cpu0 := 0, cputime.Process()
+				for i := uint64(1 << 40); b.Loop(); i++ {
+					if shape == "none" {
+						ids[0] = i
+						req.BlockHashes = prefix.ChainHashes(req.BlockHashes[:0], ids)
+					}
+					d, err := r.Place(ctx, req, pl)
 					if err != nil {
 						b.Fatal(err)
 					}
 					d.Booking.Release()
+					n++
+				}
+				if cpu := cputime.Process() - cpu0; cpu > 0 {
+					b.ReportMetric(float64(cpu.Nanoseconds())/float64(n), "cpu-ns/op")
 				}
 			})
 		}
 	}
 }
 
-// BenchmarkSelect measures one whole selection through the Router: the
+// BenchmarkSelectPolicies measures one whole selection through the Router: the
 // hosted path or the pipeline with the inputs it declares (the prefix index
 // lookup for CACHE included), booking, prefix-index recording, and the
 // release, for a 24-block (12k-token) prompt that shares 8 leading blocks
 // with earlier traffic. The component-only numbers are BenchmarkHosted* in
 // hosted/ and BenchmarkDefaultPolicy* in builtin/.
 //
-//	go test -run='^$' -bench=Select -benchmem ./router/
-func BenchmarkSelect(b *testing.B) {
+//	go test -run='^$' -bench=SelectPolicies -benchmem ./router/
+func BenchmarkSelectPolicies(b *testing.B) {
 	policies := []struct {
 		name string
 		make func() *policy.Policy
@@ -133,7 +154,7 @@ func BenchmarkSelect(b *testing.B) {
 	}
 }
 
-// shadowBenchRouter is BenchmarkSelect's router of the default policy
+// shadowBenchRouter is BenchmarkSelectPolicies' router of the default policy
 // over 64 workers, warmed the same way, with the default policy's twin (a
 // second, in-process instance) as its shadow when mode is "async"
 // (serve's) or "inline" (replay's), and the request it places.
@@ -174,7 +195,7 @@ func shadowBenchRouter(b *testing.B, mode string) (*Router, *shared.Request) {
 }
 
 // BenchmarkPlaceShadow measures one whole selection through Place, as
-// BenchmarkSelect does (the default policy over 64 workers: candidate
+// BenchmarkSelectPolicies does (the default policy over 64 workers: candidate
 // inputs, the policy, booking, prefix-index recording, the release),
 // without a shadow (off) and with the default policy's twin as its
 // shadow: async is serve's mode (the live path copies the shadow's

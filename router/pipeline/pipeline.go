@@ -103,6 +103,19 @@ func Execute(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.C
 			}
 		case shared.KindScorer:
 			n := c.Len()
+			if c.Costs == nil {
+				// The first scorer writes the running sum itself, weighted
+				// in place: one row to clear and one pass, not two of each.
+				s.sum = grow(s.sum, n)
+				clear(s.sum)
+				if err := st.member.Component.(shared.Scorer).Score(ctx, req, c, s.sum); err != nil {
+					return -1, fmt.Errorf("scorer %q: %w", st.member.Name, err)
+				}
+				if err := s.weigh(c, si, st.member.Name, st.member.Weight); err != nil {
+					return -1, err
+				}
+				continue
+			}
 			s.costs = grow(s.costs, n)
 			clear(s.costs)
 			if err := st.member.Component.(shared.Scorer).Score(ctx, req, c, s.costs); err != nil {
@@ -128,6 +141,22 @@ func Execute(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.C
 		}
 	}
 	return -1, fmt.Errorf("policy %q has no picker", cp.Policy.Name)
+}
+
+// weigh makes the first scorer's costs, written in s.sum, the running
+// sum: weight*cost each, which must be finite (as addCosts checks), and
+// sets c.Costs to it.
+func (s *Scratch) weigh(c *shared.Candidates, si int, name string, weight float64) error {
+	sum := s.sum[:c.Len()]
+	for i, v := range sum {
+		w := weight * v
+		if math.IsNaN(w) || math.IsInf(w, 0) {
+			return &shared.NonFiniteCostError{Scorer: si, Name: name, Row: i, Cost: v, Sum: w}
+		}
+		sum[i] = w
+	}
+	c.Costs = sum
+	return nil
 }
 
 // addCosts adds weight*costs to the running sum (c.Costs), which must stay

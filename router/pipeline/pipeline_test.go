@@ -136,6 +136,11 @@ func TestRunErrors(t *testing.T) {
 				var e *shared.NonFiniteCostError
 				return errors.As(err, &e) && e.Scorer == 1 && e.Row == 1 && e.Name == "nan"
 			}},
+		{"non-finite first cost", policy.Policy{Scorers: []policy.WeightedScorer{{Name: "nan", Weight: 2, Scorer: nan}}, Picker: lowest}, 3,
+			func(err error) bool {
+				var e *shared.NonFiniteCostError
+				return errors.As(err, &e) && e.Scorer == 0 && e.Row == 1 && e.Name == "nan" && math.IsNaN(e.Cost)
+			}},
 		{"weighted sum overflows", policy.Policy{Scorers: []policy.WeightedScorer{{Name: "big", Weight: 1e308, Scorer: scorerFunc(func(_ *shared.Candidates, costs []float64) error {
 			costs[2] = 10
 			return nil

@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/switchyard-router/switchyard/internal/cputime"
 	"github.com/switchyard-router/switchyard/router/kvevents"
 )
 
@@ -77,7 +78,7 @@ func benchIngest(b *testing.B, enc kvevents.Encoding) {
 	b.ReportAllocs()
 	b.SetBytes(int64(len(payloads[0])))
 	n := 0
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for b.Loop() {
 		pl := payloads[n%batches]
 		n++
@@ -86,7 +87,7 @@ func benchIngest(b *testing.B, enc kvevents.Encoding) {
 		}
 		p.Apply(&batch)
 	}
-	cpu := cpuTime() - cpu0
+	cpu := cputime.Process() - cpu0
 	b.ReportMetric(float64(n*2*perBatch)/b.Elapsed().Seconds(), "block_events/s")
 	if cpu > 0 {
 		b.ReportMetric(float64(n*2*perBatch)/cpu.Seconds(), "block_events/cpu-s")

@@ -11,6 +11,7 @@ type lru struct {
 	mu         sync.Mutex
 	dead       bool
 	owner      int32
+	single     []int32 // {owner}: the holder list of blocks only it holds
 	capacity   int
 	pos        map[uint64]int32
 	hash       []uint64
@@ -20,7 +21,7 @@ type lru struct {
 }
 
 func newLRU(owner int32, capacity int) *lru {
-	return &lru{owner: owner, capacity: capacity, pos: make(map[uint64]int32), head: -1, tail: -1}
+	return &lru{owner: owner, single: []int32{owner}, capacity: capacity, pos: make(map[uint64]int32), head: -1, tail: -1}
 }
 
 // touch moves h to the front and reports whether it was present.

@@ -62,22 +62,6 @@ type Candidate struct {
 	Rank uint32
 }
 
-func (c Candidate) less(o Candidate) int {
-	switch {
-	case c.ID != o.ID:
-		if c.ID < o.ID {
-			return -1
-		}
-		return 1
-	case c.Rank != o.Rank:
-		if c.Rank < o.Rank {
-			return -1
-		}
-		return 1
-	}
-	return 0
-}
-
 // DefaultUnknownCapacity is the approximate index's bound, in router
 // blocks, for a candidate whose KV capacity is unknown (0: its engine has
 // not reported it yet): 65,536 blocks, 32 Mi tokens at the default
@@ -265,31 +249,74 @@ func (x *Index) setMember(c Candidate, m *member) {
 func (x *Index) purge(m *member) {
 	l := m.lru
 	l.mu.Lock()
+	var e holderEdits
 	for i := l.head; i >= 0; i = l.next[i] {
-		dropHolder(x.holders, l.hash[i], l.owner)
+		e.drop(x.holders, l.hash[i], l.owner)
 	}
 	l.dead = true
 	l.mu.Unlock()
 }
 
-func dropHolder(hm *xsync.Map[uint64, []int32], h uint64, c int32) {
+// holderEdits makes one run of holder-list edits by one candidate (the
+// blocks of one Record, or of one purge) share their results: the holder
+// lists are immutable, so when a block's list is the very list (the same
+// array and length) the previous edit started from, its edited list is
+// the previous result too, and the blocks keep sharing one list. The
+// blocks of a prompt sent to the same candidates hold one list between
+// them, which Fill walks once (and which is one allocation, not one per
+// block). Lists are compared by identity, never by content, so sharing
+// is an optimisation only: two equal lists that do not share are merely
+// walked twice.
+type holderEdits struct {
+	addFrom, addTo   []int32
+	added            bool
+	dropFrom, dropTo []int32
+	dropped          bool
+}
+
+// sameList reports whether a and b are the same list: the same array and
+// length (two empty lists are the same).
+func sameList(a, b []int32) bool {
+	return len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0])
+}
+
+// drop removes holder c from block h's list.
+func (e *holderEdits) drop(hm *xsync.Map[uint64, []int32], h uint64, c int32) {
 	hm.Compute(h, func(hs []int32, loaded bool) ([]int32, xsync.ComputeOp) {
-		i := slices.Index(hs, c)
-		switch {
-		case i < 0:
-			return hs, xsync.CancelOp
-		case len(hs) == 1:
+		var out []int32
+		if e.dropped && sameList(hs, e.dropFrom) {
+			out = e.dropTo
+		} else {
+			i := slices.Index(hs, c)
+			if i < 0 {
+				return hs, xsync.CancelOp
+			}
+			if len(hs) > 1 {
+				out = slices.Delete(slices.Clone(hs), i, i+1)
+			}
+			e.dropFrom, e.dropTo, e.dropped = hs, out, true
+		}
+		if len(out) == 0 {
 			return nil, xsync.DeleteOp
 		}
-		return slices.Delete(slices.Clone(hs), i, i+1), xsync.UpdateOp
+		return out, xsync.UpdateOp
 	})
 }
 
-func addHolder(hm *xsync.Map[uint64, []int32], h uint64, c int32) {
+// add appends holder c to block h's list; single is c's own one-slot
+// list, the list of every block c alone holds.
+func (e *holderEdits) add(hm *xsync.Map[uint64, []int32], h uint64, c int32, single []int32) {
 	hm.Compute(h, func(hs []int32, loaded bool) ([]int32, xsync.ComputeOp) {
+		switch {
+		case len(hs) == 0:
+			return single, xsync.UpdateOp
+		case e.added && sameList(hs, e.addFrom):
+			return e.addTo, xsync.UpdateOp
+		}
 		out := make([]int32, len(hs)+1)
 		copy(out, hs)
 		out[len(hs)] = c
+		e.addFrom, e.addTo, e.added = hs, out, true
 		return out, xsync.UpdateOp
 	})
 }
@@ -337,15 +364,16 @@ func (x *Index) RecordOverlap(c Candidate, hashes []uint64, prompt shared.Prompt
 	if !ok {
 		blocks = l.leading(hashes)
 	}
+	var e holderEdits
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
 		if l.touch(h) {
 			continue
 		}
 		if evicted, ok := l.insert(h); ok {
-			dropHolder(x.holders, evicted, l.owner)
+			e.drop(x.holders, evicted, l.owner)
 		}
-		addHolder(x.holders, h, l.owner)
+		e.add(x.holders, h, l.owner, l.single)
 	}
 	return blocks
 }
@@ -432,14 +460,17 @@ func (x *Index) Belief(c Candidate, hashes []uint64, prompt shared.PromptKey) Be
 // block sizes for live precise candidates, which are scored by their
 // precise index as Overlap says.
 //
-// Cost: O(sum over the leading blocks of their holders + tracked
-// candidates + len(slots)), stopping at the first block no tracked
-// candidate extends; no allocation once its pooled per-slot scratch has
-// grown to the number of slots. When some precise candidate is live, plus
-// per live precise candidate a lookup per leading engine block. It takes
-// no lock: an update running meanwhile may be seen in part (the index is
-// a belief either way), and a slot reused during the call by a candidate
-// that just joined may be credited with what its previous owner held.
+// Cost: one holder-map lookup per leading block, plus the holders of each
+// run of consecutive blocks that share one holder list (holderEdits) once
+// per run, stopping at the first block no candidate extends, plus
+// len(slots); no allocation once its pooled per-slot scratch has grown
+// to the number of slots. A prefix that n candidates were all sent costs
+// O(blocks + n), not O(blocks × n). When some precise candidate is live,
+// plus per live precise candidate a lookup per leading engine block. It
+// takes no lock: an update running meanwhile may be seen in part (the
+// index is a belief either way), and a slot reused during the call by a
+// candidate that just joined may be credited with what its previous
+// owner held.
 func (x *Index) Fill(slots []int32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
 	members := *x.bySlot.Load()
 	p, _ := x.depths.Get().(*[]int32)
@@ -449,34 +480,64 @@ func (x *Index) Fill(slots []int32, hashes []uint64, prompt shared.PromptKey, ov
 	}
 	depth := *p
 	// depth[s] is how many leading blocks slot s holds: it advances from k
-	// to k+1 only while s held every block before block k.
-	for k, h := range hashes {
-		advanced := false
-		hs, _ := x.holders.Load(h)
-		for _, s := range hs {
-			if int(s) < len(depth) && depth[s] == int32(k) {
-				depth[s] = int32(k + 1)
-				advanced = true
+	// to k+1 only while s held every block before block k. A run of
+	// blocks [start, k) sharing one list advances the slots of that list
+	// at depth start to k in one pass, as block-by-block passes would.
+	var first, run []int32
+	start := 0
+	for k := 0; k <= len(hashes); k++ {
+		var hs []int32
+		if k < len(hashes) {
+			hs, _ = x.holders.Load(hashes[k])
+			if k > 0 && sameList(hs, run) {
+				continue
 			}
 		}
-		if !advanced {
+		if k > 0 {
+			advanced := false
+			for _, s := range run {
+				if int(s) < len(depth) && depth[s] == int32(start) {
+					depth[s] = int32(k)
+					advanced = true
+				}
+			}
+			if !advanced {
+				break
+			}
+		}
+		if len(hs) == 0 {
 			break
 		}
+		if k == 0 {
+			first = hs
+		}
+		run, start = hs, k
 	}
-	live := prompt != nil && x.live.Load() > 0
 	for i, s := range slots {
-		overlap[i] = 0
 		if s < 0 || int(s) >= len(depth) {
+			overlap[i] = 0
 			continue
 		}
 		overlap[i] = depth[s]
-		if m := members[s]; live && m != nil && m.precise != nil {
-			if t, ok := m.precise.overlapTokens(prompt); ok {
-				overlap[i] = int32(t / x.blockSize)
+	}
+	if prompt != nil && x.live.Load() > 0 {
+		for i, s := range slots {
+			if s < 0 || int(s) >= len(members) {
+				continue
+			}
+			if m := members[s]; m != nil && m.precise != nil {
+				if t, ok := m.precise.overlapTokens(prompt); ok {
+					overlap[i] = int32(t / x.blockSize)
+				}
 			}
 		}
 	}
-	clear(depth)
+	// Only the first block's holders can have left 0.
+	for _, s := range first {
+		if int(s) < len(depth) {
+			depth[s] = 0
+		}
+	}
 	x.depths.Put(p)
 }
 

@@ -289,3 +289,102 @@ func fillRows(x *Index, ids []shared.WorkerID, ranks []uint32, hashes []uint64, 
 	}
 	x.Fill(slots, hashes, prompt, out)
 }
+
+// TestRecordSharesHolderLists: the blocks of a prompt sent to the same
+// candidates share one holder list (what lets Fill walk a prefix held by
+// n candidates once, not once per block), also after a candidate leaves
+// and after eviction takes one candidate's copy of the tail.
+func TestRecordSharesHolderLists(t *testing.T) {
+	x := New(1)
+	for id := range 4 {
+		if err := x.AddWorker(cand(id), 100); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h := hashes(1, 2, 3, 4, 5, 6, 7, 8)
+	lists := func(hs []uint64) [][]int32 {
+		var out [][]int32
+		for _, b := range hs {
+			l, _ := x.holders.Load(b)
+			out = append(out, l)
+		}
+		return out
+	}
+	shared := func(what string, hs []uint64, want []int32) {
+		t.Helper()
+		ls := lists(hs)
+		for k, l := range ls {
+			if diff := cmp.Diff(want, l); diff != "" {
+				t.Fatalf("%s: block %d holders (-want +got):\n%s", what, k, diff)
+			}
+			if !sameList(l, ls[0]) {
+				t.Fatalf("%s: block %d has its own copy of the holder list", what, k)
+			}
+		}
+	}
+	for id := range 4 {
+		x.Record(cand(id), h)
+	}
+	shared("sent to all four", h, []int32{0, 1, 2, 3})
+	x.RemoveWorker(cand(2))
+	shared("after one left", h, []int32{0, 1, 3})
+	// Worker 0 records a prompt that shares the first 4 blocks and has 4
+	// new ones: the first 4 keep one list; the new 4 share worker 0's
+	// one-slot list.
+	h2 := append(h[:4:4], hashes(1, 2, 3, 4, 50, 60, 70, 80)[4:]...)
+	x.Record(cand(0), h2)
+	shared("the shared part", h2[:4], []int32{0, 1, 3})
+	shared("the new part", h2[4:], []int32{0})
+}
+
+// TestFillAgreesWithOverlap: whatever the index holds (prefixes recorded
+// in part, blocks held without the block before them, eviction, leaving
+// and rejoining), Fill's overlap of every candidate equals Overlap's,
+// which counts leading blocks in the candidate's own list one by one.
+// The block ids are drawn from a small range and not chained, so lists
+// that are equal without being shared, and holdings that are not
+// prefixes, both occur.
+func TestFillAgreesWithOverlap(t *testing.T) {
+	x := New(1)
+	const n = 6
+	ids := make([]shared.WorkerID, n)
+	for i := range ids {
+		ids[i] = shared.WorkerID(i)
+		if err := x.AddWorker(cand(i), 5+i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rng := uint64(1)
+	next := func(m int) int {
+		rng = rng*6364136223846793005 + 1442695040888963407
+		return int(rng>>33) % m
+	}
+	prompt := func() []uint64 {
+		p := make([]uint64, 1+next(8))
+		for k := range p {
+			p[k] = uint64(next(10))
+		}
+		return p
+	}
+	got := make([]int32, n)
+	for step := range 3000 {
+		switch r := next(20); {
+		case r == 0:
+			c := cand(next(n))
+			x.RemoveWorker(c)
+			if err := x.AddWorker(c, 5+int(c.ID)); err != nil {
+				t.Fatal(err)
+			}
+		case r < 12:
+			x.Record(cand(next(n)), prompt())
+		default:
+			q := prompt()
+			fillRows(x, ids, nil, q, nil, got)
+			for i, id := range ids {
+				if want := x.Overlap(cand(id), q, nil); int(got[i]) != want {
+					t.Fatalf("step %d: Fill gives worker %d %d leading blocks of %v, Overlap %d", step, id, got[i], q, want)
+				}
+			}
+		}
+	}
+}
