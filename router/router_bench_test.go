@@ -15,15 +15,24 @@ import (
 	"github.com/switchyard-router/switchyard/shared"
 )
 
-// BenchmarkSelect times whole selections of the default policy (kv-cost
-// scorer + min-cost picker, temperature 0) at 64, 1,024 and 4,096
+// benchDefaultPolicy is the built-in default policy as the benchmarks run
+// it: the kv-affinity scorer with its defaults and min-cost at temperature
+// 0, seeded.
+func benchDefaultPolicy() *policy.Policy {
+	kv, _ := builtin.NewKVAffinity(nil)
+	mc, _ := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
+	return &policy.Policy{Name: "default", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
+}
+
+// BenchmarkSelect times whole selections of the default policy
+// (kv-affinity scorer + min-cost picker, temperature 0) at 64, 1,024 and 4,096
 // workers, for a 16-block (8,192-token, 512-token blocks) prompt whose
 // prefix no worker holds (none), one worker holds (one: it wins every
 // selection) or every worker holds (all: a tie among all, broken at
 // random). Each timed iteration is one Router.Place and the release of
 // its booking: reading the fleet snapshot and the bundle, the CACHE
 // column from the prefix index (Index.Fill), the LOAD column (each
-// worker's booking counters), the CAPACITY column, kv-cost's costs,
+// worker's booking counters), the CAPACITY column, kv-affinity's costs,
 // min-cost's pick, the booking (into storage the caller owns, as the
 // admission layer books: Placement.Booking), recording the prompt in the
 // chosen worker's recency list, and Booking.Release. With none, every
@@ -41,9 +50,7 @@ func BenchmarkSelect(b *testing.B) {
 	for _, n := range []int{64, 1024, 4096} {
 		for _, shape := range []string{"none", "one", "all"} {
 			b.Run(fmt.Sprintf("workers=%d/held=%s", n, shape), func(b *testing.B) {
-				kv, _ := builtin.NewKVCost(nil)
-				mc, _ := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
-				pol := &policy.Policy{Name: "default", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
+				pol := benchDefaultPolicy()
 				r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: pol}, BookingsAreLoad: true})
 				if err != nil {
 					b.Fatal(err)
@@ -110,11 +117,7 @@ func BenchmarkSelectPolicies(b *testing.B) {
 		{"round-robin", func() *policy.Policy {
 			return &policy.Policy{Name: "rr", PickerName: "rr", Picker: builtin.NewRoundRobin()}
 		}},
-		{"default", func() *policy.Policy {
-			kv, _ := builtin.NewKVCost(nil)
-			mc, _ := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
-			return &policy.Policy{Name: "default", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
-		}},
+		{"default", benchDefaultPolicy},
 	}
 	for _, pol := range policies {
 		for _, n := range []int{8, 64, 1024} {
@@ -159,11 +162,7 @@ func BenchmarkSelectPolicies(b *testing.B) {
 // second, in-process instance) as its shadow when mode is "async"
 // (serve's) or "inline" (replay's), and the request it places.
 func shadowBenchRouter(b *testing.B, mode string) (*Router, *shared.Request) {
-	defaultPolicy := func() *policy.Policy {
-		kv, _ := builtin.NewKVCost(nil)
-		mc, _ := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
-		return &policy.Policy{Name: "default", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
-	}
+	defaultPolicy := benchDefaultPolicy
 	live := defaultPolicy()
 	var o ShadowOptions
 	if mode != "off" {
