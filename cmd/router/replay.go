@@ -511,13 +511,14 @@ func warnDefaultRoles(w io.Writer, path string, b *router.Bundle, roles []shared
 }
 
 // replayTrace is the trace of a replay, read once by loadTrace to check
-// it: a trace from a file (or the bundled one) is then read again, as a
-// stream, by each run, so that a long trace is never held in memory
-// whole; one from standard input, which cannot be read twice, is held.
+// it. A trace of at most heldRecords requests, and one from standard
+// input (which cannot be read twice), is then held in memory; a longer
+// trace file is read again, as a stream, by each run, so that it is never
+// held whole.
 type replayTrace struct {
 	name     string                          // for the table
-	records  []trace.Record                  // standard input's records, else nil
-	stream   iter.Seq2[*trace.Record, error] // a file's or the bundled trace's, else nil
+	records  []trace.Record                  // the requests replayed, when held; else nil
+	stream   iter.Seq2[*trace.Record, error] // a file's requests, when not held; else nil
 	requests int                             // the number of requests replayed (--limit applied)
 	hashes   bool                            // some request replayed has prefix hashes
 }
@@ -556,8 +557,11 @@ func loadTrace(path string, format trace.Format, stdin io.Reader, limit int) (*r
 		tr.stream = trace.FileRecords(path, trace.FormatOf(path))
 	}
 	if tr.stream != nil {
-		err = tr.check(limit)
-		tr.stream = limited(tr.stream, limit)
+		if err = tr.check(limit); tr.records != nil {
+			tr.stream = nil
+		} else {
+			tr.stream = limited(tr.stream, limit)
+		}
 	} else if err == nil {
 		if limit > 0 && limit < len(tr.records) {
 			tr.records = tr.records[:limit]
@@ -589,17 +593,30 @@ func loadTrace(path string, format trace.Format, stdin io.Reader, limit int) (*r
 	return tr, nil
 }
 
-// check reads tr.stream through, keeping no record: it returns the first
-// error, and counts the requests and notes prefix hashes among the first
-// limit (all when limit <= 0).
+// heldRecords is the most requests of a trace file router replay holds in
+// memory after checking it (about 20 MB of Mooncake records), so that a
+// trace of that size, such as the bundled one, is parsed once; a longer
+// one is read again by each run.
+const heldRecords = 1 << 16
+
+// check reads tr.stream through: it returns the first error, and counts
+// the requests among the first limit (all when limit <= 0), notes their
+// prefix hashes and, when they are at most heldRecords, keeps them in
+// tr.records.
 func (tr *replayTrace) check(limit int) error {
 	for rec, err := range tr.stream {
 		if err != nil {
+			tr.records = nil
 			return err
 		}
 		if limit <= 0 || tr.requests < limit {
 			tr.requests++
 			tr.hashes = tr.hashes || len(rec.HashIDs) > 0
+			if tr.requests <= heldRecords {
+				tr.records = append(tr.records, *rec)
+			} else {
+				tr.records = nil
+			}
 		}
 	}
 	return nil
