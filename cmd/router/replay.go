@@ -312,7 +312,7 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		}
 	}
 
-	tr, err := loadTrace(f.trace, trace.Format(f.traceFormat), cmd.InOrStdin(), f.limit)
+	tr, err := loadTrace(f.trace, trace.Format(f.traceFormat), cmd.InOrStdin(), f.limit, heldRecords)
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
@@ -526,12 +526,13 @@ type replayTrace struct {
 // loadTrace reads the trace at path in format (by path's extension when
 // format is empty), stdin when path is "-", or the bundled conversation
 // trace when path is empty, and checks every line. limit > 0 keeps only
-// the first limit requests (every line is checked all the same). Its
+// the first limit requests (every line is checked all the same); up to
+// hold of them are held in memory (see replayTrace). Its
 // errors say what to do where the flags can help: a trace that looks like
 // the other format, an unknown extension, a path that is a pipe. A file
 // that changes between this check and a run's reading fails or replays
 // what it then holds.
-func loadTrace(path string, format trace.Format, stdin io.Reader, limit int) (*replayTrace, error) {
+func loadTrace(path string, format trace.Format, stdin io.Reader, limit, hold int) (*replayTrace, error) {
 	tr := &replayTrace{name: filepath.Base(path)}
 	var err error
 	switch {
@@ -557,7 +558,7 @@ func loadTrace(path string, format trace.Format, stdin io.Reader, limit int) (*r
 		tr.stream = trace.FileRecords(path, trace.FormatOf(path))
 	}
 	if tr.stream != nil {
-		if err = tr.check(limit); tr.records != nil {
+		if err = tr.check(limit, hold); tr.records != nil {
 			tr.stream = nil
 		} else {
 			tr.stream = limited(tr.stream, limit)
@@ -601,9 +602,9 @@ const heldRecords = 1 << 16
 
 // check reads tr.stream through: it returns the first error, and counts
 // the requests among the first limit (all when limit <= 0), notes their
-// prefix hashes and, when they are at most heldRecords, keeps them in
+// prefix hashes and, when they are at most hold, keeps them in
 // tr.records.
-func (tr *replayTrace) check(limit int) error {
+func (tr *replayTrace) check(limit, hold int) error {
 	for rec, err := range tr.stream {
 		if err != nil {
 			tr.records = nil
@@ -612,7 +613,7 @@ func (tr *replayTrace) check(limit int) error {
 		if limit <= 0 || tr.requests < limit {
 			tr.requests++
 			tr.hashes = tr.hashes || len(rec.HashIDs) > 0
-			if tr.requests <= heldRecords {
+			if tr.requests <= hold {
 				tr.records = append(tr.records, *rec)
 			} else {
 				tr.records = nil
