@@ -21,9 +21,15 @@ import (
 	"time"
 )
 
-// Run replays o.Records (or o.Trace) and returns the report. ctx cancels between
-// requests. Errors: an invalid option, a trace/block-size mismatch, or a
-// write error on PerRequest.
+// Run replays o.Records (or o.Trace) and returns the report. ctx cancels
+// between requests. Errors: an invalid option, a trace/block-size
+// mismatch, the first error o.Trace yields, or a write error on
+// PerRequest.
+//
+// Memory: Run holds a request (its record, its state, its per-request
+// line) from its arrival until it and every request before it are over,
+// then writes its line and keeps only the figures the report needs (see
+// tally and kvRef).
 //
 // Run is a discrete-event loop over five sources: arrivals, first hops
 // decided and on their way to their worker (the decision latency),
