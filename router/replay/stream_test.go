@@ -88,7 +88,7 @@ func TestTraceStreamError(t *testing.T) {
 	bad := errors.New("t.jsonl:301: broken line")
 	pf := loadPolicy(t, seededDefault)
 	var taken int
-	o := Options{Roles: pf.Roles, BlockSize: 512, Workers: 2, PerRequest: io.Discard,
+	o := Options{Roles: pf.Roles, BlockSize: 512, TraceName: "t.jsonl", Workers: 2, PerRequest: io.Discard,
 		Trace: func(yield func(*trace.Record, error) bool) {
 			for i := range 300 {
 				taken++
@@ -102,7 +102,7 @@ func TestTraceStreamError(t *testing.T) {
 		t.Errorf("Run = %v after %d records, want %v after 300", err, taken, bad)
 	}
 	o.Trace, o.BlockSize = stream(recs), 16
-	if _, err := Run(context.Background(), o); err == nil || err.Error() != "replay:  hashes 512-token blocks; set router.block_size = 512 (have 16)" {
+	if _, err := Run(context.Background(), o); err == nil || err.Error() != "replay: t.jsonl hashes 512-token blocks; set router.block_size = 512 (have 16)" {
 		t.Errorf("block size 16: %v", err)
 	}
 	o.Records, o.BlockSize = recs, 512
