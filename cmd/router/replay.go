@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"math"
 	"os"
 	"path/filepath"
@@ -311,14 +312,14 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		}
 	}
 
-	records, traceName, err := loadTrace(f.trace, trace.Format(f.traceFormat), cmd.InOrStdin())
+	tr, err := loadTrace(f.trace, trace.Format(f.traceFormat), cmd.InOrStdin(), f.limit, heldRecords)
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
-	if f.limit > 0 && f.limit < len(records) {
-		records = records[:f.limit]
+	traceName := tr.name
+	if !tr.hashes {
+		noteNoPrefixHashes(stderr, traceName)
 	}
-	noteNoPrefixHashes(stderr, traceName, records)
 	var seed *int64
 	if fs.Changed("seed") {
 		seed = &f.seed
@@ -376,7 +377,8 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 			RolePolicies: b.RolePolicies(),
 			BlockSize:    b.BlockSize(),
 			TraceName:    traceName,
-			Records:      records,
+			Records:      tr.records,
+			Trace:        tr.stream,
 			Prefix:       run.mode,
 		}
 		if run.mode == replay.PrefixPrecise {
@@ -409,9 +411,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		out = stderr // standard output carries the JSON
 	}
 	if disagg {
-		fmt.Fprintf(out, "trace %s: %d requests on %d prefill + %d decode simulated workers\n", traceName, len(records), f.prefill, f.decode)
+		fmt.Fprintf(out, "trace %s: %d requests on %d prefill + %d decode simulated workers\n", traceName, tr.requests, f.prefill, f.decode)
 	} else {
-		fmt.Fprintf(out, "trace %s: %d requests on %d simulated workers\n", traceName, len(records), f.workers)
+		fmt.Fprintf(out, "trace %s: %d requests on %d simulated workers\n", traceName, tr.requests, f.workers)
 	}
 	if err := replay.WriteTable(out, reports); err != nil {
 		return &exitError{code: 1, err: err}
@@ -508,33 +510,65 @@ func warnDefaultRoles(w io.Writer, path string, b *router.Bundle, roles []shared
 		path, subject, config.DefaultPolicyName, config.DefaultScorerType, config.DefaultPickerType, them, them, config.DefaultPolicyName)
 }
 
+// replayTrace is the trace of a replay, read once by loadTrace to check
+// it. A trace of at most heldRecords requests, and one from standard
+// input (which cannot be read twice), is then held in memory; a longer
+// trace file is read again, as a stream, by each run, so that it is never
+// held whole.
+type replayTrace struct {
+	name     string                          // for the table
+	records  []trace.Record                  // the requests replayed, when held; else nil
+	stream   iter.Seq2[*trace.Record, error] // a file's requests, when not held; else nil
+	requests int                             // the number of requests replayed (--limit applied)
+	hashes   bool                            // some request replayed has prefix hashes
+}
+
 // loadTrace reads the trace at path in format (by path's extension when
 // format is empty), stdin when path is "-", or the bundled conversation
-// trace when path is empty. It returns the records and the trace's name
-// for the table. Its errors say what to do where the flags can help: a
-// trace that looks like the other format, an unknown extension, a path
-// that is a pipe.
-func loadTrace(path string, format trace.Format, stdin io.Reader) ([]trace.Record, string, error) {
-	var (
-		recs []trace.Record
-		err  error
-		name = filepath.Base(path)
-	)
+// trace when path is empty, and checks every line. limit > 0 keeps only
+// the first limit requests (every line is checked all the same); up to
+// hold of them are held in memory (see replayTrace). Its
+// errors say what to do where the flags can help: a trace that looks like
+// the other format, an unknown extension, a path that is a pipe. A file
+// that changes between this check and a run's reading fails or replays
+// what it then holds.
+func loadTrace(path string, format trace.Format, stdin io.Reader, limit, hold int) (*replayTrace, error) {
+	tr := &replayTrace{name: filepath.Base(path)}
+	var err error
 	switch {
 	case path == "":
-		b, err := bundled.ConversationTrace()
-		if err != nil {
-			return nil, "", err
+		var b []byte
+		if b, err = bundled.ConversationTrace(); err != nil {
+			return nil, err
 		}
-		recs, err := trace.ReadMooncake(bytes.NewReader(b), bundled.Name)
-		return recs, bundled.Name + " (bundled)", err
+		tr.name = bundled.Name + " (bundled)"
+		tr.stream = func(yield func(*trace.Record, error) bool) {
+			for rec, err := range trace.Records(bytes.NewReader(b), bundled.Name, trace.Mooncake) {
+				if !yield(rec, err) {
+					return
+				}
+			}
+		}
 	case path == "-":
-		name = "stdin"
-		recs, err = trace.ReadAs(stdin, name, format)
+		tr.name = "stdin"
+		tr.records, err = trace.ReadAs(stdin, tr.name, format)
 	case format != "":
-		recs, err = trace.ReadFileAs(path, format)
+		tr.stream = trace.FileRecords(path, format)
 	default:
-		recs, err = trace.ReadFile(path)
+		tr.stream = trace.FileRecords(path, trace.FormatOf(path))
+	}
+	if tr.stream != nil {
+		if err = tr.check(limit, hold); tr.records != nil {
+			tr.stream = nil
+		} else {
+			tr.stream = limited(tr.stream, limit)
+		}
+	} else if err == nil {
+		if limit > 0 && limit < len(tr.records) {
+			tr.records = tr.records[:limit]
+		}
+		tr.requests = len(tr.records)
+		tr.hashes = slices.ContainsFunc(tr.records, func(r trace.Record) bool { return len(r.HashIDs) > 0 })
 	}
 	var (
 		fe *trace.FormatError
@@ -554,7 +588,55 @@ func loadTrace(path string, format trace.Format, stdin io.Reader) ([]trace.Recor
 	case errors.Is(err, inputfile.ErrNotRegular) && !isDir(path):
 		err = fmt.Errorf("%w; to replay a stream, pipe it to --trace - (with --trace-format)", err)
 	}
-	return recs, name, err
+	if err != nil {
+		return nil, err
+	}
+	return tr, nil
+}
+
+// heldRecords is the most requests of a trace file router replay holds in
+// memory after checking it (about 20 MB of Mooncake records), so that a
+// trace of that size, such as the bundled one, is parsed once; a longer
+// one is read again by each run.
+const heldRecords = 1 << 16
+
+// check reads tr.stream through: it returns the first error, and counts
+// the requests among the first limit (all when limit <= 0), notes their
+// prefix hashes and, when they are at most hold, keeps them in
+// tr.records.
+func (tr *replayTrace) check(limit, hold int) error {
+	for rec, err := range tr.stream {
+		if err != nil {
+			tr.records = nil
+			return err
+		}
+		if limit <= 0 || tr.requests < limit {
+			tr.requests++
+			tr.hashes = tr.hashes || len(rec.HashIDs) > 0
+			if tr.requests <= hold {
+				tr.records = append(tr.records, *rec)
+			} else {
+				tr.records = nil
+			}
+		}
+	}
+	return nil
+}
+
+// limited is seq's first limit records (all of them when limit <= 0).
+func limited(seq iter.Seq2[*trace.Record, error], limit int) iter.Seq2[*trace.Record, error] {
+	if limit <= 0 {
+		return seq
+	}
+	return func(yield func(*trace.Record, error) bool) {
+		n := 0
+		for rec, err := range seq {
+			if n == limit || !yield(rec, err) {
+				return
+			}
+			n++
+		}
+	}
 }
 
 // compressionOf returns the compression path's extension names
@@ -596,15 +678,10 @@ func isDir(path string) bool {
 	return err == nil && fi.IsDir()
 }
 
-// noteNoPrefixHashes notes on w, once, that a trace without prefix hashes
-// (an Azure trace: token counts only) gives KV-aware policies nothing to
-// reuse: every prompt misses the prefix caches.
-func noteNoPrefixHashes(w io.Writer, traceName string, records []trace.Record) {
-	for _, r := range records {
-		if len(r.HashIDs) > 0 {
-			return
-		}
-	}
+// noteNoPrefixHashes notes on w that trace traceName, which has no prefix
+// hashes (an Azure trace: token counts only), gives KV-aware policies
+// nothing to reuse: every prompt misses the prefix caches.
+func noteNoPrefixHashes(w io.Writer, traceName string) {
 	fmt.Fprintf(w, "router: note: trace %s has no prefix hashes (an Azure trace has token counts only): "+
 		"KV-aware policies (those reading CACHE, such as kv-cost) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName)
 }

@@ -1,9 +1,12 @@
 package replay
 
 import (
+	"bufio"
 	"container/heap"
 	"context"
+	"encoding/json"
 	"fmt"
+	"iter"
 	"math"
 	"strconv"
 	"time"
@@ -31,8 +34,11 @@ type driver struct {
 	r         *router.Router
 	adm       *admission.Controller
 	blockSize int
-	records   []trace.Record
 	path      admission.Path
+	// traceName names the trace in errors; hashesChecked is set once a
+	// record with hash ids passed the block size check.
+	traceName     string
+	hashesChecked bool
 
 	first     *sim.Cluster    // aggregated or prefill workers: fleet ids 0..first.Len()−1
 	decode    *sim.Cluster    // decode workers: fleet ids base[decodeHop].., or nil
@@ -56,8 +62,31 @@ type driver struct {
 	classes      []string
 	dispatched   []*admission.Handle // Dispatch's buffer
 
-	reqs      []request
-	next      int      // the next arrival's trace index
+	// pull takes the trace's next record (iter.Pull2 over Options.Records
+	// or Options.Trace); arriving is that record, the next to arrive, nil
+	// once the trace is over; next is its trace index (the requests
+	// arrived so far).
+	pull     func() (*trace.Record, error, bool)
+	arriving *trace.Record
+	next     int
+	// firstArrival is the first request's arrival.
+	firstArrival time.Duration
+	// reqs holds the requests from trace index lo, the first one not yet
+	// retired (written and tallied), to the latest arrival: reqs[j] is
+	// request lo+j. Requests are retired in trace order as soon as they
+	// and every one before them are over, so it holds the requests in
+	// flight and those that ended after an earlier one still in flight.
+	reqs []*request
+	lo   int
+	// out writes the per-request lines (Options.PerRequest), enc encodes
+	// them; nil without PerRequest.
+	out *bufio.Writer
+	enc *json.Encoder
+	// tally accumulates the report over the retired requests; ref the KV
+	// reference over the arrived ones.
+	tally tally
+	ref   *kvRef
+
 	starts    dueQueue // first hops placed, reaching their worker after the decision latency
 	transfers dueQueue // decode hops placed, reaching their worker after the decision latency and the KV transfer
 
@@ -97,10 +126,13 @@ type driver struct {
 	shadowFirstErr string
 }
 
-// request is one trace request's state through the replay.
+// request is one trace request's state through the replay, from its
+// arrival until it is retired.
 type request struct {
+	rec     *trace.Record
 	out     Outcome
 	arrival time.Duration
+	done    bool // over: completed or rejected
 	// priority and class are the first hop's classification: its
 	// priority, and its class ("" until classified, then the queue's
 	// default class when the classifier named none). out.Priority points
@@ -137,11 +169,10 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		ctx:          ctx,
 		r:            r,
 		blockSize:    o.BlockSize,
-		records:      o.Records,
+		traceName:    o.TraceName,
 		path:         o.path(),
 		capacity:     queue.MaxActiveRequests,
 		classify:     o.classified(),
-		reqs:         make([]request, len(o.Records)),
 		policyCharge: o.DecisionLatency.Policies,
 		engineBlock:  cfg.BlockSize,
 		engineKV:     cfg.TotalKVBlocks,
@@ -197,18 +228,85 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	if d.bandwidth == 0 {
 		d.bandwidth = DefaultKVTransferBandwidth
 	}
+	d.tally.init(len(d.workers), d.classes)
+	d.ref = newKVRef(d.blockSize, d.engineBlock, int64(d.first.Len())*int64(d.engineKV))
+	if o.PerRequest != nil {
+		d.out = bufio.NewWriterSize(o.PerRequest, 1<<16)
+		d.enc = json.NewEncoder(d.out)
+	}
 	return d, nil
+}
+
+// start begins reading the trace and takes its first record; the
+// returned stop ends the reading.
+func (d *driver) start(o *Options) (stop func(), err error) {
+	src := o.Trace
+	if src == nil {
+		src = func(yield func(*trace.Record, error) bool) {
+			for i := range o.Records {
+				if !yield(&o.Records[i], nil) {
+					return
+				}
+			}
+		}
+	}
+	d.pull, stop = iter.Pull2(src)
+	return stop, d.take()
+}
+
+// take takes the trace's next record as the next arrival (none at the
+// end), checking that its hash ids suit the block size.
+func (d *driver) take() error {
+	rec, err, ok := d.pull()
+	d.arriving = nil
+	switch {
+	case !ok:
+		return nil
+	case err != nil:
+		return err
+	case len(rec.HashIDs) > 0 && !d.hashesChecked:
+		if d.blockSize != trace.MooncakeBlockTokens {
+			return fmt.Errorf("replay: %s hashes %d-token blocks; set router.block_size = %d (have %d)",
+				d.traceName, trace.MooncakeBlockTokens, trace.MooncakeBlockTokens, d.blockSize)
+		}
+		d.hashesChecked = true
+	}
+	d.arriving = rec
+	return nil
+}
+
+// req returns request i, which has arrived and is not yet retired.
+func (d *driver) req(i int) *request { return d.reqs[i-d.lo] }
+
+// retire writes (Options.PerRequest) and tallies the requests at the
+// front of reqs that are over, in trace order, and lets them go.
+func (d *driver) retire() error {
+	for len(d.reqs) > 0 && d.reqs[0].done {
+		st := d.reqs[0]
+		d.count(st)
+		if d.enc != nil {
+			if err := d.enc.Encode(&st.out); err != nil {
+				return fmt.Errorf("replay: writing per-request output: %w", err)
+			}
+		}
+		d.reqs[0] = nil
+		d.reqs = d.reqs[1:]
+		d.lo++
+	}
+	return nil
 }
 
 // loop replays every arrival and runs the clusters until nothing is in
 // flight and nothing waits (see Run).
 func (d *driver) loop() error {
-	recs := d.records
 	for steps := 1; ; steps++ {
 		if steps%1024 == 0 {
 			if err := d.ctx.Err(); err != nil {
 				return err
 			}
+		}
+		if err := d.retire(); err != nil {
+			return err
 		}
 		if d.capacity == 0 && d.waiting == 0 {
 			// Nothing waits for capacity: only arrivals, and the first
@@ -219,15 +317,16 @@ func (d *driver) loop() error {
 			if !ok {
 				d.drain()
 				if d.waiting == 0 {
-					return nil
+					return d.retire()
 				}
 				continue
 			}
 			d.advance(t)
 			d.startDue(t)
-			if d.next < len(recs) && recs[d.next].Arrival == t {
-				d.arrive(d.next)
-				d.next++
+			if d.arriving != nil && d.arriving.Arrival == t {
+				if err := d.arrive(); err != nil {
+					return err
+				}
 			}
 			continue
 		}
@@ -239,7 +338,7 @@ func (d *driver) loop() error {
 			// once more; what still waits then never will.
 			if !d.dispatch(d.now) {
 				d.abandon()
-				return nil
+				return d.retire()
 			}
 			continue
 		}
@@ -247,9 +346,11 @@ func (d *driver) loop() error {
 		d.advance(t)
 		d.startDue(t)
 		d.dispatch(t)
-		for ; d.next < len(recs) && recs[d.next].Arrival == t; d.next++ {
+		for d.arriving != nil && d.arriving.Arrival == t {
 			d.dispatch(t)
-			d.arrive(d.next)
+			if err := d.arrive(); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -258,9 +359,9 @@ func (d *driver) loop() error {
 // the next arrival or first-hop submission; false when there is none.
 func (d *driver) nextInput() (time.Duration, bool) {
 	var t time.Duration
-	ok := d.next < len(d.records)
+	ok := d.arriving != nil
 	if ok {
-		t = d.records[d.next].Arrival
+		t = d.arriving.Arrival
 	}
 	if len(d.starts) > 0 && (!ok || d.starts[0].at < t) {
 		t, ok = d.starts[0].at, true
@@ -379,12 +480,12 @@ func (d *driver) dispatch(at time.Duration) bool {
 	for _, h := range d.dispatched {
 		i := requestIndex(h.Request().ID)
 		k := firstHop
-		if d.reqs[i].hops[decodeHop].h == h {
+		if d.req(i).hops[decodeHop].h == h {
 			k = decodeHop
 		}
 		d.unqueue(i, k)
 		if err := h.Err(); err != nil {
-			d.reqs[i].hops[k].h = nil
+			d.req(i).hops[k].h = nil
 			d.reject(i, k, err.Error())
 			continue
 		}
@@ -399,7 +500,7 @@ func (d *driver) dispatch(at time.Duration) bool {
 
 // unqueue records that hop k of request i left the router's queue.
 func (d *driver) unqueue(i, k int) {
-	d.reqs[i].hops[k].queued = false
+	d.req(i).hops[k].queued = false
 	d.waiting--
 	if k == decodeHop {
 		d.decodeWaiting--
@@ -411,9 +512,10 @@ func (d *driver) unqueue(i, k int) {
 // in flight leaves any.
 func (d *driver) abandon() {
 	const reason = "never dispatched: every worker stayed busy after the last request ended"
-	for i := range d.reqs {
-		for k := range d.reqs[i].hops {
-			if d.reqs[i].hops[k].queued {
+	for j, st := range d.reqs {
+		i := d.lo + j
+		for k := range st.hops {
+			if st.hops[k].queued {
 				d.unqueue(i, k)
 				d.end(i, k, admission.Aborted(reason))
 				d.reject(i, k, reason)

@@ -19,10 +19,17 @@ import (
 // it (Handle.End with admission.Completed) or when it fails. The request
 // is over when a hop that admission.Hop.Ends completes.
 
-// arrive admits trace request i, arriving now, for its first hop.
-func (d *driver) arrive(i int) {
-	rec := &d.records[i]
-	st := &d.reqs[i]
+// arrive admits the next request of the trace, arriving now, for its
+// first hop, and takes the record after it.
+func (d *driver) arrive() error {
+	rec, i := d.arriving, d.next
+	if i == 0 {
+		d.firstArrival = rec.Arrival
+	}
+	d.next++
+	st := &request{rec: rec}
+	d.reqs = append(d.reqs, st)
+	d.ref.add(rec)
 	now := rec.Arrival
 	d.now = now
 	st.arrival = now
@@ -37,6 +44,7 @@ func (d *driver) arrive(i int) {
 	}
 	d.classified(i, &cl)
 	d.admitted(i, firstHop, h, err, now)
+	return d.take()
 }
 
 // admit admits hop k of request i at d.now.
@@ -54,7 +62,7 @@ func (d *driver) admit(i, k int) (*admission.Handle, error) {
 // hop), prompt tokens, chained block hashes when the hop carries them,
 // session and classifier metadata.
 func (d *driver) request(i, k int) *shared.Request {
-	rec := &d.records[i]
+	rec := d.req(i).rec
 	hop := d.path.Hop(k)
 	base := shared.Request{ID: strconv.Itoa(i), PromptTokens: rec.InputLength, BlockSize: d.blockSize, SessionID: rec.SessionID}
 	if k == decodeHop {
@@ -82,7 +90,7 @@ func (d *driver) request(i, k int) *shared.Request {
 // admitted records the admission of hop k of request i at `at`: refused
 // (h may be an ended handle), queued, or placed.
 func (d *driver) admitted(i, k int, h *admission.Handle, err error, at time.Duration) {
-	hp := &d.reqs[i].hops[k]
+	hp := &d.req(i).hops[k]
 	switch {
 	case err != nil:
 		d.reject(i, k, err.Error())
@@ -101,7 +109,7 @@ func (d *driver) admitted(i, k int, h *admission.Handle, err error, at time.Dura
 
 // classified records request i's classification in its outcome.
 func (d *driver) classified(i int, cl *shared.Classification) {
-	st := &d.reqs[i]
+	st := d.req(i)
 	st.priority, st.class = cl.Priority, cl.PolicyClass
 	if st.class == "" {
 		st.class = d.defaultClass
@@ -119,9 +127,8 @@ func (d *driver) classified(i int, cl *shared.Classification) {
 // transfer (the KV needs a destination), so its booking covers the
 // transfer too.
 func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
-	rec := &d.records[i]
-	st := &d.reqs[i]
-	out := &st.out
+	st := d.req(i)
+	rec, out := st.rec, &st.out
 	id := int(dec.Worker.ID)
 	st.hops[k].worker = int32(id - d.base[k])
 	out.Fallback = out.Fallback || dec.Fallback
@@ -191,8 +198,8 @@ func (d *driver) selected(policy string, dec *router.Decision) {
 // (prefill) or the whole output; a decode hop's prompt KV was transferred.
 // A worker that refuses it ends the hop.
 func (d *driver) submit(i, k int, at time.Duration) {
-	rec := &d.records[i]
-	hp := &d.reqs[i].hops[k]
+	st := d.req(i)
+	rec, hp := st.rec, &st.hops[k]
 	hop := d.path.Hop(k)
 	r := sim.Request{ID: i, InputLength: max(rec.InputLength, 1), OutputLength: hop.OutputTokens(rec.OutputLength),
 		KVTransferred: k == decodeHop}
@@ -210,20 +217,22 @@ func (d *driver) submit(i, k int, at time.Duration) {
 
 // end ends hop k of request i with o, once.
 func (d *driver) end(i, k int, o admission.Outcome) {
-	hp := &d.reqs[i].hops[k]
+	hp := &d.req(i).hops[k]
 	if hp.h != nil {
 		hp.h.End(o)
 		hp.h = nil
 	}
 }
 
-// reject marks request i rejected at hop k for reason.
+// reject marks request i rejected at hop k for reason: it is over.
 func (d *driver) reject(i, k int, reason string) {
 	status := "rejected: "
 	if k == decodeHop {
 		status += "decode: "
 	}
-	d.reqs[i].out.Status = status + reason
+	st := d.req(i)
+	st.out.Status = status + reason
+	st.done = true
 }
 
 // handleFirst feeds back one event of an aggregated or prefill worker:
@@ -232,7 +241,7 @@ func (d *driver) reject(i, k int, reason string) {
 // admits its decode hop.
 func (d *driver) handleFirst(e sim.Event) {
 	i := e.RequestID
-	st := &d.reqs[i]
+	st := d.req(i)
 	defer d.observe(d.first, e.Worker, e.Worker)
 	d.now = e.At
 	switch e.Kind {
@@ -261,7 +270,7 @@ func (d *driver) handleDecode(events []sim.Event) {
 		d.now = e.At
 		switch e.Kind {
 		case sim.FirstToken:
-			d.reqs[i].hops[decodeHop].h.FirstToken() // books no prefill; marks the state
+			d.req(i).hops[decodeHop].h.FirstToken() // books no prefill; marks the state
 		case sim.Completed:
 			d.completed(i, decodeHop, e.At)
 			if d.decodeWaiting > 0 {
@@ -275,8 +284,8 @@ func (d *driver) handleDecode(events []sim.Event) {
 // and reports whether the request is over (admission.Hop.Ends); then its
 // outcome is ok.
 func (d *driver) completed(i, k int, at time.Duration) bool {
-	rec := &d.records[i]
-	st := &d.reqs[i]
+	st := d.req(i)
+	rec := st.rec
 	hop := d.path.Hop(k)
 	d.end(i, k, admission.Completed(hop.ContextTokens(max(rec.InputLength, 1), rec.OutputLength))) // releases the booking
 	if !hop.Ends(rec.OutputLength) {
@@ -284,6 +293,7 @@ func (d *driver) completed(i, k int, at time.Duration) bool {
 	}
 	st.out.E2EMs = millis(at - st.arrival)
 	st.out.Status = "ok"
+	st.done = true
 	d.lastAt = max(d.lastAt, at)
 	return true
 }

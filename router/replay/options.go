@@ -1,8 +1,10 @@
 package replay
 
 import (
+	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"math"
 	"time"
 
@@ -96,8 +98,17 @@ type Options struct {
 	BlockSize int
 	// TraceName labels the report.
 	TraceName string
-	// Records is the trace, in arrival order.
+	// Records is the trace, in arrival order; or leave it nil and set
+	// Trace.
 	Records []trace.Record
+	// Trace, in place of Records, is the trace as a stream in arrival
+	// order (trace.Records, trace.FileRecords), ranged over once: the
+	// replay takes each record when simulated time reaches the previous
+	// one's arrival and keeps it only until its request is over, so a
+	// long trace takes memory for the requests in flight, not for the
+	// whole trace. A record's trace index is its position in the stream.
+	// The first error the stream yields ends the replay with that error.
+	Trace iter.Seq2[*trace.Record, error]
 	// Workers is the number of simulated aggregated workers (1 to
 	// MaxWorkers), fleet ids 0..Workers−1; it must be 0 in disaggregated
 	// mode.
@@ -122,7 +133,9 @@ type Options struct {
 	// means sim.DefaultConfig().
 	Sim sim.Config
 	// PerRequest, when set, receives one JSON line per request in trace
-	// order (see Outcome).
+	// order (see Outcome), written as the replay goes: a request's line as
+	// soon as it and every request before it are over. A replay that
+	// fails may have written part of its lines.
 	PerRequest io.Writer
 
 	// Queue is the policy file's queue block (config.PolicyFile.Queue), for
@@ -287,14 +300,8 @@ func (o *Options) check() (sim.Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return sim.Config{}, fmt.Errorf("replay: %w", err)
 	}
-	for _, rec := range o.Records {
-		if len(rec.HashIDs) > 0 {
-			if o.BlockSize != trace.MooncakeBlockTokens {
-				return sim.Config{}, fmt.Errorf("replay: %s hashes %d-token blocks; set router.block_size = %d (have %d)",
-					o.TraceName, trace.MooncakeBlockTokens, trace.MooncakeBlockTokens, o.BlockSize)
-			}
-			break
-		}
+	if o.Records != nil && o.Trace != nil {
+		return sim.Config{}, errors.New("replay: both Records and Trace set; give the trace one way")
 	}
 	return cfg, nil
 }

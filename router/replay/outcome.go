@@ -1,9 +1,6 @@
 package replay
 
 import (
-	"bufio"
-	"encoding/json"
-	"io"
 	"time"
 )
 
@@ -54,21 +51,6 @@ type Outcome struct {
 	// counted in Report.Shadow only).
 	Shadow       string `json:"shadow,omitempty"`
 	ShadowWorker *int   `json:"shadow_worker,omitempty"`
-}
-
-// writeOutcomes writes the outcome of each request, one JSON object per
-// line. encoding/json renders struct fields in declaration order and
-// floats in their shortest form, so the output is a pure function of the
-// outcomes.
-func writeOutcomes(w io.Writer, reqs []request) error {
-	bw := bufio.NewWriterSize(w, 1<<16)
-	enc := json.NewEncoder(bw)
-	for i := range reqs {
-		if err := enc.Encode(&reqs[i].out); err != nil {
-			return err
-		}
-	}
-	return bw.Flush()
 }
 
 // millis is d in milliseconds, rounded to the microsecond.

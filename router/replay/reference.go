@@ -1,6 +1,8 @@
 package replay
 
 import (
+	"math/bits"
+
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
@@ -21,75 +23,72 @@ type KVReference struct {
 	CeilingRatio float64
 }
 
-// kvReference replays records (in arrival order) through one LRU cache of
-// capacity engine blocks of engineBlock tokens, and through an unbounded
-// one, with the simulated engines' cache rules (router/sim): a request's
-// prompt is keyed like sim.Request.PrefixHashes, at groupTokens tokens per
-// trace hash id (chained with prefix.ChainHashes), each group's engine
-// blocks keyed (hash, j); only whole engine blocks are cached; a hit is the
-// longest cached run of leading engine blocks, capped at
-// ⌊(input_length−1)/engineBlock⌋ blocks because the engine always computes
-// the block of the prompt's last token. After the lookup the request's
-// blocks become the most recently used, its first group most recent of
-// all (vLLM frees a request's blocks tail first, so its later blocks are
-// evicted before its earlier ones).
+// kvRef replays a trace's requests, fed in arrival order by add, through
+// one LRU cache of capacity engine blocks of engineBlock tokens, and
+// through an unbounded one, with the simulated engines' cache rules
+// (router/sim): a request's prompt is keyed like sim.Request.PrefixHashes,
+// at groupTokens tokens per trace hash id (chained with
+// prefix.ChainHashes), each group's engine blocks keyed (hash, j); only
+// whole engine blocks are cached; a hit is the longest cached run of
+// leading engine blocks, capped at ⌊(input_length−1)/engineBlock⌋ blocks
+// because the engine always computes the block of the prompt's last token.
+// After the lookup the request's blocks become the most recently used, its
+// first group most recent of all (vLLM frees a request's blocks tail
+// first, so its later blocks are evicted before its earlier ones).
 //
 // Work is linear in the trace's hash ids: each request touches its groups
 // once for each lookup and once for each update. Memory: the LRU's
-// entries are bounded by capacity; the ceiling keeps one map entry (about
-// 25 bytes) per distinct prefix group of the trace.
-func kvReference(records []trace.Record, groupTokens, engineBlock int, capacity int64) KVReference {
-	lru := newGroupLRU(capacity)
-	// The ceiling keeps every group: a plain map from group hash to its
-	// cached blocks, half the memory of an LRU entry.
-	ceiling := make(map[uint64]int32)
-	var prompt, hit, ceil int64
-	var hashes []uint64
-	var blocks []int32
-	for i := range records {
-		r := &records[i]
-		if r.InputLength <= 0 {
-			continue
-		}
-		prompt += int64(r.InputLength)
-		if len(r.HashIDs) == 0 || groupTokens <= 0 || engineBlock <= 0 {
-			continue
-		}
-		hashes = prefix.ChainHashes(hashes[:0], r.HashIDs)
-		groups := min(len(hashes), (r.InputLength+groupTokens-1)/groupTokens)
-		blocks = blocks[:0]
-		for k := range groups {
-			tokens := min(groupTokens, r.InputLength-k*groupTokens)
-			blocks = append(blocks, int32(tokens/engineBlock))
-		}
-		limit := int64((r.InputLength - 1) / engineBlock)
-		hit += min(lru.lookup(hashes[:groups], blocks), limit) * int64(engineBlock)
-		ceil += min(leadingSeen(ceiling, hashes[:groups], blocks), limit) * int64(engineBlock)
-		lru.store(hashes[:groups], blocks)
-		for k, h := range hashes[:groups] {
-			ceiling[h] = max(ceiling[h], blocks[k])
-		}
+// entries are bounded by capacity; the ceiling keeps one entry per
+// distinct prefix group of the trace (groupSet: about 12 bytes).
+type kvRef struct {
+	groupTokens, engineBlock int
+	lru                      *groupLRU
+	// ceiling keeps every group: its cached blocks by group hash.
+	ceiling          *groupSet
+	prompt, hit, cel int64
+	hashes           []uint64 // add's buffers
+	blocks           []int32
+}
+
+func newKVRef(groupTokens, engineBlock int, capacity int64) *kvRef {
+	return &kvRef{groupTokens: groupTokens, engineBlock: engineBlock, lru: newGroupLRU(capacity), ceiling: newGroupSet()}
+}
+
+// add feeds the next request of the trace.
+func (f *kvRef) add(r *trace.Record) {
+	if r.InputLength <= 0 {
+		return
 	}
-	if prompt == 0 {
-		return KVReference{}
+	f.prompt += int64(r.InputLength)
+	if len(r.HashIDs) == 0 || f.groupTokens <= 0 || f.engineBlock <= 0 {
+		return
 	}
-	return KVReference{
-		HitRatio:     round4(float64(hit) / float64(prompt)),
-		CeilingRatio: round4(float64(ceil) / float64(prompt)),
+	f.hashes = prefix.ChainHashes(f.hashes[:0], r.HashIDs)
+	groups := min(len(f.hashes), (r.InputLength+f.groupTokens-1)/f.groupTokens)
+	hashes, blocks := f.hashes[:groups], f.blocks[:0]
+	for k := range groups {
+		tokens := min(f.groupTokens, r.InputLength-k*f.groupTokens)
+		blocks = append(blocks, int32(tokens/f.engineBlock))
+	}
+	f.blocks = blocks
+	limit := int64((r.InputLength - 1) / f.engineBlock)
+	f.hit += min(f.lru.lookup(hashes, blocks), limit) * int64(f.engineBlock)
+	f.cel += min(f.ceiling.leading(hashes, blocks), limit) * int64(f.engineBlock)
+	f.lru.store(hashes, blocks)
+	for k, h := range hashes {
+		f.ceiling.raise(h, blocks[k])
 	}
 }
 
-// leadingSeen is groupLRU.lookup over the ceiling's map.
-func leadingSeen(seen map[uint64]int32, hashes []uint64, blocks []int32) int64 {
-	var n int64
-	for k, h := range hashes {
-		have := seen[h]
-		n += int64(min(have, blocks[k]))
-		if have < blocks[k] {
-			break
-		}
+// result is the reference of the requests fed so far.
+func (f *kvRef) result() KVReference {
+	if f.prompt == 0 {
+		return KVReference{}
 	}
-	return n
+	return KVReference{
+		HitRatio:     round4(float64(f.hit) / float64(f.prompt)),
+		CeilingRatio: round4(float64(f.cel) / float64(f.prompt)),
+	}
 }
 
 // groupLRU is an LRU cache of engine blocks kept per prefix group: entry
@@ -204,4 +203,140 @@ func (c *groupLRU) pushTail(i int32) {
 		c.head = i
 	}
 	c.tail = i
+}
+
+// groupSet maps prefix group hashes to the most engine blocks of the
+// group any request had (> 0; a group never raised reads 0), in about 10
+// bytes a group: the reference's ceiling, which keeps every distinct
+// group of the trace. Each hash is mixed by a bijection (so mixed hashes
+// are equal exactly when the hashes are) and filed in one of
+// 2^groupShardBits open-addressing tables by the mixed hash's top bits;
+// a slot keeps the rest of it and the block count in one word, so no
+// bit of a hash is lost. A table grows by a quarter when it is 7/8 full,
+// one table at a time, so the set stays 70 to 87% full and never holds
+// two copies of itself. A count of groupBig blocks or more (none with the
+// default 512-token groups of 16-token engine blocks: at most 32) is
+// kept in a map.
+type groupSet struct {
+	shards [1 << groupShardBits]groupShard
+	big    map[uint64]int32 // counts >= groupBig, by hash
+}
+
+const (
+	groupShardBits = 12
+	groupRestBits  = 64 - groupShardBits
+	groupRestMask  = 1<<groupRestBits - 1
+	// groupBig, as a slot's count, says the count is in groupSet.big.
+	groupBig = 1<<groupShardBits - 1
+)
+
+// groupShard is one table: a slot is 0 when empty, else count<<groupRestBits
+// | the mixed hash's low groupRestBits bits. Linear probing.
+type groupShard struct {
+	slots []uint64
+	n     int
+}
+
+func newGroupSet() *groupSet { return &groupSet{} }
+
+// groupMix is a bijection of the 64-bit hashes (splitmix64's finalizer):
+// its top bits choose a table, its others the slot.
+func groupMix(h uint64) uint64 {
+	h ^= h >> 30
+	h *= 0xbf58476d1ce4e5b9
+	h ^= h >> 27
+	h *= 0x94d049bb133111eb
+	return h ^ h>>31
+}
+
+// find returns h's table and its slot's index in it: the slot holding h,
+// or the empty slot where h belongs. The table must have an empty slot.
+func (s *groupSet) find(h uint64) (*groupShard, int) {
+	m := groupMix(h)
+	t := &s.shards[m>>groupRestBits]
+	rest := m & groupRestMask
+	i, _ := bits.Mul64(rest<<groupShardBits, uint64(len(t.slots)))
+	for {
+		v := t.slots[i]
+		if v == 0 || v&groupRestMask == rest {
+			return t, int(i)
+		}
+		if i++; int(i) == len(t.slots) {
+			i = 0
+		}
+	}
+}
+
+// get returns h's count, 0 for a group never raised.
+func (s *groupSet) get(h uint64) int32 {
+	if len(s.shards[groupMix(h)>>groupRestBits].slots) == 0 {
+		return 0
+	}
+	t, i := s.find(h)
+	switch c := int32(t.slots[i] >> groupRestBits); c {
+	case groupBig:
+		return s.big[h]
+	default:
+		return c
+	}
+}
+
+// raise sets h's count to at least blocks.
+func (s *groupSet) raise(h uint64, blocks int32) {
+	if blocks <= 0 {
+		return
+	}
+	if t := &s.shards[groupMix(h)>>groupRestBits]; (t.n+1)*8 > len(t.slots)*7 {
+		t.grow()
+	}
+	t, i := s.find(h)
+	v := t.slots[i]
+	if v == 0 {
+		t.n++
+	} else if c := int32(v >> groupRestBits); c == groupBig {
+		s.big[h] = max(s.big[h], blocks)
+		return
+	} else if c >= blocks {
+		return
+	}
+	c := blocks
+	if c >= groupBig {
+		if s.big == nil {
+			s.big = make(map[uint64]int32)
+		}
+		s.big[h], c = blocks, groupBig
+	}
+	t.slots[i] = uint64(c)<<groupRestBits | groupMix(h)&groupRestMask
+}
+
+// grow makes t a quarter larger (at least 8 slots more) and refiles its
+// slots.
+func (t *groupShard) grow() {
+	old := t.slots
+	t.slots = make([]uint64, len(old)+len(old)/4+8)
+	for _, v := range old {
+		if v == 0 {
+			continue
+		}
+		i, _ := bits.Mul64((v&groupRestMask)<<groupShardBits, uint64(len(t.slots)))
+		for t.slots[i] != 0 {
+			if i++; int(i) == len(t.slots) {
+				i = 0
+			}
+		}
+		t.slots[i] = v
+	}
+}
+
+// leading is groupLRU.lookup over the set.
+func (s *groupSet) leading(hashes []uint64, blocks []int32) int64 {
+	var n int64
+	for k, h := range hashes {
+		have := s.get(h)
+		n += int64(min(have, blocks[k]))
+		if have < blocks[k] {
+			break
+		}
+	}
+	return n
 }

@@ -6,6 +6,15 @@ import (
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
+// kvReference feeds records to a kvRef, as a replay does.
+func kvReference(records []trace.Record, groupTokens, engineBlock int, capacity int64) KVReference {
+	ref := newKVRef(groupTokens, engineBlock, capacity)
+	for i := range records {
+		ref.add(&records[i])
+	}
+	return ref.result()
+}
+
 // TestKVReferenceByHand walks a 4-block LRU (2 engine blocks of 16 tokens
 // per 32-token trace block) through whole and partial evictions; every
 // number is worked out in the comments.
@@ -48,5 +57,46 @@ func TestKVReferenceUnboundedEqualsCeiling(t *testing.T) {
 	// 32 blocks (512 tokens). 1504 of 3100.
 	if want := round4(1504.0 / 3100); got.HitRatio != want {
 		t.Errorf("hit ratio %v, want %v", got.HitRatio, want)
+	}
+}
+
+// TestGroupSetMatchesMap raises many groups, some many times, some with
+// counts kept out of line (>= groupBig), through several growths of every
+// table, and checks every count against a plain map.
+func TestGroupSetMatchesMap(t *testing.T) {
+	s := newGroupSet()
+	want := make(map[uint64]int32)
+	x := uint64(1)
+	for i := range 100_000 {
+		x = x*6364136223846793005 + 1442695040888963407
+		h := x >> (i % 3 * 20) // some small hashes too
+		if i%7 == 0 {
+			h = uint64(i % 1000) // the same groups again
+		}
+		b := int32(x>>40) % 40
+		if i%1000 == 0 {
+			b = groupBig + int32(i%3) - 1 // groupBig-1, groupBig, groupBig+1
+		}
+		s.raise(h, b)
+		if b > 0 {
+			want[h] = max(want[h], b)
+		}
+	}
+	for h, c := range want {
+		if got := s.get(h); got != c {
+			t.Fatalf("get(%#x) = %d, want %d", h, got, c)
+		}
+	}
+	var n int
+	for i := range s.shards {
+		n += s.shards[i].n
+	}
+	if n != len(want) || len(s.big) == 0 {
+		t.Errorf("%d groups in the tables (%d out of line), want %d and some out of line", n, len(s.big), len(want))
+	}
+	for _, h := range []uint64{2, 1 << 63, 12345678901} {
+		if _, ok := want[h]; !ok && s.get(h) != 0 {
+			t.Errorf("get(%#x) = %d for a group never raised", h, s.get(h))
+		}
 	}
 }

@@ -21,9 +21,15 @@ import (
 	"time"
 )
 
-// Run replays o.Records and returns the report. ctx cancels between
-// requests. Errors: an invalid option, a trace/block-size mismatch, or a
-// write error on PerRequest.
+// Run replays o.Records (or o.Trace) and returns the report. ctx cancels
+// between requests. Errors: an invalid option, a trace/block-size
+// mismatch, the first error o.Trace yields, or a write error on
+// PerRequest.
+//
+// Memory: Run holds a request (its record, its state, its per-request
+// line) from its arrival until it and every request before it are over,
+// then writes its line and keeps only the figures the report needs (see
+// tally and kvRef).
 //
 // Run is a discrete-event loop over five sources: arrivals, first hops
 // decided and on their way to their worker (the decision latency),
@@ -72,19 +78,22 @@ func execute(ctx context.Context, o Options) (*Report, *driver, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	stop, err := d.start(&o)
+	defer stop()
+	if err != nil {
+		return nil, nil, err
+	}
 	if err := d.loop(); err != nil {
 		return nil, nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	wall := time.Since(start)
-
-	rep := d.report(&o, wall)
-	if o.PerRequest != nil {
-		if err := writeOutcomes(o.PerRequest, d.reqs); err != nil {
+	if d.out != nil {
+		if err := d.out.Flush(); err != nil {
 			return nil, nil, fmt.Errorf("replay: writing per-request output: %w", err)
 		}
 	}
-	return rep, d, nil
+	wall := time.Since(start)
+	return d.report(&o, wall), d, nil
 }

@@ -415,16 +415,15 @@ func ms(v float64) string {
 
 func (d *driver) report(o *Options, wall time.Duration) *Report {
 	rep := &Report{
-		Policy:            o.PolicyName,
-		Trace:             o.TraceName,
-		Workers:           len(d.workers),
-		Requests:          len(o.Records),
-		RequestsPerWorker: make([]int, len(d.workers)),
-		WallS:             round3(wall.Seconds()),
-		Selections:        d.selections,
-		Fallbacks:         d.r.Fallbacks(),
-		FallbackSources:   d.fell.list(),
-		Hosted:            d.r.Hosted(d.path.Hop(firstHop).Role),
+		Policy:          o.PolicyName,
+		Trace:           o.TraceName,
+		Workers:         len(d.workers),
+		Requests:        d.next,
+		WallS:           round3(wall.Seconds()),
+		Selections:      d.selections,
+		Fallbacks:       d.r.Fallbacks(),
+		FallbackSources: d.fell.list(),
+		Hosted:          d.r.Hosted(d.path.Hop(firstHop).Role),
 	}
 	roles := []shared.Role{shared.RoleAggregated}
 	if d.decode != nil {
@@ -437,89 +436,46 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 			rep.RolePolicies[string(role)] = o.RolePolicies[role]
 		}
 	}
-	var ttft, e2e, queue, xfer []float64
-	var prompt, cached, predicted int64
-	var believed int
-	rep.Classes = make(map[string]*ClassReport, len(d.classes))
-	rep.classOrder = append(rep.classOrder, d.classes...)
-	for _, name := range d.classes {
-		rep.Classes[name] = &ClassReport{}
+	t := &d.tally
+	rep.RequestsPerWorker = t.perWorker
+	rep.Classes = make(map[string]*ClassReport, len(t.classes))
+	for k := range t.classes {
+		rep.Classes[t.classNames[k]] = &t.classes[k]
 	}
-	type samples struct{ ttft, queue []float64 }
-	perClass := make(map[string]*samples, len(d.classes))
-	var extra []string // classes the queue does not declare
-	for i := range d.reqs {
-		out := &d.reqs[i].out
-		name := d.reqs[i].class
-		c := rep.Classes[name]
-		if c == nil {
-			c = &ClassReport{}
-			rep.Classes[name] = c
-			extra = append(extra, name)
-		}
-		c.Requests++
-		if out.Status != "ok" {
-			c.Rejected++
-			continue
-		}
-		c.Completed++
-		sm := perClass[name]
-		if sm == nil {
-			sm = &samples{}
-			perClass[name] = sm
-		}
-		sm.ttft = append(sm.ttft, out.TTFTMs)
-		sm.queue = append(sm.queue, out.QueueMs)
-	}
-	for name, sm := range perClass {
-		rep.Classes[name].TTFT, rep.Classes[name].Queue = summarize(sm.ttft), summarize(sm.queue)
-	}
+	extra := slices.Clone(t.classNames[len(d.classes):]) // classes the queue does not declare
 	slices.Sort(extra)
-	rep.classOrder = append(rep.classOrder, extra...)
-	for i := range d.reqs {
-		out := &d.reqs[i].out
-		if out.Worker >= 0 {
-			rep.RequestsPerWorker[out.Worker]++
-		}
-		if d.decode != nil && out.DecodeWorker >= 0 {
-			rep.RequestsPerWorker[out.DecodeWorker]++
-		}
-		if out.Status != "ok" {
-			rep.Rejected++
-			if rep.RejectionReasons == nil {
-				rep.RejectionReasons = make(map[string]int)
+	rep.classOrder = append(append(rep.classOrder, d.classes...), extra...)
+	// Each class's summaries before the whole's, which sort the samples.
+	var ttft, queue []float64
+	for k := range t.classes {
+		c := &t.classes[k]
+		if c.Completed == t.completed {
+			ttft, queue = t.ttft, t.queue // every completed request: no copy
+		} else {
+			ttft, queue = ttft[:0:0], queue[:0:0]
+			for j, ck := range t.class {
+				if int(ck) == k {
+					ttft, queue = append(ttft, t.ttft[j]), append(queue, t.queue[j])
+				}
 			}
-			rep.RejectionReasons[strings.TrimPrefix(out.Status, "rejected: ")]++
-			continue
 		}
-		rep.Completed++
-		ttft = append(ttft, out.TTFTMs)
-		e2e = append(e2e, out.E2EMs)
-		queue = append(queue, out.QueueMs)
-		if out.DecodeWorker > 0 {
-			xfer = append(xfer, out.KVTransferMs)
-		}
-		prompt += int64(out.InputLength)
-		cached += int64(out.CachedTokens)
-		predicted += min(int64(out.OverlapBlocks)*int64(o.BlockSize), int64(max(out.InputLength-1, 0)))
-		if d.believed(out) {
-			believed++
-		}
+		c.TTFT, c.Queue = summarize(ttft), summarize(queue)
 	}
-	rep.TTFT, rep.E2E, rep.Queue = summarize(ttft), summarize(e2e), summarize(queue)
+	rep.Completed, rep.Rejected, rep.RejectionReasons = t.completed, t.rejected, t.reasons
+	rep.TTFT, rep.E2E, rep.Queue = summarize(t.ttft), summarize(t.e2e), summarize(t.queue)
 	if rep.Completed > 0 {
-		rep.BeliefAccuracy = round4(float64(believed) / float64(rep.Completed))
+		rep.BeliefAccuracy = round4(float64(t.believed) / float64(rep.Completed))
 	}
 	rep.Prefix = o.Prefix.String()
 	if d.kv != nil {
 		rep.KVEvents = &KVEventsReport{DelayMs: millis(o.KVEventDelay), Batches: d.kv.batches, Events: d.kv.events}
 	}
-	rep.KVTransfer = summarize(xfer)
-	if prompt > 0 {
-		rep.KVHitRatio = round4(float64(cached) / float64(prompt))
-		rep.RouterOverlapRatio = round4(float64(predicted) / float64(prompt))
+	rep.KVTransfer = summarize(t.xfer)
+	if t.prompt > 0 {
+		rep.KVHitRatio = round4(float64(t.cached) / float64(t.prompt))
+		rep.RouterOverlapRatio = round4(float64(t.predicted) / float64(t.prompt))
 	}
-	ref := kvReference(o.Records, d.blockSize, d.engineBlock, int64(d.first.Len())*int64(d.engineKV))
+	ref := d.ref.result()
 	rep.KVHitReference, rep.KVHitCeiling = ref.HitRatio, ref.CeilingRatio
 	if ref.HitRatio > 0 {
 		rep.KVHitOfReference = round4(rep.KVHitRatio / ref.HitRatio)
@@ -533,20 +489,102 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 	for _, c := range clusters {
 		rep.Preemptions += c.Stats().Preemptions
 	}
-	if len(o.Records) > 0 {
-		rep.SimDurationS = round3((d.lastAt - o.Records[0].Arrival).Seconds())
+	if d.next > 0 {
+		rep.SimDurationS = round3((d.lastAt - d.firstArrival).Seconds())
 	}
 	if rep.Selections > 0 {
 		rep.FallbackShare = float64(rep.Fallbacks) / float64(rep.Selections)
 	}
 	rep.Shadow = d.shadowReport(o, roles)
 	if s := wall.Seconds(); s > 0 {
-		rep.SimRequestsPerS = float64(int(float64(len(o.Records)) / s))
+		rep.SimRequestsPerS = float64(int(float64(d.next) / s))
 	}
 	if s := d.decisionTime.Seconds(); s > 0 {
 		rep.DecisionsPerS = float64(int(float64(d.decisions) / s))
 	}
 	return rep
+}
+
+// tally accumulates a replay's report over its requests as they are
+// retired: counts and sums, and for each completed request its TTFT, E2E
+// and queue time and its class (one float64 per figure the percentiles
+// need, as the per-request lines print it, and an int32), which is all a
+// request leaves behind.
+type tally struct {
+	perWorker           []int // requests sent, by fleet id (Report.RequestsPerWorker)
+	completed, rejected int
+	reasons             map[string]int // Report.RejectionReasons
+	// ttft, e2e, queue and class are by completed request, xfer by
+	// completed request that had a KV transfer.
+	ttft, e2e, queue, xfer    []float64
+	class                     []int32 // index in classes
+	prompt, cached, predicted int64   // tokens of completed requests (Report.KVHitRatio, RouterOverlapRatio)
+	believed                  int     // Report.BeliefAccuracy's count
+	// classes are the counts of each class, by index: the queue's classes
+	// in its order, then the others as they first appear; classNames
+	// names them, classIndex indexes them by name.
+	classes    []ClassReport
+	classNames []string
+	classIndex map[string]int32
+}
+
+// init sizes t for workers fleet members and the queue's classes.
+func (t *tally) init(workers int, classes []string) {
+	t.perWorker = make([]int, workers)
+	t.classIndex = make(map[string]int32, len(classes))
+	for _, name := range classes {
+		t.addClass(name)
+	}
+}
+
+// addClass adds class name and returns its index.
+func (t *tally) addClass(name string) int32 {
+	k := int32(len(t.classes))
+	t.classes = append(t.classes, ClassReport{})
+	t.classNames = append(t.classNames, name)
+	t.classIndex[name] = k
+	return k
+}
+
+// count adds a request that is over to the tally.
+func (d *driver) count(st *request) {
+	t, out := &d.tally, &st.out
+	k, ok := t.classIndex[st.class]
+	if !ok {
+		k = t.addClass(st.class)
+	}
+	c := &t.classes[k]
+	c.Requests++
+	if out.Worker >= 0 {
+		t.perWorker[out.Worker]++
+	}
+	if d.decode != nil && out.DecodeWorker >= 0 {
+		t.perWorker[out.DecodeWorker]++
+	}
+	if out.Status != "ok" {
+		c.Rejected++
+		t.rejected++
+		if t.reasons == nil {
+			t.reasons = make(map[string]int)
+		}
+		t.reasons[strings.TrimPrefix(out.Status, "rejected: ")]++
+		return
+	}
+	c.Completed++
+	t.completed++
+	t.ttft = append(t.ttft, out.TTFTMs)
+	t.e2e = append(t.e2e, out.E2EMs)
+	t.queue = append(t.queue, out.QueueMs)
+	t.class = append(t.class, k)
+	if out.DecodeWorker > 0 {
+		t.xfer = append(t.xfer, out.KVTransferMs)
+	}
+	t.prompt += int64(out.InputLength)
+	t.cached += int64(out.CachedTokens)
+	t.predicted += min(int64(out.OverlapBlocks)*int64(d.blockSize), int64(max(out.InputLength-1, 0)))
+	if d.believed(out) {
+		t.believed++
+	}
 }
 
 // shadowReport is the report of the roles' shadows; nil when no routed

@@ -41,13 +41,20 @@ var azureHeader = [3]string{"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
 // an input that starts with a JSON object (a *FormatError: JSON lines), and
 // one that starts with a compressed stream (a *CompressedError).
 func ReadAzure(r io.Reader, name string) ([]Record, error) {
+	return collect(func(yield func(*Record) bool) error { return scanAzure(r, name, yield) })
+}
+
+// scanAzure parses an Azure trace as ReadAzure does, handing each record
+// to yield as soon as its line is read, and stops early, with a nil error,
+// when yield returns false. The record is yield's to keep.
+func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 	lr := &lineLimiter{r: r, line: 1}
 	br := bufio.NewReader(lr)
 	if err := compressed(br); err != nil {
-		return nil, &ParseError{File: name, Line: 1, Err: err}
+		return &ParseError{File: name, Line: 1, Err: err}
 	}
 	if looksLikeJSON(br) {
-		return nil, &ParseError{File: name, Line: 1, Err: &FormatError{Read: Azure, Looks: Mooncake}}
+		return &ParseError{File: name, Line: 1, Err: &FormatError{Read: Azure, Looks: Mooncake}}
 	}
 	cr := csv.NewReader(br)
 	cr.FieldsPerRecord = len(azureHeader)
@@ -66,68 +73,72 @@ func ReadAzure(r io.Reader, name string) ([]Record, error) {
 	}
 	hdr, err := cr.Read()
 	if err == io.EOF {
-		return nil, &ParseError{File: name, Line: 1, Err: errors.New("empty file: missing header")}
+		return &ParseError{File: name, Line: 1, Err: errors.New("empty file: missing header")}
 	}
 	if err != nil {
-		return nil, wrap(1, err)
+		return wrap(1, err)
 	}
 	if line, _ := cr.FieldPos(0); [3]string(hdr) != azureHeader {
-		return nil, &ParseError{File: name, Line: line,
+		return &ParseError{File: name, Line: line,
 			Err: fmt.Errorf("header %q, want %q", hdr, azureHeader[:])}
 	}
 	var (
-		recs  []Record
+		n     int // records read
 		first time.Time
 		prev  time.Time
 	)
 	for {
 		rec, err := cr.Read()
 		if err == io.EOF {
-			if len(recs) == 0 {
-				return nil, fmt.Errorf("%s: %w", name, ErrNoRecords)
+			if n == 0 {
+				return fmt.Errorf("%s: %w", name, ErrNoRecords)
 			}
-			return recs, nil
+			return nil
 		}
 		if err != nil {
 			line, _ := cr.FieldPos(0)
-			return nil, wrap(line, err)
+			return wrap(line, err)
 		}
 		line, _ := cr.FieldPos(0)
 		t, err := time.Parse(AzureTimeLayout, rec[0])
 		if err != nil {
-			return nil, &ParseError{File: name, Line: line,
+			return &ParseError{File: name, Line: line,
 				Err: fmt.Errorf("TIMESTAMP %q: want a time such as 2023-11-16 18:17:03.9799600 (7 fractional digits)", rec[0])}
 		}
 		in, err := tokenCount("ContextTokens", rec[1])
 		if err != nil {
-			return nil, &ParseError{File: name, Line: line, Err: err}
+			return &ParseError{File: name, Line: line, Err: err}
 		}
 		out, err := tokenCount("GeneratedTokens", rec[2])
 		if err != nil {
-			return nil, &ParseError{File: name, Line: line, Err: err}
+			return &ParseError{File: name, Line: line, Err: err}
 		}
-		if len(recs) == 0 {
+		if n == 0 {
 			first, prev = t, t
 		}
 		if t.Before(prev) {
-			return nil, &ParseError{File: name, Line: line,
+			return &ParseError{File: name, Line: line,
 				Err: fmt.Errorf("%w: %s after %s", ErrTimestampDecreased, rec[0], prev.Format(AzureTimeLayout))}
 		}
 		prev = t
 		// Sub saturates at the largest Duration; adding it back detects that.
 		arrival := t.Sub(first)
 		if !first.Add(arrival).Equal(t) {
-			return nil, &ParseError{File: name, Line: line,
+			return &ParseError{File: name, Line: line,
 				Err: fmt.Errorf("TIMESTAMP %s is too far after the first request's %s: the offset %w",
 					rec[0], first.Format(AzureTimeLayout), ErrDurationOverflow)}
 		}
-		recs = append(recs, Record{
-			Index:        len(recs),
+		record := Record{
+			Index:        n,
 			Line:         line,
 			Arrival:      arrival,
 			InputLength:  in,
 			OutputLength: out,
-		})
+		}
+		n++
+		if !yield(&record) {
+			return nil
+		}
 	}
 }
 

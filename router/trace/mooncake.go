@@ -38,15 +38,22 @@ const maxMillis = math.MaxInt64 / int64(time.Millisecond)
 // An input with no records (empty, or only blank lines) is an error
 // wrapping ErrNoRecords, "NAME: no records".
 func ReadMooncake(r io.Reader, name string) ([]Record, error) {
+	return collect(func(yield func(*Record) bool) error { return scanMooncake(r, name, yield) })
+}
+
+// scanMooncake parses a Mooncake trace as ReadMooncake does, handing each
+// record to yield as soon as its line is read, and stops early, with a nil
+// error, when yield returns false. The record is yield's to keep.
+func scanMooncake(r io.Reader, name string, yield func(*Record) bool) error {
 	br := bufio.NewReader(r)
 	if err := compressed(br); err != nil {
-		return nil, &ParseError{File: name, Line: 1, Err: err}
+		return &ParseError{File: name, Line: 1, Err: err}
 	}
 	sc := bufio.NewScanner(br)
 	// The buffer holds a line and its newline.
 	sc.Buffer(make([]byte, 0, 64<<10), MaxLineBytes+1)
 	var (
-		recs      []Record
+		n         int // records read
 		line      int
 		blankLine int // first blank line not yet followed by content
 		first     int64
@@ -62,31 +69,31 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 			continue
 		}
 		if blankLine != 0 {
-			return nil, &ParseError{File: name, Line: blankLine, Err: errors.New("blank line before the end of the trace")}
+			return &ParseError{File: name, Line: blankLine, Err: errors.New("blank line before the end of the trace")}
 		}
 		l, err := decodeMooncakeLine(b)
 		if err != nil {
-			if len(recs) == 0 && looksLikeCSV(b) {
+			if n == 0 && looksLikeCSV(b) {
 				err = &FormatError{Read: Mooncake, Looks: Azure}
 			}
-			return nil, &ParseError{File: name, Line: line, Err: err}
+			return &ParseError{File: name, Line: line, Err: err}
 		}
 		ts, in, out := *l.Timestamp, *l.InputLength, *l.OutputLength
-		if len(recs) == 0 {
+		if n == 0 {
 			first, prev = ts, ts
 		}
 		if ts < prev {
-			return nil, &ParseError{File: name, Line: line,
+			return &ParseError{File: name, Line: line,
 				Err: fmt.Errorf("%w: %d ms after %d ms", ErrTimestampDecreased, ts, prev)}
 		}
 		prev = ts
 		ids := *l.HashIDs
 		if want := ceilDiv(in, MooncakeBlockTokens); int64(len(ids)) != want {
-			return nil, &ParseError{File: name, Line: line,
+			return &ParseError{File: name, Line: line,
 				Err: fmt.Errorf("%w: %d ids for input_length %d, want %d", ErrHashIDCount, len(ids), in, want)}
 		}
 		if in > math.MaxInt || out > math.MaxInt {
-			return nil, &ParseError{File: name, Line: line, Err: errors.New("length overflows int")}
+			return &ParseError{File: name, Line: line, Err: errors.New("length overflows int")}
 		}
 		var hashIDs []uint64
 		if len(ids) > 0 {
@@ -96,7 +103,7 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 			}
 		}
 		rec := Record{
-			Index:        len(recs),
+			Index:        n,
 			Line:         line,
 			Arrival:      time.Duration(ts-first) * time.Millisecond,
 			InputLength:  int(in),
@@ -105,7 +112,7 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 		}
 		if l.Priority != nil {
 			if *l.Priority < math.MinInt32 || *l.Priority > math.MaxInt32 {
-				return nil, &ParseError{File: name, Line: line, Err: fmt.Errorf("priority %d out of range", *l.Priority)}
+				return &ParseError{File: name, Line: line, Err: fmt.Errorf("priority %d out of range", *l.Priority)}
 			}
 			rec.Priority, rec.HasPriority = int(*l.Priority), true
 		}
@@ -115,18 +122,21 @@ func ReadMooncake(r io.Reader, name string) ([]Record, error) {
 		if l.SessionID != nil {
 			rec.SessionID = *l.SessionID
 		}
-		recs = append(recs, rec)
+		n++
+		if !yield(&rec) {
+			return nil
+		}
 	}
 	if err := sc.Err(); err != nil {
 		if errors.Is(err, bufio.ErrTooLong) {
 			err = lineTooLong()
 		}
-		return nil, &ParseError{File: name, Line: line + 1, Err: err}
+		return &ParseError{File: name, Line: line + 1, Err: err}
 	}
-	if len(recs) == 0 {
-		return nil, fmt.Errorf("%s: %w", name, ErrNoRecords)
+	if n == 0 {
+		return fmt.Errorf("%s: %w", name, ErrNoRecords)
 	}
-	return recs, nil
+	return nil
 }
 
 func ceilDiv(a, b int64) int64 { return a/b + min(a%b, 1) }

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
 	"path/filepath"
 	"strings"
 	"time"
@@ -252,4 +253,70 @@ func ReadFileAs(path string, f Format) ([]Record, error) {
 	}
 	defer file.Close()
 	return ReadAs(file, path, f)
+}
+
+// Records reads a trace in format f record by record, for a caller that
+// needs one record at a time (a long replay): each record, with a nil
+// error, as soon as its line is parsed, so memory is one line whatever the
+// trace's length. Records and their checks are exactly ReadAs's; the
+// first error ReadAs would return (a *ParseError naming the line,
+// ErrNoRecords, ErrUnknownFormat) is yielded once, with a nil record,
+// after the records before it, and ends the sequence. Each record is a
+// new one, the caller's to keep. r is read once: range over the sequence
+// once.
+func Records(r io.Reader, name string, f Format) iter.Seq2[*Record, error] {
+	return func(yield func(*Record, error) bool) {
+		var scan func(io.Reader, string, func(*Record) bool) error
+		switch f {
+		case Mooncake:
+			scan = scanMooncake
+		case Azure:
+			scan = scanAzure
+		default:
+			yield(nil, fmt.Errorf("%s: %w", name, ErrUnknownFormat))
+			return
+		}
+		stopped := false
+		err := scan(r, name, func(rec *Record) bool {
+			stopped = !yield(rec, nil)
+			return !stopped
+		})
+		if err != nil && !stopped {
+			yield(nil, err)
+		}
+	}
+}
+
+// FileRecords is Records over the file at path, in format f: each range
+// over the sequence opens path (as ReadFileAs does, refusing what is not
+// a regular file) and reads it from its start, closing it when the range
+// ends; an open error is yielded like a parse error. path names the file
+// in error messages.
+func FileRecords(path string, f Format) iter.Seq2[*Record, error] {
+	return func(yield func(*Record, error) bool) {
+		file, err := inputfile.Open(path)
+		if err != nil {
+			yield(nil, err)
+			return
+		}
+		defer file.Close()
+		for rec, err := range Records(file, path, f) {
+			if !yield(rec, err) {
+				return
+			}
+		}
+	}
+}
+
+// collect gathers the records scan hands over into a slice, or returns
+// its error.
+func collect(scan func(yield func(*Record) bool) error) ([]Record, error) {
+	var recs []Record
+	if err := scan(func(rec *Record) bool {
+		recs = append(recs, *rec)
+		return true
+	}); err != nil {
+		return nil, err
+	}
+	return recs, nil
 }
