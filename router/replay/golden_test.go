@@ -40,3 +40,43 @@ func TestDefaultConfigOutputUnchanged(t *testing.T) {
 		t.Errorf("default on 3P+5D: per-request sha256 %s, want %s", got, want)
 	}
 }
+
+// A replay whose workers reach max_active_requests (so that requests wait
+// in the queue and selections run over the narrowed candidates of the
+// workers below capacity) repeats byte for byte within one process, where
+// pooled scratch columns are reused between selections and runs. Before
+// narrowed candidates kept their Slots column (TestNarrowedCandidatesKeep-
+// TheirColumns in the router), their CACHE column could be what a pooled
+// scratch held, and two such runs were seen to differ in overlap_blocks.
+func TestQueuedReplayRepeats(t *testing.T) {
+	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")
+	src := seededDefault + `
+queue {
+  max_active_requests = 4
+  class "c" {
+    weight = 1
+  }
+}
+`
+	var first []byte
+	for i := range 3 {
+		var buf bytes.Buffer
+		rep := run(t, loadPolicy(t, src), "default", recs, 4, &buf)
+		if rep.Completed != 1000 || rep.Queue.P99 == 0 {
+			t.Fatalf("run %d: %d completed, queue p99 %v ms; want 1000 completed and requests that waited", i, rep.Completed, rep.Queue.P99)
+		}
+		if i == 0 {
+			first = buf.Bytes()
+			continue
+		}
+		if !bytes.Equal(buf.Bytes(), first) {
+			a, b := bytes.Split(first, []byte("\n")), bytes.Split(buf.Bytes(), []byte("\n"))
+			for j := range min(len(a), len(b)) {
+				if !bytes.Equal(a[j], b[j]) {
+					t.Fatalf("run %d differs from run 0 at line %d:\n%s\n%s", i, j+1, a[j], b[j])
+				}
+			}
+			t.Fatalf("run %d: %d lines, run 0: %d", i, len(b), len(a))
+		}
+	}
+}
