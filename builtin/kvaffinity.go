@@ -139,24 +139,20 @@ func NewKVAffinity(p shared.Params) (*KVAffinity, error) {
 		engineLoad:   p.Bool(ParamEngineLoad, true),
 	}
 	for _, c := range []struct {
-		name string
-		v    float64
+		name     string
+		v        float64
+		offOrOne bool // 0 turns it off; otherwise at least 1
 	}{
-		{ParamAffinity, s.affinity},
-		{ParamDecodeWeight, s.decodeWeight},
-		{ParamSpillFactor, s.spillFactor},
-		{ParamBalanceAbs, s.balanceAbs},
-		{ParamBalanceRel, s.balanceRel},
+		{ParamAffinity, s.affinity, false},
+		{ParamDecodeWeight, s.decodeWeight, false},
+		{ParamSpillFactor, s.spillFactor, true},
+		{ParamBalanceAbs, s.balanceAbs, false},
+		{ParamBalanceRel, s.balanceRel, true},
 	} {
 		if err := shared.NonNegative(c.name, c.v); err != nil {
 			return nil, err
 		}
-	}
-	for _, c := range []struct {
-		name string
-		v    float64
-	}{{ParamSpillFactor, s.spillFactor}, {ParamBalanceRel, s.balanceRel}} {
-		if c.v > 0 && c.v < 1 {
+		if c.offOrOne && c.v > 0 && c.v < 1 {
 			return nil, &shared.ParamError{Param: c.name, Err: fmt.Errorf("must be 0 (off) or >= 1, got %g", c.v)}
 		}
 	}
@@ -177,8 +173,8 @@ func (s *KVAffinity) Score(_ context.Context, req *shared.Request, c *shared.Can
 	if req.BlockSize <= 0 {
 		return fmt.Errorf("kv-affinity: %w, got %d", ErrBlockSize, req.BlockSize)
 	}
-	if len(c.Load) != n || len(c.OverlapBlocks) != n || len(c.TotalKVBlocks) != n || len(costs) != n {
-		return fmt.Errorf("kv-affinity: %w: need LOAD, CACHE and CAPACITY columns and costs of %d rows", ErrMissingColumn, n)
+	if err := checkKVColumns(TypeKVAffinity, c, costs); err != nil {
+		return err
 	}
 	if n == 0 {
 		return nil
@@ -202,16 +198,8 @@ func (s *KVAffinity) Score(_ context.Context, req *shared.Request, c *shared.Can
 	lo, hi := math.Inf(1), math.Inf(-1)
 	for i := range loads {
 		l := &loads[i]
-		pending := float64(l.ActivePrefillTokens) / bs
-		decode := float64(l.ActiveDecodeBlocks)
-		if s.engineLoad {
-			if l.HasWaiting && l.Waiting > l.ActiveRequests {
-				pending += float64(l.Waiting-l.ActiveRequests) * prompt
-			}
-			if l.HasKVUsage && capacity[i] > 0 {
-				decode = max(decode, l.KVUsage*float64(capacity[i]))
-			}
-		}
+		unsent, decode := kvLoad(l, capacity[i], s.engineLoad)
+		pending := float64(l.ActivePrefillTokens)/bs + float64(unsent)*prompt
 		cost := pending + prompt - affinity*float64(overlap[i]) + s.decodeWeight*decode
 		costs[i] = cost
 		lo, hi = min(lo, cost), max(hi, cost)

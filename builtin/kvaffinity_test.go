@@ -2,7 +2,6 @@ package builtin
 
 import (
 	"context"
-	"errors"
 	"math"
 	"testing"
 
@@ -189,23 +188,5 @@ func TestKVAffinityParams(t *testing.T) {
 
 func TestKVAffinityErrors(t *testing.T) {
 	s, _ := NewKVAffinity(nil)
-	c := &shared.Candidates{IDs: idsN(1), Load: make([]shared.Load, 1), OverlapBlocks: make([]int32, 1), TotalKVBlocks: make([]int64, 1)}
-	costs := make([]float64, 1)
-	if err := s.Score(context.Background(), &shared.Request{BlockSize: 0}, c, costs); !errors.Is(err, ErrBlockSize) {
-		t.Errorf("block size 0: %v, want ErrBlockSize", err)
-	}
-	noCache := &shared.Candidates{IDs: idsN(1), Load: make([]shared.Load, 1)}
-	if err := s.Score(context.Background(), &shared.Request{BlockSize: 16}, noCache, costs); !errors.Is(err, ErrMissingColumn) {
-		t.Errorf("no CACHE column: %v, want ErrMissingColumn", err)
-	}
-	if err := s.Score(context.Background(), &shared.Request{BlockSize: 16}, c, nil); !errors.Is(err, ErrMissingColumn) {
-		t.Errorf("costs of 0 rows: %v, want ErrMissingColumn", err)
-	}
-	empty := &shared.Candidates{}
-	if err := s.Score(context.Background(), &shared.Request{BlockSize: 16}, empty, nil); err != nil {
-		t.Errorf("no candidates: %v, want nil", err)
-	}
-	if got := s.Inputs(); got != shared.InputLoad|shared.InputCache|shared.InputCapacity {
-		t.Errorf("Inputs() = %v, want LOAD|CACHE|CAPACITY", got)
-	}
+	checkKVScorerErrors(t, s)
 }

@@ -142,8 +142,8 @@ func (s *KVCost) Score(_ context.Context, req *shared.Request, c *shared.Candida
 	if req.BlockSize <= 0 {
 		return fmt.Errorf("kv-cost: %w, got %d", ErrBlockSize, req.BlockSize)
 	}
-	if len(c.Load) != n || len(c.OverlapBlocks) != n || len(c.TotalKVBlocks) != n || len(costs) != n {
-		return fmt.Errorf("kv-cost: %w: need LOAD, CACHE and CAPACITY columns and costs of %d rows", ErrMissingColumn, n)
+	if err := checkKVColumns(TypeKVCost, c, costs); err != nil {
+		return err
 	}
 	bs := float64(req.BlockSize)
 	prompt := float64(req.PromptTokens)
@@ -156,18 +156,44 @@ func (s *KVCost) Score(_ context.Context, req *shared.Request, c *shared.Candida
 		if prefill < 0 {
 			prefill = 0
 		}
-		decode := float64(l.ActiveDecodeBlocks)
-		if s.engineLoad {
-			if l.HasWaiting && l.Waiting > l.ActiveRequests {
-				prefill += float64(l.Waiting-l.ActiveRequests) * prompt / bs
-			}
-			if l.HasKVUsage && capacity[i] > 0 {
-				decode = max(decode, l.KVUsage*float64(capacity[i]))
-			}
+		unsent, decode := kvLoad(l, capacity[i], s.engineLoad)
+		if unsent > 0 {
+			prefill += float64(unsent) * prompt / bs
 		}
 		costs[i] = s.prefillLoadScale*prefill + decode + s.decodeRequestWeight*float64(l.ActiveRequests)
 	}
 	return nil
+}
+
+// checkKVColumns fails with ErrMissingColumn, naming the scorer type, when
+// c lacks the Load, OverlapBlocks or TotalKVBlocks column or costs is not
+// c.Len() long: the columns kv-cost and kv-affinity read.
+func checkKVColumns(typ string, c *shared.Candidates, costs []float64) error {
+	n := c.Len()
+	if len(c.Load) != n || len(c.OverlapBlocks) != n || len(c.TotalKVBlocks) != n || len(costs) != n {
+		return fmt.Errorf("%s: %w: need LOAD, CACHE and CAPACITY columns and costs of %d rows", typ, ErrMissingColumn, n)
+	}
+	return nil
+}
+
+// kvLoad is what a worker's Load record and capacity (total KV blocks, 0
+// unknown) say of its load, as kv-cost and kv-affinity read it: requests
+// waiting at the engine beyond the router's in flight there (unsent, 0
+// without a waiting count), and its decode blocks, the larger of the
+// booked ones and kv_usage*capacity. With engineLoad false the engine's
+// report is ignored: unsent is 0 and decode the booked blocks.
+func kvLoad(l *shared.Load, capacity int64, engineLoad bool) (unsent int64, decode float64) {
+	decode = float64(l.ActiveDecodeBlocks)
+	if !engineLoad {
+		return 0, decode
+	}
+	if l.HasWaiting && l.Waiting > l.ActiveRequests {
+		unsent = l.Waiting - l.ActiveRequests
+	}
+	if l.HasKVUsage && capacity > 0 {
+		decode = max(decode, l.KVUsage*float64(capacity))
+	}
+	return unsent, decode
 }
 
 // Interface guard.

@@ -78,6 +78,15 @@ func TestKVCostParams(t *testing.T) {
 
 func TestKVCostErrors(t *testing.T) {
 	s, _ := NewKVCost(nil)
+	checkKVScorerErrors(t, s)
+}
+
+// checkKVScorerErrors checks what kv-cost and kv-affinity share: a block
+// size <= 0 fails with ErrBlockSize, a missing CACHE or CAPACITY column or
+// a costs slice of the wrong length with ErrMissingColumn, no candidates
+// is no error, and the inputs are LOAD|CACHE|CAPACITY.
+func checkKVScorerErrors(t *testing.T, s shared.Scorer) {
+	t.Helper()
 	c := &shared.Candidates{IDs: idsN(1), Load: make([]shared.Load, 1), OverlapBlocks: make([]int32, 1), TotalKVBlocks: make([]int64, 1)}
 	costs := make([]float64, 1)
 	if err := s.Score(context.Background(), &shared.Request{BlockSize: 0}, c, costs); !errors.Is(err, ErrBlockSize) {
@@ -90,6 +99,12 @@ func TestKVCostErrors(t *testing.T) {
 	noCapacity := &shared.Candidates{IDs: idsN(1), Load: make([]shared.Load, 1), OverlapBlocks: make([]int32, 1)}
 	if err := s.Score(context.Background(), &shared.Request{BlockSize: 16}, noCapacity, costs); !errors.Is(err, ErrMissingColumn) {
 		t.Errorf("no CAPACITY column: %v, want ErrMissingColumn", err)
+	}
+	if err := s.Score(context.Background(), &shared.Request{BlockSize: 16}, c, nil); !errors.Is(err, ErrMissingColumn) {
+		t.Errorf("costs of 0 rows: %v, want ErrMissingColumn", err)
+	}
+	if err := s.Score(context.Background(), &shared.Request{BlockSize: 16}, &shared.Candidates{}, nil); err != nil {
+		t.Errorf("no candidates: %v, want nil", err)
 	}
 	if got := s.Inputs(); got != shared.InputLoad|shared.InputCache|shared.InputCapacity {
 		t.Errorf("Inputs() = %v, want LOAD|CACHE|CAPACITY", got)
