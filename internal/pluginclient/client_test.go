@@ -645,10 +645,12 @@ func waitFor(d time.Duration, cond func() bool) bool {
 	return true
 }
 
-func TestClientClose(t *testing.T) {
-	rc := newTestClient(t)
+// slowCallInFlight configures a "slow" instance that sleeps 10 s, starts a
+// Decide of it over c with a live context, and returns once the task has
+// been sent; the call's error arrives on the channel.
+func slowCallInFlight(t *testing.T, rc *Client, c *shared.Candidates) <-chan error {
+	t.Helper()
 	configure(t, rc, "slow", "sleepy", shared.Params{"sleep": 10 * time.Second})
-	c := &shared.Candidates{IDs: []shared.WorkerID{1}}
 	errc := make(chan error, 1)
 	go func() {
 		_, err := rc.Decide(context.Background(), &Task{Request: &shared.Request{}, Candidates: c, Stages: []Stage{{Instance: "slow"}}})
@@ -657,6 +659,13 @@ func TestClientClose(t *testing.T) {
 	for rc.sentTasks.Load() == 0 {
 		time.Sleep(time.Millisecond)
 	}
+	return errc
+}
+
+func TestClientClose(t *testing.T) {
+	rc := newTestClient(t)
+	c := &shared.Candidates{IDs: []shared.WorkerID{1}}
+	errc := slowCallInFlight(t, rc, c)
 	if err := rc.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -683,16 +692,8 @@ func TestClientClose(t *testing.T) {
 
 func TestStreamBreakFailsPendingAndReopens(t *testing.T) {
 	rc, server := serveInProcess(t, testTypes(), Options{})
-	configure(t, rc, "slow", "sleepy", shared.Params{"sleep": 10 * time.Second})
 	c := &shared.Candidates{IDs: []shared.WorkerID{1}}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := rc.Decide(context.Background(), &Task{Request: &shared.Request{}, Candidates: c, Stages: []Stage{{Instance: "slow"}}})
-		errc <- err
-	}()
-	for rc.sentTasks.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	errc := slowCallInFlight(t, rc, c)
 	server.Stop() // the plugin goes away
 	select {
 	case err := <-errc:
@@ -724,16 +725,8 @@ func TestProcessDoneFailsCallsAsClosed(t *testing.T) {
 	defer exited()
 	rc := New(done, client.Conn, Options{})
 	defer rc.Close()
-	configure(t, rc, "slow", "sleepy", shared.Params{"sleep": 10 * time.Second})
 	c := &shared.Candidates{IDs: []shared.WorkerID{1}}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := rc.Decide(context.Background(), &Task{Request: &shared.Request{}, Candidates: c, Stages: []Stage{{Instance: "slow"}}})
-		errc <- err
-	}()
-	for rc.sentTasks.Load() == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	errc := slowCallInFlight(t, rc, c)
 	exited()
 	select {
 	case err := <-errc:
