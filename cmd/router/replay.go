@@ -11,6 +11,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -47,7 +48,20 @@ type replayFlags struct {
 	// failOnFallback makes any fallback a failure (exit 1), after the
 	// outputs are written.
 	failOnFallback bool
+	// memoryLimit is --memory-limit, MiB; 0 leaves the Go runtime's.
+	memoryLimit int
 }
+
+// DefaultReplayMemoryLimit is --memory-limit's default, MiB: the soft limit
+// on the Go heap (runtime/debug.SetMemoryLimit) that router replay sets
+// unless GOMEMLIMIT is in the environment. Without one the garbage collector
+// lets the heap grow to twice its live data; with it, a 1,010,604-request
+// replay with --per-request peaks at 272 MiB of resident memory instead of
+// 433 (scripts/replay-memory.sh, BENCHMARKS.md "Replay memory"), for no
+// measurable CPU: the simulation, not the collector, is the work. A replay
+// whose live data exceeds the limit runs on, with the collector using up
+// to half the CPU (the runtime's cap).
+const DefaultReplayMemoryLimit = 256
 
 func newReplayCmd() *cobra.Command {
 	var f replayFlags
@@ -115,6 +129,8 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	fl.DurationVar(&f.kvEventDelay, "kv-event-delay", replay.DefaultKVEventDelay,
 		"simulated time from an engine's cache change to the router applying its KV event (--prefix precise or both; default: one engine step)")
 	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
+	fl.IntVar(&f.memoryLimit, "memory-limit", DefaultReplayMemoryLimit,
+		"soft limit on the Go heap in MiB (runtime/debug.SetMemoryLimit), set unless GOMEMLIMIT is in the environment; 0: none")
 	setWant(fl, "workers", fmt.Sprintf("a whole number from 1 to %d", replay.MaxWorkers))
 	for _, name := range []string{"prefill-workers", "decode-workers"} {
 		setWant(fl, name, fmt.Sprintf("a whole number from 1 to %d (prefill and decode workers together)", replay.MaxWorkers))
@@ -181,6 +197,8 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 	case disagg && f.prefill+f.decode > replay.MaxWorkers:
 		return fmt.Errorf("--prefill-workers %d + --decode-workers %d = %d simulated workers: want at most %d in all",
 			f.prefill, f.decode, f.prefill+f.decode, replay.MaxWorkers)
+	case f.memoryLimit < 0 || f.memoryLimit > 1<<30:
+		return fmt.Errorf("--memory-limit %d: want MiB from 0 (no limit) to %d", f.memoryLimit, 1<<30)
 	case f.workers < 1:
 		return fmt.Errorf("--workers %d: want a whole number from 1 to %d", f.workers, replay.MaxWorkers)
 	case f.workers > replay.MaxWorkers:
@@ -292,6 +310,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	fs := cmd.Flags()
 	if err := f.check(cmd); err != nil {
 		return err // a usage error: exit 2
+	}
+	if _, env := os.LookupEnv("GOMEMLIMIT"); f.memoryLimit > 0 && (fs.Changed("memory-limit") || !env) {
+		debug.SetMemoryLimit(int64(f.memoryLimit) << 20)
 	}
 	disagg := f.disaggregated(cmd)
 	stderr := cmd.ErrOrStderr()
