@@ -3,7 +3,6 @@ package builtin
 import (
 	"context"
 	"fmt"
-	"math"
 
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -180,34 +179,46 @@ func (s *KVAffinity) Score(_ context.Context, req *shared.Request, c *shared.Can
 		return nil
 	}
 	loads := c.Load[:n]
-	minActive, maxActive, sumActive := int64(math.MaxInt64), int64(math.MinInt64), 0.0
+	minActive, maxActive, sumActive := loads[0].ActiveRequests, loads[0].ActiveRequests, int64(0)
 	for i := range loads {
 		a := loads[i].ActiveRequests
-		minActive, maxActive = min(minActive, a), max(maxActive, a)
-		sumActive += float64(a)
+		if a < minActive {
+			minActive = a
+		}
+		if a > maxActive {
+			maxActive = a
+		}
+		sumActive += a
 	}
 	affinity := s.affinity
 	if s.balanceRel > 0 && float64(maxActive-minActive) > s.balanceAbs && float64(maxActive) > s.balanceRel*float64(minActive) {
 		affinity = 0
 	}
+	bound := s.spillFactor*float64(sumActive)/float64(n) + 1
+	spill := s.spillFactor > 0 && float64(maxActive) > bound
 	bs := float64(req.BlockSize)
 	prompt := float64(req.PromptTokens) / bs
 	overlap := c.OverlapBlocks[:n]
 	capacity := c.TotalKVBlocks[:n]
 	costs = costs[:n]
-	lo, hi := math.Inf(1), math.Inf(-1)
 	for i := range loads {
 		l := &loads[i]
 		unsent, decode := kvLoad(l, capacity[i], s.engineLoad)
 		pending := float64(l.ActivePrefillTokens)/bs + float64(unsent)*prompt
-		cost := pending + prompt - affinity*float64(overlap[i]) + s.decodeWeight*decode
-		costs[i] = cost
-		lo, hi = min(lo, cost), max(hi, cost)
+		costs[i] = pending + prompt - affinity*float64(overlap[i]) + s.decodeWeight*decode
 	}
-	if s.spillFactor == 0 {
+	if !spill {
 		return nil
 	}
-	bound := s.spillFactor*sumActive/float64(n) + 1
+	lo, hi := costs[0], costs[0]
+	for _, cost := range costs {
+		if cost < lo {
+			lo = cost
+		}
+		if cost > hi {
+			hi = cost
+		}
+	}
 	over := hi - lo + 1 // ranks a worker over the bound after every worker within it
 	for i := range loads {
 		if float64(loads[i].ActiveRequests) > bound {
