@@ -47,17 +47,37 @@ def run(binary, trace, workers, seed):
     return {r["policy"]: r for r in json.loads(out.stdout)}
 
 
+MAX_WORKERS = 4096  # router replay's largest fleet (replay.MaxWorkers)
+
+
+def fleet_sizes(text):
+    """--workers: distinct whole numbers from 1 to MAX_WORKERS, comma-separated."""
+    sizes = []
+    for w in text.split(","):
+        if not w.strip().isdigit() or not 1 <= int(w) <= MAX_WORKERS:
+            raise argparse.ArgumentTypeError(
+                f"{w!r} in {text!r}: want comma-separated whole numbers from 1 to {MAX_WORKERS}, such as 4,8,16")
+        if int(w) in sizes:
+            raise argparse.ArgumentTypeError(f"{text!r}: {int(w)} given twice")
+        sizes.append(int(w))
+    return sizes
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=os.path.join(ROOT, "bin/router"))
-    ap.add_argument("--workers", default="4,8,16")
+    ap.add_argument("--workers", type=fleet_sizes, default="4,8,16")
     ap.add_argument("--seed", type=int)
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
+    if not (os.path.isfile(a.bin) and os.access(a.bin, os.X_OK)):
+        ap.error(f"argument --bin: {a.bin}: not an executable file (make build writes bin/router)")
     traces = a.traces or [os.path.join(ROOT, t) for t in DEFAULT_TRACES if os.path.exists(os.path.join(ROOT, t))]
+    if not traces:
+        ap.error("no trace given and none of the bundled ones found: " + ", ".join(DEFAULT_TRACES))
     fails = 0
     for trace in traces:
-        cells = {int(w): run(a.bin, trace, int(w), a.seed) for w in a.workers.split(",")}
+        cells = {w: run(a.bin, trace, w, a.seed) for w in a.workers}
         ws = sorted(cells)
         print(f"\n### {os.path.basename(trace)}\n")
         print("| policy | " + " | ".join(f"{w} workers: KV hit (of ref) | TTFT mean / p90 / p99 ms" for w in ws) + " |")
