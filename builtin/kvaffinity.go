@@ -27,6 +27,13 @@ const (
 	defaultBalanceRel   = 2.0
 )
 
+// maxKVAffinityWeight bounds affinity and decode_weight: far above any
+// useful weight (the defaults are 4 and 1/16), and low enough that costs
+// stay finite for any input their types can hold, and exact to the spill's
+// +1 for 2^31-token prompts and engines of 2^24 blocks. A larger finite
+// weight (1e308) turned costs into ±Inf and failed every selection.
+const maxKVAffinityWeight = 1e6
+
 // KVAffinity scores each worker by the prefill work a request would wait
 // behind there and cause, in KV blocks of the request's block size bs,
 // crediting the prefix the worker already holds more than once so that a
@@ -91,11 +98,11 @@ func KVAffinityType() shared.TypeInfo {
 				Doc: "Prefill blocks credited per block of the request's prefix the worker holds " +
 					"(overlap_blocks). Unitless, finite, >= 0; default 4: the block's own prefill " +
 					"plus what keeping the conversation together saves its next turns; 1 credits " +
-					"only this request's saving, 0 ignores the prefix cache."},
+					"only this request's saving, 0 ignores the prefix cache; at most 1e6."},
 			{Name: ParamDecodeWeight, Type: shared.Number, Default: defaultDecodeWeight,
 				Doc: "Cost of one block of decode context (max(active_decode_blocks, " +
-					"kv_usage*total_kv_blocks)) in prefill blocks. Unitless, finite, >= 0; default " +
-					"0.0625 (1/16)."},
+					"kv_usage*total_kv_blocks)) in prefill blocks. Unitless, >= 0 and at most 1e6; " +
+					"default 0.0625 (1/16)."},
 			{Name: ParamSpillFactor, Type: shared.Number, Default: defaultSpillFactor,
 				Doc: "Bounded load: a worker with more than spill_factor*mean+1 in-flight " +
 					"requests (mean over the candidates) costs more than every worker within the " +
@@ -123,9 +130,9 @@ func KVAffinityType() shared.TypeInfo {
 }
 
 // NewKVAffinity returns a kv-affinity scorer from p (absent parameters take
-// their defaults). A parameter that is NaN, infinite or negative, or a
-// spill_factor or balance_rel strictly between 0 and 1, fails with a
-// *shared.ParamError naming it.
+// their defaults). A parameter that is NaN, infinite or negative, an
+// affinity or decode_weight over 1e6, or a spill_factor or balance_rel
+// strictly between 0 and 1, fails with a *shared.ParamError naming it.
 func NewKVAffinity(p shared.Params) (*KVAffinity, error) {
 	s := &KVAffinity{
 		affinity:     p.Float(ParamAffinity, defaultAffinity),
@@ -147,6 +154,14 @@ func NewKVAffinity(p shared.Params) (*KVAffinity, error) {
 	} {
 		if err := shared.NonNegative(c.name, c.v); err != nil {
 			return nil, err
+		}
+	}
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{{ParamAffinity, s.affinity}, {ParamDecodeWeight, s.decodeWeight}} {
+		if c.v > maxKVAffinityWeight {
+			return nil, &shared.ParamError{Param: c.name, Err: fmt.Errorf("must be at most %g, got %g", maxKVAffinityWeight, c.v)}
 		}
 	}
 	for _, c := range []struct {
