@@ -33,12 +33,10 @@ type pendingFile struct {
 // pipe) is refused: it cannot be replaced by a rename. So is the file the
 // router's standard input, output or error is redirected to (stdStream).
 func createPending(flag, path string) (*pendingFile, error) {
-	target, err := linkTarget(path)
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
-	}
 	var perm fs.FileMode = 0o644
-	if fi, err := os.Stat(target); err == nil {
+	// Stat follows links as the kernel does, /proc's too (/dev/stdout to a
+	// pipe reads "pipe:[N]" as a link but is the pipe).
+	if fi, err := os.Stat(path); err == nil {
 		switch {
 		case fi.IsDir():
 			return nil, fmt.Errorf("%s %s: is a directory, want a file", flag, path)
@@ -50,6 +48,10 @@ func createPending(flag, path string) (*pendingFile, error) {
 		}
 		perm = fi.Mode().Perm()
 	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	target, err := linkTarget(path)
+	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
 	}
 	dir, base := filepath.Dir(target), filepath.Base(target)

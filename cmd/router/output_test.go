@@ -3,6 +3,8 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -50,5 +52,29 @@ func TestPendingFileSymlinkLoop(t *testing.T) {
 	if p, err := createPending("--out", a); err == nil {
 		p.abort()
 		t.Fatal("createPending of a symlink loop: no error")
+	}
+}
+
+// A path to a pipe through /proc's links (as /dev/stdout is when the
+// output is piped) is refused as not a regular file, as the kernel
+// resolves it, not by its link's text ("pipe:[N]").
+func TestPendingFilePipeThroughProcLink(t *testing.T) {
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	path := "/proc/self/fd/" + strconv.Itoa(int(w.Fd()))
+	if _, err := os.Stat(path); err != nil {
+		t.Skipf("no /proc: %v", err)
+	}
+	p, err := createPending("--out", path)
+	if err == nil {
+		p.abort()
+		t.Fatalf("createPending(%s): no error", path)
+	}
+	if !strings.Contains(err.Error(), "not a regular file") {
+		t.Fatalf("createPending(%s): %v, want it refused as not a regular file", path, err)
 	}
 }
