@@ -18,13 +18,14 @@ build:
 	$(GO) build -o $(BIN)/ ./cmd/... ./examples/disagg-filter-score-pick ./examples/soft-pin-repin
 
 ## test: gofmt check, go vet, every Go test under the race detector, and the
-## Python SDK's unit tests (installs the Debian packages they and the Go tests
+## Python SDK's and scripts/' unit tests (installs the Debian packages they and the Go tests
 ## that start the Python example plugin need, when missing). A package may
 ## take 30 minutes: cmd/router's real-process tests take about 4 on an idle
 ## 2-core machine and more than 10 (go test's default) under stress-ng.
 test: fmt-check vet python-deps
 	$(GO) test -race -count=1 -timeout 30m $(PKGS)
 	$(PYTHON) -m unittest discover -s sdk/python/tests -t sdk/python
+	$(PYTHON) -m unittest discover -s scripts -p 'test_*.py'
 
 ## python-deps: Debian's Python gRPC and protobuf, for sdk/python
 python-deps:

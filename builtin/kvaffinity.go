@@ -26,6 +26,13 @@ const (
 	defaultBalanceRel   = 2.0
 )
 
+// maxKVAffinityWeight bounds affinity and decode_weight: far above any
+// useful weight (the defaults are 4 and 1/32), and low enough that costs
+// stay finite for any input their types can hold, and exact to the spill's
+// +1 for 2^31-token prompts and engines of 2^24 blocks. A larger finite
+// weight (1e308) turned costs into ±Inf and failed every selection.
+const maxKVAffinityWeight = 1e6
+
 // KVAffinity scores each worker by the prefill work a request would wait
 // behind there and cause, in KV blocks of the request's block size bs,
 // crediting the prefix the worker already holds more than once so that a
@@ -93,11 +100,11 @@ func KVAffinityType() shared.TypeInfo {
 				Doc: "Prefill blocks credited per block of the request's prefix the worker holds " +
 					"(overlap_blocks). Unitless, finite, >= 0; default 4: the block's own prefill " +
 					"plus what keeping the conversation together saves its next turns; 1 credits " +
-					"only this request's saving, 0 ignores the prefix cache."},
+					"only this request's saving, 0 ignores the prefix cache; at most 1e6."},
 			{Name: ParamDecodeWeight, Type: shared.Number, Default: defaultDecodeWeight,
 				Doc: "Cost of one block of decode context (max(active_decode_blocks, " +
-					"kv_usage*total_kv_blocks)) in prefill blocks. Unitless, finite, >= 0; default " +
-					"0.03125 (1/32)."},
+					"kv_usage*total_kv_blocks)) in prefill blocks. Unitless, >= 0 and at most 1e6; " +
+					"default 0.03125 (1/32)."},
 			{Name: ParamSpillFactor, Type: shared.Number, Default: defaultSpillFactor,
 				Doc: "Bounded load: a worker with more than spill_factor*mean+1 in-flight " +
 					"requests (mean over the candidates) costs more than every worker within the " +
@@ -125,9 +132,9 @@ func KVAffinityType() shared.TypeInfo {
 }
 
 // NewKVAffinity returns a kv-affinity scorer from p (absent parameters take
-// their defaults). A parameter that is NaN, infinite or negative, or a
-// spill_factor or balance_rel strictly between 0 and 1, fails with a
-// *shared.ParamError naming it.
+// their defaults). A parameter that is NaN, infinite or negative, an
+// affinity or decode_weight over 1e6, or a spill_factor or balance_rel
+// strictly between 0 and 1, fails with a *shared.ParamError naming it.
 func NewKVAffinity(p shared.Params) (*KVAffinity, error) {
 	s := &KVAffinity{
 		affinity:     p.Float(ParamAffinity, defaultAffinity),
@@ -140,16 +147,20 @@ func NewKVAffinity(p shared.Params) (*KVAffinity, error) {
 	for _, c := range []struct {
 		name     string
 		v        float64
+		capped   bool // at most maxKVAffinityWeight
 		offOrOne bool // 0 turns it off; otherwise at least 1
 	}{
-		{ParamAffinity, s.affinity, false},
-		{ParamDecodeWeight, s.decodeWeight, false},
-		{ParamSpillFactor, s.spillFactor, true},
-		{ParamBalanceAbs, s.balanceAbs, false},
-		{ParamBalanceRel, s.balanceRel, true},
+		{ParamAffinity, s.affinity, true, false},
+		{ParamDecodeWeight, s.decodeWeight, true, false},
+		{ParamSpillFactor, s.spillFactor, false, true},
+		{ParamBalanceAbs, s.balanceAbs, false, false},
+		{ParamBalanceRel, s.balanceRel, false, true},
 	} {
 		if err := shared.NonNegative(c.name, c.v); err != nil {
 			return nil, err
+		}
+		if c.capped && c.v > maxKVAffinityWeight {
+			return nil, &shared.ParamError{Param: c.name, Err: fmt.Errorf("must be at most %g, got %g", maxKVAffinityWeight, c.v)}
 		}
 		if c.offOrOne && c.v > 0 && c.v < 1 {
 			return nil, &shared.ParamError{Param: c.name, Err: fmt.Errorf("must be 0 (off) or >= 1, got %g", c.v)}

@@ -181,8 +181,41 @@ func TestKVAffinityParams(t *testing.T) {
 		{"infinite spill", shared.Params{ParamSpillFactor: math.Inf(1)}, ParamSpillFactor},
 		{"rel below 1", shared.Params{ParamBalanceRel: 0.9}, ParamBalanceRel},
 		{"negative abs", shared.Params{ParamBalanceAbs: -2.0}, ParamBalanceAbs},
+		// Finite but so large that a cost overflows to ±Inf and every
+		// selection with a cached prefix or decode load would fail.
+		{"huge affinity", shared.Params{ParamAffinity: 1e308}, ParamAffinity},
+		{"huge decode weight", shared.Params{ParamDecodeWeight: 1e308}, ParamDecodeWeight},
+		{"affinity over the bound", shared.Params{ParamAffinity: 1e6 + 1}, ParamAffinity},
+		{"weights at the bound", shared.Params{ParamAffinity: 1e6, ParamDecodeWeight: 1e6}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) { checkNew(t, KVAffinityType(), tt.params, tt.wantParam) })
+	}
+}
+
+// At the largest weights allowed, with inputs at their extremes (2^31
+// tokens prompted, queued and held, a full engine of 2^24 blocks), every
+// cost is finite and the spilled worker, the cheapest before the spill,
+// still ranks last.
+func TestKVAffinityLargestWeightsStayFinite(t *testing.T) {
+	c := &shared.Candidates{
+		IDs: idsN(3),
+		Load: []shared.Load{
+			{ActivePrefillTokens: math.MaxInt32, ActiveDecodeBlocks: math.MaxInt32, ActiveRequests: 0, HasKVUsage: true, KVUsage: 1},
+			{ActiveRequests: 0},
+			{ActivePrefillTokens: math.MaxInt32, ActiveRequests: 10},
+		},
+		OverlapBlocks: []int32{math.MaxInt32, 0, math.MaxInt32},
+		TotalKVBlocks: []int64{1 << 24, 1 << 24, 1 << 24},
+	}
+	req := &shared.Request{PromptTokens: math.MaxInt32, BlockSize: 1}
+	costs := scoreKVAffinity(t, shared.Params{ParamAffinity: 1e6, ParamDecodeWeight: 1e6}, req, c)
+	for i, v := range costs {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			t.Fatalf("cost %d = %v, want finite (costs %v)", i, v, costs)
+		}
+	}
+	if costs[2] <= max(costs[0], costs[1]) {
+		t.Fatalf("costs %v: worker 2 is over the spill bound and should cost the most", costs)
 	}
 }
 

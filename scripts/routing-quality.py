@@ -54,6 +54,30 @@ def run(binary, trace, workers, seed, policy_dir):
     return {r["policy"]: r for r in json.loads(out.stdout)}
 
 
+MAX_WORKERS = 4096  # router replay's largest fleet (replay.MaxWorkers)
+
+
+def fleet_sizes(text):
+    """--workers: distinct whole numbers from 1 to MAX_WORKERS, comma-separated."""
+    sizes = []
+    for w in text.split(","):
+        if not w.strip().isdigit() or not 1 <= int(w) <= MAX_WORKERS:
+            raise argparse.ArgumentTypeError(
+                f"{w!r} in {text!r}: want comma-separated whole numbers from 1 to {MAX_WORKERS}, such as 4,8,16")
+        if int(w) in sizes:
+            raise argparse.ArgumentTypeError(f"{text!r}: {int(w)} given twice")
+        sizes.append(int(w))
+    return sizes
+
+
+def seed_list(text):
+    """--seeds: comma-separated whole numbers."""
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want comma-separated whole numbers, such as 1,2,3")
+
+
 def checks(c):
     """Issue #14's checks of the default policy in one cell: (name, met, value, limit)."""
     d, rr, kc = c["kv-affinity"], c["round-robin"], c["kv"]
@@ -85,23 +109,23 @@ def unseeded_policies(tmp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=os.path.join(ROOT, "bin/router"))
-    ap.add_argument("--workers", default="4,8,16")
-    ap.add_argument("--seeds", help="comma-separated seeds to repeat every cell with")
+    ap.add_argument("--workers", type=fleet_sizes, default="4,8,16")
+    ap.add_argument("--seeds", type=seed_list, help="comma-separated seeds to repeat every cell with")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
-    try:
-        fleet = [int(w) for w in a.workers.split(",")]
-        seeds = [int(x) for x in a.seeds.split(",")] if a.seeds else []
-    except ValueError as e:
-        ap.error(f"--workers and --seeds take comma-separated integers: {e}")
+    if not (os.path.isfile(a.bin) and os.access(a.bin, os.X_OK)):
+        ap.error(f"argument --bin: {a.bin}: not an executable file (make build writes bin/router)")
     traces = a.traces or [os.path.join(ROOT, t) for t in DEFAULT_TRACES if os.path.exists(os.path.join(ROOT, t))]
+    if not traces:
+        ap.error("no trace given and none of the bundled ones found: " + ", ".join(DEFAULT_TRACES))
     for t in traces:
-        if not os.path.exists(t):
+        if not os.path.isfile(t):
             ap.error(f"trace {t}: no such file")
+    seeds = a.seeds or []
     examples = os.path.join(ROOT, "examples/policies")
     fails = 0
     for trace in traces:
-        cells = {w: run(a.bin, trace, w, None, examples) for w in fleet}
+        cells = {w: run(a.bin, trace, w, None, examples) for w in a.workers}
         ws = sorted(cells)
         print(f"\n### {os.path.basename(trace)}\n")
         print("| policy | " + " | ".join(f"{w} workers: KV hit (of ref) | TTFT mean / p90 / p99 ms" for w in ws) + " |")
@@ -137,7 +161,7 @@ def main():
                         if worst is None or bad > worst[0]:
                             worst = (bad, seed, value, limit)
                         tally[(w, name)] = (met + ok, runs + 1, worst)
-        print(f"\nseeds {a.seeds}, component seeds dropped:")
+        print(f"\nseeds {','.join(map(str, seeds))}, component seeds dropped:")
         for (w, name), (met, runs, worst) in tally.items():
             print(f"- {w} workers: {name}: met in {met} of {runs} (worst: seed {worst[1]}, {worst[2]:.1f} against {worst[3]:.1f})")
     return 1 if fails else 0

@@ -33,16 +33,10 @@ type pendingFile struct {
 // pipe) is refused: it cannot be replaced by a rename. So is the file the
 // router's standard input, output or error is redirected to (stdStream).
 func createPending(flag, path string) (*pendingFile, error) {
-	target := path
 	var perm fs.FileMode = 0o644
-	if _, err := os.Lstat(path); err == nil {
-		if target, err = filepath.EvalSymlinks(path); err != nil {
-			return nil, fmt.Errorf("%s %s: %w", flag, path, err)
-		}
-		fi, err := os.Stat(target)
-		if err != nil {
-			return nil, fmt.Errorf("%s %s: %w", flag, path, err)
-		}
+	// Stat follows links as the kernel does, /proc's too (/dev/stdout to a
+	// pipe reads "pipe:[N]" as a link but is the pipe).
+	if fi, err := os.Stat(path); err == nil {
 		switch {
 		case fi.IsDir():
 			return nil, fmt.Errorf("%s %s: is a directory, want a file", flag, path)
@@ -54,6 +48,10 @@ func createPending(flag, path string) (*pendingFile, error) {
 		}
 		perm = fi.Mode().Perm()
 	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
+	}
+	target, err := linkTarget(path)
+	if err != nil {
 		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
 	}
 	dir, base := filepath.Dir(target), filepath.Base(target)
@@ -82,6 +80,42 @@ func createPending(flag, path string) (*pendingFile, error) {
 		return &pendingFile{flag: flag, target: target, f: f}, nil
 	}
 	return nil, fmt.Errorf("%s %s: cannot create a temporary file in %s", flag, path, dir)
+}
+
+// maxLinks bounds the symbolic links linkTarget follows, as Linux's
+// ELOOP limit for a path's links does (40).
+const maxLinks = 40
+
+// linkTarget returns the file path names once its symbolic links are
+// followed: path itself when it is no link or does not exist, else the end
+// of its chain of links, which need not exist (a dangling link names the
+// file to create, as os.Create would). A link's relative target is read
+// from the link's directory (its own links resolved). More than maxLinks links fail.
+func linkTarget(path string) (string, error) {
+	for range maxLinks {
+		fi, err := os.Lstat(path)
+		if errors.Is(err, fs.ErrNotExist) || (err == nil && fi.Mode()&fs.ModeSymlink == 0) {
+			return path, nil
+		}
+		if err != nil {
+			return "", err
+		}
+		dest, err := os.Readlink(path)
+		if err != nil {
+			return "", err
+		}
+		if !filepath.IsAbs(dest) {
+			// The link's directory resolved first, so that a ".." in dest
+			// climbs from where the link really is.
+			dir, err := filepath.EvalSymlinks(filepath.Dir(path))
+			if err != nil {
+				return "", err
+			}
+			dest = filepath.Join(dir, dest)
+		}
+		path = dest
+	}
+	return "", fmt.Errorf("more than %d symbolic links, or a loop of them", maxLinks)
 }
 
 // stdStream names the router's standard stream ("input", "output" or

@@ -287,6 +287,23 @@ func TestDueTimeRefusesQueuedRequests(t *testing.T) {
 	}
 }
 
+// A refusal for a full queue reads the same for every request, so that a
+// replay's rejection reasons count them under one reason (the caller knows
+// which request it admitted).
+func TestQueueFullSameReasonForEveryRequest(t *testing.T) {
+	q := capacityQueue(1)
+	q.MaxWaiting = 1
+	e := newEnv(t, 1, q, nil)
+	e.admit(t, "a")
+	e.admit(t, "b")
+	for _, id := range []string{"c", "d"} {
+		_, err := e.c.Admit(context.Background(), &shared.Request{ID: id, Role: shared.RoleAggregated, PromptTokens: 8})
+		if !errors.Is(err, admission.ErrQueueFull) || err.Error() != admission.ErrQueueFull.Error() {
+			t.Fatalf("request %s: err %q, want exactly %q", id, err, admission.ErrQueueFull)
+		}
+	}
+}
+
 func TestQueueFull(t *testing.T) {
 	q := capacityQueue(1)
 	q.MaxWaiting = 1

@@ -248,7 +248,7 @@ func (h *Handle) enter(ctx context.Context) error {
 		h.mu.Unlock()
 		if err := c.push(h); err != nil {
 			h.fail(err)
-			return fmt.Errorf("request %q: %w", h.req.ID, err)
+			return err // the same for every request: the caller knows which it admitted
 		}
 		if c.onQueued != nil {
 			c.onQueued()
