@@ -79,7 +79,8 @@ const maxKVAffinityWeight = 1e6
 // arXiv traces and a generated session trace at 4, 8 and 16 workers
 // over seeds 1 to 5 (BENCHMARKS.md "Routing quality").
 //
-// Score makes two passes over the rows and allocates nothing.
+// Score makes two passes over the rows (two more when some worker is over
+// the spill bound) and allocates nothing.
 type KVAffinity struct {
 	affinity     float64
 	decodeWeight float64
