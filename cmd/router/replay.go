@@ -137,6 +137,7 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	}
 	setWant(fl, "seed", fmt.Sprintf("a whole number from %d to %d", math.MinInt64, math.MaxInt64))
 	setWant(fl, "limit", fmt.Sprintf("a whole number from 0 (all) to %d", math.MaxInt))
+	setWant(fl, "memory-limit", fmt.Sprintf("MiB, a whole number from 0 (no limit) to %d", 1<<30))
 	setWant(fl, "compare", "a comma-separated list of policy files")
 	setWant(fl, "kv-event-delay", "a duration >= 0 such as 20ms or 1s")
 	return cmd

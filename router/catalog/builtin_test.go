@@ -15,6 +15,7 @@ func TestDefaultNames(t *testing.T) {
 	want := []string{
 		builtin.TypeBusy,
 		builtin.TypeHeaderPriority,
+		builtin.TypeKVAffinity,
 		builtin.TypeKVCost,
 		builtin.TypeLeastLoaded,
 		builtin.TypeMinCost,
@@ -33,6 +34,7 @@ func TestDefaultKinds(t *testing.T) {
 	want := map[string]shared.Kind{
 		"busy":                shared.KindFilter,
 		"header-priority":     shared.KindClassifier,
+		"kv-affinity":         shared.KindScorer,
 		"kv-cost":             shared.KindScorer,
 		"least-loaded":        shared.KindPicker,
 		"min-cost":            shared.KindPicker,
@@ -99,12 +101,12 @@ func TestDefaultUnknownListsSorted(t *testing.T) {
 	if !errors.As(err, &u) {
 		t.Fatalf("Lookup(nope) error = %v, want *UnknownTypeError", err)
 	}
-	want := []string{"busy", "header-priority", "kv-cost", "least-loaded", "min-cost", "power-of-two",
+	want := []string{"busy", "header-priority", "kv-affinity", "kv-cost", "least-loaded", "min-cost", "power-of-two",
 		"prompt-length-class", "random", "round-robin", "session-affinity"}
 	if diff := cmp.Diff(want, u.Available); diff != "" {
 		t.Errorf("Available (-want +got):\n%s", diff)
 	}
-	const msg = `unknown type "nope"; available: busy, header-priority, kv-cost, least-loaded, min-cost, ` +
+	const msg = `unknown type "nope"; available: busy, header-priority, kv-affinity, kv-cost, least-loaded, min-cost, ` +
 		`power-of-two, prompt-length-class, random, round-robin, session-affinity`
 	if err.Error() != msg {
 		t.Errorf("error = %q, want %q", err, msg)

@@ -293,7 +293,7 @@ func main() {
 		}))
 	case "builtin":
 		shared.Serve(shared.ServeOpts{Version: "test", Types: []shared.TypeInfo{
-			builtin.KVCostType(), builtin.MinCostType(), builtin.BusyType(),
+			builtin.KVAffinityType(), builtin.KVCostType(), builtin.MinCostType(), builtin.BusyType(),
 		}})
 	default:
 		serve()
