@@ -228,7 +228,7 @@ func TestReplayLineTooLong(t *testing.T) {
 func TestReplayNoPrefixHashesNote(t *testing.T) {
 	azure := filepath.Join(traceDir, "azure_llm_2023_conv.csv")
 	const note = "router: note: trace azure_llm_2023_conv.csv has no prefix hashes (an Azure trace has token counts only): " +
-		"KV-aware policies (those reading CACHE, such as kv-cost) cannot use prefix reuse on it, and KV hit is 0%\n"
+		"KV-aware policies (those reading CACHE, such as the default kv-affinity) cannot use prefix reuse on it, and KV hit is 0%\n"
 	code, out, errOut := routerRun(t, "replay", "--trace", azure, "--limit", "50", "--compare", rrPolicy+","+kvPolicy)
 	if code != 0 || errOut != note || strings.Contains(out, "note") {
 		t.Errorf("exit %d, stdout %q, stderr %q; want 0 and stderr %q alone", code, out, errOut, note)

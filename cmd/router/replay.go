@@ -705,7 +705,7 @@ func isDir(path string) bool {
 // nothing to reuse: every prompt misses the prefix caches.
 func noteNoPrefixHashes(w io.Writer, traceName string) {
 	fmt.Fprintf(w, "router: note: trace %s has no prefix hashes (an Azure trace has token counts only): "+
-		"KV-aware policies (those reading CACHE, such as kv-cost) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName)
+		"KV-aware policies (those reading CACHE, such as the default kv-affinity) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName)
 }
 
 // loadPolicy loads the policy file at path (the default policy when empty)
