@@ -26,12 +26,13 @@ const (
 	defaultBalanceRel   = 2.0
 )
 
-// maxKVAffinityWeight bounds affinity and decode_weight: far above any
-// useful weight (the defaults are 4 and 1/32), and low enough that costs
+// maxKVWeight bounds kv-affinity's affinity and decode_weight and kv-cost's
+// three weights: far above any useful weight (the defaults are 4 and 1/32,
+// and 1, 1 and 0), and low enough that costs
 // stay finite for any input their types can hold, and exact to the spill's
 // +1 for 2^31-token prompts and engines of 2^24 blocks. A larger finite
 // weight (1e308) turned costs into ±Inf and failed every selection.
-const maxKVAffinityWeight = 1e6
+const maxKVWeight = 1e6
 
 // KVAffinity scores each worker by the prefill work a request would wait
 // behind there and cause, in KV blocks of the request's block size bs,
@@ -148,7 +149,7 @@ func NewKVAffinity(p shared.Params) (*KVAffinity, error) {
 	for _, c := range []struct {
 		name     string
 		v        float64
-		capped   bool // at most maxKVAffinityWeight
+		capped   bool // at most maxKVWeight
 		offOrOne bool // 0 turns it off; otherwise at least 1
 	}{
 		{ParamAffinity, s.affinity, true, false},
@@ -160,8 +161,8 @@ func NewKVAffinity(p shared.Params) (*KVAffinity, error) {
 		if err := shared.NonNegative(c.name, c.v); err != nil {
 			return nil, err
 		}
-		if c.capped && c.v > maxKVAffinityWeight {
-			return nil, &shared.ParamError{Param: c.name, Err: fmt.Errorf("must be at most %g, got %g", maxKVAffinityWeight, c.v)}
+		if c.capped && c.v > maxKVWeight {
+			return nil, &shared.ParamError{Param: c.name, Err: fmt.Errorf("must be at most %g, got %g", maxKVWeight, c.v)}
 		}
 		if c.offOrOne && c.v > 0 && c.v < 1 {
 			return nil, &shared.ParamError{Param: c.name, Err: fmt.Errorf("must be 0 (off) or >= 1, got %g", c.v)}

@@ -80,14 +80,14 @@ func KVCostType() shared.TypeInfo {
 		Params: []shared.ParamSpec{
 			{Name: ParamOverlapCredit, Type: shared.Number, Default: 1.0,
 				Doc: "Prefill blocks saved per block of the request's prefix the worker already " +
-					"holds (overlap_blocks). Unitless, finite, >= 0; default 1 (each cached block " +
+					"holds (overlap_blocks). Unitless, >= 0 and at most 1e6; default 1 (each cached block " +
 					"is not prefilled again); 0 ignores the prefix cache."},
 			{Name: ParamPrefillLoadScale, Type: shared.Number, Default: 1.0,
 				Doc: "Weight of the prefill term (pending prefill blocks) against decode blocks. " +
-					"Unitless, finite, >= 0; default 1."},
+					"Unitless, >= 0 and at most 1e6; default 1."},
 			{Name: ParamDecodeRequestWeight, Type: shared.Number, Default: 0.0,
-				Doc: "Cost in blocks added per in-flight request (Load.active_requests). Finite, " +
-					">= 0; default 0 (request count ignored)."},
+				Doc: "Cost in blocks added per in-flight request (Load.active_requests). >= 0 and " +
+					"at most 1e6; default 0 (request count ignored)."},
 			{Name: ParamEngineLoad, Type: shared.Bool, Default: true,
 				Doc: "Use the engine's own report: decode blocks are the larger of the booked ones " +
 					"and kv_usage*total_kv_blocks, and requests waiting at the engine beyond the " +
@@ -103,8 +103,8 @@ func KVCostType() shared.TypeInfo {
 }
 
 // NewKVCost returns a kv-cost scorer from p (absent parameters take their
-// defaults). A parameter that is NaN, infinite or negative fails with a
-// *shared.ParamError naming it.
+// defaults). A parameter that is NaN, infinite, negative or above 1e6
+// (maxKVWeight) fails with a *shared.ParamError naming it.
 func NewKVCost(p shared.Params) (*KVCost, error) {
 	s := &KVCost{
 		overlapCredit:       p.Float(ParamOverlapCredit, 1),
@@ -122,6 +122,9 @@ func NewKVCost(p shared.Params) (*KVCost, error) {
 	} {
 		if err := shared.NonNegative(c.name, c.v); err != nil {
 			return nil, err
+		}
+		if c.v > maxKVWeight {
+			return nil, &shared.ParamError{Param: c.name, Err: fmt.Errorf("must be at most %g, got %g", maxKVWeight, c.v)}
 		}
 	}
 	return s, nil

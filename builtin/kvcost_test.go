@@ -70,6 +70,10 @@ func TestKVCostParams(t *testing.T) {
 		{"negative credit", shared.Params{ParamOverlapCredit: -1.0}, ParamOverlapCredit},
 		{"NaN scale", shared.Params{ParamPrefillLoadScale: math.NaN()}, ParamPrefillLoadScale},
 		{"infinite weight", shared.Params{ParamDecodeRequestWeight: math.Inf(1)}, ParamDecodeRequestWeight},
+		{"largest weights", shared.Params{ParamOverlapCredit: 1e6, ParamPrefillLoadScale: 1e6, ParamDecodeRequestWeight: 1e6}, ""},
+		{"huge scale", shared.Params{ParamPrefillLoadScale: 1e308}, ParamPrefillLoadScale},
+		{"huge credit", shared.Params{ParamOverlapCredit: 1e7}, ParamOverlapCredit},
+		{"huge request weight", shared.Params{ParamDecodeRequestWeight: 1.5e6}, ParamDecodeRequestWeight},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { checkNew(t, KVCostType(), tt.params, tt.wantParam) })
