@@ -86,6 +86,9 @@ type driver struct {
 	// reference over the arrived ones.
 	tally tally
 	ref   *kvRef
+	// tl samples the state over simulated time (Options.Timeline); nil
+	// without.
+	tl *timeline
 
 	starts    dueQueue // first hops placed, reaching their worker after the decision latency
 	transfers dueQueue // decode hops placed, reaching their worker after the decision latency and the KV transfer
@@ -230,6 +233,14 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	}
 	d.tally.init(len(d.workers), d.classes)
 	d.ref = newKVRef(d.blockSize, d.engineBlock, int64(d.first.Len())*int64(d.engineKV))
+	if o.Timeline {
+		d.tl = newTimeline(len(d.workers))
+	}
+	d.tally.slo = o.SLO
+	d.tally.itl = newITLHistogram()
+	for _, c := range d.clusters[:d.path.Len()] {
+		c.OnTokenGap(d.tally.tokenGap)
+	}
 	if o.PerRequest != nil {
 		d.out = bufio.NewWriterSize(o.PerRequest, 1<<16)
 		d.enc = json.NewEncoder(d.out)
@@ -502,6 +513,7 @@ func (d *driver) dispatch(at time.Duration) bool {
 func (d *driver) unqueue(i, k int) {
 	d.req(i).hops[k].queued = false
 	d.waiting--
+	d.tl.queue(d.now, d.waiting)
 	if k == decodeHop {
 		d.decodeWaiting--
 	}
@@ -536,11 +548,13 @@ func requestIndex(id string) int {
 
 // observe publishes simulated worker idx's engine state (queue length, KV
 // usage) as fleet worker id's engine report, as a scraped vLLM /metrics
-// would, so policies that read LOAD's kv_usage and waiting see them. It
-// runs after every change to the worker, in simulated-time order, so the
-// replay stays deterministic.
-func (d *driver) observe(c *sim.Cluster, idx, id int) {
+// would, so policies that read LOAD's kv_usage and waiting see them, and
+// samples it for the timeline. It runs after every change to the worker
+// (at simulated time at), in simulated-time order, so the replay stays
+// deterministic.
+func (d *driver) observe(c *sim.Cluster, idx, id int, at time.Duration) {
 	l := c.Worker(idx).Load()
+	d.tl.worker(at, id, l.Running, l.Waiting)
 	var usage float64
 	if total := l.UsedBlocks + l.FreeBlocks; total > 0 {
 		usage = float64(l.UsedBlocks) / float64(total)

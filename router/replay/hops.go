@@ -29,8 +29,9 @@ func (d *driver) arrive() error {
 	d.next++
 	st := &request{rec: rec}
 	d.reqs = append(d.reqs, st)
-	d.ref.add(rec)
 	now := rec.Arrival
+	prompt, hit := d.ref.add(rec)
+	d.tl.arrival(now, prompt, hit)
 	d.now = now
 	st.arrival = now
 	st.out = Outcome{Index: i, ArrivalMs: millis(now), Worker: -1, InputLength: rec.InputLength, OutputLength: rec.OutputLength}
@@ -97,6 +98,7 @@ func (d *driver) admitted(i, k int, h *admission.Handle, err error, at time.Dura
 	case h.Queued():
 		hp.h, hp.queued = h, true
 		d.waiting++
+		d.tl.queue(at, d.waiting)
 		if k == decodeHop {
 			d.decodeWaiting++
 		}
@@ -212,7 +214,7 @@ func (d *driver) submit(i, k int, at time.Duration) {
 		d.end(i, k, admission.Aborted(err.Error())) // releases the booking
 		d.reject(i, k, err.Error())
 	}
-	d.observe(c, w, d.base[k]+w)
+	d.observe(c, w, d.base[k]+w, at)
 }
 
 // end ends hop k of request i with o, once.
@@ -242,7 +244,7 @@ func (d *driver) reject(i, k int, reason string) {
 func (d *driver) handleFirst(e sim.Event) {
 	i := e.RequestID
 	st := d.req(i)
-	defer d.observe(d.first, e.Worker, e.Worker)
+	defer d.observe(d.first, e.Worker, e.Worker, e.At)
 	d.now = e.At
 	switch e.Kind {
 	case sim.FirstToken:
@@ -250,6 +252,7 @@ func (d *driver) handleFirst(e sim.Event) {
 		out.TTFTMs = millis(e.At - st.arrival)
 		out.CachedTokens = e.CachedTokens
 		out.QueueMs = millis(e.ScheduledAt - st.arrival)
+		d.tl.firstToken(e.At, st.rec.InputLength, e.CachedTokens)
 		st.hops[firstHop].h.FirstToken() // ends the booked prefill
 	case sim.Completed:
 		if d.completed(i, firstHop, e.At) {
@@ -266,7 +269,7 @@ func (d *driver) handleFirst(e sim.Event) {
 func (d *driver) handleDecode(events []sim.Event) {
 	for _, e := range events {
 		i := e.RequestID
-		d.observe(d.decode, e.Worker, d.base[decodeHop]+e.Worker)
+		d.observe(d.decode, e.Worker, d.base[decodeHop]+e.Worker, e.At)
 		d.now = e.At
 		switch e.Kind {
 		case sim.FirstToken:

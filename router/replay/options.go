@@ -172,6 +172,13 @@ type Options struct {
 	// (>= 0; DefaultKVEventDelay is the command line's default). Must be 0
 	// in PrefixApproximate mode.
 	KVEventDelay time.Duration
+	// SLO, when set, adds goodput to the report (Report.Goodput): the
+	// requests that met every target.
+	SLO SLO
+	// Timeline, when true, samples the replay's state over simulated time
+	// (Report.Timeline) and keeps its latency distributions
+	// (Report.Distributions), for plots; it changes nothing else.
+	Timeline bool
 }
 
 // PrefixMode is how the router's prefix index learns what each simulated

@@ -54,14 +54,16 @@ func newKVRef(groupTokens, engineBlock int, capacity int64) *kvRef {
 	return &kvRef{groupTokens: groupTokens, engineBlock: engineBlock, lru: newGroupLRU(capacity), ceiling: newGroupSet()}
 }
 
-// add feeds the next request of the trace.
-func (f *kvRef) add(r *trace.Record) {
+// add feeds the next request of the trace and returns its prompt tokens
+// and those the reference's LRU cache served.
+func (f *kvRef) add(r *trace.Record) (prompt, hit int64) {
 	if r.InputLength <= 0 {
-		return
+		return 0, 0
 	}
-	f.prompt += int64(r.InputLength)
+	prompt = int64(r.InputLength)
+	f.prompt += prompt
 	if len(r.HashIDs) == 0 || f.groupTokens <= 0 || f.engineBlock <= 0 {
-		return
+		return prompt, 0
 	}
 	f.hashes = prefix.ChainHashes(f.hashes[:0], r.HashIDs)
 	groups := min(len(f.hashes), (r.InputLength+f.groupTokens-1)/f.groupTokens)
@@ -72,12 +74,14 @@ func (f *kvRef) add(r *trace.Record) {
 	}
 	f.blocks = blocks
 	limit := int64((r.InputLength - 1) / f.engineBlock)
-	f.hit += min(f.lru.lookup(hashes, blocks), limit) * int64(f.engineBlock)
+	hit = min(f.lru.lookup(hashes, blocks), limit) * int64(f.engineBlock)
+	f.hit += hit
 	f.cel += min(f.ceiling.leading(hashes, blocks), limit) * int64(f.engineBlock)
 	f.lru.store(hashes, blocks)
 	for k, h := range hashes {
 		f.ceiling.raise(h, blocks[k])
 	}
+	return prompt, hit
 }
 
 // result is the reference of the requests fed so far.

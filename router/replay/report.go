@@ -2,12 +2,13 @@ package replay
 
 import (
 	"fmt"
+
+	"github.com/HdrHistogram/hdrhistogram-go"
 	"io"
 	"math"
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router"
@@ -91,6 +92,31 @@ type Report struct {
 	TTFT  Summary `json:"ttft_ms"`
 	E2E   Summary `json:"e2e_ms"`
 	Queue Summary `json:"queue_ms"`
+	// TPOT is time per output token after the first, per completed
+	// request of more than one output token: (E2E − TTFT) /
+	// (output_length − 1), in ms, as vLLM's benchmark defines it. In
+	// disaggregated mode it includes the KV transfer.
+	TPOT Summary `json:"tpot_ms"`
+	// ITL is the inter-token latency over every token after a request's
+	// first on its engine (sim.Worker.OnTokenGap), in ms: the time between
+	// the ends of the engine steps that sampled consecutive tokens, a
+	// preemption's wait included. Percentiles come from an HDR histogram
+	// of microseconds with 3 significant digits (within 0.1%), the mean
+	// is exact to the microsecond.
+	ITL Summary `json:"itl_ms"`
+	// OutputTokens is the output tokens of completed requests;
+	// OutputTokensPerS that over SimDurationS.
+	OutputTokens     int64   `json:"output_tokens"`
+	OutputTokensPerS float64 `json:"output_tokens_per_s"`
+	// Goodput is the requests that met Options.SLO; absent without one.
+	Goodput *Goodput `json:"goodput,omitempty"`
+	// Seed is the seed the policy ran with, when the caller sets it
+	// (router replay does, for --seeds).
+	Seed *int64 `json:"seed,omitempty"`
+	// Timeline is the replay's state over simulated time; Distributions
+	// its latency distributions. Both absent without Options.Timeline.
+	Timeline      *Timeline      `json:"timeline,omitempty"`
+	Distributions *Distributions `json:"distributions,omitempty"`
 	// KVTransfer is the prefill-to-decode KV transfer time of completed
 	// requests that had one, in ms; absent in aggregated mode.
 	KVTransfer Summary `json:"kv_transfer_ms,omitzero"`
@@ -180,6 +206,31 @@ type Report struct {
 	classOrder []string
 }
 
+// Distributions are a replay's latency distributions over its completed
+// requests, for CDF plots: each is the value, in ms, at quantiles 0,
+// 1/DistributionPoints, ..., 1 (nearest rank; the first is the minimum,
+// the last the maximum). Empty without completed requests.
+type Distributions struct {
+	TTFT []float64 `json:"ttft_ms"`
+	E2E  []float64 `json:"e2e_ms"`
+}
+
+// DistributionPoints is the number of quantile steps of Distributions:
+// 200, half a percent each.
+const DistributionPoints = 200
+
+// quantiles is sorted's values at quantiles 0, 1/n, ..., 1 (nearest rank).
+func quantiles(sorted []float64, n int) []float64 {
+	if len(sorted) == 0 {
+		return nil
+	}
+	out := make([]float64, n+1)
+	for k := range out {
+		out[k] = nearestRank(sorted, float64(k)/float64(n))
+	}
+	return out
+}
+
 // ShadowReport is how a replay's shadow policies compared with the live
 // decisions. A replay asks each shadow inline, in simulated time, and
 // never charges its decision latency to the request, so the live
@@ -226,118 +277,20 @@ type ClassReport struct {
 	Queue     Summary `json:"queue_ms"`
 }
 
-// TableLegend is printed under the table by WriteTable.
-const TableLegend = `latencies in ms of simulated time; rejected = requests the router or a worker refused;
-fallbacks = selections a policy's fallback made because the policy failed (a plugin error, panic, timeout,
-restart...), with their share of all selections;
-KV hit = prompt tokens served from the engines' prefix caches; KV ref = the same for one LRU cache of the whole
-fleet's KV capacity fed the trace in arrival order (a reference, not a bound; unbounded ceiling in the report's
-kv_hit_ceiling); of ref = KV hit / KV ref; imbalance = max/mean requests per worker
-(1 is even; disaggregated: the worse pool); sim s = simulated first arrival to last completion;
-wall s = real time incl. building the fleet; req/s (wall) = requests / wall s
-`
-
-// ShadowLegend is added to TableLegend when a row has a shadow policy.
-const ShadowLegend = `shadow agree = selections on which the role's shadow policy picked the live decision's worker, out of all
-its selections (failed or filtered-out shadow decisions count as not agreeing; "-" without a shadow)
-`
-
-// BeliefLegend is added to TableLegend when a row is precise.
-const BeliefLegend = `NAME+precise rows: the router's prefix index follows the engines' KV events (--prefix precise);
-belief = requests whose router belief of the chosen worker's cached prefix equals what the engine served
-from cache (in engine blocks, the engine's last-block recompute applied to both)
-`
-
-// WriteTable writes reports as one aligned table, a row per report, then
-// TableLegend. When a report is precise (Prefix "precise") the table has
-// a belief column (BeliefAccuracy) and BeliefLegend; when a report has a
-// shadow, a shadow agree column (ShadowReport.AgreeShare) and
-// ShadowLegend.
+// WriteTable writes reports as WriteComparison does with the default
+// columns, a row per report (each a cell of one run).
 func WriteTable(w io.Writer, reports []*Report) error {
-	belief := slices.ContainsFunc(reports, func(r *Report) bool { return r.KVEvents != nil })
-	shadow := slices.ContainsFunc(reports, func(r *Report) bool { return r.Shadow != nil })
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "policy\trequests\tcompleted\trejected\tfallbacks\tTTFT p50\tTTFT p90\tTTFT p99\tE2E p50\tE2E p99\tKV hit\tKV ref\tof ref\t"
-	if belief {
-		head += "belief\t"
+	cells := make([]Cell, len(reports))
+	for i, r := range reports {
+		cells[i] = Cell{Runs: []*Report{r}}
 	}
-	if shadow {
-		head += "shadow agree\t"
-	}
-	fmt.Fprintln(tw, head+"imbalance\tsim s\twall s\treq/s (wall)\t")
-	for _, r := range reports {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%.1f%%\t%.0f%%\t",
-			r.Label(), r.Requests, r.Completed, r.Rejected, fallbacks(r),
-			ms(r.TTFT.P50), ms(r.TTFT.P90), ms(r.TTFT.P99), ms(r.E2E.P50), ms(r.E2E.P99), 100*r.KVHitRatio,
-			100*r.KVHitReference, 100*r.KVHitOfReference)
-		if belief {
-			fmt.Fprintf(tw, "%.1f%%\t", 100*r.BeliefAccuracy)
-		}
-		if shadow {
-			agree := "-"
-			if r.Shadow != nil {
-				agree = share(r.Shadow.Agree, r.Shadow.Decisions)
-			}
-			fmt.Fprintf(tw, "%s\t", agree)
-		}
-		fmt.Fprintf(tw, "%.3f\t%.0f\t%.2f\t%.0f\t\n", r.Imbalance, r.SimDurationS, r.WallS, r.SimRequestsPerS)
-		classRows(tw, r, belief, shadow)
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	legend := TableLegend
-	if belief {
-		legend += BeliefLegend
-	}
-	if shadow {
-		legend += ShadowLegend
-	}
-	for _, r := range reports {
-		if len(r.Classes) > 1 {
-			legend += ClassLegend
-			break
-		}
-	}
-	_, err := io.WriteString(w, legend)
-	return err
+	return WriteComparison(w, cells, Comparison{})
 }
 
-// fallbacks is r's fallbacks cell: the count and its share of the
-// selections, "12 (0.1%)", or "0".
-func fallbacks(r *Report) string {
-	if r.Fallbacks == 0 {
-		return "0"
-	}
-	return fmt.Sprintf("%d (%s)", r.Fallbacks, share(r.Fallbacks, r.Selections))
-}
-
-// ClassLegend is added to TableLegend when a row has class lines.
-const ClassLegend = `POLICY/CLASS rows: the requests of one queue class (TTFT over its completed requests; Q p50/p99 = queue_ms,
-arrival to first scheduled step including the router's queue)
+// ClassLegend is printed under the table of queue classes.
+const ClassLegend = `POLICY/CLASS rows: the requests of one queue class (TTFT over its completed requests; queue = arrival to
+first scheduled step including the router's queue)
 `
-
-// classRows writes one table line per class of r when it has more than
-// one, under r's row: requests, completed, rejected and TTFT, then the
-// queue time's p50 and p99 in the E2E columns, marked "Q".
-func classRows(tw io.Writer, r *Report, belief, shadow bool) {
-	if len(r.Classes) < 2 {
-		return
-	}
-	empty := "\t\t\t\t\t\t\t\t"
-	if belief {
-		empty += "\t"
-	}
-	if shadow {
-		empty += "\t"
-	}
-	for _, name := range r.order() {
-		c := r.Classes[name]
-		fmt.Fprintf(tw, "%s/%s\t%d\t%d\t%d\t\t%s\t%s\t%s\tQ %s\tQ %s%s\n",
-			r.Label(), name, c.Requests, c.Completed, c.Rejected,
-			ms(c.TTFT.P50), ms(c.TTFT.P90), ms(c.TTFT.P99), ms(c.Queue.P50), ms(c.Queue.P99), empty)
-	}
-}
 
 // order returns the names of r.Classes in table order.
 func (r *Report) order() []string {
@@ -463,6 +416,12 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 	}
 	rep.Completed, rep.Rejected, rep.RejectionReasons = t.completed, t.rejected, t.reasons
 	rep.TTFT, rep.E2E, rep.Queue = summarize(t.ttft), summarize(t.e2e), summarize(t.queue)
+	rep.TPOT, rep.ITL = summarize(t.tpot), t.itlSummary()
+	rep.OutputTokens = t.output
+	if o.Timeline {
+		rep.Distributions = &Distributions{TTFT: quantiles(t.ttft, DistributionPoints), E2E: quantiles(t.e2e, DistributionPoints)}
+		rep.Timeline = d.tl.result(d.lastAt)
+	}
 	if rep.Completed > 0 {
 		rep.BeliefAccuracy = round4(float64(t.believed) / float64(rep.Completed))
 	}
@@ -492,6 +451,18 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 	if d.next > 0 {
 		rep.SimDurationS = round3((d.lastAt - d.firstArrival).Seconds())
 	}
+	if rep.SimDurationS > 0 {
+		rep.OutputTokensPerS = round3(float64(rep.OutputTokens) / rep.SimDurationS)
+	}
+	if !o.SLO.IsZero() {
+		rep.Goodput = &Goodput{SLO: o.SLO.String(), Met: t.met}
+		if rep.Requests > 0 {
+			rep.Goodput.Share = round4(float64(t.met) / float64(rep.Requests))
+		}
+		if rep.SimDurationS > 0 {
+			rep.Goodput.PerS = round3(float64(t.met) / rep.SimDurationS)
+		}
+	}
 	if rep.Selections > 0 {
 		rep.FallbackShare = float64(rep.Fallbacks) / float64(rep.Selections)
 	}
@@ -517,9 +488,14 @@ type tally struct {
 	// ttft, e2e, queue and class are by completed request, xfer by
 	// completed request that had a KV transfer.
 	ttft, e2e, queue, xfer    []float64
-	class                     []int32 // index in classes
-	prompt, cached, predicted int64   // tokens of completed requests (Report.KVHitRatio, RouterOverlapRatio)
-	believed                  int     // Report.BeliefAccuracy's count
+	tpot                      []float64 // by completed request of more than one output token
+	class                     []int32   // index in classes
+	output                    int64     // output tokens of completed requests
+	slo                       SLO       // Options.SLO
+	met                       int       // completed requests that met slo
+	itl                       *hdrhistogram.Histogram
+	prompt, cached, predicted int64 // tokens of completed requests (Report.KVHitRatio, RouterOverlapRatio)
+	believed                  int   // Report.BeliefAccuracy's count
 	// classes are the counts of each class, by index: the queue's classes
 	// in its order, then the others as they first appear; classNames
 	// names them, classIndex indexes them by name.
@@ -576,6 +552,13 @@ func (d *driver) count(st *request) {
 	t.e2e = append(t.e2e, out.E2EMs)
 	t.queue = append(t.queue, out.QueueMs)
 	t.class = append(t.class, k)
+	if out.OutputLength > 1 {
+		t.tpot = append(t.tpot, round3((out.E2EMs-out.TTFTMs)/float64(out.OutputLength-1)))
+	}
+	t.output += int64(out.OutputLength)
+	if !t.slo.IsZero() && t.slo.met(out.TTFTMs, out.E2EMs, out.OutputLength) {
+		t.met++
+	}
 	if out.DecodeWorker > 0 {
 		t.xfer = append(t.xfer, out.KVTransferMs)
 	}
@@ -632,6 +615,34 @@ func imbalance(counts []int) float64 {
 		return 0
 	}
 	return round3(float64(maxN) / (float64(sum) / float64(len(counts))))
+}
+
+// newITLHistogram is the inter-token latency histogram: microseconds
+// from 1 to one hour, 3 significant digits.
+func newITLHistogram() *hdrhistogram.Histogram {
+	return hdrhistogram.New(1, int64(time.Hour/time.Microsecond), 3)
+}
+
+// tokenGap records n inter-token gaps of length gap
+// (sim.Worker.OnTokenGap), rounded to the microsecond (at least 1).
+func (t *tally) tokenGap(gap time.Duration, n int) {
+	us := max(int64((gap+time.Microsecond/2)/time.Microsecond), 1)
+	_ = t.itl.RecordValues(min(us, t.itl.HighestTrackableValue()), int64(n)) // in range: cannot fail
+}
+
+// itlSummary is the ITL histogram's summary in ms.
+func (t *tally) itlSummary() Summary {
+	h := t.itl
+	if h == nil || h.TotalCount() == 0 {
+		return Summary{}
+	}
+	ms := func(us int64) float64 { return round3(float64(us) / 1000) }
+	return Summary{
+		P50:  ms(h.ValueAtQuantile(50)),
+		P90:  ms(h.ValueAtQuantile(90)),
+		P99:  ms(h.ValueAtQuantile(99)),
+		Mean: round3(h.Mean() / 1000),
+	}
 }
 
 func round4(x float64) float64 { return float64(int64(x*10000+0.5)) / 10000 }

@@ -115,11 +115,12 @@ func TestReportLabel(t *testing.T) {
 	}
 }
 
-// TestWriteTable pins the header, one row with the rejected column, and
-// the legend that explains the columns.
+// TestWriteTable pins the default columns' header, two rows, and the
+// legend, which explains exactly the columns shown.
 func TestWriteTable(t *testing.T) {
 	rep := &Report{Policy: "kv", Requests: 300, Completed: 290, Rejected: 10, Selections: 290, Fallbacks: 12,
-		TTFT: Summary{P50: 41.25, P90: 120, P99: 15000}, E2E: Summary{P50: 2000, P99: 9.5},
+		TTFT: Summary{P50: 41.25, P90: 120, P99: 15000}, E2E: Summary{P50: 2000, P99: 9.5}, TPOT: Summary{P90: 12.5},
+		ITL: Summary{P99: 31.25}, Queue: Summary{P99: 7}, Preemptions: 3, OutputTokensPerS: 1234.4,
 		KVHitRatio: 0.4567, KVHitReference: 0.5, KVHitOfReference: 0.9134, Imbalance: 1.25, SimDurationS: 61.4, WallS: 0.1234, SimRequestsPerS: 2431}
 	healthy := &Report{Policy: "rr", Requests: 300, Completed: 300, Selections: 300,
 		TTFT: Summary{P50: 50, P90: 130, P99: 16000}, E2E: Summary{P50: 2100, P99: 9.5},
@@ -130,26 +131,118 @@ func TestWriteTable(t *testing.T) {
 	}
 	lines := strings.Split(buf.String(), "\n")
 	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	if got, want := fields(lines[0]), "policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit KV ref of ref imbalance sim s wall s req/s (wall)"; got != want {
-		t.Errorf("header %q, want %q", got, want)
-	}
-	if got, want := fields(lines[1]), "kv 300 290 10 12 (4.1%) 41.2 120 15000 2000 9.5 45.7% 50.0% 91% 1.250 61 0.12 2431"; got != want {
-		t.Errorf("row %q, want %q", got, want)
-	}
-	if got, want := fields(lines[2]), "rr 300 300 0 0 50 130 16000 2100 9.5 10.0% 50.0% 20% 1.000 62 0.10 3000"; got != want {
-		t.Errorf("row %q, want %q", got, want)
+	for i, want := range []string{
+		"policy completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 TPOT p90 ITL p99 E2E p99 queue p99 KV hit of ref preempt out tok/s",
+		"kv 290 10 12 (4.1%) 41.2 120 15000 12.5 31.2 9.5 7 45.7% 91% 3 1234",
+		"rr 300 0 0 50 130 16000 0 0 9.5 0 10.0% 20% 0 0",
+	} {
+		if got := fields(lines[i]); got != want {
+			t.Errorf("line %d %q, want %q", i, got, want)
+		}
 	}
 	// Columns stay aligned: every cell ends where its header does.
-	if end := strings.Index(lines[0], "fallbacks") + len("fallbacks"); !strings.HasSuffix(lines[1][:end], "12 (4.1%)") || !strings.HasSuffix(lines[2][:end], " 0") {
+	if end := strings.Index(lines[0], "fallbacks") + len("fallbacks"); !strings.HasSuffix(lines[1][:end], " 12 (4.1%)") || !strings.HasSuffix(lines[2][:end], " 0") {
 		t.Errorf("fallbacks column misaligned:\n%s\n%s\n%s", lines[0], lines[1], lines[2])
 	}
-	if got := strings.Join(lines[3:], "\n"); got != TableLegend {
-		t.Errorf("legend %q, want TableLegend", got)
-	}
-	for _, s := range []string{"imbalance = max/mean requests per worker", "rejected", "fallbacks = selections a policy's fallback made", "wall s = real time incl. building the fleet"} {
-		if !strings.Contains(TableLegend, s) {
-			t.Errorf("legend lacks %q", s)
+	legend := strings.Join(lines[3:], "\n")
+	for _, s := range []string{"latencies in ms of simulated time", "TPOT = time per output token", "ITL = inter-token latency",
+		"fallbacks = selections a policy's fallback made", "of ref = KV hit / KV ref", "out tok/s = output tokens"} {
+		if !strings.Contains(legend, s) {
+			t.Errorf("legend lacks %q:\n%s", s, legend)
 		}
+	}
+	for _, s := range []string{"imbalance", "wall s", "goodput", "belief", "Δ"} {
+		if strings.Contains(legend, s) {
+			t.Errorf("legend explains %q, a column not shown:\n%s", s, legend)
+		}
+	}
+}
+
+// A precise row adds the belief column, for every row ("-" where a row
+// has none), and its legend; --columns picks and orders columns.
+func TestWriteTableBelief(t *testing.T) {
+	approx := &Report{Policy: "default", Prefix: "approximate", Requests: 10, Completed: 10, BeliefAccuracy: 0.9806, KVHitRatio: 0.3272, Imbalance: 1}
+	precise := &Report{Policy: "default", Prefix: "precise", KVEvents: &KVEventsReport{DelayMs: 20}, Requests: 10, Completed: 10,
+		BeliefAccuracy: 0.999, KVHitRatio: 0.332, Imbalance: 1}
+	cols, err := ParseColumns("kv_hit,belief,imbalance,kv_hit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	cells := []Cell{{Runs: []*Report{approx}}, {Runs: []*Report{precise}}}
+	if err := WriteComparison(&buf, cells, Comparison{Columns: cols}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(buf.String(), "\n")
+	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	for i, want := range []string{
+		"policy KV hit belief imbalance",
+		"default 32.7% - 1.000",
+		"default+precise 33.2% 99.9% 1.000",
+	} {
+		if got := fields(lines[i]); got != want {
+			t.Errorf("line %d %q, want %q", i, got, want)
+		}
+	}
+	if !strings.Contains(buf.String(), "belief = requests whose router belief") {
+		t.Errorf("no belief legend:\n%s", buf.String())
+	}
+}
+
+// Cells of several seeds show the median with [least–greatest]; a sweep
+// adds the workers column; --baseline adds the delta against the same
+// fleet's baseline row.
+func TestWriteComparisonSeedsSweepBaseline(t *testing.T) {
+	rep := func(policy string, workers int, p90 float64) *Report {
+		return &Report{Policy: policy, Workers: workers, Requests: 10, Completed: 10, TTFT: Summary{P90: p90}}
+	}
+	cells := []Cell{
+		{Runs: []*Report{rep("rr", 4, 200), rep("rr", 4, 100), rep("rr", 4, 300)}},
+		{Runs: []*Report{rep("kv", 4, 50), rep("kv", 4, 50), rep("kv", 4, 50)}},
+		{Runs: []*Report{rep("rr", 8, 100), rep("rr", 8, 120)}},
+		{Runs: []*Report{rep("kv", 8, 88), rep("kv", 8, 66)}},
+	}
+	p90, _ := MetricByName("ttft_p90")
+	if s, ok := cells[0].Stat(p90); !ok || s != (Stat{Median: 200, Min: 100, Max: 300, N: 3}) {
+		t.Errorf("stat %+v, want median 200 of 100..300", s)
+	}
+	if s, _ := cells[3].Stat(p90); s.Median != 77 {
+		t.Errorf("median of two %v, want their mean 77", s.Median)
+	}
+	cols, _ := ParseColumns("ttft_p90")
+	var buf bytes.Buffer
+	if err := WriteComparison(&buf, cells, Comparison{Columns: cols, Baseline: "rr"}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(buf.String(), "\n")
+	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	for i, want := range []string{
+		"policy workers TTFT p90 Δ TTFT p90 vs rr",
+		"rr 4 200 [100–300] base",
+		"kv 4 50 -75.0%",
+		"rr 8 110 [100–120] base",
+		"kv 8 77 [66–88] -30.0%",
+		"each cell: the median of 3 seeds, [least–greatest] when they differ",
+	} {
+		if got := fields(lines[i]); got != want {
+			t.Errorf("line %d %q, want %q", i, got, want)
+		}
+	}
+}
+
+func TestParseColumns(t *testing.T) {
+	cols, err := ParseColumns("default,e2e_p50,ttft_p50")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cols) != len(DefaultColumns)+1 || cols[len(cols)-1].Name != "e2e_p50" {
+		t.Errorf("default,e2e_p50,ttft_p50: %d columns ending %q; want the defaults then e2e_p50 once", len(cols), cols[len(cols)-1].Name)
+	}
+	if all, _ := ParseColumns("all"); len(all) != len(MetricNames()) {
+		t.Errorf("all: %d columns, want %d", len(all), len(MetricNames()))
+	}
+	if _, err := ParseColumns("ttft_p90,ttft_p95"); err == nil || !strings.Contains(err.Error(), `unknown column "ttft_p95"`) || !strings.Contains(err.Error(), "itl_p99") {
+		t.Errorf("unknown column: %v; want it named, with the list of names", err)
 	}
 }
 
@@ -188,30 +281,5 @@ func TestReportRolePoliciesDisaggregated(t *testing.T) {
 	}
 	if got := rep.Label(); got != "rr(1P:default+2D:default)" {
 		t.Errorf("label %q", got)
-	}
-}
-
-// A precise row adds the belief column, for every row, and its legend.
-func TestWriteTableBelief(t *testing.T) {
-	approx := &Report{Policy: "default", Prefix: "approximate", Requests: 10, Completed: 10, BeliefAccuracy: 0.9806, KVHitRatio: 0.3272, Imbalance: 1}
-	precise := &Report{Policy: "default", Prefix: "precise", KVEvents: &KVEventsReport{DelayMs: 20}, Requests: 10, Completed: 10,
-		BeliefAccuracy: 0.999, KVHitRatio: 0.332, Imbalance: 1}
-	var buf bytes.Buffer
-	if err := WriteTable(&buf, []*Report{approx, precise}); err != nil {
-		t.Fatal(err)
-	}
-	lines := strings.Split(buf.String(), "\n")
-	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	for i, want := range []string{
-		"policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 E2E p50 E2E p99 KV hit KV ref of ref belief imbalance sim s wall s req/s (wall)",
-		"default 10 10 0 0 0 0 0 0 0 32.7% 0.0% 0% 98.1% 1.000 0 0.00 0",
-		"default+precise 10 10 0 0 0 0 0 0 0 33.2% 0.0% 0% 99.9% 1.000 0 0.00 0",
-	} {
-		if got := fields(lines[i]); got != want {
-			t.Errorf("line %d %q, want %q", i, got, want)
-		}
-	}
-	if got := strings.Join(lines[3:], "\n"); got != TableLegend+BeliefLegend {
-		t.Errorf("legend %q, want TableLegend+BeliefLegend", got)
 	}
 }

@@ -138,8 +138,8 @@ func TestShadowReplay(t *testing.T) {
 			t.Fatal(err)
 		}
 		lines := strings.Split(table.String(), "\n")
-		if !strings.Contains(lines[0], "shadow agree") || !strings.Contains(lines[2], share(agree, n)) ||
-			!strings.Contains(table.String(), ShadowLegend) {
+		if !strings.Contains(lines[0], "shadow agree") || !strings.Contains(lines[2], fmt.Sprintf(" %.1f%%", 100*rep.Shadow.AgreeShare)) ||
+			!strings.Contains(table.String(), "shadow agree = selections on which") {
 			t.Errorf("table lacks the shadow column:\n%s", table.String())
 		}
 		if f := strings.Fields(lines[1]); f[13] != "-" {

@@ -45,6 +45,14 @@ func (c *Cluster) Len() int { return len(c.workers) }
 // CachedPrefixTokens.
 func (c *Cluster) Worker(i int) *Worker { return c.workers[i] }
 
+// OnTokenGap sets f as every worker's inter-token latency callback
+// (Worker.OnTokenGap).
+func (c *Cluster) OnTokenGap(f func(gap time.Duration, n int)) {
+	for _, w := range c.workers {
+		w.OnTokenGap(f)
+	}
+}
+
 // Submit queues r on worker i at time now (see Worker.Submit). Errors:
 // ErrNoSuchWorker for i out of range, or those of Worker.Submit.
 func (c *Cluster) Submit(now time.Duration, i int, r *Request) error {

@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"testing"
@@ -487,5 +488,76 @@ func TestSameInstantBatching(t *testing.T) {
 	want := DefaultTiming().StepTime(StepShape{Chunks: 2, PrefillTokens: 2048, PrefillPairs2: 2 * 1024 * 1024})
 	if len(ev) != 4 || ev[0].At != want || ev[3].At != want {
 		t.Errorf("%+v, want all at %v", ev, want)
+	}
+}
+
+// TestTokenGaps: the inter-token latencies OnTokenGap reports are the same
+// with and without the decode fast path; there are output_length − 1 of
+// them per request; and, for requests that run alone (one worker each,
+// spaced apart), they add up to the request's completion minus its first
+// token.
+func TestTokenGaps(t *testing.T) {
+	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:300]
+	gaps := func(fast bool) (map[time.Duration]int, int) {
+		c, _ := NewCluster(4, DefaultConfig())
+		hist := map[time.Duration]int{}
+		tokens := 0
+		for i := range 4 {
+			c.Worker(i).noFast = !fast
+		}
+		c.OnTokenGap(func(gap time.Duration, n int) {
+			if gap <= 0 || n <= 0 {
+				t.Fatalf("gap %v x %d: want positive", gap, n)
+			}
+			hist[gap] += n
+			tokens += n
+		})
+		var ev []Event
+		for i, r := range recs {
+			ev = c.AdvanceTo(r.Arrival, ev)
+			req := &Request{ID: i, InputLength: r.InputLength, OutputLength: r.OutputLength,
+				PrefixHashes: chain(nil, r.HashIDs), PrefixBlockTokens: trace.MooncakeBlockTokens}
+			if err := c.Submit(r.Arrival, i%4, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.Drain(ev)
+		return hist, tokens
+	}
+	fastHist, fastTokens := gaps(true)
+	slowHist, slowTokens := gaps(false)
+	want := 0
+	for _, r := range recs {
+		want += max(r.OutputLength, 1) - 1
+	}
+	if fastTokens != want || slowTokens != want {
+		t.Errorf("gaps: %d with the fast path, %d without; want output_length − 1 per request, %d", fastTokens, slowTokens, want)
+	}
+	if !maps.Equal(fastHist, slowHist) {
+		t.Errorf("the fast path's gaps differ from stepping one by one (%d and %d distinct values)", len(fastHist), len(slowHist))
+	}
+
+	// One request alone: the gaps add up to completion − first token.
+	for _, fast := range []bool{true, false} {
+		w := newWorker(t, DefaultConfig())
+		w.noFast = !fast
+		var sum time.Duration
+		n := 0
+		w.OnTokenGap(func(gap time.Duration, k int) { sum += gap * time.Duration(k); n += k })
+		if err := w.Submit(0, &Request{ID: 1, InputLength: 3000, OutputLength: 200}); err != nil {
+			t.Fatal(err)
+		}
+		var first, done time.Duration
+		for _, e := range w.Drain(nil) {
+			switch e.Kind {
+			case FirstToken:
+				first = e.At
+			case Completed:
+				done = e.At
+			}
+		}
+		if n != 199 || sum != done-first {
+			t.Errorf("fast path %v: %d gaps adding up to %v; want 199 adding up to completion − first token = %v", fast, n, sum, done-first)
+		}
 	}
 }

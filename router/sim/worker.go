@@ -151,6 +151,7 @@ type seq struct {
 	private     int           // held blocks not published in a cache node
 	cached      int           // prompt tokens hit at first admission
 	scheduledAt time.Duration // start of the step that first admitted it
+	lastToken   time.Duration // when its latest token was sampled
 	scheduled   bool
 	transferred bool // KVTransferred and not yet admitted (a preempted one recomputes)
 	slots       []int32
@@ -196,7 +197,20 @@ type Worker struct {
 	start   time.Duration // in-flight step start
 	end     time.Duration // in-flight step end
 	noFast  bool          // tests: disable the decode fast path
+	// tokenGap, when set, receives every inter-token latency (OnTokenGap).
+	tokenGap func(gap time.Duration, n int)
 }
+
+// OnTokenGap sets f to receive the worker's inter-token latencies (ITL):
+// each time a request that already has a token here samples another, the
+// time since its previous one, f(gap, n) standing for n tokens with the
+// same gap. The gaps are those between the ends of the steps that
+// sampled the tokens, so a request preempted in between counts the whole
+// wait in one gap. A request's first token on this worker has no gap (its
+// TTFT, or in disaggregated serving the decode worker's first token after
+// the KV transfer). f is called from Advance and Drain, in time order;
+// nil stops the calls.
+func (w *Worker) OnTokenGap(f func(gap time.Duration, n int)) { w.tokenGap = f }
 
 type sched struct {
 	seq int32
@@ -665,6 +679,10 @@ func (w *Worker) finish(out []Event) []Event {
 		}
 		s.generated++
 		s.prefilling = false
+		if s.first && w.tokenGap != nil {
+			w.tokenGap(at-s.lastToken, 1)
+		}
+		s.lastToken = at
 		if !s.first {
 			s.first = true
 			out = append(out, Event{Kind: FirstToken, Worker: w.index, RequestID: s.id, At: at, CachedTokens: s.cached, ScheduledAt: s.scheduledAt})
@@ -760,19 +778,30 @@ func (w *Worker) decodeRun(until time.Duration) bool {
 	}
 	d := len(w.running)
 	t := w.ready
+	var t0 time.Duration // the first step's end
 	j := 0
 	for ; j < k; j++ {
 		end := t + w.k.stepNS(d, ctx+int64(j*d), 0, 0, 0)
 		if end > until {
 			break
 		}
+		if j > 0 && w.tokenGap != nil {
+			w.tokenGap(end-t, d) // every request's gap: the step
+		}
 		t = end
+		if j == 0 {
+			t0 = end
+		}
 	}
 	if j == 0 {
 		return false
 	}
 	for _, idx := range w.running {
 		s := &w.seqs[idx]
+		if w.tokenGap != nil {
+			w.tokenGap(t0-s.lastToken, 1) // the first step's: since its own last token
+		}
+		s.lastToken = t
 		s.computed += j
 		s.generated += j
 	}

@@ -1,0 +1,443 @@
+package replay
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+)
+
+// Metric is one figure of a Report: a column of the comparison table
+// (router replay --columns NAME) and, in the HTML report, a plot against
+// fleet size. Values are in display units: ms for latencies, percent for
+// shares (KV hit 30.1, not 0.301).
+type Metric struct {
+	// Name is the --columns name, such as "ttft_p90".
+	Name string
+	// Header is the table's column header, such as "TTFT p90".
+	Header string
+	// Unit is the value's unit for axis labels: "ms", "%", "tok/s",
+	// "req/s", "s", or "" for a count or a ratio.
+	Unit string
+	// Lower is true when lower values are better (latencies, rejections).
+	Lower bool
+	// Legend explains the column under the table; "" for none.
+	Legend string
+	value  func(*Report) (float64, bool)
+	format func(float64) string
+	// single, when set, writes the cell of a single run in place of
+	// format (fallbacks with their share).
+	single func(*Report) string
+}
+
+// Value is m's value in r, and false when r has none (belief without
+// KV events, goodput without an SLO, shadow agreement without a shadow).
+func (m Metric) Value(r *Report) (float64, bool) { return m.value(r) }
+
+// Format writes v as the table does.
+func (m Metric) Format(v float64) string { return m.format(v) }
+
+func always(f func(*Report) float64) func(*Report) (float64, bool) {
+	return func(r *Report) (float64, bool) { return f(r), true }
+}
+
+func count(v float64) string {
+	if v == math.Trunc(v) {
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64)
+}
+
+func pct1(v float64) string { return fmt.Sprintf("%.1f%%", v) }
+func pct0(v float64) string { return fmt.Sprintf("%.0f%%", v) }
+func fixed(digits int) func(float64) string {
+	return func(v float64) string { return strconv.FormatFloat(v, 'f', digits, 64) }
+}
+
+// latency makes the metric of a Summary's field.
+func latency(name, header, what string, s func(*Report) *Summary, q func(*Summary) float64) Metric {
+	return Metric{Name: name, Header: header, Unit: "ms", Lower: true, Legend: what,
+		value: always(func(r *Report) float64 { return q(s(r)) }), format: ms}
+}
+
+var (
+	p50  = func(s *Summary) float64 { return s.P50 }
+	p90  = func(s *Summary) float64 { return s.P90 }
+	p99  = func(s *Summary) float64 { return s.P99 }
+	mean = func(s *Summary) float64 { return s.Mean }
+)
+
+// allMetrics is every Metric, in table order.
+var allMetrics = []Metric{
+	{Name: "requests", Header: "requests", Legend: "requests = requests replayed",
+		value: always(func(r *Report) float64 { return float64(r.Requests) }), format: count},
+	{Name: "completed", Header: "completed", Legend: "completed = requests that finished",
+		value: always(func(r *Report) float64 { return float64(r.Completed) }), format: count},
+	{Name: "rejected", Header: "rejected", Lower: true, Legend: "rejected = requests the router or a worker refused",
+		value: always(func(r *Report) float64 { return float64(r.Rejected) }), format: count},
+	{Name: "fallbacks", Header: "fallbacks", Lower: true,
+		Legend: "fallbacks = selections a policy's fallback made because the policy failed (a plugin error, panic, timeout, restart...), with their share of all selections",
+		value:  always(func(r *Report) float64 { return float64(r.Fallbacks) }), format: count,
+		single: func(r *Report) string {
+			if r.Fallbacks == 0 {
+				return "0"
+			}
+			return fmt.Sprintf("%d (%s)", r.Fallbacks, share(r.Fallbacks, r.Selections))
+		}},
+	{Name: "fallback_share", Header: "fallback %", Unit: "%", Lower: true, Legend: "fallback % = fallbacks / all selections",
+		value: always(func(r *Report) float64 { return 100 * r.FallbackShare }), format: fixed(2)},
+	latency("ttft_p50", "TTFT p50", "TTFT = time to first token", func(r *Report) *Summary { return &r.TTFT }, p50),
+	latency("ttft_p90", "TTFT p90", "TTFT = time to first token", func(r *Report) *Summary { return &r.TTFT }, p90),
+	latency("ttft_p99", "TTFT p99", "TTFT = time to first token", func(r *Report) *Summary { return &r.TTFT }, p99),
+	latency("ttft_mean", "TTFT mean", "TTFT = time to first token", func(r *Report) *Summary { return &r.TTFT }, mean),
+	latency("tpot_p50", "TPOT p50", tpotLegend, func(r *Report) *Summary { return &r.TPOT }, p50),
+	latency("tpot_p90", "TPOT p90", tpotLegend, func(r *Report) *Summary { return &r.TPOT }, p90),
+	latency("tpot_p99", "TPOT p99", tpotLegend, func(r *Report) *Summary { return &r.TPOT }, p99),
+	latency("itl_p50", "ITL p50", itlLegend, func(r *Report) *Summary { return &r.ITL }, p50),
+	latency("itl_p90", "ITL p90", itlLegend, func(r *Report) *Summary { return &r.ITL }, p90),
+	latency("itl_p99", "ITL p99", itlLegend, func(r *Report) *Summary { return &r.ITL }, p99),
+	latency("e2e_p50", "E2E p50", e2eLegend, func(r *Report) *Summary { return &r.E2E }, p50),
+	latency("e2e_p90", "E2E p90", e2eLegend, func(r *Report) *Summary { return &r.E2E }, p90),
+	latency("e2e_p99", "E2E p99", e2eLegend, func(r *Report) *Summary { return &r.E2E }, p99),
+	latency("queue_p50", "queue p50", queueLegend, func(r *Report) *Summary { return &r.Queue }, p50),
+	latency("queue_p99", "queue p99", queueLegend, func(r *Report) *Summary { return &r.Queue }, p99),
+	{Name: "kv_hit", Header: "KV hit", Unit: "%", Legend: "KV hit = prompt tokens served from the engines' prefix caches",
+		value: always(func(r *Report) float64 { return 100 * r.KVHitRatio }), format: pct1},
+	{Name: "kv_ref", Header: "KV ref", Unit: "%",
+		Legend: "KV ref = the same for one LRU cache of the whole fleet's KV capacity fed the trace in arrival order (a reference, not a bound)",
+		value:  always(func(r *Report) float64 { return 100 * r.KVHitReference }), format: pct1},
+	{Name: "of_ref", Header: "of ref", Unit: "%", Legend: "of ref = KV hit / KV ref",
+		value: always(func(r *Report) float64 { return 100 * r.KVHitOfReference }), format: pct0},
+	{Name: "kv_ceiling", Header: "KV ceiling", Unit: "%", Legend: "KV ceiling = the KV hit of a cache that never evicts",
+		value: always(func(r *Report) float64 { return 100 * r.KVHitCeiling }), format: pct1},
+	{Name: "belief", Header: "belief", Unit: "%",
+		Legend: "belief = requests whose router belief of the chosen worker's cached prefix equals what the engine served (NAME+precise rows)",
+		value: func(r *Report) (float64, bool) {
+			return 100 * r.BeliefAccuracy, r.KVEvents != nil
+		}, format: pct1},
+	{Name: "shadow_agree", Header: "shadow agree", Unit: "%",
+		Legend: "shadow agree = selections on which the role's shadow policy picked the live decision's worker",
+		value: func(r *Report) (float64, bool) {
+			if r.Shadow == nil {
+				return 0, false
+			}
+			return 100 * r.Shadow.AgreeShare, true
+		}, format: pct1},
+	{Name: "preemptions", Header: "preempt", Lower: true, Legend: "preempt = the engines' recompute preemptions",
+		value: always(func(r *Report) float64 { return float64(r.Preemptions) }), format: count},
+	{Name: "output_tok_s", Header: "out tok/s", Unit: "tok/s", Legend: "out tok/s = output tokens of completed requests per simulated second",
+		value: always(func(r *Report) float64 { return r.OutputTokensPerS }), format: fixed(0)},
+	{Name: "goodput", Header: "goodput", Unit: "%", Legend: "goodput = requests that met every --slo target, of all requests",
+		value: func(r *Report) (float64, bool) {
+			if r.Goodput == nil {
+				return 0, false
+			}
+			return 100 * r.Goodput.Share, true
+		}, format: pct1},
+	{Name: "goodput_per_s", Header: "goodput/s", Unit: "req/s", Legend: "goodput/s = those requests per simulated second",
+		value: func(r *Report) (float64, bool) {
+			if r.Goodput == nil {
+				return 0, false
+			}
+			return r.Goodput.PerS, true
+		}, format: fixed(2)},
+	{Name: "imbalance", Header: "imbalance", Lower: true,
+		Legend: "imbalance = max/mean requests per worker (1 is even; disaggregated: the worse pool)",
+		value:  always(func(r *Report) float64 { return r.Imbalance }), format: fixed(3)},
+	{Name: "sim_s", Header: "sim s", Unit: "s", Legend: "sim s = simulated first arrival to last completion",
+		value: always(func(r *Report) float64 { return r.SimDurationS }), format: fixed(0)},
+	{Name: "wall_s", Header: "wall s", Unit: "s", Lower: true, Legend: "wall s = real time incl. building the fleet",
+		value: always(func(r *Report) float64 { return r.WallS }), format: fixed(2)},
+	{Name: "req_s_wall", Header: "req/s (wall)", Unit: "req/s", Legend: "req/s (wall) = requests / wall s",
+		value: always(func(r *Report) float64 { return r.SimRequestsPerS }), format: fixed(0)},
+}
+
+const (
+	tpotLegend  = "TPOT = time per output token after the first, per request: (E2E − TTFT) / (output − 1)"
+	itlLegend   = "ITL = inter-token latency, every token after a request's first on its engine"
+	e2eLegend   = "E2E = arrival to last token"
+	queueLegend = "queue = arrival to first scheduled engine step, the router's queue included"
+)
+
+// Metrics returns every metric, in table order.
+func Metrics() []Metric { return slices.Clone(allMetrics) }
+
+// MetricByName returns the metric called name, and false when there is
+// none.
+func MetricByName(name string) (Metric, bool) {
+	i := slices.IndexFunc(allMetrics, func(m Metric) bool { return m.Name == name })
+	if i < 0 {
+		return Metric{}, false
+	}
+	return allMetrics[i], true
+}
+
+// DefaultColumns are the table's columns when --columns is not given: a
+// concise table. Columns whose metric no row has (belief, shadow_agree,
+// goodput without --slo) are left out (see Columns).
+var DefaultColumns = []string{"completed", "rejected", "fallbacks", "ttft_p50", "ttft_p90", "ttft_p99",
+	"tpot_p90", "itl_p99", "e2e_p99", "queue_p99", "kv_hit", "of_ref", "belief", "shadow_agree",
+	"preemptions", "output_tok_s", "goodput", "goodput_per_s"}
+
+// ParseColumns reads --columns: a comma-separated list of metric names,
+// where "default" stands for DefaultColumns and "all" for every metric,
+// such as "default,e2e_p50,imbalance". Repeats are kept once, in first
+// order. The error lists the names.
+func ParseColumns(spec string) ([]Metric, error) {
+	var names []string
+	for _, f := range strings.Split(spec, ",") {
+		switch f = strings.TrimSpace(f); f {
+		case "default":
+			names = append(names, DefaultColumns...)
+		case "all":
+			for _, m := range allMetrics {
+				names = append(names, m.Name)
+			}
+		default:
+			if _, ok := MetricByName(f); !ok {
+				return nil, fmt.Errorf("--columns %s: unknown column %q; want default, all or a comma-separated list of %s",
+					spec, f, strings.Join(MetricNames(), ", "))
+			}
+			names = append(names, f)
+		}
+	}
+	var out []Metric
+	for _, n := range names {
+		if !slices.ContainsFunc(out, func(m Metric) bool { return m.Name == n }) {
+			m, _ := MetricByName(n)
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
+// MetricNames lists every metric's name, in table order.
+func MetricNames() []string {
+	names := make([]string, len(allMetrics))
+	for i, m := range allMetrics {
+		names[i] = m.Name
+	}
+	return names
+}
+
+// Cell is one row of a comparison: one policy on one fleet in one prefix
+// mode, replayed once per seed. Runs holds at least one report, in seed
+// order.
+type Cell struct {
+	Runs []*Report
+}
+
+// Label is the row's label: its first run's (Report.Label).
+func (c Cell) Label() string { return c.Runs[0].Label() }
+
+// Fleet is the row's fleet: "8" workers, or "4P+4D" in disaggregated mode.
+func (c Cell) Fleet() string {
+	r := c.Runs[0]
+	if r.PrefillWorkers > 0 || r.DecodeWorkers > 0 {
+		return fmt.Sprintf("%dP+%dD", r.PrefillWorkers, r.DecodeWorkers)
+	}
+	return strconv.Itoa(r.Workers)
+}
+
+// Stat is a metric over a cell's runs: their median (the mean of the two
+// middle values for an even count), least and greatest, over N runs.
+type Stat struct {
+	Median, Min, Max float64
+	N                int
+}
+
+// Stat returns m over c's runs, and false when no run has m.
+func (c Cell) Stat(m Metric) (Stat, bool) {
+	vs := make([]float64, 0, len(c.Runs))
+	for _, r := range c.Runs {
+		if v, ok := m.Value(r); ok {
+			vs = append(vs, v)
+		}
+	}
+	if len(vs) == 0 {
+		return Stat{}, false
+	}
+	slices.Sort(vs)
+	n := len(vs)
+	med := vs[n/2]
+	if n%2 == 0 {
+		med = (vs[n/2-1] + vs[n/2]) / 2
+	}
+	return Stat{Median: med, Min: vs[0], Max: vs[n-1], N: n}, true
+}
+
+// Comparison is how WriteComparison lays out its table.
+type Comparison struct {
+	// Columns are the metric columns, in order (ParseColumns);
+	// DefaultColumns when empty. A column no cell has is left out.
+	Columns []Metric
+	// Baseline, when set, names the policy (Report.Policy) the delta
+	// column compares each row with: the row of that policy on the same
+	// fleet in the same prefix mode.
+	Baseline string
+	// BaselineMetric is the delta column's metric (ttft_p90 when unset).
+	BaselineMetric Metric
+}
+
+// Delta is the percent change of a cell's median of m against the
+// baseline cell's, (v − base) / base × 100, and false when either has no
+// value or the baseline's is 0.
+func Delta(cell, base Cell, m Metric) (float64, bool) {
+	a, ok1 := cell.Stat(m)
+	b, ok2 := base.Stat(m)
+	if !ok1 || !ok2 || b.Median == 0 {
+		return 0, false
+	}
+	return (a.Median - b.Median) / math.Abs(b.Median) * 100, true
+}
+
+// BaselineOf returns the cell of policy name on c's fleet, in c's prefix
+// mode, and false when cells has none.
+func BaselineOf(cells []Cell, c Cell, name string) (Cell, bool) {
+	r := c.Runs[0]
+	for _, b := range cells {
+		br := b.Runs[0]
+		if br.Policy == name && b.Fleet() == c.Fleet() && br.Prefix == r.Prefix {
+			return b, true
+		}
+	}
+	return Cell{}, false
+}
+
+// WriteComparison writes cells as one aligned table: a row per cell (its
+// label, its fleet when the cells have more than one, then each column's
+// median, with [min–max] when the cell has several runs that differ),
+// then the delta column when cmp has a baseline, then a legend of the
+// columns shown. Cells of one run with more than one queue class are
+// broken down by class in a second table under it.
+func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
+	cols := cmp.Columns
+	if len(cols) == 0 {
+		cols, _ = ParseColumns("default")
+	}
+	cols = slices.DeleteFunc(slices.Clone(cols), func(m Metric) bool {
+		return !slices.ContainsFunc(cells, func(c Cell) bool { _, ok := c.Stat(m); return ok })
+	})
+	fleets := map[string]bool{}
+	seeds := 1
+	for _, c := range cells {
+		fleets[c.Fleet()] = true
+		seeds = max(seeds, len(c.Runs))
+	}
+	bm := cmp.BaselineMetric
+	if bm.Name == "" {
+		bm, _ = MetricByName("ttft_p90")
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	head := "policy\t"
+	if len(fleets) > 1 {
+		head += "workers\t"
+	}
+	for _, m := range cols {
+		head += m.Header + "\t"
+	}
+	if cmp.Baseline != "" {
+		head += "Δ " + bm.Header + " vs " + cmp.Baseline + "\t"
+	}
+	fmt.Fprintln(tw, head)
+	for _, c := range cells {
+		row := c.Label() + "\t"
+		if len(fleets) > 1 {
+			row += c.Fleet() + "\t"
+		}
+		for _, m := range cols {
+			row += cellText(c, m) + "\t"
+		}
+		if cmp.Baseline != "" {
+			row += deltaText(cells, c, cmp.Baseline, bm) + "\t"
+		}
+		fmt.Fprintln(tw, row)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	var legend strings.Builder
+	if seeds > 1 {
+		fmt.Fprintf(&legend, "each cell: the median of %d seeds, [least–greatest] when they differ\n", seeds)
+	}
+	legend.WriteString("latencies in ms of simulated time\n")
+	said := map[string]bool{}
+	for _, m := range cols {
+		if m.Legend != "" && !said[m.Legend] {
+			said[m.Legend] = true
+			legend.WriteString(m.Legend + "\n")
+		}
+	}
+	if cmp.Baseline != "" {
+		fmt.Fprintf(&legend, "Δ = the change of the row's %s against %s's on the same fleet, in percent\n", bm.Header, cmp.Baseline)
+	}
+	if _, err := io.WriteString(w, legend.String()); err != nil {
+		return err
+	}
+	return writeClasses(w, cells)
+}
+
+// cellText is c's column m: the median, then [min–max] when the runs
+// differ; "-" when c has no value.
+func cellText(c Cell, m Metric) string {
+	s, ok := c.Stat(m)
+	if !ok {
+		return "-"
+	}
+	if len(c.Runs) == 1 && m.single != nil {
+		return m.single(c.Runs[0])
+	}
+	text := m.Format(s.Median)
+	if lo, hi := m.Format(s.Min), m.Format(s.Max); s.N > 1 && lo != hi {
+		text += " [" + lo + "–" + hi + "]"
+	}
+	return text
+}
+
+// deltaText is c's delta cell against its baseline's.
+func deltaText(cells []Cell, c Cell, name string, m Metric) string {
+	base, ok := BaselineOf(cells, c, name)
+	switch {
+	case !ok:
+		return "-"
+	case base.Runs[0] == c.Runs[0]:
+		return "base"
+	}
+	d, ok := Delta(c, base, m)
+	if !ok {
+		return "-"
+	}
+	return fmt.Sprintf("%+.1f%%", d)
+}
+
+// writeClasses writes, for the cells of one run with more than one queue
+// class, a table of their classes: requests, completed, rejected, TTFT
+// and queue time.
+func writeClasses(w io.Writer, cells []Cell) error {
+	var rows []*Report
+	for _, c := range cells {
+		if len(c.Runs) == 1 && len(c.Runs[0].Classes) > 1 {
+			rows = append(rows, c.Runs[0])
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\npolicy/class\trequests\tcompleted\trejected\tTTFT p50\tTTFT p90\tTTFT p99\tqueue p50\tqueue p99\t")
+	for _, r := range rows {
+		for _, name := range r.order() {
+			c := r.Classes[name]
+			fmt.Fprintf(tw, "%s/%s\t%d\t%d\t%d\t%s\t%s\t%s\t%s\t%s\t\n", r.Label(), name, c.Requests, c.Completed, c.Rejected,
+				ms(c.TTFT.P50), ms(c.TTFT.P90), ms(c.TTFT.P99), ms(c.Queue.P50), ms(c.Queue.P99))
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	_, err := io.WriteString(w, ClassLegend)
+	return err
+}
