@@ -53,6 +53,8 @@ type LoadOptions struct {
 	// DefaultSeed, when set, seeds the policies when neither Seed nor the
 	// file gives a seed (config.Options.DefaultSeed).
 	DefaultSeed *int64
+	// SeedOffset moves every seed of the file (config.Options.SeedOffset).
+	SeedOffset int64
 	// Registerer, when set, receives the plugin metrics
 	// (switchyard_plugin_*); the Hosts of successive bundles share their
 	// collectors (supervisor.NewMetrics), so reloads do not collide.
@@ -189,7 +191,7 @@ func LoadBundle(ctx context.Context, path string, o LoadOptions) (*Bundle, hcl.D
 		}
 		return nil, diags
 	}
-	co := config.Options{Plugins: host, Context: ctx, Seed: o.Seed, DefaultSeed: o.DefaultSeed}
+	co := config.Options{Plugins: host, Context: ctx, Seed: o.Seed, DefaultSeed: o.DefaultSeed, SeedOffset: o.SeedOffset}
 	var cb *config.PolicyFile
 	if path == "" {
 		cb, diags = config.LoadWith(config.DefaultPolicyName, nil, o.Catalog, co)

@@ -108,7 +108,7 @@ func TestReplayStreamUsage(t *testing.T) {
 		{"format without a trace", []string{"--trace-format", "csv"},
 			"router: --trace-format needs --trace: the bundled trace is JSON lines\n"},
 		{"both outputs to stdout", []string{"--per-request", "-", "--report", "-"},
-			"router: --per-request - and --report - cannot both write to standard output: give one of them a file\n"},
+			"router: --per-request, --report and --html cannot write to standard output together: give all but one of them a file\n"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			if errOut := wantExit(t, 2, append([]string{"replay", "--limit", "10"}, tt.args...)); errOut != tt.want {

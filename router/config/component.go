@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math"
 	"strings"
 
@@ -373,11 +374,24 @@ const SeedParam = "seed"
 
 // withSeed returns p with a derived seed added when SeedParam applies; key
 // identifies the instance ("decode picker "p" of policy "kv"", see seedKey).
+//
+// With Options.SeedOffset, a seed the block sets itself is moved by the
+// offset too, so that every seeded component of the file draws a new
+// sequence in each of `router replay --seeds`' runs.
 func (l *loader) withSeed(t *shared.TypeInfo, p shared.Params, key string) shared.Params {
-	if l.file.Seed == nil || p.Has(SeedParam) {
+	if spec, ok := t.Param(SeedParam); !ok || spec.Type != shared.Int {
 		return p
 	}
-	if spec, ok := t.Param(SeedParam); !ok || spec.Type != shared.Int {
+	if p.Has(SeedParam) {
+		own, ok := p[SeedParam].(int64)
+		if !ok || l.opts.SeedOffset == 0 {
+			return p
+		}
+		out := maps.Clone(p)
+		out[SeedParam] = own + l.opts.SeedOffset
+		return out
+	}
+	if l.file.Seed == nil {
 		return p
 	}
 	out := make(shared.Params, len(p)+1)

@@ -368,6 +368,12 @@ type Options struct {
 	// file's router.seed gives one: replays use it so that they repeat
 	// exactly by default.
 	DefaultSeed *int64
+	// SeedOffset is added to the router seed (whichever of Seed,
+	// router.seed and DefaultSeed gives it) and to every seed a component
+	// block sets itself: `router replay --seeds N` loads run k with offset
+	// k, so that each run draws new random sequences everywhere while run
+	// 0 is the file's own. 0 changes nothing.
+	SeedOffset int64
 }
 
 // parse parses src as HCL, or as HCL's JSON syntax when filename ends in

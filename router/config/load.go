@@ -183,6 +183,10 @@ func (l *loader) load(body hcl.Body) {
 		seed := *l.opts.DefaultSeed
 		l.file.Seed = &seed
 	}
+	if l.file.Seed != nil && l.opts.SeedOffset != 0 {
+		seed := *l.file.Seed + l.opts.SeedOffset
+		l.file.Seed = &seed
+	}
 
 	// Decode and resolve everything first: which roles reach which policy
 	// decides how each is instantiated.

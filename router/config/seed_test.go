@@ -107,3 +107,47 @@ worker_selection {
 		t.Errorf("seeds not reproducible: %v then %v", got, again)
 	}
 }
+
+// SeedOffset moves the router seed, and so every derived seed, and every
+// seed a block sets itself, by the offset; offset 0 is the file's own.
+func TestSeedOffset(t *testing.T) {
+	cat := testCatalog(t)
+	src := `
+router { seed = 7 }
+policy "a" {
+  picker "p" { type = "min-cost" }
+}
+policy "b" {
+  picker "p" {
+    type = "min-cost"
+    seed = 42
+  }
+}
+worker_selection {
+  aggregated = "a"
+  prefill    = "b"
+}
+`
+	seedOf := func(p *policy.Policy) int64 { return p.Picker.(*testPicker).params.Int(SeedParam, 0) }
+	load := func(offset int64) *PolicyFile {
+		t.Helper()
+		b, diags := LoadWith("t.hcl", []byte(src), cat, Options{SeedOffset: offset})
+		if diags.HasErrors() {
+			t.Fatalf("errors:\n%s", FormatDiagnostics(diags))
+		}
+		return b
+	}
+	base, moved := load(0), load(3)
+	if *base.Seed != 7 || *moved.Seed != 10 {
+		t.Errorf("router seed %d with offset 0, %d with 3; want 7 and 10", *base.Seed, *moved.Seed)
+	}
+	if got := seedOf(moved.Policies["b"]); got != 45 {
+		t.Errorf("own seed 42 with offset 3: %d, want 45", got)
+	}
+	if a0, a3 := seedOf(base.Policies["a"]), seedOf(moved.Policies["a"]); a0 == a3 {
+		t.Errorf("derived seed %d did not move with the offset", a0)
+	}
+	if again := seedOf(load(3).Policies["a"]); again != seedOf(moved.Policies["a"]) {
+		t.Errorf("offset seeds not reproducible")
+	}
+}

@@ -122,7 +122,7 @@ router: fb(2P+2D): policy "kv" made 3 of 20 selections fall back (15.0%): error 
 	if err := WriteTable(&table, []*Report{rep}); err != nil {
 		t.Fatal(err)
 	}
-	if row := strings.Fields(strings.Split(table.String(), "\n")[1]); len(row) < 5 || strings.Join(row[:5], " ") != "fb(2P+2D) 10 0 16 (80.0%)" {
+	if row := strings.Fields(strings.Split(table.String(), "\n")[1]); len(row) < 6 || strings.Join(row[:6], " ") != "fb(2P+2D) 10 10 0 16 (80.0%)" {
 		t.Errorf("table row %q, want the fallbacks cell 16 (80.0%%)", row)
 	}
 }

@@ -178,7 +178,7 @@ func MetricByName(name string) (Metric, bool) {
 // DefaultColumns are the table's columns when --columns is not given: a
 // concise table. Columns whose metric no row has (belief, shadow_agree,
 // goodput without --slo) are left out (see Columns).
-var DefaultColumns = []string{"completed", "rejected", "fallbacks", "ttft_p50", "ttft_p90", "ttft_p99",
+var DefaultColumns = []string{"requests", "completed", "rejected", "fallbacks", "ttft_p50", "ttft_p90", "ttft_p99",
 	"tpot_p90", "itl_p99", "e2e_p99", "queue_p99", "kv_hit", "of_ref", "belief", "shadow_agree",
 	"preemptions", "output_tok_s", "goodput", "goodput_per_s"}
 

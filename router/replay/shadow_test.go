@@ -142,8 +142,8 @@ func TestShadowReplay(t *testing.T) {
 			!strings.Contains(table.String(), "shadow agree = selections on which") {
 			t.Errorf("table lacks the shadow column:\n%s", table.String())
 		}
-		if f := strings.Fields(lines[1]); f[13] != "-" {
-			t.Errorf("the shadowless row's shadow cell is %q, want -:\n%s", f[13], table.String())
+		if f := strings.Fields(lines[1]); f[14] != "-" {
+			t.Errorf("the shadowless row's shadow cell is %q, want -:\n%s", f[14], table.String())
 		}
 	})
 
