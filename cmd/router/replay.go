@@ -45,14 +45,14 @@ type replayFlags struct {
 	seeds int
 	// baseline is --baseline NAME[:COLUMN]; slo --slo; columns --columns;
 	// html --html FILE.
-	baseline string
-	slo      string
-	columns  string
-	html     string
-	limit       int
-	perRequest  string
-	report      string
-	compare     []string
+	baseline   string
+	slo        string
+	columns    string
+	html       string
+	limit      int
+	perRequest string
+	report     string
+	compare    []string
 	// prefix is --prefix: approximate, precise or both; kvEventDelay the
 	// precise runs' KV event delay.
 	prefix       string
