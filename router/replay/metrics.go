@@ -374,10 +374,45 @@ func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 	if cmp.Baseline != "" {
 		fmt.Fprintf(&legend, "Δ = the change of the row's %s against %s's on the same fleet, in percent\n", bm.Header, cmp.Baseline)
 	}
+	legend.WriteString(bestGoodput(cells))
 	if _, err := io.WriteString(w, legend.String()); err != nil {
 		return err
 	}
 	return writeClasses(w, cells)
+}
+
+// bestGoodput is the line naming, fleet by fleet, the row of the highest
+// median goodput (ties named together), "" without goodput or with a
+// single row.
+func bestGoodput(cells []Cell) string {
+	m, _ := MetricByName("goodput")
+	var fleets []string
+	best := map[string][]string{}
+	top := map[string]float64{}
+	for _, c := range cells {
+		s, ok := c.Stat(m)
+		if !ok {
+			continue
+		}
+		f := c.Fleet()
+		switch t, seen := top[f]; {
+		case !seen:
+			fleets = append(fleets, f)
+			fallthrough
+		case s.Median > t:
+			top[f], best[f] = s.Median, []string{c.Label()}
+		case s.Median == t:
+			best[f] = append(best[f], c.Label())
+		}
+	}
+	if len(fleets) == 0 || len(cells) < 2 {
+		return ""
+	}
+	parts := make([]string, len(fleets))
+	for i, f := range fleets {
+		parts[i] = fmt.Sprintf("%s on %s workers (%s)", strings.Join(best[f], " and "), f, m.Format(top[f]))
+	}
+	return "highest goodput: " + strings.Join(parts, "; ") + "\n"
 }
 
 // cellText is c's column m: the median, then [min–max] when the runs

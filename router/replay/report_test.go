@@ -230,6 +230,23 @@ func TestWriteComparisonSeedsSweepBaseline(t *testing.T) {
 	}
 }
 
+// With goodput the table ends with the best row of each fleet.
+func TestBestGoodput(t *testing.T) {
+	rep := func(policy string, workers int, share float64) *Report {
+		return &Report{Policy: policy, Workers: workers, Goodput: &Goodput{Share: share}}
+	}
+	cells := []Cell{
+		{Runs: []*Report{rep("rr", 4, 0.5)}}, {Runs: []*Report{rep("kv", 4, 0.8)}},
+		{Runs: []*Report{rep("rr", 8, 0.9)}}, {Runs: []*Report{rep("kv", 8, 0.9)}},
+	}
+	if got, want := bestGoodput(cells), "highest goodput: kv on 4 workers (80.0%); rr and kv on 8 workers (90.0%)\n"; got != want {
+		t.Errorf("%q, want %q", got, want)
+	}
+	if got := bestGoodput([]Cell{{Runs: []*Report{rep("rr", 4, 0.5)}}}); got != "" {
+		t.Errorf("one row: %q, want nothing", got)
+	}
+}
+
 func TestParseColumns(t *testing.T) {
 	cols, err := ParseColumns("default,e2e_p50,ttft_p50")
 	if err != nil {
