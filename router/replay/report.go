@@ -494,6 +494,7 @@ type tally struct {
 	slo                       SLO       // Options.SLO
 	met                       int       // completed requests that met slo
 	itl                       *hdrhistogram.Histogram
+	gapUs, gapN               int64 // a run of equal gaps not yet in itl (tokenGap)
 	prompt, cached, predicted int64 // tokens of completed requests (Report.KVHitRatio, RouterOverlapRatio)
 	believed                  int   // Report.BeliefAccuracy's count
 	// classes are the counts of each class, by index: the queue's classes
@@ -624,14 +625,29 @@ func newITLHistogram() *hdrhistogram.Histogram {
 }
 
 // tokenGap records n inter-token gaps of length gap
-// (sim.Worker.OnTokenGap), rounded to the microsecond (at least 1).
+// (sim.Worker.OnTokenGap), rounded to the microsecond (at least 1). Runs
+// of equal gaps, which a step gives every request that decoded in the
+// step before, are recorded at once.
 func (t *tally) tokenGap(gap time.Duration, n int) {
 	us := max(int64((gap+time.Microsecond/2)/time.Microsecond), 1)
-	_ = t.itl.RecordValues(min(us, t.itl.HighestTrackableValue()), int64(n)) // in range: cannot fail
+	if us != t.gapUs {
+		t.flushGaps()
+		t.gapUs = us
+	}
+	t.gapN += int64(n)
+}
+
+// flushGaps records the run of equal gaps tokenGap holds.
+func (t *tally) flushGaps() {
+	if t.gapN > 0 {
+		_ = t.itl.RecordValues(min(t.gapUs, t.itl.HighestTrackableValue()), t.gapN) // in range: cannot fail
+	}
+	t.gapN = 0
 }
 
 // itlSummary is the ITL histogram's summary in ms.
 func (t *tally) itlSummary() Summary {
+	t.flushGaps()
 	h := t.itl
 	if h == nil || h.TotalCount() == 0 {
 		return Summary{}
