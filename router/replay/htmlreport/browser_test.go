@@ -58,8 +58,9 @@ type figureInfo struct {
 	Title string  // the chart's first text (its title)
 	Width float64 // the drawn size, in CSS pixels
 	Texts []string
-	// Data is the chart's paths of three or more segments (lines, CDFs,
-	// bands, glyphs): axes, ticks and grid lines have one.
+	// Data is the chart's paths in a series' color (not the black,
+	// gray and white of axes, grid and background) of two or more
+	// segments: lines, bands and glyphs, not the legend's line samples.
 	Data int
 }
 
@@ -146,7 +147,9 @@ func TestReportInChromium(t *testing.T) {
   const svg = f.querySelector("svg");
   if (!svg) return {Title: "", Width: 0, Texts: [], Data: 0};
   const texts = [...svg.querySelectorAll("text")].map(t => t.textContent);
-  const data = [...svg.querySelectorAll("path")].filter(p => ((p.getAttribute("d") || "").match(/[LACQ]/g) || []).length >= 3).length;
+  const colored = p => ((p.getAttribute("style") || "").match(/#[0-9A-Fa-f]{6}/g) || []).some(c => !["#000000", "#808080", "#FFFFFF"].includes(c.toUpperCase()));
+  const segments = p => ((p.getAttribute("d") || "").match(/[LACQ]/g) || []).length;
+  const data = [...svg.querySelectorAll("path")].filter(p => colored(p) && segments(p) >= 2).length;
   return {Title: texts[0] || "", Width: svg.getBoundingClientRect().width, Texts: texts, Data: data};
 })`)(ctx, target)
 		return chromedp.Void{}, err

@@ -6,6 +6,7 @@ import (
 	"image/color"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -30,7 +31,9 @@ type chart struct {
 	// xMax and yMax, when not NaN, fix the axes' upper ends (so charts of
 	// one fleet share a scale); the lower ends are 0 (logX: the data's).
 	xMax, yMax float64
-	series     []series
+	// xTicks, when set, are the x axis's ticks (a sweep's fleets).
+	xTicks []plot.Tick
+	series []series
 }
 
 // series is one legend entry: a line, or a filled band between two
@@ -50,8 +53,8 @@ type series struct {
 
 // The chart size, in points; the page scales it to its column's width.
 const (
-	chartW = 440
-	chartH = 260
+	chartW = 400
+	chartH = 250
 )
 
 // sans is the charts' font: Liberation Sans, metric-compatible with
@@ -63,15 +66,16 @@ var sans = font.Font{Typeface: "Liberation", Variant: "Sans"}
 func (c chart) svg() (string, error) {
 	p := plot.New()
 	p.Title.Text = c.title
-	p.Title.TextStyle.Font = font.From(sans, 12)
+	p.Title.TextStyle.Font = font.From(sans, 13)
 	p.X.Label.Text, p.Y.Label.Text = c.xLabel, c.yLabel
 	for _, a := range []*plot.Axis{&p.X, &p.Y} {
-		a.Label.TextStyle.Font = font.From(sans, 10)
-		a.Tick.Label.Font = font.From(sans, 9)
+		a.Label.TextStyle.Font = font.From(sans, 11)
+		a.Tick.Label.Font = font.From(sans, 10)
+		a.Tick.Marker = plainTicks{}
 	}
 	p.Add(plotter.NewGrid())
 	legend := plot.NewLegend()
-	legend.TextStyle.Font = font.From(sans, 9)
+	legend.TextStyle.Font = font.From(sans, 10)
 	legend.Left = true
 	for _, s := range c.series {
 		if s.lo != nil {
@@ -124,6 +128,9 @@ func (c chart) svg() (string, error) {
 	if !math.IsNaN(c.yMax) {
 		p.Y.Max = max(c.yMax, p.Y.Max)
 	}
+	if c.xTicks != nil {
+		p.X.Tick.Marker = plot.ConstantTicks(c.xTicks)
+	}
 	if p.Y.Max <= p.Y.Min {
 		p.Y.Max = p.Y.Min + 1 // a flat zero line, drawn on an axis of 0..1
 	}
@@ -142,6 +149,21 @@ func (c chart) svg() (string, error) {
 	// The XML prolog and comment before <svg> belong to a file, not to an
 	// element inside HTML.
 	return s[strings.Index(s, "<svg"):], nil
+}
+
+// plainTicks are gonum's default ticks, labelled without trailing
+// zeros ("2500", not "2500.00").
+type plainTicks struct{}
+
+func (plainTicks) Ticks(lo, hi float64) []plot.Tick {
+	ts := plot.DefaultTicks{}.Ticks(lo, hi)
+	for i := range ts {
+		if ts[i].Label != "" {
+			v, _ := strconv.ParseFloat(strconv.FormatFloat(ts[i].Value, 'g', 6, 64), 64)
+			ts[i].Label = strconv.FormatFloat(v, 'f', -1, 64)
+		}
+	}
+	return ts
 }
 
 // legendWidth is the width the legend takes right of the plot area.

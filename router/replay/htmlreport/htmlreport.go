@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 
+	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
@@ -276,15 +277,20 @@ func newFleetSection(f string, cells []replay.Cell, sweep bool) (fleetSection, e
 			if which == "E2E" {
 				q = d.E2E
 			}
+			xys := cdf(q)
+			if len(xys) == 0 { // every value 0: nothing on a log axis
+				missing = append(missing, c.Label())
+				continue
+			}
 			col, dash := colorOf(slices.Index(names, c.Label()))
-			ch.series = append(ch.series, series{name: c.Label(), xys: cdf(q), color: col, dashes: dash})
+			ch.series = append(ch.series, series{name: c.Label(), xys: xys, color: col, dashes: dash})
 		}
-		fig, err := figureOf(ch, len(ch.series) > 0, "no "+which+" distribution: no completed request, or replayed without timelines")
+		fig, err := figureOf(ch, len(ch.series) > 0, "no "+which+" distribution: no completed request (or none above 0 ms), or replayed without timelines")
 		if err != nil {
 			return s, err
 		}
 		if len(missing) > 0 && len(ch.series) > 0 {
-			fig.Note = "left out (no distribution): " + strings.Join(missing, ", ")
+			fig.Note = "left out (no distribution, or none above 0 ms): " + strings.Join(missing, ", ")
 		}
 		s.CDFs = append(s.CDFs, fig)
 	}
@@ -357,10 +363,18 @@ func sweepFigures(cells []replay.Cell) ([]figure, error) {
 	if disagg {
 		xLabel = "workers (prefill + decode)"
 	}
+	var ticks []plot.Tick
+	for _, c := range cells {
+		x := float64(c.Runs[0].Workers)
+		if !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Value == x }) {
+			ticks = append(ticks, plot.Tick{Value: x, Label: c.Fleet()})
+		}
+	}
 	var out []figure
 	for _, name := range sweepMetrics {
 		m, _ := replay.MetricByName(name)
-		ch := chart{title: m.Header + " against fleet size", xLabel: xLabel, yLabel: axisLabel(m), xMax: math.NaN(), yMax: math.NaN()}
+		ch := chart{title: m.Header + " against fleet size", xLabel: xLabel, yLabel: axisLabel(m), xMax: math.NaN(), xTicks: ticks}
+		top := 0.0
 		for i, label := range names {
 			type point struct {
 				workers float64
@@ -383,6 +397,7 @@ func sweepFigures(cells []replay.Cell) ([]figure, error) {
 				s.xys = append(s.xys, plotter.XY{X: p.workers, Y: p.st.Median})
 				s.errs = append(s.errs, struct{ Low, High float64 }{p.st.Median - p.st.Min, p.st.Max - p.st.Median})
 				spread = spread || p.st.Min != p.st.Max
+				top = max(top, p.st.Max)
 			}
 			if !spread {
 				s.errs = nil
@@ -392,6 +407,7 @@ func sweepFigures(cells []replay.Cell) ([]figure, error) {
 		if len(ch.series) == 0 {
 			continue
 		}
+		ch.yMax = top * 1.08 // room between the highest bar and the title
 		fig, err := figureOf(ch, true, "")
 		if err != nil {
 			return nil, err

@@ -26,7 +26,7 @@ td .better { color: #17702d; }
 td .worse { color: #b3261e; }
 .scroll { overflow-x: auto; }
 .legend { font-size: .8rem; color: #444; padding-left: 1.2rem; }
-.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(520px, 1fr)); gap: .8rem; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(400px, 1fr)); gap: .8rem; }
 figure { margin: 0; }
 figure svg { width: 100%; height: auto; }
 figure svg text { font-family: "Liberation Sans", Arial, Helvetica, sans-serif !important; }
@@ -38,7 +38,7 @@ figure svg text { font-family: "Liberation Sans", Arial, Helvetica, sans-serif !
 <p class="meta">Trace {{.Trace}}, {{.Requests}} requests per run{{if gt .Seeds 1}}, {{.Seeds}} seeds per row{{end}}.{{if .SLO}} Goodput targets (--slo): {{.SLO}}.{{end}}</p>
 {{with .Command}}<pre>{{.}}</pre>{{end}}
 
-<h2>Comparison</h2>
+<h2 id="comparison">Comparison</h2>
 <div class="scroll">
 <table>
 <thead><tr><th class="label">policy</th>{{if .Table.Fleets}}<th>workers</th>{{end}}{{range .Table.Columns}}<th>{{.Header}}<span class="unit">{{.Unit}}{{with .Better}} {{.}}{{end}}</span></th>{{end}}</tr></thead>
@@ -55,14 +55,14 @@ figure svg text { font-family: "Liberation Sans", Arial, Helvetica, sans-serif !
 {{end}}</ul>
 
 {{range .Fleets}}
-<h2>Latency distributions{{if gt (len $.Fleets) 1}}, {{.Heading}}{{end}}</h2>
+<h2 id="cdf-{{.Fleet}}">Latency distributions{{if gt (len $.Fleets) 1}}, {{.Heading}}{{end}}</h2>
 <div class="grid">{{range .CDFs}}{{template "figure" .}}{{end}}</div>
-<h2>Over time{{if gt (len $.Fleets) 1}}, {{.Heading}}{{end}}</h2>
+<h2 id="time-{{.Fleet}}">Over time{{if gt (len $.Fleets) 1}}, {{.Heading}}{{end}}</h2>
 {{range .Cells}}<h3>{{.Label}}</h3>
 <div class="grid">{{range .Figures}}{{template "figure" .}}{{end}}</div>
 {{end}}{{end}}
 
-{{if .Sweep}}<h2>Against fleet size</h2>
+{{if .Sweep}}<h2 id="sweep">Against fleet size</h2>
 <p class="meta">Each point is a row of the table: the median of its seeds, with bars from the least to the greatest.</p>
 <div class="grid">{{range .Sweep}}{{template "figure" .}}{{end}}</div>
 {{end}}
