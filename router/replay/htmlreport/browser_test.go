@@ -85,8 +85,10 @@ func TestReportInChromium(t *testing.T) {
 	}
 	t.Logf("page: %s (%d bytes)", file, page.Len())
 
+	// No sandbox: CI runs as root in a container, where Chromium's sandbox
+	// cannot start. The defaults are headless, with --disable-dev-shm-usage.
 	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
-		chromedp.Flag("disable-dev-shm-usage", true), chromedp.WindowSize(1400, 1000))
+		chromedp.WindowSize(1400, 1000))
 	// The machine may be loaded: generous bounds, on the whole browser and
 	// on each step, never an assertion of speed.
 	whole, cancelWhole := context.WithTimeout(context.Background(), 5*time.Minute)

@@ -76,7 +76,7 @@ func (c chart) svg() (string, error) {
 	p.Add(plotter.NewGrid())
 	legend := plot.NewLegend()
 	legend.TextStyle.Font = font.From(sans, 10)
-	legend.Left = true
+	legend.Left, legend.Top = true, true
 	for _, s := range c.series {
 		if s.lo != nil {
 			poly, err := plotter.NewPolygon(band(s.lo, s.hi))
@@ -139,7 +139,7 @@ func (c chart) svg() (string, error) {
 	dc := draw.New(canvas)
 	lw := legendWidth(legend, c.series)
 	p.Draw(draw.Crop(dc, 0, -lw, 0, 0))
-	legend.Top = true
+	// The legend right of the plot area, under the title's height.
 	legend.Draw(draw.Crop(dc, chartW-lw+6, -4, 0, -24))
 	var b bytes.Buffer
 	if _, err := canvas.WriteTo(&b); err != nil {

@@ -41,7 +41,8 @@ type Input struct {
 	Cells []replay.Cell
 	// Comparison chooses the table's columns (replay.TableColumns) and
 	// its baseline: with Baseline set, every cell shows its percent
-	// change against the baseline policy's cell on the same fleet.
+	// change against the baseline policy's cell on the same fleet, so
+	// BaselineMetric (the text table's one delta column) is not used.
 	Comparison replay.Comparison
 	// SLO is --slo as given (such as "ttft=500ms,tpot=50ms"), shown with
 	// the goodput columns; "" for none.
