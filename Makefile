@@ -9,7 +9,7 @@ PKGS        := ./...
 PYTHON      := /usr/bin/python3
 PYTHON_DEBS := python3-grpcio python3-protobuf
 
-.PHONY: all build test python-deps test-under-load vet fmt-check lint bench bench-serve bench-overlap demo demo-serve proto proto-check clean
+.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-serve bench-overlap demo demo-serve proto proto-check clean
 
 all: build
 
@@ -19,17 +19,23 @@ build:
 
 ## test: gofmt check, go vet, every Go test under the race detector, and the
 ## Python SDK's and scripts/' unit tests (installs the Debian packages they and the Go tests
-## that start the Python example plugin need, when missing). A package may
-## take 30 minutes: cmd/router's real-process tests take about 4 on an idle
+## that start the Python example plugin need, when missing, and Chromium for
+## the HTML report's browser test, which then must run: SWITCHYARD_REQUIRE_BROWSER=1).
+## A package may take 30 minutes: cmd/router's real-process tests take about 4 on an idle
 ## 2-core machine and more than 10 (go test's default) under stress-ng.
-test: fmt-check vet python-deps
-	$(GO) test -race -count=1 -timeout 30m $(PKGS)
+test: fmt-check vet python-deps browser-deps
+	SWITCHYARD_REQUIRE_BROWSER=1 $(GO) test -race -count=1 -timeout 30m $(PKGS)
 	$(PYTHON) -m unittest discover -s sdk/python/tests -t sdk/python
 	$(PYTHON) -m unittest discover -s scripts -p 'test_*.py'
 
 ## python-deps: Debian's Python gRPC and protobuf, for sdk/python
 python-deps:
 	scripts/apt-install.sh $(PYTHON_DEBS)
+
+## browser-deps: Debian's chromium, for the HTML report's browser test
+## (router/replay/htmlreport; screenshots go to SWITCHYARD_ARTIFACTS when set)
+browser-deps:
+	scripts/apt-install.sh chromium
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -314,13 +314,7 @@ func BaselineOf(cells []Cell, c Cell, name string) (Cell, bool) {
 // columns shown. Cells of one run with more than one queue class are
 // broken down by class in a second table under it.
 func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
-	cols := cmp.Columns
-	if len(cols) == 0 {
-		cols, _ = ParseColumns("default")
-	}
-	cols = slices.DeleteFunc(slices.Clone(cols), func(m Metric) bool {
-		return !slices.ContainsFunc(cells, func(c Cell) bool { _, ok := c.Stat(m); return ok })
-	})
+	cols := TableColumns(cells, cmp)
 	fleets := map[string]bool{}
 	seeds := 1
 	for _, c := range cells {
@@ -349,7 +343,7 @@ func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 			row += c.Fleet() + "\t"
 		}
 		for _, m := range cols {
-			row += cellText(c, m) + "\t"
+			row += c.Text(m) + "\t"
 		}
 		if cmp.Baseline != "" {
 			row += deltaText(cells, c, cmp.Baseline, bm) + "\t"
@@ -415,9 +409,23 @@ func bestGoodput(cells []Cell) string {
 	return "highest goodput: " + strings.Join(parts, "; ") + "\n"
 }
 
-// cellText is c's column m: the median, then [min–max] when the runs
-// differ; "-" when c has no value.
-func cellText(c Cell, m Metric) string {
+// TableColumns is the columns WriteComparison shows for cells: cmp.Columns
+// (DefaultColumns when empty), less those of which no cell has a value.
+func TableColumns(cells []Cell, cmp Comparison) []Metric {
+	cols := cmp.Columns
+	if len(cols) == 0 {
+		cols, _ = ParseColumns("default")
+	}
+	return slices.DeleteFunc(slices.Clone(cols), func(m Metric) bool {
+		return !slices.ContainsFunc(cells, func(c Cell) bool { _, ok := c.Stat(m); return ok })
+	})
+}
+
+// Text is c's cell in column m as WriteComparison writes it: the median
+// in m's format, then " [least–greatest]" when the runs' values differ;
+// a single run's fallbacks with their share of selections; "-" when c
+// has no value.
+func (c Cell) Text(m Metric) string {
 	s, ok := c.Stat(m)
 	if !ok {
 		return "-"

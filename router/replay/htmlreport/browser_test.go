@@ -1,0 +1,207 @@
+package htmlreport
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/log"
+	"github.com/chromedp/cdproto/network"
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+
+	"github.com/switchyard-router/switchyard/router/replay"
+)
+
+// browser is the path of a Chromium or Chrome on PATH. Without one the
+// test fails when SWITCHYARD_REQUIRE_BROWSER=1 (make test sets it, after
+// installing Debian's chromium), and is skipped otherwise.
+func browser(t *testing.T) string {
+	t.Helper()
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if path, err := exec.LookPath(name); err == nil {
+			return path
+		}
+	}
+	if os.Getenv("SWITCHYARD_REQUIRE_BROWSER") == "1" {
+		t.Fatal("no chromium, chromium-browser or google-chrome on PATH, and SWITCHYARD_REQUIRE_BROWSER=1 (make browser-deps installs Debian's chromium)")
+	}
+	t.Skip("no chromium, chromium-browser or google-chrome on PATH (make browser-deps installs it)")
+	return ""
+}
+
+// artifacts is the directory the test keeps its screenshot and page in:
+// $SWITCHYARD_ARTIFACTS, or else a temporary directory.
+func artifacts(t *testing.T) string {
+	t.Helper()
+	dir := os.Getenv("SWITCHYARD_ARTIFACTS")
+	if dir == "" {
+		return t.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// figureInfo is what the page's script reads of one figure's chart.
+type figureInfo struct {
+	Title string  // the chart's first text (its title)
+	Width float64 // the drawn size, in CSS pixels
+	Texts []string
+	// Data is the chart's paths in a series' color (not the black,
+	// gray and white of axes, grid and background) of two or more
+	// segments: lines, bands and glyphs, not the legend's line samples.
+	Data int
+}
+
+// The report of a real sweep (two policies, two fleets, two seeds; the
+// larger fleet over MaxWorkerLines) opens in headless Chromium from a
+// file: with no console message of error or warning level, no exception,
+// no request but the page's own, and every chart drawn with data, its
+// title and its axis labels. The screenshot and the page are kept.
+func TestReportInChromium(t *testing.T) {
+	path := browser(t)
+	cells := mustCells(t)
+	dir := artifacts(t)
+	var page bytes.Buffer
+	in := Input{Title: "browser test", Trace: "mooncake_arxiv_trace_first1000.jsonl", Requests: fixtureRequests, Cells: cells,
+		Comparison: replay.Comparison{Baseline: "power-of-two"}, SLO: fixtureSLO.String(), Command: "router replay --html report.html"}
+	if err := Write(&page, in); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(dir, "replay-report.html")
+	if err := os.WriteFile(file, page.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("page: %s (%d bytes)", file, page.Len())
+
+	// No sandbox: CI runs as root in a container, where Chromium's sandbox
+	// cannot start. The defaults are headless, with --disable-dev-shm-usage.
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(path), chromedp.NoSandbox,
+		chromedp.WindowSize(1400, 1000))
+	// The machine may be loaded: generous bounds, on the whole browser and
+	// on each step, never an assertion of speed.
+	whole, cancelWhole := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancelWhole()
+	actx, cancelAlloc := chromedp.NewExecAllocator(whole, opts...)
+	defer cancelAlloc()
+	ctx, cancel := chromedp.NewContext(actx)
+	defer cancel()
+	step := func(what string, a chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+		defer cancel()
+		if _, err := chromedp.Run(sctx, a); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	// Start the browser before subscribing (Listen needs its tab), on the
+	// context without a step's timeout: the browser lives as long as the
+	// context of the first Run.
+	if err := chromedp.Do(ctx); err != nil {
+		t.Fatalf("start %s: %v", path, err)
+	}
+
+	var (
+		mu       sync.Mutex
+		problems []string
+		requests []string
+	)
+	err := chromedp.Listen(ctx, func(ev any) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch e := ev.(type) {
+		case *runtime.EventConsoleAPICalled:
+			if e.Type == runtime.ConsoleAPICalledTypeError || e.Type == runtime.ConsoleAPICalledTypeWarning ||
+				e.Type == runtime.ConsoleAPICalledTypeAssert {
+				problems = append(problems, fmt.Sprintf("console %s", e.Type))
+			}
+		case *runtime.EventExceptionThrown:
+			problems = append(problems, "exception: "+e.ExceptionDetails.Text)
+		case *log.EventEntryAdded:
+			if e.Entry.Level == log.EntryLevelError || e.Entry.Level == log.EntryLevelWarning {
+				problems = append(problems, fmt.Sprintf("log %s (%s): %s", e.Entry.Level, e.Entry.Source, e.Entry.Text))
+			}
+		case *network.EventRequestWillBeSent:
+			requests = append(requests, e.Request.URL)
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pageURL := (&url.URL{Scheme: "file", Path: file}).String()
+	step("open "+pageURL, chromedp.Navigate(pageURL))
+
+	var figures []figureInfo
+	step("read the charts", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+		var err error
+		figures, err = chromedp.Evaluate[[]figureInfo](`[...document.querySelectorAll("figure")].map(f => {
+  const svg = f.querySelector("svg");
+  if (!svg) return {Title: "", Width: 0, Texts: [], Data: 0};
+  const texts = [...svg.querySelectorAll("text")].map(t => t.textContent);
+  const colored = p => ((p.getAttribute("style") || "").match(/#[0-9A-Fa-f]{6}/g) || []).some(c => !["#000000", "#808080", "#FFFFFF"].includes(c.toUpperCase()));
+  const segments = p => ((p.getAttribute("d") || "").match(/[LACQ]/g) || []).length;
+  const data = [...svg.querySelectorAll("path")].filter(p => colored(p) && segments(p) >= 2).length;
+  return {Title: texts[0] || "", Width: svg.getBoundingClientRect().width, Texts: texts, Data: data};
+})`)(ctx, target)
+		return chromedp.Void{}, err
+	})
+	var rows int
+	step("count the table's rows", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+		var err error
+		rows, err = chromedp.Evaluate[int](`document.querySelectorAll("table tbody tr").length`)(ctx, target)
+		return chromedp.Void{}, err
+	})
+	var shot []byte
+	step("screenshot", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+		var err error
+		shot, err = chromedp.FullScreenshot(100)(ctx, target)
+		return chromedp.Void{}, err
+	})
+	png := filepath.Join(dir, "replay-report.png")
+	if err := os.WriteFile(png, shot, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s", png)
+
+	mu.Lock()
+	defer mu.Unlock()
+	if len(problems) > 0 {
+		t.Errorf("the page logged %d problems: %s", len(problems), strings.Join(problems, "; "))
+	}
+	if len(requests) != 1 || requests[0] != pageURL {
+		t.Errorf("requests %q; want only the page's own, %s", requests, pageURL)
+	}
+	if rows != len(cells) {
+		t.Errorf("table of %d rows, want %d (one per cell)", rows, len(cells))
+	}
+	// Per fleet: two CDFs and three charts per cell (in flight, queue, KV
+	// hit); then the eight sweep metrics (goodput has a value: an SLO).
+	want := len(fixtureFleets)*2 + len(cells)*3 + len(sweepMetrics)
+	if len(figures) != want {
+		t.Fatalf("%d figures, want %d", len(figures), want)
+	}
+	titles := map[string]bool{}
+	for i, f := range figures {
+		if f.Data == 0 || f.Width < 100 {
+			t.Errorf("figure %d %q: %d data paths, %.0f px wide; want a drawn chart", i, f.Title, f.Data, f.Width)
+		}
+		if f.Title == "" || titles[f.Title] {
+			t.Errorf("figure %d: title %q, empty or repeated", i, f.Title)
+		}
+		titles[f.Title] = true
+		if !slices.ContainsFunc(f.Texts, func(s string) bool { return strings.HasSuffix(s, ")") && strings.Contains(s, " (") }) {
+			t.Errorf("figure %d %q: no axis label with its unit in its texts %q", i, f.Title, f.Texts)
+		}
+	}
+}

@@ -1,0 +1,426 @@
+// Package htmlreport writes `router replay --html`: one self-contained
+// HTML page with the comparison table and plots of the replays behind
+// it. The plots are SVG drawn in Go by gonum.org/v1/plot and inlined in
+// the page; the page loads nothing (no script, font, style sheet or
+// image), so it opens offline. docs/replay.md describes each plot.
+package htmlreport
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"html/template"
+	"image/color"
+	"io"
+	"math"
+	"slices"
+	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+
+	"github.com/switchyard-router/switchyard/router/replay"
+)
+
+// Input is what a report shows.
+type Input struct {
+	// Title is the page's title and heading; "router replay" when empty.
+	Title string
+	// Trace is the trace's name, shown under the title.
+	Trace string
+	// Requests is the number of requests each run replayed.
+	Requests int
+	// Cells are the table's rows, in table order (replay.Cell: one policy
+	// on one fleet in one prefix mode, one Report per seed). Plots of
+	// state over time and CDFs use each cell's first run; plots against
+	// fleet size the median of its runs, with min–max error bars. A run
+	// without Timeline or Distributions (replay.Options.Timeline unset)
+	// gets a note in place of those plots. At least one cell, each with
+	// at least one run.
+	Cells []replay.Cell
+	// Comparison chooses the table's columns (replay.TableColumns) and
+	// its baseline: with Baseline set, every cell shows its percent
+	// change against the baseline policy's cell on the same fleet, so
+	// BaselineMetric (the text table's one delta column) is not used.
+	Comparison replay.Comparison
+	// SLO is --slo as given (such as "ttft=500ms,tpot=50ms"), shown with
+	// the goodput columns; "" for none.
+	SLO string
+	// Command is the command line that made the report, shown verbatim;
+	// "" to leave it out.
+	Command string
+}
+
+// ErrNoCells is Write's error for an Input without cells or with a cell
+// without runs.
+var ErrNoCells = errors.New("htmlreport: no replay to report (a cell without runs, or no cells)")
+
+// sweepMetrics are the metrics plotted against fleet size, when the cells
+// have more than one fleet size and the metric has a value.
+var sweepMetrics = []string{"ttft_p50", "ttft_p90", "ttft_p99", "tpot_p90", "itl_p99", "kv_hit", "goodput", "output_tok_s"}
+
+// Write writes in's report to w as one HTML page. Its size is bounded by
+// the cells: at most MaxWorkerLines lines of replay.MaxTimelineSamples
+// points per timeline chart, replay.DistributionPoints per CDF line,
+// whatever the number of workers or requests. The error is ErrNoCells,
+// a chart's that could not be drawn, or w's.
+func Write(w io.Writer, in Input) error {
+	if len(in.Cells) == 0 || slices.ContainsFunc(in.Cells, func(c replay.Cell) bool { return len(c.Runs) == 0 }) {
+		return ErrNoCells
+	}
+	p := page{Input: in, Seeds: 1}
+	if p.Title == "" {
+		p.Title = "router replay"
+	}
+	for _, c := range in.Cells {
+		p.Seeds = max(p.Seeds, len(c.Runs))
+	}
+	p.Table = newTable(in.Cells, in.Comparison)
+	fleets := fleetsOf(in.Cells)
+	var err error
+	for _, f := range fleets {
+		var s fleetSection
+		if s, err = newFleetSection(f, in.Cells, len(fleets) > 1); err != nil {
+			return err
+		}
+		p.Fleets = append(p.Fleets, s)
+	}
+	if len(fleets) > 1 {
+		if p.Sweep, err = sweepFigures(in.Cells); err != nil {
+			return err
+		}
+	}
+	return pageTemplate.Execute(w, p)
+}
+
+// page is the template's data.
+type page struct {
+	Input
+	Seeds  int
+	Table  table
+	Fleets []fleetSection
+	Sweep  []figure
+}
+
+// figure is one chart on the page, or a note in its place.
+type figure struct {
+	SVG  template.HTML
+	Note string
+}
+
+// fleetsOf is the cells' fleets (replay.Cell.Fleet), in first order.
+func fleetsOf(cells []replay.Cell) []string {
+	var out []string
+	for _, c := range cells {
+		if !slices.Contains(out, c.Fleet()) {
+			out = append(out, c.Fleet())
+		}
+	}
+	return out
+}
+
+// labels is the cells' labels (replay.Cell.Label), in first order: a
+// label's index is its color in every chart.
+func labels(cells []replay.Cell) []string {
+	var out []string
+	for _, c := range cells {
+		if !slices.Contains(out, c.Label()) {
+			out = append(out, c.Label())
+		}
+	}
+	return out
+}
+
+// table is the comparison table.
+type table struct {
+	Fleets  bool // a workers column: the cells have more than one fleet
+	Columns []column
+	Rows    []row
+	Legend  []string
+	Delta   string // the baseline's name, when the cells show deltas
+}
+
+// column is a column's header: its unit, and "↓" or "↑" when lower or
+// higher values are better.
+type column struct {
+	Header, Unit, Better string
+}
+
+// row is a table row; Baseline marks the baseline policy's own rows.
+type row struct {
+	Label, Fleet string
+	Baseline     bool
+	Cells        []tableCell
+}
+
+// tableCell is one cell: the median (replay.Cell.Text before its
+// range), the runs' range ("least–greatest", "" when they agree), and the
+// change against the baseline ("" for none, and on the baseline's own
+// row).
+type tableCell struct {
+	Value, Range, Delta string
+	// Better is true, and Worse, when the delta is an improvement or a
+	// regression for a metric with a direction.
+	Better, Worse bool
+}
+
+func newTable(cells []replay.Cell, cmp replay.Comparison) table {
+	cols := replay.TableColumns(cells, cmp)
+	t := table{Fleets: len(fleetsOf(cells)) > 1, Delta: cmp.Baseline}
+	said := map[string]bool{}
+	for _, m := range cols {
+		col := column{Header: m.Header, Unit: m.Unit}
+		switch {
+		case m.Lower:
+			col.Better = "↓"
+		case directed(m):
+			col.Better = "↑"
+		}
+		t.Columns = append(t.Columns, col)
+		if m.Legend != "" && !said[m.Legend] {
+			said[m.Legend] = true
+			t.Legend = append(t.Legend, m.Legend)
+		}
+	}
+	for _, c := range cells {
+		r := row{Label: c.Label(), Fleet: c.Fleet(), Baseline: cmp.Baseline != "" && c.Runs[0].Policy == cmp.Baseline}
+		for _, m := range cols {
+			text := c.Text(m)
+			value, rng, _ := strings.Cut(text, " [")
+			tc := tableCell{Value: value, Range: strings.TrimSuffix(rng, "]")}
+			if cmp.Baseline != "" {
+				tc.Delta, tc.Better, tc.Worse = delta(cells, c, cmp.Baseline, m)
+			}
+			r.Cells = append(r.Cells, tc)
+		}
+		t.Rows = append(t.Rows, r)
+	}
+	return t
+}
+
+// delta is c's change in m against the baseline's cell on its fleet:
+// "+3.1%", "" on the baseline's own row and without one; and whether
+// it is better or worse, for metrics lower is better of (replay.Metric's
+// Lower) and the shares and rates higher is better of.
+func delta(cells []replay.Cell, c replay.Cell, baseline string, m replay.Metric) (text string, better, worse bool) {
+	base, ok := replay.BaselineOf(cells, c, baseline)
+	switch {
+	case !ok, base.Runs[0] == c.Runs[0]:
+		return "", false, false
+	}
+	d, ok := replay.Delta(c, base, m)
+	if !ok {
+		return "", false, false
+	}
+	text = fmt.Sprintf("%+.1f%%", d)
+	if text == "+0.0%" || text == "-0.0%" || !directed(m) {
+		return text, false, false
+	}
+	if m.Lower {
+		return text, d < 0, d > 0
+	}
+	return text, d > 0, d < 0
+}
+
+// directed is true for the metrics one direction of is better: those
+// lower is better of, and these, higher.
+func directed(m replay.Metric) bool {
+	switch m.Name {
+	case "completed", "kv_hit", "of_ref", "belief", "output_tok_s", "goodput", "goodput_per_s", "req_s_wall":
+		return true
+	}
+	return m.Lower
+}
+
+// fleetSection is one fleet's plots: the CDFs of its cells, then each
+// cell's state over time.
+type fleetSection struct {
+	Fleet, Heading string
+	CDFs           []figure
+	Cells          []cellFigures
+}
+
+type cellFigures struct {
+	Label   string
+	Figures []figure
+}
+
+func fleetName(f string) string {
+	if strings.Contains(f, "P+") {
+		return f + " workers (prefill + decode)"
+	}
+	if f == "1" {
+		return "1 worker"
+	}
+	return f + " workers"
+}
+
+func newFleetSection(f string, cells []replay.Cell, sweep bool) (fleetSection, error) {
+	s := fleetSection{Fleet: f, Heading: fleetName(f)}
+	on := slices.DeleteFunc(slices.Clone(cells), func(c replay.Cell) bool { return c.Fleet() != f })
+	names := labels(cells)
+	suffix := ""
+	if sweep {
+		suffix = ", " + fleetName(f)
+	}
+	for _, which := range []string{"TTFT", "E2E"} {
+		ch := chart{title: which + " CDF" + suffix, xLabel: which + " (ms, log scale)", yLabel: "requests at or below (%)",
+			logX: true, xMax: math.NaN(), yMax: 100}
+		var missing []string
+		for _, c := range on {
+			d := c.Runs[0].Distributions
+			if d == nil || len(d.TTFT) == 0 {
+				missing = append(missing, c.Label())
+				continue
+			}
+			q := d.TTFT
+			if which == "E2E" {
+				q = d.E2E
+			}
+			xys := cdf(q)
+			if len(xys) == 0 { // every value 0: nothing on a log axis
+				missing = append(missing, c.Label())
+				continue
+			}
+			col, dash := colorOf(slices.Index(names, c.Label()))
+			ch.series = append(ch.series, series{name: c.Label(), xys: xys, color: col, dashes: dash})
+		}
+		fig, err := figureOf(ch, len(ch.series) > 0, "no "+which+" distribution: no completed request (or none above 0 ms), or replayed without timelines")
+		if err != nil {
+			return s, err
+		}
+		if len(missing) > 0 && len(ch.series) > 0 {
+			fig.Note = "left out (no distribution, or none above 0 ms): " + strings.Join(missing, ", ")
+		}
+		s.CDFs = append(s.CDFs, fig)
+	}
+	// One scale for the fleet's cells, so their charts compare at a glance.
+	xMax, inFlightMax, queueMax := 0.0, 0.0, 0.0
+	for _, c := range on {
+		if tl := c.Runs[0].Timeline; tl != nil {
+			xMax = max(xMax, float64(len(tl.RouterQueue))*tl.IntervalS)
+			for k := range tl.RouterQueue {
+				queueMax = max(queueMax, float64(tl.RouterQueue[k]), float64(tl.EngineQueue[k]))
+				inFlightMax = max(inFlightMax, float64(slices.Max(tl.InFlight[k])))
+			}
+		}
+	}
+	for _, c := range on {
+		cf := cellFigures{Label: c.Label()}
+		tl := c.Runs[0].Timeline
+		if tl == nil || len(tl.RouterQueue) == 0 {
+			cf.Figures = []figure{{Note: "no timeline: replayed without timelines, or nothing arrived"}}
+			s.Cells = append(s.Cells, cf)
+			continue
+		}
+		title := c.Label() + suffix + ": "
+		hit, ref := kvSeries(tl)
+		col, dash := colorOf(slices.Index(names, c.Label()))
+		charts := []chart{
+			{title: title + "requests in flight", xLabel: "simulated time (s)", yLabel: "requests on the worker",
+				xMax: xMax, yMax: inFlightMax, series: inFlightSeries(tl)},
+			{title: title + "queue depth", xLabel: "simulated time (s)", yLabel: "requests waiting",
+				xMax: xMax, yMax: queueMax, series: queueSeries(tl)},
+			{title: title + "KV hit over time", xLabel: "simulated time (s)", yLabel: "prompt tokens from cache (%)",
+				xMax: xMax, yMax: 100, series: []series{
+					{name: "KV hit", xys: hit, color: col, dashes: dash},
+					{name: "KV reference", xys: ref, color: color.Black, dashes: []vg.Length{vg.Points(4), vg.Points(2)}},
+				}},
+		}
+		for _, ch := range charts {
+			fig, err := figureOf(ch, true, "")
+			if err != nil {
+				return s, err
+			}
+			cf.Figures = append(cf.Figures, fig)
+		}
+		s.Cells = append(s.Cells, cf)
+	}
+	return s, nil
+}
+
+// figureOf is ch's figure, or a note when ok is false.
+func figureOf(ch chart, ok bool, note string) (figure, error) {
+	if !ok {
+		return figure{Note: note}, nil
+	}
+	svg, err := ch.svg()
+	if err != nil {
+		return figure{}, fmt.Errorf("htmlreport: drawing %q: %w", ch.title, err)
+	}
+	// gonum's SVG escapes its text (html.EscapeString).
+	return figure{SVG: template.HTML(svg)}, nil
+}
+
+// sweepFigures plots each of sweepMetrics that a cell has against fleet
+// size (replay.Report.Workers, prefill and decode workers together), one
+// line per label, at the median of the cell's runs with min–max error
+// bars when it has several.
+func sweepFigures(cells []replay.Cell) ([]figure, error) {
+	names := labels(cells)
+	disagg := slices.ContainsFunc(cells, func(c replay.Cell) bool { return strings.Contains(c.Fleet(), "P+") })
+	xLabel := "workers"
+	if disagg {
+		xLabel = "workers (prefill + decode)"
+	}
+	var ticks []plot.Tick
+	for _, c := range cells {
+		x := float64(c.Runs[0].Workers)
+		if !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Value == x }) {
+			ticks = append(ticks, plot.Tick{Value: x, Label: c.Fleet()})
+		}
+	}
+	var out []figure
+	for _, name := range sweepMetrics {
+		m, _ := replay.MetricByName(name)
+		ch := chart{title: m.Header + " against fleet size", xLabel: xLabel, yLabel: axisLabel(m), xMax: math.NaN(), xTicks: ticks}
+		top := 0.0
+		for i, label := range names {
+			type point struct {
+				workers float64
+				st      replay.Stat
+			}
+			var ps []point
+			for _, c := range cells {
+				if st, ok := c.Stat(m); ok && c.Label() == label {
+					ps = append(ps, point{float64(c.Runs[0].Workers), st})
+				}
+			}
+			if len(ps) == 0 {
+				continue
+			}
+			slices.SortStableFunc(ps, func(a, b point) int { return cmp.Compare(a.workers, b.workers) })
+			col, dash := colorOf(i)
+			s := series{name: label, color: col, dashes: dash, points: true}
+			spread := false
+			for _, p := range ps {
+				s.xys = append(s.xys, plotter.XY{X: p.workers, Y: p.st.Median})
+				s.errs = append(s.errs, struct{ Low, High float64 }{p.st.Median - p.st.Min, p.st.Max - p.st.Median})
+				spread = spread || p.st.Min != p.st.Max
+				top = max(top, p.st.Max)
+			}
+			if !spread {
+				s.errs = nil
+			}
+			ch.series = append(ch.series, s)
+		}
+		if len(ch.series) == 0 {
+			continue
+		}
+		ch.yMax = top * 1.08 // room between the highest bar and the title
+		fig, err := figureOf(ch, true, "")
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, fig)
+	}
+	return out, nil
+}
+
+func axisLabel(m replay.Metric) string {
+	if m.Unit == "" {
+		return m.Header
+	}
+	return m.Header + " (" + m.Unit + ")"
+}

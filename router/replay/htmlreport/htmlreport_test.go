@@ -1,0 +1,297 @@
+package htmlreport
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"html"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"gonum.org/v1/plot/plotter"
+
+	"github.com/switchyard-router/switchyard/router/replay"
+)
+
+// The table has the text table's columns, each cell the text table's
+// (the median, then the runs' range), and under it the percent change
+// against the baseline's cell on the same fleet, marked better or worse
+// by the metric's direction; the page holds every value.
+func TestTableMatchesTheTextTable(t *testing.T) {
+	cells := mustCells(t)
+	cmp := replay.Comparison{Baseline: "power-of-two"}
+	tab := newTable(cells, cmp)
+	cols := replay.TableColumns(cells, cmp)
+	if len(tab.Columns) != len(cols) || !tab.Fleets || tab.Delta != "power-of-two" {
+		t.Fatalf("%d columns (fleets %v, delta %q), want %d, a workers column and the baseline", len(tab.Columns), tab.Fleets, tab.Delta, len(cols))
+	}
+	var page bytes.Buffer
+	if err := Write(&page, Input{Cells: cells, Comparison: cmp}); err != nil {
+		t.Fatal(err)
+	}
+	ranges, deltas := 0, 0
+	for i, c := range cells {
+		r := tab.Rows[i]
+		if r.Label != c.Label() || r.Fleet != c.Fleet() || r.Baseline != (c.Runs[0].Policy == "power-of-two") {
+			t.Fatalf("row %d: %q on %q (baseline %v), want %q on %q", i, r.Label, r.Fleet, r.Baseline, c.Label(), c.Fleet())
+		}
+		base, ok := replay.BaselineOf(cells, c, "power-of-two")
+		if !ok {
+			t.Fatalf("row %d: no baseline", i)
+		}
+		for j, m := range cols {
+			if tab.Columns[j].Header != m.Header || tab.Columns[j].Unit != m.Unit {
+				t.Fatalf("column %d: %+v, want %s in %q", j, tab.Columns[j], m.Header, m.Unit)
+			}
+			got := r.Cells[j]
+			text := got.Value
+			if got.Range != "" {
+				text += " [" + got.Range + "]"
+				ranges++
+			}
+			if want := c.Text(m); text != want {
+				t.Errorf("%s/%s %s: %q, want the text table's %q", c.Label(), c.Fleet(), m.Name, text, want)
+			}
+			if !strings.Contains(page.String(), ">"+html.EscapeString(got.Value)+"<") {
+				t.Errorf("%s/%s %s: the page has no cell %q", c.Label(), c.Fleet(), m.Name, got.Value)
+			}
+			d, ok := replay.Delta(c, base, m)
+			switch {
+			case r.Baseline:
+				if got.Delta != "" {
+					t.Errorf("baseline row %s %s: delta %q, want none", c.Fleet(), m.Name, got.Delta)
+				}
+				continue
+			case !ok:
+				if got.Delta != "" {
+					t.Errorf("%s/%s %s: delta %q without a baseline value", c.Label(), c.Fleet(), m.Name, got.Delta)
+				}
+				continue
+			}
+			deltas++
+			if want := fmt.Sprintf("%+.1f%%", d); got.Delta != want {
+				t.Errorf("%s/%s %s: delta %q, want %q", c.Label(), c.Fleet(), m.Name, got.Delta, want)
+			}
+			if m.Name == "ttft_p90" && (got.Better != (d < -0.05) || got.Worse != (d > 0.05)) {
+				t.Errorf("%s/%s TTFT p90 %+.2f%%: better %v worse %v; lower is better", c.Label(), c.Fleet(), d, got.Better, got.Worse)
+			}
+			if m.Name == "kv_hit" && (got.Better != (d > 0.05) || got.Worse != (d < -0.05)) {
+				t.Errorf("%s/%s KV hit %+.2f%%: better %v worse %v; higher is better", c.Label(), c.Fleet(), d, got.Better, got.Worse)
+			}
+		}
+	}
+	// Two seeds of power-of-two differ; the default policy's deltas exist.
+	if ranges == 0 || deltas == 0 {
+		t.Errorf("%d cells with a range, %d with a delta; want some of each", ranges, deltas)
+	}
+}
+
+// KV hit over time is the ratio of the token sums, per window of
+// samples (one sample per window up to kvBins samples), at the window's
+// middle, leaving out windows without prompt tokens; the reference's
+// likewise.
+func TestKVSeriesIsTheRatioOfTokenSums(t *testing.T) {
+	tl := &replay.Timeline{IntervalS: 0.5,
+		PromptTokens: []int64{100, 0, 300, 50}, CachedTokens: []int64{25, 0, 300, 0},
+		ReferencePromptTokens: []int64{0, 200, 300, 50}, ReferenceHitTokens: []int64{0, 100, 150, 50}}
+	hit, ref := kvSeries(tl)
+	if want := (plotter.XYs{{X: 0.25, Y: 25}, {X: 1.25, Y: 100}, {X: 1.75, Y: 0}}); !equalXYs(hit, want) {
+		t.Errorf("hit %v, want %v", hit, want)
+	}
+	if want := (plotter.XYs{{X: 0.75, Y: 50}, {X: 1.25, Y: 50}, {X: 1.75, Y: 100}}); !equalXYs(ref, want) {
+		t.Errorf("reference %v, want %v", ref, want)
+	}
+
+	// 130 samples: windows of 3 (the last of one), at most kvBins.
+	n := 130
+	tl = &replay.Timeline{IntervalS: 1, PromptTokens: make([]int64, n), CachedTokens: make([]int64, n),
+		ReferencePromptTokens: make([]int64, n), ReferenceHitTokens: make([]int64, n)}
+	for k := range n {
+		tl.PromptTokens[k], tl.CachedTokens[k] = int64(10*k+10), int64(k)
+	}
+	hit, ref = kvSeries(tl)
+	if len(hit) != 44 || len(ref) != 0 {
+		t.Fatalf("%d hit points, %d reference points; want 44 windows of 3 samples and none", len(hit), len(ref))
+	}
+	// Window 1 is samples 3..5: cached 3+4+5, prompt 40+50+60.
+	if want := (plotter.XY{X: 4.5, Y: 100 * 12.0 / 150}); hit[1] != want {
+		t.Errorf("window 1: %v, want %v", hit[1], want)
+	}
+	if want := (plotter.XY{X: 129.5, Y: 100 * 129.0 / 1300}); hit[43] != want {
+		t.Errorf("last window: %v, want %v", hit[43], want)
+	}
+}
+
+// Up to MaxWorkerLines workers the in-flight chart has a line per
+// worker; over it, the median worker and the min–max band.
+func TestInFlightBandOverSixteenWorkers(t *testing.T) {
+	timeline := func(workers int) *replay.Timeline {
+		tl := &replay.Timeline{IntervalS: 2}
+		for k := range 3 {
+			row := make([]int32, workers)
+			for w := range row {
+				row[w] = int32(w * (k + 1))
+			}
+			tl.InFlight = append(tl.InFlight, row)
+		}
+		return tl
+	}
+	lines := inFlightSeries(timeline(MaxWorkerLines))
+	if len(lines) != MaxWorkerLines {
+		t.Fatalf("%d series for %d workers, want a line each", len(lines), MaxWorkerLines)
+	}
+	if want := (plotter.XYs{{X: 2, Y: 5}, {X: 4, Y: 10}, {X: 6, Y: 15}}); lines[5].name != "worker 5" || !equalXYs(lines[5].xys, want) {
+		t.Errorf("worker 5: %q %v, want %v", lines[5].name, lines[5].xys, want)
+	}
+	for _, workers := range []int{MaxWorkerLines + 1, MaxWorkerLines + 2} {
+		ss := inFlightSeries(timeline(workers))
+		if len(ss) != 2 || ss[0].lo == nil || ss[1].xys == nil {
+			t.Fatalf("%d workers: %d series, want the band and the median", workers, len(ss))
+		}
+		// Sample k holds w·(k+1) for w in 0..workers−1: least 0, most
+		// (workers−1)(k+1), median (workers−1)(k+1)/2.
+		for k := range 3 {
+			top := float64((workers - 1) * (k + 1))
+			if ss[0].lo[k].Y != 0 || ss[0].hi[k].Y != top || ss[1].xys[k].Y != top/2 {
+				t.Errorf("%d workers, sample %d: band %v–%v, median %v; want 0–%v, %v", workers, k, ss[0].lo[k].Y, ss[0].hi[k].Y, ss[1].xys[k].Y, top, top/2)
+			}
+		}
+	}
+}
+
+// simplify drops only points in the middle of a flat run, so the line
+// through what is left passes through every point it dropped.
+func TestSimplifyKeepsTheLine(t *testing.T) {
+	in := plotter.XYs{{X: 0, Y: 1}, {X: 1, Y: 1}, {X: 2, Y: 1}, {X: 3, Y: 2}, {X: 4, Y: 2}, {X: 5, Y: 2}, {X: 6, Y: 2}, {X: 7, Y: 0}}
+	want := plotter.XYs{{X: 0, Y: 1}, {X: 2, Y: 1}, {X: 3, Y: 2}, {X: 6, Y: 2}, {X: 7, Y: 0}}
+	if got := simplify(in); !equalXYs(got, want) {
+		t.Errorf("simplify: %v, want %v", got, want)
+	}
+	flat := plotter.XYs{{X: 0, Y: 3}, {X: 1, Y: 3}, {X: 2, Y: 3}}
+	if got := simplify(flat); !equalXYs(got, plotter.XYs{{X: 0, Y: 3}, {X: 2, Y: 3}}) {
+		t.Errorf("a flat line: %v, want its ends", got)
+	}
+}
+
+// Runs without timelines or distributions get notes in place of those
+// charts; no cells is an error.
+func TestWriteWithoutTimelines(t *testing.T) {
+	cells := mustCells(t)
+	bare := make([]replay.Cell, 2)
+	for i := range bare {
+		r := *cells[i].Runs[0]
+		r.Timeline, r.Distributions = nil, nil
+		bare[i] = replay.Cell{Runs: []*replay.Report{&r}}
+	}
+	var page bytes.Buffer
+	if err := Write(&page, Input{Trace: "t", Requests: 1, Cells: bare}); err != nil {
+		t.Fatal(err)
+	}
+	s := page.String()
+	if n := strings.Count(s, "<svg"); n != 0 {
+		t.Errorf("%d charts without timelines and distributions (one fleet, no sweep), want none", n)
+	}
+	if n := strings.Count(s, "no timeline: replayed without timelines"); n != 2 {
+		t.Errorf("%d timeline notes, want one per cell (2)", n)
+	}
+	if n := strings.Count(s, "distribution: no completed request (or none above 0 ms), or replayed without timelines"); n != 2 {
+		t.Errorf("%d distribution notes, want 2 (TTFT, E2E)", n)
+	}
+	// Degenerate distributions: one value, and only zeros (nothing on a
+	// log axis).
+	one := syntheticReport("one", 2, 1)
+	for i := range one.Distributions.TTFT {
+		one.Distributions.TTFT[i], one.Distributions.E2E[i] = 5, 0
+	}
+	page.Reset()
+	if err := Write(&page, Input{Cells: []replay.Cell{{Runs: []*replay.Report{one}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(page.String(), "TTFT CDF") || !strings.Contains(page.String(), "no E2E distribution") {
+		t.Error("one TTFT value: want its CDF; E2E of zeros: want a note")
+	}
+	if err := Write(&page, Input{}); !errors.Is(err, ErrNoCells) {
+		t.Errorf("no cells: %v, want ErrNoCells", err)
+	}
+	if err := Write(&page, Input{Cells: []replay.Cell{{}}}); !errors.Is(err, ErrNoCells) {
+		t.Errorf("a cell without runs: %v, want ErrNoCells", err)
+	}
+}
+
+// The page of a 6-policy × 3-fleet sweep of 3 seeds each stays under
+// 2 MB at the timelines' bound (replay.MaxTimelineSamples samples whose
+// every worker changes every sample, so nothing simplifies), and a fleet
+// of 1,000 workers adds no more than one of 17.
+func TestPageSizeIsBounded(t *testing.T) {
+	size := func(fleets []int) int {
+		var cells []replay.Cell
+		for _, workers := range fleets {
+			for p := range 6 {
+				var c replay.Cell
+				for seed := range 3 {
+					c.Runs = append(c.Runs, syntheticReport(fmt.Sprintf("policy-%d", p), workers, uint64(seed)))
+				}
+				cells = append(cells, c)
+			}
+		}
+		var page bytes.Buffer
+		if err := Write(&page, Input{Cells: cells, Comparison: replay.Comparison{Baseline: "policy-0"}, SLO: "ttft=1s"}); err != nil {
+			t.Fatal(err)
+		}
+		return page.Len()
+	}
+	sweep := size([]int{4, 8, 16})
+	t.Logf("6 policies × 4, 8, 16 workers × 3 seeds: %d bytes", sweep)
+	if sweep > 2<<20 {
+		t.Errorf("the sweep's page is %d bytes, want under 2 MB", sweep)
+	}
+	small, large := size([]int{4, 8, 17}), size([]int{4, 8, 1000})
+	t.Logf("with 17 workers: %d bytes; with 1,000: %d", small, large)
+	if large > small*11/10 {
+		t.Errorf("1,000 workers: %d bytes, 17: %d; want about the same (the band)", large, small)
+	}
+}
+
+// syntheticReport is a report with a full timeline of noisy counts and
+// full distributions, for the size bound.
+func syntheticReport(policy string, workers int, seed uint64) *replay.Report {
+	rng := rand.New(rand.NewPCG(seed, uint64(workers)))
+	r := &replay.Report{Policy: policy, Workers: workers, Requests: 1000, Completed: 1000, Prefix: "approximate",
+		TTFT: replay.Summary{P50: 100 + rng.Float64(), P90: 300, P99: 900}, Goodput: &replay.Goodput{Share: 0.9, PerS: 3},
+		KVHitRatio: 0.3, OutputTokensPerS: 900 + 10*rng.Float64()}
+	tl := &replay.Timeline{IntervalS: 0.4}
+	for k := range replay.MaxTimelineSamples {
+		row := make([]int32, workers)
+		for w := range row {
+			row[w] = int32((k + w) % 7)
+		}
+		tl.InFlight = append(tl.InFlight, row)
+		tl.RouterQueue = append(tl.RouterQueue, int32(k%5))
+		tl.EngineQueue = append(tl.EngineQueue, int32(k%9))
+		tl.PromptTokens = append(tl.PromptTokens, 1000)
+		tl.CachedTokens = append(tl.CachedTokens, int64(rng.IntN(1000)))
+		tl.ReferencePromptTokens = append(tl.ReferencePromptTokens, 1000)
+		tl.ReferenceHitTokens = append(tl.ReferenceHitTokens, int64(rng.IntN(1000)))
+	}
+	r.Timeline = tl
+	d := &replay.Distributions{}
+	for k := range replay.DistributionPoints + 1 {
+		d.TTFT = append(d.TTFT, 10+float64(k*k)+rng.Float64())
+		d.E2E = append(d.E2E, 100+float64(k*k*3)+rng.Float64())
+	}
+	r.Distributions = d
+	return r
+}
+
+func equalXYs(a, b plotter.XYs) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,71 @@
+package htmlreport
+
+import "html/template"
+
+// pageTemplate is the page: inline style only, no script.
+var pageTemplate = template.Must(template.New("page").Parse(`<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{{.Title}}</title>
+<style>
+body { font-family: "Liberation Sans", Arial, Helvetica, sans-serif; margin: 1.5rem; color: #222; max-width: 1500px; }
+h1 { font-size: 1.5rem; margin-bottom: .2rem; }
+h2 { font-size: 1.2rem; margin-top: 2rem; border-bottom: 1px solid #ccc; }
+h3 { font-size: 1.05rem; margin: 1.2rem 0 .4rem; }
+.meta { color: #555; margin: .2rem 0; }
+pre { background: #f4f4f4; padding: .5rem; overflow-x: auto; white-space: pre-wrap; }
+table { border-collapse: collapse; font-size: .85rem; }
+th, td { border-bottom: 1px solid #e2e2e2; padding: .3rem .5rem; text-align: right; vertical-align: top; }
+th { background: #f4f4f4; position: sticky; top: 0; }
+th .unit { display: block; font-weight: normal; color: #666; }
+td.label, th.label { text-align: left; white-space: nowrap; }
+td .range, td .delta { display: block; font-size: .75rem; color: #666; white-space: nowrap; }
+td .better { color: #17702d; }
+td .worse { color: #b3261e; }
+.scroll { overflow-x: auto; }
+.legend { font-size: .8rem; color: #444; padding-left: 1.2rem; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(400px, 1fr)); gap: .8rem; }
+figure { margin: 0; }
+figure svg { width: 100%; height: auto; }
+figure svg text { font-family: "Liberation Sans", Arial, Helvetica, sans-serif !important; }
+.note { color: #8a5a00; font-size: .85rem; }
+</style>
+</head>
+<body>
+<h1>{{.Title}}</h1>
+<p class="meta">Trace {{.Trace}}, {{.Requests}} requests per run{{if gt .Seeds 1}}, {{.Seeds}} seeds per row{{end}}.{{if .SLO}} Goodput targets (--slo): {{.SLO}}.{{end}}</p>
+{{with .Command}}<pre>{{.}}</pre>{{end}}
+
+<h2 id="comparison">Comparison</h2>
+<div class="scroll">
+<table>
+<thead><tr><th class="label">policy</th>{{if .Table.Fleets}}<th>workers</th>{{end}}{{range .Table.Columns}}<th>{{.Header}}<span class="unit">{{.Unit}}{{with .Better}} {{.}}{{end}}</span></th>{{end}}</tr></thead>
+<tbody>
+{{range .Table.Rows}}<tr><td class="label">{{.Label}}{{if .Baseline}}<span class="range">baseline</span>{{end}}</td>{{if $.Table.Fleets}}<td>{{.Fleet}}</td>{{end}}{{range .Cells}}<td>{{.Value}}{{if .Range}}<span class="range">{{.Range}}</span>{{end}}{{if .Delta}}<span class="delta{{if .Better}} better{{else if .Worse}} worse{{end}}">{{.Delta}}</span>{{end}}</td>{{end}}</tr>
+{{end}}</tbody>
+</table>
+</div>
+<ul class="legend">
+{{if gt .Seeds 1}}<li>each cell: the median of {{.Seeds}} seeds, with the least–greatest under it when they differ</li>{{end}}
+<li>latencies in ms of simulated time; ↓ lower is better, ↑ higher is better</li>
+{{if .Table.Delta}}<li>under each value: its change against {{.Table.Delta}}'s on the same fleet, in percent (green better, red worse)</li>{{end}}
+{{range .Table.Legend}}<li>{{.}}</li>
+{{end}}</ul>
+
+{{range .Fleets}}
+<h2 id="cdf-{{.Fleet}}">Latency distributions{{if gt (len $.Fleets) 1}}, {{.Heading}}{{end}}</h2>
+<div class="grid">{{range .CDFs}}{{template "figure" .}}{{end}}</div>
+<h2 id="time-{{.Fleet}}">Over time{{if gt (len $.Fleets) 1}}, {{.Heading}}{{end}}</h2>
+{{range .Cells}}<h3>{{.Label}}</h3>
+<div class="grid">{{range .Figures}}{{template "figure" .}}{{end}}</div>
+{{end}}{{end}}
+
+{{if .Sweep}}<h2 id="sweep">Against fleet size</h2>
+<p class="meta">Each point is a row of the table: the median of its seeds, with bars from the least to the greatest.</p>
+<div class="grid">{{range .Sweep}}{{template "figure" .}}{{end}}</div>
+{{end}}
+</body>
+</html>
+{{define "figure"}}{{if .SVG}}<figure>{{.SVG}}{{with .Note}}<figcaption class="note">{{.}}</figcaption>{{end}}</figure>{{else}}<p class="note">{{.Note}}</p>{{end}}{{end}}`))
