@@ -71,9 +71,10 @@ bench-serve:
 ## demo: compare round-robin, power-of-two, least-loaded, the two KV-aware
 ## policies (kv-cost, and the default kv-affinity) and the queue-depth scorer served by the template plugin
 ## (cmd/plugin-example, out of process) on the bundled Mooncake
-## conversation trace (8 simulated workers)
+## conversation trace (8 simulated workers); writes the HTML report bin/demo-report.html
+## and prints its path
 demo: build
-	$(BIN)/router replay --compare examples/policies/round-robin.hcl,examples/policies/power-of-two.hcl,examples/policies/least-loaded.hcl,examples/policies/kv.hcl,examples/policies/kv-affinity.hcl,examples/policies/plugin-example.hcl
+	$(BIN)/router replay --compare examples/policies/round-robin.hcl,examples/policies/power-of-two.hcl,examples/policies/least-loaded.hcl,examples/policies/kv.hcl,examples/policies/kv-affinity.hcl,examples/policies/plugin-example.hcl --html $(BIN)/demo-report.html
 
 ## demo-serve: three mock engines and `router serve` on loopback, a burst of
 ## chat requests, then the per-worker split and the router's metrics

@@ -25,6 +25,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/inputfile"
 	"github.com/switchyard-router/switchyard/router/replay"
 	"github.com/switchyard-router/switchyard/router/replay/bundled"
+	"github.com/switchyard-router/switchyard/router/replay/htmlreport"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
@@ -44,11 +45,12 @@ type replayFlags struct {
 	// seeds is --seeds: each cell runs with seeds seed .. seed+seeds−1.
 	seeds int
 	// baseline is --baseline NAME[:COLUMN]; slo --slo; columns --columns;
-	// html --html FILE.
+	// html --html FILE; cmd the command, whose flags the report quotes.
 	baseline   string
 	slo        string
 	columns    string
 	html       string
+	cmd        *cobra.Command
 	limit      int
 	perRequest string
 	report     string
@@ -116,6 +118,7 @@ share of requests whose router belief of the chosen worker's cached prefix
 equals what the engine served. The full reference is docs/replay.md.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			f.cmd = cmd
 			return runReplay(cmd, &f)
 		},
 	}
@@ -1000,7 +1003,29 @@ func settlePlugins(ctx context.Context, b *router.Bundle) {
 	}
 }
 
-// writeHTML writes the HTML report of cells to w.
+// writeHTML writes the HTML report of cells to w (htmlreport.Write),
+// with the command line that made it.
 func writeHTML(w io.Writer, f *replayFlags, traceName string, requests int, cells []replay.Cell, cmp replay.Comparison) error {
-	return errors.New("the HTML report is not built yet")
+	return htmlreport.Write(w, htmlreport.Input{
+		Trace:      traceName,
+		Requests:   requests,
+		Cells:      cells,
+		Comparison: cmp,
+		SLO:        f.slo,
+		Command:    commandLine(f.cmd),
+	})
+}
+
+// commandLine is cmd as it was given: its path and the flags set, each
+// --name value (lists comma-separated), in flag order.
+func commandLine(cmd *cobra.Command) string {
+	parts := []string{cmd.CommandPath()}
+	cmd.Flags().Visit(func(fl *pflag.Flag) {
+		v := fl.Value.String()
+		if sv, ok := fl.Value.(pflag.SliceValue); ok {
+			v = strings.Join(sv.GetSlice(), ",")
+		}
+		parts = append(parts, "--"+fl.Name, v)
+	})
+	return strings.Join(parts, " ")
 }

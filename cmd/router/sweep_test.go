@@ -102,3 +102,68 @@ func TestReplaySweepFlagErrors(t *testing.T) {
 		}
 	}
 }
+
+// --html writes the report page (drawn by router/replay/htmlreport, whose
+// own tests render it in Chromium) with every row and the command line,
+// and says where; the table and --report are as without it but for the
+// report's timeline and distributions.
+func TestReplayHTML(t *testing.T) {
+	dir := t.TempDir()
+	page, withHTML, without := filepath.Join(dir, "r.html"), filepath.Join(dir, "a.json"), filepath.Join(dir, "b.json")
+	arxiv := filepath.Join("..", "..", "testdata", "traces", "mooncake_arxiv_trace_first1000.jsonl")
+	args := []string{"replay", "--trace", arxiv, "--limit", "200", "--workers", "2,3"}
+	code, out, errOut := runRouter(append(args, "--html", page, "--report", withHTML)...)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if !strings.Contains(errOut, "router: wrote the HTML report to "+page+"\n") {
+		t.Errorf("stderr %q does not say where the report went", errOut)
+	}
+	code, out2, errOut := runRouter(append(args, "--report", without)...)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if out != out2 {
+		t.Errorf("the table differs with --html:\n%s\n%s", out, out2)
+	}
+	b, err := os.ReadFile(page)
+	if err != nil {
+		t.Fatal(err)
+	}
+	html := string(b)
+	for _, s := range []string{"<!DOCTYPE html>", "router replay --html " + page, "<svg", "TTFT CDF, 2 workers", "TTFT CDF, 3 workers"} {
+		if !strings.Contains(html, s) {
+			t.Errorf("the page lacks %q", s)
+		}
+	}
+	// (The SVG's xmlns URIs name namespaces; they are not fetched.)
+	for _, s := range []string{`src="http`, `href="http`, "url(http", "<script src", "<link", "@import"} {
+		if strings.Contains(html, s) {
+			t.Errorf("the page has %q: it must fetch nothing", s)
+		}
+	}
+	var a, c []map[string]any
+	for path, v := range map[string]*[]map[string]any{withHTML: &a, without: &c} {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range a {
+		if a[i]["timeline"] == nil || a[i]["distributions"] == nil || c[i]["timeline"] != nil {
+			t.Errorf("run %d: timeline in the report with --html %v, without %v", i, a[i]["timeline"] != nil, c[i]["timeline"] != nil)
+		}
+		for _, k := range []string{"timeline", "distributions", "wall_s", "decisions_per_s", "sim_requests_per_s"} {
+			delete(a[i], k)
+			delete(c[i], k)
+		}
+		ja, _ := json.Marshal(a[i])
+		jc, _ := json.Marshal(c[i])
+		if string(ja) != string(jc) {
+			t.Errorf("run %d: the report differs with --html:\n%s\n%s", i, ja, jc)
+		}
+	}
+}
