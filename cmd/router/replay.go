@@ -50,6 +50,8 @@ type replayFlags struct {
 	failOnFallback bool
 	// memoryLimit is --memory-limit, MiB; 0 leaves the Go runtime's.
 	memoryLimit int
+	// quiet is --quiet: no progress on stderr (see progress).
+	quiet bool
 }
 
 // DefaultReplayMemoryLimit is --memory-limit's default, MiB: the soft limit
@@ -131,6 +133,7 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
 	fl.IntVar(&f.memoryLimit, "memory-limit", DefaultReplayMemoryLimit,
 		"soft limit on the Go heap in MiB (runtime/debug.SetMemoryLimit), set unless GOMEMLIMIT is in the environment; 0: none")
+	fl.BoolVar(&f.quiet, "quiet", false, "show no progress on stderr (shown when a replay takes over 2 s: requests done of total, simulated time, ETA)")
 	setWant(fl, "workers", fmt.Sprintf("a whole number from 1 to %d", replay.MaxWorkers))
 	for _, name := range []string{"prefill-workers", "decode-workers"} {
 		setWant(fl, name, fmt.Sprintf("a whole number from 1 to %d (prefill and decode workers together)", replay.MaxWorkers))
@@ -391,7 +394,8 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	}
 
 	var reports []*replay.Report
-	for _, run := range runs {
+	prog := newProgress(stderr, f.quiet, len(runs), tr.requests)
+	for i, run := range runs {
 		path, b := run.path, run.bundle
 		opts := replay.Options{
 			PolicyName:   policyName(path),
@@ -418,6 +422,10 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		if perReq != nil {
 			opts.PerRequest = perReq
 		}
+		if prog != nil {
+			prog.startRun(i, opts.PolicyName)
+			opts.Progress = prog.update
+		}
 		restartsBefore := pluginRestarts(b)
 		rep, err := replay.Run(cmd.Context(), opts)
 		if err != nil {
@@ -427,6 +435,7 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		rep.PluginRestarts = pluginRestarts(b) - restartsBefore
 		reports = append(reports, rep)
 	}
+	prog.finish()
 
 	out := cmd.OutOrStdout()
 	if f.perRequest == "-" || f.report == "-" {

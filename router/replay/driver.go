@@ -86,6 +86,10 @@ type driver struct {
 	// reference over the arrived ones.
 	tally tally
 	ref   *kvRef
+	// progress is Options.Progress, called every progressEvery loop
+	// iterations (see notify); total is Progress.Total.
+	progress func(Progress)
+	total    int
 
 	starts    dueQueue // first hops placed, reaching their worker after the decision latency
 	transfers dueQueue // decode hops placed, reaching their worker after the decision latency and the KV transfer
@@ -176,6 +180,8 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		policyCharge: o.DecisionLatency.Policies,
 		engineBlock:  cfg.BlockSize,
 		engineKV:     cfg.TotalKVBlocks,
+		progress:     o.Progress,
+		total:        len(o.Records),
 	}
 	if o.Classifier != nil {
 		d.classifierCharge = o.DecisionLatency.Classifier
@@ -304,6 +310,9 @@ func (d *driver) loop() error {
 			if err := d.ctx.Err(); err != nil {
 				return err
 			}
+		}
+		if steps%progressEvery == 0 {
+			d.notify()
 		}
 		if err := d.retire(); err != nil {
 			return err
