@@ -32,6 +32,7 @@ type progress struct {
 	start  time.Time
 	shown  bool      // past the delay: the bar draws, the lines print
 	last   time.Time // the last plain line
+	lastAt int       // done when the last plain line was printed
 	runs   int       // runs of the command
 	perRun int       // requests replayed by each run
 	run    int       // the current run, 0-based
@@ -42,7 +43,7 @@ type progress struct {
 }
 
 // newProgress returns the progress of runs replays of perRun requests
-// each, shown on w (a terminal when w is an *os.File on one); nil when
+// each, shown on w (a terminal, see isTerminal); nil when
 // quiet, and every method of a nil *progress does nothing.
 func newProgress(w io.Writer, quiet bool, runs, perRun int) *progress {
 	if quiet {
@@ -50,7 +51,7 @@ func newProgress(w io.Writer, quiet bool, runs, perRun int) *progress {
 	}
 	p := &progress{w: w, now: time.Now, runs: runs, perRun: perRun}
 	p.start = p.now()
-	if f, ok := w.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+	if isTerminal(w) {
 		p.tty = true
 		p.bar = progressbar.NewOptions64(int64(runs)*int64(perRun),
 			progressbar.OptionSetWriter(gate{p}),
@@ -62,6 +63,20 @@ func newProgress(w io.Writer, quiet bool, runs, perRun int) *progress {
 			progressbar.OptionSetWidth(20))
 	}
 	return p
+}
+
+// isTerminal reports whether w is a terminal: an *os.File on one, as
+// such or wrapped as the router's stderr is (a *lockedWriter over a
+// *pipeWriter).
+func isTerminal(w io.Writer) bool {
+	if lw, ok := w.(*lockedWriter); ok {
+		w = lw.w
+	}
+	if pw, ok := w.(*pipeWriter); ok {
+		w = pw.w
+	}
+	f, ok := w.(*os.File)
+	return ok && term.IsTerminal(int(f.Fd()))
 }
 
 // gate passes the bar's output to the terminal once the delay is over.
@@ -92,23 +107,28 @@ func (p *progress) update(rp replay.Progress) {
 	p.done = p.run*p.perRun + rp.Retired
 	p.sim = rp.SimTime
 	now := p.now()
-	if !p.shown && now.Sub(p.start) < progressTiming.delay {
+	show := p.shown || now.Sub(p.start) >= progressTiming.delay
+	if p.bar != nil {
+		// Set before it shows too (its writes gated), so that its ETA's
+		// rate counts from the start. A display: a failed write to stderr
+		// is not the replay's failure.
+		_ = p.bar.Set64(int64(p.done))
+		if p.shown = show; p.shown {
+			p.bar.Describe(fmt.Sprintf("run %d of %d (%s), simulated %s", p.run+1, p.runs, p.label, p.sim.Truncate(time.Second)))
+		}
 		return
 	}
-	p.shown = true
-	if p.bar != nil {
-		p.bar.Describe(fmt.Sprintf("run %d of %d (%s), simulated %s", p.run+1, p.runs, p.label, p.sim.Truncate(time.Second)))
-		_ = p.bar.Set64(int64(p.done)) // a display: a failed write to stderr is not the replay's failure
+	if p.shown = show; !p.shown {
 		return
 	}
 	if p.last.IsZero() || now.Sub(p.last) >= progressTiming.every {
-		p.last = now
 		p.line(now)
 	}
 }
 
 // line prints the plain progress line.
 func (p *progress) line(now time.Time) {
+	p.last, p.lastAt = now, p.done
 	total := p.runs * p.perRun
 	eta := "unknown"
 	if p.done > 0 {
@@ -133,5 +153,7 @@ func (p *progress) finish() {
 		_ = p.bar.Finish() // clears the line (OptionClearOnFinish)
 		return
 	}
-	p.line(p.now())
+	if p.lastAt != p.done {
+		p.line(p.now())
+	}
 }
