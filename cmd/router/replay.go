@@ -111,8 +111,8 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.policy, "policy", "", "HCL policy file (default: the built-in default policy)")
-	fl.StringVar(&f.trace, "trace", "", "trace file: Mooncake .jsonl or Azure .csv, or - for standard input (default: the bundled conversation trace)")
-	fl.StringVar(&f.traceFormat, "trace-format", "", "trace format, jsonl (Mooncake) or csv (Azure), in place of the file's extension; required with --trace -")
+	fl.StringVar(&f.trace, "trace", "", "trace file: Mooncake .jsonl, or Azure or BurstGPT .csv, or - for standard input (default: the bundled conversation trace)")
+	fl.StringVar(&f.traceFormat, "trace-format", "", "trace format, jsonl (Mooncake) or csv (Azure 2023 or 2024, or BurstGPT: the CSV header tells which), in place of the file's extension; required with --trace -")
 	fl.IntVar(&f.workers, "workers", replay.DefaultWorkers,
 		fmt.Sprintf("number of simulated aggregated workers, at most %d", replay.MaxWorkers))
 	fl.IntVar(&f.prefill, "prefill-workers", 0,
@@ -256,7 +256,7 @@ func (f *replayFlags) checkStreams(cmd *cobra.Command) error {
 		if v == "" {
 			v = "''"
 		}
-		return fmt.Errorf("--trace-format %s: want jsonl (a Mooncake trace) or csv (an Azure trace)", v)
+		return fmt.Errorf("--trace-format %s: want jsonl (a Mooncake trace) or csv (an Azure 2023 or 2024 or a BurstGPT trace: its header tells which)", v)
 	case f.trace == "-" && format == "":
 		return errors.New("--trace - reads the trace from standard input: give its format, --trace-format jsonl or --trace-format csv")
 	case format != "" && f.trace == "":
@@ -343,8 +343,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	}
 	traceName := tr.name
 	if !tr.hashes {
-		noteNoPrefixHashes(stderr, traceName)
+		noteNoPrefixHashes(stderr, traceName, tr.source)
 	}
+	noteFailedRequests(stderr, tr)
 	var seed *int64
 	if fs.Changed("seed") {
 		seed = &f.seed
@@ -552,6 +553,8 @@ type replayTrace struct {
 	stream   iter.Seq2[*trace.Record, error] // a file's requests, when not held; else nil
 	requests int                             // the number of requests replayed (--limit applied)
 	hashes   bool                            // some request replayed has prefix hashes
+	source   trace.Source                    // the trace family, as its records say
+	failed   int                             // requests replayed that failed in the recording (see failedInRecording)
 }
 
 // loadTrace reads the trace at path in format (by path's extension when
@@ -599,7 +602,9 @@ func loadTrace(path string, format trace.Format, stdin io.Reader, limit, hold in
 			tr.records = tr.records[:limit]
 		}
 		tr.requests = len(tr.records)
-		tr.hashes = slices.ContainsFunc(tr.records, func(r trace.Record) bool { return len(r.HashIDs) > 0 })
+		for i := range tr.records {
+			tr.note(&tr.records[i])
+		}
 	}
 	var (
 		fe *trace.FormatError
@@ -643,7 +648,7 @@ func (tr *replayTrace) check(limit, hold int) error {
 		}
 		if limit <= 0 || tr.requests < limit {
 			tr.requests++
-			tr.hashes = tr.hashes || len(rec.HashIDs) > 0
+			tr.note(rec)
 			if tr.requests <= hold {
 				tr.records = append(tr.records, *rec)
 			} else {
@@ -709,12 +714,17 @@ func isDir(path string) bool {
 	return err == nil && fi.IsDir()
 }
 
-// noteNoPrefixHashes notes on w that trace traceName, which has no prefix
-// hashes (an Azure trace: token counts only), gives KV-aware policies
-// nothing to reuse: every prompt misses the prefix caches.
-func noteNoPrefixHashes(w io.Writer, traceName string) {
-	fmt.Fprintf(w, "router: note: trace %s has no prefix hashes (an Azure trace has token counts only): "+
-		"KV-aware policies (those reading CACHE, such as the default kv-affinity) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName)
+// noteNoPrefixHashes notes on w that trace traceName, of family source,
+// which has no prefix hashes (an Azure or BurstGPT trace has token counts
+// only), gives KV-aware policies nothing to reuse: every prompt misses the
+// prefix caches.
+func noteNoPrefixHashes(w io.Writer, traceName string, source trace.Source) {
+	why := fmt.Sprintf("%s traces have token counts only", source)
+	if source == trace.SourceMooncake {
+		why = "its requests carry no hash_ids"
+	}
+	fmt.Fprintf(w, "router: note: trace %s has no prefix hashes (%s): "+
+		"KV-aware policies (those reading CACHE, such as the default kv-affinity) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName, why)
 }
 
 // loadPolicy loads the policy file at path (the default policy when empty)
