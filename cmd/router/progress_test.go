@@ -1,11 +1,14 @@
 package main
 
 import (
+	"io"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchyard-router/switchyard/router/replay"
 )
 
 // setProgressTiming makes progress show at once and print a line at
@@ -80,5 +83,20 @@ func TestReplayProgressWaitsForDelay(t *testing.T) {
 	}
 	if strings.Contains(errOut, "router: replay:") {
 		t.Errorf("progress shown before its delay:\n%s", errOut)
+	}
+}
+
+// BenchmarkProgressUpdate is the cost of one call of the printer's
+// replay.Options.Progress hook on a stderr that is not a terminal, shown
+// (past its delay) and between two lines: what every call but one in ten
+// seconds costs (BENCHMARKS.md, "Replay progress").
+func BenchmarkProgressUpdate(b *testing.B) {
+	p := newProgress(io.Discard, false, 2, 1_000_000)
+	p.startRun(1, "default")
+	p.update(replay.Progress{Retired: 1, Arrived: 2, Total: 1_000_000}) // shown from here, after the delay
+	i := 0
+	for b.Loop() {
+		i++
+		p.update(replay.Progress{Retired: i % 1_000_000, Arrived: i % 1_000_000, Total: 1_000_000, SimTime: time.Duration(i)})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 )
 
 // Progress is a display hook: a replay with it writes the same
@@ -66,4 +67,34 @@ queue {
 	if last.SimTime.Seconds() <= 0 || last.SimTime.Seconds() > rep.SimDurationS+0.001 {
 		t.Errorf("final SimTime %v, want in (0, sim_duration_s %.3f s]", last.SimTime, rep.SimDurationS)
 	}
+}
+
+// BenchmarkReplayProgress is the cost of the Progress hook: the
+// conversation trace through the default policy on 16 workers, without
+// the hook and with one that reads the wall clock as router replay's
+// printer does; "calls/op" is how often the hook ran in one replay.
+// Compare the two with -count (BENCHMARKS.md, "Replay progress"). Run:
+// go test -run='^$' -bench=ReplayProgress -count=6 ./router/replay/
+func BenchmarkReplayProgress(b *testing.B) {
+	recs := readTrace(b, "mooncake_conversation_trace.jsonl")
+	var last time.Time
+	calls := 0
+	for _, c := range []struct {
+		name string
+		hook func(Progress)
+	}{{"none", nil}, {"hook", func(Progress) { last = time.Now(); calls++ }}} {
+		b.Run(c.name, func(b *testing.B) {
+			calls = 0
+			for b.Loop() {
+				bundle := loadPolicy(b, "")
+				o := Options{PolicyName: "default", Roles: bundle.Roles, BlockSize: bundle.BlockSize, TraceName: "t",
+					Records: recs, Workers: 16, Progress: c.hook}
+				if _, err := Run(context.Background(), o); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(calls)/float64(b.N), "calls/op")
+		})
+	}
+	_ = last
 }
