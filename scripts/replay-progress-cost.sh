@@ -4,8 +4,8 @@
 # 100,000), then replays it on 16 workers REPS times (default 5) with
 # --quiet (no progress hook at all: replay.Options.Progress is nil) and
 # without (the hook every 1024 loop iterations, the printer's plain lines
-# on a stderr that is a file), alternating the two so that a change in the
-# machine's load hits both alike. It prints each run's wall and CPU (user +
+# on a stderr that is a file), alternating the two, each first in every
+# other pair, so that a change in the machine's load hits both alike. It prints each run's wall and CPU (user +
 # sys) seconds, the medians, and the overhead of the display in percent of
 # the --quiet medians.
 #
@@ -38,15 +38,24 @@ run() {
 	printf '%-8s wall %6.2f s  cpu %6.2f s\n' "$label" "$wall" "$cpu"
 }
 for ((i = 0; i < reps; i++)); do
-	run quiet --quiet
-	run progress
+	if ((i % 2 == 0)); then # each goes first in every other pair
+		run quiet --quiet
+		run progress
+	else
+		run progress
+		run quiet --quiet
+	fi
 done
 echo "progress lines on stderr in the last run: $(grep -c '^router: replay: run' "$work/err" || true)"
 
-# median FILE COLUMN
-median() { cut -d' ' -f"$2" "$1" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-qw=$(median "$work/quiet" 1) pw=$(median "$work/progress" 1)
-qc=$(median "$work/quiet" 2) pc=$(median "$work/progress" 2)
+# stats FILE COLUMN prints the median, min and max of a column.
+stats() { cut -d' ' -f"$2" "$1" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2), a[1], a[NR]}'; }
 echo "trace: $requests generated requests on 16 workers, $reps runs each"
-printf 'median wall: --quiet %.2f s, with progress %.2f s: overhead %+.2f%%\n' "$qw" "$pw" "$(echo "($pw - $qw) * 100 / $qw" | bc -l)"
-printf 'median cpu:  --quiet %.2f s, with progress %.2f s: overhead %+.2f%%\n' "$qc" "$pc" "$(echo "($pc - $qc) * 100 / $qc" | bc -l)"
+for col in 1 2; do
+	read -r q qmin qmax < <(stats "$work/quiet" $col)
+	read -r p pmin pmax < <(stats "$work/progress" $col)
+	what=wall
+	[ $col = 2 ] && what=cpu
+	printf 'median %-4s --quiet %.2f s (%.2f-%.2f), with progress %.2f s (%.2f-%.2f): overhead %+.2f%%\n' \
+		"$what" "$q" "$qmin" "$qmax" "$p" "$pmin" "$pmax" "$(echo "($p - $q) * 100 / $q" | bc -l)"
+done

@@ -27,8 +27,6 @@ var progressTiming = struct{ delay, every time.Duration }{delay: 2 * time.Second
 // are simulated time, and the progress they report is theirs.
 type progress struct {
 	w      io.Writer
-	tty    bool
-	now    func() time.Time
 	start  time.Time
 	shown  bool      // past the delay: the bar draws, the lines print
 	last   time.Time // the last plain line
@@ -49,20 +47,23 @@ func newProgress(w io.Writer, quiet bool, runs, perRun int) *progress {
 	if quiet {
 		return nil
 	}
-	p := &progress{w: w, now: time.Now, runs: runs, perRun: perRun}
-	p.start = p.now()
+	p := &progress{w: w, start: time.Now(), runs: runs, perRun: perRun}
 	if isTerminal(w) {
-		p.tty = true
-		p.bar = progressbar.NewOptions64(int64(runs)*int64(perRun),
-			progressbar.OptionSetWriter(gate{p}),
-			progressbar.OptionShowCount(),
-			progressbar.OptionSetPredictTime(true),
-			progressbar.OptionSetElapsedTime(true),
-			progressbar.OptionThrottle(200*time.Millisecond),
-			progressbar.OptionClearOnFinish(),
-			progressbar.OptionSetWidth(20))
+		p.bar = newBar(p)
 	}
 	return p
+}
+
+// newBar returns p's bar, which writes through gate to p.w.
+func newBar(p *progress) *progressbar.ProgressBar {
+	return progressbar.NewOptions64(int64(p.runs)*int64(p.perRun),
+		progressbar.OptionSetWriter(gate{p}),
+		progressbar.OptionShowCount(),
+		progressbar.OptionSetPredictTime(true),
+		progressbar.OptionSetElapsedTime(true),
+		progressbar.OptionThrottle(200*time.Millisecond),
+		progressbar.OptionClearOnFinish(),
+		progressbar.OptionSetWidth(20))
 }
 
 // isTerminal reports whether w is a terminal: an *os.File on one, as
@@ -106,7 +107,7 @@ func (p *progress) update(rp replay.Progress) {
 	}
 	p.done = p.run*p.perRun + rp.Retired
 	p.sim = rp.SimTime
-	now := p.now()
+	now := time.Now()
 	show := p.shown || now.Sub(p.start) >= progressTiming.delay
 	if p.bar != nil {
 		// Set before it shows too (its writes gated), so that its ETA's
@@ -154,6 +155,6 @@ func (p *progress) finish() {
 		return
 	}
 	if p.lastAt != p.done {
-		p.line(p.now())
+		p.line(time.Now())
 	}
 }

@@ -87,16 +87,31 @@ func TestReplayProgressWaitsForDelay(t *testing.T) {
 }
 
 // BenchmarkProgressUpdate is the cost of one call of the printer's
-// replay.Options.Progress hook on a stderr that is not a terminal, shown
-// (past its delay) and between two lines: what every call but one in ten
-// seconds costs (BENCHMARKS.md, "Replay progress").
+// replay.Options.Progress hook once shown: on a stderr that is not a
+// terminal between two lines (what every call but one in ten seconds
+// costs), and with the terminal's bar (its output discarded), which
+// redraws at most every 200 ms (BENCHMARKS.md, "Replay progress").
 func BenchmarkProgressUpdate(b *testing.B) {
-	p := newProgress(io.Discard, false, 2, 1_000_000)
-	p.startRun(1, "default")
-	p.update(replay.Progress{Retired: 1, Arrived: 2, Total: 1_000_000}) // shown from here, after the delay
-	i := 0
-	for b.Loop() {
-		i++
-		p.update(replay.Progress{Retired: i % 1_000_000, Arrived: i % 1_000_000, Total: 1_000_000, SimTime: time.Duration(i)})
+	saved := progressTiming
+	defer func() { progressTiming = saved }()
+	progressTiming.delay, progressTiming.every = 0, time.Hour
+	for _, bar := range []bool{false, true} {
+		name := "lines"
+		if bar {
+			name = "bar"
+		}
+		b.Run(name, func(b *testing.B) {
+			p := newProgress(io.Discard, false, 2, 1_000_000)
+			if bar {
+				p.bar = newBar(p)
+			}
+			p.startRun(1, "default")
+			p.update(replay.Progress{Retired: 1, Arrived: 2, Total: 1_000_000}) // shown from here
+			i := 0
+			for b.Loop() {
+				i++
+				p.update(replay.Progress{Retired: i % 1_000_000, Arrived: i % 1_000_000, Total: 1_000_000, SimTime: time.Duration(i)})
+			}
+		})
 	}
 }
