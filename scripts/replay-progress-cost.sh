@@ -28,8 +28,8 @@ run() {
 	local label=$1
 	shift
 	/usr/bin/time -f '%e %U %S' -o "$work/time" "$router" replay --trace "$work/trace.jsonl" --workers 16 "$@" \
-		>"$work/out" 2>"$work/err" || {
-		cat "$work/out" "$work/err" >&2
+		>"$work/out" 2>"$work/$label.err" || {
+		cat "$work/out" "$work/$label.err" >&2
 		exit 1
 	}
 	read -r wall user sys <"$work/time"
@@ -46,7 +46,7 @@ for ((i = 0; i < reps; i++)); do
 		run quiet --quiet
 	fi
 done
-echo "progress lines on stderr in the last run: $(grep -c '^router: replay: run' "$work/err" || true)"
+echo "progress lines on stderr in the last run with progress: $(grep -c '^router: replay: run' "$work/progress.err" || true)"
 
 # stats FILE COLUMN prints the median, min and max of a column.
 stats() { cut -d' ' -f"$2" "$1" | sort -n | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2), a[1], a[NR]}'; }
