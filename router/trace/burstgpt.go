@@ -131,19 +131,20 @@ func scanBurstGPT(cr *csv.Reader, name string, cols burstGPTCols, wrap func(int,
 }
 
 // seconds parses a BurstGPT Timestamp, a decimal number of seconds >= 0,
-// to the nearest nanosecond.
+// to the nearest nanosecond. Its errors name the column (col).
 func seconds(s string) (time.Duration, error) {
+	const col = "Timestamp"
 	v, err := strconv.ParseFloat(s, 64)
 	switch {
 	case err != nil || math.IsNaN(v) || math.IsInf(v, 0):
 		if s == "" {
-			return 0, fmt.Errorf("Timestamp: empty, want seconds such as 5 or 5.25")
+			return 0, fmt.Errorf("%s: empty, want seconds such as 5 or 5.25", col)
 		}
-		return 0, fmt.Errorf("Timestamp %q: want seconds such as 5 or 5.25", s)
+		return 0, fmt.Errorf("%s %q: want seconds such as 5 or 5.25", col, s)
 	case v < 0:
-		return 0, fmt.Errorf("Timestamp: %w (%s)", ErrNegative, s)
+		return 0, fmt.Errorf("%s: %w (%s)", col, ErrNegative, s)
 	case v*1e9 >= math.MaxInt64: // float64(MaxInt64) is 2^63: >= excludes it
-		return 0, fmt.Errorf("Timestamp %s s: in nanoseconds it %w", s, ErrDurationOverflow)
+		return 0, fmt.Errorf("%s %s s: in nanoseconds it %w", col, s, ErrDurationOverflow)
 	}
 	return time.Duration(math.Round(v * 1e9)), nil
 }
