@@ -65,3 +65,15 @@ func TestReplayCSVFamilies(t *testing.T) {
 		})
 	}
 }
+
+// A Mooncake trace whose requests carry no hash ids (only empty prompts
+// may: one id per 512 prompt tokens) gets the note too, with its own
+// reason.
+func TestReplayMooncakeWithoutHashesNote(t *testing.T) {
+	path := writeFile(t, "nohash.jsonl", `{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": []}`+"\n"+
+		`{"timestamp": 10, "input_length": 0, "output_length": 3, "hash_ids": []}`+"\n")
+	const want = "router: note: trace nohash.jsonl has no prefix hashes (its requests carry no hash_ids)"
+	if code, _, errOut := routerRun(t, "replay", "--trace", path, "--workers", "2"); code != 0 || !strings.Contains(errOut, want) {
+		t.Errorf("exit %d, stderr %q; want 0 and %q", code, errOut, want)
+	}
+}
