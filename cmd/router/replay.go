@@ -424,7 +424,11 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 			opts.PerRequest = perReq
 		}
 		if prog != nil {
-			prog.startRun(i, opts.PolicyName)
+			label := opts.PolicyName
+			if run.mode == replay.PrefixPrecise {
+				label += "+precise" // as the table's row
+			}
+			prog.startRun(i, label)
 			opts.Progress = prog.update
 		}
 		restartsBefore := pluginRestarts(b)
