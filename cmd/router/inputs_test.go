@@ -102,9 +102,9 @@ func TestReplayStreamUsage(t *testing.T) {
 		{"stdin without a format", []string{"--trace", "-"},
 			"router: --trace - reads the trace from standard input: give its format, --trace-format jsonl or --trace-format csv\n"},
 		{"unknown format", []string{"--trace", arxivTrace, "--trace-format", "json"},
-			"router: --trace-format json: want jsonl (a Mooncake trace) or csv (an Azure trace)\n"},
+			"router: --trace-format json: want jsonl (a Mooncake trace) or csv (an Azure 2023 or 2024 or a BurstGPT trace: its header tells which)\n"},
 		{"empty format", []string{"--trace", arxivTrace, "--trace-format", ""},
-			"router: --trace-format '': want jsonl (a Mooncake trace) or csv (an Azure trace)\n"},
+			"router: --trace-format '': want jsonl (a Mooncake trace) or csv (an Azure 2023 or 2024 or a BurstGPT trace: its header tells which)\n"},
 		{"format without a trace", []string{"--trace-format", "csv"},
 			"router: --trace-format needs --trace: the bundled trace is JSON lines\n"},
 		{"both outputs to stdout", []string{"--per-request", "-", "--report", "-"},
@@ -144,13 +144,13 @@ func TestReplayTraceFormat(t *testing.T) {
 		want  string
 	}{
 		{"jsonl named csv", "", []string{"--trace", mooncakeAsCSV},
-			mooncakeAsCSV + ":1: looks like JSON lines (a Mooncake trace), not CSV (an Azure trace); use a .jsonl name or --trace-format jsonl"},
+			mooncakeAsCSV + ":1: looks like JSON lines (a Mooncake trace), not CSV (an Azure or BurstGPT trace); use a .jsonl name or --trace-format jsonl"},
 		{"csv named jsonl", "", []string{"--trace", azureAsJSONL},
-			azureAsJSONL + ":1: looks like CSV (an Azure trace), not JSON lines (a Mooncake trace); use a .csv name or --trace-format csv"},
+			azureAsJSONL + ":1: looks like CSV (an Azure or BurstGPT trace), not JSON lines (a Mooncake trace); use a .csv name or --trace-format csv"},
 		{"jsonl read as csv", "", []string{"--trace", txt, "--trace-format", "csv"},
-			txt + ":1: looks like JSON lines (a Mooncake trace), not CSV (an Azure trace); use --trace-format jsonl"},
+			txt + ":1: looks like JSON lines (a Mooncake trace), not CSV (an Azure or BurstGPT trace); use --trace-format jsonl"},
 		{"stdin csv read as jsonl", azure, []string{"--trace", "-", "--trace-format", "jsonl"},
-			"stdin:1: looks like CSV (an Azure trace), not JSON lines (a Mooncake trace); use --trace-format csv"},
+			"stdin:1: looks like CSV (an Azure or BurstGPT trace), not JSON lines (a Mooncake trace); use --trace-format csv"},
 		{"unknown extension", "", []string{"--trace", txt},
 			txt + ": unknown trace format (want .jsonl or .csv); or give --trace-format jsonl or --trace-format csv"},
 	} {
@@ -166,7 +166,7 @@ func TestReplayTraceFormat(t *testing.T) {
 // TestReplayCompressedTrace: a gzip-compressed trace is named compressed
 // with how to replay it (decompressed into --trace -), by its .gz name
 // before it is read and by its bytes whatever its name. It was taken for
-// CSV ("looks like CSV (an Azure trace)... use --trace-format csv").
+// CSV ("looks like CSV (an Azure or BurstGPT trace)... use --trace-format csv").
 func TestReplayCompressedTrace(t *testing.T) {
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)
@@ -227,7 +227,7 @@ func TestReplayLineTooLong(t *testing.T) {
 // none in stdout; a Mooncake trace gets none.
 func TestReplayNoPrefixHashesNote(t *testing.T) {
 	azure := filepath.Join(traceDir, "azure_llm_2023_conv.csv")
-	const note = "router: note: trace azure_llm_2023_conv.csv has no prefix hashes (an Azure trace has token counts only): " +
+	const note = "router: note: trace azure_llm_2023_conv.csv has no prefix hashes (Azure 2023 traces have token counts only): " +
 		"KV-aware policies (those reading CACHE, such as the default kv-affinity) cannot use prefix reuse on it, and KV hit is 0%\n"
 	code, out, errOut := routerRun(t, "replay", "--trace", azure, "--limit", "50", "--compare", rrPolicy+","+kvPolicy)
 	if code != 0 || errOut != note || strings.Contains(out, "note") {

@@ -64,6 +64,8 @@ type replayFlags struct {
 	failOnFallback bool
 	// memoryLimit is --memory-limit, MiB; 0 leaves the Go runtime's.
 	memoryLimit int
+	// quiet is --quiet: no progress on stderr (see progress).
+	quiet bool
 }
 
 // DefaultReplayMemoryLimit is --memory-limit's default, MiB: the soft limit
@@ -124,8 +126,8 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	}
 	fl := cmd.Flags()
 	fl.StringVar(&f.policy, "policy", "", "HCL policy file (default: the built-in default policy)")
-	fl.StringVar(&f.trace, "trace", "", "trace file: Mooncake .jsonl or Azure .csv, or - for standard input (default: the bundled conversation trace)")
-	fl.StringVar(&f.traceFormat, "trace-format", "", "trace format, jsonl (Mooncake) or csv (Azure), in place of the file's extension; required with --trace -")
+	fl.StringVar(&f.trace, "trace", "", "trace file: Mooncake .jsonl, or Azure or BurstGPT .csv, or - for standard input (default: the bundled conversation trace)")
+	fl.StringVar(&f.traceFormat, "trace-format", "", "trace format, jsonl (Mooncake) or csv (Azure 2023 or 2024, or BurstGPT: the CSV header tells which), in place of the file's extension; required with --trace -")
 	fl.IntSliceVar(&f.workers, "workers", []int{replay.DefaultWorkers},
 		fmt.Sprintf("number of simulated aggregated workers, at most %d; a comma-separated list sweeps fleet sizes (4,8,16)", replay.MaxWorkers))
 	fl.IntSliceVar(&f.prefill, "prefill-workers", nil,
@@ -152,6 +154,7 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
 	fl.IntVar(&f.memoryLimit, "memory-limit", DefaultReplayMemoryLimit,
 		"soft limit on the Go heap in MiB (runtime/debug.SetMemoryLimit), set unless GOMEMLIMIT is in the environment; 0: none")
+	fl.BoolVar(&f.quiet, "quiet", false, "show no progress on stderr (shown when a replay takes over 2 s: requests done of total, simulated time, ETA)")
 	setWant(fl, "workers", fmt.Sprintf("whole numbers from 1 to %d, comma-separated", replay.MaxWorkers))
 	for _, name := range []string{"prefill-workers", "decode-workers"} {
 		setWant(fl, name, fmt.Sprintf("whole numbers from 1 to %d, comma-separated (prefill and decode workers together)", replay.MaxWorkers))
@@ -275,7 +278,7 @@ func (f *replayFlags) checkStreams(cmd *cobra.Command) error {
 		if v == "" {
 			v = "''"
 		}
-		return fmt.Errorf("--trace-format %s: want jsonl (a Mooncake trace) or csv (an Azure trace)", v)
+		return fmt.Errorf("--trace-format %s: want jsonl (a Mooncake trace) or csv (an Azure 2023 or 2024 or a BurstGPT trace: its header tells which)", v)
 	case f.trace == "-" && format == "":
 		return errors.New("--trace - reads the trace from standard input: give its format, --trace-format jsonl or --trace-format csv")
 	case format != "" && f.trace == "":
@@ -514,8 +517,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	}
 	traceName := tr.name
 	if !tr.hashes {
-		noteNoPrefixHashes(stderr, traceName)
+		noteNoPrefixHashes(stderr, traceName, tr.source)
 	}
+	noteFailedRequests(stderr, tr)
 	paths := f.policyPaths()
 	fleets := f.fleets(cmd)
 	roles := []shared.Role{shared.RoleAggregated}
@@ -549,12 +553,16 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 
 	var cells []replay.Cell
 	var reports []*replay.Report // every run, in table order
+	prog := newProgress(stderr, f.quiet, len(fleets)*len(paths)*len(modes)*f.seeds, tr.requests)
 	for _, fl := range fleets {
 		for _, path := range paths {
 			for _, mode := range modes {
 				var cell replay.Cell
 				for k := range f.seeds {
-					rep, err := f.replayOne(cmd, tr, loaded, path, mode, fl, k, slo, perReq)
+					if prog != nil {
+						prog.startRun(len(reports), runLabel(path, mode, fl, len(fleets), k, f.seeds))
+					}
+					rep, err := f.replayOne(cmd, tr, loaded, path, mode, fl, k, slo, perReq, prog)
 					if err != nil {
 						return &exitError{code: 1, err: err}
 					}
@@ -565,6 +573,7 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 			}
 		}
 	}
+	prog.finish()
 
 	out := cmd.OutOrStdout()
 	if countDash(f.perRequest, f.report, f.html) > 0 {
@@ -643,7 +652,7 @@ func (f *replayFlags) seedOf(fs *pflag.FlagSet) *int64 {
 // is there (the first run of each file), else loads its own; either is
 // closed when the run ends.
 func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[string]*router.Bundle, path string,
-	mode replay.PrefixMode, fl fleet, k int, slo replay.SLO, perReq *pendingFile) (*replay.Report, error) {
+	mode replay.PrefixMode, fl fleet, k int, slo replay.SLO, perReq *pendingFile, prog *progress) (*replay.Report, error) {
 	b, ok := loaded[path]
 	if ok && k == 0 {
 		delete(loaded, path)
@@ -681,6 +690,9 @@ func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[
 	if perReq != nil {
 		opts.PerRequest = perReq
 	}
+	if prog != nil {
+		opts.Progress = prog.update
+	}
 	restartsBefore := pluginRestarts(b)
 	rep, err := replay.Run(cmd.Context(), opts)
 	if err != nil {
@@ -692,6 +704,23 @@ func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[
 		rep.Seed = b.PolicyFile().Seed
 	}
 	return rep, nil
+}
+
+// runLabel names a run for the progress line: its table row's label
+// (NAME, NAME+precise), with its fleet when there are several and its
+// seed offset when there are several seeds.
+func runLabel(path string, mode replay.PrefixMode, fl fleet, fleets, k, seeds int) string {
+	label := policyName(path)
+	if mode == replay.PrefixPrecise {
+		label += "+precise"
+	}
+	if fleets > 1 {
+		label += " on " + fl.String() + " workers"
+	}
+	if seeds > 1 {
+		label += fmt.Sprintf(" seed +%d", k)
+	}
+	return label
 }
 
 // fleetsText words the fleet sizes for the header line: "8", "4, 8 and
@@ -787,6 +816,8 @@ type replayTrace struct {
 	stream   iter.Seq2[*trace.Record, error] // a file's requests, when not held; else nil
 	requests int                             // the number of requests replayed (--limit applied)
 	hashes   bool                            // some request replayed has prefix hashes
+	source   trace.Source                    // the trace family, as its records say
+	failed   int                             // requests replayed that failed in the recording (see failedInRecording)
 }
 
 // loadTrace reads the trace at path in format (by path's extension when
@@ -834,7 +865,9 @@ func loadTrace(path string, format trace.Format, stdin io.Reader, limit, hold in
 			tr.records = tr.records[:limit]
 		}
 		tr.requests = len(tr.records)
-		tr.hashes = slices.ContainsFunc(tr.records, func(r trace.Record) bool { return len(r.HashIDs) > 0 })
+		for i := range tr.records {
+			tr.note(&tr.records[i])
+		}
 	}
 	var (
 		fe *trace.FormatError
@@ -878,7 +911,7 @@ func (tr *replayTrace) check(limit, hold int) error {
 		}
 		if limit <= 0 || tr.requests < limit {
 			tr.requests++
-			tr.hashes = tr.hashes || len(rec.HashIDs) > 0
+			tr.note(rec)
 			if tr.requests <= hold {
 				tr.records = append(tr.records, *rec)
 			} else {
@@ -944,12 +977,17 @@ func isDir(path string) bool {
 	return err == nil && fi.IsDir()
 }
 
-// noteNoPrefixHashes notes on w that trace traceName, which has no prefix
-// hashes (an Azure trace: token counts only), gives KV-aware policies
-// nothing to reuse: every prompt misses the prefix caches.
-func noteNoPrefixHashes(w io.Writer, traceName string) {
-	fmt.Fprintf(w, "router: note: trace %s has no prefix hashes (an Azure trace has token counts only): "+
-		"KV-aware policies (those reading CACHE, such as the default kv-affinity) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName)
+// noteNoPrefixHashes notes on w that trace traceName, of family source,
+// which has no prefix hashes (an Azure or BurstGPT trace has token counts
+// only), gives KV-aware policies nothing to reuse: every prompt misses the
+// prefix caches.
+func noteNoPrefixHashes(w io.Writer, traceName string, source trace.Source) {
+	why := fmt.Sprintf("%s traces have token counts only", source)
+	if source == trace.SourceMooncake {
+		why = "its requests carry no hash_ids"
+	}
+	fmt.Fprintf(w, "router: note: trace %s has no prefix hashes (%s): "+
+		"KV-aware policies (those reading CACHE, such as the default kv-affinity) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName, why)
 }
 
 // loadPolicy loads the policy file at path (the default policy when empty)

@@ -89,6 +89,10 @@ type driver struct {
 	// tl samples the state over simulated time (Options.Timeline); nil
 	// without.
 	tl *timeline
+	// progress is Options.Progress, called every progressEvery loop
+	// iterations (see notify); total is Progress.Total.
+	progress func(Progress)
+	total    int
 
 	starts    dueQueue // first hops placed, reaching their worker after the decision latency
 	transfers dueQueue // decode hops placed, reaching their worker after the decision latency and the KV transfer
@@ -179,6 +183,8 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		policyCharge: o.DecisionLatency.Policies,
 		engineBlock:  cfg.BlockSize,
 		engineKV:     cfg.TotalKVBlocks,
+		progress:     o.Progress,
+		total:        len(o.Records),
 	}
 	if o.Classifier != nil {
 		d.classifierCharge = o.DecisionLatency.Classifier
@@ -315,6 +321,9 @@ func (d *driver) loop() error {
 			if err := d.ctx.Err(); err != nil {
 				return err
 			}
+		}
+		if steps%progressEvery == 0 {
+			d.notify()
 		}
 		if err := d.retire(); err != nil {
 			return err

@@ -137,6 +137,13 @@ type Options struct {
 	// soon as it and every request before it are over. A replay that
 	// fails may have written part of its lines.
 	PerRequest io.Writer
+	// Progress, when set, is called from the replay's own goroutine every
+	// 1024 iterations of its event loop and once at the end, with the
+	// requests retired and arrived and the simulated time (see Progress),
+	// for a display. It must return quickly and must not change anything
+	// the replay reads: the replay's outputs are the same with it and
+	// without it.
+	Progress func(Progress)
 
 	// Queue is the policy file's queue block (config.PolicyFile.Queue), for
 	// every hop (aggregated, or prefill and decode): MaxActiveRequests is

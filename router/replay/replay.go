@@ -86,6 +86,7 @@ func execute(ctx context.Context, o Options) (*Report, *driver, error) {
 	if err := d.loop(); err != nil {
 		return nil, nil, err
 	}
+	d.notify() // the final count, every request retired
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,19 +18,35 @@ import (
 // "2023-11-16 18:17:03.9799600" (shared/data/traces/README.md §3).
 const AzureTimeLayout = "2006-01-02 15:04:05.0000000"
 
-// azureHeader is the exact header of AzureLLMInferenceTrace_{code,conv}.csv.
+// Azure2024TimeLayout is the time.Parse layout of the TIMESTAMP column of
+// the Azure 2024 week-long traces (AzureLLMInferenceTrace_{code,conv}_1week.csv):
+// UTC with its offset and up to 6 fractional digits, which the files omit
+// when they are all zero, e.g. "2024-05-10 00:00:00.009930+00:00" and
+// "2024-05-12 00:00:00+00:00" (analysis/AzureLLMInferenceDataset2024.ipynb
+// in Azure/AzurePublicDataset; time.Parse accepts a fraction the layout
+// does not show).
+const Azure2024TimeLayout = "2006-01-02 15:04:05-07:00"
+
+// azureHeader is the exact header of the Azure traces, 2023
+// (AzureLLMInferenceTrace_{code,conv}.csv) and 2024 (the *_1week.csv files)
+// alike.
 var azureHeader = [3]string{"TIMESTAMP", "ContextTokens", "GeneratedTokens"}
 
-// ReadAzure parses an Azure LLM inference trace (Azure/AzurePublicDataset
-// data/AzureLLMInferenceTrace_*.csv, 2023): the header
-// "TIMESTAMP,ContextTokens,GeneratedTokens" then one request per line. Lines
-// may end in CRLF or LF and the last may lack a newline (as in the real
-// files); encoding/csv skips empty lines. TIMESTAMP is parsed with
-// AzureTimeLayout and Arrival is its offset from the first request's
-// timestamp. ContextTokens becomes InputLength and GeneratedTokens
-// OutputLength; HashIDs is nil.
+// ReadAzure parses a CSV trace, choosing the reader by its header line:
+// an Azure LLM inference trace (Azure/AzurePublicDataset), whose header is
+// "TIMESTAMP,ContextTokens,GeneratedTokens", or a BurstGPT trace, whose
+// header names its columns (see scanBurstGPT). In an Azure trace each
+// line after the header is one request. Lines may end in CRLF or LF and
+// the last may lack a newline (as in the real files); encoding/csv skips
+// empty lines. TIMESTAMP is parsed with AzureTimeLayout (the 2023 traces,
+// data/AzureLLMInferenceTrace_*.csv) or, when the first request's is not
+// in that form, Azure2024TimeLayout (the 2024 week-long traces); every
+// line must then use the first one's form. Arrival is the offset from the
+// first request's timestamp. ContextTokens becomes InputLength and
+// GeneratedTokens OutputLength; HashIDs is nil; Source says which of the
+// two it is.
 //
-// Each of these is a *ParseError naming the line: a missing or different
+// Each of these is a *ParseError naming the line: a missing or unknown
 // header, a record without exactly 3 fields, CSV syntax errors, an
 // unparsable timestamp, a non-integer or negative token count
 // (ErrNegative), a timestamp earlier than the previous one
@@ -48,6 +65,8 @@ func ReadAzure(r io.Reader, name string) ([]Record, error) {
 // to yield as soon as its line is read, and stops early, with a nil error,
 // when yield returns false. The record is yield's to keep.
 func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
+	// The name is the format's (Format Azure, "csv"); the header picks the
+	// family.
 	lr := &lineLimiter{r: r, line: 1}
 	br := bufio.NewReader(lr)
 	if err := compressed(br); err != nil {
@@ -57,13 +76,14 @@ func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 		return &ParseError{File: name, Line: 1, Err: &FormatError{Read: Azure, Looks: Mooncake}}
 	}
 	cr := csv.NewReader(br)
-	cr.FieldsPerRecord = len(azureHeader)
+	cr.FieldsPerRecord = 0 // the header's: every record must have as many
 	cr.ReuseRecord = true
+	var hdr []string
 	wrap := func(line int, err error) error {
 		var pe *csv.ParseError
 		switch {
 		case errors.As(err, &pe) && errors.Is(pe.Err, csv.ErrFieldCount):
-			return &ParseError{File: name, Line: pe.Line, Err: fmt.Errorf("%w: want %d, %s", pe.Err, len(azureHeader), strings.Join(azureHeader[:], ","))}
+			return &ParseError{File: name, Line: pe.Line, Err: fmt.Errorf("%w: want %d, %s", pe.Err, len(hdr), strings.Join(hdr, ","))}
 		case errors.As(err, &pe):
 			return &ParseError{File: name, Line: pe.Line, Err: pe.Err}
 		case errors.Is(err, ErrLineTooLong):
@@ -71,21 +91,29 @@ func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 		}
 		return &ParseError{File: name, Line: line, Err: err}
 	}
-	hdr, err := cr.Read()
+	h, err := cr.Read()
 	if err == io.EOF {
 		return &ParseError{File: name, Line: 1, Err: errors.New("empty file: missing header")}
 	}
 	if err != nil {
 		return wrap(1, err)
 	}
-	if line, _ := cr.FieldPos(0); [3]string(hdr) != azureHeader {
-		return &ParseError{File: name, Line: line,
-			Err: fmt.Errorf("header %q, want %q", hdr, azureHeader[:])}
+	hdr = slices.Clone(h) // cr reuses h
+	hdrLine, _ := cr.FieldPos(0)
+	if len(hdr) != len(azureHeader) || [3]string(hdr) != azureHeader {
+		cols, err := burstGPTColumns(hdr)
+		if err != nil {
+			return &ParseError{File: name, Line: hdrLine, Err: err}
+		}
+		return scanBurstGPT(cr, name, cols, wrap, yield)
 	}
 	var (
-		n     int // records read
-		first time.Time
-		prev  time.Time
+		n      int // records read
+		first  time.Time
+		prev   time.Time
+		layout string // the first request's timestamp form, to parse
+		shown  string // and to show a time in messages
+		source Source
 	)
 	for {
 		rec, err := cr.Read()
@@ -100,10 +128,25 @@ func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 			return wrap(line, err)
 		}
 		line, _ := cr.FieldPos(0)
-		t, err := time.Parse(AzureTimeLayout, rec[0])
+		if n == 0 {
+			layout, shown, source = AzureTimeLayout, AzureTimeLayout, SourceAzure2023
+			if _, err := time.Parse(AzureTimeLayout, rec[0]); err != nil {
+				if _, err := time.Parse(Azure2024TimeLayout, rec[0]); err == nil {
+					layout, shown, source = Azure2024TimeLayout, "2006-01-02 15:04:05.999999999-07:00", SourceAzure2024
+				}
+			}
+		}
+		t, err := time.Parse(layout, rec[0])
 		if err != nil {
+			example := "2023-11-16 18:17:03.9799600 (7 fractional digits, as on the first line of an Azure 2023 trace)"
+			switch {
+			case n == 0:
+				example = "2023-11-16 18:17:03.9799600 (Azure 2023) or 2024-05-10 00:00:00.009930+00:00 (Azure 2024)"
+			case source == SourceAzure2024:
+				example = "2024-05-10 00:00:00.009930+00:00 (as on the first line of an Azure 2024 trace)"
+			}
 			return &ParseError{File: name, Line: line,
-				Err: fmt.Errorf("TIMESTAMP %q: want a time such as 2023-11-16 18:17:03.9799600 (7 fractional digits)", rec[0])}
+				Err: fmt.Errorf("TIMESTAMP %q: want a time such as %s", rec[0], example)}
 		}
 		in, err := tokenCount("ContextTokens", rec[1])
 		if err != nil {
@@ -118,7 +161,7 @@ func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 		}
 		if t.Before(prev) {
 			return &ParseError{File: name, Line: line,
-				Err: fmt.Errorf("%w: %s after %s", ErrTimestampDecreased, rec[0], prev.Format(AzureTimeLayout))}
+				Err: fmt.Errorf("%w: %s after %s", ErrTimestampDecreased, rec[0], prev.Format(shown))}
 		}
 		prev = t
 		// Sub saturates at the largest Duration; adding it back detects that.
@@ -126,7 +169,7 @@ func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 		if !first.Add(arrival).Equal(t) {
 			return &ParseError{File: name, Line: line,
 				Err: fmt.Errorf("TIMESTAMP %s is too far after the first request's %s: the offset %w",
-					rec[0], first.Format(AzureTimeLayout), ErrDurationOverflow)}
+					rec[0], first.Format(shown), ErrDurationOverflow)}
 		}
 		record := Record{
 			Index:        n,
@@ -134,6 +177,7 @@ func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 			Arrival:      arrival,
 			InputLength:  in,
 			OutputLength: out,
+			Source:       source,
 		}
 		n++
 		if !yield(&record) {

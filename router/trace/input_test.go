@@ -25,10 +25,10 @@ func TestFormatMismatch(t *testing.T) {
 		read, looks Format
 		want        string
 	}{
-		{"t.csv", jsonLine + "\n", Azure, Mooncake, "t.csv:1: looks like JSON lines (a Mooncake trace), not CSV (an Azure trace)"},
-		{"t.csv", "\n  " + jsonLine + "\n", Azure, Mooncake, "t.csv:1: looks like JSON lines (a Mooncake trace), not CSV (an Azure trace)"},
-		{"t.jsonl", azureHdr + "\r\n" + azureLine + "\r\n", Mooncake, Azure, "t.jsonl:1: looks like CSV (an Azure trace), not JSON lines (a Mooncake trace)"},
-		{"t.jsonl", "a,b,c\n", Mooncake, Azure, "t.jsonl:1: looks like CSV (an Azure trace), not JSON lines (a Mooncake trace)"},
+		{"t.csv", jsonLine + "\n", Azure, Mooncake, "t.csv:1: looks like JSON lines (a Mooncake trace), not CSV (an Azure or BurstGPT trace)"},
+		{"t.csv", "\n  " + jsonLine + "\n", Azure, Mooncake, "t.csv:1: looks like JSON lines (a Mooncake trace), not CSV (an Azure or BurstGPT trace)"},
+		{"t.jsonl", azureHdr + "\r\n" + azureLine + "\r\n", Mooncake, Azure, "t.jsonl:1: looks like CSV (an Azure or BurstGPT trace), not JSON lines (a Mooncake trace)"},
+		{"t.jsonl", "a,b,c\n", Mooncake, Azure, "t.jsonl:1: looks like CSV (an Azure or BurstGPT trace), not JSON lines (a Mooncake trace)"},
 	} {
 		_, err := Read(strings.NewReader(tt.in), tt.name)
 		checkParseError(t, err, tt.want, 1, nil)

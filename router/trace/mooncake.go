@@ -109,6 +109,7 @@ func scanMooncake(r io.Reader, name string, yield func(*Record) bool) error {
 			InputLength:  int(in),
 			OutputLength: int(out),
 			HashIDs:      hashIDs,
+			Source:       SourceMooncake,
 		}
 		if l.Priority != nil {
 			if *l.Priority < math.MinInt32 || *l.Priority > math.MaxInt32 {

@@ -1,8 +1,9 @@
 // Package trace reads recorded LLM request traces for router replay: the
 // Mooncake JSONL traces (kvcache-ai/Mooncake FAST'25 release and the
-// ai-dynamo/dynamo arXiv sample) and the Azure LLM inference CSV traces
-// (Azure/AzurePublicDataset, 2023). The formats are described in
-// shared/data/traces/README.md.
+// ai-dynamo/dynamo arXiv sample) and the CSV traces: the Azure LLM
+// inference traces (Azure/AzurePublicDataset, 2023 and 2024) and BurstGPT
+// (HPMLL/BurstGPT), told apart by their header. The formats are described
+// in shared/data/traces/README.md and testdata/traces/README.md.
 //
 // Readers are strict: every malformed line is reported as a *ParseError that
 // names the file and the 1-based line, so a corrupted trace fails loudly
@@ -56,7 +57,31 @@ type Record struct {
 	HasPriority bool
 	PolicyClass string
 	SessionID   string
+	// Source is the trace family the record was read as (the same for
+	// every record of a trace): SourceMooncake, SourceAzure2023,
+	// SourceAzure2024 or SourceBurstGPT.
+	Source Source
 }
+
+// Source names a published trace family, as messages word it.
+type Source string
+
+// The trace families the readers know. Only Mooncake traces carry prefix
+// hashes; the others have token counts only.
+const (
+	// SourceMooncake: Mooncake JSON lines (kvcache-ai/Mooncake, and what
+	// router trace generate writes), read by ReadMooncake.
+	SourceMooncake Source = "Mooncake"
+	// SourceAzure2023: the Azure LLM inference traces of 2023
+	// (AzureLLMInferenceTrace_{code,conv}.csv), read by ReadAzure.
+	SourceAzure2023 Source = "Azure 2023"
+	// SourceAzure2024: the Azure LLM inference week-long traces of 2024
+	// (AzureLLMInferenceTrace_{code,conv}_1week.csv), read by ReadAzure.
+	SourceAzure2024 Source = "Azure 2024"
+	// SourceBurstGPT: the BurstGPT traces (HPMLL/BurstGPT,
+	// BurstGPT_*.csv), read by ReadAzure by their header.
+	SourceBurstGPT Source = "BurstGPT"
+)
 
 // ParseError reports a malformed trace line. Its message reads
 // "FILE:LINE: what is wrong"; Unwrap returns the underlying cause (for
@@ -128,7 +153,9 @@ const (
 	// Mooncake is the Mooncake JSON lines format (.jsonl), read by
 	// ReadMooncake.
 	Mooncake Format = "jsonl"
-	// Azure is the Azure LLM inference CSV format (.csv), read by ReadAzure.
+	// Azure is the CSV format (.csv), read by ReadAzure: the Azure LLM
+	// inference traces (2023 and 2024) and the BurstGPT traces, told apart
+	// by their header.
 	Azure Format = "csv"
 )
 
@@ -138,7 +165,7 @@ func (f Format) describe() string {
 	case Mooncake:
 		return "JSON lines (a Mooncake trace)"
 	case Azure:
-		return "CSV (an Azure trace)"
+		return "CSV (an Azure or BurstGPT trace)"
 	default:
 		return string(f)
 	}
@@ -166,7 +193,7 @@ type FormatError struct {
 }
 
 // Error implements error as "looks like JSON lines (a Mooncake trace), not
-// CSV (an Azure trace)".
+// CSV (an Azure or BurstGPT trace)".
 func (e *FormatError) Error() string {
 	return fmt.Sprintf("looks like %s, not %s", e.Looks.describe(), e.Read.describe())
 }

@@ -34,28 +34,28 @@ func TestRealTraces(t *testing.T) {
 	}{
 		{
 			file: "mooncake_conversation_trace.jsonl", count: 12031,
-			first: Record{Index: 0, Line: 1, Arrival: 0, InputLength: 6758, OutputLength: 500, HashIDs: seq(0, 13)},
-			last: Record{Index: 12030, Line: 12031, Arrival: 3536999 * time.Millisecond, InputLength: 20774, OutputLength: 508,
+			first: Record{Source: SourceMooncake, Index: 0, Line: 1, Arrival: 0, InputLength: 6758, OutputLength: 500, HashIDs: seq(0, 13)},
+			last: Record{Source: SourceMooncake, Index: 12030, Line: 12031, Arrival: 3536999 * time.Millisecond, InputLength: 20774, OutputLength: 508,
 				HashIDs: append([]uint64{0}, seq(182750, 182789)...)},
 		},
 		{
 			file: "mooncake_arxiv_trace_first1000.jsonl", count: 1000,
-			first: Record{Index: 0, Line: 1, Arrival: 0, InputLength: 6755, OutputLength: 500, HashIDs: seq(0, 13)},
-			last: Record{Index: 999, Line: 1000, Arrival: 177098 * time.Millisecond, InputLength: 6689, OutputLength: 3,
+			first: Record{Source: SourceMooncake, Index: 0, Line: 1, Arrival: 0, InputLength: 6755, OutputLength: 500, HashIDs: seq(0, 13)},
+			last: Record{Source: SourceMooncake, Index: 999, Line: 1000, Arrival: 177098 * time.Millisecond, InputLength: 6689, OutputLength: 3,
 				HashIDs: append(seq(46, 57), 12825, 12826)},
 		},
 		{
 			// 2023-11-16 18:17:03.9799600 → 19:14:19.9280160
 			file: "azure_llm_2023_code.csv", count: 8819,
-			first: Record{Index: 0, Line: 2, Arrival: 0, InputLength: 4808, OutputLength: 10},
-			last: Record{Index: 8818, Line: 8820, Arrival: 57*time.Minute + 15*time.Second + 948056*time.Microsecond,
+			first: Record{Source: SourceAzure2023, Index: 0, Line: 2, Arrival: 0, InputLength: 4808, OutputLength: 10},
+			last: Record{Source: SourceAzure2023, Index: 8818, Line: 8820, Arrival: 57*time.Minute + 15*time.Second + 948056*time.Microsecond,
 				InputLength: 549, OutputLength: 173},
 		},
 		{
 			// 2023-11-16 18:15:46.6805900 → 19:14:08.4025270
 			file: "azure_llm_2023_conv.csv", count: 19366,
-			first: Record{Index: 0, Line: 2, Arrival: 0, InputLength: 374, OutputLength: 44},
-			last: Record{Index: 19365, Line: 19367, Arrival: 58*time.Minute + 21*time.Second + 721937*time.Microsecond,
+			first: Record{Source: SourceAzure2023, Index: 0, Line: 2, Arrival: 0, InputLength: 374, OutputLength: 44},
+			last: Record{Source: SourceAzure2023, Index: 19365, Line: 19367, Arrival: 58*time.Minute + 21*time.Second + 721937*time.Microsecond,
 				InputLength: 197, OutputLength: 183},
 		},
 	}
@@ -92,9 +92,9 @@ func TestMooncakeGood(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Record{
-		{Index: 0, Line: 1, Arrival: 0, InputLength: 512, OutputLength: 1, HashIDs: []uint64{7}},
-		{Index: 1, Line: 2, Arrival: 0, InputLength: 513, OutputLength: 0, HashIDs: []uint64{7, 1<<64 - 1}},
-		{Index: 2, Line: 3, Arrival: 1500 * time.Millisecond, InputLength: 0, OutputLength: 2},
+		{Source: SourceMooncake, Index: 0, Line: 1, Arrival: 0, InputLength: 512, OutputLength: 1, HashIDs: []uint64{7}},
+		{Source: SourceMooncake, Index: 1, Line: 2, Arrival: 0, InputLength: 513, OutputLength: 0, HashIDs: []uint64{7, 1<<64 - 1}},
+		{Source: SourceMooncake, Index: 2, Line: 3, Arrival: 1500 * time.Millisecond, InputLength: 0, OutputLength: 2},
 	}
 	if !reflect.DeepEqual(recs, want) {
 		t.Fatalf("got %+v\nwant %+v", recs, want)
@@ -146,8 +146,8 @@ func TestMooncakeJSONRules(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Record{
-		{Index: 0, Line: 1, Arrival: 0, InputLength: 1, OutputLength: 2, HashIDs: []uint64{0}},
-		{Index: 1, Line: 2, Arrival: 2 * time.Millisecond, InputLength: 1, OutputLength: 5, HashIDs: []uint64{4}},
+		{Source: SourceMooncake, Index: 0, Line: 1, Arrival: 0, InputLength: 1, OutputLength: 2, HashIDs: []uint64{0}},
+		{Source: SourceMooncake, Index: 1, Line: 2, Arrival: 2 * time.Millisecond, InputLength: 1, OutputLength: 5, HashIDs: []uint64{4}},
 	}
 	if !reflect.DeepEqual(recs, want) {
 		t.Fatalf("got %+v\nwant %+v", recs, want)
@@ -246,9 +246,9 @@ func TestAzureGood(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []Record{
-		{Index: 0, Line: 2, Arrival: 0, InputLength: 4808, OutputLength: 10},
-		{Index: 1, Line: 3, Arrival: 0, InputLength: 0, OutputLength: 0},
-		{Index: 2, Line: 4, Arrival: 1020040 * time.Microsecond, InputLength: 110, OutputLength: 27},
+		{Source: SourceAzure2023, Index: 0, Line: 2, Arrival: 0, InputLength: 4808, OutputLength: 10},
+		{Source: SourceAzure2023, Index: 1, Line: 3, Arrival: 0, InputLength: 0, OutputLength: 0},
+		{Source: SourceAzure2023, Index: 2, Line: 4, Arrival: 1020040 * time.Microsecond, InputLength: 110, OutputLength: 27},
 	}
 	if !reflect.DeepEqual(recs, want) {
 		t.Fatalf("got %+v\nwant %+v", recs, want)
@@ -287,11 +287,12 @@ func TestAzureErrors(t *testing.T) {
 	}{
 		{"empty", "", 1, "a.csv:1: empty file: missing header", nil},
 		{"bad header", "TIMESTAMP,Context,GeneratedTokens\r\n", 1,
-			`a.csv:1: header ["TIMESTAMP" "Context" "GeneratedTokens"], want ["TIMESTAMP" "ContextTokens" "GeneratedTokens"]`, nil},
+			`a.csv:1: header "TIMESTAMP,Context,GeneratedTokens": want TIMESTAMP,ContextTokens,GeneratedTokens (Azure) or ` +
+				`Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type (BurstGPT, which may add Session ID and Elapsed time)`, nil},
 		{"field count", hdr + "2023-11-16 18:17:04.0319600,3180\r\n", 3,
 			"a.csv:3: wrong number of fields: want 3, TIMESTAMP,ContextTokens,GeneratedTokens", nil},
 		{"bad time", hdr + "2023-11-16 18:17:04.03196,3180,8\r\n", 3,
-			`a.csv:3: TIMESTAMP "2023-11-16 18:17:04.03196": want a time such as 2023-11-16 18:17:03.9799600 (7 fractional digits)`, nil},
+			`a.csv:3: TIMESTAMP "2023-11-16 18:17:04.03196": want a time such as 2023-11-16 18:17:03.9799600 (7 fractional digits, as on the first line of an Azure 2023 trace)`, nil},
 		{"bad count", hdr + "2023-11-16 18:17:04.0319600,x,8\r\n", 3,
 			`a.csv:3: ContextTokens: x is not an integer`, nil},
 		{"empty count", hdr + "2023-11-16 18:17:04.0319600,,8\r\n", 3,
