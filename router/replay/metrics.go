@@ -34,7 +34,8 @@ type Metric struct {
 }
 
 // Value is m's value in r, and false when r has none (belief without
-// KV events, goodput without an SLO, shadow agreement without a shadow).
+// KV events, goodput without an SLO, shadow agreement without a shadow,
+// latencies without a completed request).
 func (m Metric) Value(r *Report) (float64, bool) { return m.value(r) }
 
 // Format writes v as the table does.
@@ -57,10 +58,12 @@ func fixed(digits int) func(float64) string {
 	return func(v float64) string { return strconv.FormatFloat(v, 'f', digits, 64) }
 }
 
-// latency makes the metric of a Summary's field.
+// latency makes the metric of a Summary's field. A run without a
+// completed request has none (its Summary is zeros, which would read as
+// the fastest run).
 func latency(name, header, what string, s func(*Report) *Summary, q func(*Summary) float64) Metric {
 	return Metric{Name: name, Header: header, Unit: "ms", Lower: true, Legend: what,
-		value: always(func(r *Report) float64 { return q(s(r)) }), format: ms}
+		value: func(r *Report) (float64, bool) { return q(s(r)), r.Completed > 0 }, format: ms}
 }
 
 var (
