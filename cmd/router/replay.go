@@ -1054,8 +1054,10 @@ func writeHTML(w io.Writer, f *replayFlags, traceName string, requests int, cell
 	})
 }
 
-// commandLine is cmd as it was given: its path and the flags set, each
-// --name value (lists comma-separated), in flag order.
+// commandLine is cmd as it was given, to run again from a shell: its path
+// and the flags set, in flag order, each --name value (lists
+// comma-separated, values quoted for a POSIX shell where needed), a
+// boolean one --name, or --name=false.
 func commandLine(cmd *cobra.Command) string {
 	parts := []string{cmd.CommandPath()}
 	cmd.Flags().Visit(func(fl *pflag.Flag) {
@@ -1063,7 +1065,26 @@ func commandLine(cmd *cobra.Command) string {
 		if sv, ok := fl.Value.(pflag.SliceValue); ok {
 			v = strings.Join(sv.GetSlice(), ",")
 		}
-		parts = append(parts, "--"+fl.Name, v)
+		switch {
+		case fl.Value.Type() == "bool" && v == "true":
+			parts = append(parts, "--"+fl.Name)
+		case fl.Value.Type() == "bool":
+			parts = append(parts, "--"+fl.Name+"="+v)
+		default:
+			parts = append(parts, "--"+fl.Name, shellQuote(v))
+		}
 	})
 	return strings.Join(parts, " ")
+}
+
+// shellQuote is s as one word of a POSIX shell: as it is when it holds
+// only characters no shell treats specially, else in single quotes.
+func shellQuote(s string) string {
+	safe := s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./,:=+@%", r))
+	}) < 0
+	if safe {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

@@ -167,3 +167,18 @@ func TestReplayHTML(t *testing.T) {
 		}
 	}
 }
+
+// The command line the HTML report shows runs as written: a boolean flag
+// is --name (not "--name true", which replay would refuse as an
+// argument), and a value the shell would split or redirect is quoted.
+func TestReplayCommandLine(t *testing.T) {
+	cmd := newReplayCmd()
+	if err := cmd.ParseFlags([]string{"--quiet", "--compare", "a<b>.hcl,it's.hcl", "--workers", "2,3", "--fail-on-fallback=false",
+		"--html", "my report.html"}); err != nil {
+		t.Fatal(err)
+	}
+	want := `replay --compare 'a<b>.hcl,it'\''s.hcl' --fail-on-fallback=false --html 'my report.html' --quiet --workers 2,3`
+	if got := commandLine(cmd); got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
