@@ -98,11 +98,11 @@ one of M decode workers, which receive its prompt's KV (128 KiB per token at
 policy for runs the built-in default policy, with a warning.
 
 --trace - reads the trace from standard input, in the format --trace-format
-names (jsonl or csv; required then). --per-request - or --report - writes that
-output to standard output, and the table then goes to standard error.
+names (jsonl or csv; required then). --per-request -, --report - or --html -
+writes that output to standard output, and the table then goes to standard error.
 
-The fleet is at most 4096 simulated workers in all. --per-request and
---report are written atomically, only when the whole run succeeds. Requests
+The fleet is at most 4096 simulated workers in all. --per-request, --report
+and --html are written atomically, only when the whole run succeeds. Requests
 the policy rejects are counted in the table (and summarised on stderr); they
 do not change the exit status, which is 0 on success, 1 when the run fails
 and 2 on a usage error. Selections a policy's fallback made because the
@@ -143,10 +143,10 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	fl.StringVar(&f.baseline, "baseline", "", "add a delta column (percent) against policy NAME on the same fleet: NAME, or NAME:COLUMN for another column than TTFT p90 (goodput with --slo)")
 	fl.StringVar(&f.slo, "slo", "", "latency targets for goodput, such as ttft=500ms,tpot=50ms (targets ttft, tpot, e2e): adds the share and rate of requests that met every one")
 	fl.StringVar(&f.columns, "columns", "default", "table columns: default, all, or a comma-separated list of names (default,e2e_p50,imbalance); see docs/replay.md")
-	fl.StringVar(&f.html, "html", "", "write a self-contained HTML report with plots (table, TTFT and E2E CDFs, load and KV hit over time, sweeps) to FILE")
+	fl.StringVar(&f.html, "html", "", "write a self-contained HTML report with plots (table, TTFT and E2E CDFs, load and KV hit over time, sweeps) to FILE, or - for standard output")
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
-	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE, or - for standard output (not with --compare)")
-	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE, or - for standard output (a JSON array with --compare or --prefix both)")
+	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE, or - for standard output (one run only: not with --compare, --prefix both, several --workers sizes or --seeds above 1)")
+	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE, or - for standard output (a JSON array of every run with --compare, --prefix both, several fleet sizes or --seeds above 1)")
 	fl.StringSliceVar(&f.compare, "compare", nil, "run each policy file FILE,FILE,... on the same trace and print one table (not with --policy)")
 	fl.StringVar(&f.prefix, "prefix", "approximate", "how the router learns what the engines cache: approximate (what it sent them), precise (their KV events) or both (each policy twice)")
 	fl.DurationVar(&f.kvEventDelay, "kv-event-delay", replay.DefaultKVEventDelay,
