@@ -379,8 +379,8 @@ func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 }
 
 // bestGoodput is the line naming, fleet by fleet, the row of the highest
-// median goodput (ties named together), "" without goodput or with a
-// single row.
+// median goodput (ties named together; "none" when every row's is 0), ""
+// without goodput or with a single row.
 func bestGoodput(cells []Cell) string {
 	m, _ := MetricByName("goodput")
 	var fleets []string
@@ -407,7 +407,15 @@ func bestGoodput(cells []Cell) string {
 	}
 	parts := make([]string, len(fleets))
 	for i, f := range fleets {
-		parts[i] = fmt.Sprintf("%s on %s workers (%s)", strings.Join(best[f], " and "), f, m.Format(top[f]))
+		on := f + " workers"
+		if f == "1" {
+			on = "1 worker"
+		}
+		if top[f] == 0 {
+			parts[i] = "none on " + on + " (0%)" // no row to name: every row met no target
+			continue
+		}
+		parts[i] = fmt.Sprintf("%s on %s (%s)", strings.Join(best[f], " and "), on, m.Format(top[f]))
 	}
 	return "highest goodput: " + strings.Join(parts, "; ") + "\n"
 }

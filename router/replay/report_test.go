@@ -271,6 +271,10 @@ func TestBestGoodput(t *testing.T) {
 	if got, want := bestGoodput(cells), "highest goodput: kv on 4 workers (80.0%); rr and kv on 8 workers (90.0%)\n"; got != want {
 		t.Errorf("%q, want %q", got, want)
 	}
+	zero := []Cell{{Runs: []*Report{rep("rr", 1, 0)}}, {Runs: []*Report{rep("kv", 1, 0)}}, {Runs: []*Report{rep("rr", 2, 0.1)}}, {Runs: []*Report{rep("kv", 2, 0)}}}
+	if got, want := bestGoodput(zero), "highest goodput: none on 1 worker (0%); rr on 2 workers (10.0%)\n"; got != want {
+		t.Errorf("no goodput on a fleet: %q, want %q", got, want)
+	}
 	if got := bestGoodput([]Cell{{Runs: []*Report{rep("rr", 4, 0.5)}}}); got != "" {
 		t.Errorf("one row: %q, want nothing", got)
 	}
