@@ -402,7 +402,7 @@ func (f *replayFlags) checkFleets(cmd *cobra.Command) error {
 const maxFleetSizes = 64
 
 // baselineOf reads --baseline NAME[:COLUMN]: the policy name, which must
-// be one of those replayed, and the delta column's metric (TTFT p90, or
+// be the label of exactly one of the policies replayed, and the delta column's metric (TTFT p90, or
 // goodput with --slo, when no column is given). "" and a zero Metric
 // without --baseline.
 func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
@@ -427,6 +427,16 @@ func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
 	if !slices.Contains(names, name) {
 		return "", replay.Metric{}, fmt.Errorf("--baseline %s: %q is not a replayed policy; want one of %s (a policy file's name without its extension)",
 			f.baseline, name, strings.Join(names, ", "))
+	}
+	n := 0
+	for _, s := range names {
+		if s == name {
+			n++
+		}
+	}
+	if n > 1 {
+		return "", replay.Metric{}, fmt.Errorf("--baseline %s: %d --compare files are labelled %s, so the baseline is not one row per fleet; give one of them another name",
+			f.baseline, n, name)
 	}
 	return name, m, nil
 }

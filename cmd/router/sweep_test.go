@@ -95,6 +95,9 @@ func TestReplaySweepFlagErrors(t *testing.T) {
 		{[]string{"--slo", "ttft=fast"}, `--slo entry "ttft=fast": want a duration > 0`},
 		{[]string{"--slo", ""}, "--slo \"\": want targets such as ttft=500ms"},
 		{[]string{"--report", "-", "--html", "-"}, "cannot write to standard output together"},
+		// Two files of one name make two rows of one label: which is the baseline?
+		{[]string{"--compare", rrPolicy + "," + rrPolicy, "--baseline", "round-robin"},
+			"--baseline round-robin: 2 --compare files are labelled round-robin"},
 	} {
 		code, _, errOut := runRouter(append([]string{"replay"}, c.args...)...)
 		if code != 2 || !strings.Contains(errOut, c.want) {
