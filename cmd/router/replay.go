@@ -98,11 +98,11 @@ one of M decode workers, which receive its prompt's KV (128 KiB per token at
 policy for runs the built-in default policy, with a warning.
 
 --trace - reads the trace from standard input, in the format --trace-format
-names (jsonl or csv; required then). --per-request - or --report - writes that
-output to standard output, and the table then goes to standard error.
+names (jsonl or csv; required then). --per-request -, --report - or --html -
+writes that output to standard output, and the table then goes to standard error.
 
-The fleet is at most 4096 simulated workers in all. --per-request and
---report are written atomically, only when the whole run succeeds. Requests
+The fleet is at most 4096 simulated workers in all. --per-request, --report
+and --html are written atomically, only when the whole run succeeds. Requests
 the policy rejects are counted in the table (and summarised on stderr); they
 do not change the exit status, which is 0 on success, 1 when the run fails
 and 2 on a usage error. Selections a policy's fallback made because the
@@ -143,10 +143,10 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	fl.StringVar(&f.baseline, "baseline", "", "add a delta column (percent) against policy NAME on the same fleet: NAME, or NAME:COLUMN for another column than TTFT p90 (goodput with --slo)")
 	fl.StringVar(&f.slo, "slo", "", "latency targets for goodput, such as ttft=500ms,tpot=50ms (targets ttft, tpot, e2e): adds the share and rate of requests that met every one")
 	fl.StringVar(&f.columns, "columns", "default", "table columns: default, all, or a comma-separated list of names (default,e2e_p50,imbalance); see docs/replay.md")
-	fl.StringVar(&f.html, "html", "", "write a self-contained HTML report with plots (table, TTFT and E2E CDFs, load and KV hit over time, sweeps) to FILE")
+	fl.StringVar(&f.html, "html", "", "write a self-contained HTML report with plots (table, TTFT and E2E CDFs, load and KV hit over time, sweeps) to FILE, or - for standard output")
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
-	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE, or - for standard output (not with --compare)")
-	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE, or - for standard output (a JSON array with --compare or --prefix both)")
+	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE, or - for standard output (one run only: not with --compare, --prefix both, several --workers sizes or --seeds above 1)")
+	fl.StringVar(&f.report, "report", "", "write the summary as JSON to FILE, or - for standard output (a JSON array of every run with --compare, --prefix both, several fleet sizes or --seeds above 1)")
 	fl.StringSliceVar(&f.compare, "compare", nil, "run each policy file FILE,FILE,... on the same trace and print one table (not with --policy)")
 	fl.StringVar(&f.prefix, "prefix", "approximate", "how the router learns what the engines cache: approximate (what it sent them), precise (their KV events) or both (each policy twice)")
 	fl.DurationVar(&f.kvEventDelay, "kv-event-delay", replay.DefaultKVEventDelay,
@@ -402,7 +402,7 @@ func (f *replayFlags) checkFleets(cmd *cobra.Command) error {
 const maxFleetSizes = 64
 
 // baselineOf reads --baseline NAME[:COLUMN]: the policy name, which must
-// be one of those replayed, and the delta column's metric (TTFT p90, or
+// be the label of exactly one of the policies replayed, and the delta column's metric (TTFT p90, or
 // goodput with --slo, when no column is given). "" and a zero Metric
 // without --baseline.
 func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
@@ -427,6 +427,16 @@ func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
 	if !slices.Contains(names, name) {
 		return "", replay.Metric{}, fmt.Errorf("--baseline %s: %q is not a replayed policy; want one of %s (a policy file's name without its extension)",
 			f.baseline, name, strings.Join(names, ", "))
+	}
+	n := 0
+	for _, s := range names {
+		if s == name {
+			n++
+		}
+	}
+	if n > 1 {
+		return "", replay.Metric{}, fmt.Errorf("--baseline %s: %d --compare files are labelled %s, so the baseline is not one row per fleet; give one of them another name",
+			f.baseline, n, name)
 	}
 	return name, m, nil
 }
@@ -1054,8 +1064,10 @@ func writeHTML(w io.Writer, f *replayFlags, traceName string, requests int, cell
 	})
 }
 
-// commandLine is cmd as it was given: its path and the flags set, each
-// --name value (lists comma-separated), in flag order.
+// commandLine is cmd as it was given, to run again from a shell: its path
+// and the flags set, in flag order, each --name value (lists
+// comma-separated, values quoted for a POSIX shell where needed), a
+// boolean one --name, or --name=false.
 func commandLine(cmd *cobra.Command) string {
 	parts := []string{cmd.CommandPath()}
 	cmd.Flags().Visit(func(fl *pflag.Flag) {
@@ -1063,7 +1075,26 @@ func commandLine(cmd *cobra.Command) string {
 		if sv, ok := fl.Value.(pflag.SliceValue); ok {
 			v = strings.Join(sv.GetSlice(), ",")
 		}
-		parts = append(parts, "--"+fl.Name, v)
+		switch {
+		case fl.Value.Type() == "bool" && v == "true":
+			parts = append(parts, "--"+fl.Name)
+		case fl.Value.Type() == "bool":
+			parts = append(parts, "--"+fl.Name+"="+v)
+		default:
+			parts = append(parts, "--"+fl.Name, shellQuote(v))
+		}
 	})
 	return strings.Join(parts, " ")
+}
+
+// shellQuote is s as one word of a POSIX shell: as it is when it holds
+// only characters no shell treats specially, else in single quotes.
+func shellQuote(s string) string {
+	safe := s != "" && strings.IndexFunc(s, func(r rune) bool {
+		return !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || strings.ContainsRune("-_./,:=+@%", r))
+	}) < 0
+	if safe {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }

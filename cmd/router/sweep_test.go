@@ -95,6 +95,9 @@ func TestReplaySweepFlagErrors(t *testing.T) {
 		{[]string{"--slo", "ttft=fast"}, `--slo entry "ttft=fast": want a duration > 0`},
 		{[]string{"--slo", ""}, "--slo \"\": want targets such as ttft=500ms"},
 		{[]string{"--report", "-", "--html", "-"}, "cannot write to standard output together"},
+		// Two files of one name make two rows of one label: which is the baseline?
+		{[]string{"--compare", rrPolicy + "," + rrPolicy, "--baseline", "round-robin"},
+			"--baseline round-robin: 2 --compare files are labelled round-robin"},
 	} {
 		code, _, errOut := runRouter(append([]string{"replay"}, c.args...)...)
 		if code != 2 || !strings.Contains(errOut, c.want) {
@@ -165,5 +168,20 @@ func TestReplayHTML(t *testing.T) {
 		if string(ja) != string(jc) {
 			t.Errorf("run %d: the report differs with --html:\n%s\n%s", i, ja, jc)
 		}
+	}
+}
+
+// The command line the HTML report shows runs as written: a boolean flag
+// is --name (not "--name true", which replay would refuse as an
+// argument), and a value the shell would split or redirect is quoted.
+func TestReplayCommandLine(t *testing.T) {
+	cmd := newReplayCmd()
+	if err := cmd.ParseFlags([]string{"--quiet", "--compare", "a<b>.hcl,it's.hcl", "--workers", "2,3", "--fail-on-fallback=false",
+		"--html", "my report.html"}); err != nil {
+		t.Fatal(err)
+	}
+	want := `replay --compare 'a<b>.hcl,it'\''s.hcl' --fail-on-fallback=false --html 'my report.html' --quiet --workers 2,3`
+	if got := commandLine(cmd); got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
 	}
 }

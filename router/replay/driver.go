@@ -428,8 +428,17 @@ func (d *driver) advance(t time.Duration) {
 	d.decodeUpTo(t, true)
 }
 
-// drain runs every worker until idle.
+// drain runs every worker until idle. With a timeline it goes step end
+// by step end, as the event-by-event loop does: the timeline samples each
+// worker's state at its events (observe), and a whole drain taken at once
+// would show every worker idle from the last arrival on.
 func (d *driver) drain() {
+	if d.tl != nil {
+		for t, ok := d.nextInstant(); ok; t, ok = d.nextInstant() {
+			d.advance(t)
+		}
+		return
+	}
 	d.firstEvents = d.first.Drain(d.firstEvents[:0])
 	for _, e := range d.firstEvents {
 		d.decodeUpTo(e.At, false)

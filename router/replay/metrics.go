@@ -34,7 +34,8 @@ type Metric struct {
 }
 
 // Value is m's value in r, and false when r has none (belief without
-// KV events, goodput without an SLO, shadow agreement without a shadow).
+// KV events, goodput without an SLO, shadow agreement without a shadow,
+// latencies without a completed request).
 func (m Metric) Value(r *Report) (float64, bool) { return m.value(r) }
 
 // Format writes v as the table does.
@@ -57,10 +58,12 @@ func fixed(digits int) func(float64) string {
 	return func(v float64) string { return strconv.FormatFloat(v, 'f', digits, 64) }
 }
 
-// latency makes the metric of a Summary's field.
+// latency makes the metric of a Summary's field. A run without a
+// completed request has none (its Summary is zeros, which would read as
+// the fastest run).
 func latency(name, header, what string, s func(*Report) *Summary, q func(*Summary) float64) Metric {
 	return Metric{Name: name, Header: header, Unit: "ms", Lower: true, Legend: what,
-		value: always(func(r *Report) float64 { return q(s(r)) }), format: ms}
+		value: func(r *Report) (float64, bool) { return q(s(r)), r.Completed > 0 }, format: ms}
 }
 
 var (
@@ -376,8 +379,8 @@ func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 }
 
 // bestGoodput is the line naming, fleet by fleet, the row of the highest
-// median goodput (ties named together), "" without goodput or with a
-// single row.
+// median goodput (ties named together; "none" when every row's is 0), ""
+// without goodput or with a single row.
 func bestGoodput(cells []Cell) string {
 	m, _ := MetricByName("goodput")
 	var fleets []string
@@ -404,7 +407,15 @@ func bestGoodput(cells []Cell) string {
 	}
 	parts := make([]string, len(fleets))
 	for i, f := range fleets {
-		parts[i] = fmt.Sprintf("%s on %s workers (%s)", strings.Join(best[f], " and "), f, m.Format(top[f]))
+		on := f + " workers"
+		if f == "1" {
+			on = "1 worker"
+		}
+		if top[f] == 0 {
+			parts[i] = "none on " + on + " (0%)" // no row to name: every row met no target
+			continue
+		}
+		parts[i] = fmt.Sprintf("%s on %s (%s)", strings.Join(best[f], " and "), on, m.Format(top[f]))
 	}
 	return "highest goodput: " + strings.Join(parts, "; ") + "\n"
 }

@@ -230,6 +230,35 @@ func TestWriteComparisonSeedsSweepBaseline(t *testing.T) {
 	}
 }
 
+// A row whose requests were all rejected has no latency: its latency
+// cells are "-", not 0 ms (which would read as the fastest row), and its
+// delta against a baseline that completed requests is "-", not -100%.
+func TestNoCompletedRequestsHaveNoLatency(t *testing.T) {
+	served := &Report{Policy: "rr", Workers: 2, Requests: 3, Completed: 3, TTFT: Summary{P50: 100, P90: 200}, E2E: Summary{P99: 900}}
+	refused := &Report{Policy: "busy", Workers: 2, Requests: 3, Rejected: 3}
+	cells := []Cell{{Runs: []*Report{served}}, {Runs: []*Report{refused}}}
+	cols, _ := ParseColumns("completed,rejected,ttft_p50,e2e_p99")
+	var buf bytes.Buffer
+	if err := WriteComparison(&buf, cells, Comparison{Columns: cols, Baseline: "rr"}); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(buf.String(), "\n")
+	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
+	for i, want := range []string{
+		"policy completed rejected TTFT p50 E2E p99 Δ TTFT p90 vs rr",
+		"rr 3 0 100 900 base",
+		"busy 0 3 - - -",
+	} {
+		if got := fields(lines[i]); got != want {
+			t.Errorf("line %d %q, want %q", i, got, want)
+		}
+	}
+	p50, _ := MetricByName("ttft_p50")
+	if v, ok := p50.Value(refused); ok {
+		t.Errorf("TTFT p50 of a run without completed requests: %v, want none", v)
+	}
+}
+
 // With goodput the table ends with the best row of each fleet.
 func TestBestGoodput(t *testing.T) {
 	rep := func(policy string, workers int, share float64) *Report {
@@ -241,6 +270,10 @@ func TestBestGoodput(t *testing.T) {
 	}
 	if got, want := bestGoodput(cells), "highest goodput: kv on 4 workers (80.0%); rr and kv on 8 workers (90.0%)\n"; got != want {
 		t.Errorf("%q, want %q", got, want)
+	}
+	zero := []Cell{{Runs: []*Report{rep("rr", 1, 0)}}, {Runs: []*Report{rep("kv", 1, 0)}}, {Runs: []*Report{rep("rr", 2, 0.1)}}, {Runs: []*Report{rep("kv", 2, 0)}}}
+	if got, want := bestGoodput(zero), "highest goodput: none on 1 worker (0%); rr on 2 workers (10.0%)\n"; got != want {
+		t.Errorf("no goodput on a fleet: %q, want %q", got, want)
 	}
 	if got := bestGoodput([]Cell{{Runs: []*Report{rep("rr", 4, 0.5)}}}); got != "" {
 		t.Errorf("one row: %q, want nothing", got)

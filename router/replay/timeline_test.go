@@ -200,3 +200,52 @@ func TestParseSLO(t *testing.T) {
 		}
 	}
 }
+
+// After the last arrival the replay runs its workers until they are idle;
+// the requests still on them are in flight until they complete, so the
+// timeline's samples after the last arrival count them. An overloaded
+// single worker (the arXiv sample's 1,000 requests arrive in under 3
+// minutes, the last completes minutes later) shows each sample's count
+// of requests that arrived before its end and completed at or after it.
+func TestTimelineInFlightAfterTheLastArrival(t *testing.T) {
+	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")
+	b := loadPolicy(t, seededDefault)
+	var lines bytes.Buffer
+	rep, err := Run(context.Background(), Options{PolicyName: "default", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t",
+		Records: recs, Workers: 1, Timeline: true, PerRequest: &lines})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outs []Outcome
+	var lastArrival float64
+	sc := bufio.NewScanner(&lines)
+	for sc.Scan() {
+		var o Outcome
+		if err := json.Unmarshal(sc.Bytes(), &o); err != nil {
+			t.Fatal(err)
+		}
+		outs = append(outs, o)
+		lastArrival = math.Max(lastArrival, o.ArrivalMs)
+	}
+	tl := rep.Timeline
+	checked := 0
+	for k, row := range tl.InFlight {
+		end := float64(k+1) * tl.IntervalS * 1000 // ms since the first arrival
+		if end <= lastArrival {
+			continue
+		}
+		want := 0
+		for _, o := range outs {
+			if o.Status == "ok" && o.ArrivalMs < end && o.ArrivalMs+o.E2EMs >= end {
+				want++
+			}
+		}
+		if int(row[0]) != want {
+			t.Errorf("sample %d (ends %.0f ms, after the last arrival at %.0f ms): %d in flight, want %d", k, end, lastArrival, row[0], want)
+		}
+		checked++
+	}
+	if checked < 10 {
+		t.Fatalf("only %d samples after the last arrival; want an overloaded worker that runs long after it", checked)
+	}
+}

@@ -72,6 +72,7 @@ func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 	if err := compressed(br); err != nil {
 		return &ParseError{File: name, Line: 1, Err: err}
 	}
+	skipBOM(br)
 	if looksLikeJSON(br) {
 		return &ParseError{File: name, Line: 1, Err: &FormatError{Read: Azure, Looks: Mooncake}}
 	}

@@ -173,3 +173,30 @@ func TestCSVHeaderDetection(t *testing.T) {
 		}
 	}
 }
+
+// TestByteOrderMark reads traces saved with a UTF-8 byte order mark (as a
+// spreadsheet's "CSV UTF-8" or a Windows editor saves them) as the same
+// traces without it: the mark is not part of the first header or line.
+func TestByteOrderMark(t *testing.T) {
+	const bom = "\xef\xbb\xbf"
+	mooncake := `{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}` + "\n" +
+		`{"timestamp": 5, "input_length": 20, "output_length": 3, "hash_ids": [1]}` + "\n"
+	for _, tc := range []struct{ name, text string }{
+		{"a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n2023-11-16 18:15:46.6805900,374,44\r\n2023-11-16 18:15:50.9951690,396,109\r\n"},
+		{"code_1week.csv", azure2024Code},
+		{"b.csv", burstGPTHead},
+		{"m.jsonl", mooncake},
+	} {
+		want, err := Read(strings.NewReader(tc.text), tc.name)
+		if err != nil {
+			t.Fatalf("%s without a BOM: %v", tc.name, err)
+		}
+		got, err := Read(strings.NewReader(bom+tc.text), tc.name)
+		if err != nil {
+			t.Fatalf("%s with a BOM: %v", tc.name, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s with a BOM: got %+v, want %+v", tc.name, got, want)
+		}
+	}
+}

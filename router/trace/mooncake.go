@@ -49,6 +49,7 @@ func scanMooncake(r io.Reader, name string, yield func(*Record) bool) error {
 	if err := compressed(br); err != nil {
 		return &ParseError{File: name, Line: 1, Err: err}
 	}
+	skipBOM(br)
 	sc := bufio.NewScanner(br)
 	// The buffer holds a line and its newline.
 	sc.Buffer(make([]byte, 0, 64<<10), MaxLineBytes+1)

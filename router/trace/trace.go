@@ -239,6 +239,18 @@ func compressed(br *bufio.Reader) error {
 	return nil
 }
 
+// utf8BOM is the byte order mark some tools (spreadsheet programs saving
+// "CSV UTF-8", editors on Windows) write at the start of a UTF-8 file.
+const utf8BOM = "\xef\xbb\xbf"
+
+// skipBOM discards a UTF-8 byte order mark at the start of br, so that a
+// trace saved with one reads as the same trace without it.
+func skipBOM(br *bufio.Reader) {
+	if b, _ := br.Peek(len(utf8BOM)); string(b) == utf8BOM {
+		_, _ = br.Discard(len(utf8BOM))
+	}
+}
+
 // Read parses a trace, choosing the format from name's extension
 // (FormatOf): ".jsonl" is read with ReadMooncake and ".csv" with
 // ReadAzure. Any other extension yields an error wrapping ErrUnknownFormat.

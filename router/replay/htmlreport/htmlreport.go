@@ -14,6 +14,7 @@ import (
 	"io"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -353,12 +354,45 @@ func figureOf(ch chart, ok bool, note string) (figure, error) {
 	return figure{SVG: template.HTML(svg)}, nil
 }
 
+// seriesNames names the sweep line each cell is a point of: its label
+// without its fleet's pool sizes in disaggregated mode (pd(2P+4D) is a
+// point of pd, kv(2P:default+4D:default) of kv(P:default+D:default)). When
+// both pools vary, fleets of one total would share an x, so the prefill
+// size stays in the name (pd(2P+D)): one line per prefill pool over the
+// decode sizes.
+func seriesNames(cells []replay.Cell) []string {
+	prefill := map[int]bool{}
+	decode := map[int]bool{}
+	for _, c := range cells {
+		prefill[c.Runs[0].PrefillWorkers], decode[c.Runs[0].DecodeWorkers] = true, true
+	}
+	out := make([]string, len(cells))
+	for i, c := range cells {
+		r, name := c.Runs[0], c.Label()
+		if r.PrefillWorkers > 0 || r.DecodeWorkers > 0 {
+			if len(prefill) == 1 || len(decode) == 1 {
+				name = strings.Replace(name, "("+strconv.Itoa(r.PrefillWorkers)+"P", "(P", 1)
+			}
+			name = strings.Replace(name, "+"+strconv.Itoa(r.DecodeWorkers)+"D", "+D", 1)
+			name = strings.Replace(name, "(P+D)", "", 1)
+		}
+		out[i] = name
+	}
+	return out
+}
+
 // sweepFigures plots each of sweepMetrics that a cell has against fleet
 // size (replay.Report.Workers, prefill and decode workers together), one
-// line per label, at the median of the cell's runs with min–max error
-// bars when it has several.
+// line per policy (seriesNames), at the median of the cell's runs with
+// min–max error bars when it has several.
 func sweepFigures(cells []replay.Cell) ([]figure, error) {
-	names := labels(cells)
+	lineOf := seriesNames(cells)
+	var names []string
+	for _, n := range lineOf {
+		if !slices.Contains(names, n) {
+			names = append(names, n)
+		}
+	}
 	disagg := slices.ContainsFunc(cells, func(c replay.Cell) bool { return strings.Contains(c.Fleet(), "P+") })
 	xLabel := "workers"
 	if disagg {
@@ -367,8 +401,11 @@ func sweepFigures(cells []replay.Cell) ([]figure, error) {
 	var ticks []plot.Tick
 	for _, c := range cells {
 		x := float64(c.Runs[0].Workers)
-		if !slices.ContainsFunc(ticks, func(t plot.Tick) bool { return t.Value == x }) {
+		switch i := slices.IndexFunc(ticks, func(t plot.Tick) bool { return t.Value == x }); {
+		case i < 0:
 			ticks = append(ticks, plot.Tick{Value: x, Label: c.Fleet()})
+		case ticks[i].Label != c.Fleet():
+			ticks[i].Label = strconv.Itoa(c.Runs[0].Workers) // two fleets of one total
 		}
 	}
 	var out []figure
@@ -382,8 +419,8 @@ func sweepFigures(cells []replay.Cell) ([]figure, error) {
 				st      replay.Stat
 			}
 			var ps []point
-			for _, c := range cells {
-				if st, ok := c.Stat(m); ok && c.Label() == label {
+			for j, c := range cells {
+				if st, ok := c.Stat(m); ok && lineOf[j] == label {
 					ps = append(ps, point{float64(c.Runs[0].Workers), st})
 				}
 			}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"html"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
@@ -294,4 +295,42 @@ func equalXYs(a, b plotter.XYs) bool {
 		}
 	}
 	return true
+}
+
+// A disaggregated sweep plots one line per policy against fleet size, not
+// one lone point per (policy, pool sizes) row: the row labels carry the
+// pool sizes (pd(2P+2D)), the lines do not. When both pools vary, two
+// fleets can have the same total, so each prefill pool size gets a line
+// of its own over the decode sizes.
+func TestDisaggregatedSweepLines(t *testing.T) {
+	cell := func(policy string, p, d int, defaults bool) replay.Cell {
+		r := syntheticReport(policy, p+d, uint64(p*10+d))
+		r.PrefillWorkers, r.DecodeWorkers = p, d
+		r.RolePolicies = map[string]string{"prefill": "pd", "decode": "pd"}
+		if defaults {
+			r.RolePolicies = map[string]string{"prefill": "default", "decode": "default"}
+		}
+		return replay.Cell{Runs: []*replay.Report{r}}
+	}
+	decodeSweep := []replay.Cell{cell("pd", 2, 2, false), cell("rr", 2, 2, true), cell("pd", 2, 4, false), cell("rr", 2, 4, true)}
+	if got, want := seriesNames(decodeSweep), []string{"pd", "rr(P:default+D:default)", "pd", "rr(P:default+D:default)"}; !slices.Equal(got, want) {
+		t.Errorf("decode sweep: series %q, want %q", got, want)
+	}
+	crossed := []replay.Cell{cell("pd", 2, 2, false), cell("pd", 2, 4, false), cell("pd", 4, 2, false), cell("pd", 4, 4, false)}
+	if got, want := seriesNames(crossed), []string{"pd(2P+D)", "pd(2P+D)", "pd(4P+D)", "pd(4P+D)"}; !slices.Equal(got, want) {
+		t.Errorf("crossed sweep: series %q, want %q", got, want)
+	}
+	figs, err := sweepFigures(decodeSweep)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svg := string(figs[0].SVG)
+	for _, s := range []string{">pd<", ">rr(P:default+D:default)<"} {
+		if n := strings.Count(svg, s); n != 1 {
+			t.Errorf("%d legend entries %s in the first sweep chart, want 1", n, s)
+		}
+	}
+	if strings.Contains(svg, "2P+2D)<") {
+		t.Error("a legend entry names one fleet's pool sizes")
+	}
 }
