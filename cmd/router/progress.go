@@ -38,6 +38,7 @@ type progress struct {
 	done   int       // requests retired over every run so far
 	sim    time.Duration
 	bar    *progressbar.ProgressBar // on a terminal only
+	cols   int                      // the terminal's width, 0 when unknown
 }
 
 // newProgress returns the progress of runs replays of perRun requests
@@ -50,6 +51,9 @@ func newProgress(w io.Writer, quiet bool, runs, perRun int) *progress {
 	p := &progress{w: w, start: time.Now(), runs: runs, perRun: perRun}
 	if isTerminal(w) {
 		p.bar = newBar(p)
+		if cols, _, err := term.GetSize(int(terminalFile(w).Fd())); err == nil {
+			p.cols = cols
+		}
 	}
 	return p
 }
@@ -70,14 +74,45 @@ func newBar(p *progress) *progressbar.ProgressBar {
 // such or wrapped as the router's stderr is (a *lockedWriter over a
 // *pipeWriter).
 func isTerminal(w io.Writer) bool {
+	f := terminalFile(w)
+	return f != nil && term.IsTerminal(int(f.Fd()))
+}
+
+// terminalFile is the *os.File under w, unwrapped as isTerminal says, or
+// nil.
+func terminalFile(w io.Writer) *os.File {
 	if lw, ok := w.(*lockedWriter); ok {
 		w = lw.w
 	}
 	if pw, ok := w.(*pipeWriter); ok {
 		w = pw.w
 	}
-	f, ok := w.(*os.File)
-	return ok && term.IsTerminal(int(f.Fd()))
+	f, _ := w.(*os.File)
+	return f
+}
+
+// barRest is how many columns the bar takes besides its description: the
+// percentage, the 20-column bar, the count, elapsed time and ETA
+// ("  58% |███████████         | (28116/48124) [2s:1s]", 50 columns),
+// with room for a larger fleet's counts and longer times.
+const barRest = 58
+
+// fitDescription cuts the bar's description so that the line fits a
+// terminal of cols columns (the bar cannot see the terminal's width
+// through gate); cols <= 0 leaves it whole.
+func fitDescription(desc string, cols int) string {
+	if cols <= 0 {
+		return desc
+	}
+	room := cols - barRest
+	r := []rune(desc)
+	switch {
+	case room < 8:
+		return ""
+	case len(r) > room:
+		return string(r[:room-1]) + "…"
+	}
+	return desc
 }
 
 // gate passes the bar's output to the terminal once the delay is over.
@@ -115,7 +150,8 @@ func (p *progress) update(rp replay.Progress) {
 		// is not the replay's failure.
 		_ = p.bar.Set64(int64(p.done))
 		if p.shown = show; p.shown {
-			p.bar.Describe(fmt.Sprintf("run %d of %d (%s), simulated %s", p.run+1, p.runs, p.label, p.sim.Truncate(time.Second)))
+			desc := fmt.Sprintf("run %d of %d (%s), simulated %s", p.run+1, p.runs, p.label, p.sim.Truncate(time.Second))
+			p.bar.Describe(fitDescription(desc, p.cols))
 		}
 		return
 	}

@@ -115,3 +115,22 @@ func BenchmarkProgressUpdate(b *testing.B) {
 		})
 	}
 }
+
+// The bar's description is cut to leave the bar its room on a narrow
+// terminal, and dropped on one too narrow for it.
+func TestFitDescription(t *testing.T) {
+	desc := "run 3 of 8 (least-loaded on 4 workers seed +0), simulated 55m24s"
+	if got := fitDescription(desc, 0); got != desc {
+		t.Errorf("unknown width: %q, want it whole", got)
+	}
+	if got := fitDescription(desc, 200); got != desc {
+		t.Errorf("200 columns: %q, want it whole", got)
+	}
+	got := fitDescription(desc, 80)
+	if n := len([]rune(got)); n != 80-barRest || !strings.HasSuffix(got, "…") || !strings.HasPrefix(got, "run 3 of 8") {
+		t.Errorf("80 columns: %q (%d runes), want the first %d runes ending in …", got, n, 80-barRest)
+	}
+	if got := fitDescription(desc, barRest+7); got != "" {
+		t.Errorf("%d columns: %q, want no description", barRest+7, got)
+	}
+}

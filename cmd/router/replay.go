@@ -589,7 +589,7 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	if countDash(f.perRequest, f.report, f.html) > 0 {
 		out = stderr // standard output carries the output
 	}
-	fmt.Fprintf(out, "trace %s: %d requests on %s simulated workers%s\n", traceName, tr.requests, fleetsText(fleets), seedsText(f.seeds))
+	fmt.Fprintf(out, "trace %s: %s on %s%s\n", traceName, plural(tr.requests, "request"), fleetsText(fleets), seedsText(f.seeds))
 	cmp := replay.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric}
 	if err := replay.WriteComparison(out, cells, cmp); err != nil {
 		return &exitError{code: 1, err: err}
@@ -733,17 +733,29 @@ func runLabel(path string, mode replay.PrefixMode, fl fleet, fleets, k, seeds in
 	return label
 }
 
-// fleetsText words the fleet sizes for the header line: "8", "4, 8 and
-// 16", "2 prefill + 4 decode".
+// fleetsText words the fleet sizes for the header line: "8 simulated
+// workers", "4, 8 and 16 simulated workers", "2 prefill + 4 decode
+// simulated workers", "1 simulated worker".
 func fleetsText(fleets []fleet) string {
 	parts := make([]string, len(fleets))
 	for i, fl := range fleets {
 		parts[i] = fl.String()
 	}
 	if len(parts) == 1 {
-		return parts[0]
+		if fleets[0].workers == 1 {
+			return "1 simulated worker"
+		}
+		return parts[0] + " simulated workers"
 	}
-	return strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
+	return strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1] + " simulated workers"
+}
+
+// plural is "1 request" or "n requests".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return strconv.Itoa(n) + " " + noun + "s"
 }
 
 // seedsText words --seeds for the header line: "" for one run per cell,

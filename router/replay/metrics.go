@@ -61,9 +61,24 @@ func fixed(digits int) func(float64) string {
 // latency makes the metric of a Summary's field. A run without a
 // completed request has none (its Summary is zeros, which would read as
 // the fastest run).
+//
+// A report has no value when no request completed.
 func latency(name, header, what string, s func(*Report) *Summary, q func(*Summary) float64) Metric {
 	return Metric{Name: name, Header: header, Unit: "ms", Lower: true, Legend: what,
 		value: func(r *Report) (float64, bool) { return q(s(r)), r.Completed > 0 }, format: ms}
+}
+
+// perToken makes the metric of the TPOT or ITL summary, which has no
+// sample, and the report no value, also when every completed request had
+// one output token: an all-zero Summary, which a real TPOT or ITL never
+// is (every engine step takes time).
+func perToken(name, header, what string, s func(*Report) *Summary, q func(*Summary) float64) Metric {
+	m := latency(name, header, what, s, q)
+	m.value = func(r *Report) (float64, bool) {
+		sum := s(r)
+		return q(sum), r.Completed > 0 && *sum != (Summary{})
+	}
+	return m
 }
 
 var (
@@ -96,12 +111,12 @@ var allMetrics = []Metric{
 	latency("ttft_p90", "TTFT p90", "TTFT = time to first token", func(r *Report) *Summary { return &r.TTFT }, p90),
 	latency("ttft_p99", "TTFT p99", "TTFT = time to first token", func(r *Report) *Summary { return &r.TTFT }, p99),
 	latency("ttft_mean", "TTFT mean", "TTFT = time to first token", func(r *Report) *Summary { return &r.TTFT }, mean),
-	latency("tpot_p50", "TPOT p50", tpotLegend, func(r *Report) *Summary { return &r.TPOT }, p50),
-	latency("tpot_p90", "TPOT p90", tpotLegend, func(r *Report) *Summary { return &r.TPOT }, p90),
-	latency("tpot_p99", "TPOT p99", tpotLegend, func(r *Report) *Summary { return &r.TPOT }, p99),
-	latency("itl_p50", "ITL p50", itlLegend, func(r *Report) *Summary { return &r.ITL }, p50),
-	latency("itl_p90", "ITL p90", itlLegend, func(r *Report) *Summary { return &r.ITL }, p90),
-	latency("itl_p99", "ITL p99", itlLegend, func(r *Report) *Summary { return &r.ITL }, p99),
+	perToken("tpot_p50", "TPOT p50", tpotLegend, func(r *Report) *Summary { return &r.TPOT }, p50),
+	perToken("tpot_p90", "TPOT p90", tpotLegend, func(r *Report) *Summary { return &r.TPOT }, p90),
+	perToken("tpot_p99", "TPOT p99", tpotLegend, func(r *Report) *Summary { return &r.TPOT }, p99),
+	perToken("itl_p50", "ITL p50", itlLegend, func(r *Report) *Summary { return &r.ITL }, p50),
+	perToken("itl_p90", "ITL p90", itlLegend, func(r *Report) *Summary { return &r.ITL }, p90),
+	perToken("itl_p99", "ITL p99", itlLegend, func(r *Report) *Summary { return &r.ITL }, p99),
 	latency("e2e_p50", "E2E p50", e2eLegend, func(r *Report) *Summary { return &r.E2E }, p50),
 	latency("e2e_p90", "E2E p90", e2eLegend, func(r *Report) *Summary { return &r.E2E }, p90),
 	latency("e2e_p99", "E2E p99", e2eLegend, func(r *Report) *Summary { return &r.E2E }, p99),

@@ -134,7 +134,7 @@ func TestWriteTable(t *testing.T) {
 	for i, want := range []string{
 		"policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 TPOT p90 ITL p99 E2E p99 queue p99 KV hit of ref preempt out tok/s",
 		"kv 300 290 10 12 (4.1%) 41.2 120 15000 12.5 31.2 9.5 7 45.7% 91% 3 1234",
-		"rr 300 300 0 0 50 130 16000 0 0 9.5 0 10.0% 20% 0 0",
+		"rr 300 300 0 0 50 130 16000 - - 9.5 0 10.0% 20% 0 0",
 	} {
 		if got := fields(lines[i]); got != want {
 			t.Errorf("line %d %q, want %q", i, got, want)
