@@ -46,15 +46,17 @@ type replayFlags struct {
 	seeds int
 	// baseline is --baseline NAME[:COLUMN]; slo --slo; columns --columns;
 	// html --html FILE; cmd the command, whose flags the report quotes.
-	baseline   string
-	slo        string
-	columns    string
-	html       string
-	cmd        *cobra.Command
-	limit      int
-	perRequest string
-	report     string
-	compare    []string
+	baseline string
+	slo      string
+	// goodputTarget is --goodput-target, a percent ("95" or "95%").
+	goodputTarget string
+	columns       string
+	html          string
+	cmd           *cobra.Command
+	limit         int
+	perRequest    string
+	report        string
+	compare       []string
 	// prefix is --prefix: approximate, precise or both; kvEventDelay the
 	// precise runs' KV event delay.
 	prefix       string
@@ -142,6 +144,7 @@ equals what the engine served. The full reference is docs/replay.md.`,
 		fmt.Sprintf("run every cell N times, adding 0 to N-1 to every seed of the policy (router.seed and each component's own), and show the median with [least–greatest]; at most %d", maxSeeds))
 	fl.StringVar(&f.baseline, "baseline", "", "add a delta column (percent) against policy NAME on the same fleet: NAME, or NAME:COLUMN for another column than TTFT p90 (goodput with --slo)")
 	fl.StringVar(&f.slo, "slo", "", "latency targets for goodput, such as ttft=500ms,tpot=50ms (targets ttft, tpot, e2e): adds the share and rate of requests that met every one")
+	fl.StringVar(&f.goodputTarget, "goodput-target", "", "with --slo: the goodput share a policy must reach, in percent (95 or 95%); the table then ends with the smallest fleet on which each policy reaches it")
 	fl.StringVar(&f.columns, "columns", "default", "table columns: default, all, or a comma-separated list of names (default,e2e_p50,imbalance); see docs/replay.md")
 	fl.StringVar(&f.html, "html", "", "write a self-contained HTML report with plots (table, TTFT and E2E CDFs, load and KV hit over time, sweeps) to FILE, or - for standard output")
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
@@ -228,6 +231,9 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 		}
 	}
 	if _, _, err := f.baselineOf(); err != nil {
+		return err
+	}
+	if _, err := f.goodputTargetOf(cmd); err != nil {
 		return err
 	}
 	if f.limit < 0 {
@@ -441,6 +447,22 @@ func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
 	return name, m, nil
 }
 
+// goodputTargetOf reads --goodput-target: a percent above 0 and at most
+// 100, with or without "%"; 0 without the flag. It needs --slo.
+func (f *replayFlags) goodputTargetOf(cmd *cobra.Command) (float64, error) {
+	if !cmd.Flags().Changed("goodput-target") {
+		return 0, nil
+	}
+	if !cmd.Flags().Changed("slo") {
+		return 0, errors.New("--goodput-target needs --slo: the targets whose share it sets")
+	}
+	v, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(f.goodputTarget), "%"), 64)
+	if err != nil || !(v > 0 && v <= 100) {
+		return 0, fmt.Errorf("--goodput-target %s: want a percent above 0 and at most 100, such as 95 or 99.9%%", f.goodputTarget)
+	}
+	return v, nil
+}
+
 // policyPaths are the policy files replayed: --compare's, or --policy
 // ("" for the built-in policy).
 func (f *replayFlags) policyPaths() []string {
@@ -590,7 +612,8 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		out = stderr // standard output carries the output
 	}
 	fmt.Fprintf(out, "trace %s: %s on %s%s\n", traceName, plural(tr.requests, "request"), fleetsText(fleets), seedsText(f.seeds))
-	cmp := replay.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric}
+	target, _ := f.goodputTargetOf(cmd) // checked
+	cmp := replay.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric, GoodputTarget: target}
 	if err := replay.WriteComparison(out, cells, cmp); err != nil {
 		return &exitError{code: 1, err: err}
 	}

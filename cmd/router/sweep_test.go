@@ -19,7 +19,7 @@ func TestReplaySweepSeedsBaselineSLO(t *testing.T) {
 	kv := filepath.Join("..", "..", "examples", "policies", "kv-affinity.hcl")
 	arxiv := filepath.Join("..", "..", "testdata", "traces", "mooncake_arxiv_trace_first1000.jsonl")
 	code, out, errOut := runRouter("replay", "--trace", arxiv, "--limit", "300", "--compare", rr+","+kv,
-		"--workers", "2,4", "--seeds", "2", "--baseline", "round-robin", "--slo", "ttft=2s,tpot=40ms",
+		"--workers", "2,4", "--seeds", "2", "--baseline", "round-robin", "--slo", "ttft=2s,tpot=40ms", "--goodput-target", "50",
 		"--columns", "ttft_p90,goodput,itl_p99", "--report", report)
 	if code != 0 {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
@@ -36,6 +36,9 @@ func TestReplaySweepSeedsBaselineSLO(t *testing.T) {
 		if !strings.HasPrefix(fields(lines[2+i]), prefix) {
 			t.Errorf("row %d %q, want it to start %q", i, lines[2+i], prefix)
 		}
+	}
+	if !strings.Contains(out, "\nsmallest fleet with goodput >= 50.0%: round-robin ") {
+		t.Errorf("no verdict line for --goodput-target:\n%s", out)
 	}
 	if !strings.HasSuffix(fields(lines[2]), " base") || strings.HasSuffix(fields(lines[3]), " base") {
 		t.Errorf("baseline rows:\n%s\n%s", lines[2], lines[3])
@@ -95,6 +98,10 @@ func TestReplaySweepFlagErrors(t *testing.T) {
 		{[]string{"--slo", "ttft=fast"}, `--slo entry "ttft=fast": want a duration > 0`},
 		{[]string{"--slo", ""}, "--slo \"\": want targets such as ttft=500ms"},
 		{[]string{"--report", "-", "--html", "-"}, "cannot write to standard output together"},
+		{[]string{"--goodput-target", "95"}, "--goodput-target needs --slo"},
+		{[]string{"--slo", "ttft=1s", "--goodput-target", "0"}, "--goodput-target 0: want a percent above 0 and at most 100"},
+		{[]string{"--slo", "ttft=1s", "--goodput-target", "101%"}, "--goodput-target 101%: want a percent"},
+		{[]string{"--slo", "ttft=1s", "--goodput-target", "NaN"}, "--goodput-target NaN: want a percent"},
 		// Two files of one name make two rows of one label: which is the baseline?
 		{[]string{"--compare", rrPolicy + "," + rrPolicy, "--baseline", "round-robin"},
 			"--baseline round-robin: 2 --compare files are labelled round-robin"},

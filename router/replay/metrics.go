@@ -298,6 +298,81 @@ type Comparison struct {
 	Baseline string
 	// BaselineMetric is the delta column's metric (ttft_p90 when unset).
 	BaselineMetric Metric
+	// GoodputTarget, when > 0, is the goodput share, in percent, a row
+	// must reach to meet the SLO: the table then ends with the smallest
+	// fleet on which each row's policy reaches it (SmallestFleets).
+	GoodputTarget float64
+}
+
+// FleetVerdict is, for one row label (a policy in one prefix mode), the
+// smallest fleet of a comparison on which its median goodput reaches a
+// target: Fleet and Goodput (percent) of that cell, or Fleet "" when no
+// fleet does, Best then being its highest goodput.
+type FleetVerdict struct {
+	Policy  string
+	Fleet   string
+	Goodput float64
+	Best    float64
+}
+
+// SmallestFleets returns, for each policy and prefix mode of cells in
+// first-row order, the smallest fleet (by total workers) whose median
+// goodput is at least target percent. Cells without goodput are skipped;
+// nil when none has it.
+func SmallestFleets(cells []Cell, target float64) []FleetVerdict {
+	m, _ := MetricByName("goodput")
+	var out []FleetVerdict
+	index := map[string]int{}
+	size := map[string]int{}
+	for _, c := range cells {
+		st, ok := c.Stat(m)
+		if !ok {
+			continue
+		}
+		r := c.Runs[0]
+		key := r.Policy + "\x00" + r.Prefix
+		i, seen := index[key]
+		if !seen {
+			i = len(out)
+			index[key] = i
+			out = append(out, FleetVerdict{Policy: policyLabel(r)})
+		}
+		v := &out[i]
+		v.Best = max(v.Best, st.Median)
+		if st.Median >= target && (v.Fleet == "" || r.Workers < size[key]) {
+			v.Fleet, v.Goodput, size[key] = c.Fleet(), st.Median, r.Workers
+		}
+	}
+	return out
+}
+
+// policyLabel is r's policy as a row names it, without its pool sizes:
+// the policy, and +precise for a precise run.
+func policyLabel(r *Report) string {
+	if r.KVEvents != nil {
+		return r.Policy + "+precise"
+	}
+	return r.Policy
+}
+
+// GoodputVerdict words SmallestFleets in one line, as the table ends:
+// "smallest fleet with goodput >= 95.0%: round-robin from 16 workers
+// (96.1%); kv-affinity from 8 workers (95.3%); least-loaded on none
+// (best 91.0%)"; "" without a target or goodput.
+func GoodputVerdict(cells []Cell, target float64) string {
+	vs := SmallestFleets(cells, target)
+	if target <= 0 || len(vs) == 0 {
+		return ""
+	}
+	parts := make([]string, len(vs))
+	for i, v := range vs {
+		if v.Fleet == "" {
+			parts[i] = fmt.Sprintf("%s on none (best %s)", v.Policy, pct1(v.Best))
+			continue
+		}
+		parts[i] = fmt.Sprintf("%s from %s workers (%s)", v.Policy, v.Fleet, pct1(v.Goodput))
+	}
+	return fmt.Sprintf("smallest fleet with goodput >= %s: %s", pct1(target), strings.Join(parts, "; "))
 }
 
 // Delta is the percent change of a cell's median of m against the
@@ -387,6 +462,9 @@ func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 		fmt.Fprintf(&legend, "Δ = the change of the row's %s against %s's on the same fleet, in percent\n", bm.Header, cmp.Baseline)
 	}
 	legend.WriteString(bestGoodput(cells))
+	if v := GoodputVerdict(cells, cmp.GoodputTarget); v != "" {
+		legend.WriteString(v + "\n")
+	}
 	if _, err := io.WriteString(w, legend.String()); err != nil {
 		return err
 	}

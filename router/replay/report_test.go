@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -332,4 +333,40 @@ func TestReportRolePoliciesDisaggregated(t *testing.T) {
 	if got := rep.Label(); got != "rr(1P:default+2D:default)" {
 		t.Errorf("label %q", got)
 	}
+}
+
+// With a goodput target the table ends with each policy's smallest fleet
+// that reaches it, by total workers whatever the order given, or none
+// with its best.
+func TestSmallestFleets(t *testing.T) {
+	rep := func(policy string, workers int, share float64) *Report {
+		return &Report{Policy: policy, Workers: workers, Goodput: &Goodput{Share: share}}
+	}
+	cells := []Cell{
+		{Runs: []*Report{rep("rr", 16, 0.97)}}, {Runs: []*Report{rep("kv", 16, 0.99)}},
+		{Runs: []*Report{rep("rr", 4, 0.5)}}, {Runs: []*Report{rep("kv", 4, 0.8)}},
+		{Runs: []*Report{rep("rr", 8, 0.9)}}, {Runs: []*Report{rep("kv", 8, 0.96)}},
+		{Runs: []*Report{rep("ll", 8, 0.91)}},
+	}
+	want := []FleetVerdict{{Policy: "rr", Fleet: "16", Goodput: 97, Best: 97}, {Policy: "kv", Fleet: "8", Goodput: 96, Best: 99},
+		{Policy: "ll", Best: 91}}
+	if got := SmallestFleets(cells, 95); !slices.Equal(got, want) {
+		t.Errorf("SmallestFleets = %+v, want %+v", got, want)
+	}
+	var buf bytes.Buffer
+	if err := WriteComparison(&buf, cells, Comparison{Columns: []Metric{mustMetric(t, "goodput")}, GoodputTarget: 95}); err != nil {
+		t.Fatal(err)
+	}
+	if want := "smallest fleet with goodput >= 95.0%: rr from 16 workers (97.0%); kv from 8 workers (96.0%); ll on none (best 91.0%)\n"; !strings.HasSuffix(buf.String(), want) {
+		t.Errorf("table ends %q, want %q", buf.String()[max(0, buf.Len()-200):], want)
+	}
+}
+
+func mustMetric(t *testing.T, name string) Metric {
+	t.Helper()
+	m, ok := MetricByName(name)
+	if !ok {
+		t.Fatalf("no metric %q", name)
+	}
+	return m
 }

@@ -78,6 +78,7 @@ func Write(w io.Writer, in Input) error {
 		p.Seeds = max(p.Seeds, len(c.Runs))
 	}
 	p.Table = newTable(in.Cells, in.Comparison)
+	p.Verdict = replay.GoodputVerdict(in.Cells, in.Comparison.GoodputTarget)
 	fleets := fleetsOf(in.Cells)
 	var err error
 	for _, f := range fleets {
@@ -100,6 +101,9 @@ type page struct {
 	Input
 	Seeds  int
 	Table  table
+	// Verdict is replay.GoodputVerdict of the cells ("" without a
+	// goodput target).
+	Verdict string
 	Fleets []fleetSection
 	Sweep  []figure
 }

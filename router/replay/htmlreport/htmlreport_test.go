@@ -334,3 +334,26 @@ func TestDisaggregatedSweepLines(t *testing.T) {
 		t.Error("a legend entry names one fleet's pool sizes")
 	}
 }
+
+// With a goodput target the page states the verdict under the table, as
+// the text table's last line does.
+func TestVerdictUnderTheTable(t *testing.T) {
+	a, b := syntheticReport("rr", 4, 1), syntheticReport("kv", 4, 2)
+	a.Goodput, b.Goodput = &replay.Goodput{Share: 0.9}, &replay.Goodput{Share: 0.97}
+	cells := []replay.Cell{{Runs: []*replay.Report{a}}, {Runs: []*replay.Report{b}}}
+	var page bytes.Buffer
+	if err := Write(&page, Input{Cells: cells, SLO: "ttft=1s", Comparison: replay.Comparison{GoodputTarget: 95}}); err != nil {
+		t.Fatal(err)
+	}
+	want := `<p class="verdict"><strong>smallest fleet with goodput &gt;= 95.0%: rr on none (best 90.0%); kv from 4 workers (97.0%)</strong></p>`
+	if !strings.Contains(page.String(), want) {
+		t.Errorf("the page lacks the verdict %s", want)
+	}
+	page.Reset()
+	if err := Write(&page, Input{Cells: cells}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(page.String(), `class="verdict"`) {
+		t.Error("a verdict without a goodput target")
+	}
+}

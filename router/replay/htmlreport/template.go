@@ -47,6 +47,7 @@ figure svg text { font-family: "Liberation Sans", Arial, Helvetica, sans-serif !
 {{end}}</tbody>
 </table>
 </div>
+{{with .Verdict}}<p class="verdict"><strong>{{.}}</strong></p>{{end}}
 <ul class="legend">
 {{if gt .Seeds 1}}<li>each cell: the median of {{.Seeds}} seeds, with the least–greatest under it when they differ</li>{{end}}
 <li>latencies in ms of simulated time; ↓ lower is better, ↑ higher is better</li>
