@@ -99,13 +99,13 @@ func Write(w io.Writer, in Input) error {
 // page is the template's data.
 type page struct {
 	Input
-	Seeds  int
-	Table  table
+	Seeds int
+	Table table
 	// Verdict is replay.GoodputVerdict of the cells ("" without a
 	// goodput target).
 	Verdict string
-	Fleets []fleetSection
-	Sweep  []figure
+	Fleets  []fleetSection
+	Sweep   []figure
 }
 
 // figure is one chart on the page, or a note in its place.
