@@ -31,6 +31,10 @@ type Metric struct {
 	// single, when set, writes the cell of a single run in place of
 	// format (fallbacks with their share).
 	single func(*Report) string
+	// shownWith, when set, keeps the column in a table only when some
+	// run satisfies it: belief, which every run has, is shown when a row
+	// is precise, for every row.
+	shownWith func(*Report) bool
 }
 
 // Value is m's value in r, and false when r has none (belief without
@@ -132,10 +136,11 @@ var allMetrics = []Metric{
 	{Name: "kv_ceiling", Header: "KV ceiling", Unit: "%", Legend: "KV ceiling = the KV hit of a cache that never evicts",
 		value: always(func(r *Report) float64 { return 100 * r.KVHitCeiling }), format: pct1},
 	{Name: "belief", Header: "belief", Unit: "%",
-		Legend: "belief = requests whose router belief of the chosen worker's cached prefix equals what the engine served (NAME+precise rows)",
+		Legend: "belief = requests whose router belief of the chosen worker's cached prefix equals what the engine served from cache; NAME+precise rows follow the engines' KV events (--prefix precise)",
 		value: func(r *Report) (float64, bool) {
-			return 100 * r.BeliefAccuracy, r.KVEvents != nil
-		}, format: pct1},
+			return 100 * r.BeliefAccuracy, r.Completed > 0
+		}, format: pct1,
+		shownWith: func(r *Report) bool { return r.KVEvents != nil }},
 	{Name: "shadow_agree", Header: "shadow agree", Unit: "%",
 		Legend: "shadow agree = selections on which the role's shadow policy picked the live decision's worker",
 		value: func(r *Report) (float64, bool) {
@@ -514,13 +519,17 @@ func bestGoodput(cells []Cell) string {
 }
 
 // TableColumns is the columns WriteComparison shows for cells: cmp.Columns
-// (DefaultColumns when empty), less those of which no cell has a value.
+// (DefaultColumns when empty), less those of which no cell has a value,
+// and belief unless some row is precise.
 func TableColumns(cells []Cell, cmp Comparison) []Metric {
 	cols := cmp.Columns
 	if len(cols) == 0 {
 		cols, _ = ParseColumns("default")
 	}
 	return slices.DeleteFunc(slices.Clone(cols), func(m Metric) bool {
+		if m.shownWith != nil && !slices.ContainsFunc(cells, func(c Cell) bool { return slices.ContainsFunc(c.Runs, m.shownWith) }) {
+			return true
+		}
 		return !slices.ContainsFunc(cells, func(c Cell) bool { _, ok := c.Stat(m); return ok })
 	})
 }

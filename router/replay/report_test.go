@@ -159,8 +159,9 @@ func TestWriteTable(t *testing.T) {
 	}
 }
 
-// A precise row adds the belief column, for every row ("-" where a row
-// has none), and its legend; --columns picks and orders columns.
+// A precise row adds the belief column, for every row, and its legend;
+// --columns picks and orders columns; without a precise row belief is
+// left out, even when asked for.
 func TestWriteTableBelief(t *testing.T) {
 	approx := &Report{Policy: "default", Prefix: "approximate", Requests: 10, Completed: 10, BeliefAccuracy: 0.9806, KVHitRatio: 0.3272, Imbalance: 1}
 	precise := &Report{Policy: "default", Prefix: "precise", KVEvents: &KVEventsReport{DelayMs: 20}, Requests: 10, Completed: 10,
@@ -178,7 +179,7 @@ func TestWriteTableBelief(t *testing.T) {
 	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	for i, want := range []string{
 		"policy KV hit belief imbalance",
-		"default 32.7% - 1.000",
+		"default 32.7% 98.1% 1.000",
 		"default+precise 33.2% 99.9% 1.000",
 	} {
 		if got := fields(lines[i]); got != want {
@@ -187,6 +188,13 @@ func TestWriteTableBelief(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), "belief = requests whose router belief") {
 		t.Errorf("no belief legend:\n%s", buf.String())
+	}
+	buf.Reset()
+	if err := WriteComparison(&buf, cells[:1], Comparison{Columns: cols}); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(strings.Fields(strings.Split(buf.String(), "\n")[0]), " "); got != "policy KV hit imbalance" {
+		t.Errorf("header without a precise row %q, want no belief column", got)
 	}
 }
 
