@@ -796,14 +796,25 @@ func (w *Worker) decodeRun(until time.Duration) bool {
 	if j == 0 {
 		return false
 	}
+	// The first step's gap is since each request's own last token: for
+	// those that decoded in the step before (nearly all), the step alone,
+	// reported at once.
+	stepped := 0
 	for _, idx := range w.running {
 		s := &w.seqs[idx]
-		if w.tokenGap != nil {
-			w.tokenGap(t0-s.lastToken, 1) // the first step's: since its own last token
+		switch {
+		case w.tokenGap == nil:
+		case s.lastToken == w.ready:
+			stepped++
+		default:
+			w.tokenGap(t0-s.lastToken, 1)
 		}
 		s.lastToken = t
 		s.computed += j
 		s.generated += j
+	}
+	if stepped > 0 {
+		w.tokenGap(t0-w.ready, stepped)
 	}
 	w.stats.Steps += int64(j)
 	w.stats.DecodeTokens += int64(j * d)
