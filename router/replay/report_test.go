@@ -131,16 +131,11 @@ func TestWriteTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	lines := strings.Split(buf.String(), "\n")
-	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	for i, want := range []string{
+	wantLines(t, buf.String(),
 		"policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 TPOT p90 ITL p99 E2E p99 queue p99 KV hit of ref preempt out tok/s",
 		"kv 300 290 10 12 (4.1%) 41.2 120 15000 12.5 31.2 9.5 7 45.7% 91% 3 1234",
 		"rr 300 300 0 0 50 130 16000 - - 9.5 0 10.0% 20% 0 0",
-	} {
-		if got := fields(lines[i]); got != want {
-			t.Errorf("line %d %q, want %q", i, got, want)
-		}
-	}
+	)
 	// Columns stay aligned: every cell ends where its header does.
 	if end := strings.Index(lines[0], "fallbacks") + len("fallbacks"); !strings.HasSuffix(lines[1][:end], " 12 (4.1%)") || !strings.HasSuffix(lines[2][:end], " 0") {
 		t.Errorf("fallbacks column misaligned:\n%s\n%s\n%s", lines[0], lines[1], lines[2])
@@ -175,17 +170,11 @@ func TestWriteTableBelief(t *testing.T) {
 	if err := WriteComparison(&buf, cells, Comparison{Columns: cols}); err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(buf.String(), "\n")
-	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	for i, want := range []string{
+	wantLines(t, buf.String(),
 		"policy KV hit belief imbalance",
 		"default 32.7% 98.1% 1.000",
 		"default+precise 33.2% 99.9% 1.000",
-	} {
-		if got := fields(lines[i]); got != want {
-			t.Errorf("line %d %q, want %q", i, got, want)
-		}
-	}
+	)
 	if !strings.Contains(buf.String(), "belief = requests whose router belief") {
 		t.Errorf("no belief legend:\n%s", buf.String())
 	}
@@ -223,20 +212,14 @@ func TestWriteComparisonSeedsSweepBaseline(t *testing.T) {
 	if err := WriteComparison(&buf, cells, Comparison{Columns: cols, Baseline: "rr"}); err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(buf.String(), "\n")
-	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	for i, want := range []string{
+	wantLines(t, buf.String(),
 		"policy workers TTFT p90 Δ TTFT p90 vs rr",
 		"rr 4 200 [100–300] base",
 		"kv 4 50 -75.0%",
 		"rr 8 110 [100–120] base",
 		"kv 8 77 [66–88] -30.0%",
 		"each cell: the median of 3 seeds, [least–greatest] when they differ",
-	} {
-		if got := fields(lines[i]); got != want {
-			t.Errorf("line %d %q, want %q", i, got, want)
-		}
-	}
+	)
 }
 
 // A row whose requests were all rejected has no latency: its latency
@@ -251,17 +234,11 @@ func TestNoCompletedRequestsHaveNoLatency(t *testing.T) {
 	if err := WriteComparison(&buf, cells, Comparison{Columns: cols, Baseline: "rr"}); err != nil {
 		t.Fatal(err)
 	}
-	lines := strings.Split(buf.String(), "\n")
-	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	for i, want := range []string{
+	wantLines(t, buf.String(),
 		"policy completed rejected TTFT p50 E2E p99 Δ TTFT p90 vs rr",
 		"rr 3 0 100 900 base",
 		"busy 0 3 - - -",
-	} {
-		if got := fields(lines[i]); got != want {
-			t.Errorf("line %d %q, want %q", i, got, want)
-		}
-	}
+	)
 	p50, _ := MetricByName("ttft_p50")
 	if v, ok := p50.Value(refused); ok {
 		t.Errorf("TTFT p50 of a run without completed requests: %v, want none", v)
@@ -270,9 +247,7 @@ func TestNoCompletedRequestsHaveNoLatency(t *testing.T) {
 
 // With goodput the table ends with the best row of each fleet.
 func TestBestGoodput(t *testing.T) {
-	rep := func(policy string, workers int, share float64) *Report {
-		return &Report{Policy: policy, Workers: workers, Goodput: &Goodput{Share: share}}
-	}
+	rep := goodputReport
 	cells := []Cell{
 		{Runs: []*Report{rep("rr", 4, 0.5)}}, {Runs: []*Report{rep("kv", 4, 0.8)}},
 		{Runs: []*Report{rep("rr", 8, 0.9)}}, {Runs: []*Report{rep("kv", 8, 0.9)}},
@@ -347,9 +322,7 @@ func TestReportRolePoliciesDisaggregated(t *testing.T) {
 // that reaches it, by total workers whatever the order given, or none
 // with its best.
 func TestSmallestFleets(t *testing.T) {
-	rep := func(policy string, workers int, share float64) *Report {
-		return &Report{Policy: policy, Workers: workers, Goodput: &Goodput{Share: share}}
-	}
+	rep := goodputReport
 	cells := []Cell{
 		{Runs: []*Report{rep("rr", 16, 0.97)}}, {Runs: []*Report{rep("kv", 16, 0.99)}},
 		{Runs: []*Report{rep("rr", 4, 0.5)}}, {Runs: []*Report{rep("kv", 4, 0.8)}},
@@ -377,4 +350,26 @@ func mustMetric(t *testing.T, name string) Metric {
 		t.Fatalf("no metric %q", name)
 	}
 	return m
+}
+
+// goodputReport is a run of policy on workers whose goodput share is
+// share.
+func goodputReport(policy string, workers int, share float64) *Report {
+	return &Report{Policy: policy, Workers: workers, Goodput: &Goodput{Share: share}}
+}
+
+// wantLines checks that the first lines of table, their fields joined by
+// single spaces, are want.
+func wantLines(t *testing.T, table string, want ...string) {
+	t.Helper()
+	lines := strings.Split(table, "\n")
+	for i, w := range want {
+		got := ""
+		if i < len(lines) {
+			got = strings.Join(strings.Fields(lines[i]), " ")
+		}
+		if got != w {
+			t.Errorf("line %d %q, want %q", i, got, w)
+		}
+	}
 }

@@ -115,23 +115,18 @@ type figure struct {
 }
 
 // fleetsOf is the cells' fleets (replay.Cell.Fleet), in first order.
-func fleetsOf(cells []replay.Cell) []string {
-	var out []string
-	for _, c := range cells {
-		if !slices.Contains(out, c.Fleet()) {
-			out = append(out, c.Fleet())
-		}
-	}
-	return out
-}
+func fleetsOf(cells []replay.Cell) []string { return distinct(cells, replay.Cell.Fleet) }
 
 // labels is the cells' labels (replay.Cell.Label), in first order: a
 // label's index is its color in every chart.
-func labels(cells []replay.Cell) []string {
+func labels(cells []replay.Cell) []string { return distinct(cells, replay.Cell.Label) }
+
+// distinct is the cells' values of key, each once, in first order.
+func distinct(cells []replay.Cell, key func(replay.Cell) string) []string {
 	var out []string
 	for _, c := range cells {
-		if !slices.Contains(out, c.Label()) {
-			out = append(out, c.Label())
+		if k := key(c); !slices.Contains(out, k) {
+			out = append(out, k)
 		}
 	}
 	return out
