@@ -89,7 +89,7 @@ func Write(w io.Writer, in Input) error {
 		p.Fleets = append(p.Fleets, s)
 	}
 	if len(fleets) > 1 {
-		if p.Sweep, err = sweepFigures(in.Cells); err != nil {
+		if p.Sweep, err = sweepFigures(in.Cells, in.Comparison.GoodputTarget); err != nil {
 			return err
 		}
 	}
@@ -384,7 +384,7 @@ func seriesNames(cells []replay.Cell) []string {
 // size (replay.Report.Workers, prefill and decode workers together), one
 // line per policy (seriesNames), at the median of the cell's runs with
 // min–max error bars when it has several.
-func sweepFigures(cells []replay.Cell) ([]figure, error) {
+func sweepFigures(cells []replay.Cell, goodputTarget float64) ([]figure, error) {
 	lineOf := seriesNames(cells)
 	var names []string
 	for _, n := range lineOf {
@@ -443,6 +443,18 @@ func sweepFigures(cells []replay.Cell) ([]figure, error) {
 		}
 		if len(ch.series) == 0 {
 			continue
+		}
+		if name == "goodput" && goodputTarget > 0 && len(ticks) > 0 {
+			// The --goodput-target line across the fleets, grey and
+			// dashed: a policy meets it where its line is above.
+			lo, hi := ticks[0].Value, ticks[0].Value
+			for _, t := range ticks {
+				lo, hi = min(lo, t.Value), max(hi, t.Value)
+			}
+			ch.series = append(ch.series, series{name: fmt.Sprintf("target %.1f%%", goodputTarget),
+				xys: plotter.XYs{{X: lo, Y: goodputTarget}, {X: hi, Y: goodputTarget}}, color: color.Gray{Y: 0x80},
+				dashes: []vg.Length{vg.Points(4), vg.Points(3)}})
+			top = max(top, goodputTarget)
 		}
 		ch.yMax = top * 1.08 // room between the highest bar and the title
 		fig, err := figureOf(ch, true, "")

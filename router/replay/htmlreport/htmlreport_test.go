@@ -320,7 +320,7 @@ func TestDisaggregatedSweepLines(t *testing.T) {
 	if got, want := seriesNames(crossed), []string{"pd(2P+D)", "pd(2P+D)", "pd(4P+D)", "pd(4P+D)"}; !slices.Equal(got, want) {
 		t.Errorf("crossed sweep: series %q, want %q", got, want)
 	}
-	figs, err := sweepFigures(decodeSweep)
+	figs, err := sweepFigures(decodeSweep, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -355,5 +355,32 @@ func TestVerdictUnderTheTable(t *testing.T) {
 	}
 	if strings.Contains(page.String(), `class="verdict"`) {
 		t.Error("a verdict without a goodput target")
+	}
+}
+
+// On a sweep with a goodput target, the goodput chart draws the target
+// as a line of its own, in its legend.
+func TestGoodputTargetLine(t *testing.T) {
+	var cells []replay.Cell
+	for _, w := range []int{2, 4} {
+		r := syntheticReport("kv", w, uint64(w))
+		r.Goodput = &replay.Goodput{Share: float64(w) / 5}
+		cells = append(cells, replay.Cell{Runs: []*replay.Report{r}})
+	}
+	figs, err := sweepFigures(cells, 70)
+	if err != nil {
+		t.Fatal(err)
+	}
+	with := 0
+	for _, f := range figs {
+		if strings.Contains(string(f.SVG), "target 70.0%") {
+			with++
+		}
+	}
+	if with != 1 {
+		t.Errorf("%d sweep charts show the target, want the goodput chart alone", with)
+	}
+	if figs, _ = sweepFigures(cells, 0); slices.ContainsFunc(figs, func(f figure) bool { return strings.Contains(string(f.SVG), "target ") }) {
+		t.Error("a target line without a target")
 	}
 }
