@@ -86,7 +86,7 @@ func (p *fakePicker) handle(id string) *fakeHandle {
 
 // startServer serves s over an in-memory listener and returns a client;
 // the server stops (waiting for its handlers) at the test's end.
-func startServer(t *testing.T, s *Server) extprocv3.ExternalProcessorClient {
+func startServer(t testing.TB, s *Server) extprocv3.ExternalProcessorClient {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
