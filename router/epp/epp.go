@@ -1,0 +1,119 @@
+// Package epp is Switchyard's side of the Gateway API Inference Extension's
+// Endpoint Picker Protocol: an Envoy external-processing
+// (envoy.service.ext_proc.v3) stream handler that asks a Picker for an
+// endpoint per request, hands it back to the proxy as the
+// x-gateway-destination-endpoint header and envoy.lb dynamic metadata, and
+// follows the response to book first token and completion.
+//
+// The protocol is docs/proposals/004-endpoint-picker-protocol in
+// kubernetes-sigs/gateway-api-inference-extension (v1.0.0). How the
+// endpoint is chosen is the Picker's business; docs/epp.md says what is
+// covered and what is still to build.
+package epp
+
+import (
+	"context"
+	"errors"
+)
+
+// Names fixed by the Endpoint Picker Protocol (proposal 004, v1.0.0).
+const (
+	// DestinationHeader carries the picked endpoints, "ip:port" or
+	// "ip:port,ip:port,..." with the primary first; the same key and value
+	// go in the dynamic metadata under MetadataNamespace.
+	DestinationHeader = "x-gateway-destination-endpoint"
+	// MetadataNamespace is the dynamic-metadata namespace of the picked
+	// endpoints and of the served endpoint.
+	MetadataNamespace = "envoy.lb"
+	// SubsetNamespace is the filter-metadata namespace of the subset hint.
+	SubsetNamespace = "envoy.lb.subset_hint"
+	// SubsetKey lists, under SubsetNamespace, the "ip:port" endpoints the
+	// picker must choose from.
+	SubsetKey = "x-gateway-destination-endpoint-subset"
+	// ServedKey names, under MetadataNamespace in the metadata context of
+	// a response phase, the "ip:port" endpoint that really served.
+	ServedKey = "x-gateway-destination-endpoint-served"
+)
+
+// Errors a Picker returns; Server maps each to an immediate response in
+// the OpenAI error shape. Wrap them with %w to add detail: the wrapped
+// error's text becomes the answer's message.
+var (
+	// ErrNoEndpoint: no endpoint ready (or none eligible in the subset
+	// hint). Answered 503.
+	ErrNoEndpoint = errors.New("no ready endpoint")
+	// ErrShed: the request was shed, the queue being full. Answered 429.
+	ErrShed = errors.New("every endpoint is at capacity and the queue is full")
+	// ErrPastDue: the request's due time passed while it waited. Answered
+	// 429.
+	ErrPastDue = errors.New("the request's due time passed while it waited for an endpoint")
+	// ErrBadRequest: the request body could not be parsed. Answered 400.
+	ErrBadRequest = errors.New("invalid request")
+)
+
+// Request is what the Picker sees of one HTTP request.
+type Request struct {
+	// Headers are the request headers, names lower-cased as Envoy sends
+	// them (":path", ":method", "content-type", ...). A repeated header
+	// keeps its last value.
+	Headers map[string]string
+	// Body is the whole request body (empty for a request without one),
+	// at most Server.MaxBodyBytes long.
+	Body []byte
+	// Subset lists the "ip:port" endpoints of the proxy's subset hint, in
+	// the proxy's order; nil when the proxy sent no hint (then any
+	// endpoint of the pool may be picked). Never empty when non-nil: an
+	// empty hint is answered 503 without calling the Picker.
+	Subset []string
+}
+
+// Pick is a Picker's answer.
+type Pick struct {
+	// Endpoint is the primary endpoint, "ip:port".
+	Endpoint string
+	// Fallbacks are the next-best endpoints, "ip:port", best first; the
+	// proxy tries them in order if it retries. May be empty.
+	Fallbacks []string
+	// Handle follows the request; it must not be nil.
+	Handle Handle
+}
+
+// Outcome is how a picked request ended.
+type Outcome int
+
+const (
+	// Completed: the proxy streamed the whole response.
+	Completed Outcome = iota
+	// Aborted: the stream closed or was cancelled before the response's
+	// end (client reset, proxy gone, EPP shutting down).
+	Aborted
+)
+
+// String returns "completed" or "aborted".
+func (o Outcome) String() string {
+	if o == Completed {
+		return "completed"
+	}
+	return "aborted"
+}
+
+// Handle books one picked request. Server calls its methods from the
+// stream's goroutine, in order: Served at most once, FirstToken at most
+// once, End exactly once. They must not block.
+type Handle interface {
+	// Served reports the endpoint, "ip:port", that the proxy says really
+	// served the request (it may be a fallback).
+	Served(endpoint string)
+	// FirstToken reports the first non-empty chunk of the response body.
+	FirstToken()
+	// End reports the end of the request.
+	End(Outcome)
+}
+
+// Picker chooses the endpoint of one request. Pick may block (waiting in a
+// queue) until ctx, the ext_proc stream's context, is done. Its errors are
+// ErrNoEndpoint, ErrShed, ErrPastDue, ErrBadRequest (wrapped or not); any
+// other error is answered 503.
+type Picker interface {
+	Pick(ctx context.Context, req *Request) (Pick, error)
+}

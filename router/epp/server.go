@@ -1,0 +1,312 @@
+package epp
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/switchyard-router/switchyard/router/serve"
+)
+
+// Server is the ext_proc service: register it with
+// extprocv3.RegisterExternalProcessorServer. One stream carries one HTTP
+// request; streams run concurrently and share nothing but the Picker.
+type Server struct {
+	// Picker chooses the endpoints; required.
+	Picker Picker
+	// MaxBodyBytes bounds a request body; a larger one is answered 413.
+	// Zero means serve.DefaultMaxBodyBytes (32 MiB), serve's own bound.
+	MaxBodyBytes int64
+}
+
+var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+
+// stream is the state of one ext_proc stream.
+type stream struct {
+	s      *Server
+	srv    extprocv3.ExternalProcessor_ProcessServer
+	max    int64
+	duplex bool // request body in FULL_DUPLEX_STREAMED mode: the headers answer waits for the body
+	echo   bool // response body in FULL_DUPLEX_STREAMED mode: each chunk is sent back
+	req    Request
+	picked bool
+	handle Handle // nil before the pick and after End
+	served bool
+	first  bool
+}
+
+// Process serves one ext_proc stream: the phases of one HTTP request as
+// Envoy's ext_proc filter sends them. It returns nil when the proxy closes
+// the stream, and the stream's error otherwise; the Handle of a picked
+// request gets End exactly once whatever happens (Aborted unless the
+// response reached its end).
+func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	st := &stream{s: s, srv: srv, max: s.MaxBodyBytes}
+	if st.max <= 0 {
+		st.max = serve.DefaultMaxBodyBytes
+	}
+	defer st.end(Aborted)
+	for {
+		msg, err := srv.Recv()
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		if err := st.handle1(msg); err != nil {
+			return err
+		}
+	}
+}
+
+// end calls the handle's End once.
+func (st *stream) end(o Outcome) {
+	if st.handle != nil {
+		h := st.handle
+		st.handle = nil
+		h.End(o)
+	}
+}
+
+func (st *stream) send(r *extprocv3.ProcessingResponse) error {
+	if err := st.srv.Send(r); err != nil {
+		return fmt.Errorf("sending the ext_proc answer: %w", err)
+	}
+	return nil
+}
+
+// handle1 answers one message of the stream.
+func (st *stream) handle1(msg *extprocv3.ProcessingRequest) error {
+	if pc := msg.GetProtocolConfig(); pc != nil {
+		st.duplex = pc.GetRequestBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+		st.echo = pc.GetResponseBodyMode() == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	}
+	switch r := msg.Request.(type) {
+	case *extprocv3.ProcessingRequest_RequestHeaders:
+		return st.requestHeaders(msg, r.RequestHeaders)
+	case *extprocv3.ProcessingRequest_RequestBody:
+		return st.requestBody(r.RequestBody)
+	case *extprocv3.ProcessingRequest_RequestTrailers:
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestTrailers{
+			RequestTrailers: &extprocv3.TrailersResponse{}}})
+	case *extprocv3.ProcessingRequest_ResponseHeaders:
+		st.servedFrom(msg)
+		if r.ResponseHeaders.GetEndOfStream() {
+			st.end(Completed)
+		}
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{
+			ResponseHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
+	case *extprocv3.ProcessingRequest_ResponseBody:
+		return st.responseBody(msg, r.ResponseBody)
+	case *extprocv3.ProcessingRequest_ResponseTrailers:
+		st.end(Completed)
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseTrailers{
+			ResponseTrailers: &extprocv3.TrailersResponse{}}})
+	default:
+		// A phase this handler does not know (a newer proxy's, or flow
+		// control): nothing to answer, the stream goes on.
+		return nil
+	}
+}
+
+func (st *stream) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	hm := h.GetHeaders().GetHeaders()
+	st.req.Headers = make(map[string]string, len(hm))
+	for _, hv := range hm {
+		v := hv.GetValue()
+		if raw := hv.GetRawValue(); len(raw) > 0 {
+			v = string(raw)
+		}
+		st.req.Headers[strings.ToLower(hv.GetKey())] = v
+	}
+	st.req.Subset = subsetHint(msg.GetMetadataContext())
+	if h.GetEndOfStream() {
+		return st.pick(true)
+	}
+	if st.duplex {
+		return nil // answered with the pick, once the body is in
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{
+		RequestHeaders: &extprocv3.HeadersResponse{Response: &extprocv3.CommonResponse{}}}})
+}
+
+func (st *stream) requestBody(b *extprocv3.HttpBody) error {
+	if st.picked {
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
+	}
+	if int64(len(st.req.Body))+int64(len(b.GetBody())) > st.max {
+		return st.immediate(http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
+			fmt.Sprintf("request body exceeds %d bytes", st.max))
+	}
+	st.req.Body = append(st.req.Body, b.GetBody()...)
+	if b.GetEndOfStream() || b.GetEndOfStreamWithoutMessage() {
+		return st.pick(false)
+	}
+	if st.duplex {
+		return nil
+	}
+	// A chunk of a streamed body: let it pass, pick on the last one.
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
+}
+
+// pick asks the Picker and answers the phase that completed the request:
+// its headers (onHeaders, a request without a body) or its body.
+func (st *stream) pick(onHeaders bool) error {
+	if st.req.Subset != nil && len(st.req.Subset) == 0 {
+		return st.immediateErr(fmt.Errorf("%w: the subset hint lists no endpoint", ErrNoEndpoint))
+	}
+	p, err := st.s.Picker.Pick(st.srv.Context(), &st.req)
+	if err != nil {
+		return st.immediateErr(err)
+	}
+	st.picked, st.handle = true, p.Handle
+	body := st.req.Body
+	st.req.Body = nil // the Picker has had it
+	dest := strings.Join(append([]string{p.Endpoint}, p.Fallbacks...), ",")
+	common := &extprocv3.CommonResponse{
+		HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+			Header: &corev3.HeaderValue{Key: DestinationHeader, RawValue: []byte(dest)},
+		}}},
+		ClearRouteCache: true,
+	}
+	md, err := structpb.NewStruct(map[string]any{MetadataNamespace: map[string]any{DestinationHeader: dest}})
+	if err != nil {
+		return fmt.Errorf("building the dynamic metadata: %w", err)
+	}
+	if onHeaders {
+		return st.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
+			RequestHeaders: &extprocv3.HeadersResponse{Response: common}}})
+	}
+	if st.duplex {
+		// Full duplex: the headers answer carries the pick, then the body
+		// goes back whole, as the proxy expects the server to send it.
+		if err := st.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
+			RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
+			return err
+		}
+		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+				BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+					StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: true}}}}}}})
+	}
+	return st.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestBody{
+		RequestBody: &extprocv3.BodyResponse{Response: common}}})
+}
+
+func (st *stream) responseBody(msg *extprocv3.ProcessingRequest, b *extprocv3.HttpBody) error {
+	st.servedFrom(msg)
+	if !st.first && len(b.GetBody()) > 0 && st.handle != nil {
+		st.first = true
+		st.handle.FirstToken()
+	}
+	eos := b.GetEndOfStream() || b.GetEndOfStreamWithoutMessage()
+	if eos {
+		st.end(Completed)
+	}
+	common := &extprocv3.CommonResponse{}
+	if st.echo {
+		common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: b.GetBody(), EndOfStream: eos}}}
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{
+		ResponseBody: &extprocv3.BodyResponse{Response: common}}})
+}
+
+// servedFrom passes the served endpoint of the metadata context, the first
+// time one is present, to the handle.
+func (st *stream) servedFrom(msg *extprocv3.ProcessingRequest) {
+	if st.served || st.handle == nil {
+		return
+	}
+	v := msg.GetMetadataContext().GetFilterMetadata()[MetadataNamespace].GetFields()[ServedKey]
+	if ep := v.GetStringValue(); ep != "" {
+		st.served = true
+		st.handle.Served(ep)
+	}
+}
+
+// subsetHint reads the subset hint of the filter metadata: nil when absent,
+// else its endpoints (a list of strings, or one comma-separated string),
+// empty entries dropped.
+func subsetHint(md *corev3.Metadata) []string {
+	v, ok := md.GetFilterMetadata()[SubsetNamespace].GetFields()[SubsetKey]
+	if !ok {
+		return nil
+	}
+	out := []string{}
+	add := func(s string) {
+		for _, e := range strings.Split(s, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				out = append(out, e)
+			}
+		}
+	}
+	if l := v.GetListValue(); l != nil {
+		for _, e := range l.GetValues() {
+			add(e.GetStringValue())
+		}
+	} else {
+		add(v.GetStringValue())
+	}
+	return out
+}
+
+// immediateErr answers a Picker error (or an empty subset hint).
+func (st *stream) immediateErr(err error) error {
+	switch {
+	case errors.Is(err, ErrNoEndpoint):
+		return st.immediate(http.StatusServiceUnavailable, "server_error", "no_worker", err.Error())
+	case errors.Is(err, ErrShed):
+		return st.immediate(http.StatusTooManyRequests, "rate_limit_error", "queue_full", err.Error())
+	case errors.Is(err, ErrPastDue):
+		return st.immediate(http.StatusTooManyRequests, "rate_limit_error", "due_time_passed", err.Error())
+	case errors.Is(err, ErrBadRequest):
+		return st.immediate(http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
+	default:
+		return st.immediate(http.StatusServiceUnavailable, "server_error", "selection_failed",
+			"no endpoint could be selected: "+err.Error())
+	}
+}
+
+// apiError is the OpenAI error body, the shape router/serve sends
+// (serve's own type is unexported): {"error":{"message","type","param":null,"code"}}.
+type apiError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    string  `json:"code"`
+	} `json:"error"`
+}
+
+// immediate ends the request with an immediate response of the given HTTP
+// status and an OpenAI error body.
+func (st *stream) immediate(status int, typ, code, message string) error {
+	var e apiError
+	e.Error.Message, e.Error.Type, e.Error.Code = message, typ, code
+	b, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("encoding the error answer: %w", err)
+	}
+	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
+		ImmediateResponse: &extprocv3.ImmediateResponse{
+			Status: &typev3.HttpStatus{Code: typev3.StatusCode(status)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+				Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
+			}}},
+			Body:    append(b, '\n'),
+			Details: code,
+		}}})
+}
