@@ -88,9 +88,17 @@ func (p *fakePicker) handle(id string) *fakeHandle {
 // the server stops (waiting for its handlers) at the test's end.
 func startServer(t testing.TB, s *Server) extprocv3.ExternalProcessorClient {
 	t.Helper()
+	c, _, _ := serveEPP(t, s)
+	return c
+}
+
+// serveEPP serves s and the health service (Register) over an in-memory
+// listener and returns an ext_proc client, the health and the connection.
+func serveEPP(t testing.TB, s *Server) (extprocv3.ExternalProcessorClient, *Health, *grpc.ClientConn) {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	gs := grpc.NewServer()
-	extprocv3.RegisterExternalProcessorServer(gs, s)
+	h := Register(gs, s)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = gs.Serve(lis) }()
 	conn, err := grpc.NewClient("passthrough:///bufnet",
@@ -104,7 +112,7 @@ func startServer(t testing.TB, s *Server) extprocv3.ExternalProcessorClient {
 		gs.GracefulStop()
 		<-done
 	})
-	return extprocv3.NewExternalProcessorClient(conn)
+	return extprocv3.NewExternalProcessorClient(conn), h, conn
 }
 
 // envoy speaks ext_proc on one stream as Envoy's ext_proc filter does: one

@@ -1,0 +1,56 @@
+package epp
+
+import (
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// Health services of the Endpoint Picker Protocol (proposal 004, "Health
+// Checking"), answered by the standard gRPC health service.
+const (
+	// LivenessService is SERVING while the process answers gRPC at all.
+	LivenessService = "liveness"
+	// ReadinessService is SERVING while the endpoint picker can pick:
+	// Health.SetReady.
+	ReadinessService = "readiness"
+	// ExtProcService, the ext_proc service's name, follows readiness.
+	ExtProcService = "envoy.service.ext_proc.v3.ExternalProcessor"
+)
+
+// Health is the endpoint picker's gRPC health: liveness always SERVING,
+// readiness and the ext_proc service as SetReady says (NOT_SERVING until
+// it is called), the empty service name, the server as a whole, with
+// them.
+type Health struct {
+	srv *health.Server
+}
+
+// Register registers s as the ext_proc service and the gRPC health
+// service on gs, and returns the health, not ready yet.
+func Register(gs *grpc.Server, s *Server) *Health {
+	extprocv3.RegisterExternalProcessorServer(gs, s)
+	h := &Health{srv: health.NewServer()}
+	healthpb.RegisterHealthServer(gs, h.srv)
+	h.srv.SetServingStatus(LivenessService, healthpb.HealthCheckResponse_SERVING)
+	h.SetReady(false)
+	return h
+}
+
+// SetReady sets readiness, the ext_proc service's status and the
+// server's ("") to SERVING or NOT_SERVING: ready means the picker has its
+// workers and can pick.
+func (h *Health) SetReady(ready bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if ready {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	for _, name := range []string{ReadinessService, ExtProcService, ""} {
+		h.srv.SetServingStatus(name, st)
+	}
+}
+
+// Shutdown sets every service NOT_SERVING for good (liveness included),
+// so that the proxy stops sending new streams while the server drains.
+func (h *Health) Shutdown() { h.srv.Shutdown() }
