@@ -276,6 +276,18 @@ func (d *Daemon) Run(ctx context.Context) error {
 	return d.srv.Serve(ctx, o.Listener)
 }
 
+// Server returns the daemon's Server once Run has built it (from OnReady
+// on, while Run runs); nil before. `router epp` places its requests with
+// it (Server.Place).
+func (d *Daemon) Server() *Server {
+	select {
+	case <-d.ready:
+		return d.srv
+	default:
+		return nil
+	}
+}
+
 // newRouter builds the Router over b with admission (b's queue; the
 // classifier is taken from the current bundle at each request, so a
 // reload that changes or removes request_classifier takes effect). b is

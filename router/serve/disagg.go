@@ -101,9 +101,9 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 	end := func(complete bool, reason string) {
 		if complete {
 			// The prompt plus the one token the prefill generated.
-			s.end(h, admission.Completed(admission.Disaggregated.Hop(0).ContextTokens(ex.tokens, 1)))
+			s.End(h, admission.Completed(admission.Disaggregated.Hop(0).ContextTokens(ex.tokens, 1)))
 		} else {
-			s.end(h, admission.Aborted(reason))
+			s.End(h, admission.Aborted(reason))
 		}
 	}
 	up, why := s.upstream(ex, w, body)
@@ -229,10 +229,10 @@ func decodeBody(body []byte, kv json.RawMessage) ([]byte, error) {
 func editJSON(body []byte, edit func(map[string]json.RawMessage)) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, fmt.Errorf("%w: body is not a JSON object: %w", errBadRequest, err)
+		return nil, fmt.Errorf("%w: body is not a JSON object: %w", ErrBadRequest, err)
 	}
 	if m == nil {
-		return nil, fmt.Errorf("%w: body is not a JSON object", errBadRequest)
+		return nil, fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
 	}
 	edit(m)
 	var b bytes.Buffer

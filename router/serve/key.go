@@ -25,8 +25,10 @@ type completionRequest struct {
 	routing routingKey
 }
 
-// errBadRequest wraps every reason a body is refused with 400.
-var errBadRequest = errors.New("invalid request")
+// ErrBadRequest wraps every reason a request body is refused with 400
+// (parseRequest's errors, which name the offending field; Place returns
+// them too).
+var ErrBadRequest = errors.New("invalid request")
 
 // Bounds of the fast parse: larger bodies, or bodies with more commas and
 // opening brackets (a bound on the number of JSON values, each of which
@@ -54,7 +56,7 @@ func plainText(body []byte) bool {
 
 // parseRequest decodes body and extracts its routing key; chat selects
 // the chat schema (messages) over the completions one (prompt). Errors
-// wrap errBadRequest and name the offending field.
+// wrap ErrBadRequest and name the offending field.
 //
 // Small bodies of plain text and few values take the fast path
 // (parseFast: a fastjson tree); the others parseStd (a walk over the
@@ -91,7 +93,7 @@ func parseRequest(body []byte, chat bool) (*completionRequest, error) {
 const maxNesting = 128
 
 // errTooDeep is the 400 for a body nested deeper than maxNesting.
-var errTooDeep = fmt.Errorf("%w: body is nested too deeply: JSON arrays and objects may nest at most %d levels", errBadRequest, maxNesting)
+var errTooDeep = fmt.Errorf("%w: body is nested too deeply: JSON arrays and objects may nest at most %d levels", ErrBadRequest, maxNesting)
 
 // checkBody is the first step of both parse paths: body must nest at most
 // maxNesting levels (errTooDeep) and be strict JSON (RFC 8259, as
@@ -113,9 +115,9 @@ func checkBody(body []byte) error {
 	}
 	var syn *json.SyntaxError
 	if errors.As(json.Unmarshal(body, &struct{}{}), &syn) {
-		return fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, syn)
+		return fmt.Errorf("%w: body is not valid JSON: %v", ErrBadRequest, syn)
 	}
-	return fmt.Errorf("%w: body is not valid JSON", errBadRequest)
+	return fmt.Errorf("%w: body is not valid JSON", ErrBadRequest)
 }
 
 // nesting returns how deeply body nests JSON arrays and objects, counting

@@ -120,7 +120,7 @@ func BenchmarkParseAdversarial(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
 					_, err := parseRequest(body, true)
-					if (err == nil) != tc.ok || (err != nil && !errors.Is(err, errBadRequest)) {
+					if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrBadRequest)) {
 						b.Fatalf("accepted %v, want %v: %v", err == nil, tc.ok, err)
 					}
 				}

@@ -28,7 +28,7 @@ func parseFast(body []byte, chat bool) (*completionRequest, error) {
 	if err != nil {
 		// Not expected: the body is valid JSON nested well under
 		// fastjson.MaxDepth.
-		return nil, fmt.Errorf("%w: body is not valid JSON: %v", errBadRequest, err)
+		return nil, fmt.Errorf("%w: body is not valid JSON: %v", ErrBadRequest, err)
 	}
 	return readFast(v, chat)
 }
@@ -36,7 +36,7 @@ func parseFast(body []byte, chat bool) (*completionRequest, error) {
 // readFast reads a parsed request.
 func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
 	if v.Type() != fastjson.TypeObject {
-		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", errBadRequest, jsonType(v))
+		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", ErrBadRequest, jsonType(v))
 	}
 	var (
 		req completionRequest
@@ -55,7 +55,7 @@ func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
 		}
 	}
 	if req.Model == "" {
-		return nil, fmt.Errorf("%w: you must provide a model parameter", errBadRequest)
+		return nil, fmt.Errorf("%w: you must provide a model parameter", ErrBadRequest)
 	}
 	if ids := field(v, "prompt_token_ids"); ids != nil && ids.Type() != fastjson.TypeNull {
 		if req.routing.ids, err = tokenIDs("prompt_token_ids", ids, nil); err != nil {
@@ -68,7 +68,7 @@ func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
 			return nil, typeError("messages", msgs)
 		}
 		if msgs == nil || len(msgs.GetArray()) == 0 {
-			return nil, fmt.Errorf("%w: messages must be a non-empty array", errBadRequest)
+			return nil, fmt.Errorf("%w: messages must be a non-empty array", ErrBadRequest)
 		}
 		if len(req.routing.ids) > 0 {
 			return &req, nil
@@ -85,7 +85,7 @@ func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
 		prompt = nil
 	}
 	if prompt == nil && len(req.routing.ids) == 0 {
-		return nil, fmt.Errorf("%w: you must provide a prompt", errBadRequest)
+		return nil, fmt.Errorf("%w: you must provide a prompt", ErrBadRequest)
 	}
 	if prompt != nil {
 		// A malformed prompt is refused even when prompt_token_ids route.
@@ -139,7 +139,7 @@ func renderChat(msgs []*fastjson.Value) (string, []chatSpan, error) {
 				}
 			}
 		default:
-			return "", nil, fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadRequest, i)
+			return "", nil, fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", ErrBadRequest, i)
 		}
 		buf = append(buf, '\n')
 		sp.end = uint32(len(buf))
@@ -194,7 +194,7 @@ func promptKey(v *fastjson.Value) (routingKey, error) {
 			return routingKey{ids: ids}, err
 		}
 	}
-	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", errBadRequest)
+	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", ErrBadRequest)
 }
 
 // tokenIDs appends the integers of the JSON array v (the field name) to
@@ -212,7 +212,7 @@ func tokenIDs(name string, v *fastjson.Value, dst []int64) ([]int64, error) {
 			if e.Type() == fastjson.TypeNumber {
 				got = "the number " + e.String()
 			}
-			return nil, fmt.Errorf("%w: %s[%d] must be an integer token id, not %s", errBadRequest, name, i, got)
+			return nil, fmt.Errorf("%w: %s[%d] must be an integer token id, not %s", ErrBadRequest, name, i, got)
 		}
 		dst = append(dst, id)
 	}
@@ -221,7 +221,7 @@ func tokenIDs(name string, v *fastjson.Value, dst []int64) ([]int64, error) {
 
 // typeError is the 400 for a field of the wrong JSON type.
 func typeError(field string, v *fastjson.Value) error {
-	return fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, field, jsonType(v))
+	return fmt.Errorf("%w: %q must not be a JSON %s", ErrBadRequest, field, jsonType(v))
 }
 
 // jsonType names v's JSON type as encoding/json's errors do.

@@ -70,7 +70,7 @@ func same(t *testing.T, name string, got *completionRequest, err error, std *com
 	switch {
 	case (err == nil) != (stdErr == nil):
 		t.Fatalf("%s: %v; parseStd: %v", name, err, stdErr)
-	case err != nil && (!errors.Is(err, errBadRequest) || err.Error() != stdErr.Error()):
+	case err != nil && (!errors.Is(err, ErrBadRequest) || err.Error() != stdErr.Error()):
 		t.Fatalf("%s refuses with %q, parseStd with %q", name, err, stdErr)
 	case err == nil && (got.Model != std.Model || got.Stream != std.Stream):
 		t.Fatalf("%s: model %q stream %v; parseStd: model %q stream %v", name, got.Model, got.Stream, std.Model, std.Stream)

@@ -34,7 +34,7 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 	}
 	body = body[skipSpace(body, 0):]
 	if body[0] != '{' {
-		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", errBadRequest, rawType(body))
+		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", ErrBadRequest, rawType(body))
 	}
 	var model, stream, tokenIDs, messages, prompt []byte // the last raw value of each
 	members(body, func(key, val []byte) {
@@ -69,7 +69,7 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 		req.Stream = raw[0] == 't'
 	}
 	if req.Model == "" {
-		return nil, fmt.Errorf("%w: you must provide a model parameter", errBadRequest)
+		return nil, fmt.Errorf("%w: you must provide a model parameter", ErrBadRequest)
 	}
 	if raw := present(tokenIDs); raw != nil {
 		if req.routing.ids, err = stdTokenIDs("prompt_token_ids", raw, nil); err != nil {
@@ -82,7 +82,7 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 			return nil, rawTypeError("messages", raw)
 		}
 		if raw == nil || raw[skipSpace(raw, 1)] == ']' {
-			return nil, fmt.Errorf("%w: messages must be a non-empty array", errBadRequest)
+			return nil, fmt.Errorf("%w: messages must be a non-empty array", ErrBadRequest)
 		}
 		if len(req.routing.ids) > 0 {
 			return &req, nil
@@ -96,7 +96,7 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 	}
 	raw := present(prompt)
 	if raw == nil && len(req.routing.ids) == 0 {
-		return nil, fmt.Errorf("%w: you must provide a prompt", errBadRequest)
+		return nil, fmt.Errorf("%w: you must provide a prompt", ErrBadRequest)
 	}
 	if raw != nil {
 		// A malformed prompt is refused even when prompt_token_ids route.
@@ -290,7 +290,7 @@ func stdContent(sb *strings.Builder, i int, raw []byte) error {
 			return nil
 		})
 	}
-	return fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", errBadRequest, i)
+	return fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", ErrBadRequest, i)
 }
 
 // stdPrompt reads a completions prompt (raw, present): a string, an array
@@ -331,7 +331,7 @@ func stdPrompt(raw []byte) (routingKey, error) {
 			return routingKey{ids: ids}, err
 		}
 	}
-	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", errBadRequest)
+	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", ErrBadRequest)
 }
 
 // stdTokenIDs appends the integers of the JSON array raw (the field name)
@@ -342,11 +342,11 @@ func stdTokenIDs(name string, raw []byte, dst []int64) ([]int64, error) {
 	}
 	err := elements(raw, func(i int, e []byte) error {
 		if c := e[0]; c != '-' && (c < '0' || c > '9') {
-			return fmt.Errorf("%w: %s[%d] must be an integer token id, not a JSON %s", errBadRequest, name, i, rawType(e))
+			return fmt.Errorf("%w: %s[%d] must be an integer token id, not a JSON %s", ErrBadRequest, name, i, rawType(e))
 		}
 		id, err := strconv.ParseInt(string(e), 10, 64)
 		if err != nil {
-			return fmt.Errorf("%w: %s[%d] must be an integer token id, not the number %s", errBadRequest, name, i, e)
+			return fmt.Errorf("%w: %s[%d] must be an integer token id, not the number %s", ErrBadRequest, name, i, e)
 		}
 		dst = append(dst, id)
 		return nil
@@ -359,7 +359,7 @@ func stdTokenIDs(name string, raw []byte, dst []int64) ([]int64, error) {
 
 // rawTypeError is the 400 for field whose raw value has the wrong type.
 func rawTypeError(field string, raw []byte) error {
-	return fmt.Errorf("%w: %q must not be a JSON %s", errBadRequest, field, rawType(raw))
+	return fmt.Errorf("%w: %q must not be a JSON %s", ErrBadRequest, field, rawType(raw))
 }
 
 // rawType names the JSON type of the raw value as encoding/json's errors

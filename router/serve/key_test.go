@@ -100,11 +100,11 @@ func TestRoutingKey(t *testing.T) {
 		{`{"model":"m","prompt":"x","prompt_token_ids":[1,null]}`, false, "prompt_token_ids[1] must be an integer token id, not a JSON null"},
 	} {
 		_, err := parseRequest([]byte(bad.body), bad.chat)
-		if !errors.Is(err, errBadRequest) || !strings.Contains(err.Error(), bad.msg) {
-			t.Errorf("%.80s: %v, want errBadRequest saying %q", bad.body, err, bad.msg)
+		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), bad.msg) {
+			t.Errorf("%.80s: %v, want ErrBadRequest saying %q", bad.body, err, bad.msg)
 		}
-		if _, err := parseStd([]byte(bad.body), bad.chat); !errors.Is(err, errBadRequest) {
-			t.Errorf("%.80s: encoding/json path: %v, want errBadRequest", bad.body, err)
+		if _, err := parseStd([]byte(bad.body), bad.chat); !errors.Is(err, ErrBadRequest) {
+			t.Errorf("%.80s: encoding/json path: %v, want ErrBadRequest", bad.body, err)
 		} else if strings.Contains(bad.msg, "null") && !strings.Contains(err.Error(), "null") {
 			t.Errorf("%.80s: encoding/json path: %v, want it to name the null", bad.body, err)
 		}
@@ -370,7 +370,7 @@ func TestNestingLimit(t *testing.T) {
 				switch {
 				case depth <= maxNesting && (err != nil || req.key().text != "user: x\n"):
 					t.Errorf("%s, %c nested %d levels: %v, want it read", name, open, depth, err)
-				case depth > maxNesting && (!errors.Is(err, errBadRequest) || err.Error() != errTooDeep.Error()):
+				case depth > maxNesting && (!errors.Is(err, ErrBadRequest) || err.Error() != errTooDeep.Error()):
 					t.Errorf("%s, %c nested %d levels: %v, want %v", name, open, depth, err, errTooDeep)
 				}
 			}

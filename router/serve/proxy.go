@@ -109,6 +109,18 @@ func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error)
 // are still forwarded to the engine.
 var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key"}
 
+// requestMetadata is a request's shared.Request Metadata: each header's
+// first value under its lower-cased name, but the credentialHeaders.
+func requestMetadata(h http.Header) map[string]string {
+	meta := make(map[string]string, len(h))
+	for k, v := range h {
+		if len(v) > 0 && !slices.Contains(credentialHeaders, k) {
+			meta[strings.ToLower(k)] = v[0]
+		}
+	}
+	return meta
+}
+
 // bodyReadTimeout bounds reading a request body (or the request timeout,
 // when shorter): a client that declares more than it sends does not hold
 // its handler for the whole request timeout.
@@ -181,12 +193,7 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 	}
 	s.routingHashes(ex, key)
 	ex.session = ex.r.Header.Get("X-Session-Id")
-	ex.meta = make(map[string]string, len(ex.r.Header))
-	for k, v := range ex.r.Header {
-		if len(v) > 0 && !slices.Contains(credentialHeaders, k) {
-			ex.meta[strings.ToLower(k)] = v[0]
-		}
-	}
+	ex.meta = requestMetadata(ex.r.Header)
 	if s.disaggregated(ex.model) {
 		return s.disagg(ex)
 	}
@@ -280,14 +287,14 @@ func (s *Server) hop(ex *exchange, spec hopSpec, send sendFunc) int {
 	if code != 0 {
 		return code
 	}
-	defer s.end(h, admission.Aborted("handler ended"))
+	defer s.End(h, admission.Aborted("handler ended"))
 	for attempt := 0; ; attempt++ {
 		code, retry, why := send(h, d)
 		if !retry {
 			return code
 		}
 		if attempt >= s.retries {
-			s.end(h, admission.Aborted(why))
+			s.End(h, admission.Aborted(why))
 			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
 				fmt.Sprintf("the selected %s failed before answering (%d attempts)", spec.workers, attempt+1))
 			return http.StatusBadGateway
@@ -304,6 +311,19 @@ func (s *Server) hop(ex *exchange, spec hopSpec, send sendFunc) int {
 // placement, or the code of the error it answered (the handle has ended
 // then).
 func (s *Server) admit(ex *exchange, spec hopSpec) (*admission.Handle, router.Decision, int) {
+	h, err := s.admitHop(ex, spec)
+	if err != nil {
+		return nil, router.Decision{}, s.answer(ex, spec, err)
+	}
+	d, code := s.await(ex, spec, h)
+	return h, d, code
+}
+
+// admitHop admits the first attempt of hop spec (under a unique id when
+// the client reused a live request's), with opts, and records the
+// selection's duration. It returns the handle, placed or queued, or the
+// admission's error.
+func (s *Server) admitHop(ex *exchange, spec hopSpec, opts ...admission.Option) (*admission.Handle, error) {
 	req := spec.hop.Request(&shared.Request{
 		Model:        ex.model,
 		PromptTokens: ex.tokens,
@@ -314,11 +334,11 @@ func (s *Server) admit(ex *exchange, spec hopSpec) (*admission.Handle, router.De
 	})
 	req.ID = ex.id + spec.tag + "0"
 	t0 := time.Now()
-	h, err := s.adm.Admit(ex.ctx, req)
+	h, err := s.adm.Admit(ex.ctx, req, opts...)
 	if errors.Is(err, admission.ErrDuplicateRequest) {
 		// The client reused a live request's id: admit under a unique one.
 		req.ID = s.newID() + spec.tag + "0"
-		h, err = s.adm.Admit(ex.ctx, req)
+		h, err = s.adm.Admit(ex.ctx, req, opts...)
 	}
 	var policy string
 	if h != nil {
@@ -326,10 +346,9 @@ func (s *Server) admit(ex *exchange, spec hopSpec) (*admission.Handle, router.De
 	}
 	s.observeSelection(policy, req.Role, time.Since(t0))
 	if err != nil {
-		return nil, router.Decision{}, s.answer(ex, spec, err)
+		return nil, err
 	}
-	d, code := s.await(ex, spec, h)
-	return h, d, code
+	return h, nil
 }
 
 // retry places hop spec's handle again as attempt n after its worker
@@ -356,7 +375,7 @@ func (s *Server) await(ex *exchange, spec hopSpec, h *admission.Handle) (router.
 	case err == nil:
 		return d, 0
 	case ex.ctx.Err() != nil:
-		s.end(h, admission.Aborted(ctxReason(ex)))
+		s.End(h, admission.Aborted(ctxReason(ex)))
 		if ex.r.Context().Err() != nil {
 			return d, codeClientGone
 		}
@@ -376,8 +395,9 @@ func (s *Server) answer(ex *exchange, spec hopSpec, err error) int {
 	return s.admitError(ex, err)
 }
 
-// end ends h with o, then the dispatcher looks at the queue.
-func (s *Server) end(h *admission.Handle, o admission.Outcome) {
+// End ends h, a handle of this Server's admission (Place's), with o, then
+// wakes the dispatcher to look at the queue.
+func (s *Server) End(h *admission.Handle, o admission.Outcome) {
 	h.End(o)
 	s.Wake()
 }
@@ -560,9 +580,9 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 	contextTokens := int64(ex.tokens)
 	end := func(complete bool, reason string) {
 		if complete {
-			s.end(h, admission.Completed(contextTokens))
+			s.End(h, admission.Completed(contextTokens))
 		} else {
-			s.end(h, admission.Aborted(reason))
+			s.End(h, admission.Aborted(reason))
 		}
 	}
 	up, why := s.upstream(ex, w, body)

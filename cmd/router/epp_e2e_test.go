@@ -1,0 +1,128 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/switchyard-router/switchyard/router/epp"
+)
+
+// eppPick sends one buffered chat request on a new ext_proc stream and
+// returns the stream and the answer to its body.
+func eppPick(ctx context.Context, c extprocv3.ExternalProcessorClient, body string) (extprocv3.ExternalProcessor_ProcessClient, *extprocv3.ProcessingResponse, error) {
+	st, err := c.Process(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	hdrs := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":method", RawValue: []byte("POST")},
+			{Key: ":path", RawValue: []byte("/v1/chat/completions")},
+		}}}}}
+	if err := st.Send(hdrs); err != nil {
+		return nil, nil, err
+	}
+	if _, err := st.Recv(); err != nil {
+		return nil, nil, err
+	}
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: []byte(body), EndOfStream: true}}}); err != nil {
+		return nil, nil, err
+	}
+	r, err := st.Recv()
+	return st, r, err
+}
+
+// TestEPPServesPicks starts `router epp` as a process over a policy file
+// with one `router mock-worker` engine, checks its readiness over gRPC
+// health, and sends a request through ext_proc as Envoy would: it is
+// picked onto the worker's host:port (once the worker is probed ready),
+// its response runs to the end, and SIGTERM stops the process (exit 0).
+func TestEPPServesPicks(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	mock := startMocks(t, routerBin, 1, "50")[0]
+	policy := filepath.Join(t.TempDir(), "policy.hcl")
+	writeAtomic(t, policy, workerBlocks([]string{"w"}, map[string]string{"w": mock.url}))
+	p := startProc(t, routerBin, "epp", "--policy", policy, "--listen", "127.0.0.1:0")
+	addr, ok := strings.CutPrefix(p.url, "grpc://")
+	if !ok {
+		t.Fatalf("listening line gave %q, want grpc://ADDR", p.url)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+	if err != nil || hr.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("readiness: %v, %v; want SERVING", hr, err)
+	}
+	want, err := epp.Endpoint(mock.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	c := extprocv3.NewExternalProcessorClient(conn)
+	body := `{"model":"mock","stream":true,"messages":[{"role":"user","content":"hello"}]}`
+	deadline := time.Now().Add(time.Minute)
+	var st extprocv3.ExternalProcessor_ProcessClient
+	for {
+		var r *extprocv3.ProcessingResponse
+		st, r, err = eppPick(ctx, c, body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rb := r.GetRequestBody().GetResponse(); rb != nil {
+			var got string
+			for _, h := range rb.GetHeaderMutation().GetSetHeaders() {
+				if h.GetHeader().GetKey() == epp.DestinationHeader {
+					got = string(h.GetHeader().GetRawValue())
+				}
+			}
+			if got != want {
+				t.Fatalf("picked %q, want the worker's %q", got, want)
+			}
+			break
+		}
+		// 503 no_worker until the worker is probed ready.
+		if code := r.GetImmediateResponse().GetStatus().GetCode(); code != 503 || time.Now().After(deadline) {
+			t.Fatalf("answer %v, want a pick (or 503 while the worker is not ready, for a minute at most)\n%s", r, p.stderr.String())
+		}
+		_ = st.CloseSend()
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, m := range []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{}}},
+		{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte("data: x\n\n"), EndOfStream: true}}},
+	} {
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := st.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after CloseSend: %v, want EOF", err)
+	}
+	p.stop(t)
+	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("router epp exited %d after SIGTERM, want 0\n%s", code, p.stderr.String())
+	}
+}

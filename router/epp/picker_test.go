@@ -1,0 +1,401 @@
+package epp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/mockworker"
+	"github.com/switchyard-router/switchyard/router/serve"
+	"github.com/switchyard-router/switchyard/router/workers"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// kvPolicy is a KV-aware policy file (kv-cost scored, the cheapest picked,
+// no randomness) over block_size 16, with queue (a queue block or "")
+// and a worker block for each URL, named w0, w1, ...
+func kvPolicy(queue string, urls ...string) string {
+	var sb strings.Builder
+	sb.WriteString(`router {
+  block_size = 16
+}
+
+policy "kv" {
+  scorer "cost" {
+    type = "kv-cost"
+  }
+  picker "pick" {
+    type        = "min-cost"
+    temperature = 0
+  }
+}
+
+worker_selection {
+  aggregated = "kv"
+}
+`)
+	sb.WriteString(queue)
+	for i, u := range urls {
+		fmt.Fprintf(&sb, "\nworker \"w%d\" {\n  url             = %q\n  models          = [\"m\"]\n  total_kv_blocks = 1000\n}\n", i, u)
+	}
+	return sb.String()
+}
+
+// routerEnv is a serve.Server over a Router loaded from a policy file
+// whose worker blocks a workers.Manager probes (mock engines on loopback),
+// and the EPP over it (RouterPicker) on an in-memory gRPC connection.
+type routerEnv struct {
+	r      *router.Router
+	client extprocv3.ExternalProcessorClient
+	eps    []string // the workers' endpoints, w0 first
+}
+
+func newRouterEnv(t *testing.T, n int, queue string) *routerEnv {
+	t.Helper()
+	var urls []string
+	for range n {
+		m, err := mockworker.New(mockworker.Config{Speedup: 50, BlockTokens: 16})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(m)
+		t.Cleanup(func() { hs.Close(); m.Close() })
+		urls = append(urls, hs.URL)
+	}
+	path := filepath.Join(t.TempDir(), "policy.hcl")
+	if err := os.WriteFile(path, []byte(kvPolicy(queue, urls...)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b, diags := router.LoadBundle(context.Background(), path, router.LoadOptions{})
+	if diags.HasErrors() {
+		t.Fatal(diags)
+	}
+	r, err := router.New(router.Options{Bundle: b})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	mgr, err := workers.NewManager(r, workers.Options{ScrapeInterval: 250 * time.Millisecond, BlockSize: r.BlockSize()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mgr.Close)
+	if err := mgr.Sync(b.Workers()); err != nil {
+		t.Fatal(err)
+	}
+	s, err := serve.New(serve.Options{Router: r, Queue: b.Queue(), Workers: mgr, DispatchInterval: 5 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Dispatcher(ctx) }()
+	t.Cleanup(func() { cancel(); <-done; s.Close() })
+	e := &routerEnv{r: r, client: startServer(t, &Server{Picker: &RouterPicker{Server: s}})}
+	for _, u := range urls {
+		ep, err := Endpoint(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.eps = append(e.eps, ep)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for len(r.Workers("m", shared.RoleAggregated)) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("workers not ready after a minute: %+v", mgr.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return e
+}
+
+// active returns the fleet's in-flight bookings per endpoint.
+func (e *routerEnv) active() map[string]int64 {
+	out := map[string]int64{}
+	for _, w := range e.r.Workers("m", shared.RoleAggregated) {
+		i, err := strconv.Atoi(strings.TrimPrefix(w.Name, "w"))
+		if err != nil || i >= len(e.eps) {
+			panic("worker " + w.Name + " is not the policy file's")
+		}
+		out[e.eps[i]] += w.ActiveRequests()
+	}
+	return out
+}
+
+// settle waits until no worker has a booking.
+func (e *routerEnv) settle(t *testing.T) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		total := int64(0)
+		for _, n := range e.active() {
+			total += n
+		}
+		if total == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bookings a minute later: %v, want none", e.active())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// pick sends a buffered request of body (with the subset hint when
+// subset is not nil) and returns its stream and the picked endpoint
+// header ("" with the immediate answer when there was none).
+func (e *routerEnv) pick(t *testing.T, ctx context.Context, id, body string, subset []string) (*envoy, string, *extprocv3.ProcessingResponse) {
+	t.Helper()
+	ev := newEnvoy(t, ctx, e.client)
+	hdr := headersMsg(id, false, nil)
+	if subset != nil {
+		vals := make([]any, len(subset))
+		for i, s := range subset {
+			vals[i] = s
+		}
+		v, err := structpb.NewList(vals)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hdr.MetadataContext = subsetMD(structpb.NewListValue(v))
+	}
+	ev.mustSend(hdr)
+	ev.mustRecv()
+	ev.mustSend(bodyMsg(body, true))
+	r := ev.mustRecv()
+	if c := r.GetRequestBody().GetResponse(); c != nil {
+		ep, _ := destination(t, r, c)
+		return ev, ep, r
+	}
+	return ev, "", r
+}
+
+// complete runs a picked request's response to its end.
+func (ev *envoy) complete() {
+	ev.t.Helper()
+	ev.mustSend(respHeadersMsg(""))
+	ev.mustRecv()
+	ev.mustSend(respBodyMsg("data: x\n\n", false))
+	ev.mustRecv()
+	ev.mustSend(respBodyMsg("data: [DONE]\n\n", true))
+	ev.mustRecv()
+	ev.finish()
+}
+
+func chatOf(text string) string {
+	return fmt.Sprintf(`{"model":"m","stream":true,"messages":[{"role":"user","content":%q}]}`, text)
+}
+
+// prefixA is a long prompt prefix: 1,120 characters, 17 blocks of 16
+// estimated tokens.
+var prefixA = strings.Repeat("the same long system prompt ", 40)
+
+// TestRouterPickerFollowsKVPolicy: the policy file's kv-cost policy
+// decides. While one worker holds a request, a new prompt goes to the
+// other; once both are idle, a prompt sharing a long prefix with that one
+// goes where the prefix is cached, not where the idle tie would go.
+func TestRouterPickerFollowsKVPolicy(t *testing.T) {
+	e := newRouterEnv(t, 2, "")
+	unrelated, busy, r := e.pick(t, t.Context(), "u", chatOf(strings.Repeat("an unrelated prompt ", 56)), nil)
+	if busy != e.eps[0] && busy != e.eps[1] {
+		t.Fatalf("picked %q (%v), not a worker's endpoint %v", busy, r, e.eps)
+	}
+	ev, cached, _ := e.pick(t, t.Context(), "a", chatOf(prefixA+"question one"), nil)
+	if cached == "" || cached == busy {
+		t.Fatalf("a new prompt picked %q while %q is busy, want the other worker", cached, busy)
+	}
+	if a := e.active(); a[busy] != 1 || a[cached] != 1 {
+		t.Fatalf("bookings %v, want one on each", a)
+	}
+	unrelated.complete()
+	ev.complete()
+	e.settle(t)
+
+	for i := range 3 {
+		ev, got, _ := e.pick(t, t.Context(), fmt.Sprint("b", i), chatOf(fmt.Sprintf("%squestion %d", prefixA, i+2)), nil)
+		if got != cached {
+			t.Fatalf("shared prefix %d picked %q, want %q (where the prefix is cached)", i, got, cached)
+		}
+		ev.complete()
+		e.settle(t)
+	}
+}
+
+// TestRouterPickerSubsetHint: the subset hint narrows the candidates (the
+// cached worker is passed over when outside it); a hint naming no worker
+// is 503 no_worker.
+func TestRouterPickerSubsetHint(t *testing.T) {
+	e := newRouterEnv(t, 2, "")
+	ev, cached, _ := e.pick(t, t.Context(), "a", chatOf(prefixA+"one"), nil)
+	ev.complete()
+	e.settle(t)
+	var rest string
+	for _, ep := range e.eps {
+		if ep != cached {
+			rest = ep
+		}
+	}
+	for i := range 3 {
+		ev, got, _ := e.pick(t, t.Context(), fmt.Sprint("s", i), chatOf(prefixA+"two"), []string{"10.255.0.1:9", rest})
+		if got != rest {
+			t.Fatalf("subset [%s] picked %q", rest, got)
+		}
+		ev.complete()
+	}
+	ev, got, r := e.pick(t, t.Context(), "none", chatOf(prefixA), []string{"10.255.0.1:9"})
+	if got != "" {
+		t.Fatalf("subset of no worker picked %q", got)
+	}
+	if status, body := immediateOf(t, r); status != 503 || body["code"] != "no_worker" {
+		t.Fatalf("subset of no worker: %d %v, want 503 no_worker", status, body)
+	}
+	ev.finish()
+	e.settle(t)
+}
+
+// TestRouterPickerBookingsReturnToZero: 30 requests, every third stream
+// reset (cancelled) after the pick, some of those after the first token;
+// the others complete. The fleet's bookings return to 0. A bad body is
+// 400 and books nothing.
+func TestRouterPickerBookingsReturnToZero(t *testing.T) {
+	e := newRouterEnv(t, 2, "")
+	for i := range 30 {
+		ctx, cancel := context.WithCancel(t.Context())
+		ev, ep, r := e.pick(t, ctx, fmt.Sprint("r", i), chatOf(fmt.Sprintf("%sprompt %d", prefixA[:40*(i%5)], i)), nil)
+		if ep == "" {
+			t.Fatalf("request %d not picked: %v", i, r)
+		}
+		switch {
+		case i%3 != 0:
+			ev.complete()
+		case i%2 == 0:
+			ev.mustSend(respHeadersMsg(""))
+			ev.mustRecv()
+			ev.mustSend(respBodyMsg("data: x\n\n", false))
+			ev.mustRecv()
+		}
+		cancel()
+	}
+	e.settle(t)
+
+	ev, ep, r := e.pick(t, t.Context(), "bad", `{"model":"m","messages":"nope"}`, nil)
+	if ep != "" {
+		t.Fatalf("bad body picked %q", ep)
+	}
+	if status, body := immediateOf(t, r); status != 400 || body["code"] != "invalid_request" || !strings.Contains(body["message"].(string), "messages") {
+		t.Fatalf("bad body: %d %v, want 400 invalid_request naming messages", status, body)
+	}
+	ev.finish()
+	e.settle(t)
+}
+
+// TestRouterPickerQueueFull: one worker of capacity 1 and a queue of 1:
+// with a request held, of two more one waits and the other is 429
+// queue_full; the waiting one is picked once the held one completes.
+func TestRouterPickerQueueFull(t *testing.T) {
+	e := newRouterEnv(t, 1, "queue {\n  max_active_requests = 1\n  max_waiting         = 1\n  class \"all\" {\n    weight = 1\n  }\n}\n")
+	held, ep, r := e.pick(t, t.Context(), "held", chatOf("held"), nil)
+	if ep != e.eps[0] {
+		t.Fatalf("first request: %q %v", ep, r)
+	}
+	type answer struct {
+		ev  *envoy
+		r   *extprocv3.ProcessingResponse
+		err error
+	}
+	answers := make(chan answer, 2)
+	for _, id := range []string{"x", "y"} {
+		ev := newEnvoy(t, t.Context(), e.client)
+		ev.mustSend(headersMsg(id, false, nil))
+		ev.mustRecv()
+		ev.mustSend(bodyMsg(chatOf(id), true))
+		go func() {
+			r, err := ev.st.Recv()
+			answers <- answer{ev, r, err}
+		}()
+	}
+	wait := func() answer {
+		select {
+		case a := <-answers:
+			if a.err != nil {
+				t.Fatalf("recv: %v", a.err)
+			}
+			return a
+		case <-time.After(time.Minute):
+			t.Fatal("no answer within a minute")
+		}
+		return answer{}
+	}
+	shed := wait()
+	if status, body := immediateOf(t, shed.r); status != 429 || body["code"] != "queue_full" {
+		t.Fatalf("with the queue full: %d %v, want 429 queue_full", status, body)
+	}
+	shed.ev.finish()
+	if got := e.active()[ep]; got != 1 {
+		t.Fatalf("bookings %d while one is held and one waits, want 1", got)
+	}
+	held.complete()
+	queued := wait()
+	c := queued.r.GetRequestBody().GetResponse()
+	if c == nil {
+		t.Fatalf("queued request's answer %v, want its pick", queued.r)
+	}
+	if hdr, _ := destination(t, queued.r, c); hdr != ep {
+		t.Fatalf("queued request picked %q, want %q", hdr, ep)
+	}
+	queued.ev.complete()
+	e.settle(t)
+}
+
+// TestEndpoint: a worker URL's endpoint.
+func TestEndpoint(t *testing.T) {
+	for in, want := range map[string]string{
+		"http://10.0.0.1:8000":     "10.0.0.1:8000",
+		"http://10.0.0.1:8000/v1/": "10.0.0.1:8000",
+		"http://[fd00::1]:8000":    "[fd00::1]:8000",
+		"https://vllm.example":     "vllm.example:443",
+		"http://vllm.example":      "vllm.example:80",
+	} {
+		if got, err := Endpoint(in); got != want || err != nil {
+			t.Errorf("Endpoint(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "10.0.0.1", "unix:///sock", "grpc://h"} {
+		if got, err := Endpoint(bad); err == nil {
+			t.Errorf("Endpoint(%q) = %q, want an error", bad, got)
+		}
+	}
+}
+
+// TestMapErr: serve's errors map to the Picker's, keeping serve's words.
+func TestMapErr(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		err  error
+		kind error
+	}{
+		{fmt.Errorf("%w: model is required", serve.ErrBadRequest), ErrBadRequest},
+		{shared.ErrNoWorkers, ErrNoEndpoint},
+		{router.ErrAllExcluded, ErrNoEndpoint},
+		{context.DeadlineExceeded, ErrShed},
+		{admission.ErrQueueFull, ErrShed},
+		{admission.ErrDue, ErrPastDue},
+	} {
+		got := mapErr(ctx, tc.err)
+		if !errors.Is(got, tc.kind) || !errors.Is(got, tc.err) || !strings.Contains(got.Error(), tc.err.Error()) {
+			t.Errorf("mapErr(%v) = %v, want %v wrapping it", tc.err, got, tc.kind)
+		}
+	}
+}
