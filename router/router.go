@@ -471,6 +471,11 @@ type Decision struct {
 	// Target is true when the request's advisory target worker was taken
 	// without running the policy.
 	Target bool
+	// Alternates are the policy's runners-up, best first, when the
+	// placement asked for them (Placement.Alternates); nil otherwise, and
+	// for a Target decision (no policy ran). See Placement.Alternates for
+	// how they are ranked.
+	Alternates []*fleet.Worker
 	// Shadow is the outcome of the role's policy's shadow when the Router
 	// runs shadows inline (ShadowOptions.Inline); the zero outcome
 	// (Result "") otherwise, for a policy without a shadow and for a
@@ -496,7 +501,28 @@ type Placement struct {
 	// made in (the admission layer keeps one in each request handle); it
 	// must not hold a live booking. nil allocates one.
 	Booking *fleet.Booking
+	// TargetOnly makes Target binding: a Target that is not a candidate
+	// is ErrAllExcluded instead of a policy decision. It moves a booking
+	// onto the worker that really served a request (an endpoint picker's
+	// proxy fell back to another endpoint).
+	TargetOnly bool
+	// Alternates asks for up to this many runners-up in
+	// Decision.Alternates (at most MaxAlternates; 0: none, the default,
+	// and no work or allocation for them). They are the candidates the
+	// deciding policy left after its filters, other than the chosen one:
+	// by ascending summed scorer cost when it has scorers (ties in
+	// candidate order after the chosen row), else in candidate order after
+	// the chosen row, wrapping around (the hosted round-robin's next
+	// picks); a hosted policy that reads ACTIVE_REQUESTS ranks them by
+	// requests in flight, fewest first. Ranking is O(candidates x
+	// Alternates). They are not booked: a proxy tries them only when the
+	// chosen worker fails.
+	Alternates int
 }
+
+// MaxAlternates bounds Placement.Alternates: a proxy retries a handful of
+// endpoints at most (Envoy's default retry budget is one retry).
+const MaxAlternates = 8
 
 // maxTryBooks bounds how often Place re-runs a selection whose chosen
 // worker reached Placement.Capacity between the candidates' snapshot and
@@ -585,16 +611,20 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 		if i, ok := slices.BinarySearch(part.IDs, pl.Target); ok {
 			return r.book(req, Decision{Policy: "target", Target: true}, part.Workers[i], -1, pl)
 		}
+		if pl.TargetOnly {
+			return Decision{}, fmt.Errorf("role %s, worker %d: %w", req.Role, pl.Target, ErrAllExcluded)
+		}
 	}
 	d := Decision{Policy: rp.policy.Name}
 	// The shadow sees the candidates as the live policy does (captured in
 	// decide), and is compared with whichever policy decided: the role's
 	// or its fallback.
 	sj := r.shadowStart(b, rp, req)
-	w, overlap, err := r.decide(ctx, rp, req, part, &d, sj)
+	alt := min(pl.Alternates, MaxAlternates)
+	w, overlap, err := r.decide(ctx, rp, req, part, &d, sj, alt)
 	if err != nil && rp.fallback != nil && fallbackAllowed(ctx, err) {
 		d = Decision{Policy: rp.fallback.policy.Name, Fallback: true, FallbackCause: err}
-		w, overlap, err = r.decide(ctx, rp.fallback, req, part, &d, nil)
+		w, overlap, err = r.decide(ctx, rp.fallback, req, part, &d, nil, alt)
 		if err == nil {
 			r.fallbacks.Add(1)
 		}
@@ -733,9 +763,11 @@ func fallbackAllowed(ctx context.Context, err error) bool {
 }
 
 // decide runs one policy over the partition and returns the chosen worker
-// and, when the policy computed CACHE, its overlap (else -1). A shadow job
-// sj, when not nil, captures the candidates before the policy runs.
-func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request, part *fleet.Partition, d *Decision, sj *shadowJob) (*fleet.Worker, int, error) {
+// and, when the policy computed CACHE, its overlap (else -1); with alt > 0
+// it sets d.Alternates to up to alt runners-up (Placement.Alternates). A
+// shadow job sj, when not nil, captures the candidates before the policy
+// runs.
+func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request, part *fleet.Partition, d *Decision, sj *shadowJob, alt int) (*fleet.Worker, int, error) {
 	if rp.hosted != nil {
 		if sj != nil {
 			r.capture(sj, nil, part)
@@ -750,6 +782,13 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 			return nil, -1, err
 		}
 		d.Hosted = true
+		if alt > 0 {
+			var cost func(int) float64
+			if active != nil {
+				cost = func(i int) float64 { return float64(active(i)) }
+			}
+			d.Alternates = runnersUp(len(part.Workers), row, alt, cost, func(i int) *fleet.Worker { return part.Workers[i] })
+		}
 		return part.Workers[row], -1, nil
 	}
 	s := r.scratch.Get().(*pipeline.Scratch)
@@ -763,12 +802,67 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 	if err != nil {
 		return nil, -1, err
 	}
-	w := part.Workers[locate(part, c.IDs[row], rank(c, row))]
+	at := func(i int) *fleet.Worker { return part.Workers[locate(part, c.IDs[i], rank(c, i))] }
+	w := at(row)
+	if alt > 0 {
+		var cost func(int) float64
+		if costs := c.Costs; costs != nil {
+			cost = func(i int) float64 { return costs[i] }
+		}
+		d.Alternates = runnersUp(c.Len(), row, alt, cost, at)
+	}
 	overlap := -1
 	if c.OverlapBlocks != nil {
 		overlap = int(c.OverlapBlocks[row])
 	}
 	return w, overlap, nil
+}
+
+// runnersUp returns up to k of the n rows other than chosen, as workers
+// (at): by ascending cost when cost is not nil, ties and the cost-less
+// case in row order after chosen, wrapping around. One pass over the
+// rows, each inserted into a sorted list of at most k: O(n x k).
+func runnersUp(n, chosen, k int, cost func(int) float64, at func(int) *fleet.Worker) []*fleet.Worker {
+	k = min(k, n-1)
+	if k <= 0 {
+		return nil
+	}
+	rows := make([]int, 0, k)
+	var costs []float64
+	if cost != nil {
+		costs = make([]float64, 0, k)
+	}
+	for j := 1; j < n; j++ {
+		i := (chosen + j) % n
+		if cost == nil {
+			rows = append(rows, i)
+			if len(rows) == k {
+				break
+			}
+			continue
+		}
+		ci := cost(i)
+		// The position after every kept row of cost <= ci: rows seen
+		// earlier (nearer after chosen) win ties.
+		pos := len(rows)
+		for pos > 0 && costs[pos-1] > ci {
+			pos--
+		}
+		if pos == k {
+			continue
+		}
+		if len(rows) < k {
+			rows, costs = append(rows, 0), append(costs, 0)
+		}
+		copy(rows[pos+1:], rows[pos:len(rows)-1])
+		copy(costs[pos+1:], costs[pos:len(costs)-1])
+		rows[pos], costs[pos] = i, ci
+	}
+	out := make([]*fleet.Worker, len(rows))
+	for x, i := range rows {
+		out[x] = at(i)
+	}
+	return out
 }
 
 // fill sets the rows of c to the members of the partition and computes

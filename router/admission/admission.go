@@ -171,6 +171,14 @@ func Exclude(ids ...shared.WorkerID) Option {
 	return func(h *Handle) { h.exclude = append(h.exclude, ids...) }
 }
 
+// Alternates asks for up to k runners-up with the request's placement
+// (router.Placement.Alternates, at most router.MaxAlternates): they are
+// in Handle.Decision().Alternates, at Admit or at the dispatch of a
+// queued request.
+func Alternates(k int) Option {
+	return func(h *Handle) { h.alternates = k }
+}
+
 // Admit classifies req and places it on a worker of its role with
 // capacity, or queues it when every candidate is at capacity. It returns
 // the request's handle; call End on it exactly when the request is over
@@ -276,7 +284,8 @@ func (c *Controller) classNames() string {
 // workers, and its explicit pin or else the classification's advisory
 // target; the booking is made in the handle.
 func (c *Controller) placement(h *Handle) router.Placement {
-	pl := router.Placement{Capacity: c.capacity, Exclude: h.exclude, Target: h.class.Target, HasTarget: h.class.HasTarget, Booking: &h.booking}
+	pl := router.Placement{Capacity: c.capacity, Exclude: h.exclude, Target: h.class.Target, HasTarget: h.class.HasTarget, Booking: &h.booking,
+		Alternates: h.alternates}
 	if h.req.HasPin {
 		pl.Target, pl.HasTarget = h.req.Pin, true
 	}

@@ -19,12 +19,13 @@ import (
 // Progress, Retry and End, and the dispatcher may dispatch or refuse it
 // meanwhile.
 type Handle struct {
-	c       *Controller
-	req     *shared.Request
-	class   shared.Classification
-	exclude []shared.WorkerID
-	arrival time.Time    // when it last joined a queue (Controller clock)
-	tokens  atomic.Int64 // prompt plus generated tokens so far
+	c          *Controller
+	req        *shared.Request
+	class      shared.Classification
+	exclude    []shared.WorkerID
+	alternates int          // runners-up asked for (Alternates)
+	arrival    time.Time    // when it last joined a queue (Controller clock)
+	tokens     atomic.Int64 // prompt plus generated tokens so far
 
 	mu       sync.Mutex
 	state    state
@@ -228,6 +229,47 @@ func (h *Handle) Retry(ctx context.Context, id, reason string, failed ...shared.
 	h.state, h.decision, h.first, h.ready = stateNew, router.Decision{}, false, nil
 	h.mu.Unlock()
 	return h.enter(ctx)
+}
+
+// Move books a dispatched request on worker id instead of the one it was
+// placed on, which is what happened: an endpoint picker's proxy reports
+// that another endpoint served it (a fallback). The old booking is
+// released (listeners hear aborted, for reason) and the request is booked
+// on id without running the policy and without a capacity check (it is
+// on that worker already); listeners hear sent. A first token already
+// recorded is recorded again on the new booking. Nothing changes when id
+// is the request's worker. Errors: ErrEnded when the request is not
+// dispatched; router.ErrAllExcluded (wrapped) when id is not a worker of
+// the request's model and role; the core's placement errors. On an error
+// after the release the request has ended.
+func (h *Handle) Move(ctx context.Context, id shared.WorkerID, reason string) error {
+	c := h.c
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.state != stateDispatched {
+		return ErrEnded
+	}
+	if h.decision.Worker.ID == id {
+		return nil
+	}
+	h.decision.Booking.Release()
+	c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true, Reason: reason})
+	// A binding target runs no policy (no plugin, nothing that blocks):
+	// only the booking, so it is made under h.mu like End's release.
+	d, err := c.core.Place(ctx, h.req, router.Placement{Target: id, HasTarget: true, TargetOnly: true, Booking: &h.booking})
+	if err != nil {
+		// Listeners heard aborted with the release: the request ends here.
+		h.state, h.err = stateEnded, err
+		c.live.remove(h.req.ID, h)
+		return err
+	}
+	h.decision = d
+	c.bus.emit(shared.Event{Kind: shared.EventSent, RequestID: h.req.ID, Worker: id, HasWorker: true})
+	if h.first {
+		d.Booking.PrefillDone()
+		c.bus.emit(shared.Event{Kind: shared.EventFirstToken, RequestID: h.req.ID, Worker: id, HasWorker: true})
+	}
+	return nil
 }
 
 // enter places a classified request, or queues it when every candidate

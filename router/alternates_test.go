@@ -1,0 +1,150 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+func ids(ws []*fleet.Worker) []shared.WorkerID {
+	out := make([]shared.WorkerID, len(ws))
+	for i, w := range ws {
+		out[i] = w.ID
+	}
+	return out
+}
+
+// TestAlternatesRankByCost: with a scorer, the runners-up are the other
+// candidates by ascending cost. Worker 3 holds the prompt's prefix and is
+// chosen; of the others, 1 has two requests in flight, 2 one and 4 none,
+// so kv-cost ranks 4, 2, 1.
+func TestAlternatesRankByCost(t *testing.T) {
+	r := newRouter(t, kvPolicy(t), 4)
+	ctx := context.Background()
+	prompt := func() *shared.Request { return request(40, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10) }
+	// Prime worker 3 with the prefix, then load 1 and 2.
+	primer, err := r.Place(ctx, prompt(), Placement{Target: 3, HasTarget: true, TargetOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	primer.Booking.Release()
+	for _, id := range []shared.WorkerID{1, 1, 2} {
+		if _, err := r.Place(ctx, request(400, uint64(100+id)), Placement{Target: id, HasTarget: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := r.Place(ctx, prompt(), Placement{Alternates: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker.ID != 3 {
+		t.Fatalf("chose worker %d, want 3 (the prefix holder)", d.Worker.ID)
+	}
+	if got, want := ids(d.Alternates), []shared.WorkerID{4, 2, 1}; !slices.Equal(got, want) {
+		t.Fatalf("alternates %v, want %v", got, want)
+	}
+	d.Booking.Release()
+	d, err = r.Place(ctx, prompt(), Placement{Alternates: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := ids(d.Alternates), []shared.WorkerID{4, 2}; !slices.Equal(got, want) {
+		t.Fatalf("two alternates %v, want %v", got, want)
+	}
+	d, err = r.Place(ctx, prompt(), Placement{})
+	if err != nil || d.Alternates != nil {
+		t.Fatalf("no alternates asked: %v, %v", d.Alternates, err)
+	}
+}
+
+// TestAlternatesHosted: hosted round-robin's runners-up are its next
+// picks in order; hosted least-loaded's are ranked by requests in flight.
+func TestAlternatesHosted(t *testing.T) {
+	ctx := context.Background()
+	r := newRouter(t, mustPolicy(t, "rr", nil, builtin.NewRoundRobin()), 4)
+	var got [][]shared.WorkerID
+	for range 2 {
+		d, err := r.Place(ctx, request(8, 1), Placement{Alternates: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !d.Hosted {
+			t.Fatal("round-robin should run hosted")
+		}
+		got = append(got, append([]shared.WorkerID{d.Worker.ID}, ids(d.Alternates)...))
+	}
+	if want := [][]shared.WorkerID{{1, 2, 3, 4}, {2, 3, 4, 1}}; !slices.EqualFunc(got, want, slices.Equal) {
+		t.Fatalf("round-robin picks and alternates %v, want %v (3 alternates at most of 4 workers)", got, want)
+	}
+
+	r = newRouter(t, mustPolicy(t, "ll", nil, builtin.NewLeastLoaded(shared.Params{builtin.ParamSeed: int64(1)})), 4)
+	if !r.Hosted(shared.RoleAggregated) {
+		t.Skip("least-loaded does not run hosted")
+	}
+	for _, id := range []shared.WorkerID{1, 1, 1, 2, 2, 4} {
+		if _, err := r.Place(ctx, request(8, uint64(id)), Placement{Target: id, HasTarget: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d, err := r.Place(ctx, request(8, 9), Placement{Alternates: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Worker.ID != 3 {
+		t.Fatalf("least-loaded chose %d, want 3 (idle)", d.Worker.ID)
+	}
+	if got, want := ids(d.Alternates), []shared.WorkerID{4, 2, 1}; !slices.Equal(got, want) {
+		t.Fatalf("least-loaded alternates %v, want %v", got, want)
+	}
+}
+
+// TestTargetOnly: a binding target that is not a candidate fails instead
+// of running the policy.
+func TestTargetOnly(t *testing.T) {
+	r := newRouter(t, mustPolicy(t, "rr", nil, builtin.NewRoundRobin()), 2)
+	ctx := context.Background()
+	d, err := r.Place(ctx, request(8, 1), Placement{Target: 2, HasTarget: true, TargetOnly: true})
+	if err != nil || d.Worker.ID != 2 || !d.Target {
+		t.Fatalf("target 2: %+v, %v", d.Worker, err)
+	}
+	if _, err := r.Place(ctx, request(8, 1), Placement{Target: 9, HasTarget: true, TargetOnly: true}); !errors.Is(err, ErrAllExcluded) {
+		t.Fatalf("absent binding target: %v, want ErrAllExcluded", err)
+	}
+	if d, err := r.Place(ctx, request(8, 1), Placement{Target: 9, HasTarget: true}); err != nil || d.Target {
+		t.Fatalf("absent advisory target: %+v, %v; want a policy decision", d, err)
+	}
+}
+
+// TestRunnersUp works the ranking by hand: ties keep row order after the
+// chosen row, wrapping around.
+func TestRunnersUp(t *testing.T) {
+	ws := make([]*fleet.Worker, 6)
+	for i := range ws {
+		ws[i] = &fleet.Worker{Spec: fleet.Spec{ID: shared.WorkerID(i)}}
+	}
+	at := func(i int) *fleet.Worker { return ws[i] }
+	costs := []float64{5, 1, 9, 1, 0, 5}
+	cost := func(i int) float64 { return costs[i] }
+	for _, tc := range []struct {
+		chosen, k int
+		cost      func(int) float64
+		want      []shared.WorkerID
+	}{
+		{chosen: 4, k: 3, cost: cost, want: []shared.WorkerID{1, 3, 5}}, // 1 and 3 tie at 1: 1 comes first after 4 (5, 0, 1, ...); 5 before 0 at 5
+		{chosen: 4, k: 5, cost: cost, want: []shared.WorkerID{1, 3, 5, 0, 2}},
+		{chosen: 2, k: 2, cost: cost, want: []shared.WorkerID{4, 3}},
+		{chosen: 4, k: 3, want: []shared.WorkerID{5, 0, 1}},
+		{chosen: 0, k: 9, want: []shared.WorkerID{1, 2, 3, 4, 5}},
+		{chosen: 0, k: 0, want: []shared.WorkerID{}},
+	} {
+		got := ids(runnersUp(len(ws), tc.chosen, tc.k, tc.cost, at))
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("chosen %d, k %d, costs %v: %v, want %v", tc.chosen, tc.k, tc.cost != nil, got, tc.want)
+		}
+	}
+}
