@@ -13,16 +13,21 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc"
 
+	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/epp"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
 
 type eppOptions struct {
-	policy       string
-	listen       string
-	httpListen   string
-	workersFile  string
-	drainTimeout time.Duration
+	policy         string
+	listen         string
+	httpListen     string
+	workersFile    string
+	watch          bool
+	requestTimeout time.Duration
+	drainTimeout   time.Duration
+	charsPerToken  int
+	fallbacks      int
 }
 
 func newEPPCmd() *cobra.Command {
@@ -34,10 +39,12 @@ func newEPPCmd() *cobra.Command {
 an Envoy external-processing (envoy.service.ext_proc.v3) gRPC service on
 --listen that picks, for each request, the worker the policy file's
 aggregated policy chooses (queueing at the queue block's capacity) and
-answers its URL's host:port as x-gateway-destination-endpoint. The workers
-are the policy file's worker blocks and those of --workers-file (watched),
-as for serve. The gRPC health services liveness, readiness and
-envoy.service.ext_proc.v3.ExternalProcessor answer on --listen.
+answers its URL's host:port as x-gateway-destination-endpoint, followed by
+up to --fallbacks of the policy's runners-up. The workers are the policy
+file's worker blocks and those of --workers-file (watched), as for serve.
+The gRPC health services liveness, readiness and
+envoy.service.ext_proc.v3.ExternalProcessor answer on --listen; readiness
+is SERVING once every worker's first probe has answered.
 
 --http-listen serves serve's HTTP API beside it (/metrics, /healthz,
 /readyz, and the OpenAI routes).
@@ -55,6 +62,15 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 			if o.drainTimeout <= 0 {
 				return fmt.Errorf("--drain-timeout %v: want %s", o.drainTimeout, positiveDurationWant)
 			}
+			if o.requestTimeout <= 0 {
+				return fmt.Errorf("--request-timeout %v: want %s", o.requestTimeout, positiveDurationWant)
+			}
+			if o.charsPerToken < 1 {
+				return fmt.Errorf("--chars-per-token %d: want %s", o.charsPerToken, charsPerTokenWant)
+			}
+			if o.fallbacks < 0 || o.fallbacks > router.MaxAlternates {
+				return fmt.Errorf("--fallbacks %d: want %s", o.fallbacks, fallbacksWant)
+			}
 			level := logLevel(cmd.Context(), hclog.Info)
 			return runEPP(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
@@ -64,10 +80,29 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 	f.StringVar(&o.listen, "listen", "127.0.0.1:9002", "address of the ext_proc gRPC service")
 	f.StringVar(&o.httpListen, "http-listen", "127.0.0.1:0", "address of the HTTP API (/metrics, /readyz)")
 	f.StringVar(&o.workersFile, "workers-file", "", "file of worker blocks, watched: workers join and leave as it changes")
+	f.BoolVar(&o.watch, "watch", false, "reload the policy file when it changes (SIGHUP always reloads it)")
+	f.DurationVar(&o.requestTimeout, "request-timeout", serve.DefaultRequestTimeout, "bound on each request's wait in the queue")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long streams in flight may finish")
+	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
+	f.IntVar(&o.fallbacks, "fallbacks", DefaultFallbacks, "how many of the policy's runners-up follow the pick in x-gateway-destination-endpoint, best first")
 	setWant(f, "drain-timeout", positiveDurationWant)
+	setWant(f, "request-timeout", positiveDurationWant)
+	setWant(f, "chars-per-token", charsPerTokenWant)
+	setWant(f, "fallbacks", fallbacksWant)
 	return cmd
 }
+
+// DefaultFallbacks is --fallbacks' default: two runners-up, enough for a
+// proxy retry policy of up to two retries (Envoy's default is one).
+const DefaultFallbacks = 2
+
+// fallbacksWant words the values --fallbacks accepts.
+var fallbacksWant = fmt.Sprintf("a whole number from 0 to %d", router.MaxAlternates)
+
+// probeWait bounds how long `router epp` waits for the workers' first
+// probes before it reports ready anyway (epp.ReadyWhenProbed): a probe
+// is bounded by its timeout, the scrape interval (1 s by default).
+const probeWait = 10 * time.Second
 
 // runEPP runs `router epp` until ctx ends: a serve.Daemon (policy file,
 // workers, the HTTP API) and, once it is ready, the ext_proc gRPC server
@@ -90,14 +125,22 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	dctx, stopDaemon := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDaemon()
 	var d *serve.Daemon
+	log := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
 	d, err = serve.NewDaemon(serve.DaemonOptions{
-		PolicyFile: o.policy, WorkersFile: o.workersFile, Listener: hln, DrainTimeout: o.drainTimeout,
-		Logger:      hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level}),
+		PolicyFile: o.policy, WorkersFile: o.workersFile, Watch: o.watch, Listener: hln,
+		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
+		Logger:      log,
 		Diagnostics: stderr,
 		OnReady: func() {
-			health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Server: d.Server()}})
-			health.SetReady(true)
+			health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Server: d.Server(), Fallbacks: o.fallbacks}})
 			grpcDone.Go(func() { _ = gs.Serve(gln) })
+			grpcDone.Go(func() {
+				// Readiness once the workers' first probes are in: the
+				// datastore has synced (proposal 004).
+				if probed, err := epp.ReadyWhenProbed(dctx, health, d.Server().Workers(), 20*time.Millisecond, probeWait); err == nil && !probed {
+					log.Warn("ready before every worker's first probe answered", "waited", probeWait)
+				}
+			})
 			grpcDone.Go(func() {
 				select {
 				case <-ctx.Done():

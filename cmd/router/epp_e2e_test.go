@@ -49,6 +49,7 @@ func eppPick(ctx context.Context, c extprocv3.ExternalProcessorClient, body stri
 // health, and sends a request through ext_proc as Envoy would: it is
 // picked onto the worker's host:port (once the worker is probed ready),
 // its response runs to the end, and SIGTERM stops the process (exit 0).
+// Readiness turns SERVING once the worker's first probe answered.
 func TestEPPServesPicks(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
 	mock := startMocks(t, routerBin, 1, "50")[0]
@@ -66,9 +67,20 @@ func TestEPPServesPicks(t *testing.T) {
 	defer func() { _ = conn.Close() }()
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	hr, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
-	if err != nil || hr.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("readiness: %v, %v; want SERVING", hr, err)
+	// Readiness comes once the worker's first probe has answered: watch
+	// it turn SERVING.
+	watch, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: "readiness"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		hr, err := watch.Recv()
+		if err != nil {
+			t.Fatalf("readiness never SERVING: %v", err)
+		}
+		if hr.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			break
+		}
 	}
 	want, err := epp.Endpoint(mock.url)
 	if err != nil {

@@ -312,6 +312,10 @@ func TestFlagRanges(t *testing.T) {
 		{[]string{"serve", "--policy", rrPolicy, "--chars-per-token", "0"}, "--chars-per-token 0: want a whole number from 1 to 9223372036854775807"},
 		{[]string{"serve", "--policy", rrPolicy, "--shadow-max-inflight", "0"}, "--shadow-max-inflight 0: want a whole number from 1 to 4096"},
 		{[]string{"plugins", "describe", "--start-timeout", "0s", "x"}, "--start-timeout 0s: want " + positive},
+		{[]string{"epp", "--policy", rrPolicy, "--fallbacks", "9"}, "--fallbacks 9: want a whole number from 0 to 8"},
+		{[]string{"epp", "--policy", rrPolicy, "--fallbacks", "-1"}, "--fallbacks -1: want a whole number from 0 to 8"},
+		{[]string{"epp", "--policy", rrPolicy, "--request-timeout", "0s"}, "--request-timeout 0s: want " + positive},
+		{[]string{"epp", "--policy", rrPolicy, "--chars-per-token", "0"}, "--chars-per-token 0: want a whole number from 1 to 9223372036854775807"},
 	} {
 		args := append(tt.args, "--listen", "127.0.0.1:0")
 		if tt.args[0] == "plugins" {

@@ -98,12 +98,16 @@ func (o Outcome) String() string {
 }
 
 // Handle books one picked request. Server calls its methods from the
-// stream's goroutine, in order: Served at most once, FirstToken at most
-// once, End exactly once. They must not block.
+// stream's goroutine, in order: Served at most once, Status at most once
+// (at the response headers), FirstToken at most once, End exactly once.
+// They must not block.
 type Handle interface {
 	// Served reports the endpoint, "ip:port", that the proxy says really
 	// served the request (it may be a fallback).
 	Served(endpoint string)
+	// Status reports the response's HTTP status code (its ":status"
+	// header), when the proxy sends response headers.
+	Status(code int)
 	// FirstToken reports the first non-empty chunk of the response body.
 	FirstToken()
 	// End reports the end of the request.

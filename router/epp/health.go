@@ -1,10 +1,16 @@
 package epp
 
 import (
+	"context"
+	"time"
+
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/switchyard-router/switchyard/router/serve"
+	"github.com/switchyard-router/switchyard/router/workers"
 )
 
 // Health services of the Endpoint Picker Protocol (proposal 004, "Health
@@ -54,3 +60,42 @@ func (h *Health) SetReady(ready bool) {
 // Shutdown sets every service NOT_SERVING for good (liveness included),
 // so that the proxy stops sending new streams while the server drains.
 func (h *Health) Shutdown() { h.srv.Shutdown() }
+
+// Probed reports whether every worker of ws has had its first probe
+// answered, ready or failed: the endpoint picker's datastore has synced
+// (proposal 004's readiness). No workers at all is synced: an empty pool
+// answers 503 per request, which is the protocol's answer, not
+// unreadiness.
+func Probed(ws []workers.Status) bool {
+	for _, st := range ws {
+		if !st.Ready && st.LastError == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// ReadyWhenProbed sets h ready once every worker of ws has been probed
+// (Probed), looking every poll, or once wait has passed (a probe is
+// bounded by its timeout, so wait is a guard: with the default scrape
+// interval of 1 s, every first probe has an outcome within about 2 s). It
+// returns whether the workers were probed, or ctx's error when ctx ends
+// first (h is not set then).
+func ReadyWhenProbed(ctx context.Context, h *Health, ws serve.Workers, poll, wait time.Duration) (bool, error) {
+	t := time.NewTicker(poll)
+	defer t.Stop()
+	timeout := time.NewTimer(wait)
+	defer timeout.Stop()
+	for !Probed(ws.Status()) {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-timeout.C:
+			h.SetReady(true)
+			return false, nil
+		case <-t.C:
+		}
+	}
+	h.SetReady(true)
+	return true, nil
+}

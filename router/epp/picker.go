@@ -8,10 +8,12 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/serve"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -20,15 +22,23 @@ import (
 // parsed, keyed, classified, queued and placed exactly as `router serve`
 // places the first hop of a completion request (serve.Server.Place, the
 // aggregated role), and its endpoint is the chosen worker's URL host:port.
+// Its fallbacks are the policy's runners-up (router.Placement.Alternates).
 //
-// The policies rank no runner-up, so Pick.Fallbacks is always empty. The
-// booking stays on the picked worker even when the proxy reports that
-// another endpoint served (admission moves a booking only by re-placing
-// it through the policy, not onto a named worker).
+// The request is counted in serve's metric families as the API counts
+// its own (serve.Server.FirstByte, Finish): switchyard_requests_total by
+// the status the client got, switchyard_request_duration_seconds, and
+// the time to first token of streamed requests, beside the selection and
+// tokenizer families Place feeds.
 type RouterPicker struct {
 	// Server places the requests; its dispatcher (Server.Dispatcher, or
 	// Serve) must run for queued requests to be placed. Required.
 	Server *serve.Server
+	// Fallbacks is how many of the policy's runners-up follow the pick in
+	// the destination list, best first (at most router.MaxAlternates;
+	// 0: none). The proxy tries them, in order, when its retry policy
+	// retries. They are not booked; the proxy's served-endpoint report
+	// moves the booking to the one that served.
+	Fallbacks int
 }
 
 var _ Picker = (*RouterPicker)(nil)
@@ -63,16 +73,47 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 		}
 		opts = append(opts, admission.Exclude(out...))
 	}
+	if p.Fallbacks > 0 {
+		opts = append(opts, admission.Alternates(p.Fallbacks))
+	}
 	placed, err := p.Server.Place(ctx, chat, header, req.Body, opts...)
 	if err != nil {
-		return Pick{}, mapErr(ctx, err)
+		err = mapErr(ctx, err)
+		code := StatusOf(err)
+		if ctx.Err() != nil {
+			code = serve.CodeClientGone
+		}
+		p.Server.Finish(&placed, code, admission.Outcome{})
+		return Pick{}, err
 	}
 	ep, err := Endpoint(placed.URL)
 	if err != nil {
-		p.Server.End(placed.Handle, admission.Aborted("worker url has no endpoint"))
+		p.Server.Finish(&placed, StatusOf(err), admission.Aborted("worker url has no endpoint"))
 		return Pick{}, err
 	}
-	return Pick{Endpoint: ep, Handle: &routerHandle{s: p.Server, h: placed.Handle, tokens: int64(placed.PromptTokens)}}, nil
+	return Pick{Endpoint: ep, Fallbacks: p.fallbacks(ep, placed.Decision.Alternates),
+		Handle: &routerHandle{p: p, placed: placed, endpoint: ep}}, nil
+}
+
+// fallbacks returns the endpoints of the runners-up, best first, without
+// the primary's and without repeats (ranks of one worker share its URL).
+func (p *RouterPicker) fallbacks(primary string, alts []*fleet.Worker) []string {
+	if len(alts) == 0 {
+		return nil
+	}
+	out := make([]string, 0, len(alts))
+	for _, w := range alts {
+		u, ok := p.Server.Workers().URL(w.Name)
+		if !ok {
+			continue
+		}
+		ep, err := Endpoint(u)
+		if err != nil || ep == primary || slices.Contains(out, ep) {
+			continue
+		}
+		out = append(out, ep)
+	}
+	return out
 }
 
 // chatPath says whether path (":path") is the chat schema's.
@@ -152,26 +193,66 @@ func mapErr(ctx context.Context, err error) error {
 	return err
 }
 
-// routerHandle is a RouterPicker pick's Handle: the admission handle.
+// routerHandle is a RouterPicker pick's Handle: the placed request.
 type routerHandle struct {
-	s      *serve.Server
-	h      *admission.Handle
-	tokens int64 // the prompt's tokens, the context tokens booked at completion
+	p        *RouterPicker
+	placed   serve.Placed
+	endpoint string // the picked endpoint
+	code     int    // the response's status; 0 before its headers
 }
 
-// Served does nothing: the booking stays on the picked worker (see
-// RouterPicker).
-func (rh *routerHandle) Served(string) {}
-
-// FirstToken records the first token (the worker's prefill is done).
-func (rh *routerHandle) FirstToken() { rh.h.FirstToken() }
-
-// End ends the booking: completed with the prompt's tokens as context
-// tokens (the proxy's answer is not read for its usage), or aborted.
-func (rh *routerHandle) End(o Outcome) {
-	if o == Completed {
-		rh.s.End(rh.h, admission.Completed(rh.tokens))
+// Served moves the booking to the worker at endpoint when it is not the
+// picked one (admission.Handle.Move): the proxy fell back to it. An
+// endpoint no worker has keeps the booking where it is.
+func (rh *routerHandle) Served(endpoint string) {
+	if endpoint == rh.endpoint {
 		return
 	}
-	rh.s.End(rh.h, admission.Aborted("ext_proc stream ended before the response did"))
+	id, ok := rh.p.workerAt(endpoint)
+	if !ok {
+		return
+	}
+	// Move runs no policy and does not block: a background context.
+	if err := rh.placed.Handle.Move(context.Background(), id, "served by "+endpoint); err == nil {
+		rh.endpoint = endpoint
+	}
+}
+
+// Status keeps the response's status code for the request's count.
+func (rh *routerHandle) Status(code int) { rh.code = code }
+
+// FirstToken records the first byte of the answer (the worker's prefill
+// is done; serve.Server.FirstByte).
+func (rh *routerHandle) FirstToken() { rh.p.Server.FirstByte(&rh.placed) }
+
+// End ends the booking and counts the request (serve.Server.Finish):
+// a response that reached its end is completed with the prompt's tokens
+// as context tokens (the proxy's answer is not read for its usage), or
+// aborted when its status was 400 or more; a stream that ended before the
+// response did is aborted and counted as 499.
+func (rh *routerHandle) End(o Outcome) {
+	code := rh.code
+	var out admission.Outcome
+	switch {
+	case o != Completed:
+		code, out = serve.CodeClientGone, admission.Aborted("ext_proc stream ended before the response did")
+	case code >= http.StatusBadRequest:
+		out = admission.Aborted("the endpoint answered " + strconv.Itoa(code))
+	default:
+		if code == 0 {
+			code = http.StatusOK // no response headers were shown to the EPP
+		}
+		out = admission.Completed(int64(rh.placed.PromptTokens))
+	}
+	rh.p.Server.Finish(&rh.placed, code, out)
+}
+
+// workerAt returns the id of the worker whose URL's endpoint is endpoint.
+func (p *RouterPicker) workerAt(endpoint string) (shared.WorkerID, bool) {
+	for _, st := range p.Server.Workers().Status() {
+		if ep, err := Endpoint(st.Config.URL); err == nil && ep == endpoint {
+			return st.ID, true
+		}
+	}
+	return 0, false
 }

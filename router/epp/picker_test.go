@@ -7,12 +7,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/switchyard-router/switchyard/router"
@@ -58,11 +60,19 @@ worker_selection {
 // and the EPP over it (RouterPicker) on an in-memory gRPC connection.
 type routerEnv struct {
 	r      *router.Router
+	reg    *prometheus.Registry // serve's metrics
 	client extprocv3.ExternalProcessorClient
 	eps    []string // the workers' endpoints, w0 first
 }
 
 func newRouterEnv(t *testing.T, n int, queue string) *routerEnv {
+	t.Helper()
+	return newRouterEnvWith(t, n, queue, 0)
+}
+
+// newRouterEnvWith is newRouterEnv with a RouterPicker giving fallbacks
+// runners-up.
+func newRouterEnvWith(t *testing.T, n int, queue string, fallbacks int) *routerEnv {
 	t.Helper()
 	var urls []string
 	for range n {
@@ -95,7 +105,8 @@ func newRouterEnv(t *testing.T, n int, queue string) *routerEnv {
 	if err := mgr.Sync(b.Workers()); err != nil {
 		t.Fatal(err)
 	}
-	s, err := serve.New(serve.Options{Router: r, Queue: b.Queue(), Workers: mgr, DispatchInterval: 5 * time.Millisecond})
+	reg := prometheus.NewRegistry()
+	s, err := serve.New(serve.Options{Router: r, Queue: b.Queue(), Workers: mgr, DispatchInterval: 5 * time.Millisecond, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,7 +114,7 @@ func newRouterEnv(t *testing.T, n int, queue string) *routerEnv {
 	done := make(chan struct{})
 	go func() { defer close(done); s.Dispatcher(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; s.Close() })
-	e := &routerEnv{r: r, client: startServer(t, &Server{Picker: &RouterPicker{Server: s}})}
+	e := &routerEnv{r: r, reg: reg, client: startServer(t, &Server{Picker: &RouterPicker{Server: s, Fallbacks: fallbacks}})}
 	for _, u := range urls {
 		ep, err := Endpoint(u)
 		if err != nil {
@@ -298,6 +309,115 @@ func TestRouterPickerBookingsReturnToZero(t *testing.T) {
 		t.Fatalf("bad body: %d %v, want 400 invalid_request naming messages", status, body)
 	}
 	ev.finish()
+	e.settle(t)
+
+	// serve's families count the EPP's requests as serve counts its own:
+	// 20 completed (200), 10 reset (499), the bad body (400, no model);
+	// 25 streamed answers had a first byte.
+	e.eventually(t, "the request counts", func() bool {
+		return e.requests(t, "m", "200") == 20 && e.requests(t, "m", "499") == 10 && e.requests(t, "", "400") == 1
+	})
+	if n := histogramCount(t, e.reg, "switchyard_time_to_first_token_seconds"); n != 25 {
+		t.Errorf("time to first token observed %d times, want 25", n)
+	}
+	if n := histogramCount(t, e.reg, "switchyard_request_duration_seconds"); n != 31 {
+		t.Errorf("request duration observed %d times, want 31", n)
+	}
+}
+
+// requests returns switchyard_requests_total{model, code} of e's registry
+// (0 when absent).
+func (e *routerEnv) requests(t *testing.T, model, code string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "switchyard_requests_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["model"] == model && labels["code"] == code {
+				v = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
+// histogramCount sums the sample counts of every series of the histogram
+// family name.
+func histogramCount(t *testing.T, reg *prometheus.Registry, name string) uint64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			for _, m := range mf.GetMetric() {
+				n += m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return n
+}
+
+// eventually waits up to a minute for cond.
+func (e *routerEnv) eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not reached in a minute", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRouterPickerFallbacksAndServed: the destination lists the policy's
+// runners-up after the pick, each endpoint once; when the proxy reports
+// that a fallback served, the booking moves there, and an endpoint no
+// worker has leaves it where it is.
+func TestRouterPickerFallbacksAndServed(t *testing.T) {
+	e := newRouterEnvWith(t, 3, "", 2)
+	ev, _, r := e.pick(t, t.Context(), "a", chatOf("a question"), nil)
+	hdr, _ := destination(t, r, r.GetRequestBody().GetResponse())
+	dest := strings.Split(hdr, ",")
+	if len(dest) != 3 || !slices.Contains(e.eps, dest[0]) || !slices.Contains(e.eps, dest[1]) || !slices.Contains(e.eps, dest[2]) ||
+		dest[0] == dest[1] || dest[1] == dest[2] || dest[0] == dest[2] {
+		t.Fatalf("destination %v, want the three workers' endpoints, each once", dest)
+	}
+	if got := e.active(); got[dest[0]] != 1 {
+		t.Fatalf("bookings %v, want 1 on the pick %s", got, dest[0])
+	}
+	// The proxy fell back to the second: the booking follows.
+	ev.mustSend(respHeadersMsg(dest[1]))
+	ev.mustRecv()
+	if got := e.active(); got[dest[0]] != 0 || got[dest[1]] != 1 {
+		t.Fatalf("after served by %s: bookings %v, want it moved there", dest[1], got)
+	}
+	ev.mustSend(respBodyMsg("data: [DONE]\n\n", true))
+	ev.mustRecv()
+	ev.finish()
+	e.settle(t)
+
+	// An endpoint the EPP does not know: the booking stays on the pick.
+	ev, dests, _ := e.pick(t, t.Context(), "b", chatOf("another question"), nil)
+	ep, _, _ := strings.Cut(dests, ",")
+	ev.mustSend(respHeadersMsg("192.0.2.1:1"))
+	ev.mustRecv()
+	if got := e.active(); got[ep] != 1 {
+		t.Fatalf("served by an unknown endpoint: bookings %v, want 1 on the pick %s", got, ep)
+	}
+	ev.complete()
 	e.settle(t)
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -101,6 +102,11 @@ func (st *stream) handle1(msg *extprocv3.ProcessingRequest) error {
 			RequestTrailers: &extprocv3.TrailersResponse{}}})
 	case *extprocv3.ProcessingRequest_ResponseHeaders:
 		st.servedFrom(msg)
+		if st.handle != nil {
+			if code, ok := status(r.ResponseHeaders); ok {
+				st.handle.Status(code)
+			}
+		}
 		if r.ResponseHeaders.GetEndOfStream() {
 			st.end(Completed)
 		}
@@ -263,21 +269,54 @@ func subsetHint(md *corev3.Metadata) []string {
 	return out
 }
 
-// immediateErr answers a Picker error (or an empty subset hint).
-func (st *stream) immediateErr(err error) error {
+// status reads a response's ":status" header.
+func status(h *extprocv3.HttpHeaders) (int, bool) {
+	for _, hv := range h.GetHeaders().GetHeaders() {
+		if hv.GetKey() != ":status" {
+			continue
+		}
+		v := hv.GetValue()
+		if raw := hv.GetRawValue(); len(raw) > 0 {
+			v = string(raw)
+		}
+		code, err := strconv.Atoi(v)
+		return code, err == nil && code >= 100 && code <= 999
+	}
+	return 0, false
+}
+
+// answer is how Server answers a Picker error: the HTTP status and the
+// OpenAI error's type and code.
+type answer struct {
+	status    int
+	typ, code string
+	msgPrefix string
+}
+
+// answerOf returns the answer to a Picker error.
+func answerOf(err error) answer {
 	switch {
 	case errors.Is(err, ErrNoEndpoint):
-		return st.immediate(http.StatusServiceUnavailable, "server_error", "no_worker", err.Error())
+		return answer{status: http.StatusServiceUnavailable, typ: "server_error", code: "no_worker"}
 	case errors.Is(err, ErrShed):
-		return st.immediate(http.StatusTooManyRequests, "rate_limit_error", "queue_full", err.Error())
+		return answer{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "queue_full"}
 	case errors.Is(err, ErrPastDue):
-		return st.immediate(http.StatusTooManyRequests, "rate_limit_error", "due_time_passed", err.Error())
+		return answer{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "due_time_passed"}
 	case errors.Is(err, ErrBadRequest):
-		return st.immediate(http.StatusBadRequest, "invalid_request_error", "invalid_request", err.Error())
-	default:
-		return st.immediate(http.StatusServiceUnavailable, "server_error", "selection_failed",
-			"no endpoint could be selected: "+err.Error())
+		return answer{status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_request"}
 	}
+	return answer{status: http.StatusServiceUnavailable, typ: "server_error", code: "selection_failed", msgPrefix: "no endpoint could be selected: "}
+}
+
+// StatusOf returns the HTTP status code Server answers a Picker error
+// with: 503 for ErrNoEndpoint and errors it does not know, 429 for
+// ErrShed and ErrPastDue, 400 for ErrBadRequest.
+func StatusOf(err error) int { return answerOf(err).status }
+
+// immediateErr answers a Picker error (or an empty subset hint).
+func (st *stream) immediateErr(err error) error {
+	a := answerOf(err)
+	return st.immediate(a.status, a.typ, a.code, a.msgPrefix+err.Error())
 }
 
 // apiError is the OpenAI error body, the shape router/serve sends

@@ -11,6 +11,7 @@ import (
 type nopHandle struct{}
 
 func (nopHandle) Served(string) {}
+func (nopHandle) Status(int)    {}
 func (nopHandle) FirstToken()   {}
 func (nopHandle) End(Outcome)   {}
 

@@ -30,11 +30,13 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type fakeHandle struct {
 	mu     sync.Mutex
 	served []string
+	codes  []int
 	first  int
 	ends   []Outcome
 }
 
 func (h *fakeHandle) Served(ep string) { h.mu.Lock(); h.served = append(h.served, ep); h.mu.Unlock() }
+func (h *fakeHandle) Status(code int)  { h.mu.Lock(); h.codes = append(h.codes, code); h.mu.Unlock() }
 func (h *fakeHandle) FirstToken()      { h.mu.Lock(); h.first++; h.mu.Unlock() }
 func (h *fakeHandle) End(o Outcome)    { h.mu.Lock(); h.ends = append(h.ends, o); h.mu.Unlock() }
 
@@ -180,9 +182,13 @@ func bodyMsg(b string, eos bool) *extprocv3.ProcessingRequest {
 }
 
 func respHeadersMsg(served string) *extprocv3.ProcessingRequest {
+	return respHeadersStatus(served, "200")
+}
+
+func respHeadersStatus(served, status string) *extprocv3.ProcessingRequest {
 	m := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{
 		ResponseHeaders: &extprocv3.HttpHeaders{Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
-			{Key: ":status", RawValue: []byte("200")}}}}}}
+			{Key: ":status", RawValue: []byte(status)}}}}}}
 	if served != "" {
 		m.MetadataContext = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
 			MetadataNamespace: {Fields: map[string]*structpb.Value{ServedKey: structpb.NewStringValue(served)}}}}
@@ -247,11 +253,17 @@ func TestBufferedBodyPicksAndFollowsResponse(t *testing.T) {
 		t.Fatalf("picker saw %+v", reqs)
 	}
 
-	e.mustSend(respHeadersMsg("10.0.0.2:8000"))
+	e.mustSend(respHeadersStatus("10.0.0.2:8000", "201"))
 	if r = e.mustRecv(); r.GetResponseHeaders() == nil {
 		t.Fatalf("response headers answer = %v", r)
 	}
 	h := p.handle("r1")
+	h.mu.Lock()
+	codes := slices.Clone(h.codes)
+	h.mu.Unlock()
+	if !slices.Equal(codes, []int{201}) {
+		t.Fatalf("Status calls %v, want [201] (the :status header)", codes)
+	}
 	for i, chunk := range []string{"data: a\n\n", "data: b\n\n"} {
 		e.mustSend(respBodyMsg(chunk, false))
 		if r = e.mustRecv(); r.GetResponseBody() == nil {
