@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
+	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -55,7 +57,15 @@ func TestEPPServesPicks(t *testing.T) {
 	mock := startMocks(t, routerBin, 1, "50")[0]
 	policy := filepath.Join(t.TempDir(), "policy.hcl")
 	writeAtomic(t, policy, workerBlocks([]string{"w"}, map[string]string{"w": mock.url}))
-	p := startProc(t, routerBin, "epp", "--policy", policy, "--listen", "127.0.0.1:0")
+	// The HTTP API on a port picked here (the process prints only its
+	// gRPC address as its listening line).
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := hl.Addr().String()
+	_ = hl.Close()
+	p := startProc(t, routerBin, "epp", "--policy", policy, "--listen", "127.0.0.1:0", "--http-listen", httpAddr)
 	addr, ok := strings.CutPrefix(p.url, "grpc://")
 	if !ok {
 		t.Fatalf("listening line gave %q, want grpc://ADDR", p.url)
@@ -133,8 +143,39 @@ func TestEPPServesPicks(t *testing.T) {
 	if _, err := st.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after CloseSend: %v, want EOF", err)
 	}
+	// serve's families and the EPP's own count the request: one decision,
+	// one request answered 200.
+	for _, want := range []string{"switchyard_epp_decision_duration_seconds_count 1\n", `switchyard_requests_total{code="200",model="mock"} 1` + "\n"} {
+		deadline := time.Now().Add(time.Minute)
+		for {
+			metrics := httpGet(t, "http://"+httpAddr+"/metrics")
+			if strings.Contains(metrics, want) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("/metrics has no %q a minute later:\n%s", want, metrics)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	p.stop(t)
 	if code := p.cmd.ProcessState.ExitCode(); code != 0 {
 		t.Fatalf("router epp exited %d after SIGTERM, want 0\n%s", code, p.stderr.String())
 	}
+}
+
+// httpGet returns url's body; any error or a status other than 200 fails
+// the test.
+func httpGet(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %d, %v", url, resp.StatusCode, err)
+	}
+	return string(b)
 }

@@ -8,11 +8,13 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/switchyard-router/switchyard/router/serve"
@@ -27,6 +29,15 @@ type Server struct {
 	// MaxBodyBytes bounds a request body; a larger one is answered 413.
 	// Zero means serve.DefaultMaxBodyBytes (32 MiB), serve's own bound.
 	MaxBodyBytes int64
+	// Decisions, when set, observes each pick's decision latency in
+	// seconds: from the handler holding the whole request (its last body
+	// chunk received, or headers without a body) to the answer carrying
+	// the destination handed to gRPC (Send returned). It includes the
+	// Picker (parsing, keying, admission, the policy, the booking, and a
+	// wait in the queue when every worker is at capacity) and building
+	// and sending the answer; not the network. Picks answered with an
+	// error are not observed.
+	Decisions prometheus.Observer
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -170,6 +181,16 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 // pick asks the Picker and answers the phase that completed the request:
 // its headers (onHeaders, a request without a body) or its body.
 func (st *stream) pick(onHeaders bool) error {
+	start := time.Now()
+	if err := st.pick1(onHeaders); err != nil || st.s.Decisions == nil || !st.picked {
+		return err
+	}
+	st.s.Decisions.Observe(time.Since(start).Seconds())
+	return nil
+}
+
+// pick1 is pick without the observation.
+func (st *stream) pick1(onHeaders bool) error {
 	if st.req.Subset != nil && len(st.req.Subset) == 0 {
 		return st.immediateErr(fmt.Errorf("%w: the subset hint lists no endpoint", ErrNoEndpoint))
 	}

@@ -223,7 +223,8 @@ const chatBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"stre
 
 func TestBufferedBodyPicksAndFollowsResponse(t *testing.T) {
 	p := &fakePicker{endpoint: "10.0.0.1:8000", fallbacks: []string{"10.0.0.2:8000", "10.0.0.3:8000"}}
-	e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p}))
+	obs := &samples{}
+	e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p, Decisions: obs}))
 
 	e.mustSend(headersMsg("r1", false, nil))
 	r := e.mustRecv()
@@ -281,6 +282,11 @@ func TestBufferedBodyPicksAndFollowsResponse(t *testing.T) {
 	served, first, ends := h.snapshot()
 	if !slices.Equal(served, []string{"10.0.0.2:8000"}) || first != 1 || !slices.Equal(ends, []Outcome{Completed}) {
 		t.Fatalf("handle saw served %v, first %d, ends %v", served, first, ends)
+	}
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	if len(obs.v) != 1 || obs.v[0] <= 0 {
+		t.Fatalf("decisions observed %v, want one positive duration", obs.v)
 	}
 }
 
@@ -443,7 +449,8 @@ func TestPickerErrorsAnswerImmediately(t *testing.T) {
 	} {
 		t.Run(tc.code, func(t *testing.T) {
 			p := &fakePicker{err: tc.err}
-			e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p}))
+			obs := &samples{}
+			e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p, Decisions: obs}))
 			e.mustSend(headersMsg("r1", false, nil))
 			e.mustRecv()
 			e.mustSend(bodyMsg(chatBody, true))
@@ -456,6 +463,12 @@ func TestPickerErrorsAnswerImmediately(t *testing.T) {
 				t.Errorf("param = %v (present %v), want null as serve sends", v, ok)
 			}
 			e.finish()
+			if StatusOf(tc.err) != tc.status {
+				t.Errorf("StatusOf = %d, want %d", StatusOf(tc.err), tc.status)
+			}
+			if len(obs.v) != 0 {
+				t.Errorf("a refused pick observed as a decision: %v", obs.v)
+			}
 		})
 	}
 }

@@ -1,0 +1,162 @@
+package epp
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/serve"
+	"github.com/switchyard-router/switchyard/router/workers"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// staticWorkers is a serve.Workers of fixed URLs, every worker ready.
+type staticWorkers map[string]string
+
+func (w staticWorkers) URL(name string) (string, bool) { u, ok := w[name]; return u, ok }
+func (staticWorkers) ReportFailure(string)             {}
+func (staticWorkers) ReportSuccess(string)             {}
+func (staticWorkers) Status() []workers.Status         { return nil }
+
+// samples is a prometheus.Observer keeping every observation.
+type samples struct {
+	mu sync.Mutex
+	v  []float64
+}
+
+func (s *samples) Observe(v float64) { s.mu.Lock(); s.v = append(s.v, v); s.mu.Unlock() }
+
+// quantile returns the q-quantile of the sorted xs (nearest rank).
+func quantile(xs []float64, q float64) float64 {
+	return xs[min(len(xs)-1, int(q*float64(len(xs))))]
+}
+
+// BenchmarkDecision100Endpoints is #16's decision latency: the EPP over
+// RouterPicker with the KV-aware policy (kv-cost scored over the prefix
+// index, min-cost picked) and 100 endpoints, 64 ext_proc streams at once
+// (SetParallelism 32 x GOMAXPROCS 2; at -cpu 1, 32). Each iteration is a
+// whole buffered stream over an in-memory gRPC connection: request
+// headers, body (the pick), response headers, the last response chunk
+// (completion). Prompts are multi-turn conversations over shared system
+// prompts, 0.5 to 5 KB of text.
+//
+// Reported: decision-p50-ms and decision-p99-ms, Server.Decisions' span
+// (the whole request held, to the answer with the destination handed to
+// gRPC: parse, key, admission, policy over 100 candidates, booking,
+// answer); decisions/s, whole streams per second of wall time; and ns/op,
+// B/op and allocs/op of whole streams (client side included).
+func BenchmarkDecision100Endpoints(b *testing.B) {
+	const endpoints = 100
+	path := filepath.Join(b.TempDir(), "policy.hcl")
+	if err := os.WriteFile(path, []byte(kvPolicy("")), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	bundle, diags := router.LoadBundle(context.Background(), path, router.LoadOptions{})
+	if diags.HasErrors() {
+		b.Fatal(diags)
+	}
+	r, err := router.New(router.Options{Bundle: bundle})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = r.Close(context.Background()) })
+	ws := staticWorkers{}
+	for i := range endpoints {
+		name := fmt.Sprintf("w%d", i)
+		ws[name] = fmt.Sprintf("http://10.0.%d.%d:8000", i/250, i%250+1)
+		if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Role: shared.RoleAggregated, Name: name,
+			Models: []string{"m"}, TotalKVBlocks: 100_000}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s, err := serve.New(serve.Options{Router: r, Queue: bundle.Queue(), Workers: ws})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); s.Dispatcher(ctx) }()
+	b.Cleanup(func() { cancel(); <-done; s.Close() })
+	obs := &samples{}
+	c := startServer(b, &Server{Picker: &RouterPicker{Server: s, Fallbacks: 2}, Decisions: obs})
+
+	// 512 conversations over 16 system prompts; each stream sends the
+	// next turn of one conversation.
+	rng := rand.New(rand.NewPCG(1, 2))
+	system := make([]string, 16)
+	for i := range system {
+		system[i] = fmt.Sprintf("You are assistant %d. ", i) + string(slices.Repeat([]byte("Follow the rules. "), 20+rng.IntN(100)))
+	}
+	type conv struct {
+		mu   sync.Mutex
+		text string
+	}
+	convs := make([]*conv, 512)
+	for i := range convs {
+		convs[i] = &conv{text: system[rng.IntN(len(system))]}
+	}
+	body := func(n uint64) string {
+		cv := convs[n%uint64(len(convs))]
+		cv.mu.Lock()
+		defer cv.mu.Unlock()
+		if len(cv.text) > 5000 {
+			cv.text = cv.text[:len(cv.text)/3]
+		}
+		cv.text += fmt.Sprintf(" Turn %d: tell me more about topic %d.", n, n%97)
+		return chatOf(cv.text)
+	}
+	var seq sync.Mutex
+	next := uint64(0)
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			seq.Lock()
+			n := next
+			next++
+			seq.Unlock()
+			st, err := c.Process(context.Background())
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			for _, m := range []*extprocv3.ProcessingRequest{headersMsg(fmt.Sprint("r", n), false, nil), bodyMsg(body(n), true),
+				respHeadersMsg(""), respBodyMsg("data: [DONE]\n\n", true)} {
+				if err := st.Send(m); err != nil {
+					b.Error(err)
+					return
+				}
+				if _, err := st.Recv(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+			_ = st.CloseSend()
+			_, _ = st.Recv()
+		}
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	obs.mu.Lock()
+	xs := slices.Clone(obs.v)
+	obs.mu.Unlock()
+	if len(xs) == 0 {
+		b.Fatal("no decision observed")
+	}
+	slices.Sort(xs)
+	b.ReportMetric(quantile(xs, 0.5)*1e3, "decision-p50-ms")
+	b.ReportMetric(quantile(xs, 0.99)*1e3, "decision-p99-ms")
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "decisions/s")
+}
