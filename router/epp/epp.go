@@ -99,8 +99,9 @@ func (o Outcome) String() string {
 
 // Handle books one picked request. Server calls its methods from the
 // stream's goroutine, in order: Served at most once, Status at most once
-// (at the response headers), FirstToken at most once, End exactly once.
-// They must not block.
+// (at the response headers), FirstToken at most once, then Body for each
+// response body chunk (the first included), End exactly once. They must
+// not block.
 type Handle interface {
 	// Served reports the endpoint, "ip:port", that the proxy says really
 	// served the request (it may be a fallback).
@@ -110,6 +111,10 @@ type Handle interface {
 	Status(code int)
 	// FirstToken reports the first non-empty chunk of the response body.
 	FirstToken()
+	// Body reports a non-empty chunk of the response body, when the proxy
+	// sends the response body (a body processing mode other than NONE);
+	// the chunk is only valid during the call.
+	Body(chunk []byte)
 	// End reports the end of the request.
 	End(Outcome)
 }

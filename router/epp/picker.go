@@ -225,11 +225,16 @@ func (rh *routerHandle) Status(code int) { rh.code = code }
 // is done; serve.Server.FirstByte).
 func (rh *routerHandle) FirstToken() { rh.p.Server.FirstByte(&rh.placed) }
 
+// Body reads the answer as serve's proxy does (serve.Server.Answer): a
+// stream's events advance the request's progress, and the usage is kept
+// for End.
+func (rh *routerHandle) Body(chunk []byte) { rh.p.Server.Answer(&rh.placed, chunk) }
+
 // End ends the booking and counts the request (serve.Server.Finish):
-// a response that reached its end is completed with the prompt's tokens
-// as context tokens (the proxy's answer is not read for its usage), or
-// aborted when its status was 400 or more; a stream that ended before the
-// response did is aborted and counted as 499.
+// a response that reached its end is completed, with the context tokens
+// of its usage or its events when the proxy showed the body (else the
+// prompt's), or aborted when its status was 400 or more; a stream that
+// ended before the response did is aborted and counted as 499.
 func (rh *routerHandle) End(o Outcome) {
 	code := rh.code
 	var out admission.Outcome

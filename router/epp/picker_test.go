@@ -519,3 +519,65 @@ func TestMapErr(t *testing.T) {
 		}
 	}
 }
+
+// counterValue returns the value of family name's series for model.
+func (e *routerEnv) counterValue(t *testing.T, name, model string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "model" && l.GetValue() == model {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestRouterPickerCountsUsage: the answers' usage, read from the response
+// body the proxy shows the EPP, lands in serve's token families as serve
+// counts its own: a whole non-streamed body, and a stream's last usage
+// event.
+func TestRouterPickerCountsUsage(t *testing.T) {
+	e := newRouterEnv(t, 1, "")
+	ev, ep, r := e.pick(t, t.Context(), "plain", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, nil)
+	if ep == "" {
+		t.Fatalf("not picked: %v", r)
+	}
+	ev.mustSend(respHeadersMsg(""))
+	ev.mustRecv()
+	// The body in two chunks: usage is read from the whole of it.
+	ev.mustSend(respBodyMsg(`{"choices":[{"message":{"content":"hello"}}],"usage":{"prompt_tokens":12,`, false))
+	ev.mustRecv()
+	ev.mustSend(respBodyMsg(`"completion_tokens":5,"total_tokens":17,"prompt_tokens_details":{"cached_tokens":4}}}`, true))
+	ev.mustRecv()
+	ev.finish()
+
+	ev, _, _ = e.pick(t, t.Context(), "stream", chatOf("stream it"), nil)
+	ev.mustSend(respHeadersMsg(""))
+	ev.mustRecv()
+	ev.mustSend(respBodyMsg("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", false))
+	ev.mustRecv()
+	ev.mustSend(respBodyMsg("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":30,\"completion_tokens\":2,\"total_tokens\":32}}\n\ndata: [DONE]\n\n", true))
+	ev.mustRecv()
+	ev.finish()
+	e.settle(t)
+
+	want := map[string]float64{"switchyard_prompt_tokens_total": 42, "switchyard_cached_prompt_tokens_total": 4, "switchyard_completion_tokens_total": 7}
+	e.eventually(t, "the token counts", func() bool {
+		for name, v := range want {
+			if e.counterValue(t, name, "m") != v {
+				return false
+			}
+		}
+		return true
+	})
+}

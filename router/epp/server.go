@@ -234,9 +234,12 @@ func (st *stream) pick1(onHeaders bool) error {
 
 func (st *stream) responseBody(msg *extprocv3.ProcessingRequest, b *extprocv3.HttpBody) error {
 	st.servedFrom(msg)
-	if !st.first && len(b.GetBody()) > 0 && st.handle != nil {
-		st.first = true
-		st.handle.FirstToken()
+	if len(b.GetBody()) > 0 && st.handle != nil {
+		if !st.first {
+			st.first = true
+			st.handle.FirstToken()
+		}
+		st.handle.Body(b.GetBody())
 	}
 	eos := b.GetEndOfStream() || b.GetEndOfStreamWithoutMessage()
 	if eos {

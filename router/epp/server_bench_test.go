@@ -13,6 +13,7 @@ type nopHandle struct{}
 func (nopHandle) Served(string) {}
 func (nopHandle) Status(int)    {}
 func (nopHandle) FirstToken()   {}
+func (nopHandle) Body([]byte)   {}
 func (nopHandle) End(Outcome)   {}
 
 type constPicker struct{}

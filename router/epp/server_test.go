@@ -32,12 +32,14 @@ type fakeHandle struct {
 	served []string
 	codes  []int
 	first  int
+	body   []byte
 	ends   []Outcome
 }
 
 func (h *fakeHandle) Served(ep string) { h.mu.Lock(); h.served = append(h.served, ep); h.mu.Unlock() }
 func (h *fakeHandle) Status(code int)  { h.mu.Lock(); h.codes = append(h.codes, code); h.mu.Unlock() }
 func (h *fakeHandle) FirstToken()      { h.mu.Lock(); h.first++; h.mu.Unlock() }
+func (h *fakeHandle) Body(b []byte)    { h.mu.Lock(); h.body = append(h.body, b...); h.mu.Unlock() }
 func (h *fakeHandle) End(o Outcome)    { h.mu.Lock(); h.ends = append(h.ends, o); h.mu.Unlock() }
 
 func (h *fakeHandle) snapshot() (served []string, first int, ends []Outcome) {
@@ -282,6 +284,12 @@ func TestBufferedBodyPicksAndFollowsResponse(t *testing.T) {
 	served, first, ends := h.snapshot()
 	if !slices.Equal(served, []string{"10.0.0.2:8000"}) || first != 1 || !slices.Equal(ends, []Outcome{Completed}) {
 		t.Fatalf("handle saw served %v, first %d, ends %v", served, first, ends)
+	}
+	h.mu.Lock()
+	body := string(h.body)
+	h.mu.Unlock()
+	if body != "data: a\n\ndata: b\n\ndata: [DONE]\n\n" {
+		t.Fatalf("Body saw %q, want every chunk in order", body)
 	}
 	obs.mu.Lock()
 	defer obs.mu.Unlock()

@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/http"
@@ -29,8 +30,22 @@ type Placed struct {
 	PromptTokens int
 
 	start  time.Time // the request's arrival (Place's start)
+	id     string    // the request's id (logs)
 	label  string    // the model's metrics label; "" before the body parsed
 	stream bool      // the client asked for a streamed answer
+	ans    answerSeen
+}
+
+// answerSeen is what Answer has seen of a Placed request's answer, as the
+// API's proxy keeps it while it copies an answer: SSE events (about one
+// token each), a non-streamed answer's body (at most maxUsageBody; over
+// it, dropped) and a stream's last chunk mentioning its usage.
+type answerSeen struct {
+	events   int64
+	last     byte
+	kept     []byte
+	over     bool
+	streamed []byte
 }
 
 // Place does for one completion request what the API does before it sends
@@ -88,8 +103,41 @@ func (s *Server) Place(ctx context.Context, chat bool, header http.Header, body 
 		return refused, fmt.Errorf("serve: placed on worker %q, which the workers do not know", d.Worker.Name)
 	}
 	p := refused
-	p.Handle, p.Decision, p.URL, p.PromptTokens = h, d, url, ex.tokens
+	p.Handle, p.Decision, p.URL, p.PromptTokens, p.id = h, d, url, ex.tokens, ex.id
 	return p, nil
+}
+
+// Answer reads a chunk of p's answer as the API's proxy reads what it
+// copies: a stream's SSE events advance the request's progress (prompt
+// plus one token per event, admission.Handle.Progress); a non-streamed
+// answer's body (up to 1 MiB) and a stream's last chunk mentioning
+// "usage" are kept for Finish, which reads the engine's usage from them.
+// Linear in the chunk; call it with every chunk, in order.
+func (s *Server) Answer(p *Placed, chunk []byte) {
+	if p.Handle == nil || len(chunk) == 0 {
+		return
+	}
+	a := &p.ans
+	before := a.events
+	for _, c := range chunk {
+		if c == '\n' && a.last == '\n' {
+			a.events++
+		}
+		a.last = c
+	}
+	switch {
+	case !p.stream:
+		if !a.over && len(a.kept)+len(chunk) <= maxUsageBody {
+			a.kept = append(a.kept, chunk...)
+		} else {
+			a.over, a.kept = true, nil
+		}
+	case s.met != nil && bytes.Contains(chunk, usageKey):
+		a.streamed = append(a.streamed[:0], chunk...)
+	}
+	if p.stream && a.events > before {
+		p.Handle.Progress(int64(p.PromptTokens) + a.events)
+	}
 }
 
 // FirstByte records the first byte of p's answer as the API's proxy does:
@@ -111,14 +159,45 @@ func (s *Server) FirstByte(p *Placed) {
 // switchyard_request_duration_seconds since Place began. A Placed that
 // Place refused (no Handle) is only counted: call Finish with the code
 // the refusal was answered with.
+//
+// A completed answer's usage that Answer saw is counted as the API counts
+// it (the token families, switchyard_prefix_belief_total), and its
+// total_tokens, else the prompt plus the stream's events, replace o's
+// context tokens.
 func (s *Server) Finish(p *Placed, code int, o admission.Outcome) {
 	if p.Handle != nil {
+		if o.Completed {
+			o.ContextTokens = s.answered(p, o.ContextTokens)
+		}
 		s.End(p.Handle, o)
 	}
 	if s.met != nil {
 		s.met.requests.WithLabelValues(p.label, strconv.Itoa(code)).Inc()
 		s.met.duration.WithLabelValues(p.label).Observe(time.Since(p.start).Seconds())
 	}
+}
+
+// answered counts the usage of p's completed answer and returns its
+// context tokens: the usage's total_tokens, else the prompt plus a
+// stream's events, else tokens.
+func (s *Server) answered(p *Placed, tokens int64) int64 {
+	a := &p.ans
+	var u usage
+	switch {
+	case !p.stream && a.kept != nil:
+		u = readUsage(a.kept)
+	case a.streamed != nil:
+		u = streamUsage(a.streamed)
+	}
+	s.countUsage(p.label, u)
+	s.countBelief(&exchange{id: p.id}, p.Decision, u)
+	switch {
+	case u.total > 0 && !p.stream:
+		return u.total
+	case p.stream && a.events > 0:
+		return int64(p.PromptTokens) + a.events
+	}
+	return tokens
 }
 
 // CodeClientGone is the status code Finish counts for a request whose
