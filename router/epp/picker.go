@@ -129,13 +129,18 @@ func chatPath(path string) (bool, error) {
 }
 
 // outside returns the ids of the workers whose endpoint is not in subset,
-// and false when no worker's is.
+// and false when no worker's is. O(workers + subset): the hint comes from
+// outside and may be long.
 func (p *RouterPicker) outside(subset []string) ([]shared.WorkerID, bool) {
+	set := make(map[string]struct{}, len(subset))
+	for _, ep := range subset {
+		set[ep] = struct{}{}
+	}
 	var out []shared.WorkerID
 	in := false
 	for _, st := range p.Server.Workers().Status() {
 		ep, err := Endpoint(st.Config.URL)
-		if err == nil && slices.Contains(subset, ep) {
+		if _, listed := set[ep]; err == nil && listed {
 			in = true
 			continue
 		}
