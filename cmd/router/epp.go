@@ -120,7 +120,7 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 		_ = gln.Close()
 		return &exitError{code: 1, err: fmt.Errorf("--http-listen %s: %w", o.httpListen, err)}
 	}
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(epp.GRPCServerOptions(0)...)
 	var grpcDone sync.WaitGroup
 	// The daemon outlives the gRPC server: its context ends once the
 	// streams are drained.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/switchyard-router/switchyard/router/serve"
@@ -41,6 +43,23 @@ type Server struct {
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
+
+// EchoChunkBytes bounds each message of a request body sent back in
+// full-duplex mode: 1 MiB, well under gRPC's default 4 MiB message limit
+// on the proxy's side.
+const EchoChunkBytes = 1 << 20
+
+// GRPCServerOptions are the gRPC server options an endpoint picker with
+// body bound maxBody (Server.MaxBodyBytes; 0: serve.DefaultMaxBodyBytes)
+// needs: messages up to the bound plus 1 MiB for headers and metadata, as
+// a proxy in BUFFERED mode sends a whole body in one message (gRPC's
+// default limit is 4 MiB).
+func GRPCServerOptions(maxBody int64) []grpc.ServerOption {
+	if maxBody <= 0 {
+		maxBody = serve.DefaultMaxBodyBytes
+	}
+	return []grpc.ServerOption{grpc.MaxRecvMsgSize(int(min(maxBody+1<<20, math.MaxInt32)))}
+}
 
 // stream is the state of one ext_proc stream.
 type stream struct {
@@ -218,15 +237,24 @@ func (st *stream) pick1(onHeaders bool) error {
 	}
 	if st.duplex {
 		// Full duplex: the headers answer carries the pick, then the body
-		// goes back whole, as the proxy expects the server to send it.
+		// goes back as the proxy expects the server to send it, in chunks
+		// of at most EchoChunkBytes (the last one ending the stream).
 		if err := st.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestHeaders{
 			RequestHeaders: &extprocv3.HeadersResponse{Response: common}}}); err != nil {
 			return err
 		}
-		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
-			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
-				BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
-					StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: true}}}}}}})
+		for {
+			n := min(len(body), EchoChunkBytes)
+			if err := st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
+				RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{
+					BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+						StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body[:n], EndOfStream: n == len(body)}}}}}}}); err != nil {
+				return err
+			}
+			if body = body[n:]; len(body) == 0 {
+				return nil
+			}
+		}
 	}
 	return st.send(&extprocv3.ProcessingResponse{DynamicMetadata: md, Response: &extprocv3.ProcessingResponse_RequestBody{
 		RequestBody: &extprocv3.BodyResponse{Response: common}}})

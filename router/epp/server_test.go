@@ -101,7 +101,7 @@ func startServer(t testing.TB, s *Server) extprocv3.ExternalProcessorClient {
 func serveEPP(t testing.TB, s *Server) (extprocv3.ExternalProcessorClient, *Health, *grpc.ClientConn) {
 	t.Helper()
 	lis := bufconn.Listen(1 << 20)
-	gs := grpc.NewServer()
+	gs := grpc.NewServer(GRPCServerOptions(s.MaxBodyBytes)...)
 	h := Register(gs, s)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = gs.Serve(lis) }()
@@ -646,4 +646,45 @@ func TestEndExactlyOnceUnderResets(t *testing.T) {
 		t.Errorf("%d picks, %d ends", n, completed+aborted)
 	}
 	t.Logf("%d completed, %d aborted", completed, aborted)
+}
+
+// TestLargeBodies: a buffered body over gRPC's default 4 MiB message
+// limit is picked (GRPCServerOptions), and a full-duplex body is sent
+// back in chunks of at most EchoChunkBytes, the last ending the stream.
+func TestLargeBodies(t *testing.T) {
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	c := startServer(t, &Server{Picker: p})
+	big := strings.Repeat("x", 6<<20)
+	e := newEnvoy(t, t.Context(), c)
+	e.mustSend(headersMsg("buffered", false, nil))
+	e.mustRecv()
+	e.mustSend(bodyMsg(big, true))
+	if r := e.mustRecv(); r.GetRequestBody().GetResponse() == nil {
+		t.Fatalf("6 MiB buffered body: %v, want a pick", r.GetImmediateResponse())
+	}
+	e.finish()
+
+	e = newEnvoy(t, t.Context(), c)
+	first := headersMsg("duplex", false, nil)
+	first.ProtocolConfig = &extprocv3.ProtocolConfiguration{RequestBodyMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
+	e.mustSend(first)
+	body := big[:EchoChunkBytes*5/2]
+	for i := 0; i < len(body); i += 256 << 10 {
+		e.mustSend(bodyMsg(body[i:i+256<<10], i+256<<10 >= len(body)))
+	}
+	if r := e.mustRecv(); r.GetRequestHeaders().GetResponse() == nil {
+		t.Fatalf("first answer %v, want the headers answer with the pick", r)
+	}
+	var sizes []int
+	var eos []bool
+	var got strings.Builder
+	for !slices.Contains(eos, true) {
+		sr := e.mustRecv().GetRequestBody().GetResponse().GetBodyMutation().GetStreamedResponse()
+		sizes, eos = append(sizes, len(sr.GetBody())), append(eos, sr.GetEndOfStream())
+		got.Write(sr.GetBody())
+	}
+	if !slices.Equal(sizes, []int{EchoChunkBytes, EchoChunkBytes, EchoChunkBytes / 2}) || !slices.Equal(eos, []bool{false, false, true}) || got.String() != body {
+		t.Fatalf("echoed chunks of %v bytes, end of stream %v, same body %v; want 1 MiB, 1 MiB, 512 KiB, the last ending it", sizes, eos, got.String() == body)
+	}
+	e.finish()
 }
