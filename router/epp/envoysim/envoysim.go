@@ -294,6 +294,10 @@ func (x *exchange) serve() {
 			x.local(http.StatusServiceUnavailable, "ext_proc failed and no fallback endpoint is configured")
 			return
 		}
+		if err := x.readRest(); err != nil {
+			x.local(http.StatusRequestEntityTooLarge, err.Error())
+			return
+		}
 		x.p.failedOpen.Add(1)
 		dests = []string{fb[(x.p.rr.Add(1)-1)%uint64(len(fb))]}
 	case len(dests) == 0:
@@ -317,6 +321,23 @@ func (x *exchange) serve() {
 	x.setMD(epp.MetadataNamespace, epp.ServedKey, served)
 	x.w.Header().Set(UpstreamHeader, used)
 	x.responsePhases(resp)
+}
+
+// readRest reads what the client has not sent of the body yet (the
+// stream failed before it was read), within MaxBodyBytes.
+func (x *exchange) readRest() error {
+	if x.r.Body == nil {
+		return nil
+	}
+	b, err := io.ReadAll(io.LimitReader(x.r.Body, x.p.cfg.MaxBodyBytes-int64(len(x.body))+1))
+	if err != nil {
+		return fmt.Errorf("reading the request body: %w", err)
+	}
+	if int64(len(x.body)+len(b)) > x.p.cfg.MaxBodyBytes {
+		return fmt.Errorf("%w: over %d bytes", errBodyTooLarge, x.p.cfg.MaxBodyBytes)
+	}
+	x.body = append(x.body, b...)
+	return nil
 }
 
 // failOpenAllowed is Envoy's failureModeAllow: the configuration, but
@@ -976,9 +997,12 @@ func (x *exchange) write(b []byte) bool {
 	return http.NewResponseController(x.w).Flush() == nil
 }
 
-// cut aborts the response: the client sees the connection close.
+// cut aborts the response: the client sees the connection close. It is
+// counted as a local reply unless the client had gone already.
 func (x *exchange) cut() {
-	x.p.localReplies.Add(1)
+	if x.ctx.Err() == nil {
+		x.p.localReplies.Add(1)
+	}
 	panic(http.ErrAbortHandler)
 }
 

@@ -131,11 +131,15 @@ func startEPP(t *testing.T, p epp.Picker) (string, *recorder) {
 	return ln.Addr().String(), rec
 }
 
-// sseUpstream answers with n SSE events and [DONE], flushing each.
+// sseUpstream answers with n SSE events and [DONE], flushing each, after
+// checking that the request body is chat's: a 400 otherwise.
 func sseUpstream(t *testing.T, n int) (*httptest.Server, string) {
 	t.Helper()
 	u := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
+		if b, err := io.ReadAll(r.Body); err != nil || string(b) != chat {
+			http.Error(w, fmt.Sprintf("body %q, %v", b, err), http.StatusBadRequest)
+			return
+		}
 		w.Header().Set("Content-Type", "text/event-stream")
 		for i := range n {
 			fmt.Fprintf(w, "data: {\"i\":%d}\n\n", i)
