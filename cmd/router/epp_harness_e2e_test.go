@@ -71,11 +71,15 @@ func startKVFleet(t *testing.T, routerBin string) *kvFleet {
 	return f
 }
 
-// kvAwarePolicy is a KV-aware policy: kv-cost scored, the cheapest picked.
+// kvAwarePolicy is a KV-aware policy: kv-cost scored, the cheapest
+// picked. It scores the router's own bookings, not the engines' periodic
+// reports (engine_load = false): a report taken while another request ran
+// may be seconds old, and would make the choice depend on timing.
 const kvAwarePolicy = `policy "kv" {
   scorer "cost" {
     type           = "kv-cost"
     overlap_credit = 1.0
+    engine_load    = false
   }
   picker "pick" {
     type        = "min-cost"
