@@ -651,12 +651,19 @@ func appendHeaders(hm *corev3.HeaderMap, h http.Header) *corev3.HeaderMap {
 	return hm
 }
 
-// applyCommon applies a CommonResponse's header mutation to h: set
-// headers replace (ADD_IF_ABSENT and OVERWRITE_IF_EXISTS as named, append
-// when `append` is true), removed headers go; pseudo-headers are left
+// applyCommon applies a CommonResponse's header mutation to h as
+// Envoy's ext_proc filter does (mutation_utils.cc): removed headers go,
+// set headers replace the value, or are added when the deprecated
+// `append` is true (the filter ignores append_action); the value is
+// raw_value (value when raw_value is empty). Pseudo-headers are left
 // alone.
 func (x *exchange) applyCommon(c *extprocv3.CommonResponse, h http.Header) {
 	hm := c.GetHeaderMutation()
+	for _, k := range hm.GetRemoveHeaders() {
+		if !strings.HasPrefix(k, ":") {
+			h.Del(k)
+		}
+	}
 	for _, o := range hm.GetSetHeaders() {
 		k := o.GetHeader().GetKey()
 		if k == "" || strings.HasPrefix(k, ":") {
@@ -666,24 +673,11 @@ func (x *exchange) applyCommon(c *extprocv3.CommonResponse, h http.Header) {
 		if raw := o.GetHeader().GetRawValue(); len(raw) > 0 {
 			v = string(raw)
 		}
-		switch {
-		case o.GetAppendAction() == corev3.HeaderValueOption_ADD_IF_ABSENT:
-			if h.Get(k) == "" {
-				h.Set(k, v)
-			}
-		case o.GetAppendAction() == corev3.HeaderValueOption_OVERWRITE_IF_EXISTS:
-			if h.Get(k) != "" {
-				h.Set(k, v)
-			}
-		case o.GetAppend().GetValue():
+		//lint:ignore SA1019 the filter honours the deprecated append, not append_action
+		if o.GetAppend().GetValue() {
 			h.Add(k, v)
-		default:
+		} else {
 			h.Set(k, v)
-		}
-	}
-	for _, k := range hm.GetRemoveHeaders() {
-		if !strings.HasPrefix(k, ":") {
-			h.Del(k)
 		}
 	}
 }
