@@ -132,7 +132,8 @@ type Config struct {
 
 // Stats counts what the proxy did with the requests it finished.
 type Stats struct {
-	// Picked: requests forwarded to an endpoint the picker chose.
+	// Picked: requests the picker chose endpoints for (then forwarded to
+	// the first that accepted a connection, or answered 503).
 	Picked int64
 	// FailedOpen: requests forwarded to a fallback because the ext_proc
 	// stream could not be opened or failed before a pick.
@@ -143,7 +144,7 @@ type Stats struct {
 	// ended because the client went away).
 	StreamErrors int64
 	// LocalReplies: requests the proxy answered with an error of its own
-	// (413, 500, 503) or cut.
+	// (400, 413, 500, 503) or cut.
 	LocalReplies int64
 }
 
@@ -281,6 +282,9 @@ func (x *exchange) serve() {
 		return
 	case errors.Is(err, errBodyTooLarge):
 		x.local(http.StatusRequestEntityTooLarge, err.Error())
+		return
+	case err != nil && !errors.Is(err, errStream):
+		x.local(http.StatusBadRequest, err.Error()) // the client's body could not be read
 		return
 	case err != nil:
 		x.p.streamErrors.Add(1)
@@ -444,13 +448,15 @@ func (x *exchange) setMD(ns, key, val string) {
 	s.Fields[key] = structpb.NewStringValue(val)
 }
 
-// applyMD merges an answer's dynamic metadata, namespace by namespace.
+// applyMD merges an answer's dynamic metadata of the receiving
+// namespace, envoy.lb (the inference extension's filter setting); other
+// namespaces are dropped, as the filter drops them.
 func (x *exchange) applyMD(dm *structpb.Struct) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	for ns, v := range dm.GetFields() {
 		s := v.GetStructValue()
-		if s == nil {
+		if s == nil || ns != epp.MetadataNamespace {
 			continue
 		}
 		for k, fv := range s.GetFields() {
