@@ -201,10 +201,10 @@ type harnessAnswer struct {
 	complete bool   // streamed: [DONE] came; non-streamed: a whole completion
 }
 
-// harnessChat posts one chat request through the harness and reads the
-// answer; afterHeaders, when set, runs once the headers are in and may
-// stop the reading (a client reset) by returning false; afterEvents
-// likewise after each event.
+// harnessChat posts one chat request (with the extra headers hdr) through
+// the harness and reads the answer. afterEvent, when set, is called with 0
+// once the headers are in and with n after the n-th streamed event; it
+// stops the reading (the caller resets the request) by returning false.
 func harnessChat(ctx context.Context, c *http.Client, base, body string, hdr http.Header, afterEvent func(n int) bool) (harnessAnswer, error) {
 	var a harnessAnswer
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
