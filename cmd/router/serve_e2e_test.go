@@ -116,7 +116,8 @@ func procsOf(bin string) []int {
 // e2eProc is one started process.
 type e2eProc struct {
 	cmd    *exec.Cmd
-	url    string // http://ADDR from its "listening on" line
+	url    string       // http://ADDR from its "listening on" line
+	stdout *serveStderr // its stdout lines so far
 	stderr *serveStderr
 	done   chan struct{}
 }
@@ -126,7 +127,7 @@ type e2eProc struct {
 // cleanup that stops the group (SIGTERM, then SIGKILL after a minute).
 func startProc(t *testing.T, bin string, args ...string) *e2eProc {
 	t.Helper()
-	p := &e2eProc{cmd: exec.Command(bin, args...), stderr: &serveStderr{}, done: make(chan struct{})}
+	p := &e2eProc{cmd: exec.Command(bin, args...), stdout: &serveStderr{}, stderr: &serveStderr{}, done: make(chan struct{})}
 	p.cmd.Stderr = p.stderr
 	p.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	out, err := p.cmd.StdoutPipe()
@@ -141,6 +142,7 @@ func startProc(t *testing.T, bin string, args ...string) *e2eProc {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			line := sc.Text()
+			_, _ = fmt.Fprintln(p.stdout, line)
 			if _, rest, ok := strings.Cut(line, "listening on "); ok {
 				u, _, _ := strings.Cut(rest, " ")
 				select {
