@@ -207,12 +207,15 @@ type routerHandle struct {
 }
 
 // Served moves the booking to the worker at endpoint when it is not the
-// picked one (admission.Handle.Move): the proxy fell back to it. An
-// endpoint no worker has keeps the booking where it is.
+// picked one (admission.Handle.Move): the proxy fell back to it, the pick
+// having failed, which counts as a failed request of the picked worker
+// (serve.Workers.ReportFailure: consecutive failures take it out, as
+// serve's do). An endpoint no worker has keeps the booking where it is.
 func (rh *routerHandle) Served(endpoint string) {
 	if endpoint == rh.endpoint {
 		return
 	}
+	rh.p.Server.Workers().ReportFailure(rh.placed.Decision.Worker.Name)
 	id, ok := rh.p.workerAt(endpoint)
 	if !ok {
 		return
@@ -239,9 +242,21 @@ func (rh *routerHandle) Body(chunk []byte) { rh.p.Server.Answer(&rh.placed, chun
 // a response that reached its end is completed, with the context tokens
 // of its usage or its events when the proxy showed the body (else the
 // prompt's), or aborted when its status was 400 or more; a stream that
-// ended before the response did is aborted and counted as 499.
+// ended before the response did is aborted and counted as 499. A response
+// that reached its end is the serving worker's success, or its failure
+// when its status was 500 or more (serve.Workers.ReportSuccess,
+// ReportFailure), as serve counts its answers.
 func (rh *routerHandle) End(o Outcome) {
 	code := rh.code
+	if o == Completed {
+		if w := rh.placed.Handle.Decision().Worker; w != nil {
+			if code >= http.StatusInternalServerError {
+				rh.p.Server.Workers().ReportFailure(w.Name)
+			} else {
+				rh.p.Server.Workers().ReportSuccess(w.Name)
+			}
+		}
+	}
 	var out admission.Outcome
 	switch {
 	case o != Completed:

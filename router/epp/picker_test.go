@@ -60,6 +60,7 @@ worker_selection {
 // and the EPP over it (RouterPicker) on an in-memory gRPC connection.
 type routerEnv struct {
 	r      *router.Router
+	mgr    *workers.Manager
 	reg    *prometheus.Registry // serve's metrics
 	client extprocv3.ExternalProcessorClient
 	eps    []string // the workers' endpoints, w0 first
@@ -114,7 +115,7 @@ func newRouterEnvWith(t *testing.T, n int, queue string, fallbacks int) *routerE
 	done := make(chan struct{})
 	go func() { defer close(done); s.Dispatcher(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; s.Close() })
-	e := &routerEnv{r: r, reg: reg, client: startServer(t, &Server{Picker: &RouterPicker{Server: s, Fallbacks: fallbacks}})}
+	e := &routerEnv{r: r, mgr: mgr, reg: reg, client: startServer(t, &Server{Picker: &RouterPicker{Server: s, Fallbacks: fallbacks}})}
 	for _, u := range urls {
 		ep, err := Endpoint(u)
 		if err != nil {
@@ -580,4 +581,45 @@ func TestRouterPickerCountsUsage(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestRouterPickerReportsWorkerOutcomes: a pick the proxy served elsewhere
+// (it failed over) is a failed request of the picked worker, a response
+// of 500 or more one of the serving worker, and a completed response a
+// success that clears the count, as serve reports its own requests.
+func TestRouterPickerReportsWorkerOutcomes(t *testing.T) {
+	e := newRouterEnv(t, 2, "")
+	fails := func() int {
+		st, ok := e.mgr.StatusOf("w0")
+		if !ok {
+			t.Fatal("no worker w0")
+		}
+		return st.RequestFailures
+	}
+	only := []string{e.eps[0]}
+	for i := range 2 {
+		ev, _, _ := e.pick(t, t.Context(), fmt.Sprint("elsewhere", i), chatOf("q"), only)
+		ev.mustSend(respHeadersMsg(e.eps[1]))
+		ev.mustRecv()
+		ev.mustSend(respBodyMsg("data: [DONE]\n\n", true))
+		ev.mustRecv()
+		ev.finish()
+	}
+	e.settle(t)
+	if n := fails(); n != 2 {
+		t.Fatalf("w0 has %d consecutive request failures after two picks served elsewhere, want 2", n)
+	}
+	ev, _, _ := e.pick(t, t.Context(), "ok", chatOf("q"), only)
+	ev.complete()
+	e.settle(t)
+	e.eventually(t, "w0's failures cleared by a completed answer", func() bool { return fails() == 0 })
+
+	ev, _, _ = e.pick(t, t.Context(), "500", chatOf("q"), only)
+	ev.mustSend(respHeadersStatus("", "503"))
+	ev.mustRecv()
+	ev.mustSend(respBodyMsg(`{"error":"overloaded"}`, true))
+	ev.mustRecv()
+	ev.finish()
+	e.settle(t)
+	e.eventually(t, "a 503 answer counted against w0", func() bool { return fails() == 1 })
 }
