@@ -135,6 +135,9 @@ type Stats struct {
 	// Picked: requests the picker chose endpoints for (then forwarded to
 	// the first that accepted a connection, or answered 503).
 	Picked int64
+	// FellBack: picked requests served by a fallback, the endpoints before
+	// it in the destination list having refused the connection.
+	FellBack int64
 	// FailedOpen: requests forwarded to a fallback because the ext_proc
 	// stream could not be opened or failed before a pick.
 	FailedOpen int64
@@ -158,8 +161,8 @@ type Proxy struct {
 	tr     http.RoundTripper
 	ownTr  *http.Transport // the Transport New made, closed by Close
 
-	rr                                                        atomic.Uint64
-	picked, failedOpen, immediate, streamErrors, localReplies atomic.Int64
+	rr                                                                  atomic.Uint64
+	picked, fellBack, failedOpen, immediate, streamErrors, localReplies atomic.Int64
 }
 
 var _ http.Handler = (*Proxy)(nil)
@@ -205,7 +208,7 @@ func (p *Proxy) Close() error {
 
 // Stats returns the counters so far.
 func (p *Proxy) Stats() Stats {
-	return Stats{Picked: p.picked.Load(), FailedOpen: p.failedOpen.Load(), Immediate: p.immediate.Load(),
+	return Stats{Picked: p.picked.Load(), FellBack: p.fellBack.Load(), FailedOpen: p.failedOpen.Load(), Immediate: p.immediate.Load(),
 		StreamErrors: p.streamErrors.Load(), LocalReplies: p.localReplies.Load()}
 }
 
@@ -318,6 +321,9 @@ func (x *exchange) serve() {
 		return
 	}
 	defer func() { _ = resp.Body.Close() }()
+	if used != dests[0] {
+		x.p.fellBack.Add(1)
+	}
 	served := used
 	if x.p.cfg.ServedAs != nil {
 		served = x.p.cfg.ServedAs(used)

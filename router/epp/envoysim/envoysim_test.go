@@ -34,6 +34,8 @@ type handle struct {
 
 func (h *handle) Served(ep string) { h.mu.Lock(); h.served = append(h.served, ep); h.mu.Unlock() }
 func (h *handle) FirstToken()      { h.mu.Lock(); h.first++; h.mu.Unlock() }
+func (h *handle) Status(int)       {}
+func (h *handle) Body([]byte)      {}
 func (h *handle) End(o epp.Outcome) {
 	h.mu.Lock()
 	h.ends = append(h.ends, o)
@@ -284,10 +286,13 @@ func TestFallbackWhenPrimaryRefuses(t *testing.T) {
 	_, ep := sseUpstream(t, 2)
 	pk := &picker{endpoint: primary, fallbacks: []string{ep}}
 	addr, _ := startEPP(t, pk)
-	_, url := newProxy(t, Config{EPP: addr, Mode: FullDuplex})
+	p, url := newProxy(t, Config{EPP: addr, Mode: FullDuplex})
 	code, h, body := post(t, url, chat)
 	if code != 200 || h.Get(UpstreamHeader) != ep || !strings.HasSuffix(body, "data: [DONE]\n\n") {
 		t.Fatalf("got %d %v %q", code, h, body)
+	}
+	if s := p.Stats(); s != (Stats{Picked: 1, FellBack: 1}) {
+		t.Errorf("stats %+v, want one pick served by its fallback", s)
 	}
 	_, hs := pk.state()
 	served, _, ends := hs[0].snapshot()
