@@ -674,3 +674,45 @@ func TestEPPHarnessRestartFailsOpen(t *testing.T) {
 	t.Logf("%d requests, %d failed; picked %d before the kill, %d failed open while down, %d picks after the restart; harness %+v",
 		sent.Load(), failed.Load(), down.Picked, down.FailedOpen, back.Picked-down.Picked, s)
 }
+
+// TestEPPHarnessWorkerDiesFallbacks: a worker is SIGKILLed while the EPP
+// still has it ready. With round-robin and the EPP's default two
+// fallbacks, the requests it picks there are refused and the harness goes
+// down the destination list, as Envoy retries on connect failure: every
+// request still gets a whole answer, some through a fallback (the
+// served endpoint moves their bookings), and the dead worker leaves the
+// EPP's candidates (consecutive failures: the served-elsewhere reports
+// and its probes). The bookings return to 0.
+func TestEPPHarnessWorkerDiesFallbacks(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	ms := startMocks(t, routerBin, 3, "50")
+	names := []string{"a", "b", "c"}
+	urls := map[string]string{}
+	for i, n := range names {
+		urls[n] = ms[i].url
+	}
+	rr := "policy \"rr\" {\n  picker \"pick\" {\n    type = \"round-robin\"\n  }\n}\n\nworker_selection {\n  aggregated = \"rr\"\n}\n"
+	e := startEPPProc(t, routerBin, eppPolicyFile(t, rr, workerBlocks(names, urls)), "127.0.0.1:0")
+	c := e2eClient(t)
+	waitMetrics(t, c, e.api, time.Minute, "every worker ready", allReady(names...))
+	p, base := startHarness(t, envoysim.Config{EPP: e.grpcAddr, Mode: envoysim.Buffered})
+	dead, err := epp.Endpoint(ms[0].url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms[0].kill()
+	// Round-robin picks the dead worker every third request until it
+	// leaves: the first three requests include one.
+	for i := range 12 {
+		a, err := harnessChat(context.Background(), c, base, chatJSON(i%2 == 0, 4, fmt.Sprintf("after the kill %d", i)), nil, nil)
+		if err != nil || a.status != http.StatusOK || !a.complete || a.upstream == dead {
+			t.Fatalf("request %d: %v %d complete %v upstream %s (dead %s) %q", i, err, a.status, a.complete, a.upstream, dead, a.body)
+		}
+	}
+	if s := p.Stats(); s.Picked != 12 || s.FellBack == 0 || s.FailedOpen != 0 {
+		t.Errorf("harness stats %+v: want 12 picks, some served by a fallback, none failed open", s)
+	}
+	waitMetrics(t, c, e.api, time.Minute, "the dead worker out, every booking ended", func(m map[string]float64) bool {
+		return m[readyOf("a")] == 0 && idle(m)
+	})
+}
