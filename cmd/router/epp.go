@@ -23,6 +23,7 @@ type eppOptions struct {
 	httpListen   string
 	workersFile  string
 	drainTimeout time.Duration
+	pods         podFlags
 }
 
 func newEPPCmd() *cobra.Command {
@@ -55,6 +56,9 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 			if o.drainTimeout <= 0 {
 				return fmt.Errorf("--drain-timeout %v: want %s", o.drainTimeout, positiveDurationWant)
 			}
+			if err := o.pods.check(cmd.Flags()); err != nil {
+				return err
+			}
 			level := logLevel(cmd.Context(), hclog.Info)
 			return runEPP(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
@@ -66,6 +70,7 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 	f.StringVar(&o.workersFile, "workers-file", "", "file of worker blocks, watched: workers join and leave as it changes")
 	f.DurationVar(&o.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long streams in flight may finish")
 	setWant(f, "drain-timeout", positiveDurationWant)
+	o.pods.register(f)
 	return cmd
 }
 
@@ -89,10 +94,18 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	// streams are drained.
 	dctx, stopDaemon := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDaemon()
+	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
+	// The pods' watch lives as long as the daemon.
+	pods, podsDone, err := o.pods.start(dctx, logger)
+	if err != nil {
+		_ = gln.Close()
+		_ = hln.Close()
+		return &exitError{code: 1, err: err}
+	}
 	var d *serve.Daemon
 	d, err = serve.NewDaemon(serve.DaemonOptions{
-		PolicyFile: o.policy, WorkersFile: o.workersFile, Listener: hln, DrainTimeout: o.drainTimeout,
-		Logger:      hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level}),
+		PolicyFile: o.policy, WorkersFile: o.workersFile, Pods: pods, Listener: hln, DrainTimeout: o.drainTimeout,
+		Logger:      logger,
 		Diagnostics: stderr,
 		OnReady: func() {
 			health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Server: d.Server()}})
@@ -127,6 +140,7 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	gs.Stop()
 	_ = gln.Close()
 	grpcDone.Wait()
+	<-podsDone
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}

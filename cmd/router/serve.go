@@ -26,6 +26,7 @@ type serveOptions struct {
 	charsPerToken  int
 	debugListen    string
 	shadowInFlight int
+	pods           podFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -68,6 +69,9 @@ connections (useful with --listen 127.0.0.1:0).`,
 			if o.shadowInFlight < 1 || o.shadowInFlight > maxShadowInFlight {
 				return fmt.Errorf("--shadow-max-inflight %d: want %s", o.shadowInFlight, shadowInFlightWant)
 			}
+			if err := o.pods.check(cmd.Flags()); err != nil {
+				return err
+			}
 			level := logLevel(cmd.Context(), hclog.Info)
 			return runServe(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
@@ -86,6 +90,7 @@ connections (useful with --listen 127.0.0.1:0).`,
 	setWant(f, "drain-timeout", positiveDurationWant)
 	setWant(f, "chars-per-token", charsPerTokenWant)
 	setWant(f, "shadow-max-inflight", shadowInFlightWant)
+	o.pods.register(f)
 	return cmd
 }
 
@@ -117,12 +122,24 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 			return &exitError{code: 1, err: fmt.Errorf("--debug-listen %s: %w", o.debugListen, err)}
 		}
 	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
+	// The pods' watch lives as long as the daemon.
+	pctx, stopPods := context.WithCancel(ctx)
+	defer stopPods()
+	pods, podsDone, err := o.pods.start(pctx, logger)
+	if err != nil {
+		_ = ln.Close()
+		if debug != nil {
+			_ = debug.Close()
+		}
+		return &exitError{code: 1, err: err}
+	}
 	d, err := serve.NewDaemon(serve.DaemonOptions{
-		PolicyFile: o.policy, WorkersFile: o.workersFile, Watch: o.watch,
+		PolicyFile: o.policy, WorkersFile: o.workersFile, Pods: pods, Watch: o.watch,
 		Listener: ln, DebugListener: debug,
 		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
 		ShadowMaxInFlight: o.shadowInFlight,
-		Logger:            hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level}),
+		Logger:            logger,
 		Diagnostics:       stderr,
 		OnReady: func() {
 			if debug != nil {
@@ -134,6 +151,8 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	if err == nil {
 		err = d.Run(ctx)
 	}
+	stopPods()
+	<-podsDone
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
