@@ -97,13 +97,13 @@ func (p *podFlags) start(ctx context.Context, log hclog.Logger) (src serve.Worke
 		close(closed)
 		return nil, closed, nil
 	}
-	client, err := kubepods.NewClient(p.kubeconfig)
-	if err != nil {
-		return nil, nil, fmt.Errorf("--kubeconfig: %w", err)
-	}
 	ns := p.namespace
 	if ns == "" {
 		ns = kubepods.DefaultNamespace()
+	}
+	client, err := kubepods.NewClient(p.kubeconfig, ns)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
 	pods, err := kubepods.New(kubepods.Options{
 		Client: client, Namespace: ns, Selector: p.selector, Logger: log,

@@ -23,8 +23,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
@@ -85,11 +86,12 @@ type Template struct {
 
 // Options configure New.
 type Options struct {
-	// Client lists and watches the pods (required): what NewClient
-	// returns, or client-go's fake clientset in tests.
-	Client kubernetes.Interface
+	// Client lists and watches the pods of Namespace (required): what
+	// NewClient returns, or CoreV1().Pods(Namespace) of a client-go
+	// clientset (the fake one in tests).
+	Client PodsClient
 	// Namespace is the pods' namespace (required; DefaultNamespace gives
-	// the usual default).
+	// the usual default): pods of another namespace are never workers.
 	Namespace string
 	// Selector is a label selector in Kubernetes' syntax, such as
 	// "app=vllm,tier in (gpu)" (required, not empty).
@@ -103,6 +105,13 @@ type Options struct {
 	Debounce time.Duration
 	// Logger receives the membership's logs; nil discards them.
 	Logger hclog.Logger
+}
+
+// PodsClient lists and watches the pods of one namespace: client-go's
+// corev1client.PodInterface is one; NewClient returns one.
+type PodsClient interface {
+	List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error)
+	Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error)
 }
 
 // Pods is the membership made of the ready pods that match a selector.
@@ -154,7 +163,7 @@ func New(o Options) (*Pods, error) {
 		o.Template.Role = shared.RoleAggregated
 	}
 	o.Template.Models = slices.Clone(o.Template.Models)
-	pods := o.Client.CoreV1().Pods(o.Namespace)
+	pods := o.Client
 	selector := sel.String()
 	lw := &cache.ListWatch{
 		ListWithContextFunc: func(ctx context.Context, lo metav1.ListOptions) (runtime.Object, error) {
@@ -166,9 +175,10 @@ func New(o Options) (*Pods, error) {
 			return pods.Watch(ctx, lo)
 		},
 	}
-	// The wrapper tells the informer whether the client can stream its
-	// first list (a real one can; the fake clientset cannot).
-	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, o.Client), &corev1.Pod{}, 0, cache.Indexers{})
+	// A plain list then watch, which every API server (and the fake
+	// clientset) serves, rather than a streamed list: one namespace's
+	// selected pods are a small list.
+	inf := cache.NewSharedIndexInformer(cache.ToListWatcherWithWatchListSemantics(lw, noWatchList{}), &corev1.Pod{}, 0, cache.Indexers{})
 	// Only what makes a pod a worker is kept in the cache.
 	if err := inf.SetTransform(trim); err != nil {
 		return nil, err
@@ -406,10 +416,29 @@ func trim(obj any) (any, error) {
 	}, nil
 }
 
-// NewClient returns a pods client: from the kubeconfig file at path when
-// path is not ""; else from the pod's service account when running in a
-// cluster; else from $KUBECONFIG (or ~/.kube/config), as kubectl does.
-func NewClient(path string) (kubernetes.Interface, error) {
+// noWatchList tells an informer not to stream its lists
+// (cache.ToListWatcherWithWatchListSemantics).
+type noWatchList struct{}
+
+func (noWatchList) IsWatchListSemanticsUnSupported() bool { return true }
+
+// The pods client's scheme: core/v1 alone, not client-go's scheme of
+// every API group (which doubles bin/router's size).
+var (
+	podScheme = func() *runtime.Scheme {
+		s := runtime.NewScheme()
+		utilruntime.Must(corev1.AddToScheme(s))
+		return s
+	}()
+	podCodecs = serializer.NewCodecFactory(podScheme)
+	podParams = runtime.NewParameterCodec(podScheme)
+)
+
+// NewClient returns a client of the pods of namespace ns: configured from
+// the kubeconfig file at path when path is not ""; else from the pod's
+// service account when running in a cluster; else from $KUBECONFIG (or
+// ~/.kube/config), as kubectl does.
+func NewClient(path, ns string) (PodsClient, error) {
 	var (
 		cfg *rest.Config
 		err error
@@ -427,8 +456,44 @@ func NewClient(path string) (kubernetes.Interface, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client configuration: %w", err)
 	}
+	// As client-go's core/v1 client sets its REST client up.
+	cfg.APIPath = "/api"
+	cfg.GroupVersion = &corev1.SchemeGroupVersion
+	cfg.NegotiatedSerializer = podCodecs.WithoutConversion()
 	cfg.UserAgent = "switchyard-router"
-	return kubernetes.NewForConfig(cfg)
+	rc, err := rest.RESTClientFor(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return &restPods{c: rc, ns: ns}, nil
+}
+
+// restPods is a PodsClient over the API server's REST API, as client-go's
+// typed client calls it.
+type restPods struct {
+	c  rest.Interface
+	ns string
+}
+
+func (p *restPods) List(ctx context.Context, opts metav1.ListOptions) (*corev1.PodList, error) {
+	out := &corev1.PodList{}
+	err := p.c.Get().Namespace(p.ns).Resource("pods").VersionedParams(&opts, podParams).
+		Timeout(timeoutOf(opts)).Do(ctx).Into(out)
+	return out, err
+}
+
+func (p *restPods) Watch(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	opts.Watch = true
+	return p.c.Get().Namespace(p.ns).Resource("pods").VersionedParams(&opts, podParams).
+		Timeout(timeoutOf(opts)).Watch(ctx)
+}
+
+// timeoutOf is opts' TimeoutSeconds; 0 when unset.
+func timeoutOf(opts metav1.ListOptions) time.Duration {
+	if opts.TimeoutSeconds == nil {
+		return 0
+	}
+	return time.Duration(*opts.TimeoutSeconds) * time.Second
 }
 
 // DefaultNamespace is the namespace the router's pod runs in (read from

@@ -2,8 +2,14 @@ package kubepods
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +19,8 @@ import (
 	"go.uber.org/goleak"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/switchyard-router/switchyard/router/config"
@@ -64,10 +72,10 @@ func labelled(k, v string) func(*corev1.Pod) {
 // ends (and the test waits for it).
 func start(t *testing.T, client *fake.Clientset, o Options) *Pods {
 	t.Helper()
-	o.Client = client
 	if o.Namespace == "" {
 		o.Namespace = ns
 	}
+	o.Client = client.CoreV1().Pods(o.Namespace)
 	if o.Selector == "" {
 		o.Selector = "app=vllm,tier in (gpu,tpu)"
 	}
@@ -265,7 +273,7 @@ func TestBurst(t *testing.T) {
 }
 
 func TestStartCanceled(t *testing.T) {
-	p, err := New(Options{Client: fake.NewClientset(), Namespace: ns, Selector: "app=vllm", Template: Template{Port: 8000}})
+	p, err := New(Options{Client: fake.NewClientset().CoreV1().Pods(ns), Namespace: ns, Selector: "app=vllm", Template: Template{Port: 8000}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +286,7 @@ func TestStartCanceled(t *testing.T) {
 }
 
 func TestNewErrors(t *testing.T) {
-	client := fake.NewClientset()
+	client := fake.NewClientset().CoreV1().Pods(ns)
 	for _, tc := range []struct {
 		name string
 		o    Options
@@ -302,5 +310,93 @@ func TestNewErrors(t *testing.T) {
 				t.Fatalf("New: %v, want an error wrapping %v containing %q", err, tc.is, tc.text)
 			}
 		})
+	}
+}
+
+// TestNewClientOverHTTP runs NewClient's client (from a kubeconfig file)
+// against an API server stand-in that speaks the pods list and watch as
+// the API server does: the first list's pod and a watched one become
+// workers, and the selector and namespace reach the server.
+func TestNewClientOverHTTP(t *testing.T) {
+	encode := func(p *corev1.Pod) []byte {
+		p.TypeMeta = metav1.TypeMeta{Kind: "Pod", APIVersion: "v1"}
+		b, err := json.Marshal(p)
+		if err != nil {
+			t.Error(err)
+		}
+		return b
+	}
+	events := make(chan []byte, 1)
+	queries := make(chan url.Values, 10)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || r.URL.Path != "/api/v1/namespaces/"+ns+"/pods" {
+			http.NotFound(w, r)
+			return
+		}
+		queries <- r.URL.Query()
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("watch") != "true" {
+			list := corev1.PodList{
+				TypeMeta: metav1.TypeMeta{Kind: "PodList", APIVersion: "v1"},
+				ListMeta: metav1.ListMeta{ResourceVersion: "10"},
+				Items:    []corev1.Pod{*pod("vllm-a", "10.0.0.1")},
+			}
+			_ = json.NewEncoder(w).Encode(list)
+			return
+		}
+		w.(http.Flusher).Flush()
+		for {
+			select {
+			case <-r.Context().Done():
+				return
+			case obj := <-events:
+				ev, _ := json.Marshal(metav1.WatchEvent{Type: string(watch.Added), Object: runtime.RawExtension{Raw: obj}})
+				_, _ = w.Write(append(ev, '\n'))
+				w.(http.Flusher).Flush()
+			}
+		}
+	}))
+	t.Cleanup(hs.Close)
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := os.WriteFile(kubeconfig, fmt.Appendf(nil, `apiVersion: v1
+kind: Config
+clusters:
+- name: test
+  cluster:
+    server: %s
+contexts:
+- name: test
+  context:
+    cluster: test
+    user: test
+users:
+- name: test
+  user: {}
+current-context: test
+`, hs.URL), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	client, err := NewClient(kubeconfig, ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := New(Options{Client: client, Namespace: ns, Selector: "app=vllm", Template: Template{Port: 8000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); <-p.Done() })
+	if err := p.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitWorkers(t, p, []config.Worker{worker("vllm-a", "http://10.0.0.1:8000")})
+	events <- encode(pod("vllm-b", "10.0.0.2"))
+	waitWorkers(t, p, []config.Worker{worker("vllm-a", "http://10.0.0.1:8000"), worker("vllm-b", "http://10.0.0.2:8000")})
+	list, watchQ := <-queries, <-queries
+	if got := list.Get("labelSelector"); got != "app=vllm" || list.Get("watch") != "" {
+		t.Errorf("list query %v, want labelSelector=app=vllm", list)
+	}
+	if watchQ.Get("labelSelector") != "app=vllm" || watchQ.Get("watch") != "true" || watchQ.Get("resourceVersion") != "10" {
+		t.Errorf("watch query %v, want labelSelector=app=vllm, watch=true, resourceVersion=10", watchQ)
 	}
 }

@@ -90,7 +90,7 @@ func TestDaemonPods(t *testing.T) {
 		readyPod("vllm-1", "127.0.0.3", false),
 	)
 	pods, err := kubepods.New(kubepods.Options{
-		Client: client, Namespace: "llm", Selector: "app=vllm",
+		Client: client.CoreV1().Pods("llm"), Namespace: "llm", Selector: "app=vllm",
 		Template: kubepods.Template{Port: port, Models: []string{"m"}},
 	})
 	if err != nil {
