@@ -95,11 +95,17 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	dctx, stopDaemon := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopDaemon()
 	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
-	// The pods' watch lives as long as the daemon.
+	// The pods' watch lives as long as the daemon; a signal while the
+	// pods are first listed ends it.
+	unlink := context.AfterFunc(ctx, stopDaemon)
 	pods, podsDone, err := o.pods.start(dctx, logger)
+	unlink()
 	if err != nil {
 		_ = gln.Close()
 		_ = hln.Close()
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return nil // stopped while listing the pods
+		}
 		return &exitError{code: 1, err: err}
 	}
 	var d *serve.Daemon

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,7 +13,19 @@ import (
 // anything starts, and each error names its flag.
 func TestPoolFlags(t *testing.T) {
 	const portWantText = "want a port number from 1 to 65535"
-	missing := filepath.Join(t.TempDir(), "no-kubeconfig")
+	dir := t.TempDir()
+	missing := filepath.Join(dir, "no-kubeconfig")
+	deadServer := filepath.Join(dir, "kubeconfig")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close() // nothing listens there now
+	if err := os.WriteFile(deadServer, []byte("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://"+addr+
+		"\ncontexts:\n- name: c\n  context:\n    cluster: c\ncurrent-context: c\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		args []string
 		code int
@@ -30,6 +44,9 @@ func TestPoolFlags(t *testing.T) {
 		{[]string{"--pool-selector", "app=vllm", "--pool-port", "8000", "--pool-models", "a,a"}, 2, `router: --pool-models "a,a": want distinct, non-empty model names` + "\n"},
 		{[]string{"--pool-namespace", "llm"}, 2, "router: --pool-namespace needs --pool-selector\n"},
 		{[]string{"--kubeconfig", missing}, 2, "router: --kubeconfig needs --pool-selector\n"},
+		// A signal while the pods are first listed (an API server that
+		// does not answer): a clean stop, exit 0.
+		{[]string{"--pool-selector", "app=vllm", "--pool-port", "8000", "--kubeconfig", deadServer}, 0, ""},
 		// Valid flags, a kubeconfig that is not there: exit 1 naming it.
 		{[]string{"--pool-selector", "app=vllm", "--pool-port", "8000", "--kubeconfig", missing}, 1, "router: --kubeconfig: kubernetes client configuration: "},
 	} {

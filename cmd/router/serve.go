@@ -132,6 +132,9 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		if debug != nil {
 			_ = debug.Close()
 		}
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return nil // stopped while listing the pods
+		}
 		return &exitError{code: 1, err: err}
 	}
 	d, err := serve.NewDaemon(serve.DaemonOptions{

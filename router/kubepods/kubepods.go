@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -123,6 +124,7 @@ type Pods struct {
 	log      hclog.Logger
 	informer cache.SharedIndexInformer
 
+	started atomic.Bool
 	changes chan struct{}
 	kick    chan struct{}
 	done    chan struct{} // closed when the goroutines Start started ended
@@ -234,6 +236,14 @@ func (t Template) check() error {
 	if t.Role != "" && !t.Role.Valid() {
 		return fmt.Errorf("kubepods: role %q: want %q, %q or %q", t.Role, shared.RoleAggregated, shared.RolePrefill, shared.RoleDecode)
 	}
+	for i, m := range t.Models {
+		if strings.TrimSpace(m) == "" || slices.Contains(t.Models[:i], m) {
+			return fmt.Errorf("kubepods: models %q: want distinct, non-empty names", t.Models)
+		}
+	}
+	if t.Models != nil && len(t.Models) == 0 {
+		return errors.New("kubepods: an empty models list (nil: from each engine)")
+	}
 	if t.KVEventsPort == 0 && t.KVEventsReplayPort != 0 {
 		return errors.New("kubepods: a KV events replay port without a KV events port")
 	}
@@ -246,6 +256,9 @@ func (t Template) check() error {
 // only Start's. Done is closed once the watch stopped. Workers holds the first list's workers
 // when Start returns nil. Start runs once.
 func (p *Pods) Start(ctx context.Context) error {
+	if !p.started.CompareAndSwap(false, true) {
+		return errors.New("kubepods: Start called twice")
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { p.informer.RunWithContext(ctx) })
 	synced := cache.WaitForCacheSync(ctx.Done(), p.informer.HasSynced)

@@ -283,6 +283,9 @@ func TestStartCanceled(t *testing.T) {
 		t.Fatalf("Start with a canceled context: %v, want context.Canceled", err)
 	}
 	<-p.Done()
+	if err := p.Start(context.Background()); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("a second Start: %v, want an error", err)
+	}
 }
 
 func TestNewErrors(t *testing.T) {
@@ -301,6 +304,7 @@ func TestNewErrors(t *testing.T) {
 		{"kv port", Options{Selector: "app=vllm", Template: Template{Port: 8000, KVEventsPort: -1}}, ErrBadPort, "KV events port -1"},
 		{"replay without kv", Options{Selector: "app=vllm", Template: Template{Port: 8000, KVEventsReplayPort: 5558}}, nil, "replay port without"},
 		{"role", Options{Selector: "app=vllm", Template: Template{Port: 8000, Role: "chef"}}, nil, `role "chef"`},
+		{"models", Options{Selector: "app=vllm", Template: Template{Port: 8000, Models: []string{"a", ""}}}, nil, `models ["a" ""]`},
 		{"max pods", Options{Selector: "app=vllm", Template: Template{Port: 8000}, MaxPods: -1}, nil, "MaxPods -1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
