@@ -131,7 +131,8 @@ type WorkerSource interface {
 // Daemon is `router serve` without its command line: Run loads the
 // policy file (router.LoadBundle), builds the Router with admission and a
 // workers.Manager of its fleet, sets the workers from the policy file's
-// worker blocks and the workers file, watches the workers file, reloads
+// worker blocks, the workers file and DaemonOptions.Pods, follows the
+// workers file's and the pods' changes, reloads
 // the policy file on a signal (and with Watch on change), and serves the
 // API (Server) until its context ends, then drains and stops the
 // plugins. Reload reloads on demand.
