@@ -36,7 +36,8 @@ func newServeCmd() *cobra.Command {
 		Short: "Route live OpenAI-compatible traffic to inference engines by policy",
 		Long: `serve routes OpenAI-compatible requests (POST /v1/chat/completions and
 /v1/completions, streamed or not) to the workers of the policy file's worker
-blocks and of --workers-file, choosing each request's worker by the policy
+blocks, of --workers-file and, with --pool-selector, of the ready Kubernetes
+pods it matches (at --pool-port), choosing each request's worker by the policy
 (queueing at the queue block's capacity), and proxies the answer back
 chunk by chunk. GET /v1/models lists the workers' models, /metrics the
 router's Prometheus metrics, /healthz liveness and /readyz readiness: 200
