@@ -30,6 +30,7 @@ type eppOptions struct {
 	drainTimeout   time.Duration
 	charsPerToken  int
 	fallbacks      int
+	pods           podFlags
 }
 
 func newEPPCmd() *cobra.Command {
@@ -73,6 +74,9 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 			if o.fallbacks < 0 || o.fallbacks > router.MaxAlternates {
 				return fmt.Errorf("--fallbacks %d: want %s", o.fallbacks, fallbacksWant)
 			}
+			if err := o.pods.check(cmd.Flags()); err != nil {
+				return err
+			}
 			level := logLevel(cmd.Context(), hclog.Info)
 			return runEPP(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
@@ -91,6 +95,7 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 	setWant(f, "request-timeout", positiveDurationWant)
 	setWant(f, "chars-per-token", charsPerTokenWant)
 	setWant(f, "fallbacks", fallbacksWant)
+	o.pods.register(f)
 	return cmd
 }
 
@@ -134,12 +139,25 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 		Buckets: prometheus.ExponentialBuckets(1e-5, 2, 18), // 10us to about 1.3 s
 	})
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), decisions)
+	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
+	// The pods' watch lives as long as the daemon; a signal while the
+	// pods are first listed ends it.
+	unlink := context.AfterFunc(ctx, stopDaemon)
+	pods, podsDone, err := o.pods.start(dctx, logger)
+	unlink()
+	if err != nil {
+		_ = gln.Close()
+		_ = hln.Close()
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return nil // stopped while listing the pods
+		}
+		return &exitError{code: 1, err: err}
+	}
 	var d *serve.Daemon
-	log := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
 	d, err = serve.NewDaemon(serve.DaemonOptions{
-		PolicyFile: o.policy, WorkersFile: o.workersFile, Watch: o.watch, Listener: hln,
+		PolicyFile: o.policy, WorkersFile: o.workersFile, Pods: pods, Watch: o.watch, Listener: hln,
 		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
-		Logger:      log,
+		Logger:      logger,
 		Diagnostics: stderr,
 		Registry:    reg,
 		OnReady: func() {
@@ -149,7 +167,7 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 				// Readiness once the workers' first probes are in: the
 				// datastore has synced (proposal 004).
 				if probed, err := epp.ReadyWhenProbed(dctx, health, d.Server().Workers(), 20*time.Millisecond, probeWait); err == nil && !probed {
-					log.Warn("ready before every worker's first probe answered", "waited", probeWait)
+					logger.Warn("ready before every worker's first probe answered", "waited", probeWait)
 				}
 			})
 			grpcDone.Go(func() {
@@ -181,6 +199,7 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	gs.Stop()
 	_ = gln.Close()
 	grpcDone.Wait()
+	<-podsDone
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}

@@ -26,6 +26,7 @@ type serveOptions struct {
 	charsPerToken  int
 	debugListen    string
 	shadowInFlight int
+	pods           podFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -35,7 +36,8 @@ func newServeCmd() *cobra.Command {
 		Short: "Route live OpenAI-compatible traffic to inference engines by policy",
 		Long: `serve routes OpenAI-compatible requests (POST /v1/chat/completions and
 /v1/completions, streamed or not) to the workers of the policy file's worker
-blocks and of --workers-file, choosing each request's worker by the policy
+blocks, of --workers-file and, with --pool-selector, of the ready Kubernetes
+pods it matches (at --pool-port), choosing each request's worker by the policy
 (queueing at the queue block's capacity), and proxies the answer back
 chunk by chunk. GET /v1/models lists the workers' models, /metrics the
 router's Prometheus metrics, /healthz liveness and /readyz readiness: 200
@@ -68,6 +70,9 @@ connections (useful with --listen 127.0.0.1:0).`,
 			if o.shadowInFlight < 1 || o.shadowInFlight > maxShadowInFlight {
 				return fmt.Errorf("--shadow-max-inflight %d: want %s", o.shadowInFlight, shadowInFlightWant)
 			}
+			if err := o.pods.check(cmd.Flags()); err != nil {
+				return err
+			}
 			level := logLevel(cmd.Context(), hclog.Info)
 			return runServe(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
@@ -86,6 +91,7 @@ connections (useful with --listen 127.0.0.1:0).`,
 	setWant(f, "drain-timeout", positiveDurationWant)
 	setWant(f, "chars-per-token", charsPerTokenWant)
 	setWant(f, "shadow-max-inflight", shadowInFlightWant)
+	o.pods.register(f)
 	return cmd
 }
 
@@ -117,12 +123,27 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 			return &exitError{code: 1, err: fmt.Errorf("--debug-listen %s: %w", o.debugListen, err)}
 		}
 	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
+	// The pods' watch lives as long as the daemon.
+	pctx, stopPods := context.WithCancel(ctx)
+	defer stopPods()
+	pods, podsDone, err := o.pods.start(pctx, logger)
+	if err != nil {
+		_ = ln.Close()
+		if debug != nil {
+			_ = debug.Close()
+		}
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return nil // stopped while listing the pods
+		}
+		return &exitError{code: 1, err: err}
+	}
 	d, err := serve.NewDaemon(serve.DaemonOptions{
-		PolicyFile: o.policy, WorkersFile: o.workersFile, Watch: o.watch,
+		PolicyFile: o.policy, WorkersFile: o.workersFile, Pods: pods, Watch: o.watch,
 		Listener: ln, DebugListener: debug,
 		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
 		ShadowMaxInFlight: o.shadowInFlight,
-		Logger:            hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level}),
+		Logger:            logger,
 		Diagnostics:       stderr,
 		OnReady: func() {
 			if debug != nil {
@@ -134,6 +155,8 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	if err == nil {
 		err = d.Run(ctx)
 	}
+	stopPods()
+	<-podsDone
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}

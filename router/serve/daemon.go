@@ -66,6 +66,13 @@ type DaemonOptions struct {
 	// (config.LoadWorkers), watched for the daemon's life: the workers are
 	// the policy file's worker blocks followed by this file's.
 	WorkersFile string
+	// Pods, when set, is a membership source beside those two (`router
+	// serve --pool-selector`: router/kubepods, Kubernetes pods): the
+	// workers are the policy file's, the workers file's, then Pods'. The
+	// Daemon reads Pods.Workers at each sync of the workers and syncs
+	// again after each value on Pods.Changes; the caller starts and stops
+	// it.
+	Pods WorkerSource
 	// Watch also reloads the policy file whenever its content changes
 	// (ReloaderOptions.Watch); a reload signal reloads it either
 	// way.
@@ -112,10 +119,20 @@ type DaemonOptions struct {
 	OnReady func()
 }
 
+// WorkerSource is a membership source a Daemon follows beside its files
+// (DaemonOptions.Pods): Workers returns its current workers (a slice the
+// caller may keep; their names must not repeat another source's);
+// Changes receives a value after they changed.
+type WorkerSource interface {
+	Workers() []config.Worker
+	Changes() <-chan struct{}
+}
+
 // Daemon is `router serve` without its command line: Run loads the
 // policy file (router.LoadBundle), builds the Router with admission and a
 // workers.Manager of its fleet, sets the workers from the policy file's
-// worker blocks and the workers file, watches the workers file, reloads
+// worker blocks, the workers file and DaemonOptions.Pods, follows the
+// workers file's and the pods' changes, reloads
 // the policy file on a signal (and with Watch on change), and serves the
 // API (Server) until its context ends, then drains and stops the
 // plugins. Reload reloads on demand.
@@ -265,6 +282,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if workersWatch != nil {
 		wg.Go(func() { d.watchWorkers(bg, workersWatch) })
+	}
+	if o.Pods != nil {
+		wg.Go(func() { d.watchPods(bg) })
 	}
 	if o.DebugListener != nil {
 		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log, http.HandlerFunc(d.srv.debugWorkers)) })
@@ -429,11 +449,30 @@ func (d *Daemon) watchWorkers(ctx context.Context, w *filewatch.Watcher) {
 	}
 }
 
+// watchPods sets the workers again after each change of DaemonOptions.Pods,
+// until ctx ends.
+func (d *Daemon) watchPods(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-d.o.Pods.Changes():
+			n, diags, err := d.syncWorkers()
+			if err != nil {
+				d.log.Error("pod change not applied; the workers stay", "error", withDiagnostics(err, diags))
+				continue
+			}
+			d.log.Info("workers set from pods", "workers", n)
+			d.srv.Wake()
+		}
+	}
+}
+
 // syncWorkers makes the current bundle's worker blocks followed by the
-// workers file's the Manager's workers, and returns how many there are
-// and the workers file's diagnostics. A workers file that does not load
-// is an error wrapping ErrNotLoaded and changes nothing; so is a set the
-// Manager refuses (a repeated name).
+// workers file's and DaemonOptions.Pods' the Manager's workers, and
+// returns how many there are and the workers file's diagnostics. A
+// workers file that does not load is an error wrapping ErrNotLoaded and
+// changes nothing; so is a set the Manager refuses (a repeated name).
 func (d *Daemon) syncWorkers() (int, hcl.Diagnostics, error) {
 	d.syncMu.Lock()
 	defer d.syncMu.Unlock()
@@ -450,6 +489,9 @@ func (d *Daemon) syncWorkers() (int, hcl.Diagnostics, error) {
 			return 0, diags, fmt.Errorf("%s %w", d.o.WorkersFile, ErrNotLoaded)
 		}
 		ws = append(ws, fw...)
+	}
+	if d.o.Pods != nil {
+		ws = append(ws, d.o.Pods.Workers()...)
 	}
 	prev := d.kvs.expect(ws)
 	if err := d.mgr.Sync(ws); err != nil {
