@@ -1,0 +1,235 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"sigs.k8s.io/yaml"
+)
+
+// manifests reads the YAML documents of deploy/kubernetes/name by kind
+// (each kind once).
+func manifests(t *testing.T, name string) map[string][]byte {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "kubernetes", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]byte{}
+	for i, doc := range strings.Split(string(b), "\n---\n") {
+		var meta struct {
+			Kind     string `json:"kind"`
+			Metadata struct {
+				Namespace string `json:"namespace"`
+			} `json:"metadata"`
+		}
+		js, err := yaml.YAMLToJSON([]byte(doc))
+		if err != nil {
+			t.Fatalf("%s document %d: %v", name, i+1, err)
+		}
+		if err := yaml.Unmarshal(js, &meta); err != nil || meta.Kind == "" {
+			t.Fatalf("%s document %d: no kind (%v)", name, i+1, err)
+		}
+		if meta.Metadata.Namespace != "llm" {
+			t.Errorf("%s %s: namespace %q, want llm", name, meta.Kind, meta.Metadata.Namespace)
+		}
+		if _, dup := out[meta.Kind]; dup {
+			t.Fatalf("%s: two %s documents", name, meta.Kind)
+		}
+		out[meta.Kind] = js
+	}
+	return out
+}
+
+func decode[T any](t *testing.T, js []byte) T {
+	t.Helper()
+	var v T
+	if err := yaml.UnmarshalStrict(js, &v); err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// port returns the port of a host:port flag value.
+func port(t *testing.T, hostport string) int32 {
+	t.Helper()
+	_, p, err := net.SplitHostPort(hostport)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := strconv.Atoi(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return int32(n)
+}
+
+// TestDeployManifests checks deploy/kubernetes, the example docs/epp.md
+// deploys: its policy file loads, its container's arguments are `router
+// epp`'s flags, and names, labels and ports agree across the objects and
+// with the InferencePool that points at them.
+func TestDeployManifests(t *testing.T) {
+	epp := manifests(t, "switchyard-epp.yaml")
+	for _, k := range []string{"ServiceAccount", "Role", "RoleBinding", "ConfigMap", "Deployment", "Service"} {
+		if epp[k] == nil {
+			t.Fatalf("switchyard-epp.yaml has no %s", k)
+		}
+	}
+	sa := decode[corev1.ServiceAccount](t, epp["ServiceAccount"])
+	role := decode[rbacv1.Role](t, epp["Role"])
+	rb := decode[rbacv1.RoleBinding](t, epp["RoleBinding"])
+	cm := decode[corev1.ConfigMap](t, epp["ConfigMap"])
+	dep := decode[appsv1.Deployment](t, epp["Deployment"])
+	svc := decode[corev1.Service](t, epp["Service"])
+
+	// RBAC: the Deployment's account may get, list and watch pods.
+	if dep.Spec.Template.Spec.ServiceAccountName != sa.Name || rb.Subjects[0].Name != sa.Name || rb.RoleRef.Name != role.Name {
+		t.Errorf("service account %q, binding %+v of role %q", sa.Name, rb, role.Name)
+	}
+	if r := role.Rules[0]; !slices.Equal(r.Resources, []string{"pods"}) || !slices.Equal(r.Verbs, []string{"get", "list", "watch"}) {
+		t.Errorf("role rule %+v, want get, list, watch on pods", r)
+	}
+
+	// The container: `router epp` with flags the command accepts.
+	if len(dep.Spec.Template.Spec.Containers) != 1 {
+		t.Fatal("want one container")
+	}
+	c := dep.Spec.Template.Spec.Containers[0]
+	if len(c.Args) == 0 || c.Args[0] != "epp" {
+		t.Fatalf("container args %v, want epp first", c.Args)
+	}
+	cmd := newEPPCmd()
+	if err := cmd.ParseFlags(c.Args[1:]); err != nil {
+		t.Fatalf("router epp %v: %v", c.Args[1:], err)
+	}
+	flag := func(name string) string {
+		v, err := cmd.Flags().GetString(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	intFlag := func(name string) int {
+		v, err := cmd.Flags().GetInt(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+
+	// The policy file: mounted from the ConfigMap, and it loads.
+	policy := flag("policy")
+	if len(c.VolumeMounts) != 1 || filepath.Dir(policy) != c.VolumeMounts[0].MountPath {
+		t.Fatalf("--policy %s is not in the mounted %+v", policy, c.VolumeMounts)
+	}
+	vol := dep.Spec.Template.Spec.Volumes[0]
+	if vol.Name != c.VolumeMounts[0].Name || vol.ConfigMap == nil || vol.ConfigMap.Name != cm.Name {
+		t.Fatalf("volume %+v is not the ConfigMap %s", vol, cm.Name)
+	}
+	text, ok := cm.Data[filepath.Base(policy)]
+	if !ok {
+		t.Fatalf("the ConfigMap has no %s", filepath.Base(policy))
+	}
+	path := filepath.Join(t.TempDir(), "policy.hcl")
+	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if code := runContext(ctx, []string{"validate", path}, &out, &errb); code != 0 {
+		t.Fatalf("the ConfigMap's policy file does not load: %s%s", out.String(), errb.String())
+	}
+
+	// Ports: --listen is the grpc container port, the probes' and the
+	// Service's; --http-listen the http one.
+	ports := map[string]int32{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	if port(t, flag("listen")) != ports["grpc"] || port(t, flag("http-listen")) != ports["http"] {
+		t.Errorf("--listen %s, --http-listen %s against container ports %v", flag("listen"), flag("http-listen"), ports)
+	}
+	if g := c.ReadinessProbe.GRPC; g == nil || g.Port != ports["grpc"] || g.Service == nil || *g.Service != "readiness" {
+		t.Errorf("readiness probe %+v, want gRPC service readiness on %d", c.ReadinessProbe, ports["grpc"])
+	}
+	if g := c.LivenessProbe.GRPC; g == nil || g.Port != ports["grpc"] || g.Service == nil || *g.Service != "liveness" {
+		t.Errorf("liveness probe %+v, want gRPC service liveness on %d", c.LivenessProbe, ports["grpc"])
+	}
+	drain, err := cmd.Flags().GetDuration("drain-timeout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := dep.Spec.Template.Spec.TerminationGracePeriodSeconds; g == nil || time.Duration(*g)*time.Second <= drain {
+		t.Errorf("terminationGracePeriodSeconds %v, want more than --drain-timeout %v", g, drain)
+	}
+	if !labels.SelectorFromSet(svc.Spec.Selector).Matches(labels.Set(dep.Spec.Template.Labels)) {
+		t.Errorf("the Service selects %v, the pods are %v", svc.Spec.Selector, dep.Spec.Template.Labels)
+	}
+	var grpcPort int32
+	for _, p := range svc.Spec.Ports {
+		if _, ok := ports[p.TargetPort.String()]; !ok {
+			t.Errorf("Service port %s targets %s, no container port", p.Name, p.TargetPort.String())
+		}
+		if p.TargetPort.String() == "grpc" {
+			grpcPort = p.Port
+		}
+	}
+
+	// The InferencePool names what the flags name, and points at the
+	// Service; the route's backend is the pool.
+	ip := manifests(t, "inferencepool.yaml")
+	var pool struct {
+		Metadata struct{ Name string }
+		Spec     struct {
+			Selector          struct{ MatchLabels map[string]string }
+			TargetPorts       []struct{ Number int }
+			EndpointPickerRef struct {
+				Name        string
+				Port        struct{ Number int32 }
+				FailureMode string
+			}
+		}
+	}
+	if err := yaml.Unmarshal(ip["InferencePool"], &pool); err != nil {
+		t.Fatal(err)
+	}
+	sel, err := labels.Parse(flag("pool-selector"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := labels.SelectorFromSet(pool.Spec.Selector.MatchLabels); sel.String() != want.String() {
+		t.Errorf("--pool-selector %s, the pool selects %s", sel, want)
+	}
+	if len(pool.Spec.TargetPorts) != 1 || pool.Spec.TargetPorts[0].Number != intFlag("pool-port") {
+		t.Errorf("--pool-port %d, the pool's target ports %v", intFlag("pool-port"), pool.Spec.TargetPorts)
+	}
+	if r := pool.Spec.EndpointPickerRef; r.Name != svc.Name || r.Port.Number != grpcPort || r.FailureMode != "FailOpen" {
+		t.Errorf("endpointPickerRef %+v, want the Service %s port %d, failing open", r, svc.Name, grpcPort)
+	}
+	var route struct {
+		Spec struct {
+			Rules []struct {
+				BackendRefs []struct{ Group, Kind, Name string }
+			}
+		}
+	}
+	if err := yaml.Unmarshal(ip["HTTPRoute"], &route); err != nil {
+		t.Fatal(err)
+	}
+	if b := route.Spec.Rules[0].BackendRefs[0]; b.Group != "inference.networking.k8s.io" || b.Kind != "InferencePool" || b.Name != pool.Metadata.Name {
+		t.Errorf("route backend %+v, want the InferencePool %s", b, pool.Metadata.Name)
+	}
+}
