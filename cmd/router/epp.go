@@ -45,6 +45,8 @@ aggregated policy chooses (queueing at the queue block's capacity) and
 answers its URL's host:port as x-gateway-destination-endpoint, followed by
 up to --fallbacks of the policy's runners-up. The workers are the policy
 file's worker blocks and those of --workers-file (watched), as for serve.
+With --pool-selector and --pool-port the workers also come from the
+Kubernetes pods an InferencePool selects (see --pool-* and --kubeconfig).
 The gRPC health services liveness, readiness and
 envoy.service.ext_proc.v3.ExternalProcessor answer on --listen; readiness
 is SERVING once every worker's first probe has answered.
