@@ -381,12 +381,17 @@ func TestEPPHarnessAccountingUnderResets(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(16, 1000))
 	plans := make([]plan, total)
+	// Exactly a fifth of the requests, at random positions, are reset.
+	reset := map[int]bool{}
+	for _, i := range rng.Perm(total)[:total/5] {
+		reset[i] = true
+	}
 	resets := 0
 	for i := range plans {
 		p := &plans[i]
 		p.stream = i%4 < 2
 		p.maxTokens = 4 + rng.IntN(40)
-		if rng.IntN(5) == 0 {
+		if reset[i] {
 			resets++
 			p.reset = 1 + rng.IntN(3)
 			if p.reset == 3 && !p.stream {
