@@ -92,6 +92,18 @@ worker_selection {
 }
 `
 
+// startKVEPP starts the KV fleet and `router epp` over it with the
+// KV-aware policy, and waits until every worker is ready.
+func startKVEPP(t *testing.T) (*kvFleet, *eppProc, *http.Client) {
+	t.Helper()
+	routerBin, _ := e2eBinaries(t)
+	f := startKVFleet(t, routerBin)
+	e := startEPPProc(t, routerBin, eppPolicyFile(t, f.tokenizer, kvAwarePolicy, f.blocks), "127.0.0.1:0")
+	c := e2eClient(t)
+	waitMetrics(t, c, e.api, time.Minute, "every worker ready", allReady(f.names...))
+	return f, e, c
+}
+
 // eppPolicyFile writes a policy file of block_size 16 and the parts.
 func eppPolicyFile(t *testing.T, parts ...string) string {
 	t.Helper()
@@ -294,10 +306,7 @@ var harnessModes = []envoysim.Mode{envoysim.Buffered, envoysim.FullDuplex}
 // that engine serves part of the prompt from its cache. With round-robin
 // the later turns would rotate over the workers and the test fail.
 func TestEPPHarnessConversationsStayOnTheirWorker(t *testing.T) {
-	routerBin, _ := e2eBinaries(t)
-	f := startKVFleet(t, routerBin)
-	e := startEPPProc(t, routerBin, eppPolicyFile(t, f.tokenizer, kvAwarePolicy, f.blocks), "127.0.0.1:0")
-	c := e2eClient(t)
+	f, e, c := startKVEPP(t)
 	waitKVLive(t, c, e, f)
 	var bases []string
 	for _, m := range harnessModes {
@@ -358,12 +367,8 @@ func TestEPPHarnessConversationsStayOnTheirWorker(t *testing.T) {
 // complete answer; afterwards the EPP's bookings (active requests of
 // every worker, queue depth) return to 0.
 func TestEPPHarnessAccountingUnderResets(t *testing.T) {
-	routerBin, _ := e2eBinaries(t)
-	f := startKVFleet(t, routerBin)
-	e := startEPPProc(t, routerBin, eppPolicyFile(t, f.tokenizer, kvAwarePolicy, f.blocks), "127.0.0.1:0")
-	c := e2eClient(t)
+	f, e, c := startKVEPP(t)
 	c.Timeout = time.Minute
-	waitMetrics(t, c, e.api, time.Minute, "every worker ready", allReady(f.names...))
 	var proxies []*envoysim.Proxy
 	var bases []string
 	for _, m := range harnessModes {
@@ -536,11 +541,7 @@ func TestEPPHarnessNoWorkerAndQueueFull(t *testing.T) {
 // worker: every request lands there, for each worker in turn; a hint
 // naming none of the workers, or empty, is 503 no_worker.
 func TestEPPHarnessSubsetHints(t *testing.T) {
-	routerBin, _ := e2eBinaries(t)
-	f := startKVFleet(t, routerBin)
-	e := startEPPProc(t, routerBin, eppPolicyFile(t, f.tokenizer, kvAwarePolicy, f.blocks), "127.0.0.1:0")
-	c := e2eClient(t)
-	waitMetrics(t, c, e.api, time.Minute, "every worker ready", allReady(f.names...))
+	f, e, c := startKVEPP(t)
 	for _, m := range harnessModes {
 		_, base := startHarness(t, envoysim.Config{EPP: e.grpcAddr, Mode: m, Subset: subsetFromHeader})
 		for _, n := range f.names {
@@ -569,11 +570,7 @@ func TestEPPHarnessSubsetHints(t *testing.T) {
 // to 0. (The unit test envoysim.TestFallbackWhenPrimaryRefuses covers the
 // served endpoint being a fallback after the primary refused.)
 func TestEPPHarnessServedEndpoint(t *testing.T) {
-	routerBin, _ := e2eBinaries(t)
-	f := startKVFleet(t, routerBin)
-	e := startEPPProc(t, routerBin, eppPolicyFile(t, f.tokenizer, kvAwarePolicy, f.blocks), "127.0.0.1:0")
-	c := e2eClient(t)
-	waitMetrics(t, c, e.api, time.Minute, "every worker ready", allReady(f.names...))
+	f, e, c := startKVEPP(t)
 	next := map[string]string{}
 	for i, n := range f.names {
 		next[f.endpoints[n]] = f.endpoints[f.names[(i+1)%len(f.names)]]

@@ -330,26 +330,36 @@ func TestRouterPickerBookingsReturnToZero(t *testing.T) {
 // (0 when absent).
 func (e *routerEnv) requests(t *testing.T, model, code string) float64 {
 	t.Helper()
+	return e.counter(t, "switchyard_requests_total", map[string]string{"model": model, "code": code})
+}
+
+// counter returns the value of the counter family name's series whose
+// labels include want (0 when absent).
+func (e *routerEnv) counter(t *testing.T, name string, want map[string]string) float64 {
+	t.Helper()
 	mfs, err := e.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	v := 0.0
 	for _, mf := range mfs {
-		if mf.GetName() != "switchyard_requests_total" {
+		if mf.GetName() != name {
 			continue
 		}
+	series:
 		for _, m := range mf.GetMetric() {
 			labels := map[string]string{}
 			for _, l := range m.GetLabel() {
 				labels[l.GetName()] = l.GetValue()
 			}
-			if labels["model"] == model && labels["code"] == code {
-				v = m.GetCounter().GetValue()
+			for k, v := range want {
+				if labels[k] != v {
+					continue series
+				}
 			}
+			return m.GetCounter().GetValue()
 		}
 	}
-	return v
+	return 0
 }
 
 // histogramCount sums the sample counts of every series of the histogram
@@ -521,28 +531,6 @@ func TestMapErr(t *testing.T) {
 	}
 }
 
-// counterValue returns the value of family name's series for model.
-func (e *routerEnv) counterValue(t *testing.T, name, model string) float64 {
-	t.Helper()
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "model" && l.GetValue() == model {
-					return m.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	return 0
-}
-
 // TestRouterPickerCountsUsage: the answers' usage, read from the response
 // body the proxy shows the EPP, lands in serve's token families as serve
 // counts its own: a whole non-streamed body, and a stream's last usage
@@ -575,7 +563,7 @@ func TestRouterPickerCountsUsage(t *testing.T) {
 	want := map[string]float64{"switchyard_prompt_tokens_total": 42, "switchyard_cached_prompt_tokens_total": 4, "switchyard_completion_tokens_total": 7}
 	e.eventually(t, "the token counts", func() bool {
 		for name, v := range want {
-			if e.counterValue(t, name, "m") != v {
+			if e.counter(t, name, map[string]string{"model": "m"}) != v {
 				return false
 			}
 		}
