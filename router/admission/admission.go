@@ -81,6 +81,24 @@ type Options struct {
 	// OnQueued, when set, is called after a request joined a queue
 	// (outside every lock): serve wakes its dispatcher with it.
 	OnQueued func()
+	// Observer, when set, hears every booking the Controller makes and
+	// ends (router replicas share them: router/cluster).
+	Observer Observer
+}
+
+// Observer hears the bookings a Controller makes: Booked when a request
+// is placed on a worker (at Admit, at a dispatch from the queue, at a
+// Retry or a Move), FirstToken when its prefill is done, Released when its
+// booking is released (its End, or before the new placement of a Retry or
+// a Move). For one request the calls come in that order, on the goroutine
+// that caused them, some under the request's lock: an Observer must not
+// block and must not keep req or d's fields beyond the call (copy what it
+// needs). The request's id may change at a Retry: Released comes under the
+// old id, Booked under the new one.
+type Observer interface {
+	Booked(req *shared.Request, d router.Decision)
+	FirstToken(id string)
+	Released(id string)
 }
 
 // Controller admits requests into a Router. Safe for concurrent use.
@@ -100,6 +118,7 @@ type Controller struct {
 	bus      *bus
 	now      func() time.Time
 	onQueued func()
+	obs      Observer // nil: none
 
 	// dispatchMu serialises Dispatch calls: the queue's order is the
 	// point. Admissions never take it. blocked is Dispatch's scratch.
@@ -126,6 +145,7 @@ func New(core *router.Router, o Options) (*Controller, error) {
 		factory:  o.Classifier,
 		now:      o.Now,
 		onQueued: o.OnQueued,
+		obs:      o.Observer,
 	}
 	c.live.init()
 	if err := c.queues.init(queueConfig(o.Queue)); err != nil {

@@ -152,6 +152,9 @@ func (h *Handle) FirstToken() {
 	}
 	h.first = true
 	h.decision.Booking.PrefillDone()
+	if h.c.obs != nil {
+		h.c.obs.FirstToken(h.req.ID)
+	}
 	h.c.bus.emit(shared.Event{Kind: shared.EventFirstToken, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true})
 }
 
@@ -187,6 +190,9 @@ func (h *Handle) End(o Outcome) {
 		close(h.ready)
 	case stateDispatched:
 		h.decision.Booking.Release()
+		if c.obs != nil {
+			c.obs.Released(h.req.ID)
+		}
 		ev.Worker, ev.HasWorker = h.decision.Worker.ID, true
 		if o.Completed {
 			ev.Kind, ev.ContextTokens, ev.Reason = shared.EventCompleted, o.ContextTokens, ""
@@ -220,6 +226,9 @@ func (h *Handle) Retry(ctx context.Context, id, reason string, failed ...shared.
 		return fmt.Errorf("request %q: %w", id, ErrDuplicateRequest)
 	}
 	h.decision.Booking.Release()
+	if c.obs != nil {
+		c.obs.Released(h.req.ID)
+	}
 	c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true, Reason: reason})
 	if id != h.req.ID {
 		c.live.remove(h.req.ID, h)
@@ -253,6 +262,9 @@ func (h *Handle) Move(ctx context.Context, id shared.WorkerID, reason string) er
 		return nil
 	}
 	h.decision.Booking.Release()
+	if c.obs != nil {
+		c.obs.Released(h.req.ID)
+	}
 	c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true, Reason: reason})
 	// A binding target runs no policy (no plugin, nothing that blocks):
 	// only the booking, so it is made under h.mu like End's release.
@@ -264,9 +276,15 @@ func (h *Handle) Move(ctx context.Context, id shared.WorkerID, reason string) er
 		return err
 	}
 	h.decision = d
+	if c.obs != nil {
+		c.obs.Booked(h.req, d)
+	}
 	c.bus.emit(shared.Event{Kind: shared.EventSent, RequestID: h.req.ID, Worker: id, HasWorker: true})
 	if h.first {
 		d.Booking.PrefillDone()
+		if c.obs != nil {
+			c.obs.FirstToken(h.req.ID)
+		}
 		c.bus.emit(shared.Event{Kind: shared.EventFirstToken, RequestID: h.req.ID, Worker: id, HasWorker: true})
 	}
 	return nil
@@ -281,6 +299,9 @@ func (h *Handle) enter(ctx context.Context) error {
 	case err == nil:
 		h.mu.Lock()
 		h.state, h.decision = stateDispatched, d
+		if c.obs != nil {
+			c.obs.Booked(h.req, d)
+		}
 		c.bus.emit(shared.Event{Kind: shared.EventSent, RequestID: h.req.ID, Worker: d.Worker.ID, HasWorker: true})
 		h.mu.Unlock()
 		return nil
@@ -327,6 +348,9 @@ func (h *Handle) dispatched(d router.Decision, now time.Time) bool {
 		return false
 	}
 	h.state, h.decision, h.waited = stateDispatched, d, now.Sub(h.arrival)
+	if h.c.obs != nil {
+		h.c.obs.Booked(h.req, d)
+	}
 	h.c.bus.emit(shared.Event{Kind: shared.EventSent, RequestID: h.req.ID, Worker: d.Worker.ID, HasWorker: true, At: now})
 	close(h.ready)
 	return true

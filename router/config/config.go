@@ -90,6 +90,9 @@ type PolicyFile struct {
 	RolePolicies map[shared.Role]string
 	// Queue is the file's queue block, or DefaultQueue when it has none.
 	Queue Queue
+	// Cluster is the file's cluster block (replicas sharing over NATS),
+	// nil when it has none.
+	Cluster *Cluster
 	// Workers are the file's worker blocks, in file order (see Worker).
 	Workers []Worker
 	// Tokenizers are the file's tokenizer blocks, in file order (see

@@ -33,6 +33,7 @@ var fileSchema = &hcl.BodySchema{
 		{Type: blockSelection},
 		{Type: blockClassifier},
 		{Type: blockQueue},
+		{Type: blockCluster},
 		{Type: blockWorker, LabelNames: []string{"name"}},
 		{Type: blockTokenizer, LabelNames: []string{"model"}},
 	},
@@ -144,7 +145,7 @@ func (l *loader) load(body hcl.Body) {
 	)
 	for _, blk := range content.Blocks {
 		switch blk.Type {
-		case blockRouter, blockSelection, blockClassifier, blockQueue:
+		case blockRouter, blockSelection, blockClassifier, blockQueue, blockCluster:
 			if first, ok := singles[blk.Type]; ok {
 				l.errorf(blk.DefRange, "Duplicate "+blk.Type+" block",
 					"Only one %s block is allowed; the first is at %s. Merge them.", blk.Type, pos(first.DefRange))
@@ -172,6 +173,10 @@ func (l *loader) load(body hcl.Body) {
 		case blockQueue:
 			if singles[blk.Type] == blk {
 				l.queueBlock(blk)
+			}
+		case blockCluster:
+			if singles[blk.Type] == blk {
+				l.clusterBlock(blk)
 			}
 		}
 	}
