@@ -1,0 +1,519 @@
+// Package cluster makes router replicas share what they know over NATS
+// JetStream: each replica's bookings (ACTIVE_REQUESTS, LOAD) and prefix
+// records, so that N replicas behind any load balancer count each other's
+// in-flight work and keep a conversation on the worker that holds its
+// cache. docs/replicas.md gives the consistency model.
+//
+// A Replica is an admission.Observer: every booking the replica's
+// admission makes, its first token and its release become records
+// (codec.go) published on the subject switchyard.<cluster>.d.<replica>,
+// which the JetStream stream <cluster>-deltas keeps in memory for twice
+// the booking TTL. Each replica reads the stream with its own ordered
+// consumer from the moment it joins and applies the others' records to
+// its own Router: a booking is placed on the named worker with a binding
+// target (router.Placement.TargetOnly: booked and recorded in the prefix
+// index, no policy run), released when its release arrives. Heartbeats
+// (core NATS, every Heartbeat) tell the replicas alive; a replica silent
+// for BookingTTL has its bookings released everywhere. A replica that
+// joins or reconnects asks the others (hello) to send their live bookings
+// again: each answers with a reset record followed by one booked record
+// per live booking.
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// Bounds.
+const (
+	// outQueue bounds the local records waiting to be published; past it
+	// a record is dropped, counted, and the peers are sent a snapshot.
+	outQueue = 1 << 14
+	// maxRemoteBookings bounds the bookings of other replicas held, all
+	// peers together; past it a booking is dropped and counted.
+	maxRemoteBookings = 1 << 20
+	// batchBytes is the size past which a deltas message is sent.
+	batchBytes = 60 << 10
+)
+
+// Options configure a Replica.
+type Options struct {
+	// Config is the policy file's cluster block (required).
+	Config config.Cluster
+	// Router receives the other replicas' bookings (required).
+	Router *router.Router
+	// Resolve maps a worker name to its id in Router's fleet; false when
+	// this replica has no such worker (its record is dropped and counted).
+	Resolve func(name string) (shared.WorkerID, bool)
+	// Registerer receives the cluster's metrics; nil: none.
+	Registerer prometheus.Registerer
+	// Logger receives the cluster's logs; nil discards them.
+	Logger hclog.Logger
+}
+
+// Replica is this router's membership in a cluster of replicas. Its
+// Observer methods are safe for concurrent use and never block.
+type Replica struct {
+	o      Options
+	log    hclog.Logger
+	self   string
+	prefix string // "switchyard.<cluster>."
+	stream string
+
+	out    chan Record
+	resync chan struct{}
+	hello  chan struct{}
+
+	// live are this replica's own bookings by request id: what a snapshot
+	// sends.
+	liveMu sync.Mutex
+	live   map[string]*Record
+
+	// peers are the other replicas, by name; their bookings are held in
+	// this replica's fleet.
+	mu     sync.Mutex
+	peers  map[string]*peer
+	remote int // bookings held, all peers
+
+	connected atomic.Bool
+	events    chan bool // the connection's ups (true) and downs (false)
+	m         *metrics
+}
+
+// peer is another replica as this one knows it.
+type peer struct {
+	lastSeen time.Time
+	bookings map[string]*fleet.Booking
+}
+
+var _ admission.Observer = (*Replica)(nil)
+
+// New checks o and returns a Replica; Run connects it.
+func New(o Options) (*Replica, error) {
+	if o.Router == nil || o.Resolve == nil || o.Config.NATS == "" || o.Config.Replica == "" || o.Config.Name == "" {
+		return nil, errors.New("cluster: Options needs Config (nats, replica, name), Router and Resolve")
+	}
+	if o.Config.Heartbeat <= 0 {
+		o.Config.Heartbeat = config.DefaultHeartbeat
+	}
+	if o.Config.BookingTTL <= 0 {
+		o.Config.BookingTTL = config.DefaultBookingTTL
+	}
+	if o.Logger == nil {
+		o.Logger = hclog.NewNullLogger()
+	}
+	r := &Replica{
+		o: o, log: o.Logger.Named("cluster"), self: o.Config.Replica,
+		prefix: "switchyard." + o.Config.Name + ".", stream: o.Config.Name + "-deltas",
+		out: make(chan Record, outQueue), resync: make(chan struct{}, 1), hello: make(chan struct{}, 1),
+		live: map[string]*Record{}, peers: map[string]*peer{}, events: make(chan bool, 16),
+	}
+	m, err := newMetrics(o.Registerer, r)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	r.m = m
+	return r, nil
+}
+
+// Connected reports whether the replica is connected to NATS now. While
+// it is not, it routes on its own state (and its peers' bookings expire
+// after BookingTTL).
+func (r *Replica) Connected() bool { return r.connected.Load() }
+
+// Booked publishes a booking of this replica (admission.Observer).
+func (r *Replica) Booked(req *shared.Request, d router.Decision) {
+	rec := &Record{Kind: KindBooked, ID: req.ID, At: time.Now().UnixNano(), Worker: d.Worker.Name, Model: req.Model,
+		Role: req.Role, PromptTokens: req.PromptTokens, BlockSize: req.BlockSize, BlockHashes: slices.Clone(req.BlockHashes)}
+	r.liveMu.Lock()
+	r.live[req.ID] = rec
+	r.liveMu.Unlock()
+	r.enqueue(*rec)
+}
+
+// FirstToken publishes a booking's first token (admission.Observer).
+func (r *Replica) FirstToken(id string) { r.enqueue(Record{Kind: KindFirstToken, ID: id}) }
+
+// Released publishes a booking's release (admission.Observer).
+func (r *Replica) Released(id string) {
+	r.liveMu.Lock()
+	delete(r.live, id)
+	r.liveMu.Unlock()
+	r.enqueue(Record{Kind: KindReleased, ID: id})
+}
+
+// enqueue hands rec to the publisher without blocking; when its queue is
+// full the record is dropped and the peers will get a snapshot.
+func (r *Replica) enqueue(rec Record) {
+	select {
+	case r.out <- rec:
+	default:
+		r.m.dropped.WithLabelValues("queue_full").Inc()
+		r.requestResync()
+	}
+}
+
+func (r *Replica) requestResync() {
+	select {
+	case r.resync <- struct{}{}:
+	default:
+	}
+}
+
+// Run connects to NATS and shares until ctx ends; it returns nil then.
+// It never fails for NATS being away: it retries, and meanwhile the
+// router routes on its own state. On return the peers are told to forget
+// this replica's bookings (a reset record). Errors: a NATS URL the client
+// refuses.
+func (r *Replica) Run(ctx context.Context) error {
+	nc, err := nats.Connect(r.o.Config.NATS,
+		nats.Name("switchyard "+r.self),
+		nats.RetryOnFailedConnect(true),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250*time.Millisecond),
+		nats.ConnectHandler(func(*nats.Conn) { r.connEvent(true) }),
+		nats.ReconnectHandler(func(*nats.Conn) { r.connEvent(true) }),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { r.connEvent(false) }),
+	)
+	if err != nil {
+		return fmt.Errorf("cluster: nats %s: %w", r.o.Config.NATS, err)
+	}
+	defer nc.Close()
+	if nc.IsConnected() {
+		r.connEvent(true)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("cluster: jetstream: %w", err)
+	}
+	hb, err := nc.Subscribe(r.prefix+"hb.*", func(m *nats.Msg) { r.seen(token(m.Subject), time.Now()) })
+	if err != nil {
+		return fmt.Errorf("cluster: subscribing: %w", err)
+	}
+	defer func() { _ = hb.Unsubscribe() }()
+	hello, err := nc.Subscribe(r.prefix+"hello", func(m *nats.Msg) {
+		if string(m.Data) != r.self {
+			r.requestResync()
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: subscribing: %w", err)
+	}
+	defer func() { _ = hello.Unsubscribe() }()
+
+	var wg sync.WaitGroup
+	pctx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
+	wg.Go(func() { r.publish(pctx, nc) })
+	wg.Go(func() { r.expire(pctx) })
+	defer func() {
+		stopPub()
+		wg.Wait()
+		_ = nc.Flush()
+	}()
+
+	var consume jetstream.ConsumeContext
+	var joined uint64 // the connection (its reconnect count) the session was made on
+	stop := func() {
+		if consume != nil {
+			consume.Stop()
+			consume = nil
+		}
+	}
+	defer stop()
+	retry := time.NewTimer(0)
+	defer retry.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case up := <-r.events:
+			if !up || (consume != nil && joined == nc.Stats().Reconnects) {
+				continue
+			}
+			// Reconnected: the stream may be new (a restarted NATS keeps
+			// no memory stream), so the session starts over.
+			stop()
+			retry.Reset(0)
+		case <-retry.C:
+			if consume != nil || !nc.IsConnected() {
+				continue
+			}
+			joined = nc.Stats().Reconnects
+			c, err := r.session(ctx, js)
+			if err != nil {
+				r.log.Warn("joining the cluster; retrying", "error", err)
+				retry.Reset(time.Second)
+				continue
+			}
+			consume = c
+			// Ask the others for their live bookings, and send ours.
+			if err := nc.Publish(r.prefix+"hello", []byte(r.self)); err != nil {
+				r.log.Warn("saying hello", "error", err)
+			}
+			r.requestResync()
+			r.log.Info("joined the cluster", "cluster", r.o.Config.Name, "replica", r.self)
+		}
+	}
+}
+
+// connEvent records a connection change and hands it to Run.
+func (r *Replica) connEvent(up bool) {
+	r.connected.Store(up)
+	r.m.connected.Set(map[bool]float64{true: 1, false: 0}[up])
+	select {
+	case r.events <- up:
+	default:
+	}
+}
+
+// session makes sure the stream exists and starts this replica's ordered
+// consumer on it, from the messages published from now on.
+func (r *Replica) session(ctx context.Context, js jetstream.JetStream) (jetstream.ConsumeContext, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := js.CreateOrUpdateStream(cctx, jetstream.StreamConfig{
+		Name:     r.stream,
+		Subjects: []string{r.prefix + "d.*"},
+		Storage:  jetstream.MemoryStorage,
+		MaxAge:   2 * r.o.Config.BookingTTL,
+		MaxBytes: 256 << 20,
+		Discard:  jetstream.DiscardOld,
+	}); err != nil {
+		return nil, fmt.Errorf("stream %s: %w", r.stream, err)
+	}
+	cons, err := js.OrderedConsumer(cctx, r.stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	if err != nil {
+		return nil, fmt.Errorf("consumer on %s: %w", r.stream, err)
+	}
+	return cons.Consume(func(msg jetstream.Msg) { r.receive(token(msg.Subject()), msg.Data(), time.Now()) })
+}
+
+// token returns a subject's last token: the sending replica.
+func token(subject string) string {
+	return subject[strings.LastIndexByte(subject, '.')+1:]
+}
+
+// publish sends the local records, snapshots and heartbeats until ctx
+// ends, then a reset record: the peers forget this replica's bookings at
+// once instead of after the TTL.
+func (r *Replica) publish(ctx context.Context, nc *nats.Conn) {
+	subject := r.prefix + "d." + r.self
+	hbSubject := r.prefix + "hb." + r.self
+	buf := make([]byte, 0, batchBytes+4096)
+	send := func() {
+		if len(buf) <= 1 {
+			return
+		}
+		if err := nc.Publish(subject, buf); err != nil {
+			r.m.dropped.WithLabelValues("disconnected").Inc()
+			r.requestResync()
+		} else {
+			r.m.published.Inc()
+		}
+		buf = append(buf[:0], wireVersion)
+	}
+	buf = append(buf, wireVersion)
+	add := func(rec *Record) {
+		if len(buf)+rec.size() > maxMessage {
+			send()
+		}
+		buf = appendRecord(buf, rec)
+	}
+	hb := time.NewTicker(r.o.Config.Heartbeat)
+	defer hb.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			add(&Record{Kind: KindReset})
+			send()
+			return
+		case rec := <-r.out:
+			add(&rec)
+			for len(buf) < batchBytes {
+				select {
+				case rec := <-r.out:
+					add(&rec)
+					continue
+				default:
+				}
+				break
+			}
+			send()
+		case <-r.resync:
+			r.liveMu.Lock()
+			snap := make([]*Record, 0, len(r.live))
+			for _, rec := range r.live {
+				snap = append(snap, rec)
+			}
+			r.liveMu.Unlock()
+			send()
+			add(&Record{Kind: KindReset})
+			for _, rec := range snap {
+				add(rec)
+			}
+			send()
+			r.m.snapshots.Inc()
+		case <-hb.C:
+			if err := nc.Publish(hbSubject, nil); err != nil {
+				r.m.dropped.WithLabelValues("disconnected").Inc()
+			}
+		}
+	}
+}
+
+// receive applies a deltas message of replica from, received at now.
+func (r *Replica) receive(from string, data []byte, now time.Time) {
+	if from == r.self {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.peer(from, now)
+	if err := decode(data, func(rec *Record) { r.apply(from, p, rec, now) }); err != nil {
+		r.m.dropped.WithLabelValues("malformed").Inc()
+		r.log.Warn("a replica's message does not decode; its records after the fault are dropped", "replica", from, "error", err)
+	}
+}
+
+// peer returns from's state, made on first sight; it is alive as of now.
+// r.mu is held.
+func (r *Replica) peer(from string, now time.Time) *peer {
+	p := r.peers[from]
+	if p == nil {
+		p = &peer{bookings: map[string]*fleet.Booking{}}
+		r.peers[from] = p
+	}
+	p.lastSeen = now
+	return p
+}
+
+// seen records a heartbeat of from.
+func (r *Replica) seen(from string, now time.Time) {
+	if from == r.self {
+		return
+	}
+	r.mu.Lock()
+	r.peer(from, now)
+	r.mu.Unlock()
+}
+
+// apply applies one record of peer p (named from). r.mu is held: the
+// placement runs no policy and does not block (a binding target).
+func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time) {
+	r.m.received.WithLabelValues(rec.Kind.String()).Inc()
+	switch rec.Kind {
+	case KindReset:
+		r.releaseAll(p)
+	case KindBooked:
+		if _, dup := p.bookings[rec.ID]; dup {
+			return // a snapshot repeating a booking already applied
+		}
+		if r.remote >= maxRemoteBookings {
+			r.m.dropped.WithLabelValues("too_many").Inc()
+			return
+		}
+		id, ok := r.o.Resolve(rec.Worker)
+		if !ok {
+			r.m.dropped.WithLabelValues("unknown_worker").Inc()
+			return
+		}
+		req := &shared.Request{ID: from + "/" + rec.ID, Model: rec.Model, Role: rec.Role, PromptTokens: rec.PromptTokens,
+			BlockSize: rec.BlockSize, BlockHashes: slices.Clone(rec.BlockHashes)}
+		d, err := r.o.Router.Place(context.Background(), req, router.Placement{Target: id, HasTarget: true, TargetOnly: true})
+		if err != nil {
+			r.m.dropped.WithLabelValues("not_placed").Inc()
+			return
+		}
+		p.bookings[rec.ID] = d.Booking
+		r.remote++
+		if rec.At > 0 {
+			r.m.lag.Observe(max(now.Sub(time.Unix(0, rec.At)).Seconds(), 0))
+		}
+	case KindFirstToken:
+		if b := p.bookings[rec.ID]; b != nil {
+			b.PrefillDone()
+		}
+	case KindReleased:
+		if b := p.bookings[rec.ID]; b != nil {
+			b.Release()
+			delete(p.bookings, rec.ID)
+			r.remote--
+		}
+	}
+}
+
+// releaseAll releases every booking of p. r.mu is held.
+func (r *Replica) releaseAll(p *peer) int {
+	n := len(p.bookings)
+	for id, b := range p.bookings {
+		b.Release()
+		delete(p.bookings, id)
+	}
+	r.remote -= n
+	return n
+}
+
+// expire releases, every heartbeat, the bookings of the peers silent for
+// BookingTTL, until ctx ends; then it releases every peer's bookings (this
+// replica stops counting them).
+func (r *Replica) expire(ctx context.Context) {
+	t := time.NewTicker(r.o.Config.Heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			r.mu.Lock()
+			for _, p := range r.peers {
+				r.releaseAll(p)
+			}
+			r.mu.Unlock()
+			return
+		case now := <-t.C:
+			r.mu.Lock()
+			for name, p := range r.peers {
+				if now.Sub(p.lastSeen) <= r.o.Config.BookingTTL {
+					continue
+				}
+				if n := r.releaseAll(p); n > 0 {
+					r.m.expired.Add(float64(n))
+					r.log.Warn("a replica fell silent; its bookings expired", "replica", name, "bookings", n, "silent_for", now.Sub(p.lastSeen).Round(time.Millisecond))
+				}
+				delete(r.peers, name)
+			}
+			r.mu.Unlock()
+		}
+	}
+}
+
+// String returns the kind's name: booked, first_token, released, reset.
+func (k Kind) String() string {
+	switch k {
+	case KindBooked:
+		return "booked"
+	case KindFirstToken:
+		return "first_token"
+	case KindReleased:
+		return "released"
+	case KindReset:
+		return "reset"
+	}
+	return "unknown"
+}

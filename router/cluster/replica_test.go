@@ -1,0 +1,395 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
+	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// startNATS runs a NATS server with JetStream on 127.0.0.1:port (0: any)
+// until the test ends, and returns it and its URL.
+func startNATS(t *testing.T, port int) (*server.Server, string) {
+	t.Helper()
+	if port == 0 {
+		port = -1
+	}
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go s.Start()
+	if !s.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats server not ready")
+	}
+	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	return s, s.ClientURL()
+}
+
+// node is one replica: a router with workers w0..w(n-1) (their ids
+// offset by idBase, so that replicas do not share ids), its admission
+// with the Replica as Observer, and the Replica running.
+type node struct {
+	r   *router.Router
+	adm *admission.Controller
+	rep *Replica
+	ids map[string]shared.WorkerID
+	reg *prometheus.Registry
+
+	cancel context.CancelFunc
+	done   chan error
+	once   sync.Once
+}
+
+// stop stops the replica (Run returns); idempotent.
+func (n *node) stop(t *testing.T) {
+	t.Helper()
+	n.once.Do(func() {
+		n.cancel()
+		if err := <-n.done; err != nil {
+			t.Errorf("%s: Run: %v", n.rep.self, err)
+		}
+	})
+}
+
+func kvPolicy(t *testing.T) *policy.Policy {
+	t.Helper()
+	kv, err := builtin.NewKVCost(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mc, err := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &policy.Policy{Name: "kv", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
+}
+
+func startNode(t *testing.T, url, name string, workers, idBase int, cfg func(*config.Cluster)) *node {
+	t.Helper()
+	r, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: kvPolicy(t)}, BookingsAreLoad: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	n := &node{r: r, ids: map[string]shared.WorkerID{}, reg: prometheus.NewRegistry()}
+	for i := range workers {
+		w := "w" + strconv.Itoa(i)
+		n.ids[w] = shared.WorkerID(idBase + i)
+		if _, err := r.AddWorker(fleet.Spec{ID: n.ids[w], Name: w, Role: shared.RoleAggregated, TotalKVBlocks: 1000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := config.Cluster{NATS: url, Replica: name, Name: "test", BookingTTL: 2 * time.Second, Heartbeat: 100 * time.Millisecond}
+	if cfg != nil {
+		cfg(&c)
+	}
+	n.rep, err = New(Options{Config: c, Router: r, Registerer: n.reg, Resolve: func(w string) (shared.WorkerID, bool) {
+		id, ok := n.ids[w]
+		return id, ok
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n.adm, err = admission.New(r, admission.Options{Observer: n.rep}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.adm.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel, n.done = cancel, make(chan error, 1)
+	go func() { n.done <- n.rep.Run(ctx) }()
+	t.Cleanup(func() { n.stop(t) })
+	return n
+}
+
+// active is every worker's requests in flight, by name.
+func (n *node) active() map[string]int64 {
+	out := map[string]int64{}
+	for _, w := range n.r.Workers("", shared.RoleAggregated) {
+		out[w.Name] = w.ActiveRequests()
+	}
+	return out
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within a minute", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// joined waits until each node has heard every other (a hello answered
+// by a snapshot, even an empty one, proves the consumer is live).
+func joined(t *testing.T, ns ...*node) {
+	t.Helper()
+	for _, n := range ns {
+		eventually(t, n.rep.self+" hears its peers", func() bool {
+			n.rep.mu.Lock()
+			defer n.rep.mu.Unlock()
+			return len(n.rep.peers) == len(ns)-1
+		})
+	}
+	// A probe booking from each node reaches every other: the consumers
+	// are live.
+	for i, n := range ns {
+		h := admitPrompt(t, n, fmt.Sprintf("probe-%d", i), 900+uint64(i))
+		for _, o := range ns {
+			if o != n {
+				eventually(t, "a probe reaches "+o.rep.self, func() bool { return o.remoteCount() == 1 })
+			}
+		}
+		h.End(admission.Completed(1))
+		for _, o := range ns {
+			eventually(t, "a probe's release reaches "+o.rep.self, func() bool { return o.remoteCount() == 0 })
+		}
+	}
+}
+
+// consuming waits until n's consumer is live: a reset record published
+// on nc, from "probe", again until n has heard the probe.
+func consuming(t *testing.T, n *node, nc *nats.Conn) {
+	t.Helper()
+	eventually(t, n.rep.self+" consumes", func() bool {
+		if err := nc.Publish("switchyard."+n.rep.o.Config.Name+".d.probe", []byte{wireVersion, byte(KindReset)}); err != nil {
+			t.Fatal(err)
+		}
+		_ = nc.Flush()
+		time.Sleep(20 * time.Millisecond)
+		n.rep.mu.Lock()
+		defer n.rep.mu.Unlock()
+		return n.rep.peers["probe"] != nil
+	})
+}
+
+func (n *node) remoteCount() int {
+	n.rep.mu.Lock()
+	defer n.rep.mu.Unlock()
+	return n.rep.remote
+}
+
+// admitPrompt admits a request of 10 blocks starting at block id first.
+func admitPrompt(t *testing.T, n *node, id string, first uint64) *admission.Handle {
+	t.Helper()
+	ids := make([]uint64, 10)
+	for i := range ids {
+		ids[i] = first + uint64(i)
+	}
+	h, err := n.adm.Admit(context.Background(), &shared.Request{ID: id, Role: shared.RoleAggregated, PromptTokens: 40, BlockSize: 4,
+		BlockHashes: prefix.ChainHashes(nil, ids)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// TestReplicasShareBookings: a booking on one replica is counted on the
+// other (by worker name; the ids differ), its first token and its release
+// too; the other replica's KV-aware policy follows the prefix the first
+// sent, though it never routed it.
+func TestReplicasShareBookings(t *testing.T) {
+	_, url := startNATS(t, 0)
+	a := startNode(t, url, "a", 3, 1, nil)
+	b := startNode(t, url, "b", 3, 101, nil)
+	joined(t, a, b)
+
+	h := admitPrompt(t, a, "r1", 1)
+	w := h.Decision().Worker.Name
+	eventually(t, "b counts a's booking", func() bool { return b.active()[w] == 1 })
+	if got := b.active(); got["w0"]+got["w1"]+got["w2"] != 1 {
+		t.Fatalf("b's counts %v, want a's one booking on %s alone", got, w)
+	}
+	var bw *fleet.Worker
+	for _, x := range b.r.Workers("", shared.RoleAggregated) {
+		if x.Name == w {
+			bw = x
+		}
+	}
+	if l := bw.Load(true); l.ActivePrefillTokens != 40 {
+		t.Fatalf("b's load of %s: %+v, want 40 prefill tokens", w, l)
+	}
+	h.FirstToken()
+	eventually(t, "b hears the first token", func() bool { return bw.Load(true).ActivePrefillTokens == 0 })
+	h.End(admission.Completed(50))
+	eventually(t, "b hears the release", func() bool { return b.active()[w] == 0 })
+
+	// b routes a prompt extending r1's: its index holds a's record.
+	h2 := admitPrompt(t, b, "r2", 1)
+	if got := h2.Decision().Worker.Name; got != w || h2.Decision().OverlapBlocks != 10 {
+		t.Fatalf("b placed the prefix on %s with overlap %d, want %s (where a sent it) with 10", got, h2.Decision().OverlapBlocks, w)
+	}
+	h2.End(admission.Completed(50))
+	eventually(t, "a hears b's release", func() bool { return a.active()[w] == 0 })
+}
+
+// TestSilentReplicaExpires: a replica that books and then falls silent
+// (no heartbeat, no release: it died) has its bookings released on the
+// others once the booking TTL passes; one that stops cleanly has them
+// released at once (a reset record).
+func TestSilentReplicaExpires(t *testing.T) {
+	_, url := startNATS(t, 0)
+	b := startNode(t, url, "b", 3, 101, nil)
+	joined(t, b)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	consuming(t, b, nc)
+	// "ghost" books w2 and never speaks again.
+	msg := appendRecord([]byte{wireVersion}, &Record{Kind: KindBooked, ID: "x", At: time.Now().UnixNano(), Worker: "w2", Role: shared.RoleAggregated, PromptTokens: 8, BlockSize: 4})
+	if err := nc.Publish("switchyard.test.d.ghost", msg); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the ghost's booking applied", func() bool { return b.active()["w2"] == 1 })
+	eventually(t, "the ghost's booking expires", func() bool { return b.active()["w2"] == 0 })
+	if got := counterValue(t, b.reg, "switchyard_cluster_expired_bookings_total"); got < 1 {
+		t.Fatalf("expired bookings counted %v, want at least 1", got)
+	}
+
+	// A clean stop: released at once, though the TTL is an hour.
+	long := func(c *config.Cluster) { c.BookingTTL, c.Name = time.Hour, "other" }
+	c := startNode(t, url, "c", 3, 201, long)
+	d := startNode(t, url, "d", 3, 301, long)
+	joined(t, c, d)
+	h := admitPrompt(t, c, "r", 1)
+	w := h.Decision().Worker.Name
+	eventually(t, "d counts c's booking", func() bool { return d.active()[w] == 1 })
+	c.stop(t)
+	eventually(t, "d releases c's booking at c's reset", func() bool { return d.active()[w] == 0 })
+	h.End(admission.Aborted("test over"))
+}
+
+func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			v := 0.0
+			for _, m := range mf.GetMetric() {
+				v += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			}
+			return v
+		}
+	}
+	return 0
+}
+
+// freePort returns a loopback port nothing listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ln.Close() }()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// TestNATSRestart: NATS goes away under two replicas with bookings, for
+// longer than the booking TTL: each keeps routing on its own state
+// (connected 0) and the other's bookings expire; a booking made during the
+// outage stays local. NATS comes back (a new server on the same port, its
+// memory stream empty): both reconnect by themselves and, through hello and
+// snapshots, each counts the other's live bookings again, those made
+// during the outage included.
+func TestNATSRestart(t *testing.T) {
+	port := freePort(t)
+	s, url := startNATS(t, port)
+	a := startNode(t, url, "a", 3, 1, nil)
+	b := startNode(t, url, "b", 3, 101, nil)
+	joined(t, a, b)
+	before := admitPrompt(t, a, "before", 1)
+	eventually(t, "b counts a's booking", func() bool { return b.remoteCount() == 1 })
+
+	s.Shutdown()
+	s.WaitForShutdown()
+	eventually(t, "both see NATS gone", func() bool { return !a.rep.Connected() && !b.rep.Connected() })
+	during := admitPrompt(t, a, "during", 500) // routed on a's own state
+	eventually(t, "a's bookings expire on b", func() bool { return b.remoteCount() == 0 })
+	if got := counterValue(t, b.reg, "switchyard_cluster_connected"); got != 0 {
+		t.Fatalf("b's connected gauge %v during the outage, want 0", got)
+	}
+
+	startNATS(t, port)
+	eventually(t, "both reconnect", func() bool { return a.rep.Connected() && b.rep.Connected() })
+	eventually(t, "b counts a's two live bookings again", func() bool { return b.remoteCount() == 2 })
+	want := map[string]int64{}
+	want[before.Decision().Worker.Name]++
+	want[during.Decision().Worker.Name]++
+	for w, n := range want {
+		if got := b.active()[w]; got != n {
+			t.Errorf("b counts %d on %s, want %d", got, w, n)
+		}
+	}
+	before.End(admission.Completed(1))
+	during.End(admission.Completed(1))
+	eventually(t, "the releases reach b", func() bool { return b.remoteCount() == 0 })
+	if got := counterValue(t, b.reg, "switchyard_cluster_connected"); got != 1 {
+		t.Fatalf("b's connected gauge %v after NATS returned, want 1", got)
+	}
+}
+
+// TestMalformedMessagesAreDropped: garbage on a replica's subject is
+// counted and dropped; the records before the fault apply; the replica
+// goes on.
+func TestMalformedMessagesAreDropped(t *testing.T) {
+	_, url := startNATS(t, 0)
+	b := startNode(t, url, "b", 3, 101, nil)
+	joined(t, b)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	consuming(t, b, nc)
+	good := appendRecord([]byte{wireVersion}, &Record{Kind: KindBooked, ID: "ok", Worker: "w1", Role: shared.RoleAggregated, PromptTokens: 8, BlockSize: 4})
+	for _, m := range [][]byte{
+		{},
+		{9},                                   // a version that does not exist
+		{wireVersion, 77},                     // a kind that does not exist
+		append(good, byte(KindReleased), 200), // a string longer than the message
+		append(good[:len(good):len(good)], byte(KindBooked), 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f),
+	} {
+		if err := nc.Publish("switchyard.test.d.noisy", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = nc.Flush()
+	eventually(t, "five malformed messages counted", func() bool {
+		return counterValue(t, b.reg, "switchyard_cluster_dropped_total") == 5
+	})
+	// The good booked record before each fault applied, once (duplicates
+	// of one id are one booking).
+	eventually(t, "the good record applied once", func() bool { return b.active()["w1"] == 1 })
+	if err := nc.Publish("switchyard.test.d.noisy", append([]byte{wireVersion}, appendRecord(nil, &Record{Kind: KindReleased, ID: "ok"})...)); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	eventually(t, "its release applies", func() bool { return b.active()["w1"] == 0 })
+}
