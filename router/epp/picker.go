@@ -69,7 +69,7 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 	if req.Subset != nil {
 		out, ok := p.outside(req.Subset)
 		if !ok {
-			return Pick{}, fmt.Errorf("%w: no worker is at an endpoint of the subset hint %s", ErrNoEndpoint, strings.Join(req.Subset, ","))
+			return Pick{}, fmt.Errorf("%w: no worker is at an endpoint of the subset hint %s", ErrNoEndpoint, hintWords(req.Subset))
 		}
 		opts = append(opts, admission.Exclude(out...))
 	}
@@ -114,6 +114,30 @@ func (p *RouterPicker) fallbacks(primary string, alts []*fleet.Worker) []string 
 		out = append(out, ep)
 	}
 	return out
+}
+
+// hintWords words a subset hint for an error message, bounded whatever
+// the hint's size: all of it when short, else its length and its first
+// 8 entries, each cut at 64 bytes.
+func hintWords(subset []string) string {
+	const entries, entryBytes = 8, 64
+	var b strings.Builder
+	if len(subset) > entries {
+		fmt.Fprintf(&b, "(%d endpoints): ", len(subset))
+	}
+	for i, ep := range subset[:min(len(subset), entries)] {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if len(ep) > entryBytes {
+			ep = ep[:entryBytes] + "..."
+		}
+		b.WriteString(ep)
+	}
+	if len(subset) > entries {
+		b.WriteString(",...")
+	}
+	return b.String()
 }
 
 // chatPath says whether path (":path") is the chat schema's.

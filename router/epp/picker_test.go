@@ -274,6 +274,23 @@ func TestRouterPickerSubsetHint(t *testing.T) {
 		t.Fatalf("subset of no worker: %d %v, want 503 no_worker", status, body)
 	}
 	ev.finish()
+	// A long hint naming no worker: the message names its first entries
+	// and its length, not all 10,000 (nor a 1 MB entry whole).
+	long := []string{strings.Repeat("h", 1<<20) + ":1"}
+	for i := range 9999 {
+		long = append(long, fmt.Sprintf("10.1.%d.%d:9", i/256, i%256))
+	}
+	ev, got, r = e.pick(t, t.Context(), "long", chatOf(prefixA), long)
+	if got != "" {
+		t.Fatalf("long subset of no worker picked %q", got)
+	}
+	status, body := immediateOf(t, r)
+	want := "no ready endpoint: no worker is at an endpoint of the subset hint (10000 endpoints): " +
+		strings.Repeat("h", 64) + "...,10.1.0.0:9,10.1.0.1:9,10.1.0.2:9,10.1.0.3:9,10.1.0.4:9,10.1.0.5:9,10.1.0.6:9,..."
+	if status != 503 || body["code"] != "no_worker" || body["message"] != want {
+		t.Fatalf("long subset of no worker: %d %v, want 503 no_worker %q", status, body, want)
+	}
+	ev.finish()
 	e.settle(t)
 }
 
