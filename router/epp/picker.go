@@ -234,16 +234,18 @@ type routerHandle struct {
 // picked one (admission.Handle.Move): the proxy fell back to it, the pick
 // having failed, which counts as a failed request of the picked worker
 // (serve.Workers.ReportFailure: consecutive failures take it out, as
-// serve's do). An endpoint no worker has keeps the booking where it is.
+// serve's do). An endpoint no worker has keeps the booking where it is
+// and counts nothing: it may be the pick spelled otherwise, or garbage,
+// and a proxy reporting such would otherwise take every worker out.
 func (rh *routerHandle) Served(endpoint string) {
 	if endpoint == rh.endpoint {
 		return
 	}
-	rh.p.Server.Workers().ReportFailure(rh.placed.Decision.Worker.Name)
 	id, ok := rh.p.workerAt(endpoint)
 	if !ok {
 		return
 	}
+	rh.p.Server.Workers().ReportFailure(rh.placed.Decision.Worker.Name)
 	// Move runs no policy and does not block: a background context.
 	if err := rh.placed.Handle.Move(context.Background(), id, "served by "+endpoint); err == nil {
 		rh.endpoint = endpoint

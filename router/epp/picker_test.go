@@ -603,7 +603,8 @@ func TestRouterPickerCountsUsage(t *testing.T) {
 // TestRouterPickerReportsWorkerOutcomes: a pick the proxy served elsewhere
 // (it failed over) is a failed request of the picked worker, a response
 // of 500 or more one of the serving worker, and a completed response a
-// success that clears the count, as serve reports its own requests.
+// success that clears the count, as serve reports its own requests. A
+// served endpoint that is no worker's counts nothing.
 func TestRouterPickerReportsWorkerOutcomes(t *testing.T) {
 	e := newRouterEnv(t, 2, "")
 	fails := func() int {
@@ -630,6 +631,27 @@ func TestRouterPickerReportsWorkerOutcomes(t *testing.T) {
 	ev.complete()
 	e.settle(t)
 	e.eventually(t, "w0's failures cleared by a completed answer", func() bool { return fails() == 0 })
+
+	// Served endpoints that are no worker's (garbage, or the endpoint
+	// spelled otherwise by the proxy) say nothing of the pick: four
+	// requests held past such a report count no failure (three in a row
+	// would take w0 out).
+	var held []*envoy
+	for i, served := range []string{"x", strings.Repeat("z", 10_000), "192.0.2.1:1", "localhost:1"} {
+		ev, _, _ := e.pick(t, t.Context(), fmt.Sprint("unknown", i), chatOf("q"), only)
+		ev.mustSend(respHeadersMsg(served))
+		ev.mustRecv()
+		held = append(held, ev)
+	}
+	if n := fails(); n != 0 {
+		t.Fatalf("w0 has %d consecutive request failures after unknown served endpoints, want 0", n)
+	}
+	for _, ev := range held {
+		ev.mustSend(respBodyMsg("data: [DONE]\n\n", true))
+		ev.mustRecv()
+		ev.finish()
+	}
+	e.settle(t)
 
 	ev, _, _ = e.pick(t, t.Context(), "500", chatOf("q"), only)
 	ev.mustSend(respHeadersStatus("", "503"))
