@@ -55,7 +55,7 @@ var _ Picker = (*RouterPicker)(nil)
 // wrapping serve's error and worded by it; other errors as Place returns
 // them.
 func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
-	chat, err := chatPath(req.Headers[":path"])
+	chat, err := chatPath(req.Headers[":method"], req.Headers[":path"])
 	if err != nil {
 		return Pick{}, err
 	}
@@ -140,16 +140,20 @@ func hintWords(subset []string) string {
 	return b.String()
 }
 
-// chatPath says whether path (":path") is the chat schema's.
-func chatPath(path string) (bool, error) {
-	path, _, _ = strings.Cut(path, "?")
-	switch path {
+// chatPath says whether path (":path") is the chat schema's; method
+// (":method", "POST" when absent) only words the error.
+func chatPath(method, path string) (bool, error) {
+	route, _, _ := strings.Cut(path, "?")
+	switch route {
 	case "", "/v1/chat/completions":
 		return true, nil
 	case "/v1/completions":
 		return false, nil
 	}
-	return false, fmt.Errorf("%w: no endpoint POST %s: the picker routes /v1/chat/completions and /v1/completions", ErrBadRequest, path)
+	if method == "" {
+		method = http.MethodPost
+	}
+	return false, fmt.Errorf("%w: no endpoint %s %s: the picker routes POST /v1/chat/completions and POST /v1/completions", ErrBadRequest, method, route)
 }
 
 // outside returns the ids of the workers whose endpoint is not in subset,

@@ -517,6 +517,33 @@ func TestEndpoint(t *testing.T) {
 	}
 }
 
+// TestChatPath: the schema by path, the query aside; another path is
+// ErrBadRequest naming the request's method and path.
+func TestChatPath(t *testing.T) {
+	for _, tc := range []struct {
+		method, path string
+		chat         bool
+		err          string
+	}{
+		{"POST", "/v1/chat/completions", true, ""},
+		{"", "", true, ""},
+		{"POST", "/v1/completions?x=1", false, ""},
+		{"GET", "/v1/models", false, "invalid request: no endpoint GET /v1/models: the picker routes POST /v1/chat/completions and POST /v1/completions"},
+		{"", "//v1/completions?a=b", false, "invalid request: no endpoint POST //v1/completions: the picker routes POST /v1/chat/completions and POST /v1/completions"},
+	} {
+		chat, err := chatPath(tc.method, tc.path)
+		if tc.err == "" {
+			if err != nil || chat != tc.chat {
+				t.Errorf("chatPath(%q, %q) = %v, %v; want %v, nil", tc.method, tc.path, chat, err, tc.chat)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrBadRequest) || err.Error() != tc.err {
+			t.Errorf("chatPath(%q, %q) error %v, want %q (ErrBadRequest)", tc.method, tc.path, err, tc.err)
+		}
+	}
+}
+
 // TestMapErr: serve's errors map to the Picker's, keeping serve's words.
 func TestMapErr(t *testing.T) {
 	ctx := context.Background()
