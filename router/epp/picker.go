@@ -55,7 +55,7 @@ var _ Picker = (*RouterPicker)(nil)
 // wrapping serve's error and worded by it; other errors as Place returns
 // them.
 func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
-	chat, err := chatPath(req.Headers[":path"])
+	chat, err := chatPath(req.Headers[":method"], req.Headers[":path"])
 	if err != nil {
 		return Pick{}, err
 	}
@@ -69,7 +69,7 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 	if req.Subset != nil {
 		out, ok := p.outside(req.Subset)
 		if !ok {
-			return Pick{}, fmt.Errorf("%w: no worker is at an endpoint of the subset hint %s", ErrNoEndpoint, strings.Join(req.Subset, ","))
+			return Pick{}, fmt.Errorf("%w: no worker is at an endpoint of the subset hint %s", ErrNoEndpoint, hintWords(req.Subset))
 		}
 		opts = append(opts, admission.Exclude(out...))
 	}
@@ -116,16 +116,44 @@ func (p *RouterPicker) fallbacks(primary string, alts []*fleet.Worker) []string 
 	return out
 }
 
-// chatPath says whether path (":path") is the chat schema's.
-func chatPath(path string) (bool, error) {
-	path, _, _ = strings.Cut(path, "?")
-	switch path {
+// hintWords words a subset hint for an error message, bounded whatever
+// the hint's size: all of it when short, else its length and its first
+// 8 entries, each cut at 64 bytes.
+func hintWords(subset []string) string {
+	const entries, entryBytes = 8, 64
+	var b strings.Builder
+	if len(subset) > entries {
+		fmt.Fprintf(&b, "(%d endpoints): ", len(subset))
+	}
+	for i, ep := range subset[:min(len(subset), entries)] {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if len(ep) > entryBytes {
+			ep = ep[:entryBytes] + "..."
+		}
+		b.WriteString(ep)
+	}
+	if len(subset) > entries {
+		b.WriteString(",...")
+	}
+	return b.String()
+}
+
+// chatPath says whether path (":path") is the chat schema's; method
+// (":method", "POST" when absent) only words the error.
+func chatPath(method, path string) (bool, error) {
+	route, _, _ := strings.Cut(path, "?")
+	switch route {
 	case "", "/v1/chat/completions":
 		return true, nil
 	case "/v1/completions":
 		return false, nil
 	}
-	return false, fmt.Errorf("%w: no endpoint POST %s: the picker routes /v1/chat/completions and /v1/completions", ErrBadRequest, path)
+	if method == "" {
+		method = http.MethodPost
+	}
+	return false, fmt.Errorf("%w: no endpoint %s %s: the picker routes POST /v1/chat/completions and POST /v1/completions", ErrBadRequest, method, route)
 }
 
 // outside returns the ids of the workers whose endpoint is not in subset,
@@ -210,16 +238,18 @@ type routerHandle struct {
 // picked one (admission.Handle.Move): the proxy fell back to it, the pick
 // having failed, which counts as a failed request of the picked worker
 // (serve.Workers.ReportFailure: consecutive failures take it out, as
-// serve's do). An endpoint no worker has keeps the booking where it is.
+// serve's do). An endpoint no worker has keeps the booking where it is
+// and counts nothing: it may be the pick spelled otherwise, or garbage,
+// and a proxy reporting such would otherwise take every worker out.
 func (rh *routerHandle) Served(endpoint string) {
 	if endpoint == rh.endpoint {
 		return
 	}
-	rh.p.Server.Workers().ReportFailure(rh.placed.Decision.Worker.Name)
 	id, ok := rh.p.workerAt(endpoint)
 	if !ok {
 		return
 	}
+	rh.p.Server.Workers().ReportFailure(rh.placed.Decision.Worker.Name)
 	// Move runs no policy and does not block: a background context.
 	if err := rh.placed.Handle.Move(context.Background(), id, "served by "+endpoint); err == nil {
 		rh.endpoint = endpoint

@@ -274,6 +274,23 @@ func TestRouterPickerSubsetHint(t *testing.T) {
 		t.Fatalf("subset of no worker: %d %v, want 503 no_worker", status, body)
 	}
 	ev.finish()
+	// A long hint naming no worker: the message names its first entries
+	// and its length, not all 10,000 (nor a 1 MB entry whole).
+	long := []string{strings.Repeat("h", 1<<20) + ":1"}
+	for i := range 9999 {
+		long = append(long, fmt.Sprintf("10.1.%d.%d:9", i/256, i%256))
+	}
+	ev, got, r = e.pick(t, t.Context(), "long", chatOf(prefixA), long)
+	if got != "" {
+		t.Fatalf("long subset of no worker picked %q", got)
+	}
+	status, body := immediateOf(t, r)
+	want := "no ready endpoint: no worker is at an endpoint of the subset hint (10000 endpoints): " +
+		strings.Repeat("h", 64) + "...,10.1.0.0:9,10.1.0.1:9,10.1.0.2:9,10.1.0.3:9,10.1.0.4:9,10.1.0.5:9,10.1.0.6:9,..."
+	if status != 503 || body["code"] != "no_worker" || body["message"] != want {
+		t.Fatalf("long subset of no worker: %d %v, want 503 no_worker %q", status, body, want)
+	}
+	ev.finish()
 	e.settle(t)
 }
 
@@ -510,6 +527,33 @@ func TestEndpoint(t *testing.T) {
 	}
 }
 
+// TestChatPath: the schema by path, the query aside; another path is
+// ErrBadRequest naming the request's method and path.
+func TestChatPath(t *testing.T) {
+	for _, tc := range []struct {
+		method, path string
+		chat         bool
+		err          string
+	}{
+		{"POST", "/v1/chat/completions", true, ""},
+		{"", "", true, ""},
+		{"POST", "/v1/completions?x=1", false, ""},
+		{"GET", "/v1/models", false, "invalid request: no endpoint GET /v1/models: the picker routes POST /v1/chat/completions and POST /v1/completions"},
+		{"", "//v1/completions?a=b", false, "invalid request: no endpoint POST //v1/completions: the picker routes POST /v1/chat/completions and POST /v1/completions"},
+	} {
+		chat, err := chatPath(tc.method, tc.path)
+		if tc.err == "" {
+			if err != nil || chat != tc.chat {
+				t.Errorf("chatPath(%q, %q) = %v, %v; want %v, nil", tc.method, tc.path, chat, err, tc.chat)
+			}
+			continue
+		}
+		if !errors.Is(err, ErrBadRequest) || err.Error() != tc.err {
+			t.Errorf("chatPath(%q, %q) error %v, want %q (ErrBadRequest)", tc.method, tc.path, err, tc.err)
+		}
+	}
+}
+
 // TestMapErr: serve's errors map to the Picker's, keeping serve's words.
 func TestMapErr(t *testing.T) {
 	ctx := context.Background()
@@ -574,7 +618,8 @@ func TestRouterPickerCountsUsage(t *testing.T) {
 // TestRouterPickerReportsWorkerOutcomes: a pick the proxy served elsewhere
 // (it failed over) is a failed request of the picked worker, a response
 // of 500 or more one of the serving worker, and a completed response a
-// success that clears the count, as serve reports its own requests.
+// success that clears the count, as serve reports its own requests. A
+// served endpoint that is no worker's counts nothing.
 func TestRouterPickerReportsWorkerOutcomes(t *testing.T) {
 	e := newRouterEnv(t, 2, "")
 	fails := func() int {
@@ -601,6 +646,27 @@ func TestRouterPickerReportsWorkerOutcomes(t *testing.T) {
 	ev.complete()
 	e.settle(t)
 	e.eventually(t, "w0's failures cleared by a completed answer", func() bool { return fails() == 0 })
+
+	// Served endpoints that are no worker's (garbage, or the endpoint
+	// spelled otherwise by the proxy) say nothing of the pick: four
+	// requests held past such a report count no failure (three in a row
+	// would take w0 out).
+	var held []*envoy
+	for i, served := range []string{"x", strings.Repeat("z", 10_000), "192.0.2.1:1", "localhost:1"} {
+		ev, _, _ := e.pick(t, t.Context(), fmt.Sprint("unknown", i), chatOf("q"), only)
+		ev.mustSend(respHeadersMsg(served))
+		ev.mustRecv()
+		held = append(held, ev)
+	}
+	if n := fails(); n != 0 {
+		t.Fatalf("w0 has %d consecutive request failures after unknown served endpoints, want 0", n)
+	}
+	for _, ev := range held {
+		ev.mustSend(respBodyMsg("data: [DONE]\n\n", true))
+		ev.mustRecv()
+		ev.finish()
+	}
+	e.settle(t)
 
 	ev, _, _ = e.pick(t, t.Context(), "500", chatOf("q"), only)
 	ev.mustSend(respHeadersStatus("", "503"))

@@ -17,6 +17,8 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/switchyard-router/switchyard/router/serve"
@@ -70,14 +72,21 @@ type stream struct {
 	echo   bool // response body in FULL_DUPLEX_STREAMED mode: each chunk is sent back
 	req    Request
 	picked bool
-	handle Handle // nil before the pick and after End
-	served bool
-	first  bool
+	// refused: the request was answered with an immediate response; later
+	// request body chunks are dropped, later request headers are an error.
+	refused bool
+	// subsetErr: the subset hint is not a list of strings (answered 503).
+	subsetErr error
+	handle    Handle // nil before the pick and after End
+	served    bool
+	first     bool
 }
 
 // Process serves one ext_proc stream: the phases of one HTTP request as
 // Envoy's ext_proc filter sends them. It returns nil when the proxy closes
-// the stream, and the stream's error otherwise; the Handle of a picked
+// the stream, a codes.InvalidArgument status when request headers come a
+// second time (or after the request was answered), and the stream's error
+// otherwise; the Handle of a picked
 // request gets End exactly once whatever happens (Aborted unless the
 // response reached its end).
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
@@ -156,6 +165,11 @@ func (st *stream) handle1(msg *extprocv3.ProcessingRequest) error {
 }
 
 func (st *stream) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
+	if st.req.Headers != nil || st.picked || st.refused {
+		// One stream is one HTTP request: a second request would pick
+		// again over the first's pick, whose Handle would never end.
+		return grpcstatus.Error(codes.InvalidArgument, "request headers after the request's headers or its answer: an ext_proc stream carries one HTTP request")
+	}
 	hm := h.GetHeaders().GetHeaders()
 	st.req.Headers = make(map[string]string, len(hm))
 	for _, hv := range hm {
@@ -165,7 +179,7 @@ func (st *stream) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.
 		}
 		st.req.Headers[strings.ToLower(hv.GetKey())] = v
 	}
-	st.req.Subset = subsetHint(msg.GetMetadataContext())
+	st.req.Subset, st.subsetErr = subsetHint(msg.GetMetadataContext())
 	if h.GetEndOfStream() {
 		return st.pick(true)
 	}
@@ -177,6 +191,12 @@ func (st *stream) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.
 }
 
 func (st *stream) requestBody(b *extprocv3.HttpBody) error {
+	if st.refused {
+		// Answered already (413, say): a full-duplex proxy may have sent
+		// more chunks before the answer reached it. Dropped, unanswered;
+		// never picked.
+		return nil
+	}
 	if st.picked {
 		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
 			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
@@ -210,6 +230,9 @@ func (st *stream) pick(onHeaders bool) error {
 
 // pick1 is pick without the observation.
 func (st *stream) pick1(onHeaders bool) error {
+	if st.subsetErr != nil {
+		return st.immediateErr(fmt.Errorf("%w: %w", ErrNoEndpoint, st.subsetErr))
+	}
 	if st.req.Subset != nil && len(st.req.Subset) == 0 {
 		return st.immediateErr(fmt.Errorf("%w: the subset hint lists no endpoint", ErrNoEndpoint))
 	}
@@ -297,11 +320,12 @@ func (st *stream) servedFrom(msg *extprocv3.ProcessingRequest) {
 
 // subsetHint reads the subset hint of the filter metadata: nil when absent,
 // else its endpoints (a list of strings, or one comma-separated string),
-// empty entries dropped.
-func subsetHint(md *corev3.Metadata) []string {
+// empty entries dropped. A hint of another type, or a list with an entry
+// that is not a string, is an error naming it.
+func subsetHint(md *corev3.Metadata) ([]string, error) {
 	v, ok := md.GetFilterMetadata()[SubsetNamespace].GetFields()[SubsetKey]
 	if !ok {
-		return nil
+		return nil, nil
 	}
 	out := []string{}
 	add := func(s string) {
@@ -311,14 +335,39 @@ func subsetHint(md *corev3.Metadata) []string {
 			}
 		}
 	}
-	if l := v.GetListValue(); l != nil {
-		for _, e := range l.GetValues() {
-			add(e.GetStringValue())
+	if l, isList := v.GetKind().(*structpb.Value_ListValue); isList {
+		for i, e := range l.ListValue.GetValues() {
+			s, isStr := e.GetKind().(*structpb.Value_StringValue)
+			if !isStr {
+				return out, fmt.Errorf("the subset hint's entry %d is %s, want an \"ip:port\" string", i, kindOf(e))
+			}
+			add(s.StringValue)
 		}
-	} else {
-		add(v.GetStringValue())
+		return out, nil
 	}
-	return out
+	s, isStr := v.GetKind().(*structpb.Value_StringValue)
+	if !isStr {
+		return out, fmt.Errorf("the subset hint is %s, want a list of \"ip:port\" strings or one comma-separated string", kindOf(v))
+	}
+	add(s.StringValue)
+	return out, nil
+}
+
+// kindOf words a metadata value's type.
+func kindOf(v *structpb.Value) string {
+	switch v.GetKind().(type) {
+	case *structpb.Value_NumberValue:
+		return "a number"
+	case *structpb.Value_BoolValue:
+		return "a boolean"
+	case *structpb.Value_StructValue:
+		return "a struct"
+	case *structpb.Value_ListValue:
+		return "a list"
+	case *structpb.Value_StringValue:
+		return "a string"
+	}
+	return "null"
 }
 
 // status reads a response's ":status" header.
@@ -385,6 +434,7 @@ type apiError struct {
 // immediate ends the request with an immediate response of the given HTTP
 // status and an OpenAI error body.
 func (st *stream) immediate(status int, typ, code, message string) error {
+	st.refused, st.req.Body = true, nil
 	var e apiError
 	e.Error.Message, e.Error.Type, e.Error.Code = message, typ, code
 	b, err := json.Marshal(e)

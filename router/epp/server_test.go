@@ -19,7 +19,9 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/structpb"
 )
@@ -687,4 +689,108 @@ func TestLargeBodies(t *testing.T) {
 		t.Fatalf("echoed chunks of %v bytes, end of stream %v, same body %v; want 1 MiB, 1 MiB, 512 KiB, the last ending it", sizes, eos, got.String() == body)
 	}
 	e.finish()
+}
+
+// TestRepeatedRequestHeadersEndTheStream: a second request's headers on a
+// stream (a hostile or broken proxy) are refused with InvalidArgument
+// instead of picking again over the first pick, whose Handle ends once,
+// aborted; a request's headers after its immediate answer likewise.
+func TestRepeatedRequestHeadersEndTheStream(t *testing.T) {
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	c := startServer(t, &Server{Picker: p})
+	e := newEnvoy(t, t.Context(), c)
+	e.mustSend(headersMsg("r1", true, nil))
+	if r := e.mustRecv(); r.GetRequestHeaders() == nil {
+		t.Fatalf("first request's headers: got %v, want the pick", r)
+	}
+	e.mustSend(headersMsg("r2", true, nil))
+	if r, err := e.st.Recv(); grpcstatus.Code(err) != codes.InvalidArgument {
+		t.Fatalf("second request headers: got %v, %v; want InvalidArgument", r, err)
+	}
+	if n := len(p.requests()); n != 1 {
+		t.Fatalf("picker called %d times, want 1", n)
+	}
+	// The first pick's End comes as the handler returns.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, _, ends := p.handle("r1").snapshot()
+		if slices.Equal(ends, []Outcome{Aborted}) {
+			break
+		}
+		if len(ends) > 1 || time.Now().After(deadline) {
+			t.Fatalf("first pick's ends %v, want [aborted]", ends)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	// After an immediate answer: request headers are refused too.
+	pe := &fakePicker{err: ErrShed}
+	e = newEnvoy(t, t.Context(), startServer(t, &Server{Picker: pe}))
+	e.mustSend(headersMsg("r1", true, nil))
+	if st, _ := immediateOf(t, e.mustRecv()); st != 429 {
+		t.Fatalf("status %d, want 429", st)
+	}
+	e.mustSend(headersMsg("r2", true, nil))
+	if r, err := e.st.Recv(); grpcstatus.Code(err) != codes.InvalidArgument {
+		t.Fatalf("headers after the answer: got %v, %v; want InvalidArgument", r, err)
+	}
+	if n := len(pe.requests()); n != 1 {
+		t.Fatalf("picker called %d times, want 1", n)
+	}
+}
+
+// TestBodyAfter413IsDropped: chunks after the 413 (a full-duplex proxy
+// sends them before the answer reaches it) are dropped unanswered and
+// never picked, even when the request's end would fit the bound.
+func TestBodyAfter413IsDropped(t *testing.T) {
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p, MaxBodyBytes: 16}))
+	e.mustSend(headersMsg("r1", false, nil))
+	e.mustRecv()
+	e.mustSend(bodyMsg(strings.Repeat("x", 10), false))
+	e.mustRecv()
+	e.mustSend(bodyMsg(strings.Repeat("x", 7), false)) // 17 > 16
+	if st, _ := immediateOf(t, e.mustRecv()); st != 413 {
+		t.Fatalf("status %d, want 413", st)
+	}
+	e.mustSend(bodyMsg("xxxxx", true)) // 15 would fit
+	e.finish()                         // nothing more was answered
+	if n := len(p.requests()); n != 0 {
+		t.Fatalf("picker called %d times after the 413", n)
+	}
+}
+
+// TestSubsetHintOfWrongTypeIs503 names the wrong type in the 503's
+// message instead of calling it an empty hint, and does not pick.
+func TestSubsetHintOfWrongTypeIs503(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		v    *structpb.Value
+		want string
+	}{
+		{"number", structpb.NewNumberValue(42), "the subset hint is a number, want a list of \"ip:port\" strings or one comma-separated string"},
+		{"bool", structpb.NewBoolValue(true), "the subset hint is a boolean, want a list of \"ip:port\" strings or one comma-separated string"},
+		{"null", structpb.NewNullValue(), "the subset hint is null, want a list of \"ip:port\" strings or one comma-separated string"},
+		{"struct", structpb.NewStructValue(&structpb.Struct{}), "the subset hint is a struct, want a list of \"ip:port\" strings or one comma-separated string"},
+		{"nested list", structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{
+			structpb.NewStringValue("10.0.0.1:8000"),
+			structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewStringValue("10.0.0.1:8000")}})}}),
+			`the subset hint's entry 1 is a list, want an "ip:port" string`},
+		{"number entry", structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewNumberValue(1)}}),
+			`the subset hint's entry 0 is a number, want an "ip:port" string`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &fakePicker{endpoint: "10.0.0.1:8000"}
+			e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p}))
+			e.mustSend(headersMsg("r1", true, subsetMD(tc.v)))
+			st, body := immediateOf(t, e.mustRecv())
+			if st != 503 || body["code"] != "no_worker" || body["message"] != "no ready endpoint: "+tc.want {
+				t.Fatalf("got %d %v", st, body)
+			}
+			if n := len(p.requests()); n != 0 {
+				t.Fatalf("picker called %d times", n)
+			}
+			e.finish()
+		})
+	}
 }
