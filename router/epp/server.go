@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -33,6 +34,12 @@ type Server struct {
 	// MaxBodyBytes bounds a request body; a larger one is answered 413.
 	// Zero means serve.DefaultMaxBodyBytes (32 MiB), serve's own bound.
 	MaxBodyBytes int64
+	// MaxBodyBytesInFlight bounds the request body bytes held at once, all
+	// streams together, from their first chunk until the Picker has
+	// answered: a chunk that would pass it is answered 503 "overloaded",
+	// as serve answers. Zero means serve.DefaultMaxBodyBytesInFlight (1
+	// GiB); negative, no bound.
+	MaxBodyBytesInFlight int64
 	// Decisions, when set, observes each pick's decision latency in
 	// seconds: from the handler holding the whole request (its last body
 	// chunk received, or headers without a body) to the answer carrying
@@ -42,6 +49,8 @@ type Server struct {
 	// and sending the answer; not the network. Picks answered with an
 	// error are not observed.
 	Decisions prometheus.Observer
+
+	held atomic.Int64 // body bytes held, all streams
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -80,6 +89,33 @@ type stream struct {
 	handle    Handle // nil before the pick and after End
 	served    bool
 	first     bool
+	holding   int64 // body bytes this stream counts in Server.held
+}
+
+// hold counts n more body bytes of st in the server's bound; false when
+// they would pass it (nothing is counted then).
+func (st *stream) hold(n int64) bool {
+	limit := st.s.MaxBodyBytesInFlight
+	if limit == 0 {
+		limit = serve.DefaultMaxBodyBytesInFlight
+	}
+	if limit < 0 {
+		return true
+	}
+	if st.s.held.Add(n) > limit {
+		st.s.held.Add(-n)
+		return false
+	}
+	st.holding += n
+	return true
+}
+
+// release gives back the body bytes st holds.
+func (st *stream) release() {
+	if st.holding != 0 {
+		st.s.held.Add(-st.holding)
+		st.holding = 0
+	}
 }
 
 // Process serves one ext_proc stream: the phases of one HTTP request as
@@ -95,6 +131,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		st.max = serve.DefaultMaxBodyBytes
 	}
 	defer st.end(Aborted)
+	defer st.release()
 	for {
 		msg, err := srv.Recv()
 		if err != nil {
@@ -205,8 +242,13 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 		return st.immediate(http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
 			fmt.Sprintf("request body exceeds %d bytes", st.max))
 	}
+	if !st.hold(int64(len(b.GetBody()))) {
+		return st.immediate(http.StatusServiceUnavailable, "server_error", "overloaded",
+			"the endpoint picker holds as many request bodies as it may; retry shortly")
+	}
 	st.req.Body = append(st.req.Body, b.GetBody()...)
 	if b.GetEndOfStream() || b.GetEndOfStreamWithoutMessage() {
+		defer st.release() // the Picker has had the body
 		return st.pick(false)
 	}
 	if st.duplex {
@@ -435,6 +477,7 @@ type apiError struct {
 // status and an OpenAI error body.
 func (st *stream) immediate(status int, typ, code, message string) error {
 	st.refused, st.req.Body = true, nil
+	st.release()
 	var e apiError
 	e.Error.Message, e.Error.Type, e.Error.Code = message, typ, code
 	b, err := json.Marshal(e)

@@ -794,3 +794,54 @@ func TestSubsetHintOfWrongTypeIs503(t *testing.T) {
 		})
 	}
 }
+
+// TestBodiesInFlightBound: the request bodies held at once, all streams
+// together, are bounded: a chunk that would pass the bound is answered
+// 503 overloaded; bytes are given back once a body was picked, answered,
+// or its stream ended, so later requests fit again.
+func TestBodiesInFlightBound(t *testing.T) {
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	s := &Server{Picker: p, MaxBodyBytesInFlight: 100}
+	c := startServer(t, s)
+	open := func(id string) *envoy {
+		e := newEnvoy(t, t.Context(), c)
+		e.mustSend(headersMsg(id, false, nil))
+		e.mustRecv()
+		return e
+	}
+	a := open("a")
+	a.mustSend(bodyMsg(strings.Repeat("a", 60), false))
+	a.mustRecv()
+	b := open("b")
+	b.mustSend(bodyMsg(strings.Repeat("b", 50), false))
+	status, body := immediateOf(t, b.mustRecv())
+	if status != 503 || body["code"] != "overloaded" {
+		t.Fatalf("a body over the bound: %d %v, want 503 overloaded", status, body)
+	}
+	b.finish()
+	if got := s.held.Load(); got != 60 {
+		t.Fatalf("held %d bytes, want a's 60 (b's refused chunk given back)", got)
+	}
+	a.mustSend(bodyMsg(strings.Repeat("a", 30), true))
+	if r := a.mustRecv(); r.GetRequestBody().GetResponse() == nil {
+		t.Fatalf("a's last chunk (90 bytes in all): %v, want the pick", r)
+	}
+	settled := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for s.held.Load() != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("held %d bytes a minute after %s, want 0", s.held.Load(), what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	settled("a's pick")
+	a.finish()
+	// A stream that ends mid-body gives its bytes back too.
+	d := open("d")
+	d.mustSend(bodyMsg(strings.Repeat("d", 80), false))
+	d.mustRecv()
+	d.finish()
+	settled("d's stream ended")
+}
