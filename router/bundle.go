@@ -315,6 +315,16 @@ func (b *Bundle) Workers() []config.Worker {
 	return slices.Clone(b.file.Workers)
 }
 
+// Cluster is the file's cluster block (replicas sharing over NATS), nil
+// when it has none or the bundle is a NewBundle bundle.
+func (b *Bundle) Cluster() *config.Cluster {
+	if b.file == nil || b.file.Cluster == nil {
+		return nil
+	}
+	c := *b.file.Cluster
+	return &c
+}
+
 // Queue is the file's queue block, or config.DefaultQueue when the file
 // has none or the bundle is a NewBundle bundle.
 func (b *Bundle) Queue() config.Queue {

@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/cluster"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/filewatch"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -251,10 +252,27 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("%s %w: %w", o.PolicyFile, ErrNotLoaded, err)
 	}
-	if d.srv, err = New(Options{
+	// Replicas share their bookings and prefix records (the cluster
+	// block; read once at start, as the queue block is).
+	var rep *cluster.Replica
+	if c := b.Cluster(); c != nil {
+		rep, err = cluster.New(cluster.Options{Config: *c, Router: r, Registerer: reg, Logger: d.log,
+			Resolve: func(name string) (shared.WorkerID, bool) {
+				st, ok := mgr.StatusOf(name)
+				return st.ID, ok
+			}})
+		if err != nil {
+			return err
+		}
+	}
+	opts := Options{
 		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log, Tokenizers: toks,
 		RequestTimeout: o.RequestTimeout, DrainTimeout: o.DrainTimeout, CharsPerToken: o.CharsPerToken,
-	}); err != nil {
+	}
+	if rep != nil {
+		opts.Observer = rep
+	}
+	if d.srv, err = New(opts); err != nil {
 		return err
 	}
 	reloader, err := NewReloader(r, ReloaderOptions{
@@ -285,6 +303,13 @@ func (d *Daemon) Run(ctx context.Context) error {
 	}
 	if o.Pods != nil {
 		wg.Go(func() { d.watchPods(bg) })
+	}
+	if rep != nil {
+		wg.Go(func() {
+			if err := rep.Run(bg); err != nil {
+				d.log.Error("the cluster block's NATS cannot be used; this replica routes alone", "error", err)
+			}
+		})
 	}
 	if o.DebugListener != nil {
 		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log, http.HandlerFunc(d.srv.debugWorkers)) })

@@ -130,6 +130,10 @@ type Options struct {
 	MaxBodyBytesInFlight int64
 	// Logger receives the server's logs; nil discards them.
 	Logger hclog.Logger
+	// Observer, when set, hears every booking the Server's admission
+	// makes (admission.Options.Observer): router replicas share them
+	// (router/cluster).
+	Observer admission.Observer
 }
 
 // Server is the OpenAI-compatible front end. Safe for concurrent use.
@@ -224,7 +228,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.toks.Store(o.Tokenizers)
 	var err error
-	if s.adm, err = admission.New(o.Router, admission.Options{Queue: o.Queue, Classifier: o.Classifier, OnQueued: s.Wake}); err != nil {
+	if s.adm, err = admission.New(o.Router, admission.Options{Queue: o.Queue, Classifier: o.Classifier, OnQueued: s.Wake, Observer: o.Observer}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }

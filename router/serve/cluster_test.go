@@ -1,0 +1,106 @@
+package serve
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/switchyard-router/switchyard/router/mockworker"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// TestDaemonReplicasShareBookings: two daemons with the same workers and
+// a cluster block each (replicas a and b over one NATS server): a request
+// in flight through a is counted in b's fleet on the worker a chose, and
+// leaves it when it ends.
+func TestDaemonReplicasShareBookings(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+
+	var workers []string
+	for i := range 2 {
+		m, err := mockworker.New(mockworker.Config{Speedup: 5})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs := httptest.NewServer(m)
+		t.Cleanup(func() { hs.Close(); m.Close() })
+		workers = append(workers, fmt.Sprintf("w%d=%s", i, hs.URL))
+	}
+	start := func(replica string) *runningDaemon {
+		path := filepath.Join(t.TempDir(), "policy.hcl")
+		policy := daemonPolicy("rr", workers...) + fmt.Sprintf("\ncluster {\n  nats      = %q\n  replica   = %q\n  name      = \"t\"\n  heartbeat = \"100ms\"\n  booking_ttl = \"5s\"\n}\n", ns.ClientURL(), replica)
+		if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rd := startDaemon(t, DaemonOptions{PolicyFile: path})
+		rd.waitWorkers(t, "w0", "w1")
+		return rd
+	}
+	a, b := start("a"), start("b")
+	active := func(rd *runningDaemon) map[string]int64 {
+		out := map[string]int64{}
+		for _, w := range rd.d.r.Workers("m", shared.RoleAggregated) {
+			out[w.Name] += w.ActiveRequests()
+		}
+		return out
+	}
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within a minute; a: %v, b: %v\nlogs a:\n%s\nlogs b:\n%s", what, active(a), active(b), a.logs, b.logs)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// The replicas hear each other once both consumers run: a request
+	// through a, until b counts one.
+	var worker string
+	eventually("b counts a request of a's", func() bool {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		resp, err := post(t, ctx, a.base+"/v1/chat/completions",
+			`{"model":"m","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"a long answer"}]}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		worker = resp.Header.Get("X-Switchyard-Worker")
+		if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(2 * time.Second)
+		for time.Now().Before(deadline) {
+			if active(b)[worker] == 1 {
+				return true
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		return false // b not joined yet: the request is cut, try again
+	})
+	// The request ended (its body closed): b lets it go.
+	eventually("b releases it", func() bool { return active(b)[worker] == 0 })
+	if got := active(a)[worker]; got != 0 {
+		t.Fatalf("a still counts %d on %s", got, worker)
+	}
+	if !strings.Contains(a.logs.String(), "joined the cluster") {
+		t.Fatalf("a's logs do not say it joined:\n%s", a.logs)
+	}
+}
