@@ -96,6 +96,9 @@ type Replica struct {
 	connected atomic.Bool
 	events    chan bool // the connection's ups (true) and downs (false)
 	m         *metrics
+	// applied, when set (tests, benchmarks), is called with each applied
+	// booked record's id and decision time, under mu.
+	applied func(id string, at int64)
 }
 
 // peer is another replica as this one knows it.
@@ -446,6 +449,9 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time) {
 		r.remote++
 		if rec.At > 0 {
 			r.m.lag.Observe(max(now.Sub(time.Unix(0, rec.At)).Seconds(), 0))
+		}
+		if r.applied != nil {
+			r.applied(rec.ID, rec.At)
 		}
 	case KindFirstToken:
 		if b := p.bookings[rec.ID]; b != nil {

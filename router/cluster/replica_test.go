@@ -28,7 +28,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // startNATS runs a NATS server with JetStream on 127.0.0.1:port (0: any)
 // until the test ends, and returns it and its URL.
-func startNATS(t *testing.T, port int) (*server.Server, string) {
+func startNATS(t testing.TB, port int) (*server.Server, string) {
 	t.Helper()
 	if port == 0 {
 		port = -1
@@ -61,7 +61,7 @@ type node struct {
 }
 
 // stop stops the replica (Run returns); idempotent.
-func (n *node) stop(t *testing.T) {
+func (n *node) stop(t testing.TB) {
 	t.Helper()
 	n.once.Do(func() {
 		n.cancel()
@@ -71,7 +71,7 @@ func (n *node) stop(t *testing.T) {
 	})
 }
 
-func kvPolicy(t *testing.T) *policy.Policy {
+func kvPolicy(t testing.TB) *policy.Policy {
 	t.Helper()
 	kv, err := builtin.NewKVCost(nil)
 	if err != nil {
@@ -84,7 +84,7 @@ func kvPolicy(t *testing.T) *policy.Policy {
 	return &policy.Policy{Name: "kv", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
 }
 
-func startNode(t *testing.T, url, name string, workers, idBase int, cfg func(*config.Cluster)) *node {
+func startNode(t testing.TB, url, name string, workers, idBase int, cfg func(*config.Cluster)) *node {
 	t.Helper()
 	r, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: kvPolicy(t)}, BookingsAreLoad: true})
 	if err != nil {
@@ -130,7 +130,7 @@ func (n *node) active() map[string]int64 {
 	return out
 }
 
-func eventually(t *testing.T, what string, cond func() bool) {
+func eventually(t testing.TB, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for !cond() {
@@ -143,7 +143,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 
 // joined waits until each node has heard every other (a hello answered
 // by a snapshot, even an empty one, proves the consumer is live).
-func joined(t *testing.T, ns ...*node) {
+func joined(t testing.TB, ns ...*node) {
 	t.Helper()
 	for _, n := range ns {
 		eventually(t, n.rep.self+" hears its peers", func() bool {
@@ -170,7 +170,7 @@ func joined(t *testing.T, ns ...*node) {
 
 // consuming waits until n's consumer is live: a reset record published
 // on nc, from "probe", again until n has heard the probe.
-func consuming(t *testing.T, n *node, nc *nats.Conn) {
+func consuming(t testing.TB, n *node, nc *nats.Conn) {
 	t.Helper()
 	eventually(t, n.rep.self+" consumes", func() bool {
 		if err := nc.Publish("switchyard."+n.rep.o.Config.Name+".d.probe", []byte{wireVersion, byte(KindReset)}); err != nil {
@@ -191,7 +191,7 @@ func (n *node) remoteCount() int {
 }
 
 // admitPrompt admits a request of 10 blocks starting at block id first.
-func admitPrompt(t *testing.T, n *node, id string, first uint64) *admission.Handle {
+func admitPrompt(t testing.TB, n *node, id string, first uint64) *admission.Handle {
 	t.Helper()
 	ids := make([]uint64, 10)
 	for i := range ids {
@@ -282,7 +282,7 @@ func TestSilentReplicaExpires(t *testing.T) {
 	h.End(admission.Aborted("test over"))
 }
 
-func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
+func counterValue(t testing.TB, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -301,7 +301,7 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string) float64 {
 }
 
 // freePort returns a loopback port nothing listens on now.
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
