@@ -9,7 +9,7 @@ PKGS        := ./...
 PYTHON      := /usr/bin/python3
 PYTHON_DEBS := python3-grpcio python3-protobuf
 
-.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-serve bench-overlap demo demo-serve proto proto-check clean
+.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-serve bench-overlap demo demo-serve proto proto-check clean
 
 all: build
 
@@ -68,6 +68,12 @@ bench-overlap: build
 ## and 2 cores (about 30 seconds)
 bench-epp:
 	$(GO) test -run='^$$' -bench=BenchmarkDecision100Endpoints -benchmem -benchtime=5s -cpu=1,2 -count=1 ./router/epp/
+
+## bench-replicas: the KV hit ratio of 3 router replicas sharing over NATS
+## (and of 3 that do not) against one router, on a multi-turn workload sent
+## to the routers in turn (about 3.5 minutes)
+bench-replicas: build
+	$(GO) run ./bench/replicas --router-bin $(BIN)/router
 
 ## bench-serve: loopback load on `router serve` against direct and a bare
 ## httputil.ReverseProxy, with the issue's targets checked (under a minute)

@@ -26,7 +26,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -35,19 +34,18 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"text/tabwriter"
 	"time"
+
+	"github.com/switchyard-router/switchyard/bench/internal/benchproc"
 )
 
 type options struct {
@@ -106,19 +104,19 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	var procs children
-	defer procs.stopAll()
+	var procs benchproc.Children
+	defer procs.StopAll()
 
 	listening := regexp.MustCompile(`listening on (http://\S+)`)
 	var workersFile strings.Builder
 	engines := make([]string, o.workers)
 	for i := range engines {
-		port, err := freePort()
+		port, err := benchproc.FreePort()
 		if err != nil {
 			return err
 		}
 		endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", port)
-		engines[i], err = procs.start(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), listening, o.routerBin,
+		engines[i], err = procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), listening, o.routerBin,
 			"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--block-size", "16",
 			"--kv-blocks", strconv.Itoa(o.kvBlocks), "--tokenizer", tok, "--tokenizer-config", tokCfg,
 			"--kv-events-endpoint", endpoint, "--kv-events-encoding", o.encoding)
@@ -146,11 +144,11 @@ func run(ctx context.Context, o options) error {
 			}
 		}()
 	}
-	debugPort, err := freePort()
+	debugPort, err := benchproc.FreePort()
 	if err != nil {
 		return err
 	}
-	router, err := procs.start(ctx, filepath.Join(dir, "router.log"), listening, o.routerBin,
+	router, err := procs.Start(ctx, filepath.Join(dir, "router.log"), listening, o.routerBin,
 		"serve", "--listen", "127.0.0.1:0", "--policy", policy, "--workers-file", workers, "--log-level", "debug",
 		"--debug-listen", "127.0.0.1:"+strconv.Itoa(debugPort))
 	if err != nil {
@@ -168,7 +166,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	elapsed := time.Since(start)
-	m, err := scrape(client, router)
+	m, err := benchproc.Scrape(client, router)
 	if err != nil {
 		return err
 	}
@@ -187,7 +185,7 @@ func run(ctx context.Context, o options) error {
 func waitReady(ctx context.Context, c *http.Client, router string, o options) error {
 	deadline := time.Now().Add(time.Minute)
 	for {
-		m, err := scrape(c, router)
+		m, err := benchproc.Scrape(c, router)
 		ok := err == nil
 		for i := 0; i < o.workers && ok; i++ {
 			w := fmt.Sprintf("w%d", i)
@@ -313,108 +311,3 @@ func report(out io.Writer, o options, m map[string]float64, direct, failed int64
 	return nil
 }
 
-// scrape reads the router's /metrics into series -> value.
-func scrape(c *http.Client, base string) (map[string]float64, error) {
-	resp, err := c.Get(base + "/metrics")
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("/metrics: %s", resp.Status)
-	}
-	m := map[string]float64{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		if i := strings.LastIndexByte(line, ' '); i > 0 {
-			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
-				m[line[:i]] = v
-			}
-		}
-	}
-	return m, sc.Err()
-}
-
-// freePort returns a loopback port nothing listened on a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-// children are the processes the bench started, stopped in reverse order.
-type children struct{ list []*child }
-
-type child struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// start runs bin args with stderr to logPath and waits (30 s at most) for
-// the stdout line matching re, returning its first group.
-func (cs *children) start(ctx context.Context, logPath string, re *regexp.Regexp, bin string, args ...string) (string, error) {
-	lf, err := os.Create(logPath)
-	if err != nil {
-		return "", err
-	}
-	defer lf.Close()
-	cmd := exec.Command(bin, args...)
-	cmd.Stderr = lf
-	cmd.SysProcAttr = sysProcAttr()
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return "", err
-	}
-	if err := cmd.Start(); err != nil {
-		return "", err
-	}
-	c := &child{cmd: cmd, done: make(chan struct{})}
-	cs.list = append(cs.list, c)
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case addr <- m[1]:
-				default:
-				}
-			}
-		}
-		_ = cmd.Wait()
-		close(c.done)
-	}()
-	select {
-	case a := <-addr:
-		return a, nil
-	case <-c.done:
-		b, _ := os.ReadFile(logPath)
-		return "", fmt.Errorf("%s %s exited before listening: %s", filepath.Base(bin), args[0], b)
-	case <-time.After(30 * time.Second):
-		return "", fmt.Errorf("%s %s did not listen within 30 s", filepath.Base(bin), args[0])
-	case <-ctx.Done():
-		return "", ctx.Err()
-	}
-}
-
-func (cs *children) stopAll() {
-	for i := len(cs.list) - 1; i >= 0; i-- {
-		c := cs.list[i]
-		_ = c.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-c.done:
-		case <-time.After(5 * time.Second):
-			_ = c.cmd.Process.Kill()
-			<-c.done
-		}
-	}
-	cs.list = nil
-}

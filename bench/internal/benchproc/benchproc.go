@@ -1,0 +1,128 @@
+// Package benchproc starts and stops the processes of the benchmark
+// programs under bench/ and reads their metrics.
+package benchproc
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Scrape reads base's /metrics into series -> value (the text format's
+// "name{labels}" as written, comments skipped).
+func Scrape(c *http.Client, base string) (map[string]float64, error) {
+	resp, err := c.Get(base + "/metrics")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("/metrics: %s", resp.Status)
+	}
+	m := map[string]float64{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		if i := strings.LastIndexByte(line, ' '); i > 0 {
+			if v, err := strconv.ParseFloat(line[i+1:], 64); err == nil {
+				m[line[:i]] = v
+			}
+		}
+	}
+	return m, sc.Err()
+}
+
+// FreePort returns a loopback port nothing listened on a moment ago.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// Children are the processes a bench started, stopped in reverse order
+// (StopAll). Each is SIGKILLed by the kernel if the bench dies (Linux).
+type Children struct{ list []*child }
+
+type child struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start runs bin args with stderr to logPath and waits (30 s at most) for
+// the stdout line matching re, returning its first group.
+func (cs *Children) Start(ctx context.Context, logPath string, re *regexp.Regexp, bin string, args ...string) (string, error) {
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return "", err
+	}
+	defer lf.Close()
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = lf
+	cmd.SysProcAttr = sysProcAttr()
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", err
+	}
+	c := &child{cmd: cmd, done: make(chan struct{})}
+	cs.list = append(cs.list, c)
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case addr <- m[1]:
+				default:
+				}
+			}
+		}
+		_ = cmd.Wait()
+		close(c.done)
+	}()
+	select {
+	case a := <-addr:
+		return a, nil
+	case <-c.done:
+		b, _ := os.ReadFile(logPath)
+		return "", fmt.Errorf("%s %s exited before listening: %s", filepath.Base(bin), args[0], b)
+	case <-time.After(30 * time.Second):
+		return "", fmt.Errorf("%s %s did not listen within 30 s", filepath.Base(bin), args[0])
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// StopAll stops every child: SIGTERM, then SIGKILL after 5 s.
+func (cs *Children) StopAll() {
+	for i := len(cs.list) - 1; i >= 0; i-- {
+		c := cs.list[i]
+		_ = c.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-c.done:
+		case <-time.After(5 * time.Second):
+			_ = c.cmd.Process.Kill()
+			<-c.done
+		}
+	}
+	cs.list = nil
+}

@@ -1,0 +1,395 @@
+// Command replicas measures what router replicas sharing over NATS keep of
+// a single router's cache affinity (issue #17 §4): it runs the same
+// multi-turn conversation workload three times on fresh mock engines:
+//
+//   - single: one `router serve`;
+//   - sync: --replicas `router serve` processes with a cluster block, one
+//     NATS server with JetStream (in this process, from the nats-server
+//     module);
+//   - no-sync: the same replicas without the cluster block.
+//
+// The requests go to the routers in turn, one after the other (a
+// round-robin load balancer in front), so every conversation's turns are
+// spread over the replicas. Each run reads the routers' answers' usage
+// (switchyard_prompt_tokens_total, switchyard_cached_prompt_tokens_total)
+// and prints the KV hit ratio: the share of prompt tokens the engines
+// served from their prefix cache. The target: with sync, at least 95% of
+// the single router's hit ratio.
+//
+//	go run ./bench/replicas --router-bin bin/router
+//
+// The policy is the default KV-aware one, routing on what the routers
+// sent (no KV events: the case where replicas know only what they share);
+// --kv-events adds the engines' KV events. Every process is on 127.0.0.1
+// and stopped before the command exits.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/switchyard-router/switchyard/bench/internal/benchproc"
+)
+
+type options struct {
+	routerBin     string
+	tokenizer     string
+	tokenizerCfg  string
+	replicas      int
+	workers       int
+	requests      int
+	conversations int
+	concurrency   int
+	speedup       string
+	seed          uint64
+	kvEvents      bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.routerBin, "router-bin", "bin/router", "the router binary (make build)")
+	flag.StringVar(&o.tokenizer, "tokenizer", "router/tokenizer/testdata/bytebpe.json", "tokenizer.json of the mock engines and the routers")
+	flag.StringVar(&o.tokenizerCfg, "tokenizer-config", "router/tokenizer/testdata/chatml_config.json", "its tokenizer_config.json (chat template)")
+	flag.IntVar(&o.replicas, "replicas", 3, "router replicas in the sync and no-sync runs")
+	flag.IntVar(&o.workers, "workers", 3, "mock engines")
+	flag.IntVar(&o.requests, "requests", 1500, "chat requests per run")
+	flag.IntVar(&o.conversations, "conversations", 150, "multi-turn conversations the requests are spread over")
+	flag.IntVar(&o.concurrency, "concurrency", 8, "conversations in flight at once")
+	flag.StringVar(&o.speedup, "speedup", "50", "the mock engines' simulated seconds per wall second")
+	flag.Uint64Var(&o.seed, "seed", 1, "seed of the conversations")
+	flag.BoolVar(&o.kvEvents, "kv-events", false, "give the routers the engines' KV events (precise prefix knowledge) too")
+	flag.Parse()
+	if o.replicas < 2 || o.workers < 1 || o.requests < 1 || o.conversations < 1 || o.concurrency < 1 {
+		fmt.Fprintln(os.Stderr, "replicas: want --replicas >= 2 and positive --workers, --requests, --conversations, --concurrency")
+		os.Exit(2)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	if err := run(ctx, o); err != nil {
+		fmt.Fprintln(os.Stderr, "replicas:", err)
+		os.Exit(1)
+	}
+}
+
+// result is one run's figures.
+type result struct {
+	name           string
+	routers        int
+	prompt, cached float64
+	failed         int64
+	elapsed        time.Duration
+	lagP50, lagP99 float64 // ms, from the routers' histograms; sync only
+}
+
+func (r result) hit() float64 {
+	if r.prompt == 0 {
+		return 0
+	}
+	return r.cached / r.prompt
+}
+
+func run(ctx context.Context, o options) error {
+	dir, err := os.MkdirTemp("", "bench-replicas-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, "nats"), NoLog: true, NoSigs: true})
+	if err != nil {
+		return err
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		return errors.New("the NATS server did not start")
+	}
+	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+
+	var results []result
+	for i, mode := range []struct {
+		name    string
+		routers int
+		sync    bool
+	}{{"single", 1, false}, {"sync", o.replicas, true}, {"no-sync", o.replicas, false}} {
+		r, err := once(ctx, o, filepath.Join(dir, mode.name), mode.routers, mode.sync, ns.ClientURL(), fmt.Sprintf("run%d", i))
+		if err != nil {
+			return fmt.Errorf("%s: %w", mode.name, err)
+		}
+		r.name = mode.name
+		results = append(results, r)
+	}
+	return report(os.Stdout, o, results)
+}
+
+// once runs the workload on fresh engines and routers.
+func once(ctx context.Context, o options, dir string, routers int, sync bool, natsURL, cluster string) (result, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return result{}, err
+	}
+	tok, err := filepath.Abs(o.tokenizer)
+	if err != nil {
+		return result{}, err
+	}
+	tokCfg, err := filepath.Abs(o.tokenizerCfg)
+	if err != nil {
+		return result{}, err
+	}
+	var procs benchproc.Children
+	defer procs.StopAll()
+	listening := regexp.MustCompile(`listening on (http://\S+)`)
+	var blocks strings.Builder
+	for i := range o.workers {
+		args := []string{"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--block-size", "16",
+			"--tokenizer", tok, "--tokenizer-config", tokCfg}
+		endpoint := ""
+		if o.kvEvents {
+			port, err := benchproc.FreePort()
+			if err != nil {
+				return result{}, err
+			}
+			endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", port)
+			args = append(args, "--kv-events-endpoint", endpoint)
+		}
+		url, err := procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), listening, o.routerBin, args...)
+		if err != nil {
+			return result{}, err
+		}
+		fmt.Fprintf(&blocks, "worker \"w%d\" {\n  url = %q\n", i, url)
+		if endpoint != "" {
+			fmt.Fprintf(&blocks, "  kv_events {\n    endpoint = %q\n  }\n", endpoint)
+		}
+		blocks.WriteString("}\n")
+	}
+	bases := make([]string, routers)
+	for i := range bases {
+		policy := fmt.Sprintf("router {\n  block_size = 16\n}\n\ntokenizer \"mock\" {\n  source = \"file\"\n  path   = %q\n  config = %q\n}\n\n%s", tok, tokCfg, blocks.String())
+		if sync {
+			policy += fmt.Sprintf("\ncluster {\n  nats    = %q\n  replica = \"r%d\"\n  name    = %q\n}\n", natsURL, i, cluster)
+		}
+		path := filepath.Join(dir, fmt.Sprintf("policy%d.hcl", i))
+		if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
+			return result{}, err
+		}
+		if bases[i], err = procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("router%d.log", i)), listening, o.routerBin,
+			"serve", "--listen", "127.0.0.1:0", "--policy", path); err != nil {
+			return result{}, err
+		}
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}, Timeout: 2 * time.Minute}
+	if err := waitReady(ctx, client, bases, o.workers, sync); err != nil {
+		return result{}, err
+	}
+	start := time.Now()
+	failed, err := drive(ctx, client, bases, o)
+	if err != nil {
+		return result{}, err
+	}
+	r := result{routers: routers, failed: failed, elapsed: time.Since(start)}
+	var lag []float64 // cumulative bucket counts, summed over the routers
+	var bounds []float64
+	for _, b := range bases {
+		m, err := benchproc.Scrape(client, b)
+		if err != nil {
+			return result{}, err
+		}
+		r.prompt += m[`switchyard_prompt_tokens_total{model="mock"}`]
+		r.cached += m[`switchyard_cached_prompt_tokens_total{model="mock"}`]
+		bounds, lag = addBuckets(m, bounds, lag)
+	}
+	r.lagP50, r.lagP99 = quantile(bounds, lag, 0.5), quantile(bounds, lag, 0.99)
+	return r, nil
+}
+
+// waitReady waits until every router has every worker ready and, with
+// sync, hears the other replicas.
+func waitReady(ctx context.Context, c *http.Client, bases []string, workers int, sync bool) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		ok := true
+		for _, b := range bases {
+			m, err := benchproc.Scrape(c, b)
+			ok = ok && err == nil
+			for i := 0; i < workers && ok; i++ {
+				ok = m[`switchyard_worker_ready{worker="w`+strconv.Itoa(i)+`"}`] == 1
+			}
+			if sync && ok {
+				ok = m["switchyard_cluster_peers"] == float64(len(bases)-1)
+			}
+		}
+		if ok {
+			// The replicas' consumers start with their hello: give the
+			// last one's a moment.
+			time.Sleep(500 * time.Millisecond)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return errors.New("the routers were not ready (every worker, every peer) within a minute")
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// drive sends the requests, each to the next router in turn, and returns
+// how many failed.
+func drive(ctx context.Context, c *http.Client, bases []string, o options) (int64, error) {
+	systems := make([]string, 4)
+	for i := range systems {
+		systems[i] = fmt.Sprintf("System prompt %d. ", i) + strings.Repeat("You are a careful assistant who answers in full, plain sentences. ", 12)
+	}
+	perConv := max(1, (o.requests+o.conversations-1)/o.conversations)
+	convs := make(chan int, o.conversations)
+	for i := range o.conversations {
+		convs <- i
+	}
+	close(convs)
+	var sent, next, failed atomic.Int64
+	var wg sync.WaitGroup
+	var firstErr error
+	var errOnce sync.Once
+	for range o.concurrency {
+		wg.Go(func() {
+			for conv := range convs {
+				rng := rand.New(rand.NewPCG(o.seed, uint64(conv)))
+				msgs := []map[string]string{{"role": "system", "content": systems[rng.IntN(len(systems))]}}
+				for turn := 0; turn < perConv && sent.Add(1) <= int64(o.requests); turn++ {
+					msgs = append(msgs, map[string]string{"role": "user",
+						"content": fmt.Sprintf("Conversation %d, question %d: %s", conv, turn, strings.Repeat("please go on with the story. ", 3+rng.IntN(12)))})
+					body, _ := json.Marshal(map[string]any{"model": "mock", "max_tokens": 8, "messages": msgs})
+					base := bases[(next.Add(1)-1)%int64(len(bases))]
+					if err := post(ctx, c, base, body); err != nil {
+						failed.Add(1)
+						errOnce.Do(func() { firstErr = err })
+					}
+					msgs = append(msgs, map[string]string{"role": "assistant", "content": strings.Repeat("Here is more of it. ", 2+rng.IntN(6))})
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if failed.Load() > 0 {
+		return failed.Load(), fmt.Errorf("%d of %d requests failed, the first: %w", failed.Load(), o.requests, firstErr)
+	}
+	return 0, nil
+}
+
+func post(ctx context.Context, c *http.Client, base string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s: %s", base, resp.Status, b)
+	}
+	return nil
+}
+
+// addBuckets adds the cumulative buckets of the sync lag histogram in m
+// to counts (bounds ascending, in seconds).
+func addBuckets(m map[string]float64, bounds, counts []float64) ([]float64, []float64) {
+	const prefix = `switchyard_cluster_sync_lag_seconds_bucket{le="`
+	type bk struct{ le, n float64 }
+	var bs []bk
+	for k, v := range m {
+		if s, ok := strings.CutPrefix(k, prefix); ok {
+			le, err := strconv.ParseFloat(strings.TrimSuffix(s, `"}`), 64)
+			if err == nil {
+				bs = append(bs, bk{le, v})
+			}
+		}
+	}
+	if len(bs) == 0 {
+		return bounds, counts
+	}
+	for i := range bs {
+		for j := i + 1; j < len(bs); j++ {
+			if bs[j].le < bs[i].le {
+				bs[i], bs[j] = bs[j], bs[i]
+			}
+		}
+	}
+	if bounds == nil {
+		bounds, counts = make([]float64, len(bs)), make([]float64, len(bs))
+		for i, b := range bs {
+			bounds[i] = b.le
+		}
+	}
+	for i, b := range bs {
+		counts[i] += b.n
+	}
+	return bounds, counts
+}
+
+// quantile returns the upper bound, in ms, of the bucket holding the q
+// quantile; 0 without samples.
+func quantile(bounds, counts []float64, q float64) float64 {
+	if len(counts) == 0 || counts[len(counts)-1] == 0 {
+		return 0
+	}
+	want := q * counts[len(counts)-1]
+	for i, n := range counts {
+		if n >= want {
+			return 1000 * bounds[i]
+		}
+	}
+	return 1000 * bounds[len(bounds)-1]
+}
+
+// report prints each run's KV hit ratio against the single router's and
+// checks the target.
+func report(out io.Writer, o options, rs []result) error {
+	mode := "no KV events (each router knows what was sent)"
+	if o.kvEvents {
+		mode = "with the engines' KV events"
+	}
+	fmt.Fprintf(out, "%d requests per run over %d conversations, %d at once, %d engines, %s; requests sent to the routers in turn\n",
+		o.requests, o.conversations, o.concurrency, o.workers, mode)
+	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "run\trouters\tKV hit\tof single\tsync lag p50 <=\tp99 <=\twall\t")
+	single := rs[0].hit()
+	for _, r := range rs {
+		lag := "-\t-"
+		if r.lagP50 > 0 {
+			lag = fmt.Sprintf("%.1f ms\t%.1f ms", r.lagP50, r.lagP99)
+		}
+		of := 0.0
+		if single > 0 {
+			of = 100 * r.hit() / single
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\t%s\t%.1f s\t\n", r.name, r.routers, 100*r.hit(), of, lag, r.elapsed.Seconds())
+	}
+	_ = tw.Flush()
+	if single == 0 || rs[1].hit() < 0.95*single {
+		fmt.Fprintf(out, "target: with sync, KV hit >= 95%% of the single router's: MISSED\n")
+		return errors.New("target missed")
+	}
+	fmt.Fprintf(out, "target: with sync, KV hit >= 95%% of the single router's: met\n")
+	return nil
+}
