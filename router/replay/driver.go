@@ -55,7 +55,7 @@ type driver struct {
 	// set before every admission call. reached is the latest instant the
 	// loop went to (the clusters have run up to it).
 	now, reached time.Duration
-	capacity int // max_active_requests; 0: nothing queues for capacity
+	capacity     int // max_active_requests; 0: nothing queues for capacity
 	// waiting counts the hops in the router's queues, decodeWaiting those
 	// of them that are decode hops.
 	waiting, decodeWaiting int
