@@ -405,6 +405,10 @@ func BaselineOf(cells []Cell, c Cell, name string) (Cell, bool) {
 	return Cell{}, false
 }
 
+// SyncLegend explains the row label of a replay with router replicas
+// (Report.Label), under the table.
+const SyncLegend = "NAME/N@D = routed by N router replicas (request i by replica i mod N), each seeing the others' bookings and the engines' KV events D later\n"
+
 // WriteComparison writes cells as one aligned table: a row per cell (its
 // label, its fleet when the cells have more than one, then each column's
 // median, with [min–max] when the cell has several runs that differ),
@@ -456,6 +460,9 @@ func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 		fmt.Fprintf(&legend, "each cell: the median of %d seeds, [least–greatest] when they differ\n", seeds)
 	}
 	legend.WriteString("latencies in ms of simulated time\n")
+	if slices.ContainsFunc(cells, func(c Cell) bool { return c.Runs[0].Sync != nil }) {
+		legend.WriteString(SyncLegend)
+	}
 	said := map[string]bool{}
 	for _, m := range cols {
 		if m.Legend != "" && !said[m.Legend] {
