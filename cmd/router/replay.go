@@ -123,7 +123,13 @@ it stores and evicts, and the router applies them --kv-event-delay later
 through the same precise index router serve uses. --prefix both runs every
 policy both ways, in rows NAME and NAME+precise, with a belief column: the
 share of requests whose router belief of the chosen worker's cached prefix
-equals what the engine served. The full reference is docs/replay.md.`,
+equals what the engine served.
+
+--replicas N models N router replicas behind a round-robin load balancer:
+request i is routed by replica i mod N, each with policies, a queue and a
+prefix index of its own, and each sees the others' bookings, first tokens and
+releases, and the engines' KV events, --sync-delay later. A list of delays
+(0,10ms,1s) sweeps, in rows NAME/N@D. The full reference is docs/replay.md.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.cmd = cmd
