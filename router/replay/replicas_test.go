@@ -280,3 +280,26 @@ func TestReplicaOptionErrors(t *testing.T) {
 		}
 	}
 }
+
+// Disaggregated serving with replicas: each request's prefill and decode
+// hops are routed by its replica, and both hops are mirrored (two
+// selections per request that reached a decode worker, each booked on
+// the other replicas), so every replica's prefill and decode workers end
+// with nothing booked.
+func TestReplicasDisaggregated(t *testing.T) {
+	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:300]
+	b := loadPolicy(t, seededDefault)
+	rep, d, err := execute(context.Background(), Options{PolicyName: "default", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t",
+		Records: recs, PrefillWorkers: 2, DecodeWorkers: 2, Replicas: 3, SyncDelay: 50 * time.Millisecond,
+		Replica: func(int) (Replica, error) { return Replica{Roles: loadPolicy(t, seededDefault).Roles}, nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkReplicas(t, rep, d, 3)
+	if rep.Selections <= int64(rep.Requests) {
+		t.Errorf("%d selections for %d requests, want the decode hops too", rep.Selections, rep.Requests)
+	}
+	if got := rep.Label(); got != "default(2P+2D)/3@50ms" {
+		t.Errorf("label %q", got)
+	}
+}
