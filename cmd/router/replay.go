@@ -788,9 +788,9 @@ func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[
 		return nil, err
 	}
 	opts.DecisionLatency.Policies, opts.DecisionLatency.Classifier = b.ReplayDecisionLatency()
+	var more []*router.Bundle // the other replicas' loads of the file
 	if f.replicas > 1 {
 		opts.Replicas, opts.SyncDelay = f.replicas, delay
-		var more []*router.Bundle
 		defer func() {
 			for _, b := range more {
 				closeBundle(b)
@@ -819,6 +819,10 @@ func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[
 	}
 	settlePlugins(cmd.Context(), b)
 	rep.PluginRestarts = pluginRestarts(b) - restartsBefore
+	for _, rb := range more { // loaded by this run: every restart is its
+		settlePlugins(cmd.Context(), rb)
+		rep.PluginRestarts += pluginRestarts(rb)
+	}
 	if f.seeds > 1 {
 		rep.Seed = b.PolicyFile().Seed
 	}

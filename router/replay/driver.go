@@ -229,6 +229,11 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 			if pol, err = o.Replica(k); err != nil {
 				return nil, fmt.Errorf("replay: replica %d: %w", k, err)
 			}
+			for h := range d.path.Len() {
+				if role := d.path.Hop(h).Role; pol.Roles[role] == nil {
+					return nil, fmt.Errorf("replay: replica %d: no policy for role %s", k, role)
+				}
+			}
 		}
 		rep, err := d.newReplica(o, &cfg, &queue, pol, sizes)
 		if err != nil {
@@ -397,6 +402,7 @@ func (d *driver) loop() error {
 				if d.waiting == 0 {
 					return d.finish()
 				}
+				d.reached = max(d.reached, d.now) // the drain's last event
 				continue
 			}
 			d.reached = t
@@ -578,9 +584,11 @@ func (d *driver) dispatch(at time.Duration) bool {
 		return false
 	}
 	d.now = at
-	d.deliver(at)
 	n := 0
 	for _, rep := range d.reps {
+		// Before each replica's dispatch: with no delay, a replica sees
+		// what the one before it dispatched.
+		d.deliver(at)
 		t0 := time.Now()
 		d.dispatched = rep.adm.Dispatch(d.ctx, d.dispatched[:0])
 		d.decisionTime += time.Since(t0)

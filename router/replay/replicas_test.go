@@ -12,7 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/trace"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // runReplicas replays recs through n replicas of the policy file src
@@ -272,6 +274,7 @@ func TestReplicaOptionErrors(t *testing.T) {
 		{0, time.Second, nil, "sync delay 1s with one replica"},
 		{3, 0, nil, "3 replicas without Options.Replica"},
 		{3, 0, func(k int) (Replica, error) { return Replica{}, errors.New("no plugin") }, "replica 1: no plugin"},
+		{3, 0, func(k int) (Replica, error) { return Replica{}, nil }, "replica 1: no policy for role aggregated"},
 	} {
 		_, err := Run(context.Background(), Options{PolicyName: "p", Roles: b.Roles, BlockSize: b.BlockSize, Records: recs, Workers: 2,
 			Replicas: c.replicas, SyncDelay: c.delay, Replica: c.replica})
@@ -301,5 +304,38 @@ func TestReplicasDisaggregated(t *testing.T) {
 	}
 	if got := rep.Label(); got != "default(2P+2D)/3@50ms" {
 		t.Errorf("label %q", got)
+	}
+}
+
+// A policy that finds every worker busy (one request each, by the
+// ACTIVE_REQUESTS it sees) queues requests without a queue block; with
+// replicas, what it sees includes the others' requests a sync delay late.
+// Two replicas on two workers: every request completes and nothing is
+// left waiting or booked. Without delay a worker holds one request at a
+// time, as under one router; with 300 ms, two when the replicas booked
+// it within the delay of each other, which they do.
+func TestReplicasPolicyAllBusyWaits(t *testing.T) {
+	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:40]
+	busy := func() map[shared.Role]*policy.Policy {
+		return map[shared.Role]*policy.Policy{shared.RoleAggregated: {Name: "one-each", PickerName: "p", PickerType: "busy-picker", Picker: busyPicker{limit: 1}}}
+	}
+	for _, c := range []struct {
+		delay time.Duration
+		most  int
+	}{{0, 1}, {300 * time.Millisecond, 2}} {
+		log := &eventLog{}
+		rep, d, err := execute(context.Background(), Options{PolicyName: "busy", Roles: busy(), BlockSize: 512, TraceName: "arxiv", Records: recs,
+			Workers: 2, Listeners: []shared.EventListener{log}, Replicas: 2, SyncDelay: c.delay,
+			Replica: func(int) (Replica, error) { return Replica{Roles: busy()}, nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkReplicas(t, rep, d, 2)
+		if d.waiting != 0 || d.reps[0].adm.Queued() != 0 || d.reps[1].adm.Queued() != 0 {
+			t.Fatalf("delay %v: still waiting: driver %d, routers %d and %d", c.delay, d.waiting, d.reps[0].adm.Queued(), d.reps[1].adm.Queued())
+		}
+		if m := maxInFlight(log.events); m != c.most {
+			t.Errorf("delay %v: at most %d requests in flight on a worker, want %d", c.delay, m, c.most)
+		}
 	}
 }
