@@ -8,6 +8,8 @@ import (
 
 	"github.com/switchyard-router/switchyard/builtin"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/kvevents"
+	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -117,6 +119,36 @@ func TestTargetOnly(t *testing.T) {
 	}
 	if d, err := r.Place(ctx, request(8, 1), Placement{Target: 9, HasTarget: true}); err != nil || d.Target {
 		t.Fatalf("absent advisory target: %+v, %v; want a policy decision", d, err)
+	}
+}
+
+// TestTargetBooksUncachedPromptInPreciseMode: a target placement (no
+// policy ran, so the overlap is looked up while booking) on a worker whose
+// KV events are live charges the prompt's uncached tokens as prefill. The
+// request's own blocks, added in flight by the same booking, must not
+// count as held: they did, and a target booking charged no prefill.
+func TestTargetBooksUncachedPromptInPreciseMode(t *testing.T) {
+	r := newRouter(t, mustPolicy(t, "rr", nil, builtin.NewRoundRobin()), 2)
+	p := r.PrefixPrecise(2, 0)
+	p.KeyByEngineHashes()
+	p.MarkLive()
+	// The engine's first event (of another prompt) sets its block size.
+	p.Apply(&kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, BlockHashes: prefix.ChainHashes(nil, []uint64{99}), BlockSize: 4}}})
+	req := request(8, 1, 2)
+	req.Prompt = &prefix.HashKey{Hashes: req.BlockHashes, BlockSize: 4}
+	d, err := r.Place(context.Background(), req, Placement{Target: 2, HasTarget: true, TargetOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.OverlapBlocks != 0 {
+		t.Errorf("overlap %d blocks, want 0: the worker held nothing", d.OverlapBlocks)
+	}
+	if got := d.Worker.Load(true).ActivePrefillTokens; got != 8 {
+		t.Errorf("active prefill %d tokens, want the whole 8-token prompt", got)
+	}
+	d.Booking.Release()
+	if got := d.Worker.Load(true).ActivePrefillTokens; got != 0 {
+		t.Errorf("active prefill %d tokens after the release, want 0", got)
 	}
 }
 

@@ -671,15 +671,19 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 	c := prefix.Candidate{ID: w.ID, Rank: w.DPRank}
 	if req.Prompt != nil {
 		d.Belief = r.index.Belief(c, req.BlockHashes, req.Prompt)
-		if in := r.index.AddInflight(c, req.Prompt); in != nil {
-			d.Booking.SetHeld(in)
-		}
 	}
 	if known {
 		r.index.Record(c, req.BlockHashes)
 	} else {
+		// Before the prompt is added in flight below, which would count
+		// the request's own blocks as held.
 		overlap = r.index.RecordOverlap(c, req.BlockHashes, req.Prompt)
 		d.Booking.AddPrefill(prefill())
+	}
+	if req.Prompt != nil {
+		if in := r.index.AddInflight(c, req.Prompt); in != nil {
+			d.Booking.SetHeld(in)
+		}
 	}
 	d.Worker = w
 	d.OverlapBlocks = overlap

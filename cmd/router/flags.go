@@ -46,7 +46,11 @@ func flagError(_ *cobra.Command, err error) error {
 	if errors.Is(err, strconv.ErrRange) {
 		what = "out of range; "
 	}
-	return fmt.Errorf("--%s %s: %swant %s", f.Name, iv.GetValue(), what, want)
+	v := iv.GetValue()
+	if v == "" {
+		v = "''"
+	}
+	return fmt.Errorf("--%s %s: %swant %s", f.Name, v, what, want)
 }
 
 // typeWant words what a flag of a pflag type accepts, for a flag without

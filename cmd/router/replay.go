@@ -61,6 +61,10 @@ type replayFlags struct {
 	// precise runs' KV event delay.
 	prefix       string
 	kvEventDelay time.Duration
+	// replicas is --replicas, the router replicas; syncDelays --sync-delay,
+	// their sync delays, one run each (a sweep).
+	replicas   int
+	syncDelays []time.Duration
 	// failOnFallback makes any fallback a failure (exit 1), after the
 	// outputs are written.
 	failOnFallback bool
@@ -119,7 +123,13 @@ it stores and evicts, and the router applies them --kv-event-delay later
 through the same precise index router serve uses. --prefix both runs every
 policy both ways, in rows NAME and NAME+precise, with a belief column: the
 share of requests whose router belief of the chosen worker's cached prefix
-equals what the engine served. The full reference is docs/replay.md.`,
+equals what the engine served.
+
+--replicas N models N router replicas behind a round-robin load balancer:
+request i is routed by replica i mod N, each with policies, a queue and a
+prefix index of its own, and each sees the others' bookings, first tokens and
+releases, and the engines' KV events, --sync-delay later. A list of delays
+(0,10ms,1s) sweeps, in rows NAME/N@D. The full reference is docs/replay.md.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.cmd = cmd
@@ -154,6 +164,10 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	fl.StringVar(&f.prefix, "prefix", "approximate", "how the router learns what the engines cache: approximate (what it sent them), precise (their KV events) or both (each policy twice)")
 	fl.DurationVar(&f.kvEventDelay, "kv-event-delay", replay.DefaultKVEventDelay,
 		"simulated time from an engine's cache change to the router applying its KV event (--prefix precise or both; default: one engine step)")
+	fl.IntVar(&f.replicas, "replicas", 1,
+		fmt.Sprintf("router replicas sharing the fleet, 1 to %d: request i is routed by replica i mod N, and each sees the others' decisions and the engines' KV events --sync-delay later", replay.MaxReplicas))
+	fl.DurationSliceVar(&f.syncDelays, "sync-delay", nil,
+		"with --replicas: simulated time before a replica's decisions and the engines' KV events reach every replica (default 0); a comma-separated list sweeps (0,10ms,1s)")
 	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
 	fl.IntVar(&f.memoryLimit, "memory-limit", DefaultReplayMemoryLimit,
 		"soft limit on the Go heap in MiB (runtime/debug.SetMemoryLimit), set unless GOMEMLIMIT is in the environment; 0: none")
@@ -168,6 +182,8 @@ equals what the engine served. The full reference is docs/replay.md.`,
 	setWant(fl, "memory-limit", fmt.Sprintf("MiB, a whole number from 0 (no limit) to %d", 1<<30))
 	setWant(fl, "compare", "a comma-separated list of policy files")
 	setWant(fl, "kv-event-delay", "a duration >= 0 such as 20ms or 1s")
+	setWant(fl, "replicas", fmt.Sprintf("a whole number from 1 to %d", replay.MaxReplicas))
+	setWant(fl, "sync-delay", "durations >= 0 such as 0,10ms,1s, comma-separated")
 	return cmd
 }
 
@@ -219,8 +235,11 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 	if f.seeds < 1 || f.seeds > maxSeeds {
 		return fmt.Errorf("--seeds %d: want a whole number from 1 to %d", f.seeds, maxSeeds)
 	}
+	if err := f.checkReplicas(cmd); err != nil {
+		return err
+	}
 	if f.perRequest != "" && f.runsPerPolicy(cmd) > 1 {
-		return errors.New("--per-request writes the lines of one run: it cannot be combined with several --workers sizes or --seeds above 1")
+		return errors.New("--per-request writes the lines of one run: it cannot be combined with several --workers sizes, --sync-delay values or --seeds above 1")
 	}
 	if _, err := replay.ParseColumns(f.columns); err != nil {
 		return err
@@ -347,9 +366,53 @@ func (f *replayFlags) fleets(cmd *cobra.Command) []fleet {
 }
 
 // runsPerPolicy is how many replays each policy file and prefix mode
-// takes: one per fleet size and seed.
+// takes: one per fleet size, sync delay and seed.
 func (f *replayFlags) runsPerPolicy(cmd *cobra.Command) int {
-	return len(f.fleets(cmd)) * f.seeds
+	return len(f.fleets(cmd)) * len(f.delays()) * f.seeds
+}
+
+// delays are the sync delays to replay: --sync-delay's, else one run
+// with none.
+func (f *replayFlags) delays() []time.Duration {
+	if len(f.syncDelays) == 0 {
+		return []time.Duration{0}
+	}
+	return f.syncDelays
+}
+
+// checkReplicas checks --replicas and --sync-delay; every error it
+// returns is a usage error.
+func (f *replayFlags) checkReplicas(cmd *cobra.Command) error {
+	if f.replicas < 1 || f.replicas > replay.MaxReplicas {
+		return fmt.Errorf("--replicas %d: want a whole number from 1 to %d", f.replicas, replay.MaxReplicas)
+	}
+	if !cmd.Flags().Changed("sync-delay") {
+		return nil
+	}
+	text := func() string {
+		parts := make([]string, len(f.syncDelays))
+		for i, d := range f.syncDelays {
+			parts[i] = d.String()
+		}
+		return strings.Join(parts, ",")
+	}
+	switch {
+	case len(f.syncDelays) == 0:
+		return errors.New("--sync-delay '': want durations >= 0 such as 0,10ms,1s, comma-separated")
+	case f.replicas == 1:
+		return errors.New("--sync-delay applies to router replicas: give --replicas 2 or more")
+	case len(f.syncDelays) > maxFleetSizes:
+		return fmt.Errorf("--sync-delay: %d delays; want at most %d", len(f.syncDelays), maxFleetSizes)
+	}
+	for i, d := range f.syncDelays {
+		switch {
+		case d < 0:
+			return fmt.Errorf("--sync-delay %s: %v is negative; want durations >= 0 such as 0,10ms,1s", text(), d)
+		case slices.Contains(f.syncDelays[:i], d):
+			return fmt.Errorf("--sync-delay %s: %v is listed twice", text(), d)
+		}
+	}
+	return nil
 }
 
 // checkFleets checks --workers, --prefill-workers and --decode-workers;
@@ -585,23 +648,26 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 
 	var cells []replay.Cell
 	var reports []*replay.Report // every run, in table order
-	prog := newProgress(stderr, f.quiet, len(fleets)*len(paths)*len(modes)*f.seeds, tr.requests)
+	delays := f.delays()
+	prog := newProgress(stderr, f.quiet, len(fleets)*len(paths)*len(modes)*len(delays)*f.seeds, tr.requests)
 	for _, fl := range fleets {
 		for _, path := range paths {
 			for _, mode := range modes {
-				var cell replay.Cell
-				for k := range f.seeds {
-					if prog != nil {
-						prog.startRun(len(reports), runLabel(path, mode, fl, len(fleets), k, f.seeds))
+				for _, delay := range delays {
+					var cell replay.Cell
+					for k := range f.seeds {
+						if prog != nil {
+							prog.startRun(len(reports), runLabel(path, mode, fl, len(fleets), k, f.seeds)+f.replicasLabel(delay))
+						}
+						rep, err := f.replayOne(cmd, tr, loaded, path, mode, fl, k, delay, slo, perReq, prog)
+						if err != nil {
+							return &exitError{code: 1, err: err}
+						}
+						cell.Runs = append(cell.Runs, rep)
+						reports = append(reports, rep)
 					}
-					rep, err := f.replayOne(cmd, tr, loaded, path, mode, fl, k, slo, perReq, prog)
-					if err != nil {
-						return &exitError{code: 1, err: err}
-					}
-					cell.Runs = append(cell.Runs, rep)
-					reports = append(reports, rep)
+					cells = append(cells, cell)
 				}
-				cells = append(cells, cell)
 			}
 		}
 	}
@@ -611,7 +677,7 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	if countDash(f.perRequest, f.report, f.html) > 0 {
 		out = stderr // standard output carries the output
 	}
-	fmt.Fprintf(out, "trace %s: %s on %s%s\n", traceName, plural(tr.requests, "request"), fleetsText(fleets), seedsText(f.seeds))
+	fmt.Fprintf(out, "trace %s: %s on %s%s%s\n", traceName, plural(tr.requests, "request"), fleetsText(fleets), f.replicasText(), seedsText(f.seeds))
 	target, _ := f.goodputTargetOf(cmd) // checked
 	cmp := replay.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric, GoodputTarget: target}
 	if err := replay.WriteComparison(out, cells, cmp); err != nil {
@@ -680,12 +746,14 @@ func (f *replayFlags) seedOf(fs *pflag.FlagSet) *int64 {
 }
 
 // replayOne replays the trace once: policy file path in prefix mode on
-// fleet fl, with run k's seeds; perReq, when set, receives the
-// per-request lines. The run takes the file's bundle from loaded when it
-// is there (the first run of each file), else loads its own; either is
-// closed when the run ends.
+// fleet fl, with run k's seeds, through --replicas router replicas with
+// sync delay delay; perReq, when set, receives the per-request lines. The
+// run takes the file's bundle from loaded when it is there (the first run
+// of each file), else loads its own; either is closed when the run ends.
+// Each further replica loads the file again, so that it has policies
+// (and plugin processes) of its own, closed when the run ends too.
 func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[string]*router.Bundle, path string,
-	mode replay.PrefixMode, fl fleet, k int, slo replay.SLO, perReq *pendingFile, prog *progress) (*replay.Report, error) {
+	mode replay.PrefixMode, fl fleet, k int, delay time.Duration, slo replay.SLO, perReq *pendingFile, prog *progress) (*replay.Report, error) {
 	b, ok := loaded[path]
 	if ok && k == 0 {
 		delete(loaded, path)
@@ -720,6 +788,24 @@ func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[
 		return nil, err
 	}
 	opts.DecisionLatency.Policies, opts.DecisionLatency.Classifier = b.ReplayDecisionLatency()
+	var more []*router.Bundle // the other replicas' loads of the file
+	if f.replicas > 1 {
+		opts.Replicas, opts.SyncDelay = f.replicas, delay
+		defer func() {
+			for _, b := range more {
+				closeBundle(b)
+			}
+		}()
+		opts.Replica = func(int) (replay.Replica, error) {
+			rb, err := loadPolicy(cmd.Context(), io.Discard, cmd.ErrOrStderr(), path, f.seedOf(cmd.Flags()), int64(k))
+			if err != nil {
+				return replay.Replica{}, err
+			}
+			more = append(more, rb)
+			_, cls, err := admission(rb)
+			return replay.Replica{Roles: rb.Roles(), Classifier: cls}, err
+		}
+	}
 	if perReq != nil {
 		opts.PerRequest = perReq
 	}
@@ -733,10 +819,41 @@ func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[
 	}
 	settlePlugins(cmd.Context(), b)
 	rep.PluginRestarts = pluginRestarts(b) - restartsBefore
+	for _, rb := range more { // loaded by this run: every restart is its
+		settlePlugins(cmd.Context(), rb)
+		rep.PluginRestarts += pluginRestarts(rb)
+	}
 	if f.seeds > 1 {
 		rep.Seed = b.PolicyFile().Seed
 	}
 	return rep, nil
+}
+
+// replicasLabel is what a run's label adds for its replicas: "/3@10ms"
+// as the table's row says it, "" with one replica.
+func (f *replayFlags) replicasLabel(delay time.Duration) string {
+	if f.replicas <= 1 {
+		return ""
+	}
+	return fmt.Sprintf("/%d@%v", f.replicas, delay)
+}
+
+// replicasText words --replicas for the header line: "" for one, else
+// "; 3 router replicas, sync delay 0s, 10ms and 1s".
+func (f *replayFlags) replicasText() string {
+	if f.replicas <= 1 {
+		return ""
+	}
+	ds := f.delays()
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = d.String()
+	}
+	list := parts[0]
+	if len(parts) > 1 {
+		list = strings.Join(parts[:len(parts)-1], ", ") + " and " + parts[len(parts)-1]
+	}
+	return fmt.Sprintf("; %d router replicas, sync delay %s", f.replicas, list)
 }
 
 // runLabel names a run for the progress line: its table row's label

@@ -47,12 +47,15 @@ func runDisagg(t testing.TB, b *config.PolicyFile, recs []trace.Record, prefill,
 }
 
 // checkBookingsReleased asserts that every worker's booked requests,
-// prefill tokens and decode blocks are back to 0 and no transfer is left.
+// prefill tokens and decode blocks are back to 0 in every replica (their
+// own bookings and the others' mirrored ones) and no transfer is left.
 func checkBookingsReleased(t *testing.T, d *driver) {
 	t.Helper()
-	for id, w := range d.workers {
-		if l := w.Load(true); l.ActiveRequests != 0 || l.ActivePrefillTokens != 0 || l.ActiveDecodeBlocks != 0 {
-			t.Errorf("worker %d (%s) still booked: %+v", id, w.Role, l)
+	for k, rep := range d.reps {
+		for id, w := range rep.workers {
+			if l := w.Load(true); l.ActiveRequests != 0 || l.ActivePrefillTokens != 0 || l.ActiveDecodeBlocks != 0 {
+				t.Errorf("replica %d, worker %d (%s) still booked: %+v", k, id, w.Role, l)
+			}
 		}
 	}
 	if len(d.transfers) != 0 {

@@ -30,9 +30,10 @@ const (
 // cluster, or the prefill cluster in disaggregated mode; decode is nil in
 // aggregated mode.
 type driver struct {
-	ctx       context.Context
-	r         *router.Router
-	adm       *admission.Controller
+	ctx context.Context
+	// reps are the router replicas (Options.Replicas, at least one):
+	// trace request i is routed by reps[i mod len(reps)].
+	reps      []*replica
 	blockSize int
 	path      admission.Path
 	// traceName names the trace in errors; hashesChecked is set once a
@@ -46,12 +47,15 @@ type driver struct {
 	base      [2]int          // by hop: the fleet id of its cluster's worker 0
 	bandwidth float64         // bytes per second
 
-	workers []*fleet.Worker // every fleet member, by fleet id
+	// workers is the fleet's size: aggregated, or prefill and decode
+	// workers together.
+	workers int
 
 	// now is the simulated time the router's clock reads (Epoch + now):
-	// set before every admission call.
-	now      time.Duration
-	capacity int // max_active_requests; 0: nothing queues for capacity
+	// set before every admission call. reached is the latest instant the
+	// loop went to (the clusters have run up to it).
+	now, reached time.Duration
+	capacity     int // max_active_requests; 0: nothing queues for capacity
 	// waiting counts the hops in the router's queues, decodeWaiting those
 	// of them that are decode hops.
 	waiting, decodeWaiting int
@@ -99,9 +103,12 @@ type driver struct {
 
 	firstEvents, decodeEvents []sim.Event
 
-	// kv feeds the first-hop workers' KV events to the router's precise
+	// kv feeds the first-hop workers' KV events to the routers' precise
 	// indexes (PrefixPrecise mode); nil in approximate mode.
 	kv *kvFeed
+	// sync carries each replica's decisions, first tokens and releases to
+	// the others (Options.Replicas > 1); nil with one replica.
+	sync *syncFeed
 	// engineBlock is the simulated engines' tokens per KV block
 	// (sim.Config.BlockSize), for the belief accuracy.
 	engineBlock int
@@ -155,6 +162,18 @@ type hopState struct {
 	h      *admission.Handle // while admitted: nil before, and once it ended
 	worker int32             // its worker's index in the hop's cluster, once placed
 	queued bool              // waiting in the router's queue
+	// mirror is the hop's booking as the other replicas see it, from its
+	// placement until its end (Options.Replicas > 1); nil otherwise.
+	mirror *mirror
+}
+
+// replica is one router replica: a router of its own, with its own
+// admission queue and fleet members (the same fleet ids in every
+// replica).
+type replica struct {
+	r       *router.Router
+	adm     *admission.Controller
+	workers []*fleet.Worker // by fleet id
 }
 
 func newDriver(ctx context.Context, o *Options) (*driver, error) {
@@ -162,19 +181,12 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Shadows run inline: deterministic, and never charged to a request.
-	r, err := router.New(router.Options{BlockSize: o.BlockSize, Roles: o.Roles, BookingsAreLoad: true,
-		Shadow: router.ShadowOptions{Inline: true}})
-	if err != nil {
-		return nil, fmt.Errorf("replay: %w", err)
-	}
 	queue := o.Queue
 	if len(queue.Classes) == 0 {
 		queue = config.DefaultQueue()
 	}
 	d := &driver{
 		ctx:          ctx,
-		r:            r,
 		blockSize:    o.BlockSize,
 		traceName:    o.TraceName,
 		path:         o.path(),
@@ -200,47 +212,52 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	for _, c := range queue.Classes {
 		d.classes = append(d.classes, c.Name)
 	}
-	if d.adm, err = admission.New(r, admission.Options{Queue: queue, Classifier: o.Classifier, Listeners: o.Listeners,
-		Now: func() time.Time { return epoch.Add(d.now) }, InlineEvents: true}); err != nil {
-		return nil, fmt.Errorf("replay: %w", err)
-	}
-	// The index tracks what fits in each engine's KV cache, in router blocks.
-	capacity := max(int64(cfg.TotalKVBlocks)*int64(cfg.BlockSize)/int64(o.BlockSize), 1)
 	sizes := [2]int{o.Workers}
-	names := [2]string{"sim-"}
 	if d.path == admission.Disaggregated {
-		sizes, names = [2]int{o.PrefillWorkers, o.DecodeWorkers}, [2]string{"prefill-", "decode-"}
+		sizes = [2]int{o.PrefillWorkers, o.DecodeWorkers}
 	}
 	for k := range d.path.Len() {
 		if d.clusters[k], err = sim.NewCluster(sizes[k], cfg); err != nil {
 			return nil, fmt.Errorf("replay: %w", err)
 		}
-		d.base[k] = len(d.workers)
-		// One membership change for the whole cluster: the fleet sorts
-		// its partition once, not once per worker.
-		specs := make([]fleet.Spec, sizes[k])
-		for i := range specs {
-			id := d.base[k] + i
-			specs[i] = fleet.Spec{ID: shared.WorkerID(id), Role: d.path.Hop(k).Role, TotalKVBlocks: capacity, Name: names[k] + strconv.Itoa(id)}
+		d.base[k] = d.workers
+		d.workers += sizes[k]
+	}
+	for k := range o.replicas() {
+		pol := Replica{Roles: o.Roles, Classifier: o.Classifier}
+		if k > 0 {
+			if pol, err = o.Replica(k); err != nil {
+				return nil, fmt.Errorf("replay: replica %d: %w", k, err)
+			}
+			for h := range d.path.Len() {
+				if role := d.path.Hop(h).Role; pol.Roles[role] == nil {
+					return nil, fmt.Errorf("replay: replica %d: no policy for role %s", k, role)
+				}
+			}
 		}
-		ws, err := r.AddWorkers(specs...)
+		rep, err := d.newReplica(o, &cfg, &queue, pol, sizes)
 		if err != nil {
-			return nil, fmt.Errorf("replay: %w", err)
+			return nil, err
 		}
-		d.workers = append(d.workers, ws...)
+		d.reps = append(d.reps, rep)
 	}
 	d.first, d.decode = d.clusters[firstHop], d.clusters[decodeHop]
+	if len(d.reps) > 1 {
+		d.sync = &syncFeed{delay: o.SyncDelay}
+	}
 	if o.Prefix == PrefixPrecise {
-		d.newKVFeed(d.first, d.base[firstHop], o.KVEventDelay)
+		// With replicas the events go through the shared bus: every
+		// replica applies them SyncDelay later.
+		d.newKVFeed(d.first, d.base[firstHop], o.KVEventDelay+o.SyncDelay)
 	}
 	d.bandwidth = o.KVTransferBandwidth
 	if d.bandwidth == 0 {
 		d.bandwidth = DefaultKVTransferBandwidth
 	}
-	d.tally.init(len(d.workers), d.classes)
+	d.tally.init(d.workers, d.classes)
 	d.ref = newKVRef(d.blockSize, d.engineBlock, int64(d.first.Len())*int64(d.engineKV))
 	if o.Timeline {
-		d.tl = newTimeline(len(d.workers))
+		d.tl = newTimeline(d.workers)
 	}
 	d.tally.slo = o.SLO
 	d.tally.itl = newITLHistogram()
@@ -253,6 +270,49 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	}
 	return d, nil
 }
+
+// newReplica builds one router replica routing with pol over the fleet
+// of the given cluster sizes (by hop): its router, its admission
+// controller on the simulated clock, and its members, fleet ids 0.. in
+// hop order.
+func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, pol Replica, sizes [2]int) (*replica, error) {
+	// Shadows run inline: deterministic, and never charged to a request.
+	r, err := router.New(router.Options{BlockSize: o.BlockSize, Roles: pol.Roles, BookingsAreLoad: true,
+		Shadow: router.ShadowOptions{Inline: true}})
+	if err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	rep := &replica{r: r}
+	if rep.adm, err = admission.New(r, admission.Options{Queue: *queue, Classifier: pol.Classifier, Listeners: o.Listeners,
+		Now: func() time.Time { return epoch.Add(d.now) }, InlineEvents: true}); err != nil {
+		return nil, fmt.Errorf("replay: %w", err)
+	}
+	// The index tracks what fits in each engine's KV cache, in router blocks.
+	capacity := max(int64(cfg.TotalKVBlocks)*int64(cfg.BlockSize)/int64(o.BlockSize), 1)
+	names := [2]string{"sim-"}
+	if d.path == admission.Disaggregated {
+		names = [2]string{"prefill-", "decode-"}
+	}
+	for k := range d.path.Len() {
+		// One membership change for the whole cluster: the fleet sorts
+		// its partition once, not once per worker.
+		specs := make([]fleet.Spec, sizes[k])
+		for i := range specs {
+			id := d.base[k] + i
+			specs[i] = fleet.Spec{ID: shared.WorkerID(id), Role: d.path.Hop(k).Role, TotalKVBlocks: capacity, Name: names[k] + strconv.Itoa(id)}
+		}
+		ws, err := r.AddWorkers(specs...)
+		if err != nil {
+			return nil, fmt.Errorf("replay: %w", err)
+		}
+		rep.workers = append(rep.workers, ws...)
+	}
+	return rep, nil
+}
+
+// replicaOf is the replica that routes trace request i: round-robin, as a
+// load balancer in front of the replicas would.
+func (d *driver) replicaOf(i int) *replica { return d.reps[i%len(d.reps)] }
 
 // start begins reading the trace and takes its first record; the
 // returned stop ends the reading.
@@ -328,6 +388,9 @@ func (d *driver) loop() error {
 		if err := d.retire(); err != nil {
 			return err
 		}
+		if d.sync != nil && d.sync.err != nil {
+			return d.sync.err
+		}
 		if d.capacity == 0 && d.waiting == 0 {
 			// Nothing waits for capacity: only arrivals, and the first
 			// hops they place, feed the first hop. (A decode hop may
@@ -337,10 +400,12 @@ func (d *driver) loop() error {
 			if !ok {
 				d.drain()
 				if d.waiting == 0 {
-					return d.retire()
+					return d.finish()
 				}
+				d.reached = max(d.reached, d.now) // the drain's last event
 				continue
 			}
+			d.reached = t
 			d.advance(t)
 			d.startDue(t)
 			if d.arriving != nil && d.arriving.Arrival == t {
@@ -358,11 +423,11 @@ func (d *driver) loop() error {
 			// once more; what still waits then never will.
 			if !d.dispatch(d.now) {
 				d.abandon()
-				return d.retire()
+				return d.finish()
 			}
 			continue
 		}
-		d.now = t
+		d.now, d.reached = t, t
 		d.advance(t)
 		d.startDue(t)
 		d.dispatch(t)
@@ -373,6 +438,17 @@ func (d *driver) loop() error {
 			}
 		}
 	}
+}
+
+// finish applies the sync events still pending (the releases of the last
+// requests, published within one delay of the end), so that every
+// replica ends with nothing booked, and retires the last requests.
+func (d *driver) finish() error {
+	d.sync.deliver(d, math.MaxInt64)
+	if d.sync != nil && d.sync.err != nil {
+		return d.sync.err
+	}
+	return d.retire()
 }
 
 // nextInput is the next instant something enters the first-hop cluster:
@@ -401,6 +477,12 @@ func (d *driver) nextInstant() (time.Duration, bool) {
 	}
 	if at, busy := d.first.NextEvent(); busy {
 		earliest(at)
+	}
+	if at, ok := d.sync.next(); ok && d.waiting > 0 {
+		// Another replica's release may free capacity a queued hop waits
+		// for. An event due before the instant the clusters reached (it
+		// was published while nothing waited) is applied at that instant.
+		earliest(max(at, d.reached))
 	}
 	if d.decode != nil {
 		if len(d.transfers) > 0 {
@@ -502,29 +584,42 @@ func (d *driver) dispatch(at time.Duration) bool {
 		return false
 	}
 	d.now = at
-	d.kv.deliver(at)
-	t0 := time.Now()
-	d.dispatched = d.adm.Dispatch(d.ctx, d.dispatched[:0])
-	d.decisionTime += time.Since(t0)
-	for _, h := range d.dispatched {
-		i := requestIndex(h.Request().ID)
-		k := firstHop
-		if d.req(i).hops[decodeHop].h == h {
-			k = decodeHop
+	n := 0
+	for _, rep := range d.reps {
+		// Before each replica's dispatch: with no delay, a replica sees
+		// what the one before it dispatched.
+		d.deliver(at)
+		t0 := time.Now()
+		d.dispatched = rep.adm.Dispatch(d.ctx, d.dispatched[:0])
+		d.decisionTime += time.Since(t0)
+		for _, h := range d.dispatched {
+			i := requestIndex(h.Request().ID)
+			k := firstHop
+			if d.req(i).hops[decodeHop].h == h {
+				k = decodeHop
+			}
+			d.unqueue(i, k)
+			if err := h.Err(); err != nil {
+				d.req(i).hops[k].h = nil
+				d.reject(i, k, err.Error())
+				continue
+			}
+			d.decisions++
+			dec := h.Decision()
+			d.placed(i, k, &dec, at)
 		}
-		d.unqueue(i, k)
-		if err := h.Err(); err != nil {
-			d.req(i).hops[k].h = nil
-			d.reject(i, k, err.Error())
-			continue
-		}
-		d.decisions++
-		dec := h.Decision()
-		d.placed(i, k, &dec, at)
+		n += len(d.dispatched)
+		clear(d.dispatched) // drop the handles
 	}
-	n := len(d.dispatched)
-	clear(d.dispatched) // drop the handles
 	return n > 0
+}
+
+// deliver applies what the routers learn by `at`, before a routing
+// decision then: the engines' KV events (PrefixPrecise mode), then the
+// other replicas' decisions, first tokens and releases (replicas).
+func (d *driver) deliver(at time.Duration) {
+	d.kv.deliver(at)
+	d.sync.deliver(d, at)
 }
 
 // unqueue records that hop k of request i left the router's queue.
@@ -577,7 +672,10 @@ func (d *driver) observe(c *sim.Cluster, idx, id int, at time.Duration) {
 	if total := l.UsedBlocks + l.FreeBlocks; total > 0 {
 		usage = float64(l.UsedBlocks) / float64(total)
 	}
-	d.workers[id].SetEngineLoad(&fleet.EngineLoad{KVUsage: usage, HasKVUsage: true, Waiting: int64(l.Waiting), HasWaiting: true})
+	// Every replica scrapes every engine itself: no sync delay.
+	for _, rep := range d.reps {
+		rep.workers[id].SetEngineLoad(&fleet.EngineLoad{KVUsage: usage, HasKVUsage: true, Waiting: int64(l.Waiting), HasWaiting: true})
+	}
 }
 
 // due is a hop placed on a worker, reaching it at `at`.

@@ -50,9 +50,9 @@ func (d *driver) arrive() error {
 
 // admit admits hop k of request i at d.now.
 func (d *driver) admit(i, k int) (*admission.Handle, error) {
-	d.kv.deliver(d.now)
+	d.deliver(d.now)
 	t0 := time.Now()
-	h, err := d.adm.Admit(d.ctx, d.request(i, k))
+	h, err := d.replicaOf(i).adm.Admit(d.ctx, d.request(i, k))
 	d.decisionTime += time.Since(t0)
 	d.decisions++
 	return h, err
@@ -135,6 +135,7 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 	st.hops[k].worker = int32(id - d.base[k])
 	out.Fallback = out.Fallback || dec.Fallback
 	d.selected(d.policy[k], dec)
+	d.mirrorPlaced(i, k, dec.Worker.ID, at)
 	charge := d.chargeFor(k, dec)
 	if charge > 0 {
 		st.charged += charge
@@ -223,6 +224,7 @@ func (d *driver) end(i, k int, o admission.Outcome) {
 	if hp.h != nil {
 		hp.h.End(o)
 		hp.h = nil
+		d.mirrorReleased(i, k, d.now)
 	}
 }
 
@@ -254,6 +256,7 @@ func (d *driver) handleFirst(e sim.Event) {
 		out.QueueMs = millis(e.ScheduledAt - st.arrival)
 		d.tl.firstToken(e.At, st.rec.InputLength, e.CachedTokens)
 		st.hops[firstHop].h.FirstToken() // ends the booked prefill
+		d.mirrorFirstToken(i, firstHop, e.At)
 	case sim.Completed:
 		if d.completed(i, firstHop, e.At) {
 			return
@@ -274,6 +277,7 @@ func (d *driver) handleDecode(events []sim.Event) {
 		switch e.Kind {
 		case sim.FirstToken:
 			d.req(i).hops[decodeHop].h.FirstToken() // books no prefill; marks the state
+			d.mirrorFirstToken(i, decodeHop, e.At)
 		case sim.Completed:
 			d.completed(i, decodeHop, e.At)
 			if d.decodeWaiting > 0 {

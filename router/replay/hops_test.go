@@ -137,8 +137,8 @@ worker_selection {
 		t.Fatalf("completed %d rejected %d (%v), want %d, 0", rep.Completed, rep.Rejected, rep.RejectionReasons, n)
 	}
 	checkBookingsReleased(t, d)
-	if d.waiting != 0 || d.decodeWaiting != 0 || d.adm.Queued() != 0 {
-		t.Fatalf("still waiting: driver %d (decode %d), router %d", d.waiting, d.decodeWaiting, d.adm.Queued())
+	if d.waiting != 0 || d.decodeWaiting != 0 || d.reps[0].adm.Queued() != 0 {
+		t.Fatalf("still waiting: driver %d (decode %d), router %d", d.waiting, d.decodeWaiting, d.reps[0].adm.Queued())
 	}
 	outs := decodeOutcomes(t, perReq.Bytes(), n)
 	hops := log.hops(t)
@@ -226,8 +226,8 @@ func TestDecodePolicyAllBusyWaits(t *testing.T) {
 		t.Fatalf("completed %d rejected %d (%v), want %d, 0", rep.Completed, rep.Rejected, rep.RejectionReasons, len(recs))
 	}
 	checkBookingsReleased(t, d)
-	if d.waiting != 0 || d.adm.Queued() != 0 {
-		t.Fatalf("still waiting: driver %d, router %d", d.waiting, d.adm.Queued())
+	if d.waiting != 0 || d.reps[0].adm.Queued() != 0 {
+		t.Fatalf("still waiting: driver %d, router %d", d.waiting, d.reps[0].adm.Queued())
 	}
 	hops := log.hops(t)
 	// A decode hop that waited was dispatched the instant a decode hop on

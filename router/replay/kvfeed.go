@@ -8,16 +8,17 @@ import (
 	"github.com/switchyard-router/switchyard/router/sim"
 )
 
-// kvFeed carries the first-hop workers' KV events to the router's precise
+// kvFeed carries the first-hop workers' KV events to the routers' precise
 // indexes in PrefixPrecise mode: the simulated engines publish them
 // (sim.Cluster.SetKVEventHook) in simulated time, and each is applied
-// delay later, before the first routing decision at or after that instant.
+// delay later, before the first routing decision at or after that instant,
+// to every replica's index (in replica order).
 // Each worker's events keep their order (their times never decrease and
 // the delay is constant); workers are fed in index order, so the replay is
 // deterministic. Memory is the events published within one delay.
 type kvFeed struct {
 	delay time.Duration
-	sinks []*prefix.Precise // by worker index in the first-hop cluster
+	sinks [][]*prefix.Precise // by worker index in the first-hop cluster, then by replica
 	// pending[w][head[w]:] are worker w's events not yet applied.
 	pending [][]sim.KVEvent
 	head    []int
@@ -28,16 +29,18 @@ type kvFeed struct {
 	batches, events int64
 }
 
-// newKVFeed puts every worker of c (fleet ids base..) in precise mode,
-// keyed by engine hashes and live from the start (the router sees each
-// stream from its first event), and hooks c's events.
+// newKVFeed puts every worker of c (fleet ids base..) in precise mode in
+// every replica, keyed by engine hashes and live from the start (the
+// routers see each stream from its first event), and hooks c's events.
 func (d *driver) newKVFeed(c *sim.Cluster, base int, delay time.Duration) {
-	f := &kvFeed{delay: delay, sinks: make([]*prefix.Precise, c.Len()), pending: make([][]sim.KVEvent, c.Len()), head: make([]int, c.Len())}
+	f := &kvFeed{delay: delay, sinks: make([][]*prefix.Precise, c.Len()), pending: make([][]sim.KVEvent, c.Len()), head: make([]int, c.Len())}
 	for w := range f.sinks {
-		p := d.r.PrefixPrecise(d.workers[base+w].ID, 0)
-		p.KeyByEngineHashes()
-		p.MarkLive()
-		f.sinks[w] = p
+		for _, rep := range d.reps {
+			p := rep.r.PrefixPrecise(rep.workers[base+w].ID, 0)
+			p.KeyByEngineHashes()
+			p.MarkLive()
+			f.sinks[w] = append(f.sinks[w], p)
+		}
 	}
 	c.SetKVEventHook(func(e sim.KVEvent) { f.pending[e.Worker] = append(f.pending[e.Worker], e) })
 	d.kv = f
@@ -75,8 +78,9 @@ func (f *kvFeed) deliver(now time.Duration) {
 	}
 }
 
-// apply applies one step's events of one worker as one batch.
-func (f *kvFeed) apply(p *prefix.Precise, evs []sim.KVEvent) {
+// apply applies one step's events of one worker as one batch to each of
+// its indexes (one per replica).
+func (f *kvFeed) apply(sinks []*prefix.Precise, evs []sim.KVEvent) {
 	f.hashes = f.hashes[:0]
 	for _, e := range evs {
 		f.hashes = append(f.hashes, e.Hash)
@@ -99,7 +103,9 @@ func (f *kvFeed) apply(p *prefix.Precise, evs []sim.KVEvent) {
 		}
 		b.Events = append(b.Events, ev)
 	}
-	p.Apply(b)
+	for _, p := range sinks {
+		p.Apply(b)
+	}
 	f.batches++
 	f.events += int64(len(evs))
 }

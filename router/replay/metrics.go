@@ -335,7 +335,7 @@ func SmallestFleets(cells []Cell, target float64) []FleetVerdict {
 			continue
 		}
 		r := c.Runs[0]
-		key := r.Policy + "\x00" + r.Prefix
+		key := r.Policy + "\x00" + r.Prefix + r.Sync.suffix()
 		i, seen := index[key]
 		if !seen {
 			i = len(out)
@@ -355,9 +355,9 @@ func SmallestFleets(cells []Cell, target float64) []FleetVerdict {
 // the policy, and +precise for a precise run.
 func policyLabel(r *Report) string {
 	if r.KVEvents != nil {
-		return r.Policy + "+precise"
+		return r.Policy + "+precise" + r.Sync.suffix()
 	}
-	return r.Policy
+	return r.Policy + r.Sync.suffix()
 }
 
 // GoodputVerdict words SmallestFleets in one line, as the table ends:
@@ -393,17 +393,21 @@ func Delta(cell, base Cell, m Metric) (float64, bool) {
 }
 
 // BaselineOf returns the cell of policy name on c's fleet, in c's prefix
-// mode, and false when cells has none.
+// mode, with c's replicas and sync delay, and false when cells has none.
 func BaselineOf(cells []Cell, c Cell, name string) (Cell, bool) {
 	r := c.Runs[0]
 	for _, b := range cells {
 		br := b.Runs[0]
-		if br.Policy == name && b.Fleet() == c.Fleet() && br.Prefix == r.Prefix {
+		if br.Policy == name && b.Fleet() == c.Fleet() && br.Prefix == r.Prefix && br.Sync.suffix() == r.Sync.suffix() {
 			return b, true
 		}
 	}
 	return Cell{}, false
 }
+
+// SyncLegend explains the row label of a replay with router replicas
+// (Report.Label), under the table.
+const SyncLegend = "NAME/N@D = routed by N router replicas (request i by replica i mod N), each seeing the others' bookings and the engines' KV events D later\n"
 
 // WriteComparison writes cells as one aligned table: a row per cell (its
 // label, its fleet when the cells have more than one, then each column's
@@ -456,6 +460,9 @@ func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 		fmt.Fprintf(&legend, "each cell: the median of %d seeds, [least–greatest] when they differ\n", seeds)
 	}
 	legend.WriteString("latencies in ms of simulated time\n")
+	if slices.ContainsFunc(cells, func(c Cell) bool { return c.Runs[0].Sync != nil }) {
+		legend.WriteString(SyncLegend)
+	}
 	said := map[string]bool{}
 	for _, m := range cols {
 		if m.Legend != "" && !said[m.Legend] {

@@ -186,7 +186,46 @@ type Options struct {
 	// (Report.Timeline) and keeps its latency distributions
 	// (Report.Distributions), for plots; it changes nothing else.
 	Timeline bool
+
+	// Replicas is the number of router replicas (1 to MaxReplicas; 0
+	// means 1) that share the fleet, as several routers behind a
+	// round-robin load balancer: trace request i is routed by replica
+	// i mod Replicas. Each replica is a router of its own (its own
+	// policies, from Replica; its own admission queue and capacity; its
+	// own prefix index and fleet counters) over the same workers, whose
+	// simulated engines are shared. A replica's decisions (a booking and
+	// its prompt recorded in the prefix index), first tokens and releases
+	// reach every other replica SyncDelay later, and in PrefixPrecise mode
+	// every replica applies the engines' KV events SyncDelay after
+	// KVEventDelay (docs/replay.md, "Replicas and sync delay"). One
+	// replica is the replay without any of this, byte for byte.
+	Replicas int
+	// SyncDelay is the simulated time from a replica's decision, first
+	// token or release (or an engine's KV event reaching the shared bus)
+	// to every replica applying it; >= 0, and 0 with one replica.
+	SyncDelay time.Duration
+	// Replica returns the policies of replica k (1 to Replicas−1; replica
+	// 0 routes with Roles and Classifier): instances of their own, since
+	// components keep state (a round-robin cursor, a seeded picker's
+	// draws) that replicas do not share. Required when Replicas > 1; its
+	// error ends the replay.
+	Replica func(k int) (Replica, error)
 }
+
+// Replica is what one router replica routes with (Options.Replica): its
+// own instances of the policy file's policies and classifier.
+type Replica struct {
+	// Roles maps each role to the replica's policy, as Options.Roles.
+	Roles map[shared.Role]*policy.Policy
+	// Classifier is the replica's request classifier factory, as
+	// Options.Classifier; nil without one.
+	Classifier shared.ClassifierFactory
+}
+
+// MaxReplicas bounds Options.Replicas: 64 router replicas, far more than
+// a fleet runs (each is a whole router with its own prefix index over
+// every worker, so memory grows with replicas × workers).
+const MaxReplicas = 64
 
 // PrefixMode is how the router's prefix index learns what each simulated
 // engine's prefix cache holds.
@@ -254,6 +293,9 @@ type DecisionLatency struct {
 // queue block: then the per-request lines carry priority and policy_class.
 func (o *Options) classified() bool { return o.Classifier != nil || len(o.Queue.Classes) > 0 }
 
+// replicas is the number of router replicas: Replicas, 1 when 0.
+func (o *Options) replicas() int { return max(o.Replicas, 1) }
+
 // disaggregated reports whether o asks for prefill and decode pools.
 func (o *Options) disaggregated() bool { return o.PrefillWorkers != 0 || o.DecodeWorkers != 0 }
 
@@ -298,6 +340,16 @@ func (o *Options) check() (sim.Config, error) {
 		return sim.Config{}, fmt.Errorf("replay: KV event delay %v, want >= 0", o.KVEventDelay)
 	case o.KVEventDelay != 0 && o.Prefix != PrefixPrecise:
 		return sim.Config{}, fmt.Errorf("replay: KV event delay %v without precise prefix mode: only precise mode reads KV events", o.KVEventDelay)
+	}
+	switch {
+	case o.Replicas < 0 || o.Replicas > MaxReplicas:
+		return sim.Config{}, fmt.Errorf("replay: %d replicas, want 1 to %d (MaxReplicas)", o.Replicas, MaxReplicas)
+	case o.SyncDelay < 0:
+		return sim.Config{}, fmt.Errorf("replay: sync delay %v, want >= 0", o.SyncDelay)
+	case o.SyncDelay != 0 && o.replicas() == 1:
+		return sim.Config{}, fmt.Errorf("replay: sync delay %v with one replica: only replicas sync", o.SyncDelay)
+	case o.replicas() > 1 && o.Replica == nil:
+		return sim.Config{}, fmt.Errorf("replay: %d replicas without Options.Replica: each replica needs policies of its own", o.Replicas)
 	}
 	if o.DecisionLatency.Classifier < 0 {
 		return sim.Config{}, fmt.Errorf("replay: classifier decision latency %v, want >= 0", o.DecisionLatency.Classifier)

@@ -106,7 +106,7 @@ func TestPreciseBeliefAccuracy(t *testing.T) {
 	// Every event went through the precise indexes: stores and removals.
 	var st prefix.PreciseStats
 	for w := range dp.first.Len() {
-		s := dp.r.PrefixPrecise(dp.workers[w].ID, 0).Stats()
+		s := dp.reps[0].r.PrefixPrecise(dp.reps[0].workers[w].ID, 0).Stats()
 		if !s.Live || s.BlockSize != 512 {
 			t.Fatalf("worker %d precise index: %+v, want live at 512 tokens", w, s)
 		}
@@ -182,7 +182,7 @@ func TestKVFeedDelay(t *testing.T) {
 	p := x.Precise(prefix.Candidate{ID: 1})
 	p.KeyByEngineHashes()
 	p.MarkLive()
-	f := &kvFeed{delay: 5 * time.Millisecond, sinks: []*prefix.Precise{p}, pending: make([][]sim.KVEvent, 1), head: make([]int, 1)}
+	f := &kvFeed{delay: 5 * time.Millisecond, sinks: [][]*prefix.Precise{{p}}, pending: make([][]sim.KVEvent, 1), head: make([]int, 1)}
 	h := prefix.ChainHashes(nil, []uint64{1, 2})
 	ms := time.Millisecond
 	f.pending[0] = []sim.KVEvent{

@@ -112,8 +112,8 @@ func runQueued(t *testing.T, b *config.PolicyFile, recs []trace.Record, workers 
 		t.Fatal(err)
 	}
 	checkBookingsReleased(t, d)
-	if d.waiting != 0 || d.adm.Waiting(shared.RoleAggregated) != 0 {
-		t.Fatalf("%d requests still queued (router: %d)", d.waiting, d.adm.Waiting(shared.RoleAggregated))
+	if d.waiting != 0 || d.reps[0].adm.Waiting(shared.RoleAggregated) != 0 {
+		t.Fatalf("%d requests still queued (router: %d)", d.waiting, d.reps[0].adm.Waiting(shared.RoleAggregated))
 	}
 	outs := decodeOutcomes(t, perReq.Bytes(), len(recs))
 	return rep, outs, log.check(t, len(recs))

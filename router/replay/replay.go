@@ -31,7 +31,7 @@ import (
 // then writes its line and keeps only the figures the report needs (see
 // tally and kvRef).
 //
-// Run is a discrete-event loop over five sources: arrivals, first hops
+// Run is a discrete-event loop over five sources (six with replicas, below): arrivals, first hops
 // decided and on their way to their worker (the decision latency),
 // decode hops decided and on their way (decision latency and KV
 // transfer), the step ends of the first-hop (aggregated or prefill)
@@ -65,6 +65,21 @@ import (
 // each arrival after another Dispatch so that waiting requests go first;
 // a decode worker's completion dispatches the waiting decode hops at once.
 // No request is submitted in a worker's past.
+//
+// With replicas (Options.Replicas > 1) request i is admitted by replica
+// i mod Replicas, and a sixth source carries what each replica learns
+// from the others: each placed hop's booking, its first token and its
+// release, due SyncDelay after they happened (replicas.go). Like the KV
+// events of precise mode, whatever is due at or before an instant is
+// applied before the first routing decision (Admit or Dispatch, of any
+// replica) at that instant or later: the KV events first, then the sync
+// events in (due time, publication) order. So with SyncDelay 0 a replica
+// sees a decision made earlier at the same instant. While hops wait in a
+// queue, the sync events' due times are instants of the loop too, since
+// a release may free the capacity they wait for; at such an instant the
+// queues are dispatched replica by replica. After the last request the
+// pending sync events are applied, so every replica ends with nothing
+// booked.
 func Run(ctx context.Context, o Options) (*Report, error) {
 	rep, _, err := execute(ctx, o)
 	return rep, err

@@ -152,6 +152,9 @@ type Report struct {
 	// KVEvents describes the KV event feed in precise mode; absent in
 	// approximate mode.
 	KVEvents *KVEventsReport `json:"kv_events,omitempty"`
+	// Sync describes the router replicas when there are several
+	// (Options.Replicas); absent with one.
+	Sync *SyncReport `json:"sync,omitempty"`
 	// RequestsPerWorker counts the requests each worker was sent, by fleet
 	// id: in disaggregated mode the prefill workers, then the decode
 	// workers.
@@ -266,6 +269,20 @@ type KVEventsReport struct {
 	Events  int64 `json:"events"`
 }
 
+// SyncReport is the router replicas of a replay (Options.Replicas > 1).
+type SyncReport struct {
+	// Replicas is the number of router replicas; trace request i was
+	// routed by replica i mod Replicas.
+	Replicas int `json:"replicas"`
+	// DelayMs is Options.SyncDelay in ms: from a replica's decision,
+	// first token or release, or an engine's KV event, to the others
+	// applying it.
+	DelayMs float64 `json:"delay_ms"`
+	// Mirrored counts the bookings made on replicas for hops that another
+	// replica placed: (Replicas − 1) per placed hop.
+	Mirrored int64 `json:"mirrored"`
+}
+
 // ClassReport is one policy class's share of a replay. TTFT and Queue are
 // over its completed requests, in ms of simulated time; Queue (arrival to
 // the first scheduled engine step) includes the wait in the router's queue.
@@ -317,11 +334,21 @@ func (r *Report) order() []string {
 //	pd(4P+4D)                  the file's prefill and decode policies
 //	kv(4P:default+4D:default)  the file sets neither prefill nor decode
 //	kv+precise                 any of these, routed by KV events (Prefix "precise")
+//	kv/3@10ms                  any of these, routed by 3 replicas with a 10 ms sync delay
 func (r *Report) Label() string {
 	if r.KVEvents != nil {
-		return r.label() + "+precise"
+		return r.label() + "+precise" + r.Sync.suffix()
 	}
-	return r.label()
+	return r.label() + r.Sync.suffix()
+}
+
+// suffix is "/N@DELAY" for N replicas syncing after DELAY (a Go duration:
+// 0s, 10ms, 1s), "" for one replica (nil s).
+func (s *SyncReport) suffix() string {
+	if s == nil {
+		return ""
+	}
+	return fmt.Sprintf("/%d@%v", s.Replicas, time.Duration(math.Round(s.DelayMs*1e6)))
 }
 
 func (r *Report) label() string {
@@ -370,13 +397,18 @@ func (d *driver) report(o *Options, wall time.Duration) *Report {
 	rep := &Report{
 		Policy:          o.PolicyName,
 		Trace:           o.TraceName,
-		Workers:         len(d.workers),
+		Workers:         d.workers,
 		Requests:        d.next,
 		WallS:           round3(wall.Seconds()),
 		Selections:      d.selections,
-		Fallbacks:       d.r.Fallbacks(),
 		FallbackSources: d.fell.list(),
-		Hosted:          d.r.Hosted(d.path.Hop(firstHop).Role),
+		Hosted:          d.reps[0].r.Hosted(d.path.Hop(firstHop).Role),
+	}
+	for _, x := range d.reps {
+		rep.Fallbacks += x.r.Fallbacks()
+	}
+	if d.sync != nil {
+		rep.Sync = &SyncReport{Replicas: len(d.reps), DelayMs: millis(d.sync.delay), Mirrored: d.sync.applied}
 	}
 	roles := []shared.Role{shared.RoleAggregated}
 	if d.decode != nil {

@@ -2,7 +2,9 @@ package replay
 
 import (
 	"context"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/switchyard-router/switchyard/router/trace"
 )
@@ -19,6 +21,36 @@ func BenchmarkReplaySetup4096(b *testing.B) {
 		o := Options{Roles: pf.Roles, BlockSize: 512, Records: recs, Workers: 4096}
 		if _, err := Run(context.Background(), o); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReplayReplicas times a whole replay of the arXiv sample (1,000
+// requests) on 8 workers with the default policy, by one router and by
+// three replicas with a 10 ms sync delay, in both prefix modes: the cost
+// of the replicas' own routing and of the mirrored bookings (two per
+// request with three replicas), and in precise mode of applying every KV
+// event three times.
+func BenchmarkReplayReplicas(b *testing.B) {
+	recs := readTrace(b, "mooncake_arxiv_trace_first1000.jsonl")
+	for _, mode := range []PrefixMode{PrefixApproximate, PrefixPrecise} {
+		for _, n := range []int{1, 3} {
+			b.Run(fmt.Sprintf("%v/replicas=%d", mode, n), func(b *testing.B) {
+				for b.Loop() {
+					pf := loadPolicy(b, seededDefault)
+					o := Options{Roles: pf.Roles, BlockSize: 512, Records: recs, Workers: 8, Prefix: mode, Replicas: n,
+						Replica: func(int) (Replica, error) { return Replica{Roles: loadPolicy(b, seededDefault).Roles}, nil }}
+					if n > 1 {
+						o.SyncDelay = 10 * time.Millisecond
+					}
+					if mode == PrefixPrecise {
+						o.KVEventDelay = DefaultKVEventDelay
+					}
+					if _, err := Run(context.Background(), o); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
 		}
 	}
 }
