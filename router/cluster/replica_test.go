@@ -99,7 +99,7 @@ func startNode(t testing.TB, url, name string, workers, idBase int, cfg func(*co
 			t.Fatal(err)
 		}
 	}
-	c := config.Cluster{NATS: url, Replica: name, Name: "test", BookingTTL: 2 * time.Second, Heartbeat: 100 * time.Millisecond}
+	c := config.Cluster{NATS: url, Replica: name, Name: "test", BookingTTL: 5 * time.Second, Heartbeat: 100 * time.Millisecond}
 	if cfg != nil {
 		cfg(&c)
 	}
