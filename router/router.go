@@ -506,6 +506,11 @@ type Placement struct {
 	// onto the worker that really served a request (an endpoint picker's
 	// proxy fell back to another endpoint).
 	TargetOnly bool
+	// Overbook books the chosen worker even at Capacity, counting the
+	// booking toward it (fleet.BookOver): for a request that is on the
+	// worker already (a Move, another replica's booking), with
+	// TargetOnly. Workers at Capacity stay candidates.
+	Overbook bool
 	// Alternates asks for up to this many runners-up in
 	// Decision.Alternates (at most MaxAlternates; 0: none, the default,
 	// and no work or allocation for them). They are the candidates the
@@ -602,7 +607,7 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 	// With no worker at capacity (the common case) the candidates are
 	// the partition as it is, and the try-book below still guards the
 	// limit: no scan of every candidate's count.
-	if pl.Capacity > 0 && (checkAll || r.fleet.AtCapacity()) {
+	if pl.Capacity > 0 && !pl.Overbook && (checkAll || r.fleet.AtCapacity()) {
 		if part = underCapacity(part, pl.Capacity); part == nil {
 			return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrAllBusy)
 		}
@@ -661,11 +666,14 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 	if known {
 		charge = prefill()
 	}
-	if pl.Capacity > 0 {
+	switch {
+	case pl.Capacity > 0 && pl.Overbook:
+		d.Booking = fleet.BookOver(pl.Booking, w, pl.Capacity, charge, blocks)
+	case pl.Capacity > 0:
 		if d.Booking = fleet.TryBook(pl.Booking, w, pl.Capacity, charge, blocks); d.Booking == nil {
 			return Decision{}, errLostRace
 		}
-	} else {
+	default:
 		d.Booking = fleet.BookInto(pl.Booking, w, charge, blocks)
 	}
 	c := prefix.Candidate{ID: w.ID, Rank: w.DPRank}

@@ -63,6 +63,10 @@ type Options struct {
 	// Resolve maps a worker name to its id in Router's fleet; false when
 	// this replica has no such worker (its record is dropped and counted).
 	Resolve func(name string) (shared.WorkerID, bool)
+	// Capacity is the queue block's max_active_requests (0: none): the
+	// others' bookings count toward it (router.Placement.Overbook), so a
+	// worker they fill is at capacity here too.
+	Capacity int64
 	// Registerer receives the cluster's metrics; nil: none.
 	Registerer prometheus.Registerer
 	// Logger receives the cluster's logs; nil discards them.
@@ -440,7 +444,8 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time) {
 		}
 		req := &shared.Request{ID: from + "/" + rec.ID, Model: rec.Model, Role: rec.Role, PromptTokens: rec.PromptTokens,
 			BlockSize: rec.BlockSize, BlockHashes: slices.Clone(rec.BlockHashes)}
-		d, err := r.o.Router.Place(context.Background(), req, router.Placement{Target: id, HasTarget: true, TargetOnly: true})
+		d, err := r.o.Router.Place(context.Background(), req, router.Placement{Target: id, HasTarget: true, TargetOnly: true,
+			Capacity: r.o.Capacity, Overbook: true})
 		if err != nil {
 			r.m.dropped.WithLabelValues("not_placed").Inc()
 			return

@@ -108,6 +108,23 @@ func TryBook(into *Booking, w *Worker, capacity, prefillTokens, blocks int64) *B
 	return b
 }
 
+// BookOver books w whatever its requests in flight, counting the booking
+// toward capacity (> 0) as TryBook's are: the request is on w already (it
+// was served there, or another router replica placed it), so it must
+// count, and a worker it takes to capacity is at capacity for every
+// selection (Fleet.AtCapacity) until a release takes it below. Mixing
+// BookOver and TryBook under one capacity keeps that count exact; a
+// booking with no capacity (Book) does not take part in it. into as for
+// TryBook.
+func BookOver(into *Booking, w *Worker, capacity, prefillTokens, blocks int64) *Booking {
+	if n := w.active.Add(1); capacity > 0 && n == capacity && w.full != nil {
+		w.full.Add(1)
+	}
+	b := charge(into, w, prefillTokens, blocks)
+	b.capacity = max(capacity, 0)
+	return b
+}
+
 // BookInto is Book in caller-owned storage (see TryBook); nil into
 // allocates.
 func BookInto(into *Booking, w *Worker, prefillTokens, blocks int64) *Booking {

@@ -42,3 +42,40 @@ func TestAtCapacityFollowsTryBook(t *testing.T) {
 		t.Fatalf("after every release: AtCapacity %v, active %d", f.AtCapacity(), ws[0].ActiveRequests())
 	}
 }
+
+// TestBookOverCountsTowardCapacity: bookings made over the capacity
+// (another replica's, a moved one) count toward it as TryBook's do: the
+// worker they fill is at capacity, TryBook refuses it, and the full count
+// comes back to exactly 0 whatever order the releases come in (before
+// BookOver, an uncounted booking made a counted release take it below 0).
+func TestBookOverCountsTowardCapacity(t *testing.T) {
+	f := New()
+	ws, err := f.AddWorkers(Spec{ID: 1, Role: shared.RoleAggregated, TotalKVBlocks: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := ws[0]
+	a := TryBook(nil, w, 2, 1, 1)
+	m := BookOver(nil, w, 2, 1, 1) // fills it
+	if !f.AtCapacity() || TryBook(nil, w, 2, 1, 1) != nil {
+		t.Fatalf("filled by BookOver: AtCapacity %v, want true and TryBook refused", f.AtCapacity())
+	}
+	n := BookOver(nil, w, 2, 1, 1) // past it: three in flight
+	a.Release()                    // 3 -> 2: still full
+	if !f.AtCapacity() || w.ActiveRequests() != 2 {
+		t.Fatalf("two in flight of capacity 2: AtCapacity %v, active %d", f.AtCapacity(), w.ActiveRequests())
+	}
+	m.Release() // 2 -> 1
+	if f.AtCapacity() || f.full.n.Load() != 0 {
+		t.Fatalf("one in flight: AtCapacity %v, full count %d; want false, 0", f.AtCapacity(), f.full.n.Load())
+	}
+	b := TryBook(nil, w, 2, 1, 1) // 1 -> 2 again
+	if !f.AtCapacity() {
+		t.Fatal("filled again by TryBook: not at capacity")
+	}
+	n.Release()
+	b.Release()
+	if f.AtCapacity() || f.full.n.Load() != 0 || w.ActiveRequests() != 0 {
+		t.Fatalf("after every release: AtCapacity %v, full count %d, active %d", f.AtCapacity(), f.full.n.Load(), w.ActiveRequests())
+	}
+}

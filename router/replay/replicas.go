@@ -101,7 +101,8 @@ func (f *syncFeed) deliver(d *driver, now time.Duration) {
 			case mirrorPlaced:
 				// Only the context's end can fail a binding target on a
 				// member of the partition.
-				if _, err := rep.r.Place(d.ctx, m.req, router.Placement{Target: m.worker, HasTarget: true, TargetOnly: true, Booking: b}); err != nil {
+				if _, err := rep.r.Place(d.ctx, m.req, router.Placement{Target: m.worker, HasTarget: true, TargetOnly: true,
+					Capacity: int64(d.capacity), Overbook: true, Booking: b}); err != nil {
 					f.err = fmt.Errorf("replay: replica %d mirroring request %s of replica %d: %w", p, m.req.ID, m.origin, err)
 					return
 				}

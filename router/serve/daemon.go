@@ -257,6 +257,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	var rep *cluster.Replica
 	if c := b.Cluster(); c != nil {
 		rep, err = cluster.New(cluster.Options{Config: *c, Router: r, Registerer: reg, Logger: d.log,
+			Capacity: int64(d.queue.MaxActiveRequests),
 			Resolve: func(name string) (shared.WorkerID, bool) {
 				st, ok := mgr.StatusOf(name)
 				return st.ID, ok
