@@ -26,7 +26,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -237,7 +236,7 @@ func drive(ctx context.Context, c *http.Client, router string, engines []string,
 						base = engines[rng.IntN(len(engines))]
 						atomic.AddInt64(&direct, 1)
 					}
-					if err := post(ctx, c, base, body); err != nil {
+					if err := benchproc.PostChat(ctx, c, base, body); err != nil {
 						atomic.AddInt64(&failed, 1)
 						errOnce.Do(func() { firstErr = err })
 					}
@@ -253,23 +252,6 @@ func drive(ctx context.Context, c *http.Client, router string, engines []string,
 	return direct, failed, nil
 }
 
-func post(ctx context.Context, c *http.Client, base string, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s: %s", base, resp.Status, b)
-	}
-	return nil
-}
 
 // report prints the two beliefs against the engines' cached tokens.
 func report(out io.Writer, o options, m map[string]float64, direct, failed int64, elapsed time.Duration) error {
@@ -310,4 +292,3 @@ func report(out io.Writer, o options, m map[string]float64, direct, failed int64
 	fmt.Fprintf(out, "target: precise belief exact for >= 99%% of the requests it covers: met (%.2f%%)\n", 100*shares["precise"])
 	return nil
 }
-

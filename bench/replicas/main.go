@@ -25,7 +25,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -277,7 +276,7 @@ func drive(ctx context.Context, c *http.Client, bases []string, o options) (int6
 						"content": fmt.Sprintf("Conversation %d, question %d: %s", conv, turn, strings.Repeat("please go on with the story. ", 3+rng.IntN(12)))})
 					body, _ := json.Marshal(map[string]any{"model": "mock", "max_tokens": 8, "messages": msgs})
 					base := bases[(next.Add(1)-1)%int64(len(bases))]
-					if err := post(ctx, c, base, body); err != nil {
+					if err := benchproc.PostChat(ctx, c, base, body); err != nil {
 						failed.Add(1)
 						errOnce.Do(func() { firstErr = err })
 					}
@@ -293,23 +292,6 @@ func drive(ctx context.Context, c *http.Client, bases []string, o options) (int6
 	return 0, nil
 }
 
-func post(ctx context.Context, c *http.Client, base string, body []byte) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s: %s: %s", base, resp.Status, b)
-	}
-	return nil
-}
 
 // addBuckets adds the cumulative buckets of the sync lag histogram in m
 // to counts (bounds ascending, in seconds).

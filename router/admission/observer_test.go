@@ -26,8 +26,16 @@ func (o *observed) Booked(req *shared.Request, d router.Decision) {
 	defer o.mu.Unlock()
 	o.got = append(o.got, fmt.Sprintf("booked:%s@%d", req.ID, d.Worker.ID))
 }
-func (o *observed) FirstToken(id string) { o.mu.Lock(); o.got = append(o.got, "first:"+id); o.mu.Unlock() }
-func (o *observed) Released(id string)   { o.mu.Lock(); o.got = append(o.got, "released:"+id); o.mu.Unlock() }
+func (o *observed) FirstToken(id string) {
+	o.mu.Lock()
+	o.got = append(o.got, "first:"+id)
+	o.mu.Unlock()
+}
+func (o *observed) Released(id string) {
+	o.mu.Lock()
+	o.got = append(o.got, "released:"+id)
+	o.mu.Unlock()
+}
 
 // TestObserverHearsEveryBooking: an Admit, a first token and an End; a
 // Retry under a new id; a request dispatched from the queue; a Move; a

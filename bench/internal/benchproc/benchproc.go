@@ -4,8 +4,10 @@ package benchproc
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -125,4 +127,24 @@ func (cs *Children) StopAll() {
 		}
 	}
 	cs.list = nil
+}
+
+// PostChat posts body to base's /v1/chat/completions and reads the
+// answer; a status other than 200 is an error quoting the answer.
+func PostChat(ctx context.Context, c *http.Client, base string, body []byte) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/chat/completions", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s: %s: %s", base, resp.Status, b)
+	}
+	return nil
 }
