@@ -252,7 +252,6 @@ func drive(ctx context.Context, c *http.Client, router string, engines []string,
 	return direct, failed, nil
 }
 
-
 // report prints the two beliefs against the engines' cached tokens.
 func report(out io.Writer, o options, m map[string]float64, direct, failed int64, elapsed time.Duration) error {
 	fmt.Fprintf(out, "%d requests (%d straight to an engine, %d failed) over %d conversations, %d at once, %d engines of %d 16-token KV blocks, %s events, in %.1f s\n",

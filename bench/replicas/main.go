@@ -292,7 +292,6 @@ func drive(ctx context.Context, c *http.Client, bases []string, o options) (int6
 	return 0, nil
 }
 
-
 // addBuckets adds the cumulative buckets of the sync lag histogram in m
 // to counts (bounds ascending, in seconds).
 func addBuckets(m map[string]float64, bounds, counts []float64) ([]float64, []float64) {
