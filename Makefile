@@ -9,7 +9,7 @@ PKGS        := ./...
 PYTHON      := /usr/bin/python3
 PYTHON_DEBS := python3-grpcio python3-protobuf
 
-.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-serve bench-overlap demo demo-serve proto proto-check clean
+.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-serve demo-replicas bench-overlap demo demo-serve proto proto-check clean
 
 all: build
 
@@ -74,6 +74,12 @@ bench-epp:
 ## to the routers in turn (about 3.5 minutes)
 bench-replicas: build
 	$(GO) run ./bench/replicas --router-bin $(BIN)/router
+
+## demo-replicas: three `router serve` replicas behind HAProxy sharing over
+## Debian's nats-server (both installed when missing), three mock engines,
+## a multi-turn workload: the KV hit ratio with sync on and off (about 4 minutes)
+demo-replicas:
+	scripts/demo-replicas.sh
 
 ## bench-serve: loopback load on `router serve` against direct and a bare
 ## httputil.ReverseProxy, with the issue's targets checked (under a minute)

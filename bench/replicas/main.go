@@ -60,6 +60,9 @@ type options struct {
 	speedup       string
 	seed          uint64
 	kvEvents      bool
+	natsURL       string
+	ports         []int
+	lb            string
 }
 
 func main() {
@@ -75,7 +78,28 @@ func main() {
 	flag.StringVar(&o.speedup, "speedup", "50", "the mock engines' simulated seconds per wall second")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the conversations")
 	flag.BoolVar(&o.kvEvents, "kv-events", false, "give the routers the engines' KV events (precise prefix knowledge) too")
+	flag.StringVar(&o.natsURL, "nats", "", "an external NATS server with JetStream (default: one in this process)")
+	ports := flag.String("ports", "", "the replicas' ports, comma-separated, one per replica (default: any free port)")
+	flag.StringVar(&o.lb, "lb", "", "a load balancer in front of the replicas on --ports (e.g. http://127.0.0.1:18080): the sync and no-sync runs send every request there instead of to the routers in turn")
 	flag.Parse()
+	if *ports != "" {
+		for _, f := range strings.Split(*ports, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 || n > 65535 {
+				fmt.Fprintf(os.Stderr, "replicas: --ports %q: want port numbers separated by commas\n", *ports)
+				os.Exit(2)
+			}
+			o.ports = append(o.ports, n)
+		}
+		if len(o.ports) != o.replicas {
+			fmt.Fprintf(os.Stderr, "replicas: --ports gives %d ports for %d replicas\n", len(o.ports), o.replicas)
+			os.Exit(2)
+		}
+	}
+	if o.lb != "" && o.ports == nil {
+		fmt.Fprintln(os.Stderr, "replicas: --lb needs --ports, the addresses the load balancer sends to")
+		os.Exit(2)
+	}
 	if o.replicas < 2 || o.workers < 1 || o.requests < 1 || o.conversations < 1 || o.concurrency < 1 {
 		fmt.Fprintln(os.Stderr, "replicas: want --replicas >= 2 and positive --workers, --requests, --conversations, --concurrency")
 		os.Exit(2)
@@ -111,15 +135,19 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, "nats"), NoLog: true, NoSigs: true})
-	if err != nil {
-		return err
+	natsURL := o.natsURL
+	if natsURL == "" {
+		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, "nats"), NoLog: true, NoSigs: true})
+		if err != nil {
+			return err
+		}
+		go ns.Start()
+		if !ns.ReadyForConnections(30 * time.Second) {
+			return errors.New("the NATS server did not start")
+		}
+		defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
+		natsURL = ns.ClientURL()
 	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		return errors.New("the NATS server did not start")
-	}
-	defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
 
 	var results []result
 	for i, mode := range []struct {
@@ -127,7 +155,7 @@ func run(ctx context.Context, o options) error {
 		routers int
 		sync    bool
 	}{{"single", 1, false}, {"sync", o.replicas, true}, {"no-sync", o.replicas, false}} {
-		r, err := once(ctx, o, filepath.Join(dir, mode.name), mode.routers, mode.sync, ns.ClientURL(), fmt.Sprintf("run%d", i))
+		r, err := once(ctx, o, filepath.Join(dir, mode.name), mode.routers, mode.sync, natsURL, fmt.Sprintf("run%d", i))
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode.name, err)
 		}
@@ -186,17 +214,29 @@ func once(ctx context.Context, o options, dir string, routers int, sync bool, na
 		if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
 			return result{}, err
 		}
+		listen := "127.0.0.1:0"
+		if o.ports != nil {
+			listen = "127.0.0.1:" + strconv.Itoa(o.ports[i])
+		}
 		if bases[i], err = procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("router%d.log", i)), listening, o.routerBin,
-			"serve", "--listen", "127.0.0.1:0", "--policy", path); err != nil {
+			"serve", "--listen", listen, "--policy", path); err != nil {
 			return result{}, err
 		}
+	}
+	targets := bases
+	if o.lb != "" && routers > 1 {
+		targets = []string{strings.TrimSuffix(o.lb, "/")}
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}, Timeout: 2 * time.Minute}
 	if err := waitReady(ctx, client, bases, o.workers, sync); err != nil {
 		return result{}, err
 	}
+	if len(targets) == 1 && routers > 1 {
+		// The load balancer's health checks find the replicas up.
+		time.Sleep(time.Second)
+	}
 	start := time.Now()
-	failed, err := drive(ctx, client, bases, o)
+	failed, err := drive(ctx, client, targets, o)
 	if err != nil {
 		return result{}, err
 	}
@@ -350,8 +390,12 @@ func report(out io.Writer, o options, rs []result) error {
 	if o.kvEvents {
 		mode = "with the engines' KV events"
 	}
-	fmt.Fprintf(out, "%d requests per run over %d conversations, %d at once, %d engines, %s; requests sent to the routers in turn\n",
-		o.requests, o.conversations, o.concurrency, o.workers, mode)
+	sent := "requests sent to the routers in turn"
+	if o.lb != "" {
+		sent = "the replicas' requests sent to the load balancer " + o.lb
+	}
+	fmt.Fprintf(out, "%d requests per run over %d conversations, %d at once, %d engines, %s; %s\n",
+		o.requests, o.conversations, o.concurrency, o.workers, mode, sent)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "run\trouters\tKV hit\tof single\tsync lag p50 <=\tp99 <=\twall\t")
 	single := rs[0].hit()
