@@ -146,6 +146,34 @@ func New(o Options) (*Replica, error) {
 // after BookingTTL).
 func (r *Replica) Connected() bool { return r.connected.Load() }
 
+// State is what a replica knows of its cluster now (router serve's
+// /readyz shows it).
+type State struct {
+	// Replica and Cluster are the names of the cluster block.
+	Replica string `json:"replica"`
+	Cluster string `json:"cluster"`
+	// Connected: to NATS now; while false the replica routes on its own
+	// state.
+	Connected bool `json:"connected"`
+	// Peers are the other replicas heard within the booking TTL, sorted.
+	Peers []string `json:"peers"`
+	// RemoteBookings counts the other replicas' bookings held.
+	RemoteBookings int `json:"remote_bookings"`
+}
+
+// State returns the replica's State.
+func (r *Replica) State() State {
+	st := State{Replica: r.self, Cluster: r.o.Config.Name, Connected: r.Connected(), Peers: []string{}}
+	r.mu.Lock()
+	for name := range r.peers {
+		st.Peers = append(st.Peers, name)
+	}
+	st.RemoteBookings = r.remote
+	r.mu.Unlock()
+	slices.Sort(st.Peers)
+	return st
+}
+
 // Booked publishes a booking of this replica (admission.Observer).
 func (r *Replica) Booked(req *shared.Request, d router.Decision) {
 	rec := &Record{Kind: KindBooked, ID: req.ID, At: time.Now().UnixNano(), Worker: d.Worker.Name, Model: req.Model,

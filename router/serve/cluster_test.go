@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -99,6 +100,12 @@ func TestDaemonReplicasShareBookings(t *testing.T) {
 	eventually("b releases it", func() bool { return active(b)[worker] == 0 })
 	if got := active(a)[worker]; got != 0 {
 		t.Fatalf("a still counts %d on %s", got, worker)
+	}
+	// /readyz shows the cluster: b's peer a, connected, nothing held.
+	code, ready := getReadyz(t, b.base)
+	if code != 200 || ready.Cluster == nil || ready.Cluster.Replica != "b" || ready.Cluster.Cluster != "t" || !ready.Cluster.Connected ||
+		!slices.Equal(ready.Cluster.Peers, []string{"a"}) || ready.Cluster.RemoteBookings != 0 {
+		t.Fatalf("b's /readyz: %d %+v", code, ready.Cluster)
 	}
 	if !strings.Contains(a.logs.String(), "joined the cluster") {
 		t.Fatalf("a's logs do not say it joined:\n%s", a.logs)

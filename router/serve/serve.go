@@ -23,6 +23,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/cluster"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
@@ -140,6 +141,7 @@ type Options struct {
 type Server struct {
 	r        *router.Router
 	workers  Workers
+	observer admission.Observer // Options.Observer; /readyz shows a cluster's State
 	registry *prometheus.Registry
 	met      *metrics
 	timeout  time.Duration
@@ -214,6 +216,7 @@ func New(o Options) (*Server, error) {
 		r:         o.Router,
 		workers:   o.Workers,
 		registry:  o.Registry,
+		observer:  o.Observer,
 		timeout:   o.RequestTimeout,
 		drain:     o.DrainTimeout,
 		cpt:       o.CharsPerToken,
@@ -430,6 +433,10 @@ type Readiness struct {
 	Policy  PolicyReadiness   `json:"policy"`
 	Plugins []PluginReadiness `json:"plugins"`
 	Workers []WorkerReadiness `json:"workers"`
+	// Cluster is this replica's view of its cluster (the policy file's
+	// cluster block); absent without one. It never makes the router
+	// unready: a replica cut from NATS routes on its own state.
+	Cluster *cluster.State `json:"cluster,omitempty"`
 }
 
 // PolicyReadiness is the policy file's state in /readyz.
@@ -508,6 +515,10 @@ func (s *Server) readiness() Readiness {
 			}
 			a.Plugins = append(a.Plugins, pr)
 		}
+	}
+	if cs, ok := s.observer.(interface{ State() cluster.State }); ok {
+		st := cs.State()
+		a.Cluster = &st
 	}
 	anyReady := false
 	for _, st := range s.workers.Status() {
