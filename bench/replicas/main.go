@@ -137,7 +137,7 @@ func run(ctx context.Context, o options) error {
 	defer os.RemoveAll(dir)
 	natsURL := o.natsURL
 	if natsURL == "" {
-		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: filepath.Join(dir, "nats"), NoLog: true, NoSigs: true})
+		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: filepath.Join(dir, "nats"), NoLog: true, NoSigs: true})
 		if err != nil {
 			return err
 		}

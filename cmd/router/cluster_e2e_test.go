@@ -36,7 +36,7 @@ func TestReplicaFailover(t *testing.T) {
 		defer func() { _ = ln.Close() }()
 		return ln.Addr().(*net.TCPAddr).Port
 	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port(), JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port(), JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,6 +52,11 @@ const (
 	maxRemoteBookings = 1 << 20
 	// batchBytes is the size past which a deltas message is sent.
 	batchBytes = 60 << 10
+	// streamBytes bounds the deltas stream (memory storage): the oldest
+	// messages go first past it. Replicas read it live, so it only needs
+	// the moments a consumer is behind; NATS reserves it against its
+	// max_memory_store.
+	streamBytes = 64 << 20
 )
 
 // Options configure a Replica.
@@ -329,7 +334,7 @@ func (r *Replica) session(ctx context.Context, js jetstream.JetStream) (jetstrea
 		Subjects: []string{r.prefix + "d.*"},
 		Storage:  jetstream.MemoryStorage,
 		MaxAge:   2 * r.o.Config.BookingTTL,
-		MaxBytes: 256 << 20,
+		MaxBytes: streamBytes,
 		Discard:  jetstream.DiscardOld,
 	}); err != nil {
 		return nil, fmt.Errorf("stream %s: %w", r.stream, err)

@@ -33,7 +33,7 @@ func startNATS(t testing.TB, port int) (*server.Server, string) {
 	if port == 0 {
 		port = -1
 	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +168,22 @@ func joined(t testing.TB, ns ...*node) {
 	}
 }
 
+// soloNode starts NATS and replica "b" alone, with a plain NATS
+// connection to publish as other replicas would, once b consumes.
+func soloNode(t *testing.T) (string, *node, *nats.Conn) {
+	t.Helper()
+	_, url := startNATS(t, 0)
+	b := startNode(t, url, "b", 3, 101, nil)
+	joined(t, b)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	consuming(t, b, nc)
+	return url, b, nc
+}
+
 // consuming waits until n's consumer is live: a reset record published
 // on nc, from "probe", again until n has heard the probe.
 func consuming(t testing.TB, n *node, nc *nats.Conn) {
@@ -249,15 +265,7 @@ func TestReplicasShareBookings(t *testing.T) {
 // others once the booking TTL passes; one that stops cleanly has them
 // released at once (a reset record).
 func TestSilentReplicaExpires(t *testing.T) {
-	_, url := startNATS(t, 0)
-	b := startNode(t, url, "b", 3, 101, nil)
-	joined(t, b)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	consuming(t, b, nc)
+	url, b, nc := soloNode(t)
 	// "ghost" books w2 and never speaks again.
 	msg := appendRecord([]byte{wireVersion}, &Record{Kind: KindBooked, ID: "x", At: time.Now().UnixNano(), Worker: "w2", Role: shared.RoleAggregated, PromptTokens: 8, BlockSize: 4})
 	if err := nc.Publish("switchyard.test.d.ghost", msg); err != nil {
@@ -359,15 +367,7 @@ func TestNATSRestart(t *testing.T) {
 // counted and dropped; the records before the fault apply; the replica
 // goes on.
 func TestMalformedMessagesAreDropped(t *testing.T) {
-	_, url := startNATS(t, 0)
-	b := startNode(t, url, "b", 3, 101, nil)
-	joined(t, b)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	consuming(t, b, nc)
+	_, b, nc := soloNode(t)
 	good := appendRecord([]byte{wireVersion}, &Record{Kind: KindBooked, ID: "ok", Worker: "w1", Role: shared.RoleAggregated, PromptTokens: 8, BlockSize: 4})
 	for _, m := range [][]byte{
 		{},

@@ -23,7 +23,7 @@ import (
 // in flight through a is counted in b's fleet on the worker a chose, and
 // leaves it when it ends.
 func TestDaemonReplicasShareBookings(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
 	if err != nil {
 		t.Fatal(err)
 	}
