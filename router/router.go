@@ -427,6 +427,54 @@ func (r *Router) PrefixBlocks(id shared.WorkerID, rank uint32) int {
 	return r.index.Len(prefix.Candidate{ID: id, Rank: rank})
 }
 
+// WorkerPrefix is one member's prefix index content, by worker name and
+// data-parallel rank: what a replica's snapshot of the index carries
+// (router/cluster), since worker ids differ from router to router.
+type WorkerPrefix struct {
+	Worker string
+	Rank   uint32
+	prefix.Content
+}
+
+// PrefixExport returns every member's prefix index content (of every role
+// and model), by worker name and rank, in ascending (id, rank) order per
+// role. Linear in what the index holds; routing goes on meanwhile, each
+// member's lists locked only while they are copied (prefix.Index.Export).
+func (r *Router) PrefixExport() []WorkerPrefix {
+	snap := r.fleet.Snapshot()
+	var out []WorkerPrefix
+	for _, role := range []shared.Role{shared.RoleAggregated, shared.RolePrefill, shared.RoleDecode} {
+		p := snap.Partition(role)
+		if p == nil {
+			continue
+		}
+		for _, w := range p.Workers {
+			if c, ok := r.index.Export(prefix.Candidate{ID: w.ID, Rank: w.DPRank}); ok {
+				out = append(out, WorkerPrefix{Worker: w.Name, Rank: w.DPRank, Content: c})
+			}
+		}
+	}
+	return out
+}
+
+// PrefixRecord notes in member (id, rank)'s approximate list that it was
+// sent a prompt of these chained block hashes (prefix.Index.Record),
+// without booking anything: a replica relearning what an earlier run of
+// itself sent (router/cluster). Hashes of another block size than the
+// router's, and unknown members, are ignored.
+func (r *Router) PrefixRecord(id shared.WorkerID, rank uint32, blockSize int, hashes []uint64) {
+	if blockSize == r.blockSize {
+		r.index.Record(prefix.Candidate{ID: id, Rank: rank}, hashes)
+	}
+}
+
+// PrefixImport puts exported content on member (id, rank) as
+// prefix.Index.Import does; false when it is not a member or the content
+// is malformed.
+func (r *Router) PrefixImport(id shared.WorkerID, rank uint32, c prefix.Content) bool {
+	return r.index.Import(prefix.Candidate{ID: id, Rank: rank}, c)
+}
+
 // Fallbacks is how many selections a fallback policy answered.
 func (r *Router) Fallbacks() int64 { return r.fallbacks.Load() }
 

@@ -13,6 +13,10 @@ type metrics struct {
 	dropped   *prometheus.CounterVec // reason
 	expired   prometheus.Counter
 	lag       prometheus.Histogram
+
+	snapshotLoads  *prometheus.CounterVec // result
+	snapshotWrites *prometheus.CounterVec // result
+	snapshotBytes  prometheus.Gauge
 }
 
 // lagBuckets span 100 us to about 6.5 s.
@@ -29,11 +33,17 @@ func newMetrics(reg prometheus.Registerer, r *Replica) (*metrics, error) {
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_records_received_total",
 			Help: "Records of other replicas applied, by kind (booked, first_token, released, reset)."}, []string{"kind"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_dropped_total",
-			Help: "Records not shared or not applied, by reason: queue_full, disconnected (not published); malformed, unknown_worker, not_placed, too_many (not applied)."}, []string{"reason"}),
+			Help: "Records not shared or not applied, by reason: queue_full, disconnected (not published); malformed, unknown_worker, not_placed, too_many (not applied); replay_gap (deltas a starting replica could not replay: gone from the stream)."}, []string{"reason"}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "switchyard_cluster_expired_bookings_total",
 			Help: "Bookings of other replicas released because their replica fell silent for the booking TTL."}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "switchyard_cluster_sync_lag_seconds",
 			Help: "From a booking decided on another replica to its booking here (wall clocks of both replicas).", Buckets: lagBuckets}),
+		snapshotLoads: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_index_snapshot_loads_total",
+			Help: "Prefix-index snapshots loaded at start, by result: loaded, malformed."}, []string{"result"}),
+		snapshotWrites: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_index_snapshot_writes_total",
+			Help: "Prefix-index snapshots this replica wrote to the object store, by result: written, failed."}, []string{"result"}),
+		snapshotBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "switchyard_cluster_index_snapshot_bytes",
+			Help: "Size of the last prefix-index snapshot this replica wrote, in bytes."}),
 	}
 	if reg == nil {
 		return m, nil
@@ -50,7 +60,7 @@ func newMetrics(reg prometheus.Registerer, r *Replica) (*metrics, error) {
 		defer r.mu.Unlock()
 		return float64(len(r.peers))
 	})
-	for _, c := range []prometheus.Collector{m.connected, m.published, m.snapshots, m.received, m.dropped, m.expired, m.lag, remote, peers} {
+	for _, c := range []prometheus.Collector{m.connected, m.published, m.snapshots, m.received, m.dropped, m.expired, m.lag, m.snapshotLoads, m.snapshotWrites, m.snapshotBytes, remote, peers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -104,6 +104,18 @@ type Replica struct {
 
 	connected atomic.Bool
 	events    chan bool // the connection's ups (true) and downs (false)
+
+	// Warm start (snapshot.go). deltaSeq is the last deltas stream
+	// sequence applied; caughtUp turns true once the first session has
+	// applied the stream's last message as of its start; warmed, once the
+	// snapshot was looked for (Run's goroutine only); started is when
+	// Run began (WarmTimeout counts from it).
+	deltaSeq   atomic.Uint64
+	caughtUp   atomic.Bool
+	warmed     bool
+	started    atomic.Int64
+	snapMu     sync.Mutex
+	snapLoaded *SnapshotState
 	m         *metrics
 	// applied, when set (tests, benchmarks), is called with each applied
 	// booked record's id and decision time, under mu.
@@ -128,6 +140,9 @@ func New(o Options) (*Replica, error) {
 	}
 	if o.Config.BookingTTL <= 0 {
 		o.Config.BookingTTL = config.DefaultBookingTTL
+	}
+	if o.Config.SnapshotInterval <= 0 {
+		o.Config.SnapshotInterval = config.DefaultSnapshotInterval
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -164,18 +179,36 @@ type State struct {
 	Peers []string `json:"peers"`
 	// RemoteBookings counts the other replicas' bookings held.
 	RemoteBookings int `json:"remote_bookings"`
+	// CaughtUp: the replica has loaded the prefix-index snapshot and
+	// applied the deltas stream up to its last message as of its start.
+	CaughtUp bool `json:"caught_up"`
+	// Snapshot is the prefix-index snapshot loaded at start; absent when
+	// there was none (or NATS was away).
+	Snapshot *SnapshotState `json:"snapshot,omitempty"`
+}
+
+// Ready reports whether the replica is ready to route: caught up (State),
+// or WarmTimeout has passed since Run began without it (NATS may be
+// away: it then routes on what it has). Before Run, false.
+func (r *Replica) Ready() bool {
+	if r.caughtUp.Load() {
+		return true
+	}
+	start := r.started.Load()
+	return start != 0 && time.Since(time.Unix(0, start)) >= r.o.Config.WarmTimeout
 }
 
 // State returns the replica's State.
 func (r *Replica) State() State {
 	st := State{Replica: r.self, Cluster: r.o.Config.Name, Connected: r.Connected(), Peers: []string{}}
 	r.mu.Lock()
-	for name := range r.peers {
-		st.Peers = append(st.Peers, name)
-	}
+	st.Peers = r.sortedPeers()
 	st.RemoteBookings = r.remote
 	r.mu.Unlock()
-	slices.Sort(st.Peers)
+	st.CaughtUp = r.caughtUp.Load()
+	r.snapMu.Lock()
+	st.Snapshot = r.snapLoaded
+	r.snapMu.Unlock()
 	return st
 }
 
@@ -224,6 +257,7 @@ func (r *Replica) requestResync() {
 // this replica's bookings (a reset record). Errors: a NATS URL the client
 // refuses.
 func (r *Replica) Run(ctx context.Context) error {
+	r.started.Store(time.Now().UnixNano())
 	nc, err := nats.Connect(r.o.Config.NATS,
 		nats.Name("switchyard "+r.self),
 		nats.RetryOnFailedConnect(true),
@@ -263,10 +297,13 @@ func (r *Replica) Run(ctx context.Context) error {
 	pctx, stopPub := context.WithCancel(context.WithoutCancel(ctx))
 	wg.Go(func() { r.publish(pctx, nc) })
 	wg.Go(func() { r.expire(pctx) })
+	wg.Go(func() { r.writeSnapshots(pctx, js) })
 	defer func() {
 		stopPub()
 		wg.Wait()
-		_ = nc.Flush()
+		if nc.IsConnected() {
+			_ = nc.FlushTimeout(2 * time.Second) // the reset record
+		}
 	}()
 
 	var consume jetstream.ConsumeContext
@@ -325,25 +362,77 @@ func (r *Replica) connEvent(up bool) {
 }
 
 // session makes sure the stream exists and starts this replica's ordered
-// consumer on it, from the messages published from now on.
+// consumer on it. The first session loads the prefix-index snapshot and
+// replays the stream from the sequence after it (all of it when there is
+// none); a later one (a reconnect) goes on after the last sequence
+// applied, or from the stream's first message when the stream is new (a
+// restarted NATS server). Messages up to the stream's last as of now are
+// a replay: they count no sync lag, and this replica's own records of an
+// earlier run teach their prefix blocks. Applying them is caught up.
 func (r *Replica) session(ctx context.Context, js jetstream.JetStream) (jetstream.ConsumeContext, error) {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := js.CreateOrUpdateStream(cctx, jetstream.StreamConfig{
+	stream, err := js.CreateOrUpdateStream(cctx, jetstream.StreamConfig{
 		Name:     r.stream,
 		Subjects: []string{r.prefix + "d.*"},
 		Storage:  jetstream.MemoryStorage,
-		MaxAge:   2 * r.o.Config.BookingTTL,
+		// Kept long enough to replay from the last snapshot.
+		MaxAge:   max(2*r.o.Config.BookingTTL, 2*r.o.Config.SnapshotInterval),
 		MaxBytes: streamBytes,
 		Discard:  jetstream.DiscardOld,
-	}); err != nil {
+	})
+	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", r.stream, err)
 	}
-	cons, err := js.OrderedConsumer(cctx, r.stream, jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverNewPolicy})
+	from := r.deltaSeq.Load() + 1
+	if !r.warmed {
+		seq, err := r.loadSnapshot(ctx, js)
+		if err != nil {
+			r.log.Warn("no warm start: the prefix-index snapshot cannot be loaded; replaying the deltas stream alone", "error", err)
+		}
+		r.warmed = true
+		from = seq + 1
+	}
+	first, last := stream.CachedInfo().State.FirstSeq, stream.CachedInfo().State.LastSeq
+	if from > last+1 {
+		from = first // a new stream: its sequences started again
+	}
+	if from < first {
+		if from > 1 {
+			r.m.dropped.WithLabelValues("replay_gap").Add(float64(first - from))
+		}
+		from = first
+	}
+	until := last
+	if from > until {
+		r.markCaughtUp()
+	}
+	cons, err := js.OrderedConsumer(cctx, r.stream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: max(from, 1)})
 	if err != nil {
 		return nil, fmt.Errorf("consumer on %s: %w", r.stream, err)
 	}
-	return cons.Consume(func(msg jetstream.Msg) { r.receive(token(msg.Subject()), msg.Data(), time.Now()) })
+	return cons.Consume(func(msg jetstream.Msg) {
+		meta, err := msg.Metadata()
+		if err != nil {
+			return
+		}
+		seq := meta.Sequence.Stream
+		r.receive(token(msg.Subject()), msg.Data(), time.Now(), seq <= until)
+		r.deltaSeq.Store(seq)
+		if seq >= until {
+			r.markCaughtUp()
+		}
+	})
+}
+
+// markCaughtUp records that the replica has caught up with the deltas
+// stream.
+func (r *Replica) markCaughtUp() {
+	if !r.caughtUp.Swap(true) {
+		start := r.started.Load()
+		r.log.Info("caught up with the cluster", "after", time.Since(time.Unix(0, start)).Round(time.Millisecond))
+	}
 }
 
 // token returns a subject's last token: the sending replica.
@@ -419,17 +508,39 @@ func (r *Replica) publish(ctx context.Context, nc *nats.Conn) {
 	}
 }
 
-// receive applies a deltas message of replica from, received at now.
-func (r *Replica) receive(from string, data []byte, now time.Time) {
+// receive applies a deltas message of replica from, received at now;
+// replay: it was published before this session began. This replica's
+// own records are skipped, but for the prefix blocks of its bookings in a
+// replay (an earlier run's, which its index lost).
+func (r *Replica) receive(from string, data []byte, now time.Time, replay bool) {
 	if from == r.self {
+		if replay {
+			r.relearn(data)
+		}
 		return
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.peer(from, now)
-	if err := decode(data, func(rec *Record) { r.apply(from, p, rec, now) }); err != nil {
+	if err := decode(data, func(rec *Record) { r.apply(from, p, rec, now, replay) }); err != nil {
 		r.m.dropped.WithLabelValues("malformed").Inc()
 		r.log.Warn("a replica's message does not decode; its records after the fault are dropped", "replica", from, "error", err)
+	}
+}
+
+// relearn records the prefix blocks of this replica's own bookings in a
+// replayed message (an earlier run's) in the Router's approximate index.
+// Malformed messages are dropped as receive drops them.
+func (r *Replica) relearn(data []byte) {
+	if err := decode(data, func(rec *Record) {
+		if rec.Kind != KindBooked || len(rec.BlockHashes) == 0 {
+			return
+		}
+		if id, ok := r.o.Resolve(rec.Worker); ok {
+			r.o.Router.PrefixRecord(id, 0, rec.BlockSize, rec.BlockHashes)
+		}
+	}); err != nil {
+		r.m.dropped.WithLabelValues("malformed").Inc()
 	}
 }
 
@@ -457,7 +568,7 @@ func (r *Replica) seen(from string, now time.Time) {
 
 // apply applies one record of peer p (named from). r.mu is held: the
 // placement runs no policy and does not block (a binding target).
-func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time) {
+func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay bool) {
 	r.m.received.WithLabelValues(rec.Kind.String()).Inc()
 	switch rec.Kind {
 	case KindReset:
@@ -485,7 +596,7 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time) {
 		}
 		p.bookings[rec.ID] = d.Booking
 		r.remote++
-		if rec.At > 0 {
+		if rec.At > 0 && !replay {
 			r.m.lag.Observe(max(now.Sub(time.Unix(0, rec.At)).Seconds(), 0))
 		}
 		if r.applied != nil {

@@ -25,6 +25,18 @@ const (
 	DefaultBookingTTL = 10 * time.Second
 	// DefaultHeartbeat is how often a replica says it is alive.
 	DefaultHeartbeat = time.Second
+	// DefaultSnapshotInterval is how often the replica holding the
+	// snapshot lease writes the prefix index to the object store: a
+	// replica that (re)starts loads it and replays the deltas from its
+	// sequence, so the deltas stream keeps twice this. 30 s keeps a
+	// snapshot of some MB a small load on NATS while the replay after it
+	// stays short (seconds of deltas).
+	DefaultSnapshotInterval = 30 * time.Second
+	// DefaultWarmTimeout bounds how long a (re)starting replica stays
+	// unready while it loads the snapshot and catches up with the
+	// streams: past it, it is ready on what it has (NATS may be away, and
+	// a partition never stops routing).
+	DefaultWarmTimeout = 30 * time.Second
 )
 
 // Cluster is the policy file's cluster block: router replicas that share
@@ -37,6 +49,8 @@ const (
 //	  name        = "switchyard"                  # replicas share within one name
 //	  booking_ttl = "10s"                         # a silent replica's bookings expire after it
 //	  heartbeat   = "1s"
+//	  snapshot_interval = "30s"                   # how often the prefix index is written for warm starts
+//	  warm_timeout      = "30s"                   # most time a starting replica waits to catch up
 //	}
 type Cluster struct {
 	// NATS is the NATS server URL, or several separated by commas.
@@ -49,6 +63,10 @@ type Cluster struct {
 	// BookingTTL and Heartbeat: see DefaultBookingTTL, DefaultHeartbeat.
 	BookingTTL time.Duration
 	Heartbeat  time.Duration
+	// SnapshotInterval and WarmTimeout: see DefaultSnapshotInterval,
+	// DefaultWarmTimeout.
+	SnapshotInterval time.Duration
+	WarmTimeout      time.Duration
 	// Range is the block's definition.
 	Range hcl.Range
 }
@@ -60,6 +78,8 @@ var clusterSchema = &hcl.BodySchema{
 		{Name: "name"},
 		{Name: "booking_ttl"},
 		{Name: "heartbeat"},
+		{Name: "snapshot_interval"},
+		{Name: "warm_timeout"},
 	},
 }
 
@@ -80,7 +100,8 @@ func clusterToken(s string) bool {
 
 // clusterBlock decodes the cluster block into the PolicyFile.
 func (l *loader) clusterBlock(blk *hcl.Block) {
-	c := &Cluster{Name: DefaultClusterName, BookingTTL: DefaultBookingTTL, Heartbeat: DefaultHeartbeat, Range: blk.DefRange}
+	c := &Cluster{Name: DefaultClusterName, BookingTTL: DefaultBookingTTL, Heartbeat: DefaultHeartbeat,
+		SnapshotInterval: DefaultSnapshotInterval, WarmTimeout: DefaultWarmTimeout, Range: blk.DefRange}
 	content, diags := blk.Body.Content(clusterSchema)
 	l.diags = append(l.diags, diags...)
 	if attr, ok := content.Attributes["nats"]; ok {
@@ -128,7 +149,9 @@ func (l *loader) clusterBlock(blk *hcl.Block) {
 		dst     *time.Duration
 		lo, hi  time.Duration
 		example string
-	}{{"booking_ttl", &c.BookingTTL, time.Second, time.Hour, "10s"}, {"heartbeat", &c.Heartbeat, 10 * time.Millisecond, time.Minute, "1s"}} {
+	}{{"booking_ttl", &c.BookingTTL, time.Second, time.Hour, "10s"}, {"heartbeat", &c.Heartbeat, 10 * time.Millisecond, time.Minute, "1s"},
+		{"snapshot_interval", &c.SnapshotInterval, 100 * time.Millisecond, time.Hour, "30s"},
+		{"warm_timeout", &c.WarmTimeout, 0, time.Hour, "30s"}} {
 		if attr, ok := content.Attributes[f.name]; ok {
 			if d, ok := l.durationAttr(attr); ok {
 				if d < f.lo || d > f.hi {

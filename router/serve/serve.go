@@ -434,9 +434,18 @@ type Readiness struct {
 	Plugins []PluginReadiness `json:"plugins"`
 	Workers []WorkerReadiness `json:"workers"`
 	// Cluster is this replica's view of its cluster (the policy file's
-	// cluster block); absent without one. It never makes the router
-	// unready: a replica cut from NATS routes on its own state.
+	// cluster block); absent without one. A (re)starting replica is
+	// unready until it has caught up (cluster.Replica.Ready), at most the
+	// block's warm_timeout: past it, or once caught up, NATS never makes
+	// the router unready (a replica cut from NATS routes on its own
+	// state).
 	Cluster *cluster.State `json:"cluster,omitempty"`
+}
+
+// clusterMember is what /readyz reads of a cluster.Replica.
+type clusterMember interface {
+	State() cluster.State
+	Ready() bool
 }
 
 // PolicyReadiness is the policy file's state in /readyz.
@@ -516,9 +525,11 @@ func (s *Server) readiness() Readiness {
 			a.Plugins = append(a.Plugins, pr)
 		}
 	}
-	if cs, ok := s.observer.(interface{ State() cluster.State }); ok {
+	clusterReady := true
+	if cs, ok := s.observer.(clusterMember); ok {
 		st := cs.State()
 		a.Cluster = &st
+		clusterReady = cs.Ready()
 	}
 	anyReady := false
 	for _, st := range s.workers.Status() {
@@ -539,6 +550,8 @@ func (s *Server) readiness() Readiness {
 		a.Reason = "no worker ready: none is configured"
 	case !anyReady:
 		a.Reason = "no worker ready"
+	case !clusterReady:
+		a.Reason = "cluster: catching up (loading the prefix-index snapshot and replaying the streams)"
 	default:
 		a.Ready = true
 	}

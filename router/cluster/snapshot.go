@@ -1,0 +1,347 @@
+package cluster
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/prefix"
+)
+
+// Warm start. One replica (the first name, sorted, among the replicas
+// heard: no lease needed, and when it dies the next takes over once it
+// has been silent for the booking TTL) writes the Router's prefix index
+// every SnapshotInterval to the object store <cluster>-index as the object
+// "prefix-index", with the deltas stream's sequence it reflects. A
+// replica that starts loads it, then replays the deltas stream from the
+// sequence after it, and is caught up once it has applied the stream's
+// last message as of its start (Replica.Ready).
+//
+// The snapshot's wire format, version 1 (integers little-endian):
+//
+//	snapshot = magic:"SYIX" version:byte deltas_seq:uvarint taken_at:uvarint
+//	           writer:str workers:uvarint worker*
+//	worker   = name:str rank:uvarint approx:uvarint hash:uint64*
+//	           precise:byte [precise_body]
+//	precise_body = block_size:uvarint groups:uint64 flags:byte
+//	           since_clear:uvarint blocks:uvarint (router:uint64 engine:uint64 mask:uint64)*
+//	flags    = bit 0 live, bit 1 warming
+//
+// Hash lists are most recent first (prefix.Content). Decoding is linear
+// in the snapshot's size and every count is checked against the bytes
+// left before anything is allocated.
+const (
+	snapshotMagic   = "SYIX"
+	snapshotVersion = 1
+	// snapshotObject is the object's name in the store.
+	snapshotObject = "prefix-index"
+	// maxSnapshotBytes bounds a snapshot written and read: 64 MiB is 8M
+	// block hashes. Past it each worker keeps its most recent blocks, an
+	// equal share each. The store holds at most two (a write replacing
+	// the last), so NATS's max_memory_store must allow 128 MiB for it.
+	maxSnapshotBytes = 64 << 20
+	maxSnapshotWorkers = 1 << 16
+)
+
+// errSnapshot: a snapshot that does not decode.
+var errSnapshot = errors.New("malformed prefix-index snapshot")
+
+// indexSnapshot is a decoded snapshot.
+type indexSnapshot struct {
+	DeltasSeq uint64
+	TakenAt   time.Time
+	Writer    string
+	Workers   []router.WorkerPrefix
+}
+
+// encodeSnapshot encodes s, cutting each worker's lists to an equal share
+// of maxSnapshotBytes (most recent kept) when the whole would not fit.
+func encodeSnapshot(s *indexSnapshot) []byte {
+	total := 0
+	for i := range s.Workers {
+		total += 24 * s.Workers[i].Blocks()
+	}
+	share := -1 // hashes per worker per list; -1: no cut
+	if total > maxSnapshotBytes-(1<<20) && len(s.Workers) > 0 {
+		share = (maxSnapshotBytes - (1 << 20)) / 24 / len(s.Workers)
+	}
+	cut := func(n int) int {
+		if share >= 0 {
+			return min(n, share)
+		}
+		return n
+	}
+	b := make([]byte, 0, min(total, maxSnapshotBytes)+1024)
+	b = append(b, snapshotMagic...)
+	b = append(b, snapshotVersion)
+	b = binary.AppendUvarint(b, s.DeltasSeq)
+	b = binary.AppendUvarint(b, uint64(max(s.TakenAt.UnixNano(), 0)))
+	b = appendString(b, s.Writer)
+	ws := s.Workers[:min(len(s.Workers), maxSnapshotWorkers)]
+	b = binary.AppendUvarint(b, uint64(len(ws)))
+	for i := range ws {
+		w := &ws[i]
+		b = appendString(b, w.Worker)
+		b = binary.AppendUvarint(b, uint64(w.Rank))
+		approx := w.Approx[:cut(len(w.Approx))]
+		b = binary.AppendUvarint(b, uint64(len(approx)))
+		for _, h := range approx {
+			b = binary.LittleEndian.AppendUint64(b, h)
+		}
+		p := w.Precise
+		if p == nil {
+			b = append(b, 0)
+			continue
+		}
+		b = append(b, 1)
+		b = binary.AppendUvarint(b, uint64(max(p.BlockSize, 0)))
+		b = binary.LittleEndian.AppendUint64(b, p.Groups)
+		var flags byte
+		if p.Live {
+			flags |= 1
+		}
+		if p.Warming {
+			flags |= 2
+		}
+		b = append(b, flags)
+		b = binary.AppendUvarint(b, uint64(max(p.SinceClear, 0)))
+		n := cut(len(p.Router))
+		b = binary.AppendUvarint(b, uint64(n))
+		for j := range n {
+			b = binary.LittleEndian.AppendUint64(b, p.Router[j])
+			b = binary.LittleEndian.AppendUint64(b, p.Engine[j])
+			b = binary.LittleEndian.AppendUint64(b, p.Mask[j])
+		}
+	}
+	return b
+}
+
+// decodeSnapshot decodes data. Errors wrap errSnapshot and name what is
+// wrong.
+func decodeSnapshot(data []byte) (*indexSnapshot, error) {
+	if len(data) > maxSnapshotBytes {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", errSnapshot, len(data), maxSnapshotBytes)
+	}
+	if len(data) < len(snapshotMagic)+1 || string(data[:len(snapshotMagic)]) != snapshotMagic {
+		return nil, fmt.Errorf("%w: no %q header", errSnapshot, snapshotMagic)
+	}
+	if v := data[len(snapshotMagic)]; v != snapshotVersion {
+		return nil, fmt.Errorf("%w: version %d", errSnapshot, v)
+	}
+	d := decoder{b: data[len(snapshotMagic)+1:]}
+	s := &indexSnapshot{}
+	s.DeltasSeq = d.uvarint("deltas sequence", 1<<63)
+	s.TakenAt = time.Unix(0, int64(d.uvarint("time", 1<<62)))
+	s.Writer = d.str("writer")
+	n := d.uvarint("workers", maxSnapshotWorkers)
+	hashes := func(what string, width uint64) ([]byte, int) {
+		k := d.uvarint(what, uint64(len(d.b))/width)
+		if d.err != nil {
+			return nil, 0
+		}
+		raw := d.b[:k*width]
+		d.b = d.b[k*width:]
+		return raw, int(k)
+	}
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		w := router.WorkerPrefix{Worker: d.str("worker name")}
+		w.Rank = uint32(d.uvarint("rank", 1<<20))
+		raw, k := hashes("approximate blocks", 8)
+		w.Approx = make([]uint64, k)
+		for j := range k {
+			w.Approx[j] = binary.LittleEndian.Uint64(raw[8*j:])
+		}
+		switch d.byte1("precise flag") {
+		case 0:
+		case 1:
+			p := &prefix.PreciseContent{BlockSize: int(d.uvarint("engine block size", 1<<20))}
+			if d.err == nil && len(d.b) < 9 {
+				d.fail("precise groups")
+			}
+			if d.err == nil {
+				p.Groups = binary.LittleEndian.Uint64(d.b)
+				flags := d.b[8]
+				d.b = d.b[9:]
+				p.Live, p.Warming = flags&1 != 0, flags&2 != 0
+			}
+			p.SinceClear = int(d.uvarint("blocks since clear", 1<<40))
+			raw, k := hashes("precise blocks", 24)
+			p.Router, p.Engine, p.Mask = make([]uint64, k), make([]uint64, k), make([]uint64, k)
+			for j := range k {
+				p.Router[j] = binary.LittleEndian.Uint64(raw[24*j:])
+				p.Engine[j] = binary.LittleEndian.Uint64(raw[24*j+8:])
+				p.Mask[j] = binary.LittleEndian.Uint64(raw[24*j+16:])
+			}
+			w.Precise = p
+		default:
+			d.fail("precise flag")
+		}
+		if d.err == nil {
+			s.Workers = append(s.Workers, w)
+		}
+	}
+	if d.err == nil && len(d.b) > 0 {
+		d.fail("trailing bytes")
+	}
+	if d.err != nil {
+		return nil, fmt.Errorf("%w: %w", errSnapshot, d.err)
+	}
+	return s, nil
+}
+
+// indexStore makes sure the object store of snapshots exists and returns
+// it.
+func (r *Replica) indexStore(ctx context.Context, js jetstream.JetStream) (jetstream.ObjectStore, error) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	obs, err := js.CreateOrUpdateObjectStore(cctx, jetstream.ObjectStoreConfig{
+		Bucket:      r.o.Config.Name + "-index",
+		Description: "Switchyard replicas' prefix-index snapshot (docs/replicas.md)",
+		Storage:     jetstream.MemoryStorage,
+		MaxBytes:    2*maxSnapshotBytes + 1<<20,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("object store %s-index: %w", r.o.Config.Name, err)
+	}
+	return obs, nil
+}
+
+// loadSnapshot loads the latest snapshot into the Router and returns the
+// deltas sequence it reflects; 0 (and no error) when there is none.
+// Workers this replica does not have are skipped and counted.
+func (r *Replica) loadSnapshot(ctx context.Context, js jetstream.JetStream) (uint64, error) {
+	obs, err := r.indexStore(ctx, js)
+	if err != nil {
+		return 0, err
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	info, err := obs.GetInfo(cctx, snapshotObject)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("snapshot info: %w", err)
+	}
+	if info.Size > maxSnapshotBytes {
+		r.m.snapshotLoads.WithLabelValues("malformed").Inc()
+		return 0, fmt.Errorf("%w: %d bytes, at most %d", errSnapshot, info.Size, maxSnapshotBytes)
+	}
+	data, err := obs.GetBytes(cctx, snapshotObject)
+	if err != nil {
+		return 0, fmt.Errorf("snapshot: %w", err)
+	}
+	s, err := decodeSnapshot(data)
+	if err != nil {
+		r.m.snapshotLoads.WithLabelValues("malformed").Inc()
+		return 0, err
+	}
+	imported, skipped := 0, 0
+	for i := range s.Workers {
+		w := &s.Workers[i]
+		id, ok := r.o.Resolve(w.Worker)
+		if !ok || !r.o.Router.PrefixImport(id, w.Rank, w.Content) {
+			skipped++
+			continue
+		}
+		imported++
+	}
+	r.m.snapshotLoads.WithLabelValues("loaded").Inc()
+	r.log.Info("loaded the prefix-index snapshot", "writer", s.Writer, "taken_at", s.TakenAt.UTC().Format(time.RFC3339Nano),
+		"deltas_seq", s.DeltasSeq, "bytes", len(data), "workers", imported, "workers_skipped", skipped)
+	r.snapMu.Lock()
+	r.snapLoaded = &SnapshotState{Writer: s.Writer, TakenAt: s.TakenAt, DeltasSeq: s.DeltasSeq, Workers: imported}
+	r.snapMu.Unlock()
+	return s.DeltasSeq, nil
+}
+
+// writer reports whether this replica writes the snapshots now: it is
+// connected, caught up, and its name sorts first among the replicas it
+// hears.
+func (r *Replica) writer() bool {
+	if !r.Connected() || !r.caughtUp.Load() {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for name := range r.peers {
+		if name < r.self {
+			return false
+		}
+	}
+	return true
+}
+
+// writeSnapshots writes a snapshot every SnapshotInterval while this
+// replica is the writer, until ctx ends.
+func (r *Replica) writeSnapshots(ctx context.Context, js jetstream.JetStream) {
+	t := time.NewTicker(r.o.Config.SnapshotInterval)
+	defer t.Stop()
+	var obs jetstream.ObjectStore
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !r.writer() {
+			continue
+		}
+		if obs == nil {
+			var err error
+			if obs, err = r.indexStore(ctx, js); err != nil {
+				r.log.Warn("writing the prefix-index snapshot", "error", err)
+				continue
+			}
+		}
+		if err := r.writeSnapshot(ctx, obs); err != nil {
+			r.m.snapshotWrites.WithLabelValues("failed").Inc()
+			r.log.Warn("writing the prefix-index snapshot", "error", err)
+			obs = nil // made again next time: NATS may have restarted
+		}
+	}
+}
+
+// writeSnapshot writes one snapshot. The sequence is read before the
+// index is copied: the snapshot holds at least what the stream held up to
+// it, and records after it applied again on load change nothing (the
+// prefix records of a booking, recorded twice, are the same blocks).
+func (r *Replica) writeSnapshot(ctx context.Context, obs jetstream.ObjectStore) error {
+	s := &indexSnapshot{DeltasSeq: r.deltaSeq.Load(), TakenAt: time.Now(), Writer: r.self}
+	s.Workers = r.o.Router.PrefixExport()
+	data := encodeSnapshot(s)
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := obs.PutBytes(cctx, snapshotObject, data); err != nil {
+		return err
+	}
+	r.m.snapshotWrites.WithLabelValues("written").Inc()
+	r.m.snapshotBytes.Set(float64(len(data)))
+	return nil
+}
+
+// SnapshotState is the snapshot a replica loaded when it started.
+type SnapshotState struct {
+	Writer    string    `json:"writer"`
+	TakenAt   time.Time `json:"taken_at"`
+	DeltasSeq uint64    `json:"deltas_seq"`
+	// Workers is how many workers' index content it imported.
+	Workers int `json:"workers"`
+}
+
+// sortedPeers returns the names of the replicas heard, sorted. r.mu is
+// held.
+func (r *Replica) sortedPeers() []string {
+	names := make([]string, 0, len(r.peers))
+	for name := range r.peers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}

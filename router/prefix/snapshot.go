@@ -1,0 +1,135 @@
+package prefix
+
+// Content is one candidate's index content, as a replica's snapshot of
+// the prefix index carries it (router/cluster): its approximate list and,
+// when it is precise, its precise index. Export takes it, Import puts it
+// back on another router's candidate of the same worker.
+type Content struct {
+	// Approx is the approximate list's block hashes (router block size),
+	// most recent first.
+	Approx []uint64
+	// Precise is the precise index's content; nil when the candidate is
+	// approximate.
+	Precise *PreciseContent
+}
+
+// PreciseContent is a precise index's content: its blocks, most recent
+// first, as parallel slices, and the state that scores them.
+type PreciseContent struct {
+	// BlockSize is the engine's block size E in tokens; 0 while unknown
+	// (then there are no blocks).
+	BlockSize int
+	// Groups is the set of KV-cache groups reported (bit i: group_idx i).
+	Groups uint64
+	// Live reports the index scores the candidate (its stream was
+	// complete); Warming, that it was cleared since and is cold until it
+	// has stored SinceClear blocks up to its bound.
+	Live, Warming bool
+	SinceClear    int
+	// Router, Engine and Mask are each block's router hash (at E), engine
+	// hash and the groups holding it.
+	Router, Engine, Mask []uint64
+}
+
+// Blocks is the number of blocks c holds (approximate and precise): the
+// size of what Export returns, in hashes.
+func (c *Content) Blocks() int {
+	n := len(c.Approx)
+	if c.Precise != nil {
+		n += len(c.Precise.Router)
+	}
+	return n
+}
+
+// Export returns the candidate's content, false when it is not tracked.
+// It copies under the candidate's locks, one at a time (its list, then its
+// precise index): linear in what it holds, and concurrent routing only
+// waits for the copy.
+func (x *Index) Export(c Candidate) (Content, bool) {
+	m := x.member(c)
+	if m == nil {
+		return Content{}, false
+	}
+	var out Content
+	l := m.lru
+	l.mu.Lock()
+	if !l.dead {
+		out.Approx = make([]uint64, 0, len(l.pos))
+		for i := l.head; i >= 0; i = l.next[i] {
+			out.Approx = append(out.Approx, l.hash[i])
+		}
+	}
+	l.mu.Unlock()
+	if p := m.precise; p != nil {
+		p.mu.Lock()
+		if !p.dead {
+			n := len(p.l.pos)
+			pc := &PreciseContent{BlockSize: int(p.blockSize.Load()), Groups: p.groups, Live: p.live.Load(),
+				Warming: p.warming, SinceClear: p.sinceClear,
+				Router: make([]uint64, 0, n), Engine: make([]uint64, 0, n), Mask: make([]uint64, 0, n)}
+			for i := p.l.head; i >= 0; i = p.l.next[i] {
+				pc.Router = append(pc.Router, p.l.hash[i])
+				pc.Engine = append(pc.Engine, p.eng[i])
+				pc.Mask = append(pc.Mask, p.mask[i])
+			}
+			out.Precise = pc
+		}
+		p.mu.Unlock()
+	}
+	return out, true
+}
+
+// Import puts content on the tracked candidate c as if it had recorded
+// and stored it, keeping its order: its approximate list takes
+// content.Approx (beyond its capacity, the least recent go), and its
+// precise index, when c is precise here (Precise was called: something
+// feeds it), takes content.Precise if it holds nothing yet (a running
+// stream is never overwritten). It returns false when c is not tracked or
+// content.Precise is malformed (slices of unequal lengths, blocks without
+// a block size), in which case nothing precise is imported. Linear in the
+// content.
+func (x *Index) Import(c Candidate, content Content) bool {
+	m := x.member(c)
+	if m == nil {
+		return false
+	}
+	if len(content.Approx) > 0 {
+		x.Record(c, content.Approx)
+	}
+	pc := content.Precise
+	if pc == nil {
+		return true
+	}
+	if len(pc.Router) != len(pc.Engine) || len(pc.Router) != len(pc.Mask) ||
+		(pc.BlockSize <= 0 && len(pc.Router) > 0) || pc.BlockSize > 1<<20 {
+		return false
+	}
+	p := m.precise
+	if p == nil {
+		return true
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dead || len(p.l.pos) > 0 || p.blockSize.Load() != 0 {
+		return true
+	}
+	if pc.BlockSize > 0 {
+		p.blockSize.Store(int64(pc.BlockSize))
+		p.l.capacity = p.bound(pc.BlockSize)
+		p.set.Store(newHashSet(p.l.capacity))
+	}
+	p.groups = pc.Groups
+	// Least recent first, so the most recent ends at the front; beyond
+	// the bound the least recent go.
+	for i := len(pc.Router) - 1; i >= 0; i-- {
+		if pc.Mask[i] == 0 {
+			continue
+		}
+		p.store(pc.Router[i], pc.Engine[i], pc.Mask[i])
+	}
+	p.warming, p.sinceClear = pc.Warming, pc.SinceClear
+	if pc.Live {
+		p.setLive(true)
+	}
+	return true
+}
