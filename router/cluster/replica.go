@@ -116,7 +116,7 @@ type Replica struct {
 	started    atomic.Int64
 	snapMu     sync.Mutex
 	snapLoaded *SnapshotState
-	m         *metrics
+	m          *metrics
 	// applied, when set (tests, benchmarks), is called with each applied
 	// booked record's id and decision time, under mu.
 	applied func(id string, at int64)

@@ -45,7 +45,7 @@ const (
 	// block hashes. Past it each worker keeps its most recent blocks, an
 	// equal share each. The store holds at most two (a write replacing
 	// the last), so NATS's max_memory_store must allow 128 MiB for it.
-	maxSnapshotBytes = 64 << 20
+	maxSnapshotBytes   = 64 << 20
 	maxSnapshotWorkers = 1 << 16
 )
 
