@@ -9,7 +9,7 @@ PKGS        := ./...
 PYTHON      := /usr/bin/python3
 PYTHON_DEBS := python3-grpcio python3-protobuf
 
-.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-serve demo-replicas bench-overlap demo demo-serve proto proto-check clean
+.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-failover bench-serve demo-replicas bench-overlap demo demo-serve proto proto-check clean
 
 all: build
 
@@ -74,6 +74,12 @@ bench-epp:
 ## to the routers in turn (about 3.5 minutes)
 bench-replicas: build
 	$(GO) run ./bench/replicas --router-bin $(BIN)/router
+
+## bench-failover: 3 replicas over NATS, one SIGKILLed under load and
+## restarted (bench/replicas --failover): hit ratio before and after,
+## failures at the survivors, booking expiry, warm restart
+bench-failover: build
+	$(GO) run ./bench/replicas --router-bin $(BIN)/router --failover
 
 ## demo-replicas: three `router serve` replicas behind HAProxy sharing over
 ## Debian's nats-server (both installed when missing), three mock engines,

@@ -63,6 +63,9 @@ type options struct {
 	natsURL       string
 	ports         []int
 	lb            string
+	failover      bool
+	warmup        time.Duration
+	window        time.Duration
 }
 
 func main() {
@@ -81,6 +84,9 @@ func main() {
 	flag.StringVar(&o.natsURL, "nats", "", "an external NATS server with JetStream (default: one in this process)")
 	ports := flag.String("ports", "", "the replicas' ports, comma-separated, one per replica (default: any free port)")
 	flag.StringVar(&o.lb, "lb", "", "a load balancer in front of the replicas on --ports (e.g. http://127.0.0.1:18080): the sync and no-sync runs send every request there instead of to the routers in turn")
+	flag.BoolVar(&o.failover, "failover", false, "run the failover scenario instead (failover.go): SIGKILL replica r0 under load, restart it")
+	flag.DurationVar(&o.warmup, "warmup", 20*time.Second, "--failover: load before the first window")
+	flag.DurationVar(&o.window, "window", time.Minute, "--failover: each window the hit ratio is measured over")
 	flag.Parse()
 	if *ports != "" {
 		for _, f := range strings.Split(*ports, ",") {
@@ -103,6 +109,14 @@ func main() {
 	if o.replicas < 2 || o.workers < 1 || o.requests < 1 || o.conversations < 1 || o.concurrency < 1 {
 		fmt.Fprintln(os.Stderr, "replicas: want --replicas >= 2 and positive --workers, --requests, --conversations, --concurrency")
 		os.Exit(2)
+	}
+	for _, f := range []*string{&o.tokenizer, &o.tokenizerCfg} {
+		abs, err := filepath.Abs(*f)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "replicas:", err)
+			os.Exit(2)
+		}
+		*f = abs
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -149,6 +163,9 @@ func run(ctx context.Context, o options) error {
 		natsURL = ns.ClientURL()
 	}
 
+	if o.failover {
+		return failover(ctx, o, natsURL)
+	}
 	var results []result
 	for i, mode := range []struct {
 		name    string
@@ -170,56 +187,23 @@ func once(ctx context.Context, o options, dir string, routers int, sync bool, na
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return result{}, err
 	}
-	tok, err := filepath.Abs(o.tokenizer)
-	if err != nil {
-		return result{}, err
-	}
-	tokCfg, err := filepath.Abs(o.tokenizerCfg)
-	if err != nil {
-		return result{}, err
-	}
 	var procs benchproc.Children
 	defer procs.StopAll()
-	listening := regexp.MustCompile(`listening on (http://\S+)`)
-	var blocks strings.Builder
-	for i := range o.workers {
-		args := []string{"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--block-size", "16",
-			"--tokenizer", tok, "--tokenizer-config", tokCfg}
-		endpoint := ""
-		if o.kvEvents {
-			port, err := benchproc.FreePort()
-			if err != nil {
-				return result{}, err
-			}
-			endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", port)
-			args = append(args, "--kv-events-endpoint", endpoint)
-		}
-		url, err := procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), listening, o.routerBin, args...)
-		if err != nil {
-			return result{}, err
-		}
-		fmt.Fprintf(&blocks, "worker \"w%d\" {\n  url = %q\n", i, url)
-		if endpoint != "" {
-			fmt.Fprintf(&blocks, "  kv_events {\n    endpoint = %q\n  }\n", endpoint)
-		}
-		blocks.WriteString("}\n")
+	blocks, err := startWorkers(ctx, o, dir, &procs)
+	if err != nil {
+		return result{}, err
 	}
 	bases := make([]string, routers)
 	for i := range bases {
-		policy := fmt.Sprintf("router {\n  block_size = 16\n}\n\ntokenizer \"mock\" {\n  source = \"file\"\n  path   = %q\n  config = %q\n}\n\n%s", tok, tokCfg, blocks.String())
+		clusterBlock := ""
 		if sync {
-			policy += fmt.Sprintf("\ncluster {\n  nats    = %q\n  replica = \"r%d\"\n  name    = %q\n}\n", natsURL, i, cluster)
-		}
-		path := filepath.Join(dir, fmt.Sprintf("policy%d.hcl", i))
-		if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
-			return result{}, err
+			clusterBlock = fmt.Sprintf("\ncluster {\n  nats    = %q\n  replica = \"r%d\"\n  name    = %q\n}\n", natsURL, i, cluster)
 		}
 		listen := "127.0.0.1:0"
 		if o.ports != nil {
 			listen = "127.0.0.1:" + strconv.Itoa(o.ports[i])
 		}
-		if bases[i], err = procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("router%d.log", i)), listening, o.routerBin,
-			"serve", "--listen", listen, "--policy", path); err != nil {
+		if bases[i], err = startRouter(ctx, o, dir, i, blocks+clusterBlock, listen, &procs); err != nil {
 			return result{}, err
 		}
 	}
@@ -254,6 +238,52 @@ func once(ctx context.Context, o options, dir string, routers int, sync bool, na
 	}
 	r.lagP50, r.lagP99 = quantile(bounds, lag, 0.5), quantile(bounds, lag, 0.99)
 	return r, nil
+}
+
+// listening matches the line `router serve` and `router mock-worker`
+// print once they accept connections.
+var listening = regexp.MustCompile(`listening on (http://\S+)`)
+
+// startWorkers starts o.workers mock engines (with KV events when
+// o.kvEvents) and returns their worker blocks for a policy file.
+func startWorkers(ctx context.Context, o options, dir string, procs *benchproc.Children) (string, error) {
+	var blocks strings.Builder
+	for i := range o.workers {
+		args := []string{"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--block-size", "16",
+			"--tokenizer", o.tokenizer, "--tokenizer-config", o.tokenizerCfg}
+		endpoint := ""
+		if o.kvEvents {
+			port, err := benchproc.FreePort()
+			if err != nil {
+				return "", err
+			}
+			endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", port)
+			args = append(args, "--kv-events-endpoint", endpoint)
+		}
+		url, err := procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), listening, o.routerBin, args...)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&blocks, "worker \"w%d\" {\n  url = %q\n", i, url)
+		if endpoint != "" {
+			fmt.Fprintf(&blocks, "  kv_events {\n    endpoint = %q\n  }\n", endpoint)
+		}
+		blocks.WriteString("}\n")
+	}
+	return blocks.String(), nil
+}
+
+// startRouter writes router i's policy file (the tokenizer, then rest:
+// worker blocks and a cluster block) and starts `router serve` on listen,
+// returning its base URL.
+func startRouter(ctx context.Context, o options, dir string, i int, rest, listen string, procs *benchproc.Children) (string, error) {
+	policy := fmt.Sprintf("router {\n  block_size = 16\n}\n\ntokenizer \"mock\" {\n  source = \"file\"\n  path   = %q\n  config = %q\n}\n\n%s", o.tokenizer, o.tokenizerCfg, rest)
+	path := filepath.Join(dir, fmt.Sprintf("policy%d.hcl", i))
+	if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
+		return "", err
+	}
+	return procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("router%d.log", i)), listening, o.routerBin,
+		"serve", "--listen", listen, "--policy", path)
 }
 
 // waitReady waits until every router has every worker ready and, with

@@ -5,7 +5,9 @@ package main
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -52,10 +54,18 @@ func TestReplicaFailover(t *testing.T) {
 	dir := t.TempDir()
 	listens := []string{}
 	policies := []string{}
+	// A tokenizer: requests are keyed by their tokens' block hashes, what
+	// the approximate index (and its snapshot) holds.
+	tokDir, err := filepath.Abs("../../router/tokenizer/testdata")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenizer := fmt.Sprintf("tokenizer \"mock\" {\n  source = \"file\"\n  path   = %q\n  config = %q\n}\n",
+		filepath.Join(tokDir, "bytebpe.json"), filepath.Join(tokDir, "chatml_config.json"))
 	for i := range 3 {
 		listens = append(listens, "127.0.0.1:"+strconv.Itoa(port()))
 		p := filepath.Join(dir, fmt.Sprintf("policy%d.hcl", i))
-		body := workerBlocks(names, urls) + fmt.Sprintf("\ncluster {\n  nats        = %q\n  replica     = \"r%d\"\n  name        = \"failover\"\n  heartbeat   = \"200ms\"\n  booking_ttl = \"3s\"\n}\n", ns.ClientURL(), i)
+		body := tokenizer + workerBlocks(names, urls) + fmt.Sprintf("\ncluster {\n  nats        = %q\n  replica     = \"r%d\"\n  name        = \"failover\"\n  heartbeat   = \"200ms\"\n  booking_ttl = \"3s\"\n  snapshot_interval = \"200ms\"\n}\n", ns.ClientURL(), i)
 		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
 			t.Fatal(err)
 		}
@@ -100,6 +110,14 @@ func TestReplicaFailover(t *testing.T) {
 		waitMetrics(t, c, r, time.Minute, "replica 0's request counted", func(m map[string]float64) bool { return remote(m) == 1 })
 	}
 
+	// Prompts placed through replica 1: their workers, which the
+	// restarted replica 0 must find again (warm start).
+	placed := map[string]string{}
+	for i := range 4 {
+		text := fmt.Sprintf("conversation %d: %s", i, strings.Repeat(fmt.Sprintf("the long shared context of conversation %d. ", i), 40))
+		placed[text] = postWorker(t, c, reps[1].url, chatJSON(false, 4, text))
+	}
+
 	reps[0].kill() // SIGKILL: no reset, no release
 	stop0()
 	for i := range 20 {
@@ -120,11 +138,62 @@ func TestReplicaFailover(t *testing.T) {
 
 	// Replica 0 again: it joins and counts a booking of replica 1 in
 	// flight (the snapshot answering its hello).
+	// With replica 0 gone, replica 1 (first by name) writes the
+	// snapshots.
+	waitMetrics(t, c, reps[1], time.Minute, "replica 1 writes the prefix-index snapshot", func(m map[string]float64) bool {
+		return m[`switchyard_cluster_index_snapshot_writes_total{result="written"}`] >= 1
+	})
 	reps[0] = start(0)
 	waitMetrics(t, c, reps[0], time.Minute, "replica 0 ready again", ready)
+	// It started warm: ready only once caught up, with the snapshot the
+	// first survivor by name (r1) wrote, and it places each prompt on the
+	// worker replica 1 placed it on.
+	resp, err := c.Get(reps[0].url + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rz, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	var st struct {
+		Ready   bool `json:"ready"`
+		Cluster struct {
+			CaughtUp bool `json:"caught_up"`
+			Snapshot *struct {
+				Writer  string `json:"writer"`
+				Workers int    `json:"workers"`
+			} `json:"snapshot"`
+		} `json:"cluster"`
+	}
+	if err := json.Unmarshal(rz, &st); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Ready || !st.Cluster.CaughtUp || st.Cluster.Snapshot == nil || st.Cluster.Snapshot.Writer != "r1" || st.Cluster.Snapshot.Workers != 2 {
+		t.Fatalf("replica 0's /readyz after its restart: %s; want ready, caught up, r1's snapshot of 2 workers", rz)
+	}
+	for text, w := range placed {
+		if got := postWorker(t, c, reps[0].url, chatJSON(false, 4, text)); got != w {
+			t.Errorf("the restarted replica placed a prompt on %s, replica 1 had placed it on %s\n%s", got, w, reps[0].stderr.String())
+		}
+	}
 	stop1, worker := hold(reps[1])
 	defer stop1()
 	waitMetrics(t, c, reps[0], time.Minute, "replica 0 counts replica 1's request", func(m map[string]float64) bool {
 		return remote(m) == 1 && m[activeOf(worker)] == 1
 	})
+}
+
+// postWorker posts a chat request to base and returns the worker that
+// served it (X-Switchyard-Worker); anything but a 200 fails the test.
+func postWorker(t *testing.T, c *http.Client, base, body string) string {
+	t.Helper()
+	resp, err := c.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %d %s", base, resp.StatusCode, b)
+	}
+	return resp.Header.Get("X-Switchyard-Worker")
 }

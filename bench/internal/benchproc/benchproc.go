@@ -64,6 +64,7 @@ type Children struct{ list []*child }
 
 type child struct {
 	cmd  *exec.Cmd
+	addr string // Start's answer
 	done chan struct{}
 }
 
@@ -103,6 +104,7 @@ func (cs *Children) Start(ctx context.Context, logPath string, re *regexp.Regexp
 	}()
 	select {
 	case a := <-addr:
+		c.addr = a
 		return a, nil
 	case <-c.done:
 		b, _ := os.ReadFile(logPath)
@@ -127,6 +129,23 @@ func (cs *Children) StopAll() {
 		}
 	}
 	cs.list = nil
+}
+
+// Kill SIGKILLs the child whose Start answered addr, waits until it has
+// exited and forgets it. Errors: no running child answered addr.
+func (cs *Children) Kill(addr string) error {
+	for i, c := range cs.list {
+		if c.addr != addr {
+			continue
+		}
+		if err := c.cmd.Process.Kill(); err != nil {
+			return err
+		}
+		<-c.done
+		cs.list = append(cs.list[:i], cs.list[i+1:]...)
+		return nil
+	}
+	return fmt.Errorf("no child listening on %s", addr)
 }
 
 // PostChat posts body to base's /v1/chat/completions and reads the
