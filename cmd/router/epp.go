@@ -167,7 +167,16 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 			grpcDone.Go(func() { _ = gs.Serve(gln) })
 			grpcDone.Go(func() {
 				// Readiness once the workers' first probes are in: the
-				// datastore has synced (proposal 004).
+				// datastore has synced (proposal 004); and, for a replica,
+				// once it has caught up with its cluster (bounded by the
+				// cluster block's warm_timeout).
+				for !d.Server().ClusterReady() {
+					select {
+					case <-dctx.Done():
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+				}
 				if probed, err := epp.ReadyWhenProbed(dctx, health, d.Server().Workers(), 20*time.Millisecond, probeWait); err == nil && !probed {
 					logger.Warn("ready before every worker's first probe answered", "waited", probeWait)
 				}

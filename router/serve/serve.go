@@ -442,6 +442,17 @@ type Readiness struct {
 	Cluster *cluster.State `json:"cluster,omitempty"`
 }
 
+// ClusterReady reports whether the cluster side lets the router be ready:
+// true without a cluster block, else cluster.Replica.Ready (caught up, or
+// its warm_timeout passed). `router epp` waits for it before its gRPC
+// readiness turns SERVING, as /readyz does.
+func (s *Server) ClusterReady() bool {
+	if cs, ok := s.observer.(clusterMember); ok {
+		return cs.Ready()
+	}
+	return true
+}
+
 // clusterMember is what /readyz reads of a cluster.Replica.
 type clusterMember interface {
 	State() cluster.State
