@@ -3,7 +3,10 @@ package serve
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -109,5 +112,57 @@ func TestDaemonReplicasShareBookings(t *testing.T) {
 	}
 	if !strings.Contains(a.logs.String(), "joined the cluster") {
 		t.Fatalf("a's logs do not say it joined:\n%s", a.logs)
+	}
+}
+
+// TestDaemonReadyOnlyCaughtUp: a replica that cannot reach NATS is not
+// ready (503, the reason says it catches up) while its warm_timeout runs,
+// however ready its workers; with warm_timeout "0s" it is ready at once on
+// its own state, saying it has not caught up.
+func TestDaemonReadyOnlyCaughtUp(t *testing.T) {
+	m, err := mockworker.New(mockworker.Config{Speedup: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(m)
+	t.Cleanup(func() { hs.Close(); m.Close() })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	nowhere := "nats://" + ln.Addr().String()
+	_ = ln.Close()
+	start := func(replica, warm string) *runningDaemon {
+		path := filepath.Join(t.TempDir(), "policy.hcl")
+		policy := daemonPolicy("rr", "w0="+hs.URL) + fmt.Sprintf("\ncluster {\n  nats = %q\n  replica = %q\n  warm_timeout = %q\n}\n", nowhere, replica, warm)
+		if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		rd := startDaemon(t, DaemonOptions{PolicyFile: path})
+		rd.waitWorkers(t, "w0")
+		return rd
+	}
+	readyz := func(rd *runningDaemon) (int, Readiness) {
+		resp, err := http.Get(rd.base + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = resp.Body.Close() }()
+		var a Readiness
+		if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
+			t.Fatal(err)
+		}
+		return resp.StatusCode, a
+	}
+	waiting := start("a", "1h")
+	code, a := readyz(waiting)
+	if code != http.StatusServiceUnavailable || a.Ready || !strings.HasPrefix(a.Reason, "cluster: catching up") ||
+		a.Cluster == nil || a.Cluster.CaughtUp || waiting.d.Server().ClusterReady() {
+		t.Fatalf("a replica catching up: %d %+v %+v, want 503 catching up", code, a, a.Cluster)
+	}
+	alone := start("b", "0s")
+	code, a = readyz(alone)
+	if code != http.StatusOK || !a.Ready || a.Cluster == nil || a.Cluster.CaughtUp || a.Cluster.Connected || !alone.d.Server().ClusterReady() {
+		t.Fatalf("a replica with warm_timeout 0s: %d %+v %+v, want 200, neither connected nor caught up", code, a, a.Cluster)
 	}
 }
