@@ -63,9 +63,12 @@ type indexSnapshot struct {
 // encodeSnapshot encodes s, cutting each worker's lists to an equal share
 // of maxSnapshotBytes (most recent kept) when the whole would not fit.
 func encodeSnapshot(s *indexSnapshot) []byte {
-	total := 0
+	total := 0 // bytes of the hashes
 	for i := range s.Workers {
-		total += 24 * s.Workers[i].Blocks()
+		total += 8 * len(s.Workers[i].Approx)
+		if p := s.Workers[i].Precise; p != nil {
+			total += 24 * len(p.Router)
+		}
 	}
 	share := -1 // hashes per worker per list; -1: no cut
 	if total > maxSnapshotBytes-(1<<20) && len(s.Workers) > 0 {
@@ -77,7 +80,7 @@ func encodeSnapshot(s *indexSnapshot) []byte {
 		}
 		return n
 	}
-	b := make([]byte, 0, min(total, maxSnapshotBytes)+1024)
+	b := make([]byte, 0, min(total, maxSnapshotBytes)+len(s.Workers)*600+1024)
 	b = append(b, snapshotMagic...)
 	b = append(b, snapshotVersion)
 	b = binary.AppendUvarint(b, s.DeltasSeq)
