@@ -122,6 +122,35 @@ func TestTargetOnly(t *testing.T) {
 	}
 }
 
+// TestTargetRank: a target with a data-parallel rank is that rank's
+// member; without one, the id's lowest rank; a rank the id lacks is not
+// a candidate.
+func TestTargetRank(t *testing.T) {
+	r := newRouter(t, mustPolicy(t, "rr", nil, builtin.NewRoundRobin()), 1)
+	for rank := range uint32(4) {
+		if _, err := r.AddWorker(fleet.Spec{ID: 7, DPRank: rank, DataParallel: true, Role: shared.RoleAggregated, TotalKVBlocks: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	for _, rank := range []uint32{2, 0, 3} {
+		d, err := r.Place(ctx, request(8, 1), Placement{Target: 7, HasTarget: true, TargetRank: rank, HasTargetRank: true, TargetOnly: true})
+		if err != nil || d.Worker.ID != 7 || d.Worker.DPRank != rank {
+			t.Fatalf("target 7 rank %d: %+v, %v", rank, d.Worker, err)
+		}
+		d.Booking.Release()
+	}
+	if d, err := r.Place(ctx, request(8, 1), Placement{Target: 7, HasTarget: true, TargetOnly: true}); err != nil || d.Worker.DPRank != 0 {
+		t.Fatalf("target 7 without a rank: %+v, %v; want rank 0", d.Worker, err)
+	}
+	if _, err := r.Place(ctx, request(8, 1), Placement{Target: 7, HasTarget: true, TargetRank: 4, HasTargetRank: true, TargetOnly: true}); !errors.Is(err, ErrAllExcluded) {
+		t.Fatalf("rank 4 of a 4-rank worker: %v, want ErrAllExcluded", err)
+	}
+	if d, err := r.Place(ctx, request(8, 1), Placement{Target: 1, HasTarget: true, TargetRank: 0, HasTargetRank: true, TargetOnly: true}); err != nil || d.Worker.ID != 1 {
+		t.Fatalf("rank 0 of a worker without ranks: %+v, %v", d.Worker, err)
+	}
+}
+
 // TestTargetBooksUncachedPromptInPreciseMode: a target placement (no
 // policy ran, so the overlap is looked up while booking) on a worker whose
 // KV events are live charges the prompt's uncached tokens as prefill. The

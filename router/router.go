@@ -545,6 +545,11 @@ type Placement struct {
 	// running the policy when it is a candidate, ignored otherwise.
 	Target    shared.WorkerID
 	HasTarget bool
+	// TargetRank, when HasTargetRank, is Target's data-parallel rank: the
+	// target is that rank's member only. Without it the target is the
+	// id's lowest rank among the candidates.
+	TargetRank    uint32
+	HasTargetRank bool
 	// Booking, when not nil, is the storage the decision's booking is
 	// made in (the admission layer keeps one in each request handle); it
 	// must not hold a live booking. nil allocates one.
@@ -661,7 +666,7 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 		}
 	}
 	if pl.HasTarget {
-		if i, ok := slices.BinarySearch(part.IDs, pl.Target); ok {
+		if i, ok := targetRow(part, pl); ok {
 			return r.book(req, Decision{Policy: "target", Target: true}, part.Workers[i], -1, pl)
 		}
 		if pl.TargetOnly {
@@ -692,6 +697,26 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 	}
 	d.Shadow = r.shadowRun(sj, w)
 	return d, nil
+}
+
+// targetRow returns the row of pl's target in part: the id's lowest rank,
+// or the rank pl names (HasTargetRank); false when it is not a candidate.
+// O(log n + the id's ranks).
+func targetRow(part *fleet.Partition, pl Placement) (int, bool) {
+	i, ok := slices.BinarySearch(part.IDs, pl.Target)
+	if !ok || !pl.HasTargetRank {
+		return i, ok
+	}
+	for ; i < len(part.IDs) && part.IDs[i] == pl.Target; i++ {
+		var rank uint32
+		if part.DPRanks != nil {
+			rank = part.DPRanks[i]
+		}
+		if rank == pl.TargetRank {
+			return i, true
+		}
+	}
+	return 0, false
 }
 
 // book charges req to w (overlap < 0: look it up) and records its blocks

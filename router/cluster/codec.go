@@ -9,13 +9,13 @@ import (
 )
 
 // The wire format of a deltas message (one NATS message, one or more
-// records), version 1:
+// records), version 2:
 //
 //	message  = version:byte record*
 //	record   = kind:byte body
 //	booked   = at:uvarint id:str worker:str model:str role:byte
 //	           prompt_tokens:uvarint block_size:uvarint
-//	           hashes:uvarint hash:uint64le*
+//	           hashes:uvarint hash:uint64le* rank:uvarint
 //	first    = id:str
 //	released = id:str
 //	reset    = (empty)
@@ -24,8 +24,14 @@ import (
 // at is the decision's wall time in Unix nanoseconds (the sync lag's
 // start). Every length is bounded (maxString, maxHashes): a record over a
 // bound makes the whole message malformed, and decoding is linear in the
-// message's size.
-const wireVersion = 1
+// message's size. Version 1 is version 2 without the booking's
+// data-parallel rank (its booking lands on the worker's lowest rank); it
+// is still read, so replicas can be upgraded one at a time, but a version
+// 1 replica drops version 2 messages as malformed.
+const (
+	wireVersion   = 2
+	wireVersionV1 = 1
+)
 
 // Kind is a record's kind.
 type Kind byte
@@ -72,6 +78,10 @@ type Record struct {
 	PromptTokens int
 	BlockSize    int
 	BlockHashes  []uint64
+	// Rank is the worker's data-parallel rank booked, when HasRank (a
+	// version 2 message; version 1 carried none).
+	Rank    uint32
+	HasRank bool
 }
 
 var roleCodes = map[shared.Role]byte{shared.RoleAggregated: 0, shared.RolePrefill: 1, shared.RoleDecode: 2}
@@ -79,7 +89,7 @@ var codeRoles = []shared.Role{shared.RoleAggregated, shared.RolePrefill, shared.
 
 // size returns an upper bound of rec's encoded size.
 func (rec *Record) size() int {
-	return 1 + 3*binary.MaxVarintLen64 + 3*(binary.MaxVarintLen64+maxString) + 1 + binary.MaxVarintLen64 + 8*len(rec.BlockHashes)
+	return 1 + 3*binary.MaxVarintLen64 + 3*(binary.MaxVarintLen64+maxString) + 1 + 2*binary.MaxVarintLen64 + 8*len(rec.BlockHashes)
 }
 
 func appendString(b []byte, s string) []byte {
@@ -107,6 +117,7 @@ func appendRecord(b []byte, rec *Record) []byte {
 		for _, h := range hs {
 			b = binary.LittleEndian.AppendUint64(b, h)
 		}
+		b = binary.AppendUvarint(b, uint64(rec.Rank))
 	case KindFirstToken, KindReleased:
 		b = appendString(b, rec.ID)
 	}
@@ -167,7 +178,7 @@ func (d *decoder) str(what string) string {
 
 // decode calls fn for each record of msg, in order; the record (and its
 // BlockHashes) is only valid during the call. Errors: errMalformed
-// (wrapped, naming what) for a message that is not version 1, is longer
+// (wrapped, naming what) for a message that is not version 1 or 2, is longer
 // than maxMessage, or has a record that does not decode or passes a bound;
 // the records before it were delivered.
 func decode(msg []byte, fn func(*Record)) error {
@@ -175,7 +186,8 @@ func decode(msg []byte, fn func(*Record)) error {
 		return fmt.Errorf("%w: %d bytes", errMalformed, len(msg))
 	}
 	d := decoder{b: msg}
-	if v := d.byte1("version"); d.err == nil && v != wireVersion {
+	v := d.byte1("version")
+	if d.err == nil && v != wireVersion && v != wireVersionV1 {
 		return fmt.Errorf("%w: version %d", errMalformed, v)
 	}
 	var rec Record
@@ -207,6 +219,9 @@ func decode(msg []byte, fn func(*Record)) error {
 			}
 			d.b = d.b[8*n:]
 			rec.BlockHashes = hashes
+			if v == wireVersion {
+				rec.Rank, rec.HasRank = uint32(d.uvarint("rank", 1<<20)), true
+			}
 		case KindFirstToken, KindReleased:
 			rec.ID = d.str("id")
 		case KindReset:

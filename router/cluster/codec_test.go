@@ -14,8 +14,8 @@ func TestCodecRoundTrip(t *testing.T) {
 	in := []Record{
 		{Kind: KindReset},
 		{Kind: KindBooked, ID: "req-1#0", At: 1_700_000_000_123_456_789, Worker: "vllm-0", Model: "llama", Role: shared.RoleDecode,
-			PromptTokens: 4096, BlockSize: 16, BlockHashes: []uint64{1, 1 << 63, 42}},
-		{Kind: KindBooked, ID: "", Worker: "w", Role: shared.RoleAggregated, BlockHashes: []uint64{}},
+			PromptTokens: 4096, BlockSize: 16, BlockHashes: []uint64{1, 1 << 63, 42}, Rank: 3, HasRank: true},
+		{Kind: KindBooked, ID: "", Worker: "w", Role: shared.RoleAggregated, BlockHashes: []uint64{}, HasRank: true},
 		{Kind: KindFirstToken, ID: "req-1#0"},
 		{Kind: KindReleased, ID: "req-1#0"},
 	}
@@ -40,6 +40,20 @@ func TestCodecRoundTrip(t *testing.T) {
 	}
 }
 
+// TestCodecVersion1: a version 1 message (no rank) still decodes, its
+// bookings without a rank.
+func TestCodecVersion1(t *testing.T) {
+	v2 := appendRecord([]byte{wireVersion}, &Record{Kind: KindBooked, ID: "x", Worker: "w", BlockHashes: []uint64{7}, Rank: 5})
+	v1 := append([]byte{wireVersionV1}, v2[1:len(v2)-1]...) // without the trailing rank
+	var got []Record
+	if err := decode(v1, func(r *Record) { got = append(got, *r) }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].ID != "x" || got[0].HasRank || got[0].Rank != 0 || !slices.Equal(got[0].BlockHashes, []uint64{7}) {
+		t.Fatalf("version 1 booking decoded as %+v", got)
+	}
+}
+
 func TestCodecBounds(t *testing.T) {
 	long := make([]byte, maxMessage+1)
 	long[0] = wireVersion
@@ -49,7 +63,7 @@ func TestCodecBounds(t *testing.T) {
 	}{
 		{"too long", long},
 		{"empty", nil},
-		{"version", []byte{2}},
+		{"version", []byte{3}},
 		{"kind", []byte{wireVersion, 0}},
 		{"truncated id", []byte{wireVersion, byte(KindReleased), 5, 'a'}},
 		{"string over the bound", append([]byte{wireVersion, byte(KindReleased), 0x81, 0x04}, make([]byte, 513)...)},

@@ -215,7 +215,8 @@ func (r *Replica) State() State {
 // Booked publishes a booking of this replica (admission.Observer).
 func (r *Replica) Booked(req *shared.Request, d router.Decision) {
 	rec := &Record{Kind: KindBooked, ID: req.ID, At: time.Now().UnixNano(), Worker: d.Worker.Name, Model: req.Model,
-		Role: req.Role, PromptTokens: req.PromptTokens, BlockSize: req.BlockSize, BlockHashes: slices.Clone(req.BlockHashes)}
+		Role: req.Role, PromptTokens: req.PromptTokens, BlockSize: req.BlockSize, BlockHashes: slices.Clone(req.BlockHashes),
+		Rank: d.Worker.DPRank, HasRank: true}
 	r.liveMu.Lock()
 	r.live[req.ID] = rec
 	r.liveMu.Unlock()
@@ -537,7 +538,7 @@ func (r *Replica) relearn(data []byte) {
 			return
 		}
 		if id, ok := r.o.Resolve(rec.Worker); ok {
-			r.o.Router.PrefixRecord(id, 0, rec.BlockSize, rec.BlockHashes)
+			r.o.Router.PrefixRecord(id, rec.Rank, rec.BlockSize, rec.BlockHashes)
 		}
 	}); err != nil {
 		r.m.dropped.WithLabelValues("malformed").Inc()
@@ -589,7 +590,7 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay
 		req := &shared.Request{ID: from + "/" + rec.ID, Model: rec.Model, Role: rec.Role, PromptTokens: rec.PromptTokens,
 			BlockSize: rec.BlockSize, BlockHashes: slices.Clone(rec.BlockHashes)}
 		d, err := r.o.Router.Place(context.Background(), req, router.Placement{Target: id, HasTarget: true, TargetOnly: true,
-			Capacity: r.o.Capacity, Overbook: true})
+			TargetRank: rec.Rank, HasTargetRank: rec.HasRank, Capacity: r.o.Capacity, Overbook: true})
 		if err != nil {
 			r.m.dropped.WithLabelValues("not_placed").Inc()
 			return

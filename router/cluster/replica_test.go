@@ -393,3 +393,34 @@ func TestMalformedMessagesAreDropped(t *testing.T) {
 	_ = nc.Flush()
 	eventually(t, "its release applies", func() bool { return b.active()["w1"] == 0 })
 }
+
+// TestRemoteBookingKeepsItsRank: another replica's booking of a
+// data-parallel rank lands on that rank here; one of a version 1 replica
+// (no rank) on the lowest.
+func TestRemoteBookingKeepsItsRank(t *testing.T) {
+	_, b, nc := soloNode(t)
+	for rank := range uint32(4) {
+		if _, err := b.r.AddWorker(fleet.Spec{ID: 500, DPRank: rank, DataParallel: true, Name: "dp", Role: shared.RoleAggregated, TotalKVBlocks: 100}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.ids["dp"] = 500
+	ranks := func() [4]int64 {
+		var out [4]int64
+		for _, w := range b.r.Workers("", shared.RoleAggregated) {
+			if w.Name == "dp" {
+				out[w.DPRank] = w.ActiveRequests()
+			}
+		}
+		return out
+	}
+	v2 := appendRecord([]byte{wireVersion}, &Record{Kind: KindBooked, ID: "r2", Worker: "dp", Role: shared.RoleAggregated, PromptTokens: 8, BlockSize: 4, Rank: 2})
+	v1 := appendRecord([]byte{wireVersion}, &Record{Kind: KindBooked, ID: "r0", Worker: "dp", Role: shared.RoleAggregated, PromptTokens: 8, BlockSize: 4})
+	v1 = append([]byte{wireVersionV1}, v1[1:len(v1)-1]...)
+	for _, m := range [][]byte{v2, v1} {
+		if err := nc.Publish("switchyard.test.d.other", m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "both bookings applied", func() bool { return ranks() == [4]int64{1, 0, 1, 0} })
+}
