@@ -25,7 +25,7 @@ import (
 //
 // The snapshot's wire format, version 1 (integers little-endian):
 //
-//	snapshot = magic:"SYIX" version:byte deltas_seq:uvarint taken_at:uvarint
+//	snapshot = magic:"SYIX" version:byte deltas_seq:uvarint kv_seq:uvarint taken_at:uvarint
 //	           writer:str workers:uvarint worker*
 //	worker   = name:str rank:uvarint approx:uvarint hash:uint64*
 //	           precise:byte [precise_body]
@@ -54,7 +54,10 @@ var errSnapshot = errors.New("malformed prefix-index snapshot")
 
 // indexSnapshot is a decoded snapshot.
 type indexSnapshot struct {
+	// DeltasSeq and KVSeq are the last sequences of the deltas stream and
+	// of the KV-event stream (0: none) the index reflects.
 	DeltasSeq uint64
+	KVSeq     uint64
 	TakenAt   time.Time
 	Writer    string
 	Workers   []router.WorkerPrefix
@@ -84,6 +87,7 @@ func encodeSnapshot(s *indexSnapshot) []byte {
 	b = append(b, snapshotMagic...)
 	b = append(b, snapshotVersion)
 	b = binary.AppendUvarint(b, s.DeltasSeq)
+	b = binary.AppendUvarint(b, s.KVSeq)
 	b = binary.AppendUvarint(b, uint64(max(s.TakenAt.UnixNano(), 0)))
 	b = appendString(b, s.Writer)
 	ws := s.Workers[:min(len(s.Workers), maxSnapshotWorkers)]
@@ -140,6 +144,7 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 	d := decoder{b: data[len(snapshotMagic)+1:]}
 	s := &indexSnapshot{}
 	s.DeltasSeq = d.uvarint("deltas sequence", 1<<63)
+	s.KVSeq = d.uvarint("KV-event sequence", 1<<63)
 	s.TakenAt = time.Unix(0, int64(d.uvarint("time", 1<<62)))
 	s.Writer = d.str("writer")
 	n := d.uvarint("workers", maxSnapshotWorkers)

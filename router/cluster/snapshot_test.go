@@ -18,7 +18,7 @@ import (
 )
 
 func TestSnapshotRoundTrip(t *testing.T) {
-	in := &indexSnapshot{DeltasSeq: 1234, TakenAt: time.Unix(0, 1_700_000_000_000_000_001), Writer: "router-0",
+	in := &indexSnapshot{DeltasSeq: 1234, KVSeq: 99, TakenAt: time.Unix(0, 1_700_000_000_000_000_001), Writer: "router-0",
 		Workers: []router.WorkerPrefix{
 			{Worker: "vllm-0", Rank: 0, Content: prefix.Content{Approx: []uint64{3, 2, 1 << 63}}},
 			{Worker: "vllm-1", Rank: 2, Content: prefix.Content{Approx: []uint64{}, Precise: &prefix.PreciseContent{
@@ -72,9 +72,9 @@ func TestSnapshotMalformed(t *testing.T) {
 		"version":         []byte(snapshotMagic + "\x09"),
 		"truncated":       good[:len(good)-3],
 		"trailing":        append(append([]byte{}, good...), 0),
-		"count past end":  append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0x03),
-		"precise flag":    append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 1, 0, 0, 0, 9),
-		"too many blocks": append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 1, 0, 0, 0, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 1, 2),
+		"count past end":  append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0x03),
+		"precise flag":    append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 0, 1, 0, 0, 0, 9),
+		"too many blocks": append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 0, 1, 0, 0, 0, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 1, 2),
 	} {
 		if _, err := decodeSnapshot(data); !errors.Is(err, errSnapshot) {
 			t.Errorf("%s: %v, want errSnapshot", name, err)
