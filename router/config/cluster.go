@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/switchyard-router/switchyard/builtin"
 )
 
 // blockCluster is the cluster block's name.
@@ -25,6 +27,10 @@ const (
 	DefaultBookingTTL = 10 * time.Second
 	// DefaultHeartbeat is how often a replica says it is alive.
 	DefaultHeartbeat = time.Second
+	// DefaultSharedSessionTTL is how long a shared session binding lives
+	// in the cluster's sessions bucket after its last send: the
+	// session-affinity classifier's default ttl (builtin.DefaultSessionTTL).
+	DefaultSharedSessionTTL = builtin.DefaultSessionTTL
 )
 
 // Cluster is the policy file's cluster block: router replicas that share
@@ -37,6 +43,7 @@ const (
 //	  name        = "switchyard"                  # replicas share within one name
 //	  booking_ttl = "10s"                         # a silent replica's bookings expire after it
 //	  heartbeat   = "1s"
+//	  session_ttl = "10m"                         # shared session bindings expire after it
 //	}
 type Cluster struct {
 	// NATS is the NATS server URL, or several separated by commas.
@@ -49,6 +56,10 @@ type Cluster struct {
 	// BookingTTL and Heartbeat: see DefaultBookingTTL, DefaultHeartbeat.
 	BookingTTL time.Duration
 	Heartbeat  time.Duration
+	// SessionTTL is how long a shared session-affinity binding lives in
+	// the sessions bucket after its last send (DefaultSharedSessionTTL);
+	// set it to the classifier's ttl when that is not the default.
+	SessionTTL time.Duration
 	// Range is the block's definition.
 	Range hcl.Range
 }
@@ -60,6 +71,7 @@ var clusterSchema = &hcl.BodySchema{
 		{Name: "name"},
 		{Name: "booking_ttl"},
 		{Name: "heartbeat"},
+		{Name: "session_ttl"},
 	},
 }
 
@@ -80,7 +92,7 @@ func clusterToken(s string) bool {
 
 // clusterBlock decodes the cluster block into the PolicyFile.
 func (l *loader) clusterBlock(blk *hcl.Block) {
-	c := &Cluster{Name: DefaultClusterName, BookingTTL: DefaultBookingTTL, Heartbeat: DefaultHeartbeat, Range: blk.DefRange}
+	c := &Cluster{Name: DefaultClusterName, BookingTTL: DefaultBookingTTL, Heartbeat: DefaultHeartbeat, SessionTTL: DefaultSharedSessionTTL, Range: blk.DefRange}
 	content, diags := blk.Body.Content(clusterSchema)
 	l.diags = append(l.diags, diags...)
 	if attr, ok := content.Attributes["nats"]; ok {
@@ -128,7 +140,8 @@ func (l *loader) clusterBlock(blk *hcl.Block) {
 		dst     *time.Duration
 		lo, hi  time.Duration
 		example string
-	}{{"booking_ttl", &c.BookingTTL, time.Second, time.Hour, "10s"}, {"heartbeat", &c.Heartbeat, 10 * time.Millisecond, time.Minute, "1s"}} {
+	}{{"booking_ttl", &c.BookingTTL, time.Second, time.Hour, "10s"}, {"heartbeat", &c.Heartbeat, 10 * time.Millisecond, time.Minute, "1s"},
+		{"session_ttl", &c.SessionTTL, time.Second, 24 * time.Hour, "10m"}} {
 		if attr, ok := content.Attributes[f.name]; ok {
 			if d, ok := l.durationAttr(attr); ok {
 				if d < f.lo || d > f.hi {
