@@ -265,4 +265,3 @@ func TestSessionsNATSAway(t *testing.T) {
 		t.Error("b's mirror forgot 'before' across the restart")
 	}
 }
-
