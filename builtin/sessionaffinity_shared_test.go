@@ -1,6 +1,7 @@
 package builtin
 
 import (
+	"context"
 	"sync"
 	"testing"
 	"time"
@@ -106,5 +107,25 @@ func TestSessionAffinitySharedIgnoredWhenStaleOrUnknown(t *testing.T) {
 	b.p.mu.Unlock()
 	if held {
 		t.Error("B still holds t's expired binding")
+	}
+}
+
+// TestSessionAffinitySharedHitNoAllocs: with a store, a hit and its
+// events still allocate nothing in the classifier.
+func TestSessionAffinitySharedHitNoAllocs(t *testing.T) {
+	store := &memSessions{m: map[string]memBinding{}}
+	a, _ := newReplicas(t, store)
+	a.serve("s", 20)
+	req := &shared.Request{ID: "hit", SessionID: "s"}
+	sent := []shared.Event{{Kind: shared.EventSent, RequestID: "hit", Worker: 20, HasWorker: true}}
+	n := testing.AllocsPerRun(100, func() {
+		cl, _ := a.p.Classify(context.Background(), req)
+		if cl.Target != 20 {
+			t.Fatalf("miss: %+v", cl)
+		}
+		a.p.OnEvents(sent)
+	})
+	if n != 0 {
+		t.Errorf("a shared hit with its send allocates %v, want 0", n)
 	}
 }

@@ -265,3 +265,32 @@ func TestSessionsNATSAway(t *testing.T) {
 		t.Error("b's mirror forgot 'before' across the restart")
 	}
 }
+
+// TestSessionsBindingNoAllocs: the classifier's lookup allocates nothing.
+func TestSessionsBindingNoAllocs(t *testing.T) {
+	r, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: kvPolicy(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = r.Close(context.Background()) }()
+	for i, w := range []string{"w0", "w1", "w2"} {
+		if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Name: w, Role: shared.RoleAggregated, TotalKVBlocks: 1000}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s, err := NewSessions(SessionsOptions{Config: config.Cluster{NATS: "nats://127.0.0.1:1", Replica: "a", Name: "t"}, Router: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := sessionKey{role: shared.RoleAggregated, session: "conv-1"}
+	s.apply(sessionBucketKey(&k), jetstream.KeyValuePut, appendSessionValue(nil, &k, sessionEntry{worker: "w2", at: 7, replica: "b"}))
+	store := s.For("", shared.RoleAggregated)
+	n := testing.AllocsPerRun(100, func() {
+		if id, _, ok := store.Binding("conv-1"); !ok || id != 3 {
+			t.Fatalf("binding %d %v, want w2 (3)", id, ok)
+		}
+	})
+	if n != 0 {
+		t.Errorf("Binding allocates %v per call, want 0", n)
+	}
+}
