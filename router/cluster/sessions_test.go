@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -292,5 +293,39 @@ func TestSessionsBindingNoAllocs(t *testing.T) {
 	})
 	if n != 0 {
 		t.Errorf("Binding allocates %v per call, want 0", n)
+	}
+}
+
+// BenchmarkSessionsBinding: the classifier's lookup of a shared binding
+// (a mirror of 100,000, a partition of 8 workers).
+func BenchmarkSessionsBinding(b *testing.B) {
+	r, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: kvPolicy(b)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() { _ = r.Close(context.Background()) }()
+	for i := range 8 {
+		if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Name: "w" + string(rune('0'+i)), Role: shared.RoleAggregated, TotalKVBlocks: 1000}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	s, err := NewSessions(SessionsOptions{Config: config.Cluster{NATS: "nats://127.0.0.1:1", Replica: "a", Name: "t"}, Router: r})
+	if err != nil {
+		b.Fatal(err)
+	}
+	sessions := make([]string, 100_000)
+	for i := range sessions {
+		sessions[i] = "conversation-" + strconv.Itoa(i)
+		k := sessionKey{role: shared.RoleAggregated, session: sessions[i]}
+		s.apply(sessionBucketKey(&k), jetstream.KeyValuePut, appendSessionValue(nil, &k, sessionEntry{worker: "w" + string(rune('0'+i%8)), at: 7, replica: "b"}))
+	}
+	store := s.For("", shared.RoleAggregated)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if _, _, ok := store.Binding(sessions[i%len(sessions)]); !ok {
+			b.Fatal("miss")
+		}
+		i++
 	}
 }
