@@ -86,6 +86,10 @@ type Sessions struct {
 
 	mu     sync.RWMutex
 	mirror map[sessionKey]sessionEntry
+	// nextSweep is when a full mirror may be swept again on a new
+	// binding: one sweep per session_ttl/16 (at least a second) at most,
+	// so a full mirror costs a binding no more than a map lookup.
+	nextSweep time.Time
 
 	events chan bool
 	m      *sessionMetrics
@@ -380,7 +384,10 @@ func (s *Sessions) apply(key string, op jetstream.KeyValueOp, value []byte) {
 	}
 	s.mu.Lock()
 	if _, ok := s.mirror[k]; !ok && len(s.mirror) >= s.o.MaxBindings {
-		s.sweepLocked(s.o.now())
+		if now := s.o.now(); !now.Before(s.nextSweep) {
+			s.sweepLocked(now)
+			s.nextSweep = now.Add(max(s.o.Config.SessionTTL/16, time.Second))
+		}
 		if len(s.mirror) >= s.o.MaxBindings {
 			s.mu.Unlock()
 			s.m.dropped.WithLabelValues("too_many").Inc()

@@ -223,17 +223,28 @@ func TestSessionsMirrorBound(t *testing.T) {
 	}
 	put("s2", now.Add(time.Second)) // an update of a held binding
 	now = now.Add(20 * time.Second) // s1 is 70 s old: expired
-	put("s3", now)
-	s.mu.RLock()
-	_, has1 := s.mirror[sessionKey{role: shared.RoleAggregated, session: "s1"}]
-	_, has3 := s.mirror[sessionKey{role: shared.RoleAggregated, session: "s3"}]
-	e2 := s.mirror[sessionKey{role: shared.RoleAggregated, session: "s2"}]
-	s.mu.RUnlock()
-	if has1 || !has3 || e2.at != now.Add(-19*time.Second).UnixNano() {
-		t.Errorf("after the sweep: s1 %v, s3 %v, s2 at %d", has1, has3, e2.at)
+	put("s3", now)                  // swept: s1 makes room
+	held := func(session string) bool {
+		s.mu.RLock()
+		defer s.mu.RUnlock()
+		_, ok := s.mirror[sessionKey{role: shared.RoleAggregated, session: session}]
+		return ok
 	}
-	if got := testutil.ToFloat64(s.m.dropped.WithLabelValues("too_many")); got != 1 {
-		t.Errorf("too_many %v, want 1", got)
+	if held("s1") || !held("s2") || !held("s3") {
+		t.Fatalf("after the sweep: s1 %v, s2 %v, s3 %v", held("s1"), held("s2"), held("s3"))
+	}
+	put("s2", now.Add(-time.Hour)) // an update that makes s2 expired
+	put("s4", now)                 // full, swept a moment ago: not swept again
+	if held("s4") || !held("s2") {
+		t.Fatalf("a full mirror swept twice within session_ttl/16: s4 %v, s2 %v", held("s4"), held("s2"))
+	}
+	now = now.Add(4 * time.Second) // past session_ttl/16
+	put("s4", now)
+	if !held("s4") || held("s2") {
+		t.Fatalf("after the next sweep: s4 %v, s2 %v", held("s4"), held("s2"))
+	}
+	if got := testutil.ToFloat64(s.m.dropped.WithLabelValues("too_many")); got != 2 {
+		t.Errorf("too_many %v, want 2 (s3, then s4)", got)
 	}
 }
 
