@@ -51,6 +51,13 @@ const (
 // at most max_sessions are kept, the least recently used evicted first; and
 // a binding to a worker no longer in the partition (PartitionContext.Workers
 // at classify time) is dropped.
+//
+// Router replicas of a cluster share the bindings
+// (PartitionContext.Sessions, docs/replicas.md): each send is shared, and
+// a session's binding shared later than its local binding was last used
+// (or one this replica does not have, or whose own has expired) is
+// adopted, so a conversation whose turns a load balancer spreads over the
+// replicas keeps its worker. A shared binding older than ttl is ignored.
 type SessionAffinity struct {
 	ttl         time.Duration
 	maxSessions int
@@ -119,6 +126,7 @@ func (s *SessionAffinity) NewClassifier(pc shared.PartitionContext) (shared.Clas
 		max:     s.maxSessions,
 		now:     now,
 		workers: pc.Workers,
+		shared:  pc.Sessions,
 		index:   make(map[string]int32),
 		pending: make(map[string]pendingSession),
 		head:    nilSlot,
@@ -144,6 +152,7 @@ type affinityPartition struct {
 	max     int
 	now     func() time.Time
 	workers func() []shared.WorkerInfo // nil: membership unknown, bindings kept
+	shared  shared.SessionStore        // nil: bindings not shared
 
 	mu    sync.Mutex
 	index map[string]int32 // session id -> slot
@@ -177,8 +186,10 @@ type pendingSession struct {
 
 // Classify sets req's target to its session's worker when the session is
 // bound, the binding has not expired and the worker is still in the
-// partition; it drops an expired or stale binding. Requests with a session
-// are remembered until their completed or aborted event. It never fails and
+// partition; it drops an expired or stale binding. With shared bindings,
+// a shared binding made after the local one was last used (or when there
+// is no live local one) is adopted first. Requests with a session are
+// remembered until their completed or aborted event. It never fails and
 // does not allocate on a hit.
 func (p *affinityPartition) Classify(_ context.Context, req *shared.Request) (shared.Classification, error) {
 	if req == nil || req.SessionID == "" {
@@ -189,20 +200,33 @@ func (p *affinityPartition) Classify(_ context.Context, req *shared.Request) (sh
 	if p.workers != nil {
 		ws = p.workers()
 	}
+	var sw shared.WorkerID
+	var sat time.Time
+	var sok bool
+	if p.shared != nil {
+		sw, sat, sok = p.shared.Binding(req.SessionID)
+		sok = sok && now.Sub(sat) <= p.ttl && (p.workers == nil || hasWorker(ws, sw))
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.remember(req.ID, req.SessionID, now)
 	i, ok := p.index[req.SessionID]
+	if ok {
+		if b := &p.slots[i]; now.Sub(b.last) > p.ttl || (p.workers != nil && !hasWorker(ws, b.worker)) {
+			p.remove(i)
+			ok = false
+		}
+	}
+	if sok && (!ok || sat.After(p.slots[i].last)) {
+		// Another replica sent the session later (the last send wins).
+		p.bind(req.SessionID, sw, sat)
+		i, ok = p.index[req.SessionID], true
+	}
 	if !ok {
 		return shared.Classification{}, nil
 	}
-	b := &p.slots[i]
-	if now.Sub(b.last) > p.ttl || (p.workers != nil && !hasWorker(ws, b.worker)) {
-		p.remove(i)
-		return shared.Classification{}, nil
-	}
 	p.touch(i, now)
-	return shared.Classification{Target: b.worker, HasTarget: true}, nil
+	return shared.Classification{Target: p.slots[i].worker, HasTarget: true}, nil
 }
 
 // OnEvents binds sessions on EventSent, refreshes them on EventCompleted at
@@ -235,6 +259,9 @@ func (p *affinityPartition) OnEvents(events []shared.Event) {
 		case shared.EventSent:
 			if ev.HasWorker {
 				p.bind(ps.session, ev.Worker, at)
+				if p.shared != nil {
+					p.shared.Bind(ps.session, ev.Worker, at) // never blocks
+				}
 			}
 		case shared.EventCompleted:
 			if j, ok := p.index[ps.session]; ok && ev.HasWorker && p.slots[j].worker == ev.Worker {

@@ -83,6 +83,29 @@ type PartitionContext struct {
 	// in serve. Nil means time.Now. Classifiers with time-based state (TTLs,
 	// due times) read it so that replays repeat exactly.
 	Now func() time.Time
+	// Sessions, when set, shares the partition's session bindings with
+	// the other router replicas of a cluster (router/cluster,
+	// docs/replicas.md). nil: bindings are this router's own (no cluster
+	// block, replay, a classifier served out of process).
+	Sessions SessionStore
+}
+
+// SessionStore shares one partition's session bindings (session id ->
+// worker) between router replicas. Its methods never block and never
+// wait on the network: the host keeps a local mirror of the shared
+// bindings and writes through a bounded queue, so a classifier may call
+// them from Classify and OnEvents, under its own lock. Safe for
+// concurrent use.
+type SessionStore interface {
+	// Bind shares that session's request was sent to worker at at (the
+	// router's clock): the last binding shared wins. It may be dropped
+	// (a full queue, NATS away); the host counts it.
+	Bind(session string, worker WorkerID, at time.Time)
+	// Binding returns the latest binding shared for session, by this
+	// replica or another: its worker and when it was made. false when
+	// none is known, it expired, or it names a worker this router does
+	// not have in the partition.
+	Binding(session string) (worker WorkerID, at time.Time, ok bool)
 }
 
 // WorkerInfo is one worker of a partition as a classifier sees it.

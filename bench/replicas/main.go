@@ -18,6 +18,12 @@
 //
 //	go run ./bench/replicas --router-bin bin/router
 //
+// --nats-restart adds a fourth run, sync with NATS shut down after a third
+// of the requests and started again (empty, on the same port) after two
+// thirds: it prints the hit ratio of each third and the requests that
+// failed (issue #17 §4: routing continues on local state, sync resumes by
+// itself).
+//
 // The policy is the default KV-aware one, routing on what the routers
 // sent (no KV events: the case where replicas know only what they share);
 // --kv-events adds the engines' KV events. Every process is on 127.0.0.1
@@ -66,6 +72,7 @@ type options struct {
 	failover      bool
 	warmup        time.Duration
 	window        time.Duration
+	natsRestart   bool
 }
 
 func main() {
@@ -87,7 +94,12 @@ func main() {
 	flag.BoolVar(&o.failover, "failover", false, "run the failover scenario instead (failover.go): SIGKILL replica r0 under load, restart it")
 	flag.DurationVar(&o.warmup, "warmup", 20*time.Second, "--failover: load before the first window")
 	flag.DurationVar(&o.window, "window", time.Minute, "--failover: each window the hit ratio is measured over")
+	flag.BoolVar(&o.natsRestart, "nats-restart", false, "add a sync run in which the NATS server (in this process) is shut down after a third of the requests and started again after two thirds")
 	flag.Parse()
+	if o.natsRestart && o.natsURL != "" {
+		fmt.Fprintln(os.Stderr, "replicas: --nats-restart restarts the NATS server of this process: not with --nats")
+		os.Exit(2)
+	}
 	if *ports != "" {
 		for _, f := range strings.Split(*ports, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -134,6 +146,9 @@ type result struct {
 	failed         int64
 	elapsed        time.Duration
 	lagP50, lagP99 float64 // ms, from the routers' histograms; sync only
+	// thirds are the hit ratios of each third of the requests (the
+	// NATS restart run only).
+	thirds []float64
 }
 
 func (r result) hit() float64 {
@@ -150,17 +165,13 @@ func run(ctx context.Context, o options) error {
 	}
 	defer os.RemoveAll(dir)
 	natsURL := o.natsURL
+	var nats *natsServer
 	if natsURL == "" {
-		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: filepath.Join(dir, "nats"), NoLog: true, NoSigs: true})
-		if err != nil {
+		if nats, err = startNATS(filepath.Join(dir, "nats")); err != nil {
 			return err
 		}
-		go ns.Start()
-		if !ns.ReadyForConnections(30 * time.Second) {
-			return errors.New("the NATS server did not start")
-		}
-		defer func() { ns.Shutdown(); ns.WaitForShutdown() }()
-		natsURL = ns.ClientURL()
+		defer nats.stop()
+		natsURL = nats.url()
 	}
 
 	if o.failover {
@@ -172,18 +183,121 @@ func run(ctx context.Context, o options) error {
 		routers int
 		sync    bool
 	}{{"single", 1, false}, {"sync", o.replicas, true}, {"no-sync", o.replicas, false}} {
-		r, err := once(ctx, o, filepath.Join(dir, mode.name), mode.routers, mode.sync, natsURL, fmt.Sprintf("run%d", i))
+		r, err := once(ctx, o, filepath.Join(dir, mode.name), mode.routers, mode.sync, natsURL, fmt.Sprintf("run%d", i), nil)
 		if err != nil {
 			return fmt.Errorf("%s: %w", mode.name, err)
 		}
 		r.name = mode.name
 		results = append(results, r)
 	}
+	if o.natsRestart {
+		r, err := restartRun(ctx, o, filepath.Join(dir, "restart"), nats)
+		if err != nil {
+			return fmt.Errorf("NATS restart: %w", err)
+		}
+		results = append(results, r)
+	}
 	return report(os.Stdout, o, results)
 }
 
-// once runs the workload on fresh engines and routers.
-func once(ctx context.Context, o options, dir string, routers int, sync bool, natsURL, cluster string) (result, error) {
+// natsServer is the NATS server of this process, restartable on its port.
+type natsServer struct {
+	dir  string
+	port int
+	s    *server.Server
+	runs int
+}
+
+func startNATS(dir string) (*natsServer, error) {
+	port, err := benchproc.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	n := &natsServer{dir: dir, port: port}
+	return n, n.start()
+}
+
+// start starts a new, empty server on the port.
+func (n *natsServer) start() error {
+	n.runs++
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: true, JetStreamMaxMemory: 1 << 30,
+		StoreDir: filepath.Join(n.dir, strconv.Itoa(n.runs)), NoLog: true, NoSigs: true})
+	if err != nil {
+		return err
+	}
+	go s.Start()
+	if !s.ReadyForConnections(30 * time.Second) {
+		return errors.New("the NATS server did not start")
+	}
+	n.s = s
+	return nil
+}
+
+func (n *natsServer) stop() {
+	if n.s != nil {
+		n.s.Shutdown()
+		n.s.WaitForShutdown()
+		n.s = nil
+	}
+}
+
+func (n *natsServer) url() string { return "nats://127.0.0.1:" + strconv.Itoa(n.port) }
+
+// restartRun is the sync run with NATS shut down after a third of the
+// requests and started again after two thirds; it records each third's
+// hit ratio. Requests that fail are counted, not fatal.
+func restartRun(ctx context.Context, o options, dir string, nats *natsServer) (result, error) {
+	var mu sync.Mutex
+	var marks [][2]float64 // prompt, cached at each third
+	var hookErr error
+	third := int64(o.requests / 3)
+	hook := func(c *http.Client, bases []string, done int64) {
+		if done != third && done != 2*third {
+			return
+		}
+		var prompt, cached float64
+		for _, b := range bases {
+			m, err := benchproc.Scrape(c, b)
+			if err != nil {
+				mu.Lock()
+				hookErr = err
+				mu.Unlock()
+			}
+			prompt += m[`switchyard_prompt_tokens_total{model="mock"}`]
+			cached += m[`switchyard_cached_prompt_tokens_total{model="mock"}`]
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		marks = append(marks, [2]float64{prompt, cached})
+		if done == third {
+			nats.stop()
+		} else if err := nats.start(); err != nil {
+			hookErr = err
+		}
+	}
+	r, err := once(ctx, o, dir, o.replicas, true, nats.url(), "restart", hook)
+	if err != nil {
+		return r, err
+	}
+	if hookErr != nil {
+		return r, hookErr
+	}
+	if len(marks) != 2 {
+		return r, fmt.Errorf("the run passed %d of its 2 marks", len(marks))
+	}
+	r.name = "sync, NATS restarted"
+	prev := [2]float64{}
+	for _, m := range append(marks, [2]float64{r.prompt, r.cached}) {
+		r.thirds = append(r.thirds, (m[1]-prev[1])/max(m[0]-prev[0], 1))
+		prev = m
+	}
+	return r, nil
+}
+
+// once runs the workload on fresh engines and routers. hook, when set, is
+// called after each request with the number done (each number once), and
+// then the requests that fail are counted instead of failing the run.
+func once(ctx context.Context, o options, dir string, routers int, sync bool, natsURL, cluster string, hook func(c *http.Client, bases []string, done int64)) (result, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return result{}, err
 	}
@@ -220,8 +334,12 @@ func once(ctx context.Context, o options, dir string, routers int, sync bool, na
 		time.Sleep(time.Second)
 	}
 	start := time.Now()
-	failed, err := drive(ctx, client, targets, o)
-	if err != nil {
+	var after func(int64)
+	if hook != nil {
+		after = func(done int64) { hook(client, bases, done) }
+	}
+	failed, err := drive(ctx, client, targets, o, after)
+	if err != nil && hook == nil {
 		return result{}, err
 	}
 	r := result{routers: routers, failed: failed, elapsed: time.Since(start)}
@@ -320,8 +438,9 @@ func waitReady(ctx context.Context, c *http.Client, bases []string, workers int,
 }
 
 // drive sends the requests, each to the next router in turn, and returns
-// how many failed.
-func drive(ctx context.Context, c *http.Client, bases []string, o options) (int64, error) {
+// how many failed (and an error saying so). after, when set, is called
+// after each request with the number done so far.
+func drive(ctx context.Context, c *http.Client, bases []string, o options, after func(done int64)) (int64, error) {
 	systems := make([]string, 4)
 	for i := range systems {
 		systems[i] = fmt.Sprintf("System prompt %d. ", i) + strings.Repeat("You are a careful assistant who answers in full, plain sentences. ", 12)
@@ -332,7 +451,7 @@ func drive(ctx context.Context, c *http.Client, bases []string, o options) (int6
 		convs <- i
 	}
 	close(convs)
-	var sent, next, failed atomic.Int64
+	var sent, next, failed, done atomic.Int64
 	var wg sync.WaitGroup
 	var firstErr error
 	var errOnce sync.Once
@@ -349,6 +468,9 @@ func drive(ctx context.Context, c *http.Client, bases []string, o options) (int6
 					if err := benchproc.PostChat(ctx, c, base, body); err != nil {
 						failed.Add(1)
 						errOnce.Do(func() { firstErr = err })
+					}
+					if n := done.Add(1); after != nil {
+						after(n)
 					}
 					msgs = append(msgs, map[string]string{"role": "assistant", "content": strings.Repeat("Here is more of it. ", 2+rng.IntN(6))})
 				}
@@ -427,7 +549,7 @@ func report(out io.Writer, o options, rs []result) error {
 	fmt.Fprintf(out, "%d requests per run over %d conversations, %d at once, %d engines, %s; %s\n",
 		o.requests, o.conversations, o.concurrency, o.workers, mode, sent)
 	tw := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "run\trouters\tKV hit\tof single\tsync lag p50 <=\tp99 <=\twall\t")
+	fmt.Fprintln(tw, "run\trouters\tKV hit\tof single\tsync lag p50 <=\tp99 <=\tfailed\twall\t")
 	single := rs[0].hit()
 	for _, r := range rs {
 		lag := "-\t-"
@@ -438,9 +560,21 @@ func report(out io.Writer, o options, rs []result) error {
 		if single > 0 {
 			of = 100 * r.hit() / single
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\t%s\t%.1f s\t\n", r.name, r.routers, 100*r.hit(), of, lag, r.elapsed.Seconds())
+		fmt.Fprintf(tw, "%s\t%d\t%.1f%%\t%.1f%%\t%s\t%d\t%.1f s\t\n", r.name, r.routers, 100*r.hit(), of, lag, r.failed, r.elapsed.Seconds())
 	}
 	_ = tw.Flush()
+	for _, r := range rs {
+		if len(r.thirds) == 3 {
+			fmt.Fprintf(out, "%s: KV hit %.1f%% before, %.1f%% while NATS was down, %.1f%% after it returned; %d requests failed\n",
+				r.name, 100*r.thirds[0], 100*r.thirds[1], 100*r.thirds[2], r.failed)
+		}
+	}
+	for _, r := range rs {
+		if r.failed > 0 {
+			fmt.Fprintf(out, "target: every request answered: MISSED (%s: %d failed)\n", r.name, r.failed)
+			return errors.New("target missed")
+		}
+	}
 	if single == 0 || rs[1].hit() < 0.95*single {
 		fmt.Fprintf(out, "target: with sync, KV hit >= 95%% of the single router's: MISSED\n")
 		return errors.New("target missed")

@@ -84,6 +84,10 @@ type Options struct {
 	// Observer, when set, hears every booking the Controller makes and
 	// ends (router replicas share them: router/cluster).
 	Observer Observer
+	// Sessions, when set, gives each classifier partition its
+	// shared.PartitionContext.Sessions (router replicas share session
+	// bindings: router/cluster); nil: none.
+	Sessions func(model string, role shared.Role) shared.SessionStore
 }
 
 // Observer hears the bookings a Controller makes: Booked when a request
@@ -119,6 +123,7 @@ type Controller struct {
 	now      func() time.Time
 	onQueued func()
 	obs      Observer // nil: none
+	sessions func(model string, role shared.Role) shared.SessionStore
 
 	// dispatchMu serialises Dispatch calls: the queue's order is the
 	// point. Admissions never take it. blocked is Dispatch's scratch.
@@ -143,6 +148,7 @@ func New(core *router.Router, o Options) (*Controller, error) {
 		capacity: int64(o.Queue.MaxActiveRequests),
 		queueCfg: o.Queue,
 		factory:  o.Classifier,
+		sessions: o.Sessions,
 		now:      o.Now,
 		onQueued: o.OnQueued,
 		obs:      o.Observer,

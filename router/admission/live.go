@@ -124,6 +124,10 @@ func (c *Controller) classifierFor(model string, role shared.Role) (shared.Class
 		pc = cs.part(key)
 	}
 	pc.once.Do(func() {
+		var sessions shared.SessionStore
+		if c.sessions != nil {
+			sessions = c.sessions(model, role)
+		}
 		pc.c, pc.err = f.NewClassifier(shared.PartitionContext{
 			Model:     model,
 			Role:      role,
@@ -131,6 +135,7 @@ func (c *Controller) classifierFor(model string, role shared.Role) (shared.Class
 			Workers:   func() []shared.WorkerInfo { return c.core.PartitionInfos(model, role) },
 			Progress:  c.Progress,
 			Now:       c.now,
+			Sessions:  sessions,
 		})
 		if l, ok := pc.c.(shared.EventListener); ok && pc.err == nil && !sameComponent(pc.c, f) {
 			cs.addListener(l)

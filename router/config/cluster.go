@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/switchyard-router/switchyard/builtin"
 )
 
 // blockCluster is the cluster block's name.
@@ -37,6 +39,10 @@ const (
 	// streams: past it, it is ready on what it has (NATS may be away, and
 	// a partition never stops routing).
 	DefaultWarmTimeout = 30 * time.Second
+	// DefaultSharedSessionTTL is how long a shared session binding lives
+	// in the cluster's sessions bucket after its last send: the
+	// session-affinity classifier's default ttl (builtin.DefaultSessionTTL).
+	DefaultSharedSessionTTL = builtin.DefaultSessionTTL
 )
 
 // Cluster is the policy file's cluster block: router replicas that share
@@ -51,6 +57,7 @@ const (
 //	  heartbeat   = "1s"
 //	  snapshot_interval = "30s"                   # how often the prefix index is written for warm starts
 //	  warm_timeout      = "30s"                   # most time a starting replica waits to catch up
+//	  session_ttl = "10m"                         # shared session bindings expire after it
 //	}
 type Cluster struct {
 	// NATS is the NATS server URL, or several separated by commas.
@@ -67,6 +74,10 @@ type Cluster struct {
 	// DefaultWarmTimeout.
 	SnapshotInterval time.Duration
 	WarmTimeout      time.Duration
+	// SessionTTL is how long a shared session-affinity binding lives in
+	// the sessions bucket after its last send (DefaultSharedSessionTTL);
+	// set it to the classifier's ttl when that is not the default.
+	SessionTTL time.Duration
 	// Range is the block's definition.
 	Range hcl.Range
 }
@@ -80,6 +91,7 @@ var clusterSchema = &hcl.BodySchema{
 		{Name: "heartbeat"},
 		{Name: "snapshot_interval"},
 		{Name: "warm_timeout"},
+		{Name: "session_ttl"},
 	},
 }
 
@@ -101,7 +113,7 @@ func clusterToken(s string) bool {
 // clusterBlock decodes the cluster block into the PolicyFile.
 func (l *loader) clusterBlock(blk *hcl.Block) {
 	c := &Cluster{Name: DefaultClusterName, BookingTTL: DefaultBookingTTL, Heartbeat: DefaultHeartbeat,
-		SnapshotInterval: DefaultSnapshotInterval, WarmTimeout: DefaultWarmTimeout, Range: blk.DefRange}
+		SnapshotInterval: DefaultSnapshotInterval, WarmTimeout: DefaultWarmTimeout, SessionTTL: DefaultSharedSessionTTL, Range: blk.DefRange}
 	content, diags := blk.Body.Content(clusterSchema)
 	l.diags = append(l.diags, diags...)
 	if attr, ok := content.Attributes["nats"]; ok {
@@ -151,7 +163,8 @@ func (l *loader) clusterBlock(blk *hcl.Block) {
 		example string
 	}{{"booking_ttl", &c.BookingTTL, time.Second, time.Hour, "10s"}, {"heartbeat", &c.Heartbeat, 10 * time.Millisecond, time.Minute, "1s"},
 		{"snapshot_interval", &c.SnapshotInterval, 100 * time.Millisecond, time.Hour, "30s"},
-		{"warm_timeout", &c.WarmTimeout, 0, time.Hour, "30s"}} {
+		{"warm_timeout", &c.WarmTimeout, 0, time.Hour, "30s"},
+		{"session_ttl", &c.SessionTTL, time.Second, 24 * time.Hour, "10m"}} {
 		if attr, ok := content.Attributes[f.name]; ok {
 			if d, ok := l.durationAttr(attr); ok {
 				if d < f.lo || d > f.hi {

@@ -19,12 +19,12 @@ func TestClusterBlock(t *testing.T) {
 	if b, diags := load(""); b == nil || b.Cluster != nil {
 		t.Fatalf("no cluster block: %+v %s", b, diags)
 	}
-	b, diags := load("cluster {\n  nats = \"nats://10.0.0.1:4222,nats://10.0.0.2:4222\"\n  replica = \"router-0\"\n  name = \"llm\"\n  booking_ttl = \"30s\"\n  heartbeat = \"500ms\"\n  snapshot_interval = \"5s\"\n  warm_timeout = \"0s\"\n}\n")
+	b, diags := load("cluster {\n  nats = \"nats://10.0.0.1:4222,nats://10.0.0.2:4222\"\n  replica = \"router-0\"\n  name = \"llm\"\n  booking_ttl = \"30s\"\n  heartbeat = \"500ms\"\n  snapshot_interval = \"5s\"\n  warm_timeout = \"0s\"\n  session_ttl = \"30m\"\n}\n")
 	if b == nil || diags != "" {
 		t.Fatalf("diagnostics:\n%s", diags)
 	}
 	want := &Cluster{NATS: "nats://10.0.0.1:4222,nats://10.0.0.2:4222", Replica: "router-0", Name: "llm", BookingTTL: 30 * time.Second, Heartbeat: 500 * time.Millisecond,
-		SnapshotInterval: 5 * time.Second}
+		SnapshotInterval: 5 * time.Second, SessionTTL: 30 * time.Minute}
 	if diff := cmp.Diff(want, b.Cluster, cmpopts.IgnoreTypes(hcl.Range{})); diff != "" {
 		t.Fatalf("cluster (-want +got):\n%s", diff)
 	}
@@ -33,7 +33,7 @@ func TestClusterBlock(t *testing.T) {
 	host, _ := os.Hostname()
 	if b == nil || diags != "" || b.Cluster.Name != DefaultClusterName || b.Cluster.BookingTTL != DefaultBookingTTL ||
 		b.Cluster.Heartbeat != DefaultHeartbeat || b.Cluster.SnapshotInterval != DefaultSnapshotInterval ||
-		b.Cluster.WarmTimeout != DefaultWarmTimeout || (clusterToken(host) && b.Cluster.Replica != host) {
+		b.Cluster.WarmTimeout != DefaultWarmTimeout || b.Cluster.SessionTTL != 10*time.Minute || (clusterToken(host) && b.Cluster.Replica != host) {
 		t.Fatalf("defaults: %+v\n%s", b.Cluster, diags)
 	}
 	for _, tt := range []struct{ src, want string }{
@@ -45,6 +45,7 @@ func TestClusterBlock(t *testing.T) {
 		{"cluster {\n  nats = \"nats://x:4222\"\n  booking_ttl = \"2s\"\n  heartbeat = \"1500ms\"\n}\n", "c.hcl:1:1: error: booking_ttl too short"},
 		{"cluster {\n  nats = \"nats://x:4222\"\n  snapshot_interval = \"1ms\"\n}\n", "c.hcl:3:23: error: Invalid snapshot_interval"},
 		{"cluster {\n  nats = \"nats://x:4222\"\n  warm_timeout = \"-1s\"\n}\n", "error: Invalid warm_timeout"},
+		{"cluster {\n  nats = \"nats://x:4222\"\n  session_ttl = \"0s\"\n}\n", "c.hcl:3:17: error: Invalid session_ttl"},
 		{"cluster {\n  nats = \"nats://x:4222\"\n  port = 1\n}\n", "c.hcl:3:3: error: Unsupported argument"},
 		{"cluster {\n  nats = \"nats://x:4222\"\n}\ncluster {\n  nats = \"nats://x:4222\"\n}\n", "c.hcl:4:1: error: Duplicate cluster block"},
 	} {

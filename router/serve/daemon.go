@@ -255,6 +255,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// Replicas share their bookings and prefix records (the cluster
 	// block; read once at start, as the queue block is).
 	var rep *cluster.Replica
+	var sessions *cluster.Sessions
 	if c := b.Cluster(); c != nil {
 		rep, err = cluster.New(cluster.Options{Config: *c, Router: r, Registerer: reg, Logger: d.log,
 			Capacity: int64(d.queue.MaxActiveRequests),
@@ -265,13 +266,17 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		// And their session-affinity bindings.
+		if sessions, err = cluster.NewSessions(cluster.SessionsOptions{Config: *c, Router: r, Registerer: reg, Logger: d.log}); err != nil {
+			return err
+		}
 	}
 	opts := Options{
 		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log, Tokenizers: toks,
 		RequestTimeout: o.RequestTimeout, DrainTimeout: o.DrainTimeout, CharsPerToken: o.CharsPerToken,
 	}
 	if rep != nil {
-		opts.Observer = rep
+		opts.Observer, opts.Sessions = rep, sessions.For
 	}
 	if d.srv, err = New(opts); err != nil {
 		return err
@@ -309,6 +314,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		wg.Go(func() {
 			if err := rep.Run(bg); err != nil {
 				d.log.Error("the cluster block's NATS cannot be used; this replica routes alone", "error", err)
+			}
+		})
+		wg.Go(func() {
+			if err := sessions.Run(bg); err != nil {
+				d.log.Error("the cluster block's NATS cannot be used; session bindings stay local", "error", err)
 			}
 		})
 	}

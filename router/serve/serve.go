@@ -135,6 +135,9 @@ type Options struct {
 	// makes (admission.Options.Observer): router replicas share them
 	// (router/cluster).
 	Observer admission.Observer
+	// Sessions, when set, shares the classifiers' session bindings with
+	// the other replicas (admission.Options.Sessions, router/cluster).
+	Sessions func(model string, role shared.Role) shared.SessionStore
 }
 
 // Server is the OpenAI-compatible front end. Safe for concurrent use.
@@ -231,7 +234,7 @@ func New(o Options) (*Server, error) {
 	}
 	s.toks.Store(o.Tokenizers)
 	var err error
-	if s.adm, err = admission.New(o.Router, admission.Options{Queue: o.Queue, Classifier: o.Classifier, OnQueued: s.Wake, Observer: o.Observer}); err != nil {
+	if s.adm, err = admission.New(o.Router, admission.Options{Queue: o.Queue, Classifier: o.Classifier, OnQueued: s.Wake, Observer: o.Observer, Sessions: o.Sessions}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
