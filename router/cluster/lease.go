@@ -77,15 +77,6 @@ func encodeToken(s string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(s))
 }
 
-// decodeToken reverses encodeToken; false when tok is not one.
-func decodeToken(tok string) (string, bool) {
-	if tok == "_" {
-		return "", true
-	}
-	b, err := base64.RawURLEncoding.DecodeString(tok)
-	return string(b), err == nil
-}
-
 // Leases holds leases of one cluster for one holder. Make it with
 // openLeases; safe for concurrent use.
 type Leases struct {
