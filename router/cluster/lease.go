@@ -109,7 +109,8 @@ func openLeases(ctx context.Context, js jetstream.JetStream, c config.Cluster, h
 // key it runs run with a context that ends when the lease is lost or ctx
 // ends, and waits for run to return before competing again. A free key is
 // tried every renewal period (LeaseTTL/3). On return the lease is given
-// up (deleted) if held. key must be a valid KV key (LeaseKey makes one).
+// up (deleted) if held; so is it when run returns by itself (Hold then
+// competes again). key must be a valid KV key (LeaseKey makes one).
 func (l *Leases) Hold(ctx context.Context, key string, run func(ctx context.Context)) {
 	t := time.NewTicker(l.renew)
 	defer t.Stop()
@@ -135,8 +136,20 @@ func (l *Leases) take(ctx context.Context, key string) (uint64, error) {
 	return l.kv.Create(cctx, key, []byte(l.holder))
 }
 
+// release gives the lease (key at rev) up at once, so that another
+// holder takes it within its next try rather than after the TTL.
+func (l *Leases) release(ctx context.Context, key string, rev uint64) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := l.kv.Delete(dctx, key, jetstream.LastRevision(rev)); err != nil {
+		l.log.Warn("lease not given up; it expires after its TTL", "key", key, "ttl", l.ttl, "error", err)
+		return
+	}
+	l.log.Info("lease given up", "key", key)
+}
+
 // hold runs run while the lease (key at rev) is renewed, then gives it up
-// (ctx ended) or lets it go (lost).
+// (ctx ended, or run returned) or lets it go (lost).
 func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint64, run func(ctx context.Context)) {
 	l.log.Info("lease taken", "key", key, "holder", l.holder)
 	if l.held != nil {
@@ -159,18 +172,11 @@ func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint6
 		case <-ctx.Done():
 			stop()
 			<-done
-			// Given up at once, so that another holder takes it within
-			// its next try rather than after the TTL.
-			dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
-			defer cancel()
-			if err := l.kv.Delete(dctx, key, jetstream.LastRevision(rev)); err != nil {
-				l.log.Warn("lease not given up; it expires after its TTL", "key", key, "ttl", l.ttl, "error", err)
-			} else {
-				l.log.Info("lease given up", "key", key)
-			}
+			l.release(ctx, key, rev)
 			return
-		case <-done:
-			return // run ended by itself: the lease expires after its TTL
+		case <-done: // run ended by itself
+			l.release(ctx, key, rev)
+			return
 		case <-t.C:
 			cctx, cancel := context.WithTimeout(ctx, l.renew)
 			r, err := l.kv.Update(cctx, key, []byte(l.holder), rev)
