@@ -93,7 +93,9 @@ func kvStreamConfig(name, prefix string) jetstream.StreamConfig {
 // (the replicas forget what a previous relay sent), then subscribes to the
 // engine; a publish that fails stops the subscriber, and after relayRetry
 // it starts again with a clear, so that the replicas never apply a stream
-// with a hole as if it were whole.
+// with a hole as if it were whole. So does the stream made again (kvShare
+// watch): the subscriber's new start replays the engine's batches from
+// sequence 0 when the engine still buffers them.
 func (x *kvShare) relay(ctx context.Context, t RelayTarget) {
 	log := x.log.With("worker", t.Worker, "rank", t.Rank)
 	endpoint, err := kvevents.RankEndpoint(t.KVEvents.Endpoint, int(t.Rank))
@@ -107,7 +109,20 @@ func (x *kvShare) relay(ctx context.Context, t RelayTarget) {
 		return
 	}
 	for {
+		x.mu.Lock()
+		epoch := x.epoch
+		x.mu.Unlock()
 		sctx, fail := context.WithCancel(ctx)
+		// A stream made again (NATS restarted) lost what was relayed: the
+		// relay starts again on it.
+		go func() {
+			select {
+			case <-epoch:
+				log.Info("the KV events stream was made again; the relay starts again")
+				fail()
+			case <-sctx.Done():
+			}
+		}()
 		s := &relaySink{x: x, ctx: sctx, fail: fail, log: log, subject: kvSubject(x.prefix, t.Worker, t.Rank),
 			maxPayload: int(x.nc.MaxPayload())}
 		if s.send(opClear, nil) {
@@ -128,6 +143,8 @@ func (x *kvShare) relay(ctx context.Context, t RelayTarget) {
 		select {
 		case <-ctx.Done():
 			return
+		case <-epoch:
+			// Started again at once.
 		case <-time.After(relayRetry):
 		}
 	}

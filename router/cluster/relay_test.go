@@ -285,3 +285,100 @@ func TestMalformedKVMessagesAreDropped(t *testing.T) {
 		t.Errorf("applied %v batches, want 1", got)
 	}
 }
+
+// TestRelayNATSRestart: NATS restarts (its memory stream is lost). The
+// relay's publishes fail, so it starts again (a clear, then the engine's
+// replay from sequence 0) on the stream made anew; the other replica's
+// follow sees the stream made again and reads it from its start: both
+// indexes hold every block the engine published, live.
+func TestRelayNATSRestart(t *testing.T) {
+	port := freePort(t)
+	s, url := startNATS(t, port)
+	e := startEngine(t)
+	a := startNode(t, url, "a", 1, 1, nil)
+	b := startNode(t, url, "b", 1, 101, nil)
+	pa, pb := followW0(a), followW0(b)
+	target := RelayTarget{Worker: "w0", KVEvents: e.kvEvents()}
+	a.rep.RelayKV(target)
+	b.rep.RelayKV(target)
+	relaying(t, e, a, b)
+	holds(t, "a's index holds the engine's blocks", e, pa)
+	holds(t, "b's index holds the engine's blocks", e, pb)
+
+	s.Shutdown()
+	s.WaitForShutdown()
+	eventually(t, "both see NATS gone", func() bool { return !a.rep.Connected() && !b.rep.Connected() })
+	startNATS(t, port)
+	eventually(t, "both reconnect", func() bool { return a.rep.Connected() && b.rep.Connected() })
+	// The engine goes on publishing; the relay's next publish fails, or
+	// it sees the stream made again: it starts again (a second clear).
+	clears := func() float64 {
+		return testutil.ToFloat64(a.rep.kv.m.relayed.WithLabelValues("clear")) + testutil.ToFloat64(b.rep.kv.m.relayed.WithLabelValues("clear"))
+	}
+	eventually(t, "the relay starts again on the new stream, and both indexes go live", func() bool {
+		e.publish(t)
+		return clears() >= 2 && pa.Stats().Live && pb.Stats().Live
+	})
+	e.publish(t)
+	holds(t, "a's index holds every block after the restart", e, pa)
+	holds(t, "b's index holds every block after the restart", e, pb)
+}
+
+// TestKVStartSeq: a replica told a start sequence (Options.KVStartSeq)
+// applies its candidate's messages from that stream sequence on only.
+func TestKVStartSeq(t *testing.T) {
+	_, url := startNATS(t, 0)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateOrUpdateStream(ctx, kvStreamConfig("test", "switchyard.test.")); err != nil {
+		t.Fatal(err)
+	}
+	var enc kvevents.Encoder
+	subject := kvSubject("switchyard.test.", "w0", 0)
+	var seqs []uint64
+	for h := range uint64(3) {
+		payload, err := enc.Encode(&kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored,
+			BlockHashes: []uint64{h + 1}, TokenIDs: []int64{int64(h), 0, 0, 0}, BlockSize: 4}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ack, err := js.Publish(ctx, subject, append([]byte{opApply}, payload...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		seqs = append(seqs, ack.Sequence)
+		// Another candidate's message between them: sequences are the
+		// stream's, not the subject's.
+		if _, err := js.Publish(ctx, kvSubject("switchyard.test.", "w1", 0), []byte{opClear}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var asked []string
+	var mu sync.Mutex
+	a := startNode(t, url, "a", 1, 1, func(c *config.Cluster) {})
+	a.rep.kv.startSeq = func(worker string, rank uint32) uint64 {
+		mu.Lock()
+		defer mu.Unlock()
+		asked = append(asked, worker)
+		return seqs[1]
+	}
+	pa := followW0(a)
+	eventually(t, "a caught up", a.rep.KVCaughtUp)
+	eventually(t, "two batches applied", func() bool { return pa.Stats().Stored == 2 })
+	if got := testutil.ToFloat64(a.rep.kv.m.kvConsumed.WithLabelValues("apply")); got != 2 {
+		t.Errorf("applied %v batches from sequence %d, want 2", got, seqs[1])
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 1 || asked[0] != "w0" {
+		t.Errorf("KVStartSeq asked for %v, want [w0]", asked)
+	}
+}
