@@ -30,7 +30,7 @@ type engine struct {
 	enc    kvevents.Encoder
 }
 
-func startEngine(t *testing.T) *engine {
+func startEngine(t testing.TB) *engine {
 	t.Helper()
 	pub, err := kvevents.NewPublisher("tcp://127.0.0.1:0", "tcp://127.0.0.1:0", "", 0)
 	if err != nil {
@@ -76,14 +76,22 @@ func (e *engine) kvEvents() config.KVEvents {
 }
 
 // publish publishes a batch storing one new block (4 tokens, no parent).
-func (e *engine) publish(t *testing.T) {
+func (e *engine) publish(t testing.TB) { e.publishBlocks(t, 1) }
+
+// publishBlocks publishes a batch storing n new blocks of 4 tokens, a
+// chain (the first without a parent).
+func (e *engine) publishBlocks(t testing.TB, n int) {
 	t.Helper()
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.blocks++
-	n := int64(e.blocks)
-	payload, err := e.enc.Encode(&kvevents.Batch{TS: 1, Events: []kvevents.Event{{Kind: kvevents.BlockStored,
-		BlockHashes: []uint64{e.blocks}, TokenIDs: []int64{n, n, n, n}, BlockSize: 4}}})
+	ev := kvevents.Event{Kind: kvevents.BlockStored, BlockSize: 4}
+	for range n {
+		e.blocks++
+		ev.BlockHashes = append(ev.BlockHashes, e.blocks)
+		x := int64(e.blocks)
+		ev.TokenIDs = append(ev.TokenIDs, x, x, x, x)
+	}
+	payload, err := e.enc.Encode(&kvevents.Batch{TS: 1, Events: []kvevents.Event{ev}})
 	if err != nil {
 		t.Fatal(err)
 	}
