@@ -44,7 +44,10 @@ type kvShare struct {
 	nc     *nats.Conn
 	js     jetstream.JetStream
 	leases *Leases
-	ready  chan struct{} // closed once leases and the stream are there
+	ready  chan struct{} // closed once leases is set
+
+	needed   chan struct{} // closed once a candidate is followed or relayed
+	needOnce sync.Once
 
 	mu       sync.Mutex
 	followed map[*follow]struct{}
@@ -55,27 +58,42 @@ type kvShare struct {
 func newKVShare(c config.Cluster, holder string, m *kvMetrics, log hclog.Logger, startSeq func(string, uint32) uint64) *kvShare {
 	prefix := "switchyard." + c.Name + "."
 	return &kvShare{c: c, holder: holder, prefix: prefix, stream: kvStreamConfig(c.Name, prefix), log: log, m: m, startSeq: startSeq,
-		ready: make(chan struct{}), followed: map[*follow]struct{}{}, epoch: make(chan struct{})}
+		ready: make(chan struct{}), needed: make(chan struct{}), followed: map[*follow]struct{}{}, epoch: make(chan struct{})}
 }
 
-// run makes sure the stream and the lease bucket exist (retrying every
-// second while NATS refuses), then runs the follows and relays until ctx
-// ends, and waits for them (the relays give their leases up).
+// run makes sure the lease bucket exists, then, once a candidate is
+// followed or relayed, the KV stream (retrying every second while NATS
+// refuses: a cluster without kv_events blocks never makes the stream nor
+// reserves its memory), then runs the follows and relays until ctx ends,
+// and waits for them (the relays give their leases up).
 func (x *kvShare) run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) {
 	x.nc, x.js = nc, js
-	for {
-		err := x.ensure(ctx)
-		if err == nil {
-			break
-		}
-		x.log.Warn("KV events stream not available; retrying", "error", err)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(time.Second):
+	retry := func(what string, f func(context.Context) error) bool {
+		for {
+			err := f(ctx)
+			if err == nil {
+				return true
+			}
+			x.log.Warn(what+" not available; retrying", "error", err)
+			select {
+			case <-ctx.Done():
+				return false
+			case <-time.After(time.Second):
+			}
 		}
 	}
+	if !retry("lease bucket", x.openLeases) {
+		return
+	}
 	close(x.ready)
+	select {
+	case <-ctx.Done():
+		return
+	case <-x.needed:
+	}
+	if !retry("KV events stream", x.ensure) {
+		return
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { x.watch(ctx) })
 	wg.Go(func() { x.follows.run(ctx) })
@@ -83,8 +101,20 @@ func (x *kvShare) run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 	wg.Wait()
 }
 
-// ensure makes the KV stream and the lease bucket, and notes the stream's
-// creation time.
+// openLeases opens the lease bucket.
+func (x *kvShare) openLeases(ctx context.Context) error {
+	l, err := openLeases(ctx, x.js, x.c, x.holder, x.m.leasesHeld, x.log)
+	if err != nil {
+		return err
+	}
+	x.leases = l
+	return nil
+}
+
+// need notes that a candidate is followed or relayed: the stream is made.
+func (x *kvShare) need() { x.needOnce.Do(func() { close(x.needed) }) }
+
+// ensure makes the KV stream and notes its creation time.
 func (x *kvShare) ensure(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -95,11 +125,6 @@ func (x *kvShare) ensure(ctx context.Context) error {
 	x.mu.Lock()
 	x.created = s.CachedInfo().Created
 	x.mu.Unlock()
-	if x.leases == nil {
-		if x.leases, err = openLeases(ctx, x.js, x.c, x.holder, x.m.leasesHeld, x.log); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 
@@ -141,6 +166,7 @@ func (r *Replica) RelayKV(t RelayTarget) (stop func()) { return r.kv.RelayKV(t) 
 // RelayKV: see Replica.RelayKV.
 func (x *kvShare) RelayKV(t RelayTarget) (stop func()) {
 	key := LeaseKey("relay", t.Worker, fmt.Sprint(t.Rank))
+	x.need()
 	return x.relays.add(func(ctx context.Context) {
 		x.leases.Hold(ctx, key, func(ctx context.Context) { x.relay(ctx, t) })
 	})
@@ -182,6 +208,7 @@ func (r *Replica) FollowKV(worker string, rank uint32, sink kvevents.Sink) (stop
 	x.mu.Lock()
 	x.followed[f] = struct{}{}
 	x.mu.Unlock()
+	x.need()
 	remove := x.follows.add(func(ctx context.Context) { x.follow(ctx, f) })
 	return func() {
 		remove()

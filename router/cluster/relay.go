@@ -57,6 +57,10 @@ const kvStreamBytes = 256 << 20
 // relayRetry paces a relay's restarts (after a publish failure).
 const relayRetry = time.Second
 
+// defaultMaxPayload is NATS's default max_payload, taken while the
+// server has not said its own.
+const defaultMaxPayload = 1 << 20
+
 // publishTimeout bounds one acknowledged publish.
 const publishTimeout = 5 * time.Second
 
@@ -125,6 +129,9 @@ func (x *kvShare) relay(ctx context.Context, t RelayTarget) {
 		}()
 		s := &relaySink{x: x, ctx: sctx, fail: fail, log: log, subject: kvSubject(x.prefix, t.Worker, t.Rank),
 			maxPayload: int(x.nc.MaxPayload())}
+		if s.maxPayload <= 0 { // not told by the server yet
+			s.maxPayload = defaultMaxPayload
+		}
 		if s.send(opClear, nil) {
 			sub, err := kvevents.Subscribe(sctx, kvevents.Options{
 				Endpoint: endpoint, Topic: t.KVEvents.Topic, ReplayEndpoint: replay,
