@@ -164,3 +164,90 @@ cluster {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestKVRelayKilledE2E: two `router kv-relay` processes compete for one
+// engine's lease; the holder is SIGKILLed (it never gives the lease up):
+// once the lease expired the other takes it and relays the engine.
+func TestKVRelayKilledE2E(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	kvPort := consecutivePorts(t, 1)
+	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--block-size", "16",
+		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", kvPort))
+	policy := filepath.Join(t.TempDir(), "policy.hcl")
+	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`worker "w" {
+  url = %q
+  kv_events {
+    endpoint = "tcp://127.0.0.1:%d"
+  }
+}
+
+cluster {
+  nats      = %q
+  replica   = "sidecar"
+  name      = "killed"
+  heartbeat = "200ms"
+}
+`, engine.url, kvPort, ns.ClientURL())), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := e2eClient(t)
+	relays := []*e2eProc{
+		startProc(t, routerBin, "kv-relay", "--policy", policy, "--metrics-listen", "127.0.0.1:0"),
+		startProc(t, routerBin, "kv-relay", "--policy", policy, "--metrics-listen", "127.0.0.1:0"),
+	}
+	held := func(p *e2eProc) float64 {
+		m, err := scrape(c, p.url)
+		if err != nil {
+			return -1
+		}
+		return m["switchyard_cluster_leases_held"]
+	}
+	var holder, waiting *e2eProc
+	deadline := time.Now().Add(time.Minute)
+	for holder == nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("no relay holds the lease within a minute\n%s\n%s", relays[0].stderr, relays[1].stderr)
+		}
+		switch a, b := held(relays[0]), held(relays[1]); {
+		case a == 1 && b == 0:
+			holder, waiting = relays[0], relays[1]
+		case b == 1 && a == 0:
+			holder, waiting = relays[1], relays[0]
+		default:
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	holder.kill()
+	// The engine publishes when its cache changes: requests sent to it
+	// directly until the other relay has published a batch.
+	sent := 0
+	waitMetrics(t, c, waiting, time.Minute, "the other relay takes the expired lease and relays", func(m map[string]float64) bool {
+		if m["switchyard_cluster_leases_held"] == 1 && m[`switchyard_cluster_kv_relayed_total{op="apply"}`] > 0 {
+			return true
+		}
+		ids := make([]string, 33) // two blocks of 16 tokens
+		for j := range ids {
+			ids[j] = fmt.Sprint(1000*sent + j)
+		}
+		sent++
+		resp, err := c.Post(engine.url+"/v1/completions", "application/json",
+			strings.NewReader(fmt.Sprintf(`{"model":"mock","max_tokens":1,"prompt":[%s]}`, strings.Join(ids, ","))))
+		if err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		}
+		return false
+	})
+	if strings.Contains(waiting.stderr.String(), "lease given up") {
+		t.Errorf("the waiting relay gave a lease up:\n%s", waiting.stderr)
+	}
+}
