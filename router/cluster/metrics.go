@@ -67,3 +67,37 @@ func newMetrics(reg prometheus.Registerer, r *Replica) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// kvMetrics are the series of the KV-events relay and its consumers
+// (docs/replicas.md), a replica's and a `router kv-relay`'s.
+type kvMetrics struct {
+	leasesHeld    prometheus.Gauge
+	relayed       *prometheus.CounterVec // op
+	relayFailures *prometheus.CounterVec // reason
+	kvConsumed    *prometheus.CounterVec // op
+	kvDropped     *prometheus.CounterVec // reason
+}
+
+func newKVMetrics(reg prometheus.Registerer) (*kvMetrics, error) {
+	m := &kvMetrics{
+		leasesHeld: prometheus.NewGauge(prometheus.GaugeOpts{Name: "switchyard_cluster_leases_held",
+			Help: "Leases this process holds now (one per engine rank it relays)."}),
+		relayed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_kv_relayed_total",
+			Help: "KV events messages this process's relays published to the stream, by op (apply: one engine batch; clear; live)."}, []string{"op"}),
+		relayFailures: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_kv_relay_failures_total",
+			Help: "KV events a relay could not publish as they were, by reason: publish (the relay starts again), too_large (over NATS's max_payload: a clear sent instead), encode."}, []string{"reason"}),
+		kvConsumed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_kv_consumed_total",
+			Help: "KV events messages applied from the stream to this replica's precise indexes, by op (apply, clear, live)."}, []string{"op"}),
+		kvDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_kv_dropped_total",
+			Help: "KV events messages from the stream not applied, by reason: malformed (the index is cleared)."}, []string{"reason"}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.leasesHeld, m.relayed, m.relayFailures, m.kvConsumed, m.kvDropped} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}

@@ -76,6 +76,10 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Logger receives the cluster's logs; nil discards them.
 	Logger hclog.Logger
+	// KVStartSeq, when set, returns the KV-events stream sequence from
+	// which candidate (worker, rank) is followed (FollowKV); 0, or nil:
+	// from the stream's first message.
+	KVStartSeq func(worker string, rank uint32) uint64
 }
 
 // Replica is this router's membership in a cluster of replicas. Its
@@ -117,6 +121,7 @@ type Replica struct {
 	snapMu     sync.Mutex
 	snapLoaded *SnapshotState
 	m          *metrics
+	kv         *kvShare // engine KV events: relays and follows (kvfeed.go)
 	// applied, when set (tests, benchmarks), is called with each applied
 	// booked record's id and decision time, under mu.
 	applied func(id string, at int64)
@@ -158,6 +163,11 @@ func New(o Options) (*Replica, error) {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	r.m = m
+	km, err := newKVMetrics(o.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	r.kv = newKVShare(o.Config, r.self, km, r.log, o.KVStartSeq)
 	return r, nil
 }
 
@@ -299,6 +309,7 @@ func (r *Replica) Run(ctx context.Context) error {
 	wg.Go(func() { r.publish(pctx, nc) })
 	wg.Go(func() { r.expire(pctx) })
 	wg.Go(func() { r.writeSnapshots(pctx, js) })
+	wg.Go(func() { r.kv.run(pctx, nc, js) })
 	defer func() {
 		stopPub()
 		wg.Wait()

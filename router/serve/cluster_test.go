@@ -16,8 +16,11 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-router/switchyard/router/mockworker"
+	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -112,6 +115,135 @@ func TestDaemonReplicasShareBookings(t *testing.T) {
 	}
 	if !strings.Contains(a.logs.String(), "joined the cluster") {
 		t.Fatalf("a's logs do not say it joined:\n%s", a.logs)
+	}
+}
+
+// TestDaemonReplicasShareKVEvents: two daemons with a cluster block and
+// one worker whose engine publishes KV events: one relay (the lease
+// holder's) subscribes to the engine, and both daemons' precise indexes
+// of the worker go live from the cluster's stream and hold the same
+// blocks; /debug/workers' event stream says "live" on both.
+func TestDaemonReplicasShareKVEvents(t *testing.T) {
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(30 * time.Second) {
+		t.Fatal("nats not ready")
+	}
+	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	m, err := mockworker.New(mockworker.Config{Speedup: 5, BlockTokens: 16,
+		KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsReplayEndpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(m)
+	t.Cleanup(func() { hs.Close(); m.Close() })
+	pub, replay := m.KVEventsAddr(0)
+	start := func(replica string) *runningDaemon {
+		path := filepath.Join(t.TempDir(), "policy.hcl")
+		policy := daemonPolicy("rr") + fmt.Sprintf(`
+worker "w0" {
+  url             = %q
+  models          = ["m"]
+  total_kv_blocks = 1000
+  kv_events {
+    endpoint        = "tcp://%s"
+    replay_endpoint = "tcp://%s"
+  }
+}
+cluster {
+  nats        = %q
+  replica     = %q
+  name        = "t"
+  heartbeat   = "100ms"
+  booking_ttl = "5s"
+}
+`, hs.URL, pub, replay, ns.ClientURL(), replica)
+		if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		reg := prometheus.NewRegistry()
+		rd := startDaemon(t, DaemonOptions{PolicyFile: path, Registry: reg})
+		rd.waitWorkers(t, "w0")
+		return rd
+	}
+	a, b := start("a"), start("b")
+	id := workers.ID("w0")
+	precise := func(rd *runningDaemon) prefix.PreciseStats {
+		p := rd.d.r.PrefixPrecise(id, 0)
+		if p == nil {
+			return prefix.PreciseStats{}
+		}
+		return p.Stats()
+	}
+	metric := func(rd *runningDaemon, name string) float64 {
+		mfs, err := rd.d.o.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum := 0.0
+		for _, mf := range mfs {
+			if mf.GetName() == name {
+				for _, m := range mf.GetMetric() {
+					sum += m.GetGauge().GetValue() + m.GetCounter().GetValue()
+				}
+			}
+		}
+		return sum
+	}
+	eventually := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within a minute; a: %+v, b: %+v\nlogs a:\n%s\nlogs b:\n%s", what, precise(a), precise(b), a.logs, b.logs)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	// Requests through a until both indexes are live and hold blocks (the
+	// relay subscribes some time after the lease; its first batch replays
+	// the engine's from sequence 0).
+	for i := 0; ; i++ {
+		ids := make([]string, 33) // two blocks of 16 tokens, known by id (the engine's events carry them)
+		for j := range ids {
+			ids[j] = fmt.Sprint(1000*i + j)
+		}
+		resp, err := post(t, context.Background(), a.base+"/v1/completions",
+			fmt.Sprintf(`{"model":"m","max_tokens":1,"prompt":[%s]}`, strings.Join(ids, ",")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		pa, pb := precise(a), precise(b)
+		if pa.Live && pb.Live && pa.Blocks > 0 && pb.Blocks > 0 {
+			break
+		}
+		if i == 3000 {
+			t.Fatalf("indexes not live after %d requests: a %+v, b %+v\nlogs a:\n%s\nlogs b:\n%s", i, pa, pb, a.logs, b.logs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	eventually("both indexes hold the same blocks", func() bool {
+		pa, pb := precise(a), precise(b)
+		return pa.Blocks == pb.Blocks && pa.Stored == pb.Stored && pa.Removed == pb.Removed
+	})
+	if got := metric(a, "switchyard_cluster_leases_held") + metric(b, "switchyard_cluster_leases_held"); got != 1 {
+		t.Errorf("leases held by both daemons: %v, want 1", got)
+	}
+	for _, rd := range []*runningDaemon{a, b} {
+		st, ok := rd.d.kvs.stream(id, 0)
+		if !ok || st.State != "live" || st.Received == 0 {
+			t.Errorf("event stream %+v (%v), want live with events", st, ok)
+		}
+		rd.d.kvs.mu.Lock()
+		s := rd.d.kvs.subs[prefix.Candidate{ID: id}]
+		rd.d.kvs.mu.Unlock()
+		if s == nil || s.sub != nil || s.feed == nil {
+			t.Errorf("the daemon's candidate %+v: want fed from the stream, not subscribed to the engine", s)
+		}
 	}
 }
 

@@ -222,8 +222,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 	}()
 	// The workers with a kv_events block get their engines' KV events
-	// followed as they join (kvSubs wraps the Router's membership).
-	kvs := newKVSubs(r, d.log)
+	// followed as they join (kvSubs wraps the Router's membership); with
+	// a cluster block, from the cluster's stream (useCluster below).
+	kvs := newKVSubs(r, d.log, b.Cluster() != nil)
 	defer kvs.close()
 	mgr, err := workers.NewManager(kvs, workers.Options{
 		Logger: d.log, Registerer: reg, ScrapeInterval: o.ScrapeInterval, BlockSize: r.BlockSize(),
@@ -270,6 +271,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		if sessions, err = cluster.NewSessions(cluster.SessionsOptions{Config: *c, Router: r, Registerer: reg, Logger: d.log}); err != nil {
 			return err
 		}
+		kvs.useCluster(rep)
 	}
 	opts := Options{
 		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log, Tokenizers: toks,

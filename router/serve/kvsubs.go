@@ -3,10 +3,12 @@ package serve
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/cluster"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/kvevents"
@@ -28,10 +30,19 @@ import (
 // itself. It stops, and the candidate's precise index is dropped, when the
 // worker leaves the configuration (setWorkers) and when the daemon stops
 // (close); a changed kv_events block starts it again on the new one.
+//
+// With a cluster block (clustered) no candidate subscribes to its engine
+// itself: its precise index is fed from the cluster's KV-events stream
+// (cluster.Replica.FollowKV), and the replica competes for the relay
+// lease of the candidate (cluster.Replica.RelayKV), relaying the engine
+// into the stream while it holds it (docs/replicas.md). The candidates
+// started before the Replica exists (useCluster) are handed to it then.
 type kvSubs struct {
-	r   *router.Router
-	log hclog.Logger
-	ctx context.Context // the subscribers' parent; close cancels it
+	r         *router.Router
+	log       hclog.Logger
+	ctx       context.Context // the subscribers' parent; close cancels it
+	clustered bool
+	rep       *cluster.Replica // set by useCluster; nil before
 
 	mu      sync.Mutex
 	cfgs    map[string]*config.KVEvents // the kv_events block of each configured worker that has one, by name
@@ -41,18 +52,60 @@ type kvSubs struct {
 	wg      sync.WaitGroup
 }
 
-// kvSub is one candidate's subscriber.
+// kvSub is one candidate's subscriber, or its feed from the cluster's
+// stream (clustered).
 type kvSub struct {
 	name    string
 	cfg     config.KVEvents
 	cancel  context.CancelFunc
-	sub     *kvevents.Subscriber
+	sub     *kvevents.Subscriber // nil when clustered
 	precise *prefix.Precise
+	feed    *feedSink // clustered: what the stream delivered
 }
 
-func newKVSubs(r *router.Router, log hclog.Logger) *kvSubs {
+// newKVSubs returns the kvSubs of r; clustered: the candidates are fed
+// from the cluster's stream (useCluster) instead of their engines.
+func newKVSubs(r *router.Router, log hclog.Logger, clustered bool) *kvSubs {
 	ctx, stop := context.WithCancel(context.Background())
-	return &kvSubs{r: r, log: log, ctx: ctx, stop: stop, cfgs: map[string]*config.KVEvents{}, subs: map[prefix.Candidate]*kvSub{}}
+	return &kvSubs{r: r, log: log, ctx: ctx, stop: stop, clustered: clustered, cfgs: map[string]*config.KVEvents{}, subs: map[prefix.Candidate]*kvSub{}}
+}
+
+// useCluster hands the candidates to rep (clustered): each is followed
+// from the stream, and rep competes for its relay lease, from now on.
+func (k *kvSubs) useCluster(rep *cluster.Replica) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.rep = rep
+	for c, s := range k.subs {
+		k.feedLocked(c, s)
+	}
+}
+
+// feedLocked follows candidate c from the stream and competes for its
+// relay lease. k.mu is held; k.rep is set.
+func (k *kvSubs) feedLocked(c prefix.Candidate, s *kvSub) {
+	stopFollow := k.rep.FollowKV(s.name, c.Rank, s.feed)
+	stopRelay := k.rep.RelayKV(cluster.RelayTarget{Worker: s.name, Rank: c.Rank, KVEvents: s.cfg})
+	s.cancel = func() { stopFollow(); stopRelay() }
+}
+
+// feedSink is a candidate's precise index fed from the cluster's stream,
+// counting what it delivered for /debug/workers.
+type feedSink struct {
+	*prefix.Precise
+	events, clears atomic.Uint64
+}
+
+// Apply applies b (kvevents.Sink).
+func (f *feedSink) Apply(b *kvevents.Batch) {
+	f.events.Add(uint64(len(b.Events)))
+	f.Precise.Apply(b)
+}
+
+// Clear clears the index (kvevents.Sink).
+func (f *feedSink) Clear() {
+	f.clears.Add(1)
+	f.Precise.Clear()
 }
 
 // AddWorker joins s to the Router's fleet (workers.Membership) and, when
@@ -106,6 +159,15 @@ func (k *kvSubs) start(c prefix.Candidate, name string, cfg config.KVEvents) {
 	p := k.r.PrefixPrecise(c.ID, c.Rank)
 	if p == nil {
 		return // it left again meanwhile; its next join starts it
+	}
+	if k.clustered {
+		s := &kvSub{name: name, cfg: cfg, cancel: func() {}, precise: p, feed: &feedSink{Precise: p}}
+		k.subs[c] = s
+		if k.rep != nil {
+			k.feedLocked(c, s)
+		}
+		log.Info("following KV events from the cluster's stream", "endpoint", endpoint)
+		return
 	}
 	ctx, cancel := context.WithCancel(k.ctx)
 	sub, err := kvevents.Subscribe(ctx, kvevents.Options{
@@ -196,6 +258,22 @@ func (k *kvSubs) stream(id shared.WorkerID, rank uint32) (workers.EventStream, b
 	k.mu.Unlock()
 	if s == nil {
 		return workers.EventStream{}, false
+	}
+	if s.feed != nil {
+		// Fed from the cluster's stream: "connecting" until it delivered
+		// anything; gaps are the clears the relay sent (a relay starting,
+		// a gap it could not replay, the engine restarting).
+		ps := s.precise.Stats()
+		events, clears := s.feed.events.Load(), s.feed.clears.Load()
+		state := "connecting"
+		switch {
+		case ps.Live:
+			state = "live"
+		case events > 0 || clears > 0:
+			state = "cold"
+		}
+		return workers.EventStream{State: state, Received: events, Gaps: clears, Evicted: ps.Evicted,
+			Skipped: ps.SkippedTier + ps.SkippedBlockSize + ps.SkippedParent + ps.SkippedGroup + ps.SkippedMalformed}, true
 	}
 	st, ps := s.sub.Stats(), s.precise.Stats()
 	state := st.State.String()

@@ -1,0 +1,199 @@
+package cluster
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-router/switchyard/router/config"
+)
+
+// Leases.
+//
+// A lease is a key of the JetStream KV bucket <cluster>-leases (memory
+// storage, one revision kept, keys expiring LeaseTTL after their last
+// write). Whoever holds a key runs what the key stands for (a relay of
+// one engine's KV events, relay.go); the others wait for it to be free:
+//
+//   - take: kv.Create (only when the key is absent, deleted or expired);
+//   - keep: kv.Update(key, holder, last revision) every heartbeat; an
+//     update that fails for a revision mismatch means another holder took
+//     the key (it expired meanwhile): the run is stopped at once. An update
+//     that fails otherwise (NATS away) is retried every heartbeat until
+//     LeaseTTL has passed since the last renewal, then the run is stopped
+//     too: by then the key has expired and another may hold it;
+//   - give up: on a clean stop the key is deleted (at its revision), so a
+//     waiting replica takes it within a heartbeat; a holder that dies
+//     leaves it to expire after LeaseTTL.
+//
+// Two holders can overlap only while one has not yet seen its renewal
+// fail: at most a heartbeat, and only after it could not renew for a
+// whole TTL.
+
+// LeaseTTL is how long a lease outlives its holder's last renewal: three
+// heartbeats (config.Cluster.Heartbeat, renewed every heartbeat), at least
+// minLeaseTTL. Every replica of a cluster should run with the same
+// heartbeat: the bucket's TTL is the last one set.
+func LeaseTTL(c config.Cluster) time.Duration {
+	hb := c.Heartbeat
+	if hb <= 0 {
+		hb = config.DefaultHeartbeat
+	}
+	return max(3*hb, minLeaseTTL)
+}
+
+// minLeaseTTL keeps leases from flapping on a busy machine when the
+// heartbeat is very short.
+const minLeaseTTL = time.Second
+
+// LeaseKey returns the KV key of a lease named by kind and parts: kind,
+// then each part encoded base64url without padding (so any worker name
+// makes a valid key and subject token), joined by dots, e.g.
+// LeaseKey("relay", "vllm-0", "0") = "relay.dmxsbS0w.MA". kind must be
+// letters, digits, '-' or '_'.
+func LeaseKey(kind string, parts ...string) string {
+	var b strings.Builder
+	b.WriteString(kind)
+	for _, p := range parts {
+		b.WriteByte('.')
+		b.WriteString(encodeToken(p))
+	}
+	return b.String()
+}
+
+// encodeToken encodes s as one NATS subject token or KV key segment:
+// base64url without padding ("_" for the empty string).
+func encodeToken(s string) string {
+	if s == "" {
+		return "_"
+	}
+	return base64.RawURLEncoding.EncodeToString([]byte(s))
+}
+
+// Leases holds leases of one cluster for one holder. Make it with
+// openLeases; safe for concurrent use.
+type Leases struct {
+	kv     jetstream.KeyValue
+	holder string
+	renew  time.Duration
+	ttl    time.Duration
+	log    hclog.Logger
+	held   prometheus.Gauge
+}
+
+// openLeases makes sure the bucket <cluster>-leases exists and returns
+// holder's Leases on it. held counts the leases held (may be nil).
+func openLeases(ctx context.Context, js jetstream.JetStream, c config.Cluster, holder string, held prometheus.Gauge, log hclog.Logger) (*Leases, error) {
+	ttl := LeaseTTL(c)
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	bucket := c.Name + "-leases"
+	kv, err := js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{
+		Bucket: bucket, Description: "switchyard leases (docs/replicas.md)",
+		History: 1, TTL: ttl, Storage: jetstream.MemoryStorage,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lease bucket %s: %w", bucket, err)
+	}
+	return &Leases{kv: kv, holder: holder, renew: ttl / 3, ttl: ttl, held: held, log: log}, nil
+}
+
+// Hold competes for the lease key until ctx ends: whenever it holds the
+// key it runs run with a context that ends when the lease is lost or ctx
+// ends, and waits for run to return before competing again. A free key is
+// tried every renewal period (LeaseTTL/3). On return the lease is given
+// up (deleted) if held; so is it when run returns by itself (Hold then
+// competes again). key must be a valid KV key (LeaseKey makes one).
+func (l *Leases) Hold(ctx context.Context, key string, run func(ctx context.Context)) {
+	t := time.NewTicker(l.renew)
+	defer t.Stop()
+	for {
+		rev, err := l.take(ctx, key)
+		switch {
+		case err == nil:
+			l.hold(ctx, t, key, rev, run)
+		case !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil:
+			l.log.Debug("lease not taken", "key", key, "error", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (l *Leases) take(ctx context.Context, key string) (uint64, error) {
+	cctx, cancel := context.WithTimeout(ctx, l.renew)
+	defer cancel()
+	return l.kv.Create(cctx, key, []byte(l.holder))
+}
+
+// release gives the lease (key at rev) up at once, so that another
+// holder takes it within its next try rather than after the TTL.
+func (l *Leases) release(ctx context.Context, key string, rev uint64) {
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := l.kv.Delete(dctx, key, jetstream.LastRevision(rev)); err != nil {
+		l.log.Warn("lease not given up; it expires after its TTL", "key", key, "ttl", l.ttl, "error", err)
+		return
+	}
+	l.log.Info("lease given up", "key", key)
+}
+
+// hold runs run while the lease (key at rev) is renewed, then gives it up
+// (ctx ended, or run returned) or lets it go (lost).
+func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint64, run func(ctx context.Context)) {
+	l.log.Info("lease taken", "key", key, "holder", l.holder)
+	if l.held != nil {
+		l.held.Inc()
+		defer l.held.Dec()
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		run(rctx)
+	}()
+	defer func() {
+		stop()
+		<-done
+	}()
+	renewed := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			stop()
+			<-done
+			l.release(ctx, key, rev)
+			return
+		case <-done: // run ended by itself
+			l.release(ctx, key, rev)
+			return
+		case <-t.C:
+			cctx, cancel := context.WithTimeout(ctx, l.renew)
+			r, err := l.kv.Update(cctx, key, []byte(l.holder), rev)
+			cancel()
+			switch {
+			case err == nil:
+				rev, renewed = r, time.Now()
+			case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
+				l.log.Warn("lease lost: another holder took it", "key", key)
+				return
+			case ctx.Err() != nil:
+			case time.Since(renewed) >= l.ttl:
+				l.log.Warn("lease lost: not renewed within its TTL", "key", key, "ttl", l.ttl, "error", err)
+				return
+			default:
+				l.log.Debug("lease not renewed; retrying", "key", key, "error", err)
+			}
+		}
+	}
+}
