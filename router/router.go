@@ -469,9 +469,10 @@ func (r *Router) PrefixRecord(id shared.WorkerID, rank uint32, blockSize int, ha
 }
 
 // PrefixImport puts exported content on member (id, rank) as
-// prefix.Index.Import does; false when it is not a member or the content
-// is malformed.
-func (r *Router) PrefixImport(id shared.WorkerID, rank uint32, c prefix.Content) bool {
+// prefix.Index.Import does: ok is false when it is not a member or the
+// content is malformed; precise reports its precise index took the
+// content's.
+func (r *Router) PrefixImport(id shared.WorkerID, rank uint32, c prefix.Content) (ok, precise bool) {
 	return r.index.Import(prefix.Candidate{ID: id, Rank: rank}, c)
 }
 

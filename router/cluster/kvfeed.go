@@ -36,6 +36,9 @@ type kvShare struct {
 	log      hclog.Logger
 	m        *kvMetrics
 	startSeq func(worker string, rank uint32) uint64
+	// gate, when set, is closed once the follows may start: the replica
+	// has looked for its warm-start snapshot (set before run).
+	gate <-chan struct{}
 
 	follows taskSet
 	relays  taskSet
@@ -96,7 +99,16 @@ func (x *kvShare) run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream
 	}
 	var wg sync.WaitGroup
 	wg.Go(func() { x.watch(ctx) })
-	wg.Go(func() { x.follows.run(ctx) })
+	wg.Go(func() {
+		if x.gate != nil {
+			select {
+			case <-ctx.Done():
+				return
+			case <-x.gate:
+			}
+		}
+		x.follows.run(ctx)
+	})
 	wg.Go(func() { x.relays.run(ctx) })
 	wg.Wait()
 }
@@ -234,6 +246,26 @@ func (r *Replica) KVCaughtUp() bool {
 	return true
 }
 
+// kvCandidate names a followed candidate across replicas.
+type kvCandidate struct {
+	worker string
+	rank   uint32
+}
+
+// kvPositions returns, for each followed candidate, the stream sequence
+// its next message will have (0: none applied yet): its index holds every
+// message before it.
+func (r *Replica) kvPositions() map[kvCandidate]uint64 {
+	x := r.kv
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make(map[kvCandidate]uint64, len(x.followed))
+	for f := range x.followed {
+		out[kvCandidate{f.worker, f.rank}] = f.next.Load()
+	}
+	return out
+}
+
 // follow consumes f's subject until ctx ends, starting over after a
 // failure (from the sequence it reached) and from the stream's start when
 // the stream was made again.
@@ -293,13 +325,16 @@ func (x *kvShare) consume(ctx context.Context, f *follow) (jetstream.ConsumeCont
 		f.caught.Store(true)
 	}
 	return cons.Consume(func(msg jetstream.Msg) {
-		if md, err := msg.Metadata(); err == nil {
+		md, err := msg.Metadata()
+		x.receive(f, msg.Data())
+		// After the apply: a snapshot that reads next holds what came
+		// before it (kvPositions).
+		if err == nil {
 			f.next.Store(md.Sequence.Stream + 1)
 			if md.NumPending == 0 {
 				f.caught.Store(true)
 			}
 		}
-		x.receive(f, msg.Data())
 	})
 }
 

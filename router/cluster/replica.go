@@ -110,18 +110,25 @@ type Replica struct {
 	events    chan bool // the connection's ups (true) and downs (false)
 
 	// Warm start (snapshot.go). deltaSeq is the last deltas stream
-	// sequence applied; caughtUp turns true once the first session has
-	// applied the stream's last message as of its start; warmed, once the
-	// snapshot was looked for (Run's goroutine only); started is when
-	// Run began (WarmTimeout counts from it).
-	deltaSeq   atomic.Uint64
-	caughtUp   atomic.Bool
-	warmed     bool
-	started    atomic.Int64
-	snapMu     sync.Mutex
-	snapLoaded *SnapshotState
-	m          *metrics
-	kv         *kvShare // engine KV events: relays and follows (kvfeed.go)
+	// sequence applied; deltasCaughtUp turns true once the first session
+	// has applied the stream's last message as of its start, caughtUp once
+	// the KV-event follows have too (KVCaughtUp); warmed, once the
+	// snapshot was looked for (Run's goroutine only), and warm is closed
+	// then (the follows wait for it, so that they start where the
+	// snapshot's indexes end); started is when Run began (WarmTimeout
+	// counts from it).
+	deltaSeq       atomic.Uint64
+	deltasCaughtUp atomic.Bool
+	caughtUp       atomic.Bool
+	warmed         bool
+	warm           chan struct{}
+	started        atomic.Int64
+	snapMu         sync.Mutex
+	snapLoaded     *SnapshotState
+	snapKV         map[kvCandidate]uint64        // the snapshot's KV-stream positions of the precise indexes it filled
+	pending        map[kvCandidate]pendingPrefix // the snapshot's content of workers not members yet (Joined)
+	m              *metrics
+	kv             *kvShare // engine KV events: relays and follows (kvfeed.go)
 	// applied, when set (tests, benchmarks), is called with each applied
 	// booked record's id and decision time, under mu.
 	applied func(id string, at int64)
@@ -156,7 +163,8 @@ func New(o Options) (*Replica, error) {
 		o: o, log: o.Logger.Named("cluster"), self: o.Config.Replica,
 		prefix: "switchyard." + o.Config.Name + ".", stream: o.Config.Name + "-deltas",
 		out: make(chan Record, outQueue), resync: make(chan struct{}, 1), hello: make(chan struct{}, 1),
-		live: map[string]*Record{}, peers: map[string]*peer{}, events: make(chan bool, 16),
+		live: map[string]*Record{}, peers: map[string]*peer{}, events: make(chan bool, 16), warm: make(chan struct{}),
+		snapKV: map[kvCandidate]uint64{}, pending: map[kvCandidate]pendingPrefix{},
 	}
 	m, err := newMetrics(o.Registerer, r)
 	if err != nil {
@@ -167,7 +175,12 @@ func New(o Options) (*Replica, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	r.kv = newKVShare(o.Config, r.self, km, r.log, o.KVStartSeq)
+	startSeq := o.KVStartSeq
+	if startSeq == nil {
+		startSeq = r.snapshotKVNext
+	}
+	r.kv = newKVShare(o.Config, r.self, km, r.log, startSeq)
+	r.kv.gate = r.warm
 	return r, nil
 }
 
@@ -190,7 +203,8 @@ type State struct {
 	// RemoteBookings counts the other replicas' bookings held.
 	RemoteBookings int `json:"remote_bookings"`
 	// CaughtUp: the replica has loaded the prefix-index snapshot and
-	// applied the deltas stream up to its last message as of its start.
+	// applied the deltas stream, and each followed engine's KV events, up
+	// to their last message as of its start.
 	CaughtUp bool `json:"caught_up"`
 	// Snapshot is the prefix-index snapshot loaded at start; absent when
 	// there was none (or NATS was away).
@@ -309,6 +323,7 @@ func (r *Replica) Run(ctx context.Context) error {
 	wg.Go(func() { r.publish(pctx, nc) })
 	wg.Go(func() { r.expire(pctx) })
 	wg.Go(func() { r.writeSnapshots(pctx, js) })
+	wg.Go(func() { r.watchCatchUp(pctx) })
 	wg.Go(func() { r.kv.run(pctx, nc, js) })
 	defer func() {
 		stopPub()
@@ -400,9 +415,10 @@ func (r *Replica) session(ctx context.Context, js jetstream.JetStream) (jetstrea
 	if !r.warmed {
 		seq, err := r.loadSnapshot(ctx, js)
 		if err != nil {
-			r.log.Warn("no warm start: the prefix-index snapshot cannot be loaded; replaying the deltas stream alone", "error", err)
+			r.log.Warn("no warm start: the prefix-index snapshot cannot be loaded; replaying the streams alone", "error", err)
 		}
 		r.warmed = true
+		close(r.warm)
 		from = seq + 1
 	}
 	first, last := stream.CachedInfo().State.FirstSeq, stream.CachedInfo().State.LastSeq
@@ -440,10 +456,26 @@ func (r *Replica) session(ctx context.Context, js jetstream.JetStream) (jetstrea
 
 // markCaughtUp records that the replica has caught up with the deltas
 // stream.
-func (r *Replica) markCaughtUp() {
-	if !r.caughtUp.Swap(true) {
-		start := r.started.Load()
-		r.log.Info("caught up with the cluster", "after", time.Since(time.Unix(0, start)).Round(time.Millisecond))
+func (r *Replica) markCaughtUp() { r.deltasCaughtUp.Store(true) }
+
+// watchCatchUp marks the replica caught up once the deltas stream and
+// every KV-event follow are (checked every 10 ms), then returns; or when
+// ctx ends.
+func (r *Replica) watchCatchUp(ctx context.Context) {
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if r.deltasCaughtUp.Load() && r.KVCaughtUp() {
+			r.caughtUp.Store(true)
+			start := r.started.Load()
+			r.log.Info("caught up with the cluster", "after", time.Since(time.Unix(0, start)).Round(time.Millisecond))
+			return
+		}
 	}
 }
 

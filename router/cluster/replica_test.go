@@ -90,6 +90,13 @@ func kvPolicy(t testing.TB) *policy.Policy {
 
 func startNode(t testing.TB, url, name string, workers, idBase int, cfg func(*config.Cluster)) *node {
 	t.Helper()
+	return startNodeWith(t, url, name, workers, idBase, cfg, nil)
+}
+
+// startNodeWith is startNode with before, when set, called with the node
+// once its router, workers and Replica are made, before the Replica runs.
+func startNodeWith(t testing.TB, url, name string, workers, idBase int, cfg func(*config.Cluster), before func(*node)) *node {
+	t.Helper()
 	r, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: kvPolicy(t)}, BookingsAreLoad: true})
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +125,9 @@ func startNode(t testing.TB, url, name string, workers, idBase int, cfg func(*co
 		t.Fatal(err)
 	}
 	t.Cleanup(n.adm.Close)
+	if before != nil {
+		before(n)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.cancel, n.done = cancel, make(chan error, 1)
 	go func() { n.done <- n.rep.Run(ctx) }()

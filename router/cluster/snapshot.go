@@ -25,15 +25,18 @@ import (
 //
 // The snapshot's wire format, version 1 (integers little-endian):
 //
-//	snapshot = magic:"SYIX" version:byte deltas_seq:uvarint kv_seq:uvarint taken_at:uvarint
+//	snapshot = magic:"SYIX" version:byte deltas_seq:uvarint taken_at:uvarint
 //	           writer:str workers:uvarint worker*
 //	worker   = name:str rank:uvarint approx:uvarint hash:uint64*
 //	           precise:byte [precise_body]
-//	precise_body = block_size:uvarint groups:uint64 flags:byte
+//	precise_body = kv_next:uvarint block_size:uvarint groups:uint64 flags:byte
 //	           since_clear:uvarint blocks:uvarint (router:uint64 engine:uint64 mask:uint64)*
 //	flags    = bit 0 live, bit 1 warming
 //
-// Hash lists are most recent first (prefix.Content). Decoding is linear
+// Hash lists are most recent first (prefix.Content). kv_next is the KV
+// stream sequence of the next message of the worker's subject the precise
+// index had not applied (0: none applied): a replica that imports it
+// follows the subject from there (Options.KVStartSeq). Decoding is linear
 // in the snapshot's size and every count is checked against the bytes
 // left before anything is allocated.
 const (
@@ -54,13 +57,13 @@ var errSnapshot = errors.New("malformed prefix-index snapshot")
 
 // indexSnapshot is a decoded snapshot.
 type indexSnapshot struct {
-	// DeltasSeq and KVSeq are the last sequences of the deltas stream and
-	// of the KV-event stream (0: none) the index reflects.
+	// DeltasSeq is the last deltas stream sequence the index reflects.
 	DeltasSeq uint64
-	KVSeq     uint64
 	TakenAt   time.Time
 	Writer    string
 	Workers   []router.WorkerPrefix
+	// KVNext is, per worker (same index), its precise index's kv_next.
+	KVNext []uint64
 }
 
 // encodeSnapshot encodes s, cutting each worker's lists to an equal share
@@ -87,7 +90,6 @@ func encodeSnapshot(s *indexSnapshot) []byte {
 	b = append(b, snapshotMagic...)
 	b = append(b, snapshotVersion)
 	b = binary.AppendUvarint(b, s.DeltasSeq)
-	b = binary.AppendUvarint(b, s.KVSeq)
 	b = binary.AppendUvarint(b, uint64(max(s.TakenAt.UnixNano(), 0)))
 	b = appendString(b, s.Writer)
 	ws := s.Workers[:min(len(s.Workers), maxSnapshotWorkers)]
@@ -107,6 +109,11 @@ func encodeSnapshot(s *indexSnapshot) []byte {
 			continue
 		}
 		b = append(b, 1)
+		var next uint64
+		if i < len(s.KVNext) {
+			next = s.KVNext[i]
+		}
+		b = binary.AppendUvarint(b, next)
 		b = binary.AppendUvarint(b, uint64(max(p.BlockSize, 0)))
 		b = binary.LittleEndian.AppendUint64(b, p.Groups)
 		var flags byte
@@ -144,7 +151,6 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 	d := decoder{b: data[len(snapshotMagic)+1:]}
 	s := &indexSnapshot{}
 	s.DeltasSeq = d.uvarint("deltas sequence", 1<<63)
-	s.KVSeq = d.uvarint("KV-event sequence", 1<<63)
 	s.TakenAt = time.Unix(0, int64(d.uvarint("time", 1<<62)))
 	s.Writer = d.str("writer")
 	n := d.uvarint("workers", maxSnapshotWorkers)
@@ -160,6 +166,7 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		w := router.WorkerPrefix{Worker: d.str("worker name")}
 		w.Rank = uint32(d.uvarint("rank", 1<<20))
+		var next uint64
 		raw, k := hashes("approximate blocks", 8)
 		w.Approx = make([]uint64, k)
 		for j := range k {
@@ -168,6 +175,7 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 		switch d.byte1("precise flag") {
 		case 0:
 		case 1:
+			next = d.uvarint("KV stream position", 1<<63)
 			p := &prefix.PreciseContent{BlockSize: int(d.uvarint("engine block size", 1<<20))}
 			if d.err == nil && len(d.b) < 9 {
 				d.fail("precise groups")
@@ -192,6 +200,7 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 		}
 		if d.err == nil {
 			s.Workers = append(s.Workers, w)
+			s.KVNext = append(s.KVNext, next)
 		}
 	}
 	if d.err == nil && len(d.b) > 0 {
@@ -250,23 +259,68 @@ func (r *Replica) loadSnapshot(ctx context.Context, js jetstream.JetStream) (uin
 		r.m.snapshotLoads.WithLabelValues("malformed").Inc()
 		return 0, err
 	}
-	imported, skipped := 0, 0
+	imported, pending := 0, 0
+	r.snapMu.Lock()
+	defer r.snapMu.Unlock()
 	for i := range s.Workers {
 		w := &s.Workers[i]
-		id, ok := r.o.Resolve(w.Worker)
-		if !ok || !r.o.Router.PrefixImport(id, w.Rank, w.Content) {
-			skipped++
+		if r.importLocked(w, s.KVNext[i]) {
+			imported++
 			continue
 		}
-		imported++
+		// Not a member yet (its first probe has not answered): imported
+		// when it joins (Joined).
+		r.pending[kvCandidate{w.Worker, w.Rank}] = pendingPrefix{w: *w, kvNext: s.KVNext[i]}
+		pending++
 	}
 	r.m.snapshotLoads.WithLabelValues("loaded").Inc()
 	r.log.Info("loaded the prefix-index snapshot", "writer", s.Writer, "taken_at", s.TakenAt.UTC().Format(time.RFC3339Nano),
-		"deltas_seq", s.DeltasSeq, "bytes", len(data), "workers", imported, "workers_skipped", skipped)
-	r.snapMu.Lock()
+		"deltas_seq", s.DeltasSeq, "bytes", len(data), "workers", imported, "workers_pending", pending)
 	r.snapLoaded = &SnapshotState{Writer: s.Writer, TakenAt: s.TakenAt, DeltasSeq: s.DeltasSeq, Workers: imported}
-	r.snapMu.Unlock()
 	return s.DeltasSeq, nil
+}
+
+// pendingPrefix is a snapshot's content of a worker that was not a
+// member when the snapshot was loaded.
+type pendingPrefix struct {
+	w      router.WorkerPrefix
+	kvNext uint64
+}
+
+// importLocked imports w's content into the Router; false when its
+// worker is not a member (or the content is malformed). kvNext is its
+// precise index's stream position, kept for the candidate's follow when
+// the precise content was taken. r.snapMu is held.
+func (r *Replica) importLocked(w *router.WorkerPrefix, kvNext uint64) bool {
+	id, ok := r.o.Resolve(w.Worker)
+	if !ok {
+		return false
+	}
+	ok, precise := r.o.Router.PrefixImport(id, w.Rank, w.Content)
+	if ok && precise && kvNext > 0 {
+		r.snapKV[kvCandidate{w.Worker, w.Rank}] = kvNext
+	}
+	return ok
+}
+
+// Joined imports the loaded snapshot's content of candidate (worker,
+// rank), which was not a member when the snapshot was loaded, now that it
+// is one: the daemon's membership calls it after each join, before the
+// candidate's KV-event follow starts (so that a precise index taken from
+// the snapshot is followed from the snapshot's position). Once per
+// candidate; nothing when the snapshot had none.
+func (r *Replica) Joined(worker string, rank uint32) {
+	r.snapMu.Lock()
+	defer r.snapMu.Unlock()
+	k := kvCandidate{worker, rank}
+	p, ok := r.pending[k]
+	if !ok {
+		return
+	}
+	delete(r.pending, k)
+	if r.importLocked(&p.w, p.kvNext) && r.snapLoaded != nil {
+		r.snapLoaded.Workers++
+	}
 }
 
 // writer reports whether this replica writes the snapshots now: it is
@@ -316,13 +370,22 @@ func (r *Replica) writeSnapshots(ctx context.Context, js jetstream.JetStream) {
 	}
 }
 
-// writeSnapshot writes one snapshot. The sequence is read before the
-// index is copied: the snapshot holds at least what the stream held up to
-// it, and records after it applied again on load change nothing (the
-// prefix records of a booking, recorded twice, are the same blocks).
+// writeSnapshot writes one snapshot. The sequences are read before the
+// index is copied: the snapshot holds at least what the streams held up
+// to them, and what came after, applied again on load, changes nothing
+// (the prefix records of a booking, recorded twice, are the same blocks;
+// an engine's stored or removed blocks, stored or removed again, are the
+// same set).
 func (r *Replica) writeSnapshot(ctx context.Context, obs jetstream.ObjectStore) error {
 	s := &indexSnapshot{DeltasSeq: r.deltaSeq.Load(), TakenAt: time.Now(), Writer: r.self}
+	kv := r.kvPositions()
 	s.Workers = r.o.Router.PrefixExport()
+	s.KVNext = make([]uint64, len(s.Workers))
+	for i, w := range s.Workers {
+		if w.Precise != nil {
+			s.KVNext[i] = kv[kvCandidate{w.Worker, w.Rank}]
+		}
+	}
 	data := encodeSnapshot(s)
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -332,6 +395,15 @@ func (r *Replica) writeSnapshot(ctx context.Context, obs jetstream.ObjectStore) 
 	r.m.snapshotWrites.WithLabelValues("written").Inc()
 	r.m.snapshotBytes.Set(float64(len(data)))
 	return nil
+}
+
+// snapshotKVNext is the KV stream sequence the loaded snapshot's precise
+// index of (worker, rank) goes on from (Options.KVStartSeq's default); 0
+// (the stream's start) when the snapshot had none or it was not imported.
+func (r *Replica) snapshotKVNext(worker string, rank uint32) uint64 {
+	r.snapMu.Lock()
+	defer r.snapMu.Unlock()
+	return r.snapKV[kvCandidate{worker, rank}]
 }
 
 // SnapshotState is the snapshot a replica loaded when it started.

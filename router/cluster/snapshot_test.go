@@ -14,11 +14,13 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 func TestSnapshotRoundTrip(t *testing.T) {
-	in := &indexSnapshot{DeltasSeq: 1234, KVSeq: 99, TakenAt: time.Unix(0, 1_700_000_000_000_000_001), Writer: "router-0",
+	in := &indexSnapshot{DeltasSeq: 1234, TakenAt: time.Unix(0, 1_700_000_000_000_000_001), Writer: "router-0",
 		Workers: []router.WorkerPrefix{
 			{Worker: "vllm-0", Rank: 0, Content: prefix.Content{Approx: []uint64{3, 2, 1 << 63}}},
 			{Worker: "vllm-1", Rank: 2, Content: prefix.Content{Approx: []uint64{}, Precise: &prefix.PreciseContent{
@@ -26,7 +28,8 @@ func TestSnapshotRoundTrip(t *testing.T) {
 				Router: []uint64{10, 11}, Engine: []uint64{20, 21}, Mask: []uint64{3, 1}}}},
 			{Worker: "vllm-2", Content: prefix.Content{Approx: []uint64{}, Precise: &prefix.PreciseContent{
 				Warming: true, Router: []uint64{}, Engine: []uint64{}, Mask: []uint64{}}}},
-		}}
+		},
+		KVNext: []uint64{0, 99, 0}}
 	out, err := decodeSnapshot(encodeSnapshot(in))
 	if err != nil {
 		t.Fatal(err)
@@ -72,9 +75,9 @@ func TestSnapshotMalformed(t *testing.T) {
 		"version":         []byte(snapshotMagic + "\x09"),
 		"truncated":       good[:len(good)-3],
 		"trailing":        append(append([]byte{}, good...), 0),
-		"count past end":  append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0x03),
-		"precise flag":    append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 0, 1, 0, 0, 0, 9),
-		"too many blocks": append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 0, 1, 0, 0, 0, 1, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 1, 2),
+		"count past end":  append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0x03),
+		"precise flag":    append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 1, 0, 0, 0, 9),
+		"too many blocks": append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 1, 0, 0, 0, 1, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 1, 2),
 	} {
 		if _, err := decodeSnapshot(data); !errors.Is(err, errSnapshot) {
 			t.Errorf("%s: %v, want errSnapshot", name, err)
@@ -213,4 +216,87 @@ func TestReadyWithoutNATS(t *testing.T) {
 	if m.rep.Ready() {
 		t.Fatal("ready without NATS before its hour-long warm timeout")
 	}
+}
+
+// TestWarmStartKVEvents: the snapshot carries a precise index with its
+// KV stream position. The stream's messages before that position are
+// purged; a replica whose worker is a member at start (b), and one whose
+// worker joins only after the snapshot was loaded (c, Joined), both take
+// the snapshot's blocks and liveness and follow the stream from the
+// position: each holds every block the engine published, live.
+func TestWarmStartKVEvents(t *testing.T) {
+	_, url := startNATS(t, 0)
+	e := startEngine(t)
+	manual := func(c *config.Cluster) { c.SnapshotInterval, c.WarmTimeout = time.Hour, time.Hour }
+	a := startNode(t, url, "a", 1, 1, manual)
+	pa := followW0(a)
+	a.rep.RelayKV(RelayTarget{Worker: "w0", Rank: 0, KVEvents: e.kvEvents()})
+	relaying(t, e, a)
+	for range 4 {
+		e.publish(t)
+	}
+	holds(t, "a's index holds the engine's blocks", e, pa)
+	eventually(t, "a caught up", a.rep.caughtUp.Load)
+
+	ctx := context.Background()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	obs, err := a.rep.indexStore(ctx, js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.rep.writeSnapshot(ctx, obs); err != nil {
+		t.Fatal(err)
+	}
+	next := a.rep.kvPositions()[kvCandidate{"w0", 0}]
+	if next == 0 {
+		t.Fatal("a's follow of w0 has no position")
+	}
+	before := e.published()
+	for range 3 {
+		e.publish(t)
+	}
+	holds(t, "a's index holds the later blocks", e, pa)
+	stream, err := js.Stream(ctx, "test-kv")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSequence(next)); err != nil {
+		t.Fatal(err)
+	}
+
+	// b: w0 a member, precise, before b runs.
+	var pb *prefix.Precise
+	b := startNodeWith(t, url, "b", 1, 101, manual, func(n *node) { pb = n.r.PrefixPrecise(n.ids["w0"], 0) })
+	eventually(t, "b loaded the snapshot", func() bool { st := b.rep.State(); return st.Snapshot != nil })
+	if got := pb.Stats(); got.Blocks != before || !got.Live {
+		t.Fatalf("b's index after the snapshot: %d blocks, live %v; want the snapshot's %d, live", got.Blocks, got.Live, before)
+	}
+	b.rep.FollowKV("w0", 0, pb)
+	holds(t, "b's index holds every block", e, pb)
+	eventually(t, "b caught up", b.rep.caughtUp.Load)
+
+	// c: w0 joins after the snapshot was loaded.
+	c := startNodeWith(t, url, "c", 0, 201, manual, func(n *node) { n.ids["w0"] = 201 })
+	eventually(t, "c loaded the snapshot", func() bool { st := c.rep.State(); return st.Snapshot != nil })
+	if st := c.rep.State(); st.Snapshot.Workers != 0 {
+		t.Fatalf("c imported %d workers before any joined", st.Snapshot.Workers)
+	}
+	if _, err := c.r.AddWorker(fleet.Spec{ID: 201, Name: "w0", Role: shared.RoleAggregated, TotalKVBlocks: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	pc := c.r.PrefixPrecise(201, 0)
+	c.rep.Joined("w0", 0)
+	if st := c.rep.State(); st.Snapshot.Workers != 1 {
+		t.Fatalf("c imported %d workers once w0 joined, want 1", st.Snapshot.Workers)
+	}
+	c.rep.FollowKV("w0", 0, pc)
+	holds(t, "c's index holds every block", e, pc)
 }

@@ -84,34 +84,34 @@ func (x *Index) Export(c Candidate) (Content, bool) {
 // content.Approx (beyond its capacity, the least recent go), and its
 // precise index, when c is precise here (Precise was called: something
 // feeds it), takes content.Precise if it holds nothing yet (a running
-// stream is never overwritten). It returns false when c is not tracked or
+// stream is never overwritten). ok is false when c is not tracked or
 // content.Precise is malformed (slices of unequal lengths, blocks without
-// a block size), in which case nothing precise is imported. Linear in the
-// content.
-func (x *Index) Import(c Candidate, content Content) bool {
+// a block size), in which case nothing precise is imported; precise
+// reports that content.Precise was imported. Linear in the content.
+func (x *Index) Import(c Candidate, content Content) (ok, precise bool) {
 	m := x.member(c)
 	if m == nil {
-		return false
+		return false, false
 	}
 	if len(content.Approx) > 0 {
 		x.Record(c, content.Approx)
 	}
 	pc := content.Precise
 	if pc == nil {
-		return true
+		return true, false
 	}
 	if len(pc.Router) != len(pc.Engine) || len(pc.Router) != len(pc.Mask) ||
 		(pc.BlockSize <= 0 && len(pc.Router) > 0) || pc.BlockSize > 1<<20 {
-		return false
+		return false, false
 	}
 	p := m.precise
 	if p == nil {
-		return true
+		return true, false
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.dead || len(p.l.pos) > 0 || p.blockSize.Load() != 0 {
-		return true
+		return true, false
 	}
 	if pc.BlockSize > 0 {
 		p.blockSize.Store(int64(pc.BlockSize))
@@ -131,5 +131,5 @@ func (x *Index) Import(c Candidate, content Content) bool {
 	if pc.Live {
 		p.setLive(true)
 	}
-	return true
+	return true, true
 }

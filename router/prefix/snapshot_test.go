@@ -38,8 +38,11 @@ func TestExportImportRoundTrip(t *testing.T) {
 		}
 	}
 	q := y.Precise(cand(1))
-	if !y.Import(cand(1), c1) || !y.Import(cand(2), c2) {
-		t.Fatal("Import refused tracked candidates")
+	if ok, precise := y.Import(cand(1), c1); !ok || !precise {
+		t.Fatalf("Import of candidate 1 = %v, %v; want its precise content taken", ok, precise)
+	}
+	if ok, precise := y.Import(cand(2), c2); !ok || precise {
+		t.Fatalf("Import of candidate 2 = %v, %v; want approximate content only", ok, precise)
 	}
 	for id, want := range map[int]Content{1: c1, 2: c2} {
 		got, _ := y.Export(cand(id))
@@ -74,28 +77,28 @@ func TestExportImportRoundTrip(t *testing.T) {
 func TestImportRules(t *testing.T) {
 	x, p := preciseIndex(t)
 	apply(p, stored(nil, []uint64{100}, []int64{1, 2}, 2))
-	if x.Import(cand(9), Content{Approx: []uint64{1}}) {
+	if ok, _ := x.Import(cand(9), Content{Approx: []uint64{1}}); ok {
 		t.Fatal("Import on an untracked candidate succeeded")
 	}
 	bad := Content{Precise: &PreciseContent{BlockSize: 2, Router: []uint64{1, 2}, Engine: []uint64{1}, Mask: []uint64{1, 1}}}
-	if x.Import(cand(1), bad) {
+	if ok, _ := x.Import(cand(1), bad); ok {
 		t.Fatal("Import of unequal precise slices succeeded")
 	}
 	noSize := Content{Precise: &PreciseContent{Router: []uint64{1}, Engine: []uint64{1}, Mask: []uint64{1}}}
-	if x.Import(cand(1), noSize) {
+	if ok, _ := x.Import(cand(1), noSize); ok {
 		t.Fatal("Import of precise blocks without a block size succeeded")
 	}
 	// A running stream is never overwritten.
 	other := Content{Precise: &PreciseContent{BlockSize: 2, Groups: 1, Live: true, Router: []uint64{5, 6}, Engine: []uint64{50, 60}, Mask: []uint64{1, 1}}}
-	if !x.Import(cand(1), other) {
-		t.Fatal("Import of a valid content refused")
+	if ok, precise := x.Import(cand(1), other); !ok || precise {
+		t.Fatalf("Import over a fed index = %v, %v; want ok, its precise content not taken", ok, precise)
 	}
 	if got := p.Stats().Blocks; got != 1 {
 		t.Fatalf("precise blocks after importing over a fed index = %d, want 1 (untouched)", got)
 	}
 	// An approximate candidate takes the approximate part only.
-	if !x.Import(cand(2), other) {
-		t.Fatal("Import on an approximate candidate refused")
+	if ok, precise := x.Import(cand(2), other); !ok || precise {
+		t.Fatalf("Import on an approximate candidate = %v, %v; want ok, approximate only", ok, precise)
 	}
 	if c, _ := x.Export(cand(2)); c.Precise != nil {
 		t.Fatal("Import made an approximate candidate precise")

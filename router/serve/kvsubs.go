@@ -120,6 +120,15 @@ func (k *kvSubs) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 	defer k.mu.Unlock()
 	cfg := k.cfgs[s.Name]
 	c := prefix.Candidate{ID: s.ID, Rank: s.DPRank}
+	if k.rep != nil {
+		// The warm-start snapshot's content of a worker that joins only
+		// now, before its follow starts (a precise index first, to take
+		// the snapshot's precise content).
+		if cfg != nil && !k.stopped {
+			k.r.PrefixPrecise(c.ID, c.Rank)
+		}
+		k.rep.Joined(s.Name, s.DPRank)
+	}
 	if cfg == nil || k.stopped {
 		return w, nil
 	}
