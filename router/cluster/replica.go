@@ -716,3 +716,14 @@ func (k Kind) String() string {
 	}
 	return "unknown"
 }
+
+// sortedPeers returns the names of the replicas heard, sorted. r.mu is
+// held.
+func (r *Replica) sortedPeers() []string {
+	names := make([]string, 0, len(r.peers))
+	for name := range r.peers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}

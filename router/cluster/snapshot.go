@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -14,11 +13,11 @@ import (
 	"github.com/switchyard-router/switchyard/router/prefix"
 )
 
-// Warm start. One replica (the first name, sorted, among the replicas
-// heard: no lease needed, and when it dies the next takes over once it
-// has been silent for the booking TTL) writes the Router's prefix index
-// every SnapshotInterval to the object store <cluster>-index as the object
-// "prefix-index", with the deltas stream's sequence it reflects. A
+// Warm start. One replica, the holder of the lease "snapshot" (lease.go;
+// a replica competes for it once it has caught up, and when the holder
+// dies another takes it once the lease expired), writes the Router's
+// prefix index every SnapshotInterval to the object store <cluster>-index
+// as the object "prefix-index", with the streams' positions it reflects. A
 // replica that starts loads it, then replays the deltas stream from the
 // sequence after it, and is caught up once it has applied the stream's
 // last message as of its start (Replica.Ready).
@@ -323,26 +322,26 @@ func (r *Replica) Joined(worker string, rank uint32) {
 	}
 }
 
-// writer reports whether this replica writes the snapshots now: it is
-// connected, caught up, and its name sorts first among the replicas it
-// hears.
-func (r *Replica) writer() bool {
-	if !r.Connected() || !r.caughtUp.Load() {
-		return false
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for name := range r.peers {
-		if name < r.self {
-			return false
+// writeSnapshots competes, once this replica has caught up, for the
+// snapshot lease, and writes a snapshot every SnapshotInterval while it
+// holds it, until ctx ends.
+func (r *Replica) writeSnapshots(ctx context.Context, js jetstream.JetStream) {
+	wait := time.NewTicker(100 * time.Millisecond)
+	for !r.caughtUp.Load() {
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return
+		case <-wait.C:
 		}
 	}
-	return true
+	wait.Stop()
+	r.HoldLease(ctx, LeaseKey("snapshot"), func(ctx context.Context) { r.writeWhileHeld(ctx, js) })
 }
 
-// writeSnapshots writes a snapshot every SnapshotInterval while this
-// replica is the writer, until ctx ends.
-func (r *Replica) writeSnapshots(ctx context.Context, js jetstream.JetStream) {
+// writeWhileHeld writes a snapshot every SnapshotInterval until ctx ends
+// (the lease is lost).
+func (r *Replica) writeWhileHeld(ctx context.Context, js jetstream.JetStream) {
 	t := time.NewTicker(r.o.Config.SnapshotInterval)
 	defer t.Stop()
 	var obs jetstream.ObjectStore
@@ -352,7 +351,7 @@ func (r *Replica) writeSnapshots(ctx context.Context, js jetstream.JetStream) {
 			return
 		case <-t.C:
 		}
-		if !r.writer() {
+		if !r.Connected() {
 			continue
 		}
 		if obs == nil {
@@ -413,15 +412,4 @@ type SnapshotState struct {
 	DeltasSeq uint64    `json:"deltas_seq"`
 	// Workers is how many workers' index content it imported.
 	Workers int `json:"workers"`
-}
-
-// sortedPeers returns the names of the replicas heard, sorted. r.mu is
-// held.
-func (r *Replica) sortedPeers() []string {
-	names := make([]string, 0, len(r.peers))
-	for name := range r.peers {
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	return names
 }
