@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/switchyard-router/switchyard/internal/natstest"
 )
 
 // TestReplicaFailover runs three `router serve` replicas with a cluster
@@ -38,15 +38,7 @@ func TestReplicaFailover(t *testing.T) {
 		defer func() { _ = ln.Close() }()
 		return ln.Addr().(*net.TCPAddr).Port
 	}
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port(), JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(t, port())
 
 	mocks := startMocks(t, routerBin, 2, "5")
 	names := []string{"a", "b"}

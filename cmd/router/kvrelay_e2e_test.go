@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
+	"github.com/switchyard-router/switchyard/internal/natstest"
 )
 
 // TestKVRelayE2E: a `router kv-relay` process, a `router serve` with the
@@ -25,15 +25,7 @@ import (
 // given up): serve takes the lease and relays from then on.
 func TestKVRelayE2E(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(t, 0)
 
 	kvPort, replayPort, debugPort := consecutivePorts(t, 1), consecutivePorts(t, 1), consecutivePorts(t, 1)
 	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--block-size", "16",
@@ -170,15 +162,7 @@ cluster {
 // once the lease expired the other takes it and relays the engine.
 func TestKVRelayKilledE2E(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(t, 0)
 	kvPort := consecutivePorts(t, 1)
 	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--block-size", "16",
 		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", kvPort))

@@ -20,6 +20,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/switchyard-router/switchyard/internal/natstest"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
 
@@ -46,15 +47,7 @@ func TestNATSRestartUnderLoad(t *testing.T) {
 	}
 	natsPort := freePort()
 	startNATS := func() *server.Server {
-		ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: natsPort, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		go ns.Start()
-		if !ns.ReadyForConnections(30 * time.Second) {
-			t.Fatal("nats not ready")
-		}
-		t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+		ns := natstest.Start(t, natsPort)
 		return ns
 	}
 	ns := startNATS()

@@ -177,7 +177,7 @@ func (r *Replica) RelayKV(t RelayTarget) (stop func()) { return r.kv.RelayKV(t) 
 
 // RelayKV: see Replica.RelayKV.
 func (x *kvShare) RelayKV(t RelayTarget) (stop func()) {
-	key := LeaseKey("relay", t.Worker, fmt.Sprint(t.Rank))
+	key := LeaseKey(relayLeaseKind, t.Worker, fmt.Sprint(t.Rank))
 	x.need()
 	return x.relays.add(func(ctx context.Context) {
 		x.leases.Hold(ctx, key, func(ctx context.Context) { x.relay(ctx, t) })
@@ -245,6 +245,10 @@ func (r *Replica) KVCaughtUp() bool {
 	}
 	return true
 }
+
+// relayLeaseKind is the kind (LeaseKey) of the relays' leases, the ones
+// switchyard_cluster_leases_held counts.
+const relayLeaseKind = "relay"
 
 // kvCandidate names a followed candidate across replicas.
 type kvCandidate struct {

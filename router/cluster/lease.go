@@ -89,7 +89,7 @@ type Leases struct {
 }
 
 // openLeases makes sure the bucket <cluster>-leases exists and returns
-// holder's Leases on it. held counts the leases held (may be nil).
+// holder's Leases on it. held counts the relay leases held (may be nil).
 func openLeases(ctx context.Context, js jetstream.JetStream, c config.Cluster, holder string, held prometheus.Gauge, log hclog.Logger) (*Leases, error) {
 	ttl := LeaseTTL(c)
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -152,7 +152,7 @@ func (l *Leases) release(ctx context.Context, key string, rev uint64) {
 // (ctx ended, or run returned) or lets it go (lost).
 func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint64, run func(ctx context.Context)) {
 	l.log.Info("lease taken", "key", key, "holder", l.holder)
-	if l.held != nil {
+	if l.held != nil && strings.HasPrefix(key, relayLeaseKind+".") {
 		l.held.Inc()
 		defer l.held.Dec()
 	}

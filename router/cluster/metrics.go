@@ -17,6 +17,7 @@ type metrics struct {
 	snapshotLoads  *prometheus.CounterVec // result
 	snapshotWrites *prometheus.CounterVec // result
 	snapshotBytes  prometheus.Gauge
+	snapshotWriter prometheus.Gauge
 }
 
 // lagBuckets span 100 us to about 6.5 s.
@@ -44,6 +45,8 @@ func newMetrics(reg prometheus.Registerer, r *Replica) (*metrics, error) {
 			Help: "Prefix-index snapshots this replica wrote to the object store, by result: written, failed."}, []string{"result"}),
 		snapshotBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "switchyard_cluster_index_snapshot_bytes",
 			Help: "Size of the last prefix-index snapshot this replica wrote, in bytes."}),
+		snapshotWriter: prometheus.NewGauge(prometheus.GaugeOpts{Name: "switchyard_cluster_index_snapshot_writer",
+			Help: "1 while this replica holds the snapshot lease and writes the prefix-index snapshots."}),
 	}
 	if reg == nil {
 		return m, nil
@@ -60,7 +63,7 @@ func newMetrics(reg prometheus.Registerer, r *Replica) (*metrics, error) {
 		defer r.mu.Unlock()
 		return float64(len(r.peers))
 	})
-	for _, c := range []prometheus.Collector{m.connected, m.published, m.snapshots, m.received, m.dropped, m.expired, m.lag, m.snapshotLoads, m.snapshotWrites, m.snapshotBytes, remote, peers} {
+	for _, c := range []prometheus.Collector{m.connected, m.published, m.snapshots, m.received, m.dropped, m.expired, m.lag, m.snapshotLoads, m.snapshotWrites, m.snapshotBytes, m.snapshotWriter, remote, peers} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -283,17 +283,9 @@ func (r *Replica) requestResync() {
 // refuses.
 func (r *Replica) Run(ctx context.Context) error {
 	r.started.Store(time.Now().UnixNano())
-	nc, err := nats.Connect(r.o.Config.NATS,
-		nats.Name("switchyard "+r.self),
-		nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.ConnectHandler(func(*nats.Conn) { r.connEvent(true) }),
-		nats.ReconnectHandler(func(*nats.Conn) { r.connEvent(true) }),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { r.connEvent(false) }),
-	)
+	nc, err := connect(r.o.Config, "switchyard "+r.self, r.connEvent)
 	if err != nil {
-		return fmt.Errorf("cluster: nats %s: %w", r.o.Config.NATS, err)
+		return err
 	}
 	defer nc.Close()
 	if nc.IsConnected() {
@@ -333,49 +325,20 @@ func (r *Replica) Run(ctx context.Context) error {
 		}
 	}()
 
-	var consume jetstream.ConsumeContext
-	var joined uint64 // the connection (its reconnect count) the session was made on
-	stop := func() {
-		if consume != nil {
-			consume.Stop()
-			consume = nil
+	keepJoined(ctx, nc, r.events, r.log, "joining the cluster", func() (func(), error) {
+		c, err := r.session(ctx, js)
+		if err != nil {
+			return nil, err
 		}
-	}
-	defer stop()
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case up := <-r.events:
-			if !up || (consume != nil && joined == nc.Stats().Reconnects) {
-				continue
-			}
-			// Reconnected: the stream may be new (a restarted NATS keeps
-			// no memory stream), so the session starts over.
-			stop()
-			retry.Reset(0)
-		case <-retry.C:
-			if consume != nil || !nc.IsConnected() {
-				continue
-			}
-			joined = nc.Stats().Reconnects
-			c, err := r.session(ctx, js)
-			if err != nil {
-				r.log.Warn("joining the cluster; retrying", "error", err)
-				retry.Reset(time.Second)
-				continue
-			}
-			consume = c
-			// Ask the others for their live bookings, and send ours.
-			if err := nc.Publish(r.prefix+"hello", []byte(r.self)); err != nil {
-				r.log.Warn("saying hello", "error", err)
-			}
-			r.requestResync()
-			r.log.Info("joined the cluster", "cluster", r.o.Config.Name, "replica", r.self)
+		// Ask the others for their live bookings, and send ours.
+		if err := nc.Publish(r.prefix+"hello", []byte(r.self)); err != nil {
+			r.log.Warn("saying hello", "error", err)
 		}
-	}
+		r.requestResync()
+		r.log.Info("joined the cluster", "cluster", r.o.Config.Name, "replica", r.self)
+		return c.Stop, nil
+	})
+	return nil
 }
 
 // connEvent records a connection change and hands it to Run.

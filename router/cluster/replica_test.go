@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/internal/natstest"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -34,18 +35,7 @@ func TestMain(m *testing.M) {
 // until the test ends, and returns it and its URL.
 func startNATS(t testing.TB, port int) (*server.Server, string) {
 	t.Helper()
-	if port == 0 {
-		port = -1
-	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
+	s := natstest.Start(t, port)
 	return s, s.ClientURL()
 }
 

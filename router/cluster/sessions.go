@@ -219,17 +219,9 @@ func (s *Sessions) workerName(k *sessionKey, id shared.WorkerID) (string, bool) 
 // no memory bucket) and watches it again from its current values.
 // Errors: a NATS URL the client refuses.
 func (s *Sessions) Run(ctx context.Context) error {
-	nc, err := nats.Connect(s.o.Config.NATS,
-		nats.Name("switchyard "+s.o.Config.Replica+" sessions"),
-		nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250*time.Millisecond),
-		nats.ConnectHandler(func(*nats.Conn) { s.connEvent(true) }),
-		nats.ReconnectHandler(func(*nats.Conn) { s.connEvent(true) }),
-		nats.DisconnectErrHandler(func(*nats.Conn, error) { s.connEvent(false) }),
-	)
+	nc, err := connect(s.o.Config, "switchyard "+s.o.Config.Replica+" sessions", s.connEvent)
 	if err != nil {
-		return fmt.Errorf("cluster: nats %s: %w", s.o.Config.NATS, err)
+		return err
 	}
 	defer nc.Close()
 	js, err := jetstream.New(nc)
@@ -241,43 +233,16 @@ func (s *Sessions) Run(ctx context.Context) error {
 	wg.Go(func() { s.write(ctx, nc) })
 	wg.Go(func() { s.sweep(ctx) })
 
-	var stopWatch context.CancelFunc
-	var joined uint64
-	stop := func() {
-		if stopWatch != nil {
-			stopWatch()
-			stopWatch = nil
+	keepJoined(ctx, nc, s.events, s.log, "joining the sessions bucket", func() (func(), error) {
+		wctx, cancel := context.WithCancel(ctx)
+		if err := s.join(wctx, js, &wg); err != nil {
+			cancel()
+			return nil, err
 		}
-		s.kv.Store(nil)
-	}
-	defer stop()
-	retry := time.NewTimer(0)
-	defer retry.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case up := <-s.events:
-			if !up || (stopWatch != nil && joined == nc.Stats().Reconnects) {
-				continue
-			}
-			stop()
-			retry.Reset(0)
-		case <-retry.C:
-			if stopWatch != nil || !nc.IsConnected() {
-				continue
-			}
-			joined = nc.Stats().Reconnects
-			wctx, cancel := context.WithCancel(ctx)
-			if err := s.join(wctx, js, &wg); err != nil {
-				cancel()
-				s.log.Warn("joining the sessions bucket; retrying", "error", err)
-				retry.Reset(time.Second)
-				continue
-			}
-			stopWatch = cancel
-		}
-	}
+		return func() { cancel(); s.kv.Store(nil) }, nil
+	})
+	s.kv.Store(nil)
+	return nil
 }
 
 // connEvent hands a connection change to Run.

@@ -342,6 +342,8 @@ func (r *Replica) writeSnapshots(ctx context.Context, js jetstream.JetStream) {
 // writeWhileHeld writes a snapshot every SnapshotInterval until ctx ends
 // (the lease is lost).
 func (r *Replica) writeWhileHeld(ctx context.Context, js jetstream.JetStream) {
+	r.m.snapshotWriter.Set(1)
+	defer r.m.snapshotWriter.Set(0)
 	t := time.NewTicker(r.o.Config.SnapshotInterval)
 	defer t.Stop()
 	var obs jetstream.ObjectStore

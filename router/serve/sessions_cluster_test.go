@@ -12,8 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-
+	"github.com/switchyard-router/switchyard/internal/natstest"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 )
 
@@ -23,15 +22,7 @@ import (
 // turns through b, then a again, all land on the first turn's worker,
 // which b never chose for it itself.
 func TestDaemonReplicasShareSessions(t *testing.T) {
-	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, JetStreamMaxMemory: 1 << 30, StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(30 * time.Second) {
-		t.Fatal("nats not ready")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
+	ns := natstest.Start(t, 0)
 
 	var workers []string
 	for i := range 3 {
