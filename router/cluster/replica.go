@@ -34,6 +34,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
@@ -50,6 +51,13 @@ const (
 	// maxRemoteBookings bounds the bookings of other replicas held, all
 	// peers together; past it a booking is dropped and counted.
 	maxRemoteBookings = 1 << 20
+	// maxPeers bounds the other replicas heard (within BookingTTL); past
+	// it a new name's heartbeats and messages are dropped and counted.
+	maxPeers = 1 << 10
+	// malformedLogInterval is how often a malformed message is logged
+	// after the first (they are all counted): garbage published on the
+	// cluster's subjects does not flood the log.
+	malformedLogInterval = 10 * time.Second
 	// batchBytes is the size past which a deltas message is sent.
 	batchBytes = 60 << 10
 	// streamBytes bounds the deltas stream (memory storage): the oldest
@@ -105,6 +113,8 @@ type Replica struct {
 	mu     sync.Mutex
 	peers  map[string]*peer
 	remote int // bookings held, all peers
+	// malformedLog limits the logging of malformed deltas messages.
+	malformedLog rate.Sometimes
 
 	connected atomic.Bool
 	events    chan bool // the connection's ups (true) and downs (false)
@@ -165,6 +175,7 @@ func New(o Options) (*Replica, error) {
 		out: make(chan Record, outQueue), resync: make(chan struct{}, 1), hello: make(chan struct{}, 1),
 		live: map[string]*Record{}, peers: map[string]*peer{}, events: make(chan bool, 16), warm: make(chan struct{}),
 		snapKV: map[kvCandidate]uint64{}, pending: map[kvCandidate]pendingPrefix{},
+		malformedLog: rate.Sometimes{Interval: malformedLogInterval},
 	}
 	m, err := newMetrics(o.Registerer, r)
 	if err != nil {
@@ -566,9 +577,15 @@ func (r *Replica) receive(from string, data []byte, now time.Time, replay bool) 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.peer(from, now)
+	if p == nil {
+		return
+	}
 	if err := decode(data, func(rec *Record) { r.apply(from, p, rec, now, replay) }); err != nil {
 		r.m.dropped.WithLabelValues("malformed").Inc()
-		r.log.Warn("a replica's message does not decode; its records after the fault are dropped", "replica", from, "error", err)
+		r.malformedLog.Do(func() {
+			r.log.Warn("a replica's message does not decode; its records after the fault are dropped (logged at most every "+malformedLogInterval.String()+
+				", each counted in switchyard_cluster_dropped_total{reason=\"malformed\"})", "replica", from, "error", err)
+		})
 	}
 }
 
@@ -589,10 +606,19 @@ func (r *Replica) relearn(data []byte) {
 }
 
 // peer returns from's state, made on first sight; it is alive as of now.
-// r.mu is held.
+// nil, counted, when from is not a replica name (malformed) or is new
+// with maxPeers replicas heard already (too_many). r.mu is held.
 func (r *Replica) peer(from string, now time.Time) *peer {
 	p := r.peers[from]
 	if p == nil {
+		switch {
+		case !config.ClusterToken(from):
+			r.m.dropped.WithLabelValues("malformed").Inc()
+			return nil
+		case len(r.peers) >= maxPeers:
+			r.m.dropped.WithLabelValues("too_many").Inc()
+			return nil
+		}
 		p = &peer{bookings: map[string]*fleet.Booking{}}
 		r.peers[from] = p
 	}

@@ -33,7 +33,7 @@ func TestClusterBlock(t *testing.T) {
 	host, _ := os.Hostname()
 	if b == nil || diags != "" || b.Cluster.Name != DefaultClusterName || b.Cluster.BookingTTL != DefaultBookingTTL ||
 		b.Cluster.Heartbeat != DefaultHeartbeat || b.Cluster.SnapshotInterval != DefaultSnapshotInterval ||
-		b.Cluster.WarmTimeout != DefaultWarmTimeout || b.Cluster.SessionTTL != 10*time.Minute || (clusterToken(host) && b.Cluster.Replica != host) {
+		b.Cluster.WarmTimeout != DefaultWarmTimeout || b.Cluster.SessionTTL != 10*time.Minute || (ClusterToken(host) && b.Cluster.Replica != host) {
 		t.Fatalf("defaults: %+v\n%s", b.Cluster, diags)
 	}
 	for _, tt := range []struct{ src, want string }{
