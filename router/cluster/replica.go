@@ -309,6 +309,8 @@ func (r *Replica) Run(ctx context.Context) error {
 	defer nc.Close()
 	if nc.IsConnected() {
 		r.connEvent(true)
+	} else {
+		r.log.Warn("NATS not reachable; routing on this replica's own state meanwhile, retrying every 250ms", "nats", r.o.Config.NATS)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -389,9 +391,15 @@ func (r *Replica) Run(ctx context.Context) error {
 	}
 }
 
-// connEvent records a connection change and hands it to Run.
+// connEvent records a connection change, logs it, and hands it to Run.
 func (r *Replica) connEvent(up bool) {
-	r.connected.Store(up)
+	if r.connected.Swap(up) != up {
+		if up {
+			r.log.Info("connected to NATS", "nats", r.o.Config.NATS)
+		} else {
+			r.log.Warn("disconnected from NATS; routing on this replica's own state until it is back", "nats", r.o.Config.NATS)
+		}
+	}
 	r.m.connected.Set(map[bool]float64{true: 1, false: 0}[up])
 	select {
 	case r.events <- up:
@@ -471,14 +479,25 @@ func (r *Replica) markCaughtUp() { r.deltasCaughtUp.Store(true) }
 
 // watchCatchUp marks the replica caught up once the deltas stream and
 // every KV-event follow are (checked every 10 ms), then returns; or when
-// ctx ends.
+// ctx ends. It logs WarmTimeout passing before that (the replica is ready
+// on what it has).
 func (r *Replica) watchCatchUp(ctx context.Context) {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
+	var timeout <-chan time.Time
+	if wt := r.o.Config.WarmTimeout; wt > 0 {
+		tm := time.NewTimer(time.Until(time.Unix(0, r.started.Load()).Add(wt)))
+		defer tm.Stop()
+		timeout = tm.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-timeout:
+			r.log.Warn("ready without having caught up with the cluster: warm_timeout passed", "warm_timeout", r.o.Config.WarmTimeout)
+			timeout = nil
+			continue
 		case <-t.C:
 		}
 		if r.deltasCaughtUp.Load() && r.KVCaughtUp() {

@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -216,6 +219,38 @@ func TestReadyWithoutNATS(t *testing.T) {
 	if m.rep.Ready() {
 		t.Fatal("ready without NATS before its hour-long warm timeout")
 	}
+}
+
+// TestConnectionLogged: a replica says in its log that NATS is not
+// reachable at start, that its warm timeout passed before it caught up,
+// that it connected once NATS is there, and that it lost NATS.
+func TestConnectionLogged(t *testing.T) {
+	port := freePort(t)
+	var buf strings.Builder
+	var mu sync.Mutex
+	logged := func(what string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(buf.String(), what)
+	}
+	startNodeWith(t, "nats://127.0.0.1:"+strconv.Itoa(port), "a", 1, 1, func(c *config.Cluster) { c.WarmTimeout = 200 * time.Millisecond },
+		func(n *node) {
+			n.rep.log = hclog.New(&hclog.LoggerOptions{Output: writerFunc(func(p []byte) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return buf.Write(p)
+			})})
+		})
+	eventually(t, "NATS not reachable logged", func() bool { return logged("NATS not reachable") })
+	eventually(t, "the warm timeout logged", func() bool { return logged("warm_timeout passed") })
+	if logged("connected to NATS") {
+		t.Fatal("connected logged while NATS is not there")
+	}
+	s, _ := startNATS(t, port)
+	eventually(t, "connected logged", func() bool { return logged("connected to NATS") })
+	s.Shutdown()
+	s.WaitForShutdown()
+	eventually(t, "disconnected logged", func() bool { return logged("disconnected from NATS") })
 }
 
 // TestWarmStartKVEvents: the snapshot carries a precise index with its
