@@ -120,8 +120,8 @@ func (l *loader) clusterBlock(blk *hcl.Block) {
 		if s, ok := l.stringAttr(attr); ok {
 			for _, srv := range strings.Split(s, ",") {
 				u, err := url.Parse(strings.TrimSpace(srv))
-				if err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "" {
-					l.attrErrorf(attr, "Invalid nats", "nats must be a NATS server URL such as \"nats://127.0.0.1:4222\" (several separated by commas), got %q.", s)
+				if err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Hostname() == "" || !validPort(u.Port()) {
+					l.attrErrorf(attr, "Invalid nats", "nats must be a NATS server URL such as \"nats://127.0.0.1:4222\" (a host, an optional port from 1 to 65535; several separated by commas), got %q.", s)
 					break
 				}
 			}
@@ -176,7 +176,13 @@ func (l *loader) clusterBlock(blk *hcl.Block) {
 		}
 	}
 	if c.Heartbeat*2 > c.BookingTTL {
-		l.errorf(blk.DefRange, "booking_ttl too short", "booking_ttl (%s) must be at least twice the heartbeat (%s): a replica missing one heartbeat must not lose its bookings.", c.BookingTTL, c.Heartbeat)
+		at := blk.DefRange
+		if attr, ok := content.Attributes["booking_ttl"]; ok {
+			at = attr.Expr.Range()
+		} else if attr, ok := content.Attributes["heartbeat"]; ok {
+			at = attr.Expr.Range()
+		}
+		l.errorf(at, "booking_ttl too short", "booking_ttl (%s) must be at least twice the heartbeat (%s): a replica missing one heartbeat must not lose its bookings.", c.BookingTTL, c.Heartbeat)
 	}
 	l.file.Cluster = c
 }
