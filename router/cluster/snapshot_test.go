@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"strconv"
 	"strings"
@@ -85,6 +87,62 @@ func TestSnapshotMalformed(t *testing.T) {
 		if _, err := decodeSnapshot(data); !errors.Is(err, errSnapshot) {
 			t.Errorf("%s: %v, want errSnapshot", name, err)
 		}
+	}
+}
+
+// TestReadSnapshotBounded: a snapshot object whose metadata claims a
+// small size over chunks past maxSnapshotBytes (metadata is the writing
+// client's) is refused after maxSnapshotBytes+1 bytes, not read whole.
+func TestReadSnapshotBounded(t *testing.T) {
+	_, url := startNATS(t, 0)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "test-index", Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obs.PutBytes(ctx, snapshotObject, make([]byte, maxSnapshotBytes+1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	// Rewrite the metadata with a lying size.
+	stream, err := js.Stream(ctx, "OBJ_test-index")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metaSubject := "$O.test-index.M." + base64.URLEncoding.EncodeToString([]byte(snapshotObject))
+	m, err := stream.GetLastMsgForSubject(ctx, metaSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta map[string]any
+	if err := json.Unmarshal(m.Data, &meta); err != nil {
+		t.Fatal(err)
+	}
+	meta["size"] = 100
+	data, err := json.Marshal(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(metaSubject)
+	msg.Data = data
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := obs.GetInfo(ctx, snapshotObject); err != nil || info.Size != 100 {
+		t.Fatalf("the metadata says %v (%v), want the lie of 100 bytes", info, err)
+	}
+	got, err := readSnapshot(ctx, obs)
+	if !errors.Is(err, errSnapshot) {
+		t.Fatalf("read %d bytes (%v), want errSnapshot past %d bytes", len(got), err, maxSnapshotBytes)
 	}
 }
 
