@@ -54,6 +54,10 @@ const (
 	// maxPeers bounds the other replicas heard (within BookingTTL); past
 	// it a new name's heartbeats and messages are dropped and counted.
 	maxPeers = 1 << 10
+	// resyncGap is the least time between two snapshots of this
+	// replica's bookings: a flood of hellos (anyone may publish one)
+	// costs at most one snapshot per gap.
+	resyncGap = 100 * time.Millisecond
 	// malformedLogInterval is how often a malformed message is logged
 	// after the first (they are all counted): garbage published on the
 	// cluster's subjects does not flood the log.
@@ -540,6 +544,27 @@ func (r *Replica) publish(ctx context.Context, nc *nats.Conn) {
 		}
 		buf = appendRecord(buf, rec)
 	}
+	snapshot := func() {
+		r.liveMu.Lock()
+		snap := make([]*Record, 0, len(r.live))
+		for _, rec := range r.live {
+			snap = append(snap, rec)
+		}
+		r.liveMu.Unlock()
+		send()
+		add(&Record{Kind: KindReset})
+		for _, rec := range snap {
+			add(rec)
+		}
+		send()
+		r.m.snapshots.Inc()
+	}
+	// Snapshots are at most one per resyncGap: a request within it waits
+	// for the gap's end (resync is then nil, the requests coalesced in
+	// r.resync meanwhile).
+	resync := r.resync
+	var resyncLater <-chan time.Time
+	var lastSnapshot time.Time
 	hb := time.NewTicker(r.o.Config.Heartbeat)
 	defer hb.Stop()
 	for {
@@ -560,20 +585,17 @@ func (r *Replica) publish(ctx context.Context, nc *nats.Conn) {
 				break
 			}
 			send()
-		case <-r.resync:
-			r.liveMu.Lock()
-			snap := make([]*Record, 0, len(r.live))
-			for _, rec := range r.live {
-				snap = append(snap, rec)
+		case <-resync:
+			if wait := resyncGap - time.Since(lastSnapshot); wait > 0 {
+				resync, resyncLater = nil, time.After(wait)
+				continue
 			}
-			r.liveMu.Unlock()
-			send()
-			add(&Record{Kind: KindReset})
-			for _, rec := range snap {
-				add(rec)
-			}
-			send()
-			r.m.snapshots.Inc()
+			snapshot()
+			lastSnapshot = time.Now()
+		case <-resyncLater:
+			resync, resyncLater = r.resync, nil
+			snapshot()
+			lastSnapshot = time.Now()
 		case <-hb.C:
 			if err := nc.Publish(hbSubject, nil); err != nil {
 				r.m.dropped.WithLabelValues("disconnected").Inc()

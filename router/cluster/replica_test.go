@@ -452,6 +452,33 @@ func TestPeersBounded(t *testing.T) {
 	}
 }
 
+// TestHelloFloodBounded: hellos (which anyone on the bus may publish)
+// are answered with snapshots of the replica's bookings at most once per
+// resyncGap, and the last of a flood is still answered.
+func TestHelloFloodBounded(t *testing.T) {
+	_, b, nc := soloNode(t)
+	snapshots := func() float64 { return testutil.ToFloat64(b.rep.m.snapshots) }
+	eventually(t, "b's own join snapshot sent", func() bool { return snapshots() >= 1 })
+	time.Sleep(2 * resyncGap)
+	before := snapshots()
+	start := time.Now()
+	const hellos = 500
+	for range hellos {
+		if err := nc.Publish("switchyard.test.hello", []byte("intruder")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = nc.Flush()
+	eventually(t, "the flood answered", func() bool { return snapshots() > before })
+	time.Sleep(3 * resyncGap) // a snapshot pending at the gap's end is sent
+	elapsed := time.Since(start)
+	sent := snapshots() - before
+	most := 2 + float64(elapsed/resyncGap) // one at once, then one per gap passed
+	if sent > most {
+		t.Errorf("%v snapshots for %d hellos in %v, want at most %v (one per %v)", sent, hellos, elapsed, most, resyncGap)
+	}
+}
+
 // TestMalformedLogLimited: a flood of malformed deltas and kv messages
 // (garbage on the cluster's subjects) is counted message by message but
 // logged at most once per malformedLogInterval each.
