@@ -11,6 +11,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"golang.org/x/time/rate"
 
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/kvevents"
@@ -42,6 +43,8 @@ type kvShare struct {
 
 	follows taskSet
 	relays  taskSet
+	// malformedLog limits the logging of malformed kv messages.
+	malformedLog rate.Sometimes
 
 	// Set by run before the tasks start, read-only after.
 	nc     *nats.Conn
@@ -61,7 +64,8 @@ type kvShare struct {
 func newKVShare(c config.Cluster, holder string, m *kvMetrics, log hclog.Logger, startSeq func(string, uint32) uint64) *kvShare {
 	prefix := "switchyard." + c.Name + "."
 	return &kvShare{c: c, holder: holder, prefix: prefix, stream: kvStreamConfig(c.Name, prefix), log: log, m: m, startSeq: startSeq,
-		ready: make(chan struct{}), needed: make(chan struct{}), followed: map[*follow]struct{}{}, epoch: make(chan struct{})}
+		ready: make(chan struct{}), needed: make(chan struct{}), followed: map[*follow]struct{}{}, epoch: make(chan struct{}),
+		malformedLog: rate.Sometimes{Interval: malformedLogInterval}}
 }
 
 // run makes sure the lease bucket exists, then, once a candidate is
@@ -352,7 +356,10 @@ func (x *kvShare) receive(f *follow, data []byte) {
 	err := x.apply(f, data)
 	if err != nil {
 		x.m.kvDropped.WithLabelValues("malformed").Inc()
-		x.log.Warn("a KV events message does not decode; the engine's index is cleared", "worker", f.worker, "rank", f.rank, "error", err)
+		x.malformedLog.Do(func() {
+			x.log.Warn("a KV events message does not decode; the engine's index is cleared (logged at most every "+malformedLogInterval.String()+
+				", each counted in switchyard_cluster_kv_dropped_total{reason=\"malformed\"})", "worker", f.worker, "rank", f.rank, "error", err)
+		})
 		f.sink.Clear()
 	}
 }

@@ -80,6 +80,8 @@ func encodeToken(s string) string {
 // Leases holds leases of one cluster for one holder. Make it with
 // openLeases; safe for concurrent use.
 type Leases struct {
+	js     jetstream.JetStream
+	cfg    jetstream.KeyValueConfig
 	kv     jetstream.KeyValue
 	holder string
 	renew  time.Duration
@@ -95,20 +97,38 @@ func openLeases(ctx context.Context, js jetstream.JetStream, c config.Cluster, h
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	bucket := c.Name + "-leases"
-	kv, err := js.CreateOrUpdateKeyValue(cctx, jetstream.KeyValueConfig{
+	cfg := jetstream.KeyValueConfig{
 		Bucket: bucket, Description: "switchyard leases (docs/replicas.md)",
 		History: 1, TTL: ttl, Storage: jetstream.MemoryStorage,
-	})
+	}
+	kv, err := js.CreateOrUpdateKeyValue(cctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("lease bucket %s: %w", bucket, err)
 	}
-	return &Leases{kv: kv, holder: holder, renew: ttl / 3, ttl: ttl, held: held, log: log}, nil
+	return &Leases{js: js, cfg: cfg, kv: kv, holder: holder, renew: ttl / 3, ttl: ttl, held: held, log: log}, nil
+}
+
+// remake makes the bucket again when NATS has lost it (a restarted
+// server keeps no memory bucket); nothing when it exists. The handle
+// l.kv names the bucket, so it works on the bucket made again.
+func (l *Leases) remake(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, l.renew)
+	defer cancel()
+	if _, err := l.js.KeyValue(cctx, l.cfg.Bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return err
+	}
+	if _, err := l.js.CreateOrUpdateKeyValue(cctx, l.cfg); err != nil {
+		return fmt.Errorf("lease bucket %s: %w", l.cfg.Bucket, err)
+	}
+	l.log.Info("lease bucket made again (NATS lost it)", "bucket", l.cfg.Bucket)
+	return nil
 }
 
 // Hold competes for the lease key until ctx ends: whenever it holds the
 // key it runs run with a context that ends when the lease is lost or ctx
 // ends, and waits for run to return before competing again. A free key is
-// tried every renewal period (LeaseTTL/3). On return the lease is given
+// tried every renewal period (LeaseTTL/3); a try that fails otherwise than
+// for the key being held makes the bucket again if NATS lost it. On return the lease is given
 // up (deleted) if held; so is it when run returns by itself (Hold then
 // competes again). key must be a valid KV key (LeaseKey makes one).
 func (l *Leases) Hold(ctx context.Context, key string, run func(ctx context.Context)) {
@@ -121,6 +141,9 @@ func (l *Leases) Hold(ctx context.Context, key string, run func(ctx context.Cont
 			l.hold(ctx, t, key, rev, run)
 		case !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil:
 			l.log.Debug("lease not taken", "key", key, "error", err)
+			if err := l.remake(ctx); err != nil && ctx.Err() == nil {
+				l.log.Debug("lease bucket not checked", "error", err)
+			}
 		}
 		select {
 		case <-ctx.Done():

@@ -134,3 +134,42 @@ func TestLeaseHold(t *testing.T) {
 		t.Errorf("after both stopped the key is %v, want deleted", err)
 	}
 }
+
+// TestLeaseBucketMadeAgain: NATS restarted (a memory bucket does not
+// survive it) for longer than the lease's TTL: the holder loses its
+// lease, and once NATS is back it makes the bucket again and holds the
+// lease again.
+func TestLeaseBucketMadeAgain(t *testing.T) {
+	port := freePort(t)
+	s, url := startNATS(t, port)
+	nc, err := nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c := config.Cluster{Name: "test", Heartbeat: 100 * time.Millisecond}
+	l, err := openLeases(ctx, js, c, "a", nil, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := holdLease(t, l, "snapshot")
+	eventually(t, "a holds the lease", func() bool { r, n := h.state(); return r && n == 1 })
+
+	s.Shutdown()
+	s.WaitForShutdown()
+	eventually(t, "a loses the lease while NATS is away", func() bool { r, _ := h.state(); return !r })
+	startNATS(t, port)
+	eventually(t, "a holds the lease again on the new server", func() bool { r, n := h.state(); return r && n == 2 })
+	kv, err := js.KeyValue(ctx, "test-leases")
+	if err != nil {
+		t.Fatalf("the lease bucket was not made again: %v", err)
+	}
+	if e, err := kv.Get(ctx, "snapshot"); err != nil || string(e.Value()) != "a" {
+		t.Errorf("the key holds %v (%v), want a", e, err)
+	}
+}

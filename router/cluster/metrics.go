@@ -34,7 +34,7 @@ func newMetrics(reg prometheus.Registerer, r *Replica) (*metrics, error) {
 		received: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_records_received_total",
 			Help: "Records of other replicas applied, by kind (booked, first_token, released, reset)."}, []string{"kind"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_dropped_total",
-			Help: "Records not shared or not applied, by reason: queue_full, disconnected (not published); malformed, unknown_worker, not_placed, too_many (not applied); replay_gap (deltas a starting replica could not replay: gone from the stream)."}, []string{"reason"}),
+			Help: "Records not shared or not applied, by reason: queue_full, disconnected (not published); malformed (or from a name that is not a replica name), unknown_worker, not_placed, too_many (bookings or replicas past their bound) (not applied); replay_gap (deltas a starting replica could not replay: gone from the stream)."}, []string{"reason"}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{Name: "switchyard_cluster_expired_bookings_total",
 			Help: "Bookings of other replicas released because their replica fell silent for the booking TTL."}),
 		lag: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "switchyard_cluster_sync_lag_seconds",

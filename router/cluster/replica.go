@@ -34,6 +34,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/time/rate"
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
@@ -50,6 +51,17 @@ const (
 	// maxRemoteBookings bounds the bookings of other replicas held, all
 	// peers together; past it a booking is dropped and counted.
 	maxRemoteBookings = 1 << 20
+	// maxPeers bounds the other replicas heard (within BookingTTL); past
+	// it a new name's heartbeats and messages are dropped and counted.
+	maxPeers = 1 << 10
+	// resyncGap is the least time between two snapshots of this
+	// replica's bookings: a flood of hellos (anyone may publish one)
+	// costs at most one snapshot per gap.
+	resyncGap = 100 * time.Millisecond
+	// malformedLogInterval is how often a malformed message is logged
+	// after the first (they are all counted): garbage published on the
+	// cluster's subjects does not flood the log.
+	malformedLogInterval = 10 * time.Second
 	// batchBytes is the size past which a deltas message is sent.
 	batchBytes = 60 << 10
 	// streamBytes bounds the deltas stream (memory storage): the oldest
@@ -105,6 +117,8 @@ type Replica struct {
 	mu     sync.Mutex
 	peers  map[string]*peer
 	remote int // bookings held, all peers
+	// malformedLog limits the logging of malformed deltas messages.
+	malformedLog rate.Sometimes
 
 	connected atomic.Bool
 	events    chan bool // the connection's ups (true) and downs (false)
@@ -165,6 +179,7 @@ func New(o Options) (*Replica, error) {
 		out: make(chan Record, outQueue), resync: make(chan struct{}, 1), hello: make(chan struct{}, 1),
 		live: map[string]*Record{}, peers: map[string]*peer{}, events: make(chan bool, 16), warm: make(chan struct{}),
 		snapKV: map[kvCandidate]uint64{}, pending: map[kvCandidate]pendingPrefix{},
+		malformedLog: rate.Sometimes{Interval: malformedLogInterval},
 	}
 	m, err := newMetrics(o.Registerer, r)
 	if err != nil {
@@ -290,6 +305,8 @@ func (r *Replica) Run(ctx context.Context) error {
 	defer nc.Close()
 	if nc.IsConnected() {
 		r.connEvent(true)
+	} else {
+		r.log.Warn("NATS not reachable; routing on this replica's own state meanwhile, retrying every 250ms", "nats", r.o.Config.NATS)
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -341,9 +358,15 @@ func (r *Replica) Run(ctx context.Context) error {
 	return nil
 }
 
-// connEvent records a connection change and hands it to Run.
+// connEvent records a connection change, logs it, and hands it to Run.
 func (r *Replica) connEvent(up bool) {
-	r.connected.Store(up)
+	if r.connected.Swap(up) != up {
+		if up {
+			r.log.Info("connected to NATS", "nats", r.o.Config.NATS)
+		} else {
+			r.log.Warn("disconnected from NATS; routing on this replica's own state until it is back", "nats", r.o.Config.NATS)
+		}
+	}
 	r.m.connected.Set(map[bool]float64{true: 1, false: 0}[up])
 	select {
 	case r.events <- up:
@@ -423,14 +446,25 @@ func (r *Replica) markCaughtUp() { r.deltasCaughtUp.Store(true) }
 
 // watchCatchUp marks the replica caught up once the deltas stream and
 // every KV-event follow are (checked every 10 ms), then returns; or when
-// ctx ends.
+// ctx ends. It logs WarmTimeout passing before that (the replica is ready
+// on what it has).
 func (r *Replica) watchCatchUp(ctx context.Context) {
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
+	var timeout <-chan time.Time
+	if wt := r.o.Config.WarmTimeout; wt > 0 {
+		tm := time.NewTimer(time.Until(time.Unix(0, r.started.Load()).Add(wt)))
+		defer tm.Stop()
+		timeout = tm.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case <-timeout:
+			r.log.Warn("ready without having caught up with the cluster: warm_timeout passed", "warm_timeout", r.o.Config.WarmTimeout)
+			timeout = nil
+			continue
 		case <-t.C:
 		}
 		if r.deltasCaughtUp.Load() && r.KVCaughtUp() {
@@ -473,6 +507,27 @@ func (r *Replica) publish(ctx context.Context, nc *nats.Conn) {
 		}
 		buf = appendRecord(buf, rec)
 	}
+	snapshot := func() {
+		r.liveMu.Lock()
+		snap := make([]*Record, 0, len(r.live))
+		for _, rec := range r.live {
+			snap = append(snap, rec)
+		}
+		r.liveMu.Unlock()
+		send()
+		add(&Record{Kind: KindReset})
+		for _, rec := range snap {
+			add(rec)
+		}
+		send()
+		r.m.snapshots.Inc()
+	}
+	// Snapshots are at most one per resyncGap: a request within it waits
+	// for the gap's end (resync is then nil, the requests coalesced in
+	// r.resync meanwhile).
+	resync := r.resync
+	var resyncLater <-chan time.Time
+	var lastSnapshot time.Time
 	hb := time.NewTicker(r.o.Config.Heartbeat)
 	defer hb.Stop()
 	for {
@@ -493,20 +548,17 @@ func (r *Replica) publish(ctx context.Context, nc *nats.Conn) {
 				break
 			}
 			send()
-		case <-r.resync:
-			r.liveMu.Lock()
-			snap := make([]*Record, 0, len(r.live))
-			for _, rec := range r.live {
-				snap = append(snap, rec)
+		case <-resync:
+			if wait := resyncGap - time.Since(lastSnapshot); wait > 0 {
+				resync, resyncLater = nil, time.After(wait)
+				continue
 			}
-			r.liveMu.Unlock()
-			send()
-			add(&Record{Kind: KindReset})
-			for _, rec := range snap {
-				add(rec)
-			}
-			send()
-			r.m.snapshots.Inc()
+			snapshot()
+			lastSnapshot = time.Now()
+		case <-resyncLater:
+			resync, resyncLater = r.resync, nil
+			snapshot()
+			lastSnapshot = time.Now()
 		case <-hb.C:
 			if err := nc.Publish(hbSubject, nil); err != nil {
 				r.m.dropped.WithLabelValues("disconnected").Inc()
@@ -529,9 +581,15 @@ func (r *Replica) receive(from string, data []byte, now time.Time, replay bool) 
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	p := r.peer(from, now)
+	if p == nil {
+		return
+	}
 	if err := decode(data, func(rec *Record) { r.apply(from, p, rec, now, replay) }); err != nil {
 		r.m.dropped.WithLabelValues("malformed").Inc()
-		r.log.Warn("a replica's message does not decode; its records after the fault are dropped", "replica", from, "error", err)
+		r.malformedLog.Do(func() {
+			r.log.Warn("a replica's message does not decode; its records after the fault are dropped (logged at most every "+malformedLogInterval.String()+
+				", each counted in switchyard_cluster_dropped_total{reason=\"malformed\"})", "replica", from, "error", err)
+		})
 	}
 }
 
@@ -552,10 +610,19 @@ func (r *Replica) relearn(data []byte) {
 }
 
 // peer returns from's state, made on first sight; it is alive as of now.
-// r.mu is held.
+// nil, counted, when from is not a replica name (malformed) or is new
+// with maxPeers replicas heard already (too_many). r.mu is held.
 func (r *Replica) peer(from string, now time.Time) *peer {
 	p := r.peers[from]
 	if p == nil {
+		switch {
+		case !config.ClusterToken(from):
+			r.m.dropped.WithLabelValues("malformed").Inc()
+			return nil
+		case len(r.peers) >= maxPeers:
+			r.m.dropped.WithLabelValues("too_many").Inc()
+			return nil
+		}
 		p = &peer{bookings: map[string]*fleet.Booking{}}
 		r.peers[from] = p
 	}

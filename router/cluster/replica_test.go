@@ -4,14 +4,18 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-router/switchyard/builtin"
@@ -397,6 +401,127 @@ func TestMalformedMessagesAreDropped(t *testing.T) {
 	_ = nc.Flush()
 	eventually(t, "its release applies", func() bool { return b.active()["w1"] == 0 })
 }
+
+// TestPeersBounded: heartbeats and messages on the cluster's subjects
+// from names that are not replica names are dropped and counted
+// (malformed), their records not applied; past maxPeers replicas heard a
+// new one is dropped and counted (too_many), so a flood of made-up names
+// cannot grow the peers (and /readyz) without bound.
+func TestPeersBounded(t *testing.T) {
+	_, b, nc := soloNode(t)
+	booked := appendRecord([]byte{wireVersion}, &Record{Kind: KindBooked, ID: "x", Worker: "w1", Role: shared.RoleAggregated, PromptTokens: 8, BlockSize: 4})
+	long := strings.Repeat("x", 65)
+	for _, name := range []string{long, "bad#name"} {
+		if err := nc.Publish("switchyard.test.hb."+name, nil); err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Publish("switchyard.test.d."+name, booked); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = nc.Flush()
+	dropped := func(reason string) float64 { return testutil.ToFloat64(b.rep.m.dropped.WithLabelValues(reason)) }
+	eventually(t, "four messages from bad names dropped", func() bool { return dropped("malformed") == 4 })
+	if got := b.rep.State().Peers; !slices.Equal(got, []string{"probe"}) {
+		t.Errorf("peers %v, want [probe] (soloNode's)", got)
+	}
+	if got := b.active()["w1"]; got != 0 {
+		t.Errorf("w1 has %d bookings, want 0 (the bad names' records not applied)", got)
+	}
+
+	const extra = 10 // past the bound: probe holds one place
+	for i := range maxPeers + extra - 1 {
+		if err := nc.Publish(fmt.Sprintf("switchyard.test.hb.p%d", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = nc.Flush()
+	eventually(t, "the peers past the bound dropped", func() bool { return dropped("too_many") == extra })
+	if got := len(b.rep.State().Peers); got != maxPeers {
+		t.Errorf("%d peers, want %d", got, maxPeers)
+	}
+}
+
+// TestHelloFloodBounded: hellos (which anyone on the bus may publish)
+// are answered with snapshots of the replica's bookings at most once per
+// resyncGap, and the last of a flood is still answered.
+func TestHelloFloodBounded(t *testing.T) {
+	_, b, nc := soloNode(t)
+	snapshots := func() float64 { return testutil.ToFloat64(b.rep.m.snapshots) }
+	eventually(t, "b's own join snapshot sent", func() bool { return snapshots() >= 1 })
+	time.Sleep(2 * resyncGap)
+	before := snapshots()
+	start := time.Now()
+	const hellos = 500
+	for range hellos {
+		if err := nc.Publish("switchyard.test.hello", []byte("intruder")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = nc.Flush()
+	eventually(t, "the flood answered", func() bool { return snapshots() > before })
+	time.Sleep(3 * resyncGap) // a snapshot pending at the gap's end is sent
+	elapsed := time.Since(start)
+	sent := snapshots() - before
+	most := 2 + float64(elapsed/resyncGap) // one at once, then one per gap passed
+	if sent > most {
+		t.Errorf("%v snapshots for %d hellos in %v, want at most %v (one per %v)", sent, hellos, elapsed, most, resyncGap)
+	}
+}
+
+// TestMalformedLogLimited: a flood of malformed deltas and kv messages
+// (garbage on the cluster's subjects) is counted message by message but
+// logged at most once per malformedLogInterval each.
+func TestMalformedLogLimited(t *testing.T) {
+	r, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: kvPolicy(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	if _, err := r.AddWorker(fleet.Spec{ID: 1, Name: "w0", Role: shared.RoleAggregated, TotalKVBlocks: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := hclog.New(&hclog.LoggerOptions{Output: writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	}), Level: hclog.Warn})
+	reg := prometheus.NewRegistry()
+	rep, err := New(Options{Config: config.Cluster{NATS: "nats://127.0.0.1:1", Replica: "b", Name: "test"}, Router: r, Registerer: reg, Logger: log,
+		Resolve: func(string) (shared.WorkerID, bool) { return 1, true }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &follow{worker: "w0", sink: r.PrefixPrecise(1, 0)}
+	const n = 1000
+	start := time.Now()
+	for range n {
+		rep.receive("noisy", []byte{9}, time.Now(), false)
+		rep.kv.receive(f, []byte{9})
+	}
+	elapsed := time.Since(start)
+	if got := testutil.ToFloat64(rep.m.dropped.WithLabelValues("malformed")); got != n {
+		t.Errorf("%v malformed deltas messages counted, want %d", got, n)
+	}
+	if got := testutil.ToFloat64(rep.kv.m.kvDropped.WithLabelValues("malformed")); got != n {
+		t.Errorf("%v malformed kv messages counted, want %d", got, n)
+	}
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	most := 1 + int(elapsed/malformedLogInterval) // the first, then one per interval passed
+	deltas, kv := strings.Count(out, "a replica's message does not decode"), strings.Count(out, "a KV events message does not decode")
+	if deltas < 1 || deltas > most || kv < 1 || kv > most {
+		t.Errorf("%d deltas and %d kv lines logged for %d messages each in %v; want 1 to %d each", deltas, kv, n, elapsed, most)
+	}
+}
+
+// writerFunc is an io.Writer made of a function.
+type writerFunc func([]byte) (int, error)
+
+func (w writerFunc) Write(p []byte) (int, error) { return w(p) }
 
 // TestRemoteBookingKeepsItsRank: another replica's booking of a
 // data-parallel rank lands on that rank here; one of a version 1 replica

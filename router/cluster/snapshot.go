@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -236,22 +237,15 @@ func (r *Replica) loadSnapshot(ctx context.Context, js jetstream.JetStream) (uin
 	if err != nil {
 		return 0, err
 	}
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	info, err := obs.GetInfo(cctx, snapshotObject)
+	data, err := readSnapshot(ctx, obs)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return 0, nil
 	}
 	if err != nil {
-		return 0, fmt.Errorf("snapshot info: %w", err)
-	}
-	if info.Size > maxSnapshotBytes {
-		r.m.snapshotLoads.WithLabelValues("malformed").Inc()
-		return 0, fmt.Errorf("%w: %d bytes, at most %d", errSnapshot, info.Size, maxSnapshotBytes)
-	}
-	data, err := obs.GetBytes(cctx, snapshotObject)
-	if err != nil {
-		return 0, fmt.Errorf("snapshot: %w", err)
+		if errors.Is(err, errSnapshot) {
+			r.m.snapshotLoads.WithLabelValues("malformed").Inc()
+		}
+		return 0, err
 	}
 	s, err := decodeSnapshot(data)
 	if err != nil {
@@ -277,6 +271,38 @@ func (r *Replica) loadSnapshot(ctx context.Context, js jetstream.JetStream) (uin
 		"deltas_seq", s.DeltasSeq, "bytes", len(data), "workers", imported, "workers_pending", pending)
 	r.snapLoaded = &SnapshotState{Writer: s.Writer, TakenAt: s.TakenAt, DeltasSeq: s.DeltasSeq, Workers: imported}
 	return s.DeltasSeq, nil
+}
+
+// readSnapshot reads the snapshot object from obs: at most
+// maxSnapshotBytes, whatever its metadata claims (a client writes the
+// metadata, and the chunks are read until the last), else errSnapshot.
+// jetstream.ErrObjectNotFound when there is none.
+func readSnapshot(ctx context.Context, obs jetstream.ObjectStore) ([]byte, error) {
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	info, err := obs.GetInfo(cctx, snapshotObject)
+	if errors.Is(err, jetstream.ErrObjectNotFound) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("snapshot info: %w", err)
+	}
+	if info.Size > maxSnapshotBytes {
+		return nil, fmt.Errorf("%w: %d bytes, at most %d", errSnapshot, info.Size, maxSnapshotBytes)
+	}
+	res, err := obs.Get(cctx, snapshotObject)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	defer func() { _ = res.Close() }()
+	data, err := io.ReadAll(io.LimitReader(res, maxSnapshotBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: %w", err)
+	}
+	if len(data) > maxSnapshotBytes {
+		return nil, fmt.Errorf("%w: more than %d bytes (its metadata says %d)", errSnapshot, maxSnapshotBytes, info.Size)
+	}
+	return data, nil
 }
 
 // pendingPrefix is a snapshot's content of a worker that was not a

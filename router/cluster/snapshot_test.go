@@ -2,12 +2,17 @@ package cluster
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -82,6 +87,62 @@ func TestSnapshotMalformed(t *testing.T) {
 		if _, err := decodeSnapshot(data); !errors.Is(err, errSnapshot) {
 			t.Errorf("%s: %v, want errSnapshot", name, err)
 		}
+	}
+}
+
+// TestReadSnapshotBounded: a snapshot object whose metadata claims a
+// small size over chunks past maxSnapshotBytes (metadata is the writing
+// client's) is refused after maxSnapshotBytes+1 bytes, not read whole.
+func TestReadSnapshotBounded(t *testing.T) {
+	_, url := startNATS(t, 0)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "test-index", Storage: jetstream.MemoryStorage})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := obs.PutBytes(ctx, snapshotObject, make([]byte, maxSnapshotBytes+1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	// Rewrite the metadata with a lying size.
+	stream, err := js.Stream(ctx, "OBJ_test-index")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metaSubject := "$O.test-index.M." + base64.URLEncoding.EncodeToString([]byte(snapshotObject))
+	m, err := stream.GetLastMsgForSubject(ctx, metaSubject)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta map[string]any
+	if err := json.Unmarshal(m.Data, &meta); err != nil {
+		t.Fatal(err)
+	}
+	meta["size"] = 100
+	data, err := json.Marshal(meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(metaSubject)
+	msg.Data = data
+	msg.Header.Set(jetstream.MsgRollup, jetstream.MsgRollupSubject)
+	if _, err := js.PublishMsg(ctx, msg); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := obs.GetInfo(ctx, snapshotObject); err != nil || info.Size != 100 {
+		t.Fatalf("the metadata says %v (%v), want the lie of 100 bytes", info, err)
+	}
+	got, err := readSnapshot(ctx, obs)
+	if !errors.Is(err, errSnapshot) {
+		t.Fatalf("read %d bytes (%v), want errSnapshot past %d bytes", len(got), err, maxSnapshotBytes)
 	}
 }
 
@@ -216,6 +277,38 @@ func TestReadyWithoutNATS(t *testing.T) {
 	if m.rep.Ready() {
 		t.Fatal("ready without NATS before its hour-long warm timeout")
 	}
+}
+
+// TestConnectionLogged: a replica says in its log that NATS is not
+// reachable at start, that its warm timeout passed before it caught up,
+// that it connected once NATS is there, and that it lost NATS.
+func TestConnectionLogged(t *testing.T) {
+	port := freePort(t)
+	var buf strings.Builder
+	var mu sync.Mutex
+	logged := func(what string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(buf.String(), what)
+	}
+	startNodeWith(t, "nats://127.0.0.1:"+strconv.Itoa(port), "a", 1, 1, func(c *config.Cluster) { c.WarmTimeout = 200 * time.Millisecond },
+		func(n *node) {
+			n.rep.log = hclog.New(&hclog.LoggerOptions{Output: writerFunc(func(p []byte) (int, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return buf.Write(p)
+			})})
+		})
+	eventually(t, "NATS not reachable logged", func() bool { return logged("NATS not reachable") })
+	eventually(t, "the warm timeout logged", func() bool { return logged("warm_timeout passed") })
+	if logged("connected to NATS") {
+		t.Fatal("connected logged while NATS is not there")
+	}
+	s, _ := startNATS(t, port)
+	eventually(t, "connected logged", func() bool { return logged("connected to NATS") })
+	s.Shutdown()
+	s.WaitForShutdown()
+	eventually(t, "disconnected logged", func() bool { return logged("disconnected from NATS") })
 }
 
 // TestWarmStartKVEvents: the snapshot carries a precise index with its

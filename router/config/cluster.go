@@ -95,10 +95,10 @@ var clusterSchema = &hcl.BodySchema{
 	},
 }
 
-// clusterToken reports whether s names a replica or a cluster: it goes
+// ClusterToken reports whether s names a replica or a cluster: it goes
 // into NATS subjects, stream and bucket names, so only [A-Za-z0-9_-], 1 to
 // 64 characters.
-func clusterToken(s string) bool {
+func ClusterToken(s string) bool {
 	if s == "" || len(s) > 64 {
 		return false
 	}
@@ -120,8 +120,8 @@ func (l *loader) clusterBlock(blk *hcl.Block) {
 		if s, ok := l.stringAttr(attr); ok {
 			for _, srv := range strings.Split(s, ",") {
 				u, err := url.Parse(strings.TrimSpace(srv))
-				if err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Host == "" {
-					l.attrErrorf(attr, "Invalid nats", "nats must be a NATS server URL such as \"nats://127.0.0.1:4222\" (several separated by commas), got %q.", s)
+				if err != nil || (u.Scheme != "nats" && u.Scheme != "tls") || u.Hostname() == "" || !validPort(u.Port()) {
+					l.attrErrorf(attr, "Invalid nats", "nats must be a NATS server URL such as \"nats://127.0.0.1:4222\" (a host, an optional port from 1 to 65535; several separated by commas), got %q.", s)
 					break
 				}
 			}
@@ -134,7 +134,7 @@ func (l *loader) clusterBlock(blk *hcl.Block) {
 	}{{"replica", &c.Replica}, {"name", &c.Name}} {
 		if attr, ok := content.Attributes[f.name]; ok {
 			if s, ok := l.stringAttr(attr); ok {
-				if !clusterToken(s) {
+				if !ClusterToken(s) {
 					l.attrErrorf(attr, "Invalid "+f.name, "%s must be 1 to 64 letters, digits, '_' or '-' (it goes into NATS subjects), got %q.", f.name, s)
 				} else {
 					*f.dst = s
@@ -146,12 +146,12 @@ func (l *loader) clusterBlock(blk *hcl.Block) {
 		// The host name: a Kubernetes pod's name, unique among replicas.
 		host, err := os.Hostname()
 		host = strings.Map(func(r rune) rune {
-			if clusterToken(string(r)) {
+			if ClusterToken(string(r)) {
 				return r
 			}
 			return '-'
 		}, host)
-		if err != nil || !clusterToken(host) {
+		if err != nil || !ClusterToken(host) {
 			l.errorf(blk.DefRange, "No replica name", "Set replica: the host name %q cannot name a replica.", host)
 		}
 		c.Replica = host
@@ -176,7 +176,13 @@ func (l *loader) clusterBlock(blk *hcl.Block) {
 		}
 	}
 	if c.Heartbeat*2 > c.BookingTTL {
-		l.errorf(blk.DefRange, "booking_ttl too short", "booking_ttl (%s) must be at least twice the heartbeat (%s): a replica missing one heartbeat must not lose its bookings.", c.BookingTTL, c.Heartbeat)
+		at := blk.DefRange
+		if attr, ok := content.Attributes["booking_ttl"]; ok {
+			at = attr.Expr.Range()
+		} else if attr, ok := content.Attributes["heartbeat"]; ok {
+			at = attr.Expr.Range()
+		}
+		l.errorf(at, "booking_ttl too short", "booking_ttl (%s) must be at least twice the heartbeat (%s): a replica missing one heartbeat must not lose its bookings.", c.BookingTTL, c.Heartbeat)
 	}
 	l.file.Cluster = c
 }

@@ -33,7 +33,7 @@ func TestClusterBlock(t *testing.T) {
 	host, _ := os.Hostname()
 	if b == nil || diags != "" || b.Cluster.Name != DefaultClusterName || b.Cluster.BookingTTL != DefaultBookingTTL ||
 		b.Cluster.Heartbeat != DefaultHeartbeat || b.Cluster.SnapshotInterval != DefaultSnapshotInterval ||
-		b.Cluster.WarmTimeout != DefaultWarmTimeout || b.Cluster.SessionTTL != 10*time.Minute || (clusterToken(host) && b.Cluster.Replica != host) {
+		b.Cluster.WarmTimeout != DefaultWarmTimeout || b.Cluster.SessionTTL != 10*time.Minute || (ClusterToken(host) && b.Cluster.Replica != host) {
 		t.Fatalf("defaults: %+v\n%s", b.Cluster, diags)
 	}
 	for _, tt := range []struct{ src, want string }{
@@ -42,7 +42,10 @@ func TestClusterBlock(t *testing.T) {
 		{"cluster {\n  nats = \"nats://x:4222\"\n  replica = \"a.b\"\n}\n", "c.hcl:3:13: error: Invalid replica"},
 		{"cluster {\n  nats = \"nats://x:4222\"\n  name = \"\"\n}\n", "c.hcl:3:10: error: Invalid name"},
 		{"cluster {\n  nats = \"nats://x:4222\"\n  booking_ttl = \"100ms\"\n}\n", "c.hcl:3:17: error: Invalid booking_ttl"},
-		{"cluster {\n  nats = \"nats://x:4222\"\n  booking_ttl = \"2s\"\n  heartbeat = \"1500ms\"\n}\n", "c.hcl:1:1: error: booking_ttl too short"},
+		{"cluster {\n  nats = \"nats://x:4222\"\n  booking_ttl = \"2s\"\n  heartbeat = \"1500ms\"\n}\n", "c.hcl:3:17: error: booking_ttl too short"},
+		{"cluster {\n  nats = \"nats://x:4222\"\n  heartbeat = \"6s\"\n}\n", "c.hcl:3:15: error: booking_ttl too short"},
+		{"cluster {\n  nats = \"nats://x:99999\"\n}\n", "c.hcl:2:10: error: Invalid nats"},
+		{"cluster {\n  nats = \"nats://x:0,nats://y:4222\"\n}\n", "c.hcl:2:10: error: Invalid nats"},
 		{"cluster {\n  nats = \"nats://x:4222\"\n  snapshot_interval = \"1ms\"\n}\n", "c.hcl:3:23: error: Invalid snapshot_interval"},
 		{"cluster {\n  nats = \"nats://x:4222\"\n  warm_timeout = \"-1s\"\n}\n", "error: Invalid warm_timeout"},
 		{"cluster {\n  nats = \"nats://x:4222\"\n  session_ttl = \"0s\"\n}\n", "c.hcl:3:17: error: Invalid session_ttl"},
