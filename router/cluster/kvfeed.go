@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,6 +210,7 @@ type follow struct {
 	sink    kvevents.Sink
 	caught  atomic.Bool
 	next    atomic.Uint64 // the stream sequence to resume from; 0: the start
+	rev     atomic.Uint64 // the highest relay revision seen (relayRevHeader)
 	dec     kvevents.Decoder
 	b       kvevents.Batch
 }
@@ -304,6 +306,7 @@ func (x *kvShare) follow(ctx context.Context, f *follow) {
 			}
 			f.sink.Clear()
 			f.next.Store(0)
+			f.rev.Store(0) // the lease bucket was made again too: revisions start over
 			f.caught.Store(false)
 		}
 		if cc != nil {
@@ -334,7 +337,7 @@ func (x *kvShare) consume(ctx context.Context, f *follow) (jetstream.ConsumeCont
 	}
 	return cons.Consume(func(msg jetstream.Msg) {
 		md, err := msg.Metadata()
-		x.receive(f, msg.Data())
+		x.receive(f, msg.Data(), relayRevision(msg.Headers()))
 		// After the apply: a snapshot that reads next holds what came
 		// before it (kvPositions).
 		if err == nil {
@@ -346,13 +349,36 @@ func (x *kvShare) consume(ctx context.Context, f *follow) (jetstream.ConsumeCont
 	})
 }
 
+// relayRevision reads a kv message's relay revision (relayRevHeader); 0
+// when it has none or it does not parse.
+func relayRevision(h nats.Header) uint64 {
+	v := h.Get(relayRevHeader)
+	if v == "" || len(v) > 20 {
+		return 0
+	}
+	rev, err := strconv.ParseUint(v, 10, 64)
+	if err != nil {
+		return 0
+	}
+	return rev
+}
+
 // errKVMessage: a kv message that does not decode.
 var errKVMessage = errors.New("malformed kv message")
 
 // receive applies one kv message to f's sink. A message that does not
 // decode is dropped and counted, and the sink cleared: the stream it
 // follows has a hole, as when the engine's own payload does not decode.
-func (x *kvShare) receive(f *follow, data []byte) {
+func (x *kvShare) receive(f *follow, data []byte, rev uint64) {
+	// Fencing: a message of an older relay than one already seen is
+	// dropped (relayRevHeader).
+	switch cur := f.rev.Load(); {
+	case rev < cur:
+		x.m.kvDropped.WithLabelValues("stale_relay").Inc()
+		return
+	case rev > cur:
+		f.rev.Store(rev)
+	}
 	err := x.apply(f, data)
 	if err != nil {
 		x.m.kvDropped.WithLabelValues("malformed").Inc()

@@ -171,6 +171,19 @@ func (l *Leases) release(ctx context.Context, key string, rev uint64) {
 	l.log.Info("lease given up", "key", key)
 }
 
+// leaseRevisionKey is the context key of the revision at which the lease
+// a run holds was taken (LeaseRevision).
+type leaseRevisionKey struct{}
+
+// LeaseRevision returns the KV revision at which the lease held by the
+// run of ctx (Leases.Hold) was taken; 0 outside one. Revisions of one
+// key grow with each holder, so a later holder's revision is higher: a
+// fencing token for what holders publish.
+func LeaseRevision(ctx context.Context) uint64 {
+	rev, _ := ctx.Value(leaseRevisionKey{}).(uint64)
+	return rev
+}
+
 // hold runs run while the lease (key at rev) is renewed, then gives it up
 // (ctx ended, or run returned) or lets it go (lost).
 func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint64, run func(ctx context.Context)) {
@@ -179,7 +192,7 @@ func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint6
 		l.held.Inc()
 		defer l.held.Dec()
 	}
-	rctx, stop := context.WithCancel(ctx)
+	rctx, stop := context.WithCancel(context.WithValue(ctx, leaseRevisionKey{}, rev))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

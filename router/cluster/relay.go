@@ -39,6 +39,16 @@ import (
 //
 // Events of a kind the decoder does not know (Kind 0) are left out of the
 // re-encoded batch; the precise index skips them anyway.
+//
+// Each message carries, in the header Switchyard-Relay-Rev, the revision
+// at which its relay took the lease (LeaseRevision): a fencing token.
+// Two relays of one engine may overlap for up to a heartbeat (the old
+// holder has not yet seen its lease lost); a follower takes the messages
+// of the highest revision it has seen and drops those of lower ones
+// (counted stale_relay), so a late clear of the old relay cannot leave
+// the index cold behind the new relay's live.
+const relayRevHeader = "Switchyard-Relay-Rev"
+
 const (
 	opApply byte = 1
 	opClear byte = 2
@@ -128,7 +138,7 @@ func (x *kvShare) relay(ctx context.Context, t RelayTarget) {
 			}
 		}()
 		s := &relaySink{x: x, ctx: sctx, fail: fail, log: log, subject: kvSubject(x.prefix, t.Worker, t.Rank),
-			maxPayload: int(x.nc.MaxPayload())}
+			maxPayload: int(x.nc.MaxPayload()), rev: strconv.FormatUint(LeaseRevision(ctx), 10)}
 		if s.maxPayload <= 0 { // not told by the server yet
 			s.maxPayload = defaultMaxPayload
 		}
@@ -166,6 +176,7 @@ type relaySink struct {
 	log        hclog.Logger
 	subject    string
 	maxPayload int
+	rev        string // the lease's revision (relayRevHeader)
 	enc        kvevents.Encoder
 	events     []kvevents.Event
 	buf        []byte
@@ -222,7 +233,8 @@ func (s *relaySink) send(op byte, body []byte) bool {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, publishTimeout)
 	defer cancel()
-	if _, err := s.x.js.Publish(ctx, s.subject, s.buf); err != nil {
+	msg := &nats.Msg{Subject: s.subject, Data: s.buf, Header: nats.Header{relayRevHeader: []string{s.rev}}}
+	if _, err := s.x.js.PublishMsg(ctx, msg); err != nil {
 		if s.ctx.Err() == nil {
 			s.x.m.relayFailures.WithLabelValues("publish").Inc()
 			s.log.Warn("KV events not relayed; the relay starts again", "error", err, "in", relayRetry)

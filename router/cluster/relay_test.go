@@ -408,3 +408,55 @@ func TestKVStartSeq(t *testing.T) {
 		t.Errorf("KVStartSeq asked for %v, want [w0]", asked)
 	}
 }
+
+// TestStaleRelayDropped: two relays of one engine overlap (the old holder
+// has not yet seen its lease lost). The follower takes the messages of
+// the highest lease revision it has seen: a late clear of the old relay
+// (a lower revision) is dropped and counted, and the index stays live
+// with what the new relay sent; a newer relay's clear applies.
+func TestStaleRelayDropped(t *testing.T) {
+	_, url := startNATS(t, 0)
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := js.CreateOrUpdateStream(ctx, kvStreamConfig("test", "switchyard.test.")); err != nil {
+		t.Fatal(err)
+	}
+	var enc kvevents.Encoder
+	payload, err := enc.Encode(&kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored,
+		BlockHashes: []uint64{7}, TokenIDs: []int64{1, 2, 3, 4}, BlockSize: 4}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	subject := kvSubject("switchyard.test.", "w0", 0)
+	publish := func(rev string, data []byte) {
+		t.Helper()
+		msg := &nats.Msg{Subject: subject, Data: data, Header: nats.Header{relayRevHeader: []string{rev}}}
+		if _, err := js.PublishMsg(ctx, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("5", []byte{opClear})
+	publish("5", append([]byte{opApply}, payload...))
+	publish("5", []byte{opLive})
+	publish("4", []byte{opClear}) // the old relay, late
+	a := startNode(t, url, "a", 1, 1, nil)
+	pa := followW0(a)
+	stale := func() float64 { return testutil.ToFloat64(a.rep.kv.m.kvDropped.WithLabelValues("stale_relay")) }
+	eventually(t, "the old relay's clear dropped", func() bool { return stale() == 1 })
+	if st := pa.Stats(); !st.Live || st.Blocks != 1 {
+		t.Fatalf("after the old relay's late clear: %+v; want live with the new relay's block", st)
+	}
+	publish("6", []byte{opClear}) // a newer relay starts
+	eventually(t, "the newer relay's clear applies", func() bool { st := pa.Stats(); return !st.Live && st.Blocks == 0 })
+	if got := stale(); got != 1 {
+		t.Fatalf("stale messages counted %v, want 1", got)
+	}
+}

@@ -503,7 +503,7 @@ func TestMalformedLogLimited(t *testing.T) {
 	start := time.Now()
 	for range n {
 		rep.receive("noisy", []byte{9}, time.Now(), false)
-		rep.kv.receive(f, []byte{9})
+		rep.kv.receive(f, []byte{9}, 0)
 	}
 	elapsed := time.Since(start)
 	if got := testutil.ToFloat64(rep.m.dropped.WithLabelValues("malformed")); got != n {
