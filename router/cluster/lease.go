@@ -124,6 +124,19 @@ func (l *Leases) remake(ctx context.Context) error {
 	return nil
 }
 
+// gone reports whether the bucket was lost, after making it again.
+func (l *Leases) gone(ctx context.Context) bool {
+	cctx, cancel := context.WithTimeout(ctx, l.renew)
+	defer cancel()
+	if _, err := l.js.KeyValue(cctx, l.cfg.Bucket); !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return false
+	}
+	if err := l.remake(ctx); err != nil {
+		l.log.Debug("lease bucket not made again", "error", err)
+	}
+	return true
+}
+
 // Hold competes for the lease key until ctx ends: whenever it holds the
 // key it runs run with a context that ends when the lease is lost or ctx
 // ends, and waits for run to return before competing again. A free key is
@@ -134,15 +147,28 @@ func (l *Leases) remake(ctx context.Context) error {
 func (l *Leases) Hold(ctx context.Context, key string, run func(ctx context.Context)) {
 	t := time.NewTicker(l.renew)
 	defer t.Stop()
+	var failing time.Time // since when takes fail otherwise than for the key being held
 	for {
 		rev, err := l.take(ctx, key)
 		switch {
 		case err == nil:
+			failing = time.Time{}
 			l.hold(ctx, t, key, rev, run)
-		case !errors.Is(err, jetstream.ErrKeyExists) && ctx.Err() == nil:
+		case errors.Is(err, jetstream.ErrKeyExists) || ctx.Err() != nil:
+			failing = time.Time{}
+		default:
 			l.log.Debug("lease not taken", "key", key, "error", err)
-			if err := l.remake(ctx); err != nil && ctx.Err() == nil {
-				l.log.Debug("lease bucket not checked", "error", err)
+			if failing.IsZero() {
+				failing = time.Now()
+			}
+			// The bucket may be gone (a restarted NATS server): its holder
+			// makes it again at its next renewal (hold); the others only
+			// after twice the TTL, so that the holder keeps its lease rather
+			// than two relays starting.
+			if time.Since(failing) >= 2*l.ttl {
+				if err := l.remake(ctx); err != nil && ctx.Err() == nil {
+					l.log.Debug("lease bucket not checked", "error", err)
+				}
 			}
 		}
 		select {
@@ -224,6 +250,12 @@ func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint6
 				l.log.Warn("lease lost: another holder took it", "key", key)
 				return
 			case ctx.Err() != nil:
+			case l.gone(ctx):
+				// NATS lost the bucket (a restarted server): made again, the
+				// lease is taken again at once, its run started anew with the
+				// new revision (its fencing token).
+				l.log.Warn("lease bucket lost with NATS; made again and the lease taken again", "key", key)
+				return
 			case time.Since(renewed) >= l.ttl:
 				l.log.Warn("lease lost: not renewed within its TTL", "key", key, "ttl", l.ttl, "error", err)
 				return

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -345,7 +346,15 @@ func TestRelayNATSRestart(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after the restart the indexes do not hold every block (%d), live: a %+v, b %+v", want, pa.Stats(), pb.Stats())
+			diag := func(n *node) string {
+				m := n.rep.kv.m
+				return fmt.Sprintf("%s: leases %v, relayed apply %v clear %v live %v, consumed apply %v clear %v live %v, stale %v, relay failures publish %v",
+					n.rep.self, held(n), testutil.ToFloat64(m.relayed.WithLabelValues("apply")), testutil.ToFloat64(m.relayed.WithLabelValues("clear")),
+					testutil.ToFloat64(m.relayed.WithLabelValues("live")), testutil.ToFloat64(m.kvConsumed.WithLabelValues("apply")),
+					testutil.ToFloat64(m.kvConsumed.WithLabelValues("clear")), testutil.ToFloat64(m.kvConsumed.WithLabelValues("live")),
+					testutil.ToFloat64(m.kvDropped.WithLabelValues("stale_relay")), testutil.ToFloat64(m.relayFailures.WithLabelValues("publish")))
+			}
+			t.Fatalf("after the restart the indexes do not hold every block (%d), live: a %+v, b %+v\n%s\n%s", want, pa.Stats(), pb.Stats(), diag(a), diag(b))
 		}
 	}
 }
