@@ -56,15 +56,7 @@ func holdLease(t *testing.T, l *Leases, key string) *leaseHolder {
 // Keys made by LeaseKey are valid whatever the names.
 func TestLeaseHold(t *testing.T) {
 	_, url := startNATS(t, 0)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := client(t, url)
 	ctx := context.Background()
 	c := config.Cluster{Name: "test", Heartbeat: 100 * time.Millisecond}
 	open := func(holder string) *Leases {

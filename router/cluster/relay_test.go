@@ -12,7 +12,6 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchyard-router/switchyard/router/config"
@@ -210,15 +209,7 @@ func TestRelayLeaseAndHandover(t *testing.T) {
 func TestRelayLeaseExpires(t *testing.T) {
 	_, url := startNATS(t, 0)
 	e := startEngine(t)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := client(t, url)
 	c := config.Cluster{Name: "test", Heartbeat: 100 * time.Millisecond}
 	ctx := context.Background()
 	l, err := openLeases(ctx, js, c, "dead", nil, hclog.NewNullLogger())
@@ -252,15 +243,7 @@ func TestMalformedKVMessagesAreDropped(t *testing.T) {
 	_, url := startNATS(t, 0)
 	a := startNode(t, url, "a", 1, 1, nil)
 	pa := followW0(a)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := client(t, url)
 	subject := kvSubject("switchyard.test.", "w0", 0)
 	var enc kvevents.Encoder
 	good, err := enc.Encode(&kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, BlockHashes: []uint64{7}, TokenIDs: []int64{1, 2, 3, 4}, BlockSize: 4}}})
@@ -363,15 +346,7 @@ func TestRelayNATSRestart(t *testing.T) {
 // applies its candidate's messages from that stream sequence on only.
 func TestKVStartSeq(t *testing.T) {
 	_, url := startNATS(t, 0)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := client(t, url)
 	ctx := context.Background()
 	if _, err := js.CreateOrUpdateStream(ctx, kvStreamConfig("test", "switchyard.test.")); err != nil {
 		t.Fatal(err)
@@ -425,15 +400,7 @@ func TestKVStartSeq(t *testing.T) {
 // with what the new relay sent; a newer relay's clear applies.
 func TestStaleRelayDropped(t *testing.T) {
 	_, url := startNATS(t, 0)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := client(t, url)
 	ctx := context.Background()
 	if _, err := js.CreateOrUpdateStream(ctx, kvStreamConfig("test", "switchyard.test.")); err != nil {
 		t.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
@@ -45,6 +46,22 @@ func startNATS(t testing.TB, port int) (*server.Server, string) {
 	t.Helper()
 	s := natstest.Start(t, port)
 	return s, s.ClientURL()
+}
+
+// client connects to url for the test's own publishing and reading,
+// with a JetStream handle; closed when the test ends.
+func client(t testing.TB, url string) (*nats.Conn, jetstream.JetStream) {
+	t.Helper()
+	nc, err := nats.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return nc, js
 }
 
 // node is one replica: a router with workers w0..w(n-1) (their ids

@@ -95,15 +95,7 @@ func TestSnapshotMalformed(t *testing.T) {
 // client's) is refused after maxSnapshotBytes+1 bytes, not read whole.
 func TestReadSnapshotBounded(t *testing.T) {
 	_, url := startNATS(t, 0)
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := client(t, url)
 	ctx := context.Background()
 	obs, err := js.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: "test-index", Storage: jetstream.MemoryStorage})
 	if err != nil {
@@ -178,15 +170,7 @@ func TestWarmStart(t *testing.T) {
 	a := startNode(t, url, "a", 3, 1, manual)
 	eventually(t, "a caught up", a.rep.caughtUp.Load)
 
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := client(t, url)
 	ctx := context.Background()
 	stream, err := js.Stream(ctx, "test-deltas")
 	if err != nil {
@@ -332,15 +316,7 @@ func TestWarmStartKVEvents(t *testing.T) {
 	eventually(t, "a caught up", a.rep.caughtUp.Load)
 
 	ctx := context.Background()
-	nc, err := nats.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, js := client(t, url)
 	obs, err := a.rep.indexStore(ctx, js)
 	if err != nil {
 		t.Fatal(err)
