@@ -9,7 +9,7 @@ PKGS        := ./...
 PYTHON      := /usr/bin/python3
 PYTHON_DEBS := python3-grpcio python3-protobuf
 
-.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-failover bench-serve demo-replicas bench-overlap demo demo-serve proto proto-check clean
+.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-failover bench-serve chaos demo-replicas bench-overlap demo demo-serve proto proto-check clean
 
 all: build
 
@@ -80,6 +80,13 @@ bench-replicas: build
 ## failures at the survivors, booking expiry, warm restart
 bench-failover: build
 	$(GO) run ./bench/replicas --router-bin $(BIN)/router --failover
+
+## chaos: the fault matrix of `router serve` against real processes (bench/chaos):
+## engines and the plugin killed and stopped, reloads, engines moved, clients
+## leaving, a body-budget attack, SIGTERM under load; then the router back at
+## rest (bookings, queue, descriptors, goroutines). Three runs, about 10 minutes.
+chaos: build
+	$(GO) run ./bench/chaos --router-bin $(BIN)/router --plugin-bin $(BIN)/plugin-example --runs 3
 
 ## demo-replicas: three `router serve` replicas behind HAProxy sharing over
 ## Debian's nats-server (both installed when missing), three mock engines,

@@ -148,6 +148,48 @@ func (cs *Children) Kill(addr string) error {
 	return fmt.Errorf("no child listening on %s", addr)
 }
 
+// Pid returns the process id of the running child whose Start answered
+// addr; false when there is none.
+func (cs *Children) Pid(addr string) (int, bool) {
+	for _, c := range cs.list {
+		if c.addr == addr {
+			return c.cmd.Process.Pid, true
+		}
+	}
+	return 0, false
+}
+
+// Signal sends sig to the running child whose Start answered addr.
+// Errors: no running child answered addr; the signal failed.
+func (cs *Children) Signal(addr string, sig os.Signal) error {
+	for _, c := range cs.list {
+		if c.addr == addr {
+			return c.cmd.Process.Signal(sig)
+		}
+	}
+	return fmt.Errorf("no child listening on %s", addr)
+}
+
+// Wait waits up to timeout for the child whose Start answered addr to
+// exit, forgets it, and returns its exit code (-1 when a signal killed
+// it). Errors: no running child answered addr; it did not exit in time
+// (it is then left running).
+func (cs *Children) Wait(addr string, timeout time.Duration) (int, error) {
+	for i, c := range cs.list {
+		if c.addr != addr {
+			continue
+		}
+		select {
+		case <-c.done:
+		case <-time.After(timeout):
+			return 0, fmt.Errorf("%s did not exit within %v", addr, timeout)
+		}
+		cs.list = append(cs.list[:i], cs.list[i+1:]...)
+		return c.cmd.ProcessState.ExitCode(), nil
+	}
+	return 0, fmt.Errorf("no child listening on %s", addr)
+}
+
 // PostChat posts body to base's /v1/chat/completions and reads the
 // answer; a status other than 200 is an error quoting the answer.
 func PostChat(ctx context.Context, c *http.Client, base string, body []byte) error {
