@@ -54,6 +54,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/http/httptrace"
@@ -170,7 +171,8 @@ func run(o options, dir string) bool {
 type scenario struct {
 	name string
 	// keepAlive: the load's clients reuse connections and send short
-	// requests back to back (sigterm).
+	// requests with a short think time between (sigterm), four times as
+	// many clients as the other scenarios'.
 	keepAlive bool
 	// act injects the fault while the load runs, from its start; the load
 	// runs until act returns (and at least loadMin).
@@ -226,7 +228,11 @@ func runScenario(o options, dir string, sc scenario) (res result) {
 		res.problem = "not at rest after the warm-up: " + err.Error()
 		return res
 	}
-	l := newLoad(e, o.clients, sc.keepAlive)
+	clients := o.clients
+	if sc.keepAlive {
+		clients *= 4
+	}
+	l := newLoad(e, clients, sc.keepAlive)
 	lctx, stopLoad := context.WithCancel(ctx)
 	loaded := make(chan struct{})
 	go func() { l.run(lctx, 0); close(loaded) }()
@@ -684,10 +690,15 @@ func (l *load) run(ctx context.Context, d time.Duration) {
 				l.mu.Lock()
 				l.outcomes = append(l.outcomes, o)
 				l.mu.Unlock()
-				if o.err != nil && !o.wrote {
+				switch {
+				case o.err != nil && !o.wrote:
 					// Refused before a byte was written (the router stopped
 					// accepting): do not spin.
 					time.Sleep(50 * time.Millisecond)
+				case l.keepAlive:
+					// Think time: connections sit idle now and then, as
+					// real clients' do, and are written to again.
+					time.Sleep(time.Duration(rand.IntN(20)) * time.Millisecond)
 				}
 			}
 		})
@@ -717,13 +728,18 @@ func (l *load) send(ctx context.Context, body string, stream bool) outcome {
 	o := outcome{start: time.Now()}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	trace := &httptrace.ClientTrace{WroteHeaders: func() { o.wrote = true }}
+	// wrote: the whole request reached the socket. A request written and
+	// then cut is lost: the client cannot tell whether it ran.
+	trace := &httptrace.ClientTrace{WroteRequest: func(i httptrace.WroteRequestInfo) { o.wrote = o.wrote || i.Err == nil }}
 	req, err := http.NewRequestWithContext(httptrace.WithClientTrace(rctx, trace), http.MethodPost,
 		"http://"+l.e.router+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		o.err = err
 		return o
 	}
+	// No GetBody: net/http then never sends the request again by itself
+	// on another connection, so every cut connection shows.
+	req.GetBody = nil
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := l.client.Do(req)
 	if err != nil {
@@ -786,10 +802,13 @@ func (l *load) inFlight(t time.Time) int {
 func (l *load) firstFailures(n int) string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	// Requests written and then cut first: they are what a fault loses.
 	var s []string
-	for _, o := range l.outcomes {
-		if o.err != nil && len(s) < n {
-			s = append(s, o.err.Error())
+	for _, wrote := range []bool{true, false} {
+		for _, o := range l.outcomes {
+			if o.err != nil && o.wrote == wrote && len(s) < n {
+				s = append(s, o.err.Error())
+			}
 		}
 	}
 	return strings.Join(s, " | ")
