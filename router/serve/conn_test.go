@@ -286,3 +286,26 @@ func TestContentLengthAndChunkedClosesTheConnection(t *testing.T) {
 		t.Errorf("the engine got %d requests, want 1", n)
 	}
 }
+
+// The client address a body is counted under: the IPv4 address, an
+// IPv4-mapped IPv6 one as IPv4, an IPv6 one by its /64 (zone dropped),
+// and one key for anything that is not ip:port.
+func TestClientKey(t *testing.T) {
+	for in, want := range map[string]string{
+		"127.0.0.2:5555":              "127.0.0.2",
+		"[::ffff:10.1.2.3]:80":        "10.1.2.3",
+		"[2001:db8:1:2:a:b:c:d]:443":  "2001:db8:1:2::",
+		"[2001:db8:1:2:ffff::1]:1":    "2001:db8:1:2::",
+		"[fe80::1%eth0]:8080":         "fe80::",
+		"@":                           "invalid IP",
+		"not an address":              "invalid IP",
+		"[2001:db8:1:3::1]:443":       "2001:db8:1:3::",
+		"192.168.0.1:0":               "192.168.0.1",
+		"[::1]:8080":                  "::",
+		"[2001:db8:ffff:ffff::]:8080": "2001:db8:ffff:ffff::",
+	} {
+		if got := clientKey(in).String(); got != want {
+			t.Errorf("clientKey(%q) = %s, want %s", in, got, want)
+		}
+	}
+}
