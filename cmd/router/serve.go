@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"net"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -26,11 +28,14 @@ type serveOptions struct {
 	charsPerToken  int
 	debugListen    string
 	shadowInFlight int
-	pods           podFlags
+	// bodyPerClient is --max-body-bytes-per-client; 0: no bound per
+	// client address.
+	bodyPerClient byteSize
+	pods          podFlags
 }
 
 func newServeCmd() *cobra.Command {
-	o := serveOptions{}
+	o := serveOptions{bodyPerClient: serve.DefaultMaxBodyBytesPerClient}
 	cmd := &cobra.Command{
 		Use:   "serve --policy FILE",
 		Short: "Route live OpenAI-compatible traffic to inference engines by policy",
@@ -87,10 +92,12 @@ connections (useful with --listen 127.0.0.1:0).`,
 	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
 	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) on this separate address; off when empty")
 	f.IntVar(&o.shadowInFlight, "shadow-max-inflight", router.DefaultShadowInFlight, "most shadow decisions running at once (policies with a shadow); one more is dropped")
+	f.Var(&o.bodyPerClient, "max-body-bytes-per-client", "most request body bytes held at once for one client address (IPv6: its /64); 0: no bound per address. Raise it behind a proxy or NAT")
 	setWant(f, "request-timeout", positiveDurationWant)
 	setWant(f, "drain-timeout", positiveDurationWant)
 	setWant(f, "chars-per-token", charsPerTokenWant)
 	setWant(f, "shadow-max-inflight", shadowInFlightWant)
+	setWant(f, "max-body-bytes-per-client", byteSizeWant)
 	o.pods.register(f)
 	return cmd
 }
@@ -108,6 +115,62 @@ var charsPerTokenWant = fmt.Sprintf("a whole number from 1 to %d", math.MaxInt)
 // positiveDurationWant words the values of a duration flag that must be
 // positive; 2562047h is about the largest time.Duration.
 const positiveDurationWant = "a duration greater than 0 with a unit, such as 500ms, 30s, 5m or 1h30m (at most 2562047h)"
+
+// byteSize is a pflag.Value of a size in bytes: a whole number, alone
+// (bytes) or followed by KiB, MiB or GiB (powers of 1024), from 0 to
+// maxByteSize.
+type byteSize int64
+
+// maxByteSize bounds a byteSize: 1 TiB, more than any body budget this
+// machine could hold.
+const maxByteSize = 1 << 40
+
+// byteSizeWant words the values a byteSize flag accepts.
+const byteSizeWant = "a size in bytes from 0 to 1TiB, such as 1048576, 64MiB or 1GiB (KiB, MiB and GiB are powers of 1024)"
+
+var byteUnits = []struct {
+	suffix string
+	shift  uint
+}{{"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"", 0}}
+
+func (b *byteSize) Set(v string) error {
+	for _, u := range byteUnits {
+		num, ok := strings.CutSuffix(v, u.suffix)
+		if !ok {
+			continue
+		}
+		n, err := strconv.ParseInt(num, 10, 64)
+		if err != nil {
+			return err
+		}
+		if n < 0 || n > maxByteSize>>u.shift {
+			return strconv.ErrRange
+		}
+		*b = byteSize(n << u.shift)
+		return nil
+	}
+	return strconv.ErrSyntax // not reached: the last unit is empty
+}
+
+func (b *byteSize) String() string {
+	for _, u := range byteUnits {
+		if n := int64(*b); u.shift > 0 && n > 0 && n%(1<<u.shift) == 0 {
+			return strconv.FormatInt(n>>u.shift, 10) + u.suffix
+		}
+	}
+	return strconv.FormatInt(int64(*b), 10)
+}
+
+func (*byteSize) Type() string { return "size" }
+
+// perClient is the size as serve's MaxBodyBytesPerClient: 0 (no bound)
+// is negative there.
+func (b byteSize) perClient() int64 {
+	if b == 0 {
+		return -1
+	}
+	return int64(b)
+}
 
 // runServe runs `router serve` until ctx ends: the listeners, then
 // serve.Daemon.
@@ -142,9 +205,9 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		PolicyFile: o.policy, WorkersFile: o.workersFile, Pods: pods, Watch: o.watch,
 		Listener: ln, DebugListener: debug,
 		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
-		ShadowMaxInFlight: o.shadowInFlight,
-		Logger:            logger,
-		Diagnostics:       stderr,
+		ShadowMaxInFlight: o.shadowInFlight, MaxBodyBytesPerClient: o.bodyPerClient.perClient(),
+		Logger:      logger,
+		Diagnostics: stderr,
 		OnReady: func() {
 			if debug != nil {
 				fmt.Fprintf(stdout, "router serve profiler on http://%s/debug/pprof/\n", debug.Addr())

@@ -274,3 +274,58 @@ func TestServeReloadReplacesTheClassifierAndWarnsOfTheQueue(t *testing.T) {
 	}
 	stop()
 }
+
+// TestServeBodyPerClientFlag: --max-body-bytes-per-client bounds the
+// request bodies one client address holds: at 1KiB a body of 2 KiB is
+// answered 503 overloaded before the request reaches selection; at 0 (no
+// bound per address) the same body reaches it (no worker lists its
+// model: 404).
+func TestServeBodyPerClientFlag(t *testing.T) {
+	policy := writeFile(t, "bs16.hcl", "router {\n  block_size = 16\n}\n")
+	body := fmt.Sprintf(`{"model":"mock","messages":[{"role":"user","content":%q}]}`, strings.Repeat("x", 2048))
+	for _, tc := range []struct {
+		flag   string
+		status int
+		code   string
+	}{{"1KiB", http.StatusServiceUnavailable, "overloaded"}, {"0", http.StatusNotFound, "model_not_found"}} {
+		base, _, stop := startServe(t, "--policy", policy, "--max-body-bytes-per-client", tc.flag)
+		resp, err := http.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != tc.status || !strings.Contains(string(b), `"code":"`+tc.code+`"`) {
+			t.Errorf("--max-body-bytes-per-client %s: %d %s, want %d %s", tc.flag, resp.StatusCode, b, tc.status, tc.code)
+		}
+		stop()
+	}
+}
+
+// TestByteSizeFlag: the values a size flag takes, and how it prints them.
+func TestByteSizeFlag(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want int64
+		out  string
+	}{
+		{"0", 0, "0"}, {"1048576", 1 << 20, "1MiB"}, {"1000", 1000, "1000"}, {"4KiB", 4 << 10, "4KiB"},
+		{"256MiB", 256 << 20, "256MiB"}, {"1536MiB", 1536 << 20, "1536MiB"}, {"1024GiB", 1 << 40, "1024GiB"},
+	} {
+		var b byteSize
+		if err := b.Set(tc.in); err != nil || int64(b) != tc.want || b.String() != tc.out {
+			t.Errorf("Set(%q): %d %q %v, want %d %q", tc.in, int64(b), b.String(), err, tc.want, tc.out)
+		}
+	}
+	for _, in := range []string{"", "-1", "1025GiB", "1TiB", "1.5GiB", "1 MiB", "1mib", "MiB", "0x10"} {
+		var b byteSize
+		if err := b.Set(in); err == nil {
+			t.Errorf("Set(%q) = %d, want an error", in, int64(b))
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"serve", "--policy", "x", "--max-body-bytes-per-client", "2TiB"}, &stdout, &stderr); code != 2 ||
+		!strings.Contains(stderr.String(), "--max-body-bytes-per-client 2TiB: want a size in bytes") {
+		t.Errorf("--max-body-bytes-per-client 2TiB: exit %d, stderr %q; want 2 and the flag's range", code, stderr.String())
+	}
+}

@@ -90,6 +90,9 @@ type DaemonOptions struct {
 	RequestTimeout time.Duration
 	DrainTimeout   time.Duration
 	CharsPerToken  int
+	// MaxBodyBytesPerClient is the Server's (Options; zero takes the
+	// default there, negative is no bound per client address).
+	MaxBodyBytesPerClient int64
 	// ShadowMaxInFlight bounds the shadow decisions running at once
 	// (router.ShadowOptions.MaxInFlight; router.DefaultShadowInFlight
 	// when zero).
@@ -276,6 +279,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	opts := Options{
 		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log, Tokenizers: toks,
 		RequestTimeout: o.RequestTimeout, DrainTimeout: o.DrainTimeout, CharsPerToken: o.CharsPerToken,
+		MaxBodyBytesPerClient: o.MaxBodyBytesPerClient,
 	}
 	if rep != nil {
 		opts.Observer, opts.Sessions = rep, sessions.For

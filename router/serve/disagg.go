@@ -147,7 +147,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		end(false, "prefill answered "+strconv.Itoa(resp.StatusCode))
 		hdr := ex.w.Header()
-		copyHeaders(hdr, resp.Header)
+		s.answerHeaders(hdr, resp.Header)
 		hdr.Set(headerPrefillWorker, name) // over the worker's own
 		hdr.Set("X-Request-Id", ex.id)
 		hdr.Set("Content-Length", strconv.Itoa(len(answer)))

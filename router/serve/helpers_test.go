@@ -174,6 +174,9 @@ type envOptions struct {
 	classifier     shared.ClassifierFactory
 	timeout        time.Duration
 	bodiesInFlight int64 // Options.MaxBodyBytesInFlight
+	maxBody        int64 // Options.MaxBodyBytes
+	perClient      int64 // Options.MaxBodyBytesPerClient
+	drain          time.Duration
 }
 
 func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
@@ -204,7 +207,7 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 		e.workers = append(e.workers, w)
 		e.ws.urls[b.name] = b.url
 	}
-	e.s, err = New(Options{Router: r, Queue: o.queue, Classifier: o.classifier, MaxBodyBytesInFlight: o.bodiesInFlight, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond})
+	e.s, err = New(Options{Router: r, Queue: o.queue, Classifier: o.classifier, MaxBodyBytesInFlight: o.bodiesInFlight, MaxBodyBytes: o.maxBody, MaxBodyBytesPerClient: o.perClient, DrainTimeout: o.drain, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/tidwall/gjson"
 
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -88,21 +89,6 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 }
 
-// readBody reads r's body, at most max bytes (else an
-// *http.MaxBytesError). A body of declared length is read into one buffer
-// of that size, not grown step by step as io.ReadAll does.
-func readBody(w http.ResponseWriter, r *http.Request, max int64) ([]byte, error) {
-	rd := http.MaxBytesReader(w, r.Body, max)
-	if n := r.ContentLength; n > 0 && n <= max {
-		body := make([]byte, n)
-		if _, err := io.ReadFull(rd, body); err != nil {
-			return nil, err
-		}
-		return body, nil
-	}
-	return io.ReadAll(rd)
-}
-
 // credentialHeaders (canonical names) are not copied into a request's
 // Metadata: classifiers and policy plugins, which may be third-party
 // binaries, see the other headers but not the client's credentials. They
@@ -123,8 +109,19 @@ func requestMetadata(h http.Header) map[string]string {
 
 // bodyReadTimeout bounds reading a request body (or the request timeout,
 // when shorter): a client that declares more than it sends does not hold
-// its handler for the whole request timeout.
+// its handler for the whole request timeout. It bounds the whole body,
+// not each read, so a client trickling its body is cut as one that
+// stalls is; and as a body is held only as it arrives (bodyFirstStep),
+// holding budget for this long costs a client the bytes it holds.
 const bodyReadTimeout = time.Minute
+
+// bodyLinger is how long, after a body was refused or failed (its answer
+// carries Connection: close), net/http may still read what already
+// arrived of it before closing the connection (at most 256 KiB, its
+// maxPostHandlerReadBytes): closing a socket with unread bytes resets it,
+// and a reset can destroy the answer before the client reads it. A
+// client that keeps sending holds its connection no longer than this.
+const bodyLinger = 250 * time.Millisecond
 
 // exchange runs the request and returns the code it is counted under.
 func (s *Server) exchange(ex *exchange, chat bool) int {
@@ -135,44 +132,24 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		return http.StatusRequestEntityTooLarge
 	}
 	rc := http.NewResponseController(ex.w)
-	_ = rc.SetReadDeadline(time.Now().Add(min(s.timeout, bodyReadTimeout)))
-	// Bodies held at once are bounded (MaxBodyBytesInFlight): a declared
-	// length is counted before a byte is read, an undeclared one once read.
-	declared := ex.r.ContentLength
-	if declared > 0 {
-		release, ok := s.holdBody(declared)
-		if !ok {
-			return s.overloaded(ex)
+	bodyTimeout := min(s.timeout, bodyReadTimeout)
+	_ = rc.SetReadDeadline(time.Now().Add(bodyTimeout))
+	// Bodies held at once are bounded (MaxBodyBytesInFlight,
+	// MaxBodyBytesPerClient), counting the bytes as they arrive, until the
+	// request ends. A declared length that would not fit now is refused
+	// before a byte is read (and before a 100 Continue).
+	hold := &bodyHold{b: s.bodies, client: clientKey(ex.r.RemoteAddr)}
+	defer hold.release()
+	if declared := ex.r.ContentLength; declared > 0 {
+		if bound := s.bodies.fits(hold.client, declared); bound != boundNone {
+			return s.bodyFailed(ex, rc, &bodyRefused{bound: bound}, bodyTimeout)
 		}
-		defer release()
 	}
-	body, err := readBody(ex.w, ex.r, s.maxBody)
-	if err == nil && declared <= 0 {
-		release, ok := s.holdBody(int64(len(body)))
-		if !ok {
-			return s.overloaded(ex)
-		}
-		defer release()
+	body, err := readBody(ex.w, ex.r, s.maxBody, hold)
+	if err != nil {
+		return s.bodyFailed(ex, rc, err, bodyTimeout)
 	}
 	_ = rc.SetReadDeadline(time.Time{})
-	if err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(ex.w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
-				fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
-			return http.StatusRequestEntityTooLarge
-		}
-		if ex.r.Context().Err() != nil {
-			return codeClientGone // it left (or half-closed) mid-body
-		}
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			writeError(ex.w, http.StatusRequestTimeout, typeInvalidRequest, "body_timeout",
-				fmt.Sprintf("the request body did not arrive within %v", min(s.timeout, bodyReadTimeout)))
-			return http.StatusRequestTimeout
-		}
-		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_body", "reading the request body: "+err.Error())
-		return http.StatusBadRequest
-	}
 	ex.body = body
 	req, err := parseRequest(body, chat)
 	var key routingKey
@@ -494,11 +471,60 @@ func pluginCause(err error) string {
 	return ""
 }
 
-// overloaded answers a request whose body would pass
-// MaxBodyBytesInFlight.
-func (s *Server) overloaded(ex *exchange) int {
-	writeError(ex.w, http.StatusServiceUnavailable, typeServer, "overloaded",
-		"the router holds as many request bodies as it may; retry shortly")
+// bodyFailed answers a request whose body was refused or could not be
+// read whole (err, from readBody) and returns the code it is counted
+// under: 503 overloaded (a budget refused it), 413, 408 (the body did
+// not arrive within timeout), 499 (the client left mid-body: no answer)
+// or 400.
+//
+// Nothing more of the body is wanted, and what is left of it on the wire
+// must not be read as the next request: the answer carries Connection:
+// close, and the read deadline is set bodyLinger from now (it was passed
+// already after a timeout) rather than cleared, so that net/http's read
+// of the rest after the handler (at most 256 KiB) ends within it, and
+// the connection is closed then. A client that stalls or trickles its
+// body thus holds a connection and a goroutine for at most the body
+// timeout and bodyLinger.
+func (s *Server) bodyFailed(ex *exchange, rc *http.ResponseController, err error, timeout time.Duration) int {
+	_ = rc.SetReadDeadline(time.Now().Add(bodyLinger))
+	ex.w.Header().Set("Connection", "close")
+	var refused *bodyRefused
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &refused):
+		return s.overloaded(ex, refused.bound)
+	case errors.As(err, &tooBig):
+		writeError(ex.w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
+			fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
+		return http.StatusRequestEntityTooLarge
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// Before the context's check: net/http cancels the request's
+		// context on any failed read, this one included.
+		writeError(ex.w, http.StatusRequestTimeout, typeInvalidRequest, "body_timeout",
+			fmt.Sprintf("the request body did not arrive within %v", timeout))
+		return http.StatusRequestTimeout
+	case ex.r.Context().Err() != nil:
+		return codeClientGone // it left (or half-closed) mid-body
+	default:
+		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_body", "reading the request body: "+err.Error())
+		return http.StatusBadRequest
+	}
+}
+
+// overloaded answers a request whose body a budget refused (bound: the
+// router's MaxBodyBytesInFlight or the client address's
+// MaxBodyBytesPerClient), and logs it at warn, one line per bound per
+// 10 s at most (with the count of those left out).
+func (s *Server) overloaded(ex *exchange, bound bodyBound) int {
+	msg, cause := "the router holds as many request bodies as it may; retry shortly", "body budget"
+	if bound == boundClient {
+		msg, cause = "the router holds as many request bodies from this client address as it may; retry shortly", "body budget per client"
+	}
+	if ok, suppressed := s.refusals.Allow(cause); ok {
+		s.log.Warn("request body refused: "+cause+" reached (503 overloaded)", "client", clientKey(ex.r.RemoteAddr),
+			"request_id", untrusted.Text(ex.id, 0), "held", s.bodyBytesHeld(), "suppressed", suppressed)
+	}
+	writeError(ex.w, http.StatusServiceUnavailable, typeServer, "overloaded", msg)
 	return http.StatusServiceUnavailable
 }
 
@@ -530,6 +556,17 @@ func copyHeaders(dst, src http.Header) {
 	}
 	for _, h := range hopHeaders {
 		dst.Del(h)
+	}
+}
+
+// answerHeaders copies an engine's answer headers src into the client's
+// answer headers hdr (copyHeaders), keeping the Connection: close that
+// connectionClose set, and adding it once Serve began its shutdown.
+func (s *Server) answerHeaders(hdr, src http.Header) {
+	closeConn := hdr.Get("Connection") == "close" || s.closing.Load()
+	copyHeaders(hdr, src)
+	if closeConn {
+		hdr.Set("Connection", "close")
 	}
 }
 
@@ -610,7 +647,7 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 		s.workers.ReportSuccess(name)
 	}
 	hdr := ex.w.Header()
-	copyHeaders(hdr, resp.Header)
+	s.answerHeaders(hdr, resp.Header)
 	hdr.Set("X-Switchyard-Worker", name)
 	hdr.Set("X-Request-Id", ex.id)
 	ex.w.WriteHeader(resp.StatusCode)

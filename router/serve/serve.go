@@ -19,8 +19,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"golang.org/x/sync/semaphore"
 
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/cluster"
@@ -51,6 +51,12 @@ const (
 	// all requests together (1 GiB: 32 bodies of the largest size, tens
 	// of thousands of ordinary chat requests).
 	DefaultMaxBodyBytesInFlight = 1 << 30
+	// DefaultMaxBodyBytesPerClient bounds the request bodies held at once
+	// for one client address (256 MiB, a quarter of
+	// DefaultMaxBodyBytesInFlight: at least four addresses are needed to
+	// fill the router's budget; eight bodies of the largest size, or
+	// thousands of ordinary chat requests, from one address).
+	DefaultMaxBodyBytesPerClient = 256 << 20
 	// DefaultDrainTimeout bounds how long Serve waits for in-flight
 	// requests after its context ends.
 	DefaultDrainTimeout = 30 * time.Second
@@ -124,11 +130,22 @@ type Options struct {
 	MaxBodyBytes int64
 	// MaxBodyBytesInFlight bounds the bytes of the request bodies held at
 	// once, all requests together (DefaultMaxBodyBytesInFlight; negative:
-	// no bound). A request whose body would pass it is answered 503
-	// overloaded. A body of declared length is counted before it is read;
-	// one without (chunked) once it is read, so while chunked bodies are
-	// being read the bound may be passed by at most MaxBodyBytes each.
+	// no bound). A body is held as its bytes arrive, in a buffer that
+	// starts at 4 KiB (or its declared length, when smaller) and doubles
+	// as it fills (up to its declared length), each growth counted before
+	// it is made; it is held until its request ends. A request whose body
+	// would pass the bound is answered 503 overloaded: before a byte is
+	// read when its declared length would not fit, else as the growth
+	// that would pass it is refused.
 	MaxBodyBytesInFlight int64
+	// MaxBodyBytesPerClient bounds the same bytes for one client address:
+	// the request's remote IP address, an IPv6 one by its /64
+	// (DefaultMaxBodyBytesPerClient; negative: no bound per address). A
+	// request whose body would pass it is answered 503 overloaded as
+	// above. Clients behind one NAT or proxy share one address, and so
+	// one such share: raise it (up to MaxBodyBytesInFlight) when the
+	// router is reached through a proxy or load balancer.
+	MaxBodyBytesPerClient int64
 	// Logger receives the server's logs; nil discards them.
 	Logger hclog.Logger
 	// Observer, when set, hears every booking the Server's admission
@@ -157,11 +174,16 @@ type Server struct {
 	transport http.RoundTripper
 	interval  time.Duration
 	maxBody   int64
-	// bodies counts the request bodies' bytes held (MaxBodyBytesInFlight);
-	// nil: no bound.
-	bodies  *semaphore.Weighted
+	// bodies counts the request bodies' bytes held (MaxBodyBytesInFlight,
+	// MaxBodyBytesPerClient).
+	bodies  *bodyBudget
 	log     hclog.Logger
 	handler http.Handler
+	// refusals rate-limits the log lines of bodies refused by a budget.
+	refusals *untrusted.Limiter
+	// closing is set once Serve began its shutdown: every answer from
+	// then on carries Connection: close.
+	closing atomic.Bool
 
 	idPrefix string
 	seq      atomic.Uint64
@@ -210,6 +232,9 @@ func New(o Options) (*Server, error) {
 	if o.MaxBodyBytesInFlight == 0 {
 		o.MaxBodyBytesInFlight = DefaultMaxBodyBytesInFlight
 	}
+	if o.MaxBodyBytesPerClient == 0 {
+		o.MaxBodyBytesPerClient = DefaultMaxBodyBytesPerClient
+	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
@@ -227,7 +252,8 @@ func New(o Options) (*Server, error) {
 		transport: o.Transport,
 		interval:  o.DispatchInterval,
 		maxBody:   o.MaxBodyBytes,
-		bodies:    bodyBudget(o.MaxBodyBytesInFlight),
+		bodies:    newBodyBudget(o.MaxBodyBytesInFlight, o.MaxBodyBytesPerClient),
+		refusals:  untrusted.NewLimiter(0),
 		log:       o.Logger,
 		idPrefix:  hex.EncodeToString(rnd[:]),
 		wakeC:     make(chan struct{}, 1),
@@ -264,8 +290,31 @@ func New(o Options) (*Server, error) {
 			writeError(w, http.StatusNotFound, typeInvalidRequest, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
 		}
 	})
-	s.handler = canonicalPaths(mux)
+	s.handler = s.connectionClose(canonicalPaths(mux))
 	return s, nil
+}
+
+// connectionClose makes net/http close the connection after the answer
+// (Connection: close) to a request with a chunked body, and to every
+// request once Serve began its shutdown; it passes the request to next.
+//
+// RFC 9112 section 6.3: a server that reads a request with both
+// Content-Length and Transfer-Encoding by its chunks must close the
+// connection after answering it, as what follows on the wire may be a
+// request smuggled past a front end that read it by its Content-Length.
+// net/http reads such a request by its chunks but keeps the connection,
+// and deletes the Content-Length header before the handler sees the
+// request: a handler cannot tell it from a request with a chunked body
+// alone. So every request with a chunked body closes its connection;
+// what that costs an honest client is a new connection for its next
+// request (OpenAI's clients send a Content-Length).
+func (s *Server) connectionClose(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.TransferEncoding) > 0 || s.closing.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // canonicalPaths answers 404 not_found, in the OpenAI error shape, for a
@@ -304,19 +353,34 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // InFlight is the number of completion requests being handled.
 func (s *Server) InFlight() int64 { return s.inflight.Load() }
 
-// Serve serves on ln until ctx ends, then shuts down: it stops accepting,
-// waits for the requests in flight up to the drain timeout, cuts those
-// still running (their bookings are released as their handlers end) and
-// returns. It returns nil after a shutdown, else the listener's error. The
-// Router stays open: the caller closes it (stopping its plugins) after
-// Serve returns.
+// Serve serves on ln until ctx ends, then shuts down and returns nil (or
+// the listener's error, when it fails first). The shutdown, bounded as a
+// whole by the drain timeout:
+//
+//  1. ln is closed: no new connection (a client's connect is refused).
+//  2. Every answer from then on carries Connection: close, so each
+//     client connection closes after its next answer.
+//  3. Requests in flight run on, and the open connections stay open,
+//     until none runs a request and each has been idle for at least
+//     ShutdownIdleGrace: a client that was just answered with
+//     keep-alive, and writes its next request on that connection, is
+//     answered (and the connection then closed) rather than reset.
+//  4. The idle connections are closed, and net/http's Shutdown waits for
+//     what still runs until the drain timeout; past it the remaining
+//     connections are cut, and their requests' bookings released (Serve
+//     waits at most 5 s more for that).
+//
+// The Router stays open: the caller closes it (stopping its plugins)
+// after Serve returns.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer s.Close() // after the drain: the handlers have ended
+	conns := newConnTracker()
 	hs := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          s.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
+		ConnState:         conns.hook,
 	}
 	if ci, ok := s.transport.(interface{ CloseIdleConnections() }); ok {
 		defer ci.CloseIdleConnections()
@@ -339,11 +403,21 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	case <-ctx.Done():
 	}
 	start := time.Now()
-	s.log.Info("shutting down: draining requests in flight", "in_flight", s.InFlight(), "drain_timeout", s.drain)
-	sctx, cancel := context.WithTimeout(context.Background(), s.drain)
+	deadline := start.Add(s.drain)
+	open, active := conns.counts()
+	s.log.Info("shutting down: draining requests in flight", "in_flight", s.InFlight(),
+		"connections", open, "connections_active", active, "drain_timeout", s.drain)
+	_ = ln.Close()
+	<-served // its Accept failed: it returns, and its connections go on
+	s.closing.Store(true)
+	conns.waitQuiet(ShutdownIdleGrace, deadline)
+	conns.closeIdle()
+	sctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if err := hs.Shutdown(sctx); err != nil {
-		s.log.Warn("drain timeout: cutting the requests still in flight", "in_flight", s.InFlight(), "error", err)
+		open, active := conns.counts()
+		s.log.Warn("drain timeout: cutting the requests still in flight", "in_flight", s.InFlight(),
+			"connections", open, "connections_active", active, "error", err)
 		_ = hs.Close()
 		// Cut handlers see their context end and release their bookings;
 		// wait for that (bounded) so the Router closes with nothing booked.
@@ -352,30 +426,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	<-served
 	s.log.Info("drained", "took", time.Since(start))
 	return nil
 }
 
-// bodyBudget is the semaphore of MaxBodyBytesInFlight; nil when negative.
-func bodyBudget(n int64) *semaphore.Weighted {
-	if n < 0 {
-		return nil
-	}
-	return semaphore.NewWeighted(n)
-}
-
-// holdBody counts n bytes of request body as held until the returned
-// release; false when that would pass MaxBodyBytesInFlight.
-func (s *Server) holdBody(n int64) (release func(), ok bool) {
-	if s.bodies == nil || n <= 0 {
-		return func() {}, true
-	}
-	if !s.bodies.TryAcquire(n) {
-		return nil, false
-	}
-	return func() { s.bodies.Release(n) }, true
-}
+// bodyBytesHeld is the bytes of request bodies held now, all clients
+// together.
+func (s *Server) bodyBytesHeld() int64 { return s.bodies.held.Load() }
 
 // Dispatcher hands queued requests their placements as capacity frees,
 // until ctx ends: woken by every request's end and by a ticker (due
