@@ -84,6 +84,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -97,6 +98,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/upstream"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -129,7 +131,8 @@ type Options struct {
 	FailureThreshold int
 	// Client scrapes the engines; nil uses a client of its own that,
 	// unlike http.DefaultTransport, ignores HTTP_PROXY (the engines'
-	// requests take no proxy either).
+	// requests take no proxy either) and closes connections idle for
+	// upstream.DefaultIdleTimeout.
 	Client *http.Client
 	// Logger receives membership changes, failed probes and readiness
 	// changes with their reasons (see Readiness), and workers file reload
@@ -167,6 +170,13 @@ type Options struct {
 	// the router holds for a candidate (false: unknown). Read like
 	// Streams; it must not block.
 	IndexBlocks func(id shared.WorkerID, rank uint32) (int64, bool)
+	// Departed, when set, is called after a Sync with each engine base
+	// URL (config.Worker.URL) that a configured worker had before it and
+	// none has after it: a worker removed, or moved to another URL. The
+	// caller closes what it keeps for the address (the requests'
+	// transport: upstream.Transport.CloseIdleConnectionsTo). Called
+	// without the Manager's lock, on Sync's goroutine; it must not block.
+	Departed func(url string)
 }
 
 // EventStream is a candidate's KV-event stream as the subscriber reports
@@ -349,8 +359,10 @@ func NewManager(r Membership, o Options) (*Manager, error) {
 	}
 	if o.Client == nil {
 		// No proxy from the environment: scrapes reach the engines the way
-		// requests do (router/upstream uses none).
-		o.Client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second}}
+		// requests do (router/upstream uses none). Idle connections close
+		// after the requests' idle timeout, below the engines' keep-alive
+		// timeout, so that a departed engine's do not stay open long.
+		o.Client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, IdleConnTimeout: upstream.DefaultIdleTimeout}}
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -387,7 +399,8 @@ func (m *Manager) Close() {
 
 // Sync makes ws the configured workers: it adds the new names, removes the
 // names no longer listed (their requests in flight finish), and re-joins
-// the changed ones. A worker whose url or metrics_url changed starts over
+// the changed ones; then it hands the base URLs no worker has any more to
+// Options.Departed. A worker whose url or metrics_url changed starts over
 // as a new endpoint (not ready until its first scrape); one whose role,
 // models or total_kv_blocks changed is replaced in the fleet at once by a
 // new generation when it is ready (its prefix-index entries are purged);
@@ -396,13 +409,32 @@ func (m *Manager) Close() {
 // nothing when a worker is invalid, two share a name, or two names hash to
 // one id.
 func (m *Manager) Sync(ws []config.Worker) error {
-	if err := check(ws); err != nil {
+	departed, err := m.sync(ws)
+	if err != nil {
 		return err
+	}
+	if m.o.Departed != nil {
+		for _, u := range departed {
+			m.o.Departed(u)
+		}
+	}
+	return nil
+}
+
+// sync is Sync under the Manager's lock; it returns the base URLs that
+// left, sorted.
+func (m *Manager) sync(ws []config.Worker) ([]string, error) {
+	if err := check(ws); err != nil {
+		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return errors.New("workers: manager closed")
+		return nil, errors.New("workers: manager closed")
+	}
+	before := make(map[string]bool, len(m.entries))
+	for _, e := range m.entries {
+		before[e.cfg.URL] = true
 	}
 	want := make(map[string]config.Worker, len(ws))
 	for _, w := range ws {
@@ -432,7 +464,10 @@ func (m *Manager) Sync(ws []config.Worker) error {
 			m.log.Info("worker changed", "worker", w.Name, "role", w.Role, "models", w.Models, "total_kv_blocks", w.TotalKVBlocks)
 		}
 	}
-	return nil
+	for _, w := range ws {
+		delete(before, w.URL)
+	}
+	return slices.Sorted(maps.Keys(before)), nil
 }
 
 func check(ws []config.Worker) error {
