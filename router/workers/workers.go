@@ -148,8 +148,9 @@ type Options struct {
 	// is fresh), switchyard_worker_capacity_blocks (router blocks; 0
 	// unknown), switchyard_worker_engine_report_age_seconds (since the
 	// last report with a load), switchyard_worker_engine_load_available
-	// (1 or 0), and, with Streams, switchyard_worker_kv_events_total and
-	// switchyard_worker_kv_event_gaps_total. All are read from the current
+	// (1 or 0), and, with Streams, switchyard_worker_kv_events_total,
+	// switchyard_worker_kv_event_gaps_total and
+	// switchyard_worker_kv_event_malformed_total. All are read from the current
 	// state at each collection.
 	Registerer prometheus.Registerer
 	// Debounce is Watch's quiet period (DefaultDebounce).
@@ -194,6 +195,10 @@ type EventStream struct {
 	// key (another tier or block size, an unknown parent, malformed).
 	Evicted uint64 `json:"blocks_evicted"`
 	Skipped uint64 `json:"blocks_skipped"`
+	// Malformed counts the engine's messages that were dropped as
+	// malformed: not [topic, sequence, payload], or a payload that does
+	// not decode (which also clears the candidate's precise index).
+	Malformed uint64 `json:"malformed_messages"`
 }
 
 // ID is the WorkerID of the worker named name: FNV-1a 64 of the name.
@@ -1003,13 +1008,15 @@ var (
 		"KV-cache events received from the engine for the rank (workers with a kv_events block).", rankLabels, nil)
 	gapsDesc = prometheus.NewDesc("switchyard_worker_kv_event_gaps_total",
 		"Sequence gaps in the rank's KV-event stream (a lost message or a restarted engine).", rankLabels, nil)
+	malformedDesc = prometheus.NewDesc("switchyard_worker_kv_event_malformed_total",
+		"Messages of the rank's KV-event stream dropped as malformed (not [topic, sequence, payload], or a payload that does not decode); each is counted, the log shows at most one per cause per 10 s.", rankLabels, nil)
 )
 
 // collector reads the Manager's state at each collection.
 type collector struct{ m *Manager }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{readyDesc, activeDesc, kvUsageDesc, waitingDesc, runningDesc, capacityDesc, ageDesc, availableDesc, eventsDesc, gapsDesc} {
+	for _, d := range []*prometheus.Desc{readyDesc, activeDesc, kvUsageDesc, waitingDesc, runningDesc, capacityDesc, ageDesc, availableDesc, eventsDesc, gapsDesc, malformedDesc} {
 		ch <- d
 	}
 }
@@ -1079,6 +1086,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			if r.Events != nil {
 				ch <- prometheus.MustNewConstMetric(eventsDesc, prometheus.CounterValue, float64(r.Events.Received), name, rank)
 				ch <- prometheus.MustNewConstMetric(gapsDesc, prometheus.CounterValue, float64(r.Events.Gaps), name, rank)
+				ch <- prometheus.MustNewConstMetric(malformedDesc, prometheus.CounterValue, float64(r.Events.Malformed), name, rank)
 			}
 		}
 	}
