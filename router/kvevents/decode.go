@@ -9,6 +9,8 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
+
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 )
 
 // MaxPayloadBytes is the largest payload a Decoder accepts by default
@@ -195,7 +197,7 @@ func (x *Decoder) batch(b *Batch) error {
 				err = x.skip(1)
 			}
 			if err != nil {
-				return fmt.Errorf("batch %q: %w", k, err)
+				return fmt.Errorf("batch %s: %w", keyText(k), err)
 			}
 		}
 		return nil
@@ -334,7 +336,7 @@ func (x *Decoder) event(ev *Event) error {
 				continue
 			}
 			if err := x.field(ev, fieldByName(k)); err != nil {
-				return fmt.Errorf("%s: %w", k, err)
+				return fmt.Errorf("%s: %w", keyText(k), err)
 			}
 		}
 		if !typed {
@@ -548,4 +550,14 @@ func FoldHash(b []byte) uint64 {
 		h = h<<8 | uint64(c)
 	}
 	return h
+}
+
+// maxKeyText bounds a map key of the payload quoted in an error, bytes.
+const maxKeyText = 64
+
+// keyText quotes k, a map key from the payload, for an error: at most
+// maxKeyText bytes of it, control bytes escaped (untrusted.Bytes), in
+// double quotes.
+func keyText(k []byte) string {
+	return `"` + untrusted.Bytes(k, maxKeyText) + `"`
 }

@@ -13,6 +13,8 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/go-zeromq/zmq4"
 	"github.com/hashicorp/go-hclog"
+
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 )
 
 // State is a subscriber's stream state.
@@ -37,6 +39,14 @@ func (s State) String() string {
 
 // DefaultReplayTimeout bounds one replay exchange.
 const DefaultReplayTimeout = 10 * time.Second
+
+// DefaultLogInterval is how often a subscriber logs at most one line per
+// cause of trouble coming from the publisher (a payload that does not
+// decode, a message that is not three frames, a gap, a restart, a failed
+// replay): a publisher sending garbage costs a line per interval, not a
+// line per message. The lines held back are counted in the next line's
+// "suppressed".
+const DefaultLogInterval = 10 * time.Second
 
 // maxReplayBatches bounds the answers of one replay: vLLM buffers 10,000
 // batches by default; ten times that is refused as a misbehaving peer.
@@ -68,6 +78,11 @@ type Options struct {
 	// most MaxFrameBytes, which bounds every frame read from a tcp://
 	// endpoint whatever this is.
 	MaxPayload int
+	// LogInterval is the least time between two log lines of one cause
+	// (DefaultLogInterval when 0); the lines held back are counted in the
+	// next one ("suppressed"). Every occurrence is counted in Stats
+	// whatever this is.
+	LogInterval time.Duration
 }
 
 // Stats are a subscriber's counters, for metrics and /debug/workers.
@@ -81,8 +96,10 @@ type Stats struct {
 	// failed or came back incomplete (the sink was cleared instead).
 	Gaps, Replays, ReplayFailures uint64
 	// DecodeErrors counts payloads that did not decode (each also clears
-	// the sink); WrongRank, batches of another data-parallel rank.
-	DecodeErrors, WrongRank uint64
+	// the sink); BadMessages, messages that were not [topic, sequence,
+	// payload] (ignored); WrongRank, batches of another data-parallel
+	// rank.
+	DecodeErrors, BadMessages, WrongRank uint64
 	// Connects counts connections made.
 	Connects uint64
 	// LastSeq is the last applied sequence number, when HasSeq.
@@ -97,6 +114,7 @@ type Subscriber struct {
 	o    Options
 	sink Sink
 	log  hclog.Logger
+	lim  *untrusted.Limiter // log lines per cause
 	dec  Decoder
 	b    Batch
 	done chan struct{}
@@ -126,6 +144,9 @@ func Subscribe(ctx context.Context, o Options, sink Sink) (*Subscriber, error) {
 	if o.ReplayTimeout <= 0 {
 		o.ReplayTimeout = DefaultReplayTimeout
 	}
+	if o.LogInterval <= 0 {
+		o.LogInterval = DefaultLogInterval
+	}
 	if o.Backoff == nil {
 		eb := backoff.NewExponentialBackOff()
 		eb.InitialInterval, eb.MaxInterval, eb.MaxElapsedTime = 100*time.Millisecond, 5*time.Second, 0
@@ -134,7 +155,7 @@ func Subscribe(ctx context.Context, o Options, sink Sink) (*Subscriber, error) {
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
 	}
-	s := &Subscriber{o: o, sink: sink, log: o.Logger, done: make(chan struct{}), dec: Decoder{MaxPayload: o.MaxPayload}}
+	s := &Subscriber{o: o, sink: sink, log: o.Logger, lim: untrusted.NewLimiter(o.LogInterval), done: make(chan struct{}), dec: Decoder{MaxPayload: o.MaxPayload}}
 	go s.run(ctx)
 	return s, nil
 }
@@ -174,6 +195,39 @@ func (s *Subscriber) update(f func(*Stats)) {
 	s.mu.Unlock()
 }
 
+// Causes of limited log lines (limited).
+const (
+	causeDecode  = "decode"
+	causeFrames  = "frames"
+	causeGap     = "gap"
+	causeRestart = "restart"
+	causeReplay  = "replay"
+	causeConnect = "connect"
+)
+
+// limited logs msg at level unless a line of cause was logged less than
+// LogInterval ago; a line logged after some were held back says how many
+// ("suppressed").
+func (s *Subscriber) limited(level hclog.Level, cause, msg string, args ...any) {
+	ok, held := s.lim.Allow(cause)
+	if !ok {
+		return
+	}
+	if held > 0 {
+		args = append(args, "suppressed", held)
+	}
+	s.log.Log(level, msg, args...)
+}
+
+// errText is err's text for a log line: it may quote the publisher's
+// bytes, so it is bounded and control-escaped (untrusted.Text).
+func errText(err error) string {
+	if err == nil {
+		return "<nil>"
+	}
+	return untrusted.Text(err.Error(), untrusted.MaxLog)
+}
+
 func (s *Subscriber) run(ctx context.Context) {
 	defer close(s.done)
 	s.o.Backoff.Reset()
@@ -194,14 +248,23 @@ func (s *Subscriber) run(ctx context.Context) {
 		}
 		// An engine that stays down fails every retry alike: its first
 		// failure is a warning, the same one again only debug, as a
-		// worker's repeated probe failure.
-		logf := s.log.Warn
-		if msg := fmt.Sprint(err); msg == lastErr {
-			logf = s.log.Debug
+		// worker's repeated probe failure; a new failure is a warning at
+		// most once per LogInterval.
+		msg := errText(err)
+		if msg == lastErr {
+			s.log.Debug("kv events: connection lost; reconnecting", "endpoint", s.o.Endpoint, "error", msg, "in", wait)
 		} else {
 			lastErr = msg
+			if ok, held := s.lim.Allow(causeConnect); ok {
+				args := []any{"endpoint", s.o.Endpoint, "error", msg, "in", wait}
+				if held > 0 {
+					args = append(args, "suppressed", held)
+				}
+				s.log.Warn("kv events: connection lost; reconnecting", args...)
+			} else {
+				s.log.Debug("kv events: connection lost; reconnecting", "endpoint", s.o.Endpoint, "error", msg, "in", wait)
+			}
 		}
-		logf("kv events: connection lost; reconnecting", "endpoint", s.o.Endpoint, "error", err, "in", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -237,7 +300,9 @@ func (s *Subscriber) session(ctx context.Context) (connected bool, err error) {
 			return true, err
 		}
 		if len(msg.Frames) != 3 || len(msg.Frames[1]) != 8 {
-			s.log.Warn("kv events: message without [topic, sequence, payload]; ignored", "frames", len(msg.Frames))
+			s.update(func(st *Stats) { st.BadMessages++ })
+			s.limited(hclog.Warn, causeFrames, "kv events: message without [topic, sequence, payload]; ignored",
+				"endpoint", s.o.Endpoint, "frames", len(msg.Frames))
 			continue
 		}
 		s.handle(ctx, binary.BigEndian.Uint64(msg.Frames[1]), msg.Frames[2])
@@ -248,7 +313,7 @@ func (s *Subscriber) session(ctx context.Context) (connected bool, err error) {
 func (s *Subscriber) handle(ctx context.Context, seq uint64, payload []byte) {
 	st := s.Stats()
 	if st.HasSeq && seq <= st.LastSeq { // the engine restarted: sequences begin again
-		s.log.Info("kv events: sequence went back; engine restart", "endpoint", s.o.Endpoint, "last", st.LastSeq, "seq", seq)
+		s.limited(hclog.Info, causeRestart, "kv events: sequence went back; engine restart", "endpoint", s.o.Endpoint, "last", st.LastSeq, "seq", seq)
 		s.sink.Clear()
 		s.update(func(st *Stats) { st.Gaps++; st.HasSeq = false; st.State = StateCold })
 		st.HasSeq = false
@@ -263,7 +328,7 @@ func (s *Subscriber) handle(ctx context.Context, seq uint64, payload []byte) {
 		if st.HasSeq {
 			from = st.LastSeq + 1
 			s.update(func(st *Stats) { st.Gaps++ })
-			s.log.Info("kv events: sequence gap", "endpoint", s.o.Endpoint, "last", st.LastSeq, "seq", seq)
+			s.limited(hclog.Info, causeGap, "kv events: sequence gap", "endpoint", s.o.Endpoint, "last", st.LastSeq, "seq", seq)
 		}
 		if !s.replay(ctx, from, seq) {
 			s.startCold()
@@ -281,7 +346,8 @@ func (s *Subscriber) startCold() {
 // apply decodes and applies one batch under seq.
 func (s *Subscriber) apply(seq uint64, payload []byte) {
 	if err := s.dec.Decode(payload, &s.b); err != nil {
-		s.log.Warn("kv events: batch not applied", "endpoint", s.o.Endpoint, "seq", seq, "error", err)
+		s.limited(hclog.Warn, causeDecode, "kv events: batch not applied; the index is cleared (counted in DecodeErrors)",
+			"endpoint", s.o.Endpoint, "seq", seq, "bytes", len(payload), "error", errText(err))
 		s.sink.Clear()
 		s.update(func(st *Stats) { st.DecodeErrors++; st.LastSeq, st.HasSeq = seq, true; st.State = StateCold })
 		return
@@ -314,7 +380,7 @@ func (s *Subscriber) replay(ctx context.Context, from, until uint64) bool {
 	defer cancel()
 	ok, err := s.replayOnce(rctx, from, until)
 	if err != nil || !ok {
-		s.log.Warn("kv events: replay failed", "endpoint", s.o.ReplayEndpoint, "from", from, "error", err)
+		s.limited(hclog.Warn, causeReplay, "kv events: replay failed", "endpoint", s.o.ReplayEndpoint, "from", from, "error", errText(err))
 		s.update(func(st *Stats) { st.ReplayFailures++ })
 		return false
 	}

@@ -1,8 +1,10 @@
 package kvevents
 
 import (
+	"bytes"
 	"context"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -300,4 +302,106 @@ func TestSubscribeUnreachableWarnsOnce(t *testing.T) {
 	if n := logs.count("[WARN]", "reconnecting"); n != 1 {
 		t.Fatalf("%d warnings for one repeated failure, want 1:\n%s", n, logs.b.String())
 	}
+}
+
+// badPayloads are payloads that do not decode, some quoting a publisher's
+// map key of 10 KiB with terminal escapes and a newline in the error.
+func badPayloads() [][]byte {
+	key := append([]byte("\x1b]0;owned\x07\x1b[2J\nlevel=ERROR "), bytes.Repeat([]byte("K"), 10<<10)...)
+	str16 := func(b []byte) []byte {
+		return append([]byte{0xda, byte(len(b) >> 8), byte(len(b))}, b...)
+	}
+	huge := []byte{0xdd, 0xff, 0xff, 0xff, 0xff} // an array of 2^32-1 elements in no bytes
+	// A map envelope whose one (unknown) key's value does not decode.
+	envelope := append(append([]byte{0x81}, str16(key)...), huge...)
+	// An array envelope whose one map event has such a field.
+	event := []byte{0x92, 0xcb, 0x3f, 0xf0, 0, 0, 0, 0, 0, 0, 0x91, 0x81}
+	event = append(append(event, str16(key)...), huge...)
+	return [][]byte{envelope, event, []byte("hello")}
+}
+
+// TestSubscribeMalformedPayloadsLogOncePerInterval: a real publisher
+// sending 1,000 payloads that do not decode costs one warning per
+// LogInterval, not one per payload; each is counted (DecodeErrors) and
+// clears the sink; the next warning after the interval carries the count
+// held back, so the lines and their "suppressed" add up to every payload;
+// the publisher's bytes reach the log bounded and control-escaped.
+func TestSubscribeMalformedPayloadsLogOncePerInterval(t *testing.T) {
+	p := newPub(t, false)
+	defer p.Close()
+	logs := &lockedBuf{}
+	log := hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: logs})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	sink := &recSink{}
+	const interval = 2 * time.Second
+	s, err := Subscribe(ctx, Options{Endpoint: "tcp://" + p.Addr().String(), Topic: "kv", Logger: log, LogInterval: interval,
+		Backoff: backoff.NewConstantBackOff(20 * time.Millisecond)}, sink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publishUntilSeen(t, p, s)
+	_, clears0, _ := sink.snapshot()
+	bad := badPayloads()
+	const n = 1000
+	start := time.Now()
+	var last uint64
+	for i := range n {
+		if last, err = p.Publish(bad[i%len(bad)]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "every bad payload received", func() bool { return s.Stats().LastSeq == last })
+	elapsed := time.Since(start)
+	lines := logs.count("[WARN]", "batch not applied")
+	if max := 2 + int(elapsed/interval); lines < 1 || lines > max {
+		t.Fatalf("%d warnings for %d bad payloads in %v, want 1 to %d (one per %v):\n%.4000s", lines, n, elapsed, max, interval, logs.b.String())
+	}
+	// After the interval, one more: its warning counts those held back.
+	time.Sleep(interval)
+	if last, err = p.Publish(bad[1]); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the last bad payload received", func() bool { return s.Stats().LastSeq == last })
+	st := s.Stats()
+	_, clears, _ := sink.snapshot()
+	if st.DecodeErrors != n+1 || clears-clears0 != n+1 || st.Gaps != 0 {
+		t.Fatalf("decode errors %d, clears %d, gaps %d; want %d, %d, 0", st.DecodeErrors, clears-clears0, st.Gaps, n+1, n+1)
+	}
+	logs.mu.Lock()
+	out := logs.b.String()
+	logs.mu.Unlock()
+	var total uint64
+	warnings := 0
+	for _, line := range strings.Split(strings.TrimSuffix(out, "\n"), "\n") {
+		if len(line) > 1024 {
+			t.Errorf("a log line of %d bytes: %.300s...", len(line), line)
+		}
+		for _, c := range []byte(line) {
+			if c < ' ' && c != '\t' || c == 0x7f {
+				t.Fatalf("a control byte %#x in a log line: %q", c, line)
+			}
+		}
+		if !strings.Contains(line, "batch not applied") {
+			continue
+		}
+		warnings++
+		total++
+		if _, rest, ok := strings.Cut(line, "suppressed="); ok {
+			f, _, _ := strings.Cut(rest, " ")
+			v, err := strconv.ParseUint(f, 10, 64)
+			if err != nil {
+				t.Fatalf("suppressed=%q in %q", f, line)
+			}
+			total += v
+		}
+	}
+	if total != n+1 || warnings != lines+1 {
+		t.Fatalf("%d warnings standing for %d payloads, want %d warnings for %d:\n%.4000s", warnings, total, lines+1, n+1, out)
+	}
+	if !strings.Contains(out, `\x1b]0;owned\x07`) {
+		t.Errorf("the publisher's key is not quoted escaped in the log:\n%.4000s", out)
+	}
+	cancel()
+	s.Wait()
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/filewatch"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
+	"github.com/switchyard-router/switchyard/router/upstream"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -153,7 +154,8 @@ type Daemon struct {
 	mgr   *workers.Manager
 	kvs   *kvSubs
 	srv   *Server
-	queue config.Queue // the running queue's settings
+	tr    *upstream.Transport // the engines' transport
+	queue config.Queue        // the running queue's settings
 
 	// syncMu serialises reading the membership (the current bundle's
 	// worker blocks, the workers file) with Syncing it, so a later read
@@ -229,9 +231,15 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// a cluster block, from the cluster's stream (useCluster below).
 	kvs := newKVSubs(r, d.log, b.Cluster() != nil)
 	defer kvs.close()
+	// The engines' transport: requests, disaggregated hops and engine
+	// tokenizers. An address no worker has any more (a worker removed or
+	// moved: a workers file edit, a replaced pod) has its connections
+	// closed as it leaves.
+	d.tr = NewTransport()
+	defer d.tr.Close()
 	mgr, err := workers.NewManager(kvs, workers.Options{
 		Logger: d.log, Registerer: reg, ScrapeInterval: o.ScrapeInterval, BlockSize: r.BlockSize(),
-		Streams: kvs.stream, IndexBlocks: kvs.indexBlocks,
+		Streams: kvs.stream, IndexBlocks: kvs.indexBlocks, Departed: d.tr.CloseIdleConnectionsTo,
 	})
 	if err != nil {
 		return err
@@ -277,7 +285,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		kvs.useCluster(rep)
 	}
 	opts := Options{
-		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log, Tokenizers: toks,
+		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log, Tokenizers: toks, Transport: d.tr,
 		RequestTimeout: o.RequestTimeout, DrainTimeout: o.DrainTimeout, CharsPerToken: o.CharsPerToken,
 		MaxBodyBytesPerClient: o.MaxBodyBytesPerClient,
 	}
@@ -437,7 +445,7 @@ func (d *Daemon) tokenizers(b *router.Bundle) (*tokenizer.Set, error) {
 	if pf == nil || len(pf.Tokenizers) == 0 {
 		return nil, nil
 	}
-	client := &http.Client{Transport: NewTransport()}
+	client := &http.Client{Transport: d.tr}
 	return tokenizer.FromConfig(pf.Tokenizers, d.tokenizerEngine, tokenizer.EngineOptions{Client: client})
 }
 

@@ -387,3 +387,35 @@ func TestDaemonDebugListener(t *testing.T) {
 		t.Errorf("debug listener after Run: Accept %v, want closed", err)
 	}
 }
+
+// TestDaemonClosesDepartedConnections: a worker moved to another URL by a
+// reload has the connections to its old address closed as it leaves (not
+// when a request to that address comes again, which none does).
+func TestDaemonClosesDepartedConnections(t *testing.T) {
+	dir := t.TempDir()
+	a, b := newMock(t, "", 50), newMock(t, "", 50)
+	policy := filepath.Join(dir, "policy.hcl")
+	replaceFile(t, policy, daemonPolicy("one", "w="+a.URL))
+	rd := startDaemon(t, DaemonOptions{PolicyFile: policy})
+	rd.waitWorkers(t, "w")
+	// Requests to a leave connections to it in the pool (they would
+	// close by themselves after upstream.DefaultIdleTimeout unused:
+	// fill again until one is seen, then move w at once).
+	deadline := time.Now().Add(time.Minute)
+	for rd.split(t, 2)["w"] != 2 || rd.d.tr.IdleTo(a.URL) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no idle connection to %s after requests to it", a.URL)
+		}
+	}
+	replaceFile(t, policy, daemonPolicy("one", "w="+b.URL))
+	if err := rd.d.Reload(context.Background()); err != nil {
+		t.Fatalf("Reload: %v", err)
+	}
+	if n := rd.d.tr.IdleTo(a.URL); n != 0 {
+		t.Fatalf("%d idle connections to w's old address %s after it moved, want 0", n, a.URL)
+	}
+	rd.waitWorkers(t, "w")
+	if got := rd.split(t, 2); got["w"] != 2 {
+		t.Fatalf("split %v after the move, want 2 on w", got)
+	}
+}

@@ -292,7 +292,8 @@ func (k *kvSubs) stream(id shared.WorkerID, rank uint32) (workers.EventStream, b
 		state = "cold"
 	}
 	return workers.EventStream{State: state, Received: st.Events, Gaps: st.Gaps, Evicted: ps.Evicted,
-		Skipped: ps.SkippedTier + ps.SkippedBlockSize + ps.SkippedParent + ps.SkippedGroup + ps.SkippedMalformed}, true
+		Skipped:   ps.SkippedTier + ps.SkippedBlockSize + ps.SkippedParent + ps.SkippedGroup + ps.SkippedMalformed,
+		Malformed: st.DecodeErrors + st.BadMessages}, true
 }
 
 // indexBlocks reports the prefix-index entries of candidate (id, rank)

@@ -24,8 +24,19 @@
 // close was already in flight), is sent once more on a new connection
 // when the request body can be rewound (http.Request.GetBody). A later
 // failure is not resent: the engine had the request and may have worked
-// on it. Engines such as uvicorn (vLLM's server) close idle connections
-// after 5 s by default.
+// on it.
+//
+// Idle connections are closed by time as well as on use: a timer (no
+// goroutine while it waits) sweeps the pool while it holds any, closing
+// those unused for IdleTimeout, so no idle connection outlives it by more
+// than IdleTimeout/8 whether its address is used again or not; and
+// CloseIdleConnectionsTo closes at once the pool of an address that left
+// the fleet (a worker removed, or moved to another URL). The
+// default idle timeout, 4 s, is below the 5 s after which uvicorn closes
+// an idle connection (vLLM's VLLM_HTTP_TIMEOUT_KEEP_ALIVE, uvicorn's
+// timeout_keep_alive; SGLang and TensorRT-LLM serve through uvicorn with
+// its default), so the router does not reuse a connection the engine is
+// about to close.
 //
 // Only plain http:// URLs take this path; any other scheme (https) goes
 // to a standard http.Transport with the same limits.
@@ -40,6 +51,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -50,10 +62,12 @@ import (
 const (
 	// DefaultDialTimeout bounds connecting to an engine.
 	DefaultDialTimeout = 5 * time.Second
-	// DefaultIdleTimeout is how long an unused connection is kept, the
-	// value net/http.DefaultTransport uses. Engines that close sooner are
-	// caught by the reuse check.
-	DefaultIdleTimeout = 90 * time.Second
+	// DefaultIdleTimeout is how long an unused connection is kept: below
+	// the 5 s keep-alive timeout of uvicorn, which vLLM, SGLang and
+	// TensorRT-LLM serve through (vLLM: VLLM_HTTP_TIMEOUT_KEEP_ALIVE), so
+	// that a connection is not reused as the engine closes it. Engines
+	// that close sooner are caught by the reuse check.
+	DefaultIdleTimeout = 4 * time.Second
 	// DefaultMaxIdlePerHost bounds the pooled connections to one engine.
 	DefaultMaxIdlePerHost = 256
 	// bufferSize is each connection's read and write buffer, bytes.
@@ -68,7 +82,8 @@ type Transport struct {
 	// DialTimeout bounds a connect (DefaultDialTimeout).
 	DialTimeout time.Duration
 	// IdleTimeout closes connections unused for longer
-	// (DefaultIdleTimeout).
+	// (DefaultIdleTimeout): they are not reused after it, and a sweep
+	// closes them within IdleTimeout/8 more.
 	IdleTimeout time.Duration
 	// MaxIdlePerHost bounds the idle connections kept per host:port
 	// (DefaultMaxIdlePerHost).
@@ -77,9 +92,11 @@ type Transport struct {
 	// system's roots).
 	TLSClientConfig *tls.Config
 
-	mu     sync.Mutex
-	idle   map[string][]*conn // by host:port; oldest first
-	closed bool
+	mu      sync.Mutex
+	pools   map[string]*pool // by host:port; a pool is here while it has idle or busy connections
+	closed  bool
+	reaper  *time.Timer // sweeps idle connections (reap)
+	reaping bool        // reaper is armed (or its sweep runs)
 
 	fallbackOnce sync.Once
 	fallback     *http.Transport
@@ -90,12 +107,20 @@ type Transport struct {
 	staleWin time.Duration
 }
 
-// conn is one pooled connection.
+// pool is the connections to one host:port.
+type pool struct {
+	idle []*conn // oldest first
+	busy int     // connections taken from the pool (or being dialled) and not back or closed
+	gone bool    // the address left (CloseIdleConnectionsTo): out of Transport.pools; busy ones close at their end
+}
+
+// conn is one connection of a pool.
 type conn struct {
 	nc     net.Conn
 	br     *bufio.Reader
 	bw     *bufio.Writer
 	key    string
+	p      *pool
 	idleAt time.Time
 	reused bool
 }
@@ -113,10 +138,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if req.URL == nil || req.URL.Scheme != "http" {
 		return t.fallbackTransport().RoundTrip(req)
 	}
-	key := req.URL.Host
-	if _, _, err := net.SplitHostPort(key); err != nil {
-		key = net.JoinHostPort(key, "80")
-	}
+	key := poolKey(req.URL.Host)
 	ctx := req.Context()
 	c, err := t.get(ctx, key)
 	if err != nil {
@@ -148,7 +170,7 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 	stop := context.AfterFunc(ctx, func() { _ = c.nc.SetDeadline(aLongTimeAgo) })
 	fail := func(err error, stale bool) (*http.Response, error) {
 		stop()
-		_ = c.nc.Close()
+		t.discard(c)
 		if cerr := ctx.Err(); cerr != nil {
 			return nil, fmt.Errorf("upstream %s: %w", c.key, cerr)
 		}
@@ -196,7 +218,7 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 // request and the context did not cut it, else closed.
 func (t *Transport) finish(c *conn, stop func() bool, reusable bool) {
 	if !stop() || !reusable || c.br.Buffered() > 0 {
-		_ = c.nc.Close()
+		t.discard(c)
 		return
 	}
 	t.put(c)
@@ -211,18 +233,22 @@ func (t *Transport) get(ctx context.Context, key string) (*conn, error) {
 			t.mu.Unlock()
 			return nil, errTransportClosed
 		}
-		list := t.idle[key]
-		n := len(list)
+		p := t.pools[key]
+		n := 0
+		if p != nil {
+			n = len(p.idle)
+		}
 		if n == 0 {
 			t.mu.Unlock()
 			return t.dial(ctx, key)
 		}
-		c := list[n-1]
-		list[n-1] = nil
-		t.idle[key] = list[:n-1]
+		c := p.idle[n-1]
+		p.idle[n-1] = nil
+		p.idle = p.idle[:n-1]
+		p.busy++
 		t.mu.Unlock()
-		if now.Sub(c.idleAt) > t.idleTimeout() || !alive(c.nc) {
-			_ = c.nc.Close()
+		if now.Sub(c.idleAt) >= t.idleTimeout() || !alive(c.nc) {
+			t.discard(c)
 			continue
 		}
 		c.reused = true
@@ -230,44 +256,137 @@ func (t *Transport) get(ctx context.Context, key string) (*conn, error) {
 	}
 }
 
-// put pools c, closing connections idle too long and the oldest beyond
-// MaxIdlePerHost.
+// put returns c to its pool, closing the oldest idle connections beyond
+// MaxIdlePerHost and those idle too long, and arms the sweep. c is closed
+// instead when the transport is closed or c's address left.
 func (t *Transport) put(c *conn) {
 	c.idleAt = time.Now()
 	c.reused = false
 	var drop []*conn
 	t.mu.Lock()
-	if t.closed {
+	p := c.p
+	p.busy--
+	if t.closed || p.gone {
 		t.mu.Unlock()
 		_ = c.nc.Close()
 		return
 	}
-	if t.idle == nil {
-		t.idle = map[string][]*conn{}
-	}
-	list := append(t.idle[c.key], c)
+	list := append(p.idle, c)
 	cut := 0
-	for cut < len(list) && (c.idleAt.Sub(list[cut].idleAt) > t.idleTimeout() || len(list)-cut > t.maxIdle()) {
+	for cut < len(list) && (c.idleAt.Sub(list[cut].idleAt) >= t.idleTimeout() || len(list)-cut > t.maxIdle()) {
 		drop = append(drop, list[cut])
 		list[cut] = nil
 		cut++
 	}
-	t.idle[c.key] = list[cut:]
+	p.idle = list[cut:]
+	t.armLocked()
 	t.mu.Unlock()
 	for _, d := range drop {
 		_ = d.nc.Close()
 	}
 }
 
-// dial opens a new connection to key.
+// discard closes c, a connection taken from its pool (or dialled for
+// it), and forgets the pool when it has nothing left. It returns the
+// socket's close error.
+func (t *Transport) discard(c *conn) error {
+	err := c.nc.Close()
+	t.mu.Lock()
+	c.p.busy--
+	t.dropEmptyLocked(c.key, c.p)
+	t.mu.Unlock()
+	return err
+}
+
+// dropEmptyLocked takes p, key's pool, out of t.pools when it has no
+// connection left. t.mu is held.
+func (t *Transport) dropEmptyLocked(key string, p *pool) {
+	if p.busy == 0 && len(p.idle) == 0 && !p.gone && t.pools[key] == p {
+		delete(t.pools, key)
+	}
+}
+
+// dial opens a new connection to key, counted busy in key's pool.
 func (t *Transport) dial(ctx context.Context, key string) (*conn, error) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil, errTransportClosed
+	}
+	p := t.pools[key]
+	if p == nil {
+		if t.pools == nil {
+			t.pools = map[string]*pool{}
+		}
+		p = &pool{}
+		t.pools[key] = p
+	}
+	p.busy++
+	t.mu.Unlock()
 	d := net.Dialer{Timeout: t.dialTimeout(), KeepAlive: 30 * time.Second}
 	nc, err := d.DialContext(ctx, "tcp", key)
 	if err != nil {
+		t.mu.Lock()
+		p.busy--
+		t.dropEmptyLocked(key, p)
+		t.mu.Unlock()
 		return nil, fmt.Errorf("upstream: %w", err)
 	}
 	t.dials.Add(1)
-	return &conn{nc: nc, key: key, br: bufio.NewReaderSize(nc, bufferSize), bw: bufio.NewWriterSize(nc, bufferSize)}, nil
+	return &conn{nc: nc, key: key, p: p, br: bufio.NewReaderSize(nc, bufferSize), bw: bufio.NewWriterSize(nc, bufferSize)}, nil
+}
+
+// armLocked arms the sweep of idle connections unless it is armed: it
+// fires when the newest idle connection (the only one when the sweep was
+// not armed: an armed sweep re-arms itself while any is left) expires.
+// t.mu is held.
+func (t *Transport) armLocked() {
+	if t.reaping || t.closed {
+		return
+	}
+	t.reaping = true
+	if t.reaper == nil {
+		t.reaper = time.AfterFunc(t.idleTimeout(), t.reap)
+		return
+	}
+	t.reaper.Reset(t.idleTimeout())
+}
+
+// reap closes the idle connections unused for IdleTimeout and forgets the
+// pools left empty; while idle connections remain it fires again when
+// the oldest expires, at least IdleTimeout/8 later (so a sweep, which
+// costs a look at each address, runs at most 8 times per IdleTimeout).
+func (t *Transport) reap() {
+	now := time.Now()
+	idle := t.idleTimeout()
+	var drop []*conn
+	var next time.Time
+	t.mu.Lock()
+	for key, p := range t.pools {
+		cut := 0
+		for cut < len(p.idle) && now.Sub(p.idle[cut].idleAt) >= idle {
+			drop = append(drop, p.idle[cut])
+			p.idle[cut] = nil
+			cut++
+		}
+		p.idle = p.idle[cut:]
+		if len(p.idle) == 0 {
+			t.dropEmptyLocked(key, p)
+			continue
+		}
+		if at := p.idle[0].idleAt.Add(idle); next.IsZero() || at.Before(next) {
+			next = at
+		}
+	}
+	t.reaping = false
+	if !next.IsZero() && !t.closed {
+		t.reaping = true
+		t.reaper.Reset(max(next.Sub(now), idle/8))
+	}
+	t.mu.Unlock()
+	for _, c := range drop {
+		_ = c.nc.Close()
+	}
 }
 
 // Dials is how many connections the transport has opened.
@@ -278,27 +397,95 @@ func (t *Transport) Idle() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	n := 0
-	for _, l := range t.idle {
-		n += len(l)
+	for _, p := range t.pools {
+		n += len(p.idle)
 	}
 	return n
+}
+
+// IdleTo is how many idle connections the pool holds to engineURL's
+// address (as CloseIdleConnectionsTo reads it).
+func (t *Transport) IdleTo(engineURL string) int {
+	key, ok := hostPort(engineURL)
+	if !ok {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if p := t.pools[key]; p != nil {
+		return len(p.idle)
+	}
+	return 0
 }
 
 // CloseIdleConnections closes the pooled connections; connections in use
 // are not affected and return to the pool when their exchange ends.
 func (t *Transport) CloseIdleConnections() {
+	var drop []*conn
 	t.mu.Lock()
-	idle := t.idle
-	t.idle = nil
+	for key, p := range t.pools {
+		drop = append(drop, p.idle...)
+		p.idle = nil
+		t.dropEmptyLocked(key, p)
+	}
+	if t.reaper != nil {
+		t.reaper.Stop()
+	}
+	t.reaping = false
 	t.mu.Unlock()
-	for _, l := range idle {
-		for _, c := range l {
-			_ = c.nc.Close()
-		}
+	for _, c := range drop {
+		_ = c.nc.Close()
 	}
 	if t.fallback != nil {
 		t.fallback.CloseIdleConnections()
 	}
+}
+
+// CloseIdleConnectionsTo forgets the address of engineURL (an http:// URL;
+// its host and port, 80 by default, name the address; the path does not
+// count), for an engine that left the fleet: its idle connections are
+// closed now, those in use when their exchange ends. A later request to
+// the address opens a new pool. An https:// engine's connections are left
+// to the idle timeout (net/http's Transport closes no single address's);
+// another scheme or a URL that does not parse is ignored.
+func (t *Transport) CloseIdleConnectionsTo(engineURL string) {
+	key, ok := hostPort(engineURL)
+	if !ok {
+		return
+	}
+	t.mu.Lock()
+	p := t.pools[key]
+	if p == nil {
+		t.mu.Unlock()
+		return
+	}
+	delete(t.pools, key)
+	p.gone = true
+	drop := p.idle
+	p.idle = nil
+	t.mu.Unlock()
+	for _, c := range drop {
+		_ = c.nc.Close()
+	}
+}
+
+// hostPort is the pool key of an http:// URL: its host:port, port 80 when
+// it names none; false for another scheme or a URL that does not parse.
+func hostPort(engineURL string) (string, bool) {
+	u, err := url.Parse(engineURL)
+	if err != nil || u.Scheme != "http" || u.Host == "" {
+		return "", false
+	}
+	return poolKey(u.Host), true
+}
+
+// poolKey is the pool key of a request's URL.Host: host:port, port 80
+// when it names none.
+func poolKey(host string) string {
+	if _, _, err := net.SplitHostPort(host); err != nil {
+		return net.JoinHostPort(host, "80")
+	}
+	return host
 }
 
 // Close closes the pooled connections and makes later RoundTrips fail;
@@ -368,7 +555,7 @@ func (b *body) Read(p []byte) (int, error) {
 				b.t.finish(b.c, b.stop, b.reusable)
 			} else {
 				b.stop()
-				_ = b.c.nc.Close()
+				b.t.discard(b.c)
 			}
 		}
 		b.mu.Unlock()
@@ -386,7 +573,7 @@ func (b *body) Close() error {
 	}
 	b.done = true
 	b.stop()
-	return b.c.nc.Close()
+	return b.t.discard(b.c)
 }
 
 // exchangeError is a failed exchange on one connection. stale is set when

@@ -151,9 +151,9 @@ func TestIdleConnectionClosedByTheEngineIsNotUsed(t *testing.T) {
 func peekIdle(tr *Transport) *conn {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	for _, l := range tr.idle {
-		if len(l) > 0 {
-			return l[len(l)-1]
+	for _, p := range tr.pools {
+		if len(p.idle) > 0 {
+			return p.idle[len(p.idle)-1]
 		}
 	}
 	return nil
@@ -514,4 +514,168 @@ func BenchmarkRoundTrip(b *testing.B) {
 		defer tr.CloseIdleConnections()
 		run(b, tr)
 	})
+}
+
+// countingServer answers "ok" (GET /hold first waits for release) and
+// counts the connections it accepted and those closed.
+func countingServer(t *testing.T, release <-chan struct{}) (srv *httptest.Server, opened, closed *atomic.Int64) {
+	t.Helper()
+	opened, closed = new(atomic.Int64), new(atomic.Int64)
+	srv = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.URL.Path == "/hold" {
+			<-release
+		}
+		_, _ = io.WriteString(w, "ok")
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		switch s {
+		case http.StateNew:
+			opened.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			closed.Add(1)
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, opened, closed
+}
+
+// fill sends n requests to url at once and reads their answers: the pool
+// then holds up to n idle connections to it.
+func fill(t *testing.T, tr *Transport, url string, n int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader("x"))
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+		})
+	}
+	wg.Wait()
+}
+
+// waitUntil polls cond for up to a minute (a deadline, not a speed claim).
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within a minute: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (t *Transport) poolCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.pools)
+}
+
+// Idle connections nobody uses again are closed by time, without a
+// request to their address, and the address is forgotten; a later request
+// opens a new connection. (Before, they were closed only when a request
+// to the same address came.)
+func TestIdleConnectionsAreClosedByTime(t *testing.T) {
+	srv, opened, closed := countingServer(t, nil)
+	tr := &Transport{IdleTimeout: 200 * time.Millisecond}
+	defer tr.Close()
+	fill(t, tr, srv.URL, 8)
+	if n := tr.Idle(); n < 1 || int64(n) != tr.Dials() {
+		t.Fatalf("idle %d, dials %d after the requests; want them equal, at least 1", n, tr.Dials())
+	}
+	waitUntil(t, "every idle connection closed", func() bool {
+		return tr.Idle() == 0 && closed.Load() == opened.Load()
+	})
+	if n := tr.poolCount(); n != 0 {
+		t.Fatalf("%d addresses kept after their connections closed, want 0", n)
+	}
+	dials := tr.Dials()
+	if resp, got := post(t, tr, context.Background(), srv.URL, "again"); resp.StatusCode != 200 || got != "ok" {
+		t.Fatalf("%d %q", resp.StatusCode, got)
+	}
+	if tr.Dials() != dials+1 {
+		t.Fatalf("dials %d, want %d: a new connection", tr.Dials(), dials+1)
+	}
+}
+
+// A connection idle for IdleTimeout is not reused, even before the sweep
+// closed it.
+func TestExpiredConnectionIsNotReused(t *testing.T) {
+	srv, _, _ := countingServer(t, nil)
+	tr := &Transport{IdleTimeout: time.Minute}
+	defer tr.Close()
+	post(t, tr, context.Background(), srv.URL, "a")
+	c := peekIdle(tr)
+	if c == nil {
+		t.Fatal("no idle connection")
+	}
+	tr.mu.Lock()
+	c.idleAt = c.idleAt.Add(-time.Minute) // as if unused for a minute
+	tr.mu.Unlock()
+	post(t, tr, context.Background(), srv.URL, "b")
+	if tr.Dials() != 2 {
+		t.Fatalf("dials %d, want 2: the expired connection is not reused", tr.Dials())
+	}
+}
+
+// CloseIdleConnectionsTo closes the idle connections to one address at
+// once, and the one in use when its exchange ends; the other addresses'
+// stay pooled, and a later request to the address works.
+func TestCloseIdleConnectionsToClosesOneAddress(t *testing.T) {
+	release := make(chan struct{})
+	a, aOpened, aClosed := countingServer(t, release)
+	b, _, bClosed := countingServer(t, nil)
+	tr := &Transport{IdleTimeout: time.Minute}
+	defer tr.Close()
+	fill(t, tr, a.URL, 4)
+	fill(t, tr, b.URL, 4)
+	idleA, idleB := tr.IdleTo(a.URL+"/v1/chat/completions"), tr.IdleTo(b.URL)
+	if idleA < 1 || idleB < 1 {
+		t.Fatalf("idle to a %d, to b %d; want some to each", idleA, idleB)
+	}
+	// A request in flight to a, on a connection of its own.
+	held := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, a.URL+"/hold", nil)
+		resp, err := tr.RoundTrip(req)
+		if err == nil {
+			_, err = io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+		}
+		held <- err
+	}()
+	waitUntil(t, "the held request in flight", func() bool { return tr.IdleTo(a.URL) == idleA-1 })
+	tr.CloseIdleConnectionsTo(a.URL)
+	if tr.IdleTo(a.URL) != 0 || tr.IdleTo(b.URL) != idleB {
+		t.Fatalf("after CloseIdleConnectionsTo(a): idle to a %d (want 0), to b %d (want %d)", tr.IdleTo(a.URL), tr.IdleTo(b.URL), idleB)
+	}
+	waitUntil(t, "a's idle connections closed", func() bool { return aClosed.Load() == int64(idleA-1) })
+	close(release)
+	if err := <-held; err != nil {
+		t.Fatalf("the request in flight: %v", err)
+	}
+	waitUntil(t, "the in-flight connection closed at its end", func() bool { return aClosed.Load() == aOpened.Load() })
+	if tr.IdleTo(a.URL) != 0 || bClosed.Load() != 0 {
+		t.Fatalf("idle to a %d, b's connections closed %d; want 0 and 0", tr.IdleTo(a.URL), bClosed.Load())
+	}
+	if resp, got := post(t, tr, context.Background(), a.URL, "back"); resp.StatusCode != 200 || got != "ok" {
+		t.Fatalf("a request to a afterwards: %d %q", resp.StatusCode, got)
+	}
+	if tr.IdleTo(a.URL) != 1 {
+		t.Fatalf("idle to a %d after a new request, want 1 (a new pool)", tr.IdleTo(a.URL))
+	}
+	// Neither https nor garbage are a pool's address.
+	tr.CloseIdleConnectionsTo("https://" + strings.TrimPrefix(b.URL, "http://"))
+	tr.CloseIdleConnectionsTo("::not a url")
+	if tr.IdleTo(b.URL) != idleB {
+		t.Fatalf("idle to b %d, want %d", tr.IdleTo(b.URL), idleB)
+	}
 }

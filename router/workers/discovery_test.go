@@ -293,7 +293,7 @@ func TestRankMetricsAndHooks(t *testing.T) {
 			if rank != 1 {
 				return EventStream{}, false
 			}
-			return EventStream{State: "live", Received: 42, Gaps: 3}, true
+			return EventStream{State: "live", Received: 42, Gaps: 3, Malformed: 5}, true
 		},
 		IndexBlocks: func(id shared.WorkerID, rank uint32) (int64, bool) { return int64(rank) + 10, id == ID("w") },
 	})
@@ -303,7 +303,7 @@ func TestRankMetricsAndHooks(t *testing.T) {
 	}
 	eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
 	st, _ := m.StatusOf("w")
-	if st.Ranks[0].Events != nil || st.Ranks[1].Events == nil || *st.Ranks[1].Events != (EventStream{State: "live", Received: 42, Gaps: 3}) {
+	if st.Ranks[0].Events != nil || st.Ranks[1].Events == nil || *st.Ranks[1].Events != (EventStream{State: "live", Received: 42, Gaps: 3, Malformed: 5}) {
 		t.Errorf("events = %v, %v", st.Ranks[0].Events, st.Ranks[1].Events)
 	}
 	if !st.Ranks[1].HasIndexBlocks || st.Ranks[1].IndexBlocks != 11 {
@@ -319,6 +319,7 @@ func TestRankMetricsAndHooks(t *testing.T) {
 		`switchyard_worker_engine_load_available{rank="0",worker="w"}`:     1,
 		`switchyard_worker_kv_events_total{rank="1",worker="w"}`:           42,
 		`switchyard_worker_kv_event_gaps_total{rank="1",worker="w"}`:       3,
+		`switchyard_worker_kv_event_malformed_total{rank="1",worker="w"}`:  5,
 		`switchyard_worker_ready{worker="w"}`:                              1,
 		`switchyard_worker_engine_report_age_seconds{rank="0",worker="w"}`: -1, // present, >= 0
 	}

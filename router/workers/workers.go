@@ -84,6 +84,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -97,6 +98,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/upstream"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -129,7 +131,8 @@ type Options struct {
 	FailureThreshold int
 	// Client scrapes the engines; nil uses a client of its own that,
 	// unlike http.DefaultTransport, ignores HTTP_PROXY (the engines'
-	// requests take no proxy either).
+	// requests take no proxy either) and closes connections idle for
+	// upstream.DefaultIdleTimeout.
 	Client *http.Client
 	// Logger receives membership changes, failed probes and readiness
 	// changes with their reasons (see Readiness), and workers file reload
@@ -145,8 +148,9 @@ type Options struct {
 	// is fresh), switchyard_worker_capacity_blocks (router blocks; 0
 	// unknown), switchyard_worker_engine_report_age_seconds (since the
 	// last report with a load), switchyard_worker_engine_load_available
-	// (1 or 0), and, with Streams, switchyard_worker_kv_events_total and
-	// switchyard_worker_kv_event_gaps_total. All are read from the current
+	// (1 or 0), and, with Streams, switchyard_worker_kv_events_total,
+	// switchyard_worker_kv_event_gaps_total and
+	// switchyard_worker_kv_event_malformed_total. All are read from the current
 	// state at each collection.
 	Registerer prometheus.Registerer
 	// Debounce is Watch's quiet period (DefaultDebounce).
@@ -167,6 +171,13 @@ type Options struct {
 	// the router holds for a candidate (false: unknown). Read like
 	// Streams; it must not block.
 	IndexBlocks func(id shared.WorkerID, rank uint32) (int64, bool)
+	// Departed, when set, is called after a Sync with each engine base
+	// URL (config.Worker.URL) that a configured worker had before it and
+	// none has after it: a worker removed, or moved to another URL. The
+	// caller closes what it keeps for the address (the requests'
+	// transport: upstream.Transport.CloseIdleConnectionsTo). Called
+	// without the Manager's lock, on Sync's goroutine; it must not block.
+	Departed func(url string)
 }
 
 // EventStream is a candidate's KV-event stream as the subscriber reports
@@ -184,6 +195,10 @@ type EventStream struct {
 	// key (another tier or block size, an unknown parent, malformed).
 	Evicted uint64 `json:"blocks_evicted"`
 	Skipped uint64 `json:"blocks_skipped"`
+	// Malformed counts the engine's messages that were dropped as
+	// malformed: not [topic, sequence, payload], or a payload that does
+	// not decode (which also clears the candidate's precise index).
+	Malformed uint64 `json:"malformed_messages"`
 }
 
 // ID is the WorkerID of the worker named name: FNV-1a 64 of the name.
@@ -349,8 +364,10 @@ func NewManager(r Membership, o Options) (*Manager, error) {
 	}
 	if o.Client == nil {
 		// No proxy from the environment: scrapes reach the engines the way
-		// requests do (router/upstream uses none).
-		o.Client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, IdleConnTimeout: 90 * time.Second}}
+		// requests do (router/upstream uses none). Idle connections close
+		// after the requests' idle timeout, below the engines' keep-alive
+		// timeout, so that a departed engine's do not stay open long.
+		o.Client = &http.Client{Transport: &http.Transport{Proxy: nil, MaxIdleConnsPerHost: 2, IdleConnTimeout: upstream.DefaultIdleTimeout}}
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -387,7 +404,8 @@ func (m *Manager) Close() {
 
 // Sync makes ws the configured workers: it adds the new names, removes the
 // names no longer listed (their requests in flight finish), and re-joins
-// the changed ones. A worker whose url or metrics_url changed starts over
+// the changed ones; then it hands the base URLs no worker has any more to
+// Options.Departed. A worker whose url or metrics_url changed starts over
 // as a new endpoint (not ready until its first scrape); one whose role,
 // models or total_kv_blocks changed is replaced in the fleet at once by a
 // new generation when it is ready (its prefix-index entries are purged);
@@ -396,13 +414,32 @@ func (m *Manager) Close() {
 // nothing when a worker is invalid, two share a name, or two names hash to
 // one id.
 func (m *Manager) Sync(ws []config.Worker) error {
-	if err := check(ws); err != nil {
+	departed, err := m.sync(ws)
+	if err != nil {
 		return err
+	}
+	if m.o.Departed != nil {
+		for _, u := range departed {
+			m.o.Departed(u)
+		}
+	}
+	return nil
+}
+
+// sync is Sync under the Manager's lock; it returns the base URLs that
+// left, sorted.
+func (m *Manager) sync(ws []config.Worker) ([]string, error) {
+	if err := check(ws); err != nil {
+		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return errors.New("workers: manager closed")
+		return nil, errors.New("workers: manager closed")
+	}
+	before := make(map[string]bool, len(m.entries))
+	for _, e := range m.entries {
+		before[e.cfg.URL] = true
 	}
 	want := make(map[string]config.Worker, len(ws))
 	for _, w := range ws {
@@ -432,7 +469,10 @@ func (m *Manager) Sync(ws []config.Worker) error {
 			m.log.Info("worker changed", "worker", w.Name, "role", w.Role, "models", w.Models, "total_kv_blocks", w.TotalKVBlocks)
 		}
 	}
-	return nil
+	for _, w := range ws {
+		delete(before, w.URL)
+	}
+	return slices.Sorted(maps.Keys(before)), nil
 }
 
 func check(ws []config.Worker) error {
@@ -968,13 +1008,15 @@ var (
 		"KV-cache events received from the engine for the rank (workers with a kv_events block).", rankLabels, nil)
 	gapsDesc = prometheus.NewDesc("switchyard_worker_kv_event_gaps_total",
 		"Sequence gaps in the rank's KV-event stream (a lost message or a restarted engine).", rankLabels, nil)
+	malformedDesc = prometheus.NewDesc("switchyard_worker_kv_event_malformed_total",
+		"Messages of the rank's KV-event stream dropped as malformed (not [topic, sequence, payload], or a payload that does not decode); each is counted, the log shows at most one per cause per 10 s.", rankLabels, nil)
 )
 
 // collector reads the Manager's state at each collection.
 type collector struct{ m *Manager }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{readyDesc, activeDesc, kvUsageDesc, waitingDesc, runningDesc, capacityDesc, ageDesc, availableDesc, eventsDesc, gapsDesc} {
+	for _, d := range []*prometheus.Desc{readyDesc, activeDesc, kvUsageDesc, waitingDesc, runningDesc, capacityDesc, ageDesc, availableDesc, eventsDesc, gapsDesc, malformedDesc} {
 		ch <- d
 	}
 }
@@ -1044,6 +1086,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 			if r.Events != nil {
 				ch <- prometheus.MustNewConstMetric(eventsDesc, prometheus.CounterValue, float64(r.Events.Received), name, rank)
 				ch <- prometheus.MustNewConstMetric(gapsDesc, prometheus.CounterValue, float64(r.Events.Gaps), name, rank)
+				ch <- prometheus.MustNewConstMetric(malformedDesc, prometheus.CounterValue, float64(r.Events.Malformed), name, rank)
 			}
 		}
 	}

@@ -779,3 +779,56 @@ func TestManagerOverMembership(t *testing.T) {
 		t.Errorf("fleet partition %+v, want a alone", p)
 	}
 }
+
+// TestSyncReportsDepartedURLs: after each Sync, Options.Departed gets the
+// base URLs no worker has any more (a worker removed, one moved to
+// another URL), and not one another worker still has or an invalid set.
+func TestSyncReportsDepartedURLs(t *testing.T) {
+	r := newRouter(t)
+	var mu sync.Mutex
+	var got []string
+	took := func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		out := got
+		got = nil
+		return out
+	}
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast, Departed: func(u string) {
+		mu.Lock()
+		got = append(got, u)
+		mu.Unlock()
+	}})
+	ea, eb, ec := newEngine(t, vllmMetrics), newEngine(t, vllmMetrics), newEngine(t, vllmMetrics)
+	a, b, c := worker("a", ea, "llama"), worker("b", eb, "llama"), worker("c", ec, "llama")
+	if err := m.Sync([]config.Worker{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	if d := took(); len(d) != 0 {
+		t.Fatalf("departed %v on the first sync, want none", d)
+	}
+	// a moves to c's engine; b2 shares b's URL under another name.
+	a2 := a
+	a2.URL, a2.MetricsURL = c.URL, c.MetricsURL
+	b2 := worker("b2", eb, "llama")
+	if err := m.Sync([]config.Worker{a2, b2}); err != nil {
+		t.Fatal(err)
+	}
+	if d := took(); !slices.Equal(d, []string{ea.srv.URL}) {
+		t.Fatalf("departed %v, want [%s] (a's old URL; b's is b2's)", d, ea.srv.URL)
+	}
+	if err := m.Sync([]config.Worker{a2, a2}); err == nil {
+		t.Fatal("a repeated name synced")
+	}
+	if d := took(); len(d) != 0 {
+		t.Fatalf("departed %v after a refused sync, want none", d)
+	}
+	if err := m.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{eb.srv.URL, ec.srv.URL}
+	slices.Sort(want)
+	if d := took(); !slices.Equal(d, want) {
+		t.Fatalf("departed %v, want %v", d, want)
+	}
+}
