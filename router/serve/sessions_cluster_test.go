@@ -56,7 +56,7 @@ func TestDaemonReplicasShareSessions(t *testing.T) {
 		}
 		defer func() { _ = resp.Body.Close() }()
 		if _, err := io.Copy(io.Discard, resp.Body); err != nil || resp.StatusCode != 200 {
-			t.Fatalf("%s: %d %v", session, resp.StatusCode, err)
+			t.Fatalf("%s: %d %v\nlogs a:\n%s\nlogs b:\n%s", session, resp.StatusCode, err, a.logs, b.logs)
 		}
 		return resp.Header.Get("X-Switchyard-Worker")
 	}
