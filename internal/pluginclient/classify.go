@@ -251,7 +251,7 @@ func (e *eventSender) round(st pluginv1.Plugin_EventsClient, q []queuedEvent) er
 	batches[len(batches)-1].ThroughSeq = q[len(q)-1].seq
 	for _, b := range batches {
 		if err := st.Send(b); err != nil {
-			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, err)
+			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, boundStatus(err))
 		}
 		n := int64(len(b.Events))
 		e.sent.Add(n)
@@ -266,7 +266,7 @@ func (e *eventSender) round(st pluginv1.Plugin_EventsClient, q []queuedEvent) er
 	for _, b := range batches {
 		ack, err := st.Recv()
 		if err != nil {
-			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, err)
+			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, boundStatus(err))
 		}
 		if ack.GetBatchId() != b.BatchId {
 			return fmt.Errorf("plugin events: acknowledged batch %d, expected %d", ack.GetBatchId(), b.BatchId)
