@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,7 +55,9 @@ func TestInvalidAnswerIsACallFailure(t *testing.T) {
 	} {
 		t.Run(tc.how, func(t *testing.T) {
 			var logs syncBuffer
-			h, reg := loggedHost(t, &logs, Options{})
+			// The breaker's window and open time are an hour, so that a
+			// starved machine's slow calls change nothing.
+			h, reg := loggedHost(t, &logs, Options{Breaker: BreakerPolicy{Window: time.Hour, OpenTimeout: time.Hour}})
 			b := block("wrong", "invalid")
 			b.Env["SY_INVALID"] = tc.how
 			cp := startPolicy(t, h, b)
@@ -147,14 +150,15 @@ func (w *countingWriter) lines() []string {
 	return append([]string(nil), w.kept...)
 }
 
-// TestStderrFloodIsRateLimited: a plugin that writes 64 MiB to stderr
+// TestStderrFloodIsRateLimited: a plugin that writes 32 MiB to stderr
 // gets at most a few MiB of it into the router's log (StderrBurst, then
 // StderrRate), with a warning counting what was dropped, and serves.
 func TestStderrFloodIsRateLimited(t *testing.T) {
 	out := &countingWriter{keep: "dropped plugin stderr"}
 	h := NewHost(Options{Logger: hclog.New(&hclog.LoggerOptions{Name: "host", Output: out, Level: hclog.Info})})
 	b := block("flood", "stderr-flood")
-	b.Env["SY_STDERR_MB"] = "64"
+	b.Env["SY_STDERR_MB"] = "32"
+	b.StartTimeout = time.Minute // the flood comes before the handshake
 	types, err := h.Start(context.Background(), b)
 	if err != nil {
 		t.Fatalf("Start: %v", err)
@@ -172,8 +176,9 @@ func TestStderrFloodIsRateLimited(t *testing.T) {
 		t.Errorf("Shutdown: %v", err)
 	}
 	assertNoLeftovers(t)
-	if n := out.n.Load(); n > 16<<20 {
-		t.Errorf("%d MiB of log for 64 MiB of plugin stderr", n>>20)
+	// 512 KiB at once, then 64 KiB/s: 8 MiB would take two minutes.
+	if n := out.n.Load(); n > 8<<20 {
+		t.Errorf("%d MiB of log for 32 MiB of plugin stderr", n>>20)
 	}
 	if d := out.lines(); len(d) == 0 || !strings.Contains(d[0], "dropped_bytes=") {
 		t.Errorf("no warning about the stderr dropped: %q", d)

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -761,16 +762,23 @@ const (
 func (t *tail) Write(b []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, c := range b {
-		if c == '\n' {
-			t.flush()
-			continue
+	n := len(b)
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		seg := b
+		if i >= 0 {
+			seg = b[:i]
 		}
-		if len(t.cur) < tailRawMax {
-			t.cur = append(t.cur, c)
+		if room := tailRawMax - len(t.cur); room > 0 {
+			t.cur = append(t.cur, seg[:min(room, len(seg))]...)
 		}
+		if i < 0 {
+			break
+		}
+		t.flush()
+		b = b[i+1:]
 	}
-	return len(b), nil
+	return n, nil
 }
 
 func (t *tail) flush() {
