@@ -225,6 +225,45 @@ func TestPluginsCheckFailures(t *testing.T) {
 	}
 }
 
+// TestPluginsCheckEscapesPluginText: a plugin whose answers are errors
+// of 64 KiB starting with a terminal escape fails the decide checks, and
+// what `plugins check` prints of them is escaped and bounded, as text and
+// as JSON; a NaN cost fails them as the router's own check of an answer
+// words it.
+func TestPluginsCheckEscapesPluginText(t *testing.T) {
+	faulty := examplePlugin(t, "faulty")
+	for _, asJSON := range []bool{false, true} {
+		args := []string{"plugins", "check", faulty, "--env", "SY_TEST_MODE=invalid", "--env", "SY_INVALID=error", "--env", "SY_INVALID_BYTES=65536", "--type", "t-active"}
+		if asJSON {
+			args = append(args, "--json")
+		}
+		code, out, errOut := routerRun(t, args...)
+		if code != 1 {
+			t.Fatalf("json %v: exit %d, want 1\nstdout:\n%.4000s\nstderr:\n%.4000s", asJSON, code, out, errOut)
+		}
+		if strings.Contains(out, "\x1b") {
+			t.Errorf("json %v: the output holds a raw escape: %.2000q", asJSON, out)
+		}
+		want := `FAIL decide "t-active" rows=1: expected a well-formed answer, got plugin "faulty": plugin decide: \x1b[31mredeee`
+		if asJSON {
+			want = `"got": "plugin \"faulty\": plugin decide: \\x1b[31mredeee`
+		}
+		if !strings.Contains(out, want) {
+			t.Errorf("json %v: output lacks %q:\n%.4000s", asJSON, want, out)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if len(line) > 8<<10 {
+				t.Errorf("json %v: a line of %d bytes: %.200q", asJSON, len(line), line)
+			}
+		}
+	}
+	code, out, errOut := routerRun(t, "plugins", "check", faulty, "--env", "SY_TEST_MODE=invalid", "--env", "SY_INVALID=nan", "--type", "t-active")
+	want := `FAIL decide "t-active" rows=8: expected a well-formed answer, got plugin "faulty": plugin decide: invalid answer (non_finite_cost): cost NaN for row 0` + "\n"
+	if code != 1 || !strings.Contains(out, want) {
+		t.Errorf("a NaN cost: exit %d, want 1 and %q\nstdout:\n%s\nstderr:\n%s", code, want, out, errOut)
+	}
+}
+
 // startedOnce returns a file holding one start line, as the faulty
 // plugin's SY_STARTS after one start: its crash mode then crashes on
 // every Configure.

@@ -214,7 +214,7 @@ func BenchmarkUnaryGRPC(b *testing.B) {
 		if len(out.Results) != 1 || out.Results[0].GetError() != "" || out.Results[0].GetTaskId() != id {
 			return fmt.Errorf("unexpected results %v", out.Results)
 		}
-		_ = resultFromProto(out.Results[0])
+		_ = resultFromProto(out.Results[0], nil)
 		return nil
 	})
 }

@@ -9,12 +9,20 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/internal/pluginwire"
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
+// maxDiagnostic bounds a Configure diagnostic's summary and its detail, in
+// bytes, as the router quotes them (untrusted.Text): a reason and the
+// values allowed, not a payload.
+const maxDiagnostic = 1 << 10
+
 // ConfigureInstance is Configure, also returning whether the instance wants
-// lifecycle events.
+// lifecycle events. The diagnostics' strings are bounded and escaped
+// (untrusted.Text): a parameter name to untrusted.MaxLog bytes, a summary
+// and a detail to 1 KiB each.
 func (c *Client) ConfigureInstance(ctx context.Context, req ConfigureRequest) (ConfigureResult, error) {
 	if c.isClosed() {
 		return ConfigureResult{}, fmt.Errorf("plugin configure %q: %w", req.Info.Name, ErrPluginClosed)
@@ -36,7 +44,11 @@ func (c *Client) ConfigureInstance(ctx context.Context, req ConfigureRequest) (C
 	if len(resp.GetDiagnostics()) > 0 {
 		diags := make([]Diagnostic, 0, len(resp.GetDiagnostics()))
 		for _, d := range resp.GetDiagnostics() {
-			diags = append(diags, Diagnostic{Param: d.GetParam(), Summary: d.GetSummary(), Detail: d.GetDetail()})
+			diags = append(diags, Diagnostic{
+				Param:   untrusted.Text(d.GetParam(), untrusted.MaxLog),
+				Summary: untrusted.Text(d.GetSummary(), maxDiagnostic),
+				Detail:  untrusted.Text(d.GetDetail(), maxDiagnostic),
+			})
 		}
 		return ConfigureResult{Diagnostics: diags}, nil
 	}
@@ -239,7 +251,7 @@ func (e *eventSender) round(st pluginv1.Plugin_EventsClient, q []queuedEvent) er
 	batches[len(batches)-1].ThroughSeq = q[len(q)-1].seq
 	for _, b := range batches {
 		if err := st.Send(b); err != nil {
-			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, err)
+			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, boundStatus(err))
 		}
 		n := int64(len(b.Events))
 		e.sent.Add(n)
@@ -254,7 +266,7 @@ func (e *eventSender) round(st pluginv1.Plugin_EventsClient, q []queuedEvent) er
 	for _, b := range batches {
 		ack, err := st.Recv()
 		if err != nil {
-			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, err)
+			return fmt.Errorf("plugin events: %w: %w", ErrPluginClosed, boundStatus(err))
 		}
 		if ack.GetBatchId() != b.BatchId {
 			return fmt.Errorf("plugin events: acknowledged batch %d, expected %d", ack.GetBatchId(), b.BatchId)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/switchyard-router/switchyard/internal/pluginwire"
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -155,13 +156,33 @@ var callOpts = []grpc.CallOption{grpc.MaxCallRecvMsgSize(shared.MaxMessageBytes)
 
 // rpcError wraps a call's error with what was called, mapping a gone
 // plugin (Unavailable, or Canceled once the plugin's context is done) to
-// ErrPluginClosed.
+// ErrPluginClosed. A status error's message, which the plugin may have
+// written, is bounded (boundStatus).
 func (c *Client) rpcError(what string, err error) error {
+	err = boundStatus(err)
 	code := status.Code(err)
 	if code == codes.Unavailable || (code == codes.Canceled && c.done.Err() != nil) {
 		return fmt.Errorf("plugin %s: %w: %w", what, ErrPluginClosed, err)
 	}
 	return fmt.Errorf("plugin %s: %w", what, err)
+}
+
+// boundStatus returns err, a gRPC status error as a call returns it, with
+// its message bounded and escaped (untrusted.Text, untrusted.MaxLog): a
+// plugin's handler chooses it (a classifier's error, a Decide stream's end),
+// and it reaches logs and clients' answers. The code is kept; any other
+// error is returned as it is.
+func boundStatus(err error) error {
+	se, ok := err.(interface{ GRPCStatus() *status.Status })
+	if !ok {
+		return err
+	}
+	st := se.GRPCStatus()
+	msg := st.Message()
+	if b := untrusted.Text(msg, untrusted.MaxLog); b != msg {
+		return status.Error(st.Code(), b)
+	}
+	return err
 }
 
 func (c *Client) isClosed() bool {
@@ -180,7 +201,7 @@ func (c *Client) Describe(ctx context.Context) (*Description, error) {
 	if err != nil {
 		return nil, c.rpcError("describe", err)
 	}
-	d := &Description{PluginVersion: resp.GetPluginVersion(), APIVersions: resp.GetApiVersions()}
+	d := &Description{PluginVersion: untrusted.Text(resp.GetPluginVersion(), untrusted.MaxLog), APIVersions: resp.GetApiVersions()}
 	for _, ct := range resp.GetTypes() {
 		t, err := typeFromProto(ct)
 		if err != nil {
@@ -227,24 +248,27 @@ func (c *Client) Decide(ctx context.Context, t *Task) (TaskResult, error) {
 	select {
 	case r := <-w.ch:
 		c.waiters.Put(w)
-		if r.GetError() != "" {
+		if raw := r.GetError(); raw != "" {
+			// The plugin's words reach logs and clients: bounded and
+			// escaped, once recognised.
+			msg := untrusted.Text(raw, untrusted.MaxLog)
 			if err := ctx.Err(); err != nil {
-				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w (plugin: %s)", err, r.GetError())
+				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w (plugin: %s)", err, msg)
 			}
 			if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
 				// The task ran out of the caller's time in the plugin, a
 				// moment before ctx's own timer fired.
-				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w (plugin: %s)", context.DeadlineExceeded, r.GetError())
+				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w (plugin: %s)", context.DeadlineExceeded, msg)
 			}
-			if pluginwire.IsTooLargeMessage(r.GetError()) {
-				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w: %s", ErrResultTooLarge, r.GetError())
+			if pluginwire.IsTooLargeMessage(raw) {
+				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w: %s", ErrResultTooLarge, msg)
 			}
-			if panicMessage(r.GetError()) {
-				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w", &panicError{r.GetError()})
+			if panicMessage(raw) {
+				return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w", &panicError{msg})
 			}
-			return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %s", r.GetError())
+			return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %s", msg)
 		}
-		return resultFromProto(r), nil
+		return resultFromProto(r, t.Stages), nil
 	case <-ctx.Done():
 		s.release(id, w)
 		return TaskResult{Picked: -1}, fmt.Errorf("plugin decide: %w", ctx.Err())
@@ -515,6 +539,7 @@ func (s *remoteStream) fail(cause error) {
 		return
 	}
 	s.failed = true
+	cause = boundStatus(cause)
 	if errors.Is(cause, context.Canceled) || errors.Is(cause, context.DeadlineExceeded) {
 		// The stream's own context (the plugin's process), never the
 		// caller's: wrapping it would make a plugin that died look like

@@ -9,9 +9,11 @@ import (
 	"fmt"
 	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/switchyard-router/switchyard/internal/pluginwire"
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -143,10 +145,17 @@ func CandidatesToProto(c *shared.Candidates, cols *pluginv1.Columns) {
 	cols.Costs = append(cols.Costs[:0], c.Costs...)
 }
 
-// resultFromProto converts a DecideResult for the caller. An empty kept
-// list without filtered_by means every row (Kept nil).
-func resultFromProto(r *pluginv1.DecideResult) TaskResult {
+// resultFromProto converts a DecideResult for the caller of a task of
+// stages. An empty kept list without filtered_by means every row (Kept
+// nil). filtered_by is kept as it is when it names one of stages'
+// instances (the router's own name), else bounded and escaped
+// (untrusted.Text, untrusted.MaxClient): it may end up in a client's
+// answer, and CheckResult refuses it anyway.
+func resultFromProto(r *pluginv1.DecideResult, stages []Stage) TaskResult {
 	res := TaskResult{Picked: int(r.GetPicked()), FilteredBy: r.GetFilteredBy()}
+	if by := res.FilteredBy; by != "" && !slices.ContainsFunc(stages, func(st Stage) bool { return st.Instance == by }) {
+		res.FilteredBy = untrusted.Text(by, untrusted.MaxClient)
+	}
 	if len(r.GetKept()) > 0 || res.FilteredBy != "" {
 		res.Kept = r.GetKept()
 		if res.Kept == nil {
@@ -171,11 +180,13 @@ func eventToProto(e *shared.Event, p *pluginv1.Event) {
 	}
 }
 
-// classificationFromProto converts a Classify answer.
+// classificationFromProto converts a Classify answer; its policy class is
+// bounded and escaped (untrusted.MaxClient).
 func classificationFromProto(r *pluginv1.ClassifyResponse) shared.Classification {
 	c := shared.Classification{
-		Priority:             int(r.GetPriority()),
-		PolicyClass:          r.GetPolicyClass(),
+		Priority: int(r.GetPriority()),
+		// Bounded: an unknown class is quoted in the client's answer.
+		PolicyClass:          untrusted.Text(r.GetPolicyClass(), untrusted.MaxClient),
 		SchedulingCostTokens: int64(min(r.GetSchedulingCostTokens(), math.MaxInt64)),
 		Target:               shared.WorkerID(r.GetTarget()),
 		HasTarget:            r.GetHasTarget(),

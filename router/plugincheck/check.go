@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/pipeline"
@@ -750,9 +751,12 @@ func request(role shared.Role) *shared.Request {
 }
 
 // checkDecide runs comp (a filter, scorer or picker) over each of rows and
-// checks every answer as the router does: the supervisor's component
-// validates kept rows (ascending, in range) and the number of costs; costs
-// must be finite and a picked row in range, as the pipeline requires.
+// checks every answer as the router does: for a plugin's component the
+// supervisor checks it as it checks every decision call's
+// (pluginclient.CheckResult: kept rows ascending and in range, one finite
+// cost per row, a picked row in range) and fails the call otherwise; for
+// an in-process component (a test's) decideOnce checks costs and the
+// picked row as the pipeline does.
 //
 // Then concurrent calls, of 1 to concurrent rows, are made at once: the
 // router's client sends what queues together in one message, and each
@@ -831,10 +835,27 @@ func decideOnce(ctx context.Context, kind shared.Kind, comp shared.Component, re
 	return "", ""
 }
 
+// maxField bounds each field of a Result as WriteText and WriteJSON write
+// it, in bytes: what a plugin sent (its errors, its names) is already
+// bounded where the router reads it, and a check's own words are short.
+const maxField = 4 << 10
+
+// printable returns r with each field bounded to maxField bytes and its
+// control characters escaped (untrusted.Text): a plugin's text must not
+// reach a terminal as escape sequences.
+func (r Result) printable() Result {
+	for _, f := range []*string{&r.Name, &r.Expected, &r.Got, &r.Note, &r.Warning} {
+		*f = untrusted.Text(*f, maxField)
+	}
+	return r
+}
+
 // WriteText writes r as one line ("PASS name (note)", "FAIL name:
 // expected X, got Y", "SKIP name: why"), followed by "WARNING name: W"
-// when it passed with a warning.
+// when it passed with a warning. Each field is bounded to 4 KiB and its
+// control characters are escaped (`\x1b`).
 func WriteText(w io.Writer, r Result) error {
+	r = r.printable()
 	line := r.Line() + "\n"
 	if r.Pass && r.Warning != "" {
 		line += fmt.Sprintf("WARNING %s: %s\n", r.Name, r.Warning)
@@ -850,17 +871,22 @@ type Report struct {
 	Error  string   `json:"error,omitempty"`
 }
 
-// WriteJSON writes rep as one indented JSON object.
+// WriteJSON writes rep as one indented JSON object, each field of a check
+// bounded and escaped as WriteText writes it.
 func WriteJSON(w io.Writer, rep Report) error {
-	if rep.Checks == nil {
-		rep.Checks = []Result{}
+	checks := make([]Result, len(rep.Checks))
+	for i, r := range rep.Checks {
+		checks[i] = r.printable()
 	}
+	rep.Checks = checks
+	rep.Error = untrusted.Text(rep.Error, maxField)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)
 }
 
-// Line is the result as WriteText writes it, without its warning.
+// Line is the result as WriteText writes it, without its warning, and
+// with its fields as they are (WriteText bounds and escapes them).
 func (r Result) Line() string {
 	switch {
 	case r.Skipped:

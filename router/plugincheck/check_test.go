@@ -249,8 +249,11 @@ func TestCheckResult(t *testing.T) {
 		want string
 	}{
 		{&pluginv1.DecideResult{Kept: []uint32{0, 2}, Picked: -1}, want{kind: f, n: 3}, ""},
-		{&pluginv1.DecideResult{FilteredBy: "x", Picked: -1}, want{kind: f, n: 3}, ""},
-		{&pluginv1.DecideResult{FilteredBy: "x", Kept: []uint32{1}, Picked: -1}, want{kind: f, n: 3}, `filtered_by "x" with 1 kept rows (filtered_by means no row was kept)`},
+		{&pluginv1.DecideResult{FilteredBy: "x", Picked: -1}, want{kind: f, instance: "x", n: 3}, ""},
+		{&pluginv1.DecideResult{FilteredBy: "x", Kept: []uint32{1}, Picked: -1}, want{kind: f, instance: "x", n: 3}, `filtered_by "x" with 1 kept rows (filtered_by means no row was kept)`},
+		{&pluginv1.DecideResult{FilteredBy: "y\x1b", Picked: -1}, want{kind: f, instance: "x", n: 3}, `filtered_by "y\x1b" names no filter of the task`},
+		{&pluginv1.DecideResult{FilteredBy: "x", Picked: -1}, want{kind: s, instance: "x", n: 3}, `filtered_by "x" from a task without a filter`},
+		{&pluginv1.DecideResult{Kept: []uint32{1}, Picked: 0}, want{kind: p, n: 2}, "1 kept rows from a task without a filter"},
 		{&pluginv1.DecideResult{Kept: []uint32{2, 1}, Picked: -1}, want{kind: f, n: 3}, "kept rows [2 1] not strictly ascending in [0, 3)"},
 		{&pluginv1.DecideResult{Kept: []uint32{0, 3}, Picked: -1}, want{kind: f, n: 3}, "kept rows [0 3] not strictly ascending in [0, 3)"},
 		{&pluginv1.DecideResult{Kept: []uint32{0}, Costs: []float64{1}, Picked: -1}, want{kind: s, n: 1}, "1 kept rows from a task without a filter"},
@@ -263,6 +266,7 @@ func TestCheckResult(t *testing.T) {
 		{&pluginv1.DecideResult{Picked: 2}, want{kind: p, n: 2}, "picked row 2, not in [0, 2)"},
 		{&pluginv1.DecideResult{Picked: -1}, want{kind: p, n: 2}, "picked row -1, not in [0, 2)"},
 		{&pluginv1.DecideResult{Error: "boom", Picked: -1}, want{kind: p, n: 2}, `the error "boom"`},
+		{&pluginv1.DecideResult{Error: "\x1b[31m" + strings.Repeat("e", 1<<20), Picked: -1}, want{kind: p, n: 2}, `the error "\x1b[31m` + strings.Repeat("e", 256-len(`\x1b[31m`)) + `...(1048581 bytes)"`},
 		{&pluginv1.DecideResult{Error: "unknown instance", Picked: -1}, want{n: 1, wantErr: true}, ""},
 		{&pluginv1.DecideResult{Picked: 0}, want{n: 1, wantErr: true}, "no error for a task naming an instance never configured"},
 	} {

@@ -7,7 +7,6 @@ import (
 	"maps"
 	"math"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
 	"github.com/switchyard-router/switchyard/internal/pluginwire"
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
@@ -173,9 +173,10 @@ func protoRequest(r *shared.Request) *pluginv1.Request {
 // want is what a task's answer must look like: the kind of its one stage
 // over n rows, or an error.
 type want struct {
-	kind    shared.Kind
-	n       int
-	wantErr bool
+	kind     shared.Kind
+	instance string
+	n        int
+	wantErr  bool
 }
 
 // task is a DecideTask of one stage, instance of kind, over n rows with
@@ -192,7 +193,10 @@ func (w *wire) task(id uint64, instance string, kind shared.Kind, n int) *plugin
 }
 
 // checkResult says what is wrong with r as the answer wt describes; "" when
-// nothing is.
+// nothing is. The router's own check of an answer
+// (pluginclient.CheckResult, which fails the call) comes first; then what
+// the router ignores but the protocol forbids: kept rows, costs or a
+// picked row from a task without a filter, a scorer or a picker.
 func checkResult(r *pluginv1.DecideResult, wt want) string {
 	if wt.wantErr {
 		if r.GetError() == "" {
@@ -200,45 +204,27 @@ func checkResult(r *pluginv1.DecideResult, wt want) string {
 		}
 		return ""
 	}
-	if r.GetError() != "" {
-		return "the error " + strconv.Quote(r.GetError())
+	if e := r.GetError(); e != "" {
+		return `the error "` + untrusted.Text(e, untrusted.MaxLog) + `"`
 	}
 	kept, costs := r.GetKept(), r.GetCosts()
-	if wt.kind != shared.KindFilter && len(kept) > 0 {
+	if wt.kind != shared.KindFilter && len(kept) > 0 && r.GetFilteredBy() == "" {
 		return fmt.Sprintf("%d kept rows from a task without a filter", len(kept))
 	}
-	if by := r.GetFilteredBy(); by != "" && len(kept) > 0 {
-		return fmt.Sprintf("filtered_by %q with %d kept rows (filtered_by means no row was kept)", by, len(kept))
+	stages := []pluginclient.Stage{{Instance: wt.instance, Kind: wt.kind}}
+	task := &pluginclient.Task{Candidates: &shared.Candidates{IDs: make([]shared.WorkerID, wt.n)}, Stages: stages}
+	var invalid *pluginclient.InvalidAnswerError
+	if err := pluginclient.CheckResult(task, pluginclient.ResultFromProto(r, stages)); errors.As(err, &invalid) {
+		return invalid.Detail
 	}
-	if wt.kind == shared.KindFilter && r.GetFilteredBy() == "" {
-		for i, k := range kept {
-			if int(k) >= wt.n || i > 0 && k <= kept[i-1] {
-				return fmt.Sprintf("kept rows %v not strictly ascending in [0, %d)", clip(kept), wt.n)
-			}
-		}
-	}
-	if wt.kind == shared.KindScorer {
-		if len(costs) != wt.n {
-			return fmt.Sprintf("%d costs for %d rows", len(costs), wt.n)
-		}
-		if i := slices.IndexFunc(costs, func(v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) }); i >= 0 {
-			return fmt.Sprintf("cost %v for row %d", costs[i], i)
-		}
-	} else if len(costs) > 0 {
+	if wt.kind != shared.KindScorer && len(costs) > 0 {
 		return fmt.Sprintf("%d costs from a task without a scorer", len(costs))
 	}
-	picked := r.GetPicked()
-	if wt.kind == shared.KindPicker && (picked < 0 || int(picked) >= wt.n) {
-		return fmt.Sprintf("picked row %d, not in [0, %d)", picked, wt.n)
-	}
-	if wt.kind != shared.KindPicker && picked != -1 {
+	if picked := r.GetPicked(); wt.kind != shared.KindPicker && picked != -1 {
 		return fmt.Sprintf("picked %d from a task without a picker (want -1)", picked)
 	}
 	return ""
 }
-
-// clip shortens a list of kept rows for a message.
-func clip(kept []uint32) []uint32 { return kept[:min(len(kept), 8)] }
 
 // decideStream is one Decide stream the check opened, its results read
 // into a channel.
@@ -416,7 +402,7 @@ func (w *wire) checkBatch(ctx context.Context, types []configured) Result {
 		for _, n := range batchRows {
 			id++
 			tasks = append(tasks, w.task(id, c.instance, c.t.Kind, n))
-			wants[id] = want{kind: c.t.Kind, n: n}
+			wants[id] = want{kind: c.t.Kind, instance: c.instance, n: n}
 		}
 	}
 	id++
@@ -465,7 +451,7 @@ func (w *wire) checkStreams(ctx context.Context, types []configured) Result {
 					id := taskIDBase + uint64(1000*(s+1)+100*m+i)
 					n := 1 + (s+m+i)%8
 					tasks = append(tasks, w.task(id, c.instance, c.t.Kind, n))
-					wants[id] = want{kind: c.t.Kind, n: n}
+					wants[id] = want{kind: c.t.Kind, instance: c.instance, n: n}
 				}
 				if _, p := d.exchange(tasks, wants, answered); len(p) > 0 {
 					problems[s] = p

@@ -33,7 +33,16 @@
 // (HealthPolicy); a call that misses call_timeout only makes the probe
 // check at once. A circuit
 // breaker per process (BreakerPolicy, gobreaker) refuses calls while open.
+// An answer that does not fit its task (pluginclient.CheckResult: a cost
+// short, a NaN cost, a row out of range) fails its call like an error,
+// with the cause invalid_answer, and counts toward the breaker.
 // Every failed call's error lets the router's fallback decide; none wraps
 // context.DeadlineExceeded unless the caller's own deadline passed.
+//
+// What a plugin writes is bounded on its way to the router's log: stderr
+// at StderrRate bytes a second per process (bursts of StderrBurst), each
+// line cut at 4 KiB and control-escaped (stderrLog); stdout after the
+// handshake is read for the process's whole life and discarded, so that
+// no write of the plugin's ever blocks (cmdRunner).
 // Metrics go to the registry in Options (NewMetrics).
 package supervisor

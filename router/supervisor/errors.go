@@ -42,14 +42,18 @@ func IsPermanent(err error) bool {
 // answer, so its policy's fallback decides (a classify call fails only its
 // request). Every error such a call returns is a *CallError; errors.Is
 // still sees its cause (ErrCallTimeout, ErrBreakerOpen, ErrRestarting,
-// pluginclient.ErrPluginClosed, pluginclient.ErrComponentPanicked...) through Unwrap.
+// pluginclient.ErrPluginClosed, pluginclient.ErrComponentPanicked,
+// *pluginclient.InvalidAnswerError...) through Unwrap.
 type CallError struct {
 	// Plugin is the name of the plugin block.
 	Plugin string
 	// Cause says why, as the code label of
 	// switchyard_plugin_call_errors_total: "error" (a component returned
 	// an error), "panic" (a component panicked; the plugin's SDK recovered
-	// it), "timeout" (no answer within call_timeout), "too_large" (a
+	// it), "invalid_answer" (the plugin answered rows, costs or a pick
+	// that do not fit the task: pluginclient.CheckResult; errors.As finds
+	// the *pluginclient.InvalidAnswerError and its Reason), "timeout" (no
+	// answer within call_timeout), "too_large" (a
 	// message over shared.MaxMessageBytes), "closed" (the process or its
 	// stream went away during the call), "restarting" and "failed"
 	// (refused: the process is being restarted, or is not restarted any

@@ -75,8 +75,11 @@ type Options struct {
 	// Stdout, when set, receives what plugins write to stdout after the
 	// handshake, as far as go-plugin's stdio service
 	// (plugin.GRPCStdio/StreamStdio) relays it: a Go plugin's os.Stdout.
-	// Lines a plugin writes to its raw stdout pipe after the handshake
-	// are read and dropped by go-plugin. Default: dropped too.
+	// What a plugin writes to its raw stdout pipe after the handshake
+	// (file descriptor 1: a child's output, a library's, a plugin not
+	// built on the SDK) is read and discarded by the host, with a warning
+	// at most every 10 s, so that the plugin never blocks writing it
+	// (cmdRunner). Default: dropped too.
 	Stdout io.Writer
 }
 

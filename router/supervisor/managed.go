@@ -113,6 +113,9 @@ const (
 	codeBackoff     = "backoff"      // refused: the plugin is crash-looping
 	codeFailed      = "failed"       // refused: the plugin is failed
 	codeShutdown    = "shutdown"     // refused: the host is shutting down
+	// codeInvalidAnswer: the plugin answered, but with rows, costs or a
+	// pick that do not fit the task (pluginclient.CheckResult).
+	codeInvalidAnswer = "invalid_answer"
 )
 
 // instance is a Configure the plugin answered: replayed, in order, in
@@ -183,7 +186,7 @@ func (h *Host) newManaged(b config.Plugin, st *counters, rp RestartPolicy) *mana
 	}
 	m.failLogs = make(map[string]*failureLog)
 	for _, code := range []string{codeTimeout, codeClosed, codeTooLarge, codeError, codePanic,
-		codeBreakerOpen, codeRestarting, codeBackoff, codeFailed, codeShutdown} {
+		codeBreakerOpen, codeRestarting, codeBackoff, codeFailed, codeShutdown, codeInvalidAnswer} {
 		m.failLogs[code] = &failureLog{s: rate.Sometimes{Every: h.failLog.Every, Interval: h.failLog.Interval}}
 	}
 	m.quitCtx, m.quitCancel = context.WithCancel(context.Background())
@@ -511,11 +514,16 @@ func (m *managed) configure(typ string, kind shared.Kind, info shared.InstanceIn
 // decide sends one task to the current process under call_timeout, through
 // its circuit breaker, and counts it. It fails fast while the plugin
 // restarts, is failed or shuts down, or while the breaker is open. The
-// call's context is also cancelled when the process exits or stops.
+// call's context is also cancelled when the process exits or stops. An
+// answer that does not fit the task (pluginclient.CheckResult) fails the
+// call like an error (cause invalid_answer): it is logged, counted, and
+// counts toward the breaker, so a plugin wrong on every call opens it.
 func (m *managed) decide(ctx context.Context, task *pluginclient.Task) (pluginclient.TaskResult, error) {
 	res := pluginclient.TaskResult{Picked: -1}
 	err := m.call(ctx, "decide", func(cctx context.Context, p *proc) (err error) {
-		res, err = p.rc.Decide(cctx, task)
+		if res, err = p.rc.Decide(cctx, task); err == nil {
+			err = pluginclient.CheckResult(task, res)
+		}
 		return err
 	})
 	if err != nil {
@@ -648,6 +656,12 @@ func (m *managed) checkStall(p *proc, sent time.Time) {
 
 // classify names a failed call's cause and words its error.
 func (m *managed) classify(p *proc, ctx context.Context, deadline time.Time, err error) (string, error) {
+	var invalid *pluginclient.InvalidAnswerError
+	if errors.As(err, &invalid) {
+		// An answer came: whatever the clocks say now, it is the answer
+		// that failed.
+		return codeInvalidAnswer, fmt.Errorf("plugin %q: plugin decide: %w", m.name, err)
+	}
 	late := errors.Is(err, context.DeadlineExceeded) || !time.Now().Before(deadline)
 	callerDL, hasDL := ctx.Deadline()
 	switch {
@@ -701,6 +715,12 @@ func (m *managed) failed(op, code string, err error, shadow bool) error {
 		m.stats.errors.Add(1)
 	}
 	m.met.callFailed(m.name, code, shadow)
+	if code == codeInvalidAnswer {
+		var invalid *pluginclient.InvalidAnswerError
+		if errors.As(err, &invalid) {
+			m.met.invalidAnswer(m.name, invalid.Reason)
+		}
+	}
 	if l := m.failLogs[code]; l != nil { // not canceled: the caller's doing
 		n := l.n.Add(1)
 		log := false

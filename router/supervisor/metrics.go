@@ -25,6 +25,7 @@ type Metrics struct {
 	breakerState *prometheus.GaugeVec
 	healthChecks *prometheus.CounterVec
 	decideTasks  *prometheus.HistogramVec
+	invalid      *prometheus.CounterVec
 
 	mu     sync.Mutex
 	owners map[string]*managed // plugin name -> who sets its gauges
@@ -79,7 +80,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 		}, []string{"plugin", "method"}),
 		callErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_plugin_call_errors_total",
-			Help: "Failed decision calls by code: timeout, closed, too_large, error, panic, canceled, breaker_open, restarting, backoff, failed, shutdown.",
+			Help: "Failed decision calls by code: timeout, closed, too_large, error, panic, invalid_answer, canceled, breaker_open, restarting, backoff, failed, shutdown.",
 		}, []string{"plugin", "code"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_plugin_fallbacks_total",
@@ -98,6 +99,10 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Decision tasks in each DecideBatch message sent to the plugin: decisions that queue while one is being sent share the next (batching under load, no timer).",
 			Buckets: batchBuckets,
 		}, []string{"plugin"}),
+		invalid: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_plugin_invalid_answers_total",
+			Help: "Decision calls whose answer did not fit the task (call_errors_total's invalid_answer), by reason: kept_out_of_range, row_count, non_finite_cost, picked_out_of_range, filtered_by.",
+		}, []string{"plugin", "reason"}),
 		owners: make(map[string]*managed),
 	}
 	var errs []error
@@ -110,6 +115,7 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.breakerState = register(reg, m.breakerState, &errs)
 	m.healthChecks = register(reg, m.healthChecks, &errs)
 	m.decideTasks = register(reg, m.decideTasks, &errs)
+	m.invalid = register(reg, m.invalid, &errs)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -235,6 +241,14 @@ func (m *Metrics) callFailed(name, code string, shadow bool) {
 	m.callErrors.WithLabelValues(name, code).Inc()
 	if code != codeCanceled && !shadow {
 		m.fallbacks.WithLabelValues(name, code).Inc()
+	}
+}
+
+// invalidAnswer counts a decision call of the named plugin whose answer
+// did not fit its task, by reason (a pluginclient.Invalid* constant).
+func (m *Metrics) invalidAnswer(name, reason string) {
+	if m != nil {
+		m.invalid.WithLabelValues(name, reason).Inc()
 	}
 }
 

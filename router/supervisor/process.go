@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
+	"github.com/hashicorp/go-plugin/runner"
 	"github.com/sony/gobreaker/v2"
 	"google.golang.org/grpc"
 
@@ -68,9 +70,12 @@ type proc struct {
 	// or a loopback TCP address); nil before, or when it was refused. The
 	// gRPC dialer connects only to it.
 	addr atomic.Pointer[net.Addr]
-	// stdoutTooLong: go-plugin's scan of stdout for the handshake line
-	// failed on a line over bufio.MaxScanTokenSize (quietStderr sees it).
+	// stdoutTooLong: the first line on stdout, where the handshake line
+	// belongs, was over bufio.MaxScanTokenSize (cmdRunner.relayStdout).
 	stdoutTooLong atomic.Bool
+	// runner runs the process for go-plugin and relays its stdout; nil
+	// until go-plugin's Start made it.
+	runner atomic.Pointer[cmdRunner]
 	// started is closed once go-plugin's Start has returned and pid and
 	// pidWatched are set.
 	started chan struct{}
@@ -202,14 +207,36 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 	p.client = plugin.NewClient(&plugin.ClientConfig{
 		HandshakeConfig:  shared.Handshake(),
 		VersionedPlugins: pluginclient.PluginSets(h.clientOptions(b.Name, p)),
-		Cmd:              cmd,
-		SecureConfig:     secure,
+		// go-plugin's runner for a Cmd, but for stdout (cmdRunner); the
+		// sha256 is checked here, as go-plugin checks a Cmd's.
+		RunnerFunc: func(_ hclog.Logger, gcmd *exec.Cmd, tmpDir string) (runner.Runner, error) {
+			// go-plugin made tmpDir for a socket, inside dir; the plugin
+			// gets dir itself (environ), which the SDK removes at its
+			// parent's death only when it holds nothing but sockets.
+			_ = os.Remove(tmpDir)
+			if secure != nil {
+				ok, err := secure.Check(path)
+				if err != nil {
+					return nil, fmt.Errorf("error verifying checksum: %w", err)
+				}
+				if !ok {
+					return nil, plugin.ErrChecksumsDoNotMatch
+				}
+			}
+			cmd.Stdin = gcmd.Stdin
+			r, err := newCmdRunner(cmd, path, gcmd.Env, log, func() { p.stdoutTooLong.Store(true) })
+			if err != nil {
+				return nil, err
+			}
+			p.runner.Store(r)
+			return r, nil
+		},
 		StartTimeout:     startTimeout,
 		AllowedProtocols: []plugin.Protocol{plugin.ProtocolGRPC},
 		// go-plugin's own messages go to log; the plugin's stderr lines
 		// are logged by stderrLog (see there why not by go-plugin).
 		Logger:           quietStderr{Logger: log, stderrName: filepath.Base(path), p: p},
-		Stderr:           io.MultiWriter(p.stderr, &stderrLog{log: log}),
+		Stderr:           io.MultiWriter(p.stderr, newStderrLog(log)),
 		SkipHostEnv:      true,
 		SyncStdout:       h.stdout,
 		UnixSocketConfig: &plugin.UnixSocketConfig{TempDir: dir},
@@ -380,8 +407,8 @@ func environ(env map[string]string, passEnv []string, sockDir string) []string {
 			out = append(out, k+"="+v)
 		}
 	}
-	// go-plugin v1.8 honours UnixSocketConfig.TempDir only with a
-	// RunnerFunc; with Cmd the server reads this variable.
+	// The plugin's go-plugin server makes its socket here; go-plugin's
+	// own directory for a RunnerFunc is not used (launch removes it).
 	return append(out, plugin.EnvUnixSocketDir+"="+sockDir)
 }
 
@@ -623,6 +650,10 @@ func (p *proc) doStop() error {
 	p.cancel()
 	start := time.Now()
 	deadline := start.Add(killWait)
+	run := p.runner.Load()
+	if run != nil {
+		run.closeStdout() // nothing more is read from it
+	}
 	var errs []error
 	report := StopReport{Plugin: p.name, PID: p.pid, WasRunning: !p.hasExited()}
 	if !report.WasRunning && p.pid > 0 {
@@ -686,6 +717,9 @@ func (p *proc) doStop() error {
 		errs = append(errs, fmt.Errorf("removing the socket directory: %w", err))
 	}
 	_ = p.exitR.Close() // ends watchExitPipe, should a stray descendant hold the pipe
+	if run != nil && !waitUntil(run.relayed, deadline) {
+		errs = append(errs, fmt.Errorf("the relay of the plugin's stdout did not end within %v", killWait))
+	}
 	p.bg.Wait()
 	if p.onStopped != nil && p.pid > 0 {
 		if !report.Exited {
@@ -728,16 +762,23 @@ const (
 func (t *tail) Write(b []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	for _, c := range b {
-		if c == '\n' {
-			t.flush()
-			continue
+	n := len(b)
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		seg := b
+		if i >= 0 {
+			seg = b[:i]
 		}
-		if len(t.cur) < tailRawMax {
-			t.cur = append(t.cur, c)
+		if room := tailRawMax - len(t.cur); room > 0 {
+			t.cur = append(t.cur, seg[:min(room, len(seg))]...)
 		}
+		if i < 0 {
+			break
+		}
+		t.flush()
+		b = b[i+1:]
 	}
-	return len(b), nil
+	return n, nil
 }
 
 func (t *tail) flush() {

@@ -78,10 +78,12 @@ func (c *component) Fuse(members []pipeline.Member) (pipeline.Run, error) {
 		r.blocks[mc.name] = m.Name
 	}
 	r.picks = last == shared.KindPicker
+	r.filters = members[0].Kind == shared.KindFilter
 	return r, nil
 }
 
-// Filter runs the filter alone as a one-stage task.
+// Filter runs the filter alone as a one-stage task. Its answer was
+// checked (managed.decide): kept rows ascending within the rows sent.
 func (c *component) Filter(ctx context.Context, req *shared.Request, cands *shared.Candidates, keep []bool) error {
 	res, err := c.alone(ctx, shared.KindFilter, req, cands)
 	if err != nil {
@@ -95,31 +97,25 @@ func (c *component) Filter(ctx context.Context, req *shared.Request, cands *shar
 		return nil
 	}
 	clear(keep)
-	prev := -1
 	for _, r := range res.Kept {
-		if int(r) >= len(keep) || int(r) <= prev {
-			return fmt.Errorf("plugin %q: filter %q: kept rows not ascending within [0, %d)", c.m.name, c.name, len(keep))
-		}
 		keep[r] = true
-		prev = int(r)
 	}
 	return nil
 }
 
-// Score runs the scorer alone (weight 1) as a one-stage task.
+// Score runs the scorer alone (weight 1) as a one-stage task. Its answer
+// was checked (managed.decide): one finite cost per row.
 func (c *component) Score(ctx context.Context, req *shared.Request, cands *shared.Candidates, costs []float64) error {
 	res, err := c.alone(ctx, shared.KindScorer, req, cands)
 	if err != nil {
 		return err
 	}
-	if len(res.Costs) != len(costs) {
-		return fmt.Errorf("plugin %q: scorer %q: %d costs for %d rows", c.m.name, c.name, len(res.Costs), len(costs))
-	}
 	copy(costs, res.Costs)
 	return nil
 }
 
-// Pick runs the picker alone as a one-stage task.
+// Pick runs the picker alone as a one-stage task. Its answer was checked
+// (managed.decide): a row within the rows sent.
 func (c *component) Pick(ctx context.Context, req *shared.Request, cands *shared.Candidates) (int, error) {
 	res, err := c.alone(ctx, shared.KindPicker, req, cands)
 	if err != nil {
@@ -141,13 +137,16 @@ func (c *component) alone(ctx context.Context, want shared.Kind, req *shared.Req
 
 // run is a fused run of consecutive members living in one plugin.
 type run struct {
-	m      *managed
-	stages []pluginclient.Stage
-	blocks map[string]string // instance name -> block name, for FilteredBy
-	picks  bool
+	m       *managed
+	stages  []pluginclient.Stage
+	blocks  map[string]string // instance name -> block name, for FilteredBy
+	picks   bool
+	filters bool // the run starts with a filter
 }
 
-// Run sends the members as one task and returns its answer.
+// Run sends the members as one task and returns its answer, checked
+// (managed.decide): a filtered_by names one of the run's filters, and is
+// returned as that filter's block name.
 func (r *run) Run(ctx context.Context, req *shared.Request, c *shared.Candidates) (pipeline.RunResult, error) {
 	res, err := r.m.decide(ctx, &pluginclient.Task{Request: req, Candidates: c, Stages: r.stages})
 	if err != nil {
@@ -156,6 +155,9 @@ func (r *run) Run(ctx context.Context, req *shared.Request, c *shared.Candidates
 	out := pipeline.RunResult{Kept: res.Kept, Costs: res.Costs, Picked: res.Picked, FilteredBy: res.FilteredBy}
 	if !r.picks {
 		out.Picked = -1
+	}
+	if !r.filters {
+		out.Kept = nil // a run without a filter keeps every row
 	}
 	if name, ok := r.blocks[res.FilteredBy]; ok {
 		out.FilteredBy = name

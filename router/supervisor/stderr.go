@@ -1,25 +1,46 @@
 package supervisor
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
-	"unicode"
-	"unicode/utf8"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
+	"golang.org/x/time/rate"
+
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 )
 
-// maxStderrLine bounds a plugin's stderr line as the router logs it: a
-// longer line is logged in pieces of this many bytes.
-const maxStderrLine = 64 << 10
+// Bounds of what a plugin's stderr puts in the router's log (stderrLog).
+const (
+	// maxStderrLine bounds a plugin's stderr line as the router logs it:
+	// its first 4 KiB, escaped and marked "...(N bytes)" when cut; the
+	// rest of the line is read and dropped. A log line, a stack frame or
+	// a JSON log entry with a few fields fits.
+	maxStderrLine = 4 << 10
+	// StderrRate is how many bytes of a plugin process's stderr per second
+	// the router logs, on average (64 KiB/s: hundreds of ordinary log lines
+	// a second); StderrBurst how many it logs at once before the rate
+	// applies (512 KiB: a panic's stack trace with a hundred goroutines).
+	// Lines beyond are dropped and counted, and a warning says how many
+	// (stderrDropReport). Every line costs at least stderrLineCost bytes,
+	// so a flood of short lines is held to 256 lines a second.
+	StderrRate  = 64 << 10
+	StderrBurst = 512 << 10
+	// stderrLineCost is the least a logged line costs of the budget: the
+	// log line around it is about that long.
+	stderrLineCost = 256
+	// stderrDropReport is how often, at most, the warning about dropped
+	// stderr lines is logged (with the count since the last one).
+	stderrDropReport = 10 * time.Second
+)
 
 // stderrLog logs what a plugin writes to stderr, line by line, through its
 // logger (named after the plugin): an hclog JSON line (`@level`,
@@ -28,9 +49,12 @@ const maxStderrLine = 64 << 10
 // `[WARN]` or `[ERROR]` prefix (hclog's plain format, after an optional
 // timestamp: plainLevel); a `panic: ` or `fatal error: ` line and every
 // plain line after it at error. Control characters are escaped
-// (escapeControl), so a plugin cannot write terminal escapes or binary
-// into the router's log. It is the io.Writer go-plugin copies the
-// plugin's stderr to.
+// (untrusted.Text), so a plugin cannot write terminal escapes or binary
+// into the router's log, and a line is cut to maxStderrLine bytes. What it
+// logs is rate-limited per process by bytes (StderrRate, StderrBurst);
+// the lines over the limit are dropped and counted, and a warning says
+// how many, at most every stderrDropReport. It is the io.Writer
+// go-plugin copies the plugin's stderr to; it never blocks on the plugin.
 //
 // go-plugin v1.8.0 parses the lines itself when its logger is enabled, and
 // panics, taking the router down, on a JSON line whose `@message` or
@@ -38,11 +62,27 @@ const maxStderrLine = 64 << 10
 // supervisor gives it a disabled logger for the lines (quietStderr) and
 // parses them here, where any JSON is safe.
 type stderrLog struct {
-	log hclog.Logger
+	log     hclog.Logger
+	limit   *rate.Limiter      // bytes of stderr logged
+	reports *untrusted.Limiter // the dropped-lines warning
 
 	mu      sync.Mutex
-	cur     []byte
+	cur     []byte // the current line's first maxStderrLine bytes
+	curLen  int    // the current line's length so far
 	inPanic bool
+	// dropped: lines (and their bytes) over the rate limit since the
+	// last warning about them.
+	droppedLines, droppedBytes int64
+}
+
+// newStderrLog returns the stderr log of one plugin process, logging
+// through log.
+func newStderrLog(log hclog.Logger) *stderrLog {
+	return &stderrLog{
+		log:     log,
+		limit:   rate.NewLimiter(rate.Limit(StderrRate), StderrBurst),
+		reports: untrusted.NewLimiter(stderrDropReport),
+	}
 }
 
 // Write takes the next bytes of stderr; complete lines are logged.
@@ -52,40 +92,58 @@ func (s *stderrLog) Write(b []byte) (int, error) {
 	n := len(b)
 	for len(b) > 0 {
 		i := bytes.IndexByte(b, '\n')
+		seg := b
+		if i >= 0 {
+			seg = b[:i]
+		}
+		if room := maxStderrLine - len(s.cur); room > 0 {
+			s.cur = append(s.cur, seg[:min(room, len(seg))]...)
+		}
+		s.curLen += len(seg)
 		if i < 0 {
-			s.cur = append(s.cur, b...)
-			for len(s.cur) >= maxStderrLine {
-				s.line(s.cur[:maxStderrLine])
-				s.cur = append(s.cur[:0], s.cur[maxStderrLine:]...)
-			}
 			break
 		}
-		s.cur = append(s.cur, b[:i]...)
-		for len(s.cur) > maxStderrLine {
-			s.line(s.cur[:maxStderrLine])
-			s.cur = append(s.cur[:0], s.cur[maxStderrLine:]...)
-		}
-		s.line(s.cur)
-		s.cur = s.cur[:0]
+		s.line()
+		s.cur, s.curLen = s.cur[:0], 0
 		b = b[i+1:]
 	}
 	return n, nil
 }
 
-// line logs one line. s.mu is held.
-func (s *stderrLog) line(b []byte) {
+// line logs the current line, unless the rate limit drops it. s.mu is
+// held.
+func (s *stderrLog) line() {
+	b := s.cur
 	text := strings.TrimRight(string(b), "\r")
-	if strings.TrimSpace(text) == "" {
+	if strings.TrimSpace(text) == "" && s.curLen == len(b) {
 		return
 	}
-	if text[0] == '{' {
+	now := time.Now()
+	if !s.limit.AllowN(now, min(max(s.curLen+1, stderrLineCost), StderrBurst)) {
+		s.droppedLines++
+		s.droppedBytes += int64(s.curLen) + 1
+		if strings.HasPrefix(text, "panic: ") || strings.HasPrefix(text, "fatal error: ") {
+			s.inPanic = true
+		}
+		s.reportDropped()
+		return
+	}
+	s.reportDropped()
+	cut := s.curLen > len(b)
+	if !cut && text[0] == '{' {
 		var entry map[string]any
 		if json.Unmarshal(b, &entry) == nil {
 			s.json(entry, text)
 			return
 		}
 	}
-	text = escapeControl(text)
+	if cut {
+		// Marked with the whole line's length, not the part read.
+		text = strings.TrimSuffix(untrusted.Text(text, maxStderrLine), "...("+strconv.Itoa(len(text))+" bytes)") +
+			"...(" + strconv.Itoa(s.curLen) + " bytes)"
+	} else {
+		text = untrusted.Text(text, maxStderrLine)
+	}
 	if m := plainLevel.FindStringSubmatch(text); m != nil {
 		s.log.Log(hclog.LevelFromString(m[1]), m[2])
 		return
@@ -99,6 +157,20 @@ func (s *stderrLog) line(b []byte) {
 	default:
 		s.log.Info(text)
 	}
+}
+
+// reportDropped logs how many lines the rate limit dropped since the last
+// such warning, at most every stderrDropReport. s.mu is held.
+func (s *stderrLog) reportDropped() {
+	if s.droppedLines == 0 {
+		return
+	}
+	if ok, _ := s.reports.Allow("dropped"); !ok {
+		return
+	}
+	s.log.Warn("dropped plugin stderr over its rate limit", "dropped_bytes", s.droppedBytes, "dropped_lines", s.droppedLines,
+		"limit", fmt.Sprintf("%d KiB/s, bursts of %d KiB", StderrRate>>10, StderrBurst>>10))
+	s.droppedLines, s.droppedBytes = 0, 0
 }
 
 // plainLevel matches a line in hclog's plain format: an optional
@@ -136,69 +208,36 @@ func (s *stderrLog) json(entry map[string]any, text string) {
 	sort.Strings(keys)
 	args := make([]any, 0, 2*len(keys))
 	for _, k := range keys {
-		args = append(args, escapeControl(strings.TrimPrefix(k, "@")), jsonText(entry[k]))
+		args = append(args, untrusted.Text(strings.TrimPrefix(k, "@"), maxStderrLine), jsonText(entry[k]))
 	}
 	s.log.Log(level, jsonText(msg), args...)
 }
 
 // jsonText renders a decoded JSON value as text: a string as it is, any
 // other value as JSON (a number, true, null, an object); control
-// characters are escaped.
+// characters are escaped (untrusted.Text, at most maxStderrLine bytes:
+// the line it came from was no longer).
 func jsonText(v any) string {
 	if s, ok := v.(string); ok {
-		return escapeControl(s)
+		return untrusted.Text(s, maxStderrLine)
 	}
 	b, err := json.Marshal(v)
 	if err != nil { // cannot happen for a decoded value
-		return escapeControl(fmt.Sprint(v))
+		return untrusted.Text(fmt.Sprint(v), maxStderrLine)
 	}
-	return escapeControl(string(b))
-}
-
-// escapeControl escapes what a plugin must not write into the router's
-// log as it is: control characters (ESC, NUL, newlines; a tab is kept),
-// other unprintable characters, and bytes that are not UTF-8, as `\xHH`
-// (below U+0080 and bad bytes) or `\uHHHH`, the way hclog escapes a
-// quoted value.
-func escapeControl(s string) string {
-	clean := true
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c < ' ' && c != '\t' || c >= 0x7f {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	b.Grow(len(s) + 8)
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case r == '\t' || unicode.IsPrint(r):
-			b.WriteString(s[i : i+size])
-		case r < 0x80:
-			fmt.Fprintf(&b, `\x%02x`, r)
-		default:
-			fmt.Fprintf(&b, `\u%04x`, r)
-		}
-		i += size
-	}
-	return b.String()
+	return untrusted.Bytes(b, maxStderrLine)
 }
 
 // quietStderr is the logger go-plugin gets for a plugin: its own messages
 // (start, exit, its stdio client's) go to the plugin's logger, but the
 // logger it names for the plugin's stderr lines, after the command's base
 // name (stderrName), is off, so it never parses them (stderrLog does).
-// It also reads two of go-plugin's messages about p: a failed scan of
-// stdout for a line too long (recorded in p.stdoutTooLong), and its
-// warning that the plugin failed to exit gracefully, which is logged at
-// debug when no graceful exit was tried (the handshake did not complete
-// or was refused) or the process had already exited.
+// It also reads two of go-plugin's messages about p: its failure to
+// connect while killing a plugin whose address was never accepted, and
+// its warning that the plugin failed to exit gracefully, which are logged
+// at debug when no graceful exit was tried (the handshake did not
+// complete or was refused) or the process had already exited. (The
+// plugin's stdout is read by cmdRunner, not by go-plugin's scanner.)
 type quietStderr struct {
 	hclog.Logger
 	stderrName string
@@ -219,27 +258,16 @@ func (q quietStderr) Named(name string) hclog.Logger {
 
 // go-plugin v1.8.0's messages that quietStderr reads.
 const (
-	msgScanStdout  = "error encountered while scanning stdout"
 	msgNotGraceful = "plugin failed to exit gracefully"
 	msgKillClient  = "client" // Kill could not connect to close the client
 )
 
-// Error logs msg; go-plugin's failed stdout scan is recorded, and its
-// failure to connect while killing a plugin whose address was never
-// accepted is only a debug line.
+// Error logs msg; go-plugin's failure to connect while killing a plugin
+// whose address was never accepted is only a debug line.
 func (q quietStderr) Error(msg string, args ...any) {
-	switch msg {
-	case msgScanStdout:
-		for _, a := range args {
-			if err, ok := a.(error); ok && errors.Is(err, bufio.ErrTooLong) {
-				q.p.stdoutTooLong.Store(true)
-			}
-		}
-	case msgKillClient:
-		if q.p.addr.Load() == nil {
-			q.Logger.Debug(msg, args...)
-			return
-		}
+	if msg == msgKillClient && q.p.addr.Load() == nil {
+		q.Logger.Debug(msg, args...)
+		return
 	}
 	q.Logger.Error(msg, args...)
 }

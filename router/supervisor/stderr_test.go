@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -43,7 +44,7 @@ func (s *syncBuf) String() string {
 func TestStderrLogLevels(t *testing.T) {
 	var out syncBuf
 	log := hclog.New(&hclog.LoggerOptions{Name: "router.p", Level: hclog.Trace, Output: &out, DisableTime: true})
-	s := &stderrLog{log: log}
+	s := newStderrLog(log)
 	input := strings.Join([]string{
 		`{"@level":"warn","@message":"disk low","free":3}`,
 		`{"@level":"info","@message":1}`,
@@ -97,10 +98,12 @@ func TestStderrLogLevels(t *testing.T) {
 	}
 
 	out = syncBuf{}
-	s = &stderrLog{log: log}
-	_, _ = s.Write([]byte(strings.Repeat("x", 2*maxStderrLine+5) + "\n"))
-	if n := strings.Count(out.String(), "router.p: x"); n != 3 {
-		t.Errorf("a line of 2*%d+5 bytes logged as %d pieces, want 3", maxStderrLine, n)
+	s = newStderrLog(log)
+	_, _ = s.Write([]byte(strings.Repeat("x", 2*maxStderrLine+5) + "\nafter\n"))
+	want := "[INFO]  router.p: " + strings.Repeat("x", maxStderrLine) + fmt.Sprintf("...(%d bytes)\n", 2*maxStderrLine+5) +
+		"[INFO]  router.p: after\n"
+	if got := out.String(); got != want {
+		t.Errorf("a line of 2*%d+5 bytes, then a short one: logged\n%q\nwant\n%q", maxStderrLine, got, want)
 	}
 }
 

@@ -78,6 +78,20 @@
 //	stderr     write to stderr, before serving, the plain line "plain line
 //	           from the plugin" and two hclog JSON lines, "json warn line"
 //	           at warn and "json debug line" at debug
+//	invalid    serve the good types, but break every Decide result without
+//	           an error as SY_INVALID says: "costs" drops the last cost,
+//	           "nan" makes the first cost NaN, "picked" picks row 2^20,
+//	           "kept" adds row 2^20 to the kept rows, "filtered-by" sets
+//	           filtered_by to an escape sequence and 1 MiB of "x" (no kept
+//	           rows), "error" answers the error "\x1b[31mred" followed by
+//	           SY_INVALID_BYTES (default 12 MiB) bytes of "e"
+//	stderr-flood
+//	           write SY_STDERR_MB MiB (default 64) of 1 KiB lines to stderr,
+//	           then serve
+//	stdout-flood
+//	           serve the good types, but each t-lowest Pick first writes a
+//	           4 KiB line to file descriptor 1 (the raw stdout, not the
+//	           SDK's), the first Pick a line of 100 KiB before it
 //
 // SY_STARTS names a file it appends a line ("pid unixnano") to at every
 // start, and SY_MARKER a file it creates, so tests can tell whether (and
@@ -260,6 +274,23 @@ func main() {
 		}))
 	case "filtered-kept":
 		serveIntercepted(grpc.StreamInterceptor(mangleDecide("filtered-kept")))
+	case "invalid":
+		serveIntercepted(grpc.StreamInterceptor(mangleDecide("invalid")))
+	case "stderr-flood":
+		mb, err := strconv.Atoi(os.Getenv("SY_STDERR_MB"))
+		if err != nil {
+			mb = 64
+		}
+		line := []byte(strings.Repeat("f", 1023) + "\n")
+		for written := 0; written < mb<<20; written += len(line) {
+			if _, err := os.Stderr.Write(line); err != nil {
+				panic(err)
+			}
+		}
+		serve()
+	case "stdout-flood":
+		stdoutFlood = true
+		serve()
 	case "decide-dup", "decide-extra", "decide-drop":
 		serveIntercepted(grpc.StreamInterceptor(mangleDecide(os.Getenv("SY_TEST_MODE"))))
 	case "badbound":
@@ -404,6 +435,14 @@ func (m *mangled) SendMsg(msg any) error {
 	if !ok {
 		return m.ServerStream.SendMsg(msg)
 	}
+	if m.mode == "invalid" {
+		for _, r := range rs.GetResults() {
+			if r.GetError() == "" {
+				breakResult(r, os.Getenv("SY_INVALID"))
+			}
+		}
+		return m.ServerStream.SendMsg(rs)
+	}
 	out := &pluginv1.DecideResults{}
 	for _, r := range rs.GetResults() {
 		if r.GetTaskId() != 1<<62+1 {
@@ -424,6 +463,32 @@ func (m *mangled) SendMsg(msg any) error {
 		return nil
 	}
 	return m.ServerStream.SendMsg(out)
+}
+
+// breakResult breaks a good Decide result as how says (invalid mode).
+func breakResult(r *pluginv1.DecideResult, how string) {
+	switch how {
+	case "costs":
+		if len(r.Costs) > 0 {
+			r.Costs = r.Costs[:len(r.Costs)-1]
+		}
+	case "nan":
+		if len(r.Costs) > 0 {
+			r.Costs[0] = math.NaN()
+		}
+	case "picked":
+		r.Picked = 1 << 20
+	case "kept":
+		r.Kept = append(r.Kept, 1<<20)
+	case "filtered-by":
+		r.FilteredBy, r.Kept, r.Costs, r.Picked = "\x1b[2J"+strings.Repeat("x", 1<<20), nil, nil, -1
+	case "error":
+		n, err := strconv.Atoi(os.Getenv("SY_INVALID_BYTES"))
+		if err != nil {
+			n = 12 << 20
+		}
+		*r = pluginv1.DecideResult{TaskId: r.GetTaskId(), Picked: -1, Error: "\x1b[31mred" + strings.Repeat("e", n)}
+	}
 }
 
 // classifierType is t-classify: a classifier wanting events that gives
@@ -530,6 +595,9 @@ var (
 	failCalls atomic.Int64
 	// undeclared: the scorer reads Candidates.Load, not declared.
 	undeclared bool
+	// stdoutFlood: the picker writes to file descriptor 1 (stdout-flood).
+	stdoutFlood bool
+	picks       atomic.Int64
 )
 
 type active struct {
@@ -577,6 +645,12 @@ type lowest struct{}
 func (lowest) Inputs() shared.Inputs { return 0 }
 
 func (lowest) Pick(_ context.Context, _ *shared.Request, c *shared.Candidates) (int, error) {
+	if stdoutFlood {
+		if picks.Add(1) == 1 {
+			writeFD1(strings.Repeat("L", 100<<10) + "\n")
+		}
+		writeFD1(strings.Repeat("s", 4<<10-1) + "\n")
+	}
 	best := 0
 	for i, v := range c.Costs {
 		if v < c.Costs[best] {
@@ -584,4 +658,17 @@ func (lowest) Pick(_ context.Context, _ *shared.Request, c *shared.Candidates) (
 		}
 	}
 	return best, nil
+}
+
+// writeFD1 writes s to file descriptor 1, the stdout the plugin was
+// started with (the SDK points os.Stdout elsewhere), blocking while the
+// pipe is full.
+func writeFD1(s string) {
+	for b := []byte(s); len(b) > 0; {
+		n, err := syscall.Write(1, b)
+		if err != nil && err != syscall.EINTR && err != syscall.EAGAIN {
+			panic(err)
+		}
+		b = b[max(n, 0):]
+	}
 }
