@@ -9,8 +9,6 @@ import (
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
-	"github.com/hashicorp/hcl/v2/hclsyntax"
-	"github.com/hashicorp/hcl/v2/json"
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/switchyard-router/switchyard/router/catalog"
@@ -134,7 +132,8 @@ var workersFileSchema = &hcl.BodySchema{
 // error. It returns the workers in file order, or nil and every error found.
 // A file without blocks is valid and has no workers. The file must be a
 // regular file (symbolic links are followed) of at most
-// inputfile.MaxConfigSize bytes; see readFile.
+// inputfile.MaxConfigSize bytes (see readFile), nested at most MaxNesting
+// deep (see CheckNesting).
 func LoadWorkers(path string) ([]Worker, hcl.Diagnostics) {
 	src, diags := readFile(path, "workers")
 	if diags != nil {
@@ -145,15 +144,7 @@ func LoadWorkers(path string) ([]Worker, hcl.Diagnostics) {
 
 // ParseWorkers is LoadWorkers of src named filename.
 func ParseWorkers(filename string, src []byte) ([]Worker, hcl.Diagnostics) {
-	var (
-		file  *hcl.File
-		diags hcl.Diagnostics
-	)
-	if strings.HasSuffix(filename, ".json") {
-		file, diags = json.Parse(src, filename)
-	} else {
-		file, diags = hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
-	}
+	file, diags := parse(filename, src)
 	if file == nil || file.Body == nil {
 		return nil, diags
 	}
