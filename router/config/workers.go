@@ -171,15 +171,10 @@ func ParseWorkers(filename string, src []byte) ([]Worker, hcl.Diagnostics) {
 func (l *loader) workerBlock(blk *hcl.Block) {
 	name := blk.Labels[0]
 	ok := l.checkName("worker", name, blk.LabelRanges[0])
-	if ok {
-		for _, o := range l.file.Workers {
-			if o.Name == name {
-				l.errorf(blk.LabelRanges[0], "Duplicate worker",
-					"Worker %q is already declared at %s; rename or remove one of them.", name, pos(o.Range))
-				ok = false
-				break
-			}
-		}
+	if first, dup := l.workerAt[name]; ok && dup {
+		l.errorf(blk.LabelRanges[0], "Duplicate worker",
+			"Worker %q is already declared at %s; rename or remove one of them.", name, pos(first))
+		ok = false
 	}
 	w := Worker{Name: name, Role: shared.RoleAggregated, Range: blk.DefRange, AttrRanges: make(map[string]hcl.Range)}
 	errorsBefore := len(l.diags.Errs())
@@ -237,6 +232,7 @@ func (l *loader) workerBlock(blk *hcl.Block) {
 	}
 	if ok && len(l.diags.Errs()) == errorsBefore {
 		l.file.Workers = append(l.file.Workers, w)
+		l.workerAt[name] = w.Range
 	}
 }
 
