@@ -335,7 +335,8 @@ func readFile(path, what string) ([]byte, hcl.Diagnostics) {
 // On success the PolicyFile is non-nil and the diagnostics hold only warnings
 // (unused policies or plugins, deprecated inputs). When any error is
 // reported it is nil; every error is reported, not only the first.
-// Load never panics on malformed input.
+// Load never panics on malformed input, and refuses a file nested deeper
+// than MaxNesting (CheckNesting) before HCL parses it.
 func Load(filename string, src []byte, cat *catalog.Catalog) (*PolicyFile, hcl.Diagnostics) {
 	return LoadWith(filename, src, cat, Options{})
 }
@@ -380,8 +381,13 @@ type Options struct {
 }
 
 // parse parses src as HCL, or as HCL's JSON syntax when filename ends in
-// ".json".
+// ".json", after CheckNesting: a file nested deeper than MaxNesting is
+// refused (nil and its diagnostic) before HCL's recursive parser sees it.
+// Every load of a policy or workers file parses through here.
 func parse(filename string, src []byte) (*hcl.File, hcl.Diagnostics) {
+	if diags := CheckNesting(filename, src); diags != nil {
+		return nil, diags
+	}
 	if strings.HasSuffix(filename, ".json") {
 		return json.Parse(src, filename)
 	}

@@ -104,6 +104,14 @@ type loader struct {
 	// policies are in use is not known.
 	badSelection bool
 
+	// pluginAt, workerAt and tokenizerAt are the declarations kept so
+	// far by name (a tokenizer's by model), for the duplicate checks: a
+	// map, not a scan of the list, so a file of many blocks loads in
+	// linear time.
+	pluginAt    map[string]*pluginDecl
+	workerAt    map[string]hcl.Range
+	tokenizerAt map[string]hcl.Range
+
 	decls      []*policyDecl
 	byName     map[string]*policyDecl
 	def        *policyDecl // the built-in default policy; nil when unavailable
@@ -131,6 +139,9 @@ func newLoader(filename string, cat *catalog.Catalog) *loader {
 		},
 		byName:      make(map[string]*policyDecl),
 		usedSources: make(map[string]bool),
+		pluginAt:    make(map[string]*pluginDecl),
+		workerAt:    make(map[string]hcl.Range),
+		tokenizerAt: make(map[string]hcl.Range),
 	}
 }
 
@@ -250,15 +261,10 @@ func (l *loader) routerBlock(blk *hcl.Block) {
 func (l *loader) pluginBlock(blk *hcl.Block) {
 	name := blk.Labels[0]
 	nameOK := l.checkName("plugin", name, blk.LabelRanges[0])
-	if nameOK {
-		for _, p := range l.plugins {
-			if p.Name == name {
-				l.errorf(blk.LabelRanges[0], "Duplicate plugin",
-					"Plugin %q is already declared at %s; rename or remove one of them.", name, pos(p.Range))
-				nameOK = false
-				break
-			}
-		}
+	if first := l.pluginAt[name]; nameOK && first != nil {
+		l.errorf(blk.LabelRanges[0], "Duplicate plugin",
+			"Plugin %q is already declared at %s; rename or remove one of them.", name, pos(first.Range))
+		nameOK = false
 	}
 	p := &pluginDecl{Plugin: Plugin{
 		Name:                  name,
@@ -386,6 +392,7 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 	}
 	if nameOK {
 		l.plugins = append(l.plugins, p)
+		l.pluginAt[name] = p
 	}
 }
 

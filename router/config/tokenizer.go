@@ -71,13 +71,10 @@ func (l *loader) tokenizerBlock(blk *hcl.Block) {
 		l.errorf(blk.LabelRanges[0], "Invalid tokenizer model", "A tokenizer block's label is the model name requests carry, such as \"llama-3-8b\"; it must not be empty.")
 		ok = false
 	}
-	for _, o := range l.file.Tokenizers {
-		if o.Model == model {
-			l.errorf(blk.LabelRanges[0], "Duplicate tokenizer",
-				"Model %q already has a tokenizer block at %s; remove one of them.", model, pos(o.Range))
-			ok = false
-			break
-		}
+	if first, dup := l.tokenizerAt[model]; dup {
+		l.errorf(blk.LabelRanges[0], "Duplicate tokenizer",
+			"Model %q already has a tokenizer block at %s; remove one of them.", model, pos(first))
+		ok = false
 	}
 	t := Tokenizer{Model: model, Range: blk.DefRange, AttrRanges: make(map[string]hcl.Range)}
 	errorsBefore := len(l.diags.Errs())
@@ -126,6 +123,7 @@ func (l *loader) tokenizerBlock(blk *hcl.Block) {
 	}
 	if ok && len(l.diags.Errs()) == errorsBefore {
 		l.file.Tokenizers = append(l.file.Tokenizers, t)
+		l.tokenizerAt[model] = t.Range
 	}
 }
 

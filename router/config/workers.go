@@ -9,8 +9,6 @@ import (
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
-	"github.com/hashicorp/hcl/v2/hclsyntax"
-	"github.com/hashicorp/hcl/v2/json"
 	"github.com/zclconf/go-cty/cty"
 
 	"github.com/switchyard-router/switchyard/router/catalog"
@@ -134,7 +132,8 @@ var workersFileSchema = &hcl.BodySchema{
 // error. It returns the workers in file order, or nil and every error found.
 // A file without blocks is valid and has no workers. The file must be a
 // regular file (symbolic links are followed) of at most
-// inputfile.MaxConfigSize bytes; see readFile.
+// inputfile.MaxConfigSize bytes (see readFile), nested at most MaxNesting
+// deep (see CheckNesting).
 func LoadWorkers(path string) ([]Worker, hcl.Diagnostics) {
 	src, diags := readFile(path, "workers")
 	if diags != nil {
@@ -145,15 +144,7 @@ func LoadWorkers(path string) ([]Worker, hcl.Diagnostics) {
 
 // ParseWorkers is LoadWorkers of src named filename.
 func ParseWorkers(filename string, src []byte) ([]Worker, hcl.Diagnostics) {
-	var (
-		file  *hcl.File
-		diags hcl.Diagnostics
-	)
-	if strings.HasSuffix(filename, ".json") {
-		file, diags = json.Parse(src, filename)
-	} else {
-		file, diags = hclsyntax.ParseConfig(src, filename, hcl.InitialPos)
-	}
+	file, diags := parse(filename, src)
 	if file == nil || file.Body == nil {
 		return nil, diags
 	}
@@ -180,15 +171,10 @@ func ParseWorkers(filename string, src []byte) ([]Worker, hcl.Diagnostics) {
 func (l *loader) workerBlock(blk *hcl.Block) {
 	name := blk.Labels[0]
 	ok := l.checkName("worker", name, blk.LabelRanges[0])
-	if ok {
-		for _, o := range l.file.Workers {
-			if o.Name == name {
-				l.errorf(blk.LabelRanges[0], "Duplicate worker",
-					"Worker %q is already declared at %s; rename or remove one of them.", name, pos(o.Range))
-				ok = false
-				break
-			}
-		}
+	if first, dup := l.workerAt[name]; ok && dup {
+		l.errorf(blk.LabelRanges[0], "Duplicate worker",
+			"Worker %q is already declared at %s; rename or remove one of them.", name, pos(first))
+		ok = false
 	}
 	w := Worker{Name: name, Role: shared.RoleAggregated, Range: blk.DefRange, AttrRanges: make(map[string]hcl.Range)}
 	errorsBefore := len(l.diags.Errs())
@@ -246,6 +232,7 @@ func (l *loader) workerBlock(blk *hcl.Block) {
 	}
 	if ok && len(l.diags.Errs()) == errorsBefore {
 		l.file.Workers = append(l.file.Workers, w)
+		l.workerAt[name] = w.Range
 	}
 }
 

@@ -590,6 +590,16 @@ func TestWatch(t *testing.T) {
 		t.Errorf("members after an invalid file = %v", got)
 	}
 
+	// So does a file nested 100,000 deep (config.MaxNesting), which used
+	// to end the process with a stack overflow: the 256th [ is refused.
+	write("worker \"c\" {\n  url = " + strings.Repeat("[", 100_000) + strings.Repeat("]", 100_000) + "\n}\n")
+	eventually(t, "the nesting error logged", func() bool {
+		return strings.Contains(logs.String(), path+":2:264: error: Nesting too deep")
+	})
+	if got := names(r, "m", shared.RoleAggregated); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("members after a deep file = %v", got)
+	}
+
 	// Written in place, too.
 	if err := os.WriteFile(path, []byte(block("b", eb)), 0o600); err != nil {
 		t.Fatal(err)
