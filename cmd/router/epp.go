@@ -53,6 +53,12 @@ The gRPC health services liveness, readiness and
 envoy.service.ext_proc.v3.ExternalProcessor answer on --listen; readiness
 is SERVING once every worker's first probe has answered.
 
+A request body is at most --max-body-bytes (over it: 413); the streams
+receiving their request reserve one message's bound each (the body bound
+plus 1 MiB) of --max-body-bytes-in-flight, which also counts the bodies
+held until picked, and wait for it: the bodies take at most 6 times
+--max-body-bytes-in-flight of memory (docs/epp.md, "Memory").
+
 --http-listen serves serve's HTTP API beside it (/metrics, /healthz,
 /readyz, and the OpenAI routes).
 
