@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -145,5 +146,138 @@ func TestEPPMemoryBoundedByBodyBudget(t *testing.T) {
 	}
 	if grew > epp.MemoryMultiple*budget {
 		t.Errorf("peak resident memory grew by %d MiB for a budget of %d MiB: over %d times the budget", grew>>20, budget>>20, epp.MemoryMultiple)
+	}
+}
+
+// TestEPPRefusesWhatIsNoInferenceRequest starts `router epp` over one
+// `router mock-worker` and checks, through ext_proc as a proxy speaks it,
+// that what is no inference request is not picked and that what an
+// upstream puts in ":status" is counted under a bounded set of codes: a
+// stream whose first message is a body (no request headers) is answered
+// 400; a GET with a body on /v1/chat/completions 405 with "allow: POST";
+// a response whose ":status" is 999 is counted as 502 in
+// switchyard_requests_total, not under a code of its own.
+func TestEPPRefusesWhatIsNoInferenceRequest(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	mock := startMocks(t, routerBin, 1, "50")[0]
+	policy := filepath.Join(t.TempDir(), "policy.hcl")
+	writeAtomic(t, policy, workerBlocks([]string{"w"}, map[string]string{"w": mock.url}))
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpAddr := hl.Addr().String()
+	_ = hl.Close()
+	p := startProc(t, routerBin, "epp", "--policy", policy, "--listen", "127.0.0.1:0", "--http-listen", httpAddr)
+	addr, ok := strings.CutPrefix(p.url, "grpc://")
+	if !ok {
+		t.Fatalf("listening line gave %q, want grpc://ADDR", p.url)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = conn.Close() }()
+	c := extprocv3.NewExternalProcessorClient(conn)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	body := []byte(`{"model":"mock","messages":[{"role":"user","content":"hello"}]}`)
+
+	// A first pick, once the worker is probed ready, to know the EPP
+	// picks; its response says :status 999.
+	deadline := time.Now().Add(time.Minute)
+	var st extprocv3.ExternalProcessor_ProcessClient
+	for {
+		var r *extprocv3.ProcessingResponse
+		st, r, err = eppPick(ctx, c, string(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.GetRequestBody().GetResponse() != nil {
+			break
+		}
+		if code := r.GetImmediateResponse().GetStatus().GetCode(); code != 503 || time.Now().After(deadline) {
+			t.Fatalf("answer %v, want a pick (or 503 while the worker is not ready, for a minute at most)\n%s", r, p.stderr.String())
+		}
+		_ = st.CloseSend()
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, m := range []*extprocv3.ProcessingRequest{
+		{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{
+			Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: ":status", RawValue: []byte("999")}}}}}},
+		{Request: &extprocv3.ProcessingRequest_ResponseBody{ResponseBody: &extprocv3.HttpBody{Body: []byte(`{"x":1}`), EndOfStream: true}}},
+	} {
+		if err := st.Send(m); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = st.CloseSend()
+
+	// A body with no request headers before it.
+	st, err = c.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := st.Recv()
+	if ir := r.GetImmediateResponse(); err != nil || ir.GetStatus().GetCode() != 400 || !strings.Contains(string(ir.GetBody()), "request body without request headers") {
+		t.Errorf("a body without request headers: %v, %v; want an immediate 400", r, err)
+	}
+	_ = st.CloseSend()
+
+	// A GET with a body.
+	st, err = c.Process(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{
+		Headers: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{
+			{Key: ":method", RawValue: []byte("GET")},
+			{Key: ":path", RawValue: []byte("/v1/chat/completions")},
+		}}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(&extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestBody{
+		RequestBody: &extprocv3.HttpBody{Body: body, EndOfStream: true}}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err = st.Recv()
+	ir := r.GetImmediateResponse()
+	var allow string
+	for _, h := range ir.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "allow" {
+			allow = string(h.GetHeader().GetRawValue())
+		}
+	}
+	if err != nil || ir.GetStatus().GetCode() != 405 || ir.GetDetails() != "method_not_allowed" || allow != "POST" {
+		t.Errorf("a GET with a body: %v, %v; want an immediate 405 method_not_allowed, allow: POST", r, err)
+	}
+	_ = st.CloseSend()
+
+	// The 999 is counted as 502; the refusals are not counted (refused
+	// before placement, as docs/epp.md says).
+	want := `switchyard_requests_total{code="502",model="mock"} 1` + "\n"
+	deadline = time.Now().Add(time.Minute)
+	for {
+		metrics := httpGet(t, "http://"+httpAddr+"/metrics")
+		if strings.Contains(metrics, `code="999"`) {
+			t.Fatalf("/metrics counts a code 999:\n%s", metrics)
+		}
+		if strings.Contains(metrics, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics has no %q a minute later:\n%s", want, metrics)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

@@ -471,6 +471,13 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
 			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
 	}
+	if !st.headers {
+		// The picker routes by the request's method and path: a proxy
+		// configured to skip the request headers (request_header_mode
+		// SKIP), or a broken one, gets no pick.
+		return st.immediate(http.StatusBadRequest, "invalid_request_error", "invalid_request",
+			"request body without request headers: the endpoint picker needs the request headers (the ext_proc filter's request_header_mode SEND)")
+	}
 	chunk := b.GetBody()
 	n := int64(len(st.req.Body)) + int64(len(chunk))
 	if n > st.max {
@@ -654,7 +661,12 @@ func kindOf(v *structpb.Value) string {
 	return "null"
 }
 
-// status reads a response's ":status" header.
+// status reads a response's ":status" header: its code when it is a
+// valid HTTP status (three digits, 100 to 599); 502 when it is present
+// but not one (RFC 9110 section 15: a client processes a response with
+// an invalid status as a 5xx; 502 is a gateway's answer to an invalid
+// response), so that what an upstream sends there counts under a bounded
+// set of codes; false when absent.
 func status(h *extprocv3.HttpHeaders) (int, bool) {
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		if hv.GetKey() != ":status" {
@@ -665,7 +677,10 @@ func status(h *extprocv3.HttpHeaders) (int, bool) {
 			v = string(raw)
 		}
 		code, err := strconv.Atoi(v)
-		return code, err == nil && code >= 100 && code <= 999
+		if err != nil || len(v) != 3 || v[0] < '1' || v[0] > '5' || code < 100 || code > 599 {
+			return http.StatusBadGateway, true
+		}
+		return code, true
 	}
 	return 0, false
 }
@@ -689,13 +704,16 @@ func answerOf(err error) answer {
 		return answer{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "due_time_passed"}
 	case errors.Is(err, ErrBadRequest):
 		return answer{status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_request"}
+	case errors.Is(err, ErrMethodNotAllowed):
+		return answer{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"}
 	}
 	return answer{status: http.StatusServiceUnavailable, typ: "server_error", code: "selection_failed", msgPrefix: "no endpoint could be selected: "}
 }
 
 // StatusOf returns the HTTP status code Server answers a Picker error
 // with: 503 for ErrNoEndpoint and errors it does not know, 429 for
-// ErrShed and ErrPastDue, 400 for ErrBadRequest.
+// ErrShed and ErrPastDue, 400 for ErrBadRequest, 405 for
+// ErrMethodNotAllowed.
 func StatusOf(err error) int { return answerOf(err).status }
 
 // immediateErr answers a Picker error (or an empty subset hint).
@@ -716,7 +734,7 @@ type apiError struct {
 }
 
 // immediate ends the request with an immediate response of the given HTTP
-// status and an OpenAI error body. The stream
+// status and an OpenAI error body (a 405 with "allow: POST"). The stream
 // ends after it (Process returns), which gives its reservation back.
 func (st *stream) immediate(status int, typ, code, message string) error {
 	st.refused, st.req.Body = true, nil
@@ -729,6 +747,9 @@ func (st *stream) immediate(status int, typ, code, message string) error {
 	headers := []*corev3.HeaderValueOption{{
 		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
 	}}
+	if status == http.StatusMethodNotAllowed {
+		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "allow", RawValue: []byte(http.MethodPost)}})
+	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},

@@ -455,6 +455,7 @@ func TestPickerErrorsAnswerImmediately(t *testing.T) {
 		{ErrShed, 429, "rate_limit_error", "queue_full", "every endpoint is at capacity"},
 		{ErrPastDue, 429, "rate_limit_error", "due_time_passed", "the request's due time passed"},
 		{fmt.Errorf("%w: no model field", ErrBadRequest), 400, "invalid_request_error", "invalid_request", "invalid request: no model field"},
+		{fmt.Errorf("%w: GET is not allowed on /v1/completions", ErrMethodNotAllowed), 405, "invalid_request_error", "method_not_allowed", "method not allowed: GET is not allowed"},
 		{errors.New("scorer exploded"), 503, "server_error", "selection_failed", "no endpoint could be selected: scorer exploded"},
 	} {
 		t.Run(tc.code, func(t *testing.T) {
@@ -464,10 +465,20 @@ func TestPickerErrorsAnswerImmediately(t *testing.T) {
 			e.mustSend(headersMsg("r1", false, nil))
 			e.mustRecv()
 			e.mustSend(bodyMsg(chatBody, true))
-			status, body := immediateOf(t, e.mustRecv())
+			r := e.mustRecv()
+			status, body := immediateOf(t, r)
 			if status != tc.status || body["type"] != tc.typ || body["code"] != tc.code ||
 				!strings.HasPrefix(body["message"].(string), tc.wantPrefix) {
 				t.Fatalf("got %d %v; want %d %s %s %q...", status, body, tc.status, tc.typ, tc.code, tc.wantPrefix)
+			}
+			var allow []string
+			for _, h := range r.GetImmediateResponse().GetHeaders().GetSetHeaders() {
+				if h.GetHeader().GetKey() == "allow" {
+					allow = append(allow, string(h.GetHeader().GetRawValue()))
+				}
+			}
+			if want := map[bool][]string{true: {"POST"}}[status == 405]; !slices.Equal(allow, want) {
+				t.Errorf("allow headers %q, want %q", allow, want)
 			}
 			if v, ok := body["param"]; !ok || v != nil {
 				t.Errorf("param = %v (present %v), want null as serve sends", v, ok)
@@ -480,6 +491,42 @@ func TestPickerErrorsAnswerImmediately(t *testing.T) {
 				t.Errorf("a refused pick observed as a decision: %v", obs.v)
 			}
 		})
+	}
+}
+
+// TestUpstreamStatusBounded: the response's ":status" reaches
+// Handle.Status as its code when it is a valid HTTP status (100 to 599),
+// as 502 when it is anything else, and not at all when it is absent; the
+// codes an upstream can make the picker count are thus bounded.
+func TestUpstreamStatusBounded(t *testing.T) {
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	c := startServer(t, &Server{Picker: p})
+	for i, tc := range []struct {
+		status string // "-": no :status header
+		want   []int
+	}{
+		{"200", []int{200}}, {"100", []int{100}}, {"599", []int{599}}, {"404", []int{404}},
+		{"999", []int{502}}, {"600", []int{502}}, {"099", []int{502}}, {"42", []int{502}}, {"1000", []int{502}},
+		{"+20", []int{502}}, {"abc", []int{502}}, {"", []int{502}}, {"-", nil},
+	} {
+		id := fmt.Sprint("r", i)
+		e := newEnvoy(t, t.Context(), c)
+		e.mustSend(headersMsg(id, true, nil))
+		e.mustRecv()
+		m := respHeadersStatus("", tc.status)
+		if tc.status == "-" {
+			m = &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{}}}
+		}
+		e.mustSend(m)
+		e.mustRecv()
+		e.finish()
+		h := p.handle(id)
+		h.mu.Lock()
+		got := slices.Clone(h.codes)
+		h.mu.Unlock()
+		if !slices.Equal(got, tc.want) {
+			t.Errorf(":status %q: Status calls %v, want %v", tc.status, got, tc.want)
+		}
 	}
 }
 
@@ -808,6 +855,28 @@ func settled(t *testing.T, s *Server) {
 			t.Fatalf("budget holds %d bytes a minute on, want 0", s.held.Load())
 		}
 		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestBodyWithoutHeadersIs400: a stream whose request body comes before
+// any request headers (a proxy skipping them, or a broken one) is
+// answered 400 and never picked: the Picker routes by method and path.
+func TestBodyWithoutHeadersIs400(t *testing.T) {
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	for _, eos := range []bool{true, false} {
+		e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p}))
+		e.mustSend(bodyMsg(chatBody, eos))
+		st, body := immediateOf(t, e.mustRecv())
+		if st != 400 || body["type"] != "invalid_request_error" || body["code"] != "invalid_request" ||
+			!strings.Contains(body["message"].(string), "request body without request headers") {
+			t.Fatalf("end of stream %v: got %d %v, want 400 invalid_request", eos, st, body)
+		}
+		if r, err := e.st.Recv(); !errors.Is(err, io.EOF) {
+			t.Fatalf("after the 400: %v, %v; want the stream's end", r, err)
+		}
+	}
+	if n := len(p.requests()); n != 0 {
+		t.Fatalf("picker called %d times", n)
 	}
 }
 
