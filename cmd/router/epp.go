@@ -30,6 +30,8 @@ type eppOptions struct {
 	drainTimeout   time.Duration
 	charsPerToken  int
 	fallbacks      int
+	maxBody        int64
+	maxInFlight    int64
 	pods           podFlags
 }
 
@@ -50,6 +52,12 @@ Kubernetes pods an InferencePool selects (see --pool-* and --kubeconfig).
 The gRPC health services liveness, readiness and
 envoy.service.ext_proc.v3.ExternalProcessor answer on --listen; readiness
 is SERVING once every worker's first probe has answered.
+
+A request body is at most --max-body-bytes (over it: 413); the streams
+receiving their request reserve one message's bound each (the body bound
+plus 1 MiB) of --max-body-bytes-in-flight, which also counts the bodies
+held until picked, and wait for it: the bodies take at most 6 times
+--max-body-bytes-in-flight of memory (docs/epp.md, "Memory").
 
 --http-listen serves serve's HTTP API beside it (/metrics, /healthz,
 /readyz, and the OpenAI routes).
@@ -76,6 +84,12 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 			if o.fallbacks < 0 || o.fallbacks > router.MaxAlternates {
 				return fmt.Errorf("--fallbacks %d: want %s", o.fallbacks, fallbacksWant)
 			}
+			if o.maxBody < minBodyBound || o.maxBody > serve.DefaultMaxBodyBytes {
+				return fmt.Errorf("--max-body-bytes %d: want %s", o.maxBody, maxBodyWant)
+			}
+			if o.maxInFlight < o.maxBody {
+				return fmt.Errorf("--max-body-bytes-in-flight %d: want %s (--max-body-bytes is %d)", o.maxInFlight, maxInFlightWant, o.maxBody)
+			}
 			if err := o.pods.check(cmd.Flags()); err != nil {
 				return err
 			}
@@ -96,7 +110,11 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 	setWant(f, "drain-timeout", positiveDurationWant)
 	setWant(f, "request-timeout", positiveDurationWant)
 	setWant(f, "chars-per-token", charsPerTokenWant)
+	f.Int64Var(&o.maxBody, "max-body-bytes", serve.DefaultMaxBodyBytes, "bound on a request body, in bytes: a larger one is answered 413")
+	f.Int64Var(&o.maxInFlight, "max-body-bytes-in-flight", serve.DefaultMaxBodyBytesInFlight, "bound on the request body bytes the picker holds and receives at once, all streams together")
 	setWant(f, "fallbacks", fallbacksWant)
+	setWant(f, "max-body-bytes", maxBodyWant)
+	setWant(f, "max-body-bytes-in-flight", maxInFlightWant)
 	o.pods.register(f)
 	return cmd
 }
@@ -107,6 +125,18 @@ const DefaultFallbacks = 2
 
 // fallbacksWant words the values --fallbacks accepts.
 var fallbacksWant = fmt.Sprintf("a whole number from 0 to %d", router.MaxAlternates)
+
+// minBodyBound is the least --max-body-bytes: 1 KiB, a short chat
+// request; a smaller bound would refuse ordinary requests.
+const minBodyBound = 1 << 10
+
+// maxBodyWant words the values --max-body-bytes accepts: at most serve's
+// parser bound (serve.DefaultMaxBodyBytes), which the Picker's parsing
+// applies again.
+var maxBodyWant = fmt.Sprintf("a whole number of bytes from %d to %d", minBodyBound, serve.DefaultMaxBodyBytes)
+
+// maxInFlightWant words the values --max-body-bytes-in-flight accepts.
+const maxInFlightWant = "a whole number of bytes, at least --max-body-bytes"
 
 // probeWait bounds how long `router epp` waits for the workers' first
 // probes before it reports ready anyway (epp.ReadyWhenProbed): a probe
@@ -127,7 +157,7 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 		_ = gln.Close()
 		return &exitError{code: 1, err: fmt.Errorf("--http-listen %s: %w", o.httpListen, err)}
 	}
-	gs := grpc.NewServer(epp.GRPCServerOptions(0)...)
+	gs := grpc.NewServer(epp.GRPCServerOptions(o.maxBody)...)
 	var grpcDone sync.WaitGroup
 	// The daemon outlives the gRPC server: its context ends once the
 	// streams are drained.
@@ -163,7 +193,8 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 		Diagnostics: stderr,
 		Registry:    reg,
 		OnReady: func() {
-			health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Server: d.Server(), Fallbacks: o.fallbacks}, Decisions: decisions})
+			health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Server: d.Server(), Fallbacks: o.fallbacks}, Decisions: decisions,
+				MaxBodyBytes: o.maxBody, MaxBodyBytesInFlight: o.maxInFlight})
 			grpcDone.Go(func() { _ = gs.Serve(gln) })
 			grpcDone.Go(func() {
 				// Readiness once the workers' first probes are in: the

@@ -37,7 +37,8 @@ const (
 
 // Errors a Picker returns; Server maps each to an immediate response in
 // the OpenAI error shape. Wrap them with %w to add detail: the wrapped
-// error's text becomes the answer's message.
+// error's text becomes the answer's message (bound and escape what came
+// from the request: internal/untrusted).
 var (
 	// ErrNoEndpoint: no endpoint ready (or none eligible in the subset
 	// hint). Answered 503.
@@ -47,8 +48,13 @@ var (
 	// ErrPastDue: the request's due time passed while it waited. Answered
 	// 429.
 	ErrPastDue = errors.New("the request's due time passed while it waited for an endpoint")
-	// ErrBadRequest: the request body could not be parsed. Answered 400.
+	// ErrBadRequest: the request body could not be parsed, or its path
+	// is not one the Picker routes. Answered 400.
 	ErrBadRequest = errors.New("invalid request")
+	// ErrMethodNotAllowed: the request's method is not one the Picker
+	// routes on its path (an inference request is a POST). Answered 405,
+	// with the header "allow: POST".
+	ErrMethodNotAllowed = errors.New("method not allowed")
 )
 
 // Request is what the Picker sees of one HTTP request.
@@ -121,8 +127,8 @@ type Handle interface {
 
 // Picker chooses the endpoint of one request. Pick may block (waiting in a
 // queue) until ctx, the ext_proc stream's context, is done. Its errors are
-// ErrNoEndpoint, ErrShed, ErrPastDue, ErrBadRequest (wrapped or not); any
-// other error is answered 503.
+// ErrNoEndpoint, ErrShed, ErrPastDue, ErrBadRequest, ErrMethodNotAllowed
+// (wrapped or not); any other error is answered 503.
 type Picker interface {
 	Pick(ctx context.Context, req *Request) (Pick, error)
 }

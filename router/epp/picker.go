@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -45,7 +46,8 @@ var _ Picker = (*RouterPicker)(nil)
 
 // Pick places req. The path (":path", its query aside) says the schema:
 // "/v1/completions" the completions one, "/v1/chat/completions" (or no
-// path) the chat one; any other path is ErrBadRequest. With a subset
+// path) the chat one; any other path is ErrBadRequest, and a method
+// (":method") other than POST on those two is ErrMethodNotAllowed. With a subset
 // hint, the workers whose URL host:port is not in it are excluded; none
 // left is ErrNoEndpoint. Errors: ErrBadRequest (a body serve answers 400:
 // malformed, a field of the wrong type, over serve's bound, an unknown
@@ -140,20 +142,32 @@ func hintWords(subset []string) string {
 	return b.String()
 }
 
-// chatPath says whether path (":path") is the chat schema's; method
-// (":method", "POST" when absent) only words the error.
+// chatPath says whether path (":path") is the chat schema's: the path
+// must be a completion route and method (":method"; absent: POST) POST.
+// Errors: ErrBadRequest for another path, ErrMethodNotAllowed for another
+// method on a completion route, each naming them (bounded, escaped).
 func chatPath(method, path string) (bool, error) {
 	route, _, _ := strings.Cut(path, "?")
-	switch route {
-	case "", "/v1/chat/completions":
-		return true, nil
-	case "/v1/completions":
-		return false, nil
-	}
 	if method == "" {
 		method = http.MethodPost
 	}
-	return false, fmt.Errorf("%w: no endpoint %s %s: the picker routes POST /v1/chat/completions and POST /v1/completions", ErrBadRequest, method, route)
+	var chat bool
+	switch route {
+	case "", "/v1/chat/completions":
+		chat = true
+	case "/v1/completions":
+	default:
+		return false, fmt.Errorf("%w: no endpoint %s %s: the picker routes POST /v1/chat/completions and POST /v1/completions",
+			ErrBadRequest, untrusted.Text(method, untrusted.MaxClient), untrusted.Text(route, untrusted.MaxClient))
+	}
+	if method != http.MethodPost {
+		if route == "" {
+			route = "/v1/chat/completions"
+		}
+		return false, fmt.Errorf("%w: %s is not allowed on %s: an inference request is a POST",
+			ErrMethodNotAllowed, untrusted.Text(method, untrusted.MaxClient), route)
+	}
+	return chat, nil
 }
 
 // outside returns the ids of the workers whose endpoint is not in subset,

@@ -528,13 +528,20 @@ func TestEndpoint(t *testing.T) {
 }
 
 // TestChatPath: the schema by path, the query aside; another path is
-// ErrBadRequest naming the request's method and path.
+// ErrBadRequest naming the request's method and path, another method
+// than POST on a completion route ErrMethodNotAllowed naming the method,
+// each bounded and escaped.
 func TestChatPath(t *testing.T) {
 	for _, tc := range []struct {
 		method, path string
 		chat         bool
 		err          string
 	}{
+		{"GET", "/v1/chat/completions", false, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
+		{"PUT", "/v1/completions?x=1", false, "method not allowed: PUT is not allowed on /v1/completions: an inference request is a POST"},
+		{"GET", "", false, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
+		{"G\x1b[31mET", "/v1/completions", false, `method not allowed: G\x1b[31mET is not allowed on /v1/completions: an inference request is a POST`},
+		{"POST", "/" + strings.Repeat("a", 300), false, "invalid request: no endpoint POST /" + strings.Repeat("a", 255) + "...(301 bytes): the picker routes POST /v1/chat/completions and POST /v1/completions"},
 		{"POST", "/v1/chat/completions", true, ""},
 		{"", "", true, ""},
 		{"POST", "/v1/completions?x=1", false, ""},
@@ -548,8 +555,12 @@ func TestChatPath(t *testing.T) {
 			}
 			continue
 		}
-		if !errors.Is(err, ErrBadRequest) || err.Error() != tc.err {
-			t.Errorf("chatPath(%q, %q) error %v, want %q (ErrBadRequest)", tc.method, tc.path, err, tc.err)
+		kind := ErrBadRequest
+		if strings.HasPrefix(tc.err, "method") {
+			kind = ErrMethodNotAllowed
+		}
+		if !errors.Is(err, kind) || err.Error() != tc.err {
+			t.Errorf("chatPath(%q, %q) error %v, want %q (%v)", tc.method, tc.path, err, tc.err, kind)
 		}
 	}
 }

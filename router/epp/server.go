@@ -1,6 +1,7 @@
 package epp
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +19,7 @@ import (
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/semaphore"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
@@ -26,20 +29,53 @@ import (
 )
 
 // Server is the ext_proc service: register it with
-// extprocv3.RegisterExternalProcessorServer. One stream carries one HTTP
-// request; streams run concurrently and share nothing but the Picker.
+// extprocv3.RegisterExternalProcessorServer, on a gRPC server built with
+// GRPCServerOptions(MaxBodyBytes). One stream carries one HTTP request;
+// streams run concurrently and share nothing but the Picker and the body
+// budget (MaxBodyBytesInFlight).
+//
+// Memory. gRPC takes in a whole message before the handler sees it, up to
+// the message bound (MaxMessageBytes), on every stream whose handler
+// waits in Recv. So a stream in its request phase (from its start until
+// its request is whole: headers without a body, or the body's last
+// chunk) first reserves a message's worth of the budget, and only then
+// receives; its body is held within that reservation, which shrinks to
+// the body once the request is whole and is given back once the Picker
+// has answered. A stream that cannot reserve waits, in order of arrival.
+// The request bodies in memory, all streams together, thus stay within
+// MemoryMultiple times max(MaxBodyBytesInFlight, MaxMessageBytes) (see
+// MemoryMultiple for its derivation); docs/epp.md states the defaults.
+// After the pick a stream receives without a reservation: the response's
+// phases, one message of at most MaxMessageBytes at a time per stream,
+// which a proxy sizes by its own buffers (Envoy streams a response in the
+// chunks it reads); and a stream not receiving holds at most
+// StreamWindowBytes of what was sent to it.
 type Server struct {
 	// Picker chooses the endpoints; required.
 	Picker Picker
-	// MaxBodyBytes bounds a request body; a larger one is answered 413.
-	// Zero means serve.DefaultMaxBodyBytes (32 MiB), serve's own bound.
+	// MaxBodyBytes bounds a request body; a larger one is answered 413,
+	// also when it comes whole in one message (up to MaxMessageBytes; a
+	// larger message is refused by gRPC with RESOURCE_EXHAUSTED). Zero
+	// means serve.DefaultMaxBodyBytes (32 MiB), serve's own bound.
 	MaxBodyBytes int64
-	// MaxBodyBytesInFlight bounds the request body bytes held at once, all
-	// streams together, from their first chunk until the Picker has
-	// answered: a chunk that would pass it is answered 503 "overloaded",
-	// as serve answers. Zero means serve.DefaultMaxBodyBytesInFlight (1
-	// GiB); negative, no bound.
+	// MaxBodyBytesInFlight bounds the bytes reserved for requests being
+	// received (MaxMessageBytes each, or the whole bound when it is
+	// smaller) and the bodies held until the Picker has answered, all
+	// streams together. A stream waits for its reservation up to
+	// BodyTimeout from its start; past it, it is answered 503
+	// "overloaded", as serve answers. A body that would pass its
+	// reservation (only when the bound is below MaxMessageBytes) is
+	// answered 503 too when the rest cannot be had at once. Zero means
+	// serve.DefaultMaxBodyBytesInFlight (1 GiB: 31 streams receiving at
+	// once at the default body bound); negative, no bound and no
+	// reservation.
 	MaxBodyBytesInFlight int64
+	// BodyTimeout bounds a request's arrival: from the stream's start to
+	// its request headers' end of stream or its body's last chunk. Past it
+	// a stream still receiving is answered 408 "body_timeout" (one still
+	// waiting for its reservation, 503 "overloaded"), and its reservation
+	// is given back when the stream ends. Zero means DefaultBodyTimeout.
+	BodyTimeout time.Duration
 	// Decisions, when set, observes each pick's decision latency in
 	// seconds: from the handler holding the whole request (its last body
 	// chunk received, or headers without a body) to the answer carrying
@@ -50,7 +86,10 @@ type Server struct {
 	// error are not observed.
 	Decisions prometheus.Observer
 
-	held atomic.Int64 // body bytes held, all streams
+	once    sync.Once
+	budget  *semaphore.Weighted // MaxBodyBytesInFlight; nil: no bound
+	reserve int64               // a receiving stream's reservation
+	held    atomic.Int64        // bytes counted in budget, all streams
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
@@ -60,16 +99,85 @@ var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
 // on the proxy's side.
 const EchoChunkBytes = 1 << 20
 
-// GRPCServerOptions are the gRPC server options an endpoint picker with
-// body bound maxBody (Server.MaxBodyBytes; 0: serve.DefaultMaxBodyBytes)
-// needs: messages up to the bound plus 1 MiB for headers and metadata, as
-// a proxy in BUFFERED mode sends a whole body in one message (gRPC's
-// default limit is 4 MiB).
-func GRPCServerOptions(maxBody int64) []grpc.ServerOption {
+// DefaultBodyTimeout is Server.BodyTimeout's default: a minute, serve's
+// bound on reading a request body.
+const DefaultBodyTimeout = time.Minute
+
+// MessageOverheadBytes is what one ext_proc message may carry beside a
+// body of the bound: the request headers (Envoy's default limit is 60
+// KiB), the metadata context (a subset hint of many endpoints), the
+// protocol configuration and the attributes. 1 MiB.
+const MessageOverheadBytes = 1 << 20
+
+// Flow-control windows of GRPCServerOptions. Both are static: gRPC's
+// default window grows with the estimated bandwidth-delay product up to
+// 16 MiB a stream, which a stream not receiving (one waiting for its
+// reservation) would then hold.
+const (
+	// StreamWindowBytes is each stream's window, gRPC's least: what a
+	// stream whose handler is not in Recv may hold of data not asked for.
+	// A stream that reads a message is granted the message's length.
+	StreamWindowBytes = 64 << 10
+	// ConnWindowBytes is each connection's window, the most gRPC's own
+	// estimate would reach. It costs no memory of its own: gRPC passes a
+	// connection's data to its streams as it arrives, each within its
+	// stream's window.
+	ConnWindowBytes = 16 << 20
+)
+
+// MemoryMultiple bounds the memory the request bodies being received and
+// held take, all streams together, as a multiple of
+// max(Server.MaxBodyBytesInFlight, MaxMessageBytes). Within a
+// reservation of one message's bound a stream holds, at worst, its body
+// so far (less than the bound) and the message it is receiving twice: the
+// frames as they arrived and the one copy decoded from them (the codec of
+// GRPCServerOptions; gRPC's own makes two), which becomes the body. Go's
+// collector (GOGC 100) lets the heap grow to twice what is live before it
+// collects: 3 x 2 = 6. A body that comes in one message (a BUFFERED
+// proxy's) takes 2 x 2 = 4. TestEPPMemoryBoundedByBodyBudget (cmd/router)
+// measures the process's peak resident memory against it.
+const MemoryMultiple = 6
+
+// MaxMessageBytes returns the bound on one ext_proc message the handler
+// receives for body bound maxBody (0: serve.DefaultMaxBodyBytes): the
+// bound plus MessageOverheadBytes, at most math.MaxInt32 (gRPC's own
+// limit). A body over the bound in one message within it is answered 413.
+func MaxMessageBytes(maxBody int64) int64 {
 	if maxBody <= 0 {
 		maxBody = serve.DefaultMaxBodyBytes
 	}
-	return []grpc.ServerOption{grpc.MaxRecvMsgSize(int(min(maxBody+1<<20, math.MaxInt32)))}
+	return min(maxBody+MessageOverheadBytes, math.MaxInt32)
+}
+
+// GRPCServerOptions are the gRPC server options an endpoint picker with
+// body bound maxBody (Server.MaxBodyBytes; 0: serve.DefaultMaxBodyBytes)
+// needs: messages up to MaxMessageBytes(maxBody), as a proxy in BUFFERED
+// mode sends a whole body in one message (gRPC's default limit is 4
+// MiB), the static windows StreamWindowBytes and ConnWindowBytes, and a
+// codec that decodes a large body from one copy of its message, not two.
+// The Server's MaxBodyBytes must be the same maxBody: its reservations
+// are of the message bound.
+func GRPCServerOptions(maxBody int64) []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(int(MaxMessageBytes(maxBody))),
+		grpc.StaticStreamWindowSize(StreamWindowBytes),
+		grpc.StaticConnWindowSize(ConnWindowBytes),
+		grpc.ForceServerCodecV2(newCodec()),
+	}
+}
+
+// init sets the budget up, once.
+func (s *Server) init() {
+	s.once.Do(func() {
+		limit := s.MaxBodyBytesInFlight
+		if limit == 0 {
+			limit = serve.DefaultMaxBodyBytesInFlight
+		}
+		if limit > 0 {
+			s.budget = semaphore.NewWeighted(limit)
+			s.reserve = min(MaxMessageBytes(s.MaxBodyBytes), limit)
+		}
+	})
 }
 
 // stream is the state of one ext_proc stream.
@@ -80,60 +188,105 @@ type stream struct {
 	duplex bool // request body in FULL_DUPLEX_STREAMED mode: the headers answer waits for the body
 	echo   bool // response body in FULL_DUPLEX_STREAMED mode: each chunk is sent back
 	req    Request
-	picked bool
-	// refused: the request was answered with an immediate response; later
-	// request body chunks are dropped, later request headers are an error.
+	// headers: the request headers came (the Picker may have dropped
+	// req.Headers since).
+	headers bool
+	picked  bool
+	// refused: the request was answered with an immediate response; the
+	// stream ends.
 	refused bool
 	// subsetErr: the subset hint is not a list of strings (answered 503).
 	subsetErr error
 	handle    Handle // nil before the pick and after End
 	served    bool
 	first     bool
-	holding   int64 // body bytes this stream counts in Server.held
+	holding   int64         // bytes this stream counts in Server.budget
+	limit     time.Duration // BodyTimeout
+	deadline  time.Time     // the request's arrival's: the stream's start + limit
+	timer     *time.Timer
+
+	// mu guards the request phase's state the timer reads and sets.
+	mu       sync.Mutex
+	whole    bool          // the request phase is over (whole, refused or the stream ending)
+	inRecv   bool          // the handler waits in Recv during the request phase
+	expired  bool          // the deadline passed during the request phase
+	timedOut chan struct{} // the timer is answering 408; closed once it has
 }
 
-// hold counts n more body bytes of st in the server's bound; false when
-// they would pass it (nothing is counted then).
-func (st *stream) hold(n int64) bool {
-	limit := st.s.MaxBodyBytesInFlight
-	if limit == 0 {
-		limit = serve.DefaultMaxBodyBytesInFlight
+// acquire reserves n bytes of the budget for st, waiting up to ctx.
+func (st *stream) acquire(ctx context.Context, n int64) error {
+	if st.s.budget == nil || n <= 0 {
+		return nil
 	}
-	if limit < 0 {
+	if err := st.s.budget.Acquire(ctx, n); err != nil {
+		return err
+	}
+	st.s.held.Add(n)
+	st.holding += n
+	return nil
+}
+
+// grow counts st's holding up to n bytes, taking the difference at once
+// if it is not held yet; false when the budget has not that much free.
+func (st *stream) grow(n int64) bool {
+	if st.s.budget == nil || n <= st.holding {
 		return true
 	}
-	if st.s.held.Add(n) > limit {
-		st.s.held.Add(-n)
+	if !st.s.budget.TryAcquire(n - st.holding) {
 		return false
 	}
-	st.holding += n
+	st.s.held.Add(n - st.holding)
+	st.holding = n
 	return true
 }
 
-// release gives back the body bytes st holds.
-func (st *stream) release() {
-	if st.holding != 0 {
-		st.s.held.Add(-st.holding)
-		st.holding = 0
+// shrink gives back what st holds over n bytes.
+func (st *stream) shrink(n int64) {
+	if st.holding > n {
+		st.s.budget.Release(st.holding - n)
+		st.s.held.Add(n - st.holding)
+		st.holding = n
 	}
 }
 
+// release gives back all st holds.
+func (st *stream) release() { st.shrink(0) }
+
 // Process serves one ext_proc stream: the phases of one HTTP request as
 // Envoy's ext_proc filter sends them. It returns nil when the proxy closes
-// the stream, a codes.InvalidArgument status when request headers come a
-// second time (or after the request was answered), and the stream's error
-// otherwise; the Handle of a picked
+// the stream or once the request was answered with an immediate
+// response, a codes.InvalidArgument status when request headers come a
+// second time, and the stream's error otherwise; the Handle of a picked
 // request gets End exactly once whatever happens (Aborted unless the
-// response reached its end).
+// response reached its end). Until the request is whole it receives only
+// within a reservation of the body budget (Server).
 func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
+	s.init()
 	st := &stream{s: s, srv: srv, max: s.MaxBodyBytes}
 	if st.max <= 0 {
 		st.max = serve.DefaultMaxBodyBytes
 	}
+	timeout := s.BodyTimeout
+	if timeout <= 0 {
+		timeout = DefaultBodyTimeout
+	}
+	st.limit, st.deadline = timeout, time.Now().Add(timeout)
+	st.timer = time.AfterFunc(timeout, st.expire)
 	defer st.end(Aborted)
 	defer st.release()
+	defer st.requestOver()
 	for {
+		receiving := !st.picked && !st.refused
+		if receiving {
+			ok, err := st.beforeRecv()
+			if err != nil || !ok {
+				return err
+			}
+		}
 		msg, err := srv.Recv()
+		if receiving && st.afterRecv() {
+			return nil // answered 408 meanwhile
+		}
 		if err != nil {
 			if errors.Is(err, io.EOF) {
 				return nil
@@ -143,7 +296,92 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 		if err := st.handle1(msg); err != nil {
 			return err
 		}
+		if st.refused {
+			return nil // answered: the proxy ends its side too
+		}
 	}
+}
+
+// beforeRecv readies a receive of the request phase: the stream's
+// reservation (the first time), unless the request's deadline passed.
+// False when the request was answered instead (408 or 503), or the
+// stream ended while it waited.
+func (st *stream) beforeRecv() (bool, error) {
+	if st.holding < st.s.reserve {
+		ctx, cancel := context.WithDeadline(st.srv.Context(), st.deadline)
+		err := st.acquire(ctx, st.s.reserve-st.holding)
+		cancel()
+		if err != nil {
+			if st.srv.Context().Err() != nil {
+				return false, nil // the proxy left
+			}
+			return false, st.overloaded()
+		}
+	}
+	st.mu.Lock()
+	expired := st.expired
+	st.inRecv = !expired
+	st.mu.Unlock()
+	if expired {
+		return false, st.timeout()
+	}
+	return true, nil
+}
+
+// afterRecv ends a receive of the request phase: true when the timer
+// answered the request meanwhile (408), once its answer is sent.
+func (st *stream) afterRecv() bool {
+	st.mu.Lock()
+	st.inRecv = false
+	ch := st.timedOut
+	st.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	<-ch
+	return true
+}
+
+// expire is the deadline's timer: a stream waiting in Recv for its
+// request is answered 408 from here (its reservation stays until Recv
+// returns); any other stream in its request phase is answered before its
+// next receive.
+func (st *stream) expire() {
+	st.mu.Lock()
+	if st.whole {
+		st.mu.Unlock()
+		return
+	}
+	st.expired = true
+	if !st.inRecv {
+		st.mu.Unlock()
+		return
+	}
+	ch := make(chan struct{})
+	st.timedOut = ch
+	st.mu.Unlock()
+	defer close(ch)
+	_ = st.timeout() // an error: the stream is gone; Recv returns then
+}
+
+// requestOver ends the request phase: the timer has nothing more to do.
+func (st *stream) requestOver() {
+	st.mu.Lock()
+	st.whole = true
+	st.mu.Unlock()
+	st.timer.Stop()
+}
+
+// timeout answers a request that did not arrive within BodyTimeout.
+func (st *stream) timeout() error {
+	return st.immediate(http.StatusRequestTimeout, "invalid_request_error", "body_timeout",
+		fmt.Sprintf("the request did not arrive within %v", st.limit))
+}
+
+// overloaded answers a request the budget has no room for.
+func (st *stream) overloaded() error {
+	return st.immediate(http.StatusServiceUnavailable, "server_error", "overloaded",
+		"the endpoint picker holds as many request bodies as it may; retry shortly")
 }
 
 // end calls the handle's End once.
@@ -202,11 +440,12 @@ func (st *stream) handle1(msg *extprocv3.ProcessingRequest) error {
 }
 
 func (st *stream) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
-	if st.req.Headers != nil || st.picked || st.refused {
+	if st.headers || st.picked {
 		// One stream is one HTTP request: a second request would pick
 		// again over the first's pick, whose Handle would never end.
-		return grpcstatus.Error(codes.InvalidArgument, "request headers after the request's headers or its answer: an ext_proc stream carries one HTTP request")
+		return grpcstatus.Error(codes.InvalidArgument, "request headers after the request's headers: an ext_proc stream carries one HTTP request")
 	}
+	st.headers = true
 	hm := h.GetHeaders().GetHeaders()
 	st.req.Headers = make(map[string]string, len(hm))
 	for _, hv := range hm {
@@ -228,27 +467,32 @@ func (st *stream) requestHeaders(msg *extprocv3.ProcessingRequest, h *extprocv3.
 }
 
 func (st *stream) requestBody(b *extprocv3.HttpBody) error {
-	if st.refused {
-		// Answered already (413, say): a full-duplex proxy may have sent
-		// more chunks before the answer reached it. Dropped, unanswered;
-		// never picked.
-		return nil
-	}
 	if st.picked {
 		return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{
 			RequestBody: &extprocv3.BodyResponse{Response: &extprocv3.CommonResponse{}}}})
 	}
-	if int64(len(st.req.Body))+int64(len(b.GetBody())) > st.max {
+	if !st.headers {
+		// The picker routes by the request's method and path: a proxy
+		// configured to skip the request headers (request_header_mode
+		// SKIP), or a broken one, gets no pick.
+		return st.immediate(http.StatusBadRequest, "invalid_request_error", "invalid_request",
+			"request body without request headers: the endpoint picker needs the request headers (the ext_proc filter's request_header_mode SEND)")
+	}
+	chunk := b.GetBody()
+	n := int64(len(st.req.Body)) + int64(len(chunk))
+	if n > st.max {
 		return st.immediate(http.StatusRequestEntityTooLarge, "invalid_request_error", "body_too_large",
 			fmt.Sprintf("request body exceeds %d bytes", st.max))
 	}
-	if !st.hold(int64(len(b.GetBody()))) {
-		return st.immediate(http.StatusServiceUnavailable, "server_error", "overloaded",
-			"the endpoint picker holds as many request bodies as it may; retry shortly")
+	if !st.grow(n) {
+		return st.overloaded()
 	}
-	st.req.Body = append(st.req.Body, b.GetBody()...)
+	if st.req.Body == nil {
+		st.req.Body = chunk // the message is this stream's alone: no copy
+	} else {
+		st.req.Body = append(st.req.Body, chunk...)
+	}
 	if b.GetEndOfStream() || b.GetEndOfStreamWithoutMessage() {
-		defer st.release() // the Picker has had the body
 		return st.pick(false)
 	}
 	if st.duplex {
@@ -263,6 +507,11 @@ func (st *stream) requestBody(b *extprocv3.HttpBody) error {
 // its headers (onHeaders, a request without a body) or its body.
 func (st *stream) pick(onHeaders bool) error {
 	start := time.Now()
+	// The request is whole: no more receiving within the reservation,
+	// which shrinks to the body until the Picker has had it.
+	st.requestOver()
+	st.shrink(int64(len(st.req.Body)))
+	defer st.release()
 	if err := st.pick1(onHeaders); err != nil || st.s.Decisions == nil || !st.picked {
 		return err
 	}
@@ -284,7 +533,7 @@ func (st *stream) pick1(onHeaders bool) error {
 	}
 	st.picked, st.handle = true, p.Handle
 	body := st.req.Body
-	st.req.Body = nil // the Picker has had it
+	st.req.Body, st.req.Headers = nil, nil // the Picker has had them
 	dest := strings.Join(append([]string{p.Endpoint}, p.Fallbacks...), ",")
 	common := &extprocv3.CommonResponse{
 		HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
@@ -412,7 +661,12 @@ func kindOf(v *structpb.Value) string {
 	return "null"
 }
 
-// status reads a response's ":status" header.
+// status reads a response's ":status" header: its code when it is a
+// valid HTTP status (three digits, 100 to 599); 502 when it is present
+// but not one (RFC 9110 section 15: a client processes a response with
+// an invalid status as a 5xx; 502 is a gateway's answer to an invalid
+// response), so that what an upstream sends there counts under a bounded
+// set of codes; false when absent.
 func status(h *extprocv3.HttpHeaders) (int, bool) {
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		if hv.GetKey() != ":status" {
@@ -423,7 +677,10 @@ func status(h *extprocv3.HttpHeaders) (int, bool) {
 			v = string(raw)
 		}
 		code, err := strconv.Atoi(v)
-		return code, err == nil && code >= 100 && code <= 999
+		if err != nil || len(v) != 3 || v[0] < '1' || v[0] > '5' || code < 100 || code > 599 {
+			return http.StatusBadGateway, true
+		}
+		return code, true
 	}
 	return 0, false
 }
@@ -447,13 +704,16 @@ func answerOf(err error) answer {
 		return answer{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: "due_time_passed"}
 	case errors.Is(err, ErrBadRequest):
 		return answer{status: http.StatusBadRequest, typ: "invalid_request_error", code: "invalid_request"}
+	case errors.Is(err, ErrMethodNotAllowed):
+		return answer{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", code: "method_not_allowed"}
 	}
 	return answer{status: http.StatusServiceUnavailable, typ: "server_error", code: "selection_failed", msgPrefix: "no endpoint could be selected: "}
 }
 
 // StatusOf returns the HTTP status code Server answers a Picker error
 // with: 503 for ErrNoEndpoint and errors it does not know, 429 for
-// ErrShed and ErrPastDue, 400 for ErrBadRequest.
+// ErrShed and ErrPastDue, 400 for ErrBadRequest, 405 for
+// ErrMethodNotAllowed.
 func StatusOf(err error) int { return answerOf(err).status }
 
 // immediateErr answers a Picker error (or an empty subset hint).
@@ -474,22 +734,26 @@ type apiError struct {
 }
 
 // immediate ends the request with an immediate response of the given HTTP
-// status and an OpenAI error body.
+// status and an OpenAI error body (a 405 with "allow: POST"). The stream
+// ends after it (Process returns), which gives its reservation back.
 func (st *stream) immediate(status int, typ, code, message string) error {
 	st.refused, st.req.Body = true, nil
-	st.release()
 	var e apiError
 	e.Error.Message, e.Error.Type, e.Error.Code = message, typ, code
 	b, err := json.Marshal(e)
 	if err != nil {
 		return fmt.Errorf("encoding the error answer: %w", err)
 	}
+	headers := []*corev3.HeaderValueOption{{
+		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
+	}}
+	if status == http.StatusMethodNotAllowed {
+		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "allow", RawValue: []byte(http.MethodPost)}})
+	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
-			Status: &typev3.HttpStatus{Code: typev3.StatusCode(status)},
-			Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-				Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
-			}}},
+			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
+			Headers: &extprocv3.HeaderMutation{SetHeaders: headers},
 			Body:    append(b, '\n'),
 			Details: code,
 		}}})

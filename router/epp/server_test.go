@@ -455,6 +455,7 @@ func TestPickerErrorsAnswerImmediately(t *testing.T) {
 		{ErrShed, 429, "rate_limit_error", "queue_full", "every endpoint is at capacity"},
 		{ErrPastDue, 429, "rate_limit_error", "due_time_passed", "the request's due time passed"},
 		{fmt.Errorf("%w: no model field", ErrBadRequest), 400, "invalid_request_error", "invalid_request", "invalid request: no model field"},
+		{fmt.Errorf("%w: GET is not allowed on /v1/completions", ErrMethodNotAllowed), 405, "invalid_request_error", "method_not_allowed", "method not allowed: GET is not allowed"},
 		{errors.New("scorer exploded"), 503, "server_error", "selection_failed", "no endpoint could be selected: scorer exploded"},
 	} {
 		t.Run(tc.code, func(t *testing.T) {
@@ -464,10 +465,20 @@ func TestPickerErrorsAnswerImmediately(t *testing.T) {
 			e.mustSend(headersMsg("r1", false, nil))
 			e.mustRecv()
 			e.mustSend(bodyMsg(chatBody, true))
-			status, body := immediateOf(t, e.mustRecv())
+			r := e.mustRecv()
+			status, body := immediateOf(t, r)
 			if status != tc.status || body["type"] != tc.typ || body["code"] != tc.code ||
 				!strings.HasPrefix(body["message"].(string), tc.wantPrefix) {
 				t.Fatalf("got %d %v; want %d %s %s %q...", status, body, tc.status, tc.typ, tc.code, tc.wantPrefix)
+			}
+			var allow []string
+			for _, h := range r.GetImmediateResponse().GetHeaders().GetSetHeaders() {
+				if h.GetHeader().GetKey() == "allow" {
+					allow = append(allow, string(h.GetHeader().GetRawValue()))
+				}
+			}
+			if want := map[bool][]string{true: {"POST"}}[status == 405]; !slices.Equal(allow, want) {
+				t.Errorf("allow headers %q, want %q", allow, want)
 			}
 			if v, ok := body["param"]; !ok || v != nil {
 				t.Errorf("param = %v (present %v), want null as serve sends", v, ok)
@@ -480,6 +491,42 @@ func TestPickerErrorsAnswerImmediately(t *testing.T) {
 				t.Errorf("a refused pick observed as a decision: %v", obs.v)
 			}
 		})
+	}
+}
+
+// TestUpstreamStatusBounded: the response's ":status" reaches
+// Handle.Status as its code when it is a valid HTTP status (100 to 599),
+// as 502 when it is anything else, and not at all when it is absent; the
+// codes an upstream can make the picker count are thus bounded.
+func TestUpstreamStatusBounded(t *testing.T) {
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	c := startServer(t, &Server{Picker: p})
+	for i, tc := range []struct {
+		status string // "-": no :status header
+		want   []int
+	}{
+		{"200", []int{200}}, {"100", []int{100}}, {"599", []int{599}}, {"404", []int{404}},
+		{"999", []int{502}}, {"600", []int{502}}, {"099", []int{502}}, {"42", []int{502}}, {"1000", []int{502}},
+		{"+20", []int{502}}, {"abc", []int{502}}, {"", []int{502}}, {"-", nil},
+	} {
+		id := fmt.Sprint("r", i)
+		e := newEnvoy(t, t.Context(), c)
+		e.mustSend(headersMsg(id, true, nil))
+		e.mustRecv()
+		m := respHeadersStatus("", tc.status)
+		if tc.status == "-" {
+			m = &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_ResponseHeaders{ResponseHeaders: &extprocv3.HttpHeaders{}}}
+		}
+		e.mustSend(m)
+		e.mustRecv()
+		e.finish()
+		h := p.handle(id)
+		h.mu.Lock()
+		got := slices.Clone(h.codes)
+		h.mu.Unlock()
+		if !slices.Equal(got, tc.want) {
+			t.Errorf(":status %q: Status calls %v, want %v", tc.status, got, tc.want)
+		}
 	}
 }
 
@@ -691,10 +738,43 @@ func TestLargeBodies(t *testing.T) {
 	e.finish()
 }
 
+// TestBodyOverBoundInOneMessage: a body over the bound that comes whole
+// in one message (a BUFFERED proxy's) is answered 413 when the message
+// is within MaxMessageBytes; a larger message is refused by gRPC itself,
+// RESOURCE_EXHAUSTED, before the handler sees it.
+func TestBodyOverBoundInOneMessage(t *testing.T) {
+	const bound = 1 << 20
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	s := &Server{Picker: p, MaxBodyBytes: bound}
+	c := startServer(t, s)
+	e := newEnvoy(t, t.Context(), c)
+	e.mustSend(headersMsg("r1", false, nil))
+	e.mustRecv()
+	e.mustSend(bodyMsg(strings.Repeat("x", bound+bound/2), true))
+	st, body := immediateOf(t, e.mustRecv())
+	if st != 413 || body["code"] != "body_too_large" || body["message"] != fmt.Sprintf("request body exceeds %d bytes", bound) {
+		t.Fatalf("1.5 MiB in one message: got %d %v, want 413 body_too_large", st, body)
+	}
+	if r, err := e.st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the 413: %v, %v; want the stream's end", r, err)
+	}
+	e = newEnvoy(t, t.Context(), c)
+	e.mustSend(headersMsg("r2", false, nil))
+	e.mustRecv()
+	_ = e.send(bodyMsg(strings.Repeat("x", int(MaxMessageBytes(bound))), true))
+	if r, err := e.st.Recv(); grpcstatus.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("a message over MaxMessageBytes: %v, %v; want RESOURCE_EXHAUSTED", r, err)
+	}
+	if n := len(p.requests()); n != 0 {
+		t.Fatalf("picker called %d times", n)
+	}
+	settled(t, s)
+}
+
 // TestRepeatedRequestHeadersEndTheStream: a second request's headers on a
 // stream (a hostile or broken proxy) are refused with InvalidArgument
 // instead of picking again over the first pick, whose Handle ends once,
-// aborted; a request's headers after its immediate answer likewise.
+// aborted.
 func TestRepeatedRequestHeadersEndTheStream(t *testing.T) {
 	p := &fakePicker{endpoint: "10.0.0.1:8000"}
 	c := startServer(t, &Server{Picker: p})
@@ -723,28 +803,17 @@ func TestRepeatedRequestHeadersEndTheStream(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 
-	// After an immediate answer: request headers are refused too.
-	pe := &fakePicker{err: ErrShed}
-	e = newEnvoy(t, t.Context(), startServer(t, &Server{Picker: pe}))
-	e.mustSend(headersMsg("r1", true, nil))
-	if st, _ := immediateOf(t, e.mustRecv()); st != 429 {
-		t.Fatalf("status %d, want 429", st)
-	}
-	e.mustSend(headersMsg("r2", true, nil))
-	if r, err := e.st.Recv(); grpcstatus.Code(err) != codes.InvalidArgument {
-		t.Fatalf("headers after the answer: got %v, %v; want InvalidArgument", r, err)
-	}
-	if n := len(pe.requests()); n != 1 {
-		t.Fatalf("picker called %d times, want 1", n)
-	}
 }
 
-// TestBodyAfter413IsDropped: chunks after the 413 (a full-duplex proxy
-// sends them before the answer reaches it) are dropped unanswered and
-// never picked, even when the request's end would fit the bound.
-func TestBodyAfter413IsDropped(t *testing.T) {
+// TestStreamEndsAfterImmediateAnswer: once a request is answered with an
+// immediate response (a 413, a Picker's 429), the handler ends the stream
+// (as llm-d's does): chunks a full-duplex proxy sent before the answer
+// reached it, and anything else, are never read, never picked, and hold
+// nothing of the budget.
+func TestStreamEndsAfterImmediateAnswer(t *testing.T) {
 	p := &fakePicker{endpoint: "10.0.0.1:8000"}
-	e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p, MaxBodyBytes: 16}))
+	s := &Server{Picker: p, MaxBodyBytes: 16}
+	e := newEnvoy(t, t.Context(), startServer(t, s))
 	e.mustSend(headersMsg("r1", false, nil))
 	e.mustRecv()
 	e.mustSend(bodyMsg(strings.Repeat("x", 10), false))
@@ -753,10 +822,61 @@ func TestBodyAfter413IsDropped(t *testing.T) {
 	if st, _ := immediateOf(t, e.mustRecv()); st != 413 {
 		t.Fatalf("status %d, want 413", st)
 	}
-	e.mustSend(bodyMsg("xxxxx", true)) // 15 would fit
-	e.finish()                         // nothing more was answered
+	_ = e.send(bodyMsg("xxxxx", true)) // 15 would fit; the stream may be gone already
+	if r, err := e.st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the 413: %v, %v; want the stream's end", r, err)
+	}
 	if n := len(p.requests()); n != 0 {
 		t.Fatalf("picker called %d times after the 413", n)
+	}
+	settled(t, s)
+
+	pe := &fakePicker{err: ErrShed}
+	e = newEnvoy(t, t.Context(), startServer(t, &Server{Picker: pe}))
+	e.mustSend(headersMsg("r1", true, nil))
+	if st, _ := immediateOf(t, e.mustRecv()); st != 429 {
+		t.Fatalf("status %d, want 429", st)
+	}
+	_ = e.send(headersMsg("r2", true, nil))
+	if r, err := e.st.Recv(); !errors.Is(err, io.EOF) {
+		t.Fatalf("after the 429: %v, %v; want the stream's end", r, err)
+	}
+	if n := len(pe.requests()); n != 1 {
+		t.Fatalf("picker called %d times, want 1", n)
+	}
+}
+
+// settled waits (a minute at most) for s's budget to hold nothing.
+func settled(t *testing.T, s *Server) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for s.held.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("budget holds %d bytes a minute on, want 0", s.held.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestBodyWithoutHeadersIs400: a stream whose request body comes before
+// any request headers (a proxy skipping them, or a broken one) is
+// answered 400 and never picked: the Picker routes by method and path.
+func TestBodyWithoutHeadersIs400(t *testing.T) {
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	for _, eos := range []bool{true, false} {
+		e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p}))
+		e.mustSend(bodyMsg(chatBody, eos))
+		st, body := immediateOf(t, e.mustRecv())
+		if st != 400 || body["type"] != "invalid_request_error" || body["code"] != "invalid_request" ||
+			!strings.Contains(body["message"].(string), "request body without request headers") {
+			t.Fatalf("end of stream %v: got %d %v, want 400 invalid_request", eos, st, body)
+		}
+		if r, err := e.st.Recv(); !errors.Is(err, io.EOF) {
+			t.Fatalf("after the 400: %v, %v; want the stream's end", r, err)
+		}
+	}
+	if n := len(p.requests()); n != 0 {
+		t.Fatalf("picker called %d times", n)
 	}
 }
 
@@ -795,53 +915,133 @@ func TestSubsetHintOfWrongTypeIs503(t *testing.T) {
 	}
 }
 
-// TestBodiesInFlightBound: the request bodies held at once, all streams
-// together, are bounded: a chunk that would pass the bound is answered
-// 503 overloaded; bytes are given back once a body was picked, answered,
-// or its stream ended, so later requests fit again.
+// TestBodiesInFlightBound: a stream receives its request only within a
+// reservation of MaxMessageBytes from the budget, which shrinks to the
+// body for the pick and is given back after it; a stream that finds the
+// budget taken waits for it, and is picked once it is free.
 func TestBodiesInFlightBound(t *testing.T) {
 	p := &fakePicker{endpoint: "10.0.0.1:8000"}
-	s := &Server{Picker: p, MaxBodyBytesInFlight: 100}
+	reserve := MaxMessageBytes(1000)
+	s := &Server{Picker: p, MaxBodyBytes: 1000, MaxBodyBytesInFlight: reserve}
 	c := startServer(t, s)
-	open := func(id string) *envoy {
-		e := newEnvoy(t, t.Context(), c)
-		e.mustSend(headersMsg(id, false, nil))
-		e.mustRecv()
-		return e
-	}
-	a := open("a")
-	a.mustSend(bodyMsg(strings.Repeat("a", 60), false))
+	a := newEnvoy(t, t.Context(), c)
+	a.mustSend(headersMsg("a", false, nil))
 	a.mustRecv()
-	b := open("b")
-	b.mustSend(bodyMsg(strings.Repeat("b", 50), false))
-	status, body := immediateOf(t, b.mustRecv())
-	if status != 503 || body["code"] != "overloaded" {
-		t.Fatalf("a body over the bound: %d %v, want 503 overloaded", status, body)
+	a.mustSend(bodyMsg(strings.Repeat("a", 600), false))
+	a.mustRecv()
+	if got := s.held.Load(); got != reserve {
+		t.Fatalf("a receiving: the budget holds %d bytes, want its reservation %d", got, reserve)
 	}
-	b.finish()
-	if got := s.held.Load(); got != 60 {
-		t.Fatalf("held %d bytes, want a's 60 (b's refused chunk given back)", got)
-	}
-	a.mustSend(bodyMsg(strings.Repeat("a", 30), true))
+	// b waits for the budget: its headers are not read until a's pick.
+	b := newEnvoy(t, t.Context(), c)
+	b.mustSend(headersMsg("b", false, nil))
+	bAnswer := make(chan *extprocv3.ProcessingResponse, 1)
+	go func() {
+		r, _ := b.st.Recv()
+		bAnswer <- r
+	}()
+	a.mustSend(bodyMsg(strings.Repeat("a", 300), true))
 	if r := a.mustRecv(); r.GetRequestBody().GetResponse() == nil {
-		t.Fatalf("a's last chunk (90 bytes in all): %v, want the pick", r)
+		t.Fatalf("a's last chunk: %v, want the pick", r)
 	}
-	settled := func(what string) {
-		t.Helper()
-		deadline := time.Now().Add(time.Minute)
-		for s.held.Load() != 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("held %d bytes a minute after %s, want 0", s.held.Load(), what)
-			}
-			time.Sleep(time.Millisecond)
-		}
+	if r := <-bAnswer; r.GetRequestHeaders() == nil {
+		t.Fatalf("b's headers: %v, want their answer once a was picked", r)
 	}
-	settled("a's pick")
+	if reqs := p.requests(); len(reqs) != 1 || len(reqs[0].Body) != 900 {
+		t.Fatalf("picked %d requests, want a's 900 bytes", len(reqs))
+	}
+	b.mustSend(bodyMsg(chatBody, true))
+	if r := b.mustRecv(); r.GetRequestBody().GetResponse() == nil {
+		t.Fatalf("b's body: %v, want the pick", r)
+	}
 	a.finish()
-	// A stream that ends mid-body gives its bytes back too.
-	d := open("d")
-	d.mustSend(bodyMsg(strings.Repeat("d", 80), false))
+	b.finish()
+	settled(t, s)
+}
+
+// gatedPicker is a fakePicker whose picks wait for a value on gate.
+type gatedPicker struct {
+	fakePicker
+	gate chan struct{}
+}
+
+func (p *gatedPicker) Pick(ctx context.Context, r *Request) (Pick, error) {
+	select {
+	case <-p.gate:
+	case <-ctx.Done():
+		return Pick{}, ctx.Err()
+	}
+	return p.fakePicker.Pick(ctx, r)
+}
+
+// TestBodyTimeout: past BodyTimeout, a stream waiting for a reservation
+// is answered 503 overloaded, and one still receiving its request 408
+// body_timeout. The budget is one reservation; a's body is held while its
+// pick waits.
+func TestBodyTimeout(t *testing.T) {
+	p := &gatedPicker{fakePicker: fakePicker{endpoint: "10.0.0.1:8000"}, gate: make(chan struct{})}
+	s := &Server{Picker: p, MaxBodyBytes: 1000, MaxBodyBytesInFlight: MaxMessageBytes(1000), BodyTimeout: 2 * time.Second}
+	c := startServer(t, s)
+	a := newEnvoy(t, t.Context(), c)
+	a.mustSend(headersMsg("a", false, nil))
+	a.mustRecv()
+	a.mustSend(bodyMsg(strings.Repeat("a", 900), true)) // picked once the gate opens
+	deadline := time.Now().Add(time.Minute)
+	for s.held.Load() != 900 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the budget holds %d bytes a minute on, want a's body's 900 while it is picked", s.held.Load())
+		}
+		time.Sleep(time.Millisecond)
+	}
+	b := newEnvoy(t, t.Context(), c)
+	b.mustSend(headersMsg("b", false, nil))
+	if st, body := immediateOf(t, b.mustRecv()); st != 503 || body["code"] != "overloaded" {
+		t.Fatalf("b, waiting for the budget: got %d %v, want 503 overloaded", st, body)
+	}
+	p.gate <- struct{}{}
+	if r := a.mustRecv(); r.GetRequestBody().GetResponse() == nil {
+		t.Fatalf("a: %v, want the pick", r)
+	}
+	a.finish()
+	b.finish()
+	settled(t, s)
+	// A request whose body does not come in time.
+	d := newEnvoy(t, t.Context(), c)
+	d.mustSend(headersMsg("d", false, nil))
 	d.mustRecv()
+	st, body := immediateOf(t, d.mustRecv())
+	if st != 408 || body["code"] != "body_timeout" || body["message"] != "the request did not arrive within 2s" {
+		t.Fatalf("d, no body: got %d %v, want 408 body_timeout", st, body)
+	}
 	d.finish()
-	settled("d's stream ended")
+	settled(t, s)
+	if n := len(p.requests()); n != 1 {
+		t.Fatalf("picker called %d times, want a's once", n)
+	}
+}
+
+// TestSmallBudget: a budget below MaxMessageBytes is one stream's whole
+// reservation; a body that would pass it is answered 503 overloaded.
+func TestSmallBudget(t *testing.T) {
+	p := &fakePicker{endpoint: "10.0.0.1:8000"}
+	s := &Server{Picker: p, MaxBodyBytesInFlight: 100}
+	e := newEnvoy(t, t.Context(), startServer(t, s))
+	e.mustSend(headersMsg("a", false, nil))
+	e.mustRecv()
+	e.mustSend(bodyMsg(strings.Repeat("a", 60), false))
+	e.mustRecv()
+	e.mustSend(bodyMsg(strings.Repeat("a", 50), true))
+	if st, body := immediateOf(t, e.mustRecv()); st != 503 || body["code"] != "overloaded" {
+		t.Fatalf("110 bytes within a budget of 100: got %d %v, want 503 overloaded", st, body)
+	}
+	settled(t, s)
+	e = newEnvoy(t, t.Context(), startServer(t, s))
+	e.mustSend(headersMsg("b", false, nil))
+	e.mustRecv()
+	e.mustSend(bodyMsg(strings.Repeat("b", 90), true))
+	if r := e.mustRecv(); r.GetRequestBody().GetResponse() == nil {
+		t.Fatalf("90 bytes within a budget of 100: %v, want the pick", r)
+	}
+	e.finish()
+	settled(t, s)
 }
