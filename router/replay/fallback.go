@@ -14,8 +14,9 @@ import (
 )
 
 // FallbackSource is one cause of a replay's fallbacks: a plugin whose
-// calls failed, or a policy whose own (in-process) component failed or
-// that refused a plugin's answer (a non-finite cost, a row out of range).
+// calls failed (an answer that does not fit its task, such as a
+// non-finite cost or a row out of range, is such a failure: cause
+// "invalid_answer"), or a policy whose own (in-process) component failed.
 // Exactly one of Plugin and Policy is set.
 type FallbackSource struct {
 	// Plugin names the plugin block whose failed calls made selections
@@ -29,8 +30,8 @@ type FallbackSource struct {
 	Fallbacks int64 `json:"fallbacks"`
 	// Causes counts Fallbacks by cause: a plugin call's
 	// supervisor.CallError.Cause ("error", "panic", "timeout",
-	// "restarting", "failed", "breaker_open", "closed", "too_large",
-	// "shutdown"), "unavailable" for a plugin that failed to start, and
+	// "invalid_answer", "restarting", "failed", "breaker_open", "closed",
+	// "too_large", "shutdown"), "unavailable" for a plugin that failed to start, and
 	// "error" for a policy's own failure.
 	Causes map[string]int64 `json:"causes"`
 	// FirstError is the text of the first failure, in simulated-time
