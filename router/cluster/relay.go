@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -279,7 +280,8 @@ type RelayOptions struct {
 // o.Targets, relaying those it holds, until ctx ends; then it gives its
 // leases up and returns nil (`router kv-relay`). NATS being away is
 // retried. Errors: no targets or no NATS URL; a URL the client refuses;
-// metrics that do not register.
+// NATS refusing the credentials or the TLS of o.Config, or their files
+// not read (connect); metrics that do not register.
 func RunRelays(ctx context.Context, o RelayOptions) error {
 	if o.Config.NATS == "" || o.Config.Name == "" || len(o.Targets) == 0 {
 		return fmt.Errorf("cluster: RelayOptions needs Config (nats, name) and targets")
@@ -298,12 +300,21 @@ func RunRelays(ctx context.Context, o RelayOptions) error {
 	for _, t := range o.Targets {
 		x.RelayKV(t)
 	}
-	nc, err := nats.Connect(o.Config.NATS, nats.Name("switchyard kv-relay "+o.Holder), nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	log := o.Logger.Named("kv-relay")
+	var connected atomic.Bool
+	nc, closeConn, err := connect(o.Config, "switchyard kv-relay "+o.Holder, log, func(up bool) {
+		if connected.Swap(up) != up {
+			if up {
+				log.Info("connected to NATS", "nats", config.RedactNATS(o.Config.NATS))
+			} else {
+				log.Warn("disconnected from NATS; the relays start again once it is back", "nats", config.RedactNATS(o.Config.NATS))
+			}
+		}
+	})
 	if err != nil {
-		return fmt.Errorf("cluster: nats %s: %w", o.Config.NATS, err)
+		return err
 	}
-	defer nc.Close()
+	defer closeConn()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("cluster: jetstream: %w", err)

@@ -298,15 +298,15 @@ func (r *Replica) requestResync() {
 // refuses.
 func (r *Replica) Run(ctx context.Context) error {
 	r.started.Store(time.Now().UnixNano())
-	nc, err := connect(r.o.Config, "switchyard "+r.self, r.connEvent)
+	nc, closeConn, err := connect(r.o.Config, "switchyard "+r.self, r.log, r.connEvent)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer closeConn()
 	if nc.IsConnected() {
 		r.connEvent(true)
 	} else {
-		r.log.Warn("NATS not reachable; routing on this replica's own state meanwhile, retrying every 250ms", "nats", r.o.Config.NATS)
+		r.log.Warn("NATS not reachable; routing on this replica's own state meanwhile, retrying every 250ms", "nats", config.RedactNATS(r.o.Config.NATS))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -362,9 +362,9 @@ func (r *Replica) Run(ctx context.Context) error {
 func (r *Replica) connEvent(up bool) {
 	if r.connected.Swap(up) != up {
 		if up {
-			r.log.Info("connected to NATS", "nats", r.o.Config.NATS)
+			r.log.Info("connected to NATS", "nats", config.RedactNATS(r.o.Config.NATS))
 		} else {
-			r.log.Warn("disconnected from NATS; routing on this replica's own state until it is back", "nats", r.o.Config.NATS)
+			r.log.Warn("disconnected from NATS; routing on this replica's own state until it is back", "nats", config.RedactNATS(r.o.Config.NATS))
 		}
 	}
 	r.m.connected.Set(map[bool]float64{true: 1, false: 0}[up])

@@ -123,6 +123,23 @@ func startNode(t testing.TB, url, name string, workers, idBase int, cfg func(*co
 // once its router, workers and Replica are made, before the Replica runs.
 func startNodeWith(t testing.TB, url, name string, workers, idBase int, cfg func(*config.Cluster), before func(*node)) *node {
 	t.Helper()
+	return startNodeOpts(t, url, name, workers, idBase, nodeOpts{cfg: cfg, before: before})
+}
+
+// nodeOpts are startNodeOpts's options: cfg changes the cluster block,
+// before is called as startNodeWith says, capacity is the queue's
+// max_active_requests (0: none), logger the replica's logger (nil:
+// none).
+type nodeOpts struct {
+	cfg      func(*config.Cluster)
+	before   func(*node)
+	capacity int
+	logger   hclog.Logger
+}
+
+func startNodeOpts(t testing.TB, url, name string, workers, idBase int, o nodeOpts) *node {
+	t.Helper()
+	cfg, before := o.cfg, o.before
 	r, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: kvPolicy(t)}, BookingsAreLoad: true})
 	if err != nil {
 		t.Fatal(err)
@@ -140,14 +157,16 @@ func startNodeWith(t testing.TB, url, name string, workers, idBase int, cfg func
 	if cfg != nil {
 		cfg(&c)
 	}
-	n.rep, err = New(Options{Config: c, Router: r, Registerer: n.reg, Resolve: func(w string) (shared.WorkerID, bool) {
+	n.rep, err = New(Options{Config: c, Router: r, Registerer: n.reg, Capacity: int64(o.capacity), Logger: o.logger, Resolve: func(w string) (shared.WorkerID, bool) {
 		id, ok := n.ids[w]
 		return id, ok
 	}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.adm, err = admission.New(r, admission.Options{Observer: n.rep}); err != nil {
+	q := config.DefaultQueue()
+	q.MaxActiveRequests = o.capacity
+	if n.adm, err = admission.New(r, admission.Options{Observer: n.rep, Queue: q}); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(n.adm.Close)

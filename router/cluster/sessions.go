@@ -219,11 +219,11 @@ func (s *Sessions) workerName(k *sessionKey, id shared.WorkerID) (string, bool) 
 // no memory bucket) and watches it again from its current values.
 // Errors: a NATS URL the client refuses.
 func (s *Sessions) Run(ctx context.Context) error {
-	nc, err := connect(s.o.Config, "switchyard "+s.o.Config.Replica+" sessions", s.connEvent)
+	nc, closeConn, err := connect(s.o.Config, "switchyard "+s.o.Config.Replica+" sessions", s.log, s.connEvent)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer closeConn()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("cluster: jetstream: %w", err)

@@ -1,0 +1,292 @@
+package cluster
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nkeys"
+
+	"github.com/switchyard-router/switchyard/internal/natstest"
+	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// logBuffer is a logger writing into a buffer the test reads.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *logBuffer) logger() hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Level: hclog.Debug, Output: writerFunc(func(p []byte) (int, error) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return b.buf.Write(p)
+	})})
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// TestNATSPasswordNotLogged: a NATS URL with a user and password
+// (nats://user:password@host) connects, and the password appears in no
+// log line.
+func TestNATSPasswordNotLogged(t *testing.T) {
+	s := natstest.StartWith(t, 0, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "router", Password: "s3cret-pw"}}
+	})
+	url := strings.Replace(s.ClientURL(), "nats://", "nats://router:s3cret-pw@", 1)
+	var logs logBuffer
+	a := startNodeOpts(t, url, "a", 1, 1, nodeOpts{logger: logs.logger(), cfg: func(c *config.Cluster) { c.WarmTimeout = 0 }})
+	eventually(t, "a connects", a.rep.Connected)
+	eventually(t, "the connection logged", func() bool { return strings.Contains(logs.String(), "connected to NATS") })
+	a.stop(t)
+	if out := logs.String(); strings.Contains(out, "s3cret-pw") {
+		t.Fatalf("the password is in the log:\n%s", out)
+	}
+}
+
+// TestNATSAsyncErrorsLogged: NATS's asynchronous errors on a replica's
+// connection (here the server refusing its heartbeats: a user without
+// permission to publish them) reach the replica's logger, one line per
+// cause per interval however many there are, instead of nats.go's own
+// lines on stderr.
+func TestNATSAsyncErrorsLogged(t *testing.T) {
+	s := natstest.StartWith(t, 0, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "router", Password: "pw", Permissions: &server.Permissions{
+			Publish: &server.SubjectPermission{Deny: []string{"switchyard.test.hb.>"}}}}}
+	})
+	url := strings.Replace(s.ClientURL(), "nats://", "nats://router:pw@", 1)
+	var logs logBuffer
+	start := time.Now()
+	a := startNodeOpts(t, url, "a", 1, 1, nodeOpts{logger: logs.logger()})
+	eventually(t, "a connects", a.rep.Connected)
+	eventually(t, "the refused heartbeats logged", func() bool {
+		return strings.Contains(logs.String(), "Permissions Violation")
+	})
+	time.Sleep(time.Second) // ten more heartbeats refused
+	a.stop(t)
+	elapsed := time.Since(start)
+	lines := strings.Count(logs.String(), "Permissions Violation")
+	if most := 1 + int(elapsed/(10*time.Second)); lines > most {
+		t.Errorf("%d lines for the refused heartbeats in %v, want at most %d:\n%s", lines, elapsed, most, logs.String())
+	}
+}
+
+// writeFile writes data to a file of the test's temporary directory and
+// returns its path.
+func writeFile(t testing.TB, name string, data []byte) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// testPKI is a CA and a server and a client certificate it signed, as PEM
+// files.
+type testPKI struct {
+	ca, serverCert, serverKey, clientCert, clientKey string
+}
+
+func newTestPKI(t testing.TB) testPKI {
+	t.Helper()
+	key := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	pemOf := func(typ string, b []byte) []byte { return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: b}) }
+	keyPEM := func(k *ecdsa.PrivateKey) []byte {
+		b, err := x509.MarshalECPrivateKey(k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pemOf("EC PRIVATE KEY", b)
+	}
+	now := time.Now()
+	caKey := key()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "switchyard test CA"}, NotBefore: now.Add(-time.Hour),
+		NotAfter: now.Add(24 * time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := x509.ParseCertificate(caDER)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf := func(serial int64, usage x509.ExtKeyUsage) ([]byte, []byte) {
+		k := key()
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "127.0.0.1"}, NotBefore: now.Add(-time.Hour),
+			NotAfter: now.Add(24 * time.Hour), KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage},
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pemOf("CERTIFICATE", der), keyPEM(k)
+	}
+	sc, sk := leaf(2, x509.ExtKeyUsageServerAuth)
+	cc, ck := leaf(3, x509.ExtKeyUsageClientAuth)
+	return testPKI{ca: writeFile(t, "ca.pem", pemOf("CERTIFICATE", caDER)), serverCert: writeFile(t, "server.pem", sc), serverKey: writeFile(t, "server-key.pem", sk),
+		clientCert: writeFile(t, "client.pem", cc), clientKey: writeFile(t, "client-key.pem", ck)}
+}
+
+// operatorCreds configures o in operator mode (an operator, a system
+// account, an account with JetStream) and returns a .creds file of a
+// user of the account.
+func operatorCreds(t testing.TB, o *server.Options) []byte {
+	t.Helper()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	okp, err := nkeys.CreateOperator()
+	must(err)
+	opub, err := okp.PublicKey()
+	must(err)
+	account := func(js bool) (nkeys.KeyPair, string, string) {
+		kp, err := nkeys.CreateAccount()
+		must(err)
+		pub, err := kp.PublicKey()
+		must(err)
+		ac := jwt.NewAccountClaims(pub)
+		if js {
+			ac.Limits.JetStreamLimits = jwt.JetStreamLimits{MemoryStorage: -1, DiskStorage: -1, Streams: -1, Consumer: -1}
+		}
+		tok, err := ac.Encode(okp)
+		must(err)
+		return kp, pub, tok
+	}
+	_, spub, sjwt := account(false)
+	akp, apub, ajwt := account(true)
+	oc := jwt.NewOperatorClaims(opub)
+	oc.SystemAccount = spub
+	resolver := &server.MemAccResolver{}
+	must(resolver.Store(spub, sjwt))
+	must(resolver.Store(apub, ajwt))
+	o.TrustedOperators, o.AccountResolver, o.SystemAccount = []*jwt.OperatorClaims{oc}, resolver, spub
+	ukp, err := nkeys.CreateUser()
+	must(err)
+	upub, err := ukp.PublicKey()
+	must(err)
+	ujwt, err := jwt.NewUserClaims(upub).Encode(akp)
+	must(err)
+	seed, err := ukp.Seed()
+	must(err)
+	creds, err := jwt.FormatUserConfig(ujwt, seed)
+	must(err)
+	return creds
+}
+
+// TestNATSCredentials: a replica connects to NATS servers that require a
+// token (token, token_file), an nkey, a user JWT (a .creds file), or TLS
+// with a CA of their own and a client certificate, and shares bookings
+// through each; with the wrong credentials or CA its Run fails with an
+// error saying why. No secret (token, seed, password) is in its log.
+func TestNATSCredentials(t *testing.T) {
+	userKP, err := nkeys.CreateUser()
+	if err != nil {
+		t.Fatal(err)
+	}
+	userPub, _ := userKP.PublicKey()
+	userSeed, _ := userKP.Seed()
+	otherKP, _ := nkeys.CreateUser()
+	otherSeed, _ := otherKP.Seed()
+	pki, otherPKI := newTestPKI(t), newTestPKI(t)
+	var creds []byte
+	otherCreds := operatorCreds(t, &server.Options{}) // of another operator
+	const token = "t0ken-s3cret"
+	for _, tt := range []struct {
+		name      string
+		server    func(*server.Options)
+		good, bad func(*config.Cluster)
+		wantErr   string
+		secrets   []string
+	}{
+		{name: "token", server: func(o *server.Options) { o.Authorization = token },
+			good: func(c *config.Cluster) { c.Token = token }, bad: func(c *config.Cluster) { c.Token = "wrong" },
+			wantErr: "authorization violation", secrets: []string{token}},
+		{name: "token_file", server: func(o *server.Options) { o.Authorization = token },
+			good:    func(c *config.Cluster) { c.TokenFile = writeFile(t, "token", []byte(token+"\n")) },
+			bad:     func(c *config.Cluster) { c.TokenFile = writeFile(t, "token", []byte("wrong")) },
+			wantErr: "authorization violation", secrets: []string{token}},
+		{name: "nkey", server: func(o *server.Options) { o.Nkeys = []*server.NkeyUser{{Nkey: userPub}} },
+			good:    func(c *config.Cluster) { c.NKey = writeFile(t, "user.nk", userSeed) },
+			bad:     func(c *config.Cluster) { c.NKey = writeFile(t, "user.nk", otherSeed) },
+			wantErr: "authorization violation", secrets: []string{string(userSeed)}},
+		{name: "credentials", server: func(o *server.Options) { creds = operatorCreds(t, o) },
+			good:    func(c *config.Cluster) { c.Credentials = writeFile(t, "user.creds", creds) },
+			bad:     func(c *config.Cluster) { c.Credentials = writeFile(t, "user.creds", otherCreds) },
+			wantErr: "authorization violation", secrets: []string{"SUA"}},
+		{name: "tls", server: func(o *server.Options) {
+			tc, err := server.GenTLSConfig(&server.TLSConfigOpts{CertFile: pki.serverCert, KeyFile: pki.serverKey, CaFile: pki.ca, Verify: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			o.TLSConfig, o.TLS, o.TLSVerify, o.TLSTimeout = tc, true, true, 5
+		},
+			good: func(c *config.Cluster) {
+				c.TLS = &config.ClusterTLS{CAFile: pki.ca, CertFile: pki.clientCert, KeyFile: pki.clientKey}
+			},
+			bad: func(c *config.Cluster) {
+				c.TLS = &config.ClusterTLS{CAFile: otherPKI.ca, CertFile: pki.clientCert, KeyFile: pki.clientKey}
+			},
+			wantErr: "certificate"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := natstest.StartWith(t, 0, tt.server)
+			url := s.ClientURL()
+			var logs logBuffer
+			a := startNodeOpts(t, url, "a", 3, 1, nodeOpts{logger: logs.logger(), cfg: tt.good})
+			b := startNodeOpts(t, url, "b", 3, 101, nodeOpts{logger: logs.logger(), cfg: tt.good})
+			joined(t, a, b)
+			a.stop(t)
+			b.stop(t)
+
+			c := config.Cluster{NATS: url, Replica: "c", Name: "test", Heartbeat: 100 * time.Millisecond, BookingTTL: 5 * time.Second}
+			tt.bad(&c)
+			rep, err := New(Options{Config: c, Router: a.r, Logger: logs.logger(), Resolve: func(string) (shared.WorkerID, bool) { return 0, false }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = rep.Run(context.Background())
+			t.Logf("Run with the wrong %s: %v", tt.name, err)
+			if err == nil || !strings.Contains(strings.ToLower(err.Error()), tt.wantErr) {
+				t.Errorf("Run with the wrong %s: %v, want an error saying %q", tt.name, err, tt.wantErr)
+			}
+			out := logs.String() + fmt.Sprint(err)
+			for _, secret := range tt.secrets {
+				if strings.Contains(out, secret) {
+					t.Errorf("the secret %q is in the log or the error:\n%s", secret, out)
+				}
+			}
+		})
+	}
+}
