@@ -196,6 +196,7 @@ func New(o Options) (*Replica, error) {
 	}
 	r.kv = newKVShare(o.Config, r.self, km, r.log, startSeq)
 	r.kv.gate = r.warm
+	r.kv.follower = true
 	return r, nil
 }
 
@@ -224,6 +225,11 @@ type State struct {
 	// Snapshot is the prefix-index snapshot loaded at start; absent when
 	// there was none (or NATS was away).
 	Snapshot *SnapshotState `json:"snapshot,omitempty"`
+	// StalledKVFeeds are the followed engine ranks ("worker/rank") whose
+	// KV events feed is stalled (no relay lease seen written for twice
+	// the lease TTL): their precise indexes are cold, the workers scored
+	// by their approximate lists. Absent when none.
+	StalledKVFeeds []string `json:"stalled_kv_feeds,omitempty"`
 }
 
 // Ready reports whether the replica is ready to route: caught up (State),
@@ -245,6 +251,7 @@ func (r *Replica) State() State {
 	st.RemoteBookings = r.remote
 	r.mu.Unlock()
 	st.CaughtUp = r.caughtUp.Load()
+	st.StalledKVFeeds = r.StalledKVFeeds()
 	r.snapMu.Lock()
 	st.Snapshot = r.snapLoaded
 	r.snapMu.Unlock()

@@ -545,12 +545,12 @@ func TestMalformedLogLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &follow{worker: "w0", sink: r.PrefixPrecise(1, 0)}
+	f := &follow{worker: "w0", sink: r.PrefixPrecise(1, 0), fence: fence{token: "t", synced: true}}
 	const n = 1000
 	start := time.Now()
 	for range n {
 		rep.receive("noisy", []byte{9}, time.Now(), false)
-		rep.kv.receive(f, []byte{9}, 0)
+		rep.kv.receive(f, []byte{9}, "t", 1)
 	}
 	elapsed := time.Since(start)
 	if got := testutil.ToFloat64(rep.m.dropped.WithLabelValues("malformed")); got != n {
