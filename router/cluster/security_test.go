@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/switchyard-router/switchyard/internal/natstest"
+	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -46,6 +47,60 @@ func (b *logBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.buf.String()
+}
+
+// TestForgedBookingsBounded: anyone who can publish on the deltas
+// subjects can claim bookings under a made-up replica name. A forger
+// books every worker to its capacity (40 each, 120 in all) and keeps
+// heartbeating: the others' bookings count on a worker only up to its
+// capacity less this replica's share, so this replica still routes at
+// once rather than queueing every request until the forger falls silent;
+// the bookings past the bound are dropped and counted.
+func TestForgedBookingsBounded(t *testing.T) {
+	_, url := startNATS(t, 0)
+	const capacity = 40
+	a := startNodeOpts(t, url, "a", 3, 1, nodeOpts{capacity: capacity})
+	b := startNodeOpts(t, url, "b", 3, 101, nodeOpts{capacity: capacity})
+	joined(t, a, b)
+	nc, _ := client(t, url)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() {
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			_ = nc.Publish("switchyard.test.hb.evil", nil)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	msg := []byte{wireVersion}
+	for w := range 3 {
+		for i := range capacity {
+			msg = appendRecord(msg, &Record{Kind: KindBooked, ID: fmt.Sprintf("f%d-%d", w, i), Worker: fmt.Sprintf("w%d", w),
+				Role: shared.RoleAggregated, PromptTokens: 8, BlockSize: 4})
+		}
+	}
+	if err := nc.Publish("switchyard.test.d.evil", msg); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*node{a, b} {
+		eventually(t, n.rep.self+" hears the forged bookings", func() bool {
+			return counterValue(t, n.reg, "switchyard_cluster_records_received_total") >= 3*capacity
+		})
+	}
+	for i, n := range []*node{a, b} {
+		h := admitPrompt(t, n, fmt.Sprintf("real-%d", i), 5000+uint64(i)*100)
+		if h.Queued() {
+			t.Fatalf("%s queued its request behind the forged bookings (active %v)", n.rep.self, n.active())
+		}
+		h.End(admission.Completed(1))
+	}
 }
 
 // TestNATSPasswordNotLogged: a NATS URL with a user and password
