@@ -110,13 +110,16 @@ func newKVShare(c config.Cluster, holder string, m *kvMetrics, log hclog.Logger,
 // and waits for them (the relays give their leases up).
 func (x *kvShare) run(ctx context.Context, nc *nats.Conn, js jetstream.JetStream) {
 	x.nc, x.js = nc, js
+	retryLog := rate.Sometimes{Interval: malformedLogInterval}
 	retry := func(what string, f func(context.Context) error) bool {
 		for {
 			err := f(ctx)
 			if err == nil {
 				return true
 			}
-			x.log.Warn(what+" not available; retrying", "error", err)
+			retryLog.Do(func() {
+				x.log.Warn(what+" not available; retrying every second (logged at most every "+malformedLogInterval.String()+")", "error", err)
+			})
 			select {
 			case <-ctx.Done():
 				return false

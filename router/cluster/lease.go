@@ -27,7 +27,7 @@ import (
 // one engine's KV events, relay.go); the others wait for it to be free:
 //
 //   - take: kv.Create (only when the key is absent, deleted or expired);
-//   - keep: kv.Update(key, holder, last revision) every heartbeat; an
+//   - keep: kv.Update(key, value, last revision) every heartbeat; an
 //     update that fails for a revision mismatch means another holder took
 //     the key (it expired meanwhile): the run is stopped at once. An update
 //     that fails otherwise (NATS away) is retried every heartbeat until

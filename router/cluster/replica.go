@@ -318,7 +318,8 @@ func (r *Replica) requestResync() {
 // It never fails for NATS being away: it retries, and meanwhile the
 // router routes on its own state. On return the peers are told to forget
 // this replica's bookings (a reset record). Errors: a NATS URL the client
-// refuses.
+// refuses; NATS refusing the cluster block's credentials or TLS, or
+// their files not read (connect).
 func (r *Replica) Run(ctx context.Context) error {
 	r.started.Store(time.Now().UnixNano())
 	nc, closeConn, err := connect(r.o.Config, "switchyard "+r.self, r.log, r.connEvent)

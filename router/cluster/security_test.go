@@ -345,3 +345,55 @@ func TestNATSCredentials(t *testing.T) {
 		})
 	}
 }
+
+// replicaPermissions are the subject permissions docs/replicas.md
+// ("Security") gives a replica (and a `router kv-relay`) of cluster name:
+// the same lists, in the nats-server config's terms.
+func replicaPermissions(name string) *server.Permissions {
+	var pub []string
+	pub = append(pub, "switchyard."+name+".>", "$KV."+name+"-leases.>", "$KV."+name+"-sessions.>", "$O."+name+"-index.>",
+		"$JS.API.INFO", "$JS.FC.>")
+	for _, s := range []string{name + "-deltas", name + "-kv", "KV_" + name + "-leases", "KV_" + name + "-sessions", "OBJ_" + name + "-index"} {
+		pub = append(pub, "$JS.API.STREAM.*."+s, "$JS.API.STREAM.MSG.GET."+s, "$JS.API.DIRECT.GET."+s, "$JS.API.DIRECT.GET."+s+".>",
+			"$JS.API.CONSUMER.*."+s, "$JS.API.CONSUMER.*."+s+".>", "$JS.API.CONSUMER.MSG.NEXT."+s+".*")
+	}
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: pub},
+		Subscribe: &server.SubjectPermission{Allow: []string{"switchyard." + name + ".>", "_INBOX.>"}},
+	}
+}
+
+// TestReplicaPermissions: replicas whose NATS user may use only the
+// subjects docs/replicas.md lists share bookings, relay and follow an
+// engine's KV events, write and load the prefix-index snapshot and share
+// session bindings, and NATS refuses them nothing.
+func TestReplicaPermissions(t *testing.T) {
+	s := natstest.StartWith(t, 0, func(o *server.Options) {
+		o.Users = []*server.User{{Username: "router", Password: "pw", Permissions: replicaPermissions("test")}}
+	})
+	url := strings.Replace(s.ClientURL(), "nats://", "nats://router:pw@", 1)
+	var logs logBuffer
+	cfg := func(c *config.Cluster) { c.SnapshotInterval = 200 * time.Millisecond }
+	e := startEngine(t)
+	a := startNodeOpts(t, url, "a", 3, 1, nodeOpts{logger: logs.logger(), cfg: cfg})
+	b := startNodeOpts(t, url, "b", 3, 101, nodeOpts{logger: logs.logger(), cfg: cfg})
+	joined(t, a, b)
+	pa, pb := followW0(a), followW0(b)
+	a.rep.RelayKV(RelayTarget{Worker: "w0", KVEvents: e.kvEvents()})
+	relaying(t, e, a)
+	holdsAll(t, "both indexes follow the relay", e, pa, pb)
+	eventually(t, "a snapshot written", func() bool {
+		return counterValue(t, a.reg, "switchyard_cluster_index_snapshot_writes_total")+counterValue(t, b.reg, "switchyard_cluster_index_snapshot_writes_total") > 0
+	})
+	c := startNodeOpts(t, url, "c", 3, 201, nodeOpts{logger: logs.logger(), cfg: cfg})
+	eventually(t, "c loads the snapshot", func() bool { return c.rep.State().Snapshot != nil })
+
+	withLog := func(o *SessionsOptions) { o.Config.NATS, o.Logger = url, logs.logger() }
+	sa := startSessions(t, url, "a", 1, []string{"w0", "w1", "w2"}, withLog)
+	sb := startSessions(t, url, "b", 101, []string{"w0", "w1", "w2"}, withLog)
+	bindUntilSeen(t, sa, "conv-1", "w1", time.Unix(1_700_000_000, 0), sa, sb)
+
+	if out := logs.String(); strings.Contains(out, "Permissions Violation") || strings.Contains(out, "retrying") {
+		t.Errorf("NATS refused the replicas something:\n%s", out)
+	}
+}
