@@ -675,6 +675,8 @@ func (x *kvShare) leaseEntry(e jetstream.KeyValueEntry) {
 	if present {
 		var ok bool
 		if v, ok = decodeLeaseValue(e.Value()); !ok {
+			// Not a relay of this version (or garbage): its messages are
+			// not applied, and it does not keep the feed from stalling.
 			x.m.kvDropped.WithLabelValues("malformed_lease").Inc()
 		}
 	}
@@ -697,7 +699,8 @@ func (x *kvShare) leaseEntry(e jetstream.KeyValueEntry) {
 }
 
 // leaseSeen updates f's fence with its lease's value v as written at now
-// (present false: deleted, its holder gave it up), the KV stream being
+// (present false: deleted, its holder gave it up; v.Token "": a value
+// that does not decode, which renews nothing), the KV stream being
 // the one made at created: a new token is a new relay (its messages are
 // applied once its clear is, or the subject read again from its run's
 // start when f has read past it); a stalled f resumes from the relay's
@@ -712,7 +715,9 @@ func (x *kvShare) leaseSeen(f *follow, v leaseValue, present bool, created time.
 		f.mu.Unlock()
 		return
 	}
-	fe.renewed = now
+	if v.Token != "" {
+		fe.renewed = now
+	}
 	if v.Token != fe.token {
 		fe.token, fe.synced, fe.start = v.Token, false, 0
 	}
@@ -721,7 +726,7 @@ func (x *kvShare) leaseSeen(f *follow, v leaseValue, present bool, created time.
 	}
 	kick, resumed := false, false
 	switch {
-	case fe.stalled:
+	case fe.stalled && v.Token != "":
 		fe.stalled, resumed = false, true
 		fe.rewind, fe.rewindTo, kick = true, fe.start, true
 		x.m.kvStalled.Dec()
