@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nkeys"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchyard-router/switchyard/internal/natstest"
 	"github.com/switchyard-router/switchyard/router/admission"
@@ -93,6 +94,16 @@ func TestForgedBookingsBounded(t *testing.T) {
 		eventually(t, n.rep.self+" hears the forged bookings", func() bool {
 			return counterValue(t, n.reg, "switchyard_cluster_records_received_total") >= 3*capacity
 		})
+	}
+	// Three replicas heard (a, b, evil): each keeps ceil(40/3) = 14 of
+	// each worker, the others' bookings count up to 26 of it.
+	for _, n := range []*node{a, b} {
+		if got := testutil.ToFloat64(n.rep.m.dropped.WithLabelValues("over_share")); got != 3*(capacity-26) {
+			t.Errorf("%s dropped %v forged bookings past the bound, want %d", n.rep.self, got, 3*(capacity-26))
+		}
+		if got := n.active(); got["w0"] != 26 || got["w1"] != 26 || got["w2"] != 26 {
+			t.Errorf("%s counts %v in flight, want 26 on each worker", n.rep.self, got)
+		}
 	}
 	for i, n := range []*node{a, b} {
 		h := admitPrompt(t, n, fmt.Sprintf("real-%d", i), 5000+uint64(i)*100)
