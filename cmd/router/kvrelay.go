@@ -149,7 +149,7 @@ func runKVRelay(ctx context.Context, o kvRelayOptions, level hclog.Level, stdout
 	for _, t := range targets {
 		names = append(names, fmt.Sprintf("%s/%d", t.Worker, t.Rank))
 	}
-	logger.Info("competing for the relay leases", "cluster", c.Name, "nats", c.NATS, "ranks", strings.Join(names, " "))
+	logger.Info("competing for the relay leases", "cluster", c.Name, "nats", config.RedactNATS(c.NATS), "ranks", strings.Join(names, " "))
 	fmt.Fprintf(stdout, "router kv-relay competing for %d relay leases\n", len(targets))
 	if err := cluster.RunRelays(ctx, cluster.RelayOptions{Config: *c, Targets: targets, Registerer: reg, Logger: logger}); err != nil {
 		return &exitError{code: 1, err: err}

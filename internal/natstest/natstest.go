@@ -22,11 +22,23 @@ import (
 // port with another Start.
 func Start(t testing.TB, port int) *server.Server {
 	t.Helper()
+	return StartWith(t, port, nil)
+}
+
+// StartWith is Start with configure, when not nil, called on the
+// server's options before the server is made: to add users, tokens,
+// nkeys, accounts or TLS (docs/replicas.md, "Security").
+func StartWith(t testing.TB, port int, configure func(*server.Options)) *server.Server {
+	t.Helper()
 	if port == 0 {
 		port = -1
 	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, JetStream: true, JetStreamMaxMemory: 1 << 30,
-		StoreDir: t.TempDir(), NoLog: true, NoSigs: true})
+	o := &server.Options{Host: "127.0.0.1", Port: port, JetStream: true, JetStreamMaxMemory: 1 << 30,
+		StoreDir: t.TempDir(), NoLog: true, NoSigs: true}
+	if configure != nil {
+		configure(o)
+	}
+	s, err := server.NewServer(o)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,10 +2,14 @@ package cluster
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -23,7 +27,7 @@ import (
 // one engine's KV events, relay.go); the others wait for it to be free:
 //
 //   - take: kv.Create (only when the key is absent, deleted or expired);
-//   - keep: kv.Update(key, holder, last revision) every heartbeat; an
+//   - keep: kv.Update(key, value, last revision) every heartbeat; an
 //     update that fails for a revision mismatch means another holder took
 //     the key (it expired meanwhile): the run is stopped at once. An update
 //     that fails otherwise (NATS away) is retried every heartbeat until
@@ -36,6 +40,12 @@ import (
 // Two holders can overlap only while one has not yet seen its renewal
 // fail: at most a heartbeat, and only after it could not renew for a
 // whole TTL.
+//
+// A lease's value (leaseValue, JSON, at most maxLeaseValue bytes) names
+// its holder and a token drawn at random when the lease is taken: what a
+// relay's messages carry, so that its followers, watching the bucket,
+// apply the messages of the lease's current holder only (kvfeed.go). A
+// relay also writes in it where its run starts on the KV stream.
 
 // LeaseTTL is how long a lease outlives its holder's last renewal: three
 // heartbeats (config.Cluster.Heartbeat, renewed every heartbeat), at least
@@ -77,6 +87,42 @@ func encodeToken(s string) string {
 	return base64.RawURLEncoding.EncodeToString([]byte(s))
 }
 
+// maxLeaseValue bounds a lease's value (the bucket's max_value_size); a
+// value read that is larger, or does not decode, names no holder.
+const maxLeaseValue = 1024
+
+// leaseValue is a lease's value.
+type leaseValue struct {
+	// Holder names the holder (logs, `nats kv get`).
+	Holder string `json:"holder"`
+	// Token is drawn at random when the lease is taken (16 hex digits):
+	// the holder's messages carry it (relayHeader).
+	Token string `json:"token"`
+	// Stream and Start, for a relay's lease: the KV stream's creation
+	// time (Unix nanoseconds, as the relay saw it) and the stream
+	// sequence of its run's first message (its clear); 0 until it is
+	// known.
+	Stream int64  `json:"stream,omitempty"`
+	Start  uint64 `json:"start,omitempty"`
+}
+
+// decodeLeaseValue decodes a lease's value; false when it is larger than
+// maxLeaseValue, does not decode or has no token.
+func decodeLeaseValue(b []byte) (leaseValue, bool) {
+	var v leaseValue
+	if len(b) > maxLeaseValue || json.Unmarshal(b, &v) != nil || v.Token == "" || len(v.Token) > 64 {
+		return leaseValue{}, false
+	}
+	return v, true
+}
+
+// newToken draws a lease token: 64 random bits in hex.
+func newToken() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
 // Leases holds leases of one cluster for one holder. Make it with
 // openLeases; safe for concurrent use.
 type Leases struct {
@@ -99,7 +145,7 @@ func openLeases(ctx context.Context, js jetstream.JetStream, c config.Cluster, h
 	bucket := c.Name + "-leases"
 	cfg := jetstream.KeyValueConfig{
 		Bucket: bucket, Description: "switchyard leases (docs/replicas.md)",
-		History: 1, TTL: ttl, Storage: jetstream.MemoryStorage,
+		History: 1, TTL: ttl, Storage: jetstream.MemoryStorage, MaxValueSize: maxLeaseValue,
 	}
 	kv, err := js.CreateOrUpdateKeyValue(cctx, cfg)
 	if err != nil {
@@ -122,6 +168,26 @@ func (l *Leases) remake(ctx context.Context) error {
 	}
 	l.log.Info("lease bucket made again (NATS lost it)", "bucket", l.cfg.Bucket)
 	return nil
+}
+
+// created returns the bucket's creation time: a bucket lost and made
+// again has another. Errors: jetstream.ErrBucketNotFound when it is gone;
+// NATS away.
+func (l *Leases) created(ctx context.Context) (time.Time, error) {
+	cctx, cancel := context.WithTimeout(ctx, max(l.renew, time.Second))
+	defer cancel()
+	st, err := l.kv.Status(cctx)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		err = jetstream.ErrBucketNotFound
+	}
+	if err != nil {
+		return time.Time{}, err
+	}
+	bs, ok := st.(*jetstream.KeyValueBucketStatus)
+	if !ok || bs.StreamInfo() == nil {
+		return time.Time{}, fmt.Errorf("lease bucket %s: no stream info", l.cfg.Bucket)
+	}
+	return bs.StreamInfo().Created, nil
 }
 
 // gone reports whether the bucket was lost, after making it again.
@@ -149,11 +215,11 @@ func (l *Leases) Hold(ctx context.Context, key string, run func(ctx context.Cont
 	defer t.Stop()
 	var failing time.Time // since when takes fail otherwise than for the key being held
 	for {
-		rev, err := l.take(ctx, key)
+		rev, h, err := l.take(ctx, key)
 		switch {
 		case err == nil:
 			failing = time.Time{}
-			l.hold(ctx, t, key, rev, run)
+			l.hold(ctx, t, key, rev, h, run)
 		case errors.Is(err, jetstream.ErrKeyExists) || ctx.Err() != nil:
 			failing = time.Time{}
 		default:
@@ -179,10 +245,30 @@ func (l *Leases) Hold(ctx context.Context, key string, run func(ctx context.Cont
 	}
 }
 
-func (l *Leases) take(ctx context.Context, key string) (uint64, error) {
+// take creates the key with a new token; it returns the key's revision
+// and the lease.
+func (l *Leases) take(ctx context.Context, key string) (uint64, *heldLease, error) {
 	cctx, cancel := context.WithTimeout(ctx, l.renew)
 	defer cancel()
-	return l.kv.Create(cctx, key, []byte(l.holder))
+	h := &heldLease{value: leaseValue{Holder: l.holder, Token: newToken()}, dirty: make(chan struct{}, 1)}
+	rev, err := l.kv.Create(cctx, key, h.encode())
+	return rev, h, err
+}
+
+// heldLease is a lease held by a run (Hold): its value, which the run
+// may change (noteLeaseStart) and Hold writes at once and at each
+// renewal.
+type heldLease struct {
+	mu    sync.Mutex
+	value leaseValue
+	dirty chan struct{} // a value to write
+}
+
+func (h *heldLease) encode() []byte {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	b, _ := json.Marshal(h.value) // strings and numbers always encode
+	return b
 }
 
 // release gives the lease (key at rev) up at once, so that another
@@ -197,28 +283,52 @@ func (l *Leases) release(ctx context.Context, key string, rev uint64) {
 	l.log.Info("lease given up", "key", key)
 }
 
-// leaseRevisionKey is the context key of the revision at which the lease
-// a run holds was taken (LeaseRevision).
-type leaseRevisionKey struct{}
+// heldLeaseKey is the context key of the lease a run holds
+// (LeaseToken).
+type heldLeaseKey struct{}
 
-// LeaseRevision returns the KV revision at which the lease held by the
-// run of ctx (Leases.Hold) was taken; 0 outside one. Revisions of one
-// key grow with each holder, so a later holder's revision is higher: a
-// fencing token for what holders publish.
-func LeaseRevision(ctx context.Context) uint64 {
-	rev, _ := ctx.Value(leaseRevisionKey{}).(uint64)
-	return rev
+// LeaseToken returns the token of the lease held by the run of ctx
+// (Leases.Hold): 16 hex digits drawn when the lease was taken, written in
+// the lease's value; "" outside one. A later holder of the key has
+// another: followers that watch the bucket tell the current holder's
+// messages by it.
+func LeaseToken(ctx context.Context) string {
+	h, _ := ctx.Value(heldLeaseKey{}).(*heldLease)
+	if h == nil {
+		return ""
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.value.Token
+}
+
+// noteLeaseStart records in the value of the lease held by the run of
+// ctx that its run started at sequence start of the KV stream made at
+// stream (Unix nanoseconds); Hold writes it at once. Nothing outside a
+// run.
+func noteLeaseStart(ctx context.Context, stream int64, start uint64) {
+	h, _ := ctx.Value(heldLeaseKey{}).(*heldLease)
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	h.value.Stream, h.value.Start = stream, start
+	h.mu.Unlock()
+	select {
+	case h.dirty <- struct{}{}:
+	default:
+	}
 }
 
 // hold runs run while the lease (key at rev) is renewed, then gives it up
 // (ctx ended, or run returned) or lets it go (lost).
-func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint64, run func(ctx context.Context)) {
+func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint64, h *heldLease, run func(ctx context.Context)) {
 	l.log.Info("lease taken", "key", key, "holder", l.holder)
 	if l.held != nil && strings.HasPrefix(key, relayLeaseKind+".") {
 		l.held.Inc()
 		defer l.held.Dec()
 	}
-	rctx, stop := context.WithCancel(context.WithValue(ctx, leaseRevisionKey{}, rev))
+	rctx, stop := context.WithCancel(context.WithValue(ctx, heldLeaseKey{}, h))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -240,28 +350,30 @@ func (l *Leases) hold(ctx context.Context, t *time.Ticker, key string, rev uint6
 			l.release(ctx, key, rev)
 			return
 		case <-t.C:
-			cctx, cancel := context.WithTimeout(ctx, l.renew)
-			r, err := l.kv.Update(cctx, key, []byte(l.holder), rev)
-			cancel()
-			switch {
-			case err == nil:
-				rev, renewed = r, time.Now()
-			case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
-				l.log.Warn("lease lost: another holder took it", "key", key)
-				return
-			case ctx.Err() != nil:
-			case l.gone(ctx):
-				// NATS lost the bucket (a restarted server): made again, the
-				// lease is taken again at once, its run started anew with the
-				// new revision (its fencing token).
-				l.log.Warn("lease bucket lost with NATS; made again and the lease taken again", "key", key)
-				return
-			case time.Since(renewed) >= l.ttl:
-				l.log.Warn("lease lost: not renewed within its TTL", "key", key, "ttl", l.ttl, "error", err)
-				return
-			default:
-				l.log.Debug("lease not renewed; retrying", "key", key, "error", err)
-			}
+		case <-h.dirty:
+		}
+		// Renew, writing the value as it is now.
+		cctx, cancel := context.WithTimeout(ctx, l.renew)
+		r, err := l.kv.Update(cctx, key, h.encode(), rev)
+		cancel()
+		switch {
+		case err == nil:
+			rev, renewed = r, time.Now()
+		case errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyNotFound):
+			l.log.Warn("lease lost: another holder took it", "key", key)
+			return
+		case ctx.Err() != nil:
+		case l.gone(ctx):
+			// NATS lost the bucket (a restarted server): made again, the
+			// lease is taken again at once, its run started anew with a new
+			// token.
+			l.log.Warn("lease bucket lost with NATS; made again and the lease taken again", "key", key)
+			return
+		case time.Since(renewed) >= l.ttl:
+			l.log.Warn("lease lost: not renewed within its TTL", "key", key, "ttl", l.ttl, "error", err)
+			return
+		default:
+			l.log.Debug("lease not renewed; retrying", "key", key, "error", err)
 		}
 	}
 }

@@ -79,6 +79,9 @@ type kvMetrics struct {
 	relayFailures *prometheus.CounterVec // reason
 	kvConsumed    *prometheus.CounterVec // op
 	kvDropped     *prometheus.CounterVec // reason
+	kvStalled     prometheus.Gauge
+	kvStalls      prometheus.Counter
+	kvRewinds     prometheus.Counter
 }
 
 func newKVMetrics(reg prometheus.Registerer) (*kvMetrics, error) {
@@ -92,12 +95,18 @@ func newKVMetrics(reg prometheus.Registerer) (*kvMetrics, error) {
 		kvConsumed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_kv_consumed_total",
 			Help: "KV events messages applied from the stream to this replica's precise indexes, by op (apply, clear, live)."}, []string{"op"}),
 		kvDropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "switchyard_cluster_kv_dropped_total",
-			Help: "KV events messages from the stream not applied, by reason: malformed (the index is cleared)."}, []string{"reason"}),
+			Help: "KV events messages from the stream not applied, by reason: malformed (the index is cleared); stale_relay (not from the relay the candidate's lease names now: an older relay's, or anyone else's); rewound (the current relay's, read before its lease was seen: read again from its start); malformed_lease (a relay lease's value that does not decode: its relay's messages are not applied)."}, []string{"reason"}),
+		kvStalled: prometheus.NewGauge(prometheus.GaugeOpts{Name: "switchyard_cluster_kv_feeds_stalled",
+			Help: "Followed engine ranks whose KV events feed is stalled now (no relay lease seen written for twice the lease TTL): their precise indexes are cold."}),
+		kvStalls: prometheus.NewCounter(prometheus.CounterOpts{Name: "switchyard_cluster_kv_stalls_total",
+			Help: "Times a followed engine rank's KV events feed stalled."}),
+		kvRewinds: prometheus.NewCounter(prometheus.CounterOpts{Name: "switchyard_cluster_kv_rewinds_total",
+			Help: "Times a followed engine rank's KV subject was read again from its relay's start (a new relay seen late, a stall over)."}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.leasesHeld, m.relayed, m.relayFailures, m.kvConsumed, m.kvDropped} {
+	for _, c := range []prometheus.Collector{m.leasesHeld, m.relayed, m.relayFailures, m.kvConsumed, m.kvDropped, m.kvStalled, m.kvStalls, m.kvRewinds} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -40,14 +41,20 @@ import (
 // Events of a kind the decoder does not know (Kind 0) are left out of the
 // re-encoded batch; the precise index skips them anyway.
 //
-// Each message carries, in the header Switchyard-Relay-Rev, the revision
-// at which its relay took the lease (LeaseRevision): a fencing token.
-// Two relays of one engine may overlap for up to a heartbeat (the old
-// holder has not yet seen its lease lost); a follower takes the messages
-// of the highest revision it has seen and drops those of lower ones
-// (counted stale_relay), so a late clear of the old relay cannot leave
-// the index cold behind the new relay's live.
-const relayRevHeader = "Switchyard-Relay-Rev"
+// Fencing. Each message carries, in the header Switchyard-Relay, its
+// relay's lease token (LeaseToken: drawn at random when the lease was
+// taken, written in the lease's value), and the relay writes in the
+// lease's value the stream sequence of its run's first message (its
+// clear; noteLeaseStart). A follower watches the lease bucket and applies
+// the messages of the token its candidate's lease names now, and no
+// other (kvfeed.go): a late message of an older relay (two relays of one
+// engine may overlap for up to a heartbeat, the old holder not yet having
+// seen its lease lost), or a message published by anyone else, is
+// dropped (counted stale_relay), and nothing a message says can make the
+// follower drop the current relay's. When its candidate's lease changes
+// hands, a follower that has read past the new relay's first message
+// before its watch said so reads the stream again from it.
+const relayHeader = "Switchyard-Relay"
 
 const (
 	opApply byte = 1
@@ -138,11 +145,17 @@ func (x *kvShare) relay(ctx context.Context, t RelayTarget) {
 			}
 		}()
 		s := &relaySink{x: x, ctx: sctx, fail: fail, log: log, subject: kvSubject(x.prefix, t.Worker, t.Rank),
-			maxPayload: int(x.nc.MaxPayload()), rev: strconv.FormatUint(LeaseRevision(ctx), 10)}
+			maxPayload: int(x.nc.MaxPayload()), token: LeaseToken(ctx)}
 		if s.maxPayload <= 0 { // not told by the server yet
 			s.maxPayload = defaultMaxPayload
 		}
 		if s.send(opClear, nil) {
+			// The run starts at its clear: a follower that missed it
+			// reads the stream again from there.
+			x.mu.Lock()
+			created := x.created
+			x.mu.Unlock()
+			noteLeaseStart(ctx, created.UnixNano(), s.seq)
 			sub, err := kvevents.Subscribe(sctx, kvevents.Options{
 				Endpoint: endpoint, Topic: t.KVEvents.Topic, ReplayEndpoint: replay,
 				Rank: int64(t.Rank), HasRank: true, Logger: log.Named("kv-events"),
@@ -176,7 +189,8 @@ type relaySink struct {
 	log        hclog.Logger
 	subject    string
 	maxPayload int
-	rev        string // the lease's revision (relayRevHeader)
+	token      string // the lease's token (relayHeader)
+	seq        uint64 // the stream sequence of the last message sent
 	enc        kvevents.Encoder
 	events     []kvevents.Event
 	buf        []byte
@@ -233,8 +247,9 @@ func (s *relaySink) send(op byte, body []byte) bool {
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, publishTimeout)
 	defer cancel()
-	msg := &nats.Msg{Subject: s.subject, Data: s.buf, Header: nats.Header{relayRevHeader: []string{s.rev}}}
-	if _, err := s.x.js.PublishMsg(ctx, msg); err != nil {
+	msg := &nats.Msg{Subject: s.subject, Data: s.buf, Header: nats.Header{relayHeader: []string{s.token}}}
+	ack, err := s.x.js.PublishMsg(ctx, msg)
+	if err != nil {
 		if s.ctx.Err() == nil {
 			s.x.m.relayFailures.WithLabelValues("publish").Inc()
 			s.log.Warn("KV events not relayed; the relay starts again", "error", err, "in", relayRetry)
@@ -242,6 +257,7 @@ func (s *relaySink) send(op byte, body []byte) bool {
 		}
 		return false
 	}
+	s.seq = ack.Sequence
 	s.x.m.relayed.WithLabelValues(opName(op)).Inc()
 	return true
 }
@@ -279,7 +295,8 @@ type RelayOptions struct {
 // o.Targets, relaying those it holds, until ctx ends; then it gives its
 // leases up and returns nil (`router kv-relay`). NATS being away is
 // retried. Errors: no targets or no NATS URL; a URL the client refuses;
-// metrics that do not register.
+// NATS refusing the credentials or the TLS of o.Config, or their files
+// not read (connect); metrics that do not register.
 func RunRelays(ctx context.Context, o RelayOptions) error {
 	if o.Config.NATS == "" || o.Config.Name == "" || len(o.Targets) == 0 {
 		return fmt.Errorf("cluster: RelayOptions needs Config (nats, name) and targets")
@@ -298,12 +315,21 @@ func RunRelays(ctx context.Context, o RelayOptions) error {
 	for _, t := range o.Targets {
 		x.RelayKV(t)
 	}
-	nc, err := nats.Connect(o.Config.NATS, nats.Name("switchyard kv-relay "+o.Holder), nats.RetryOnFailedConnect(true),
-		nats.MaxReconnects(-1), nats.ReconnectWait(250*time.Millisecond))
+	log := o.Logger.Named("kv-relay")
+	var connected atomic.Bool
+	nc, closeConn, err := connect(o.Config, "switchyard kv-relay "+o.Holder, log, func(up bool) {
+		if connected.Swap(up) != up {
+			if up {
+				log.Info("connected to NATS", "nats", config.RedactNATS(o.Config.NATS))
+			} else {
+				log.Warn("disconnected from NATS; the relays start again once it is back", "nats", config.RedactNATS(o.Config.NATS))
+			}
+		}
+	})
 	if err != nil {
-		return fmt.Errorf("cluster: nats %s: %w", o.Config.NATS, err)
+		return err
 	}
-	defer nc.Close()
+	defer closeConn()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("cluster: jetstream: %w", err)

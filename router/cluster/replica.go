@@ -117,6 +117,9 @@ type Replica struct {
 	mu     sync.Mutex
 	peers  map[string]*peer
 	remote int // bookings held, all peers
+	// remoteOn counts the bookings held, all peers, per worker rank
+	// (remoteLimit bounds them).
+	remoteOn map[remoteKey]int
 	// malformedLog limits the logging of malformed deltas messages.
 	malformedLog rate.Sometimes
 
@@ -151,7 +154,20 @@ type Replica struct {
 // peer is another replica as this one knows it.
 type peer struct {
 	lastSeen time.Time
-	bookings map[string]*fleet.Booking
+	bookings map[string]remoteBooking
+}
+
+// remoteKey is a worker rank another replica's booking is on: the
+// worker's id here and the record's rank (0 for a version 1 record).
+type remoteKey struct {
+	id   shared.WorkerID
+	rank uint32
+}
+
+// remoteBooking is another replica's booking held here.
+type remoteBooking struct {
+	b  *fleet.Booking
+	on remoteKey
 }
 
 var _ admission.Observer = (*Replica)(nil)
@@ -177,7 +193,7 @@ func New(o Options) (*Replica, error) {
 		o: o, log: o.Logger.Named("cluster"), self: o.Config.Replica,
 		prefix: "switchyard." + o.Config.Name + ".", stream: o.Config.Name + "-deltas",
 		out: make(chan Record, outQueue), resync: make(chan struct{}, 1), hello: make(chan struct{}, 1),
-		live: map[string]*Record{}, peers: map[string]*peer{}, events: make(chan bool, 16), warm: make(chan struct{}),
+		live: map[string]*Record{}, peers: map[string]*peer{}, remoteOn: map[remoteKey]int{}, events: make(chan bool, 16), warm: make(chan struct{}),
 		snapKV: map[kvCandidate]uint64{}, pending: map[kvCandidate]pendingPrefix{},
 		malformedLog: rate.Sometimes{Interval: malformedLogInterval},
 	}
@@ -196,6 +212,7 @@ func New(o Options) (*Replica, error) {
 	}
 	r.kv = newKVShare(o.Config, r.self, km, r.log, startSeq)
 	r.kv.gate = r.warm
+	r.kv.follower = true
 	return r, nil
 }
 
@@ -224,6 +241,11 @@ type State struct {
 	// Snapshot is the prefix-index snapshot loaded at start; absent when
 	// there was none (or NATS was away).
 	Snapshot *SnapshotState `json:"snapshot,omitempty"`
+	// StalledKVFeeds are the followed engine ranks ("worker/rank") whose
+	// KV events feed is stalled (no relay lease seen written for twice
+	// the lease TTL): their precise indexes are cold, the workers scored
+	// by their approximate lists. Absent when none.
+	StalledKVFeeds []string `json:"stalled_kv_feeds,omitempty"`
 }
 
 // Ready reports whether the replica is ready to route: caught up (State),
@@ -245,6 +267,7 @@ func (r *Replica) State() State {
 	st.RemoteBookings = r.remote
 	r.mu.Unlock()
 	st.CaughtUp = r.caughtUp.Load()
+	st.StalledKVFeeds = r.StalledKVFeeds()
 	r.snapMu.Lock()
 	st.Snapshot = r.snapLoaded
 	r.snapMu.Unlock()
@@ -295,18 +318,19 @@ func (r *Replica) requestResync() {
 // It never fails for NATS being away: it retries, and meanwhile the
 // router routes on its own state. On return the peers are told to forget
 // this replica's bookings (a reset record). Errors: a NATS URL the client
-// refuses.
+// refuses; NATS refusing the cluster block's credentials or TLS, or
+// their files not read (connect).
 func (r *Replica) Run(ctx context.Context) error {
 	r.started.Store(time.Now().UnixNano())
-	nc, err := connect(r.o.Config, "switchyard "+r.self, r.connEvent)
+	nc, closeConn, err := connect(r.o.Config, "switchyard "+r.self, r.log, r.connEvent)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer closeConn()
 	if nc.IsConnected() {
 		r.connEvent(true)
 	} else {
-		r.log.Warn("NATS not reachable; routing on this replica's own state meanwhile, retrying every 250ms", "nats", r.o.Config.NATS)
+		r.log.Warn("NATS not reachable; routing on this replica's own state meanwhile, retrying every 250ms", "nats", config.RedactNATS(r.o.Config.NATS))
 	}
 	js, err := jetstream.New(nc)
 	if err != nil {
@@ -362,9 +386,9 @@ func (r *Replica) Run(ctx context.Context) error {
 func (r *Replica) connEvent(up bool) {
 	if r.connected.Swap(up) != up {
 		if up {
-			r.log.Info("connected to NATS", "nats", r.o.Config.NATS)
+			r.log.Info("connected to NATS", "nats", config.RedactNATS(r.o.Config.NATS))
 		} else {
-			r.log.Warn("disconnected from NATS; routing on this replica's own state until it is back", "nats", r.o.Config.NATS)
+			r.log.Warn("disconnected from NATS; routing on this replica's own state until it is back", "nats", config.RedactNATS(r.o.Config.NATS))
 		}
 	}
 	r.m.connected.Set(map[bool]float64{true: 1, false: 0}[up])
@@ -623,7 +647,7 @@ func (r *Replica) peer(from string, now time.Time) *peer {
 			r.m.dropped.WithLabelValues("too_many").Inc()
 			return nil
 		}
-		p = &peer{bookings: map[string]*fleet.Booking{}}
+		p = &peer{bookings: map[string]remoteBooking{}}
 		r.peers[from] = p
 	}
 	p.lastSeen = now
@@ -660,6 +684,11 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay
 			r.m.dropped.WithLabelValues("unknown_worker").Inc()
 			return
 		}
+		on := remoteKey{id, rec.Rank}
+		if limit, bounded := r.remoteLimit(); bounded && int64(r.remoteOn[on]) >= limit {
+			r.m.dropped.WithLabelValues("over_share").Inc()
+			return
+		}
 		req := &shared.Request{ID: from + "/" + rec.ID, Model: rec.Model, Role: rec.Role, PromptTokens: rec.PromptTokens,
 			BlockSize: rec.BlockSize, BlockHashes: slices.Clone(rec.BlockHashes)}
 		d, err := r.o.Router.Place(context.Background(), req, router.Placement{Target: id, HasTarget: true, TargetOnly: true,
@@ -668,8 +697,9 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay
 			r.m.dropped.WithLabelValues("not_placed").Inc()
 			return
 		}
-		p.bookings[rec.ID] = d.Booking
+		p.bookings[rec.ID] = remoteBooking{d.Booking, on}
 		r.remote++
+		r.remoteOn[on]++
 		if rec.At > 0 && !replay {
 			r.m.lag.Observe(max(now.Sub(time.Unix(0, rec.At)).Seconds(), 0))
 		}
@@ -677,26 +707,49 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay
 			r.applied(rec.ID, rec.At)
 		}
 	case KindFirstToken:
-		if b := p.bookings[rec.ID]; b != nil {
-			b.PrefillDone()
+		if rb, ok := p.bookings[rec.ID]; ok {
+			rb.b.PrefillDone()
 		}
 	case KindReleased:
-		if b := p.bookings[rec.ID]; b != nil {
-			b.Release()
-			delete(p.bookings, rec.ID)
-			r.remote--
+		if rb, ok := p.bookings[rec.ID]; ok {
+			r.release(p, rec.ID, rb)
 		}
+	}
+}
+
+// remoteLimit returns how many of the other replicas' bookings, all
+// together, count on one worker rank: the capacity (Options.Capacity)
+// less this replica's share of it, ceil(capacity / replicas heard,
+// this one included); false without a capacity (then only
+// maxRemoteBookings bounds them). Anyone who can publish on the deltas
+// subjects can claim bookings under made-up names: past the limit they
+// are dropped (over_share), so they can never fill a worker for this
+// replica, which always keeps at least its share. r.mu is held.
+func (r *Replica) remoteLimit() (int64, bool) {
+	c := r.o.Capacity
+	if c <= 0 {
+		return 0, false
+	}
+	n := int64(len(r.peers) + 1)
+	return c - (c+n-1)/n, true
+}
+
+// release releases p's booking id (rb). r.mu is held.
+func (r *Replica) release(p *peer, id string, rb remoteBooking) {
+	rb.b.Release()
+	delete(p.bookings, id)
+	r.remote--
+	if r.remoteOn[rb.on]--; r.remoteOn[rb.on] <= 0 {
+		delete(r.remoteOn, rb.on)
 	}
 }
 
 // releaseAll releases every booking of p. r.mu is held.
 func (r *Replica) releaseAll(p *peer) int {
 	n := len(p.bookings)
-	for id, b := range p.bookings {
-		b.Release()
-		delete(p.bookings, id)
+	for id, rb := range p.bookings {
+		r.release(p, id, rb)
 	}
-	r.remote -= n
 	return n
 }
 

@@ -217,13 +217,14 @@ func (s *Sessions) workerName(k *sessionKey, id shared.WorkerID) (string, bool) 
 // mirror keeps what it holds (expiring it by session_ttl). On every
 // (re)connection it makes sure the bucket exists (a restarted NATS keeps
 // no memory bucket) and watches it again from its current values.
-// Errors: a NATS URL the client refuses.
+// Errors: a NATS URL the client refuses; NATS refusing the cluster
+// block's credentials or TLS, or their files not read (connect).
 func (s *Sessions) Run(ctx context.Context) error {
-	nc, err := connect(s.o.Config, "switchyard "+s.o.Config.Replica+" sessions", s.connEvent)
+	nc, closeConn, err := connect(s.o.Config, "switchyard "+s.o.Config.Replica+" sessions", s.log, s.connEvent)
 	if err != nil {
 		return err
 	}
-	defer nc.Close()
+	defer closeConn()
 	js, err := jetstream.New(nc)
 	if err != nil {
 		return fmt.Errorf("cluster: jetstream: %w", err)

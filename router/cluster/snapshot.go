@@ -273,12 +273,17 @@ func (r *Replica) loadSnapshot(ctx context.Context, js jetstream.JetStream) (uin
 	return s.DeltasSeq, nil
 }
 
+// snapshotReadTimeout bounds reading the snapshot at a warm start: 64 MiB
+// take well under a second on a network; a var for the tests, which read
+// more than that on a loaded machine under the race detector.
+var snapshotReadTimeout = 30 * time.Second
+
 // readSnapshot reads the snapshot object from obs: at most
 // maxSnapshotBytes, whatever its metadata claims (a client writes the
 // metadata, and the chunks are read until the last), else errSnapshot.
 // jetstream.ErrObjectNotFound when there is none.
 func readSnapshot(ctx context.Context, obs jetstream.ObjectStore) ([]byte, error) {
-	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	cctx, cancel := context.WithTimeout(ctx, snapshotReadTimeout)
 	defer cancel()
 	info, err := obs.GetInfo(cctx, snapshotObject)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {

@@ -94,6 +94,8 @@ func TestSnapshotMalformed(t *testing.T) {
 // small size over chunks past maxSnapshotBytes (metadata is the writing
 // client's) is refused after maxSnapshotBytes+1 bytes, not read whole.
 func TestReadSnapshotBounded(t *testing.T) {
+	defer func(d time.Duration) { snapshotReadTimeout = d }(snapshotReadTimeout)
+	snapshotReadTimeout = 5 * time.Minute // 65 MiB under -race on a loaded machine
 	_, url := startNATS(t, 0)
 	_, js := client(t, url)
 	ctx := context.Background()
