@@ -309,3 +309,40 @@ func TestClientKey(t *testing.T) {
 		}
 	}
 }
+
+// A header block past MaxHeaderBytes is answered 431 and its connection
+// closed; one just under it is served.
+func TestHeaderBlockIsBounded(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	sv := serveLoopback(t, e)
+	body := chatBody("m", false, "hello")
+	send := func(pad int) (int, string) {
+		t.Helper()
+		c := dialFrom(t, "127.0.0.1", sv.addr)
+		req := postHead + "X-Pad: " + strings.Repeat("p", pad) + "\r\n" +
+			fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body)
+		if _, err := io.WriteString(c, req); err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Minute))
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		return resp.StatusCode, string(b)
+	}
+	if code, b := send(MaxHeaderBytes / 2); code != http.StatusOK {
+		t.Errorf("headers of %d bytes: %d %s, want 200", MaxHeaderBytes/2, code, b)
+	}
+	// net/http allows 4 KiB of slack over MaxHeaderBytes (its bufio
+	// reader's size): go well past it.
+	if code, b := send(MaxHeaderBytes + 8<<10); code != http.StatusRequestHeaderFieldsTooLarge {
+		t.Errorf("headers of %d bytes: %d %s, want 431", MaxHeaderBytes+8<<10, code, b)
+	}
+	if n := eng.requests.Load(); n != 1 {
+		t.Errorf("the engine got %d requests, want 1", n)
+	}
+}

@@ -57,6 +57,13 @@ const (
 	// fill the router's budget; eight bodies of the largest size, or
 	// thousands of ordinary chat requests, from one address).
 	DefaultMaxBodyBytesPerClient = 256 << 20
+	// MaxHeaderBytes bounds a request's header block (request line
+	// included), so that a connection sending headers holds at most about
+	// this much for at most the 10 s header timeout; past it net/http
+	// answers 431 and closes the connection. 64 KiB: eight times nginx's
+	// default (large_client_header_buffers 4 x 8k), and far more than an
+	// OpenAI client sends; net/http's own default is 1 MiB.
+	MaxHeaderBytes = 64 << 10
 	// DefaultDrainTimeout bounds how long Serve waits for in-flight
 	// requests after its context ends.
 	DefaultDrainTimeout = 30 * time.Second
@@ -378,6 +385,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	hs := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    MaxHeaderBytes,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          s.log.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true}),
 		ConnState:         conns.hook,
