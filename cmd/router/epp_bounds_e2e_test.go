@@ -16,8 +16,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/switchyard-router/switchyard/router/epp"
 )
@@ -92,17 +90,8 @@ func TestEPPMemoryBoundedByBodyBudget(t *testing.T) {
 	)
 	policy := filepath.Join(t.TempDir(), "policy.hcl")
 	writeAtomic(t, policy, workerBlocks([]string{"w"}, map[string]string{"w": closedPort(t)}))
-	p := startProc(t, routerBin, "epp", "--policy", policy, "--listen", "127.0.0.1:0",
+	p, conn := startEPP(t, routerBin, "--policy", policy,
 		"--max-body-bytes", strconv.Itoa(bound), "--max-body-bytes-in-flight", strconv.Itoa(budget))
-	addr, ok := strings.CutPrefix(p.url, "grpc://")
-	if !ok {
-		t.Fatalf("listening line gave %q, want grpc://ADDR", p.url)
-	}
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
 	c := extprocv3.NewExternalProcessorClient(conn)
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
@@ -168,16 +157,7 @@ func TestEPPRefusesWhatIsNoInferenceRequest(t *testing.T) {
 	}
 	httpAddr := hl.Addr().String()
 	_ = hl.Close()
-	p := startProc(t, routerBin, "epp", "--policy", policy, "--listen", "127.0.0.1:0", "--http-listen", httpAddr)
-	addr, ok := strings.CutPrefix(p.url, "grpc://")
-	if !ok {
-		t.Fatalf("listening line gave %q, want grpc://ADDR", p.url)
-	}
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
+	p, conn := startEPP(t, routerBin, "--policy", policy, "--http-listen", httpAddr)
 	c := extprocv3.NewExternalProcessorClient(conn)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()

@@ -65,16 +65,7 @@ func TestEPPServesPicks(t *testing.T) {
 	}
 	httpAddr := hl.Addr().String()
 	_ = hl.Close()
-	p := startProc(t, routerBin, "epp", "--policy", policy, "--listen", "127.0.0.1:0", "--http-listen", httpAddr)
-	addr, ok := strings.CutPrefix(p.url, "grpc://")
-	if !ok {
-		t.Fatalf("listening line gave %q, want grpc://ADDR", p.url)
-	}
-	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = conn.Close() }()
+	p, conn := startEPP(t, routerBin, "--policy", policy, "--http-listen", httpAddr)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	// Readiness comes once the worker's first probe has answered: watch
@@ -178,4 +169,22 @@ func httpGet(t *testing.T, url string) string {
 		t.Fatalf("GET %s: %d, %v", url, resp.StatusCode, err)
 	}
 	return string(b)
+}
+
+// startEPP starts `router epp --listen 127.0.0.1:0` with args and returns
+// the process and a gRPC client connection to it (closed at the test's
+// end).
+func startEPP(t *testing.T, routerBin string, args ...string) (*e2eProc, *grpc.ClientConn) {
+	t.Helper()
+	p := startProc(t, routerBin, append([]string{"epp", "--listen", "127.0.0.1:0"}, args...)...)
+	addr, ok := strings.CutPrefix(p.url, "grpc://")
+	if !ok {
+		t.Fatalf("listening line gave %q, want grpc://ADDR", p.url)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return p, conn
 }
