@@ -2,7 +2,6 @@ package supervisor
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -194,7 +193,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		callTimeout:  callTimeout,
 		log:          log,
 		sockDir:      dir,
-		stderr:       &tail{},
+		stderr:       newTail(),
 		exitR:        exitR,
 		exited:       make(chan struct{}),
 		started:      make(chan struct{}),
@@ -749,9 +748,12 @@ func waitUntil(ch <-chan struct{}, deadline time.Time) bool {
 // and kept as at most tailLineMax bytes.
 type tail struct {
 	mu    sync.Mutex
-	cur   []byte
+	split lineSplitter // tailRawMax
 	lines []string
 }
+
+// newTail returns an empty tail.
+func newTail() *tail { return &tail{split: lineSplitter{max: tailRawMax}} }
 
 const (
 	tailLines   = 3
@@ -762,28 +764,13 @@ const (
 func (t *tail) Write(b []byte) (int, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n := len(b)
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		seg := b
-		if i >= 0 {
-			seg = b[:i]
-		}
-		if room := tailRawMax - len(t.cur); room > 0 {
-			t.cur = append(t.cur, seg[:min(room, len(seg))]...)
-		}
-		if i < 0 {
-			break
-		}
-		t.flush()
-		b = b[i+1:]
-	}
-	return n, nil
+	t.split.write(b, t.flush)
+	return len(b), nil
 }
 
-func (t *tail) flush() {
-	line := strings.TrimSpace(string(t.cur))
-	t.cur = t.cur[:0]
+// flush keeps a line (its first tailRawMax bytes) if it is meaningful.
+func (t *tail) flush(b []byte, _ int) {
+	line := strings.TrimSpace(string(b))
 	if strings.HasPrefix(line, "{") {
 		var entry struct {
 			Level   string `json:"@level"`
@@ -817,7 +804,7 @@ func (t *tail) flush() {
 func (t *tail) suffix() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	t.flush()
+	t.split.write([]byte{'\n'}, t.flush) // the line written so far
 	if len(t.lines) == 0 {
 		return ""
 	}

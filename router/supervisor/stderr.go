@@ -67,8 +67,7 @@ type stderrLog struct {
 	reports *untrusted.Limiter // the dropped-lines warning
 
 	mu      sync.Mutex
-	cur     []byte // the current line's first maxStderrLine bytes
-	curLen  int    // the current line's length so far
+	lines   lineSplitter // maxStderrLine
 	inPanic bool
 	// dropped: lines (and their bytes) over the rate limit since the
 	// last warning about them.
@@ -80,6 +79,7 @@ type stderrLog struct {
 func newStderrLog(log hclog.Logger) *stderrLog {
 	return &stderrLog{
 		log:     log,
+		lines:   lineSplitter{max: maxStderrLine},
 		limit:   rate.NewLimiter(rate.Limit(StderrRate), StderrBurst),
 		reports: untrusted.NewLimiter(stderrDropReport),
 	}
@@ -89,39 +89,21 @@ func newStderrLog(log hclog.Logger) *stderrLog {
 func (s *stderrLog) Write(b []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n := len(b)
-	for len(b) > 0 {
-		i := bytes.IndexByte(b, '\n')
-		seg := b
-		if i >= 0 {
-			seg = b[:i]
-		}
-		if room := maxStderrLine - len(s.cur); room > 0 {
-			s.cur = append(s.cur, seg[:min(room, len(seg))]...)
-		}
-		s.curLen += len(seg)
-		if i < 0 {
-			break
-		}
-		s.line()
-		s.cur, s.curLen = s.cur[:0], 0
-		b = b[i+1:]
-	}
-	return n, nil
+	s.lines.write(b, s.line)
+	return len(b), nil
 }
 
-// line logs the current line, unless the rate limit drops it. s.mu is
-// held.
-func (s *stderrLog) line() {
-	b := s.cur
+// line logs a line (its first maxStderrLine bytes, curLen its whole
+// length), unless the rate limit drops it. s.mu is held.
+func (s *stderrLog) line(b []byte, curLen int) {
 	text := strings.TrimRight(string(b), "\r")
-	if strings.TrimSpace(text) == "" && s.curLen == len(b) {
+	if strings.TrimSpace(text) == "" && curLen == len(b) {
 		return
 	}
 	now := time.Now()
-	if !s.limit.AllowN(now, min(max(s.curLen+1, stderrLineCost), StderrBurst)) {
+	if !s.limit.AllowN(now, min(max(curLen+1, stderrLineCost), StderrBurst)) {
 		s.droppedLines++
-		s.droppedBytes += int64(s.curLen) + 1
+		s.droppedBytes += int64(curLen) + 1
 		if strings.HasPrefix(text, "panic: ") || strings.HasPrefix(text, "fatal error: ") {
 			s.inPanic = true
 		}
@@ -129,7 +111,7 @@ func (s *stderrLog) line() {
 		return
 	}
 	s.reportDropped()
-	cut := s.curLen > len(b)
+	cut := curLen > len(b)
 	if !cut && text[0] == '{' {
 		var entry map[string]any
 		if json.Unmarshal(b, &entry) == nil {
@@ -140,7 +122,7 @@ func (s *stderrLog) line() {
 	if cut {
 		// Marked with the whole line's length, not the part read.
 		text = strings.TrimSuffix(untrusted.Text(text, maxStderrLine), "...("+strconv.Itoa(len(text))+" bytes)") +
-			"...(" + strconv.Itoa(s.curLen) + " bytes)"
+			"...(" + strconv.Itoa(curLen) + " bytes)"
 	} else {
 		text = untrusted.Text(text, maxStderrLine)
 	}
@@ -280,4 +262,36 @@ func (q quietStderr) Warn(msg string, args ...any) {
 		return
 	}
 	q.Logger.Warn(msg, args...)
+}
+
+// lineSplitter cuts a byte stream into lines, keeping at most max bytes
+// of each (memory is bounded whatever a line's length) and counting its
+// whole length. Not safe for concurrent use.
+type lineSplitter struct {
+	max    int
+	cur    []byte // the current line's first max bytes
+	curLen int    // the current line's length so far
+}
+
+// write takes the next bytes of the stream and calls emit for each line
+// they complete (its kept bytes, without the newline, and its whole
+// length); the bytes of emit's line are valid until it returns.
+func (l *lineSplitter) write(b []byte, emit func(line []byte, length int)) {
+	for len(b) > 0 {
+		i := bytes.IndexByte(b, '\n')
+		seg := b
+		if i >= 0 {
+			seg = b[:i]
+		}
+		if room := l.max - len(l.cur); room > 0 {
+			l.cur = append(l.cur, seg[:min(room, len(seg))]...)
+		}
+		l.curLen += len(seg)
+		if i < 0 {
+			return
+		}
+		emit(l.cur, l.curLen)
+		l.cur, l.curLen = l.cur[:0], 0
+		b = b[i+1:]
+	}
 }

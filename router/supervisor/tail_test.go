@@ -9,7 +9,7 @@ import (
 // A JSON log line longer than the kept line is still read as JSON: the
 // suffix shows its level, message and error, cut at tailLineMax bytes.
 func TestTailReadsLongJSONLines(t *testing.T) {
-	var tl tail
+	tl := newTail()
 	long := strings.Repeat("é", 150) // 300 bytes
 	_, _ = tl.Write([]byte(`{"@level": "info", "@message": "skipped"}` + "\n"))
 	_, _ = tl.Write([]byte(`{"@level": "error", "@message": "invalid plugin types", "@module": "switchyard_plugin", ` +
