@@ -161,7 +161,10 @@ func TestRestartWhileDown(t *testing.T) {
 // /server_info.
 func TestBlockSizeParentAndCards(t *testing.T) {
 	r := newRouter(t)
-	m, logs := newManager(t, r, Options{ScrapeInterval: fast, ConfiguredBlockSize: 512})
+	// Probes a second apart (each within a second): the warnings are
+	// counted, and a worker flapping on a loaded machine would rightly
+	// warn again as it rejoins.
+	m, logs := newManager(t, r, Options{ScrapeInterval: time.Second, ConfiguredBlockSize: 512})
 	// vLLM's GET /v1/models (vllm/entrypoints/openai/models/serving.py
 	// show_available_models): a base model with its path as root and
 	// max_model_len, a LoRA adapter with its path as root, the base
@@ -207,7 +210,7 @@ func TestBlockSizeParentAndCards(t *testing.T) {
 	}
 	// More probes change nothing, and log nothing again.
 	probes := v16.hitsOf("/metrics")
-	eventually(t, "more probes", func() bool { return v16.hitsOf("/metrics") >= probes+5 })
+	eventually(t, "more probes", func() bool { return v16.hitsOf("/metrics") >= probes+2 })
 	// Each warning once (workers join in any order, so llama may first
 	// have been warned at 32, b32's size, before a16 joined).
 	text := logs.String()
