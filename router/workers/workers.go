@@ -213,8 +213,10 @@ type Options struct {
 	// configuration, or its block gained a kv_events block (which then
 	// overrides discovery; a worker with one is never discovered). Calls
 	// come in order, one at a time, from one goroutine of the Manager,
-	// never under its lock; it must not block for long, and must not call
-	// Sync or Close.
+	// never under its lock (Status, BlockSize and the like may be called
+	// from it); it must not block for long, and must not call Close,
+	// which waits for that goroutine. Calls still queued at Close are
+	// dropped.
 	KVSources func(worker string, sources []KVSource)
 	// EngineRestarted, when set, is called with a worker's name when its
 	// engine's metrics show that it restarted between two probes (see
