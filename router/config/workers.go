@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/url"
 	"slices"
@@ -38,8 +39,14 @@ type Worker struct {
 	// router derives the worker's stable id from it.
 	Name string
 	// URL is the engine's base URL (scheme http or https, a host, an
-	// optional path prefix), without a trailing "/".
+	// optional path prefix), without a trailing "/" or "/v1": the router
+	// appends /v1/chat/completions, /v1/models, /metrics and the other
+	// endpoints' paths itself (see EngineBaseURL).
 	URL string
+	// GivenURL is the url attribute as written when the loader normalised
+	// it into URL (a trailing "/", "/v1" or "/v1/" dropped); "" when URL
+	// is as written. `router serve` logs both forms at info.
+	GivenURL string
 	// Role is the worker's serving role (shared.RoleAggregated by default).
 	Role shared.Role
 	// Models are the model names the worker serves, unique; nil when the
@@ -63,7 +70,7 @@ type Worker struct {
 }
 
 // Equal reports whether w and o describe the same worker: every field but
-// the ranges.
+// the ranges and GivenURL (two spellings of one base URL are one worker).
 func (w Worker) Equal(o Worker) bool {
 	return w.Name == o.Name && w.URL == o.URL && w.Role == o.Role &&
 		slices.Equal(w.Models, o.Models) && w.TotalKVBlocks == o.TotalKVBlocks &&
@@ -185,7 +192,17 @@ func (l *loader) workerBlock(blk *hcl.Block) {
 	}
 	if attr, found := content.Attributes["url"]; found {
 		if s, good := l.stringAttr(attr); good {
-			w.URL = strings.TrimRight(l.engineURL(attr, s), "/")
+			if checked := l.engineURL(attr, s); checked != "" {
+				base, err := EngineBaseURL(checked)
+				if err != nil {
+					l.attrErrorf(attr, "Invalid URL", "The value of %q is refused: %s.", attr.Name, err)
+				} else {
+					w.URL = base
+					if base != s {
+						w.GivenURL = s
+					}
+				}
+			}
 		}
 	}
 	if attr, found := content.Attributes["metrics_url"]; found {
@@ -304,6 +321,53 @@ func (l *loader) engineURL(attr *hcl.Attribute, s string) string {
 	}
 	return ""
 }
+
+// EngineBaseURL returns u, an http(s) URL, as an engine's base URL: the
+// URL the router appends its endpoints' paths to (/v1/chat/completions,
+// /v1/completions, /v1/models, /tokenize, /health, /metrics,
+// /kv_event_sources, /server_info). A trailing "/" is dropped, and so is a
+// last path segment "v1" (any case; "/v1" and "/v1/"), which OpenAI
+// clients take as part of a base URL but which would make every request
+// go to /v1/v1/...; a path prefix in front of the engine (a reverse
+// proxy's "/engines/a") is kept. It refuses, with an error saying why, a
+// path that names one of those endpoints (one with a "v1" segment before
+// its end, such as "/v1/chat/completions", or ending in "metrics",
+// "health", "tokenize", "kv_event_sources", "server_info" or
+// "get_server_info"), and one that is not clean (an empty, "." or ".."
+// segment). u's scheme, host, port and escaping are kept as written.
+func EngineBaseURL(u string) (string, error) {
+	pu, err := url.Parse(u)
+	if err != nil {
+		return "", err
+	}
+	base := strings.TrimRight(u, "/")
+	path := strings.TrimRight(pu.Path, "/")
+	if i := strings.LastIndexByte(path, '/'); i >= 0 && strings.EqualFold(path[i+1:], "v1") &&
+		len(base) >= len("/v1") && strings.EqualFold(base[len(base)-len("/v1"):], "/v1") {
+		path = path[:i]
+		base = base[:len(base)-len("/v1")]
+		if strings.HasSuffix(base, "/") {
+			return "", fmt.Errorf("the path of url %q is not clean (an empty segment); write the engine's base URL, such as \"http://10.0.0.5:8000\"", pu.Redacted())
+		}
+	}
+	if path == "" {
+		return base, nil
+	}
+	segs := strings.Split(path[1:], "/")
+	for i, seg := range segs {
+		switch {
+		case seg == "" || seg == "." || seg == "..":
+			return "", fmt.Errorf("the path of url %q is not clean (an empty, \".\" or \"..\" segment); write the engine's base URL, such as \"http://10.0.0.5:8000\", or a reverse proxy's path prefix in front of it", pu.Redacted())
+		case strings.EqualFold(seg, "v1"), i == len(segs)-1 && slices.Contains(endpointPaths, strings.ToLower(seg)):
+			return "", fmt.Errorf("url %q names an endpoint (path %q), not the engine's base URL: the router appends /v1/chat/completions, /v1/completions, /v1/models, /tokenize, /health and /metrics itself; write the base URL, such as \"http://10.0.0.5:8000\" (a trailing \"/v1\" is dropped)", pu.Redacted(), pu.Path)
+		}
+	}
+	return base, nil
+}
+
+// endpointPaths are the last path segments EngineBaseURL refuses: the
+// engine endpoints the router appends to the base URL.
+var endpointPaths = []string{"metrics", "health", "tokenize", "kv_event_sources", "server_info", "get_server_info"}
 
 // validPort reports whether p is empty (the scheme's default) or a port
 // number from 1 to 65535.

@@ -28,7 +28,7 @@ worker "b" {
 `
 
 var wantWorkers = []Worker{
-	{Name: "a", URL: "http://127.0.0.1:8001", Role: shared.RoleAggregated, Models: []string{"llama", "qwen"},
+	{Name: "a", URL: "http://127.0.0.1:8001", GivenURL: "http://127.0.0.1:8001/", Role: shared.RoleAggregated, Models: []string{"llama", "qwen"},
 		TotalKVBlocks: 4096, MetricsURL: "http://127.0.0.1:8001/metrics"},
 	{Name: "b", URL: "http://127.0.0.1:8002/v1base", Role: shared.RoleDecode, Models: []string{"llama"},
 		TotalKVBlocks: 10, MetricsURL: "http://127.0.0.1:9002/m"},
@@ -373,5 +373,80 @@ func TestWorkerURLPortAndSecrets(t *testing.T) {
 		if tt.notWant != "" && strings.Contains(got, tt.notWant) {
 			t.Errorf("%s: the diagnostic echoes the password: %s", tt.url, got)
 		}
+	}
+}
+
+// TestWorkerURLNormalised: a url ending in "/", "/v1" or "/v1/" (OpenAI
+// clients' base URL) loads as the engine's base URL, the form written kept
+// in GivenURL; a path prefix in front of the engine is kept as it is.
+// Before, "http://h:8000/v1" loaded as is, and every request went to
+// /v1/v1/chat/completions (404 model_not_found).
+func TestWorkerURLNormalised(t *testing.T) {
+	for _, tt := range []struct{ given, url, given2 string }{
+		{"http://10.0.0.5:8000", "http://10.0.0.5:8000", ""},
+		{"http://10.0.0.5:8000/", "http://10.0.0.5:8000", "http://10.0.0.5:8000/"},
+		{"http://10.0.0.5:8000/v1", "http://10.0.0.5:8000", "http://10.0.0.5:8000/v1"},
+		{"http://10.0.0.5:8000/v1/", "http://10.0.0.5:8000", "http://10.0.0.5:8000/v1/"},
+		{"https://gw.example/V1", "https://gw.example", "https://gw.example/V1"},
+		{"http://[::1]:8000/v1", "http://[::1]:8000", "http://[::1]:8000/v1"},
+		// A reverse proxy's prefix is kept, with or without /v1 after it.
+		{"http://gw:80/engines/a", "http://gw:80/engines/a", ""},
+		{"http://gw:80/engines/a/v1/", "http://gw:80/engines/a", "http://gw:80/engines/a/v1/"},
+		{"http://127.0.0.1:8002/v1base", "http://127.0.0.1:8002/v1base", ""},
+	} {
+		src := "worker \"w\" {\n  url = \"" + tt.given + "\"\n}\n"
+		ws, diags := ParseWorkers("w.hcl", []byte(src))
+		if len(diags) > 0 || len(ws) != 1 {
+			t.Errorf("%s: %s", tt.given, FormatDiagnostics(diags))
+			continue
+		}
+		if w := ws[0]; w.URL != tt.url || w.GivenURL != tt.given2 || w.MetricsURL != tt.url+"/metrics" {
+			t.Errorf("%s: URL %q GivenURL %q MetricsURL %q, want %q %q %q", tt.given, w.URL, w.GivenURL, w.MetricsURL, tt.url, tt.given2, tt.url+"/metrics")
+		}
+	}
+	a, _ := ParseWorkers("a.hcl", []byte("worker \"w\" {\n  url = \"http://h:1/v1\"\n}\n"))
+	b, _ := ParseWorkers("b.hcl", []byte("worker \"w\" {\n  url = \"http://h:1\"\n}\n"))
+	if !a[0].Equal(b[0]) {
+		t.Error("two spellings of one base URL are not Equal: the worker would restart on the edit")
+	}
+}
+
+// TestWorkerURLRefused: a url naming an endpoint, or with a path that is
+// not clean, is refused at its file:line:col, saying why.
+func TestWorkerURLRefused(t *testing.T) {
+	for _, tt := range []struct{ url, want string }{
+		{"http://h:8000/v1/chat/completions", `names an endpoint (path "/v1/chat/completions"), not the engine's base URL: the router appends /v1/chat/completions`},
+		{"http://h:8000/v1/models", `names an endpoint (path "/v1/models")`},
+		{"http://h:8000/v1/v1", `names an endpoint (path "/v1/v1")`},
+		{"http://h:8000/metrics", `names an endpoint (path "/metrics")`},
+		{"http://h:8000/prefix/health", `names an endpoint (path "/prefix/health")`},
+		{"http://h:8000/kv_event_sources", `names an endpoint`},
+		{"http://h:8000/a//b", `is not clean`},
+		{"http://h:8000/a/../b", `is not clean`},
+		{"http://h:8000//v1", `is not clean`},
+	} {
+		src := "worker \"w\" {\n  url = \"" + tt.url + "\"\n}\n"
+		ws, diags := ParseWorkers("w.hcl", []byte(src))
+		got := FormatDiagnostics(diags)
+		if ws != nil || !strings.HasPrefix(got, "w.hcl:2:9: error: Invalid URL; The value of \"url\" is refused: ") || !strings.Contains(got, tt.want) {
+			t.Errorf("%s: workers %v, diagnostics\n%s\nwant %q", tt.url, ws, got, tt.want)
+		}
+	}
+}
+
+func TestEngineBaseURL(t *testing.T) {
+	for _, tt := range []struct{ in, want string }{
+		{"http://h", "http://h"},
+		{"http://h/", "http://h"},
+		{"http://h/v1", "http://h"},
+		{"http://h/p%20q/v1", "http://h/p%20q"},
+		{"http://h/api/v1/", "http://h/api"},
+	} {
+		if got, err := EngineBaseURL(tt.in); err != nil || got != tt.want {
+			t.Errorf("EngineBaseURL(%q) = %q, %v; want %q", tt.in, got, err, tt.want)
+		}
+	}
+	if _, err := EngineBaseURL("http://h/%76%31"); err == nil {
+		t.Error(`an escaped "v1" segment taken as a base URL`)
 	}
 }

@@ -237,10 +237,24 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// closed as it leaves.
 	d.tr = NewTransport()
 	defer d.tr.Close()
-	mgr, err := workers.NewManager(kvs, workers.Options{
+	wo := workers.Options{
 		Logger: d.log, Registerer: reg, ScrapeInterval: o.ScrapeInterval, BlockSize: r.BlockSize(),
 		Streams: kvs.stream, IndexBlocks: kvs.indexBlocks, Departed: d.tr.CloseIdleConnectionsTo,
-	})
+	}
+	// The KV-event publishers the engines report, and the restarts their
+	// metrics show, go to the subscribers. TODO(#26): kvSubs.SetSources
+	// and kvSubs.EngineRestarted land in another branch; once merged,
+	// set wo.KVSources = kvs.SetSources and wo.EngineRestarted =
+	// kvs.EngineRestarted directly.
+	if k, ok := any(kvs).(interface {
+		SetSources(worker string, sources []workers.KVSource)
+	}); ok {
+		wo.KVSources = k.SetSources
+	}
+	if k, ok := any(kvs).(interface{ EngineRestarted(worker string) }); ok {
+		wo.EngineRestarted = k.EngineRestarted
+	}
+	mgr, err := workers.NewManager(kvs, wo)
 	if err != nil {
 		return err
 	}

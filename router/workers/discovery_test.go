@@ -277,8 +277,18 @@ func TestFetchModelsBounds(t *testing.T) {
 	}
 	e := newVEngine(t, "", `{"data":[{"id":"b"},{"id":"a"},{"id":"b","parent":"a"}]}`)
 	got, err := fetchModels(context.Background(), http.DefaultClient, e.srv.URL+"/v1/models", time.Minute)
-	if err != nil || !slices.Equal(got, []string{"a", "b"}) {
-		t.Errorf("models = %v, %v; want [a b]", got, err)
+	if want := []ModelCard{{ID: "a"}, {ID: "b"}}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("models = %v, %v; want %v (the first card of an id listed twice)", got, err, want)
+	}
+	for _, tt := range []struct{ name, body, want string }{
+		{"long parent", `{"data":[{"id":"a","parent":"` + strings.Repeat("p", MaxModelBytes+1) + `"}]}`, "a model parent of 513 bytes"},
+		{"long root", `{"data":[{"id":"a","root":"` + strings.Repeat("r", MaxRootBytes+1) + `"}]}`, "a model root of 4097 bytes"},
+	} {
+		e := newVEngine(t, "", tt.body)
+		if _, err := fetchModels(context.Background(), http.DefaultClient, e.srv.URL+"/v1/models", time.Minute); err == nil ||
+			!strings.Contains(err.Error(), tt.want) || !errors.Is(err, ErrModels) {
+			t.Errorf("%s: error = %v, want ErrModels with %q", tt.name, err, tt.want)
+		}
 	}
 }
 

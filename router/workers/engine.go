@@ -32,6 +32,12 @@ import (
 // CacheConfig fields, num_gpu_blocks and block_size among them) or
 // SGLang's sglang:max_total_num_tokens, with sglang:page_size as SGLang's
 // block size.
+//
+// Each is read in this colon spelling, the engines' own, and in the
+// underscore spelling (Underscored: vllm_num_requests_waiting,
+// sglang_num_running_reqs) that OpenMetrics' escaping=underscores and
+// sgl-router's /engine_metrics produce; the colon spelling wins when an
+// answer has both.
 const (
 	VLLMRunning     = "vllm:num_requests_running"
 	VLLMWaiting     = "vllm:num_requests_waiting"
@@ -45,6 +51,61 @@ const (
 	SGLangPageSize  = "sglang:page_size"
 	maxMetricsBytes = 16 << 20
 )
+
+// The engine metrics the Manager watches for a restart (Restarted):
+// prometheus_client's process_start_time_seconds (the API server process's
+// start, in Unix seconds; vLLM serves it unless --api-server-count > 1)
+// and the engines' monotonic counters: vLLM's vllm:prompt_tokens,
+// vllm:generation_tokens and vllm:request_success (vllm/v1/metrics/
+// loggers.py; prometheus_client exposes a counter with a "_total" suffix),
+// SGLang's sglang:prompt_tokens_total, sglang:generation_tokens_total and
+// sglang:num_requests_total (metrics_collector.py). Each counter is read in
+// both spellings, like the load metrics.
+const (
+	ProcessStartTime = "process_start_time_seconds"
+	VLLMPromptTokens = "vllm:prompt_tokens_total"
+	VLLMGenTokens    = "vllm:generation_tokens_total"
+	VLLMSuccess      = "vllm:request_success_total"
+	SGLangPrompt     = "sglang:prompt_tokens_total"
+	SGLangGenTokens  = "sglang:generation_tokens_total"
+	SGLangRequests   = "sglang:num_requests_total"
+	// MaxCounterSeries bounds the counter series kept from one report
+	// (Engine.Counters); the series past it are not watched.
+	MaxCounterSeries = 256
+	// maxSeriesKeyBytes bounds one counter series' key; a longer one
+	// (absurd label values) is not watched.
+	maxSeriesKeyBytes = 1024
+)
+
+// restartCounters are the counters Restarted compares.
+var restartCounters = []string{VLLMPromptTokens, VLLMGenTokens, VLLMSuccess, SGLangPrompt, SGLangGenTokens, SGLangRequests}
+
+// Underscored returns name in the underscore spelling: its first ':'
+// replaced by '_' ("sglang:token_usage" -> "sglang_token_usage"), the
+// name OpenMetrics' escaping=underscores gives it.
+func Underscored(name string) string { return strings.Replace(name, ":", "_", 1) }
+
+// spellings returns each of names in its colon and underscore spelling,
+// in order.
+func spellings(names ...string) []string {
+	out := make([]string, 0, 2*len(names))
+	for _, n := range names {
+		out = append(out, n)
+		if u := Underscored(n); u != n {
+			out = append(out, u)
+		}
+	}
+	return out
+}
+
+// family returns mfs's family name, in its colon spelling else its
+// underscore one.
+func family(mfs map[string]*dto.MetricFamily, name string) *dto.MetricFamily {
+	if mf := mfs[name]; len(mf.GetMetric()) > 0 {
+		return mf
+	}
+	return mfs[Underscored(name)]
+}
 
 // RankLabel is the label vLLM (V1) puts on each data-parallel engine's
 // series: engine="N" for rank N. MaxRanks bounds the ranks read from one
@@ -69,6 +130,39 @@ type Engine struct {
 	// an N other than 0. Each rank is then a candidate of its own, and a
 	// request to it names its rank (X-data-parallel-rank).
 	Ranked bool
+	// StartTime is the engine's process_start_time_seconds (Unix
+	// seconds; the largest finite sample); 0 when not reported.
+	StartTime float64
+	// Counters are the engine's monotonic counters (restartCounters), by
+	// series: the family's colon name and its label pairs, sorted
+	// ("vllm:request_success_total{engine=\"0\",finished_reason=\"stop\"}");
+	// at most MaxCounterSeries. Nil when it reports none.
+	Counters map[string]float64
+}
+
+// Restarted reports whether cur, a later report of the engine that gave
+// prev, shows that the engine restarted in between, and why in plain
+// words: its process_start_time_seconds increased, or a counter series
+// both reports hold went back. A series only one of them holds is not
+// compared, so a counter that appears or disappears is no restart; an
+// engine restarted whose counters already passed their old values, and
+// that reports no start time, is not seen.
+func Restarted(prev, cur Engine) (why string, restarted bool) {
+	if prev.StartTime > 0 && cur.StartTime > prev.StartTime {
+		return fmt.Sprintf("%s went from %.0f to %.0f", ProcessStartTime, prev.StartTime, cur.StartTime), true
+	}
+	// The smallest key that went back, so that the reason is the same for
+	// the same reports.
+	var key string
+	for k, v := range cur.Counters {
+		if p, ok := prev.Counters[k]; ok && v < p && (key == "" || k < key) {
+			key = k
+		}
+	}
+	if key != "" {
+		return fmt.Sprintf("counter %s went back from %g to %g", key, prev.Counters[key], cur.Counters[key]), true
+	}
+	return "", false
 }
 
 // Rank is one data-parallel rank's part of an engine report.
@@ -115,7 +209,8 @@ func RouterBlocks(tokens, blockSize int64) int64 {
 }
 
 // ParseEngine maps the metric families of an engine's /metrics into an
-// Engine report, one Rank per data-parallel rank (RankLabel):
+// Engine report, one Rank per data-parallel rank (RankLabel), each name
+// read in its colon and its underscore spelling (Underscored):
 //
 //   - waiting: vllm:num_requests_waiting, else sglang:num_queue_reqs;
 //   - KV usage: vllm:kv_cache_usage_perc, else vllm:gpu_cache_usage_perc,
@@ -134,18 +229,19 @@ func RouterBlocks(tokens, blockSize int64) int64 {
 // pool). KV usage is a fraction in 0..1 despite vLLM's "_perc" name; a
 // value above 1 is taken as a percentage and divided by 100, and the
 // result is clamped to 0..1. NaN and infinite samples are ignored, and
-// so are series whose engine label is not a rank below MaxRanks. Work is
-// linear in the number of series.
+// so are series whose engine label is not a rank below MaxRanks. The
+// restart signals (StartTime, Counters) are read too. Work is linear in
+// the number of series.
 func ParseEngine(mfs map[string]*dto.MetricFamily) Engine {
 	p := parser{ranks: map[uint32]*rankAcc{}}
-	p.fold(mfs, func(a *rankAcc, v float64) { a.waiting += v; a.hasWaiting = true }, VLLMWaiting, SGLangWaiting)
+	p.fold(mfs, func(a *rankAcc, v float64) { a.waiting += v; a.hasWaiting = true }, spellings(VLLMWaiting, SGLangWaiting)...)
 	p.fold(mfs, func(a *rankAcc, v float64) {
 		if !a.hasKV || v > a.kv {
 			a.kv, a.hasKV = v, true
 		}
-	}, VLLMKVUsage, VLLMGPUKVUsage, SGLangKVUsage)
-	p.fold(mfs, func(a *rankAcc, v float64) { a.running += v; a.hasRunning = true }, VLLMRunning, SGLangRunning)
-	p.cacheConfig(mfs[VLLMCacheConfig])
+	}, spellings(VLLMKVUsage, VLLMGPUKVUsage, SGLangKVUsage)...)
+	p.fold(mfs, func(a *rankAcc, v float64) { a.running += v; a.hasRunning = true }, spellings(VLLMRunning, SGLangRunning)...)
+	p.cacheConfig(family(mfs, VLLMCacheConfig))
 	if !p.anyCapacity() {
 		p.sglangCapacity(mfs)
 	}
@@ -161,6 +257,7 @@ func ParseEngine(mfs map[string]*dto.MetricFamily) Engine {
 		ranks = []uint32{0}
 		p.ranks[0] = &rankAcc{}
 	}
+	e.StartTime, e.Counters = restartSignals(mfs)
 	for _, r := range ranks {
 		a := p.ranks[r]
 		out := Rank{Rank: r, CapacityTokens: a.tokens, BlockSize: a.blockSize}
@@ -328,12 +425,59 @@ func (p *parser) cacheConfig(mf *dto.MetricFamily) {
 	}
 }
 
+// restartSignals reads mfs's process_start_time_seconds (the largest
+// finite sample) and restartCounters' series.
+func restartSignals(mfs map[string]*dto.MetricFamily) (start float64, counters map[string]float64) {
+	for _, m := range mfs[ProcessStartTime].GetMetric() {
+		if v, ok := value(m); ok && v > start {
+			start = v
+		}
+	}
+	var b strings.Builder
+	for _, name := range restartCounters {
+		for _, m := range family(mfs, name).GetMetric() {
+			v, ok := value(m)
+			if !ok || len(counters) >= MaxCounterSeries {
+				continue
+			}
+			b.Reset()
+			b.WriteString(name)
+			labels := slices.Clone(m.GetLabel())
+			slices.SortFunc(labels, func(x, y *dto.LabelPair) int { return strings.Compare(x.GetName(), y.GetName()) })
+			for i, lp := range labels {
+				if i == 0 {
+					b.WriteByte('{')
+				} else {
+					b.WriteByte(',')
+				}
+				b.WriteString(lp.GetName())
+				b.WriteString("=")
+				b.WriteString(strconv.Quote(lp.GetValue()))
+				if b.Len() > maxSeriesKeyBytes {
+					break
+				}
+			}
+			if len(labels) > 0 {
+				b.WriteByte('}')
+			}
+			if b.Len() > maxSeriesKeyBytes {
+				continue
+			}
+			if counters == nil {
+				counters = make(map[string]float64)
+			}
+			counters[b.String()] = v
+		}
+	}
+	return start, counters
+}
+
 // sglangCapacity reads sglang:max_total_num_tokens and sglang:page_size,
 // the largest series of each, as the capacity of every rank.
 func (p *parser) sglangCapacity(mfs map[string]*dto.MetricFamily) {
 	largest := func(name string) int64 {
 		var best int64
-		for _, m := range mfs[name].GetMetric() {
+		for _, m := range family(mfs, name).GetMetric() {
 			if v, ok := value(m); ok && v >= 1 && v <= maxCapacityTokens {
 				best = max(best, int64(v))
 			}
@@ -395,14 +539,41 @@ const (
 	MaxModels      = 4096
 	MaxModelBytes  = 512
 	maxModelsBytes = 4 << 20
+	// MaxRootBytes bounds a model card's root (vLLM: the model's path, or
+	// a LoRA adapter's).
+	MaxRootBytes = 4096
+	// maxModelLen bounds a model card's max_model_len (2^40 tokens); a
+	// larger or negative one is read as unknown.
+	maxModelLen = 1 << 40
 )
 
+// ModelCard is what an engine's GET /v1/models says of one model: vLLM's
+// ModelCard (vllm/entrypoints/openai/engine/protocol.py), SGLang's
+// likewise. The JSON names are the engines'.
+type ModelCard struct {
+	// ID is the name requests give the model (the OpenAI "id").
+	ID string `json:"id"`
+	// Root is the model's source: vLLM gives the base model's path for a
+	// base model and the adapter's path for a LoRA adapter; "" when not
+	// reported.
+	Root string `json:"root,omitempty"`
+	// Parent is the base model a LoRA adapter runs on (vLLM's "parent");
+	// "" for a base model or when not reported.
+	Parent string `json:"parent,omitempty"`
+	// MaxModelLen is the model's context length in tokens; 0 when not
+	// reported (vLLM gives none for a LoRA adapter).
+	MaxModelLen int64 `json:"max_model_len,omitempty"`
+}
+
 // fetchModels GETs an engine's OpenAI model list at url and returns its
-// data[].id, sorted, each once. vLLM lists its LoRA adapters there too
-// (with a "parent" field naming the base model): they are models requests
-// may name, and are kept. The answer is read up to 4 MiB, decoded in one
-// pass (linear in its size); see ErrModels.
-func fetchModels(ctx context.Context, c *http.Client, url string, timeout time.Duration) ([]string, error) {
+// models' cards, sorted by id, one per id (the first listed). vLLM lists
+// its LoRA adapters there too, with a "parent" naming the base model:
+// they are models requests may name, and are kept. The answer is read up
+// to 4 MiB, decoded in one pass (linear in its size); see ErrModels. An id
+// or parent over MaxModelBytes, or a root over MaxRootBytes, is an error;
+// a max_model_len that is not a whole number from 1 to 2^40 is read as
+// unknown (0).
+func fetchModels(ctx context.Context, c *http.Client, url string, timeout time.Duration) ([]ModelCard, error) {
 	resp, err := get(ctx, c, url, "application/json", timeout)
 	if err != nil {
 		return nil, err
@@ -411,7 +582,10 @@ func fetchModels(ctx context.Context, c *http.Client, url string, timeout time.D
 	body := &io.LimitedReader{R: resp.Body, N: maxModelsBytes + 1}
 	var list struct {
 		Data []struct {
-			ID string `json:"id"`
+			ID          string      `json:"id"`
+			Root        string      `json:"root"`
+			Parent      string      `json:"parent"`
+			MaxModelLen json.Number `json:"max_model_len"`
 		} `json:"data"`
 	}
 	err = json.NewDecoder(body).Decode(&list)
@@ -425,21 +599,38 @@ func fetchModels(ctx context.Context, c *http.Client, url string, timeout time.D
 	case len(list.Data) > MaxModels:
 		return nil, fmt.Errorf("%w: %s lists %d models, more than %d", ErrModels, url, len(list.Data), MaxModels)
 	}
-	ids := make([]string, 0, len(list.Data))
+	cards := make([]ModelCard, 0, len(list.Data))
 	for _, d := range list.Data {
 		switch {
 		case strings.TrimSpace(d.ID) == "":
 			continue
 		case len(d.ID) > MaxModelBytes:
 			return nil, fmt.Errorf("%w: %s lists a model id of %d bytes, more than %d", ErrModels, url, len(d.ID), MaxModelBytes)
+		case len(d.Parent) > MaxModelBytes:
+			return nil, fmt.Errorf("%w: %s lists a model parent of %d bytes, more than %d", ErrModels, url, len(d.Parent), MaxModelBytes)
+		case len(d.Root) > MaxRootBytes:
+			return nil, fmt.Errorf("%w: %s lists a model root of %d bytes, more than %d", ErrModels, url, len(d.Root), MaxRootBytes)
 		}
-		ids = append(ids, d.ID)
+		card := ModelCard{ID: d.ID, Root: d.Root, Parent: d.Parent}
+		if n, err := d.MaxModelLen.Int64(); err == nil && n > 0 && n <= maxModelLen {
+			card.MaxModelLen = n
+		}
+		cards = append(cards, card)
 	}
-	if len(ids) == 0 {
+	if len(cards) == 0 {
 		return nil, fmt.Errorf("%w: %s lists no model", ErrModels, url)
 	}
-	slices.Sort(ids)
-	return slices.Compact(ids), nil
+	slices.SortStableFunc(cards, func(a, b ModelCard) int { return strings.Compare(a.ID, b.ID) })
+	return slices.CompactFunc(cards, func(a, b ModelCard) bool { return a.ID == b.ID }), nil
+}
+
+// cardIDs returns cards' ids, in order.
+func cardIDs(cards []ModelCard) []string {
+	ids := make([]string, len(cards))
+	for i, c := range cards {
+		ids[i] = c.ID
+	}
+	return ids
 }
 
 // StatusError is an endpoint answering with a status other than 200.

@@ -1,6 +1,7 @@
 package workers
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -53,7 +54,11 @@ func TestParseEngineText(t *testing.T) {
 		text string
 		want Engine
 	}{
-		{"vllm", vllmMetrics, one(&fleet.EngineLoad{KVUsage: 0.42, HasKVUsage: true, Waiting: 7, HasWaiting: true}, 3, true)},
+		{"vllm", vllmMetrics, func() Engine {
+			e := one(&fleet.EngineLoad{KVUsage: 0.42, HasKVUsage: true, Waiting: 7, HasWaiting: true}, 3, true)
+			e.Counters = map[string]float64{`vllm:prompt_tokens_total{engine="0",model_name="llama"}`: 12345}
+			return e
+		}()},
 		{"sglang", sglangMetrics, one(&fleet.EngineLoad{KVUsage: 0.25, HasKVUsage: true, Waiting: 2, HasWaiting: true}, 5, true)},
 		{"old vllm percent", "vllm:gpu_cache_usage_perc 85\nvllm:num_requests_waiting 0\n",
 			one(&fleet.EngineLoad{KVUsage: 0.85, HasKVUsage: true, Waiting: 0, HasWaiting: true}, 0, false)},
@@ -172,5 +177,167 @@ func TestRouterBlocks(t *testing.T) {
 		if got := RouterBlocks(tt.tokens, tt.bs); got != tt.want {
 			t.Errorf("RouterBlocks(%d, %d) = %d, want %d", tt.tokens, tt.bs, got, tt.want)
 		}
+	}
+}
+
+// sglangDocMetrics is SGLang's own example of its /metrics page, trimmed
+// to the families the router reads and a histogram: SGLang's
+// docs/references/production_metrics.md (sgl-project/sglang@00b08c49).
+const sglangDocMetrics = `# HELP sglang:prompt_tokens_total Number of prefill tokens processed.
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} 8.128902e+06
+# HELP sglang:generation_tokens_total Number of generation tokens processed.
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.557572e+06
+# HELP sglang:token_usage The token usage
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.28
+# HELP sglang:cache_hit_rate The cache hit rate
+# TYPE sglang:cache_hit_rate gauge
+sglang:cache_hit_rate{model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.007507552643049313
+# HELP sglang:func_latency_seconds Function latency in seconds
+# TYPE sglang:func_latency_seconds histogram
+sglang:func_latency_seconds_sum{name="generate_request"} 4.514771912145079
+sglang:func_latency_seconds_bucket{le="0.05",name="generate_request"} 14006.0
+sglang:func_latency_seconds_bucket{le="+Inf",name="generate_request"} 14007.0
+sglang:func_latency_seconds_count{name="generate_request"} 14007.0
+# HELP sglang:num_running_reqs The number of running requests
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 162.0
+# HELP sglang:num_used_tokens The number of used tokens
+# TYPE sglang:num_used_tokens gauge
+sglang:num_used_tokens{model_name="meta-llama/Llama-3.1-8B-Instruct"} 123859.0
+# HELP sglang:gen_throughput The generate throughput (token/s)
+# TYPE sglang:gen_throughput gauge
+sglang:gen_throughput{model_name="meta-llama/Llama-3.1-8B-Instruct"} 86.50814177726902
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="meta-llama/Llama-3.1-8B-Instruct"} 2826.0
+`
+
+// vllmCapacityMetrics adds to vllmMetrics what vLLM V1 serves besides:
+// the cache_config_info info gauge (vllm/v1/metrics/loggers.py
+// log_metrics_info: a gauge of 1 whose labels are CacheConfig's fields and
+// engine), the request_success counter with its finished_reason label
+// (loggers.py), and prometheus_client's process collector's start time.
+const vllmCapacityMetrics = vllmMetrics + `# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_cpu_blocks="None",num_gpu_blocks="2048",prefix_caching_hash_algo="sha256"} 1.0
+# HELP vllm:request_success_total Count of successfully processed requests.
+# TYPE vllm:request_success_total counter
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="llama"} 9.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="llama"} 1.0
+# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.
+# TYPE process_start_time_seconds gauge
+process_start_time_seconds 1.71234567e+09
+`
+
+// TestParseEngineUnderscoreNames: the underscore spelling of the engines'
+// metric names, which OpenMetrics' escaping=underscores and sgl-router's
+// /engine_metrics aggregation produce (sglang PR 12970; sgl-router's
+// metrics aggregator test renders the production_metrics.md sample as
+// sglang_num_running_reqs{...}), reads as the colon spelling does. Before,
+// only the colon spelling was read: an SGLang engine scraped that way had
+// its load unknown, and a max_kv_usage filter let it through.
+func TestParseEngineUnderscoreNames(t *testing.T) {
+	for _, tt := range []struct{ name, colon string }{
+		{"sglang", sglangDocMetrics},
+		{"vllm", vllmCapacityMetrics},
+		{"vllm data parallel", vllmDP},
+		{"sglang capacity", "sglang:max_total_num_tokens{model_name=\"qwen\"} 471258\nsglang:page_size{model_name=\"qwen\"} 64\nsglang:token_usage 0.5\n"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			want, err := ParseEngineText(strings.NewReader(tt.colon))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !want.HasLoad() && len(want.Ranks) == 0 {
+				t.Fatal("the colon spelling reads as nothing: the test proves nothing")
+			}
+			underscored := strings.NewReplacer("sglang:", "sglang_", "vllm:", "vllm_").Replace(tt.colon)
+			got, err := ParseEngineText(strings.NewReader(underscored))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("underscore spelling (-colon +underscore):\n%s", diff)
+			}
+		})
+	}
+	got, err := ParseEngineText(strings.NewReader(sglangDocMetrics))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := one(&fleet.EngineLoad{KVUsage: 0.28, HasKVUsage: true, Waiting: 2826, HasWaiting: true}, 162, true)
+	want.Counters = map[string]float64{
+		`sglang:prompt_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"}`:     8128902,
+		`sglang:generation_tokens_total{model_name="meta-llama/Llama-3.1-8B-Instruct"}`: 7557572,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("SGLang's own sample (-want +got):\n%s", diff)
+	}
+	// Both spellings in one answer: the colon one, the engine's own, wins.
+	got, err = ParseEngineText(strings.NewReader("sglang_token_usage 0.9\nsglang:token_usage 0.1\n"))
+	if err != nil || got.Ranks[0].Load.KVUsage != 0.1 {
+		t.Errorf("both spellings: %+v, %v; want KV usage 0.1", got, err)
+	}
+}
+
+// TestRestarted: two scrapes of one engine tell a restart by its process
+// start time increasing or a counter series going back, and nothing else.
+func TestRestarted(t *testing.T) {
+	parse := func(text string) Engine {
+		t.Helper()
+		e, err := ParseEngineText(strings.NewReader(text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	first := parse(vllmCapacityMetrics)
+	if first.StartTime != 1.71234567e9 || len(first.Counters) != 3 {
+		t.Fatalf("signals of vLLM's page: start %v, counters %v", first.StartTime, first.Counters)
+	}
+	for _, tt := range []struct {
+		name, later string
+		want        string // "" when no restart
+	}{
+		{"same page", vllmCapacityMetrics, ""},
+		{"counters grew", strings.Replace(vllmCapacityMetrics, "12345.0", "12400.0", 1), ""},
+		{"prompt tokens went back", strings.Replace(vllmCapacityMetrics, "12345.0", "12.0", 1),
+			`counter vllm:prompt_tokens_total{engine="0",model_name="llama"} went back from 12345 to 12`},
+		{"one finished_reason went back", strings.Replace(vllmCapacityMetrics, `finished_reason="length",model_name="llama"} 1.0`, `finished_reason="length",model_name="llama"} 0.0`, 1),
+			`counter vllm:request_success_total{engine="0",finished_reason="length",model_name="llama"} went back from 1 to 0`},
+		{"process started later", strings.Replace(vllmCapacityMetrics, "1.71234567e+09", "1.71234999e+09", 1),
+			"process_start_time_seconds went from 1712345670 to 1712349990"},
+		{"process start earlier is another engine, not a restart", strings.Replace(vllmCapacityMetrics, "1.71234567e+09", "1.7e+09", 1), ""},
+		{"a series gone is no restart", strings.Replace(vllmCapacityMetrics, `vllm:request_success_total{engine="0",finished_reason="stop",model_name="llama"} 9.0`+"\n", "", 1), ""},
+		{"metrics without signals", "vllm:num_requests_waiting 1\n", ""},
+		{"underscore spelling of the same counters", strings.ReplaceAll(strings.Replace(vllmCapacityMetrics, "12345.0", "5.0", 1), "vllm:", "vllm_"),
+			`counter vllm:prompt_tokens_total{engine="0",model_name="llama"} went back from 12345 to 5`},
+	} {
+		why, restarted := Restarted(first, parse(tt.later))
+		if restarted != (tt.want != "") || why != tt.want {
+			t.Errorf("%s: Restarted = %v %q, want %q", tt.name, restarted, why, tt.want)
+		}
+	}
+	// SGLang's counters (production_metrics.md) going back.
+	why, restarted := Restarted(parse(sglangDocMetrics), parse(strings.Replace(sglangDocMetrics, "7.557572e+06", "3.0", 1)))
+	if !restarted || !strings.Contains(why, "sglang:generation_tokens_total") {
+		t.Errorf("SGLang counter back: %v %q", restarted, why)
+	}
+}
+
+// TestCountersBounded: at most MaxCounterSeries series are kept, whatever
+// the engine serves.
+func TestCountersBounded(t *testing.T) {
+	var b strings.Builder
+	for i := range 3 * MaxCounterSeries {
+		fmt.Fprintf(&b, "vllm:request_success_total{finished_reason=\"r%d\"} 1\n", i)
+	}
+	fmt.Fprintf(&b, "vllm:prompt_tokens_total{model_name=%q} 1\n", strings.Repeat("m", 2*maxSeriesKeyBytes))
+	e, err := ParseEngineText(strings.NewReader(b.String()))
+	if err != nil || len(e.Counters) != MaxCounterSeries {
+		t.Errorf("counters kept: %d, %v; want %d", len(e.Counters), err, MaxCounterSeries)
 	}
 }

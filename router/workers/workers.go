@@ -39,6 +39,31 @@
 // with TotalKVBlocks 0, CAPACITY unavailable. A capacity or engine block
 // size that changes rejoins the rank.
 //
+// Model cards: the engine's /v1/models is read for its cards too (a LoRA
+// adapter's parent, a model's root and max_model_len; ModelCard), also
+// for a block that sets its models, whose read failing is then no
+// failure. Parent and ModelCards read them; BlockSize gives a model's
+// engine block size (the smallest when its ready workers disagree).
+//
+// KV-event publishers: unless the block has a kv_events block, the
+// engine is asked for them (discover: vLLM's GET url/kv_event_sources,
+// else SGLang's GET url/server_info or url/get_server_info) before the
+// worker first joins, again at every rejoin, after an engine restart,
+// every ModelsInterval, and sourcesRetryIntervals probes after a failed
+// ask; a change, and the first answer, go to Options.KVSources. The
+// engine's discovery endpoint can also give its block size (SGLang's
+// kv_events.block_size or page_size), which then wins over its metrics'.
+//
+// # Restarts
+//
+// Each probe's metrics are compared with the last ones that carried the
+// restart signals (Restarted): process_start_time_seconds increasing, or
+// a monotonic counter going back, is an engine restart, even one that
+// happened while the probes failed. It is logged at info ("worker engine
+// restarted", with the reason), counted in Status.EngineRestarts, handed
+// to Options.EngineRestarted, and the engine's models and KV-event
+// publishers are read again at once.
+//
 // # Readiness
 //
 // Each worker is probed every scrape interval: its metrics endpoint is
@@ -90,12 +115,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl/v2"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/upstream"
@@ -178,6 +205,30 @@ type Options struct {
 	// transport: upstream.Transport.CloseIdleConnectionsTo). Called
 	// without the Manager's lock, on Sync's goroutine; it must not block.
 	Departed func(url string)
+	// KVSources, when set, is called with the KV-event publishers a
+	// worker's engine reports (see KVSource and Discovery in the package
+	// doc), sorted by rank: after its first discovery (nil when the
+	// engine reports none), and again whenever they change. It is called
+	// with nil when they no longer apply: the worker left the
+	// configuration, or its block gained a kv_events block (which then
+	// overrides discovery; a worker with one is never discovered). Calls
+	// come in order, one at a time, from one goroutine of the Manager,
+	// never under its lock (Status, BlockSize and the like may be called
+	// from it); it must not block for long, and must not call Close,
+	// which waits for that goroutine. Calls still queued at Close are
+	// dropped.
+	KVSources func(worker string, sources []KVSource)
+	// EngineRestarted, when set, is called with a worker's name when its
+	// engine's metrics show that it restarted between two probes (see
+	// Restarted): process_start_time_seconds increased, or a monotonic
+	// counter went back. It is ordered with KVSources (a restart first,
+	// then the sources read again after it) and called the same way.
+	EngineRestarted func(worker string)
+	// ConfiguredBlockSize is router.block_size when the policy file sets
+	// it, 0 when it does not. When set and a model's engines report
+	// another block size (BlockSize), a warning names both, once per model
+	// and engine size.
+	ConfiguredBlockSize int
 }
 
 // EventStream is a candidate's KV-event stream as the subscriber reports
@@ -236,6 +287,17 @@ type Status struct {
 	// ScrapeFailures (failed probes) and RequestFailures are the current
 	// consecutive failure counts.
 	ScrapeFailures, RequestFailures int
+	// KVSources are the KV-event publishers the engine reported, sorted
+	// by rank (Options.KVSources); nil when it reported none, has not
+	// been asked yet, or the block has a kv_events block.
+	// KVSourcesFrom is the endpoint that answered; "" when none did.
+	KVSources     []KVSource
+	KVSourcesFrom string
+	// EngineRestarts counts the engine restarts its metrics showed
+	// (Restarted) since the worker was configured; LastRestart is when
+	// the last was seen (zero when none was).
+	EngineRestarts uint64
+	LastRestart    time.Time
 	// LastError is the last probe's error: wrapping ErrRefused,
 	// ErrTimeout, ErrUnparseable, ErrTooLarge or ErrModels, or a
 	// *StatusError, or another network error ("GET URL: ..."); nil after
@@ -312,6 +374,40 @@ type Manager struct {
 	// configured again under the name takes them back.
 	retired map[string][]*fleet.Worker
 	closed  bool
+	// dirty is set when something view reads changed: a member joined or
+	// left, or a worker's models or model cards changed; unlock
+	// recomputes view then.
+	dirty bool
+	// warnedSizes is, by model, the engine block sizes last warned about
+	// as disagreeing; warnedConfigured the engine size last warned about
+	// as differing from ConfiguredBlockSize.
+	warnedSizes      map[string]string
+	warnedConfigured map[string]int
+	// notes are the KVSources and EngineRestarted calls not made yet, in
+	// order; the notify goroutine makes them (noteCh wakes it).
+	notes  []note
+	noteCh chan struct{}
+
+	// view is what the per-request lookups read (BlockSize, Parent,
+	// ModelCards), rebuilt under mu when dirty, read without it.
+	view atomic.Pointer[view]
+}
+
+// note is one call of Options.KVSources (restarted false) or
+// Options.EngineRestarted.
+type note struct {
+	worker    string
+	restarted bool
+	sources   []KVSource
+}
+
+// view is the Manager's per-model summary (Manager.view).
+type view struct {
+	// blockSize is each model's engine block size (BlockSize).
+	blockSize map[string]int
+	// cards are the models' cards, by id; list sorted by id.
+	cards map[string]ModelCard
+	list  []ModelCard
 }
 
 // entry is one configured worker; its fields after done are guarded by
@@ -329,11 +425,24 @@ type entry struct {
 	requestFails int
 	leftAt       time.Time // when it last left the candidate set
 	lastErr      error
-	leftWhy      string    // why it left the candidate set, or could not join
-	noLoad       string    // why the last successful probe had no load; "" when it had one
-	models       []string  // the engine's models, sorted; nil until read
-	modelsAt     time.Time // when they were last read
-	modelsWhy    string    // why the last re-read failed; "" when it did not
+	leftWhy      string      // why it left the candidate set, or could not join
+	noLoad       string      // why the last successful probe had no load; "" when it had one
+	models       []string    // the engine's models, sorted; nil until read
+	cards        []ModelCard // the engine's model cards, sorted by id; nil until read
+	modelsAt     time.Time   // when they were last read
+	modelsWhy    string      // why the last re-read failed; "" when it did not
+
+	// The engine's KV-event publishers (discover).
+	srcAt       time.Time  // when they were last asked for; zero: never
+	srcFailed   bool       // the last ask failed
+	srcWhy      string     // why the last ask failed, or which sources were skipped
+	srcReported bool       // KVSources was called with sources
+	sources     []KVSource // the last reported
+	srcFrom     string     // the endpoint that answered
+	infoBlock   int64      // the block size the discovery endpoint reported; 0 unknown
+
+	restarts    uint64    // engine restarts seen
+	lastRestart time.Time // when the last was seen
 }
 
 // rankState is one data-parallel rank of an entry; guarded by Manager.mu.
@@ -381,13 +490,19 @@ func NewManager(r Membership, o Options) (*Manager, error) {
 	if o.ModelsInterval <= 0 {
 		o.ModelsInterval = DefaultModelsInterval
 	}
-	m := &Manager{r: r, o: o, log: o.Logger, entries: make(map[string]*entry), retired: make(map[string][]*fleet.Worker)}
+	m := &Manager{r: r, o: o, log: o.Logger, entries: make(map[string]*entry), retired: make(map[string][]*fleet.Worker),
+		warnedSizes: map[string]string{}, warnedConfigured: map[string]int{}, noteCh: make(chan struct{}, 1)}
+	m.view.Store(&view{})
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if o.Registerer != nil {
 		if err := o.Registerer.Register(collector{m}); err != nil {
 			m.cancel()
 			return nil, fmt.Errorf("workers: metrics: %w", err)
 		}
+	}
+	if o.KVSources != nil || o.EngineRestarted != nil {
+		m.wg.Add(1)
+		go m.notify()
 	}
 	return m, nil
 }
@@ -433,10 +548,11 @@ func (m *Manager) sync(ws []config.Worker) ([]string, error) {
 		return nil, err
 	}
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if m.closed {
 		return nil, errors.New("workers: manager closed")
 	}
+	m.dirty = true // models and membership may change
 	before := make(map[string]bool, len(m.entries))
 	for _, e := range m.entries {
 		before[e.cfg.URL] = true
@@ -462,6 +578,11 @@ func (m *Manager) sync(ws []config.Worker) ([]string, error) {
 			m.startLocked(w)
 			m.log.Info("worker endpoint changed", "worker", w.Name, "url", w.URL)
 		default:
+			if (e.cfg.KVEvents == nil) != (w.KVEvents == nil) {
+				// The block gained a kv_events block, which overrides
+				// discovery, or lost it: discovery starts over.
+				m.withdrawSourcesLocked(e)
+			}
 			e.cfg = cloneWorker(w)
 			if e.ready && !m.reconcileLocked(e) {
 				m.leaveLocked(e, e.leftWhy)
@@ -524,6 +645,10 @@ func (m *Manager) startLocked(w config.Worker) {
 	e.gens, m.retired[w.Name] = m.retired[w.Name], nil
 	delete(m.retired, w.Name)
 	m.entries[w.Name] = e
+	if w.GivenURL != "" {
+		m.log.Info("worker url normalised to the engine's base URL: the router appends /v1/chat/completions, /v1/models, /metrics and the other paths itself",
+			"worker", w.Name, "given", w.GivenURL, "url", w.URL)
+	}
 	m.wg.Add(1)
 	go m.run(ctx, e, cloneWorker(w))
 }
@@ -535,6 +660,7 @@ func (m *Manager) dropLocked(e *entry, why string) {
 		m.leaveLocked(e, why)
 	}
 	delete(m.entries, e.cfg.Name)
+	m.withdrawSourcesLocked(e)
 	if e.activeLocked() > 0 {
 		m.retired[e.cfg.Name] = append(m.retired[e.cfg.Name], e.gens...)
 	}
@@ -574,8 +700,19 @@ func (m *Manager) specLocked(e *entry, rs *rankState) fleet.Spec {
 	blocks, _ := m.capacityLocked(e, rs)
 	return fleet.Spec{
 		ID: e.id, DPRank: rs.rank, Role: e.cfg.Role, TotalKVBlocks: blocks,
-		Name: e.cfg.Name, Models: slices.Clone(models), EngineBlockSize: rs.blockSize, DataParallel: e.ranked,
+		Name: e.cfg.Name, Models: slices.Clone(models), EngineBlockSize: e.blockSizeLocked(rs), DataParallel: e.ranked,
 	}
+}
+
+// blockSizeLocked is rs's engine block size in tokens: the one the
+// engine's discovery endpoint reported (SGLang's /server_info: the size its
+// KV events are hashed at), else its metrics' (vLLM's cache_config_info
+// block_size, SGLang's page_size); 0 unknown.
+func (e *entry) blockSizeLocked(rs *rankState) int64 {
+	if e.infoBlock > 0 {
+		return e.infoBlock
+	}
+	return rs.blockSize
 }
 
 func sameSpec(a, b fleet.Spec) bool {
@@ -620,6 +757,7 @@ func (m *Manager) reconcileLocked(e *entry) bool {
 		w.SetEngineLoad(rs.obs)
 		rs.member = w
 		e.gens = append(e.gens, w)
+		m.dirty = true
 	}
 	return true
 }
@@ -643,6 +781,7 @@ func (m *Manager) removeRankLocked(e *entry, rs *rankState) {
 		m.log.Error("worker removal failed", "worker", e.cfg.Name, "rank", rs.rank, "error", err)
 	}
 	rs.member = nil
+	m.dirty = true
 }
 
 // outcome is one probe's result.
@@ -650,20 +789,49 @@ type outcome struct {
 	rep    Engine
 	noLoad string
 	err    error
-	// fetched is true when the engine's models were read: models, or
+	// fetched is true when the engine's models were read: cards, or
 	// modelsErr.
 	fetched   bool
-	models    []string
+	cards     []ModelCard
 	modelsErr error
+	// discovered is true when the engine was asked for its KV-event
+	// publishers: disc, or discErr.
+	discovered bool
+	disc       discovery
+	discErr    error
+	// restarted is true when the engine's metrics show a restart since
+	// the last report with restart signals (Restarted), restartWhy why.
+	restarted  bool
+	restartWhy string
 }
 
-// modelsDue reports whether a successful probe of e started at now reads
-// the engine's models: the block sets none, and they are unknown, or e is
-// not ready (it will join with a fresh list), or ModelsInterval passed.
-func (m *Manager) modelsDue(e *entry, now time.Time) bool {
+// sourcesRetryIntervals is the scrape intervals after which a failed ask
+// for an engine's KV-event publishers is made again.
+const sourcesRetryIntervals = 5
+
+// due reports what a successful probe of e started at now reads besides
+// the metrics. Models: when the block sets none, while they are unknown,
+// or e is not ready (it will join with a fresh list), or ModelsInterval
+// passed; when the block sets them, the engine's model cards the same way,
+// but once per ModelsInterval however the read went. KV-event publishers,
+// unless the block has a kv_events block: when never asked, at a rejoin,
+// after a failed ask (sourcesRetryIntervals later), and every
+// ModelsInterval. Both are read again after an engine restart.
+func (m *Manager) due(e *entry, now time.Time, restarted bool) (models, sources bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return e.cfg.Models == nil && (e.models == nil || !e.ready || now.Sub(e.modelsAt) >= m.o.ModelsInterval)
+	stale := now.Sub(e.modelsAt) >= m.o.ModelsInterval
+	if e.cfg.Models == nil {
+		models = e.models == nil || !e.ready || stale
+	} else {
+		models = e.modelsAt.IsZero() || !e.ready || stale
+	}
+	if e.cfg.KVEvents == nil {
+		since := now.Sub(e.srcAt)
+		sources = e.srcAt.IsZero() || !e.ready && e.leftAt.After(e.srcAt) || since >= m.o.ModelsInterval ||
+			e.srcFailed && since >= sourcesRetryIntervals*m.o.ScrapeInterval
+	}
+	return models || restarted, sources || restarted && e.cfg.KVEvents == nil
 }
 
 // run probes w's engine every interval until ctx ends.
@@ -671,17 +839,37 @@ func (m *Manager) run(ctx context.Context, e *entry, w config.Worker) {
 	defer m.wg.Done()
 	t := time.NewTicker(m.o.ScrapeInterval)
 	defer t.Stop()
+	// signals is the last report with restart signals, kept across failed
+	// probes so that a restart while the engine was down is seen.
+	var signals Engine
 	for {
 		start := time.Now()
 		var o outcome
 		sctx, cancel := context.WithTimeout(ctx, m.o.ScrapeInterval)
 		o.rep, o.noLoad, o.err = probe(sctx, m.o.Client, w, m.o.ScrapeInterval)
 		cancel()
-		if o.err == nil && w.Models == nil && m.modelsDue(e, start) {
-			mctx, cancel := context.WithTimeout(ctx, m.o.ScrapeInterval)
-			o.models, o.modelsErr = fetchModels(mctx, m.o.Client, w.URL+"/v1/models", m.o.ScrapeInterval)
-			o.fetched = true
-			cancel()
+		if o.err == nil && (o.rep.StartTime > 0 || len(o.rep.Counters) > 0) {
+			if signals.StartTime > 0 || len(signals.Counters) > 0 {
+				o.restartWhy, o.restarted = Restarted(signals, o.rep)
+			}
+			signals = Engine{StartTime: o.rep.StartTime, Counters: o.rep.Counters}
+		}
+		if o.err == nil {
+			models, sources := m.due(e, start, o.restarted)
+			if models {
+				mctx, cancel := context.WithTimeout(ctx, m.o.ScrapeInterval)
+				o.cards, o.modelsErr = fetchModels(mctx, m.o.Client, w.URL+"/v1/models", m.o.ScrapeInterval)
+				o.fetched = true
+				cancel()
+			}
+			if sources && ctx.Err() == nil {
+				// Up to three GETs (vLLM's, then SGLang's two), each
+				// within the interval.
+				dctx, cancel := context.WithTimeout(ctx, 3*m.o.ScrapeInterval)
+				o.disc, o.discErr = discover(dctx, m.o.Client, w.URL, m.o.ScrapeInterval)
+				o.discovered = true
+				cancel()
+			}
 		}
 		if ctx.Err() != nil {
 			return
@@ -698,7 +886,7 @@ func (m *Manager) run(ctx context.Context, e *entry, w config.Worker) {
 // observe applies one probe's outcome to e.
 func (m *Manager) observe(e *entry, start time.Time, o outcome) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	if m.entries[e.cfg.Name] != e {
 		return // removed or replaced meanwhile
 	}
@@ -707,6 +895,16 @@ func (m *Manager) observe(e *entry, start time.Time, o outcome) {
 	if err == nil && o.fetched && o.modelsErr != nil && e.models == nil && e.cfg.Models == nil {
 		err = o.modelsErr // without models the worker cannot serve
 	}
+	if o.restarted {
+		e.restarts++
+		e.lastRestart = now
+		m.log.Info("worker engine restarted", "worker", e.cfg.Name, "reason", untrusted.Text(o.restartWhy, 0))
+		m.noteLocked(note{worker: e.cfg.Name, restarted: true})
+	}
+	// After the restart's note, and whether or not the worker can join:
+	// one whose models cannot be read keeps what its engine said of its
+	// publishers, so that they are not asked for at every probe.
+	m.applySourcesLocked(e, o, now)
 	if err != nil {
 		e.scrapeFails++
 		if e.lastErr == nil || e.lastErr.Error() != err.Error() {
@@ -751,21 +949,143 @@ func (m *Manager) observe(e *entry, start time.Time, o outcome) {
 	}
 }
 
-// applyModelsLocked records a read of the engine's models.
+// applyModelsLocked records a read of the engine's models. For a block
+// that sets its models, only the cards are kept, and a failed read is
+// not reported: the block's list is what the worker serves.
 func (m *Manager) applyModelsLocked(e *entry, o outcome, now time.Time) {
 	switch {
 	case !o.fetched:
-	case o.modelsErr == nil:
-		if e.models != nil && !slices.Equal(e.models, o.models) {
-			m.log.Info("worker models changed", "worker", e.cfg.Name, "was", e.models, "now", o.models)
+	case e.cfg.Models != nil:
+		e.modelsAt = now
+		if o.modelsErr == nil && !slices.Equal(e.cards, o.cards) {
+			e.cards = o.cards
+			m.dirty = true
 		}
-		e.models, e.modelsAt, e.modelsWhy = o.models, now, ""
+	case o.modelsErr == nil:
+		models := cardIDs(o.cards)
+		if e.models != nil && !slices.Equal(e.models, models) {
+			m.log.Info("worker models changed", "worker", e.cfg.Name, "was", e.models, "now", models)
+		}
+		if !slices.Equal(e.cards, o.cards) {
+			m.dirty = true
+		}
+		e.models, e.cards, e.modelsAt, e.modelsWhy = models, o.cards, now, ""
 	default:
 		why := "models not re-read, the last list stays: " + o.modelsErr.Error()
 		if e.modelsWhy != why {
 			m.log.Info("worker models not re-read; the last list stays", "worker", e.cfg.Name, "reason", o.modelsErr.Error())
 		}
 		e.modelsWhy = why
+	}
+}
+
+// applySourcesLocked records an ask for the engine's KV-event publishers:
+// a change (or the first answer) is logged and handed to
+// Options.KVSources; a failure keeps the last ones. An answer that comes
+// after the block gained a kv_events block is dropped.
+func (m *Manager) applySourcesLocked(e *entry, o outcome, now time.Time) {
+	if !o.discovered || e.cfg.KVEvents != nil {
+		return
+	}
+	e.srcAt = now
+	if o.discErr != nil {
+		why := o.discErr.Error()
+		if !e.srcFailed || e.srcWhy != why {
+			m.log.Info("worker kv event sources not read; the last stay", "worker", e.cfg.Name, "reason", untrusted.Text(why, 0))
+		}
+		e.srcFailed, e.srcWhy = true, why
+		return
+	}
+	d := o.disc
+	if d.skipped != "" && (e.srcFailed || e.srcWhy != d.skipped) {
+		m.log.Warn("worker kv event sources left out", "worker", e.cfg.Name, "reason", untrusted.Text(d.skipped, 0))
+	}
+	e.srcFailed, e.srcWhy = false, d.skipped
+	if e.infoBlock != d.blockSize {
+		e.infoBlock = d.blockSize
+		m.dirty = true
+	}
+	if e.srcReported && slices.Equal(e.sources, d.sources) {
+		return
+	}
+	eps := make([]string, len(d.sources))
+	for i, s := range d.sources {
+		eps[i] = s.Endpoint
+	}
+	logf := m.log.Info
+	if len(d.sources) == 0 && len(e.sources) == 0 {
+		logf = m.log.Debug // the engine reports none, as before
+	}
+	logf("worker kv event sources", "worker", e.cfg.Name, "from", d.from, "sources", len(d.sources), "endpoints", eps)
+	e.sources, e.srcFrom, e.srcReported = d.sources, d.from, true
+	m.noteLocked(note{worker: e.cfg.Name, sources: slices.Clone(d.sources)})
+}
+
+// withdrawSourcesLocked forgets e's discovered KV-event publishers,
+// handing nil to Options.KVSources when some were reported.
+func (m *Manager) withdrawSourcesLocked(e *entry) {
+	if e.srcReported && len(e.sources) > 0 {
+		m.noteLocked(note{worker: e.cfg.Name})
+	}
+	e.srcAt, e.srcFailed, e.srcWhy, e.srcReported, e.sources, e.srcFrom = time.Time{}, false, "", false, nil, ""
+	if e.infoBlock != 0 {
+		e.infoBlock = 0
+		m.dirty = true
+	}
+}
+
+// noteLocked queues a call of Options.KVSources or EngineRestarted (when
+// set); unlock wakes the notify goroutine.
+func (m *Manager) noteLocked(n note) {
+	if n.restarted && m.o.EngineRestarted == nil || !n.restarted && m.o.KVSources == nil {
+		return
+	}
+	m.notes = append(m.notes, n)
+}
+
+// unlock rebuilds the view when it is dirty, releases mu, and wakes the
+// notify goroutine when calls are queued.
+func (m *Manager) unlock() {
+	if m.dirty {
+		m.rebuildLocked()
+		m.dirty = false
+	}
+	wake := len(m.notes) > 0
+	m.mu.Unlock()
+	if wake {
+		select {
+		case m.noteCh <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// notify makes the queued Options.KVSources and EngineRestarted calls, in
+// order, until the Manager closes.
+func (m *Manager) notify() {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.noteCh:
+		}
+		for {
+			m.mu.Lock()
+			ns := m.notes
+			m.notes = nil
+			m.mu.Unlock()
+			if len(ns) == 0 || m.ctx.Err() != nil {
+				break
+			}
+			for _, n := range ns {
+				if n.restarted {
+					m.o.EngineRestarted(n.worker)
+				} else {
+					m.o.KVSources(n.worker, n.sources)
+				}
+			}
+		}
 	}
 }
 
@@ -816,7 +1136,7 @@ func (m *Manager) applyReportLocked(e *entry, rep Engine, now time.Time) {
 // succeeds again. Unknown names and workers not ready are ignored.
 func (m *Manager) ReportFailure(name string) {
 	m.mu.Lock()
-	defer m.mu.Unlock()
+	defer m.unlock()
 	e := m.entries[name]
 	if e == nil || !e.ready {
 		return
@@ -928,13 +1248,14 @@ func (m *Manager) statusLocked(e *entry) Status {
 	s := Status{
 		Config: cloneWorker(e.cfg), ID: e.id, Ready: e.ready, Ranked: e.ranked,
 		ScrapeFailures: e.scrapeFails, RequestFailures: e.requestFails, LastError: e.lastErr,
+		KVSources: slices.Clone(e.sources), KVSourcesFrom: e.srcFrom, EngineRestarts: e.restarts, LastRestart: e.lastRestart,
 	}
 	models, src := e.modelsLocked()
 	s.Models, s.ModelsSource = slices.Clone(models), src
 	for _, rs := range e.ranks {
 		r := RankStatus{
 			Rank: rs.rank, Member: rs.member, Load: rs.obs, ObservedAt: rs.obsAt, LastReport: rs.lastAt,
-			Running: rs.running, HasRunning: rs.hasRunning, EngineBlockSize: rs.blockSize,
+			Running: rs.running, HasRunning: rs.hasRunning, EngineBlockSize: e.blockSizeLocked(rs),
 		}
 		if r.Load == nil {
 			r.ObservedAt = time.Time{}
