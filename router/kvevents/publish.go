@@ -379,7 +379,7 @@ func (p *Publisher) sendLocked(payload []byte) (uint64, error) {
 // for its 1 s).
 func (p *Publisher) heartbeats() {
 	defer p.wg.Done()
-	t := time.NewTicker(p.o.Heartbeat / 10)
+	t := time.NewTicker(max(p.o.Heartbeat/10, time.Millisecond))
 	defer t.Stop()
 	for {
 		select {

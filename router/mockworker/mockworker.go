@@ -56,7 +56,9 @@
 // blocks, the last block always computed; and like vLLM the cache does not
 // deduplicate: every block a request computes is a cached copy of its
 // hash (sim.Worker.TrackBlockCopies), so a block-aligned prompt sent again
-// adds a second copy of its last block.
+// adds a second copy of its last block. SGLang's radix tree does
+// deduplicate: in SGLang mode a prefix is cached, and stored, once, when
+// the step that computed it ends.
 //
 // With Config.Tokenizer, text prompts are tokenized (a completions prompt
 // with special tokens, chat messages through the tokenizer's chat template
@@ -502,8 +504,10 @@ func New(cfg Config) (*Server, error) {
 	epoch := time.Now()
 	for r := range cfg.DataParallelSize {
 		w, err := sim.NewWorker(cfg.Sim) // validated above: cannot fail
-		if err == nil {
-			err = w.TrackBlockCopies() // vLLM does not deduplicate blocks
+		if err == nil && cfg.Engine == EngineVLLM {
+			// vLLM does not deduplicate blocks; SGLang's radix tree does
+			// (a prefix inserted again is not stored twice).
+			err = w.TrackBlockCopies()
 		}
 		if err != nil {
 			s.Close()

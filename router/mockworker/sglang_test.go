@@ -183,6 +183,38 @@ func TestSGLang(t *testing.T) {
 		}
 	}
 
+	// SGLang's radix tree stores a prefix once: the same block-aligned
+	// pages again (the second recomputed, as the hit is capped) store
+	// nothing before the next prompt's pages.
+	if got := cachedTokens(t, url, map[string]any{"prompt": []int64{1, 2, 3, 4, 5, 6, 7, 8}, "max_tokens": 1}); got != "4" {
+		t.Fatalf("the pages again: cached %s tokens, want 4", got)
+	}
+	complete(t, url, map[string]any{"prompt": []int64{500, 501, 502, 503, 504}, "max_tokens": 1})
+	for found := false; !found; {
+		var m zmq4.Msg
+		select {
+		case m = <-msgs:
+		case <-deadline:
+			t.Fatal("no BlockStored of the next prompt within a minute")
+		}
+		var b []any
+		d := msgpack.NewDecoder(bytes.NewReader(m.Frames[2]))
+		d.UseLooseInterfaceDecoding(true)
+		if err := d.Decode(&b); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range b[1].([]any) {
+			ev := e.([]any)
+			if ev[0] != "BlockStored" {
+				continue
+			}
+			if equalJSON(ev[1], wantSecond[1]) {
+				t.Fatalf("page [5 6 7 8] stored twice: %v", ev)
+			}
+			found = found || equalJSON(ev[3], []any{int64(500), int64(501), int64(502), int64(503)})
+		}
+	}
+
 	// Replay in SGLang's two frames.
 	d := zmq4.NewDealer(ctx)
 	defer d.Close()

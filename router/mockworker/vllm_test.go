@@ -1,6 +1,7 @@
 package mockworker
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/sim"
@@ -274,6 +276,16 @@ func TestKVEventSources(t *testing.T) {
 		t.Fatalf("sources\n%s\nwant\n%s", got, want)
 	}
 
+	// A wildcard configured is reported as configured, and listens on
+	// every interface.
+	p = freeRange(t, 1)
+	_, url = startServer(t, Config{KVEventsEndpoint: "tcp://*:" + strconv.Itoa(p)})
+	if got, want := string(get(url)), fmt.Sprintf(`{"sources":[{"data_parallel_rank":0,"endpoint":"tcp://*:%d","replay_endpoint":null,"topic":""}]}`, p); got != want {
+		t.Fatalf("wildcard sources\n%s\nwant\n%s", got, want)
+	}
+	sub := subscribe(t, "127.0.0.1:"+strconv.Itoa(p))
+	waitSubscribed(t, url, sub, 10_000, "")
+
 	s, url := startServer(t, Config{DataParallelSize: 2, KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsAdvertiseHost: "0.0.0.0"})
 	var sources struct {
 		Sources []kvEventSource `json:"sources"`
@@ -444,5 +456,66 @@ func TestProcessStartTime(t *testing.T) {
 	}
 	if v := f.GetMetric()[0].GetGauge().GetValue(); v < before || v > after {
 		t.Fatalf("process_start_time_seconds %v, want between %v and %v", v, before, after)
+	}
+}
+
+// TestVLLMBlockStoredWire reads, with a generic msgpack decoder (as
+// msgspec.msgpack.decode would), the BlockStored of a salted request to a
+// LoRA adapter, in both layouts: every field of vLLM's BlockStored
+// (vllm/distributed/kv_events.py) in its declared order for the positional
+// one, fields with a default left out when at it (msgspec omit_defaults):
+// block_hashes, parent_block_hash None, token_ids, block_size, lora_id 1,
+// medium "GPU", lora_name, extra_keys [["ad1", "s1"], ["ad1"], ["ad1"]],
+// group_idx 0, kv_cache_spec_kind "full_attention".
+func TestVLLMBlockStoredWire(t *testing.T) {
+	tokens := make([]any, 48)
+	for i := range tokens {
+		tokens[i] = i + 1
+	}
+	hashes := []any{uint64(8535775692285830676), uint64(9529146155116454865), uint64(1609834978130274703)}
+	extra := []any{[]any{"ad1", "s1"}, []any{"ad1"}, []any{"ad1"}}
+	for _, c := range []struct {
+		enc  kvevents.Encoding
+		want any
+	}{
+		{kvevents.EncodingMap, map[string]any{"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": nil,
+			"token_ids": tokens, "block_size": 16, "lora_id": 1, "medium": "GPU", "lora_name": "ad1", "extra_keys": extra,
+			"group_idx": 0, "kv_cache_spec_kind": "full_attention"}},
+		{kvevents.EncodingArray, []any{"BlockStored", hashes, nil, tokens, 16, 1, "GPU", "ad1", extra, 0, "full_attention"}},
+	} {
+		s, url := startServer(t, Config{Model: testModel, LoRA: []string{"ad1"}, HashSeed: "0", KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsEncoding: c.enc})
+		pub, _ := s.KVEventsAddr(0)
+		sub := subscribe(t, pub.String())
+		waitSubscribed(t, url, sub, 300_000, "")
+		complete(t, url, map[string]any{"model": "ad1", "prompt": ids(1, 48), "max_tokens": 1, "cache_salt": "s1"})
+		var payload []byte
+		sub.until("the salted LoRA store", func(m kvMsg) bool {
+			for _, ev := range m.events {
+				if ev.Kind == kvevents.BlockStored && ev.BlockHashes[0] == 8535775692285830676 {
+					payload = m.payload
+				}
+			}
+			return payload != nil
+		})
+		var batch []any
+		d := msgpack.NewDecoder(bytes.NewReader(payload))
+		d.UseLooseInterfaceDecoding(true)
+		if err := d.Decode(&batch); err != nil || len(batch) != 3 {
+			t.Fatalf("batch: %v %v", batch, err)
+		}
+		var got any
+		for _, e := range batch[1].([]any) {
+			if m, ok := e.(map[string]any); ok && m["lora_name"] == "ad1" {
+				got = m
+			}
+			if a, ok := e.([]any); ok && len(a) > 7 && a[7] == "ad1" {
+				got = a
+			}
+		}
+		if !equalJSON(got, c.want) {
+			g, _ := json.Marshal(got)
+			w, _ := json.Marshal(c.want)
+			t.Fatalf("encoding %d: BlockStored\n%s\nwant\n%s", c.enc, g, w)
+		}
 	}
 }
