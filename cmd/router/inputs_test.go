@@ -303,7 +303,8 @@ func TestFlagRanges(t *testing.T) {
 	}{
 		{[]string{"mock-worker", "--kv-blocks", "0"}, "--kv-blocks 0: want a whole number from 1 to 2147483647"},
 		{[]string{"mock-worker", "--kv-blocks", "99999999999"}, "--kv-blocks 99999999999: want a whole number from 1 to 2147483647"},
-		{[]string{"mock-worker", "--block-size", "20"}, "--block-size 20: want a positive multiple of 16, the engine's KV block"},
+		{[]string{"mock-worker", "--engine-block-size", "0"}, "--engine-block-size 0: want a whole number from 1 to 65536"},
+		{[]string{"mock-worker", "--block-size", "70000"}, "--block-size 70000: want a whole number from 1 to 65536"},
 		{[]string{"mock-worker", "--speedup", "+Inf"}, "--speedup +Inf: want a finite number greater than 0"},
 		{[]string{"mock-worker", "--speedup", "NaN"}, "--speedup NaN: want a finite number greater than 0"},
 		{[]string{"mock-worker", "--data-parallel-size", "65"}, "--data-parallel-size 65: want a whole number from 1 to 64"},

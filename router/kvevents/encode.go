@@ -26,6 +26,15 @@ const (
 	// (keys ts, events, data_parallel_rank), as the EventBatch class
 	// without array_like declares it.
 	EncodingMapEnvelope
+	// EncodingSGLang is SGLang's layout (sgl-project/sglang
+	// python/sglang/srt/disaggregation/kv_events.py at 612d5790): batch
+	// and events positional arrays, BlockStored [type, block_hashes,
+	// parent_block_hash, token_ids, block_size, lora_id], BlockRemoved
+	// [type, block_hashes], hashes signed 64-bit integers (SGLang's
+	// hash_str_to_int64; a uint64 is written as its two's complement).
+	// Fields SGLang does not have (medium, lora_name, extra_keys, …) are
+	// left out.
+	EncodingSGLang
 )
 
 // Encoder encodes batches. The zero value encodes EncodingArray with
@@ -107,6 +116,16 @@ func (e *Encoder) event(ev *Event) error {
 		if ev.ExtraKeys != nil && len(ev.ExtraKeys) != len(ev.BlockHashes) {
 			return fmt.Errorf("%w: %d extra keys for %d blocks", ErrEncode, len(ev.ExtraKeys), len(ev.BlockHashes))
 		}
+		if e.Encoding == EncodingSGLang {
+			fs = []field{
+				{"block_hashes", false, func() error { return e.hashes(ev.BlockHashes) }},
+				{"parent_block_hash", false, func() error { return e.optHash(ev.ParentBlockHash, ev.HasParent) }},
+				{"token_ids", false, func() error { return e.ints(ev.TokenIDs) }},
+				{"block_size", false, func() error { return e.enc.EncodeInt(ev.BlockSize) }},
+				{"lora_id", false, func() error { return e.optInt(ev.LoRAID, ev.HasLoRAID) }},
+			}
+			break
+		}
 		fs = []field{
 			{"block_hashes", false, func() error { return e.hashes(ev.BlockHashes) }},
 			{"parent_block_hash", false, func() error { return e.optHash(ev.ParentBlockHash, ev.HasParent) }},
@@ -121,6 +140,10 @@ func (e *Encoder) event(ev *Event) error {
 			{"kv_cache_spec_sliding_window", !ev.HasSlidingWindow, func() error { return e.enc.EncodeInt(ev.SlidingWindow) }},
 		}
 	case BlockRemoved:
+		if e.Encoding == EncodingSGLang {
+			fs = []field{{"block_hashes", false, func() error { return e.hashes(ev.BlockHashes) }}}
+			break
+		}
 		fs = []field{
 			{"block_hashes", false, func() error { return e.hashes(ev.BlockHashes) }},
 			{"medium", false, func() error { return e.optStr(ev.Medium) }},
@@ -130,7 +153,7 @@ func (e *Encoder) event(ev *Event) error {
 	default:
 		return fmt.Errorf("%w: unknown kind %v", ErrEncode, ev.Kind)
 	}
-	if e.Encoding == EncodingArray {
+	if e.Encoding == EncodingArray || e.Encoding == EncodingSGLang {
 		// msgspec's array_like with omit_defaults drops trailing fields
 		// at their default.
 		n := len(fs)
@@ -168,9 +191,12 @@ func (e *Encoder) event(ev *Event) error {
 }
 
 func (e *Encoder) hash(h uint64) error {
-	if e.HashBytes {
+	switch {
+	case e.HashBytes:
 		binary.BigEndian.PutUint64(e.tmp[:], h)
 		return e.enc.EncodeBytes(e.tmp[:])
+	case e.Encoding == EncodingSGLang:
+		return e.enc.EncodeInt(int64(h))
 	}
 	return e.enc.EncodeUint(h)
 }

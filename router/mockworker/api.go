@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/sim"
 )
@@ -30,6 +31,9 @@ type genRequest struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
 	PromptTokenIDs []int64 `json:"prompt_token_ids"`
+	// CacheSalt is vLLM's cache_salt: when set, part of the first
+	// block's hash, so the request hits only prompts salted alike.
+	CacheSalt *string `json:"cache_salt"`
 	// KVTransferParams is vLLM's disaggregated-serving field: see
 	// kvTransferParams.
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
@@ -39,6 +43,10 @@ type genRequest struct {
 	prefill bool
 	// ids are the prompt's token ids, nil for text hashed by bytes.
 	ids []int64
+	// lora is the LoRA adapter the model names ("" for the base model),
+	// loraID its vLLM adapter id.
+	lora   string
+	loraID int64
 }
 
 // kvTransferParams is the part of a request's kv_transfer_params the mock
@@ -195,9 +203,20 @@ func (s *Server) parse(ctx context.Context, body []byte, chat bool) (*genRequest
 	if _, err := dec.Token(); err != io.EOF {
 		return nil, sim.Request{}, badRequest("malformed JSON body: data after the JSON object")
 	}
-	if s.cfg.Model != "" && req.Model != "" && req.Model != s.cfg.Model {
-		return nil, sim.Request{}, &apiError{http.StatusNotFound, "NotFoundError",
-			fmt.Sprintf("The model `%s` does not exist; this engine serves `%s`.", req.Model, s.cfg.Model)}
+	var aerr *apiError
+	if req.lora, req.loraID, aerr = s.resolveModel(req.Model); aerr != nil {
+		return nil, sim.Request{}, aerr
+	}
+	salt := ""
+	if req.CacheSalt != nil {
+		// vLLM's check_cache_salt_support.
+		if *req.CacheSalt == "" {
+			return nil, sim.Request{}, badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+		}
+		if len(*req.CacheSalt) > maxCacheSaltBytes {
+			return nil, sim.Request{}, badRequest("cache_salt of %d bytes, over %d", len(*req.CacheSalt), maxCacheSaltBytes)
+		}
+		salt = *req.CacheSalt
 	}
 	var p prompt
 	switch {
@@ -239,7 +258,8 @@ func (s *Server) parse(ctx context.Context, body []byte, chat bool) (*genRequest
 	if out < 1 {
 		return nil, sim.Request{}, badRequest("max_tokens must be at least 1, got %d", out)
 	}
-	r := sim.Request{OutputLength: out, PrefixBlockTokens: s.cfg.BlockTokens}
+	bs := s.cfg.Sim.BlockSize
+	r := sim.Request{OutputLength: out, PrefixBlockTokens: bs}
 	if kv := bytes.TrimSpace(req.KVTransferParams); len(kv) > 0 && !bytes.Equal(kv, []byte("null")) {
 		var p kvTransferParams
 		if err := json.Unmarshal(kv, &p); err != nil {
@@ -256,30 +276,63 @@ func (s *Server) parse(ctx context.Context, body []byte, chat bool) (*genRequest
 			r.KVTransferred = true
 		}
 	}
+	var err error
 	if p.useIDs {
 		if len(p.ids) == 0 {
 			return nil, sim.Request{}, badRequest("the prompt has no tokens")
 		}
 		r.InputLength = len(p.ids)
-		r.PrefixHashes = prefix.TokenBlocks(p.ids, s.cfg.BlockTokens)
+		r.PrefixHashes, err = s.hasher.tokenBlocks(p.ids, bs, req.lora, salt)
 		req.ids = p.ids
 	} else {
 		r.InputLength = max(1, prefix.EstimateTokens(p.text, s.cfg.CharsPerToken))
-		r.PrefixHashes = prefix.TextBlocks(p.text, s.cfg.BlockTokens, s.cfg.CharsPerToken)
+		r.PrefixHashes, err = s.hasher.textBlocks(p.text, bs, s.cfg.CharsPerToken, req.lora, salt)
+	}
+	if err != nil {
+		return nil, sim.Request{}, badRequest("%v", err)
 	}
 	return &req, r, nil
 }
 
-func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"object": "list",
-		"data": []any{map[string]any{
-			"id": s.model, "object": "model", "created": s.created, "owned_by": "switchyard-mock",
-			"root": s.model, "parent": nil, "max_model_len": s.maxModelLen(),
-		}},
-	})
+// resolveModel is the LoRA adapter a request's model names ("" and 0 for
+// the base model), or a 404 for a model this engine does not serve.
+func (s *Server) resolveModel(model string) (string, int64, *apiError) {
+	if id, ok := s.lora[model]; ok {
+		return model, id, nil
+	}
+	if s.cfg.Model != "" && model != "" && model != s.cfg.Model {
+		return "", 0, &apiError{http.StatusNotFound, "NotFoundError",
+			fmt.Sprintf("The model `%s` does not exist; this engine serves `%s`.", untrusted.Text(model, 256), s.cfg.Model)}
+	}
+	return "", 0, nil
 }
+
+// handleModels serves GET /v1/models as vLLM's
+// OpenAIServingModels.show_available_models does: the base model (root
+// the model, parent null, max_model_len), then each LoRA adapter (id its
+// name, root its path, parent the base model, no max_model_len).
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	owner := "vllm"
+	if s.cfg.Engine == EngineSGLang {
+		owner = "sglang"
+	}
+	data := []any{map[string]any{
+		"id": s.model, "object": "model", "created": s.created, "owned_by": owner,
+		"root": s.model, "parent": nil, "max_model_len": s.maxModelLen(),
+	}}
+	for _, name := range s.cfg.LoRA {
+		data = append(data, map[string]any{
+			"id": name, "object": "model", "created": s.created, "owned_by": owner,
+			"root": loraPath(name), "parent": s.model,
+		})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// loraPath is the path an adapter is listed with (vLLM: the path it was
+// loaded from).
+func loraPath(name string) string { return "/mock/lora/" + name }
 
 // words are the generated text, one per token.
 var words = [...]string{" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing", " elit"}
@@ -329,7 +382,11 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 		writeError(w, perr)
 		return
 	}
-	a := &active{prompt: sr.InputLength, output: sr.OutputLength, transferred: sr.KVTransferred, ids: req.ids, notify: make(chan struct{}, 1)}
+	a := &active{prompt: sr.InputLength, output: sr.OutputLength, transferred: sr.KVTransferred, ids: req.ids,
+		lora: req.lora, loraID: req.loraID, notify: make(chan struct{}, 1)}
+	if req.CacheSalt != nil {
+		a.salt = *req.CacheSalt
+	}
 	w.Header().Set("x-mock-dp-rank", strconv.Itoa(eng.rank))
 	if sr.KVTransferred && sr.OutputLength == 1 {
 		// The one token was sampled by the prefill worker: nothing to

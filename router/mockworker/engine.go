@@ -40,6 +40,9 @@ type engine struct {
 	now         time.Duration // latest simulated time used
 	evs         []sim.Event
 	preemptions int64
+	// queried and hit are the prompt tokens looked up in the prefix cache
+	// and found there (SGLang's cache_hit_rate).
+	queried, hit int64
 }
 
 type submitCmd struct {
@@ -58,6 +61,12 @@ type active struct {
 	// ids are the prompt's token ids when it was tokenized or given as
 	// ids (BlockStored events carry them); nil for text hashed by bytes.
 	ids []int64
+	// lora is the LoRA adapter's name ("" for the base model) and loraID
+	// its vLLM adapter id; salt the request's cache_salt. BlockStored
+	// events carry them.
+	lora   string
+	loraID int64
+	salt   string
 	// transferred: the prompt's KV came from a prefill worker, which
 	// sampled the first token (sim.Request.KVTransferred).
 	transferred bool
@@ -313,6 +322,11 @@ func (e *engine) stepEnded(at time.Duration, evs []sim.Event) {
 			e.m.promptTokens.Add(float64(a.prompt))
 			e.m.cacheQueries.Add(float64(a.prompt))
 			e.m.cacheHits.Add(float64(ev.CachedTokens))
+			if e.m.hitRate != nil {
+				e.queried += int64(a.prompt)
+				e.hit += int64(ev.CachedTokens)
+				e.m.hitRate.Set(float64(e.hit) / float64(e.queried))
+			}
 			a.produce(at, 1, true, ev.CachedTokens, a.output == 1)
 		case sim.Completed:
 			n := a.output - a.emitted
@@ -332,6 +346,9 @@ func (e *engine) updateLoad() {
 	e.m.running.Set(float64(l.Running))
 	e.m.waiting.Set(float64(l.Waiting))
 	e.m.kvUsage.Set(float64(l.UsedBlocks) / float64(e.total))
+	if e.m.usedTokens != nil {
+		e.m.usedTokens.Set(float64(l.UsedBlocks * e.w.Config().BlockSize))
+	}
 	if p := e.w.Stats().Preemptions; p > e.preemptions {
 		e.m.preemptions.Add(float64(p - e.preemptions))
 		e.preemptions = p

@@ -16,7 +16,6 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/switchyard-router/switchyard/router/kvevents"
-	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/sim"
 )
 
@@ -24,6 +23,7 @@ import (
 // and copied out of its reused storage.
 type kvMsg struct {
 	seq     uint64
+	id      []byte // the publisher id after the sequence, with snapshots
 	payload []byte
 	rank    int64
 	events  []kvevents.Event
@@ -32,16 +32,20 @@ type kvMsg struct {
 // kvSub is a ZeroMQ SUB socket on a mock engine's KV events.
 type kvSub struct {
 	t      *testing.T
+	seqLen int // 8, or 24 with snapshots (sequence and publisher id)
 	sock   zmq4.Socket
 	msgs   chan zmq4.Msg
 	dec    kvevents.Decoder
 	cancel context.CancelFunc
 }
 
-func subscribe(t *testing.T, addr string) *kvSub {
+func subscribe(t *testing.T, addr string) *kvSub { return subscribeSeq(t, addr, 8) }
+
+// subscribeSeq subscribes expecting sequence frames of seqLen bytes.
+func subscribeSeq(t *testing.T, addr string, seqLen int) *kvSub {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &kvSub{t: t, sock: zmq4.NewSub(ctx), msgs: make(chan zmq4.Msg, 4096), cancel: cancel}
+	s := &kvSub{t: t, seqLen: seqLen, sock: zmq4.NewSub(ctx), msgs: make(chan zmq4.Msg, 4096), cancel: cancel}
 	if err := s.sock.Dial("tcp://" + addr); err != nil {
 		t.Fatal(err)
 	}
@@ -72,10 +76,12 @@ func (s *kvSub) next(wait time.Duration) (kvMsg, bool) {
 	s.t.Helper()
 	select {
 	case m := <-s.msgs:
-		if len(m.Frames) != 3 || len(m.Frames[0]) != 0 || len(m.Frames[1]) != 8 {
-			s.t.Fatalf("message frames %q, want topic \"\", 8-byte sequence, payload", m.Frames)
+		if len(m.Frames) != 3 || len(m.Frames[0]) != 0 || len(m.Frames[1]) != s.seqLen {
+			s.t.Fatalf("message frames %q, want topic \"\", %d-byte sequence, payload", m.Frames, s.seqLen)
 		}
-		return s.decode(binary.BigEndian.Uint64(m.Frames[1]), m.Frames[2]), true
+		out := s.decode(binary.BigEndian.Uint64(m.Frames[1]), m.Frames[2])
+		out.id = slices.Clone(m.Frames[1][8:])
+		return out, true
 	case <-time.After(wait):
 		return kvMsg{}, false
 	}
@@ -95,6 +101,15 @@ func (s *kvSub) decode(seq uint64, payload []byte) kvMsg {
 		ev.BlockHashes = slices.Clone(ev.BlockHashes)
 		ev.TokenIDs = slices.Clone(ev.TokenIDs)
 		ev.Medium = slices.Clone(ev.Medium)
+		ev.LoRAName = slices.Clone(ev.LoRAName)
+		ev.SpecKind = slices.Clone(ev.SpecKind)
+		if ev.ExtraKeys != nil {
+			keys := make([][]byte, len(ev.ExtraKeys))
+			for i, k := range ev.ExtraKeys {
+				keys[i] = slices.Clone(k)
+			}
+			ev.ExtraKeys = keys
+		}
 		out.events = append(out.events, ev)
 	}
 	return out
@@ -132,14 +147,27 @@ func complete(t *testing.T, url string, body map[string]any) {
 	}
 }
 
+// vLLM's block hashes of the token ids 1..64 in 16-token blocks with
+// PYTHONHASHSEED "0" (sha256_cbor, low 64 bits): computed outside this
+// code from the canonical CBOR written by hand per RFC 8949, e.g. block 0
+// hashes 83 5820 <NONE_HASH> 90 0102…0f10 f6, NONE_HASH = sha256(61 30)
+// (vllm/v1/core/kv_cache_utils.py hash_block_tokens, init_none_hash).
+var seed0Hashes = []uint64{3236607068019569386, 2758186210834249151, 5191110061519319221, 17013564117172258520}
+
 // TestKVEvents runs a mock engine with KV events on, in both encodings,
-// and a real ZeroMQ subscriber: a prompt given as token ids is reported
-// BlockStored block by block (hash = prefix.TokenBlocks, parent chain,
-// token ids, block size, medium GPU), then BlockRemoved when a prompt
-// that needs the whole cache evicts it; a text prompt's blocks carry no
-// token ids; a prefix-cache reset sends AllBlocksCleared. Sequence
-// numbers are consecutive, and the replay endpoint answers the same
-// payloads from sequence 0 on, then the end marker.
+// and a real ZeroMQ subscriber, and checks what vLLM's block pool emits
+// (vllm/v1/core/block_pool.py cache_full_blocks,
+// _emit_block_removed_events; tests/v1/core/test_prefix_caching.py
+// test_kv_cache_events): a prompt's full blocks in one BlockStored with
+// the engine's hashes, no parent for the first block, the token ids,
+// block_size, medium GPU, extra_keys one None per block, group_idx 0 and
+// kv_cache_spec_kind "full_attention"; the same block-aligned prompt
+// again stores a second copy of its last block (recomputed: vLLM does not
+// deduplicate); evicting everything sends one BlockRemoved per copy; a
+// text prompt without a tokenizer has hashes but no token ids; a reset
+// sends AllBlocksCleared. Sequence numbers are consecutive from 0, and the
+// replay endpoint answers the same payloads in vLLM's current format
+// ([topic, sequence, payload], then ["", -1, ""]).
 func TestKVEvents(t *testing.T) {
 	for _, enc := range []struct {
 		name string
@@ -148,7 +176,7 @@ func TestKVEvents(t *testing.T) {
 		t.Run(enc.name, func(t *testing.T) {
 			cfg := sim.DefaultConfig()
 			cfg.TotalKVBlocks = 64 // 1024 tokens
-			s, url := startServer(t, Config{Model: testModel, Sim: cfg, BlockTokens: 16,
+			s, url := startServer(t, Config{Model: testModel, Sim: cfg, HashSeed: "0",
 				KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsReplayEndpoint: "tcp://127.0.0.1:0", KVEventsEncoding: enc.enc})
 			pubAddr, replayAddr := s.KVEventsAddr(0)
 			sub := subscribe(t, pubAddr.String())
@@ -166,50 +194,67 @@ func TestKVEvents(t *testing.T) {
 				}
 			}
 
-			a := ids(0, 65) // 4 full blocks of 16 and one token
-			aHashes := prefix.TokenBlocks(a, 16)
+			a := ids(1, 65) // 4 full blocks of 16 and one token
 			complete(t, url, map[string]any{"prompt": a, "max_tokens": 1})
-			var stored []kvevents.Event
-			seen = append(seen, sub.until("BlockStored of A", func(m kvMsg) bool {
-				for _, ev := range m.events {
-					if ev.Kind == kvevents.BlockStored && slices.Contains(aHashes, ev.BlockHashes[0]) {
-						stored = append(stored, ev)
+			stored := func(what string, first uint64) kvevents.Event {
+				var got *kvevents.Event
+				seen = append(seen, sub.until(what, func(m kvMsg) bool {
+					for i, ev := range m.events {
+						if ev.Kind == kvevents.BlockStored && ev.BlockHashes[0] == first {
+							got = &m.events[i]
+						}
 					}
-				}
-				return len(stored) > 0
-			})...)
-			want := kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: aHashes, TokenIDs: a[:64],
-				BlockSize: 16, Medium: []byte("GPU")}
-			if len(stored) != 1 || !sameEvent(stored[0], want) {
-				t.Fatalf("A stored as %+v, want one event %+v", stored, want)
+					return got != nil
+				})...)
+				return *got
+			}
+			want := kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: seed0Hashes, TokenIDs: a[:64],
+				BlockSize: 16, Medium: []byte("GPU"), ExtraKeys: make([][]byte, 4), HasGroupIdx: true, SpecKind: []byte("full_attention")}
+			if got := stored("BlockStored of A", seed0Hashes[0]); !sameEvent(got, want) {
+				t.Fatalf("A stored as\n%+v\nwant\n%+v", got, want)
 			}
 
-			// B needs all 64 blocks: every cached block is evicted.
+			// A's 64 tokens again: 3 blocks hit, the last recomputed into a
+			// second copy of its hash.
+			resp, body := post(t, url+"/v1/completions", map[string]any{"prompt": a[:64], "max_tokens": 1})
+			if resp.StatusCode != 200 || resp.Header.Get("x-mock-cached-tokens") != "48" {
+				t.Fatalf("A's blocks again: %d, cached %s: %s", resp.StatusCode, resp.Header.Get("x-mock-cached-tokens"), body)
+			}
+			want = kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: seed0Hashes[3:], ParentBlockHash: seed0Hashes[2], HasParent: true,
+				TokenIDs: a[48:64], BlockSize: 16, Medium: []byte("GPU"), ExtraKeys: make([][]byte, 1), HasGroupIdx: true, SpecKind: []byte("full_attention")}
+			if got := stored("the second copy of A's last block", seed0Hashes[3]); !sameEvent(got, want) {
+				t.Fatalf("second copy stored as\n%+v\nwant\n%+v", got, want)
+			}
+
+			// B needs all 64 blocks: every cached copy is evicted, each in
+			// its own BlockRemoved.
 			complete(t, url, map[string]any{"prompt": ids(1_000_000, 1023), "max_tokens": 1})
-			removed := map[uint64]bool{}
+			removed := map[uint64]int{}
 			seen = append(seen, sub.until("BlockRemoved of A", func(m kvMsg) bool {
 				for _, ev := range m.events {
 					if ev.Kind == kvevents.BlockRemoved {
-						if !bytes.Equal(ev.Medium, []byte("GPU")) {
-							t.Errorf("BlockRemoved medium %q", ev.Medium)
+						if !bytes.Equal(ev.Medium, []byte("GPU")) || len(ev.BlockHashes) != 1 || !ev.HasGroupIdx || ev.GroupIdx != 0 {
+							t.Errorf("BlockRemoved %+v, want one hash, medium GPU, group_idx 0", ev)
 						}
-						for _, h := range ev.BlockHashes {
-							removed[h] = true
-						}
+						removed[ev.BlockHashes[0]]++
 					}
 				}
-				return removed[aHashes[0]] && removed[aHashes[1]] && removed[aHashes[2]] && removed[aHashes[3]]
+				return removed[seed0Hashes[3]] == 2
 			})...)
+			for _, h := range seed0Hashes[:3] {
+				if removed[h] != 1 {
+					t.Errorf("block %d removed %d times, want once", h, removed[h])
+				}
+			}
 
-			// Text without a tokenizer: hashes only.
+			// Text without a tokenizer: hashes only, one per 64 bytes.
 			text := longText(9, 16*4*2+5)
 			complete(t, url, map[string]any{"prompt": text, "max_tokens": 1})
-			tHashes := prefix.TextBlocks(text, 16, 4)
 			seen = append(seen, sub.until("BlockStored of the text", func(m kvMsg) bool {
 				for _, ev := range m.events {
-					if ev.Kind == kvevents.BlockStored && ev.BlockHashes[0] == tHashes[0] {
-						if !slices.Equal(ev.BlockHashes, tHashes) || len(ev.TokenIDs) != 0 || ev.BlockSize != 16 {
-							t.Errorf("text stored as %+v, want hashes %x and no token ids", ev, tHashes)
+					if ev.Kind == kvevents.BlockStored && len(ev.TokenIDs) == 0 {
+						if len(ev.BlockHashes) != 2 || ev.BlockSize != 16 || ev.HasParent {
+							t.Errorf("text stored as %+v, want two hashes without token ids", ev)
 						}
 						return true
 					}
@@ -241,9 +286,19 @@ func TestKVEvents(t *testing.T) {
 }
 
 func sameEvent(a, b kvevents.Event) bool {
+	if len(a.ExtraKeys) != len(b.ExtraKeys) {
+		return false
+	}
+	for i := range a.ExtraKeys {
+		if !bytes.Equal(a.ExtraKeys[i], b.ExtraKeys[i]) {
+			return false
+		}
+	}
 	return a.Kind == b.Kind && slices.Equal(a.BlockHashes, b.BlockHashes) && a.HasParent == b.HasParent &&
 		a.ParentBlockHash == b.ParentBlockHash && slices.Equal(a.TokenIDs, b.TokenIDs) &&
-		a.BlockSize == b.BlockSize && bytes.Equal(a.Medium, b.Medium)
+		a.BlockSize == b.BlockSize && bytes.Equal(a.Medium, b.Medium) && a.LoRAID == b.LoRAID && a.HasLoRAID == b.HasLoRAID &&
+		bytes.Equal(a.LoRAName, b.LoRAName) && a.GroupIdx == b.GroupIdx && a.HasGroupIdx == b.HasGroupIdx &&
+		bytes.Equal(a.SpecKind, b.SpecKind)
 }
 
 // checkLayout: in the array encoding an event is a positional array, in
@@ -288,20 +343,25 @@ func checkReplay(t *testing.T, addr string, seen []kvMsg) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(m.Frames) != 3 || len(m.Frames[0]) != 0 || len(m.Frames[1]) != 8 {
+		// vLLM since PR 45177: [empty, topic, sequence, payload]
+		// (tests/distributed/test_events.py test_replay_includes_topic).
+		if len(m.Frames) != 4 || len(m.Frames[0]) != 0 || len(m.Frames[2]) != 8 {
 			t.Fatalf("replay frames %q", m.Frames)
 		}
-		seq := binary.BigEndian.Uint64(m.Frames[1])
+		seq := binary.BigEndian.Uint64(m.Frames[2])
 		if seq == ^uint64(0) {
-			if len(m.Frames[2]) != 0 {
-				t.Errorf("end marker payload %q", m.Frames[2])
+			if len(m.Frames[1]) != 0 || len(m.Frames[3]) != 0 {
+				t.Errorf("end marker %q, want [\"\", \"\", -1, \"\"]", m.Frames)
 			}
 			break
+		}
+		if len(m.Frames[1]) != 0 {
+			t.Errorf("replayed topic %q, want the publisher's \"\"", m.Frames[1])
 		}
 		if seq != next {
 			t.Fatalf("replayed sequence %d, want %d", seq, next)
 		}
-		got[seq] = m.Frames[2]
+		got[seq] = m.Frames[3]
 	}
 	for _, m := range seen {
 		if !bytes.Equal(got[m.seq], m.payload) {
@@ -334,7 +394,7 @@ func freePorts(t *testing.T) int {
 // with data_parallel_rank N, only the events of its own cache.
 func TestKVEventsDataParallel(t *testing.T) {
 	port := freePorts(t)
-	s, url := startServer(t, Config{Model: testModel, BlockTokens: 16, DataParallelSize: 2,
+	s, url := startServer(t, Config{Model: testModel, DataParallelSize: 2,
 		KVEventsEndpoint: "tcp://127.0.0.1:" + strconv.Itoa(port)})
 	subs := make([]*kvSub, 2)
 	for r := range subs {
@@ -364,8 +424,7 @@ func TestKVEventsDataParallel(t *testing.T) {
 			m, ok = sub.next(100 * time.Millisecond)
 		}
 		ev := m.events[0]
-		if m.rank != int64(r) || ev.Kind != kvevents.BlockStored || len(ev.TokenIDs) != 16 ||
-			ev.BlockHashes[0] != prefix.TokenBlocks(ev.TokenIDs, 16)[0] {
+		if m.rank != int64(r) || ev.Kind != kvevents.BlockStored || len(ev.TokenIDs) != 16 || len(ev.BlockHashes) != 1 {
 			t.Fatalf("rank %d: first message %+v", r, m)
 		}
 		// The block is one of its own prompts' (ids from 10000·(r+1) on).

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/sim"
 )
@@ -24,15 +26,20 @@ var ErrListen = errors.New("cannot listen")
 
 // rankEndpoint returns endpoint ("tcp://host:port") with the port
 // increased by rank, as vLLM offsets a data-parallel rank's KV event
-// endpoints (KVEventsConfig: "rank N publishes on port + N").
+// endpoints (ZmqEventPublisher.offset_endpoint_port: "rank N publishes on
+// port + N"; since PR 55844 a port of 0 is left for the OS, every rank
+// binding its own).
 func rankEndpoint(endpoint string, rank int) (string, error) {
 	u, err := url.Parse(endpoint)
 	if err != nil || u.Scheme != "tcp" || u.Port() == "" || u.Path != "" {
 		return "", fmt.Errorf("KV events endpoint %q: want tcp://HOST:PORT", endpoint)
 	}
 	port, err := strconv.Atoi(u.Port())
-	if err != nil || port < 0 || port+rank > 65535 || (port == 0 && rank > 0) {
+	if err != nil || port < 0 || port+rank > 65535 {
 		return "", fmt.Errorf("KV events endpoint %q: port %q plus data-parallel rank %d is not a port", endpoint, u.Port(), rank)
+	}
+	if port == 0 {
+		return endpoint, nil
 	}
 	return "tcp://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(port+rank)), nil
 }
@@ -40,24 +47,36 @@ func rankEndpoint(endpoint string, rank int) (string, error) {
 // kvPublisher publishes one rank's KV events with kvevents.Publisher, as
 // vLLM's ZmqEventPublisher does: each batch as [topic, sequence (from 0),
 // msgpack payload] on a PUB socket and, with a replay endpoint, replays
-// from a ring of recent batches on a ROUTER socket. The engine goroutine
-// builds the batch (kvEvent) and publishes it (flush); neither blocks:
-// the PUB socket queues.
+// from a ring of recent batches on a ROUTER socket, and with a snapshot
+// endpoint serves snapshots. The engine goroutine builds the batch
+// (kvEvent) and publishes it (flush); neither blocks: the PUB socket
+// queues.
 type kvPublisher struct {
-	rank int
-	m    *rankMetrics
-	pub  *kvevents.Publisher
+	rank   int
+	m      *rankMetrics
+	pub    *kvevents.Publisher
+	sglang bool
+	// endpoints as the engine reports them (/kv_event_sources): the
+	// configured ones offset by the rank, a port of 0 replaced by the
+	// bound one.
+	endpoint, replay, snapshot string
 
-	// Owned by the engine goroutine.
-	enc   kvevents.Encoder
-	batch kvevents.Batch
+	// Owned by the engine goroutine: the batch being built, and the
+	// request and group of its last store, which the next store of the
+	// same request's next block joins.
+	batch     kvevents.Batch
+	lastReq   int
+	lastGroup int
 }
 
 // kvEventsOptions are the publisher settings of Config.
 type kvEventsOptions struct {
-	endpoint, replay, topic string
-	encoding                kvevents.Encoding
-	ringSize                int
+	endpoint, replay, snapshot, topic string
+	snapshotUnavailable               bool
+	encoding                          kvevents.Encoding
+	replayFormat                      kvevents.ReplayFormat
+	ringSize                          int
+	sglang                            bool
 }
 
 // newKVPublisher listens on the options' endpoints, offset by rank.
@@ -66,82 +85,156 @@ func newKVPublisher(o kvEventsOptions, rank int, m *rankMetrics) (*kvPublisher, 
 	if err != nil {
 		return nil, err
 	}
-	var rep string
+	var rep, snap string
 	if o.replay != "" {
 		if rep, err = rankEndpoint(o.replay, rank); err != nil {
 			return nil, err
 		}
 	}
-	pub, err := kvevents.NewPublisher(ep, rep, o.topic, o.ringSize)
+	if o.snapshot != "" {
+		if snap, err = rankEndpoint(o.snapshot, rank); err != nil {
+			return nil, err
+		}
+	}
+	pub, err := kvevents.NewPublisherWith(kvevents.PublisherOptions{
+		Endpoint: ep, ReplayEndpoint: rep, ReplayFormat: o.replayFormat, SnapshotEndpoint: snap,
+		SnapshotUnavailable: o.snapshotUnavailable, Topic: o.topic, BufferSteps: o.ringSize,
+		Encoding: o.encoding, DataParallelRank: int64(rank)})
 	if err != nil {
 		return nil, fmt.Errorf("%w: KV events endpoint: %w", ErrListen, err)
 	}
-	return &kvPublisher{rank: rank, m: m, pub: pub, enc: kvevents.Encoder{Encoding: o.encoding}}, nil
+	p := &kvPublisher{rank: rank, m: m, pub: pub, sglang: o.sglang, endpoint: bound(ep, pub.Addr())}
+	if rep != "" {
+		p.replay = bound(rep, pub.ReplayAddr())
+	}
+	if snap != "" {
+		p.snapshot = bound(snap, pub.SnapshotAddr())
+	}
+	return p, nil
+}
+
+// bound is endpoint as the engine reports it: as configured, but with a
+// port of 0 replaced by the port bound, and then a wildcard host by
+// 127.0.0.1 (vLLM binds tcp://*:0 to the node's IP and reports that).
+func bound(endpoint string, addr net.Addr) string {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Port() != "0" {
+		return endpoint
+	}
+	a, ok := addr.(*net.TCPAddr)
+	if !ok {
+		return endpoint
+	}
+	host := u.Hostname()
+	if host == "*" || host == "" || host == "0.0.0.0" || host == "::" {
+		host = "127.0.0.1"
+	}
+	return "tcp://" + net.JoinHostPort(host, strconv.Itoa(a.Port))
 }
 
 func (p *kvPublisher) close() { _ = p.pub.Close() }
 
 // flush publishes the events added since the last flush as one batch.
 func (p *kvPublisher) flush() {
+	p.lastReq = -1
 	if len(p.batch.Events) == 0 {
 		return
 	}
 	p.batch.TS = float64(time.Now().UnixNano()) / 1e9
 	p.batch.DataParallelRank, p.batch.HasDataParallelRank = int64(p.rank), true
-	payload, err := p.enc.Encode(&p.batch)
+	_, err := p.pub.PublishBatch(&p.batch)
 	p.batch.Events = p.batch.Events[:0]
-	if err != nil {
+	switch {
+	case errors.Is(err, kvevents.ErrEncode):
 		// Unreachable: the mock builds only encodable events.
 		panic(fmt.Sprintf("mockworker: encoding KV events: %v", err))
-	}
-	// Publish copies the payload; it fails only once closed.
-	if _, err := p.pub.Publish(payload); err == nil {
+	case err == nil:
 		p.m.kvEventBatches.Inc()
 	}
 }
 
-// kvEvent is the simulated worker's KV event hook: it adds the change to
-// the batch being built, merging a store that continues the previous
-// store's chain (the request's next group) into it, and consecutive
-// removals into one event, as vLLM reports one step's blocks together.
-// Stored groups carry their token ids when the request's prompt is known
-// as ids.
+// kvEvent is the simulated worker's KV event hook; it adds the change to
+// the batch being built. vLLM (vllm/v1/core/block_pool.py): one
+// BlockStored per request and step for the blocks it cached (joining
+// the request's consecutive blocks), with the blocks' token ids when
+// known, block_size, lora_id and lora_name of a LoRA request, medium
+// "GPU", extra_keys (one entry per block: None, or the LoRA name and, on
+// block 0, the cache salt), group_idx 0 and kv_cache_spec_kind
+// "full_attention"; one BlockRemoved per evicted block (medium "GPU",
+// group_idx 0); AllBlocksCleared after a reset. SGLang
+// (python/sglang/srt/mem_cache/radix_cache.py _record_store_event): one
+// BlockStored per page and one BlockRemoved per page, no medium, no LoRA.
 func (e *engine) kvEvent(ev sim.KVEvent) {
-	b := &e.kv.batch
-	var last *kvevents.Event
-	if n := len(b.Events); n > 0 {
-		last = &b.Events[n-1]
-	}
+	p := e.kv
+	b := &p.batch
 	switch ev.Kind {
 	case sim.KVBlockStored:
+		a := e.reqs[ev.RequestID]
 		var ids []int64
-		if a := e.reqs[ev.RequestID]; a != nil && a.ids != nil {
+		if a != nil && a.ids != nil {
 			ids = a.ids[ev.Group*ev.Tokens : (ev.Group+1)*ev.Tokens]
 		}
-		if last != nil && last.Kind == kvevents.BlockStored && ev.Group > 0 &&
-			last.BlockHashes[len(last.BlockHashes)-1] == ev.Parent && last.BlockSize == int64(ev.Tokens) &&
-			(len(last.TokenIDs) > 0) == (ids != nil) {
+		if p.sglang {
+			p.lastReq = -1
+			b.Events = append(b.Events, kvevents.Event{
+				Kind: kvevents.BlockStored, BlockHashes: []uint64{ev.Hash}, ParentBlockHash: ev.Parent, HasParent: ev.Group > 0,
+				TokenIDs: append([]int64(nil), ids...), BlockSize: int64(ev.Tokens)})
+			return
+		}
+		var lora, salt string
+		var loraID int64
+		if a != nil {
+			lora, salt, loraID = a.lora, a.salt, a.loraID
+		}
+		if n := len(b.Events); n > 0 && p.lastReq == ev.RequestID && p.lastGroup == ev.Group-1 {
+			last := &b.Events[n-1]
 			last.BlockHashes = append(last.BlockHashes, ev.Hash)
 			last.TokenIDs = append(last.TokenIDs, ids...)
+			last.ExtraKeys = append(last.ExtraKeys, extraKeysMsgpack(ev.Group, lora, salt))
+			p.lastGroup = ev.Group
 			return
 		}
-		b.Events = append(b.Events, kvevents.Event{
-			Kind: kvevents.BlockStored, BlockHashes: []uint64{ev.Hash},
-			ParentBlockHash: ev.Parent, HasParent: ev.Group > 0,
+		p.lastReq, p.lastGroup = ev.RequestID, ev.Group
+		out := kvevents.Event{
+			Kind: kvevents.BlockStored, BlockHashes: []uint64{ev.Hash}, ParentBlockHash: ev.Parent, HasParent: ev.Group > 0,
 			TokenIDs: append([]int64(nil), ids...), BlockSize: int64(ev.Tokens), Medium: mediumGPU,
-		})
-	case sim.KVBlockRemoved:
-		if last != nil && last.Kind == kvevents.BlockRemoved {
-			last.BlockHashes = append(last.BlockHashes, ev.Hash)
-			return
+			ExtraKeys: [][]byte{extraKeysMsgpack(ev.Group, lora, salt)}, HasGroupIdx: true, SpecKind: specFullAttention,
 		}
-		b.Events = append(b.Events, kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{ev.Hash}, Medium: mediumGPU})
+		if lora != "" {
+			out.LoRAID, out.HasLoRAID, out.LoRAName = loraID, true, []byte(lora)
+		}
+		b.Events = append(b.Events, out)
+	case sim.KVBlockRemoved:
+		p.lastReq = -1
+		out := kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{ev.Hash}}
+		if !p.sglang {
+			out.Medium, out.HasGroupIdx = mediumGPU, true
+		}
+		b.Events = append(b.Events, out)
 	case sim.KVAllCleared:
+		p.lastReq = -1
 		b.Events = append(b.Events, kvevents.Event{Kind: kvevents.AllBlocksCleared})
 	}
 }
 
-var mediumGPU = []byte(kvevents.MediumGPU)
+// extraKeysMsgpack is block g's extra keys as msgspec writes vLLM's tuple:
+// an array of strings, or nil (None) when there are none.
+func extraKeysMsgpack(g int, lora, salt string) []byte {
+	k := extraKeys(g, lora, salt)
+	if k == nil {
+		return nil
+	}
+	b, err := msgpack.Marshal(k)
+	if err != nil {
+		panic(fmt.Sprintf("mockworker: encoding extra keys: %v", err)) // unreachable: strings
+	}
+	return b
+}
+
+var (
+	mediumGPU         = []byte(kvevents.MediumGPU)
+	specFullAttention = []byte("full_attention")
+)
 
 // flushKV publishes the KV events of the last change, if any.
 func (e *engine) flushKV() {

@@ -430,7 +430,7 @@ func TestMetrics(t *testing.T) {
 		"vllm:prompt_tokens_total":        2000,
 		"vllm:generation_tokens_total":    6,
 		"vllm:prefix_cache_queries_total": 2000,
-		"vllm:prefix_cache_hits_total":    512, // one full 2048-byte block of 4000 bytes
+		"vllm:prefix_cache_hits_total":    992, // 62 full 64-byte blocks (16 tokens) of 4000 bytes
 		"vllm:request_success_total":      2,
 		"vllm:num_preemptions_total":      0,
 	} {
@@ -556,7 +556,10 @@ func TestNewValidates(t *testing.T) {
 	bad := sim.DefaultConfig()
 	bad.BlockSize = 0
 	for _, cfg := range []Config{
-		{Speedup: -1}, {Sim: bad}, {BlockTokens: 24}, {CharsPerToken: -1}, {DefaultMaxTokens: -2},
+		{Speedup: -1}, {Sim: bad}, {BlockTokens: 512}, {CharsPerToken: -1}, {DefaultMaxTokens: -2},
+		{LoRA: []string{"a", "a"}}, {LoRA: []string{""}}, {Model: "m", LoRA: []string{"m"}}, {LoRA: make([]string, MaxLoRA+1)},
+		{KVEventsSnapshotEndpoint: "tcp://127.0.0.1:0"}, {KVEventsAdvertiseHost: "a b"}, {Engine: 7},
+		{Engine: EngineSGLang, KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsSnapshotEndpoint: "tcp://127.0.0.1:0"},
 	} {
 		if s, err := New(cfg); err == nil {
 			s.Close()

@@ -115,8 +115,8 @@ func TestDataParallelRanks(t *testing.T) {
 			t.Errorf("engine %d served %v requests, want %v", r, got, want)
 		}
 		// The same 3000-byte prompt three times on rank 1: 750 tokens each,
-		// the second and third hit its one full 2048-byte block.
-		if got, want := rankValue(t, fams, "vllm:prefix_cache_hits_total", r), 2*512*want/3; got != want {
+		// the second and third hit its 46 full 64-byte blocks (16 tokens).
+		if got, want := rankValue(t, fams, "vllm:prefix_cache_hits_total", r), 2*736*want/3; got != want {
 			t.Errorf("engine %d cache hits %v tokens, want %v", r, got, want)
 		}
 	}
@@ -161,6 +161,7 @@ func TestRankEndpoint(t *testing.T) {
 		{"tcp://*:5557", 1, "tcp://*:5558"},
 		{"tcp://[::1]:5557", 1, "tcp://[::1]:5558"},
 		{"tcp://127.0.0.1:0", 0, "tcp://127.0.0.1:0"},
+		{"tcp://127.0.0.1:0", 2, "tcp://127.0.0.1:0"}, // vLLM PR 55844: port 0 is not offset
 	} {
 		if got, err := rankEndpoint(c.in, c.rank); err != nil || got != c.want {
 			t.Errorf("rankEndpoint(%q, %d) = %q, %v; want %q", c.in, c.rank, got, err, c.want)
@@ -169,7 +170,7 @@ func TestRankEndpoint(t *testing.T) {
 	for _, c := range []struct {
 		in   string
 		rank int
-	}{{"127.0.0.1:5557", 0}, {"ipc:///tmp/x", 0}, {"tcp://host", 0}, {"tcp://h:65535", 1}, {"tcp://h:0", 1}, {"tcp://h:1/x", 0}} {
+	}{{"127.0.0.1:5557", 0}, {"ipc:///tmp/x", 0}, {"tcp://host", 0}, {"tcp://h:65535", 1}, {"tcp://h:1/x", 0}} {
 		if got, err := rankEndpoint(c.in, c.rank); err == nil || !strings.Contains(err.Error(), c.in) {
 			t.Errorf("rankEndpoint(%q, %d) = %q, %v; want an error naming it", c.in, c.rank, got, err)
 		}

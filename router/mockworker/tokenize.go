@@ -3,7 +3,6 @@ package mockworker
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"net/http"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
@@ -12,11 +11,11 @@ import (
 // tokenizeRequest is vLLM's /tokenize body (TokenizeCompletionRequest or,
 // with messages, TokenizeChatRequest); other fields are ignored.
 type tokenizeRequest struct {
-	Model               string        `json:"model"`
-	Prompt              *string       `json:"prompt"`
-	Messages            []chatMessage `json:"messages"`
-	AddGenerationPrompt *bool         `json:"add_generation_prompt"`
-	AddSpecialTokens    *bool         `json:"add_special_tokens"`
+	Model               string          `json:"model"`
+	Prompt              json.RawMessage `json:"prompt"`
+	Messages            []chatMessage   `json:"messages"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	AddSpecialTokens    *bool           `json:"add_special_tokens"`
 }
 
 // handleTokenize serves POST /tokenize in vLLM's shape: {"model",
@@ -44,9 +43,12 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("malformed JSON body: %v", err))
 		return
 	}
-	if s.cfg.Model != "" && req.Model != "" && req.Model != s.cfg.Model {
-		writeError(w, &apiError{http.StatusNotFound, "NotFoundError",
-			fmt.Sprintf("The model `%s` does not exist; this engine serves `%s`.", req.Model, s.cfg.Model)})
+	if _, _, aerr := s.resolveModel(req.Model); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	if s.cfg.Engine == EngineSGLang {
+		s.sglangTokenize(w, r, &req)
 		return
 	}
 	var (
@@ -72,7 +74,12 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 			writeError(w, badRequest("add_special_tokens false is not supported by this mock engine"))
 			return
 		}
-		ids, aerr = s.encode(r.Context(), *req.Prompt, nil)
+		var prompt string
+		if err := json.Unmarshal(req.Prompt, &prompt); err != nil {
+			writeError(w, badRequest("prompt must be a string"))
+			return
+		}
+		ids, aerr = s.encode(r.Context(), prompt, nil)
 	default:
 		aerr = badRequest("prompt or messages is required")
 	}
@@ -87,4 +94,57 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(map[string]any{
 		"count": len(ids), "max_model_len": s.maxModelLen(), "tokens": ids, "token_strs": nil,
 	})
+}
+
+// sglangTokenize answers /tokenize and /v1/tokenize as SGLang's
+// OpenAIServingTokenize does (python/sglang/srt/entrypoints/openai/
+// serving_tokenize.py@0351c1fa): {"prompt": str or [str],
+// "add_special_tokens": true}, answered {"tokens", "count",
+// "max_model_len"} (a list of each for a list of prompts). It takes no
+// chat messages: a body without a prompt is a 400.
+func (s *Server) sglangTokenize(w http.ResponseWriter, r *http.Request, req *tokenizeRequest) {
+	if req.Prompt == nil || bytes.Equal(bytes.TrimSpace(req.Prompt), []byte("null")) {
+		writeError(w, badRequest("prompt is required (SGLang's /tokenize takes a prompt, not chat messages)"))
+		return
+	}
+	if req.AddSpecialTokens != nil && !*req.AddSpecialTokens {
+		writeError(w, badRequest("add_special_tokens false is not supported by this mock engine"))
+		return
+	}
+	var one string
+	var many []string
+	if err := json.Unmarshal(req.Prompt, &one); err != nil {
+		if err := json.Unmarshal(req.Prompt, &many); err != nil {
+			writeError(w, badRequest("prompt must be a string or a list of strings"))
+			return
+		}
+	}
+	answer := map[string]any{"max_model_len": s.maxModelLen()}
+	if many == nil {
+		ids, aerr := s.encode(r.Context(), one, nil)
+		if aerr != nil {
+			writeError(w, aerr)
+			return
+		}
+		if ids == nil {
+			ids = []int64{}
+		}
+		answer["tokens"], answer["count"] = ids, len(ids)
+	} else {
+		tokens, counts := make([][]int64, len(many)), make([]int, len(many))
+		for i, p := range many {
+			ids, aerr := s.encode(r.Context(), p, nil)
+			if aerr != nil {
+				writeError(w, aerr)
+				return
+			}
+			if ids == nil {
+				ids = []int64{}
+			}
+			tokens[i], counts[i] = ids, len(ids)
+		}
+		answer["tokens"], answer["count"] = tokens, counts
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(answer)
 }

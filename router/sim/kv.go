@@ -39,6 +39,13 @@ type kvCache struct {
 	index      map[uint64]int32 // chained prefix hash → node
 	evicted    int64            // cached engine blocks evicted
 
+	// copies is vLLM's block pool without deduplication (TrackBlockCopies):
+	// every cached copy of a hash is its own node, index maps a hash to
+	// one published copy and more holds the others; a node is in neither
+	// until its block is cached.
+	copies bool
+	more   map[uint64][]int32
+
 	// hook, when set, is told of stored and removed groups (KVEvent);
 	// at is the simulated time of the change in progress and worker the
 	// owner's index.
@@ -143,7 +150,11 @@ func (c *kvCache) take(n int) {
 func (c *kvCache) unlinkEmpty(i int32) {
 	c.unlink(i) // blocks is 0, lruBlocks unchanged
 	if nd := &c.nodes[i]; !nd.private {
-		delete(c.index, nd.key)
+		if c.copies {
+			c.indexRemove(nd.key, i)
+		} else {
+			delete(c.index, nd.key)
+		}
 		if c.hook != nil {
 			c.hook(KVEvent{Kind: KVBlockRemoved, Worker: c.worker, At: c.at, Hash: nd.key})
 		}
@@ -185,17 +196,61 @@ func (c *kvCache) unref(i int32) {
 		return
 	}
 	if n.blocks == 0 {
-		delete(c.index, n.key)
+		if !c.copies { // a copy is indexed only once cached
+			delete(c.index, n.key)
+		}
 		c.releaseNode(i)
 		return
 	}
 	c.pushTail(i)
 }
 
-// create makes a referenced, empty node for key, which must be absent.
+// create makes a referenced, empty node for key, which must be absent
+// (with copies, the node is indexed once its block is cached: indexAdd).
 func (c *kvCache) create(key uint64) int32 {
 	i := c.newNode()
 	c.nodes[i] = node{key: key, refs: 1, prev: -1, next: -1}
-	c.index[key] = i
+	if !c.copies {
+		c.index[key] = i
+	}
 	return i
+}
+
+// indexAdd makes node i, just cached, findable under key, next to the
+// copies of key already cached (copies only).
+func (c *kvCache) indexAdd(key uint64, i int32) {
+	if _, ok := c.index[key]; !ok {
+		c.index[key] = i
+		return
+	}
+	if c.more == nil {
+		c.more = make(map[uint64][]int32)
+	}
+	c.more[key] = append(c.more[key], i)
+}
+
+// indexRemove forgets node i, a cached copy of key being evicted; another
+// copy, if any, stays findable (copies only). Cost: the copies of key.
+func (c *kvCache) indexRemove(key uint64, i int32) {
+	rest := c.more[key]
+	if c.index[key] == i {
+		if len(rest) == 0 {
+			delete(c.index, key)
+			return
+		}
+		c.index[key] = rest[len(rest)-1]
+		rest = rest[:len(rest)-1]
+	} else {
+		for j, x := range rest {
+			if x == i {
+				rest = append(rest[:j], rest[j+1:]...)
+				break
+			}
+		}
+	}
+	if len(rest) == 0 {
+		delete(c.more, key)
+	} else {
+		c.more[key] = rest
+	}
 }

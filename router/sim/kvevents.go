@@ -91,6 +91,7 @@ func (w *Worker) ClearPrefixCache() bool {
 			c.lruPrivate += int(nd.blocks)
 		}
 	}
+	clear(c.more) // every cached copy was in the LRU list: nothing runs
 	if c.hook != nil {
 		c.hook(KVEvent{Kind: KVAllCleared, Worker: w.index, At: w.now})
 	}

@@ -46,6 +46,32 @@ func (w *Worker) checkInvariants() error {
 			return fmt.Errorf("index %x → node %d %+v", k, i, n)
 		}
 	}
+	if kv.copies {
+		// Every cached copy is findable exactly once; nothing else is.
+		seen := map[int32]bool{}
+		for k, i := range kv.index {
+			seen[i] = true
+			if n := kv.nodes[i]; n.blocks != 1 {
+				return fmt.Errorf("copies: index %x → node %d not cached: %+v", k, i, n)
+			}
+		}
+		for k, is := range kv.more {
+			if len(is) == 0 {
+				return fmt.Errorf("copies: empty list for %x", k)
+			}
+			for _, i := range is {
+				if n := kv.nodes[i]; seen[i] || n.key != k || n.private || n.blocks != 1 {
+					return fmt.Errorf("copies: more %x → node %d %+v (seen %v)", k, i, n, seen[i])
+				}
+				seen[i] = true
+			}
+		}
+		for i, n := range kv.nodes {
+			if cached := !n.private && n.blocks > 0; cached != seen[int32(i)] {
+				return fmt.Errorf("copies: node %d %+v cached %v, indexed %v", i, n, cached, seen[int32(i)])
+			}
+		}
+	}
 	private := 0
 	for _, idx := range w.running {
 		s := w.seqs[idx]

@@ -285,6 +285,9 @@ func (w *Worker) Submit(now time.Duration, r *Request) error {
 		if g <= 0 || g%w.bs != 0 {
 			return fmt.Errorf("%w: PrefixBlockTokens %d is not a positive multiple of BlockSize %d", ErrInvalidRequest, g, w.bs)
 		}
+		if w.kv.copies && g != w.bs {
+			return fmt.Errorf("%w: PrefixBlockTokens %d with block copies tracked, want BlockSize %d", ErrInvalidRequest, g, w.bs)
+		}
 		groups = min(len(r.PrefixHashes), (r.InputLength+g-1)/g)
 	}
 	if r.InputLength > math.MaxInt32-out || w.blocksFor(r.InputLength+out-1) > w.cfg.TotalKVBlocks {
@@ -445,6 +448,9 @@ func (w *Worker) retire(idx int32) {
 // slotPrivate.
 func (w *Worker) lookup(s *seq, numTokens int, slots []int32) (hit, evictable int) {
 	capBlocks := (numTokens - 1) / w.bs
+	if w.kv.copies {
+		return w.lookupCopies(s, capBlocks, slots)
+	}
 	per := s.groupTokens / w.bs
 	broken := false
 	for g := 0; g < s.groups; g++ {
@@ -484,6 +490,56 @@ func (w *Worker) lookup(s *seq, numTokens int, slots []int32) (hit, evictable in
 	return hit, evictable
 }
 
+// lookupCopies is lookup with block copies tracked (one engine block per
+// group): the leading cached blocks up to capBlocks are hits; every block
+// from the first miss on, the capped one included, is computed into a new
+// block that becomes its own cached copy (slotCreate), as vLLM's
+// allocate_slots and cache_full_blocks do.
+func (w *Worker) lookupCopies(s *seq, capBlocks int, slots []int32) (hit, evictable int) {
+	for g := 0; g < s.groups; g++ {
+		i, ok := w.kv.index[s.hashes[g]]
+		if !ok || hit >= capBlocks {
+			if slots == nil {
+				break
+			}
+			for ; g < s.groups; g++ {
+				slots[g] = slotCreate
+			}
+			break
+		}
+		if slots != nil {
+			slots[g] = i
+		}
+		hit++
+		if w.kv.nodes[i].refs == 0 {
+			evictable++
+		}
+	}
+	return hit, evictable
+}
+
+// TrackBlockCopies makes the worker's prefix cache behave as vLLM's block
+// pool does without deduplication (vllm/v1/core/block_pool.py,
+// BlockHashToBlockMap: "We currently don't de-duplicate the blocks in the
+// cache"): every block a request computes becomes a cached copy of its
+// hash, reported by its own KVBlockStored and, when evicted, its own
+// KVBlockRemoved, even when another copy of the hash is cached (the last
+// block of a fully cached, block-aligned prompt is always recomputed, so
+// such a prompt adds a second copy); a hash hits while any copy is
+// cached. Blocks are cached when the step that computes them is scheduled
+// (vLLM's allocate_slots caches them then), so a request admitted later
+// in the same step hits them, and KVBlockStored's At is the step's start.
+// Requests must then use PrefixBlockTokens equal to BlockSize (one group
+// per engine block). Call it before the first Submit: it returns an
+// error wrapping ErrInvalidConfig on a worker that has taken requests.
+func (w *Worker) TrackBlockCopies() error {
+	if w.stats.Submitted > 0 {
+		return fmt.Errorf("%w: block copies tracked after %d requests were submitted", ErrInvalidConfig, w.stats.Submitted)
+	}
+	w.kv.copies = true
+	return nil
+}
+
 // CachedPrefixTokens returns how many prompt tokens of r a fresh admission
 // would serve from this worker's cache now (a multiple of BlockSize, at most
 // InputLength−1), without changing anything. It lets a replay compare a
@@ -507,6 +563,8 @@ func (w *Worker) admit(s *seq, hit, newBlocks int) {
 		switch {
 		case i >= 0:
 			kv.ref(i)
+		case i == slotCreate && kv.copies:
+			s.slots[g] = kv.create(s.hashes[g]) // a new copy
 		case i == slotCreate:
 			if _, ok := kv.index[s.hashes[g]]; ok {
 				s.slots[g] = slotPrivate // repeated hash within the request
@@ -583,6 +641,9 @@ func (w *Worker) plan(start time.Duration) {
 		}
 		w.sched = append(w.sched, sched{idx, int32(n)})
 		budget -= n
+		if w.kv.copies && s.prefilling && s.groups > 0 && s.computed < s.prompt {
+			w.publish(s, s.computed, s.computed+n)
+		}
 		if s.prefilling {
 			chunks++
 			ptok += int64(n)
@@ -634,6 +695,9 @@ func (w *Worker) plan(start time.Duration) {
 				s.scheduled, s.scheduledAt = true, start
 			}
 			w.stats.CacheHitTokens += int64(hit * w.bs)
+			if w.kv.copies && s.groups > 0 {
+				w.publish(s, s.computed, s.computed+n)
+			}
 			w.sched = append(w.sched, sched{idx, int32(n)})
 			budget -= n
 			chunks++
@@ -671,8 +735,8 @@ func (w *Worker) finish(out []Event) []Event {
 		s := &w.seqs[sc.seq]
 		c0 := s.computed
 		s.computed += int(sc.n)
-		if s.prefilling && s.groups > 0 && c0 < s.prompt {
-			w.publish(s, c0)
+		if s.prefilling && s.groups > 0 && c0 < s.prompt && !w.kv.copies {
+			w.publish(s, c0, s.computed)
 		}
 		if s.computed != s.prompt+s.generated {
 			continue // partial prefill: no token sampled
@@ -715,14 +779,16 @@ func (w *Worker) finish(out []Event) []Event {
 	return out
 }
 
-// publish moves the full prompt blocks computed in this step from the
-// request's private blocks into the cache nodes it references (vLLM caches
-// a block once it is full); blocks another request published first stay
-// private duplicates.
-func (w *Worker) publish(s *seq, c0 int) {
+// publish moves the full prompt blocks among tokens [c0, c1) of s from
+// the request's private blocks into the cache nodes it references (vLLM
+// caches a block once it is full): the tokens a step computed, at its end,
+// or with block copies tracked the tokens it will compute, when it is
+// scheduled. Without copies, blocks another request published first stay
+// private duplicates; with copies every node s references is its own.
+func (w *Worker) publish(s *seq, c0, c1 int) {
 	per := s.groupTokens / w.bs
-	b0 := c0 / w.bs                        // full blocks before the step
-	b1 := min(s.computed, s.prompt) / w.bs // after
+	b0 := c0 / w.bs                // full blocks before the step
+	b1 := min(c1, s.prompt) / w.bs // after
 	if b1 <= b0 {
 		return
 	}
@@ -735,8 +801,13 @@ func (w *Worker) publish(s *seq, c0 int) {
 		full := int32(min(per, b1-g*per))
 		if full > nd.blocks {
 			s.private -= int(full - nd.blocks)
-			if nd.blocks == 0 && w.kv.hook != nil {
-				w.stored(s, g, nd.key)
+			if nd.blocks == 0 {
+				if w.kv.copies {
+					w.kv.indexAdd(nd.key, i)
+				}
+				if w.kv.hook != nil {
+					w.stored(s, g, nd.key)
+				}
 			}
 			nd.blocks = full
 		}
@@ -745,7 +816,11 @@ func (w *Worker) publish(s *seq, c0 int) {
 
 // stored reports group g of s, just cached, to the hook.
 func (w *Worker) stored(s *seq, g int, key uint64) {
-	ev := KVEvent{Kind: KVBlockStored, Worker: w.index, At: w.end, Hash: key,
+	at := w.end
+	if w.kv.copies {
+		at = w.kv.at // cached when the step was scheduled
+	}
+	ev := KVEvent{Kind: KVBlockStored, Worker: w.index, At: at, Hash: key,
 		RequestID: s.id, Group: g, Tokens: s.groupTokens}
 	if g > 0 {
 		ev.Parent = s.hashes[g-1]
