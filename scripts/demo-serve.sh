@@ -23,7 +23,7 @@ trap cleanup EXIT
 # events (ZeroMQ, vLLM's format) on port PORT+10+i.
 tok=router/tokenizer/testdata
 for i in 1 2 3; do
-  "$BIN/router" mock-worker --listen "127.0.0.1:$((PORT + i))" --model mock --speedup 20 --block-size 16 \
+  "$BIN/router" mock-worker --listen "127.0.0.1:$((PORT + i))" --model mock --speedup 20 --engine-block-size 16 \
     --tokenizer "$tok/bytebpe.json" --tokenizer-config "$tok/chatml_config.json" \
     --kv-events-endpoint "tcp://127.0.0.1:$((PORT + 10 + i))" >"$work/mock$i.log" 2>&1 &
   pids+=($!)

@@ -293,7 +293,7 @@ var (
 // policy is the scenarios' policy file: the template plugin's scorer,
 // least-loaded as its fallback, a queue at 8 requests per engine.
 const policy = `router {
-  block_size = 64
+  block_size = 16
 }
 
 queue {
@@ -356,7 +356,7 @@ func start(ctx context.Context, o options, dir string) (*env, error) {
 
 func (e *env) startWorker(ctx context.Context, i int, listen string) (string, error) {
 	return e.procs.Start(ctx, filepath.Join(e.dir, fmt.Sprintf("worker%d-%d.log", i, time.Now().UnixNano())), workerRe, e.o.routerBin,
-		"mock-worker", "--listen", listen, "--model", "llama", "--block-size", "64", "--kv-blocks", "4000")
+		"mock-worker", "--listen", listen, "--model", "llama", "--kv-blocks", "4000")
 }
 
 // writeWorkers writes the workers file of e.workers, atomically (the

@@ -116,7 +116,7 @@ func run(ctx context.Context, o options) error {
 		}
 		endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", port)
 		engines[i], err = procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), listening, o.routerBin,
-			"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--block-size", "16",
+			"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--engine-block-size", "16",
 			"--kv-blocks", strconv.Itoa(o.kvBlocks), "--tokenizer", tok, "--tokenizer-config", tokCfg,
 			"--kv-events-endpoint", endpoint, "--kv-events-encoding", o.encoding)
 		if err != nil {

@@ -367,7 +367,7 @@ var listening = regexp.MustCompile(`listening on (http://\S+)`)
 func startWorkers(ctx context.Context, o options, dir string, procs *benchproc.Children) (string, error) {
 	var blocks strings.Builder
 	for i := range o.workers {
-		args := []string{"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--block-size", "16",
+		args := []string{"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--engine-block-size", "16",
 			"--tokenizer", o.tokenizer, "--tokenizer-config", o.tokenizerCfg}
 		endpoint := ""
 		if o.kvEvents {

@@ -243,7 +243,7 @@ func run(ctx context.Context, o options, procs *children) error {
 	for i := range o.mocks {
 		addr, err := procs.start(ctx, filepath.Join(work, fmt.Sprintf("mock%d.log", i+1)), mockRe, o.routerBin,
 			"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock",
-			"--speedup", fmt.Sprint(o.speedup), "--block-size", "16")
+			"--speedup", fmt.Sprint(o.speedup), "--engine-block-size", "16")
 		if err != nil {
 			return fmt.Errorf("mock worker %d: %w", i+1, err)
 		}
