@@ -732,6 +732,9 @@ func (p *Precise) add(rh, eh uint64, s uint8, t tier) {
 // addN is add of k copies, not counted in the stats; it reports whether
 // it added any. p.mu is held.
 func (p *Precise) addN(rh, eh uint64, s uint8, k uint32) bool {
+	if k == 0 || k > maxCopies {
+		return false
+	}
 	tab := p.tab.Load()
 	var i int32
 	if j := tab.find(rh); j >= 0 {
@@ -840,7 +843,7 @@ func (p *Precise) sweepEngine() {
 // reports whether it added any. p.mu is held.
 func (p *Precise) inc(i int32, s uint8, k uint32) bool {
 	st := &p.st[i]
-	if k == 0 || st.gref+st.oref > maxCopies-k {
+	if k == 0 || k > maxCopies || st.gref+st.oref > maxCopies-k {
 		return false
 	}
 	info := p.scopes[s]
