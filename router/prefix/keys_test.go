@@ -279,8 +279,8 @@ func TestPreciseConcurrentTiers(t *testing.T) {
 		}
 	}
 	tab := p.tab.Load()
-	for i := p.head; i >= 0; i = p.st[i].next {
-		st := &p.st[i]
+	for i := p.head; i >= 0; i = p.slot(i).next {
+		st := p.slot(i)
 		if tab.has(st.rh, flagGPU) != p.held(tierGPU, i) || tab.has(st.rh, flagCPU) != p.held(tierCPU, i) {
 			t.Fatalf("block %x: table flags disagree with its residency %+v", st.rh, *st)
 		}

@@ -146,7 +146,8 @@ type Precise struct {
 	// st are the blocks' slots; head and tail the most and least
 	// recently stored (-1: none), free the slots to reuse; ghead the
 	// first slot of the GPU list, the slots with GPU copies (-1: none).
-	st                []slotState
+	st                []*[1 << slotChunkShift]slotState // in chunks: no copy as they grow
+	nslots            int32
 	head, tail, ghead int32
 	free              []int32
 	more              map[uint64]uint32 // moreKey(slot, scope) -> copies, scopes but 0
@@ -167,6 +168,15 @@ type Precise struct {
 	scratch     []uint64 // an event's router hashes
 	found       []bool   // and whether each was found
 	sink        uint64   // what touches read
+}
+
+// slotChunkShift is log2 of the slots per chunk of Precise.st (4,096
+// slots, 256 KiB).
+const slotChunkShift = 12
+
+// slot returns slot i. p.mu is held.
+func (p *Precise) slot(i int32) *slotState {
+	return &p.st[i>>slotChunkShift][i&(1<<slotChunkShift-1)]
 }
 
 // tier is a storage tier an index counts.
@@ -325,14 +335,14 @@ func (p *Precise) resize(capTokens int) {
 		p.stats.Evicted++
 	}
 	t := newPosTable(tableSize(p.capacity))
-	for i := p.head; i >= 0; i = p.st[i].next {
+	for i := p.head; i >= 0; i = p.slot(i).next {
 		var f uint64
 		for tr := range numTiers {
 			if p.held(tr, i) {
 				f |= tierFlag(tr)
 			}
 		}
-		t.insert(p.st[i].rh, i, f)
+		t.insert(p.slot(i).rh, i, f)
 	}
 	p.tab.Store(t)
 }
@@ -410,7 +420,7 @@ func (p *Precise) clear(hold bool) {
 // a restart does not grow them again. p.mu is held.
 func (p *Precise) clearLocked() {
 	p.tab.Load().reset()
-	p.st, p.free = p.st[:0], p.free[:0]
+	p.nslots, p.free = 0, p.free[:0]
 	p.head, p.tail, p.ghead = -1, -1, -1
 	clear(p.more)
 	p.engine.reset()
@@ -564,7 +574,7 @@ func groupIdx(ev *kvevents.Event) (int, bool) {
 // held reports whether slot i is held on tier t: every group reported on
 // it has a local copy.
 func (p *Precise) held(t tier, i int32) bool {
-	m := p.st[i].mask[t]
+	m := p.slot(i).mask[t]
 	return m != 0 && m == p.groups[t]
 }
 
@@ -580,16 +590,16 @@ func (p *Precise) addGroup(t tier, g int) {
 	if old != 0 {
 		tab := p.tab.Load()
 		withdraw := func(i int32) {
-			if p.st[i].mask[t] == old {
-				tab.setFlag(tab.find(p.st[i].rh), tierFlag(t), false)
+			if p.slot(i).mask[t] == old {
+				tab.setFlag(tab.find(p.slot(i).rh), tierFlag(t), false)
 			}
 		}
 		if t == tierGPU {
-			for i := p.ghead; i >= 0; i = p.st[i].gnext {
+			for i := p.ghead; i >= 0; i = p.slot(i).gnext {
 				withdraw(i)
 			}
 		} else {
-			for i := p.head; i >= 0; i = p.st[i].next {
+			for i := p.head; i >= 0; i = p.slot(i).next {
 				withdraw(i)
 			}
 		}
@@ -740,7 +750,7 @@ func (p *Precise) addN(rh, eh uint64, s uint8, k uint32) bool {
 	if j := tab.find(rh); j >= 0 {
 		i = tab.vals[j]
 		p.toFront(i)
-		if st := &p.st[i]; st.eng != eh {
+		if st := p.slot(i); st.eng != eh {
 			// Another engine hash of the same block: both name it.
 			st.eng = eh
 			p.engine.put(eh, rh)
@@ -777,19 +787,15 @@ func (p *Precise) newSlot(rh, eh uint64) int32 {
 	if n := len(p.free); n > 0 {
 		i, p.free = p.free[n-1], p.free[:n-1]
 	} else {
-		i = int32(len(p.st))
-		if len(p.st) == cap(p.st) {
-			// Doubling (append grows large slices by a quarter: five
-			// times the final size allocated over a million blocks).
-			st := make([]slotState, len(p.st), min(max(2*cap(p.st), minTableSize), max(p.capacity, len(p.st)+1)))
-			copy(st, p.st)
-			p.st = st
+		i = p.nslots
+		if int(i)>>slotChunkShift == len(p.st) {
+			p.st = append(p.st, new([1 << slotChunkShift]slotState))
 		}
-		p.st = p.st[:i+1]
+		p.nslots++
 	}
-	p.st[i] = slotState{rh: rh, eng: eh, prev: -1, next: p.head, gprev: -1, gnext: -1}
+	*p.slot(i) = slotState{rh: rh, eng: eh, prev: -1, next: p.head, gprev: -1, gnext: -1}
 	if p.head >= 0 {
-		p.st[p.head].prev = i
+		p.slot(p.head).prev = i
 	} else {
 		p.tail = i
 	}
@@ -803,22 +809,22 @@ func (p *Precise) toFront(i int32) {
 		return
 	}
 	p.unlink(i)
-	st := &p.st[i]
+	st := p.slot(i)
 	st.prev, st.next = -1, p.head
-	p.st[p.head].prev = i
+	p.slot(p.head).prev = i
 	p.head = i
 }
 
 // unlink takes slot i out of the recency list. p.mu is held.
 func (p *Precise) unlink(i int32) {
-	st := &p.st[i]
+	st := p.slot(i)
 	if st.prev >= 0 {
-		p.st[st.prev].next = st.next
+		p.slot(st.prev).next = st.next
 	} else {
 		p.head = st.next
 	}
 	if st.next >= 0 {
-		p.st[st.next].prev = st.prev
+		p.slot(st.next).prev = st.prev
 	} else {
 		p.tail = st.prev
 	}
@@ -833,7 +839,7 @@ func (p *Precise) sweepEngine() {
 	}
 	tab := p.tab.Load()
 	p.engine.each(func(eh, rh uint64) {
-		if j := tab.find(rh); j < 0 || p.st[tab.vals[j]].eng != eh {
+		if j := tab.find(rh); j < 0 || p.slot(tab.vals[j]).eng != eh {
 			p.engine.del(eh)
 		}
 	})
@@ -842,7 +848,7 @@ func (p *Precise) sweepEngine() {
 // inc adds k copies to slot i's scope s (none beyond maxCopies) and
 // reports whether it added any. p.mu is held.
 func (p *Precise) inc(i int32, s uint8, k uint32) bool {
-	st := &p.st[i]
+	st := p.slot(i)
 	if k == 0 || k > maxCopies || st.gref+st.oref > maxCopies-k {
 		return false
 	}
@@ -874,7 +880,7 @@ func (p *Precise) inc(i int32, s uint8, k uint32) bool {
 // dec takes one copy from slot i's scope s and reports whether it had
 // one. p.mu is held.
 func (p *Precise) dec(i int32, s uint8) bool {
-	st := &p.st[i]
+	st := p.slot(i)
 	info := p.scopes[s]
 	var left uint32
 	if s == 0 {
@@ -923,7 +929,7 @@ func (p *Precise) otherLocal(i int32, s uint8) bool {
 		if uint8(o) == s || oi.t != info.t || oi.g != info.g || !oi.local {
 			continue
 		}
-		if o == 0 && p.st[i].cnt0 > 0 || o != 0 && p.more[moreKey(i, uint8(o))] > 0 {
+		if o == 0 && p.slot(i).cnt0 > 0 || o != 0 && p.more[moreKey(i, uint8(o))] > 0 {
 			return true
 		}
 	}
@@ -932,7 +938,7 @@ func (p *Precise) otherLocal(i int32, s uint8) bool {
 
 // setBit notes that group g of tier t has a local copy of slot i.
 func (p *Precise) setBit(i int32, t tier, g uint8) {
-	st := &p.st[i]
+	st := p.slot(i)
 	m := st.mask[t] | 1<<g
 	if m == st.mask[t] {
 		return
@@ -950,7 +956,7 @@ func (p *Precise) setBit(i int32, t tier, g uint8) {
 
 // clearBit notes that group g of tier t has no local copy of slot i.
 func (p *Precise) clearBit(i int32, t tier, g uint8) {
-	st := &p.st[i]
+	st := p.slot(i)
 	bit := uint64(1) << g
 	if st.mask[t]&bit == 0 {
 		return
@@ -963,23 +969,23 @@ func (p *Precise) clearBit(i int32, t tier, g uint8) {
 }
 
 func (p *Precise) glink(i int32) {
-	st := &p.st[i]
+	st := p.slot(i)
 	st.gprev, st.gnext = -1, p.ghead
 	if p.ghead >= 0 {
-		p.st[p.ghead].gprev = i
+		p.slot(p.ghead).gprev = i
 	}
 	p.ghead = i
 }
 
 func (p *Precise) gunlink(i int32) {
-	st := &p.st[i]
+	st := p.slot(i)
 	if st.gprev >= 0 {
-		p.st[st.gprev].gnext = st.gnext
+		p.slot(st.gprev).gnext = st.gnext
 	} else {
 		p.ghead = st.gnext
 	}
 	if st.gnext >= 0 {
-		p.st[st.gnext].gprev = st.gprev
+		p.slot(st.gnext).gprev = st.gprev
 	}
 	st.gprev, st.gnext = -1, -1
 }
@@ -996,7 +1002,7 @@ func (p *Precise) dropMore(i int32, gpuOnly bool) {
 
 // drop removes slot i's block entirely, with all its copies. p.mu is held.
 func (p *Precise) drop(i int32) {
-	st := &p.st[i]
+	st := p.slot(i)
 	if st.gref > 0 {
 		p.gunlink(i)
 	}
@@ -1010,7 +1016,7 @@ func (p *Precise) drop(i int32) {
 // forget takes slot i's block out of the table, the engine map and the
 // recency list, and frees the slot. p.mu is held.
 func (p *Precise) forget(i int32) {
-	st := &p.st[i]
+	st := p.slot(i)
 	tab := p.tab.Load()
 	tab.del(tab.find(st.rh))
 	if rh, ok := p.engine.get(st.eng); ok && rh == st.rh {
@@ -1027,7 +1033,7 @@ func (p *Precise) forget(i int32) {
 func (p *Precise) clearGPU() {
 	tab := p.tab.Load()
 	for i := p.ghead; i >= 0; {
-		st := &p.st[i]
+		st := p.slot(i)
 		next := st.gnext
 		if p.held(tierGPU, i) {
 			tab.setFlag(tab.find(st.rh), flagGPU, false)
@@ -1090,7 +1096,7 @@ func (p *Precise) removed(ev *kvevents.Event) {
 			continue
 		}
 		p.stats.Removed++
-		if st := &p.st[i]; st.gref == 0 && st.oref == 0 {
+		if st := p.slot(i); st.gref == 0 && st.oref == 0 {
 			p.drop(i)
 		}
 	}

@@ -352,11 +352,11 @@ func TestPreciseConcurrentApplyFill(t *testing.T) {
 	wg.Wait()
 	for _, p := range ps {
 		held := 0
-		for i := p.head; i >= 0; i = p.st[i].next {
+		for i := p.head; i >= 0; i = p.slot(i).next {
 			if p.held(tierGPU, i) {
 				held++
-				if !p.tab.Load().has(p.st[i].rh, flagGPU) {
-					t.Fatalf("held block %x missing from the lookup set", p.st[i].rh)
+				if !p.tab.Load().has(p.slot(i).rh, flagGPU) {
+					t.Fatalf("held block %x missing from the lookup set", p.slot(i).rh)
 				}
 			}
 		}

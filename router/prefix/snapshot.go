@@ -134,8 +134,8 @@ func (p *Precise) exportLocked() *PreciseContent {
 		Router: make([]uint64, 0, n), Engine: make([]uint64, 0, n), Mask: make([]uint64, 0, n)}
 	var cpu []uint64
 	var copies []uint32
-	for i := p.head; i >= 0; i = p.st[i].next {
-		st := &p.st[i]
+	for i := p.head; i >= 0; i = p.slot(i).next {
+		st := p.slot(i)
 		k := len(pc.Router)
 		pc.Router = append(pc.Router, st.rh)
 		pc.Engine = append(pc.Engine, st.eng)
