@@ -278,7 +278,7 @@ func TestPreciseConcurrentTiers(t *testing.T) {
 			fillRows(x, []shared.WorkerID{1}, nil, nil, key, out)
 		}
 	}
-	tab := p.tab.Load()
+	tab := p.w
 	for i := p.head; i >= 0; i = p.slot(i).next {
 		st := p.slot(i)
 		if tab.has(st.rh, flagGPU) != p.held(tierGPU, i) || tab.has(st.rh, flagCPU) != p.held(tierCPU, i) {

@@ -122,9 +122,15 @@ type Precise struct {
 	blockSize  atomic.Int64 // E, 0 until the first stored event
 	engineKeys bool         // KeyByEngineHashes; guarded by mu
 	// tab maps each block's router hash to its slot and says which tiers
-	// hold it, for lock-free lookups; made at the bound's size when E is
-	// known (a small empty one before).
+	// hold it, for lock-free lookups: selections read it only while the
+	// index is live. w is the writer's table (guarded by mu), made at the
+	// bound's size when E is known (a small empty one before): tab too
+	// while live; while cold after a Clear, a new table that only the
+	// writer sees, published as tab when the index goes live (setLive),
+	// so that selections that saw it live before the Clear read the old
+	// table, never one being written without atomics.
 	tab atomic.Pointer[posTable]
+	w   *posTable
 
 	// inflight counts, per router hash at E, the requests in flight on
 	// the candidate whose prompt has that block and which the index did
@@ -270,7 +276,8 @@ func (x *Index) Precise(c Candidate) *Precise {
 	p := &Precise{x: x, c: c, capacity: MaxPreciseBlocks, head: -1, tail: -1, ghead: -1,
 		engine: newEngTable(minTableSize), more: make(map[uint64]uint32), scopeIDs: make(map[scopeKey]uint8),
 		inflight: xsync.NewMap[uint64, int32]()}
-	p.tab.Store(newPosTable(minTableSize))
+	p.w = newPosTable(minTableSize)
+	p.tab.Store(p.w)
 	p.resetScopes()
 	p.capTokens = mem.capTokens
 	x.precise[c] = p
@@ -344,11 +351,21 @@ func (p *Precise) resize(capTokens int) {
 		}
 		t.insert(p.slot(i).rh, i, f)
 	}
-	p.tab.Store(t)
+	p.replaceTable(t)
+}
+
+// replaceTable makes t the writer's table, published at once when the
+// index is live. p.mu is held.
+func (p *Precise) replaceTable(t *posTable) {
+	if p.w.shared {
+		t.shared = true
+		p.tab.Store(t)
+	}
+	p.w = t
 }
 
 // blocks is the blocks the index knows. p.mu is held.
-func (p *Precise) blocks() int { return p.tab.Load().n }
+func (p *Precise) blocks() int { return p.w.n }
 
 // KeyByEngineHashes makes p key stored blocks by their engine hashes (see
 // "Engine-hash keys" on Precise): replay's simulated engines only. Call it
@@ -364,13 +381,17 @@ func (p *Precise) Stats() PreciseStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	s := p.stats
-	t := p.tab.Load()
+	t := p.w
 	s.Live, s.BlockSize, s.Blocks, s.Copies = p.live.Load(), int(p.blockSize.Load()), t.n, p.copies
 	s.GPUBlocks, s.CPUBlocks = t.held[0], t.held[1]
 	return s
 }
 
 func (p *Precise) setLive(on bool) {
+	if on && !p.w.shared {
+		p.w.shared = true
+		p.tab.Store(p.w)
+	}
 	if p.live.Load() != on {
 		p.live.Store(on)
 		if on {
@@ -415,11 +436,14 @@ func (p *Precise) clear(hold bool) {
 	p.warming, p.holdCold, p.sinceClear = true, hold, 0
 }
 
-// clearLocked drops every block, the group sets and the scopes, and goes
-// cold. Maps and arrays keep their storage, so an index refilled after
-// a restart does not grow them again. p.mu is held.
+// clearLocked goes cold and drops every block, the group sets and the
+// scopes. The slots and the engine table keep their storage, so an index
+// refilled after a restart does not grow them again. p.mu is held.
 func (p *Precise) clearLocked() {
-	p.tab.Load().reset()
+	p.setLive(false)
+	// A new table: selections that saw the index live may still read the
+	// old one.
+	p.w = newPosTable(len(p.w.keys))
 	p.nslots, p.free = 0, p.free[:0]
 	p.head, p.tail, p.ghead = -1, -1, -1
 	clear(p.more)
@@ -427,7 +451,6 @@ func (p *Precise) clearLocked() {
 	p.groups = [numTiers]uint64{}
 	p.copies = 0
 	p.resetScopes()
-	p.setLive(false)
 }
 
 // resetScopes forgets every scope but scope 0. p.mu is held.
@@ -588,7 +611,7 @@ func (p *Precise) addGroup(t tier, g int) {
 		return
 	}
 	if old != 0 {
-		tab := p.tab.Load()
+		tab := p.w
 		withdraw := func(i int32) {
 			if p.slot(i).mask[t] == old {
 				tab.setFlag(tab.find(p.slot(i).rh), tierFlag(t), false)
@@ -614,8 +637,8 @@ func (p *Precise) addGroup(t tier, g int) {
 func (p *Precise) learnBlockSize(size int64) {
 	p.blockSize.Store(size)
 	p.capacity = p.bound(int(size))
-	if want := tableSize(p.capacity); len(p.tab.Load().keys) != want {
-		p.tab.Store(newPosTable(want))
+	if want := tableSize(p.capacity); len(p.w.keys) != want {
+		p.replaceTable(newPosTable(want))
 	}
 }
 
@@ -702,7 +725,7 @@ func (p *Precise) stored(ev *kvevents.Event) {
 		p.scratch = rhs
 		// Touch every block's table slots first: their cache misses
 		// overlap, where probing block by block would wait for each.
-		tab, sink := p.tab.Load(), p.sink
+		tab, sink := p.w, p.sink
 		for i, rh := range rhs {
 			sink ^= tab.touch(rh) ^ p.engine.touch(ev.BlockHashes[i])
 		}
@@ -720,7 +743,7 @@ func (p *Precise) resolve(eh uint64) (uint64, bool) {
 	if !ok {
 		return 0, false
 	}
-	if p.tab.Load().find(rh) < 0 {
+	if p.w.find(rh) < 0 {
 		p.engine.del(eh) // an alias of a block since dropped
 		return 0, false
 	}
@@ -745,7 +768,7 @@ func (p *Precise) addN(rh, eh uint64, s uint8, k uint32) bool {
 	if k == 0 || k > maxCopies {
 		return false
 	}
-	tab := p.tab.Load()
+	tab := p.w
 	var i int32
 	if j := tab.find(rh); j >= 0 {
 		i = tab.vals[j]
@@ -837,7 +860,7 @@ func (p *Precise) sweepEngine() {
 	if p.engine.len() <= 2*p.capacity+1024 {
 		return
 	}
-	tab := p.tab.Load()
+	tab := p.w
 	p.engine.each(func(eh, rh uint64) {
 		if j := tab.find(rh); j < 0 || p.slot(tab.vals[j]).eng != eh {
 			p.engine.del(eh)
@@ -947,7 +970,7 @@ func (p *Precise) setBit(i int32, t tier, g uint8) {
 	if m == p.groups[t] {
 		// A new block is not in the table yet: addN inserts it with its
 		// flags.
-		tab := p.tab.Load()
+		tab := p.w
 		if j := tab.find(st.rh); j >= 0 {
 			tab.setFlag(j, tierFlag(t), true)
 		}
@@ -962,7 +985,7 @@ func (p *Precise) clearBit(i int32, t tier, g uint8) {
 		return
 	}
 	if p.held(t, i) {
-		tab := p.tab.Load()
+		tab := p.w
 		tab.setFlag(tab.find(st.rh), tierFlag(t), false)
 	}
 	st.mask[t] &^= bit
@@ -1017,7 +1040,7 @@ func (p *Precise) drop(i int32) {
 // recency list, and frees the slot. p.mu is held.
 func (p *Precise) forget(i int32) {
 	st := p.slot(i)
-	tab := p.tab.Load()
+	tab := p.w
 	tab.del(tab.find(st.rh))
 	if rh, ok := p.engine.get(st.eng); ok && rh == st.rh {
 		p.engine.del(st.eng)
@@ -1031,7 +1054,7 @@ func (p *Precise) forget(i int32) {
 // no other copy go, and the GPU groups are learnt again. Linear in the
 // blocks with GPU copies. p.mu is held.
 func (p *Precise) clearGPU() {
-	tab := p.tab.Load()
+	tab := p.w
 	for i := p.ghead; i >= 0; {
 		st := p.slot(i)
 		next := st.gnext
@@ -1070,7 +1093,7 @@ func (p *Precise) removed(ev *kvevents.Event) {
 	}
 	// Touch every block's engine-table slot, then, resolved, its table
 	// slot, before probing them (see stored).
-	tab, sink := p.tab.Load(), p.sink
+	tab, sink := p.w, p.sink
 	for _, eh := range ev.BlockHashes {
 		sink ^= p.engine.touch(eh)
 	}

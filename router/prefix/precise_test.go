@@ -20,7 +20,7 @@ func stored(parent *uint64, hashes []uint64, tokens []int64, size int64) kvevent
 }
 
 // setLen is the blocks held on GPU, as the lookup table counts them.
-func setLen(p *Precise) int { return p.tab.Load().held[0] }
+func setLen(p *Precise) int { return p.w.held[0] }
 
 func ptr(v uint64) *uint64 { return &v }
 
@@ -355,7 +355,7 @@ func TestPreciseConcurrentApplyFill(t *testing.T) {
 		for i := p.head; i >= 0; i = p.slot(i).next {
 			if p.held(tierGPU, i) {
 				held++
-				if !p.tab.Load().has(p.slot(i).rh, flagGPU) {
+				if !p.w.has(p.slot(i).rh, flagGPU) {
 					t.Fatalf("held block %x missing from the lookup set", p.slot(i).rh)
 				}
 			}
