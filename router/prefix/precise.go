@@ -33,8 +33,8 @@ const maxCopies = 1 << 30
 // router's own chained hash of their token ids and extra keys, so that a
 // request cut by Key.TokenBlockHashes(E) finds them. It implements
 // kvevents.Sink. Events are applied under its own mutex; selections read
-// its sets of held blocks, open-addressing tables of atomic words,
-// without locking or allocating.
+// its lookup table (which blocks each tier holds: an open-addressing
+// table of atomic words, posTable) without locking or allocating.
 //
 // Residency. vLLM does not deduplicate blocks: every physical copy of a
 // block has its own BlockStored and its own BlockRemoved. The index counts

@@ -9,11 +9,13 @@
 // it can be wrong when the engine evicts earlier.
 //
 // A candidate whose engine publishes KV events (router/kvevents) also has
-// a precise index (Precise): the blocks the engine reports it holds, keyed
-// at the engine's block size by the router's own chained hash of their
-// token ids. While its event stream is live, the candidate is scored by
-// the precise index; while cold (not yet synced, or after a gap it could
-// not replay), by the approximate one. See Precise for the rules.
+// a precise index (Precise): the blocks the engine reports it holds, with
+// their copies per tier, keyed at the engine's block size by the router's
+// own chained hash of their token ids and extra keys (LoRA adapter, cache
+// salt, multimodal items), which a request's Key builds the same way.
+// While its event stream is live, the candidate is scored by the precise
+// index; while cold (not yet synced, or after a gap it could not replay),
+// by the approximate one. See Precise for the rules.
 package prefix
 
 import (
