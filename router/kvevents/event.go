@@ -63,6 +63,13 @@ type Event struct {
 	// SlidingWindow is kv_cache_spec_sliding_window, when HasSlidingWindow.
 	SlidingWindow    int64
 	HasSlidingWindow bool
+	// Locality ("LOCAL" or "REMOTE" relative to the publisher) and
+	// Ownership (a secondary offloading tier's name) scope a block's
+	// residency, on vLLM's KV-event snapshot branch (vMaroon/vllm@08ee3e54
+	// vllm/distributed/kv_events.py: BlockStored and BlockRemoved fields
+	// after kv_cache_spec_sliding_window, resp. group_idx); nil when None
+	// or absent. BlockStored, BlockRemoved.
+	Locality, Ownership []byte
 
 	extra [][]byte // ExtraKeys' storage, kept while ExtraKeys is nil
 }

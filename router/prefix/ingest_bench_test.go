@@ -9,30 +9,43 @@ import (
 )
 
 // BenchmarkIngest decodes engine KV event payloads and applies them to a
-// live precise index in steady state: every batch stores a 64-block
-// conversation (16-token blocks, chained from the previous batch's last
-// block every other batch) and removes the 64 blocks stored 32 batches
-// earlier, while the index is at its capacity bound, so stores also evict.
+// live precise index in steady state, residency counts included: every
+// batch stores a 64-block conversation (16-token blocks, chained from the
+// previous batch's last block every other batch) and removes the 64
+// blocks stored 32 batches earlier, while the index is at its capacity
+// bound, so stores also evict. The "tiers" case adds, per batch, what an
+// engine with prefix caching and a CPU offloading connector sends too: a
+// second copy of the last 8 blocks (vLLM recomputes a block-aligned
+// prompt's last block into a new copy), tokenless CPU stores of 16 of the
+// blocks, and the removals of those 24 copies 32 batches later.
 // The timed loop is Decoder.Decode + Precise.Apply of pre-encoded
 // payloads (the array layout; the map layout is reported separately).
 // block_events/s counts stored plus removed blocks per wall second;
 // block_events/cpu-s per second of the process's CPU time (getrusage),
 // the rate on one core that other processes on a shared machine do not
-// dilute (GC included; run with -cpu 1 for one thread).
+// dilute (GC included; run with -cpu 1 for one thread). Compare the
+// cases with benchstat over -count 10 runs.
 func BenchmarkIngest(b *testing.B) {
 	for _, enc := range []kvevents.Encoding{kvevents.EncodingArray, kvevents.EncodingMap} {
 		name := map[kvevents.Encoding]string{kvevents.EncodingArray: "array", kvevents.EncodingMap: "map"}[enc]
-		b.Run(name, func(b *testing.B) { benchIngest(b, enc) })
+		b.Run(name, func(b *testing.B) { benchIngest(b, enc, false) })
 	}
+	b.Run("array-tiers", func(b *testing.B) { benchIngest(b, kvevents.EncodingArray, true) })
 }
 
-func benchIngest(b *testing.B, enc kvevents.Encoding) {
+func benchIngest(b *testing.B, enc kvevents.Encoding, tiers bool) {
 	const (
 		blockSize = 16
 		perBatch  = 64
 		batches   = 256
 		lag       = 32
+		dups      = 8
+		offloaded = 16
 	)
+	events := 2 * perBatch
+	if tiers {
+		events += 2 * (dups + offloaded)
+	}
 	x := New(512)
 	// Capacity 32 router blocks of 512 = 16 Ki tokens; bound 2·16 Ki/16 =
 	// 2048 blocks: fewer than the 32·64 = 2048 live ones plus each new batch.
@@ -60,6 +73,23 @@ func benchIngest(b *testing.B, enc kvevents.Encoding) {
 			old[i] = hash((k+batches-lag)%batches, i)
 		}
 		batch := &kvevents.Batch{TS: float64(k), Events: []kvevents.Event{st, {Kind: kvevents.BlockRemoved, BlockHashes: old, Medium: []byte("GPU")}}}
+		if tiers {
+			dup := st
+			dup.BlockHashes, dup.TokenIDs = hashes[perBatch-dups:], tokens[(perBatch-dups)*blockSize:]
+			dup.ParentBlockHash, dup.HasParent = hash(k, perBatch-dups-1), true
+			cpu := kvevents.Event{Kind: kvevents.BlockStored, BlockHashes: hashes[:offloaded], TokenIDs: []int64{}, Medium: []byte("CPU")}
+			j := (k + batches - lag) % batches
+			var oldDup, oldCPU []uint64
+			for i := perBatch - dups; i < perBatch; i++ {
+				oldDup = append(oldDup, hash(j, i))
+			}
+			for i := range offloaded {
+				oldCPU = append(oldCPU, hash(j, i))
+			}
+			batch.Events = append(batch.Events, dup, cpu,
+				kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: oldDup, Medium: []byte("GPU")},
+				kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: oldCPU, Medium: []byte("CPU")})
+		}
 		pl, err := e.Encode(batch)
 		if err != nil {
 			b.Fatal(err)
@@ -88,12 +118,12 @@ func benchIngest(b *testing.B, enc kvevents.Encoding) {
 		p.Apply(&batch)
 	}
 	cpu := cputime.Process() - cpu0
-	b.ReportMetric(float64(n*2*perBatch)/b.Elapsed().Seconds(), "block_events/s")
+	b.ReportMetric(float64(n*events)/b.Elapsed().Seconds(), "block_events/s")
 	if cpu > 0 {
-		b.ReportMetric(float64(n*2*perBatch)/cpu.Seconds(), "block_events/cpu-s")
+		b.ReportMetric(float64(n*events)/cpu.Seconds(), "block_events/cpu-s")
 	}
 	b.ReportMetric(0, "ns/op")
-	if s := p.Stats(); s.Blocks == 0 || s.SkippedParent+s.SkippedMalformed != 0 {
+	if s := p.Stats(); s.Blocks == 0 || s.SkippedParent+s.SkippedMalformed != 0 || tiers && (s.CPUBlocks == 0 || s.Copies <= s.Blocks) {
 		b.Fatalf("the benchmark's events did not apply as meant: %+v", s)
 	}
 }

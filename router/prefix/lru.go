@@ -17,7 +17,6 @@ type lru struct {
 	hash       []uint64
 	prev, next []int32
 	head, tail int32
-	free       []int32 // slots freed by remove, reused first
 }
 
 func newLRU(owner int32, capacity int) *lru {
@@ -46,9 +45,6 @@ func (l *lru) insert(h uint64) (evicted uint64, ok bool) {
 		evicted, ok = l.hash[i], true
 		delete(l.pos, evicted)
 		l.unlink(i)
-	} else if n := len(l.free); n > 0 {
-		i = l.free[n-1]
-		l.free = l.free[:n-1]
 	} else {
 		i = int32(len(l.hash))
 		l.hash = append(l.hash, 0)
@@ -98,22 +94,4 @@ func (l *lru) leading(hashes []uint64) int {
 		n++
 	}
 	return n
-}
-
-// remove drops h if present and frees its slot.
-func (l *lru) remove(h uint64) {
-	i, ok := l.pos[h]
-	if !ok {
-		return
-	}
-	delete(l.pos, h)
-	l.unlink(i)
-	l.free = append(l.free, i)
-}
-
-// reset empties l, keeping its storage.
-func (l *lru) reset() {
-	clear(l.pos)
-	l.hash, l.prev, l.next, l.free = l.hash[:0], l.prev[:0], l.next[:0], l.free[:0]
-	l.head, l.tail = -1, -1
 }

@@ -9,11 +9,13 @@
 // it can be wrong when the engine evicts earlier.
 //
 // A candidate whose engine publishes KV events (router/kvevents) also has
-// a precise index (Precise): the blocks the engine reports it holds, keyed
-// at the engine's block size by the router's own chained hash of their
-// token ids. While its event stream is live, the candidate is scored by
-// the precise index; while cold (not yet synced, or after a gap it could
-// not replay), by the approximate one. See Precise for the rules.
+// a precise index (Precise): the blocks the engine reports it holds, with
+// their copies per tier, keyed at the engine's block size by the router's
+// own chained hash of their token ids and extra keys (LoRA adapter, cache
+// salt, multimodal items), which a request's Key builds the same way.
+// While its event stream is live, the candidate is scored by the precise
+// index; while cold (not yet synced, or after a gap it could not replay),
+// by the approximate one. See Precise for the rules.
 package prefix
 
 import (
@@ -80,9 +82,11 @@ type member struct {
 	slot    int32
 	lru     *lru
 	precise *Precise // nil in approximate mode
-	// capacity is the candidate's KV capacity in router blocks, 0 when
-	// unknown (the list is then bounded by DefaultUnknownCapacity).
-	capacity int
+	// capacity is the candidate's KV capacity in blocks of its hashes,
+	// 0 when unknown (the list is then bounded by DefaultUnknownCapacity);
+	// capTokens is twice it in tokens, its precise index's bound (0:
+	// unknown).
+	capacity, capTokens int
 }
 
 // Index maps block hashes to the candidates believed to hold them. Safe
@@ -145,11 +149,16 @@ func (x *Index) AddWorker(c Candidate, capacity int) error {
 	return err
 }
 
-// Member is a candidate joining the index and its KV capacity in blocks of
-// the router's size (0: unknown).
+// Member is a candidate joining the index and its KV capacity in blocks
+// (0: unknown) of BlockSize tokens (0: the index's block size, New's).
+// The approximate list holds up to Capacity hashes, so give it in blocks
+// of the size the candidate's requests are hashed at; the precise index
+// is bounded by 2·Capacity·BlockSize tokens, whatever its engine's
+// block size.
 type Member struct {
 	Candidate
-	Capacity int
+	Capacity  int
+	BlockSize int
 }
 
 // AddWorkers starts tracking every member as AddWorker does, with one copy
@@ -161,6 +170,9 @@ func (x *Index) AddWorkers(ms ...Member) ([]int32, error) {
 	for _, m := range ms {
 		if m.Capacity < 0 {
 			return nil, fmt.Errorf("prefix index: worker %d rank %d: capacity %d blocks, want >= 0", m.ID, m.Rank, m.Capacity)
+		}
+		if m.BlockSize < 0 {
+			return nil, fmt.Errorf("prefix index: worker %d rank %d: block size %d tokens, want >= 0", m.ID, m.Rank, m.BlockSize)
 		}
 	}
 	x.mu.Lock()
@@ -187,11 +199,15 @@ func (x *Index) AddWorkers(ms ...Member) ([]int32, error) {
 		if bound == 0 {
 			bound = DefaultUnknownCapacity
 		}
+		unit := j.BlockSize
+		if unit == 0 {
+			unit = x.blockSize
+		}
 		p := x.precise[j.Candidate]
-		m := &member{slot: slot, lru: newLRU(slot, bound), precise: p, capacity: j.Capacity}
+		m := &member{slot: slot, lru: newLRU(slot, bound), precise: p, capacity: j.Capacity, capTokens: 2 * j.Capacity * unit}
 		next[j.Candidate], slots[slot], out[i] = m, m, slot
 		if p != nil {
-			p.resize(j.Capacity)
+			p.resize(m.capTokens)
 		}
 	}
 	x.bySlot.Store(&slots)
@@ -339,6 +355,14 @@ func (x *Index) Record(c Candidate, hashes []uint64) { x.RecordOverlap(c, hashes
 // before it, under one lock of the candidate's list instead of two. 0 for
 // unknown candidates.
 func (x *Index) RecordOverlap(c Candidate, hashes []uint64, prompt shared.PromptKey) int {
+	return x.RecordOverlapAt(x.blockSize, c, hashes, prompt)
+}
+
+// RecordOverlapAt is RecordOverlap for hashes at blockSize tokens per
+// block (> 0), the unit of what it returns: a live precise index's n·E
+// tokens count floor(n·E / blockSize) blocks.
+func (x *Index) RecordOverlapAt(blockSize int, c Candidate, hashes []uint64, prompt shared.PromptKey) int {
+	blockSize = max(blockSize, 1)
 	m := x.member(c)
 	if m == nil {
 		return 0
@@ -347,7 +371,7 @@ func (x *Index) RecordOverlap(c Candidate, hashes []uint64, prompt shared.Prompt
 	if m.precise != nil {
 		var tokens int
 		if tokens, ok = m.precise.overlapTokens(prompt); ok {
-			blocks = tokens / x.blockSize
+			blocks = tokens / blockSize
 		}
 	}
 	if len(hashes) == 0 {
@@ -392,6 +416,12 @@ func (x *Index) Overlap(c Candidate, hashes []uint64, prompt shared.PromptKey) i
 // live precise index, else (false) the approximate overlap in router
 // blocks times the router's block size.
 func (x *Index) OverlapTokens(c Candidate, hashes []uint64, prompt shared.PromptKey) (int, bool) {
+	return x.OverlapTokensAt(x.blockSize, c, hashes, prompt)
+}
+
+// OverlapTokensAt is OverlapTokens for hashes at blockSize tokens per
+// block (> 0): an approximate overlap of k blocks is k·blockSize tokens.
+func (x *Index) OverlapTokensAt(blockSize int, c Candidate, hashes []uint64, prompt shared.PromptKey) (int, bool) {
 	m := x.member(c)
 	if m == nil {
 		return 0, false
@@ -407,7 +437,7 @@ func (x *Index) OverlapTokens(c Candidate, hashes []uint64, prompt shared.Prompt
 	l := m.lru
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.leading(hashes) * x.blockSize, false
+	return l.leading(hashes) * max(blockSize, 1), false
 }
 
 // Belief is what the index believes a candidate holds of one prompt, both
@@ -425,8 +455,11 @@ type Belief struct {
 	PreciseTokens   int
 	Precise         bool
 	EngineBlockSize int
-	// ApproxTokens is the leading router blocks its approximate list
-	// holds times the router's block size.
+	// CPUTokens is m·E for the m blocks after those PreciseTokens counts
+	// that its engine's CPU tier holds (TierOverlap); 0 when not Precise.
+	CPUTokens int
+	// ApproxTokens is the leading blocks its approximate list holds times
+	// their block size (the router's, or BeliefAt's).
 	ApproxTokens int
 }
 
@@ -434,20 +467,25 @@ type Belief struct {
 // (hashes at the router's block size, prompt its token ids or nil), before
 // the prompt is recorded. The zero Belief for unknown candidates.
 func (x *Index) Belief(c Candidate, hashes []uint64, prompt shared.PromptKey) Belief {
+	return x.BeliefAt(x.blockSize, c, hashes, prompt)
+}
+
+// BeliefAt is Belief for hashes at blockSize tokens per block (> 0).
+func (x *Index) BeliefAt(blockSize int, c Candidate, hashes []uint64, prompt shared.PromptKey) Belief {
 	m := x.member(c)
 	if m == nil {
 		return Belief{}
 	}
 	b := Belief{Taken: true}
 	if m.precise != nil {
-		if t, ok := m.precise.overlapTokens(prompt); ok {
-			b.PreciseTokens, b.Precise, b.EngineBlockSize = t, true, int(m.precise.blockSize.Load())
+		if o := m.precise.tierOverlap(prompt, true); o.Precise {
+			b.PreciseTokens, b.Precise, b.EngineBlockSize, b.CPUTokens = o.GPUTokens, true, o.BlockSize, o.CPUTokens
 		}
 	}
 	if len(hashes) > 0 {
 		l := m.lru
 		l.mu.Lock()
-		b.ApproxTokens = l.leading(hashes) * x.blockSize
+		b.ApproxTokens = l.leading(hashes) * max(blockSize, 1)
 		l.mu.Unlock()
 	}
 	return b
@@ -472,6 +510,15 @@ func (x *Index) Belief(c Candidate, hashes []uint64, prompt shared.PromptKey) Be
 // candidate that just joined may be credited with what its previous
 // owner held.
 func (x *Index) Fill(slots []int32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
+	x.FillAt(x.blockSize, slots, hashes, prompt, overlap)
+}
+
+// FillAt is Fill for a request hashed at blockSize tokens per block (>
+// 0): hashes are at that size, and overlap[i] is in its blocks (a live
+// precise candidate's n·E tokens count floor(n·E / blockSize)), whatever
+// the index's own block size (New's) and the engines' block sizes.
+func (x *Index) FillAt(blockSize int, slots []int32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
+	blockSize = max(blockSize, 1)
 	members := *x.bySlot.Load()
 	p, _ := x.depths.Get().(*[]int32)
 	if p == nil || len(*p) < len(members) {
@@ -527,7 +574,7 @@ func (x *Index) Fill(slots []int32, hashes []uint64, prompt shared.PromptKey, ov
 			}
 			if m := members[s]; m != nil && m.precise != nil {
 				if t, ok := m.precise.overlapTokens(prompt); ok {
-					overlap[i] = int32(t / x.blockSize)
+					overlap[i] = int32(t / blockSize)
 				}
 			}
 		}

@@ -60,12 +60,12 @@ func TextBlocks(text string, blockTokens, charsPerToken int) []uint64 {
 // trailing partial block is not hashed. It returns nil if blockTokens is not positive or ids is shorter
 // than one block.
 func TokenBlocks(ids []int64, blockTokens int) []uint64 {
-	return tokenBlocks(nil, ids, blockTokens, 0)
+	return tokenBlocks(nil, ids, blockTokens)
 }
 
 // tokenBlocks appends to dst the chained hashes of the full blocks of
-// blockTokens ids, chained from seed (0, or a LoRA adapter's seed).
-func tokenBlocks(dst []uint64, ids []int64, blockTokens int, seed uint64) []uint64 {
+// blockTokens ids.
+func tokenBlocks(dst []uint64, ids []int64, blockTokens int) []uint64 {
 	if blockTokens <= 0 {
 		return dst
 	}
@@ -76,7 +76,7 @@ func tokenBlocks(dst []uint64, ids []int64, blockTokens int, seed uint64) []uint
 	if dst == nil {
 		dst = make([]uint64, 0, n)
 	}
-	h := seed
+	var h uint64
 	for i := range n {
 		h = ChainHash(h, tokenContentID(ids[i*blockTokens:(i+1)*blockTokens]))
 		dst = append(dst, h)
