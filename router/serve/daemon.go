@@ -231,6 +231,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// a cluster block, from the cluster's stream (useCluster below).
 	kvs := newKVSubs(r, d.log, b.Cluster() != nil)
 	defer kvs.close()
+	if err := kvs.register(reg); err != nil {
+		return fmt.Errorf("kv events: metrics: %w", err)
+	}
 	// The engines' transport: requests, disaggregated hops and engine
 	// tokenizers. An address no worker has any more (a worker removed or
 	// moved: a workers file edit, a replaced pod) has its connections
