@@ -346,10 +346,16 @@ func (k *kvSubs) checkSources(worker string, sources []kvSource) []kvSource {
 
 // sourceEndpoint reports whether e is "tcp://HOST:PORT" (a host that is
 // not a wildcard, a port from 1 to 65535) or "ipc://PATH", at most
-// maxKVSourceText bytes.
+// maxKVSourceText bytes of printable ASCII (so that it can be logged as
+// it is).
 func sourceEndpoint(e string) bool {
 	if len(e) > maxKVSourceText {
 		return false
+	}
+	for i := 0; i < len(e); i++ {
+		if e[i] <= ' ' || e[i] >= 0x7f {
+			return false
+		}
 	}
 	if p, ok := strings.CutPrefix(e, "ipc://"); ok {
 		return p != ""

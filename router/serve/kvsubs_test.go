@@ -229,7 +229,8 @@ func TestDaemonKVSnapshotsAndSources(t *testing.T) {
 	kvs.SetSources("b", []kvSource{ec.source()})
 	waitLive("b on its new source", idb, 4)
 	// Sources that are not usable are ignored: b has none.
-	kvs.SetSources("b", []kvSource{{Rank: 0, Endpoint: "tcp://*:5557"}, {Rank: -1, Endpoint: ec.source().Endpoint}})
+	kvs.SetSources("b", []kvSource{{Rank: 0, Endpoint: "tcp://*:5557"}, {Rank: -1, Endpoint: ec.source().Endpoint},
+		{Rank: 0, Endpoint: "tcp://10.0.0.1\x1b[2J:5557"}, {Rank: 0, Endpoint: ec.source().Endpoint, SnapshotEndpoint: "http://h:1"}})
 	if _, ok := kvs.stream(idb, 0); ok {
 		t.Fatal("b still follows a source after reporting only unusable ones")
 	}
