@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/go-zeromq/zmq4/transport"
@@ -71,8 +72,16 @@ func bounded(endpoint string) string {
 	return endpoint
 }
 
-// boundedTCP is TCP whose dialled connections refuse frames over
-// MaxFrameBytes.
+// handshakeTimeout bounds a dialled connection's ZMTP handshake, until the
+// peer's first command (its READY): zmq4 v0.17.0 reads the greeting and
+// the handshake without a deadline, so a peer that accepts the connection
+// and says nothing would hold the dial for ever. A variable for tests.
+var handshakeTimeout = 10 * time.Second
+
+// boundedTCP is TCP whose dialled connections refuse frames over their
+// bounds (MaxFrameBytes and maxMessageBytes, or withLimits'), bound the
+// handshake (handshakeTimeout) and close when the socket's context ends
+// (zmq4 does not close a connection still in its handshake).
 type boundedTCP struct{ transport.Transport }
 
 func (t boundedTCP) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
@@ -84,7 +93,12 @@ func (t boundedTCP) Dial(ctx context.Context, d transport.Dialer, addr string) (
 	if v, ok := ctx.Value(limitsKey{}).(frameLimits); ok {
 		l = v
 	}
-	return &frameLimiter{Conn: c, max: l.frame, maxMsg: l.message}, nil
+	if err := c.SetDeadline(time.Now().Add(handshakeTimeout)); err != nil {
+		_ = c.Close()
+		return nil, err
+	}
+	context.AfterFunc(ctx, func() { _ = c.Close() })
+	return &frameLimiter{Conn: c, max: l.frame, maxMsg: l.message, handshaking: true}, nil
 }
 
 // frameLimiter follows the ZMTP 3 stream a connection reads (RFC 23 and
@@ -99,12 +113,25 @@ type frameLimiter struct {
 	net.Conn
 	max, maxMsg uint64
 	msg         uint64 // the current message's frames so far
+	// handshaking: the connection's deadline is the handshake's, lifted
+	// once the peer's first command has been read.
+	handshaking bool
+	cmd         bool // the current frame is a command
 
 	greeting int     // greeting bytes still to pass
 	body     uint64  // body bytes of the current frame still to pass
 	hdr      [9]byte // the frame header read so far
 	hdrN     int
 	err      error
+}
+
+// frameRead notes a frame read whole: the first command ends the
+// handshake's deadline.
+func (f *frameLimiter) frameRead() {
+	if f.cmd && f.handshaking {
+		f.handshaking = false
+		_ = f.Conn.SetDeadline(time.Time{})
+	}
 }
 
 // zmtpGreeting is the length of the ZMTP 3 greeting.
@@ -140,6 +167,9 @@ func (f *frameLimiter) check(b []byte) error {
 			}
 			f.body -= k
 			b = b[k:]
+			if f.body == 0 {
+				f.frameRead()
+			}
 		default:
 			f.hdr[f.hdrN] = b[0]
 			f.hdrN++
@@ -156,7 +186,10 @@ func (f *frameLimiter) check(b []byte) error {
 			default:
 				continue
 			}
-			if f.hdr[0]&0x04 != 0 { // a command, not part of a message
+			if f.cmd = f.hdr[0]&0x04 != 0; f.cmd { // a command, not part of a message
+				if f.body == 0 {
+					f.frameRead()
+				}
 				continue
 			}
 			f.msg += f.body + frameOverhead

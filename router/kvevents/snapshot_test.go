@@ -85,8 +85,8 @@ type engine struct {
 	sent       []liveMsg
 	held       map[uint64]bool
 	nextBlock  uint64
-	oldTopic   bool                 // replay answers without the topic (SGLang, vLLM before PR 45177)
-	replayKeep int                  // the replay buffer's batches (vLLM's buffer_steps); 0: all
+	oldTopic   bool                                // replay answers without the topic (SGLang, vLLM before PR 45177)
+	replayKeep int                                 // the replay buffer's batches (vLLM's buffer_steps); 0: all
 	snapAnswer func(n int, real [][]byte) [][]byte // the reply to the n-th request (from 1) given the real one; nil: the real one
 	snapReqs   int
 	beating    atomic.Bool // send a heartbeat every 10 ms
@@ -854,4 +854,88 @@ func TestReplayGivenUpLeaksNothing(t *testing.T) {
 	s.Wait()
 	e.close()
 	goleak.VerifyNone(t, ignore, goleak.IgnoreAnyFunction("github.com/go-zeromq/zmq4.(*pubMWriter).run"))
+}
+
+// silentListener accepts TCP connections and never writes a byte (an
+// endpoint that is not a ZeroMQ socket, or a hung one).
+func silentListener(t *testing.T) (endpoint string, accepted func() int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return "tcp://" + ln.Addr().String(), func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(conns)
+	}
+}
+
+// TestSilentEndpoints: a PUB endpoint that accepts the connection and
+// never completes the ZMTP handshake is given up after the handshake
+// timeout and dialled again, and the subscriber stops when told (zmq4
+// alone would wait in the handshake for ever); a snapshot endpoint that
+// never answers fails the bootstrap as a timeout.
+func TestSilentEndpoints(t *testing.T) {
+	old := handshakeTimeout
+	t.Cleanup(func() { handshakeTimeout = old }) // after the subscribers' cleanups
+	handshakeTimeout = 200 * time.Millisecond
+
+	endpoint, accepted := silentListener(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := Subscribe(ctx, Options{Endpoint: endpoint, Backoff: backoff.NewConstantBackOff(20 * time.Millisecond)}, &setSink{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the silent endpoint dialled three times", func() bool { return accepted() >= 3 })
+	if st := s.Stats(); st.State != StateConnecting || st.Connects != 0 {
+		t.Fatalf("state %v, connections made %d; want connecting, 0", st.State, st.Connects)
+	}
+	cancel()
+	stopped := make(chan struct{})
+	go func() { s.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(time.Minute):
+		t.Fatal("the subscriber did not stop within a minute of its context's end")
+	}
+
+	// The snapshot exchange's own bound (300 ms) ends its handshake too
+	// (the handshake's own is 10 s again).
+	handshakeTimeout = old
+	e := newEngine(t, engineOpts{id: uuidA})
+	o := fastOpts(e)
+	o.SnapshotEndpoint, _ = silentListener(t)
+	o.SnapshotTimeout = 300 * time.Millisecond
+	sink := &setSink{}
+	sub := startSub(t, o, sink)
+	warmUp(t, e, sub)
+	eventually(t, "a timeout", func() bool { return sub.Stats().SnapshotFailures[SnapshotTimeout] >= 1 })
+	if st := sub.Stats(); st.State == StateLive || st.Snapshots != 0 {
+		t.Fatalf("state %v, snapshots %d", st.State, st.Snapshots)
+	}
 }

@@ -850,18 +850,21 @@ func (s *Subscriber) requestSnapshot(ctx context.Context) ([][]byte, error) {
 		_ = d.Close()
 		drainDone(d)
 	}()
-	if err := d.Dial(bounded(s.o.SnapshotEndpoint)); err != nil {
-		return nil, err
-	}
-	if err := d.Send(zmq4.NewMsgFrom(nil, snapshotRequest)); err != nil {
-		return nil, err
-	}
-	msg, err := d.Recv()
-	if err != nil {
-		if ctx.Err() != nil {
+	fail := func(err error) ([][]byte, error) {
+		if ctx.Err() != nil { // the exchange's time is up
 			return nil, ctx.Err()
 		}
 		return nil, err
+	}
+	if err := d.Dial(bounded(s.o.SnapshotEndpoint)); err != nil {
+		return fail(err)
+	}
+	if err := d.Send(zmq4.NewMsgFrom(nil, snapshotRequest)); err != nil {
+		return fail(err)
+	}
+	msg, err := d.Recv()
+	if err != nil {
+		return fail(err)
 	}
 	f := msg.Frames
 	if len(f) > 0 && len(f[0]) == 0 { // the empty delimiter
