@@ -90,6 +90,9 @@ type RelayTarget struct {
 	Rank uint32
 	// KVEvents is the worker's kv_events block.
 	KVEvents config.KVEvents
+	// RankEndpoints: KVEvents' endpoints are the rank's own (as the
+	// engine reported them), not to be offset by Rank.
+	RankEndpoints bool
 }
 
 // kvSubject returns candidate (worker, rank)'s subject on the KV stream.
@@ -119,10 +122,17 @@ func kvStreamConfig(name, prefix string) jetstream.StreamConfig {
 // sequence 0 when the engine still buffers them.
 func (x *kvShare) relay(ctx context.Context, t RelayTarget) {
 	log := x.log.With("worker", t.Worker, "rank", t.Rank)
-	endpoint, err := kvevents.RankEndpoint(t.KVEvents.Endpoint, int(t.Rank))
-	replay := ""
+	offset := int(t.Rank)
+	if t.RankEndpoints {
+		offset = 0
+	}
+	endpoint, err := kvevents.RankEndpoint(t.KVEvents.Endpoint, offset)
+	replay, snapshot := "", ""
 	if err == nil && t.KVEvents.ReplayEndpoint != "" {
-		replay, err = kvevents.RankEndpoint(t.KVEvents.ReplayEndpoint, int(t.Rank))
+		replay, err = kvevents.RankEndpoint(t.KVEvents.ReplayEndpoint, offset)
+	}
+	if err == nil && t.KVEvents.SnapshotEndpoint != "" {
+		snapshot, err = kvevents.RankEndpoint(t.KVEvents.SnapshotEndpoint, offset)
 	}
 	if err != nil {
 		log.Error("KV events not relayed", "error", err)
@@ -157,7 +167,7 @@ func (x *kvShare) relay(ctx context.Context, t RelayTarget) {
 			x.mu.Unlock()
 			noteLeaseStart(ctx, created.UnixNano(), s.seq)
 			sub, err := kvevents.Subscribe(sctx, kvevents.Options{
-				Endpoint: endpoint, Topic: t.KVEvents.Topic, ReplayEndpoint: replay,
+				Endpoint: endpoint, Topic: t.KVEvents.Topic, ReplayEndpoint: replay, SnapshotEndpoint: snapshot,
 				Rank: int64(t.Rank), HasRank: true, Logger: log.Named("kv-events"),
 			}, s)
 			if err != nil {

@@ -84,6 +84,7 @@ func (w Worker) Equal(o Worker) bool {
 //	  endpoint        = "tcp://10.0.0.5:5557"  # required: the engine's ZeroMQ PUB socket
 //	  topic           = ""                     # default: every topic
 //	  replay_endpoint = "tcp://10.0.0.5:5558"  # default "": no replay
+//	  snapshot_endpoint = "tcp://10.0.0.5:5559" # default "": no snapshots
 //	}
 type KVEvents struct {
 	// Endpoint is the PUB socket to subscribe to: "tcp://HOST:PORT", a
@@ -96,6 +97,11 @@ type KVEvents struct {
 	// from a sequence number ("tcp://HOST:PORT"); "" when the engine has
 	// none.
 	ReplayEndpoint string
+	// SnapshotEndpoint is the engine's ROUTER socket serving KV-cache
+	// snapshots (vLLM's snapshot_endpoint, PR 57789: "tcp://HOST:PORT"),
+	// offset by the data-parallel rank like the others; "" when the
+	// engine has none.
+	SnapshotEndpoint string
 	// Range is the block's definition (`kv_events`).
 	Range hcl.Range
 }
@@ -106,7 +112,7 @@ func (k *KVEvents) Equal(o *KVEvents) bool {
 	if k == nil || o == nil {
 		return k == o
 	}
-	return k.Endpoint == o.Endpoint && k.Topic == o.Topic && k.ReplayEndpoint == o.ReplayEndpoint
+	return k.Endpoint == o.Endpoint && k.Topic == o.Topic && k.ReplayEndpoint == o.ReplayEndpoint && k.SnapshotEndpoint == o.SnapshotEndpoint
 }
 
 var workerSchema = &hcl.BodySchema{
@@ -125,6 +131,7 @@ var kvEventsSchema = &hcl.BodySchema{
 		{Name: "endpoint", Required: true},
 		{Name: "topic"},
 		{Name: "replay_endpoint"},
+		{Name: "snapshot_endpoint"},
 	},
 }
 
@@ -272,6 +279,11 @@ func (l *loader) kvEventsBlock(blk *hcl.Block) *KVEvents {
 	if attr, found := content.Attributes["replay_endpoint"]; found {
 		if s, good := l.stringAttr(attr); good && s != "" {
 			k.ReplayEndpoint = l.zmqEndpoint(attr, s)
+		}
+	}
+	if attr, found := content.Attributes["snapshot_endpoint"]; found {
+		if s, good := l.stringAttr(attr); good && s != "" {
+			k.SnapshotEndpoint = l.zmqEndpoint(attr, s)
 		}
 	}
 	return k

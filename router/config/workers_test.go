@@ -179,6 +179,13 @@ worker "a" {
     replay_endpoint = "tcp://h:5558/x"
   }
 }`, "w.hcl:5:23: error: Invalid endpoint"},
+	{"kv_events bad snapshot", `worker "a" {
+  url = "http://h:1"
+  kv_events {
+    endpoint          = "tcp://h:5557"
+    snapshot_endpoint = "ipc:///tmp/s"
+  }
+}`, "w.hcl:5:25: error: Invalid endpoint"},
 	{"kv_events twice", `worker "a" {
   url = "http://h:1"
   kv_events {
@@ -237,6 +244,7 @@ worker "b" {
     endpoint        = "tcp://10.0.0.6:5557"
     topic           = "kv@"
     replay_endpoint = "tcp://10.0.0.6:5558"
+    snapshot_endpoint = "tcp://10.0.0.6:5559"
   }
 }
 worker "c" {
@@ -254,7 +262,7 @@ worker "c" {
 	want := []Worker{
 		{Name: "a", URL: "http://10.0.0.5:8000", Role: shared.RoleAggregated, MetricsURL: "http://10.0.0.5:8000/metrics"},
 		{Name: "b", URL: "http://10.0.0.6:8000", Role: shared.RoleAggregated, MetricsURL: "http://10.0.0.6:8000/metrics",
-			KVEvents: &KVEvents{Endpoint: "tcp://10.0.0.6:5557", Topic: "kv@", ReplayEndpoint: "tcp://10.0.0.6:5558"}},
+			KVEvents: &KVEvents{Endpoint: "tcp://10.0.0.6:5557", Topic: "kv@", ReplayEndpoint: "tcp://10.0.0.6:5558", SnapshotEndpoint: "tcp://10.0.0.6:5559"}},
 		{Name: "c", URL: "http://10.0.0.7:8000", Role: shared.RoleAggregated, MetricsURL: "http://10.0.0.7:8000/metrics",
 			KVEvents: &KVEvents{Endpoint: "tcp://[::1]:5557"}},
 	}
@@ -268,9 +276,13 @@ worker "c" {
 		t.Error("Equal of distinct workers")
 	}
 	other := ws[1]
-	other.KVEvents = &KVEvents{Endpoint: "tcp://10.0.0.6:5557", Topic: "kv@"}
+	other.KVEvents = &KVEvents{Endpoint: "tcp://10.0.0.6:5557", Topic: "kv@", SnapshotEndpoint: "tcp://10.0.0.6:5559"}
 	if ws[1].Equal(other) {
 		t.Error("Equal ignores kv_events.replay_endpoint")
+	}
+	other.KVEvents = &KVEvents{Endpoint: "tcp://10.0.0.6:5557", Topic: "kv@", ReplayEndpoint: "tcp://10.0.0.6:5558"}
+	if ws[1].Equal(other) {
+		t.Error("Equal ignores kv_events.snapshot_endpoint")
 	}
 	other.KVEvents = nil
 	if ws[1].Equal(other) || other.Equal(ws[1]) {

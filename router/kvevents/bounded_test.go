@@ -42,7 +42,7 @@ func TestFrameLimiter(t *testing.T) {
 			}
 			_ = server.Close()
 		}()
-		f := &frameLimiter{Conn: client, max: limit}
+		f := &frameLimiter{Conn: client, max: limit, maxMsg: 1 << 40}
 		got, err := io.ReadAll(f)
 		if err != nil || !bytes.Equal(got, ok) {
 			t.Fatalf("chunks of %d: read %d of %d bytes, %v", chunk, len(got), len(ok), err)
@@ -53,13 +53,48 @@ func TestFrameLimiter(t *testing.T) {
 		bad := zmtpStream(limit, 10, size)
 		client, server := net.Pipe()
 		go func() { _, _ = server.Write(bad); _ = server.Close() }()
-		f := &frameLimiter{Conn: client, max: limit}
+		f := &frameLimiter{Conn: client, max: limit, maxMsg: 1 << 40}
 		_, err := io.ReadAll(f)
 		if !errors.Is(err, errFrameTooLarge) {
 			t.Fatalf("frame of %d bytes: %v, want errFrameTooLarge", size, err)
 		}
 		if _, err := f.Read(make([]byte, 1)); !errors.Is(err, errFrameTooLarge) {
 			t.Fatalf("read after the refusal: %v", err)
+		}
+	}
+}
+
+// A message is bounded as a whole: frames of 100 bytes sent with the MORE
+// flag (one message) fail once the message passes its limit, counting
+// frameOverhead per frame; the same frames as separate messages pass;
+// commands do not count.
+func TestFrameLimiterMessage(t *testing.T) {
+	const frames = 20
+	stream := func(more bool) []byte {
+		b := bytes.Repeat([]byte{0xff}, zmtpGreeting)
+		b = append(b, 0x04, 200) // a command of 200 bytes
+		b = append(b, make([]byte, 200)...)
+		for i := range frames {
+			flags := byte(0)
+			if more && i < frames-1 {
+				flags = 0x01
+			}
+			b = append(b, flags, 100)
+			b = append(b, make([]byte, 100)...)
+		}
+		return b
+	}
+	const maxMsg = 10 * (100 + frameOverhead)
+	for _, more := range []bool{false, true} {
+		client, server := net.Pipe()
+		go func() { _, _ = server.Write(stream(more)); _ = server.Close() }()
+		f := &frameLimiter{Conn: client, max: 1000, maxMsg: maxMsg}
+		got, err := io.ReadAll(f)
+		switch {
+		case !more && (err != nil || len(got) != len(stream(more))):
+			t.Fatalf("separate messages: read %d bytes, %v", len(got), err)
+		case more && !errors.Is(err, errFrameTooLarge):
+			t.Fatalf("one message of %d frames: %v, want errFrameTooLarge", frames, err)
 		}
 	}
 }

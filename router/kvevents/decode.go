@@ -264,11 +264,21 @@ const (
 	fGroupIdx
 	fSpecKind
 	fSlidingWindow
+	fLocality
+	fOwnership
+	fSessionID
+	fOrigin
 )
 
+// The positional (array layout) order of the fields: vLLM's declaration
+// order. locality and ownership follow kv_cache_spec_sliding_window in
+// vLLM main (PR 52067) and in the snapshot branch (vMaroon/vllm@08ee3e54,
+// PR 57789), which adds session_id after them; origin (PR 51699, open) is
+// taken to come last. Only map-layout events are sent with these fields
+// by the vLLM versions that have them (their events are maps).
 var (
-	storedOrder  = []fieldID{fBlockHashes, fParent, fTokenIDs, fBlockSize, fLoRAID, fMedium, fLoRAName, fExtraKeys, fGroupIdx, fSpecKind, fSlidingWindow}
-	removedOrder = []fieldID{fBlockHashes, fMedium, fGroupIdx}
+	storedOrder  = []fieldID{fBlockHashes, fParent, fTokenIDs, fBlockSize, fLoRAID, fMedium, fLoRAName, fExtraKeys, fGroupIdx, fSpecKind, fSlidingWindow, fLocality, fOwnership, fSessionID, fOrigin}
+	removedOrder = []fieldID{fBlockHashes, fMedium, fGroupIdx, fLocality, fOwnership}
 )
 
 func fieldByName(k []byte) fieldID {
@@ -295,6 +305,14 @@ func fieldByName(k []byte) fieldID {
 		return fSpecKind
 	case "kv_cache_spec_sliding_window":
 		return fSlidingWindow
+	case "locality":
+		return fLocality
+	case "ownership":
+		return fOwnership
+	case "session_id":
+		return fSessionID
+	case "origin":
+		return fOrigin
 	}
 	return fUnknown
 }
@@ -390,6 +408,7 @@ func (x *Decoder) field(ev *Event, f fieldID) error {
 		ev.LoRAID, ev.HasLoRAID, err = x.optInt()
 	case fMedium:
 		ev.Medium, err = x.str()
+		ev.Medium = canonicalMedium(ev.Medium)
 	case fLoRAName:
 		ev.LoRAName, err = x.str()
 	case fExtraKeys:
@@ -421,10 +440,34 @@ func (x *Decoder) field(ev *Event, f fieldID) error {
 		ev.SpecKind, err = x.str()
 	case fSlidingWindow:
 		ev.SlidingWindow, ev.HasSlidingWindow, err = x.optInt()
+	case fLocality:
+		ev.Locality, err = x.str()
+	case fOwnership:
+		ev.Ownership, err = x.str()
+	case fSessionID:
+		ev.SessionID, err = x.str()
+	case fOrigin:
+		ev.Origin, err = x.str()
 	default:
 		err = x.skip(1)
 	}
 	return err
+}
+
+// canonicalMedium returns the known tier m names in any case as its
+// canonical upper-case name (MediumGPU, MediumCPU, MediumStorage), else m.
+func canonicalMedium(m []byte) []byte {
+	switch {
+	case m == nil:
+		return nil
+	case bytes.EqualFold(m, mediumGPU):
+		return mediumGPU
+	case bytes.EqualFold(m, mediumCPU):
+		return mediumCPU
+	case bytes.EqualFold(m, mediumStorage):
+		return mediumStorage
+	}
+	return m
 }
 
 // ints appends an array of integers, read straight from the payload (the

@@ -152,3 +152,62 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestDecodeNewerFieldsAndMediumCase: the fields vLLM added after
+// kv_cache_spec_sliding_window (locality and ownership, PR 52067;
+// session_id, the snapshot branch vMaroon/vllm@08ee3e54 of PR 57789;
+// origin, PR 51699) decode in both layouts, and a medium is read in any
+// case ("gpu", as some offloading connectors send it, is the GPU tier).
+// The map events are as msgspec writes vLLM's tagged structs with
+// omit_defaults (fields at their default left out) inside the array
+// envelope released engines send; the array events are positional.
+func TestDecodeNewerFieldsAndMediumCase(t *testing.T) {
+	stored := map[string]any{
+		"type": "BlockStored", "block_hashes": []any{11, 12}, "parent_block_hash": nil,
+		"token_ids": []any{1, 2, 3, 4}, "block_size": 2, "lora_id": nil, "medium": "gpu", "lora_name": nil,
+		"locality": "LOCAL", "ownership": "tier-1", "session_id": "s-1", "origin": "REUSED",
+	}
+	removed := map[string]any{"type": "BlockRemoved", "block_hashes": []any{11}, "medium": "cpu", "locality": "REMOTE", "ownership": "tier-2"}
+	positional := []any{"BlockStored", []any{13}, 12, []any{5, 6}, 2, nil, "Gpu", nil, nil, nil, nil, nil, "LOCAL", "tier-3", "s-2", "NEW"}
+	positionalRemoved := []any{"BlockRemoved", []any{13}, "storage", 1, "REMOTE", "tier-4"}
+	p := rawOf(t, []any{2.5, []any{stored, removed, positional, positionalRemoved}, 0})
+	var got Batch
+	var d Decoder
+	if err := d.Decode(p, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := &Batch{TS: 2.5, DataParallelRank: 0, HasDataParallelRank: true, Events: []Event{
+		{Kind: BlockStored, BlockHashes: []uint64{11, 12}, TokenIDs: []int64{1, 2, 3, 4}, BlockSize: 2, Medium: []byte(MediumGPU),
+			Locality: []byte("LOCAL"), Ownership: []byte("tier-1"), SessionID: []byte("s-1"), Origin: []byte("REUSED")},
+		{Kind: BlockRemoved, BlockHashes: []uint64{11}, Medium: []byte(MediumCPU), Locality: []byte("REMOTE"), Ownership: []byte("tier-2")},
+		{Kind: BlockStored, BlockHashes: []uint64{13}, ParentBlockHash: 12, HasParent: true, TokenIDs: []int64{5, 6}, BlockSize: 2,
+			Medium: []byte(MediumGPU), Locality: []byte("LOCAL"), Ownership: []byte("tier-3"), SessionID: []byte("s-2"), Origin: []byte("NEW")},
+		{Kind: BlockRemoved, BlockHashes: []uint64{13}, Medium: []byte(MediumStorage), GroupIdx: 1, HasGroupIdx: true,
+			Locality: []byte("REMOTE"), Ownership: []byte("tier-4")},
+	}}
+	if diff := cmp.Diff(want, &got, batchOpts); diff != "" {
+		t.Fatalf("(-want +got):\n%s", diff)
+	}
+	for _, c := range []struct {
+		m    []byte
+		want bool
+	}{{nil, true}, {[]byte("GPU"), true}, {[]byte("gPu"), true}, {[]byte("CPU"), false}, {[]byte("GPU0"), false}} {
+		if IsGPU(c.m) != c.want {
+			t.Errorf("IsGPU(%q) = %v", c.m, !c.want)
+		}
+	}
+	// They survive the encoder (the cluster's relay re-encodes batches).
+	for _, enc := range []Encoder{{Encoding: EncodingArray}, {Encoding: EncodingMap}} {
+		q, err := enc.Encode(&got)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var again Batch
+		if err := d.Decode(slices.Clone(q), &again); err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want, &again, batchOpts); diff != "" {
+			t.Fatalf("encoding %d round trip (-want +got):\n%s", enc.Encoding, diff)
+		}
+	}
+}

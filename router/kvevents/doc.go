@@ -2,8 +2,9 @@
 // batches an engine publishes over ZeroMQ when it stores, removes or clears
 // KV blocks (SGLang publishes the same format). It has the event types, an
 // encoder (used by the mock engine and tests), an allocation-free decoder,
-// the three-frame message layout, and a subscriber with sequence tracking
-// and replay.
+// the three-frame message layout, and a subscriber with sequence tracking,
+// replay, snapshot bootstrap (vLLM PR 57789), heartbeats and restart
+// detection (docs/kv-events.md).
 //
 // # Wire format, as verified
 //
@@ -18,6 +19,11 @@
 // tcp://*:5557; data-parallel rank N publishes on port + N):
 //
 //	topic (bytes, "" by default) | sequence (8 bytes, big-endian, from 0) | payload (msgpack)
+//
+// A publisher with a snapshot endpoint (vLLM PR 57789, the branch
+// vMaroon/vllm@08ee3e54) sends a 24-byte sequence: the 8 bytes, then its
+// 16-byte identity (a UUID per publisher lifetime), and an empty batch
+// after each idle second (a heartbeat).
 //
 // Payload, EventBatch: fields ts (float seconds), events (list),
 // data_parallel_rank (int or None, default None). Declared array_like
@@ -37,8 +43,10 @@
 //	                  extra_keys [tuple|None]|None = None (one per block),
 //	                  group_idx int|None = None,
 //	                  kv_cache_spec_kind str|None = None,
-//	                  kv_cache_spec_sliding_window int|None = None
-//	BlockRemoved:     block_hashes []hash, medium str|None, group_idx int|None = None
+//	                  kv_cache_spec_sliding_window int|None = None,
+//	                  locality, ownership, session_id, origin str|None = None
+//	BlockRemoved:     block_hashes []hash, medium str|None, group_idx int|None = None,
+//	                  locality, ownership str|None = None
 //	AllBlocksCleared: no fields
 //
 // Older engines send fewer trailing fields (before medium and lora_name
@@ -50,7 +58,14 @@
 // Replay: an optional ROUTER socket (replay_endpoint, also offset by the
 // rank). A client (DEALER) sends [empty delimiter, start sequence as 8 bytes
 // big-endian]; the publisher answers every buffered batch with sequence
-// >= start as [empty, sequence, payload] frames, then the end marker
-// [empty, -1 as 8 bytes big-endian, empty payload]. It keeps the last
-// buffer_steps (10,000 by default) batches.
+// >= start as [empty, topic, sequence, payload] frames, then the end marker
+// [empty, empty topic, -1 as 8 bytes big-endian, empty payload] (vLLM since
+// PR 45177; SGLang and older vLLM send the same without the topic frame;
+// both are read). It keeps the last buffer_steps (10,000 by default)
+// batches.
+//
+// Snapshots: an optional ROUTER socket (snapshot_endpoint) answering any
+// one-frame request with [cut (8 bytes, signed), publisher identity (16
+// bytes), chunk...], each chunk an EventBatch; cut -1: nothing recorded,
+// -2: unavailable (exactly two frames).
 package kvevents

@@ -135,9 +135,13 @@ func (e *Encoder) event(ev *Event) error {
 			{"medium", false, func() error { return e.optStr(ev.Medium) }},
 			{"lora_name", false, func() error { return e.optStr(ev.LoRAName) }},
 			{"extra_keys", ev.ExtraKeys == nil, func() error { return e.extraKeys(ev.ExtraKeys) }},
-			{"group_idx", !ev.HasGroupIdx, func() error { return e.enc.EncodeInt(ev.GroupIdx) }},
+			{"group_idx", !ev.HasGroupIdx, func() error { return e.optInt(ev.GroupIdx, ev.HasGroupIdx) }},
 			{"kv_cache_spec_kind", ev.SpecKind == nil, func() error { return e.optStr(ev.SpecKind) }},
-			{"kv_cache_spec_sliding_window", !ev.HasSlidingWindow, func() error { return e.enc.EncodeInt(ev.SlidingWindow) }},
+			{"kv_cache_spec_sliding_window", !ev.HasSlidingWindow, func() error { return e.optInt(ev.SlidingWindow, ev.HasSlidingWindow) }},
+			{"locality", ev.Locality == nil, func() error { return e.optStr(ev.Locality) }},
+			{"ownership", ev.Ownership == nil, func() error { return e.optStr(ev.Ownership) }},
+			{"session_id", ev.SessionID == nil, func() error { return e.optStr(ev.SessionID) }},
+			{"origin", ev.Origin == nil, func() error { return e.optStr(ev.Origin) }},
 		}
 	case BlockRemoved:
 		if e.Encoding == EncodingSGLang {
@@ -147,7 +151,9 @@ func (e *Encoder) event(ev *Event) error {
 		fs = []field{
 			{"block_hashes", false, func() error { return e.hashes(ev.BlockHashes) }},
 			{"medium", false, func() error { return e.optStr(ev.Medium) }},
-			{"group_idx", !ev.HasGroupIdx, func() error { return e.enc.EncodeInt(ev.GroupIdx) }},
+			{"group_idx", !ev.HasGroupIdx, func() error { return e.optInt(ev.GroupIdx, ev.HasGroupIdx) }},
+			{"locality", ev.Locality == nil, func() error { return e.optStr(ev.Locality) }},
+			{"ownership", ev.Ownership == nil, func() error { return e.optStr(ev.Ownership) }},
 		}
 	case AllBlocksCleared:
 	default:

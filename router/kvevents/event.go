@@ -1,6 +1,9 @@
 package kvevents
 
-import "fmt"
+import (
+	"bytes"
+	"fmt"
+)
 
 // Kind is an event's type, named on the wire by its vLLM class name.
 type Kind uint8
@@ -22,9 +25,28 @@ func (k Kind) String() string {
 	return fmt.Sprintf("Kind(%d)", uint8(k))
 }
 
-// MediumGPU is vLLM's medium name for the GPU tier (MEDIUM_GPU). An absent
-// medium means the GPU tier too.
-const MediumGPU = "GPU"
+// vLLM's medium names (vllm/distributed/kv_events.py MEDIUM_GPU, MEDIUM_CPU,
+// MEDIUM_STORAGE). An absent medium means the GPU tier too. The decoder
+// reads a medium case-insensitively: "gpu" (as some offloading connectors
+// send it) decodes as MediumGPU, and likewise for the others.
+const (
+	MediumGPU     = "GPU"
+	MediumCPU     = "CPU"
+	MediumStorage = "STORAGE"
+)
+
+// The canonical media the decoder points Event.Medium at. Never written.
+var (
+	mediumGPU     = []byte(MediumGPU)
+	mediumCPU     = []byte(MediumCPU)
+	mediumStorage = []byte(MediumStorage)
+)
+
+// IsGPU reports whether medium (an Event's Medium) is the GPU tier: absent
+// (nil) or "GPU" in any case.
+func IsGPU(medium []byte) bool {
+	return medium == nil || bytes.EqualFold(medium, mediumGPU)
+}
 
 // Event is one KV-cache event. Fields a kind does not have stay zero.
 // Optional fields carry a Has flag (an int) or are nil when None (bytes).
@@ -47,7 +69,9 @@ type Event struct {
 	// LoRAID is the deprecated LoRA adapter id, when HasLoRAID.
 	LoRAID    int64
 	HasLoRAID bool
-	// Medium is the storage tier ("GPU", "CPU", …); nil when None.
+	// Medium is the storage tier ("GPU", "CPU", …); nil when None. The
+	// decoder gives the known tiers in upper case whatever their case on
+	// the wire (MediumGPU, MediumCPU, MediumStorage); see IsGPU.
 	Medium []byte
 	// LoRAName is the LoRA adapter's name; nil when None (base model).
 	LoRAName []byte
@@ -63,13 +87,14 @@ type Event struct {
 	// SlidingWindow is kv_cache_spec_sliding_window, when HasSlidingWindow.
 	SlidingWindow    int64
 	HasSlidingWindow bool
-	// Locality ("LOCAL" or "REMOTE" relative to the publisher) and
-	// Ownership (a secondary offloading tier's name) scope a block's
-	// residency, on vLLM's KV-event snapshot branch (vMaroon/vllm@08ee3e54
-	// vllm/distributed/kv_events.py: BlockStored and BlockRemoved fields
-	// after kv_cache_spec_sliding_window, resp. group_idx); nil when None
-	// or absent. BlockStored, BlockRemoved.
+	// Locality is "LOCAL" or "REMOTE" relative to the publisher, nil when
+	// None; Ownership names the secondary offloading tier that generated
+	// the event (vLLM PR 52067), nil when None. BlockStored, BlockRemoved.
 	Locality, Ownership []byte
+	// SessionID is the session that triggered a store (the snapshot
+	// branch of vLLM PR 57789); Origin is "NEW" or "REUSED" (vLLM PR
+	// 51699, open). nil when None or absent. BlockStored.
+	SessionID, Origin []byte
 
 	extra [][]byte // ExtraKeys' storage, kept while ExtraKeys is nil
 }
@@ -102,6 +127,12 @@ func (b *Batch) BlockEvents() int {
 // implements it). The subscriber calls it from one goroutine, in sequence
 // order. The Batch and everything it points to are valid only during
 // Apply.
+//
+// A snapshot bootstrap (Options.SnapshotEndpoint) is Clear, then Apply of
+// each snapshot chunk (a replay program: stores in their original order,
+// then removals of excess copies), then Apply of the live batches after
+// the snapshot's cut, then MarkLive: until MarkLive the sink holds a
+// partial state and must not score the candidate precisely.
 type Sink interface {
 	// Apply applies one batch, in sequence order.
 	Apply(b *Batch)
@@ -112,4 +143,16 @@ type Sink interface {
 	// MarkLive says the stream is known complete from the engine's start
 	// (it began at sequence 0, or a replay filled the gap).
 	MarkLive()
+}
+
+// ColdClearer is a Sink that can be cleared into a state that stays cold
+// whatever is applied until MarkLive, without any rule of its own that
+// would make it live sooner (prefix.Precise warms after storing as many
+// blocks as its bound). A snapshot bootstrap clears a Sink that implements
+// it with ClearCold instead of Clear, so that a snapshot's intermediate
+// state (ancestors kept for their metadata, copies removed at its end)
+// never scores a candidate.
+type ColdClearer interface {
+	// ClearCold is Clear, and the sink stays cold until MarkLive.
+	ClearCold()
 }

@@ -361,7 +361,7 @@ func dial(t *testing.T, s zmq4.Socket, addr fmt.Stringer) zmq4.Socket {
 	return s
 }
 
-func seqFrame(n int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(n)) }
+func seqFrame8(n int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(n)) }
 
 // testBatch is the publisher tests' batch: one store of hash i.
 func testBatch(i int) *Batch {
@@ -389,7 +389,7 @@ func TestPublisherReplayFormats(t *testing.T) {
 			}
 		}
 		d := dial(t, zmq4.NewDealer(context.Background()), p.ReplayAddr())
-		if err := d.Send(zmq4.NewMsgFrom(nil, seqFrame(10))); err != nil {
+		if err := d.Send(zmq4.NewMsgFrom(nil, seqFrame8(10))); err != nil {
 			t.Fatal(err)
 		}
 		for want := int64(10); ; want++ {
@@ -401,9 +401,9 @@ func TestPublisherReplayFormats(t *testing.T) {
 					wantFrames = [][]byte{{}, {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}, {}}
 				}
 			} else {
-				wantFrames = [][]byte{{}, []byte("test"), seqFrame(want), payloads[want]}
+				wantFrames = [][]byte{{}, []byte("test"), seqFrame8(want), payloads[want]}
 				if f == ReplayTwoFrames {
-					wantFrames = [][]byte{{}, seqFrame(want), payloads[want]}
+					wantFrames = [][]byte{{}, seqFrame8(want), payloads[want]}
 				}
 			}
 			if len(m.Frames) != len(wantFrames) {
@@ -432,7 +432,7 @@ func TestPublisherBufferLimit(t *testing.T) {
 		}
 	}
 	d := dial(t, zmq4.NewDealer(context.Background()), p.ReplayAddr())
-	if err := d.Send(zmq4.NewMsgFrom(nil, seqFrame(0))); err != nil {
+	if err := d.Send(zmq4.NewMsgFrom(nil, seqFrame8(0))); err != nil {
 		t.Fatal(err)
 	}
 	var seqs []int64
@@ -587,7 +587,7 @@ func TestPublisherSnapshotEmptyAndHeartbeat(t *testing.T) {
 		t.Fatalf("publisher id %x, want a 16-byte version 4 UUID", id)
 	}
 	f := snapshot(t, p)
-	if len(f) != 2 || !bytes.Equal(f[0], seqFrame(-1)) || !bytes.Equal(f[1], id) {
+	if len(f) != 2 || !bytes.Equal(f[0], seqFrame8(-1)) || !bytes.Equal(f[1], id) {
 		t.Fatalf("empty snapshot %x, want [-1, %x]", f, id)
 	}
 	s := subscriber(t, p)
@@ -687,13 +687,13 @@ func TestPublisherSnapshotUnavailable(t *testing.T) {
 			t.Fatalf("%s: %v", c.name, err)
 		}
 		f := snapshot(t, p)
-		if len(f) != 2 || !bytes.Equal(f[0], seqFrame(-2)) || !bytes.Equal(f[1], p.ID()) {
+		if len(f) != 2 || !bytes.Equal(f[0], seqFrame8(-2)) || !bytes.Equal(f[1], p.ID()) {
 			t.Fatalf("%s: reply %x, want exactly [-2, id]", c.name, f)
 		}
 		if seq, err := p.PublishBatch(testBatch(5)); err != nil || seq != 1 {
 			t.Fatalf("%s: publishing after the failure: seq %d, %v", c.name, seq, err)
 		}
-		if f := snapshot(t, p); len(f) != 2 || !bytes.Equal(f[0], seqFrame(-2)) {
+		if f := snapshot(t, p); len(f) != 2 || !bytes.Equal(f[0], seqFrame8(-2)) {
 			t.Fatalf("%s: the recorder recovered: %x", c.name, f)
 		}
 	}

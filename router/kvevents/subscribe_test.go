@@ -191,8 +191,9 @@ func TestSubscribeGapWithoutReplayClears(t *testing.T) {
 }
 
 // TestSubscribeEngineRestart: the publisher goes away and another starts
-// on the same port from sequence 0; the subscriber reconnects, counts the
-// restart and, replaying from 0, is live on the new stream.
+// on the same port from sequence 0; the subscriber clears the sink when
+// the connection breaks (counted as SignalDisconnect), reconnects and,
+// replaying from 0, is live on the new stream.
 func TestSubscribeEngineRestart(t *testing.T) {
 	p := newPub(t, true)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -217,7 +218,7 @@ func TestSubscribeEngineRestart(t *testing.T) {
 		publish(t, q, 1)
 		time.Sleep(2 * time.Millisecond)
 		st := s.Stats()
-		return st.Gaps >= 1 && st.State == StateLive && st.Connects >= 2
+		return st.Restarts[SignalDisconnect] >= 1 && st.State == StateLive && st.Connects >= 2
 	})
 	q.mu.Lock()
 	n := int(q.seq)

@@ -231,6 +231,9 @@ func (d *Daemon) Run(ctx context.Context) error {
 	// a cluster block, from the cluster's stream (useCluster below).
 	kvs := newKVSubs(r, d.log, b.Cluster() != nil)
 	defer kvs.close()
+	if err := kvs.register(reg); err != nil {
+		return fmt.Errorf("kv events: metrics: %w", err)
+	}
 	// The engines' transport: requests, disaggregated hops and engine
 	// tokenizers. An address no worker has any more (a worker removed or
 	// moved: a workers file edit, a replaced pod) has its connections
@@ -242,18 +245,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		Streams: kvs.stream, IndexBlocks: kvs.indexBlocks, Departed: d.tr.CloseIdleConnectionsTo,
 	}
 	// The KV-event publishers the engines report, and the restarts their
-	// metrics show, go to the subscribers. TODO(#26): kvSubs.SetSources
-	// and kvSubs.EngineRestarted land in another branch; once merged,
-	// set wo.KVSources = kvs.SetSources and wo.EngineRestarted =
-	// kvs.EngineRestarted directly.
-	if k, ok := any(kvs).(interface {
-		SetSources(worker string, sources []workers.KVSource)
-	}); ok {
-		wo.KVSources = k.SetSources
-	}
-	if k, ok := any(kvs).(interface{ EngineRestarted(worker string) }); ok {
-		wo.EngineRestarted = k.EngineRestarted
-	}
+	// metrics show, go to the subscribers.
+	wo.KVSources, wo.EngineRestarted = kvs.SetSources, kvs.EngineRestarted
 	mgr, err := workers.NewManager(kvs, wo)
 	if err != nil {
 		return err
