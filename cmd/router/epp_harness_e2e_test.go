@@ -57,7 +57,7 @@ func startKVFleet(t *testing.T, routerBin string) *kvFleet {
 	for _, n := range f.names {
 		port := consecutivePorts(t, 1)
 		m := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50",
-			"--block-size", "16", "--tokenizer", tok, "--tokenizer-config", tokCfg,
+			"--engine-block-size", "16", "--tokenizer", tok, "--tokenizer-config", tokCfg,
 			"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", port))
 		fmt.Fprintf(&b, "worker %q {\n  url = %q\n  kv_events {\n    endpoint = \"tcp://127.0.0.1:%d\"\n  }\n}\n", n, m.url, port)
 		ep, err := epp.Endpoint(m.url)
@@ -504,7 +504,7 @@ func TestEPPHarnessNoWorkerAndQueueFull(t *testing.T) {
 	}
 	dead.stop(t)
 
-	slow := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "0.05", "--block-size", "16")
+	slow := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "0.05", "--engine-block-size", "16")
 	queue := "queue {\n  max_active_requests = 1\n  max_waiting         = 1\n  class \"interactive\" {\n    weight = 1\n  }\n}\n"
 	e := startEPPProc(t, routerBin, eppPolicyFile(t, queue, workerBlocks([]string{"slow"}, map[string]string{"slow": slow.url})), "127.0.0.1:0")
 	waitMetrics(t, c, e.api, time.Minute, "the worker ready", allReady("slow"))

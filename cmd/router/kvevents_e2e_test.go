@@ -40,7 +40,7 @@ func TestServeE2EKVEvents(t *testing.T) {
 			encoding = "map"
 		}
 		m := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50",
-			"--block-size", "16", "--kv-blocks", fmt.Sprint(kvBlocks), "--tokenizer", tok, "--tokenizer-config", tokCfg,
+			"--engine-block-size", "16", "--kv-blocks", fmt.Sprint(kvBlocks), "--tokenizer", tok, "--tokenizer-config", tokCfg,
 			"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", port), "--kv-events-encoding", encoding)
 		fmt.Fprintf(&workers, "worker %q {\n  url = %q\n  kv_events {\n    endpoint = \"tcp://127.0.0.1:%d\"\n  }\n}\n", n, m.url, port)
 		engines = append(engines, m.url)

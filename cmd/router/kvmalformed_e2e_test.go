@@ -28,7 +28,7 @@ func TestServeE2EMalformedKVEventsLogOncePerInterval(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pub.Close()
-	mock := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--block-size", "16")
+	mock := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--engine-block-size", "16")
 	dir := t.TempDir()
 	policy := filepath.Join(dir, "policy.hcl")
 	if err := os.WriteFile(policy, []byte("router {\n  block_size = 16\n}\n"), 0o644); err != nil {

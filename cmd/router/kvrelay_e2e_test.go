@@ -28,11 +28,8 @@ func TestKVRelayE2E(t *testing.T) {
 	ns := natstest.Start(t, 0)
 
 	kvPort, replayPort, debugPort := consecutivePorts(t, 1), consecutivePorts(t, 1), consecutivePorts(t, 1)
-	// The two-frame replay (vLLM before PR 45177, SGLang): the subscriber
-	// reads that one; the mock's default is now vLLM's current framing.
-	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--block-size", "16",
-		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", kvPort), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", replayPort),
-		"--kv-events-replay-format", "two-frame")
+	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--engine-block-size", "16",
+		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", kvPort), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", replayPort))
 	policy := filepath.Join(t.TempDir(), "policy.hcl")
 	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`router {
   block_size = 16
@@ -167,7 +164,7 @@ func TestKVRelayKilledE2E(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
 	ns := natstest.Start(t, 0)
 	kvPort := consecutivePorts(t, 1)
-	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--block-size", "16",
+	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--engine-block-size", "16",
 		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", kvPort))
 	policy := filepath.Join(t.TempDir(), "policy.hcl")
 	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`worker "w" {

@@ -194,7 +194,7 @@ func startMocks(t *testing.T, routerBin string, n int, speedup string) []*e2ePro
 	ms := make([]*e2eProc, n)
 	for i := range ms {
 		ms[i] = startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock",
-			"--speedup", speedup, "--block-size", "16")
+			"--speedup", speedup, "--engine-block-size", "16")
 	}
 	return ms
 }

@@ -113,7 +113,7 @@ const maxCopies = 1 << 30
 // sequence 0, replayed a gap, or applied a snapshot). After Clear it is
 // cold until it has stored as many GPU blocks as its bound allows (the
 // engine's cache has turned over) or the engine reports AllBlocksCleared
-// (its state is then known); after ClearForSnapshot, only until MarkLive.
+// (its state is then known); after ClearCold, only until MarkLive.
 type Precise struct {
 	x *Index
 	c Candidate
@@ -167,7 +167,7 @@ type Precise struct {
 	localScopes [numTiers][maxGroups]uint8
 	copies      int  // copies counted over every block and scope
 	warming     bool // cleared since the last MarkLive
-	holdCold    bool // ClearForSnapshot since the last MarkLive
+	holdCold    bool // ClearCold since the last MarkLive
 	sinceClear  int  // GPU blocks stored since Clear
 	stats       PreciseStats
 	digest      extrasDigest
@@ -418,14 +418,12 @@ func (p *Precise) MarkLive() {
 // another one. Linear in the blocks held.
 func (p *Precise) Clear() { p.clear(false) }
 
-// ClearForSnapshot is Clear before a snapshot is applied (the KV-event
+// ClearCold is Clear before a snapshot is applied (the KV-event
 // snapshot service's replay program): the candidate then stays cold until
 // MarkLive, however many blocks the snapshot stores, where after Clear it
-// would go live once its stores reach its bound. A subscriber applying a
-// snapshot calls it through an optional interface; a plain Clear works
-// too, but a snapshot storing more GPU blocks than the bound could then
-// be scored before it is complete.
-func (p *Precise) ClearForSnapshot() { p.clear(true) }
+// would go live once its stores reach its bound (kvevents.ColdClearer,
+// which the subscriber calls before a snapshot).
+func (p *Precise) ClearCold() { p.clear(true) }
 
 func (p *Precise) clear(hold bool) {
 	p.mu.Lock()

@@ -218,16 +218,16 @@ func TestTierOverlapCountsCPUAfterGPU(t *testing.T) {
 	}
 }
 
-// A snapshot is applied after ClearForSnapshot: however many blocks it
+// A snapshot is applied after ClearCold: however many blocks it
 // stores, the candidate stays cold until MarkLive; after a plain Clear,
 // stores reaching the bound make it live (the cache has turned over).
-func TestClearForSnapshotHoldsCold(t *testing.T) {
+func TestClearColdHoldsCold(t *testing.T) {
 	x := New(4)
 	_ = x.AddWorker(cand(1), 2) // bound 2·8/4 = 4 blocks of 4
 	p := x.Precise(cand(1))
 	p.MarkLive()
 	chunk := []kvevents.Event{bootStore([]uint64{1, 2, 3, 4, 5, 6}, nil, "GPU")}
-	p.ClearForSnapshot()
+	p.ClearCold()
 	apply(p, chunk...)
 	apply(p, kvevents.Event{Kind: kvevents.AllBlocksCleared})
 	apply(p, chunk...)

@@ -80,7 +80,7 @@ func snapshotPayloads(b *testing.B) (payloads [][]byte, events, copies int) {
 // BenchmarkSnapshot applies a 1-million-block snapshot (snapshotPayloads)
 // to a candidate's precise index, as a subscriber bootstrapping from
 // vLLM's snapshot service does. One op is one whole snapshot; the timed
-// loop is Precise.ClearForSnapshot, then Decoder.Decode + Precise.Apply
+// loop is Precise.ClearCold, then Decoder.Decode + Precise.Apply
 // of every chunk (in order), then Precise.MarkLive. "fresh" applies it to
 // a new index each time (made outside the timer), its tables growing from
 // empty: a router starting in front of a busy engine; "refill" to the
@@ -105,7 +105,7 @@ func BenchmarkSnapshot(b *testing.B) {
 			var d kvevents.Decoder
 			var batch kvevents.Batch
 			apply := func() {
-				p.ClearForSnapshot()
+				p.ClearCold()
 				for _, pl := range payloads {
 					if err := d.Decode(pl, &batch); err != nil {
 						b.Fatal(err)

@@ -117,11 +117,8 @@ func TestDaemonReplicasShareBookings(t *testing.T) {
 // blocks; /debug/workers' event stream says "live" on both.
 func TestDaemonReplicasShareKVEvents(t *testing.T) {
 	ns := natstest.Start(t, 0)
-	// The two-frame replay (vLLM before PR 45177, SGLang), the one the
-	// subscriber reads; the mock's default is vLLM's current framing.
 	m, err := mockworker.New(mockworker.Config{Speedup: 5, BlockTokens: 16,
-		KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsReplayEndpoint: "tcp://127.0.0.1:0",
-		KVEventsReplayFormat: mockworker.ReplayTwoFrames})
+		KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsReplayEndpoint: "tcp://127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
