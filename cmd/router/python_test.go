@@ -20,6 +20,11 @@ import (
 // (python3-grpcio, python3-protobuf).
 const pythonBin = "/usr/bin/python3"
 
+// pythonStart is the start_timeout the tests give a Python plugin: its
+// start (importing grpc and protobuf) takes seconds on a loaded machine,
+// more than the default 5 s under stress-ng.
+const pythonStart = "1m"
+
 // pythonExample returns the absolute path of the Python example plugin,
 // failing the test with what to install when Debian's Python lacks the
 // SDK's dependencies.
@@ -40,7 +45,7 @@ func pythonExample(t *testing.T) string {
 // through its interpreter as a policy file runs it, passes every check of
 // `router plugins check`, the same ones the Go template plugin passes.
 func TestPluginsCheckPythonExample(t *testing.T) {
-	code, out, errOut := routerRun(t, "plugins", "check", pythonBin, pythonExample(t))
+	code, out, errOut := routerRun(t, "plugins", "check", "--start-timeout", pythonStart, pythonBin, pythonExample(t))
 	if code != 0 {
 		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
@@ -164,7 +169,7 @@ func TestReplayPythonClassifierMatchesGo(t *testing.T) {
 	pythonExample(t) // the Debian packages are there
 	src := string(readFile(t, filepath.Join(policyDir, "sticky-session.hcl")))
 	py := strings.Replace(src, `command = "bin/soft-pin-repin"`,
-		fmt.Sprintf("command = %q\n  args    = [%q]", pythonBin, script), 1)
+		fmt.Sprintf("command = %q\n  args    = [%q]\n  start_timeout = %q", pythonBin, script, pythonStart), 1)
 	if py == src {
 		t.Fatal(`sticky-session.hcl does not run "bin/soft-pin-repin"`)
 	}
@@ -226,7 +231,7 @@ sp.serve("0.1.0", [sp.TypeInfo(name="s", kind=sp.Kind.SCORER, doc="d", new=lambd
 		if err := os.WriteFile(script, []byte("import switchyard_plugin as sp\n"+c.script+"\n"), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		code, out, errOut := routerRun(t, "plugins", "check", "--env", "PYTHONPATH="+sdk, pythonBin, script)
+		code, out, errOut := routerRun(t, "plugins", "check", "--start-timeout", pythonStart, "--env", "PYTHONPATH="+sdk, pythonBin, script)
 		if code != 1 || !slices.Contains(strings.Split(out, "\n"), c.want) {
 			t.Errorf("exit %d, want 1 and the line\n%s\nstdout:\n%s\nstderr:\n%s", code, c.want, out, errOut)
 		}

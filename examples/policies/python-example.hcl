@@ -14,7 +14,10 @@ plugin "python" {
   args    = ["sdk/python/examples/queue_depth.py"]
   # The plugin gets no environment but this: the script finds the SDK next
   # to it; an SDK installed elsewhere needs env = { PYTHONPATH = "..." }.
-  # Python starts slower than a Go binary; 5 s (the default) is plenty.
+  # Python starts slower than a Go binary: importing grpc and protobuf
+  # takes about a quarter of a CPU second, several seconds on a busy
+  # machine. 30 s rather than the default 5 s.
+  start_timeout = "30s"
 }
 
 policy "queue" {

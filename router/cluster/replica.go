@@ -608,7 +608,13 @@ func (r *Replica) receive(from string, data []byte, now time.Time, replay bool) 
 	if p == nil {
 		return
 	}
-	if err := decode(data, func(rec *Record) { r.apply(from, p, rec, now, replay) }); err != nil {
+	// The bookings of p a reset in this message let go of: a snapshot's
+	// booked record that repeats one (same worker and rank) takes it back
+	// as it is; the rest are released at the message's end.
+	var stale map[string]remoteBooking
+	err := decode(data, func(rec *Record) { r.apply(from, p, rec, now, replay, &stale) })
+	r.releaseStale(stale)
+	if err != nil {
 		r.m.dropped.WithLabelValues("malformed").Inc()
 		r.malformedLog.Do(func() {
 			r.log.Warn("a replica's message does not decode; its records after the fault are dropped (logged at most every "+malformedLogInterval.String()+
@@ -666,18 +672,27 @@ func (r *Replica) seen(from string, now time.Time) {
 
 // apply applies one record of peer p (named from). r.mu is held: the
 // placement runs no policy and does not block (a binding target).
-func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay bool) {
+//
+// A reset does not release p's bookings at once: it moves them to
+// *stale, from which a booked record that follows (the snapshot the reset
+// begins) takes back the booking it repeats, on the same worker rank,
+// unchanged: re-placing it would charge its prefill against an index that
+// holds its own blocks by now (a prefill of 0 tokens), and would forget
+// its first token. receive releases what is left in *stale at the end of
+// the message.
+func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay bool, stale *map[string]remoteBooking) {
 	r.m.received.WithLabelValues(rec.Kind.String()).Inc()
 	switch rec.Kind {
 	case KindReset:
-		r.releaseAll(p)
+		r.releaseStale(*stale) // an earlier reset's in this message, not repeated
+		*stale = p.bookings
+		p.bookings = map[string]remoteBooking{}
+		for _, rb := range *stale {
+			r.uncount(rb) // no longer held for p: the limits do not count it
+		}
 	case KindBooked:
 		if _, dup := p.bookings[rec.ID]; dup {
 			return // a snapshot repeating a booking already applied
-		}
-		if r.remote >= maxRemoteBookings {
-			r.m.dropped.WithLabelValues("too_many").Inc()
-			return
 		}
 		id, ok := r.o.Resolve(rec.Worker)
 		if !ok {
@@ -685,6 +700,21 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay
 			return
 		}
 		on := remoteKey{id, rec.Rank}
+		if rb, ok := (*stale)[rec.ID]; ok {
+			delete(*stale, rec.ID)
+			if rb.on == on {
+				// The snapshot repeats it: kept as it is.
+				p.bookings[rec.ID] = rb
+				r.remote++
+				r.remoteOn[on]++
+				return
+			}
+			rb.b.Release() // it moved meanwhile: placed again below
+		}
+		if r.remote >= maxRemoteBookings {
+			r.m.dropped.WithLabelValues("too_many").Inc()
+			return
+		}
 		if limit, bounded := r.remoteLimit(); bounded && int64(r.remoteOn[on]) >= limit {
 			r.m.dropped.WithLabelValues("over_share").Inc()
 			return
@@ -709,10 +739,15 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay
 	case KindFirstToken:
 		if rb, ok := p.bookings[rec.ID]; ok {
 			rb.b.PrefillDone()
+		} else if rb, ok := (*stale)[rec.ID]; ok {
+			rb.b.PrefillDone()
 		}
 	case KindReleased:
 		if rb, ok := p.bookings[rec.ID]; ok {
 			r.release(p, rec.ID, rb)
+		} else if rb, ok := (*stale)[rec.ID]; ok {
+			delete(*stale, rec.ID)
+			rb.b.Release()
 		}
 	}
 }
@@ -738,9 +773,23 @@ func (r *Replica) remoteLimit() (int64, bool) {
 func (r *Replica) release(p *peer, id string, rb remoteBooking) {
 	rb.b.Release()
 	delete(p.bookings, id)
+	r.uncount(rb)
+}
+
+// uncount takes rb out of the counts of the bookings held (remote,
+// remoteOn). r.mu is held.
+func (r *Replica) uncount(rb remoteBooking) {
 	r.remote--
 	if r.remoteOn[rb.on]--; r.remoteOn[rb.on] <= 0 {
 		delete(r.remoteOn, rb.on)
+	}
+}
+
+// releaseStale releases the bookings a reset let go of that no snapshot
+// record took back (apply; they are counted no more). r.mu is held.
+func (r *Replica) releaseStale(stale map[string]remoteBooking) {
+	for _, rb := range stale {
+		rb.b.Release()
 	}
 }
 

@@ -604,3 +604,93 @@ func TestRemoteBookingKeepsItsRank(t *testing.T) {
 	}
 	eventually(t, "both bookings applied", func() bool { return ranks() == [4]int64{1, 0, 1, 0} })
 }
+
+// TestSnapshotKeepsHeldBookings: a snapshot (a reset and the live
+// bookings) that repeats a booking already held keeps it as it is: its
+// prefill charge (not re-placed against an index that holds its blocks by
+// now, which would charge 0 tokens) and its first token; a booking it does
+// not repeat is released, one it repeats on another worker moves there.
+func TestSnapshotKeepsHeldBookings(t *testing.T) {
+	_, b, nc := soloNode(t)
+	// "other" is alive throughout (heartbeats), however slow the test:
+	// its bookings do not expire.
+	stop := make(chan struct{})
+	var hbs sync.WaitGroup
+	hbs.Go(func() {
+		for {
+			_ = nc.Publish("switchyard.test.hb.other", nil)
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
+	})
+	defer hbs.Wait()
+	defer close(stop)
+	hashes := make([]uint64, 10)
+	for i := range hashes {
+		hashes[i] = 7000 + uint64(i)
+	}
+	booked := func(id, worker string) *Record {
+		return &Record{Kind: KindBooked, ID: id, At: time.Now().UnixNano(), Worker: worker, Role: shared.RoleAggregated,
+			PromptTokens: 40, BlockSize: 4, BlockHashes: prefix.ChainHashes(nil, hashes), HasRank: true}
+	}
+	send := func(recs ...*Record) {
+		t.Helper()
+		msg := []byte{wireVersion}
+		for _, rec := range recs {
+			msg = appendRecord(msg, rec)
+		}
+		if err := nc.Publish("switchyard.test.d.other", msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	type state struct{ active, prefill [3]int64 }
+	now := func() state {
+		var s state
+		for _, w := range b.r.Workers("", shared.RoleAggregated) {
+			i := int(w.ID - 101)
+			s.active[i], s.prefill[i] = w.ActiveRequests(), w.Load(true).ActivePrefillTokens
+		}
+		return s
+	}
+	received := func() float64 { return testutil.ToFloat64(b.rep.m.received.WithLabelValues("reset")) }
+	wantState := func(what string, want state) {
+		t.Helper()
+		deadline := time.Now().Add(time.Minute)
+		for now() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: %+v a minute on, want %+v", what, now(), want)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		if b.remoteCount() != int(want.active[0]+want.active[1]+want.active[2]) {
+			t.Fatalf("%s: %d remote bookings held, want %v", what, b.remoteCount(), want.active)
+		}
+	}
+
+	send(booked("r1", "w1"))
+	wantState("r1 booked on w1 with its 40 prefill tokens", state{active: [3]int64{0, 1, 0}, prefill: [3]int64{0, 40, 0}})
+	// A snapshot repeating r1, with r2 new (on w2, which holds none of
+	// its blocks): r1 keeps its charge.
+	resets := received()
+	send(&Record{Kind: KindReset}, booked("r1", "w1"), booked("r2", "w2"))
+	eventually(t, "the snapshot applied", func() bool { return received() > resets })
+	wantState("r1 kept as it was, r2 booked", state{active: [3]int64{0, 1, 1}, prefill: [3]int64{0, 40, 40}})
+	// r1's first token, then a snapshot of r1 alone: its prefill stays
+	// done; r2, not repeated, is released.
+	send(&Record{Kind: KindFirstToken, ID: "r1"})
+	wantState("r1's first token", state{active: [3]int64{0, 1, 1}, prefill: [3]int64{0, 0, 40}})
+	resets = received()
+	send(&Record{Kind: KindReset}, booked("r1", "w1"))
+	eventually(t, "the second snapshot applied", func() bool { return received() > resets })
+	wantState("r1 kept past its first token, r2 released", state{active: [3]int64{0, 1, 0}, prefill: [3]int64{0, 0, 0}})
+	// A snapshot naming r1 on w0 (it moved, the records between lost):
+	// it moves, charged anew there (w0 holds none of its blocks).
+	send(&Record{Kind: KindReset}, booked("r1", "w0"))
+	wantState("r1 moved to w0", state{active: [3]int64{1, 0, 0}, prefill: [3]int64{40, 0, 0}})
+	// A reset alone (the peer stopped) releases everything.
+	send(&Record{Kind: KindReset})
+	wantState("all released", state{})
+}

@@ -82,11 +82,25 @@
 // first successful probe that started after it left: at least one scrape
 // interval later, without a router restart.
 //
+// A probe that times out while the router process itself was held up
+// for a quarter of the timeout or more is not counted (neither a failure
+// nor a success): the router measures how much later than asked a timer
+// of its own wakes up (every tenth of the scrape interval, between 5 ms
+// and 100 ms), which CPU starvation, a CPU limit's throttling or a long
+// pause delays, and a deadline missed while the router could not run says
+// nothing of the engine. A machine saturated by other processes otherwise
+// takes every healthy worker out of the candidate set at once. Such a
+// probe is logged ("worker probe not counted") and is the worker's
+// Status.Reason. Once a ready worker has had no successful probe for
+// HeldUpIntervals scrape intervals, its timeouts count again however held
+// up the router is, so an engine that hangs on a router that is starved
+// for good still leaves.
+//
 // Logged at info: a worker's first failed probe and each probe failing
 // for another reason than the one before (connection refused, HTTP status
 // N from the metrics or health URL, metrics unparseable or too large,
-// timeout), never a repeat of the same failure; it joining ("worker
-// ready"). At warn: it
+// timeout), never a repeat of the same failure; likewise a timeout not
+// counted; it joining ("worker ready"). At warn: it
 // leaving ("worker not ready", with the reason) and its engine load
 // becoming unknown. Status.Reason keeps the latest reason for /readyz.
 //
@@ -146,6 +160,12 @@ const (
 	// DefaultModelsInterval is how often a ready worker without models in
 	// its block has its engine's /v1/models read again.
 	DefaultModelsInterval = 30 * time.Second
+	// HeldUpIntervals bounds, in scrape intervals, how long a ready
+	// worker's probe timeouts go uncounted while the router itself is held
+	// up (see Readiness in the package doc): once the worker has had no
+	// successful probe for this long, its timeouts count again however
+	// held up the router is (30 s at the default interval).
+	HeldUpIntervals = 30
 )
 
 // Options configure a Manager.
@@ -391,6 +411,10 @@ type Manager struct {
 	// view is what the per-request lookups read (BlockSize, Parent,
 	// ModelCards), rebuilt under mu when dirty, read without it.
 	view atomic.Pointer[view]
+
+	// held measures how long the router was held up (heldUp); started
+	// with the first probe loop.
+	held *heldUp
 }
 
 // note is one call of Options.KVSources (restarted false) or
@@ -424,6 +448,7 @@ type entry struct {
 	scrapeFails  int
 	requestFails int
 	leftAt       time.Time // when it last left the candidate set
+	probedOK     time.Time // when a probe last succeeded
 	lastErr      error
 	leftWhy      string      // why it left the candidate set, or could not join
 	noLoad       string      // why the last successful probe had no load; "" when it had one
@@ -491,7 +516,8 @@ func NewManager(r Membership, o Options) (*Manager, error) {
 		o.ModelsInterval = DefaultModelsInterval
 	}
 	m := &Manager{r: r, o: o, log: o.Logger, entries: make(map[string]*entry), retired: make(map[string][]*fleet.Worker),
-		warnedSizes: map[string]string{}, warnedConfigured: map[string]int{}, noteCh: make(chan struct{}, 1)}
+		warnedSizes: map[string]string{}, warnedConfigured: map[string]int{}, noteCh: make(chan struct{}, 1),
+		held: newHeldUp(heldUpTick(o.ScrapeInterval))}
 	m.view.Store(&view{})
 	m.ctx, m.cancel = context.WithCancel(context.Background())
 	if o.Registerer != nil {
@@ -649,6 +675,7 @@ func (m *Manager) startLocked(w config.Worker) {
 		m.log.Info("worker url normalised to the engine's base URL: the router appends /v1/chat/completions, /v1/models, /metrics and the other paths itself",
 			"worker", w.Name, "given", w.GivenURL, "url", w.URL)
 	}
+	m.held.start(m.ctx, &m.wg)
 	m.wg.Add(1)
 	go m.run(ctx, e, cloneWorker(w))
 }
@@ -789,6 +816,9 @@ type outcome struct {
 	rep    Engine
 	noLoad string
 	err    error
+	// heldUp is how long the router was held up while the probe ran
+	// (heldUp).
+	heldUp time.Duration
 	// fetched is true when the engine's models were read: cards, or
 	// modelsErr.
 	fetched   bool
@@ -845,9 +875,11 @@ func (m *Manager) run(ctx context.Context, e *entry, w config.Worker) {
 	for {
 		start := time.Now()
 		var o outcome
+		held := m.held.held()
 		sctx, cancel := context.WithTimeout(ctx, m.o.ScrapeInterval)
 		o.rep, o.noLoad, o.err = probe(sctx, m.o.Client, w, m.o.ScrapeInterval)
 		cancel()
+		o.heldUp = m.held.held() - held
 		if o.err == nil && (o.rep.StartTime > 0 || len(o.rep.Counters) > 0) {
 			if signals.StartTime > 0 || len(signals.Counters) > 0 {
 				o.restartWhy, o.restarted = Restarted(signals, o.rep)
@@ -883,6 +915,10 @@ func (m *Manager) run(ctx context.Context, e *entry, w config.Worker) {
 	}
 }
 
+// notCounted ends the reason of a probe timeout that observe did not
+// count against its worker.
+const notCounted = "(not counted: the router itself was held up for a quarter of the time or more)"
+
 // observe applies one probe's outcome to e.
 func (m *Manager) observe(e *entry, start time.Time, o outcome) {
 	m.mu.Lock()
@@ -905,7 +941,18 @@ func (m *Manager) observe(e *entry, start time.Time, o outcome) {
 	// one whose models cannot be read keeps what its engine said of its
 	// publishers, so that they are not asked for at every probe.
 	m.applySourcesLocked(e, o, now)
-	if err != nil {
+	switch {
+	case err != nil && e.ready && errors.Is(err, ErrTimeout) && o.heldUp >= m.o.ScrapeInterval/4 &&
+		now.Sub(e.probedOK) < HeldUpIntervals*m.o.ScrapeInterval:
+		// The router lost a quarter of the probe's time or more to its
+		// own hold-up: the timeout says nothing of the worker.
+		err = fmt.Errorf("%w %s", err, notCounted)
+		if e.lastErr == nil || e.lastErr.Error() != err.Error() {
+			m.log.Info("worker probe not counted", "worker", e.cfg.Name, "reason", err.Error(),
+				"held_up", o.heldUp.Round(time.Millisecond), "ready", e.ready, "consecutive_failures", e.scrapeFails)
+		}
+		e.lastErr = err
+	case err != nil:
 		e.scrapeFails++
 		if e.lastErr == nil || e.lastErr.Error() != err.Error() {
 			m.log.Info("worker probe failed", "worker", e.cfg.Name, "reason", err.Error(),
@@ -915,8 +962,8 @@ func (m *Manager) observe(e *entry, start time.Time, o outcome) {
 		if e.ready && e.scrapeFails >= m.o.FailureThreshold {
 			m.leaveLocked(e, fmt.Sprintf("%d consecutive probes failed: %v", e.scrapeFails, err))
 		}
-	} else {
-		e.scrapeFails, e.lastErr = 0, nil
+	default:
+		e.scrapeFails, e.lastErr, e.probedOK = 0, nil, now
 		switch {
 		case o.noLoad != "" && e.noLoad != o.noLoad:
 			m.log.Warn("worker engine load unknown: LOAD is unavailable, not idle", "worker", e.cfg.Name, "reason", o.noLoad)
