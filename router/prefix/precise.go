@@ -149,7 +149,7 @@ func (x *Index) Precise(c Candidate) *Precise {
 		return mem.precise
 	}
 	p := &Precise{x: x, c: c, l: newLRU(mem.slot, MaxPreciseBlocks), engine: make(map[uint64]uint64), inflight: xsync.NewMap[uint64, int32]()}
-	p.capTokens = x.preciseCapTokens(mem.capacity)
+	p.capTokens = preciseCapTokens(mem.capacityTokens)
 	x.precise[c] = p
 	m := *mem
 	m.precise = p
@@ -181,9 +181,10 @@ func (x *Index) DropPrecise(c Candidate) {
 }
 
 // preciseCapTokens is a precise index's bound in tokens for a candidate
-// of capacity router blocks: twice the capacity, 0 when it is unknown (0).
-func (x *Index) preciseCapTokens(capacity int) int {
-	return 2 * capacity * x.blockSize
+// whose KV capacity is capacityTokens: twice the capacity, 0 when it is
+// unknown (0).
+func preciseCapTokens(capacityTokens int) int {
+	return 2 * capacityTokens
 }
 
 // bound is the index's bound in engine blocks of e tokens:
@@ -196,15 +197,15 @@ func (p *Precise) bound(e int) int {
 	return MaxPreciseBlocks
 }
 
-// resize bounds the index for a candidate of capacity router blocks (it
+// resize bounds the index for a candidate of capacityTokens tokens (it
 // was added again, with another capacity): once the engine's block size
 // is known, the oldest blocks beyond the new bound are evicted and the
 // lookup set is made again at the new size. Work is linear in the blocks
 // held. x.mu is held.
-func (p *Precise) resize(capacity int) {
+func (p *Precise) resize(capacityTokens int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	capTokens := p.x.preciseCapTokens(capacity)
+	capTokens := preciseCapTokens(capacityTokens)
 	if p.dead || capTokens == p.capTokens {
 		return
 	}
@@ -679,6 +680,11 @@ type Key struct {
 	// LoRA is the LoRA adapter the request runs with, "" for the base
 	// model (its blocks chain from LoRASeed).
 	LoRA string
+	// Salt is the request's cache_salt, "" for none: vLLM puts it in the
+	// extra keys of the prompt's first block, so a salted prompt's blocks
+	// are not an unsalted one's (router/serve sets it; how the precise
+	// index keys it is this package's).
+	Salt string
 
 	n      int
 	sizes  [maxEngineSizes]int

@@ -139,13 +139,13 @@ func TestAddWorkers(t *testing.T) {
 	x := New(1)
 	_ = x.AddWorker(cand(1), 10)
 	x.Record(cand(1), hashes(0, 1, 2))
-	if _, err := x.AddWorkers(Member{cand(2), 2}, Member{cand(3), -1}); err == nil {
+	if _, err := x.AddWorkers(Member{Candidate: cand(2), Capacity: 2}, Member{Candidate: cand(3), Capacity: -1}); err == nil {
 		t.Fatal("want an error for capacity -1")
 	}
 	if n := len(*x.byID.Load()); n != 1 {
 		t.Fatalf("%d members after a refused batch, want 1", n)
 	}
-	slots, err := x.AddWorkers(Member{cand(1), 10}, Member{cand(2), 2}, Member{cand(3), 0})
+	slots, err := x.AddWorkers(Member{Candidate: cand(1), Capacity: 10}, Member{Candidate: cand(2), Capacity: 2}, Member{Candidate: cand(3), Capacity: 0})
 	if err != nil {
 		t.Fatal(err)
 	}
