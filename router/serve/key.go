@@ -240,11 +240,8 @@ func keySeed(lora, salt string) uint64 {
 	}
 	h := uint64(fnvOffset)
 	for _, s := range []string{lora, salt} {
-		for n := uint64(len(s)); ; n >>= 8 {
+		for n, k := uint64(len(s)), 0; k < 8; k, n = k+1, n>>8 { // 8 bytes of length
 			h = (h ^ (n & 0xff)) * fnvPrime
-			if n < 0x100 {
-				break
-			}
 		}
 		for i := 0; i < len(s); i++ {
 			h = (h ^ uint64(s[i])) * fnvPrime
