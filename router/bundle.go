@@ -230,10 +230,22 @@ func LoadBundle(ctx context.Context, path string, o LoadOptions) (*Bundle, hcl.D
 	return b, diags
 }
 
-// BlockSize is the tokens per KV block the bundle's file sets, or 0 for a
-// NewBundle bundle (which fits any Router).
+// BlockSize is the tokens per KV block of the bundle's file
+// (router.block_size, config.DefaultBlockSize when the file leaves it
+// unset): the default block size of a Router built on it, and router
+// replay's. 0 for a NewBundle bundle (which fits any Router).
 func (b *Bundle) BlockSize() int {
 	if b.file == nil {
+		return 0
+	}
+	return b.file.BlockSize
+}
+
+// BlockSizeOverride is the file's router.block_size when the file sets it
+// (config.PolicyFile.BlockSizeSet), else 0: the live router then keys each
+// model at its engines' own block size. 0 for a NewBundle bundle.
+func (b *Bundle) BlockSizeOverride() int {
+	if b.file == nil || !b.file.BlockSizeSet {
 		return 0
 	}
 	return b.file.BlockSize

@@ -58,8 +58,8 @@ func (r *Router) countReload(result string) {
 // when its block did not change: a reload is also how a rebuilt plugin
 // binary is picked up.
 //
-// When the file does not load (or sets another router.block_size, which
-// needs a restart) the running bundle stays, the diagnostics are returned
+// When the file does not load (or sets another router.block_size, or sets
+// it where the running file did not or the reverse, which needs a restart) the running bundle stays, the diagnostics are returned
 // and logged, and switchyard_policy_reloads_total{result="failure"} counts
 // it; a reload that applied counts result="success" and returns the
 // file's warnings. Reloads are serialised.
@@ -87,7 +87,8 @@ func (r *Router) Reload(ctx context.Context, path string) hcl.Diagnostics {
 		summary := "Policy cannot be applied"
 		if errors.Is(err, ErrBlockSize) {
 			summary = "router.block_size cannot change on reload"
-			err = fmt.Errorf("the file sets block_size %d, the running router uses %d (the prefix index and bookings are in its blocks); restart the router to change it", b.BlockSize(), r.blockSize)
+			err = fmt.Errorf("the file %s, the running router's %s (every model's keys and the workers' capacities are in its blocks); restart the router to change it",
+				blockSizeSetting(b.BlockSizeOverride()), blockSizeSetting(r.override))
 		}
 		diags = append(diags, &hcl.Diagnostic{
 			Severity: hcl.DiagError,
@@ -105,4 +106,13 @@ func (r *Router) Reload(ctx context.Context, path string) hcl.Diagnostics {
 	r.log.Error("policy file reload failed; the running policies stay", "path", path,
 		"diagnostics", strings.TrimSpace(config.FormatDiagnostics(diags)))
 	return diags
+}
+
+// blockSizeSetting words a file's router.block_size override (0: unset)
+// for the reload error.
+func blockSizeSetting(override int) string {
+	if override == 0 {
+		return "leaves router.block_size unset (each model keyed at its engines' block size)"
+	}
+	return fmt.Sprintf("sets router.block_size %d", override)
 }

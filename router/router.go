@@ -22,9 +22,12 @@ import (
 
 // Options configure a Router.
 type Options struct {
-	// BlockSize is tokens per KV block for prefix hashing and LOAD
-	// projection (the policy file's router.block_size); > 0. With Bundle
-	// set, 0 takes the bundle's.
+	// BlockSize is the default tokens per KV block: of a request that
+	// gives none (shared.Request.BlockSize 0) and of a worker's capacity
+	// when neither the policy file nor its engine gives one (see
+	// AddWorkers); > 0. With Bundle set, 0 takes the bundle's
+	// (Bundle.BlockSize: its file's router.block_size, 512 when unset).
+	// Each request is hashed, counted and booked in its own block size.
 	BlockSize int
 	// Roles maps each role to its policy, for a Router whose policies never
 	// change (replay). A role without a policy cannot be selected for
@@ -69,8 +72,9 @@ const DefaultDrainTimeout = 2 * time.Second
 var (
 	// ErrNoPolicy: a request for a role the bundle maps to no policy.
 	ErrNoPolicy = errors.New("no policy for role")
-	// ErrBlockSize: a request hashed at a block size other than the
-	// router's, or a bundle whose file sets another block size.
+	// ErrBlockSize: a request with a negative block size, or a bundle
+	// whose file sets (or unsets) router.block_size otherwise than the
+	// running router's file, which needs a restart.
 	ErrBlockSize = errors.New("block size differs from the router's")
 	// ErrAllExcluded: every worker that serves the request's model and
 	// role is excluded (Placement.Exclude). It wraps shared.ErrNoWorkers.
@@ -80,7 +84,12 @@ var (
 // Router picks a worker for each request by its role's policy and books it.
 // Safe for concurrent use.
 type Router struct {
+	// blockSize is the default block size (Options.BlockSize); override
+	// is the policy file's router.block_size when the file sets it, else
+	// 0 (each model keyed at its engines' block size): fixed for the
+	// Router's life.
 	blockSize       int
+	override        int
 	bookingsAreLoad bool
 	// cur is the bundle new selections decide with; nil once closed. Each
 	// selection reads it once (acquire) and counts itself in flight on it.
@@ -176,13 +185,14 @@ func New(o Options) (*Router, error) {
 		return nil, fmt.Errorf("router: block size %d, want > 0", o.BlockSize)
 	}
 	b := o.Bundle
+	var override int
 	if b == nil {
 		var err error
 		if b, err = NewBundle(o.Roles); err != nil {
 			return nil, err
 		}
-	} else if bs := b.BlockSize(); bs != 0 && bs != o.BlockSize {
-		return nil, fmt.Errorf("router: %w: bundle %d, router %d", ErrBlockSize, bs, o.BlockSize)
+	} else if override = b.BlockSizeOverride(); override != 0 && override != o.BlockSize {
+		return nil, fmt.Errorf("router: %w: bundle %d, router %d", ErrBlockSize, override, o.BlockSize)
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -198,6 +208,7 @@ func New(o Options) (*Router, error) {
 	}
 	r := &Router{
 		blockSize:       o.BlockSize,
+		override:        override,
 		bookingsAreLoad: o.BookingsAreLoad,
 		fleet:           fleet.New(),
 		index:           prefix.New(o.BlockSize),
@@ -228,19 +239,30 @@ func New(o Options) (*Router, error) {
 // UncachedTokens is the prompt tokens of req that the best-placed member
 // of its model and role does not hold by the prefix index, at least 1:
 // the default scheduling cost of a queued request and a classifier's
-// input. Lock-free apart from the index's own brief lock.
+// input. Overlaps count in req's blocks (req.BlockSize; 0: the router's
+// default). Lock-free apart from the index's own brief lock.
 func (r *Router) UncachedTokens(req *shared.Request) int64 {
+	bs := r.sizeOf(req)
 	var best int32
 	if p := r.fleet.Snapshot().ModelPartition(req.Model, req.Role); p != nil && len(req.BlockHashes) > 0 {
 		s := r.scratch.Get().(*pipeline.Scratch)
 		overlap := s.Overlap(len(p.IDs))
-		r.index.Fill(p.Slots, req.BlockHashes, req.Prompt, overlap)
+		r.index.FillAt(p.Slots, req.BlockHashes, bs, req.Prompt, overlap)
 		for _, o := range overlap {
 			best = max(best, o)
 		}
 		r.scratch.Put(s)
 	}
-	return max(int64(req.PromptTokens-int(best)*r.blockSize), 1)
+	return max(int64(req.PromptTokens-int(best)*bs), 1)
+}
+
+// sizeOf is req's block size: req.BlockSize when positive, else the
+// router's default.
+func (r *Router) sizeOf(req *shared.Request) int {
+	if req.BlockSize > 0 {
+		return req.BlockSize
+	}
+	return r.blockSize
 }
 
 // PartitionInfos returns the members of model's role partition as a
@@ -276,8 +298,16 @@ func (r *Router) EventListeners() []shared.EventListener {
 	return nil
 }
 
-// BlockSize is the router's tokens per KV block.
+// BlockSize is the router's default tokens per KV block (Options.BlockSize):
+// of requests that give none, and of a worker whose capacity has no other
+// unit (AddWorkers).
 func (r *Router) BlockSize() int { return r.blockSize }
+
+// BlockSizeOverride is the policy file's router.block_size when the file
+// the Router started with sets it, else 0: then each model's requests are
+// keyed at its engines' block size (router/serve). Fixed for the Router's
+// life (a reload that changes it is refused).
+func (r *Router) BlockSizeOverride() int { return r.override }
 
 // Hosted reports whether role's policy runs on the hosted fast path.
 func (r *Router) Hosted(role shared.Role) bool {
@@ -317,15 +347,17 @@ func (r *Router) acquire() (*Bundle, int) {
 // it replaces, which stays usable by the selections already deciding with
 // it. The caller drains and stops old with old.Close (Reload does all of
 // this). b must be ready (LoadBundle succeeded), not applied before, and
-// of the router's block size (a bundle's prefix hashes and bookings are at
-// the router's block size, so a file that changes router.block_size needs
-// a restart). Errors: ErrClosed, ErrBundleInUse, ErrBlockSize.
+// set router.block_size as the Router's file did, or leave it unset as
+// that one did (BlockSizeOverride: the keys of every model and the
+// workers' capacities are in the override's blocks when it is set, in
+// their engines' otherwise, so changing it needs a restart). Errors:
+// ErrClosed, ErrBundleInUse, ErrBlockSize.
 func (r *Router) Apply(b *Bundle) (old *Bundle, err error) {
 	if b == nil {
 		return nil, errors.New("router: Apply: nil bundle")
 	}
-	if bs := b.BlockSize(); bs != 0 && bs != r.blockSize {
-		return nil, fmt.Errorf("router: %w: bundle %d, router %d", ErrBlockSize, bs, r.blockSize)
+	if b.file != nil && b.BlockSizeOverride() != r.override {
+		return nil, fmt.Errorf("router: %w: bundle %d, router %d", ErrBlockSize, b.BlockSizeOverride(), r.override)
 	}
 	r.swapMu.Lock()
 	defer r.swapMu.Unlock()
@@ -362,7 +394,8 @@ func (r *Router) Close(ctx context.Context) error {
 }
 
 // AddWorker joins a worker; its prefix-index capacity is its TotalKVBlocks
-// (0: unknown, bounded by prefix.DefaultUnknownCapacity).
+// (0: unknown, bounded by prefix.DefaultUnknownCapacity), in blocks of
+// its own size (see AddWorkers).
 func (r *Router) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 	ws, err := r.AddWorkers(s)
 	if err != nil {
@@ -373,15 +406,19 @@ func (r *Router) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 
 // AddWorkers joins several workers with one membership snapshot (see
 // fleet.AddWorkers); each worker's prefix-index capacity is its
-// TotalKVBlocks (0: unknown, bounded by prefix.DefaultUnknownCapacity).
-// On error none of them is a member.
+// TotalKVBlocks (0: unknown, bounded by prefix.DefaultUnknownCapacity),
+// in blocks of the worker's own size (CapacityBlockSize): the same
+// blocks its requests are keyed in, so the approximate index holds at
+// most TotalKVBlocks of its requests' blocks and the precise one 2 ×
+// TotalKVBlocks × that size tokens. On error none of them is a member.
 func (r *Router) AddWorkers(specs ...fleet.Spec) ([]*fleet.Worker, error) {
 	ms := make([]prefix.Member, len(specs))
 	for i, s := range specs {
 		if err := s.Validate(); err != nil {
 			return nil, err
 		}
-		ms[i] = prefix.Member{Candidate: prefix.Candidate{ID: s.ID, Rank: s.DPRank}, Capacity: int(s.TotalKVBlocks)}
+		ms[i] = prefix.Member{Candidate: prefix.Candidate{ID: s.ID, Rank: s.DPRank}, Capacity: int(s.TotalKVBlocks),
+			BlockSize: r.CapacityBlockSize(s)}
 	}
 	// The index first, so that every member is scored by its slot from
 	// the moment selections can see it.
@@ -394,6 +431,21 @@ func (r *Router) AddWorkers(specs ...fleet.Spec) ([]*fleet.Worker, error) {
 		specs[i].Slot = slots[i]
 	}
 	return r.fleet.AddWorkers(specs...)
+}
+
+// CapacityBlockSize is the tokens per block of s.TotalKVBlocks: the
+// override (BlockSizeOverride) when set, else s's engine's own block size
+// (s.EngineBlockSize) when known, else the router's default: the rule
+// router/workers converts an engine's capacity by, and the block size the
+// worker's requests are keyed at (router/serve).
+func (r *Router) CapacityBlockSize(s fleet.Spec) int {
+	switch {
+	case r.override > 0:
+		return r.override
+	case s.EngineBlockSize > 0 && s.EngineBlockSize <= 1<<30:
+		return int(s.EngineBlockSize)
+	}
+	return r.blockSize
 }
 
 // RemoveWorker takes a worker out of selection and purges its prefix-index
@@ -460,10 +512,11 @@ func (r *Router) PrefixExport() []WorkerPrefix {
 // PrefixRecord notes in member (id, rank)'s approximate list that it was
 // sent a prompt of these chained block hashes (prefix.Index.Record),
 // without booking anything: a replica relearning what an earlier run of
-// itself sent (router/cluster). Hashes of another block size than the
-// router's, and unknown members, are ignored.
+// itself sent (router/cluster). The hashes are at blockSize tokens, any
+// positive size (hashes of different sizes are different chains);
+// records without a positive size, and unknown members, are ignored.
 func (r *Router) PrefixRecord(id shared.WorkerID, rank uint32, blockSize int, hashes []uint64) {
-	if blockSize == r.blockSize {
+	if blockSize > 0 {
 		r.index.Record(prefix.Candidate{ID: id, Rank: rank}, hashes)
 	}
 }
@@ -593,11 +646,16 @@ const maxTryBooks = 4
 // members of its model and role that pl leaves, books it and records the
 // request's blocks in the prefix index as sent to it. It takes no
 // router-wide lock: the fleet is an atomic snapshot, the bundle is
-// counted in flight, and the booking is atomic. A zero req.BlockSize is
-// set to the router's; req.BlockHashes must have been hashed at that
-// block size.
+// counted in flight, and the booking is atomic. req.BlockSize is the
+// request's own block size, any positive size (router/serve keys each
+// model at its engines'); a zero one is set to the router's default.
+// req.BlockHashes must have been hashed at that block size; the overlaps
+// (CACHE), the prefill charge (PromptTokens - overlap × BlockSize) and
+// the decode blocks booked (ceil(PromptTokens / BlockSize)) are in its
+// blocks.
 //
-// Errors: ErrNoPolicy, ErrBlockSize, shared.ErrNoWorkers, ErrAllExcluded
+// Errors: ErrNoPolicy, ErrBlockSize (a negative req.BlockSize),
+// shared.ErrNoWorkers, ErrAllExcluded
 // (every member excluded), shared.ErrAllBusy (every member at
 // pl.Capacity), shared.ErrAllFiltered (wrapped), the context's error,
 // ErrClosed, or the policy's error when no fallback could decide.
@@ -616,8 +674,8 @@ func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (
 	}
 	if req.BlockSize == 0 {
 		req.BlockSize = r.blockSize
-	} else if req.BlockSize != r.blockSize {
-		return Decision{}, fmt.Errorf("%w: request %d, router %d", ErrBlockSize, req.BlockSize, r.blockSize)
+	} else if req.BlockSize < 0 {
+		return Decision{}, fmt.Errorf("%w: request block size %d, want > 0", ErrBlockSize, req.BlockSize)
 	}
 	b, stripe := r.acquire()
 	if b == nil {
@@ -723,18 +781,20 @@ func targetRow(part *fleet.Partition, pl Placement) (int, bool) {
 // book charges req to w (overlap < 0: look it up) and records its blocks
 // in the prefix index as sent to w, in pl.Booking when set. With
 // pl.Capacity > 0 the charge is a try-book: errLostRace when w already
-// has that many requests in flight.
+// has that many requests in flight. Blocks and overlaps are req's
+// (req.BlockSize > 0, set by Place).
 func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap int, pl Placement) (Decision, error) {
 	// Without the policy's overlap (it did not declare CACHE), the index
 	// reports it while it records the prompt (one pass, not two), so the
 	// booking is made first and charged its prefill after.
 	known := overlap >= 0
-	blocks := int64((req.PromptTokens + r.blockSize - 1) / r.blockSize)
+	bs := r.sizeOf(req)
+	blocks := int64((req.PromptTokens + bs - 1) / bs)
 	prefill := func() int64 {
 		if req.Role == shared.RoleDecode {
 			return 0 // the prompt's KV arrives from a prefill worker: nothing to prefill here
 		}
-		return int64(req.PromptTokens - overlap*r.blockSize)
+		return max(int64(req.PromptTokens-overlap*bs), 0)
 	}
 	var charge int64
 	if known {
@@ -752,14 +812,14 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 	}
 	c := prefix.Candidate{ID: w.ID, Rank: w.DPRank}
 	if req.Prompt != nil {
-		d.Belief = r.index.Belief(c, req.BlockHashes, req.Prompt)
+		d.Belief = r.index.BeliefAt(c, req.BlockHashes, bs, req.Prompt)
 	}
 	if known {
 		r.index.Record(c, req.BlockHashes)
 	} else {
 		// Before the prompt is added in flight below, which would count
 		// the request's own blocks as held.
-		overlap = r.index.RecordOverlap(c, req.BlockHashes, req.Prompt)
+		overlap = r.index.RecordOverlapAt(c, req.BlockHashes, bs, req.Prompt)
 		d.Booking.AddPrefill(prefill())
 	}
 	if req.Prompt != nil {
@@ -862,7 +922,7 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 		if rp.inputs.Has(shared.InputActiveRequests) {
 			active = part.ActiveAt
 		}
-		v := hosted.NewWorkerInputView(part.IDs, part.Key, active, r.blockSize)
+		v := hosted.NewWorkerInputView(part.IDs, part.Key, active, r.sizeOf(req))
 		row, err := hosted.Select(rp.hosted, &v)
 		if err != nil {
 			return nil, -1, err
@@ -975,7 +1035,7 @@ func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Reques
 		copy(c.TotalKVBlocks, part.KVBlocks)
 	}
 	if in.Has(shared.InputCache) {
-		r.index.Fill(part.Slots, req.BlockHashes, req.Prompt, c.OverlapBlocks)
+		r.index.FillAt(part.Slots, req.BlockHashes, r.sizeOf(req), req.Prompt, c.OverlapBlocks)
 	}
 }
 

@@ -203,9 +203,9 @@ func TestSelectErrors(t *testing.T) {
 		t.Fatalf("cancelled: err = %v", err)
 	}
 	req = request(4, 1)
-	req.BlockSize = 16
+	req.BlockSize = -16
 	if _, err := r.Place(context.Background(), req, Placement{}); !errors.Is(err, ErrBlockSize) {
-		t.Fatalf("block size mismatch: err = %v", err)
+		t.Fatalf("negative block size: err = %v", err)
 	}
 	if _, err := New(Options{BlockSize: 0}); err == nil {
 		t.Fatal("block size 0 accepted")

@@ -67,7 +67,9 @@ type PartitionContext struct {
 	Model string
 	// Role is the worker role the partition selects for.
 	Role Role
-	// BlockSize is the router's tokens per KV block (> 0).
+	// BlockSize is the router's default tokens per KV block (> 0), as
+	// InstanceInfo.BlockSize; each request carries its own
+	// (Request.BlockSize).
 	BlockSize int
 	// Workers returns a non-blocking snapshot of the partition's workers
 	// with their configured capacity, in ascending (ID, DPRank) order. The

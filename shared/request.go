@@ -30,7 +30,11 @@ type Request struct {
 	Role Role
 	// PromptTokens is the prompt length in tokens (>= 0).
 	PromptTokens int
-	// BlockSize is the router's tokens per KV block (> 0).
+	// BlockSize is this request's tokens per KV block (> 0): its model's
+	// engines' KV block size (16 for a default vLLM), or the policy
+	// file's router.block_size when the file sets it. Requests of
+	// different models may differ; BlockHashes, Candidates.OverlapBlocks,
+	// the booked LOAD and TotalKVBlocks are in its blocks.
 	BlockSize int
 	// BlockHashes are the chained hashes of the prompt's full and partial
 	// blocks of BlockSize tokens: BlockHashes[k] identifies tokens

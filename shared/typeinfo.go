@@ -38,7 +38,11 @@ type InstanceInfo struct {
 	// Role is the worker role the instance selects for; empty for request
 	// classifiers and for policies that no role uses.
 	Role Role
-	// BlockSize is the router's tokens per KV block (> 0).
+	// BlockSize is the router's default tokens per KV block (> 0): the
+	// policy file's router.block_size, 512 when unset. Each request
+	// carries its own (Request.BlockSize: its model's engines' block size
+	// unless router.block_size is set), which its hashes and overlaps are
+	// in: read that one per request.
 	BlockSize int
 }
 

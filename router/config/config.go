@@ -58,9 +58,15 @@ type PolicyFile struct {
 	// Filename is the name the file was loaded under; diagnostics and
 	// ranges refer to it.
 	Filename string
-	// BlockSize is the tokens per KV block for prefix hashing (> 0;
-	// DefaultBlockSize when unset).
+	// BlockSize is router.block_size, the tokens per KV block for prefix
+	// hashing (> 0; DefaultBlockSize when unset): the override of the
+	// engines' own block size when BlockSizeSet, the size of router
+	// replay's trace and of requests whose engines report none otherwise.
 	BlockSize int
+	// BlockSizeSet is true when the file sets router.block_size (to any
+	// value, 512 included): the live router then keys every model at
+	// BlockSize; false keys each model at its engines' block size.
+	BlockSizeSet bool
 	// Seed fixes the random draws of seeded components for reproducible
 	// replays; nil when unset.
 	Seed *int64

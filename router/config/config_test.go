@@ -76,8 +76,8 @@ func TestLoadFull(t *testing.T) {
 	if diags.HasErrors() || len(diags) > 0 {
 		t.Fatalf("unexpected diagnostics:\n%s", FormatDiagnostics(diags))
 	}
-	if b.BlockSize != 16 || b.Seed == nil || *b.Seed != -3 {
-		t.Errorf("router = block_size %d seed %v, want 16 and -3", b.BlockSize, b.Seed)
+	if b.BlockSize != 16 || !b.BlockSizeSet || b.Seed == nil || *b.Seed != -3 {
+		t.Errorf("router = block_size %d (set %v) seed %v, want 16 (set) and -3", b.BlockSize, b.BlockSizeSet, b.Seed)
 	}
 	if got := slices.Sorted(maps.Keys(b.Policies)); !slices.Equal(got, []string{"default", "kv", "rr", "tuned"}) {
 		t.Errorf("policies = %v", got)
@@ -168,7 +168,7 @@ func TestLoadDefaults(t *testing.T) {
 	if len(diags) > 0 {
 		t.Fatalf("unexpected diagnostics:\n%s", FormatDiagnostics(diags))
 	}
-	if b.BlockSize != DefaultBlockSize || b.Seed != nil || b.Classifier != nil || len(b.Plugins) != 0 {
+	if b.BlockSize != DefaultBlockSize || b.BlockSizeSet || b.Seed != nil || b.Classifier != nil || len(b.Plugins) != 0 {
 		t.Errorf("bundle = %+v", b)
 	}
 	for _, r := range Roles {
@@ -884,5 +884,24 @@ worker_selection { aggregated = "rr" }`
 	}
 	if sh == b.Roles[shared.RolePrefill] || sh.Scorers[0].Scorer == b.Roles[shared.RolePrefill].Scorers[0].Scorer {
 		t.Error("the aggregated role's shadow shares the prefill role's default policy instance")
+	}
+}
+
+// router.block_size set to the default value is still an override: the
+// loader tells "set to 512" from "unset" (BlockSizeSet).
+func TestBlockSizeSetAtDefault(t *testing.T) {
+	b, diags := Load("t.hcl", []byte("router {\n  block_size = 512\n}\n"), testCatalog(t))
+	if diags.HasErrors() {
+		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
+	}
+	if b.BlockSize != 512 || !b.BlockSizeSet {
+		t.Errorf("block_size = 512: BlockSize %d set %v, want 512 and set", b.BlockSize, b.BlockSizeSet)
+	}
+	b, diags = Load("t.hcl", []byte("router {\n  seed = 1\n}\n"), testCatalog(t))
+	if diags.HasErrors() {
+		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))
+	}
+	if b.BlockSize != DefaultBlockSize || b.BlockSizeSet {
+		t.Errorf("router block without block_size: BlockSize %d set %v, want %d and unset", b.BlockSize, b.BlockSizeSet, DefaultBlockSize)
 	}
 }

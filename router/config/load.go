@@ -247,7 +247,7 @@ func (l *loader) routerBlock(blk *hcl.Block) {
 					"block_size is the tokens per KV block and must be between 1 and %d, got %d; the Mooncake traces use %d.",
 					1<<30, v, DefaultBlockSize)
 			} else {
-				l.file.BlockSize = int(v)
+				l.file.BlockSize, l.file.BlockSizeSet = int(v), true
 			}
 		}
 	}

@@ -18,15 +18,20 @@ const (
 	// TokenizerSourceFile tokenizes in the router with a Hugging Face
 	// tokenizer.json.
 	TokenizerSourceFile = "file"
+	// TokenizerSourceChars tokenizes nothing: the model's text prompts
+	// are keyed by character blocks (the way to turn off the default
+	// engine source for one model).
+	TokenizerSourceChars = "chars"
 )
 
 // Tokenizer is one top-level `tokenizer "MODEL"` block: how the router
 // turns that model's prompts into the token ids its engines compute, for
-// token-accurate prefix keys (router/tokenizer builds it: FromConfig). A
-// model without a block is keyed by characters, as before.
+// token-accurate prefix keys (router/tokenizer builds it: NewSet). A
+// model without a block takes its engines' /tokenize (a LoRA adapter, its
+// base model's tokenizer); the block overrides that.
 //
 //	tokenizer "llama-3-8b" {
-//	  source        = "file"                   # or "engine"
+//	  source        = "file"                   # or "engine", or "chars"
 //	  path          = "llama3/tokenizer.json"  # file only; required
 //	  config        = "llama3/tokenizer_config.json"  # file only: chat_template, bos_token, eos_token
 //	  chat_template = "llama3/chat.jinja"      # file only; overrides config's chat_template
@@ -38,7 +43,8 @@ const (
 type Tokenizer struct {
 	// Model is the block label: the model name requests carry.
 	Model string
-	// Source is TokenizerSourceEngine or TokenizerSourceFile.
+	// Source is TokenizerSourceEngine, TokenizerSourceFile or
+	// TokenizerSourceChars.
 	Source string
 	// Path is the tokenizer.json (source "file"), resolved; "" otherwise.
 	Path string
@@ -86,12 +92,12 @@ func (l *loader) tokenizerBlock(blk *hcl.Block) {
 	if attr, found := content.Attributes["source"]; found {
 		if s, good := l.stringAttr(attr); good {
 			switch s {
-			case TokenizerSourceEngine, TokenizerSourceFile:
+			case TokenizerSourceEngine, TokenizerSourceFile, TokenizerSourceChars:
 				t.Source = s
 			default:
 				l.attrErrorf(attr, "Invalid tokenizer source",
-					"source must be %q (the engine's own /tokenize) or %q (a Hugging Face tokenizer.json named by path), got %q.",
-					TokenizerSourceEngine, TokenizerSourceFile, s)
+					"source must be %q (the engine's own /tokenize), %q (a Hugging Face tokenizer.json named by path) or %q (no tokenizer: character blocks), got %q.",
+					TokenizerSourceEngine, TokenizerSourceFile, TokenizerSourceChars, s)
 			}
 		}
 	}
@@ -103,10 +109,16 @@ func (l *loader) tokenizerBlock(blk *hcl.Block) {
 		if !found {
 			continue
 		}
-		if t.Source == TokenizerSourceEngine {
+		switch t.Source {
+		case TokenizerSourceEngine:
 			l.attrErrorf(attr, "Unexpected "+f.name,
 				"With source = %q the engine tokenizes and renders its own chat template; %s is for source = %q. Remove it.",
 				TokenizerSourceEngine, f.name, TokenizerSourceFile)
+			continue
+		case TokenizerSourceChars:
+			l.attrErrorf(attr, "Unexpected "+f.name,
+				"With source = %q nothing is tokenized; %s is for source = %q. Remove it.",
+				TokenizerSourceChars, f.name, TokenizerSourceFile)
 			continue
 		}
 		if s, good := l.stringAttr(attr); good {

@@ -19,6 +19,9 @@ func TestTokenizerBlocks(t *testing.T) {
 tokenizer "qwen" {
   source = "engine"
 }
+tokenizer "tiny" {
+  source = "chars"
+}
 `
 	f, diags := Load(filepath.Join("conf", "p.hcl"), []byte(src), testCatalog(t))
 	if diags.HasErrors() || len(diags) > 0 {
@@ -28,6 +31,7 @@ tokenizer "qwen" {
 		{Model: "llama-3", Source: TokenizerSourceFile, Path: filepath.Join("conf", "tok", "tokenizer.json"),
 			Config: filepath.Join("conf", "tok", "tokenizer_config.json"), ChatTemplate: "/etc/chat.jinja"},
 		{Model: "qwen", Source: TokenizerSourceEngine},
+		{Model: "tiny", Source: TokenizerSourceChars},
 	}
 	if diff := cmp.Diff(want, f.Tokenizers, cmpopts.IgnoreFields(Tokenizer{}, "Range", "AttrRanges")); diff != "" {
 		t.Fatalf("tokenizers (-want +got):\n%s", diff)
@@ -46,6 +50,7 @@ func TestTokenizerBlockErrors(t *testing.T) {
 		{`tokenizer "m" { source = "file" }`, `p.hcl:1:1: error: Missing tokenizer path`},
 		{"tokenizer \"m\" {\n  source = \"engine\"\n  path   = \"t.json\"\n}", `p.hcl:3:12: error: Unexpected path; With source = "engine" the engine tokenizes`},
 		{"tokenizer \"m\" {\n  source = \"file\"\n  path = \"\"\n}", `p.hcl:3:10: error: Invalid path`},
+		{"tokenizer \"m\" {\n  source = \"chars\"\n  config = \"c.json\"\n}", `p.hcl:3:12: error: Unexpected config; With source = "chars" nothing is tokenized`},
 		{`tokenizer "m" { path = "t.json" }`, `p.hcl:1:17: error: Missing required argument; The argument "source" is required`},
 		{"tokenizer \"m\" { source = \"engine\" }\ntokenizer \"m\" { source = \"engine\" }", `p.hcl:2:11: error: Duplicate tokenizer; Model "m" already has a tokenizer block at p.hcl:1:1`},
 		{`tokenizer "" { source = "engine" }`, `p.hcl:1:11: error: Invalid tokenizer model`},

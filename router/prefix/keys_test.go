@@ -135,7 +135,7 @@ func TestBlockSizesIndependent(t *testing.T) {
 	key := &Key{IDs: seq(0, 64)}
 	out := make([]int32, 1)
 	slots := []int32{x.Slot(cand(1))}
-	x.FillAt(16, slots, nil, key, out)
+	x.FillAt(slots, nil, 16, key, out)
 	if out[0] != 2 { // 40 tokens / 16
 		t.Fatalf("FillAt(16) = %d blocks, want 2", out[0])
 	}
@@ -143,15 +143,15 @@ func TestBlockSizesIndependent(t *testing.T) {
 	if out[0] != 0 { // 40 tokens / 512
 		t.Fatalf("Fill (512) = %d blocks, want 0", out[0])
 	}
-	if got := x.RecordOverlapAt(8, cand(1), nil, key); got != 5 {
+	if got := x.RecordOverlapAt(cand(1), nil, 8, key); got != 5 {
 		t.Fatalf("RecordOverlapAt(8) = %d, want 5", got)
 	}
-	b := x.BeliefAt(16, cand(1), []uint64{11, 12}, key)
+	b := x.BeliefAt(cand(1), []uint64{11, 12}, 16, key)
 	if !b.Precise || b.PreciseTokens != 40 || b.EngineBlockSize != 4 || b.ApproxTokens != 0 {
 		t.Fatalf("BeliefAt = %+v", b)
 	}
 	x.Record(cand(1), []uint64{11, 12})
-	if got, ok := x.OverlapTokensAt(16, cand(1), []uint64{11, 12, 13}, nil); got != 32 || ok {
+	if got, ok := x.OverlapTokensAt(cand(1), []uint64{11, 12, 13}, 16, nil); got != 32 || ok {
 		t.Fatalf("OverlapTokensAt(16), approximate = %d, %v; want 32 approximate", got, ok)
 	}
 	// Capacity 100 blocks of 16 tokens: the precise bound is 2·1600/4.

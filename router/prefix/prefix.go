@@ -99,6 +99,8 @@ type member struct {
 // with one atomic load. Lock order: membership, then a candidate's list or
 // precise index.
 type Index struct {
+	// blockSize is the default tokens per block: of a request whose
+	// block size is not given (<= 0) and of a Member without one.
 	blockSize int
 	mu        sync.Mutex // serialises membership changes
 	// byID maps the tracked candidates to their state: an immutable map,
@@ -111,9 +113,11 @@ type Index struct {
 	// freeSlots are slots of candidates that left, reused first (guarded
 	// by mu).
 	freeSlots []int32
-	// holders maps a block hash at the router's block size to the slots
-	// of the candidates whose approximate lists hold it, each once. The
-	// slices are never modified once stored.
+	// holders maps a block hash (at any block size: hashes of different
+	// sizes are different chains, their blocks' content ids covering
+	// different numbers of tokens) to the slots of the candidates whose
+	// approximate lists hold it, each once. The slices are never modified
+	// once stored.
 	holders *xsync.Map[uint64, []int32]
 	// depths pools Fill's per-slot scratch (*[]int32, all zero when
 	// pooled).
@@ -129,8 +133,11 @@ type Index struct {
 	precise map[Candidate]*Precise
 }
 
-// New returns an empty index for a router of blockSize tokens per block
-// (> 0; the unit of the approximate hashes and of overlaps).
+// New returns an empty index whose default block size is blockSize
+// tokens (> 0): the block size of a request that gives none (a
+// blockSize <= 0 to Fill, Overlap, OverlapTokens, Belief, RecordOverlap)
+// and the unit of a Member's capacity when it gives none. Each request is
+// hashed, and its overlaps counted, at its own block size.
 func New(blockSize int) *Index {
 	x := &Index{blockSize: max(blockSize, 1), holders: xsync.NewMap[uint64, []int32](), precise: make(map[Candidate]*Precise)}
 	x.byID.Store(&map[Candidate]*member{})
@@ -139,7 +146,7 @@ func New(blockSize int) *Index {
 }
 
 // AddWorker starts tracking a candidate whose KV cache holds capacity
-// blocks of the router's size (0: unknown, bounded by
+// blocks of the index's default size (0: unknown, bounded by
 // DefaultUnknownCapacity). Adding a tracked candidate resets its
 // approximate entries. A candidate made precise before (Precise, and not
 // dropped since) gets its precise index back, as its events left it, with
@@ -149,12 +156,11 @@ func (x *Index) AddWorker(c Candidate, capacity int) error {
 	return err
 }
 
-// Member is a candidate joining the index and its KV capacity in blocks
-// (0: unknown) of BlockSize tokens (0: the index's block size, New's).
-// The approximate list holds up to Capacity hashes, so give it in blocks
-// of the size the candidate's requests are hashed at; the precise index
-// is bounded by 2·Capacity·BlockSize tokens, whatever its engine's
-// block size.
+// Member is a candidate joining the index and its KV capacity: Capacity
+// blocks (0: unknown) of BlockSize tokens (0: the index's default size).
+// The capacity bounds its approximate list, in blocks (its requests are
+// hashed at its block size), and its precise index, in tokens
+// (2·Capacity·BlockSize).
 type Member struct {
 	Candidate
 	Capacity  int
@@ -338,31 +344,39 @@ func (e *holderEdits) add(hm *xsync.Map[uint64, []int32], h uint64, c int32, sin
 }
 
 // member returns c's state, nil when untracked.
+// size returns bs, or the index's default block size when bs <= 0.
+func (x *Index) size(bs int) int {
+	if bs <= 0 {
+		return x.blockSize
+	}
+	return bs
+}
+
 func (x *Index) member(c Candidate) *member {
 	return (*x.byID.Load())[c]
 }
 
 // Record notes that the candidate was sent a prompt with these chained
-// block hashes (router block size): each becomes most recently used, the
+// block hashes (at the request's block size): each becomes most recently used, the
 // first block most recent of all, so eviction takes suffixes before the
 // prefixes they extend (as vLLM frees blocks tail-first). Blocks beyond
 // capacity evict the least recently used. Unknown candidates are ignored.
 // A precise candidate records too: its approximate list is what it is
 // scored by while its stream is cold.
-func (x *Index) Record(c Candidate, hashes []uint64) { x.RecordOverlap(c, hashes, nil) }
+func (x *Index) Record(c Candidate, hashes []uint64) { x.RecordOverlapAt(c, hashes, 0, nil) }
 
 // RecordOverlap is Record, also returning what Overlap returned just
 // before it, under one lock of the candidate's list instead of two. 0 for
-// unknown candidates.
+// unknown candidates. It counts at the index's default block size
+// (RecordOverlapAt gives the request's).
 func (x *Index) RecordOverlap(c Candidate, hashes []uint64, prompt shared.PromptKey) int {
-	return x.RecordOverlapAt(x.blockSize, c, hashes, prompt)
+	return x.RecordOverlapAt(c, hashes, 0, prompt)
 }
 
-// RecordOverlapAt is RecordOverlap for hashes at blockSize tokens per
-// block (> 0), the unit of what it returns: a live precise index's n·E
-// tokens count floor(n·E / blockSize) blocks.
-func (x *Index) RecordOverlapAt(blockSize int, c Candidate, hashes []uint64, prompt shared.PromptKey) int {
-	blockSize = max(blockSize, 1)
+// RecordOverlapAt is RecordOverlap for a request of blockSize tokens per
+// block (the size its hashes were cut at, the unit of the overlap
+// returned; <= 0: the index's default).
+func (x *Index) RecordOverlapAt(c Candidate, hashes []uint64, blockSize int, prompt shared.PromptKey) int {
 	m := x.member(c)
 	if m == nil {
 		return 0
@@ -371,7 +385,7 @@ func (x *Index) RecordOverlapAt(blockSize int, c Candidate, hashes []uint64, pro
 	if m.precise != nil {
 		var tokens int
 		if tokens, ok = m.precise.overlapTokens(prompt); ok {
-			blocks = tokens / blockSize
+			blocks = tokens / x.size(blockSize)
 		}
 	}
 	if len(hashes) == 0 {
@@ -402,26 +416,33 @@ func (x *Index) RecordOverlapAt(blockSize int, c Candidate, hashes []uint64, pro
 	return blocks
 }
 
-// Overlap returns how many leading router blocks of the request the
-// candidate holds: by its precise index when live and the prompt has
-// token ids (floor(n·E/blockSize) for n leading engine blocks of E
-// tokens), else by its approximate list over hashes.
+// Overlap returns how many leading blocks of the request, at the index's
+// default block size, the candidate holds (OverlapAt with blockSize 0).
 func (x *Index) Overlap(c Candidate, hashes []uint64, prompt shared.PromptKey) int {
-	tokens, _ := x.OverlapTokens(c, hashes, prompt)
-	return tokens / x.blockSize
+	return x.OverlapAt(c, hashes, 0, prompt)
 }
 
-// OverlapTokens returns the leading prompt tokens the candidate holds and
-// whether the figure is precise: n·E for n leading engine blocks of its
-// live precise index, else (false) the approximate overlap in router
-// blocks times the router's block size.
+// OverlapAt returns how many leading blocks of the request, of blockSize
+// tokens (the request's, the size its hashes were cut at; <= 0: the
+// index's default), the candidate holds: by its precise index when live
+// and the prompt has token ids (floor(n·E/blockSize) for n leading
+// engine blocks of E tokens: 13 blocks of 16 tokens for 208 cached tokens
+// at E = 16), else by its approximate list over hashes.
+func (x *Index) OverlapAt(c Candidate, hashes []uint64, blockSize int, prompt shared.PromptKey) int {
+	tokens, _ := x.OverlapTokensAt(c, hashes, blockSize, prompt)
+	return tokens / x.size(blockSize)
+}
+
+// OverlapTokens is OverlapTokensAt at the index's default block size.
 func (x *Index) OverlapTokens(c Candidate, hashes []uint64, prompt shared.PromptKey) (int, bool) {
-	return x.OverlapTokensAt(x.blockSize, c, hashes, prompt)
+	return x.OverlapTokensAt(c, hashes, 0, prompt)
 }
 
-// OverlapTokensAt is OverlapTokens for hashes at blockSize tokens per
-// block (> 0): an approximate overlap of k blocks is k·blockSize tokens.
-func (x *Index) OverlapTokensAt(blockSize int, c Candidate, hashes []uint64, prompt shared.PromptKey) (int, bool) {
+// OverlapTokensAt returns the leading prompt tokens the candidate holds
+// and whether the figure is precise: n·E for n leading engine blocks of
+// its live precise index, else (false) the approximate overlap in blocks
+// times blockSize (the request's; <= 0: the index's default).
+func (x *Index) OverlapTokensAt(c Candidate, hashes []uint64, blockSize int, prompt shared.PromptKey) (int, bool) {
 	m := x.member(c)
 	if m == nil {
 		return 0, false
@@ -437,7 +458,7 @@ func (x *Index) OverlapTokensAt(blockSize int, c Candidate, hashes []uint64, pro
 	l := m.lru
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.leading(hashes) * max(blockSize, 1), false
+	return l.leading(hashes) * x.size(blockSize), false
 }
 
 // Belief is what the index believes a candidate holds of one prompt, both
@@ -459,19 +480,20 @@ type Belief struct {
 	// that its engine's CPU tier holds (TierOverlap); 0 when not Precise.
 	CPUTokens int
 	// ApproxTokens is the leading blocks its approximate list holds times
-	// their block size (the router's, or BeliefAt's).
+	// the request's block size.
 	ApproxTokens int
 }
 
-// Belief returns what the index believes candidate c holds of the prompt
-// (hashes at the router's block size, prompt its token ids or nil), before
-// the prompt is recorded. The zero Belief for unknown candidates.
+// Belief is BeliefAt at the index's default block size.
 func (x *Index) Belief(c Candidate, hashes []uint64, prompt shared.PromptKey) Belief {
-	return x.BeliefAt(x.blockSize, c, hashes, prompt)
+	return x.BeliefAt(c, hashes, 0, prompt)
 }
 
-// BeliefAt is Belief for hashes at blockSize tokens per block (> 0).
-func (x *Index) BeliefAt(blockSize int, c Candidate, hashes []uint64, prompt shared.PromptKey) Belief {
+// BeliefAt returns what the index believes candidate c holds of the
+// prompt (hashes at blockSize tokens, the request's, <= 0 the index's
+// default; prompt its token ids or nil), before the prompt is recorded.
+// The zero Belief for unknown candidates.
+func (x *Index) BeliefAt(c Candidate, hashes []uint64, blockSize int, prompt shared.PromptKey) Belief {
 	m := x.member(c)
 	if m == nil {
 		return Belief{}
@@ -485,18 +507,24 @@ func (x *Index) BeliefAt(blockSize int, c Candidate, hashes []uint64, prompt sha
 	if len(hashes) > 0 {
 		l := m.lru
 		l.mu.Lock()
-		b.ApproxTokens = l.leading(hashes) * max(blockSize, 1)
+		b.ApproxTokens = l.leading(hashes) * x.size(blockSize)
 		l.mu.Unlock()
 	}
 	return b
 }
 
-// Fill writes into overlap[i] the leading router blocks of the request
-// held by the candidate whose slot (Slot) is slots[i]; -1 (untracked)
-// gives 0. len(overlap) == len(slots). hashes are the request's at the
-// router's block size; prompt (may be nil) gives its hashes at engine
-// block sizes for live precise candidates, which are scored by their
-// precise index as Overlap says.
+// Fill is FillAt at the index's default block size.
+func (x *Index) Fill(slots []int32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
+	x.FillAt(slots, hashes, 0, prompt, overlap)
+}
+
+// FillAt writes into overlap[i] the leading blocks of the request held by
+// the candidate whose slot (Slot) is slots[i]; -1 (untracked) gives 0.
+// len(overlap) == len(slots). hashes are the request's at blockSize
+// tokens (its own block size, the unit of the overlaps; <= 0: the index's
+// default); prompt (may be nil) gives its hashes at engine block sizes
+// for live precise candidates, which are scored by their precise index as
+// Overlap says.
 //
 // Cost: one holder-map lookup per leading block, plus the holders of each
 // run of consecutive blocks that share one holder list (holderEdits) once
@@ -509,16 +537,7 @@ func (x *Index) BeliefAt(blockSize int, c Candidate, hashes []uint64, prompt sha
 // index is a belief either way), and a slot reused during the call by a
 // candidate that just joined may be credited with what its previous
 // owner held.
-func (x *Index) Fill(slots []int32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
-	x.FillAt(x.blockSize, slots, hashes, prompt, overlap)
-}
-
-// FillAt is Fill for a request hashed at blockSize tokens per block (>
-// 0): hashes are at that size, and overlap[i] is in its blocks (a live
-// precise candidate's n·E tokens count floor(n·E / blockSize)), whatever
-// the index's own block size (New's) and the engines' block sizes.
-func (x *Index) FillAt(blockSize int, slots []int32, hashes []uint64, prompt shared.PromptKey, overlap []int32) {
-	blockSize = max(blockSize, 1)
+func (x *Index) FillAt(slots []int32, hashes []uint64, blockSize int, prompt shared.PromptKey, overlap []int32) {
 	members := *x.bySlot.Load()
 	p, _ := x.depths.Get().(*[]int32)
 	if p == nil || len(*p) < len(members) {
@@ -568,13 +587,14 @@ func (x *Index) FillAt(blockSize int, slots []int32, hashes []uint64, prompt sha
 		overlap[i] = depth[s]
 	}
 	if prompt != nil && x.live.Load() > 0 {
+		bs := x.size(blockSize)
 		for i, s := range slots {
 			if s < 0 || int(s) >= len(members) {
 				continue
 			}
 			if m := members[s]; m != nil && m.precise != nil {
 				if t, ok := m.precise.overlapTokens(prompt); ok {
-					overlap[i] = int32(t / blockSize)
+					overlap[i] = int32(t / bs)
 				}
 			}
 		}
@@ -588,8 +608,8 @@ func (x *Index) FillAt(blockSize int, slots []int32, hashes []uint64, prompt sha
 	x.depths.Put(p)
 }
 
-// Len returns the number of router blocks in the candidate's approximate
-// list.
+// Len returns the number of blocks (of any size) in the candidate's
+// approximate list.
 func (x *Index) Len(c Candidate) int {
 	m := x.member(c)
 	if m == nil {

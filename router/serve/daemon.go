@@ -241,7 +241,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	d.tr = NewTransport()
 	defer d.tr.Close()
 	wo := workers.Options{
-		Logger: d.log, Registerer: reg, ScrapeInterval: o.ScrapeInterval, BlockSize: r.BlockSize(),
+		Logger: d.log, Registerer: reg, ScrapeInterval: o.ScrapeInterval, BlockSize: r.BlockSizeOverride(),
 		Streams: kvs.stream, IndexBlocks: kvs.indexBlocks, Departed: d.tr.CloseIdleConnectionsTo,
 	}
 	// The KV-event publishers the engines report, and the restarts their
@@ -443,17 +443,22 @@ func (d *Daemon) afterReload(diags hcl.Diagnostics) error {
 	return nil
 }
 
-// tokenizers builds the tokenizers of b's tokenizer blocks
-// (tokenizer.FromConfig); nil when it has none. An engine-sourced
-// tokenizer calls the ready worker serving its model with the fewest
-// requests in flight.
+// tokenizers builds the tokenizers of b's tokenizer blocks, and for every
+// other model the workers serve its engines' /tokenize (a LoRA adapter
+// taking its base model's, when the workers know adapters' parents):
+// tokenizer.NewSet with Defaults. An engine-sourced tokenizer calls the
+// ready worker serving its model with the fewest requests in flight.
 func (d *Daemon) tokenizers(b *router.Bundle) (*tokenizer.Set, error) {
-	pf := b.PolicyFile()
-	if pf == nil || len(pf.Tokenizers) == 0 {
-		return nil, nil
+	var blocks []config.Tokenizer
+	if pf := b.PolicyFile(); pf != nil {
+		blocks = pf.Tokenizers
+	}
+	def := tokenizer.Defaults{Served: d.mgr.Serves}
+	if p, ok := any(d.mgr).(interface{ Parent(model string) string }); ok {
+		def.Parent = p.Parent
 	}
 	client := &http.Client{Transport: d.tr}
-	return tokenizer.FromConfig(pf.Tokenizers, d.tokenizerEngine, tokenizer.EngineOptions{Client: client})
+	return tokenizer.NewSet(blocks, d.tokenizerEngine, tokenizer.EngineOptions{Client: client}, def)
 }
 
 // tokenizerEngine returns the engine chooser of model's engine-sourced

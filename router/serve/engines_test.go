@@ -142,8 +142,10 @@ func TestDaemonURLOnlyWorkers(t *testing.T) {
 
 	metrics := getText(t, rd.base+"/metrics")
 	for _, want := range []string{
-		`switchyard_worker_capacity_blocks{rank="0",worker="dp"} 64`, // 2048*16/512
-		`switchyard_worker_capacity_blocks{rank="1",worker="dp"} 32`,
+		// In the engine's own blocks of 16: the policy file leaves
+		// router.block_size unset (converted to 512 they were 64 and 32).
+		`switchyard_worker_capacity_blocks{rank="0",worker="dp"} 2048`,
+		`switchyard_worker_capacity_blocks{rank="1",worker="dp"} 1024`,
 		`switchyard_worker_capacity_blocks{rank="0",worker="single"} 0`,
 		`switchyard_worker_engine_waiting_requests{rank="1",worker="dp"} 9`,
 		`switchyard_worker_engine_kv_usage{rank="1",worker="dp"} 1`,
@@ -168,7 +170,7 @@ func TestDaemonURLOnlyWorkers(t *testing.T) {
 	for i, want := range []struct {
 		blocks  int64
 		waiting int64
-	}{{64, 0}, {32, 9}} {
+	}{{2048, 0}, {1024, 9}} {
 		r := dpv.Ranks[i]
 		if r.Rank != uint32(i) || r.CapacityBlocks != want.blocks || r.CapacitySource != "engine" || r.EngineBlockSize != 16 ||
 			!r.Load.Available || r.Load.Waiting == nil || *r.Load.Waiting != want.waiting || r.Load.AgeSeconds == nil || *r.Load.AgeSeconds < 0 {

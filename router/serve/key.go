@@ -23,6 +23,9 @@ type completionRequest struct {
 	Model   string
 	Stream  bool
 	routing routingKey
+	// salt is the request's cache_salt ("" for none, or null), vLLM's
+	// prefix-cache salt: part of the routing key (key).
+	salt string
 }
 
 // ErrBadRequest wraps every reason a request body is refused with 400
@@ -167,13 +170,15 @@ func stringEnd(body []byte, i int) int {
 }
 
 // routingKey is what a request is routed by: its prompt as token ids or
-// as text. For a chat request the text is the messages rendered as
-// prefix.RenderChat does, and chat holds each message's span in it, so a
-// tokenizer can be given the messages themselves (messages).
+// as text, and its cache_salt. For a chat request the text is the
+// messages rendered as prefix.RenderChat does, and chat holds each
+// message's span in it, so a tokenizer can be given the messages
+// themselves (messages).
 type routingKey struct {
 	ids  []int64
 	text string
 	chat []chatSpan
+	salt string
 }
 
 // chatSpan is one chat message in routingKey.text: its role is
@@ -202,15 +207,67 @@ func (k routingKey) messages() []prefix.ChatMessage {
 
 // key returns the routing key parseRequest extracted: token ids when the
 // request carries them, else the prompt text (the rendered messages for
-// chat).
-func (req *completionRequest) key() routingKey { return req.routing }
+// chat); and its cache_salt.
+func (req *completionRequest) key() routingKey {
+	k := req.routing
+	k.salt = req.salt
+	return k
+}
 
 // hash returns the key's prompt length in tokens (estimated for text) and
 // the chained hashes of its full blocks of blockSize tokens (prefix
-// TokenBlocks and TextBlocks, which the mock engine shares).
-func (k routingKey) hash(blockSize, charsPerToken int) (tokens int, hashes []uint64) {
+// TokenBlocks and TextBlocks, which the mock engine shares), seeded
+// (seedHashes) by seed.
+func (k routingKey) hash(blockSize, charsPerToken int, seed uint64) (tokens int, hashes []uint64) {
 	if k.ids != nil {
-		return len(k.ids), prefix.TokenBlocks(k.ids, blockSize)
+		return len(k.ids), seedHashes(prefix.TokenBlocks(k.ids, blockSize), seed)
 	}
-	return prefix.EstimateTokens(k.text, charsPerToken), prefix.TextBlocks(k.text, blockSize, charsPerToken)
+	return prefix.EstimateTokens(k.text, charsPerToken), seedHashes(prefix.TextBlocks(k.text, blockSize, charsPerToken), seed)
+}
+
+// keySeed is the seed of a request's approximate block hashes: 0 for a
+// base model's request without cache_salt (its hashes are prefix's
+// TokenBlocks or TextBlocks as they are), else a hash of the LoRA adapter
+// the request runs with ("" for a base model) and its cache_salt, each
+// length-prefixed, so that an adapter's or a salt's prompts never share a
+// block with another's or with the base model's unsalted ones: vLLM's
+// block hash has the adapter's name in every block's extra keys and the
+// salt in the first block's (vllm/v1/core/kv_cache_utils.py,
+// generate_block_hash_extra_keys).
+func keySeed(lora, salt string) uint64 {
+	if lora == "" && salt == "" {
+		return 0
+	}
+	h := uint64(fnvOffset)
+	for _, s := range []string{lora, salt} {
+		for n, k := uint64(len(s)), 0; k < 8; k, n = k+1, n>>8 { // 8 bytes of length
+			h = (h ^ (n & 0xff)) * fnvPrime
+		}
+		for i := 0; i < len(s); i++ {
+			h = (h ^ uint64(s[i])) * fnvPrime
+		}
+	}
+	return prefix.ChainHash(h, 0x73616c74) // never 0 but by chance
+}
+
+// FNV-1a 64 (keySeed's hash of the adapter and salt).
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// seedHashes mixes seed into each of hashes in place (hashes[i] =
+// prefix.ChainHash(seed, hashes[i])) and returns them; seed 0 leaves them
+// as they are. ChainHash is a bijection of its second argument for a given
+// first, so hashes that differ stay different, and equal hashes under two
+// seeds differ but by chance: the seed is the chain's first link. One
+// multiply-mix per block.
+func seedHashes(hashes []uint64, seed uint64) []uint64 {
+	if seed == 0 {
+		return hashes
+	}
+	for i, h := range hashes {
+		hashes[i] = prefix.ChainHash(seed, h)
+	}
+	return hashes
 }

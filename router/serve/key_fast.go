@@ -57,6 +57,13 @@ func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
 	if req.Model == "" {
 		return nil, fmt.Errorf("%w: you must provide a model parameter", ErrBadRequest)
 	}
+	if cs := field(v, "cache_salt"); cs != nil && cs.Type() != fastjson.TypeNull {
+		b, err := cs.StringBytes()
+		if err != nil {
+			return nil, typeError("cache_salt", cs)
+		}
+		req.salt = string(b)
+	}
 	if ids := field(v, "prompt_token_ids"); ids != nil && ids.Type() != fastjson.TypeNull {
 		if req.routing.ids, err = tokenIDs("prompt_token_ids", ids, nil); err != nil {
 			return nil, err

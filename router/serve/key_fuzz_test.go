@@ -13,7 +13,7 @@ import (
 // the fast path (parseFast), on the bodies parseRequest may give it, and
 // the walk (parseStd) agree, as TestParsePathsAgree asks: the same
 // accept or refuse, the same error, the same model, stream and routing
-// key; and parseRequest answers as the walk does. Seeded with
+// key (cache_salt included); and parseRequest answers as the walk does. Seeded with
 // BenchmarkParseAdversarial's shapes (600 bytes each) and the bodies of the
 // paths' tests.
 func FuzzParse(f *testing.F) {
@@ -34,6 +34,11 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","prompt":[[1],[2,3]]}`,
 		`{"model":"m","prompt":[[1],2]}`,
 		`{"model":"m","prompt":[1,2.5,-0,1e3]}`,
+		`{"model":"m","prompt":"x","cache_salt":"s\u00e9"}`,
+		`{"model":"m","cache_salt":5,"cache_salt":"s","messages":[{"role":"user","content":"a"}]}`,
+		`{"model":"m","prompt":[1],"cache_salt":{"a":1}}`,
+		"{\"model\":\"m\",\"prompt\":\"x\",\"cache_salt\":\"a\xffb\"}",
+		`{"model":"m","prompt":"x","cache_salt":"\ud800"}`,
 		`{"model":"m","prompt":["a",null]}`,
 		`{"mod\u0065l":"m","stream":true,"prompt":[]}`,
 		` {"model":"m","prompt":"x"} `,

@@ -16,7 +16,8 @@ import (
 //
 // It follows parseFast's rules exactly, so that a request routes the same
 // whatever its size: keys match exactly; a key given twice counts as its
-// last value, and only that value is checked; null is absent; chat
+// last value, and only that value is checked; null is absent (cache_salt
+// included: a string or null, as vLLM takes it); chat
 // messages are not read when prompt_token_ids route; a content part's
 // text counts only when its type is "text" and it is a string. Its
 // strings are encoding/json's (invalid UTF-8 and lone surrogates become
@@ -36,7 +37,7 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 	if body[0] != '{' {
 		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", ErrBadRequest, rawType(body))
 	}
-	var model, stream, tokenIDs, messages, prompt []byte // the last raw value of each
+	var model, stream, tokenIDs, messages, prompt, salt []byte // the last raw value of each
 	members(body, func(key, val []byte) {
 		switch string(unquoteKey(key)) {
 		case "model":
@@ -49,6 +50,8 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 			messages = val
 		case "prompt":
 			prompt = val
+		case "cache_salt":
+			salt = val
 		}
 	})
 
@@ -70,6 +73,12 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 	}
 	if req.Model == "" {
 		return nil, fmt.Errorf("%w: you must provide a model parameter", ErrBadRequest)
+	}
+	if raw := present(salt); raw != nil {
+		if raw[0] != '"' {
+			return nil, rawTypeError("cache_salt", raw)
+		}
+		req.salt = decodeString(raw)
 	}
 	if raw := present(tokenIDs); raw != nil {
 		if req.routing.ids, err = stdTokenIDs("prompt_token_ids", raw, nil); err != nil {

@@ -35,6 +35,14 @@ func TestRoutingKey(t *testing.T) {
 		{"prompt id batches", `{"model":"m","prompt":[[1,2],[3]]}`, false, routingKey{ids: []int64{1, 2, 3}}},
 		{"prompt_token_ids win", `{"model":"m","prompt":"x","prompt_token_ids":[7,8]}`, false, routingKey{ids: []int64{7, 8}}},
 		{"chat prompt_token_ids", `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_token_ids":[9]}`, true, routingKey{ids: []int64{9}}},
+		// cache_salt, vLLM's prefix-cache salt, on both endpoints and
+		// with every prompt form; null is none, the last one counts.
+		{"chat salt", `{"model":"m","cache_salt":"s1","messages":[{"role":"user","content":"hi"}]}`, true,
+			routingKey{text: "user: hi\n", chat: []chatSpan{{4, 9}}, salt: "s1"}},
+		{"prompt salt", `{"model":"m","prompt":"hello","cache_salt":"\u00e9\n"}`, false, routingKey{text: "hello", salt: "é\n"}},
+		{"ids salt", `{"model":"m","prompt":[1,2],"cache_salt":"x","cache_salt":"y"}`, false, routingKey{ids: []int64{1, 2}, salt: "y"}},
+		{"prompt_token_ids salt", `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_token_ids":[9],"cache_salt":"z"}`, true, routingKey{ids: []int64{9}, salt: "z"}},
+		{"null salt", `{"model":"m","prompt":"hello","cache_salt":null}`, false, routingKey{text: "hello"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The fast path and encoding/json's give the same key.
@@ -98,6 +106,8 @@ func TestRoutingKey(t *testing.T) {
 		{`{"model":"m","prompt":[1,null]}`, false, "prompt[1] must be an integer token id, not a JSON null"},
 		{`{"model":"m","prompt":[[1],null]}`, false, `"prompt[1]" must not be a JSON null`},
 		{`{"model":"m","prompt":"x","prompt_token_ids":[1,null]}`, false, "prompt_token_ids[1] must be an integer token id, not a JSON null"},
+		{`{"model":"m","prompt":"x","cache_salt":5}`, false, `"cache_salt" must not be a JSON number`},
+		{`{"model":"m","messages":[{"role":"user","content":"x"}],"cache_salt":["s"]}`, true, `"cache_salt" must not be a JSON array`},
 	} {
 		_, err := parseRequest([]byte(bad.body), bad.chat)
 		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), bad.msg) {
@@ -109,14 +119,14 @@ func TestRoutingKey(t *testing.T) {
 			t.Errorf("%.80s: encoding/json path: %v, want it to name the null", bad.body, err)
 		}
 	}
-	tokens, hashes := routingKey{text: long}.hash(16, 4)
+	tokens, hashes := routingKey{text: long}.hash(16, 4, 0)
 	if tokens != 64 || len(hashes) != 4 {
 		t.Errorf("text: %d tokens, %d blocks; want 64, 4", tokens, len(hashes))
 	}
 	if diff := cmp.Diff(prefix.TextBlocks(long, 16, 4), hashes); diff != "" {
 		t.Errorf("text hashes differ from prefix.TextBlocks (the mock engine's):\n%s", diff)
 	}
-	_, more := routingKey{text: long + "tail of another request"}.hash(16, 4)
+	_, more := routingKey{text: long + "tail of another request"}.hash(16, 4, 0)
 	if diff := cmp.Diff(hashes, more[:4]); diff != "" {
 		t.Errorf("a shared text prefix does not share its block hashes:\n%s", diff)
 	}
@@ -124,7 +134,7 @@ func TestRoutingKey(t *testing.T) {
 	for i := range ids {
 		ids[i] = int64(i)
 	}
-	tokens, hashes = routingKey{ids: ids}.hash(16, 4)
+	tokens, hashes = routingKey{ids: ids}.hash(16, 4, 0)
 	if tokens != 40 || len(hashes) != 2 {
 		t.Errorf("ids: %d tokens, %d blocks; want 40, 2 (full blocks only)", tokens, len(hashes))
 	}

@@ -29,11 +29,12 @@ type Placed struct {
 	// whose tokens it did not see.
 	PromptTokens int
 
-	start  time.Time // the request's arrival (Place's start)
-	id     string    // the request's id (logs)
-	label  string    // the model's metrics label; "" before the body parsed
-	stream bool      // the client asked for a streamed answer
-	ans    answerSeen
+	start     time.Time // the request's arrival (Place's start)
+	id        string    // the request's id (logs)
+	blockSize int       // the prompt's key block size (countBelief)
+	label     string    // the model's metrics label; "" before the body parsed
+	stream    bool      // the client asked for a streamed answer
+	ans       answerSeen
 }
 
 // answerSeen is what Answer has seen of a Placed request's answer, as the
@@ -103,7 +104,7 @@ func (s *Server) Place(ctx context.Context, chat bool, header http.Header, body 
 		return refused, fmt.Errorf("serve: placed on worker %q, which the workers do not know", d.Worker.Name)
 	}
 	p := refused
-	p.Handle, p.Decision, p.URL, p.PromptTokens, p.id = h, d, url, ex.tokens, ex.id
+	p.Handle, p.Decision, p.URL, p.PromptTokens, p.id, p.blockSize = h, d, url, ex.tokens, ex.id, ex.blockSize
 	return p, nil
 }
 
@@ -190,7 +191,7 @@ func (s *Server) answered(p *Placed, tokens int64) int64 {
 		u = streamUsage(a.streamed)
 	}
 	s.countUsage(p.label, u)
-	s.countBelief(&exchange{id: p.id}, p.Decision, u)
+	s.countBelief(&exchange{id: p.id, blockSize: p.blockSize}, p.Decision, u)
 	switch {
 	case u.total > 0 && !p.stream:
 		return u.total

@@ -48,9 +48,15 @@ type exchange struct {
 	meta     map[string]string
 	tokens   int
 	hashes   []uint64
+	// blockSize is the tokens per block hashes were cut at (the model's
+	// key block size: keyBlockSize).
+	blockSize int
 	// ids are the prompt's token ids: the request's own, or its
 	// tokenizer's; nil when it was keyed by character blocks.
 	ids []int64
+	// lora is the LoRA adapter the request runs with (its model, when
+	// that is an adapter), salt its cache_salt; "" for none.
+	lora, salt string
 	// abort: the answer failed after its headers were sent; the
 	// connection is cut (http.ErrAbortHandler) so the client sees an
 	// error rather than a clean end of a truncated answer.
@@ -180,46 +186,63 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		})
 }
 
-// routingHashes sets ex's prompt length, token ids and block hashes from
-// its routing key: token ids the request carries are hashed as they are;
-// a text prompt of a model with a tokenizer is tokenized (chat: the
-// messages, rendered by the model's template); otherwise, or when the
-// tokenizer fails (counted, logged at debug), it is keyed by character
-// blocks. The tokenizer runs in the request's goroutine under its context,
-// with no lock held.
+// routingHashes sets ex's prompt length, token ids, block size and block
+// hashes from its routing key. The block size is the model's
+// (keyBlockSize: router.block_size when set, else its engines'). Token
+// ids the request carries are hashed as they are; a text prompt of a
+// model with a tokenizer (its block's, or its engines' /tokenize; a LoRA
+// adapter's base model's) is tokenized (chat: the messages, rendered by
+// the model's template); otherwise, or when the tokenizer fails (counted,
+// logged at debug; an engine that does not serve /tokenize is neither),
+// it is keyed by character blocks. The hashes are seeded by the request's
+// LoRA adapter and cache_salt (keySeed). The tokenizer runs in the
+// request's goroutine under its context, with no lock held.
 func (s *Server) routingHashes(ex *exchange, key routingKey) {
-	bs := s.r.BlockSize()
+	parent := s.engines.Parent(ex.model)
+	if parent == ex.model {
+		parent = ""
+	}
+	bs := s.keyBlockSize(ex.model, parent)
+	ex.blockSize, ex.salt = bs, key.salt
+	if parent != "" {
+		ex.lora = ex.model
+	}
+	seed := keySeed(ex.lora, ex.salt)
 	if key.ids == nil {
 		if set := s.toks.Load(); set != nil {
 			if tok := set.For(ex.model); tok != nil {
 				t0 := time.Now()
 				hashes, ids, err := tokenizer.Blocks(ex.ctx, tok, tokenizer.Prompt{Text: key.text, Messages: key.messages()}, bs, s.cpt)
-				if s.met != nil {
+				if s.met != nil && !errors.Is(err, tokenizer.ErrUnsupported) {
 					s.met.tokenize.WithLabelValues(ex.label).Observe(time.Since(t0).Seconds())
 				}
 				if err == nil {
-					ex.tokens, ex.hashes, ex.ids = len(ids), hashes, ids
+					ex.tokens, ex.hashes, ex.ids = len(ids), seedHashes(hashes, seed), ids
 					return
 				}
-				if s.met != nil {
-					s.met.tokFails.WithLabelValues(ex.label).Inc()
+				if !errors.Is(err, tokenizer.ErrUnsupported) {
+					if s.met != nil {
+						s.met.tokFails.WithLabelValues(ex.label).Inc()
+					}
+					s.log.Debug("tokenizer failed; keyed by character blocks", "model", ex.model, "request_id", ex.id, "error", err)
 				}
-				s.log.Debug("tokenizer failed; keyed by character blocks", "model", ex.model, "request_id", ex.id, "error", err)
 			}
 		}
 	}
-	ex.tokens, ex.hashes = key.hash(bs, s.cpt)
+	ex.tokens, ex.hashes = key.hash(bs, s.cpt, seed)
 	ex.ids = key.ids
 }
 
 // promptKey is the request's token ids as a shared.PromptKey, which a
 // candidate's precise prefix index (KV events) looks up at its engine's
-// block size; nil (no PromptKey) when the prompt was keyed by characters.
+// block size, with the LoRA adapter and cache_salt the engine's block
+// hashes carry; nil (no PromptKey) when the prompt was keyed by
+// characters.
 func (ex *exchange) promptKey() shared.PromptKey {
 	if ex.ids == nil {
 		return nil
 	}
-	return &prefix.Key{IDs: ex.ids}
+	return &prefix.Key{IDs: ex.ids, LoRA: ex.lora, Salt: ex.salt}
 }
 
 // SetTokenizers makes set the tokenizers of the requests that arrive from
@@ -304,6 +327,7 @@ func (s *Server) admitHop(ex *exchange, spec hopSpec, opts ...admission.Option) 
 	req := spec.hop.Request(&shared.Request{
 		Model:        ex.model,
 		PromptTokens: ex.tokens,
+		BlockSize:    ex.blockSize,
 		BlockHashes:  ex.hashes,
 		SessionID:    ex.session,
 		Metadata:     ex.meta,
@@ -815,8 +839,8 @@ func streamUsage(chunk []byte) usage {
 // approximate one. The engine computes at least the prompt's last token
 // and caches whole blocks of E tokens, so a belief of t tokens means
 // min(t, floor((prompt-1)/E)·E) served (vLLM's KV cache manager caps a
-// hit at prompt_len-1); E is the engine's block size, or the router's
-// when no precise index told it. Answers without cached_tokens, and
+// hit at prompt_len-1); E is the engine's block size, or the request's
+// key block size when no precise index told it. Answers without cached_tokens, and
 // prompts keyed by characters (no belief), are not counted.
 //
 // A precise belief that differs is logged at debug level with the worker
@@ -827,6 +851,9 @@ func (s *Server) countBelief(ex *exchange, d router.Decision, u usage) {
 		return
 	}
 	e := b.EngineBlockSize
+	if e <= 0 {
+		e = ex.blockSize
+	}
 	if e <= 0 {
 		e = s.r.BlockSize()
 	}

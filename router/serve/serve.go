@@ -122,9 +122,15 @@ type Options struct {
 	// (DefaultCharsPerToken), for models without a tokenizer.
 	CharsPerToken int
 	// Tokenizers tokenizes the prompts of the models that have one (the
-	// policy file's tokenizer blocks); nil: every text prompt is keyed by
-	// character blocks. SetTokenizers replaces it.
+	// policy file's tokenizer blocks, and by default the engines'
+	// /tokenize: tokenizer.NewSet's Defaults); nil: every text prompt is
+	// keyed by character blocks. SetTokenizers replaces it.
 	Tokenizers *tokenizer.Set
+	// Engines gives each model's engine block size, the block size its
+	// requests are keyed at unless router.block_size is set, and a LoRA
+	// adapter's base model; nil: Workers when it implements Engines, else
+	// the fleet's engine block sizes and no adapters.
+	Engines Engines
 	// MaxRetries bounds the re-selections of a request whose worker failed
 	// before sending a byte (DefaultMaxRetries; negative: none).
 	MaxRetries int
@@ -176,7 +182,11 @@ type Server struct {
 	cpt      int
 	// toks is the current tokenizer set (Options.Tokenizers,
 	// SetTokenizers); it may hold nil.
-	toks      atomic.Pointer[tokenizer.Set]
+	toks atomic.Pointer[tokenizer.Set]
+	// engines gives models' block sizes and adapters' base models;
+	// warnedBS the models keyBlockSize warned about.
+	engines   Engines
+	warnedBS  warnedOnce
 	retries   int
 	transport http.RoundTripper
 	interval  time.Duration
@@ -266,6 +276,14 @@ func New(o Options) (*Server, error) {
 		wakeC:     make(chan struct{}, 1),
 	}
 	s.toks.Store(o.Tokenizers)
+	switch e, ok := o.Workers.(Engines); {
+	case o.Engines != nil:
+		s.engines = o.Engines
+	case ok:
+		s.engines = e
+	default:
+		s.engines = fleetEngines{r: o.Router}
+	}
 	var err error
 	if s.adm, err = admission.New(o.Router, admission.Options{Queue: o.Queue, Classifier: o.Classifier, OnQueued: s.Wake, Observer: o.Observer, Sessions: o.Sessions}); err != nil {
 		return nil, fmt.Errorf("serve: %w", err)

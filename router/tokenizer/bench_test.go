@@ -2,7 +2,11 @@ package tokenizer
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -32,42 +36,70 @@ func conversation(turns int) [][]prefix.ChatMessage {
 	return reqs
 }
 
-// BenchmarkEngineConversation measures Engine.EncodeChat over a 20-turn
-// conversation against an httptest engine whose /tokenize renders ChatML
-// and tokenizes with testdata/bytebpe-bos.json (File) on loopback. One op
-// is the whole conversation with a fresh Engine (empty prefix cache): 20
-// requests, each the history so far. The timed loop holds the router's
-// side (JSON encoding, the cache lookups, the HTTP round trips) and the
-// fake engine's rendering and tokenizing. Reported per request: engine
-// calls, token ids the calls returned, and ns. min-coverage=1 is the
-// cache off for growing prompts (only exact repeats would hit).
+// BenchmarkEngineConversation measures Engine over a 20-turn
+// conversation against an httptest engine on loopback that tokenizes with
+// testdata/bytebpe-bos.json (File, ChatML): form=chat sends the messages
+// (EncodeChat), form=text the client's own ChatML rendering as a
+// completions prompt (Encode); info=true serves /tokenizer_info, so text
+// prompts are spliced at safe cuts. One op is the whole conversation
+// with a fresh Engine (empty cache): 20 requests, each the history so
+// far, then the 20 again (a client's retries, or another router replica's
+// traffic): exact repeats. Reported per request: engine calls
+// (calls/req, the learning's two probes included), exact-repeat hits
+// (hits/req), splices (splices/req), the token ids the engine computed
+// (engine-tokens/req: its tokenizing work; a whole call computes the
+// whole prompt, a splice only the rest) against the prompt's
+// (prompt-tokens/req), and ns/req (the router's side and the fake
+// engine's Go tokenizer, which is slower than vLLM's Rust one).
 func BenchmarkEngineConversation(b *testing.B) {
 	reqs := conversation(20)
-	fe := newFakeEngine(b, chatmlFile(b))
-	for _, cov := range []float64{DefaultMinCoverage, 1} {
-		b.Run(fmt.Sprintf("min-coverage=%g", cov), func(b *testing.B) {
-			ctx := context.Background()
-			var calls, tokens int64
-			b.ReportAllocs()
-			for b.Loop() {
-				e, err := NewEngine("m", fe.url, EngineOptions{MinCoverage: cov})
-				if err != nil {
-					b.Fatal(err)
-				}
-				for _, msgs := range reqs {
-					if _, err := e.EncodeChat(ctx, msgs); err != nil {
+	f := chatmlFile(b)
+	for _, form := range []string{"chat", "text"} {
+		for _, info := range []bool{false, true} {
+			if form == "chat" && info {
+				continue // chat prompts are never spliced
+			}
+			b.Run(fmt.Sprintf("form=%s/info=%v", form, info), func(b *testing.B) {
+				fe := newFakeEngine(b, f)
+				fe.info = info
+				ctx := context.Background()
+				var s EngineStats
+				var promptTokens int64
+				b.ReportAllocs()
+				for b.Loop() {
+					e, err := NewEngine("m", fe.url, EngineOptions{})
+					if err != nil {
 						b.Fatal(err)
 					}
+					for range 2 {
+						for _, msgs := range reqs {
+							var ids []int64
+							if form == "chat" {
+								ids, err = e.EncodeChat(ctx, msgs)
+							} else {
+								ids, err = e.Encode(ctx, chatml(msgs))
+							}
+							if err != nil {
+								b.Fatal(err)
+							}
+							promptTokens += int64(len(ids))
+						}
+					}
+					st := e.Stats()
+					s.Calls += st.Calls
+					s.CacheHits += st.CacheHits
+					s.Splices += st.Splices
+					s.Tokens += st.Tokens
 				}
-				s := e.Stats()
-				calls += s.Calls
-				tokens += s.Tokens
-			}
-			n := float64(b.N * len(reqs))
-			b.ReportMetric(float64(calls)/n, "calls/req")
-			b.ReportMetric(float64(tokens)/n, "tokens/req")
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/req")
-		})
+				n := float64(b.N * 2 * len(reqs))
+				b.ReportMetric(float64(s.Calls)/n, "calls/req")
+				b.ReportMetric(float64(s.CacheHits)/n, "hits/req")
+				b.ReportMetric(float64(s.Splices)/n, "splices/req")
+				b.ReportMetric(float64(s.Tokens)/n, "engine-tokens/req")
+				b.ReportMetric(float64(promptTokens)/n, "prompt-tokens/req")
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/req")
+			})
+		}
 	}
 }
 
@@ -107,6 +139,47 @@ func BenchmarkFileLongRun(b *testing.B) {
 				}
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(text)), "ns/byte")
+		})
+	}
+}
+
+// BenchmarkEngineCallOverhead is the router's side of one /tokenize call
+// (the body's JSON, a loopback HTTP round trip, the answer's JSON) against
+// an engine that answers a ready list of ids without tokenizing: what the
+// engine source costs the router per call, apart from the engine's own
+// tokenizer (Hugging Face's Rust tokenizers in vLLM and SGLang; not
+// measured here). Compare with BenchmarkFileConversation's in-process
+// tokenizer.json (ns per token).
+func BenchmarkEngineCallOverhead(b *testing.B) {
+	for _, tokens := range []int{1 << 10, 8 << 10} {
+		b.Run(fmt.Sprintf("tokens=%d", tokens), func(b *testing.B) {
+			ids := make([]int64, tokens)
+			for i := range ids {
+				ids[i] = int64(100 + i%50000)
+			}
+			answer, _ := json.Marshal(map[string]any{"tokens": ids, "count": len(ids), "max_model_len": 1 << 17})
+			s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if r.URL.Path != "/tokenize" {
+					http.NotFound(w, r)
+					return
+				}
+				_, _ = w.Write(answer)
+			}))
+			b.Cleanup(s.Close)
+			prompt := strings.Repeat("word ", tokens) // about a token per 5 bytes
+			e, err := NewEngine("m", func(context.Context) (string, error) { return s.URL, nil }, EngineOptions{})
+			if err != nil {
+				b.Fatal(err)
+			}
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := e.call(ctx, nil, map[string]any{"model": "m", "prompt": prompt, "add_special_tokens": true}); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(tokens), "ns/token")
 		})
 	}
 }

@@ -11,16 +11,24 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
 )
 
-// fakeEngine serves vLLM's /tokenize with a File: the engine side of the
-// tests and of the benchmark. It records the bodies it was sent.
+// fakeEngine serves vLLM's /tokenize with a File (as vLLM's serving.py
+// does with its Hugging Face tokenizer: a prompt tokenized with or
+// without special tokens, add_special_tokens defaulting to true; chat
+// messages rendered by the template, then tokenized without them), and,
+// when info is set, GET /tokenizer_info with the File's added tokens as
+// added_tokens_decoder {"id": "content"} (vLLM's TokenizerInfo turns each
+// AddedToken into its content). The engine side of the tests and of the
+// benchmarks. It records the bodies it was sent.
 type fakeEngine struct {
 	*httptest.Server
+	info   bool
 	mu     sync.Mutex
 	bodies []map[string]any
 }
@@ -28,14 +36,26 @@ type fakeEngine struct {
 func newFakeEngine(t testing.TB, f *File) *fakeEngine {
 	fe := &fakeEngine{}
 	fe.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenizer_info" && r.Method == http.MethodGet && fe.info {
+			added := map[string]string{}
+			for _, list := range f.added {
+				for _, a := range list {
+					added[fmt.Sprint(a.ID)] = a.Content
+				}
+			}
+			json.NewEncoder(w).Encode(map[string]any{"tokenizer_class": "PreTrainedTokenizerFast", "added_tokens_decoder": added})
+			return
+		}
 		if r.URL.Path != "/tokenize" || r.Method != http.MethodPost {
 			http.NotFound(w, r)
 			return
 		}
 		var req struct {
-			Model    string               `json:"model"`
-			Prompt   *string              `json:"prompt"`
-			Messages []prefix.ChatMessage `json:"messages"`
+			Model               string               `json:"model"`
+			Prompt              *string              `json:"prompt"`
+			Messages            []prefix.ChatMessage `json:"messages"`
+			AddSpecialTokens    *bool                `json:"add_special_tokens"`
+			AddGenerationPrompt *bool                `json:"add_generation_prompt"`
 		}
 		var raw map[string]any
 		if err := json.NewDecoder(r.Body).Decode(&raw); err != nil {
@@ -52,14 +72,25 @@ func newFakeEngine(t testing.TB, f *File) *fakeEngine {
 		fe.mu.Unlock()
 		var ids []int64
 		var err error
-		if req.Messages != nil {
+		switch {
+		case req.Messages != nil:
+			if (req.AddGenerationPrompt != nil && !*req.AddGenerationPrompt) || (req.AddSpecialTokens != nil && *req.AddSpecialTokens) {
+				http.Error(w, "unsupported chat settings", http.StatusBadRequest)
+				return
+			}
 			ids, err = f.EncodeChat(r.Context(), req.Messages)
-		} else {
-			ids, err = f.Encode(r.Context(), *req.Prompt)
+		case req.Prompt != nil:
+			ids, err = f.encode(*req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
+		default:
+			http.Error(w, "prompt or messages", http.StatusBadRequest)
+			return
 		}
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusInternalServerError)
 			return
+		}
+		if ids == nil {
+			ids = []int64{}
 		}
 		json.NewEncoder(w).Encode(map[string]any{"tokens": ids, "count": len(ids), "max_model_len": 4096})
 	}))
@@ -131,74 +162,158 @@ func TestEngineMatchesFile(t *testing.T) {
 	}
 }
 
-func TestEnginePrefixCache(t *testing.T) {
+// An exact repeat is answered from the cache; any other prompt is
+// tokenized, never answered with a cached prompt's ids: without the
+// model's special tokens (no /tokenizer_info, vLLM's default) a prompt
+// that extends a cached one costs a whole call. (The cache this replaced
+// answered base+"x" with base's ids.)
+func TestEngineExactCache(t *testing.T) {
 	f := loadFile(t, "bytebpe.json", nil)
 	fe := newFakeEngine(t, f)
-	e, err := NewEngine("m", fe.url, EngineOptions{ChunkBytes: 16, MinCoverage: 0.75})
+	e, err := NewEngine("m", fe.url, EngineOptions{ChunkBytes: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	base := strings.Repeat("hello world ", 10) // 120 bytes
-	want, _ := f.Encode(ctx, base)
-	step := func(prompt string, wantCalls, wantHits int64, wantIDs []int64) {
+	step := func(prompt string, wantCalls, wantHits int64) {
 		t.Helper()
+		want, _ := f.Encode(ctx, prompt)
 		got, err := e.Encode(ctx, prompt)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !slices.Equal(got, wantIDs) {
-			t.Errorf("Encode(%d bytes) = %v, want %v", len(prompt), got, wantIDs)
+		if !slices.Equal(got, want) {
+			t.Errorf("Encode(%d bytes) = %v, want %v", len(prompt), got, want)
 		}
-		if s := e.Stats(); s.Calls != wantCalls || s.CacheHits != wantHits {
-			t.Errorf("after %d bytes: stats %+v, want %d calls and %d hits", len(prompt), s, wantCalls, wantHits)
+		if s := e.Stats(); s.Calls != wantCalls || s.CacheHits != wantHits || s.Splices != 0 {
+			t.Errorf("after %d bytes: stats %+v, want %d calls, %d hits, no splice", len(prompt), s, wantCalls, wantHits)
 		}
 	}
-	step(base, 1, 0, want)     // a call
-	step(base, 1, 1, want)     // the same prompt: from the cache
-	step(base+"x", 1, 2, want) // a short tail: the earlier ids, without the tail's
-	full := base + strings.Repeat("the system ", 10)
-	wantFull, _ := f.Encode(ctx, full)
-	step(full, 2, 2, wantFull) // 120 of 230 bytes covered, under 75%: a call
-	step("hello", 3, 2, []int64{259})
-	step("hello", 4, 2, []int64{259}) // under one chunk: never cached
-	// A different prompt with the same first chunks but another tail
-	// after them is not answered with the first's ids.
+	base := strings.Repeat("hello world ", 10) // 120 bytes
+	step(base, 1, 0)
+	step(base, 1, 1)     // the same prompt: from the cache
+	step(base+"x", 2, 1) // a longer one: a call
+	step("hello", 3, 1)
+	step("hello", 3, 2) // short prompts are cached too
 	other := strings.Repeat("hello world ", 9) + "hello there!"
-	wantOther, _ := f.Encode(ctx, other)
-	step(other, 5, 2, wantOther)
-	if s := e.Stats(); s.Tokens != int64(len(want)+len(wantFull)+2+len(wantOther)) {
-		t.Errorf("Tokens = %d", s.Tokens)
+	step(other, 4, 2)
+	step(base+"x", 4, 3)
+	if got := len(fe.sent()); got != 4 {
+		t.Errorf("engine got %d calls, want 4", got)
+	}
+	// Chat: the same messages hit; one more message is a call.
+	fc := chatmlFile(t)
+	fec := newFakeEngine(t, fc)
+	ec, _ := NewEngine("m", fec.url, EngineOptions{ChunkBytes: 8})
+	turn1 := []prefix.ChatMessage{{Role: "system", Content: strings.Repeat("hello world ", 20)}, {Role: "user", Content: "hello"}}
+	turn2 := append(slices.Clone(turn1), prefix.ChatMessage{Role: "assistant", Content: "hi"}, prefix.ChatMessage{Role: "user", Content: "the"})
+	for i, msgs := range [][]prefix.ChatMessage{turn1, turn2, turn1, turn2} {
+		want, _ := fc.EncodeChat(ctx, msgs)
+		got, err := ec.EncodeChat(ctx, msgs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("chat request %d = %v, want %v", i, got, want)
+		}
+	}
+	if s := ec.Stats(); s.Calls != 2 || s.CacheHits != 2 {
+		t.Errorf("chat stats %+v, want 2 calls and 2 hits", s)
 	}
 }
 
-func TestEngineChatCache(t *testing.T) {
-	f := chatmlFile(t)
+// chatml renders msgs as the ChatML template does, generation prompt
+// added: a client's own rendering, sent as a completions prompt.
+func chatml(msgs []prefix.ChatMessage) string {
+	var b strings.Builder
+	for _, m := range msgs {
+		b.WriteString("<|im_start|>" + m.Role + "\n" + m.Content + "<|im_end|>\n")
+	}
+	b.WriteString("<|im_start|>assistant\n")
+	return b.String()
+}
+
+// A text prompt that extends a cached one is answered with the cached
+// ids up to a safe cut and one call for the rest, which starts with the
+// added token at the cut: the result is the engine's own tokenization.
+// Worked by hand: turn 1 is 108 bytes and turn 2 begins with all of
+// them; the longest added token is "<|start_header_id|>" (19 bytes), so
+// the cut is the last added token of turn 1 starting at or before
+// 108 - 19 - 1 = 88: its generation prompt's "<|im_start|>" at byte 86
+// (the others are at 0, 35, 47 and 75).
+func TestEngineSplice(t *testing.T) {
+	f := loadFile(t, "bytebpe-bos.json", nil)
 	fe := newFakeEngine(t, f)
-	e, err := NewEngine("m", fe.url, EngineOptions{ChunkBytes: 8})
+	fe.info = true
+	e, err := NewEngine("m", fe.url, EngineOptions{ChunkBytes: 16})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	long := strings.Repeat("hello world ", 20)
-	turn1 := []prefix.ChatMessage{{Role: "system", Content: long}, {Role: "user", Content: "hello"}}
-	ids1, err := e.EncodeChat(ctx, turn1)
-	if err != nil {
+	sys := prefix.ChatMessage{Role: "system", Content: "the system answer"}
+	turn1 := chatml([]prefix.ChatMessage{sys, {Role: "user", Content: "hello world"}})
+	turn2 := chatml([]prefix.ChatMessage{sys, {Role: "user", Content: "hello world"}, {Role: "assistant", Content: "hello"}, {Role: "user", Content: "the token"}})
+	for _, p := range []string{turn1, turn2} {
+		want, _ := f.Encode(ctx, p)
+		got, err := e.Encode(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("Encode(%q) = %v, want %v", p, got, want)
+		}
+	}
+	// The learning (two probes of "a") and turn 1 are calls; turn 2 is a
+	// splice and its call.
+	if s := e.Stats(); s.Calls != 4 || s.Splices != 1 || s.CacheHits != 0 {
+		t.Errorf("stats %+v, want 4 calls (2 probes, turn 1, turn 2's rest) and 1 splice", s)
+	}
+	if sp := e.sp.Load(); sp == nil || sp.maxLen != len("<|start_header_id|>") || !slices.Equal(sp.pre, []int64{287}) || len(sp.post) != 0 {
+		t.Fatalf("specials %v; want 7 added tokens, longest 19 bytes, pre [287] (BOS), no post", sp)
+	}
+	cut := strings.LastIndex(turn1, "<|im_start|>")
+	if shared := len(turn1); cut+19+1 > shared || cut < 16 {
+		t.Fatalf("test setup: cut %d, shared %d", cut, shared)
+	}
+	sent := fe.sent()
+	last := sent[len(sent)-1]
+	if last["prompt"] != turn2[cut:] || last["add_special_tokens"] != false {
+		t.Errorf("splice call %v; want the prompt from byte %d (%q), without special tokens", last, cut, turn2[cut:])
+	}
+	// Turn 2 again: an exact repeat.
+	if _, err := e.Encode(ctx, turn2); err != nil {
 		t.Fatal(err)
 	}
-	// The next turn adds a short answer and question: covered over 80%,
-	// answered with turn 1's ids, which are a prefix of turn 2's true ids.
-	turn2 := append(slices.Clone(turn1), prefix.ChatMessage{Role: "assistant", Content: "hi"}, prefix.ChatMessage{Role: "user", Content: "the"})
-	ids2, err := e.EncodeChat(ctx, turn2)
-	if err != nil {
-		t.Fatal(err)
+	if s := e.Stats(); s.CacheHits != 1 || s.Calls != 4 {
+		t.Errorf("repeat: stats %+v, want 1 hit and no more calls", s)
 	}
-	true2, _ := f.EncodeChat(ctx, turn2)
-	if !slices.Equal(ids2, ids1) || !slices.Equal(true2[:len(ids1)], ids1) {
-		t.Errorf("turn 2 = %v, want turn 1's %v, a prefix of the exact %v", ids2, ids1, true2)
+}
+
+// No cut is taken within the longest added token's length of where the
+// prompts part: a (50 bytes) ends "the system<|im_end|>\n" and b parts
+// from it at byte 47, inside that "<|im_end|>" (at 39, within 19 + 1
+// bytes of the parting); the only earlier token, at byte 0, is under a
+// chunk: a whole call.
+func TestEngineNoCutNearTheParting(t *testing.T) {
+	f := loadFile(t, "bytebpe-bos.json", nil)
+	fe := newFakeEngine(t, f)
+	fe.info = true
+	e, _ := NewEngine("m", fe.url, EngineOptions{ChunkBytes: 16})
+	ctx := context.Background()
+	a := "<|im_start|>user\nhello world the system<|im_end|>\n"
+	b := a[:len(a)-3] + "x<|im_end|>\n" // parts 3 bytes before a's end
+	for _, p := range []string{a, b} {
+		want, _ := f.Encode(ctx, p)
+		got, err := e.Encode(ctx, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("Encode(%q) = %v, want %v", p, got, want)
+		}
 	}
-	if s := e.Stats(); s.Calls != 1 || s.CacheHits != 1 {
-		t.Errorf("stats %+v, want 1 call and 1 hit", s)
+	if s := e.Stats(); s.Splices != 0 || s.Calls != 4 {
+		t.Errorf("stats %+v, want no splice: 2 probes and 2 whole calls", s)
 	}
 }
 
@@ -266,17 +381,18 @@ func TestEngineContextDeadline(t *testing.T) {
 	}
 }
 
-// TestEnginePrefixCacheBoundedInTokens: the prefix cache holds at most
-// CacheTokens ids in all, whatever the entry count allows, evicting the
-// least recently used; an answer larger than the whole bound is not kept.
-func TestEnginePrefixCacheBoundedInTokens(t *testing.T) {
+// TestEngineCacheBoundedInBytes: the cache holds at most CacheBytes (its
+// inputs, 8 bytes per id, entryOverhead each), evicting the least
+// recently used; an entry larger than the whole bound is not kept.
+func TestEngineCacheBoundedInBytes(t *testing.T) {
 	f := loadFile(t, "bytebpe.json", nil)
 	fe := newFakeEngine(t, f)
 	ctx := context.Background()
 	a, b := strings.Repeat("hello world ", 10), strings.Repeat("the system ", 10)
 	idsA, _ := f.Encode(ctx, a)
 	idsB, _ := f.Encode(ctx, b)
-	e, err := NewEngine("m", fe.url, EngineOptions{ChunkBytes: 16, CacheTokens: len(idsA) + len(idsB) - 1})
+	cost := func(p string, ids []int64) int64 { return int64(1+len(p)) + 8*int64(len(ids)) + entryOverhead }
+	e, err := NewEngine("m", fe.url, EngineOptions{ChunkBytes: 16, CacheBytes: cost(a, idsA) + cost(b, idsB) - 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,4 +414,45 @@ func TestEnginePrefixCacheBoundedInTokens(t *testing.T) {
 	step(big, 4, 2)
 	step(big, 5, 2) // larger than the bound: never cached
 	step(a, 5, 3)   // and it evicted nothing
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.bytes != cost(a, idsA) || e.exact.Len() != 1 {
+		t.Errorf("cache holds %d bytes in %d entries, want a's %d in 1", e.bytes, e.exact.Len(), cost(a, idsA))
+	}
+}
+
+// An engine that answers a form of /tokenize 404 is not called for that
+// form again until the backoff passed: ErrUnsupported at once meanwhile.
+func TestEngineUnsupportedBackoff(t *testing.T) {
+	var calls atomic.Int64
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		calls.Add(1)
+		http.NotFound(w, r)
+	}))
+	t.Cleanup(s.Close)
+	e, err := NewEngine("m", func(context.Context) (string, error) { return s.URL, nil }, EngineOptions{UnsupportedBackoff: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := e.Encode(ctx, "hello"); !errors.Is(err, ErrEngine) || !strings.Contains(err.Error(), "status 404") {
+		t.Fatalf("first call: %v, want the engine's 404", err)
+	}
+	n := calls.Load() // the 404, and the learning's /tokenizer_info
+	for range 3 {
+		if _, err := e.Encode(ctx, "hello again"); !errors.Is(err, ErrUnsupported) {
+			t.Fatalf("during the backoff: %v, want ErrUnsupported", err)
+		}
+	}
+	if calls.Load() != n {
+		t.Errorf("%d calls during the backoff, want none", calls.Load()-n)
+	}
+	// The chat form is its own: still called.
+	if _, err := e.EncodeChat(ctx, []prefix.ChatMessage{{Role: "user", Content: "x"}}); !errors.Is(err, ErrEngine) {
+		t.Fatalf("chat: %v, want the engine's 404", err)
+	}
+	e.textOff.Store(time.Now().Add(-time.Second).UnixNano()) // the backoff passed
+	if _, err := e.Encode(ctx, "hello"); !errors.Is(err, ErrEngine) {
+		t.Fatalf("after the backoff: %v, want a call (the engine's 404)", err)
+	}
 }

@@ -58,7 +58,9 @@ func TestFromConfig(t *testing.T) {
 		}
 	}
 	got, err := set.For("remote").Encode(ctx, "hello")
-	if err != nil || !slices.Equal(got, []int64{287, 259}) || !slices.Equal(asked, []string{"remote"}) {
+	// The chooser is asked for the learning's GET /tokenizer_info (404
+	// here) and the call.
+	if err != nil || !slices.Equal(got, []int64{287, 259}) || !slices.Equal(asked, []string{"remote", "remote"}) {
 		t.Errorf("remote: Encode = %v, %v; chooser asked for %v", got, err, asked)
 	}
 	if set.For("other") != nil || (*Set)(nil).For("x") != nil {
@@ -127,5 +129,57 @@ func TestBlocks(t *testing.T) {
 	// A tokenizer's error is returned.
 	if _, _, err := Blocks(ctx, loadFile(t, "bytebpe.json", nil), Prompt{Messages: msgs}, 4, 4); !errors.Is(err, ErrNoChatTemplate) {
 		t.Errorf("err = %v, want ErrNoChatTemplate", err)
+	}
+}
+
+// With Defaults, a model without a block that engines serve gets its
+// engines' /tokenize; a LoRA adapter takes its base model's tokenizer
+// (the base's block, or the base's default Engine, shared); a "chars"
+// block turns the default off; a model nobody serves has none.
+func TestSetDefaults(t *testing.T) {
+	fe := newFakeEngine(t, loadFile(t, "bytebpe-bos.json", nil))
+	var asked []string
+	chooser := func(model string) EngineURL {
+		asked = append(asked, model)
+		return func(context.Context) (string, error) { return fe.URL, nil }
+	}
+	served := map[string]bool{"base": true, "base-lora": true, "filed": true, "filed-lora": true, "off": true}
+	parents := map[string]string{"base-lora": "base", "filed-lora": "filed"}
+	set, err := NewSet([]config.Tokenizer{
+		{Model: "filed", Source: config.TokenizerSourceFile, Path: "testdata/bytebpe.json"},
+		{Model: "off", Source: config.TokenizerSourceChars},
+	}, chooser, EngineOptions{}, Defaults{
+		Served: func(m string) bool { return served[m] },
+		Parent: func(m string) string { return parents[m] },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, ok := set.For("base").(*Engine)
+	if !ok || base.model != "base" {
+		t.Fatalf("base: %T %v, want its engines' Engine", set.For("base"), set.For("base"))
+	}
+	if set.For("base-lora") != Tokenizer(base) || set.For("base") != Tokenizer(base) {
+		t.Error("the adapter does not share its base model's default Engine")
+	}
+	if _, ok := set.For("filed-lora").(*File); !ok || set.For("filed-lora") != set.For("filed") {
+		t.Errorf("filed-lora: %T, want its base model's File", set.For("filed-lora"))
+	}
+	if set.For("off") != nil || set.For("nobody") != nil {
+		t.Errorf("off: %v, nobody: %v; want no tokenizer for a chars block and a model no engine serves", set.For("off"), set.For("nobody"))
+	}
+	if !slices.Equal(asked, []string{"base"}) {
+		t.Errorf("engine choosers made for %v, want [base] once", asked)
+	}
+	got, err := set.For("base-lora").Encode(context.Background(), "hello")
+	if err != nil || !slices.Equal(got, []int64{287, 259}) {
+		t.Errorf("adapter Encode = %v, %v", got, err)
+	}
+	if b := fe.sent()[len(fe.sent())-1]; b["model"] != "base" {
+		t.Errorf("the adapter's prompt was tokenized as model %v, want its base model", b["model"])
+	}
+	plain, err := FromConfig(nil, chooser, EngineOptions{})
+	if err != nil || plain.For("base") != nil {
+		t.Errorf("FromConfig (no Defaults): For(base) = %v, %v; want none", plain.For("base"), err)
 	}
 }

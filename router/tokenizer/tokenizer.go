@@ -2,17 +2,19 @@
 // computes, so that the router keys prefix blocks by tokens as the engine
 // caches them (docs/design.md, "Precise prefix keys").
 //
-// Three sources, chosen per model by the policy file's `tokenizer "MODEL"`
-// block (router/config, FromConfig):
+// Three sources, chosen per model (Set, NewSet): the policy file's
+// `tokenizer "MODEL"` block (router/config) when the model has one, else
+// the engine (a LoRA adapter takes its base model's tokenizer):
 //
+//   - Engine: the engine's own POST /tokenize, the default, with a cache
+//     that answers exact repeats and splices a text prompt from a cached
+//     prefix at a safe cut (see Engine), never another prompt's ids.
 //   - File: a Hugging Face tokenizer.json, encoded in process, with the
 //     model's Jinja chat template for chat requests.
-//   - Engine: the engine's own POST /tokenize, with an LRU of prompt
-//     prefix -> tokens so a conversation's shared prefix is not sent again
-//     and again.
-//   - no tokenizer: today's character blocks (prefix.TextBlocks), the
-//     fallback for a model without a block. Blocks picks it when given a
-//     nil Tokenizer; it is not a Tokenizer because it yields no token ids.
+//   - no tokenizer: character blocks (prefix.TextBlocks), for a block
+//     with source "chars", a model no engine serves, or a tokenizer that
+//     failed. Blocks picks it when given a nil Tokenizer; it is not a
+//     Tokenizer because it yields no token ids.
 //
 // A request that already carries token ids (a completions prompt given as
 // an array of ids) needs no tokenizer: the caller hashes the ids with

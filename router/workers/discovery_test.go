@@ -387,3 +387,21 @@ func gathered(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	}
 	return out
 }
+
+// Without router.block_size (Options.BlockSize 0) an engine's capacity is
+// in its own blocks: the DP engine reports 2048 and 1024 blocks of 16
+// tokens, which stay 2048 and 1024 (converted to the old default of 512
+// they were 64 and 32).
+func TestCapacityInTheEnginesBlocks(t *testing.T) {
+	r := newRouter(t)
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast})
+	e := newVEngine(t, vllmDP, modelList("llama"))
+	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
+	ws := ranksOf(r, "w")
+	if ws[0].TotalKVBlocks != 2048 || ws[1].TotalKVBlocks != 1024 || ws[0].EngineBlockSize != 16 {
+		t.Errorf("capacities %d, %d blocks at E=%d; want 2048 and 1024 blocks of 16", ws[0].TotalKVBlocks, ws[1].TotalKVBlocks, ws[0].EngineBlockSize)
+	}
+}

@@ -34,8 +34,8 @@
 // and the engine's list could not be read) is not ready; a re-read that
 // fails keeps the last list. Capacity: the block's total_kv_blocks, else
 // the engine's (ParseEngine: vLLM cache_config_info, SGLang
-// max_total_num_tokens) in router blocks, RouterBlocks(tokens,
-// Options.BlockSize); until the engine reports it the worker is routable
+// max_total_num_tokens) in blocks of Options.BlockSize, or of the engine's
+// own block size when that is 0 (RouterBlocks); until the engine reports it the worker is routable
 // with TotalKVBlocks 0, CAPACITY unavailable. A capacity or engine block
 // size that changes rejoins the rank.
 //
@@ -202,9 +202,12 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// Debounce is Watch's quiet period (DefaultDebounce).
 	Debounce time.Duration
-	// BlockSize is the router's block size in tokens (router.block_size),
-	// the unit engine capacities are converted to
-	// (config.DefaultBlockSize when 0).
+	// BlockSize is the policy file's router.block_size when it sets one
+	// (router.Router.BlockSizeOverride), the unit engine capacities are
+	// converted to; 0 converts each rank's capacity to its engine's own
+	// block size (the blocks its requests are keyed in), and to
+	// config.DefaultBlockSize while the engine has not reported one
+	// (router.Router.CapacityBlockSize follows the same rule).
 	BlockSize int
 	// ModelsInterval is how often a ready worker's engine models are read
 	// again (DefaultModelsInterval).
@@ -509,8 +512,8 @@ func NewManager(r Membership, o Options) (*Manager, error) {
 	if o.Debounce <= 0 {
 		o.Debounce = DefaultDebounce
 	}
-	if o.BlockSize <= 0 {
-		o.BlockSize = config.DefaultBlockSize
+	if o.BlockSize < 0 {
+		o.BlockSize = 0
 	}
 	if o.ModelsInterval <= 0 {
 		o.ModelsInterval = DefaultModelsInterval
@@ -708,14 +711,22 @@ func (e *entry) modelsLocked() ([]string, string) {
 	return nil, ""
 }
 
-// capacityLocked returns rs's capacity in router blocks and where it came
+// capacityLocked returns rs's capacity in its blocks and where it came
 // from: the block's total_kv_blocks, else the engine's report converted
-// (RouterBlocks), else 0 and "".
+// (RouterBlocks) to Options.BlockSize, else to the engine's own block
+// size, else to config.DefaultBlockSize; else 0 and "".
 func (m *Manager) capacityLocked(e *entry, rs *rankState) (int64, string) {
 	if e.cfg.TotalKVBlocks > 0 {
 		return e.cfg.TotalKVBlocks, "config"
 	}
-	if n := RouterBlocks(rs.capTokens, int64(m.o.BlockSize)); n > 0 {
+	unit := int64(m.o.BlockSize)
+	if unit <= 0 {
+		unit = rs.blockSize
+	}
+	if unit <= 0 {
+		unit = config.DefaultBlockSize
+	}
+	if n := RouterBlocks(rs.capTokens, unit); n > 0 {
 		return n, "engine"
 	}
 	return 0, ""
