@@ -18,9 +18,9 @@ import (
 // and a prompt keyed at it can be regrouped into any other engine's
 // blocks, while a key at a larger size would miss the tail of a prefix a
 // smaller-block engine holds. The disagreement is logged at warn once,
-// with every size, until the sizes change. With
-// Options.ConfiguredBlockSize set and differing from the returned size, a
-// warning names both, once per model and engine size.
+// with every size, until the sizes change. (router.block_size, when set,
+// overrides the returned size where requests are keyed: router/serve
+// warns about that difference.)
 //
 // It reads a summary rebuilt when membership or models change, without
 // taking the Manager's lock: cheap enough to call per request.
@@ -102,24 +102,10 @@ func (m *Manager) rebuildLocked() {
 		} else {
 			delete(m.warnedSizes, id)
 		}
-		if c := m.o.ConfiguredBlockSize; c > 0 && c != ss[0] {
-			if m.warnedConfigured[id] != ss[0] {
-				m.log.Warn("router.block_size differs from the block size the model's engines report; the configured size overrides it",
-					"model", id, "router.block_size", c, "engine_block_size", ss[0])
-				m.warnedConfigured[id] = ss[0]
-			}
-		} else {
-			delete(m.warnedConfigured, id)
-		}
 	}
 	for id := range m.warnedSizes {
 		if _, ok := sizes[id]; !ok {
 			delete(m.warnedSizes, id)
-		}
-	}
-	for id := range m.warnedConfigured {
-		if _, ok := sizes[id]; !ok {
-			delete(m.warnedConfigured, id)
 		}
 	}
 	v.list = make([]ModelCard, 0, len(v.cards))

@@ -247,11 +247,6 @@ type Options struct {
 	// counter went back. It is ordered with KVSources (a restart first,
 	// then the sources read again after it) and called the same way.
 	EngineRestarted func(worker string)
-	// ConfiguredBlockSize is router.block_size when the policy file sets
-	// it, 0 when it does not. When set and a model's engines report
-	// another block size (BlockSize), a warning names both, once per model
-	// and engine size.
-	ConfiguredBlockSize int
 }
 
 // EventStream is a candidate's KV-event stream as the subscriber reports
@@ -402,10 +397,8 @@ type Manager struct {
 	// recomputes view then.
 	dirty bool
 	// warnedSizes is, by model, the engine block sizes last warned about
-	// as disagreeing; warnedConfigured the engine size last warned about
-	// as differing from ConfiguredBlockSize.
-	warnedSizes      map[string]string
-	warnedConfigured map[string]int
+	// as disagreeing.
+	warnedSizes map[string]string
 	// notes are the KVSources and EngineRestarted calls not made yet, in
 	// order; the notify goroutine makes them (noteCh wakes it).
 	notes  []note
@@ -519,7 +512,7 @@ func NewManager(r Membership, o Options) (*Manager, error) {
 		o.ModelsInterval = DefaultModelsInterval
 	}
 	m := &Manager{r: r, o: o, log: o.Logger, entries: make(map[string]*entry), retired: make(map[string][]*fleet.Worker),
-		warnedSizes: map[string]string{}, warnedConfigured: map[string]int{}, noteCh: make(chan struct{}, 1),
+		warnedSizes: map[string]string{}, noteCh: make(chan struct{}, 1),
 		held: newHeldUp(heldUpTick(o.ScrapeInterval))}
 	m.view.Store(&view{})
 	m.ctx, m.cancel = context.WithCancel(context.Background())
