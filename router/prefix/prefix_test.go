@@ -190,8 +190,10 @@ func BenchmarkFill(b *testing.B) {
 // (engine blocks of 4 tokens, a request of 16 such blocks at block size
 // 4): candidate i holds the prompt's first i%9 blocks on GPU and the next
 // 4 on its CPU tier, so each row costs the GPU lookups and, for the
-// CPU-tier figure, the CPU lookups after them. The prompt's hashes are
-// computed once (prefix.Key caches them), as a selection's are.
+// CPU-tier figure (tiers: FillTiersAt, what a selection declaring CACHE
+// runs), the CPU lookups after them; gpu is FillAt, the GPU figure alone.
+// The prompt's hashes are computed once (prefix.Key caches them), as a
+// selection's are.
 //
 //	go test -run='^$' -bench=FillPrecise -benchmem ./router/prefix/
 func BenchmarkFillPrecise(b *testing.B) {
@@ -214,17 +216,25 @@ func BenchmarkFillPrecise(b *testing.B) {
 		slots[i] = x.Slot(cand(i))
 	}
 	key := bootKey(blocks...)
-	out := make([]int32, n)
-	x.FillAt(slots, nil, 4, key, out)
+	out, cpu := make([]int32, n), make([]int32, n)
+	x.FillTiersAt(slots, nil, 4, key, out, cpu)
 	for i := range n {
-		if want := int32(i % 9); out[i] != want {
-			b.Fatalf("row %d: overlap %d, want %d", i, out[i], want)
+		if want := int32(i % 9); out[i] != want || cpu[i] != 4 {
+			b.Fatalf("row %d: overlap %d, CPU tier %d; want %d and 4", i, out[i], cpu[i], want)
 		}
 	}
-	b.ReportAllocs()
-	for b.Loop() {
-		x.FillAt(slots, nil, 4, key, out)
-	}
+	b.Run("gpu", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			x.FillAt(slots, nil, 4, key, out)
+		}
+	})
+	b.Run("tiers", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			x.FillTiersAt(slots, nil, 4, key, out, cpu)
+		}
+	})
 }
 
 // TestConcurrentRecordFillRemove runs records, lookups and membership
