@@ -193,15 +193,10 @@ func (s *KVCost) Score(_ context.Context, req *shared.Request, c *shared.Candida
 	capacity := c.TotalKVBlocks[:n]
 	costs = costs[:n]
 	for i := range c.Load[:n] {
+		// s.cost(l, overlap, ...) written out: the loop over every
+		// candidate does not pay a call per row.
 		l := &c.Load[i]
-		held := float64(overlap[i])
-		if cpu != nil && cpu[i] > 0 {
-			// Only when there are CPU-tier blocks: a worker without
-			// them costs exactly what it cost before the CPU tier was
-			// known, bit for bit.
-			held += s.cpuWeight * float64(cpu[i])
-		}
-		prefill := (float64(l.ActivePrefillTokens)+prompt)/bs - s.overlapCredit*held
+		prefill := (float64(l.ActivePrefillTokens)+prompt)/bs - s.overlapCredit*float64(overlap[i])
 		if prefill < 0 {
 			prefill = 0
 		}
@@ -211,7 +206,32 @@ func (s *KVCost) Score(_ context.Context, req *shared.Request, c *shared.Candida
 		}
 		costs[i] = s.prefillLoadScale*prefill + decode + s.decodeRequestWeight*float64(l.ActiveRequests)
 	}
+	// The rows with CPU-tier blocks again, with their credit: a row
+	// without them costs exactly what it cost before the CPU tier was
+	// known, bit for bit, and a selection without any pays one scan.
+	for i, b := range cpu {
+		if b > 0 {
+			costs[i] = s.cost(&c.Load[i], float64(overlap[i])+s.cpuWeight*float64(b), capacity[i], prompt, bs)
+		}
+	}
 	return nil
+}
+
+// cost is one row's cost (Score's loop over every row computes the same
+// with held = overlap_blocks): held is the blocks of the request the
+// worker holds, GPU blocks plus cpu_weight times CPU-tier blocks;
+// capacity its total KV blocks, prompt the request's tokens, bs its
+// block size.
+func (s *KVCost) cost(l *shared.Load, held float64, capacity int64, prompt, bs float64) float64 {
+	prefill := (float64(l.ActivePrefillTokens)+prompt)/bs - s.overlapCredit*held
+	if prefill < 0 {
+		prefill = 0
+	}
+	unsent, decode := kvLoad(l, capacity, s.engineLoad)
+	if unsent > 0 {
+		prefill += float64(unsent) * prompt / bs
+	}
+	return s.prefillLoadScale*prefill + decode + s.decodeRequestWeight*float64(l.ActiveRequests)
 }
 
 // checkKVColumns fails with ErrMissingColumn, naming the scorer type, when
