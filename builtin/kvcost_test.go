@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -74,6 +75,11 @@ func TestKVCostParams(t *testing.T) {
 		{"huge scale", shared.Params{ParamPrefillLoadScale: 1e308}, ParamPrefillLoadScale},
 		{"huge credit", shared.Params{ParamOverlapCredit: 1e7}, ParamOverlapCredit},
 		{"huge request weight", shared.Params{ParamDecodeRequestWeight: 1.5e6}, ParamDecodeRequestWeight},
+		{"cpu weight 0", shared.Params{ParamCPUWeight: 0.0}, ""},
+		{"cpu weight 1", shared.Params{ParamCPUWeight: int64(1)}, ""},
+		{"cpu weight over 1", shared.Params{ParamCPUWeight: 1.01}, ParamCPUWeight},
+		{"negative cpu weight", shared.Params{ParamCPUWeight: -0.1}, ParamCPUWeight},
+		{"NaN cpu weight", shared.Params{ParamCPUWeight: math.NaN()}, ParamCPUWeight},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { checkNew(t, KVCostType(), tt.params, tt.wantParam) })
@@ -83,6 +89,85 @@ func TestKVCostParams(t *testing.T) {
 func TestKVCostErrors(t *testing.T) {
 	s, _ := NewKVCost(nil)
 	checkKVScorerErrors(t, s)
+	c := &shared.Candidates{IDs: idsN(2), Load: make([]shared.Load, 2), OverlapBlocks: make([]int32, 2),
+		CPUOverlapBlocks: make([]int32, 1), TotalKVBlocks: make([]int64, 2)}
+	if err := s.Score(context.Background(), &shared.Request{BlockSize: 16}, c, make([]float64, 2)); !errors.Is(err, ErrMissingColumn) {
+		t.Errorf("CPUOverlapBlocks of 1 row for 2: %v, want ErrMissingColumn", err)
+	}
+}
+
+// TestKVCostCPUTier: blocks the worker's engine holds on its CPU tier,
+// after its GPU hit, are credited cpu_weight (0.8 by default) of a GPU
+// block each. Request of 1000 tokens at block size 100 (10 blocks), idle
+// workers: one holding 6 blocks on CPU only, one holding them on GPU, one
+// with 4 on GPU and the next 2 on CPU, one holding nothing.
+func TestKVCostCPUTier(t *testing.T) {
+	c := &shared.Candidates{
+		IDs:              idsN(4),
+		Load:             make([]shared.Load, 4),
+		OverlapBlocks:    []int32{0, 6, 4, 0},
+		CPUOverlapBlocks: []int32{6, 0, 2, 0},
+		TotalKVBlocks:    []int64{100, 100, 100, 100},
+	}
+	req := &shared.Request{PromptTokens: 1000, BlockSize: 100}
+	// In float64 arithmetic, as the scorer computes (a constant
+	// expression would be exact: 5.2 where float64 gives
+	// 5.199999999999999).
+	w, half := 0.8, 0.5
+	for _, tt := range []struct {
+		name   string
+		params shared.Params
+		want   []float64
+	}{
+		// 10 - 0.8*6 = 5.2; 10 - 6 = 4; 10 - (4 + 0.8*2) = 4.4; 10.
+		{"default weight", nil, []float64{10 - w*6, 4, 10 - (4 + w*2), 10}},
+		{"weight 0: CPU tier ignored", shared.Params{ParamCPUWeight: 0.0}, []float64{10, 4, 6, 10}},
+		{"weight 1: as GPU", shared.Params{ParamCPUWeight: 1.0}, []float64{4, 4, 4, 10}},
+		// overlap_credit multiplies both: 10 - 0.5*(0.8*6) = 7.6.
+		{"half credit", shared.Params{ParamOverlapCredit: 0.5}, []float64{10 - half*(w*6), 7, 10 - half*(4+w*2), 10}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := NewKVCost(tt.params)
+			if err != nil {
+				t.Fatal(err)
+			}
+			costs := make([]float64, c.Len())
+			if err := s.Score(context.Background(), req, c, costs); err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tt.want, costs); diff != "" {
+				t.Errorf("costs (-want +got):\n%s", diff)
+			}
+		})
+	}
+	// The CPU-only worker beats the empty one and loses to the GPU one.
+	s, _ := NewKVCost(nil)
+	costs := make([]float64, c.Len())
+	if err := s.Score(context.Background(), req, c, costs); err != nil {
+		t.Fatal(err)
+	}
+	if !(costs[1] < costs[0] && costs[0] < costs[3]) {
+		t.Errorf("costs %v: want GPU (row 1) < CPU only (row 0) < empty (row 3)", costs)
+	}
+	// Without the column (an out-of-process copy of the scorer), or with
+	// it all zero, the costs are those of the GPU overlap alone, bit for
+	// bit.
+	plain := *c
+	plain.CPUOverlapBlocks = nil
+	zeros := *c
+	zeros.CPUOverlapBlocks = make([]int32, 4)
+	for _, cc := range []*shared.Candidates{&plain, &zeros} {
+		got := make([]float64, 4)
+		if err := s.Score(context.Background(), req, cc, got); err != nil {
+			t.Fatal(err)
+		}
+		if want := []float64{10, 4, 6, 10}; !slices.Equal(got, want) {
+			t.Errorf("CPUOverlapBlocks %v: costs %v, want %v", cc.CPUOverlapBlocks, got, want)
+		}
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = s.Score(context.Background(), req, c, costs) }); n != 0 {
+		t.Errorf("Score allocates %v times per call, want 0", n)
+	}
 }
 
 // checkKVScorerErrors checks what kv-cost and kv-affinity share: a block

@@ -1013,7 +1013,9 @@ func runnersUp(n, chosen, k int, cost func(int) float64, at func(int) *fleet.Wor
 
 // fill sets the rows of c to the members of the partition and computes
 // the inputs in (normalised) of each; c has their columns. One pass per
-// column: the CAPACITY column is the partition's, copied.
+// column: the CAPACITY column is the partition's, copied; CACHE fills
+// OverlapBlocks and, when c has it, CPUOverlapBlocks in one pass
+// (prefix.Index.FillTiersAt).
 func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Request, part *fleet.Partition) {
 	copy(c.IDs, part.IDs)
 	if c.DPRanks != nil {
@@ -1035,7 +1037,7 @@ func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Reques
 		copy(c.TotalKVBlocks, part.KVBlocks)
 	}
 	if in.Has(shared.InputCache) {
-		r.index.FillAt(part.Slots, req.BlockHashes, r.sizeOf(req), req.Prompt, c.OverlapBlocks)
+		r.index.FillTiersAt(part.Slots, req.BlockHashes, r.sizeOf(req), req.Prompt, c.OverlapBlocks, c.CPUOverlapBlocks)
 	}
 }
 

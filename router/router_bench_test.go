@@ -118,6 +118,11 @@ func BenchmarkSelectPolicies(b *testing.B) {
 			return &policy.Policy{Name: "rr", PickerName: "rr", Picker: builtin.NewRoundRobin()}
 		}},
 		{"default", benchDefaultPolicy},
+		{"kv-cost", func() *policy.Policy {
+			kv, _ := builtin.NewKVCost(nil)
+			mc, _ := builtin.NewMinCost(shared.Params{builtin.ParamSeed: int64(1)})
+			return &policy.Policy{Name: "kv", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
+		}},
 	}
 	for _, pol := range policies {
 		for _, n := range []int{8, 64, 1024} {

@@ -149,8 +149,11 @@ func (r *Router) capture(j *shadowJob, live *shared.Candidates, part *fleet.Part
 			copy(j.c.Load, live.Load)
 			have |= shared.InputLoad
 		}
-		if live.OverlapBlocks != nil && j.c.OverlapBlocks != nil {
+		if live.OverlapBlocks != nil && j.c.OverlapBlocks != nil && (j.c.CPUOverlapBlocks == nil || live.CPUOverlapBlocks != nil) {
 			copy(j.c.OverlapBlocks, live.OverlapBlocks)
+			if j.c.CPUOverlapBlocks != nil {
+				copy(j.c.CPUOverlapBlocks, live.CPUOverlapBlocks)
+			}
 			have |= shared.InputCache
 		}
 		if live.TotalKVBlocks != nil && j.c.TotalKVBlocks != nil {

@@ -93,12 +93,22 @@ type Load struct {
 // filters and fills Costs before the picker runs.
 type Candidates struct {
 	IDs            []WorkerID
-	DPRanks        []uint32  // nil when no worker has a data-parallel rank
-	ActiveRequests []int64   // InputActiveRequests
-	Load           []Load    // InputLoad
-	OverlapBlocks  []int32   // InputCache: leading blocks of the request the worker holds
-	TotalKVBlocks  []int64   // InputCapacity: KV capacity in router blocks; 0 = unavailable (unknown), never divide by it
-	Costs          []float64 // summed weighted scorer costs; nil when the policy has no scorer
+	DPRanks        []uint32 // nil when no worker has a data-parallel rank
+	ActiveRequests []int64  // InputActiveRequests
+	Load           []Load   // InputLoad
+	OverlapBlocks  []int32  // InputCache: leading blocks of the request the worker holds
+	// CPUOverlapBlocks (InputCache, in-process components only) is, per
+	// row, how many blocks of the request right after its OverlapBlocks
+	// the worker's engine holds on its CPU tier (vLLM's offloading
+	// connector loads them instead of computing them), in the request's
+	// blocks: floor((g+c)/BlockSize) - floor(g/BlockSize) for g GPU and c
+	// CPU-tier tokens of a live precise index (KV events), 0 for a worker
+	// scored approximately. Out-of-process plugins always see it nil:
+	// plugin protocol v1 does not carry it (docs/plugin-protocol.md). A
+	// component reading it must take nil as all zeros.
+	CPUOverlapBlocks []int32
+	TotalKVBlocks    []int64   // InputCapacity: KV capacity in router blocks; 0 = unavailable (unknown), never divide by it
+	Costs            []float64 // summed weighted scorer costs; nil when the policy has no scorer
 }
 
 // Len is the number of candidate rows.
@@ -127,6 +137,9 @@ func (c *Candidates) Compact(keep []bool) int {
 			if c.OverlapBlocks != nil {
 				c.OverlapBlocks[n] = c.OverlapBlocks[i]
 			}
+			if c.CPUOverlapBlocks != nil {
+				c.CPUOverlapBlocks[n] = c.CPUOverlapBlocks[i]
+			}
 			if c.TotalKVBlocks != nil {
 				c.TotalKVBlocks[n] = c.TotalKVBlocks[i]
 			}
@@ -148,6 +161,9 @@ func (c *Candidates) Compact(keep []bool) int {
 	}
 	if c.OverlapBlocks != nil {
 		c.OverlapBlocks = c.OverlapBlocks[:n]
+	}
+	if c.CPUOverlapBlocks != nil {
+		c.CPUOverlapBlocks = c.CPUOverlapBlocks[:n]
 	}
 	if c.TotalKVBlocks != nil {
 		c.TotalKVBlocks = c.TotalKVBlocks[:n]

@@ -10,23 +10,25 @@ import (
 
 func TestCompactKeepsOrderInEveryColumn(t *testing.T) {
 	c := &Candidates{
-		IDs:            []WorkerID{1, 2, 3, 4},
-		ActiveRequests: []int64{10, 20, 30, 40},
-		Load:           []Load{{ActiveRequests: 1}, {ActiveRequests: 2}, {ActiveRequests: 3}, {ActiveRequests: 4}},
-		OverlapBlocks:  []int32{5, 6, 7, 8},
-		TotalKVBlocks:  []int64{9, 10, 11, 12},
-		Costs:          []float64{0.1, 0.2, 0.3, 0.4},
+		IDs:              []WorkerID{1, 2, 3, 4},
+		ActiveRequests:   []int64{10, 20, 30, 40},
+		Load:             []Load{{ActiveRequests: 1}, {ActiveRequests: 2}, {ActiveRequests: 3}, {ActiveRequests: 4}},
+		OverlapBlocks:    []int32{5, 6, 7, 8},
+		CPUOverlapBlocks: []int32{13, 14, 15, 16},
+		TotalKVBlocks:    []int64{9, 10, 11, 12},
+		Costs:            []float64{0.1, 0.2, 0.3, 0.4},
 	}
 	if n := c.Compact([]bool{false, true, false, true}); n != 2 {
 		t.Fatalf("Compact = %d, want 2", n)
 	}
 	want := &Candidates{
-		IDs:            []WorkerID{2, 4},
-		ActiveRequests: []int64{20, 40},
-		Load:           []Load{{ActiveRequests: 2}, {ActiveRequests: 4}},
-		OverlapBlocks:  []int32{6, 8},
-		TotalKVBlocks:  []int64{10, 12},
-		Costs:          []float64{0.2, 0.4},
+		IDs:              []WorkerID{2, 4},
+		ActiveRequests:   []int64{20, 40},
+		Load:             []Load{{ActiveRequests: 2}, {ActiveRequests: 4}},
+		OverlapBlocks:    []int32{6, 8},
+		CPUOverlapBlocks: []int32{14, 16},
+		TotalKVBlocks:    []int64{10, 12},
+		Costs:            []float64{0.2, 0.4},
 	}
 	if diff := cmp.Diff(want, c); diff != "" {
 		t.Fatalf("after Compact (-want +got):\n%s", diff)

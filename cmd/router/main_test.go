@@ -135,6 +135,9 @@ func TestValidateErrors(t *testing.T) {
 		{"negative temperature", replace(kv, "temperature = 0", "temperature = -1"), "18:19", "temperature = -1"},
 		// kv.hcl line 12: `    overlap_credit        = 1.0`.
 		{"unknown attribute", replace(kv, "overlap_credit        = 1.0", "bogus = 1"), "12:5", `"bogus"`},
+		// kv.hcl line 14: `    decode_request_weight = 0`, made kv-cost's
+		// cpu_weight over its bound of 1; the value is column 29.
+		{"cpu weight over 1", replace(kv, "decode_request_weight = 0", "cpu_weight            = 1.5"), "14:29", "cpu_weight = 1.5: must be between 0 and 1"},
 		// round-robin.hcl line 9: `    type = "round-robin"`; the value is column 12.
 		{"unknown type", replace(rr, `"round-robin"`, `"no-such"`), "9:12", `"no-such"`},
 		{"syntax error", replace(rr, "policy \"rr\" {", "policy \"rr\" {{"), "7:", ""},

@@ -143,7 +143,9 @@ func parsePrompt(raw json.RawMessage) (prompt, *apiError) {
 }
 
 // chatMessages reads messages for rendering; content is a string, null,
-// or an array of parts whose "text" parts are joined.
+// or an array of parts whose "text" parts are joined by "\n", as vLLM
+// joins them for a chat template that takes string content
+// (vllm/entrypoints/chat_utils.py, _parse_chat_message_content_parts).
 func chatMessages(msgs []chatMessage) ([]prefix.ChatMessage, *apiError) {
 	out := make([]prefix.ChatMessage, len(msgs))
 	for i, m := range msgs {
@@ -165,6 +167,9 @@ func chatMessages(msgs []chatMessage) ([]prefix.ChatMessage, *apiError) {
 		var b strings.Builder
 		for _, p := range parts {
 			if p.Type == "text" {
+				if b.Len() > 0 {
+					b.WriteByte('\n')
+				}
 				b.WriteString(p.Text)
 			}
 		}

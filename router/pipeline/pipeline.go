@@ -22,16 +22,13 @@ type Scratch struct {
 	active  []int64
 	load    []shared.Load
 	overlap []int32
+	cpu     []int32
 	kv      []int64
 	keep    []bool
 	costs   []float64
 	sum     []float64
 }
 
-// Candidates sizes the columns for n rows, allocating only the columns in
-// declared (plus IDs always, and DPRanks when withRanks), and returns the
-// candidate set for the caller to fill. The returned pointer is valid until
-// the next call.
 // Overlap returns a scratch slice of n overlap counts, valid until the
 // Scratch's next use.
 func (s *Scratch) Overlap(n int) []int32 {
@@ -39,6 +36,11 @@ func (s *Scratch) Overlap(n int) []int32 {
 	return s.overlap
 }
 
+// Candidates sizes the columns for n rows, allocating only the columns in
+// declared (plus IDs always, and DPRanks when withRanks; CACHE is two
+// columns, OverlapBlocks and CPUOverlapBlocks), and returns the
+// candidate set for the caller to fill. The returned pointer is valid until
+// the next call.
 func (s *Scratch) Candidates(n int, declared shared.Inputs, withRanks bool) *shared.Candidates {
 	declared = declared.Normalize()
 	s.ids = grow(s.ids, n)
@@ -58,6 +60,8 @@ func (s *Scratch) Candidates(n int, declared shared.Inputs, withRanks bool) *sha
 	if declared.Has(shared.InputCache) {
 		s.overlap = grow(s.overlap, n)
 		s.c.OverlapBlocks = s.overlap
+		s.cpu = grow(s.cpu, n)
+		s.c.CPUOverlapBlocks = s.cpu
 	}
 	if declared.Has(shared.InputCapacity) {
 		s.kv = grow(s.kv, n)

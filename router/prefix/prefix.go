@@ -538,6 +538,21 @@ func (x *Index) Fill(slots []int32, hashes []uint64, prompt shared.PromptKey, ov
 // candidate that just joined may be credited with what its previous
 // owner held.
 func (x *Index) FillAt(slots []int32, hashes []uint64, blockSize int, prompt shared.PromptKey, overlap []int32) {
+	x.FillTiersAt(slots, hashes, blockSize, prompt, overlap, nil)
+}
+
+// FillTiersAt is FillAt that also writes, when cpu is not nil (then
+// len(cpu) == len(slots)), into cpu[i] the blocks of the request right
+// after overlap[i] that the candidate's engine holds on its CPU tier, in
+// the request's blocks: floor((g+c)/blockSize) - floor(g/blockSize) for
+// the g GPU and c CPU-tier tokens its live precise index holds
+// (TierOverlap), so a request block that GPU and CPU blocks cover
+// together counts as a CPU-tier block, and one they cover only in part
+// not at all; 0 for every other candidate (no live precise index, no
+// token ids, untracked). With cpu set, each live precise candidate costs
+// one more lookup per engine block of its CPU-tier run. Like FillAt it
+// takes no lock and allocates nothing.
+func (x *Index) FillTiersAt(slots []int32, hashes []uint64, blockSize int, prompt shared.PromptKey, overlap, cpu []int32) {
 	members := *x.bySlot.Load()
 	p, _ := x.depths.Get().(*[]int32)
 	if p == nil || len(*p) < len(members) {
@@ -586,6 +601,9 @@ func (x *Index) FillAt(slots []int32, hashes []uint64, blockSize int, prompt sha
 		}
 		overlap[i] = depth[s]
 	}
+	if cpu != nil {
+		clear(cpu[:len(slots)])
+	}
 	if prompt != nil && x.live.Load() > 0 {
 		bs := x.size(blockSize)
 		for i, s := range slots {
@@ -593,8 +611,12 @@ func (x *Index) FillAt(slots []int32, hashes []uint64, blockSize int, prompt sha
 				continue
 			}
 			if m := members[s]; m != nil && m.precise != nil {
-				if t, ok := m.precise.overlapTokens(prompt); ok {
-					overlap[i] = int32(t / bs)
+				if o := m.precise.tierOverlap(prompt, cpu != nil); o.Precise {
+					g := o.GPUTokens / bs
+					overlap[i] = int32(g)
+					if cpu != nil {
+						cpu[i] = int32((o.GPUTokens+o.CPUTokens)/bs - g)
+					}
 				}
 			}
 		}

@@ -186,6 +186,57 @@ func BenchmarkFill(b *testing.B) {
 	}
 }
 
+// BenchmarkFillPrecise is BenchmarkFill over 64 live precise candidates
+// (engine blocks of 4 tokens, a request of 16 such blocks at block size
+// 4): candidate i holds the prompt's first i%9 blocks on GPU and the next
+// 4 on its CPU tier, so each row costs the GPU lookups and, for the
+// CPU-tier figure (tiers: FillTiersAt, what a selection declaring CACHE
+// runs), the CPU lookups after them; gpu is FillAt, the GPU figure alone.
+// The prompt's hashes are computed once (prefix.Key caches them), as a
+// selection's are.
+//
+//	go test -run='^$' -bench=FillPrecise -benchmem ./router/prefix/
+func BenchmarkFillPrecise(b *testing.B) {
+	x := New(4)
+	const n = 64
+	blocks := make([]uint64, 16)
+	for k := range blocks {
+		blocks[k] = uint64(k + 1)
+	}
+	slots := make([]int32, n)
+	for i := range n {
+		if err := x.AddWorker(cand(i), 1000); err != nil {
+			b.Fatal(err)
+		}
+		p := x.Precise(cand(i))
+		p.MarkLive()
+		gpu := i % 9
+		apply(p, bootStore(blocks[:gpu+4], nil, "GPU"))
+		apply(p, bootStore(blocks[gpu:gpu+4], nil, "CPU"), bootRemove("GPU", blocks[gpu:gpu+4]...))
+		slots[i] = x.Slot(cand(i))
+	}
+	key := bootKey(blocks...)
+	out, cpu := make([]int32, n), make([]int32, n)
+	x.FillTiersAt(slots, nil, 4, key, out, cpu)
+	for i := range n {
+		if want := int32(i % 9); out[i] != want || cpu[i] != 4 {
+			b.Fatalf("row %d: overlap %d, CPU tier %d; want %d and 4", i, out[i], cpu[i], want)
+		}
+	}
+	b.Run("gpu", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			x.FillAt(slots, nil, 4, key, out)
+		}
+	})
+	b.Run("tiers", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			x.FillTiersAt(slots, nil, 4, key, out, cpu)
+		}
+	})
+}
+
 // TestConcurrentRecordFillRemove runs records, lookups and membership
 // changes from many goroutines (for the race detector) and then checks
 // that the index agrees with itself: every holder of a block holds it in

@@ -208,8 +208,38 @@ func TestTierOverlapCountsCPUAfterGPU(t *testing.T) {
 	if !b.Precise || b.PreciseTokens != 8 || b.CPUTokens != 8 {
 		t.Fatalf("Belief = %+v", b)
 	}
+	// FillTiersAt: the same in the request's blocks. At 4 tokens (E):
+	// 2 GPU blocks, then 2 CPU-tier blocks. At 8: GPU 8 tokens = 1 block,
+	// GPU and CPU 16 tokens = 2 blocks, so 1 CPU-tier block. At 12:
+	// floor(8/12) = 0 GPU, floor(16/12) = 1 CPU-tier block (tokens 0-11,
+	// 8 of them on GPU, counted as CPU-tier). Candidate 9 is untracked,
+	// and a prompt without token ids scores approximately: 0 on the CPU
+	// tier.
+	slots := []int32{x.Slot(cand(1)), x.Slot(cand(9))}
+	for _, c := range []struct {
+		bs       int
+		gpu, cpu int32
+	}{{4, 2, 2}, {8, 1, 1}, {12, 0, 1}, {16, 0, 1}, {20, 0, 0}} {
+		overlap, cpu := []int32{-1, -1}, []int32{-1, -1}
+		x.FillTiersAt(slots, nil, c.bs, bootKey(1, 2, 3, 4, 5), overlap, cpu)
+		if overlap[0] != c.gpu || cpu[0] != c.cpu || overlap[1] != 0 || cpu[1] != 0 {
+			t.Errorf("block size %d: overlap %v, CPU tier %v; want [%d 0], [%d 0]", c.bs, overlap, cpu, c.gpu, c.cpu)
+		}
+		if got := x.OverlapAt(cand(1), nil, c.bs, bootKey(1, 2, 3, 4, 5)); got != int(c.gpu) {
+			t.Errorf("block size %d: OverlapAt %d, FillTiersAt %d", c.bs, got, c.gpu)
+		}
+	}
+	cpu := []int32{-1, -1}
+	x.FillTiersAt(slots, nil, 4, nil, []int32{0, 0}, cpu)
+	if cpu[0] != 0 || cpu[1] != 0 {
+		t.Errorf("no token ids: CPU tier %v, want zeros", cpu)
+	}
 	// A cold index, or an untracked candidate: the zero TierOverlap.
 	p.Clear()
+	x.FillTiersAt(slots, nil, 4, bootKey(1, 2, 3, 4, 5), []int32{0, 0}, cpu)
+	if cpu[0] != 0 {
+		t.Errorf("cold: CPU tier %v, want zeros", cpu)
+	}
 	if o := x.TierOverlap(cand(1), bootKey(1)); o != (TierOverlap{}) {
 		t.Fatalf("cold: %+v", o)
 	}

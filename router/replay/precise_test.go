@@ -152,6 +152,39 @@ func TestPreciseSameBytes(t *testing.T) {
 	}
 }
 
+// Simulated engines have no CPU tier: kv-cost's CPU-tier credit (its
+// cpu_weight, 0.8 by default) leaves a precise replay byte for byte what
+// it is with the credit off (cpu_weight = 0, the costs before the CPU
+// tier was counted), and a replay still repeats exactly.
+func TestPreciseNoCPUTierUnchanged(t *testing.T) {
+	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")
+	run := func(src string) []byte {
+		t.Helper()
+		b := loadPolicy(t, src)
+		var out bytes.Buffer
+		o := Options{PolicyName: "default", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs, Workers: 4,
+			Sim: smallKV(), Prefix: PrefixPrecise, KVEventDelay: DefaultKVEventDelay, PerRequest: &out}
+		if _, _, err := execute(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+		return out.Bytes()
+	}
+	off := strings.Replace(seededKVCost, `scorer "cost" { type = "kv-cost" }`, `scorer "cost" {
+    type       = "kv-cost"
+    cpu_weight = 0
+  }`, 1)
+	if off == seededKVCost {
+		t.Fatal("the policy was not changed")
+	}
+	credit, again, without := run(seededKVCost), run(seededKVCost), run(off)
+	if len(credit) == 0 || !bytes.Equal(credit, again) {
+		t.Fatal("two precise replays with the CPU-tier credit differ")
+	}
+	if sa, sb := sha256.Sum256(credit), sha256.Sum256(without); sa != sb {
+		t.Fatalf("the CPU-tier credit changed a replay without a CPU tier: %x vs %x", sa, sb)
+	}
+}
+
 // Disaggregated: the prefill workers publish, and prefill hops are routed
 // by their events.
 func TestPreciseDisaggregated(t *testing.T) {

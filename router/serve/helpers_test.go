@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-router/switchyard/builtin"
@@ -177,6 +178,7 @@ type envOptions struct {
 	maxBody        int64 // Options.MaxBodyBytes
 	perClient      int64 // Options.MaxBodyBytesPerClient
 	drain          time.Duration
+	logger         hclog.Logger // nil: none
 }
 
 func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
@@ -207,7 +209,7 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 		e.workers = append(e.workers, w)
 		e.ws.urls[b.name] = b.url
 	}
-	e.s, err = New(Options{Router: r, Queue: o.queue, Classifier: o.classifier, MaxBodyBytesInFlight: o.bodiesInFlight, MaxBodyBytes: o.maxBody, MaxBodyBytesPerClient: o.perClient, DrainTimeout: o.drain, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond})
+	e.s, err = New(Options{Router: r, Queue: o.queue, Classifier: o.classifier, MaxBodyBytesInFlight: o.bodiesInFlight, MaxBodyBytes: o.maxBody, MaxBodyBytesPerClient: o.perClient, DrainTimeout: o.drain, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond, Logger: o.logger})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -174,6 +174,14 @@ func stringEnd(body []byte, i int) int {
 // messages rendered as prefix.RenderChat does, and chat holds each
 // message's span in it, so a tokenizer can be given the messages
 // themselves (messages).
+//
+// A message whose content is an array of parts has as its content the
+// text of its "text" parts (those whose text is a string; other parts
+// are ignored) joined by "\n": vLLM's own join for a chat template that
+// takes string content (vllm/entrypoints/chat_utils.py,
+// _parse_chat_message_content_parts: "\n".join(texts)), so the engine's
+// /tokenize, given the joined content, renders what its chat completion
+// renders, and the router's token count is the engine's prompt_tokens.
 type routingKey struct {
 	ids  []int64
 	text string

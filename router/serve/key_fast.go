@@ -108,8 +108,9 @@ func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
 }
 
 // renderChat renders chat messages as prefix.RenderChat does ("role:
-// content\n" per message; a content-part array contributes its text parts
-// joined), in one buffer, with each message's span in it.
+// content\n" per message; a content-part array contributes the text of
+// its "text" parts whose text is a string, joined by "\n" as vLLM joins
+// them: see routingKey), in one buffer, with each message's span in it.
 func renderChat(msgs []*fastjson.Value) (string, []chatSpan, error) {
 	n := 0
 	for _, m := range msgs {
@@ -137,12 +138,17 @@ func renderChat(msgs []*fastjson.Value) (string, []chatSpan, error) {
 			b, _ := c.StringBytes()
 			buf = append(buf, b...)
 		case c.Type() == fastjson.TypeArray:
+			texts := 0
 			for j, part := range c.GetArray() {
 				if part.Type() != fastjson.TypeObject {
 					return "", nil, typeError(fmt.Sprintf("messages[%d].content[%d]", i, j), part)
 				}
-				if string(field(part, "type").GetStringBytes()) == "text" {
-					buf = append(buf, field(part, "text").GetStringBytes()...)
+				if t := field(part, "text"); t != nil && t.Type() == fastjson.TypeString && string(field(part, "type").GetStringBytes()) == "text" {
+					if texts > 0 {
+						buf = append(buf, '\n')
+					}
+					buf = append(buf, t.GetStringBytes()...)
+					texts++
 				}
 			}
 		default:

@@ -28,6 +28,7 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","prompt_token_ids":[null],"prompt_token_ids":[1,2],"prompt":"x"}`,
 		`{"model":"m","prompt_token_ids":[7],"messages":[{"role":"user","content":5}]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","text":5},{"type":"text","text":"b"}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":5},{"type":"text","text":"b"}]}]}`,
 		`{"model":"m","prompt":"\ud800abc"}`,
 		"{\"model\":\"m\",\"prompt\":\"a\xffb\"}",
 		`{"model":"m","prompt":"\ud83d\ude00 \u00e9 \" \\ \/ \b\f\n\r\t"}`,

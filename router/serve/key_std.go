@@ -271,7 +271,8 @@ func stdMessages(raw []byte) (string, []chatSpan, error) {
 }
 
 // stdContent appends message i's content (raw, nil when absent or null):
-// a string, or an array of parts whose "text" parts' text is joined.
+// a string, or an array of parts whose "text" parts' text (a string) is
+// joined by "\n" (see routingKey).
 func stdContent(sb *strings.Builder, i int, raw []byte) error {
 	switch {
 	case raw == nil:
@@ -280,6 +281,7 @@ func stdContent(sb *strings.Builder, i int, raw []byte) error {
 		writeString(sb, raw)
 		return nil
 	case raw[0] == '[':
+		texts := 0
 		return elements(raw, func(j int, part []byte) error {
 			if part[0] != '{' {
 				return rawTypeError(fmt.Sprintf("messages[%d].content[%d]", i, j), part)
@@ -294,7 +296,11 @@ func stdContent(sb *strings.Builder, i int, raw []byte) error {
 				}
 			})
 			if typ != nil && typ[0] == '"' && decodeString(typ) == "text" && text != nil && text[0] == '"' {
+				if texts > 0 {
+					sb.WriteByte('\n')
+				}
 				writeString(sb, text)
+				texts++
 			}
 			return nil
 		})

@@ -26,7 +26,7 @@ func TestRoutingKey(t *testing.T) {
 		{"chat string", `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}]}`, true,
 			routingKey{text: "system: s\nuser: hi\n", chat: []chatSpan{{6, 10}, {14, 19}}}},
 		{"chat parts", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}]}`, true,
-			routingKey{text: "user: ab\n", chat: []chatSpan{{4, 9}}}},
+			routingKey{text: "user: a\nb\n", chat: []chatSpan{{4, 10}}}}, // vLLM joins text parts by "\n"
 		{"chat null content", `{"model":"m","messages":[{"role":"assistant","content":null}]}`, true,
 			routingKey{text: "assistant: \n", chat: []chatSpan{{9, 12}}}},
 		{"prompt string", `{"model":"m","prompt":"hello"}`, false, routingKey{text: "hello"}},
@@ -165,11 +165,11 @@ func TestChatTextIsRenderChat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := prefix.RenderChat([]prefix.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "ab"}, {Role: "assistant"}})
+	want := prefix.RenderChat([]prefix.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "a\nb"}, {Role: "assistant"}})
 	if got := req.key().text; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
-	msgs := []prefix.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "ab"}, {Role: "assistant"}}
+	msgs := []prefix.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "a\nb"}, {Role: "assistant"}}
 	if got := req.key().messages(); !cmp.Equal(got, msgs) {
 		t.Errorf("messages (-want +got):\n%s", cmp.Diff(msgs, got))
 	}
@@ -205,7 +205,7 @@ func TestUsageTokens(t *testing.T) {
 	}
 	// vLLM's usage with prefix caching: the cached part of the prompt.
 	u := readUsage([]byte(`{"usage":{"prompt_tokens":250,"total_tokens":255,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":192}}}`))
-	if u != (usage{prompt: 250, cached: 192, completion: 5, total: 255, ok: true, hasCached: true}) {
+	if u != (usage{prompt: 250, cached: 192, completion: 5, total: 255, ok: true, hasCached: true, hasPrompt: true}) {
 		t.Errorf("usage = %+v", u)
 	}
 	if u := readUsage([]byte(`{"usage":{"prompt_tokens":-3,"completion_tokens":2}}`)); u != (usage{completion: 2, ok: true}) {
@@ -219,10 +219,10 @@ func TestStreamUsage(t *testing.T) {
 		want  usage
 	}{
 		{"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":3,\"total_tokens\":13,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\ndata: [DONE]\n\n",
-			usage{prompt: 10, cached: 8, completion: 3, total: 13, ok: true, hasCached: true}},
+			usage{prompt: 10, cached: 8, completion: 3, total: 13, ok: true, hasCached: true, hasPrompt: true}},
 		// continuous usage: the last event's counts.
 		{"data: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":1}}\n\ndata: {\"usage\":{\"prompt_tokens\":10,\"completion_tokens\":2}}\n\n",
-			usage{prompt: 10, completion: 2, ok: true}},
+			usage{prompt: 10, completion: 2, ok: true, hasPrompt: true}},
 		{"data: {\"choices\":[{\"delta\":{}}],\"usage\":null}\n\n", usage{}},
 		{"data: {\"usage\":{\"prompt_tokens\":10", usage{}}, // cut mid-event
 		{"event: x\n\n", usage{}},
@@ -332,6 +332,8 @@ func TestParsePathsAgree(t *testing.T) {
 		{`{"model":"m","prompt_token_ids":[7],"messages":[{"role":"user","content":5}]}`, true, routingKey{ids: []int64{7}}, true},
 		{`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","text":5},{"type":"text","text":"b"}]}]}`, true, routingKey{text: "user: b\n", chat: []chatSpan{{4, 8}}}, true},
 		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, true, routingKey{text: "user: \n", chat: []chatSpan{{4, 7}}}, true},
+		// Text parts joined by "\n"; a part whose text is not a string is no part.
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":5},{"type":"text","text":"b"}]}]}`, true, routingKey{text: "user: a\nb\n", chat: []chatSpan{{4, 10}}}, true},
 		{`{"model":"m","prompt":"\ud800abc"}`, false, routingKey{text: "\uFFFDabc"}, true},
 		{"{\"model\":\"m\",\"prompt\":\"a\xffb\"}", false, routingKey{text: "a\uFFFDb"}, true},
 		{`{"model":"m","prompt":"\ud83d\ude00"}`, false, routingKey{text: "😀"}, true},

@@ -15,6 +15,9 @@ type metrics struct {
 	tokenize  *prometheus.HistogramVec // model
 	tokFails  *prometheus.CounterVec   // model
 	belief    *prometheus.CounterVec   // mode, result
+	// promptMatch counts answers by how the router's token count of the
+	// prompt compared with the engine's usage.prompt_tokens.
+	promptMatch *prometheus.CounterVec // model, result
 	// Tokens of the engines' answers' usage, by model.
 	promptTokens, cachedTokens, completionTokens *prometheus.CounterVec
 }
@@ -60,6 +63,10 @@ func newMetrics(reg prometheus.Registerer, adm *admission.Controller) (*metrics,
 			Name: "switchyard_prefix_belief_total",
 			Help: "Answers of token-keyed requests whose engine reported cached_tokens, by how the prefix index's belief of the chosen worker's cached prefix compared with it: mode precise (the worker's KV events, when live) or approximate (what the router sent), result exact, over or under.",
 		}, []string{"mode", "result"}),
+		promptMatch: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_prompt_token_match_total",
+			Help: "Answers whose engine reported usage.prompt_tokens, by model and by how the router's token count of the prompt compared with it: exact, over (the router counted more), under, or unknown (the prompt was keyed by characters: the router had no token ids to count).",
+		}, []string{"model", "result"}),
 		promptTokens: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "switchyard_prompt_tokens_total",
 			Help: "Prompt tokens of the answered requests, by model, from the engines' usage (usage.prompt_tokens; a stream's only when the client asked for its usage).",
@@ -73,7 +80,7 @@ func newMetrics(reg prometheus.Registerer, adm *admission.Controller) (*metrics,
 			Help: "Completion tokens of the answered requests, by model (usage.completion_tokens).",
 		}, []string{"model"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, m.tokenize, m.tokFails, m.belief, m.promptTokens, m.cachedTokens, m.completionTokens, &queueDepth{adm: adm}} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, m.tokenize, m.tokFails, m.belief, m.promptMatch, m.promptTokens, m.cachedTokens, m.completionTokens, &queueDepth{adm: adm}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -32,6 +32,8 @@ type Placed struct {
 	start     time.Time // the request's arrival (Place's start)
 	id        string    // the request's id (logs)
 	blockSize int       // the prompt's key block size (countBelief)
+	chat      bool      // a chat request (checkPromptTokens)
+	exact     bool      // PromptTokens counts the prompt's token ids (checkPromptTokens)
 	label     string    // the model's metrics label; "" before the body parsed
 	stream    bool      // the client asked for a streamed answer
 	ans       answerSeen
@@ -79,10 +81,10 @@ func (s *Server) Place(ctx context.Context, chat bool, header http.Header, body 
 	if err != nil {
 		return Placed{start: start}, err
 	}
-	refused := Placed{start: start, label: s.modelLabel(req.Model), stream: req.Stream}
+	refused := Placed{start: start, label: s.modelLabel(req.Model), stream: req.Stream, chat: chat}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	ex := &exchange{ctx: ctx, start: start, body: body, model: req.Model, stream: req.Stream,
+	ex := &exchange{ctx: ctx, start: start, body: body, model: req.Model, stream: req.Stream, chat: chat,
 		id: header.Get("X-Request-Id"), session: header.Get("X-Session-Id"), meta: requestMetadata(header)}
 	if ex.id == "" {
 		ex.id = s.newID()
@@ -105,6 +107,7 @@ func (s *Server) Place(ctx context.Context, chat bool, header http.Header, body 
 	}
 	p := refused
 	p.Handle, p.Decision, p.URL, p.PromptTokens, p.id, p.blockSize = h, d, url, ex.tokens, ex.id, ex.blockSize
+	p.exact = ex.ids != nil
 	return p, nil
 }
 
@@ -162,7 +165,8 @@ func (s *Server) FirstByte(p *Placed) {
 // the refusal was answered with.
 //
 // A completed answer's usage that Answer saw is counted as the API counts
-// it (the token families, switchyard_prefix_belief_total), and its
+// it (the token families, switchyard_prefix_belief_total,
+// switchyard_prompt_token_match_total), and its
 // total_tokens, else the prompt plus the stream's events, replace o's
 // context tokens.
 func (s *Server) Finish(p *Placed, code int, o admission.Outcome) {
@@ -192,6 +196,8 @@ func (s *Server) answered(p *Placed, tokens int64) int64 {
 	}
 	s.countUsage(p.label, u)
 	s.countBelief(&exchange{id: p.id, blockSize: p.blockSize}, p.Decision, u)
+	s.checkPromptTokens(promptCount{label: p.label, id: p.id, worker: p.Decision.Worker.Name, chat: p.chat,
+		exact: p.exact, tokens: p.PromptTokens}, u)
 	switch {
 	case u.total > 0 && !p.stream:
 		return u.total

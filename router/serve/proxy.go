@@ -11,9 +11,11 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tidwall/gjson"
+	"github.com/valyala/fastjson"
 
 	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router"
@@ -40,6 +42,7 @@ type exchange struct {
 	body   []byte
 	model  string
 	stream bool
+	chat   bool   // a chat request (messages), not a completions one
 	id     string // the client's request id (x-request-id or generated)
 	// label is the model's metrics label, set when the body parsed.
 	label    string
@@ -156,7 +159,7 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		return s.bodyFailed(ex, rc, err, bodyTimeout)
 	}
 	_ = rc.SetReadDeadline(time.Time{})
-	ex.body = body
+	ex.body, ex.chat = body, chat
 	req, err := parseRequest(body, chat)
 	var key routingKey
 	if req != nil {
@@ -749,6 +752,8 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 			}
 			s.countUsage(ex.label, u)
 			s.countBelief(ex, h.Decision(), u)
+			s.checkPromptTokens(promptCount{label: ex.label, id: ex.id, worker: name, chat: ex.chat,
+				exact: ex.ids != nil, tokens: ex.tokens}, u)
 			end(true, "")
 			return resp.StatusCode, false, ""
 		}
@@ -780,6 +785,8 @@ const maxUsageBody = 1 << 20
 type usage struct {
 	prompt, cached, completion, total int64
 	ok                                bool
+	// hasPrompt: the answer reports usage.prompt_tokens.
+	hasPrompt bool
 	// hasCached: the answer reports cached_tokens (vLLM does with prefix
 	// caching on; cached is 0 when it does not).
 	hasCached bool
@@ -813,6 +820,8 @@ func readUsage(body []byte) usage {
 	}
 	u.ok = u.prompt > 0 || u.completion > 0 || u.total > 0
 	u.hasCached = v.Exists("usage", "prompt_tokens_details", "cached_tokens")
+	pt := v.Get("usage", "prompt_tokens")
+	u.hasPrompt = pt != nil && pt.Type() == fastjson.TypeNumber && pt.GetInt64() >= 0
 	return u
 }
 
@@ -881,6 +890,91 @@ func compareBelief(believed, served int) string {
 		return "over"
 	}
 	return "under"
+}
+
+// promptCount is what the router counted of one request's prompt, for
+// checkPromptTokens.
+type promptCount struct {
+	label  string // the model's metrics label
+	id     string // the request's id (from the client: escaped when logged)
+	worker string // the worker that answered
+	chat   bool
+	// exact: tokens is the length of the prompt's token ids (the
+	// request's own, or its tokenizer's: for a chat request the messages
+	// rendered by the model's chat template); otherwise the prompt was
+	// keyed by characters and tokens is an estimate.
+	exact  bool
+	tokens int
+}
+
+// checkPromptTokens compares the router's token count of a request's
+// prompt (c) with the engine's usage.prompt_tokens (u), in
+// switchyard_prompt_token_match_total{model, result}: exact, over (the
+// router counted more), under, or unknown when the router had no token
+// ids (the prompt was keyed by characters). An answer without
+// usage.prompt_tokens (a stream whose client did not ask for its usage)
+// is not counted. Its routing key is the engine's only when the counts
+// agree, so a difference is logged, at warn, at most once per
+// tokenLogInterval per model (the lines held back are counted in the
+// next one), with both counts.
+func (s *Server) checkPromptTokens(c promptCount, u usage) {
+	if !u.hasPrompt {
+		return
+	}
+	result := "unknown"
+	if c.exact {
+		result = compareBelief(c.tokens, int(u.prompt))
+	}
+	if s.met != nil {
+		s.met.promptMatch.WithLabelValues(c.label, result).Inc()
+	}
+	if result == "exact" || result == "unknown" {
+		return
+	}
+	if ok, suppressed := s.tokenLogs.allow(c.label); ok {
+		s.log.Warn("the router's token count of a prompt differs from the engine's prompt_tokens: its routing key is not the engine's",
+			"model", untrusted.Text(c.label, untrusted.MaxLabel), "request_id", untrusted.Text(c.id, untrusted.MaxLog),
+			"worker", c.worker, "chat", c.chat, "router_tokens", c.tokens, "engine_prompt_tokens", u.prompt,
+			"suppressed", suppressed)
+	}
+}
+
+// tokenLogInterval is the least time between two log lines of token
+// counts differing for one model: 10 s, the interval the router's other
+// rate-limited lines keep (untrusted.NewLimiter's default).
+const tokenLogInterval = 10 * time.Second
+
+// maxTokenLogModels bounds the models tokenLog keeps a limit for; the
+// models beyond it share one.
+const maxTokenLogModels = 1024
+
+// tokenLog rate-limits checkPromptTokens' log lines per model: one line
+// per model per tokenLogInterval (untrusted.Limiter), for at most
+// maxTokenLogModels models (names the engines report, so their set is
+// bounded here, not by the engines); further models share one limit.
+type tokenLog struct {
+	lim    *untrusted.Limiter
+	mu     sync.Mutex
+	models map[string]struct{}
+}
+
+func newTokenLog() *tokenLog {
+	return &tokenLog{lim: untrusted.NewLimiter(tokenLogInterval), models: make(map[string]struct{})}
+}
+
+// allow is untrusted.Limiter.Allow for model's cause.
+func (t *tokenLog) allow(model string) (bool, uint64) {
+	cause := "model " + model
+	t.mu.Lock()
+	if _, ok := t.models[model]; !ok {
+		if len(t.models) < maxTokenLogModels {
+			t.models[model] = struct{}{}
+		} else {
+			cause = "other models"
+		}
+	}
+	t.mu.Unlock()
+	return t.lim.Allow(cause)
 }
 
 // countUsage adds an answer's usage to the token counters of its model.

@@ -198,6 +198,9 @@ type Server struct {
 	handler http.Handler
 	// refusals rate-limits the log lines of bodies refused by a budget.
 	refusals *untrusted.Limiter
+	// tokenLogs rate-limits the log lines of prompts whose token count
+	// differs from the engine's (checkPromptTokens).
+	tokenLogs *tokenLog
 	// closing is set once Serve began its shutdown: every answer from
 	// then on carries Connection: close.
 	closing atomic.Bool
@@ -271,6 +274,7 @@ func New(o Options) (*Server, error) {
 		maxBody:   o.MaxBodyBytes,
 		bodies:    newBodyBudget(o.MaxBodyBytesInFlight, o.MaxBodyBytesPerClient),
 		refusals:  untrusted.NewLimiter(0),
+		tokenLogs: newTokenLog(),
 		log:       o.Logger,
 		idPrefix:  hex.EncodeToString(rnd[:]),
 		wakeC:     make(chan struct{}, 1),
