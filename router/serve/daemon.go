@@ -83,9 +83,10 @@ type DaemonOptions struct {
 	Listener net.Listener
 	// DebugListener, when set, serves Go's profiler (net/http/pprof under
 	// /debug/pprof/), the router's view of its workers (/debug/workers,
-	// DebugWorkers) and the blocks it believes each one's engine holds
-	// (/debug/workers/NAME/blocks, DebugBlocks), never reachable on
-	// Listener. Run closes it.
+	// DebugWorkers), the blocks it believes each one's engine holds
+	// (/debug/workers/NAME/blocks, DebugBlocks) and where a request would
+	// go (/debug/route, DebugRoute), never reachable on Listener. Run
+	// closes it.
 	DebugListener net.Listener
 	// RequestTimeout, DrainTimeout and CharsPerToken are the Server's
 	// (Options; zero takes the defaults there).
@@ -348,6 +349,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		routes := map[string]http.Handler{
 			"GET /debug/workers":               http.HandlerFunc(d.srv.debugWorkers),
 			"GET /debug/workers/{name}/blocks": blocksView{status: mgr.StatusOf, kvs: kvs},
+			"/debug/route":                     routeView{s: d.srv, streams: kvs.stream},
 		}
 		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log, routes) })
 	}
@@ -592,7 +594,8 @@ func (d *Daemon) diagnostics(diags hcl.Diagnostics) {
 }
 
 // serveDebug serves net/http/pprof's handlers and routes (pattern to
-// handler: GET /debug/workers, GET /debug/workers/{name}/blocks) on ln
+// handler: GET /debug/workers, GET /debug/workers/{name}/blocks,
+// /debug/route) on ln
 // until ctx ends. It is a listener of its own so that the profiler and
 // the router's views are never reachable on the API address.
 func serveDebug(ctx context.Context, ln net.Listener, log hclog.Logger, routes map[string]http.Handler) {
