@@ -166,3 +166,93 @@ func TestFusedRunMapsPickThroughKeptRows(t *testing.T) {
 		t.Fatalf("fused %v, row %d id %d; want one run, row 1 id 13", fused, row, c.IDs[row])
 	}
 }
+
+// ExecuteTrace records, per stage, the candidates left out and the
+// weighted costs added, for local members and fused runs alike, and picks
+// what Execute picks: by hand, of workers 10..14 (active 1 9 3 2 7) the
+// local filter drops 11 and 14 (active >= 5); plugin A's fused filter and
+// scorer drop the first row left (10) and cost 12 and 13 their ids; the
+// local scorer (weight 2) adds 2 × active (6, 4); the lowest sum is 13's
+// (13 + 4 = 17 against 12 + 6 = 18). A run's filter that leaves no row
+// is recorded under its name.
+func TestExecuteTrace(t *testing.T) {
+	var fused [][]string
+	calls := 0
+	a := func(name string) *remote {
+		return &remote{process: "A", name: name, fused: &fused, calls: &calls,
+			answer: func(ms []Member, c *shared.Candidates) (RunResult, error) {
+				var kept []uint32
+				var costs []float64
+				for i := 1; i < c.Len(); i++ {
+					kept = append(kept, uint32(i))
+					costs = append(costs, float64(c.IDs[i]))
+				}
+				return RunResult{Kept: kept, Costs: costs, Picked: -1}, nil
+			}}
+	}
+	p := &policy.Policy{
+		Name: "p",
+		Filters: []policy.NamedFilter{
+			{Name: "busy", Filter: filterFunc(func(c *shared.Candidates, keep []bool) error {
+				for i, n := range c.ActiveRequests {
+					keep[i] = n < 5
+				}
+				return nil
+			})},
+			{Name: "a-filter", Filter: a("a-filter")},
+		},
+		Scorers: []policy.WeightedScorer{
+			{Name: "a-score", Weight: 1, Scorer: a("a-score")},
+			{Name: "active", Weight: 2, Scorer: scorerFunc(func(c *shared.Candidates, costs []float64) error {
+				for i, n := range c.ActiveRequests {
+					costs[i] = float64(n)
+				}
+				return nil
+			})},
+		},
+		PickerName: "lowest", Picker: lowest,
+	}
+	cp, err := Compile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s Scratch
+	c := candidates(&s, 1, 9, 3, 2, 7)
+	var tr Trace
+	row, err := ExecuteTrace(context.Background(), cp, &shared.Request{}, c, &s, &tr)
+	if err != nil || c.IDs[row] != 13 {
+		t.Fatalf("picked row %d (%v), want worker 13", row, err)
+	}
+	k := func(ids ...shared.WorkerID) []Candidate {
+		var out []Candidate
+		for _, id := range ids {
+			out = append(out, Candidate{ID: id})
+		}
+		return out
+	}
+	want := []TraceStage{
+		{Kind: shared.KindFilter, Name: "busy", Dropped: k(11, 14)},
+		{Name: `filter "a-filter"+scorer "a-score"`, Dropped: k(10), Scored: k(12, 13), Costs: []float64{12, 13}},
+		{Kind: shared.KindScorer, Name: "active", Scored: k(12, 13), Costs: []float64{6, 4}},
+	}
+	if diff := cmp.Diff(want, tr.Stages); diff != "" {
+		t.Fatalf("trace (-want +got):\n%s", diff)
+	}
+
+	// A run's filter leaving nothing: its name, every row dropped.
+	p.Filters[1].Filter = &remote{process: "A", fused: &fused, calls: &calls,
+		answer: func([]Member, *shared.Candidates) (RunResult, error) {
+			return RunResult{FilteredBy: "a-filter", Picked: -1}, nil
+		}}
+	p.Scorers = p.Scorers[1:]
+	if cp, err = Compile(p); err != nil {
+		t.Fatal(err)
+	}
+	c = candidates(&s, 1, 9, 3)
+	if _, err := ExecuteTrace(context.Background(), cp, &shared.Request{}, c, &s, &tr); !errors.Is(err, shared.ErrAllFiltered) {
+		t.Fatalf("err %v, want ErrAllFiltered", err)
+	}
+	if n := len(tr.Stages); n != 2 || tr.Stages[1].Name != "a-filter" || !cmp.Equal(tr.Stages[1].Dropped, k(10, 12)) {
+		t.Fatalf("trace %+v, want busy then a-filter dropping 10 and 12", tr.Stages)
+	}
+}

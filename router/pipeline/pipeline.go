@@ -86,6 +86,82 @@ func grow[T any](b []T, n int) []T {
 // *shared.NonFiniteCostError, *shared.RowOutOfRangeError, or a component's
 // (or run's) own error wrapped with its kind and name.
 func Execute(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.Candidates, s *Scratch) (int, error) {
+	return execute(ctx, cp, req, c, s, nil)
+}
+
+// ExecuteTrace is Execute recording in tr (reset first) what each stage
+// did: the candidates each filter (or fused run) left out and the
+// weighted cost each scorer (or run with scorers) added to each
+// candidate it scored. The components run as for Execute. O(candidates)
+// more per stage.
+func ExecuteTrace(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.Candidates, s *Scratch, tr *Trace) (int, error) {
+	tr.Stages = tr.Stages[:0]
+	return execute(ctx, cp, req, c, s, tr)
+}
+
+// Trace is what a traced selection did, stage by stage (ExecuteTrace).
+type Trace struct {
+	// Stages are the stages that ran, in order; the one that failed is
+	// the last (with what it did before failing, when anything).
+	Stages []TraceStage
+}
+
+// TraceStage is one stage of a Trace: a filter, a scorer or a fused run
+// of out-of-process members (Kind 0; Name lists them).
+type TraceStage struct {
+	Kind shared.Kind
+	Name string
+	// Dropped are the candidates the stage left out.
+	Dropped []Candidate
+	// Scored are the candidates the stage scored, and Costs the weighted
+	// cost it added to each (weight × cost; a run's costs as it gave
+	// them).
+	Scored []Candidate
+	Costs  []float64
+}
+
+// Candidate names one row of a candidate set: its worker and rank.
+type Candidate struct {
+	ID   shared.WorkerID
+	Rank uint32
+}
+
+func candidateAt(c *shared.Candidates, i int) Candidate {
+	k := Candidate{ID: c.IDs[i]}
+	if c.DPRanks != nil {
+		k.Rank = c.DPRanks[i]
+	}
+	return k
+}
+
+// dropped records a stage that keeps the rows of c that keep says.
+func (tr *Trace) dropped(kind shared.Kind, name string, c *shared.Candidates, keep []bool) {
+	st := TraceStage{Kind: kind, Name: name}
+	for i := range c.Len() {
+		if !keep[i] {
+			st.Dropped = append(st.Dropped, candidateAt(c, i))
+		}
+	}
+	tr.Stages = append(tr.Stages, st)
+}
+
+// scored records a stage that added weight × costs to c's rows; it
+// joins the stage just recorded when that is the same fused run.
+func (tr *Trace) scored(kind shared.Kind, name string, c *shared.Candidates, weight float64, costs []float64) {
+	var st *TraceStage
+	if n := len(tr.Stages); kind == 0 && n > 0 && tr.Stages[n-1].Kind == 0 && tr.Stages[n-1].Name == name && tr.Stages[n-1].Scored == nil {
+		st = &tr.Stages[n-1]
+	} else {
+		tr.Stages = append(tr.Stages, TraceStage{Kind: kind, Name: name})
+		st = &tr.Stages[len(tr.Stages)-1]
+	}
+	for i := range c.Len() {
+		st.Scored = append(st.Scored, candidateAt(c, i))
+		st.Costs = append(st.Costs, weight*costs[i])
+	}
+}
+
+func execute(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.Candidates, s *Scratch, tr *Trace) (int, error) {
 	if c.Len() == 0 {
 		return -1, shared.ErrNoWorkers
 	}
@@ -102,6 +178,9 @@ func Execute(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.C
 			if err := st.member.Component.(shared.Filter).Filter(ctx, req, c, s.keep); err != nil {
 				return -1, fmt.Errorf("filter %q: %w", st.member.Name, err)
 			}
+			if tr != nil {
+				tr.dropped(shared.KindFilter, st.member.Name, c, s.keep)
+			}
 			if c.Compact(s.keep) == 0 {
 				return -1, fmt.Errorf("filter %q: %w", st.member.Name, shared.ErrAllFiltered)
 			}
@@ -115,6 +194,9 @@ func Execute(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.C
 				if err := st.member.Component.(shared.Scorer).Score(ctx, req, c, s.sum); err != nil {
 					return -1, fmt.Errorf("scorer %q: %w", st.member.Name, err)
 				}
+				if tr != nil {
+					tr.scored(shared.KindScorer, st.member.Name, c, st.member.Weight, s.sum)
+				}
 				if err := s.weigh(c, si, st.member.Name, st.member.Weight); err != nil {
 					return -1, err
 				}
@@ -124,6 +206,9 @@ func Execute(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.C
 			clear(s.costs)
 			if err := st.member.Component.(shared.Scorer).Score(ctx, req, c, s.costs); err != nil {
 				return -1, fmt.Errorf("scorer %q: %w", st.member.Name, err)
+			}
+			if tr != nil {
+				tr.scored(shared.KindScorer, st.member.Name, c, st.member.Weight, s.costs)
 			}
 			if err := s.addCosts(c, si, st.member.Name, st.member.Weight, s.costs); err != nil {
 				return -1, err
@@ -138,7 +223,7 @@ func Execute(ctx context.Context, cp *Compiled, req *shared.Request, c *shared.C
 			}
 			return row, nil
 		default:
-			row, done, err := s.runFused(ctx, st, si, req, c)
+			row, done, err := s.runFused(ctx, st, si, req, c, tr)
 			if err != nil || done {
 				return row, err
 			}
@@ -185,13 +270,18 @@ func (s *Scratch) addCosts(c *shared.Candidates, si int, name string, weight flo
 
 // runFused executes one fused run and applies its result to c. It returns
 // the picked row (in the compacted c) and done when the run picked.
-func (s *Scratch) runFused(ctx context.Context, st *stage, si int, req *shared.Request, c *shared.Candidates) (int, bool, error) {
+func (s *Scratch) runFused(ctx context.Context, st *stage, si int, req *shared.Request, c *shared.Candidates, tr *Trace) (int, bool, error) {
 	n := c.Len()
 	res, err := st.run.Run(ctx, req, c)
 	if err != nil {
 		return -1, false, fmt.Errorf("%s: %w", st.names, err)
 	}
 	if res.FilteredBy != "" {
+		if tr != nil {
+			s.keep = grow(s.keep, n)
+			clear(s.keep)
+			tr.dropped(0, res.FilteredBy, c, s.keep)
+		}
 		return -1, false, fmt.Errorf("filter %q: %w", res.FilteredBy, shared.ErrAllFiltered)
 	}
 	picked := res.Picked
@@ -218,6 +308,9 @@ func (s *Scratch) runFused(ctx context.Context, st *stage, si int, req *shared.R
 			}
 			picked = kept
 		}
+		if tr != nil {
+			tr.dropped(0, st.names, c, s.keep)
+		}
 		if c.Compact(s.keep) == 0 {
 			return -1, false, fmt.Errorf("%s: %w", st.names, shared.ErrAllFiltered)
 		}
@@ -225,6 +318,9 @@ func (s *Scratch) runFused(ctx context.Context, st *stage, si int, req *shared.R
 	if st.scores {
 		if len(res.Costs) != c.Len() {
 			return -1, false, fmt.Errorf("%s: %d costs for %d rows", st.names, len(res.Costs), c.Len())
+		}
+		if tr != nil {
+			tr.scored(0, st.names, c, 1, res.Costs)
 		}
 		if err := s.addCosts(c, si, st.names, 1, res.Costs); err != nil {
 			return -1, false, err

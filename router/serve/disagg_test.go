@@ -33,6 +33,7 @@ type mockEngine struct {
 }
 
 type engineCall struct {
+	path   string
 	header http.Header
 	body   []byte // as received
 	answer []byte // as sent
@@ -69,7 +70,7 @@ func (e *mockEngine) serve(w http.ResponseWriter, r *http.Request) {
 	tw := &teeWriter{ResponseWriter: w}
 	e.h.ServeHTTP(tw, r)
 	e.mu.Lock()
-	e.calls = append(e.calls, engineCall{header: r.Header.Clone(), body: body, answer: tw.buf.Bytes()})
+	e.calls = append(e.calls, engineCall{path: r.URL.Path, header: r.Header.Clone(), body: body, answer: tw.buf.Bytes()})
 	e.mu.Unlock()
 }
 

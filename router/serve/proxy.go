@@ -60,6 +60,11 @@ type exchange struct {
 	// lora is the LoRA adapter the request runs with (its model, when
 	// that is an adapter), salt its cache_salt; "" for none.
 	lora, salt string
+	// keyedBy says how the prompt was keyed (routingHashes): keyedIDs,
+	// keyedEngine, keyedFile or keyedChars; tokErr is why a tokenizer
+	// failed, when it did and the prompt was keyed by characters.
+	keyedBy string
+	tokErr  error
 	// abort: the answer failed after its headers were sent; the
 	// connection is cut (http.ErrAbortHandler) so the client sees an
 	// error rather than a clean end of a truncated answer.
@@ -211,7 +216,9 @@ func (s *Server) routingHashes(ex *exchange, key routingKey) {
 		ex.lora = ex.model
 	}
 	seed := keySeed(ex.lora, ex.salt)
+	ex.keyedBy = keyedIDs
 	if key.ids == nil {
+		ex.keyedBy = keyedChars
 		if set := s.toks.Load(); set != nil {
 			if tok := set.For(ex.model); tok != nil {
 				t0 := time.Now()
@@ -221,8 +228,13 @@ func (s *Server) routingHashes(ex *exchange, key routingKey) {
 				}
 				if err == nil {
 					ex.tokens, ex.hashes, ex.ids = len(ids), seedHashes(hashes, seed), ids
+					ex.keyedBy = keyedFile
+					if _, ok := tok.(*tokenizer.Engine); ok {
+						ex.keyedBy = keyedEngine
+					}
 					return
 				}
+				ex.tokErr = err
 				if !errors.Is(err, tokenizer.ErrUnsupported) {
 					if s.met != nil {
 						s.met.tokFails.WithLabelValues(ex.label).Inc()
@@ -235,6 +247,14 @@ func (s *Server) routingHashes(ex *exchange, key routingKey) {
 	ex.tokens, ex.hashes = key.hash(bs, s.cpt, seed)
 	ex.ids = key.ids
 }
+
+// How a prompt was keyed (exchange.keyedBy).
+const (
+	keyedIDs    = "token_ids"  // the request's own token ids
+	keyedEngine = "engine"     // its engines' /tokenize
+	keyedFile   = "file"       // a tokenizer block's file
+	keyedChars  = "characters" // character blocks: no token ids
+)
 
 // promptKey is the request's token ids as a shared.PromptKey, which a
 // candidate's precise prefix index (KV events) looks up at its engine's
@@ -422,68 +442,77 @@ func (s *Server) observeSelection(policy string, role shared.Role, d time.Durati
 
 // admitError answers an admission failure and returns its code.
 func (s *Server) admitError(ex *exchange, err error) int {
+	if ex.r.Context().Err() != nil {
+		return codeClientGone
+	}
+	a := s.errorAnswer(ex.model, ex.id, err, true)
+	writeError(ex.w, a.status, a.typ, a.code, a.msg)
+	return a.status
+}
+
+// errAnswer is the OpenAI error a request gets for an error.
+type errAnswer struct {
+	status         int
+	typ, code, msg string
+}
+
+// errorAnswer is the answer to an admission failure of a request for
+// model (id, the request's, for logs); with log, the failures that are
+// the router's are logged.
+func (s *Server) errorAnswer(model, id string, err error, log bool) errAnswer {
 	var ce *admission.ClassifyError
 	switch {
-	case ex.r.Context().Err() != nil:
-		return codeClientGone
 	case errors.Is(err, admission.ErrQueueFull):
-		writeError(ex.w, http.StatusTooManyRequests, typeRateLimit, "queue_full", "every worker is at capacity and the queue is full")
-		return http.StatusTooManyRequests
+		return errAnswer{http.StatusTooManyRequests, typeRateLimit, "queue_full", "every worker is at capacity and the queue is full"}
 	case errors.Is(err, admission.ErrDue):
-		writeError(ex.w, http.StatusTooManyRequests, typeRateLimit, "due_time_passed", "the request's due time passed while it waited for a worker")
-		return http.StatusTooManyRequests
+		return errAnswer{http.StatusTooManyRequests, typeRateLimit, "due_time_passed", "the request's due time passed while it waited for a worker"}
 	case errors.Is(err, router.ErrAllExcluded):
 		// A retry with no worker left that has not failed it.
-		writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
-			fmt.Sprintf("the selected workers failed before answering and no other worker serves model %q", ex.model))
-		return http.StatusBadGateway
+		return errAnswer{http.StatusBadGateway, typeServer, "worker_failed",
+			fmt.Sprintf("the selected workers failed before answering and no other worker serves model %q", model)}
 	case errors.As(err, &ce) && ce.Err == nil:
 		// The classifier panicked: the router's fault, not the request's.
-		s.log.Error("classifier panicked", "classifier", ce.Classifier, "request_id", ex.id, "panic", ce.Panic, "stack", string(ce.Stack))
-		writeError(ex.w, http.StatusInternalServerError, typeServer, "classification_failed", "the request classifier failed")
-		return http.StatusInternalServerError
+		if log {
+			s.log.Error("classifier panicked", "classifier", ce.Classifier, "request_id", id, "panic", ce.Panic, "stack", string(ce.Stack))
+		}
+		return errAnswer{http.StatusInternalServerError, typeServer, "classification_failed", "the request classifier failed"}
 	case ce != nil && pluginCause(ce.Err) == "panic":
 		// The classifier panicked in its plugin (the SDK recovered it):
 		// as in process, the router's fault.
-		s.log.Error("classifier panicked in its plugin", "classifier", ce.Classifier, "request_id", ex.id, "error", ce.Err)
-		writeError(ex.w, http.StatusInternalServerError, typeServer, "classification_failed", "the request classifier failed")
-		return http.StatusInternalServerError
+		if log {
+			s.log.Error("classifier panicked in its plugin", "classifier", ce.Classifier, "request_id", id, "error", ce.Err)
+		}
+		return errAnswer{http.StatusInternalServerError, typeServer, "classification_failed", "the request classifier failed"}
 	case ce != nil && pluginCause(ce.Err) != "" && pluginCause(ce.Err) != "error":
 		// The classifier's plugin did not answer (timeout, restarting,
 		// breaker open...): the router's trouble, and worth a retry.
-		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "classifier_unavailable",
-			"the request classifier is unavailable: "+ce.Err.Error())
-		return http.StatusServiceUnavailable
+		return errAnswer{http.StatusServiceUnavailable, typeServer, "classifier_unavailable",
+			"the request classifier is unavailable: " + ce.Err.Error()}
 	case ce != nil:
 		// The classifier's own words, without the router's request id.
-		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: "+ce.Err.Error())
-		return http.StatusBadRequest
+		return errAnswer{http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: " + ce.Err.Error()}
 	case errors.Is(err, admission.ErrUnknownClass):
 		// The router's text, without the router's request id.
 		msg := err.Error()
 		if i := strings.Index(msg, admission.ErrUnknownClass.Error()); i >= 0 {
 			msg = msg[i:]
 		}
-		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: "+msg)
-		return http.StatusBadRequest
+		return errAnswer{http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: " + msg}
 	case errors.Is(err, shared.ErrNoWorkers):
-		if ml, ok := s.workers.(modelServer); ok && !ml.Serves(ex.model) {
+		if ml, ok := s.workers.(modelServer); ok && !ml.Serves(model) {
 			// OpenAI's answer for a model that does not exist: not retryable.
-			writeError(ex.w, http.StatusNotFound, typeInvalidRequest, "model_not_found", fmt.Sprintf("the model %q does not exist: no worker serves it", ex.model))
-			return http.StatusNotFound
+			return errAnswer{http.StatusNotFound, typeInvalidRequest, "model_not_found", fmt.Sprintf("the model %q does not exist: no worker serves it", model)}
 		}
-		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "no_worker", fmt.Sprintf("no ready worker for model %q: its workers are starting or not answering", ex.model))
-		return http.StatusServiceUnavailable
+		return errAnswer{http.StatusServiceUnavailable, typeServer, "no_worker", fmt.Sprintf("no ready worker for model %q: its workers are starting or not answering", model)}
 	case errors.Is(err, context.DeadlineExceeded):
-		writeError(ex.w, http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out")
-		return http.StatusGatewayTimeout
+		return errAnswer{http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out"}
 	case errors.Is(err, router.ErrClosed):
-		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "shutting_down", "the router is shutting down")
-		return http.StatusServiceUnavailable
+		return errAnswer{http.StatusServiceUnavailable, typeServer, "shutting_down", "the router is shutting down"}
 	default:
-		s.log.Warn("selection failed", "request_id", ex.id, "error", err)
-		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "selection_failed", "no worker could be selected: "+err.Error())
-		return http.StatusServiceUnavailable
+		if log {
+			s.log.Warn("selection failed", "request_id", id, "error", err)
+		}
+		return errAnswer{http.StatusServiceUnavailable, typeServer, "selection_failed", "no worker could be selected: " + err.Error()}
 	}
 }
 

@@ -191,6 +191,9 @@ type Server struct {
 	transport http.RoundTripper
 	interval  time.Duration
 	maxBody   int64
+	// capacity is the queue's max_active_requests per worker (0: no
+	// limit), as admission places with it (/debug/route).
+	capacity int64
 	// bodies counts the request bodies' bytes held (MaxBodyBytesInFlight,
 	// MaxBodyBytesPerClient).
 	bodies  *bodyBudget
@@ -272,6 +275,7 @@ func New(o Options) (*Server, error) {
 		transport: o.Transport,
 		interval:  o.DispatchInterval,
 		maxBody:   o.MaxBodyBytes,
+		capacity:  int64(o.Queue.MaxActiveRequests),
 		bodies:    newBodyBudget(o.MaxBodyBytesInFlight, o.MaxBodyBytesPerClient),
 		refusals:  untrusted.NewLimiter(0),
 		tokenLogs: newTokenLog(),
