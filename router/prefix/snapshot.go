@@ -147,7 +147,7 @@ func (x *Index) Import(c Candidate, content Content) (ok, precise bool) {
 	if pc == nil {
 		return true, false
 	}
-	if !pc.wellFormed() {
+	if !pc.WellFormed() {
 		return false, false
 	}
 	p := m.precise
@@ -170,13 +170,14 @@ func (x *Index) Import(c Candidate, content Content) (ok, precise bool) {
 	return true, true
 }
 
-// wellFormed reports whether pc can be imported: parallel slices of equal
+// WellFormed reports whether pc can be imported (Import refuses it
+// otherwise): parallel slices of equal
 // lengths, a block size when there are blocks, and in the exact form
 // (Scopes set) at most MaxContentScopes distinct scopes other than scope
 // 0, of groups below 64 (a scope without locality is local), Copies for
 // every block, and More in strictly ascending (Block, Scope) order naming
 // blocks and scopes that exist, with 1 to 2^30 copies each. Linear in pc.
-func (pc *PreciseContent) wellFormed() bool {
+func (pc *PreciseContent) WellFormed() bool {
 	n := len(pc.Router)
 	if len(pc.Engine) != n || len(pc.Mask) != n || pc.CPU != nil && len(pc.CPU) != n || pc.Copies != nil && len(pc.Copies) != n ||
 		(pc.BlockSize <= 0 && n > 0) || pc.BlockSize > 1<<20 {
