@@ -332,10 +332,13 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 	return s, nil
 }
 
-// fixed reads a count, at most the bytes left over width, and that many
-// items of width bytes.
+// fixed reads a count, at most the bytes left after it over width, and
+// that many items of width bytes.
 func (d *decoder) fixed(what string, width uint64) ([]byte, int) {
 	k := d.uvarint(what, uint64(len(d.b))/width)
+	if d.err == nil && uint64(len(d.b)) < k*width {
+		d.fail(what) // the count's own bytes left fewer
+	}
 	if d.err != nil {
 		return nil, 0
 	}

@@ -215,6 +215,11 @@ func TestSnapshotMalformed(t *testing.T) {
 		"count past end":  append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0x03),
 		"precise flag":    append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 1, 0, 0, 0, 9),
 		"too many blocks": append([]byte(snapshotMagic+"\x01"), 0, 0, 0, 1, 0, 0, 0, 1, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 1, 2),
+		// A count within the bytes left before it, past those left after
+		// it: it panicked the loading replica before (found by
+		// FuzzDecodeSnapshot).
+		"v1 count past its own bytes": []byte(snapshotMagic + "\x0100\x0100\x0100\x010000000"),
+		"v2 count past its own bytes": []byte(snapshotMagic + "\x0200\x0100\x0100\x010000000"),
 		"v1 blocks without a block size": append([]byte(snapshotMagic+"\x01"), append([]byte{0, 0, 0, 1, 0, 0, 0, 1, 0, 0},
 			append(make([]byte, 9), append([]byte{0, 1}, make([]byte, 24)...)...)...)...),
 		"v2 flags":    append(append(append([]byte{}, v2...), make([]byte, 16)...), 4),
