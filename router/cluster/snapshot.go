@@ -169,19 +169,26 @@ func uvarintLen(v uint64) int {
 }
 
 // encodeSnapshot encodes s. When the whole would pass maxSnapshotBytes,
-// each worker keeps what fits in an equal share of it (cutWorker).
+// each worker keeps what fits in an equal share of it, less
+// snapshotSlack (cutWorker).
 func encodeSnapshot(s *indexSnapshot) []byte {
+	return encodeWithin(s, maxSnapshotBytes, snapshotSlack)
+}
+
+// encodeWithin is encodeSnapshot within limit bytes, slack of them left
+// for the header and the workers' names and counts.
+func encodeWithin(s *indexSnapshot, limit, slack int) []byte {
 	ws := s.Workers[:min(len(s.Workers), maxSnapshotWorkers)]
 	total := 64 + len(s.Writer)
 	for i := range ws {
 		total += bound(&ws[i])
 	}
 	cuts := make([]workerCut, len(ws))
-	share := (maxSnapshotBytes - snapshotSlack) / max(len(ws), 1)
+	share := (limit - slack) / max(len(ws), 1)
 	for i := range ws {
 		w := &ws[i]
 		switch {
-		case total <= maxSnapshotBytes:
+		case total <= limit:
 			cuts[i] = workerCut{approx: len(w.Approx)}
 			if w.Precise != nil {
 				cuts[i].precise = len(w.Precise.Router)
@@ -190,7 +197,7 @@ func encodeSnapshot(s *indexSnapshot) []byte {
 			cuts[i] = cutWorker(w, share)
 		}
 	}
-	b := make([]byte, 0, min(total, maxSnapshotBytes))
+	b := make([]byte, 0, min(total, limit))
 	b = append(b, snapshotMagic...)
 	b = append(b, snapshotVersion)
 	b = binary.AppendUvarint(b, s.DeltasSeq)

@@ -119,18 +119,47 @@ func TestSnapshotVersion1Read(t *testing.T) {
 }
 
 // TestSnapshotCut: a snapshot over the bound keeps each worker's most
-// recent blocks within an equal share of it, and decodes within the
-// bound: an approximate list alone takes its whole share; beside a
-// precise index, a quarter, the precise blocks (with their CPU tier,
-// copies and scopes' copies) the rest. Before, the cut counted 24 bytes a
-// hash for either list, and a worker with both lists full came out a
-// third over its share.
+// recent blocks, an equal share each, and decodes within the bound.
 func TestSnapshotCut(t *testing.T) {
 	big := make([]uint64, maxSnapshotBytes/8)
 	for i := range big {
 		big[i] = uint64(i)
 	}
-	const n = maxSnapshotBytes / 24
+	in := &indexSnapshot{Workers: []router.WorkerPrefix{
+		{Worker: "a", Content: prefix.Content{Approx: big}},
+		{Worker: "b", Content: prefix.Content{Approx: big[:10]}},
+	}}
+	data := encodeSnapshot(in)
+	if len(data) > maxSnapshotBytes {
+		t.Fatalf("encoded %d bytes, over the bound %d", len(data), maxSnapshotBytes)
+	}
+	out, err := decodeSnapshot(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	share := (maxSnapshotBytes - snapshotSlack) / 2
+	if got := out.Workers[0].Approx; len(got) < share/8-workerFixedBytes || len(got) > share/8 || got[0] != 0 || got[len(got)-1] != uint64(len(got)-1) {
+		t.Fatalf("worker a kept %d blocks (first %d), want its most recent, about %d", len(got), got[0], share/8)
+	}
+	if got := len(out.Workers[1].Approx); got != 10 {
+		t.Fatalf("worker b kept %d blocks, want all 10", got)
+	}
+}
+
+// TestSnapshotCutPrecise: the cut of workers with a precise index, within
+// a bound of 8 MiB (encodeWithin; the 64 MiB one is the same code): an
+// approximate list beside a precise index takes at most a quarter of its
+// worker's share, the precise blocks (with their CPU tier, copies and
+// scopes' copies) the rest, most recent first; a worker with both lists
+// full fits alone. Before, the cut counted 24 bytes a hash for either
+// list, and a worker with both lists full came out a third over the bound.
+func TestSnapshotCutPrecise(t *testing.T) {
+	const limit, slack = 8 << 20, 64 << 10
+	big := make([]uint64, limit/8)
+	for i := range big {
+		big[i] = uint64(i)
+	}
+	const n = limit / 24
 	pc := &prefix.PreciseContent{BlockSize: 16, Groups: 1, CPUGroups: 1, Live: true,
 		Router: big[:n], Engine: big[:n], Mask: make([]uint64, n), CPU: make([]uint64, n), Copies: make([]uint32, n),
 		Scopes: []prefix.ResidencyScope{{CPU: true, Local: true}}}
@@ -142,18 +171,17 @@ func TestSnapshotCut(t *testing.T) {
 	}
 	in := &indexSnapshot{Workers: []router.WorkerPrefix{
 		{Worker: "a", Content: prefix.Content{Approx: big}},
-		{Worker: "b", Content: prefix.Content{Approx: big[:10]}},
 		{Worker: "c", Content: prefix.Content{Approx: big, Precise: pc}},
-	}, KVNext: []uint64{0, 0, 7}}
-	data := encodeSnapshot(in)
-	if len(data) > maxSnapshotBytes {
-		t.Fatalf("encoded %d bytes, over the bound %d", len(data), maxSnapshotBytes)
+	}, KVNext: []uint64{0, 7}}
+	data := encodeWithin(in, limit, slack)
+	if len(data) > limit {
+		t.Fatalf("encoded %d bytes, over the bound %d", len(data), limit)
 	}
 	out, err := decodeSnapshot(data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	share := (maxSnapshotBytes - snapshotSlack) / 3
+	share := (limit - slack) / 2
 	mostRecent := func(what string, got []uint64, atLeast int) {
 		t.Helper()
 		if len(got) < atLeast || len(got) == 0 || got[0] != 0 || got[len(got)-1] != uint64(len(got)-1) {
@@ -161,10 +189,7 @@ func TestSnapshotCut(t *testing.T) {
 		}
 	}
 	mostRecent("a's list", out.Workers[0].Approx, share/8-workerFixedBytes)
-	if got := len(out.Workers[1].Approx); got != 10 {
-		t.Fatalf("worker b kept %d blocks, want all 10", got)
-	}
-	c := out.Workers[2]
+	c := out.Workers[1]
 	mostRecent("c's list", c.Approx, share/4/8-workerFixedBytes)
 	if len(c.Approx) > share/4/8 {
 		t.Fatalf("c's list kept %d hashes, over a quarter of its share", len(c.Approx))
@@ -177,14 +202,14 @@ func TestSnapshotCut(t *testing.T) {
 	// one has a scope's copies of at most 6.
 	mostRecent("c's precise blocks", p.Router, (share-8*len(c.Approx))/36-2*workerFixedBytes)
 	k := len(p.Router)
-	if len(p.CPU) != k || len(p.Copies) != k || len(p.More) != (k+1)/2 || out.KVNext[2] != 7 {
+	if len(p.CPU) != k || len(p.Copies) != k || len(p.More) != (k+1)/2 || out.KVNext[1] != 7 {
 		t.Fatalf("c's precise index: %d blocks, %d CPU masks, %d copies, %d scope copies, kv_next %d; want the kept blocks' own",
-			k, len(p.CPU), len(p.Copies), len(p.More), out.KVNext[2])
+			k, len(p.CPU), len(p.Copies), len(p.More), out.KVNext[1])
 	}
 	// c alone: both its lists full fit the bound.
-	alone := encodeSnapshot(&indexSnapshot{Workers: in.Workers[2:]})
-	if len(alone) > maxSnapshotBytes {
-		t.Fatalf("a worker with both lists full encoded in %d bytes, over the bound %d", len(alone), maxSnapshotBytes)
+	alone := encodeWithin(&indexSnapshot{Workers: in.Workers[1:]}, limit, slack)
+	if len(alone) > limit {
+		t.Fatalf("a worker with both lists full encoded in %d bytes, over the bound %d", len(alone), limit)
 	}
 	if _, err := decodeSnapshot(alone); err != nil {
 		t.Fatal(err)
