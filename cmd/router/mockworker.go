@@ -60,7 +60,10 @@ simulated engines running in real time: the replay worker model
 (Llama-3.1-8B-Instruct on one H100, vLLM V1 scheduler, prefix cache).
 --speedup X runs simulated time X times faster than the wall clock. By default
 it plays a current vLLM; --engine sglang plays SGLang (sglang:* metrics,
-/server_info and /get_server_info, SGLang's /tokenize and KV events).
+labelled dp_rank with --data-parallel-size above 1, /server_info and
+/get_server_info, SGLang's /tokenize and KV events, and SGLang's choice of a
+data-parallel rank: X-Data-Parallel-Rank, else routed_dp_rank, else
+round-robin).
 
 The prefix cache is vLLM's, in blocks of --engine-block-size tokens (16, vLLM's
 default), keyed by the engine's own block hashes (vLLM's sha256_cbor of the

@@ -23,33 +23,58 @@ import (
 // sequence after it, and is caught up once it has applied the stream's
 // last message as of its start (Replica.Ready).
 //
-// The snapshot's wire format, version 1 (integers little-endian):
+// The snapshot's wire format, version 2 (integers little-endian):
 //
 //	snapshot = magic:"SYIX" version:byte deltas_seq:uvarint taken_at:uvarint
 //	           writer:str workers:uvarint worker*
 //	worker   = name:str rank:uvarint approx:uvarint hash:uint64*
 //	           precise:byte [precise_body]
-//	precise_body = kv_next:uvarint block_size:uvarint groups:uint64 flags:byte
-//	           since_clear:uvarint blocks:uvarint (router:uint64 engine:uint64 mask:uint64)*
-//	flags    = bit 0 live, bit 1 warming
+//	precise_body = kv_next:uvarint block_size:uvarint groups:uint64 cpu_groups:uint64
+//	           flags:byte since_clear:uvarint
+//	           blocks:uvarint (router:uint64 engine:uint64 mask:uint64)*
+//	           has_cpu:byte [cpu_mask:uint64 * blocks]
+//	           has_copies:byte [copies:uvarint * blocks]
+//	           scopes:uvarint scope*  more:uvarint (block:uvarint scope:byte copies:uvarint)*
+//	scope    = scope_flags:byte group:byte locality:uint64 ownership:uint64
+//	flags    = bit 0 live, bit 1 warming; scope_flags = bit 0 CPU tier, bit 1 local
 //
 // Hash lists are most recent first (prefix.Content). kv_next is the KV
 // stream sequence of the next message of the worker's subject the precise
 // index had not applied (0: none applied): a replica that imports it
-// follows the subject from there (Options.KVStartSeq). Decoding is linear
-// in the snapshot's size and every count is checked against the bytes
-// left before anything is allocated.
+// follows the subject from there (Options.KVStartSeq). The precise body
+// carries the index's residency as it counts it (prefix.PreciseContent):
+// the CPU tier's groups and each block's groups with a CPU copy, each
+// block's copies in its GPU tier's group 0 (vLLM's duplicate blocks), and,
+// when those do not say it all (duplicates on the CPU tier or in another
+// group, locality and ownership scopes), every scope's copies of every
+// block. Version 1, written before, has the same layout without
+// cpu_groups and without what follows the blocks (no CPU tier, one copy
+// per group): it is still read; a replica that reads version 1 only
+// refuses a version 2 snapshot (malformed) and starts from the streams.
+// Decoding is linear in the snapshot's size and every count is checked
+// against the bytes left before anything is allocated; a precise body
+// prefix.Import would refuse (PreciseContent.WellFormed) makes the
+// snapshot malformed.
 const (
 	snapshotMagic   = "SYIX"
-	snapshotVersion = 1
+	snapshotVersion = 2
+	// snapshotVersion1 is the version before the CPU tier and the copies.
+	snapshotVersion1 = 1
 	// snapshotObject is the object's name in the store.
 	snapshotObject = "prefix-index"
-	// maxSnapshotBytes bounds a snapshot written and read: 64 MiB is 8M
-	// block hashes. Past it each worker keeps its most recent blocks, an
-	// equal share each. The store holds at most two (a write replacing
-	// the last), so NATS's max_memory_store must allow 128 MiB for it.
+	// maxSnapshotBytes bounds a snapshot written and read: 64 MiB is 2.7M
+	// precise blocks or 8M approximate block hashes. Past it each worker
+	// keeps its most recent blocks within an equal share of the bytes
+	// (cutWorker). The store holds at most two (a write replacing the
+	// last), so NATS's max_memory_store must allow 128 MiB for it.
 	maxSnapshotBytes   = 64 << 20
 	maxSnapshotWorkers = 1 << 16
+	// snapshotSlack is what the cut leaves for the header and the
+	// workers' names and counts.
+	snapshotSlack = 1 << 20
+	// maxSnapshotCopies bounds a block's copies in one scope (the precise
+	// index's own bound on a block's copies).
+	maxSnapshotCopies = 1 << 30
 )
 
 // errSnapshot: a snapshot that does not decode.
@@ -66,78 +91,206 @@ type indexSnapshot struct {
 	KVNext []uint64
 }
 
-// encodeSnapshot encodes s, cutting each worker's lists to an equal share
-// of maxSnapshotBytes (most recent kept) when the whole would not fit.
+// Upper bounds of a worker's encoding, for the cut: its fixed part (name,
+// rank, counts, the precise body's header), a scope, a More entry.
+const (
+	workerFixedBytes = 2 + maxString + 3*binary.MaxVarintLen64 + 1 + 5*binary.MaxVarintLen64 + 8 + 8 + 1 + 2
+	scopeBytes       = 2 + 8 + 8
+	moreBytes        = binary.MaxVarintLen32 + 1 + binary.MaxVarintLen32
+)
+
+// workerCut is what of a worker's content a snapshot keeps: its approx
+// most recent approximate hashes and, unless noPrecise, its precise most
+// recent precise blocks (with their copies) and every scope.
+type workerCut struct {
+	approx, precise int
+	noPrecise       bool
+}
+
+// bound returns an upper bound of w's encoding in bytes, uncut.
+func bound(w *router.WorkerPrefix) int {
+	n := workerFixedBytes + 8*len(w.Approx)
+	if p := w.Precise; p != nil {
+		n += 24*len(p.Router) + 8*len(p.CPU) + binary.MaxVarintLen32*len(p.Copies) + scopeBytes*len(p.Scopes) + moreBytes*len(p.More)
+	}
+	return n
+}
+
+// cutWorker returns what of w fits in budget bytes: with a precise index,
+// its approximate list gets at most a quarter of them (the precise blocks
+// are what routing is exact by), the precise blocks the rest, most recent
+// first, with their copies; without one, the list gets them all. A
+// precise index whose scopes alone do not fit is left out (the replica
+// then follows the KV stream from its start). Linear in w's content.
+func cutWorker(w *router.WorkerPrefix, budget int) workerCut {
+	budget -= workerFixedBytes
+	p := w.Precise
+	if p != nil && budget < scopeBytes*len(p.Scopes) {
+		p = nil
+	}
+	if p == nil {
+		return workerCut{approx: min(len(w.Approx), max(budget, 0)/8), noPrecise: w.Precise != nil}
+	}
+	budget -= scopeBytes * len(p.Scopes)
+	c := workerCut{approx: min(len(w.Approx), budget/4/8)}
+	budget -= 8 * c.approx
+	more := 0
+	for c.precise < len(p.Router) {
+		k := c.precise
+		need := 24
+		if p.CPU != nil {
+			need += 8
+		}
+		if p.Copies != nil {
+			need += uvarintLen(uint64(p.Copies[k]))
+		}
+		m := more
+		for ; m < len(p.More) && int(p.More[m].Block) == k; m++ {
+			e := p.More[m]
+			need += uvarintLen(uint64(e.Block)) + 1 + uvarintLen(uint64(e.Copies))
+		}
+		if need > budget {
+			break
+		}
+		budget -= need
+		more = m
+		c.precise++
+	}
+	return c
+}
+
+func uvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}
+
+// encodeSnapshot encodes s. When the whole would pass maxSnapshotBytes,
+// each worker keeps what fits in an equal share of it, less
+// snapshotSlack (cutWorker).
 func encodeSnapshot(s *indexSnapshot) []byte {
-	total := 0 // bytes of the hashes
-	for i := range s.Workers {
-		total += 8 * len(s.Workers[i].Approx)
-		if p := s.Workers[i].Precise; p != nil {
-			total += 24 * len(p.Router)
+	return encodeWithin(s, maxSnapshotBytes, snapshotSlack)
+}
+
+// encodeWithin is encodeSnapshot within limit bytes, slack of them left
+// for the header and the workers' names and counts.
+func encodeWithin(s *indexSnapshot, limit, slack int) []byte {
+	ws := s.Workers[:min(len(s.Workers), maxSnapshotWorkers)]
+	total := 64 + len(s.Writer)
+	for i := range ws {
+		total += bound(&ws[i])
+	}
+	cuts := make([]workerCut, len(ws))
+	share := (limit - slack) / max(len(ws), 1)
+	for i := range ws {
+		w := &ws[i]
+		switch {
+		case total <= limit:
+			cuts[i] = workerCut{approx: len(w.Approx)}
+			if w.Precise != nil {
+				cuts[i].precise = len(w.Precise.Router)
+			}
+		default:
+			cuts[i] = cutWorker(w, share)
 		}
 	}
-	share := -1 // hashes per worker per list; -1: no cut
-	if total > maxSnapshotBytes-(1<<20) && len(s.Workers) > 0 {
-		share = (maxSnapshotBytes - (1 << 20)) / 24 / len(s.Workers)
-	}
-	cut := func(n int) int {
-		if share >= 0 {
-			return min(n, share)
-		}
-		return n
-	}
-	b := make([]byte, 0, min(total, maxSnapshotBytes)+len(s.Workers)*600+1024)
+	b := make([]byte, 0, min(total, limit))
 	b = append(b, snapshotMagic...)
 	b = append(b, snapshotVersion)
 	b = binary.AppendUvarint(b, s.DeltasSeq)
 	b = binary.AppendUvarint(b, uint64(max(s.TakenAt.UnixNano(), 0)))
 	b = appendString(b, s.Writer)
-	ws := s.Workers[:min(len(s.Workers), maxSnapshotWorkers)]
 	b = binary.AppendUvarint(b, uint64(len(ws)))
 	for i := range ws {
-		w := &ws[i]
+		w, c := &ws[i], cuts[i]
 		b = appendString(b, w.Worker)
 		b = binary.AppendUvarint(b, uint64(w.Rank))
-		approx := w.Approx[:cut(len(w.Approx))]
-		b = binary.AppendUvarint(b, uint64(len(approx)))
-		for _, h := range approx {
+		b = binary.AppendUvarint(b, uint64(c.approx))
+		for _, h := range w.Approx[:c.approx] {
 			b = binary.LittleEndian.AppendUint64(b, h)
 		}
-		p := w.Precise
-		if p == nil {
+		if w.Precise == nil || c.noPrecise {
 			b = append(b, 0)
 			continue
 		}
-		b = append(b, 1)
 		var next uint64
 		if i < len(s.KVNext) {
 			next = s.KVNext[i]
 		}
-		b = binary.AppendUvarint(b, next)
-		b = binary.AppendUvarint(b, uint64(max(p.BlockSize, 0)))
-		b = binary.LittleEndian.AppendUint64(b, p.Groups)
-		var flags byte
-		if p.Live {
-			flags |= 1
-		}
-		if p.Warming {
-			flags |= 2
-		}
-		b = append(b, flags)
-		b = binary.AppendUvarint(b, uint64(max(p.SinceClear, 0)))
-		n := cut(len(p.Router))
-		b = binary.AppendUvarint(b, uint64(n))
-		for j := range n {
-			b = binary.LittleEndian.AppendUint64(b, p.Router[j])
-			b = binary.LittleEndian.AppendUint64(b, p.Engine[j])
-			b = binary.LittleEndian.AppendUint64(b, p.Mask[j])
-		}
+		b = append(b, 1)
+		b = appendPrecise(b, w.Precise, next, c.precise)
 	}
 	return b
 }
 
-// decodeSnapshot decodes data. Errors wrap errSnapshot and name what is
-// wrong.
+// appendPrecise appends p's precise body, its n most recent blocks.
+func appendPrecise(b []byte, p *prefix.PreciseContent, next uint64, n int) []byte {
+	b = binary.AppendUvarint(b, next)
+	b = binary.AppendUvarint(b, uint64(max(p.BlockSize, 0)))
+	b = binary.LittleEndian.AppendUint64(b, p.Groups)
+	b = binary.LittleEndian.AppendUint64(b, p.CPUGroups)
+	var flags byte
+	if p.Live {
+		flags |= 1
+	}
+	if p.Warming {
+		flags |= 2
+	}
+	b = append(b, flags)
+	b = binary.AppendUvarint(b, uint64(max(p.SinceClear, 0)))
+	b = binary.AppendUvarint(b, uint64(n))
+	for j := range n {
+		b = binary.LittleEndian.AppendUint64(b, p.Router[j])
+		b = binary.LittleEndian.AppendUint64(b, p.Engine[j])
+		b = binary.LittleEndian.AppendUint64(b, p.Mask[j])
+	}
+	if p.CPU == nil {
+		b = append(b, 0)
+	} else {
+		b = append(b, 1)
+		for _, m := range p.CPU[:n] {
+			b = binary.LittleEndian.AppendUint64(b, m)
+		}
+	}
+	if p.Copies == nil {
+		b = append(b, 0)
+	} else {
+		b = append(b, 1)
+		for _, c := range p.Copies[:n] {
+			b = binary.AppendUvarint(b, uint64(c))
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(p.Scopes)))
+	for _, sc := range p.Scopes {
+		var f byte
+		if sc.CPU {
+			f |= 1
+		}
+		if sc.Local {
+			f |= 2
+		}
+		b = append(b, f, sc.Group)
+		b = binary.LittleEndian.AppendUint64(b, sc.Locality)
+		b = binary.LittleEndian.AppendUint64(b, sc.Ownership)
+	}
+	more := p.More
+	for len(more) > 0 && int(more[len(more)-1].Block) >= n {
+		more = more[:len(more)-1]
+	}
+	b = binary.AppendUvarint(b, uint64(len(more)))
+	for _, e := range more {
+		b = binary.AppendUvarint(b, uint64(e.Block))
+		b = append(b, e.Scope)
+		b = binary.AppendUvarint(b, uint64(e.Copies))
+	}
+	return b
+}
+
+// decodeSnapshot decodes data, of version 2 or 1. Errors wrap errSnapshot
+// and name what is wrong.
 func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 	if len(data) > maxSnapshotBytes {
 		return nil, fmt.Errorf("%w: %d bytes, at most %d", errSnapshot, len(data), maxSnapshotBytes)
@@ -145,8 +298,9 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 	if len(data) < len(snapshotMagic)+1 || string(data[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, fmt.Errorf("%w: no %q header", errSnapshot, snapshotMagic)
 	}
-	if v := data[len(snapshotMagic)]; v != snapshotVersion {
-		return nil, fmt.Errorf("%w: version %d", errSnapshot, v)
+	version := data[len(snapshotMagic)]
+	if version != snapshotVersion && version != snapshotVersion1 {
+		return nil, fmt.Errorf("%w: version %d (this replica reads versions %d and %d)", errSnapshot, version, snapshotVersion1, snapshotVersion)
 	}
 	d := decoder{b: data[len(snapshotMagic)+1:]}
 	s := &indexSnapshot{}
@@ -154,20 +308,11 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 	s.TakenAt = time.Unix(0, int64(d.uvarint("time", 1<<62)))
 	s.Writer = d.str("writer")
 	n := d.uvarint("workers", maxSnapshotWorkers)
-	hashes := func(what string, width uint64) ([]byte, int) {
-		k := d.uvarint(what, uint64(len(d.b))/width)
-		if d.err != nil {
-			return nil, 0
-		}
-		raw := d.b[:k*width]
-		d.b = d.b[k*width:]
-		return raw, int(k)
-	}
 	for i := uint64(0); i < n && d.err == nil; i++ {
 		w := router.WorkerPrefix{Worker: d.str("worker name")}
 		w.Rank = uint32(d.uvarint("rank", 1<<20))
 		var next uint64
-		raw, k := hashes("approximate blocks", 8)
+		raw, k := d.fixed("approximate blocks", 8)
 		w.Approx = make([]uint64, k)
 		for j := range k {
 			w.Approx[j] = binary.LittleEndian.Uint64(raw[8*j:])
@@ -176,25 +321,7 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 		case 0:
 		case 1:
 			next = d.uvarint("KV stream position", 1<<63)
-			p := &prefix.PreciseContent{BlockSize: int(d.uvarint("engine block size", 1<<20))}
-			if d.err == nil && len(d.b) < 9 {
-				d.fail("precise groups")
-			}
-			if d.err == nil {
-				p.Groups = binary.LittleEndian.Uint64(d.b)
-				flags := d.b[8]
-				d.b = d.b[9:]
-				p.Live, p.Warming = flags&1 != 0, flags&2 != 0
-			}
-			p.SinceClear = int(d.uvarint("blocks since clear", 1<<40))
-			raw, k := hashes("precise blocks", 24)
-			p.Router, p.Engine, p.Mask = make([]uint64, k), make([]uint64, k), make([]uint64, k)
-			for j := range k {
-				p.Router[j] = binary.LittleEndian.Uint64(raw[24*j:])
-				p.Engine[j] = binary.LittleEndian.Uint64(raw[24*j+8:])
-				p.Mask[j] = binary.LittleEndian.Uint64(raw[24*j+16:])
-			}
-			w.Precise = p
+			w.Precise = d.precise(version)
 		default:
 			d.fail("precise flag")
 		}
@@ -210,6 +337,126 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 		return nil, fmt.Errorf("%w: %w", errSnapshot, d.err)
 	}
 	return s, nil
+}
+
+// fixed reads a count, at most the bytes left after it over width, and
+// that many items of width bytes.
+func (d *decoder) fixed(what string, width uint64) ([]byte, int) {
+	k := d.uvarint(what, uint64(len(d.b))/width)
+	if d.err == nil && uint64(len(d.b)) < k*width {
+		d.fail(what) // the count's own bytes left fewer
+	}
+	if d.err != nil {
+		return nil, 0
+	}
+	raw := d.b[:k*width]
+	d.b = d.b[k*width:]
+	return raw, int(k)
+}
+
+// u64 reads a little-endian uint64.
+func (d *decoder) u64(what string) uint64 {
+	if d.err != nil {
+		return 0
+	}
+	if len(d.b) < 8 {
+		d.fail(what)
+		return 0
+	}
+	v := binary.LittleEndian.Uint64(d.b)
+	d.b = d.b[8:]
+	return v
+}
+
+// precise reads a precise body of the version (after kv_next); nil after
+// an error.
+func (d *decoder) precise(version byte) *prefix.PreciseContent {
+	p := &prefix.PreciseContent{BlockSize: int(d.uvarint("engine block size", 1<<20))}
+	p.Groups = d.u64("precise groups")
+	if version >= 2 {
+		p.CPUGroups = d.u64("precise CPU groups")
+	}
+	flags := d.byte1("precise flags")
+	if version >= 2 && flags&^3 != 0 {
+		d.fail("precise flags")
+	}
+	p.Live, p.Warming = flags&1 != 0, flags&2 != 0
+	p.SinceClear = int(d.uvarint("blocks since clear", 1<<40))
+	raw, k := d.fixed("precise blocks", 24)
+	p.Router, p.Engine, p.Mask = make([]uint64, k), make([]uint64, k), make([]uint64, k)
+	for j := range k {
+		p.Router[j] = binary.LittleEndian.Uint64(raw[24*j:])
+		p.Engine[j] = binary.LittleEndian.Uint64(raw[24*j+8:])
+		p.Mask[j] = binary.LittleEndian.Uint64(raw[24*j+16:])
+	}
+	if version < 2 || d.err != nil {
+		if d.err == nil && !p.WellFormed() {
+			d.fail("precise content (blocks without a block size)")
+		}
+		return p
+	}
+	switch d.byte1("CPU flag") {
+	case 0:
+	case 1:
+		if uint64(len(d.b)) < 8*uint64(k) {
+			d.fail("CPU tier")
+			return nil
+		}
+		p.CPU = make([]uint64, k)
+		for j := range k {
+			p.CPU[j] = d.u64("CPU tier")
+		}
+	default:
+		d.fail("CPU flag")
+	}
+	switch d.byte1("copies flag") {
+	case 0:
+	case 1:
+		if len(d.b) < k { // a uvarint is a byte at least
+			d.fail("copies")
+			return nil
+		}
+		p.Copies = make([]uint32, k)
+		for j := range k {
+			p.Copies[j] = uint32(d.uvarint("copies", maxSnapshotCopies))
+		}
+	default:
+		d.fail("copies flag")
+	}
+	ns := d.uvarint("scopes", min(prefix.MaxContentScopes, uint64(len(d.b))/scopeBytes))
+	if d.err != nil {
+		return nil
+	}
+	if ns > 0 {
+		p.Scopes = make([]prefix.ResidencyScope, ns)
+	}
+	for j := range p.Scopes {
+		f := d.byte1("scope flags")
+		g := d.byte1("scope group")
+		if f&^3 != 0 {
+			d.fail("scope flags")
+		}
+		p.Scopes[j] = prefix.ResidencyScope{CPU: f&1 != 0, Local: f&2 != 0, Group: g,
+			Locality: d.u64("scope locality"), Ownership: d.u64("scope ownership")}
+	}
+	nm := d.uvarint("scope copies", uint64(len(d.b))/3) // three bytes at least each
+	if d.err != nil {
+		return nil
+	}
+	if nm > 0 {
+		p.More = make([]prefix.ScopeCopies, nm)
+	}
+	for j := range p.More {
+		p.More[j] = prefix.ScopeCopies{Block: uint32(d.uvarint("scope copies' block", uint64(max(k-1, 0)))),
+			Scope: d.byte1("scope copies' scope"), Copies: uint32(d.uvarint("scope copies", maxSnapshotCopies))}
+	}
+	if d.err == nil && !p.WellFormed() {
+		d.fail("precise content (copies, scopes or their order)")
+	}
+	if d.err != nil {
+		return nil
+	}
+	return p
 }
 
 // indexStore makes sure the object store of snapshots exists and returns

@@ -37,6 +37,11 @@ type genRequest struct {
 	// KVTransferParams is vLLM's disaggregated-serving field: see
 	// kvTransferParams.
 	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+	// RoutedDPRank and DataParallelRank (deprecated) are SGLang's
+	// request fields naming a data-parallel rank (see pickSGLang); vLLM
+	// ignores them.
+	RoutedDPRank     *int `json:"routed_dp_rank"`
+	DataParallelRank *int `json:"data_parallel_rank"`
 
 	// prefill: do_remote_decode, answer one token and the KV's
 	// kv_transfer_params, not streamed.
@@ -382,7 +387,7 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 		writeError(w, perr)
 		return
 	}
-	eng, perr := s.pickEngine(r)
+	eng, perr := s.pickEngine(r, req)
 	if perr != nil {
 		writeError(w, perr)
 		return

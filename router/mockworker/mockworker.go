@@ -97,13 +97,18 @@
 // # Data-parallel ranks
 //
 // Config.DataParallelSize N runs N simulated engines, each with the whole
-// Sim configuration, behind one address, as vLLM's data parallelism does.
-// A request with the header X-data-parallel-rank: R (vLLM's, read by
-// OpenAIServing._get_data_parallel_rank) goes to rank R (400 when out of
-// range; a value that is not an integer is ignored, as vLLM ignores it);
-// the others go to the least loaded rank by the score of vLLM's internal
-// balancer (DPLBAsyncMPClient), 4·waiting + running, ties to the lowest
-// rank. The answer's x-mock-dp-rank header names the rank that served it.
+// Sim configuration, behind one address, as vLLM's data parallelism does
+// (and SGLang's --dp-size: each rank its own scheduler, KV cache and KV
+// events publisher). A request with the header X-data-parallel-rank: R
+// (vLLM's, read by OpenAIServing._get_data_parallel_rank) goes to rank R
+// (400 when out of range; a value that is not an integer is ignored, as
+// vLLM ignores it); the others go to the least loaded rank by the score
+// of vLLM's internal balancer (DPLBAsyncMPClient), 4·waiting + running,
+// ties to the lowest rank. SGLang (EngineSGLang) reads the same header (a
+// value that is not an integer is a 400), else the body's routed_dp_rank
+// or deprecated data_parallel_rank, and sends the others round-robin, its
+// DataParallelController's default (see pickSGLang). The answer's
+// x-mock-dp-rank header names the rank that served it.
 //
 // # KV events
 //
@@ -394,6 +399,9 @@ type Server struct {
 	hasher *engineHasher
 	// lora maps an adapter's name to its vLLM adapter id (1-based).
 	lora map[string]int64
+	// roundRobin counts the requests SGLang's round-robin sent to a rank
+	// (pickSGLang).
+	roundRobin atomic.Uint64
 }
 
 // New validates cfg, starts the simulated engine and returns the server.

@@ -5,7 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -174,5 +176,81 @@ func TestRankEndpoint(t *testing.T) {
 		if got, err := rankEndpoint(c.in, c.rank); err == nil || !strings.Contains(err.Error(), c.in) {
 			t.Errorf("rankEndpoint(%q, %d) = %q, %v; want an error naming it", c.in, c.rank, got, err)
 		}
+	}
+}
+
+// TestSGLangDataParallelRanks: an SGLang server's ranks are chosen as
+// SGLang chooses them, after its own tests
+// (sgl-project/sglang@007c0ab4
+// test/registered/unit/managers/test_data_parallel_controller.py,
+// TestRoundRobinScheduler: round-robin
+// cycles through the ranks in order from rank 0; a routed_dp_rank goes
+// to its rank and does not advance the round-robin counter) and
+// serving_base.py's extract_routed_dp_rank_from_header (the header wins
+// over the body; a header that is not an integer is a 400): X-Data-
+// Parallel-Rank, else routed_dp_rank, else the deprecated
+// data_parallel_rank; out of range is a 400.
+func TestSGLangDataParallelRanks(t *testing.T) {
+	_, url := startServer(t, Config{Model: testModel, Engine: EngineSGLang, DataParallelSize: 3})
+	send := func(header string, body map[string]any) (int, string) {
+		t.Helper()
+		body["prompt"], body["max_tokens"] = "hi", 1
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest("POST", url+"/v1/completions", bytes.NewReader(b))
+		if header != "" {
+			req.Header.Set("x-data-parallel-rank", header)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("x-mock-dp-rank")
+	}
+	var got []string
+	for range 4 {
+		_, r := send("", map[string]any{})
+		got = append(got, r)
+	}
+	if want := []string{"0", "1", "2", "0"}; !slices.Equal(got, want) {
+		t.Fatalf("unpinned requests served by ranks %v, want round-robin %v", got, want)
+	}
+	// Pinned requests do not advance the counter: the next unpinned one
+	// goes to rank 1.
+	for _, tc := range []struct {
+		header string
+		body   map[string]any
+		want   string
+	}{
+		{"2", map[string]any{}, "2"},
+		{"", map[string]any{"routed_dp_rank": 2}, "2"},
+		{"", map[string]any{"data_parallel_rank": 1}, "1"},
+		{"", map[string]any{"routed_dp_rank": 0, "data_parallel_rank": 2}, "0"},
+		{"1", map[string]any{"routed_dp_rank": 2}, "1"},
+	} {
+		if code, r := send(tc.header, tc.body); code != 200 || r != tc.want {
+			t.Errorf("header %q body %v: status %d rank %q, want rank %s", tc.header, tc.body, code, r, tc.want)
+		}
+	}
+	if _, r := send("", map[string]any{}); r != "1" {
+		t.Errorf("unpinned after pinned ones: rank %q, want 1 (pinned requests do not advance the round robin)", r)
+	}
+	for _, tc := range []struct {
+		header string
+		body   map[string]any
+	}{{"one", map[string]any{}}, {"3", map[string]any{}}, {"-1", map[string]any{}}, {"", map[string]any{"routed_dp_rank": 3}}} {
+		if code, _ := send(tc.header, tc.body); code != http.StatusBadRequest {
+			t.Errorf("header %q body %v: status %d, want 400", tc.header, tc.body, code)
+		}
+	}
+
+	// Without data parallelism rank 0 is ignored, another is a 400.
+	_, url = startServer(t, Config{Model: testModel, Engine: EngineSGLang})
+	if code, r := send("0", map[string]any{}); code != 200 || r != "0" {
+		t.Errorf("rank 0 of a server without data parallelism: status %d rank %q", code, r)
+	}
+	if code, _ := send("1", map[string]any{}); code != http.StatusBadRequest {
+		t.Errorf("rank 1 of a server without data parallelism: status %d, want 400", code)
 	}
 }

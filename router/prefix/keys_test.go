@@ -3,6 +3,7 @@ package prefix
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -202,6 +203,100 @@ func TestExportImportTiersAndCopies(t *testing.T) {
 	bad.Copies = bad.Copies[:1]
 	if ok, _ := y.Import(cand(1), Content{Precise: &bad}); ok {
 		t.Fatal("Import of unequal Copies succeeded")
+	}
+}
+
+// Residency that Mask and CPU cannot say (CPU duplicates, duplicates in
+// another group, a remote copy, an ownership scope) is exported in the
+// exact form: the imported index counts the same copies per scope, so its
+// stats, its tiers for a prompt and what later removals leave equal the
+// source's.
+func TestExportImportExactResidency(t *testing.T) {
+	x, p := bootIndex(t)
+	group1 := func(ev kvevents.Event) kvevents.Event { ev.GroupIdx, ev.HasGroupIdx = 1, true; return ev }
+	remote := bootStore([]uint64{3}, nil, "CPU")
+	remote.Locality = []byte("REMOTE")
+	owned := bootStore([]uint64{2}, nil, "CPU")
+	owned.Ownership = []byte("lmcache")
+	apply(p, bootStore([]uint64{1}, nil, "GPU"), bootStore([]uint64{1}, nil, "GPU"),
+		group1(bootStore([]uint64{1}, nil, "GPU")), group1(bootStore([]uint64{1}, nil, "GPU")),
+		bootStore([]uint64{2}, ptr(1), "GPU"), group1(bootStore([]uint64{2}, ptr(1), "GPU")),
+		bootStore([]uint64{2}, nil, "CPU"), bootStore([]uint64{2}, nil, "CPU"), owned,
+		bootStore([]uint64{3}, ptr(2), "GPU"), group1(bootStore([]uint64{3}, ptr(2), "GPU")), remote,
+		bootRemove("GPU", 3))
+	c, ok := x.Export(cand(1))
+	if !ok || c.Precise == nil || len(c.Precise.Scopes) == 0 {
+		t.Fatalf("exported %+v: want the exact form", c.Precise)
+	}
+	y, q := bootIndex(t)
+	q.Clear()
+	if ok, precise := y.Import(cand(1), c); !ok || !precise {
+		t.Fatalf("Import = %v, %v", ok, precise)
+	}
+	same := func(what string) {
+		t.Helper()
+		a, b := p.Stats(), q.Stats()
+		if a.Blocks != b.Blocks || a.GPUBlocks != b.GPUBlocks || a.CPUBlocks != b.CPUBlocks || a.Copies != b.Copies || a.Live != b.Live {
+			t.Fatalf("%s: imported stats %+v, source %+v", what, b, a)
+		}
+		for _, k := range []*Key{bootKey(1, 2, 3), bootKey(2, 3), bootKey(3)} {
+			if a, b := x.TierOverlap(cand(1), k), y.TierOverlap(cand(1), k); a != b {
+				t.Fatalf("%s: TierOverlap %v imported, %v source", what, b, a)
+			}
+		}
+	}
+	same("imported")
+	if s := q.Stats(); s.Copies != 11 || s.GPUBlocks != 2 || s.CPUBlocks != 1 {
+		t.Fatalf("imported %+v: want 11 copies, blocks 1 and 2 on GPU, 2 on CPU (3's CPU copy is remote)", s)
+	}
+	if got, _ := y.Export(cand(1)); !cmp.Equal(c, got) {
+		t.Fatalf("re-exported differs (-exported +imported):\n%s", cmp.Diff(c, got))
+	}
+	// The same removals on both leave the same: one of block 1's two
+	// copies in group 1, one of block 2's two default CPU copies, the
+	// remote copy of 3, the owned copy of 2.
+	ownedRm := bootRemove("CPU", 2)
+	ownedRm.Ownership = []byte("lmcache")
+	remoteRm := bootRemove("CPU", 3)
+	remoteRm.Locality = []byte("REMOTE")
+	for _, ev := range []kvevents.Event{group1(bootRemove("GPU", 1)), bootRemove("CPU", 2), remoteRm, ownedRm, bootRemove("CPU", 2)} {
+		apply(p, ev)
+		apply(q, ev)
+		same("after a removal")
+	}
+	if s := q.Stats(); s.CPUBlocks != 0 || s.Copies != 6 {
+		t.Fatalf("after the removals %+v: want no CPU block, 6 copies", s)
+	}
+
+	// Malformed exact forms are refused.
+	for name, mod := range map[string]func(pc *PreciseContent){
+		"no copies":          func(pc *PreciseContent) { pc.Copies = nil },
+		"block out of range": func(pc *PreciseContent) { pc.More[0].Block = uint32(len(pc.Router)) },
+		"scope out of range": func(pc *PreciseContent) { pc.More[0].Scope = uint8(len(pc.Scopes)) },
+		"zero copies":        func(pc *PreciseContent) { pc.More[0].Copies = 0 },
+		"unordered":          func(pc *PreciseContent) { pc.More[0], pc.More[1] = pc.More[1], pc.More[0] },
+		"scope 0 named":      func(pc *PreciseContent) { pc.Scopes[0] = ResidencyScope{Local: true} },
+		"group 64":           func(pc *PreciseContent) { pc.Scopes[0].Group = 64 },
+		"absent locality, not local": func(pc *PreciseContent) {
+			pc.Scopes[0].Locality, pc.Scopes[0].Local = 0, false
+		},
+		"a scope twice":       func(pc *PreciseContent) { pc.Scopes = append(pc.Scopes, pc.Scopes[0]) },
+		"more without scopes": func(pc *PreciseContent) { pc.Scopes = nil },
+		"too many scopes": func(pc *PreciseContent) {
+			for i := range MaxContentScopes {
+				pc.Scopes = append(pc.Scopes, ResidencyScope{CPU: true, Ownership: uint64(i + 1), Local: true})
+			}
+		},
+	} {
+		bad := *c.Precise
+		bad.Copies = slices.Clone(bad.Copies)
+		bad.More = slices.Clone(bad.More)
+		bad.Scopes = slices.Clone(bad.Scopes)
+		mod(&bad)
+		z, _ := bootIndex(t)
+		if ok, _ := z.Import(cand(1), Content{Precise: &bad}); ok {
+			t.Errorf("%s: imported", name)
+		}
 	}
 }
 

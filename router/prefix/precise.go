@@ -578,6 +578,15 @@ func (p *Precise) scopeOf(ev *kvevents.Event, t tier, g int, create bool) (uint8
 		return 0, true
 	}
 	k := scopeKey{t: t, g: uint8(g), loc: optDigest(ev.Locality), own: optDigest(ev.Ownership)}
+	return p.scopeOfKey(k, create, ev.Locality == nil || equalFold(ev.Locality, "LOCAL"))
+}
+
+// scopeOfKey is scopeOf of scope k, whose copies are local (held) when
+// local. p.mu is held.
+func (p *Precise) scopeOfKey(k scopeKey, create, local bool) (uint8, bool) {
+	if k == (scopeKey{t: tierGPU}) {
+		return 0, true
+	}
 	if id, ok := p.scopeIDs[k]; ok {
 		return id, true
 	}
@@ -585,11 +594,10 @@ func (p *Precise) scopeOf(ev *kvevents.Event, t tier, g int, create bool) (uint8
 		return 0, false
 	}
 	id := uint8(len(p.scopes))
-	local := ev.Locality == nil || equalFold(ev.Locality, "LOCAL")
-	p.scopes = append(p.scopes, scopeInfo{t: t, g: uint8(g), local: local})
+	p.scopes = append(p.scopes, scopeInfo{t: k.t, g: k.g, local: local})
 	p.scopeIDs[k] = id
 	if local {
-		p.localScopes[t][g]++
+		p.localScopes[k.t][k.g]++
 	}
 	return id, true
 }
@@ -1195,6 +1203,12 @@ func (p *Precise) tierOverlap(prompt shared.PromptKey, cpu bool) TierOverlap {
 		o.CPUTokens = tab.leading(hashes[n:], flagCPU) * e
 	}
 	return o
+}
+
+// TierOverlap returns what the index holds of the prompt by tier, as
+// Index.TierOverlap does for its candidate. Lock-free.
+func (p *Precise) TierOverlap(prompt shared.PromptKey) TierOverlap {
+	return p.tierOverlap(prompt, true)
 }
 
 // TierOverlap is what a candidate's live precise index holds of a prompt,

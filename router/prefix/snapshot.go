@@ -1,6 +1,11 @@
 package prefix
 
-import "github.com/switchyard-router/switchyard/router/kvevents"
+import (
+	"cmp"
+	"slices"
+
+	"github.com/switchyard-router/switchyard/router/kvevents"
+)
 
 // Content is one candidate's index content, as a replica's snapshot of
 // the prefix index carries it (router/cluster): its approximate list and,
@@ -34,12 +39,53 @@ type PreciseContent struct {
 	Router, Engine, Mask []uint64
 	// CPU is each block's groups with a local CPU copy; nil when no block
 	// has one. Copies is each block's GPU copies in group 0 (vLLM's
-	// duplicate blocks); nil when no block has more than one. Copies in
-	// other groups count one each; locality and ownership scopes and
-	// remote copies are not carried.
+	// duplicate blocks); nil when no block has more than one (Scopes
+	// empty) or in the exact form (Scopes set) the copies in scope 0.
 	CPU    []uint64
 	Copies []uint32
+	// Scopes and More carry residency exactly, as the index counts it
+	// (the exact form), when the blocks' copies outside scope 0 (the GPU
+	// tier's group 0, no locality, no ownership) are not one copy per
+	// local (tier, group) of Mask and CPU: duplicates on the CPU tier or
+	// in another group, copies with a locality or an ownership, remote
+	// copies. Scopes are the residency scopes some block has copies in,
+	// scope 0 excepted; More each block's copies in them, in ascending
+	// (Block, Scope) order; Copies then has every block's copies in
+	// scope 0 (0 for a block without). Mask and CPU are the groups held
+	// as always, which the exact form implies (Import reads it instead).
+	// Both empty otherwise: each bit of Mask and CPU other than the GPU
+	// tier's group 0 is then one local copy in its (tier, group).
+	Scopes []ResidencyScope
+	More   []ScopeCopies
 }
+
+// ResidencyScope is a residency scope as a precise index keys it (see
+// Residency on Precise): a tier, a KV-cache group, and the digests of
+// the events' locality and ownership (0: absent).
+type ResidencyScope struct {
+	// CPU is the CPU tier; false the GPU tier.
+	CPU bool
+	// Group is the KV-cache group, 0 to 63.
+	Group uint8
+	// Locality and Ownership are the digests of the events' locality and
+	// ownership (0 when absent), as the index derives them.
+	Locality, Ownership uint64
+	// Local reports the scope's copies are the publisher's own (locality
+	// absent or "LOCAL"): they count as held; a remote copy never does.
+	Local bool
+}
+
+// ScopeCopies is a block's copies in a scope: Block indexes the
+// content's blocks (Router), Scope its Scopes; Copies is at least 1.
+type ScopeCopies struct {
+	Block  uint32
+	Scope  uint8
+	Copies uint32
+}
+
+// MaxContentScopes bounds PreciseContent.Scopes: the scopes a precise
+// index counts between two Clears, scope 0 excepted.
+const MaxContentScopes = maxScopes - 1
 
 // Blocks is the number of blocks c holds (approximate and precise): the
 // size of what Export returns, in hashes.
@@ -101,9 +147,7 @@ func (x *Index) Import(c Candidate, content Content) (ok, precise bool) {
 	if pc == nil {
 		return true, false
 	}
-	if len(pc.Router) != len(pc.Engine) || len(pc.Router) != len(pc.Mask) ||
-		pc.CPU != nil && len(pc.CPU) != len(pc.Router) || pc.Copies != nil && len(pc.Copies) != len(pc.Router) ||
-		(pc.BlockSize <= 0 && len(pc.Router) > 0) || pc.BlockSize > 1<<20 {
+	if !pc.WellFormed() {
 		return false, false
 	}
 	p := m.precise
@@ -126,17 +170,74 @@ func (x *Index) Import(c Candidate, content Content) (ok, precise bool) {
 	return true, true
 }
 
-// exportLocked returns the index's content. p.mu is held.
+// WellFormed reports whether pc can be imported (Import refuses it
+// otherwise): parallel slices of equal
+// lengths, a block size when there are blocks, and in the exact form
+// (Scopes set) at most MaxContentScopes distinct scopes other than scope
+// 0, of groups below 64 (a scope without locality is local), Copies for
+// every block, and More in strictly ascending (Block, Scope) order naming
+// blocks and scopes that exist, with 1 to 2^30 copies each. Linear in pc.
+func (pc *PreciseContent) WellFormed() bool {
+	n := len(pc.Router)
+	if len(pc.Engine) != n || len(pc.Mask) != n || pc.CPU != nil && len(pc.CPU) != n || pc.Copies != nil && len(pc.Copies) != n ||
+		(pc.BlockSize <= 0 && n > 0) || pc.BlockSize > 1<<20 {
+		return false
+	}
+	if len(pc.Scopes) == 0 {
+		return len(pc.More) == 0
+	}
+	if len(pc.Scopes) > MaxContentScopes || len(pc.Copies) != n {
+		return false
+	}
+	seen := make(map[ResidencyScope]bool, len(pc.Scopes))
+	for _, sc := range pc.Scopes {
+		key := sc
+		key.Local = false
+		if sc.Group >= maxGroups || sc.Locality == 0 && !sc.Local || seen[key] ||
+			!sc.CPU && sc.Group == 0 && sc.Locality == 0 && sc.Ownership == 0 {
+			return false
+		}
+		seen[key] = true
+	}
+	for i, e := range pc.More {
+		if int(e.Block) >= n || int(e.Scope) >= len(pc.Scopes) || e.Copies == 0 || e.Copies > maxCopies {
+			return false
+		}
+		if i > 0 {
+			if prev := pc.More[i-1]; prev.Block > e.Block || prev.Block == e.Block && prev.Scope >= e.Scope {
+				return false
+			}
+		}
+	}
+	for _, c := range pc.Copies {
+		if c > maxCopies {
+			return false
+		}
+	}
+	return true
+}
+
+// exportLocked returns the index's content: in the exact form (Scopes,
+// More) when some copy outside scope 0 is not one local copy in a
+// (tier, group) without locality or ownership. p.mu is held.
 func (p *Precise) exportLocked() *PreciseContent {
 	n := p.blocks()
 	pc := &PreciseContent{BlockSize: int(p.blockSize.Load()), Groups: p.groups[tierGPU], CPUGroups: p.groups[tierCPU],
 		Live: p.live.Load(), Warming: p.warming, SinceClear: p.sinceClear,
 		Router: make([]uint64, 0, n), Engine: make([]uint64, 0, n), Mask: make([]uint64, 0, n)}
+	exact := p.needsExact()
+	var pos []uint32 // exact: slot -> block index
 	var cpu []uint64
 	var copies []uint32
+	if exact {
+		pos, copies = make([]uint32, p.nslots), make([]uint32, 0, n)
+	}
 	for i := p.head; i >= 0; i = p.slot(i).next {
 		st := p.slot(i)
 		k := len(pc.Router)
+		if exact {
+			pos[i] = uint32(k)
+		}
 		pc.Router = append(pc.Router, st.rh)
 		pc.Engine = append(pc.Engine, st.eng)
 		pc.Mask = append(pc.Mask, st.mask[tierGPU])
@@ -152,12 +253,70 @@ func (p *Precise) exportLocked() *PreciseContent {
 				copies[j] = 1
 			}
 		}
-		if copies != nil {
+		switch {
+		case exact:
+			copies = append(copies, st.cnt0)
+		case copies != nil:
 			copies = append(copies, max(st.cnt0, 1))
 		}
 	}
 	pc.CPU, pc.Copies = cpu, copies
+	if exact {
+		p.exportScopes(pc, pos)
+	}
 	return pc
+}
+
+// needsExact reports whether some block has copies outside scope 0 other
+// than one in a scope without locality or ownership: what Mask and CPU
+// cannot say. Linear in the counts kept outside scope 0. p.mu is held.
+func (p *Precise) needsExact() bool {
+	if len(p.more) == 0 {
+		return false
+	}
+	plain := make([]bool, len(p.scopes))
+	for k, id := range p.scopeIDs {
+		plain[id] = k.loc == 0 && k.own == 0
+	}
+	for key, c := range p.more {
+		if c != 1 || !plain[uint8(key)] {
+			return true
+		}
+	}
+	return false
+}
+
+// exportScopes sets pc's Scopes (the scopes some block has copies in, by
+// ascending scope id) and More (by ascending block and scope), pos giving
+// each slot's block index. Linear in the counts kept outside scope 0,
+// plus their sort. p.mu is held.
+func (p *Precise) exportScopes(pc *PreciseContent, pos []uint32) {
+	keys := make([]scopeKey, len(p.scopes))
+	for k, id := range p.scopeIDs {
+		keys[id] = k
+	}
+	remap := make([]int, len(p.scopes))
+	for key := range p.more {
+		remap[uint8(key)] = 1
+	}
+	for s := 1; s < len(p.scopes); s++ {
+		if remap[s] == 0 {
+			continue
+		}
+		remap[s] = len(pc.Scopes)
+		k := keys[s]
+		pc.Scopes = append(pc.Scopes, ResidencyScope{CPU: k.t == tierCPU, Group: k.g, Locality: k.loc, Ownership: k.own, Local: p.scopes[s].local})
+	}
+	pc.More = make([]ScopeCopies, 0, len(p.more))
+	for key, c := range p.more {
+		pc.More = append(pc.More, ScopeCopies{Block: pos[int32(key>>8)], Scope: uint8(remap[uint8(key)]), Copies: c})
+	}
+	slices.SortFunc(pc.More, func(a, b ScopeCopies) int {
+		if a.Block != b.Block {
+			return cmp.Compare(a.Block, b.Block)
+		}
+		return cmp.Compare(a.Scope, b.Scope)
+	})
 }
 
 // importLocked stores pc's blocks, least recent first, so the most recent
@@ -165,6 +324,10 @@ func (p *Precise) exportLocked() *PreciseContent {
 // content (a block's copies are added at once). p.mu is held.
 func (p *Precise) importLocked(pc *PreciseContent) {
 	p.groups = [numTiers]uint64{pc.Groups, pc.CPUGroups}
+	if len(pc.Scopes) > 0 {
+		p.importExact(pc)
+		return
+	}
 	var none kvevents.Event // no locality, no ownership
 	for i := len(pc.Router) - 1; i >= 0; i-- {
 		var cpu uint64
@@ -193,6 +356,33 @@ func (p *Precise) importLocked(pc *PreciseContent) {
 			st := p.slot(p.w.vals[j])
 			for t := range st.name {
 				st.name[t] = st.name[t]&nameAliased | nameFolded
+			}
+		}
+	}
+}
+
+// importExact is importLocked of the exact form: each block's copies in
+// scope 0 (Copies) and in each scope More names. pc is well formed.
+// p.mu is held.
+func (p *Precise) importExact(pc *PreciseContent) {
+	ids := make([]uint8, len(pc.Scopes))
+	ok := make([]bool, len(pc.Scopes))
+	for j, sc := range pc.Scopes {
+		t := tierGPU
+		if sc.CPU {
+			t = tierCPU
+		}
+		ids[j], ok[j] = p.scopeOfKey(scopeKey{t: t, g: sc.Group, loc: sc.Locality, own: sc.Ownership}, true, sc.Local)
+	}
+	m := len(pc.More)
+	for i := len(pc.Router) - 1; i >= 0; i-- {
+		rh, eh := pc.Router[i], pc.Engine[i]
+		if c := pc.Copies[i]; c > 0 {
+			p.addN(rh, eh, 0, c)
+		}
+		for ; m > 0 && pc.More[m-1].Block == uint32(i); m-- {
+			if e := pc.More[m-1]; ok[e.Scope] {
+				p.addN(rh, eh, ids[e.Scope], e.Copies)
 			}
 		}
 	}

@@ -405,3 +405,66 @@ func TestCapacityInTheEnginesBlocks(t *testing.T) {
 		t.Errorf("capacities %d, %d blocks at E=%d; want 2048 and 1024 blocks of 16", ws[0].TotalKVBlocks, ws[1].TotalKVBlocks, ws[0].EngineBlockSize)
 	}
 }
+
+// TestSGLangDataParallelRanks: an SGLang server with two data-parallel
+// ranks is two candidates, as a vLLM one is: with --enable-metrics each
+// rank's load is its own dp_rank series (SGLang's own exposition), and
+// without metrics the ranks are those of the KV-event sources its
+// /server_info names (kv_events.dp_size), without load. Before, dp_rank
+// was not read: the server was one candidate whose load summed both
+// ranks, and without metrics one candidate of rank 0 whose requests
+// SGLang spread round-robin over its ranks.
+func TestSGLangDataParallelRanks(t *testing.T) {
+	r := newRouter(t)
+	reg := prometheus.NewRegistry()
+	var c calls
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast, Registerer: reg, KVSources: c.sources})
+	metrics := newDiscoveryEngine(t, map[string]route{
+		"/metrics":     {body: sglangDP},
+		"/v1/models":   {body: modelList("qwen")},
+		"/server_info": {body: sglangInfoBody},
+	})
+	noMetrics := newDiscoveryEngine(t, map[string]route{
+		"/health":      {},
+		"/v1/models":   {body: modelList("qwen")},
+		"/server_info": {body: sglangInfoBody},
+	})
+	if err := m.Sync([]config.Worker{urlOnly("s", metrics.srv.URL), urlOnly("n", noMetrics.srv.URL)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "two ranks each", func() bool { return len(ranksOf(r, "s")) == 2 && len(ranksOf(r, "n")) == 2 })
+	for _, name := range []string{"s", "n"} {
+		st, _ := m.StatusOf(name)
+		if !st.Ranked || len(st.Ranks) != 2 || st.Ranks[1].Rank != 1 {
+			t.Fatalf("%s: ranked %v, ranks %+v; want two ranks", name, st.Ranked, st.Ranks)
+		}
+		for _, w := range ranksOf(r, name) {
+			if !w.DataParallel || w.EngineBlockSize != 16 {
+				t.Errorf("%s rank %d: data parallel %v, engine block size %d; want requests naming their rank, /server_info's 16",
+					name, w.DPRank, w.DataParallel, w.EngineBlockSize)
+			}
+		}
+	}
+	got := gathered(t, reg)
+	for k, v := range map[string]float64{
+		`switchyard_worker_engine_waiting_requests{rank="0",worker="s"}`: 2,
+		`switchyard_worker_engine_waiting_requests{rank="1",worker="s"}`: 9,
+		`switchyard_worker_engine_running_requests{rank="1",worker="s"}`: 7,
+		`switchyard_worker_engine_kv_usage{rank="1",worker="s"}`:         0.9,
+		`switchyard_worker_engine_load_available{rank="1",worker="n"}`:   0,
+	} {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
+		}
+	}
+	if ws := ranksOf(r, "s"); ws[0].Load(false).Waiting != 2 || ws[1].Load(false).Waiting != 9 || ws[1].Load(false).KVUsage != 0.9 {
+		t.Errorf("rank loads %+v, %+v; want each rank's own", ws[0].Load(false), ws[1].Load(false))
+	}
+	// Both reported their two ranks' publishers, port base + rank.
+	eventually(t, "sources", func() bool { return len(c.list()) == 2 })
+	for _, name := range []string{"s", "n"} {
+		if want := "sources " + name + " [0=tcp://127.0.0.1:5557 1=tcp://127.0.0.1:5558]"; !slices.Contains(c.list(), want) {
+			t.Errorf("calls %q, want %q", c.list(), want)
+		}
+	}
+}

@@ -108,11 +108,15 @@ func family(mfs map[string]*dto.MetricFamily, name string) *dto.MetricFamily {
 }
 
 // RankLabel is the label vLLM (V1) puts on each data-parallel engine's
-// series: engine="N" for rank N. MaxRanks bounds the ranks read from one
-// engine: a series of rank MaxRanks or more is ignored.
+// series: engine="N" for rank N. SGLangRankLabel is SGLang's: with
+// --dp-size above 1 every scheduler's series carry dp_rank="N" (its
+// SchedulerMetricsCollector labels, python/sglang/srt/observability/
+// metrics_collector.py), none without. MaxRanks bounds the ranks read
+// from one engine: a series of rank MaxRanks or more is ignored.
 const (
-	RankLabel = "engine"
-	MaxRanks  = 1024
+	RankLabel       = "engine"
+	SGLangRankLabel = "dp_rank"
+	MaxRanks        = 1024
 	// maxCapacityTokens bounds a reported capacity (2^50 tokens), so that
 	// products and conversions never overflow.
 	maxCapacityTokens = 1 << 50
@@ -126,9 +130,10 @@ type Engine struct {
 	// none of the metrics ParseEngine reads.
 	Ranks []Rank
 	// Ranked is true when the engine reports data-parallel ranks: its
-	// series carry vLLM's engine="N" label with more than one N, or with
-	// an N other than 0. Each rank is then a candidate of its own, and a
-	// request to it names its rank (X-data-parallel-rank).
+	// series carry vLLM's engine="N" label, or SGLang's dp_rank="N", with
+	// more than one N, or with an N other than 0. Each rank is then a
+	// candidate of its own, and a request to it names its rank
+	// (X-Data-Parallel-Rank, which vLLM and SGLang both read).
 	Ranked bool
 	// StartTime is the engine's process_start_time_seconds (Unix
 	// seconds; the largest finite sample); 0 when not reported.
@@ -209,8 +214,9 @@ func RouterBlocks(tokens, blockSize int64) int64 {
 }
 
 // ParseEngine maps the metric families of an engine's /metrics into an
-// Engine report, one Rank per data-parallel rank (RankLabel), each name
-// read in its colon and its underscore spelling (Underscored):
+// Engine report, one Rank per data-parallel rank (vLLM's RankLabel,
+// SGLang's SGLangRankLabel), each name read in its colon and its
+// underscore spelling (Underscored):
 //
 //   - waiting: vllm:num_requests_waiting, else sglang:num_queue_reqs;
 //   - KV usage: vllm:kv_cache_usage_perc, else vllm:gpu_cache_usage_perc,
@@ -220,13 +226,19 @@ func RouterBlocks(tokens, blockSize int64) int64 {
 //     labels, else sglang:max_total_num_tokens (block size
 //     sglang:page_size).
 //
-// A series without the engine label counts for rank 0, except
+// A series without the rank label counts for rank 0, except
 // cache_config_info's and SGLang's capacity, which apply to every rank
 // that reports none of its own (vLLM versions before the label on
-// cache_config_info). Within a rank, counts are summed over a family's
-// series (one per model), rounded and capped at maxCount, KV usage is the largest series,
-// SGLang's capacity the largest (its tensor-parallel ranks share one
-// pool). KV usage is a fraction in 0..1 despite vLLM's "_perc" name; a
+// cache_config_info). Within a rank, vLLM's counts are summed over a
+// family's series (one per model), rounded and capped at maxCount;
+// SGLang's are the largest series: an SGLang server serves one model, and
+// its series within a data-parallel rank are its tensor- and
+// pipeline-parallel schedulers' (--enable-metrics-for-all-schedulers),
+// which report the same queue. SGLang's per-priority breakdowns (a
+// priority label other than "", beside the total under priority="") are
+// not read. KV usage is the largest series, SGLang's capacity the largest
+// of its rank (its tensor-parallel ranks share one pool). KV usage is a
+// fraction in 0..1 despite vLLM's "_perc" name; a
 // value above 1 is taken as a percentage and divided by 100, and the
 // result is clamped to 0..1. NaN and infinite samples are ignored, and
 // so are series whose engine label is not a rank below MaxRanks. The
@@ -234,13 +246,13 @@ func RouterBlocks(tokens, blockSize int64) int64 {
 // the number of series.
 func ParseEngine(mfs map[string]*dto.MetricFamily) Engine {
 	p := parser{ranks: map[uint32]*rankAcc{}}
-	p.fold(mfs, func(a *rankAcc, v float64) { a.waiting += v; a.hasWaiting = true }, spellings(VLLMWaiting, SGLangWaiting)...)
-	p.fold(mfs, func(a *rankAcc, v float64) {
+	p.fold(mfs, func(a *rankAcc, v float64, sglang bool) { addCount(&a.waiting, &a.hasWaiting, v, sglang) }, spellings(VLLMWaiting, SGLangWaiting)...)
+	p.fold(mfs, func(a *rankAcc, v float64, _ bool) {
 		if !a.hasKV || v > a.kv {
 			a.kv, a.hasKV = v, true
 		}
 	}, spellings(VLLMKVUsage, VLLMGPUKVUsage, SGLangKVUsage)...)
-	p.fold(mfs, func(a *rankAcc, v float64) { a.running += v; a.hasRunning = true }, spellings(VLLMRunning, SGLangRunning)...)
+	p.fold(mfs, func(a *rankAcc, v float64, sglang bool) { addCount(&a.running, &a.hasRunning, v, sglang) }, spellings(VLLMRunning, SGLangRunning)...)
 	p.cacheConfig(family(mfs, VLLMCacheConfig))
 	if !p.anyCapacity() {
 		p.sglangCapacity(mfs)
@@ -302,6 +314,20 @@ func count(v float64) int64 {
 	return int64(math.Round(min(max(v, 0), maxCount)))
 }
 
+// addCount adds a series' count v to a rank's acc: summed (vLLM's series
+// per model), or the largest (largest: SGLang's schedulers of one rank).
+func addCount(acc *float64, has *bool, v float64, largest bool) {
+	switch {
+	case !*has:
+		*acc = v
+	case largest:
+		*acc = max(*acc, v)
+	default:
+		*acc += v
+	}
+	*has = true
+}
+
 // rankAcc accumulates one rank's series.
 type rankAcc struct {
 	waiting, kv, running          float64
@@ -330,11 +356,35 @@ func (p *parser) anyCapacity() bool {
 	return false
 }
 
-// rankOf returns m's rank: its RankLabel's value, or 0 and labelled false
-// without one; ok is false for a label that is not a rank below MaxRanks.
-func rankOf(m *dto.Metric) (rank uint32, labelled, ok bool) {
+// isSGLang reports whether family name is SGLang's ("sglang:…" or
+// "sglang_…").
+func isSGLang(name string) bool { return strings.HasPrefix(name, "sglang") }
+
+// rankLabel is the label naming the data-parallel rank of family name's
+// series: SGLang's dp_rank, else vLLM's engine.
+func rankLabel(name string) string {
+	if isSGLang(name) {
+		return SGLangRankLabel
+	}
+	return RankLabel
+}
+
+// breakdown reports whether m is one of SGLang's per-priority breakdowns
+// (a priority label other than ""), not the total.
+func breakdown(m *dto.Metric) bool {
 	for _, lp := range m.GetLabel() {
-		if lp.GetName() != RankLabel {
+		if lp.GetName() == "priority" {
+			return lp.GetValue() != ""
+		}
+	}
+	return false
+}
+
+// rankOf returns m's rank: its label's value, or 0 and labelled false
+// without one; ok is false for a label that is not a rank below MaxRanks.
+func rankOf(m *dto.Metric, label string) (rank uint32, labelled, ok bool) {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() != label {
 			continue
 		}
 		n, err := strconv.ParseUint(lp.GetValue(), 10, 32)
@@ -373,21 +423,23 @@ func value(m *dto.Metric) (float64, bool) {
 }
 
 // fold applies add to each finite sample of the first of names that has
-// one, in its series' rank.
-func (p *parser) fold(mfs map[string]*dto.MetricFamily, add func(a *rankAcc, v float64), names ...string) {
+// one, in its series' rank (sglang: an SGLang family); SGLang's
+// per-priority breakdowns are skipped.
+func (p *parser) fold(mfs map[string]*dto.MetricFamily, add func(a *rankAcc, v float64, sglang bool), names ...string) {
 	for _, n := range names {
 		found := false
+		sglang, label := isSGLang(n), rankLabel(n)
 		for _, m := range mfs[n].GetMetric() {
 			v, ok := value(m)
-			if !ok {
+			if !ok || sglang && breakdown(m) {
 				continue
 			}
-			rank, labelled, ok := rankOf(m)
+			rank, labelled, ok := rankOf(m, label)
 			if !ok {
 				continue
 			}
 			p.labelled = p.labelled || labelled
-			add(p.acc(rank), v)
+			add(p.acc(rank), v, sglang)
 			found = true
 		}
 		if found {
@@ -409,7 +461,7 @@ func (p *parser) cacheConfig(mf *dto.MetricFamily) {
 				size = positive(lp.GetValue())
 			}
 		}
-		rank, labelled, ok := rankOf(m)
+		rank, labelled, ok := rankOf(m, RankLabel)
 		if !ok || size == 0 {
 			continue
 		}
@@ -472,24 +524,30 @@ func restartSignals(mfs map[string]*dto.MetricFamily) (start float64, counters m
 	return start, counters
 }
 
-// sglangCapacity reads sglang:max_total_num_tokens and sglang:page_size,
-// the largest series of each, as the capacity of every rank.
+// sglangCapacity reads sglang:max_total_num_tokens and sglang:page_size:
+// each rank's largest series (dp_rank), and the largest series without
+// the label as the capacity of every rank without its own.
 func (p *parser) sglangCapacity(mfs map[string]*dto.MetricFamily) {
-	largest := func(name string) int64 {
-		var best int64
+	read := func(name string, set func(a *rankAcc, v int64)) {
 		for _, m := range family(mfs, name).GetMetric() {
-			if v, ok := value(m); ok && v >= 1 && v <= maxCapacityTokens {
-				best = max(best, int64(v))
+			v, ok := value(m)
+			if !ok || v < 1 || v > maxCapacityTokens {
+				continue
 			}
+			rank, labelled, ok := rankOf(m, SGLangRankLabel)
+			if !ok {
+				continue
+			}
+			a := &p.all
+			if labelled {
+				p.labelled = true
+				a = p.acc(rank)
+			}
+			set(a, int64(v))
 		}
-		return best
 	}
-	if t := largest(SGLangMaxTokens); t > 0 {
-		p.all.tokens = t
-		if b := largest(SGLangPageSize); b > 0 {
-			p.all.blockSize = b
-		}
-	}
+	read(SGLangMaxTokens, func(a *rankAcc, v int64) { a.tokens = max(a.tokens, v) })
+	read(SGLangPageSize, func(a *rankAcc, v int64) { a.blockSize = max(a.blockSize, v) })
 }
 
 // positive parses a label value as an integer in 1..maxCapacityTokens; 0

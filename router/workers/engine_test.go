@@ -166,6 +166,84 @@ vllm:num_requests_waiting{engine="0"} 1
 	}
 }
 
+// sglangDP is an SGLang server started with --dp-size 2 --tp-size 2
+// --enable-dp-attention --enable-metrics --enable-priority-scheduling
+// --enable-metrics-for-all-schedulers, in SGLang's own exposition: every
+// scheduler's series carry its labels (SchedulerMetricsCollector.init_new,
+// python/sglang/srt/observability/metrics_collector.py: model_name,
+// engine_type, tp_rank, pp_rank, moe_ep_rank, priority when priority
+// scheduling is on, and dp_rank when dp_size > 1), a queue's total under
+// priority="" and its per-priority breakdown under priority="N"
+// (_log_gauge_queue_count); with metrics for all schedulers, each
+// tensor-parallel scheduler of a rank reports the rank's queue.
+const sglangDP = `# HELP sglang:num_running_reqs The number of running requests.
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{model_name="qwen",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="",dp_rank="0"} 3.0
+sglang:num_running_reqs{model_name="qwen",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="1",dp_rank="0"} 3.0
+sglang:num_running_reqs{model_name="qwen",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1",priority="",dp_rank="1"} 7.0
+sglang:num_running_reqs{model_name="qwen",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1",priority="0",dp_rank="1"} 5.0
+sglang:num_running_reqs{model_name="qwen",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1",priority="2",dp_rank="1"} 2.0
+sglang:num_running_reqs{model_name="qwen",engine_type="unified",tp_rank="3",pp_rank="0",moe_ep_rank="3",priority="",dp_rank="1"} 7.0
+# HELP sglang:num_queue_reqs The number of requests in the waiting queue.
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{model_name="qwen",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="",dp_rank="0"} 2.0
+sglang:num_queue_reqs{model_name="qwen",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="1",dp_rank="0"} 2.0
+sglang:num_queue_reqs{model_name="qwen",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1",priority="",dp_rank="1"} 9.0
+sglang:num_queue_reqs{model_name="qwen",engine_type="unified",tp_rank="3",pp_rank="0",moe_ep_rank="3",priority="",dp_rank="1"} 9.0
+# HELP sglang:token_usage The token usage.
+# TYPE sglang:token_usage gauge
+sglang:token_usage{model_name="qwen",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="",dp_rank="0"} 0.25
+sglang:token_usage{model_name="qwen",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1",priority="",dp_rank="1"} 0.9
+# HELP sglang:max_total_num_tokens Maximum total number of tokens in the KV cache pool.
+# TYPE sglang:max_total_num_tokens gauge
+sglang:max_total_num_tokens{model_name="qwen",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="",dp_rank="0"} 100000.0
+sglang:max_total_num_tokens{model_name="qwen",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1",priority="",dp_rank="1"} 90000.0
+# HELP sglang:page_size KV cache page size in tokens.
+# TYPE sglang:page_size gauge
+sglang:page_size{model_name="qwen",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0",priority="",dp_rank="0"} 64.0
+sglang:page_size{model_name="qwen",engine_type="unified",tp_rank="1",pp_rank="0",moe_ep_rank="1",priority="",dp_rank="1"} 64.0
+`
+
+// TestParseEngineSGLangDataParallel: an SGLang server's data-parallel
+// ranks (dp_rank) are read as ranks, each with its own queue, running
+// requests, KV usage and capacity; a queue is its total (priority=""),
+// not its sum with its per-priority breakdown, and a rank's
+// tensor-parallel schedulers count once. Before, dp_rank was not read:
+// the ranks were one, their queues and every breakdown summed (running
+// 27 for 10), their usage the largest.
+func TestParseEngineSGLangDataParallel(t *testing.T) {
+	got, err := ParseEngineText(strings.NewReader(sglangDP))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Engine{Ranked: true, Ranks: []Rank{
+		{Rank: 0, Load: &fleet.EngineLoad{KVUsage: 0.25, HasKVUsage: true, Waiting: 2, HasWaiting: true}, Running: 3, HasRunning: true, CapacityTokens: 100000, BlockSize: 64},
+		{Rank: 1, Load: &fleet.EngineLoad{KVUsage: 0.9, HasKVUsage: true, Waiting: 9, HasWaiting: true}, Running: 7, HasRunning: true, CapacityTokens: 90000, BlockSize: 64},
+	}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+	// Without --dp-size, SGLang labels no dp_rank: one rank, not ranked.
+	one, err := ParseEngineText(strings.NewReader(`sglang:num_queue_reqs{model_name="qwen",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 4
+sglang:max_total_num_tokens{model_name="qwen",engine_type="unified",tp_rank="0",pp_rank="0",moe_ep_rank="0"} 5000
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if one.Ranked || len(one.Ranks) != 1 || one.Ranks[0].CapacityTokens != 5000 || one.Ranks[0].Load.Waiting != 4 {
+		t.Errorf("SGLang without data parallelism: %+v", one)
+	}
+	// vLLM's engine label on an SGLang series, or SGLang's dp_rank on a
+	// vLLM one, is no rank.
+	mixed, err := ParseEngineText(strings.NewReader("sglang:num_queue_reqs{engine=\"1\"} 4\nvllm:num_requests_running{dp_rank=\"1\"} 2\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if mixed.Ranked || len(mixed.Ranks) != 1 || mixed.Ranks[0].Rank != 0 {
+		t.Errorf("another engine's rank label read as a rank: %+v", mixed)
+	}
+}
+
 func TestRouterBlocks(t *testing.T) {
 	for _, tt := range []struct{ tokens, bs, want int64 }{
 		{2048 * 16, 512, 64}, // vLLM: 2048 blocks of 16 tokens = 64 router blocks of 512
@@ -244,6 +322,7 @@ func TestParseEngineUnderscoreNames(t *testing.T) {
 		{"sglang", sglangDocMetrics},
 		{"vllm", vllmCapacityMetrics},
 		{"vllm data parallel", vllmDP},
+		{"sglang data parallel", sglangDP},
 		{"sglang capacity", "sglang:max_total_num_tokens{model_name=\"qwen\"} 471258\nsglang:page_size{model_name=\"qwen\"} 64\nsglang:token_usage 0.5\n"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

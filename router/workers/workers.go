@@ -13,15 +13,29 @@
 //
 // # Data-parallel ranks
 //
-// An engine whose metrics carry vLLM's engine="N" label with several N (or
-// an N other than 0) reports data-parallel ranks (Engine.Ranked): each
-// rank is a fleet member of its own, fleet.Spec{ID, DPRank: N}, with its
-// own engine load (waiting, KV usage and running from its own series) and
-// capacity, so a full rank never makes its siblings look busy. Requests to
-// such a worker name the chosen rank (serve sends X-data-parallel-rank).
-// An engine without ranks is one member of rank 0. Ranks follow the
-// engine's report: a rank that appears joins, one that disappears leaves.
-// Readiness is the engine's: every rank joins and leaves with its probe.
+// An engine whose metrics carry vLLM's engine="N" label, or SGLang's
+// dp_rank="N", with several N (or an N other than 0) reports
+// data-parallel ranks (Engine.Ranked): each rank is a fleet member of its
+// own, fleet.Spec{ID, DPRank: N}, with its own engine load (waiting, KV
+// usage and running from its own series) and capacity, so a full rank
+// never makes its siblings look busy. Requests to such a worker name the
+// chosen rank (serve sends X-Data-Parallel-Rank, which vLLM's API server
+// and SGLang's both honour). An engine whose metrics give no ranks (SGLang
+// without --enable-metrics) has the ranks of the KV-event sources it
+// reports, when they name several. An engine without ranks is one member
+// of rank 0. Ranks follow the engine's report: a rank that appears joins,
+// one that disappears leaves. Readiness is the engine's: every rank joins
+// and leaves with its probe.
+//
+// SGLang is modelled as vLLM is: each data-parallel rank (attention DP
+// rank with --enable-dp-attention) has its own scheduler, KV cache and
+// KV-event publisher (port base + rank), and SGLang's
+// DataParallelController sends a request without a rank round-robin over
+// the ranks (load_balance_method "auto" or "round_robin"), blind to what
+// each caches; a request naming its rank (X-Data-Parallel-Rank, or the
+// body's routed_dp_rank) goes to that rank
+// (maybe_external_dp_rank_routing). See docs/kv-events.md, "SGLang with
+// data parallelism".
 //
 // # Discovery
 //
@@ -1143,8 +1157,12 @@ func (m *Manager) notify() {
 // applyReportLocked records rep's ranks: their loads, running counts,
 // capacities and block sizes. A report with ranks makes them e's ranks
 // (ranks it no longer lists leave the fleet); one without (no engine
-// metrics) changes none.
+// metrics) makes them the data-parallel ranks of the KV-event sources
+// the engine reported (sourceRanks), and else changes none.
 func (m *Manager) applyReportLocked(e *entry, rep Engine, now time.Time) {
+	if len(rep.Ranks) == 0 {
+		rep = e.sourceRanksLocked()
+	}
 	if len(rep.Ranks) == 0 {
 		return
 	}
@@ -1179,6 +1197,25 @@ func (m *Manager) applyReportLocked(e *entry, rep Engine, now time.Time) {
 	for ; i < len(old); i++ {
 		m.removeRankLocked(e, old[i])
 	}
+}
+
+// sourceRanksLocked is a report of e's data-parallel ranks as its
+// engine's KV-event sources name them, without loads: one rank per
+// source when they name ranks (more than one, or one other than 0), else
+// none. An SGLang server started with --dp-size N but without
+// --enable-metrics reports its ranks there only (/server_info's
+// kv_events.dp_size), and each rank has its own KV cache: routed as one
+// candidate, its requests would go round-robin over the ranks (SGLang's
+// DataParallelController), whatever each rank holds.
+func (e *entry) sourceRanksLocked() Engine {
+	if len(e.sources) == 0 || len(e.sources) == 1 && e.sources[0].Rank == 0 {
+		return Engine{}
+	}
+	rep := Engine{Ranked: true, Ranks: make([]Rank, len(e.sources))}
+	for i, s := range e.sources {
+		rep.Ranks[i] = Rank{Rank: uint32(s.Rank)}
+	}
+	return rep
 }
 
 // ReportFailure records that a request to the worker named name failed
