@@ -19,6 +19,7 @@ type kvBlocksBody struct {
 	Ranks []struct {
 		Rank      int `json:"data_parallel_rank"`
 		BlockSize int `json:"block_size"`
+		Evicted   int `json:"evicted_blocks"`
 		Blocks    []struct {
 			Hash   uint64 `json:"hash"`
 			Medium string `json:"medium"`
@@ -30,6 +31,12 @@ type kvBlocksBody struct {
 // kvBlocks reads url's /debug/kv_blocks as hash -> copies per rank,
 // checking the fixed fields and the order.
 func kvBlocks(t *testing.T, url string) []map[uint64]int {
+	l, _ := kvBlocksEvicted(t, url)
+	return l
+}
+
+// kvBlocksEvicted is kvBlocks and each rank's evicted_blocks.
+func kvBlocksEvicted(t *testing.T, url string) ([]map[uint64]int, []int) {
 	t.Helper()
 	resp, err := http.Get(url + "/debug/kv_blocks")
 	if err != nil {
@@ -41,7 +48,9 @@ func kvBlocks(t *testing.T, url string) []map[uint64]int {
 		t.Fatalf("/debug/kv_blocks: %d, %v", resp.StatusCode, err)
 	}
 	out := make([]map[uint64]int, len(body.Ranks))
+	evicted := make([]int, len(body.Ranks))
 	for i, r := range body.Ranks {
+		evicted[i] = r.Evicted
 		if r.Rank != i || r.BlockSize != 16 {
 			t.Fatalf("rank entry %d: rank %d block size %d", i, r.Rank, r.BlockSize)
 		}
@@ -53,7 +62,7 @@ func kvBlocks(t *testing.T, url string) []map[uint64]int {
 			out[i][b.Hash] = b.Copies
 		}
 	}
-	return out
+	return out, evicted
 }
 
 // TestKVBlocks: /debug/kv_blocks lists the engine's cached blocks by the
@@ -107,6 +116,7 @@ func TestKVBlocks(t *testing.T) {
 	sub.until("AllBlocksCleared", func(m kvMsg) bool {
 		return len(m.events) == 1 && m.events[0].Kind == kvevents.AllBlocksCleared
 	})
+	_, before := kvBlocksEvicted(t, url)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 120 {
 		body := map[string]any{"prompt": ids(1+1000*rng.IntN(6), 16+rng.IntN(300)), "max_tokens": 1 + rng.IntN(4)}
@@ -139,10 +149,17 @@ func TestKVBlocks(t *testing.T) {
 		}
 		return marker
 	})
-	got := kvBlocks(t, url)[1]
+	all, evicted := kvBlocksEvicted(t, url)
+	got := all[1]
 	if evictions < 64 || len(got) == 0 || !maps.Equal(got, fromEvents) {
 		t.Fatalf("rank 1 after %d evictions: /debug/kv_blocks %d hashes, the events %d: equal %v",
 			evictions, len(got), len(fromEvents), maps.Equal(got, fromEvents))
+	}
+	// Every BlockRemoved since the reset is an eviction (a reset evicts
+	// nothing).
+	if evicted[1]-before[1] != evictions || evicted[0] != 0 {
+		t.Fatalf("evicted_blocks %v (before the traffic %v), want rank 0 0 and rank 1 %d more (its BlockRemoved since the reset)",
+			evicted, before, evictions)
 	}
 }
 
