@@ -240,7 +240,7 @@ func (x *Decoder) events(b *Batch) error {
 			b.Events = append(b.Events, Event{})
 		}
 		ev := &b.Events[i]
-		*ev = Event{BlockHashes: ev.BlockHashes[:0], TokenIDs: ev.TokenIDs[:0], extra: ev.extra[:0]}
+		*ev = Event{BlockHashes: ev.BlockHashes[:0], TokenIDs: ev.TokenIDs[:0], extra: ev.extra[:0], raw: ev.raw[:0]}
 		if err := x.event(ev); err != nil {
 			return fmt.Errorf("event %d: %w", i, err)
 		}
@@ -397,7 +397,7 @@ func (x *Decoder) field(ev *Event, f fieldID) error {
 	var err error
 	switch f {
 	case fBlockHashes:
-		ev.BlockHashes, err = x.hashes(ev.BlockHashes)
+		err = x.hashes(ev)
 	case fParent:
 		ev.ParentBlockHash, ev.HasParent, err = x.hash(true)
 	case fTokenIDs:
@@ -546,40 +546,78 @@ func (x *Decoder) optInt() (int64, bool, error) {
 
 // hash reads one block hash (see the package doc); nil only when nullable.
 func (x *Decoder) hash(nullable bool) (uint64, bool, error) {
+	h, _, ok, err := x.rawHash(nullable)
+	return h, ok, err
+}
+
+// rawHash reads one block hash: its fold and how it came (the bytes of a
+// bytes hash point into the payload); nil only when nullable.
+func (x *Decoder) rawHash(nullable bool) (uint64, RawHash, bool, error) {
 	c, err := x.peek()
 	if err != nil {
-		return 0, false, err
+		return 0, RawHash{}, false, err
 	}
 	switch {
 	case c == msgpcode.Nil:
 		if !nullable {
-			return 0, false, errors.New("nil block hash")
+			return 0, RawHash{}, false, errors.New("nil block hash")
 		}
-		return 0, false, x.d.DecodeNil()
+		return 0, RawHash{}, false, x.d.DecodeNil()
 	case isBytes(c):
 		b, err := x.str()
 		if err != nil {
-			return 0, false, err
+			return 0, RawHash{}, false, err
 		}
-		return FoldHash(b), true, nil
+		return FoldHash(b), RawHash{Form: HashBytes, Bytes: b}, true, nil
+	case isSigned(c):
+		v, err := x.d.DecodeInt64()
+		if err == nil && v < 0 {
+			return uint64(v), RawHash{Form: HashNegative}, true, nil
+		}
+		return uint64(v), RawHash{}, err == nil, err
 	}
 	h, err := x.d.DecodeUint64()
-	return h, err == nil, err
+	return h, RawHash{}, err == nil, err
 }
 
-func (x *Decoder) hashes(dst []uint64) ([]uint64, error) {
+// isSigned reports whether c starts a msgpack int that may be negative (a
+// negative fixint or a signed int): a uint or positive fixint cannot be.
+func isSigned(c byte) bool {
+	return c >= msgpcode.NegFixedNumLow || c == msgpcode.Int8 || c == msgpcode.Int16 || c == msgpcode.Int32 || c == msgpcode.Int64
+}
+
+// hashes reads ev's block hashes, and their raw forms (ev.RawHashes)
+// when one is not a non-negative int.
+func (x *Decoder) hashes(ev *Event) error {
 	n, err := x.arrayLen()
 	if err != nil {
-		return dst, err
+		return err
 	}
 	for range n {
-		h, _, err := x.hash(false)
+		h, raw, _, err := x.rawHash(false)
 		if err != nil {
-			return dst, err
+			return err
 		}
-		dst = append(dst, h)
+		if raw.Form != HashUint && ev.RawHashes == nil {
+			// The first hash that is not a plain int: the ones before it
+			// were.
+			ev.RawHashes = ev.raw[:0]
+			if ev.RawHashes == nil {
+				ev.RawHashes = make([]RawHash, 0, n)
+			}
+			for range ev.BlockHashes {
+				ev.RawHashes = append(ev.RawHashes, RawHash{})
+			}
+		}
+		ev.BlockHashes = append(ev.BlockHashes, h)
+		if ev.RawHashes != nil {
+			ev.RawHashes = append(ev.RawHashes, raw)
+		}
 	}
-	return dst, nil
+	if ev.RawHashes != nil {
+		ev.raw = ev.RawHashes
+	}
+	return nil
 }
 
 // FoldHash folds a bytes block hash to 64 bits: its last 8 bytes read

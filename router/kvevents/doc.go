@@ -53,7 +53,9 @@
 // existed, BlockStored had 5 fields); missing trailing fields read as None.
 // A hash (vLLM's ExternalBlockHash) is bytes or an int: an int is taken as
 // its 64-bit two's complement, bytes as their last 8 bytes big-endian
-// (fewer than 8 bytes: zero-extended on the left).
+// (fewer than 8 bytes: zero-extended on the left). Event.RawHashes keeps
+// how each came (a negative int, or the bytes) when not every hash of the
+// event is a non-negative int; the encoder writes them back so.
 //
 // Replay: an optional ROUTER socket (replay_endpoint, also offset by the
 // rank). A client (DEALER) sends [empty delimiter, start sequence as 8 bytes

@@ -118,7 +118,7 @@ func (e *Encoder) event(ev *Event) error {
 		}
 		if e.Encoding == EncodingSGLang {
 			fs = []field{
-				{"block_hashes", false, func() error { return e.hashes(ev.BlockHashes) }},
+				{"block_hashes", false, func() error { return e.blockHashes(ev) }},
 				{"parent_block_hash", false, func() error { return e.optHash(ev.ParentBlockHash, ev.HasParent) }},
 				{"token_ids", false, func() error { return e.ints(ev.TokenIDs) }},
 				{"block_size", false, func() error { return e.enc.EncodeInt(ev.BlockSize) }},
@@ -127,7 +127,7 @@ func (e *Encoder) event(ev *Event) error {
 			break
 		}
 		fs = []field{
-			{"block_hashes", false, func() error { return e.hashes(ev.BlockHashes) }},
+			{"block_hashes", false, func() error { return e.blockHashes(ev) }},
 			{"parent_block_hash", false, func() error { return e.optHash(ev.ParentBlockHash, ev.HasParent) }},
 			{"token_ids", false, func() error { return e.ints(ev.TokenIDs) }},
 			{"block_size", false, func() error { return e.enc.EncodeInt(ev.BlockSize) }},
@@ -145,11 +145,11 @@ func (e *Encoder) event(ev *Event) error {
 		}
 	case BlockRemoved:
 		if e.Encoding == EncodingSGLang {
-			fs = []field{{"block_hashes", false, func() error { return e.hashes(ev.BlockHashes) }}}
+			fs = []field{{"block_hashes", false, func() error { return e.blockHashes(ev) }}}
 			break
 		}
 		fs = []field{
-			{"block_hashes", false, func() error { return e.hashes(ev.BlockHashes) }},
+			{"block_hashes", false, func() error { return e.blockHashes(ev) }},
 			{"medium", false, func() error { return e.optStr(ev.Medium) }},
 			{"group_idx", !ev.HasGroupIdx, func() error { return e.optInt(ev.GroupIdx, ev.HasGroupIdx) }},
 			{"locality", ev.Locality == nil, func() error { return e.optStr(ev.Locality) }},
@@ -207,10 +207,26 @@ func (e *Encoder) hash(h uint64) error {
 	return e.enc.EncodeUint(h)
 }
 
-func (e *Encoder) hashes(hs []uint64) error {
-	_ = e.enc.EncodeArrayLen(len(hs))
-	for _, h := range hs {
-		_ = e.hash(h)
+// blockHashes writes ev's block hashes: as they came from an engine where
+// ev.RawHashes says how, else by the Encoder's settings.
+func (e *Encoder) blockHashes(ev *Event) error {
+	if ev.RawHashes != nil && len(ev.RawHashes) != len(ev.BlockHashes) {
+		return fmt.Errorf("%w: %d raw hashes for %d blocks", ErrEncode, len(ev.RawHashes), len(ev.BlockHashes))
+	}
+	_ = e.enc.EncodeArrayLen(len(ev.BlockHashes))
+	for i, h := range ev.BlockHashes {
+		if ev.RawHashes == nil {
+			_ = e.hash(h)
+			continue
+		}
+		switch r := ev.RawHashes[i]; r.Form {
+		case HashNegative:
+			_ = e.enc.EncodeInt(int64(h))
+		case HashBytes:
+			_ = e.enc.EncodeBytes(r.Bytes)
+		default:
+			_ = e.enc.EncodeUint(h)
+		}
 	}
 	return nil
 }

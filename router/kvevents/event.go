@@ -57,6 +57,11 @@ type Event struct {
 	// BlockHashes are the engine's hashes of the blocks, folded to 64 bits
 	// (see the package doc). BlockStored, BlockRemoved.
 	BlockHashes []uint64
+	// RawHashes says how the engine sent BlockHashes where their folds do
+	// not say it exactly: nil when every one came as a non-negative int
+	// (vLLM's default int hashes), else one entry per hash (RawHash). The
+	// encoder writes them back as they came.
+	RawHashes []RawHash
 	// ParentBlockHash is the engine hash of the block preceding the first
 	// of BlockHashes, when HasParent (None for a prompt's first block).
 	ParentBlockHash uint64
@@ -96,7 +101,33 @@ type Event struct {
 	// 51699, open). nil when None or absent. BlockStored.
 	SessionID, Origin []byte
 
-	extra [][]byte // ExtraKeys' storage, kept while ExtraKeys is nil
+	extra [][]byte  // ExtraKeys' storage, kept while ExtraKeys is nil
+	raw   []RawHash // RawHashes' storage, kept while RawHashes is nil
+}
+
+// HashForm is how an engine sent one block hash on the wire: vLLM's
+// ExternalBlockHash is bytes or an int, SGLang's a signed 64-bit int.
+type HashForm uint8
+
+// The hash forms.
+const (
+	// HashUint is a non-negative int: its fold (Event.BlockHashes) is
+	// its value.
+	HashUint HashForm = iota
+	// HashNegative is a negative int: int64 of its fold is its value.
+	HashNegative
+	// HashBytes is bytes (RawHash.Bytes): vLLM's raw hashes with
+	// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0, 32 bytes for sha256 and
+	// sha256_cbor, 16 for xxhash; its fold is FoldHash of them.
+	HashBytes
+)
+
+// RawHash is one block hash as the engine sent it (Event.RawHashes).
+type RawHash struct {
+	Form HashForm
+	// Bytes are a HashBytes hash's bytes; nil for an int. A decoded
+	// Batch's point into the payload.
+	Bytes []byte
 }
 
 // Batch is one published EventBatch.

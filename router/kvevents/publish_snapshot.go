@@ -324,6 +324,13 @@ func cmpUint64(a, b uint64) int {
 func cloneEvent(ev *Event) Event {
 	c := *ev
 	c.BlockHashes = slices.Clone(ev.BlockHashes)
+	c.raw = nil
+	if ev.RawHashes != nil {
+		c.RawHashes = make([]RawHash, len(ev.RawHashes))
+		for i, r := range ev.RawHashes {
+			c.RawHashes[i] = RawHash{Form: r.Form, Bytes: cloneBytes(r.Bytes)}
+		}
+	}
 	c.TokenIDs = slices.Clone(ev.TokenIDs)
 	c.Medium = cloneBytes(ev.Medium)
 	c.LoRAName = cloneBytes(ev.LoRAName)
@@ -351,6 +358,9 @@ func eventSize(ev *Event) int {
 	n := 16 + 9*(len(ev.BlockHashes)+len(ev.TokenIDs)) + len(ev.Medium) + len(ev.LoRAName) + len(ev.SpecKind)
 	for _, k := range ev.ExtraKeys {
 		n += 1 + len(k)
+	}
+	for _, r := range ev.RawHashes {
+		n += len(r.Bytes)
 	}
 	return n
 }

@@ -76,6 +76,10 @@ const maxCopies = 1 << 30
 //     (SkippedUnresolved). The map keeps a block's engine hash while any
 //     copy of the block is known, so a CPU copy stays keyed after its GPU
 //     copies went.
+//   - Engine names: each block keeps, per tier, its latest store's engine
+//     hash as the engine sent it (an int, a negative int, or bytes: see
+//     engineblocks.go), which EngineBlocks lists, for comparing the
+//     belief with the engine's own block set.
 //   - Unknown parent: a parent hash absent from the engine-to-router map
 //     (its store was missed, evicted from the index, or skipped) makes the
 //     event's blocks unkeyable: they are skipped and counted
@@ -170,10 +174,15 @@ type Precise struct {
 	holdCold    bool // ClearCold since the last MarkLive
 	sinceClear  int  // GPU blocks stored since Clear
 	stats       PreciseStats
-	digest      extrasDigest
-	scratch     []uint64 // an event's router hashes
-	found       []bool   // and whether each was found
-	sink        uint64   // what touches read
+	// wide keeps, per tier, the bytes of each slot's hash when the
+	// engine sent it as more than 8 bytes (vLLM's raw sha256 hashes),
+	// in chunks parallel to st's, made when a slot of the chunk first
+	// needs one: an engine of int hashes costs nothing here.
+	wide    [numTiers][]*[1 << slotChunkShift][maxWideHash]byte
+	digest  extrasDigest
+	scratch []uint64 // an event's router hashes
+	found   []bool   // and whether each was found
+	sink    uint64   // what touches read
 }
 
 // slotChunkShift is log2 of the slots per chunk of Precise.st (4,096
@@ -208,6 +217,10 @@ type slotState struct {
 	cnt0, gref, oref uint32
 	prev, next       int32 // recency list (head: most recently stored)
 	gprev, gnext     int32 // GPU list, while gref > 0
+	// name says, per tier, how the engine sent the hash of the tier's
+	// latest store (see engineName): with eng (and, for a hash wider
+	// than 8 bytes, the tier's wide store), the engine's own value.
+	name [numTiers]engineName
 }
 
 // scopeKey identifies a residency scope: a tier, a group and the digests
@@ -675,18 +688,18 @@ func (p *Precise) stored(ev *kvevents.Event) {
 	}
 	switch {
 	case p.engineKeys:
-		for _, eh := range ev.BlockHashes {
-			p.add(eh, eh, s, t)
+		for k, eh := range ev.BlockHashes {
+			p.add(eh, eh, rawAt(ev, k), s, t)
 		}
 	case tokenless || len(ev.TokenIDs) > len(ev.BlockHashes)*e && len(ev.TokenIDs)%e == 0:
 		// Keyed through the engine hashes' earlier stores.
-		for _, eh := range ev.BlockHashes {
+		for k, eh := range ev.BlockHashes {
 			rh, ok := p.resolve(eh)
 			if !ok {
 				p.stats.SkippedUnresolved++
 				continue
 			}
-			p.add(rh, eh, s, t)
+			p.add(rh, eh, rawAt(ev, k), s, t)
 		}
 	case len(ev.TokenIDs) != len(ev.BlockHashes)*e || ev.ExtraKeys != nil && len(ev.ExtraKeys) != len(ev.BlockHashes):
 		p.stats.SkippedMalformed += n
@@ -729,7 +742,7 @@ func (p *Precise) stored(ev *kvevents.Event) {
 		}
 		p.sink = sink
 		for i, rh := range rhs {
-			p.add(rh, ev.BlockHashes[i], s, t)
+			p.add(rh, ev.BlockHashes[i], rawAt(ev, i), s, t)
 		}
 	}
 }
@@ -748,11 +761,21 @@ func (p *Precise) resolve(eh uint64) (uint64, bool) {
 	return rh, true
 }
 
-// add counts a copy of block rh, engine hash eh, in scope s of tier t:
-// the block becomes the most recently stored, and a new block beyond the
-// bound evicts the least recently stored. p.mu is held.
-func (p *Precise) add(rh, eh uint64, s uint8, t tier) {
-	if p.addN(rh, eh, s, 1) {
+// rawAt is how the engine sent ev's k-th block hash; nil for a
+// non-negative int.
+func rawAt(ev *kvevents.Event, k int) *kvevents.RawHash {
+	if ev.RawHashes == nil {
+		return nil
+	}
+	return &ev.RawHashes[k]
+}
+
+// add counts a copy of block rh, engine hash eh (sent as raw; nil: a
+// non-negative int), in scope s of tier t: the block becomes the most
+// recently stored, and a new block beyond the bound evicts the least
+// recently stored. p.mu is held.
+func (p *Precise) add(rh, eh uint64, raw *kvevents.RawHash, s uint8, t tier) {
+	if p.addN(rh, eh, raw, s, 1) {
 		p.stats.Stored++
 		if t == tierGPU {
 			p.sinceClear++
@@ -761,8 +784,9 @@ func (p *Precise) add(rh, eh uint64, s uint8, t tier) {
 }
 
 // addN is add of k copies, not counted in the stats; it reports whether
-// it added any. p.mu is held.
-func (p *Precise) addN(rh, eh uint64, s uint8, k uint32) bool {
+// it added any. The tier's name of the block becomes eh as sent (raw)
+// when it did. p.mu is held.
+func (p *Precise) addN(rh, eh uint64, raw *kvevents.RawHash, s uint8, k uint32) bool {
 	if k == 0 || k > maxCopies {
 		return false
 	}
@@ -776,6 +800,9 @@ func (p *Precise) addN(rh, eh uint64, s uint8, k uint32) bool {
 			st.eng = eh
 			p.engine.put(eh, rh)
 			p.sweepEngine()
+			for t := range st.name {
+				st.name[t] |= nameAliased
+			}
 		}
 	} else {
 		if tab.n >= p.capacity {
@@ -796,9 +823,16 @@ func (p *Precise) addN(rh, eh uint64, s uint8, k uint32) bool {
 			}
 		}
 		tab.insert(rh, i, f)
+		if ok {
+			p.setName(i, p.scopes[s].t, raw)
+		}
 		return ok
 	}
-	return p.inc(i, s, k)
+	if !p.inc(i, s, k) {
+		return false
+	}
+	p.setName(i, p.scopes[s].t, raw)
+	return true
 }
 
 // newSlot returns a free slot for block rh, engine hash eh, at the front

@@ -184,7 +184,15 @@ func (p *Precise) importLocked(pc *PreciseContent) {
 				if tier(t) == tierGPU && g == 0 && pc.Copies != nil {
 					k = min(max(pc.Copies[i], 1), maxCopies)
 				}
-				p.addN(pc.Router[i], pc.Engine[i], s, k)
+				p.addN(pc.Router[i], pc.Engine[i], nil, s, k)
+			}
+		}
+		// Only the engine hashes' folds travel: the engine's own value is
+		// unknown here.
+		if j := p.w.find(pc.Router[i]); j >= 0 {
+			st := p.slot(p.w.vals[j])
+			for t := range st.name {
+				st.name[t] = st.name[t]&nameAliased | nameFolded
 			}
 		}
 	}

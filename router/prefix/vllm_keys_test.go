@@ -92,11 +92,14 @@ type vllmStored struct {
 	hashes    []uint64
 	hashBytes [][]byte
 	parent    *uint64
-	tokens    []int64
-	blockSize int64
-	loraID    *int64
-	medium    string
-	loraName  *string
+	// parentBytes, when set, is the parent's raw bytes hash (with
+	// hashBytes).
+	parentBytes []byte
+	tokens      []int64
+	blockSize   int64
+	loraID      *int64
+	medium      string
+	loraName    *string
 	// extraKeys, one per block, each the msgpack of the block's tuple or
 	// nil for None; nil for the field's None.
 	extraKeys []mp
@@ -116,7 +119,9 @@ func (e vllmStored) encode(m mp) mp {
 			m = m.uint(h)
 		}
 	}
-	if e.parent != nil {
+	if e.parentBytes != nil {
+		m = m.bin(e.parentBytes)
+	} else if e.parent != nil {
 		m = m.uint(*e.parent)
 	} else {
 		m = m.nil()

@@ -82,9 +82,10 @@ type DaemonOptions struct {
 	// Listener is where the API is served (required). Run closes it.
 	Listener net.Listener
 	// DebugListener, when set, serves Go's profiler (net/http/pprof under
-	// /debug/pprof/) and the router's view of its workers
-	// (/debug/workers, DebugWorkers), never reachable on Listener. Run
-	// closes it.
+	// /debug/pprof/), the router's view of its workers (/debug/workers,
+	// DebugWorkers) and the blocks it believes each one's engine holds
+	// (/debug/workers/NAME/blocks, DebugBlocks), never reachable on
+	// Listener. Run closes it.
 	DebugListener net.Listener
 	// RequestTimeout, DrainTimeout and CharsPerToken are the Server's
 	// (Options; zero takes the defaults there).
@@ -344,7 +345,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 		})
 	}
 	if o.DebugListener != nil {
-		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log, http.HandlerFunc(d.srv.debugWorkers)) })
+		routes := map[string]http.Handler{
+			"GET /debug/workers":               http.HandlerFunc(d.srv.debugWorkers),
+			"GET /debug/workers/{name}/blocks": blocksView{status: mgr.StatusOf, kvs: kvs},
+		}
+		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log, routes) })
 	}
 	close(d.ready)
 	if o.OnReady != nil {
@@ -586,12 +591,15 @@ func (d *Daemon) diagnostics(diags hcl.Diagnostics) {
 	}
 }
 
-// serveDebug serves net/http/pprof's handlers and workersView (GET
-// /debug/workers) on ln until ctx ends. It is a listener of its own so
-// that the profiler is never reachable on the API address.
-func serveDebug(ctx context.Context, ln net.Listener, log hclog.Logger, workersView http.Handler) {
+// serveDebug serves net/http/pprof's handlers and routes (pattern to
+// handler: GET /debug/workers, GET /debug/workers/{name}/blocks) on ln
+// until ctx ends. It is a listener of its own so that the profiler and
+// the router's views are never reachable on the API address.
+func serveDebug(ctx context.Context, ln net.Listener, log hclog.Logger, routes map[string]http.Handler) {
 	mux := http.NewServeMux()
-	mux.Handle("GET /debug/workers", workersView)
+	for pattern, h := range routes {
+		mux.Handle(pattern, h)
+	}
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)

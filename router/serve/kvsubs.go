@@ -533,6 +533,34 @@ func (k *kvSubs) stream(id shared.WorkerID, rank uint32) (workers.EventStream, b
 		Skipped: p.skipped(), Malformed: p.sub.DecodeErrors + p.sub.BadMessages}, true
 }
 
+// rankStatus returns candidate c's precise index and its stream's
+// status (kvSub.status); false when c has no subscriber.
+func (k *kvSubs) rankStatus(c prefix.Candidate) (*prefix.Precise, kvStatus, bool) {
+	k.mu.Lock()
+	s := k.subs[c]
+	k.mu.Unlock()
+	if s == nil {
+		return nil, kvStatus{}, false
+	}
+	return s.precise, s.status(), true
+}
+
+// hasSource reports whether worker name's rank has a KV-event source (its
+// kv_events block, or one its engine reported).
+func (k *kvSubs) hasSource(name string, rank uint32) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if b, ok := k.cfgs[name]; ok && b != nil {
+		return true
+	}
+	for _, s := range k.discovered[name] {
+		if s.Rank == int(rank) {
+			return true
+		}
+	}
+	return false
+}
+
 // indexBlocks reports the prefix-index entries of candidate (id, rank)
 // for the workers Manager (Options.IndexBlocks): its precise index's
 // engine blocks while it has one, else its approximate list's router

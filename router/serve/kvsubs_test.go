@@ -38,6 +38,8 @@ type snapEngine struct {
 	seq    uint64
 	blocks []uint64
 	reqs   int
+	// chunk, when set, is the snapshot's one chunk in place of blocks'.
+	chunk []byte
 }
 
 func newSnapEngine(t *testing.T, id string, blocks ...uint64) *snapEngine {
@@ -83,7 +85,10 @@ func newSnapEngine(t *testing.T, id string, blocks ...uint64) *snapEngine {
 			e.mu.Lock()
 			e.reqs++
 			cut := e.seq - 1
-			chunk := e.batch(t, e.blocks...)
+			chunk := e.chunk
+			if chunk == nil {
+				chunk = e.batch(t, e.blocks...)
+			}
 			e.mu.Unlock()
 			_ = e.snap.Send(zmq4.Msg{Frames: append(env, binary.BigEndian.AppendUint64(nil, cut), e.id, chunk)})
 		}
