@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -73,7 +72,7 @@ func (f *fleet) startEngines(ctx context.Context, a engineArgs) error {
 			args = append(args, "--kv-events-snapshot-unavailable")
 		}
 		name := fmt.Sprintf("e%d", i)
-		u, err := f.procs.Start(ctx, filepath.Join(f.dir, name+".log"), listening, f.o.routerBin, args...)
+		u, err := f.procs.Start(ctx, filepath.Join(f.dir, name+".log"), listening, f.o.mockBin, args...)
 		if err != nil {
 			return err
 		}
@@ -239,44 +238,68 @@ func (f *fleet) truth(ctx context.Context, e engine) (map[blockKey]int, int64, e
 	return out, evicted, nil
 }
 
-// errNoBeliefEndpoint: the router has no GET /debug/workers/NAME/blocks.
-var errNoBeliefEndpoint = errors.New("the router has no GET /debug/workers/NAME/blocks on --debug-listen")
+// belief is what the router believes one engine holds.
+type belief struct {
+	gpu map[blockKey]int // GPU blocks and their copies
+	// other counts entries on another tier (the mock has none); notHeld
+	// GPU blocks listed as not counting for routing; flagged those listed
+	// by a fold or as aliases (not the engine's exact value).
+	other, notHeld, flagged int
+}
 
-// belief returns the blocks the router believes e holds on GPU (GET
-// /debug/workers/NAME/blocks on --debug-listen: {"blocks": [{"hash": an
-// int, or lowercase hex of a bytes hash, "medium", "rank", ...}]}), the
-// copies where it says them (0 where not), and how many entries it lists
-// on another medium.
-func (f *fleet) belief(ctx context.Context, e engine) (map[blockKey]int, int, error) {
+// belief reads the blocks the router believes e holds (GET
+// /debug/workers/NAME/blocks on --debug-listen: {"ranks": [...],
+// "blocks": [{"hash": an int, or lowercase hex of a bytes hash, "medium",
+// "rank", "copies", "held", "folded", "aliased"}], "complete"}), asking
+// again (up to 10 times) while it says it is not complete (an index
+// cleared while it was listed).
+func (f *fleet) belief(ctx context.Context, e engine) (belief, error) {
+	type entry struct {
+		Hash    json.RawMessage `json:"hash"`
+		Medium  string          `json:"medium"`
+		Rank    int             `json:"rank"`
+		Copies  int             `json:"copies"`
+		Held    *bool           `json:"held"`
+		Folded  bool            `json:"folded"`
+		Aliased bool            `json:"aliased"`
+	}
 	var body struct {
-		Blocks []struct {
-			Hash   json.RawMessage `json:"hash"`
-			Medium string          `json:"medium"`
-			Rank   int             `json:"rank"`
-			Copies int             `json:"copies"`
-		} `json:"blocks"`
+		Blocks   []entry `json:"blocks"`
+		Complete bool    `json:"complete"`
 	}
-	status, err := getJSON(ctx, f.client, f.debug+"/debug/workers/"+url.PathEscape(e.name)+"/blocks", &body)
-	if status == http.StatusNotFound && body.Blocks == nil {
-		return nil, 0, errNoBeliefEndpoint
+	u := f.debug + "/debug/workers/" + url.PathEscape(e.name) + "/blocks"
+	for try := 0; ; try++ {
+		body.Blocks, body.Complete = nil, false
+		status, err := getJSON(ctx, f.client, u, &body)
+		if err != nil || status != http.StatusOK {
+			return belief{}, fmt.Errorf("router /debug/workers/%s/blocks: status %d: %v", e.name, status, err)
+		}
+		if body.Complete || try == 9 {
+			break
+		}
 	}
-	if err != nil || status != http.StatusOK {
-		return nil, 0, fmt.Errorf("router /debug/workers/%s/blocks: status %d: %v", e.name, status, err)
+	if !body.Complete {
+		return belief{}, fmt.Errorf("router /debug/workers/%s/blocks: not complete 10 times in a row", e.name)
 	}
-	out := map[blockKey]int{}
-	other := 0
-	for _, b := range body.Blocks {
-		if !strings.EqualFold(b.Medium, "GPU") {
-			other++
+	b := belief{gpu: map[blockKey]int{}}
+	for _, x := range body.Blocks {
+		if !strings.EqualFold(x.Medium, "GPU") {
+			b.other++
 			continue
 		}
-		h, err := engineHash(b.Hash)
+		h, err := engineHash(x.Hash)
 		if err != nil {
-			return nil, 0, fmt.Errorf("router /debug/workers/%s/blocks: %w", e.name, err)
+			return belief{}, fmt.Errorf("router /debug/workers/%s/blocks: %w", e.name, err)
 		}
-		out[blockKey{b.Rank, h}] += max(b.Copies, 0) // present even when its copies are not said
+		b.gpu[blockKey{x.Rank, h}] += x.Copies
+		if x.Held != nil && !*x.Held {
+			b.notHeld++
+		}
+		if x.Folded || x.Aliased {
+			b.flagged++
+		}
 	}
-	return out, other, nil
+	return b, nil
 }
 
 // engineHash reads a hash as the router lists it: an int (vLLM's default
@@ -316,86 +339,49 @@ type diff struct {
 	truth, believed int
 	missing, extra  int // blocks held and not believed; believed and not held
 	otherMedium     int // believed on another tier (the mock has none)
-	copiesWrong     int // both sides, copies differing (where the router says them)
+	copiesWrong     int // believed and held, with other copies
+	notHeld         int // believed but listed as not counting for routing
+	flagged         int // listed by a fold or as an alias
 	evicted         int64
 	state           string
 }
 
 func (d diff) exact() bool {
-	return d.missing == 0 && d.extra == 0 && d.otherMedium == 0 && d.copiesWrong == 0
+	return d.missing == 0 && d.extra == 0 && d.otherMedium == 0 && d.copiesWrong == 0 && d.notHeld == 0 && d.flagged == 0
 }
 
-// compare reads every engine's cache and the router's belief of it. With
-// a router that has no /debug/workers/NAME/blocks it returns the caches
-// and errNoBeliefEndpoint (TEMPORARY: with the belief's size from
-// /debug/workers' prefix_index_blocks, a count only).
+// compare reads every engine's cache and the router's belief of it.
 func (f *fleet) compare(ctx context.Context) ([]diff, error) {
 	states, _ := f.kvStates()
 	out := make([]diff, 0, len(f.engines))
-	var noBelief error
 	for _, e := range f.engines {
 		t, evicted, err := f.truth(ctx, e)
 		if err != nil {
 			return nil, err
 		}
-		d := diff{engine: e.name, truth: len(t), evicted: evicted, state: states[e.name]}
-		b, other, err := f.belief(ctx, e)
-		if errors.Is(err, errNoBeliefEndpoint) {
-			noBelief = err
-			n, cerr := f.beliefCount(ctx, e)
-			if cerr != nil {
-				return nil, cerr
-			}
-			d.believed, d.missing, d.extra = n, max(0, len(t)-n), max(0, n-len(t))
-			out = append(out, d)
-			continue
-		}
+		b, err := f.belief(ctx, e)
 		if err != nil {
 			return nil, err
 		}
-		d.believed, d.otherMedium = len(b), other
+		d := diff{engine: e.name, truth: len(t), believed: len(b.gpu), otherMedium: b.other, notHeld: b.notHeld, flagged: b.flagged,
+			evicted: evicted, state: states[e.name]}
 		for k, n := range t {
-			bn, ok := b[k]
+			bn, ok := b.gpu[k]
 			switch {
 			case !ok:
 				d.missing++
-			case bn != 0 && bn != n:
+			case bn != n:
 				d.copiesWrong++
 			}
 		}
-		for k := range b {
+		for k := range b.gpu {
 			if _, ok := t[k]; !ok {
 				d.extra++
 			}
 		}
 		out = append(out, d)
 	}
-	return out, noBelief
-}
-
-// beliefCount is TEMPORARY: the router's precise index's blocks of e
-// (/debug/workers prefix_index_blocks), until /debug/workers/NAME/blocks.
-func (f *fleet) beliefCount(ctx context.Context, e engine) (int, error) {
-	var body struct {
-		Workers []struct {
-			Name  string `json:"name"`
-			Ranks []struct {
-				Blocks int `json:"prefix_index_blocks"`
-			} `json:"ranks"`
-		} `json:"workers"`
-	}
-	if status, err := getJSON(ctx, f.client, f.debug+"/debug/workers", &body); err != nil || status != http.StatusOK {
-		return 0, fmt.Errorf("router /debug/workers: status %d: %v", status, err)
-	}
-	n := 0
-	for _, w := range body.Workers {
-		if w.Name == e.name {
-			for _, r := range w.Ranks {
-				n += r.Blocks
-			}
-		}
-	}
-	return n, nil
+	return out, nil
 }
 
 func allExact(ds []diff) bool {

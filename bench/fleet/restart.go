@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -27,7 +26,18 @@ type restartResult struct {
 	// equalled every engine's cache (-1: not within --exact-limit), and
 	// until every stream was live.
 	exactIn, liveIn time.Duration
-	atExact         []diff
+	// equalIn: until the listed blocks first equalled the caches, live or
+	// not (a bootstrapping index is listed too).
+	equalIn time.Duration
+	atExact []diff
+	// Under load (with snapshots): a third router started while clients
+	// sent requests straight to the engines: from its readiness until
+	// every stream was live, the load's requests, and its belief once the
+	// load stopped and the engines were quiet.
+	loadLiveIn time.Duration
+	loadReqs   int64
+	afterLoad  []diff
+	loadExact  bool
 	// Without: the belief 5 s after readiness, then after each round.
 	rounds []recoveryRound
 	// The conversations paused before the restart and continued after
@@ -118,7 +128,7 @@ func runRestart(ctx context.Context, o options, run int, snapshots bool) (*resta
 	if err := f.waitLive(ctx, time.Minute); err != nil {
 		return nil, err
 	}
-	res := &restartResult{snapshots: snapshots, bufferSteps: o.bufferSteps, exactIn: -1, liveIn: -1}
+	res := &restartResult{snapshots: snapshots, bufferSteps: o.bufferSteps, exactIn: -1, liveIn: -1, equalIn: -1}
 	w := newWorkload(o)
 	t := newTally()
 	next := 0
@@ -148,7 +158,7 @@ func runRestart(ctx context.Context, o options, run int, snapshots bool) (*resta
 	}
 	// The first router's belief, once the engines are quiet.
 	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
-		if res.before, err = compareAny(ctx, f); err != nil {
+		if res.before, err = f.compare(ctx); err != nil {
 			return nil, err
 		}
 		if res.beforeExact = allExact(res.before); res.beforeExact || time.Since(start) > o.settle {
@@ -180,16 +190,21 @@ func runRestart(ctx context.Context, o options, run int, snapshots bool) (*resta
 	}
 	if snapshots {
 		for {
-			ds, err := compareAny(ctx, f)
+			ds, err := f.compare(ctx)
 			if err != nil {
 				return nil, err
 			}
 			since := time.Since(ready)
-			if res.liveIn < 0 && !slices.ContainsFunc(ds, func(d diff) bool { return d.state != "live" }) {
+			live := !slices.ContainsFunc(ds, func(d diff) bool { return d.state != "live" })
+			if res.liveIn < 0 && live {
 				res.liveIn = since
 			}
+			if res.equalIn < 0 && allExact(ds) {
+				res.equalIn = since
+			}
 			res.atExact = ds
-			if allExact(ds) {
+			// Exact: the blocks equal, and routed by (the streams live).
+			if live && allExact(ds) {
 				res.exactIn = since
 				break
 			}
@@ -201,7 +216,10 @@ func runRestart(ctx context.Context, o options, run int, snapshots bool) (*resta
 		if err := continued(); err != nil {
 			return nil, err
 		}
-		return res, f.routerCounters(res)
+		if err := f.routerCounters(res); err != nil {
+			return nil, err
+		}
+		return res, f.restartUnderLoad(ctx, w, &next, res)
 	}
 
 	// Without snapshots: idle engines tell the router nothing.
@@ -210,7 +228,7 @@ func runRestart(ctx context.Context, o options, run int, snapshots bool) (*resta
 		return nil, ctx.Err()
 	case <-time.After(time.Until(ready.Add(5 * time.Second))):
 	}
-	ds, err := compareAny(ctx, f)
+	ds, err := f.compare(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -238,7 +256,7 @@ func runRestart(ctx context.Context, o options, run int, snapshots bool) (*resta
 		// Quiet: the round's last events applied.
 		var ds []diff
 		for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
-			if ds, err = compareAny(ctx, f); err != nil {
+			if ds, err = f.compare(ctx); err != nil {
 				return nil, err
 			}
 			if allExact(ds) || time.Since(start) > time.Second {
@@ -252,6 +270,67 @@ func runRestart(ctx context.Context, o options, run int, snapshots bool) (*resta
 		}
 	}
 	return res, f.routerCounters(res)
+}
+
+// restartUnderLoad restarts the router again while --concurrency
+// conversations are sent straight to the engines (one engine each, as
+// other clients of the engines would), so that it bootstraps from
+// snapshots while the engines publish: it records when every stream was
+// live, then stops the load 2 s later and compares once the engines are
+// quiet.
+func (f *fleet) restartUnderLoad(ctx context.Context, w *workload, next *int, res *restartResult) error {
+	if err := f.stopRouter(); err != nil {
+		return err
+	}
+	lctx, stop := context.WithCancel(ctx)
+	defer stop()
+	load := newTally()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; lctx.Err() == nil; i++ {
+			convs := w.conversations(f.o.seed, *next, f.o.concurrency)
+			*next += len(convs)
+			e := f.engines[i%len(f.engines)]
+			drive(lctx, f.client, e.url, convs, f.o.concurrency, load, nil)
+		}
+	}()
+	// The load runs a moment before the router starts.
+	time.Sleep(time.Second)
+	ready, err := f.startRouter(ctx)
+	if err != nil {
+		return err
+	}
+	res.loadLiveIn = -1
+	for time.Since(ready) < f.o.exactLimit {
+		st, err := f.kvStates()
+		if err != nil {
+			return err
+		}
+		live := 0
+		for _, e := range f.engines {
+			if st[e.name] == "live" {
+				live++
+			}
+		}
+		if live == len(f.engines) {
+			res.loadLiveIn = time.Since(ready)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	stop()
+	<-done
+	res.loadReqs = load.requests.Load()
+	for start := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		if res.afterLoad, err = f.compare(ctx); err != nil {
+			return err
+		}
+		if res.loadExact = allExact(res.afterLoad); res.loadExact || time.Since(start) > f.o.settle {
+			return nil
+		}
+	}
 }
 
 // routerCounters reads the new router's snapshot, replay and skipped-block
@@ -298,6 +377,11 @@ func (r *restartResult) print(out io.Writer, run int) {
 		rs, rh, rn := share(r.contRest.followHits, r.contRest.followUps)
 		fmt.Fprintf(out, "  conversations continued across the restart: first follow-up after it with the previous prompt cached %d/%d (%.1f%%), later ones %d/%d (%.1f%%)\n",
 			fh, fn, 100*fs, rh, rn, 100*rs)
+		if r.snapshots {
+			for _, m := range append(r.contFirst.misses, r.contRest.misses...) {
+				fmt.Fprintf(out, "    missed %s\n", m)
+			}
+		}
 	}
 	if r.snapshots {
 		printDiffs(out, r.atExact)
@@ -306,8 +390,16 @@ func (r *restartResult) print(out io.Writer, run int) {
 			fmt.Fprintf(out, "  target: belief exact within 5 s of /readyz: MISSED (not exact within --exact-limit)\n")
 			return
 		}
-		fmt.Fprintf(out, "  streams live %.2f s, belief exact %.2f s after /readyz\n", r.liveIn.Seconds(), r.exactIn.Seconds())
+		fmt.Fprintf(out, "  after /readyz: blocks listed equal to the caches %.2f s, streams live %.2f s, both (exact) %.2f s\n",
+			r.equalIn.Seconds(), r.liveIn.Seconds(), r.exactIn.Seconds())
 		fmt.Fprintf(out, "  target: belief exact within 5 s of /readyz: %s (%.2f s)\n", verdict(r.exactIn <= restartTarget), r.exactIn.Seconds())
+		live := "not within --exact-limit"
+		if r.loadLiveIn >= 0 {
+			live = fmt.Sprintf("%.2f s after /readyz", r.loadLiveIn.Seconds())
+		}
+		fmt.Fprintf(out, "  restarted again under load (%d requests straight to the engines): streams live %s; belief once the load stopped: %s\n",
+			r.loadReqs, live, exactWord(r.loadExact))
+		printDiffs(out, r.afterLoad)
 		return
 	}
 	cont()
@@ -336,8 +428,8 @@ func scrape(f *fleet) (map[string]float64, error) { return benchproc.Scrape(f.cl
 // reports whether a target was missed in any.
 func summary(out io.Writer, o options, rs []runResult) (missed bool) {
 	fmt.Fprintf(out, "\nsummary over %d run(s): median [min, max]\n", len(rs))
-	var follow, repeat, settle, exactS, liveS []float64
-	var beliefMissed, exactMissed int
+	var follow, repeat, settle, exactS, liveS, loadLiveS []float64
+	var beliefMissed, exactMissed, loadMissed, bRuns int
 	var missing, extra []float64
 	for _, r := range rs {
 		if a := r.a; a != nil {
@@ -357,6 +449,14 @@ func summary(out io.Writer, o options, rs []runResult) (missed bool) {
 			missed = missed || a.followShare() < followUpTarget || a.repeatShare() < repeatTarget || !a.beliefExact()
 		}
 		if b := r.bs; b != nil {
+			bRuns++
+			if !b.loadExact {
+				loadMissed++
+				missed = true
+			}
+			if b.loadLiveIn >= 0 {
+				loadLiveS = append(loadLiveS, b.loadLiveIn.Seconds())
+			}
 			if b.exactIn < 0 || b.exactIn > restartTarget {
 				exactMissed++
 				missed = true
@@ -375,7 +475,9 @@ func summary(out io.Writer, o options, rs []runResult) (missed bool) {
 	}
 	if len(exactS) > 0 || exactMissed > 0 {
 		fmt.Fprintf(out, "  B with snapshots: belief exact %s s after /readyz, streams live %s s; target <= 5 s missed in %d of %d runs\n",
-			mmr(exactS), mmr(liveS), exactMissed, len(rs))
+			mmr(exactS), mmr(liveS), exactMissed, bRuns)
+		fmt.Fprintf(out, "  B with snapshots, restarted under load: streams live %s s after /readyz; belief exact once the load stopped in %d of %d runs\n",
+			mmr(loadLiveS), bRuns-loadMissed, bRuns)
 	}
 	var rounds [][]float64
 	var labels []string
@@ -414,14 +516,4 @@ func mmr(v []float64) string {
 		med = (s[len(s)/2-1] + s[len(s)/2]) / 2
 	}
 	return fmt.Sprintf("%.2f [%.2f, %.2f]", med, s[0], s[len(s)-1])
-}
-
-// compareAny is f.compare with a missing belief endpoint taken as counts
-// (TEMPORARY).
-func compareAny(ctx context.Context, f *fleet) ([]diff, error) {
-	ds, err := f.compare(ctx)
-	if errors.Is(err, errNoBeliefEndpoint) {
-		err = nil
-	}
-	return ds, err
 }
