@@ -245,6 +245,9 @@ type belief struct {
 	// GPU blocks listed as not counting for routing; flagged those listed
 	// by a fold or as aliases (not the engine's exact value).
 	other, notHeld, flagged int
+	// state is the ranks' KV-event stream states as the listing began
+	// ("live" when all are), reason why one is not live.
+	state, reason string
 }
 
 // belief reads the blocks the router believes e holds (GET
@@ -264,12 +267,16 @@ func (f *fleet) belief(ctx context.Context, e engine) (belief, error) {
 		Aliased bool            `json:"aliased"`
 	}
 	var body struct {
+		Ranks []struct {
+			State  string `json:"state"`
+			Reason string `json:"reason"`
+		} `json:"ranks"`
 		Blocks   []entry `json:"blocks"`
 		Complete bool    `json:"complete"`
 	}
 	u := f.debug + "/debug/workers/" + url.PathEscape(e.name) + "/blocks"
 	for try := 0; ; try++ {
-		body.Blocks, body.Complete = nil, false
+		body.Ranks, body.Blocks, body.Complete = nil, nil, false
 		status, err := getJSON(ctx, f.client, u, &body)
 		if err != nil || status != http.StatusOK {
 			return belief{}, fmt.Errorf("router /debug/workers/%s/blocks: status %d: %v", e.name, status, err)
@@ -281,7 +288,12 @@ func (f *fleet) belief(ctx context.Context, e engine) (belief, error) {
 	if !body.Complete {
 		return belief{}, fmt.Errorf("router /debug/workers/%s/blocks: not complete 10 times in a row", e.name)
 	}
-	b := belief{gpu: map[blockKey]int{}}
+	b := belief{gpu: map[blockKey]int{}, state: "live"}
+	for _, r := range body.Ranks {
+		if r.State != "live" {
+			b.state, b.reason = r.State, r.Reason
+		}
+	}
 	for _, x := range body.Blocks {
 		if !strings.EqualFold(x.Medium, "GPU") {
 			b.other++
@@ -343,7 +355,9 @@ type diff struct {
 	notHeld         int // believed but listed as not counting for routing
 	flagged         int // listed by a fold or as an alias
 	evicted         int64
-	state           string
+	// state is the router's stream state for the engine as its listing
+	// began (the ranks': "live" when all are), reason why it is not live.
+	state, reason string
 }
 
 func (d diff) exact() bool {
@@ -352,7 +366,6 @@ func (d diff) exact() bool {
 
 // compare reads every engine's cache and the router's belief of it.
 func (f *fleet) compare(ctx context.Context) ([]diff, error) {
-	states, _ := f.kvStates()
 	out := make([]diff, 0, len(f.engines))
 	for _, e := range f.engines {
 		t, evicted, err := f.truth(ctx, e)
@@ -364,7 +377,7 @@ func (f *fleet) compare(ctx context.Context) ([]diff, error) {
 			return nil, err
 		}
 		d := diff{engine: e.name, truth: len(t), believed: len(b.gpu), otherMedium: b.other, notHeld: b.notHeld, flagged: b.flagged,
-			evicted: evicted, state: states[e.name]}
+			evicted: evicted, state: b.state, reason: b.reason}
 		for k, n := range t {
 			bn, ok := b.gpu[k]
 			switch {

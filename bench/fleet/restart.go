@@ -435,12 +435,14 @@ func summary(out io.Writer, o options, rs []runResult) (missed bool) {
 		if a := r.a; a != nil {
 			follow = append(follow, 100*a.followShare())
 			repeat = append(repeat, 100*a.repeatShare())
-			var m, x int
-			for _, d := range a.diffs {
-				m += d.missing
-				x += d.extra + d.otherMedium + d.copiesWrong
+			if a.compareErr == nil {
+				var m, x int
+				for _, d := range a.diffs {
+					m += d.missing
+					x += d.extra + d.otherMedium + d.copiesWrong + d.notHeld + d.flagged
+				}
+				missing, extra = append(missing, float64(m)), append(extra, float64(x))
 			}
-			missing, extra = append(missing, float64(m)), append(extra, float64(x))
 			if !a.beliefExact() {
 				beliefMissed++
 			} else {
