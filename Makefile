@@ -68,7 +68,7 @@ bench-overlap: build
 ## cached, LoRA and salted repeats at the holder, the router's believed blocks
 ## against the engines' caches; a router restarted in front of engines past
 ## their replay buffer, with snapshots (time to an exact belief) and without.
-## Three runs, medians and ranges (about 6 minutes). bench-fleet-smoke: one
+## Three runs, medians and ranges (about 4 minutes). bench-fleet-smoke: one
 ## short run (under a minute on an idle machine).
 bench-fleet: build
 	$(GO) run ./bench/fleet --router-bin $(BIN)/router --runs 3

@@ -33,20 +33,31 @@
 //
 // Scenario B, a router restart: engines whose replay buffer
 // (--buffer-steps batches, vLLM's buffer_steps) no longer reaches their
-// start. A first router serves --warmup-conversations through the
-// engines; it is stopped (SIGTERM) once every engine has published more
-// than twice --buffer-steps batches, and a second router starts in front
-// of the idle engines. With snapshots, it measures the time from the new
-// router's /readyz until its belief equals every engine's cache (target
-// <= 5 s). Without (the engines answer every snapshot request
-// unavailable), it records what the router believes after 5 s, and then
-// after each round of --recovery-round conversations through it: the
-// share of each engine's blocks believed, blocks believed that the
-// engine does not hold, the stream's state (the router scores a cold
-// engine approximately), and the round's follow-up hits; a documented
-// figure, no target.
+// start. A first router serves --warmup-conversations (more until every
+// engine has published more than twice --buffer-steps batches) and the
+// first half of --recovery-round more, and is stopped (SIGTERM); a second
+// router starts in front of the idle engines. With snapshots, it measures
+// the time from the new router's /readyz until its belief equals every
+// engine's cache with every stream live (target <= 5 s), continues the
+// paused conversations (their first follow-up after the restart tells
+// whether the router knew where their prefixes are), then restarts the
+// router once more while clients send requests straight to the engines
+// and checks the belief once they stop. Without (the engines answer every
+// snapshot request unavailable), it records what the router believes 5 s
+// after /readyz, after the paused conversations, and after each of
+// --recovery-rounds rounds of --recovery-round new conversations: the
+// share of the engines' blocks believed, blocks believed that the engine
+// does not hold, the streams' states (the router scores a cold engine
+// approximately), and the round's follow-up hits; a documented figure,
+// no target.
 //
-//	go run ./bench/fleet --router-bin bin/router            # make bench-fleet
+// The engines' own block sets come from the mock's GET /debug/kv_blocks
+// (its simulated cache itself, not its KV events). --mock-bin runs the
+// engines from another binary than the router, to measure an older router
+// in front of today's engines (its belief is then a miss if it has no
+// /debug/workers/NAME/blocks).
+//
+//	go run ./bench/fleet --router-bin bin/router --runs 3   # make bench-fleet
 //	go run ./bench/fleet --router-bin bin/router --smoke    # under a minute
 //
 // --runs N repeats both scenarios on fresh processes and prints the
