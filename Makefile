@@ -9,7 +9,7 @@ PKGS        := ./...
 PYTHON      := /usr/bin/python3
 PYTHON_DEBS := python3-grpcio python3-protobuf
 
-.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-failover bench-serve chaos demo-replicas bench-overlap demo demo-serve proto proto-check clean
+.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-failover bench-serve chaos demo-replicas bench-overlap bench-fleet bench-fleet-smoke demo demo-serve proto proto-check clean
 
 all: build
 
@@ -62,6 +62,19 @@ bench:
 ## three mock engines served, on 2,000 requests with evictions (about a minute)
 bench-overlap: build
 	$(GO) run ./bench/overlap --router-bin $(BIN)/router
+
+## bench-fleet: three vLLM-like mock engines given by URL only (LoRA, cache_salt,
+## evictions) behind `router serve`: follow-ups served with their previous prompt
+## cached, LoRA and salted repeats at the holder, the router's believed blocks
+## against the engines' caches; a router restarted in front of engines past
+## their replay buffer, with snapshots (time to an exact belief) and without.
+## Three runs, medians and ranges (about 4 minutes). bench-fleet-smoke: one
+## short run (under a minute on an idle machine).
+bench-fleet: build
+	$(GO) run ./bench/fleet --router-bin $(BIN)/router --runs 3
+
+bench-fleet-smoke: build
+	$(GO) run ./bench/fleet --router-bin $(BIN)/router --smoke
 
 ## bench-epp: the endpoint picker's decision latency (p50, p99) and
 ## decisions per second at 64 ext_proc streams over 100 endpoints, at 1

@@ -39,6 +39,7 @@ func newMockWorkerCmd() *cobra.Command {
 		kvEndpoint       string
 		kvReplay         string
 		kvReplayFormat   string
+		kvBufferSteps    int
 		kvSnapshot       string
 		kvSnapshotRefuse bool
 		kvTopic          string
@@ -90,12 +91,14 @@ rank (vLLM's score 4*waiting + running).
 the engine's ZeroMQ format (rank R on PORT+R; port 0 a free port per rank;
 HOST * every interface): one BlockStored per request and step with the
 engine's hashes, token ids, LoRA fields and extra keys, one BlockRemoved per
-evicted copy. --kv-events-replay-endpoint adds replay (vLLM's current framing,
-or --kv-events-replay-format two-frame); --kv-events-snapshot-endpoint adds
+evicted copy. --kv-events-replay-endpoint adds replay from the last
+--kv-events-buffer-steps batches (vLLM's current framing, or
+--kv-events-replay-format two-frame); --kv-events-snapshot-endpoint adds
 vLLM's snapshot service (24-byte sequence frames with the publisher id, a
 heartbeat each idle second, compacted snapshots; refused with
 --kv-events-snapshot-unavailable). GET /kv_event_sources reports the
-endpoints per rank.
+endpoints per rank. GET /debug/kv_blocks (the mock's own, no engine has it)
+lists every block its prefix cache holds, per rank, from the cache itself.
 
 It prints "mock-worker listening on http://ADDR (model NAME)" once it accepts connections
 (useful with --listen 127.0.0.1:0), then, with KV events, one line per rank
@@ -150,6 +153,9 @@ publisher id, sequences from 0 and an empty cache.`,
 			if kvEndpoint == "" && (kvReplay != "" || kvSnapshot != "") {
 				return fmt.Errorf("--kv-events-replay-endpoint and --kv-events-snapshot-endpoint need --kv-events-endpoint")
 			}
+			if kvBufferSteps < 1 || kvBufferSteps > maxKVBufferSteps {
+				return fmt.Errorf("--kv-events-buffer-steps %d: want %s", kvBufferSteps, kvBufferStepsWant)
+			}
 			if kvSnapshotRefuse && kvSnapshot == "" {
 				return fmt.Errorf("--kv-events-snapshot-unavailable needs --kv-events-snapshot-endpoint")
 			}
@@ -163,6 +169,7 @@ publisher id, sequences from 0 and an empty cache.`,
 				Model: model, Engine: eng, Speedup: speedup, Sim: cfg, NoMetrics: noMetrics, MetricNames: names,
 				DataParallelSize: dpSize, LoRA: lora, HashSeed: hashSeed,
 				KVEventsEndpoint: kvEndpoint, KVEventsReplayEndpoint: kvReplay, KVEventsReplayFormat: replayFormat,
+				KVEventsReplayBatches:    kvBufferSteps,
 				KVEventsSnapshotEndpoint: kvSnapshot, KVEventsSnapshotUnavailable: kvSnapshotRefuse,
 				KVEventsTopic: kvTopic, KVEventsEncoding: enc, KVEventSources: sources, KVEventsAdvertiseHost: kvAdvertise,
 			}
@@ -203,7 +210,8 @@ publisher id, sequences from 0 and an empty cache.`,
 	f.StringSliceVar(&lora, "lora", nil, "serve LoRA adapters NAME[,NAME...] (vLLM's --lora-modules): listed in /v1/models with the base model as parent, named as a request's model, keyed in the cache and KV events by name")
 	f.StringVar(&hashSeed, "hash-seed", "", "seed of the engine's block hashes, as vLLM's PYTHONHASHSEED (default: random per process)")
 	f.StringVar(&kvEndpoint, "kv-events-endpoint", "", "publish KV-cache events in the engine's ZeroMQ format on a PUB socket at tcp://HOST:PORT (vLLM's default tcp://*:5557); rank R on PORT+R")
-	f.StringVar(&kvReplay, "kv-events-replay-endpoint", "", "answer replay requests on a ROUTER socket at tcp://HOST:PORT from the last 10,000 batches; rank R on PORT+R")
+	f.StringVar(&kvReplay, "kv-events-replay-endpoint", "", "answer replay requests on a ROUTER socket at tcp://HOST:PORT from the last --kv-events-buffer-steps batches; rank R on PORT+R")
+	f.IntVar(&kvBufferSteps, "kv-events-buffer-steps", mockworker.DefaultKVEventsReplayBatches, "batches the replay endpoint keeps per rank (vLLM's buffer_steps): a subscriber that falls further behind, or starts later, cannot replay from the engine's start")
 	f.StringVar(&kvReplayFormat, "kv-events-replay-format", "", "replay framing: topic ([topic, seq, payload], vLLM since PR 45177) or two-frame ([seq, payload], SGLang, older vLLM) (default: the engine's)")
 	f.StringVar(&kvSnapshot, "kv-events-snapshot-endpoint", "", "serve vLLM's KV-event snapshots on a ROUTER socket at tcp://HOST:PORT (PR 57789); rank R on PORT+R; makes live sequence frames 24 bytes and adds heartbeats")
 	f.BoolVar(&kvSnapshotRefuse, "kv-events-snapshot-unavailable", false, "answer every snapshot request unavailable (-2), as a vLLM whose recorder failed")
@@ -219,6 +227,7 @@ publisher id, sequences from 0 and an empty cache.`,
 	setWant(f, "engine-block-size", engineBlockSizeWant)
 	setWant(f, "block-size", engineBlockSizeWant)
 	setWant(f, "kv-blocks", kvBlocksWant)
+	setWant(f, "kv-events-buffer-steps", kvBufferStepsWant)
 	return cmd
 }
 
@@ -230,10 +239,15 @@ const speedupWant = "a finite number greater than 0"
 // hybrid models' blocks are larger multiples).
 const maxEngineBlockSize = 1 << 16
 
+// maxKVBufferSteps bounds --kv-events-buffer-steps: the replay ring is
+// sized by it up front (a hundred times vLLM's default).
+const maxKVBufferSteps = 1_000_000
+
 var (
 	engineBlockSizeWant = fmt.Sprintf("a whole number from 1 to %d", maxEngineBlockSize)
 	kvBlocksWant        = fmt.Sprintf("a whole number from 1 to %d", math.MaxInt32)
 	dpSizeWant          = fmt.Sprintf("a whole number from 1 to %d", mockworker.MaxDataParallelSize)
+	kvBufferStepsWant   = fmt.Sprintf("a whole number from 1 to %d", maxKVBufferSteps)
 )
 
 // kvEncodings are the --kv-events-encoding values.

@@ -253,6 +253,28 @@ func TestMockWorkerProcessKVProtocols(t *testing.T) {
 	if fmt.Sprint(snap) != fmt.Sprint(stream) {
 		t.Fatalf("snapshot residency %v, live stream's %v", snap, stream)
 	}
+	// The mock's own view of its cache (GET /debug/kv_blocks) is what the
+	// stream says it holds.
+	var own struct {
+		Ranks []struct {
+			Rank   int `json:"data_parallel_rank"`
+			Blocks []struct {
+				Hash   uint64 `json:"hash"`
+				Copies int    `json:"copies"`
+			} `json:"blocks"`
+		} `json:"ranks"`
+	}
+	getJSON(mock.url+"/debug/kv_blocks", &own)
+	if len(own.Ranks) != 2 || own.Ranks[0].Rank != 0 || len(own.Ranks[1].Blocks) != 0 {
+		t.Fatalf("/debug/kv_blocks: %+v, want rank 0's blocks and rank 1 empty", own)
+	}
+	cache := map[uint64]int{}
+	for _, b := range own.Ranks[0].Blocks {
+		cache[b.Hash] = b.Copies
+	}
+	if fmt.Sprint(cache) != fmt.Sprint(stream) {
+		t.Fatalf("/debug/kv_blocks rank 0 %v, live stream's residency %v", cache, stream)
+	}
 
 	dealer := zmqDial(t, zmq4.NewDealer(context.Background()), *src.Replay)
 	if err := dealer.Send(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, firstSeq))); err != nil {
@@ -321,5 +343,97 @@ func TestMockWorkerProcessKVProtocols(t *testing.T) {
 	}
 	if got := send(`{"prompt": ` + ids(1, 64) + `, "max_tokens": 2}`); got != "0" {
 		t.Fatalf("after the restart the cache hit %s tokens, want 0", got)
+	}
+}
+
+// TestMockWorkerProcessBufferSteps: with --kv-events-buffer-steps 3 the
+// replay endpoint keeps the last 3 batches (vLLM's buffer_steps,
+// tests/distributed/test_events.py test_buffer_limit): a replay from 0
+// after more batches answers the last 3, then the end marker.
+func TestMockWorkerProcessBufferSteps(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	c := e2eClient(t)
+	p := consecutivePorts(t, 2)
+	mock := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--speedup", "50", "--kv-events-buffer-steps", "3",
+		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p),
+		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p+1))
+	sub := zmqDial(t, zmq4.NewSub(context.Background()), fmt.Sprintf("tcp://127.0.0.1:%d", p))
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	heard := make(chan uint64, 1024)
+	go func() {
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				return
+			}
+			if len(m.Frames) == 3 && len(m.Frames[1]) == 8 {
+				heard <- binary.BigEndian.Uint64(m.Frames[1])
+			}
+		}
+	}()
+	send := func(i int) {
+		t.Helper()
+		body := fmt.Sprintf(`{"prompt": "request %d %s", "max_tokens": 1}`, i, strings.Repeat("word ", 40))
+		resp, err := c.Post(mock.url+"/v1/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+	// Until the subscription hears one, then six more new prompts: each
+	// stores its own blocks (at least one batch).
+	var last uint64
+	for i := 0; ; i++ {
+		if i == 600 {
+			t.Fatal("no KV event after 600 requests")
+		}
+		send(i)
+		select {
+		case last = <-heard:
+		case <-time.After(100 * time.Millisecond):
+			continue
+		}
+		break
+	}
+	for i := range 6 {
+		send(1000 + i)
+	}
+	for deadline := time.After(time.Minute); ; {
+		select {
+		case s := <-heard:
+			last = max(last, s)
+			continue
+		case <-time.After(time.Second):
+		case <-deadline:
+			t.Fatal("the stream did not go quiet")
+		}
+		break
+	}
+	if last < 6 {
+		t.Fatalf("last sequence %d: too few batches to test a buffer of 3", last)
+	}
+	dealer := zmqDial(t, zmq4.NewDealer(context.Background()), fmt.Sprintf("tcp://127.0.0.1:%d", p+1))
+	if err := dealer.Send(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, 0))); err != nil {
+		t.Fatal(err)
+	}
+	var got []uint64
+	for {
+		m := zmqRecv(t, dealer, "replay answer")
+		if len(m.Frames) != 4 || len(m.Frames[2]) != 8 {
+			t.Fatalf("replay frames %x", m.Frames)
+		}
+		seq := binary.BigEndian.Uint64(m.Frames[2])
+		if seq == ^uint64(0) {
+			break
+		}
+		got = append(got, seq)
+	}
+	if want := []uint64{last - 2, last - 1, last}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("replay from 0 answered %v, want %v (the last 3)", got, want)
 	}
 }

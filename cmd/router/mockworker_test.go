@@ -136,6 +136,8 @@ func TestMockWorkerCommandUsage(t *testing.T) {
 		{"mock-worker", "--lora", "a,a"},
 		{"mock-worker", "--kv-events-advertise-host", "a host"},
 		{"mock-worker", "--kv-blocks", "0"},
+		{"mock-worker", "--kv-events-buffer-steps", "0"},
+		{"mock-worker", "--kv-events-buffer-steps", "1000001"},
 		{"mock-worker", "extra"},
 		{"mock-worker", "--data-parallel-size", "0"},
 		{"mock-worker", "--data-parallel-size", "65"},

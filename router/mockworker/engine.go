@@ -24,6 +24,7 @@ type engine struct {
 	submits chan submitCmd
 	aborts  chan int
 	clears  chan chan bool
+	lists   chan chan blockList
 	quit    chan struct{}
 	done    chan struct{}
 	once    sync.Once
@@ -125,6 +126,7 @@ func startEngine(rank int, w *sim.Worker, epoch time.Time, speedup float64, m *r
 		submits: make(chan submitCmd),
 		aborts:  make(chan int, 256),
 		clears:  make(chan chan bool),
+		lists:   make(chan chan blockList),
 		quit:    make(chan struct{}),
 		done:    make(chan struct{}),
 		reqs:    make(map[int]*active),
@@ -232,6 +234,9 @@ func (e *engine) run() {
 			ok := e.w.ClearPrefixCache()
 			e.flushKV()
 			reply <- ok
+		case reply := <-e.lists:
+			e.catchUp()
+			reply <- e.listBlocks()
 		case <-tick:
 		}
 	}

@@ -18,6 +18,7 @@
 //	GET  /v1/models             the served model with max_model_len (the KV cache in tokens), then each LoRA adapter
 //	GET  /kv_event_sources      vLLM: one KV event source per data-parallel rank (vLLM PR 55844)
 //	GET  /server_info           SGLang (and /get_server_info): page_size, dp_size, the kv_events descriptor
+//	GET  /debug/kv_blocks       the mock's own: every block its prefix cache holds, per rank (handleKVBlocks)
 //	GET  /health                200
 //	GET  /metrics               Prometheus text, the engine's metric names; 404 with Config.NoMetrics
 //
@@ -533,6 +534,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
 	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	s.mux.HandleFunc("GET /debug/kv_blocks", s.handleKVBlocks)
 	if cfg.Engine == EngineSGLang {
 		s.mux.HandleFunc("POST /v1/tokenize", s.handleTokenize)
 		s.mux.HandleFunc("GET /server_info", s.handleServerInfo)

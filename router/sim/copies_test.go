@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -237,5 +238,59 @@ func TestBlockCopiesValidates(t *testing.T) {
 	mustSubmit(t, v, 0, &Request{ID: 1, InputLength: 8, OutputLength: 1})
 	if err := v.TrackBlockCopies(); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("TrackBlockCopies after a submit: %v, want ErrInvalidConfig", err)
+	}
+}
+
+// cachedBlocks is w.CachedBlocks as a map from hash to copies.
+func cachedBlocks(w *Worker) map[uint64]int {
+	m := map[uint64]int{}
+	w.CachedBlocks(func(h uint64, n int) {
+		if _, dup := m[h]; dup {
+			m[h] = -1 // a hash reported twice: never equal to a want
+			return
+		}
+		m[h] = n
+	})
+	return m
+}
+
+// TestCachedBlocks: the cache's own view follows the copies as vLLM's
+// block pool holds them: one copy per request that computed a block, a
+// block-aligned prompt sent again adding a second copy of its last
+// block, an eviction taking one copy away; and, without copies tracked,
+// one entry per cached group.
+func TestCachedBlocks(t *testing.T) {
+	w, _ := copiesWorker(t, 8)
+	if got := cachedBlocks(w); len(got) != 0 {
+		t.Fatalf("empty cache: %v", got)
+	}
+	h := []uint64{11, 12, 13, 14}
+	mustSubmit(t, w, 0, blockReq(1, 64, h))
+	w.Drain(nil)
+	if got, want := cachedBlocks(w), map[uint64]int{11: 1, 12: 1, 13: 1, 14: 1}; !maps.Equal(got, want) {
+		t.Fatalf("after A: %v, want %v", got, want)
+	}
+	mustSubmit(t, w, w.now, blockReq(2, 64, h))
+	w.Drain(nil)
+	if got, want := cachedBlocks(w), map[uint64]int{11: 1, 12: 1, 13: 1, 14: 2}; !maps.Equal(got, want) {
+		t.Fatalf("after A again: %v, want %v", got, want)
+	}
+	// C takes the 3 never-used blocks and the LRU head, the first copy
+	// of 14.
+	mustSubmit(t, w, w.now, blockReq(3, 64, []uint64{21, 22, 23, 24}))
+	w.Drain(nil)
+	if got, want := cachedBlocks(w), map[uint64]int{11: 1, 12: 1, 13: 1, 14: 1, 21: 1, 22: 1, 23: 1, 24: 1}; !maps.Equal(got, want) {
+		t.Fatalf("after C: %v, want %v", got, want)
+	}
+
+	cfg := DefaultConfig()
+	cfg.TotalKVBlocks = 8
+	d := newWorker(t, cfg) // groups deduplicated
+	mustSubmit(t, d, 0, blockReq(1, 64, h))
+	d.Drain(nil)
+	mustSubmit(t, d, d.now, blockReq(2, 64, h))
+	d.Drain(nil)
+	if got, want := cachedBlocks(d), map[uint64]int{11: 1, 12: 1, 13: 1, 14: 1}; !maps.Equal(got, want) {
+		t.Fatalf("without copies, A twice: %v, want %v", got, want)
 	}
 }

@@ -540,6 +540,33 @@ func (w *Worker) TrackBlockCopies() error {
 	return nil
 }
 
+// CachedBlocks calls f once for every prefix group the worker's cache
+// holds now (at least one of its engine blocks cached), with the group's
+// chained hash (a Request.PrefixHashes entry, what KVEvent.Hash names)
+// and its cached copies: 1 without TrackBlockCopies, with it the copies
+// of the hash each request computed (vLLM's block pool without
+// deduplication). The order is unspecified. It is the engine's own view
+// of its cache, independent of the KV events, for checking a consumer of
+// the events against. Cost: one pass over the cache's index; f must not
+// call the worker.
+func (w *Worker) CachedBlocks(f func(hash uint64, copies int)) {
+	c := w.kv
+	for key, i := range c.index {
+		n := 0
+		if c.nodes[i].blocks > 0 {
+			n++
+		}
+		for _, j := range c.more[key] {
+			if c.nodes[j].blocks > 0 {
+				n++
+			}
+		}
+		if n > 0 {
+			f(key, n)
+		}
+	}
+}
+
 // CachedPrefixTokens returns how many prompt tokens of r a fresh admission
 // would serve from this worker's cache now (a multiple of BlockSize, at most
 // InputLength−1), without changing anything. It lets a replay compare a
