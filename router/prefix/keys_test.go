@@ -246,6 +246,17 @@ func TestExportImportExactResidency(t *testing.T) {
 		}
 	}
 	same("imported")
+	// A snapshot carries the engine hashes' folds only: every imported
+	// block says so.
+	if bs, _ := q.EngineBlocks(0, 0, nil); len(bs) == 0 {
+		t.Fatal("imported index lists no blocks")
+	} else {
+		for _, b := range bs {
+			if !b.Folded {
+				t.Fatalf("imported block %+v not marked folded", b)
+			}
+		}
+	}
 	if s := q.Stats(); s.Copies != 11 || s.GPUBlocks != 2 || s.CPUBlocks != 1 {
 		t.Fatalf("imported %+v: want 11 copies, blocks 1 and 2 on GPU, 2 on CPU (3's CPU copy is remote)", s)
 	}

@@ -350,13 +350,18 @@ func (p *Precise) importLocked(pc *PreciseContent) {
 				p.addN(pc.Router[i], pc.Engine[i], nil, s, k)
 			}
 		}
-		// Only the engine hashes' folds travel: the engine's own value is
-		// unknown here.
-		if j := p.w.find(pc.Router[i]); j >= 0 {
-			st := p.slot(p.w.vals[j])
-			for t := range st.name {
-				st.name[t] = st.name[t]&nameAliased | nameFolded
-			}
+		p.markFolded(pc.Router[i])
+	}
+}
+
+// markFolded marks the block keyed rh, if held, as named by its engine
+// hash's 64-bit fold only: a snapshot carries folds, not the engine's own
+// value. p.mu is held.
+func (p *Precise) markFolded(rh uint64) {
+	if j := p.w.find(rh); j >= 0 {
+		st := p.slot(p.w.vals[j])
+		for t := range st.name {
+			st.name[t] = st.name[t]&nameAliased | nameFolded
 		}
 	}
 }
@@ -378,12 +383,13 @@ func (p *Precise) importExact(pc *PreciseContent) {
 	for i := len(pc.Router) - 1; i >= 0; i-- {
 		rh, eh := pc.Router[i], pc.Engine[i]
 		if c := pc.Copies[i]; c > 0 {
-			p.addN(rh, eh, 0, c)
+			p.addN(rh, eh, nil, 0, c)
 		}
 		for ; m > 0 && pc.More[m-1].Block == uint32(i); m-- {
 			if e := pc.More[m-1]; ok[e.Scope] {
-				p.addN(rh, eh, ids[e.Scope], e.Copies)
+				p.addN(rh, eh, nil, ids[e.Scope], e.Copies)
 			}
 		}
+		p.markFolded(rh)
 	}
 }
