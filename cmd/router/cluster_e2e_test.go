@@ -152,12 +152,8 @@ func TestReplicaFailover(t *testing.T) {
 	// It started warm: ready only once caught up, with the snapshot a
 	// survivor wrote, and it places each prompt on the
 	// worker replica 1 placed it on.
-	resp, err := c.Get(reps[0].url + "/readyz")
-	if err != nil {
-		t.Fatal(err)
-	}
-	rz, _ := io.ReadAll(resp.Body)
-	_ = resp.Body.Close()
+	// Its workers and peers are known before it has caught up: /readyz
+	// turns ready once it has (a minute at most on a loaded machine).
 	var st struct {
 		Ready   bool `json:"ready"`
 		Cluster struct {
@@ -168,8 +164,20 @@ func TestReplicaFailover(t *testing.T) {
 			} `json:"snapshot"`
 		} `json:"cluster"`
 	}
-	if err := json.Unmarshal(rz, &st); err != nil {
-		t.Fatal(err)
+	var rz []byte
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := c.Get(reps[0].url + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		rz, _ = io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err := json.Unmarshal(rz, &st); err != nil {
+			t.Fatalf("/readyz: %v: %s", err, rz)
+		}
+		if st.Ready || time.Now().After(deadline) {
+			break
+		}
 	}
 	if !st.Ready || !st.Cluster.CaughtUp || st.Cluster.Snapshot == nil || (st.Cluster.Snapshot.Writer != "r1" && st.Cluster.Snapshot.Writer != "r2") || st.Cluster.Snapshot.Workers != 2 {
 		t.Fatalf("replica 0's /readyz after its restart: %s; want ready, caught up, a survivor's snapshot of 2 workers", rz)
