@@ -174,14 +174,18 @@ func (v routeView) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case http.MethodGet:
 		q := r.URL.Query()
 		chat = q.Get("chat") == "1" || q.Get("chat") == "true"
+		// Only what the query names: without a prompt the body has none,
+		// and the live path's "you must provide a prompt" answers (400).
 		req := map[string]any{"model": q.Get("model")}
-		if chat {
+		switch {
+		case !q.Has("prompt"):
+		case chat:
 			req["messages"] = []map[string]string{{"role": "user", "content": q.Get("prompt")}}
-		} else {
+		default:
 			req["prompt"] = q.Get("prompt")
 		}
-		if salt := q.Get("cache_salt"); salt != "" {
-			req["cache_salt"] = salt
+		if q.Has("cache_salt") {
+			req["cache_salt"] = q.Get("cache_salt")
 		}
 		body, _ = json.Marshal(req)
 	case http.MethodPost:

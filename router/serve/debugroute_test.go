@@ -254,6 +254,17 @@ func TestDaemonDebugRoute(t *testing.T) {
 	if code != http.StatusBadRequest || !strings.Contains(raw, "invalid_request") {
 		t.Errorf("a bad body: %d %s", code, raw)
 	}
+	// A query without a prompt is refused as the API refuses a body
+	// without one.
+	if resp, err := http.Get(debug + "/debug/route?model=m"); err != nil {
+		t.Fatal(err)
+	} else {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "you must provide a prompt") {
+			t.Errorf("GET without a prompt: %d %s, want 400 as the API answers", resp.StatusCode, b)
+		}
+	}
 	req, _ := http.NewRequest(http.MethodPut, debug+"/debug/route", strings.NewReader("{}"))
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusMethodNotAllowed {
 		t.Errorf("PUT: %v %v", resp, err)

@@ -510,8 +510,11 @@ func (s *kvSub) status() kvStatus {
 	return out
 }
 
+// skipped is every stored block the precise index could not key, by any
+// reason: the sum of switchyard_worker_kv_blocks_skipped_total's series.
 func (p kvStatus) skipped() uint64 {
-	return p.ps.SkippedTier + p.ps.SkippedBlockSize + p.ps.SkippedParent + p.ps.SkippedGroup + p.ps.SkippedMalformed
+	s := p.ps
+	return s.SkippedTier + s.SkippedBlockSize + s.SkippedParent + s.SkippedUnresolved + s.SkippedGroup + s.SkippedScope + s.SkippedMalformed
 }
 
 // stream reports candidate (id, rank)'s event stream for the workers

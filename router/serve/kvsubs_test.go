@@ -260,3 +260,14 @@ func grepLines(s, sub string) string {
 	}
 	return strings.Join(out, "\n")
 }
+
+// skipped counts every reason the metric has a series for: /debug/workers'
+// blocks_skipped is their sum.
+func TestSkippedCountsEveryReason(t *testing.T) {
+	var p kvStatus
+	p.ps.SkippedTier, p.ps.SkippedBlockSize, p.ps.SkippedParent, p.ps.SkippedUnresolved = 1, 2, 4, 8
+	p.ps.SkippedGroup, p.ps.SkippedScope, p.ps.SkippedMalformed = 16, 32, 64
+	if got := p.skipped(); got != 127 {
+		t.Fatalf("skipped() = %d, want 127 (every reason once)", got)
+	}
+}
