@@ -154,6 +154,36 @@ func TestRestartWhileDown(t *testing.T) {
 	}
 }
 
+// TestRestartWhileReady: an engine restarted between two probes (its
+// process start time moved, no probe failed) leaves at once, taking the
+// router's record of what it sent there (its approximate prefix list),
+// and rejoins as a new generation.
+func TestRestartWhileReady(t *testing.T) {
+	r := newRouter(t)
+	var c calls
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast, EngineRestarted: c.restarted})
+	v := newDiscoveryEngine(t, map[string]route{
+		"/metrics":   {body: vllmCapacityMetrics},
+		"/v1/models": {body: modelList("llama")},
+	})
+	if err := m.Sync([]config.Worker{urlOnly("a", v.srv.URL)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "ready", func() bool { return member(r, "a") != nil })
+	w := member(r, "a")
+	r.PrefixRecord(w.ID, 0, 16, []uint64{1, 2, 3})
+	if n := r.PrefixBlocks(w.ID, 0); n != 3 {
+		t.Fatalf("approximate list %d blocks, want 3", n)
+	}
+	later := strings.Replace(vllmCapacityMetrics, "1.71234567e+09", "1.71239999e+09", 1)
+	v.set("/metrics", route{body: later})
+	eventually(t, "restart seen", c.are("restarted a"))
+	eventually(t, "a new generation", func() bool { n := member(r, "a"); return n != nil && n.Generation > w.Generation })
+	if n := r.PrefixBlocks(member(r, "a").ID, 0); n != 0 {
+		t.Errorf("after the engine's restart the approximate list holds %d blocks, want 0", n)
+	}
+}
+
 // TestBlockSizeParentAndCards: the Manager's per-model view of what the
 // engines report: the block size of a model's ready workers (the smallest
 // when they disagree, warned once), its LoRA adapters' parent, and its

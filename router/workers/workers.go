@@ -954,6 +954,13 @@ func (m *Manager) observe(e *entry, start time.Time, o outcome) {
 		e.lastRestart = now
 		m.log.Info("worker engine restarted", "worker", e.cfg.Name, "reason", untrusted.Text(o.restartWhy, 0))
 		m.noteLocked(note{worker: e.cfg.Name, restarted: true})
+		if e.ready {
+			// The engine lost its KV cache and the requests it was
+			// serving: the worker leaves now, its bookings and the
+			// router's record of what it sent there going with it, and
+			// rejoins at the next probe as a new generation.
+			m.leaveLocked(e, "engine restarted: "+untrusted.Text(o.restartWhy, 0))
+		}
 	}
 	// After the restart's note, and whether or not the worker can join:
 	// one whose models cannot be read keeps what its engine said of its
