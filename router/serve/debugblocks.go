@@ -213,7 +213,7 @@ func stateReason(state string) string {
 	case "live":
 		return ""
 	case "connecting":
-		return "not connected to the engine's KV-event publisher: the blocks are those known before, and the rank is scored approximately"
+		return "not connected to the engine's KV-event publisher (a broken connection clears the blocks: the engine may be restarting): the rank is scored approximately"
 	case "bootstrapping":
 		return "a snapshot of the engine's blocks is being applied: the rank is scored approximately until it is"
 	case "stale":

@@ -1421,7 +1421,7 @@ var (
 	availableDesc = prometheus.NewDesc("switchyard_worker_engine_load_available",
 		"1 while the rank's engine load report is fresh (LOAD available), 0 when unknown, which differs from idle.", rankLabels, nil)
 	eventsDesc = prometheus.NewDesc("switchyard_worker_kv_events_total",
-		"KV-cache events received from the engine for the rank (workers with a kv_events block).", rankLabels, nil)
+		"KV-cache events received from the engine for the rank (workers whose KV events are followed: publishers the engine reported, or a kv_events block).", rankLabels, nil)
 	gapsDesc = prometheus.NewDesc("switchyard_worker_kv_event_gaps_total",
 		"Sequence gaps in the rank's KV-event stream (a lost message or a restarted engine).", rankLabels, nil)
 	malformedDesc = prometheus.NewDesc("switchyard_worker_kv_event_malformed_total",
