@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/switchyard-router/switchyard/hosted"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/router/prefix"
@@ -203,37 +202,15 @@ func member(p *fleet.Partition, w *fleet.Worker) bool {
 	return i < len(p.Workers) && p.Workers[i].ID == w.ID && p.Workers[i].DPRank == w.DPRank
 }
 
-// explainDecide is decide without a shadow, alternates or a fallback
-// count, tracing a compiled policy's stages in tr.
+// explainDecide is decide itself, without a shadow, alternates or a
+// fallback count, tracing a compiled policy's stages in tr.
 func (r *Router) explainDecide(ctx context.Context, rp *rolePolicy, req *shared.Request, part *fleet.Partition, ex *Explanation, tr *pipeline.Trace) (*fleet.Worker, int, error) {
-	tr.Stages = tr.Stages[:0]
-	if rp.hosted != nil {
-		var active func(int) int64
-		if rp.inputs.Has(shared.InputActiveRequests) {
-			active = part.ActiveAt
-		}
-		v := hosted.NewWorkerInputView(part.IDs, part.Key, active, r.sizeOf(req))
-		row, err := hosted.Select(rp.hosted, &v)
-		if err != nil {
-			return nil, -1, err
-		}
+	var d Decision
+	w, overlap, err := r.decide(ctx, rp, req, part, &d, nil, 0, tr)
+	if d.Hosted {
 		ex.Hosted = true
-		return part.Workers[row], -1, nil
 	}
-	s := r.scratch.Get().(*pipeline.Scratch)
-	defer r.scratch.Put(s)
-	c := s.Candidates(len(part.Workers), rp.inputs, part.DPRanks != nil)
-	r.fill(c, rp.inputs, req, part)
-	row, err := pipeline.ExecuteTrace(ctx, rp.compiled, req, c, s, tr)
-	if err != nil {
-		return nil, -1, err
-	}
-	w := part.Workers[locate(part, c.IDs[row], rank(c, row))]
-	overlap := -1
-	if c.OverlapBlocks != nil {
-		overlap = int(c.OverlapBlocks[row])
-	}
-	return w, overlap, nil
+	return w, overlap, err
 }
 
 // applyTrace sets each candidate's filter and costs from tr.

@@ -738,10 +738,10 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 	// or its fallback.
 	sj := r.shadowStart(b, rp, req)
 	alt := min(pl.Alternates, MaxAlternates)
-	w, overlap, err := r.decide(ctx, rp, req, part, &d, sj, alt)
+	w, overlap, err := r.decide(ctx, rp, req, part, &d, sj, alt, nil)
 	if err != nil && rp.fallback != nil && fallbackAllowed(ctx, err) {
 		d = Decision{Policy: rp.fallback.policy.Name, Fallback: true, FallbackCause: err}
-		w, overlap, err = r.decide(ctx, rp.fallback, req, part, &d, nil, alt)
+		w, overlap, err = r.decide(ctx, rp.fallback, req, part, &d, nil, alt, nil)
 		if err == nil {
 			r.fallbacks.Add(1)
 		}
@@ -912,8 +912,12 @@ func fallbackAllowed(ctx context.Context, err error) bool {
 // and, when the policy computed CACHE, its overlap (else -1); with alt > 0
 // it sets d.Alternates to up to alt runners-up (Placement.Alternates). A
 // shadow job sj, when not nil, captures the candidates before the policy
-// runs.
-func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request, part *fleet.Partition, d *Decision, sj *shadowJob, alt int) (*fleet.Worker, int, error) {
+// runs. A trace tr, when not nil, records what each stage of a compiled
+// policy did (pipeline.ExecuteTrace: Router.Explain); it is reset first.
+func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request, part *fleet.Partition, d *Decision, sj *shadowJob, alt int, tr *pipeline.Trace) (*fleet.Worker, int, error) {
+	if tr != nil {
+		tr.Stages = tr.Stages[:0]
+	}
 	if rp.hosted != nil {
 		if sj != nil {
 			r.capture(sj, nil, part)
@@ -944,7 +948,13 @@ func (r *Router) decide(ctx context.Context, rp *rolePolicy, req *shared.Request
 	if sj != nil {
 		r.capture(sj, c, part)
 	}
-	row, err := pipeline.Execute(ctx, rp.compiled, req, c, s)
+	var row int
+	var err error
+	if tr != nil {
+		row, err = pipeline.ExecuteTrace(ctx, rp.compiled, req, c, s, tr)
+	} else {
+		row, err = pipeline.Execute(ctx, rp.compiled, req, c, s)
+	}
 	if err != nil {
 		return nil, -1, err
 	}
