@@ -23,8 +23,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/switchyard-router/switchyard/router/epp"
 	"github.com/switchyard-router/switchyard/internal/envoysim"
+	"github.com/switchyard-router/switchyard/router/epp"
 )
 
 // End-to-end tests of `router epp` behind envoysim, the stand-in for
