@@ -19,6 +19,6 @@
 // a new Bundle and swap it in; switchyard_policy_reloads_total). A Bundle
 // is what a policy file resolves to at run time (per-role policies plus the
 // plugin Host serving them). What decides when to reload (SIGHUP, the
-// policy file's watch) is router serve's wiring: serve.Reloader, in
-// router/serve.
+// policy file's watch) is the live runtime's wiring: live.Reloader, in
+// router/live.
 package router

@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/epp"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
 
@@ -72,7 +73,7 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 			if o.fallbacks < 0 || o.fallbacks > router.MaxAlternates {
 				return fmt.Errorf("--fallbacks %d: want %s", o.fallbacks, fallbacksWant)
 			}
-			if o.maxBody < minBodyBound || o.maxBody > serve.DefaultMaxBodyBytes {
+			if o.maxBody < minBodyBound || o.maxBody > live.DefaultMaxBodyBytes {
 				return fmt.Errorf("--max-body-bytes %d: want %s", o.maxBody, maxBodyWant)
 			}
 			if o.maxInFlight < o.maxBody {
@@ -87,8 +88,8 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 	f.StringVar(&o.listen, "listen", "127.0.0.1:9002", "address of the ext_proc gRPC service")
 	f.StringVar(&o.httpListen, "http-listen", "127.0.0.1:0", "address of the HTTP API (/metrics, /readyz)")
 	f.IntVar(&o.fallbacks, "fallbacks", DefaultFallbacks, "how many of the policy's runners-up follow the pick in x-gateway-destination-endpoint, best first")
-	f.Int64Var(&o.maxBody, "max-body-bytes", serve.DefaultMaxBodyBytes, "bound on a request body, in bytes: a larger one is answered 413")
-	f.Int64Var(&o.maxInFlight, "max-body-bytes-in-flight", serve.DefaultMaxBodyBytesInFlight, "bound on the request body bytes the picker holds and receives at once, all streams together")
+	f.Int64Var(&o.maxBody, "max-body-bytes", live.DefaultMaxBodyBytes, "bound on a request body, in bytes: a larger one is answered 413")
+	f.Int64Var(&o.maxInFlight, "max-body-bytes-in-flight", live.DefaultMaxBodyBytesInFlight, "bound on the request body bytes the picker holds and receives at once, all streams together")
 	setWant(f, "fallbacks", fallbacksWant)
 	setWant(f, "max-body-bytes", maxBodyWant)
 	setWant(f, "max-body-bytes-in-flight", maxInFlightWant)
@@ -107,9 +108,9 @@ var fallbacksWant = fmt.Sprintf("a whole number from 0 to %d", router.MaxAlterna
 const minBodyBound = 1 << 10
 
 // maxBodyWant words the values --max-body-bytes accepts: at most serve's
-// parser bound (serve.DefaultMaxBodyBytes), which the Picker's parsing
+// parser bound (live.DefaultMaxBodyBytes), which the Picker's parsing
 // applies again.
-var maxBodyWant = fmt.Sprintf("a whole number of bytes from %d to %d", minBodyBound, serve.DefaultMaxBodyBytes)
+var maxBodyWant = fmt.Sprintf("a whole number of bytes from %d to %d", minBodyBound, live.DefaultMaxBodyBytes)
 
 // maxInFlightWant words the values --max-body-bytes-in-flight accepts.
 const maxInFlightWant = "a whole number of bytes, at least --max-body-bytes"
@@ -119,9 +120,9 @@ const maxInFlightWant = "a whole number of bytes, at least --max-body-bytes"
 // is bounded by its timeout, the scrape interval (1 s by default).
 const probeWait = 10 * time.Second
 
-// runEPP runs `router epp` until ctx ends: a serve.Daemon (policy file,
-// workers, the HTTP API) and, once it is ready, the ext_proc gRPC server
-// over its Server. On shutdown the gRPC server stops first (readiness
+// runEPP runs `router epp` until ctx ends: a live.Daemon (policy file,
+// workers, serve's HTTP API) and, once it is ready, the ext_proc gRPC
+// server over its Runtime. On shutdown the gRPC server stops first (readiness
 // NOT_SERVING, streams drained up to the drain timeout), then the daemon.
 func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr io.Writer) error {
 	gln, err := net.Listen("tcp", o.listen)
@@ -170,12 +171,12 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 		}
 		return &exitError{code: 1, err: err}
 	}
-	var d *serve.Daemon
-	do := o.daemonOptions()
+	var d *live.Daemon
+	do := o.daemonOptions(serve.Options{})
 	do.Pods, do.Listener, do.DebugListener = pods, hln, debug
 	do.Logger, do.Diagnostics, do.Registry = logger, stderr, reg
 	do.OnReady = func() {
-		health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Server: d.Server(), Fallbacks: o.fallbacks}, Decisions: decisions,
+		health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Runtime: d.Runtime(), Fallbacks: o.fallbacks}, Decisions: decisions,
 			MaxBodyBytes: o.maxBody, MaxBodyBytesInFlight: o.maxInFlight})
 		grpcDone.Go(func() { _ = gs.Serve(gln) })
 		grpcDone.Go(func() {
@@ -183,14 +184,14 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 			// datastore has synced (proposal 004); and, for a replica,
 			// once it has caught up with its cluster (bounded by the
 			// cluster block's warm_timeout).
-			for !d.Server().ClusterReady() {
+			for !d.Runtime().ClusterReady() {
 				select {
 				case <-dctx.Done():
 					return
 				case <-time.After(20 * time.Millisecond):
 				}
 			}
-			if probed, err := epp.ReadyWhenProbed(dctx, health, d.Server().Workers(), 20*time.Millisecond, probeWait); err == nil && !probed {
+			if probed, err := epp.ReadyWhenProbed(dctx, health, d.Runtime().Workers(), 20*time.Millisecond, probeWait); err == nil && !probed {
 				logger.Warn("ready before every worker's first probe answered", "waited", probeWait)
 			}
 		})
@@ -216,7 +217,7 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 		fmt.Fprintf(stdout, "router epp http api on http://%s\n", hln.Addr())
 		fmt.Fprintf(stdout, "router epp listening on grpc://%s\n", gln.Addr())
 	}
-	d, err = serve.NewDaemon(do)
+	d, err = live.NewDaemon(do)
 	if err == nil {
 		err = d.Run(dctx)
 	}

@@ -16,11 +16,12 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
 
 // runtimeFlags are the flags of the live runtime that both `router serve`
-// and `router epp` run on (serve.Daemon: the policy file, the workers, the
+// and `router epp` run on (live.Daemon: the policy file, the workers, the
 // request intake, the debug listener): register puts the same flags, with
 // the same defaults, usage and accepted values, on both commands, so that
 // they cannot drift apart. Each command adds its face's own flags.
@@ -41,9 +42,9 @@ func (r *runtimeFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&r.policy, "policy", "", "policy file (required)")
 	f.StringVar(&r.workersFile, "workers-file", "", "file of worker blocks, watched: workers join and leave as it changes")
 	f.BoolVar(&r.watch, "watch", false, "reload the policy file when it changes (SIGHUP always reloads it)")
-	f.DurationVar(&r.requestTimeout, "request-timeout", serve.DefaultRequestTimeout, "bound on each request: an HTTP API request's queue wait and streamed answer, an ext_proc request's wait in the queue")
+	f.DurationVar(&r.requestTimeout, "request-timeout", live.DefaultRequestTimeout, "bound on each request: an HTTP API request's queue wait and streamed answer, an ext_proc request's wait in the queue")
 	f.DurationVar(&r.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long requests (ext_proc streams) in flight may finish")
-	f.IntVar(&r.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
+	f.IntVar(&r.charsPerToken, "chars-per-token", live.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
 	f.StringVar(&r.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) and the router's debug views on this separate address; off when empty")
 	f.IntVar(&r.shadowInFlight, "shadow-max-inflight", router.DefaultShadowInFlight, "most shadow decisions running at once (policies with a shadow); one more is dropped")
 	setWant(f, "request-timeout", positiveDurationWant)
@@ -83,13 +84,16 @@ func (r *runtimeFlags) listenDebug() (net.Listener, error) {
 	return ln, nil
 }
 
-// daemonOptions returns the DaemonOptions the runtime's flags set; the
-// caller adds its listeners, pods, logger and the rest.
-func (r *runtimeFlags) daemonOptions() serve.DaemonOptions {
-	return serve.DaemonOptions{
+// daemonOptions returns the DaemonOptions the runtime's flags set, with
+// serve's HTTP face (serve.Face) as the face, draining for
+// --drain-timeout; the caller adds its listeners, pods, logger and the
+// rest.
+func (r *runtimeFlags) daemonOptions(face serve.Options) live.DaemonOptions {
+	face.DrainTimeout = r.drainTimeout
+	return live.DaemonOptions{
 		PolicyFile: r.policy, WorkersFile: r.workersFile, Watch: r.watch,
-		RequestTimeout: r.requestTimeout, DrainTimeout: r.drainTimeout, CharsPerToken: r.charsPerToken,
-		ShadowMaxInFlight: r.shadowInFlight,
+		RequestTimeout: r.requestTimeout, CharsPerToken: r.charsPerToken,
+		ShadowMaxInFlight: r.shadowInFlight, Face: serve.Face(face),
 	}
 }
 
@@ -215,7 +219,7 @@ func (b byteSize) perClient() int64 {
 }
 
 // runServe runs `router serve` until ctx ends: the listeners, then
-// serve.Daemon.
+// live.Daemon with serve's HTTP face.
 func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, stderr io.Writer) error {
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -241,9 +245,8 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		}
 		return &exitError{code: 1, err: err}
 	}
-	do := o.daemonOptions()
+	do := o.daemonOptions(serve.Options{MaxBodyBytesPerClient: o.bodyPerClient.perClient()})
 	do.Pods, do.Listener, do.DebugListener = pods, ln, debug
-	do.MaxBodyBytesPerClient = o.bodyPerClient.perClient()
 	do.Logger, do.Diagnostics = logger, stderr
 	do.OnReady = func() {
 		if debug != nil {
@@ -251,7 +254,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		}
 		fmt.Fprintf(stdout, "router serve listening on http://%s\n", ln.Addr())
 	}
-	d, err := serve.NewDaemon(do)
+	d, err := live.NewDaemon(do)
 	if err == nil {
 		err = d.Run(ctx)
 	}
