@@ -2,7 +2,7 @@
 // less function, with no interface boxing (container/heap moves values
 // through `any`, which allocates for non-pointer values). An optional
 // moved function tells each value its index as it moves, for O(log n)
-// Remove and Fix of a value the caller holds.
+// Remove of a value the caller holds.
 //
 // It imports nothing of the module.
 package heap

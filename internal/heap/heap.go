@@ -18,8 +18,7 @@ func New[T any](less func(a, b T) bool) Heap[T] {
 
 // NewIndexed returns an empty heap ordered by less that calls moved(x, i)
 // whenever x lands at index i, and moved(x, -1) when Pop or Remove takes
-// x out, so that the caller can keep each value's index for Remove and
-// Fix.
+// x out, so that the caller can keep each value's index for Remove.
 func NewIndexed[T any](less func(a, b T) bool, moved func(x T, i int)) Heap[T] {
 	return Heap[T]{less: less, moved: moved}
 }
@@ -61,14 +60,6 @@ func (h *Heap[T]) Remove(i int) T {
 		h.moved(x, -1)
 	}
 	return x
-}
-
-// Fix restores the order after the value at index i changed. O(log n).
-func (h *Heap[T]) Fix(i int) {
-	x := h.items[i]
-	if !h.down(i, x) {
-		h.up(i, x)
-	}
 }
 
 // up moves x, at index j, towards the root to its place.

@@ -48,7 +48,7 @@ func checkIndexed(t *testing.T, h *Heap[*item]) {
 	}
 }
 
-func TestIndexedRemoveAndFix(t *testing.T) {
+func TestIndexedRemove(t *testing.T) {
 	h := newItems()
 	its := make([]*item, 10)
 	for k := range its {
@@ -61,11 +61,13 @@ func TestIndexedRemoveAndFix(t *testing.T) {
 		t.Fatalf("Remove returned v %d idx %d, want v 8 idx -1", got.v, x.idx)
 	}
 	checkIndexed(t, &h)
-	its[2].v = -1 // was 4
-	h.Fix(its[2].idx)
+	// Remove and push again, as a caller changing a value's key does.
+	h.Remove(its[2].idx) // v 4
+	its[2].v = -1
+	h.Push(its[2])
 	checkIndexed(t, &h)
 	if h.At(0) != its[2] {
-		t.Fatalf("At(0) = %d after Fix, want -1", h.At(0).v)
+		t.Fatalf("At(0) = %d after re-push, want -1", h.At(0).v)
 	}
 	var got []int
 	for h.Len() > 0 {
@@ -80,7 +82,7 @@ func TestIndexedRemoveAndFix(t *testing.T) {
 	}
 }
 
-// TestAgainstSort pushes, pops, removes and fixes at random and checks
+// TestAgainstSort pushes, pops and removes at random and checks
 // every pop against the least of a plain slice kept beside.
 func TestAgainstSort(t *testing.T) {
 	for seed := range uint64(20) {
@@ -100,14 +102,12 @@ func TestAgainstSort(t *testing.T) {
 					t.Fatalf("seed %d: popped %d, least is %d", seed, y.v, least.v)
 				}
 				live = slices.DeleteFunc(live, func(z *item) bool { return z == y })
-			case op < 9:
-				x := live[rng.IntN(len(live))]
-				h.Remove(x.idx)
-				live = slices.DeleteFunc(live, func(z *item) bool { return z == x })
 			default:
 				x := live[rng.IntN(len(live))]
-				x.v = rng.IntN(100)
-				h.Fix(x.idx)
+				if y := h.Remove(x.idx); y != x {
+					t.Fatalf("seed %d: Remove(%d) returned %d, want %d", seed, x.idx, y.v, x.v)
+				}
+				live = slices.DeleteFunc(live, func(z *item) bool { return z == x })
 			}
 			if h.Len() != len(live) {
 				t.Fatalf("seed %d: Len %d, want %d", seed, h.Len(), len(live))

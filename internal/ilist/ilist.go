@@ -99,10 +99,3 @@ func (l *List) Prev(i int32) int32 { return l.links[i+1].prev - 1 }
 
 // Empty reports whether the list has no index.
 func (l *List) Empty() bool { return len(l.links) == 0 || l.links[0].next == 0 }
-
-// Clear empties the list in O(1), keeping its links' memory.
-func (l *List) Clear() {
-	if len(l.links) > 0 {
-		l.links[0] = link{}
-	}
-}
