@@ -63,10 +63,20 @@ type built struct {
 	err  error
 }
 
-// Main runs a package's tests (from its TestMain) so that Build makes
-// each binary once for the whole test process, and removes them after the
-// run. It returns m.Run's exit code.
-func Main(m *testing.M) int {
+// Main wraps a package's testing.M so that, while its Run runs the tests,
+// Build makes each binary once for the whole test process; Run removes
+// them after the tests. Use it from TestMain, alone or under goleak:
+//
+//	func TestMain(m *testing.M) { os.Exit(testkit.Main(m).Run()) }
+//	func TestMain(m *testing.M) { goleak.VerifyTestMain(testkit.Main(m)) }
+func Main(m *testing.M) *M { return &M{m: m} }
+
+// M is a testing.M whose Run shares Build's binaries; see Main.
+type M struct{ m *testing.M }
+
+// Run runs the tests (testing.M.Run) and returns their exit code; the
+// binaries Build made meanwhile are removed before it returns.
+func (x *M) Run() int {
 	dir, err := os.MkdirTemp("", "switchyard-testkit-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "testkit:", err)
@@ -75,7 +85,7 @@ func Main(m *testing.M) int {
 	builds.mu.Lock()
 	builds.dir, builds.bins = dir, map[string]*built{}
 	builds.mu.Unlock()
-	code := m.Run()
+	code := x.m.Run()
 	builds.mu.Lock()
 	builds.dir, builds.bins = "", nil
 	builds.mu.Unlock()

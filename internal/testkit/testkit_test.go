@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-func TestMain(m *testing.M) { os.Exit(Main(m)) }
+func TestMain(m *testing.M) { os.Exit(Main(m).Run()) }
 
 func TestPoll(t *testing.T) {
 	var n atomic.Int32
