@@ -125,7 +125,7 @@ demo: build
 demo-serve: build
 	scripts/demo-serve.sh
 
-## proto: regenerate pluginproto and the Python SDK's sdk/python/switchyard_plugin/_pb
+## proto: regenerate shared/pluginproto and the Python SDK's sdk/python/switchyard_plugin/_pb
 ## (installs protoc and grpc_python_plugin from Debian and the pinned
 ## protoc-gen-go / protoc-gen-go-grpc through the module proxy)
 proto:
