@@ -18,10 +18,10 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
-	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	"github.com/switchyard-router/switchyard/internal/testkit"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared/pluginwire"
 )
 
 func TestMain(m *testing.M) {

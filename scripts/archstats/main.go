@@ -9,8 +9,8 @@
 // Lines are physical lines of the package's non-test .go files, as wc -l
 // counts them (generated files included; they are marked). A function's
 // length is from its func keyword to its closing brace. It reads the
-// packages `go list ./...` names in the current module; it runs nothing of
-// them.
+// packages `go list ./...` names in the router module and in the plugin
+// SDK's module (shared/); it runs nothing of them.
 package main
 
 import (
@@ -54,18 +54,25 @@ func main() {
 }
 
 func run(w io.Writer, top int, core string) error {
-	out, err := exec.Command("go", "list", "-json", "./...").Output()
-	if err != nil {
-		return fmt.Errorf("go list: %w", err)
-	}
 	var pkgs []pkg
-	dec := json.NewDecoder(bytes.NewReader(out))
-	for dec.More() {
-		var p pkg
-		if err := dec.Decode(&p); err != nil {
-			return fmt.Errorf("decoding go list: %w", err)
+	for _, dir := range []string{".", "shared"} {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
+			continue
 		}
-		pkgs = append(pkgs, p)
+		cmd := exec.Command("go", "list", "-json", "./...")
+		cmd.Dir = dir
+		out, err := cmd.Output()
+		if err != nil {
+			return fmt.Errorf("go list in %s: %w", dir, err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(out))
+		for dec.More() {
+			var p pkg
+			if err := dec.Decode(&p); err != nil {
+				return fmt.Errorf("decoding go list: %w", err)
+			}
+			pkgs = append(pkgs, p)
+		}
 	}
 	if len(pkgs) == 0 {
 		return fmt.Errorf("go list named no packages")
