@@ -26,15 +26,23 @@ import (
 // the context tokens the booking ends with. One Meter per attempt; not
 // safe for concurrent use.
 type Meter struct {
-	rt     *Runtime
-	h      *admission.Handle
-	d      router.Decision
-	req    *Request
-	keep   bool   // keep a non-streamed body for its usage
-	first  bool   // the first byte was seen
-	events int64  // SSE events seen
-	last   byte   // the last byte seen
-	kept   []byte // the non-streamed body, while keep
+	rt *Runtime
+	h  *admission.Handle
+	d  router.Decision
+	// What the meter needs of its Request, copied (a Meter is kept by
+	// value: the Request need not outlive the intake).
+	start     time.Time
+	label, id string
+	tokens    int    // Request.Tokens
+	blockSize int    // Request.BlockSize
+	stream    bool   // Request.Stream
+	chat      bool   // Request.Chat
+	exact     bool   // the prompt was keyed by its token ids (Request.IDs)
+	keep      bool   // keep a non-streamed body for its usage
+	first     bool   // the first byte was seen
+	events    int64  // SSE events seen
+	last      byte   // the last byte seen
+	kept      []byte // the non-streamed body, while keep
 	// streamed is a stream's latest chunk that mentions "usage" (at most
 	// one chunk), read by Done.
 	streamed []byte
@@ -45,7 +53,8 @@ type Meter struct {
 // usage (up to 1 MiB: past it, it is dropped); sizeHint, when positive,
 // is the body's length, for which room is made at once.
 func (rt *Runtime) Meter(h *admission.Handle, d router.Decision, req *Request, keep bool, sizeHint int64) Meter {
-	m := Meter{rt: rt, h: h, d: d, req: req, keep: keep && !req.Stream}
+	m := Meter{rt: rt, h: h, d: d, start: req.Start, label: req.Label, id: req.ID, tokens: req.Tokens, blockSize: req.BlockSize,
+		stream: req.Stream, chat: req.Chat, exact: req.IDs != nil, keep: keep && !req.Stream}
 	if m.keep && sizeHint > 0 && sizeHint <= MaxUsageBody {
 		m.kept = make([]byte, 0, sizeHint)
 	}
@@ -61,8 +70,8 @@ func (m *Meter) FirstByte() {
 	}
 	m.first = true
 	m.h.FirstToken()
-	if m.rt.met != nil && m.req.Stream {
-		m.rt.met.ttft.WithLabelValues(m.req.Label).Observe(time.Since(m.req.Start).Seconds())
+	if m.rt.met != nil && m.stream {
+		m.rt.met.ttft.WithLabelValues(m.label).Observe(time.Since(m.start).Seconds())
 	}
 }
 
@@ -87,7 +96,7 @@ func (m *Meter) Read(chunk []byte) {
 		} else {
 			m.keep, m.kept = false, nil
 		}
-	case m.req.Stream && m.rt.met != nil && bytes.Contains(chunk, usageKey):
+	case m.stream && m.rt.met != nil && bytes.Contains(chunk, usageKey):
 		m.streamed = append(m.streamed[:0], chunk...)
 	}
 	if m.events > before {
@@ -97,7 +106,7 @@ func (m *Meter) Read(chunk []byte) {
 
 // Tokens returns the context tokens the answer has reached so far: the
 // prompt plus one token per SSE event.
-func (m *Meter) Tokens() int64 { return int64(m.req.Tokens) + m.events }
+func (m *Meter) Tokens() int64 { return int64(m.tokens) + m.events }
 
 // Done reads the usage of the completed answer and counts it (the token
 // families, the prefix belief, the prompt's token count against the
@@ -111,11 +120,11 @@ func (m *Meter) Done() int64 {
 	case m.streamed != nil:
 		u = streamUsage(m.streamed)
 	}
-	rt, req := m.rt, m.req
-	rt.countUsage(req.Label, u)
-	rt.countBelief(req.ID, req.BlockSize, m.d, u)
-	rt.checkPromptTokens(promptCount{label: req.Label, id: req.ID, worker: m.d.Worker.Name, chat: req.Chat,
-		exact: req.IDs != nil, tokens: req.Tokens}, u)
+	rt := m.rt
+	rt.countUsage(m.label, u)
+	rt.countBelief(m.id, m.blockSize, m.d, u)
+	rt.checkPromptTokens(promptCount{label: m.label, id: m.id, worker: m.d.Worker.Name, chat: m.chat,
+		exact: m.exact, tokens: m.tokens}, u)
 	if m.keep && u.total > 0 {
 		return u.total
 	}

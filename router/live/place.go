@@ -29,7 +29,7 @@ type Placed struct {
 
 	start time.Time // the request's arrival (Place's start)
 	label string    // the model's metrics label; "" before the body parsed
-	meter *Meter    // reads the answer; nil when refused
+	meter Meter     // reads the answer; unused when refused (no Handle)
 }
 
 // Place does for one completion request what the HTTP face does before
@@ -87,9 +87,9 @@ func (rt *Runtime) Place(ctx context.Context, chat bool, header http.Header, bod
 		rt.End(h, admission.Aborted("worker unknown"))
 		return refused, fmt.Errorf("live: placed on worker %q, which the workers do not know", d.Worker.Name)
 	}
-	m := rt.Meter(h, d, req, true, 0)
 	p := refused
-	p.Handle, p.Decision, p.URL, p.PromptTokens, p.meter = h, d, url, req.Tokens, &m
+	p.Handle, p.Decision, p.URL, p.PromptTokens = h, d, url, req.Tokens
+	p.meter = rt.Meter(h, d, req, true, 0)
 	return p, nil
 }
 
@@ -99,7 +99,7 @@ func (rt *Runtime) Place(ctx context.Context, chat bool, header http.Header, bod
 // last chunk mentioning "usage" are kept for Finish. Linear in the chunk;
 // call it with every chunk, in order.
 func (rt *Runtime) Answer(p *Placed, chunk []byte) {
-	if p.meter != nil {
+	if p.Handle != nil {
 		p.meter.Read(chunk)
 	}
 }
@@ -108,7 +108,7 @@ func (rt *Runtime) Answer(p *Placed, chunk []byte) {
 // does (Meter.FirstByte): the handle's FirstToken and, for a streamed
 // request, switchyard_time_to_first_token_seconds since Place began.
 func (rt *Runtime) FirstByte(p *Placed) {
-	if p.meter != nil {
+	if p.Handle != nil {
 		p.meter.FirstByte()
 	}
 }
