@@ -698,7 +698,7 @@ func (f *replayFlags) comparison(cmd *cobra.Command) replay.Comparison {
 // printTable prints the header line and the table of res to out, and one
 // line per run with rejected requests to stderr.
 func (f *replayFlags) printTable(out, stderr io.Writer, tr *trace.Opened, s *replay.Sweep, res *replay.SweepResult, cmp replay.Comparison) error {
-	fmt.Fprintf(out, "trace %s: %s on %s%s%s\n", tr.Name, plural(tr.Requests, "request"), fleetsText(s.Fleets), f.replicasText(), seedsText(f.seeds))
+	fmt.Fprintln(out, f.headerLine(tr, s.Fleets))
 	if err := replay.WriteComparison(out, res.Cells, cmp); err != nil {
 		return err
 	}
@@ -710,6 +710,12 @@ func (f *replayFlags) printTable(out, stderr io.Writer, tr *trace.Opened, s *rep
 		}
 	}
 	return nil
+}
+
+// headerLine is the line above the table: the trace, its requests, the
+// fleet sizes, the router replicas and the seeds.
+func (f *replayFlags) headerLine(tr *trace.Opened, fleets []replay.Fleet) string {
+	return fmt.Sprintf("trace %s: %s on %s%s%s", tr.Name, plural(tr.Requests, "request"), fleetsText(fleets), f.replicasText(), seedsText(f.seeds))
 }
 
 // writeOutputs writes --report (one report, or an array of every run

@@ -60,3 +60,20 @@ func TestOpenHeldOrStreamed(t *testing.T) {
 		}
 	}
 }
+
+// A trace without a request fails to open, named.
+func TestOpenEmptyTrace(t *testing.T) {
+	for _, tt := range []struct{ name, content string }{
+		{"empty.jsonl", ""},
+		{"blank.jsonl", "\n\n"},
+		{"header.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"},
+	} {
+		file := filepath.Join(t.TempDir(), tt.name)
+		if err := os.WriteFile(file, []byte(tt.content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Open(file, "", nil, 0, DefaultHold); err == nil || err.Error() != file+": no records" {
+			t.Errorf("%s: %v, want %q", tt.name, err, file+": no records")
+		}
+	}
+}
