@@ -21,7 +21,8 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/inputfile"
 	"github.com/switchyard-router/switchyard/router/replay"
-	"github.com/switchyard-router/switchyard/router/replay/htmlreport"
+	"github.com/switchyard-router/switchyard/router/replay/report"
+	"github.com/switchyard-router/switchyard/router/replay/report/htmlreport"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
@@ -235,11 +236,11 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 	if f.perRequest != "" && f.runsPerPolicy(cmd) > 1 {
 		return errors.New("--per-request writes the lines of one run: it cannot be combined with several --workers sizes, --sync-delay values or --seeds above 1")
 	}
-	if _, err := replay.ParseColumns(f.columns); err != nil {
+	if _, err := report.ParseColumns(f.columns); err != nil {
 		return err
 	}
 	if fs.Changed("slo") {
-		if _, err := replay.ParseSLO(f.slo); err != nil {
+		if _, err := report.ParseSLO(f.slo); err != nil {
 			return fmt.Errorf("--%w", err)
 		}
 	}
@@ -456,9 +457,9 @@ const maxFleetSizes = 64
 // be the label of exactly one of the policies replayed, and the delta column's metric (TTFT p90, or
 // goodput with --slo, when no column is given). "" and a zero Metric
 // without --baseline.
-func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
+func (f *replayFlags) baselineOf() (string, report.Metric, error) {
 	if f.baseline == "" {
-		return "", replay.Metric{}, nil
+		return "", report.Metric{}, nil
 	}
 	name, col, hasCol := strings.Cut(f.baseline, ":")
 	if !hasCol {
@@ -467,16 +468,16 @@ func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
 			col = "goodput"
 		}
 	}
-	m, ok := replay.MetricByName(col)
+	m, ok := report.MetricByName(col)
 	if !ok {
-		return "", replay.Metric{}, fmt.Errorf("--baseline %s: unknown column %q; want one of %s", f.baseline, col, strings.Join(replay.MetricNames(), ", "))
+		return "", report.Metric{}, fmt.Errorf("--baseline %s: unknown column %q; want one of %s", f.baseline, col, strings.Join(report.MetricNames(), ", "))
 	}
 	var names []string
 	for _, p := range f.policyPaths() {
 		names = append(names, replay.PolicyName(p))
 	}
 	if !slices.Contains(names, name) {
-		return "", replay.Metric{}, fmt.Errorf("--baseline %s: %q is not a replayed policy; want one of %s (a policy file's name without its extension)",
+		return "", report.Metric{}, fmt.Errorf("--baseline %s: %q is not a replayed policy; want one of %s (a policy file's name without its extension)",
 			f.baseline, name, strings.Join(names, ", "))
 	}
 	n := 0
@@ -486,7 +487,7 @@ func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
 		}
 	}
 	if n > 1 {
-		return "", replay.Metric{}, fmt.Errorf("--baseline %s: %d --compare files are labelled %s, so the baseline is not one row per fleet; give one of them another name",
+		return "", report.Metric{}, fmt.Errorf("--baseline %s: %d --compare files are labelled %s, so the baseline is not one row per fleet; give one of them another name",
 			f.baseline, n, name)
 	}
 	return name, m, nil
@@ -616,10 +617,10 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	var fellBack int64
 	for _, rep := range res.Reports {
 		fellBack += rep.Fallbacks
-		if err := replay.WriteFallbacks(stderr, rep); err != nil {
+		if err := report.WriteFallbacks(stderr, rep); err != nil {
 			return &exitError{code: 1, err: err}
 		}
-		if err := replay.WriteShadowFailures(stderr, rep); err != nil {
+		if err := report.WriteShadowFailures(stderr, rep); err != nil {
 			return &exitError{code: 1, err: err}
 		}
 	}
@@ -661,9 +662,9 @@ func (o *replayOutputs) abort() { o.perReq.abort(); o.report.abort(); o.html.abo
 // diagnostics on cmd's stderr.
 func (f *replayFlags) sweep(cmd *cobra.Command, tr *trace.Opened) *replay.Sweep {
 	modes, _ := f.prefixModes() // checked
-	var slo replay.SLO
+	var slo report.SLO
 	if cmd.Flags().Changed("slo") {
-		slo, _ = replay.ParseSLO(f.slo) // checked
+		slo, _ = report.ParseSLO(f.slo) // checked
 	}
 	stderr := cmd.ErrOrStderr()
 	return &replay.Sweep{
@@ -688,18 +689,18 @@ func (f *replayFlags) sweep(cmd *cobra.Command, tr *trace.Opened) *replay.Sweep 
 
 // comparison is the table's settings the flags ask for: --columns,
 // --baseline and --goodput-target.
-func (f *replayFlags) comparison(cmd *cobra.Command) replay.Comparison {
-	columns, _ := replay.ParseColumns(f.columns)  // checked
+func (f *replayFlags) comparison(cmd *cobra.Command) report.Comparison {
+	columns, _ := report.ParseColumns(f.columns)  // checked
 	baseline, baselineMetric, _ := f.baselineOf() // checked
 	target, _ := f.goodputTargetOf(cmd)           // checked
-	return replay.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric, GoodputTarget: target}
+	return report.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric, GoodputTarget: target}
 }
 
 // printTable prints the header line and the table of res to out, and one
 // line per run with rejected requests to stderr.
-func (f *replayFlags) printTable(out, stderr io.Writer, tr *trace.Opened, s *replay.Sweep, res *replay.SweepResult, cmp replay.Comparison) error {
+func (f *replayFlags) printTable(out, stderr io.Writer, tr *trace.Opened, s *replay.Sweep, res *replay.SweepResult, cmp report.Comparison) error {
 	fmt.Fprintln(out, f.headerLine(tr, s.Fleets))
-	if err := replay.WriteComparison(out, res.Cells, cmp); err != nil {
+	if err := report.WriteComparison(out, res.Cells, cmp); err != nil {
 		return err
 	}
 	for _, rep := range res.Reports {
@@ -721,7 +722,7 @@ func (f *replayFlags) headerLine(tr *trace.Opened, fleets []replay.Fleet) string
 // writeOutputs writes --report (one report, or an array of every run
 // with --compare or several runs) and --html, then, every output
 // complete, commits each output into place.
-func (f *replayFlags) writeOutputs(outs *replayOutputs, tr *trace.Opened, res *replay.SweepResult, cmp replay.Comparison) error {
+func (f *replayFlags) writeOutputs(outs *replayOutputs, tr *trace.Opened, res *replay.SweepResult, cmp report.Comparison) error {
 	if outs.report != nil {
 		var v any = res.Reports
 		if len(res.Reports) == 1 && len(f.compare) == 0 {
@@ -814,7 +815,7 @@ func seedsText(seeds int) string {
 
 // runName names a run in stderr summaries: its row label, with its fleet
 // when the replay sweeps fleet sizes and its seed when it has several.
-func runName(rep *replay.Report, fleets int) string {
+func runName(rep *report.Report, fleets int) string {
 	name := rep.Label()
 	if fleets > 1 && rep.PrefillWorkers == 0 {
 		name += fmt.Sprintf(" on %d workers", rep.Workers)
@@ -893,7 +894,7 @@ func noteNoPrefixHashes(w io.Writer, traceName string, source trace.Source) {
 
 // writeHTML writes the HTML report of cells to w (htmlreport.Write),
 // with the command line that made it.
-func writeHTML(w io.Writer, f *replayFlags, traceName string, requests int, cells []replay.Cell, cmp replay.Comparison) error {
+func writeHTML(w io.Writer, f *replayFlags, traceName string, requests int, cells []report.Cell, cmp report.Comparison) error {
 	return htmlreport.Write(w, htmlreport.Input{
 		Trace:      traceName,
 		Requests:   requests,

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/switchyard-router/switchyard/router/replay/report"
 )
 
 // classifyPolicy has a queue of two classes and the header-priority
@@ -75,7 +77,7 @@ func TestSweepClassifiesAndQueues(t *testing.T) {
 	writeClassTrace(t, tr, n)
 	var perReq bytes.Buffer
 	res := runSweep(t, &Sweep{Trace: openTrace(t, tr, 0), Policies: []string{policy}, Fleets: []Fleet{{Workers: 2}}, PerRequest: &perReq})
-	out := tableOf(t, res, Comparison{})
+	out := tableOf(t, res, report.Comparison{})
 	for _, s := range []string{"classes/interactive", "classes/batch", "POLICY/CLASS"} {
 		if !strings.Contains(out, s) {
 			t.Errorf("table lacks %q:\n%s", s, out)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
@@ -74,17 +75,20 @@ type Sweep struct {
 	Seed *int64
 	// SLO, Timeline and PerRequest are each run's Options fields of the
 	// same name. PerRequest suits a sweep of one run only.
-	SLO        SLO
+	SLO        report.SLO
 	Timeline   bool
 	PerRequest io.Writer
 	// Load loads a policy file for a run. Required.
 	Load LoadFunc
 	// Warnings receives the policy files' diagnostics (their first load)
-	// and the warning of a role run by the built-in default policy
-	// (warnDefaultRoles); nil discards them.
+	// and a warning for each role a policy file leaves to the built-in
+	// default policy (its worker_selection does not set the role); nil
+	// discards them.
 	Warnings io.Writer
 	// StartRun, when set, is told before each run its index (0-based, in
-	// table order) and label (runLabel); Progress is each run's
+	// table order) and label: its row's (NAME, NAME+precise, NAME/N@D),
+	// with " on F workers" when there are several fleets and " seed +k"
+	// when there are several seeds. Progress is each run's
 	// Options.Progress.
 	StartRun func(run int, label string)
 	Progress func(Progress)
@@ -94,8 +98,8 @@ type Sweep struct {
 // prefix mode and sync delay, in table order (fleet-major), each with one
 // Report per seed, and every Report in run order.
 type SweepResult struct {
-	Cells   []Cell
-	Reports []*Report
+	Cells   []report.Cell
+	Reports []*report.Report
 }
 
 // closeTimeout bounds how long a sweep waits for a bundle's plugins to
@@ -169,7 +173,7 @@ func (s *Sweep) Run(ctx context.Context) (*SweepResult, error) {
 		for _, path := range s.Policies {
 			for _, mode := range s.modes() {
 				for _, delay := range s.delays() {
-					var cell Cell
+					var cell report.Cell
 					for k := range s.seeds() {
 						if s.StartRun != nil {
 							s.StartRun(len(res.Reports), runLabel(path, mode, fl, len(s.Fleets), k, s.seeds())+s.replicasLabel(delay))
@@ -232,7 +236,7 @@ func (s *Sweep) load(ctx context.Context, warnings io.Writer, path string, offse
 // of each file), else loads its own; either is closed when the run ends,
 // as are the other replicas' loads of the file.
 func (s *Sweep) runOne(ctx context.Context, loaded map[string]*router.Bundle, path string,
-	mode PrefixMode, fl Fleet, k int, delay time.Duration) (*Report, error) {
+	mode PrefixMode, fl Fleet, k int, delay time.Duration) (*report.Report, error) {
 	b, ok := loaded[path]
 	if ok && k == 0 {
 		delete(loaded, path)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
@@ -68,10 +69,10 @@ func runSweep(t testing.TB, s *Sweep) *SweepResult {
 }
 
 // tableOf is the table of res's cells as router replay prints it.
-func tableOf(t testing.TB, res *SweepResult, cmp Comparison) string {
+func tableOf(t testing.TB, res *SweepResult, cmp report.Comparison) string {
 	t.Helper()
 	var b strings.Builder
-	if err := WriteComparison(&b, res.Cells, cmp); err != nil {
+	if err := report.WriteComparison(&b, res.Cells, cmp); err != nil {
 		t.Fatal(err)
 	}
 	return b.String()
@@ -91,7 +92,7 @@ func reportJSON(t testing.TB, v any) []byte {
 // the per-request lines are byte-identical and the report is complete.
 func TestSweepDeterministic(t *testing.T) {
 	var perReq [2][]byte
-	var report map[string]any
+	var summary map[string]any
 	for i := range perReq {
 		var buf bytes.Buffer
 		res := runSweep(t, &Sweep{Trace: openTrace(t, arxivTrace, 300), Policies: []string{rrPolicy},
@@ -99,12 +100,12 @@ func TestSweepDeterministic(t *testing.T) {
 		if len(res.Reports) != 1 || len(res.Cells) != 1 {
 			t.Fatalf("run %d: %d reports, %d cells; want 1 and 1", i+1, len(res.Reports), len(res.Cells))
 		}
-		if table := tableOf(t, res, Comparison{}); !strings.Contains(table, "round-robin") {
+		if table := tableOf(t, res, report.Comparison{}); !strings.Contains(table, "round-robin") {
 			t.Errorf("run %d: table %q", i+1, table)
 		}
 		perReq[i] = buf.Bytes()
-		report = nil
-		if err := json.Unmarshal(reportJSON(t, res.Reports[0]), &report); err != nil {
+		summary = nil
+		if err := json.Unmarshal(reportJSON(t, res.Reports[0]), &summary); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -113,27 +114,27 @@ func TestSweepDeterministic(t *testing.T) {
 	}
 	for _, k := range []string{"policy", "ttft_ms", "e2e_ms", "kv_hit_ratio", "imbalance",
 		"sim_duration_s", "wall_s", "decisions_per_s"} {
-		if _, ok := report[k]; !ok {
+		if _, ok := summary[k]; !ok {
 			t.Errorf("report lacks %q", k)
 		}
 	}
-	if report["policy"] != "round-robin" {
-		t.Errorf("policy %v, want round-robin", report["policy"])
+	if summary["policy"] != "round-robin" {
+		t.Errorf("policy %v, want round-robin", summary["policy"])
 	}
-	if report["requests"] != 300.0 || report["completed"] != 300.0 {
-		t.Errorf("requests %v completed %v, want 300 and 300", report["requests"], report["completed"])
+	if summary["requests"] != 300.0 || summary["completed"] != 300.0 {
+		t.Errorf("requests %v completed %v, want 300 and 300", summary["requests"], summary["completed"])
 	}
 	for _, k := range []string{"ttft_ms", "e2e_ms"} {
-		s, _ := report[k].(map[string]any)
+		s, _ := summary[k].(map[string]any)
 		for _, q := range []string{"p50", "p90", "p99", "mean"} {
 			if _, ok := s[q].(float64); !ok {
-				t.Errorf("%s.%s missing or not a number: %v", k, q, report[k])
+				t.Errorf("%s.%s missing or not a number: %v", k, q, summary[k])
 			}
 		}
 	}
-	perWorker, _ := report["requests_per_worker"].([]any)
+	perWorker, _ := summary["requests_per_worker"].([]any)
 	if len(perWorker) != 4 {
-		t.Fatalf("requests_per_worker %v, want 4 entries", report["requests_per_worker"])
+		t.Fatalf("requests_per_worker %v, want 4 entries", summary["requests_per_worker"])
 	}
 	for w, n := range perWorker {
 		if n != 75.0 {
@@ -167,7 +168,7 @@ func TestSweepDeterministic(t *testing.T) {
 func TestSweepCompareTable(t *testing.T) {
 	res := runSweep(t, &Sweep{Trace: openTrace(t, "", 200), Policies: []string{rrPolicy, kvPolicy},
 		Fleets: []Fleet{{Workers: DefaultWorkers}}})
-	out := tableOf(t, res, Comparison{})
+	out := tableOf(t, res, report.Comparison{})
 	if n := strings.Count(out, "TTFT p50"); n != 1 {
 		t.Errorf("%d table headers, want 1:\n%s", n, out)
 	}
@@ -246,7 +247,7 @@ func TestSweepDefaultRoleWarning(t *testing.T) {
 			if tt.warning != "" && (!strings.HasPrefix(errOut, tt.warning) || strings.Count(errOut, "\n") != 1) {
 				t.Errorf("warnings %q, want one line starting %q", errOut, tt.warning)
 			}
-			if out := tableOf(t, res, Comparison{}); !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(tt.row) + `\s+20\s+20\s+0\s`).MatchString(out) {
+			if out := tableOf(t, res, report.Comparison{}); !regexp.MustCompile(`(?m)^\s*` + regexp.QuoteMeta(tt.row) + `\s+20\s+20\s+0\s`).MatchString(out) {
 				t.Errorf("no table row %q:\n%s", tt.row, out)
 			}
 		})
@@ -278,7 +279,7 @@ worker_selection { aggregated = "busy" }
 		}
 	}
 	res := runSweep(t, &Sweep{Trace: openTrace(t, tracePath, 0), Policies: []string{busy}, Fleets: []Fleet{{Workers: 1}}})
-	if out := tableOf(t, res, Comparison{}); !regexp.MustCompile(`(?m)^\s*busy\s+5\s+1\s+4\s`).MatchString(out) {
+	if out := tableOf(t, res, report.Comparison{}); !regexp.MustCompile(`(?m)^\s*busy\s+5\s+1\s+4\s`).MatchString(out) {
 		t.Errorf("no row with 5 requests, 1 completed, 4 rejected:\n%s", out)
 	}
 	rep := res.Reports[0]
@@ -297,7 +298,7 @@ func TestSweepPrefixBoth(t *testing.T) {
 	tr := openTrace(t, arxivTrace, 200)
 	res := runSweep(t, &Sweep{Trace: tr, Policies: []string{""}, Fleets: []Fleet{{Workers: 4}},
 		Modes: []PrefixMode{PrefixApproximate, PrefixPrecise}, KVEventDelay: 5 * time.Millisecond})
-	out := tableOf(t, res, Comparison{})
+	out := tableOf(t, res, report.Comparison{})
 	lines := strings.Split(out, "\n")
 	if !strings.Contains(lines[0], " of ref  belief ") {
 		t.Errorf("header %q lacks the belief column", lines[0])
@@ -327,7 +328,7 @@ func TestSweepPrefixBoth(t *testing.T) {
 	}
 
 	res = runSweep(t, &Sweep{Trace: openTrace(t, arxivTrace, 20), Policies: []string{""}, Fleets: []Fleet{{Workers: 4}}})
-	if out := tableOf(t, res, Comparison{}); strings.Contains(out, "belief") {
+	if out := tableOf(t, res, report.Comparison{}); strings.Contains(out, "belief") {
 		t.Errorf("approximate sweep: the table mentions belief:\n%s", out)
 	}
 }
@@ -356,15 +357,15 @@ func TestSweepPrecisePerRequestRepeats(t *testing.T) {
 // baseline's delta, the SLO's goodput, and the columns chosen; the
 // reports hold every run with its fleet and seed.
 func TestSweepSeedsBaselineSLO(t *testing.T) {
-	slo, err := ParseSLO("ttft=2s,tpot=40ms")
+	slo, err := report.ParseSLO("ttft=2s,tpot=40ms")
 	if err != nil {
 		t.Fatal(err)
 	}
-	columns, err := ParseColumns("ttft_p90,goodput,itl_p99")
+	columns, err := report.ParseColumns("ttft_p90,goodput,itl_p99")
 	if err != nil {
 		t.Fatal(err)
 	}
-	goodput, _ := MetricByName("goodput")
+	goodput, _ := report.MetricByName("goodput")
 	s := &Sweep{Trace: openTrace(t, arxivTrace, 300), Policies: []string{rrPolicy, kvAffinity},
 		Fleets: []Fleet{{Workers: 2}, {Workers: 4}}, Seeds: 2, SLO: slo}
 	var labels []string
@@ -379,7 +380,7 @@ func TestSweepSeedsBaselineSLO(t *testing.T) {
 		"round-robin on 4 workers seed +0", "round-robin on 4 workers seed +1", "kv-affinity on 4 workers seed +0", "kv-affinity on 4 workers seed +1"}; !slices.Equal(labels, want) {
 		t.Errorf("runs %q, want %q", labels, want)
 	}
-	out := tableOf(t, res, Comparison{Columns: columns, Baseline: "round-robin", BaselineMetric: goodput, GoodputTarget: 50})
+	out := tableOf(t, res, report.Comparison{Columns: columns, Baseline: "round-robin", BaselineMetric: goodput, GoodputTarget: 50})
 	lines := strings.Split(out, "\n")
 	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	if got, want := fields(lines[0]), "policy workers TTFT p90 goodput ITL p99 Δ goodput vs round-robin"; got != want {
@@ -432,14 +433,14 @@ func TestSweepSeedsBaselineSLO(t *testing.T) {
 // policies and fleets: one row per (fleet, policy, delay), each labelled
 // NAME/N@D, and the reports name the replicas and the delay of every run.
 func TestSweepReplicas(t *testing.T) {
-	columns, err := ParseColumns("kv_hit,ttft_p90")
+	columns, err := report.ParseColumns("kv_hit,ttft_p90")
 	if err != nil {
 		t.Fatal(err)
 	}
-	ttft, _ := MetricByName("ttft_p90")
+	ttft, _ := report.MetricByName("ttft_p90")
 	res := runSweep(t, &Sweep{Trace: openTrace(t, arxivTrace, 200), Policies: []string{rrPolicy, kvAffinity},
 		Fleets: []Fleet{{Workers: 2}, {Workers: 4}}, Replicas: 3, Delays: []time.Duration{0, time.Second}})
-	out := tableOf(t, res, Comparison{Columns: columns, Baseline: "round-robin", BaselineMetric: ttft})
+	out := tableOf(t, res, report.Comparison{Columns: columns, Baseline: "round-robin", BaselineMetric: ttft})
 	lines := strings.Split(out, "\n")
 	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
 	labels := []string{"round-robin/3@0s 2 ", "round-robin/3@1s 2 ", "kv-affinity/3@0s 2 ", "kv-affinity/3@1s 2 ",
@@ -530,7 +531,7 @@ func TestSweepDisaggregated(t *testing.T) {
 	var perReq bytes.Buffer
 	res := runSweep(t, &Sweep{Trace: openTrace(t, arxivTrace, 200), Policies: []string{""}, Fleets: []Fleet{{Prefill: 2, Decode: 3}},
 		Seed: &seed, PerRequest: &perReq})
-	if out := tableOf(t, res, Comparison{}); !strings.Contains(out, "default(2P+3D)") {
+	if out := tableOf(t, res, report.Comparison{}); !strings.Contains(out, "default(2P+3D)") {
 		t.Errorf("table lacks %q:\n%s", "default(2P+3D)", out)
 	}
 	b := reportJSON(t, res.Reports[0])
