@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -264,8 +263,6 @@ func TestReplayCompareReportIsArray(t *testing.T) {
 		t.Fatalf("report %q, %v; want an array of one round-robin report", b, err)
 	}
 }
-
-func regexpMatch(pattern, s string) bool { return regexp.MustCompile(pattern).MatchString(s) }
 
 func TestReplayPrefixFlagErrors(t *testing.T) {
 	for _, tt := range []struct {
