@@ -5,6 +5,9 @@ GO          ?= go
 BIN         := bin
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 PKGS        := ./...
+# The plugin SDK is a module of its own (shared/go.mod), which the root
+# module's ./... does not reach: test, vet and lint run there too.
+SDK         := shared
 # Debian's Python, which has the Debian packages below (not a pyenv shim).
 PYTHON      := /usr/bin/python3
 PYTHON_DEBS := python3-grpcio python3-protobuf
@@ -17,7 +20,8 @@ all: build
 build:
 	$(GO) build -o $(BIN)/ ./cmd/... ./examples/disagg-filter-score-pick ./examples/soft-pin-repin
 
-## test: gofmt check, go vet, every Go test under the race detector, and the
+## test: gofmt check, go vet, every Go test of both modules (the router's and
+## the SDK's, shared/) under the race detector, and the
 ## Python SDK's and scripts/' unit tests (installs the Debian packages they and the Go tests
 ## that start the Python example plugin need, when missing, and Chromium for
 ## the HTML report's browser test, which then must run: SWITCHYARD_REQUIRE_BROWSER=1).
@@ -25,6 +29,7 @@ build:
 ## 2-core machine and more than 10 (go test's default) under stress-ng.
 test: fmt-check vet python-deps browser-deps
 	SWITCHYARD_REQUIRE_BROWSER=1 $(GO) test -race -count=1 -timeout 30m $(PKGS)
+	$(GO) -C $(SDK) test -race -count=1 $(PKGS)
 	$(PYTHON) -m unittest discover -s sdk/python/tests -t sdk/python
 	$(PYTHON) -m unittest discover -s scripts -p 'test_*.py'
 
@@ -43,6 +48,7 @@ fmt-check:
 
 vet:
 	$(GO) vet $(PKGS)
+	$(GO) -C $(SDK) vet $(PKGS)
 
 ## test-under-load: `make test` three times while stress-ng --cpu 4
 ## saturates the machine (tests assert behaviour, never speed)
@@ -52,6 +58,7 @@ test-under-load:
 ## lint: staticcheck, pinned, fetched through the module proxy
 lint:
 	$(GO) run $(STATICCHECK) $(PKGS)
+	$(GO) -C $(SDK) run $(STATICCHECK) $(PKGS)
 
 ## bench: the selection and replay benchmarks (see BENCHMARKS.md)
 bench:
@@ -125,7 +132,7 @@ demo: build
 demo-serve: build
 	scripts/demo-serve.sh
 
-## proto: regenerate pluginproto and the Python SDK's sdk/python/switchyard_plugin/_pb
+## proto: regenerate shared/pluginproto and the Python SDK's sdk/python/switchyard_plugin/_pb
 ## (installs protoc and grpc_python_plugin from Debian and the pinned
 ## protoc-gen-go / protoc-gen-go-grpc through the module proxy)
 proto:

@@ -30,6 +30,7 @@ require (
 	github.com/spf13/cobra v1.10.2
 	github.com/spf13/pflag v1.0.10
 	github.com/sugarme/tokenizer v0.3.0
+	github.com/switchyard-router/switchyard/shared v0.0.0-00010101000000-000000000000
 	github.com/tidwall/gjson v1.20.2
 	github.com/valyala/fastjson v1.6.10
 	github.com/vmihailenco/msgpack/v5 v5.4.1
@@ -133,3 +134,7 @@ require (
 	sigs.k8s.io/randfill v1.0.0 // indirect
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
+
+// The plugin SDK is the nested module shared/ (its own go.mod); the router
+// builds against the checkout's copy, never a published one.
+replace github.com/switchyard-router/switchyard/shared => ./shared

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerates pluginproto's Go code and the Python SDK's code
+# Regenerates the Go code of shared/pluginproto (the protocol package of the SDK
+# module, shared/go.mod) and the Python SDK's code
 # (sdk/python/switchyard_plugin/_pb) from the .proto files, installing what it
 # needs: protoc and grpc_python_plugin from Debian (protobuf-compiler,
 # protobuf-compiler-grpc) and the pinned Go plugins through the Go module
@@ -18,15 +19,16 @@ GOBIN="$bin" go install "$PROTOC_GEN_GO"
 GOBIN="$bin" go install "$PROTOC_GEN_GO_GRPC"
 export PATH="$bin:$PATH"
 
-out=pluginproto
+proto=shared/pluginproto
+out=$proto
 if [ "${1:-}" = "--check" ]; then
   out=$(mktemp -d)
   trap 'rm -rf "$out"' EXIT
 fi
-protos=$(cd pluginproto && find . -name '*.proto' | sort)
-(cd pluginproto && protoc --proto_path=. \
-  --go_out="paths=source_relative:$( [ "$out" = pluginproto ] && echo . || echo "$out")" \
-  --go-grpc_out="paths=source_relative:$( [ "$out" = pluginproto ] && echo . || echo "$out")" \
+protos=$(cd "$proto" && find . -name '*.proto' | sort)
+(cd "$proto" && protoc --proto_path=. \
+  --go_out="paths=source_relative:$( [ "$out" = "$proto" ] && echo . || echo "$out")" \
+  --go-grpc_out="paths=source_relative:$( [ "$out" = "$proto" ] && echo . || echo "$out")" \
   $protos)
 
 # The Python SDK's modules: plugin.proto, and the vendored gRPC health and
@@ -38,7 +40,7 @@ if [ "${1:-}" = "--check" ]; then
   mkdir -p "$pyout"
 fi
 pb=switchyard_plugin/_pb
-protoc -I"$pb=pluginproto/switchyard/plugin/v1" -I"$pb=sdk/python/proto" \
+protoc -I"$pb=$proto/switchyard/plugin/v1" -I"$pb=sdk/python/proto" \
   --plugin=protoc-gen-grpc_python="$(command -v grpc_python_plugin)" \
   --python_out="$pyout" --grpc_python_out="$pyout" \
   "$pb/plugin.proto" "$pb/health.proto" "$pb/grpc_controller.proto"
@@ -46,8 +48,8 @@ protoc -I"$pb=pluginproto/switchyard/plugin/v1" -I"$pb=sdk/python/proto" \
 if [ "${1:-}" = "--check" ]; then
   status=0
   for f in $(cd "$out" && find . -name '*.go' | sort); do
-    if ! cmp -s "$out/$f" "pluginproto/$f"; then
-      echo "stale generated code: pluginproto/$f (run make proto)" >&2
+    if ! cmp -s "$out/$f" "$proto/$f"; then
+      echo "stale generated code: $proto/${f#./} (run make proto)" >&2
       status=1
     fi
   done

@@ -6,15 +6,15 @@ package shared
 // authors never see a generated type (as Nomad keeps its converters in
 // plugins/device/util.go). The router's side is in internal/pluginclient;
 // what both sides use (parameter values, int narrowing) is in
-// internal/pluginwire.
+// package pluginwire (shared/pluginwire).
 
 import (
 	"fmt"
 	"math"
 	"time"
 
-	"github.com/switchyard-router/switchyard/internal/pluginwire"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared/pluginwire"
 )
 
 // kindToProto maps a Kind to its enum; the numbering is the same.

@@ -13,6 +13,14 @@
 // policy it runs (router/policy) and its guard around a classifier call
 // (router/admission).
 //
+// Module: this package is the root of the SDK module,
+// github.com/switchyard-router/switchyard/shared (shared/go.mod), which also
+// holds the generated protocol (shared/pluginproto/switchyard/plugin/v1) and
+// the wire encodings both ends agree on (shared/pluginwire). The module
+// requires only go-plugin, grpc, protobuf, hclog and golang.org/x/time, so a
+// plugin's go.mod carries none of the router's dependencies. It is tagged
+// shared/vX.Y.Z; what a minor release may change is in docs/sdk.md.
+//
 // Concurrency: one component instance serves every request concurrently.
 // Every method must be safe for concurrent use; state kept between calls
 // lives in atomics or behind a lock inside the component.

@@ -3,7 +3,7 @@ package shared
 import (
 	"testing"
 
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
 )
 
 func TestEventKindString(t *testing.T) {

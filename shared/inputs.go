@@ -61,7 +61,7 @@ func (in Inputs) String() string {
 	return strings.Join(parts, "|")
 }
 
-// ParseInput returns the flag named by its DESIGN.md name ("ACTIVE_REQUESTS",
+// ParseInput returns the flag named by its policy-file name ("ACTIVE_REQUESTS",
 // "OCCUPANCY", "LOAD", "CACHE", "CAPACITY") and whether the name is known.
 func ParseInput(name string) (Inputs, bool) {
 	for i, n := range inputNames {

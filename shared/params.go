@@ -5,7 +5,7 @@ import (
 	"math"
 	"time"
 
-	"github.com/switchyard-router/switchyard/internal/pluginwire"
+	"github.com/switchyard-router/switchyard/shared/pluginwire"
 )
 
 // ParamType is the type of one component parameter.

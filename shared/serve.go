@@ -16,8 +16,8 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
 
-	"github.com/switchyard-router/switchyard/internal/pluginwire"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared/pluginwire"
 )
 
 // APIVersion is the plugin API version this SDK speaks: switchyard.plugin.v1.

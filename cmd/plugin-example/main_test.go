@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/switchyard-router/switchyard/shared/plugintest"
+	"github.com/switchyard-router/switchyard/plugintest"
 )
 
 // TestConformance builds this plugin and runs it through every check of

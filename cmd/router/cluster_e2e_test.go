@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-router/switchyard/internal/natstest"
+	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 )
 
 // TestReplicaFailover runs three `router serve` replicas with a cluster
@@ -38,7 +38,7 @@ func TestReplicaFailover(t *testing.T) {
 		defer func() { _ = ln.Close() }()
 		return ln.Addr().(*net.TCPAddr).Port
 	}
-	ns := natstest.Start(t, port())
+	ns := natskit.Start(t, port())
 
 	mocks := startMocks(t, routerBin, 2, "5")
 	names := []string{"a", "b"}

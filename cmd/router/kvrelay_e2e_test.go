@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-router/switchyard/internal/natstest"
+	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 )
 
 // TestKVRelayE2E: a `router kv-relay` process, a `router serve` with the
@@ -25,7 +25,7 @@ import (
 // given up): serve takes the lease and relays from then on.
 func TestKVRelayE2E(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
-	ns := natstest.Start(t, 0)
+	ns := natskit.Start(t, 0)
 
 	kvPort, replayPort, debugPort := consecutivePorts(t, 1), consecutivePorts(t, 1), consecutivePorts(t, 1)
 	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--engine-block-size", "16",
@@ -162,7 +162,7 @@ cluster {
 // once the lease expired the other takes it and relays the engine.
 func TestKVRelayKilledE2E(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
-	ns := natstest.Start(t, 0)
+	ns := natskit.Start(t, 0)
 	kvPort := consecutivePorts(t, 1)
 	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--engine-block-size", "16",
 		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", kvPort))

@@ -20,7 +20,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
-	"github.com/switchyard-router/switchyard/internal/natstest"
+	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
 
@@ -47,7 +47,7 @@ func TestNATSRestartUnderLoad(t *testing.T) {
 	}
 	natsPort := freePort()
 	startNATS := func() *server.Server {
-		ns := natstest.Start(t, natsPort)
+		ns := natskit.Start(t, natsPort)
 		return ns
 	}
 	ns := startNATS()

@@ -73,7 +73,7 @@ name: not run: ...". With --json it prints one JSON object at the end, with a
 "checks" array (or an "error" when the checks could not start). It exits 0
 only when no check failed, 1 otherwise (2 on a usage error). Describe and
 each Configure get --start-timeout; other calls a minute each: latency is
-reported, not failed. In "go test", package shared/plugintest runs the same
+reported, not failed. In "go test", package plugintest runs the same
 checks.`,
 		// Arguments are checked in RunE, so that with --json a usage
 		// error is a JSON document too.

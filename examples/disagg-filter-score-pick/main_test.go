@@ -3,8 +3,8 @@ package main
 import (
 	"testing"
 
+	"github.com/switchyard-router/switchyard/plugintest"
 	"github.com/switchyard-router/switchyard/shared"
-	"github.com/switchyard-router/switchyard/shared/plugintest"
 )
 
 // TestConformance builds this plugin and runs it through every check of

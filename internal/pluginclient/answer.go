@@ -6,8 +6,8 @@ import (
 	"strconv"
 
 	"github.com/switchyard-router/switchyard/internal/untrusted"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
 )
 
 // Reasons of an InvalidAnswerError: a bounded set, each a metric label

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
 )
 
 // TestCheckResult: each way an answer can fail its task is named by its

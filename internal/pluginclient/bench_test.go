@@ -60,8 +60,8 @@ import (
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/protobuf/proto"
 
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
 )
 
 const benchRows = 64

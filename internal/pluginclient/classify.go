@@ -8,10 +8,10 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	"github.com/switchyard-router/switchyard/internal/untrusted"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared/pluginwire"
 )
 
 // maxDiagnostic bounds a Configure diagnostic's summary and its detail, in

@@ -14,10 +14,10 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	"github.com/switchyard-router/switchyard/internal/untrusted"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared/pluginwire"
 )
 
 // ErrPluginClosed is returned (wrapped) by Client calls when the

@@ -18,13 +18,14 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 
-	"github.com/switchyard-router/switchyard/internal/pluginwire"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared/pluginwire"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { removeBuiltPlugin() }))
+	goleak.VerifyTestMain(testkit.Main(m))
 }
 
 // inProcess is the SDK's plugin side (shared.GRPCPlugin) with this
@@ -613,7 +614,7 @@ func TestDecideConcurrentCallsBatch(t *testing.T) {
 	for i := 1; i < callers; i++ {
 		wg.Go(func() { decide(i) })
 	}
-	if !waitFor(time.Minute, func() bool { return rc.Pending() == callers }) {
+	if !testkit.Poll(time.Minute, func() bool { return rc.Pending() == callers }) {
 		t.Fatalf("%d calls pending a minute after %d started", rc.Pending(), callers)
 	}
 	releaseOnce.Do(func() { close(release) })
@@ -631,18 +632,6 @@ func TestDecideConcurrentCallsBatch(t *testing.T) {
 	if n := rc.Pending(); n != 0 {
 		t.Errorf("Pending = %d after every call returned, want 0", n)
 	}
-}
-
-// waitFor polls cond every millisecond until it holds or d passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
 }
 
 // slowCallInFlight configures a "slow" instance that sleeps 10 s, starts a

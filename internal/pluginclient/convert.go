@@ -3,7 +3,7 @@ package pluginclient
 // Conversions between the SDK's Go types and the generated
 // switchyard.plugin.v1 messages on the router's side: what it encodes for a
 // plugin and decodes from it. The plugin side's are in package shared
-// (convert.go); what both sides use is in internal/pluginwire.
+// (convert.go); what both sides use is in shared/pluginwire.
 
 import (
 	"fmt"
@@ -12,10 +12,10 @@ import (
 	"slices"
 	"time"
 
-	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	"github.com/switchyard-router/switchyard/internal/untrusted"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared/pluginwire"
 )
 
 // kindFromProto maps the enum to a Kind (the numbering is the same);

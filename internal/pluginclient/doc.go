@@ -14,5 +14,5 @@
 //
 // What both ends must agree on beyond the generated protocol (parameter
 // values, the wording of the SDK's panic and over-size answers) is in
-// package internal/pluginwire.
+// package pluginwire of the SDK module (shared/pluginwire).
 package pluginclient

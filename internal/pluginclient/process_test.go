@@ -4,56 +4,21 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
-var built struct {
-	once sync.Once
-	dir  string
-	bin  string
-	err  error
-}
-
-// buildPlugin builds testdata/plugin once per test binary and returns its
-// path.
+// buildPlugin returns testdata/plugin, built once per test process
+// (TestMain runs under testkit.Main).
 func buildPlugin(t testing.TB) string {
 	t.Helper()
-	built.once.Do(func() {
-		built.dir, built.err = os.MkdirTemp("", "switchyard-pluginclient-test-")
-		if built.err != nil {
-			return
-		}
-		built.bin = filepath.Join(built.dir, "plugin")
-		out, err := exec.Command("go", "build", "-o", built.bin, "./testdata/plugin").CombinedOutput()
-		if err != nil {
-			built.err = &buildError{err: err, out: string(out)}
-		}
-	})
-	if built.err != nil {
-		t.Fatalf("building the test plugin: %v", built.err)
-	}
-	return built.bin
-}
-
-type buildError struct {
-	err error
-	out string
-}
-
-func (e *buildError) Error() string { return e.err.Error() + "\n" + e.out }
-
-func removeBuiltPlugin() {
-	if built.dir != "" {
-		_ = os.RemoveAll(built.dir)
-	}
+	return testkit.Build(t, "./testdata/plugin")
 }
 
 // startPlugin starts the test plugin binary the way the host does and

@@ -20,7 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-router/switchyard/builtin"
-	"github.com/switchyard-router/switchyard/internal/natstest"
+	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -53,7 +53,7 @@ func TestMain(m *testing.M) {
 // until the test ends, and returns it and its URL.
 func startNATS(t testing.TB, port int) (*server.Server, string) {
 	t.Helper()
-	s := natstest.Start(t, port)
+	s := natskit.Start(t, port)
 	return s, s.ClientURL()
 }
 

@@ -24,7 +24,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/switchyard-router/switchyard/internal/natstest"
+	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
@@ -118,7 +118,7 @@ func TestForgedBookingsBounded(t *testing.T) {
 // (nats://user:password@host) connects, and the password appears in no
 // log line.
 func TestNATSPasswordNotLogged(t *testing.T) {
-	s := natstest.StartWith(t, 0, func(o *server.Options) {
+	s := natskit.StartWith(t, 0, func(o *server.Options) {
 		o.Users = []*server.User{{Username: "router", Password: "s3cret-pw"}}
 	})
 	url := strings.Replace(s.ClientURL(), "nats://", "nats://router:s3cret-pw@", 1)
@@ -138,7 +138,7 @@ func TestNATSPasswordNotLogged(t *testing.T) {
 // cause per interval however many there are, instead of nats.go's own
 // lines on stderr.
 func TestNATSAsyncErrorsLogged(t *testing.T) {
-	s := natstest.StartWith(t, 0, func(o *server.Options) {
+	s := natskit.StartWith(t, 0, func(o *server.Options) {
 		o.Users = []*server.User{{Username: "router", Password: "pw", Permissions: &server.Permissions{
 			Publish: &server.SubjectPermission{Deny: []string{"switchyard.test.hb.>"}}}}}
 	})
@@ -327,7 +327,7 @@ func TestNATSCredentials(t *testing.T) {
 			wantErr: "certificate"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s := natstest.StartWith(t, 0, tt.server)
+			s := natskit.StartWith(t, 0, tt.server)
 			url := s.ClientURL()
 			var logs logBuffer
 			a := startNodeOpts(t, url, "a", 3, 1, nodeOpts{logger: logs.logger(), cfg: tt.good})
@@ -379,7 +379,7 @@ func replicaPermissions(name string) *server.Permissions {
 // engine's KV events, write and load the prefix-index snapshot and share
 // session bindings, and NATS refuses them nothing.
 func TestReplicaPermissions(t *testing.T) {
-	s := natstest.StartWith(t, 0, func(o *server.Options) {
+	s := natskit.StartWith(t, 0, func(o *server.Options) {
 		o.Users = []*server.User{{Username: "router", Password: "pw", Permissions: replicaPermissions("test")}}
 	})
 	url := strings.Replace(s.ClientURL(), "nats://", "nats://router:pw@", 1)

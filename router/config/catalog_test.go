@@ -11,7 +11,7 @@ import (
 )
 
 // Small stand-ins for the built-in types, so these tests do not depend on
-// package builtin. Their names and parameters follow DESIGN.md.
+// package builtin. Their names and parameters follow docs/policy-file.md.
 
 type testComponent struct {
 	inputs shared.Inputs

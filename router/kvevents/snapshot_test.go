@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"encoding/binary"
-	"go.uber.org/goleak"
 	"maps"
 	"net"
 	"slices"
@@ -13,8 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/cenkalti/backoff/v4"
 	"github.com/go-zeromq/zmq4"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 )
 
 // These tests speak vLLM's wire by hand on real ZeroMQ sockets, following
@@ -422,7 +424,7 @@ func startSub(t *testing.T, o Options, sink Sink) *Subscriber {
 // and is live, and checks the sink holds exactly the engine's blocks.
 func converged(t *testing.T, e *engine, s *Subscriber, sink *setSink) {
 	t.Helper()
-	eventually(t, "the subscriber live at the engine's last batch", func() bool {
+	testkit.Eventually(t, "the subscriber live at the engine's last batch", func() bool {
 		st := s.Stats()
 		return st.State == StateLive && st.HasSeq && st.LastSeq == e.lastSeq()
 	})
@@ -437,7 +439,7 @@ func converged(t *testing.T, e *engine, s *Subscriber, sink *setSink) {
 func warmUp(t *testing.T, e *engine, s *Subscriber) {
 	t.Helper()
 	e.beating.Store(true)
-	eventually(t, "a first message taken", func() bool {
+	testkit.Eventually(t, "a first message taken", func() bool {
 		st := s.Stats()
 		return st.Batches > 0 || st.State == StateBootstrapping || st.HasPublisherID
 	})
@@ -533,7 +535,7 @@ func TestSnapshotEmptyAndIdle(t *testing.T) {
 			// a new engine (a new identity) until the subscriber took
 			// one: the stream it follows is seen from its first message.
 			attempt := byte(0)
-			eventually(t, "sequence 0 taken", func() bool {
+			testkit.Eventually(t, "sequence 0 taken", func() bool {
 				attempt++
 				e.restart(append([]byte("attempt-0000000"), attempt), 0, 1000)
 				e.send(vllmBatch(t, 0))
@@ -543,7 +545,7 @@ func TestSnapshotEmptyAndIdle(t *testing.T) {
 		} else {
 			warmUp(t, e, s)
 		}
-		eventually(t, "live", func() bool { return s.Stats().State == StateLive })
+		testkit.Eventually(t, "live", func() bool { return s.Stats().State == StateLive })
 		st, got := s.Stats(), sink.state()
 		if !got.live || len(got.blocks) != 0 || st.Snapshots < 1 || minusOne && (st.LastSeq != 0 || !st.HasSeq) {
 			t.Fatalf("cut -1 %v: sink live %v with %d blocks, snapshots %d, last sequence %d (%v)",
@@ -579,7 +581,7 @@ func TestSnapshotUnavailable(t *testing.T) {
 		if replay {
 			converged(t, e, s, sink)
 		} else {
-			eventually(t, "the last batch applied", func() bool { return s.Stats().LastSeq == e.lastSeq() })
+			testkit.Eventually(t, "the last batch applied", func() bool { return s.Stats().LastSeq == e.lastSeq() })
 			if st := s.Stats(); st.State != StateCold || sink.state().live {
 				t.Fatalf("without replay: state %v, sink live %v; want cold", st.State, sink.state().live)
 			}
@@ -600,12 +602,12 @@ func TestSnapshotGapRequiresFreshSnapshot(t *testing.T) {
 	sink := &setSink{}
 	s := startSub(t, fastOpts(e), sink)
 	warmUp(t, e, s)
-	eventually(t, "live", func() bool { return s.Stats().State == StateLive })
+	testkit.Eventually(t, "live", func() bool { return s.Stats().State == StateLive })
 	e.beating.Store(false)
 	clears := sink.state().clears
 	h := e.lose()
 	e.beating.Store(true) // the next heartbeat shows the gap
-	eventually(t, "a second snapshot", func() bool { return s.Stats().Snapshots == 2 })
+	testkit.Eventually(t, "a second snapshot", func() bool { return s.Stats().Snapshots == 2 })
 	e.beating.Store(false)
 	e.store()
 	converged(t, e, s, sink)
@@ -641,7 +643,7 @@ func TestSnapshotRestartChangesEpoch(t *testing.T) {
 	e.restart(uuidB, 3, 5000)
 	e.store()
 	e.beating.Store(true)
-	eventually(t, "bootstrapped on the new engine", func() bool { return s.Stats().Snapshots == 2 })
+	testkit.Eventually(t, "bootstrapped on the new engine", func() bool { return s.Stats().Snapshots == 2 })
 	e.beating.Store(false)
 	e.store()
 	converged(t, e, s, sink)
@@ -674,8 +676,8 @@ func TestIncompatiblePublisher(t *testing.T) {
 	e.id = nil
 	e.mu.Unlock()
 	e.store()
-	eventually(t, "the 8-byte message taken", func() bool { return s.Stats().Restarts[SignalPublisherID] == 1 })
-	eventually(t, "applied", func() bool { return s.Stats().LastSeq == e.lastSeq() })
+	testkit.Eventually(t, "the 8-byte message taken", func() bool { return s.Stats().Restarts[SignalPublisherID] == 1 })
+	testkit.Eventually(t, "applied", func() bool { return s.Stats().LastSeq == e.lastSeq() })
 	st, got := s.Stats(), sink.state()
 	if st.State != StateCold || got.live || len(got.blocks) != 1 || st.BadMessages != 0 {
 		t.Fatalf("state %v, sink live %v holding %d blocks, bad messages %d; want cold holding the one block stored since", st.State, got.live, len(got.blocks), st.BadMessages)
@@ -697,12 +699,12 @@ func TestHeartbeatTimeout(t *testing.T) {
 	e.beating.Store(false)
 	e.store()
 	converged(t, e, s, sink)
-	eventually(t, "stale", func() bool { return s.Stats().Restarts[SignalHeartbeat] >= 1 })
+	testkit.Eventually(t, "stale", func() bool { return s.Stats().Restarts[SignalHeartbeat] >= 1 })
 	if got := sink.state(); got.live || len(got.blocks) != 0 {
 		t.Fatalf("stale: sink live %v holding %d blocks; want cleared", got.live, len(got.blocks))
 	}
 	e.beating.Store(true)
-	eventually(t, "bootstrapped again", func() bool { return s.Stats().Snapshots >= 2 })
+	testkit.Eventually(t, "bootstrapped again", func() bool { return s.Stats().Snapshots >= 2 })
 	e.beating.Store(false)
 	e.store()
 	converged(t, e, s, sink)
@@ -721,7 +723,7 @@ func TestDisconnectClears(t *testing.T) {
 	e.store()
 	converged(t, e, s, sink)
 	e.close()
-	eventually(t, "cleared", func() bool { return !sink.state().live })
+	testkit.Eventually(t, "cleared", func() bool { return !sink.state().live })
 	st, got := s.Stats(), sink.state()
 	if len(got.blocks) != 0 || st.Restarts[SignalDisconnect] < 1 || st.State == StateLive {
 		t.Fatalf("after the engine left: %d blocks held, disconnects %d, state %v", len(got.blocks), st.Restarts[SignalDisconnect], st.State)
@@ -741,12 +743,12 @@ func TestEngineRestartedSignal(t *testing.T) {
 	converged(t, e, s, sink)
 	clears := sink.state().clears
 	s.EngineRestarted()
-	eventually(t, "cleared", func() bool { return s.Stats().Restarts[SignalEngine] == 1 })
+	testkit.Eventually(t, "cleared", func() bool { return s.Stats().Restarts[SignalEngine] == 1 })
 	if got := sink.state(); got.clears <= clears || got.live {
 		t.Fatalf("after EngineRestarted: clears %d (before %d), live %v", got.clears, clears, got.live)
 	}
 	e.beating.Store(true)
-	eventually(t, "bootstrapped again", func() bool { return s.Stats().Snapshots == 2 })
+	testkit.Eventually(t, "bootstrapped again", func() bool { return s.Stats().Snapshots == 2 })
 	e.beating.Store(false)
 	e.store()
 	converged(t, e, s, sink)
@@ -802,11 +804,11 @@ func TestSnapshotFailures(t *testing.T) {
 			sink := &setSink{}
 			s := startSub(t, o, sink)
 			warmUp(t, e, s)
-			eventually(t, "the failure", func() bool { return s.Stats().SnapshotFailures[c.reason] >= 1 })
+			testkit.Eventually(t, "the failure", func() bool { return s.Stats().SnapshotFailures[c.reason] >= 1 })
 			if hang != nil {
 				close(hang)
 			}
-			eventually(t, "bootstrapped at the next attempt", func() bool { return s.Stats().Snapshots == 1 })
+			testkit.Eventually(t, "bootstrapped at the next attempt", func() bool { return s.Stats().Snapshots == 1 })
 			e.beating.Store(false)
 			e.store()
 			converged(t, e, s, sink)
@@ -846,7 +848,7 @@ func TestReplayGivenUpLeaksNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	warmUp(t, e, s)
-	eventually(t, "the replay given up", func() bool { return s.Stats().ReplayFailures >= 1 })
+	testkit.Eventually(t, "the replay given up", func() bool { return s.Stats().ReplayFailures >= 1 })
 	if st := s.Stats(); st.State != StateCold || st.Replays != 0 {
 		t.Fatalf("state %v, replays %d; want cold, 0", st.State, st.Replays)
 	}
@@ -911,7 +913,7 @@ func TestSilentEndpoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the silent endpoint dialled three times", func() bool { return accepted() >= 3 })
+	testkit.Eventually(t, "the silent endpoint dialled three times", func() bool { return accepted() >= 3 })
 	if st := s.Stats(); st.State != StateConnecting || st.Connects != 0 {
 		t.Fatalf("state %v, connections made %d; want connecting, 0", st.State, st.Connects)
 	}
@@ -934,7 +936,7 @@ func TestSilentEndpoints(t *testing.T) {
 	sink := &setSink{}
 	sub := startSub(t, o, sink)
 	warmUp(t, e, sub)
-	eventually(t, "a timeout", func() bool { return sub.Stats().SnapshotFailures[SnapshotTimeout] >= 1 })
+	testkit.Eventually(t, "a timeout", func() bool { return sub.Stats().SnapshotFailures[SnapshotTimeout] >= 1 })
 	if st := sub.Stats(); st.State == StateLive || st.Snapshots != 0 {
 		t.Fatalf("state %v, snapshots %d", st.State, st.Snapshots)
 	}

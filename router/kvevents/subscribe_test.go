@@ -12,6 +12,7 @@ import (
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/hashicorp/go-hclog"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"go.uber.org/goleak"
 )
 
@@ -40,18 +41,6 @@ func (r *recSink) snapshot() (applied []float64, clears, lives int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return slices.Clone(r.applied), r.clears, r.lives
-}
-
-// eventually polls cond for up to 60 s (a deadline, not a speed claim).
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not reached within 60 s: %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func payloadFor(t *testing.T, seq uint64) []byte {
@@ -94,7 +83,7 @@ func subscribe(t *testing.T, ctx context.Context, p *Publisher, sink Sink) *Subs
 // SUB socket misses what is published before its subscription arrives).
 func publishUntilSeen(t *testing.T, p *Publisher, s *Subscriber) {
 	t.Helper()
-	eventually(t, "a first batch applied", func() bool {
+	testkit.Eventually(t, "a first batch applied", func() bool {
 		p.mu.Lock()
 		seq := p.seq
 		p.mu.Unlock()
@@ -151,7 +140,7 @@ func TestSubscribeReplaysToLive(t *testing.T) {
 	p.mu.Lock()
 	total := int(p.seq)
 	p.mu.Unlock()
-	eventually(t, "every batch applied", func() bool { return s.Stats().HasSeq && s.Stats().LastSeq == uint64(total-1) })
+	testkit.Eventually(t, "every batch applied", func() bool { return s.Stats().HasSeq && s.Stats().LastSeq == uint64(total-1) })
 	applied, clears, lives := sink.snapshot()
 	if !slices.Equal(applied, seqs(0, total)) || clears != 0 || lives < 1 {
 		t.Fatalf("applied %v (want 0..%d), clears %d, lives %d", applied, total-1, clears, lives)
@@ -180,7 +169,7 @@ func TestSubscribeGapWithoutReplayClears(t *testing.T) {
 	p.mu.Lock()
 	last := p.seq - 1
 	p.mu.Unlock()
-	eventually(t, "the batches after the gap", func() bool { return s.Stats().LastSeq == last })
+	testkit.Eventually(t, "the batches after the gap", func() bool { return s.Stats().LastSeq == last })
 	applied, clears, _ := sink.snapshot()
 	st := s.Stats()
 	if st.Gaps != 1 || clears != clearsBefore+1 || st.State != StateCold || !slices.Equal(applied, []float64{float64(last - 1), float64(last)}) {
@@ -202,19 +191,19 @@ func TestSubscribeEngineRestart(t *testing.T) {
 	s := subscribe(t, ctx, p, sink)
 	publishUntilSeen(t, p, s)
 	publish(t, p, 5)
-	eventually(t, "the first stream", func() bool { return s.Stats().LastSeq >= 5 })
+	testkit.Eventually(t, "the first stream", func() bool { return s.Stats().LastSeq >= 5 })
 	addr, raddr := p.Addr().String(), p.ReplayAddr().String()
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
 	var q *Publisher
-	eventually(t, "the port free again", func() bool {
+	testkit.Eventually(t, "the port free again", func() bool {
 		var err error
 		q, err = NewPublisher("tcp://"+addr, "tcp://"+raddr, "kv", 100)
 		return err == nil
 	})
 	defer q.Close()
-	eventually(t, "the new stream applied", func() bool {
+	testkit.Eventually(t, "the new stream applied", func() bool {
 		publish(t, q, 1)
 		time.Sleep(2 * time.Millisecond)
 		st := s.Stats()
@@ -223,7 +212,7 @@ func TestSubscribeEngineRestart(t *testing.T) {
 	q.mu.Lock()
 	n := int(q.seq)
 	q.mu.Unlock()
-	eventually(t, "all of the new stream", func() bool { return s.Stats().LastSeq == uint64(n-1) })
+	testkit.Eventually(t, "all of the new stream", func() bool { return s.Stats().LastSeq == uint64(n-1) })
 	applied, clears, _ := sink.snapshot()
 	if clears < 1 || !slices.Equal(applied, seqs(0, n)) {
 		t.Fatalf("clears %d, applied %v, want 0..%d", clears, applied, n-1)
@@ -297,7 +286,7 @@ func TestSubscribeUnreachableWarnsOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "10 reconnections logged", func() bool { return logs.count("", "reconnecting") >= 10 })
+	testkit.Eventually(t, "10 reconnections logged", func() bool { return logs.count("", "reconnecting") >= 10 })
 	cancel()
 	s.Wait()
 	if n := logs.count("[WARN]", "reconnecting"); n != 1 {
@@ -352,7 +341,7 @@ func TestSubscribeMalformedPayloadsLogOncePerInterval(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "every bad payload received", func() bool { return s.Stats().LastSeq == last })
+	testkit.Eventually(t, "every bad payload received", func() bool { return s.Stats().LastSeq == last })
 	elapsed := time.Since(start)
 	lines := logs.count("[WARN]", "batch not applied")
 	if max := 2 + int(elapsed/interval); lines < 1 || lines > max {
@@ -363,7 +352,7 @@ func TestSubscribeMalformedPayloadsLogOncePerInterval(t *testing.T) {
 	if last, err = p.Publish(bad[1]); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the last bad payload received", func() bool { return s.Stats().LastSeq == last })
+	testkit.Eventually(t, "the last bad payload received", func() bool { return s.Stats().LastSeq == last })
 	st := s.Stats()
 	_, clears, _ := sink.snapshot()
 	if st.DecodeErrors != n+1 || clears-clears0 != n+1 || st.Gaps != 0 {

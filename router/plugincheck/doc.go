@@ -1,6 +1,6 @@
 // Package plugincheck is the conformance check of a plugin binary against
 // the plugin protocol (docs/plugin-protocol.md, section 9): what
-// `router plugins check` runs and what shared/plugintest runs inside
+// `router plugins check` runs and what package plugintest runs inside
 // `go test`.
 //
 // Run starts the binary as the router launches it (router/supervisor),
@@ -27,6 +27,6 @@
 // the plugin's parent (it starts the plugin with router/supervisor, prints
 // its pid and socket directory, and waits to be killed). Any binary that
 // links this package, the router or a `go test` binary importing
-// shared/plugintest, can therefore serve as the parent; nothing has to be
+// plugintest, can therefore serve as the parent; nothing has to be
 // built.
 package plugincheck

@@ -16,11 +16,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
-	"github.com/switchyard-router/switchyard/internal/pluginwire"
 	"github.com/switchyard-router/switchyard/internal/untrusted"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
+	"github.com/switchyard-router/switchyard/shared/pluginwire"
 )
 
 // wire speaks switchyard.plugin.v1 to the plugin directly, over the

@@ -18,7 +18,7 @@ import (
 
 // DefaultWorkers is the number of simulated workers when none is given:
 // the conversation trace needs about 1.6 GPU-seconds of prefill per second
-// without cache hits (SIMULATION.md §3), so 8 leaves headroom for policies
+// without cache hits (router/sim/README.md, Trace blocks), so 8 leaves headroom for policies
 // to differ in latency rather than in whether they keep up.
 const DefaultWorkers = 8
 
@@ -32,7 +32,7 @@ const MaxWorkers = 4096
 
 // KVBytesPerToken is the KV cache of one token of the simulated model,
 // Llama-3.1-8B-Instruct in bf16: 32 layers × 8 KV heads × 128 dimensions ×
-// 2 (key and value) × 2 bytes = 131,072 bytes (SIMULATION.md, model).
+// 2 (key and value) × 2 bytes = 131,072 bytes (router/sim/README.md, Model).
 const KVBytesPerToken = 128 << 10
 
 // DefaultKVTransferBandwidth is the prefill-to-decode KV transfer

@@ -17,7 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/switchyard-router/switchyard/internal/natstest"
+	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/workers"
@@ -29,7 +29,7 @@ import (
 // in flight through a is counted in b's fleet on the worker a chose, and
 // leaves it when it ends.
 func TestDaemonReplicasShareBookings(t *testing.T) {
-	ns := natstest.Start(t, 0)
+	ns := natskit.Start(t, 0)
 
 	var workers []string
 	for i := range 2 {
@@ -116,7 +116,7 @@ func TestDaemonReplicasShareBookings(t *testing.T) {
 // of the worker go live from the cluster's stream and hold the same
 // blocks; /debug/workers' event stream says "live" on both.
 func TestDaemonReplicasShareKVEvents(t *testing.T) {
-	ns := natstest.Start(t, 0)
+	ns := natskit.Start(t, 0)
 	m, err := mockworker.New(mockworker.Config{Speedup: 5, BlockTokens: 16,
 		KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsReplayEndpoint: "tcp://127.0.0.1:0"})
 	if err != nil {

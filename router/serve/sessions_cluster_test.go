@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-router/switchyard/internal/natstest"
+	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 )
 
@@ -22,7 +22,7 @@ import (
 // turns through b, then a again, all land on the first turn's worker,
 // which b never chose for it itself.
 func TestDaemonReplicasShareSessions(t *testing.T) {
-	ns := natstest.Start(t, 0)
+	ns := natskit.Start(t, 0)
 
 	var workers []string
 	for i := range 3 {

@@ -5,7 +5,7 @@
 // preemption newest first) and a prefix-cached paged KV store.
 //
 // The model, its coefficients and their sources are specified in
-// shared/SIMULATION.md (§1 step time, §2 scheduler and KV, §3 the Mooncake
+// README.md (Model: step time, scheduler and KV; Trace blocks: the Mooncake
 // block mapping); router/sim/README.md lists the approximations made for
 // speed. Time is simulated: every time is a time.Duration since the start of
 // the replay, all arithmetic is integer (picoseconds internally), no map is
@@ -22,7 +22,7 @@ import (
 	"time"
 )
 
-// Timing holds the step-time coefficients of SIMULATION.md §1, in
+// Timing holds the step-time coefficients of README.md, Model, in
 // milliseconds exactly as tabulated there. A step that runs D decodes with
 // contexts ctx_j and prefill chunks of c_i new tokens over p_i tokens already
 // in KV takes, with N = D + Σc_i tokens and B = D + (number of chunks)
@@ -32,7 +32,7 @@ import (
 //	  + PrefillAttn · Σ c_i·(p_i + c_i/2) + DecodeAttn · Σ ctx_j
 //
 // (the Vidur/DistServe split into dense GEMMs, causal prefill attention and
-// memory-bound decode attention; see SIMULATION.md §1 for the derivations).
+// memory-bound decode attention; README.md, Model, names the sources).
 // Every coefficient must be finite and >= 0. Internally each is rounded to
 // whole picoseconds, and step durations to whole nanoseconds.
 type Timing struct {
@@ -62,7 +62,7 @@ type Timing struct {
 	DecodeAttn float64
 }
 
-// DefaultTiming returns the SIMULATION.md §1 coefficients for
+// DefaultTiming returns the step-time coefficients of README.md, Model, for
 // Llama-3.1-8B-Instruct bf16 on one H100-SXM-80GB.
 func DefaultTiming() Timing {
 	return Timing{
@@ -142,14 +142,14 @@ func (t Timing) StepTime(s StepShape) time.Duration {
 }
 
 // Config configures one simulated worker. DefaultConfig gives the
-// SIMULATION.md §2 values; every field must be positive.
+// values of README.md, Model: scheduler; every field must be positive.
 type Config struct {
 	// BlockSize is the KV block (page) size in tokens. Default 16, the vLLM
 	// CUDA platform default (vllm/platforms/cuda.py).
 	BlockSize int
 	// TotalKVBlocks is the KV capacity in blocks. Default 27,500 blocks =
 	// 440,000 tokens (53.7 GiB at 128 KiB per token): 0.9 × 79.65 GiB −
-	// 14.96 GiB weights − ≈3 GiB activations (SIMULATION.md §2; BLIS range
+	// 14.96 GiB weights − ≈3 GiB activations (README.md, Model: scheduler; BLIS range
 	// 26,150–29,205).
 	TotalKVBlocks int
 	// MaxNumBatchedTokens is the per-step token budget shared by decodes and
@@ -163,7 +163,7 @@ type Config struct {
 	Timing Timing
 }
 
-// DefaultConfig returns the SIMULATION.md §2 scheduler and KV defaults with
+// DefaultConfig returns the scheduler and KV defaults of README.md, Model, with
 // DefaultTiming.
 func DefaultConfig() Config {
 	return Config{

@@ -103,7 +103,7 @@ func within(t *testing.T, what string, got time.Duration, wantMs float64) {
 	}
 }
 
-// TestStepTimeSanity checks the SIMULATION.md §1 sanity table. The exact
+// TestStepTimeSanity checks the README.md, Model: step time sanity table. The exact
 // nanosecond values are the formula evaluated by hand, e.g. prefill 1k:
 // 0.5 + 0.005 + max(6, 1.5 + 0.021·1024) + 1.05e-6·1024·512 = 24.0595024 ms.
 func TestStepTimeSanity(t *testing.T) {
@@ -112,7 +112,7 @@ func TestStepTimeSanity(t *testing.T) {
 		name   string
 		shape  StepShape
 		exact  time.Duration
-		approx float64 // ms, SIMULATION.md
+		approx float64 // ms, README.md
 	}{
 		{"prefill 1k", StepShape{Chunks: 1, PrefillTokens: 1024, PrefillPairs2: 1024 * 1024}, 24059502, 24},
 		{"prefill 8k", StepShape{Chunks: 1, PrefillTokens: 8192, PrefillPairs2: 8192 * 8192}, 209269154, 209},

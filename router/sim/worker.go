@@ -20,7 +20,7 @@ type Request struct {
 	// block: hash k identifies blocks 0..k together (e.g. Mooncake hash_ids
 	// folded with router/prefix.ChainHashes), so equal hashes mean an equal
 	// prefix. Engine block j of block k is keyed by (PrefixHashes[k], j)
-	// (SIMULATION.md §3). The last block covers the remaining r tokens and
+	// (README.md, Trace blocks). The last block covers the remaining r tokens and
 	// contributes ⌊r/BlockSize⌋ cacheable engine blocks; tokens beyond
 	// len(PrefixHashes) blocks and all output tokens get private, never
 	// shared blocks. May be nil (no prefix caching, e.g. Azure traces). The
@@ -166,7 +166,7 @@ const (
 	slotCreate  = -2 // lookup found nothing: create the node at admission
 )
 
-// Worker is one simulated engine (SIMULATION.md §1–3). Steps run back to
+// Worker is one simulated engine (README.md, Model and Trace blocks). Steps run back to
 // back while the worker has work; a step's batch is formed when it starts,
 // by the vLLM V1 rules: running requests first in admission order (one
 // decode token each, partial prefills continue with up to the remaining

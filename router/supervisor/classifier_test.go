@@ -3,13 +3,12 @@ package supervisor
 import (
 	"context"
 	"errors"
-	"os/exec"
-	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -23,10 +22,7 @@ import (
 // events emitted meanwhile are dropped and counted, and after the restart
 // the classifier serves again (its bindings forgotten).
 func TestRemoteClassifierRealProcess(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "soft-pin-repin")
-	if out, err := exec.Command("go", "build", "-o", bin, "../../examples/soft-pin-repin").CombinedOutput(); err != nil {
-		t.Fatalf("building the example plugin: %v\n%s", err, out)
-	}
+	bin := testkit.Build(t, "../../examples/soft-pin-repin")
 	h := newHost(t)
 	b := config.Plugin{Name: "pins", Command: bin, StartTimeout: 5 * time.Second, CallTimeout: 2 * time.Second,
 		Restart: config.RestartPolicy{MaxRestarts: 3, Window: time.Minute, BackoffMin: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}}
@@ -93,16 +89,16 @@ func TestRemoteClassifierRealProcess(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(time.Minute, func() bool { return h.Status("pins") != StatusUp || currentPID(h, "pins") != pid }) {
+	if !testkit.Poll(time.Minute, func() bool { return h.Status("pins") != StatusUp || currentPID(h, "pins") != pid }) {
 		t.Fatal("the kill was not noticed")
 	}
 	// While it is gone (or just back), calls may fail: only the call.
 	l.OnEvents([]shared.Event{{Kind: shared.EventAborted, RequestID: "r4", Reason: "test"}})
-	if !waitFor(time.Minute, func() bool { return h.Status("pins") == StatusUp && currentPID(h, "pins") != pid }) {
+	if !testkit.Poll(time.Minute, func() bool { return h.Status("pins") == StatusUp && currentPID(h, "pins") != pid }) {
 		t.Fatalf("not restarted: %v", h.Status("pins"))
 	}
 	var cl shared.Classification
-	if !waitFor(time.Minute, func() bool { cl, err = c.Classify(ctx, &shared.Request{ID: "r5", SessionID: "s1"}); return err == nil }) {
+	if !testkit.Poll(time.Minute, func() bool { cl, err = c.Classify(ctx, &shared.Request{ID: "r5", SessionID: "s1"}); return err == nil }) {
 		t.Fatalf("classify after the restart: %v", err)
 	}
 	if cl.HasTarget {

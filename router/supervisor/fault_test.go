@@ -26,6 +26,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -79,18 +80,6 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels ..
 		}
 	}
 	return -1 // no such series
-}
-
-// waitFor polls cond every millisecond until it holds or d passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(time.Millisecond)
-	}
-	return true
 }
 
 // runningProc is the process serving the named plugin, or nil.
@@ -149,7 +138,7 @@ func stopProcess(t *testing.T, pid int) {
 		}
 		return true
 	}
-	if !waitFor(time.Minute, stopped) {
+	if !testkit.Poll(time.Minute, stopped) {
 		t.Fatalf("process %d is not stopped a minute after SIGSTOP", pid)
 	}
 }
@@ -263,19 +252,19 @@ func TestLongKillUnderLoad(t *testing.T) {
 			<-lr.done
 		}
 	}()
-	if !waitFor(time.Minute, func() bool { return answered() >= 50 }) {
+	if !testkit.Poll(time.Minute, func() bool { return answered() >= 50 }) {
 		t.Fatalf("the plugin answered %d decisions before the kill, want 50", answered())
 	}
 	killed := time.Now()
 	if err := syscall.Kill(oldPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(time.Minute, func() bool { pid := currentPID(h, "victim"); return pid != 0 && pid != oldPID }) {
+	if !testkit.Poll(time.Minute, func() bool { pid := currentPID(h, "victim"); return pid != 0 && pid != oldPID }) {
 		t.Fatalf("the plugin was not restarted within a minute (status %v)", h.Status("victim"))
 	}
 	restarted := time.Now()
 	base := answered()
-	if !waitFor(time.Minute, func() bool { return answered() >= base+50 }) {
+	if !testkit.Poll(time.Minute, func() bool { return answered() >= base+50 }) {
 		t.Fatalf("the restarted plugin answered %d decisions within a minute, want 50", answered()-base)
 	}
 	close(stop)
@@ -335,7 +324,7 @@ func TestLongFrozenUnderLoad(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	stopProcess(t, old.pid)
 	stopped := time.Now()
-	restarted := waitFor(time.Minute, func() bool {
+	restarted := testkit.Poll(time.Minute, func() bool {
 		pid := currentPID(h, "frozen")
 		return pid != 0 && pid != old.pid
 	})
@@ -401,7 +390,7 @@ func TestFrozenDetectedByProbe(t *testing.T) {
 	old := procOf(t, h, "idle")
 	stopped := time.Now()
 	stopProcess(t, old.pid)
-	if !waitFor(time.Minute, func() bool { pid := currentPID(h, "idle"); return pid != 0 && pid != old.pid }) {
+	if !testkit.Poll(time.Minute, func() bool { pid := currentPID(h, "idle"); return pid != 0 && pid != old.pid }) {
 		t.Fatalf("the stopped plugin was not restarted within a minute (status %v)", h.Status("idle"))
 	}
 	t.Logf("stopped plugin restarted after %v", time.Since(stopped))
@@ -431,7 +420,7 @@ func TestDeadlineMissChecksAtOnce(t *testing.T) {
 	old := procOf(t, h, "late")
 	stopProcess(t, old.pid)
 	calls := 0
-	restarted := waitFor(time.Minute, func() bool {
+	restarted := testkit.Poll(time.Minute, func() bool {
 		if pid := currentPID(h, "late"); pid != 0 && pid != old.pid {
 			return true
 		}
@@ -465,7 +454,7 @@ func TestDeadlineMissChecksAtOnce(t *testing.T) {
 	// the misses before the restart), so the test waits for an answer
 	// rather than expecting the very next call to make it.
 	var last error
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		last = s.Score(context.Background(), request, candidates(), make([]float64, 4))
 		return last == nil
 	}) {
@@ -499,7 +488,7 @@ func TestHandlerNeverReturns(t *testing.T) {
 	score := func() error { return s.Score(context.Background(), request, candidates(), make([]float64, 4)) }
 	// The plugin answers a pick (retried: a busy machine may make one
 	// late), so its stream has answered before the scorer's calls.
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		c := candidates()
 		c.Costs = []float64{3, 2, 1, 4}
 		row, err := picker.Pick(context.Background(), request, c)
@@ -532,7 +521,7 @@ func TestHandlerNeverReturns(t *testing.T) {
 	}
 	stuckSince := *ss
 	okBefore := counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "ok")
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		return time.Since(stuckSince) > stall &&
 			counterValue(t, reg, "switchyard_plugin_health_checks_total", "plugin", "stuck", "result", "ok") >= okBefore+3
 	}) {
@@ -556,7 +545,7 @@ func TestHandlerNeverReturns(t *testing.T) {
 	// Calls again: refused by the open breaker, until its half-open trial
 	// call times out too and finds the stream silent for StallTimeout.
 	calls := 0
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		if p := runningProc(h, "stuck"); p != nil && p != old {
 			return true
 		}
@@ -673,7 +662,7 @@ func TestLongCrashLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The gauges follow the status a moment later (setStatus).
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		return h.Status("looper") == StatusBackoff &&
 			counterValue(t, reg, "switchyard_plugin_state", "plugin", "looper", "state", "backoff") == 1
 	}) {
@@ -691,7 +680,7 @@ func TestLongCrashLoop(t *testing.T) {
 	// It keeps being retried, each delay at least the backoff's, which
 	// doubles from backoff_min to backoff_max and, in the crash loop, on.
 	const attempts = 3 // in the crash loop
-	if !waitFor(time.Minute, func() bool { return len(readStarts(t, starts)) >= 1+rp.MaxRestarts+attempts }) {
+	if !testkit.Poll(time.Minute, func() bool { return len(readStarts(t, starts)) >= 1+rp.MaxRestarts+attempts }) {
 		t.Fatalf("%d starts, want %d retries in the crash loop", len(readStarts(t, starts)), attempts)
 	}
 	// times[i] is the start of restart i, which came backoff(i) (+-20%)
@@ -723,7 +712,7 @@ func TestLongCrashLoop(t *testing.T) {
 		t.Fatal(err)
 	}
 	var up *proc
-	if !waitFor(time.Minute, func() bool { up = runningProc(h, "looper"); return up != nil }) {
+	if !testkit.Poll(time.Minute, func() bool { up = runningProc(h, "looper"); return up != nil }) {
 		t.Fatalf("status %v, want up once it no longer crashes", h.Status("looper"))
 	}
 	time.Sleep(time.Until(up.upSince.Add(rp.Window + 500*time.Millisecond)))
@@ -749,7 +738,7 @@ func TestLongCrashLoop(t *testing.T) {
 	if err := syscall.Kill(currentPID(h, "looper"), syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(time.Minute, func() bool { return h.Status("looper") == StatusBackoff }) {
+	if !testkit.Poll(time.Minute, func() bool { return h.Status("looper") == StatusBackoff }) {
 		t.Fatalf("status %v, want backoff", h.Status("looper"))
 	}
 	if n := len(readStarts(t, starts)) - before; n < rp.MaxRestarts {
@@ -801,7 +790,7 @@ func TestGrandchildHoldingStderr(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if !waitFor(time.Minute, func() bool { p := currentPID(h, "parent"); return p != 0 && p != pid }) {
+	if !testkit.Poll(time.Minute, func() bool { p := currentPID(h, "parent"); return p != 0 && p != pid }) {
 		t.Fatalf("the plugin's death was not handled (status %v)", h.Status("parent"))
 	}
 	t.Logf("restarted %v after kill -9", time.Since(killed))
@@ -844,7 +833,7 @@ func TestLongStartKillCycles(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		if !waitFor(time.Minute, func() bool { p := currentPID(h, "cycled"); return p != 0 && p != pid }) {
+		if !testkit.Poll(time.Minute, func() bool { p := currentPID(h, "cycled"); return p != 0 && p != pid }) {
 			t.Fatalf("cycle %d: not restarted (status %v)", i, h.Status("cycled"))
 		}
 	}
@@ -865,7 +854,7 @@ func TestLongStartKillCycles(t *testing.T) {
 		t.Errorf("goroutines left: %v", err)
 	}
 	var after int
-	waitFor(time.Minute, func() bool { after = openFDs(t); return after <= fds })
+	testkit.Poll(time.Minute, func() bool { after = openFDs(t); return after <= fds })
 	if after > fds {
 		t.Errorf("open fds: %d before, %d after", fds, after)
 	}

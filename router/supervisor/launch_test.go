@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
 )
@@ -133,7 +134,7 @@ func TestPluginStderrLevels(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	want := []string{"[INFO]  router.shout: plain line from the plugin", "[WARN]  router.shout: json warn line"}
-	if !waitFor(60*time.Second, func() bool {
+	if !testkit.Poll(60*time.Second, func() bool {
 		s := logs.String()
 		return strings.Contains(s, want[0]) && strings.Contains(s, want[1])
 	}) {

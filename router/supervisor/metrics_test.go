@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 )
 
@@ -58,7 +59,7 @@ func TestDecideTasksPerMessage(t *testing.T) {
 		go func() { errs <- decide() }()
 	}
 	rc := runningProc(h, "batch").rc
-	if !waitFor(time.Minute, func() bool { return rc.Pending() == queued+1 }) {
+	if !testkit.Poll(time.Minute, func() bool { return rc.Pending() == queued+1 }) {
 		t.Fatalf("%d decisions pending a minute after %d started", rc.Pending(), queued+1)
 	}
 	releaseOnce.Do(func() { close(release) })

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -101,7 +102,7 @@ func TestStopReportSaysHowItWent(t *testing.T) {
 	s := newInstance(t, types, "t-active", "agg/p/cost", nil).(shared.Scorer)
 	picker := newInstance(t, types, "t-lowest", "agg/p/pick", nil).(shared.Picker)
 	// An answered pick first: the stall rule counts from the last answer.
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		_, err := picker.Pick(context.Background(), request, candidates())
 		return err == nil
 	}) {
@@ -109,7 +110,7 @@ func TestStopReportSaysHowItWent(t *testing.T) {
 	}
 	// Calls time out until one finds no answer for StallTimeout: the host
 	// kills the process.
-	if !waitFor(time.Minute, func() bool {
+	if !testkit.Poll(time.Minute, func() bool {
 		_ = s.Score(context.Background(), request, candidates(), make([]float64, 4))
 		return len(reports) > 0
 	}) {

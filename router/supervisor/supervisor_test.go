@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-router/switchyard/internal/pluginclient"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/router/policy"
@@ -484,7 +485,7 @@ func TestPluginKilledMidRun(t *testing.T) {
 	case <-time.After(b.CallTimeout / 2):
 		t.Fatal("the run in flight hangs after the plugin died")
 	}
-	if !waitFor(time.Minute, func() bool { return h.Status("doomed") == StatusRestarting }) {
+	if !testkit.Poll(time.Minute, func() bool { return h.Status("doomed") == StatusRestarting }) {
 		t.Fatalf("status %v, want restarting", h.Status("doomed"))
 	}
 	_, err = pipeline.Execute(context.Background(), cp, request, candidates(), &pipeline.Scratch{})

@@ -15,6 +15,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/switchyard-router/switchyard/internal/testkit"
 )
 
 // echoServer answers every POST with "echo:" + the request body and
@@ -561,18 +563,6 @@ func fill(t *testing.T, tr *Transport, url string, n int) {
 	wg.Wait()
 }
 
-// waitUntil polls cond for up to a minute (a deadline, not a speed claim).
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within a minute: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 func (t *Transport) poolCount() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -591,7 +581,7 @@ func TestIdleConnectionsAreClosedByTime(t *testing.T) {
 	if n := tr.Idle(); n < 1 || int64(n) != tr.Dials() {
 		t.Fatalf("idle %d, dials %d after the requests; want them equal, at least 1", n, tr.Dials())
 	}
-	waitUntil(t, "every idle connection closed", func() bool {
+	testkit.Eventually(t, "every idle connection closed", func() bool {
 		return tr.Idle() == 0 && closed.Load() == opened.Load()
 	})
 	if n := tr.poolCount(); n != 0 {
@@ -652,17 +642,17 @@ func TestCloseIdleConnectionsToClosesOneAddress(t *testing.T) {
 		}
 		held <- err
 	}()
-	waitUntil(t, "the held request in flight", func() bool { return tr.IdleTo(a.URL) == idleA-1 })
+	testkit.Eventually(t, "the held request in flight", func() bool { return tr.IdleTo(a.URL) == idleA-1 })
 	tr.CloseIdleConnectionsTo(a.URL)
 	if tr.IdleTo(a.URL) != 0 || tr.IdleTo(b.URL) != idleB {
 		t.Fatalf("after CloseIdleConnectionsTo(a): idle to a %d (want 0), to b %d (want %d)", tr.IdleTo(a.URL), tr.IdleTo(b.URL), idleB)
 	}
-	waitUntil(t, "a's idle connections closed", func() bool { return aClosed.Load() == int64(idleA-1) })
+	testkit.Eventually(t, "a's idle connections closed", func() bool { return aClosed.Load() == int64(idleA-1) })
 	close(release)
 	if err := <-held; err != nil {
 		t.Fatalf("the request in flight: %v", err)
 	}
-	waitUntil(t, "the in-flight connection closed at its end", func() bool { return aClosed.Load() == aOpened.Load() })
+	testkit.Eventually(t, "the in-flight connection closed at its end", func() bool { return aClosed.Load() == aOpened.Load() })
 	if tr.IdleTo(a.URL) != 0 || bClosed.Load() != 0 {
 		t.Fatalf("idle to a %d, b's connections closed %d; want 0 and 0", tr.IdleTo(a.URL), bClosed.Load())
 	}

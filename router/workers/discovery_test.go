@@ -14,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -103,7 +104,7 @@ func TestURLOnlyWorkerDiscovery(t *testing.T) {
 	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
+	testkit.Eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
 	ws := ranksOf(r, "w")
 	for i, want := range []fleet.Spec{
 		{ID: ID("w"), DPRank: 0, Role: shared.RoleAggregated, TotalKVBlocks: 2048, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16, DataParallel: true},
@@ -139,7 +140,7 @@ func TestURLOnlyWorkerDiscovery(t *testing.T) {
 	// The engine's models change: both ranks rejoin with the new list.
 	gen := ws[1].Generation
 	e.set(func(e *vEngine) { e.models = modelList("qwen") })
-	eventually(t, "models re-read", func() bool {
+	testkit.Eventually(t, "models re-read", func() bool {
 		ws := ranksOf(r, "w")
 		return len(ws) == 2 && slices.Equal(ws[0].Models, []string{"qwen"}) && slices.Equal(ws[1].Models, []string{"qwen"})
 	})
@@ -152,7 +153,7 @@ func TestURLOnlyWorkerDiscovery(t *testing.T) {
 
 	// A re-read that fails keeps the last list, and says why.
 	e.set(func(e *vEngine) { e.modelsCode = http.StatusInternalServerError })
-	eventually(t, "re-read failure reported", func() bool {
+	testkit.Eventually(t, "re-read failure reported", func() bool {
 		st, _ := m.StatusOf("w")
 		return strings.Contains(st.Reason, "models not re-read") && st.Ready
 	})
@@ -168,13 +169,13 @@ func TestURLOnlyWorkerDiscovery(t *testing.T) {
 vllm:num_requests_waiting{engine="0"} 2
 `
 	})
-	eventually(t, "one rank", func() bool { return len(ranksOf(r, "w")) == 1 })
+	testkit.Eventually(t, "one rank", func() bool { return len(ranksOf(r, "w")) == 1 })
 	// Rank 0 rejoins: requests to it no longer name a rank.
-	eventually(t, "rank 0 not data-parallel", func() bool { ws := ranksOf(r, "w"); return len(ws) == 1 && !ws[0].DataParallel })
+	testkit.Eventually(t, "rank 0 not data-parallel", func() bool { ws := ranksOf(r, "w"); return len(ws) == 1 && !ws[0].DataParallel })
 	if ws := ranksOf(r, "w"); ws[0].Generation <= r0.Generation || ws[0].DPRank != 0 {
 		t.Errorf("rank 0 generation %d, was %d", ws[0].Generation, r0.Generation)
 	}
-	eventually(t, "not ranked", func() bool { st, _ := m.StatusOf("w"); return !st.Ranked && len(st.Ranks) == 1 })
+	testkit.Eventually(t, "not ranked", func() bool { st, _ := m.StatusOf("w"); return !st.Ranked && len(st.Ranks) == 1 })
 
 	// The block's values override the engine's.
 	over := urlOnly("w", e.srv.URL)
@@ -202,7 +203,7 @@ func TestUnknownCapacity(t *testing.T) {
 	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "ready", func() bool { return member(r, "w") != nil })
+	testkit.Eventually(t, "ready", func() bool { return member(r, "w") != nil })
 	w := member(r, "w")
 	if w.TotalKVBlocks != 0 || w.EngineBlockSize != 0 {
 		t.Fatalf("unknown capacity joined as %+v", w.Spec)
@@ -219,7 +220,7 @@ func TestUnknownCapacity(t *testing.T) {
 	e.set(func(e *vEngine) {
 		e.metrics = "vllm:num_requests_waiting 1\nvllm:cache_config_info{block_size=\"16\",num_gpu_blocks=\"100\"} 1\n"
 	})
-	eventually(t, "capacity", func() bool { w := member(r, "w"); return w != nil && w.TotalKVBlocks == 100 })
+	testkit.Eventually(t, "capacity", func() bool { w := member(r, "w"); return w != nil && w.TotalKVBlocks == 100 })
 	if member(r, "w").Generation <= w.Generation || member(r, "w").EngineBlockSize != 16 {
 		t.Error("a reported capacity did not rejoin the worker")
 	}
@@ -237,17 +238,17 @@ func TestModelsUnknownNotReady(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "HTTP status 404 from " + e.srv.URL + "/v1/models"
-	eventually(t, "reason", func() bool { st, _ := m.StatusOf("w"); return st.Reason == want })
+	testkit.Eventually(t, "reason", func() bool { st, _ := m.StatusOf("w"); return st.Reason == want })
 	if st, _ := m.StatusOf("w"); st.Ready || st.Models != nil || member(r, "w") != nil {
 		t.Fatalf("ready without models: %+v", st)
 	}
 	e.set(func(e *vEngine) { e.modelsCode, e.models = 0, `{"data":[]}` })
-	eventually(t, "no model reason", func() bool {
+	testkit.Eventually(t, "no model reason", func() bool {
 		st, _ := m.StatusOf("w")
 		return strings.Contains(st.Reason, "lists no model")
 	})
 	e.set(func(e *vEngine) { e.models = modelList("llama") })
-	eventually(t, "ready", func() bool { return member(r, "w") != nil })
+	testkit.Eventually(t, "ready", func() bool { return member(r, "w") != nil })
 	if got := member(r, "w").Models; !slices.Equal(got, []string{"llama"}) {
 		t.Errorf("models = %v", got)
 	}
@@ -311,7 +312,7 @@ func TestRankMetricsAndHooks(t *testing.T) {
 	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
+	testkit.Eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
 	st, _ := m.StatusOf("w")
 	if st.Ranks[0].Events != nil || st.Ranks[1].Events == nil || *st.Ranks[1].Events != (EventStream{State: "live", Received: 42, Gaps: 3, Malformed: 5}) {
 		t.Errorf("events = %v, %v", st.Ranks[0].Events, st.Ranks[1].Events)
@@ -351,7 +352,7 @@ func TestRankMetricsAndHooks(t *testing.T) {
 	// The engine stops reporting: the load becomes unavailable, the age
 	// grows, capacity stays.
 	e.set(func(e *vEngine) { e.metrics = "" })
-	eventually(t, "load unavailable", func() bool {
+	testkit.Eventually(t, "load unavailable", func() bool {
 		return gathered(t, reg)[`switchyard_worker_engine_load_available{rank="1",worker="w"}`] == 0
 	})
 	got = gathered(t, reg)
@@ -399,7 +400,7 @@ func TestCapacityInTheEnginesBlocks(t *testing.T) {
 	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
+	testkit.Eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
 	ws := ranksOf(r, "w")
 	if ws[0].TotalKVBlocks != 2048 || ws[1].TotalKVBlocks != 1024 || ws[0].EngineBlockSize != 16 {
 		t.Errorf("capacities %d, %d blocks at E=%d; want 2048 and 1024 blocks of 16", ws[0].TotalKVBlocks, ws[1].TotalKVBlocks, ws[0].EngineBlockSize)
@@ -432,7 +433,7 @@ func TestSGLangDataParallelRanks(t *testing.T) {
 	if err := m.Sync([]config.Worker{urlOnly("s", metrics.srv.URL), urlOnly("n", noMetrics.srv.URL)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "two ranks each", func() bool { return len(ranksOf(r, "s")) == 2 && len(ranksOf(r, "n")) == 2 })
+	testkit.Eventually(t, "two ranks each", func() bool { return len(ranksOf(r, "s")) == 2 && len(ranksOf(r, "n")) == 2 })
 	for _, name := range []string{"s", "n"} {
 		st, _ := m.StatusOf(name)
 		if !st.Ranked || len(st.Ranks) != 2 || st.Ranks[1].Rank != 1 {
@@ -461,7 +462,7 @@ func TestSGLangDataParallelRanks(t *testing.T) {
 		t.Errorf("rank loads %+v, %+v; want each rank's own", ws[0].Load(false), ws[1].Load(false))
 	}
 	// Both reported their two ranks' publishers, port base + rank.
-	eventually(t, "sources", func() bool { return len(c.list()) == 2 })
+	testkit.Eventually(t, "sources", func() bool { return len(c.list()) == 2 })
 	for _, name := range []string{"s", "n"} {
 		if want := "sources " + name + " [0=tcp://127.0.0.1:5557 1=tcp://127.0.0.1:5558]"; !slices.Contains(c.list(), want) {
 			t.Errorf("calls %q, want %q", c.list(), want)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/prefix"
 )
@@ -76,7 +77,7 @@ func TestKVSourcesDiscovered(t *testing.T) {
 	}
 	wantA := "sources a [0=tcp://127.0.0.1:41001+replay=tcp://127.0.0.1:41003 1=tcp://127.0.0.1:41002]"
 	wantB := "sources b [0=tcp://127.0.0.1:5557 1=tcp://127.0.0.1:5558]"
-	eventually(t, "both discovered", func() bool { return len(c.list()) == 2 })
+	testkit.Eventually(t, "both discovered", func() bool { return len(c.list()) == 2 })
 	if got := c.list(); !slices.Contains(got, wantA) || !slices.Contains(got, wantB) {
 		t.Fatalf("calls %q, want %q and %q", got, wantA, wantB)
 	}
@@ -86,7 +87,7 @@ func TestKVSourcesDiscovered(t *testing.T) {
 	}
 	// Asked again every ModelsInterval: unchanged sources are no call.
 	n := v.hitsOf("/kv_event_sources")
-	eventually(t, "read again", func() bool { return v.hitsOf("/kv_event_sources") >= n+2 })
+	testkit.Eventually(t, "read again", func() bool { return v.hitsOf("/kv_event_sources") >= n+2 })
 	if got := c.list(); len(got) != 2 {
 		t.Errorf("unchanged sources reported again: %q", got)
 	}
@@ -96,7 +97,7 @@ func TestKVSourcesDiscovered(t *testing.T) {
 	base := slices.Clone(c.list())
 	v.set("/kv_event_sources", route{body: vllmSourcesArray})
 	v.set("/metrics", route{body: strings.Replace(vllmCapacityMetrics, "12345.0", "3.0", 1)})
-	eventually(t, "restart and new sources", c.are(append(base, "restarted a", "sources a [0=tcp://10.0.0.1:5557]")...))
+	testkit.Eventually(t, "restart and new sources", c.are(append(base, "restarted a", "sources a [0=tcp://10.0.0.1:5557]")...))
 	if lines := logLines(logs, "worker engine restarted", "a"); len(lines) != 1 ||
 		!strings.Contains(lines[0], `counter vllm:prompt_tokens_total{engine=\"0\",model_name=\"llama\"} went back from 12345 to 3`) {
 		t.Errorf("restart logged %d times, want once with the counter:\n%s", len(lines), logs)
@@ -113,10 +114,10 @@ func TestKVSourcesDiscovered(t *testing.T) {
 		t.Fatal(err)
 	}
 	base = append(base, "restarted a", "sources a [0=tcp://10.0.0.1:5557]")
-	eventually(t, "withdrawn", c.are(append(base, "sources a []")...))
+	testkit.Eventually(t, "withdrawn", c.are(append(base, "sources a []")...))
 	n = v.hitsOf("/kv_event_sources")
 	probes := v.hitsOf("/metrics")
-	eventually(t, "more probes", func() bool { return v.hitsOf("/metrics") >= probes+10 })
+	testkit.Eventually(t, "more probes", func() bool { return v.hitsOf("/metrics") >= probes+10 })
 	if got := v.hitsOf("/kv_event_sources"); got > n+1 { // one ask may have been in flight
 		t.Errorf("a worker with a kv_events block was asked for its sources %d more times", got-n)
 	}
@@ -125,7 +126,7 @@ func TestKVSourcesDiscovered(t *testing.T) {
 	if err := m.Sync([]config.Worker{withBlock}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b withdrawn", c.are(append(base, "sources a []", "sources b []")...))
+	testkit.Eventually(t, "b withdrawn", c.are(append(base, "sources a []", "sources b []")...))
 }
 
 // TestRestartWhileDown: an engine that restarts while its probes fail is
@@ -141,15 +142,15 @@ func TestRestartWhileDown(t *testing.T) {
 	if err := m.Sync([]config.Worker{urlOnly("a", v.srv.URL)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "ready", func() bool { return member(r, "a") != nil })
+	testkit.Eventually(t, "ready", func() bool { return member(r, "a") != nil })
 	v.set("/metrics", route{code: 503})
-	eventually(t, "not ready", func() bool { return member(r, "a") == nil })
+	testkit.Eventually(t, "not ready", func() bool { return member(r, "a") == nil })
 	later := strings.Replace(vllmCapacityMetrics, "1.71234567e+09", "1.71239999e+09", 1)
 	v.set("/metrics", route{body: later})
-	eventually(t, "restart seen", c.are("restarted a"))
-	eventually(t, "ready again", func() bool { return member(r, "a") != nil })
+	testkit.Eventually(t, "restart seen", c.are("restarted a"))
+	testkit.Eventually(t, "ready again", func() bool { return member(r, "a") != nil })
 	probes := v.hitsOf("/metrics")
-	eventually(t, "more probes", func() bool { return v.hitsOf("/metrics") >= probes+5 })
+	testkit.Eventually(t, "more probes", func() bool { return v.hitsOf("/metrics") >= probes+5 })
 	if got := c.list(); len(got) != 1 {
 		t.Errorf("calls %q, want one restart", got)
 	}
@@ -170,7 +171,7 @@ func TestRestartWhileReady(t *testing.T) {
 	if err := m.Sync([]config.Worker{urlOnly("a", v.srv.URL)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "ready", func() bool { return member(r, "a") != nil })
+	testkit.Eventually(t, "ready", func() bool { return member(r, "a") != nil })
 	w := member(r, "a")
 	r.Prefix().Record(prefix.Candidate{ID: w.ID}, []uint64{1, 2, 3})
 	if n := r.Prefix().Len(prefix.Candidate{ID: w.ID}); n != 3 {
@@ -178,8 +179,8 @@ func TestRestartWhileReady(t *testing.T) {
 	}
 	later := strings.Replace(vllmCapacityMetrics, "1.71234567e+09", "1.71239999e+09", 1)
 	v.set("/metrics", route{body: later})
-	eventually(t, "restart seen", c.are("restarted a"))
-	eventually(t, "a new generation", func() bool { n := member(r, "a"); return n != nil && n.Generation > w.Generation })
+	testkit.Eventually(t, "restart seen", c.are("restarted a"))
+	testkit.Eventually(t, "a new generation", func() bool { n := member(r, "a"); return n != nil && n.Generation > w.Generation })
 	if n := r.Prefix().Len(prefix.Candidate{ID: member(r, "a").ID}); n != 0 {
 		t.Errorf("after the engine's restart the approximate list holds %d blocks, want 0", n)
 	}
@@ -217,7 +218,7 @@ func TestBlockSizeParentAndCards(t *testing.T) {
 	if err := m.Sync([]config.Worker{urlOnly("a16", v16.srv.URL), urlOnly("b32", v32.srv.URL), urlOnly("sgl", sgl.srv.URL)}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "all ready", func() bool { return member(r, "a16") != nil && member(r, "b32") != nil && member(r, "sgl") != nil })
+	testkit.Eventually(t, "all ready", func() bool { return member(r, "a16") != nil && member(r, "b32") != nil && member(r, "sgl") != nil })
 	for model, want := range map[string]int{"llama": 16, "llama-lora": 16, "qwen": 64} {
 		if got, ok := m.BlockSize(model); !ok || got != want {
 			t.Errorf("BlockSize(%q) = %d, %v; want %d", model, got, ok, want)
@@ -241,7 +242,7 @@ func TestBlockSizeParentAndCards(t *testing.T) {
 	}
 	// More probes change nothing, and log nothing again.
 	probes := v16.hitsOf("/metrics")
-	eventually(t, "more probes", func() bool { return v16.hitsOf("/metrics") >= probes+2 })
+	testkit.Eventually(t, "more probes", func() bool { return v16.hitsOf("/metrics") >= probes+2 })
 	// Each warning once (workers join in any order, so llama may first
 	// have been warned at 32, b32's size, before a16 joined).
 	text := logs.String()
@@ -285,8 +286,8 @@ func TestConfiguredModelsGetCards(t *testing.T) {
 	if err := m.Sync([]config.Worker{a, b}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "ready", func() bool { return member(r, "a") != nil && member(r, "b") != nil })
-	eventually(t, "cards read", func() bool { return m.Parent("adapter") == "base" })
+	testkit.Eventually(t, "ready", func() bool { return member(r, "a") != nil && member(r, "b") != nil })
+	testkit.Eventually(t, "cards read", func() bool { return m.Parent("adapter") == "base" })
 	want := []ModelCard{{ID: "adapter", Root: "adapter", Parent: "base", MaxModelLen: 4096}, {ID: "alias"}, {ID: "other"}}
 	if diff := cmp.Diff(want, m.ModelCards()); diff != "" {
 		t.Errorf("ModelCards (-want +got):\n%s", diff)

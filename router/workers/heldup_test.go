@@ -16,6 +16,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -44,7 +45,7 @@ func TestProbeTimeoutsWhileHeldUpNotCounted(t *testing.T) {
 		Role: shared.RoleAggregated, Models: []string{"m"}, TotalKVBlocks: 100}}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "w ready", membersAre(r, "m", shared.RoleAggregated, "w"))
+	testkit.Eventually(t, "w ready", membersAre(r, "m", shared.RoleAggregated, "w"))
 
 	// A helper process stops and continues this one, ten times; it
 	// continues it whatever happens to the helper.
@@ -58,7 +59,7 @@ for i in 1 2 3 4 5 6 7 8 9 10; do kill -STOP `+pid+`; sleep 0.3; kill -CONT `+pi
 	// The engine hangs once the first hold-up is seen, so that every
 	// probe that times out has one.
 	held := m.held.held()
-	eventually(t, "the first hold-up measured", func() bool { return m.held.held()-held >= 100*time.Millisecond })
+	testkit.Eventually(t, "the first hold-up measured", func() bool { return m.held.held()-held >= 100*time.Millisecond })
 	hang.Store(true)
 	if err := stopper.Wait(); err != nil {
 		t.Fatalf("the stopping helper: %v", err)
@@ -74,7 +75,7 @@ for i in 1 2 3 4 5 6 7 8 9 10; do kill -STOP `+pid+`; sleep 0.3; kill -CONT `+pi
 	}
 
 	// No hold-up any more: the timeouts count, and w leaves.
-	eventually(t, "w out once the router runs freely", membersAre(r, "m", shared.RoleAggregated))
+	testkit.Eventually(t, "w out once the router runs freely", membersAre(r, "m", shared.RoleAggregated))
 	if l := logLines(logs, "worker not ready", "w"); len(l) != 1 || !strings.Contains(l[0], "3 consecutive probes failed: timeout: ") {
 		t.Errorf("w's leaving logged as %q, want 3 timeouts", l)
 	}

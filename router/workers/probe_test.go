@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
@@ -156,8 +157,8 @@ func TestProbeFailuresLogged(t *testing.T) {
 			fmt.Sprintf("timeout: no answer from %s/metrics within %s", slow.URL, every)},
 	} {
 		// Four failures: the first is logged, the repeats are not.
-		eventually(t, c.name+" failing 4 times", failures(m, c.name, 4))
-		eventually(t, c.name+"'s reason", func() bool {
+		testkit.Eventually(t, c.name+" failing 4 times", failures(m, c.name, 4))
+		testkit.Eventually(t, c.name+"'s reason", func() bool {
 			st, _ := m.StatusOf(c.name)
 			return c.is(st.LastError)
 		})
@@ -186,8 +187,8 @@ func TestReadinessChangesLoggedOnce(t *testing.T) {
 	if err := m.Sync([]config.Worker{worker("a", a, "m")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a ready", func() bool { return anyReady(m) })
-	eventually(t, "a probed 4 times", func() bool { return a.scrapes.Load() >= 4 })
+	testkit.Eventually(t, "a ready", func() bool { return anyReady(m) })
+	testkit.Eventually(t, "a probed 4 times", func() bool { return a.scrapes.Load() >= 4 })
 	if n := len(logLines(logs, "worker ready", "a")); n != 1 {
 		t.Fatalf("%d 'worker ready' lines after 4 probes, want 1:\n%s", n, logs)
 	}
@@ -197,7 +198,7 @@ func TestReadinessChangesLoggedOnce(t *testing.T) {
 
 	a.failing.Store(true)
 	before := len(logLines(logs, "worker probe failed", "a")) // late answers while ready
-	eventually(t, "a failing past the threshold", failures(m, "a", DefaultFailureThreshold+3))
+	testkit.Eventually(t, "a failing past the threshold", failures(m, "a", DefaultFailureThreshold+3))
 	notReady := logLines(logs, "worker not ready", "a")
 	if len(notReady) != 1 || !strings.Contains(notReady[0], fmt.Sprintf(`consecutive probes failed: HTTP status 500 from %s/metrics"`, a.srv.URL)) {
 		t.Errorf("'worker not ready' lines %q, want one with the reason", notReady)
@@ -213,12 +214,12 @@ func TestReadinessChangesLoggedOnce(t *testing.T) {
 	// Another reason is logged; its repeats are not.
 	a.noMetrics.Store(true)
 	a.healthCode.Store(http.StatusServiceUnavailable)
-	eventually(t, "the new reason", func() bool {
+	testkit.Eventually(t, "the new reason", func() bool {
 		st, _ := m.StatusOf("a")
 		return strings.HasPrefix(st.Reason, "HTTP status 503 from "+a.srv.URL+"/health")
 	})
 	n := a.healths.Load()
-	eventually(t, "3 more probes", func() bool { return a.healths.Load() >= n+3 })
+	testkit.Eventually(t, "3 more probes", func() bool { return a.healths.Load() >= n+3 })
 	var got503 []string
 	for _, l := range logLines(logs, "worker probe failed", "a") {
 		if strings.Contains(l, "HTTP status 503") {
@@ -231,9 +232,9 @@ func TestReadinessChangesLoggedOnce(t *testing.T) {
 
 	a.failing.Store(false)
 	a.noMetrics.Store(false)
-	eventually(t, "a back", func() bool { return anyReady(m) })
+	testkit.Eventually(t, "a back", func() bool { return anyReady(m) })
 	n = a.scrapes.Load()
-	eventually(t, "3 more probes", func() bool { return a.scrapes.Load() >= n+3 })
+	testkit.Eventually(t, "3 more probes", func() bool { return a.scrapes.Load() >= n+3 })
 	if r, nr := logLines(logs, "worker ready", "a"), logLines(logs, "worker not ready", "a"); len(r) != 2 || len(nr) != 1 {
 		t.Errorf("%d ready and %d not-ready lines, want 2 and 1:\n%s", len(r), len(nr), logs)
 	}
@@ -252,8 +253,8 @@ func TestMetrics404IsReadyByHealth(t *testing.T) {
 	if err := m.Sync([]config.Worker{worker("sgl", sgl, "m"), worker("v", v, "m")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "both ready", membersAre(r, "m", shared.RoleAggregated, "sgl", "v"))
-	eventually(t, "sgl probed 4 times", func() bool { return sgl.healths.Load() >= 4 })
+	testkit.Eventually(t, "both ready", membersAre(r, "m", shared.RoleAggregated, "sgl", "v"))
+	testkit.Eventually(t, "sgl probed 4 times", func() bool { return sgl.healths.Load() >= 4 })
 	if l := member(r, "sgl").Load(false); l.Available || l.HasKVUsage || l.HasWaiting {
 		t.Errorf("sgl load %+v, want unavailable", l)
 	}
@@ -277,7 +278,7 @@ func TestMetrics404IsReadyByHealth(t *testing.T) {
 	}
 
 	sgl.noMetrics.Store(false)
-	eventually(t, "sgl's load", func() bool { return member(r, "sgl").Load(false).Available })
+	testkit.Eventually(t, "sgl's load", func() bool { return member(r, "sgl").Load(false).Available })
 	if l := member(r, "sgl").Load(false); l.KVUsage != 0.25 || l.Waiting != 2 {
 		t.Errorf("sgl load %+v, want its metrics", l)
 	}
@@ -297,7 +298,7 @@ func TestReasonIsBounded(t *testing.T) {
 	if err := m.Sync([]config.Worker{worker("e", e, "m")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a parse failure", func() bool {
+	testkit.Eventually(t, "a parse failure", func() bool {
 		st, _ := m.StatusOf("e")
 		return errors.Is(st.LastError, ErrUnparseable)
 	})

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -134,18 +135,6 @@ func newManager(t *testing.T, r *router.Router, o Options) (*Manager, *syncBuffe
 	return m, logs
 }
 
-// eventually polls cond until it holds or a minute passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // names lists the members of the partition of model and role by name.
 func names(r *router.Router, model string, role shared.Role) []string {
 	var out []string
@@ -196,7 +185,7 @@ func TestEngineMetricsLandInLoad(t *testing.T) {
 	if err := m.Sync([]config.Worker{worker("v", v, "llama"), worker("s", s, "qwen")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "both ready", membersAre(r, "", shared.RoleAggregated, "s", "v"))
+	testkit.Eventually(t, "both ready", membersAre(r, "", shared.RoleAggregated, "s", "v"))
 	if !anyReady(m) {
 		t.Error("not ready")
 	}
@@ -230,7 +219,7 @@ func TestEngineMetricsLandInLoad(t *testing.T) {
 
 	// A new report replaces the old one.
 	v.set(strings.ReplaceAll(vllmMetrics, "} 0.42", "} 0.9"))
-	eventually(t, "new kv usage", func() bool { return member(r, "v").Load(false).KVUsage == 0.9 })
+	testkit.Eventually(t, "new kv usage", func() bool { return member(r, "v").Load(false).KVUsage == 0.9 })
 }
 
 func TestStaleReportIsUnavailable(t *testing.T) {
@@ -241,7 +230,7 @@ func TestStaleReportIsUnavailable(t *testing.T) {
 	if err := m.Sync([]config.Worker{worker("quiet", quiet, "m"), worker("failing", failing, "m")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "reports", func() bool {
+	testkit.Eventually(t, "reports", func() bool {
 		a, b := member(r, "quiet"), member(r, "failing")
 		return a != nil && b != nil && a.Load(false).Available && b.Load(false).Available
 	})
@@ -253,7 +242,7 @@ func TestStaleReportIsUnavailable(t *testing.T) {
 		// lower bound (not cleared too early): a slow machine only makes
 		// the age larger, so it holds however busy the machine is.
 		var lastSeen time.Time
-		eventually(t, name+" unavailable", func() bool {
+		testkit.Eventually(t, name+" unavailable", func() bool {
 			st, _ := m.StatusOf(name)
 			if st.Load != nil {
 				lastSeen = st.ObservedAt
@@ -278,7 +267,7 @@ func TestStaleReportIsUnavailable(t *testing.T) {
 	}
 	// A fresh report makes it available again.
 	quiet.set(vllmMetrics)
-	eventually(t, "quiet available again", func() bool { return member(r, "quiet").Load(false).Available })
+	testkit.Eventually(t, "quiet available again", func() bool { return member(r, "quiet").Load(false).Available })
 }
 
 func TestFailingWorkerLeavesAndReturns(t *testing.T) {
@@ -289,11 +278,11 @@ func TestFailingWorkerLeavesAndReturns(t *testing.T) {
 	if err := m.Sync([]config.Worker{worker("a", a, "m"), worker("b", b, "m")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "both ready", membersAre(r, "m", shared.RoleAggregated, "a", "b"))
+	testkit.Eventually(t, "both ready", membersAre(r, "m", shared.RoleAggregated, "a", "b"))
 	gen := member(r, "a").Generation
 
 	a.failing.Store(true)
-	eventually(t, "a out of the partition", membersAre(r, "m", shared.RoleAggregated, "b"))
+	testkit.Eventually(t, "a out of the partition", membersAre(r, "m", shared.RoleAggregated, "b"))
 	if st, _ := m.StatusOf("a"); st.Ready || st.ScrapeFailures < DefaultFailureThreshold || st.LastError == nil {
 		t.Errorf("a status = %+v", st)
 	}
@@ -310,11 +299,11 @@ switchyard_worker_ready{worker="b"} 1
 	}
 
 	a.failing.Store(false)
-	eventually(t, "a back", membersAre(r, "m", shared.RoleAggregated, "a", "b"))
+	testkit.Eventually(t, "a back", membersAre(r, "m", shared.RoleAggregated, "a", "b"))
 	if g := member(r, "a").Generation; g <= gen {
 		t.Errorf("a rejoined under generation %d, not after %d", g, gen)
 	}
-	eventually(t, "a's load after rejoining", func() bool { return member(r, "a").Load(false).Available })
+	testkit.Eventually(t, "a's load after rejoining", func() bool { return member(r, "a").Load(false).Available })
 	if !strings.Contains(logs.String(), "worker not ready") || !strings.Contains(logs.String(), "consecutive probes failed") {
 		t.Errorf("logs:\n%s", logs)
 	}
@@ -323,7 +312,7 @@ switchyard_worker_ready{worker="b"} 1
 	// manager is not ready.
 	a.srv.Close()
 	b.srv.Close()
-	eventually(t, "none ready", func() bool { return !anyReady(m) })
+	testkit.Eventually(t, "none ready", func() bool { return !anyReady(m) })
 	if got := r.Workers("m", shared.RoleAggregated); got != nil {
 		t.Errorf("members = %v", names(r, "m", shared.RoleAggregated))
 	}
@@ -338,7 +327,7 @@ func TestReportFailure(t *testing.T) {
 	if err := m.Sync([]config.Worker{worker("a", a, "m")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a ready", func() bool { return anyReady(m) })
+	testkit.Eventually(t, "a ready", func() bool { return anyReady(m) })
 
 	m.ReportFailure("a")
 	m.ReportFailure("a")
@@ -355,7 +344,7 @@ func TestReportFailure(t *testing.T) {
 	}
 	m.ReportFailure("a") // not ready: ignored
 	// It returns at the next scrape that answers.
-	eventually(t, "a back", membersAre(r, "m", shared.RoleAggregated, "a"))
+	testkit.Eventually(t, "a back", membersAre(r, "m", shared.RoleAggregated, "a"))
 	if st, _ := m.StatusOf("a"); st.RequestFailures != 0 {
 		t.Errorf("request failures after rejoining = %d", st.RequestFailures)
 	}
@@ -369,7 +358,7 @@ func TestSyncAddRemoveChange(t *testing.T) {
 	if err := m.Sync([]config.Worker{a, b}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a, b", membersAre(r, "llama", shared.RoleAggregated, "a", "b"))
+	testkit.Eventually(t, "a, b", membersAre(r, "llama", shared.RoleAggregated, "a", "b"))
 	genA, genB := member(r, "a").Generation, member(r, "b").Generation
 
 	// Unchanged a stays as it is; b moves to another model and role with
@@ -391,7 +380,7 @@ func TestSyncAddRemoveChange(t *testing.T) {
 	if !wb.Load(false).Available {
 		t.Error("b lost its engine report on the change")
 	}
-	eventually(t, "c joins", membersAre(r, "llama", shared.RoleAggregated, "a", "c"))
+	testkit.Eventually(t, "c joins", membersAre(r, "llama", shared.RoleAggregated, "a", "c"))
 	if member(r, "a").Generation != genA {
 		t.Error("unchanged a was rejoined")
 	}
@@ -401,7 +390,7 @@ func TestSyncAddRemoveChange(t *testing.T) {
 	if err := m.Sync([]config.Worker{a2, b2, c}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a on its new endpoint", func() bool {
+	testkit.Eventually(t, "a on its new endpoint", func() bool {
 		w := member(r, "a")
 		return w != nil && w.Generation > genA && ed.scrapes.Load() > 0
 	})
@@ -439,7 +428,7 @@ func TestSyncAddRemoveChange(t *testing.T) {
 	}
 	// A removed worker's engine is no longer scraped.
 	n := ea.scrapes.Load()
-	eventually(t, "some intervals", func() bool { return ec.scrapes.Load() > 5 })
+	testkit.Eventually(t, "some intervals", func() bool { return ec.scrapes.Load() > 5 })
 	if ea.scrapes.Load() > n+1 {
 		t.Errorf("removed a scraped %d more times", ea.scrapes.Load()-n)
 	}
@@ -457,7 +446,7 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	if err := m.Sync([]config.Worker{a}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a ready", func() bool { return anyReady(m) })
+	testkit.Eventually(t, "a ready", func() bool { return anyReady(m) })
 	sel := func() router.Decision {
 		t.Helper()
 		d, err := r.Place(context.Background(), &shared.Request{ID: "x", Model: "llama", Role: shared.RoleAggregated, PromptTokens: 40}, router.Placement{})
@@ -484,7 +473,7 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	if err := m.Sync([]config.Worker{a}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a rejoined", func() bool { return anyReady(m) })
+	testkit.Eventually(t, "a rejoined", func() bool { return anyReady(m) })
 	d2 := sel()
 	if d2.Worker == old || d2.Worker.ID != old.ID {
 		t.Fatalf("rejoined worker: %+v, old %+v", d2.Worker.Spec, old.Spec)
@@ -509,10 +498,10 @@ func TestRejoinWithBookingInFlight(t *testing.T) {
 	// Leave by failing health, with d2 in flight; a third booking after the
 	// return; d2 then ends.
 	e.failing.Store(true)
-	eventually(t, "a not ready", func() bool { return !anyReady(m) })
+	testkit.Eventually(t, "a not ready", func() bool { return !anyReady(m) })
 	gaugeIs(t, reg, "switchyard_worker_active_requests", 1) // still counted while in flight
 	e.failing.Store(false)
-	eventually(t, "a ready again", func() bool { return anyReady(m) })
+	testkit.Eventually(t, "a ready again", func() bool { return anyReady(m) })
 	d3 := sel()
 	d2.Booking.Release()
 	for _, w := range []*fleet.Worker{old, d2.Worker, d3.Worker} {
@@ -576,14 +565,14 @@ func TestWatch(t *testing.T) {
 			t.Errorf("Watch: %v", err)
 		}
 	}()
-	eventually(t, "a from the file", membersAre(r, "m", shared.RoleAggregated, "a"))
+	testkit.Eventually(t, "a from the file", membersAre(r, "m", shared.RoleAggregated, "a"))
 
 	write(block("a", ea) + block("b", eb))
-	eventually(t, "b added", membersAre(r, "m", shared.RoleAggregated, "a", "b"))
+	testkit.Eventually(t, "b added", membersAre(r, "m", shared.RoleAggregated, "a", "b"))
 
 	// An invalid file changes nothing and is logged at file:line:col.
 	write(block("a", ea) + "worker \"c\" {\n  url             = \"nope\"\n  models          = [\"m\"]\n  total_kv_blocks = 64\n}\n")
-	eventually(t, "the error logged", func() bool {
+	testkit.Eventually(t, "the error logged", func() bool {
 		return strings.Contains(logs.String(), path+":7:21: error: Invalid URL")
 	})
 	if got := names(r, "m", shared.RoleAggregated); !slices.Equal(got, []string{"a", "b"}) {
@@ -593,7 +582,7 @@ func TestWatch(t *testing.T) {
 	// So does a file nested 100,000 deep (config.MaxNesting), which used
 	// to end the process with a stack overflow: the 256th [ is refused.
 	write("worker \"c\" {\n  url = " + strings.Repeat("[", 100_000) + strings.Repeat("]", 100_000) + "\n}\n")
-	eventually(t, "the nesting error logged", func() bool {
+	testkit.Eventually(t, "the nesting error logged", func() bool {
 		return strings.Contains(logs.String(), path+":2:264: error: Nesting too deep")
 	})
 	if got := names(r, "m", shared.RoleAggregated); !slices.Equal(got, []string{"a", "b"}) {
@@ -604,7 +593,7 @@ func TestWatch(t *testing.T) {
 	if err := os.WriteFile(path, []byte(block("b", eb)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a removed", membersAre(r, "m", shared.RoleAggregated, "b"))
+	testkit.Eventually(t, "a removed", membersAre(r, "m", shared.RoleAggregated, "b"))
 	if len(m.Status()) != 1 {
 		t.Errorf("status = %+v", m.Status())
 	}
@@ -661,7 +650,7 @@ func TestWatchConfigMap(t *testing.T) {
 			t.Errorf("Watch: %v", err)
 		}
 	}()
-	eventually(t, "a from the file", membersAre(r, "m", shared.RoleAggregated, "a"))
+	testkit.Eventually(t, "a from the file", membersAre(r, "m", shared.RoleAggregated, "a"))
 
 	mount("..2026_b", block("b", eb))
 	if err := os.Symlink("..2026_b", filepath.Join(dir, "..data_tmp")); err != nil {
@@ -673,7 +662,7 @@ func TestWatchConfigMap(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(dir, "..2026_a")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "b in place of a", membersAre(r, "m", shared.RoleAggregated, "b"))
+	testkit.Eventually(t, "b in place of a", membersAre(r, "m", shared.RoleAggregated, "b"))
 	// One load at the start, one for the swap, and no more.
 	loaded := func() int { return strings.Count(logs.String(), "workers file loaded") }
 	time.Sleep(4 * DefaultDebounce) // bounded: no further load may follow
@@ -762,7 +751,7 @@ func TestManagerOverMembership(t *testing.T) {
 	if err := m.Sync([]config.Worker{worker("a", e, "m")}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "a joined", mem.callsAre("add a"))
+	testkit.Eventually(t, "a joined", mem.callsAre("add a"))
 	if st, _ := m.StatusOf("a"); !st.Ready || st.ID != ID("a") || st.Member == nil || st.Member.Name != "a" {
 		t.Errorf("a status %+v, want ready as member a", st)
 	}
@@ -770,14 +759,14 @@ func TestManagerOverMembership(t *testing.T) {
 	mem.refuse.Store(true)
 	e.failing.Store(true)
 	removed := fmt.Sprintf("remove %d/0", ID("a"))
-	eventually(t, "a removed", mem.callsAre("add a", removed))
+	testkit.Eventually(t, "a removed", mem.callsAre("add a", removed))
 	e.failing.Store(false)
-	eventually(t, "a refused", func() bool {
+	testkit.Eventually(t, "a refused", func() bool {
 		st, _ := m.StatusOf("a")
 		return !st.Ready && st.Reason == "cannot join the fleet: the fleet refuses it"
 	})
 	mem.refuse.Store(false)
-	eventually(t, "a back", func() bool { st, _ := m.StatusOf("a"); return st.Ready })
+	testkit.Eventually(t, "a back", func() bool { st, _ := m.StatusOf("a"); return st.Ready })
 	mem.mu.Lock()
 	calls := slices.Clone(mem.calls)
 	mem.mu.Unlock()

@@ -124,8 +124,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/switchyard-router/switchyard/builtin"
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
 )
 
 func main() {

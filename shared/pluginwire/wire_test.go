@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
 )
 
 // Every value type the SDK documents survives the wire, an Int is accepted

@@ -10,12 +10,13 @@ import (
 
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
 	"github.com/switchyard-router/switchyard/shared"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
 )
 
-// protocolDoc is docs/plugin-protocol.md, relative to this package.
-var protocolDoc = filepath.Join("..", "..", "..", "..", "docs", "plugin-protocol.md")
+// protocolDoc is docs/plugin-protocol.md of the repository, relative to this
+// package (shared/pluginproto/switchyard/plugin/v1).
+var protocolDoc = filepath.Join("..", "..", "..", "..", "..", "docs", "plugin-protocol.md")
 
 // codeSpan matches a markdown code span.
 var codeSpan = regexp.MustCompile("`([^`\n]+)`")

@@ -14,7 +14,7 @@ import (
 
 // faulty is the supervisor tests' plugin, whose SY_TEST_MODE selects a
 // broken behaviour.
-const faulty = "../../router/supervisor/testdata/plugin"
+const faulty = "../router/supervisor/testdata/plugin"
 
 // TestCheckPasses: a good plugin passes Check, every check a subtest
 // (t-lowest only, to keep it short).
@@ -98,7 +98,7 @@ func TestBuildInvalidatesTestCache(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go test three times")
 	}
-	root, err := filepath.Abs("../..")
+	root, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,8 +126,11 @@ func TestBuildInvalidatesTestCache(t *testing.T) {
 		}
 		past = past.Add(time.Minute)
 	}
+	// The router module's replace of its nested SDK module (shared/) does
+	// not apply here: this module replaces both.
 	write("go.mod", "module example.com/cachetest\n\ngo 1.26.0\n\nrequire github.com/switchyard-router/switchyard v0.0.0\n\n"+
-		"replace github.com/switchyard-router/switchyard => "+root+"\n")
+		"replace github.com/switchyard-router/switchyard => "+root+"\n\n"+
+		"replace github.com/switchyard-router/switchyard/shared => "+filepath.Join(root, "shared")+"\n")
 	write("go.sum", string(sum))
 	write("lib/lib.go", lib("one"))
 	write("main.go", "package main\n\nimport (\n\t\"fmt\"\n\n\t\"example.com/cachetest/lib\"\n)\n\nfunc main() { fmt.Print(lib.T{}.Answer()) }\n")
@@ -137,7 +140,7 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/switchyard-router/switchyard/shared/plugintest"
+	"github.com/switchyard-router/switchyard/plugintest"
 )
 
 func TestAnswer(t *testing.T) {

@@ -1,7 +1,7 @@
-// Package natstest runs NATS servers with JetStream inside a test's
+// Package natskit runs NATS servers with JetStream inside a test's
 // process, for the tests of router replicas (router/cluster and the
 // daemons and commands that use it), from the nats-server module.
-package natstest
+package natskit
 
 import (
 	"testing"

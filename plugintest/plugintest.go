@@ -16,6 +16,15 @@
 // router/plugincheck takes over a process started with
 // plugincheck.ParentEnv set, before TestMain runs), so nothing else has to
 // be built or installed.
+//
+// The package lives in the router module, not in the SDK module (shared),
+// because it runs the router's own checker (router/plugincheck, which
+// starts the plugin with router/supervisor) and reads parameters as a
+// policy file does (router/config). A plugin whose tests import it
+// therefore requires the router module as well as the SDK, and its go.mod
+// selects versions among the router's dependencies too; a plugin that wants
+// a go.mod of the SDK's dependencies only runs `router plugins check` in
+// its CI instead (the same checks; docs/sdk.md).
 package plugintest
 
 import (

@@ -2010,7 +2010,7 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"\tConfigure\x12&.switchyard.plugin.v1.ConfigureRequest\x1a'.switchyard.plugin.v1.ConfigureResponse\x12T\n" +
 	"\x06Decide\x12!.switchyard.plugin.v1.DecideBatch\x1a#.switchyard.plugin.v1.DecideResults(\x010\x01\x12Y\n" +
 	"\bClassify\x12%.switchyard.plugin.v1.ClassifyRequest\x1a&.switchyard.plugin.v1.ClassifyResponse\x12N\n" +
-	"\x06Events\x12 .switchyard.plugin.v1.EventBatch\x1a\x1e.switchyard.plugin.v1.EventAck(\x010\x01BSZQgithub.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1;pluginv1b\x06proto3"
+	"\x06Events\x12 .switchyard.plugin.v1.EventBatch\x1a\x1e.switchyard.plugin.v1.EventAck(\x010\x01BZZXgithub.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1;pluginv1b\x06proto3"
 
 var (
 	file_switchyard_plugin_v1_plugin_proto_rawDescOnce sync.Once

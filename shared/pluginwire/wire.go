@@ -1,10 +1,16 @@
 // Package pluginwire holds what both ends of the switchyard.plugin.v1
-// connection must agree on and that is not part of the plugin SDK's API:
-// parameter values on the wire, the narrowing of ints for the wire, and the
-// wording of the task errors the SDK answers a panic or an over-size result
-// with, which the router's client recognises. The SDK (package shared, the
-// plugin side) and the router's client (package internal/pluginclient)
-// both import it; it imports neither, so neither can drift from the other.
+// connection must agree on beyond the generated code: parameter values on
+// the wire, the narrowing of ints for the wire, and the wording of the task
+// errors the SDK answers a panic or an over-size result with, which the
+// router's client recognises. The SDK (package shared, the plugin side) and
+// the router's client (package internal/pluginclient, in the router module)
+// both import it; it imports only the generated protocol
+// (shared/pluginproto), so neither end can drift from the other.
+//
+// It is a package of the SDK module (shared/go.mod) rather than an internal
+// one because the router, another module, imports it. Plugin authors have
+// no use for it: package shared converts for them. Its exported API follows
+// the module's compatibility rule (docs/sdk.md).
 package pluginwire
 
 import (
@@ -15,7 +21,7 @@ import (
 	"strings"
 	"time"
 
-	pluginv1 "github.com/switchyard-router/switchyard/pluginproto/switchyard/plugin/v1"
+	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
 )
 
 // ParamTypeName returns the schema name of a parameter type ("number",
