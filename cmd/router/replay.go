@@ -20,9 +20,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/inputfile"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/replay"
 	"github.com/switchyard-router/switchyard/router/replay/bundled"
 	"github.com/switchyard-router/switchyard/router/replay/htmlreport"
@@ -628,8 +628,8 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	// copy, so that seeded components start from their seed in every run.
 	// A run stops its plugin processes, with their process groups, when
 	// it ends. Nothing of their Hosts may depend on the wall clock
-	// (router.LoadOptions.SimulatedTime).
-	loaded := make(map[string]*router.Bundle, len(paths))
+	// (loader.LoadOptions.SimulatedTime).
+	loaded := make(map[string]*loader.Bundle, len(paths))
 	defer func() {
 		for _, b := range loaded {
 			closeBundle(b)
@@ -752,7 +752,7 @@ func (f *replayFlags) seedOf(fs *pflag.FlagSet) *int64 {
 // of each file), else loads its own; either is closed when the run ends.
 // Each further replica loads the file again, so that it has policies
 // (and plugin processes) of its own, closed when the run ends too.
-func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[string]*router.Bundle, path string,
+func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[string]*loader.Bundle, path string,
 	mode replay.PrefixMode, fl fleet, k int, delay time.Duration, slo replay.SLO, perReq *pendingFile, prog *progress) (*replay.Report, error) {
 	b, ok := loaded[path]
 	if ok && k == 0 {
@@ -788,7 +788,7 @@ func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[
 		return nil, err
 	}
 	opts.DecisionLatency.Policies, opts.DecisionLatency.Classifier = b.ReplayDecisionLatency()
-	var more []*router.Bundle // the other replicas' loads of the file
+	var more []*loader.Bundle // the other replicas' loads of the file
 	if f.replicas > 1 {
 		opts.Replicas, opts.SyncDelay = f.replicas, delay
 		defer func() {
@@ -925,7 +925,7 @@ func runName(rep *replay.Report, fleets int) string {
 // default queue has a zero Range), so that a file without one replays
 // exactly as before, and the classifier's factory when the file has a
 // request_classifier.
-func admission(b *router.Bundle) (config.Queue, shared.ClassifierFactory, error) {
+func admission(b *loader.Bundle) (config.Queue, shared.ClassifierFactory, error) {
 	var q config.Queue
 	if bq := b.Queue(); bq.Range.Filename != "" {
 		q = bq
@@ -948,7 +948,7 @@ func policyName(path string) string {
 // happens when the file's worker_selection does not set the role: replaying
 // round-robin.hcl disaggregated would otherwise silently compare the
 // default policy.
-func warnDefaultRoles(w io.Writer, path string, b *router.Bundle, roles []shared.Role) {
+func warnDefaultRoles(w io.Writer, path string, b *loader.Bundle, roles []shared.Role) {
 	var fell []string
 	for _, role := range roles {
 		if b.PolicyName(role) == config.DefaultPolicyName {
@@ -1157,11 +1157,11 @@ func noteNoPrefixHashes(w io.Writer, traceName string, source trace.Source) {
 // logs to logs. seed, when set, overrides router.seed; when neither gives
 // one, replay.DefaultSeed seeds the policy, so a replay repeats exactly
 // by default. offset moves every seed of the file, the components' own
-// included (router.LoadOptions.SeedOffset): run k of --seeds loads with
+// included (loader.LoadOptions.SeedOffset): run k of --seeds loads with
 // offset k.
-func loadPolicy(ctx context.Context, warnings, logs io.Writer, path string, seed *int64, offset int64) (*router.Bundle, error) {
+func loadPolicy(ctx context.Context, warnings, logs io.Writer, path string, seed *int64, offset int64) (*loader.Bundle, error) {
 	def := int64(replay.DefaultSeed)
-	b, err := loadBundle(ctx, warnings, path, router.LoadOptions{Seed: seed, DefaultSeed: &def, SeedOffset: offset,
+	b, err := loadBundle(ctx, warnings, path, loader.LoadOptions{Seed: seed, DefaultSeed: &def, SeedOffset: offset,
 		SimulatedTime: true, Logger: pluginLogger(ctx, logs)})
 	if err != nil {
 		name := path
@@ -1174,7 +1174,7 @@ func loadPolicy(ctx context.Context, warnings, logs io.Writer, path string, seed
 }
 
 // pluginRestarts sums the restarts of b's plugins.
-func pluginRestarts(b *router.Bundle) int64 {
+func pluginRestarts(b *loader.Bundle) int64 {
 	var n int64
 	for _, p := range b.Plugins() {
 		n += p.Stats.Restarts
@@ -1191,10 +1191,10 @@ const settleTimeout = 5 * time.Second
 // part way through is often still in its restart backoff when the last
 // request is decided; waiting lets the report count the restart the
 // failure set off rather than race it.
-func settlePlugins(ctx context.Context, b *router.Bundle) {
+func settlePlugins(ctx context.Context, b *loader.Bundle) {
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
-	for slices.ContainsFunc(b.Plugins(), func(p router.PluginState) bool { return p.Status == supervisor.StatusRestarting }) {
+	for slices.ContainsFunc(b.Plugins(), func(p loader.PluginState) bool { return p.Status == supervisor.StatusRestarting }) {
 		select {
 		case <-ctx.Done():
 			return

@@ -37,7 +37,7 @@ func BenchmarkRelayLag(b *testing.B) {
 			e := startEngine(b)
 			_, url := startNATS(b, 0)
 			y := startNode(b, url, "y", 1, 101, nil)
-			sink := &signalSink{Precise: y.r.PrefixPrecise(y.ids["w0"], 0), applied: make(chan struct{}, 1)}
+			sink := &signalSink{Precise: y.r.Prefix().Precise(prefix.Candidate{ID: y.ids["w0"]}), applied: make(chan struct{}, 1)}
 			if mode == "direct" {
 				ctx, cancel := context.WithCancel(context.Background())
 				sub, err := kvevents.Subscribe(ctx, kvevents.Options{Endpoint: e.kvEvents().Endpoint, ReplayEndpoint: e.kvEvents().ReplayEndpoint}, sink)

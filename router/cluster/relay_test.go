@@ -107,7 +107,7 @@ func (e *engine) published() int {
 
 // precise returns n's precise index of w0 rank 0, following the stream.
 func followW0(n *node) *prefix.Precise {
-	p := n.r.PrefixPrecise(n.ids["w0"], 0)
+	p := n.r.Prefix().Precise(prefix.Candidate{ID: n.ids["w0"]})
 	n.rep.FollowKV("w0", 0, p)
 	return p
 }

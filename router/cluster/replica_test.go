@@ -545,7 +545,7 @@ func TestMalformedLogLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &follow{worker: "w0", sink: r.PrefixPrecise(1, 0), fence: fence{token: "t", synced: true}}
+	f := &follow{worker: "w0", sink: r.Prefix().Precise(prefix.Candidate{ID: 1}), fence: fence{token: "t", synced: true}}
 	const n = 1000
 	start := time.Now()
 	for range n {

@@ -17,7 +17,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -28,7 +27,7 @@ import (
 
 func TestSnapshotRoundTrip(t *testing.T) {
 	in := &indexSnapshot{DeltasSeq: 1234, TakenAt: time.Unix(0, 1_700_000_000_000_000_001), Writer: "router-0",
-		Workers: []router.WorkerPrefix{
+		Workers: []WorkerPrefix{
 			{Worker: "vllm-0", Rank: 0, Content: prefix.Content{Approx: []uint64{3, 2, 1 << 63}}},
 			{Worker: "vllm-1", Rank: 2, Content: prefix.Content{Approx: []uint64{}, Precise: &prefix.PreciseContent{
 				BlockSize: 16, Groups: 3, Live: true, SinceClear: 7,
@@ -66,7 +65,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 // appendV1 appends worker w (approximate list, precise index without the
 // CPU tier or copies) in version 1 of the format, as replicas wrote it
 // before version 2.
-func appendV1(b []byte, w router.WorkerPrefix, next uint64) []byte {
+func appendV1(b []byte, w WorkerPrefix, next uint64) []byte {
 	b = appendString(b, w.Worker)
 	b = binary.AppendUvarint(b, uint64(w.Rank))
 	b = binary.AppendUvarint(b, uint64(len(w.Approx)))
@@ -96,7 +95,7 @@ func appendV1(b []byte, w router.WorkerPrefix, next uint64) []byte {
 // is still read, as it was written: a replica can be upgraded while the
 // snapshot in the store is an older one's.
 func TestSnapshotVersion1Read(t *testing.T) {
-	ws := []router.WorkerPrefix{
+	ws := []WorkerPrefix{
 		{Worker: "a", Rank: 1, Content: prefix.Content{Approx: []uint64{7, 8}}},
 		{Worker: "b", Content: prefix.Content{Approx: []uint64{}, Precise: &prefix.PreciseContent{
 			BlockSize: 16, Groups: 1, Live: true, SinceClear: 3, Router: []uint64{1, 2}, Engine: []uint64{11, 12}, Mask: []uint64{1, 1}}}},
@@ -125,7 +124,7 @@ func TestSnapshotCut(t *testing.T) {
 	for i := range big {
 		big[i] = uint64(i)
 	}
-	in := &indexSnapshot{Workers: []router.WorkerPrefix{
+	in := &indexSnapshot{Workers: []WorkerPrefix{
 		{Worker: "a", Content: prefix.Content{Approx: big}},
 		{Worker: "b", Content: prefix.Content{Approx: big[:10]}},
 	}}
@@ -169,7 +168,7 @@ func TestSnapshotCutPrecise(t *testing.T) {
 			pc.More = append(pc.More, prefix.ScopeCopies{Block: uint32(i), Scope: 0, Copies: 2})
 		}
 	}
-	in := &indexSnapshot{Workers: []router.WorkerPrefix{
+	in := &indexSnapshot{Workers: []WorkerPrefix{
 		{Worker: "a", Content: prefix.Content{Approx: big}},
 		{Worker: "c", Content: prefix.Content{Approx: big, Precise: pc}},
 	}, KVNext: []uint64{0, 7}}
@@ -217,13 +216,13 @@ func TestSnapshotCutPrecise(t *testing.T) {
 }
 
 func TestSnapshotMalformed(t *testing.T) {
-	good := encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []router.WorkerPrefix{{Worker: "x", Content: prefix.Content{Approx: []uint64{1}}}}})
+	good := encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []WorkerPrefix{{Worker: "x", Content: prefix.Content{Approx: []uint64{1}}}}})
 	exact := func(mod func(p *prefix.PreciseContent)) []byte {
 		p := &prefix.PreciseContent{BlockSize: 16, Groups: 1, CPUGroups: 1, Router: []uint64{1, 2}, Engine: []uint64{1, 2},
 			Mask: []uint64{1, 1}, CPU: []uint64{1, 0}, Copies: []uint32{1, 1},
 			Scopes: []prefix.ResidencyScope{{CPU: true, Local: true}}, More: []prefix.ScopeCopies{{Block: 0, Scope: 0, Copies: 2}}}
 		mod(p)
-		return encodeSnapshot(&indexSnapshot{Workers: []router.WorkerPrefix{{Worker: "x", Content: prefix.Content{Precise: p}}}})
+		return encodeSnapshot(&indexSnapshot{Workers: []WorkerPrefix{{Worker: "x", Content: prefix.Content{Precise: p}}}})
 	}
 	if _, err := decodeSnapshot(exact(func(*prefix.PreciseContent) {})); err != nil {
 		t.Fatalf("the well-formed base of the cases below: %v", err)
@@ -329,9 +328,9 @@ func TestReadSnapshotBounded(t *testing.T) {
 }
 
 func FuzzDecodeSnapshot(f *testing.F) {
-	f.Add(encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []router.WorkerPrefix{{Worker: "x", Content: prefix.Content{
+	f.Add(encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []WorkerPrefix{{Worker: "x", Content: prefix.Content{
 		Approx: []uint64{1}, Precise: &prefix.PreciseContent{BlockSize: 16, Router: []uint64{1}, Engine: []uint64{2}, Mask: []uint64{1}}}}}}))
-	f.Add(encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []router.WorkerPrefix{{Worker: "x", Content: prefix.Content{
+	f.Add(encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []WorkerPrefix{{Worker: "x", Content: prefix.Content{
 		Approx: []uint64{1}, Precise: &prefix.PreciseContent{BlockSize: 16, Groups: 1, CPUGroups: 1, Router: []uint64{1, 2}, Engine: []uint64{2, 3},
 			Mask: []uint64{1, 1}, CPU: []uint64{1, 0}, Copies: []uint32{2, 1}, Scopes: []prefix.ResidencyScope{{CPU: true, Local: true}},
 			More: []prefix.ScopeCopies{{Block: 0, Scope: 0, Copies: 2}}}}}}}))
@@ -537,7 +536,7 @@ func TestWarmStartKVEvents(t *testing.T) {
 
 	// b: w0 a member, precise, before b runs.
 	var pb *prefix.Precise
-	b := startNodeWith(t, url, "b", 1, 101, manual, func(n *node) { pb = n.r.PrefixPrecise(n.ids["w0"], 0) })
+	b := startNodeWith(t, url, "b", 1, 101, manual, func(n *node) { pb = n.r.Prefix().Precise(prefix.Candidate{ID: n.ids["w0"]}) })
 	eventually(t, "b loaded the snapshot", func() bool { st := b.rep.State(); return st.Snapshot != nil })
 	if got := pb.Stats(); got.Blocks != before || !got.Live {
 		t.Fatalf("b's index after the snapshot: %d blocks, live %v; want the snapshot's %d, live", got.Blocks, got.Live, before)
@@ -555,7 +554,7 @@ func TestWarmStartKVEvents(t *testing.T) {
 	if _, err := c.r.AddWorker(fleet.Spec{ID: 201, Name: "w0", Role: shared.RoleAggregated, TotalKVBlocks: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	pc := c.r.PrefixPrecise(201, 0)
+	pc := c.r.Prefix().Precise(prefix.Candidate{ID: 201})
 	c.rep.Joined("w0", 0)
 	if st := c.rep.State(); st.Snapshot.Workers != 1 {
 		t.Fatalf("c imported %d workers once w0 joined, want 1", st.Snapshot.Workers)
@@ -649,7 +648,7 @@ func TestWarmStartKVEventsResidency(t *testing.T) {
 	}
 
 	var pb *prefix.Precise
-	b := startNodeWith(t, url, "b", 1, 101, manual, func(n *node) { pb = n.r.PrefixPrecise(n.ids["w0"], 0) })
+	b := startNodeWith(t, url, "b", 1, 101, manual, func(n *node) { pb = n.r.Prefix().Precise(prefix.Candidate{ID: n.ids["w0"]}) })
 	eventually(t, "b loaded the snapshot", func() bool { st := b.rep.State(); return st.Snapshot != nil })
 	tokens := func(hs ...int64) *prefix.Key {
 		k := &prefix.Key{}
@@ -677,7 +676,7 @@ func TestWarmStartKVEventsResidency(t *testing.T) {
 		t.Fatalf("b's TierOverlap of blocks 1001-1003 = %+v, want 1001 and 1002 on GPU, 1003 on CPU", o)
 	}
 	export := func(n *node) *prefix.PreciseContent {
-		for _, w := range n.r.PrefixExport() {
+		for _, w := range exportPrefix(n.r) {
 			if w.Worker == "w0" {
 				return w.Precise
 			}
