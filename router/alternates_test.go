@@ -86,7 +86,7 @@ func TestAlternatesHosted(t *testing.T) {
 
 	r = newRouter(t, mustPolicy(t, "ll", nil, builtin.NewLeastLoaded(shared.Params{builtin.ParamSeed: int64(1)})), 4)
 	if !r.Hosted(shared.RoleAggregated) {
-		t.Skip("least-loaded does not run hosted")
+		t.Fatal("least-loaded should run hosted (it declares only ACTIVE_REQUESTS)")
 	}
 	for _, id := range []shared.WorkerID{1, 1, 1, 2, 2, 4} {
 		if _, err := r.Place(ctx, request(8, uint64(id)), Placement{Target: id, HasTarget: true}); err != nil {
