@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/prefix"
 )
@@ -51,7 +52,7 @@ func BenchmarkRelayLag(b *testing.B) {
 				y.rep.FollowKV("w0", 0, sink)
 			}
 			// Warm up: until a batch reaches the index.
-			eventually(b, "a batch reaches the index", func() bool {
+			testkit.Eventually(b, "a batch reaches the index", func() bool {
 				e.publishBlocks(b, 16)
 				select {
 				case <-sink.applied:
