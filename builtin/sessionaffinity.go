@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/ilist"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -129,21 +130,16 @@ func (s *SessionAffinity) NewClassifier(pc shared.PartitionContext) (shared.Clas
 		shared:  pc.Sessions,
 		index:   make(map[string]int32),
 		pending: make(map[string]pendingSession),
-		head:    nilSlot,
-		tail:    nilSlot,
 		maxLive: max(s.maxSessions, minPendingCap),
 	}, nil
 }
-
-// nilSlot marks the end of the LRU list.
-const nilSlot = -1
 
 // minPendingCap is the least number of live requests with a session a
 // partition remembers, whatever max_sessions is.
 const minPendingCap = 1 << 16
 
 // affinityPartition is one partition's session-affinity classifier: the
-// session bindings in an LRU list threaded through a slice (no allocation
+// session bindings in a slice ordered by an index-linked LRU list (no allocation
 // per hit or per rebinding), and the sessions of the live requests it
 // classified, so that events, which carry only request ids, can be tied to
 // sessions. One mutex guards both; events for a whole batch take it once.
@@ -157,9 +153,8 @@ type affinityPartition struct {
 	mu    sync.Mutex
 	index map[string]int32 // session id -> slot
 	slots []binding
-	free  []int32 // unused slots
-	head  int32   // most recently used, or nilSlot
-	tail  int32   // least recently used, or nilSlot
+	free  []int32    // unused slots
+	lru   ilist.List // the slots in use, most recently used first
 	// pending maps a live request id to its session, from Classify to the
 	// request's completed or aborted event. It holds at most maxLive
 	// entries; when full, entries older than ttl (requests whose end was
@@ -172,10 +167,9 @@ type affinityPartition struct {
 
 // binding is one session's worker, in the LRU list.
 type binding struct {
-	session    string
-	worker     shared.WorkerID
-	last       time.Time // last request, send or completion
-	prev, next int32
+	session string
+	worker  shared.WorkerID
+	last    time.Time // last request, send or completion
 }
 
 // pendingSession is the session of one live request.
@@ -302,11 +296,11 @@ func (p *affinityPartition) bind(session string, worker shared.WorkerID, at time
 		return
 	}
 	// Reclaim a few expired bindings from the cold end, then make room.
-	for k := 0; k < 2 && p.tail != nilSlot && at.Sub(p.slots[p.tail].last) > p.ttl; k++ {
-		p.remove(p.tail)
+	for k := 0; k < 2 && !p.lru.Empty() && at.Sub(p.slots[p.lru.Back()].last) > p.ttl; k++ {
+		p.remove(p.lru.Back())
 	}
 	if len(p.index) >= p.max {
-		p.remove(p.tail)
+		p.remove(p.lru.Back())
 	}
 	var i int32
 	if n := len(p.free); n > 0 {
@@ -316,9 +310,9 @@ func (p *affinityPartition) bind(session string, worker shared.WorkerID, at time
 		i = int32(len(p.slots) - 1)
 	}
 	session = strings.Clone(session) // do not retain the request's buffers
-	p.slots[i] = binding{session: session, worker: worker, last: at, prev: nilSlot, next: nilSlot}
+	p.slots[i] = binding{session: session, worker: worker, last: at}
 	p.index[session] = i
-	p.pushFront(i)
+	p.lru.PushFront(i)
 }
 
 // touch makes binding i the most recently used, as of at unless it was
@@ -328,51 +322,15 @@ func (p *affinityPartition) touch(i int32, at time.Time) {
 	if at.After(p.slots[i].last) {
 		p.slots[i].last = at
 	}
-	p.toFront(i)
+	p.lru.MoveToFront(i)
 }
 
 // remove drops binding i. Called with mu held.
 func (p *affinityPartition) remove(i int32) {
-	p.unlink(i)
+	p.lru.Remove(i)
 	delete(p.index, p.slots[i].session)
 	p.slots[i] = binding{}
 	p.free = append(p.free, i)
-}
-
-// toFront makes binding i the most recently used.
-func (p *affinityPartition) toFront(i int32) {
-	if p.head == i {
-		return
-	}
-	p.unlink(i)
-	p.pushFront(i)
-}
-
-func (p *affinityPartition) pushFront(i int32) {
-	b := &p.slots[i]
-	b.prev, b.next = nilSlot, p.head
-	if p.head != nilSlot {
-		p.slots[p.head].prev = i
-	}
-	p.head = i
-	if p.tail == nilSlot {
-		p.tail = i
-	}
-}
-
-func (p *affinityPartition) unlink(i int32) {
-	b := &p.slots[i]
-	if b.prev != nilSlot {
-		p.slots[b.prev].next = b.next
-	} else {
-		p.head = b.next
-	}
-	if b.next != nilSlot {
-		p.slots[b.next].prev = b.prev
-	} else {
-		p.tail = b.prev
-	}
-	b.prev, b.next = nilSlot, nilSlot
 }
 
 // hasWorker reports whether id is in ws: a binary search, as the router

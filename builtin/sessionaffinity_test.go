@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/ilist"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -455,11 +456,11 @@ func TestSessionAffinityConcurrent(t *testing.T) {
 func checkLRU(t *testing.T, p *affinityPartition) {
 	t.Helper()
 	seen := 0
-	prev := int32(nilSlot)
-	for i := p.head; i != nilSlot; i = p.slots[i].next {
+	prev := ilist.None
+	for i := p.lru.Front(); i != ilist.None; i = p.lru.Next(i) {
 		b := p.slots[i]
-		if b.prev != prev {
-			t.Fatalf("slot %d: prev %d, want %d", i, b.prev, prev)
+		if p.lru.Prev(i) != prev {
+			t.Fatalf("slot %d: prev %d, want %d", i, p.lru.Prev(i), prev)
 		}
 		if j, ok := p.index[b.session]; !ok || j != i {
 			t.Fatalf("slot %d (%q) not indexed", i, b.session)
@@ -467,8 +468,8 @@ func checkLRU(t *testing.T, p *affinityPartition) {
 		prev = i
 		seen++
 	}
-	if prev != p.tail || seen != len(p.index) || seen+len(p.free) != len(p.slots) {
+	if prev != p.lru.Back() || seen != len(p.index) || seen+len(p.free) != len(p.slots) {
 		t.Fatalf("list of %d ending at %d; tail %d, index %d, free %d, slots %d",
-			seen, prev, p.tail, len(p.index), len(p.free), len(p.slots))
+			seen, prev, p.lru.Back(), len(p.index), len(p.free), len(p.slots))
 	}
 }

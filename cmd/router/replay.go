@@ -18,8 +18,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/inputfile"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/replay"
 	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/replay/report/htmlreport"
@@ -680,7 +680,7 @@ func (f *replayFlags) sweep(cmd *cobra.Command, tr *trace.Opened) *replay.Sweep 
 		SLO:          slo,
 		Timeline:     f.html != "",
 		Warnings:     stderr,
-		Load: func(ctx context.Context, path string, o router.LoadOptions, warnings io.Writer) (*router.Bundle, error) {
+		Load: func(ctx context.Context, path string, o loader.LoadOptions, warnings io.Writer) (*loader.Bundle, error) {
 			o.Logger = pluginLogger(ctx, stderr)
 			return loadBundle(ctx, warnings, path, o)
 		},

@@ -17,6 +17,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -162,11 +163,11 @@ worker_selection {
 func runParity(t *testing.T, path string, steps []parityStep) []parityAnswer {
 	t.Helper()
 	ctx := context.Background()
-	b, diags := router.LoadBundle(ctx, path, router.LoadOptions{})
+	b, diags := loader.LoadBundle(ctx, path, loader.LoadOptions{})
 	if diags.HasErrors() {
 		t.Fatalf("loading %s: %v", path, diags)
 	}
-	r, err := router.New(router.Options{Bundle: b, BookingsAreLoad: true})
+	r, err := router.New(router.Options{Bundle: b.Bundle, BookingsAreLoad: true})
 	if err != nil {
 		_ = b.Close(ctx)
 		t.Fatal(err)

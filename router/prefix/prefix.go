@@ -272,7 +272,7 @@ func (x *Index) purge(m *member) {
 	l := m.lru
 	l.mu.Lock()
 	var e holderEdits
-	for i := l.head; i >= 0; i = l.next[i] {
+	for i := l.order.Front(); i >= 0; i = l.order.Next(i) {
 		e.drop(x.holders, l.hash[i], l.owner)
 	}
 	l.dead = true

@@ -111,7 +111,7 @@ func (x *Index) Export(c Candidate) (Content, bool) {
 	l.mu.Lock()
 	if !l.dead {
 		out.Approx = make([]uint64, 0, len(l.pos))
-		for i := l.head; i >= 0; i = l.next[i] {
+		for i := l.order.Front(); i >= 0; i = l.order.Next(i) {
 			out.Approx = append(out.Approx, l.hash[i])
 		}
 	}

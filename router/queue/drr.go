@@ -70,7 +70,7 @@ func (d *drr) choose(classes []*class) (off int, rounds int64) {
 	for o := range d.ring {
 		c := classes[d.at(o)]
 		var m int64
-		if need := c.heap.es[0].cost - c.deficit; need > 0 {
+		if need := c.heap.At(0).cost - c.deficit; need > 0 {
 			m = need / c.quantum // credits needed, rounded up
 			if need%c.quantum != 0 {
 				m++

@@ -11,11 +11,12 @@
 package queue
 
 import (
-	"container/heap"
 	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/switchyard-router/switchyard/internal/heap"
 )
 
 // Errors returned by Push, wrapped with the item's id; test with errors.Is.
@@ -139,10 +140,10 @@ type Queue struct {
 	maxLen  int
 
 	index   map[string]*entry
-	due     dueHeap
-	expired []*entry // set aside by Pop or Peek, returned by the next Expire
-	live    int      // items Pop can return
-	free    []*entry // recycled entries
+	due     heap.Heap[*entry] // newDueHeap
+	expired []*entry          // set aside by Pop or Peek, returned by the next Expire
+	live    int               // items Pop can return
+	free    []*entry          // recycled entries
 
 	drr drr
 }
@@ -173,6 +174,7 @@ func New(cfg Config) (*Queue, error) {
 		aging:  int64(cfg.Aging),
 		maxLen: cfg.MaxLen,
 		index:  make(map[string]*entry),
+		due:    newDueHeap(),
 	}
 	for i, cc := range cfg.Classes {
 		name := cc.Name
@@ -200,7 +202,7 @@ func New(cfg Config) (*Queue, error) {
 		q.classes = append(q.classes, &class{
 			name:    name,
 			quantum: max(int64(cc.Weight), 1) * base,
-			heap:    classHeap{order: order},
+			heap:    newClassHeap(order),
 		})
 	}
 	if cfg.DefaultClass != "" {
@@ -261,11 +263,11 @@ func (q *Queue) Push(it *Item) error {
 	e.dueIdx = -1
 	if !it.DueAt.IsZero() {
 		e.due = it.DueAt.UnixNano()
-		heap.Push(&q.due, e)
+		q.due.Push(e)
 	}
 	c := q.classes[ci]
-	heap.Push(&c.heap, e)
-	if len(c.heap.es) == 1 {
+	c.heap.Push(e)
+	if c.heap.Len() == 1 {
 		q.drr.activate(ci)
 	}
 	q.index[e.id] = e
@@ -286,7 +288,7 @@ func (q *Queue) Pop(now time.Time) (*Item, bool) {
 	off, rounds := q.drr.choose(q.classes)
 	ci := q.drr.commit(q.classes, off, rounds)
 	c := q.classes[ci]
-	e := c.heap.es[0]
+	e := c.heap.At(0)
 	c.deficit -= e.cost
 	q.unlink(e)
 	it := e.it
@@ -303,7 +305,7 @@ func (q *Queue) Peek(now time.Time) (*Item, bool) {
 		return nil, false
 	}
 	off, _ := q.drr.choose(q.classes)
-	return q.classes[q.drr.at(off)].heap.es[0].it, true
+	return q.classes[q.drr.at(off)].heap.At(0).it, true
 }
 
 // Remove removes and returns the item with this id (a client cancel),
@@ -353,18 +355,18 @@ func (q *Queue) ClassLen(name string) int {
 	if !ok {
 		return 0
 	}
-	return len(q.classes[ci].heap.es)
+	return q.classes[ci].heap.Len()
 }
 
 // setAsideExpired moves every waiting item with DueAt <= now from its class
 // heap to q.expired, in due order.
 func (q *Queue) setAsideExpired(now time.Time) {
-	if len(q.due.es) == 0 {
+	if q.due.Len() == 0 {
 		return
 	}
 	t := now.UnixNano()
-	for len(q.due.es) > 0 && q.due.es[0].due <= t {
-		e := q.due.es[0]
+	for q.due.Len() > 0 && q.due.At(0).due <= t {
+		e := q.due.At(0)
 		q.unlink(e)
 		e.expired = true
 		q.expired = append(q.expired, e)
@@ -375,11 +377,11 @@ func (q *Queue) setAsideExpired(now time.Time) {
 // left empty leaves the round robin and loses its deficit.
 func (q *Queue) unlink(e *entry) {
 	c := q.classes[e.class]
-	heap.Remove(&c.heap, e.classIdx)
+	c.heap.Remove(e.classIdx)
 	if e.dueIdx >= 0 {
-		heap.Remove(&q.due, e.dueIdx)
+		q.due.Remove(e.dueIdx)
 	}
-	if len(c.heap.es) == 0 {
+	if c.heap.Len() == 0 {
 		c.deficit = 0
 		q.drr.deactivate(e.class)
 	}

@@ -560,8 +560,8 @@ func TestRemove(t *testing.T) {
 	if _, ok := q.Remove("nope"); ok {
 		t.Error("Remove of an unknown id succeeded")
 	}
-	if q.Len() != 3 || len(q.due.es) != 3 {
-		t.Errorf("Len %d, due index %d; want 3, 3", q.Len(), len(q.due.es))
+	if q.Len() != 3 || q.due.Len() != 3 {
+		t.Errorf("Len %d, due index %d; want 3, 3", q.Len(), q.due.Len())
 	}
 	mustPush(t, q, item("3", "", 0, 1, 3)) // the id is free again
 	if diff := cmp.Diff([]string{"1", "2", "3", "4"}, drain(q, t0)); diff != "" {

@@ -107,7 +107,7 @@ func TestPreciseBeliefAccuracy(t *testing.T) {
 	// Every event went through the precise indexes: stores and removals.
 	var st prefix.PreciseStats
 	for w := range dp.first.Len() {
-		s := dp.reps[0].r.PrefixPrecise(dp.reps[0].workers[w].ID, 0).Stats()
+		s := dp.reps[0].r.Prefix().Precise(prefix.Candidate{ID: dp.reps[0].workers[w].ID}).Stats()
 		if !s.Live || s.BlockSize != 512 {
 			t.Fatalf("worker %d precise index: %+v, want live at 512 tokens", w, s)
 		}

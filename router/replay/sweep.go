@@ -11,8 +11,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/trace"
@@ -41,7 +41,7 @@ func (fl Fleet) Disaggregated() bool { return fl.Workers == 0 }
 // SimulatedTime; the function adds what the caller owns (a Logger for the
 // plugins' logs). Its error need not name the file: the Sweep prefixes
 // the name.
-type LoadFunc func(ctx context.Context, path string, o router.LoadOptions, warnings io.Writer) (*router.Bundle, error)
+type LoadFunc func(ctx context.Context, path string, o loader.LoadOptions, warnings io.Writer) (*loader.Bundle, error)
 
 // Sweep is a replay experiment: every policy file on every fleet, in
 // every prefix mode and sync delay, each such cell run Seeds times on the
@@ -68,7 +68,7 @@ type Sweep struct {
 	// each; nil is one run with none.
 	Delays []time.Duration
 	// Seeds is the number of runs of each cell: run k adds k to every
-	// seed of the policy (router.LoadOptions.SeedOffset). 0 is 1.
+	// seed of the policy (loader.LoadOptions.SeedOffset). 0 is 1.
 	Seeds int
 	// Seed, when set, replaces every file's router.seed; a file without
 	// one is seeded with DefaultSeed, so a sweep repeats exactly.
@@ -152,7 +152,7 @@ func (s *Sweep) Run(ctx context.Context) (*SweepResult, error) {
 	if s.Fleets[0].Disaggregated() {
 		roles = []shared.Role{shared.RolePrefill, shared.RoleDecode}
 	}
-	loaded := make(map[string]*router.Bundle, len(s.Policies))
+	loaded := make(map[string]*loader.Bundle, len(s.Policies))
 	defer func() {
 		for _, b := range loaded {
 			closeBundle(b)
@@ -217,9 +217,9 @@ func (s *Sweep) check() error {
 // warnings to warnings: seeded by s.Seed, else the file's router.seed,
 // else DefaultSeed, every seed moved by offset (run k of Seeds loads with
 // offset k), with SimulatedTime set.
-func (s *Sweep) load(ctx context.Context, warnings io.Writer, path string, offset int64) (*router.Bundle, error) {
+func (s *Sweep) load(ctx context.Context, warnings io.Writer, path string, offset int64) (*loader.Bundle, error) {
 	def := int64(DefaultSeed)
-	b, err := s.Load(ctx, path, router.LoadOptions{Seed: s.Seed, DefaultSeed: &def, SeedOffset: offset, SimulatedTime: true}, warnings)
+	b, err := s.Load(ctx, path, loader.LoadOptions{Seed: s.Seed, DefaultSeed: &def, SeedOffset: offset, SimulatedTime: true}, warnings)
 	if err != nil {
 		name := path
 		if path == "" {
@@ -235,7 +235,7 @@ func (s *Sweep) load(ctx context.Context, warnings io.Writer, path string, offse
 // run takes the file's bundle from loaded when it is there (the first run
 // of each file), else loads its own; either is closed when the run ends,
 // as are the other replicas' loads of the file.
-func (s *Sweep) runOne(ctx context.Context, loaded map[string]*router.Bundle, path string,
+func (s *Sweep) runOne(ctx context.Context, loaded map[string]*loader.Bundle, path string,
 	mode PrefixMode, fl Fleet, k int, delay time.Duration) (*report.Report, error) {
 	b, ok := loaded[path]
 	if ok && k == 0 {
@@ -252,7 +252,7 @@ func (s *Sweep) runOne(ctx context.Context, loaded map[string]*router.Bundle, pa
 	if err != nil {
 		return nil, err
 	}
-	var more []*router.Bundle // the other replicas' loads of the file
+	var more []*loader.Bundle // the other replicas' loads of the file
 	defer func() {
 		for _, b := range more {
 			closeBundle(b)
@@ -289,7 +289,7 @@ func (s *Sweep) runOne(ctx context.Context, loaded map[string]*router.Bundle, pa
 
 // options are the Options of one run of policy file path, loaded as b, in
 // prefix mode on fleet fl.
-func (s *Sweep) options(b *router.Bundle, path string, mode PrefixMode, fl Fleet) (Options, error) {
+func (s *Sweep) options(b *loader.Bundle, path string, mode PrefixMode, fl Fleet) (Options, error) {
 	opts := Options{
 		PolicyName:     PolicyName(path),
 		Roles:          b.Roles(),
@@ -349,7 +349,7 @@ func runLabel(path string, mode PrefixMode, fl Fleet, fleets, k, seeds int) stri
 // queue has a zero Range), so that a file without one replays exactly as
 // before, and the classifier's factory when the file has a
 // request_classifier.
-func bundleAdmission(b *router.Bundle) (config.Queue, shared.ClassifierFactory, error) {
+func bundleAdmission(b *loader.Bundle) (config.Queue, shared.ClassifierFactory, error) {
 	var q config.Queue
 	if bq := b.Queue(); bq.Range.Filename != "" {
 		q = bq
@@ -373,7 +373,7 @@ func PolicyName(path string) string {
 // given, which is what happens when the file's worker_selection does not
 // set the role: replaying round-robin.hcl disaggregated would otherwise
 // silently compare the default policy.
-func warnDefaultRoles(w io.Writer, path string, b *router.Bundle, roles []shared.Role) {
+func warnDefaultRoles(w io.Writer, path string, b *loader.Bundle, roles []shared.Role) {
 	var fell []string
 	for _, role := range roles {
 		if b.PolicyName(role) == config.DefaultPolicyName {
@@ -393,14 +393,14 @@ func warnDefaultRoles(w io.Writer, path string, b *router.Bundle, roles []shared
 }
 
 // closeBundle closes b, stopping its plugins, bounded by closeTimeout.
-func closeBundle(b *router.Bundle) {
+func closeBundle(b *loader.Bundle) {
 	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
 	defer cancel()
 	_ = b.Close(ctx)
 }
 
 // pluginRestarts sums the restarts of b's plugins.
-func pluginRestarts(b *router.Bundle) int64 {
+func pluginRestarts(b *loader.Bundle) int64 {
 	var n int64
 	for _, p := range b.Plugins() {
 		n += p.Stats.Restarts
@@ -417,10 +417,10 @@ const settleTimeout = 5 * time.Second
 // part way through is often still in its restart backoff when the last
 // request is decided; waiting lets the report count the restart the
 // failure set off rather than race it.
-func settlePlugins(ctx context.Context, b *router.Bundle) {
+func settlePlugins(ctx context.Context, b *loader.Bundle) {
 	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
 	defer cancel()
-	for slices.ContainsFunc(b.Plugins(), func(p router.PluginState) bool { return p.Status == supervisor.StatusRestarting }) {
+	for slices.ContainsFunc(b.Plugins(), func(p loader.PluginState) bool { return p.Status == supervisor.StatusRestarting }) {
 		select {
 		case <-ctx.Done():
 			return

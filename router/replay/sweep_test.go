@@ -15,8 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
@@ -35,8 +35,8 @@ var errNotLoaded = errors.New("policy file has errors")
 
 // sweepLoad is a Sweep's Load as router replay's: router.LoadBundle, the
 // diagnostics formatted on warnings.
-func sweepLoad(ctx context.Context, path string, o router.LoadOptions, warnings io.Writer) (*router.Bundle, error) {
-	b, diags := router.LoadBundle(ctx, path, o)
+func sweepLoad(ctx context.Context, path string, o loader.LoadOptions, warnings io.Writer) (*loader.Bundle, error) {
+	b, diags := loader.LoadBundle(ctx, path, o)
 	if len(diags) > 0 {
 		fmt.Fprint(warnings, config.FormatDiagnostics(diags))
 	}

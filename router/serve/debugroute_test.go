@@ -144,7 +144,7 @@ func TestDaemonDebugRoute(t *testing.T) {
 				v.index[w.Name] = *r.PrefixIndexBlocks
 			}
 			id := workers.ID(w.Name)
-			v.approx[w.Name] = rd.d.r.PrefixBlocks(id, 0)
+			v.approx[w.Name] = rd.d.r.Prefix().Len(prefix.Candidate{ID: id})
 			if p, _, ok := rd.d.kvs.rankStatus(candidateOf(id)); ok {
 				v.precise[w.Name] = p.Stats().Blocks
 			}

@@ -17,7 +17,7 @@
 // flags: it loads the policy file, builds the Router and the workers'
 // Manager, watches the workers file, reloads on SIGHUP (and on change),
 // and runs the Server until its context ends. Reloader is its reload
-// loop: SIGHUP and the policy file's watch, each a router.Router.Reload.
+// loop: SIGHUP and the policy file's watch, each a loader.Reloader.Reload.
 //
 // Endpoints:
 //

@@ -21,6 +21,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
@@ -433,7 +434,7 @@ func (s *Server) observeSelection(policy string, role shared.Role, d time.Durati
 		return
 	}
 	if policy == "" {
-		if b := s.r.Bundle(); b != nil {
+		if b := loader.Current(s.r); b != nil {
 			policy = b.PolicyName(role)
 		}
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/cluster"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/router/upstream"
@@ -611,10 +612,10 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 // readiness is the current Readiness.
 func (s *Server) readiness() Readiness {
 	a := Readiness{Policy: PolicyReadiness{State: "loaded"}, Plugins: []PluginReadiness{}, Workers: []WorkerReadiness{}}
-	b := s.r.Bundle()
-	if b == nil {
+	rb := s.r.Bundle()
+	if rb == nil {
 		a.Policy.State = "router closed"
-	} else {
+	} else if b := loader.Of(rb); b != nil {
 		a.Policy.File = b.Filename()
 		for _, p := range b.Plugins() {
 			pr := PluginReadiness{Name: p.Name, State: "up", Status: p.Status.String()}
@@ -649,7 +650,7 @@ func (s *Server) readiness() Readiness {
 		a.Workers = append(a.Workers, wr)
 	}
 	switch {
-	case b == nil:
+	case rb == nil:
 		a.Reason = "router closed"
 	case !anyReady && len(a.Workers) == 0:
 		a.Reason = "no worker ready: none is configured"

@@ -1,6 +1,10 @@
 package sim
 
-import "time"
+import (
+	"time"
+
+	"github.com/switchyard-router/switchyard/internal/ilist"
+)
 
 // kvCache is the worker's paged KV store at the granularity of prefix
 // groups: one node per chained prefix hash (a Request's PrefixBlockTokens-
@@ -34,8 +38,7 @@ type kvCache struct {
 	lruPrivate int
 	nodes      []node
 	freeNodes  []int32
-	head       int32 // LRU head (next to evict); -1 when empty
-	tail       int32
+	lru        ilist.List       // the nodes with refs 0, front next to evict
 	index      map[uint64]int32 // chained prefix hash → node
 	evicted    int64            // cached engine blocks evicted
 
@@ -58,18 +61,14 @@ type node struct {
 	key     uint64
 	blocks  int32 // engine blocks cached (a prefix j = 0..blocks-1), or the run length
 	refs    int32 // running requests referencing the node
-	prev    int32
-	next    int32
-	inLRU   bool
-	private bool // an anonymous run of freed uncached blocks
+	inLRU   bool  // on kvCache.lru
+	private bool  // an anonymous run of freed uncached blocks
 }
 
 func newKVCache(total int) *kvCache {
 	return &kvCache{
 		total:     total,
 		freePlain: total,
-		head:      -1,
-		tail:      -1,
 		index:     make(map[uint64]int32),
 	}
 }
@@ -95,29 +94,15 @@ func (c *kvCache) releaseNode(i int32) {
 
 func (c *kvCache) pushTail(i int32) {
 	n := &c.nodes[i]
-	n.inLRU, n.prev, n.next = true, c.tail, -1
-	if c.tail >= 0 {
-		c.nodes[c.tail].next = i
-	} else {
-		c.head = i
-	}
-	c.tail = i
+	n.inLRU = true
+	c.lru.PushBack(i)
 	c.lruBlocks += int(n.blocks)
 }
 
 func (c *kvCache) unlink(i int32) {
 	n := &c.nodes[i]
-	if n.prev >= 0 {
-		c.nodes[n.prev].next = n.next
-	} else {
-		c.head = n.next
-	}
-	if n.next >= 0 {
-		c.nodes[n.next].prev = n.prev
-	} else {
-		c.tail = n.prev
-	}
-	n.inLRU, n.prev, n.next = false, -1, -1
+	n.inLRU = false
+	c.lru.Remove(i)
 	c.lruBlocks -= int(n.blocks)
 }
 
@@ -129,7 +114,7 @@ func (c *kvCache) take(n int) {
 	c.freePlain -= x
 	n -= x
 	for n > 0 {
-		i := c.head
+		i := c.lru.Front()
 		nd := &c.nodes[i]
 		x := min(n, int(nd.blocks))
 		nd.blocks -= int32(x)
@@ -169,13 +154,13 @@ func (c *kvCache) freePrivate(n int) {
 		return
 	}
 	c.lruPrivate += n
-	if c.tail >= 0 && c.nodes[c.tail].private {
-		c.nodes[c.tail].blocks += int32(n)
+	if t := c.lru.Back(); t >= 0 && c.nodes[t].private {
+		c.nodes[t].blocks += int32(n)
 		c.lruBlocks += n
 		return
 	}
 	i := c.newNode()
-	c.nodes[i] = node{blocks: int32(n), private: true, prev: -1, next: -1}
+	c.nodes[i] = node{blocks: int32(n), private: true}
 	c.pushTail(i)
 }
 
@@ -209,7 +194,7 @@ func (c *kvCache) unref(i int32) {
 // (with copies, the node is indexed once its block is cached: indexAdd).
 func (c *kvCache) create(key uint64) int32 {
 	i := c.newNode()
-	c.nodes[i] = node{key: key, refs: 1, prev: -1, next: -1}
+	c.nodes[i] = node{key: key, refs: 1}
 	if !c.copies {
 		c.index[key] = i
 	}

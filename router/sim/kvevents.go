@@ -84,7 +84,7 @@ func (w *Worker) ClearPrefixCache() bool {
 		return false
 	}
 	c := w.kv
-	for i := c.head; i >= 0; i = c.nodes[i].next {
+	for i := c.lru.Front(); i >= 0; i = c.lru.Next(i) {
 		if nd := &c.nodes[i]; !nd.private {
 			delete(c.index, nd.key)
 			nd.private, nd.key = true, 0

@@ -18,9 +18,9 @@ func (w *Worker) checkInvariants() error {
 	kv := w.kv
 	lru, priv := 0, 0
 	prev := int32(-1)
-	for i := kv.head; i >= 0; i = kv.nodes[i].next {
+	for i := kv.lru.Front(); i >= 0; i = kv.lru.Next(i) {
 		n := kv.nodes[i]
-		if !n.inLRU || n.refs != 0 || n.prev != prev || n.blocks <= 0 {
+		if !n.inLRU || n.refs != 0 || kv.lru.Prev(i) != prev || n.blocks <= 0 {
 			return fmt.Errorf("bad LRU node %d: %+v", i, n)
 		}
 		lru += int(n.blocks)
@@ -29,7 +29,7 @@ func (w *Worker) checkInvariants() error {
 		}
 		prev = i
 	}
-	if prev != kv.tail || lru != kv.lruBlocks || priv != kv.lruPrivate {
+	if prev != kv.lru.Back() || lru != kv.lruBlocks || priv != kv.lruPrivate {
 		return fmt.Errorf("LRU sums %d/%d private %d/%d", lru, kv.lruBlocks, priv, kv.lruPrivate)
 	}
 	pinned := 0

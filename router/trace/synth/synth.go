@@ -49,7 +49,6 @@ package synth
 
 import (
 	"bufio"
-	"container/heap"
 	"errors"
 	"fmt"
 	"io"
@@ -58,6 +57,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/heap"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
@@ -335,8 +335,8 @@ func Generate(p Params, emit func(Request) error) (Summary, error) {
 	)
 	sum.SystemPromptIDs = g.systemIDs
 	flush := func(until int64) error {
-		for len(g.pending) > 0 && g.pending[0].at <= until && sum.Requests < p.Requests {
-			t := heap.Pop(&g.pending).(*turn)
+		for g.pending.Len() > 0 && g.pending.At(0).at <= until && sum.Requests < p.Requests {
+			t := g.pending.Pop()
 			r := t.req
 			r.Arrival = time.Duration(t.at/1000) * time.Millisecond
 			if r.Turn == 0 {
@@ -430,12 +430,12 @@ type generator struct {
 	burst          bool
 	bursts         []Interval
 
-	sessions int // sessions started
-	pending  turnHeap
+	sessions int              // sessions started
+	pending  heap.Heap[*turn] // by turnLess
 }
 
 func newGenerator(p Params) *generator {
-	g := &generator{p: p, rng: rand.New(rand.NewPCG(p.Seed, pcgStream))}
+	g := &generator{p: p, rng: rand.New(rand.NewPCG(p.Seed, pcgStream)), pending: heap.New(turnLess)}
 	var total float64
 	for i, n := range p.SystemPromptTokens {
 		ids := make([]uint64, n/blockTokens)
@@ -540,7 +540,7 @@ func (g *generator) push(s *session, at int64, t, prompt int, carried []uint64) 
 		ids[k] = g.newID()
 	}
 	out := g.lognormal(g.p.OutputTokensMedian, g.p.OutputTokensSigma, g.p.MaxOutputTokens)
-	heap.Push(&g.pending, &turn{at: at, s: s, req: Request{
+	g.pending.Push(&turn{at: at, s: s, req: Request{
 		InputLength: prompt, OutputLength: out, HashIDs: ids,
 		Session: s.index, SessionID: s.id, Turn: t, SystemPrompt: s.systemPrompt,
 	}})
@@ -572,12 +572,9 @@ type turn struct {
 	req Request
 }
 
-// turnHeap orders turns by arrival, then session, then turn.
-type turnHeap []*turn
-
-func (h turnHeap) Len() int { return len(h) }
-func (h turnHeap) Less(i, j int) bool {
-	a, b := h[i], h[j]
+// turnLess orders turns by arrival, then session, then turn: a total
+// order, so the trace does not depend on the heap's tie-breaking.
+func turnLess(a, b *turn) bool {
 	if a.at != b.at {
 		return a.at < b.at
 	}
@@ -585,13 +582,4 @@ func (h turnHeap) Less(i, j int) bool {
 		return a.req.Session < b.req.Session
 	}
 	return a.req.Turn < b.req.Turn
-}
-func (h turnHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
-func (h *turnHeap) Push(x any)   { *h = append(*h, x.(*turn)) }
-func (h *turnHeap) Pop() any {
-	old := *h
-	t := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
-	return t
 }
