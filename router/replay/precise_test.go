@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/trace"
@@ -24,7 +25,7 @@ func smallKV() sim.Config {
 	return cfg
 }
 
-func runPrefix(t testing.TB, recs []trace.Record, workers int, cfg sim.Config, mode PrefixMode, delay time.Duration, perReq *bytes.Buffer) (*Report, *driver) {
+func runPrefix(t testing.TB, recs []trace.Record, workers int, cfg sim.Config, mode PrefixMode, delay time.Duration, perReq *bytes.Buffer) (*report.Report, *driver) {
 	t.Helper()
 	b := loadPolicy(t, seededKVCost)
 	o := Options{PolicyName: "default", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs, Workers: workers,
@@ -62,7 +63,7 @@ func TestPreciseBeliefAccuracy(t *testing.T) {
 	var lines bytes.Buffer
 	precise, dp := runPrefix(t, recs, 16, smallKV(), PrefixPrecise, 0, &lines)
 	for _, c := range []struct {
-		rep *Report
+		rep *report.Report
 		d   *driver
 	}{{approx, da}, {precise, dp}} {
 		// 19 prompts are longer than a worker's whole cache: rejected.
