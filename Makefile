@@ -38,7 +38,7 @@ python-deps:
 	scripts/apt-install.sh $(PYTHON_DEBS)
 
 ## browser-deps: Debian's chromium, for the HTML report's browser test
-## (router/replay/htmlreport; screenshots go to SWITCHYARD_ARTIFACTS when set)
+## (router/replay/report/htmlreport; screenshots go to SWITCHYARD_ARTIFACTS when set)
 browser-deps:
 	scripts/apt-install.sh chromium
 

@@ -30,7 +30,7 @@ func TestAlternatesRankByCost(t *testing.T) {
 	ctx := context.Background()
 	prompt := func() *shared.Request { return request(40, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10) }
 	// Prime worker 3 with the prefix, then load 1 and 2.
-	primer, err := r.Place(ctx, prompt(), Placement{Target: 3, HasTarget: true, TargetOnly: true})
+	primer, err := r.Bind(ctx, prompt(), Binding{Worker: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestAlternatesHosted(t *testing.T) {
 
 	r = newRouter(t, mustPolicy(t, "ll", nil, builtin.NewLeastLoaded(shared.Params{builtin.ParamSeed: int64(1)})), 4)
 	if !r.Hosted(shared.RoleAggregated) {
-		t.Skip("least-loaded does not run hosted")
+		t.Fatal("least-loaded should run hosted (it declares only ACTIVE_REQUESTS)")
 	}
 	for _, id := range []shared.WorkerID{1, 1, 1, 2, 2, 4} {
 		if _, err := r.Place(ctx, request(8, uint64(id)), Placement{Target: id, HasTarget: true}); err != nil {
@@ -105,16 +105,17 @@ func TestAlternatesHosted(t *testing.T) {
 	}
 }
 
-// TestTargetOnly: a binding target that is not a candidate fails instead
-// of running the policy.
-func TestTargetOnly(t *testing.T) {
+// TestBind: a bound worker that is not a member fails instead of running
+// the policy; an advisory target that is not a candidate lets the policy
+// decide.
+func TestBind(t *testing.T) {
 	r := newRouter(t, mustPolicy(t, "rr", nil, builtin.NewRoundRobin()), 2)
 	ctx := context.Background()
-	d, err := r.Place(ctx, request(8, 1), Placement{Target: 2, HasTarget: true, TargetOnly: true})
+	d, err := r.Bind(ctx, request(8, 1), Binding{Worker: 2})
 	if err != nil || d.Worker.ID != 2 || !d.Target {
 		t.Fatalf("target 2: %+v, %v", d.Worker, err)
 	}
-	if _, err := r.Place(ctx, request(8, 1), Placement{Target: 9, HasTarget: true, TargetOnly: true}); !errors.Is(err, ErrAllExcluded) {
+	if _, err := r.Bind(ctx, request(8, 1), Binding{Worker: 9}); !errors.Is(err, ErrAllExcluded) {
 		t.Fatalf("absent binding target: %v, want ErrAllExcluded", err)
 	}
 	if d, err := r.Place(ctx, request(8, 1), Placement{Target: 9, HasTarget: true}); err != nil || d.Target {
@@ -134,19 +135,19 @@ func TestTargetRank(t *testing.T) {
 	}
 	ctx := context.Background()
 	for _, rank := range []uint32{2, 0, 3} {
-		d, err := r.Place(ctx, request(8, 1), Placement{Target: 7, HasTarget: true, TargetRank: rank, HasTargetRank: true, TargetOnly: true})
+		d, err := r.Bind(ctx, request(8, 1), Binding{Worker: 7, Rank: rank, HasRank: true})
 		if err != nil || d.Worker.ID != 7 || d.Worker.DPRank != rank {
 			t.Fatalf("target 7 rank %d: %+v, %v", rank, d.Worker, err)
 		}
 		d.Booking.Release()
 	}
-	if d, err := r.Place(ctx, request(8, 1), Placement{Target: 7, HasTarget: true, TargetOnly: true}); err != nil || d.Worker.DPRank != 0 {
+	if d, err := r.Bind(ctx, request(8, 1), Binding{Worker: 7}); err != nil || d.Worker.DPRank != 0 {
 		t.Fatalf("target 7 without a rank: %+v, %v; want rank 0", d.Worker, err)
 	}
-	if _, err := r.Place(ctx, request(8, 1), Placement{Target: 7, HasTarget: true, TargetRank: 4, HasTargetRank: true, TargetOnly: true}); !errors.Is(err, ErrAllExcluded) {
+	if _, err := r.Bind(ctx, request(8, 1), Binding{Worker: 7, Rank: 4, HasRank: true}); !errors.Is(err, ErrAllExcluded) {
 		t.Fatalf("rank 4 of a 4-rank worker: %v, want ErrAllExcluded", err)
 	}
-	if d, err := r.Place(ctx, request(8, 1), Placement{Target: 1, HasTarget: true, TargetRank: 0, HasTargetRank: true, TargetOnly: true}); err != nil || d.Worker.ID != 1 {
+	if d, err := r.Bind(ctx, request(8, 1), Binding{Worker: 1, Rank: 0, HasRank: true}); err != nil || d.Worker.ID != 1 {
 		t.Fatalf("rank 0 of a worker without ranks: %+v, %v", d.Worker, err)
 	}
 }
@@ -158,14 +159,14 @@ func TestTargetRank(t *testing.T) {
 // count as held: they did, and a target booking charged no prefill.
 func TestTargetBooksUncachedPromptInPreciseMode(t *testing.T) {
 	r := newRouter(t, mustPolicy(t, "rr", nil, builtin.NewRoundRobin()), 2)
-	p := r.PrefixPrecise(2, 0)
+	p := r.Prefix().Precise(prefix.Candidate{ID: 2})
 	p.KeyByEngineHashes()
 	p.MarkLive()
 	// The engine's first event (of another prompt) sets its block size.
 	p.Apply(&kvevents.Batch{Events: []kvevents.Event{{Kind: kvevents.BlockStored, BlockHashes: prefix.ChainHashes(nil, []uint64{99}), BlockSize: 4}}})
 	req := request(8, 1, 2)
 	req.Prompt = &prefix.HashKey{Hashes: req.BlockHashes, BlockSize: 4}
-	d, err := r.Place(context.Background(), req, Placement{Target: 2, HasTarget: true, TargetOnly: true})
+	d, err := r.Bind(context.Background(), req, Binding{Worker: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,7 @@ func sixteenTokenRouter(t *testing.T) *Router {
 // refused the request with ErrBlockSize: 16 is not the router's 512.)
 func TestPlaceAtTheRequestsBlockSize(t *testing.T) {
 	r := sixteenTokenRouter(t)
-	p := r.PrefixPrecise(2, 0)
+	p := r.Prefix().Precise(prefix.Candidate{ID: 2})
 	p.MarkLive()
 	ids := seq(300)
 	hashes := make([]uint64, 13)
@@ -110,7 +110,7 @@ func TestBlockSizesAreSeparateChains(t *testing.T) {
 		t.Errorf("first request at 512: overlap %d, want 0", d.OverlapBlocks)
 	}
 	d.Booking.Release()
-	if n := r.PrefixBlocks(1, 0); n != 68+2 {
+	if n := r.Prefix().Len(prefix.Candidate{ID: 1}); n != 68+2 {
 		t.Errorf("worker 1's approximate list holds %d blocks, want 68 + 2", n)
 	}
 }

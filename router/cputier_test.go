@@ -71,7 +71,7 @@ func cpuTierRouter(t *testing.T, params shared.Params, ids []int64) (*Router, *c
 		if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(id), Role: shared.RoleAggregated, TotalKVBlocks: 1000, EngineBlockSize: 16}); err != nil {
 			t.Fatal(err)
 		}
-		p := r.PrefixPrecise(shared.WorkerID(id), 0)
+		p := r.Prefix().Precise(prefix.Candidate{ID: shared.WorkerID(id)})
 		p.MarkLive()
 		var evs []kvevents.Event
 		switch id {
@@ -170,7 +170,7 @@ func TestCPUTierColumnAtRequestBlockSize(t *testing.T) {
 	if _, err := r.AddWorker(fleet.Spec{ID: 1, Role: shared.RoleAggregated, TotalKVBlocks: 1000, EngineBlockSize: 16}); err != nil {
 		t.Fatal(err)
 	}
-	p := r.PrefixPrecise(1, 0)
+	p := r.Prefix().Precise(prefix.Candidate{ID: 1})
 	p.MarkLive()
 	hashes := make([]uint64, 15)
 	for i := range hashes {

@@ -131,7 +131,7 @@ func (r *Router) Explain(ctx context.Context, req *shared.Request, pl Placement)
 			return ex
 		}
 	}
-	if pl.Capacity > 0 && !pl.Overbook {
+	if pl.Capacity > 0 {
 		kept := underCapacity(part, pl.Capacity)
 		markExcluded(&ex, kept, "capacity")
 		if part = kept; part == nil {
@@ -140,13 +140,9 @@ func (r *Router) Explain(ctx context.Context, req *shared.Request, pl Placement)
 		}
 	}
 	if pl.HasTarget {
-		if i, ok := targetRow(part, pl); ok {
+		if i, ok := targetRow(part, pl.Target, 0, false); ok {
 			ex.Policy, ex.Target = "target", true
 			r.explainChosen(&ex, req, part.Workers[i], -1)
-			return ex
-		}
-		if pl.TargetOnly {
-			ex.Err = fmt.Errorf("role %s, worker %d: %w", req.Role, pl.Target, ErrAllExcluded)
 			return ex
 		}
 	}

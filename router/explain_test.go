@@ -24,7 +24,7 @@ func stateOf(r *Router) fleetState {
 	s := fleetState{loads: map[shared.WorkerID]shared.Load{}, index: map[shared.WorkerID]int{}, fallbacks: r.Fallbacks()}
 	for _, w := range r.Workers("", shared.RoleAggregated) {
 		s.loads[w.ID] = w.Load(true)
-		s.index[w.ID] = r.PrefixBlocks(w.ID, w.DPRank)
+		s.index[w.ID] = r.Prefix().Len(prefix.Candidate{ID: w.ID, Rank: w.DPRank})
 	}
 	return s
 }
@@ -186,7 +186,7 @@ func TestExplainErrorsAndFallback(t *testing.T) {
 // 4 on CPU; worker 2 has no precise index.
 func TestExplainPreciseBelief(t *testing.T) {
 	r := newRouter(t, kvPolicy(t), 2)
-	p := r.PrefixPrecise(1, 0)
+	p := r.Prefix().Precise(prefix.Candidate{ID: 1})
 	p.MarkLive()
 	ids := make([]int64, 12)
 	for i := range ids {

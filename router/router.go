@@ -7,9 +7,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"time"
 
-	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/switchyard-router/switchyard/hosted"
@@ -33,23 +31,18 @@ type Options struct {
 	// change (replay). A role without a policy cannot be selected for
 	// (ErrNoPolicy). Set Roles or Bundle, not both.
 	Roles map[shared.Role]*policy.Policy
-	// Bundle is the initial bundle of a Router whose policies are reloaded
-	// (Apply, Reload): typically LoadBundle's. The Router owns it once New
-	// succeeded and closes it when it is swapped out by Reload or the
-	// Router closes; when New fails it is still the caller's to close.
+	// Bundle is the initial bundle of a Router whose policies are swapped
+	// (Apply): typically a loaded policy file's (router/loader). The Router
+	// owns it once New succeeded and closes it when the Router closes
+	// (a bundle Apply swaps out is the caller's to close); when New fails
+	// it is still the caller's to close.
 	Bundle *Bundle
 	// BookingsAreLoad marks LOAD as available from the router's own bookings
 	// alone, without engine metrics: true for simulated workers, whose only
 	// load is what the router sent them.
 	BookingsAreLoad bool
 
-	// Load adjusts the loads Reload makes. Its Logger defaults to Logger.
-	Load LoadOptions
-	// Logger receives reload outcomes (failures with their diagnostics,
-	// warnings, drain problems); nil discards them.
-	Logger hclog.Logger
 	// Registerer, when set, gets the router's metrics:
-	// switchyard_policy_reloads_total{result="success"|"failure"},
 	// switchyard_shadow_decisions_total{role,policy,shadow,result} and
 	// switchyard_shadow_decision_seconds{role,shadow}. nil means no
 	// metrics.
@@ -57,16 +50,7 @@ type Options struct {
 	// Shadow sets how the policies' shadows run (serve: asynchronously;
 	// replay: Inline). Without a shadow in any policy it has no effect.
 	Shadow ShadowOptions
-	// DrainTimeout bounds how long Reload waits for the decisions in
-	// flight on the old bundle before stopping its plugins
-	// (DefaultDrainTimeout).
-	DrainTimeout time.Duration
 }
-
-// DefaultDrainTimeout bounds the drain of a swapped-out bundle. Decisions
-// in flight are bounded by their plugins' call_timeout (then the fallback
-// decides), so a drain normally takes microseconds to milliseconds.
-const DefaultDrainTimeout = 2 * time.Second
 
 // Selection errors of the Router itself.
 var (
@@ -99,11 +83,6 @@ type Router struct {
 	scratch   sync.Pool // *pipeline.Scratch
 	fallbacks atomic.Int64
 
-	log          hclog.Logger
-	loadOpts     LoadOptions
-	drainTimeout time.Duration
-	reloads      *prometheus.CounterVec // nil without a Registerer
-
 	shadow         ShadowOptions
 	shadowMetrics  *shadowMetrics // nil without a Registerer
 	shadowJobs     sync.Pool      // *shadowJob
@@ -113,10 +92,9 @@ type Router struct {
 	shadowStop     context.CancelFunc
 	shadowClosed   atomic.Bool // set by Close: no asynchronous shadow starts
 
-	// swapMu serialises Apply and Close; reloadMu serialises Reload.
-	swapMu   sync.Mutex
-	closed   bool
-	reloadMu sync.Mutex
+	// swapMu serialises Apply and Close.
+	swapMu sync.Mutex
+	closed bool
 }
 
 // rolePolicy is a policy with its hosted form or its compiled pipeline
@@ -188,20 +166,11 @@ func New(o Options) (*Router, error) {
 	var override int
 	if b == nil {
 		var err error
-		if b, err = NewBundle(o.Roles); err != nil {
+		if b, err = NewBundle(o.Roles, BundleOptions{}); err != nil {
 			return nil, err
 		}
 	} else if override = b.BlockSizeOverride(); override != 0 && override != o.BlockSize {
 		return nil, fmt.Errorf("router: %w: bundle %d, router %d", ErrBlockSize, override, o.BlockSize)
-	}
-	if o.Logger == nil {
-		o.Logger = hclog.NewNullLogger()
-	}
-	if o.Load.Logger == nil {
-		o.Load.Logger = o.Logger
-	}
-	if o.DrainTimeout <= 0 {
-		o.DrainTimeout = DefaultDrainTimeout
 	}
 	if o.Shadow.MaxInFlight <= 0 {
 		o.Shadow.MaxInFlight = DefaultShadowInFlight
@@ -212,16 +181,10 @@ func New(o Options) (*Router, error) {
 		bookingsAreLoad: o.BookingsAreLoad,
 		fleet:           fleet.New(),
 		index:           prefix.New(o.BlockSize),
-		log:             o.Logger,
-		loadOpts:        o.Load,
-		drainTimeout:    o.DrainTimeout,
 		shadow:          o.Shadow,
 	}
 	if o.Registerer != nil {
 		var err error
-		if r.reloads, err = registerReloads(o.Registerer); err != nil {
-			return nil, fmt.Errorf("router: metrics: %w", err)
-		}
 		if r.shadowMetrics, err = registerShadow(o.Registerer); err != nil {
 			return nil, fmt.Errorf("router: metrics: %w", err)
 		}
@@ -275,12 +238,12 @@ func (r *Router) PartitionInfos(model string, role shared.Role) []shared.WorkerI
 	return nil
 }
 
-// ClassifierFactory is the current bundle's request classifier (its
-// policy file's request_classifier block); nil without one or once the
-// Router is closed.
+// ClassifierFactory is the current bundle's request classifier
+// (BundleOptions.Classifier: its policy file's request_classifier block);
+// nil without one or once the Router is closed.
 func (r *Router) ClassifierFactory() shared.ClassifierFactory {
-	if b := r.cur.Load(); b != nil && b.file != nil && b.file.Classifier != nil {
-		if f, ok := b.file.Classifier.Instance.(shared.ClassifierFactory); ok {
+	if b := r.cur.Load(); b != nil {
+		if f, ok := b.o.Classifier.(shared.ClassifierFactory); ok {
 			return f
 		}
 	}
@@ -345,18 +308,19 @@ func (r *Router) acquire() (*Bundle, int) {
 
 // Apply makes b the bundle new selections decide with and returns the one
 // it replaces, which stays usable by the selections already deciding with
-// it. The caller drains and stops old with old.Close (Reload does all of
-// this). b must be ready (LoadBundle succeeded), not applied before, and
-// set router.block_size as the Router's file did, or leave it unset as
-// that one did (BlockSizeOverride: the keys of every model and the
-// workers' capacities are in the override's blocks when it is set, in
-// their engines' otherwise, so changing it needs a restart). Errors:
-// ErrClosed, ErrBundleInUse, ErrBlockSize.
+// it. The caller drains and stops old with old.Close (router/loader's
+// Reloader does all of this). b must not have been applied before and, when
+// it comes from a policy file (BlockSize > 0), set router.block_size as
+// the Router's file did, or leave it unset as that one did
+// (BlockSizeOverride: the keys of every model and the workers' capacities
+// are in the override's blocks when it is set, in their engines'
+// otherwise, so changing it needs a restart). Errors: ErrClosed,
+// ErrBundleInUse, ErrBlockSize.
 func (r *Router) Apply(b *Bundle) (old *Bundle, err error) {
 	if b == nil {
 		return nil, errors.New("router: Apply: nil bundle")
 	}
-	if b.file != nil && b.BlockSizeOverride() != r.override {
+	if b.BlockSize() != 0 && b.BlockSizeOverride() != r.override {
 		return nil, fmt.Errorf("router: %w: bundle %d, router %d", ErrBlockSize, b.BlockSizeOverride(), r.override)
 	}
 	r.swapMu.Lock()
@@ -458,76 +422,16 @@ func (r *Router) RemoveWorker(id shared.WorkerID, rank uint32) error {
 	return nil
 }
 
-// PrefixPrecise puts the member (id, rank) in precise prefix mode and
-// returns its precise index, the kvevents.Sink its engine's KV event
-// subscriber feeds; nil when it is not a member. The index outlives the
-// membership (the member leaving and rejoining keeps it, fed all along)
-// until PrefixDropPrecise.
-func (r *Router) PrefixPrecise(id shared.WorkerID, rank uint32) *prefix.Precise {
-	return r.index.Precise(prefix.Candidate{ID: id, Rank: rank})
-}
-
-// PrefixDropPrecise ends (id, rank)'s precise index: it is scored
-// approximately from then on (prefix.Index.DropPrecise).
-func (r *Router) PrefixDropPrecise(id shared.WorkerID, rank uint32) {
-	r.index.DropPrecise(prefix.Candidate{ID: id, Rank: rank})
-}
-
-// PrefixBlocks is the router blocks in the member's approximate prefix
-// index (its precise index's size is in PrefixPrecise(...).Stats()).
-func (r *Router) PrefixBlocks(id shared.WorkerID, rank uint32) int {
-	return r.index.Len(prefix.Candidate{ID: id, Rank: rank})
-}
-
-// WorkerPrefix is one member's prefix index content, by worker name and
-// data-parallel rank: what a replica's snapshot of the index carries
-// (router/cluster), since worker ids differ from router to router.
-type WorkerPrefix struct {
-	Worker string
-	Rank   uint32
-	prefix.Content
-}
-
-// PrefixExport returns every member's prefix index content (of every role
-// and model), by worker name and rank, in ascending (id, rank) order per
-// role. Linear in what the index holds; routing goes on meanwhile, each
-// member's lists locked only while they are copied (prefix.Index.Export).
-func (r *Router) PrefixExport() []WorkerPrefix {
-	snap := r.fleet.Snapshot()
-	var out []WorkerPrefix
-	for _, role := range []shared.Role{shared.RoleAggregated, shared.RolePrefill, shared.RoleDecode} {
-		p := snap.Partition(role)
-		if p == nil {
-			continue
-		}
-		for _, w := range p.Workers {
-			if c, ok := r.index.Export(prefix.Candidate{ID: w.ID, Rank: w.DPRank}); ok {
-				out = append(out, WorkerPrefix{Worker: w.Name, Rank: w.DPRank, Content: c})
-			}
-		}
-	}
-	return out
-}
-
-// PrefixRecord notes in member (id, rank)'s approximate list that it was
-// sent a prompt of these chained block hashes (prefix.Index.Record),
-// without booking anything: a replica relearning what an earlier run of
-// itself sent (router/cluster). The hashes are at blockSize tokens, any
-// positive size (hashes of different sizes are different chains);
-// records without a positive size, and unknown members, are ignored.
-func (r *Router) PrefixRecord(id shared.WorkerID, rank uint32, blockSize int, hashes []uint64) {
-	if blockSize > 0 {
-		r.index.Record(prefix.Candidate{ID: id, Rank: rank}, hashes)
-	}
-}
-
-// PrefixImport puts exported content on member (id, rank) as
-// prefix.Index.Import does: ok is false when it is not a member or the
-// content is malformed; precise reports its precise index took the
-// content's.
-func (r *Router) PrefixImport(id shared.WorkerID, rank uint32, c prefix.Content) (ok, precise bool) {
-	return r.index.Import(prefix.Candidate{ID: id, Rank: rank}, c)
-}
+// Prefix is the Router's prefix index, of every worker the Router
+// holds, keyed by prefix.Candidate{ID, Rank}: for a member's precise
+// index (Precise, the kvevents.Sink its engine's KV event subscriber
+// feeds; DropPrecise), its size (Len), and to copy its content between
+// replicas (Export, Import, Record; router/cluster). Membership is the
+// Router's: add and remove workers with AddWorkers and RemoveWorker, never
+// on the index, so that the fleet and the index agree on every member and
+// its slot. The index is safe for concurrent use; routing goes on while
+// it is read or fed.
+func (r *Router) Prefix() *prefix.Index { return r.index }
 
 // Fallbacks is how many selections a fallback policy answered.
 func (r *Router) Fallbacks() int64 { return r.fallbacks.Load() }
@@ -595,29 +499,16 @@ type Placement struct {
 	// Exclude are workers that are not candidates at all (every rank of
 	// an id). The slice is read, not kept.
 	Exclude []shared.WorkerID
-	// Target, when HasTarget, is an advisory worker: taken without
-	// running the policy when it is a candidate, ignored otherwise.
+	// Target, when HasTarget, is an advisory worker (a classifier's
+	// shared.Classification.Target, or a request's pin): taken without
+	// running the policy when it is a candidate (its lowest rank), ignored
+	// otherwise. To book on a named worker whatever the policy, use Bind.
 	Target    shared.WorkerID
 	HasTarget bool
-	// TargetRank, when HasTargetRank, is Target's data-parallel rank: the
-	// target is that rank's member only. Without it the target is the
-	// id's lowest rank among the candidates.
-	TargetRank    uint32
-	HasTargetRank bool
 	// Booking, when not nil, is the storage the decision's booking is
 	// made in (the admission layer keeps one in each request handle); it
 	// must not hold a live booking. nil allocates one.
 	Booking *fleet.Booking
-	// TargetOnly makes Target binding: a Target that is not a candidate
-	// is ErrAllExcluded instead of a policy decision. It moves a booking
-	// onto the worker that really served a request (an endpoint picker's
-	// proxy fell back to another endpoint).
-	TargetOnly bool
-	// Overbook books the chosen worker even at Capacity, counting the
-	// booking toward it (fleet.BookOver): for a request that is on the
-	// worker already (a Move, another replica's booking), with
-	// TargetOnly. Workers at Capacity stay candidates.
-	Overbook bool
 	// Alternates asks for up to this many runners-up in
 	// Decision.Alternates (at most MaxAlternates; 0: none, the default,
 	// and no work or allocation for them). They are the candidates the
@@ -704,12 +595,9 @@ var errLostRace = errors.New("the chosen worker reached capacity first")
 // After a lost race, check every candidate's capacity (checkAll)
 // whatever the fleet's full count says.
 func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *shared.Request, pl Placement, checkAll bool) (Decision, error) {
-	part := r.fleet.Snapshot().ModelPartition(req.Model, req.Role)
-	if part == nil || len(part.Workers) == 0 {
-		if req.Model != "" {
-			return Decision{}, fmt.Errorf("model %q, role %s: %w", req.Model, req.Role, shared.ErrNoWorkers)
-		}
-		return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrNoWorkers)
+	part, err := r.partition(req)
+	if err != nil {
+		return Decision{}, err
 	}
 	if len(pl.Exclude) > 0 {
 		if part = excluding(part, pl.Exclude); part == nil {
@@ -719,17 +607,14 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 	// With no worker at capacity (the common case) the candidates are
 	// the partition as it is, and the try-book below still guards the
 	// limit: no scan of every candidate's count.
-	if pl.Capacity > 0 && !pl.Overbook && (checkAll || r.fleet.AtCapacity()) {
+	if pl.Capacity > 0 && (checkAll || r.fleet.AtCapacity()) {
 		if part = underCapacity(part, pl.Capacity); part == nil {
 			return Decision{}, fmt.Errorf("role %s: %w", req.Role, shared.ErrAllBusy)
 		}
 	}
 	if pl.HasTarget {
-		if i, ok := targetRow(part, pl); ok {
-			return r.book(req, Decision{Policy: "target", Target: true}, part.Workers[i], -1, pl)
-		}
-		if pl.TargetOnly {
-			return Decision{}, fmt.Errorf("role %s, worker %d: %w", req.Role, pl.Target, ErrAllExcluded)
+		if i, ok := targetRow(part, pl.Target, 0, false); ok {
+			return r.book(req, Decision{Policy: "target", Target: true}, part.Workers[i], -1, pl.Booking, pl.Capacity, false)
 		}
 	}
 	d := Decision{Policy: rp.policy.Name}
@@ -750,7 +635,7 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 		r.shadowCancel(sj)
 		return Decision{}, fmt.Errorf("policy %q: %w", d.Policy, err)
 	}
-	if d, err = r.book(req, d, w, overlap, pl); err != nil {
+	if d, err = r.book(req, d, w, overlap, pl.Booking, pl.Capacity, false); err != nil {
 		r.shadowCancel(sj)
 		return d, err
 	}
@@ -758,32 +643,106 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 	return d, nil
 }
 
-// targetRow returns the row of pl's target in part: the id's lowest rank,
-// or the rank pl names (HasTargetRank); false when it is not a candidate.
-// O(log n + the id's ranks).
-func targetRow(part *fleet.Partition, pl Placement) (int, bool) {
-	i, ok := slices.BinarySearch(part.IDs, pl.Target)
-	if !ok || !pl.HasTargetRank {
+// targetRow returns the row of worker id in part: the id's lowest rank,
+// or rank when hasRank; false when it is not a candidate. O(log n + the
+// id's ranks).
+func targetRow(part *fleet.Partition, id shared.WorkerID, rank uint32, hasRank bool) (int, bool) {
+	i, ok := slices.BinarySearch(part.IDs, id)
+	if !ok || !hasRank {
 		return i, ok
 	}
-	for ; i < len(part.IDs) && part.IDs[i] == pl.Target; i++ {
-		var rank uint32
+	for ; i < len(part.IDs) && part.IDs[i] == id; i++ {
+		var rk uint32
 		if part.DPRanks != nil {
-			rank = part.DPRanks[i]
+			rk = part.DPRanks[i]
 		}
-		if rank == pl.TargetRank {
+		if rk == rank {
 			return i, true
 		}
 	}
 	return 0, false
 }
 
+// Binding names the worker Bind books a request on, and how.
+type Binding struct {
+	// Worker is the worker's id.
+	Worker shared.WorkerID
+	// Rank, when HasRank, is Worker's data-parallel rank: the booking is
+	// on that rank's member only. Without it, on the id's lowest rank
+	// among the members.
+	Rank    uint32
+	HasRank bool
+	// Capacity is the most requests a worker may have in flight that the
+	// booking counts toward (fleet.BookOver); 0: no limit. The booking is
+	// made even at Capacity: the request is on the worker already.
+	Capacity int64
+	// Booking, when not nil, is the storage the booking is made in, as
+	// Placement.Booking; nil allocates one.
+	Booking *fleet.Booking
+}
+
+// Bind books req on the named worker without running a policy, also when
+// the worker is at Capacity (counting toward it), and records the
+// request's blocks in the prefix index as sent to it: for a request that
+// is on that worker already, whatever a policy would choose: another
+// replica's booking (router/cluster, router/replay's replicas) or a
+// request an endpoint picker's proxy sent elsewhere than placed
+// (admission's Handle.Move). The Decision has Policy "target" and Target
+// set. req.BlockSize is handled as by Place. Lock-free like Place; it
+// calls no component, so it does not block.
+//
+// Errors: ErrAllExcluded (wrapped) when the worker (at that rank) is not a
+// member of req's model and role; ErrNoPolicy when req's role has no
+// policy (as for Place); ErrBlockSize, shared.ErrNoWorkers, the context's
+// error, ErrClosed.
+func (r *Router) Bind(ctx context.Context, req *shared.Request, to Binding) (Decision, error) {
+	if err := ctx.Err(); err != nil {
+		return Decision{}, err
+	}
+	if req.BlockSize == 0 {
+		req.BlockSize = r.blockSize
+	} else if req.BlockSize < 0 {
+		return Decision{}, fmt.Errorf("%w: request block size %d, want > 0", ErrBlockSize, req.BlockSize)
+	}
+	b, stripe := r.acquire()
+	if b == nil {
+		return Decision{}, ErrClosed
+	}
+	defer b.release(stripe)
+	if b.roles[req.Role] == nil {
+		return Decision{}, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
+	}
+	part, err := r.partition(req)
+	if err != nil {
+		return Decision{}, err
+	}
+	i, ok := targetRow(part, to.Worker, to.Rank, to.HasRank)
+	if !ok {
+		return Decision{}, fmt.Errorf("role %s, worker %d: %w", req.Role, to.Worker, ErrAllExcluded)
+	}
+	return r.book(req, Decision{Policy: "target", Target: true}, part.Workers[i], -1, to.Booking, to.Capacity, true)
+}
+
+// partition is the members of req's model and role; shared.ErrNoWorkers
+// (wrapped) when there are none.
+func (r *Router) partition(req *shared.Request) (*fleet.Partition, error) {
+	part := r.fleet.Snapshot().ModelPartition(req.Model, req.Role)
+	if part == nil || len(part.Workers) == 0 {
+		if req.Model != "" {
+			return nil, fmt.Errorf("model %q, role %s: %w", req.Model, req.Role, shared.ErrNoWorkers)
+		}
+		return nil, fmt.Errorf("role %s: %w", req.Role, shared.ErrNoWorkers)
+	}
+	return part, nil
+}
+
 // book charges req to w (overlap < 0: look it up) and records its blocks
-// in the prefix index as sent to w, in pl.Booking when set. With
-// pl.Capacity > 0 the charge is a try-book: errLostRace when w already
-// has that many requests in flight. Blocks and overlaps are req's
-// (req.BlockSize > 0, set by Place).
-func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap int, pl Placement) (Decision, error) {
+// in the prefix index as sent to w, in booking when not nil. With
+// capacity > 0 the charge is a try-book, errLostRace when w already has
+// that many requests in flight, or with over a booking counted toward
+// capacity whatever w has (fleet.BookOver). Blocks and overlaps are
+// req's (req.BlockSize > 0, set by Place).
+func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap int, booking *fleet.Booking, capacity int64, over bool) (Decision, error) {
 	// Without the policy's overlap (it did not declare CACHE), the index
 	// reports it while it records the prompt (one pass, not two), so the
 	// booking is made first and charged its prefill after.
@@ -801,14 +760,14 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 		charge = prefill()
 	}
 	switch {
-	case pl.Capacity > 0 && pl.Overbook:
-		d.Booking = fleet.BookOver(pl.Booking, w, pl.Capacity, charge, blocks)
-	case pl.Capacity > 0:
-		if d.Booking = fleet.TryBook(pl.Booking, w, pl.Capacity, charge, blocks); d.Booking == nil {
+	case capacity > 0 && over:
+		d.Booking = fleet.BookOver(booking, w, capacity, charge, blocks)
+	case capacity > 0:
+		if d.Booking = fleet.TryBook(booking, w, capacity, charge, blocks); d.Booking == nil {
 			return Decision{}, errLostRace
 		}
 	default:
-		d.Booking = fleet.BookInto(pl.Booking, w, charge, blocks)
+		d.Booking = fleet.BookInto(booking, w, charge, blocks)
 	}
 	c := prefix.Candidate{ID: w.ID, Rank: w.DPRank}
 	if req.Prompt != nil {

@@ -16,7 +16,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -118,14 +117,10 @@ func TestShadowPluginHangsAndCrashes(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policy.hcl")
 	writeFile(t, path, shadowPluginHCL())
 	reg := prometheus.NewRegistry()
-	lo := LoadOptions{Catalog: testCatalog(t), Registerer: reg}
-	b, diags := LoadBundle(context.Background(), path, lo)
-	if diags.HasErrors() {
-		t.Fatal(config.FormatDiagnostics(diags))
-	}
+	b, host := loadFile(t, path, reg)
 	tally := &shadowTally{counts: map[ShadowResult]int{}}
 	const maxInFlight = 2
-	r, err := New(Options{Bundle: b, BookingsAreLoad: true, Load: lo, Registerer: reg,
+	r, err := New(Options{Bundle: b, BookingsAreLoad: true, Registerer: reg,
 		Shadow: ShadowOptions{MaxInFlight: maxInFlight, Observe: tally.observe}})
 	if err != nil {
 		t.Fatal(err)
@@ -195,11 +190,11 @@ func TestShadowPluginHangsAndCrashes(t *testing.T) {
 	for {
 		place(4)
 		c, _ := tally.snapshot()
-		if c[ShadowAgree]+c[ShadowDisagree] > answered && b.host.Status("example") == supervisor.StatusUp {
+		if c[ShadowAgree]+c[ShadowDisagree] > answered && host.Status("example") == supervisor.StatusUp {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the shadow did not answer again within 60s of the crash: outcomes %v, plugin %s", c, b.host.Status("example"))
+			t.Fatalf("the shadow did not answer again within 60s of the crash: outcomes %v, plugin %s", c, host.Status("example"))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 
-	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/cluster"
 	"github.com/switchyard-router/switchyard/router/config"
 )
@@ -107,12 +106,15 @@ func relayTargets(ws []config.Worker, only []string, ranks int) ([]cluster.Relay
 
 // runKVRelay runs `router kv-relay` until ctx ends.
 func runKVRelay(ctx context.Context, o kvRelayOptions, level hclog.Level, stdout, stderr io.Writer) error {
-	b, err := loadBundle(ctx, stderr, o.policy, router.LoadOptions{})
-	if err != nil {
-		return &exitError{code: 1, err: err}
+	// Only the cluster and worker blocks are read: no plugin is started
+	// and no policy resolved (the relay's host may lack their binaries).
+	c, ws, diags := config.LoadClusterWorkers(o.policy)
+	if len(diags) > 0 {
+		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
 	}
-	c, ws := b.Cluster(), b.Workers()
-	closeBundle(b) // only its blocks are needed
+	if diags.HasErrors() {
+		return &exitError{code: 1, err: errNotLoaded}
+	}
 	if c == nil {
 		return &exitError{code: 1, err: fmt.Errorf("%s has no cluster block: nothing to relay to", o.policy)}
 	}

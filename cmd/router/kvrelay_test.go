@@ -24,6 +24,14 @@ func TestKVRelayErrors(t *testing.T) {
 	noCluster := write("nocluster.hcl", worker)
 	noEvents := write("noevents.hcl", "worker \"w\" {\n  url = \"http://127.0.0.1:1\"\n}\n"+cluster)
 	ok := write("ok.hcl", worker+cluster)
+	// A plugin whose binary is not on this host, and a policy of its
+	// types: kv-relay reads only the cluster and worker blocks, so it
+	// neither starts the plugin nor resolves the policy.
+	plugin := "plugin \"gone\" {\n  command = \"/nonexistent/switchyard-plugin\"\n}\n" +
+		"policy \"p\" {\n  picker \"x\" {\n    type = \"gone-picker\"\n  }\n}\n" +
+		"worker_selection {\n  aggregated = \"p\"\n}\n"
+	withPlugin := write("plugin.hcl", plugin+worker+cluster)
+	badWorker := write("badworker.hcl", "worker \"w\" {\n  kv_events {\n    endpoint = \"tcp://127.0.0.1:5557\"\n  }\n}\n"+cluster)
 	for _, c := range []struct {
 		args []string
 		code int
@@ -35,6 +43,8 @@ func TestKVRelayErrors(t *testing.T) {
 		{[]string{"kv-relay", "--policy", noCluster}, 1, "has no cluster block"},
 		{[]string{"kv-relay", "--policy", noEvents}, 1, "no worker has a kv_events block"},
 		{[]string{"kv-relay", "--policy", ok, "--worker", "v"}, 1, "--worker v: no worker of that name has a kv_events block"},
+		{[]string{"kv-relay", "--policy", withPlugin, "--worker", "v"}, 1, "--worker v: no worker of that name has a kv_events block"},
+		{[]string{"kv-relay", "--policy", badWorker}, 1, "badworker.hcl:1:"},
 	} {
 		var out, errb bytes.Buffer
 		code := run(c.args, &out, &errb)

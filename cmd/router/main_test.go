@@ -2,10 +2,8 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 )
@@ -177,92 +175,6 @@ func TestValidateErrors(t *testing.T) {
 	})
 }
 
-// TestReplayDeterministic replays 300 requests round-robin twice and checks
-// the per-request files are byte-identical and the report is complete.
-func TestReplayDeterministic(t *testing.T) {
-	dir := t.TempDir()
-	var perReq [2][]byte
-	var report map[string]any
-	for i := range perReq {
-		f := filepath.Join(dir, "per-request"+string(rune('1'+i))+".jsonl")
-		r := filepath.Join(dir, "report"+string(rune('1'+i))+".json")
-		code, out, errOut := routerRun(t, "replay", "--limit", "300", "--workers", "4",
-			"--policy", rrPolicy, "--per-request", f, "--report", r)
-		if code != 0 {
-			t.Fatalf("run %d: exit %d, stderr %q", i+1, code, errOut)
-		}
-		if !strings.Contains(out, "300 requests on 4 simulated workers") || !strings.Contains(out, "round-robin") {
-			t.Errorf("run %d: stdout %q", i+1, out)
-		}
-		var err error
-		if perReq[i], err = os.ReadFile(f); err != nil {
-			t.Fatal(err)
-		}
-		b, err := os.ReadFile(r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		report = nil
-		if err := json.Unmarshal(b, &report); err != nil {
-			t.Fatalf("report: %v\n%s", err, b)
-		}
-	}
-	if !bytes.Equal(perReq[0], perReq[1]) {
-		t.Errorf("per-request output differs between two identical runs")
-	}
-
-	for _, k := range []string{"policy", "ttft_ms", "e2e_ms", "kv_hit_ratio", "imbalance",
-		"sim_duration_s", "wall_s", "decisions_per_s"} {
-		if _, ok := report[k]; !ok {
-			t.Errorf("report lacks %q", k)
-		}
-	}
-	if report["policy"] != "round-robin" {
-		t.Errorf("policy %v, want round-robin", report["policy"])
-	}
-	if report["requests"] != 300.0 || report["completed"] != 300.0 {
-		t.Errorf("requests %v completed %v, want 300 and 300", report["requests"], report["completed"])
-	}
-	for _, k := range []string{"ttft_ms", "e2e_ms"} {
-		s, _ := report[k].(map[string]any)
-		for _, q := range []string{"p50", "p90", "p99", "mean"} {
-			if _, ok := s[q].(float64); !ok {
-				t.Errorf("%s.%s missing or not a number: %v", k, q, report[k])
-			}
-		}
-	}
-	perWorker, _ := report["requests_per_worker"].([]any)
-	if len(perWorker) != 4 {
-		t.Fatalf("requests_per_worker %v, want 4 entries", report["requests_per_worker"])
-	}
-	for w, n := range perWorker {
-		if n != 75.0 {
-			t.Errorf("worker %d got %v requests, want 75 (round-robin over 300)", w, n)
-		}
-	}
-
-	lines := strings.Split(strings.TrimSuffix(string(perReq[0]), "\n"), "\n")
-	if len(lines) != 300 {
-		t.Fatalf("%d per-request lines, want 300", len(lines))
-	}
-	keys := []string{"index", "arrival_ms", "worker", "input_length", "output_length",
-		"overlap_blocks", "cached_tokens", "queue_ms", "ttft_ms", "e2e_ms", "status"}
-	for i, l := range lines {
-		var m map[string]any
-		if err := json.Unmarshal([]byte(l), &m); err != nil {
-			t.Fatalf("line %d: %v: %s", i+1, err, l)
-		}
-		for _, k := range keys {
-			if _, ok := m[k]; !ok {
-				t.Fatalf("line %d lacks %q: %s", i+1, k, l)
-			}
-		}
-		if m["index"] != float64(i) {
-			t.Fatalf("line %d: index %v", i+1, m["index"])
-		}
-	}
-}
-
 func TestReplayTraces(t *testing.T) {
 	good := `{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [1, 2]}`
 	bad := writeFile(t, "bad.jsonl", good+"\n"+good+"\n"+`{"timestamp": 1, "input_length": 1,`+"\n"+good+"\n")
@@ -305,54 +217,5 @@ func TestReplayTraces(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// TestReplayCompareTable checks --compare prints one table with one row per
-// policy, in the order given.
-func TestReplayCompareTable(t *testing.T) {
-	code, out, errOut := routerRun(t, "replay", "--compare", rrPolicy+","+kvPolicy, "--limit", "200")
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
-	}
-	if !strings.Contains(out, "200 requests on 8 simulated workers") {
-		t.Errorf("stdout lacks the trace line:\n%s", out)
-	}
-	if n := strings.Count(out, "TTFT p50"); n != 1 {
-		t.Errorf("%d table headers, want 1:\n%s", n, out)
-	}
-	row := regexp.MustCompile(`(?m)^\s*(\S+)\s+200\s+200\s`)
-	var names []string
-	for _, m := range row.FindAllStringSubmatch(out, -1) {
-		names = append(names, m[1])
-	}
-	if want := []string{"round-robin", "kv"}; strings.Join(names, ",") != strings.Join(want, ",") {
-		t.Errorf("rows %q, want %q:\n%s", names, want, out)
-	}
-}
-
-// A replay of the default policy with no seed anywhere still repeats
-// exactly (replay.DefaultSeed), and --seed changes the draws.
-func TestReplayReproducibleByDefault(t *testing.T) {
-	dir := t.TempDir()
-	out := func(name string, extra ...string) []byte {
-		t.Helper()
-		path := filepath.Join(dir, name)
-		args := append([]string{"replay", "--limit", "400", "--workers", "4", "--per-request", path}, extra...)
-		if code, _, stderr := routerRun(t, args...); code != 0 {
-			t.Fatalf("exit %d: %s", code, stderr)
-		}
-		b, err := os.ReadFile(path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-	a, b := out("a"), out("b")
-	if !bytes.Equal(a, b) {
-		t.Fatal("two unseeded default-policy replays differ")
-	}
-	if bytes.Equal(a, out("c", "--seed", "99")) {
-		t.Fatal("--seed 99 gave the same draws as the default seed")
 	}
 }

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"iter"
 	"math"
 	"os"
 	"path/filepath"
@@ -20,15 +18,12 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/switchyard-router/switchyard/router"
-	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/inputfile"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/replay"
-	"github.com/switchyard-router/switchyard/router/replay/bundled"
-	"github.com/switchyard-router/switchyard/router/replay/htmlreport"
-	"github.com/switchyard-router/switchyard/router/supervisor"
+	"github.com/switchyard-router/switchyard/router/replay/report"
+	"github.com/switchyard-router/switchyard/router/replay/report/htmlreport"
 	"github.com/switchyard-router/switchyard/router/trace"
-	"github.com/switchyard-router/switchyard/shared"
 )
 
 // replayFlags are the flags of router replay.
@@ -241,11 +236,11 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 	if f.perRequest != "" && f.runsPerPolicy(cmd) > 1 {
 		return errors.New("--per-request writes the lines of one run: it cannot be combined with several --workers sizes, --sync-delay values or --seeds above 1")
 	}
-	if _, err := replay.ParseColumns(f.columns); err != nil {
+	if _, err := report.ParseColumns(f.columns); err != nil {
 		return err
 	}
 	if fs.Changed("slo") {
-		if _, err := replay.ParseSLO(f.slo); err != nil {
+		if _, err := report.ParseSLO(f.slo); err != nil {
 			return fmt.Errorf("--%w", err)
 		}
 	}
@@ -334,32 +329,20 @@ func countDash(paths ...string) int {
 	return n
 }
 
-// fleet is one fleet size of a replay: aggregated workers, or prefill and
-// decode workers.
-type fleet struct{ workers, prefill, decode int }
-
-// String is the fleet as the header line says it.
-func (fl fleet) String() string {
-	if fl.workers > 0 {
-		return strconv.Itoa(fl.workers)
-	}
-	return fmt.Sprintf("%d prefill + %d decode", fl.prefill, fl.decode)
-}
-
 // fleets lists the fleet sizes the flags ask for, in the order given:
 // every --workers size, or every --prefill-workers size crossed with
 // every --decode-workers size (prefill-major).
-func (f *replayFlags) fleets(cmd *cobra.Command) []fleet {
-	var out []fleet
+func (f *replayFlags) fleets(cmd *cobra.Command) []replay.Fleet {
+	var out []replay.Fleet
 	if !f.disaggregated(cmd) {
 		for _, n := range f.workers {
-			out = append(out, fleet{workers: n})
+			out = append(out, replay.Fleet{Workers: n})
 		}
 		return out
 	}
 	for _, p := range f.prefill {
 		for _, d := range f.decode {
-			out = append(out, fleet{prefill: p, decode: d})
+			out = append(out, replay.Fleet{Prefill: p, Decode: d})
 		}
 	}
 	return out
@@ -459,9 +442,9 @@ func (f *replayFlags) checkFleets(cmd *cobra.Command) error {
 		}
 	}
 	for _, fl := range f.fleets(cmd) {
-		if disagg && fl.prefill+fl.decode > replay.MaxWorkers {
+		if disagg && fl.Prefill+fl.Decode > replay.MaxWorkers {
 			return fmt.Errorf("--prefill-workers %d + --decode-workers %d = %d simulated workers: want at most %d in all",
-				fl.prefill, fl.decode, fl.prefill+fl.decode, replay.MaxWorkers)
+				fl.Prefill, fl.Decode, fl.Prefill+fl.Decode, replay.MaxWorkers)
 		}
 	}
 	return nil
@@ -474,9 +457,9 @@ const maxFleetSizes = 64
 // be the label of exactly one of the policies replayed, and the delta column's metric (TTFT p90, or
 // goodput with --slo, when no column is given). "" and a zero Metric
 // without --baseline.
-func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
+func (f *replayFlags) baselineOf() (string, report.Metric, error) {
 	if f.baseline == "" {
-		return "", replay.Metric{}, nil
+		return "", report.Metric{}, nil
 	}
 	name, col, hasCol := strings.Cut(f.baseline, ":")
 	if !hasCol {
@@ -485,16 +468,16 @@ func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
 			col = "goodput"
 		}
 	}
-	m, ok := replay.MetricByName(col)
+	m, ok := report.MetricByName(col)
 	if !ok {
-		return "", replay.Metric{}, fmt.Errorf("--baseline %s: unknown column %q; want one of %s", f.baseline, col, strings.Join(replay.MetricNames(), ", "))
+		return "", report.Metric{}, fmt.Errorf("--baseline %s: unknown column %q; want one of %s", f.baseline, col, strings.Join(report.MetricNames(), ", "))
 	}
 	var names []string
 	for _, p := range f.policyPaths() {
-		names = append(names, policyName(p))
+		names = append(names, replay.PolicyName(p))
 	}
 	if !slices.Contains(names, name) {
-		return "", replay.Metric{}, fmt.Errorf("--baseline %s: %q is not a replayed policy; want one of %s (a policy file's name without its extension)",
+		return "", report.Metric{}, fmt.Errorf("--baseline %s: %q is not a replayed policy; want one of %s (a policy file's name without its extension)",
 			f.baseline, name, strings.Join(names, ", "))
 	}
 	n := 0
@@ -504,7 +487,7 @@ func (f *replayFlags) baselineOf() (string, replay.Metric, error) {
 		}
 	}
 	if n > 1 {
-		return "", replay.Metric{}, fmt.Errorf("--baseline %s: %d --compare files are labelled %s, so the baseline is not one row per fleet; give one of them another name",
+		return "", report.Metric{}, fmt.Errorf("--baseline %s: %d --compare files are labelled %s, so the baseline is not one row per fleet; give one of them another name",
 			f.baseline, n, name)
 	}
 	return name, m, nil
@@ -569,8 +552,8 @@ func (f *replayFlags) checkPaths() error {
 }
 
 // runReplay runs router replay: it checks the flags, creates the outputs'
-// temporary files, loads the trace, checks every policy file, replays each
-// cell (policy file, fleet size, prefix mode) once per seed, prints the
+// temporary files, opens the trace, runs the sweep (replay.Sweep: every
+// policy file checked first, then each cell once per seed), prints the
 // table and rejection summaries, and only then writes and renames the
 // outputs into place.
 func runReplay(cmd *cobra.Command, f *replayFlags) error {
@@ -582,94 +565,38 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		debug.SetMemoryLimit(int64(f.memoryLimit) << 20)
 	}
 	stderr := cmd.ErrOrStderr()
-	columns, _ := replay.ParseColumns(f.columns) // checked
-	var slo replay.SLO
-	if fs.Changed("slo") {
-		slo, _ = replay.ParseSLO(f.slo) // checked
-	}
-	baseline, baselineMetric, _ := f.baselineOf() // checked
-
 	// Create the outputs' temporary files first, so an unwritable output
 	// fails before any work, and remove them on every failure below.
-	var perReq, report, html *pendingFile
-	defer func() { perReq.abort(); report.abort(); html.abort() }()
-	var err error
-	for _, o := range []struct {
-		flag, path string
-		file       **pendingFile
-	}{{"--per-request", f.perRequest, &perReq}, {"--report", f.report, &report}, {"--html", f.html, &html}} {
-		if o.path == "" {
-			continue
-		}
-		if *o.file, err = createOutput(o.flag, o.path, cmd.OutOrStdout()); err != nil {
-			return &exitError{code: 1, err: err}
-		}
-	}
-
-	tr, err := loadTrace(f.trace, trace.Format(f.traceFormat), cmd.InOrStdin(), f.limit, heldRecords)
+	outs, err := f.createOutputs(cmd.OutOrStdout())
+	defer outs.abort()
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
-	traceName := tr.name
-	if !tr.hashes {
-		noteNoPrefixHashes(stderr, traceName, tr.source)
+	tr, err := trace.Open(f.trace, trace.Format(f.traceFormat), cmd.InOrStdin(), f.limit, trace.DefaultHold)
+	if err != nil {
+		return &exitError{code: 1, err: traceHint(err, f.trace, trace.Format(f.traceFormat))}
+	}
+	if !tr.Hashes {
+		noteNoPrefixHashes(stderr, tr.Name, tr.Source)
 	}
 	noteFailedRequests(stderr, tr)
-	paths := f.policyPaths()
-	fleets := f.fleets(cmd)
-	roles := []shared.Role{shared.RoleAggregated}
-	if f.disaggregated(cmd) {
-		roles = []shared.Role{shared.RolePrefill, shared.RoleDecode}
+	sweep := f.sweep(cmd, tr)
+	if outs.perReq != nil {
+		sweep.PerRequest = outs.perReq
 	}
-	modes, _ := f.prefixModes() // checked
-	// Load every policy file once before replaying any, so that a broken
-	// file fails at once and the warnings come before the table; that
-	// load serves the file's first run. Every other run loads its own
-	// copy, so that seeded components start from their seed in every run.
-	// A run stops its plugin processes, with their process groups, when
-	// it ends. Nothing of their Hosts may depend on the wall clock
-	// (router.LoadOptions.SimulatedTime).
-	loaded := make(map[string]*router.Bundle, len(paths))
-	defer func() {
-		for _, b := range loaded {
-			closeBundle(b)
-		}
-	}()
-	for _, path := range paths {
-		b, err := loadPolicy(cmd.Context(), stderr, stderr, path, f.seedOf(fs), 0)
-		if err != nil {
-			return &exitError{code: 1, err: err}
-		}
-		loaded[path] = b
-		if path != "" {
-			warnDefaultRoles(stderr, path, b, roles)
-		}
-	}
-
-	var cells []replay.Cell
-	var reports []*replay.Report // every run, in table order
-	delays := f.delays()
-	prog := newProgress(stderr, f.quiet, len(fleets)*len(paths)*len(modes)*len(delays)*f.seeds, tr.requests)
-	for _, fl := range fleets {
-		for _, path := range paths {
-			for _, mode := range modes {
-				for _, delay := range delays {
-					var cell replay.Cell
-					for k := range f.seeds {
-						if prog != nil {
-							prog.startRun(len(reports), runLabel(path, mode, fl, len(fleets), k, f.seeds)+f.replicasLabel(delay))
-						}
-						rep, err := f.replayOne(cmd, tr, loaded, path, mode, fl, k, delay, slo, perReq, prog)
-						if err != nil {
-							return &exitError{code: 1, err: err}
-						}
-						cell.Runs = append(cell.Runs, rep)
-						reports = append(reports, rep)
-					}
-					cells = append(cells, cell)
-				}
+	var prog *progress // made at the first run, once every policy file loaded
+	if !f.quiet {
+		sweep.StartRun = func(i int, label string) {
+			if prog == nil {
+				prog = newProgress(stderr, false, sweep.Runs(), tr.Requests)
 			}
+			prog.startRun(i, label)
 		}
+		sweep.Progress = func(p replay.Progress) { prog.update(p) }
+	}
+	res, err := sweep.Run(cmd.Context())
+	if err != nil {
+		return &exitError{code: 1, err: err}
 	}
 	prog.finish()
 
@@ -677,61 +604,150 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	if countDash(f.perRequest, f.report, f.html) > 0 {
 		out = stderr // standard output carries the output
 	}
-	fmt.Fprintf(out, "trace %s: %s on %s%s%s\n", traceName, plural(tr.requests, "request"), fleetsText(fleets), f.replicasText(), seedsText(f.seeds))
-	target, _ := f.goodputTargetOf(cmd) // checked
-	cmp := replay.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric, GoodputTarget: target}
-	if err := replay.WriteComparison(out, cells, cmp); err != nil {
+	cmp := f.comparison(cmd)
+	if err := f.printTable(out, stderr, tr, sweep, res, cmp); err != nil {
 		return &exitError{code: 1, err: err}
 	}
-	for _, rep := range reports {
-		if rep.Rejected > 0 {
-			reason, n := rep.TopRejection()
-			fmt.Fprintf(stderr, "router: %s: %d of %d requests rejected; most common reason (%d): %s\n",
-				runName(rep, len(fleets)), rep.Rejected, rep.Requests, n, reason)
-		}
+	if err := f.writeOutputs(outs, tr, res, cmp); err != nil {
+		return &exitError{code: 1, err: err}
 	}
-
-	if report != nil {
-		var v any = reports
-		if len(reports) == 1 && len(f.compare) == 0 {
-			v = reports[0]
-		}
-		buf, err := json.MarshalIndent(v, "", "  ")
-		if err != nil {
-			return &exitError{code: 1, err: err}
-		}
-		if _, err := report.Write(append(buf, '\n')); err != nil {
-			return &exitError{code: 1, err: fmt.Errorf("--report %s: %w", f.report, err)}
-		}
-	}
-	if html != nil {
-		if err := writeHTML(html, f, traceName, tr.requests, cells, cmp); err != nil {
-			return &exitError{code: 1, err: fmt.Errorf("--html %s: %w", f.html, err)}
-		}
-	}
-	// Every output is complete: only now replace the targets.
-	for _, p := range []*pendingFile{perReq, report, html} {
-		if p != nil {
-			if err := p.commit(); err != nil {
-				return &exitError{code: 1, err: err}
-			}
-		}
-	}
-	if html != nil && f.html != "-" {
+	if outs.html != nil && f.html != "-" {
 		fmt.Fprintf(stderr, "router: wrote the HTML report to %s\n", f.html)
 	}
 	var fellBack int64
-	for _, rep := range reports {
+	for _, rep := range res.Reports {
 		fellBack += rep.Fallbacks
-		if err := replay.WriteFallbacks(stderr, rep); err != nil {
+		if err := report.WriteFallbacks(stderr, rep); err != nil {
 			return &exitError{code: 1, err: err}
 		}
-		if err := replay.WriteShadowFailures(stderr, rep); err != nil {
+		if err := report.WriteShadowFailures(stderr, rep); err != nil {
 			return &exitError{code: 1, err: err}
 		}
 	}
 	if f.failOnFallback && fellBack > 0 {
 		return &exitError{code: 1, err: fmt.Errorf("--fail-on-fallback: %d selections were decided by a fallback policy", fellBack)}
+	}
+	return nil
+}
+
+// replayOutputs are the output files of a replay, each nil when its flag
+// is not given.
+type replayOutputs struct{ perReq, report, html *pendingFile }
+
+// createOutputs creates the temporary files of --per-request, --report
+// and --html ("-" writes to stdout). On an error, the outputs created
+// before it are in the result, for abort.
+func (f *replayFlags) createOutputs(stdout io.Writer) (*replayOutputs, error) {
+	outs := &replayOutputs{}
+	for _, o := range []struct {
+		flag, path string
+		file       **pendingFile
+	}{{"--per-request", f.perRequest, &outs.perReq}, {"--report", f.report, &outs.report}, {"--html", f.html, &outs.html}} {
+		if o.path == "" {
+			continue
+		}
+		var err error
+		if *o.file, err = createOutput(o.flag, o.path, stdout); err != nil {
+			return outs, err
+		}
+	}
+	return outs, nil
+}
+
+// abort removes every output's temporary file not yet committed.
+func (o *replayOutputs) abort() { o.perReq.abort(); o.report.abort(); o.html.abort() }
+
+// sweep is the replay.Sweep the flags ask for, of trace tr, loading
+// policy files through loadBundle with the plugins' logs and the files'
+// diagnostics on cmd's stderr.
+func (f *replayFlags) sweep(cmd *cobra.Command, tr *trace.Opened) *replay.Sweep {
+	modes, _ := f.prefixModes() // checked
+	var slo report.SLO
+	if cmd.Flags().Changed("slo") {
+		slo, _ = report.ParseSLO(f.slo) // checked
+	}
+	stderr := cmd.ErrOrStderr()
+	return &replay.Sweep{
+		Trace:        tr,
+		Policies:     f.policyPaths(),
+		Fleets:       f.fleets(cmd),
+		Modes:        modes,
+		KVEventDelay: f.kvEventDelay,
+		Replicas:     f.replicas,
+		Delays:       f.syncDelays,
+		Seeds:        f.seeds,
+		Seed:         f.seedOf(cmd.Flags()),
+		SLO:          slo,
+		Timeline:     f.html != "",
+		Warnings:     stderr,
+		Load: func(ctx context.Context, path string, o loader.LoadOptions, warnings io.Writer) (*loader.Bundle, error) {
+			o.Logger = pluginLogger(ctx, stderr)
+			return loadBundle(ctx, warnings, path, o)
+		},
+	}
+}
+
+// comparison is the table's settings the flags ask for: --columns,
+// --baseline and --goodput-target.
+func (f *replayFlags) comparison(cmd *cobra.Command) report.Comparison {
+	columns, _ := report.ParseColumns(f.columns)  // checked
+	baseline, baselineMetric, _ := f.baselineOf() // checked
+	target, _ := f.goodputTargetOf(cmd)           // checked
+	return report.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric, GoodputTarget: target}
+}
+
+// printTable prints the header line and the table of res to out, and one
+// line per run with rejected requests to stderr.
+func (f *replayFlags) printTable(out, stderr io.Writer, tr *trace.Opened, s *replay.Sweep, res *replay.SweepResult, cmp report.Comparison) error {
+	fmt.Fprintln(out, f.headerLine(tr, s.Fleets))
+	if err := report.WriteComparison(out, res.Cells, cmp); err != nil {
+		return err
+	}
+	for _, rep := range res.Reports {
+		if rep.Rejected > 0 {
+			reason, n := rep.TopRejection()
+			fmt.Fprintf(stderr, "router: %s: %d of %d requests rejected; most common reason (%d): %s\n",
+				runName(rep, len(s.Fleets)), rep.Rejected, rep.Requests, n, reason)
+		}
+	}
+	return nil
+}
+
+// headerLine is the line above the table: the trace, its requests, the
+// fleet sizes, the router replicas and the seeds.
+func (f *replayFlags) headerLine(tr *trace.Opened, fleets []replay.Fleet) string {
+	return fmt.Sprintf("trace %s: %s on %s%s%s", tr.Name, plural(tr.Requests, "request"), fleetsText(fleets), f.replicasText(), seedsText(f.seeds))
+}
+
+// writeOutputs writes --report (one report, or an array of every run
+// with --compare or several runs) and --html, then, every output
+// complete, commits each output into place.
+func (f *replayFlags) writeOutputs(outs *replayOutputs, tr *trace.Opened, res *replay.SweepResult, cmp report.Comparison) error {
+	if outs.report != nil {
+		var v any = res.Reports
+		if len(res.Reports) == 1 && len(f.compare) == 0 {
+			v = res.Reports[0]
+		}
+		buf, err := json.MarshalIndent(v, "", "  ")
+		if err != nil {
+			return err
+		}
+		if _, err := outs.report.Write(append(buf, '\n')); err != nil {
+			return fmt.Errorf("--report %s: %w", f.report, err)
+		}
+	}
+	if outs.html != nil {
+		if err := writeHTML(outs.html, f, tr.Name, tr.Requests, res.Cells, cmp); err != nil {
+			return fmt.Errorf("--html %s: %w", f.html, err)
+		}
+	}
+	// Every output is complete: only now replace the targets.
+	for _, p := range []*pendingFile{outs.perReq, outs.report, outs.html} {
+		if p != nil {
+			if err := p.commit(); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -743,99 +759,6 @@ func (f *replayFlags) seedOf(fs *pflag.FlagSet) *int64 {
 		return nil
 	}
 	return &f.seed
-}
-
-// replayOne replays the trace once: policy file path in prefix mode on
-// fleet fl, with run k's seeds, through --replicas router replicas with
-// sync delay delay; perReq, when set, receives the per-request lines. The
-// run takes the file's bundle from loaded when it is there (the first run
-// of each file), else loads its own; either is closed when the run ends.
-// Each further replica loads the file again, so that it has policies
-// (and plugin processes) of its own, closed when the run ends too.
-func (f *replayFlags) replayOne(cmd *cobra.Command, tr *replayTrace, loaded map[string]*router.Bundle, path string,
-	mode replay.PrefixMode, fl fleet, k int, delay time.Duration, slo replay.SLO, perReq *pendingFile, prog *progress) (*replay.Report, error) {
-	b, ok := loaded[path]
-	if ok && k == 0 {
-		delete(loaded, path)
-	} else {
-		var err error
-		// The file's warnings were said by its first load; its plugins'
-		// logs go to stderr as ever.
-		if b, err = loadPolicy(cmd.Context(), io.Discard, cmd.ErrOrStderr(), path, f.seedOf(cmd.Flags()), int64(k)); err != nil {
-			return nil, err
-		}
-	}
-	defer closeBundle(b)
-	opts := replay.Options{
-		PolicyName:   policyName(path),
-		Roles:        b.Roles(),
-		RolePolicies: b.RolePolicies(),
-		BlockSize:    b.BlockSize(),
-		TraceName:    tr.name,
-		Records:      tr.records,
-		Trace:        tr.stream,
-		Prefix:       mode,
-		Workers:      fl.workers,
-		SLO:          slo,
-		Timeline:     f.html != "",
-	}
-	opts.PrefillWorkers, opts.DecodeWorkers = fl.prefill, fl.decode
-	if mode == replay.PrefixPrecise {
-		opts.KVEventDelay = f.kvEventDelay
-	}
-	var err error
-	if opts.Queue, opts.Classifier, err = admission(b); err != nil {
-		return nil, err
-	}
-	opts.DecisionLatency.Policies, opts.DecisionLatency.Classifier = b.ReplayDecisionLatency()
-	var more []*router.Bundle // the other replicas' loads of the file
-	if f.replicas > 1 {
-		opts.Replicas, opts.SyncDelay = f.replicas, delay
-		defer func() {
-			for _, b := range more {
-				closeBundle(b)
-			}
-		}()
-		opts.Replica = func(int) (replay.Replica, error) {
-			rb, err := loadPolicy(cmd.Context(), io.Discard, cmd.ErrOrStderr(), path, f.seedOf(cmd.Flags()), int64(k))
-			if err != nil {
-				return replay.Replica{}, err
-			}
-			more = append(more, rb)
-			_, cls, err := admission(rb)
-			return replay.Replica{Roles: rb.Roles(), Classifier: cls}, err
-		}
-	}
-	if perReq != nil {
-		opts.PerRequest = perReq
-	}
-	if prog != nil {
-		opts.Progress = prog.update
-	}
-	restartsBefore := pluginRestarts(b)
-	rep, err := replay.Run(cmd.Context(), opts)
-	if err != nil {
-		return nil, err
-	}
-	settlePlugins(cmd.Context(), b)
-	rep.PluginRestarts = pluginRestarts(b) - restartsBefore
-	for _, rb := range more { // loaded by this run: every restart is its
-		settlePlugins(cmd.Context(), rb)
-		rep.PluginRestarts += pluginRestarts(rb)
-	}
-	if f.seeds > 1 {
-		rep.Seed = b.PolicyFile().Seed
-	}
-	return rep, nil
-}
-
-// replicasLabel is what a run's label adds for its replicas: "/3@10ms"
-// as the table's row says it, "" with one replica.
-func (f *replayFlags) replicasLabel(delay time.Duration) string {
-	if f.replicas <= 1 {
-		return ""
-	}
-	return fmt.Sprintf("/%d@%v", f.replicas, delay)
 }
 
 // replicasText words --replicas for the header line: "" for one, else
@@ -856,33 +779,16 @@ func (f *replayFlags) replicasText() string {
 	return fmt.Sprintf("; %d router replicas, sync delay %s", f.replicas, list)
 }
 
-// runLabel names a run for the progress line: its table row's label
-// (NAME, NAME+precise), with its fleet when there are several and its
-// seed offset when there are several seeds.
-func runLabel(path string, mode replay.PrefixMode, fl fleet, fleets, k, seeds int) string {
-	label := policyName(path)
-	if mode == replay.PrefixPrecise {
-		label += "+precise"
-	}
-	if fleets > 1 {
-		label += " on " + fl.String() + " workers"
-	}
-	if seeds > 1 {
-		label += fmt.Sprintf(" seed +%d", k)
-	}
-	return label
-}
-
 // fleetsText words the fleet sizes for the header line: "8 simulated
 // workers", "4, 8 and 16 simulated workers", "2 prefill + 4 decode
 // simulated workers", "1 simulated worker".
-func fleetsText(fleets []fleet) string {
+func fleetsText(fleets []replay.Fleet) string {
 	parts := make([]string, len(fleets))
 	for i, fl := range fleets {
 		parts[i] = fl.String()
 	}
 	if len(parts) == 1 {
-		if fleets[0].workers == 1 {
+		if fleets[0].Workers == 1 {
 			return "1 simulated worker"
 		}
 		return parts[0] + " simulated workers"
@@ -909,7 +815,7 @@ func seedsText(seeds int) string {
 
 // runName names a run in stderr summaries: its row label, with its fleet
 // when the replay sweeps fleet sizes and its seed when it has several.
-func runName(rep *replay.Report, fleets int) string {
+func runName(rep *report.Report, fleets int) string {
 	name := rep.Label()
 	if fleets > 1 && rep.PrefillWorkers == 0 {
 		name += fmt.Sprintf(" on %d workers", rep.Workers)
@@ -920,117 +826,11 @@ func runName(rep *replay.Report, fleets int) string {
 	return name
 }
 
-// admission returns the queue block and the request classifier of b for
-// replay.Options: the queue only when the file has a queue block (the
-// default queue has a zero Range), so that a file without one replays
-// exactly as before, and the classifier's factory when the file has a
-// request_classifier.
-func admission(b *router.Bundle) (config.Queue, shared.ClassifierFactory, error) {
-	var q config.Queue
-	if bq := b.Queue(); bq.Range.Filename != "" {
-		q = bq
-	}
-	f, err := b.Classifier()
-	return q, f, err
-}
-
-// policyName labels a policy file in the table and the report: its base
-// name without the extension, or "default" for the built-in policy.
-func policyName(path string) string {
-	if path == "" {
-		return config.DefaultPolicyName
-	}
-	return strings.TrimSuffix(filepath.Base(path), filepath.Ext(path))
-}
-
-// warnDefaultRoles warns when a role the replay routes for runs the
-// built-in default policy although a policy file was given, which is what
-// happens when the file's worker_selection does not set the role: replaying
-// round-robin.hcl disaggregated would otherwise silently compare the
-// default policy.
-func warnDefaultRoles(w io.Writer, path string, b *router.Bundle, roles []shared.Role) {
-	var fell []string
-	for _, role := range roles {
-		if b.PolicyName(role) == config.DefaultPolicyName {
-			fell = append(fell, string(role))
-		}
-	}
-	if len(fell) == 0 {
-		return
-	}
-	subject, them := "role "+fell[0]+" runs", "it"
-	if len(fell) > 1 {
-		subject, them = "roles "+strings.Join(fell, " and ")+" run", "them"
-	}
-	fmt.Fprintf(w, "router: warning: %s: %s the built-in default policy %q (%s + %s), not one of the file's policies; "+
-		"set %s in worker_selection to replay the file's policy (the table row marks %s %q)\n",
-		path, subject, config.DefaultPolicyName, config.DefaultScorerType, config.DefaultPickerType, them, them, config.DefaultPolicyName)
-}
-
-// replayTrace is the trace of a replay, read once by loadTrace to check
-// it. A trace of at most heldRecords requests, and one from standard
-// input (which cannot be read twice), is then held in memory; a longer
-// trace file is read again, as a stream, by each run, so that it is never
-// held whole.
-type replayTrace struct {
-	name     string                          // for the table
-	records  []trace.Record                  // the requests replayed, when held; else nil
-	stream   iter.Seq2[*trace.Record, error] // a file's requests, when not held; else nil
-	requests int                             // the number of requests replayed (--limit applied)
-	hashes   bool                            // some request replayed has prefix hashes
-	source   trace.Source                    // the trace family, as its records say
-	failed   int                             // requests replayed that failed in the recording (see failedInRecording)
-}
-
-// loadTrace reads the trace at path in format (by path's extension when
-// format is empty), stdin when path is "-", or the bundled conversation
-// trace when path is empty, and checks every line. limit > 0 keeps only
-// the first limit requests (every line is checked all the same); up to
-// hold of them are held in memory (see replayTrace). Its
-// errors say what to do where the flags can help: a trace that looks like
-// the other format, an unknown extension, a path that is a pipe. A file
-// that changes between this check and a run's reading fails or replays
-// what it then holds.
-func loadTrace(path string, format trace.Format, stdin io.Reader, limit, hold int) (*replayTrace, error) {
-	tr := &replayTrace{name: filepath.Base(path)}
-	var err error
-	switch {
-	case path == "":
-		var b []byte
-		if b, err = bundled.ConversationTrace(); err != nil {
-			return nil, err
-		}
-		tr.name = bundled.Name + " (bundled)"
-		tr.stream = func(yield func(*trace.Record, error) bool) {
-			for rec, err := range trace.Records(bytes.NewReader(b), bundled.Name, trace.Mooncake) {
-				if !yield(rec, err) {
-					return
-				}
-			}
-		}
-	case path == "-":
-		tr.name = "stdin"
-		tr.records, err = trace.ReadAs(stdin, tr.name, format)
-	case format != "":
-		tr.stream = trace.FileRecords(path, format)
-	default:
-		tr.stream = trace.FileRecords(path, trace.FormatOf(path))
-	}
-	if tr.stream != nil {
-		if err = tr.check(limit, hold); tr.records != nil {
-			tr.stream = nil
-		} else {
-			tr.stream = limited(tr.stream, limit)
-		}
-	} else if err == nil {
-		if limit > 0 && limit < len(tr.records) {
-			tr.records = tr.records[:limit]
-		}
-		tr.requests = len(tr.records)
-		for i := range tr.records {
-			tr.note(&tr.records[i])
-		}
-	}
+// traceHint is err, an error of trace.Open for the trace at path in
+// format, saying what to do where the flags can help: a compressed trace,
+// a trace that looks like the other format, an unknown extension, a path
+// that is a pipe. Other errors are returned as they are.
+func traceHint(err error, path string, format trace.Format) error {
 	var (
 		fe *trace.FormatError
 		ce *trace.CompressedError
@@ -1038,8 +838,8 @@ func loadTrace(path string, format trace.Format, stdin io.Reader, limit, hold in
 	switch {
 	case errors.As(err, &ce):
 		err = fmt.Errorf("%w; %s", err, decompressHint(ce.Compression, path, format))
-	case errors.Is(err, trace.ErrUnknownFormat) && compressionOf(path) != nil:
-		err = fmt.Errorf("%s: a compressed trace; %s", path, decompressHint(*compressionOf(path), path, format))
+	case errors.Is(err, trace.ErrUnknownFormat) && trace.CompressionOf(path) != nil:
+		err = fmt.Errorf("%s: a compressed trace; %s", path, decompressHint(*trace.CompressionOf(path), path, format))
 	case errors.As(err, &fe) && (format != "" || path == "-"):
 		err = fmt.Errorf("%w; use --trace-format %s", err, fe.Looks)
 	case errors.As(err, &fe):
@@ -1049,67 +849,7 @@ func loadTrace(path string, format trace.Format, stdin io.Reader, limit, hold in
 	case errors.Is(err, inputfile.ErrNotRegular) && !isDir(path):
 		err = fmt.Errorf("%w; to replay a stream, pipe it to --trace - (with --trace-format)", err)
 	}
-	if err != nil {
-		return nil, err
-	}
-	return tr, nil
-}
-
-// heldRecords is the most requests of a trace file router replay holds in
-// memory after checking it (about 20 MB of Mooncake records), so that a
-// trace of that size, such as the bundled one, is parsed once; a longer
-// one is read again by each run.
-const heldRecords = 1 << 16
-
-// check reads tr.stream through: it returns the first error, and counts
-// the requests among the first limit (all when limit <= 0), notes their
-// prefix hashes and, when they are at most hold, keeps them in
-// tr.records.
-func (tr *replayTrace) check(limit, hold int) error {
-	for rec, err := range tr.stream {
-		if err != nil {
-			tr.records = nil
-			return err
-		}
-		if limit <= 0 || tr.requests < limit {
-			tr.requests++
-			tr.note(rec)
-			if tr.requests <= hold {
-				tr.records = append(tr.records, *rec)
-			} else {
-				tr.records = nil
-			}
-		}
-	}
-	return nil
-}
-
-// limited is seq's first limit records (all of them when limit <= 0).
-func limited(seq iter.Seq2[*trace.Record, error], limit int) iter.Seq2[*trace.Record, error] {
-	if limit <= 0 {
-		return seq
-	}
-	return func(yield func(*trace.Record, error) bool) {
-		n := 0
-		for rec, err := range seq {
-			if n == limit || !yield(rec, err) {
-				return
-			}
-			n++
-		}
-	}
-}
-
-// compressionOf returns the compression path's extension names
-// (t.jsonl.gz: gzip), or nil.
-func compressionOf(path string) *trace.Compression {
-	ext := strings.ToLower(filepath.Ext(path))
-	for i, c := range trace.Compressions {
-		if c.Ext == ext {
-			return &trace.Compressions[i]
-		}
-	}
-	return nil
+	return err
 }
 
 // decompressHint tells how to replay a trace compressed with c: decompress
@@ -1152,60 +892,9 @@ func noteNoPrefixHashes(w io.Writer, traceName string, source trace.Source) {
 		"KV-aware policies (those reading CACHE, such as the default kv-affinity) cannot use prefix reuse on it, and KV hit is 0%%\n", traceName, why)
 }
 
-// loadPolicy loads the policy file at path (the default policy when empty)
-// for a replay, printing the file's warnings to warnings and its plugins'
-// logs to logs. seed, when set, overrides router.seed; when neither gives
-// one, replay.DefaultSeed seeds the policy, so a replay repeats exactly
-// by default. offset moves every seed of the file, the components' own
-// included (router.LoadOptions.SeedOffset): run k of --seeds loads with
-// offset k.
-func loadPolicy(ctx context.Context, warnings, logs io.Writer, path string, seed *int64, offset int64) (*router.Bundle, error) {
-	def := int64(replay.DefaultSeed)
-	b, err := loadBundle(ctx, warnings, path, router.LoadOptions{Seed: seed, DefaultSeed: &def, SeedOffset: offset,
-		SimulatedTime: true, Logger: pluginLogger(ctx, logs)})
-	if err != nil {
-		name := path
-		if path == "" {
-			name = config.DefaultPolicyName
-		}
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	return b, nil
-}
-
-// pluginRestarts sums the restarts of b's plugins.
-func pluginRestarts(b *router.Bundle) int64 {
-	var n int64
-	for _, p := range b.Plugins() {
-		n += p.Stats.Restarts
-	}
-	return n
-}
-
-// settleTimeout bounds how long a replay waits, after its last request,
-// for plugins that are restarting.
-const settleTimeout = 5 * time.Second
-
-// settlePlugins waits (up to settleTimeout) until none of b's plugins is
-// restarting. A replay runs far faster than real time, so a plugin killed
-// part way through is often still in its restart backoff when the last
-// request is decided; waiting lets the report count the restart the
-// failure set off rather than race it.
-func settlePlugins(ctx context.Context, b *router.Bundle) {
-	ctx, cancel := context.WithTimeout(ctx, settleTimeout)
-	defer cancel()
-	for slices.ContainsFunc(b.Plugins(), func(p router.PluginState) bool { return p.Status == supervisor.StatusRestarting }) {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
-}
-
 // writeHTML writes the HTML report of cells to w (htmlreport.Write),
 // with the command line that made it.
-func writeHTML(w io.Writer, f *replayFlags, traceName string, requests int, cells []replay.Cell, cmp replay.Comparison) error {
+func writeHTML(w io.Writer, f *replayFlags, traceName string, requests int, cells []report.Cell, cmp report.Comparison) error {
 	return htmlreport.Write(w, htmlreport.Input{
 		Trace:      traceName,
 		Requests:   requests,

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -69,21 +68,6 @@ func TestReplayEmptyValues(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			wantExit(t, 2, append([]string{"replay", "--limit", "10"}, tt.args...), tt.want)
-		})
-	}
-}
-
-func TestReplayEmptyTrace(t *testing.T) {
-	for _, tt := range []struct{ name, content string }{
-		{"empty.jsonl", ""},
-		{"blank.jsonl", "\n\n"},
-		{"header.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\r\n"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			file := writeFile(t, tt.name, tt.content)
-			if errOut := wantExit(t, 1, []string{"replay", "--trace", file}); errOut != "router: "+file+": no records\n" {
-				t.Errorf("stderr %q", errOut)
-			}
 		})
 	}
 }
@@ -277,158 +261,6 @@ func TestReplayCompareReportIsArray(t *testing.T) {
 	var reps []struct{ Policy string }
 	if b, err := os.ReadFile(report); err != nil || json.Unmarshal(b, &reps) != nil || len(reps) != 1 || reps[0].Policy != "round-robin" {
 		t.Fatalf("report %q, %v; want an array of one round-robin report", b, err)
-	}
-}
-
-// TestReplayDefaultRoleWarning checks the warning and the row label when a
-// role falls back to the built-in default policy, and that neither appears
-// when the file's policies run.
-func TestReplayDefaultRoleWarning(t *testing.T) {
-	prefillOnly := writeFile(t, "prefill-only.hcl", `
-policy "rr" {
-  picker "rr" { type = "round-robin" }
-}
-worker_selection { prefill = "rr" }
-`)
-	both := writeFile(t, "pd.hcl", `
-policy "rr" {
-  picker "rr" { type = "round-robin" }
-}
-worker_selection {
-  prefill = "rr"
-  decode  = "rr"
-}
-`)
-	disagg := []string{"--prefill-workers", "1", "--decode-workers", "2"}
-	for _, tt := range []struct {
-		name    string
-		args    []string
-		warning string // "" for none
-		row     string
-	}{
-		{"disaggregated, neither set", append([]string{"--policy", rrPolicy}, disagg...),
-			"router: warning: " + rrPolicy + `: roles prefill and decode run the built-in default policy "default"`, "round-robin(1P:default+2D:default)"},
-		{"disaggregated, decode unset", append([]string{"--policy", prefillOnly}, disagg...),
-			"router: warning: " + prefillOnly + `: role decode runs the built-in default policy "default"`, "prefill-only(1P+2D:default)"},
-		{"aggregated unset", []string{"--policy", prefillOnly},
-			"router: warning: " + prefillOnly + `: role aggregated runs the built-in default policy "default"`, "prefill-only(default)"},
-		{"disaggregated, both set", append([]string{"--policy", both}, disagg...), "", "pd(1P+2D)"},
-		{"no policy file", disagg, "", "default(1P+2D)"},
-		{"aggregated set", []string{"--policy", rrPolicy}, "", "round-robin"},
-	} {
-		t.Run(tt.name, func(t *testing.T) {
-			code, out, errOut := routerRun(t, append([]string{"replay", "--trace", arxivTrace, "--limit", "20"}, tt.args...)...)
-			if code != 0 {
-				t.Fatalf("exit %d, stderr %q", code, errOut)
-			}
-			if tt.warning == "" && errOut != "" {
-				t.Errorf("stderr %q, want nothing", errOut)
-			}
-			if tt.warning != "" && (!strings.HasPrefix(errOut, tt.warning) || strings.Count(errOut, "\n") != 1) {
-				t.Errorf("stderr %q, want one line starting %q", errOut, tt.warning)
-			}
-			if !regexpMatch(`(?m)^\s*`+regexp.QuoteMeta(tt.row)+`\s+20\s+20\s+0\s`, out) {
-				t.Errorf("no table row %q:\n%s", tt.row, out)
-			}
-		})
-	}
-}
-
-// TestReplayRejections replays five simultaneous requests on one worker
-// that admits one at a time: four are rejected, the exit status is still 0,
-// the table counts them and stderr names the reason.
-func TestReplayRejections(t *testing.T) {
-	busy := writeFile(t, "busy.hcl", `
-policy "busy" {
-  filter "b" {
-    type                = "busy"
-    max_active_requests = 1
-  }
-  picker "rr" { type = "round-robin" }
-}
-worker_selection { aggregated = "busy" }
-`)
-	line := `{"timestamp": 0, "input_length": 100, "output_length": 10, "hash_ids": [1]}` + "\n"
-	tr := writeFile(t, "burst.jsonl", strings.Repeat(line, 5))
-	code, out, errOut := routerRun(t, "replay", "--trace", tr, "--policy", busy, "--workers", "1")
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %q; rejections must not fail the run", code, errOut)
-	}
-	if !regexpMatch(`(?m)^\s*busy\s+5\s+1\s+4\s`, out) {
-		t.Errorf("no row with 5 requests, 1 completed, 4 rejected:\n%s", out)
-	}
-	if want := "router: busy: 4 of 5 requests rejected; most common reason (4): " +
-		`policy "busy": filter "b": all candidates filtered out` + "\n"; errOut != want {
-		t.Errorf("stderr %q, want %q", errOut, want)
-	}
-}
-
-func regexpMatch(pattern, s string) bool { return regexp.MustCompile(pattern).MatchString(s) }
-
-// --prefix both replays each policy twice, NAME then NAME+precise, in one
-// table with a belief column; the report is an array naming each run's
-// mode and the precise run's delay. The table without --prefix has no
-// belief column.
-func TestReplayPrefixBoth(t *testing.T) {
-	report := filepath.Join(t.TempDir(), "r.json")
-	code, out, errOut := routerRun(t, "replay", "--trace", arxivTrace, "--limit", "200", "--workers", "4",
-		"--prefix", "both", "--kv-event-delay", "5ms", "--report", report)
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
-	}
-	lines := strings.Split(out, "\n")
-	if !strings.Contains(lines[1], " of ref  belief ") {
-		t.Errorf("header %q lacks the belief column", lines[1])
-	}
-	if f2, f3 := strings.Fields(lines[2]), strings.Fields(lines[3]); len(f2) == 0 || f2[0] != "default" || len(f3) == 0 || f3[0] != "default+precise" {
-		t.Errorf("rows %q, %q; want default then default+precise", lines[2], lines[3])
-	}
-	if !strings.Contains(out, "NAME+precise rows") {
-		t.Errorf("legend lacks the precise rows' note:\n%s", out)
-	}
-	var reps []struct {
-		Policy         string
-		Prefix         string
-		BeliefAccuracy float64 `json:"belief_accuracy"`
-		KVEvents       *struct {
-			DelayMs float64 `json:"delay_ms"`
-			Events  int64
-		} `json:"kv_events"`
-	}
-	b, err := os.ReadFile(report)
-	if err != nil || json.Unmarshal(b, &reps) != nil || len(reps) != 2 {
-		t.Fatalf("report %q, %v; want an array of two", b, err)
-	}
-	if reps[0].Prefix != "approximate" || reps[0].KVEvents != nil || reps[1].Prefix != "precise" ||
-		reps[1].KVEvents == nil || reps[1].KVEvents.DelayMs != 5 || reps[1].KVEvents.Events == 0 || reps[1].BeliefAccuracy <= 0 {
-		t.Errorf("report %s", b)
-	}
-
-	code, out, errOut = routerRun(t, "replay", "--trace", arxivTrace, "--limit", "20", "--workers", "4")
-	if code != 0 || strings.Contains(out, "belief") {
-		t.Errorf("default replay: exit %d, stderr %q, table mentions belief:\n%s", code, errOut, out)
-	}
-}
-
-// A precise replay repeats byte for byte (scripts/replay-repeat-under-load.sh
-// checks the default's the same way).
-func TestReplayPrecisePerRequestRepeats(t *testing.T) {
-	dir := t.TempDir()
-	var sums [2]string
-	for i := range sums {
-		p := filepath.Join(dir, "r"+string(rune('0'+i))+".jsonl")
-		if code, _, errOut := routerRun(t, "replay", "--trace", arxivTrace, "--limit", "300", "--workers", "4",
-			"--prefix", "precise", "--per-request", p); code != 0 {
-			t.Fatalf("exit %d, stderr %q", code, errOut)
-		}
-		b, err := os.ReadFile(p)
-		if err != nil || len(b) == 0 {
-			t.Fatalf("per-request %q: %v", p, err)
-		}
-		sums[i] = string(b)
-	}
-	if sums[0] != sums[1] {
-		t.Fatal("two precise replays wrote different per-request lines")
 	}
 }
 

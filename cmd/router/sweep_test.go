@@ -6,78 +6,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-)
+	"time"
 
-// A sweep over fleet sizes crossed with --compare and --seeds gives one
-// row per (policy, fleet), each the median of its seeds, with --baseline's
-// delta, --slo's goodput, and --columns' choice; --report holds every run
-// with its fleet and seed.
-func TestReplaySweepSeedsBaselineSLO(t *testing.T) {
-	dir := t.TempDir()
-	report := filepath.Join(dir, "r.json")
-	rr := filepath.Join("..", "..", "examples", "policies", "round-robin.hcl")
-	kv := filepath.Join("..", "..", "examples", "policies", "kv-affinity.hcl")
-	arxiv := filepath.Join("..", "..", "testdata", "traces", "mooncake_arxiv_trace_first1000.jsonl")
-	code, out, errOut := runRouter("replay", "--trace", arxiv, "--limit", "300", "--compare", rr+","+kv,
-		"--workers", "2,4", "--seeds", "2", "--baseline", "round-robin", "--slo", "ttft=2s,tpot=40ms", "--goodput-target", "50",
-		"--columns", "ttft_p90,goodput,itl_p99", "--report", report)
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
-	}
-	lines := strings.Split(out, "\n")
-	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	if want := "trace mooncake_arxiv_trace_first1000.jsonl: 300 requests on 2 and 4 simulated workers; each cell run with 2 seeds"; !strings.HasPrefix(lines[0], want) {
-		t.Errorf("header line %q, want %q...", lines[0], want)
-	}
-	if got, want := fields(lines[1]), "policy workers TTFT p90 goodput ITL p99 Δ goodput vs round-robin"; got != want {
-		t.Errorf("columns %q, want %q", got, want)
-	}
-	for i, prefix := range []string{"round-robin 2 ", "kv-affinity 2 ", "round-robin 4 ", "kv-affinity 4 "} {
-		if !strings.HasPrefix(fields(lines[2+i]), prefix) {
-			t.Errorf("row %d %q, want it to start %q", i, lines[2+i], prefix)
-		}
-	}
-	if !strings.Contains(out, "\nsmallest fleet with goodput >= 50.0%: round-robin ") {
-		t.Errorf("no verdict line for --goodput-target:\n%s", out)
-	}
-	if !strings.HasSuffix(fields(lines[2]), " base") || strings.HasSuffix(fields(lines[3]), " base") {
-		t.Errorf("baseline rows:\n%s\n%s", lines[2], lines[3])
-	}
-	b, err := os.ReadFile(report)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var runs []struct {
-		Policy  string `json:"policy"`
-		Workers int    `json:"workers"`
-		Seed    *int64 `json:"seed"`
-		Goodput *struct {
-			SLO  string  `json:"slo"`
-			Met  int     `json:"met"`
-			PerS float64 `json:"per_s"`
-		} `json:"goodput"`
-		ITL struct {
-			P99 float64 `json:"p99"`
-		} `json:"itl_ms"`
-	}
-	if err := json.Unmarshal(b, &runs); err != nil {
-		t.Fatal(err)
-	}
-	if len(runs) != 8 {
-		t.Fatalf("%d runs in the report, want 2 policies x 2 fleets x 2 seeds", len(runs))
-	}
-	// round-robin.hcl sets no router.seed (replay's default is 1),
-	// kv-affinity.hcl sets 7: the runs add 0 and 1.
-	for i, r := range runs {
-		wantWorkers := []int{2, 4}[i/4]
-		wantSeed := int64([]int{1, 7}[i/2%2] + i%2)
-		if r.Workers != wantWorkers || r.Seed == nil || *r.Seed != wantSeed || r.Goodput == nil ||
-			r.Goodput.SLO != "ttft=2s,tpot=40ms" || r.ITL.P99 <= 0 {
-			t.Errorf("run %d: %s on %d workers, seed %v, goodput %+v, ITL p99 %v; want %d workers, seed %d, goodput under the SLO, a positive ITL",
-				i, r.Policy, r.Workers, r.Seed, r.Goodput, r.ITL.P99, wantWorkers, wantSeed)
-		}
-	}
-}
+	"github.com/switchyard-router/switchyard/router/replay"
+	"github.com/switchyard-router/switchyard/router/trace"
+)
 
 // Bad sweep flags are usage errors that say what is wanted.
 func TestReplaySweepFlagErrors(t *testing.T) {
@@ -190,5 +123,28 @@ func TestReplayCommandLine(t *testing.T) {
 	want := `replay --compare 'a<b>.hcl,it'\''s.hcl' --fail-on-fallback=false --html 'my report.html' --quiet --workers 2,3`
 	if got := commandLine(cmd); got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+// The line above the table names the trace, its requests, the fleets, the
+// router replicas and the seeds.
+func TestReplayHeaderLine(t *testing.T) {
+	tr := &trace.Opened{Name: "mooncake_arxiv_trace_first1000.jsonl", Requests: 300}
+	for _, tt := range []struct {
+		f      replayFlags
+		fleets []replay.Fleet
+		want   string
+	}{
+		{replayFlags{replicas: 1, seeds: 1}, []replay.Fleet{{Workers: 4}}, "trace mooncake_arxiv_trace_first1000.jsonl: 300 requests on 4 simulated workers"},
+		{replayFlags{replicas: 1, seeds: 2}, []replay.Fleet{{Workers: 2}, {Workers: 4}},
+			"trace mooncake_arxiv_trace_first1000.jsonl: 300 requests on 2 and 4 simulated workers; each cell run with 2 seeds (every seed of the policy + 0 to 1)"},
+		{replayFlags{replicas: 3, seeds: 1, syncDelays: []time.Duration{0, time.Second}}, []replay.Fleet{{Workers: 2}, {Workers: 4}},
+			"trace mooncake_arxiv_trace_first1000.jsonl: 300 requests on 2 and 4 simulated workers; 3 router replicas, sync delay 0s and 1s"},
+		{replayFlags{replicas: 1, seeds: 1}, []replay.Fleet{{Prefill: 2, Decode: 4}}, "trace mooncake_arxiv_trace_first1000.jsonl: 300 requests on 2 prefill + 4 decode simulated workers"},
+		{replayFlags{replicas: 1, seeds: 1}, []replay.Fleet{{Workers: 1}}, "trace mooncake_arxiv_trace_first1000.jsonl: 300 requests on 1 simulated worker"},
+	} {
+		if got := tt.f.headerLine(tr, tt.fleets); got != tt.want {
+			t.Errorf("got  %s\nwant %s", got, tt.want)
+		}
 	}
 }

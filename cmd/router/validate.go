@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/switchyard-router/switchyard/hosted"
-	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/loader"
 )
 
 func newValidateCmd() *cobra.Command {
@@ -33,7 +33,7 @@ file:line:col and the exit status is 1.`,
 			return nil
 		},
 		RunE: func(cmd *cobra.Command, args []string) error {
-			b, err := loadBundle(cmd.Context(), cmd.ErrOrStderr(), args[0], router.LoadOptions{})
+			b, err := loadBundle(cmd.Context(), cmd.ErrOrStderr(), args[0], loader.LoadOptions{})
 			if err != nil {
 				return &exitError{code: 1, err: errors.New("")}
 			}
@@ -119,16 +119,16 @@ func printBundle(w io.Writer, b *config.PolicyFile) error {
 }
 
 // loadBundle loads the policy file at path (the built-in default policy
-// when empty) through router.LoadBundle, the one loader of every command,
+// when empty) through loader.LoadBundle, the one loader of every command,
 // with its plugins' logs on stderr (pluginLogger) unless o sets a logger.
 // The diagnostics, warnings included, go to stderr at file:line:col; the
 // error (ErrNotLoaded) only says that the file did not load. The caller
 // closes the bundle (closeBundle).
-func loadBundle(ctx context.Context, stderr io.Writer, path string, o router.LoadOptions) (*router.Bundle, error) {
+func loadBundle(ctx context.Context, stderr io.Writer, path string, o loader.LoadOptions) (*loader.Bundle, error) {
 	if o.Logger == nil {
 		o.Logger = pluginLogger(ctx, stderr)
 	}
-	b, diags := router.LoadBundle(ctx, path, o)
+	b, diags := loader.LoadBundle(ctx, path, o)
 	if len(diags) > 0 {
 		fmt.Fprint(stderr, config.FormatDiagnostics(diags))
 	}
@@ -143,7 +143,7 @@ var errNotLoaded = errors.New("policy file has errors")
 
 // closeBundle closes b, stopping its plugins, bounded by shutdownGrace
 // whatever context the command had.
-func closeBundle(b *router.Bundle) {
+func closeBundle(b *loader.Bundle) {
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
 	defer cancel()
 	_ = b.Close(ctx)

@@ -69,8 +69,9 @@ func pathExists(root, tok string) bool {
 }
 
 // TestDocsNameWhatExists fails when a page names a repository path that
-// does not exist, or a Go identifier (pkg.Name, Type.Member) that no
-// package of the repository declares. Paths count in code spans, fenced
+// does not exist, a Go identifier (pkg.Name, Type.Member) that no package
+// of the repository declares, or a test or benchmark (TestX, BenchmarkX/sub)
+// that no test file declares. Paths count in code spans, fenced
 // blocks and relative links; identifiers in code spans, when their first
 // part is a package name or a type of the repository. Build outputs
 // (bin/) and files a command writes are named in prose as outputs, so
@@ -158,9 +159,21 @@ func TestDocsNameWhatExists(t *testing.T) {
 type goIndex struct {
 	pkgs    map[string]map[string]bool
 	members map[string]map[string]bool
+	// tests holds the names of every Test, Benchmark and Fuzz function.
+	tests map[string]bool
 }
 
+// testRef: a test, benchmark or fuzz target's name, with an optional
+// subtest or sub-benchmark path.
+var testRef = regexp.MustCompile(`^((?:Test|Benchmark|Fuzz)[A-Z0-9][A-Za-z0-9_]*)(?:/\S*)?$`)
+
 func (x goIndex) check(span string) string {
+	if m := testRef.FindStringSubmatch(strings.TrimSpace(span)); m != nil {
+		if !x.tests[m[1]] {
+			return "no such test or benchmark"
+		}
+		return ""
+	}
 	m := goRef.FindStringSubmatch(strings.TrimSpace(span))
 	if m == nil {
 		return ""
@@ -188,7 +201,7 @@ func (x goIndex) check(span string) string {
 
 func indexGo(t *testing.T, root string) goIndex {
 	t.Helper()
-	x := goIndex{pkgs: map[string]map[string]bool{}, members: map[string]map[string]bool{}}
+	x := goIndex{pkgs: map[string]map[string]bool{}, members: map[string]map[string]bool{}, tests: map[string]bool{}}
 	add := func(m map[string]map[string]bool, k, v string) {
 		if m[k] == nil {
 			m[k] = map[string]bool{}
@@ -213,15 +226,23 @@ func indexGo(t *testing.T, root string) goIndex {
 		if err != nil {
 			return err
 		}
-		pkg := f.Name.Name
+		pkg := strings.TrimSuffix(f.Name.Name, "_test")
 		if pkg == "main" {
+			// A command declares no API the docs may name, but its tests count.
+			for _, d := range f.Decls {
+				if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv == nil && strings.HasSuffix(path, "_test.go") {
+					x.tests[fd.Name.Name] = true
+				}
+			}
 			return nil
 		}
-		pkg = strings.TrimSuffix(pkg, "_test")
 		for _, d := range f.Decls {
 			switch d := d.(type) {
 			case *ast.FuncDecl:
 				if d.Recv == nil || len(d.Recv.List) == 0 {
+					if strings.HasSuffix(path, "_test.go") {
+						x.tests[d.Name.Name] = true
+					}
 					add(x.pkgs, pkg, d.Name.Name)
 					continue
 				}

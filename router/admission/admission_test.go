@@ -20,6 +20,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
@@ -415,16 +416,20 @@ func TestReloadSwapsTheClassifier(t *testing.T) {
 		}
 	}
 	policy(1)
-	b, diags := router.LoadBundle(context.Background(), path, router.LoadOptions{})
+	b, diags := loader.LoadBundle(context.Background(), path, loader.LoadOptions{})
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
-	r, err := router.New(router.Options{Bundle: b})
+	r, err := router.New(router.Options{Bundle: b.Bundle})
 	if err != nil {
 		_ = b.Close(context.Background())
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = r.Close(context.Background()) })
+	x, err := loader.NewReloader(r, loader.ReloadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.AddWorker(fleet.Spec{ID: 1, Role: shared.RoleAggregated, TotalKVBlocks: 10}); err != nil {
 		t.Fatal(err)
 	}
@@ -442,7 +447,7 @@ func TestReloadSwapsTheClassifier(t *testing.T) {
 		t.Fatalf("priority before reload = %d, want 1", got)
 	}
 	policy(2)
-	if diags := r.Reload(context.Background(), path); diags.HasErrors() {
+	if diags := x.Reload(context.Background(), path); diags.HasErrors() {
 		t.Fatal(diags)
 	}
 	if got := admit("b"); got != 2 {

@@ -266,9 +266,9 @@ func (h *Handle) Move(ctx context.Context, id shared.WorkerID, reason string) er
 		c.obs.Released(h.req.ID)
 	}
 	c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Worker: h.decision.Worker.ID, HasWorker: true, Reason: reason})
-	// A binding target runs no policy (no plugin, nothing that blocks):
-	// only the booking, so it is made under h.mu like End's release.
-	d, err := c.core.Place(ctx, h.req, router.Placement{Target: id, HasTarget: true, TargetOnly: true, Capacity: c.capacity, Overbook: true, Booking: &h.booking})
+	// Bind runs no policy (no plugin, nothing that blocks): only the
+	// booking, so it is made under h.mu like End's release.
+	d, err := c.core.Bind(ctx, h.req, router.Binding{Worker: id, Capacity: c.capacity, Booking: &h.booking})
 	if err != nil {
 		// Listeners heard aborted with the release: the request ends here.
 		h.state, h.err = stateEnded, err

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/prefix"
@@ -84,7 +85,7 @@ func TestRelayAfterLeaseBucketLost(t *testing.T) {
 	if err := js.DeleteKeyValue(ctx, "test-leases"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the lease bucket made again", func() bool {
+	testkit.Eventually(t, "the lease bucket made again", func() bool {
 		_, err := js.KeyValue(ctx, "test-leases")
 		return err == nil
 	})
@@ -137,7 +138,7 @@ func TestStalledFeedLeavesLive(t *testing.T) {
 	holds(t, "b's index holds the engine's blocks", e, pb)
 
 	stop()
-	eventually(t, "b's index leaves live", func() bool { return !pb.Stats().Live })
+	testkit.Eventually(t, "b's index leaves live", func() bool { return !pb.Stats().Live })
 	if got := b.rep.State().StalledKVFeeds; len(got) != 1 || got[0] != "w0/0" {
 		t.Errorf("b's stalled feeds %v, want [w0/0]", got)
 	}
@@ -269,11 +270,11 @@ func TestRelayFence(t *testing.T) {
 	r1.send([]byte{opClear})
 	r1.send(applyMsg(t, 7))
 	r1.send([]byte{opLive})
-	eventually(t, "a applies the relay's messages", func() bool { st := pa.Stats(); return st.Live && st.Blocks == 1 })
+	testkit.Eventually(t, "a applies the relay's messages", func() bool { st := pa.Stats(); return st.Live && st.Blocks == 1 })
 
 	r1.sendAs("0123456789abcdef", []byte{opClear}) // no lease has this token
 	r1.sendAs("", []byte{opClear})                 // no token
-	eventually(t, "two messages not of the relay dropped", func() bool { return stale() == 2 })
+	testkit.Eventually(t, "two messages not of the relay dropped", func() bool { return stale() == 2 })
 	if st := pa.Stats(); !st.Live || st.Blocks != 1 {
 		t.Fatalf("after messages not of the relay: %+v; want live with the relay's block", st)
 	}
@@ -288,10 +289,10 @@ func TestRelayFence(t *testing.T) {
 	r2.send(applyMsg(t, 8))
 	r2.send(applyMsg(t, 9))
 	r2.send([]byte{opLive})
-	eventually(t, "a applies the new relay's run", func() bool { st := pa.Stats(); return st.Live && st.Blocks == 2 })
+	testkit.Eventually(t, "a applies the new relay's run", func() bool { st := pa.Stats(); return st.Live && st.Blocks == 2 })
 	before := stale() // r2's run may have been dropped once, read before the lease changed hands
 	r2.sendAs(old, []byte{opClear})
-	eventually(t, "the old relay's late clear dropped", func() bool { return stale() == before+1 })
+	testkit.Eventually(t, "the old relay's late clear dropped", func() bool { return stale() == before+1 })
 	if st := pa.Stats(); !st.Live || st.Blocks != 2 {
 		t.Fatalf("after the old relay's late clear: %+v; want live with the new relay's two blocks", st)
 	}
@@ -347,7 +348,7 @@ func TestNewRelaySeenLate(t *testing.T) {
 	r.sendAs("1111111111111111", []byte{opClear})
 	r.sendAs("1111111111111111", applyMsg(t, 7))
 	r.sendAs("1111111111111111", []byte{opLive})
-	eventually(t, "a applies r1's run", func() bool { st := pa.Stats(); return st.Live && st.Blocks == 1 })
+	testkit.Eventually(t, "a applies r1's run", func() bool { st := pa.Stats(); return st.Live && st.Blocks == 1 })
 
 	// r2's run, before the lease names it: dropped.
 	start := r.sendAs("2222222222222222", []byte{opClear})
@@ -355,7 +356,7 @@ func TestNewRelaySeenLate(t *testing.T) {
 	r.sendAs("2222222222222222", applyMsg(t, 9))
 	r.sendAs("2222222222222222", []byte{opLive})
 	stale := func() float64 { return testutil.ToFloat64(a.rep.kv.m.kvDropped.WithLabelValues("stale_relay")) }
-	eventually(t, "r2's run dropped", func() bool { return stale() == 4 })
+	testkit.Eventually(t, "r2's run dropped", func() bool { return stale() == 4 })
 	if st := pa.Stats(); !st.Live || st.Blocks != 1 {
 		t.Fatalf("after r2's run unseen: %+v; want r1's one block, live", st)
 	}
@@ -372,7 +373,7 @@ func TestNewRelaySeenLate(t *testing.T) {
 	value.Stream, value.Start = st.CachedInfo().Created.UnixNano(), start
 	mu.Unlock()
 	put()
-	eventually(t, "a reads r2's run again from its start", func() bool { st := pa.Stats(); return st.Live && st.Blocks == 2 })
+	testkit.Eventually(t, "a reads r2's run again from its start", func() bool { st := pa.Stats(); return st.Live && st.Blocks == 2 })
 	if got := testutil.ToFloat64(a.rep.kv.m.kvRewinds); got != 1 {
 		t.Errorf("%v rewinds, want 1", got)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
 )
 
@@ -86,7 +87,7 @@ func TestLeaseHold(t *testing.T) {
 	}
 	a, b := holdLease(t, la, key), holdLease(t, lb, key)
 	var holder *leaseHolder
-	eventually(t, "one holder runs", func() bool {
+	testkit.Eventually(t, "one holder runs", func() bool {
 		ra, _ := a.state()
 		rb, _ := b.state()
 		switch {
@@ -105,9 +106,9 @@ func TestLeaseHold(t *testing.T) {
 	if _, err := la.kv.Put(ctx, key, []byte("intruder")); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, holder.name+" stops", func() bool { r, _ := holder.state(); return !r })
+	testkit.Eventually(t, holder.name+" stops", func() bool { r, _ := holder.state(); return !r })
 	// The intruder never renews: the key expires, and a holder takes it.
-	eventually(t, "a holder runs again", func() bool {
+	testkit.Eventually(t, "a holder runs again", func() bool {
 		ra, _ := a.state()
 		rb, _ := b.state()
 		return ra || rb
@@ -122,7 +123,7 @@ func TestLeaseHold(t *testing.T) {
 	_, before := waiting.state()
 	running.cancel()
 	<-running.done
-	eventually(t, waiting.name+" takes the key given up", func() bool {
+	testkit.Eventually(t, waiting.name+" takes the key given up", func() bool {
 		r, n := waiting.state()
 		return r && n == before+1
 	})
@@ -160,13 +161,13 @@ func TestLeaseBucketMadeAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := holdLease(t, l, "snapshot")
-	eventually(t, "a holds the lease", func() bool { r, n := h.state(); return r && n == 1 })
+	testkit.Eventually(t, "a holds the lease", func() bool { r, n := h.state(); return r && n == 1 })
 
 	s.Shutdown()
 	s.WaitForShutdown()
-	eventually(t, "a loses the lease while NATS is away", func() bool { r, _ := h.state(); return !r })
+	testkit.Eventually(t, "a loses the lease while NATS is away", func() bool { r, _ := h.state(); return !r })
 	startNATS(t, port)
-	eventually(t, "a holds the lease again on the new server", func() bool { r, n := h.state(); return r && n == 2 })
+	testkit.Eventually(t, "a holds the lease again on the new server", func() bool { r, n := h.state(); return r && n == 2 })
 	kv, err := js.KeyValue(ctx, "test-leases")
 	if err != nil {
 		t.Fatalf("the lease bucket was not made again: %v", err)

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/prefix"
 )
@@ -37,7 +38,7 @@ func BenchmarkRelayLag(b *testing.B) {
 			e := startEngine(b)
 			_, url := startNATS(b, 0)
 			y := startNode(b, url, "y", 1, 101, nil)
-			sink := &signalSink{Precise: y.r.PrefixPrecise(y.ids["w0"], 0), applied: make(chan struct{}, 1)}
+			sink := &signalSink{Precise: y.r.Prefix().Precise(prefix.Candidate{ID: y.ids["w0"]}), applied: make(chan struct{}, 1)}
 			if mode == "direct" {
 				ctx, cancel := context.WithCancel(context.Background())
 				sub, err := kvevents.Subscribe(ctx, kvevents.Options{Endpoint: e.kvEvents().Endpoint, ReplayEndpoint: e.kvEvents().ReplayEndpoint}, sink)
@@ -51,7 +52,7 @@ func BenchmarkRelayLag(b *testing.B) {
 				y.rep.FollowKV("w0", 0, sink)
 			}
 			// Warm up: until a batch reaches the index.
-			eventually(b, "a batch reaches the index", func() bool {
+			testkit.Eventually(b, "a batch reaches the index", func() bool {
 				e.publishBlocks(b, 16)
 				select {
 				case <-sink.applied:

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/kvevents"
 	"github.com/switchyard-router/switchyard/router/prefix"
@@ -107,7 +108,7 @@ func (e *engine) published() int {
 
 // precise returns n's precise index of w0 rank 0, following the stream.
 func followW0(n *node) *prefix.Precise {
-	p := n.r.PrefixPrecise(n.ids["w0"], 0)
+	p := n.r.Prefix().Precise(prefix.Candidate{ID: n.ids["w0"]})
 	n.rep.FollowKV("w0", 0, p)
 	return p
 }
@@ -122,7 +123,7 @@ func relayedApplies(n *node) float64 {
 func relaying(t *testing.T, e *engine, ns ...*node) *node {
 	t.Helper()
 	var holder *node
-	eventually(t, "a relay publishes the engine's batches", func() bool {
+	testkit.Eventually(t, "a relay publishes the engine's batches", func() bool {
 		e.publish(t)
 		for _, n := range ns {
 			if relayedApplies(n) > 0 && held(n) == 1 {
@@ -139,7 +140,7 @@ func relaying(t *testing.T, e *engine, ns ...*node) *node {
 func holds(t *testing.T, what string, e *engine, p *prefix.Precise) {
 	t.Helper()
 	want := e.published()
-	eventually(t, what, func() bool {
+	testkit.Eventually(t, what, func() bool {
 		st := p.Stats()
 		return st.Live && st.Blocks == want
 	})
@@ -176,7 +177,7 @@ func TestRelayLeaseAndHandover(t *testing.T) {
 	if got := relayedApplies(other); got != 0 {
 		t.Errorf("the replica without the lease relayed %v batches, want 0", got)
 	}
-	eventually(t, "one connection open to the engine", func() bool { return e.open.Load() == 1 })
+	testkit.Eventually(t, "one connection open to the engine", func() bool { return e.open.Load() == 1 })
 	if !a.rep.KVCaughtUp() || !b.rep.KVCaughtUp() {
 		t.Errorf("caught up: a %v, b %v; want both", a.rep.KVCaughtUp(), b.rep.KVCaughtUp())
 	}
@@ -188,8 +189,8 @@ func TestRelayLeaseAndHandover(t *testing.T) {
 
 	// The holder stops: it gives the lease up, the other takes it.
 	holder.stop(t)
-	eventually(t, other.rep.self+" takes the lease", func() bool { return held(other) == 1 })
-	eventually(t, other.rep.self+" relays", func() bool {
+	testkit.Eventually(t, other.rep.self+" takes the lease", func() bool { return held(other) == 1 })
+	testkit.Eventually(t, other.rep.self+" relays", func() bool {
 		e.publish(t)
 		return relayedApplies(other) > 0
 	})
@@ -199,7 +200,7 @@ func TestRelayLeaseAndHandover(t *testing.T) {
 		po = pb
 	}
 	holds(t, other.rep.self+"'s index holds every block after the handover", e, po)
-	eventually(t, "one connection open to the engine", func() bool { return e.open.Load() == 1 })
+	testkit.Eventually(t, "one connection open to the engine", func() bool { return e.open.Load() == 1 })
 }
 
 // TestRelayLeaseExpires: the lease is held by a holder that died (it
@@ -259,7 +260,7 @@ func TestMalformedKVMessagesAreDropped(t *testing.T) {
 		relay.send(msg)
 	}
 	dropped := func() float64 { return testutil.ToFloat64(a.rep.kv.m.kvDropped.WithLabelValues("malformed")) }
-	eventually(t, "four malformed messages dropped", func() bool { return dropped() == 4 })
+	testkit.Eventually(t, "four malformed messages dropped", func() bool { return dropped() == 4 })
 	st := pa.Stats()
 	if st.Live || st.Blocks != 0 || st.Resets != 4 || st.Stored != 1 {
 		t.Errorf("index after the malformed messages: live %v, %d blocks, %d resets, %d stored; want cold, 0, 4, 1", st.Live, st.Blocks, st.Resets, st.Stored)
@@ -290,15 +291,15 @@ func TestRelayNATSRestart(t *testing.T) {
 
 	s.Shutdown()
 	s.WaitForShutdown()
-	eventually(t, "both see NATS gone", func() bool { return !a.rep.Connected() && !b.rep.Connected() })
+	testkit.Eventually(t, "both see NATS gone", func() bool { return !a.rep.Connected() && !b.rep.Connected() })
 	startNATS(t, port)
-	eventually(t, "both reconnect", func() bool { return a.rep.Connected() && b.rep.Connected() })
+	testkit.Eventually(t, "both reconnect", func() bool { return a.rep.Connected() && b.rep.Connected() })
 	// The engine goes on publishing; the relay's next publish fails, or
 	// it sees the stream made again: it starts again (a second clear).
 	clears := func() float64 {
 		return testutil.ToFloat64(a.rep.kv.m.relayed.WithLabelValues("clear")) + testutil.ToFloat64(b.rep.kv.m.relayed.WithLabelValues("clear"))
 	}
-	eventually(t, "the relay starts again on the new stream, and both indexes go live", func() bool {
+	testkit.Eventually(t, "the relay starts again on the new stream, and both indexes go live", func() bool {
 		e.publish(t)
 		return clears() >= 2 && pa.Stats().Live && pb.Stats().Live
 	})
@@ -359,8 +360,8 @@ func TestKVStartSeq(t *testing.T) {
 		return seqs[1]
 	}
 	pa := followW0(a)
-	eventually(t, "a caught up", a.rep.KVCaughtUp)
-	eventually(t, "two batches applied", func() bool { return pa.Stats().Stored == 2 })
+	testkit.Eventually(t, "a caught up", a.rep.KVCaughtUp)
+	testkit.Eventually(t, "two batches applied", func() bool { return pa.Stats().Stored == 2 })
 	if got := testutil.ToFloat64(a.rep.kv.m.kvConsumed.WithLabelValues("apply")); got != 2 {
 		t.Errorf("applied %v batches from sequence %d, want 2", got, seqs[1])
 	}

@@ -10,9 +10,8 @@
 // which the JetStream stream <cluster>-deltas keeps in memory for twice
 // the booking TTL. Each replica reads the stream with its own ordered
 // consumer from the moment it joins and applies the others' records to
-// its own Router: a booking is placed on the named worker with a binding
-// target (router.Placement.TargetOnly: booked and recorded in the prefix
-// index, no policy run), released when its release arrives. Heartbeats
+// its own Router: a booking is made on the named worker (router.Router.Bind:
+// booked and recorded in the prefix index, no policy run), released when its release arrives. Heartbeats
 // (core NATS, every Heartbeat) tell the replicas alive; a replica silent
 // for BookingTTL has its bookings released everywhere. A replica that
 // joins or reconnects asks the others (hello) to send their live bookings
@@ -40,6 +39,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -81,7 +81,7 @@ type Options struct {
 	// this replica has no such worker (its record is dropped and counted).
 	Resolve func(name string) (shared.WorkerID, bool)
 	// Capacity is the queue block's max_active_requests (0: none): the
-	// others' bookings count toward it (router.Placement.Overbook), so a
+	// others' bookings count toward it (router.Binding.Capacity), so a
 	// worker they fill is at capacity here too.
 	Capacity int64
 	// Registerer receives the cluster's metrics; nil: none.
@@ -631,8 +631,9 @@ func (r *Replica) relearn(data []byte) {
 		if rec.Kind != KindBooked || len(rec.BlockHashes) == 0 {
 			return
 		}
-		if id, ok := r.o.Resolve(rec.Worker); ok {
-			r.o.Router.PrefixRecord(id, rec.Rank, rec.BlockSize, rec.BlockHashes)
+		// Hashes without a positive block size are no chain of any size.
+		if id, ok := r.o.Resolve(rec.Worker); ok && rec.BlockSize > 0 {
+			r.o.Router.Prefix().Record(prefix.Candidate{ID: id, Rank: rec.Rank}, rec.BlockHashes)
 		}
 	}); err != nil {
 		r.m.dropped.WithLabelValues("malformed").Inc()
@@ -721,8 +722,7 @@ func (r *Replica) apply(from string, p *peer, rec *Record, now time.Time, replay
 		}
 		req := &shared.Request{ID: from + "/" + rec.ID, Model: rec.Model, Role: rec.Role, PromptTokens: rec.PromptTokens,
 			BlockSize: rec.BlockSize, BlockHashes: slices.Clone(rec.BlockHashes)}
-		d, err := r.o.Router.Place(context.Background(), req, router.Placement{Target: id, HasTarget: true, TargetOnly: true,
-			TargetRank: rec.Rank, HasTargetRank: rec.HasRank, Capacity: r.o.Capacity, Overbook: true})
+		d, err := r.o.Router.Bind(context.Background(), req, router.Binding{Worker: id, Rank: rec.Rank, HasRank: rec.HasRank, Capacity: r.o.Capacity})
 		if err != nil {
 			r.m.dropped.WithLabelValues("not_placed").Inc()
 			return

@@ -20,6 +20,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
@@ -189,23 +190,12 @@ func (n *node) active() map[string]int64 {
 	return out
 }
 
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within a minute", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // joined waits until each node has heard every other (a hello answered
 // by a snapshot, even an empty one, proves the consumer is live).
 func joined(t testing.TB, ns ...*node) {
 	t.Helper()
 	for _, n := range ns {
-		eventually(t, n.rep.self+" hears its peers", func() bool {
+		testkit.Eventually(t, n.rep.self+" hears its peers", func() bool {
 			n.rep.mu.Lock()
 			defer n.rep.mu.Unlock()
 			return len(n.rep.peers) == len(ns)-1
@@ -217,12 +207,12 @@ func joined(t testing.TB, ns ...*node) {
 		h := admitPrompt(t, n, fmt.Sprintf("probe-%d", i), 900+uint64(i))
 		for _, o := range ns {
 			if o != n {
-				eventually(t, "a probe reaches "+o.rep.self, func() bool { return o.remoteCount() == 1 })
+				testkit.Eventually(t, "a probe reaches "+o.rep.self, func() bool { return o.remoteCount() == 1 })
 			}
 		}
 		h.End(admission.Completed(1))
 		for _, o := range ns {
-			eventually(t, "a probe's release reaches "+o.rep.self, func() bool { return o.remoteCount() == 0 })
+			testkit.Eventually(t, "a probe's release reaches "+o.rep.self, func() bool { return o.remoteCount() == 0 })
 		}
 	}
 }
@@ -247,7 +237,7 @@ func soloNode(t *testing.T) (string, *node, *nats.Conn) {
 // on nc, from "probe", again until n has heard the probe.
 func consuming(t testing.TB, n *node, nc *nats.Conn) {
 	t.Helper()
-	eventually(t, n.rep.self+" consumes", func() bool {
+	testkit.Eventually(t, n.rep.self+" consumes", func() bool {
 		if err := nc.Publish("switchyard."+n.rep.o.Config.Name+".d.probe", []byte{wireVersion, byte(KindReset)}); err != nil {
 			t.Fatal(err)
 		}
@@ -292,7 +282,7 @@ func TestReplicasShareBookings(t *testing.T) {
 
 	h := admitPrompt(t, a, "r1", 1)
 	w := h.Decision().Worker.Name
-	eventually(t, "b counts a's booking", func() bool { return b.active()[w] == 1 })
+	testkit.Eventually(t, "b counts a's booking", func() bool { return b.active()[w] == 1 })
 	if got := b.active(); got["w0"]+got["w1"]+got["w2"] != 1 {
 		t.Fatalf("b's counts %v, want a's one booking on %s alone", got, w)
 	}
@@ -306,9 +296,9 @@ func TestReplicasShareBookings(t *testing.T) {
 		t.Fatalf("b's load of %s: %+v, want 40 prefill tokens", w, l)
 	}
 	h.FirstToken()
-	eventually(t, "b hears the first token", func() bool { return bw.Load(true).ActivePrefillTokens == 0 })
+	testkit.Eventually(t, "b hears the first token", func() bool { return bw.Load(true).ActivePrefillTokens == 0 })
 	h.End(admission.Completed(50))
-	eventually(t, "b hears the release", func() bool { return b.active()[w] == 0 })
+	testkit.Eventually(t, "b hears the release", func() bool { return b.active()[w] == 0 })
 
 	// b routes a prompt extending r1's: its index holds a's record.
 	h2 := admitPrompt(t, b, "r2", 1)
@@ -316,7 +306,7 @@ func TestReplicasShareBookings(t *testing.T) {
 		t.Fatalf("b placed the prefix on %s with overlap %d, want %s (where a sent it) with 10", got, h2.Decision().OverlapBlocks, w)
 	}
 	h2.End(admission.Completed(50))
-	eventually(t, "a hears b's release", func() bool { return a.active()[w] == 0 })
+	testkit.Eventually(t, "a hears b's release", func() bool { return a.active()[w] == 0 })
 }
 
 // TestSilentReplicaExpires: a replica that books and then falls silent
@@ -330,8 +320,8 @@ func TestSilentReplicaExpires(t *testing.T) {
 	if err := nc.Publish("switchyard.test.d.ghost", msg); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the ghost's booking applied", func() bool { return b.active()["w2"] == 1 })
-	eventually(t, "the ghost's booking expires", func() bool { return b.active()["w2"] == 0 })
+	testkit.Eventually(t, "the ghost's booking applied", func() bool { return b.active()["w2"] == 1 })
+	testkit.Eventually(t, "the ghost's booking expires", func() bool { return b.active()["w2"] == 0 })
 	if got := counterValue(t, b.reg, "switchyard_cluster_expired_bookings_total"); got < 1 {
 		t.Fatalf("expired bookings counted %v, want at least 1", got)
 	}
@@ -343,9 +333,9 @@ func TestSilentReplicaExpires(t *testing.T) {
 	joined(t, c, d)
 	h := admitPrompt(t, c, "r", 1)
 	w := h.Decision().Worker.Name
-	eventually(t, "d counts c's booking", func() bool { return d.active()[w] == 1 })
+	testkit.Eventually(t, "d counts c's booking", func() bool { return d.active()[w] == 1 })
 	c.stop(t)
-	eventually(t, "d releases c's booking at c's reset", func() bool { return d.active()[w] == 0 })
+	testkit.Eventually(t, "d releases c's booking at c's reset", func() bool { return d.active()[w] == 0 })
 	h.End(admission.Aborted("test over"))
 }
 
@@ -392,20 +382,20 @@ func TestNATSRestart(t *testing.T) {
 	b := startNode(t, url, "b", 3, 101, nil)
 	joined(t, a, b)
 	before := admitPrompt(t, a, "before", 1)
-	eventually(t, "b counts a's booking", func() bool { return b.remoteCount() == 1 })
+	testkit.Eventually(t, "b counts a's booking", func() bool { return b.remoteCount() == 1 })
 
 	s.Shutdown()
 	s.WaitForShutdown()
-	eventually(t, "both see NATS gone", func() bool { return !a.rep.Connected() && !b.rep.Connected() })
+	testkit.Eventually(t, "both see NATS gone", func() bool { return !a.rep.Connected() && !b.rep.Connected() })
 	during := admitPrompt(t, a, "during", 500) // routed on a's own state
-	eventually(t, "a's bookings expire on b", func() bool { return b.remoteCount() == 0 })
+	testkit.Eventually(t, "a's bookings expire on b", func() bool { return b.remoteCount() == 0 })
 	if got := counterValue(t, b.reg, "switchyard_cluster_connected"); got != 0 {
 		t.Fatalf("b's connected gauge %v during the outage, want 0", got)
 	}
 
 	startNATS(t, port)
-	eventually(t, "both reconnect", func() bool { return a.rep.Connected() && b.rep.Connected() })
-	eventually(t, "b counts a's two live bookings again", func() bool { return b.remoteCount() == 2 })
+	testkit.Eventually(t, "both reconnect", func() bool { return a.rep.Connected() && b.rep.Connected() })
+	testkit.Eventually(t, "b counts a's two live bookings again", func() bool { return b.remoteCount() == 2 })
 	want := map[string]int64{}
 	want[before.Decision().Worker.Name]++
 	want[during.Decision().Worker.Name]++
@@ -416,7 +406,7 @@ func TestNATSRestart(t *testing.T) {
 	}
 	before.End(admission.Completed(1))
 	during.End(admission.Completed(1))
-	eventually(t, "the releases reach b", func() bool { return b.remoteCount() == 0 })
+	testkit.Eventually(t, "the releases reach b", func() bool { return b.remoteCount() == 0 })
 	if got := counterValue(t, b.reg, "switchyard_cluster_connected"); got != 1 {
 		t.Fatalf("b's connected gauge %v after NATS returned, want 1", got)
 	}
@@ -440,17 +430,17 @@ func TestMalformedMessagesAreDropped(t *testing.T) {
 		}
 	}
 	_ = nc.Flush()
-	eventually(t, "five malformed messages counted", func() bool {
+	testkit.Eventually(t, "five malformed messages counted", func() bool {
 		return counterValue(t, b.reg, "switchyard_cluster_dropped_total") == 5
 	})
 	// The good booked record before each fault applied, once (duplicates
 	// of one id are one booking).
-	eventually(t, "the good record applied once", func() bool { return b.active()["w1"] == 1 })
+	testkit.Eventually(t, "the good record applied once", func() bool { return b.active()["w1"] == 1 })
 	if err := nc.Publish("switchyard.test.d.noisy", append([]byte{wireVersion}, appendRecord(nil, &Record{Kind: KindReleased, ID: "ok"})...)); err != nil {
 		t.Fatal(err)
 	}
 	_ = nc.Flush()
-	eventually(t, "its release applies", func() bool { return b.active()["w1"] == 0 })
+	testkit.Eventually(t, "its release applies", func() bool { return b.active()["w1"] == 0 })
 }
 
 // TestPeersBounded: heartbeats and messages on the cluster's subjects
@@ -472,7 +462,7 @@ func TestPeersBounded(t *testing.T) {
 	}
 	_ = nc.Flush()
 	dropped := func(reason string) float64 { return testutil.ToFloat64(b.rep.m.dropped.WithLabelValues(reason)) }
-	eventually(t, "four messages from bad names dropped", func() bool { return dropped("malformed") == 4 })
+	testkit.Eventually(t, "four messages from bad names dropped", func() bool { return dropped("malformed") == 4 })
 	if got := b.rep.State().Peers; !slices.Equal(got, []string{"probe"}) {
 		t.Errorf("peers %v, want [probe] (soloNode's)", got)
 	}
@@ -487,7 +477,7 @@ func TestPeersBounded(t *testing.T) {
 		}
 	}
 	_ = nc.Flush()
-	eventually(t, "the peers past the bound dropped", func() bool { return dropped("too_many") == extra })
+	testkit.Eventually(t, "the peers past the bound dropped", func() bool { return dropped("too_many") == extra })
 	if got := len(b.rep.State().Peers); got != maxPeers {
 		t.Errorf("%d peers, want %d", got, maxPeers)
 	}
@@ -499,7 +489,7 @@ func TestPeersBounded(t *testing.T) {
 func TestHelloFloodBounded(t *testing.T) {
 	_, b, nc := soloNode(t)
 	snapshots := func() float64 { return testutil.ToFloat64(b.rep.m.snapshots) }
-	eventually(t, "b's own join snapshot sent", func() bool { return snapshots() >= 1 })
+	testkit.Eventually(t, "b's own join snapshot sent", func() bool { return snapshots() >= 1 })
 	time.Sleep(2 * resyncGap)
 	before := snapshots()
 	start := time.Now()
@@ -510,7 +500,7 @@ func TestHelloFloodBounded(t *testing.T) {
 		}
 	}
 	_ = nc.Flush()
-	eventually(t, "the flood answered", func() bool { return snapshots() > before })
+	testkit.Eventually(t, "the flood answered", func() bool { return snapshots() > before })
 	time.Sleep(3 * resyncGap) // a snapshot pending at the gap's end is sent
 	elapsed := time.Since(start)
 	sent := snapshots() - before
@@ -545,7 +535,7 @@ func TestMalformedLogLimited(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &follow{worker: "w0", sink: r.PrefixPrecise(1, 0), fence: fence{token: "t", synced: true}}
+	f := &follow{worker: "w0", sink: r.Prefix().Precise(prefix.Candidate{ID: 1}), fence: fence{token: "t", synced: true}}
 	const n = 1000
 	start := time.Now()
 	for range n {
@@ -602,7 +592,7 @@ func TestRemoteBookingKeepsItsRank(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "both bookings applied", func() bool { return ranks() == [4]int64{1, 0, 1, 0} })
+	testkit.Eventually(t, "both bookings applied", func() bool { return ranks() == [4]int64{1, 0, 1, 0} })
 }
 
 // TestSnapshotKeepsHeldBookings: a snapshot (a reset and the live
@@ -676,7 +666,7 @@ func TestSnapshotKeepsHeldBookings(t *testing.T) {
 	// its blocks): r1 keeps its charge.
 	resets := received()
 	send(&Record{Kind: KindReset}, booked("r1", "w1"), booked("r2", "w2"))
-	eventually(t, "the snapshot applied", func() bool { return received() > resets })
+	testkit.Eventually(t, "the snapshot applied", func() bool { return received() > resets })
 	wantState("r1 kept as it was, r2 booked", state{active: [3]int64{0, 1, 1}, prefill: [3]int64{0, 40, 40}})
 	// r1's first token, then a snapshot of r1 alone: its prefill stays
 	// done; r2, not repeated, is released.
@@ -684,7 +674,7 @@ func TestSnapshotKeepsHeldBookings(t *testing.T) {
 	wantState("r1's first token", state{active: [3]int64{0, 1, 1}, prefill: [3]int64{0, 0, 40}})
 	resets = received()
 	send(&Record{Kind: KindReset}, booked("r1", "w1"))
-	eventually(t, "the second snapshot applied", func() bool { return received() > resets })
+	testkit.Eventually(t, "the second snapshot applied", func() bool { return received() > resets })
 	wantState("r1 kept past its first token, r2 released", state{active: [3]int64{0, 1, 0}, prefill: [3]int64{0, 0, 0}})
 	// A snapshot naming r1 on w0 (it moved, the records between lost):
 	// it moves, charged anew there (w0 holds none of its blocks).

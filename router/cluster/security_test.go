@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -91,7 +92,7 @@ func TestForgedBookingsBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []*node{a, b} {
-		eventually(t, n.rep.self+" hears the forged bookings", func() bool {
+		testkit.Eventually(t, n.rep.self+" hears the forged bookings", func() bool {
 			return counterValue(t, n.reg, "switchyard_cluster_records_received_total") >= 3*capacity
 		})
 	}
@@ -124,8 +125,8 @@ func TestNATSPasswordNotLogged(t *testing.T) {
 	url := strings.Replace(s.ClientURL(), "nats://", "nats://router:s3cret-pw@", 1)
 	var logs logBuffer
 	a := startNodeOpts(t, url, "a", 1, 1, nodeOpts{logger: logs.logger(), cfg: func(c *config.Cluster) { c.WarmTimeout = 0 }})
-	eventually(t, "a connects", a.rep.Connected)
-	eventually(t, "the connection logged", func() bool { return strings.Contains(logs.String(), "connected to NATS") })
+	testkit.Eventually(t, "a connects", a.rep.Connected)
+	testkit.Eventually(t, "the connection logged", func() bool { return strings.Contains(logs.String(), "connected to NATS") })
 	a.stop(t)
 	if out := logs.String(); strings.Contains(out, "s3cret-pw") {
 		t.Fatalf("the password is in the log:\n%s", out)
@@ -146,8 +147,8 @@ func TestNATSAsyncErrorsLogged(t *testing.T) {
 	var logs logBuffer
 	start := time.Now()
 	a := startNodeOpts(t, url, "a", 1, 1, nodeOpts{logger: logs.logger()})
-	eventually(t, "a connects", a.rep.Connected)
-	eventually(t, "the refused heartbeats logged", func() bool {
+	testkit.Eventually(t, "a connects", a.rep.Connected)
+	testkit.Eventually(t, "the refused heartbeats logged", func() bool {
 		return strings.Contains(logs.String(), "Permissions Violation")
 	})
 	time.Sleep(time.Second) // ten more heartbeats refused
@@ -393,11 +394,11 @@ func TestReplicaPermissions(t *testing.T) {
 	a.rep.RelayKV(RelayTarget{Worker: "w0", KVEvents: e.kvEvents()})
 	relaying(t, e, a)
 	holdsAll(t, "both indexes follow the relay", e, pa, pb)
-	eventually(t, "a snapshot written", func() bool {
+	testkit.Eventually(t, "a snapshot written", func() bool {
 		return counterValue(t, a.reg, "switchyard_cluster_index_snapshot_writes_total")+counterValue(t, b.reg, "switchyard_cluster_index_snapshot_writes_total") > 0
 	})
 	c := startNodeOpts(t, url, "c", 3, 201, nodeOpts{logger: logs.logger(), cfg: cfg})
-	eventually(t, "c loads the snapshot", func() bool { return c.rep.State().Snapshot != nil })
+	testkit.Eventually(t, "c loads the snapshot", func() bool { return c.rep.State().Snapshot != nil })
 
 	withLog := func(o *SessionsOptions) { o.Config.NATS, o.Logger = url, logs.logger() }
 	sa := startSessions(t, url, "a", 1, []string{"w0", "w1", "w2"}, withLog)

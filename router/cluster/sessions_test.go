@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -60,7 +61,7 @@ func startSessions(t testing.TB, url, replica string, idBase int, names []string
 			t.Errorf("%s: Run: %v", replica, err)
 		}
 	})
-	eventually(t, replica+" joins the sessions bucket", func() bool { return n.s.kv.Load() != nil })
+	testkit.Eventually(t, replica+" joins the sessions bucket", func() bool { return n.s.kv.Load() != nil })
 	return n
 }
 
@@ -72,7 +73,7 @@ func (n *sessNode) store() shared.SessionStore { return n.s.For("", shared.RoleA
 // sees it, by name, at at.
 func bindUntilSeen(t *testing.T, from *sessNode, session, w string, at time.Time, to ...*sessNode) {
 	t.Helper()
-	eventually(t, session+" -> "+w+" shared", func() bool {
+	testkit.Eventually(t, session+" -> "+w+" shared", func() bool {
 		from.store().Bind(session, from.ids[w], at)
 		for k := 0; k < 20; k++ {
 			ok := true
@@ -107,7 +108,7 @@ func TestSessionsShared(t *testing.T) {
 
 	// only-a exists on a alone: a sees the binding, b ignores it.
 	bindUntilSeen(t, a, "conv-2", "only-a", t0, a)
-	eventually(t, "b mirrors conv-2", func() bool { return b.s.Len() == 2 })
+	testkit.Eventually(t, "b mirrors conv-2", func() bool { return b.s.Len() == 2 })
 	if id, _, ok := b.store().Binding("conv-2"); ok {
 		t.Errorf("b follows a binding to a worker it does not have: %d", id)
 	}
@@ -154,8 +155,8 @@ func TestSessionsMalformedDropped(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	eventually(t, "the good binding applied", func() bool { return b.s.Len() == 1 })
-	eventually(t, "three dropped", func() bool {
+	testkit.Eventually(t, "the good binding applied", func() bool { return b.s.Len() == 1 })
+	testkit.Eventually(t, "three dropped", func() bool {
 		return counterValue(t, b.reg, "switchyard_cluster_session_bindings_dropped_total") == 3
 	})
 	if id, at, ok := b.store().Binding("s"); !ok || id != 101 || at.UnixNano() != 42 {
@@ -171,7 +172,7 @@ func TestSessionsMalformedDropped(t *testing.T) {
 	}
 	// A session id too long to share is not written.
 	b.store().Bind(strings.Repeat("x", maxSessionValue), 101, time.Now())
-	eventually(t, "too_long counted", func() bool {
+	testkit.Eventually(t, "too_long counted", func() bool {
 		return counterValue(t, b.reg, "switchyard_cluster_session_bindings_dropped_total") == 4
 	})
 }
@@ -261,7 +262,7 @@ func TestSessionsNATSAway(t *testing.T) {
 
 	srv.Shutdown()
 	srv.WaitForShutdown()
-	eventually(t, "a write dropped while NATS is away", func() bool {
+	testkit.Eventually(t, "a write dropped while NATS is away", func() bool {
 		a.store().Bind("during", a.ids["w0"], t0)
 		time.Sleep(10 * time.Millisecond)
 		return testutil.ToFloat64(a.s.m.dropped.WithLabelValues("disconnected")) > 0

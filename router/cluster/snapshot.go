@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // Warm start. One replica, the holder of the lease "snapshot" (lease.go;
@@ -77,6 +78,31 @@ const (
 	maxSnapshotCopies = 1 << 30
 )
 
+// WorkerPrefix is one member's prefix index content, by worker name and
+// data-parallel rank: what a replica's snapshot of the index carries,
+// since worker ids differ from router to router.
+type WorkerPrefix struct {
+	Worker string
+	Rank   uint32
+	prefix.Content
+}
+
+// exportPrefix returns every member's prefix index content (of every role
+// and model), by worker name and rank, in ascending (id, rank) order per
+// role. Linear in what the index holds; routing goes on meanwhile, each
+// member's lists locked only while they are copied (prefix.Index.Export).
+func exportPrefix(r *router.Router) []WorkerPrefix {
+	var out []WorkerPrefix
+	for _, role := range []shared.Role{shared.RoleAggregated, shared.RolePrefill, shared.RoleDecode} {
+		for _, w := range r.Workers("", role) {
+			if c, ok := r.Prefix().Export(prefix.Candidate{ID: w.ID, Rank: w.DPRank}); ok {
+				out = append(out, WorkerPrefix{Worker: w.Name, Rank: w.DPRank, Content: c})
+			}
+		}
+	}
+	return out
+}
+
 // errSnapshot: a snapshot that does not decode.
 var errSnapshot = errors.New("malformed prefix-index snapshot")
 
@@ -86,7 +112,7 @@ type indexSnapshot struct {
 	DeltasSeq uint64
 	TakenAt   time.Time
 	Writer    string
-	Workers   []router.WorkerPrefix
+	Workers   []WorkerPrefix
 	// KVNext is, per worker (same index), its precise index's kv_next.
 	KVNext []uint64
 }
@@ -108,7 +134,7 @@ type workerCut struct {
 }
 
 // bound returns an upper bound of w's encoding in bytes, uncut.
-func bound(w *router.WorkerPrefix) int {
+func bound(w *WorkerPrefix) int {
 	n := workerFixedBytes + 8*len(w.Approx)
 	if p := w.Precise; p != nil {
 		n += 24*len(p.Router) + 8*len(p.CPU) + binary.MaxVarintLen32*len(p.Copies) + scopeBytes*len(p.Scopes) + moreBytes*len(p.More)
@@ -122,7 +148,7 @@ func bound(w *router.WorkerPrefix) int {
 // first, with their copies; without one, the list gets them all. A
 // precise index whose scopes alone do not fit is left out (the replica
 // then follows the KV stream from its start). Linear in w's content.
-func cutWorker(w *router.WorkerPrefix, budget int) workerCut {
+func cutWorker(w *WorkerPrefix, budget int) workerCut {
 	budget -= workerFixedBytes
 	p := w.Precise
 	if p != nil && budget < scopeBytes*len(p.Scopes) {
@@ -309,7 +335,7 @@ func decodeSnapshot(data []byte) (*indexSnapshot, error) {
 	s.Writer = d.str("writer")
 	n := d.uvarint("workers", maxSnapshotWorkers)
 	for i := uint64(0); i < n && d.err == nil; i++ {
-		w := router.WorkerPrefix{Worker: d.str("worker name")}
+		w := WorkerPrefix{Worker: d.str("worker name")}
 		w.Rank = uint32(d.uvarint("rank", 1<<20))
 		var next uint64
 		raw, k := d.fixed("approximate blocks", 8)
@@ -560,7 +586,7 @@ func readSnapshot(ctx context.Context, obs jetstream.ObjectStore) ([]byte, error
 // pendingPrefix is a snapshot's content of a worker that was not a
 // member when the snapshot was loaded.
 type pendingPrefix struct {
-	w      router.WorkerPrefix
+	w      WorkerPrefix
 	kvNext uint64
 }
 
@@ -568,12 +594,12 @@ type pendingPrefix struct {
 // worker is not a member (or the content is malformed). kvNext is its
 // precise index's stream position, kept for the candidate's follow when
 // the precise content was taken. r.snapMu is held.
-func (r *Replica) importLocked(w *router.WorkerPrefix, kvNext uint64) bool {
+func (r *Replica) importLocked(w *WorkerPrefix, kvNext uint64) bool {
 	id, ok := r.o.Resolve(w.Worker)
 	if !ok {
 		return false
 	}
-	ok, precise := r.o.Router.PrefixImport(id, w.Rank, w.Content)
+	ok, precise := r.o.Router.Prefix().Import(prefix.Candidate{ID: id, Rank: w.Rank}, w.Content)
 	if ok && precise && kvNext > 0 {
 		r.snapKV[kvCandidate{w.Worker, w.Rank}] = kvNext
 	}
@@ -658,7 +684,7 @@ func (r *Replica) writeWhileHeld(ctx context.Context, js jetstream.JetStream) {
 func (r *Replica) writeSnapshot(ctx context.Context, obs jetstream.ObjectStore) error {
 	s := &indexSnapshot{DeltasSeq: r.deltaSeq.Load(), TakenAt: time.Now(), Writer: r.self}
 	kv := r.kvPositions()
-	s.Workers = r.o.Router.PrefixExport()
+	s.Workers = exportPrefix(r.o.Router)
 	s.KVNext = make([]uint64, len(s.Workers))
 	for i, w := range s.Workers {
 		if w.Precise != nil {

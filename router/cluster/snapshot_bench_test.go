@@ -6,6 +6,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/policy"
+	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -29,7 +30,7 @@ func snapshotFleet(b *testing.B, workers, blocks int, fill bool) *router.Router 
 			for j := range hashes {
 				hashes[j] = uint64(w)<<40 | uint64(i+j)
 			}
-			r.PrefixRecord(id, 0, 16, hashes)
+			r.Prefix().Record(prefix.Candidate{ID: id}, hashes)
 		}
 	}
 	return r
@@ -43,7 +44,7 @@ func BenchmarkSnapshotWrite(b *testing.B) {
 	r := snapshotFleet(b, 16, 100_000, true)
 	var n int
 	for b.Loop() {
-		n = len(encodeSnapshot(&indexSnapshot{Writer: "a", Workers: r.PrefixExport()}))
+		n = len(encodeSnapshot(&indexSnapshot{Writer: "a", Workers: exportPrefix(r)}))
 	}
 	b.ReportMetric(float64(n), "bytes/snapshot")
 }
@@ -52,7 +53,7 @@ func BenchmarkSnapshotWrite(b *testing.B) {
 // snapshot but the object store's get: decoded and imported into a fresh
 // router's index, for 16 workers of 100,000 blocks each.
 func BenchmarkSnapshotLoad(b *testing.B) {
-	data := encodeSnapshot(&indexSnapshot{Writer: "a", Workers: snapshotFleet(b, 16, 100_000, true).PrefixExport()})
+	data := encodeSnapshot(&indexSnapshot{Writer: "a", Workers: exportPrefix(snapshotFleet(b, 16, 100_000, true))})
 	for b.Loop() {
 		b.StopTimer()
 		fresh := snapshotFleet(b, 16, 100_000, false)
@@ -62,7 +63,7 @@ func BenchmarkSnapshotLoad(b *testing.B) {
 			b.Fatal(err)
 		}
 		for i, w := range s.Workers {
-			fresh.PrefixImport(shared.WorkerID(i+1), w.Rank, w.Content)
+			fresh.Prefix().Import(prefix.Candidate{ID: shared.WorkerID(i + 1), Rank: w.Rank}, w.Content)
 		}
 	}
 	b.ReportMetric(float64(len(data)), "bytes/snapshot")

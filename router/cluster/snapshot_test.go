@@ -17,7 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -28,7 +28,7 @@ import (
 
 func TestSnapshotRoundTrip(t *testing.T) {
 	in := &indexSnapshot{DeltasSeq: 1234, TakenAt: time.Unix(0, 1_700_000_000_000_000_001), Writer: "router-0",
-		Workers: []router.WorkerPrefix{
+		Workers: []WorkerPrefix{
 			{Worker: "vllm-0", Rank: 0, Content: prefix.Content{Approx: []uint64{3, 2, 1 << 63}}},
 			{Worker: "vllm-1", Rank: 2, Content: prefix.Content{Approx: []uint64{}, Precise: &prefix.PreciseContent{
 				BlockSize: 16, Groups: 3, Live: true, SinceClear: 7,
@@ -66,7 +66,7 @@ func TestSnapshotRoundTrip(t *testing.T) {
 // appendV1 appends worker w (approximate list, precise index without the
 // CPU tier or copies) in version 1 of the format, as replicas wrote it
 // before version 2.
-func appendV1(b []byte, w router.WorkerPrefix, next uint64) []byte {
+func appendV1(b []byte, w WorkerPrefix, next uint64) []byte {
 	b = appendString(b, w.Worker)
 	b = binary.AppendUvarint(b, uint64(w.Rank))
 	b = binary.AppendUvarint(b, uint64(len(w.Approx)))
@@ -96,7 +96,7 @@ func appendV1(b []byte, w router.WorkerPrefix, next uint64) []byte {
 // is still read, as it was written: a replica can be upgraded while the
 // snapshot in the store is an older one's.
 func TestSnapshotVersion1Read(t *testing.T) {
-	ws := []router.WorkerPrefix{
+	ws := []WorkerPrefix{
 		{Worker: "a", Rank: 1, Content: prefix.Content{Approx: []uint64{7, 8}}},
 		{Worker: "b", Content: prefix.Content{Approx: []uint64{}, Precise: &prefix.PreciseContent{
 			BlockSize: 16, Groups: 1, Live: true, SinceClear: 3, Router: []uint64{1, 2}, Engine: []uint64{11, 12}, Mask: []uint64{1, 1}}}},
@@ -125,7 +125,7 @@ func TestSnapshotCut(t *testing.T) {
 	for i := range big {
 		big[i] = uint64(i)
 	}
-	in := &indexSnapshot{Workers: []router.WorkerPrefix{
+	in := &indexSnapshot{Workers: []WorkerPrefix{
 		{Worker: "a", Content: prefix.Content{Approx: big}},
 		{Worker: "b", Content: prefix.Content{Approx: big[:10]}},
 	}}
@@ -169,7 +169,7 @@ func TestSnapshotCutPrecise(t *testing.T) {
 			pc.More = append(pc.More, prefix.ScopeCopies{Block: uint32(i), Scope: 0, Copies: 2})
 		}
 	}
-	in := &indexSnapshot{Workers: []router.WorkerPrefix{
+	in := &indexSnapshot{Workers: []WorkerPrefix{
 		{Worker: "a", Content: prefix.Content{Approx: big}},
 		{Worker: "c", Content: prefix.Content{Approx: big, Precise: pc}},
 	}, KVNext: []uint64{0, 7}}
@@ -217,13 +217,13 @@ func TestSnapshotCutPrecise(t *testing.T) {
 }
 
 func TestSnapshotMalformed(t *testing.T) {
-	good := encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []router.WorkerPrefix{{Worker: "x", Content: prefix.Content{Approx: []uint64{1}}}}})
+	good := encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []WorkerPrefix{{Worker: "x", Content: prefix.Content{Approx: []uint64{1}}}}})
 	exact := func(mod func(p *prefix.PreciseContent)) []byte {
 		p := &prefix.PreciseContent{BlockSize: 16, Groups: 1, CPUGroups: 1, Router: []uint64{1, 2}, Engine: []uint64{1, 2},
 			Mask: []uint64{1, 1}, CPU: []uint64{1, 0}, Copies: []uint32{1, 1},
 			Scopes: []prefix.ResidencyScope{{CPU: true, Local: true}}, More: []prefix.ScopeCopies{{Block: 0, Scope: 0, Copies: 2}}}
 		mod(p)
-		return encodeSnapshot(&indexSnapshot{Workers: []router.WorkerPrefix{{Worker: "x", Content: prefix.Content{Precise: p}}}})
+		return encodeSnapshot(&indexSnapshot{Workers: []WorkerPrefix{{Worker: "x", Content: prefix.Content{Precise: p}}}})
 	}
 	if _, err := decodeSnapshot(exact(func(*prefix.PreciseContent) {})); err != nil {
 		t.Fatalf("the well-formed base of the cases below: %v", err)
@@ -329,9 +329,9 @@ func TestReadSnapshotBounded(t *testing.T) {
 }
 
 func FuzzDecodeSnapshot(f *testing.F) {
-	f.Add(encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []router.WorkerPrefix{{Worker: "x", Content: prefix.Content{
+	f.Add(encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []WorkerPrefix{{Worker: "x", Content: prefix.Content{
 		Approx: []uint64{1}, Precise: &prefix.PreciseContent{BlockSize: 16, Router: []uint64{1}, Engine: []uint64{2}, Mask: []uint64{1}}}}}}))
-	f.Add(encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []router.WorkerPrefix{{Worker: "x", Content: prefix.Content{
+	f.Add(encodeSnapshot(&indexSnapshot{Writer: "w", Workers: []WorkerPrefix{{Worker: "x", Content: prefix.Content{
 		Approx: []uint64{1}, Precise: &prefix.PreciseContent{BlockSize: 16, Groups: 1, CPUGroups: 1, Router: []uint64{1, 2}, Engine: []uint64{2, 3},
 			Mask: []uint64{1, 1}, CPU: []uint64{1, 0}, Copies: []uint32{2, 1}, Scopes: []prefix.ResidencyScope{{CPU: true, Local: true}},
 			More: []prefix.ScopeCopies{{Block: 0, Scope: 0, Copies: 2}}}}}}}))
@@ -362,7 +362,7 @@ func TestWarmStart(t *testing.T) {
 	_, url := startNATS(t, 0)
 	manual := func(c *config.Cluster) { c.SnapshotInterval, c.WarmTimeout = time.Hour, time.Hour }
 	a := startNode(t, url, "a", 3, 1, manual)
-	eventually(t, "a caught up", a.rep.caughtUp.Load)
+	testkit.Eventually(t, "a caught up", a.rep.caughtUp.Load)
 
 	_, js := client(t, url)
 	ctx := context.Background()
@@ -381,7 +381,7 @@ func TestWarmStart(t *testing.T) {
 	h1 := admitPrompt(t, a, "before", 1)
 	w1 := h1.Decision().Worker.Name
 	h1.End(admission.Completed(1))
-	eventually(t, "a applied its own records", func() bool { s := lastSeq(); return s > 0 && a.rep.deltaSeq.Load() == s })
+	testkit.Eventually(t, "a applied its own records", func() bool { s := lastSeq(); return s > 0 && a.rep.deltaSeq.Load() == s })
 	obs, err := a.rep.indexStore(ctx, js)
 	if err != nil {
 		t.Fatal(err)
@@ -393,14 +393,14 @@ func TestWarmStart(t *testing.T) {
 	h2 := admitPrompt(t, a, "after", 500)
 	w2 := h2.Decision().Worker.Name
 	h2.End(admission.Completed(1))
-	eventually(t, "the stream holds the second request", func() bool { return lastSeq() > snapSeq })
+	testkit.Eventually(t, "the stream holds the second request", func() bool { return lastSeq() > snapSeq })
 	// The messages up to the snapshot leave the stream.
 	if err := stream.Purge(ctx, jetstream.WithPurgeSequence(snapSeq+1)); err != nil {
 		t.Fatal(err)
 	}
 
 	b := startNode(t, url, "b", 3, 101, manual)
-	eventually(t, "b caught up", b.rep.caughtUp.Load)
+	testkit.Eventually(t, "b caught up", b.rep.caughtUp.Load)
 	if !b.rep.Ready() {
 		t.Fatal("b caught up but not ready")
 	}
@@ -424,7 +424,7 @@ func TestWarmStart(t *testing.T) {
 	// records the second.
 	a.stop(t)
 	a2 := startNode(t, url, "a", 3, 1, manual)
-	eventually(t, "a restarted caught up", a2.rep.caughtUp.Load)
+	testkit.Eventually(t, "a restarted caught up", a2.rep.caughtUp.Load)
 	for _, tc := range []struct {
 		first uint64
 		w     string
@@ -446,7 +446,7 @@ func TestWarmStart(t *testing.T) {
 func TestReadyWithoutNATS(t *testing.T) {
 	port := freePort(t)
 	n := startNode(t, "nats://127.0.0.1:"+strconv.Itoa(port), "a", 1, 1, func(c *config.Cluster) { c.WarmTimeout = 200 * time.Millisecond })
-	eventually(t, "ready after the warm timeout", n.rep.Ready)
+	testkit.Eventually(t, "ready after the warm timeout", n.rep.Ready)
 	if st := n.rep.State(); st.CaughtUp || st.Connected || st.Snapshot != nil {
 		t.Fatalf("state %+v, want neither connected nor caught up", st)
 	}
@@ -477,16 +477,16 @@ func TestConnectionLogged(t *testing.T) {
 				return buf.Write(p)
 			})})
 		})
-	eventually(t, "NATS not reachable logged", func() bool { return logged("NATS not reachable") })
-	eventually(t, "the warm timeout logged", func() bool { return logged("warm_timeout passed") })
+	testkit.Eventually(t, "NATS not reachable logged", func() bool { return logged("NATS not reachable") })
+	testkit.Eventually(t, "the warm timeout logged", func() bool { return logged("warm_timeout passed") })
 	if logged("connected to NATS") {
 		t.Fatal("connected logged while NATS is not there")
 	}
 	s, _ := startNATS(t, port)
-	eventually(t, "connected logged", func() bool { return logged("connected to NATS") })
+	testkit.Eventually(t, "connected logged", func() bool { return logged("connected to NATS") })
 	s.Shutdown()
 	s.WaitForShutdown()
-	eventually(t, "disconnected logged", func() bool { return logged("disconnected from NATS") })
+	testkit.Eventually(t, "disconnected logged", func() bool { return logged("disconnected from NATS") })
 }
 
 // TestWarmStartKVEvents: the snapshot carries a precise index with its
@@ -507,7 +507,7 @@ func TestWarmStartKVEvents(t *testing.T) {
 		e.publish(t)
 	}
 	holds(t, "a's index holds the engine's blocks", e, pa)
-	eventually(t, "a caught up", a.rep.caughtUp.Load)
+	testkit.Eventually(t, "a caught up", a.rep.caughtUp.Load)
 
 	ctx := context.Background()
 	_, js := client(t, url)
@@ -537,25 +537,25 @@ func TestWarmStartKVEvents(t *testing.T) {
 
 	// b: w0 a member, precise, before b runs.
 	var pb *prefix.Precise
-	b := startNodeWith(t, url, "b", 1, 101, manual, func(n *node) { pb = n.r.PrefixPrecise(n.ids["w0"], 0) })
-	eventually(t, "b loaded the snapshot", func() bool { st := b.rep.State(); return st.Snapshot != nil })
+	b := startNodeWith(t, url, "b", 1, 101, manual, func(n *node) { pb = n.r.Prefix().Precise(prefix.Candidate{ID: n.ids["w0"]}) })
+	testkit.Eventually(t, "b loaded the snapshot", func() bool { st := b.rep.State(); return st.Snapshot != nil })
 	if got := pb.Stats(); got.Blocks != before || !got.Live {
 		t.Fatalf("b's index after the snapshot: %d blocks, live %v; want the snapshot's %d, live", got.Blocks, got.Live, before)
 	}
 	b.rep.FollowKV("w0", 0, pb)
 	holds(t, "b's index holds every block", e, pb)
-	eventually(t, "b caught up", b.rep.caughtUp.Load)
+	testkit.Eventually(t, "b caught up", b.rep.caughtUp.Load)
 
 	// c: w0 joins after the snapshot was loaded.
 	c := startNodeWith(t, url, "c", 0, 201, manual, func(n *node) { n.ids["w0"] = 201 })
-	eventually(t, "c loaded the snapshot", func() bool { st := c.rep.State(); return st.Snapshot != nil })
+	testkit.Eventually(t, "c loaded the snapshot", func() bool { st := c.rep.State(); return st.Snapshot != nil })
 	if st := c.rep.State(); st.Snapshot.Workers != 0 {
 		t.Fatalf("c imported %d workers before any joined", st.Snapshot.Workers)
 	}
 	if _, err := c.r.AddWorker(fleet.Spec{ID: 201, Name: "w0", Role: shared.RoleAggregated, TotalKVBlocks: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	pc := c.r.PrefixPrecise(201, 0)
+	pc := c.r.Prefix().Precise(prefix.Candidate{ID: 201})
 	c.rep.Joined("w0", 0)
 	if st := c.rep.State(); st.Snapshot.Workers != 1 {
 		t.Fatalf("c imported %d workers once w0 joined, want 1", st.Snapshot.Workers)
@@ -621,11 +621,11 @@ func TestWarmStartKVEventsResidency(t *testing.T) {
 	holds(t, "a's index holds the engine's blocks", e, pa)
 	plain := e.published()
 	e.publishEvents(t, residencyEvents()...)
-	eventually(t, "a's index holds the residency", func() bool {
+	testkit.Eventually(t, "a's index holds the residency", func() bool {
 		s := pa.Stats()
 		return s.Blocks == plain+3 && s.GPUBlocks == plain+2 && s.CPUBlocks == 3 && s.Copies == plain+7
 	})
-	eventually(t, "a caught up", a.rep.caughtUp.Load)
+	testkit.Eventually(t, "a caught up", a.rep.caughtUp.Load)
 
 	ctx := context.Background()
 	_, js := client(t, url)
@@ -649,8 +649,8 @@ func TestWarmStartKVEventsResidency(t *testing.T) {
 	}
 
 	var pb *prefix.Precise
-	b := startNodeWith(t, url, "b", 1, 101, manual, func(n *node) { pb = n.r.PrefixPrecise(n.ids["w0"], 0) })
-	eventually(t, "b loaded the snapshot", func() bool { st := b.rep.State(); return st.Snapshot != nil })
+	b := startNodeWith(t, url, "b", 1, 101, manual, func(n *node) { pb = n.r.Prefix().Precise(prefix.Candidate{ID: n.ids["w0"]}) })
+	testkit.Eventually(t, "b loaded the snapshot", func() bool { st := b.rep.State(); return st.Snapshot != nil })
 	tokens := func(hs ...int64) *prefix.Key {
 		k := &prefix.Key{}
 		for _, h := range hs {
@@ -677,7 +677,7 @@ func TestWarmStartKVEventsResidency(t *testing.T) {
 		t.Fatalf("b's TierOverlap of blocks 1001-1003 = %+v, want 1001 and 1002 on GPU, 1003 on CPU", o)
 	}
 	export := func(n *node) *prefix.PreciseContent {
-		for _, w := range n.r.PrefixExport() {
+		for _, w := range exportPrefix(n.r) {
 			if w.Worker == "w0" {
 				return w.Precise
 			}
@@ -694,7 +694,7 @@ func TestWarmStartKVEventsResidency(t *testing.T) {
 	e.publishEvents(t, kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{1001}},
 		kvevents.Event{Kind: kvevents.BlockRemoved, BlockHashes: []uint64{1003}, Medium: []byte(kvevents.MediumCPU)})
 	for _, p := range []*prefix.Precise{pa, pb} {
-		eventually(t, "the removals applied", func() bool { return p.Stats().Copies == plain+5 })
+		testkit.Eventually(t, "the removals applied", func() bool { return p.Stats().Copies == plain+5 })
 	}
 	same("after the removals")
 	if s := pb.Stats(); s.GPUBlocks != plain+2 || s.CPUBlocks != 3 {

@@ -53,7 +53,7 @@ var Roles = []shared.Role{shared.RoleAggregated, shared.RolePrefill, shared.Role
 // declared plugins, every policy instantiated, the policy serving each role,
 // the queue, the worker blocks and the request classifier. It is data: the
 // running form of the file (compiled policies, the plugin Host) is
-// router.Bundle, which LoadBundle builds from it.
+// loader.Bundle, which loader.LoadBundle builds from it.
 type PolicyFile struct {
 	// Filename is the name the file was loaded under; diagnostics and
 	// ranges refer to it.
@@ -428,6 +428,47 @@ func LoadPluginBlocks(path string) ([]Plugin, hcl.Diagnostics) {
 		}
 	}
 	return out, l.diags
+}
+
+// LoadClusterWorkers reads the policy file at path (as LoadFile does)
+// and decodes its cluster block and worker blocks only, as Load does,
+// starting no plugin and resolving no policy: what `router kv-relay`
+// needs, on a host that may lack the plugins' binaries. The rest of the
+// file is not checked. The cluster is nil when the file has no cluster
+// block; the workers are in file order. The diagnostics are those
+// blocks' and the syntax's; on an error the results are nil.
+func LoadClusterWorkers(path string) (*Cluster, []Worker, hcl.Diagnostics) {
+	src, diags := readFile(path, "policy")
+	if diags != nil {
+		return nil, nil, diags
+	}
+	file, diags := parse(path, src)
+	if file == nil || file.Body == nil {
+		return nil, nil, diags
+	}
+	content, _, more := file.Body.PartialContent(&hcl.BodySchema{Blocks: []hcl.BlockHeaderSchema{
+		{Type: blockCluster}, {Type: blockWorker, LabelNames: []string{"name"}},
+	}})
+	l := newLoader(path, nil)
+	l.diags = append(diags, more...)
+	var cluster *hcl.Block
+	for _, blk := range content.Blocks {
+		switch {
+		case blk.Type == blockWorker:
+			l.workerBlock(blk)
+		case cluster != nil:
+			l.errorf(blk.DefRange, "Duplicate "+blk.Type+" block",
+				"Only one %s block is allowed; the first is at %s. Merge them.", blk.Type, pos(cluster.DefRange))
+		default:
+			cluster = blk
+			l.clusterBlock(blk)
+		}
+	}
+	l.diags = dedupe(l.diags)
+	if l.diags.HasErrors() {
+		return nil, nil, l.diags
+	}
+	return l.file.Cluster, l.file.Workers, l.diags
 }
 
 // LoadWith is Load with options.

@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/live"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -77,11 +78,11 @@ func BenchmarkDecision100Endpoints(b *testing.B) {
 	if err := os.WriteFile(path, []byte(kvPolicy("")), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	bundle, diags := router.LoadBundle(context.Background(), path, router.LoadOptions{})
+	bundle, diags := loader.LoadBundle(context.Background(), path, loader.LoadOptions{})
 	if diags.HasErrors() {
 		b.Fatal(diags)
 	}
-	r, err := router.New(router.Options{Bundle: bundle})
+	r, err := router.New(router.Options{Bundle: bundle.Bundle})
 	if err != nil {
 		b.Fatal(err)
 	}

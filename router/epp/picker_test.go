@@ -20,6 +20,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/live"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
@@ -89,11 +90,11 @@ func newRouterEnvWith(t *testing.T, n int, queue string, fallbacks int) *routerE
 	if err := os.WriteFile(path, []byte(kvPolicy(queue, urls...)), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, diags := router.LoadBundle(context.Background(), path, router.LoadOptions{})
+	b, diags := loader.LoadBundle(context.Background(), path, loader.LoadOptions{})
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
-	r, err := router.New(router.Options{Bundle: b})
+	r, err := router.New(router.Options{Bundle: b.Bundle})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,7 +156,7 @@ cluster {
 	a, b := start("a"), start("b")
 	id := workers.ID("w0")
 	precise := func(rd *runningDaemon) prefix.PreciseStats {
-		p := rd.d.r.PrefixPrecise(id, 0)
+		p := rd.d.r.Prefix().Precise(prefix.Candidate{ID: id})
 		if p == nil {
 			return prefix.PreciseStats{}
 		}

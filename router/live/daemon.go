@@ -29,6 +29,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/filewatch"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/router/upstream"
 	"github.com/switchyard-router/switchyard/router/workers"
@@ -165,7 +166,7 @@ func NewTransport() *upstream.Transport {
 }
 
 // Daemon is the live runtime without its command line: Run loads the
-// policy file (router.LoadBundle), builds the Router with admission and a
+// policy file (loader.LoadBundle), builds the Router with admission and a
 // workers.Manager of its fleet, sets the workers from the policy file's
 // worker blocks, the workers file and DaemonOptions.Pods, follows the
 // workers file's and the pods' changes, reloads
@@ -182,6 +183,7 @@ type Daemon struct {
 
 	// Set by Run before ready is closed, read-only after.
 	r     *router.Router
+	rl    *loader.Reloader // swaps the policy file's bundles into r
 	mgr   *workers.Manager
 	kvs   *kvSubs
 	rt    *Runtime
@@ -242,8 +244,8 @@ func (d *Daemon) Run(ctx context.Context) error {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 
-	load := router.LoadOptions{Logger: d.log, Registerer: reg}
-	b, diags := router.LoadBundle(ctx, o.PolicyFile, load)
+	load := loader.LoadOptions{Logger: d.log, Registerer: reg}
+	b, diags := loader.LoadBundle(ctx, o.PolicyFile, load)
 	d.diagnostics(diags)
 	if diags.HasErrors() || b == nil {
 		return fmt.Errorf("%s %w", o.PolicyFile, ErrNotLoaded)
@@ -340,7 +342,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	reloader, err := NewReloader(r, ReloaderOptions{
+	reloader, err := NewReloader(d.rl, ReloaderOptions{
 		Path: o.PolicyFile, Watch: o.Watch, Logger: d.log, Signals: signals,
 		OnReload: func(diags hcl.Diagnostics) { _ = d.afterReload(diags) },
 	})
@@ -415,7 +417,7 @@ func (d *Daemon) Runtime() *Runtime {
 // classifier is taken from the current bundle at each request, so a
 // reload that changes or removes request_classifier takes effect). b is
 // closed when the Router cannot be built.
-func (d *Daemon) newRouter(ctx context.Context, b *router.Bundle, reg prometheus.Registerer, load router.LoadOptions) (*router.Router, error) {
+func (d *Daemon) newRouter(ctx context.Context, b *loader.Bundle, reg prometheus.Registerer, load loader.LoadOptions) (*router.Router, error) {
 	closeBundle := func() {
 		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RouterCloseTimeout)
 		defer cancel()
@@ -425,10 +427,16 @@ func (d *Daemon) newRouter(ctx context.Context, b *router.Bundle, reg prometheus
 		closeBundle()
 		return nil, err
 	}
-	r, err := router.New(router.Options{Bundle: b, Registerer: reg, Logger: d.log, Load: load,
+	r, err := router.New(router.Options{Bundle: b.Bundle, Registerer: reg,
 		Shadow: router.ShadowOptions{MaxInFlight: d.o.ShadowMaxInFlight}})
 	if err != nil {
 		closeBundle()
+		return nil, err
+	}
+	if d.rl, err = loader.NewReloader(r, loader.ReloadOptions{Load: load, Logger: d.log, Registerer: reg}); err != nil {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), RouterCloseTimeout)
+		defer cancel()
+		_ = r.Close(cctx)
 		return nil, err
 	}
 	// The queue is built once (the Runtime's admission takes it): a reload
@@ -438,7 +446,7 @@ func (d *Daemon) newRouter(ctx context.Context, b *router.Bundle, reg prometheus
 }
 
 // Reload reloads the policy file, as a reload signal does, and waits for
-// it: router.Router.Reload (a new bundle with fresh plugins, applied once
+// it: loader.Reloader.Reload (a new bundle with fresh plugins, applied once
 // ready), then the workers are set from the new file's worker blocks and
 // the workers file. It returns nil when both applied; an error wrapping
 // ErrReloadFailed (with the diagnostics) when the file did not reload and
@@ -458,17 +466,17 @@ func (d *Daemon) Reload(ctx context.Context) error {
 		return ErrNotRunning
 	}
 	d.log.Info("reloading the policy file", "path", d.o.PolicyFile, "cause", "Reload")
-	return d.afterReload(d.r.Reload(ctx, d.o.PolicyFile))
+	return d.afterReload(d.rl.Reload(ctx, d.o.PolicyFile))
 }
 
 // afterReload finishes a reload whose diagnostics are diags (logged by
-// Router.Reload): it warns when the queue block changed, and sets the
+// loader.Reloader.Reload): it warns when the queue block changed, and sets the
 // workers again. See Reload for the error.
 func (d *Daemon) afterReload(diags hcl.Diagnostics) error {
 	if diags.HasErrors() {
 		return fmt.Errorf("%w: %s", ErrReloadFailed, strings.TrimSpace(config.FormatDiagnostics(diags)))
 	}
-	b := d.r.Bundle()
+	b := loader.Current(d.r)
 	if b != nil && !reflect.DeepEqual(queueSettings(b.Queue()), queueSettings(d.queue)) {
 		d.log.Warn("the queue block changed; the running queue keeps its settings until a restart", "path", d.o.PolicyFile)
 	}
@@ -494,7 +502,7 @@ func (d *Daemon) afterReload(diags hcl.Diagnostics) error {
 // taking its base model's, when the workers know adapters' parents):
 // tokenizer.NewSet with Defaults. An engine-sourced tokenizer calls the
 // ready worker serving its model with the fewest requests in flight.
-func (d *Daemon) tokenizers(b *router.Bundle) (*tokenizer.Set, error) {
+func (d *Daemon) tokenizers(b *loader.Bundle) (*tokenizer.Set, error) {
 	var blocks []config.Tokenizer
 	if pf := b.PolicyFile(); pf != nil {
 		blocks = pf.Tokenizers
@@ -584,7 +592,7 @@ func (d *Daemon) watchPods(ctx context.Context) {
 func (d *Daemon) syncWorkers() (int, hcl.Diagnostics, error) {
 	d.syncMu.Lock()
 	defer d.syncMu.Unlock()
-	b := d.r.Bundle()
+	b := loader.Current(d.r)
 	if b == nil {
 		return 0, nil, router.ErrClosed
 	}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -178,7 +179,7 @@ func (rd *runningDaemon) split(t *testing.T, n int) map[string]int {
 
 // policyName is the running policy of the aggregated role.
 func (rd *runningDaemon) policyName() string {
-	if b := rd.d.r.Bundle(); b != nil {
+	if b := loader.Current(rd.d.r); b != nil {
 		return b.PolicyName(shared.RoleAggregated)
 	}
 	return ""

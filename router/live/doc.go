@@ -6,7 +6,7 @@
 // core:
 //
 //   - Daemon: the runtime without its command line. It loads the policy
-//     file (router.LoadBundle), builds the Router with admission, the
+//     file (loader.LoadBundle), builds the Router with admission, the
 //     workers (workers.Manager) from the policy file's worker blocks, the
 //     workers file and the pods (WorkerSource), the engines' KV-event
 //     subscriptions (kvsubs.go), the tokenizers, the cluster replica, the
@@ -22,7 +22,7 @@
 //     context tokens the booking ends with. serve's proxy and the EPP's
 //     response phase (Place, Answer, FirstByte, Finish) both read with it.
 //
-// It imports the selection core (router), admission, cluster, workers,
+// It imports the selection core (router), loader, admission, cluster, workers,
 // tokenizer, config, upstream and the other parts below the faces; never
 // a face, nor cmd/router.
 package live

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/shared"
@@ -194,7 +195,7 @@ func (rt *Runtime) observeSelection(policy string, role shared.Role, d time.Dura
 		return
 	}
 	if policy == "" {
-		if b := rt.r.Bundle(); b != nil {
+		if b := loader.Current(rt.r); b != nil {
 			policy = b.PolicyName(role)
 		}
 	}

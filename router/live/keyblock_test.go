@@ -20,6 +20,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
@@ -62,11 +63,11 @@ func fileRouter(t *testing.T, routerBlock string, e Engines) (*router.Router, *R
 	if err := os.WriteFile(path, []byte(routerBlock), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, diags := router.LoadBundle(context.Background(), path, router.LoadOptions{})
+	b, diags := loader.LoadBundle(context.Background(), path, loader.LoadOptions{})
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
-	r, err := router.New(router.Options{Bundle: b})
+	r, err := router.New(router.Options{Bundle: b.Bundle})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -170,7 +170,7 @@ func (k *kvSubs) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 		// now, before its follow starts (a precise index first, to take
 		// the snapshot's precise content).
 		if _, _, _, ok := k.sourceLocked(s.Name, c.Rank); ok && !k.stopped {
-			k.r.PrefixPrecise(c.ID, c.Rank)
+			k.r.Prefix().Precise(c)
 		}
 		k.rep.Joined(s.Name, s.DPRank)
 	}
@@ -237,7 +237,7 @@ func (k *kvSubs) reconcileLocked(c prefix.Candidate, name string) {
 // candidate stays approximate.
 func (k *kvSubs) start(c prefix.Candidate, name string, src kvSource, cfg config.KVEvents, rankEndpoints bool) {
 	log := k.log.With("worker", name, "rank", c.Rank)
-	p := k.r.PrefixPrecise(c.ID, c.Rank)
+	p := k.r.Prefix().Precise(c)
 	if p == nil {
 		return // it left again meanwhile; its next join starts it
 	}
@@ -257,7 +257,7 @@ func (k *kvSubs) start(c prefix.Candidate, name string, src kvSource, cfg config
 	}, p)
 	if err != nil {
 		cancel()
-		k.r.PrefixDropPrecise(c.ID, c.Rank)
+		k.r.Prefix().DropPrecise(c)
 		log.Error("KV events not followed; the worker is scored approximately", "endpoint", src.Endpoint, "error", err)
 		return
 	}
@@ -457,7 +457,7 @@ func configured(ws []config.Worker) map[string]*config.KVEvents {
 func (k *kvSubs) stopLocked(c prefix.Candidate, s *kvSub) {
 	s.cancel()
 	delete(k.subs, c)
-	k.r.PrefixDropPrecise(c.ID, c.Rank)
+	k.r.Prefix().DropPrecise(c)
 }
 
 // kvStatus is a candidate's stream as shown: its state and since when,
@@ -575,7 +575,7 @@ func (k *kvSubs) indexBlocks(id shared.WorkerID, rank uint32) (int64, bool) {
 	if s != nil {
 		return int64(s.precise.Stats().Blocks), true
 	}
-	return int64(k.r.PrefixBlocks(id, rank)), true
+	return int64(k.r.Prefix().Len(prefix.Candidate{ID: id, Rank: rank})), true
 }
 
 // close stops every subscriber and waits for them.

@@ -14,8 +14,8 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/hcl/v2"
 
-	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/filewatch"
+	"github.com/switchyard-router/switchyard/router/loader"
 )
 
 // ReloaderOptions configure a Reloader.
@@ -49,15 +49,15 @@ type ReloaderOptions struct {
 	// diagnostics (errors when the reload failed), from Run's goroutine.
 	OnReload func(hcl.Diagnostics)
 	// Logger receives why a reload starts and watch errors; nil discards
-	// them. The outcome is logged by router.Router.Reload.
+	// them. The outcome is logged by loader.Reloader.Reload.
 	Logger hclog.Logger
 }
 
-// Reloader reloads a Router's policy file (router.Router.Reload) on
+// Reloader reloads a Router's policy file (loader.Reloader.Reload) on
 // SIGHUP and, with Watch, when the file changes: the Daemon's reload
 // loop. Reloads happen one at a time, on Run's goroutine.
 type Reloader struct {
-	r       *router.Router
+	r       *loader.Reloader
 	o       ReloaderOptions
 	path    string // absolute
 	trigger chan struct{}
@@ -67,7 +67,7 @@ type Reloader struct {
 
 // NewReloader returns a Reloader of r's policy file o.Path; Run starts it.
 // It fails when o.Path is empty or cannot be made absolute.
-func NewReloader(r *router.Router, o ReloaderOptions) (*Reloader, error) {
+func NewReloader(r *loader.Reloader, o ReloaderOptions) (*Reloader, error) {
 	if o.Path == "" {
 		return nil, errors.New("live: reloader: no policy file")
 	}

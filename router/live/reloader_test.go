@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -38,16 +39,20 @@ worker_selection {
 const reloaderWorkers = 4 // ids 1..4
 
 // loadedRouter loads path into a Router with workers 1..4, bookings as
-// their load, its metrics on reg (nil: none); the test's cleanup closes
-// it.
-func loadedRouter(t *testing.T, path string, reg prometheus.Registerer) *router.Router {
+// their load, its metrics on reg (nil: none), and its loader.Reloader;
+// the test's cleanup closes it.
+func loadedRouter(t *testing.T, path string, reg prometheus.Registerer) (*router.Router, *loader.Reloader) {
 	t.Helper()
-	var lo router.LoadOptions
-	b, diags := router.LoadBundle(context.Background(), path, lo)
+	var lo loader.LoadOptions
+	b, diags := loader.LoadBundle(context.Background(), path, lo)
 	if diags.HasErrors() {
 		t.Fatal(config.FormatDiagnostics(diags))
 	}
-	r, err := router.New(router.Options{Bundle: b, BookingsAreLoad: true, Load: lo, Registerer: reg})
+	r, err := router.New(router.Options{Bundle: b.Bundle, BookingsAreLoad: true, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := loader.NewReloader(r, loader.ReloadOptions{Load: lo, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +68,7 @@ func loadedRouter(t *testing.T, path string, reg prometheus.Registerer) *router.
 			t.Fatal(err)
 		}
 	}
-	return r
+	return r, x
 }
 
 // selectOne places one aggregated request and releases its booking.
@@ -111,13 +116,13 @@ func assertDiagAt(t *testing.T, diags hcl.Diagnostics, path string, line int) {
 	t.Fatalf("no error at %s:%d:\n%s", path, line, config.FormatDiagnostics(diags))
 }
 
-// reloaderFor runs a Reloader of r until the test ends and returns the
+// reloaderFor runs a Reloader of x until the test ends and returns the
 // diagnostics of each reload it makes.
-func reloaderFor(t *testing.T, r *router.Router, o ReloaderOptions) (*Reloader, <-chan hcl.Diagnostics) {
+func reloaderFor(t *testing.T, x *loader.Reloader, o ReloaderOptions) (*Reloader, <-chan hcl.Diagnostics) {
 	t.Helper()
 	results := make(chan hcl.Diagnostics, 16)
 	o.OnReload = func(d hcl.Diagnostics) { results <- d }
-	rl, err := NewReloader(r, o)
+	rl, err := NewReloader(x, o)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,9 +179,9 @@ switchyard_policy_reloads_total{result="success"} %d
 func TestReloaderSignalChannel(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policy.hcl")
 	replaceFile(t, path, rrHCL)
-	r := loadedRouter(t, path, nil)
+	r, x := loadedRouter(t, path, nil)
 	sigs := make(chan os.Signal, 1)
-	_, results := reloaderFor(t, r, ReloaderOptions{Path: path, Signals: sigs})
+	_, results := reloaderFor(t, x, ReloaderOptions{Path: path, Signals: sigs})
 
 	replaceFile(t, path, llHCL)
 	noReload(t, results, 300*time.Millisecond) // no watch: a write alone reloads nothing
@@ -193,8 +198,8 @@ func TestReloaderSignalChannel(t *testing.T) {
 func TestReloaderSIGHUPAndTrigger(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policy.hcl")
 	replaceFile(t, path, rrHCL)
-	r := loadedRouter(t, path, nil)
-	rl, results := reloaderFor(t, r, ReloaderOptions{Path: path})
+	r, x := loadedRouter(t, path, nil)
+	rl, results := reloaderFor(t, x, ReloaderOptions{Path: path})
 
 	replaceFile(t, path, llHCL)
 	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
@@ -220,8 +225,8 @@ func TestReloaderWatch(t *testing.T) {
 	path := filepath.Join(dir, "policy.hcl")
 	replaceFile(t, path, rrHCL)
 	reg := prometheus.NewRegistry()
-	r := loadedRouter(t, path, reg)
-	_, results := reloaderFor(t, r, ReloaderOptions{Path: path, Watch: true})
+	r, x := loadedRouter(t, path, reg)
+	_, results := reloaderFor(t, x, ReloaderOptions{Path: path, Watch: true})
 
 	// Replaced by rename, as editors do.
 	replaceFile(t, path, llHCL)
@@ -290,8 +295,8 @@ func TestReloaderWatchConfigMap(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	r := loadedRouter(t, path, reg)
-	_, results := reloaderFor(t, r, ReloaderOptions{Path: path, Watch: true})
+	r, x := loadedRouter(t, path, reg)
+	_, results := reloaderFor(t, x, ReloaderOptions{Path: path, Watch: true})
 	assertRoundRobin(t, r)
 
 	mount("..2026_b", llHCL)

@@ -19,6 +19,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/cluster"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/router/workers"
@@ -440,10 +441,10 @@ const pluginFallback = "degraded: serving by fallback"
 // (each reason is bounded).
 func (rt *Runtime) Readiness() Readiness {
 	a := Readiness{Policy: PolicyReadiness{State: "loaded"}, Plugins: []PluginReadiness{}, Workers: []WorkerReadiness{}}
-	b := rt.r.Bundle()
-	if b == nil {
+	rb := rt.r.Bundle()
+	if rb == nil {
 		a.Policy.State = "router closed"
-	} else {
+	} else if b := loader.Of(rb); b != nil {
 		a.Policy.File = b.Filename()
 		for _, p := range b.Plugins() {
 			pr := PluginReadiness{Name: p.Name, State: "up", Status: p.Status.String()}
@@ -478,7 +479,7 @@ func (rt *Runtime) Readiness() Readiness {
 		a.Workers = append(a.Workers, wr)
 	}
 	switch {
-	case b == nil:
+	case rb == nil:
 		a.Reason = "router closed"
 	case !anyReady && len(a.Workers) == 0:
 		a.Reason = "no worker ready: none is configured"

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
@@ -32,7 +33,7 @@ worker_selection {
 
 // runDisagg replays recs on prefill + decode workers and returns the report
 // and the driver's final state.
-func runDisagg(t testing.TB, b *config.PolicyFile, recs []trace.Record, prefill, decode int, bandwidth float64, perReq *bytes.Buffer) (*Report, *driver) {
+func runDisagg(t testing.TB, b *config.PolicyFile, recs []trace.Record, prefill, decode int, bandwidth float64, perReq *bytes.Buffer) (*report.Report, *driver) {
 	t.Helper()
 	o := Options{PolicyName: "default", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs,
 		PrefillWorkers: prefill, DecodeWorkers: decode, KVTransferBandwidth: bandwidth}
@@ -111,7 +112,7 @@ func TestDisaggArxivSample(t *testing.T) {
 				t.Fatalf("outcome %d: %+v", i, o)
 			}
 			if bw == 0 {
-				if want := millis(KVTransferTime(recs[i].InputLength, DefaultKVTransferBandwidth)); o.KVTransferMs != want {
+				if want := report.Millis(KVTransferTime(recs[i].InputLength, DefaultKVTransferBandwidth)); o.KVTransferMs != want {
 					t.Fatalf("outcome %d: kv_transfer_ms %v, want %v", i, o.KVTransferMs, want)
 				}
 			}
@@ -192,7 +193,7 @@ func TestAggregatedLinesUnchanged(t *testing.T) {
 	if s := buf.String(); strings.Contains(s, "decode_worker") || strings.Contains(s, "kv_transfer_ms") {
 		t.Fatalf("aggregated output has disaggregated fields:\n%s", s)
 	}
-	if rep.PrefillWorkers != 0 || rep.DecodeWorkers != 0 || (rep.KVTransfer != Summary{}) {
+	if rep.PrefillWorkers != 0 || rep.DecodeWorkers != 0 || (rep.KVTransfer != report.Summary{}) {
 		t.Fatalf("report %+v", rep)
 	}
 	raw, err := json.Marshal(rep)

@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -92,7 +93,7 @@ func TestFallbackSources(t *testing.T) {
 		t.Fatalf("completed %d selections %d fallbacks %d share %v; want 10, 20, 16, 0.8",
 			rep.Completed, rep.Selections, rep.Fallbacks, rep.FallbackShare)
 	}
-	want := []FallbackSource{
+	want := []report.FallbackSource{
 		{Plugin: "pd", Fallbacks: 10, Causes: map[string]int64{"unavailable": 10},
 			FirstError: `picker "pick": plugin unavailable: type "pd-pick" may come from plugin "pd", which failed to start`},
 		{Plugin: "p1", Fallbacks: 3, Causes: map[string]int64{"timeout": 3},
@@ -108,7 +109,7 @@ func TestFallbackSources(t *testing.T) {
 	}
 
 	var lines bytes.Buffer
-	if err := WriteFallbacks(&lines, rep); err != nil {
+	if err := report.WriteFallbacks(&lines, rep); err != nil {
 		t.Fatal(err)
 	}
 	wantLines := `router: fb(2P+2D): plugin "pd" made 10 of 20 selections fall back (50.0%): unavailable 10; first error: picker "pick": plugin unavailable: type "pd-pick" may come from plugin "pd", which failed to start
@@ -119,39 +120,11 @@ router: fb(2P+2D): policy "kv" made 3 of 20 selections fall back (15.0%): error 
 		t.Errorf("WriteFallbacks (-want +got):\n%s", diff)
 	}
 	var table bytes.Buffer
-	if err := WriteTable(&table, []*Report{rep}); err != nil {
+	if err := report.WriteTable(&table, []*report.Report{rep}); err != nil {
 		t.Fatal(err)
 	}
 	if row := strings.Fields(strings.Split(table.String(), "\n")[1]); len(row) < 6 || strings.Join(row[:6], " ") != "fb(2P+2D) 10 10 0 16 (80.0%)" {
 		t.Errorf("table row %q, want the fallbacks cell 16 (80.0%%)", row)
-	}
-}
-
-// A cause's breakdown within one plugin: most first, then by name.
-func TestWriteFallbacksCauseOrder(t *testing.T) {
-	rep := &Report{Policy: "p", Selections: 12031, Fallbacks: 12, FallbackSources: []FallbackSource{{Plugin: "x", Fallbacks: 12,
-		Causes: map[string]int64{"restarting": 5, "panic": 1, "error": 5, "breaker_open": 1}, FirstError: "boom"}}}
-	var buf bytes.Buffer
-	if err := WriteFallbacks(&buf, rep); err != nil {
-		t.Fatal(err)
-	}
-	want := "router: p: plugin \"x\" made 12 of 12031 selections fall back (0.1%): error 5, restarting 5, breaker_open 1, panic 1; first error: boom\n"
-	if got := buf.String(); got != want {
-		t.Errorf("got  %q\nwant %q", got, want)
-	}
-}
-
-func TestShare(t *testing.T) {
-	for _, c := range []struct {
-		n, total int64
-		want     string
-	}{
-		{0, 0, "0.0%"}, {0, 10, "0.0%"}, {1, 12031, "<0.1%"}, {6, 12031, "<0.1%"}, {7, 12031, "0.1%"},
-		{12, 12031, "0.1%"}, {1, 3, "33.3%"}, {200, 200, "100.0%"},
-	} {
-		if got := share(c.n, c.total); got != c.want {
-			t.Errorf("share(%d, %d) = %q, want %q", c.n, c.total, got, c.want)
-		}
 	}
 }
 
@@ -163,7 +136,7 @@ func TestNoFallbacks(t *testing.T) {
 			rep.Selections, rep.Fallbacks, rep.FallbackShare, rep.FallbackSources)
 	}
 	var buf bytes.Buffer
-	if err := WriteFallbacks(&buf, rep); err != nil || buf.Len() != 0 {
+	if err := report.WriteFallbacks(&buf, rep); err != nil || buf.Len() != 0 {
 		t.Errorf("WriteFallbacks wrote %q, %v; want nothing", buf.String(), err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -34,7 +35,7 @@ func (d *driver) arrive() error {
 	d.tl.arrival(now, prompt, hit)
 	d.now = now
 	st.arrival = now
-	st.out = Outcome{Index: i, ArrivalMs: millis(now), Worker: -1, InputLength: rec.InputLength, OutputLength: rec.OutputLength}
+	st.out = Outcome{Index: i, ArrivalMs: report.Millis(now), Worker: -1, InputLength: rec.InputLength, OutputLength: rec.OutputLength}
 	if d.decode != nil {
 		st.out.DecodeWorker = -1
 	}
@@ -139,7 +140,7 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 	charge := d.chargeFor(k, dec)
 	if charge > 0 {
 		st.charged += charge
-		out.DecisionMs = millis(st.charged)
+		out.DecisionMs = report.Millis(st.charged)
 	}
 	if k == firstHop {
 		out.Worker = id
@@ -160,7 +161,7 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 	}
 	out.DecodeWorker = id
 	xfer := KVTransferTime(max(rec.InputLength, 1), d.bandwidth)
-	out.KVTransferMs = millis(xfer)
+	out.KVTransferMs = report.Millis(xfer)
 	heap.Push(&d.transfers, due{at: at + charge + xfer, index: i})
 }
 
@@ -251,9 +252,9 @@ func (d *driver) handleFirst(e sim.Event) {
 	switch e.Kind {
 	case sim.FirstToken:
 		out := &st.out
-		out.TTFTMs = millis(e.At - st.arrival)
+		out.TTFTMs = report.Millis(e.At - st.arrival)
 		out.CachedTokens = e.CachedTokens
-		out.QueueMs = millis(e.ScheduledAt - st.arrival)
+		out.QueueMs = report.Millis(e.ScheduledAt - st.arrival)
 		d.tl.firstToken(e.At, st.rec.InputLength, e.CachedTokens)
 		st.hops[firstHop].h.FirstToken() // ends the booked prefill
 		d.mirrorFirstToken(i, firstHop, e.At)
@@ -298,7 +299,7 @@ func (d *driver) completed(i, k int, at time.Duration) bool {
 	if !hop.Ends(rec.OutputLength) {
 		return false
 	}
-	st.out.E2EMs = millis(at - st.arrival)
+	st.out.E2EMs = report.Millis(at - st.arrival)
 	st.out.Status = "ok"
 	st.done = true
 	d.lastAt = max(d.lastAt, at)

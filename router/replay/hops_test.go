@@ -14,6 +14,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/policy"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -406,7 +407,7 @@ func TestDecisionLatencyAfterDispatch(t *testing.T) {
 		if i > 0 && lc.sent != prevEnd {
 			t.Errorf("request %d dispatched at %v, want when request %d completed, %v", i, lc.sent, i-1, prevEnd)
 		}
-		if want := millis(lc.sent + time.Millisecond); o.QueueMs != want {
+		if want := report.Millis(lc.sent + time.Millisecond); o.QueueMs != want {
 			t.Errorf("request %d: queue_ms %v, want its dispatch at %v + 1 ms = %v", i, o.QueueMs, lc.sent, want)
 		}
 		prevEnd = lc.end

@@ -36,7 +36,7 @@ func (d *driver) newKVFeed(c *sim.Cluster, base int, delay time.Duration) {
 	f := &kvFeed{delay: delay, sinks: make([][]*prefix.Precise, c.Len()), pending: make([][]sim.KVEvent, c.Len()), head: make([]int, c.Len())}
 	for w := range f.sinks {
 		for _, rep := range d.reps {
-			p := rep.r.PrefixPrecise(rep.workers[base+w].ID, 0)
+			p := rep.r.Prefix().Precise(prefix.Candidate{ID: rep.workers[base+w].ID})
 			p.KeyByEngineHashes()
 			p.MarkLive()
 			f.sinks[w] = append(f.sinks[w], p)

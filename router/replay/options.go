@@ -11,6 +11,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/policy"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
@@ -181,7 +182,7 @@ type Options struct {
 	KVEventDelay time.Duration
 	// SLO, when set, adds goodput to the report (Report.Goodput): the
 	// requests that met every target.
-	SLO SLO
+	SLO report.SLO
 	// Timeline, when true, samples the replay's state over simulated time
 	// (Report.Timeline) and keeps its latency distributions
 	// (Report.Distributions), for plots; it changes nothing else.

@@ -1,9 +1,5 @@
 package replay
 
-import (
-	"time"
-)
-
 // Outcome is one request's result, one JSON line of --per-request. In
 // disaggregated mode Worker is the prefill worker, TTFT is measured at the
 // prefill worker's first token (the token the client receives first), and
@@ -52,6 +48,3 @@ type Outcome struct {
 	Shadow       string `json:"shadow,omitempty"`
 	ShadowWorker *int   `json:"shadow_worker,omitempty"`
 }
-
-// millis is d in milliseconds, rounded to the microsecond.
-func millis(d time.Duration) float64 { return round3(float64(d) / float64(time.Millisecond)) }

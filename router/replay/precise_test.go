@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/trace"
@@ -24,7 +25,7 @@ func smallKV() sim.Config {
 	return cfg
 }
 
-func runPrefix(t testing.TB, recs []trace.Record, workers int, cfg sim.Config, mode PrefixMode, delay time.Duration, perReq *bytes.Buffer) (*Report, *driver) {
+func runPrefix(t testing.TB, recs []trace.Record, workers int, cfg sim.Config, mode PrefixMode, delay time.Duration, perReq *bytes.Buffer) (*report.Report, *driver) {
 	t.Helper()
 	b := loadPolicy(t, seededKVCost)
 	o := Options{PolicyName: "default", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs, Workers: workers,
@@ -62,7 +63,7 @@ func TestPreciseBeliefAccuracy(t *testing.T) {
 	var lines bytes.Buffer
 	precise, dp := runPrefix(t, recs, 16, smallKV(), PrefixPrecise, 0, &lines)
 	for _, c := range []struct {
-		rep *Report
+		rep *report.Report
 		d   *driver
 	}{{approx, da}, {precise, dp}} {
 		// 19 prompts are longer than a worker's whole cache: rejected.
@@ -106,7 +107,7 @@ func TestPreciseBeliefAccuracy(t *testing.T) {
 	// Every event went through the precise indexes: stores and removals.
 	var st prefix.PreciseStats
 	for w := range dp.first.Len() {
-		s := dp.reps[0].r.PrefixPrecise(dp.reps[0].workers[w].ID, 0).Stats()
+		s := dp.reps[0].r.Prefix().Precise(prefix.Candidate{ID: dp.reps[0].workers[w].ID}).Stats()
 		if !s.Live || s.BlockSize != 512 {
 			t.Fatalf("worker %d precise index: %+v, want live at 512 tokens", w, s)
 		}

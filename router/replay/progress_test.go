@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"testing"
 	"time"
+
+	"github.com/switchyard-router/switchyard/router/replay/report"
 )
 
 // Progress is a display hook: a replay with it writes the same
@@ -56,7 +58,7 @@ queue {
 			t.Errorf("call %d: %+v after %+v: counts and time must only grow, retired <= arrived", i, q, p)
 		}
 	}
-	var rep Report
+	var rep report.Report
 	if err := json.Unmarshal(plainRep, &rep); err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -95,7 +96,7 @@ func (l *eventLog) check(t *testing.T, n int) []time.Duration {
 // runQueued replays recs with b's queue and classifier (and extra options
 // applied by opt), checks the lifecycle events and returns the report, the
 // per-request outcomes and each request's dispatch time.
-func runQueued(t *testing.T, b *config.PolicyFile, recs []trace.Record, workers int, opt func(*Options)) (*Report, []Outcome, []time.Duration) {
+func runQueued(t *testing.T, b *config.PolicyFile, recs []trace.Record, workers int, opt func(*Options)) (*report.Report, []Outcome, []time.Duration) {
 	t.Helper()
 	var perReq bytes.Buffer
 	log := &eventLog{}
@@ -481,7 +482,7 @@ func TestDefaultConfigHasOneClass(t *testing.T) {
 		t.Fatalf("classes %+v", rep.Classes)
 	}
 	var table bytes.Buffer
-	if err := WriteTable(&table, []*Report{rep}); err != nil {
+	if err := report.WriteTable(&table, []*report.Report{rep}); err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(table.String(), "rr/default") || strings.Contains(table.String(), "POLICY/CLASS") {

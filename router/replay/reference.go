@@ -4,24 +4,9 @@ import (
 	"math/bits"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
-
-// KVReference is what one shared cache would have served of a trace: the
-// yardstick the replay report sets beside a policy's KV hit ratio
-// (docs/replay.md, "How much a better policy could gain").
-type KVReference struct {
-	// HitRatio is the prompt tokens one LRU cache holding the whole
-	// fleet's KV capacity would have served, fed every request of the
-	// trace in arrival order, over all prompt tokens. A reference, not a
-	// bound: a router can beat it (an LRU is not the best eviction order,
-	// and the engines' caches are not one pool) and it ignores what the
-	// engines' caches also hold (outputs, running requests' blocks).
-	HitRatio float64
-	// CeilingRatio is the same with a cache that never evicts: every
-	// prefix block seen before is served. No placement serves more.
-	CeilingRatio float64
-}
 
 // kvRef replays a trace's requests, fed in arrival order by add, through
 // one LRU cache of capacity engine blocks of engineBlock tokens, and
@@ -85,11 +70,11 @@ func (f *kvRef) add(r *trace.Record) (prompt, hit int64) {
 }
 
 // result is the reference of the requests fed so far.
-func (f *kvRef) result() KVReference {
+func (f *kvRef) result() report.KVReference {
 	if f.prompt == 0 {
-		return KVReference{}
+		return report.KVReference{}
 	}
-	return KVReference{
+	return report.KVReference{
 		HitRatio:     round4(float64(f.hit) / float64(f.prompt)),
 		CeilingRatio: round4(float64(f.cel) / float64(f.prompt)),
 	}

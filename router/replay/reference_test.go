@@ -3,11 +3,12 @@ package replay
 import (
 	"testing"
 
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
 // kvReference feeds records to a kvRef, as a replay does.
-func kvReference(records []trace.Record, groupTokens, engineBlock int, capacity int64) KVReference {
+func kvReference(records []trace.Record, groupTokens, engineBlock int, capacity int64) report.KVReference {
 	ref := newKVRef(groupTokens, engineBlock, capacity)
 	for i := range records {
 		ref.add(&records[i])
@@ -32,11 +33,11 @@ func TestKVReferenceByHand(t *testing.T) {
 	got := kvReference(recs, 32, 16, 4)
 	// prompt 64+64+40+64+16+64+100 = 412; hits 48+32+48 = 128; the
 	// ceiling serves 48 at each repeat of A: 144.
-	want := KVReference{HitRatio: round4(128.0 / 412), CeilingRatio: round4(144.0 / 412)}
+	want := report.KVReference{HitRatio: round4(128.0 / 412), CeilingRatio: round4(144.0 / 412)}
 	if got != want {
 		t.Fatalf("kvReference = %+v, want %+v", got, want)
 	}
-	if got := kvReference(nil, 32, 16, 4); got != (KVReference{}) {
+	if got := kvReference(nil, 32, 16, 4); got != (report.KVReference{}) {
 		t.Errorf("empty trace: %+v", got)
 	}
 }

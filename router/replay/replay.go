@@ -8,17 +8,27 @@
 // reports, so the same trace, policy and seed give byte-identical
 // per-request output.
 //
+// Sweep runs an experiment of many replays: policy files x fleet sizes x
+// prefix modes x sync delays, each cell once per seed, loading each
+// policy file itself; the table, baselines and goodput verdicts of its
+// cells are package report's.
+//
 // The package is laid out by job: options.go (Options and their checks),
 // driver.go (the discrete-event loop), hops.go (admitting, placing,
 // submitting and ending each hop), outcome.go (the per-request lines),
-// report.go (the summary and the table) and fallback.go (fallbacks by
-// cause).
+// tally.go (counting the outcomes into a report.Report), fallback.go
+// (fallbacks by cause), reference.go and timeline.go (the KV reference
+// and the timeline, as the run goes), and sweep.go (Sweep). What the
+// summary holds and how the table shows it is package report; trace
+// opening is package trace's (trace.Open).
 package replay
 
 import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/switchyard-router/switchyard/router/replay/report"
 )
 
 // Run replays o.Records (or o.Trace) and returns the report. ctx cancels
@@ -80,15 +90,20 @@ import (
 // queues are dispatched replica by replica. After the last request the
 // pending sync events are applied, so every replica ends with nothing
 // booked.
-func Run(ctx context.Context, o Options) (*Report, error) {
-	rep, _, err := execute(ctx, o)
+func Run(ctx context.Context, o Options) (*report.Report, error) {
+	rep, _, err := executeFrom(ctx, o, time.Now()) // wall_s includes building the router and the clusters
 	return rep, err
 }
 
 // execute is Run, also returning the driver so that tests can inspect the
 // final state (bookings, workers).
-func execute(ctx context.Context, o Options) (*Report, *driver, error) {
-	start := time.Now() // wall_s includes building the router and the clusters
+func execute(ctx context.Context, o Options) (*report.Report, *driver, error) {
+	return executeFrom(ctx, o, time.Now())
+}
+
+// executeFrom is execute with wall_s counted from start: a time taken
+// before the driver is built, so that the setup counts.
+func executeFrom(ctx context.Context, o Options, start time.Time) (*report.Report, *driver, error) {
 	d, err := newDriver(ctx, &o)
 	if err != nil {
 		return nil, nil, err

@@ -9,6 +9,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
@@ -47,7 +48,7 @@ policy "p2c" {
 worker_selection { aggregated = "p2c" }
 `
 
-func run(t testing.TB, b *config.PolicyFile, name string, recs []trace.Record, workers int, perReq *bytes.Buffer) *Report {
+func run(t testing.TB, b *config.PolicyFile, name string, recs []trace.Record, workers int, perReq *bytes.Buffer) *report.Report {
 	t.Helper()
 	o := Options{PolicyName: name, Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs, Workers: workers}
 	if perReq != nil {
@@ -70,7 +71,7 @@ func TestArxivSampleKVBeatsRoundRobin(t *testing.T) {
 	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")
 	def := run(t, loadPolicy(t, ""), "default", recs, DefaultWorkers, nil)
 	rr := run(t, loadPolicy(t, roundRobin), "rr", recs, DefaultWorkers, nil)
-	for _, rep := range []*Report{def, rr} {
+	for _, rep := range []*report.Report{def, rr} {
 		if rep.Requests != 1000 || rep.Completed != 1000 || rep.Rejected != 0 {
 			t.Fatalf("%s: requests %d completed %d rejected %d; want 1000/1000/0", rep.Policy, rep.Requests, rep.Completed, rep.Rejected)
 		}
@@ -158,11 +159,11 @@ func TestAzureTraceHasNoPrefixHits(t *testing.T) {
 func TestSummarizeNearestRank(t *testing.T) {
 	xs := []float64{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
 	got := summarize(xs)
-	want := Summary{P50: 5, P90: 9, P99: 10, Mean: 5.5}
+	want := report.Summary{P50: 5, P90: 9, P99: 10, Mean: 5.5}
 	if got != want {
 		t.Fatalf("summarize = %+v, want %+v", got, want)
 	}
-	if (summarize(nil) != Summary{}) {
+	if (summarize(nil) != report.Summary{}) {
 		t.Fatal("empty summary not zero")
 	}
 }

@@ -15,9 +15,9 @@ import (
 // Options.SyncDelay later, as it would through the shared bus (relay,
 // JetStream, consumers). Each hop a replica places becomes a mirror: the
 // same request (block hashes, prompt, role) booked on every other replica
-// with the placement's worker as a binding target, so the peer books it
-// and records its prompt in its prefix index without running its policy
-// (router.Placement.TargetOnly), and no capacity check (the worker took
+// on the placement's worker, so the peer books it and records its prompt
+// in its prefix index without running its policy (router.Router.Bind),
+// and no capacity check (the worker took
 // the request whatever the peer believed). The booking's first token
 // (PrefillDone) and release follow, each SyncDelay after it happened, so
 // the peers' ACTIVE_REQUESTS and LOAD count the others' in-flight work
@@ -99,10 +99,9 @@ func (f *syncFeed) deliver(d *driver, now time.Duration) {
 			b := &m.bookings[p]
 			switch e.kind {
 			case mirrorPlaced:
-				// Only the context's end can fail a binding target on a
-				// member of the partition.
-				if _, err := rep.r.Place(d.ctx, m.req, router.Placement{Target: m.worker, HasTarget: true, TargetOnly: true,
-					Capacity: int64(d.capacity), Overbook: true, Booking: b}); err != nil {
+				// Only the context's end can fail a Bind on a member of
+				// the partition.
+				if _, err := rep.r.Bind(d.ctx, m.req, router.Binding{Worker: m.worker, Capacity: int64(d.capacity), Booking: b}); err != nil {
 					f.err = fmt.Errorf("replay: replica %d mirroring request %s of replica %d: %w", p, m.req.ID, m.origin, err)
 					return
 				}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/policy"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -21,7 +22,7 @@ import (
 // (each replica loads its own instances, as router replay loads the file
 // once per replica) on workers aggregated workers, with the file's queue
 // block when it has one.
-func runReplicas(t testing.TB, src string, recs []trace.Record, workers, n int, delay time.Duration, mode PrefixMode, perReq *bytes.Buffer) (*Report, *driver) {
+func runReplicas(t testing.TB, src string, recs []trace.Record, workers, n int, delay time.Duration, mode PrefixMode, perReq *bytes.Buffer) (*report.Report, *driver) {
 	t.Helper()
 	b := loadPolicy(t, src)
 	o := Options{PolicyName: "p", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs, Workers: workers,
@@ -47,7 +48,7 @@ func runReplicas(t testing.TB, src string, recs []trace.Record, workers, n int, 
 // every request completed, each placed hop mirrored on every other
 // replica, and every replica's bookings, its own and the mirrored ones,
 // released.
-func checkReplicas(t *testing.T, rep *Report, d *driver, n int) {
+func checkReplicas(t *testing.T, rep *report.Report, d *driver, n int) {
 	t.Helper()
 	if rep.Completed != rep.Requests {
 		t.Errorf("%d of %d requests completed", rep.Completed, rep.Requests)
@@ -134,7 +135,7 @@ func TestReplicasWithoutDelayRouteAsOne(t *testing.T) {
 // sent.
 func TestSyncDelayLosesAffinity(t *testing.T) {
 	recs := readTrace(t, "synthetic_sessions.jsonl")
-	one := map[PrefixMode]*Report{}
+	one := map[PrefixMode]*report.Report{}
 	for _, mode := range []PrefixMode{PrefixApproximate, PrefixPrecise} {
 		one[mode], _ = runReplicas(t, seededDefault, recs, 8, 1, 0, mode, nil)
 	}

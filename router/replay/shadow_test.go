@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -66,7 +67,7 @@ func TestShadowReplay(t *testing.T) {
 		// A second round-robin instance agrees on every selection.
 		var per bytes.Buffer
 		rep := run(t, loadPolicy(t, strings.Replace(shadowed, "SHADOW", "rr2", 1)), "rr", recs, workers, &per)
-		want := &ShadowReport{Shadows: map[string]string{"aggregated": "rr2"}, Decisions: n, Agree: n, AgreeShare: 1}
+		want := &report.ShadowReport{Shadows: map[string]string{"aggregated": "rr2"}, Decisions: n, Agree: n, AgreeShare: 1}
 		if diff := cmp.Diff(want, rep.Shadow); diff != "" {
 			t.Errorf("shadow report (-want +got):\n%s", diff)
 		}
@@ -103,7 +104,7 @@ func TestShadowReplay(t *testing.T) {
 				t.Fatalf("request %d: shadow %q, want %q", i, o.Shadow, wantResult)
 			}
 		}
-		want := &ShadowReport{Shadows: map[string]string{"aggregated": "rand"}, Decisions: n, Agree: agree, Disagree: n - agree,
+		want := &report.ShadowReport{Shadows: map[string]string{"aggregated": "rand"}, Decisions: n, Agree: agree, Disagree: n - agree,
 			AgreeShare: round4(float64(agree) / n)}
 		if diff := cmp.Diff(want, rep.Shadow); diff != "" {
 			t.Errorf("shadow report (-want +got):\n%s", diff)
@@ -129,12 +130,12 @@ func TestShadowReplay(t *testing.T) {
 		same := *rep
 		same.Shadow = nil
 		same.WallS, same.DecisionsPerS, same.SimRequestsPerS = base.WallS, base.DecisionsPerS, base.SimRequestsPerS
-		if diff := cmp.Diff(base, &same, cmp.AllowUnexported(Report{})); diff != "" {
+		if diff := cmp.Diff(base, &same, cmp.AllowUnexported(report.Report{})); diff != "" {
 			t.Errorf("report with a shadow (-without +with):\n%s", diff)
 		}
 
 		var table bytes.Buffer
-		if err := WriteTable(&table, []*Report{base, rep}); err != nil {
+		if err := report.WriteTable(&table, []*report.Report{base, rep}); err != nil {
 			t.Fatal(err)
 		}
 		lines := strings.Split(table.String(), "\n")
@@ -152,7 +153,7 @@ func TestShadowReplay(t *testing.T) {
 		b.Roles[shared.RoleAggregated].Shadow.Picker = failingPicker{err: errors.New("shadow down")}
 		var per bytes.Buffer
 		rep := run(t, b, "rr", recs, workers, &per)
-		want := &ShadowReport{Shadows: map[string]string{"aggregated": "rr2"}, Decisions: n, Failed: n, FirstError: `picker "rr": shadow down`}
+		want := &report.ShadowReport{Shadows: map[string]string{"aggregated": "rr2"}, Decisions: n, Failed: n, FirstError: `picker "rr": shadow down`}
 		if diff := cmp.Diff(want, rep.Shadow); diff != "" {
 			t.Errorf("shadow report (-want +got):\n%s", diff)
 		}
@@ -160,7 +161,7 @@ func TestShadowReplay(t *testing.T) {
 			t.Errorf("fallbacks %d; per-request lines lack the failed shadow", rep.Fallbacks)
 		}
 		var stderr bytes.Buffer
-		if err := WriteShadowFailures(&stderr, rep); err != nil {
+		if err := report.WriteShadowFailures(&stderr, rep); err != nil {
 			t.Fatal(err)
 		}
 		wantLine := fmt.Sprintf("router: rr: shadow policy \"rr2\" (aggregated) failed %d of %d decisions (100.0%%); first error: picker \"rr\": shadow down\n", n, n)
@@ -212,7 +213,7 @@ worker_selection {
 			t.Fatalf("request %d: worker %d, shadow %q %v", o.Index, o.Worker, o.Shadow, o.ShadowWorker)
 		}
 	}
-	want := &ShadowReport{Shadows: map[string]string{"prefill": "twin", "decode": "bad"},
+	want := &report.ShadowReport{Shadows: map[string]string{"prefill": "twin", "decode": "bad"},
 		Decisions: prefill + decode, Agree: prefill, Failed: decode, AgreeShare: round4(float64(prefill) / float64(prefill+decode)),
 		FirstError: `picker "rr": shadow down`}
 	if diff := cmp.Diff(want, rep.Shadow); diff != "" {

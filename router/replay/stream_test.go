@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
@@ -46,7 +47,7 @@ func TestTraceStreamMatchesRecords(t *testing.T) {
 		{"disaggregated", Options{BlockSize: 512, PrefillWorkers: 2, DecodeWorkers: 3}},
 	} {
 		var lines [2]bytes.Buffer
-		var reps [2]*Report
+		var reps [2]*report.Report
 		for k := range 2 {
 			o := c.o
 			o.Roles = loadPolicy(t, seededDefault).Roles // seeded components start from their seed

@@ -8,6 +8,8 @@ import (
 	"math"
 	"testing"
 	"time"
+
+	"github.com/switchyard-router/switchyard/router/replay/report"
 )
 
 // The timeline and the distributions agree with the report they come
@@ -43,10 +45,10 @@ func TestTimelineAgreesWithTheReport(t *testing.T) {
 		t.Error("timeline without Options.Timeline")
 	}
 	n := len(tl.RouterQueue)
-	if n == 0 || n > MaxTimelineSamples || len(tl.InFlight) != n || len(tl.EngineQueue) != n || len(tl.PromptTokens) != n ||
+	if n == 0 || n > report.MaxTimelineSamples || len(tl.InFlight) != n || len(tl.EngineQueue) != n || len(tl.PromptTokens) != n ||
 		len(tl.ReferenceHitTokens) != n {
 		t.Fatalf("%d samples (in flight %d, engine queue %d, prompt %d): want 1 to %d, all the same", n, len(tl.InFlight),
-			len(tl.EngineQueue), len(tl.PromptTokens), MaxTimelineSamples)
+			len(tl.EngineQueue), len(tl.PromptTokens), report.MaxTimelineSamples)
 	}
 	if covered := float64(n) * tl.IntervalS; covered < rep.SimDurationS || covered-tl.IntervalS > rep.SimDurationS {
 		t.Errorf("%d samples of %v s cover %v s; want the simulated %v s, less than one interval over", n, tl.IntervalS, covered, rep.SimDurationS)
@@ -84,10 +86,10 @@ func TestTimelineAgreesWithTheReport(t *testing.T) {
 		t.Errorf("at most %d in flight on a worker; the arXiv sample on 4 workers runs many at once", maxInFlight)
 	}
 	cdf := rep.Distributions.TTFT
-	if len(cdf) != DistributionPoints+1 || cdf[DistributionPoints/2] != rep.TTFT.P50 || cdf[len(cdf)-1] < rep.TTFT.P99 ||
+	if len(cdf) != report.DistributionPoints+1 || cdf[report.DistributionPoints/2] != rep.TTFT.P50 || cdf[len(cdf)-1] < rep.TTFT.P99 ||
 		cdf[198] != rep.TTFT.P99 {
 		t.Errorf("TTFT CDF of %d points: middle %v, 99%% %v, last %v; want 201 points, p50 %v, p99 %v", len(cdf),
-			cdf[min(len(cdf)-1, DistributionPoints/2)], cdf[min(len(cdf)-1, 198)], cdf[len(cdf)-1], rep.TTFT.P50, rep.TTFT.P99)
+			cdf[min(len(cdf)-1, report.DistributionPoints/2)], cdf[min(len(cdf)-1, 198)], cdf[len(cdf)-1], rep.TTFT.P50, rep.TTFT.P99)
 	}
 	var maxE2E float64
 	sc := bufio.NewScanner(&lines)
@@ -106,7 +108,7 @@ func TestTimelineAgreesWithTheReport(t *testing.T) {
 // Merging keeps flows whole and states at their interval's end.
 func TestTimelineMerges(t *testing.T) {
 	tl := newTimeline(1)
-	const steps = 3 * MaxTimelineSamples
+	const steps = 3 * report.MaxTimelineSamples
 	for k := range steps {
 		at := time.Duration(k) * firstTimelineInterval
 		tl.arrival(at, 10, 1)
@@ -114,8 +116,8 @@ func TestTimelineMerges(t *testing.T) {
 	}
 	end := time.Duration(steps-1) * firstTimelineInterval
 	res := tl.result(end)
-	if len(res.ReferencePromptTokens) > MaxTimelineSamples || res.IntervalS != 4*firstTimelineInterval.Seconds() {
-		t.Fatalf("%d samples of %v s; want at most %d of 0.4 s", len(res.ReferencePromptTokens), res.IntervalS, MaxTimelineSamples)
+	if len(res.ReferencePromptTokens) > report.MaxTimelineSamples || res.IntervalS != 4*firstTimelineInterval.Seconds() {
+		t.Fatalf("%d samples of %v s; want at most %d of 0.4 s", len(res.ReferencePromptTokens), res.IntervalS, report.MaxTimelineSamples)
 	}
 	var prompt, hit int64
 	for k := range res.ReferencePromptTokens {
@@ -140,7 +142,7 @@ func TestTimelineMerges(t *testing.T) {
 func TestGoodputAndTPOT(t *testing.T) {
 	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:300]
 	b := loadPolicy(t, seededDefault)
-	slo := SLO{TTFT: 400 * time.Millisecond, TPOT: 20 * time.Millisecond}
+	slo := report.SLO{TTFT: 400 * time.Millisecond, TPOT: 20 * time.Millisecond}
 	var lines bytes.Buffer
 	rep, err := Run(context.Background(), Options{PolicyName: "default", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t",
 		Records: recs, Workers: 4, SLO: slo, PerRequest: &lines})
@@ -169,7 +171,7 @@ func TestGoodputAndTPOT(t *testing.T) {
 	if met == 0 || failed == 0 {
 		t.Fatalf("%d met, %d failed: pick targets that split the requests", met, failed)
 	}
-	want := &Goodput{SLO: "ttft=400ms,tpot=20ms", Met: met, Share: round4(float64(met) / 300), PerS: round3(float64(met) / rep.SimDurationS)}
+	want := &report.Goodput{SLO: "ttft=400ms,tpot=20ms", Met: met, Share: round4(float64(met) / 300), PerS: round3(float64(met) / rep.SimDurationS)}
 	if *rep.Goodput != *want {
 		t.Errorf("goodput %+v, want %+v", *rep.Goodput, *want)
 	}
@@ -178,26 +180,6 @@ func TestGoodputAndTPOT(t *testing.T) {
 	}
 	if rep.ITL.P50 <= 0 || rep.ITL.P99 < rep.ITL.P50 || rep.OutputTokensPerS <= 0 {
 		t.Errorf("ITL %+v, output %v tok/s: want positive, ordered", rep.ITL, rep.OutputTokensPerS)
-	}
-}
-
-func TestParseSLO(t *testing.T) {
-	s, err := ParseSLO("ttft=500ms, TPOT=50ms,e2e=2s")
-	if err != nil || s != (SLO{TTFT: 500 * time.Millisecond, TPOT: 50 * time.Millisecond, E2E: 2 * time.Second}) || s.String() != "ttft=500ms,tpot=50ms,e2e=2s" {
-		t.Errorf("ParseSLO: %+v %q, %v", s, s.String(), err)
-	}
-	for in, want := range map[string]string{
-		"":                    "want targets such as",
-		"ttft":                "want NAME=DURATION",
-		"ttft=0s":             "want a duration > 0",
-		"ttft=fast":           "want a duration > 0",
-		"itl=5ms":             `unknown target "itl"`,
-		"ttft=1s,ttft=2s":     "ttft given twice",
-		"ttft=1s,,tpot=200ms": "want NAME=DURATION",
-	} {
-		if _, err := ParseSLO(in); err == nil || !bytes.Contains([]byte(err.Error()), []byte(want)) {
-			t.Errorf("ParseSLO(%q): %v, want %q", in, err, want)
-		}
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/mockworker"
+	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/workers"
 )
@@ -145,7 +146,7 @@ func TestDaemonDebugRoute(t *testing.T) {
 				v.index[w.Name] = *r.PrefixIndexBlocks
 			}
 			id := workers.ID(w.Name)
-			v.approx[w.Name] = rd.d.Runtime().Router().PrefixBlocks(id, 0)
+			v.approx[w.Name] = rd.d.Runtime().Router().Prefix().Len(prefix.Candidate{ID: id})
 			var precise live.DebugBlocks
 			getJSON(t, debug+"/debug/workers/"+w.Name+"/blocks", &precise)
 			v.precise[w.Name] = len(precise.Blocks)

@@ -14,6 +14,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/live"
+	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
@@ -67,11 +68,11 @@ func TestReadyzExplains(t *testing.T) {
 	if err := os.WriteFile(path, []byte(readyPolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	b, diags := router.LoadBundle(context.Background(), path, router.LoadOptions{})
+	b, diags := loader.LoadBundle(context.Background(), path, loader.LoadOptions{})
 	if diags.HasErrors() {
 		t.Fatal(diags)
 	}
-	r, err := router.New(router.Options{Bundle: b})
+	r, err := router.New(router.Options{Bundle: b.Bundle})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/prefix"
 )
 
 // calls records the Manager's KVSources and EngineRestarted calls, in
@@ -172,15 +173,15 @@ func TestRestartWhileReady(t *testing.T) {
 	}
 	testkit.Eventually(t, "ready", func() bool { return member(r, "a") != nil })
 	w := member(r, "a")
-	r.PrefixRecord(w.ID, 0, 16, []uint64{1, 2, 3})
-	if n := r.PrefixBlocks(w.ID, 0); n != 3 {
+	r.Prefix().Record(prefix.Candidate{ID: w.ID}, []uint64{1, 2, 3})
+	if n := r.Prefix().Len(prefix.Candidate{ID: w.ID}); n != 3 {
 		t.Fatalf("approximate list %d blocks, want 3", n)
 	}
 	later := strings.Replace(vllmCapacityMetrics, "1.71234567e+09", "1.71239999e+09", 1)
 	v.set("/metrics", route{body: later})
 	testkit.Eventually(t, "restart seen", c.are("restarted a"))
 	testkit.Eventually(t, "a new generation", func() bool { n := member(r, "a"); return n != nil && n.Generation > w.Generation })
-	if n := r.PrefixBlocks(member(r, "a").ID, 0); n != 0 {
+	if n := r.Prefix().Len(prefix.Candidate{ID: member(r, "a").ID}); n != 0 {
 		t.Errorf("after the engine's restart the approximate list holds %d blocks, want 0", n)
 	}
 }

@@ -1,4 +1,4 @@
-package router
+package loader
 
 import (
 	"context"
@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/config"
-	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -122,27 +121,11 @@ func TestBundleAccessors(t *testing.T) {
 		t.Errorf("ReplayDecisionLatency %v, %v; want none", pols, cls)
 	}
 
-	nb, err := NewBundle(map[shared.Role]*policy.Policy{shared.RoleAggregated: {Name: "p", Picker: highestID{}}})
-	if err != nil {
-		t.Fatal(err)
+	if b.BlockSize() != config.DefaultBlockSize || b.BlockSizeOverride() != 0 {
+		t.Errorf("block size %d, override %d; want %d, none", b.BlockSize(), b.BlockSizeOverride(), config.DefaultBlockSize)
 	}
-	if nb.Filename() != "" || nb.PolicyName(shared.RoleAggregated) != "" || nb.Workers() != nil || nb.Plugins() != nil {
-		t.Errorf("NewBundle: filename %q policy %q workers %v plugins %v, want none", nb.Filename(), nb.PolicyName(shared.RoleAggregated), nb.Workers(), nb.Plugins())
-	}
-	if q := nb.Queue(); q.DefaultClass != config.DefaultQueue().DefaultClass || len(q.Classes) != 1 {
-		t.Errorf("NewBundle queue %+v, want the default queue", q)
-	}
-	if f, err := nb.Classifier(); f != nil || err != nil {
-		t.Errorf("NewBundle classifier %v, %v, want none", f, err)
-	}
-	if nb.PolicyFile() != nil || nb.RolePolicies() != nil {
-		t.Errorf("NewBundle: file %v, role policies %v, want none", nb.PolicyFile(), nb.RolePolicies())
-	}
-	if roles := nb.Roles(); len(roles) != 1 || roles[shared.RoleAggregated] == nil || roles[shared.RoleAggregated].Name != "p" {
-		t.Errorf("NewBundle roles %v, want the given aggregated policy", roles)
-	}
-	if pols, cls := nb.ReplayDecisionLatency(); pols != nil || cls != 0 {
-		t.Errorf("NewBundle ReplayDecisionLatency %v, %v; want none", pols, cls)
+	if Of(b.Bundle) != b {
+		t.Error("Of(the router.Bundle) is not its loaded bundle")
 	}
 }
 

@@ -18,8 +18,7 @@ import (
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
-
-	"github.com/switchyard-router/switchyard/router/replay"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 )
 
 // browser is the path of a Chromium or Chrome on PATH. Without one the
@@ -75,7 +74,7 @@ func TestReportInChromium(t *testing.T) {
 	dir := artifacts(t)
 	var page bytes.Buffer
 	in := Input{Title: "browser test", Trace: "mooncake_arxiv_trace_first1000.jsonl", Requests: fixtureRequests, Cells: cells,
-		Comparison: replay.Comparison{Baseline: "power-of-two"}, SLO: fixtureSLO.String(), Command: "router replay --html report.html"}
+		Comparison: report.Comparison{Baseline: "power-of-two"}, SLO: fixtureSLO.String(), Command: "router replay --html report.html"}
 	if err := Write(&page, in); err != nil {
 		t.Fatal(err)
 	}

@@ -17,11 +17,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
-
-	"github.com/switchyard-router/switchyard/router/replay"
 )
 
 // Input is what a report shows.
@@ -32,19 +31,19 @@ type Input struct {
 	Trace string
 	// Requests is the number of requests each run replayed.
 	Requests int
-	// Cells are the table's rows, in table order (replay.Cell: one policy
+	// Cells are the table's rows, in table order (report.Cell: one policy
 	// on one fleet in one prefix mode, one Report per seed). Plots of
 	// state over time and CDFs use each cell's first run; plots against
 	// fleet size the median of its runs, with min–max error bars. A run
 	// without Timeline or Distributions (replay.Options.Timeline unset)
 	// gets a note in place of those plots. At least one cell, each with
 	// at least one run.
-	Cells []replay.Cell
-	// Comparison chooses the table's columns (replay.TableColumns) and
+	Cells []report.Cell
+	// Comparison chooses the table's columns (report.TableColumns) and
 	// its baseline: with Baseline set, every cell shows its percent
 	// change against the baseline policy's cell on the same fleet, so
 	// BaselineMetric (the text table's one delta column) is not used.
-	Comparison replay.Comparison
+	Comparison report.Comparison
 	// SLO is --slo as given (such as "ttft=500ms,tpot=50ms"), shown with
 	// the goodput columns; "" for none.
 	SLO string
@@ -62,12 +61,12 @@ var ErrNoCells = errors.New("htmlreport: no replay to report (a cell without run
 var sweepMetrics = []string{"ttft_p50", "ttft_p90", "ttft_p99", "tpot_p90", "itl_p99", "kv_hit", "goodput", "output_tok_s"}
 
 // Write writes in's report to w as one HTML page. Its size is bounded by
-// the cells: at most MaxWorkerLines lines of replay.MaxTimelineSamples
-// points per timeline chart, replay.DistributionPoints per CDF line,
+// the cells: at most MaxWorkerLines lines of report.MaxTimelineSamples
+// points per timeline chart, report.DistributionPoints per CDF line,
 // whatever the number of workers or requests. The error is ErrNoCells,
 // a chart's that could not be drawn, or w's.
 func Write(w io.Writer, in Input) error {
-	if len(in.Cells) == 0 || slices.ContainsFunc(in.Cells, func(c replay.Cell) bool { return len(c.Runs) == 0 }) {
+	if len(in.Cells) == 0 || slices.ContainsFunc(in.Cells, func(c report.Cell) bool { return len(c.Runs) == 0 }) {
 		return ErrNoCells
 	}
 	p := page{Input: in, Seeds: 1}
@@ -78,7 +77,7 @@ func Write(w io.Writer, in Input) error {
 		p.Seeds = max(p.Seeds, len(c.Runs))
 	}
 	p.Table = newTable(in.Cells, in.Comparison)
-	p.Verdict = replay.GoodputVerdict(in.Cells, in.Comparison.GoodputTarget)
+	p.Verdict = report.GoodputVerdict(in.Cells, in.Comparison.GoodputTarget)
 	fleets := fleetsOf(in.Cells)
 	var err error
 	for _, f := range fleets {
@@ -101,7 +100,7 @@ type page struct {
 	Input
 	Seeds int
 	Table table
-	// Verdict is replay.GoodputVerdict of the cells ("" without a
+	// Verdict is report.GoodputVerdict of the cells ("" without a
 	// goodput target).
 	Verdict string
 	Fleets  []fleetSection
@@ -114,15 +113,15 @@ type figure struct {
 	Note string
 }
 
-// fleetsOf is the cells' fleets (replay.Cell.Fleet), in first order.
-func fleetsOf(cells []replay.Cell) []string { return distinct(cells, replay.Cell.Fleet) }
+// fleetsOf is the cells' fleets (report.Cell.Fleet), in first order.
+func fleetsOf(cells []report.Cell) []string { return distinct(cells, report.Cell.Fleet) }
 
-// labels is the cells' labels (replay.Cell.Label), in first order: a
+// labels is the cells' labels (report.Cell.Label), in first order: a
 // label's index is its color in every chart.
-func labels(cells []replay.Cell) []string { return distinct(cells, replay.Cell.Label) }
+func labels(cells []report.Cell) []string { return distinct(cells, report.Cell.Label) }
 
 // distinct is the cells' values of key, each once, in first order.
-func distinct(cells []replay.Cell, key func(replay.Cell) string) []string {
+func distinct(cells []report.Cell, key func(report.Cell) string) []string {
 	var out []string
 	for _, c := range cells {
 		if k := key(c); !slices.Contains(out, k) {
@@ -154,7 +153,7 @@ type row struct {
 	Cells        []tableCell
 }
 
-// tableCell is one cell: the median (replay.Cell.Text before its
+// tableCell is one cell: the median (report.Cell.Text before its
 // range), the runs' range ("least–greatest", "" when they agree), and the
 // change against the baseline ("" for none, and on the baseline's own
 // row).
@@ -165,8 +164,8 @@ type tableCell struct {
 	Better, Worse bool
 }
 
-func newTable(cells []replay.Cell, cmp replay.Comparison) table {
-	cols := replay.TableColumns(cells, cmp)
+func newTable(cells []report.Cell, cmp report.Comparison) table {
+	cols := report.TableColumns(cells, cmp)
 	t := table{Fleets: len(fleetsOf(cells)) > 1, Delta: cmp.Baseline}
 	said := map[string]bool{}
 	for _, m := range cols {
@@ -201,15 +200,15 @@ func newTable(cells []replay.Cell, cmp replay.Comparison) table {
 
 // delta is c's change in m against the baseline's cell on its fleet:
 // "+3.1%", "" on the baseline's own row and without one; and whether
-// it is better or worse, for metrics lower is better of (replay.Metric's
+// it is better or worse, for metrics lower is better of (report.Metric's
 // Lower) and the shares and rates higher is better of.
-func delta(cells []replay.Cell, c replay.Cell, baseline string, m replay.Metric) (text string, better, worse bool) {
-	base, ok := replay.BaselineOf(cells, c, baseline)
+func delta(cells []report.Cell, c report.Cell, baseline string, m report.Metric) (text string, better, worse bool) {
+	base, ok := report.BaselineOf(cells, c, baseline)
 	switch {
 	case !ok, base.Runs[0] == c.Runs[0]:
 		return "", false, false
 	}
-	d, ok := replay.Delta(c, base, m)
+	d, ok := report.Delta(c, base, m)
 	if !ok {
 		return "", false, false
 	}
@@ -225,7 +224,7 @@ func delta(cells []replay.Cell, c replay.Cell, baseline string, m replay.Metric)
 
 // directed is true for the metrics one direction of is better: those
 // lower is better of, and these, higher.
-func directed(m replay.Metric) bool {
+func directed(m report.Metric) bool {
 	switch m.Name {
 	case "completed", "kv_hit", "of_ref", "belief", "output_tok_s", "goodput", "goodput_per_s", "req_s_wall":
 		return true
@@ -256,9 +255,9 @@ func fleetName(f string) string {
 	return f + " workers"
 }
 
-func newFleetSection(f string, cells []replay.Cell, sweep bool) (fleetSection, error) {
+func newFleetSection(f string, cells []report.Cell, sweep bool) (fleetSection, error) {
 	s := fleetSection{Fleet: f, Heading: fleetName(f)}
-	on := slices.DeleteFunc(slices.Clone(cells), func(c replay.Cell) bool { return c.Fleet() != f })
+	on := slices.DeleteFunc(slices.Clone(cells), func(c report.Cell) bool { return c.Fleet() != f })
 	names := labels(cells)
 	suffix := ""
 	if sweep {
@@ -359,7 +358,7 @@ func figureOf(ch chart, ok bool, note string) (figure, error) {
 // both pools vary, fleets of one total would share an x, so the prefill
 // size stays in the name (pd(2P+D)): one line per prefill pool over the
 // decode sizes.
-func seriesNames(cells []replay.Cell) []string {
+func seriesNames(cells []report.Cell) []string {
 	prefill := map[int]bool{}
 	decode := map[int]bool{}
 	for _, c := range cells {
@@ -381,10 +380,10 @@ func seriesNames(cells []replay.Cell) []string {
 }
 
 // sweepFigures plots each of sweepMetrics that a cell has against fleet
-// size (replay.Report.Workers, prefill and decode workers together), one
+// size (report.Report.Workers, prefill and decode workers together), one
 // line per policy (seriesNames), at the median of the cell's runs with
 // min–max error bars when it has several.
-func sweepFigures(cells []replay.Cell, goodputTarget float64) ([]figure, error) {
+func sweepFigures(cells []report.Cell, goodputTarget float64) ([]figure, error) {
 	lineOf := seriesNames(cells)
 	var names []string
 	for _, n := range lineOf {
@@ -392,7 +391,7 @@ func sweepFigures(cells []replay.Cell, goodputTarget float64) ([]figure, error) 
 			names = append(names, n)
 		}
 	}
-	disagg := slices.ContainsFunc(cells, func(c replay.Cell) bool { return strings.Contains(c.Fleet(), "P+") })
+	disagg := slices.ContainsFunc(cells, func(c report.Cell) bool { return strings.Contains(c.Fleet(), "P+") })
 	xLabel := "workers"
 	if disagg {
 		xLabel = "workers (prefill + decode)"
@@ -409,13 +408,13 @@ func sweepFigures(cells []replay.Cell, goodputTarget float64) ([]figure, error) 
 	}
 	var out []figure
 	for _, name := range sweepMetrics {
-		m, _ := replay.MetricByName(name)
+		m, _ := report.MetricByName(name)
 		ch := chart{title: m.Header + " against fleet size", xLabel: xLabel, yLabel: axisLabel(m), xMax: math.NaN(), xTicks: ticks}
 		top := 0.0
 		for i, label := range names {
 			type point struct {
 				workers float64
-				st      replay.Stat
+				st      report.Stat
 			}
 			var ps []point
 			for j, c := range cells {
@@ -466,7 +465,7 @@ func sweepFigures(cells []replay.Cell, goodputTarget float64) ([]figure, error) 
 	return out, nil
 }
 
-func axisLabel(m replay.Metric) string {
+func axisLabel(m report.Metric) string {
 	if m.Unit == "" {
 		return m.Header
 	}

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/font"
 	"gonum.org/v1/plot/palette"
@@ -17,8 +18,6 @@ import (
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
-
-	"github.com/switchyard-router/switchyard/router/replay"
 )
 
 // chart is one plot: lines (with optional error bars) and bands, drawn by
@@ -228,7 +227,7 @@ const MaxWorkerLines = 16
 // worker, or for more than MaxWorkerLines workers the median worker's
 // line and the min–max band across workers. x is seconds since the first
 // arrival at each sample's end.
-func inFlightSeries(tl *replay.Timeline) []series {
+func inFlightSeries(tl *report.Timeline) []series {
 	if len(tl.InFlight) == 0 {
 		return nil
 	}
@@ -269,7 +268,7 @@ func inFlightSeries(tl *replay.Timeline) []series {
 
 // queueSeries is tl's router queue and engines' waiting requests over
 // time.
-func queueSeries(tl *replay.Timeline) []series {
+func queueSeries(tl *report.Timeline) []series {
 	router, engine := make(plotter.XYs, len(tl.RouterQueue)), make(plotter.XYs, len(tl.EngineQueue))
 	for k := range tl.RouterQueue {
 		x := float64(k+1) * tl.IntervalS
@@ -294,7 +293,7 @@ const kvBins = 64
 // window's cached over prompt tokens (and the reference's hit over
 // prompt tokens), at the window's middle; windows without prompt tokens
 // are left out.
-func kvSeries(tl *replay.Timeline) (hit, ref plotter.XYs) {
+func kvSeries(tl *report.Timeline) (hit, ref plotter.XYs) {
 	n := len(tl.PromptTokens)
 	width := max(1, (n+kvBins-1)/kvBins)
 	ratio := func(num, den []int64) plotter.XYs {
@@ -315,7 +314,7 @@ func kvSeries(tl *replay.Timeline) (hit, ref plotter.XYs) {
 }
 
 // cdf is a distribution's CDF: value (ms) against the share of requests
-// at or below it (percent), from replay.Distributions' quantiles; values
+// at or below it (percent), from report.Distributions' quantiles; values
 // of 0 or less are left out for the log axis.
 func cdf(quantiles []float64) plotter.XYs {
 	var out plotter.XYs

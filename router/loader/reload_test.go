@@ -1,4 +1,4 @@
-package router
+package loader
 
 import (
 	"context"
@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 
+	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
@@ -42,7 +43,7 @@ func testMain(m *testing.M) int {
 	}
 	defer func() { _ = os.RemoveAll(dir) }()
 	pluginBin = filepath.Join(dir, "plugin-example")
-	if out, err := exec.Command("go", "build", "-o", pluginBin, "../cmd/plugin-example").CombinedOutput(); err != nil {
+	if out, err := exec.Command("go", "build", "-o", pluginBin, "../../cmd/plugin-example").CombinedOutput(); err != nil {
 		fmt.Fprintf(os.Stderr, "building cmd/plugin-example: %v\n%s", err, out)
 		return 1
 	}
@@ -169,15 +170,19 @@ func writeFile(t *testing.T, path, content string) {
 }
 
 // loadedRouter loads path into a Router with workers 1..4 that Cleanup
-// closes.
-func loadedRouter(t *testing.T, path string, reg prometheus.Registerer) *Router {
+// closes, and returns it with its Reloader.
+func loadedRouter(t *testing.T, path string, reg prometheus.Registerer) (*router.Router, *Reloader) {
 	t.Helper()
 	lo := LoadOptions{Catalog: testCatalog(t)}
 	b, diags := LoadBundle(context.Background(), path, lo)
 	if diags.HasErrors() {
 		t.Fatal(config.FormatDiagnostics(diags))
 	}
-	r, err := New(Options{Bundle: b, BookingsAreLoad: true, Load: lo, Registerer: reg})
+	r, err := router.New(router.Options{Bundle: b.Bundle, BookingsAreLoad: true, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, err := NewReloader(r, ReloadOptions{Load: lo, Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,10 +194,10 @@ func loadedRouter(t *testing.T, path string, reg prometheus.Registerer) *Router 
 		}
 	})
 	addWorkers(t, r)
-	return r
+	return r, x
 }
 
-func addWorkers(t *testing.T, r *Router) {
+func addWorkers(t *testing.T, r *router.Router) {
 	t.Helper()
 	for i := range workers {
 		if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Role: shared.RoleAggregated, TotalKVBlocks: 100}); err != nil {
@@ -201,9 +206,9 @@ func addWorkers(t *testing.T, r *Router) {
 	}
 }
 
-func selectOne(t *testing.T, r *Router) Decision {
+func selectOne(t *testing.T, r *router.Router) router.Decision {
 	t.Helper()
-	d, err := r.Place(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 1024}, Placement{})
+	d, err := r.Place(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 1024}, router.Placement{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,7 +233,7 @@ type load struct {
 	once      sync.Once
 }
 
-func startLoad(r *Router, check func(phase int32, d Decision) error) *load {
+func startLoad(r *router.Router, check func(phase int32, d router.Decision) error) *load {
 	l := &load{stop: make(chan struct{})}
 	for g := range 8 {
 		l.wg.Go(func() {
@@ -242,7 +247,7 @@ func startLoad(r *Router, check func(phase int32, d Decision) error) *load {
 				l.pause.RLock()
 				ph := l.phase.Load()
 				r2 := req
-				d, err := r.Place(context.Background(), &r2, Placement{})
+				d, err := r.Place(context.Background(), &r2, router.Placement{})
 				if err == nil {
 					d.Booking.PrefillDone()
 					d.Booking.Release()
@@ -299,7 +304,7 @@ func (l *load) waitDecisions(t *testing.T, ph int32, n int64) {
 
 // assertRoundRobin makes 2n decisions alone (the load paused) and checks
 // they visit the workers in cyclic order.
-func assertRoundRobin(t *testing.T, r *Router, l *load) {
+func assertRoundRobin(t *testing.T, r *router.Router, l *load) {
 	t.Helper()
 	if l != nil {
 		l.pause.Lock()
@@ -351,11 +356,11 @@ func TestReloadUnderLoadInvalidThenValid(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policy.hcl")
 	writeFile(t, path, rrHCL)
 	reg := prometheus.NewRegistry()
-	r := loadedRouter(t, path, reg)
-	b0 := r.Bundle()
+	r, x := loadedRouter(t, path, reg)
+	b0 := Current(r)
 	assertRoundRobin(t, r, nil)
 
-	l := startLoad(r, func(ph int32, d Decision) error {
+	l := startLoad(r, func(ph int32, d router.Decision) error {
 		switch {
 		case ph <= 1 && d.Policy != "rr":
 			return fmt.Errorf("decided by %q, want rr", d.Policy)
@@ -371,9 +376,9 @@ func TestReloadUnderLoadInvalidThenValid(t *testing.T) {
 
 	// Invalid edit: diagnostics at file:line:col, nothing else changes.
 	writeFile(t, path, invalidHCL)
-	diags := r.Reload(context.Background(), path)
+	diags := x.Reload(context.Background(), path)
 	assertDiagAt(t, diags, path, 3)
-	if r.Bundle() != b0 {
+	if Current(r) != b0 {
 		t.Fatal("a failed reload replaced the running bundle")
 	}
 	l.phase.Store(1)
@@ -383,11 +388,11 @@ func TestReloadUnderLoadInvalidThenValid(t *testing.T) {
 	// Valid new policy: it takes effect; the old bundle drains and stops.
 	writeFile(t, path, topHCL)
 	l.phase.Store(2)
-	if diags := r.Reload(context.Background(), path); diags.HasErrors() {
+	if diags := x.Reload(context.Background(), path); diags.HasErrors() {
 		t.Fatal(config.FormatDiagnostics(diags))
 	}
 	l.phase.Store(3)
-	if r.Bundle() == b0 {
+	if Current(r) == b0 {
 		t.Fatal("the reload did not apply the new bundle")
 	}
 	if n := b0.InFlight(); n != 0 {
@@ -437,14 +442,14 @@ func TestReloadAwayFromPluginStopsIt(t *testing.T) {
 	}
 	path := filepath.Join(t.TempDir(), "policy.hcl")
 	writeFile(t, path, pluginHCL("queue-depth"))
-	r := loadedRouter(t, path, nil)
-	b0 := r.Bundle()
+	r, x := loadedRouter(t, path, nil)
+	b0 := Current(r)
 	pids := pluginPIDs()
 	if len(pids) != 1 {
 		t.Fatalf("plugin processes %v, want one", pids)
 	}
 
-	l := startLoad(r, func(ph int32, d Decision) error {
+	l := startLoad(r, func(ph int32, d router.Decision) error {
 		switch {
 		case ph <= 1 && (d.Policy != "queue" || d.Fallback):
 			return fmt.Errorf("decided by %q (fallback %v, cause %v), want the plugin policy queue", d.Policy, d.Fallback, d.FallbackCause)
@@ -459,8 +464,8 @@ func TestReloadAwayFromPluginStopsIt(t *testing.T) {
 	l.waitDecisions(t, 0, 200)
 
 	writeFile(t, path, pluginHCL("queue-dept"))
-	assertDiagAt(t, r.Reload(context.Background(), path), path, 8)
-	if r.Bundle() != b0 {
+	assertDiagAt(t, x.Reload(context.Background(), path), path, 8)
+	if Current(r) != b0 {
 		t.Fatal("a failed reload replaced the running bundle")
 	}
 	if got := pluginPIDs(); !slices.Equal(got, pids) {
@@ -476,7 +481,7 @@ func TestReloadAwayFromPluginStopsIt(t *testing.T) {
 
 	writeFile(t, path, rrHCL)
 	l.phase.Store(2)
-	if diags := r.Reload(context.Background(), path); diags.HasErrors() {
+	if diags := x.Reload(context.Background(), path); diags.HasErrors() {
 		t.Fatal(config.FormatDiagnostics(diags))
 	}
 	l.phase.Store(3)
@@ -514,157 +519,6 @@ func TestLoadBundleFailureLeavesNothingRunning(t *testing.T) {
 	}
 }
 
-// gate is a picker that blocks until released: a decision held in flight.
-type gate struct {
-	entered chan struct{}
-	release chan struct{}
-}
-
-func newGate() *gate { return &gate{entered: make(chan struct{}, 16), release: make(chan struct{})} }
-
-func (*gate) Inputs() shared.Inputs { return 0 }
-func (g *gate) Pick(ctx context.Context, _ *shared.Request, _ *shared.Candidates) (int, error) {
-	g.entered <- struct{}{}
-	select {
-	case <-g.release:
-		return 0, nil
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-}
-
-func staticBundle(t *testing.T, name string, p shared.Picker) *Bundle {
-	t.Helper()
-	b, err := NewBundle(map[shared.Role]*policy.Policy{shared.RoleAggregated: {Name: name, PickerName: name, Picker: p}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
-// Apply switches new decisions at once; the one in flight finishes on the
-// old bundle, whose Close waits for it.
-func TestApplyDrainsTheOldBundle(t *testing.T) {
-	g := newGate()
-	bg := staticBundle(t, "gate", g)
-	r, err := New(Options{BlockSize: 4, Bundle: bg, BookingsAreLoad: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addWorkers(t, r)
-
-	held := make(chan Decision, 1)
-	go func() {
-		d, err := r.Place(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8}, Placement{})
-		if err != nil {
-			t.Error(err)
-		}
-		held <- d
-	}()
-	<-g.entered
-
-	bt := staticBundle(t, "top", highestID{})
-	old, err := r.Apply(bt)
-	if err != nil || old != bg {
-		t.Fatalf("Apply = %p, %v; want the gate bundle %p", old, err, bg)
-	}
-	if d := selectOne(t, r); d.Policy != "top" || d.Worker.ID != workers {
-		t.Fatalf("decision after Apply by %q for %d, want top for %d", d.Policy, d.Worker.ID, workers)
-	}
-	if n := bg.InFlight(); n != 1 {
-		t.Fatalf("old bundle in flight = %d, want 1", n)
-	}
-	if _, err := r.Apply(bg); !errors.Is(err, ErrBundleInUse) {
-		t.Fatalf("re-applying a retired bundle: %v, want ErrBundleInUse", err)
-	}
-	if err := bt.Close(context.Background()); !errors.Is(err, ErrBundleInUse) {
-		t.Fatalf("closing the applied bundle: %v, want ErrBundleInUse", err)
-	}
-
-	closed := make(chan error, 1)
-	go func() { closed <- bg.Close(context.Background()) }()
-	select {
-	case err := <-closed:
-		t.Fatalf("Close returned (%v) with a decision in flight", err)
-	case <-time.After(50 * time.Millisecond):
-	}
-	close(g.release)
-	if d := <-held; d.Policy != "gate" {
-		t.Fatalf("the held decision was made by %q, want gate", d.Policy)
-	} else {
-		d.Booking.Release()
-	}
-	select {
-	case err := <-closed:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Close did not return after the decision in flight ended")
-	}
-	if err := r.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// A drain is bounded: Close returns when ctx ends, saying what is in flight.
-func TestCloseDrainTimeout(t *testing.T) {
-	g := newGate()
-	bg := staticBundle(t, "gate", g)
-	r, err := New(Options{BlockSize: 4, Bundle: bg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addWorkers(t, r)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		if d, err := r.Place(context.Background(), &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8}, Placement{}); err == nil {
-			d.Booking.Release()
-		}
-	}()
-	<-g.entered
-	old, err := r.Apply(staticBundle(t, "top", highestID{}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// The decision is released only after Close returns: a Close that did
-	// not honour its deadline would never return.
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-	defer cancel()
-	err = old.Close(ctx)
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "1 decisions still in flight") {
-		t.Fatalf("Close = %v; want the drain deadline with 1 decision in flight", err)
-	}
-	close(g.release)
-	<-done
-	if err := r.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func TestRouterClose(t *testing.T) {
-	r := newRouter(t, staticBundle(t, "x", highestID{}).roles[shared.RoleAggregated].policy, 2)
-	if err := r.Close(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := r.Place(context.Background(), request(8), Placement{}); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Select after Close: %v, want ErrClosed", err)
-	}
-	if _, err := r.Apply(staticBundle(t, "y", highestID{})); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Apply after Close: %v, want ErrClosed", err)
-	}
-	if r.Hosted(shared.RoleAggregated) || r.Bundle() != nil {
-		t.Fatal("a closed router still has a bundle")
-	}
-	if err := r.Close(context.Background()); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-	if diags := r.Reload(context.Background(), "/nonexistent.hcl"); !diags.HasErrors() {
-		t.Fatal("Reload of a missing file on a closed router succeeded")
-	}
-}
-
 // Every failure counts: a file with errors, a missing file, a file that
 // changes router.block_size; the running policy stays each time. Two
 // routers on one registry share the counter.
@@ -673,42 +527,46 @@ func TestReloadMetrics(t *testing.T) {
 	path := filepath.Join(dir, "policy.hcl")
 	writeFile(t, path, rrHCL)
 	reg := prometheus.NewRegistry()
-	r := loadedRouter(t, path, reg)
+	r, x := loadedRouter(t, path, reg)
 	var logs strings.Builder
-	r.log = hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})
-	b0 := r.Bundle()
+	x.log = hclog.New(&hclog.LoggerOptions{Output: &logs, Level: hclog.Info})
+	b0 := Current(r)
 
 	writeFile(t, path, invalidHCL)
-	assertDiagAt(t, r.Reload(context.Background(), path), path, 3)
+	assertDiagAt(t, x.Reload(context.Background(), path), path, 3)
 	if got := logs.String(); !strings.Contains(got, "policy file reload failed") || !strings.Contains(got, path+":3:") {
 		t.Fatalf("the failure is not logged with its diagnostics:\n%s", got)
 	}
 	missing := filepath.Join(dir, "missing.hcl")
-	assertDiagAt(t, r.Reload(context.Background(), missing), missing, 1)
+	assertDiagAt(t, x.Reload(context.Background(), missing), missing, 1)
 	writeFile(t, path, "router {\n  block_size = 16\n}\n"+rrHCL)
-	diags := r.Reload(context.Background(), path)
+	diags := x.Reload(context.Background(), path)
 	if !diags.HasErrors() || !strings.Contains(config.FormatDiagnostics(diags), "block_size cannot change") {
 		t.Fatalf("block size change: %s", config.FormatDiagnostics(diags))
 	}
-	if r.Bundle() != b0 {
+	if Current(r) != b0 {
 		t.Fatal("a failed reload replaced the running bundle")
 	}
 	assertRoundRobin(t, r, nil)
 
 	writeFile(t, path, topHCL)
-	if diags := r.Reload(context.Background(), path); diags.HasErrors() {
+	if diags := x.Reload(context.Background(), path); diags.HasErrors() {
 		t.Fatal(config.FormatDiagnostics(diags))
 	}
-	r3, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{}, Registerer: reg})
+	r3, err := router.New(router.Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{}, Registerer: reg})
 	if err != nil {
 		t.Fatalf("second router on the same registry: %v", err)
 	}
-	r3.countReload(ReloadSuccess)
-	if got := testutil.ToFloat64(r.reloads.WithLabelValues(ReloadFailure)); got != 3 {
+	x3, err := NewReloader(r3, ReloadOptions{Registerer: reg})
+	if err != nil {
+		t.Fatalf("second reloader on the same registry: %v", err)
+	}
+	x3.countReload(ReloadSuccess)
+	if got := testutil.ToFloat64(x.reloads.WithLabelValues(ReloadFailure)); got != 3 {
 		t.Errorf("failures = %v, want 3", got)
 	}
-	if got := testutil.ToFloat64(r.reloads.WithLabelValues(ReloadSuccess)); got != 2 {
-		t.Errorf("successes = %v, want 2 (one from each router)", got)
+	if got := testutil.ToFloat64(x.reloads.WithLabelValues(ReloadSuccess)); got != 2 {
+		t.Errorf("successes = %v, want 2 (one from each reloader)", got)
 	}
 	if err := r3.Close(context.Background()); err != nil {
 		t.Fatal(err)
@@ -721,15 +579,32 @@ func TestReloadClosesComponents(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "policy.hcl")
 	writeFile(t, path, strings.ReplaceAll(topHCL, "highest-id", "tracked"))
 	made, closed := trackedNew.Load(), trackedClosed.Load()
-	r := loadedRouter(t, path, nil)
+	_, x := loadedRouter(t, path, nil)
 	if n := trackedNew.Load() - made; n != 1 {
 		t.Fatalf("%d tracked instances, want 1 (role aggregated)", n)
 	}
 	writeFile(t, path, rrHCL)
-	if diags := r.Reload(context.Background(), path); diags.HasErrors() {
+	if diags := x.Reload(context.Background(), path); diags.HasErrors() {
 		t.Fatal(config.FormatDiagnostics(diags))
 	}
 	if n := trackedClosed.Load() - closed; n != 1 {
 		t.Fatalf("%d Close calls, want 1", n)
+	}
+}
+
+// TestReloadOfAClosedRouter: a reload after the Router closed fails and
+// leaves no plugin running.
+func TestReloadOfAClosedRouter(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "policy.hcl")
+	writeFile(t, path, rrHCL)
+	r, x := loadedRouter(t, path, nil)
+	if err := r.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if diags := x.Reload(context.Background(), "/nonexistent.hcl"); !diags.HasErrors() {
+		t.Fatal("Reload of a missing file on a closed router succeeded")
+	}
+	if diags := x.Reload(context.Background(), path); !diags.HasErrors() || !strings.Contains(config.FormatDiagnostics(diags), router.ErrClosed.Error()) {
+		t.Fatalf("Reload on a closed router: %s, want the router's ErrClosed", config.FormatDiagnostics(diags))
 	}
 }

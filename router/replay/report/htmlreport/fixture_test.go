@@ -10,6 +10,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/replay"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
@@ -19,7 +20,7 @@ var (
 	fixtureFleets   = []int{4, 20}
 	fixtureSeeds    = []int64{3, 4}
 	fixtureRequests = 400
-	fixtureSLO      = replay.SLO{TTFT: 2 * time.Second}
+	fixtureSLO      = report.SLO{TTFT: 2 * time.Second}
 	fixturePolicies = []struct{ name, src string }{
 		{"power-of-two", `router { seed = %d }
 policy "p2c" {
@@ -35,16 +36,16 @@ worker_selection { aggregated = "p2c" }
 // fixtureCells replays fixtureRequests requests of the bundled Mooncake
 // trace with timelines, once per policy, fleet and seed: cells in table
 // order (fleet, then policy). Built once for the package's tests.
-var fixtureCells = sync.OnceValues(func() ([]replay.Cell, error) {
-	recs, err := trace.ReadFile("../../../testdata/traces/mooncake_arxiv_trace_first1000.jsonl")
+var fixtureCells = sync.OnceValues(func() ([]report.Cell, error) {
+	recs, err := trace.ReadFile("../../../../testdata/traces/mooncake_arxiv_trace_first1000.jsonl")
 	if err != nil {
 		return nil, err
 	}
 	recs = recs[:fixtureRequests]
-	var cells []replay.Cell
+	var cells []report.Cell
 	for _, workers := range fixtureFleets {
 		for _, p := range fixturePolicies {
-			var c replay.Cell
+			var c report.Cell
 			for _, seed := range fixtureSeeds {
 				b, diags := config.Load(p.name+".hcl", fmt.Appendf(nil, p.src, seed), catalog.Default())
 				if diags.HasErrors() {
@@ -65,7 +66,7 @@ var fixtureCells = sync.OnceValues(func() ([]replay.Cell, error) {
 	return cells, nil
 })
 
-func mustCells(t *testing.T) []replay.Cell {
+func mustCells(t *testing.T) []report.Cell {
 	t.Helper()
 	cells, err := fixtureCells()
 	if err != nil {

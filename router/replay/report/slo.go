@@ -1,4 +1,4 @@
-package replay
+package report
 
 import (
 	"fmt"
@@ -91,16 +91,17 @@ func ParseSLO(v string) (SLO, error) {
 	return s, nil
 }
 
-// met reports whether a completed request with these latencies (ms) and
-// output length meets s.
-func (s SLO) met(ttftMs, e2eMs float64, output int) bool {
-	if s.TTFT > 0 && ttftMs > millis(s.TTFT) {
+// Met reports whether a completed request with these latencies (ms, as
+// Millis rounds them) and output length (tokens) meets s: TPOT is over
+// the tokens after the first.
+func (s SLO) Met(ttftMs, e2eMs float64, output int) bool {
+	if s.TTFT > 0 && ttftMs > Millis(s.TTFT) {
 		return false
 	}
-	if s.E2E > 0 && e2eMs > millis(s.E2E) {
+	if s.E2E > 0 && e2eMs > Millis(s.E2E) {
 		return false
 	}
-	if s.TPOT > 0 && output > 1 && (e2eMs-ttftMs)/float64(output-1) > millis(s.TPOT) {
+	if s.TPOT > 0 && output > 1 && (e2eMs-ttftMs)/float64(output-1) > Millis(s.TPOT) {
 		return false
 	}
 	return true

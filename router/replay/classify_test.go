@@ -1,12 +1,15 @@
-package main
+package replay
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/switchyard-router/switchyard/router/replay/report"
 )
 
 // classifyPolicy has a queue of two classes and the header-priority
@@ -60,37 +63,31 @@ func writeClassTrace(t *testing.T, path string, n int) {
 	}
 }
 
-// router replay with a queue block and request_classifier: every request is
-// classified from its trace fields, the per-request lines carry priority
-// and policy_class, the report summarises each class, the table prints a
-// line per class, and requests beyond max_waiting are rejected.
-func TestReplayClassifiesAndQueues(t *testing.T) {
+// A sweep of a policy with a queue block and request_classifier: every
+// request is classified from its trace fields, the per-request lines carry
+// priority and policy_class, the report summarises each class, the table
+// prints a line per class, and requests beyond max_waiting are rejected.
+func TestSweepClassifiesAndQueues(t *testing.T) {
 	dir := t.TempDir()
 	policy, tr := filepath.Join(dir, "classes.hcl"), filepath.Join(dir, "classes.jsonl")
-	perReq, report := filepath.Join(dir, "req.jsonl"), filepath.Join(dir, "report.json")
 	if err := os.WriteFile(policy, []byte(classifyPolicy), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	const n = 60 // 2 workers take 1 each, 50 wait, 8 are refused
 	writeClassTrace(t, tr, n)
-	code, out, errOut := runRouter("replay", "--policy", policy, "--trace", tr, "--workers", "2",
-		"--per-request", perReq, "--report", report)
-	if code != 0 {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
-	}
+	var perReq bytes.Buffer
+	res := runSweep(t, &Sweep{Trace: openTrace(t, tr, 0), Policies: []string{policy}, Fleets: []Fleet{{Workers: 2}}, PerRequest: &perReq})
+	out := tableOf(t, res, report.Comparison{})
 	for _, s := range []string{"classes/interactive", "classes/batch", "POLICY/CLASS"} {
 		if !strings.Contains(out, s) {
-			t.Errorf("stdout lacks %q:\n%s", s, out)
+			t.Errorf("table lacks %q:\n%s", s, out)
 		}
 	}
-	if !strings.Contains(errOut, "8 of 60 requests rejected") || !strings.Contains(errOut, "queue is full") {
-		t.Errorf("stderr %q, want 8 rejected because the queue is full", errOut)
+	if reason, _ := res.Reports[0].TopRejection(); res.Reports[0].Rejected != 8 || !strings.Contains(reason, "queue is full") {
+		t.Errorf("%d of 60 requests rejected, most for %q; want 8 because the queue is full", res.Reports[0].Rejected, reason)
 	}
 
-	b, err := os.ReadFile(report)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := reportJSON(t, res.Reports[0])
 	type summary struct{ P50, P90, P99, Mean float64 }
 	var rep struct {
 		Requests, Completed, Rejected int
@@ -122,11 +119,7 @@ func TestReplayClassifiesAndQueues(t *testing.T) {
 		t.Errorf("interactive mean queue %v ms >= batch %v ms", in.Queue.Mean, bt.Queue.Mean)
 	}
 
-	lines, err := os.ReadFile(perReq)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, l := range strings.Split(strings.TrimSpace(string(lines)), "\n") {
+	for i, l := range strings.Split(strings.TrimSpace(perReq.String()), "\n") {
 		var o struct {
 			Index       int     `json:"index"`
 			Priority    *int    `json:"priority"`

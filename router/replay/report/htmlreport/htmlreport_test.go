@@ -10,9 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"gonum.org/v1/plot/plotter"
-
-	"github.com/switchyard-router/switchyard/router/replay"
 )
 
 // The table has the text table's columns, each cell the text table's
@@ -21,9 +20,9 @@ import (
 // by the metric's direction; the page holds every value.
 func TestTableMatchesTheTextTable(t *testing.T) {
 	cells := mustCells(t)
-	cmp := replay.Comparison{Baseline: "power-of-two"}
+	cmp := report.Comparison{Baseline: "power-of-two"}
 	tab := newTable(cells, cmp)
-	cols := replay.TableColumns(cells, cmp)
+	cols := report.TableColumns(cells, cmp)
 	if len(tab.Columns) != len(cols) || !tab.Fleets || tab.Delta != "power-of-two" {
 		t.Fatalf("%d columns (fleets %v, delta %q), want %d, a workers column and the baseline", len(tab.Columns), tab.Fleets, tab.Delta, len(cols))
 	}
@@ -37,7 +36,7 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 		if r.Label != c.Label() || r.Fleet != c.Fleet() || r.Baseline != (c.Runs[0].Policy == "power-of-two") {
 			t.Fatalf("row %d: %q on %q (baseline %v), want %q on %q", i, r.Label, r.Fleet, r.Baseline, c.Label(), c.Fleet())
 		}
-		base, ok := replay.BaselineOf(cells, c, "power-of-two")
+		base, ok := report.BaselineOf(cells, c, "power-of-two")
 		if !ok {
 			t.Fatalf("row %d: no baseline", i)
 		}
@@ -57,7 +56,7 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 			if !strings.Contains(page.String(), ">"+html.EscapeString(got.Value)+"<") {
 				t.Errorf("%s/%s %s: the page has no cell %q", c.Label(), c.Fleet(), m.Name, got.Value)
 			}
-			d, ok := replay.Delta(c, base, m)
+			d, ok := report.Delta(c, base, m)
 			switch {
 			case r.Baseline:
 				if got.Delta != "" {
@@ -93,7 +92,7 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 // middle, leaving out windows without prompt tokens; the reference's
 // likewise.
 func TestKVSeriesIsTheRatioOfTokenSums(t *testing.T) {
-	tl := &replay.Timeline{IntervalS: 0.5,
+	tl := &report.Timeline{IntervalS: 0.5,
 		PromptTokens: []int64{100, 0, 300, 50}, CachedTokens: []int64{25, 0, 300, 0},
 		ReferencePromptTokens: []int64{0, 200, 300, 50}, ReferenceHitTokens: []int64{0, 100, 150, 50}}
 	hit, ref := kvSeries(tl)
@@ -106,7 +105,7 @@ func TestKVSeriesIsTheRatioOfTokenSums(t *testing.T) {
 
 	// 130 samples: windows of 3 (the last of one), at most kvBins.
 	n := 130
-	tl = &replay.Timeline{IntervalS: 1, PromptTokens: make([]int64, n), CachedTokens: make([]int64, n),
+	tl = &report.Timeline{IntervalS: 1, PromptTokens: make([]int64, n), CachedTokens: make([]int64, n),
 		ReferencePromptTokens: make([]int64, n), ReferenceHitTokens: make([]int64, n)}
 	for k := range n {
 		tl.PromptTokens[k], tl.CachedTokens[k] = int64(10*k+10), int64(k)
@@ -127,8 +126,8 @@ func TestKVSeriesIsTheRatioOfTokenSums(t *testing.T) {
 // Up to MaxWorkerLines workers the in-flight chart has a line per
 // worker; over it, the median worker and the min–max band.
 func TestInFlightBandOverSixteenWorkers(t *testing.T) {
-	timeline := func(workers int) *replay.Timeline {
-		tl := &replay.Timeline{IntervalS: 2}
+	timeline := func(workers int) *report.Timeline {
+		tl := &report.Timeline{IntervalS: 2}
 		for k := range 3 {
 			row := make([]int32, workers)
 			for w := range row {
@@ -179,11 +178,11 @@ func TestSimplifyKeepsTheLine(t *testing.T) {
 // charts; no cells is an error.
 func TestWriteWithoutTimelines(t *testing.T) {
 	cells := mustCells(t)
-	bare := make([]replay.Cell, 2)
+	bare := make([]report.Cell, 2)
 	for i := range bare {
 		r := *cells[i].Runs[0]
 		r.Timeline, r.Distributions = nil, nil
-		bare[i] = replay.Cell{Runs: []*replay.Report{&r}}
+		bare[i] = report.Cell{Runs: []*report.Report{&r}}
 	}
 	var page bytes.Buffer
 	if err := Write(&page, Input{Trace: "t", Requests: 1, Cells: bare}); err != nil {
@@ -206,7 +205,7 @@ func TestWriteWithoutTimelines(t *testing.T) {
 		one.Distributions.TTFT[i], one.Distributions.E2E[i] = 5, 0
 	}
 	page.Reset()
-	if err := Write(&page, Input{Cells: []replay.Cell{{Runs: []*replay.Report{one}}}}); err != nil {
+	if err := Write(&page, Input{Cells: []report.Cell{{Runs: []*report.Report{one}}}}); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(page.String(), "TTFT CDF") || !strings.Contains(page.String(), "no E2E distribution") {
@@ -215,21 +214,21 @@ func TestWriteWithoutTimelines(t *testing.T) {
 	if err := Write(&page, Input{}); !errors.Is(err, ErrNoCells) {
 		t.Errorf("no cells: %v, want ErrNoCells", err)
 	}
-	if err := Write(&page, Input{Cells: []replay.Cell{{}}}); !errors.Is(err, ErrNoCells) {
+	if err := Write(&page, Input{Cells: []report.Cell{{}}}); !errors.Is(err, ErrNoCells) {
 		t.Errorf("a cell without runs: %v, want ErrNoCells", err)
 	}
 }
 
 // The page of a 6-policy × 3-fleet sweep of 3 seeds each stays under
-// 2 MB at the timelines' bound (replay.MaxTimelineSamples samples whose
+// 2 MB at the timelines' bound (report.MaxTimelineSamples samples whose
 // every worker changes every sample, so nothing simplifies), and a fleet
 // of 1,000 workers adds no more than one of 17.
 func TestPageSizeIsBounded(t *testing.T) {
 	size := func(fleets []int) int {
-		var cells []replay.Cell
+		var cells []report.Cell
 		for _, workers := range fleets {
 			for p := range 6 {
-				var c replay.Cell
+				var c report.Cell
 				for seed := range 3 {
 					c.Runs = append(c.Runs, syntheticReport(fmt.Sprintf("policy-%d", p), workers, uint64(seed)))
 				}
@@ -237,7 +236,7 @@ func TestPageSizeIsBounded(t *testing.T) {
 			}
 		}
 		var page bytes.Buffer
-		if err := Write(&page, Input{Cells: cells, Comparison: replay.Comparison{Baseline: "policy-0"}, SLO: "ttft=1s"}); err != nil {
+		if err := Write(&page, Input{Cells: cells, Comparison: report.Comparison{Baseline: "policy-0"}, SLO: "ttft=1s"}); err != nil {
 			t.Fatal(err)
 		}
 		return page.Len()
@@ -256,13 +255,13 @@ func TestPageSizeIsBounded(t *testing.T) {
 
 // syntheticReport is a report with a full timeline of noisy counts and
 // full distributions, for the size bound.
-func syntheticReport(policy string, workers int, seed uint64) *replay.Report {
+func syntheticReport(policy string, workers int, seed uint64) *report.Report {
 	rng := rand.New(rand.NewPCG(seed, uint64(workers)))
-	r := &replay.Report{Policy: policy, Workers: workers, Requests: 1000, Completed: 1000, Prefix: "approximate",
-		TTFT: replay.Summary{P50: 100 + rng.Float64(), P90: 300, P99: 900}, Goodput: &replay.Goodput{Share: 0.9, PerS: 3},
+	r := &report.Report{Policy: policy, Workers: workers, Requests: 1000, Completed: 1000, Prefix: "approximate",
+		TTFT: report.Summary{P50: 100 + rng.Float64(), P90: 300, P99: 900}, Goodput: &report.Goodput{Share: 0.9, PerS: 3},
 		KVHitRatio: 0.3, OutputTokensPerS: 900 + 10*rng.Float64()}
-	tl := &replay.Timeline{IntervalS: 0.4}
-	for k := range replay.MaxTimelineSamples {
+	tl := &report.Timeline{IntervalS: 0.4}
+	for k := range report.MaxTimelineSamples {
 		row := make([]int32, workers)
 		for w := range row {
 			row[w] = int32((k + w) % 7)
@@ -276,8 +275,8 @@ func syntheticReport(policy string, workers int, seed uint64) *replay.Report {
 		tl.ReferenceHitTokens = append(tl.ReferenceHitTokens, int64(rng.IntN(1000)))
 	}
 	r.Timeline = tl
-	d := &replay.Distributions{}
-	for k := range replay.DistributionPoints + 1 {
+	d := &report.Distributions{}
+	for k := range report.DistributionPoints + 1 {
 		d.TTFT = append(d.TTFT, 10+float64(k*k)+rng.Float64())
 		d.E2E = append(d.E2E, 100+float64(k*k*3)+rng.Float64())
 	}
@@ -303,20 +302,20 @@ func equalXYs(a, b plotter.XYs) bool {
 // fleets can have the same total, so each prefill pool size gets a line
 // of its own over the decode sizes.
 func TestDisaggregatedSweepLines(t *testing.T) {
-	cell := func(policy string, p, d int, defaults bool) replay.Cell {
+	cell := func(policy string, p, d int, defaults bool) report.Cell {
 		r := syntheticReport(policy, p+d, uint64(p*10+d))
 		r.PrefillWorkers, r.DecodeWorkers = p, d
 		r.RolePolicies = map[string]string{"prefill": "pd", "decode": "pd"}
 		if defaults {
 			r.RolePolicies = map[string]string{"prefill": "default", "decode": "default"}
 		}
-		return replay.Cell{Runs: []*replay.Report{r}}
+		return report.Cell{Runs: []*report.Report{r}}
 	}
-	decodeSweep := []replay.Cell{cell("pd", 2, 2, false), cell("rr", 2, 2, true), cell("pd", 2, 4, false), cell("rr", 2, 4, true)}
+	decodeSweep := []report.Cell{cell("pd", 2, 2, false), cell("rr", 2, 2, true), cell("pd", 2, 4, false), cell("rr", 2, 4, true)}
 	if got, want := seriesNames(decodeSweep), []string{"pd", "rr(P:default+D:default)", "pd", "rr(P:default+D:default)"}; !slices.Equal(got, want) {
 		t.Errorf("decode sweep: series %q, want %q", got, want)
 	}
-	crossed := []replay.Cell{cell("pd", 2, 2, false), cell("pd", 2, 4, false), cell("pd", 4, 2, false), cell("pd", 4, 4, false)}
+	crossed := []report.Cell{cell("pd", 2, 2, false), cell("pd", 2, 4, false), cell("pd", 4, 2, false), cell("pd", 4, 4, false)}
 	if got, want := seriesNames(crossed), []string{"pd(2P+D)", "pd(2P+D)", "pd(4P+D)", "pd(4P+D)"}; !slices.Equal(got, want) {
 		t.Errorf("crossed sweep: series %q, want %q", got, want)
 	}
@@ -339,10 +338,10 @@ func TestDisaggregatedSweepLines(t *testing.T) {
 // the text table's last line does.
 func TestVerdictUnderTheTable(t *testing.T) {
 	a, b := syntheticReport("rr", 4, 1), syntheticReport("kv", 4, 2)
-	a.Goodput, b.Goodput = &replay.Goodput{Share: 0.9}, &replay.Goodput{Share: 0.97}
-	cells := []replay.Cell{{Runs: []*replay.Report{a}}, {Runs: []*replay.Report{b}}}
+	a.Goodput, b.Goodput = &report.Goodput{Share: 0.9}, &report.Goodput{Share: 0.97}
+	cells := []report.Cell{{Runs: []*report.Report{a}}, {Runs: []*report.Report{b}}}
 	var page bytes.Buffer
-	if err := Write(&page, Input{Cells: cells, SLO: "ttft=1s", Comparison: replay.Comparison{GoodputTarget: 95}}); err != nil {
+	if err := Write(&page, Input{Cells: cells, SLO: "ttft=1s", Comparison: report.Comparison{GoodputTarget: 95}}); err != nil {
 		t.Fatal(err)
 	}
 	want := `<p class="verdict"><strong>smallest fleet with goodput &gt;= 95.0%: rr on none (best 90.0%); kv from 4 workers (97.0%)</strong></p>`
@@ -361,11 +360,11 @@ func TestVerdictUnderTheTable(t *testing.T) {
 // On a sweep with a goodput target, the goodput chart draws the target
 // as a line of its own, in its legend.
 func TestGoodputTargetLine(t *testing.T) {
-	var cells []replay.Cell
+	var cells []report.Cell
 	for _, w := range []int{2, 4} {
 		r := syntheticReport("kv", w, uint64(w))
-		r.Goodput = &replay.Goodput{Share: float64(w) / 5}
-		cells = append(cells, replay.Cell{Runs: []*replay.Report{r}})
+		r.Goodput = &report.Goodput{Share: float64(w) / 5}
+		cells = append(cells, report.Cell{Runs: []*report.Report{r}})
 	}
 	figs, err := sweepFigures(cells, 70)
 	if err != nil {
