@@ -59,8 +59,8 @@ func checkBookingsReleased(t *testing.T, d *driver) {
 			}
 		}
 	}
-	if len(d.transfers) != 0 {
-		t.Errorf("%d KV transfers never submitted", len(d.transfers))
+	if d.transfers.Len() != 0 {
+		t.Errorf("%d KV transfers never submitted", d.transfers.Len())
 	}
 }
 
