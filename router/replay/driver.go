@@ -245,7 +245,7 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	}
 	d.first, d.decode = d.clusters[firstHop], d.clusters[decodeHop]
 	if len(d.reps) > 1 {
-		d.sync = &syncFeed{delay: o.SyncDelay}
+		d.sync = &syncFeed{delay: o.SyncDelay, events: heap.New(syncLess)}
 	}
 	if o.Prefix == PrefixPrecise {
 		// With replicas the events go through the shared bus: every
