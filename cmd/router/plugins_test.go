@@ -5,27 +5,18 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/replay"
 )
 
-// The example plugins, built once per test binary from the repository's
-// sources, so these tests run the real binaries a user builds, and the
-// supervisor's test plugin ("faulty"), whose modes misbehave on purpose.
-var (
-	buildOnce  sync.Once
-	pluginBins map[string]string
-	buildDir   string
-	buildErr   error
-)
-
+// TestMain runs the busy-loop helper when this binary is started as one,
+// else the tests, with testkit.Build's binaries shared by all of them.
 func TestMain(m *testing.M) {
 	if ok, err := busyLoopChild(); ok {
 		if err != nil {
@@ -34,41 +25,29 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	code := m.Run()
-	if buildDir != "" {
-		os.RemoveAll(buildDir)
-	}
-	os.Exit(code)
+	os.Exit(testkit.Main(m).Run())
 }
 
+// examplePackages are the plugins examplePlugin builds, by name: the
+// example plugins, from the repository's sources, so these tests run the
+// real binaries a user builds, and the supervisor's test plugin
+// ("faulty"), whose modes misbehave on purpose.
+var examplePackages = map[string]string{
+	"plugin-example":           "../plugin-example",
+	"disagg-filter-score-pick": "../../examples/disagg-filter-score-pick",
+	"soft-pin-repin":           "../../examples/soft-pin-repin",
+	"faulty":                   "../../router/supervisor/testdata/plugin",
+}
+
+// examplePlugin returns the named plugin's binary, built once per test
+// process.
 func examplePlugin(t *testing.T, name string) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "sy-cmd-plugins-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		buildDir = dir
-		pluginBins = map[string]string{}
-		for name, pkg := range map[string]string{
-			"plugin-example":           "../plugin-example",
-			"disagg-filter-score-pick": "../../examples/disagg-filter-score-pick",
-			"soft-pin-repin":           "../../examples/soft-pin-repin",
-			"faulty":                   "../../router/supervisor/testdata/plugin",
-		} {
-			bin := filepath.Join(dir, name)
-			if out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("building %s: %v\n%s", pkg, err, out)
-				return
-			}
-			pluginBins[name] = bin
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	pkg, ok := examplePackages[name]
+	if !ok {
+		t.Fatalf("no example plugin %q", name)
 	}
-	return pluginBins[name]
+	return testkit.Build(t, pkg)
 }
 
 // policyWith rewrites an example policy's `command = "bin/NAME"` to the
@@ -382,10 +361,7 @@ worker_selection {
 // while the supervisor restarts the plugin, and the report counts both.
 func TestReplaySurvivesPluginKill(t *testing.T) {
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "dieafter")
-	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/dieafter").CombinedOutput(); err != nil {
-		t.Fatalf("building the test plugin: %v\n%s", err, out)
-	}
+	bin := testkit.Build(t, "./testdata/dieafter")
 	starts := filepath.Join(dir, "starts")
 	src := fmt.Sprintf(`plugin "q" {
   command = %q

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -15,6 +14,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"go.uber.org/goleak"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/loader"
@@ -250,10 +250,7 @@ func runParity(t *testing.T, path string, steps []parityStep) []parityAnswer {
 // whose answer is the request's metadata.
 func TestClassifierSameInAndOutOfProcess(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	bin := filepath.Join(t.TempDir(), "classifierplugin")
-	if out, err := exec.Command("go", "build", "-o", bin, "./testdata/classifierplugin").CombinedOutput(); err != nil {
-		t.Fatalf("building the classifier plugin: %v\n%s", err, out)
-	}
+	bin := testkit.Build(t, "./testdata/classifierplugin")
 	steps := paritySteps()
 	cases := []struct {
 		typ, params string

@@ -4,13 +4,12 @@ import (
 	"context"
 	"errors"
 	"math"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/shared"
 	pluginv1 "github.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1"
@@ -177,11 +176,7 @@ func TestCheckSchemaTypeNames(t *testing.T) {
 // directory.
 func buildFaulty(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "faulty")
-	if out, err := exec.Command("go", "build", "-o", bin, "../supervisor/testdata/plugin").CombinedOutput(); err != nil {
-		t.Fatalf("building the test plugin: %v\n%s", err, out)
-	}
-	return bin
+	return testkit.Build(t, "../supervisor/testdata/plugin")
 }
 
 // TestBatchMissingAnswer: a plugin that never answers one task of the
