@@ -2,7 +2,6 @@ package replay
 
 import (
 	"bufio"
-	"container/heap"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/heap"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -98,8 +98,8 @@ type driver struct {
 	progress func(Progress)
 	total    int
 
-	starts    dueQueue // first hops placed, reaching their worker after the decision latency
-	transfers dueQueue // decode hops placed, reaching their worker after the decision latency and the KV transfer
+	starts    heap.Heap[due] // by dueLess: first hops placed, reaching their worker after the decision latency
+	transfers heap.Heap[due] // by dueLess: decode hops placed, reaching their worker after the decision latency and the KV transfer
 
 	firstEvents, decodeEvents []sim.Event
 
@@ -197,6 +197,8 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		engineKV:     cfg.TotalKVBlocks,
 		progress:     o.Progress,
 		total:        len(o.Records),
+		starts:       heap.New(dueLess),
+		transfers:    heap.New(dueLess),
 	}
 	if o.Classifier != nil {
 		d.classifierCharge = o.DecisionLatency.Classifier
@@ -243,7 +245,7 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	}
 	d.first, d.decode = d.clusters[firstHop], d.clusters[decodeHop]
 	if len(d.reps) > 1 {
-		d.sync = &syncFeed{delay: o.SyncDelay}
+		d.sync = &syncFeed{delay: o.SyncDelay, events: heap.New(syncLess)}
 	}
 	if o.Prefix == PrefixPrecise {
 		// With replicas the events go through the shared bus: every
@@ -459,8 +461,8 @@ func (d *driver) nextInput() (time.Duration, bool) {
 	if ok {
 		t = d.arriving.Arrival
 	}
-	if len(d.starts) > 0 && (!ok || d.starts[0].at < t) {
-		t, ok = d.starts[0].at, true
+	if d.starts.Len() > 0 && (!ok || d.starts.At(0).at < t) {
+		t, ok = d.starts.At(0).at, true
 	}
 	return t, ok
 }
@@ -485,8 +487,8 @@ func (d *driver) nextInstant() (time.Duration, bool) {
 		earliest(max(at, d.reached))
 	}
 	if d.decode != nil {
-		if len(d.transfers) > 0 {
-			earliest(d.transfers[0].at)
+		if d.transfers.Len() > 0 {
+			earliest(d.transfers.At(0).at)
 		}
 		if at, busy := d.decode.NextEvent(); busy {
 			earliest(at)
@@ -537,8 +539,8 @@ func (d *driver) drain() {
 // startDue submits the first hops whose decision latency ends at or
 // before t, in (time, trace index) order.
 func (d *driver) startDue(t time.Duration) {
-	for len(d.starts) > 0 && d.starts[0].at <= t {
-		x := heap.Pop(&d.starts).(due)
+	for d.starts.Len() > 0 && d.starts.At(0).at <= t {
+		x := d.starts.Pop()
 		d.submit(x.index, firstHop, x.at)
 	}
 }
@@ -554,9 +556,9 @@ func (d *driver) decodeUpTo(t time.Duration, inclusive bool) {
 		return
 	}
 	for {
-		landing := len(d.transfers) > 0 && (d.transfers[0].at < t || (inclusive && d.transfers[0].at == t))
+		landing := d.transfers.Len() > 0 && (d.transfers.At(0).at < t || (inclusive && d.transfers.At(0).at == t))
 		if d.decodeWaiting > 0 {
-			if at, busy := d.decode.NextEvent(); busy && at <= t && (!landing || at <= d.transfers[0].at) {
+			if at, busy := d.decode.NextEvent(); busy && at <= t && (!landing || at <= d.transfers.At(0).at) {
 				d.decodeEvents = d.decode.AdvanceTo(at, d.decodeEvents[:0])
 				d.handleDecode(d.decodeEvents)
 				continue
@@ -565,7 +567,7 @@ func (d *driver) decodeUpTo(t time.Duration, inclusive bool) {
 		if !landing {
 			break
 		}
-		x := heap.Pop(&d.transfers).(due)
+		x := d.transfers.Pop()
 		d.decodeEvents = d.decode.AdvanceTo(x.at, d.decodeEvents[:0])
 		d.handleDecode(d.decodeEvents)
 		d.submit(x.index, decodeHop, x.at)
@@ -684,19 +686,9 @@ type due struct {
 	index int
 }
 
-// dueQueue is a min-heap of hops by (at, index), so submissions happen in
-// time order, ties in trace order.
-type dueQueue []due
-
-func (q dueQueue) Len() int { return len(q) }
-func (q dueQueue) Less(i, j int) bool {
-	return q[i].at < q[j].at || (q[i].at == q[j].at && q[i].index < q[j].index)
-}
-func (q dueQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *dueQueue) Push(x any)   { *q = append(*q, x.(due)) }
-func (q *dueQueue) Pop() any {
-	old := *q
-	x := old[len(old)-1]
-	*q = old[:len(old)-1]
-	return x
+// dueLess orders hops by (at, index), so submissions happen in time
+// order, ties in trace order: a total order (a request has one hop of
+// each kind), so the order does not depend on the heap's tie-breaking.
+func dueLess(a, b due) bool {
+	return a.at < b.at || (a.at == b.at && a.index < b.index)
 }

@@ -1,7 +1,6 @@
 package replay
 
 import (
-	"container/heap"
 	"strconv"
 	"time"
 
@@ -155,14 +154,14 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 		if charge == 0 {
 			d.submit(i, k, at)
 		} else {
-			heap.Push(&d.starts, due{at: at + charge, index: i})
+			d.starts.Push(due{at: at + charge, index: i})
 		}
 		return
 	}
 	out.DecodeWorker = id
 	xfer := KVTransferTime(max(rec.InputLength, 1), d.bandwidth)
 	out.KVTransferMs = report.Millis(xfer)
-	heap.Push(&d.transfers, due{at: at + charge + xfer, index: i})
+	d.transfers.Push(due{at: at + charge + xfer, index: i})
 }
 
 // chargeFor is the decision latency of hop k's placement dec (see

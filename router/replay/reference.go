@@ -3,6 +3,7 @@ package replay
 import (
 	"math/bits"
 
+	"github.com/switchyard-router/switchyard/internal/ilist"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/trace"
@@ -89,17 +90,16 @@ type groupLRU struct {
 	index          map[uint64]int32
 	entries        []lruEntry
 	free           []int32
-	head, tail     int32 // head: next to evict; -1 when empty
+	lru            ilist.List // the entries in use, most recently used first
 }
 
 type lruEntry struct {
-	key        uint64
-	blocks     int32
-	prev, next int32
+	key    uint64
+	blocks int32
 }
 
 func newGroupLRU(capacity int64) *groupLRU {
-	return &groupLRU{capacity: capacity, index: make(map[uint64]int32), head: -1, tail: -1}
+	return &groupLRU{capacity: capacity, index: make(map[uint64]int32)}
 }
 
 // lookup returns how many leading engine blocks of a prompt with these
@@ -130,17 +130,18 @@ func (c *groupLRU) store(hashes []uint64, blocks []int32) {
 		i, ok := c.index[hashes[k]]
 		if !ok {
 			i = c.alloc(hashes[k])
+			c.lru.PushFront(i)
 		} else {
-			c.unlink(i)
+			c.lru.MoveToFront(i)
 		}
 		if e := &c.entries[i]; blocks[k] > e.blocks {
 			c.used += int64(blocks[k] - e.blocks)
 			e.blocks = blocks[k]
 		}
-		c.pushTail(i)
 	}
-	for c.used > c.capacity && c.head >= 0 {
-		e := &c.entries[c.head]
+	for c.used > c.capacity && !c.lru.Empty() {
+		i := c.lru.Back()
+		e := &c.entries[i]
 		over := c.used - c.capacity
 		if int64(e.blocks) > over {
 			e.blocks -= int32(over)
@@ -148,8 +149,7 @@ func (c *groupLRU) store(hashes []uint64, blocks []int32) {
 			break
 		}
 		c.used -= int64(e.blocks)
-		i := c.head
-		c.unlink(i)
+		c.lru.Remove(i)
 		delete(c.index, e.key)
 		c.free = append(c.free, i)
 	}
@@ -163,35 +163,9 @@ func (c *groupLRU) alloc(key uint64) int32 {
 		i = int32(len(c.entries))
 		c.entries = append(c.entries, lruEntry{})
 	}
-	c.entries[i] = lruEntry{key: key, prev: -1, next: -1}
+	c.entries[i] = lruEntry{key: key}
 	c.index[key] = i
 	return i
-}
-
-func (c *groupLRU) unlink(i int32) {
-	e := &c.entries[i]
-	if e.prev >= 0 {
-		c.entries[e.prev].next = e.next
-	} else {
-		c.head = e.next
-	}
-	if e.next >= 0 {
-		c.entries[e.next].prev = e.prev
-	} else {
-		c.tail = e.prev
-	}
-	e.prev, e.next = -1, -1
-}
-
-func (c *groupLRU) pushTail(i int32) {
-	e := &c.entries[i]
-	e.prev, e.next = c.tail, -1
-	if c.tail >= 0 {
-		c.entries[c.tail].next = i
-	} else {
-		c.head = i
-	}
-	c.tail = i
 }
 
 // groupSet maps prefix group hashes to the most engine blocks of the

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/switchyard-router/switchyard/router/replay/report"
@@ -99,5 +100,20 @@ func TestGroupSetMatchesMap(t *testing.T) {
 		if _, ok := want[h]; !ok && s.get(h) != 0 {
 			t.Errorf("get(%#x) = %d for a group never raised", h, s.get(h))
 		}
+	}
+}
+
+// BenchmarkKVReference feeds the conversation trace (12,031 requests)
+// to the KV reference with 512-token groups of 16-token engine blocks,
+// in the LRU capacity of 8 default simulated workers (220,000 blocks) and
+// of one (27,500 blocks, which evicts more).
+func BenchmarkKVReference(b *testing.B) {
+	recs := readTrace(b, "mooncake_conversation_trace.jsonl")
+	for _, workers := range []int64{8, 1} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			for b.Loop() {
+				kvReference(recs, 512, 16, workers*27_500)
+			}
+		})
 	}
 }

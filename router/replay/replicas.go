@@ -1,10 +1,10 @@
 package replay
 
 import (
-	"container/heap"
 	"fmt"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/heap"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/shared"
@@ -56,7 +56,7 @@ type syncEvent struct {
 // plus those published within one delay.
 type syncFeed struct {
 	delay  time.Duration
-	events syncQueue
+	events heap.Heap[syncEvent] // by syncLess
 	seq    uint64
 	// applied counts the mirror bookings made on peers (Report.Mirrored).
 	applied int64
@@ -66,17 +66,17 @@ type syncFeed struct {
 
 // publish queues kind of m, which happened at `at`, for the peers.
 func (f *syncFeed) publish(at time.Duration, kind mirrorKind, m *mirror) {
-	heap.Push(&f.events, syncEvent{at: at + f.delay, seq: f.seq, kind: kind, m: m})
+	f.events.Push(syncEvent{at: at + f.delay, seq: f.seq, kind: kind, m: m})
 	f.seq++
 }
 
 // next is the due time of the earliest event not yet applied; false when
 // none is pending (or f is nil: one replica).
 func (f *syncFeed) next() (time.Duration, bool) {
-	if f == nil || len(f.events) == 0 {
+	if f == nil || f.events.Len() == 0 {
 		return 0, false
 	}
-	return f.events[0].at, true
+	return f.events.At(0).at, true
 }
 
 // deliver applies, in (due time, publication) order, every event due at
@@ -86,8 +86,8 @@ func (f *syncFeed) deliver(d *driver, now time.Duration) {
 	if f == nil {
 		return
 	}
-	for len(f.events) > 0 && f.events[0].at <= now {
-		e := heap.Pop(&f.events).(syncEvent)
+	for f.events.Len() > 0 && f.events.At(0).at <= now {
+		e := f.events.Pop()
 		if f.err != nil {
 			continue // the replay is ending with f.err
 		}
@@ -145,19 +145,8 @@ func (d *driver) mirrorReleased(i, k int, at time.Duration) {
 	}
 }
 
-// syncQueue is a min-heap of sync events by (at, seq).
-type syncQueue []syncEvent
-
-func (q syncQueue) Len() int { return len(q) }
-func (q syncQueue) Less(i, j int) bool {
-	return q[i].at < q[j].at || (q[i].at == q[j].at && q[i].seq < q[j].seq)
-}
-func (q syncQueue) Swap(i, j int) { q[i], q[j] = q[j], q[i] }
-func (q *syncQueue) Push(x any)   { *q = append(*q, x.(syncEvent)) }
-func (q *syncQueue) Pop() any {
-	old := *q
-	x := old[len(old)-1]
-	old[len(old)-1] = syncEvent{} // drop the mirror
-	*q = old[:len(old)-1]
-	return x
+// syncLess orders sync events by (at, seq): a total order (seq is
+// unique), so the order does not depend on the heap's tie-breaking.
+func syncLess(a, b syncEvent) bool {
+	return a.at < b.at || (a.at == b.at && a.seq < b.seq)
 }

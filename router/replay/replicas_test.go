@@ -56,8 +56,8 @@ func checkReplicas(t *testing.T, rep *report.Report, d *driver, n int) {
 	if rep.Sync == nil || rep.Sync.Replicas != n || rep.Sync.Mirrored != int64(n-1)*rep.Selections {
 		t.Errorf("sync report %+v, want %d replicas and %d mirrored bookings", rep.Sync, n, int64(n-1)*rep.Selections)
 	}
-	if len(d.sync.events) != 0 {
-		t.Errorf("%d sync events never applied", len(d.sync.events))
+	if d.sync.events.Len() != 0 {
+		t.Errorf("%d sync events never applied", d.sync.events.Len())
 	}
 	checkBookingsReleased(t, d)
 }
