@@ -17,22 +17,19 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/epp"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
 
+// eppOptions are `router epp`'s flags: the runtime's and the ext_proc
+// face's.
 type eppOptions struct {
-	policy         string
-	listen         string
-	httpListen     string
-	workersFile    string
-	watch          bool
-	requestTimeout time.Duration
-	drainTimeout   time.Duration
-	charsPerToken  int
-	fallbacks      int
-	maxBody        int64
-	maxInFlight    int64
-	pods           podFlags
+	runtimeFlags
+	listen      string
+	httpListen  string
+	fallbacks   int
+	maxBody     int64
+	maxInFlight int64
 }
 
 func newEPPCmd() *cobra.Command {
@@ -60,7 +57,8 @@ held until picked, and wait for it: the bodies take at most 6 times
 --max-body-bytes-in-flight of memory (docs/epp.md, "Memory").
 
 --http-listen serves serve's HTTP API beside it (/metrics, /healthz,
-/readyz, and the OpenAI routes).
+/readyz, and the OpenAI routes); --debug-listen, as for serve, Go's
+profiler and the router's debug views on an address of their own.
 
 SIGHUP reloads the policy file. SIGTERM or SIGINT makes readiness
 NOT_SERVING, lets the streams in flight end for up to --drain-timeout,
@@ -69,53 +67,32 @@ stops the plugins and exits 0.
 It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.policy == "" {
-				return errors.New("--policy FILE is required")
-			}
-			if o.drainTimeout <= 0 {
-				return fmt.Errorf("--drain-timeout %v: want %s", o.drainTimeout, positiveDurationWant)
-			}
-			if o.requestTimeout <= 0 {
-				return fmt.Errorf("--request-timeout %v: want %s", o.requestTimeout, positiveDurationWant)
-			}
-			if o.charsPerToken < 1 {
-				return fmt.Errorf("--chars-per-token %d: want %s", o.charsPerToken, charsPerTokenWant)
+			if err := o.check(cmd.Flags()); err != nil {
+				return err
 			}
 			if o.fallbacks < 0 || o.fallbacks > router.MaxAlternates {
 				return fmt.Errorf("--fallbacks %d: want %s", o.fallbacks, fallbacksWant)
 			}
-			if o.maxBody < minBodyBound || o.maxBody > serve.DefaultMaxBodyBytes {
+			if o.maxBody < minBodyBound || o.maxBody > live.DefaultMaxBodyBytes {
 				return fmt.Errorf("--max-body-bytes %d: want %s", o.maxBody, maxBodyWant)
 			}
 			if o.maxInFlight < o.maxBody {
 				return fmt.Errorf("--max-body-bytes-in-flight %d: want %s (--max-body-bytes is %d)", o.maxInFlight, maxInFlightWant, o.maxBody)
-			}
-			if err := o.pods.check(cmd.Flags()); err != nil {
-				return err
 			}
 			level := logLevel(cmd.Context(), hclog.Info)
 			return runEPP(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.policy, "policy", "", "policy file (required)")
+	o.register(f)
 	f.StringVar(&o.listen, "listen", "127.0.0.1:9002", "address of the ext_proc gRPC service")
 	f.StringVar(&o.httpListen, "http-listen", "127.0.0.1:0", "address of the HTTP API (/metrics, /readyz)")
-	f.StringVar(&o.workersFile, "workers-file", "", "file of worker blocks, watched: workers join and leave as it changes")
-	f.BoolVar(&o.watch, "watch", false, "reload the policy file when it changes (SIGHUP always reloads it)")
-	f.DurationVar(&o.requestTimeout, "request-timeout", serve.DefaultRequestTimeout, "bound on each request's wait in the queue")
-	f.DurationVar(&o.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long streams in flight may finish")
-	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
 	f.IntVar(&o.fallbacks, "fallbacks", DefaultFallbacks, "how many of the policy's runners-up follow the pick in x-gateway-destination-endpoint, best first")
-	setWant(f, "drain-timeout", positiveDurationWant)
-	setWant(f, "request-timeout", positiveDurationWant)
-	setWant(f, "chars-per-token", charsPerTokenWant)
-	f.Int64Var(&o.maxBody, "max-body-bytes", serve.DefaultMaxBodyBytes, "bound on a request body, in bytes: a larger one is answered 413")
-	f.Int64Var(&o.maxInFlight, "max-body-bytes-in-flight", serve.DefaultMaxBodyBytesInFlight, "bound on the request body bytes the picker holds and receives at once, all streams together")
+	f.Int64Var(&o.maxBody, "max-body-bytes", live.DefaultMaxBodyBytes, "bound on a request body, in bytes: a larger one is answered 413")
+	f.Int64Var(&o.maxInFlight, "max-body-bytes-in-flight", live.DefaultMaxBodyBytesInFlight, "bound on the request body bytes the picker holds and receives at once, all streams together")
 	setWant(f, "fallbacks", fallbacksWant)
 	setWant(f, "max-body-bytes", maxBodyWant)
 	setWant(f, "max-body-bytes-in-flight", maxInFlightWant)
-	o.pods.register(f)
 	return cmd
 }
 
@@ -131,9 +108,9 @@ var fallbacksWant = fmt.Sprintf("a whole number from 0 to %d", router.MaxAlterna
 const minBodyBound = 1 << 10
 
 // maxBodyWant words the values --max-body-bytes accepts: at most serve's
-// parser bound (serve.DefaultMaxBodyBytes), which the Picker's parsing
+// parser bound (live.DefaultMaxBodyBytes), which the Picker's parsing
 // applies again.
-var maxBodyWant = fmt.Sprintf("a whole number of bytes from %d to %d", minBodyBound, serve.DefaultMaxBodyBytes)
+var maxBodyWant = fmt.Sprintf("a whole number of bytes from %d to %d", minBodyBound, live.DefaultMaxBodyBytes)
 
 // maxInFlightWant words the values --max-body-bytes-in-flight accepts.
 const maxInFlightWant = "a whole number of bytes, at least --max-body-bytes"
@@ -143,9 +120,9 @@ const maxInFlightWant = "a whole number of bytes, at least --max-body-bytes"
 // is bounded by its timeout, the scrape interval (1 s by default).
 const probeWait = 10 * time.Second
 
-// runEPP runs `router epp` until ctx ends: a serve.Daemon (policy file,
-// workers, the HTTP API) and, once it is ready, the ext_proc gRPC server
-// over its Server. On shutdown the gRPC server stops first (readiness
+// runEPP runs `router epp` until ctx ends: a live.Daemon (policy file,
+// workers, serve's HTTP API) and, once it is ready, the ext_proc gRPC
+// server over its Runtime. On shutdown the gRPC server stops first (readiness
 // NOT_SERVING, streams drained up to the drain timeout), then the daemon.
 func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr io.Writer) error {
 	gln, err := net.Listen("tcp", o.listen)
@@ -156,6 +133,12 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	if err != nil {
 		_ = gln.Close()
 		return &exitError{code: 1, err: fmt.Errorf("--http-listen %s: %w", o.httpListen, err)}
+	}
+	debug, err := o.listenDebug()
+	if err != nil {
+		_ = gln.Close()
+		_ = hln.Close()
+		return &exitError{code: 1, err: err}
 	}
 	gs := grpc.NewServer(epp.GRPCServerOptions(o.maxBody)...)
 	var grpcDone sync.WaitGroup
@@ -180,58 +163,61 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	if err != nil {
 		_ = gln.Close()
 		_ = hln.Close()
+		if debug != nil {
+			_ = debug.Close()
+		}
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			return nil // stopped while listing the pods
 		}
 		return &exitError{code: 1, err: err}
 	}
-	var d *serve.Daemon
-	d, err = serve.NewDaemon(serve.DaemonOptions{
-		PolicyFile: o.policy, WorkersFile: o.workersFile, Pods: pods, Watch: o.watch, Listener: hln,
-		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
-		Logger:      logger,
-		Diagnostics: stderr,
-		Registry:    reg,
-		OnReady: func() {
-			health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Server: d.Server(), Fallbacks: o.fallbacks}, Decisions: decisions,
-				MaxBodyBytes: o.maxBody, MaxBodyBytesInFlight: o.maxInFlight})
-			grpcDone.Go(func() { _ = gs.Serve(gln) })
-			grpcDone.Go(func() {
-				// Readiness once the workers' first probes are in: the
-				// datastore has synced (proposal 004); and, for a replica,
-				// once it has caught up with its cluster (bounded by the
-				// cluster block's warm_timeout).
-				for !d.Server().ClusterReady() {
-					select {
-					case <-dctx.Done():
-						return
-					case <-time.After(20 * time.Millisecond):
-					}
-				}
-				if probed, err := epp.ReadyWhenProbed(dctx, health, d.Server().Workers(), 20*time.Millisecond, probeWait); err == nil && !probed {
-					logger.Warn("ready before every worker's first probe answered", "waited", probeWait)
-				}
-			})
-			grpcDone.Go(func() {
+	var d *live.Daemon
+	do := o.daemonOptions(serve.Options{})
+	do.Pods, do.Listener, do.DebugListener = pods, hln, debug
+	do.Logger, do.Diagnostics, do.Registry = logger, stderr, reg
+	do.OnReady = func() {
+		health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Runtime: d.Runtime(), Fallbacks: o.fallbacks}, Decisions: decisions,
+			MaxBodyBytes: o.maxBody, MaxBodyBytesInFlight: o.maxInFlight})
+		grpcDone.Go(func() { _ = gs.Serve(gln) })
+		grpcDone.Go(func() {
+			// Readiness once the workers' first probes are in: the
+			// datastore has synced (proposal 004); and, for a replica,
+			// once it has caught up with its cluster (bounded by the
+			// cluster block's warm_timeout).
+			for !d.Runtime().ClusterReady() {
 				select {
-				case <-ctx.Done():
-				case <-dctx.Done(): // Run failed while serving
+				case <-dctx.Done():
+					return
+				case <-time.After(20 * time.Millisecond):
 				}
-				health.Shutdown()
-				drained := make(chan struct{})
-				go func() { gs.GracefulStop(); close(drained) }()
-				select {
-				case <-drained:
-				case <-time.After(o.drainTimeout):
-					gs.Stop()
-					<-drained
-				}
-				stopDaemon()
-			})
-			fmt.Fprintf(stdout, "router epp http api on http://%s\n", hln.Addr())
-			fmt.Fprintf(stdout, "router epp listening on grpc://%s\n", gln.Addr())
-		},
-	})
+			}
+			if probed, err := epp.ReadyWhenProbed(dctx, health, d.Runtime().Workers(), 20*time.Millisecond, probeWait); err == nil && !probed {
+				logger.Warn("ready before every worker's first probe answered", "waited", probeWait)
+			}
+		})
+		grpcDone.Go(func() {
+			select {
+			case <-ctx.Done():
+			case <-dctx.Done(): // Run failed while serving
+			}
+			health.Shutdown()
+			drained := make(chan struct{})
+			go func() { gs.GracefulStop(); close(drained) }()
+			select {
+			case <-drained:
+			case <-time.After(o.drainTimeout):
+				gs.Stop()
+				<-drained
+			}
+			stopDaemon()
+		})
+		if debug != nil {
+			fmt.Fprintf(stdout, "router epp profiler on http://%s/debug/pprof/\n", debug.Addr())
+		}
+		fmt.Fprintf(stdout, "router epp http api on http://%s\n", hln.Addr())
+		fmt.Fprintf(stdout, "router epp listening on grpc://%s\n", gln.Addr())
+	}
+	d, err = live.NewDaemon(do)
 	if err == nil {
 		err = d.Run(dctx)
 	}

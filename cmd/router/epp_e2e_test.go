@@ -188,3 +188,36 @@ func startEPP(t *testing.T, routerBin string, args ...string) (*e2eProc, *grpc.C
 	t.Cleanup(func() { _ = conn.Close() })
 	return p, conn
 }
+
+// TestEPPE2EDebugListen: `router epp --debug-listen` serves Go's profiler
+// and the router's view of its workers on their own address, as serve's
+// does (the runtime's flag), and not on the HTTP API's.
+func TestEPPE2EDebugListen(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	mock := startMocks(t, routerBin, 1, "50")[0]
+	policy := filepath.Join(t.TempDir(), "policy.hcl")
+	writeAtomic(t, policy, workerBlocks([]string{"w"}, map[string]string{"w": mock.url}))
+	debug, api := closedPort(t), closedPort(t)
+	startEPP(t, routerBin, "--policy", policy, "--http-listen", strings.TrimPrefix(api, "http://"),
+		"--debug-listen", strings.TrimPrefix(debug, "http://"))
+	c := e2eClient(t)
+	get := func(url string) (int, string) {
+		t.Helper()
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := get(debug + "/debug/pprof/cmdline"); code != http.StatusOK || !strings.Contains(body, "--debug-listen") {
+		t.Fatalf("profiler cmdline: %d %q, want 200 naming the router's flags", code, body)
+	}
+	if code, body := get(debug + "/debug/workers"); code != http.StatusOK || !strings.Contains(body, `"w"`) {
+		t.Fatalf("/debug/workers: %d %.300q, want 200 naming worker w", code, body)
+	}
+	if code, _ := get(api + "/debug/pprof/"); code != http.StatusNotFound {
+		t.Fatalf("the HTTP API address answers /debug/pprof/ with %d, want 404", code)
+	}
+}

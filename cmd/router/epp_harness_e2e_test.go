@@ -23,12 +23,12 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/switchyard-router/switchyard/internal/envoysim"
 	"github.com/switchyard-router/switchyard/router/epp"
-	"github.com/switchyard-router/switchyard/router/epp/envoysim"
 )
 
 // End-to-end tests of `router epp` behind envoysim, the stand-in for
-// Envoy's ext_proc filter (router/epp/envoysim): the EPP binary, three
+// Envoy's ext_proc filter (internal/envoysim): the EPP binary, three
 // `router mock-worker` engines publishing KV events, and the harness in
 // the test process forwarding to the engines. docs/epp.md ("The test
 // harness") maps each test to the bullet of issue #16 it covers.

@@ -21,7 +21,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
-	"github.com/switchyard-router/switchyard/router/serve"
+	"github.com/switchyard-router/switchyard/router/live"
 )
 
 // TestNATSRestartUnderLoad runs three `router serve` replicas with a
@@ -83,8 +83,8 @@ func TestNATSRestartUnderLoad(t *testing.T) {
 			}
 		}
 	}
-	connected := func(r *e2eProc, want bool) func(int, serve.Readiness) bool {
-		return func(code int, a serve.Readiness) bool { return a.Cluster != nil && a.Cluster.Connected == want }
+	connected := func(r *e2eProc, want bool) func(int, live.Readiness) bool {
+		return func(code int, a live.Readiness) bool { return a.Cluster != nil && a.Cluster.Connected == want }
 	}
 	// syncLive: a long answer in flight through reps[0] is counted on
 	// the others (their consumers are live). It returns the request's

@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/switchyard-router/switchyard/router/kubepods"
-	"github.com/switchyard-router/switchyard/router/serve"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -91,7 +91,7 @@ func (p *podFlags) check(f *pflag.FlagSet) error {
 // for their first list (or ctx's end); the watch runs until ctx ends,
 // and done is closed after it stopped. Without --pool-selector it
 // returns a nil source and a closed done.
-func (p *podFlags) start(ctx context.Context, log hclog.Logger) (src serve.WorkerSource, done <-chan struct{}, err error) {
+func (p *podFlags) start(ctx context.Context, log hclog.Logger) (src live.WorkerSource, done <-chan struct{}, err error) {
 	if p.selector == "" {
 		closed := make(chan struct{})
 		close(closed)

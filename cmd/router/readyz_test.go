@@ -13,19 +13,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/mockworker"
-	"github.com/switchyard-router/switchyard/router/serve"
 )
 
 // readyz GETs base's /readyz and decodes it.
-func readyz(t *testing.T, base string) (int, serve.Readiness) {
+func readyz(t *testing.T, base string) (int, live.Readiness) {
 	t.Helper()
 	resp, err := http.Get(base + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = resp.Body.Close() }()
-	var a serve.Readiness
+	var a live.Readiness
 	if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +33,7 @@ func readyz(t *testing.T, base string) (int, serve.Readiness) {
 }
 
 // waitReadyz polls /readyz until ok holds of its answer (30 s at most).
-func waitReadyz(t *testing.T, base string, stderr *serveStderr, what string, ok func(int, serve.Readiness) bool) (int, serve.Readiness) {
+func waitReadyz(t *testing.T, base string, stderr *serveStderr, what string, ok func(int, live.Readiness) bool) (int, live.Readiness) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -99,17 +99,17 @@ worker "sgl" {
 	policy = writeFile(t, "policy.hcl", patched)
 	base, stderr, stop := startServe(t, "--policy", policy)
 
-	_, a := waitReadyz(t, base, stderr, "sgl ready, down refused", func(code int, a serve.Readiness) bool {
+	_, a := waitReadyz(t, base, stderr, "sgl ready, down refused", func(code int, a live.Readiness) bool {
 		return code == http.StatusOK && len(a.Workers) == 2 && a.Workers[1].Ready &&
 			strings.HasPrefix(a.Workers[0].Reason, "connection refused")
 	})
-	wantWorkers := []serve.WorkerReadiness{
+	wantWorkers := []live.WorkerReadiness{
 		{Name: "down", URL: down, Role: "aggregated", Load: "unavailable", Reason: "connection refused by " + down + "/metrics"},
 		{Name: "sgl", URL: sgl.URL, Role: "aggregated", Ready: true, Load: "unavailable",
 			Reason: fmt.Sprintf("%s/metrics answers 404 (SGLang serves metrics only with --enable-metrics); ready by %s/health", sgl.URL, sgl.URL)},
 	}
 	if fmt.Sprint(a.Workers) != fmt.Sprint(wantWorkers) || !a.Ready || a.Policy.File != policy ||
-		len(a.Plugins) != 1 || a.Plugins[0] != (serve.PluginReadiness{Name: "example", State: "up", Status: "up"}) {
+		len(a.Plugins) != 1 || a.Plugins[0] != (live.PluginReadiness{Name: "example", State: "up", Status: "up"}) {
 		t.Errorf("/readyz %+v\nwant workers %+v and the plugin up", a, wantWorkers)
 	}
 
@@ -143,7 +143,7 @@ worker "sgl" {
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	code, a := waitReadyz(t, base, stderr, "plugin not up", func(_ int, a serve.Readiness) bool {
+	code, a := waitReadyz(t, base, stderr, "plugin not up", func(_ int, a live.Readiness) bool {
 		return len(a.Plugins) == 1 && a.Plugins[0].Status != "up"
 	})
 	if code != http.StatusOK || !a.Ready || a.Plugins[0].State != "degraded: serving by fallback" || a.Plugins[0].Status == "" {

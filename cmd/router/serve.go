@@ -13,14 +13,20 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
 
-type serveOptions struct {
+// runtimeFlags are the flags of the live runtime that both `router serve`
+// and `router epp` run on (live.Daemon: the policy file, the workers, the
+// request intake, the debug listener): register puts the same flags, with
+// the same defaults, usage and accepted values, on both commands, so that
+// they cannot drift apart. Each command adds its face's own flags.
+type runtimeFlags struct {
 	policy         string
-	listen         string
 	workersFile    string
 	watch          bool
 	requestTimeout time.Duration
@@ -28,10 +34,77 @@ type serveOptions struct {
 	charsPerToken  int
 	debugListen    string
 	shadowInFlight int
+	pods           podFlags
+}
+
+// register registers the runtime's flags on f.
+func (r *runtimeFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&r.policy, "policy", "", "policy file (required)")
+	f.StringVar(&r.workersFile, "workers-file", "", "file of worker blocks, watched: workers join and leave as it changes")
+	f.BoolVar(&r.watch, "watch", false, "reload the policy file when it changes (SIGHUP always reloads it)")
+	f.DurationVar(&r.requestTimeout, "request-timeout", live.DefaultRequestTimeout, "bound on each request: an HTTP API request's queue wait and streamed answer, an ext_proc request's wait in the queue")
+	f.DurationVar(&r.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long requests (ext_proc streams) in flight may finish")
+	f.IntVar(&r.charsPerToken, "chars-per-token", live.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
+	f.StringVar(&r.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) and the router's debug views on this separate address; off when empty")
+	f.IntVar(&r.shadowInFlight, "shadow-max-inflight", router.DefaultShadowInFlight, "most shadow decisions running at once (policies with a shadow); one more is dropped")
+	setWant(f, "request-timeout", positiveDurationWant)
+	setWant(f, "drain-timeout", positiveDurationWant)
+	setWant(f, "chars-per-token", charsPerTokenWant)
+	setWant(f, "shadow-max-inflight", shadowInFlightWant)
+	r.pods.register(f)
+}
+
+// check checks the runtime's flags as f parsed them: the first value out
+// of its range is the error, naming the flag and what it accepts.
+func (r *runtimeFlags) check(f *pflag.FlagSet) error {
+	switch {
+	case r.policy == "":
+		return errors.New("--policy FILE is required")
+	case r.requestTimeout <= 0:
+		return fmt.Errorf("--request-timeout %v: want %s", r.requestTimeout, positiveDurationWant)
+	case r.drainTimeout <= 0:
+		return fmt.Errorf("--drain-timeout %v: want %s", r.drainTimeout, positiveDurationWant)
+	case r.charsPerToken < 1:
+		return fmt.Errorf("--chars-per-token %d: want %s", r.charsPerToken, charsPerTokenWant)
+	case r.shadowInFlight < 1 || r.shadowInFlight > maxShadowInFlight:
+		return fmt.Errorf("--shadow-max-inflight %d: want %s", r.shadowInFlight, shadowInFlightWant)
+	}
+	return r.pods.check(f)
+}
+
+// listenDebug opens --debug-listen's listener; nil when the flag is empty.
+func (r *runtimeFlags) listenDebug() (net.Listener, error) {
+	if r.debugListen == "" {
+		return nil, nil
+	}
+	ln, err := net.Listen("tcp", r.debugListen)
+	if err != nil {
+		return nil, fmt.Errorf("--debug-listen %s: %w", r.debugListen, err)
+	}
+	return ln, nil
+}
+
+// daemonOptions returns the DaemonOptions the runtime's flags set, with
+// serve's HTTP face (serve.Face) as the face, draining for
+// --drain-timeout; the caller adds its listeners, pods, logger and the
+// rest.
+func (r *runtimeFlags) daemonOptions(face serve.Options) live.DaemonOptions {
+	face.DrainTimeout = r.drainTimeout
+	return live.DaemonOptions{
+		PolicyFile: r.policy, WorkersFile: r.workersFile, Watch: r.watch,
+		RequestTimeout: r.requestTimeout, CharsPerToken: r.charsPerToken,
+		ShadowMaxInFlight: r.shadowInFlight, Face: serve.Face(face),
+	}
+}
+
+// serveOptions are `router serve`'s flags: the runtime's and the HTTP
+// face's.
+type serveOptions struct {
+	runtimeFlags
+	listen string
 	// bodyPerClient is --max-body-bytes-per-client; 0: no bound per
 	// client address.
 	bodyPerClient byteSize
-	pods          podFlags
 }
 
 func newServeCmd() *cobra.Command {
@@ -60,22 +133,7 @@ It prints "router serve listening on http://ADDR" once it accepts
 connections (useful with --listen 127.0.0.1:0).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if o.policy == "" {
-				return errors.New("--policy FILE is required")
-			}
-			if o.charsPerToken < 1 {
-				return fmt.Errorf("--chars-per-token %d: want %s", o.charsPerToken, charsPerTokenWant)
-			}
-			if o.requestTimeout <= 0 {
-				return fmt.Errorf("--request-timeout %v: want %s", o.requestTimeout, positiveDurationWant)
-			}
-			if o.drainTimeout <= 0 {
-				return fmt.Errorf("--drain-timeout %v: want %s", o.drainTimeout, positiveDurationWant)
-			}
-			if o.shadowInFlight < 1 || o.shadowInFlight > maxShadowInFlight {
-				return fmt.Errorf("--shadow-max-inflight %d: want %s", o.shadowInFlight, shadowInFlightWant)
-			}
-			if err := o.pods.check(cmd.Flags()); err != nil {
+			if err := o.check(cmd.Flags()); err != nil {
 				return err
 			}
 			level := logLevel(cmd.Context(), hclog.Info)
@@ -83,22 +141,10 @@ connections (useful with --listen 127.0.0.1:0).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&o.policy, "policy", "", "policy file (required)")
+	o.register(f)
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
-	f.StringVar(&o.workersFile, "workers-file", "", "file of worker blocks, watched: workers join and leave as it changes")
-	f.BoolVar(&o.watch, "watch", false, "reload the policy file when it changes (SIGHUP always reloads it)")
-	f.DurationVar(&o.requestTimeout, "request-timeout", serve.DefaultRequestTimeout, "bound on each request, queue wait and streamed answer included")
-	f.DurationVar(&o.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long requests in flight may finish")
-	f.IntVar(&o.charsPerToken, "chars-per-token", serve.DefaultCharsPerToken, "characters per token of text prompts' routing key (an approximation)")
-	f.StringVar(&o.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) on this separate address; off when empty")
-	f.IntVar(&o.shadowInFlight, "shadow-max-inflight", router.DefaultShadowInFlight, "most shadow decisions running at once (policies with a shadow); one more is dropped")
 	f.Var(&o.bodyPerClient, "max-body-bytes-per-client", "most request body bytes held at once for one client address (IPv6: its /64); 0: no bound per address. Raise it behind a proxy or NAT")
-	setWant(f, "request-timeout", positiveDurationWant)
-	setWant(f, "drain-timeout", positiveDurationWant)
-	setWant(f, "chars-per-token", charsPerTokenWant)
-	setWant(f, "shadow-max-inflight", shadowInFlightWant)
 	setWant(f, "max-body-bytes-per-client", byteSizeWant)
-	o.pods.register(f)
 	return cmd
 }
 
@@ -173,18 +219,16 @@ func (b byteSize) perClient() int64 {
 }
 
 // runServe runs `router serve` until ctx ends: the listeners, then
-// serve.Daemon.
+// live.Daemon with serve's HTTP face.
 func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, stderr io.Writer) error {
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return &exitError{code: 1, err: fmt.Errorf("--listen %s: %w", o.listen, err)}
 	}
-	var debug net.Listener
-	if o.debugListen != "" {
-		if debug, err = net.Listen("tcp", o.debugListen); err != nil {
-			_ = ln.Close()
-			return &exitError{code: 1, err: fmt.Errorf("--debug-listen %s: %w", o.debugListen, err)}
-		}
+	debug, err := o.listenDebug()
+	if err != nil {
+		_ = ln.Close()
+		return &exitError{code: 1, err: err}
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
 	// The pods' watch lives as long as the daemon.
@@ -201,20 +245,16 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		}
 		return &exitError{code: 1, err: err}
 	}
-	d, err := serve.NewDaemon(serve.DaemonOptions{
-		PolicyFile: o.policy, WorkersFile: o.workersFile, Pods: pods, Watch: o.watch,
-		Listener: ln, DebugListener: debug,
-		RequestTimeout: o.requestTimeout, DrainTimeout: o.drainTimeout, CharsPerToken: o.charsPerToken,
-		ShadowMaxInFlight: o.shadowInFlight, MaxBodyBytesPerClient: o.bodyPerClient.perClient(),
-		Logger:      logger,
-		Diagnostics: stderr,
-		OnReady: func() {
-			if debug != nil {
-				fmt.Fprintf(stdout, "router serve profiler on http://%s/debug/pprof/\n", debug.Addr())
-			}
-			fmt.Fprintf(stdout, "router serve listening on http://%s\n", ln.Addr())
-		},
-	})
+	do := o.daemonOptions(serve.Options{MaxBodyBytesPerClient: o.bodyPerClient.perClient()})
+	do.Pods, do.Listener, do.DebugListener = pods, ln, debug
+	do.Logger, do.Diagnostics = logger, stderr
+	do.OnReady = func() {
+		if debug != nil {
+			fmt.Fprintf(stdout, "router serve profiler on http://%s/debug/pprof/\n", debug.Addr())
+		}
+		fmt.Fprintf(stdout, "router serve listening on http://%s\n", ln.Addr())
+	}
+	d, err := live.NewDaemon(do)
 	if err == nil {
 		err = d.Run(ctx)
 	}

@@ -16,13 +16,13 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/loader"
-	"github.com/switchyard-router/switchyard/router/serve"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
-// staticWorkers is a serve.Workers of fixed URLs, every worker ready.
+// staticWorkers is a live.Workers of fixed URLs, every worker ready.
 type staticWorkers map[string]string
 
 func (w staticWorkers) URL(name string) (string, bool) { u, ok := w[name]; return u, ok }
@@ -96,7 +96,7 @@ func BenchmarkDecision100Endpoints(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	s, err := serve.New(serve.Options{Router: r, Queue: bundle.Queue(), Workers: ws})
+	s, err := live.New(live.Options{Router: r, Queue: bundle.Queue(), Workers: ws})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -105,7 +105,7 @@ func BenchmarkDecision100Endpoints(b *testing.B) {
 	go func() { defer close(done); s.Dispatcher(ctx) }()
 	b.Cleanup(func() { cancel(); <-done; s.Close() })
 	obs, picks := &samples{}, &samples{}
-	c := startServer(b, &Server{Picker: timedPicker{&RouterPicker{Server: s, Fallbacks: 2}, picks}, Decisions: obs})
+	c := startServer(b, &Server{Picker: timedPicker{&RouterPicker{Runtime: s, Fallbacks: 2}, picks}, Decisions: obs})
 
 	// 512 conversations over 16 system prompts; each stream sends the
 	// next turn of one conversation.

@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/switchyard-router/switchyard/router/serve"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/workers"
 )
 
@@ -81,7 +81,7 @@ func Probed(ws []workers.Status) bool {
 // interval of 1 s, every first probe has an outcome within about 2 s). It
 // returns whether the workers were probed, or ctx's error when ctx ends
 // first (h is not set then).
-func ReadyWhenProbed(ctx context.Context, h *Health, ws serve.Workers, poll, wait time.Duration) (bool, error) {
+func ReadyWhenProbed(ctx context.Context, h *Health, ws live.Workers, poll, wait time.Duration) (bool, error) {
 	t := time.NewTicker(poll)
 	defer t.Stop()
 	timeout := time.NewTimer(wait)

@@ -51,7 +51,7 @@ func TestHealthServices(t *testing.T) {
 	}
 }
 
-// scriptedWorkers is a serve.Workers whose Status the test sets.
+// scriptedWorkers is a live.Workers whose Status the test sets.
 type scriptedWorkers struct {
 	mu sync.Mutex
 	st []workers.Status

@@ -15,25 +15,29 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/fleet"
-	"github.com/switchyard-router/switchyard/router/serve"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
 // RouterPicker is the Picker of Switchyard's own policies: each request is
-// parsed, keyed, classified, queued and placed exactly as `router serve`
-// places the first hop of a completion request (serve.Server.Place, the
-// aggregated role), and its endpoint is the chosen worker's URL host:port.
-// Its fallbacks are the policy's runners-up (router.Placement.Alternates).
+// parsed, keyed, classified, queued and placed by the live runtime's
+// intake exactly as `router serve` places the first hop of a completion
+// request (live.Runtime.Place, the aggregated role), and its endpoint is
+// the chosen worker's URL host:port. Its fallbacks are the policy's
+// runners-up (router.Placement.Alternates).
 //
-// The request is counted in serve's metric families as the API counts
-// its own (serve.Server.FirstByte, Finish): switchyard_requests_total by
-// the status the client got, switchyard_request_duration_seconds, and
-// the time to first token of streamed requests, beside the selection and
+// The answer is read by the runtime's answer meter (live.Meter, as
+// serve's proxy reads its own), and the request is counted in the
+// runtime's metric families as the HTTP face counts its own
+// (live.Runtime.FirstByte, Finish): switchyard_requests_total by the
+// status the client got, switchyard_request_duration_seconds, and the
+// time to first token of streamed requests, beside the selection and
 // tokenizer families Place feeds.
 type RouterPicker struct {
-	// Server places the requests; its dispatcher (Server.Dispatcher, or
-	// Serve) must run for queued requests to be placed. Required.
-	Server *serve.Server
+	// Runtime places the requests; its dispatcher
+	// (live.Runtime.Dispatcher; a live.Daemon runs it) must run for
+	// queued requests to be placed. Required.
+	Runtime *live.Runtime
 	// Fallbacks is how many of the policy's runners-up follow the pick in
 	// the destination list, best first (at most router.MaxAlternates;
 	// 0: none). The proxy tries them, in order, when its retry policy
@@ -49,12 +53,12 @@ var _ Picker = (*RouterPicker)(nil)
 // path) the chat one; any other path is ErrBadRequest, and a method
 // (":method") other than POST on those two is ErrMethodNotAllowed. With a subset
 // hint, the workers whose URL host:port is not in it are excluded; none
-// left is ErrNoEndpoint. Errors: ErrBadRequest (a body serve answers 400:
-// malformed, a field of the wrong type, over serve's bound, an unknown
+// left is ErrNoEndpoint. Errors: ErrBadRequest (a body the intake refuses,
+// live.ErrBadRequest: malformed, a field of the wrong type, over its bound, an unknown
 // class), ErrNoEndpoint (no ready worker for the model, or none in the
 // subset), ErrShed (the queue is full, or the request timeout passed while
 // it waited), ErrPastDue (its due time passed while it waited), each
-// wrapping serve's error and worded by it; other errors as Place returns
+// wrapping the runtime's error and worded by it; other errors as Place returns
 // them.
 func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 	chat, err := chatPath(req.Headers[":method"], req.Headers[":path"])
@@ -78,19 +82,19 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 	if p.Fallbacks > 0 {
 		opts = append(opts, admission.Alternates(p.Fallbacks))
 	}
-	placed, err := p.Server.Place(ctx, chat, header, req.Body, opts...)
+	placed, err := p.Runtime.Place(ctx, chat, header, req.Body, opts...)
 	if err != nil {
 		err = mapErr(ctx, err)
 		code := StatusOf(err)
 		if ctx.Err() != nil {
-			code = serve.CodeClientGone
+			code = live.CodeClientGone
 		}
-		p.Server.Finish(&placed, code, admission.Outcome{})
+		p.Runtime.Finish(&placed, code, admission.Outcome{})
 		return Pick{}, err
 	}
 	ep, err := Endpoint(placed.URL)
 	if err != nil {
-		p.Server.Finish(&placed, StatusOf(err), admission.Aborted("worker url has no endpoint"))
+		p.Runtime.Finish(&placed, StatusOf(err), admission.Aborted("worker url has no endpoint"))
 		return Pick{}, err
 	}
 	return Pick{Endpoint: ep, Fallbacks: p.fallbacks(ep, placed.Decision.Alternates),
@@ -105,7 +109,7 @@ func (p *RouterPicker) fallbacks(primary string, alts []*fleet.Worker) []string 
 	}
 	out := make([]string, 0, len(alts))
 	for _, w := range alts {
-		u, ok := p.Server.Workers().URL(w.Name)
+		u, ok := p.Runtime.Workers().URL(w.Name)
 		if !ok {
 			continue
 		}
@@ -180,7 +184,7 @@ func (p *RouterPicker) outside(subset []string) ([]shared.WorkerID, bool) {
 	}
 	var out []shared.WorkerID
 	in := false
-	for _, st := range p.Server.Workers().Status() {
+	for _, st := range p.Runtime.Workers().Status() {
 		ep, err := Endpoint(st.Config.URL)
 		if _, listed := set[ep]; err == nil && listed {
 			in = true
@@ -214,7 +218,7 @@ func Endpoint(workerURL string) (string, error) {
 	return net.JoinHostPort(u.Hostname(), port), nil
 }
 
-// mapped is a serve error as a Picker error: it reads as serve's error and
+// mapped is a runtime error as a Picker error: it reads as the runtime's error and
 // is both kind and it for errors.Is.
 type mapped struct{ kind, err error }
 
@@ -226,7 +230,7 @@ func mapErr(ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return err // the stream is gone: nobody reads the answer
-	case errors.Is(err, serve.ErrBadRequest), errors.Is(err, admission.ErrUnknownClass):
+	case errors.Is(err, live.ErrBadRequest), errors.Is(err, admission.ErrUnknownClass):
 		return mapped{ErrBadRequest, err}
 	case errors.Is(err, shared.ErrNoWorkers), errors.Is(err, router.ErrAllExcluded):
 		return mapped{ErrNoEndpoint, err}
@@ -243,7 +247,7 @@ func mapErr(ctx context.Context, err error) error {
 // routerHandle is a RouterPicker pick's Handle: the placed request.
 type routerHandle struct {
 	p        *RouterPicker
-	placed   serve.Placed
+	placed   live.Placed
 	endpoint string // the picked endpoint
 	code     int    // the response's status; 0 before its headers
 }
@@ -251,7 +255,7 @@ type routerHandle struct {
 // Served moves the booking to the worker at endpoint when it is not the
 // picked one (admission.Handle.Move): the proxy fell back to it, the pick
 // having failed, which counts as a failed request of the picked worker
-// (serve.Workers.ReportFailure: consecutive failures take it out, as
+// (live.Workers.ReportFailure: consecutive failures take it out, as
 // serve's do). An endpoint no worker has keeps the booking where it is
 // and counts nothing: it may be the pick spelled otherwise, or garbage,
 // and a proxy reporting such would otherwise take every worker out.
@@ -263,7 +267,7 @@ func (rh *routerHandle) Served(endpoint string) {
 	if !ok {
 		return
 	}
-	rh.p.Server.Workers().ReportFailure(rh.placed.Decision.Worker.Name)
+	rh.p.Runtime.Workers().ReportFailure(rh.placed.Decision.Worker.Name)
 	// Move runs no policy and does not block: a background context.
 	if err := rh.placed.Handle.Move(context.Background(), id, "served by "+endpoint); err == nil {
 		rh.endpoint = endpoint
@@ -274,37 +278,37 @@ func (rh *routerHandle) Served(endpoint string) {
 func (rh *routerHandle) Status(code int) { rh.code = code }
 
 // FirstToken records the first byte of the answer (the worker's prefill
-// is done; serve.Server.FirstByte).
-func (rh *routerHandle) FirstToken() { rh.p.Server.FirstByte(&rh.placed) }
+// is done; live.Runtime.FirstByte).
+func (rh *routerHandle) FirstToken() { rh.p.Runtime.FirstByte(&rh.placed) }
 
-// Body reads the answer as serve's proxy does (serve.Server.Answer): a
+// Body reads the answer as serve's proxy does (live.Runtime.Answer): a
 // stream's events advance the request's progress, and the usage is kept
 // for End.
-func (rh *routerHandle) Body(chunk []byte) { rh.p.Server.Answer(&rh.placed, chunk) }
+func (rh *routerHandle) Body(chunk []byte) { rh.p.Runtime.Answer(&rh.placed, chunk) }
 
-// End ends the booking and counts the request (serve.Server.Finish):
+// End ends the booking and counts the request (live.Runtime.Finish):
 // a response that reached its end is completed, with the context tokens
 // of its usage or its events when the proxy showed the body (else the
 // prompt's), or aborted when its status was 400 or more; a stream that
 // ended before the response did is aborted and counted as 499. A response
 // that reached its end is the serving worker's success, or its failure
-// when its status was 500 or more (serve.Workers.ReportSuccess,
+// when its status was 500 or more (live.Workers.ReportSuccess,
 // ReportFailure), as serve counts its answers.
 func (rh *routerHandle) End(o Outcome) {
 	code := rh.code
 	if o == Completed {
 		if w := rh.placed.Handle.Decision().Worker; w != nil {
 			if code >= http.StatusInternalServerError {
-				rh.p.Server.Workers().ReportFailure(w.Name)
+				rh.p.Runtime.Workers().ReportFailure(w.Name)
 			} else {
-				rh.p.Server.Workers().ReportSuccess(w.Name)
+				rh.p.Runtime.Workers().ReportSuccess(w.Name)
 			}
 		}
 	}
 	var out admission.Outcome
 	switch {
 	case o != Completed:
-		code, out = serve.CodeClientGone, admission.Aborted("ext_proc stream ended before the response did")
+		code, out = live.CodeClientGone, admission.Aborted("ext_proc stream ended before the response did")
 	case code >= http.StatusBadRequest:
 		out = admission.Aborted("the endpoint answered " + strconv.Itoa(code))
 	default:
@@ -313,12 +317,12 @@ func (rh *routerHandle) End(o Outcome) {
 		}
 		out = admission.Completed(int64(rh.placed.PromptTokens))
 	}
-	rh.p.Server.Finish(&rh.placed, code, out)
+	rh.p.Runtime.Finish(&rh.placed, code, out)
 }
 
 // workerAt returns the id of the worker whose URL's endpoint is endpoint.
 func (p *RouterPicker) workerAt(endpoint string) (shared.WorkerID, bool) {
-	for _, st := range p.Server.Workers().Status() {
+	for _, st := range p.Runtime.Workers().Status() {
 		if ep, err := Endpoint(st.Config.URL); err == nil && ep == endpoint {
 			return st.ID, true
 		}

@@ -19,9 +19,9 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/mockworker"
-	"github.com/switchyard-router/switchyard/router/serve"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -56,7 +56,7 @@ worker_selection {
 	return sb.String()
 }
 
-// routerEnv is a serve.Server over a Router loaded from a policy file
+// routerEnv is a live.Runtime over a Router loaded from a policy file
 // whose worker blocks a workers.Manager probes (mock engines on loopback),
 // and the EPP over it (RouterPicker) on an in-memory gRPC connection.
 type routerEnv struct {
@@ -108,7 +108,7 @@ func newRouterEnvWith(t *testing.T, n int, queue string, fallbacks int) *routerE
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	s, err := serve.New(serve.Options{Router: r, Queue: b.Queue(), Workers: mgr, DispatchInterval: 5 * time.Millisecond, Registry: reg})
+	s, err := live.New(live.Options{Router: r, Queue: b.Queue(), Workers: mgr, DispatchInterval: 5 * time.Millisecond, Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func newRouterEnvWith(t *testing.T, n int, queue string, fallbacks int) *routerE
 	done := make(chan struct{})
 	go func() { defer close(done); s.Dispatcher(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; s.Close() })
-	e := &routerEnv{r: r, mgr: mgr, reg: reg, client: startServer(t, &Server{Picker: &RouterPicker{Server: s, Fallbacks: fallbacks}})}
+	e := &routerEnv{r: r, mgr: mgr, reg: reg, client: startServer(t, &Server{Picker: &RouterPicker{Runtime: s, Fallbacks: fallbacks}})}
 	for _, u := range urls {
 		ep, err := Endpoint(u)
 		if err != nil {
@@ -573,7 +573,7 @@ func TestMapErr(t *testing.T) {
 		err  error
 		kind error
 	}{
-		{fmt.Errorf("%w: model is required", serve.ErrBadRequest), ErrBadRequest},
+		{fmt.Errorf("%w: model is required", live.ErrBadRequest), ErrBadRequest},
 		{shared.ErrNoWorkers, ErrNoEndpoint},
 		{router.ErrAllExcluded, ErrNoEndpoint},
 		{context.DeadlineExceeded, ErrShed},

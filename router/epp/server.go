@@ -25,7 +25,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/switchyard-router/switchyard/router/serve"
+	"github.com/switchyard-router/switchyard/router/live"
 )
 
 // Server is the ext_proc service: register it with
@@ -56,7 +56,7 @@ type Server struct {
 	// MaxBodyBytes bounds a request body; a larger one is answered 413,
 	// also when it comes whole in one message (up to MaxMessageBytes; a
 	// larger message is refused by gRPC with RESOURCE_EXHAUSTED). Zero
-	// means serve.DefaultMaxBodyBytes (32 MiB), serve's own bound.
+	// means live.DefaultMaxBodyBytes (32 MiB), the runtime intake's own bound.
 	MaxBodyBytes int64
 	// MaxBodyBytesInFlight bounds the bytes reserved for requests being
 	// received (MaxMessageBytes each, or the whole bound when it is
@@ -66,7 +66,7 @@ type Server struct {
 	// "overloaded", as serve answers. A body that would pass its
 	// reservation (only when the bound is below MaxMessageBytes) is
 	// answered 503 too when the rest cannot be had at once. Zero means
-	// serve.DefaultMaxBodyBytesInFlight (1 GiB: 31 streams receiving at
+	// live.DefaultMaxBodyBytesInFlight (1 GiB: 31 streams receiving at
 	// once at the default body bound); negative, no bound and no
 	// reservation.
 	MaxBodyBytesInFlight int64
@@ -139,18 +139,18 @@ const (
 const MemoryMultiple = 6
 
 // MaxMessageBytes returns the bound on one ext_proc message the handler
-// receives for body bound maxBody (0: serve.DefaultMaxBodyBytes): the
+// receives for body bound maxBody (0: live.DefaultMaxBodyBytes): the
 // bound plus MessageOverheadBytes, at most math.MaxInt32 (gRPC's own
 // limit). A body over the bound in one message within it is answered 413.
 func MaxMessageBytes(maxBody int64) int64 {
 	if maxBody <= 0 {
-		maxBody = serve.DefaultMaxBodyBytes
+		maxBody = live.DefaultMaxBodyBytes
 	}
 	return min(maxBody+MessageOverheadBytes, math.MaxInt32)
 }
 
 // GRPCServerOptions are the gRPC server options an endpoint picker with
-// body bound maxBody (Server.MaxBodyBytes; 0: serve.DefaultMaxBodyBytes)
+// body bound maxBody (Server.MaxBodyBytes; 0: live.DefaultMaxBodyBytes)
 // needs: messages up to MaxMessageBytes(maxBody), as a proxy in BUFFERED
 // mode sends a whole body in one message (gRPC's default limit is 4
 // MiB), the static windows StreamWindowBytes and ConnWindowBytes, and a
@@ -171,7 +171,7 @@ func (s *Server) init() {
 	s.once.Do(func() {
 		limit := s.MaxBodyBytesInFlight
 		if limit == 0 {
-			limit = serve.DefaultMaxBodyBytesInFlight
+			limit = live.DefaultMaxBodyBytesInFlight
 		}
 		if limit > 0 {
 			s.budget = semaphore.NewWeighted(limit)
@@ -264,7 +264,7 @@ func (s *Server) Process(srv extprocv3.ExternalProcessor_ProcessServer) error {
 	s.init()
 	st := &stream{s: s, srv: srv, max: s.MaxBodyBytes}
 	if st.max <= 0 {
-		st.max = serve.DefaultMaxBodyBytes
+		st.max = live.DefaultMaxBodyBytes
 	}
 	timeout := s.BodyTimeout
 	if timeout <= 0 {
@@ -722,8 +722,8 @@ func (st *stream) immediateErr(err error) error {
 	return st.immediate(a.status, a.typ, a.code, a.msgPrefix+err.Error())
 }
 
-// apiError is the OpenAI error body, the shape router/serve sends
-// (serve's own type is unexported): {"error":{"message","type","param":null,"code"}}.
+// apiError is the OpenAI error body, the shape live.WriteError writes
+// (its type is unexported): {"error":{"message","type","param":null,"code"}}.
 type apiError struct {
 	Error struct {
 		Message string  `json:"message"`

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/goleak"
 )
 
@@ -149,10 +148,10 @@ func TestBodyTimeoutAnswers408AndClosesTheConnection(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("", "408")); got != float64(len(cases)) {
+	if got := e.metric(t, "switchyard_requests_total", "model", "", "code", "408"); got != float64(len(cases)) {
 		t.Errorf("requests_total{code=408} = %v, want %d", got, len(cases))
 	}
-	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("", "499")); got != 0 {
+	if got := e.metric(t, "switchyard_requests_total", "model", "", "code", "499"); got != 0 {
 		t.Errorf("requests_total{code=499} = %v, want 0", got)
 	}
 	if err := sv.stop(t); err != nil {

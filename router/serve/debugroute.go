@@ -14,7 +14,7 @@ import (
 	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
-	"github.com/switchyard-router/switchyard/router/workers"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -147,10 +147,10 @@ type RouteCost struct {
 }
 
 // routeView answers /debug/route: s's parsing, key and admission
-// settings, with streams giving each candidate's KV-event state.
+// settings, with the runtime's KV-event streams (live.Runtime.EventStream)
+// giving each candidate's KV-event state.
 type routeView struct {
-	s       *Server
-	streams func(id shared.WorkerID, rank uint32) (workers.EventStream, bool)
+	s *Server
 }
 
 // ServeHTTP answers GET /debug/route?model=M&prompt=P[&cache_salt=S][&chat=1]
@@ -159,7 +159,7 @@ type routeView struct {
 // (one with "messages") or completions body, bounded as the live
 // handler's (MaxBodyBytes, the bodies' budgets, the body read
 // timeout). It parses and keys the
-// request with the live path's code (parseRequest, routingHashes: the
+// request with the live path's code (live.ParseRequest, live.Runtime.Key: the
 // model's block size, LoRA adapter, cache_salt and tokenizer, which may
 // ask an engine's /tokenize), then runs each hop's selection as a dry
 // run (router.Router.Explain, with the queue's capacity): nothing is
@@ -190,7 +190,7 @@ func (v routeView) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		body, _ = json.Marshal(req)
 	case http.MethodPost:
 		if r.ContentLength > s.maxBody {
-			writeError(w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
+			live.WriteError(w, http.StatusRequestEntityTooLarge, live.TypeInvalidRequest, "body_too_large",
 				fmt.Sprintf("request body of %d bytes exceeds %d bytes", r.ContentLength, s.maxBody))
 			return
 		}
@@ -209,52 +209,53 @@ func (v routeView) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			var refused *bodyRefused
 			switch {
 			case errors.As(err, &tooBig):
-				writeError(w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
+				live.WriteError(w, http.StatusRequestEntityTooLarge, live.TypeInvalidRequest, "body_too_large",
 					fmt.Sprintf("request body exceeds %d bytes", s.maxBody))
 			case errors.As(err, &refused):
-				writeError(w, http.StatusServiceUnavailable, typeServer, "overloaded", refused.Error())
+				live.WriteError(w, http.StatusServiceUnavailable, live.TypeServer, "overloaded", refused.Error())
 			default:
-				writeError(w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", "reading the request body: "+err.Error())
+				live.WriteError(w, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", "reading the request body: "+err.Error())
 			}
 			return
 		}
 		chat = gjson.GetBytes(body, "messages").Exists()
 	default:
-		writeError(w, http.StatusMethodNotAllowed, typeInvalidRequest, "method_not_allowed", r.Method+" is not allowed on /debug/route")
+		live.WriteError(w, http.StatusMethodNotAllowed, live.TypeInvalidRequest, "method_not_allowed", r.Method+" is not allowed on /debug/route")
 		return
 	}
-	req, err := parseRequest(body, chat)
+	req, err := live.ParseRequest(body, chat)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
+		live.WriteError(w, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
 	defer cancel()
-	ex := &exchange{ctx: ctx, model: req.Model, id: s.newID() + "-debug", session: r.Header.Get("X-Session-Id"), meta: requestMetadata(r.Header)}
-	s.routingHashes(ex, req.key())
-	out := DebugRoute{Key: RouteKey{Model: req.Model, BlockSize: ex.blockSize, PromptTokens: ex.tokens, Blocks: len(ex.hashes),
-		KeyedBy: ex.keyedBy, Precise: ex.ids != nil, LoRA: ex.lora, CacheSalt: untrusted.Text(ex.salt, untrusted.MaxClient)}}
-	if ex.tokErr != nil {
-		out.Key.TokenizerError = untrusted.Text(ex.tokErr.Error(), untrusted.MaxClient)
+	ex := &exchange{ctx: ctx}
+	ex.Model, ex.ID, ex.Session, ex.Meta = req.Model, s.rt.NewID()+"-debug", r.Header.Get("X-Session-Id"), live.RequestMetadata(r.Header)
+	s.rt.Key(ctx, &ex.Request, req.Key())
+	out := DebugRoute{Key: RouteKey{Model: req.Model, BlockSize: ex.BlockSize, PromptTokens: ex.Tokens, Blocks: len(ex.Hashes),
+		KeyedBy: ex.KeyedBy, Precise: ex.IDs != nil, LoRA: ex.LoRA, CacheSalt: untrusted.Text(ex.Salt, untrusted.MaxClient)}}
+	if ex.TokErr != nil {
+		out.Key.TokenizerError = untrusted.Text(ex.TokErr.Error(), untrusted.MaxClient)
 	}
 	path := admission.Aggregated
-	if s.disaggregated(ex.model) {
+	if s.disaggregated(ex.Model) {
 		path = admission.Disaggregated
 	}
 	for i := range path.Len() {
 		hop := path.Hop(i)
-		sr := hop.Request(&shared.Request{Model: ex.model, PromptTokens: ex.tokens, BlockSize: ex.blockSize, BlockHashes: ex.hashes,
-			SessionID: ex.session, Metadata: ex.meta, Prompt: ex.promptKey()})
-		sr.ID = ex.id + "#" + strconv.Itoa(i)
+		sr := hop.Request(&shared.Request{Model: ex.Model, PromptTokens: ex.Tokens, BlockSize: ex.BlockSize, BlockHashes: ex.Hashes,
+			SessionID: ex.Session, Metadata: ex.Meta, Prompt: ex.PromptKey()})
+		sr.ID = ex.ID + "#" + strconv.Itoa(i)
 		out.Hops = append(out.Hops, v.hop(ctx, ex, sr))
 	}
-	writeJSON(w, http.StatusOK, out)
+	live.WriteJSON(w, http.StatusOK, out)
 }
 
 // hop explains one hop's selection of req.
 func (v routeView) hop(ctx context.Context, ex *exchange, req *shared.Request) RouteHop {
 	s := v.s
-	e := s.r.Explain(ctx, req, router.Placement{Capacity: s.capacity})
+	e := s.r.Explain(ctx, req, router.Placement{Capacity: s.rt.Capacity()})
 	h := RouteHop{Role: string(req.Role), Policy: e.Policy, Hosted: e.Hosted, Fallback: e.Fallback, Target: e.Target,
 		Candidates: make([]RouteCandidate, 0, len(e.Candidates))}
 	if e.FallbackCause != nil {
@@ -269,10 +270,8 @@ func (v routeView) hop(ctx context.Context, ex *exchange, req *shared.Request) R
 			OverlapBlocks: c.OverlapBlocks, ActiveRequests: c.ActiveRequests, CapacityBlocks: c.TotalKVBlocks,
 			Excluded: c.Excluded, FilteredBy: c.FilteredBy, Chosen: c.Chosen,
 			Load: RouteLoad{Available: c.Load.Available, ActivePrefillTokens: c.Load.ActivePrefillTokens, ActiveDecodeBlocks: c.Load.ActiveDecodeBlocks}}
-		if v.streams != nil {
-			if st, ok := v.streams(c.Worker.ID, c.Worker.DPRank); ok {
-				rc.KVEvents = st.State
-			}
+		if st, ok := s.rt.EventStream(c.Worker.ID, c.Worker.DPRank); ok {
+			rc.KVEvents = st.State
 		}
 		if b := c.Belief; b.Precise {
 			gpu, cpu := b.PreciseTokens, b.CPUTokens
@@ -302,7 +301,7 @@ func (v routeView) hop(ctx context.Context, ex *exchange, req *shared.Request) R
 		h.Error = &RouteError{Code: "queued", Queued: true,
 			Message: "every candidate is at capacity (the queue's max_active_requests): the live request would wait in the queue"}
 	default:
-		a := s.errorAnswer(ex.model, ex.id, e.Err, false)
+		a := s.errorAnswer(ex.Model, ex.ID, e.Err, false)
 		h.Error = &RouteError{Status: a.status, Code: a.code, Message: untrusted.Text(a.msg, 2*untrusted.MaxClient)}
 	}
 	return h

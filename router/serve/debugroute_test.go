@@ -11,11 +11,11 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/workers"
-	"github.com/switchyard-router/switchyard/shared"
 )
 
 // routeGet GETs /debug/route with query q.
@@ -107,10 +107,10 @@ func TestDaemonDebugRoute(t *testing.T) {
 	policy := filepath.Join(t.TempDir(), "policy.hcl")
 	replaceFile(t, policy, blocks.String())
 	dln, debug := debugListener(t)
-	rd := startDaemon(t, DaemonOptions{PolicyFile: policy, DebugListener: dln})
+	rd := startDaemon(t, live.DaemonOptions{PolicyFile: policy, DebugListener: dln})
 	rd.waitWorkers(t, "a", "b")
 	for _, name := range []string{"a", "b"} {
-		waitBlocks(t, rd, debug, name, name+" live", func(b DebugBlocks) bool {
+		waitBlocks(t, rd, debug, name, name+" live", func(b live.DebugBlocks) bool {
 			return len(b.Ranks) == 1 && b.Ranks[0].State == "live"
 		})
 	}
@@ -127,7 +127,7 @@ func TestDaemonDebugRoute(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || other == "" {
 		t.Fatalf("first turn: %d from %q", resp.StatusCode, served)
 	}
-	waitBlocks(t, rd, debug, served, "the first turn's 6 blocks", func(b DebugBlocks) bool { return len(b.Blocks) == 6 })
+	waitBlocks(t, rd, debug, served, "the first turn's 6 blocks", func(b live.DebugBlocks) bool { return len(b.Blocks) == 6 })
 
 	type fleetView struct {
 		active, index  map[string]int64
@@ -137,17 +137,19 @@ func TestDaemonDebugRoute(t *testing.T) {
 	}
 	look := func() fleetView {
 		v := fleetView{active: map[string]int64{}, index: map[string]int64{}, approx: map[string]int{}, precise: map[string]int{}, engineRequests: map[string]int{}}
-		for _, w := range getDebugWorkers(t, debug+"/debug/workers").Workers {
+		var dw live.DebugWorkers
+		getJSON(t, debug+"/debug/workers", &dw)
+		for _, w := range dw.Workers {
 			r := w.Ranks[0]
 			v.active[w.Name] = r.ActiveRequests
 			if r.PrefixIndexBlocks != nil {
 				v.index[w.Name] = *r.PrefixIndexBlocks
 			}
 			id := workers.ID(w.Name)
-			v.approx[w.Name] = rd.d.r.Prefix().Len(prefix.Candidate{ID: id})
-			if p, _, ok := rd.d.kvs.rankStatus(candidateOf(id)); ok {
-				v.precise[w.Name] = p.Stats().Blocks
-			}
+			v.approx[w.Name] = rd.d.Runtime().Router().Prefix().Len(prefix.Candidate{ID: id})
+			var precise live.DebugBlocks
+			getJSON(t, debug+"/debug/workers/"+w.Name+"/blocks", &precise)
+			v.precise[w.Name] = len(precise.Blocks)
 			v.engineRequests[w.Name] = engineCompletions(engines[w.Name])
 		}
 		return v
@@ -272,9 +274,6 @@ func TestDaemonDebugRoute(t *testing.T) {
 		resp.Body.Close()
 	}
 }
-
-// candidateOf is worker id's rank 0 candidate.
-func candidateOf(id shared.WorkerID) prefix.Candidate { return prefix.Candidate{ID: id} }
 
 // routeSummary is r without the engines' load reports.
 func routeSummary(r DebugRoute) string {

@@ -12,6 +12,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -46,14 +47,14 @@ func (s *Server) disaggregated(model string) bool {
 // disagg runs a disaggregated request, prefill hop then decode hop, and
 // returns the code it is counted under.
 func (s *Server) disagg(ex *exchange) int {
-	if len(s.r.Workers(ex.model, shared.RoleDecode)) == 0 {
-		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "no_worker",
-			fmt.Sprintf("no ready decode worker for model %q: it is served disaggregated (it has prefill workers but no aggregated one)", ex.model))
+	if len(s.r.Workers(ex.Model, shared.RoleDecode)) == 0 {
+		live.WriteError(ex.w, http.StatusServiceUnavailable, live.TypeServer, "no_worker",
+			fmt.Sprintf("no ready decode worker for model %q: it is served disaggregated (it has prefill workers but no aggregated one)", ex.Model))
 		return http.StatusServiceUnavailable
 	}
 	pbody, err := prefillBody(ex.body)
 	if err != nil {
-		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
+		live.WriteError(ex.w, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
 		return http.StatusBadRequest
 	}
 	// The prefill hop set X-Switchyard-Prefill-Worker on the answer.
@@ -64,7 +65,7 @@ func (s *Server) disagg(ex *exchange) int {
 	dbody, err := decodeBody(ex.body, kv)
 	if err != nil {
 		// The body and kv were both decoded as JSON already: unreachable.
-		writeError(ex.w, http.StatusInternalServerError, typeServer, "internal", err.Error())
+		live.WriteError(ex.w, http.StatusInternalServerError, live.TypeServer, "internal", err.Error())
 		return http.StatusInternalServerError
 	}
 	return s.decode(ex, dbody)
@@ -101,9 +102,9 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 	end := func(complete bool, reason string) {
 		if complete {
 			// The prompt plus the one token the prefill generated.
-			s.End(h, admission.Completed(admission.Disaggregated.Hop(0).ContextTokens(ex.tokens, 1)))
+			s.rt.End(h, admission.Completed(admission.Disaggregated.Hop(0).ContextTokens(ex.Tokens, 1)))
 		} else {
-			s.End(h, admission.Aborted(reason))
+			s.rt.End(h, admission.Aborted(reason))
 		}
 	}
 	up, why := s.upstream(ex, w, body)
@@ -122,12 +123,12 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 		if ex.ctx.Err() != nil {
 			end(false, ctxReason(ex))
 			if ex.r.Context().Err() != nil {
-				return nil, codeClientGone, false, ""
+				return nil, live.CodeClientGone, false, ""
 			}
-			writeError(ex.w, http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out before the prefill worker answered")
+			live.WriteError(ex.w, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the prefill worker answered")
 			return nil, http.StatusGatewayTimeout, false, ""
 		}
-		s.log.Warn("prefill worker failed before answering", "worker", name, "request_id", ex.id, "error", err)
+		s.log.Warn("prefill worker failed before answering", "worker", name, "request_id", ex.ID, "error", err)
 		s.workers.ReportFailure(name)
 		return nil, 0, true, "worker error: " + err.Error()
 	}
@@ -140,7 +141,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 	ex.w.Header().Set(headerPrefillWorker, name)
 	if len(answer) > maxPrefillAnswer {
 		end(false, "prefill answer too large")
-		writeError(ex.w, http.StatusBadGateway, typeServer, "bad_prefill_answer",
+		live.WriteError(ex.w, http.StatusBadGateway, live.TypeServer, "bad_prefill_answer",
 			fmt.Sprintf("prefill worker %q answered more than %d bytes", name, maxPrefillAnswer))
 		return nil, http.StatusBadGateway, false, ""
 	}
@@ -149,7 +150,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 		hdr := ex.w.Header()
 		s.answerHeaders(hdr, resp.Header)
 		hdr.Set(headerPrefillWorker, name) // over the worker's own
-		hdr.Set("X-Request-Id", ex.id)
+		hdr.Set("X-Request-Id", ex.ID)
 		hdr.Set("Content-Length", strconv.Itoa(len(answer)))
 		ex.w.WriteHeader(resp.StatusCode)
 		_, _ = ex.w.Write(answer)
@@ -157,9 +158,9 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 	}
 	kv, ok := kvTransferParams(answer)
 	if !ok {
-		s.log.Warn("prefill answer without kv_transfer_params", "worker", name, "request_id", ex.id)
+		s.log.Warn("prefill answer without kv_transfer_params", "worker", name, "request_id", ex.ID)
 		end(false, "prefill answer without kv_transfer_params")
-		writeError(ex.w, http.StatusBadGateway, typeServer, "bad_prefill_answer",
+		live.WriteError(ex.w, http.StatusBadGateway, live.TypeServer, "bad_prefill_answer",
 			fmt.Sprintf("prefill worker %q answered without a kv_transfer_params object: is it an engine with a KV connector producing KV (vLLM --kv-transfer-config kv_role kv_producer or kv_both)?", name))
 		return nil, http.StatusBadGateway, false, ""
 	}
@@ -186,14 +187,14 @@ func (s *Server) decode(ex *exchange, body []byte) int {
 func (s *Server) decodeError(ex *exchange, err error) int {
 	switch {
 	case ex.r.Context().Err() != nil:
-		return codeClientGone
+		return live.CodeClientGone
 	case errors.Is(err, router.ErrAllExcluded):
-		writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
-			fmt.Sprintf("the selected decode workers failed before answering and no other decode worker serves model %q", ex.model))
+		live.WriteError(ex.w, http.StatusBadGateway, live.TypeServer, "worker_failed",
+			fmt.Sprintf("the selected decode workers failed before answering and no other decode worker serves model %q", ex.Model))
 		return http.StatusBadGateway
 	case errors.Is(err, shared.ErrNoWorkers):
-		writeError(ex.w, http.StatusServiceUnavailable, typeServer, "no_worker",
-			fmt.Sprintf("no ready decode worker for model %q", ex.model))
+		live.WriteError(ex.w, http.StatusServiceUnavailable, live.TypeServer, "no_worker",
+			fmt.Sprintf("no ready decode worker for model %q", ex.Model))
 		return http.StatusServiceUnavailable
 	}
 	return s.admitError(ex, err)
@@ -229,10 +230,10 @@ func decodeBody(body []byte, kv json.RawMessage) ([]byte, error) {
 func editJSON(body []byte, edit func(map[string]json.RawMessage)) ([]byte, error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, fmt.Errorf("%w: body is not a JSON object: %w", ErrBadRequest, err)
+		return nil, fmt.Errorf("%w: body is not a JSON object: %w", live.ErrBadRequest, err)
 	}
 	if m == nil {
-		return nil, fmt.Errorf("%w: body is not a JSON object", ErrBadRequest)
+		return nil, fmt.Errorf("%w: body is not a JSON object", live.ErrBadRequest)
 	}
 	edit(m)
 	var b bytes.Buffer

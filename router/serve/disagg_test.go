@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/shared"
@@ -231,10 +230,10 @@ func TestDisaggRoutesPrefillThenDecode(t *testing.T) {
 		}
 	}
 	e.settle(t)
-	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("m", "200")); got != 2 {
+	if got := e.metric(t, "switchyard_requests_total", "model", "m", "code", "200"); got != 2 {
 		t.Errorf("requests_total{m,200} = %v, want 2", got)
 	}
-	if got := testutil.CollectAndCount(e.s.met.ttft); got != 1 {
+	if got := e.series(t, "switchyard_time_to_first_token_seconds"); got != 1 {
 		t.Errorf("ttft series = %d, want 1", got)
 	}
 	if got := selections(t, e); !cmp.Equal(got, map[string]uint64{"prefill": 2, "decode": 2}) {
@@ -446,10 +445,9 @@ func TestDisaggPrefillAnswers(t *testing.T) {
 func TestDisaggModeSelection(t *testing.T) {
 	agg := newEngine(t, 3, 0)
 	pre := newMock(t, "engine-p", 50)
-	e := newEnv(t, envOptions{},
+	e := newEnv(t, envOptions{models: []string{"both", "ponly"}},
 		backend{name: "agg", url: agg.URL, models: []string{"both"}},
 		backend{name: "p", url: pre.URL, role: shared.RolePrefill, models: []string{"both", "ponly"}})
-	e.s.workers = servingSet{workerSet: e.ws, models: []string{"both", "ponly"}}
 
 	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("both", false, "x"))
 	if err != nil {
@@ -550,7 +548,7 @@ func TestDisaggDecodeWaitsForCapacity(t *testing.T) {
 			codes <- resp.StatusCode
 		}()
 	}
-	waitFor(t, func() bool { return dec.requests.Load() == 1 && e.s.adm.Waiting(shared.RoleDecode) == 1 })
+	waitFor(t, func() bool { return dec.requests.Load() == 1 && e.rt.Waiting(shared.RoleDecode) == 1 })
 	if n := e.workers[1].ActiveRequests(); n != 1 {
 		t.Errorf("decode worker active %d while one decode waits, want 1 (its capacity)", n)
 	}

@@ -5,19 +5,27 @@
 // however it ends: the body's end, a worker error, the client leaving
 // before or after the headers, or the request timeout.
 //
+// It is a face of the live runtime (router/live), the sibling of
+// router/epp: the runtime parses, keys and admits the request
+// (live.Runtime.Key, Admit), reads the engine's answer (live.Meter) and
+// counts it; serve reads the HTTP request and its body (bounded by the
+// body budgets), answers in the OpenAI shapes, sends each attempt to the
+// engine and passes the answer through, retries a worker that failed
+// before a byte, and walks disaggregated models' two hops. It imports
+// router/live and the parts below it, never router/epp.
+//
 // Each hop of a request (admission.Path: one aggregated hop, or a prefill
 // hop then a decode hop, as replay walks them) is one admission.Handle:
 // Admit classifies it once and places it or queues it, Wait returns its
 // worker, FirstToken and Progress follow the answer, Retry places it again
 // with the failed worker excluded and the same classification, and End,
-// deferred, ends it exactly once. The Server keeps no map of its own;
-// its Dispatcher is the Controller's Run.
+// deferred, ends it exactly once. The Server keeps no map of its own; the
+// runtime's dispatcher places queued requests.
 //
-// Server is the front end; Daemon is all of `router serve` but its
-// flags: it loads the policy file, builds the Router and the workers'
-// Manager, watches the workers file, reloads on SIGHUP (and on change),
-// and runs the Server until its context ends. Reloader is its reload
-// loop: SIGHUP and the policy file's watch, each a loader.Reloader.Reload.
+// Server is the front end over a live.Runtime; Face makes it the face a
+// live.Daemon serves (`router serve` on --listen, `router epp` on
+// --http-listen), and its DebugRoutes add /debug/route to the daemon's
+// debug listener.
 //
 // Endpoints:
 //

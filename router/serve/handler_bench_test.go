@@ -16,6 +16,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
@@ -80,7 +81,11 @@ func BenchmarkHandler(b *testing.B) {
 		}
 		ws[name] = "http://" + name
 	}
-	s, err := New(Options{Router: r, Workers: ws, Registry: prometheus.NewRegistry(), Transport: cannedEngine{answer}})
+	rt, err := live.New(live.Options{Router: r, Workers: ws, Registry: prometheus.NewRegistry()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s, err := New(rt, Options{Transport: cannedEngine{answer}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
@@ -158,11 +159,17 @@ type backend struct {
 	url    string
 	models []string
 	role   shared.Role // "": aggregated
+	// dp: a data-parallel engine's rank (fleet.Spec.DataParallel,
+	// DPRank); its id is the first backend's of its name.
+	dp   bool
+	rank uint32
 }
 
-// env is a router, its Server on a real loopback listener and the fleet.
+// env is a router, its runtime, its Server on a real loopback listener
+// and the fleet.
 type env struct {
 	r       *router.Router
+	rt      *live.Runtime
 	s       *Server
 	ws      *workerSet
 	reg     *prometheus.Registry
@@ -179,6 +186,9 @@ type envOptions struct {
 	perClient      int64 // Options.MaxBodyBytesPerClient
 	drain          time.Duration
 	logger         hclog.Logger // nil: none
+	// models, when set, are the models the workers list (servingSet, as
+	// workers.Manager knows them); nil: the workers know no model list.
+	models []string
 }
 
 func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
@@ -202,27 +212,43 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 		if role == "" {
 			role = shared.RoleAggregated
 		}
-		w, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Role: role, TotalKVBlocks: 1000, Name: b.name, Models: models})
+		id := shared.WorkerID(i + 1)
+		for j, o := range backends[:i] {
+			if o.name == b.name {
+				id = shared.WorkerID(j + 1)
+				break
+			}
+		}
+		w, err := r.AddWorker(fleet.Spec{ID: id, DPRank: b.rank, DataParallel: b.dp, Role: role, TotalKVBlocks: 1000, Name: b.name, Models: models})
 		if err != nil {
 			t.Fatal(err)
 		}
 		e.workers = append(e.workers, w)
 		e.ws.urls[b.name] = b.url
 	}
-	e.s, err = New(Options{Router: r, Queue: o.queue, Classifier: o.classifier, MaxBodyBytesInFlight: o.bodiesInFlight, MaxBodyBytes: o.maxBody, MaxBodyBytesPerClient: o.perClient, DrainTimeout: o.drain, Workers: e.ws, Registry: e.reg, RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond, Logger: o.logger})
+	var ws live.Workers = e.ws
+	if o.models != nil {
+		ws = servingSet{workerSet: e.ws, models: o.models}
+	}
+	e.rt, err = live.New(live.Options{Router: r, Queue: o.queue, Classifier: o.classifier, MaxBodyBytes: o.maxBody, Workers: ws, Registry: e.reg,
+		RequestTimeout: o.timeout, DispatchInterval: 5 * time.Millisecond, Logger: o.logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.s, err = New(e.rt, Options{MaxBodyBytesInFlight: o.bodiesInFlight, MaxBodyBytesPerClient: o.perClient, DrainTimeout: o.drain})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); e.s.Dispatcher(ctx) }()
+	go func() { defer close(done); e.rt.Dispatcher(ctx) }()
 	hs := httptest.NewServer(e.s.Handler())
 	t.Cleanup(func() {
 		hs.CloseClientConnections() // a failed test may leave requests held
 		hs.Close()
 		cancel()
 		<-done
-		e.s.Close()
+		e.rt.Close()
 	})
 	e.url = hs.URL
 	return e
@@ -276,16 +302,76 @@ func (e *env) settle(t *testing.T) {
 		}
 	}
 	for _, role := range config.Roles {
-		if n := e.s.adm.Waiting(role); n != 0 {
+		if n := e.rt.Waiting(role); n != 0 {
 			t.Errorf("%s queue holds %d", role, n)
 		}
 	}
 }
 
-func decodeError(t *testing.T, resp *http.Response) apiErrorBody {
+// errorBody is the OpenAI error body's "error" object as a client reads
+// it (live.WriteError writes it).
+type errorBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    string  `json:"code"`
+}
+
+// metric returns the value of the counter or gauge series of e's registry
+// named name with the labels (name, value pairs); 0 when there is none.
+func (e *env) metric(t *testing.T, name string, labels ...string) float64 {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for i := 0; i+1 < len(labels); i += 2 {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
+						found = true
+					}
+				}
+				if !found {
+					continue series
+				}
+			}
+			if c := m.GetCounter(); c != nil {
+				return c.GetValue()
+			}
+			return m.GetGauge().GetValue()
+		}
+	}
+	return 0
+}
+
+// series returns how many series of the family name e's registry holds.
+func (e *env) series(t *testing.T, name string) int {
+	t.Helper()
+	mfs, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return len(mf.GetMetric())
+		}
+	}
+	return 0
+}
+
+func decodeError(t *testing.T, resp *http.Response) errorBody {
 	t.Helper()
 	defer func() { _ = resp.Body.Close() }()
-	var e apiError
+	var e struct {
+		Error errorBody `json:"error"`
+	}
 	if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
 		t.Fatalf("error body: %v", err)
 	}
@@ -369,7 +455,7 @@ func runCancelling(t *testing.T, url string, total, conc, cancelOneIn int, maxDe
 // postWantError posts a non-streamed chat request to the server at url
 // and checks that the answer is an OpenAI error of status and code; it
 // returns the error body.
-func postWantError(t *testing.T, url string, status int, code string) apiErrorBody {
+func postWantError(t *testing.T, url string, status int, code string) errorBody {
 	t.Helper()
 	resp, err := post(t, context.Background(), url+"/v1/chat/completions", chatBody("m", false, "x"))
 	if err != nil {

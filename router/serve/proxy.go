@@ -8,64 +8,30 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/tidwall/gjson"
-	"github.com/valyala/fastjson"
 
 	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/fleet"
-	"github.com/switchyard-router/switchyard/router/loader"
-	"github.com/switchyard-router/switchyard/router/prefix"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/supervisor"
-	"github.com/switchyard-router/switchyard/router/tokenizer"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
-// Codes recorded for requests that got no HTTP answer of their own.
-const (
-	codeClientGone = 499 // the client left (or cancelled) first
-)
-
-// exchange is one client request across its attempts.
+// exchange is one client request across its attempts: the runtime's
+// live.Request and what the HTTP face keeps of it.
 type exchange struct {
-	w      http.ResponseWriter
-	r      *http.Request
-	ctx    context.Context // the client's, bounded by the request timeout
-	start  time.Time
-	path   string
-	body   []byte
-	model  string
-	stream bool
-	chat   bool   // a chat request (messages), not a completions one
-	id     string // the client's request id (x-request-id or generated)
-	// label is the model's metrics label, set when the body parsed.
-	label    string
+	live.Request
+	w    http.ResponseWriter
+	r    *http.Request
+	ctx  context.Context // the client's, bounded by the request timeout
+	path string
+	body []byte
+	// labelSet: Request.Label was set, the body parsed.
 	labelSet bool
-	session  string
-	meta     map[string]string
-	tokens   int
-	hashes   []uint64
-	// blockSize is the tokens per block hashes were cut at (the model's
-	// key block size: keyBlockSize).
-	blockSize int
-	// ids are the prompt's token ids: the request's own, or its
-	// tokenizer's; nil when it was keyed by character blocks.
-	ids []int64
-	// lora is the LoRA adapter the request runs with (its model, when
-	// that is an adapter), salt its cache_salt; "" for none.
-	lora, salt string
-	// keyedBy says how the prompt was keyed (routingHashes): keyedIDs,
-	// keyedEngine, keyedFile or keyedChars; tokErr is why a tokenizer
-	// failed, when it did and the prompt was keyed by characters.
-	keyedBy string
-	tokErr  error
 	// abort: the answer failed after its headers were sent; the
 	// connection is cut (http.ErrAbortHandler) so the client sees an
 	// error rather than a clean end of a truncated answer.
@@ -78,48 +44,28 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 	defer s.inflight.Add(-1)
 	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
 	defer cancel()
-	ex := &exchange{w: w, r: r, ctx: ctx, start: time.Now(), path: r.URL.Path}
-	ex.id = r.Header.Get("X-Request-Id")
-	if ex.id == "" {
-		ex.id = s.newID()
+	ex := &exchange{w: w, r: r, ctx: ctx, path: r.URL.Path}
+	ex.Start = time.Now()
+	ex.ID = r.Header.Get("X-Request-Id")
+	if ex.ID == "" {
+		ex.ID = s.rt.NewID()
 	}
-	w.Header().Set("X-Request-Id", ex.id)
+	w.Header().Set("X-Request-Id", ex.ID)
 	code := s.exchange(ex, chat)
-	if code == codeClientGone {
+	if code == live.CodeClientGone {
 		// Nothing more can reach the client; ending the handler normally
 		// would let net/http answer a client that only half-closed with an
 		// empty 200, or end a cut stream with a clean chunked terminator.
 		ex.abort = true
 	}
-	if s.met != nil {
-		label := ex.label
-		if !ex.labelSet {
-			label = s.modelLabel(ex.model)
-		}
-		s.met.requests.WithLabelValues(label, strconv.Itoa(code)).Inc()
-		s.met.duration.WithLabelValues(label).Observe(time.Since(ex.start).Seconds())
+	label := ex.Label
+	if !ex.labelSet {
+		label = s.rt.ModelLabel(ex.Model)
 	}
+	s.rt.CountRequest(label, code, ex.Start)
 	if ex.abort {
 		panic(http.ErrAbortHandler)
 	}
-}
-
-// credentialHeaders (canonical names) are not copied into a request's
-// Metadata: classifiers and policy plugins, which may be third-party
-// binaries, see the other headers but not the client's credentials. They
-// are still forwarded to the engine.
-var credentialHeaders = []string{"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key"}
-
-// requestMetadata is a request's shared.Request Metadata: each header's
-// first value under its lower-cased name, but the credentialHeaders.
-func requestMetadata(h http.Header) map[string]string {
-	meta := make(map[string]string, len(h))
-	for k, v := range h {
-		if len(v) > 0 && !slices.Contains(credentialHeaders, k) {
-			meta[strings.ToLower(k)] = v[0]
-		}
-	}
-	return meta
 }
 
 // bodyReadTimeout bounds reading a request body (or the request timeout,
@@ -142,7 +88,7 @@ const bodyLinger = 250 * time.Millisecond
 func (s *Server) exchange(ex *exchange, chat bool) int {
 	if ex.r.ContentLength > s.maxBody {
 		// Refused before a byte is read (and before a 100 Continue).
-		writeError(ex.w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
+		live.WriteError(ex.w, http.StatusRequestEntityTooLarge, live.TypeInvalidRequest, "body_too_large",
 			fmt.Sprintf("request body of %d bytes exceeds %d bytes", ex.r.ContentLength, s.maxBody))
 		return http.StatusRequestEntityTooLarge
 	}
@@ -165,17 +111,17 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		return s.bodyFailed(ex, rc, err, bodyTimeout)
 	}
 	_ = rc.SetReadDeadline(time.Time{})
-	ex.body, ex.chat = body, chat
-	req, err := parseRequest(body, chat)
-	var key routingKey
+	ex.body, ex.Chat = body, chat
+	req, err := live.ParseRequest(body, chat)
+	var key live.RoutingKey
 	if req != nil {
-		ex.model, ex.stream, key = req.Model, req.Stream, req.key()
+		ex.Model, ex.Stream, key = req.Model, req.Stream, req.Key()
 		// The metrics' model label as the request arrives: a model whose
 		// workers leave while it is served still counts under its name.
-		ex.label, ex.labelSet = s.modelLabel(ex.model), true
+		ex.Label, ex.labelSet = s.rt.ModelLabel(ex.Model), true
 	}
 	if err != nil {
-		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_request", err.Error())
+		live.WriteError(ex.w, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
 		return http.StatusBadRequest
 	}
 	if err := ex.ctx.Err(); err != nil {
@@ -183,10 +129,10 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		// was read and parsed: nothing more is done for it.
 		return s.admitError(ex, err)
 	}
-	s.routingHashes(ex, key)
-	ex.session = ex.r.Header.Get("X-Session-Id")
-	ex.meta = requestMetadata(ex.r.Header)
-	if s.disaggregated(ex.model) {
+	s.rt.Key(ex.ctx, &ex.Request, key)
+	ex.Session = ex.r.Header.Get("X-Session-Id")
+	ex.Meta = live.RequestMetadata(ex.r.Header)
+	if s.disaggregated(ex.Model) {
 		return s.disagg(ex)
 	}
 	return s.hop(ex, hopSpec{hop: admission.Aggregated.Hop(0), tag: "#"},
@@ -194,84 +140,6 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 			return s.passThrough(ex, h, d.Worker, ex.body)
 		})
 }
-
-// routingHashes sets ex's prompt length, token ids, block size and block
-// hashes from its routing key. The block size is the model's
-// (keyBlockSize: router.block_size when set, else its engines'). Token
-// ids the request carries are hashed as they are; a text prompt of a
-// model with a tokenizer (its block's, or its engines' /tokenize; a LoRA
-// adapter's base model's) is tokenized (chat: the messages, rendered by
-// the model's template); otherwise, or when the tokenizer fails (counted,
-// logged at debug; an engine that does not serve /tokenize is neither),
-// it is keyed by character blocks. The hashes are seeded by the request's
-// LoRA adapter and cache_salt (keySeed). The tokenizer runs in the
-// request's goroutine under its context, with no lock held.
-func (s *Server) routingHashes(ex *exchange, key routingKey) {
-	parent := s.engines.Parent(ex.model)
-	if parent == ex.model {
-		parent = ""
-	}
-	bs := s.keyBlockSize(ex.model, parent)
-	ex.blockSize, ex.salt = bs, key.salt
-	if parent != "" {
-		ex.lora = ex.model
-	}
-	seed := keySeed(ex.lora, ex.salt)
-	ex.keyedBy = keyedIDs
-	if key.ids == nil {
-		ex.keyedBy = keyedChars
-		if set := s.toks.Load(); set != nil {
-			if tok := set.For(ex.model); tok != nil {
-				t0 := time.Now()
-				hashes, ids, err := tokenizer.Blocks(ex.ctx, tok, tokenizer.Prompt{Text: key.text, Messages: key.messages()}, bs, s.cpt)
-				if s.met != nil && !errors.Is(err, tokenizer.ErrUnsupported) {
-					s.met.tokenize.WithLabelValues(ex.label).Observe(time.Since(t0).Seconds())
-				}
-				if err == nil {
-					ex.tokens, ex.hashes, ex.ids = len(ids), seedHashes(hashes, seed), ids
-					ex.keyedBy = keyedFile
-					if _, ok := tok.(*tokenizer.Engine); ok {
-						ex.keyedBy = keyedEngine
-					}
-					return
-				}
-				ex.tokErr = err
-				if !errors.Is(err, tokenizer.ErrUnsupported) {
-					if s.met != nil {
-						s.met.tokFails.WithLabelValues(ex.label).Inc()
-					}
-					s.log.Debug("tokenizer failed; keyed by character blocks", "model", ex.model, "request_id", ex.id, "error", err)
-				}
-			}
-		}
-	}
-	ex.tokens, ex.hashes = key.hash(bs, s.cpt, seed)
-	ex.ids = key.ids
-}
-
-// How a prompt was keyed (exchange.keyedBy).
-const (
-	keyedIDs    = "token_ids"  // the request's own token ids
-	keyedEngine = "engine"     // its engines' /tokenize
-	keyedFile   = "file"       // a tokenizer block's file
-	keyedChars  = "characters" // character blocks: no token ids
-)
-
-// promptKey is the request's token ids as a shared.PromptKey, which a
-// candidate's precise prefix index (KV events) looks up at its engine's
-// block size, with the LoRA adapter and cache_salt the engine's block
-// hashes carry; nil (no PromptKey) when the prompt was keyed by
-// characters.
-func (ex *exchange) promptKey() shared.PromptKey {
-	if ex.ids == nil {
-		return nil
-	}
-	return &prefix.Key{IDs: ex.ids, LoRA: ex.lora, Salt: ex.salt}
-}
-
-// SetTokenizers makes set the tokenizers of the requests that arrive from
-// now on (nil: none, every text prompt keyed by character blocks).
-func (s *Server) SetTokenizers(set *tokenizer.Set) { s.toks.Store(set) }
 
 // hopSpec is one hop of a request's path (admission.Path: the same hops
 // replay walks) with what serve adds to it.
@@ -311,19 +179,19 @@ func (s *Server) hop(ex *exchange, spec hopSpec, send sendFunc) int {
 	if code != 0 {
 		return code
 	}
-	defer s.End(h, admission.Aborted("handler ended"))
+	defer s.rt.End(h, admission.Aborted("handler ended"))
 	for attempt := 0; ; attempt++ {
 		code, retry, why := send(h, d)
 		if !retry {
 			return code
 		}
 		if attempt >= s.retries {
-			s.End(h, admission.Aborted(why))
-			writeError(ex.w, http.StatusBadGateway, typeServer, "worker_failed",
+			s.rt.End(h, admission.Aborted(why))
+			live.WriteError(ex.w, http.StatusBadGateway, live.TypeServer, "worker_failed",
 				fmt.Sprintf("the selected %s failed before answering (%d attempts)", spec.workers, attempt+1))
 			return http.StatusBadGateway
 		}
-		s.log.Debug("retrying on another selection", "request_id", ex.id, "role", spec.hop.Role, "attempt", attempt+1)
+		s.log.Debug("retrying on another selection", "request_id", ex.ID, "role", spec.hop.Role, "attempt", attempt+1)
 		if d, code = s.retry(ex, spec, h, attempt+1, why, d.Worker.ID); code != 0 {
 			return code
 		}
@@ -335,7 +203,7 @@ func (s *Server) hop(ex *exchange, spec hopSpec, send sendFunc) int {
 // placement, or the code of the error it answered (the handle has ended
 // then).
 func (s *Server) admit(ex *exchange, spec hopSpec) (*admission.Handle, router.Decision, int) {
-	h, err := s.admitHop(ex, spec)
+	h, err := s.rt.Admit(ex.ctx, &ex.Request, spec.hop, spec.tag)
 	if err != nil {
 		return nil, router.Decision{}, s.answer(ex, spec, err)
 	}
@@ -343,47 +211,14 @@ func (s *Server) admit(ex *exchange, spec hopSpec) (*admission.Handle, router.De
 	return h, d, code
 }
 
-// admitHop admits the first attempt of hop spec (under a unique id when
-// the client reused a live request's), with opts, and records the
-// selection's duration. It returns the handle, placed or queued, or the
-// admission's error.
-func (s *Server) admitHop(ex *exchange, spec hopSpec, opts ...admission.Option) (*admission.Handle, error) {
-	req := spec.hop.Request(&shared.Request{
-		Model:        ex.model,
-		PromptTokens: ex.tokens,
-		BlockSize:    ex.blockSize,
-		BlockHashes:  ex.hashes,
-		SessionID:    ex.session,
-		Metadata:     ex.meta,
-		Prompt:       ex.promptKey(),
-	})
-	req.ID = ex.id + spec.tag + "0"
-	t0 := time.Now()
-	h, err := s.adm.Admit(ex.ctx, req, opts...)
-	if errors.Is(err, admission.ErrDuplicateRequest) {
-		// The client reused a live request's id: admit under a unique one.
-		req.ID = s.newID() + spec.tag + "0"
-		h, err = s.adm.Admit(ex.ctx, req, opts...)
-	}
-	var policy string
-	if h != nil {
-		policy = h.Decision().Policy
-	}
-	s.observeSelection(policy, req.Role, time.Since(t0))
-	if err != nil {
-		return nil, err
-	}
-	return h, nil
-}
-
 // retry places hop spec's handle again as attempt n after its worker
 // failed (why), excluding it, and waits for the new placement; the code of
 // the error it answered otherwise (the handle has ended then).
 func (s *Server) retry(ex *exchange, spec hopSpec, h *admission.Handle, n int, why string, failed shared.WorkerID) (router.Decision, int) {
 	suffix := spec.tag + strconv.Itoa(n)
-	err := h.Retry(ex.ctx, ex.id+suffix, why, failed)
+	err := h.Retry(ex.ctx, ex.ID+suffix, why, failed)
 	if errors.Is(err, admission.ErrDuplicateRequest) {
-		err = h.Retry(ex.ctx, s.newID()+suffix, why, failed)
+		err = h.Retry(ex.ctx, s.rt.NewID()+suffix, why, failed)
 	}
 	if err != nil {
 		return router.Decision{}, s.answer(ex, spec, err)
@@ -400,11 +235,11 @@ func (s *Server) await(ex *exchange, spec hopSpec, h *admission.Handle) (router.
 	case err == nil:
 		return d, 0
 	case ex.ctx.Err() != nil:
-		s.End(h, admission.Aborted(ctxReason(ex)))
+		s.rt.End(h, admission.Aborted(ctxReason(ex)))
 		if ex.r.Context().Err() != nil {
-			return d, codeClientGone
+			return d, live.CodeClientGone
 		}
-		writeError(ex.w, http.StatusTooManyRequests, typeRateLimit, "queue_timeout",
+		live.WriteError(ex.w, http.StatusTooManyRequests, live.TypeRateLimit, "queue_timeout",
 			"every worker stayed at capacity until the request timeout")
 		return d, http.StatusTooManyRequests
 	default:
@@ -420,34 +255,13 @@ func (s *Server) answer(ex *exchange, spec hopSpec, err error) int {
 	return s.admitError(ex, err)
 }
 
-// End ends h, a handle of this Server's admission (Place's), with o, then
-// wakes the dispatcher to look at the queue.
-func (s *Server) End(h *admission.Handle, o admission.Outcome) {
-	h.End(o)
-	s.Wake()
-}
-
-// observeSelection records one selection's duration under the policy
-// that decided ("" before a decision: the role's policy).
-func (s *Server) observeSelection(policy string, role shared.Role, d time.Duration) {
-	if s.met == nil {
-		return
-	}
-	if policy == "" {
-		if b := loader.Current(s.r); b != nil {
-			policy = b.PolicyName(role)
-		}
-	}
-	s.met.selection.WithLabelValues(policy, string(role)).Observe(d.Seconds())
-}
-
 // admitError answers an admission failure and returns its code.
 func (s *Server) admitError(ex *exchange, err error) int {
 	if ex.r.Context().Err() != nil {
-		return codeClientGone
+		return live.CodeClientGone
 	}
-	a := s.errorAnswer(ex.model, ex.id, err, true)
-	writeError(ex.w, a.status, a.typ, a.code, a.msg)
+	a := s.errorAnswer(ex.Model, ex.ID, err, true)
+	live.WriteError(ex.w, a.status, a.typ, a.code, a.msg)
 	return a.status
 }
 
@@ -464,56 +278,56 @@ func (s *Server) errorAnswer(model, id string, err error, log bool) errAnswer {
 	var ce *admission.ClassifyError
 	switch {
 	case errors.Is(err, admission.ErrQueueFull):
-		return errAnswer{http.StatusTooManyRequests, typeRateLimit, "queue_full", "every worker is at capacity and the queue is full"}
+		return errAnswer{http.StatusTooManyRequests, live.TypeRateLimit, "queue_full", "every worker is at capacity and the queue is full"}
 	case errors.Is(err, admission.ErrDue):
-		return errAnswer{http.StatusTooManyRequests, typeRateLimit, "due_time_passed", "the request's due time passed while it waited for a worker"}
+		return errAnswer{http.StatusTooManyRequests, live.TypeRateLimit, "due_time_passed", "the request's due time passed while it waited for a worker"}
 	case errors.Is(err, router.ErrAllExcluded):
 		// A retry with no worker left that has not failed it.
-		return errAnswer{http.StatusBadGateway, typeServer, "worker_failed",
+		return errAnswer{http.StatusBadGateway, live.TypeServer, "worker_failed",
 			fmt.Sprintf("the selected workers failed before answering and no other worker serves model %q", model)}
 	case errors.As(err, &ce) && ce.Err == nil:
 		// The classifier panicked: the router's fault, not the request's.
 		if log {
 			s.log.Error("classifier panicked", "classifier", ce.Classifier, "request_id", id, "panic", ce.Panic, "stack", string(ce.Stack))
 		}
-		return errAnswer{http.StatusInternalServerError, typeServer, "classification_failed", "the request classifier failed"}
+		return errAnswer{http.StatusInternalServerError, live.TypeServer, "classification_failed", "the request classifier failed"}
 	case ce != nil && pluginCause(ce.Err) == "panic":
 		// The classifier panicked in its plugin (the SDK recovered it):
 		// as in process, the router's fault.
 		if log {
 			s.log.Error("classifier panicked in its plugin", "classifier", ce.Classifier, "request_id", id, "error", ce.Err)
 		}
-		return errAnswer{http.StatusInternalServerError, typeServer, "classification_failed", "the request classifier failed"}
+		return errAnswer{http.StatusInternalServerError, live.TypeServer, "classification_failed", "the request classifier failed"}
 	case ce != nil && pluginCause(ce.Err) != "" && pluginCause(ce.Err) != "error":
 		// The classifier's plugin did not answer (timeout, restarting,
 		// breaker open...): the router's trouble, and worth a retry.
-		return errAnswer{http.StatusServiceUnavailable, typeServer, "classifier_unavailable",
+		return errAnswer{http.StatusServiceUnavailable, live.TypeServer, "classifier_unavailable",
 			"the request classifier is unavailable: " + ce.Err.Error()}
 	case ce != nil:
 		// The classifier's own words, without the router's request id.
-		return errAnswer{http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: " + ce.Err.Error()}
+		return errAnswer{http.StatusBadRequest, live.TypeInvalidRequest, "classification_failed", "the request could not be classified: " + ce.Err.Error()}
 	case errors.Is(err, admission.ErrUnknownClass):
 		// The router's text, without the router's request id.
 		msg := err.Error()
 		if i := strings.Index(msg, admission.ErrUnknownClass.Error()); i >= 0 {
 			msg = msg[i:]
 		}
-		return errAnswer{http.StatusBadRequest, typeInvalidRequest, "classification_failed", "the request could not be classified: " + msg}
+		return errAnswer{http.StatusBadRequest, live.TypeInvalidRequest, "classification_failed", "the request could not be classified: " + msg}
 	case errors.Is(err, shared.ErrNoWorkers):
-		if ml, ok := s.workers.(modelServer); ok && !ml.Serves(model) {
+		if s.rt.Unknown(model) {
 			// OpenAI's answer for a model that does not exist: not retryable.
-			return errAnswer{http.StatusNotFound, typeInvalidRequest, "model_not_found", fmt.Sprintf("the model %q does not exist: no worker serves it", model)}
+			return errAnswer{http.StatusNotFound, live.TypeInvalidRequest, "model_not_found", fmt.Sprintf("the model %q does not exist: no worker serves it", model)}
 		}
-		return errAnswer{http.StatusServiceUnavailable, typeServer, "no_worker", fmt.Sprintf("no ready worker for model %q: its workers are starting or not answering", model)}
+		return errAnswer{http.StatusServiceUnavailable, live.TypeServer, "no_worker", fmt.Sprintf("no ready worker for model %q: its workers are starting or not answering", model)}
 	case errors.Is(err, context.DeadlineExceeded):
-		return errAnswer{http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out"}
+		return errAnswer{http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out"}
 	case errors.Is(err, router.ErrClosed):
-		return errAnswer{http.StatusServiceUnavailable, typeServer, "shutting_down", "the router is shutting down"}
+		return errAnswer{http.StatusServiceUnavailable, live.TypeServer, "shutting_down", "the router is shutting down"}
 	default:
 		if log {
 			s.log.Warn("selection failed", "request_id", id, "error", err)
 		}
-		return errAnswer{http.StatusServiceUnavailable, typeServer, "selection_failed", "no worker could be selected: " + err.Error()}
+		return errAnswer{http.StatusServiceUnavailable, live.TypeServer, "selection_failed", "no worker could be selected: " + err.Error()}
 	}
 }
 
@@ -551,19 +365,19 @@ func (s *Server) bodyFailed(ex *exchange, rc *http.ResponseController, err error
 	case errors.As(err, &refused):
 		return s.overloaded(ex, refused.bound)
 	case errors.As(err, &tooBig):
-		writeError(ex.w, http.StatusRequestEntityTooLarge, typeInvalidRequest, "body_too_large",
+		live.WriteError(ex.w, http.StatusRequestEntityTooLarge, live.TypeInvalidRequest, "body_too_large",
 			fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		// Before the context's check: net/http cancels the request's
 		// context on any failed read, this one included.
-		writeError(ex.w, http.StatusRequestTimeout, typeInvalidRequest, "body_timeout",
+		live.WriteError(ex.w, http.StatusRequestTimeout, live.TypeInvalidRequest, "body_timeout",
 			fmt.Sprintf("the request body did not arrive within %v", timeout))
 		return http.StatusRequestTimeout
 	case ex.r.Context().Err() != nil:
-		return codeClientGone // it left (or half-closed) mid-body
+		return live.CodeClientGone // it left (or half-closed) mid-body
 	default:
-		writeError(ex.w, http.StatusBadRequest, typeInvalidRequest, "invalid_body", "reading the request body: "+err.Error())
+		live.WriteError(ex.w, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_body", "reading the request body: "+err.Error())
 		return http.StatusBadRequest
 	}
 }
@@ -579,9 +393,9 @@ func (s *Server) overloaded(ex *exchange, bound bodyBound) int {
 	}
 	if ok, suppressed := s.refusals.Allow(cause); ok {
 		s.log.Warn("request body refused: "+cause+" reached (503 overloaded)", "client", clientKey(ex.r.RemoteAddr),
-			"request_id", untrusted.Text(ex.id, 0), "held", s.bodyBytesHeld(), "suppressed", suppressed)
+			"request_id", untrusted.Text(ex.ID, 0), "held", s.bodyBytesHeld(), "suppressed", suppressed)
 	}
-	writeError(ex.w, http.StatusServiceUnavailable, typeServer, "overloaded", msg)
+	live.WriteError(ex.w, http.StatusServiceUnavailable, live.TypeServer, "overloaded", msg)
 	return http.StatusServiceUnavailable
 }
 
@@ -653,7 +467,7 @@ func (s *Server) upstream(ex *exchange, w *fleet.Worker, body []byte) (*http.Req
 		return nil, "bad worker url"
 	}
 	copyHeaders(up.Header, ex.r.Header)
-	up.Header.Set("X-Request-Id", ex.id)
+	up.Header.Set("X-Request-Id", ex.ID)
 	// The router places the request: a client's rank never reaches the
 	// engine.
 	up.Header.Del(HeaderDPRank)
@@ -671,14 +485,6 @@ func (s *Server) upstream(ex *exchange, w *fleet.Worker, body []byte) (*http.Req
 // a byte and nothing was written to the client (sendFunc).
 func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker, body []byte) (code int, retry bool, why string) {
 	name := w.Name
-	contextTokens := int64(ex.tokens)
-	end := func(complete bool, reason string) {
-		if complete {
-			s.End(h, admission.Completed(contextTokens))
-		} else {
-			s.End(h, admission.Aborted(reason))
-		}
-	}
 	up, why := s.upstream(ex, w, body)
 	if up == nil {
 		return 0, true, why
@@ -686,14 +492,14 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 	resp, err := s.transport.RoundTrip(up)
 	if err != nil {
 		if ex.ctx.Err() != nil {
-			end(false, ctxReason(ex))
+			s.rt.End(h, admission.Aborted(ctxReason(ex)))
 			if ex.r.Context().Err() != nil {
-				return codeClientGone, false, ""
+				return live.CodeClientGone, false, ""
 			}
-			writeError(ex.w, http.StatusGatewayTimeout, typeServer, "timeout", "the request timed out before the worker answered")
+			live.WriteError(ex.w, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the worker answered")
 			return http.StatusGatewayTimeout, false, ""
 		}
-		s.log.Warn("worker failed before answering", "worker", name, "request_id", ex.id, "error", err)
+		s.log.Warn("worker failed before answering", "worker", name, "request_id", ex.ID, "error", err)
 		s.workers.ReportFailure(name)
 		return 0, true, "worker error: " + err.Error()
 	}
@@ -706,7 +512,7 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 	hdr := ex.w.Header()
 	s.answerHeaders(hdr, resp.Header)
 	hdr.Set("X-Switchyard-Worker", name)
-	hdr.Set("X-Request-Id", ex.id)
+	hdr.Set("X-Request-Id", ex.ID)
 	ex.w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(ex.w)
 	if resp.ContentLength < 0 {
@@ -719,300 +525,46 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 	bp := s.bufs.Get().(*[]byte)
 	defer s.bufs.Put(bp)
 	buf := *bp
-	first := true
-	var events int64 // SSE events ("\n\n"-terminated), about one token each
-	var last byte
-	// A non-streamed answer of known, bounded size is kept aside as it
-	// passes through, so its usage can give the exact context tokens.
-	var kept []byte
-	keep := !ex.stream && resp.ContentLength > 0 && resp.ContentLength <= maxUsageBody
-	if keep {
-		kept = make([]byte, 0, resp.ContentLength)
-	}
-	// A stream's usage comes in one of its last events (the client's
-	// stream_options.include_usage): the latest chunk that mentions it is
-	// kept (at most one read buffer), and read at the end.
-	var streamed []byte
-	watch := ex.stream && s.met != nil
+	// The meter reads the answer as it passes: first token, SSE events,
+	// usage. A non-streamed answer of known, bounded size is kept aside
+	// as it passes through, so its usage can give the exact context
+	// tokens.
+	m := s.rt.Meter(h, h.Decision(), &ex.Request, resp.ContentLength > 0 && resp.ContentLength <= live.MaxUsageBody, resp.ContentLength)
+	aborted := func(reason string) { s.rt.End(h, admission.Aborted(reason)) }
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
-			if first {
-				first = false
-				h.FirstToken()
-				if s.met != nil && ex.stream {
-					s.met.ttft.WithLabelValues(ex.label).Observe(time.Since(ex.start).Seconds())
-				}
-			}
-			before := events
-			for _, c := range buf[:n] {
-				if c == '\n' && last == '\n' {
-					events++
-				}
-				last = c
-			}
-			if keep {
-				kept = append(kept, buf[:n]...)
-			} else if watch && bytes.Contains(buf[:n], usageKey) {
-				streamed = append(streamed[:0], buf[:n]...)
-			}
+			m.FirstByte()
+			m.Read(buf[:n])
 			if _, werr := ex.w.Write(buf[:n]); werr != nil {
-				end(false, "client disconnected")
-				return codeClientGone, false, ""
+				aborted("client disconnected")
+				return live.CodeClientGone, false, ""
 			}
 			if ferr := rc.Flush(); ferr != nil && !errors.Is(ferr, http.ErrNotSupported) {
-				end(false, "client disconnected")
-				return codeClientGone, false, ""
-			}
-			if events > before {
-				contextTokens = int64(ex.tokens) + events
-				h.Progress(contextTokens)
+				aborted("client disconnected")
+				return live.CodeClientGone, false, ""
 			}
 		}
 		if rerr == io.EOF {
-			var u usage
-			switch {
-			case keep:
-				u = readUsage(kept)
-				if u.total > 0 {
-					contextTokens = u.total
-				}
-			case streamed != nil:
-				u = streamUsage(streamed)
-			}
-			s.countUsage(ex.label, u)
-			s.countBelief(ex, h.Decision(), u)
-			s.checkPromptTokens(promptCount{label: ex.label, id: ex.id, worker: name, chat: ex.chat,
-				exact: ex.ids != nil, tokens: ex.tokens}, u)
-			end(true, "")
+			s.rt.End(h, admission.Completed(m.Done()))
 			return resp.StatusCode, false, ""
 		}
 		if rerr != nil {
 			switch {
 			case ex.r.Context().Err() != nil:
-				end(false, "client disconnected")
-				return codeClientGone, false, ""
+				aborted("client disconnected")
+				return live.CodeClientGone, false, ""
 			case ex.ctx.Err() != nil:
-				end(false, "request timeout")
+				aborted("request timeout")
 				ex.abort = true
 				return http.StatusGatewayTimeout, false, ""
 			default:
-				s.log.Warn("worker failed mid-answer", "worker", name, "request_id", ex.id, "error", rerr)
-				end(false, "worker error: "+rerr.Error())
+				s.log.Warn("worker failed mid-answer", "worker", name, "request_id", ex.ID, "error", rerr)
+				aborted("worker error: " + rerr.Error())
 				s.workers.ReportFailure(name)
 				ex.abort = true
 				return http.StatusBadGateway, false, ""
 			}
 		}
 	}
-}
-
-// maxUsageBody bounds the non-streamed answers read for their usage.
-const maxUsageBody = 1 << 20
-
-// usage is an OpenAI answer's usage object; ok is false when the answer
-// has none.
-type usage struct {
-	prompt, cached, completion, total int64
-	ok                                bool
-	// hasPrompt: the answer reports usage.prompt_tokens.
-	hasPrompt bool
-	// hasCached: the answer reports cached_tokens (vLLM does with prefix
-	// caching on; cached is 0 when it does not).
-	hasCached bool
-}
-
-// usageKey marks the chunks of a stream that may carry its usage.
-var usageKey = []byte(`"usage"`)
-
-// readUsage reads an OpenAI answer's usage: prompt_tokens,
-// prompt_tokens_details.cached_tokens (vLLM with prefix caching reports
-// it; 0 when absent), completion_tokens and total_tokens. ok is false
-// when the body is not strict JSON nested at most maxNesting levels, or
-// has no usage object with a positive count.
-func readUsage(body []byte) usage {
-	// fastjson's parser builds its error for a malformed body from the rest
-	// of the body at each level: checked first, as request bodies are.
-	if nesting(body, maxNesting) > maxNesting || !gjson.ValidBytes(body) {
-		return usage{}
-	}
-	p := parsers.Get()
-	defer parsers.Put(p)
-	v, err := p.ParseBytes(body)
-	if err != nil {
-		return usage{}
-	}
-	u := usage{
-		prompt:     max(v.GetInt64("usage", "prompt_tokens"), 0),
-		cached:     max(v.GetInt64("usage", "prompt_tokens_details", "cached_tokens"), 0),
-		completion: max(v.GetInt64("usage", "completion_tokens"), 0),
-		total:      max(v.GetInt64("usage", "total_tokens"), 0),
-	}
-	u.ok = u.prompt > 0 || u.completion > 0 || u.total > 0
-	u.hasCached = v.Exists("usage", "prompt_tokens_details", "cached_tokens")
-	pt := v.Get("usage", "prompt_tokens")
-	u.hasPrompt = pt != nil && pt.Type() == fastjson.TypeNumber && pt.GetInt64() >= 0
-	return u
-}
-
-// streamUsage reads the usage of the last event of an SSE chunk that has
-// one ("data: {...}" lines).
-func streamUsage(chunk []byte) usage {
-	var found usage
-	for line := range bytes.Lines(chunk) {
-		data, ok := bytes.CutPrefix(bytes.TrimSpace(line), []byte("data:"))
-		if !ok || !bytes.Contains(data, usageKey) {
-			continue
-		}
-		if u := readUsage(bytes.TrimSpace(data)); u.ok {
-			found = u
-		}
-	}
-	return found
-}
-
-// countBelief compares what the prefix index believed the worker held of
-// the prompt (b, taken at selection) with what the engine says it served
-// from cache (u's cached_tokens), in switchyard_prefix_belief_total, for
-// the precise belief (when the worker's KV-event stream was live) and the
-// approximate one. The engine computes at least the prompt's last token
-// and caches whole blocks of E tokens, so a belief of t tokens means
-// min(t, floor((prompt-1)/E)·E) served (vLLM's KV cache manager caps a
-// hit at prompt_len-1); E is the engine's block size, or the request's
-// key block size when no precise index told it. Answers without cached_tokens, and
-// prompts keyed by characters (no belief), are not counted.
-//
-// A precise belief that differs is logged at debug level with the worker
-// and both counts.
-func (s *Server) countBelief(ex *exchange, d router.Decision, u usage) {
-	b := d.Belief
-	if s.met == nil || !b.Taken || !u.ok || !u.hasCached || u.prompt <= 0 {
-		return
-	}
-	e := b.EngineBlockSize
-	if e <= 0 {
-		e = ex.blockSize
-	}
-	if e <= 0 {
-		e = s.r.BlockSize()
-	}
-	limit := (int((u.prompt - 1)) / e) * e
-	served := int(u.cached)
-	if b.Precise {
-		r := compareBelief(min(b.PreciseTokens, limit), served)
-		s.met.belief.WithLabelValues("precise", r).Inc()
-		if r != "exact" && s.log.IsDebug() {
-			s.log.Debug("precise prefix belief differs from the engine's cached tokens", "request_id", ex.id,
-				"worker", d.Worker.Name, "rank", d.Worker.DPRank, "believed_tokens", min(b.PreciseTokens, limit),
-				"cached_tokens", served, "prompt_tokens", u.prompt, "approximate_tokens", min(b.ApproxTokens, limit))
-		}
-	}
-	s.met.belief.WithLabelValues("approximate", compareBelief(min(b.ApproxTokens, limit), served)).Inc()
-}
-
-// compareBelief says how a belief of believed tokens compares with the
-// served ones: "exact", "over" (believed more) or "under".
-func compareBelief(believed, served int) string {
-	switch {
-	case believed == served:
-		return "exact"
-	case believed > served:
-		return "over"
-	}
-	return "under"
-}
-
-// promptCount is what the router counted of one request's prompt, for
-// checkPromptTokens.
-type promptCount struct {
-	label  string // the model's metrics label
-	id     string // the request's id (from the client: escaped when logged)
-	worker string // the worker that answered
-	chat   bool
-	// exact: tokens is the length of the prompt's token ids (the
-	// request's own, or its tokenizer's: for a chat request the messages
-	// rendered by the model's chat template); otherwise the prompt was
-	// keyed by characters and tokens is an estimate.
-	exact  bool
-	tokens int
-}
-
-// checkPromptTokens compares the router's token count of a request's
-// prompt (c) with the engine's usage.prompt_tokens (u), in
-// switchyard_prompt_token_match_total{model, result}: exact, over (the
-// router counted more), under, or unknown when the router had no token
-// ids (the prompt was keyed by characters). An answer without
-// usage.prompt_tokens (a stream whose client did not ask for its usage)
-// is not counted. Its routing key is the engine's only when the counts
-// agree, so a difference is logged, at warn, at most once per
-// tokenLogInterval per model (the lines held back are counted in the
-// next one), with both counts.
-func (s *Server) checkPromptTokens(c promptCount, u usage) {
-	if !u.hasPrompt {
-		return
-	}
-	result := "unknown"
-	if c.exact {
-		result = compareBelief(c.tokens, int(u.prompt))
-	}
-	if s.met != nil {
-		s.met.promptMatch.WithLabelValues(c.label, result).Inc()
-	}
-	if result == "exact" || result == "unknown" {
-		return
-	}
-	if ok, suppressed := s.tokenLogs.allow(c.label); ok {
-		s.log.Warn("the router's token count of a prompt differs from the engine's prompt_tokens: its routing key is not the engine's",
-			"model", untrusted.Text(c.label, untrusted.MaxLabel), "request_id", untrusted.Text(c.id, untrusted.MaxLog),
-			"worker", c.worker, "chat", c.chat, "router_tokens", c.tokens, "engine_prompt_tokens", u.prompt,
-			"suppressed", suppressed)
-	}
-}
-
-// tokenLogInterval is the least time between two log lines of token
-// counts differing for one model: 10 s, the interval the router's other
-// rate-limited lines keep (untrusted.NewLimiter's default).
-const tokenLogInterval = 10 * time.Second
-
-// maxTokenLogModels bounds the models tokenLog keeps a limit for; the
-// models beyond it share one.
-const maxTokenLogModels = 1024
-
-// tokenLog rate-limits checkPromptTokens' log lines per model: one line
-// per model per tokenLogInterval (untrusted.Limiter), for at most
-// maxTokenLogModels models (names the engines report, so their set is
-// bounded here, not by the engines); further models share one limit.
-type tokenLog struct {
-	lim    *untrusted.Limiter
-	mu     sync.Mutex
-	models map[string]struct{}
-}
-
-func newTokenLog() *tokenLog {
-	return &tokenLog{lim: untrusted.NewLimiter(tokenLogInterval), models: make(map[string]struct{})}
-}
-
-// allow is untrusted.Limiter.Allow for model's cause.
-func (t *tokenLog) allow(model string) (bool, uint64) {
-	cause := "model " + model
-	t.mu.Lock()
-	if _, ok := t.models[model]; !ok {
-		if len(t.models) < maxTokenLogModels {
-			t.models[model] = struct{}{}
-		} else {
-			cause = "other models"
-		}
-	}
-	t.mu.Unlock()
-	return t.lim.Allow(cause)
-}
-
-// countUsage adds an answer's usage to the token counters of its model.
-func (s *Server) countUsage(label string, u usage) {
-	if s.met == nil || !u.ok {
-		return
-	}
-	s.met.promptTokens.WithLabelValues(label).Add(float64(u.prompt))
-	s.met.cachedTokens.WithLabelValues(label).Add(float64(min(u.cached, u.prompt)))
-	s.met.completionTokens.WithLabelValues(label).Add(float64(u.completion))
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/workers"
@@ -42,14 +43,14 @@ worker_selection {
 `
 
 // getReadyz GETs url's /readyz and decodes the answer.
-func getReadyz(t *testing.T, url string) (int, Readiness) {
+func getReadyz(t *testing.T, url string) (int, live.Readiness) {
 	t.Helper()
 	resp, err := http.Get(url + "/readyz")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer func() { _ = resp.Body.Close() }()
-	var a Readiness
+	var a live.Readiness
 	if err := json.NewDecoder(resp.Body).Decode(&a); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +82,11 @@ func TestReadyzExplains(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(mgr.Close)
-	s, err := New(Options{Router: r, Workers: mgr})
+	rt, err := live.New(live.Options{Router: r, Workers: mgr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(rt, Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +123,7 @@ func TestReadyzExplains(t *testing.T) {
 	if err := mgr.Sync(ws); err != nil {
 		t.Fatal(err)
 	}
-	want := []WorkerReadiness{
+	want := []live.WorkerReadiness{
 		{Name: "down", URL: down, Role: "aggregated", Load: "unavailable",
 			Reason: "connection refused by " + down + "/metrics"},
 		{Name: "sgl", URL: sgl, Role: "aggregated", Ready: true, Load: "unavailable",
@@ -141,10 +146,10 @@ func TestReadyzExplains(t *testing.T) {
 	if code != http.StatusOK || !a.Ready || a.Reason != "" {
 		t.Errorf("two workers ready: %d ready %v reason %q, want 200", code, a.Ready, a.Reason)
 	}
-	if a.Policy != (PolicyReadiness{State: "loaded", File: path}) {
+	if a.Policy != (live.PolicyReadiness{State: "loaded", File: path}) {
 		t.Errorf("policy %+v", a.Policy)
 	}
-	if len(a.Plugins) != 1 || a.Plugins[0] != (PluginReadiness{Name: "gone", State: "degraded: serving by fallback", Status: "not started"}) {
+	if len(a.Plugins) != 1 || a.Plugins[0] != (live.PluginReadiness{Name: "gone", State: "degraded: serving by fallback", Status: "not started"}) {
 		t.Errorf("plugins %+v, want gone degraded", a.Plugins)
 	}
 
@@ -152,7 +157,7 @@ func TestReadyzExplains(t *testing.T) {
 	if err := mgr.Sync([]config.Worker{ws[0], ws[2]}); err != nil {
 		t.Fatal(err)
 	}
-	wantNone := fmt.Sprint([]WorkerReadiness{want[0], want[2]})
+	wantNone := fmt.Sprint([]live.WorkerReadiness{want[0], want[2]})
 	deadline = time.Now().Add(30 * time.Second)
 	for {
 		code, a = getReadyz(t, hs.URL)

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/switchyard-router/switchyard/router/config"
+	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -65,10 +66,10 @@ func TestStreamPassesThroughChunkByChunk(t *testing.T) {
 	if got := eng.headers[0].Get("X-Request-Id"); got != "req-1" {
 		t.Errorf("engine saw x-request-id %q, want req-1", got)
 	}
-	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("m", "200")); got != 1 {
+	if got := e.metric(t, "switchyard_requests_total", "model", "m", "code", "200"); got != 1 {
 		t.Errorf("requests_total{m,200} = %v", got)
 	}
-	if got := testutil.CollectAndCount(e.s.met.ttft); got != 1 {
+	if got := e.series(t, "switchyard_time_to_first_token_seconds"); got != 1 {
 		t.Errorf("ttft series = %d, want 1", got)
 	}
 }
@@ -103,12 +104,12 @@ func TestErrorShapes(t *testing.T) {
 		status           int
 		typ              string
 	}{
-		{"malformed JSON", "/v1/chat/completions", `{"model":`, 400, typeInvalidRequest},
-		{"missing model", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, 400, typeInvalidRequest},
-		{"no messages", "/v1/chat/completions", `{"model":"m"}`, 400, typeInvalidRequest},
-		{"no prompt", "/v1/completions", `{"model":"m"}`, 400, typeInvalidRequest},
-		{"bad content", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":3}]}`, 400, typeInvalidRequest},
-		{"unknown model", "/v1/chat/completions", chatBody("nope", false, "x"), 503, typeServer},
+		{"malformed JSON", "/v1/chat/completions", `{"model":`, 400, live.TypeInvalidRequest},
+		{"missing model", "/v1/chat/completions", `{"messages":[{"role":"user","content":"x"}]}`, 400, live.TypeInvalidRequest},
+		{"no messages", "/v1/chat/completions", `{"model":"m"}`, 400, live.TypeInvalidRequest},
+		{"no prompt", "/v1/completions", `{"model":"m"}`, 400, live.TypeInvalidRequest},
+		{"bad content", "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":3}]}`, 400, live.TypeInvalidRequest},
+		{"unknown model", "/v1/chat/completions", chatBody("nope", false, "x"), 503, live.TypeServer},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			resp, err := post(t, context.Background(), e.url+tc.path, tc.body)
@@ -123,7 +124,7 @@ func TestErrorShapes(t *testing.T) {
 			}
 		})
 	}
-	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("unknown", "503")); got != 1 {
+	if got := e.metric(t, "switchyard_requests_total", "model", "unknown", "code", "503"); got != 1 {
 		t.Errorf("requests_total{unknown,503} = %v, want 1", got)
 	}
 	e.settle(t)
@@ -156,10 +157,10 @@ func TestQueueFullAnswers429AndQueuedRequestsDispatch(t *testing.T) {
 		}()
 		// The first holds the worker; the second waits in the queue.
 		waitFor(t, func() bool {
-			return eng.requests.Load() == 1 && e.s.adm.Waiting(shared.RoleAggregated) == i
+			return eng.requests.Load() == 1 && e.rt.Waiting(shared.RoleAggregated) == i
 		})
 	}
-	if got := testutil.CollectAndCount(e.s.met.requests); got != 0 {
+	if got := e.series(t, "switchyard_requests_total"); got != 0 {
 		t.Fatalf("requests counted before any ended: %v", got)
 	}
 	if n, err := testutil.GatherAndCount(e.reg, "switchyard_queue_depth"); err != nil || n != 1 {
@@ -260,10 +261,8 @@ func TestCancellationAccounting(t *testing.T) {
 			t.Errorf("unexpected status %d (%d times)", c, codes[c])
 		}
 	}
-	for _, d := range e.s.adm.WaitingByClass(nil) {
-		if d.Waiting != 0 {
-			t.Errorf("class %s holds %d", d.Class, d.Waiting)
-		}
+	if n := e.rt.Queued(); n != 0 {
+		t.Errorf("the queue holds %d", n)
 	}
 }
 
@@ -461,8 +460,7 @@ func (s servingSet) Models() []string         { return slices.Sorted(slices.Valu
 // methods, and wrongly typed fields, get OpenAI-shaped errors too.
 func TestNotFoundShapes(t *testing.T) {
 	eng := newEngine(t, 3, 0)
-	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
-	e.s.workers = servingSet{workerSet: e.ws, models: []string{"m", "down"}}
+	e := newEnv(t, envOptions{models: []string{"m", "down"}}, backend{name: "w1", url: eng.URL})
 	for _, tc := range []struct {
 		name, method, path, body string
 		status                   int
@@ -487,15 +485,15 @@ func TestNotFoundShapes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := parseRequest([]byte(`{"model":"m","messages":"hi"}`), true); err == nil || !strings.Contains(err.Error(), `"messages" must not be a JSON string`) {
+	if _, err := live.ParseRequest([]byte(`{"model":"m","messages":"hi"}`), true); err == nil || !strings.Contains(err.Error(), `"messages" must not be a JSON string`) {
 		t.Errorf("typed field error = %v", err)
 	}
 	// A configured model whose workers are all down keeps its name in the
 	// metrics and in /v1/models.
-	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("down", "503")); got != 1 {
+	if got := e.metric(t, "switchyard_requests_total", "model", "down", "code", "503"); got != 1 {
 		t.Errorf(`requests_total{model="down",code="503"} = %v, want 1`, got)
 	}
-	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("unknown", "404")); got != 1 {
+	if got := e.metric(t, "switchyard_requests_total", "model", "unknown", "code", "404"); got != 1 {
 		t.Errorf(`requests_total{model="unknown",code="404"} = %v, want 1 (the unlisted model)`, got)
 	}
 	resp, err := http.Get(e.url + "/v1/models")
@@ -740,6 +738,11 @@ func TestDeeplyNestedBodiesAreRefused(t *testing.T) {
 	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	// The intake's refusal, worded by it.
+	_, errTooDeep := live.ParseRequest([]byte(strings.Repeat("[", 100_000)), true)
+	if errTooDeep == nil || !strings.Contains(errTooDeep.Error(), "nested too deeply") {
+		t.Fatalf("the intake parses 100,000 open brackets: %v", errTooDeep)
+	}
 	for name, body := range map[string]string{
 		"arrays":                strings.Repeat("[", 100_000),
 		"objects":               strings.Repeat(`{"a":`, 20_000),
@@ -754,7 +757,7 @@ func TestDeeplyNestedBodiesAreRefused(t *testing.T) {
 			t.Errorf("%s: status %d, want 400", name, resp.StatusCode)
 		}
 		got := decodeError(t, resp)
-		if got.Code != "invalid_request" || got.Type != typeInvalidRequest || got.Message != errTooDeep.Error() {
+		if got.Code != "invalid_request" || got.Type != live.TypeInvalidRequest || got.Message != errTooDeep.Error() {
 			t.Errorf("%s: error %+v, want invalid_request saying %q", name, got, errTooDeep)
 		}
 	}
@@ -785,8 +788,10 @@ func TestNonCanonicalPathsAre404(t *testing.T) {
 			t.Errorf("POST %s: answer head\n%s\nwant a 404 without Location", p, head)
 			continue
 		}
-		var apiErr apiError
-		if err := json.Unmarshal([]byte(answer), &apiErr); err != nil || apiErr.Error.Code != "not_found" || apiErr.Error.Type != typeInvalidRequest {
+		var apiErr struct {
+			Error errorBody `json:"error"`
+		}
+		if err := json.Unmarshal([]byte(answer), &apiErr); err != nil || apiErr.Error.Code != "not_found" || apiErr.Error.Type != live.TypeInvalidRequest {
 			t.Errorf("POST %s: body %q (%v), want an OpenAI not_found error", p, answer, err)
 		}
 	}
@@ -844,10 +849,10 @@ func TestExpiredRequestIsNotAdmitted(t *testing.T) {
 		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(chatBody("m", false, "x"))).WithContext(ctx)
 		e.s.Handler().ServeHTTP(httptest.NewRecorder(), req)
 	}()
-	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("m", "499")); got != 1 {
+	if got := e.metric(t, "switchyard_requests_total", "model", "m", "code", "499"); got != 1 {
 		t.Errorf(`requests_total{model="m",code="499"} = %v, want 1`, got)
 	}
-	if n := testutil.CollectAndCount(e.s.met.selection); n != 0 {
+	if n := e.series(t, "switchyard_selection_duration_seconds"); n != 0 {
 		t.Errorf("%d selections observed, want none", n)
 	}
 	if n := eng.requests.Load(); n != 0 {
@@ -884,8 +889,8 @@ func TestMetricsLabelTakenAtArrival(t *testing.T) {
 	}
 	// The request is counted once its handler ends, which may be just
 	// after the client has read the whole answer.
-	waitFor(t, func() bool { return testutil.ToFloat64(e.s.met.requests.WithLabelValues("m", "200")) == 1 })
-	if got := testutil.ToFloat64(e.s.met.requests.WithLabelValues("unknown", "200")); got != 0 {
+	waitFor(t, func() bool { return e.metric(t, "switchyard_requests_total", "model", "m", "code", "200") == 1 })
+	if got := e.metric(t, "switchyard_requests_total", "model", "unknown", "code", "200"); got != 0 {
 		t.Errorf(`requests_total{model="unknown",code="200"} = %v, want 0`, got)
 	}
 }
@@ -933,4 +938,41 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 	if eng.requests.Load() != 2 {
 		t.Fatalf("the engine got %d requests, want 2 (the refused one never reached it)", eng.requests.Load())
 	}
+}
+
+// Each request to a data-parallel engine names its rank in
+// X-Data-Parallel-Rank (HeaderDPRank); a request to an engine without
+// ranks names none; and a client's own rank header never reaches an
+// engine.
+func TestDataParallelRankHeader(t *testing.T) {
+	dp, single := newEngine(t, 1, 0), newEngine(t, 1, 0)
+	e := newEnv(t, envOptions{},
+		backend{name: "dp", url: dp.URL, dp: true, rank: 0},
+		backend{name: "dp", url: dp.URL, dp: true, rank: 1},
+		backend{name: "single", url: single.URL})
+	for i := range 6 {
+		resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", chatBody("m", i%2 == 1, "hello"), HeaderDPRank, "7")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d", i, resp.StatusCode)
+		}
+	}
+	ranks := func(eng *engine) []string {
+		eng.mu.Lock()
+		defer eng.mu.Unlock()
+		var out []string
+		for _, h := range eng.headers {
+			out = append(out, h.Get(HeaderDPRank))
+		}
+		slices.Sort(out)
+		return out
+	}
+	if gotDP, gotSingle := ranks(dp), ranks(single); !slices.Equal(gotDP, []string{"0", "0", "1", "1"}) || !slices.Equal(gotSingle, []string{"", ""}) {
+		t.Errorf("rank headers: dp %q, single %q; want dp [0 0 1 1], single none", gotDP, gotSingle)
+	}
+	e.settle(t)
 }

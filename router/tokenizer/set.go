@@ -27,7 +27,7 @@ type Set struct {
 }
 
 // Defaults give a Set's models without a tokenizer block their engines'
-// /tokenize (router/serve's daemon sets them; tests may leave them zero:
+// /tokenize (router/live's daemon sets them; tests may leave them zero:
 // no default, such models keyed by characters).
 type Defaults struct {
 	// Served reports whether an engine serves model: only those get a

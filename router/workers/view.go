@@ -19,7 +19,7 @@ import (
 // blocks, while a key at a larger size would miss the tail of a prefix a
 // smaller-block engine holds. The disagreement is logged at warn once,
 // with every size, until the sizes change. (router.block_size, when set,
-// overrides the returned size where requests are keyed: router/serve
+// overrides the returned size where requests are keyed: router/live
 // warns about that difference.)
 //
 // It reads a summary rebuilt when membership or models change, without

@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"net/http"
@@ -86,8 +86,8 @@ type LoadView struct {
 
 // debugWorkers answers GET /debug/workers with DebugWorkers; its size is
 // linear in the workers and ranks configured.
-func (s *Server) debugWorkers(w http.ResponseWriter, _ *http.Request) {
-	writeJSON(w, http.StatusOK, debugView(s.workers.Status(), time.Now()))
+func (rt *Runtime) debugWorkers(w http.ResponseWriter, _ *http.Request) {
+	WriteJSON(w, http.StatusOK, debugView(rt.workers.Status(), time.Now()))
 }
 
 // debugView builds the /debug/workers answer from sts at now.

@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"fmt"
@@ -16,9 +16,9 @@ import (
 // its handler time (BenchmarkHandler) to a few percent.
 var parsers fastjson.ParserPool
 
-// parseFast is parseRequest's fast path, for small bodies of plain text
+// parseFast is ParseRequest's fast path, for small bodies of plain text
 // (plainText) and few values: checkBody, then fastjson's tree of the body.
-func parseFast(body []byte, chat bool) (*completionRequest, error) {
+func parseFast(body []byte, chat bool) (*CompletionRequest, error) {
 	if err := checkBody(body); err != nil {
 		return nil, err
 	}
@@ -34,12 +34,12 @@ func parseFast(body []byte, chat bool) (*completionRequest, error) {
 }
 
 // readFast reads a parsed request.
-func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
+func readFast(v *fastjson.Value, chat bool) (*CompletionRequest, error) {
 	if v.Type() != fastjson.TypeObject {
 		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", ErrBadRequest, jsonType(v))
 	}
 	var (
-		req completionRequest
+		req CompletionRequest
 		err error
 	)
 	if m := field(v, "model"); m != nil && m.Type() != fastjson.TypeNull {
@@ -110,7 +110,7 @@ func readFast(v *fastjson.Value, chat bool) (*completionRequest, error) {
 // renderChat renders chat messages as prefix.RenderChat does ("role:
 // content\n" per message; a content-part array contributes the text of
 // its "text" parts whose text is a string, joined by "\n" as vLLM joins
-// them: see routingKey), in one buffer, with each message's span in it.
+// them: see RoutingKey), in one buffer, with each message's span in it.
 func renderChat(msgs []*fastjson.Value) (string, []chatSpan, error) {
 	n := 0
 	for _, m := range msgs {
@@ -169,15 +169,15 @@ func renderChat(msgs []*fastjson.Value) (string, []chatSpan, error) {
 // promptKey reads a completions prompt: a string, an array of strings
 // (joined by newlines), an array of token ids, or an array of token-id
 // arrays (concatenated).
-func promptKey(v *fastjson.Value) (routingKey, error) {
+func promptKey(v *fastjson.Value) (RoutingKey, error) {
 	switch v.Type() {
 	case fastjson.TypeString:
 		b, _ := v.StringBytes()
-		return routingKey{text: string(b)}, nil
+		return RoutingKey{text: string(b)}, nil
 	case fastjson.TypeArray:
 		elems := v.GetArray()
 		if len(elems) == 0 {
-			return routingKey{}, nil
+			return RoutingKey{}, nil
 		}
 		switch elems[0].Type() {
 		case fastjson.TypeString:
@@ -185,29 +185,29 @@ func promptKey(v *fastjson.Value) (routingKey, error) {
 			for i, e := range elems {
 				b, err := e.StringBytes()
 				if err != nil {
-					return routingKey{}, typeError(fmt.Sprintf("prompt[%d]", i), e)
+					return RoutingKey{}, typeError(fmt.Sprintf("prompt[%d]", i), e)
 				}
 				if i > 0 {
 					sb.WriteByte('\n')
 				}
 				sb.Write(b)
 			}
-			return routingKey{text: sb.String()}, nil
+			return RoutingKey{text: sb.String()}, nil
 		case fastjson.TypeArray:
 			var ids []int64
 			for i, e := range elems {
 				var err error
 				if ids, err = tokenIDs(fmt.Sprintf("prompt[%d]", i), e, ids); err != nil {
-					return routingKey{}, err
+					return RoutingKey{}, err
 				}
 			}
-			return routingKey{ids: ids}, nil
+			return RoutingKey{ids: ids}, nil
 		default:
 			ids, err := tokenIDs("prompt", v, nil)
-			return routingKey{ids: ids}, err
+			return RoutingKey{ids: ids}, err
 		}
 	}
-	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", ErrBadRequest)
+	return RoutingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", ErrBadRequest)
 }
 
 // tokenIDs appends the integers of the JSON array v (the field name) to

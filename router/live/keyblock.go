@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"sync"
@@ -9,7 +9,7 @@ import (
 
 // Engines is what the engines report that a request's routing key
 // depends on: the contract with router/workers' discovery (issue #26),
-// which *workers.Manager meets once it reads them. A Server takes it from
+// which *workers.Manager meets once it reads them. A Runtime takes it from
 // Options.Engines, else from Options.Workers when that implements it;
 // without it block sizes come from the fleet (the members' engine block
 // sizes) and no model is an adapter.
@@ -49,34 +49,34 @@ func (fleetEngines) Parent(string) string { return "" }
 // size for model (a LoRA adapter's base model's when its own is unknown),
 // else the router's default (config.DefaultBlockSize, 512). parent is
 // model's base model ("" for none).
-func (s *Server) keyBlockSize(model, parent string) int {
-	engine, ok := s.engines.BlockSize(model)
+func (rt *Runtime) keyBlockSize(model, parent string) int {
+	engine, ok := rt.engines.BlockSize(model)
 	if (!ok || engine <= 0) && parent != "" {
-		engine, ok = s.engines.BlockSize(parent)
+		engine, ok = rt.engines.BlockSize(parent)
 	}
 	if !ok || engine <= 0 || engine > 1<<30 {
 		engine = 0
 	}
-	if o := s.r.BlockSizeOverride(); o > 0 {
+	if o := rt.r.BlockSizeOverride(); o > 0 {
 		if engine > 0 && engine != o {
-			s.warnBlockSize(model, o, engine)
+			rt.warnBlockSize(model, o, engine)
 		}
 		return o
 	}
 	if engine > 0 {
 		return engine
 	}
-	return s.r.BlockSize()
+	return rt.r.BlockSize()
 }
 
 // warnBlockSize logs once per model that router.block_size overrides the
 // block size its engines report. Models are those engines report a size
 // for: bounded by the fleet's, not by clients'.
-func (s *Server) warnBlockSize(model string, override, engine int) {
-	if _, seen := s.warnedBS.LoadOrStore(model, struct{}{}); seen {
+func (rt *Runtime) warnBlockSize(model string, override, engine int) {
+	if _, seen := rt.warnedBS.LoadOrStore(model, struct{}{}); seen {
 		return
 	}
-	s.log.Warn("router.block_size overrides the engines' KV block size: prefix keys and capacities are in blocks of router.block_size, so a cached prefix counts only in whole blocks of it",
+	rt.log.Warn("router.block_size overrides the engines' KV block size: prefix keys and capacities are in blocks of router.block_size, so a cached prefix counts only in whole blocks of it",
 		"model", model, "router_block_size", override, "engine_block_size", engine)
 }
 

@@ -1,6 +1,6 @@
 //go:build linux
 
-package serve
+package live
 
 import (
 	"bytes"

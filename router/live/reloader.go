@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"context"
@@ -69,11 +69,11 @@ type Reloader struct {
 // It fails when o.Path is empty or cannot be made absolute.
 func NewReloader(r *loader.Reloader, o ReloaderOptions) (*Reloader, error) {
 	if o.Path == "" {
-		return nil, errors.New("serve: reloader: no policy file")
+		return nil, errors.New("live: reloader: no policy file")
 	}
 	abs, err := filepath.Abs(o.Path)
 	if err != nil {
-		return nil, fmt.Errorf("serve: reloader: %w", err)
+		return nil, fmt.Errorf("live: reloader: %w", err)
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -109,7 +109,7 @@ func (l *Reloader) Run(ctx context.Context) error {
 	first := false
 	l.runOnce.Do(func() { first = true })
 	if !first {
-		return errors.New("serve: reloader: Run called twice")
+		return errors.New("live: reloader: Run called twice")
 	}
 	sigs := l.o.Signals
 	if sigs == nil {
@@ -125,7 +125,7 @@ func (l *Reloader) Run(ctx context.Context) error {
 	if l.o.Watch {
 		w, err := filewatch.New(l.path, l.o.Debounce)
 		if err != nil {
-			return fmt.Errorf("serve: reloader: %w", err)
+			return fmt.Errorf("live: reloader: %w", err)
 		}
 		defer func() { _ = w.Close() }()
 		changes, errs = w.Changes(), w.Errors()

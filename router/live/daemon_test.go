@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"bytes"
@@ -94,7 +94,9 @@ func startDaemon(t *testing.T, o DaemonOptions) *runningDaemon {
 	o.Listener = ln
 	o.Logger = hclog.New(&hclog.LoggerOptions{Output: logs, Level: hclog.Info})
 	o.ScrapeInterval = 200 * time.Millisecond // also each probe's timeout: a loaded machine needs room
-	o.DrainTimeout = 5 * time.Second
+	if o.Face == nil {
+		o.Face = newTestFace
+	}
 	ready := make(chan struct{})
 	o.OnReady = func() { close(ready) }
 	d, err := NewDaemon(o)
@@ -326,7 +328,7 @@ func TestDaemonStartErrors(t *testing.T) {
 				t.Fatal(err)
 			}
 			var diags lockedBuffer
-			tt.o.Listener, tt.o.Diagnostics = ln, &diags
+			tt.o.Listener, tt.o.Diagnostics, tt.o.Face = ln, &diags, newTestFace
 			tt.o.OnReady = func() { t.Error("ready with a file that does not load") }
 			d, err := NewDaemon(tt.o)
 			if err != nil {
@@ -352,6 +354,14 @@ func TestDaemonStartErrors(t *testing.T) {
 	}
 	if _, err := NewDaemon(DaemonOptions{Listener: nil, PolicyFile: good}); err == nil {
 		t.Error("NewDaemon without a listener: no error")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if _, err := NewDaemon(DaemonOptions{Listener: ln, PolicyFile: good}); err == nil || !strings.Contains(err.Error(), "no face") {
+		t.Errorf("NewDaemon without a face: %v, want no face", err)
 	}
 }
 

@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"bufio"
@@ -273,12 +273,12 @@ func TestDaemonReadyOnlyCaughtUp(t *testing.T) {
 	waiting := start("a", "1h")
 	code, a := readyz(waiting)
 	if code != http.StatusServiceUnavailable || a.Ready || !strings.HasPrefix(a.Reason, "cluster: catching up") ||
-		a.Cluster == nil || a.Cluster.CaughtUp || waiting.d.Server().ClusterReady() {
+		a.Cluster == nil || a.Cluster.CaughtUp || waiting.d.Runtime().ClusterReady() {
 		t.Fatalf("a replica catching up: %d %+v %+v, want 503 catching up", code, a, a.Cluster)
 	}
 	alone := start("b", "0s")
 	code, a = readyz(alone)
-	if code != http.StatusOK || !a.Ready || a.Cluster == nil || a.Cluster.CaughtUp || a.Cluster.Connected || !alone.d.Server().ClusterReady() {
+	if code != http.StatusOK || !a.Ready || a.Cluster == nil || a.Cluster.CaughtUp || a.Cluster.Connected || !alone.d.Runtime().ClusterReady() {
 		t.Fatalf("a replica with warm_timeout 0s: %d %+v %+v, want 200, neither connected nor caught up", code, a, a.Cluster)
 	}
 }

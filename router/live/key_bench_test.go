@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"bytes"
@@ -14,7 +14,7 @@ import (
 type adversarialShape struct {
 	name  string
 	build func(size int) []byte // a body of about size bytes
-	ok    bool                  // parseRequest accepts it (as a chat request)
+	ok    bool                  // ParseRequest accepts it (as a chat request)
 }
 
 // chatPrefix opens an ordinary chat body whose last member is left for
@@ -103,7 +103,7 @@ func manyKeys(head, tail string) func(int) []byte {
 
 // BenchmarkParseAdversarial parses request bodies of 32 KiB, 1 MiB and
 // the body size limit (DefaultMaxBodyBytes) as the handler does
-// (parseRequest, chat), an ordinary chat body against shapes built to
+// (ParseRequest, chat), an ordinary chat body against shapes built to
 // cost most per byte: deep nesting at, over and unclosed below the depth
 // limit, long runs of escapes, many keys, many values. ns/byte is the
 // figure to compare (BENCHMARKS.md): the worst shape must stay within 10x
@@ -119,7 +119,7 @@ func BenchmarkParseAdversarial(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
 				for b.Loop() {
-					_, err := parseRequest(body, true)
+					_, err := ParseRequest(body, true)
 					if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrBadRequest)) {
 						b.Fatalf("accepted %v, want %v: %v", err == nil, tc.ok, err)
 					}

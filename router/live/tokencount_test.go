@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"context"
@@ -97,7 +97,7 @@ func TestPromptTokensMatchTheEngines(t *testing.T) {
 	}
 	// Counted once the handler is done with the answer, which can be
 	// after the client read its end.
-	met := rd.d.srv.met
+	met := rd.d.rt.met
 	waitFor(t, func() bool {
 		return testutil.ToFloat64(met.requests.WithLabelValues("m", "200")) == 5 &&
 			testutil.ToFloat64(met.requests.WithLabelValues("m-sql", "200")) == 2 &&
@@ -204,7 +204,7 @@ func TestPromptTokensMismatchLogged(t *testing.T) {
 	}
 	e.settle(t)
 	for r, want := range map[string]float64{"exact": 0, "under": 2, "over": 1, "unknown": 1} {
-		if got := testutil.ToFloat64(e.s.met.promptMatch.WithLabelValues("m", r)); got != want {
+		if got := testutil.ToFloat64(e.rt.met.promptMatch.WithLabelValues("m", r)); got != want {
 			t.Errorf("%s: %v, want %v", r, got, want)
 		}
 	}
@@ -218,7 +218,7 @@ func TestPromptTokensMismatchLogged(t *testing.T) {
 		}
 	}
 	// The next line of the model carries the two held back.
-	l := e.s.tokenLogs
+	l := e.rt.tokenLogs
 	if ok, _ := l.allow("m"); ok {
 		t.Errorf("a second line for m within 10 s was allowed")
 	}

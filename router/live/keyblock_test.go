@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"bytes"
@@ -55,9 +55,9 @@ func (s *syncBuffer) String() string {
 }
 
 // fileRouter returns a Router built from a policy file with the given
-// router block ("" for none) and its Server over workers serving m
+// router block ("" for none) and its Runtime over workers serving m
 // (engine blocks of 16) and n (32), with engines e (nil: the fleet's).
-func fileRouter(t *testing.T, routerBlock string, e Engines) (*router.Router, *Server, *syncBuffer) {
+func fileRouter(t *testing.T, routerBlock string, e Engines) (*router.Router, *Runtime, *syncBuffer) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "p.hcl")
 	if err := os.WriteFile(path, []byte(routerBlock), 0o644); err != nil {
@@ -155,24 +155,24 @@ func TestSaltAndAdapterKeys(t *testing.T) {
 		out, _ := json.Marshal(b)
 		return out
 	}
-	key := func(model, salt string) *exchange {
+	key := func(model, salt string) *Request {
 		t.Helper()
-		req, err := parseRequest(body(model, salt), false)
+		req, err := ParseRequest(body(model, salt), false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ex := &exchange{ctx: context.Background(), model: model}
-		s.routingHashes(ex, req.key())
+		ex := &Request{Model: model}
+		s.Key(context.Background(), ex, req.Key())
 		return ex
 	}
 	plain, s1, s1again, s2, lora := key("m", ""), key("m", "s1"), key("m", "s1"), key("m", "s2"), key("m-lora", "")
-	if want := prefix.TokenBlocks(ids, 16); !slices.Equal(plain.hashes, want) || len(want) != 6 || plain.blockSize != 16 {
-		t.Fatalf("unsalted hashes %v at %d, want prefix.TokenBlocks at 16 (6 blocks)", plain.hashes, plain.blockSize)
+	if want := prefix.TokenBlocks(ids, 16); !slices.Equal(plain.Hashes, want) || len(want) != 6 || plain.BlockSize != 16 {
+		t.Fatalf("unsalted hashes %v at %d, want prefix.TokenBlocks at 16 (6 blocks)", plain.Hashes, plain.BlockSize)
 	}
-	if !slices.Equal(s1.hashes, s1again.hashes) {
+	if !slices.Equal(s1.Hashes, s1again.Hashes) {
 		t.Error("a salted repeat hashes otherwise")
 	}
-	all := [][]uint64{plain.hashes, s1.hashes, s2.hashes, lora.hashes}
+	all := [][]uint64{plain.Hashes, s1.Hashes, s2.Hashes, lora.Hashes}
 	for i := range all {
 		for j := range i {
 			for k := range all[i] {
@@ -183,12 +183,12 @@ func TestSaltAndAdapterKeys(t *testing.T) {
 		}
 	}
 	for _, c := range []struct {
-		ex         *exchange
+		ex         *Request
 		lora, salt string
 	}{{plain, "", ""}, {s1, "", "s1"}, {lora, "m-lora", ""}} {
-		k, ok := c.ex.promptKey().(*prefix.Key)
+		k, ok := c.ex.PromptKey().(*prefix.Key)
 		if !ok || !slices.Equal(k.IDs, ids) || k.LoRA != c.lora || k.Salt != c.salt {
-			t.Errorf("promptKey = %+v, want the ids with LoRA %q and Salt %q", c.ex.promptKey(), c.lora, c.salt)
+			t.Errorf("promptKey = %+v, want the ids with LoRA %q and Salt %q", c.ex.PromptKey(), c.lora, c.salt)
 		}
 	}
 }
@@ -211,13 +211,13 @@ func TestSaltedRepeatNotCached(t *testing.T) {
 			b["cache_salt"] = salt
 		}
 		raw, _ := json.Marshal(b)
-		req, err := parseRequest(raw, false)
+		req, err := ParseRequest(raw, false)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ex := &exchange{ctx: context.Background(), model: "m"}
-		s.routingHashes(ex, req.key())
-		return &shared.Request{Model: "m", Role: shared.RoleAggregated, PromptTokens: ex.tokens, BlockSize: ex.blockSize, BlockHashes: ex.hashes}
+		ex := &Request{Model: "m"}
+		s.Key(context.Background(), ex, req.Key())
+		return &shared.Request{Model: "m", Role: shared.RoleAggregated, PromptTokens: ex.Tokens, BlockSize: ex.BlockSize, BlockHashes: ex.Hashes}
 	}
 	send := func(salt string) {
 		t.Helper()
@@ -262,7 +262,7 @@ func TestTokenCountIsTheEngines(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.s.SetTokenizers(set)
+	e.rt.SetTokenizers(set)
 	long := strings.Repeat("the quick brown fox jumps over the lazy dog; ", 8)
 	for _, c := range []struct {
 		chat bool
@@ -271,11 +271,11 @@ func TestTokenCountIsTheEngines(t *testing.T) {
 		{true, chatBody("m", false, long)},
 		{false, `{"model":"m","prompt":"` + long + `","max_tokens":2}`},
 	} {
-		p, err := e.s.Place(context.Background(), c.chat, http.Header{}, []byte(c.body))
+		p, err := e.rt.Place(context.Background(), c.chat, http.Header{}, []byte(c.body))
 		if err != nil {
 			t.Fatal(err)
 		}
-		e.s.Finish(&p, http.StatusOK, admission.Completed(int64(p.PromptTokens)))
+		e.rt.Finish(&p, http.StatusOK, admission.Completed(int64(p.PromptTokens)))
 		path := "/v1/completions"
 		if c.chat {
 			path = "/v1/chat/completions"

@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"bufio"
@@ -121,7 +121,7 @@ func (v blocksView) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	st, ok := v.status(name)
 	if !ok {
-		writeError(w, http.StatusNotFound, typeInvalidRequest, "worker_not_found",
+		WriteError(w, http.StatusNotFound, TypeInvalidRequest, "worker_not_found",
 			fmt.Sprintf("no worker named %q is configured", untrusted.Text(name, untrusted.MaxClient)))
 		return
 	}

@@ -1,10 +1,11 @@
-package serve
+package live
 
 import (
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -47,7 +48,7 @@ var (
 	ErrNotLoaded = errors.New("does not load")
 	// ErrNotRunning: Reload before the Daemon is ready (OnReady) or
 	// after Run returned.
-	ErrNotRunning = errors.New("serve: the daemon is not running")
+	ErrNotRunning = errors.New("live: the daemon is not running")
 	// ErrReloadFailed: the policy file did not reload (it does not load,
 	// or sets another router.block_size); the running policies and
 	// workers stay.
@@ -60,7 +61,8 @@ var (
 	ErrPartialReload = errors.New("policy file reloaded, but the workers were not updated; the previous workers stay")
 )
 
-// DaemonOptions configure a Daemon: what `router serve`'s flags say.
+// DaemonOptions configure a Daemon: what the runtime's flags of `router
+// serve` and `router epp` say, and the face to serve.
 type DaemonOptions struct {
 	// PolicyFile is the policy file (required): its policies decide, its
 	// worker blocks are workers, its queue block is the queue.
@@ -80,23 +82,22 @@ type DaemonOptions struct {
 	// (ReloaderOptions.Watch); a reload signal reloads it either
 	// way.
 	Watch bool
-	// Listener is where the API is served (required). Run closes it.
+	// Listener is where Face serves (required). Run closes it.
 	Listener net.Listener
+	// Face builds the front end served on Listener (required): `router
+	// serve`'s and `router epp`'s is serve's HTTP face (serve.Face).
+	Face FaceFunc
 	// DebugListener, when set, serves Go's profiler (net/http/pprof under
 	// /debug/pprof/), the router's view of its workers (/debug/workers,
 	// DebugWorkers), the blocks it believes each one's engine holds
-	// (/debug/workers/NAME/blocks, DebugBlocks) and where a request would
-	// go (/debug/route, DebugRoute), never reachable on Listener. Run
-	// closes it.
+	// (/debug/workers/NAME/blocks, DebugBlocks) and the face's own views
+	// (Face.DebugRoutes: the HTTP face's /debug/route), never reachable on
+	// Listener. Run closes it.
 	DebugListener net.Listener
-	// RequestTimeout, DrainTimeout and CharsPerToken are the Server's
-	// (Options; zero takes the defaults there).
+	// RequestTimeout and CharsPerToken are the Runtime's (Options; zero
+	// takes the defaults there).
 	RequestTimeout time.Duration
-	DrainTimeout   time.Duration
 	CharsPerToken  int
-	// MaxBodyBytesPerClient is the Server's (Options; zero takes the
-	// default there, negative is no bound per client address).
-	MaxBodyBytesPerClient int64
 	// ShadowMaxInFlight bounds the shadow decisions running at once
 	// (router.ShadowOptions.MaxInFlight; router.DefaultShadowInFlight
 	// when zero).
@@ -136,14 +137,42 @@ type WorkerSource interface {
 	Changes() <-chan struct{}
 }
 
-// Daemon is `router serve` without its command line: Run loads the
+// FaceFunc builds a Daemon's face over its runtime once the runtime is
+// built; tr is the engines' transport (the one the tokenizers use; the
+// Daemon closes it when Run returns).
+type FaceFunc func(rt *Runtime, tr *upstream.Transport) (Face, error)
+
+// Face is a front end a Daemon serves on its Listener.
+type Face interface {
+	// Serve serves on ln until ctx ends, then drains the requests in
+	// flight and returns nil, or returns the listener's error when it
+	// fails first. The Daemon runs the runtime's dispatcher meanwhile.
+	Serve(ctx context.Context, ln net.Listener) error
+	// DebugRoutes are the face's own views on the debug listener, pattern
+	// (http.ServeMux's) to handler; nil: none.
+	DebugRoutes() map[string]http.Handler
+}
+
+// NewTransport returns the engines' default transport, an
+// upstream.Transport: each exchange on the caller's own goroutine over
+// pooled keep-alive connections (upstream.DefaultMaxIdlePerHost per
+// engine, idle ones checked before reuse), no proxy, no transparent
+// compression (bodies pass through as the engine sent them), a 5s dial
+// timeout and no response timeout (a non-streamed answer's headers come
+// when generation ends; the request timeout bounds it). It saves two
+// goroutine hand-offs per request over net/http's Transport (BENCHMARKS.md).
+func NewTransport() *upstream.Transport {
+	return &upstream.Transport{DialTimeout: 5 * time.Second}
+}
+
+// Daemon is the live runtime without its command line: Run loads the
 // policy file (loader.LoadBundle), builds the Router with admission and a
 // workers.Manager of its fleet, sets the workers from the policy file's
 // worker blocks, the workers file and DaemonOptions.Pods, follows the
 // workers file's and the pods' changes, reloads
-// the policy file on a signal (and with Watch on change), and serves the
-// API (Server) until its context ends, then drains and stops the
-// plugins. Reload reloads on demand.
+// the policy file on a signal (and with Watch on change), builds the
+// Runtime, and serves its Face until its context ends, then drains and
+// stops the plugins. Reload reloads on demand.
 type Daemon struct {
 	o   DaemonOptions
 	log hclog.Logger
@@ -157,7 +186,7 @@ type Daemon struct {
 	rl    *loader.Reloader // swaps the policy file's bundles into r
 	mgr   *workers.Manager
 	kvs   *kvSubs
-	srv   *Server
+	rt    *Runtime
 	tr    *upstream.Transport // the engines' transport
 	queue config.Queue        // the running queue's settings
 
@@ -170,10 +199,13 @@ type Daemon struct {
 // NewDaemon checks o and returns a Daemon; Run starts it.
 func NewDaemon(o DaemonOptions) (*Daemon, error) {
 	if o.PolicyFile == "" {
-		return nil, errors.New("serve: daemon: no policy file")
+		return nil, errors.New("live: daemon: no policy file")
 	}
 	if o.Listener == nil {
-		return nil, errors.New("serve: daemon: no listener")
+		return nil, errors.New("live: daemon: no listener")
+	}
+	if o.Face == nil {
+		return nil, errors.New("live: daemon: no face")
 	}
 	if o.Logger == nil {
 		o.Logger = hclog.NewNullLogger()
@@ -181,8 +213,7 @@ func NewDaemon(o DaemonOptions) (*Daemon, error) {
 	return &Daemon{o: o, log: o.Logger, ready: make(chan struct{}), stopped: make(chan struct{})}, nil
 }
 
-// Run runs the daemon until ctx ends, then shuts down: the server drains
-// (DrainTimeout), watches and reloads stop, and the Router is closed
+// Run runs the daemon until ctx ends, then shuts down: the face drains, watches and reloads stop, and the Router is closed
 // (RouterCloseTimeout), stopping the plugins. It returns nil after a
 // shutdown. A policy or workers file that does not load is an error
 // wrapping ErrNotLoaded; a watch that cannot be set up, a listener that
@@ -190,7 +221,7 @@ func NewDaemon(o DaemonOptions) (*Daemon, error) {
 // it closes the listeners whatever happens.
 func (d *Daemon) Run(ctx context.Context) error {
 	if !d.started.CompareAndSwap(false, true) {
-		return errors.New("serve: daemon: Run called twice")
+		return errors.New("live: daemon: Run called twice")
 	}
 	defer close(d.stopped)
 	o := d.o
@@ -296,14 +327,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 		kvs.useCluster(rep)
 	}
 	opts := Options{
-		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log, Tokenizers: toks, Transport: d.tr,
-		RequestTimeout: o.RequestTimeout, DrainTimeout: o.DrainTimeout, CharsPerToken: o.CharsPerToken,
-		MaxBodyBytesPerClient: o.MaxBodyBytesPerClient,
+		Router: r, Queue: d.queue, Workers: mgr, Registry: reg, Logger: d.log, Tokenizers: toks,
+		RequestTimeout: o.RequestTimeout, CharsPerToken: o.CharsPerToken, Streams: kvs.stream,
 	}
 	if rep != nil {
 		opts.Observer, opts.Sessions = rep, sessions.For
 	}
-	if d.srv, err = New(opts); err != nil {
+	if d.rt, err = New(opts); err != nil {
+		return err
+	}
+	// After the face drained: nothing places requests any more.
+	defer d.rt.Close()
+	face, err := o.Face(d.rt, d.tr)
+	if err != nil {
 		return err
 	}
 	reloader, err := NewReloader(d.rl, ReloaderOptions{
@@ -347,28 +383,31 @@ func (d *Daemon) Run(ctx context.Context) error {
 			}
 		})
 	}
+	// The dispatcher runs until the face has drained (bg ends after
+	// Serve returns).
+	wg.Go(func() { d.rt.Dispatcher(bg) })
 	if o.DebugListener != nil {
 		routes := map[string]http.Handler{
-			"GET /debug/workers":               http.HandlerFunc(d.srv.debugWorkers),
+			"GET /debug/workers":               http.HandlerFunc(d.rt.debugWorkers),
 			"GET /debug/workers/{name}/blocks": blocksView{status: mgr.StatusOf, kvs: kvs},
-			"/debug/route":                     routeView{s: d.srv, streams: kvs.stream},
 		}
+		maps.Copy(routes, face.DebugRoutes())
 		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log, routes) })
 	}
 	close(d.ready)
 	if o.OnReady != nil {
 		o.OnReady()
 	}
-	return d.srv.Serve(ctx, o.Listener)
+	return face.Serve(ctx, o.Listener)
 }
 
-// Server returns the daemon's Server once Run has built it (from OnReady
-// on, while Run runs); nil before. `router epp` places its requests with
-// it (Server.Place).
-func (d *Daemon) Server() *Server {
+// Runtime returns the daemon's Runtime once Run has built it (from
+// OnReady on, while Run runs); nil before. `router epp` places its
+// requests with it (Runtime.Place).
+func (d *Daemon) Runtime() *Runtime {
 	select {
 	case <-d.ready:
-		return d.srv
+		return d.rt
 	default:
 		return nil
 	}
@@ -400,7 +439,7 @@ func (d *Daemon) newRouter(ctx context.Context, b *loader.Bundle, reg prometheus
 		_ = r.Close(cctx)
 		return nil, err
 	}
-	// The queue is built once (the Server's admission takes it): a reload
+	// The queue is built once (the Runtime's admission takes it): a reload
 	// that changes it is warned about.
 	d.queue = b.Queue()
 	return r, nil
@@ -445,7 +484,7 @@ func (d *Daemon) afterReload(diags hcl.Diagnostics) error {
 		if toks, err := d.tokenizers(b); err != nil {
 			d.log.Error("the tokenizer blocks did not load; the previous tokenizers stay", "path", d.o.PolicyFile, "error", err)
 		} else {
-			d.srv.SetTokenizers(toks)
+			d.rt.SetTokenizers(toks)
 		}
 	}
 	if _, wdiags, err := d.syncWorkers(); err != nil {
@@ -454,7 +493,7 @@ func (d *Daemon) afterReload(diags hcl.Diagnostics) error {
 			"path", d.o.PolicyFile, "error", err)
 		return fmt.Errorf("%w: %w", ErrPartialReload, err)
 	}
-	d.srv.Wake()
+	d.rt.Wake()
 	return nil
 }
 
@@ -519,7 +558,7 @@ func (d *Daemon) watchWorkers(ctx context.Context, w *filewatch.Watcher) {
 				continue
 			}
 			d.log.Info("workers file reloaded", "path", d.o.WorkersFile, "workers", n)
-			d.srv.Wake()
+			d.rt.Wake()
 		case err := <-w.Errors():
 			d.log.Warn("watching the workers file", "path", d.o.WorkersFile, "error", err)
 		}
@@ -540,7 +579,7 @@ func (d *Daemon) watchPods(ctx context.Context) {
 				continue
 			}
 			d.log.Info("workers set from pods", "workers", n)
-			d.srv.Wake()
+			d.rt.Wake()
 		}
 	}
 }
@@ -605,7 +644,7 @@ func (d *Daemon) diagnostics(diags hcl.Diagnostics) {
 // handler: GET /debug/workers, GET /debug/workers/{name}/blocks,
 // /debug/route) on ln
 // until ctx ends. It is a listener of its own so that the profiler and
-// the router's views are never reachable on the API address.
+// the router's views are never reachable on the face's address.
 func serveDebug(ctx context.Context, ln net.Listener, log hclog.Logger, routes map[string]http.Handler) {
 	mux := http.NewServeMux()
 	for pattern, h := range routes {

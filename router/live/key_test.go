@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"encoding/json"
@@ -21,28 +21,28 @@ func TestRoutingKey(t *testing.T) {
 	for _, tc := range []struct {
 		name, body string
 		chat       bool
-		want       routingKey
+		want       RoutingKey
 	}{
 		{"chat string", `{"model":"m","messages":[{"role":"system","content":"s"},{"role":"user","content":"hi"}]}`, true,
-			routingKey{text: "system: s\nuser: hi\n", chat: []chatSpan{{6, 10}, {14, 19}}}},
+			RoutingKey{text: "system: s\nuser: hi\n", chat: []chatSpan{{6, 10}, {14, 19}}}},
 		{"chat parts", `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url"},{"type":"text","text":"b"}]}]}`, true,
-			routingKey{text: "user: a\nb\n", chat: []chatSpan{{4, 10}}}}, // vLLM joins text parts by "\n"
+			RoutingKey{text: "user: a\nb\n", chat: []chatSpan{{4, 10}}}}, // vLLM joins text parts by "\n"
 		{"chat null content", `{"model":"m","messages":[{"role":"assistant","content":null}]}`, true,
-			routingKey{text: "assistant: \n", chat: []chatSpan{{9, 12}}}},
-		{"prompt string", `{"model":"m","prompt":"hello"}`, false, routingKey{text: "hello"}},
-		{"prompt strings", `{"model":"m","prompt":["a","b"]}`, false, routingKey{text: "a\nb"}},
-		{"prompt ids", `{"model":"m","prompt":[1,2,3]}`, false, routingKey{ids: []int64{1, 2, 3}}},
-		{"prompt id batches", `{"model":"m","prompt":[[1,2],[3]]}`, false, routingKey{ids: []int64{1, 2, 3}}},
-		{"prompt_token_ids win", `{"model":"m","prompt":"x","prompt_token_ids":[7,8]}`, false, routingKey{ids: []int64{7, 8}}},
-		{"chat prompt_token_ids", `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_token_ids":[9]}`, true, routingKey{ids: []int64{9}}},
+			RoutingKey{text: "assistant: \n", chat: []chatSpan{{9, 12}}}},
+		{"prompt string", `{"model":"m","prompt":"hello"}`, false, RoutingKey{text: "hello"}},
+		{"prompt strings", `{"model":"m","prompt":["a","b"]}`, false, RoutingKey{text: "a\nb"}},
+		{"prompt ids", `{"model":"m","prompt":[1,2,3]}`, false, RoutingKey{ids: []int64{1, 2, 3}}},
+		{"prompt id batches", `{"model":"m","prompt":[[1,2],[3]]}`, false, RoutingKey{ids: []int64{1, 2, 3}}},
+		{"prompt_token_ids win", `{"model":"m","prompt":"x","prompt_token_ids":[7,8]}`, false, RoutingKey{ids: []int64{7, 8}}},
+		{"chat prompt_token_ids", `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_token_ids":[9]}`, true, RoutingKey{ids: []int64{9}}},
 		// cache_salt, vLLM's prefix-cache salt, on both endpoints and
 		// with every prompt form; null is none, the last one counts.
 		{"chat salt", `{"model":"m","cache_salt":"s1","messages":[{"role":"user","content":"hi"}]}`, true,
-			routingKey{text: "user: hi\n", chat: []chatSpan{{4, 9}}, salt: "s1"}},
-		{"prompt salt", `{"model":"m","prompt":"hello","cache_salt":"\u00e9\n"}`, false, routingKey{text: "hello", salt: "é\n"}},
-		{"ids salt", `{"model":"m","prompt":[1,2],"cache_salt":"x","cache_salt":"y"}`, false, routingKey{ids: []int64{1, 2}, salt: "y"}},
-		{"prompt_token_ids salt", `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_token_ids":[9],"cache_salt":"z"}`, true, routingKey{ids: []int64{9}, salt: "z"}},
-		{"null salt", `{"model":"m","prompt":"hello","cache_salt":null}`, false, routingKey{text: "hello"}},
+			RoutingKey{text: "user: hi\n", chat: []chatSpan{{4, 9}}, salt: "s1"}},
+		{"prompt salt", `{"model":"m","prompt":"hello","cache_salt":"\u00e9\n"}`, false, RoutingKey{text: "hello", salt: "é\n"}},
+		{"ids salt", `{"model":"m","prompt":[1,2],"cache_salt":"x","cache_salt":"y"}`, false, RoutingKey{ids: []int64{1, 2}, salt: "y"}},
+		{"prompt_token_ids salt", `{"model":"m","messages":[{"role":"user","content":"x"}],"prompt_token_ids":[9],"cache_salt":"z"}`, true, RoutingKey{ids: []int64{9}, salt: "z"}},
+		{"null salt", `{"model":"m","prompt":"hello","cache_salt":null}`, false, RoutingKey{text: "hello"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// The fast path and encoding/json's give the same key.
@@ -54,8 +54,8 @@ func TestRoutingKey(t *testing.T) {
 			if err != nil {
 				t.Fatalf("encoding/json path: %v", err)
 			}
-			for path, req := range map[string]*completionRequest{"fast": fast, "std": std} {
-				if diff := cmp.Diff(tc.want, req.key(), cmp.AllowUnexported(routingKey{}, chatSpan{})); diff != "" {
+			for path, req := range map[string]*CompletionRequest{"fast": fast, "std": std} {
+				if diff := cmp.Diff(tc.want, req.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})); diff != "" {
 					t.Errorf("%s: key (-want +got):\n%s", path, diff)
 				}
 				if req.Model != "m" {
@@ -109,7 +109,7 @@ func TestRoutingKey(t *testing.T) {
 		{`{"model":"m","prompt":"x","cache_salt":5}`, false, `"cache_salt" must not be a JSON number`},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"cache_salt":["s"]}`, true, `"cache_salt" must not be a JSON array`},
 	} {
-		_, err := parseRequest([]byte(bad.body), bad.chat)
+		_, err := ParseRequest([]byte(bad.body), bad.chat)
 		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), bad.msg) {
 			t.Errorf("%.80s: %v, want ErrBadRequest saying %q", bad.body, err, bad.msg)
 		}
@@ -119,14 +119,14 @@ func TestRoutingKey(t *testing.T) {
 			t.Errorf("%.80s: encoding/json path: %v, want it to name the null", bad.body, err)
 		}
 	}
-	tokens, hashes := routingKey{text: long}.hash(16, 4, 0)
+	tokens, hashes := RoutingKey{text: long}.hash(16, 4, 0)
 	if tokens != 64 || len(hashes) != 4 {
 		t.Errorf("text: %d tokens, %d blocks; want 64, 4", tokens, len(hashes))
 	}
 	if diff := cmp.Diff(prefix.TextBlocks(long, 16, 4), hashes); diff != "" {
 		t.Errorf("text hashes differ from prefix.TextBlocks (the mock engine's):\n%s", diff)
 	}
-	_, more := routingKey{text: long + "tail of another request"}.hash(16, 4, 0)
+	_, more := RoutingKey{text: long + "tail of another request"}.hash(16, 4, 0)
 	if diff := cmp.Diff(hashes, more[:4]); diff != "" {
 		t.Errorf("a shared text prefix does not share its block hashes:\n%s", diff)
 	}
@@ -134,7 +134,7 @@ func TestRoutingKey(t *testing.T) {
 	for i := range ids {
 		ids[i] = int64(i)
 	}
-	tokens, hashes = routingKey{ids: ids}.hash(16, 4, 0)
+	tokens, hashes = RoutingKey{ids: ids}.hash(16, 4, 0)
 	if tokens != 40 || len(hashes) != 2 {
 		t.Errorf("ids: %d tokens, %d blocks; want 40, 2 (full blocks only)", tokens, len(hashes))
 	}
@@ -143,7 +143,7 @@ func TestRoutingKey(t *testing.T) {
 // Escaped and non-ASCII content renders as encoding/json decodes it.
 func TestContentUnescapesAsEncodingJSON(t *testing.T) {
 	for _, raw := range []string{`"plain text"`, `"with \"escapes\" and \n"`, `"héllo wörld"`, `""`, `"a\u00e9b"`, `"\ud83d\ude00 surrogates"`} {
-		req, err := parseRequest([]byte(`{"model":"m","messages":[{"role":"user","content":`+raw+`}]}`), true)
+		req, err := ParseRequest([]byte(`{"model":"m","messages":[{"role":"user","content":`+raw+`}]}`), true)
 		if err != nil {
 			t.Fatalf("%s: %v", raw, err)
 		}
@@ -151,7 +151,7 @@ func TestContentUnescapesAsEncodingJSON(t *testing.T) {
 		if err := json.Unmarshal([]byte(raw), &want); err != nil {
 			t.Fatal(err)
 		}
-		if got := req.key().text; got != "user: "+want+"\n" {
+		if got := req.Key().text; got != "user: "+want+"\n" {
 			t.Errorf("%s: got %q, want %q", raw, got, "user: "+want+"\n")
 		}
 	}
@@ -161,16 +161,16 @@ func TestContentUnescapesAsEncodingJSON(t *testing.T) {
 // hashes too.
 func TestChatTextIsRenderChat(t *testing.T) {
 	body := `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}]}`
-	req, err := parseRequest([]byte(body), true)
+	req, err := ParseRequest([]byte(body), true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := prefix.RenderChat([]prefix.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "a\nb"}, {Role: "assistant"}})
-	if got := req.key().text; got != want {
+	if got := req.Key().text; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
 	msgs := []prefix.ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "a\nb"}, {Role: "assistant"}}
-	if got := req.key().messages(); !cmp.Equal(got, msgs) {
+	if got := req.Key().messages(); !cmp.Equal(got, msgs) {
 		t.Errorf("messages (-want +got):\n%s", cmp.Diff(msgs, got))
 	}
 	// The large-body walk gives the same spans.
@@ -178,7 +178,7 @@ func TestChatTextIsRenderChat(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := std.key().messages(); !cmp.Equal(got, msgs) {
+	if got := std.Key().messages(); !cmp.Equal(got, msgs) {
 		t.Errorf("parseStd messages (-want +got):\n%s", cmp.Diff(msgs, got))
 	}
 }
@@ -245,9 +245,9 @@ func TestDuplicateKeysReadTheLast(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for path, req := range map[string]*completionRequest{"fast": fast, "std": std} {
-		if req.Model != "m" || !req.Stream || req.key().text != "user: b\n" {
-			t.Errorf("%s: model %q stream %v text %q; want the last of each key", path, req.Model, req.Stream, req.key().text)
+	for path, req := range map[string]*CompletionRequest{"fast": fast, "std": std} {
+		if req.Model != "m" || !req.Stream || req.Key().text != "user: b\n" {
+			t.Errorf("%s: model %q stream %v text %q; want the last of each key", path, req.Model, req.Stream, req.Key().text)
 		}
 	}
 }
@@ -292,7 +292,7 @@ func TestLargeBodiesParseInBoundedMemory(t *testing.T) {
 				}
 			}
 		}()
-		req, err := parseRequest(body, tc.chat)
+		req, err := ParseRequest(body, tc.chat)
 		close(stop)
 		<-sampled
 		if err != nil || req.Model != "m" {
@@ -315,61 +315,61 @@ func liveHeap() uint64 {
 // routes the same whatever its size: exact key names, the last of a
 // duplicated key (only it is checked), messages not read when token ids
 // route, a non-text part's text ignored; and encoding/json's strings
-// (U+FFFD for invalid UTF-8 and lone surrogates), which parseRequest
+// (U+FFFD for invalid UTF-8 and lone surrogates), which ParseRequest
 // gets by sending such bodies to parseStd.
 func TestParsePathsAgree(t *testing.T) {
 	for _, tc := range []struct {
 		body string
 		chat bool
-		want routingKey // when accepted
+		want RoutingKey // when accepted
 		ok   bool
 	}{
-		{`{"model":"m","messages":[{"Role":"user","Content":"hello"}]}`, true, routingKey{text: ": \n", chat: []chatSpan{{0, 3}}}, true},
-		{`{"model":5,"model":"m","prompt":"x"}`, false, routingKey{text: "x"}, true},
-		{`{"model":"m","stream":"yes","stream":true,"prompt":"x"}`, false, routingKey{text: "x"}, true},
-		{`{"model":"m","messages":5,"messages":[{"role":"user","content":"a"}]}`, true, routingKey{text: "user: a\n", chat: []chatSpan{{4, 8}}}, true},
-		{`{"model":"m","prompt_token_ids":[null],"prompt_token_ids":[1,2],"prompt":"x"}`, false, routingKey{ids: []int64{1, 2}}, true},
-		{`{"model":"m","prompt_token_ids":[7],"messages":[{"role":"user","content":5}]}`, true, routingKey{ids: []int64{7}}, true},
-		{`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","text":5},{"type":"text","text":"b"}]}]}`, true, routingKey{text: "user: b\n", chat: []chatSpan{{4, 8}}}, true},
-		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, true, routingKey{text: "user: \n", chat: []chatSpan{{4, 7}}}, true},
+		{`{"model":"m","messages":[{"Role":"user","Content":"hello"}]}`, true, RoutingKey{text: ": \n", chat: []chatSpan{{0, 3}}}, true},
+		{`{"model":5,"model":"m","prompt":"x"}`, false, RoutingKey{text: "x"}, true},
+		{`{"model":"m","stream":"yes","stream":true,"prompt":"x"}`, false, RoutingKey{text: "x"}, true},
+		{`{"model":"m","messages":5,"messages":[{"role":"user","content":"a"}]}`, true, RoutingKey{text: "user: a\n", chat: []chatSpan{{4, 8}}}, true},
+		{`{"model":"m","prompt_token_ids":[null],"prompt_token_ids":[1,2],"prompt":"x"}`, false, RoutingKey{ids: []int64{1, 2}}, true},
+		{`{"model":"m","prompt_token_ids":[7],"messages":[{"role":"user","content":5}]}`, true, RoutingKey{ids: []int64{7}}, true},
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","text":5},{"type":"text","text":"b"}]}]}`, true, RoutingKey{text: "user: b\n", chat: []chatSpan{{4, 8}}}, true},
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":5}]}]}`, true, RoutingKey{text: "user: \n", chat: []chatSpan{{4, 7}}}, true},
 		// Text parts joined by "\n"; a part whose text is not a string is no part.
-		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":5},{"type":"text","text":"b"}]}]}`, true, routingKey{text: "user: a\nb\n", chat: []chatSpan{{4, 10}}}, true},
-		{`{"model":"m","prompt":"\ud800abc"}`, false, routingKey{text: "\uFFFDabc"}, true},
-		{"{\"model\":\"m\",\"prompt\":\"a\xffb\"}", false, routingKey{text: "a\uFFFDb"}, true},
-		{`{"model":"m","prompt":"\ud83d\ude00"}`, false, routingKey{text: "😀"}, true},
-		{`{"model":"m","prompt":[[1],[2,3]]}`, false, routingKey{ids: []int64{1, 2, 3}}, true},
-		{`{"model":"m","prompt":[[1],2]}`, false, routingKey{}, false},
-		{`{"model":"m","prompt":[1,2.5]}`, false, routingKey{}, false},
-		{`{"model":"m","messages":[{"role":"user","content":[null]}]}`, true, routingKey{}, false},
+		{`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":5},{"type":"text","text":"b"}]}]}`, true, RoutingKey{text: "user: a\nb\n", chat: []chatSpan{{4, 10}}}, true},
+		{`{"model":"m","prompt":"\ud800abc"}`, false, RoutingKey{text: "\uFFFDabc"}, true},
+		{"{\"model\":\"m\",\"prompt\":\"a\xffb\"}", false, RoutingKey{text: "a\uFFFDb"}, true},
+		{`{"model":"m","prompt":"\ud83d\ude00"}`, false, RoutingKey{text: "😀"}, true},
+		{`{"model":"m","prompt":[[1],[2,3]]}`, false, RoutingKey{ids: []int64{1, 2, 3}}, true},
+		{`{"model":"m","prompt":[[1],2]}`, false, RoutingKey{}, false},
+		{`{"model":"m","prompt":[1,2.5]}`, false, RoutingKey{}, false},
+		{`{"model":"m","messages":[{"role":"user","content":[null]}]}`, true, RoutingKey{}, false},
 	} {
-		got, err := parseRequest([]byte(tc.body), tc.chat)
+		got, err := ParseRequest([]byte(tc.body), tc.chat)
 		std, stdErr := parseStd([]byte(tc.body), tc.chat)
 		if (err == nil) != tc.ok || (stdErr == nil) != tc.ok {
-			t.Errorf("%s: parseRequest %v, parseStd %v; want accepted %v", tc.body, err, stdErr, tc.ok)
+			t.Errorf("%s: ParseRequest %v, parseStd %v; want accepted %v", tc.body, err, stdErr, tc.ok)
 			continue
 		}
 		if !tc.ok {
 			continue
 		}
-		for path, req := range map[string]*completionRequest{"parseRequest": got, "parseStd": std} {
-			if diff := cmp.Diff(tc.want, req.key(), cmp.AllowUnexported(routingKey{}, chatSpan{})); diff != "" {
+		for path, req := range map[string]*CompletionRequest{"ParseRequest": got, "parseStd": std} {
+			if diff := cmp.Diff(tc.want, req.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})); diff != "" {
 				t.Errorf("%s: %s key (-want +got):\n%s", tc.body, path, diff)
 			}
 		}
 		if plainText([]byte(tc.body)) {
 			fast, ferr := parseFast([]byte(tc.body), tc.chat)
-			if ferr != nil || !cmp.Equal(fast.key(), std.key(), cmp.AllowUnexported(routingKey{}, chatSpan{})) {
-				t.Errorf("%s: fast path %v %+v, want the walk's key %+v", tc.body, ferr, fast, std.key())
+			if ferr != nil || !cmp.Equal(fast.Key(), std.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})) {
+				t.Errorf("%s: fast path %v %+v, want the walk's key %+v", tc.body, ferr, fast, std.Key())
 			}
 		}
 	}
 }
 
 // A body nested maxNesting levels is read; one level more is refused with
-// errTooDeep, on both paths and through parseRequest, arrays and objects
+// errTooDeep, on both paths and through ParseRequest, arrays and objects
 // alike. Brackets inside strings do not count.
 func TestNestingLimit(t *testing.T) {
-	paths := map[string]func([]byte, bool) (*completionRequest, error){"fast": parseFast, "std": parseStd, "parseRequest": parseRequest}
+	paths := map[string]func([]byte, bool) (*CompletionRequest, error){"fast": parseFast, "std": parseStd, "ParseRequest": ParseRequest}
 	for _, open := range []byte{'[', '{'} {
 		for _, depth := range []int{maxNesting - 1, maxNesting, maxNesting + 1} {
 			// The top-level object is level 1, the junk member's value 2.
@@ -380,7 +380,7 @@ func TestNestingLimit(t *testing.T) {
 			for name, parse := range paths {
 				req, err := parse(body, true)
 				switch {
-				case depth <= maxNesting && (err != nil || req.key().text != "user: x\n"):
+				case depth <= maxNesting && (err != nil || req.Key().text != "user: x\n"):
 					t.Errorf("%s, %c nested %d levels: %v, want it read", name, open, depth, err)
 				case depth > maxNesting && (!errors.Is(err, ErrBadRequest) || err.Error() != errTooDeep.Error()):
 					t.Errorf("%s, %c nested %d levels: %v, want %v", name, open, depth, err, errTooDeep)
@@ -391,7 +391,7 @@ func TestNestingLimit(t *testing.T) {
 	deepText := strings.Repeat(`[{\"`, 2*maxNesting)
 	body := []byte(`{"model":"m","messages":[{"role":"user","content":"` + deepText + `"}]}`)
 	for name, parse := range paths {
-		if req, err := parse(body, true); err != nil || req.key().text != "user: "+strings.ReplaceAll(deepText, `\"`, `"`)+"\n" {
+		if req, err := parse(body, true); err != nil || req.Key().text != "user: "+strings.ReplaceAll(deepText, `\"`, `"`)+"\n" {
 			t.Errorf("%s: brackets in a string: %v", name, err)
 		}
 	}

@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"context"
@@ -28,55 +28,55 @@ func TestRoutingHashesUseTheTokenizer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.s.SetTokenizers(set)
+	e.rt.SetTokenizers(set)
 	ctx := context.Background()
 	long := "the quick brown fox jumps over the lazy dog, again and again and again"
 	bs := e.r.BlockSize()
 
-	req, err := parseRequest([]byte(chatBody("m", false, long)), true)
+	req, err := ParseRequest([]byte(chatBody("m", false, long)), true)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ex := &exchange{ctx: ctx, model: "m", label: "m"}
-	e.s.routingHashes(ex, req.key())
+	ex := &Request{Model: "m", Label: "m"}
+	e.rt.Key(ctx, ex, req.Key())
 	want, err := set.For("m").EncodeChat(ctx, []prefix.ChatMessage{{Role: "user", Content: long}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(ex.ids, want) || ex.tokens != len(want) {
-		t.Fatalf("chat ids %v (tokens %d), want the template's %v", ex.ids, ex.tokens, want)
+	if !slices.Equal(ex.IDs, want) || ex.Tokens != len(want) {
+		t.Fatalf("chat ids %v (tokens %d), want the template's %v", ex.IDs, ex.Tokens, want)
 	}
-	if wantH := prefix.TokenBlocks(want, bs); len(wantH) == 0 || !slices.Equal(ex.hashes, wantH) {
-		t.Fatalf("hashes %v, want TokenBlocks of the ids %v", ex.hashes, wantH)
+	if wantH := prefix.TokenBlocks(want, bs); len(wantH) == 0 || !slices.Equal(ex.Hashes, wantH) {
+		t.Fatalf("hashes %v, want TokenBlocks of the ids %v", ex.Hashes, wantH)
 	}
 
 	// Token ids in the request: no tokenizer call.
-	req, _ = parseRequest([]byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`), false)
-	ex = &exchange{ctx: ctx, model: "m", label: "m"}
-	e.s.routingHashes(ex, req.key())
-	if ex.tokens != 17 || len(ex.hashes) != 1 || ex.ids[16] != 17 {
-		t.Fatalf("token-id prompt: tokens %d hashes %d ids %v", ex.tokens, len(ex.hashes), ex.ids)
+	req, _ = ParseRequest([]byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`), false)
+	ex = &Request{Model: "m", Label: "m"}
+	e.rt.Key(ctx, ex, req.Key())
+	if ex.Tokens != 17 || len(ex.Hashes) != 1 || ex.IDs[16] != 17 {
+		t.Fatalf("token-id prompt: tokens %d hashes %d ids %v", ex.Tokens, len(ex.Hashes), ex.IDs)
 	}
 
 	// No tokenizer block: character blocks, no ids.
-	req, _ = parseRequest([]byte(chatBody("other", false, long)), true)
-	ex = &exchange{ctx: ctx, model: "other", label: "other"}
-	e.s.routingHashes(ex, req.key())
-	if ex.ids != nil || !slices.Equal(ex.hashes, prefix.TextBlocks(req.key().text, bs, DefaultCharsPerToken)) {
-		t.Fatalf("no tokenizer: ids %v, hashes %v", ex.ids, ex.hashes)
+	req, _ = ParseRequest([]byte(chatBody("other", false, long)), true)
+	ex = &Request{Model: "other", Label: "other"}
+	e.rt.Key(ctx, ex, req.Key())
+	if ex.IDs != nil || !slices.Equal(ex.Hashes, prefix.TextBlocks(req.Key().text, bs, DefaultCharsPerToken)) {
+		t.Fatalf("no tokenizer: ids %v, hashes %v", ex.IDs, ex.Hashes)
 	}
 
 	// A failing tokenizer: character blocks, and the failure counted.
-	req, _ = parseRequest([]byte(chatBody("down", false, long)), true)
-	ex = &exchange{ctx: ctx, model: "down", label: "down"}
-	e.s.routingHashes(ex, req.key())
-	if ex.ids != nil || !slices.Equal(ex.hashes, prefix.TextBlocks(req.key().text, bs, DefaultCharsPerToken)) {
-		t.Fatalf("failed tokenizer: ids %v, hashes %v", ex.ids, ex.hashes)
+	req, _ = ParseRequest([]byte(chatBody("down", false, long)), true)
+	ex = &Request{Model: "down", Label: "down"}
+	e.rt.Key(ctx, ex, req.Key())
+	if ex.IDs != nil || !slices.Equal(ex.Hashes, prefix.TextBlocks(req.Key().text, bs, DefaultCharsPerToken)) {
+		t.Fatalf("failed tokenizer: ids %v, hashes %v", ex.IDs, ex.Hashes)
 	}
-	if got := testutil.ToFloat64(e.s.met.tokFails.WithLabelValues("down")); got != 1 {
+	if got := testutil.ToFloat64(e.rt.met.tokFails.WithLabelValues("down")); got != 1 {
 		t.Errorf("switchyard_tokenize_failures_total{model=down} = %v, want 1", got)
 	}
-	if got := testutil.CollectAndCount(e.s.met.tokenize); got != 2 {
+	if got := testutil.CollectAndCount(e.rt.met.tokenize); got != 2 {
 		t.Errorf("tokenize histogram has %d series, want 2 (m, down)", got)
 	}
 }

@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"testing"
@@ -33,15 +33,15 @@ func TestCountBelief(t *testing.T) {
 		{"no cached_tokens", prefix.Belief{Taken: true, ApproxTokens: 32}, usage{prompt: 100, ok: true}, "", ""},
 		{"no belief (characters)", prefix.Belief{}, cached(100, 32), "", ""},
 	} {
-		e.s.met.belief.Reset()
-		e.s.countBelief(&exchange{}, router.Decision{Belief: c.b, Worker: &fleet.Worker{}}, c.u)
+		e.rt.met.belief.Reset()
+		e.rt.countBelief("", 0, router.Decision{Belief: c.b, Worker: &fleet.Worker{}}, c.u)
 		for mode, want := range map[string]string{"precise": c.precise, "approximate": c.approx} {
 			for _, r := range []string{"exact", "over", "under"} {
 				wantN := 0.0
 				if r == want {
 					wantN = 1
 				}
-				if got := testutil.ToFloat64(e.s.met.belief.WithLabelValues(mode, r)); got != wantN {
+				if got := testutil.ToFloat64(e.rt.met.belief.WithLabelValues(mode, r)); got != wantN {
 					t.Errorf("%s: %s %s = %v, want %v", c.name, mode, r, got, wantN)
 				}
 			}

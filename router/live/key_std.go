@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"bytes"
@@ -9,7 +9,7 @@ import (
 	"unicode/utf8"
 )
 
-// parseStd is parseRequest's path for large bodies, bodies dense in JSON
+// parseStd is ParseRequest's path for large bodies, bodies dense in JSON
 // values, and bodies whose strings fastjson would read otherwise than
 // encoding/json: checkBody, then a walk over the body's bytes, which
 // checkBody has found to be strict JSON nested at most maxNesting levels.
@@ -21,7 +21,7 @@ import (
 // messages are not read when prompt_token_ids route; a content part's
 // text counts only when its type is "text" and it is a string. Its
 // strings are encoding/json's (invalid UTF-8 and lone surrogates become
-// U+FFFD); parseRequest sends bodies holding either here, so the fast path
+// U+FFFD); ParseRequest sends bodies holding either here, so the fast path
 // never sees them.
 //
 // It builds the routing key and nothing else: members it does not read
@@ -29,7 +29,7 @@ import (
 // a walk over its bytes. Each byte is looked at a bounded number of times
 // (once per level of the walk, at most five: body, messages, message,
 // content, part), so the time is linear in the body's size.
-func parseStd(body []byte, chat bool) (*completionRequest, error) {
+func parseStd(body []byte, chat bool) (*CompletionRequest, error) {
 	if err := checkBody(body); err != nil {
 		return nil, err
 	}
@@ -56,7 +56,7 @@ func parseStd(body []byte, chat bool) (*completionRequest, error) {
 	})
 
 	var (
-		req completionRequest
+		req CompletionRequest
 		err error
 	)
 	if raw := present(model); raw != nil {
@@ -272,7 +272,7 @@ func stdMessages(raw []byte) (string, []chatSpan, error) {
 
 // stdContent appends message i's content (raw, nil when absent or null):
 // a string, or an array of parts whose "text" parts' text (a string) is
-// joined by "\n" (see routingKey).
+// joined by "\n" (see RoutingKey).
 func stdContent(sb *strings.Builder, i int, raw []byte) error {
 	switch {
 	case raw == nil:
@@ -311,14 +311,14 @@ func stdContent(sb *strings.Builder, i int, raw []byte) error {
 // stdPrompt reads a completions prompt (raw, present): a string, an array
 // of strings (joined by newlines), an array of token ids, or an array of
 // token-id arrays (concatenated); the first element decides which.
-func stdPrompt(raw []byte) (routingKey, error) {
+func stdPrompt(raw []byte) (RoutingKey, error) {
 	switch raw[0] {
 	case '"':
-		return routingKey{text: decodeString(raw)}, nil
+		return RoutingKey{text: decodeString(raw)}, nil
 	case '[':
 		switch raw[skipSpace(raw, 1)] {
 		case ']':
-			return routingKey{}, nil
+			return RoutingKey{}, nil
 		case '"':
 			var sb strings.Builder
 			sb.Grow(len(raw))
@@ -332,7 +332,7 @@ func stdPrompt(raw []byte) (routingKey, error) {
 				writeString(&sb, e)
 				return nil
 			})
-			return routingKey{text: sb.String()}, err
+			return RoutingKey{text: sb.String()}, err
 		case '[':
 			var ids []int64
 			err := elements(raw, func(i int, e []byte) error {
@@ -340,13 +340,13 @@ func stdPrompt(raw []byte) (routingKey, error) {
 				ids, err = stdTokenIDs(fmt.Sprintf("prompt[%d]", i), e, ids)
 				return err
 			})
-			return routingKey{ids: ids}, err
+			return RoutingKey{ids: ids}, err
 		default:
 			ids, err := stdTokenIDs("prompt", raw, nil)
-			return routingKey{ids: ids}, err
+			return RoutingKey{ids: ids}, err
 		}
 	}
-	return routingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", ErrBadRequest)
+	return RoutingKey{}, fmt.Errorf("%w: prompt must be a string, an array of strings or an array of token ids", ErrBadRequest)
 }
 
 // stdTokenIDs appends the integers of the JSON array raw (the field name)

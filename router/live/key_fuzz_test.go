@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"encoding/json"
@@ -10,10 +10,10 @@ import (
 
 // FuzzParse checks the request parser on any body: checkBody accepts
 // exactly the bodies encoding/json finds valid, within the depth limit;
-// the fast path (parseFast), on the bodies parseRequest may give it, and
+// the fast path (parseFast), on the bodies ParseRequest may give it, and
 // the walk (parseStd) agree, as TestParsePathsAgree asks: the same
 // accept or refuse, the same error, the same model, stream and routing
-// key (cache_salt included); and parseRequest answers as the walk does. Seeded with
+// key (cache_salt included); and ParseRequest answers as the walk does. Seeded with
 // BenchmarkParseAdversarial's shapes (600 bytes each) and the bodies of the
 // paths' tests.
 func FuzzParse(f *testing.F) {
@@ -61,8 +61,8 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("checkBody %v, but encoding/json finds the body valid: %v", checked, json.Valid(body))
 		}
 		std, stdErr := parseStd(body, chat)
-		got, err := parseRequest(body, chat)
-		same(t, "parseRequest", got, err, std, stdErr)
+		got, err := ParseRequest(body, chat)
+		same(t, "ParseRequest", got, err, std, stdErr)
 		if plainText(body) {
 			fast, fastErr := parseFast(body, chat)
 			same(t, "parseFast", fast, fastErr, std, stdErr)
@@ -71,7 +71,7 @@ func FuzzParse(f *testing.F) {
 }
 
 // same fails t unless a parse (name) answered as the walk did.
-func same(t *testing.T, name string, got *completionRequest, err error, std *completionRequest, stdErr error) {
+func same(t *testing.T, name string, got *CompletionRequest, err error, std *CompletionRequest, stdErr error) {
 	t.Helper()
 	switch {
 	case (err == nil) != (stdErr == nil):
@@ -80,7 +80,7 @@ func same(t *testing.T, name string, got *completionRequest, err error, std *com
 		t.Fatalf("%s refuses with %q, parseStd with %q", name, err, stdErr)
 	case err == nil && (got.Model != std.Model || got.Stream != std.Stream):
 		t.Fatalf("%s: model %q stream %v; parseStd: model %q stream %v", name, got.Model, got.Stream, std.Model, std.Stream)
-	case err == nil && !cmp.Equal(got.key(), std.key(), cmp.AllowUnexported(routingKey{}, chatSpan{})):
-		t.Fatalf("%s: key (-parseStd +%s):\n%s", name, name, cmp.Diff(std.key(), got.key(), cmp.AllowUnexported(routingKey{}, chatSpan{})))
+	case err == nil && !cmp.Equal(got.Key(), std.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})):
+		t.Fatalf("%s: key (-parseStd +%s):\n%s", name, name, cmp.Diff(std.Key(), got.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})))
 	}
 }

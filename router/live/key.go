@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"bytes"
@@ -17,19 +17,19 @@ import (
 // under common BPE tokenizers averages about 4 characters a token).
 const DefaultCharsPerToken = prefix.DefaultCharsPerToken
 
-// completionRequest is the part of an OpenAI completion or chat request
+// CompletionRequest is the part of an OpenAI completion or chat request
 // the router reads; the body is forwarded unchanged.
-type completionRequest struct {
+type CompletionRequest struct {
 	Model   string
 	Stream  bool
-	routing routingKey
+	routing RoutingKey
 	// salt is the request's cache_salt ("" for none, or null), vLLM's
 	// prefix-cache salt: part of the routing key (key).
 	salt string
 }
 
 // ErrBadRequest wraps every reason a request body is refused with 400
-// (parseRequest's errors, which name the offending field; Place returns
+// (ParseRequest's errors, which name the offending field; Place returns
 // them too).
 var ErrBadRequest = errors.New("invalid request")
 
@@ -57,7 +57,7 @@ func plainText(body []byte) bool {
 	return utf8.Valid(body) && !bytes.Contains(body, []byte(`\ud`)) && !bytes.Contains(body, []byte(`\uD`))
 }
 
-// parseRequest decodes body and extracts its routing key; chat selects
+// ParseRequest decodes body and extracts its routing key; chat selects
 // the chat schema (messages) over the completions one (prompt). Errors
 // wrap ErrBadRequest and name the offending field.
 //
@@ -68,7 +68,7 @@ func plainText(body []byte) bool {
 // encoding/json and the engines' Python JSON decoders do, and decode
 // strings as encoding/json does, so a request is accepted, refused and
 // routed the same on either. Each takes time linear in the body's size.
-func parseRequest(body []byte, chat bool) (*completionRequest, error) {
+func ParseRequest(body []byte, chat bool) (*CompletionRequest, error) {
 	if len(body) <= fastMaxBytes && plainText(body) &&
 		bytes.Count(body, []byte{','})+bytes.Count(body, []byte{'['})+bytes.Count(body, []byte{'{'}) <= fastMaxValues {
 		return parseFast(body, chat)
@@ -169,7 +169,7 @@ func stringEnd(body []byte, i int) int {
 	}
 }
 
-// routingKey is what a request is routed by: its prompt as token ids or
+// RoutingKey is what a request is routed by: its prompt as token ids or
 // as text, and its cache_salt. For a chat request the text is the
 // messages rendered as prefix.RenderChat does, and chat holds each
 // message's span in it, so a tokenizer can be given the messages
@@ -182,14 +182,14 @@ func stringEnd(body []byte, i int) int {
 // _parse_chat_message_content_parts: "\n".join(texts)), so the engine's
 // /tokenize, given the joined content, renders what its chat completion
 // renders, and the router's token count is the engine's prompt_tokens.
-type routingKey struct {
+type RoutingKey struct {
 	ids  []int64
 	text string
 	chat []chatSpan
 	salt string
 }
 
-// chatSpan is one chat message in routingKey.text: its role is
+// chatSpan is one chat message in RoutingKey.text: its role is
 // text[start:roleEnd] and its content text[roleEnd+2:end-1], start being
 // the previous span's end (0 for the first).
 // The offsets are 32-bit (a body is far below 4 GiB) so a body of many
@@ -200,7 +200,7 @@ type chatSpan struct {
 
 // messages returns the chat messages of k (nil for a text prompt), their
 // strings sharing k.text.
-func (k routingKey) messages() []prefix.ChatMessage {
+func (k RoutingKey) messages() []prefix.ChatMessage {
 	if k.chat == nil {
 		return nil
 	}
@@ -213,10 +213,10 @@ func (k routingKey) messages() []prefix.ChatMessage {
 	return out
 }
 
-// key returns the routing key parseRequest extracted: token ids when the
+// Key returns the routing key ParseRequest extracted: token ids when the
 // request carries them, else the prompt text (the rendered messages for
 // chat); and its cache_salt.
-func (req *completionRequest) key() routingKey {
+func (req *CompletionRequest) Key() RoutingKey {
 	k := req.routing
 	k.salt = req.salt
 	return k
@@ -226,7 +226,7 @@ func (req *completionRequest) key() routingKey {
 // the chained hashes of its full blocks of blockSize tokens (prefix
 // TokenBlocks and TextBlocks, which the mock engine shares), seeded
 // (seedHashes) by seed.
-func (k routingKey) hash(blockSize, charsPerToken int, seed uint64) (tokens int, hashes []uint64) {
+func (k RoutingKey) hash(blockSize, charsPerToken int, seed uint64) (tokens int, hashes []uint64) {
 	if k.ids != nil {
 		return len(k.ids), seedHashes(prefix.TokenBlocks(k.ids, blockSize), seed)
 	}

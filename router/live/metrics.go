@@ -1,4 +1,4 @@
-package serve
+package live
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
