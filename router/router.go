@@ -268,7 +268,7 @@ func (r *Router) BlockSize() int { return r.blockSize }
 
 // BlockSizeOverride is the policy file's router.block_size when the file
 // the Router started with sets it, else 0: then each model's requests are
-// keyed at its engines' block size (router/serve). Fixed for the Router's
+// keyed at its engines' block size (router/live). Fixed for the Router's
 // life (a reload that changes it is refused).
 func (r *Router) BlockSizeOverride() int { return r.override }
 
@@ -401,7 +401,7 @@ func (r *Router) AddWorkers(specs ...fleet.Spec) ([]*fleet.Worker, error) {
 // override (BlockSizeOverride) when set, else s's engine's own block size
 // (s.EngineBlockSize) when known, else the router's default: the rule
 // router/workers converts an engine's capacity by, and the block size the
-// worker's requests are keyed at (router/serve).
+// worker's requests are keyed at (router/live).
 func (r *Router) CapacityBlockSize(s fleet.Spec) int {
 	switch {
 	case r.override > 0:
@@ -538,7 +538,7 @@ const maxTryBooks = 4
 // request's blocks in the prefix index as sent to it. It takes no
 // router-wide lock: the fleet is an atomic snapshot, the bundle is
 // counted in flight, and the booking is atomic. req.BlockSize is the
-// request's own block size, any positive size (router/serve keys each
+// request's own block size, any positive size (router/live keys each
 // model at its engines'); a zero one is set to the router's default.
 // req.BlockHashes must have been hashed at that block size; the overlaps
 // (CACHE), the prefill charge (PromptTokens - overlap × BlockSize) and
