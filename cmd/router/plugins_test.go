@@ -47,7 +47,7 @@ func examplePlugin(t *testing.T, name string) string {
 	if !ok {
 		t.Fatalf("no example plugin %q", name)
 	}
-	return testkit.Build(t, pkg)
+	return testkit.BuildNamed(t, pkg, name)
 }
 
 // policyWith rewrites an example policy's `command = "bin/NAME"` to the

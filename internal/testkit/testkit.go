@@ -103,36 +103,44 @@ func (x *M) Run() int {
 // test with the compiler's output.
 func Build(t testing.TB, pkg string) string {
 	t.Helper()
+	return BuildNamed(t, pkg, filepath.Base(strings.TrimRight(pkg, "/.")))
+}
+
+// BuildNamed is Build with the binary's file name given: for a program
+// that reads its own name (a plugin is named after its executable). Each
+// (pkg, name) pair is built once under Main.
+func BuildNamed(t testing.TB, pkg, name string) string {
+	t.Helper()
+	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, filepath.Separator) {
+		name = "bin"
+	}
+	key := pkg + "\x00" + name
 	builds.mu.Lock()
 	dir := builds.dir
 	var b *built
 	if dir != "" {
-		if b = builds.bins[pkg]; b == nil {
+		if b = builds.bins[key]; b == nil {
 			b = &built{}
-			builds.bins[pkg] = b
+			builds.bins[key] = b
 		}
 	}
 	builds.mu.Unlock()
 	if b == nil {
-		path, err := goBuild(t.TempDir(), pkg)
+		path, err := goBuild(t.TempDir(), pkg, name)
 		if err != nil {
 			t.Fatalf("%v", err)
 		}
 		return path
 	}
-	b.once.Do(func() { b.path, b.err = goBuild(dir, pkg) })
+	b.once.Do(func() { b.path, b.err = goBuild(dir, pkg, name) })
 	if b.err != nil {
 		t.Fatalf("%v", b.err)
 	}
 	return b.path
 }
 
-// goBuild builds pkg into a file of dir named after it.
-func goBuild(dir, pkg string) (string, error) {
-	name := filepath.Base(strings.TrimRight(pkg, "/."))
-	if name == "" || name == "." || name == ".." || name == string(filepath.Separator) {
-		name = "bin"
-	}
+// goBuild builds pkg into a file called name in a new folder of dir.
+func goBuild(dir, pkg, name string) (string, error) {
 	out, err := os.MkdirTemp(dir, name+"-")
 	if err != nil {
 		return "", fmt.Errorf("building %s: %w", pkg, err)

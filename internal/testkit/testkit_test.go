@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -53,6 +54,16 @@ func TestBuildSharesOneBinary(t *testing.T) {
 	}
 	if got := strings.TrimSpace(string(out)); got != "hello from testkit" {
 		t.Fatalf("the built binary printed %q", got)
+	}
+}
+
+func TestBuildNamed(t *testing.T) {
+	a := BuildNamed(t, "./testdata/hello", "greeter")
+	if filepath.Base(a) != "greeter" {
+		t.Fatalf("built %s, want a file named greeter", a)
+	}
+	if b := Build(t, "./testdata/hello"); b == a || filepath.Base(b) != "hello" {
+		t.Fatalf("Build gave %s after BuildNamed gave %s: want another binary named hello", b, a)
 	}
 }
 

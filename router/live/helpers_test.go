@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/switchyard-router/switchyard/builtin"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -170,18 +171,6 @@ func getReadyz(t *testing.T, url string) (int, Readiness) {
 	return resp.StatusCode, a
 }
 
-// waitFor waits up to a minute for cond.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within a minute")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // workerSet is a fake worker manager: workers by name and URL, all ready.
 type workerSet struct {
 	mu      sync.Mutex
@@ -305,7 +294,7 @@ func closedURL(t *testing.T) string {
 // queue is empty.
 func (e *env) settle(t *testing.T) {
 	t.Helper()
-	waitFor(t, func() bool {
+	testkit.Eventually(t, "the awaited condition", func() bool {
 		for _, role := range config.Roles {
 			for _, w := range e.r.Workers("m", role) {
 				if w.Load(false).ActiveRequests != 0 {

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 )
 
@@ -98,7 +99,7 @@ func TestPromptTokensMatchTheEngines(t *testing.T) {
 	// Counted once the handler is done with the answer, which can be
 	// after the client read its end.
 	met := rd.d.rt.met
-	waitFor(t, func() bool {
+	testkit.Eventually(t, "the awaited condition", func() bool {
 		return testutil.ToFloat64(met.requests.WithLabelValues("m", "200")) == 5 &&
 			testutil.ToFloat64(met.requests.WithLabelValues("m-sql", "200")) == 2 &&
 			testutil.ToFloat64(met.requests.WithLabelValues("plain", "200")) == 1
@@ -159,7 +160,7 @@ func answerPromptTokens(t *testing.T, raw []byte) int {
 // waitModels waits until the daemon's router serves every model.
 func waitModels(t *testing.T, rd *runningDaemon, models ...string) {
 	t.Helper()
-	waitFor(t, func() bool {
+	testkit.Eventually(t, "the awaited condition", func() bool {
 		for _, m := range models {
 			if len(rd.d.r.Workers(m, "aggregated")) == 0 {
 				return false

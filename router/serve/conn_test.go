@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"go.uber.org/goleak"
 )
 
@@ -179,8 +180,8 @@ func TestPromisedBodiesHoldOnlyWhatArrived(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool { return e.s.InFlight() == promisers })
-	waitFor(t, func() bool { return e.s.bodyBytesHeld() > 0 })
+	testkit.Eventually(t, "the awaited condition", func() bool { return e.s.InFlight() == promisers })
+	testkit.Eventually(t, "the awaited condition", func() bool { return e.s.bodyBytesHeld() > 0 })
 	if held := e.s.bodyBytesHeld(); held > promisers*bodyFirstStep {
 		t.Errorf("%d connections that sent one byte each hold %d bytes, want at most %d", promisers, held, promisers*bodyFirstStep)
 	}
@@ -215,7 +216,7 @@ func TestBodiesPerClientAddressAreBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 		held = append(held, c)
-		waitFor(t, func() bool { return e.s.bodyBytesHeld() == int64(i+1)*mib })
+		testkit.Eventually(t, "the awaited condition", func() bool { return e.s.bodyBytesHeld() == int64(i+1)*mib })
 	}
 	third := dialFrom(t, "127.0.0.2", sv.addr)
 	go func() { _, _ = io.WriteString(third, almost) }() // refused before it is read
@@ -244,7 +245,7 @@ func TestBodiesPerClientAddressAreBounded(t *testing.T) {
 		t.Errorf("an honest request from 127.0.0.2 while its share is held: %q, want 503 overloaded", got)
 	}
 	_ = held[0].Close()
-	waitFor(t, func() bool { return e.s.bodyBytesHeld() == mib })
+	testkit.Eventually(t, "the awaited condition", func() bool { return e.s.bodyBytesHeld() == mib })
 	if got := ask("127.0.0.2"); !strings.HasPrefix(got, "HTTP/1.1 200 ") {
 		t.Errorf("an honest request from 127.0.0.2 once one body left: %q, want 200", got)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -548,7 +549,7 @@ func TestDisaggDecodeWaitsForCapacity(t *testing.T) {
 			codes <- resp.StatusCode
 		}()
 	}
-	waitFor(t, func() bool { return dec.requests.Load() == 1 && e.rt.Waiting(shared.RoleDecode) == 1 })
+	testkit.Eventually(t, "the awaited condition", func() bool { return dec.requests.Load() == 1 && e.rt.Waiting(shared.RoleDecode) == 1 })
 	if n := e.workers[1].ActiveRequests(); n != 1 {
 		t.Errorf("decode worker active %d while one decode waits, want 1 (its capacity)", n)
 	}

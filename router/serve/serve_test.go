@@ -20,6 +20,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/supervisor"
@@ -156,7 +157,7 @@ func TestQueueFullAnswers429AndQueuedRequestsDispatch(t *testing.T) {
 			codes <- resp.StatusCode
 		}()
 		// The first holds the worker; the second waits in the queue.
-		waitFor(t, func() bool {
+		testkit.Eventually(t, "the awaited condition", func() bool {
 			return eng.requests.Load() == 1 && e.rt.Waiting(shared.RoleAggregated) == i
 		})
 	}
@@ -200,7 +201,7 @@ func TestDueTimeAnswers429(t *testing.T) {
 			_ = resp.Body.Close()
 		}
 	}()
-	waitFor(t, func() bool { return eng.requests.Load() == 1 })
+	testkit.Eventually(t, "the awaited condition", func() bool { return eng.requests.Load() == 1 })
 	postWantError(t, e.url, http.StatusTooManyRequests, "due_time_passed")
 }
 
@@ -352,7 +353,7 @@ func TestShutdownDrainsAnInFlightStream(t *testing.T) {
 	}
 	cancel() // SIGTERM
 	// New connections are refused once the listener closed.
-	waitFor(t, func() bool {
+	testkit.Eventually(t, "the awaited condition", func() bool {
 		c, err := net.DialTimeout("tcp", ln.Addr().String(), 100*time.Millisecond)
 		if err == nil {
 			_ = c.Close()
@@ -433,17 +434,6 @@ func TestRequestTimeoutEndsAHeldRequest(t *testing.T) {
 		t.Errorf("reading a stream cut by the timeout: %v, want io.ErrUnexpectedEOF", err)
 	}
 	e.settle(t)
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in a minute")
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // servingSet knows which models its workers list, as workers.Manager does.
@@ -879,7 +869,7 @@ func TestMetricsLabelTakenAtArrival(t *testing.T) {
 		resp.Body.Close()
 		done <- resp.StatusCode
 	}()
-	waitFor(t, func() bool { return eng.requests.Load() == 1 })
+	testkit.Eventually(t, "the awaited condition", func() bool { return eng.requests.Load() == 1 })
 	if err := e.r.RemoveWorker(e.workers[0].ID, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -889,7 +879,7 @@ func TestMetricsLabelTakenAtArrival(t *testing.T) {
 	}
 	// The request is counted once its handler ends, which may be just
 	// after the client has read the whole answer.
-	waitFor(t, func() bool { return e.metric(t, "switchyard_requests_total", "model", "m", "code", "200") == 1 })
+	testkit.Eventually(t, "the awaited condition", func() bool { return e.metric(t, "switchyard_requests_total", "model", "m", "code", "200") == 1 })
 	if got := e.metric(t, "switchyard_requests_total", "model", "unknown", "code", "200"); got != 0 {
 		t.Errorf(`requests_total{model="unknown",code="200"} = %v, want 0`, got)
 	}
@@ -914,7 +904,7 @@ func TestBodiesInFlightAreBounded(t *testing.T) {
 		resp.Body.Close()
 		done <- resp.StatusCode
 	}()
-	waitFor(t, func() bool { return eng.requests.Load() == 1 })
+	testkit.Eventually(t, "the awaited condition", func() bool { return eng.requests.Load() == 1 })
 	resp, err := post(t, context.Background(), e.url+"/v1/chat/completions", body)
 	if err != nil {
 		t.Fatal(err)
