@@ -560,23 +560,12 @@ const maxTryBooks = 4
 // req's BlockHashes, Prompt and Metadata, which the caller must then not
 // modify.
 func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (Decision, error) {
-	if err := ctx.Err(); err != nil {
+	b, stripe, err := r.begin(ctx, req)
+	if err != nil {
 		return Decision{}, err
-	}
-	if req.BlockSize == 0 {
-		req.BlockSize = r.blockSize
-	} else if req.BlockSize < 0 {
-		return Decision{}, fmt.Errorf("%w: request block size %d, want > 0", ErrBlockSize, req.BlockSize)
-	}
-	b, stripe := r.acquire()
-	if b == nil {
-		return Decision{}, ErrClosed
 	}
 	defer b.release(stripe)
 	rp := b.roles[req.Role]
-	if rp == nil {
-		return Decision{}, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
-	}
 	for try := 1; ; try++ {
 		d, err := r.placeOnce(ctx, b, rp, req, pl, try > 1)
 		if !errors.Is(err, errLostRace) {
@@ -696,22 +685,11 @@ type Binding struct {
 // policy (as for Place); ErrBlockSize, shared.ErrNoWorkers, the context's
 // error, ErrClosed.
 func (r *Router) Bind(ctx context.Context, req *shared.Request, to Binding) (Decision, error) {
-	if err := ctx.Err(); err != nil {
+	b, stripe, err := r.begin(ctx, req)
+	if err != nil {
 		return Decision{}, err
 	}
-	if req.BlockSize == 0 {
-		req.BlockSize = r.blockSize
-	} else if req.BlockSize < 0 {
-		return Decision{}, fmt.Errorf("%w: request block size %d, want > 0", ErrBlockSize, req.BlockSize)
-	}
-	b, stripe := r.acquire()
-	if b == nil {
-		return Decision{}, ErrClosed
-	}
 	defer b.release(stripe)
-	if b.roles[req.Role] == nil {
-		return Decision{}, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
-	}
 	part, err := r.partition(req)
 	if err != nil {
 		return Decision{}, err
@@ -1030,4 +1008,29 @@ func locate(p *fleet.Partition, id shared.WorkerID, rank uint32) int {
 		}
 	}
 	return lo
+}
+
+// begin is what Place and Bind do first: it checks ctx, gives req the
+// Router's block size when it has none (ErrBlockSize when negative),
+// enters the current bundle (ErrClosed when there is none) and checks that
+// req's role has a policy there (ErrNoPolicy). On success the caller
+// releases the bundle (b.release(stripe)); on error nothing is held.
+func (r *Router) begin(ctx context.Context, req *shared.Request) (b *Bundle, stripe int, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	if req.BlockSize == 0 {
+		req.BlockSize = r.blockSize
+	} else if req.BlockSize < 0 {
+		return nil, 0, fmt.Errorf("%w: request block size %d, want > 0", ErrBlockSize, req.BlockSize)
+	}
+	b, stripe = r.acquire()
+	if b == nil {
+		return nil, 0, ErrClosed
+	}
+	if b.roles[req.Role] == nil {
+		b.release(stripe)
+		return nil, 0, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
+	}
+	return b, stripe, nil
 }
