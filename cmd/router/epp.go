@@ -35,7 +35,7 @@ type eppOptions struct {
 func newEPPCmd() *cobra.Command {
 	o := eppOptions{}
 	cmd := &cobra.Command{
-		Use:   "epp --policy FILE --listen ADDR",
+		Use:   "epp --policy FILE [--listen ADDR]",
 		Short: "Serve as an Endpoint Picker (ext_proc) for Envoy-based gateways",
 		Long: `epp serves the Gateway API Inference Extension's Endpoint Picker Protocol:
 an Envoy external-processing (envoy.service.ext_proc.v3) gRPC service on
@@ -86,7 +86,7 @@ It prints "router epp listening on grpc://ADDR" once it accepts streams.`,
 	f := cmd.Flags()
 	o.register(f)
 	f.StringVar(&o.listen, "listen", "127.0.0.1:9002", "address of the ext_proc gRPC service")
-	f.StringVar(&o.httpListen, "http-listen", "127.0.0.1:0", "address of the HTTP API (/metrics, /readyz)")
+	f.StringVar(&o.httpListen, "http-listen", "127.0.0.1:0", "address of the HTTP API (/metrics, /healthz, /readyz, /v1/models and the OpenAI routes)")
 	f.IntVar(&o.fallbacks, "fallbacks", DefaultFallbacks, "how many of the policy's runners-up follow the pick in x-gateway-destination-endpoint, best first")
 	f.Int64Var(&o.maxBody, "max-body-bytes", live.DefaultMaxBodyBytes, "bound on a request body, in bytes: a larger one is answered 413")
 	f.Int64Var(&o.maxInFlight, "max-body-bytes-in-flight", live.DefaultMaxBodyBytesInFlight, "bound on the request body bytes the picker holds and receives at once, all streams together")

@@ -7,7 +7,7 @@
 //	go run ./scripts/archstats [-top N] [-core IMPORTPATH]
 //
 // Lines are physical lines of the package's non-test .go files, as wc -l
-// counts them (generated files included; they are marked). A function's
+// counts them (generated files included). A function's
 // length is from its func keyword to its closing brace. It reads the
 // packages `go list ./...` names in the router module and in the plugin
 // SDK's module (shared/); it runs nothing of them.
