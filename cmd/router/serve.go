@@ -43,7 +43,7 @@ func (r *runtimeFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&r.workersFile, "workers-file", "", "file of worker blocks, watched: workers join and leave as it changes")
 	f.BoolVar(&r.watch, "watch", false, "reload the policy file when it changes (SIGHUP always reloads it)")
 	f.DurationVar(&r.requestTimeout, "request-timeout", live.DefaultRequestTimeout, "bound on each request: an HTTP API request's queue wait and streamed answer, an ext_proc request's wait in the queue")
-	f.DurationVar(&r.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM, how long requests (ext_proc streams) in flight may finish")
+	f.DurationVar(&r.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM or SIGINT, how long requests in flight (HTTP requests, ext_proc streams) may finish")
 	f.IntVar(&r.charsPerToken, "chars-per-token", live.DefaultCharsPerToken, "bytes of text per token of text prompts' routing key (an approximation)")
 	f.StringVar(&r.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) and the router's debug views on this separate address; off when empty")
 	f.IntVar(&r.shadowInFlight, "shadow-max-inflight", router.DefaultShadowInFlight, "most shadow decisions running at once (policies with a shadow); one more is dropped")
