@@ -61,7 +61,7 @@ var _ Picker = (*RouterPicker)(nil)
 // wrapping the runtime's error and worded by it; other errors as Place returns
 // them.
 func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
-	chat, err := chatPath(req.Headers[":method"], req.Headers[":path"])
+	api, err := pathAPI(req.Headers[":method"], req.Headers[":path"])
 	if err != nil {
 		return Pick{}, err
 	}
@@ -82,7 +82,7 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 	if p.Fallbacks > 0 {
 		opts = append(opts, admission.Alternates(p.Fallbacks))
 	}
-	placed, err := p.Runtime.Place(ctx, chat, header, req.Body, opts...)
+	placed, err := p.Runtime.Place(ctx, api, header, req.Body, opts...)
 	if err != nil {
 		err = mapErr(ctx, err)
 		code := StatusOf(err)
@@ -146,32 +146,33 @@ func hintWords(subset []string) string {
 	return b.String()
 }
 
-// chatPath says whether path (":path") is the chat schema's: the path
-// must be a completion route and method (":method"; absent: POST) POST.
+// pathAPI returns the schema of path (":path"): the chat one for
+// "/v1/chat/completions" or no path, the completions one for
+// "/v1/completions"; the method (":method"; absent: POST) must be POST.
 // Errors: ErrBadRequest for another path, ErrMethodNotAllowed for another
 // method on a completion route, each naming them (bounded, escaped).
-func chatPath(method, path string) (bool, error) {
+func pathAPI(method, path string) (live.API, error) {
 	route, _, _ := strings.Cut(path, "?")
 	if method == "" {
 		method = http.MethodPost
 	}
-	var chat bool
+	api := live.APIChat
 	switch route {
 	case "", "/v1/chat/completions":
-		chat = true
 	case "/v1/completions":
+		api = live.APICompletions
 	default:
-		return false, fmt.Errorf("%w: no endpoint %s %s: the picker routes POST /v1/chat/completions and POST /v1/completions",
+		return api, fmt.Errorf("%w: no endpoint %s %s: the picker routes POST /v1/chat/completions and POST /v1/completions",
 			ErrBadRequest, untrusted.Text(method, untrusted.MaxClient), untrusted.Text(route, untrusted.MaxClient))
 	}
 	if method != http.MethodPost {
 		if route == "" {
 			route = "/v1/chat/completions"
 		}
-		return false, fmt.Errorf("%w: %s is not allowed on %s: an inference request is a POST",
+		return api, fmt.Errorf("%w: %s is not allowed on %s: an inference request is a POST",
 			ErrMethodNotAllowed, untrusted.Text(method, untrusted.MaxClient), route)
 	}
-	return chat, nil
+	return api, nil
 }
 
 // outside returns the ids of the workers whose endpoint is not in subset,

@@ -532,7 +532,7 @@ func TestEndpoint(t *testing.T) {
 // ErrBadRequest naming the request's method and path, another method
 // than POST on a completion route ErrMethodNotAllowed naming the method,
 // each bounded and escaped.
-func TestChatPath(t *testing.T) {
+func TestPathAPI(t *testing.T) {
 	for _, tc := range []struct {
 		method, path string
 		chat         bool
@@ -549,10 +549,10 @@ func TestChatPath(t *testing.T) {
 		{"GET", "/v1/models", false, "invalid request: no endpoint GET /v1/models: the picker routes POST /v1/chat/completions and POST /v1/completions"},
 		{"", "//v1/completions?a=b", false, "invalid request: no endpoint POST //v1/completions: the picker routes POST /v1/chat/completions and POST /v1/completions"},
 	} {
-		chat, err := chatPath(tc.method, tc.path)
+		api, err := pathAPI(tc.method, tc.path)
 		if tc.err == "" {
-			if err != nil || chat != tc.chat {
-				t.Errorf("chatPath(%q, %q) = %v, %v; want %v, nil", tc.method, tc.path, chat, err, tc.chat)
+			if chat := api == live.APIChat; err != nil || chat != tc.chat {
+				t.Errorf("pathAPI(%q, %q) = %v, %v; want chat %v, nil", tc.method, tc.path, api, err, tc.chat)
 			}
 			continue
 		}

@@ -85,7 +85,7 @@ func (f *testFace) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		WriteError(w, http.StatusBadRequest, TypeInvalidRequest, "invalid_body", err.Error())
 		return
 	}
-	p, err := f.rt.Place(r.Context(), chat, r.Header, body)
+	p, err := f.rt.Place(r.Context(), schema(chat), r.Header, body)
 	if err != nil {
 		f.rt.Finish(&p, http.StatusServiceUnavailable, admission.Outcome{})
 		WriteError(w, http.StatusServiceUnavailable, TypeServer, "not_placed", err.Error())
@@ -304,4 +304,12 @@ func (e *env) settle(t *testing.T) {
 		}
 		return e.rt.Queued() == 0
 	})
+}
+
+// schema is the chat schema when chat, else the completions one.
+func schema(chat bool) API {
+	if chat {
+		return APIChat
+	}
+	return APICompletions
 }

@@ -23,11 +23,10 @@ type Request struct {
 	// Start is the request's arrival (TTFT and duration count from it).
 	Start time.Time
 	// Model is the body's model; Stream whether the client asked for a
-	// streamed answer; Chat whether it is a chat request (messages), not
-	// a completions one.
+	// streamed answer; API the request's schema (its endpoint's).
 	Model  string
 	Stream bool
-	Chat   bool
+	API    API
 	// ID is the client's request id (X-Request-Id), or a generated one
 	// (Runtime.NewID).
 	ID string

@@ -57,9 +57,10 @@ func plainText(body []byte) bool {
 	return utf8.Valid(body) && !bytes.Contains(body, []byte(`\ud`)) && !bytes.Contains(body, []byte(`\uD`))
 }
 
-// ParseRequest decodes body and extracts its routing key; chat selects
-// the chat schema (messages) over the completions one (prompt). Errors
-// wrap ErrBadRequest and name the offending field.
+// ParseRequest decodes body, a request of schema api, and extracts its
+// routing key: APIChat reads "messages", APICompletions "prompt". Errors
+// wrap ErrBadRequest and name the offending field; a schema that carries
+// no prompt is refused.
 //
 // Small bodies of plain text and few values take the fast path
 // (parseFast: a fastjson tree); the others parseStd (a walk over the
@@ -68,7 +69,11 @@ func plainText(body []byte) bool {
 // encoding/json and the engines' Python JSON decoders do, and decode
 // strings as encoding/json does, so a request is accepted, refused and
 // routed the same on either. Each takes time linear in the body's size.
-func ParseRequest(body []byte, chat bool) (*CompletionRequest, error) {
+func ParseRequest(body []byte, api API) (*CompletionRequest, error) {
+	if api != APIChat && api != APICompletions {
+		return nil, fmt.Errorf("%w: the %s schema carries no prompt to route by", ErrBadRequest, api)
+	}
+	chat := api == APIChat
 	if len(body) <= fastMaxBytes && plainText(body) &&
 		bytes.Count(body, []byte{','})+bytes.Count(body, []byte{'['})+bytes.Count(body, []byte{'{'}) <= fastMaxValues {
 		return parseFast(body, chat)

@@ -119,7 +119,7 @@ func BenchmarkParseAdversarial(b *testing.B) {
 				b.SetBytes(int64(len(body)))
 				b.ReportAllocs()
 				for b.Loop() {
-					_, err := ParseRequest(body, true)
+					_, err := ParseRequest(body, APIChat)
 					if (err == nil) != tc.ok || (err != nil && !errors.Is(err, ErrBadRequest)) {
 						b.Fatalf("accepted %v, want %v: %v", err == nil, tc.ok, err)
 					}

@@ -61,7 +61,7 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("checkBody %v, but encoding/json finds the body valid: %v", checked, json.Valid(body))
 		}
 		std, stdErr := parseStd(body, chat)
-		got, err := ParseRequest(body, chat)
+		got, err := ParseRequest(body, schema(chat))
 		same(t, "ParseRequest", got, err, std, stdErr)
 		if plainText(body) {
 			fast, fastErr := parseFast(body, chat)

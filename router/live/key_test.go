@@ -109,7 +109,7 @@ func TestRoutingKey(t *testing.T) {
 		{`{"model":"m","prompt":"x","cache_salt":5}`, false, `"cache_salt" must not be a JSON number`},
 		{`{"model":"m","messages":[{"role":"user","content":"x"}],"cache_salt":["s"]}`, true, `"cache_salt" must not be a JSON array`},
 	} {
-		_, err := ParseRequest([]byte(bad.body), bad.chat)
+		_, err := ParseRequest([]byte(bad.body), schema(bad.chat))
 		if !errors.Is(err, ErrBadRequest) || !strings.Contains(err.Error(), bad.msg) {
 			t.Errorf("%.80s: %v, want ErrBadRequest saying %q", bad.body, err, bad.msg)
 		}
@@ -143,7 +143,7 @@ func TestRoutingKey(t *testing.T) {
 // Escaped and non-ASCII content renders as encoding/json decodes it.
 func TestContentUnescapesAsEncodingJSON(t *testing.T) {
 	for _, raw := range []string{`"plain text"`, `"with \"escapes\" and \n"`, `"héllo wörld"`, `""`, `"a\u00e9b"`, `"\ud83d\ude00 surrogates"`} {
-		req, err := ParseRequest([]byte(`{"model":"m","messages":[{"role":"user","content":`+raw+`}]}`), true)
+		req, err := ParseRequest([]byte(`{"model":"m","messages":[{"role":"user","content":`+raw+`}]}`), APIChat)
 		if err != nil {
 			t.Fatalf("%s: %v", raw, err)
 		}
@@ -161,7 +161,7 @@ func TestContentUnescapesAsEncodingJSON(t *testing.T) {
 // hashes too.
 func TestChatTextIsRenderChat(t *testing.T) {
 	body := `{"model":"m","messages":[{"role":"system","content":"be brief"},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]},{"role":"assistant","content":null}]}`
-	req, err := ParseRequest([]byte(body), true)
+	req, err := ParseRequest([]byte(body), APIChat)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestLargeBodiesParseInBoundedMemory(t *testing.T) {
 				}
 			}
 		}()
-		req, err := ParseRequest(body, tc.chat)
+		req, err := ParseRequest(body, schema(tc.chat))
 		close(stop)
 		<-sampled
 		if err != nil || req.Model != "m" {
@@ -342,7 +342,7 @@ func TestParsePathsAgree(t *testing.T) {
 		{`{"model":"m","prompt":[1,2.5]}`, false, RoutingKey{}, false},
 		{`{"model":"m","messages":[{"role":"user","content":[null]}]}`, true, RoutingKey{}, false},
 	} {
-		got, err := ParseRequest([]byte(tc.body), tc.chat)
+		got, err := ParseRequest([]byte(tc.body), schema(tc.chat))
 		std, stdErr := parseStd([]byte(tc.body), tc.chat)
 		if (err == nil) != tc.ok || (stdErr == nil) != tc.ok {
 			t.Errorf("%s: ParseRequest %v, parseStd %v; want accepted %v", tc.body, err, stdErr, tc.ok)
@@ -369,7 +369,7 @@ func TestParsePathsAgree(t *testing.T) {
 // errTooDeep, on both paths and through ParseRequest, arrays and objects
 // alike. Brackets inside strings do not count.
 func TestNestingLimit(t *testing.T) {
-	paths := map[string]func([]byte, bool) (*CompletionRequest, error){"fast": parseFast, "std": parseStd, "ParseRequest": ParseRequest}
+	paths := map[string]func([]byte, bool) (*CompletionRequest, error){"fast": parseFast, "std": parseStd, "ParseRequest": func(b []byte, chat bool) (*CompletionRequest, error) { return ParseRequest(b, schema(chat)) }}
 	for _, open := range []byte{'[', '{'} {
 		for _, depth := range []int{maxNesting - 1, maxNesting, maxNesting + 1} {
 			// The top-level object is level 1, the junk member's value 2.

@@ -157,7 +157,7 @@ func TestSaltAndAdapterKeys(t *testing.T) {
 	}
 	key := func(model, salt string) *Request {
 		t.Helper()
-		req, err := ParseRequest(body(model, salt), false)
+		req, err := ParseRequest(body(model, salt), APICompletions)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -211,7 +211,7 @@ func TestSaltedRepeatNotCached(t *testing.T) {
 			b["cache_salt"] = salt
 		}
 		raw, _ := json.Marshal(b)
-		req, err := ParseRequest(raw, false)
+		req, err := ParseRequest(raw, APICompletions)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -271,7 +271,7 @@ func TestTokenCountIsTheEngines(t *testing.T) {
 		{true, chatBody("m", false, long)},
 		{false, `{"model":"m","prompt":"` + long + `","max_tokens":2}`},
 	} {
-		p, err := e.rt.Place(context.Background(), c.chat, http.Header{}, []byte(c.body))
+		p, err := e.rt.Place(context.Background(), schema(c.chat), http.Header{}, []byte(c.body))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -36,7 +36,7 @@ type Meter struct {
 	tokens    int    // Request.Tokens
 	blockSize int    // Request.BlockSize
 	stream    bool   // Request.Stream
-	chat      bool   // Request.Chat
+	api       API    // Request.API
 	exact     bool   // the prompt was keyed by its token ids (Request.IDs)
 	keep      bool   // keep a non-streamed body for its usage
 	first     bool   // the first byte was seen
@@ -54,7 +54,7 @@ type Meter struct {
 // is the body's length, for which room is made at once.
 func (rt *Runtime) Meter(h *admission.Handle, d router.Decision, req *Request, keep bool, sizeHint int64) Meter {
 	m := Meter{rt: rt, h: h, d: d, start: req.Start, label: req.Label, id: req.ID, tokens: req.Tokens, blockSize: req.BlockSize,
-		stream: req.Stream, chat: req.Chat, exact: req.IDs != nil, keep: keep && !req.Stream}
+		stream: req.Stream, api: req.API, exact: req.IDs != nil, keep: keep && !req.Stream}
 	if m.keep && sizeHint > 0 && sizeHint <= MaxUsageBody {
 		m.kept = make([]byte, 0, sizeHint)
 	}
@@ -123,7 +123,7 @@ func (m *Meter) Done() int64 {
 	rt := m.rt
 	rt.countUsage(m.label, u)
 	rt.countBelief(m.id, m.blockSize, m.d, u)
-	rt.checkPromptTokens(promptCount{label: m.label, id: m.id, worker: m.d.Worker.Name, chat: m.chat,
+	rt.checkPromptTokens(promptCount{label: m.label, id: m.id, worker: m.d.Worker.Name, chat: m.api == APIChat,
 		exact: m.exact, tokens: m.tokens}, u)
 	if m.keep && u.total > 0 {
 		return u.total

@@ -34,8 +34,7 @@ type Placed struct {
 
 // Place does for one completion request what the HTTP face does before
 // it sends the request's first hop (the aggregated role), and nothing
-// more: it parses body with the intake's parser and bound (chat: the chat
-// schema, else the completions one), keys the prompt (Key: token ids,
+// more: it parses body, of schema api, with the intake's parser and bound, keys the prompt (Key: token ids,
 // the model's tokenizer or character blocks), builds the request from
 // header (X-Request-Id, else a generated id; X-Session-Id; the other
 // headers but the credentials as Metadata), admits it with opts
@@ -54,12 +53,12 @@ type Placed struct {
 //
 // On an error the Placed has no Handle but can still be counted
 // (Finish with the code the caller answers).
-func (rt *Runtime) Place(ctx context.Context, chat bool, header http.Header, body []byte, opts ...admission.Option) (Placed, error) {
+func (rt *Runtime) Place(ctx context.Context, api API, header http.Header, body []byte, opts ...admission.Option) (Placed, error) {
 	start := time.Now()
 	if int64(len(body)) > rt.maxBody {
 		return Placed{start: start}, fmt.Errorf("%w: request body of %d bytes exceeds %d bytes", ErrBadRequest, len(body), rt.maxBody)
 	}
-	parsed, err := ParseRequest(body, chat)
+	parsed, err := ParseRequest(body, api)
 	if err != nil {
 		return Placed{start: start}, err
 	}
@@ -67,7 +66,7 @@ func (rt *Runtime) Place(ctx context.Context, chat bool, header http.Header, bod
 	refused := Placed{start: start, label: label}
 	ctx, cancel := context.WithTimeout(ctx, rt.timeout)
 	defer cancel()
-	req := &Request{Start: start, Model: parsed.Model, Stream: parsed.Stream, Chat: chat, Label: label,
+	req := &Request{Start: start, Model: parsed.Model, Stream: parsed.Stream, API: api, Label: label,
 		ID: header.Get("X-Request-Id"), Session: header.Get("X-Session-Id"), Meta: RequestMetadata(header)}
 	if req.ID == "" {
 		req.ID = rt.NewID()

@@ -33,7 +33,7 @@ func TestRoutingHashesUseTheTokenizer(t *testing.T) {
 	long := "the quick brown fox jumps over the lazy dog, again and again and again"
 	bs := e.r.BlockSize()
 
-	req, err := ParseRequest([]byte(chatBody("m", false, long)), true)
+	req, err := ParseRequest([]byte(chatBody("m", false, long)), APIChat)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestRoutingHashesUseTheTokenizer(t *testing.T) {
 	}
 
 	// Token ids in the request: no tokenizer call.
-	req, _ = ParseRequest([]byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`), false)
+	req, _ = ParseRequest([]byte(`{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`), APICompletions)
 	ex = &Request{Model: "m", Label: "m"}
 	e.rt.Key(ctx, ex, req.Key())
 	if ex.Tokens != 17 || len(ex.Hashes) != 1 || ex.IDs[16] != 17 {
@@ -59,7 +59,7 @@ func TestRoutingHashesUseTheTokenizer(t *testing.T) {
 	}
 
 	// No tokenizer block: character blocks, no ids.
-	req, _ = ParseRequest([]byte(chatBody("other", false, long)), true)
+	req, _ = ParseRequest([]byte(chatBody("other", false, long)), APIChat)
 	ex = &Request{Model: "other", Label: "other"}
 	e.rt.Key(ctx, ex, req.Key())
 	if ex.IDs != nil || !slices.Equal(ex.Hashes, prefix.TextBlocks(req.Key().text, bs, DefaultCharsPerToken)) {
@@ -67,7 +67,7 @@ func TestRoutingHashesUseTheTokenizer(t *testing.T) {
 	}
 
 	// A failing tokenizer: character blocks, and the failure counted.
-	req, _ = ParseRequest([]byte(chatBody("down", false, long)), true)
+	req, _ = ParseRequest([]byte(chatBody("down", false, long)), APIChat)
 	ex = &Request{Model: "down", Label: "down"}
 	e.rt.Key(ctx, ex, req.Key())
 	if ex.IDs != nil || !slices.Equal(ex.Hashes, prefix.TextBlocks(req.Key().text, bs, DefaultCharsPerToken)) {

@@ -223,7 +223,11 @@ func (v routeView) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		live.WriteError(w, http.StatusMethodNotAllowed, live.TypeInvalidRequest, "method_not_allowed", r.Method+" is not allowed on /debug/route")
 		return
 	}
-	req, err := live.ParseRequest(body, chat)
+	api := live.APICompletions
+	if chat {
+		api = live.APIChat
+	}
+	req, err := live.ParseRequest(body, api)
 	if err != nil {
 		live.WriteError(w, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
 		return

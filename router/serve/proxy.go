@@ -38,8 +38,9 @@ type exchange struct {
 	abort bool
 }
 
-// complete handles POST /v1/chat/completions and /v1/completions.
-func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
+// complete handles a generation request of schema api: POST
+// /v1/chat/completions and /v1/completions.
+func (s *Server) complete(w http.ResponseWriter, r *http.Request, api live.API) {
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
@@ -51,7 +52,7 @@ func (s *Server) complete(w http.ResponseWriter, r *http.Request, chat bool) {
 		ex.ID = s.rt.NewID()
 	}
 	w.Header().Set("X-Request-Id", ex.ID)
-	code := s.exchange(ex, chat)
+	code := s.exchange(ex, api)
 	if code == live.CodeClientGone {
 		// Nothing more can reach the client; ending the handler normally
 		// would let net/http answer a client that only half-closed with an
@@ -85,7 +86,7 @@ const bodyReadTimeout = time.Minute
 const bodyLinger = 250 * time.Millisecond
 
 // exchange runs the request and returns the code it is counted under.
-func (s *Server) exchange(ex *exchange, chat bool) int {
+func (s *Server) exchange(ex *exchange, api live.API) int {
 	if ex.r.ContentLength > s.maxBody {
 		// Refused before a byte is read (and before a 100 Continue).
 		live.WriteError(ex.w, http.StatusRequestEntityTooLarge, live.TypeInvalidRequest, "body_too_large",
@@ -111,8 +112,8 @@ func (s *Server) exchange(ex *exchange, chat bool) int {
 		return s.bodyFailed(ex, rc, err, bodyTimeout)
 	}
 	_ = rc.SetReadDeadline(time.Time{})
-	ex.body, ex.Chat = body, chat
-	req, err := live.ParseRequest(body, chat)
+	ex.body, ex.API = body, api
+	req, err := live.ParseRequest(body, api)
 	var key live.RoutingKey
 	if req != nil {
 		ex.Model, ex.Stream, key = req.Model, req.Stream, req.Key()

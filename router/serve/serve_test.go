@@ -475,7 +475,7 @@ func TestNotFoundShapes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := live.ParseRequest([]byte(`{"model":"m","messages":"hi"}`), true); err == nil || !strings.Contains(err.Error(), `"messages" must not be a JSON string`) {
+	if _, err := live.ParseRequest([]byte(`{"model":"m","messages":"hi"}`), live.APIChat); err == nil || !strings.Contains(err.Error(), `"messages" must not be a JSON string`) {
 		t.Errorf("typed field error = %v", err)
 	}
 	// A configured model whose workers are all down keeps its name in the
@@ -729,7 +729,7 @@ func TestDeeplyNestedBodiesAreRefused(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	// The intake's refusal, worded by it.
-	_, errTooDeep := live.ParseRequest([]byte(strings.Repeat("[", 100_000)), true)
+	_, errTooDeep := live.ParseRequest([]byte(strings.Repeat("[", 100_000)), live.APIChat)
 	if errTooDeep == nil || !strings.Contains(errTooDeep.Error(), "nested too deeply") {
 		t.Fatalf("the intake parses 100,000 open brackets: %v", errTooDeep)
 	}
