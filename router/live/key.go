@@ -20,8 +20,12 @@ const DefaultCharsPerToken = prefix.DefaultCharsPerToken
 // CompletionRequest is the part of an OpenAI completion or chat request
 // the router reads; the body is forwarded unchanged.
 type CompletionRequest struct {
-	Model   string
-	Stream  bool
+	Model  string
+	Stream bool
+	// PreviousResponseID is a Responses request's previous_response_id:
+	// the stored response it continues, which only the engine that
+	// answered it holds; "" for none and for the other schemas.
+	PreviousResponseID string
 	routing RoutingKey
 	// salt is the request's cache_salt ("" for none, or null), vLLM's
 	// prefix-cache salt: part of the routing key (key).

@@ -46,6 +46,8 @@ type Meter struct {
 	// streamed is a stream's latest chunk that mentions "usage" (at most
 	// one chunk), read by Done.
 	streamed []byte
+	// respID is the id of the response the engine stored (ResponseID).
+	respID string
 }
 
 // Meter returns the meter of one attempt of req, booked by h on d's
@@ -103,6 +105,11 @@ func (m *Meter) Read(chunk []byte) {
 		m.h.Progress(m.Tokens())
 	}
 }
+
+// ResponseID returns the id of the response the engine answered with and
+// stored (a Responses answer's "id", streamed or not), once the answer
+// carried it; "" before, and for the other schemas.
+func (m *Meter) ResponseID() string { return m.respID }
 
 // Tokens returns the context tokens the answer has reached so far: the
 // prompt plus one token per SSE event.
