@@ -26,7 +26,7 @@ type CompletionRequest struct {
 	// the stored response it continues, which only the engine that
 	// answered it holds; "" for none and for the other schemas.
 	PreviousResponseID string
-	routing RoutingKey
+	routing            RoutingKey
 	// salt is the request's cache_salt ("" for none, or null), vLLM's
 	// prefix-cache salt: part of the routing key (key).
 	salt string
