@@ -526,7 +526,9 @@ func TestResponsesFollowUpReachesTheIssuingEngine(t *testing.T) {
 	}
 	e.settle(t)
 	// Unknown ids: vLLM's 404, no engine asked.
-	asked := func() int64 { return engines[0].requests.Load() + engines[1].requests.Load() + engines[2].requests.Load() }
+	asked := func() int64 {
+		return engines[0].requests.Load() + engines[1].requests.Load() + engines[2].requests.Load()
+	}
 	before := asked()
 	want := `{"error":{"message":"Response with id 'resp_nope' not found.","type":"invalid_request_error","param":"response_id","code":404}}` + "\n"
 	resp, got := postJSON(t, e.url+"/v1/responses", `{"model":"m","input":"x","previous_response_id":"resp_nope"}`)
