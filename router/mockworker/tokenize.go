@@ -29,8 +29,8 @@ type tokenizeRequest struct {
 // tokenizer it answers 404.
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Tokenizer == nil {
-		writeError(w, &apiError{http.StatusNotFound, "NotFoundError",
-			"this mock engine has no tokenizer (start it with --tokenizer FILE)"})
+		writeError(w, &apiError{status: http.StatusNotFound, typ: "NotFoundError",
+			msg: "this mock engine has no tokenizer (start it with --tokenizer FILE)"})
 		return
 	}
 	body, ok := readBody(w, r)
