@@ -17,6 +17,9 @@
 //	                            input as chat messages, previous_response_id from a bounded store, stream events
 //	GET  /v1/responses/{id}     a stored response; POST /v1/responses/{id}/cancel: vLLM's answers
 //	POST /v1/messages           Anthropic's Messages API as vLLM serves it (handleMessages); not SGLang
+//	POST /v1/embeddings         input: string, [string], ids or [[ids]] (or messages); EmbeddingDim floats or base64
+//	POST /pooling /classify /score /v1/score /rerank /v1/rerank /v2/rerank   vLLM's pooling and scoring (pooling.go);
+//	                            SGLang: /v1/embeddings, /v1/classify, /v1/rerank only
 //	GET  /version               vLLM: {"version": Config.Version}; GET (vLLM also POST) /ping: 200
 //	POST /tokenize              vLLM's shape (SGLang: a prompt only, also /v1/tokenize); 404 without Config.Tokenizer
 //	POST /reset_prefix_cache    drops every rank's prefix cache (vLLM's dev-mode endpoint); 409 while requests run

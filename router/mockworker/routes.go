@@ -14,19 +14,31 @@ const DefaultVersion = "0.0.0+mock"
 // (vllm/entrypoints/openai/responses/api_router.py@f6e93254,
 // anthropic/api_router.py@42fa4c09, serve/instrumentator's /version and
 // /ping) or, with EngineSGLang, what SGLang's http_server.py@0025436e
-// serves of them (/v1/responses with GET and cancel, /ping; no
-// /v1/messages, no /version). Any other path answers 404 {"detail": "Not
+// serves of them (/v1/responses with GET and cancel, /v1/embeddings,
+// /v1/classify, /v1/rerank, /ping; no /v1/messages, /version, /pooling,
+// /score, /rerank, /v2/rerank; its /v1/score (decoder-only scoring) and
+// native /classify take other schemas and are not mocked: 404). Pooling answers are vLLM's
+// shapes in both flavours. Any other path answers 404 {"detail": "Not
 // Found"}, FastAPI's answer, as both engines do.
 func (s *Server) routes() {
 	s.mux.HandleFunc("POST /v1/responses", s.handleResponses)
 	s.mux.HandleFunc("GET /v1/responses/{id}", s.handleGetResponse)
 	s.mux.HandleFunc("POST /v1/responses/{id}/cancel", s.handleCancelResponse)
 	s.mux.HandleFunc("GET /ping", ok200)
+	s.mux.HandleFunc("POST /v1/embeddings", s.handleEmbeddings)
+	s.mux.HandleFunc("POST /v1/rerank", s.handleRerank)
 	if s.cfg.Engine == EngineSGLang {
+		s.mux.HandleFunc("POST /v1/classify", s.handleClassify)
 		s.mux.HandleFunc("/", notFound)
 		return
 	}
 	s.mux.HandleFunc("POST /v1/messages", s.handleMessages)
+	s.mux.HandleFunc("POST /pooling", s.handlePooling)
+	s.mux.HandleFunc("POST /classify", s.handleClassify)
+	s.mux.HandleFunc("POST /score", s.handleScore)
+	s.mux.HandleFunc("POST /v1/score", s.handleScore)
+	s.mux.HandleFunc("POST /rerank", s.handleRerank)
+	s.mux.HandleFunc("POST /v2/rerank", s.handleRerank)
 	s.mux.HandleFunc("POST /ping", ok200)
 	s.mux.HandleFunc("GET /version", s.handleVersion)
 	s.mux.HandleFunc("/", notFound)
