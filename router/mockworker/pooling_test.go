@@ -166,3 +166,25 @@ func TestScoreRerankClassify(t *testing.T) {
 		}
 	}
 }
+
+// TestDetokenize: /detokenize inverts /tokenize of a prompt (vLLM's
+// shape); ids outside the vocabulary are a 400.
+func TestDetokenize(t *testing.T) {
+	url := tokenizerServer(t, EngineVLLM)
+	resp, body := post(t, url+"/tokenize", map[string]any{"model": testModel, "prompt": "hello world, again"})
+	var a tokenizeAnswer
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &a) != nil {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	resp, body = post(t, url+"/detokenize", map[string]any{"model": testModel, "tokens": a.Tokens})
+	var d struct {
+		Prompt string `json:"prompt"`
+	}
+	if resp.StatusCode != http.StatusOK || json.Unmarshal(body, &d) != nil || !strings.HasSuffix(d.Prompt, "hello world, again") {
+		t.Fatalf("%d %s", resp.StatusCode, body)
+	}
+	resp, body = post(t, url+"/detokenize", map[string]any{"model": testModel, "tokens": []int64{-1}})
+	if resp.StatusCode != http.StatusBadRequest {
+		t.Fatalf("bad id: %d %s", resp.StatusCode, body)
+	}
+}

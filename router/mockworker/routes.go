@@ -33,6 +33,7 @@ func (s *Server) routes() {
 		return
 	}
 	s.mux.HandleFunc("POST /v1/messages", s.handleMessages)
+	s.mux.HandleFunc("POST /detokenize", s.handleDetokenize)
 	s.mux.HandleFunc("POST /pooling", s.handlePooling)
 	s.mux.HandleFunc("POST /classify", s.handleClassify)
 	s.mux.HandleFunc("POST /score", s.handleScore)
