@@ -140,6 +140,11 @@ func check(body string) (gjson.Result, error) {
 	return v, nil
 }
 
+// TooDeep reports whether body nests JSON arrays and objects deeper than
+// MaxNesting, which a recursive reader (gjson's validator) must not be
+// given. Linear in len(body); it stops at the first level too deep.
+func TooDeep(body []byte) bool { return depth(string(body)) > MaxNesting }
+
 // depth returns how deeply s nests arrays and objects, stopping once past
 // MaxNesting; strings are skipped whole. Linear in len(s).
 func depth(s string) int {

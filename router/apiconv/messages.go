@@ -44,7 +44,14 @@ var blockTypes = map[string]bool{
 // model (a non-empty string), max_tokens (a positive integer) and
 // messages (an array) are required. Errors wrap ErrInvalid and name the
 // field. Linear in len(body).
-func Anthropic(body []byte) (*Request, error) {
+func Anthropic(body []byte) (*Request, error) { return anthropic(body, true) }
+
+// AnthropicPrompt is Anthropic for a request's prompt alone, as a trace
+// line carries it: model and max_tokens may be absent (MaxTokens 0), and
+// are checked as Anthropic checks them when present.
+func AnthropicPrompt(body []byte) (*Request, error) { return anthropic(body, false) }
+
+func anthropic(body []byte, request bool) (*Request, error) {
 	v, err := check(string(body))
 	if err != nil {
 		return nil, err
@@ -54,17 +61,19 @@ func Anthropic(body []byte) (*Request, error) {
 	if err := common(f[0], f[1], req); err != nil {
 		return nil, err
 	}
-	if req.Model == "" {
+	if req.Model == "" && (request || present(f[0])) {
 		return nil, fieldError("model", "is required")
 	}
-	if !present(f[4]) {
-		return nil, fieldError("max_tokens", "is required")
-	}
-	if req.MaxTokens, err = integer("max_tokens", f[4]); err != nil {
-		return nil, err
-	}
-	if req.MaxTokens <= 0 {
-		return nil, fieldError("max_tokens", "must be positive")
+	if present(f[4]) || request {
+		if !present(f[4]) {
+			return nil, fieldError("max_tokens", "is required")
+		}
+		if req.MaxTokens, err = integer("max_tokens", f[4]); err != nil {
+			return nil, err
+		}
+		if req.MaxTokens <= 0 {
+			return nil, fieldError("max_tokens", "must be positive")
+		}
 	}
 	msgs := f[3]
 	if !isArray(msgs) {
