@@ -444,14 +444,6 @@ func TestFleetViews(t *testing.T) {
 	}
 }
 
-// responsesParsed reports whether live.ParseRequest reads the Responses
-// schema (the "gen" part of #28; until it lands on this branch the
-// Responses tests cannot run).
-func responsesParsed() bool {
-	_, err := live.ParseRequest([]byte(`{"model":"m","input":"hi"}`), live.APIResponses)
-	return err == nil
-}
-
 // TestResponsesFollowUpReachesTheIssuingEngine: among three engines
 // (round-robin would spread the turns), each follow-up naming a previous
 // response (streamed or not) reaches the engine that answered it, as do
@@ -459,9 +451,6 @@ func responsesParsed() bool {
 // whose engine left, is answered as vLLM answers an unknown id, and no
 // engine is asked.
 func TestResponsesFollowUpReachesTheIssuingEngine(t *testing.T) {
-	if !responsesParsed() {
-		t.Skip("live.ParseRequest does not read the Responses schema on this branch yet")
-	}
 	engines := []*apiEngine{newAPIEngine(t, "a"), newAPIEngine(t, "b"), newAPIEngine(t, "c")}
 	var backends []backend
 	for _, en := range engines {

@@ -91,12 +91,23 @@ func getBody(t *testing.T, url string) []byte {
 	return b
 }
 
-// jsonEqual reports whether a and b are the same JSON value.
+// jsonEqual reports whether a and b are the same model object, but for
+// their permissions' ids, which vLLM (and the mock) make anew on every
+// GET /v1/models; both must carry a permission list.
 func jsonEqual(t *testing.T, a, b []byte) bool {
 	t.Helper()
-	var x, y any
+	var x, y map[string]any
 	if json.Unmarshal(a, &x) != nil || json.Unmarshal(b, &y) != nil {
 		return false
+	}
+	for _, m := range []map[string]any{x, y} {
+		perms, ok := m["permission"].([]any)
+		if !ok || len(perms) == 0 {
+			return false
+		}
+		for _, p := range perms {
+			delete(p.(map[string]any), "id")
+		}
 	}
 	xb, _ := json.Marshal(x)
 	yb, _ := json.Marshal(y)
