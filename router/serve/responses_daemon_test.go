@@ -39,48 +39,7 @@ func TestDaemonResponsesFollowUpsOnMockEngines(t *testing.T) {
 	rd := startDaemon(t, live.DaemonOptions{PolicyFile: policy})
 	rd.waitWorkers(t, "a", "b", "c")
 
-	turn := func(prev string, stream bool) (id, worker string) {
-		t.Helper()
-		body := fmt.Sprintf(`{"model":"m","input":"tell me more","max_output_tokens":4,"store":true,"stream":%v`, stream)
-		if prev != "" {
-			body += fmt.Sprintf(`,"previous_response_id":%q`, prev)
-		}
-		resp, err := http.Post(rd.base+"/v1/responses", "application/json", strings.NewReader(body+"}"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != 200 {
-			b, _ := io.ReadAll(resp.Body)
-			t.Fatalf("turn after %q (stream %v): %d %s\nlogs:\n%s", prev, stream, resp.StatusCode, b, rd.logs)
-		}
-		worker = resp.Header.Get("X-Switchyard-Worker")
-		if !stream {
-			var r struct{ ID string }
-			if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
-				t.Fatal(err)
-			}
-			return r.ID, worker
-		}
-		sc := bufio.NewScanner(resp.Body)
-		for sc.Scan() {
-			data, ok := strings.CutPrefix(sc.Text(), "data: ")
-			if !ok {
-				continue
-			}
-			var ev struct {
-				Type     string
-				Response struct{ ID string }
-			}
-			if json.Unmarshal([]byte(data), &ev) == nil && ev.Type == "response.created" && id == "" {
-				id = ev.Response.ID
-			}
-		}
-		if id == "" {
-			t.Fatal("a stream without response.created")
-		}
-		return id, worker
-	}
+	turn := func(prev string, stream bool) (string, string) { return responsesTurn(t, rd, prev, stream) }
 	for _, stream := range []bool{false, true, false} {
 		prev, first := turn("", stream)
 		for range 4 {
@@ -127,4 +86,50 @@ func TestDaemonResponsesFollowUpsOnMockEngines(t *testing.T) {
 	if resp.StatusCode != 200 || !strings.Contains(string(b), `"embedding"`) {
 		t.Errorf("/v1/embeddings: %d %s", resp.StatusCode, b)
 	}
+}
+
+// responsesTurn sends a Responses request (continuing prev, when set;
+// streamed or not) to rd and returns the answer's id and the worker that
+// served it; an answer other than 200 fails the test.
+func responsesTurn(t *testing.T, rd *runningDaemon, prev string, stream bool) (id, worker string) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"m","input":"tell me more","max_output_tokens":4,"store":true,"stream":%v`, stream)
+	if prev != "" {
+		body += fmt.Sprintf(`,"previous_response_id":%q`, prev)
+	}
+	resp, err := http.Post(rd.base+"/v1/responses", "application/json", strings.NewReader(body+"}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("turn after %q (stream %v): %d %s\nlogs:\n%s", prev, stream, resp.StatusCode, b, rd.logs)
+	}
+	worker = resp.Header.Get("X-Switchyard-Worker")
+	if !stream {
+		var r struct{ ID string }
+		if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+			t.Fatal(err)
+		}
+		return r.ID, worker
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type     string
+			Response struct{ ID string }
+		}
+		if json.Unmarshal([]byte(data), &ev) == nil && ev.Type == "response.created" && id == "" {
+			id = ev.Response.ID
+		}
+	}
+	if id == "" {
+		t.Fatal("a stream without response.created")
+	}
+	return id, worker
 }
