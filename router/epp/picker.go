@@ -93,11 +93,15 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 		return Pick{}, err
 	}
 	ep, err := Endpoint(placed.URL)
+	var prefill string
+	if err == nil && placed.Prefill != nil {
+		prefill, err = Endpoint(placed.Prefill.URL)
+	}
 	if err != nil {
 		p.Runtime.Finish(&placed, StatusOf(err), admission.Aborted("worker url has no endpoint"))
 		return Pick{}, err
 	}
-	return Pick{Endpoint: ep, Fallbacks: p.fallbacks(ep, placed.Decision.Alternates),
+	return Pick{Endpoint: ep, Fallbacks: p.fallbacks(ep, placed.Decision.Alternates), Prefill: prefill,
 		Handle: &routerHandle{p: p, placed: placed, endpoint: ep}}, nil
 }
 
@@ -275,11 +279,21 @@ func (rh *routerHandle) Served(endpoint string) {
 	}
 }
 
-// Status keeps the response's status code for the request's count.
-func (rh *routerHandle) Status(code int) { rh.code = code }
+// Status keeps the response's status code for the request's count. For
+// a disaggregated request, a status of 400 or more ends its prefill hop
+// aborted (live.Runtime.EndPrefill): the sidecar passes a failed
+// prefill's answer through, and a failed decode's says nothing of the
+// prefill's KV either.
+func (rh *routerHandle) Status(code int) {
+	rh.code = code
+	if code >= http.StatusBadRequest {
+		rh.p.Runtime.EndPrefill(&rh.placed, false, "the decode endpoint answered "+strconv.Itoa(code))
+	}
+}
 
 // FirstToken records the first byte of the answer (the worker's prefill
-// is done; live.Runtime.FirstByte).
+// is done; live.Runtime.FirstByte, which ends a disaggregated request's
+// prefill hop completed: the decode worker has the prompt's KV).
 func (rh *routerHandle) FirstToken() { rh.p.Runtime.FirstByte(&rh.placed) }
 
 // Body reads the answer as serve's proxy does (live.Runtime.Answer): a
