@@ -533,26 +533,32 @@ func TestEndpoint(t *testing.T) {
 // than POST on a completion route ErrMethodNotAllowed naming the method,
 // each bounded and escaped.
 func TestPathAPI(t *testing.T) {
+	const gen = "/v1/completions, /v1/chat/completions, /v1/responses, /v1/messages"
 	for _, tc := range []struct {
 		method, path string
-		chat         bool
+		api          live.API
 		err          string
 	}{
-		{"GET", "/v1/chat/completions", false, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
-		{"PUT", "/v1/completions?x=1", false, "method not allowed: PUT is not allowed on /v1/completions: an inference request is a POST"},
-		{"GET", "", false, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
-		{"G\x1b[31mET", "/v1/completions", false, `method not allowed: G\x1b[31mET is not allowed on /v1/completions: an inference request is a POST`},
-		{"POST", "/" + strings.Repeat("a", 300), false, "invalid request: no endpoint POST /" + strings.Repeat("a", 255) + "...(301 bytes): the picker routes POST /v1/chat/completions and POST /v1/completions"},
-		{"POST", "/v1/chat/completions", true, ""},
-		{"", "", true, ""},
-		{"POST", "/v1/completions?x=1", false, ""},
-		{"GET", "/v1/models", false, "invalid request: no endpoint GET /v1/models: the picker routes POST /v1/chat/completions and POST /v1/completions"},
-		{"", "//v1/completions?a=b", false, "invalid request: no endpoint POST //v1/completions: the picker routes POST /v1/chat/completions and POST /v1/completions"},
+		{"GET", "/v1/chat/completions", 0, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
+		{"PUT", "/v1/completions?x=1", 0, "method not allowed: PUT is not allowed on /v1/completions: an inference request is a POST"},
+		{"GET", "", 0, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
+		{"G\x1b[31mET", "/v1/completions", 0, `method not allowed: G\x1b[31mET is not allowed on /v1/completions: an inference request is a POST`},
+		{"DELETE", "/v1/embeddings", 0, "method not allowed: DELETE is not allowed on /v1/embeddings: an inference request is a POST"},
+		{"POST", "/" + strings.Repeat("a", 300), 0, "invalid request: no endpoint POST /" + strings.Repeat("a", 255) + "...(301 bytes): the picker routes POST " + gen},
+		{"POST", "/v1/chat/completions", live.APIChat, ""},
+		{"", "", live.APIChat, ""},
+		{"POST", "/v1/completions?x=1", live.APICompletions, ""},
+		{"POST", "/v1/responses", live.APIResponses, ""},
+		{"POST", "/v1/messages?beta=true", live.APIMessages, ""},
+		{"POST", "/v1/embeddings", 0, "invalid request: /v1/embeddings is a pool endpoint, which the picker does not route yet: it routes POST " + gen},
+		{"POST", "/tokenize", 0, "invalid request: /tokenize is a utility endpoint, which the picker does not route yet: it routes POST " + gen},
+		{"GET", "/v1/models", 0, "invalid request: no endpoint GET /v1/models: the picker routes POST " + gen},
+		{"", "//v1/completions?a=b", 0, "invalid request: no endpoint POST //v1/completions: the picker routes POST " + gen},
 	} {
 		api, err := pathAPI(tc.method, tc.path)
 		if tc.err == "" {
-			if chat := api == live.APIChat; err != nil || chat != tc.chat {
-				t.Errorf("pathAPI(%q, %q) = %v, %v; want chat %v, nil", tc.method, tc.path, api, err, tc.chat)
+			if err != nil || api != tc.api {
+				t.Errorf("pathAPI(%q, %q) = %v, %v; want %v, nil", tc.method, tc.path, api, err, tc.api)
 			}
 			continue
 		}
@@ -561,7 +567,7 @@ func TestPathAPI(t *testing.T) {
 			kind = ErrMethodNotAllowed
 		}
 		if !errors.Is(err, kind) || err.Error() != tc.err {
-			t.Errorf("chatPath(%q, %q) error %v, want %q (%v)", tc.method, tc.path, err, tc.err, kind)
+			t.Errorf("pathAPI(%q, %q) error %v, want %q (%v)", tc.method, tc.path, err, tc.err, kind)
 		}
 	}
 }
