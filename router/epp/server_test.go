@@ -1077,6 +1077,7 @@ func TestPrefillHeader(t *testing.T) {
 			for _, h := range mut.GetSetHeaders() {
 				if h.GetHeader().GetKey() == PrefillHeader {
 					set = append(set, string(h.GetHeader().GetRawValue()))
+					//lint:ignore SA1019 Envoy's ext_proc filter honours the deprecated append, not append_action
 					if h.GetAppend().GetValue() {
 						t.Error("the prefill header is appended, not set")
 					}
