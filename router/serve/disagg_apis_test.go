@@ -236,3 +236,101 @@ func checkAPIAnswer(t *testing.T, what, path string, stream bool, contentType st
 		t.Errorf("%s: events %v, text %q; want %s .. %s with the 4 tokens", what, types, got.String(), first, last)
 	}
 }
+
+// TestDisaggResponsesFollowUp: a disaggregated model's Responses answer
+// (streamed or not) binds its id to the decode worker that answered it;
+// a follow-up naming it (previous_response_id) runs in one hop on that
+// decode worker, with the client's body unchanged (no
+// kv_transfer_params: the decode engine computes the whole conversation,
+// which only it stores; no prefill engine is asked), and is answered by
+// it; GET /v1/responses/{id} reaches it too. An id the router never saw
+// is vLLM's 404.
+func TestDisaggResponsesFollowUp(t *testing.T) {
+	engines, bs := pdFleet(t, 50)
+	e := newEnv(t, envOptions{}, bs...)
+	for i, stream := range []bool{false, true} {
+		what := fmt.Sprintf("first stream %v", stream)
+		resp, err := post(t, context.Background(), e.url+"/v1/responses",
+			fmt.Sprintf(`{"model":"m","stream":%v,"max_output_tokens":3,"input":"remember %d"}`, stream, i))
+		if err != nil {
+			t.Fatal(err)
+		}
+		answer, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		dw := resp.Header.Get("X-Switchyard-Worker")
+		if resp.StatusCode != http.StatusOK || pdRoles[dw] != shared.RoleDecode {
+			t.Fatalf("%s: status %d, decode worker %q: %s", what, resp.StatusCode, dw, answer)
+		}
+		var first struct {
+			ID string `json:"id"`
+		}
+		if stream {
+			_, data := sseNamed(t, answer)
+			var created struct {
+				Response struct {
+					ID string `json:"id"`
+				} `json:"response"`
+			}
+			_ = json.Unmarshal([]byte(data[0]), &created)
+			first.ID = created.Response.ID
+		} else {
+			_ = json.Unmarshal(answer, &first)
+		}
+		if !strings.HasPrefix(first.ID, "resp_") {
+			t.Fatalf("%s: no response id in %s", what, answer)
+		}
+
+		prefills := len(engines["p1"].callsSoFar()) + len(engines["p2"].callsSoFar())
+		id := fmt.Sprintf("follow-%d", i)
+		body := fmt.Sprintf(`{"model":"m","max_output_tokens":2,"previous_response_id":%q,"input":"and now?"}`, first.ID)
+		resp, err = post(t, context.Background(), e.url+"/v1/responses", body, "X-Request-Id", id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		answer, _ = io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Switchyard-Worker") != dw || resp.Header.Get("X-Switchyard-Prefill-Worker") != "" {
+			t.Fatalf("%s: follow-up status %d, worker %q, prefill worker %q; want 200 from %s alone: %s", what, resp.StatusCode,
+				resp.Header.Get("X-Switchyard-Worker"), resp.Header.Get("X-Switchyard-Prefill-Worker"), dw, answer)
+		}
+		if got := len(engines["p1"].callsSoFar()) + len(engines["p2"].callsSoFar()); got != prefills {
+			t.Errorf("%s: the follow-up reached a prefill engine (%d requests, was %d)", what, got, prefills)
+		}
+		fc := findCall(t, engines[dw], id)
+		if string(fc.body) != body {
+			t.Errorf("%s: the decode engine got %s, want the client's body unchanged", what, fc.body)
+		}
+		var a struct {
+			Object             string `json:"object"`
+			PreviousResponseID string `json:"previous_response_id"`
+			Usage              struct {
+				OutputTokens int `json:"output_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(answer, &a); err != nil || a.Object != "response" || a.PreviousResponseID != first.ID || a.Usage.OutputTokens != 2 {
+			t.Errorf("%s: follow-up answer %s", what, answer)
+		}
+		// Retrieving the stored response reaches the same engine.
+		gr, err := http.Get(e.url + "/v1/responses/" + first.ID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stored, _ := io.ReadAll(gr.Body)
+		_ = gr.Body.Close()
+		var st struct{ ID string }
+		if err := json.Unmarshal(stored, &st); err != nil || gr.StatusCode != http.StatusOK || st.ID != first.ID || gr.Header.Get("X-Switchyard-Worker") != dw {
+			t.Errorf("%s: GET the stored response: status %d, worker %q: %s", what, gr.StatusCode, gr.Header.Get("X-Switchyard-Worker"), stored)
+		}
+	}
+	resp, err := post(t, context.Background(), e.url+"/v1/responses", `{"model":"m","previous_response_id":"resp_unknown","input":"x"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if want := `{"error":{"message":"Response with id 'resp_unknown' not found.","type":"invalid_request_error","param":"response_id","code":404}}`; resp.StatusCode != http.StatusNotFound ||
+		string(bytes.TrimSpace(b)) != want {
+		t.Errorf("unknown id: status %d, %s; want 404 %s", resp.StatusCode, b, want)
+	}
+	e.settle(t)
+}
