@@ -122,7 +122,8 @@ demo-replicas:
 	scripts/demo-replicas.sh
 
 ## bench-serve: loopback load on `router serve` against direct and a bare
-## httputil.ReverseProxy, with the issue's targets checked (under a minute)
+## httputil.ReverseProxy, with the issue's targets checked, and the router's
+## added latency on /v1/responses and /v1/embeddings, one client (about two minutes)
 bench-serve:
 	scripts/bench-serve.sh
 
