@@ -48,6 +48,9 @@ type genRequest struct {
 	prefill bool
 	// ids are the prompt's token ids, nil for text hashed by bytes.
 	ids []int64
+	// rendered, when not nil, are the chat messages of the prompt,
+	// already converted from another API's input (Responses, Messages).
+	rendered []prefix.ChatMessage
 	// lora is the LoRA adapter the model names ("" for the base model),
 	// loraID its vLLM adapter id.
 	lora   string
@@ -90,12 +93,14 @@ type apiError struct {
 	status int
 	typ    string
 	msg    string
+	// param is the request field at fault ("" for none: null).
+	param string
 }
 
 func (e *apiError) Error() string { return e.msg }
 
 func badRequest(format string, args ...any) *apiError {
-	return &apiError{http.StatusBadRequest, "invalid_request_error", fmt.Sprintf(format, args...)}
+	return &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", msg: fmt.Sprintf(format, args...)}
 }
 
 // writeError answers {"error": {"message", "type", "param", "code"}}, code
@@ -103,8 +108,12 @@ func badRequest(format string, args ...any) *apiError {
 func writeError(w http.ResponseWriter, e *apiError) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.status)
+	var param any
+	if e.param != "" {
+		param = e.param
+	}
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-		"message": e.msg, "type": e.typ, "param": nil, "code": e.status,
+		"message": e.msg, "type": e.typ, "param": param, "code": e.status,
 	}})
 }
 
@@ -148,9 +157,11 @@ func parsePrompt(raw json.RawMessage) (prompt, *apiError) {
 }
 
 // chatMessages reads messages for rendering; content is a string, null,
-// or an array of parts whose "text" parts are joined by "\n", as vLLM
-// joins them for a chat template that takes string content
-// (vllm/entrypoints/chat_utils.py, _parse_chat_message_content_parts).
+// or an array of parts whose text parts ("text", and the Responses API's
+// "input_text" and "output_text", all text in vLLM's MM_PARSER_MAP) are
+// joined by "\n", as vLLM joins them for a chat template that takes
+// string content (vllm/entrypoints/chat_utils.py,
+// _parse_chat_message_content_parts).
 func chatMessages(msgs []chatMessage) ([]prefix.ChatMessage, *apiError) {
 	out := make([]prefix.ChatMessage, len(msgs))
 	for i, m := range msgs {
@@ -171,7 +182,7 @@ func chatMessages(msgs []chatMessage) ([]prefix.ChatMessage, *apiError) {
 		}
 		var b strings.Builder
 		for _, p := range parts {
-			if p.Type == "text" {
+			if isTextPart(p.Type) {
 				if b.Len() > 0 {
 					b.WriteByte('\n')
 				}
@@ -181,6 +192,11 @@ func chatMessages(msgs []chatMessage) ([]prefix.ChatMessage, *apiError) {
 		out[i].Content = b.String()
 	}
 	return out, nil
+}
+
+// isTextPart reports whether a content part of type typ is text to vLLM.
+func isTextPart(typ string) bool {
+	return typ == "text" || typ == "input_text" || typ == "output_text"
 }
 
 // encode tokenizes a text prompt (chat messages when msgs is non-nil) with
@@ -206,56 +222,74 @@ func (s *Server) encode(ctx context.Context, text string, msgs []prefix.ChatMess
 // parse decodes and validates a request body into the simulated request.
 func (s *Server) parse(ctx context.Context, body []byte, chat bool) (*genRequest, sim.Request, *apiError) {
 	var req genRequest
+	if aerr := decodeBody(body, &req); aerr != nil {
+		return nil, sim.Request{}, aerr
+	}
+	r, aerr := s.prepare(ctx, &req, chat)
+	if aerr != nil {
+		return nil, sim.Request{}, aerr
+	}
+	return &req, r, nil
+}
+
+// decodeBody decodes one JSON object from body into v; a second value
+// after it is an error, as is malformed JSON (400 in the OpenAI shape).
+func decodeBody(body []byte, v any) *apiError {
 	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(&req); err != nil {
-		return nil, sim.Request{}, badRequest("malformed JSON body: %v", err)
+	if err := dec.Decode(v); err != nil {
+		return badRequest("malformed JSON body: %v", err)
 	}
 	if _, err := dec.Token(); err != io.EOF {
-		return nil, sim.Request{}, badRequest("malformed JSON body: data after the JSON object")
+		return badRequest("malformed JSON body: data after the JSON object")
 	}
+	return nil
+}
+
+// prepare validates a decoded generation request and makes its simulated
+// request: the model (LoRA), the cache salt, the prompt (req.rendered when
+// set, else token ids, chat messages or the completions prompt), the
+// output length and the disaggregation parameters.
+func (s *Server) prepare(ctx context.Context, req *genRequest, chat bool) (sim.Request, *apiError) {
 	var aerr *apiError
 	if req.lora, req.loraID, aerr = s.resolveModel(req.Model); aerr != nil {
-		return nil, sim.Request{}, aerr
+		return sim.Request{}, aerr
 	}
 	salt := ""
 	if req.CacheSalt != nil {
 		// vLLM's check_cache_salt_support.
 		if *req.CacheSalt == "" {
-			return nil, sim.Request{}, badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
+			return sim.Request{}, badRequest("Parameter 'cache_salt' must be a non-empty string if provided.")
 		}
 		if len(*req.CacheSalt) > maxCacheSaltBytes {
-			return nil, sim.Request{}, badRequest("cache_salt of %d bytes, over %d", len(*req.CacheSalt), maxCacheSaltBytes)
+			return sim.Request{}, badRequest("cache_salt of %d bytes, over %d", len(*req.CacheSalt), maxCacheSaltBytes)
 		}
 		salt = *req.CacheSalt
 	}
 	var p prompt
 	switch {
+	case req.rendered != nil:
+		if p, aerr = s.chatPrompt(ctx, req.rendered); aerr != nil {
+			return sim.Request{}, aerr
+		}
 	case req.PromptTokenIDs != nil:
 		p = prompt{ids: req.PromptTokenIDs, useIDs: true}
 	case chat:
 		if len(req.Messages) == 0 {
-			return nil, sim.Request{}, badRequest("messages is required and must not be empty")
+			return sim.Request{}, badRequest("messages is required and must not be empty")
 		}
 		msgs, err := chatMessages(req.Messages)
 		if err != nil {
-			return nil, sim.Request{}, err
+			return sim.Request{}, err
 		}
-		if s.cfg.Tokenizer == nil {
-			p = prompt{text: prefix.RenderChat(msgs)}
-		} else if p.ids, err = s.encode(ctx, "", msgs); err != nil {
-			return nil, sim.Request{}, err
+		if p, aerr = s.chatPrompt(ctx, msgs); aerr != nil {
+			return sim.Request{}, aerr
 		}
-		p.useIDs = s.cfg.Tokenizer != nil
 	default:
-		var err *apiError
-		if p, err = parsePrompt(req.Prompt); err != nil {
-			return nil, sim.Request{}, err
+		if p, aerr = parsePrompt(req.Prompt); aerr != nil {
+			return sim.Request{}, aerr
 		}
-		if !p.useIDs && s.cfg.Tokenizer != nil {
-			if p.ids, err = s.encode(ctx, p.text, nil); err != nil {
-				return nil, sim.Request{}, err
-			}
-			p.useIDs = true
+		if p, aerr = s.textPrompt(ctx, p); aerr != nil {
+			return sim.Request{}, aerr
 		}
 	}
 	out := s.cfg.DefaultMaxTokens
@@ -266,18 +300,17 @@ func (s *Server) parse(ctx context.Context, body []byte, chat bool) (*genRequest
 		out = *req.MaxCompletionTokens
 	}
 	if out < 1 {
-		return nil, sim.Request{}, badRequest("max_tokens must be at least 1, got %d", out)
+		return sim.Request{}, badRequest("max_tokens must be at least 1, got %d", out)
 	}
-	bs := s.cfg.Sim.BlockSize
-	r := sim.Request{OutputLength: out, PrefixBlockTokens: bs}
+	r := sim.Request{OutputLength: out}
 	if kv := bytes.TrimSpace(req.KVTransferParams); len(kv) > 0 && !bytes.Equal(kv, []byte("null")) {
 		var p kvTransferParams
 		if err := json.Unmarshal(kv, &p); err != nil {
-			return nil, sim.Request{}, badRequest("kv_transfer_params must be an object with boolean do_remote_decode and do_remote_prefill: %v", err)
+			return sim.Request{}, badRequest("kv_transfer_params must be an object with boolean do_remote_decode and do_remote_prefill: %v", err)
 		}
 		switch {
 		case p.DoRemoteDecode && p.DoRemotePrefill:
-			return nil, sim.Request{}, badRequest("kv_transfer_params: do_remote_decode and do_remote_prefill are both true")
+			return sim.Request{}, badRequest("kv_transfer_params: do_remote_decode and do_remote_prefill are both true")
 		case p.DoRemoteDecode:
 			// A prefill: one token, answered whole with the KV's address.
 			req.prefill, req.Stream, r.OutputLength = true, false, 1
@@ -286,22 +319,12 @@ func (s *Server) parse(ctx context.Context, body []byte, chat bool) (*genRequest
 			r.KVTransferred = true
 		}
 	}
-	var err error
-	if p.useIDs {
-		if len(p.ids) == 0 {
-			return nil, sim.Request{}, badRequest("the prompt has no tokens")
-		}
-		r.InputLength = len(p.ids)
-		r.PrefixHashes, err = s.hasher.tokenBlocks(p.ids, bs, req.lora, salt)
-		req.ids = p.ids
-	} else {
-		r.InputLength = max(1, prefix.EstimateTokens(p.text, s.cfg.CharsPerToken))
-		r.PrefixHashes, err = s.hasher.textBlocks(p.text, bs, s.cfg.CharsPerToken, req.lora, salt)
+	ids, aerr := s.promptBlocks(p, req.lora, salt, &r)
+	if aerr != nil {
+		return sim.Request{}, aerr
 	}
-	if err != nil {
-		return nil, sim.Request{}, badRequest("%v", err)
-	}
-	return &req, r, nil
+	req.ids = ids
+	return r, nil
 }
 
 // resolveModel is the LoRA adapter a request's model names ("" and 0 for
@@ -311,16 +334,19 @@ func (s *Server) resolveModel(model string) (string, int64, *apiError) {
 		return model, id, nil
 	}
 	if s.cfg.Model != "" && model != "" && model != s.cfg.Model {
-		return "", 0, &apiError{http.StatusNotFound, "NotFoundError",
-			fmt.Sprintf("The model `%s` does not exist; this engine serves `%s`.", untrusted.Text(model, 256), s.cfg.Model)}
+		return "", 0, &apiError{status: http.StatusNotFound, typ: "NotFoundError",
+			msg: fmt.Sprintf("The model `%s` does not exist; this engine serves `%s`.", untrusted.Text(model, 256), s.cfg.Model)}
 	}
 	return "", 0, nil
 }
 
 // handleModels serves GET /v1/models as vLLM's
-// OpenAIServingModels.show_available_models does: the base model (root
-// the model, parent null, max_model_len), then each LoRA adapter (id its
-// name, root its path, parent the base model, no max_model_len).
+// OpenAIServingModels.show_available_models does (ModelCard,
+// vllm/entrypoints/openai/engine/protocol.py@d7e52523): the base model
+// (root the model, parent null, max_model_len), then each LoRA adapter
+// (id its name, root its path, parent the base model, max_model_len
+// null), each with one ModelPermission. SGLang's cards
+// (http_server.py@0025436e available_models) have the same fields.
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	owner := "vllm"
 	if s.cfg.Engine == EngineSGLang {
@@ -328,16 +354,26 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	}
 	data := []any{map[string]any{
 		"id": s.model, "object": "model", "created": s.created, "owned_by": owner,
-		"root": s.model, "parent": nil, "max_model_len": s.maxModelLen(),
+		"root": s.model, "parent": nil, "max_model_len": s.maxModelLen(), "permission": []any{s.permission()},
 	}}
 	for _, name := range s.cfg.LoRA {
 		data = append(data, map[string]any{
 			"id": name, "object": "model", "created": s.created, "owned_by": owner,
-			"root": loraPath(name), "parent": s.model,
+			"root": loraPath(name), "parent": s.model, "max_model_len": nil, "permission": []any{s.permission()},
 		})
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+}
+
+// permission is vLLM's default ModelPermission.
+func (s *Server) permission() map[string]any {
+	return map[string]any{
+		"id": randomID("modelperm-"), "object": "model_permission", "created": s.created,
+		"allow_create_engine": false, "allow_sampling": true, "allow_logprobs": true,
+		"allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false,
+		"organization": "*", "group": nil, "is_blocking": false,
+	}
 }
 
 // loraPath is the path an adapter is listed with (vLLM: the path it was
@@ -367,8 +403,8 @@ func readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
-			writeError(w, &apiError{http.StatusRequestEntityTooLarge, "invalid_request_error",
-				fmt.Sprintf("request body over %d bytes", mbe.Limit)})
+			writeError(w, &apiError{status: http.StatusRequestEntityTooLarge, typ: "invalid_request_error",
+				msg: fmt.Sprintf("request body over %d bytes", mbe.Limit)})
 			return nil, false
 		}
 		writeError(w, badRequest("reading the request body: %v", err))
@@ -387,33 +423,8 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 		writeError(w, perr)
 		return
 	}
-	eng, perr := s.pickEngine(r, req)
-	if perr != nil {
-		writeError(w, perr)
-		return
-	}
-	a := &active{prompt: sr.InputLength, output: sr.OutputLength, transferred: sr.KVTransferred, ids: req.ids,
-		lora: req.lora, loraID: req.loraID, notify: make(chan struct{}, 1)}
-	if req.CacheSalt != nil {
-		a.salt = *req.CacheSalt
-	}
-	w.Header().Set("x-mock-dp-rank", strconv.Itoa(eng.rank))
-	if sr.KVTransferred && sr.OutputLength == 1 {
-		// The one token was sampled by the prefill worker: nothing to
-		// compute here (the engine takes transferred requests of 2 tokens
-		// or more).
-		now := eng.simNow()
-		a.submitAt, a.times, a.done = now, []time.Duration{now}, true
-	} else if err := eng.submitPicked(a, sr); err != nil {
-		switch {
-		case errors.Is(err, sim.ErrRequestTooLarge):
-			writeError(w, badRequest("prompt of %d tokens plus max_tokens %d does not fit the KV cache of %d tokens (%d blocks of %d)",
-				sr.InputLength, sr.OutputLength, s.cfg.Sim.TotalKVBlocks*s.cfg.Sim.BlockSize, s.cfg.Sim.TotalKVBlocks, s.cfg.Sim.BlockSize))
-		case errors.Is(err, errClosed):
-			writeError(w, &apiError{http.StatusServiceUnavailable, "ServiceUnavailableError", err.Error()})
-		default:
-			writeError(w, badRequest("%v", err))
-		}
+	eng, a, ok := s.begin(w, r, req, sr)
+	if !ok {
 		return
 	}
 	finished := false
@@ -446,6 +457,51 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 		// than let net/http send an empty 200 or end a stream cleanly. The
 		// deferred abort still releases the simulated request.
 		panic(http.ErrAbortHandler)
+	}
+}
+
+// begin picks the rank serving req (see pickEngine) and submits its
+// simulated request sr there, answering the error itself (false) when the
+// request cannot run: a rank out of range, a prompt that never fits the KV
+// cache (400), a closed engine (503). A decode request of one token
+// (its KV and token transferred) is done at once. The caller aborts the
+// returned request (eng.abort(a.id), when a.id is not 0) unless it
+// finished.
+func (s *Server) begin(w http.ResponseWriter, r *http.Request, req *genRequest, sr sim.Request) (*engine, *active, bool) {
+	eng, perr := s.pickEngine(r, req)
+	if perr != nil {
+		writeError(w, perr)
+		return nil, nil, false
+	}
+	a := &active{prompt: sr.InputLength, output: sr.OutputLength, transferred: sr.KVTransferred, ids: req.ids,
+		lora: req.lora, loraID: req.loraID, notify: make(chan struct{}, 1)}
+	if req.CacheSalt != nil {
+		a.salt = *req.CacheSalt
+	}
+	w.Header().Set("x-mock-dp-rank", strconv.Itoa(eng.rank))
+	if sr.KVTransferred && sr.OutputLength == 1 {
+		// The one token was sampled by the prefill worker: nothing to
+		// compute here (the engine takes transferred requests of 2 tokens
+		// or more).
+		now := eng.simNow()
+		a.submitAt, a.times, a.done = now, []time.Duration{now}, true
+	} else if err := eng.submitPicked(a, sr); err != nil {
+		writeError(w, s.submitError(err, sr))
+		return nil, nil, false
+	}
+	return eng, a, true
+}
+
+// submitError is the answer to a request the engine refused.
+func (s *Server) submitError(err error, sr sim.Request) *apiError {
+	switch {
+	case errors.Is(err, sim.ErrRequestTooLarge):
+		return badRequest("prompt of %d tokens plus max_tokens %d does not fit the KV cache of %d tokens (%d blocks of %d)",
+			sr.InputLength, sr.OutputLength, s.cfg.Sim.TotalKVBlocks*s.cfg.Sim.BlockSize, s.cfg.Sim.TotalKVBlocks, s.cfg.Sim.BlockSize)
+	case errors.Is(err, errClosed):
+		return &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", msg: err.Error()}
+	default:
+		return badRequest("%v", err)
 	}
 }
 
@@ -542,41 +598,107 @@ func (g *generation) wait(r *http.Request) bool {
 	}
 }
 
-// complete answers a non-streamed request once all tokens are produced.
-// It reports whether the request finished in the engine.
-func (g *generation) complete(r *http.Request) bool {
-	var p progress
+// waitAll waits until all the request's tokens are produced and returns
+// its progress; false when the client left or the engine stopped (then,
+// with the client still there, it answers 503).
+func (g *generation) waitAll(r *http.Request) (progress, bool) {
 	for {
-		if p = g.a.since(0); p.done {
-			break
+		if p := g.a.since(0); p.done {
+			return p, true
 		}
 		if !g.wait(r) {
-			if p = g.a.since(0); p.done {
-				break
+			if p := g.a.since(0); p.done {
+				return p, true
 			}
 			if r.Context().Err() == nil {
-				writeError(g.w, &apiError{http.StatusServiceUnavailable, "ServiceUnavailableError", errClosed.Error()})
+				writeError(g.w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", msg: errClosed.Error()})
 			}
-			return false
+			return progress{}, false
 		}
 	}
-	var text strings.Builder
-	for i := range g.sr.OutputLength {
-		text.WriteString(token(i))
+}
+
+// text is the generated text of n tokens, the filler words.
+func text(n int) string {
+	var b strings.Builder
+	for i := range n {
+		b.WriteString(token(i))
 	}
-	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "length"}
-	object := "text_completion"
-	if g.chat {
-		object = "chat.completion"
-		choice["message"] = map[string]any{"role": "assistant", "content": text.String()}
-	} else {
-		choice["text"] = text.String()
-	}
-	h := g.w.Header()
+	return b.String()
+}
+
+// setDoneHeaders sets the x-mock headers of a non-streamed answer.
+func setDoneHeaders(h http.Header, p progress) {
 	h.Set("Content-Type", "application/json")
 	h.Set("x-mock-cached-tokens", strconv.Itoa(p.cached))
 	h.Set("x-mock-ttft-seconds", seconds(p.times[0]-p.submitAt))
 	h.Set("x-mock-latency-seconds", seconds(p.times[len(p.times)-1]-p.submitAt))
+}
+
+// streamTokens answers a streamed request as events written to buf: head
+// once, with the first token (after the headers are set and sent: use it
+// for the opening events), tok for each token (its index), tail once all
+// are produced; each batch is written and flushed. It reports whether
+// the request finished in the engine.
+func (g *generation) streamTokens(r *http.Request, buf *bytes.Buffer, head func(p progress), tok func(i int, at time.Duration), tail func(p progress)) bool {
+	rc := http.NewResponseController(g.w)
+	sent := 0
+	for {
+		p := g.a.since(sent)
+		buf.Reset()
+		if sent == 0 && len(p.times) > 0 {
+			h := g.w.Header()
+			h.Set("Content-Type", "text/event-stream")
+			h.Set("Cache-Control", "no-cache")
+			h.Set("x-mock-cached-tokens", strconv.Itoa(p.cached))
+			h.Set("x-mock-ttft-seconds", seconds(p.times[0]-p.submitAt))
+			g.w.WriteHeader(http.StatusOK)
+			head(p)
+		}
+		for _, at := range p.times {
+			tok(sent, at)
+			sent++
+		}
+		if p.done {
+			tail(p)
+		}
+		if buf.Len() > 0 {
+			if _, err := g.w.Write(buf.Bytes()); err != nil {
+				return p.done
+			}
+			if err := rc.Flush(); err != nil {
+				return p.done
+			}
+		}
+		if p.done {
+			return true
+		}
+		if !g.wait(r) {
+			if sent == 0 && r.Context().Err() == nil {
+				writeError(g.w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", msg: errClosed.Error()})
+			}
+			return false
+		}
+	}
+}
+
+// complete answers a non-streamed request once all tokens are produced.
+// It reports whether the request finished in the engine.
+func (g *generation) complete(r *http.Request) bool {
+	p, ok := g.waitAll(r)
+	if !ok {
+		return false
+	}
+	out := text(g.sr.OutputLength)
+	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "length"}
+	object := "text_completion"
+	if g.chat {
+		object = "chat.completion"
+		choice["message"] = map[string]any{"role": "assistant", "content": out}
+	} else {
+		choice["text"] = out
+	}
+	setDoneHeaders(g.w.Header(), p)
 	answer := map[string]any{
 		"id": g.id, "object": object, "created": g.created, "model": g.model,
 		"choices": []any{choice}, "usage": g.usage(p.cached),
@@ -656,7 +778,7 @@ func (g *generation) stream(r *http.Request, includeUsage bool) bool {
 		}
 		if !g.wait(r) {
 			if sent == 0 && r.Context().Err() == nil {
-				writeError(g.w, &apiError{http.StatusServiceUnavailable, "ServiceUnavailableError", errClosed.Error()})
+				writeError(g.w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", msg: errClosed.Error()})
 			}
 			return false
 		}

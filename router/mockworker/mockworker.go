@@ -13,6 +13,14 @@
 //
 //	POST /v1/completions        prompt: string, [string], token ids or [[ids]]
 //	POST /v1/chat/completions   messages: [{role, content}], content a string or text parts
+//	POST /v1/responses          OpenAI's Responses API as vLLM serves it (handleResponses): instructions and
+//	                            input as chat messages, previous_response_id from a bounded store, stream events
+//	GET  /v1/responses/{id}     a stored response; POST /v1/responses/{id}/cancel: vLLM's answers
+//	POST /v1/messages           Anthropic's Messages API as vLLM serves it (handleMessages); not SGLang
+//	POST /v1/embeddings         input: string, [string], ids or [[ids]] (or messages); EmbeddingDim floats or base64
+//	POST /pooling /classify /score /v1/score /rerank /v1/rerank /v2/rerank   vLLM's pooling and scoring (pooling.go);
+//	                            SGLang: /v1/embeddings, /v1/classify, /v1/rerank only
+//	GET  /version               vLLM: {"version": Config.Version}; GET (vLLM also POST) /ping: 200
 //	POST /tokenize              vLLM's shape (SGLang: a prompt only, also /v1/tokenize); 404 without Config.Tokenizer
 //	POST /reset_prefix_cache    drops every rank's prefix cache (vLLM's dev-mode endpoint); 409 while requests run
 //	GET  /v1/models             the served model with max_model_len (the KV cache in tokens), then each LoRA adapter
@@ -21,6 +29,8 @@
 //	GET  /debug/kv_blocks       the mock's own: every block its prefix cache holds, per rank (handleKVBlocks)
 //	GET  /health                200
 //	GET  /metrics               Prometheus text, the engine's metric names; 404 with Config.NoMetrics
+//
+// Any other path answers 404 {"detail": "Not Found"}, FastAPI's answer.
 //
 // /metrics has, per rank, labelled model_name and engine="R" as vLLM does:
 // vllm:num_requests_running, vllm:num_requests_waiting,
@@ -302,6 +312,9 @@ type Config struct {
 	// DefaultMaxTokens is the output length when a request sets none. 0
 	// means DefaultMaxTokens (16).
 	DefaultMaxTokens int
+	// Version is what GET /version reports (vLLM's {"version": V}); ""
+	// means DefaultVersion.
+	Version string
 	// EngineID is this engine's id in its prefill answers'
 	// kv_transfer_params (remote_engine_id). "" means "mock-" and 8
 	// random hex digits.
@@ -403,6 +416,9 @@ type Server struct {
 	// roundRobin counts the requests SGLang's round-robin sent to a rank
 	// (pickSGLang).
 	roundRobin atomic.Uint64
+	// responses are the Responses API answers kept for
+	// previous_response_id and GET /v1/responses/{id}.
+	responses responseStore
 }
 
 // New validates cfg, starts the simulated engine and returns the server.
@@ -535,6 +551,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	s.mux.HandleFunc("GET /debug/kv_blocks", s.handleKVBlocks)
+	s.routes()
 	if cfg.Engine == EngineSGLang {
 		s.mux.HandleFunc("POST /v1/tokenize", s.handleTokenize)
 		s.mux.HandleFunc("GET /server_info", s.handleServerInfo)

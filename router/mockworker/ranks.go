@@ -108,8 +108,8 @@ func (s *Server) handleResetPrefixCache(w http.ResponseWriter, _ *http.Request) 
 		}
 	}
 	if len(refused) > 0 {
-		writeError(w, &apiError{http.StatusConflict, "conflict_error",
-			fmt.Sprintf("prefix cache not reset on data-parallel rank(s) %s: requests are running there", strings.Join(refused, ", "))})
+		writeError(w, &apiError{status: http.StatusConflict, typ: "conflict_error",
+			msg: fmt.Sprintf("prefix cache not reset on data-parallel rank(s) %s: requests are running there", strings.Join(refused, ", "))})
 		return
 	}
 	w.WriteHeader(http.StatusOK)

@@ -2,6 +2,7 @@ package mockworker
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net/http"
 
@@ -29,8 +30,8 @@ type tokenizeRequest struct {
 // tokenizer it answers 404.
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	if s.cfg.Tokenizer == nil {
-		writeError(w, &apiError{http.StatusNotFound, "NotFoundError",
-			"this mock engine has no tokenizer (start it with --tokenizer FILE)"})
+		writeError(w, &apiError{status: http.StatusNotFound, typ: "NotFoundError",
+			msg: "this mock engine has no tokenizer (start it with --tokenizer FILE)"})
 		return
 	}
 	body, ok := readBody(w, r)
@@ -147,4 +148,57 @@ func (s *Server) sglangTokenize(w http.ResponseWriter, r *http.Request, req *tok
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(answer)
+}
+
+// decoder is a tokenizer that can also turn ids back into text
+// (tokenizer.File).
+type decoder interface {
+	Decode(ctx context.Context, ids []int64) (string, error)
+}
+
+// maxDetokenizeIDs bounds the ids of one /detokenize request.
+const maxDetokenizeIDs = 1 << 20
+
+// handleDetokenize serves POST /detokenize as vLLM's does
+// (DetokenizeRequest {"model", "tokens"}, answered {"prompt"}): the text
+// of the ids, the inverse of /tokenize. Without a tokenizer that decodes
+// it answers 404, like /tokenize; ids outside the vocabulary are a 400.
+func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
+	dec, ok := s.cfg.Tokenizer.(decoder)
+	if !ok {
+		writeError(w, &apiError{status: http.StatusNotFound, typ: "NotFoundError",
+			msg: "this mock engine has no tokenizer that decodes (start it with --tokenizer FILE)"})
+		return
+	}
+	body, ok := readBody(w, r)
+	if !ok {
+		return
+	}
+	var req struct {
+		Model  string   `json:"model"`
+		Tokens *[]int64 `json:"tokens"`
+	}
+	if aerr := decodeBody(body, &req); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	if _, _, aerr := s.resolveModel(req.Model); aerr != nil {
+		writeError(w, aerr)
+		return
+	}
+	if req.Tokens == nil {
+		writeError(w, badRequest("tokens is required"))
+		return
+	}
+	if len(*req.Tokens) > maxDetokenizeIDs {
+		writeError(w, badRequest("%d tokens, more than %d", len(*req.Tokens), maxDetokenizeIDs))
+		return
+	}
+	text, err := dec.Decode(r.Context(), *req.Tokens)
+	if err != nil {
+		writeError(w, badRequest("%v", err))
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]string{"prompt": text})
 }

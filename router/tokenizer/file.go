@@ -275,3 +275,23 @@ func (f *File) model(text string, addSpecial bool) (ids []int64, err error) {
 	}
 	return ids, nil
 }
+
+// Decode returns the text of ids, special tokens included (vLLM's
+// /detokenize decodes with skip_special_tokens false); an id outside the
+// vocabulary is an error. Decoding recovers from the library's panics.
+func (f *File) Decode(_ context.Context, ids []int64) (text string, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			text, err = "", fmt.Errorf("decoding %d token ids: %v", len(ids), r)
+		}
+	}()
+	n := int64(f.tk.GetVocabSize(true))
+	in := make([]int, len(ids))
+	for i, id := range ids {
+		if id < 0 || id >= n {
+			return "", fmt.Errorf("token id %d is outside the vocabulary of %d", id, n)
+		}
+		in[i] = int(id)
+	}
+	return f.tk.Decode(in, false), nil
+}
