@@ -2,7 +2,11 @@
 // package.json, installed by `make sdk-deps`) against an OpenAI- and
 // Anthropic-compatible server, `router serve` in front of engines:
 //
-//   node scripts/sdk-check/check.mjs --base-url http://127.0.0.1:8080 [--model mock]
+//   node scripts/sdk-check/check.mjs --base-url http://127.0.0.1:8080 [--model mock] [--direct]
+//
+// --direct: the base URL is one engine, not the router; the router's
+// worker header is not required (every answer counts as one worker's), to
+// tell an engine's (or the mock engine's) answers from the router's.
 //
 // Each step calls the SDK as an application would, asserts real values of
 // the answer (ids, usage counts, the streamed text against the
@@ -54,12 +58,12 @@ const WORKER_HEADER = 'x-switchyard-worker';
 const MAX_TOKENS = 6;
 
 function usage(msg) {
-  console.error(`check.mjs: ${msg}\nusage: node check.mjs --base-url URL [--model NAME]`);
+  console.error(`check.mjs: ${msg}\nusage: node check.mjs --base-url URL [--model NAME] [--direct]`);
   process.exit(2);
 }
 
 function parseArgs(argv) {
-  const o = { baseURL: '', model: 'mock' };
+  const o = { baseURL: '', model: 'mock', direct: false };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     const val = () => {
@@ -68,6 +72,7 @@ function parseArgs(argv) {
     };
     if (a === '--base-url') o.baseURL = val().replace(/\/+$/, '');
     else if (a === '--model') o.model = val();
+    else if (a === '--direct') o.direct = true;
     else usage(`unknown argument ${a}`);
   }
   if (!/^https?:\/\/[^/]+$/.test(o.baseURL)) usage('--base-url must be http(s)://host:port (no path)');
@@ -90,8 +95,12 @@ function nonEmpty(v, what) {
   return v;
 }
 
-/** worker returns the router's worker header of a raw answer. */
+let direct = false;
+
+/** worker returns the router's worker header of a raw answer ("direct"
+ * with --direct when there is none). */
 function worker(response, what) {
+  if (direct && !response.headers.get(WORKER_HEADER)) return 'direct';
   return nonEmpty(response.headers.get(WORKER_HEADER), `${what}: header ${WORKER_HEADER}`);
 }
 
@@ -113,6 +122,7 @@ function short(s) {
 
 async function main() {
   const o = parseArgs(process.argv.slice(2));
+  direct = o.direct;
   // No retries: a failure shows as itself. The API keys are placeholders
   // (the router does not check them; the SDKs require one).
   const openai = new OpenAI({ baseURL: `${o.baseURL}/v1`, apiKey: 'sk-switchyard-check', maxRetries: 0, timeout: 30_000 });
