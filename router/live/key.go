@@ -62,9 +62,12 @@ func plainText(body []byte) bool {
 }
 
 // ParseRequest decodes body, a request of schema api, and extracts its
-// routing key: APIChat reads "messages", APICompletions "prompt". Errors
-// wrap ErrBadRequest and name the offending field; a schema that carries
-// no prompt is refused.
+// routing key: APIChat reads "messages", APICompletions "prompt",
+// APIResponses "instructions" and "input" (and previous_response_id,
+// cache_salt), APIMessages "system" and "messages" (and max_tokens), the
+// last two rendered into the chat messages vLLM builds from them
+// (parseGen). Errors wrap ErrBadRequest and name the offending field; a
+// schema that carries no prompt is refused.
 //
 // Small bodies of plain text and few values take the fast path
 // (parseFast: a fastjson tree); the others parseStd (a walk over the
@@ -74,6 +77,9 @@ func plainText(body []byte) bool {
 // strings as encoding/json does, so a request is accepted, refused and
 // routed the same on either. Each takes time linear in the body's size.
 func ParseRequest(body []byte, api API) (*CompletionRequest, error) {
+	if api == APIResponses || api == APIMessages {
+		return parseGen(body, api)
+	}
 	if api != APIChat && api != APICompletions {
 		return nil, fmt.Errorf("%w: the %s schema carries no prompt to route by", ErrBadRequest, api)
 	}

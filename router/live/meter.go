@@ -48,6 +48,11 @@ type Meter struct {
 	streamed []byte
 	// respID is the id of the response the engine stored (ResponseID).
 	respID string
+	// idRead: a non-streamed Responses answer's kept body was searched
+	// for its id.
+	idRead bool
+	// sse reads a Responses or Messages stream's events (gen.go).
+	sse *sseReader
 }
 
 // Meter returns the meter of one attempt of req, booked by h on d's
@@ -55,8 +60,14 @@ type Meter struct {
 // usage (up to 1 MiB: past it, it is dropped); sizeHint, when positive,
 // is the body's length, for which room is made at once.
 func (rt *Runtime) Meter(h *admission.Handle, d router.Decision, req *Request, keep bool, sizeHint int64) Meter {
+	// A non-streamed Responses answer is kept for its id too (the
+	// previous_response_id binding), whatever keep says.
+	keep = (keep || req.API == APIResponses) && !req.Stream
 	m := Meter{rt: rt, h: h, d: d, start: req.Start, label: req.Label, id: req.ID, tokens: req.Tokens, blockSize: req.BlockSize,
-		stream: req.Stream, api: req.API, exact: req.IDs != nil, keep: keep && !req.Stream}
+		stream: req.Stream, api: req.API, exact: req.IDs != nil, keep: keep}
+	if req.Stream && (req.API == APIResponses || req.API == APIMessages) {
+		m.sse = newSSEReader(req.API)
+	}
 	if m.keep && sizeHint > 0 && sizeHint <= MaxUsageBody {
 		m.kept = make([]byte, 0, sizeHint)
 	}
@@ -85,6 +96,13 @@ func (m *Meter) Read(chunk []byte) {
 		return
 	}
 	before := m.events
+	if m.sse != nil {
+		m.events += m.sse.read(chunk)
+		if m.events > before {
+			m.h.Progress(m.Tokens())
+		}
+		return
+	}
 	for _, c := range chunk {
 		if c == '\n' && m.last == '\n' {
 			m.events++
@@ -107,12 +125,31 @@ func (m *Meter) Read(chunk []byte) {
 }
 
 // ResponseID returns the id of the response the engine answered with and
-// stored (a Responses answer's "id", streamed or not), once the answer
-// carried it; "" before, and for the other schemas.
-func (m *Meter) ResponseID() string { return m.respID }
+// stored, once the answer carried it; "" before, and for the other
+// schemas: a non-streamed Responses answer's top-level "id" (read from
+// its kept body, at most MaxUsageBody, once the answer is whole), a
+// streamed one's response.created event's response.id (vLLM's
+// ResponsesResponse.id, vllm/entrypoints/openai/responses/protocol.py).
+// An id longer than MaxResponseID bytes, or not a string, is ignored.
+func (m *Meter) ResponseID() string {
+	if m.sse != nil {
+		return m.sse.respID
+	}
+	if m.api == APIResponses && m.keep && !m.idRead && m.complete() {
+		m.idRead = true
+		m.respID = responseID(m.kept, "id")
+	}
+	return m.respID
+}
+
+// complete reports whether the kept body is a whole JSON value.
+func (m *Meter) complete() bool {
+	return len(m.kept) > 0 && nesting(m.kept, maxNesting) <= maxNesting && gjson.ValidBytes(m.kept)
+}
 
 // Tokens returns the context tokens the answer has reached so far: the
-// prompt plus one token per SSE event.
+// prompt plus one token per SSE event (for the Responses and Messages
+// schemas, per event that carries generated tokens: see sseReader).
 func (m *Meter) Tokens() int64 { return int64(m.tokens) + m.events }
 
 // Done reads the usage of the completed answer and counts it (the token
@@ -122,6 +159,11 @@ func (m *Meter) Tokens() int64 { return int64(m.tokens) + m.events }
 func (m *Meter) Done() int64 {
 	var u usage
 	switch {
+	case m.sse != nil:
+		u = m.sse.usage
+	case m.keep && (m.api == APIResponses || m.api == APIMessages):
+		u = readGenUsage(m.kept, m.api)
+		m.ResponseID()
 	case m.keep:
 		u = readUsage(m.kept)
 	case m.streamed != nil:
@@ -130,7 +172,7 @@ func (m *Meter) Done() int64 {
 	rt := m.rt
 	rt.countUsage(m.label, u)
 	rt.countBelief(m.id, m.blockSize, m.d, u)
-	rt.checkPromptTokens(promptCount{label: m.label, id: m.id, worker: m.d.Worker.Name, chat: m.api == APIChat,
+	rt.checkPromptTokens(promptCount{label: m.label, id: m.id, worker: m.d.Worker.Name, chat: m.api != APICompletions,
 		exact: m.exact, tokens: m.tokens}, u)
 	if m.keep && u.total > 0 {
 		return u.total

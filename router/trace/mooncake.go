@@ -21,7 +21,11 @@ const maxMillis = math.MaxInt64 / int64(time.Millisecond)
 //
 //	{"timestamp": int ms, "input_length": int, "output_length": int, "hash_ids": [int, ...]}
 //
-// in any order (kvcache-ai/Mooncake FAST25-release; shared/data/traces/README.md).
+// in any order (kvcache-ai/Mooncake FAST25-release; shared/data/traces/README.md),
+// or, in place of input_length and hash_ids, a request's prompt: a
+// Responses request ("input", "instructions") or an Anthropic Messages
+// request ("system", "messages"), rendered as router/live keys it (see
+// decodePromptLine's file, prompt.go).
 // Lines are decoded with encoding/json, so field names match
 // case-insensitively ("Timestamp" is "timestamp") and, when a field is
 // repeated, the last value wins. Each of these is an error, reported as a
@@ -72,7 +76,15 @@ func scanMooncake(r io.Reader, name string, yield func(*Record) bool) error {
 		if blankLine != 0 {
 			return &ParseError{File: name, Line: blankLine, Err: errors.New("blank line before the end of the trace")}
 		}
-		l, err := decodeMooncakeLine(b)
+		var (
+			l   *mooncakeLine
+			err error
+		)
+		if carries, responses := promptShape(b); carries {
+			l, err = decodePromptLine(b, responses)
+		} else {
+			l, err = decodeMooncakeLine(b)
+		}
 		if err != nil {
 			if n == 0 && looksLikeCSV(b) {
 				err = &FormatError{Read: Mooncake, Looks: Azure}
