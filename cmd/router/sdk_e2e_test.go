@@ -190,8 +190,11 @@ func TestParseSDKCheck(t *testing.T) {
 // and Anthropic Messages (streamed and not). Afterwards every worker's
 // bookings are released.
 func TestServeE2ESDKs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the router, mock workers and node as processes")
+	}
+	node := sdkNode(t) // first: a missing SDK fails before the build
 	routerBin, _ := e2eBinaries(t)
-	node := sdkNode(t)
 	script, err := filepath.Abs(filepath.Join(sdkCheckDir, "check.mjs"))
 	if err != nil {
 		t.Fatal(err)
