@@ -606,13 +606,13 @@ func TestEndpoint(t *testing.T) {
 	}
 }
 
-// TestRoute: what a method and path are, as serve's routes read them:
+// TestPathAPI: what a method and path are (route), as serve's routes read them:
 // the schema of an endpoint of the table (the query aside), a stored
 // response's id (unescaped), a pass-through POST under /v1/ unless it is
 // off; another method on a known path is a *MethodError naming the
 // methods it takes, anything else ErrNotFound, each naming the request's
 // method and path, bounded and escaped.
-func TestRoute(t *testing.T) {
+func TestPathAPI(t *testing.T) {
 	for _, tc := range []struct {
 		method, path string
 		pass         bool
