@@ -223,7 +223,7 @@ func TestUtilitiesAreNotBooked(t *testing.T) {
 	gate := make(chan struct{})
 	a.gate, b.gate = gate, gate
 	var wg sync.WaitGroup
-	paths := []string{"/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize"}
+	paths := []string{"/tokenize", "/detokenize", "/v1/tokenize", "/v1/detokenize", "/v1/messages/count_tokens"}
 	answers := make([]echoed, len(paths))
 	for i, p := range paths {
 		wg.Go(func() {
