@@ -42,7 +42,13 @@ var prefillKVParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefi
 // ("max_output_tokens" for the Responses API; "max_tokens" for the
 // others, Anthropic Messages' included, and "max_completion_tokens" too
 // when the body sets it), and without "stream_options", "min_tokens" and
-// "min_completion_tokens" (a prefill generates one token). Every other
+// "min_completion_tokens" (a prefill generates one token). A Responses
+// prefill also carries "store": false: its one-token answer is not the
+// client's, no follow-up ever reaches a prefill engine (the decode engine
+// stores the response: FollowUpHop), and vLLM's response store never
+// evicts (vllm/entrypoints/openai/responses/serving.py, response_store),
+// so a stored prefill answer would only grow the prefill engine's memory
+// for as long as it runs. Every other
 // member passes unchanged; members come out in key order, HTML characters
 // not escaped. Errors wrap ErrBadRequest: a body that is not a JSON
 // object. Linear in the body.
@@ -53,6 +59,7 @@ func PrefillBody(body []byte, api API) ([]byte, error) {
 		one := json.RawMessage("1")
 		if api == APIResponses {
 			m["max_output_tokens"] = one
+			m["store"] = json.RawMessage("false")
 		} else {
 			m["max_tokens"] = one
 			if _, ok := m["max_completion_tokens"]; ok {

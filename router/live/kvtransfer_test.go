@@ -17,9 +17,9 @@ func TestPrefillBodyPerSchema(t *testing.T) {
 		body, want string
 	}{
 		{APIResponses, `{"model":"m","input":"<hi>","max_output_tokens":9,"stream":true,"store":true}`,
-			`{"input":"<hi>",` + kv + `,"max_output_tokens":1,"model":"m","store":true,"stream":false}`},
+			`{"input":"<hi>",` + kv + `,"max_output_tokens":1,"model":"m","store":false,"stream":false}`},
 		{APIResponses, `{"model":"m","input":"hi"}`,
-			`{"input":"hi",` + kv + `,"max_output_tokens":1,"model":"m","stream":false}`},
+			`{"input":"hi",` + kv + `,"max_output_tokens":1,"model":"m","store":false,"stream":false}`},
 		{APIMessages, `{"model":"m","max_tokens":64,"stream":true,"system":"s","messages":[{"role":"user","content":"hi"}]}`,
 			`{` + kv + `,"max_tokens":1,"messages":[{"role":"user","content":"hi"}],"model":"m","stream":false,"system":"s"}`},
 		{APIChat, `{"model":"m","max_completion_tokens":7,"min_tokens":2,"stream":true,"stream_options":{"include_usage":true},"messages":[]}`,

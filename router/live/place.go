@@ -207,9 +207,11 @@ func (rt *Runtime) placePool(ctx context.Context, api API, header http.Header, b
 
 // placeFollowUp places a Responses request continuing the stored
 // response prev: only the engine that answered prev holds it (and its
-// KV cache), so the request is admitted on that worker alone, every
-// other member of the model's aggregated partition excluded (it waits in
-// the queue while that worker is at capacity), as serve's followUp does.
+// KV cache), so the request is admitted on that worker alone in one hop
+// (FollowUpHop: a disaggregated model's runs on its decode worker, with no
+// prefill hop), every other member of the hop's partition excluded (it
+// waits in the queue while that worker is at capacity), as serve's
+// followUp does.
 // Errors: *ResponseNotFoundError when the runtime knows no live binding
 // of prev (ResponseWorker), the bound worker does not serve req's model,
 // or it is excluded (it left between the lookup and the placement, or
@@ -220,9 +222,10 @@ func (rt *Runtime) placeFollowUp(ctx context.Context, req *Request, prev string,
 	if !ok {
 		return refused, notFound
 	}
+	hop := rt.FollowUpHop(req.Model)
 	var others []shared.WorkerID
 	member := false
-	for _, m := range rt.r.Workers(req.Model, shared.RoleAggregated) {
+	for _, m := range rt.r.Workers(req.Model, hop.Role) {
 		if m.ID == w.ID {
 			member = true
 		} else if !containsWorker(others, m.ID) {
@@ -233,7 +236,7 @@ func (rt *Runtime) placeFollowUp(ctx context.Context, req *Request, prev string,
 		return refused, notFound
 	}
 	opts = append(opts[:len(opts):len(opts)], admission.Exclude(others...))
-	p, err := rt.placeOne(ctx, req, admission.Aggregated.Hop(0), refused, opts)
+	p, err := rt.placeOne(ctx, req, hop, refused, opts)
 	if errors.Is(err, router.ErrAllExcluded) {
 		return refused, notFound
 	}

@@ -34,6 +34,25 @@ func (rt *Runtime) Disaggregated(model string) bool {
 	return len(rt.r.Workers(model, shared.RoleAggregated)) == 0 && len(rt.r.Workers(model, shared.RolePrefill)) > 0
 }
 
+// decodeFollowUp is the one hop of a disaggregated model's Responses
+// follow-up (previous_response_id): on the decode worker that answered
+// the previous response, which alone stores it (a prefill engine does
+// not: a prefill hop would answer 404), computing the whole prompt
+// itself, as a vLLM decode engine does for a request without
+// kv_transfer_params; so its request carries the prompt's block hashes.
+var decodeFollowUp = admission.Hop{Role: shared.RoleDecode, PrefixHashes: true, Final: true}
+
+// FollowUpHop is the hop a Responses follow-up of model runs in, on
+// both faces: one hop on the decode worker holding the previous response
+// when the model is served disaggregated (Disaggregated), else the
+// aggregated path's one hop.
+func (rt *Runtime) FollowUpHop(model string) admission.Hop {
+	if rt.Disaggregated(model) {
+		return decodeFollowUp
+	}
+	return admission.Aggregated.Hop(0)
+}
+
 // placeDisaggregated places req on admission.Disaggregated's two hops, as
 // serve walks them, but both before anything is sent: the prefill hop
 // (tag "#", role prefill, the prompt's block hashes) is admitted and
@@ -60,6 +79,10 @@ func (rt *Runtime) placeDisaggregated(ctx context.Context, req *Request, refused
 	p.Handle, p.Decision, p.URL, p.PromptTokens = dh, dd, durl, req.Tokens
 	p.Prefill = &PrefillHop{Handle: ph, Decision: pd, URL: purl}
 	p.meter = rt.Meter(dh, dd, req, true, 0)
+	// The decode engine answers the client, and so stores the response:
+	// its id is bound to the decode worker (FollowUpHop runs the
+	// follow-up there).
+	p.bind = req.API == APIResponses
 	return p, nil
 }
 

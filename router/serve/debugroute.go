@@ -243,7 +243,7 @@ func (v routeView) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		out.Key.TokenizerError = untrusted.Text(ex.TokErr.Error(), untrusted.MaxClient)
 	}
 	path := admission.Aggregated
-	if s.disaggregated(ex.Model) {
+	if s.rt.Disaggregated(ex.Model) {
 		path = admission.Disaggregated
 	}
 	for i := range path.Len() {

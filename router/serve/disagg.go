@@ -32,31 +32,6 @@ import (
 // worker is X-Switchyard-Worker).
 const headerPrefillWorker = "X-Switchyard-Prefill-Worker"
 
-// disaggregated reports whether model is served in prefill and decode
-// hops: no aggregated worker of the fleet serves it and a prefill worker
-// does.
-func (s *Server) disaggregated(model string) bool {
-	return len(s.r.Workers(model, shared.RoleAggregated)) == 0 && len(s.r.Workers(model, shared.RolePrefill)) > 0
-}
-
-// decodeFollowUp is the one hop of a disaggregated model's Responses
-// follow-up (previous_response_id): on the decode worker that answered
-// the previous response, which alone stores it (a prefill engine does
-// not: its prefill hop would answer 404), computing the whole prompt
-// itself, as a vLLM decode engine does for a request without
-// kv_transfer_params; so its request carries the prompt's block hashes.
-var decodeFollowUp = admission.Hop{Role: shared.RoleDecode, PrefixHashes: true, Final: true}
-
-// followUpHop is the hop a Responses follow-up of model runs in:
-// decodeFollowUp when the model is served disaggregated, else the
-// aggregated path's one hop.
-func (s *Server) followUpHop(model string) admission.Hop {
-	if s.disaggregated(model) {
-		return decodeFollowUp
-	}
-	return admission.Aggregated.Hop(0)
-}
-
 // disagg runs a disaggregated request, prefill hop then decode hop, and
 // returns the code it is counted under.
 func (s *Server) disagg(ex *exchange) int {

@@ -117,6 +117,7 @@ func TestDisaggResponsesAndMessages(t *testing.T) {
 		want["stream"] = false
 		if c.path == "/v1/responses" {
 			want["max_output_tokens"] = float64(1)
+			want["store"] = false // the prefill engine stores nothing
 		} else {
 			want["max_tokens"] = float64(1)
 		}

@@ -47,7 +47,7 @@ func (s *Server) exchangePool(ex *exchange) int {
 	ex.Session = ex.r.Header.Get("X-Session-Id")
 	ex.Meta = live.RequestMetadata(ex.r.Header)
 	hop := admission.Aggregated.Hop(0)
-	if s.disaggregated(ex.Model) {
+	if s.rt.Disaggregated(ex.Model) {
 		// A model served disaggregated only: its prefill engines compute
 		// inputs.
 		hop = admission.Hop{Role: shared.RolePrefill, Final: true}

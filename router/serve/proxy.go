@@ -146,7 +146,7 @@ func (s *Server) exchange(ex *exchange, api live.API) int {
 	if req.PreviousResponseID != "" {
 		return s.followUp(ex, req.PreviousResponseID)
 	}
-	if s.disaggregated(ex.Model) {
+	if s.rt.Disaggregated(ex.Model) {
 		return s.disagg(ex)
 	}
 	return s.hop(ex, hopSpec{hop: admission.Aggregated.Hop(0), tag: "#"},

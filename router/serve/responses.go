@@ -24,14 +24,14 @@ import (
 // hold (writeResponseNotFound); when that worker fails before answering,
 // 502 worker_failed (it is not replaced). A disaggregated model's
 // follow-up runs in one hop on the decode worker that answered prev
-// (followUpHop). It returns the code the request is counted under.
+// (live.Runtime.FollowUpHop). It returns the code the request is counted under.
 func (s *Server) followUp(ex *exchange, prev string) int {
 	w, _, ok := s.rt.ResponseWorker(ex.Model, prev)
 	if !ok {
 		writeResponseNotFound(ex.w, prev)
 		return http.StatusNotFound
 	}
-	hop := s.followUpHop(ex.Model)
+	hop := s.rt.FollowUpHop(ex.Model)
 	var others []shared.WorkerID
 	member := false
 	for _, m := range s.r.Workers(ex.Model, hop.Role) {

@@ -396,3 +396,58 @@ func TestDisaggregatedThroughTheGateway(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestDisaggregatedFollowUpThroughTheGateway: a disaggregated model's
+// Responses follow-up (previous_response_id) behind the gateway runs in
+// one hop on the decode engine that answered the previous response, which
+// alone stores it: the EPP names no prefill endpoint (the sidecar passes
+// the request through), no prefill engine is asked, and the engine finds
+// the stored response (it would answer 404 otherwise). Streamed or not,
+// in both body modes, over two decode engines so a wrong pick shows.
+func TestDisaggregatedFollowUpThroughTheGateway(t *testing.T) {
+	f := newPDFleet(t, 1, 2)
+	for _, mode := range []envoysim.Mode{envoysim.Buffered, envoysim.FullDuplex} {
+		for _, stream := range []bool{false, true} {
+			what := fmt.Sprintf("%s stream=%v", mode, stream)
+			resp, data := post(t, f.gateway[mode], "/v1/responses",
+				map[string]any{"model": "m", "input": "the first question, " + what, "max_output_tokens": 4}, nil)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("%s: first: status %d: %s", what, resp.StatusCode, data)
+			}
+			var first struct {
+				ID string `json:"id"`
+			}
+			if err := json.Unmarshal(data, &first); err != nil || first.ID == "" {
+				t.Fatalf("%s: first answer without an id (%v): %s", what, err, data)
+			}
+			holder := resp.Header.Get(envoysim.UpstreamHeader)
+			prefills := len(f.prefill[0].posts())
+			for turn := range 3 {
+				resp, data = post(t, f.gateway[mode], "/v1/responses", map[string]any{"model": "m", "input": fmt.Sprintf("and then %d?", turn),
+					"previous_response_id": first.ID, "max_output_tokens": 4, "stream": stream}, nil)
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("%s: follow-up %d: status %d: %s", what, turn, resp.StatusCode, data)
+				}
+				if got := resp.Header.Get(envoysim.UpstreamHeader); got != holder {
+					t.Fatalf("%s: follow-up %d went to %s, want %s, which holds %s", what, turn, got, holder, first.ID)
+				}
+				if pe := resp.Header.Get(sidecar.PrefillEndpointHeader); pe != "" {
+					t.Errorf("%s: follow-up %d ran a prefill hop on %s", what, turn, pe)
+				}
+				if stream && !bytes.Contains(data, []byte("event: response.completed")) {
+					t.Errorf("%s: follow-up %d: stream without response.completed: %s", what, turn, data)
+				}
+			}
+			if n := len(f.prefill[0].posts()); n != prefills {
+				t.Errorf("%s: the prefill engine got %d requests for the follow-ups, want none", what, n-prefills)
+			}
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for f.active() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("bookings %d after every answer ended, want 0", f.active())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

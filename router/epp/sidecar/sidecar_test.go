@@ -176,7 +176,7 @@ func TestSidecarTwoHops(t *testing.T) {
 		t.Fatalf("answer %d %s (prefill %q)", w.Code, w.Body.String(), w.Header().Get(PrefillEndpointHeader))
 	}
 	p, _ := prefill.requests()
-	wantP := `/v1/responses {"input":"hi","kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"max_output_tokens":1,"model":"m","stream":false}`
+	wantP := `/v1/responses {"input":"hi","kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null},"max_output_tokens":1,"model":"m","store":false,"stream":false}`
 	if len(p) != 1 || p[0] != wantP {
 		t.Errorf("prefill got %q\nwant %q", p, wantP)
 	}
