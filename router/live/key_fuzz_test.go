@@ -38,6 +38,10 @@ func FuzzParse(f *testing.F) {
 		`{"model":"m","prompt":"x","cache_salt":"s\u00e9"}`,
 		`{"model":"m","cache_salt":5,"cache_salt":"s","messages":[{"role":"user","content":"a"}]}`,
 		`{"model":"m","prompt":[1],"cache_salt":{"a":1}}`,
+		`{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"a","name":"ann"},{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}],"reasoning":"r"},{"role":"tool","tool_call_id":"c","content":"x"}]}`,
+		`{"model":"m","tools":[],"messages":[{"role":"assistant","tool_calls":[],"reasoning":null,"name":5},{"role":"user","tool_call_id":"c","tool_calls":[1],"reasoning":"r"}]}`,
+		`{"model":"m","tools":{"a":1},"messages":[{"role":"tool","tool_call_id":"c\u00e9","name":"\ud800"}]}`,
+		`{"model":"m","tools":[1],"prompt_token_ids":[1],"messages":[{"role":"assistant","tool_calls":{"x":1}}]}`,
 		"{\"model\":\"m\",\"prompt\":\"x\",\"cache_salt\":\"a\xffb\"}",
 		`{"model":"m","prompt":"x","cache_salt":"\ud800"}`,
 		`{"model":"m","prompt":["a",null]}`,
@@ -70,6 +74,9 @@ func FuzzParse(f *testing.F) {
 	})
 }
 
+// keyOpts compares routing keys whole.
+var keyOpts = cmp.AllowUnexported(RoutingKey{}, chatSpan{}, chatExt{}, msgExt{}, textSpan{})
+
 // same fails t unless a parse (name) answered as the walk did.
 func same(t *testing.T, name string, got *CompletionRequest, err error, std *CompletionRequest, stdErr error) {
 	t.Helper()
@@ -80,7 +87,7 @@ func same(t *testing.T, name string, got *CompletionRequest, err error, std *Com
 		t.Fatalf("%s refuses with %q, parseStd with %q", name, err, stdErr)
 	case err == nil && (got.Model != std.Model || got.Stream != std.Stream):
 		t.Fatalf("%s: model %q stream %v; parseStd: model %q stream %v", name, got.Model, got.Stream, std.Model, std.Stream)
-	case err == nil && !cmp.Equal(got.Key(), std.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})):
-		t.Fatalf("%s: key (-parseStd +%s):\n%s", name, name, cmp.Diff(std.Key(), got.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})))
+	case err == nil && !cmp.Equal(got.Key(), std.Key(), keyOpts):
+		t.Fatalf("%s: key (-parseStd +%s):\n%s", name, name, cmp.Diff(std.Key(), got.Key(), keyOpts))
 	}
 }

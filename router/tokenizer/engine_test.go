@@ -78,7 +78,7 @@ func newFakeEngine(t testing.TB, f *File) *fakeEngine {
 				http.Error(w, "unsupported chat settings", http.StatusBadRequest)
 				return
 			}
-			ids, err = f.EncodeChat(r.Context(), req.Messages)
+			ids, err = f.EncodeChat(r.Context(), req.Messages, "")
 		case req.Prompt != nil:
 			ids, err = f.encode(*req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 		default:
@@ -139,7 +139,7 @@ func TestEngineMatchesFile(t *testing.T) {
 		t.Errorf("Encode = %v, want %v", got, want)
 	}
 	msgs := []prefix.ChatMessage{{Role: "user", Content: "hello world"}}
-	got, err = e.EncodeChat(ctx, msgs)
+	got, err = e.EncodeChat(ctx, msgs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,8 +208,8 @@ func TestEngineExactCache(t *testing.T) {
 	turn1 := []prefix.ChatMessage{{Role: "system", Content: strings.Repeat("hello world ", 20)}, {Role: "user", Content: "hello"}}
 	turn2 := append(slices.Clone(turn1), prefix.ChatMessage{Role: "assistant", Content: "hi"}, prefix.ChatMessage{Role: "user", Content: "the"})
 	for i, msgs := range [][]prefix.ChatMessage{turn1, turn2, turn1, turn2} {
-		want, _ := fc.EncodeChat(ctx, msgs)
-		got, err := ec.EncodeChat(ctx, msgs)
+		want, _ := fc.EncodeChat(ctx, msgs, "")
+		got, err := ec.EncodeChat(ctx, msgs, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -448,7 +448,7 @@ func TestEngineUnsupportedBackoff(t *testing.T) {
 		t.Errorf("%d calls during the backoff, want none", calls.Load()-n)
 	}
 	// The chat form is its own: still called.
-	if _, err := e.EncodeChat(ctx, []prefix.ChatMessage{{Role: "user", Content: "x"}}); !errors.Is(err, ErrEngine) {
+	if _, err := e.EncodeChat(ctx, []prefix.ChatMessage{{Role: "user", Content: "x"}}, ""); !errors.Is(err, ErrEngine) {
 		t.Fatalf("chat: %v, want the engine's 404", err)
 	}
 	e.textOff.Store(time.Now().Add(-time.Second).UnixNano()) // the backoff passed

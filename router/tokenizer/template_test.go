@@ -44,7 +44,7 @@ func TestChatMLGolden(t *testing.T) {
 		"<|im_start|>assistant\nNice to meet you!<|im_end|>\n" +
 		"<|im_start|>user\nCan I ask a question?<|im_end|>\n" +
 		"<|im_start|>assistant\n"
-	got, err := tmpl.Render(msgs)
+	got, err := tmpl.Render(msgs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestChatMLGolden(t *testing.T) {
 	// EncodeChat tokenizes the rendering without adding special tokens
 	// again: the same ids as the golden text encoded by the same file.
 	f := loadFile(t, "bytebpe-bos.json", tmpl)
-	ids, err := f.EncodeChat(context.Background(), []prefix.ChatMessage{{Role: "user", Content: "hello world"}})
+	ids, err := f.EncodeChat(context.Background(), []prefix.ChatMessage{{Role: "user", Content: "hello world"}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestLlama3Golden(t *testing.T) {
 		"You are a helpful assistant.<|eot_id|>" +
 		"<|start_header_id|>user<|end_header_id|>\n\nhello world<|eot_id|>" +
 		"<|start_header_id|>assistant<|end_header_id|>\n\n"
-	got, err := tmpl.Render(msgs)
+	got, err := tmpl.Render(msgs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestLlama3Golden(t *testing.T) {
 		t.Errorf("rendered\n%q\nwant\n%q", got, golden)
 	}
 	f := loadFile(t, "bytebpe-bos.json", tmpl)
-	ids, err := f.EncodeChat(context.Background(), msgs[1:])
+	ids, err := f.EncodeChat(context.Background(), msgs[1:], "")
 	if err != nil {
 		t.Fatal(err)
 	}
