@@ -5,8 +5,7 @@
 // router keys a request by (router/live) and a trace line's prompt is
 // rendered from (router/trace), so both read a body the same way.
 //
-// Each message is a router/prefix ChatMessage: its role, its text
-// content, and what vLLM puts beside the text that its chat template
+// Each message is its role, its text content, and what vLLM puts beside the text that its chat template
 // renders: an assistant message's tool_calls (as the JSON array vLLM
 // builds) and reasoning, a tool message's tool_call_id. Images add no
 // text. The request's tools are converted into the chat completions
@@ -43,14 +42,27 @@ import (
 	"strings"
 
 	"github.com/tidwall/gjson"
-
-	"github.com/switchyard-router/switchyard/router/prefix"
 )
 
 // Message is one chat message: its role ("system", "user", "assistant",
-// "tool", "developer", ...), its text content and its tool calls,
-// tool_call_id and reasoning (see prefix.ChatMessage).
-type Message = prefix.ChatMessage
+// "tool", "developer", ...), its text content, and the fields vLLM puts
+// beside them (router/prefix's ChatMessage has the same fields; this
+// package sits below it). A string field that is "" is absent.
+type Message struct {
+	Role, Content string
+	// Name is the message's "name" (not set by these conversions; there
+	// for the chat messages the fields mirror).
+	Name string
+	// ToolCallID is a tool message's tool_call_id.
+	ToolCallID string
+	// ToolCalls is an assistant message's tool calls, the JSON array
+	// vLLM builds ("" for none).
+	ToolCalls string
+	// Reasoning is an assistant message's reasoning, present when
+	// HasReasoning ("" included).
+	Reasoning    string
+	HasReasoning bool
+}
 
 // Request is what the router reads of a Responses or Messages request.
 type Request struct {

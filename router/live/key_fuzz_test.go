@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/switchyard-router/switchyard/router/prefix"
 )
 
 // FuzzParse checks the request parser on any body: checkBody accepts
@@ -13,7 +15,8 @@ import (
 // the fast path (parseFast), on the bodies ParseRequest may give it, and
 // the walk (parseStd) agree, as TestParsePathsAgree asks: the same
 // accept or refuse, the same error, the same model, stream and routing
-// key (cache_salt included); and ParseRequest answers as the walk does. Seeded with
+// key (cache_salt included); and ParseRequest answers as the walk does. A
+// chat key's text is prefix.RenderChatTools of its tools and messages. Seeded with
 // BenchmarkParseAdversarial's shapes (600 bytes each) and the bodies of the
 // paths' tests.
 func FuzzParse(f *testing.F) {
@@ -65,6 +68,12 @@ func FuzzParse(f *testing.F) {
 			t.Fatalf("checkBody %v, but encoding/json finds the body valid: %v", checked, json.Valid(body))
 		}
 		std, stdErr := parseStd(body, chat)
+		if stdErr == nil && std.Key().chat != nil {
+			k := std.Key()
+			if want := prefix.RenderChatTools(k.tools(), k.messages()); k.text != want {
+				t.Fatalf("text %q is not the rendering of its tools and messages %q", k.text, want)
+			}
+		}
 		got, err := ParseRequest(body, schema(chat))
 		same(t, "ParseRequest", got, err, std, stdErr)
 		if plainText(body) {

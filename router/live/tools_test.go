@@ -140,7 +140,8 @@ func postJSON(t *testing.T, url, body string, v any) {
 // answers the request itself with; the tokenizer file with the same
 // template gives the same ids. Without the tools and the fields beside
 // the content the conversation renders to fewer tokens, so a router that
-// dropped them would count under.
+// dropped them would count under. Keyed by characters, the router's text
+// is as long as the rendering an engine without a tokenizer counts.
 func TestToolsKeyedAsTheEngineRendersThem(t *testing.T) {
 	tok := toolsTokenizer(t)
 	m, err := mockworker.New(mockworker.Config{Speedup: 1000, BlockTokens: 16, Model: "m", Tokenizer: tok})
@@ -149,6 +150,14 @@ func TestToolsKeyedAsTheEngineRendersThem(t *testing.T) {
 	}
 	hs := httptest.NewServer(m)
 	t.Cleanup(func() { hs.Close(); m.Close() })
+	// An engine without a tokenizer counts its prompt's rendering, a
+	// byte a token.
+	plain, err := mockworker.New(mockworker.Config{Speedup: 1000, BlockTokens: 16, Model: "m", CharsPerToken: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hp := httptest.NewServer(plain)
+	t.Cleanup(func() { hp.Close(); plain.Close() })
 
 	e := newEnv(t, envOptions{}, backend{name: "a", url: closedURL(t)})
 	engineSet, err := tokenizer.FromConfig([]config.Tokenizer{{Model: "m", Source: config.TokenizerSourceEngine}},
@@ -191,6 +200,13 @@ func TestToolsKeyedAsTheEngineRendersThem(t *testing.T) {
 			file, err := tok.EncodeChat(ctx, msgs, tools)
 			if err != nil || !slices.Equal(file, want.Tokens) {
 				t.Fatalf("the tokenizer file's ids %v (%v), want %v", file, err, want.Tokens)
+			}
+
+			// Keyed by characters, the router's text is the rendering the
+			// engine without a tokenizer counts.
+			postJSON(t, hp.URL+c.path, c.body, &answer)
+			if n, _ := answer.Usage[c.usage].(float64); int(n) != len(req.Key().text) {
+				t.Fatalf("the router's text is %d bytes, the engine's rendering %v: %q", len(req.Key().text), answer.Usage[c.usage], req.Key().text)
 			}
 
 			// What the router counted before it carried them: fewer.
