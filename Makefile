@@ -12,7 +12,7 @@ SDK         := shared
 PYTHON      := /usr/bin/python3
 PYTHON_DEBS := python3-grpcio python3-protobuf
 
-.PHONY: all build test python-deps browser-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-failover bench-serve chaos demo-replicas bench-overlap bench-fleet bench-fleet-smoke demo demo-serve proto proto-check clean
+.PHONY: all build test python-deps browser-deps sdk-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-failover bench-serve chaos demo-replicas bench-overlap bench-fleet bench-fleet-smoke demo demo-serve proto proto-check clean
 
 all: build
 
@@ -24,10 +24,11 @@ build:
 ## the SDK's, shared/) under the race detector, and the
 ## Python SDK's and scripts/' unit tests (installs the Debian packages they and the Go tests
 ## that start the Python example plugin need, when missing, and Chromium for
-## the HTML report's browser test, which then must run: SWITCHYARD_REQUIRE_BROWSER=1).
+## the HTML report's browser test, which then must run: SWITCHYARD_REQUIRE_BROWSER=1),
+## and the Node SDKs of scripts/sdk-check that cmd/router's TestServeE2ESDKs runs.
 ## A package may take 30 minutes: cmd/router's real-process tests take about 4 on an idle
 ## 2-core machine and more than 10 (go test's default) under stress-ng.
-test: fmt-check vet python-deps browser-deps
+test: fmt-check vet python-deps browser-deps sdk-deps
 	SWITCHYARD_REQUIRE_BROWSER=1 $(GO) test -race -count=1 -timeout 30m $(PKGS)
 	$(GO) -C $(SDK) test -race -count=1 $(PKGS)
 	$(PYTHON) -m unittest discover -s sdk/python/tests -t sdk/python
@@ -41,6 +42,12 @@ python-deps:
 ## (router/replay/report/htmlreport; screenshots go to SWITCHYARD_ARTIFACTS when set)
 browser-deps:
 	scripts/apt-install.sh chromium
+
+## sdk-deps: the official OpenAI and Anthropic Node SDKs pinned by
+## scripts/sdk-check/package-lock.json (npm ci into scripts/sdk-check/node_modules;
+## Node.js >= 20 and npm, Debian's when node is missing), for cmd/router's TestServeE2ESDKs
+sdk-deps:
+	scripts/sdk-check/install.sh
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
@@ -115,7 +122,8 @@ demo-replicas:
 	scripts/demo-replicas.sh
 
 ## bench-serve: loopback load on `router serve` against direct and a bare
-## httputil.ReverseProxy, with the issue's targets checked (under a minute)
+## httputil.ReverseProxy, with the issue's targets checked, and the router's
+## added latency on /v1/responses and /v1/embeddings, one client (about two minutes)
 bench-serve:
 	scripts/bench-serve.sh
 

@@ -6,8 +6,10 @@
 # (d) `router serve` with the default KV policy, (g) the same with the
 # template plugin as its shadow (shadow mode's cost), (e) `router serve` with an
 # out-of-process scorer (the template plugin) under 64 clients against one
-# client, with the plugin's Decide tasks per message, then prints PASS/MISS for
-# the targets. The bench starts every process it measures; whatever it
+# client, with the plugin's Decide tasks per message; then, with one client,
+# (a), (f) and (c) on POST /v1/responses and POST /v1/embeddings (issue 28;
+# --apis chooses), the router's added latency on each against the floor;
+# then prints PASS/MISS for the targets. The bench starts every process it measures; whatever it
 # started is killed on exit, even if it is itself interrupted or killed.
 # Extra arguments go to the bench (e.g. --concurrency 64 --duration 8s).
 set -euo pipefail

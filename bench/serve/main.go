@@ -22,6 +22,14 @@
 // into the hop itself ((f) - (a)) and the router over that floor
 // ((c) - (f)).
 //
+// The requests above are chat completions. For each API of --apis
+// (issue 28: POST /v1/responses and POST /v1/embeddings by default) it
+// also measures the one-client phase of (a), (f) and (c) with that API's
+// request (apiBody), and reports the router's added latency on it the
+// same way: (c) - (a), the hop (f) - (a) and the router over the floor
+// (c) - (f). An API the mock engines do not serve is reported as failed
+// without stopping the rest.
+//
 // It starts every process it measures (three `router mock-worker`s, the
 // floor forwarder and the bare proxy as copies of itself, and each
 // `router serve`; all but the mocks only for their own case), all on
@@ -44,6 +52,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -84,6 +93,7 @@ type options struct {
 	jsonOut     string
 	pluginBin   string
 	pluginConc  int
+	apis        []string
 }
 
 func main() {
@@ -116,7 +126,18 @@ func main() {
 	flag.StringVar(&o.jsonOut, "json", "", "also write the results as JSON to this file")
 	flag.StringVar(&o.pluginBin, "plugin-bin", "bin/plugin-example", "the template plugin for case (e), an out-of-process scorer (empty: skip (e))")
 	flag.IntVar(&o.pluginConc, "plugin-concurrency", 64, "closed-loop clients of case (e)'s throughput phase")
+	apis := flag.String("apis", "responses,embeddings", "APIs besides chat measured with one client on (a), (f) and (c), comma-separated: "+strings.Join(slices.Sorted(maps.Keys(apiPaths)), ", ")+" (empty: none)")
 	flag.Parse()
+	for _, a := range strings.Split(*apis, ",") {
+		if a = strings.TrimSpace(a); a == "" {
+			continue
+		}
+		if _, ok := apiPaths[a]; !ok {
+			fmt.Fprintf(os.Stderr, "bench-serve: --apis: unknown API %q\n", a)
+			os.Exit(2)
+		}
+		o.apis = append(o.apis, a)
+	}
 	if o.concurrency < 1 || o.mocks < 1 || o.duration <= 0 || o.promptBytes < 1 || o.maxTokens < 1 {
 		fmt.Fprintln(os.Stderr, "bench-serve: bad flags")
 		os.Exit(2)
@@ -151,6 +172,49 @@ type result struct {
 	// Shadow is case (g)'s shadow decisions by result over both phases
 	// (switchyard_shadow_decisions_total).
 	Shadow map[string]float64 `json:"shadow,omitempty"`
+	// APIs are the one-client phases of cases (a), (f) and (c) with the
+	// other APIs' requests (--apis), by API name.
+	APIs map[string]apiLatency `json:"apis,omitempty"`
+}
+
+// apiLatency is one case's one-client phase on one API: requests per
+// second, p50 and p99 in microseconds, requests measured; or why it
+// failed.
+type apiLatency struct {
+	RPS      float64 `json:"serial_rps,omitempty"`
+	P50us    float64 `json:"serial_p50_us,omitempty"`
+	P99us    float64 `json:"serial_p99_us,omitempty"`
+	Requests int     `json:"serial_requests,omitempty"`
+	Err      string  `json:"error,omitempty"`
+}
+
+// apiPaths are the APIs --apis may name besides chat, by name: the path
+// each request is posted to.
+var apiPaths = map[string]string{
+	"responses":  "/v1/responses",
+	"embeddings": "/v1/embeddings",
+}
+
+// apiBody is the request of API api ("responses" or "embeddings"), the
+// same prompt as requestBody's chat request: for the Responses API the
+// system prompt as instructions and the user text as input, at most
+// maxTokens output tokens, not streamed (OpenAI's Responses reference,
+// https://platform.openai.com/docs/api-reference/responses/create); for
+// embeddings the two texts as a batch of two inputs, floats
+// (https://platform.openai.com/docs/api-reference/embeddings/create).
+func apiBody(api string, promptBytes, maxTokens int) []byte {
+	sys, user := promptTexts(promptBytes)
+	var v map[string]any
+	switch api {
+	case "responses":
+		v = map[string]any{"model": "mock", "instructions": sys, "input": user, "max_output_tokens": maxTokens, "stream": false}
+	case "embeddings":
+		v = map[string]any{"model": "mock", "input": []string{sys, user}, "encoding_format": "float"}
+	default:
+		panic("apiBody: unknown API " + api)
+	}
+	b, _ := json.Marshal(v)
+	return b
 }
 
 // shadowCounts reads the router's /metrics and returns
@@ -261,6 +325,9 @@ func run(ctx context.Context, o options, procs *children) error {
 
 	fmt.Printf("bench-serve: %d mock workers (--speedup %v) at %s\n", o.mocks, o.speedup, strings.Join(mocks, " "))
 	fmt.Printf("  chat request: %d bytes body (%d-byte prompt), max_tokens %d, not streamed, identical\n", len(body), o.promptBytes, o.maxTokens)
+	for _, a := range o.apis {
+		fmt.Printf("  %s request (POST %s): %d bytes body, one client on (a), (f) and (c)\n", a, apiPaths[a], len(apiBody(a, o.promptBytes, o.maxTokens)))
+	}
 	fmt.Printf("  throughput: %d keep-alive clients, %v warm-up + %v per case; latency: 1 client, %v warm-up + %v per case\n",
 		o.concurrency, o.warmup, o.duration, o.warmup/2, o.serialDur)
 	fmt.Printf("  GOMAXPROCS %d, NumCPU %d; every process on 127.0.0.1\n\n", runtime.GOMAXPROCS(0), runtime.NumCPU())
@@ -390,6 +457,26 @@ func run(ctx context.Context, o options, procs *children) error {
 			r.SerialReqs, r.SerialRPS = n, float64(n)/elapsed.Seconds()
 			r.SerialP50, r.SerialP99 = pct(lat, 0.50), pct(lat, 0.99)
 		}
+		if o.serialDur > 0 && (c.key == "a" || c.key == "f" || c.key == "c") {
+			for _, api := range o.apis {
+				al := apiLatency{}
+				lat, n, elapsed, err := load(ctx, base+apiPaths[api], apiBody(api, o.promptBytes, o.maxTokens), 1, o.warmup/2, o.serialDur)
+				if err != nil {
+					if ctx.Err() != nil {
+						stopCase()
+						return ctx.Err()
+					}
+					al.Err = err.Error()
+				} else {
+					al.Requests, al.RPS = n, float64(n)/elapsed.Seconds()
+					al.P50us, al.P99us = pct(lat, 0.50), pct(lat, 0.99)
+				}
+				if r.APIs == nil {
+					r.APIs = map[string]apiLatency{}
+				}
+				r.APIs[api] = al
+			}
+		}
 		if c.key == "g" || c.key == "h" {
 			if r.Shadow, err = shadowCounts(ctx, base); err != nil {
 				stopCase()
@@ -400,6 +487,13 @@ func run(ctx context.Context, o options, procs *children) error {
 		results = append(results, r)
 		fmt.Printf("  done: %-38s %8.0f req/s  p50 %7.0f us  p99 %7.0f us  | 1 client: p50 %5.0f us  p99 %5.0f us\n",
 			c.name, r.RPS, r.P50us, r.P99us, r.SerialP50, r.SerialP99)
+		for _, api := range o.apis {
+			if al, ok := r.APIs[api]; ok && al.Err == "" {
+				fmt.Printf("        %-38s %8s          %7s       %7s      | 1 client: p50 %5.0f us  p99 %5.0f us\n", api, "", "", "", al.P50us, al.P99us)
+			} else if ok {
+				fmt.Printf("        %-38s failed: %s\n", api, al.Err)
+			}
+		}
 	}
 	report(os.Stdout, o, results)
 	if o.jsonOut != "" {
@@ -506,6 +600,49 @@ func report(w io.Writer, o options, rs []result) {
 	if o.serialDur > 0 && haveA && haveC && haveF {
 		fmt.Fprintf(w, "  (the hop itself, 1 client, (f) - (a): %+.0f us; router over the floor, (c) - (f): %+.0f us)\n", f.SerialP50-a.SerialP50, c.SerialP50-f.SerialP50)
 	}
+	reportAPIs(w, o, a, f, c, haveA && haveF && haveC)
+}
+
+// reportAPIs prints, for each API of --apis besides chat, the one-client
+// phase of (a), (f) and (c) and the router's added latency on it: (c) -
+// (a) against the 100us target of chat, the hop (f) - (a), and the router
+// over the floor (c) - (f), at p50 and p99.
+func reportAPIs(w io.Writer, o options, a, f, c result, have bool) {
+	if o.serialDur <= 0 || len(o.apis) == 0 || !have {
+		return
+	}
+	fmt.Fprintf(w, "\nother APIs, 1 client, no queueing (added = case - (a))\n")
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "API\tcase\treq/s\tp50 us\tp99 us\tadded p50 us\tadded p99 us\t")
+	for _, api := range o.apis {
+		for _, r := range []result{a, f, c} {
+			al := r.APIs[api]
+			if al.Err != "" {
+				fmt.Fprintf(tw, "%s\t%s\tfailed\t-\t-\t-\t-\t\n", api, r.Case)
+				continue
+			}
+			added := "-\t-"
+			if ad := a.APIs[api]; ad.Err == "" {
+				added = fmt.Sprintf("%+.0f\t%+.0f", al.P50us-ad.P50us, al.P99us-ad.P99us)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%.0f\t%.0f\t%.0f\t%s\t\n", api, r.Case, al.RPS, al.P50us, al.P99us, added)
+		}
+	}
+	tw.Flush()
+	for _, api := range o.apis {
+		aa, fa, ca := a.APIs[api], f.APIs[api], c.APIs[api]
+		if aa.Err != "" || fa.Err != "" || ca.Err != "" {
+			fmt.Fprintf(w, "%s: not measured: (a) %s, (f) %s, (c) %s\n", api, orOK(aa.Err), orOK(fa.Err), orOK(ca.Err))
+			continue
+		}
+		verdict := "PASS"
+		if time.Duration((ca.P50us-aa.P50us)*1e3) > targetAddedP50 {
+			verdict = "MISS"
+		}
+		fmt.Fprintf(w, "%s: router adds <= %v at p50 (1 client, (c) - (a)): %.0f us  %s; p99 %+.0f us\n", api, targetAddedP50, ca.P50us-aa.P50us, verdict, ca.P99us-aa.P99us)
+		fmt.Fprintf(w, "  (the hop itself, (f) - (a): %+.0f us; router over the floor, (c) - (f): %+.0f us at p50, %+.0f us at p99)\n",
+			fa.P50us-aa.P50us, ca.P50us-fa.P50us, ca.P99us-fa.P99us)
+	}
 }
 
 // load runs conc closed-loop clients against url for warm+dur and returns
@@ -595,12 +732,7 @@ func pct(sorted []time.Duration, q float64) float64 {
 // requestBody is the chat request every client sends: a system prompt
 // and a user message of promptBytes bytes together.
 func requestBody(promptBytes, maxTokens int) []byte {
-	sys := strings.Repeat("You are a helpful assistant. ", 20)
-	if len(sys) > promptBytes/2 {
-		sys = sys[:promptBytes/2]
-	}
-	userLen := promptBytes - len(sys)
-	user := strings.Repeat("Summarise the switchyard benchmark notes, please. ", userLen/50+1)[:userLen]
+	sys, user := promptTexts(promptBytes)
 	b, _ := json.Marshal(map[string]any{
 		"model":      "mock",
 		"max_tokens": maxTokens,
@@ -611,6 +743,26 @@ func requestBody(promptBytes, maxTokens int) []byte {
 		},
 	})
 	return b
+}
+
+// orOK is err, or "ok" when it is empty.
+func orOK(err string) string {
+	if err == "" {
+		return "ok"
+	}
+	return err
+}
+
+// promptTexts are the system prompt and the user text of promptBytes
+// bytes together that every request carries.
+func promptTexts(promptBytes int) (sys, user string) {
+	sys = strings.Repeat("You are a helpful assistant. ", 20)
+	if len(sys) > promptBytes/2 {
+		sys = sys[:promptBytes/2]
+	}
+	userLen := promptBytes - len(sys)
+	user = strings.Repeat("Summarise the switchyard benchmark notes, please. ", userLen/50+1)[:userLen]
+	return sys, user
 }
 
 // policyFile is a router policy with one worker block per mock: the

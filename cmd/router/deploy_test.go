@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -17,6 +18,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
+
+	"github.com/switchyard-router/switchyard/router/live"
 )
 
 // manifests reads the YAML documents of deploy/kubernetes/name by kind
@@ -222,14 +225,56 @@ func TestDeployManifests(t *testing.T) {
 	var route struct {
 		Spec struct {
 			Rules []struct {
-				BackendRefs []struct{ Group, Kind, Name string }
+				Matches []struct {
+					Path   struct{ Type, Value string }
+					Method string
+				}
+				BackendRefs []struct {
+					Group, Kind, Name string
+					Port              int32
+				}
 			}
 		}
 	}
 	if err := yaml.Unmarshal(ip["HTTPRoute"], &route); err != nil {
 		t.Fatal(err)
 	}
+	if len(route.Spec.Rules) != 2 {
+		t.Fatalf("route rules %+v, want the engine endpoints' and the fleet views'", route.Spec.Rules)
+	}
 	if b := route.Spec.Rules[0].BackendRefs[0]; b.Group != "inference.networking.k8s.io" || b.Kind != "InferencePool" || b.Name != pool.Metadata.Name {
 		t.Errorf("route backend %+v, want the InferencePool %s", b, pool.Metadata.Name)
+	}
+	// Every engine endpoint the router routes goes to the pool, as a POST.
+	var routed []string
+	for _, m := range route.Spec.Rules[0].Matches {
+		if m.Path.Type != "Exact" || m.Method != http.MethodPost {
+			t.Errorf("pool match %+v, want an Exact path and POST", m)
+		}
+		routed = append(routed, m.Path.Value)
+	}
+	var want []string
+	for _, e := range live.Endpoints() {
+		want = append(want, e.Path)
+	}
+	if !slices.Equal(routed, want) {
+		t.Errorf("paths routed to the pool %q, want the engine endpoints' %q", routed, want)
+	}
+	// The fleet views go to the EPP's HTTP API.
+	var httpPort int32
+	for _, p := range svc.Spec.Ports {
+		if p.Name == "http" {
+			httpPort = p.Port
+		}
+	}
+	views := route.Spec.Rules[1]
+	if b := views.BackendRefs[0]; b.Kind != "" || b.Name != svc.Name || b.Port != httpPort || httpPort == 0 {
+		t.Errorf("fleet views' backend %+v, want the Service %s port %d", b, svc.Name, httpPort)
+	}
+	if m := views.Matches; len(m) != 1 || m[0].Path.Value != "/v1/models" || m[0].Path.Type != "PathPrefix" || m[0].Method != http.MethodGet {
+		t.Errorf("fleet views' matches %+v, want GET /v1/models and below", m)
+	}
+	if flag("http-listen") != "0.0.0.0:"+strconv.Itoa(int(httpPort)) {
+		t.Errorf("--http-listen %s, the Service's http port %d", flag("http-listen"), httpPort)
 	}
 }

@@ -42,7 +42,11 @@ an Envoy external-processing (envoy.service.ext_proc.v3) gRPC service on
 --listen that picks, for each request, the worker the policy file's
 aggregated policy chooses (queueing at the queue block's capacity) and
 answers its URL's host:port as x-gateway-destination-endpoint, followed by
-up to --fallbacks of the policy's runners-up. The workers are the policy
+up to --fallbacks of the policy's runners-up. A disaggregated model (prefill
+and decode workers, no aggregated one) gets a decode worker, by the decode
+policy, and a prefill worker, by the prefill policy, named in
+x-prefiller-host-port for the decode pod's routing sidecar (router
+pd-sidecar, llm-d's protocol). The workers are the policy
 file's worker blocks and those of --workers-file (watched), as for serve.
 With --pool-selector and --pool-port the workers also come from the
 Kubernetes pods an InferencePool selects (see --pool-* and --kubeconfig).

@@ -47,7 +47,7 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	addLogLevelFlag(root)
 	root.AddCommand(newValidateCmd(), newReplayCmd(), newPluginsCmd(), newVersionCmd())
 	root.AddCommand(newMockWorkerCmd())
-	root.AddCommand(newServeCmd(), newEPPCmd(), newKVRelayCmd())
+	root.AddCommand(newServeCmd(), newEPPCmd(), newKVRelayCmd(), newPDSidecarCmd())
 	root.AddCommand(newTraceCmd())
 	return root
 }

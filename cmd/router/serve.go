@@ -34,7 +34,10 @@ type runtimeFlags struct {
 	charsPerToken  int
 	debugListen    string
 	shadowInFlight int
-	pods           podFlags
+	// passThrough is --pass-through: unknown paths under /v1/ are
+	// proxied to an engine serving the body's model.
+	passThrough bool
+	pods        podFlags
 }
 
 // register registers the runtime's flags on f.
@@ -47,6 +50,7 @@ func (r *runtimeFlags) register(f *pflag.FlagSet) {
 	f.IntVar(&r.charsPerToken, "chars-per-token", live.DefaultCharsPerToken, "bytes of text per token of text prompts' routing key (an approximation)")
 	f.StringVar(&r.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) and the router's debug views on this separate address; off when empty")
 	f.IntVar(&r.shadowInFlight, "shadow-max-inflight", router.DefaultShadowInFlight, "most shadow decisions running at once (policies with a shadow); one more is dropped")
+	f.BoolVar(&r.passThrough, "pass-through", true, "proxy a POST to a path under /v1/ the router does not route by its schema to an engine serving the body's \"model\" (admitted by load); --pass-through=false answers such paths 404")
 	setWant(f, "request-timeout", positiveDurationWant)
 	setWant(f, "drain-timeout", positiveDurationWant)
 	setWant(f, "chars-per-token", charsPerTokenWant)
@@ -86,10 +90,13 @@ func (r *runtimeFlags) listenDebug() (net.Listener, error) {
 
 // daemonOptions returns the DaemonOptions the runtime's flags set, with
 // serve's HTTP face (serve.Face) as the face, draining for
-// --drain-timeout; the caller adds its listeners, pods, logger and the
-// rest.
+// --drain-timeout, passing unknown paths through unless
+// --pass-through=false, reporting the router's version on GET /version;
+// the caller adds its listeners, pods, logger and the rest.
 func (r *runtimeFlags) daemonOptions(face serve.Options) live.DaemonOptions {
 	face.DrainTimeout = r.drainTimeout
+	face.DisablePassThrough = !r.passThrough
+	face.Version = version
 	return live.DaemonOptions{
 		PolicyFile: r.policy, WorkersFile: r.workersFile, Watch: r.watch,
 		RequestTimeout: r.requestTimeout, CharsPerToken: r.charsPerToken,
@@ -112,12 +119,18 @@ func newServeCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve --policy FILE",
 		Short: "Route live OpenAI-compatible traffic to inference engines by policy",
-		Long: `serve routes OpenAI-compatible requests (POST /v1/chat/completions and
-/v1/completions, streamed or not) to the workers of the policy file's worker
+		Long: `serve routes OpenAI-compatible requests (POST /v1/chat/completions,
+/v1/completions, /v1/responses and Anthropic's /v1/messages, streamed or not;
+embeddings, pooling, classify, score and rerank, admitted by load; tokenize and
+detokenize, not counted as load) to the workers of the policy file's worker
 blocks, of --workers-file and, with --pool-selector, of the ready Kubernetes
 pods it matches (at --pool-port), choosing each request's worker by the policy
 (queueing at the queue block's capacity), and proxies the answer back
-chunk by chunk. GET /v1/models lists the workers' models, /metrics the
+chunk by chunk. A Responses request continuing a stored response goes to the
+engine that holds it. Other POSTs under /v1/ naming a model are passed through
+(--pass-through=false: 404). docs/serve.md lists every endpoint.
+GET /v1/models lists the engines' models as they describe them, /health,
+/ping and /version answer as vLLM's do, /metrics the
 router's Prometheus metrics, /healthz liveness and /readyz readiness: 200
 when the policy is loaded and at least one worker is ready, with JSON
 saying, per worker, ready or not and why, and each plugin's state (a

@@ -329,3 +329,51 @@ func TestByteSizeFlag(t *testing.T) {
 		t.Errorf("--max-body-bytes-per-client 2TiB: exit %d, stderr %q; want 2 and the flag's range", code, stderr.String())
 	}
 }
+
+// TestServePassThroughFlagAndVersion: `router serve` reports its version
+// on GET /version, and passes an unknown /v1/ path through to an engine
+// serving the body's model unless --pass-through=false, when it is 404.
+func TestServePassThroughFlagAndVersion(t *testing.T) {
+	mw := startMockWorker(t, "mock")
+	policy := writeFile(t, "w.hcl", fmt.Sprintf("worker \"a\" {\n  url = %q\n  models = [\"mock\"]\n}\n", mw))
+	for _, tc := range []struct {
+		flag   string
+		status int
+	}{{"--pass-through=true", http.StatusOK}, {"--pass-through=false", http.StatusNotFound}} {
+		base, stderr, stop := startServe(t, "--policy", policy, tc.flag)
+		resp, err := http.Get(base + "/version")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != 200 || string(b) != fmt.Sprintf("{\"version\":%q}\n", version) {
+			t.Errorf("/version = %d %s, want %q", resp.StatusCode, b, version)
+		}
+		// An unknown path: passed through, it reaches the mock (whose own
+		// answer comes back with X-Switchyard-Worker); with the flag off,
+		// the router answers 404 not_found itself.
+		deadline := time.Now().Add(time.Minute)
+		for {
+			resp, err = http.Post(base+"/v1/nonstandard", "application/json", strings.NewReader(`{"model":"mock","input":"x"}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, _ = io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable || time.Now().After(deadline) {
+				break // 503: the worker is not ready yet
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		routed := resp.Header.Get("X-Switchyard-Worker") == "a"
+		if want := tc.status == http.StatusOK; routed != want {
+			t.Errorf("%s: POST /v1/nonstandard = %d %s (worker %q); passed through: %v, want %v\n%s", tc.flag, resp.StatusCode, b,
+				resp.Header.Get("X-Switchyard-Worker"), routed, want, stderr.String())
+		}
+		if tc.status == http.StatusNotFound && (resp.StatusCode != 404 || !strings.Contains(string(b), `"code":"not_found"`)) {
+			t.Errorf("%s: %d %s, want the router's 404 not_found", tc.flag, resp.StatusCode, b)
+		}
+		stop()
+	}
+}

@@ -30,6 +30,16 @@ const (
 	// SubsetKey lists, under SubsetNamespace, the "ip:port" endpoints the
 	// picker must choose from.
 	SubsetKey = "x-gateway-destination-endpoint-subset"
+	// PrefillHeader names, on a disaggregated request sent to its decode
+	// endpoint, the prefill endpoint "ip:port" that the decode pod's
+	// routing sidecar sends the prefill request to (llm-d's P/D
+	// protocol: routing.PrefillEndpointHeader in
+	// llm-d/llm-d-inference-scheduler pkg/common/routing/common.go,
+	// commit 520af47896e5f06e43d09aca281a1149187b0ffd, set by its
+	// disagg profile handler's PreRequest and read by pkg/sidecar/proxy's
+	// disaggregatedPrefillHandler). Server sets it from Pick.Prefill, and
+	// removes one the client sent when the pick names none.
+	PrefillHeader = "x-prefiller-host-port"
 	// ServedKey names, under MetadataNamespace in the metadata context of
 	// a response phase, the "ip:port" endpoint that really served.
 	ServedKey = "x-gateway-destination-endpoint-served"
@@ -80,6 +90,10 @@ type Pick struct {
 	// Fallbacks are the next-best endpoints, "ip:port", best first; the
 	// proxy tries them in order if it retries. May be empty.
 	Fallbacks []string
+	// Prefill is, for a disaggregated request, the prefill endpoint,
+	// "ip:port", sent to the decode endpoint (Endpoint) in PrefillHeader;
+	// "" for an aggregated request.
+	Prefill string
 	// Handle follows the request; it must not be nil.
 	Handle Handle
 }

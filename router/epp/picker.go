@@ -21,10 +21,12 @@ import (
 
 // RouterPicker is the Picker of Switchyard's own policies: each request is
 // parsed, keyed, classified, queued and placed by the live runtime's
-// intake exactly as `router serve` places the first hop of a completion
-// request (live.Runtime.Place, the aggregated role), and its endpoint is
-// the chosen worker's URL host:port. Its fallbacks are the policy's
-// runners-up (router.Placement.Alternates).
+// intake exactly as `router serve` places a generation request
+// (live.Runtime.Place: the aggregated role, or a disaggregated model's
+// prefill and decode hops), and its endpoint is the chosen worker's URL
+// host:port (the decode worker's, with the prefill worker's in
+// Pick.Prefill). Its fallbacks are the policy's runners-up
+// (router.Placement.Alternates).
 //
 // The answer is read by the runtime's answer meter (live.Meter, as
 // serve's proxy reads its own), and the request is counted in the
@@ -48,10 +50,15 @@ type RouterPicker struct {
 
 var _ Picker = (*RouterPicker)(nil)
 
-// Pick places req. The path (":path", its query aside) says the schema:
-// "/v1/completions" the completions one, "/v1/chat/completions" (or no
-// path) the chat one; any other path is ErrBadRequest, and a method
-// (":method") other than POST on those two is ErrMethodNotAllowed. With a subset
+// Pick places req. The path (":path", its query aside) says the schema,
+// by the engine endpoints' table (pathAPI: the generation endpoints,
+// "/v1/chat/completions" when there is no path); another path is
+// ErrBadRequest, and a method (":method") other than POST on a known
+// one is ErrMethodNotAllowed. A disaggregated model (live.Runtime.
+// Disaggregated) is placed on a prefill worker and a decode worker, each
+// by its role's policy: the pick's Endpoint is the decode worker's, its
+// Prefill the prefill worker's (sent in PrefillHeader for the decode
+// pod's sidecar, router/epp/sidecar), and the handle books both hops. With a subset
 // hint, the workers whose URL host:port is not in it are excluded; none
 // left is ErrNoEndpoint. Errors: ErrBadRequest (a body the intake refuses,
 // live.ErrBadRequest: malformed, a field of the wrong type, over its bound, an unknown
@@ -93,11 +100,15 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 		return Pick{}, err
 	}
 	ep, err := Endpoint(placed.URL)
+	var prefill string
+	if err == nil && placed.Prefill != nil {
+		prefill, err = Endpoint(placed.Prefill.URL)
+	}
 	if err != nil {
 		p.Runtime.Finish(&placed, StatusOf(err), admission.Aborted("worker url has no endpoint"))
 		return Pick{}, err
 	}
-	return Pick{Endpoint: ep, Fallbacks: p.fallbacks(ep, placed.Decision.Alternates),
+	return Pick{Endpoint: ep, Fallbacks: p.fallbacks(ep, placed.Decision.Alternates), Prefill: prefill,
 		Handle: &routerHandle{p: p, placed: placed, endpoint: ep}}, nil
 }
 
@@ -146,34 +157,49 @@ func hintWords(subset []string) string {
 	return b.String()
 }
 
-// pathAPI returns the schema of path (":path"): the chat one for
-// "/v1/chat/completions" or no path, the completions one for
-// "/v1/completions"; the method (":method"; absent: POST) must be POST.
-// Errors: ErrBadRequest for another path, ErrMethodNotAllowed for another
-// method on a completion route, each naming them (bounded, escaped).
+// pathAPI returns the schema of path (":path", its query aside) by the
+// engine endpoints' table (live.EndpointFor); no path is the chat
+// completions endpoint. The method (":method"; absent: POST) must be
+// POST. Errors: ErrMethodNotAllowed for another method on a known
+// endpoint; ErrBadRequest for a path the table does not know, and for a
+// pooling or utility endpoint (live.APIPool, live.APIUtility), which the
+// picker does not route yet: each names the method and path (bounded,
+// escaped).
 func pathAPI(method, path string) (live.API, error) {
 	route, _, _ := strings.Cut(path, "?")
 	if method == "" {
 		method = http.MethodPost
 	}
-	api := live.APIChat
-	switch route {
-	case "", "/v1/chat/completions":
-	case "/v1/completions":
-		api = live.APICompletions
-	default:
-		return api, fmt.Errorf("%w: no endpoint %s %s: the picker routes POST /v1/chat/completions and POST /v1/completions",
-			ErrBadRequest, untrusted.Text(method, untrusted.MaxClient), untrusted.Text(route, untrusted.MaxClient))
+	if route == "" {
+		route = "/v1/chat/completions"
+	}
+	e, ok := live.EndpointFor(route)
+	if !ok {
+		return live.APIOther, fmt.Errorf("%w: no endpoint %s %s: the picker routes POST %s",
+			ErrBadRequest, untrusted.Text(method, untrusted.MaxClient), untrusted.Text(route, untrusted.MaxClient), generationPaths)
 	}
 	if method != http.MethodPost {
-		if route == "" {
-			route = "/v1/chat/completions"
-		}
-		return api, fmt.Errorf("%w: %s is not allowed on %s: an inference request is a POST",
+		return e.API, fmt.Errorf("%w: %s is not allowed on %s: an inference request is a POST",
 			ErrMethodNotAllowed, untrusted.Text(method, untrusted.MaxClient), route)
 	}
-	return api, nil
+	if !e.API.Generates() {
+		return e.API, fmt.Errorf("%w: %s is a %s endpoint, which the picker does not route yet: it routes POST %s",
+			ErrBadRequest, route, e.API, generationPaths)
+	}
+	return e.API, nil
 }
+
+// generationPaths lists the generation endpoints of the table, for
+// messages: "/v1/completions, /v1/chat/completions, ...".
+var generationPaths = func() string {
+	var paths []string
+	for _, e := range live.Endpoints() {
+		if e.API.Generates() {
+			paths = append(paths, e.Path)
+		}
+	}
+	return strings.Join(paths, ", ")
+}()
 
 // outside returns the ids of the workers whose endpoint is not in subset,
 // and false when no worker's is. O(workers + subset): the hint comes from
@@ -275,11 +301,21 @@ func (rh *routerHandle) Served(endpoint string) {
 	}
 }
 
-// Status keeps the response's status code for the request's count.
-func (rh *routerHandle) Status(code int) { rh.code = code }
+// Status keeps the response's status code for the request's count. For
+// a disaggregated request, a status of 400 or more ends its prefill hop
+// aborted (live.Runtime.EndPrefill): the sidecar passes a failed
+// prefill's answer through, and a failed decode's says nothing of the
+// prefill's KV either.
+func (rh *routerHandle) Status(code int) {
+	rh.code = code
+	if code >= http.StatusBadRequest {
+		rh.p.Runtime.EndPrefill(&rh.placed, false, "the decode endpoint answered "+strconv.Itoa(code))
+	}
+}
 
 // FirstToken records the first byte of the answer (the worker's prefill
-// is done; live.Runtime.FirstByte).
+// is done; live.Runtime.FirstByte, which ends a disaggregated request's
+// prefill hop completed: the decode worker has the prompt's KV).
 func (rh *routerHandle) FirstToken() { rh.p.Runtime.FirstByte(&rh.placed) }
 
 // Body reads the answer as serve's proxy does (live.Runtime.Answer): a

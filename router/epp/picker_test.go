@@ -171,8 +171,15 @@ func (e *routerEnv) settle(t *testing.T) {
 // header ("" with the immediate answer when there was none).
 func (e *routerEnv) pick(t *testing.T, ctx context.Context, id, body string, subset []string) (*envoy, string, *extprocv3.ProcessingResponse) {
 	t.Helper()
+	return e.pickPath(t, ctx, "/v1/chat/completions", id, body, subset)
+}
+
+// pickPath is pick with the request's :path.
+func (e *routerEnv) pickPath(t *testing.T, ctx context.Context, path, id, body string, subset []string) (*envoy, string, *extprocv3.ProcessingResponse) {
+	t.Helper()
 	ev := newEnvoy(t, ctx, e.client)
 	hdr := headersMsg(id, false, nil)
+	hdr.GetRequestHeaders().GetHeaders().GetHeaders()[1].RawValue = []byte(path)
 	if subset != nil {
 		vals := make([]any, len(subset))
 		for i, s := range subset {
@@ -214,6 +221,50 @@ func chatOf(text string) string {
 // prefixA is a long prompt prefix: 1,120 characters, 17 blocks of 16
 // estimated tokens.
 var prefixA = strings.Repeat("the same long system prompt ", 40)
+
+// TestRouterPickerResponsesAndMessages: the Responses and Messages
+// endpoints are picked by the policy as chat is: while one worker holds a
+// request, an unrelated one goes to the other; once both are idle, a
+// request sharing the first one's long prompt prefix goes where it is
+// cached. A Responses body sent to the Messages path is refused 400.
+func TestRouterPickerResponsesAndMessages(t *testing.T) {
+	e := newRouterEnv(t, 2, "")
+	for _, tc := range []struct {
+		path string
+		body func(text string) string
+	}{
+		{"/v1/responses", func(text string) string {
+			return fmt.Sprintf(`{"model":"m","stream":true,"input":[{"role":"user","content":%q}]}`, text)
+		}},
+		{"/v1/messages", func(text string) string {
+			return fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":8,"messages":[{"role":"user","content":%q}]}`, text)
+		}},
+	} {
+		prefix := strings.Repeat(tc.path+" carries a long shared prompt ", 30)
+		held, first, r := e.pickPath(t, t.Context(), tc.path, tc.path+"a", tc.body(prefix+"question one"), nil)
+		if first != e.eps[0] && first != e.eps[1] {
+			t.Fatalf("%s: picked %q (%v), not a worker's endpoint %v", tc.path, first, r, e.eps)
+		}
+		other, second, _ := e.pickPath(t, t.Context(), tc.path, tc.path+"b", tc.body(strings.Repeat("something else entirely ", 50)), nil)
+		if second == "" || second == first {
+			t.Fatalf("%s: an unrelated request picked %q while %q is busy, want the other worker", tc.path, second, first)
+		}
+		held.complete()
+		other.complete()
+		e.settle(t)
+		again, got, _ := e.pickPath(t, t.Context(), tc.path, tc.path+"c", tc.body(prefix+"question two"), nil)
+		if got != first {
+			t.Errorf("%s: the shared prefix picked %q, want %q where it is cached", tc.path, got, first)
+		}
+		again.complete()
+		e.settle(t)
+	}
+	ev, ep, r := e.pickPath(t, t.Context(), "/v1/messages", "wrong", `{"model":"m","input":"hi"}`, nil)
+	if ep != "" || r.GetImmediateResponse().GetStatus().GetCode() != 400 {
+		t.Errorf("a Responses body on /v1/messages: picked %q, answer %v; want 400", ep, r)
+	}
+	_ = ev.st.CloseSend()
+}
 
 // TestRouterPickerFollowsKVPolicy: the policy file's kv-cost policy
 // decides. While one worker holds a request, a new prompt goes to the
@@ -533,26 +584,32 @@ func TestEndpoint(t *testing.T) {
 // than POST on a completion route ErrMethodNotAllowed naming the method,
 // each bounded and escaped.
 func TestPathAPI(t *testing.T) {
+	const gen = "/v1/completions, /v1/chat/completions, /v1/responses, /v1/messages"
 	for _, tc := range []struct {
 		method, path string
-		chat         bool
+		api          live.API
 		err          string
 	}{
-		{"GET", "/v1/chat/completions", false, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
-		{"PUT", "/v1/completions?x=1", false, "method not allowed: PUT is not allowed on /v1/completions: an inference request is a POST"},
-		{"GET", "", false, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
-		{"G\x1b[31mET", "/v1/completions", false, `method not allowed: G\x1b[31mET is not allowed on /v1/completions: an inference request is a POST`},
-		{"POST", "/" + strings.Repeat("a", 300), false, "invalid request: no endpoint POST /" + strings.Repeat("a", 255) + "...(301 bytes): the picker routes POST /v1/chat/completions and POST /v1/completions"},
-		{"POST", "/v1/chat/completions", true, ""},
-		{"", "", true, ""},
-		{"POST", "/v1/completions?x=1", false, ""},
-		{"GET", "/v1/models", false, "invalid request: no endpoint GET /v1/models: the picker routes POST /v1/chat/completions and POST /v1/completions"},
-		{"", "//v1/completions?a=b", false, "invalid request: no endpoint POST //v1/completions: the picker routes POST /v1/chat/completions and POST /v1/completions"},
+		{"GET", "/v1/chat/completions", 0, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
+		{"PUT", "/v1/completions?x=1", 0, "method not allowed: PUT is not allowed on /v1/completions: an inference request is a POST"},
+		{"GET", "", 0, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
+		{"G\x1b[31mET", "/v1/completions", 0, `method not allowed: G\x1b[31mET is not allowed on /v1/completions: an inference request is a POST`},
+		{"DELETE", "/v1/embeddings", 0, "method not allowed: DELETE is not allowed on /v1/embeddings: an inference request is a POST"},
+		{"POST", "/" + strings.Repeat("a", 300), 0, "invalid request: no endpoint POST /" + strings.Repeat("a", 255) + "...(301 bytes): the picker routes POST " + gen},
+		{"POST", "/v1/chat/completions", live.APIChat, ""},
+		{"", "", live.APIChat, ""},
+		{"POST", "/v1/completions?x=1", live.APICompletions, ""},
+		{"POST", "/v1/responses", live.APIResponses, ""},
+		{"POST", "/v1/messages?beta=true", live.APIMessages, ""},
+		{"POST", "/v1/embeddings", 0, "invalid request: /v1/embeddings is a pool endpoint, which the picker does not route yet: it routes POST " + gen},
+		{"POST", "/tokenize", 0, "invalid request: /tokenize is a utility endpoint, which the picker does not route yet: it routes POST " + gen},
+		{"GET", "/v1/models", 0, "invalid request: no endpoint GET /v1/models: the picker routes POST " + gen},
+		{"", "//v1/completions?a=b", 0, "invalid request: no endpoint POST //v1/completions: the picker routes POST " + gen},
 	} {
 		api, err := pathAPI(tc.method, tc.path)
 		if tc.err == "" {
-			if chat := api == live.APIChat; err != nil || chat != tc.chat {
-				t.Errorf("pathAPI(%q, %q) = %v, %v; want chat %v, nil", tc.method, tc.path, api, err, tc.chat)
+			if err != nil || api != tc.api {
+				t.Errorf("pathAPI(%q, %q) = %v, %v; want %v, nil", tc.method, tc.path, api, err, tc.api)
 			}
 			continue
 		}
@@ -561,7 +618,7 @@ func TestPathAPI(t *testing.T) {
 			kind = ErrMethodNotAllowed
 		}
 		if !errors.Is(err, kind) || err.Error() != tc.err {
-			t.Errorf("chatPath(%q, %q) error %v, want %q (%v)", tc.method, tc.path, err, tc.err, kind)
+			t.Errorf("pathAPI(%q, %q) error %v, want %q (%v)", tc.method, tc.path, err, tc.err, kind)
 		}
 	}
 }

@@ -533,14 +533,23 @@ func (st *stream) pick1(onHeaders bool) error {
 	}
 	st.picked, st.handle = true, p.Handle
 	body := st.req.Body
+	_, sentPrefill := st.req.Headers[PrefillHeader]
 	st.req.Body, st.req.Headers = nil, nil // the Picker has had them
 	dest := strings.Join(append([]string{p.Endpoint}, p.Fallbacks...), ",")
-	common := &extprocv3.CommonResponse{
-		HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
-			Header: &corev3.HeaderValue{Key: DestinationHeader, RawValue: []byte(dest)},
-		}}},
-		ClearRouteCache: true,
+	mut := &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{
+		Header: &corev3.HeaderValue{Key: DestinationHeader, RawValue: []byte(dest)},
+	}}}
+	switch {
+	case p.Prefill != "":
+		// Replaces any the client sent (append false: overwrite).
+		mut.SetHeaders = append(mut.SetHeaders, &corev3.HeaderValueOption{
+			Header: &corev3.HeaderValue{Key: PrefillHeader, RawValue: []byte(p.Prefill)}})
+	case sentPrefill:
+		// Only the picker names a prefill endpoint: a client's would
+		// make the decode side's sidecar send its prompt anywhere.
+		mut.RemoveHeaders = []string{PrefillHeader}
 	}
+	common := &extprocv3.CommonResponse{HeaderMutation: mut, ClearRouteCache: true}
 	md, err := structpb.NewStruct(map[string]any{MetadataNamespace: map[string]any{DestinationHeader: dest}})
 	if err != nil {
 		return fmt.Errorf("building the dynamic metadata: %w", err)

@@ -56,6 +56,7 @@ func (h *fakeHandle) snapshot() (served []string, first int, ends []Outcome) {
 type fakePicker struct {
 	endpoint  string
 	fallbacks []string
+	prefill   string
 	err       error
 
 	mu      sync.Mutex
@@ -75,7 +76,7 @@ func (p *fakePicker) Pick(_ context.Context, r *Request) (Pick, error) {
 		p.handles = map[string]*fakeHandle{}
 	}
 	p.handles[r.Headers["x-request-id"]] = h
-	return Pick{Endpoint: p.endpoint, Fallbacks: p.fallbacks, Handle: h}, nil
+	return Pick{Endpoint: p.endpoint, Fallbacks: p.fallbacks, Prefill: p.prefill, Handle: h}, nil
 }
 
 func (p *fakePicker) requests() []Request {
@@ -1044,4 +1045,50 @@ func TestSmallBudget(t *testing.T) {
 	}
 	e.finish()
 	settled(t, s)
+}
+
+// TestPrefillHeader: a pick naming a prefill endpoint sets
+// x-prefiller-host-port on the request (over a client's); a pick naming
+// none removes one the client sent, and touches nothing otherwise.
+func TestPrefillHeader(t *testing.T) {
+	for _, tc := range []struct {
+		name, prefill, sent string
+		set                 string // the header set, "" none
+		removed             bool
+	}{
+		{"picked", "10.0.0.9:8000", "", "10.0.0.9:8000", false},
+		{"picked over the client's", "10.0.0.9:8000", "169.254.169.254:80", "10.0.0.9:8000", false},
+		{"forged", "", "169.254.169.254:80", "", true},
+		{"aggregated", "", "", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &fakePicker{endpoint: "10.0.0.1:8000", prefill: tc.prefill}
+			e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p}))
+			m := headersMsg("r1", false, nil)
+			if tc.sent != "" {
+				hs := m.GetRequestHeaders().GetHeaders()
+				hs.Headers = append(hs.Headers, &corev3.HeaderValue{Key: PrefillHeader, RawValue: []byte(tc.sent)})
+			}
+			e.mustSend(m)
+			e.mustRecv()
+			e.mustSend(bodyMsg(chatBody, true))
+			mut := e.mustRecv().GetRequestBody().GetResponse().GetHeaderMutation()
+			var set []string
+			for _, h := range mut.GetSetHeaders() {
+				if h.GetHeader().GetKey() == PrefillHeader {
+					set = append(set, string(h.GetHeader().GetRawValue()))
+					//lint:ignore SA1019 Envoy's ext_proc filter honours the deprecated append, not append_action
+					if h.GetAppend().GetValue() {
+						t.Error("the prefill header is appended, not set")
+					}
+				}
+			}
+			if want := []string{tc.set}; (tc.set == "" && len(set) != 0) || (tc.set != "" && !slices.Equal(set, want)) {
+				t.Errorf("set %q, want %q", set, tc.set)
+			}
+			if removed := slices.Contains(mut.GetRemoveHeaders(), PrefillHeader); removed != tc.removed {
+				t.Errorf("removed %v (%q), want %v", removed, mut.GetRemoveHeaders(), tc.removed)
+			}
+		})
+	}
 }

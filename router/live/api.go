@@ -86,6 +86,10 @@ var endpoints = []Endpoint{
 	{"/detokenize", APIUtility},
 	{"/v1/tokenize", APIUtility},
 	{"/v1/detokenize", APIUtility},
+	// Anthropic's token count, which Anthropic clients (Claude Code among
+	// them) call before their requests: an engine that does not serve it
+	// answers its own 404, as it would without the router.
+	{"/v1/messages/count_tokens", APIUtility},
 }
 
 // Endpoints returns the POST endpoints the router routes by their

@@ -26,6 +26,11 @@ type Placed struct {
 	// estimate): the context tokens the face books at the end of an
 	// answer whose tokens it did not see.
 	PromptTokens int
+	// Prefill is the prefill hop of a disaggregated request (Place walks
+	// admission.Disaggregated for a model no aggregated worker serves);
+	// nil for an aggregated one. Then Handle, Decision and URL are the
+	// decode hop's.
+	Prefill *PrefillHop
 
 	start time.Time // the request's arrival (Place's start)
 	label string    // the model's metrics label; "" before the body parsed
@@ -48,8 +53,8 @@ type Placed struct {
 // router.ErrAllExcluded, admission.ErrUnknownClass, *admission.ClassifyError,
 // ...); ctx's error, or context.DeadlineExceeded when the request timeout
 // passed while it was queued. The handle has ended on every error.
-// Disaggregated models are placed on the aggregated role too: Place does
-// not walk a prefill/decode path.
+// A disaggregated model (Disaggregated) walks admission.Disaggregated
+// instead: see placeDisaggregated.
 //
 // On an error the Placed has no Handle but can still be counted
 // (Finish with the code the caller answers).
@@ -72,6 +77,9 @@ func (rt *Runtime) Place(ctx context.Context, api API, header http.Header, body 
 		req.ID = rt.NewID()
 	}
 	rt.Key(ctx, req, parsed.Key())
+	if rt.Disaggregated(req.Model) {
+		return rt.placeDisaggregated(ctx, req, refused, opts)
+	}
 	h, err := rt.Admit(ctx, req, admission.Aggregated.Hop(0), "#", opts...)
 	if err != nil {
 		return refused, err
@@ -108,6 +116,7 @@ func (rt *Runtime) Answer(p *Placed, chunk []byte) {
 // request, switchyard_time_to_first_token_seconds since Place began.
 func (rt *Runtime) FirstByte(p *Placed) {
 	if p.Handle != nil {
+		rt.EndPrefill(p, true, "")
 		p.meter.FirstByte()
 	}
 }
@@ -118,10 +127,14 @@ func (rt *Runtime) FirstByte(p *Placed) {
 // duration since Place began. A Placed that Place refused (no Handle) is
 // only counted: call Finish with the code the refusal was answered with.
 //
+// A disaggregated request's prefill hop still booked ends too, as
+// EndPrefill(p, o.Completed, ...).
+//
 // A completed answer's usage that Answer saw is counted (Meter.Done), and
 // the context tokens Meter.Done returns replace o's.
 func (rt *Runtime) Finish(p *Placed, code int, o admission.Outcome) {
 	if p.Handle != nil {
+		rt.EndPrefill(p, o.Completed, "the decode hop ended before its answer's first byte")
 		if o.Completed {
 			o.ContextTokens = p.meter.Done()
 		}

@@ -158,6 +158,11 @@ type Runtime struct {
 	// dispatcher (Dispatcher).
 	adm   *admission.Controller
 	wakeC chan struct{}
+
+	// responses binds Responses ids to workers (BindResponse); sessions
+	// is Options.Sessions, which shares them in a cluster.
+	responses *responseBindings
+	sessions  func(model string, role shared.Role) shared.SessionStore
 }
 
 // New returns a Runtime over o.Router. Errors: no Router or Workers in o,
@@ -201,6 +206,8 @@ func New(o Options) (*Runtime, error) {
 		streams:   o.Streams,
 		idPrefix:  hex.EncodeToString(rnd[:]),
 		wakeC:     make(chan struct{}, 1),
+		responses: newResponseBindings(DefaultMaxResponses, DefaultResponseTTL),
+		sessions:  o.Sessions,
 	}
 	rt.toks.Store(o.Tokenizers)
 	switch e, ok := o.Workers.(Engines); {

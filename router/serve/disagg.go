@@ -48,13 +48,13 @@ func (s *Server) disaggregated(model string) bool {
 // returns the code it is counted under.
 func (s *Server) disagg(ex *exchange) int {
 	if len(s.r.Workers(ex.Model, shared.RoleDecode)) == 0 {
-		live.WriteError(ex.w, http.StatusServiceUnavailable, live.TypeServer, "no_worker",
+		s.fail(ex, http.StatusServiceUnavailable, live.TypeServer, "no_worker",
 			fmt.Sprintf("no ready decode worker for model %q: it is served disaggregated (it has prefill workers but no aggregated one)", ex.Model))
 		return http.StatusServiceUnavailable
 	}
 	pbody, err := prefillBody(ex.body)
 	if err != nil {
-		live.WriteError(ex.w, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
+		s.fail(ex, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
 		return http.StatusBadRequest
 	}
 	// The prefill hop set X-Switchyard-Prefill-Worker on the answer.
@@ -65,7 +65,7 @@ func (s *Server) disagg(ex *exchange) int {
 	dbody, err := decodeBody(ex.body, kv)
 	if err != nil {
 		// The body and kv were both decoded as JSON already: unreachable.
-		live.WriteError(ex.w, http.StatusInternalServerError, live.TypeServer, "internal", err.Error())
+		s.fail(ex, http.StatusInternalServerError, live.TypeServer, "internal", err.Error())
 		return http.StatusInternalServerError
 	}
 	return s.decode(ex, dbody)
@@ -125,7 +125,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 			if ex.r.Context().Err() != nil {
 				return nil, live.CodeClientGone, false, ""
 			}
-			live.WriteError(ex.w, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the prefill worker answered")
+			s.fail(ex, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the prefill worker answered")
 			return nil, http.StatusGatewayTimeout, false, ""
 		}
 		s.log.Warn("prefill worker failed before answering", "worker", name, "request_id", ex.ID, "error", err)
@@ -141,7 +141,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 	ex.w.Header().Set(headerPrefillWorker, name)
 	if len(answer) > maxPrefillAnswer {
 		end(false, "prefill answer too large")
-		live.WriteError(ex.w, http.StatusBadGateway, live.TypeServer, "bad_prefill_answer",
+		s.fail(ex, http.StatusBadGateway, live.TypeServer, "bad_prefill_answer",
 			fmt.Sprintf("prefill worker %q answered more than %d bytes", name, maxPrefillAnswer))
 		return nil, http.StatusBadGateway, false, ""
 	}
@@ -160,7 +160,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 	if !ok {
 		s.log.Warn("prefill answer without kv_transfer_params", "worker", name, "request_id", ex.ID)
 		end(false, "prefill answer without kv_transfer_params")
-		live.WriteError(ex.w, http.StatusBadGateway, live.TypeServer, "bad_prefill_answer",
+		s.fail(ex, http.StatusBadGateway, live.TypeServer, "bad_prefill_answer",
 			fmt.Sprintf("prefill worker %q answered without a kv_transfer_params object: is it an engine with a KV connector producing KV (vLLM --kv-transfer-config kv_role kv_producer or kv_both)?", name))
 		return nil, http.StatusBadGateway, false, ""
 	}
@@ -189,11 +189,11 @@ func (s *Server) decodeError(ex *exchange, err error) int {
 	case ex.r.Context().Err() != nil:
 		return live.CodeClientGone
 	case errors.Is(err, router.ErrAllExcluded):
-		live.WriteError(ex.w, http.StatusBadGateway, live.TypeServer, "worker_failed",
+		s.fail(ex, http.StatusBadGateway, live.TypeServer, "worker_failed",
 			fmt.Sprintf("the selected decode workers failed before answering and no other decode worker serves model %q", ex.Model))
 		return http.StatusBadGateway
 	case errors.Is(err, shared.ErrNoWorkers):
-		live.WriteError(ex.w, http.StatusServiceUnavailable, live.TypeServer, "no_worker",
+		s.fail(ex, http.StatusServiceUnavailable, live.TypeServer, "no_worker",
 			fmt.Sprintf("no ready decode worker for model %q", ex.Model))
 		return http.StatusServiceUnavailable
 	}

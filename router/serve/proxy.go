@@ -25,11 +25,13 @@ import (
 // live.Request and what the HTTP face keeps of it.
 type exchange struct {
 	live.Request
-	w    http.ResponseWriter
-	r    *http.Request
-	ctx  context.Context // the client's, bounded by the request timeout
-	path string
-	body []byte
+	w   http.ResponseWriter
+	r   *http.Request
+	ctx context.Context // the client's, bounded by the request timeout
+	// path is the client's path as it sent it (escaped), query the
+	// query string: the engine is asked the same.
+	path, query string
+	body        []byte
 	// labelSet: Request.Label was set, the body parsed.
 	labelSet bool
 	// abort: the answer failed after its headers were sent; the
@@ -38,14 +40,15 @@ type exchange struct {
 	abort bool
 }
 
-// complete handles a generation request of schema api: POST
-// /v1/chat/completions and /v1/completions.
+// complete handles a POST request of schema api (live.Endpoints, and the
+// pass-through's live.APIOther): generation (chat, completions,
+// Responses, Messages), pooling and scoring, the engine utilities.
 func (s *Server) complete(w http.ResponseWriter, r *http.Request, api live.API) {
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
 	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
 	defer cancel()
-	ex := &exchange{w: w, r: r, ctx: ctx, path: r.URL.Path}
+	ex := &exchange{w: w, r: r, ctx: ctx, path: r.URL.EscapedPath(), query: r.URL.RawQuery}
 	ex.Start = time.Now()
 	ex.ID = r.Header.Get("X-Request-Id")
 	if ex.ID == "" {
@@ -89,7 +92,7 @@ const bodyLinger = 250 * time.Millisecond
 func (s *Server) exchange(ex *exchange, api live.API) int {
 	if ex.r.ContentLength > s.maxBody {
 		// Refused before a byte is read (and before a 100 Continue).
-		live.WriteError(ex.w, http.StatusRequestEntityTooLarge, live.TypeInvalidRequest, "body_too_large",
+		s.fail(ex, http.StatusRequestEntityTooLarge, live.TypeInvalidRequest, "body_too_large",
 			fmt.Sprintf("request body of %d bytes exceeds %d bytes", ex.r.ContentLength, s.maxBody))
 		return http.StatusRequestEntityTooLarge
 	}
@@ -113,6 +116,9 @@ func (s *Server) exchange(ex *exchange, api live.API) int {
 	}
 	_ = rc.SetReadDeadline(time.Time{})
 	ex.body, ex.API = body, api
+	if !api.Generates() {
+		return s.exchangePool(ex)
+	}
 	req, err := live.ParseRequest(body, api)
 	var key live.RoutingKey
 	if req != nil {
@@ -122,7 +128,11 @@ func (s *Server) exchange(ex *exchange, api live.API) int {
 		ex.Label, ex.labelSet = s.rt.ModelLabel(ex.Model), true
 	}
 	if err != nil {
-		live.WriteError(ex.w, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
+		msg := err.Error()
+		if hint := wrongPathHint(body, api); hint != "" {
+			msg = hint
+		}
+		s.fail(ex, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", msg)
 		return http.StatusBadRequest
 	}
 	if err := ex.ctx.Err(); err != nil {
@@ -133,6 +143,9 @@ func (s *Server) exchange(ex *exchange, api live.API) int {
 	s.rt.Key(ex.ctx, &ex.Request, key)
 	ex.Session = ex.r.Header.Get("X-Session-Id")
 	ex.Meta = live.RequestMetadata(ex.r.Header)
+	if req.PreviousResponseID != "" {
+		return s.followUp(ex, req.PreviousResponseID)
+	}
 	if s.disaggregated(ex.Model) {
 		return s.disagg(ex)
 	}
@@ -159,6 +172,11 @@ type hopSpec struct {
 	// answer answers an admission error and returns its code; nil:
 	// admitError.
 	answer func(*exchange, error) int
+	// opts narrow the hop's admission (admission.Exclude); noRetry: a
+	// worker that fails before answering is not replaced (the hop has one
+	// possible worker).
+	opts    []admission.Option
+	noRetry bool
 }
 
 // sendFunc sends one attempt of a hop to its placement and returns the
@@ -186,9 +204,9 @@ func (s *Server) hop(ex *exchange, spec hopSpec, send sendFunc) int {
 		if !retry {
 			return code
 		}
-		if attempt >= s.retries {
+		if attempt >= s.retries || spec.noRetry {
 			s.rt.End(h, admission.Aborted(why))
-			live.WriteError(ex.w, http.StatusBadGateway, live.TypeServer, "worker_failed",
+			s.fail(ex, http.StatusBadGateway, live.TypeServer, "worker_failed",
 				fmt.Sprintf("the selected %s failed before answering (%d attempts)", spec.workers, attempt+1))
 			return http.StatusBadGateway
 		}
@@ -204,7 +222,7 @@ func (s *Server) hop(ex *exchange, spec hopSpec, send sendFunc) int {
 // placement, or the code of the error it answered (the handle has ended
 // then).
 func (s *Server) admit(ex *exchange, spec hopSpec) (*admission.Handle, router.Decision, int) {
-	h, err := s.rt.Admit(ex.ctx, &ex.Request, spec.hop, spec.tag)
+	h, err := s.rt.Admit(ex.ctx, &ex.Request, spec.hop, spec.tag, spec.opts...)
 	if err != nil {
 		return nil, router.Decision{}, s.answer(ex, spec, err)
 	}
@@ -240,7 +258,7 @@ func (s *Server) await(ex *exchange, spec hopSpec, h *admission.Handle) (router.
 		if ex.r.Context().Err() != nil {
 			return d, live.CodeClientGone
 		}
-		live.WriteError(ex.w, http.StatusTooManyRequests, live.TypeRateLimit, "queue_timeout",
+		s.fail(ex, http.StatusTooManyRequests, live.TypeRateLimit, "queue_timeout",
 			"every worker stayed at capacity until the request timeout")
 		return d, http.StatusTooManyRequests
 	default:
@@ -262,7 +280,7 @@ func (s *Server) admitError(ex *exchange, err error) int {
 		return live.CodeClientGone
 	}
 	a := s.errorAnswer(ex.Model, ex.ID, err, true)
-	live.WriteError(ex.w, a.status, a.typ, a.code, a.msg)
+	s.fail(ex, a.status, a.typ, a.code, a.msg)
 	return a.status
 }
 
@@ -366,19 +384,19 @@ func (s *Server) bodyFailed(ex *exchange, rc *http.ResponseController, err error
 	case errors.As(err, &refused):
 		return s.overloaded(ex, refused.bound)
 	case errors.As(err, &tooBig):
-		live.WriteError(ex.w, http.StatusRequestEntityTooLarge, live.TypeInvalidRequest, "body_too_large",
+		s.fail(ex, http.StatusRequestEntityTooLarge, live.TypeInvalidRequest, "body_too_large",
 			fmt.Sprintf("request body exceeds %d bytes", tooBig.Limit))
 		return http.StatusRequestEntityTooLarge
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		// Before the context's check: net/http cancels the request's
 		// context on any failed read, this one included.
-		live.WriteError(ex.w, http.StatusRequestTimeout, live.TypeInvalidRequest, "body_timeout",
+		s.fail(ex, http.StatusRequestTimeout, live.TypeInvalidRequest, "body_timeout",
 			fmt.Sprintf("the request body did not arrive within %v", timeout))
 		return http.StatusRequestTimeout
 	case ex.r.Context().Err() != nil:
 		return live.CodeClientGone // it left (or half-closed) mid-body
 	default:
-		live.WriteError(ex.w, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_body", "reading the request body: "+err.Error())
+		s.fail(ex, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_body", "reading the request body: "+err.Error())
 		return http.StatusBadRequest
 	}
 }
@@ -396,7 +414,7 @@ func (s *Server) overloaded(ex *exchange, bound bodyBound) int {
 		s.log.Warn("request body refused: "+cause+" reached (503 overloaded)", "client", clientKey(ex.r.RemoteAddr),
 			"request_id", untrusted.Text(ex.ID, 0), "held", s.bodyBytesHeld(), "suppressed", suppressed)
 	}
-	live.WriteError(ex.w, http.StatusServiceUnavailable, live.TypeServer, "overloaded", msg)
+	s.fail(ex, http.StatusServiceUnavailable, live.TypeServer, "overloaded", msg)
 	return http.StatusServiceUnavailable
 }
 
@@ -450,8 +468,9 @@ func (s *Server) answerHeaders(hdr, src http.Header) {
 // case-insensitive.
 const HeaderDPRank = "X-Data-Parallel-Rank"
 
-// upstream builds the request of one attempt to the worker w: POST body to
-// the client's path, with the client's headers but the hop-by-hop ones
+// upstream builds the request of one attempt to the worker w: the
+// client's method (a GET without a body; else body) to the client's path
+// and query, with the client's headers but the hop-by-hop ones
 // and any X-Data-Parallel-Rank, the request id, and, when w's engine
 // reports data-parallel ranks (fleet.Spec.DataParallel), w's rank in
 // HeaderDPRank. nil and why when the worker is unknown or its URL does
@@ -462,7 +481,15 @@ func (s *Server) upstream(ex *exchange, w *fleet.Worker, body []byte) (*http.Req
 	if !ok {
 		return nil, "worker unknown"
 	}
-	up, err := http.NewRequestWithContext(ex.ctx, http.MethodPost, base+ex.path, bytes.NewReader(body))
+	target := base + ex.path
+	if ex.query != "" {
+		target += "?" + ex.query
+	}
+	var rd io.Reader
+	if ex.r.Method != http.MethodGet {
+		rd = bytes.NewReader(body)
+	}
+	up, err := http.NewRequestWithContext(ex.ctx, ex.r.Method, target, rd)
 	if err != nil {
 		s.workers.ReportFailure(name)
 		return nil, "bad worker url"
@@ -483,21 +510,35 @@ func (s *Server) upstream(ex *exchange, w *fleet.Worker, body []byte) (*http.Req
 // the body chunk by chunk, flushed as it arrives. It records the first
 // token at the first byte and ends h (completed or aborted) on every path
 // but one: retry is true, with why, when the worker failed before sending
-// a byte and nothing was written to the client (sendFunc).
+// a byte and nothing was written to the client (sendFunc). h is nil for a
+// request that is not admitted (an engine utility, a stored response's
+// GET): nothing is booked or ended then.
+//
+// A generation request's answer is metered (live.Meter); another's (a
+// pooling request's, a pass-through's) only marks the handle's first
+// token and ends it with the request's size as its context tokens. A
+// successful Responses answer's id (live.Meter.ResponseID) is bound to w
+// as soon as the answer carries it (live.Runtime.BindResponse), so a
+// follow-up can reach w while the answer still streams.
 func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker, body []byte) (code int, retry bool, why string) {
 	name := w.Name
 	up, why := s.upstream(ex, w, body)
 	if up == nil {
 		return 0, true, why
 	}
+	end := func(o admission.Outcome) {
+		if h != nil {
+			s.rt.End(h, o)
+		}
+	}
 	resp, err := s.transport.RoundTrip(up)
 	if err != nil {
 		if ex.ctx.Err() != nil {
-			s.rt.End(h, admission.Aborted(ctxReason(ex)))
+			end(admission.Aborted(ctxReason(ex)))
 			if ex.r.Context().Err() != nil {
 				return live.CodeClientGone, false, ""
 			}
-			live.WriteError(ex.w, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the worker answered")
+			s.fail(ex, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the worker answered")
 			return http.StatusGatewayTimeout, false, ""
 		}
 		s.log.Warn("worker failed before answering", "worker", name, "request_id", ex.ID, "error", err)
@@ -530,13 +571,38 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 	// usage. A non-streamed answer of known, bounded size is kept aside
 	// as it passes through, so its usage can give the exact context
 	// tokens.
-	m := s.rt.Meter(h, h.Decision(), &ex.Request, resp.ContentLength > 0 && resp.ContentLength <= live.MaxUsageBody, resp.ContentLength)
-	aborted := func(reason string) { s.rt.End(h, admission.Aborted(reason)) }
+	metered := h != nil && ex.API.Generates()
+	var m live.Meter
+	if metered {
+		m = s.rt.Meter(h, h.Decision(), &ex.Request, resp.ContentLength > 0 && resp.ContentLength <= live.MaxUsageBody, resp.ContentLength)
+	}
+	// bind: a Responses answer whose id is still to be bound. The id is
+	// bound before the chunk that carries it reaches the client, so the
+	// client cannot send a follow-up the router would not place: a
+	// stream's is read from its response.created event (the first), a
+	// whole answer's from its last chunk (read, the bytes read so far,
+	// reaching its Content-Length; Meter.ResponseID is asked once then).
+	bind := metered && ex.API == live.APIResponses && resp.StatusCode/100 == 2
+	var read int64
+	first := false
+	aborted := func(reason string) { end(admission.Aborted(reason)) }
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
-			m.FirstByte()
-			m.Read(buf[:n])
+			switch {
+			case metered:
+				m.FirstByte()
+				m.Read(buf[:n])
+				if read += int64(n); bind && (ex.Stream || read == resp.ContentLength) {
+					if id := m.ResponseID(); id != "" {
+						s.rt.BindResponse(ex.Model, id, w)
+						bind = false
+					}
+				}
+			case h != nil && !first:
+				h.FirstToken()
+			}
+			first = true
 			if _, werr := ex.w.Write(buf[:n]); werr != nil {
 				aborted("client disconnected")
 				return live.CodeClientGone, false, ""
@@ -547,7 +613,11 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 			}
 		}
 		if rerr == io.EOF {
-			s.rt.End(h, admission.Completed(m.Done()))
+			if metered {
+				end(admission.Completed(m.Done()))
+			} else {
+				end(admission.Completed(int64(ex.Tokens)))
+			}
 			return resp.StatusCode, false, ""
 		}
 		if rerr != nil {

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"path"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,6 +76,15 @@ type Options struct {
 	// one such share: raise it (up to MaxBodyBytesInFlight) when the
 	// router is reached through a proxy or load balancer.
 	MaxBodyBytesPerClient int64
+	// Version is the router's version, which GET /version reports
+	// (`router version`'s); "" reports "unknown".
+	Version string
+	// DisablePassThrough turns off the pass-through of unknown paths:
+	// by default a POST to a path under /v1/ that the router does not
+	// route by its schema (live.EndpointFor) is proxied to an engine
+	// serving the body's "model", admitted by load like a pooling
+	// request; with it set, such a path is answered 404 not_found.
+	DisablePassThrough bool
 }
 
 // Server is the OpenAI-compatible front end over a live.Runtime. Safe for
@@ -100,6 +110,12 @@ type Server struct {
 	// then on carries Connection: close.
 	closing  atomic.Bool
 	inflight atomic.Int64
+	// version is Options.Version; passUnknown is !DisablePassThrough.
+	version     string
+	passUnknown bool
+	// utilityNext is the round-robin cursor of the engine utilities
+	// (utility).
+	utilityNext atomic.Uint64
 
 	bufs sync.Pool // *[]byte, proxy copy buffers
 }
@@ -141,30 +157,40 @@ func New(rt *live.Runtime, o Options) (*Server, error) {
 		transport: o.Transport,
 		bodies:    newBodyBudget(o.MaxBodyBytesInFlight, o.MaxBodyBytesPerClient),
 		refusals:  untrusted.NewLimiter(0),
+		version:   o.Version,
+
+		passUnknown: !o.DisablePassThrough,
 	}
 	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	reg := rt.Registry()
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, live.APIChat) })
-	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, live.APICompletions) })
+	// Every POST endpoint of the engines' servers that the router routes
+	// by its schema (live.Endpoints): generation, pooling and scoring,
+	// engine utilities.
+	for _, e := range live.Endpoints() {
+		api := e.API
+		mux.HandleFunc("POST "+e.Path, func(w http.ResponseWriter, r *http.Request) { s.complete(w, r, api) })
+	}
+	mux.HandleFunc("GET /v1/responses/{id}", s.storedResponse)
+	mux.HandleFunc("POST /v1/responses/{id}/cancel", s.storedResponse)
 	mux.HandleFunc("GET /v1/models", s.models)
+	mux.HandleFunc("GET /v1/models/{id...}", s.model)
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET /health", s.health)
+	mux.HandleFunc("GET /ping", s.health)
+	mux.HandleFunc("POST /ping", s.health)
+	mux.HandleFunc("GET /version", s.versionView)
 	if reg != nil {
 		mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	}
-	// Anything else gets an OpenAI-shaped error, not net/http's plain text.
-	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		switch r.URL.Path {
-		case "/v1/chat/completions", "/v1/completions", "/v1/models", "/healthz", "/readyz", "/metrics":
-			live.WriteError(w, http.StatusMethodNotAllowed, live.TypeInvalidRequest, "method_not_allowed", fmt.Sprintf("%s is not allowed on %s", r.Method, r.URL.Path))
-		default:
-			live.WriteError(w, http.StatusNotFound, live.TypeInvalidRequest, "not_found", fmt.Sprintf("no endpoint %s %s", r.Method, r.URL.Path))
-		}
-	})
+	// Anything else: a known path with another method is 405, a POST
+	// under /v1/ is passed through (passThrough), the rest 404, each in
+	// its API's error shape rather than net/http's plain text.
+	mux.HandleFunc("/", s.unrouted)
 	s.handler = s.connectionClose(canonicalPaths(mux))
 	return s, nil
 }
@@ -220,13 +246,22 @@ func (s *Server) connectionClose(next http.Handler) http.Handler {
 // the redirect would send its POST, body and all, a second time.
 func canonicalPaths(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if p := r.URL.EscapedPath(); p != path.Clean(r.URL.Path) {
+		if p := r.URL.EscapedPath(); p != path.Clean(r.URL.Path) && !escapedID(r.URL.Path) {
 			live.WriteError(w, http.StatusNotFound, live.TypeInvalidRequest, "not_found",
 				fmt.Sprintf("no endpoint %s %s: the path is not in canonical form (%s)", r.Method, p, path.Clean(r.URL.Path)))
 			return
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// escapedID reports whether p, a request's decoded path, is in canonical
+// form and names a model or a stored response by an id that may carry
+// percent-escapes: OpenAI's SDKs escape the id of GET /v1/models/{id}
+// (encodeURIComponent in the Node SDK's path template), so a model
+// "org/name" arrives as /v1/models/org%2Fname.
+func escapedID(p string) bool {
+	return p == path.Clean(p) && (strings.HasPrefix(p, "/v1/models/") || strings.HasPrefix(p, "/v1/responses/"))
 }
 
 // Handler is the server's HTTP handler. Queued requests need the
@@ -307,24 +342,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 // bodyBytesHeld is the bytes of request bodies held now, all clients
 // together.
 func (s *Server) bodyBytesHeld() int64 { return s.bodies.held.Load() }
-
-// models answers GET /v1/models: the union of the workers' models.
-func (s *Server) models(w http.ResponseWriter, _ *http.Request) {
-	type model struct {
-		ID      string `json:"id"`
-		Object  string `json:"object"`
-		Created int64  `json:"created"`
-		OwnedBy string `json:"owned_by"`
-	}
-	list := struct {
-		Object string  `json:"object"`
-		Data   []model `json:"data"`
-	}{Object: "list", Data: []model{}}
-	for _, m := range s.rt.Models() { // also the models whose workers are down
-		list.Data = append(list.Data, model{ID: m, Object: "model", OwnedBy: "switchyard"})
-	}
-	live.WriteJSON(w, http.StatusOK, list)
-}
 
 // readyz answers GET /readyz with the runtime's live.Readiness: 200 when
 // the policy is loaded and at least one worker is ready, else 503. Its

@@ -458,7 +458,9 @@ func TestNotFoundShapes(t *testing.T) {
 	}{
 		{"unknown model", "POST", "/v1/chat/completions", chatBody("nope", false, "x"), 404, "model_not_found"},
 		{"model with no ready worker", "POST", "/v1/chat/completions", chatBody("down", false, "x"), 503, "no_worker"},
-		{"unknown endpoint", "POST", "/v1/embeddings", `{}`, 404, "not_found"},
+		{"unknown endpoint", "POST", "/v2/embeddings", `{"model":"m"}`, 404, "not_found"},
+		{"pass-through naming no model", "POST", "/v1/unknown", `{}`, 404, "not_found"},
+		{"pooling naming no model", "POST", "/v1/embeddings", `{}`, 400, "invalid_request"},
 		{"wrong method", "GET", "/v1/chat/completions", "", 405, "method_not_allowed"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -278,8 +278,15 @@ func TestFetchModelsBounds(t *testing.T) {
 	}
 	e := newVEngine(t, "", `{"data":[{"id":"b"},{"id":"a"},{"id":"b","parent":"a"}]}`)
 	got, err := fetchModels(context.Background(), http.DefaultClient, e.srv.URL+"/v1/models", time.Minute)
-	if want := []ModelCard{{ID: "a"}, {ID: "b"}}; err != nil || !slices.Equal(got, want) {
+	if want := []ModelCard{{ID: "a", Raw: `{"id":"a"}`}, {ID: "b", Raw: `{"id":"b"}`}}; err != nil || !slices.Equal(got, want) {
 		t.Errorf("models = %v, %v; want %v (the first card of an id listed twice)", got, err, want)
+	}
+	// A model's object over MaxCardBytes is not kept whole: its card
+	// still is.
+	e = newVEngine(t, "", `{"data":[{"id":"big","owned_by":"`+strings.Repeat("o", MaxCardBytes)+`"},{"id":"small","max_model_len":8}]}`)
+	got, err = fetchModels(context.Background(), http.DefaultClient, e.srv.URL+"/v1/models", time.Minute)
+	if want := []ModelCard{{ID: "big"}, {ID: "small", MaxModelLen: 8, Raw: `{"id":"small","max_model_len":8}`}}; err != nil || !slices.Equal(got, want) {
+		t.Errorf("models = %v, %v; want %v (an object over MaxCardBytes not kept)", got, err, want)
 	}
 	for _, tt := range []struct{ name, body, want string }{
 		{"long parent", `{"data":[{"id":"a","parent":"` + strings.Repeat("p", MaxModelBytes+1) + `"}]}`, "a model parent of 513 bytes"},

@@ -621,7 +621,17 @@ type ModelCard struct {
 	// MaxModelLen is the model's context length in tokens; 0 when not
 	// reported (vLLM gives none for a LoRA adapter).
 	MaxModelLen int64 `json:"max_model_len,omitempty"`
+	// Raw is the engine's own JSON object for the model, as it listed it
+	// (created, owned_by, root, parent, max_model_len, permission...),
+	// when it is at most MaxCardBytes; "" otherwise. The router's GET
+	// /v1/models lists it as it is.
+	Raw string `json:"-"`
 }
+
+// MaxCardBytes bounds the JSON object of one model an engine's
+// /v1/models lists that a ModelCard keeps (Raw): 16 KiB, several times a
+// vLLM model card with its permission list.
+const MaxCardBytes = 16 << 10
 
 // fetchModels GETs an engine's OpenAI model list at url and returns its
 // models' cards, sorted by id, one per id (the first listed). vLLM lists
@@ -639,12 +649,7 @@ func fetchModels(ctx context.Context, c *http.Client, url string, timeout time.D
 	defer resp.Body.Close()
 	body := &io.LimitedReader{R: resp.Body, N: maxModelsBytes + 1}
 	var list struct {
-		Data []struct {
-			ID          string      `json:"id"`
-			Root        string      `json:"root"`
-			Parent      string      `json:"parent"`
-			MaxModelLen json.Number `json:"max_model_len"`
-		} `json:"data"`
+		Data []json.RawMessage `json:"data"`
 	}
 	err = json.NewDecoder(body).Decode(&list)
 	switch {
@@ -658,7 +663,16 @@ func fetchModels(ctx context.Context, c *http.Client, url string, timeout time.D
 		return nil, fmt.Errorf("%w: %s lists %d models, more than %d", ErrModels, url, len(list.Data), MaxModels)
 	}
 	cards := make([]ModelCard, 0, len(list.Data))
-	for _, d := range list.Data {
+	for _, raw := range list.Data {
+		var d struct {
+			ID          string      `json:"id"`
+			Root        string      `json:"root"`
+			Parent      string      `json:"parent"`
+			MaxModelLen json.Number `json:"max_model_len"`
+		}
+		if err := json.Unmarshal(raw, &d); err != nil {
+			return nil, fmt.Errorf("%w: %s does not answer an OpenAI model list: %s", ErrModels, url, clip(err.Error()))
+		}
 		switch {
 		case strings.TrimSpace(d.ID) == "":
 			continue
@@ -670,6 +684,9 @@ func fetchModels(ctx context.Context, c *http.Client, url string, timeout time.D
 			return nil, fmt.Errorf("%w: %s lists a model root of %d bytes, more than %d", ErrModels, url, len(d.Root), MaxRootBytes)
 		}
 		card := ModelCard{ID: d.ID, Root: d.Root, Parent: d.Parent}
+		if len(raw) <= MaxCardBytes && raw[0] == '{' {
+			card.Raw = string(raw)
+		}
 		if n, err := d.MaxModelLen.Int64(); err == nil && n > 0 && n <= maxModelLen {
 			card.MaxModelLen = n
 		}

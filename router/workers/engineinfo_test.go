@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router/config"
@@ -237,7 +238,8 @@ func TestBlockSizeParentAndCards(t *testing.T) {
 		{ID: "llama-lora", Root: "/adapters/sql", Parent: "llama"},
 		{ID: "qwen", Root: "qwen", MaxModelLen: 4096},
 	}
-	if diff := cmp.Diff(wantCards, m.ModelCards()); diff != "" {
+	// Each card keeps its engine's own object (Raw), as listed.
+	if diff := cmp.Diff(wantCards, m.ModelCards(), cmpopts.IgnoreFields(ModelCard{}, "Raw")); diff != "" {
 		t.Errorf("ModelCards (-want +got):\n%s", diff)
 	}
 	// More probes change nothing, and log nothing again.
@@ -268,7 +270,10 @@ func TestBlockSizeParentAndCards(t *testing.T) {
 	if got := m.Parent("llama-lora"); got != "" {
 		t.Errorf("Parent of a model no worker serves = %q", got)
 	}
-	if got := m.ModelCards()[0]; got != (ModelCard{ID: "llama", Root: "llama", MaxModelLen: 4096}) {
+	if got := m.ModelCards()[0]; got.Raw == "" || !strings.Contains(got.Raw, `"max_model_len":4096`) {
+		t.Errorf("llama's card after a16 left keeps no engine object: %+v", got)
+	}
+	if got := m.ModelCards()[0]; got != (ModelCard{ID: "llama", Root: "llama", MaxModelLen: 4096, Raw: got.Raw}) {
 		t.Errorf("llama's card after a16 left = %+v", got)
 	}
 }
@@ -288,7 +293,9 @@ func TestConfiguredModelsGetCards(t *testing.T) {
 	}
 	testkit.Eventually(t, "ready", func() bool { return member(r, "a") != nil && member(r, "b") != nil })
 	testkit.Eventually(t, "cards read", func() bool { return m.Parent("adapter") == "base" })
-	want := []ModelCard{{ID: "adapter", Root: "adapter", Parent: "base", MaxModelLen: 4096}, {ID: "alias"}, {ID: "other"}}
+	want := []ModelCard{{ID: "adapter", Root: "adapter", Parent: "base", MaxModelLen: 4096,
+		Raw: `{"id":"adapter","object":"model","created":1,"owned_by":"vllm","root":"adapter","parent":"base","max_model_len":4096}`},
+		{ID: "alias"}, {ID: "other"}}
 	if diff := cmp.Diff(want, m.ModelCards()); diff != "" {
 		t.Errorf("ModelCards (-want +got):\n%s", diff)
 	}
