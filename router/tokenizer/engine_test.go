@@ -456,3 +456,46 @@ func TestEngineUnsupportedBackoff(t *testing.T) {
 		t.Fatalf("after the backoff: %v, want a call (the engine's 404)", err)
 	}
 }
+
+// A chat request's tools and each message's name, tool_call_id,
+// tool_calls and reasoning reach /tokenize as vLLM's TokenizeChatRequest
+// takes them (tool_calls and tools as their JSON, absent fields left
+// out), and are part of the cache key: the same messages with other tools
+// are asked again.
+func TestEngineChatSendsToolsAndFields(t *testing.T) {
+	fe := newFakeEngine(t, chatmlFile(t))
+	e, err := NewEngine("m", fe.url, EngineOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	calls := `[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]`
+	tools := `[{"type":"function","function":{"name":"f"}}]`
+	msgs := []prefix.ChatMessage{
+		{Role: "user", Content: "hi", Name: "ann"},
+		{Role: "assistant", ToolCalls: calls, Reasoning: "", HasReasoning: true},
+		{Role: "tool", Content: "1", ToolCallID: "c1"},
+	}
+	for range 2 {
+		if _, err := e.EncodeChat(ctx, msgs, tools); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.EncodeChat(ctx, msgs, ""); err != nil {
+		t.Fatal(err)
+	}
+	sent := fe.sent()
+	if len(sent) != 2 || e.Stats().CacheHits != 1 {
+		t.Fatalf("%d calls, %d cache hits; want 2 calls (the repeat cached, other tools asked)", len(sent), e.Stats().CacheHits)
+	}
+	got, _ := json.Marshal(map[string]any{"messages": sent[0]["messages"], "tools": sent[0]["tools"]})
+	want := `{"messages":[{"content":"hi","name":"ann","role":"user"},` +
+		`{"content":"","reasoning":"","role":"assistant","tool_calls":[{"function":{"arguments":"{\"a\":1}","name":"f"},"id":"c1","type":"function"}]},` +
+		`{"content":"1","role":"tool","tool_call_id":"c1"}],"tools":[{"function":{"name":"f"},"type":"function"}]}`
+	if string(got) != want {
+		t.Fatalf("sent\n%s\nwant\n%s", got, want)
+	}
+	if _, ok := sent[1]["tools"]; ok {
+		t.Fatalf("a request without tools sent tools: %v", sent[1])
+	}
+}
