@@ -239,8 +239,15 @@ func TestDeployManifests(t *testing.T) {
 	if err := yaml.Unmarshal(ip["HTTPRoute"], &route); err != nil {
 		t.Fatal(err)
 	}
-	if len(route.Spec.Rules) != 2 {
-		t.Fatalf("route rules %+v, want the engine endpoints' and the fleet views'", route.Spec.Rules)
+	if len(route.Spec.Rules) != 3 {
+		t.Fatalf("route rules %+v, want the engine endpoints', the stored responses' and pass-through's, and the fleet views'", route.Spec.Rules)
+	}
+	// Stored responses (GET) and the pass-through (POST under /v1) go to
+	// the pool too.
+	if r := route.Spec.Rules[1]; len(r.BackendRefs) != 1 || r.BackendRefs[0].Kind != "InferencePool" || len(r.Matches) != 2 ||
+		r.Matches[0].Path.Type != "PathPrefix" || r.Matches[0].Path.Value != "/v1/responses" || r.Matches[0].Method != http.MethodGet ||
+		r.Matches[1].Path.Type != "PathPrefix" || r.Matches[1].Path.Value != "/v1" || r.Matches[1].Method != http.MethodPost {
+		t.Errorf("second rule %+v, want GET /v1/responses and POST /v1 prefixes to the pool", r)
 	}
 	if b := route.Spec.Rules[0].BackendRefs[0]; b.Group != "inference.networking.k8s.io" || b.Kind != "InferencePool" || b.Name != pool.Metadata.Name {
 		t.Errorf("route backend %+v, want the InferencePool %s", b, pool.Metadata.Name)
@@ -267,7 +274,7 @@ func TestDeployManifests(t *testing.T) {
 			httpPort = p.Port
 		}
 	}
-	views := route.Spec.Rules[1]
+	views := route.Spec.Rules[2]
 	if b := views.BackendRefs[0]; b.Kind != "" || b.Name != svc.Name || b.Port != httpPort || httpPort == 0 {
 		t.Errorf("fleet views' backend %+v, want the Service %s port %d", b, svc.Name, httpPort)
 	}

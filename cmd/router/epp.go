@@ -46,7 +46,13 @@ up to --fallbacks of the policy's runners-up. A disaggregated model (prefill
 and decode workers, no aggregated one) gets a decode worker, by the decode
 policy, and a prefill worker, by the prefill policy, named in
 x-prefiller-host-port for the decode pod's routing sidecar (router
-pd-sidecar, llm-d's protocol). The workers are the policy
+pd-sidecar, llm-d's protocol). Every engine endpoint is routed as serve
+routes it: Responses and Messages like chat (a Responses request continuing
+a stored response goes to the engine that holds it, and so do GET and
+cancel of /v1/responses/{id}); embeddings, pooling, classify, score and
+rerank by load; tokenize and detokenize to the least busy engine, not
+booked; other POSTs under /v1/ naming a model are passed through
+(--pass-through=false: 404). The workers are the policy
 file's worker blocks and those of --workers-file (watched), as for serve.
 With --pool-selector and --pool-port the workers also come from the
 Kubernetes pods an InferencePool selects (see --pool-* and --kubeconfig).
@@ -180,7 +186,8 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	do.Pods, do.Listener, do.DebugListener = pods, hln, debug
 	do.Logger, do.Diagnostics, do.Registry = logger, stderr, reg
 	do.OnReady = func() {
-		health := epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Runtime: d.Runtime(), Fallbacks: o.fallbacks}, Decisions: decisions,
+		picker := &epp.RouterPicker{Runtime: d.Runtime(), Fallbacks: o.fallbacks, DisablePassThrough: !o.passThrough}
+		health := epp.Register(gs, &epp.Server{Picker: picker, Decisions: decisions,
 			MaxBodyBytes: o.maxBody, MaxBodyBytesInFlight: o.maxInFlight})
 		grpcDone.Go(func() { _ = gs.Serve(gln) })
 		grpcDone.Go(func() {

@@ -63,9 +63,26 @@ var (
 	ErrBadRequest = errors.New("invalid request")
 	// ErrMethodNotAllowed: the request's method is not one the Picker
 	// routes on its path (an inference request is a POST). Answered 405,
-	// with the header "allow: POST".
+	// with the header "allow: POST" (or the methods a *MethodError
+	// names).
 	ErrMethodNotAllowed = errors.New("method not allowed")
+	// ErrNotFound: the request's path is not one the Picker routes (nor
+	// passes through). Answered 404 not_found, as serve answers a path it
+	// does not know.
+	ErrNotFound = errors.New("not found")
 )
+
+// MethodError is an ErrMethodNotAllowed naming the methods the path
+// takes, which the answer's "allow" header lists.
+type MethodError struct {
+	// Allow is the allow header's value, e.g. "GET" or "POST".
+	Allow string
+	// Err is the error's words; it wraps ErrMethodNotAllowed.
+	Err error
+}
+
+func (e *MethodError) Error() string { return e.Err.Error() }
+func (e *MethodError) Unwrap() error { return e.Err }
 
 // Request is what the Picker sees of one HTTP request.
 type Request struct {
@@ -141,8 +158,9 @@ type Handle interface {
 
 // Picker chooses the endpoint of one request. Pick may block (waiting in a
 // queue) until ctx, the ext_proc stream's context, is done. Its errors are
-// ErrNoEndpoint, ErrShed, ErrPastDue, ErrBadRequest, ErrMethodNotAllowed
-// (wrapped or not); any other error is answered 503.
+// ErrNoEndpoint, ErrShed, ErrPastDue, ErrBadRequest, ErrMethodNotAllowed,
+// ErrNotFound (wrapped or not), and *live.ResponseNotFoundError (answered
+// 404 in vLLM's shape); any other error is answered 503.
 type Picker interface {
 	Pick(ctx context.Context, req *Request) (Pick, error)
 }

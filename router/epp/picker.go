@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"path"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,29 +47,57 @@ type RouterPicker struct {
 	// retries. They are not booked; the proxy's served-endpoint report
 	// moves the booking to the one that served.
 	Fallbacks int
+	// DisablePassThrough turns off the pass-through of unknown paths
+	// (`router epp --pass-through=false`, serve.Options'
+	// DisablePassThrough): by default a POST to a path under /v1/ that
+	// the endpoints' table does not know is picked like a pooling
+	// request among the workers serving its body's "model"; with it set,
+	// such a path is ErrNotFound.
+	DisablePassThrough bool
 }
 
 var _ Picker = (*RouterPicker)(nil)
 
-// Pick places req. The path (":path", its query aside) says the schema,
-// by the engine endpoints' table (pathAPI: the generation endpoints,
-// "/v1/chat/completions" when there is no path); another path is
-// ErrBadRequest, and a method (":method") other than POST on a known
-// one is ErrMethodNotAllowed. A disaggregated model (live.Runtime.
-// Disaggregated) is placed on a prefill worker and a decode worker, each
-// by its role's policy: the pick's Endpoint is the decode worker's, its
-// Prefill the prefill worker's (sent in PrefillHeader for the decode
-// pod's sidecar, router/epp/sidecar), and the handle books both hops. With a subset
-// hint, the workers whose URL host:port is not in it are excluded; none
-// left is ErrNoEndpoint. Errors: ErrBadRequest (a body the intake refuses,
-// live.ErrBadRequest: malformed, a field of the wrong type, over its bound, an unknown
-// class), ErrNoEndpoint (no ready worker for the model, or none in the
-// subset), ErrShed (the queue is full, or the request timeout passed while
-// it waited), ErrPastDue (its due time passed while it waited), each
-// wrapping the runtime's error and worded by it; other errors as Place returns
-// them.
+// Pick places req. The method (":method"; absent: POST) and path
+// (":path", its query aside; absent: "/v1/chat/completions") say what it
+// is (route):
+//
+//   - a generation endpoint (chat, completions, Responses, Messages) is
+//     placed by the policy as `router serve` places it
+//     (live.Runtime.Place): keyed by its prompt, booked until the answer
+//     ends, metered; a disaggregated model (live.Runtime.Disaggregated)
+//     on a prefill worker and a decode worker, each by its role's policy:
+//     the pick's Endpoint is the decode worker's, its Prefill the prefill
+//     worker's (sent in PrefillHeader for the decode pod's sidecar,
+//     router/epp/sidecar), and the handle books both hops. A Responses
+//     request with previous_response_id goes to the worker whose engine
+//     holds that response, alone; a Responses answer's id is bound to
+//     its worker as the answer passes (live.Runtime.Answer);
+//   - a pooling or scoring endpoint, and a POST under /v1/ that the table
+//     does not know (pass-through, unless DisablePassThrough), is placed
+//     by the policy among the workers serving the body's model, with no
+//     prefix key, booked with its inputs' size until the answer ends;
+//   - an engine utility (tokenize, detokenize) goes to the least busy
+//     ready worker serving the model (live.Runtime.PlaceUtility), not
+//     booked, with no fallbacks;
+//   - GET (or HEAD) /v1/responses/{id} and POST /v1/responses/{id}/cancel
+//     go to the worker whose engine holds that response
+//     (live.Runtime.PlaceStored), not booked, with no fallbacks.
+//
+// With a subset hint, the workers whose URL host:port is not in it are
+// excluded; none left is ErrNoEndpoint. Errors: ErrNotFound (a path it
+// does not route, a pass-through body naming no model), ErrMethodNotAllowed
+// (a *MethodError naming the methods the path takes), ErrBadRequest (a
+// body the intake refuses, live.ErrBadRequest: malformed, a field of the
+// wrong type, over its bound, no model; an unknown class),
+// *live.ResponseNotFoundError (a follow-up, GET or cancel of a response
+// no live binding reaches), ErrNoEndpoint (no ready worker for the
+// model, or none in the subset), ErrShed (the queue is full, or the
+// request timeout passed while it waited), ErrPastDue (its due time
+// passed while it waited), each wrapping the runtime's error and worded
+// by it; other errors as Place returns them.
 func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
-	api, err := pathAPI(req.Headers[":method"], req.Headers[":path"])
+	rt, err := route(req.Headers[":method"], req.Headers[":path"], !p.DisablePassThrough)
 	if err != nil {
 		return Pick{}, err
 	}
@@ -78,18 +107,30 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 			header.Set(k, v)
 		}
 	}
-	var opts []admission.Option
+	var skip []shared.WorkerID
 	if req.Subset != nil {
 		out, ok := p.outside(req.Subset)
 		if !ok {
 			return Pick{}, fmt.Errorf("%w: no worker is at an endpoint of the subset hint %s", ErrNoEndpoint, hintWords(req.Subset))
 		}
-		opts = append(opts, admission.Exclude(out...))
+		skip = out
 	}
-	if p.Fallbacks > 0 {
-		opts = append(opts, admission.Alternates(p.Fallbacks))
+	var placed live.Placed
+	switch {
+	case rt.stored != "":
+		placed, err = p.Runtime.PlaceStored(rt.stored, skip)
+	case rt.api == live.APIUtility:
+		placed, err = p.Runtime.PlaceUtility(header, req.Body, skip)
+	default:
+		var opts []admission.Option
+		if skip != nil {
+			opts = append(opts, admission.Exclude(skip...))
+		}
+		if p.Fallbacks > 0 {
+			opts = append(opts, admission.Alternates(p.Fallbacks))
+		}
+		placed, err = p.Runtime.Place(ctx, rt.api, header, req.Body, opts...)
 	}
-	placed, err := p.Runtime.Place(ctx, api, header, req.Body, opts...)
 	if err != nil {
 		err = mapErr(ctx, err)
 		code := StatusOf(err)
@@ -157,49 +198,90 @@ func hintWords(subset []string) string {
 	return b.String()
 }
 
-// pathAPI returns the schema of path (":path", its query aside) by the
-// engine endpoints' table (live.EndpointFor); no path is the chat
-// completions endpoint. The method (":method"; absent: POST) must be
-// POST. Errors: ErrMethodNotAllowed for another method on a known
-// endpoint; ErrBadRequest for a path the table does not know, and for a
-// pooling or utility endpoint (live.APIPool, live.APIUtility), which the
-// picker does not route yet: each names the method and path (bounded,
-// escaped).
-func pathAPI(method, path string) (live.API, error) {
-	route, _, _ := strings.Cut(path, "?")
+// routed is what a request's method and path say it is (route).
+type routed struct {
+	// api is a POST endpoint's schema (live.EndpointFor), or
+	// live.APIOther for a pass-through; unset when stored is set.
+	api live.API
+	// stored is the response id of GET /v1/responses/{id} or POST
+	// /v1/responses/{id}/cancel (unescaped); "" for the others.
+	stored string
+}
+
+// route reads a request's method (absent: POST) and path (":path", its
+// query aside; absent: the chat completions endpoint) as serve's routes
+// read them:
+//
+//   - a POST endpoint of the engine endpoints' table (live.EndpointFor):
+//     its schema; another method there is a *MethodError (allow POST);
+//   - GET or HEAD /v1/responses/{id}, POST /v1/responses/{id}/cancel: the
+//     stored response id, percent-escapes undone; another method there
+//     is a *MethodError (allow GET, or POST for cancel);
+//   - any other POST under /v1/, with passThrough: live.APIOther;
+//   - anything else, and a path not in canonical form (path.Clean's, no
+//     needless percent-escape: serve refuses those rather than redirect
+//     them), ErrNotFound.
+//
+// Errors name the method and path, bounded and escaped
+// (internal/untrusted).
+func route(method, target string, passThrough bool) (routed, error) {
+	p, _, _ := strings.Cut(target, "?")
 	if method == "" {
 		method = http.MethodPost
 	}
-	if route == "" {
-		route = "/v1/chat/completions"
+	if p == "" {
+		p = "/v1/chat/completions"
 	}
-	e, ok := live.EndpointFor(route)
-	if !ok {
-		return live.APIOther, fmt.Errorf("%w: no endpoint %s %s: the picker routes POST %s",
-			ErrBadRequest, untrusted.Text(method, untrusted.MaxClient), untrusted.Text(route, untrusted.MaxClient), generationPaths)
+	quoted := untrusted.Text(p, untrusted.MaxClient)
+	qmethod := untrusted.Text(method, untrusted.MaxClient)
+	notAllowed := func(allow string) error {
+		return &MethodError{Allow: allow, Err: fmt.Errorf("%w: %s is not allowed on %s: it takes %s",
+			ErrMethodNotAllowed, qmethod, quoted, allow)}
 	}
-	if method != http.MethodPost {
-		return e.API, fmt.Errorf("%w: %s is not allowed on %s: an inference request is a POST",
-			ErrMethodNotAllowed, untrusted.Text(method, untrusted.MaxClient), route)
+	if p != path.Clean(p) {
+		return routed{}, fmt.Errorf("%w: no endpoint %s %s: the path is not in canonical form (%s)",
+			ErrNotFound, qmethod, quoted, untrusted.Text(path.Clean(p), untrusted.MaxClient))
 	}
-	if !e.API.Generates() {
-		return e.API, fmt.Errorf("%w: %s is a %s endpoint, which the picker does not route yet: it routes POST %s",
-			ErrBadRequest, route, e.API, generationPaths)
-	}
-	return e.API, nil
-}
-
-// generationPaths lists the generation endpoints of the table, for
-// messages: "/v1/completions, /v1/chat/completions, ...".
-var generationPaths = func() string {
-	var paths []string
-	for _, e := range live.Endpoints() {
-		if e.API.Generates() {
-			paths = append(paths, e.Path)
+	if e, ok := live.EndpointFor(p); ok {
+		if method != http.MethodPost {
+			return routed{api: e.API}, &MethodError{Allow: http.MethodPost, Err: fmt.Errorf("%w: %s is not allowed on %s: an inference request is a POST",
+				ErrMethodNotAllowed, qmethod, quoted)}
 		}
+		return routed{api: e.API}, nil
 	}
-	return strings.Join(paths, ", ")
-}()
+	if rest, ok := strings.CutPrefix(p, "/v1/responses/"); ok {
+		id, cancel := rest, false
+		if i := strings.IndexByte(rest, '/'); i >= 0 {
+			id, cancel = rest[:i], rest[i:] == "/cancel"
+			if !cancel {
+				return routed{}, fmt.Errorf("%w: no endpoint %s %s", ErrNotFound, qmethod, quoted)
+			}
+		}
+		dec, err := url.PathUnescape(id)
+		if err != nil || dec == "" {
+			return routed{}, fmt.Errorf("%w: no endpoint %s %s: the response id is not a valid path segment", ErrNotFound, qmethod, quoted)
+		}
+		switch {
+		case cancel && method != http.MethodPost:
+			return routed{}, notAllowed(http.MethodPost)
+		case !cancel && method != http.MethodGet && method != http.MethodHead:
+			return routed{}, notAllowed("GET, HEAD")
+		}
+		return routed{stored: dec}, nil
+	}
+	if dec, err := url.PathUnescape(p); err != nil || dec != p {
+		return routed{}, fmt.Errorf("%w: no endpoint %s %s: the path is not in canonical form (a percent-escape where none is needed)",
+			ErrNotFound, qmethod, quoted)
+	}
+	if method == http.MethodPost && strings.HasPrefix(p, "/v1/") {
+		if passThrough {
+			return routed{api: live.APIOther}, nil
+		}
+		return routed{}, fmt.Errorf("%w: no endpoint %s %s (the pass-through of other paths under /v1/ is off: --pass-through=false)",
+			ErrNotFound, qmethod, quoted)
+	}
+	return routed{}, fmt.Errorf("%w: no endpoint %s %s", ErrNotFound, qmethod, quoted)
+}
 
 // outside returns the ids of the workers whose endpoint is not in subset,
 // and false when no worker's is. O(workers + subset): the hint comes from
@@ -257,6 +339,8 @@ func mapErr(ctx context.Context, err error) error {
 	switch {
 	case ctx.Err() != nil:
 		return err // the stream is gone: nobody reads the answer
+	case errors.Is(err, live.ErrNoRoute):
+		return mapped{ErrNotFound, err}
 	case errors.Is(err, live.ErrBadRequest), errors.Is(err, admission.ErrUnknownClass):
 		return mapped{ErrBadRequest, err}
 	case errors.Is(err, shared.ErrNoWorkers), errors.Is(err, router.ErrAllExcluded):
@@ -286,8 +370,11 @@ type routerHandle struct {
 // serve's do). An endpoint no worker has keeps the booking where it is
 // and counts nothing: it may be the pick spelled otherwise, or garbage,
 // and a proxy reporting such would otherwise take every worker out.
+//
+// A request that is not booked (an engine utility, a stored response's
+// GET or cancel) has nothing to move, and counts nothing.
 func (rh *routerHandle) Served(endpoint string) {
-	if endpoint == rh.endpoint {
+	if endpoint == rh.endpoint || rh.placed.Handle == nil {
 		return
 	}
 	id, ok := rh.p.workerAt(endpoint)
@@ -306,8 +393,12 @@ func (rh *routerHandle) Served(endpoint string) {
 // aborted (live.Runtime.EndPrefill): the sidecar passes a failed
 // prefill's answer through, and a failed decode's says nothing of the
 // prefill's KV either.
+//
+// A Responses answer of another status than 2xx binds no response id
+// (live.Runtime.AnswerStatus).
 func (rh *routerHandle) Status(code int) {
 	rh.code = code
+	rh.p.Runtime.AnswerStatus(&rh.placed, code)
 	if code >= http.StatusBadRequest {
 		rh.p.Runtime.EndPrefill(&rh.placed, false, "the decode endpoint answered "+strconv.Itoa(code))
 	}
@@ -334,7 +425,11 @@ func (rh *routerHandle) Body(chunk []byte) { rh.p.Runtime.Answer(&rh.placed, chu
 func (rh *routerHandle) End(o Outcome) {
 	code := rh.code
 	if o == Completed {
-		if w := rh.placed.Handle.Decision().Worker; w != nil {
+		w := rh.placed.Decision.Worker
+		if rh.placed.Handle != nil {
+			w = rh.placed.Handle.Decision().Worker
+		}
+		if w != nil {
 			if code >= http.StatusInternalServerError {
 				rh.p.Runtime.Workers().ReportFailure(w.Name)
 			} else {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
+	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/mockworker"
@@ -60,9 +61,11 @@ worker_selection {
 // whose worker blocks a workers.Manager probes (mock engines on loopback),
 // and the EPP over it (RouterPicker) on an in-memory gRPC connection.
 type routerEnv struct {
+	rt     *live.Runtime
 	r      *router.Router
 	mgr    *workers.Manager
 	reg    *prometheus.Registry // serve's metrics
+	specs  []config.Worker      // the policy file's worker blocks
 	client extprocv3.ExternalProcessorClient
 	eps    []string // the workers' endpoints, w0 first
 }
@@ -75,6 +78,12 @@ func newRouterEnv(t *testing.T, n int, queue string) *routerEnv {
 // newRouterEnvWith is newRouterEnv with a RouterPicker giving fallbacks
 // runners-up.
 func newRouterEnvWith(t *testing.T, n int, queue string, fallbacks int) *routerEnv {
+	t.Helper()
+	return newRouterEnvPicker(t, n, queue, func(p *RouterPicker) { p.Fallbacks = fallbacks })
+}
+
+// newRouterEnvPicker is newRouterEnv with a RouterPicker set up by set.
+func newRouterEnvPicker(t *testing.T, n int, queue string, set func(*RouterPicker)) *routerEnv {
 	t.Helper()
 	var urls []string
 	for range n {
@@ -116,7 +125,9 @@ func newRouterEnvWith(t *testing.T, n int, queue string, fallbacks int) *routerE
 	done := make(chan struct{})
 	go func() { defer close(done); s.Dispatcher(ctx) }()
 	t.Cleanup(func() { cancel(); <-done; s.Close() })
-	e := &routerEnv{r: r, mgr: mgr, reg: reg, client: startServer(t, &Server{Picker: &RouterPicker{Runtime: s, Fallbacks: fallbacks}})}
+	picker := &RouterPicker{Runtime: s}
+	set(picker)
+	e := &routerEnv{rt: s, r: r, mgr: mgr, reg: reg, specs: b.Workers(), client: startServer(t, &Server{Picker: picker})}
 	for _, u := range urls {
 		ep, err := Endpoint(u)
 		if err != nil {
@@ -132,6 +143,22 @@ func newRouterEnvWith(t *testing.T, n int, queue string, fallbacks int) *routerE
 		time.Sleep(10 * time.Millisecond)
 	}
 	return e
+}
+
+// keepOnly makes the named workers the fleet's only ones (the others
+// leave, as when their blocks are removed) and waits until they are.
+func (e *routerEnv) keepOnly(t *testing.T, names []string) {
+	t.Helper()
+	var keep []config.Worker
+	for _, w := range e.specs {
+		if slices.Contains(names, w.Name) {
+			keep = append(keep, w)
+		}
+	}
+	if err := e.mgr.Sync(keep); err != nil {
+		t.Fatal(err)
+	}
+	e.eventually(t, "the others leave", func() bool { return len(e.r.Workers("m", shared.RoleAggregated)) == len(keep) })
 }
 
 // active returns the fleet's in-flight bookings per endpoint.
@@ -579,46 +606,67 @@ func TestEndpoint(t *testing.T) {
 	}
 }
 
-// TestChatPath: the schema by path, the query aside; another path is
-// ErrBadRequest naming the request's method and path, another method
-// than POST on a completion route ErrMethodNotAllowed naming the method,
-// each bounded and escaped.
+// TestPathAPI: what a method and path are (route), as serve's routes read them:
+// the schema of an endpoint of the table (the query aside), a stored
+// response's id (unescaped), a pass-through POST under /v1/ unless it is
+// off; another method on a known path is a *MethodError naming the
+// methods it takes, anything else ErrNotFound, each naming the request's
+// method and path, bounded and escaped.
 func TestPathAPI(t *testing.T) {
-	const gen = "/v1/completions, /v1/chat/completions, /v1/responses, /v1/messages"
 	for _, tc := range []struct {
 		method, path string
-		api          live.API
-		err          string
+		pass         bool
+		want         routed
+		err, allow   string
 	}{
-		{"GET", "/v1/chat/completions", 0, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
-		{"PUT", "/v1/completions?x=1", 0, "method not allowed: PUT is not allowed on /v1/completions: an inference request is a POST"},
-		{"GET", "", 0, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST"},
-		{"G\x1b[31mET", "/v1/completions", 0, `method not allowed: G\x1b[31mET is not allowed on /v1/completions: an inference request is a POST`},
-		{"DELETE", "/v1/embeddings", 0, "method not allowed: DELETE is not allowed on /v1/embeddings: an inference request is a POST"},
-		{"POST", "/" + strings.Repeat("a", 300), 0, "invalid request: no endpoint POST /" + strings.Repeat("a", 255) + "...(301 bytes): the picker routes POST " + gen},
-		{"POST", "/v1/chat/completions", live.APIChat, ""},
-		{"", "", live.APIChat, ""},
-		{"POST", "/v1/completions?x=1", live.APICompletions, ""},
-		{"POST", "/v1/responses", live.APIResponses, ""},
-		{"POST", "/v1/messages?beta=true", live.APIMessages, ""},
-		{"POST", "/v1/embeddings", 0, "invalid request: /v1/embeddings is a pool endpoint, which the picker does not route yet: it routes POST " + gen},
-		{"POST", "/tokenize", 0, "invalid request: /tokenize is a utility endpoint, which the picker does not route yet: it routes POST " + gen},
-		{"GET", "/v1/models", 0, "invalid request: no endpoint GET /v1/models: the picker routes POST " + gen},
-		{"", "//v1/completions?a=b", 0, "invalid request: no endpoint POST //v1/completions: the picker routes POST " + gen},
+		{"POST", "/v1/chat/completions", true, routed{api: live.APIChat}, "", ""},
+		{"", "", true, routed{api: live.APIChat}, "", ""},
+		{"POST", "/v1/completions?x=1", true, routed{api: live.APICompletions}, "", ""},
+		{"POST", "/v1/responses", true, routed{api: live.APIResponses}, "", ""},
+		{"POST", "/v1/messages?beta=true", true, routed{api: live.APIMessages}, "", ""},
+		{"POST", "/v1/embeddings", true, routed{api: live.APIPool}, "", ""},
+		{"POST", "/v2/rerank", false, routed{api: live.APIPool}, "", ""},
+		{"POST", "/tokenize", true, routed{api: live.APIUtility}, "", ""},
+		{"POST", "/v1/detokenize", false, routed{api: live.APIUtility}, "", ""},
+		{"POST", "/v1/audio/transcriptions?x=1", true, routed{api: live.APIOther}, "", ""},
+		{"GET", "/v1/responses/resp_1", false, routed{stored: "resp_1"}, "", ""},
+		{"HEAD", "/v1/responses/resp_1?stream=true&starting_after=3", false, routed{stored: "resp_1"}, "", ""},
+		{"GET", "/v1/responses/a%2Fb", false, routed{stored: "a/b"}, "", ""},
+		{"POST", "/v1/responses/resp_1/cancel", false, routed{stored: "resp_1"}, "", ""},
+		{"GET", "/v1/chat/completions", true, routed{}, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST", "POST"},
+		{"PUT", "/v1/completions?x=1", true, routed{}, "method not allowed: PUT is not allowed on /v1/completions: an inference request is a POST", "POST"},
+		{"GET", "", true, routed{}, "method not allowed: GET is not allowed on /v1/chat/completions: an inference request is a POST", "POST"},
+		{"G\x1b[31mET", "/v1/completions", true, routed{}, `method not allowed: G\x1b[31mET is not allowed on /v1/completions: an inference request is a POST`, "POST"},
+		{"DELETE", "/v1/embeddings", true, routed{}, "method not allowed: DELETE is not allowed on /v1/embeddings: an inference request is a POST", "POST"},
+		{"DELETE", "/v1/responses/resp_1", true, routed{}, "method not allowed: DELETE is not allowed on /v1/responses/resp_1: it takes GET, HEAD", "GET, HEAD"},
+		{"GET", "/v1/responses/resp_1/cancel", true, routed{}, "method not allowed: GET is not allowed on /v1/responses/resp_1/cancel: it takes POST", "POST"},
+		{"POST", "/v1/responses/resp_1/input_items", true, routed{}, "not found: no endpoint POST /v1/responses/resp_1/input_items", ""},
+		{"GET", "/v1/responses/%zz", true, routed{}, "not found: no endpoint GET /v1/responses/%zz: the response id is not a valid path segment", ""},
+		{"POST", "/v1/audio/transcriptions", false, routed{}, "not found: no endpoint POST /v1/audio/transcriptions (the pass-through of other paths under /v1/ is off: --pass-through=false)", ""},
+		{"GET", "/v1/audio/voices", true, routed{}, "not found: no endpoint GET /v1/audio/voices", ""},
+		{"POST", "/generate", true, routed{}, "not found: no endpoint POST /generate", ""},
+		{"POST", "/" + strings.Repeat("a", 300), true, routed{}, "not found: no endpoint POST /" + strings.Repeat("a", 255) + "...(301 bytes)", ""},
+		{"GET", "/v1/models", true, routed{}, "not found: no endpoint GET /v1/models", ""},
+		{"", "//v1/completions?a=b", true, routed{}, "not found: no endpoint POST //v1/completions: the path is not in canonical form (/v1/completions)", ""},
+		{"POST", "/v1/../v1/x", true, routed{}, "not found: no endpoint POST /v1/../v1/x: the path is not in canonical form (/v1/x)", ""},
+		{"POST", "/v1/chat%2Fcompletions", true, routed{}, "not found: no endpoint POST /v1/chat%2Fcompletions: the path is not in canonical form (a percent-escape where none is needed)", ""},
 	} {
-		api, err := pathAPI(tc.method, tc.path)
+		got, err := route(tc.method, tc.path, tc.pass)
 		if tc.err == "" {
-			if err != nil || api != tc.api {
-				t.Errorf("pathAPI(%q, %q) = %v, %v; want %v, nil", tc.method, tc.path, api, err, tc.api)
+			if err != nil || got != tc.want {
+				t.Errorf("route(%q, %q) = %+v, %v; want %+v, nil", tc.method, tc.path, got, err, tc.want)
 			}
 			continue
 		}
-		kind := ErrBadRequest
-		if strings.HasPrefix(tc.err, "method") {
+		kind := ErrNotFound
+		if tc.allow != "" {
 			kind = ErrMethodNotAllowed
 		}
+		var me *MethodError
 		if !errors.Is(err, kind) || err.Error() != tc.err {
-			t.Errorf("pathAPI(%q, %q) error %v, want %q (%v)", tc.method, tc.path, err, tc.err, kind)
+			t.Errorf("route(%q, %q) error %v, want %q (%v)", tc.method, tc.path, err, tc.err, kind)
+		} else if tc.allow != "" && (!errors.As(err, &me) || me.Allow != tc.allow) {
+			t.Errorf("route(%q, %q) error %#v, want a *MethodError allowing %q", tc.method, tc.path, err, tc.allow)
 		}
 	}
 }

@@ -25,6 +25,7 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router/live"
 )
 
@@ -704,7 +705,12 @@ type answer struct {
 
 // answerOf returns the answer to a Picker error.
 func answerOf(err error) answer {
+	var rnf *live.ResponseNotFoundError
 	switch {
+	case errors.As(err, &rnf):
+		return answer{status: http.StatusNotFound, typ: "invalid_request_error", code: "response_not_found"}
+	case errors.Is(err, ErrNotFound):
+		return answer{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found"}
 	case errors.Is(err, ErrNoEndpoint):
 		return answer{status: http.StatusServiceUnavailable, typ: "server_error", code: "no_worker"}
 	case errors.Is(err, ErrShed):
@@ -722,13 +728,107 @@ func answerOf(err error) answer {
 // StatusOf returns the HTTP status code Server answers a Picker error
 // with: 503 for ErrNoEndpoint and errors it does not know, 429 for
 // ErrShed and ErrPastDue, 400 for ErrBadRequest, 405 for
-// ErrMethodNotAllowed.
+// ErrMethodNotAllowed, 404 for ErrNotFound and
+// *live.ResponseNotFoundError.
 func StatusOf(err error) int { return answerOf(err).status }
 
-// immediateErr answers a Picker error (or an empty subset hint).
+// immediateErr answers a Picker error (or an empty subset hint): a
+// *live.ResponseNotFoundError in vLLM's shape (responseNotFoundBody), a
+// 405 with the allow header of its *MethodError (else POST), the others
+// in the error shape of the request's path (immediate).
 func (st *stream) immediateErr(err error) error {
+	var rnf *live.ResponseNotFoundError
+	if errors.As(err, &rnf) {
+		b, jerr := responseNotFoundBody(rnf.ID)
+		if jerr != nil {
+			return jerr
+		}
+		return st.respond(http.StatusNotFound, "response_not_found", b, "")
+	}
 	a := answerOf(err)
-	return st.immediate(a.status, a.typ, a.code, a.msgPrefix+err.Error())
+	allow := ""
+	if a.status == http.StatusMethodNotAllowed {
+		allow = http.MethodPost
+		var me *MethodError
+		if errors.As(err, &me) && me.Allow != "" {
+			allow = me.Allow
+		}
+	}
+	b, jerr := st.errorBody(a.typ, a.code, a.msgPrefix+err.Error())
+	if jerr != nil {
+		return jerr
+	}
+	return st.respond(a.status, a.code, b, allow)
+}
+
+// vllmError is vLLM's error body (vllm/entrypoints/openai/protocol.py,
+// ErrorResponse and ErrorInfo), whose code is the HTTP status as a
+// number: the shape vLLM answers a stored response it does not hold in,
+// and serve with it.
+type vllmError struct {
+	Error struct {
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Param   string `json:"param"`
+		Code    int    `json:"code"`
+	} `json:"error"`
+}
+
+// responseNotFoundBody is vLLM's answer to a response id it does not
+// hold (vllm/entrypoints/openai/serving_responses.py,
+// _make_not_found_error; serve answers the same):
+// {"error":{"message":"Response with id '<id>' not found.",
+// "type":"invalid_request_error","param":"response_id","code":404}}. An
+// id longer than live.MaxResponseIDBytes (which no binding has) is cut
+// and escaped (internal/untrusted), so the answer stays bounded.
+func responseNotFoundBody(id string) ([]byte, error) {
+	if len(id) > live.MaxResponseIDBytes {
+		id = untrusted.Text(id, untrusted.MaxClient)
+	}
+	var e vllmError
+	e.Error.Message = (&live.ResponseNotFoundError{ID: id}).Error()
+	e.Error.Type, e.Error.Param, e.Error.Code = "invalid_request_error", "response_id", http.StatusNotFound
+	b, err := json.Marshal(e)
+	if err != nil {
+		return nil, fmt.Errorf("encoding the error answer: %w", err)
+	}
+	return append(b, '\n'), nil
+}
+
+// anthropicError is Anthropic's error body, which vLLM's Messages front
+// end answers in (vllm/entrypoints/anthropic/protocol.py,
+// AnthropicErrorResponse) and serve answers on /v1/messages:
+// {"type":"error","error":{"type":...,"message":...}}, error.type keeping
+// the OpenAI error type as vLLM does.
+type anthropicError struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// errorBody is the error answer's body in the shape of the request's
+// API: Anthropic's on /v1/messages and the paths under it (as serve's
+// writeError), OpenAI's elsewhere and before the request headers came.
+func (st *stream) errorBody(typ, code, message string) ([]byte, error) {
+	var (
+		b   []byte
+		err error
+	)
+	if p, _, _ := strings.Cut(st.req.Headers[":path"], "?"); p == "/v1/messages" || strings.HasPrefix(p, "/v1/messages/") {
+		var e anthropicError
+		e.Type, e.Error.Type, e.Error.Message = "error", typ, message
+		b, err = json.Marshal(e)
+	} else {
+		var e apiError
+		e.Error.Message, e.Error.Type, e.Error.Code = message, typ, code
+		b, err = json.Marshal(e)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("encoding the error answer: %w", err)
+	}
+	return append(b, '\n'), nil
 }
 
 // apiError is the OpenAI error body, the shape live.WriteError writes
@@ -743,27 +843,38 @@ type apiError struct {
 }
 
 // immediate ends the request with an immediate response of the given HTTP
-// status and an OpenAI error body (a 405 with "allow: POST"). The stream
-// ends after it (Process returns), which gives its reservation back.
+// status and an error body in the shape of the request's API (errorBody:
+// OpenAI's, or Anthropic's on /v1/messages; a 405 with "allow: POST").
+// The stream ends after it (Process returns), which gives its
+// reservation back.
 func (st *stream) immediate(status int, typ, code, message string) error {
-	st.refused, st.req.Body = true, nil
-	var e apiError
-	e.Error.Message, e.Error.Type, e.Error.Code = message, typ, code
-	b, err := json.Marshal(e)
+	b, err := st.errorBody(typ, code, message)
 	if err != nil {
-		return fmt.Errorf("encoding the error answer: %w", err)
+		return err
 	}
+	allow := ""
+	if status == http.StatusMethodNotAllowed {
+		allow = http.MethodPost
+	}
+	return st.respond(status, code, b, allow)
+}
+
+// respond ends the request with an immediate response of status and the
+// JSON body, details naming it for the proxy's logs, and an allow header
+// when allow is not "".
+func (st *stream) respond(status int, details string, body []byte, allow string) error {
+	st.refused, st.req.Body = true, nil
 	headers := []*corev3.HeaderValueOption{{
 		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
 	}}
-	if status == http.StatusMethodNotAllowed {
-		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "allow", RawValue: []byte(http.MethodPost)}})
+	if allow != "" {
+		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "allow", RawValue: []byte(allow)}})
 	}
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
 			Headers: &extprocv3.HeaderMutation{SetHeaders: headers},
-			Body:    append(b, '\n'),
-			Details: code,
+			Body:    body,
+			Details: details,
 		}}})
 }

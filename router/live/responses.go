@@ -116,8 +116,8 @@ func (b *responseBindings) len() int {
 // (ResponseWorker). The binding is kept DefaultResponseTTL after its
 // last use, at most DefaultMaxResponses of them; with a cluster
 // (Options.Sessions) it is shared with the other replicas through the
-// session store of model's aggregated partition, under a namespace of its
-// own. An empty id, or one over MaxResponseIDBytes, is not bound. It
+// session store of the partition of model and w's role (aggregated, or a
+// disaggregated model's decode), under a namespace of its own. An empty id, or one over MaxResponseIDBytes, is not bound. It
 // never blocks (the shared store queues its writes).
 func (rt *Runtime) BindResponse(model, id string, w *fleet.Worker) {
 	if id == "" || len(id) > MaxResponseIDBytes || w == nil {
@@ -125,11 +125,19 @@ func (rt *Runtime) BindResponse(model, id string, w *fleet.Worker) {
 	}
 	rt.responses.put(id, model, w)
 	if rt.sessions != nil {
-		if st := rt.sessions(model, shared.RoleAggregated); st != nil {
+		// In the partition of the worker's role: a disaggregated
+		// model's answers come from its decode workers.
+		if st := rt.sessions(model, w.Role); st != nil {
 			st.Bind(responseNamespace+id, w.ID, time.Now())
 		}
 	}
 }
+
+// answeringRoles are the roles of the workers that answer a Responses
+// request, and so store its response: aggregated workers, and a
+// disaggregated model's decode workers (its prefill workers' one-token
+// answers are not the client's).
+var answeringRoles = [...]shared.Role{shared.RoleAggregated, shared.RoleDecode}
 
 // ResponseWorker returns the worker whose engine holds response id and
 // the model it was made for: this router's binding (BindResponse), else,
@@ -137,8 +145,9 @@ func (rt *Runtime) BindResponse(model, id string, w *fleet.Worker) {
 // model is "", under each model the fleet serves); this router's binding
 // wins whatever model the follow-up names, as the engine finds a stored
 // response by its id alone. The worker is the
-// current member of the model's aggregated partition with the bound
-// worker's id and name (its lowest rank). false when the id is unknown,
+// current member of the model's aggregated partition, or of its decode
+// partition (a disaggregated model's answers come from its decode
+// workers), with the bound worker's id and name (its lowest rank). false when the id is unknown,
 // its binding expired, or its worker is no longer a member: the engine
 // that held it is gone.
 func (rt *Runtime) ResponseWorker(model, id string) (*fleet.Worker, string, bool) {
@@ -146,9 +155,11 @@ func (rt *Runtime) ResponseWorker(model, id string) (*fleet.Worker, string, bool
 		return nil, "", false
 	}
 	if rb, ok := rt.responses.get(id); ok {
-		for _, w := range rt.r.Workers(rb.model, shared.RoleAggregated) {
-			if w.ID == rb.worker && w.Name == rb.name {
-				return w, rb.model, true
+		for _, role := range answeringRoles {
+			for _, w := range rt.r.Workers(rb.model, role) {
+				if w.ID == rb.worker && w.Name == rb.name {
+					return w, rb.model, true
+				}
 			}
 		}
 		return nil, "", false
@@ -161,17 +172,19 @@ func (rt *Runtime) ResponseWorker(model, id string) (*fleet.Worker, string, bool
 		models = rt.r.Models()
 	}
 	for _, m := range models {
-		st := rt.sessions(m, shared.RoleAggregated)
-		if st == nil {
-			continue
-		}
-		wid, _, ok := st.Binding(responseNamespace + id)
-		if !ok {
-			continue
-		}
-		for _, w := range rt.r.Workers(m, shared.RoleAggregated) {
-			if w.ID == wid {
-				return w, m, true
+		for _, role := range answeringRoles {
+			st := rt.sessions(m, role)
+			if st == nil {
+				continue
+			}
+			wid, _, ok := st.Binding(responseNamespace + id)
+			if !ok {
+				continue
+			}
+			for _, w := range rt.r.Workers(m, role) {
+				if w.ID == wid {
+					return w, m, true
+				}
 			}
 		}
 	}

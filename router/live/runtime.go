@@ -163,6 +163,10 @@ type Runtime struct {
 	// is Options.Sessions, which shares them in a cluster.
 	responses *responseBindings
 	sessions  func(model string, role shared.Role) shared.SessionStore
+
+	// utilityNext is the round-robin cursor of the engine utilities'
+	// ties (UtilityWorker).
+	utilityNext atomic.Uint64
 }
 
 // New returns a Runtime over o.Router. Errors: no Router or Workers in o,

@@ -31,6 +31,10 @@ type messagesRequest struct {
 	System    json.RawMessage   `json:"system"`
 	Metadata  json.RawMessage   `json:"metadata"`
 	Tools     []json.RawMessage `json:"tools"`
+	// KVTransferParams is vLLM's disaggregated-serving field
+	// (AnthropicMessagesRequest.kv_transfer_params, passed to the chat
+	// completion it runs), read as on chat: see kvTransferParams.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 // anthropicMsg is an AnthropicMessage: role user or assistant, content a
@@ -256,7 +260,13 @@ func anthropicMessages(rq *messagesRequest) ([]prefix.ChatMessage, *apiError) {
 // model, messages or max_tokens, max_tokens below 1) is a 400 in the
 // OpenAI shape, as vLLM's request validation answers it; errors of the
 // request's serving (an unknown model: 404; a prompt too long: 400) are
-// in the Anthropic shape (anthropicError).
+// in the Anthropic shape (anthropicError). kv_transfer_params is read as
+// on chat (prepare): a prefill (do_remote_decode) generates one token and
+// is answered whole, streamed or not, with the KV's kv_transfer_params
+// (vLLM's Messages stream has no place for it: its message_stream_converter
+// drops it, as vLLM's chat streams do, and the mock answers a streamed
+// chat prefill whole too); a decode (do_remote_prefill) computes no
+// prompt.
 func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 	body, ok := readBody(w, r)
 	if !ok {
@@ -290,7 +300,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		anthropicError(w, badRequest("the request has no message to render"))
 		return
 	}
-	req := &genRequest{Model: *rq.Model, MaxTokens: rq.MaxTokens, rendered: msgs, tools: anthropicTools(rq.Tools)}
+	req := &genRequest{Model: *rq.Model, MaxTokens: rq.MaxTokens, KVTransferParams: rq.KVTransferParams, rendered: msgs, tools: anthropicTools(rq.Tools)}
 	sr, aerr := s.prepare(r.Context(), req, true)
 	if aerr != nil {
 		anthropicError(w, aerr)
@@ -309,7 +319,10 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 	}()
 	g := &generation{s: s, eng: eng, w: ew, a: a, chat: true, sr: sr, created: time.Now().Unix(), model: req.Model,
 		id: "chatcmpl-mock-" + strconv.FormatInt(s.seq.Add(1), 10)}
-	if rq.Stream != nil && *rq.Stream {
+	if req.prefill {
+		g.kv = s.kvAnswer(r, sr)
+	}
+	if rq.Stream != nil && *rq.Stream && !req.prefill {
 		finished = anthropicStream(g, r)
 	} else {
 		finished = anthropicComplete(g, r)
@@ -367,7 +380,9 @@ type anthropicUsage struct {
 // messages_full_converter (dumped with exclude_none): {"id", "type":
 // "message", "role": "assistant", "content": [{"type": "text", "text"}],
 // "model", "stop_reason": "max_tokens", "usage": {"input_tokens",
-// "output_tokens"}}.
+// "output_tokens"}}, and a prefill's "kv_transfer_params" (vLLM's
+// AnthropicMessagesResponse.kv_transfer_params, set from the chat
+// completion's: vllm/entrypoints/anthropic/serving.py@0001948b).
 func anthropicComplete(g *generation, r *http.Request) bool {
 	p, ok := g.waitAll(r)
 	if !ok {
@@ -375,15 +390,16 @@ func anthropicComplete(g *generation, r *http.Request) bool {
 	}
 	setDoneHeaders(g.w.Header(), p)
 	_ = json.NewEncoder(g.w).Encode(struct {
-		ID         string           `json:"id"`
-		Type       string           `json:"type"`
-		Role       string           `json:"role"`
-		Content    []map[string]any `json:"content"`
-		Model      string           `json:"model"`
-		StopReason string           `json:"stop_reason"`
-		Usage      anthropicUsage   `json:"usage"`
+		ID               string            `json:"id"`
+		Type             string            `json:"type"`
+		Role             string            `json:"role"`
+		Content          []map[string]any  `json:"content"`
+		Model            string            `json:"model"`
+		StopReason       string            `json:"stop_reason"`
+		Usage            anthropicUsage    `json:"usage"`
+		KVTransferParams *kvTransferAnswer `json:"kv_transfer_params,omitempty"`
 	}{g.id, "message", "assistant", []map[string]any{{"type": "text", "text": text(g.sr.OutputLength)}}, g.model,
-		"max_tokens", anthropicUsage{g.sr.InputLength, g.sr.OutputLength}})
+		"max_tokens", anthropicUsage{g.sr.InputLength, g.sr.OutputLength}, g.kv})
 	return true
 }
 

@@ -184,6 +184,12 @@
 //
 // Both set is a 400. Nothing is transferred: the remote_* fields of a
 // decode request are not read, so any prefill answer's parameters work.
+// Chat, completions, /v1/responses and /v1/messages all take them, as
+// vLLM's do: the prefill's answer is the API's own (a ResponsesResponse,
+// or, streamed, Responses events whose response.completed carries
+// "kv_transfer_params"; an Anthropic message, streamed or not), with
+// "kv_transfer_params" a top-level member; max_output_tokens (Responses)
+// and max_tokens (Messages) are the bound a prefill overrides.
 //
 // # Errors and cancellation
 //

@@ -66,6 +66,10 @@ type responsesRequest struct {
 	ParallelToolCalls     *bool           `json:"parallel_tool_calls"`
 	ServiceTier           *string         `json:"service_tier"`
 	Truncation            *string         `json:"truncation"`
+	// KVTransferParams is vLLM's disaggregated-serving field
+	// (ResponsesRequest.kv_transfer_params, vLLM pull request 37424),
+	// read as on chat: see kvTransferParams.
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 // responseUsage is vLLM's ResponseUsage.
@@ -133,6 +137,11 @@ type responseBody struct {
 	User               *string         `json:"user"`
 	InputMessages      any             `json:"input_messages"`
 	OutputMessages     any             `json:"output_messages"`
+	// KVTransferParams is a prefill's answer (do_remote_decode): where
+	// the prompt's KV is, on the finished response only (vLLM's
+	// responses_full_generator sets it from the engine's output; the
+	// mock leaves it out of other answers, as on chat).
+	KVTransferParams *kvTransferAnswer `json:"kv_transfer_params,omitempty"`
 }
 
 // storedResponse is one response of the store: its answer and the
@@ -491,7 +500,13 @@ func objectMembers(raw json.RawMessage) (keys []string, vals []json.RawMessage, 
 // answered as a ResponsesResponse or, with stream, as Responses events.
 // With store (the default) the answer is kept for previous_response_id,
 // GET /v1/responses/{id} and POST /v1/responses/{id}/cancel, as vLLM does
-// with VLLM_ENABLE_RESPONSES_API_STORE=1.
+// with VLLM_ENABLE_RESPONSES_API_STORE=1. kv_transfer_params is read as
+// on chat (prepare): a prefill (do_remote_decode) generates one token and
+// its finished response carries the KV's kv_transfer_params (the answer,
+// or, streamed, response.completed's response: vLLM's
+// responses_stream_generator ends with responses_full_generator's
+// response, which carries it; vllm/entrypoints/openai/responses/
+// serving.py@0001948b); a decode (do_remote_prefill) computes no prompt.
 func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	body, ok := readBody(w, r)
 	if !ok {
@@ -518,7 +533,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	req := &genRequest{MaxTokens: rq.MaxOutputTokens, CacheSalt: rq.CacheSalt, rendered: msgs, tools: responsesTools(rq.Tools)}
+	req := &genRequest{MaxTokens: rq.MaxOutputTokens, CacheSalt: rq.CacheSalt, KVTransferParams: rq.KVTransferParams, rendered: msgs, tools: responsesTools(rq.Tools)}
 	if rq.Model != nil {
 		req.Model = *rq.Model
 	}
@@ -540,6 +555,9 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	g := generation{s: s, eng: eng, w: w, a: a, chat: true, sr: sr, created: time.Now().Unix(), model: s.model}
 	if req.Model != "" {
 		g.model = req.Model
+	}
+	if req.prefill {
+		g.kv = s.kvAnswer(r, sr)
 	}
 	rs := &responseRun{g: &g, rq: &rq, msgs: msgs, itemID: randomID("msg_")}
 	if rq.RequestID != nil {
@@ -669,7 +687,9 @@ func (rs *responseRun) final(cached int) (*responseBody, string) {
 	out := text(rs.g.sr.OutputLength)
 	msg := outputMessage{ID: rs.itemID, Content: []outputText{{Annotations: []any{}, Text: out, Type: "output_text"}},
 		Role: "assistant", Status: "completed", Type: "message"}
-	return rs.body(rs.finalStatus(), []outputMessage{msg}, rs.usage(cached)), out
+	b := rs.body(rs.finalStatus(), []outputMessage{msg}, rs.usage(cached))
+	b.KVTransferParams = rs.g.kv
+	return b, out
 }
 
 // keep stores the finished response when the request asked it (store

@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,20 +17,16 @@ import (
 
 // Disaggregated serving: a model that no aggregated worker serves but a
 // prefill worker does is served in two hops, by vLLM's disaggregated
-// proxy protocol (the NixlConnector toy proxy). The prefill hop sends the
-// request, rewritten to compute the prompt's KV and one token, to a
-// prefill worker admitted like an aggregated request; the decode hop,
-// admitted the same way with role decode, sends the original request plus
-// the prefill answer's kv_transfer_params to a decode worker and passes
-// its answer through.
-
-// maxPrefillAnswer bounds a prefill worker's answer, which is read whole
-// for its kv_transfer_params (1 MiB).
-const maxPrefillAnswer = 1 << 20
-
-// prefillKVParams is the prefill request's kv_transfer_params: compute the
-// prompt's KV and keep it for a remote decode worker to fetch.
-var prefillKVParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+// proxy protocol (the NixlConnector toy proxy), on every generation
+// endpoint (chat, completions, Responses, Anthropic Messages). The
+// prefill hop sends the request, rewritten to compute the prompt's KV and
+// one token (live.PrefillBody: the output bound in the schema's own
+// field), to a prefill worker admitted like an aggregated request; the
+// decode hop, admitted the same way with role decode, sends the original
+// request plus the prefill answer's kv_transfer_params (live.DecodeBody)
+// to a decode worker and passes its answer through, streamed or not, in
+// the schema's own format. The bodies are the ones router/epp/sidecar
+// sends behind a gateway: one function, in router/live, for both faces.
 
 // Header naming the prefill worker of a disaggregated request (the decode
 // worker is X-Switchyard-Worker).
@@ -44,6 +39,24 @@ func (s *Server) disaggregated(model string) bool {
 	return len(s.r.Workers(model, shared.RoleAggregated)) == 0 && len(s.r.Workers(model, shared.RolePrefill)) > 0
 }
 
+// decodeFollowUp is the one hop of a disaggregated model's Responses
+// follow-up (previous_response_id): on the decode worker that answered
+// the previous response, which alone stores it (a prefill engine does
+// not: its prefill hop would answer 404), computing the whole prompt
+// itself, as a vLLM decode engine does for a request without
+// kv_transfer_params; so its request carries the prompt's block hashes.
+var decodeFollowUp = admission.Hop{Role: shared.RoleDecode, PrefixHashes: true, Final: true}
+
+// followUpHop is the hop a Responses follow-up of model runs in:
+// decodeFollowUp when the model is served disaggregated, else the
+// aggregated path's one hop.
+func (s *Server) followUpHop(model string) admission.Hop {
+	if s.disaggregated(model) {
+		return decodeFollowUp
+	}
+	return admission.Aggregated.Hop(0)
+}
+
 // disagg runs a disaggregated request, prefill hop then decode hop, and
 // returns the code it is counted under.
 func (s *Server) disagg(ex *exchange) int {
@@ -52,7 +65,7 @@ func (s *Server) disagg(ex *exchange) int {
 			fmt.Sprintf("no ready decode worker for model %q: it is served disaggregated (it has prefill workers but no aggregated one)", ex.Model))
 		return http.StatusServiceUnavailable
 	}
-	pbody, err := prefillBody(ex.body)
+	pbody, err := live.PrefillBody(ex.body, ex.API)
 	if err != nil {
 		s.fail(ex, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
 		return http.StatusBadRequest
@@ -62,7 +75,7 @@ func (s *Server) disagg(ex *exchange) int {
 	if code != 0 {
 		return code
 	}
-	dbody, err := decodeBody(ex.body, kv)
+	dbody, err := live.DecodeBody(ex.body, kv)
 	if err != nil {
 		// The body and kv were both decoded as JSON already: unreachable.
 		s.fail(ex, http.StatusInternalServerError, live.TypeServer, "internal", err.Error())
@@ -116,7 +129,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 	resp, err := s.transport.RoundTrip(up)
 	var answer []byte
 	if err == nil {
-		answer, err = io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer+1))
+		answer, err = io.ReadAll(io.LimitReader(resp.Body, live.MaxPrefillAnswer+1))
 		_ = resp.Body.Close()
 	}
 	if err != nil {
@@ -139,10 +152,10 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 	}
 	// The prefill worker answered: whatever the client gets now names it.
 	ex.w.Header().Set(headerPrefillWorker, name)
-	if len(answer) > maxPrefillAnswer {
+	if len(answer) > live.MaxPrefillAnswer {
 		end(false, "prefill answer too large")
 		s.fail(ex, http.StatusBadGateway, live.TypeServer, "bad_prefill_answer",
-			fmt.Sprintf("prefill worker %q answered more than %d bytes", name, maxPrefillAnswer))
+			fmt.Sprintf("prefill worker %q answered more than %d bytes", name, live.MaxPrefillAnswer))
 		return nil, http.StatusBadGateway, false, ""
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
@@ -156,7 +169,7 @@ func (s *Server) prefillHop(ex *exchange, h *admission.Handle, w *fleet.Worker, 
 		_, _ = ex.w.Write(answer)
 		return nil, resp.StatusCode, false, ""
 	}
-	kv, ok := kvTransferParams(answer)
+	kv, ok := live.KVTransferParams(answer)
 	if !ok {
 		s.log.Warn("prefill answer without kv_transfer_params", "worker", name, "request_id", ex.ID)
 		end(false, "prefill answer without kv_transfer_params")
@@ -198,66 +211,4 @@ func (s *Server) decodeError(ex *exchange, err error) int {
 		return http.StatusServiceUnavailable
 	}
 	return s.admitError(ex, err)
-}
-
-// prefillBody is the prefill hop's body: the client's body with
-// kv_transfer_params asking for a remote decode, stream false, max_tokens
-// 1 (and max_completion_tokens 1 when set), and without stream_options,
-// min_tokens and min_completion_tokens (a prefill generates one token).
-// Every other field passes unchanged.
-func prefillBody(body []byte) ([]byte, error) {
-	return editJSON(body, func(m map[string]json.RawMessage) {
-		m["kv_transfer_params"] = prefillKVParams
-		m["stream"] = json.RawMessage("false")
-		m["max_tokens"] = json.RawMessage("1")
-		if _, ok := m["max_completion_tokens"]; ok {
-			m["max_completion_tokens"] = json.RawMessage("1")
-		}
-		delete(m, "stream_options")
-		delete(m, "min_tokens")
-		delete(m, "min_completion_tokens")
-	})
-}
-
-// decodeBody is the decode hop's body: the client's body with the prefill
-// answer's kv_transfer_params.
-func decodeBody(body []byte, kv json.RawMessage) ([]byte, error) {
-	return editJSON(body, func(m map[string]json.RawMessage) { m["kv_transfer_params"] = kv })
-}
-
-// editJSON decodes a JSON object, edits its members and encodes it again
-// (members in key order, HTML characters not escaped).
-func editJSON(body []byte, edit func(map[string]json.RawMessage)) ([]byte, error) {
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(body, &m); err != nil {
-		return nil, fmt.Errorf("%w: body is not a JSON object: %w", live.ErrBadRequest, err)
-	}
-	if m == nil {
-		return nil, fmt.Errorf("%w: body is not a JSON object", live.ErrBadRequest)
-	}
-	edit(m)
-	var b bytes.Buffer
-	enc := json.NewEncoder(&b)
-	enc.SetEscapeHTML(false)
-	if err := enc.Encode(m); err != nil {
-		return nil, fmt.Errorf("encoding the rewritten body: %w", err)
-	}
-	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
-}
-
-// kvTransferParams returns the kv_transfer_params object of a prefill
-// answer, as the answer spells it; false when there is none (absent, null,
-// not an object, or the answer is not JSON).
-func kvTransferParams(answer []byte) (json.RawMessage, bool) {
-	var v struct {
-		KV json.RawMessage `json:"kv_transfer_params"`
-	}
-	if json.Unmarshal(answer, &v) != nil {
-		return nil, false
-	}
-	kv := bytes.TrimSpace(v.KV)
-	if len(kv) == 0 || kv[0] != '{' {
-		return nil, false
-	}
-	return kv, true
 }

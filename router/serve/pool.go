@@ -96,30 +96,12 @@ func (s *Server) utility(ex *exchange) int {
 	}
 }
 
-// utilityWorker returns the ready engine of model, of any role, with the
-// fewest requests in flight, not in skip; among ties, the one a
-// round-robin cursor reaches first. nil when there is none. Linear in the
-// model's workers.
+// utilityWorker returns the engine an engine utility of model goes to,
+// not in skip: the runtime's choice, shared with the EPP
+// (live.Runtime.UtilityWorker: the ready worker of any role with the
+// fewest requests in flight, ties round-robin); nil when there is none.
 func (s *Server) utilityWorker(model string, skip []shared.WorkerID) *fleet.Worker {
-	var ties []*fleet.Worker
-	best := int64(-1)
-	for _, role := range []shared.Role{shared.RoleAggregated, shared.RolePrefill, shared.RoleDecode} {
-		for _, w := range s.r.Workers(model, role) {
-			if containsID(skip, w.ID) {
-				continue
-			}
-			switch n := w.ActiveRequests(); {
-			case best < 0 || n < best:
-				best, ties = n, append(ties[:0], w)
-			case n == best:
-				ties = append(ties, w)
-			}
-		}
-	}
-	if len(ties) == 0 {
-		return nil
-	}
-	return ties[s.utilityNext.Add(1)%uint64(len(ties))]
+	return s.rt.UtilityWorker(model, skip)
 }
 
 func containsID(ids []shared.WorkerID, id shared.WorkerID) bool {

@@ -22,17 +22,19 @@ import (
 // the router knows no live binding of prev (never seen, expired, or its
 // engine left the fleet) it answers as vLLM answers an id it does not
 // hold (writeResponseNotFound); when that worker fails before answering,
-// 502 worker_failed (it is not replaced). It returns the code the
-// request is counted under.
+// 502 worker_failed (it is not replaced). A disaggregated model's
+// follow-up runs in one hop on the decode worker that answered prev
+// (followUpHop). It returns the code the request is counted under.
 func (s *Server) followUp(ex *exchange, prev string) int {
 	w, _, ok := s.rt.ResponseWorker(ex.Model, prev)
 	if !ok {
 		writeResponseNotFound(ex.w, prev)
 		return http.StatusNotFound
 	}
+	hop := s.followUpHop(ex.Model)
 	var others []shared.WorkerID
 	member := false
-	for _, m := range s.r.Workers(ex.Model, shared.RoleAggregated) {
+	for _, m := range s.r.Workers(ex.Model, hop.Role) {
 		if m.ID == w.ID {
 			member = true
 		} else if !containsID(others, m.ID) {
@@ -44,7 +46,7 @@ func (s *Server) followUp(ex *exchange, prev string) int {
 		writeResponseNotFound(ex.w, prev)
 		return http.StatusNotFound
 	}
-	spec := hopSpec{hop: admission.Aggregated.Hop(0), tag: "#", opts: []admission.Option{admission.Exclude(others...)}, noRetry: true,
+	spec := hopSpec{hop: hop, tag: "#", opts: []admission.Option{admission.Exclude(others...)}, noRetry: true,
 		answer: func(ex *exchange, err error) int {
 			if errors.Is(err, router.ErrAllExcluded) {
 				// The worker left between the lookup and the placement.

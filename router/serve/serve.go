@@ -113,9 +113,6 @@ type Server struct {
 	// version is Options.Version; passUnknown is !DisablePassThrough.
 	version     string
 	passUnknown bool
-	// utilityNext is the round-robin cursor of the engine utilities
-	// (utility).
-	utilityNext atomic.Uint64
 
 	bufs sync.Pool // *[]byte, proxy copy buffers
 }

@@ -287,6 +287,10 @@ func kvOf(t *testing.T, body []byte) map[string]any {
 // engine. The prompt is computed on the prefill engine only (the decode
 // engine counts 0 prompt tokens), every answer is whole, a header the
 // client forged is replaced, and the bookings of both hops return to 0.
+// The same holds for the Responses API (its output bounded by
+// max_output_tokens, its stream ending with response.completed) and
+// Anthropic Messages (max_tokens, Anthropic's events), whose mock engines
+// take and answer kv_transfer_params as vLLM's do.
 func TestDisaggregatedThroughTheGateway(t *testing.T) {
 	f := newPDFleet(t, 2, 2)
 	prefillAt := map[string]*engine{}
@@ -300,16 +304,27 @@ func TestDisaggregatedThroughTheGateway(t *testing.T) {
 	n := 0
 	for _, mode := range []envoysim.Mode{envoysim.Buffered, envoysim.FullDuplex} {
 		for _, stream := range []bool{false, true} {
-			for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+			for _, path := range []string{"/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages"} {
 				n++
 				prompt := fmt.Sprintf("request %d: %s", n, strings.Repeat("tell me about the sea and its tides ", 40))
-				body := map[string]any{"model": "m", "max_tokens": 6, "stream": stream}
-				if path == "/v1/completions" {
+				// The output bound, the usage's count of it and the
+				// stream's end, in the API's own fields.
+				bound, used, end := "max_tokens", `"completion_tokens":6`, "data: [DONE]"
+				body := map[string]any{"model": "m", "stream": stream}
+				switch path {
+				case "/v1/completions":
 					body["prompt"] = prompt
-				} else {
+				case "/v1/responses":
+					body["input"] = prompt
+					bound, used, end = "max_output_tokens", `"output_tokens":6`, "event: response.completed"
+				case "/v1/messages":
+					used = `"output_tokens":6`
+					fallthrough
+				default:
 					body["messages"] = []map[string]string{{"role": "user", "content": prompt}}
 				}
-				if stream {
+				body[bound] = 6
+				if stream && (path == "/v1/chat/completions" || path == "/v1/completions") {
 					body["stream_options"] = map[string]any{"include_usage": true}
 				}
 				// A forged prefill endpoint: the EPP must replace it.
@@ -318,11 +333,11 @@ func TestDisaggregatedThroughTheGateway(t *testing.T) {
 				if resp.StatusCode != http.StatusOK {
 					t.Fatalf("%s: status %d: %s", what, resp.StatusCode, data)
 				}
-				if stream && !bytes.HasSuffix(bytes.TrimSpace(data), []byte("data: [DONE]")) {
-					t.Errorf("%s: stream without [DONE]: %s", what, data)
+				if stream && !bytes.Contains(data, []byte(end)) {
+					t.Errorf("%s: stream without %q: %s", what, end, data)
 				}
-				if !stream && !bytes.Contains(data, []byte(`"completion_tokens":6`)) {
-					t.Errorf("%s: answer without its 6 tokens: %s", what, data)
+				if !stream && !bytes.Contains(data, []byte(used)) {
+					t.Errorf("%s: answer without its 6 tokens (%s): %s", what, used, data)
 				}
 				pe, de := prefillAt[resp.Header.Get(sidecar.PrefillEndpointHeader)], decodeAt[resp.Header.Get(envoysim.UpstreamHeader)]
 				if pe == nil || de == nil {
@@ -339,7 +354,7 @@ func TestDisaggregatedThroughTheGateway(t *testing.T) {
 				wantP := map[string]any{"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": nil,
 					"remote_block_ids": nil, "remote_host": nil, "remote_port": nil}
 				if pcall.path != path || !reflect.DeepEqual(pbody["kv_transfer_params"], wantP) || pbody["stream"] != false ||
-					pbody["max_tokens"] != float64(1) || pbody["stream_options"] != nil || pcall.header.Get(epp.PrefillHeader) != "" {
+					pbody[bound] != float64(1) || pbody["stream_options"] != nil || pcall.header.Get(epp.PrefillHeader) != "" {
 					t.Errorf("%s: prefill request %s %s (header %q)", what, pcall.path, pcall.body, pcall.header.Get(epp.PrefillHeader))
 				}
 				pkv := kvOf(t, pcall.answer)
@@ -353,7 +368,7 @@ func TestDisaggregatedThroughTheGateway(t *testing.T) {
 				if err := json.Unmarshal(dcall.body, &dbody); err != nil {
 					t.Fatal(err)
 				}
-				if !reflect.DeepEqual(dbody["kv_transfer_params"], pkv) || dbody["stream"] != stream || dbody["max_tokens"] != float64(6) ||
+				if !reflect.DeepEqual(dbody["kv_transfer_params"], pkv) || dbody["stream"] != stream || dbody[bound] != float64(6) ||
 					dcall.path != path || dcall.header.Get(epp.PrefillHeader) != "" {
 					t.Errorf("%s: decode request %s %s (header %q), want the client's with the prefill's kv_transfer_params %v",
 						what, dcall.path, dcall.body, dcall.header.Get(epp.PrefillHeader), pkv)
