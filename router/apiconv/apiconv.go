@@ -5,10 +5,11 @@
 // router keys a request by (router/live) and a trace line's prompt is
 // rendered from (router/trace), so both read a body the same way.
 //
-// Each message is its role and its text content, as router/prefix's
-// ChatMessage holds them. What vLLM puts in a message beside its text
-// (an assistant message's tool_calls, its reasoning, images) is not part
-// of the rendering: such a message keeps its text ("" when it has none).
+// Each message is its role, its text content, and what vLLM puts beside the text that its chat template
+// renders: an assistant message's tool_calls (as the JSON array vLLM
+// builds) and reasoning, a tool message's tool_call_id. Images add no
+// text. The request's tools are converted into the chat completions
+// tools vLLM gives the template (Request.Tools).
 //
 // The conversions follow vLLM at these commits:
 //   - Responses: vllm/entrypoints/openai/responses/utils.py,
@@ -33,6 +34,8 @@
 package apiconv
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -42,9 +45,23 @@ import (
 )
 
 // Message is one chat message: its role ("system", "user", "assistant",
-// "tool", "developer", ...) and its text content.
+// "tool", "developer", ...), its text content, and the fields vLLM puts
+// beside them (router/prefix's ChatMessage has the same fields; this
+// package sits below it). A string field that is "" is absent.
 type Message struct {
 	Role, Content string
+	// Name is the message's "name" (not set by these conversions; there
+	// for the chat messages the fields mirror).
+	Name string
+	// ToolCallID is a tool message's tool_call_id.
+	ToolCallID string
+	// ToolCalls is an assistant message's tool calls, the JSON array
+	// vLLM builds ("" for none).
+	ToolCalls string
+	// Reasoning is an assistant message's reasoning, present when
+	// HasReasoning ("" included).
+	Reasoning    string
+	HasReasoning bool
 }
 
 // Request is what the router reads of a Responses or Messages request.
@@ -66,6 +83,10 @@ type Request struct {
 	// Messages are the chat messages vLLM builds from the request, in
 	// order (see the package doc).
 	Messages []Message
+	// Tools are the request's tools as the chat completions tools vLLM
+	// gives the chat template: a JSON array of {"type": "function",
+	// "function": {"name", ...}}; "" for none.
+	Tools string
 }
 
 // ErrInvalid wraps every error of Responses and Messages: the body is not
@@ -260,4 +281,59 @@ func joinParts(field string, content gjson.Result) (string, error) {
 		return b.String(), err
 	}
 	return "", fieldError(field, "must be a string or an array of content parts, not a JSON %s", typeName(content))
+}
+
+// toolCall is one chat completions tool call as vLLM builds it from a
+// Responses function_call item (ChatCompletionMessageToolCallParam with
+// id, function, type: that key order) and from an Anthropic tool_use
+// block (id, type, function: callTypeFirst).
+type toolCall struct {
+	ID       string       `json:"id"`
+	Function toolFunction `json:"function"`
+	Type     string       `json:"type"`
+}
+
+type callTypeFirst struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function toolFunction `json:"function"`
+}
+
+type toolFunction struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// callList builds a message's tool_calls JSON array: each call appended
+// once, the array closed by String. Linear in the calls' size.
+type callList struct{ b []byte }
+
+func (c *callList) add(call any) error {
+	j, err := json.Marshal(call)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if len(c.b) == 0 {
+		c.b = append(c.b, '[')
+	} else {
+		c.b = append(c.b, ',')
+	}
+	c.b = append(c.b, j...)
+	return nil
+}
+
+func (c *callList) String() string {
+	if len(c.b) == 0 {
+		return ""
+	}
+	return string(c.b) + "]"
+}
+
+// compact returns raw JSON without insignificant space (escapes kept).
+func compact(raw string) string {
+	var b bytes.Buffer
+	if json.Compact(&b, []byte(raw)) != nil {
+		return raw
+	}
+	return b.String()
 }

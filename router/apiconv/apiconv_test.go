@@ -23,8 +23,32 @@ func TestManyItems(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if req.Model != "m" || len(req.Messages) != 2*n || req.Messages[2*n-1] != (Message{Role: "tool", Content: "o"}) || req.Messages[0] != (Message{Role: "user", Content: "u"}) {
+	if req.Model != "m" || len(req.Messages) != 2*n || req.Messages[2*n-1] != (Message{Role: "tool", Content: "o", ToolCallID: "c"}) || req.Messages[0] != (Message{Role: "user", Content: "u"}) {
 		t.Fatalf("model %q, %d messages, last %+v", req.Model, len(req.Messages), req.Messages[len(req.Messages)-1])
+	}
+}
+
+// Many function_call items in a row are one assistant message's tool
+// calls, its tool_calls array built once (linear in the items).
+func TestManyCalls(t *testing.T) {
+	const n = 20000
+	var b strings.Builder
+	b.WriteString(`{"model":"m","tools":[{"type":"web_search"},{"type":"function","name":"f","parameters":{"type":"object"},"strict":true}],"input":[{"role":"user","content":"u"}`)
+	for range n {
+		b.WriteString(`,{"type":"function_call","call_id":"c","name":"f","arguments":"{\"a\": 1}"}`)
+	}
+	b.WriteString(`]}`)
+	req, err := Responses([]byte(b.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := `{"id":"c","function":{"name":"f","arguments":"{\"a\": 1}"},"type":"function"}`
+	want := "[" + strings.Repeat(call+",", n-1) + call + "]"
+	if len(req.Messages) != 2 || req.Messages[1].Role != "assistant" || req.Messages[1].ToolCalls != want {
+		t.Fatalf("%d messages; the assistant's tool_calls %.200q", len(req.Messages), req.Messages[len(req.Messages)-1].ToolCalls)
+	}
+	if wantTools := `[{"type":"function","function":{"name":"f","parameters":{"type":"object"},"strict":true}}]`; req.Tools != wantTools {
+		t.Fatalf("tools %s, want %s", req.Tools, wantTools)
 	}
 }
 

@@ -31,15 +31,26 @@ var blockTypes = map[string]bool{
 //   - each other message (role "user" or "assistant"; "ctx" and "msg" read
 //     as "user") with content a string is that message; with content a
 //     list of blocks, its text blocks (non-empty text) joined by "\n" are
-//     its content; thinking, tool_use, image and redacted_thinking blocks
-//     add no text; a user's tool_result block is a tool message of its
-//     own, placed before the message, its content the result's text (a
-//     string, or its text items joined by "\n"), followed by a user
-//     message with no text when the result holds images and a tool
+//     its content; image and redacted_thinking blocks add no text; an
+//     assistant's thinking blocks, concatenated, are its reasoning, and
+//     its tool_use blocks its tool calls, each {"id", "type": "function",
+//     "function": {"name", "arguments": the input as compact JSON}}
+//     (vLLM writes json.dumps(input), whose spacing differs, and parses it
+//     back into an object before the template sees it); a user's
+//     tool_result block is a tool message of its own (tool_call_id its
+//     tool_use_id), placed before the message, its content the result's
+//     text (a string, or its text items joined by "\n"), followed by a
+//     user message with no text when the result holds images and a tool
 //     message with no text when it holds tool references; an
 //     assistant's tool_result is the text "Tool result: " and its content
 //     (a list's raw JSON where vLLM prints Python's repr of it). A user
-//     message left with no text, tool call or reasoning is dropped.
+//     message left with no content block (text or image) is dropped, as
+//     vLLM drops a user message without content (_convert_messages).
+//
+// "tools" become chat completions tools as _convert_tools builds them:
+// {"type": "function", "function": {"name", "description",
+// "parameters": input_schema, "defer_loading"}}, members absent or null
+// left out (vLLM's model_dump gives the template None for them).
 //
 // model (a non-empty string), max_tokens (a positive integer) and
 // messages (an array) are required. Errors wrap ErrInvalid and name the
@@ -56,7 +67,7 @@ func anthropic(body []byte, request bool) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := fields(v, "model", "stream", "system", "messages", "max_tokens")
+	f := fields(v, "model", "stream", "system", "messages", "max_tokens", "tools")
 	req := &Request{}
 	if err := common(f[0], f[1], req); err != nil {
 		return nil, err
@@ -163,7 +174,57 @@ func anthropic(body []byte, request bool) (*Request, error) {
 			return nil, err
 		}
 	}
+	if t := f[5]; present(t) {
+		if !isArray(t) {
+			return nil, typeError("tools", t)
+		}
+		if req.Tools, err = anthropicTools(t); err != nil {
+			return nil, err
+		}
+	}
 	return req, nil
+}
+
+// anthropicTools converts Anthropic tools into chat completions tools
+// (_convert_tools) as a compact JSON array; "" for an empty list.
+func anthropicTools(list gjson.Result) (string, error) {
+	var (
+		b   []byte
+		err error
+		i   = -1
+	)
+	list.ForEach(func(_, tool gjson.Result) bool {
+		i++
+		name := fmt.Sprintf("tools[%d]", i)
+		if !isObject(tool) {
+			err = typeError(name, tool)
+			return false
+		}
+		f := fields(tool, "name", "description", "input_schema", "defer_loading")
+		if f[0].Type != gjson.String {
+			err = fieldError(name+".name", "is required: a string")
+			return false
+		}
+		if len(b) == 0 {
+			b = append(b, '[')
+		} else {
+			b = append(b, ',')
+		}
+		b = append(b, `{"type":"function","function":{"name":`...)
+		b = append(b, f[0].Raw...)
+		for k, key := range []string{"description", "parameters", "defer_loading"} {
+			if v := f[k+1]; present(v) {
+				b = append(b, `,"`+key+`":`...)
+				b = append(b, v.Raw...)
+			}
+		}
+		b = append(b, "}}"...)
+		return true
+	})
+	if err != nil || len(b) == 0 {
+		return "", err
+	}
+	return compact(string(append(b, ']'))), nil
 }
 
 // systemBlocks appends the text of a system block list to b and returns
@@ -208,11 +269,12 @@ func block(field string, blk gjson.Result) (typ, text string, err error) {
 // blocks first, then the message itself.
 func blocks(field, role string, list gjson.Result, msgs []Message) ([]Message, error) {
 	var (
-		text                    strings.Builder
-		texts                   int
-		content, calls, thought bool
-		err                     error
-		k                       = -1
+		text, reasoning  strings.Builder
+		texts            int
+		content, thought bool
+		calls            callList
+		err              error
+		k                = -1
 	)
 	list.ForEach(func(_, blk gjson.Result) bool {
 		k++
@@ -237,15 +299,24 @@ func blocks(field, role string, list gjson.Result, msgs []Message) ([]Message, e
 				content = true // an image part: no text
 			}
 		case "thinking":
-			if present(fields(blk, "thinking")[0]) {
+			if th := fields(blk, "thinking")[0]; present(th) {
 				thought = true
+				reasoning.WriteString(th.String())
 			}
 		case "tool_use":
-			calls = true
+			f := fields(blk, "id", "name", "input")
+			args := "{}"
+			if in := f[2]; present(in) && in.Raw != "{}" {
+				args = compact(in.Raw)
+			}
+			err = calls.add(callTypeFirst{ID: f[0].String(), Type: "function",
+				Function: toolFunction{Name: f[1].String(), Arguments: args}})
+			return err == nil
 		case "tool_result":
-			c := fields(blk, "content")[0]
+			rf := fields(blk, "content", "tool_use_id")
+			c := rf[0]
 			if role == "user" {
-				msgs, err = toolResult(name+".content", c, msgs)
+				msgs, err = toolResult(name+".content", rf[1].String(), c, msgs)
 				return err == nil
 			}
 			var s string
@@ -268,16 +339,23 @@ func blocks(field, role string, list gjson.Result, msgs []Message) ([]Message, e
 	if err != nil {
 		return nil, err
 	}
-	if !content && !calls && !thought && role == "user" {
+	if !content && role == "user" {
 		return msgs, nil
 	}
-	return append(msgs, Message{Role: role, Content: text.String()}), nil
+	m := Message{Role: role, Content: text.String()}
+	if role == "assistant" {
+		// vLLM passes tool_calls and reasoning for the assistant's
+		// messages only (chat_utils.py, _parse_chat_message_content).
+		m.ToolCalls = calls.String()
+		m.Reasoning, m.HasReasoning = reasoning.String(), thought
+	}
+	return append(msgs, m), nil
 }
 
 // toolResult appends the messages of a user's tool_result block
 // (_convert_user_tool_result): a tool message with its text, a user
 // message for its images, a tool message for its tool references.
-func toolResult(field string, c gjson.Result, msgs []Message) ([]Message, error) {
+func toolResult(field, id string, c gjson.Result, msgs []Message) ([]Message, error) {
 	var (
 		text       strings.Builder
 		texts      int
@@ -322,12 +400,12 @@ func toolResult(field string, c gjson.Result, msgs []Message) ([]Message, error)
 	default:
 		return nil, fieldError(field, "must be a string or an array of content items, not a JSON %s", typeName(c))
 	}
-	msgs = append(msgs, Message{Role: "tool", Content: text.String()})
+	msgs = append(msgs, Message{Role: "tool", Content: text.String(), ToolCallID: id})
 	if images {
 		msgs = append(msgs, Message{Role: "user"})
 	}
 	if references {
-		msgs = append(msgs, Message{Role: "tool"})
+		msgs = append(msgs, Message{Role: "tool", ToolCallID: id})
 	}
 	return msgs, nil
 }

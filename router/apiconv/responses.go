@@ -17,12 +17,20 @@ import (
 //     that message, its parts' text joined by "\n"; an assistant message
 //     has the text of its first part only, and fills the content of the
 //     assistant message before it when that one has none; a
-//     function_call item is an assistant message with no content (its
-//     call joins the assistant message before it, when there is one); a
-//     function_call_output item is a tool message whose content is its
-//     output; a reasoning item is an assistant message with no content
-//     (joined to the assistant message before it when that one has no
-//     reasoning yet).
+//     function_call item is a tool call {"id": call_id, "function":
+//     {"name", "arguments"}, "type": "function"} of the assistant message
+//     before it, or of a new assistant message with no content when the
+//     message before is not the assistant's; a function_call_output item
+//     is a tool message whose content is its output and tool_call_id its
+//     call_id; a reasoning item's text (its first content part's, else
+//     its first summary part's, else "") is the reasoning of the
+//     assistant message before it when that one has none yet, else of a
+//     new assistant message with no content.
+//
+// "tools" become chat completions tools as construct_tool_dicts builds
+// them: each tool of type "function" is {"type": "function", "function":
+// {its other members}} (Request.Tools); tools of other types (built-in
+// tools, MCP, namespaces) are not rendered by the router.
 //
 // previous_response_id, max_output_tokens, cache_salt (a non-empty
 // string), model and stream are read too. The conversation a
@@ -34,7 +42,7 @@ func Responses(body []byte) (*Request, error) {
 	if err != nil {
 		return nil, err
 	}
-	f := fields(v, "model", "stream", "instructions", "input", "previous_response_id", "cache_salt", "max_output_tokens")
+	f := fields(v, "model", "stream", "instructions", "input", "previous_response_id", "cache_salt", "max_output_tokens", "tools")
 	req := &Request{}
 	if err := common(f[0], f[1], req); err != nil {
 		return nil, err
@@ -77,14 +85,71 @@ func Responses(body []byte) (*Request, error) {
 	default:
 		return nil, fieldError("input", "must be a string or an array of input items, not a JSON %s", typeName(in))
 	}
+	if t := f[7]; present(t) {
+		if !isArray(t) {
+			return nil, typeError("tools", t)
+		}
+		if req.Tools, err = responsesTools(t); err != nil {
+			return nil, err
+		}
+	}
 	return req, nil
 }
 
+// responsesTools converts a Responses tools array into chat completions
+// tools (construct_tool_dicts, convert_tool_responses_to_completions_format):
+// the function tools, each {"type": "function", "function": {its members
+// but type}}, as a compact JSON array; "" when there is none.
+func responsesTools(list gjson.Result) (string, error) {
+	var (
+		b   []byte
+		err error
+		i   = -1
+	)
+	list.ForEach(func(_, tool gjson.Result) bool {
+		i++
+		if !isObject(tool) {
+			err = typeError(fmt.Sprintf("tools[%d]", i), tool)
+			return false
+		}
+		if typ := fields(tool, "type")[0]; typ.Type != gjson.String || typ.String() != "function" {
+			return true
+		}
+		if len(b) == 0 {
+			b = append(b, '[')
+		} else {
+			b = append(b, ',')
+		}
+		b = append(b, `{"type":"function","function":{`...)
+		n := 0
+		tool.ForEach(func(k, v gjson.Result) bool {
+			if k.String() == "type" {
+				return true
+			}
+			if n > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, k.Raw...)
+			b = append(b, ':')
+			b = append(b, v.Raw...)
+			n++
+			return true
+		})
+		b = append(b, "}}"...)
+		return true
+	})
+	if err != nil || len(b) == 0 {
+		return "", err
+	}
+	return compact(string(append(b, ']'))), nil
+}
+
 // turn is what inputItems knows of the last message it built: whether it
-// is the assistant's, and whether its content and reasoning are still
-// unset (None in vLLM's dict), for the items that join it.
+// is the assistant's, whether its content and reasoning are still unset
+// (None in vLLM's dict), and its tool calls so far.
 type turn struct {
 	assistant, noContent, noReasoning bool
+	calls                             callList
 }
 
 // inputItems appends the messages of a Responses input list to msgs
@@ -95,6 +160,14 @@ func inputItems(in gjson.Result, msgs []Message) ([]Message, error) {
 		err  error
 		i    = -1
 	)
+	// next sets the last message's tool calls and starts a new message.
+	next := func(m Message, t turn) {
+		if n := len(msgs); n > 0 && len(last.calls.b) > 0 {
+			msgs[n-1].ToolCalls = last.calls.String()
+		}
+		msgs = append(msgs, m)
+		last = t
+	}
 	in.ForEach(func(_, item gjson.Result) bool {
 		i++
 		name := fmt.Sprintf("input[%d]", i)
@@ -102,7 +175,7 @@ func inputItems(in gjson.Result, msgs []Message) ([]Message, error) {
 			err = typeError(name, item)
 			return false
 		}
-		f := fields(item, "type", "role", "content", "output")
+		f := fields(item, "type", "role", "content", "output", "call_id", "name", "arguments", "summary")
 		typ := f[0]
 		if present(typ) && typ.Type != gjson.String {
 			err = typeError(name+".type", typ)
@@ -110,30 +183,40 @@ func inputItems(in gjson.Result, msgs []Message) ([]Message, error) {
 		}
 		switch typ.String() {
 		case "function_call":
-			// An assistant message with tool_calls and no content; the
-			// call joins the assistant message before it.
-			if last.assistant {
-				return true
+			// A tool call of the assistant message before it, else of a
+			// new assistant message with no content.
+			for _, k := range []int{4, 5, 6} {
+				if f[k].Type != gjson.String {
+					err = fieldError(name+"."+[]string{"call_id", "name", "arguments"}[k-4], "must be a string")
+					return false
+				}
 			}
-			msgs = append(msgs, Message{Role: "assistant"})
-			last = turn{assistant: true, noContent: true, noReasoning: true}
-			return true
+			if !last.assistant {
+				next(Message{Role: "assistant"}, turn{assistant: true, noContent: true, noReasoning: true})
+			}
+			err = last.calls.add(toolCall{ID: f[4].String(), Type: "function",
+				Function: toolFunction{Name: f[5].String(), Arguments: f[6].String()}})
+			return err == nil
 		case "reasoning":
 			// Its text becomes the message's reasoning, not its content.
+			text := reasoningText(f[2], f[7])
 			if last.assistant && last.noReasoning {
 				last.noReasoning = false
+				msgs[len(msgs)-1].Reasoning, msgs[len(msgs)-1].HasReasoning = text, true
 				return true
 			}
-			msgs = append(msgs, Message{Role: "assistant"})
-			last = turn{assistant: true, noContent: true}
+			next(Message{Role: "assistant", Reasoning: text, HasReasoning: true}, turn{assistant: true, noContent: true})
 			return true
 		case "function_call_output":
 			var out string
 			if out, err = joinParts(name+".output", f[3]); err != nil {
 				return false
 			}
-			msgs = append(msgs, Message{Role: "tool", Content: out})
-			last = turn{}
+			id := ""
+			if f[4].Type == gjson.String {
+				id = f[4].String()
+			}
+			next(Message{Role: "tool", Content: out, ToolCallID: id}, turn{})
 			return true
 		case "", "message":
 		default:
@@ -156,19 +239,40 @@ func inputItems(in gjson.Result, msgs []Message) ([]Message, error) {
 				last.noContent = false
 				return true
 			}
-			msgs = append(msgs, Message{Role: "assistant", Content: text})
-			last = turn{assistant: true, noReasoning: true}
+			next(Message{Role: "assistant", Content: text}, turn{assistant: true, noReasoning: true})
 			return true
 		}
 		var text string
 		if text, err = joinParts(name+".content", f[2]); err != nil {
 			return false
 		}
-		msgs = append(msgs, Message{Role: role.String(), Content: text})
-		last = turn{}
+		next(Message{Role: role.String(), Content: text}, turn{})
 		return true
 	})
+	if n := len(msgs); n > 0 && len(last.calls.b) > 0 {
+		msgs[n-1].ToolCalls = last.calls.String()
+	}
 	return msgs, err
+}
+
+// reasoningText is a reasoning item's text as vLLM takes it: its first
+// content part's text, else its first summary part's ("" for none; a
+// part may be a string).
+func reasoningText(content, summary gjson.Result) string {
+	for _, list := range []gjson.Result{content, summary} {
+		if !isArray(list) {
+			continue
+		}
+		first := list.Get("0")
+		if !first.Exists() {
+			continue
+		}
+		if first.Type == gjson.String {
+			return first.String()
+		}
+		return fields(first, "text")[0].String()
+	}
+	return ""
 }
 
 // firstText is an assistant message item's text: its content when a

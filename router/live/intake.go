@@ -114,7 +114,7 @@ func (rt *Runtime) Key(ctx context.Context, req *Request, key RoutingKey) {
 		if set := rt.toks.Load(); set != nil {
 			if tok := set.For(req.Model); tok != nil {
 				t0 := time.Now()
-				hashes, ids, err := tokenizer.Blocks(ctx, tok, tokenizer.Prompt{Text: key.text, Messages: key.messages()}, bs, rt.cpt)
+				hashes, ids, err := tokenizer.Blocks(ctx, tok, tokenizer.Prompt{Text: key.text, Messages: key.messages(), Tools: key.tools()}, bs, rt.cpt)
 				if rt.met != nil && !errors.Is(err, tokenizer.ErrUnsupported) {
 					rt.met.tokenize.WithLabelValues(req.Label).Observe(time.Since(t0).Seconds())
 				}

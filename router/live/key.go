@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/tidwall/gjson"
 
@@ -186,9 +187,11 @@ func stringEnd(body []byte, i int) int {
 
 // RoutingKey is what a request is routed by: its prompt as token ids or
 // as text, and its cache_salt. For a chat request the text is the
-// messages rendered as prefix.RenderChat does, and chat holds each
-// message's span in it, so a tokenizer can be given the messages
-// themselves (messages).
+// request's tools and messages rendered as prefix.RenderChatTools does,
+// and chat holds each message's span in it (ext the tools' and each
+// message's fields beside its content, when there are any), so a
+// tokenizer can be given the messages and tools themselves (messages,
+// tools).
 //
 // A message whose content is an array of parts has as its content the
 // text of its "text" parts (those whose text is a string; other parts
@@ -197,21 +200,61 @@ func stringEnd(body []byte, i int) int {
 // _parse_chat_message_content_parts: "\n".join(texts)), so the engine's
 // /tokenize, given the joined content, renders what its chat completion
 // renders, and the router's token count is the engine's prompt_tokens.
+//
+// Beside its content a message keeps what vLLM's
+// _parse_chat_message_content passes its chat template (chat_utils.py,
+// commit 001eadcf295d90aa0664963cd6a9d93f38a2f3da): "name" (a string,
+// any role), an assistant's "tool_calls" (a non-empty array, as its raw
+// JSON: vLLM drops an empty one in _postprocess_messages) and
+// "reasoning" (a string), a tool message's "tool_call_id" (a string);
+// and the request's "tools" (a non-empty array, its raw JSON), which
+// vLLM's chat completions and /tokenize give the template
+// (vllm/entrypoints/serve/tokenize/protocol.py, TokenizeChatRequest.tools;
+// serving.py, tool_dicts). Values of another type are ignored, as vLLM's
+// isinstance checks ignore them. "reasoning_content" in a request message
+// is not read: vLLM reads "reasoning" and gives the template both.
 type RoutingKey struct {
 	ids  []int64
 	text string
 	chat []chatSpan
+	ext  *chatExt
 	salt string
 }
 
 // chatSpan is one chat message in RoutingKey.text: its role is
-// text[start:roleEnd] and its content text[roleEnd+2:end-1], start being
-// the previous span's end (0 for the first).
+// text[start:roleEnd] and its content text[roleEnd+2:end-1] (to its
+// msgExt's contentEnd when it has one), start being the previous span's
+// end (the first's: chatExt.toolsEnd, else 0).
 // The offsets are 32-bit (a body is far below 4 GiB) so a body of many
 // small messages costs little more than its size.
 type chatSpan struct {
 	roleEnd, end uint32
 }
+
+// chatExt is what a chat key holds beside roles and contents; nil when
+// the request has no tools and no message has a field beside its content,
+// the common case.
+type chatExt struct {
+	// toolsEnd is the end of the "tools: TOOLS\n" line that starts the
+	// text; 0 for none.
+	toolsEnd uint32
+	// msgs are the messages with fields beside their content, by
+	// ascending index.
+	msgs []msgExt
+}
+
+// msgExt is message index's fields beside its content, each a span of
+// the text (zero: absent).
+type msgExt struct {
+	index, contentEnd                      uint32
+	name, toolCallID, reasoning, toolCalls textSpan
+	hasReasoning                           bool
+}
+
+// textSpan is text[start:end].
+type textSpan struct{ start, end uint32 }
+
+func (s textSpan) of(text string) string { return text[s.start:s.end] }
 
 // messages returns the chat messages of k (nil for a text prompt), their
 // strings sharing k.text.
@@ -220,12 +263,121 @@ func (k RoutingKey) messages() []prefix.ChatMessage {
 		return nil
 	}
 	out := make([]prefix.ChatMessage, len(k.chat))
-	var start uint32
+	var (
+		start uint32
+		xs    []msgExt
+	)
+	if k.ext != nil {
+		start, xs = k.ext.toolsEnd, k.ext.msgs
+	}
 	for i, sp := range k.chat {
-		out[i] = prefix.ChatMessage{Role: k.text[start:sp.roleEnd], Content: k.text[sp.roleEnd+2 : sp.end-1]}
+		m := &out[i]
+		m.Role = k.text[start:sp.roleEnd]
+		end := sp.end - 1
+		if len(xs) > 0 && xs[0].index == uint32(i) {
+			x := &xs[0]
+			end = x.contentEnd
+			m.Name, m.ToolCallID = x.name.of(k.text), x.toolCallID.of(k.text)
+			m.Reasoning, m.HasReasoning = x.reasoning.of(k.text), x.hasReasoning
+			m.ToolCalls = x.toolCalls.of(k.text)
+			xs = xs[1:]
+		}
+		m.Content = k.text[sp.roleEnd+2 : end]
 		start = sp.end
 	}
 	return out
+}
+
+// tools returns the request's tools, a JSON array ("" for none).
+func (k RoutingKey) tools() string {
+	if k.ext == nil || k.ext.toolsEnd == 0 {
+		return ""
+	}
+	return k.text[len(prefix.ToolsLabel) : k.ext.toolsEnd-1]
+}
+
+// msgFields are a message's fields beside its role and content, as a
+// parse read them ("" absent; see RoutingKey).
+type msgFields struct {
+	name, toolCallID, reasoning, toolCalls string
+	hasReasoning                           bool
+}
+
+func (f *msgFields) any() bool {
+	return f.name != "" || f.toolCallID != "" || f.toolCalls != "" || f.hasReasoning
+}
+
+// chatBuilder writes a chat key's text (prefix.RenderChatTools's
+// rendering) and its spans in one buffer. A message is written as: its
+// role appended to buf, role(), its content appended to buf, end().
+type chatBuilder struct {
+	buf   []byte
+	spans []chatSpan
+	ext   *chatExt
+	cur   chatSpan
+}
+
+// newChatBuilder returns a builder for n messages of about size bytes.
+func newChatBuilder(n, size int) chatBuilder {
+	return chatBuilder{buf: make([]byte, 0, size), spans: make([]chatSpan, 0, n)}
+}
+
+// tools writes the request's tools line; before any message.
+func (b *chatBuilder) tools(raw string) {
+	b.buf = append(b.buf, prefix.ToolsLabel...)
+	b.buf = append(b.buf, raw...)
+	b.buf = append(b.buf, '\n')
+	b.ext = &chatExt{toolsEnd: uint32(len(b.buf))}
+}
+
+// role marks the end of the message's role, which is in buf.
+func (b *chatBuilder) role() {
+	b.cur = chatSpan{roleEnd: uint32(len(b.buf))}
+	b.buf = append(b.buf, ": "...)
+}
+
+// end ends message i, whose content is in buf, with its fields f (nil:
+// none).
+func (b *chatBuilder) end(i int, f *msgFields) {
+	contentEnd := uint32(len(b.buf))
+	b.buf = append(b.buf, '\n')
+	if f != nil && f.any() {
+		x := msgExt{index: uint32(i), contentEnd: contentEnd, hasReasoning: f.hasReasoning}
+		x.name = b.line(prefix.NameLabel, f.name, f.name != "")
+		x.toolCallID = b.line(prefix.ToolCallIDLabel, f.toolCallID, f.toolCallID != "")
+		x.reasoning = b.line(prefix.ReasoningLabel, f.reasoning, f.hasReasoning)
+		x.toolCalls = b.line(prefix.ToolCallsLabel, f.toolCalls, f.toolCalls != "")
+		if b.ext == nil {
+			b.ext = &chatExt{}
+		}
+		b.ext.msgs = append(b.ext.msgs, x)
+	}
+	b.cur.end = uint32(len(b.buf))
+	b.spans = append(b.spans, b.cur)
+}
+
+// line writes "label value\n" when present and returns value's span.
+func (b *chatBuilder) line(label, value string, present bool) textSpan {
+	if !present {
+		return textSpan{}
+	}
+	b.buf = append(b.buf, label...)
+	s := textSpan{start: uint32(len(b.buf))}
+	b.buf = append(b.buf, value...)
+	s.end = uint32(len(b.buf))
+	b.buf = append(b.buf, '\n')
+	return s
+}
+
+// key returns the routing key written. buf is not written again: the
+// text shares it (as strings.Builder does) instead of copying the
+// prompt once more.
+func (b *chatBuilder) key() RoutingKey {
+	k := RoutingKey{chat: b.spans, ext: b.ext}
+	if len(b.buf) > 0 {
+		k.text = unsafe.String(&b.buf[0], len(b.buf))
+	}
+	return k
 }
 
 // Key returns the routing key ParseRequest extracted: token ids when the

@@ -58,6 +58,13 @@ var adversarialShapes = []adversarialShape{
 		`{"role":"user","content":"Summarise the switchyard benchmark notes, please, in a few short lines."},`+
 			`{"role":"assistant","content":"The notes measure the router's own work per request, its selection cost and its memory."},`,
 		`{"role":"user","content":"Thanks."}]}`), true},
+	// An agent's conversation: a tools list, tool calls and their
+	// results (the walk reads it: parseFast declines it).
+	{"agentic chat", fill(`{"model":"m","tools":[{"type":"function","function":{"name":"get_weather","description":"The weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],`+
+		`"messages":[{"role":"system","content":"You are a helpful assistant."},`,
+		`{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}}]},`+
+			`{"role":"tool","tool_call_id":"call_1","content":"18C and sunny over the city, light wind."},`,
+		`{"role":"user","content":"Thanks."}]}`), true},
 	{"chat, one escaped emoji", fill(`{"model":"m","stream":false,"messages":[{"role":"system","content":"You are a helpful assistant \ud83d\ude00."},`,
 		`{"role":"user","content":"Summarise the switchyard benchmark notes, please, in a few short lines."},`+
 			`{"role":"assistant","content":"The notes measure the router's own work per request, its selection cost and its memory."},`,

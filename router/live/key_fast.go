@@ -1,6 +1,7 @@
 package live
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -30,8 +31,19 @@ func parseFast(body []byte, chat bool) (*CompletionRequest, error) {
 		// fastjson.MaxDepth.
 		return nil, fmt.Errorf("%w: body is not valid JSON: %v", ErrBadRequest, err)
 	}
-	return readFast(v, chat)
+	req, err := readFast(v, chat)
+	if err == errDeclined {
+		return readStd(body, chat)
+	}
+	return req, err
 }
+
+// errDeclined is readFast's answer for a chat request with tools, or a
+// message with a field beside role and content (name, tool_call_id,
+// tool_calls, reasoning): parseFast reads those with readStd, whose rules
+// for them (see RoutingKey) the fast path does not repeat. They keep a
+// field's raw JSON, which fastjson does not give back as it was sent.
+var errDeclined = errors.New("declined by the fast path")
 
 // readFast reads a parsed request.
 func readFast(v *fastjson.Value, chat bool) (*CompletionRequest, error) {
@@ -80,6 +92,9 @@ func readFast(v *fastjson.Value, chat bool) (*CompletionRequest, error) {
 		if len(req.routing.ids) > 0 {
 			return &req, nil
 		}
+		if t := field(v, "tools"); t != nil && t.Type() != fastjson.TypeNull {
+			return nil, errDeclined
+		}
 		text, spans, err := renderChat(msgs.GetArray())
 		if err != nil {
 			return nil, err
@@ -111,6 +126,7 @@ func readFast(v *fastjson.Value, chat bool) (*CompletionRequest, error) {
 // content\n" per message; a content-part array contributes the text of
 // its "text" parts whose text is a string, joined by "\n" as vLLM joins
 // them: see RoutingKey), in one buffer, with each message's span in it.
+// A message with a field beside role and content is errDeclined.
 func renderChat(msgs []*fastjson.Value) (string, []chatSpan, error) {
 	n := 0
 	for _, m := range msgs {
@@ -119,10 +135,26 @@ func renderChat(msgs []*fastjson.Value) (string, []chatSpan, error) {
 	buf := make([]byte, 0, n)
 	spans := make([]chatSpan, 0, len(msgs))
 	for i, m := range msgs {
-		if m.Type() != fastjson.TypeObject {
+		o, err := m.Object()
+		if err != nil {
 			return "", nil, typeError(fmt.Sprintf("messages[%d]", i), m)
 		}
-		if r := field(m, "role"); r != nil && r.Type() != fastjson.TypeNull {
+		var r, c *fastjson.Value
+		declined := false
+		o.Visit(func(k []byte, e *fastjson.Value) {
+			switch string(k) {
+			case "role":
+				r = e
+			case "content":
+				c = e
+			case "name", "tool_call_id", "tool_calls", "reasoning":
+				declined = declined || e.Type() != fastjson.TypeNull
+			}
+		})
+		if declined {
+			return "", nil, errDeclined
+		}
+		if r != nil && r.Type() != fastjson.TypeNull {
 			role, err := r.StringBytes()
 			if err != nil {
 				return "", nil, typeError(fmt.Sprintf("messages[%d].role", i), r)
@@ -131,7 +163,6 @@ func renderChat(msgs []*fastjson.Value) (string, []chatSpan, error) {
 		}
 		sp := chatSpan{roleEnd: uint32(len(buf))}
 		buf = append(buf, ": "...)
-		c := field(m, "content")
 		switch {
 		case c == nil || c.Type() == fastjson.TypeNull:
 		case c.Type() == fastjson.TypeString:

@@ -2,9 +2,9 @@ package live
 
 import (
 	"fmt"
-	"unsafe"
 
 	"github.com/switchyard-router/switchyard/router/apiconv"
+	"github.com/switchyard-router/switchyard/router/prefix"
 )
 
 // parseGen is ParseRequest for the Responses and Messages schemas:
@@ -37,7 +37,7 @@ func parseGen(body []byte, api API) (*CompletionRequest, error) {
 		return nil, fmt.Errorf("%w: you must provide a model parameter", ErrBadRequest)
 	}
 	req := &CompletionRequest{Model: g.Model, Stream: g.Stream, PreviousResponseID: g.PreviousResponseID, salt: g.CacheSalt}
-	req.routing.text, req.routing.chat = renderMessages(g.Messages)
+	req.routing = renderMessages(g.Tools, g.Messages)
 	return req, nil
 }
 
@@ -51,27 +51,28 @@ func trimInvalid(err error) string {
 	return s
 }
 
-// renderMessages renders msgs as renderChat does ("role: content\n" per
-// message, prefix.RenderChat's text) in one buffer, with each message's
-// span in it.
-func renderMessages(msgs []apiconv.Message) (string, []chatSpan) {
+// renderMessages renders tools and msgs as prefix.RenderChatTools does
+// (the text of a chat request with these tools and messages) in one
+// buffer, with each message's span in it.
+func renderMessages(tools string, msgs []apiconv.Message) RoutingKey {
 	n := 0
-	for _, m := range msgs {
-		n += len(m.Role) + len(m.Content) + 3
+	if tools != "" {
+		n += len(prefix.ToolsLabel) + len(tools) + 1
 	}
-	buf := make([]byte, 0, n)
-	spans := make([]chatSpan, 0, len(msgs))
-	for _, m := range msgs {
-		buf = append(buf, m.Role...)
-		sp := chatSpan{roleEnd: uint32(len(buf))}
-		buf = append(buf, ": "...)
-		buf = append(buf, m.Content...)
-		buf = append(buf, '\n')
-		sp.end = uint32(len(buf))
-		spans = append(spans, sp)
+	for i := range msgs {
+		m := &msgs[i]
+		n += len(m.Role) + len(m.Content) + 3 + len(m.Name) + len(m.ToolCallID) + len(m.ToolCalls) + len(m.Reasoning)
 	}
-	if len(buf) == 0 {
-		return "", spans
+	b := newChatBuilder(len(msgs), n+64)
+	if tools != "" {
+		b.tools(tools)
 	}
-	return unsafe.String(&buf[0], len(buf)), spans
+	for i := range msgs {
+		m := &msgs[i]
+		b.buf = append(b.buf, m.Role...)
+		b.role()
+		b.buf = append(b.buf, m.Content...)
+		b.end(i, &msgFields{name: m.Name, toolCallID: m.ToolCallID, reasoning: m.Reasoning, toolCalls: m.ToolCalls, hasReasoning: m.HasReasoning})
+	}
+	return b.key()
 }

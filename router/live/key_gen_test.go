@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/tokenizer"
@@ -15,17 +17,32 @@ import (
 
 // chatOf is the chat completions request with msgs: the request vLLM
 // builds from a Responses or Messages request, as a client would send it.
-func chatOf(t *testing.T, msgs []prefix.ChatMessage) *CompletionRequest {
+func chatOf(t *testing.T, tools string, msgs []prefix.ChatMessage) *CompletionRequest {
 	t.Helper()
 	type m struct {
-		Role    string `json:"role"`
-		Content string `json:"content"`
+		Role       string          `json:"role"`
+		Content    string          `json:"content"`
+		Name       string          `json:"name,omitempty"`
+		ToolCallID string          `json:"tool_call_id,omitempty"`
+		ToolCalls  json.RawMessage `json:"tool_calls,omitempty"`
+		Reasoning  *string         `json:"reasoning,omitempty"`
 	}
 	var list []m
 	for _, x := range msgs {
-		list = append(list, m{x.Role, x.Content})
+		e := m{Role: x.Role, Content: x.Content, Name: x.Name, ToolCallID: x.ToolCallID}
+		if x.ToolCalls != "" {
+			e.ToolCalls = json.RawMessage(x.ToolCalls)
+		}
+		if x.HasReasoning {
+			e.Reasoning = &x.Reasoning
+		}
+		list = append(list, e)
 	}
-	b, err := json.Marshal(map[string]any{"model": "m", "messages": list})
+	body := map[string]any{"model": "m", "messages": list}
+	if tools != "" {
+		body["tools"] = json.RawMessage(tools)
+	}
+	b, err := json.Marshal(body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,17 +62,18 @@ func chatOf(t *testing.T, msgs []prefix.ChatMessage) *CompletionRequest {
 // and Anthropic's Messages reference (system blocks, tool_use,
 // tool_result, thinking).
 var genCases = []struct {
-	name string
-	api  API
-	body string
-	want []prefix.ChatMessage
+	name  string
+	api   API
+	body  string
+	want  []prefix.ChatMessage
+	tools string
 }{
 	{"responses string input", APIResponses,
 		`{"model":"m","instructions":"Be brief.","input":"What is 2+2?"}`,
-		[]prefix.ChatMessage{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "What is 2+2?"}}},
+		[]prefix.ChatMessage{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "What is 2+2?"}}, ""},
 	{"responses empty instructions", APIResponses,
 		`{"model":"m","instructions":"","input":"hi"}`,
-		[]prefix.ChatMessage{{Role: "user", Content: "hi"}}},
+		[]prefix.ChatMessage{{Role: "user", Content: "hi"}}, ""},
 	{"responses items", APIResponses, `{"model":"m","input":[
 		{"role":"developer","content":"Use tools."},
 		{"type":"message","role":"user","content":[{"type":"input_text","text":"Weather in Paris?"},{"type":"input_image","image_url":"data:x"},{"type":"input_text","text":"And Rome?"}]},
@@ -69,18 +87,34 @@ var genCases = []struct {
 		[]prefix.ChatMessage{
 			{Role: "developer", Content: "Use tools."},
 			{Role: "user", Content: "Weather in Paris?\nAnd Rome?"},
-			{Role: "assistant", Content: ""}, // reasoning + both calls
-			{Role: "tool", Content: "18C"},
-			{Role: "tool", Content: "24C"},
+			{Role: "assistant", Content: "", Reasoning: "look it up", HasReasoning: true, // reasoning + both calls
+				ToolCalls: `[{"id":"call_1","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"},"type":"function"},` +
+					`{"id":"call_2","function":{"name":"get_weather","arguments":"{\"city\":\"Rome\"}"},"type":"function"}]`},
+			{Role: "tool", Content: "18C", ToolCallID: "call_1"},
+			{Role: "tool", Content: "24C", ToolCallID: "call_2"},
 			{Role: "assistant", Content: "Paris 18C, Rome 24C."},
 			{Role: "user", Content: "Thanks"},
-		}},
+		}, ""},
+	{"responses tools and a reasoning summary", APIResponses, `{"model":"m","tools":[
+		{"type":"function","name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}}},"strict":true},
+		{"type":"web_search_preview"}],
+		"input":[{"role":"user","content":"Paris?"},
+		{"type":"reasoning","id":"rs_1","summary":[{"type":"summary_text","text":"use the tool"}]},
+		{"type":"reasoning","id":"rs_2","summary":[]}]}`,
+		[]prefix.ChatMessage{
+			{Role: "user", Content: "Paris?"},
+			{Role: "assistant", Reasoning: "use the tool", HasReasoning: true},
+			{Role: "assistant", Reasoning: "", HasReasoning: true},
+		},
+		`[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}}},"strict":true}}]`},
 	{"responses assistant fills a call's message", APIResponses, `{"model":"m","input":[
 		{"role":"user","content":"x"},
 		{"type":"function_call","call_id":"c","name":"f","arguments":"{}"},
 		{"role":"assistant","content":"calling f"},
 		{"role":"assistant","content":"again"}]}`,
-		[]prefix.ChatMessage{{Role: "user", Content: "x"}, {Role: "assistant", Content: "calling f"}, {Role: "assistant", Content: "again"}}},
+		[]prefix.ChatMessage{{Role: "user", Content: "x"},
+			{Role: "assistant", Content: "calling f", ToolCalls: `[{"id":"c","function":{"name":"f","arguments":"{}"},"type":"function"}]`},
+			{Role: "assistant", Content: "again"}}, ""},
 	{"messages", APIMessages, `{"model":"m","max_tokens":64,
 		"system":[{"type":"text","text":"x-anthropic-billing-header: cc_version=1; h=abc"},{"type":"text","text":"You are "},{"type":"text","text":"helpful."}],
 		"messages":[
@@ -93,15 +127,28 @@ var genCases = []struct {
 		[]prefix.ChatMessage{
 			{Role: "system", Content: "You are helpful. Be brief."},
 			{Role: "user", Content: "Weather in Paris?"},
-			{Role: "assistant", Content: "Let me check."},
-			{Role: "tool", Content: "18C\nsunny"},
+			{Role: "assistant", Content: "Let me check.", Reasoning: "use the tool", HasReasoning: true,
+				ToolCalls: `[{"id":"toolu_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]`},
+			{Role: "tool", Content: "18C\nsunny", ToolCallID: "toolu_1"},
 			{Role: "user", Content: "And Rome?"},
-			{Role: "tool", Content: "24C"}, // the user message itself is dropped: nothing left
-			{Role: "assistant", Content: ""},
-		}},
+			{Role: "tool", Content: "24C", ToolCallID: "toolu_2"}, // the user message itself is dropped: nothing left
+			{Role: "assistant", Content: "", ToolCalls: `[{"id":"toolu_3","type":"function","function":{"name":"f","arguments":"{}"}}]`},
+		}, ""},
+	{"messages tools", APIMessages, `{"model":"m","max_tokens":64,
+		"tools":[{"name":"get_weather","description":"Weather of a city","input_schema":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}},{"name":"noop","input_schema":{"type":"object"},"description":null}],
+		"messages":[{"role":"user","content":"Paris?"},
+		{"role":"assistant","content":[{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{ "city" : "Paris", "units": ["C"] }}]},
+		{"role":"user","content":[{"type":"tool_use","id":"toolu_9","name":"x","input":{}},{"type":"thinking","thinking":"hm"}]}]}`,
+		[]prefix.ChatMessage{
+			{Role: "user", Content: "Paris?"},
+			{Role: "assistant", ToolCalls: `[{"id":"toolu_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"units\":[\"C\"]}"}}]`},
+			// the last user message has no content block: dropped
+		},
+		`[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}},` +
+			`{"type":"function","function":{"name":"noop","parameters":{"type":"object"}}}]`},
 	{"messages string system", APIMessages,
 		`{"model":"m","max_tokens":1,"system":"Sys","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"image","source":{"type":"url","url":"u"}},{"type":"text","text":"b"}]}]}`,
-		[]prefix.ChatMessage{{Role: "system", Content: "Sys"}, {Role: "user", Content: "a\nb"}}},
+		[]prefix.ChatMessage{{Role: "system", Content: "Sys"}, {Role: "user", Content: "a\nb"}}, ""},
 }
 
 // The key of a Responses or Messages request is the key of the chat
@@ -129,18 +176,21 @@ func TestGenKeyIsTheChatKey(t *testing.T) {
 			}
 			got := req.Key()
 			if msgs := got.messages(); !slices.Equal(msgs, c.want) {
-				t.Fatalf("messages\n %q\nwant\n %q", msgs, c.want)
+				t.Fatalf("messages\n %+v\nwant\n %+v", msgs, c.want)
 			}
-			chat := chatOf(t, c.want).Key()
-			if got.text != chat.text || !slices.Equal(got.chat, chat.chat) {
+			if tools := got.tools(); tools != c.tools {
+				t.Fatalf("tools\n %s\nwant\n %s", tools, c.tools)
+			}
+			chat := chatOf(t, c.tools, c.want).Key()
+			if got.text != chat.text || !slices.Equal(got.chat, chat.chat) || !cmp.Equal(got.ext, chat.ext, cmp.AllowUnexported(chatExt{}, msgExt{}, textSpan{})) {
 				t.Fatalf("key %q %v, want the chat request's %q %v", got.text, got.chat, chat.text, chat.chat)
 			}
-			if got.text != prefix.RenderChat(c.want) {
-				t.Fatalf("text %q, want RenderChat's %q", got.text, prefix.RenderChat(c.want))
+			if want := prefix.RenderChatTools(c.tools, c.want); got.text != want {
+				t.Fatalf("text %q, want RenderChatTools's %q", got.text, want)
 			}
 			ex := &Request{Model: "m", Label: "m"}
 			e.rt.Key(ctx, ex, got)
-			want, err := set.For("m").EncodeChat(ctx, c.want)
+			want, err := set.For("m").EncodeChat(ctx, c.want, c.tools)
 			if err != nil {
 				t.Fatal(err)
 			}

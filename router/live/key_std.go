@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"strings"
 	"unicode/utf8"
+	"unsafe"
+
+	"github.com/switchyard-router/switchyard/router/prefix"
 )
 
 // parseStd is ParseRequest's path for large bodies, bodies dense in JSON
@@ -33,11 +35,16 @@ func parseStd(body []byte, chat bool) (*CompletionRequest, error) {
 	if err := checkBody(body); err != nil {
 		return nil, err
 	}
+	return readStd(body, chat)
+}
+
+// readStd is parseStd on a body checkBody accepted.
+func readStd(body []byte, chat bool) (*CompletionRequest, error) {
 	body = body[skipSpace(body, 0):]
 	if body[0] != '{' {
 		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", ErrBadRequest, rawType(body))
 	}
-	var model, stream, tokenIDs, messages, prompt, salt []byte // the last raw value of each
+	var model, stream, tokenIDs, messages, prompt, salt, tools []byte // the last raw value of each
 	members(body, func(key, val []byte) {
 		switch string(unquoteKey(key)) {
 		case "model":
@@ -52,6 +59,8 @@ func parseStd(body []byte, chat bool) (*CompletionRequest, error) {
 			prompt = val
 		case "cache_salt":
 			salt = val
+		case "tools":
+			tools = val
 		}
 	})
 
@@ -96,11 +105,11 @@ func parseStd(body []byte, chat bool) (*CompletionRequest, error) {
 		if len(req.routing.ids) > 0 {
 			return &req, nil
 		}
-		text, spans, err := stdMessages(raw)
+		key, err := stdMessages(raw, present(tools))
 		if err != nil {
 			return nil, err
 		}
-		req.routing.text, req.routing.chat = text, spans
+		req.routing = key
 		return &req, nil
 	}
 	raw := present(prompt)
@@ -210,14 +219,13 @@ func decodeString(raw []byte) string {
 	return out
 }
 
-// writeString appends the JSON string raw (quoted), decoded as
-// decodeString does, to sb.
-func writeString(sb *strings.Builder, raw []byte) {
+// appendString appends the JSON string raw (quoted), decoded as
+// decodeString does, to dst.
+func appendString(dst, raw []byte) []byte {
 	if s := raw[1 : len(raw)-1]; bytes.IndexByte(s, '\\') < 0 && utf8.Valid(s) {
-		sb.Write(s)
-		return
+		return append(dst, s...)
 	}
-	sb.WriteString(decodeString(raw))
+	return append(dst, decodeString(raw)...)
 }
 
 // unquoteKey returns the object key raw (quoted) decoded, without a copy
@@ -229,60 +237,95 @@ func unquoteKey(raw []byte) []byte {
 	return []byte(decodeString(raw))
 }
 
-// stdMessages renders a messages array as prefix.RenderChat does ("role:
-// content\n" per message), with each message's span in the text. The text
-// is shorter than raw, whose size it is given at once.
-func stdMessages(raw []byte) (string, []chatSpan, error) {
+// stdMessages renders a messages array and the request's tools (raw,
+// nil when absent or null) as prefix.RenderChatTools does, with each
+// message's span in the text (see RoutingKey for the fields read beside
+// role and content). The text is at most raw's and tools' size plus the
+// lines' labels, which it is given at once.
+func stdMessages(raw, tools []byte) (RoutingKey, error) {
 	n := 0
 	_ = elements(raw, func(int, []byte) error { n++; return nil })
-	var sb strings.Builder
-	spans := make([]chatSpan, 0, n)
-	sb.Grow(len(raw))
+	size := len(raw)
+	if len(tools) > 0 {
+		size += len(tools) + len(prefix.ToolsLabel) + 1
+	}
+	b := newChatBuilder(n, size)
+	if tools != nil && tools[0] == '[' && tools[skipSpace(tools, 1)] != ']' {
+		b.tools(string(tools))
+	}
 	err := elements(raw, func(i int, m []byte) error {
 		if m[0] != '{' {
 			return rawTypeError(fmt.Sprintf("messages[%d]", i), m)
 		}
-		var role, content []byte
+		var role, content, name, toolCallID, toolCalls, reasoning []byte
+		extra := false
 		members(m, func(key, val []byte) {
 			switch string(unquoteKey(key)) {
 			case "role":
 				role = val
 			case "content":
 				content = val
+			case "name":
+				name, extra = val, true
+			case "tool_call_id":
+				toolCallID, extra = val, true
+			case "tool_calls":
+				toolCalls, extra = val, true
+			case "reasoning":
+				reasoning, extra = val, true
 			}
 		})
+		start := len(b.buf)
 		if role = present(role); role != nil {
 			if role[0] != '"' {
 				return rawTypeError(fmt.Sprintf("messages[%d].role", i), role)
 			}
-			writeString(&sb, role)
+			b.buf = appendString(b.buf, role)
 		}
-		sp := chatSpan{roleEnd: uint32(sb.Len())}
-		sb.WriteString(": ")
-		if err := stdContent(&sb, i, present(content)); err != nil {
+		b.role()
+		var err error
+		if b.buf, err = stdContent(b.buf, i, present(content)); err != nil {
 			return err
 		}
-		sb.WriteByte('\n')
-		sp.end = uint32(sb.Len())
-		spans = append(spans, sp)
+		if !extra {
+			b.end(i, nil)
+			return nil
+		}
+		var f msgFields
+		if name != nil && name[0] == '"' {
+			f.name = decodeString(name)
+		}
+		switch string(b.buf[start:b.cur.roleEnd]) {
+		case "assistant":
+			if toolCalls != nil && toolCalls[0] == '[' && toolCalls[skipSpace(toolCalls, 1)] != ']' {
+				f.toolCalls = string(toolCalls)
+			}
+			if reasoning != nil && reasoning[0] == '"' {
+				f.reasoning, f.hasReasoning = decodeString(reasoning), true
+			}
+		case "tool":
+			if toolCallID != nil && toolCallID[0] == '"' {
+				f.toolCallID = decodeString(toolCallID)
+			}
+		}
+		b.end(i, &f)
 		return nil
 	})
-	return sb.String(), spans, err
+	return b.key(), err
 }
 
-// stdContent appends message i's content (raw, nil when absent or null):
-// a string, or an array of parts whose "text" parts' text (a string) is
-// joined by "\n" (see RoutingKey).
-func stdContent(sb *strings.Builder, i int, raw []byte) error {
+// stdContent appends message i's content (raw, nil when absent or null)
+// to dst: a string, or an array of parts whose "text" parts' text (a
+// string) is joined by "\n" (see RoutingKey).
+func stdContent(dst []byte, i int, raw []byte) ([]byte, error) {
 	switch {
 	case raw == nil:
-		return nil
+		return dst, nil
 	case raw[0] == '"':
-		writeString(sb, raw)
-		return nil
+		return appendString(dst, raw), nil
 	case raw[0] == '[':
 		texts := 0
-		return elements(raw, func(j int, part []byte) error {
+		err := elements(raw, func(j int, part []byte) error {
 			if part[0] != '{' {
 				return rawTypeError(fmt.Sprintf("messages[%d].content[%d]", i, j), part)
 			}
@@ -297,15 +340,25 @@ func stdContent(sb *strings.Builder, i int, raw []byte) error {
 			})
 			if typ != nil && typ[0] == '"' && decodeString(typ) == "text" && text != nil && text[0] == '"' {
 				if texts > 0 {
-					sb.WriteByte('\n')
+					dst = append(dst, '\n')
 				}
-				writeString(sb, text)
+				dst = appendString(dst, text)
 				texts++
 			}
 			return nil
 		})
+		return dst, err
 	}
-	return fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", ErrBadRequest, i)
+	return dst, fmt.Errorf("%w: messages[%d].content must be a string or an array of parts", ErrBadRequest, i)
+}
+
+// bytesString returns b as a string sharing its bytes: b is not written
+// again.
+func bytesString(b []byte) string {
+	if len(b) == 0 {
+		return ""
+	}
+	return unsafe.String(&b[0], len(b))
 }
 
 // stdPrompt reads a completions prompt (raw, present): a string, an array
@@ -320,19 +373,18 @@ func stdPrompt(raw []byte) (RoutingKey, error) {
 		case ']':
 			return RoutingKey{}, nil
 		case '"':
-			var sb strings.Builder
-			sb.Grow(len(raw))
+			buf := make([]byte, 0, len(raw))
 			err := elements(raw, func(i int, e []byte) error {
 				if e[0] != '"' {
 					return rawTypeError(fmt.Sprintf("prompt[%d]", i), e)
 				}
 				if i > 0 {
-					sb.WriteByte('\n')
+					buf = append(buf, '\n')
 				}
-				writeString(&sb, e)
+				buf = appendString(buf, e)
 				return nil
 			})
-			return RoutingKey{text: sb.String()}, err
+			return RoutingKey{text: bytesString(buf)}, err
 		case '[':
 			var ids []int64
 			err := elements(raw, func(i int, e []byte) error {

@@ -55,7 +55,7 @@ func TestRoutingKey(t *testing.T) {
 				t.Fatalf("encoding/json path: %v", err)
 			}
 			for path, req := range map[string]*CompletionRequest{"fast": fast, "std": std} {
-				if diff := cmp.Diff(tc.want, req.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})); diff != "" {
+				if diff := cmp.Diff(tc.want, req.Key(), keyOpts); diff != "" {
 					t.Errorf("%s: key (-want +got):\n%s", path, diff)
 				}
 				if req.Model != "m" {
@@ -352,13 +352,13 @@ func TestParsePathsAgree(t *testing.T) {
 			continue
 		}
 		for path, req := range map[string]*CompletionRequest{"ParseRequest": got, "parseStd": std} {
-			if diff := cmp.Diff(tc.want, req.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})); diff != "" {
+			if diff := cmp.Diff(tc.want, req.Key(), keyOpts); diff != "" {
 				t.Errorf("%s: %s key (-want +got):\n%s", tc.body, path, diff)
 			}
 		}
 		if plainText([]byte(tc.body)) {
 			fast, ferr := parseFast([]byte(tc.body), tc.chat)
-			if ferr != nil || !cmp.Equal(fast.Key(), std.Key(), cmp.AllowUnexported(RoutingKey{}, chatSpan{})) {
+			if ferr != nil || !cmp.Equal(fast.Key(), std.Key(), keyOpts) {
 				t.Errorf("%s: fast path %v %+v, want the walk's key %+v", tc.body, ferr, fast, std.Key())
 			}
 		}

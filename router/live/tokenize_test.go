@@ -39,7 +39,7 @@ func TestRoutingHashesUseTheTokenizer(t *testing.T) {
 	}
 	ex := &Request{Model: "m", Label: "m"}
 	e.rt.Key(ctx, ex, req.Key())
-	want, err := set.For("m").EncodeChat(ctx, []prefix.ChatMessage{{Role: "user", Content: long}})
+	want, err := set.For("m").EncodeChat(ctx, []prefix.ChatMessage{{Role: "user", Content: long}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}

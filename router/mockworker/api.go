@@ -24,6 +24,7 @@ type genRequest struct {
 	Model               string          `json:"model"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            []chatMessage   `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
 	MaxTokens           *int            `json:"max_tokens"`
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stream              bool            `json:"stream"`
@@ -49,8 +50,11 @@ type genRequest struct {
 	// ids are the prompt's token ids, nil for text hashed by bytes.
 	ids []int64
 	// rendered, when not nil, are the chat messages of the prompt,
-	// already converted from another API's input (Responses, Messages).
+	// already converted from another API's input (Responses, Messages),
+	// and tools their tools (a JSON array of chat completions tools, ""
+	// for none).
 	rendered []prefix.ChatMessage
+	tools    string
 	// lora is the LoRA adapter the model names ("" for the base model),
 	// loraID its vLLM adapter id.
 	lora   string
@@ -83,9 +87,36 @@ type kvTransferAnswer struct {
 // enough to show the hand-over (nothing fetches them).
 const maxRemoteBlockIDs = 16
 
+// chatMessage is the part of a chat message the mock renders: what
+// vLLM's _parse_chat_message_content keeps (see chatMessages).
 type chatMessage struct {
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	Name       json.RawMessage `json:"name"`
+	ToolCallID json.RawMessage `json:"tool_call_id"`
+	ToolCalls  json.RawMessage `json:"tool_calls"`
+	Reasoning  json.RawMessage `json:"reasoning"`
+}
+
+// jsonString returns raw decoded when it is a JSON string.
+func jsonString(raw json.RawMessage) (string, bool) {
+	var s string
+	if len(raw) == 0 || raw[0] != '"' || json.Unmarshal(raw, &s) != nil {
+		return "", false
+	}
+	return s, true
+}
+
+// nonEmptyArray returns raw, as it was sent, when it is a JSON array with
+// at least one element, else "": vLLM drops an empty tool_calls
+// (_postprocess_messages) and a template tests an empty tools list as
+// false.
+func nonEmptyArray(raw json.RawMessage) string {
+	var items []json.RawMessage
+	if len(raw) == 0 || raw[0] != '[' || json.Unmarshal(raw, &items) != nil || len(items) == 0 {
+		return ""
+	}
+	return string(raw)
 }
 
 // apiError is an error answered in the OpenAI shape.
@@ -161,11 +192,23 @@ func parsePrompt(raw json.RawMessage) (prompt, *apiError) {
 // "input_text" and "output_text", all text in vLLM's MM_PARSER_MAP) are
 // joined by "\n", as vLLM joins them for a chat template that takes
 // string content (vllm/entrypoints/chat_utils.py,
-// _parse_chat_message_content_parts).
+// _parse_chat_message_content_parts). Beside the content it keeps what
+// _parse_chat_message_content passes the template (chat_utils.py at
+// 001eadcf): a string "name" of any message; an assistant's "tool_calls"
+// (a non-empty array, as sent) and string "reasoning"; a tool message's
+// string "tool_call_id".
 func chatMessages(msgs []chatMessage) ([]prefix.ChatMessage, *apiError) {
 	out := make([]prefix.ChatMessage, len(msgs))
 	for i, m := range msgs {
 		out[i].Role = m.Role
+		out[i].Name, _ = jsonString(m.Name)
+		switch m.Role {
+		case "assistant":
+			out[i].ToolCalls = nonEmptyArray(m.ToolCalls)
+			out[i].Reasoning, out[i].HasReasoning = jsonString(m.Reasoning)
+		case "tool":
+			out[i].ToolCallID, _ = jsonString(m.ToolCallID)
+		}
 		raw := bytes.TrimSpace(m.Content)
 		if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 			continue
@@ -199,17 +242,17 @@ func isTextPart(typ string) bool {
 	return typ == "text" || typ == "input_text" || typ == "output_text"
 }
 
-// encode tokenizes a text prompt (chat messages when msgs is non-nil) with
-// the configured tokenizer: special tokens added to a text prompt, the
-// chat template with its generation prompt for messages, as vLLM's
-// completions and chat completions do.
-func (s *Server) encode(ctx context.Context, text string, msgs []prefix.ChatMessage) ([]int64, *apiError) {
+// encode tokenizes a text prompt (chat messages and tools when msgs is
+// non-nil) with the configured tokenizer: special tokens added to a text
+// prompt, the chat template with its generation prompt for messages, as
+// vLLM's completions and chat completions do.
+func (s *Server) encode(ctx context.Context, text string, msgs []prefix.ChatMessage, tools string) ([]int64, *apiError) {
 	var (
 		ids []int64
 		err error
 	)
 	if msgs != nil {
-		ids, err = s.cfg.Tokenizer.EncodeChat(ctx, msgs)
+		ids, err = s.cfg.Tokenizer.EncodeChat(ctx, msgs, tools)
 	} else {
 		ids, err = s.cfg.Tokenizer.Encode(ctx, text)
 	}
@@ -268,7 +311,7 @@ func (s *Server) prepare(ctx context.Context, req *genRequest, chat bool) (sim.R
 	var p prompt
 	switch {
 	case req.rendered != nil:
-		if p, aerr = s.chatPrompt(ctx, req.rendered); aerr != nil {
+		if p, aerr = s.chatPrompt(ctx, req.rendered, req.tools); aerr != nil {
 			return sim.Request{}, aerr
 		}
 	case req.PromptTokenIDs != nil:
@@ -281,7 +324,7 @@ func (s *Server) prepare(ctx context.Context, req *genRequest, chat bool) (sim.R
 		if err != nil {
 			return sim.Request{}, err
 		}
-		if p, aerr = s.chatPrompt(ctx, msgs); aerr != nil {
+		if p, aerr = s.chatPrompt(ctx, msgs, nonEmptyArray(req.Tools)); aerr != nil {
 			return sim.Request{}, aerr
 		}
 	default:

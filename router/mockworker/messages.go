@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
@@ -45,10 +46,70 @@ type anthropicMsg struct {
 
 // anthropicBlock is the part of an AnthropicContentBlock the mock reads.
 type anthropicBlock struct {
-	Type     string          `json:"type"`
-	Text     *string         `json:"text"`
-	Thinking *string         `json:"thinking"`
-	Content  json.RawMessage `json:"content"`
+	Type      string          `json:"type"`
+	Text      *string         `json:"text"`
+	Thinking  *string         `json:"thinking"`
+	Content   json.RawMessage `json:"content"`
+	Source    json.RawMessage `json:"source"`
+	ID        string          `json:"id"`
+	Name      string          `json:"name"`
+	Input     json.RawMessage `json:"input"`
+	ToolUseID string          `json:"tool_use_id"`
+}
+
+// anthropicToolCall is the chat completions tool call vLLM builds from a
+// tool_use block (_convert_tool_use_block: id, type, function), its
+// arguments the input as compact JSON (vLLM writes json.dumps(input),
+// which it parses back into an object before the template sees it).
+type anthropicToolCall struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function toolFunction `json:"function"`
+}
+
+// anthropicTools converts Anthropic tools into the chat completions tools
+// vLLM's _convert_tools builds: {"type": "function", "function": {"name",
+// "description", "parameters": input_schema, "defer_loading"}}, members
+// absent or null left out, compact; "" for none.
+func anthropicTools(tools []json.RawMessage) string {
+	var b bytes.Buffer
+	for _, t := range tools {
+		var tool struct {
+			Name         json.RawMessage `json:"name"`
+			Description  json.RawMessage `json:"description"`
+			InputSchema  json.RawMessage `json:"input_schema"`
+			DeferLoading json.RawMessage `json:"defer_loading"`
+		}
+		if json.Unmarshal(t, &tool) != nil || len(tool.Name) == 0 || tool.Name[0] != '"' {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteByte('[')
+		} else {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"type":"function","function":{"name":`)
+		b.Write(tool.Name)
+		for _, m := range []struct {
+			key string
+			val json.RawMessage
+		}{{"description", tool.Description}, {"parameters", tool.InputSchema}, {"defer_loading", tool.DeferLoading}} {
+			if len(m.val) > 0 && !bytes.Equal(m.val, []byte("null")) {
+				b.WriteString(`,"` + m.key + `":`)
+				b.Write(m.val)
+			}
+		}
+		b.WriteString("}}")
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	b.WriteByte(']')
+	var c bytes.Buffer
+	if json.Compact(&c, b.Bytes()) != nil {
+		return ""
+	}
+	return c.String()
 }
 
 // anthropicError answers e in the shape vLLM's Anthropic router gives the
@@ -85,11 +146,12 @@ func blockText(raw json.RawMessage) string {
 // its text blocks concatenated) as a system message; each message with its
 // role and content, a string, or of its blocks the non-empty text blocks
 // (one: its text; more: joined by "\n" as chat rendering joins parts); a
-// user message's tool_result blocks become "tool" messages before it (an
-// assistant's, text "Tool result: ..."); tool_use and thinking blocks are
-// not rendered; a message left with nothing (no text, tool use or
-// thinking) is dropped. Errors are 400s in the OpenAI shape (vLLM's
-// request validation).
+// user message's tool_result blocks become "tool" messages before it
+// (tool_call_id the block's tool_use_id; an assistant's, text "Tool
+// result: ..."); an assistant's tool_use blocks are its tool calls and
+// its thinking blocks, concatenated, its reasoning; a user message with
+// no text or image is dropped. Errors are 400s in the OpenAI shape
+// (vLLM's request validation).
 func anthropicMessages(rq *messagesRequest) ([]prefix.ChatMessage, *apiError) {
 	var msgs []prefix.ChatMessage
 	if sys := bytes.TrimSpace(rq.System); len(sys) > 0 && !bytes.Equal(sys, []byte("null")) {
@@ -124,8 +186,12 @@ func anthropicMessages(rq *messagesRequest) ([]prefix.ChatMessage, *apiError) {
 		if err := json.Unmarshal(m.Content, &blocks); err != nil {
 			return nil, badRequest("messages[%d].content must be a string or a list of content blocks", i)
 		}
-		var texts []string
-		other := false
+		var (
+			texts     []string
+			image     bool
+			calls     []anthropicToolCall
+			reasoning []string // nil: no thinking block
+		)
 		for _, bl := range blocks {
 			switch bl.Type {
 			case "text":
@@ -133,21 +199,32 @@ func anthropicMessages(rq *messagesRequest) ([]prefix.ChatMessage, *apiError) {
 					texts = append(texts, *bl.Text)
 				}
 			case "tool_use":
-				other = true
+				args := "{}"
+				if in := bytes.TrimSpace(bl.Input); len(in) > 0 && !bytes.Equal(in, []byte("null")) {
+					var c bytes.Buffer
+					if json.Compact(&c, in) == nil {
+						args = c.String()
+					}
+				}
+				calls = append(calls, anthropicToolCall{ID: bl.ID, Type: "function", Function: toolFunction{Name: bl.Name, Arguments: args}})
 			case "thinking":
-				other = other || bl.Thinking != nil
+				if bl.Thinking != nil {
+					reasoning = append(reasoning, *bl.Thinking)
+				}
 			case "tool_result":
 				if m.Role == "user" {
-					msgs = append(msgs, prefix.ChatMessage{Role: "tool", Content: blockText(bl.Content)})
+					msgs = append(msgs, prefix.ChatMessage{Role: "tool", Content: blockText(bl.Content), ToolCallID: bl.ToolUseID})
 				} else {
 					texts = append(texts, "Tool result: "+blockText(bl.Content))
 				}
 			case "image":
+				image = image || (len(bl.Source) > 0 && !bytes.Equal(bl.Source, []byte("null")))
+			case "redacted_thinking":
 			default:
-				return nil, badRequest("messages[%d]: content block type %q is not one of text, image, tool_use, tool_result, thinking", i, bl.Type)
+				return nil, badRequest("messages[%d]: content block type %q is not one of text, image, tool_use, tool_result, thinking, redacted_thinking", i, bl.Type)
 			}
 		}
-		if len(texts) == 0 && !other {
+		if m.Role == "user" && len(texts) == 0 && !image {
 			continue
 		}
 		var b bytes.Buffer
@@ -157,7 +234,20 @@ func anthropicMessages(rq *messagesRequest) ([]prefix.ChatMessage, *apiError) {
 			}
 			b.WriteString(t)
 		}
-		msgs = append(msgs, prefix.ChatMessage{Role: m.Role, Content: b.String()})
+		cm := prefix.ChatMessage{Role: m.Role, Content: b.String()}
+		if m.Role == "assistant" {
+			if len(calls) > 0 {
+				j, err := json.Marshal(calls)
+				if err != nil {
+					return nil, badRequest("messages[%d]: tool calls: %v", i, err)
+				}
+				cm.ToolCalls = string(j)
+			}
+			if reasoning != nil {
+				cm.Reasoning, cm.HasReasoning = strings.Join(reasoning, ""), true
+			}
+		}
+		msgs = append(msgs, cm)
 	}
 	return msgs, nil
 }
@@ -210,7 +300,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		anthropicError(w, badRequest("the request has no message to render"))
 		return
 	}
-	req := &genRequest{Model: *rq.Model, MaxTokens: rq.MaxTokens, KVTransferParams: rq.KVTransferParams, rendered: msgs}
+	req := &genRequest{Model: *rq.Model, MaxTokens: rq.MaxTokens, KVTransferParams: rq.KVTransferParams, rendered: msgs, tools: anthropicTools(rq.Tools)}
 	sr, aerr := s.prepare(r.Context(), req, true)
 	if aerr != nil {
 		anthropicError(w, aerr)

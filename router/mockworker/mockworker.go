@@ -81,7 +81,9 @@
 // approximation; prefix.EstimateTokens) and its blocks are chunks of
 // BlockSize·CharsPerToken bytes, hashed like token blocks with the bytes
 // in place of the ids. A chat prompt is rendered first as one "role:
-// content\n" line per message (prefix.RenderChat). Token ids, in
+// content\n" line per message, after a line of the request's tools and
+// followed by a line per field the message has beside its content
+// (prefix.RenderChatTools). Token ids, in
 // "prompt_token_ids" or as the completions "prompt", count one token each.
 //
 // # Time

@@ -238,7 +238,7 @@ func (s *Server) poolPrompts(r *http.Request, rq *poolRequest) ([]prompt, *apiEr
 		if aerr != nil {
 			return nil, aerr
 		}
-		p, aerr := s.chatPrompt(r.Context(), msgs)
+		p, aerr := s.chatPrompt(r.Context(), msgs, "")
 		if aerr != nil {
 			return nil, aerr
 		}

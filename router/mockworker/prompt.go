@@ -7,14 +7,15 @@ import (
 	"github.com/switchyard-router/switchyard/router/sim"
 )
 
-// chatPrompt is the prompt of chat messages: with Config.Tokenizer the ids
-// of the messages rendered by its chat template with the generation prompt
-// (vLLM's chat completions), else the text prefix.RenderChat renders.
-func (s *Server) chatPrompt(ctx context.Context, msgs []prefix.ChatMessage) (prompt, *apiError) {
+// chatPrompt is the prompt of chat messages and tools (a JSON array, ""
+// for none): with Config.Tokenizer the ids of the messages and tools
+// rendered by its chat template with the generation prompt (vLLM's chat
+// completions), else the text prefix.RenderChatTools renders.
+func (s *Server) chatPrompt(ctx context.Context, msgs []prefix.ChatMessage, tools string) (prompt, *apiError) {
 	if s.cfg.Tokenizer == nil {
-		return prompt{text: prefix.RenderChat(msgs)}, nil
+		return prompt{text: prefix.RenderChatTools(tools, msgs)}, nil
 	}
-	ids, aerr := s.encode(ctx, "", msgs)
+	ids, aerr := s.encode(ctx, "", msgs, tools)
 	if aerr != nil {
 		return prompt{}, aerr
 	}
@@ -28,7 +29,7 @@ func (s *Server) textPrompt(ctx context.Context, p prompt) (prompt, *apiError) {
 	if p.useIDs || s.cfg.Tokenizer == nil {
 		return p, nil
 	}
-	ids, aerr := s.encode(ctx, p.text, nil)
+	ids, aerr := s.encode(ctx, p.text, nil, "")
 	if aerr != nil {
 		return prompt{}, aerr
 	}

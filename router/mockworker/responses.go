@@ -174,7 +174,7 @@ func (st *responseStore) get(id string) *storedResponse {
 func (st *responseStore) put(id string, r *storedResponse) {
 	r.size = len(r.body) + len(r.output)
 	for _, m := range r.msgs {
-		r.size += len(m.Role) + len(m.Content)
+		r.size += len(m.Role) + len(m.Content) + len(m.Name) + len(m.ToolCallID) + len(m.ToolCalls) + len(m.Reasoning)
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -250,19 +250,44 @@ func responseMessages(instructions *string, input json.RawMessage, prev *storedR
 
 // inputItem is the part of a Responses input item the mock reads.
 type inputItem struct {
-	Type    string          `json:"type"`
-	Role    string          `json:"role"`
-	Content json.RawMessage `json:"content"`
-	Output  json.RawMessage `json:"output"`
+	Type      string          `json:"type"`
+	Role      string          `json:"role"`
+	Content   json.RawMessage `json:"content"`
+	Output    json.RawMessage `json:"output"`
+	CallID    *string         `json:"call_id"`
+	Name      *string         `json:"name"`
+	Arguments *string         `json:"arguments"`
+	Summary   json.RawMessage `json:"summary"`
+}
+
+// responsesToolCall is a chat completions tool call as vLLM builds it
+// from a function_call item: ChatCompletionMessageToolCallParam(id=,
+// function=, type=), in that key order.
+type responsesToolCall struct {
+	ID       string       `json:"id"`
+	Function toolFunction `json:"function"`
+	Type     string       `json:"type"`
+}
+
+type toolFunction struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
 }
 
 // inputItems converts a Responses input array into chat messages as
-// vLLM's construct_chat_messages_with_tool_call does: a function_call is
-// an assistant message (its tool call is not rendered: content ""), a
-// reasoning item an assistant message (its reasoning not rendered), a
-// function_call_output a "tool" message of its output, and any other item
-// with a role (a message) that role and its content (a string, or text
-// parts joined by "\n", as chatMessages reads them).
+// vLLM's construct_chat_messages_with_tool_call and
+// _construct_message_from_response_item do
+// (vllm/entrypoints/openai/responses/utils.py@01ca842d): a function_call
+// is a tool call of the assistant message before it, or of a new
+// assistant message without content; a reasoning item's text (its first
+// content part's, else its first summary part's) the reasoning of the
+// assistant message before it when that has none, else of a new
+// assistant message; an assistant message item (its first part's text)
+// fills the content of the assistant message before it when that has
+// none; a function_call_output a "tool" message of its output and
+// call_id; any other item with a role (a message) that role and its
+// content (a string, or text parts joined by "\n", as chatMessages reads
+// them).
 func inputItems(raw json.RawMessage) ([]prefix.ChatMessage, *apiError) {
 	var items []json.RawMessage
 	if err := json.Unmarshal(raw, &items); err != nil {
@@ -274,34 +299,199 @@ func inputItems(raw json.RawMessage) ([]prefix.ChatMessage, *apiError) {
 			msg: fmt.Sprintf("input has %d items, more than %d", len(items), maxInputItems)}
 	}
 	out := make([]prefix.ChatMessage, 0, len(items))
+	// Of the last message: whether its content and reasoning are unset
+	// (None in vLLM's dict), and its tool calls.
+	var (
+		noContent, noReasoning bool
+		calls                  []responsesToolCall
+	)
+	lastAssistant := func() bool { return len(out) > 0 && out[len(out)-1].Role == "assistant" }
+	flush := func() *apiError {
+		if len(calls) == 0 {
+			return nil
+		}
+		b, err := json.Marshal(calls)
+		if err != nil {
+			return badRequest("tool calls: %v", err)
+		}
+		out[len(out)-1].ToolCalls = string(b)
+		calls = nil
+		return nil
+	}
+	add := func(m prefix.ChatMessage, content, reasoning bool) *apiError {
+		if aerr := flush(); aerr != nil {
+			return aerr
+		}
+		out = append(out, m)
+		noContent, noReasoning = !content, !reasoning
+		return nil
+	}
 	for i, rawItem := range items {
 		var it inputItem
 		if err := json.Unmarshal(rawItem, &it); err != nil {
 			return nil, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: "input",
 				msg: fmt.Sprintf("input[%d] must be an object", i)}
 		}
+		var aerr *apiError
 		switch it.Type {
-		case "function_call", "reasoning":
-			out = append(out, prefix.ChatMessage{Role: "assistant"})
-			continue
+		case "function_call":
+			if it.CallID == nil || it.Name == nil || it.Arguments == nil {
+				return nil, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: "input",
+					msg: fmt.Sprintf("input[%d]: a function_call needs call_id, name and arguments", i)}
+			}
+			if !lastAssistant() {
+				aerr = add(prefix.ChatMessage{Role: "assistant"}, false, false)
+			}
+			calls = append(calls, responsesToolCall{ID: *it.CallID, Type: "function",
+				Function: toolFunction{Name: *it.Name, Arguments: *it.Arguments}})
+		case "reasoning":
+			text := firstPartText(it.Content)
+			if text == "" {
+				text = firstPartText(it.Summary)
+			}
+			if lastAssistant() && noReasoning {
+				out[len(out)-1].Reasoning, out[len(out)-1].HasReasoning = text, true
+				noReasoning = false
+				continue
+			}
+			aerr = add(prefix.ChatMessage{Role: "assistant", Reasoning: text, HasReasoning: true}, false, true)
 		case "function_call_output":
 			var s string
 			_ = json.Unmarshal(it.Output, &s)
-			out = append(out, prefix.ChatMessage{Role: "tool", Content: s})
-			continue
+			m := prefix.ChatMessage{Role: "tool", Content: s}
+			if it.CallID != nil {
+				m.ToolCallID = *it.CallID
+			}
+			aerr = add(m, true, true)
+		default:
+			if it.Role == "" {
+				return nil, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: "input",
+					msg: fmt.Sprintf("input[%d] has no role and is not a function_call, function_call_output or reasoning item", i)}
+			}
+			if it.Role == "assistant" {
+				text := firstPartText(it.Content)
+				if lastAssistant() && noContent {
+					out[len(out)-1].Content = text
+					noContent = false
+					continue
+				}
+				aerr = add(prefix.ChatMessage{Role: "assistant", Content: text}, true, false)
+				break
+			}
+			m, e := chatMessages([]chatMessage{{Role: it.Role, Content: it.Content}})
+			if e != nil {
+				e.msg = fmt.Sprintf("input[%d]: %s", i, e.msg)
+				return nil, e
+			}
+			aerr = add(m[0], true, true)
 		}
-		if it.Role == "" {
-			return nil, &apiError{status: http.StatusBadRequest, typ: "invalid_request_error", param: "input",
-				msg: fmt.Sprintf("input[%d] has no role and is not a function_call, function_call_output or reasoning item", i)}
-		}
-		m, aerr := chatMessages([]chatMessage{{Role: it.Role, Content: it.Content}})
 		if aerr != nil {
-			aerr.msg = fmt.Sprintf("input[%d]: %s", i, aerr.msg)
 			return nil, aerr
 		}
-		out = append(out, m[0])
+	}
+	if aerr := flush(); aerr != nil {
+		return nil, aerr
 	}
 	return out, nil
+}
+
+// firstPartText is the text of a content list's first part (a string, or
+// a part's "text"), or the content itself when a string; "" for none.
+func firstPartText(raw json.RawMessage) string {
+	if s, ok := jsonString(raw); ok {
+		return s
+	}
+	var parts []json.RawMessage
+	if json.Unmarshal(raw, &parts) != nil || len(parts) == 0 {
+		return ""
+	}
+	if s, ok := jsonString(parts[0]); ok {
+		return s
+	}
+	var p struct {
+		Text string `json:"text"`
+	}
+	_ = json.Unmarshal(parts[0], &p)
+	return p.Text
+}
+
+// responsesTools converts a Responses tools array into the chat
+// completions tools vLLM's construct_tool_dicts gives the template
+// (responses/utils.py@01ca842d, convert_tool_responses_to_completions_format):
+// each tool of type "function" as {"type": "function", "function": {its
+// other members, in order}}, compact; "" for none.
+func responsesTools(raw json.RawMessage) string {
+	var tools []json.RawMessage
+	if json.Unmarshal(raw, &tools) != nil {
+		return ""
+	}
+	var b bytes.Buffer
+	for _, t := range tools {
+		keys, vals, ok := objectMembers(t)
+		if !ok {
+			continue
+		}
+		typ := ""
+		for k, key := range keys {
+			if key == "type" {
+				typ, _ = jsonString(vals[k])
+			}
+		}
+		if typ != "function" {
+			continue
+		}
+		if b.Len() == 0 {
+			b.WriteByte('[')
+		} else {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"type":"function","function":{`)
+		n := 0
+		for k, key := range keys {
+			if key == "type" {
+				continue
+			}
+			if n > 0 {
+				b.WriteByte(',')
+			}
+			kb, _ := json.Marshal(key)
+			b.Write(kb)
+			b.WriteByte(':')
+			b.Write(vals[k])
+			n++
+		}
+		b.WriteString("}}")
+	}
+	if b.Len() == 0 {
+		return ""
+	}
+	b.WriteByte(']')
+	var c bytes.Buffer
+	if json.Compact(&c, b.Bytes()) != nil {
+		return ""
+	}
+	return c.String()
+}
+
+// objectMembers returns the keys and raw values of the JSON object raw,
+// in order; false when raw is not an object.
+func objectMembers(raw json.RawMessage) (keys []string, vals []json.RawMessage, ok bool) {
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil, nil, false
+	}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return nil, nil, false
+		}
+		var v json.RawMessage
+		if err := dec.Decode(&v); err != nil {
+			return nil, nil, false
+		}
+		keys, vals = append(keys, t.(string)), append(vals, v)
+	}
+	return keys, vals, true
 }
 
 // handleResponses serves POST /v1/responses: the request's instructions,
@@ -343,7 +533,7 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 		writeError(w, aerr)
 		return
 	}
-	req := &genRequest{MaxTokens: rq.MaxOutputTokens, CacheSalt: rq.CacheSalt, KVTransferParams: rq.KVTransferParams, rendered: msgs}
+	req := &genRequest{MaxTokens: rq.MaxOutputTokens, CacheSalt: rq.CacheSalt, KVTransferParams: rq.KVTransferParams, rendered: msgs, tools: responsesTools(rq.Tools)}
 	if rq.Model != nil {
 		req.Model = *rq.Model
 	}

@@ -15,13 +15,15 @@ type tokenizeRequest struct {
 	Model               string          `json:"model"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            []chatMessage   `json:"messages"`
+	Tools               json.RawMessage `json:"tools"`
 	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
 	AddSpecialTokens    *bool           `json:"add_special_tokens"`
 }
 
 // handleTokenize serves POST /tokenize in vLLM's shape: {"model",
-// "prompt"} (special tokens added) or {"model", "messages",
-// "add_generation_prompt"} (the chat template, generation prompt added),
+// "prompt"} (special tokens added) or {"model", "messages", "tools",
+// "add_generation_prompt"} (the chat template, generation prompt added;
+// messages read as chat completions read them, chatMessages),
 // answered {"count", "max_model_len", "tokens", "token_strs": null} with the
 // ids generation uses for the same prompt. The settings the Tokenizer
 // interface cannot follow (add_special_tokens false for a prompt, true for
@@ -68,7 +70,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		}
 		var msgs []prefix.ChatMessage
 		if msgs, aerr = chatMessages(req.Messages); aerr == nil {
-			ids, aerr = s.encode(r.Context(), "", msgs)
+			ids, aerr = s.encode(r.Context(), "", msgs, nonEmptyArray(req.Tools))
 		}
 	case req.Prompt != nil:
 		if req.AddSpecialTokens != nil && !*req.AddSpecialTokens {
@@ -80,7 +82,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 			writeError(w, badRequest("prompt must be a string"))
 			return
 		}
-		ids, aerr = s.encode(r.Context(), prompt, nil)
+		ids, aerr = s.encode(r.Context(), prompt, nil, "")
 	default:
 		aerr = badRequest("prompt or messages is required")
 	}
@@ -122,7 +124,7 @@ func (s *Server) sglangTokenize(w http.ResponseWriter, r *http.Request, req *tok
 	}
 	answer := map[string]any{"max_model_len": s.maxModelLen()}
 	if many == nil {
-		ids, aerr := s.encode(r.Context(), one, nil)
+		ids, aerr := s.encode(r.Context(), one, nil, "")
 		if aerr != nil {
 			writeError(w, aerr)
 			return
@@ -134,7 +136,7 @@ func (s *Server) sglangTokenize(w http.ResponseWriter, r *http.Request, req *tok
 	} else {
 		tokens, counts := make([][]int64, len(many)), make([]int, len(many))
 		for i, p := range many {
-			ids, aerr := s.encode(r.Context(), p, nil)
+			ids, aerr := s.encode(r.Context(), p, nil, "")
 			if aerr != nil {
 				writeError(w, aerr)
 				return

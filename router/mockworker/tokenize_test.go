@@ -59,7 +59,7 @@ func TestTokenize(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantChat, err := tok.EncodeChat(context.Background(), msgs)
+	wantChat, err := tok.EncodeChat(context.Background(), msgs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestTokenizedKVEvents(t *testing.T) {
 	text := strings.Repeat("tokens are what the engine caches; ", 8)
 	wantIDs, _ := tok.Encode(context.Background(), text)
 	msgs := []prefix.ChatMessage{{Role: "user", Content: strings.Repeat("a chat turn to cache ", 6)}}
-	chatIDs, _ := tok.EncodeChat(context.Background(), msgs)
+	chatIDs, _ := tok.EncodeChat(context.Background(), msgs, "")
 	complete(t, url, map[string]any{"prompt": text, "max_tokens": 1})
 	if resp, b := post(t, url+"/v1/chat/completions", map[string]any{"messages": []map[string]string{{"role": "user", "content": msgs[0].Content}}, "max_tokens": 1}); resp.StatusCode != 200 {
 		t.Fatalf("chat: %d %s", resp.StatusCode, b)

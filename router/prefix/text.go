@@ -2,7 +2,6 @@ package prefix
 
 import (
 	"math/bits"
-	"strings"
 )
 
 // Routing keys for live OpenAI-compatible requests, shared by the router's
@@ -119,28 +118,108 @@ func EstimateTokens(text string, charsPerToken int) int {
 	return (len(text) + charsPerToken - 1) / charsPerToken
 }
 
-// ChatMessage is one chat message as rendered for hashing: its role and its
-// text content (for OpenAI content-part arrays, the text parts joined).
+// ChatMessage is one chat message as the engine's chat template receives
+// it: its role, its text content (for OpenAI content-part arrays, the text
+// parts joined), and what vLLM's parse_chat_messages keeps beside them
+// (vllm/entrypoints/chat_utils.py, _parse_chat_message_content; commit
+// 001eadcf295d90aa0664963cd6a9d93f38a2f3da): an assistant message's
+// tool_calls and reasoning, a tool message's tool_call_id, any message's
+// name. A field that is "" is absent, but Reasoning, which is present
+// when HasReasoning is set ("" included: templates test "is string").
 type ChatMessage struct {
 	Role, Content string
+	// Name is the message's "name".
+	Name string
+	// ToolCallID is a tool message's "tool_call_id".
+	ToolCallID string
+	// ToolCalls is an assistant message's "tool_calls": the JSON array
+	// as the engine receives it (for a chat request, the client's bytes),
+	// each call {"id", "type": "function", "function": {"name",
+	// "arguments"}}; "" for none or an empty array (vLLM drops those).
+	ToolCalls string
+	// Reasoning is an assistant message's "reasoning" (the template sees
+	// it as reasoning and reasoning_content), when HasReasoning.
+	Reasoning    string
+	HasReasoning bool
 }
 
-// RenderChat renders chat messages as the text hashed for routing: one
-// "role: content\n" line per message, in order. It is not a model's chat
-// template; it only has to be the same on the router and the mock engine,
-// and to make conversations that extend one another share a text prefix.
-func RenderChat(msgs []ChatMessage) string {
+// extras reports whether m has anything beside its role and content.
+func (m *ChatMessage) extras() bool {
+	return m.Name != "" || m.ToolCallID != "" || m.ToolCalls != "" || m.HasReasoning
+}
+
+// The lines RenderChatTools writes for the request's tools and for a
+// message's fields beside its content, each "label" + value + "\n".
+const (
+	ToolsLabel      = "tools: "
+	NameLabel       = "name: "
+	ToolCallIDLabel = "tool_call_id: "
+	ReasoningLabel  = "reasoning: "
+	ToolCallsLabel  = "tool_calls: "
+)
+
+// RenderChat renders chat messages as the text hashed for routing when no
+// tokenizer is configured: RenderChatTools without tools.
+func RenderChat(msgs []ChatMessage) string { return RenderChatTools("", msgs) }
+
+// RenderChatTools renders a chat request's tools (a JSON array, "" for
+// none) and messages as the text hashed for routing: a "tools: TOOLS\n"
+// line first when there are tools (chat templates render them ahead of
+// the conversation), then per message a "role: content\n" line followed,
+// when set, by "name: ...\n", "tool_call_id: ...\n", "reasoning:
+// ...\n" and "tool_calls: JSON\n" lines, in order. It is not a model's
+// chat template; it only has to be the same on the router and the mock
+// engine, to make conversations that extend one another share a text
+// prefix, and to count what the engine's template renders. Linear in
+// the size of its inputs; tools is written once.
+func RenderChatTools(tools string, msgs []ChatMessage) string {
 	n := 0
-	for _, m := range msgs {
+	if tools != "" {
+		n += len(ToolsLabel) + len(tools) + 1
+	}
+	for i := range msgs {
+		m := &msgs[i]
 		n += len(m.Role) + len(m.Content) + 3
+		if m.extras() {
+			n += len(m.Name) + len(m.ToolCallID) + len(m.ToolCalls) + len(m.Reasoning) + 64
+		}
 	}
-	var b strings.Builder
-	b.Grow(n)
-	for _, m := range msgs {
-		b.WriteString(m.Role)
-		b.WriteString(": ")
-		b.WriteString(m.Content)
-		b.WriteByte('\n')
+	b := make([]byte, 0, n)
+	if tools != "" {
+		b = appendLine(b, ToolsLabel, tools)
 	}
-	return b.String()
+	for i := range msgs {
+		b = AppendChatMessage(b, &msgs[i])
+	}
+	return string(b)
+}
+
+// AppendChatMessage appends m's rendering (see RenderChatTools) to b.
+func AppendChatMessage(b []byte, m *ChatMessage) []byte {
+	b = append(b, m.Role...)
+	b = append(b, ": "...)
+	b = append(b, m.Content...)
+	b = append(b, '\n')
+	if !m.extras() {
+		return b
+	}
+	if m.Name != "" {
+		b = appendLine(b, NameLabel, m.Name)
+	}
+	if m.ToolCallID != "" {
+		b = appendLine(b, ToolCallIDLabel, m.ToolCallID)
+	}
+	if m.HasReasoning {
+		b = appendLine(b, ReasoningLabel, m.Reasoning)
+	}
+	if m.ToolCalls != "" {
+		b = appendLine(b, ToolCallsLabel, m.ToolCalls)
+	}
+	return b
+}
+
+func appendLine(b []byte, label, value string) []byte {
+	b = append(b, label...)
+	b = append(b, value...)
+	return append(b, '\n')
 }

@@ -87,7 +87,7 @@ func TestEstimateTokens(t *testing.T) {
 }
 
 func TestRenderChat(t *testing.T) {
-	got := RenderChat([]ChatMessage{{"system", "be brief"}, {"user", "hi\nthere"}, {"assistant", ""}})
+	got := RenderChat([]ChatMessage{{Role: "system", Content: "be brief"}, {Role: "user", Content: "hi\nthere"}, {Role: "assistant"}})
 	if want := "system: be brief\nuser: hi\nthere\nassistant: \n"; got != want {
 		t.Fatalf("RenderChat = %q, want %q", got, want)
 	}
@@ -96,9 +96,32 @@ func TestRenderChat(t *testing.T) {
 	}
 	// A conversation extended by a turn keeps the earlier rendering as a
 	// prefix, so its blocks are shared.
-	a := RenderChat([]ChatMessage{{"user", strings.Repeat("x", 100)}})
-	b := RenderChat([]ChatMessage{{"user", strings.Repeat("x", 100)}, {"assistant", "ok"}})
+	a := RenderChat([]ChatMessage{{Role: "user", Content: strings.Repeat("x", 100)}})
+	b := RenderChat([]ChatMessage{{Role: "user", Content: strings.Repeat("x", 100)}, {Role: "assistant", Content: "ok"}})
 	if !strings.HasPrefix(b, a) {
 		t.Error("extended conversation does not share the rendered prefix")
+	}
+}
+
+// The tools line comes first, a message's fields follow its content line
+// in a fixed order, and a present empty reasoning is written.
+func TestRenderChatTools(t *testing.T) {
+	tools := `[{"type":"function","function":{"name":"f"}}]`
+	got := RenderChatTools(tools, []ChatMessage{
+		{Role: "user", Content: "weather?", Name: "ann"},
+		{Role: "assistant", ToolCalls: `[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]`, Reasoning: "look", HasReasoning: true},
+		{Role: "tool", Content: "18C", ToolCallID: "c1"},
+		{Role: "assistant", Content: "ok", HasReasoning: true},
+	})
+	want := "tools: " + tools + "\n" +
+		"user: weather?\nname: ann\n" +
+		"assistant: \nreasoning: look\ntool_calls: [{\"id\":\"c1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]\n" +
+		"tool: 18C\ntool_call_id: c1\n" +
+		"assistant: ok\nreasoning: \n"
+	if got != want {
+		t.Fatalf("RenderChatTools =\n%q\nwant\n%q", got, want)
+	}
+	if RenderChatTools("", []ChatMessage{{Role: "user", Content: "x"}}) != RenderChat([]ChatMessage{{Role: "user", Content: "x"}}) {
+		t.Error("no tools: not RenderChat")
 	}
 }

@@ -75,7 +75,7 @@ func BenchmarkEngineConversation(b *testing.B) {
 						for _, msgs := range reqs {
 							var ids []int64
 							if form == "chat" {
-								ids, err = e.EncodeChat(ctx, msgs)
+								ids, err = e.EncodeChat(ctx, msgs, "")
 							} else {
 								ids, err = e.Encode(ctx, chatml(msgs))
 							}
@@ -114,7 +114,7 @@ func BenchmarkFileConversation(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		for _, msgs := range reqs {
-			ids, err := f.EncodeChat(ctx, msgs)
+			ids, err := f.EncodeChat(ctx, msgs, "")
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -210,8 +210,8 @@ func TestEngineCacheProperty(t *testing.T) {
 				var got, want []int64
 				var gerr, werr error
 				if req.chat {
-					got, gerr = e.EncodeChat(ctx, req.msgs)
-					want, werr = f.EncodeChat(ctx, req.msgs)
+					got, gerr = e.EncodeChat(ctx, req.msgs, "")
+					want, werr = f.EncodeChat(ctx, req.msgs, "")
 				} else {
 					got, gerr = e.Encode(ctx, req.prompt())
 					want, werr = f.Encode(ctx, req.prompt())

@@ -11,7 +11,6 @@ import (
 	"io"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -100,8 +99,11 @@ var (
 //   - vLLM (vllm/entrypoints/serve/tokenize/protocol.py,
 //     TokenizeCompletionRequest and TokenizeChatRequest; serving.py):
 //     {"model", "prompt", "add_special_tokens": true} or {"model",
-//     "messages", "add_generation_prompt": true, "add_special_tokens":
-//     false}, answered by {"count", "max_model_len", "tokens": [ids]}. A
+//     "messages", "tools", "add_generation_prompt": true,
+//     "add_special_tokens": false} (commit
+//     030ea52effcb05071543c8c42b8f0145e94cee43; serving.py gives the
+//     template the tools' model_dump), answered by {"count",
+//     "max_model_len", "tokens": [ids]}. A
 //     chat request is rendered by the model's template to text and that
 //     text tokenized without special tokens, a prompt tokenized with
 //     them, both by the model's Hugging Face tokenizer. GET
@@ -116,7 +118,7 @@ var (
 // # The cache
 //
 // Every answer is cached under its whole input (the prompt, or the chat
-// messages serialised as length-prefixed roles and contents): an exact
+// tools and messages serialised as length-prefixed strings): an exact
 // repeat costs no call. The cache never answers a prompt with another
 // prompt's ids: an entry answers only the input it was made for, or, for
 // a text prompt, gives the ids of a prefix of the new prompt up to a safe
@@ -285,21 +287,41 @@ func (e *Engine) Encode(ctx context.Context, prompt string) ([]int64, error) {
 	return ids, nil
 }
 
-// EncodeChat returns the engine's ids of msgs rendered by its chat
-// template with the generation prompt (vLLM's chat form of /tokenize):
-// from the cache for the same messages, else one call. Errors as Encode's.
-func (e *Engine) EncodeChat(ctx context.Context, msgs []prefix.ChatMessage) ([]int64, error) {
-	var key strings.Builder
-	key.WriteByte('c')
-	wire := make([]map[string]string, len(msgs))
-	for i, m := range msgs {
-		for _, s := range []string{m.Role, m.Content} {
-			key.Write(binary.AppendUvarint(nil, uint64(len(s))))
-			key.WriteString(s)
-		}
-		wire[i] = map[string]string{"role": m.Role, "content": m.Content}
+// EncodeChat returns the engine's ids of msgs and tools rendered by its
+// chat template with the generation prompt (vLLM's chat form of
+// /tokenize, TokenizeChatRequest: messages with their name, tool_call_id,
+// tool_calls and reasoning, and tools, as vLLM's chat completions take
+// them): from the cache for the same messages and tools, else one call.
+// Errors as Encode's.
+func (e *Engine) EncodeChat(ctx context.Context, msgs []prefix.ChatMessage, tools string) ([]int64, error) {
+	var key []byte
+	key = append(key, 'c')
+	put := func(s string) {
+		key = binary.AppendUvarint(key, uint64(len(s)))
+		key = append(key, s...)
 	}
-	k := key.String()
+	put(tools)
+	wire := make([]wireMessage, len(msgs))
+	for i := range msgs {
+		m := &msgs[i]
+		flags := byte(0)
+		if m.HasReasoning {
+			flags = 1
+		}
+		key = append(key, flags)
+		for _, s := range []string{m.Role, m.Content, m.Name, m.ToolCallID, m.ToolCalls, m.Reasoning} {
+			put(s)
+		}
+		w := wireMessage{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID}
+		if m.ToolCalls != "" {
+			w.ToolCalls = json.RawMessage(m.ToolCalls)
+		}
+		if m.HasReasoning {
+			w.Reasoning = &m.Reasoning
+		}
+		wire[i] = w
+	}
+	k := string(key)
 	if ids, ok := e.get(k); ok {
 		e.hits.Add(1)
 		return ids, nil
@@ -307,14 +329,31 @@ func (e *Engine) EncodeChat(ctx context.Context, msgs []prefix.ChatMessage) ([]i
 	if err := e.allowed(&e.chatOff); err != nil {
 		return nil, err
 	}
-	ids, err := e.call(ctx, &e.chatOff, map[string]any{
+	body := map[string]any{
 		"model": e.model, "messages": wire, "add_generation_prompt": true, "add_special_tokens": false,
-	})
+	}
+	if tools != "" {
+		body["tools"] = json.RawMessage(tools)
+	}
+	ids, err := e.call(ctx, &e.chatOff, body)
 	if err != nil {
 		return nil, err
 	}
 	e.put(k, ids, nil, nil)
 	return ids, nil
+}
+
+// wireMessage is one message of vLLM's TokenizeChatRequest
+// (ChatCompletionMessageParam, vllm/entrypoints/chat_utils.py
+// CustomChatCompletionMessageParam: role, content, name, tool_call_id,
+// tool_calls, reasoning); fields that are absent are left out.
+type wireMessage struct {
+	Role       string          `json:"role"`
+	Content    string          `json:"content"`
+	Name       string          `json:"name,omitempty"`
+	ToolCallID string          `json:"tool_call_id,omitempty"`
+	ToolCalls  json.RawMessage `json:"tool_calls,omitempty"`
+	Reasoning  *string         `json:"reasoning,omitempty"`
 }
 
 // allowed returns ErrUnsupported while off (a UnixNano) is in the future.

@@ -78,7 +78,7 @@ func newFakeEngine(t testing.TB, f *File) *fakeEngine {
 				http.Error(w, "unsupported chat settings", http.StatusBadRequest)
 				return
 			}
-			ids, err = f.EncodeChat(r.Context(), req.Messages)
+			ids, err = f.EncodeChat(r.Context(), req.Messages, "")
 		case req.Prompt != nil:
 			ids, err = f.encode(*req.Prompt, req.AddSpecialTokens == nil || *req.AddSpecialTokens)
 		default:
@@ -139,7 +139,7 @@ func TestEngineMatchesFile(t *testing.T) {
 		t.Errorf("Encode = %v, want %v", got, want)
 	}
 	msgs := []prefix.ChatMessage{{Role: "user", Content: "hello world"}}
-	got, err = e.EncodeChat(ctx, msgs)
+	got, err = e.EncodeChat(ctx, msgs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,8 +208,8 @@ func TestEngineExactCache(t *testing.T) {
 	turn1 := []prefix.ChatMessage{{Role: "system", Content: strings.Repeat("hello world ", 20)}, {Role: "user", Content: "hello"}}
 	turn2 := append(slices.Clone(turn1), prefix.ChatMessage{Role: "assistant", Content: "hi"}, prefix.ChatMessage{Role: "user", Content: "the"})
 	for i, msgs := range [][]prefix.ChatMessage{turn1, turn2, turn1, turn2} {
-		want, _ := fc.EncodeChat(ctx, msgs)
-		got, err := ec.EncodeChat(ctx, msgs)
+		want, _ := fc.EncodeChat(ctx, msgs, "")
+		got, err := ec.EncodeChat(ctx, msgs, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -448,11 +448,54 @@ func TestEngineUnsupportedBackoff(t *testing.T) {
 		t.Errorf("%d calls during the backoff, want none", calls.Load()-n)
 	}
 	// The chat form is its own: still called.
-	if _, err := e.EncodeChat(ctx, []prefix.ChatMessage{{Role: "user", Content: "x"}}); !errors.Is(err, ErrEngine) {
+	if _, err := e.EncodeChat(ctx, []prefix.ChatMessage{{Role: "user", Content: "x"}}, ""); !errors.Is(err, ErrEngine) {
 		t.Fatalf("chat: %v, want the engine's 404", err)
 	}
 	e.textOff.Store(time.Now().Add(-time.Second).UnixNano()) // the backoff passed
 	if _, err := e.Encode(ctx, "hello"); !errors.Is(err, ErrEngine) {
 		t.Fatalf("after the backoff: %v, want a call (the engine's 404)", err)
+	}
+}
+
+// A chat request's tools and each message's name, tool_call_id,
+// tool_calls and reasoning reach /tokenize as vLLM's TokenizeChatRequest
+// takes them (tool_calls and tools as their JSON, absent fields left
+// out), and are part of the cache key: the same messages with other tools
+// are asked again.
+func TestEngineChatSendsToolsAndFields(t *testing.T) {
+	fe := newFakeEngine(t, chatmlFile(t))
+	e, err := NewEngine("m", fe.url, EngineOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	calls := `[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"a\":1}"}}]`
+	tools := `[{"type":"function","function":{"name":"f"}}]`
+	msgs := []prefix.ChatMessage{
+		{Role: "user", Content: "hi", Name: "ann"},
+		{Role: "assistant", ToolCalls: calls, Reasoning: "", HasReasoning: true},
+		{Role: "tool", Content: "1", ToolCallID: "c1"},
+	}
+	for range 2 {
+		if _, err := e.EncodeChat(ctx, msgs, tools); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := e.EncodeChat(ctx, msgs, ""); err != nil {
+		t.Fatal(err)
+	}
+	sent := fe.sent()
+	if len(sent) != 2 || e.Stats().CacheHits != 1 {
+		t.Fatalf("%d calls, %d cache hits; want 2 calls (the repeat cached, other tools asked)", len(sent), e.Stats().CacheHits)
+	}
+	got, _ := json.Marshal(map[string]any{"messages": sent[0]["messages"], "tools": sent[0]["tools"]})
+	want := `{"messages":[{"content":"hi","name":"ann","role":"user"},` +
+		`{"content":"","reasoning":"","role":"assistant","tool_calls":[{"function":{"arguments":"{\"a\":1}","name":"f"},"id":"c1","type":"function"}]},` +
+		`{"content":"1","role":"tool","tool_call_id":"c1"}],"tools":[{"function":{"name":"f"},"type":"function"}]}`
+	if string(got) != want {
+		t.Fatalf("sent\n%s\nwant\n%s", got, want)
+	}
+	if _, ok := sent[1]["tools"]; ok {
+		t.Fatalf("a request without tools sent tools: %v", sent[1])
 	}
 }

@@ -154,15 +154,15 @@ func (f *File) Encode(_ context.Context, prompt string) ([]int64, error) {
 	return f.encode(prompt, true)
 }
 
-// EncodeChat renders msgs with the chat template (generation prompt added)
-// and encodes the result without adding special tokens, as vLLM does for
-// chat requests (the template writes BOS itself). Without a template it
-// fails with ErrNoChatTemplate.
-func (f *File) EncodeChat(_ context.Context, msgs []prefix.ChatMessage) ([]int64, error) {
+// EncodeChat renders msgs and tools with the chat template (generation
+// prompt added; see ChatTemplate.Render) and encodes the result without
+// adding special tokens, as vLLM does for chat requests (the template
+// writes BOS itself). Without a template it fails with ErrNoChatTemplate.
+func (f *File) EncodeChat(_ context.Context, msgs []prefix.ChatMessage, tools string) ([]int64, error) {
 	if f.tmpl == nil {
 		return nil, ErrNoChatTemplate
 	}
-	text, err := f.tmpl.Render(msgs)
+	text, err := f.tmpl.Render(msgs, tools)
 	if err != nil {
 		return nil, err
 	}

@@ -137,7 +137,7 @@ func TestFileWordLevel(t *testing.T) {
 
 func TestFileNoChatTemplate(t *testing.T) {
 	f := loadFile(t, "bytebpe.json", nil)
-	_, err := f.EncodeChat(context.Background(), []prefix.ChatMessage{{Role: "user", Content: "hi"}})
+	_, err := f.EncodeChat(context.Background(), []prefix.ChatMessage{{Role: "user", Content: "hi"}}, "")
 	if !errors.Is(err, ErrNoChatTemplate) {
 		t.Fatalf("err = %v, want ErrNoChatTemplate", err)
 	}

@@ -49,7 +49,7 @@ func TestFromConfig(t *testing.T) {
 		// config's bos_token is null, so the Llama 3 template writes "".
 		{"llama", []int64{288, 267, 289, 284, 259, 290, 288, 275, 289, 284}},
 	} {
-		got, err := set.For(c.model).EncodeChat(ctx, msgs)
+		got, err := set.For(c.model).EncodeChat(ctx, msgs, "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -108,7 +108,7 @@ func TestBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want, _ := f.EncodeChat(ctx, msgs)
+	want, _ := f.EncodeChat(ctx, msgs, "")
 	if !slices.Equal(ids, want) || !slices.Equal(hashes, prefix.TokenBlocks(want, 4)) || len(hashes) != 2 {
 		t.Errorf("Blocks = %v, %v; want the hashes of %v", hashes, ids, want)
 	}

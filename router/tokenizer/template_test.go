@@ -44,7 +44,7 @@ func TestChatMLGolden(t *testing.T) {
 		"<|im_start|>assistant\nNice to meet you!<|im_end|>\n" +
 		"<|im_start|>user\nCan I ask a question?<|im_end|>\n" +
 		"<|im_start|>assistant\n"
-	got, err := tmpl.Render(msgs)
+	got, err := tmpl.Render(msgs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestChatMLGolden(t *testing.T) {
 	// EncodeChat tokenizes the rendering without adding special tokens
 	// again: the same ids as the golden text encoded by the same file.
 	f := loadFile(t, "bytebpe-bos.json", tmpl)
-	ids, err := f.EncodeChat(context.Background(), []prefix.ChatMessage{{Role: "user", Content: "hello world"}})
+	ids, err := f.EncodeChat(context.Background(), []prefix.ChatMessage{{Role: "user", Content: "hello world"}}, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func TestLlama3Golden(t *testing.T) {
 		"You are a helpful assistant.<|eot_id|>" +
 		"<|start_header_id|>user<|end_header_id|>\n\nhello world<|eot_id|>" +
 		"<|start_header_id|>assistant<|end_header_id|>\n\n"
-	got, err := tmpl.Render(msgs)
+	got, err := tmpl.Render(msgs, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +94,7 @@ func TestLlama3Golden(t *testing.T) {
 		t.Errorf("rendered\n%q\nwant\n%q", got, golden)
 	}
 	f := loadFile(t, "bytebpe-bos.json", tmpl)
-	ids, err := f.EncodeChat(context.Background(), msgs[1:])
+	ids, err := f.EncodeChat(context.Background(), msgs[1:], "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,5 +122,44 @@ func TestParseTokenizerConfig(t *testing.T) {
 	}
 	if _, err := ParseChatTemplate("t.jinja", "{% for %}", "", ""); err == nil {
 		t.Error("ParseChatTemplate of a broken template succeeded")
+	}
+}
+
+// The template sees tool calls and tools as vLLM gives them: arguments
+// parsed from their JSON string ({} when that is not an object or array
+// of valid JSON, or not a string), an empty tool_calls left out, tools
+// in model_dump's order with None for a missing description and
+// parameters, and tools None for a request without them.
+func TestRenderToolsAsVLLMGivesThem(t *testing.T) {
+	src := `{% for m in messages %}{{ m.role }}:{% if m.tool_calls is defined %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }};{% endfor %}{% endif %}` +
+		`{% if m.reasoning_content is defined %}[{{ m.reasoning_content }}]{% endif %}|{% endfor %}` +
+		`{% if tools is none %}no tools{% else %}{% for t in tools %}{{ t | tojson }}{% endfor %}{% endif %}`
+	tmpl, err := ParseChatTemplate("t", src, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := `[{"id":"a","type":"function","function":{"name":"f","arguments":"{\"z\": 1, \"a\": [true, null]}"}},` +
+		`{"id":"b","type":"function","function":{"name":"f","arguments":"not json"}},` +
+		`{"id":"c","type":"function","function":{"name":"f","arguments":"5"}},` +
+		`{"id":"d","type":"function","function":{"name":"f","arguments":7}}]`
+	msgs := []prefix.ChatMessage{
+		{Role: "assistant", ToolCalls: calls, HasReasoning: true, Reasoning: "r"},
+		{Role: "assistant", ToolCalls: `[]`},
+	}
+	tools := `[{"function":{"strict":true,"name":"f","extra":1},"x":2,"type":"function"}]`
+	got, err := tmpl.Render(msgs, tools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `assistant:{"z": 1, "a": [true, null]};{};{};{};[r]|assistant:|` +
+		`{"type": "function", "function": {"name": "f", "description": null, "parameters": null, "strict": true, "extra": 1}, "x": 2}`
+	if got != want {
+		t.Fatalf("Render =\n%s\nwant\n%s", got, want)
+	}
+	if got, err := tmpl.Render(msgs[1:], ""); err != nil || got != "assistant:|no tools" {
+		t.Fatalf("without tools: %q %v", got, err)
+	}
+	if _, err := tmpl.Render([]prefix.ChatMessage{{Role: "assistant", ToolCalls: `[{"id":"a"}]`}}, ""); err == nil {
+		t.Fatal("a tool call without a function object rendered")
 	}
 }

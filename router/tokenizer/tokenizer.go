@@ -39,11 +39,12 @@ type Tokenizer interface {
 	// default: a BOS token for Llama-family tokenizers).
 	Encode(ctx context.Context, prompt string) ([]int64, error)
 	// EncodeChat returns the token ids the engine computes for a chat
-	// request: the messages rendered by the model's chat template with the
+	// request: the messages and tools (a JSON array of chat completions
+	// tools, "" for none) rendered by the model's chat template with the
 	// generation prompt added (add_generation_prompt=true), then tokenized
 	// without adding special tokens again (the template writes them), as
 	// vLLM's chat completions do.
-	EncodeChat(ctx context.Context, msgs []prefix.ChatMessage) ([]int64, error)
+	EncodeChat(ctx context.Context, msgs []prefix.ChatMessage, tools string) ([]int64, error)
 }
 
 // Errors callers branch on.
@@ -65,10 +66,14 @@ var (
 )
 
 // Prompt is a request's prompt as this package encodes it: a text prompt,
-// or chat messages (when Messages is non-nil, Text is ignored).
+// or chat messages and the request's tools (when Messages is non-nil,
+// Text is ignored).
 type Prompt struct {
 	Text     string
 	Messages []prefix.ChatMessage
+	// Tools is a chat request's tools, a JSON array of chat completions
+	// tools ("" for none).
+	Tools string
 }
 
 // Blocks returns the chained hashes of the prompt's full blocks of
@@ -77,29 +82,29 @@ type Prompt struct {
 // With tok == nil (no tokenizer configured for the model) it is the
 // character fallback: ids is nil and the hashes are
 // prefix.TextBlocks(text, blockTokens, charsPerToken) of the text prompt,
-// or of prefix.RenderChat(messages), exactly as the router keyed prompts
+// or of prefix.RenderChatTools(tools, messages), as the router keyed prompts
 // before tokenizers existed (serve's --chars-per-token, default
 // prefix.DefaultCharsPerToken). Errors are tok's.
 func Blocks(ctx context.Context, tok Tokenizer, p Prompt, blockTokens, charsPerToken int) (hashes []uint64, ids []int64, err error) {
 	if tok == nil {
 		text := p.Text
 		if p.Messages != nil {
-			text = prefix.RenderChat(p.Messages)
+			text = prefix.RenderChatTools(p.Tools, p.Messages)
 		}
 		return prefix.TextBlocks(text, blockTokens, charsPerToken), nil, nil
 	}
 	n := len(p.Text)
 	if p.Messages != nil {
-		n = 0
+		n = len(p.Tools)
 		for _, m := range p.Messages {
-			n += len(m.Role) + len(m.Content)
+			n += len(m.Role) + len(m.Content) + len(m.Name) + len(m.ToolCallID) + len(m.ToolCalls) + len(m.Reasoning)
 		}
 	}
 	if limit := MaxPromptBytes(tok); n > limit {
 		return nil, nil, fmt.Errorf("%w: %d bytes of text, over %d", ErrTooLong, n, limit)
 	}
 	if p.Messages != nil {
-		ids, err = tok.EncodeChat(ctx, p.Messages)
+		ids, err = tok.EncodeChat(ctx, p.Messages, p.Tools)
 	} else {
 		ids, err = tok.Encode(ctx, p.Text)
 	}
@@ -121,7 +126,7 @@ const (
 )
 
 // MaxPromptBytes is the longest prompt text, in bytes (chat: the
-// messages' roles and contents), that Blocks gives tok:
+// messages' strings and the tools), that Blocks gives tok:
 // MaxFilePromptBytes for a File, MaxEnginePromptBytes otherwise.
 func MaxPromptBytes(tok Tokenizer) int {
 	if _, ok := tok.(*File); ok {
