@@ -20,9 +20,10 @@ import (
 // and the optional classifier fields (priority, policy_class,
 // session_id). The prompt is rendered as router/live keys the request:
 // the chat messages vLLM builds from it (router/apiconv, which cites the
-// vLLM source it follows), one "role: content\n" line per message
-// (prefix.RenderChat). Its input_length is the rendering's length in
-// tokens at prefix.DefaultCharsPerToken bytes a token, rounded up, and its
+// vLLM source it follows) and its tools, rendered by
+// prefix.RenderChatTools (a tools line, then per message its role and
+// content, and its tool calls, tool call id and reasoning when set). Its
+// input_length is the rendering's length in tokens at prefix.DefaultCharsPerToken bytes a token, rounded up, and its
 // hash_ids are the rendering's blocks of MooncakeBlockTokens tokens
 // (MooncakeBlockTokens·DefaultCharsPerToken bytes), chained, the last
 // partial block included: so two lines share their leading ids exactly as
@@ -128,9 +129,13 @@ func decodePromptLine(b []byte, responses bool) (*mooncakeLine, error) {
 	}
 	msgs := make([]prefix.ChatMessage, len(req.Messages))
 	for i, m := range req.Messages {
-		msgs[i] = prefix.ChatMessage{Role: m.Role, Content: m.Content}
+		msgs[i] = prefix.ChatMessage{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID,
+			ToolCalls: m.ToolCalls, Reasoning: m.Reasoning, HasReasoning: m.HasReasoning}
 	}
-	text := prefix.RenderChat(msgs)
+	// The tools and tool calls too, as router serve keys the request
+	// (router/live's renderMessages): an agentic trace's prompts are as
+	// long, and share prefixes, as the engine renders them.
+	text := prefix.RenderChatTools(req.Tools, msgs)
 	in := int64(prefix.EstimateTokens(text, prefix.DefaultCharsPerToken))
 	l.InputLength = &in
 	ids := promptHashIDs(text)

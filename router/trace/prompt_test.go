@@ -81,3 +81,39 @@ func TestPromptLineErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestPromptLineTools: an agentic Responses line is rendered with its
+// tools and tool calls, as router serve keys the request: the tools line
+// comes first (so the first block differs from the same line without
+// tools), and a function_call item and its output lengthen the prompt.
+func TestPromptLineTools(t *testing.T) {
+	tools := `,"tools":[{"type":"function","name":"weather","description":"the weather in a city","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}]`
+	call := `,{"type":"function_call","call_id":"c1","name":"weather","arguments":"{\"city\":\"Paris\"}"},{"type":"function_call_output","call_id":"c1","output":"sunny, 21 degrees"}`
+	line := func(withTools, withCall bool) string {
+		l := `{"timestamp":0,"output_length":3,"input":[{"role":"user","content":"what is the weather in Paris?"}`
+		if withCall {
+			l += call
+		}
+		l += `]`
+		if withTools {
+			l += tools
+		}
+		return l + `}`
+	}
+	recs, err := ReadMooncake(strings.NewReader(strings.Join([]string{line(false, false), line(true, false), line(true, true)}, "\n")), "agent.jsonl")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, withTools, withCall := recs[0], recs[1], recs[2]
+	render := prefix.RenderChatTools(`[{"type":"function","function":{"name":"weather","description":"the weather in a city","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]`,
+		[]prefix.ChatMessage{{Role: "user", Content: "what is the weather in Paris?"}})
+	if want := (len(render) + 3) / 4; withTools.InputLength != want {
+		t.Errorf("with tools: input_length %d, want %d (%q)", withTools.InputLength, want, render)
+	}
+	if withTools.InputLength <= plain.InputLength || withTools.HashIDs[0] == plain.HashIDs[0] {
+		t.Errorf("tools not rendered: %d tokens (%v) against %d (%v) without", withTools.InputLength, withTools.HashIDs, plain.InputLength, plain.HashIDs)
+	}
+	if withCall.InputLength <= withTools.InputLength {
+		t.Errorf("the function call and its output not rendered: %d tokens, %d without", withCall.InputLength, withTools.InputLength)
+	}
+}
