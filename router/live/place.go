@@ -218,25 +218,11 @@ func (rt *Runtime) placePool(ctx context.Context, api API, header http.Header, b
 // opts exclude it); else Place's.
 func (rt *Runtime) placeFollowUp(ctx context.Context, req *Request, prev string, refused Placed, opts []admission.Option) (Placed, error) {
 	notFound := &ResponseNotFoundError{ID: prev}
-	w, _, ok := rt.ResponseWorker(req.Model, prev)
+	w, hop, only, ok := rt.FollowUp(req.Model, prev)
 	if !ok {
 		return refused, notFound
 	}
-	hop := rt.FollowUpHop(req.Model)
-	var others []shared.WorkerID
-	member := false
-	for _, m := range rt.r.Workers(req.Model, hop.Role) {
-		if m.ID == w.ID {
-			member = true
-		} else if !containsWorker(others, m.ID) {
-			others = append(others, m.ID)
-		}
-	}
-	if !member {
-		return refused, notFound
-	}
-	opts = append(opts[:len(opts):len(opts)], admission.Exclude(others...))
-	p, err := rt.placeOne(ctx, req, hop, refused, opts)
+	p, err := rt.placeOne(ctx, req, hop, refused, append(opts[:len(opts):len(opts)], only))
 	if errors.Is(err, router.ErrAllExcluded) {
 		return refused, notFound
 	}
@@ -250,6 +236,35 @@ func (rt *Runtime) placeFollowUp(ctx context.Context, req *Request, prev string,
 		return refused, notFound
 	}
 	return p, nil
+}
+
+// FollowUp says where a Responses request of model continuing the stored
+// response prev (previous_response_id) runs, on both faces: on w, the
+// worker holding prev (ResponseWorker), in hop (FollowUpHop), admitted
+// with only, which excludes every other member of the hop's partition
+// for the model. false when the runtime knows no live binding of prev or
+// its worker does not serve model in that hop's role: the face answers
+// as the engine answers an unknown id (ResponseNotFoundError). Linear in
+// the partition's workers.
+func (rt *Runtime) FollowUp(model, prev string) (w *fleet.Worker, hop admission.Hop, only admission.Option, ok bool) {
+	w, _, ok = rt.ResponseWorker(model, prev)
+	if !ok {
+		return nil, hop, nil, false
+	}
+	hop = rt.FollowUpHop(model)
+	var others []shared.WorkerID
+	member := false
+	for _, m := range rt.r.Workers(model, hop.Role) {
+		if m.ID == w.ID {
+			member = true
+		} else if !containsWorker(others, m.ID) {
+			others = append(others, m.ID)
+		}
+	}
+	if !member {
+		return nil, hop, nil, false
+	}
+	return w, hop, admission.Exclude(others...), true
 }
 
 // PlaceUtility places an engine utility request (APIUtility: tokenize,

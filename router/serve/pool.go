@@ -104,11 +104,3 @@ func (s *Server) utilityWorker(model string, skip []shared.WorkerID) *fleet.Work
 	return s.rt.UtilityWorker(model, skip)
 }
 
-func containsID(ids []shared.WorkerID, id shared.WorkerID) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
-}

@@ -11,7 +11,6 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/live"
-	"github.com/switchyard-router/switchyard/shared"
 )
 
 // followUp runs a Responses request that continues a stored response
@@ -24,29 +23,17 @@ import (
 // hold (writeResponseNotFound); when that worker fails before answering,
 // 502 worker_failed (it is not replaced). A disaggregated model's
 // follow-up runs in one hop on the decode worker that answered prev
-// (live.Runtime.FollowUpHop). It returns the code the request is counted under.
+// (live.Runtime.FollowUp, shared with the EPP). It returns the code the
+// request is counted under.
 func (s *Server) followUp(ex *exchange, prev string) int {
-	w, _, ok := s.rt.ResponseWorker(ex.Model, prev)
+	w, hop, only, ok := s.rt.FollowUp(ex.Model, prev)
 	if !ok {
+		// Unknown, expired, or its engine left (or does not serve the
+		// request's model).
 		writeResponseNotFound(ex.w, prev)
 		return http.StatusNotFound
 	}
-	hop := s.rt.FollowUpHop(ex.Model)
-	var others []shared.WorkerID
-	member := false
-	for _, m := range s.r.Workers(ex.Model, hop.Role) {
-		if m.ID == w.ID {
-			member = true
-		} else if !containsID(others, m.ID) {
-			others = append(others, m.ID)
-		}
-	}
-	if !member {
-		// The worker holding prev does not serve the request's model.
-		writeResponseNotFound(ex.w, prev)
-		return http.StatusNotFound
-	}
-	spec := hopSpec{hop: hop, tag: "#", opts: []admission.Option{admission.Exclude(others...)}, noRetry: true,
+	spec := hopSpec{hop: hop, tag: "#", opts: []admission.Option{only}, noRetry: true,
 		answer: func(ex *exchange, err error) int {
 			if errors.Is(err, router.ErrAllExcluded) {
 				// The worker left between the lookup and the placement.
