@@ -103,4 +103,3 @@ func (s *Server) utility(ex *exchange) int {
 func (s *Server) utilityWorker(model string, skip []shared.WorkerID) *fleet.Worker {
 	return s.rt.UtilityWorker(model, skip)
 }
-
