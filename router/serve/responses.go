@@ -26,12 +26,11 @@ import (
 // (live.Runtime.FollowUp, shared with the EPP). It returns the code the
 // request is counted under.
 func (s *Server) followUp(ex *exchange, prev string) int {
-	w, hop, only, ok := s.rt.FollowUp(ex.Model, prev)
-	if !ok {
+	w, hop, only, err := s.rt.FollowUp(ex.Model, prev)
+	if err != nil {
 		// Unknown, expired, or its engine left (or does not serve the
-		// request's model).
-		writeResponseNotFound(ex.w, prev)
-		return http.StatusNotFound
+		// request's model): 404; its engine not ready: 503.
+		return writeResponseHolderError(ex.w, prev, err)
 	}
 	spec := hopSpec{hop: hop, tag: "#", opts: []admission.Option{only}, noRetry: true,
 		answer: func(ex *exchange, err error) int {
@@ -71,11 +70,11 @@ func (s *Server) storedResponse(w http.ResponseWriter, r *http.Request) {
 	defer s.inflight.Add(-1)
 	start := time.Now()
 	id := r.PathValue("id")
-	wk, model, ok := s.rt.ResponseWorker("", id)
+	p, err := s.rt.PlaceStored(id, nil)
+	wk, model := p.Decision.Worker, p.Model()
 	label := s.rt.ModelLabel(model)
-	if !ok {
-		writeResponseNotFound(w, id)
-		s.rt.CountRequest(label, http.StatusNotFound, start)
+	if err != nil {
+		s.rt.CountRequest(label, writeResponseHolderError(w, id, err), start)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
