@@ -70,6 +70,11 @@ func (s *Server) storedResponse(w http.ResponseWriter, r *http.Request) {
 	defer s.inflight.Add(-1)
 	start := time.Now()
 	id := r.PathValue("id")
+	reqID := r.Header.Get("X-Request-Id")
+	if reqID == "" {
+		reqID = s.rt.NewID()
+	}
+	w.Header().Set("X-Request-Id", reqID)
 	p, err := s.rt.PlaceStored(id, nil)
 	wk, model := p.Decision.Worker, p.Model()
 	label := s.rt.ModelLabel(model)
@@ -81,11 +86,7 @@ func (s *Server) storedResponse(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	ex := &exchange{w: w, r: r, ctx: ctx, path: r.URL.EscapedPath(), query: r.URL.RawQuery}
 	ex.Start, ex.Model, ex.Label, ex.labelSet = start, model, label, true
-	ex.ID = r.Header.Get("X-Request-Id")
-	if ex.ID == "" {
-		ex.ID = s.rt.NewID()
-	}
-	w.Header().Set("X-Request-Id", ex.ID)
+	ex.ID = reqID
 	if r.Method != http.MethodGet && r.Body != nil {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxCancelBody))
 		if err != nil {
