@@ -53,6 +53,11 @@ type Placed struct {
 	bind bool
 }
 
+// Model returns the model of the request p placed (its body's; for a
+// stored response's GET or cancel, the model it was made for); "" before
+// its body was read.
+func (p *Placed) Model() string { return p.model }
+
 // ResponseNotFoundError is the error of a Responses request continuing a
 // stored response (previous_response_id), or of a stored response's GET
 // or cancel (PlaceStored), that the runtime cannot send to the engine
@@ -70,6 +75,44 @@ type ResponseNotFoundError struct {
 
 // Error returns vLLM's message: "Response with id '<id>' not found.".
 func (e *ResponseNotFoundError) Error() string { return "Response with id '" + e.ID + "' not found." }
+
+// ResponseHolderDownError is the error of a Responses follow-up, or of a
+// stored response's GET or cancel, whose response is bound to a worker
+// this router still has configured but which is not ready now (its
+// engine is down, restarting, or failing its probes): the response may
+// come back with it, so a face answers 503 (retryable), not the 404 of a
+// response that is gone (ResponseNotFoundError). It wraps
+// shared.ErrNoWorkers.
+type ResponseHolderDownError struct {
+	// ID is the response id; Worker the name of the worker holding it.
+	ID, Worker string
+}
+
+// Error says which worker holds the response and that it is not ready.
+func (e *ResponseHolderDownError) Error() string {
+	return fmt.Sprintf("the engine holding response %q (worker %s) is not ready; retry shortly", e.ID, e.Worker)
+}
+
+// Unwrap returns shared.ErrNoWorkers.
+func (e *ResponseHolderDownError) Unwrap() error { return shared.ErrNoWorkers }
+
+// responseHolder is ResponseWorker for a request naming the stored
+// response id: the worker holding it and the model it was made for, or
+// *ResponseHolderDownError when this router's binding names a worker
+// still configured but not ready, else *ResponseNotFoundError.
+func (rt *Runtime) responseHolder(model, id string) (*fleet.Worker, string, error) {
+	if w, m, ok := rt.ResponseWorker(model, id); ok {
+		return w, m, nil
+	}
+	if len(id) <= MaxResponseIDBytes {
+		if rb, ok := rt.responses.peek(id); ok {
+			if _, configured := rt.workers.URL(rb.name); configured {
+				return nil, rb.model, &ResponseHolderDownError{ID: id, Worker: rb.name}
+			}
+		}
+	}
+	return nil, "", &ResponseNotFoundError{ID: id}
+}
 
 // ErrNoRoute is Place's error for a pass-through body (APIOther) that
 // names no model: nothing chooses its engines, and a face answers as for
@@ -220,9 +263,9 @@ func (rt *Runtime) placePool(ctx context.Context, api API, header http.Header, b
 // opts exclude it); else Place's.
 func (rt *Runtime) placeFollowUp(ctx context.Context, req *Request, prev string, refused Placed, opts []admission.Option) (Placed, error) {
 	notFound := &ResponseNotFoundError{ID: prev}
-	w, hop, only, ok := rt.FollowUp(req.Model, prev)
-	if !ok {
-		return refused, notFound
+	w, hop, only, err := rt.FollowUp(req.Model, prev)
+	if err != nil {
+		return refused, err
 	}
 	p, err := rt.placeOne(ctx, req, hop, refused, append(opts[:len(opts):len(opts)], only))
 	if errors.Is(err, router.ErrAllExcluded) {
@@ -244,14 +287,15 @@ func (rt *Runtime) placeFollowUp(ctx context.Context, req *Request, prev string,
 // response prev (previous_response_id) runs, on both faces: on w, the
 // worker holding prev (ResponseWorker), in hop (FollowUpHop), admitted
 // with only, which excludes every other member of the hop's partition
-// for the model. false when the runtime knows no live binding of prev or
-// its worker does not serve model in that hop's role: the face answers
-// as the engine answers an unknown id (ResponseNotFoundError). Linear in
-// the partition's workers.
-func (rt *Runtime) FollowUp(model, prev string) (w *fleet.Worker, hop admission.Hop, only admission.Option, ok bool) {
-	w, _, ok = rt.ResponseWorker(model, prev)
-	if !ok {
-		return nil, hop, nil, false
+// for the model. Errors: *ResponseHolderDownError when prev's worker is
+// configured but not ready (a face answers 503: retry), else
+// *ResponseNotFoundError when the runtime knows no live binding of prev or
+// its worker does not serve model in that hop's role (a face answers as
+// the engine answers an unknown id). Linear in the partition's workers.
+func (rt *Runtime) FollowUp(model, prev string) (w *fleet.Worker, hop admission.Hop, only admission.Option, err error) {
+	w, _, err = rt.responseHolder(model, prev)
+	if err != nil {
+		return nil, hop, nil, err
 	}
 	hop = rt.FollowUpHop(model)
 	var others []shared.WorkerID
@@ -264,9 +308,9 @@ func (rt *Runtime) FollowUp(model, prev string) (w *fleet.Worker, hop admission.
 		}
 	}
 	if !member {
-		return nil, hop, nil, false
+		return nil, hop, nil, &ResponseNotFoundError{ID: prev}
 	}
-	return w, hop, admission.Exclude(others...), true
+	return w, hop, admission.Exclude(others...), nil
 }
 
 // PlaceUtility places an engine utility request (APIUtility: tokenize,
@@ -307,13 +351,17 @@ func (rt *Runtime) PlaceUtility(header http.Header, body []byte, skip []shared.W
 // stream; POST /v1/responses/{id}/cancel) on the worker whose engine
 // holds it (ResponseWorker), as serve's storedResponse sends it. It is
 // not admitted and not booked: the Placed has no Handle, only the
-// Decision's Worker and the URL. Errors: *ResponseNotFoundError when the
+// Decision's Worker and the URL. Errors: *ResponseHolderDownError when
+// its worker is configured but not ready, *ResponseNotFoundError when the
 // runtime knows no live binding of id or its worker is in skip.
 func (rt *Runtime) PlaceStored(id string, skip []shared.WorkerID) (Placed, error) {
 	start := time.Now()
-	w, model, ok := rt.ResponseWorker("", id)
+	w, model, err := rt.responseHolder("", id)
 	p := Placed{start: start, label: rt.ModelLabel(model), model: model, api: APIResponses}
-	if !ok || containsWorker(skip, w.ID) {
+	if err != nil {
+		return p, err
+	}
+	if containsWorker(skip, w.ID) {
 		return p, &ResponseNotFoundError{ID: id}
 	}
 	url, ok := rt.workers.URL(w.Name)

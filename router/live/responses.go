@@ -97,6 +97,22 @@ func (b *responseBindings) get(id string) (responseBinding, bool) {
 	return *rb, true
 }
 
+// peek returns id's binding when kept and not expired, without
+// refreshing it.
+func (b *responseBindings) peek(id string) (responseBinding, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	e, ok := b.byID[id]
+	if !ok {
+		return responseBinding{}, false
+	}
+	rb := e.Value.(*responseBinding)
+	if b.now().Sub(rb.at) > b.ttl {
+		return responseBinding{}, false
+	}
+	return *rb, true
+}
+
 func (b *responseBindings) removeLocked(e *list.Element) {
 	delete(b.byID, e.Value.(*responseBinding).id)
 	b.order.Remove(e)

@@ -1,6 +1,7 @@
 package live
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -134,4 +135,41 @@ func TestResponseBindingsShared(t *testing.T) {
 // partition.
 func (s *memSessions) Bind2(model, session string, w shared.WorkerID) {
 	s.For(model, shared.RoleAggregated).Bind(session, w, time.Time{})
+}
+
+// TestResponseHolderDown: a follow-up, GET or cancel of a response whose
+// worker is still configured but not ready (out of the Router's
+// candidates: its engine down or restarting) is *ResponseHolderDownError,
+// a retryable 503 wrapping shared.ErrNoWorkers, naming the worker; once
+// the worker is no longer configured either, *ResponseNotFoundError,
+// vLLM's 404.
+func TestResponseHolderDown(t *testing.T) {
+	e := newEnv(t, envOptions{}, backend{name: "w1"}, backend{name: "w2"})
+	w2 := e.r.Workers("m", shared.RoleAggregated)[1]
+	e.rt.BindResponse("m", "resp_1", w2)
+	if w, _, _, err := e.rt.FollowUp("m", "resp_1"); err != nil || w.Name != "w2" {
+		t.Fatalf("follow-up on a ready holder: %v, %v; want w2", w, err)
+	}
+	if err := e.r.RemoveWorker(w2.ID, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, _, _, err := e.rt.FollowUp("m", "resp_1")
+	_, serr := e.rt.PlaceStored("resp_1", nil)
+	for _, err := range []error{err, serr} {
+		var down *ResponseHolderDownError
+		if !errors.As(err, &down) || down.Worker != "w2" || down.ID != "resp_1" || !errors.Is(err, shared.ErrNoWorkers) {
+			t.Errorf("holder configured but not ready: %v; want ResponseHolderDownError naming w2", err)
+		}
+	}
+	e.ws.mu.Lock()
+	delete(e.ws.urls, "w2")
+	e.ws.mu.Unlock()
+	_, _, _, err = e.rt.FollowUp("m", "resp_1")
+	_, serr = e.rt.PlaceStored("resp_1", nil)
+	for _, err := range []error{err, serr} {
+		var nf *ResponseNotFoundError
+		if !errors.As(err, &nf) || nf.ID != "resp_1" || errors.Is(err, shared.ErrNoWorkers) {
+			t.Errorf("holder gone: %v; want ResponseNotFoundError", err)
+		}
+	}
 }

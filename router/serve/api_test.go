@@ -536,8 +536,9 @@ func TestResponsesFollowUpReachesTheIssuingEngine(t *testing.T) {
 	if asked() != before {
 		t.Errorf("unknown ids reached the engines %d times", asked()-before)
 	}
-	// The issuing engine leaves: its responses are unknown, never sent
-	// to another engine.
+	// The issuing engine stops being ready (out of the candidates, still
+	// configured): 503, retryable, naming it; then it leaves the fleet:
+	// its responses are unknown. Never sent to another engine.
 	id, w := turn("", false)
 	var gone int
 	for i, en := range engines {
@@ -549,6 +550,13 @@ func TestResponsesFollowUpReachesTheIssuingEngine(t *testing.T) {
 		t.Fatal(err)
 	}
 	before = asked()
+	resp, got = postJSON(t, e.url+"/v1/responses", fmt.Sprintf(`{"model":"m","input":"x","previous_response_id":%q}`, id))
+	if resp.StatusCode != 503 || !strings.Contains(string(got), `"code":"no_worker"`) || !strings.Contains(string(got), "(worker "+w+") is not ready") {
+		t.Errorf("follow-up of a not-ready engine's response: %d %s", resp.StatusCode, got)
+	}
+	e.ws.mu.Lock()
+	delete(e.ws.urls, w)
+	e.ws.mu.Unlock()
 	resp, got = postJSON(t, e.url+"/v1/responses", fmt.Sprintf(`{"model":"m","input":"x","previous_response_id":%q}`, id))
 	if resp.StatusCode != 404 || !strings.Contains(string(got), "Response with id '"+id+"' not found.") {
 		t.Errorf("follow-up of a gone engine's response: %d %s", resp.StatusCode, got)

@@ -1,9 +1,11 @@
 package serve
 
 import (
+	"errors"
 	"net/http"
 	"strings"
 
+	"github.com/switchyard-router/switchyard/internal/untrusted"
 	"github.com/switchyard-router/switchyard/router/live"
 )
 
@@ -69,12 +71,28 @@ type responseNotFound struct {
 // that the router cannot send to the engine holding it (the id is
 // unknown to the router, its binding expired, or its engine is gone) as
 // vLLM answers an id it does not hold: 404, "Response with id '<id>' not
-// found.".
+// found." (an id longer than untrusted.MaxClient bytes, which the router
+// never binds, is echoed cut to that bound, escaped, as the EPP echoes it).
 func writeResponseNotFound(w http.ResponseWriter, id string) {
 	var a responseNotFound
-	a.Error.Message = "Response with id '" + id + "' not found."
+	a.Error.Message = (&live.ResponseNotFoundError{ID: untrusted.Text(id, untrusted.MaxClient)}).Error()
 	a.Error.Type, a.Error.Param, a.Error.Code = live.TypeInvalidRequest, "response_id", http.StatusNotFound
 	live.WriteJSON(w, http.StatusNotFound, a)
+}
+
+// writeResponseHolderError answers a request for a stored response that
+// the runtime cannot send to the engine holding it (err, from
+// live.Runtime.FollowUp or PlaceStored): 503 no_worker, retryable, when
+// that engine is configured but not ready (*live.ResponseHolderDownError),
+// else vLLM's 404 (writeResponseNotFound). It returns the status.
+func writeResponseHolderError(w http.ResponseWriter, id string, err error) int {
+	var down *live.ResponseHolderDownError
+	if errors.As(err, &down) {
+		live.WriteError(w, http.StatusServiceUnavailable, live.TypeServer, "no_worker", untrusted.Text(err.Error(), 2*untrusted.MaxClient))
+		return http.StatusServiceUnavailable
+	}
+	writeResponseNotFound(w, id)
+	return http.StatusNotFound
 }
 
 // wrongPathHint returns, for a body that lacks the field the schema of

@@ -26,12 +26,11 @@ import (
 // (live.Runtime.FollowUp, shared with the EPP). It returns the code the
 // request is counted under.
 func (s *Server) followUp(ex *exchange, prev string) int {
-	w, hop, only, ok := s.rt.FollowUp(ex.Model, prev)
-	if !ok {
+	w, hop, only, err := s.rt.FollowUp(ex.Model, prev)
+	if err != nil {
 		// Unknown, expired, or its engine left (or does not serve the
-		// request's model).
-		writeResponseNotFound(ex.w, prev)
-		return http.StatusNotFound
+		// request's model): 404; its engine not ready: 503.
+		return writeResponseHolderError(ex.w, prev, err)
 	}
 	spec := hopSpec{hop: hop, tag: "#", opts: []admission.Option{only}, noRetry: true,
 		answer: func(ex *exchange, err error) int {
@@ -71,22 +70,23 @@ func (s *Server) storedResponse(w http.ResponseWriter, r *http.Request) {
 	defer s.inflight.Add(-1)
 	start := time.Now()
 	id := r.PathValue("id")
-	wk, model, ok := s.rt.ResponseWorker("", id)
+	reqID := r.Header.Get("X-Request-Id")
+	if reqID == "" {
+		reqID = s.rt.NewID()
+	}
+	w.Header().Set("X-Request-Id", reqID)
+	p, err := s.rt.PlaceStored(id, nil)
+	wk, model := p.Decision.Worker, p.Model()
 	label := s.rt.ModelLabel(model)
-	if !ok {
-		writeResponseNotFound(w, id)
-		s.rt.CountRequest(label, http.StatusNotFound, start)
+	if err != nil {
+		s.rt.CountRequest(label, writeResponseHolderError(w, id, err), start)
 		return
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
 	defer cancel()
 	ex := &exchange{w: w, r: r, ctx: ctx, path: r.URL.EscapedPath(), query: r.URL.RawQuery}
 	ex.Start, ex.Model, ex.Label, ex.labelSet = start, model, label, true
-	ex.ID = r.Header.Get("X-Request-Id")
-	if ex.ID == "" {
-		ex.ID = s.rt.NewID()
-	}
-	w.Header().Set("X-Request-Id", ex.ID)
+	ex.ID = reqID
 	if r.Method != http.MethodGet && r.Body != nil {
 		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxCancelBody))
 		if err != nil {

@@ -244,8 +244,11 @@ func (s *Server) connectionClose(next http.Handler) http.Handler {
 func canonicalPaths(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p := r.URL.EscapedPath(); p != path.Clean(r.URL.Path) && !escapedID(r.URL.Path) {
-			live.WriteError(w, http.StatusNotFound, live.TypeInvalidRequest, "not_found",
-				fmt.Sprintf("no endpoint %s %s: the path is not in canonical form (%s)", r.Method, p, path.Clean(r.URL.Path)))
+			// In the shape of the API the clean path is under (Anthropic's
+			// for /v1/messages/ and /v1/messages%2Fcount_tokens).
+			clean := path.Clean(r.URL.Path)
+			writeError(w, clean, http.StatusNotFound, live.TypeInvalidRequest, "not_found",
+				fmt.Sprintf("no endpoint %s %s: the path is not in canonical form (%s)", r.Method, untrusted.Text(p, untrusted.MaxClient), untrusted.Text(clean, untrusted.MaxClient)))
 			return
 		}
 		next.ServeHTTP(w, r)

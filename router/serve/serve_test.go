@@ -759,8 +759,9 @@ func TestDeeplyNestedBodiesAreRefused(t *testing.T) {
 	e.settle(t)
 }
 
-// Paths not in canonical form are answered 404 in the OpenAI error shape,
-// never redirected: net/http's ServeMux would answer 307 to the clean
+// Paths not in canonical form are answered 404 in the OpenAI error shape
+// (Anthropic's when the clean path is under /v1/messages), never
+// redirected: net/http's ServeMux would answer 307 to the clean
 // path, and a client following it would send its POST again. The raw
 // request lines reach the server as written (a client could clean them);
 // the Go client is told not to follow redirects.
@@ -801,6 +802,23 @@ func TestNonCanonicalPathsAre404(t *testing.T) {
 		}
 		if got := decodeError(t, resp); got.Code != "not_found" {
 			t.Errorf("%s %s: code %q, want not_found", tc.method, tc.path, got.Code)
+		}
+	}
+	// Under /v1/messages, in Anthropic's shape.
+	for _, p := range []string{"/v1/messages/", "/v1/messages%2Fcount_tokens", "/v1//messages"} {
+		got := rawExchange(t, e.url, "POST "+p+" HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\n"+
+			fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body), false)
+		head, answer, _ := strings.Cut(got, "\r\n\r\n")
+		var a struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type    string `json:"type"`
+				Message string `json:"message"`
+			} `json:"error"`
+		}
+		if !strings.HasPrefix(head, "HTTP/1.1 404 ") || json.Unmarshal([]byte(answer), &a) != nil || a.Type != "error" ||
+			a.Error.Type != live.TypeInvalidRequest || !strings.Contains(a.Error.Message, "not in canonical form") {
+			t.Errorf("POST %s: %s\n%s\nwant a 404 in Anthropic's error shape", p, head, answer)
 		}
 	}
 	if n := eng.requests.Load(); n != 0 {

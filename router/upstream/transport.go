@@ -26,6 +26,14 @@
 // failure is not resent: the engine had the request and may have worked
 // on it.
 //
+// An engine may answer from the request's head alone, before it read the
+// body (vLLM's --api-key check answers 401, an unknown path 404, a body
+// limit 413), and close the connection with the body still coming; the
+// write then fails. The engine's answer is not lost: when a write fails,
+// an answer that arrives within earlyAnswerWait is read and returned as
+// the exchange's result (its connection closed after it), as net/http's
+// Transport, which reads while it writes, returns it too.
+//
 // Idle connections are closed by time as well as on use: a timer (no
 // goroutine while it waits) sweeps the pool while it holds any, closing
 // those unused for IdleTimeout, so no idle connection outlives it by more
@@ -118,7 +126,8 @@ type pool struct {
 type conn struct {
 	nc     net.Conn
 	br     *bufio.Reader
-	bw     *bufio.Writer
+	bw     *bufio.Writer // writes to w
+	w      connWriter
 	key    string
 	p      *pool
 	idleAt time.Time
@@ -176,11 +185,25 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 		}
 		return nil, &exchangeError{key: c.key, err: err, stale: stale}
 	}
-	if err := req.Write(c.bw); err != nil {
-		return fail(err, true)
+	werr := req.Write(c.bw)
+	if werr == nil {
+		werr = c.bw.Flush()
 	}
-	if err := c.bw.Flush(); err != nil {
-		return fail(err, true)
+	if werr != nil {
+		if c.w.err == nil {
+			// Reading the request's body failed, not the connection.
+			return fail(werr, false)
+		}
+		// The connection's own error: http.Request.Write reports a
+		// failed write while it copies the body as the body's read
+		// error (requestBodyReadError, which does not unwrap).
+		// The engine may have answered before it read the whole body
+		// (401, 404, 413...) and closed the connection: its answer, not
+		// the failed write, is the exchange's result.
+		if resp := t.earlyAnswer(ctx, c, req, stop); resp != nil {
+			return resp, nil
+		}
+		return fail(c.w.err, true)
 	}
 	wrote := time.Now()
 	// The first byte alone, so that a connection closed before any answer
@@ -195,23 +218,73 @@ func (t *Transport) exchange(ctx context.Context, c *conn, req *http.Request) (*
 		}
 		return fail(err, time.Since(wrote) < win)
 	}
+	resp, err := readAnswer(c.br, req)
+	if err != nil {
+		return fail(err, false)
+	}
+	reusable := !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols
+	return t.own(c, resp, stop, reusable), nil
+}
+
+// readAnswer reads the head of req's final answer from br, skipping
+// interim ones (100 Continue, 103 Early Hints; 101 Switching Protocols
+// is final).
+func readAnswer(br *bufio.Reader, req *http.Request) (*http.Response, error) {
 	for {
-		resp, err := http.ReadResponse(c.br, req)
+		resp, err := http.ReadResponse(br, req)
 		if err != nil {
-			return fail(err, false)
+			return nil, err
 		}
 		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
-			continue // an interim answer (100 Continue, 103 Early Hints)
+			continue
 		}
-		reusable := !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols
-		if resp.Body == http.NoBody {
-			// Nothing to read: the connection is free now.
-			t.finish(c, stop, reusable)
-			return resp, nil
-		}
-		resp.Body = &body{rc: resp.Body, t: t, c: c, stop: stop, reusable: reusable}
 		return resp, nil
 	}
+}
+
+// own hands c to resp: freed now when resp has no body, else at the
+// body's end (Close before it closes c). reusable: c may carry another
+// request after it.
+func (t *Transport) own(c *conn, resp *http.Response, stop func() bool, reusable bool) *http.Response {
+	if resp.Body == http.NoBody {
+		// Nothing to read: the connection is free now.
+		t.finish(c, stop, reusable)
+		return resp
+	}
+	resp.Body = &body{rc: resp.Body, t: t, c: c, stop: stop, reusable: reusable}
+	return resp
+}
+
+// earlyAnswer reads the answer an engine sent before it read all of req
+// on c, once writing req failed: an engine may refuse a request from its
+// head alone (vLLM's --api-key check answers 401, an unknown path 404, a
+// body limit 413) and close the connection without reading the rest of
+// the body, so the write fails (broken pipe, reset) while the engine's
+// answer waits in the socket's receive buffer. net/http's Transport reads
+// answers concurrently with the write for this reason and returns such an
+// answer, not the write's error (net/http/transport.go, persistConn.
+// roundTrip and wroteRequest, Go 1.26). The answer's head must arrive
+// within earlyAnswerWait of the failure; its body is then bounded by ctx
+// like any answer's, and c is closed after it, never reused (the engine
+// did not read the whole request). nil when no answer came, ctx ended,
+// or the answer is a 408 on a reused connection (an engine announcing
+// that it closed the idle connection, not answering req: net/http's
+// Transport reads it so too, is408Message): the caller fails the
+// exchange with the write's error. On nil, c is left to the caller.
+func (t *Transport) earlyAnswer(ctx context.Context, c *conn, req *http.Request, stop func() bool) *http.Response {
+	// ctx's end sets a deadline in the past (exchange's AfterFunc); the
+	// deadline set here must not undo it: ctx is checked after each.
+	if ctx.Err() != nil || c.nc.SetReadDeadline(time.Now().Add(earlyAnswerWait)) != nil || ctx.Err() != nil {
+		return nil
+	}
+	resp, err := readAnswer(c.br, req)
+	if err != nil || (c.reused && resp.StatusCode == http.StatusRequestTimeout) {
+		return nil
+	}
+	if c.nc.SetReadDeadline(time.Time{}) != nil || ctx.Err() != nil {
+		return nil
+	}
+	return t.own(c, resp, stop, false)
 }
 
 // finish ends an exchange on c: back to the pool when c can carry another
@@ -333,7 +406,25 @@ func (t *Transport) dial(ctx context.Context, key string) (*conn, error) {
 		return nil, fmt.Errorf("upstream: %w", err)
 	}
 	t.dials.Add(1)
-	return &conn{nc: nc, key: key, p: p, br: bufio.NewReaderSize(nc, bufferSize), bw: bufio.NewWriterSize(nc, bufferSize)}, nil
+	c := &conn{nc: nc, key: key, p: p, br: bufio.NewReaderSize(nc, bufferSize), w: connWriter{nc: nc}}
+	c.bw = bufio.NewWriterSize(&c.w, bufferSize)
+	return c, nil
+}
+
+// connWriter writes to a connection and keeps its first write error, so
+// that a failed exchange tells the connection's failure from its request
+// body's.
+type connWriter struct {
+	nc  net.Conn
+	err error
+}
+
+func (w *connWriter) Write(p []byte) (int, error) {
+	n, err := w.nc.Write(p)
+	if err != nil && w.err == nil {
+		w.err = err
+	}
+	return n, err
 }
 
 // armLocked arms the sweep of idle connections unless it is armed: it
@@ -593,6 +684,14 @@ type exchangeError struct {
 // here, since the engine may have worked on it (net/http's Transport
 // likewise resends a POST only when nothing was written).
 const staleWindow = 10 * time.Millisecond
+
+// earlyAnswerWait bounds the wait for an engine's answer once writing the
+// request to it failed (earlyAnswer). An answer the engine sent before it
+// closed the connection is already in the socket's receive buffer when
+// the write fails (TCP delivers it before the close), so the wait only
+// matters for a connection still open; the bound keeps such a failure
+// from waiting for an answer that is not coming.
+const earlyAnswerWait = time.Second
 
 func (e *exchangeError) Error() string { return "upstream " + e.key + ": " + e.err.Error() }
 func (e *exchangeError) Unwrap() error { return e.err }
