@@ -88,7 +88,7 @@ func TestEPPPassThroughFlag(t *testing.T) {
 		if got, code, body := pick("/v1/embeddings", `{"model":"mock","input":"hi"}`); got != want {
 			t.Fatalf("%s: embeddings picked %q (%d %s), want %s\n%s", tc.flag, got, code, body, want, p.stderr.String())
 		}
-		got, code, body := pick("/v1/audio/transcriptions", `{"model":"mock","prompt":"say"}`)
+		got, code, body := pick("/v1/images/generations", `{"model":"mock","prompt":"say"}`)
 		var e struct{ Error struct{ Code string } }
 		switch {
 		case tc.pass && got != want:

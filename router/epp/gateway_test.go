@@ -302,11 +302,11 @@ func TestGatewayRoutesTheEngineAPI(t *testing.T) {
 			}
 		}
 		n := g.total()
-		status, got, body = do(t, "POST", base+"/v1/audio/transcriptions", `{"model":"m","prompt":"say"}`)
+		status, got, body = do(t, "POST", base+"/v1/images/generations", `{"model":"m","prompt":"say"}`)
 		if status != 404 || got == "" || string(body) != `{"detail":"Not Found"}` || g.total() != n+1 {
 			t.Errorf("%v: pass-through: %d from %q: %s; want the engine's own 404", mode, status, got, body)
 		}
-		status, got, body = do(t, "POST", base+"/v1/audio/transcriptions", `{"prompt":"say"}`)
+		status, got, body = do(t, "POST", base+"/v1/images/generations", `{"prompt":"say"}`)
 		if status != 404 || got != "" || !bytes.Contains(body, []byte(`"not_found"`)) {
 			t.Errorf("%v: pass-through without a model: %d from %q: %s; want the EPP's 404 not_found", mode, status, got, body)
 		}

@@ -205,7 +205,7 @@ func TestRouterPickerUtilitiesNotBooked(t *testing.T) {
 func TestRouterPickerPassThrough(t *testing.T) {
 	e := newRouterEnv(t, 2, "")
 	held, busy, _ := e.pick(t, t.Context(), "chat", chatOf("hold it"), nil)
-	ev, got, r := e.send(t, t.Context(), "POST", "/v1/audio/transcriptions?lang=en", "pass", `{"model":"m","prompt":"say"}`)
+	ev, got, r := e.send(t, t.Context(), "POST", "/v1/images/generations?lang=en", "pass", `{"model":"m","prompt":"say"}`)
 	if got != e.other(busy) {
 		t.Fatalf("pass-through picked %q (%v), want the idle %s", got, r, e.other(busy))
 	}
@@ -216,7 +216,7 @@ func TestRouterPickerPassThrough(t *testing.T) {
 	held.complete()
 	e.settle(t)
 	for _, tc := range []struct{ method, path, body, msg string }{
-		{"POST", "/v1/audio/transcriptions", `{"prompt":"say"}`,
+		{"POST", "/v1/images/generations", `{"prompt":"say"}`,
 			`the path is not one the router routes by its schema, and the body names no "model" to pass it through to`},
 		{"POST", "/generate", `{"model":"m"}`, "not found: no endpoint POST /generate"},
 		{"PUT", "/v1/x", `{"model":"m"}`, "not found: no endpoint PUT /v1/x"},
@@ -229,7 +229,7 @@ func TestRouterPickerPassThrough(t *testing.T) {
 	}
 
 	off := newRouterEnvPicker(t, 1, "", func(p *RouterPicker) { p.DisablePassThrough = true })
-	ev, got, r = off.send(t, t.Context(), "POST", "/v1/audio/transcriptions", "off", `{"model":"m","prompt":"say"}`)
+	ev, got, r = off.send(t, t.Context(), "POST", "/v1/images/generations", "off", `{"model":"m","prompt":"say"}`)
 	if status, body := immediateOf(t, r); got != "" || status != 404 || body["code"] != "not_found" {
 		t.Errorf("pass-through off: picked %q, %d %v; want 404 not_found", got, status, body)
 	}

@@ -28,6 +28,14 @@ const (
 	// APIOther is a path the router does not know (pass-through): the
 	// body's "model", when it names one, chooses the engines.
 	APIOther
+	// APIAudio is OpenAI's speech-to-text schemas (createTranscription,
+	// createTranslation), which vLLM serves
+	// (vllm/entrypoints/openai/speech_to_text/api_router.py: a
+	// TranscriptionRequest or TranslationRequest read as Form()): a
+	// multipart/form-data body of the audio "file" and form fields, its
+	// "model" among them; routed by load like APIPool, no prompt to key
+	// (ParsePoolBody).
+	APIAudio
 )
 
 // String names the schema as metrics and logs label it.
@@ -45,6 +53,8 @@ func (a API) String() string {
 		return "pool"
 	case APIUtility:
 		return "utility"
+	case APIAudio:
+		return "audio"
 	default:
 		return "other"
 	}
@@ -82,6 +92,9 @@ var endpoints = []Endpoint{
 	{"/rerank", APIPool},
 	{"/v1/rerank", APIPool},
 	{"/v2/rerank", APIPool},
+	// Speech to text: multipart/form-data bodies (APIAudio).
+	{"/v1/audio/transcriptions", APIAudio},
+	{"/v1/audio/translations", APIAudio},
 	{"/tokenize", APIUtility},
 	{"/detokenize", APIUtility},
 	{"/v1/tokenize", APIUtility},

@@ -162,7 +162,7 @@ func (rt *Runtime) Place(ctx context.Context, api API, header http.Header, body 
 		return Placed{start: start}, fmt.Errorf("%w: request body of %d bytes exceeds %d bytes", ErrBadRequest, len(body), rt.maxBody)
 	}
 	switch api {
-	case APIPool, APIOther:
+	case APIPool, APIOther, APIAudio:
 		return rt.placePool(ctx, api, header, body, start, opts)
 	case APIUtility:
 		return Placed{start: start}, errors.New("live: Place does not place an engine utility request, which is not booked: use PlaceUtility")
@@ -218,11 +218,13 @@ func (rt *Runtime) placeOne(ctx context.Context, req *Request, hop admission.Hop
 }
 
 // placePool is Place for a request whose body carries no prompt to key
-// (APIPool, APIOther): read by ParsePool, admitted by load among the
-// workers serving its model with its inputs' size as its prompt tokens,
-// no block hashes (serve's exchangePool does the same).
+// (APIPool, APIOther, APIAudio): read by ParsePoolBody at header's
+// Content-Type (a multipart/form-data speech-to-text or pass-through
+// body is read as a form), admitted by load among the workers serving
+// its model with its inputs' size as its prompt tokens, no block hashes
+// (serve's exchangePool does the same).
 func (rt *Runtime) placePool(ctx context.Context, api API, header http.Header, body []byte, start time.Time, opts []admission.Option) (Placed, error) {
-	pr, err := rt.ParsePool(body)
+	pr, err := rt.ParsePoolBody(api, header.Get("Content-Type"), body)
 	if err != nil {
 		return Placed{start: start}, err
 	}

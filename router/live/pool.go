@@ -53,6 +53,10 @@ var poolSizeFields = [...]string{"input", "messages", "prompt", "text_1", "text_
 // MaxBodyBytes, not JSON, nested too deeply, not an object, or a model
 // that is not a string. The model is not required here: a face refuses a
 // body that names none in its own words.
+//
+// ParsePool reads JSON whatever the body's Content-Type: ParsePoolBody
+// reads a speech-to-text or pass-through body by its Content-Type (a
+// multipart/form-data one as a form).
 func (rt *Runtime) ParsePool(body []byte) (PoolRequest, error) {
 	if int64(len(body)) > rt.maxBody {
 		return PoolRequest{}, fmt.Errorf("%w: request body of %d bytes exceeds %d bytes", ErrBadRequest, len(body), rt.maxBody)

@@ -273,7 +273,7 @@ func TestPassThrough(t *testing.T) {
 	a.gate = gate
 	done := make(chan []byte, 1)
 	go func() {
-		_, got := postJSON(t, e.url+"/v1/audio/transcriptions?x=1", `{"model":"m","prompt":"abcdefgh"}`)
+		_, got := postJSON(t, e.url+"/v1/images/generations?x=1", `{"model":"m","prompt":"abcdefgh"}`)
 		done <- got
 	}()
 	testkit.Eventually(t, "booked", func() bool { return e.workers[0].ActiveRequests() == 1 })
@@ -282,11 +282,11 @@ func TestPassThrough(t *testing.T) {
 	}
 	close(gate)
 	var ans echoed
-	if err := json.Unmarshal(<-done, &ans); err != nil || ans.Path != "/v1/audio/transcriptions?x=1" {
+	if err := json.Unmarshal(<-done, &ans); err != nil || ans.Path != "/v1/images/generations?x=1" {
 		t.Errorf("engine saw %+v (%v)", ans, err)
 	}
 	e.settle(t)
-	resp, got := postJSON(t, e.url+"/v1/audio/transcriptions", `{"prompt":"x"}`)
+	resp, got := postJSON(t, e.url+"/v1/images/generations", `{"prompt":"x"}`)
 	if resp.StatusCode != 404 || !strings.Contains(string(got), `"code":"not_found"`) || !strings.Contains(string(got), `names none`) {
 		t.Errorf("no model: %d %s", resp.StatusCode, got)
 	}
@@ -299,7 +299,7 @@ func TestPassThrough(t *testing.T) {
 	}
 	hs := httptest.NewServer(s2.Handler())
 	t.Cleanup(hs.Close)
-	resp, got = postJSON(t, hs.URL+"/v1/audio/transcriptions", `{"model":"m"}`)
+	resp, got = postJSON(t, hs.URL+"/v1/images/generations", `{"model":"m"}`)
 	if resp.StatusCode != 404 || !strings.Contains(string(got), `"code":"not_found"`) || off.requests.Load() != 0 {
 		t.Errorf("pass-through off: %d %s; engine asked %d times", resp.StatusCode, got, off.requests.Load())
 	}

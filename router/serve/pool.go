@@ -12,16 +12,19 @@ import (
 )
 
 // exchangePool runs a request whose body carries no prompt to key, its
-// body read (ex.body, ex.API): pooling and scoring (live.APIPool) and a
-// pass-through (live.APIOther) are admitted by load among the engines
-// serving the body's model, with no prefix key, booked with their
-// inputs' size (live.Runtime.ParsePool) until the answer ends, and
-// retried like generation when the engine fails before answering; an
-// engine utility (live.APIUtility) is sent to one engine without
-// admission (utility). The body is forwarded unchanged. It returns the
-// code the request is counted under.
+// body read (ex.body, ex.API): pooling and scoring (live.APIPool),
+// speech to text (live.APIAudio) and a pass-through (live.APIOther) are
+// admitted by load among the engines serving the body's model, with no
+// prefix key, booked with their inputs' size (live.Runtime.ParsePoolBody
+// at the request's Content-Type: a multipart/form-data speech-to-text or
+// pass-through body is read as a form, its "model" part naming the
+// model) until the answer ends, and retried like generation when the
+// engine fails before answering; an engine utility (live.APIUtility) is
+// sent to one engine without admission (utility). The body and its
+// Content-Type are forwarded unchanged. It returns the code the request
+// is counted under.
 func (s *Server) exchangePool(ex *exchange) int {
-	pr, err := s.rt.ParsePool(ex.body)
+	pr, err := s.rt.ParsePoolBody(ex.API, ex.r.Header.Get("Content-Type"), ex.body)
 	if err != nil {
 		s.fail(ex, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
 		return http.StatusBadRequest
