@@ -275,8 +275,8 @@ func TestGatewayMultipart(t *testing.T) {
 		for w.ActiveRequests() != 1 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
-		if got, want := w.Load(false).ActivePrefillTokens, int64((len(body)+3)/4); w.ActiveRequests() != 1 || got != want {
-			t.Errorf("%v: held transcription: %d booked, %d prefill tokens; want 1, %d (the %d-byte body at 4 characters a token)",
+		if got, want := w.Load(false).ActivePrefillTokens, int64((len(body)+live.AudioBytesPerToken-1)/live.AudioBytesPerToken); w.ActiveRequests() != 1 || got != want {
+			t.Errorf("%v: held transcription: %d booked, %d prefill tokens; want 1, %d (the %d-byte body at live.AudioBytesPerToken bytes a token)",
 				mode, w.ActiveRequests(), got, want, len(body))
 		}
 		if n := g.r.Workers("llama", shared.RoleAggregated)[0].ActiveRequests(); n != 0 {

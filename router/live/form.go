@@ -28,9 +28,9 @@ const maxBoundaryBytes = 70
 //     counts with its last value, as Starlette's FormData, which vLLM's
 //     FastAPI server reads, takes it; an empty value names no model, as
 //     FastAPI reads an empty form field as absent), and its size is the
-//     body's length in bytes at the runtime's characters per token,
-//     rounded up (the audio is not decoded: this overstates a compressed
-//     file's tokens and is the documented rule);
+//     body's length at AudioBytesPerToken bytes a token for a
+//     speech-to-text body, at the runtime's characters per token for a
+//     pass-through form, rounded up (the audio is not decoded);
 //   - a speech-to-text body (APIAudio) of any other content type is
 //     refused: vLLM reads those endpoints' bodies as forms only
 //     (vllm/entrypoints/openai/speech_to_text/api_router.py, commit
@@ -59,7 +59,11 @@ func (rt *Runtime) ParsePoolBody(api API, contentType string, body []byte) (Pool
 			return PoolRequest{}, err
 		}
 		if form {
-			return parseForm(body, boundary, rt.cpt)
+			req, err := parseForm(body, boundary, rt.cpt)
+			if err == nil && api == APIAudio {
+				req.Tokens = max((len(body)+AudioBytesPerToken-1)/AudioBytesPerToken, 1)
+			}
+			return req, err
 		}
 		if api == APIAudio {
 			ct := contentType
@@ -106,6 +110,18 @@ func clip(s string) string {
 	}
 	return s
 }
+
+// AudioBytesPerToken is the bytes of a speech-to-text request's body
+// booked as one prefill token: 640, the bytes of 16 kHz 16-bit mono PCM
+// (32,000 bytes a second, the rate Whisper-family models resample to) in
+// the 20 ms each of Whisper's encoder positions covers (1,500 positions a
+// 30 s window: Radford et al., "Robust Speech Recognition via
+// Large-Scale Weak Supervision", 2022, section 2.2). The audio is not
+// decoded, so a compressed file (MP3, Opus) is booked as fewer seconds
+// than it holds; at characters per token (4 bytes) a 1 MB file would be
+// booked as 262,144 tokens, past many engines' whole KV cache, where it
+// costs its engine a few thousand positions.
+const AudioBytesPerToken = 640
 
 var (
 	crlf     = []byte("\r\n")

@@ -133,8 +133,9 @@ var ErrNoRoute = errors.New("the path is not one the router routes by its schema
 // placeDisaggregated. A Responses request with previous_response_id is
 // admitted on the worker holding that response alone (placeFollowUp).
 //
-// A pooling or scoring request (APIPool) or a pass-through (APIOther) is
-// read by ParsePool and admitted the same way among the workers serving
+// A pooling or scoring request (APIPool), a speech-to-text one (APIAudio)
+// or a pass-through (APIOther) is read by ParsePoolBody (a form, by its
+// Content-Type header, or JSON) and admitted the same way among the workers serving
 // its body's model (a model served disaggregated only: its prefill
 // workers), with no prefix key, booked with its inputs' size
 // (PoolRequest.Tokens, also Placed.PromptTokens) until Finish; its answer

@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/switchyard-router/switchyard/internal/testkit"
+	"github.com/switchyard-router/switchyard/router/live"
 )
 
 // formEngine is an engine (httptest) that answers every POST with what
@@ -164,7 +165,7 @@ func TestMultipartRoutedByFormModel(t *testing.T) {
 		})
 	}
 	e.settle(t)
-	// Booked while held: the body's length at 4 characters a token.
+	// Booked while held: the body's length at live.AudioBytesPerToken bytes a token.
 	gate := make(chan struct{})
 	a.mu.Lock()
 	a.gate = gate
@@ -176,8 +177,8 @@ func TestMultipartRoutedByFormModel(t *testing.T) {
 		done <- status
 	}()
 	testkit.Eventually(t, "booked", func() bool { return e.workers[0].ActiveRequests() == 1 })
-	if got, want := e.workers[0].Load(false).ActivePrefillTokens, int64((len(body)+3)/4); got != want {
-		t.Errorf("prefill tokens booked = %d, want %d (the %d-byte body at 4 characters a token)", got, want, len(body))
+	if got, want := e.workers[0].Load(false).ActivePrefillTokens, int64((len(body)+live.AudioBytesPerToken-1)/live.AudioBytesPerToken); got != want {
+		t.Errorf("prefill tokens booked = %d, want %d (the %d-byte body at live.AudioBytesPerToken bytes a token)", got, want, len(body))
 	}
 	if n := e.workers[1].ActiveRequests(); n != 0 {
 		t.Errorf("%d requests booked on the worker not serving whisper", n)
