@@ -79,7 +79,16 @@ func (b *responseBindings) put(id, model string, w *fleet.Worker) {
 
 // get returns id's binding, refreshed; false when none is kept or it
 // expired (then it is forgotten).
-func (b *responseBindings) get(id string) (responseBinding, bool) {
+func (b *responseBindings) get(id string) (responseBinding, bool) { return b.lookup(id, true) }
+
+// peek returns id's binding when kept and not expired, without
+// refreshing it.
+func (b *responseBindings) peek(id string) (responseBinding, bool) { return b.lookup(id, false) }
+
+// lookup returns id's binding when kept and not expired (an expired one
+// is forgotten); with refresh, its time is now and it is the most
+// recently used.
+func (b *responseBindings) lookup(id string, refresh bool) (responseBinding, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	e, ok := b.byID[id]
@@ -92,23 +101,9 @@ func (b *responseBindings) get(id string) (responseBinding, bool) {
 		b.removeLocked(e)
 		return responseBinding{}, false
 	}
-	rb.at = now
-	b.order.MoveToFront(e)
-	return *rb, true
-}
-
-// peek returns id's binding when kept and not expired, without
-// refreshing it.
-func (b *responseBindings) peek(id string) (responseBinding, bool) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	e, ok := b.byID[id]
-	if !ok {
-		return responseBinding{}, false
-	}
-	rb := e.Value.(*responseBinding)
-	if b.now().Sub(rb.at) > b.ttl {
-		return responseBinding{}, false
+	if refresh {
+		rb.at = now
+		b.order.MoveToFront(e)
 	}
 	return *rb, true
 }
