@@ -10,23 +10,17 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/switchyard-router/switchyard/internal/envoysim"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/epp"
 	"github.com/switchyard-router/switchyard/router/live"
-	"github.com/switchyard-router/switchyard/router/loader"
-	"github.com/switchyard-router/switchyard/router/mockworker"
-	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -43,85 +37,46 @@ type gateway struct {
 
 func newGateway(t *testing.T, n int) *gateway {
 	t.Helper()
-	g := &gateway{urls: map[envoysim.Mode]string{}, posts: map[string][]string{}}
-	var policy strings.Builder
-	policy.WriteString(`router {
-  block_size = 16
+	g := &gateway{posts: map[string][]string{}}
+	models := make([]string, n)
+	for i := range models {
+		models[i] = "m"
+	}
+	f := epp.NewFleet(t, epp.FleetOptions{
+		Models: models,
+		Wrap: func(ep, _ string, m http.Handler) http.Handler {
+			g.engines = append(g.engines, ep)
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path != "/metrics" && r.URL.Path != "/v1/models" && r.URL.Path != "/health" {
+					g.mu.Lock()
+					g.posts[ep] = append(g.posts[ep], r.Method+" "+r.URL.RequestURI())
+					g.mu.Unlock()
+				}
+				m.ServeHTTP(w, r)
+			})
+		},
+		SetPicker: func(p *epp.RouterPicker) { p.Fallbacks = 1 },
+	})
+	g.r = f.Router
+	g.urls = serveGateway(t, f)
+	return g
 }
 
-policy "kv" {
-  scorer "cost" {
-    type = "kv-cost"
-  }
-  picker "pick" {
-    type        = "min-cost"
-    temperature = 0
-  }
-}
-
-worker_selection {
-  aggregated = "kv"
-}
-`)
-	for i := range n {
-		m, err := mockworker.New(mockworker.Config{Speedup: 50, BlockTokens: 16, Model: "m"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		var ep string
-		hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.URL.Path != "/metrics" && r.URL.Path != "/v1/models" && r.URL.Path != "/health" {
-				g.mu.Lock()
-				g.posts[ep] = append(g.posts[ep], r.Method+" "+r.URL.RequestURI())
-				g.mu.Unlock()
-			}
-			m.ServeHTTP(w, r)
-		}))
-		t.Cleanup(func() { hs.CloseClientConnections(); hs.Close(); m.Close() })
-		ep = strings.TrimPrefix(hs.URL, "http://")
-		g.engines = append(g.engines, ep)
-		fmt.Fprintf(&policy, "\nworker \"w%d\" {\n  url = %q\n  models = [\"m\"]\n  total_kv_blocks = 1000\n}\n", i, hs.URL)
-	}
-	path := filepath.Join(t.TempDir(), "policy.hcl")
-	if err := os.WriteFile(path, []byte(policy.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, diags := loader.LoadBundle(context.Background(), path, loader.LoadOptions{})
-	if diags.HasErrors() {
-		t.Fatal(diags)
-	}
-	r, err := router.New(router.Options{Bundle: b.Bundle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(context.Background()) })
-	g.r = r
-	mgr, err := workers.NewManager(r, workers.Options{ScrapeInterval: 250 * time.Millisecond, BlockSize: r.BlockSize()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mgr.Close)
-	if err := mgr.Sync(b.Workers()); err != nil {
-		t.Fatal(err)
-	}
-	rt, err := live.New(live.Options{Router: r, Queue: b.Queue(), Workers: mgr, DispatchInterval: 5 * time.Millisecond, Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); rt.Dispatcher(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; rt.Close() })
-
+// serveGateway serves f's EPP (its Picker) on a real gRPC listener and
+// the Envoy stand-in in front of it in both body modes; it returns the
+// stand-in's URL for each mode.
+func serveGateway(t *testing.T, f *epp.Fleet) map[envoysim.Mode]string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	gs := grpc.NewServer(epp.GRPCServerOptions(live.DefaultMaxBodyBytes)...)
-	epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Runtime: rt, Fallbacks: 1}})
+	epp.Register(gs, &epp.Server{Picker: f.Picker})
 	served := make(chan struct{})
 	go func() { defer close(served); _ = gs.Serve(ln) }()
 	t.Cleanup(func() { gs.Stop(); <-served })
+	urls := map[envoysim.Mode]string{}
 	for _, mode := range []envoysim.Mode{envoysim.Buffered, envoysim.FullDuplex} {
 		p, err := envoysim.New(envoysim.Config{EPP: ln.Addr().String(), Mode: mode})
 		if err != nil {
@@ -129,16 +84,9 @@ worker_selection {
 		}
 		hs := httptest.NewServer(p)
 		t.Cleanup(func() { hs.CloseClientConnections(); hs.Close(); _ = p.Close() })
-		g.urls[mode] = hs.URL
+		urls[mode] = hs.URL
 	}
-	deadline := time.Now().Add(time.Minute)
-	for len(r.Workers("m", shared.RoleAggregated)) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("workers not ready after a minute: %+v", mgr.Status())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return g
+	return urls
 }
 
 // sent returns how many requests the engine at ep was sent.
@@ -160,11 +108,20 @@ func (g *gateway) total() int {
 // settle waits until no worker has a booking.
 func (g *gateway) settle(t *testing.T) {
 	t.Helper()
+	settle(t, g.r, "m")
+}
+
+// settle waits until no worker of the models has a booking; it fails t
+// when some still have after a minute.
+func settle(t *testing.T, r *router.Router, models ...string) {
+	t.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for {
 		var n int64
-		for _, w := range g.r.Workers("m", shared.RoleAggregated) {
-			n += w.ActiveRequests()
+		for _, model := range models {
+			for _, w := range r.Workers(model, shared.RoleAggregated) {
+				n += w.ActiveRequests()
+			}
 		}
 		if n == 0 {
 			return
@@ -184,11 +141,19 @@ func do(t *testing.T, method, url, body string) (int, string, []byte) {
 	if body != "" {
 		rd = strings.NewReader(body)
 	}
-	req, err := http.NewRequest(method, url, rd)
+	return send(t, context.Background(), method, url, "application/json", rd)
+}
+
+// send sends one request with Content-Type ct through the gateway and
+// returns its status, the endpoint that served it ("" when the EPP
+// answered it) and its body.
+func send(t *testing.T, ctx context.Context, method, url, ct string, body io.Reader) (int, string, []byte) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, method, url, body)
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", ct)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)

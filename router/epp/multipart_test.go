@@ -6,29 +6,18 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"fmt"
 	"io"
 	"mime/multipart"
-	"net"
 	"net/http"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc"
-
 	"github.com/switchyard-router/switchyard/internal/envoysim"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/epp"
 	"github.com/switchyard-router/switchyard/router/live"
-	"github.com/switchyard-router/switchyard/router/loader"
-	"github.com/switchyard-router/switchyard/router/mockworker"
-	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -55,119 +44,41 @@ type formReply struct {
 
 func newFormGateway(t *testing.T) *formGateway {
 	t.Helper()
-	g := &formGateway{urls: map[envoysim.Mode]string{}}
-	var policy strings.Builder
-	policy.WriteString(`router {
-  block_size = 16
-}
-
-policy "kv" {
-  scorer "cost" {
-    type = "kv-cost"
-  }
-  picker "pick" {
-    type        = "min-cost"
-    temperature = 0
-  }
-}
-
-worker_selection {
-  aggregated = "kv"
-}
-`)
-	models := []string{"whisper", "llama"}
-	for i, model := range models {
-		m, err := mockworker.New(mockworker.Config{Speedup: 50, BlockTokens: 16, Model: model})
-		if err != nil {
-			t.Fatal(err)
-		}
-		hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.Method != http.MethodPost || !strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/v1/chat/") {
-				m.ServeHTTP(w, r)
-				return
-			}
-			body, _ := io.ReadAll(r.Body)
-			g.mu.Lock()
-			g.got++
-			gate := g.gate
-			g.mu.Unlock()
-			if gate != nil {
-				select {
-				case <-gate:
-				case <-r.Context().Done():
+	g := &formGateway{}
+	f := epp.NewFleet(t, epp.FleetOptions{
+		Models:   []string{"whisper", "llama"},
+		KVBlocks: 100000,
+		Wrap: func(_, model string, m http.Handler) http.Handler {
+			return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Method != http.MethodPost || !strings.HasPrefix(r.URL.Path, "/v1/") || strings.HasPrefix(r.URL.Path, "/v1/chat/") {
+					m.ServeHTTP(w, r)
 					return
 				}
-			}
-			sum := sha256.Sum256(body)
-			ans := formReply{Engine: model, Path: r.URL.RequestURI(), ContentType: r.Header.Get("Content-Type"), SHA: hex.EncodeToString(sum[:]), Length: len(body)}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			if r.ParseMultipartForm(1<<20) == nil {
-				ans.Model = r.FormValue("model")
-			}
-			w.Header().Set("Content-Type", "application/json")
-			_ = json.NewEncoder(w).Encode(ans)
-		}))
-		t.Cleanup(func() { hs.CloseClientConnections(); hs.Close(); m.Close() })
-		fmt.Fprintf(&policy, "\nworker \"w%d\" {\n  url = %q\n  models = [%q]\n  total_kv_blocks = 100000\n}\n", i, hs.URL, model)
-	}
-	path := filepath.Join(t.TempDir(), "policy.hcl")
-	if err := os.WriteFile(path, []byte(policy.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, diags := loader.LoadBundle(context.Background(), path, loader.LoadOptions{})
-	if diags.HasErrors() {
-		t.Fatal(diags)
-	}
-	r, err := router.New(router.Options{Bundle: b.Bundle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(context.Background()) })
-	g.r = r
-	mgr, err := workers.NewManager(r, workers.Options{ScrapeInterval: 250 * time.Millisecond, BlockSize: r.BlockSize()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mgr.Close)
-	if err := mgr.Sync(b.Workers()); err != nil {
-		t.Fatal(err)
-	}
-	rt, err := live.New(live.Options{Router: r, Queue: b.Queue(), Workers: mgr, DispatchInterval: 5 * time.Millisecond, Registry: prometheus.NewRegistry()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); rt.Dispatcher(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; rt.Close() })
-
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer(epp.GRPCServerOptions(live.DefaultMaxBodyBytes)...)
-	epp.Register(gs, &epp.Server{Picker: &epp.RouterPicker{Runtime: rt}})
-	served := make(chan struct{})
-	go func() { defer close(served); _ = gs.Serve(ln) }()
-	t.Cleanup(func() { gs.Stop(); <-served })
-	for _, mode := range []envoysim.Mode{envoysim.Buffered, envoysim.FullDuplex} {
-		p, err := envoysim.New(envoysim.Config{EPP: ln.Addr().String(), Mode: mode})
-		if err != nil {
-			t.Fatal(err)
-		}
-		hs := httptest.NewServer(p)
-		t.Cleanup(func() { hs.CloseClientConnections(); hs.Close(); _ = p.Close() })
-		g.urls[mode] = hs.URL
-	}
-	deadline := time.Now().Add(time.Minute)
-	for _, model := range models {
-		for len(r.Workers(model, shared.RoleAggregated)) < 1 {
-			if time.Now().After(deadline) {
-				t.Fatalf("workers not ready after a minute: %+v", mgr.Status())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-	}
+				body, _ := io.ReadAll(r.Body)
+				g.mu.Lock()
+				g.got++
+				gate := g.gate
+				g.mu.Unlock()
+				if gate != nil {
+					select {
+					case <-gate:
+					case <-r.Context().Done():
+						return
+					}
+				}
+				sum := sha256.Sum256(body)
+				ans := formReply{Engine: model, Path: r.URL.RequestURI(), ContentType: r.Header.Get("Content-Type"), SHA: hex.EncodeToString(sum[:]), Length: len(body)}
+				r.Body = io.NopCloser(bytes.NewReader(body))
+				if r.ParseMultipartForm(1<<20) == nil {
+					ans.Model = r.FormValue("model")
+				}
+				w.Header().Set("Content-Type", "application/json")
+				_ = json.NewEncoder(w).Encode(ans)
+			})
+		},
+	})
+	g.r = f.Router
+	g.urls = serveGateway(t, f)
 	return g
 }
 
@@ -206,21 +117,7 @@ func speechForm(t *testing.T, size int, fields ...string) ([]byte, string) {
 // and the answer.
 func sendForm(t *testing.T, ctx context.Context, url, ct string, body []byte) (int, string, []byte) {
 	t.Helper()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", ct)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, resp.Header.Get(envoysim.UpstreamHeader), b
+	return send(t, ctx, http.MethodPost, url, ct, bytes.NewReader(body))
 }
 
 // TestGatewayMultipart: through the Envoy stand-in and the EPP, in both
@@ -333,20 +230,5 @@ func TestGatewayMultipart(t *testing.T) {
 // settle waits until no worker has a booking.
 func (g *formGateway) settle(t *testing.T) {
 	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for {
-		var n int64
-		for _, model := range []string{"whisper", "llama"} {
-			for _, w := range g.r.Workers(model, shared.RoleAggregated) {
-				n += w.ActiveRequests()
-			}
-		}
-		if n == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d bookings a minute later, want none", n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	settle(t, g.r, "whisper", "llama")
 }

@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,41 +18,9 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/live"
-	"github.com/switchyard-router/switchyard/router/loader"
-	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
-
-// kvPolicy is a KV-aware policy file (kv-cost scored, the cheapest picked,
-// no randomness) over block_size 16, with queue (a queue block or "")
-// and a worker block for each URL, named w0, w1, ...
-func kvPolicy(queue string, urls ...string) string {
-	var sb strings.Builder
-	sb.WriteString(`router {
-  block_size = 16
-}
-
-policy "kv" {
-  scorer "cost" {
-    type = "kv-cost"
-  }
-  picker "pick" {
-    type        = "min-cost"
-    temperature = 0
-  }
-}
-
-worker_selection {
-  aggregated = "kv"
-}
-`)
-	sb.WriteString(queue)
-	for i, u := range urls {
-		fmt.Fprintf(&sb, "\nworker \"w%d\" {\n  url             = %q\n  models          = [\"m\"]\n  total_kv_blocks = 1000\n}\n", i, u)
-	}
-	return sb.String()
-}
 
 // routerEnv is a live.Runtime over a Router loaded from a policy file
 // whose worker blocks a workers.Manager probes (mock engines on loopback),
@@ -85,62 +50,14 @@ func newRouterEnvWith(t *testing.T, n int, queue string, fallbacks int) *routerE
 // newRouterEnvPicker is newRouterEnv with a RouterPicker set up by set.
 func newRouterEnvPicker(t *testing.T, n int, queue string, set func(*RouterPicker)) *routerEnv {
 	t.Helper()
-	var urls []string
-	for range n {
-		m, err := mockworker.New(mockworker.Config{Speedup: 50, BlockTokens: 16})
-		if err != nil {
-			t.Fatal(err)
-		}
-		hs := httptest.NewServer(m)
-		t.Cleanup(func() { hs.Close(); m.Close() })
-		urls = append(urls, hs.URL)
-	}
-	path := filepath.Join(t.TempDir(), "policy.hcl")
-	if err := os.WriteFile(path, []byte(kvPolicy(queue, urls...)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	b, diags := loader.LoadBundle(context.Background(), path, loader.LoadOptions{})
-	if diags.HasErrors() {
-		t.Fatal(diags)
-	}
-	r, err := router.New(router.Options{Bundle: b.Bundle})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(context.Background()) })
-	mgr, err := workers.NewManager(r, workers.Options{ScrapeInterval: 250 * time.Millisecond, BlockSize: r.BlockSize()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mgr.Close)
-	if err := mgr.Sync(b.Workers()); err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	s, err := live.New(live.Options{Router: r, Queue: b.Queue(), Workers: mgr, DispatchInterval: 5 * time.Millisecond, Registry: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); s.Dispatcher(ctx) }()
-	t.Cleanup(func() { cancel(); <-done; s.Close() })
-	picker := &RouterPicker{Runtime: s}
-	set(picker)
-	e := &routerEnv{rt: s, r: r, mgr: mgr, reg: reg, specs: b.Workers(), client: startServer(t, &Server{Picker: picker})}
-	for _, u := range urls {
+	f := NewFleet(t, FleetOptions{Engines: n, Queue: queue, SetPicker: set})
+	e := &routerEnv{rt: f.Runtime, r: f.Router, mgr: f.Manager, reg: f.Registry, specs: f.Specs, client: startServer(t, &Server{Picker: f.Picker})}
+	for _, u := range f.URLs {
 		ep, err := Endpoint(u)
 		if err != nil {
 			t.Fatal(err)
 		}
 		e.eps = append(e.eps, ep)
-	}
-	deadline := time.Now().Add(time.Minute)
-	for len(r.Workers("m", shared.RoleAggregated)) < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("workers not ready after a minute: %+v", mgr.Status())
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 	return e
 }
