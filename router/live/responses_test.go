@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -171,5 +173,26 @@ func TestResponseHolderDown(t *testing.T) {
 		if !errors.As(err, &nf) || nf.ID != "resp_1" || errors.Is(err, shared.ErrNoWorkers) {
 			t.Errorf("holder gone: %v; want ResponseNotFoundError", err)
 		}
+	}
+}
+
+// TestResponseBindingsGauge: switchyard_response_bindings counts the
+// bindings the runtime holds.
+func TestResponseBindingsGauge(t *testing.T) {
+	e := newEnv(t, envOptions{}, backend{name: "w1"}, backend{name: "w2"})
+	ws := e.r.Workers("m", shared.RoleAggregated)
+	for i, id := range []string{"resp_a", "resp_b", "resp_c"} {
+		e.rt.BindResponse("m", id, ws[i%2])
+	}
+	e.rt.BindResponse("m", "resp_a", ws[1]) // rebound: still one
+	if n, err := testutil.GatherAndCount(e.reg, "switchyard_response_bindings"); err != nil || n != 1 {
+		t.Fatalf("%d series (%v), want 1", n, err)
+	}
+	if err := testutil.GatherAndCompare(e.reg, strings.NewReader(`
+# HELP switchyard_response_bindings Responses API ids this router binds to the worker holding them (previous_response_id follow-ups), at most DefaultMaxResponses; expired ones count until looked up or pushed out.
+# TYPE switchyard_response_bindings gauge
+switchyard_response_bindings 3
+`), "switchyard_response_bindings"); err != nil {
+		t.Error(err)
 	}
 }

@@ -1,6 +1,7 @@
 package live
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -9,8 +10,6 @@ import (
 	"strconv"
 	"sync/atomic"
 	"time"
-
-	"context"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -228,6 +227,13 @@ func New(o Options) (*Runtime, error) {
 	}
 	if o.Registry != nil {
 		if rt.met, err = newMetrics(o.Registry, rt.adm); err != nil {
+			return nil, fmt.Errorf("live: metrics: %w", err)
+		}
+		held := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "switchyard_response_bindings",
+			Help: "Responses API ids this router binds to the worker holding them (previous_response_id follow-ups), at most DefaultMaxResponses; expired ones count until looked up or pushed out.",
+		}, func() float64 { return float64(rt.responses.len()) })
+		if err := o.Registry.Register(held); err != nil {
 			return nil, fmt.Errorf("live: metrics: %w", err)
 		}
 	}
