@@ -252,6 +252,25 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// runInputs runs rq's inputs (poolPrompts, then runPool) and returns
+// their results; false when it answered an error.
+func (s *Server) runInputs(w http.ResponseWriter, r *http.Request, rq *poolRequest) ([]pooled, bool) {
+	prompts, aerr := s.poolPrompts(r, rq)
+	if aerr != nil {
+		writeError(w, aerr)
+		return nil, false
+	}
+	return s.runPool(w, r, rq.model(s), prompts)
+}
+
+// writePoolList answers a pooling request with vLLM's list envelope:
+// {"id": prefix+random, "object": "list", "created", "model", "data",
+// "usage"}.
+func (s *Server) writePoolList(w http.ResponseWriter, prefix string, rq *poolRequest, data []map[string]any, runs []pooled) {
+	writeJSON(w, map[string]any{"id": randomID(prefix), "object": "list", "created": time.Now().Unix(),
+		"model": rq.model(s), "data": data, "usage": poolUsage(runs)})
+}
+
 // handleEmbeddings serves POST /v1/embeddings as vLLM's embedding serving
 // does: {"id": "embd-...", "object": "list", "created", "model", "data":
 // [{"index", "object": "embedding", "embedding"}], "usage"}; the
@@ -280,12 +299,7 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 			msg: fmt.Sprintf("Model %q does not support matryoshka representation, changing output dimensions will lead to poor results.", s.model)})
 		return
 	}
-	prompts, aerr := s.poolPrompts(r, rq)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	runs, ok := s.runPool(w, r, rq.model(s), prompts)
+	runs, ok := s.runInputs(w, r, rq)
 	if !ok {
 		return
 	}
@@ -301,8 +315,7 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		}
 		data[i] = map[string]any{"index": i, "object": "embedding", "embedding": emb}
 	}
-	writeJSON(w, map[string]any{"id": randomID("embd-"), "object": "list", "created": time.Now().Unix(),
-		"model": rq.model(s), "data": data, "usage": poolUsage(runs)})
+	s.writePoolList(w, "embd-", rq, data, runs)
 }
 
 // handlePooling serves POST /pooling: data [{"index", "object":
@@ -312,12 +325,7 @@ func (s *Server) handlePooling(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	prompts, aerr := s.poolPrompts(r, rq)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	runs, ok := s.runPool(w, r, rq.model(s), prompts)
+	runs, ok := s.runInputs(w, r, rq)
 	if !ok {
 		return
 	}
@@ -325,8 +333,7 @@ func (s *Server) handlePooling(w http.ResponseWriter, r *http.Request) {
 	for i, p := range runs {
 		data[i] = map[string]any{"index": i, "object": "pooling", "data": p.vec}
 	}
-	writeJSON(w, map[string]any{"id": randomID("pool-"), "object": "list", "created": time.Now().Unix(),
-		"model": rq.model(s), "data": data, "usage": poolUsage(runs)})
+	s.writePoolList(w, "pool-", rq, data, runs)
 }
 
 // handleClassify serves POST /classify (SGLang: /v1/classify): data
@@ -339,12 +346,7 @@ func (s *Server) handleClassify(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	prompts, aerr := s.poolPrompts(r, rq)
-	if aerr != nil {
-		writeError(w, aerr)
-		return
-	}
-	runs, ok := s.runPool(w, r, rq.model(s), prompts)
+	runs, ok := s.runInputs(w, r, rq)
 	if !ok {
 		return
 	}
@@ -358,8 +360,7 @@ func (s *Server) handleClassify(w http.ResponseWriter, r *http.Request) {
 		}
 		data[i] = map[string]any{"index": i, "label": label, "probs": probs, "num_classes": 2}
 	}
-	writeJSON(w, map[string]any{"id": randomID("classify-"), "object": "list", "created": time.Now().Unix(),
-		"model": rq.model(s), "data": data, "usage": poolUsage(runs)})
+	s.writePoolList(w, "classify-", rq, data, runs)
 }
 
 // scorePairs pairs the two sides of a score request as vLLM does: one
