@@ -101,6 +101,13 @@ func anthropicTools(tools []json.RawMessage) string {
 		}
 		b.WriteString("}}")
 	}
+	return closeTools(&b)
+}
+
+// closeTools ends a tools array written into b ("[" and its entries,
+// nothing for none) and returns it compacted; "" for no entries or
+// invalid JSON.
+func closeTools(b *bytes.Buffer) string {
 	if b.Len() == 0 {
 		return ""
 	}

@@ -462,15 +462,7 @@ func responsesTools(raw json.RawMessage) string {
 		}
 		b.WriteString("}}")
 	}
-	if b.Len() == 0 {
-		return ""
-	}
-	b.WriteByte(']')
-	var c bytes.Buffer
-	if json.Compact(&c, b.Bytes()) != nil {
-		return ""
-	}
-	return c.String()
+	return closeTools(&b)
 }
 
 // objectMembers returns the keys and raw values of the JSON object raw,
