@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
-	"mime/multipart"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,6 +14,7 @@ import (
 	"time"
 
 	"github.com/switchyard-router/switchyard/internal/envoysim"
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/epp"
 	"github.com/switchyard-router/switchyard/router/live"
@@ -82,36 +82,6 @@ func newFormGateway(t *testing.T) *formGateway {
 	return g
 }
 
-// speechForm builds a speech-to-text form as curl -F and the OpenAI SDKs
-// send it: name, value pairs, "@file" a file part of size bytes of
-// audio-like data (CRLFs and dashes among them). It returns the body and
-// its Content-Type.
-func speechForm(t *testing.T, size int, fields ...string) ([]byte, string) {
-	t.Helper()
-	var b bytes.Buffer
-	w := multipart.NewWriter(&b)
-	for i := 0; i+1 < len(fields); i += 2 {
-		if fields[i] == "@file" {
-			pw, err := w.CreateFormFile("file", "a.wav")
-			if err != nil {
-				t.Fatal(err)
-			}
-			chunk := []byte("RIFF\x00\x01\r\n--\r\n")
-			for n := 0; n < size; n += len(chunk) {
-				_, _ = pw.Write(chunk[:min(len(chunk), size-n)])
-			}
-			continue
-		}
-		if err := w.WriteField(fields[i], fields[i+1]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes(), w.FormDataContentType()
-}
-
 // sendForm posts body with Content-Type ct through the gateway at url;
 // it returns the status, the engine that answered ("" when the EPP did)
 // and the answer.
@@ -141,7 +111,7 @@ func TestGatewayMultipart(t *testing.T) {
 			{"/v1/audio/translations?x=1", "llama", 64 << 10, []string{"model", "llama", "@file", ""}},
 			{"/v1/uploads/audio", "llama", 1 << 10, []string{"purpose", "x", "@file", "", "model", "llama"}},
 		} {
-			body, ct := speechForm(t, tc.size, tc.fields...)
+			body, ct := testkit.SpeechForm(t, tc.size, tc.fields...)
 			status, at, got := sendForm(t, t.Context(), base+tc.path, ct, body)
 			var ans formReply
 			if err := json.Unmarshal(got, &ans); err != nil || status != 200 || at == "" {
@@ -161,7 +131,7 @@ func TestGatewayMultipart(t *testing.T) {
 		gate := make(chan struct{})
 		g.gate = gate
 		g.mu.Unlock()
-		body, ct := speechForm(t, 256<<10, "@file", "", "model", "whisper")
+		body, ct := testkit.SpeechForm(t, 256<<10, "@file", "", "model", "whisper")
 		done := make(chan int, 1)
 		go func() {
 			status, _, _ := sendForm(t, context.Background(), base+"/v1/audio/transcriptions", ct, body)
@@ -189,9 +159,9 @@ func TestGatewayMultipart(t *testing.T) {
 		g.settle(t)
 
 		// Malformed: the EPP answers, no engine asked.
-		good, goodCT := speechForm(t, 1<<10, "model", "whisper", "@file", "")
-		noModel, noModelCT := speechForm(t, 1<<10, "language", "en", "@file", "")
-		cut, cutCT := speechForm(t, 1<<20, "@file", "", "model", "whisper")
+		good, goodCT := testkit.SpeechForm(t, 1<<10, "model", "whisper", "@file", "")
+		noModel, noModelCT := testkit.SpeechForm(t, 1<<10, "language", "en", "@file", "")
+		cut, cutCT := testkit.SpeechForm(t, 1<<20, "@file", "", "model", "whisper")
 		cut = cut[:len(cut)-10]
 		g.mu.Lock()
 		before := g.got

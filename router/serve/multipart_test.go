@@ -7,7 +7,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
-	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -71,36 +70,6 @@ func (e *formEngine) requests() int {
 	return e.got
 }
 
-// audioForm builds a speech-to-text form as curl -F and the OpenAI SDKs
-// send it: fields are name, value pairs, "@file" a file part of size
-// bytes of audio-like data (CRLFs and dashes among them). It returns the
-// body and its Content-Type.
-func audioForm(t *testing.T, size int, fields ...string) ([]byte, string) {
-	t.Helper()
-	var b bytes.Buffer
-	w := multipart.NewWriter(&b)
-	for i := 0; i+1 < len(fields); i += 2 {
-		if fields[i] == "@file" {
-			pw, err := w.CreateFormFile("file", "a.wav")
-			if err != nil {
-				t.Fatal(err)
-			}
-			chunk := []byte("RIFF\x00\x01\r\n--\r\n")
-			for n := 0; n < size; n += len(chunk) {
-				_, _ = pw.Write(chunk[:min(len(chunk), size-n)])
-			}
-			continue
-		}
-		if err := w.WriteField(fields[i], fields[i+1]); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := w.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return b.Bytes(), w.FormDataContentType()
-}
-
 // postForm posts body with Content-Type ct and returns the status and
 // the answer.
 func postForm(t *testing.T, ctx context.Context, url, ct string, body []byte) (int, []byte, http.Header) {
@@ -146,7 +115,7 @@ func TestMultipartRoutedByFormModel(t *testing.T) {
 		{"pass-through of an unknown path", "/v1/uploads/audio", "b", 1 << 10, []string{"purpose", "x", "model", "llama", "@file", ""}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			body, ct := audioForm(t, tt.size, tt.fields...)
+			body, ct := testkit.SpeechForm(t, tt.size, tt.fields...)
 			status, got, hdr := postForm(t, context.Background(), e.url+tt.path, ct, body)
 			var ans formEcho
 			if err := json.Unmarshal(got, &ans); err != nil || status != 200 {
@@ -170,7 +139,7 @@ func TestMultipartRoutedByFormModel(t *testing.T) {
 	a.mu.Lock()
 	a.gate = gate
 	a.mu.Unlock()
-	body, ct := audioForm(t, 100<<10, "@file", "", "model", "whisper")
+	body, ct := testkit.SpeechForm(t, 100<<10, "@file", "", "model", "whisper")
 	done := make(chan int, 1)
 	go func() {
 		status, _, _ := postForm(t, context.Background(), e.url+"/v1/audio/transcriptions", ct, body)
@@ -201,10 +170,10 @@ func TestMultipartRoutedByFormModel(t *testing.T) {
 func TestMultipartErrors(t *testing.T) {
 	a := newFormEngine(t, "a")
 	e := newEnv(t, envOptions{}, backend{name: "a", url: a.URL, models: []string{"whisper"}})
-	good, goodCT := audioForm(t, 1<<10, "model", "whisper", "@file", "")
-	noModel, noModelCT := audioForm(t, 1<<10, "language", "en", "@file", "")
+	good, goodCT := testkit.SpeechForm(t, 1<<10, "model", "whisper", "@file", "")
+	noModel, noModelCT := testkit.SpeechForm(t, 1<<10, "language", "en", "@file", "")
 	bd := goodCT[strings.Index(goodCT, "boundary=")+len("boundary="):]
-	cut, cutCT := audioForm(t, 2<<20, "@file", "", "model", "whisper")
+	cut, cutCT := testkit.SpeechForm(t, 2<<20, "@file", "", "model", "whisper")
 	cut = cut[:len(cut)-len(bd)-8] // the closing delimiter and the model part's end lost
 	for _, tt := range []struct {
 		name, path, ct string
