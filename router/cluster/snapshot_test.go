@@ -389,7 +389,18 @@ func TestWarmStart(t *testing.T) {
 	if err := a.rep.writeSnapshot(ctx, obs); err != nil {
 		t.Fatal(err)
 	}
-	snapSeq := a.rep.deltaSeq.Load()
+	// The sequence the snapshot recorded, read back from the store: a's
+	// counter may move on between the write and this line (a delta
+	// published under load), and b resumes from what the snapshot says.
+	data, err := readSnapshot(ctx, obs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	written, err := decodeSnapshot(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snapSeq := written.DeltasSeq
 	h2 := admitPrompt(t, a, "after", 500)
 	w2 := h2.Decision().Worker.Name
 	h2.End(admission.Completed(1))
