@@ -294,9 +294,10 @@ func TestReplayNodeExample(t *testing.T) {
 // --test`): what `router plugins check` leaves unchecked (section 9 of
 // docs/plugin-protocol.md, "Not checked"), namely a task whose deadline
 // passed answered with an error, a DecideBatch and an answer over gRPC's
-// 4 MiB default limits, results split at the 64 MiB limit, and that
-// Shutdown and SIGTERM end the process leaving the router's socket
-// directory (and anything else it did not create) in place.
+// 4 MiB default limits, results split at the 64 MiB limit, Classify and
+// Events (undeclared) answering UNIMPLEMENTED, and that Shutdown and
+// SIGTERM end the process leaving the router's socket directory (and
+// anything else it did not create) in place.
 func TestNodeExampleUnitTests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs node as a process")
@@ -310,7 +311,7 @@ func TestNodeExampleUnitTests(t *testing.T) {
 	if err != nil {
 		t.Fatalf("node --test examples/node-plugin/: %v\n%s", err, out)
 	}
-	for _, want := range []string{"# pass 7\n", "# fail 0\n"} {
+	for _, want := range []string{"# pass 8\n", "# fail 0\n"} {
 		if !bytes.Contains(out, []byte(want)) {
 			t.Errorf("node --test output lacks %q:\n%s", want, out)
 		}

@@ -356,7 +356,7 @@ function unimplemented(what) {
   return (call, callback) => {
     const err = { code: grpc.status.UNIMPLEMENTED, details: `${what}: this plugin declares no ${what === 'Classify' ? 'classifier' : 'event listener'}` };
     if (callback) callback(err);
-    else call.destroy(Object.assign(new Error(err.details), err));
+    else call.emit('error', err); // grpc-js ends a server stream with the error's status
   };
 }
 

@@ -109,6 +109,7 @@ function clients(addr) {
   const def = protoLoader.loadSync([
     path.join(__dirname, '../../shared/pluginproto/switchyard/plugin/v1/plugin.proto'),
     path.join(__dirname, '../../sdk/python/proto/grpc_controller.proto'),
+    path.join(__dirname, '../../sdk/python/proto/health.proto'),
   ], { keepCase: true, longs: String, enums: String, defaults: true, oneofs: true });
   const p = grpc.loadPackageDefinition(def);
   const opts = { 'grpc.max_receive_message_length': plugin.MAX_MESSAGE_BYTES, 'grpc.max_send_message_length': plugin.MAX_MESSAGE_BYTES };
@@ -116,6 +117,7 @@ function clients(addr) {
   return {
     plugin: new p.switchyard.plugin.v1.Plugin(`unix:${addr}`, creds, opts),
     controller: new p.plugin.GRPCController(`unix:${addr}`, creds, opts),
+    health: new p.grpc.health.v1.Health(`unix:${addr}`, creds, opts),
   };
 }
 
@@ -163,7 +165,33 @@ test('a 5.6 MB DecideBatch is read and its 4.5 MB answer sent (over gRPC\'s 4 Mi
   } finally {
     c.plugin.close();
     c.controller.close();
+    c.health.close();
     p.child.kill('SIGKILL');
+    fs.rmSync(p.dir, { recursive: true, force: true });
+  }
+});
+
+test('health answers SERVING for "plugin"; Classify and Events, not declared, answer UNIMPLEMENTED', async () => {
+  const p = await start();
+  const c = clients(p.addr);
+  try {
+    const h = await new Promise((resolve, reject) => c.health.Check({ service: 'plugin' }, (err, res) => (err ? reject(err) : resolve(res))));
+    assert.equal(h.status, 'SERVING');
+    const cl = await new Promise((resolve) => c.plugin.Classify({ instance: 'x' }, (err) => resolve(err)));
+    assert.equal(cl.code, grpc.status.UNIMPLEMENTED);
+    const events = c.plugin.Events();
+    events.on('data', () => {});
+    const ev = await new Promise((resolve) => {
+      events.on('error', resolve);
+      events.write({ batch_id: 1, instance: 'x', events: [] });
+    });
+    assert.equal(ev.code, grpc.status.UNIMPLEMENTED);
+  } finally {
+    c.plugin.close();
+    c.controller.close();
+    c.health.close();
+    p.child.kill('SIGKILL');
+    await p.exited;
     fs.rmSync(p.dir, { recursive: true, force: true });
   }
 });
