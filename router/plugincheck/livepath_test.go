@@ -1,0 +1,65 @@
+package plugincheck
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/switchyard-router/switchyard/router/config"
+)
+
+// runFaulty runs every check on t-active, the faulty plugin's scorer, in
+// SY_TEST_MODE mode with env added.
+func runFaulty(t *testing.T, bin, mode string, env map[string]string) []Result {
+	t.Helper()
+	e := map[string]string{"SY_TEST_MODE": mode}
+	for k, v := range env {
+		e[k] = v
+	}
+	return Run(context.Background(), Options{Plugin: config.Plugin{Name: "faulty", Command: bin, Env: e}, Type: "t-active"})
+}
+
+// TestKeptFromScorer: a scorer answering kept rows descending and out of
+// range fails every decide check with the reason routing falls back for
+// (the supervisor's pluginclient.CheckResult inside the router's
+// pipeline), and the batch and streams checks with the same words; a
+// scorer answering every row, ascending, as kept passes them all: the
+// router accepts it (issue #29).
+func TestKeptFromScorer(t *testing.T) {
+	bin := buildFaulty(t)
+	byName := func(rs []Result) map[string]Result {
+		m := map[string]Result{}
+		for _, r := range rs {
+			m[r.Name] = r
+		}
+		return m
+	}
+	bad := byName(runFaulty(t, bin, "invalid", map[string]string{"SY_INVALID": "kept-descending"}))
+	for name, want := range map[string]string{
+		`decide "t-active" rows=1`:    `the router would fall back on this decision because scorer "t-active": plugin "faulty": plugin decide: invalid answer (kept_out_of_range): kept rows [1] not strictly ascending in [0, 1)`,
+		`decide "t-active" rows=8`:    `the router would fall back on this decision because scorer "t-active": plugin "faulty": plugin decide: invalid answer (kept_out_of_range): kept rows [8 7 6 5 4 3 2 1] not strictly ascending in [0, 8)`,
+		`decide "t-active" rows=4096`: `the router would fall back on this decision because scorer "t-active": plugin "faulty": plugin decide: invalid answer (kept_out_of_range): kept rows [4096 4095 4094 4093 4092 4091 4090 4089] not strictly ascending in [0, 4096)`,
+	} {
+		r, ok := bad[name]
+		if !ok || r.Pass || r.Expected != "an answer the router accepts" || !strings.HasPrefix(r.Got, want) {
+			t.Errorf("kept descending, %s: %+v\nwant got %q", name, r, want)
+		}
+	}
+	for _, name := range []string{"decide batch", "decide streams=4"} {
+		r := bad[name]
+		if r.Pass || !strings.Contains(r.Got, "the router would fall back on this decision because invalid answer (kept_out_of_range): kept rows [") {
+			t.Errorf("kept descending, %s: %+v", name, r)
+		}
+	}
+	good := runFaulty(t, bin, "invalid", map[string]string{"SY_INVALID": "kept-all"})
+	if Failed(good) {
+		for _, r := range good {
+			if !r.Pass && !r.Skipped {
+				t.Errorf("kept every row: %s", r.Line())
+			}
+		}
+	}
+	if g := byName(good); !g[`decide "t-active" rows=4096`].Pass || !g["decide batch"].Pass {
+		t.Errorf("kept every row: the decide checks did not run: %+v", good)
+	}
+}
