@@ -216,14 +216,21 @@ func TestBatchMissingAnswer(t *testing.T) {
 func TestLatencyWarning(t *testing.T) {
 	ms := time.Millisecond
 	stats := []latencyStats{{rows: 8, p50: ms, p99: 2 * ms, max: 30 * ms}, {rows: 64, p50: ms, p99: 25 * ms, max: 26 * ms}}
-	if w := latencyWarning(5*ms, stats, 20*ms); !strings.HasPrefix(w, "rows=8 max 30.00ms, rows=64 p99 25.00ms over call_timeout 20ms: ") ||
+	if w := latencyWarning(5*ms, stats, 20*ms, 0); !strings.HasPrefix(w, "rows=8 max 30.00ms, rows=64 p99 25.00ms over call_timeout 20ms: ") ||
 		strings.Contains(w, "killed as stuck") {
 		t.Errorf("warning %q", w)
 	}
-	if w := latencyWarning(5*ms, stats, 40*ms); w != "" {
+	if w := latencyWarning(5*ms, stats, 40*ms, 0); w != "" {
 		t.Errorf("all under the timeout: warning %q", w)
 	}
-	if w := latencyWarning(31*time.Second, stats, 40*ms); !strings.HasPrefix(w, "cold 31000.00ms over call_timeout 40ms: ") ||
+	if w := latencyWarning(5*ms, stats, 40*ms, 50*ms); !strings.HasPrefix(w, "the declared p99 (expected_decide_p99_nanos) 50.00ms over call_timeout 40ms: ") {
+		t.Errorf("declared p99 over the timeout: warning %q", w)
+	}
+	load := append(stats, latencyStats{rows: 64, load: true, p50: ms, p99: 45 * ms, max: 46 * ms})
+	if w := latencyWarning(5*ms, load, 40*ms, 0); !strings.HasPrefix(w, "rows=64 x16 at once p99 45.00ms over call_timeout 40ms: ") {
+		t.Errorf("p99 under load over the timeout: warning %q", w)
+	}
+	if w := latencyWarning(31*time.Second, stats, 40*ms, 0); !strings.HasPrefix(w, "cold 31000.00ms over call_timeout 40ms: ") ||
 		!strings.HasSuffix(w, "; a call of 31000.00ms would get it killed as stuck") {
 		t.Errorf("a 31s cold call: warning %q", w)
 	}

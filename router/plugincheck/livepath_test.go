@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/switchyard-router/switchyard/router/config"
 )
@@ -61,5 +62,39 @@ func TestKeptFromScorer(t *testing.T) {
 	}
 	if g := byName(good); !g[`decide "t-active" rows=4096`].Pass || !g["decide batch"].Pass {
 		t.Errorf("kept every row: the decide checks did not run: %+v", good)
+	}
+}
+
+// TestLatencyOverCallTimeout: a scorer that sleeps 5ms on every call, with
+// call_timeout 1ms, gets the latency warning naming the p99 under load;
+// a plugin declaring a 50ms p99 gets it naming the declaration. Only the
+// warning is asserted, never a time.
+func TestLatencyOverCallTimeout(t *testing.T) {
+	bin := buildFaulty(t)
+	latency := func(rs []Result) Result {
+		for _, r := range rs {
+			if r.Name == `latency "t-active"` {
+				return r
+			}
+		}
+		t.Fatalf("no latency check in %+v", rs)
+		return Result{}
+	}
+	slow := latency(Run(context.Background(), Options{
+		Plugin:      config.Plugin{Name: "slow", Command: bin, Env: map[string]string{"SY_TEST_MODE": "slow", "SY_SLOW": "5ms"}},
+		Type:        "t-active",
+		CallTimeout: time.Millisecond,
+	}))
+	if !slow.Pass || !strings.Contains(slow.Warning, "rows=64 x16 at once p99 ") || !strings.Contains(slow.Warning, " over call_timeout 1ms: ") {
+		t.Errorf("a 5ms scorer with call_timeout 1ms: %+v", slow)
+	}
+	declared := latency(Run(context.Background(), Options{
+		Plugin:      config.Plugin{Name: "declared", Command: bin, Env: map[string]string{"SY_EXPECTED_P99": "50ms"}},
+		Type:        "t-active",
+		CallTimeout: 20 * time.Millisecond,
+	}))
+	if !declared.Pass || !strings.Contains(declared.Warning, "the declared p99 (expected_decide_p99_nanos) 50.00ms over call_timeout 20ms: ") ||
+		!strings.Contains(declared.Note, "declared p99 50.00ms") {
+		t.Errorf("a plugin declaring a 50ms p99, call_timeout 20ms: %+v", declared)
 	}
 }

@@ -332,6 +332,10 @@ func (h *Host) Start(ctx context.Context, p config.Plugin) ([]shared.TypeInfo, e
 		h.log.Debug("plugin failed to start", "plugin", p.Name, "error", err)
 		return nil, err
 	}
+	if d := desc.ExpectedDecideP99; d > m.callTimeout {
+		h.log.Warn("the plugin declares a Decide p99 above its call_timeout: the policy's fallback will decide every call that takes longer (raise call_timeout, docs/plugin-protocol.md \"Deadlines by language\")",
+			"plugin", p.Name, "expected_decide_p99", d, "call_timeout", m.callTimeout)
+	}
 
 	types := make([]shared.TypeInfo, len(desc.Types))
 	for i, t := range desc.Types {
@@ -513,6 +517,9 @@ type ProcessInfo struct {
 	// Exited is closed once the process has exited (for whatever reason,
 	// a stop included).
 	Exited <-chan struct{}
+	// ExpectedDecideP99 is the Decide p99 the process declared in its
+	// Describe answer (expected_decide_p99_nanos); 0 for none.
+	ExpectedDecideP99 time.Duration
 }
 
 // Process returns the named plugin's current process. It fails when the
@@ -528,5 +535,5 @@ func (h *Host) Process(name string) (ProcessInfo, error) {
 	if p == nil || p.conn == nil {
 		return ProcessInfo{}, fmt.Errorf("plugin %q has no process", name)
 	}
-	return ProcessInfo{PID: p.pid, SocketDir: p.sockDir, Conn: p.conn, Exited: p.exited}, nil
+	return ProcessInfo{PID: p.pid, SocketDir: p.sockDir, Conn: p.conn, Exited: p.exited, ExpectedDecideP99: p.expectedP99}, nil
 }

@@ -56,14 +56,16 @@ type proc struct {
 	name         string
 	startTimeout time.Duration
 	callTimeout  time.Duration
-	log          hclog.Logger
-	client       *plugin.Client
-	rc           *pluginclient.Client
-	conn         *grpc.ClientConn // the plugin's connection, for health checks
-	pid          int              // also the process group id; 0 when the binary never ran
-	sockDir      string           // the private socket directory, removed by stop
-	stderr       *tail
-	exitR        *os.File // the exit pipe's read end, closed by stop
+	// expectedP99 is the Decide p99 the plugin declared (Describe).
+	expectedP99 time.Duration
+	log         hclog.Logger
+	client      *plugin.Client
+	rc          *pluginclient.Client
+	conn        *grpc.ClientConn // the plugin's connection, for health checks
+	pid         int              // also the process group id; 0 when the binary never ran
+	sockDir     string           // the private socket directory, removed by stop
+	stderr      *tail
+	exitR       *os.File // the exit pipe's read end, closed by stop
 
 	// addr is the handshake's address once it is accepted (a unix socket
 	// or a loopback TCP address); nil before, or when it was refused. The
@@ -340,6 +342,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		return failStarted(true, fmt.Errorf("unsupported API version: the plugin speaks %v, this router %v",
 			desc.APIVersions, supportedAPIVersions))
 	}
+	p.expectedP99 = desc.ExpectedDecideP99
 	p.log.Debug("plugin started", "pid", p.pid, "version", desc.PluginVersion, "types", len(desc.Types))
 	return p, desc, nil
 }

@@ -97,6 +97,10 @@
 //	           4 KiB line to file descriptor 1 (the raw stdout, not the
 //	           SDK's), the first Pick a line of 100 KiB before it
 //
+// SY_EXPECTED_P99 (a Go duration), in the modes that serve the good types
+// with serve(), is the Decide p99 Describe declares
+// (ServeOpts.ExpectedDecideP99).
+//
 // SY_STARTS names a file it appends a line ("pid unixnano") to at every
 // start, and SY_MARKER a file it creates, so tests can tell whether (and
 // how often, and when) it ran. SY_ENV_OUT names a file it writes its
@@ -526,7 +530,9 @@ func (classifier) Classify(context.Context, *shared.Request) (shared.Classificat
 func (classifier) OnEvents([]shared.Event) {}
 
 func serve() {
-	shared.Serve(shared.ServeOpts{Version: "test", Types: types()})
+	// SY_EXPECTED_P99, a Go duration, is the Decide p99 Describe declares.
+	p99, _ := time.ParseDuration(os.Getenv("SY_EXPECTED_P99"))
+	shared.Serve(shared.ServeOpts{Version: "test", Types: types(), ExpectedDecideP99: p99})
 }
 
 // envKeys lists the plugin's environment variables, except go-plugin's.
