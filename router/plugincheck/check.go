@@ -234,7 +234,9 @@ func Run(ctx context.Context, o Options) []Result {
 		switch t.Kind {
 		case shared.KindFilter, shared.KindScorer, shared.KindPicker:
 			r.step(func() []Result { return checkDecide(ctx, t, comp, o.Role) }, fmt.Sprintf("decide %q", t.Name))
-			r.step(func() []Result { return []Result{checkLatency(ctx, t, params, o.Role, o.CallTimeout, proc.ExpectedDecideP99)} }, fmt.Sprintf("latency %q", t.Name))
+			r.step(func() []Result {
+				return []Result{checkLatency(ctx, t, params, o.Role, o.CallTimeout, proc.ExpectedDecideP99)}
+			}, fmt.Sprintf("latency %q", t.Name))
 			deciders = append(deciders, configured{t, instanceName(t.Name)})
 		case shared.KindClassifier:
 			r.step(func() []Result { return w.checkClassify(ctx, t, params) }, fmt.Sprintf("classify %q", t.Name))
