@@ -66,6 +66,15 @@ type Options struct {
 	// Report, when set, is given each result as soon as its check
 	// completes, in the order Run returns them.
 	Report func(Result)
+	// Replay, when set, is a trace (a file router replay reads, or
+	// BundledTrace) that each filter, scorer and picker type is replayed
+	// on last, in a policy of its own, with router replay's
+	// --fail-on-fallback rule: a replay in which any selection fell back
+	// fails (checkReplay).
+	Replay string
+	// ReplayLimit is how many of the trace's first requests are replayed;
+	// 0 means DefaultReplayLimit.
+	ReplayLimit int
 }
 
 // rows are the candidate counts every filter, scorer and picker is asked
@@ -258,6 +267,9 @@ func Run(ctx context.Context, o Options) []Result {
 	}, "shutdown")
 	r.add(stdoutResult(&stdout, relayed))
 	r.add(checkParentDeath(ctx, o.Plugin))
+	if o.Replay != "" {
+		r.add(checkReplay(ctx, o, types)...)
+	}
 	return r.out
 }
 

@@ -98,3 +98,36 @@ func TestLatencyOverCallTimeout(t *testing.T) {
 		t.Errorf("a plugin declaring a 50ms p99, call_timeout 20ms: %+v", declared)
 	}
 }
+
+// TestReplay: with Options.Replay, each decision type is replayed on the
+// bundled trace with router replay's --fail-on-fallback rule: the good
+// plugin's scorer replays with no fallback; the scorer answering kept rows
+// descending fails, with router replay's line naming the plugin, the cause
+// (invalid_answer) and the first error. Routing, replay's Router, refuses
+// the answer the decide checks refused; the scorer answering every row as
+// kept replays with no fallback, as the decide checks accept it.
+func TestReplay(t *testing.T) {
+	bin := buildFaulty(t)
+	replayed := func(env map[string]string) Result {
+		t.Helper()
+		rs := Run(context.Background(), Options{Plugin: config.Plugin{Name: "faulty", Command: bin, Env: env}, Type: "t-active",
+			Replay: BundledTrace, ReplayLimit: 40})
+		last := rs[len(rs)-1]
+		if last.Name != `replay "t-active"` {
+			t.Fatalf("last check %+v, want the replay", last)
+		}
+		return last
+	}
+	if r := replayed(map[string]string{"SY_TEST_MODE": ""}); !r.Pass || !strings.HasPrefix(r.Note, "40 requests of ") || !strings.HasSuffix(r.Note, " on 8 workers, none fell back") {
+		t.Errorf("good plugin: %+v", r)
+	}
+	if r := replayed(map[string]string{"SY_TEST_MODE": "invalid", "SY_INVALID": "kept-all"}); !r.Pass {
+		t.Errorf("every row kept: %+v", r)
+	}
+	r := replayed(map[string]string{"SY_TEST_MODE": "invalid", "SY_INVALID": "kept-descending"})
+	if r.Pass || r.Expected != "no selection decided by the fallback (router replay --fail-on-fallback)" ||
+		!strings.Contains(r.Got, ` plugin "faulty" made 40 of 40 selections fall back (100.0%): invalid_answer 40; first error: `) ||
+		!strings.Contains(r.Got, "invalid answer (kept_out_of_range): kept rows [") {
+		t.Errorf("kept descending: %+v", r)
+	}
+}
