@@ -208,4 +208,3 @@ func ctyOf(v any) cty.Value {
 	}
 	return cty.NullVal(cty.String)
 }
-
