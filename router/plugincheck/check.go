@@ -1,6 +1,7 @@
 package plugincheck
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -166,6 +167,7 @@ func Run(ctx context.Context, o Options) []Result {
 		o.Plugin.Name = "plugin"
 	}
 	var stdout stdoutTap
+	var stray strayLines
 	r := &run{report: o.Report, firstStop: make(chan struct{})}
 	host := supervisor.NewHost(supervisor.Options{
 		Logger: o.Logger,
@@ -181,9 +183,15 @@ func Run(ctx context.Context, o Options) []Result {
 		StopGrace: stopGrace,
 		Stopped:   r.stopped,
 		Stdout:    &stdout,
+		// Lines before the handshake fail the handshake check, and are
+		// skipped so that the rest is checked too.
+		StrayStdout: stray.add,
 	})
 	defer shutdownHost(host)
 	types, err := host.Start(ctx, o.Plugin)
+	if res, ok := stray.result(err == nil); ok {
+		r.add(res)
+	}
 	if err != nil {
 		r.add(fail("handshake", "the handshake line, then a usable Describe answer", err.Error()))
 		return r.out
@@ -271,6 +279,42 @@ func Run(ctx context.Context, o Options) []Result {
 		r.add(checkReplay(ctx, o, types)...)
 	}
 	return r.out
+}
+
+// strayLines are the lines a plugin wrote on stdout before its handshake
+// line (supervisor.Options.StrayStdout), which the router would have read
+// as its handshake.
+type strayLines struct {
+	mu    sync.Mutex
+	n     int
+	first []byte
+}
+
+func (s *strayLines) add(line []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == 0 {
+		s.first = line
+	}
+	s.n++
+}
+
+// result is the failed "handshake stdout" check when lines came before the
+// handshake, saying what the router does (the start fails: go-plugin
+// reads the first line as the handshake) and, when started, that the
+// other checks ran with them skipped; false when none came.
+func (s *strayLines) result(started bool) (Result, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == 0 {
+		return Result{}, false
+	}
+	got := fmt.Sprintf("%d lines before it, the first %q: the router would not start this plugin (it reads the first line as the handshake, and this one is not)",
+		s.n, bytes.TrimSuffix(s.first[:min(len(s.first), untrusted.MaxLog)], []byte("\n")))
+	if started {
+		got += "; the other checks ran with those lines skipped"
+	}
+	return fail("handshake stdout", "the handshake line first on stdout (log to stderr)", got), true
 }
 
 // shutdownResult is the shutdown check's result from the stops the host

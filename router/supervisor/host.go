@@ -81,6 +81,12 @@ type Options struct {
 	// at most every 10 s, so that the plugin never blocks writing it
 	// (cmdRunner). Default: dropped too.
 	Stdout io.Writer
+	// StrayStdout, when set, is given each line (up to maxStrayLines) a
+	// plugin writes on stdout before a line that can be its handshake
+	// (looksLikeHandshake), and the line is skipped instead of failing the
+	// handshake as it does in the router. Only `router plugins check` sets
+	// it: it reports the fault, then checks the rest of the plugin.
+	StrayStdout func(line []byte)
 }
 
 // StopReport says how a plugin process stopped.
@@ -166,6 +172,7 @@ type Host struct {
 	stopGrace   time.Duration
 	onStopped   func(StopReport)
 	stdout      io.Writer
+	strayStdout func([]byte)
 
 	// testHookDecideBatch, when a test sets it before starting plugins,
 	// runs after each DecideBatch's size is observed, on the sending
@@ -220,6 +227,7 @@ func NewHost(o Options) *Host {
 		stopGrace:   o.StopGrace,
 		onStopped:   o.Stopped,
 		stdout:      o.Stdout,
+		strayStdout: o.StrayStdout,
 		done:        make(chan struct{}),
 		procs:       make(map[string]*managed),
 		stats:       make(map[string]*counters),

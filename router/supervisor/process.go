@@ -229,6 +229,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 			if err != nil {
 				return nil, err
 			}
+			r.stray = h.strayStdout
 			p.runner.Store(r)
 			return r, nil
 		},
