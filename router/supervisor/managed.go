@@ -219,6 +219,9 @@ func (m *managed) adopt(p *proc) {
 	p.upSince = time.Now()
 	m.cur.Store(p)
 	m.setStatus(StatusUp)
+	info := p.info()
+	m.met.setInfo(m, info)
+	m.log.Info("plugin process up", "pid", p.pid, "version", info.Version, "sha256", info.SHA256(), "files", len(info.Files))
 	m.met.setBreaker(m, gobreaker.StateClosed)
 	if m.health.ProbeInterval > 0 && p.conn != nil {
 		p.bg.Add(1)
