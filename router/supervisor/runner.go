@@ -58,7 +58,7 @@ const maxStrayLines = 64
 // looksLikeHandshake reports whether line can be go-plugin's handshake
 // line, CORE-PROTOCOL-VERSION|APP-PROTOCOL-VERSION|NETWORK-TYPE|
 // NETWORK-ADDR[|PROTOCOL...]: a digit first and at least three '|'
-// (github.com/hashicorp/go-plugin client.go, Client.Start, which splits
+// (github.com/hashicorp/go-plugin v1.8.0 client.go, Client.Start, which splits
 // the line on '|' and wants at least 4 parts).
 func looksLikeHandshake(line []byte) bool {
 	return len(line) > 0 && line[0] >= '0' && line[0] <= '9' && bytes.Count(line, []byte{'|'}) >= 3
