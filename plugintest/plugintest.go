@@ -88,6 +88,15 @@ func Args(args ...string) Option { return func(o *plugincheck.Options) { o.Plugi
 // failure.
 func CallTimeout(d time.Duration) Option { return func(o *plugincheck.Options) { o.CallTimeout = d } }
 
+// Replay also replays each filter, scorer and picker type on trace (a file
+// `router replay` reads, or plugincheck.BundledTrace) for its first limit
+// requests (0: plugincheck.DefaultReplayLimit), with `router replay
+// --fail-on-fallback`'s rule: a replay in which any selection fell back
+// fails, naming the plugin and the cause.
+func Replay(trace string, limit int) Option {
+	return func(o *plugincheck.Options) { o.Replay, o.ReplayLimit = trace, limit }
+}
+
 // Check starts binary as the router does and runs every check of
 // `router plugins check` on it, each as a subtest of t named after the
 // check; a check not run (after the plugin process went, or stdout that

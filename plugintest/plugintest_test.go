@@ -22,6 +22,40 @@ func TestCheckPasses(t *testing.T) {
 	Check(t, Build(t, faulty), Type("t-lowest"))
 }
 
+// TestCheckLivePath: Check runs the production checks of `router plugins
+// check` (plugincheck.Run): a scorer answering kept rows descending fails
+// its decide checks with the reason routing falls back for, and its
+// replay (Replay) with router replay's fallback line; one answering every
+// row as kept passes both, as routing accepts it.
+func TestCheckLivePath(t *testing.T) {
+	bin := Build(t, faulty)
+	byName := func(results []plugincheck.Result) map[string]plugincheck.Result {
+		m := map[string]plugincheck.Result{}
+		for _, r := range results {
+			m[r.Name] = r
+		}
+		return m
+	}
+	bad := byName(run(t, bin, []Option{Env("SY_TEST_MODE", "invalid"), Env("SY_INVALID", "kept-descending"), Type("t-active"), Replay(plugincheck.BundledTrace, 20)}))
+	r := &recorder{}
+	report(r, bad[`decide "t-active" rows=8`])
+	if want := `expected an answer the router accepts, got the router would fall back on this decision because scorer "t-active": plugin "t-active"`; len(r.errors) != 1 ||
+		!strings.Contains(r.errors[0], "the router would fall back on this decision because ") || !strings.Contains(r.errors[0], "invalid answer (kept_out_of_range): kept rows [8 7 6 5 4 3 2 1]") {
+		t.Errorf("kept descending, decide rows=8: reported %q, want like %q", r.errors, want)
+	}
+	r = &recorder{}
+	report(r, bad[`replay "t-active"`])
+	if len(r.errors) != 1 || !strings.Contains(r.errors[0], "made 20 of 20 selections fall back (100.0%): invalid_answer 20") {
+		t.Errorf("kept descending, replay: reported %q", r.errors)
+	}
+	good := byName(run(t, bin, []Option{Env("SY_TEST_MODE", "invalid"), Env("SY_INVALID", "kept-all"), Type("t-active"), Replay(plugincheck.BundledTrace, 20)}))
+	for _, name := range []string{`decide "t-active" rows=8`, "decide batch", `replay "t-active"`} {
+		if !good[name].Pass {
+			t.Errorf("every row kept, %s: %+v, want a pass", name, good[name])
+		}
+	}
+}
+
 // recorder is a reporter that keeps what it was told.
 type recorder struct{ errors, logs, skips []string }
 

@@ -66,13 +66,17 @@ type GRPCPlugin struct {
 	Types []TypeInfo
 	// Logger receives the server's logs; nil discards them.
 	Logger hclog.Logger
+	// ExpectedDecideP99 is ServeOpts.ExpectedDecideP99.
+	ExpectedDecideP99 time.Duration
 }
 
 var _ plugin.GRPCPlugin = (*GRPCPlugin)(nil)
 
 // GRPCServer registers the switchyard.plugin.v1 service for p.Types.
 func (p *GRPCPlugin) GRPCServer(_ *plugin.GRPCBroker, s *grpc.Server) error {
-	pluginv1.RegisterPluginServer(s, newServer(p.Version, p.Types, p.Logger))
+	srv := newServer(p.Version, p.Types, p.Logger)
+	srv.expectedP99 = p.ExpectedDecideP99
+	pluginv1.RegisterPluginServer(s, srv)
 	return nil
 }
 
@@ -95,6 +99,14 @@ type ServeOpts struct {
 	// forwards to the router's log) at the level SWITCHYARD_PLUGIN_LOG_LEVEL
 	// names, info by default. Never write to stdout: go-plugin owns it.
 	Logger hclog.Logger
+	// ExpectedDecideP99, when positive, is the p99 time the plugin expects
+	// to take over one Decide task under load (DescribeResponse's
+	// expected_decide_p99_nanos; rounded up to a whole nanosecond, 0 for
+	// none). The router logs a warning at the plugin's start when the
+	// plugin block's call_timeout (default 20ms) is below it, and
+	// `router plugins check` warns too (docs/plugin-protocol.md,
+	// "Deadlines by language").
+	ExpectedDecideP99 time.Duration
 }
 
 // Serve serves opts.Types to the router and blocks until the router ends
@@ -135,7 +147,7 @@ func Serve(opts ServeOpts) {
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: Handshake(),
 		VersionedPlugins: map[int]plugin.PluginSet{
-			APIVersion: {PluginSetKey: &GRPCPlugin{Version: opts.Version, Types: opts.Types, Logger: log}},
+			APIVersion: {PluginSetKey: &GRPCPlugin{Version: opts.Version, Types: opts.Types, Logger: log, ExpectedDecideP99: opts.ExpectedDecideP99}},
 		},
 		GRPCServer: func(o []grpc.ServerOption) *grpc.Server {
 			o = append(o, grpc.MaxRecvMsgSize(MaxMessageBytes), grpc.MaxSendMsgSize(MaxMessageBytes))

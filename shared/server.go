@@ -35,6 +35,8 @@ type server struct {
 	types   map[string]*TypeInfo
 	order   []string // type names in the order given, for Describe
 	log     hclog.Logger
+	// expectedP99 is Describe's expected_decide_p99_nanos (0: none).
+	expectedP99 time.Duration
 
 	mu        sync.RWMutex
 	instances map[string]*instance
@@ -87,7 +89,7 @@ func newServer(version string, types []TypeInfo, log hclog.Logger) *server {
 
 // Describe returns the plugin version, API version 1 and the types.
 func (s *server) Describe(context.Context, *pluginv1.DescribeRequest) (*pluginv1.DescribeResponse, error) {
-	resp := &pluginv1.DescribeResponse{PluginVersion: s.version, ApiVersions: []uint32{APIVersion}}
+	resp := &pluginv1.DescribeResponse{PluginVersion: s.version, ApiVersions: []uint32{APIVersion}, ExpectedDecideP99Nanos: uint64(max(s.expectedP99, 0))}
 	for _, name := range s.order {
 		ct, err := typeToProto(s.types[name])
 		if err != nil {

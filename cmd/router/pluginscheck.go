@@ -20,6 +20,8 @@ func newPluginsCheckCmd() *cobra.Command {
 		onlyType    string
 		role        string
 		asJSON      bool
+		replayTrace string
+		replayLimit int
 	)
 	cmd := &cobra.Command{
 		Use:   "check (BINARY [ARGS...] | --policy FILE --plugin NAME)",
@@ -46,13 +48,17 @@ arguments look like flags: router plugins check -- node x.js --log-level debug.
                    both): accepted, or refused with a diagnostic naming it
   decide           every filter, scorer and picker over 1, 8 and 4,096 rows with
                    worker ids above 2^53, then 32 calls at once, each answer
-                   checked as the router checks it
+                   run through the router's own pipeline and supervisor: a
+                   FAIL says "the router would fall back on this decision
+                   because ..."
   decide batch     one DecideBatch of several tasks of different sizes and an
                    unknown instance: exactly one well-formed result per task,
                    in any order
   decide streams   4 Decide streams at once, each answer on its own stream
-  latency          cold and warm (p50, p99, max) call times at 8 and 64 rows;
-                   a WARNING, not a failure, when over --call-timeout
+  latency          cold and warm (p50, p99, max) call times at 8 and 64 rows,
+                   and at 64 rows 16 calls at once (under load); a WARNING,
+                   not a failure, when one or the p99 the plugin declares
+                   (expected_decide_p99_nanos) is over --call-timeout
   classify/events  classifiers answer sample requests; those wanting events
                    acknowledge every batch in order and honour events_through
   health           5 grpc.health.v1 checks of "plugin" in a row answer SERVING;
@@ -64,6 +70,11 @@ arguments look like flags: router plugins check -- node x.js --log-level debug.
   parent death     a second copy, started under a parent that is then
                    SIGKILLed, exits and removes its socket directory within
                    10 s
+  replay           with --replay TRACE (--replay alone: the bundled trace),
+                   each filter, scorer and picker in a policy of its own
+                   replays the first --replay-limit requests on 8 simulated
+                   workers as router replay --fail-on-fallback: any
+                   selection decided by the fallback fails, naming the cause
 
 It prints one line per check as it completes, "PASS name (note)" or "FAIL
 name: expected X, got Y", plus "WARNING name: ..." after a passing check the
@@ -103,6 +114,12 @@ checks.`,
 			if callTimeout <= 0 {
 				return runErr(fmt.Errorf("--call-timeout %v: want %s", callTimeout, positiveDurationWant))
 			}
+			if replayLimit < 1 {
+				return runErr(fmt.Errorf("--replay-limit %d: want a whole number >= 1", replayLimit))
+			}
+			if cmd.Flags().Changed("replay-limit") && replayTrace == "" {
+				return runErr(errors.New("--replay-limit applies to --replay: give --replay TRACE (or --replay alone for the bundled trace)"))
+			}
 			var results []plugincheck.Result
 			b, err := src.plugin(cmd, args)
 			switch {
@@ -118,7 +135,7 @@ checks.`,
 				return runErr(err)
 			default:
 				o := plugincheck.Options{Plugin: b, Config: cfg, Type: onlyType, Role: shared.Role(role), CallTimeout: callTimeout,
-					Logger: pluginLogger(cmd.Context(), cmd.ErrOrStderr())}
+					Logger: pluginLogger(cmd.Context(), cmd.ErrOrStderr()), Replay: replayTrace, ReplayLimit: replayLimit}
 				var writeErr error
 				if !asJSON {
 					// Each line as its check completes.
@@ -151,7 +168,11 @@ checks.`,
 	f.StringVar(&onlyType, "type", "", "check only the component type of this name")
 	f.StringVar(&role, "role", string(shared.RoleAggregated), "the worker role instances are configured and decide for: aggregated, prefill or decode")
 	f.BoolVar(&asJSON, "json", false, `print one JSON object at the end: {"checks": [{"name", "pass", "skipped", "expected", "got", "note", "warning"}...], "error"}`)
+	f.StringVar(&replayTrace, "replay", "", `also replay each filter, scorer and picker type on this trace (a file router replay reads; "default", or the flag alone, for the bundled trace) with router replay's --fail-on-fallback rule`)
+	f.Lookup("replay").NoOptDefVal = plugincheck.BundledTrace
+	f.IntVar(&replayLimit, "replay-limit", plugincheck.DefaultReplayLimit, "with --replay: how many of the trace's first requests to replay")
 	setWant(f, "call-timeout", positiveDurationWant)
+	setWant(f, "replay-limit", "a whole number >= 1")
 	return cmd
 }
 

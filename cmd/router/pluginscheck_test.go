@@ -102,7 +102,7 @@ var shutdownPass = regexp.MustCompile(`(?m)^PASS shutdown \(exited [0-9.]+[µm]?
 // latency check.
 var (
 	parentDeathPass = regexp.MustCompile(`(?m)^PASS parent death \(gone, its socket directory removed, [0-9.]+m?s after its parent's SIGKILL\)$`)
-	latencyPass     = regexp.MustCompile(`(?m)^PASS latency "[a-z-]+" \(cold [0-9.]+ms; rows=8 warm p50 [0-9.]+ms p99 [0-9.]+ms max [0-9.]+ms; rows=64 warm p50 [0-9.]+ms p99 [0-9.]+ms max [0-9.]+ms\)$`)
+	latencyPass     = regexp.MustCompile(`(?m)^PASS latency "[a-z-]+" \(cold [0-9.]+ms; rows=8 warm p50 [0-9.]+ms p99 [0-9.]+ms max [0-9.]+ms; rows=64 warm p50 [0-9.]+ms p99 [0-9.]+ms max [0-9.]+ms; rows=64 x16 at once warm p50 [0-9.]+ms p99 [0-9.]+ms max [0-9.]+ms\)$`)
 )
 
 // TestPluginsCheckFailures: a broken plugin (modes of the supervisor's
@@ -116,7 +116,10 @@ func TestPluginsCheckFailures(t *testing.T) {
 		want []string
 	}{
 		{"stdout before the handshake", []string{faulty, "--env", "SY_TEST_MODE=stdout"}, []string{
-			`FAIL handshake: expected the handshake line, then a usable Describe answer, got plugin "faulty": handshake failed: the plugin printed "hello from the plugin" on stdout`,
+			`FAIL handshake stdout: expected the handshake line first on stdout (log to stderr), got 1 lines before it, the first "hello from the plugin": ` +
+				`the router would not start this plugin (it reads the first line as the handshake, and this one is not); the other checks ran with those lines skipped` + "\n",
+			// The rest is checked.
+			"PASS handshake (3 component types)", "PASS schema\n", `PASS decide "t-active" rows=4096`, "PASS decide batch", "PASS health (", "PASS parent death",
 		}},
 		{"bad schema", []string{faulty, "--env", "SY_TEST_MODE=badschema"}, []string{
 			`FAIL schema type "t-max-active": expected a doc, got none`,
@@ -128,11 +131,11 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`PASS decide "t-active" rows=1`,
 			// Call 3 makes the failed call again, and it passes: no
 			// hint of an undeclared column.
-			`FAIL decide "t-active" rows=8: expected a well-formed answer, got plugin "faulty": plugin decide: scorer "check/t-active": injected error on call 2` + "\n",
+			`FAIL decide "t-active" rows=8: expected an answer the router accepts, got the router would fall back on this decision because scorer "t-active": plugin "faulty": plugin decide: scorer "check/t-active": injected error on call 2` + "\n",
 			`PASS decide "t-active" rows=4096`,
 		}},
 		{"reads a column it did not declare", []string{faulty, "--env", "SY_TEST_MODE=undeclared", "--type", "t-active"}, []string{
-			`FAIL decide "t-active" rows=8: expected a well-formed answer, got plugin "faulty": plugin decide: scorer "check/t-active" panicked: runtime error: index out of range [0] with length 0 (sent only the columns it declared, ACTIVE_REQUESTS, as the router does; with every column set it answers well: it may be reading a column it did not declare)` + "\n",
+			`FAIL decide "t-active" rows=8: expected an answer the router accepts, got the router would fall back on this decision because scorer "t-active": plugin "faulty": plugin decide: scorer "check/t-active" panicked: runtime error: index out of range [0] with length 0 (sent only the columns it declared, ACTIVE_REQUESTS, as the router does; with every column set it answers well: it may be reading a column it did not declare)` + "\n",
 			"PASS decide batch",
 		}},
 		{"stdout after the handshake", []string{faulty, "--env", "SY_TEST_MODE=stdout-after", "--type", "t-max-active"}, []string{
@@ -189,7 +192,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 			`FAIL configure "t-lowest" inputs: expected the instance's inputs a subset of its type's (none), got ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (0x1f), of which ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (0x1f) beyond its type's` + "\n",
 		}},
 		{"filtered_by with kept rows", []string{faulty, "--env", "SY_TEST_MODE=filtered-kept", "--type", "t-max-active"}, []string{
-			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got for task 4611686018427387905 (4096 rows): filtered_by "check/t-max-active" with 1 kept rows (filtered_by means no row was kept)` + "\n",
+			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got for task 4611686018427387905 (4096 rows): the router would fall back on this decision because invalid answer (filtered_by): filtered_by "check/t-max-active" with 1 kept rows (filtered_by means no row was kept)` + "\n",
 		}},
 		{"config refused", []string{faulty, "--type", "t-active", "--config", "factor=-1"}, []string{
 			`FAIL configure "t-active": expected the instance configured with its defaults and --config values, got parameter "factor": must be a finite number >= 0, got -1` + "\n",
@@ -244,9 +247,9 @@ func TestPluginsCheckEscapesPluginText(t *testing.T) {
 		if strings.Contains(out, "\x1b") {
 			t.Errorf("json %v: the output holds a raw escape: %.2000q", asJSON, out)
 		}
-		want := `FAIL decide "t-active" rows=1: expected a well-formed answer, got plugin "faulty": plugin decide: \x1b[31mredeee`
+		want := `FAIL decide "t-active" rows=1: expected an answer the router accepts, got the router would fall back on this decision because scorer "t-active": plugin "faulty": plugin decide: \x1b[31mredeee`
 		if asJSON {
-			want = `"got": "plugin \"faulty\": plugin decide: \\x1b[31mredeee`
+			want = `"got": "the router would fall back on this decision because scorer \"t-active\": plugin \"faulty\": plugin decide: \\x1b[31mredeee`
 		}
 		if !strings.Contains(out, want) {
 			t.Errorf("json %v: output lacks %q:\n%.4000s", asJSON, want, out)
@@ -258,7 +261,7 @@ func TestPluginsCheckEscapesPluginText(t *testing.T) {
 		}
 	}
 	code, out, errOut := routerRun(t, "plugins", "check", faulty, "--env", "SY_TEST_MODE=invalid", "--env", "SY_INVALID=nan", "--type", "t-active")
-	want := `FAIL decide "t-active" rows=8: expected a well-formed answer, got plugin "faulty": plugin decide: invalid answer (non_finite_cost): cost NaN for row 0` + "\n"
+	want := `FAIL decide "t-active" rows=8: expected an answer the router accepts, got the router would fall back on this decision because scorer "t-active": plugin "faulty": plugin decide: invalid answer (non_finite_cost): cost NaN for row 0` + "\n"
 	if code != 1 || !strings.Contains(out, want) {
 		t.Errorf("a NaN cost: exit %d, want 1 and %q\nstdout:\n%s\nstderr:\n%s", code, want, out, errOut)
 	}
@@ -330,9 +333,10 @@ func TestPluginsCheckLatencyWarning(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
 	}
-	want := `WARNING latency "t-active": cold [0-9.]+ms, rows=8 p99 [0-9.]+ms, rows=64 p99 [0-9.]+ms over call_timeout 1ns: ` +
+	want := `WARNING latency "t-active": cold [0-9.]+ms, rows=8 p99 [0-9.]+ms, rows=64 p99 [0-9.]+ms, rows=64 x16 at once p99 [0-9.]+ms over call_timeout 1ns: ` +
 		`the router answers each call over call_timeout by the policy's fallback, and 5 failed calls in a row open the plugin's circuit breaker; ` +
-		`it kills the plugin only when frozen \(5 health checks in a row unanswered within 2s\) or stuck \(no Decide answer for 30s\)\n`
+		`it kills the plugin only when frozen \(5 health checks in a row unanswered within 2s\) or stuck \(no Decide answer for 30s\); ` +
+		`raise the plugin block's call_timeout above the p99 under load \(docs/plugin-protocol.md, "Deadlines by language"\)\n`
 	if !latencyPass.MatchString(out) || !regexp.MustCompile(`(?m)^`+want).MatchString(out) {
 		t.Errorf("output lacks the latency line and %q:\n%s", want, out)
 	}
@@ -511,5 +515,28 @@ func TestPluginsCheckJSONEveryOutcome(t *testing.T) {
 				t.Errorf("report %+v, want no checks and an error saying %q", rep, tc.errorHas)
 			}
 		})
+	}
+}
+
+// TestPluginsCheckReplay: --replay alone replays the bundled trace's first
+// --replay-limit requests through each checked type with router replay's
+// --fail-on-fallback rule: a scorer answering kept rows descending makes
+// every selection fall back, and the check fails naming the cause; the
+// good scorer passes.
+func TestPluginsCheckReplay(t *testing.T) {
+	faulty := examplePlugin(t, "faulty")
+	code, out, errOut := routerRun(t, "plugins", "check", faulty, "--type", "t-active", "--replay", "--replay-limit", "30")
+	if want := `PASS replay "t-active" (30 requests of `; code != 0 || !strings.Contains(out, want) {
+		t.Errorf("good scorer: exit %d, want 0 and %q\nstdout:\n%s\nstderr:\n%s", code, want, out, errOut)
+	}
+	code, out, errOut = routerRun(t, "plugins", "check", faulty, "--env", "SY_TEST_MODE=invalid", "--env", "SY_INVALID=kept-descending",
+		"--type", "t-active", "--replay", "--replay-limit", "30")
+	want := `FAIL replay "t-active": expected no selection decided by the fallback (router replay --fail-on-fallback), got 30 of 30 selections fell back: ` +
+		`router: check-t-active: plugin "faulty" made 30 of 30 selections fall back (100.0%): invalid_answer 30; first error: scorer "checked": plugin "faulty": plugin decide: invalid answer (kept_out_of_range): kept rows [`
+	if code != 1 || !strings.Contains(out, want) || !strings.Contains(out, `plugin "faulty" made 30 of 30 selections fall back (100.0%): invalid_answer 30; first error: `) {
+		t.Errorf("kept descending: exit %d, want 1 and %q\nstdout:\n%s\nstderr:\n%s", code, want, out, errOut)
+	}
+	if code, _, errOut := routerRun(t, "plugins", "check", faulty, "--replay-limit", "3"); code != 2 || !strings.Contains(errOut, "--replay-limit applies to --replay") {
+		t.Errorf("--replay-limit without --replay: exit %d, want 2\nstderr:\n%s", code, errOut)
 	}
 }

@@ -224,7 +224,7 @@ func TestPluginsCheckPythonMistakes(t *testing.T) {
     def score(self, req, cands):
         return None
 sp.serve("0.1.0", [sp.TypeInfo(name="s", kind=sp.Kind.SCORER, doc="d", new=lambda i, p: S())])`,
-			`FAIL decide "s" rows=1: expected a well-formed answer, got plugin "python3": ` +
+			`FAIL decide "s" rows=1: expected an answer the router accepts, got the router would fall back on this decision because scorer "s": plugin "python3": ` +
 				`plugin decide: scorer "check/s": returned None, not a sequence of numbers`},
 	} {
 		script := filepath.Join(dir, fmt.Sprintf("p%d.py", i))

@@ -51,15 +51,22 @@ func (e *InvalidAnswerError) Error() string {
 //
 //   - filtered_by, when set, must name one of t's filter stages and come
 //     without kept rows; nothing else is checked then (no row was kept);
-//   - with a filter in t, kept rows, when sent, strictly ascending
-//     within [0, rows);
+//   - kept rows, when sent, strictly ascending within [0, rows); from a
+//     task without a filter, every row (0, 1, ..., rows-1: the same as
+//     none, which the router accepts) or none;
 //   - with a scorer in t: exactly one cost per kept row (per row when
 //     nothing was filtered), each finite;
 //   - with a picker in t: picked a row within [0, rows) that was kept.
 //
-// Fields a task's stages do not produce (kept without a filter, costs
-// without a scorer, picked without a picker) are not checked: the router
-// ignores them (a task without a filter keeps every row). Linear in the rows; it allocates only for an error.
+// Fields a task's stages do not produce (costs without a scorer, picked
+// without a picker) are not checked: the router ignores them. Kept rows
+// are the exception (issue #29): the pipeline compacts the rows by
+// whatever kept list it is given, so one that is not every row from a
+// task without a filter is refused rather than read two ways. This is
+// the one check of an answer: the supervisor applies it to every
+// decision call (managed.decide) and `router plugins check` decides
+// through the same supervisor and pipeline. Linear in the rows; it
+// allocates only for an error.
 func CheckResult(t *Task, res TaskResult) error {
 	rows := t.Candidates.Len()
 	var filters, scores, picks bool
@@ -89,11 +96,16 @@ func CheckResult(t *Task, res TaskResult) error {
 		return nil
 	}
 	kept := rows
-	if filters && res.Kept != nil {
+	if res.Kept != nil {
 		for i, k := range res.Kept {
 			if int64(k) >= int64(rows) || i > 0 && k <= res.Kept[i-1] {
 				return &InvalidAnswerError{Reason: InvalidKept, Detail: fmt.Sprintf("kept rows %v not strictly ascending in [0, %d)", res.Kept[:min(len(res.Kept), 8)], rows)}
 			}
+		}
+		if !filters && len(res.Kept) != rows {
+			// Strictly ascending within [0, rows): only a list of every
+			// row has rows entries.
+			return &InvalidAnswerError{Reason: InvalidKept, Detail: fmt.Sprintf("%d kept rows of %d from a task without a filter (send no kept rows, or every row)", len(res.Kept), rows)}
 		}
 		kept = len(res.Kept)
 	}

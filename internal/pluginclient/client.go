@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -201,7 +202,8 @@ func (c *Client) Describe(ctx context.Context) (*Description, error) {
 	if err != nil {
 		return nil, c.rpcError("describe", err)
 	}
-	d := &Description{PluginVersion: untrusted.Text(resp.GetPluginVersion(), untrusted.MaxLog), APIVersions: resp.GetApiVersions()}
+	d := &Description{PluginVersion: untrusted.Text(resp.GetPluginVersion(), untrusted.MaxLog), APIVersions: resp.GetApiVersions(),
+		ExpectedDecideP99: time.Duration(min(resp.GetExpectedDecideP99Nanos(), math.MaxInt64))}
 	for _, ct := range resp.GetTypes() {
 		t, err := typeFromProto(ct)
 		if err != nil {

@@ -16,6 +16,10 @@ type Description struct {
 	PluginVersion string
 	APIVersions   []uint32
 	Types         []shared.TypeInfo
+	// ExpectedDecideP99 is the p99 time of one Decide task the plugin
+	// declares it expects (DescribeResponse.expected_decide_p99_nanos,
+	// capped at math.MaxInt64 ns); 0 when it declares none.
+	ExpectedDecideP99 time.Duration
 }
 
 // ConfigureRequest asks a plugin for a new component instance.

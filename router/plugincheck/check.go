@@ -1,13 +1,13 @@
 package plugincheck
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"regexp"
 	"slices"
 	"strconv"
@@ -20,9 +20,11 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	"github.com/switchyard-router/switchyard/internal/untrusted"
+	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/pipeline"
+	"github.com/switchyard-router/switchyard/router/policy"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -65,6 +67,15 @@ type Options struct {
 	// Report, when set, is given each result as soon as its check
 	// completes, in the order Run returns them.
 	Report func(Result)
+	// Replay, when set, is a trace (a file router replay reads, or
+	// BundledTrace) that each filter, scorer and picker type is replayed
+	// on last, in a policy of its own, with router replay's
+	// --fail-on-fallback rule: a replay in which any selection fell back
+	// fails (checkReplay).
+	Replay string
+	// ReplayLimit is how many of the trace's first requests are replayed;
+	// 0 means DefaultReplayLimit.
+	ReplayLimit int
 }
 
 // rows are the candidate counts every filter, scorer and picker is asked
@@ -156,6 +167,7 @@ func Run(ctx context.Context, o Options) []Result {
 		o.Plugin.Name = "plugin"
 	}
 	var stdout stdoutTap
+	var stray strayLines
 	r := &run{report: o.Report, firstStop: make(chan struct{})}
 	host := supervisor.NewHost(supervisor.Options{
 		Logger: o.Logger,
@@ -171,9 +183,15 @@ func Run(ctx context.Context, o Options) []Result {
 		StopGrace: stopGrace,
 		Stopped:   r.stopped,
 		Stdout:    &stdout,
+		// Lines before the handshake fail the handshake check, and are
+		// skipped so that the rest is checked too.
+		StrayStdout: stray.add,
 	})
 	defer shutdownHost(host)
 	types, err := host.Start(ctx, o.Plugin)
+	if res, ok := stray.result(err == nil); ok {
+		r.add(res)
+	}
 	if err != nil {
 		r.add(fail("handshake", "the handshake line, then a usable Describe answer", err.Error()))
 		return r.out
@@ -233,7 +251,9 @@ func Run(ctx context.Context, o Options) []Result {
 		switch t.Kind {
 		case shared.KindFilter, shared.KindScorer, shared.KindPicker:
 			r.step(func() []Result { return checkDecide(ctx, t, comp, o.Role) }, fmt.Sprintf("decide %q", t.Name))
-			r.step(func() []Result { return []Result{checkLatency(ctx, t, params, o.Role, o.CallTimeout)} }, fmt.Sprintf("latency %q", t.Name))
+			r.step(func() []Result {
+				return []Result{checkLatency(ctx, t, params, o.Role, o.CallTimeout, proc.ExpectedDecideP99)}
+			}, fmt.Sprintf("latency %q", t.Name))
 			deciders = append(deciders, configured{t, instanceName(t.Name)})
 		case shared.KindClassifier:
 			r.step(func() []Result { return w.checkClassify(ctx, t, params) }, fmt.Sprintf("classify %q", t.Name))
@@ -255,7 +275,46 @@ func Run(ctx context.Context, o Options) []Result {
 	}, "shutdown")
 	r.add(stdoutResult(&stdout, relayed))
 	r.add(checkParentDeath(ctx, o.Plugin))
+	if o.Replay != "" {
+		r.add(checkReplay(ctx, o, types)...)
+	}
 	return r.out
+}
+
+// strayLines are the lines a plugin wrote on stdout before its handshake
+// line (supervisor.Options.StrayStdout), which the router would have read
+// as its handshake.
+type strayLines struct {
+	mu    sync.Mutex
+	n     int
+	first []byte
+}
+
+func (s *strayLines) add(line []byte) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == 0 {
+		s.first = line
+	}
+	s.n++
+}
+
+// result is the failed "handshake stdout" check when lines came before the
+// handshake, saying what the router does (the start fails: go-plugin
+// reads the first line as the handshake) and, when started, that the
+// other checks ran with them skipped; false when none came.
+func (s *strayLines) result(started bool) (Result, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n == 0 {
+		return Result{}, false
+	}
+	got := fmt.Sprintf("%d lines before it, the first %q: the router would not start this plugin (it reads the first line as the handshake, and this one is not)",
+		s.n, bytes.TrimSuffix(s.first[:min(len(s.first), untrusted.MaxLog)], []byte("\n")))
+	if started {
+		got += "; the other checks ran with those lines skipped"
+	}
+	return fail("handshake stdout", "the handshake line first on stdout (log to stderr)", got), true
 }
 
 // shutdownResult is the shutdown check's result from the stops the host
@@ -750,13 +809,12 @@ func request(role shared.Role) *shared.Request {
 		BlockHashes: []uint64{idBase, idBase + 1, idBase + 2, idBase + 3}, SessionID: "check-session"}
 }
 
-// checkDecide runs comp (a filter, scorer or picker) over each of rows and
-// checks every answer as the router does: for a plugin's component the
-// supervisor checks it as it checks every decision call's
-// (pluginclient.CheckResult: kept rows ascending and in range, one finite
-// cost per row, a picked row in range) and fails the call otherwise; for
-// an in-process component (a test's) decideOnce checks costs and the
-// picked row as the pipeline does.
+// checkDecide runs comp (a filter, scorer or picker) over each of rows
+// through the router's own pipeline and supervisor (decision), and
+// reports what routing would do with every answer: accepted, or "the
+// router would fall back on this decision because ..." (kept rows not
+// ascending or out of range, not one finite cost per row, a picked row
+// out of range: pluginclient.CheckResult, the pipeline's own checks).
 //
 // Then concurrent calls, of 1 to concurrent rows, are made at once: the
 // router's client sends what queues together in one message, and each
@@ -764,10 +822,14 @@ func request(role shared.Role) *shared.Request {
 func checkDecide(ctx context.Context, t shared.TypeInfo, comp shared.Component, role shared.Role) []Result {
 	var out []Result
 	declared := comp.Inputs()
+	d, err := newDecision(t.Kind, t.Name, comp)
+	if err != nil {
+		return []Result{fail(fmt.Sprintf("decide %q", t.Name), "a component the router's pipeline can run", err.Error())}
+	}
 	for _, n := range rows {
 		name := fmt.Sprintf("decide %q rows=%d", t.Name, n)
-		if expected, got := decideOnce(ctx, t.Kind, comp, request(role), candidates(n, declared)); expected != "" {
-			out = append(out, fail(name, expected, got+undeclaredHint(ctx, t.Kind, comp, role, n)))
+		if expected, got := d.decide(ctx, request(role), candidates(n, declared)); expected != "" {
+			out = append(out, fail(name, expected, got+undeclaredHint(ctx, d, comp, role, n)))
 		} else {
 			out = append(out, pass(name, ""))
 		}
@@ -777,7 +839,7 @@ func checkDecide(ctx context.Context, t shared.TypeInfo, comp shared.Component, 
 	var wg sync.WaitGroup
 	for i := range answers {
 		wg.Go(func() {
-			answers[i].expected, answers[i].got = decideOnce(ctx, t.Kind, comp, request(role), candidates(i+1, declared))
+			answers[i].expected, answers[i].got = d.decide(ctx, request(role), candidates(i+1, declared))
 		})
 	}
 	wg.Wait()
@@ -795,44 +857,77 @@ func checkDecide(ctx context.Context, t shared.TypeInfo, comp shared.Component, 
 // well with every column set, it says that comp may be reading a column it
 // did not declare; "" otherwise (a failure that does not repeat, or one
 // that every column does not cure).
-func undeclaredHint(ctx context.Context, kind shared.Kind, comp shared.Component, role shared.Role, n int) string {
-	if expected, _ := decideOnce(ctx, kind, comp, request(role), candidates(n, comp.Inputs())); expected == "" {
+func undeclaredHint(ctx context.Context, d *decision, comp shared.Component, role shared.Role, n int) string {
+	if expected, _ := d.decide(ctx, request(role), candidates(n, comp.Inputs())); expected == "" {
 		return ""
 	}
-	if expected, _ := decideOnce(ctx, kind, comp, request(role), candidates(n, shared.AllInputs)); expected != "" {
+	if expected, _ := d.decide(ctx, request(role), candidates(n, shared.AllInputs)); expected != "" {
 		return ""
 	}
 	return fmt.Sprintf(" (sent only the columns it declared, %v, as the router does; with every column set it answers well: "+
 		"it may be reading a column it did not declare)", comp.Inputs())
 }
 
-// decideOnce runs comp, a filter, scorer or picker, over c and checks its
-// answer; expected is "" when it passed, else what was expected, and got
-// what came back.
-func decideOnce(ctx context.Context, kind shared.Kind, comp shared.Component, req *shared.Request, c *shared.Candidates) (expected, got string) {
-	n := c.Len()
-	var err error
+// decision is a policy of one component under check, compiled by the
+// router's own pipeline (pipeline.Compile): comp as its only filter (then
+// firstRow picks), its only scorer of weight 1 (then firstRow picks), or
+// its picker. A plugin's component is Fusable, so the pipeline runs it as
+// a fused run through the supervisor (managed.decide and
+// pluginclient.CheckResult) exactly as a live policy of that component
+// runs: the check sees every answer as routing does, by the same code.
+type decision struct {
+	cp *pipeline.Compiled
+}
+
+// newDecision compiles the policy deciding with comp, a component of kind
+// named name; an error when the pipeline refuses to fuse it.
+func newDecision(kind shared.Kind, name string, comp shared.Component) (*decision, error) {
+	p := &policy.Policy{Name: "plugins-check", PickerName: "check-first-row", PickerType: "check-first-row", Picker: firstRow{}}
 	switch kind {
 	case shared.KindFilter:
-		keep := make([]bool, n)
-		err = comp.(shared.Filter).Filter(ctx, req, c, keep)
+		p.Filters = []policy.NamedFilter{{Name: name, Type: name, Filter: comp.(shared.Filter)}}
 	case shared.KindScorer:
-		costs := make([]float64, n)
-		if err = comp.(shared.Scorer).Score(ctx, req, c, costs); err == nil {
-			if i := slices.IndexFunc(costs, func(v float64) bool { return math.IsNaN(v) || math.IsInf(v, 0) }); i >= 0 {
-				return "finite costs", fmt.Sprintf("cost %v for row %d", costs[i], i)
-			}
-		}
+		p.Scorers = []policy.WeightedScorer{{Name: name, Type: name, Weight: 1, Scorer: comp.(shared.Scorer)}}
 	case shared.KindPicker:
-		var row int
-		if row, err = comp.(shared.Picker).Pick(ctx, req, c); err == nil && (row < 0 || row >= n) {
-			return fmt.Sprintf("a picked row in [0, %d)", n), strconv.Itoa(row)
-		}
+		p.PickerName, p.PickerType, p.Picker = name, name, comp.(shared.Picker)
+	default:
+		return nil, fmt.Errorf("a %s does not decide", kind)
 	}
+	cp, err := pipeline.Compile(p)
 	if err != nil {
-		return "a well-formed answer", err.Error()
+		return nil, err
 	}
-	return "", ""
+	return &decision{cp: cp}, nil
+}
+
+// decide runs the policy over c (compacted in place by a filter, as
+// routing does) and says what the router would do with the answer:
+// "", "" when it accepts it (every row filtered out is an answer too: the
+// router refuses the request as "all filtered", and no fallback decides);
+// else the expected answer and "the router would fall back on this
+// decision because ..." with the pipeline's error, as the router logs it
+// (router.FallsBack: the rule routing applies).
+func (d *decision) decide(ctx context.Context, req *shared.Request, c *shared.Candidates) (expected, got string) {
+	var s pipeline.Scratch
+	_, err := pipeline.Execute(ctx, d.cp, req, c, &s)
+	switch {
+	case err == nil, errors.Is(err, shared.ErrAllFiltered):
+		return "", ""
+	case router.FallsBack(ctx, err):
+		return "an answer the router accepts", "the router would fall back on this decision because " + err.Error()
+	}
+	return "an answer the router accepts", "the router would refuse the request: " + err.Error()
+}
+
+// firstRow is the picker of a policy checking a filter or a scorer: it
+// picks the first row left, so that the decision depends on the checked
+// component's answer alone.
+type firstRow struct{}
+
+func (firstRow) Inputs() shared.Inputs { return 0 }
+
+func (firstRow) Pick(context.Context, *shared.Request, *shared.Candidates) (int, error) {
+	return 0, nil
 }
 
 // maxField bounds each field of a Result as WriteText and WriteJSON write

@@ -49,20 +49,27 @@ func (f *idFilter) Filter(_ context.Context, _ *shared.Request, c *shared.Candid
 	return nil
 }
 
+// accepts and fellBack are what a decide check says of an answer the
+// router would not accept: what routing would do with it.
+const (
+	accepts  = "an answer the router accepts"
+	fellBack = "the router would fall back on this decision because "
+)
+
 func TestCheckDecideAnswers(t *testing.T) {
 	ctx := context.Background()
 	got := checkDecide(ctx, shared.TypeInfo{Name: "nan", Kind: shared.KindScorer}, nanScorer{}, shared.RoleAggregated)
-	if want := (Result{Name: `decide "nan" rows=4096`, Expected: "finite costs", Got: "cost NaN for row 4095"}); len(got) != 4 || got[2] != want {
+	if want := (Result{Name: `decide "nan" rows=4096`, Expected: accepts, Got: fellBack + "scorer nan wrote non-finite cost NaN at row 4095"}); len(got) != 4 || got[2] != want {
 		t.Errorf("NaN scorer: %+v, want 4 results, the third %+v", got, want)
 	}
-	if want := (Result{Name: `decide "nan" concurrent=32`, Expected: "finite costs for the call of 1 rows", Got: "cost NaN for row 0"}); got[3] != want {
+	if want := (Result{Name: `decide "nan" concurrent=32`, Expected: accepts + " for the call of 1 rows", Got: fellBack + "scorer nan wrote non-finite cost NaN at row 0"}); got[3] != want {
 		t.Errorf("NaN scorer, concurrent: %+v, want %+v", got[3], want)
 	}
 	got = checkDecide(ctx, shared.TypeInfo{Name: "p", Kind: shared.KindPicker}, rowPicker{row: 1}, shared.RoleAggregated)
-	if want := (Result{Name: `decide "p" rows=1`, Expected: "a picked row in [0, 1)", Got: "1"}); len(got) != 4 || got[0] != want || !got[1].Pass || !got[2].Pass {
+	if want := (Result{Name: `decide "p" rows=1`, Expected: accepts, Got: fellBack + "picker \"p\": row 1 out of range [0, 1)"}); len(got) != 4 || got[0] != want || !got[1].Pass || !got[2].Pass {
 		t.Errorf("picker of row 1: %+v, want %+v then two passes", got, want)
 	}
-	if want := (Result{Name: `decide "p" concurrent=32`, Expected: "a picked row in [0, 1) for the call of 1 rows", Got: "1"}); got[3] != want {
+	if want := (Result{Name: `decide "p" concurrent=32`, Expected: accepts + " for the call of 1 rows", Got: fellBack + "picker \"p\": row 1 out of range [0, 1)"}); got[3] != want {
 		t.Errorf("picker of row 1, concurrent: %+v, want %+v", got[3], want)
 	}
 	got = checkDecide(ctx, shared.TypeInfo{Name: "p", Kind: shared.KindPicker}, rowPicker{row: 0}, shared.RoleAggregated)
@@ -70,15 +77,15 @@ func TestCheckDecideAnswers(t *testing.T) {
 		t.Errorf("picker of row 0: %+v, want the last %+v", got, want)
 	}
 	got = checkDecide(ctx, shared.TypeInfo{Name: "p", Kind: shared.KindPicker}, rowPicker{row: -1}, shared.RoleAggregated)
-	if want := (Result{Name: `decide "p" rows=8`, Expected: "a picked row in [0, 8)", Got: "-1"}); got[1] != want {
+	if want := (Result{Name: `decide "p" rows=8`, Expected: accepts, Got: fellBack + "picker \"p\": row -1 out of range [0, 8)"}); got[1] != want {
 		t.Errorf("picker of row -1: %+v, want %+v", got, want)
 	}
 	f := &idFilter{}
 	got = checkDecide(ctx, shared.TypeInfo{Name: "f", Kind: shared.KindFilter}, f, shared.RoleAggregated)
-	if want := (Result{Name: `decide "f" rows=8`, Expected: "a well-formed answer", Got: "kept rows not ascending"}); got[1] != want || !got[0].Pass || !got[2].Pass {
+	if want := (Result{Name: `decide "f" rows=8`, Expected: accepts, Got: fellBack + "filter \"f\": kept rows not ascending"}); got[1] != want || !got[0].Pass || !got[2].Pass {
 		t.Errorf("filter: %+v, want the rows=8 failure %+v", got, want)
 	}
-	if want := (Result{Name: `decide "f" concurrent=32`, Expected: "a well-formed answer for the call of 8 rows", Got: "kept rows not ascending"}); got[3] != want {
+	if want := (Result{Name: `decide "f" concurrent=32`, Expected: accepts + " for the call of 8 rows", Got: fellBack + "filter \"f\": kept rows not ascending"}); got[3] != want {
 		t.Errorf("filter, concurrent: %+v, want %+v", got[3], want)
 	}
 	// The failing call of 8 rows is made again, then with every column
@@ -209,14 +216,21 @@ func TestBatchMissingAnswer(t *testing.T) {
 func TestLatencyWarning(t *testing.T) {
 	ms := time.Millisecond
 	stats := []latencyStats{{rows: 8, p50: ms, p99: 2 * ms, max: 30 * ms}, {rows: 64, p50: ms, p99: 25 * ms, max: 26 * ms}}
-	if w := latencyWarning(5*ms, stats, 20*ms); !strings.HasPrefix(w, "rows=8 max 30.00ms, rows=64 p99 25.00ms over call_timeout 20ms: ") ||
+	if w := latencyWarning(5*ms, stats, 20*ms, 0); !strings.HasPrefix(w, "rows=8 max 30.00ms, rows=64 p99 25.00ms over call_timeout 20ms: ") ||
 		strings.Contains(w, "killed as stuck") {
 		t.Errorf("warning %q", w)
 	}
-	if w := latencyWarning(5*ms, stats, 40*ms); w != "" {
+	if w := latencyWarning(5*ms, stats, 40*ms, 0); w != "" {
 		t.Errorf("all under the timeout: warning %q", w)
 	}
-	if w := latencyWarning(31*time.Second, stats, 40*ms); !strings.HasPrefix(w, "cold 31000.00ms over call_timeout 40ms: ") ||
+	if w := latencyWarning(5*ms, stats, 40*ms, 50*ms); !strings.HasPrefix(w, "the declared p99 (expected_decide_p99_nanos) 50.00ms over call_timeout 40ms: ") {
+		t.Errorf("declared p99 over the timeout: warning %q", w)
+	}
+	load := append(stats, latencyStats{rows: 64, load: true, p50: ms, p99: 45 * ms, max: 46 * ms})
+	if w := latencyWarning(5*ms, load, 40*ms, 0); !strings.HasPrefix(w, "rows=64 x16 at once p99 45.00ms over call_timeout 40ms: ") {
+		t.Errorf("p99 under load over the timeout: warning %q", w)
+	}
+	if w := latencyWarning(31*time.Second, stats, 40*ms, 0); !strings.HasPrefix(w, "cold 31000.00ms over call_timeout 40ms: ") ||
 		!strings.HasSuffix(w, "; a call of 31000.00ms would get it killed as stuck") {
 		t.Errorf("a 31s cold call: warning %q", w)
 	}
@@ -238,6 +252,7 @@ func TestHealthWarning(t *testing.T) {
 // is named.
 func TestCheckResult(t *testing.T) {
 	f, s, p := shared.KindFilter, shared.KindScorer, shared.KindPicker
+	const fb = fellBack + "invalid answer "
 	for _, tc := range []struct {
 		r    *pluginv1.DecideResult
 		w    want
@@ -245,23 +260,27 @@ func TestCheckResult(t *testing.T) {
 	}{
 		{&pluginv1.DecideResult{Kept: []uint32{0, 2}, Picked: -1}, want{kind: f, n: 3}, ""},
 		{&pluginv1.DecideResult{FilteredBy: "x", Picked: -1}, want{kind: f, instance: "x", n: 3}, ""},
-		{&pluginv1.DecideResult{FilteredBy: "x", Kept: []uint32{1}, Picked: -1}, want{kind: f, instance: "x", n: 3}, `filtered_by "x" with 1 kept rows (filtered_by means no row was kept)`},
-		{&pluginv1.DecideResult{FilteredBy: "y\x1b", Picked: -1}, want{kind: f, instance: "x", n: 3}, `filtered_by "y\x1b" names no filter of the task`},
-		{&pluginv1.DecideResult{FilteredBy: "x", Picked: -1}, want{kind: s, instance: "x", n: 3}, `filtered_by "x" from a task without a filter`},
-		{&pluginv1.DecideResult{Kept: []uint32{1}, Picked: 0}, want{kind: p, n: 2}, "1 kept rows from a task without a filter"},
-		{&pluginv1.DecideResult{Kept: []uint32{2, 1}, Picked: -1}, want{kind: f, n: 3}, "kept rows [2 1] not strictly ascending in [0, 3)"},
-		{&pluginv1.DecideResult{Kept: []uint32{0, 3}, Picked: -1}, want{kind: f, n: 3}, "kept rows [0 3] not strictly ascending in [0, 3)"},
-		{&pluginv1.DecideResult{Kept: []uint32{0}, Costs: []float64{1}, Picked: -1}, want{kind: s, n: 1}, "1 kept rows from a task without a filter"},
+		{&pluginv1.DecideResult{FilteredBy: "x", Kept: []uint32{1}, Picked: -1}, want{kind: f, instance: "x", n: 3}, fb + `(filtered_by): filtered_by "x" with 1 kept rows (filtered_by means no row was kept)`},
+		{&pluginv1.DecideResult{FilteredBy: "y\x1b", Picked: -1}, want{kind: f, instance: "x", n: 3}, fb + `(filtered_by): filtered_by "y\x1b" names no filter of the task`},
+		{&pluginv1.DecideResult{FilteredBy: "x", Picked: -1}, want{kind: s, instance: "x", n: 3}, fb + `(filtered_by): filtered_by "x" from a task without a filter`},
+		{&pluginv1.DecideResult{Kept: []uint32{1}, Picked: 0}, want{kind: p, n: 2}, fb + "(kept_out_of_range): 1 kept rows of 2 from a task without a filter (send no kept rows, or every row)"},
+		{&pluginv1.DecideResult{Kept: []uint32{2, 1}, Picked: -1}, want{kind: f, n: 3}, fb + "(kept_out_of_range): kept rows [2 1] not strictly ascending in [0, 3)"},
+		{&pluginv1.DecideResult{Kept: []uint32{0, 3}, Picked: -1}, want{kind: f, n: 3}, fb + "(kept_out_of_range): kept rows [0 3] not strictly ascending in [0, 3)"},
+		// Every row, ascending, from a scorer: the router accepts it (issue #29).
+		{&pluginv1.DecideResult{Kept: []uint32{0}, Costs: []float64{1}, Picked: -1}, want{kind: s, n: 1}, ""},
+		{&pluginv1.DecideResult{Kept: []uint32{0, 1, 2}, Costs: []float64{1, 2, 3}, Picked: -1}, want{kind: s, n: 3}, ""},
+		{&pluginv1.DecideResult{Kept: []uint32{2, 1, 0}, Costs: []float64{1, 2, 3}, Picked: -1}, want{kind: s, n: 3}, fb + "(kept_out_of_range): kept rows [2 1 0] not strictly ascending in [0, 3)"},
 		{&pluginv1.DecideResult{Costs: []float64{1, 2}, Picked: -1}, want{kind: s, n: 2}, ""},
-		{&pluginv1.DecideResult{Costs: []float64{1}, Picked: -1}, want{kind: s, n: 2}, "1 costs for 2 rows"},
-		{&pluginv1.DecideResult{Costs: []float64{1, math.Inf(1)}, Picked: -1}, want{kind: s, n: 2}, "cost +Inf for row 1"},
-		{&pluginv1.DecideResult{Costs: []float64{1, 2}}, want{kind: s, n: 2}, "picked 0 from a task without a picker (want -1)"},
-		{&pluginv1.DecideResult{Costs: []float64{1}, Picked: 0}, want{kind: p, n: 2}, "1 costs from a task without a scorer"},
+		{&pluginv1.DecideResult{Costs: []float64{1}, Picked: -1}, want{kind: s, n: 2}, fb + "(row_count): 1 costs for 2 rows"},
+		{&pluginv1.DecideResult{Costs: []float64{1, math.Inf(1)}, Picked: -1}, want{kind: s, n: 2}, fb + "(non_finite_cost): cost +Inf for row 1"},
+		// What the router ignores is accepted.
+		{&pluginv1.DecideResult{Costs: []float64{1, 2}}, want{kind: s, n: 2}, ""},
+		{&pluginv1.DecideResult{Costs: []float64{1}, Picked: 0}, want{kind: p, n: 2}, ""},
 		{&pluginv1.DecideResult{Picked: 1}, want{kind: p, n: 2}, ""},
-		{&pluginv1.DecideResult{Picked: 2}, want{kind: p, n: 2}, "picked row 2, not in [0, 2)"},
-		{&pluginv1.DecideResult{Picked: -1}, want{kind: p, n: 2}, "picked row -1, not in [0, 2)"},
-		{&pluginv1.DecideResult{Error: "boom", Picked: -1}, want{kind: p, n: 2}, `the error "boom"`},
-		{&pluginv1.DecideResult{Error: "\x1b[31m" + strings.Repeat("e", 1<<20), Picked: -1}, want{kind: p, n: 2}, `the error "\x1b[31m` + strings.Repeat("e", 256-len(`\x1b[31m`)) + `...(1048581 bytes)"`},
+		{&pluginv1.DecideResult{Picked: 2}, want{kind: p, n: 2}, fb + "(picked_out_of_range): picked row 2, not in [0, 2)"},
+		{&pluginv1.DecideResult{Picked: -1}, want{kind: p, n: 2}, fb + "(picked_out_of_range): picked row -1, not in [0, 2)"},
+		{&pluginv1.DecideResult{Error: "boom", Picked: -1}, want{kind: p, n: 2}, `the error "boom": the router would fall back on this decision`},
+		{&pluginv1.DecideResult{Error: "\x1b[31m" + strings.Repeat("e", 1<<20), Picked: -1}, want{kind: p, n: 2}, `the error "\x1b[31m` + strings.Repeat("e", 256-len(`\x1b[31m`)) + `...(1048581 bytes)": the router would fall back on this decision`},
 		{&pluginv1.DecideResult{Error: "unknown instance", Picked: -1}, want{n: 1, wantErr: true}, ""},
 		{&pluginv1.DecideResult{Picked: 0}, want{n: 1, wantErr: true}, "no error for a task naming an instance never configured"},
 	} {

@@ -39,7 +39,10 @@ func runParent(spec string, stdin io.Reader, stdout io.Writer) int {
 		fmt.Fprintf(stdout, "error: %s: %v\n", ParentEnv, err)
 		return 2
 	}
-	host := supervisor.NewHost(supervisor.Options{Logger: hclog.NewNullLogger()})
+	// Lines before the handshake are skipped, as the check's own host
+	// skips them (reporting them as its handshake failure): this check is
+	// about the exit.
+	host := supervisor.NewHost(supervisor.Options{Logger: hclog.NewNullLogger(), StrayStdout: func([]byte) {}})
 	if _, err := host.Start(context.Background(), p); err != nil {
 		fmt.Fprintf(stdout, "error: %v\n", strings.ReplaceAll(err.Error(), "\n", " "))
 		return 2

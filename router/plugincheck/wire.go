@@ -192,11 +192,14 @@ func (w *wire) task(id uint64, instance string, kind shared.Kind, n int) *plugin
 		Stages: []*pluginv1.Stage{{Instance: instance, Weight: weight}}}
 }
 
-// checkResult says what is wrong with r as the answer wt describes; "" when
-// nothing is. The router's own check of an answer
-// (pluginclient.CheckResult, which fails the call) comes first; then what
-// the router ignores but the protocol forbids: kept rows, costs or a
-// picked row from a task without a filter, a scorer or a picker.
+// checkResult says what the router would do with r as the answer wt
+// describes, "" when it accepts it: the router's own check of an answer
+// (pluginclient.CheckResult, by which the supervisor fails the call, and
+// the policy's fallback decides) after the client's own reading of it
+// (pluginclient.ResultFromProto). What the router ignores (costs from a
+// task without a scorer, a picked row from one without a picker) is not
+// a failure: routing accepts the answer; kept rows from a task without a
+// filter are accepted when they are every row (CheckResult).
 func checkResult(r *pluginv1.DecideResult, wt want) string {
 	if wt.wantErr {
 		if r.GetError() == "" {
@@ -205,23 +208,12 @@ func checkResult(r *pluginv1.DecideResult, wt want) string {
 		return ""
 	}
 	if e := r.GetError(); e != "" {
-		return `the error "` + untrusted.Text(e, untrusted.MaxLog) + `"`
-	}
-	kept, costs := r.GetKept(), r.GetCosts()
-	if wt.kind != shared.KindFilter && len(kept) > 0 && r.GetFilteredBy() == "" {
-		return fmt.Sprintf("%d kept rows from a task without a filter", len(kept))
+		return `the error "` + untrusted.Text(e, untrusted.MaxLog) + `": the router would fall back on this decision`
 	}
 	stages := []pluginclient.Stage{{Instance: wt.instance, Kind: wt.kind}}
 	task := &pluginclient.Task{Candidates: &shared.Candidates{IDs: make([]shared.WorkerID, wt.n)}, Stages: stages}
-	var invalid *pluginclient.InvalidAnswerError
-	if err := pluginclient.CheckResult(task, pluginclient.ResultFromProto(r, stages)); errors.As(err, &invalid) {
-		return invalid.Detail
-	}
-	if wt.kind != shared.KindScorer && len(costs) > 0 {
-		return fmt.Sprintf("%d costs from a task without a scorer", len(costs))
-	}
-	if picked := r.GetPicked(); wt.kind != shared.KindPicker && picked != -1 {
-		return fmt.Sprintf("picked %d from a task without a picker (want -1)", picked)
+	if err := pluginclient.CheckResult(task, pluginclient.ResultFromProto(r, stages)); err != nil {
+		return "the router would fall back on this decision because " + err.Error()
 	}
 	return ""
 }

@@ -81,6 +81,12 @@ type Options struct {
 	// at most every 10 s, so that the plugin never blocks writing it
 	// (cmdRunner). Default: dropped too.
 	Stdout io.Writer
+	// StrayStdout, when set, is given each line (up to maxStrayLines) a
+	// plugin writes on stdout before a line that can be its handshake
+	// (looksLikeHandshake), and the line is skipped instead of failing the
+	// handshake as it does in the router. Only `router plugins check` sets
+	// it: it reports the fault, then checks the rest of the plugin.
+	StrayStdout func(line []byte)
 }
 
 // StopReport says how a plugin process stopped.
@@ -166,6 +172,7 @@ type Host struct {
 	stopGrace   time.Duration
 	onStopped   func(StopReport)
 	stdout      io.Writer
+	strayStdout func([]byte)
 
 	// testHookDecideBatch, when a test sets it before starting plugins,
 	// runs after each DecideBatch's size is observed, on the sending
@@ -220,6 +227,7 @@ func NewHost(o Options) *Host {
 		stopGrace:   o.StopGrace,
 		onStopped:   o.Stopped,
 		stdout:      o.Stdout,
+		strayStdout: o.StrayStdout,
 		done:        make(chan struct{}),
 		procs:       make(map[string]*managed),
 		stats:       make(map[string]*counters),
@@ -331,6 +339,10 @@ func (h *Host) Start(ctx context.Context, p config.Plugin) ([]shared.TypeInfo, e
 	if err != nil {
 		h.log.Debug("plugin failed to start", "plugin", p.Name, "error", err)
 		return nil, err
+	}
+	if d := desc.ExpectedDecideP99; d > m.callTimeout {
+		h.log.Warn("the plugin declares a Decide p99 above its call_timeout: the policy's fallback will decide every call that takes longer (raise call_timeout, docs/plugin-protocol.md \"Deadlines by language\")",
+			"plugin", p.Name, "expected_decide_p99", d, "call_timeout", m.callTimeout)
 	}
 
 	types := make([]shared.TypeInfo, len(desc.Types))
@@ -513,6 +525,9 @@ type ProcessInfo struct {
 	// Exited is closed once the process has exited (for whatever reason,
 	// a stop included).
 	Exited <-chan struct{}
+	// ExpectedDecideP99 is the Decide p99 the process declared in its
+	// Describe answer (expected_decide_p99_nanos); 0 for none.
+	ExpectedDecideP99 time.Duration
 }
 
 // Process returns the named plugin's current process. It fails when the
@@ -528,7 +543,7 @@ func (h *Host) Process(name string) (ProcessInfo, error) {
 	if p == nil || p.conn == nil {
 		return ProcessInfo{}, fmt.Errorf("plugin %q has no process", name)
 	}
-	return ProcessInfo{PID: p.pid, SocketDir: p.sockDir, Conn: p.conn, Exited: p.exited}, nil
+	return ProcessInfo{PID: p.pid, SocketDir: p.sockDir, Conn: p.conn, Exited: p.exited, ExpectedDecideP99: p.expectedP99}, nil
 }
 
 // Info returns what the named plugin's current process runs: its version,

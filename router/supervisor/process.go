@@ -67,6 +67,8 @@ type proc struct {
 	version      string           // DescribeResponse.plugin_version
 	stderr       *tail
 	exitR        *os.File // the exit pipe's read end, closed by stop
+	// expectedP99 is the Decide p99 the plugin declared (Describe).
+	expectedP99 time.Duration
 
 	// addr is the handshake's address once it is accepted (a unix socket
 	// or a loopback TCP address); nil before, or when it was refused. The
@@ -243,6 +245,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 			if err != nil {
 				return nil, err
 			}
+			r.stray = h.strayStdout
 			p.runner.Store(r)
 			return r, nil
 		},
@@ -357,6 +360,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 			desc.APIVersions, supportedAPIVersions))
 	}
 	p.version = desc.PluginVersion
+	p.expectedP99 = desc.ExpectedDecideP99
 	p.log.Debug("plugin started", "pid", p.pid, "version", desc.PluginVersion, "types", len(desc.Types))
 	return p, desc, nil
 }

@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -44,8 +45,23 @@ type cmdRunner struct {
 	relayed          chan struct{} // closed when relayStdout has returned
 	relayOnce        sync.Once
 	reports          *untrusted.Limiter
+	// stray, when set, is given the lines before the handshake line
+	// (Options.StrayStdout), which are then skipped.
+	stray func([]byte)
 
 	pid int
+}
+
+// maxStrayLines bounds how many lines before the handshake stray skips.
+const maxStrayLines = 64
+
+// looksLikeHandshake reports whether line can be go-plugin's handshake
+// line, CORE-PROTOCOL-VERSION|APP-PROTOCOL-VERSION|NETWORK-TYPE|
+// NETWORK-ADDR[|PROTOCOL...]: a digit first and at least three '|'
+// (github.com/hashicorp/go-plugin v1.8.0 client.go, Client.Start, which splits
+// the line on '|' and wants at least 4 parts).
+func looksLikeHandshake(line []byte) bool {
+	return len(line) > 0 && line[0] >= '0' && line[0] <= '9' && bytes.Count(line, []byte{'|'}) >= 3
 }
 
 var _ runner.Runner = (*cmdRunner)(nil)
@@ -106,6 +122,10 @@ func (r *cmdRunner) relayStdout() {
 	defer func() { _ = r.stdoutR.Close() }()
 	br := bufio.NewReaderSize(r.stdoutR, bufio.MaxScanTokenSize)
 	line, err := br.ReadSlice('\n')
+	for skipped := 0; r.stray != nil && err == nil && skipped < maxStrayLines && !looksLikeHandshake(line); skipped++ {
+		r.stray(append([]byte(nil), line...))
+		line, err = br.ReadSlice('\n')
+	}
 	tooLong := errors.Is(err, bufio.ErrBufferFull)
 	if tooLong {
 		r.tooLong() // the start fails: no warnings about the rest

@@ -39,6 +39,7 @@ def serve(
     logger: Optional[logging.Logger] = None,
     decide_workers: int = 4,
     max_rpc_threads: int = 32,
+    expected_decide_p99: float = 0.0,
 ) -> NoReturn:
     """Serves ``types`` to the router and exits the process when the router
     ends the plugin; it never returns.
@@ -53,6 +54,12 @@ def serve(
 
     ``decide_workers`` threads run Decide tasks; ``max_rpc_threads`` bounds
     the gRPC server's threads (each open stream holds one).
+
+    ``expected_decide_p99``, seconds (0: not declared), is the p99 time the
+    plugin expects one Decide task to take under load, sent in Describe
+    (``expected_decide_p99_nanos``): the router logs a warning at start when
+    the plugin block's ``call_timeout`` is below it, and ``router plugins
+    check`` warns too (docs/plugin-protocol.md, "Deadlines by language").
 
     It exits 0 after ``plugin.GRPCController/Shutdown``. When the router dies
     (SIGTERM, or the parent pid changes, checked every 250 ms), it removes
@@ -75,7 +82,14 @@ def serve(
         sys.exit(1)
     sock_dir = os.environ.get("PLUGIN_UNIX_SOCKET_DIR", "")
     stop = threading.Event()
-    ps = PluginServer(version, types, log=log, decide_workers=decide_workers, on_shutdown=stop.set)
+    ps = PluginServer(
+        version,
+        types,
+        log=log,
+        decide_workers=decide_workers,
+        on_shutdown=stop.set,
+        expected_decide_p99=expected_decide_p99,
+    )
     server = grpc.server(ThreadPoolExecutor(max_workers=max_rpc_threads, thread_name_prefix="grpc"), options=GRPC_OPTIONS)
     ps.add_to(server)
     path = os.path.join(sock_dir or tempfile.gettempdir(), f"plugin{secrets.randbelow(10**10)}")

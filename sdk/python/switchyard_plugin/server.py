@@ -255,9 +255,14 @@ class PluginServer(
         log: Optional[logging.Logger] = None,
         decide_workers: int = 4,
         on_shutdown: Callable[[], None] = lambda: None,
+        expected_decide_p99: float = 0.0,
     ) -> None:
         validate_types(types)
+        if not (expected_decide_p99 >= 0 and expected_decide_p99 < 2**63 / 1e9):
+            raise ValueError(f"expected_decide_p99 {expected_decide_p99!r}: want seconds >= 0")
         self._version = version
+        # Describe's expected_decide_p99_nanos: seconds, rounded up to ns.
+        self._expected_p99_nanos = math.ceil(expected_decide_p99 * 1e9)
         self._types = {t.name: t for t in types}
         self._order = [t.name for t in types]
         self._log = log or logging.getLogger("switchyard_plugin")
@@ -295,7 +300,11 @@ class PluginServer(
     # --- Describe and Configure ------------------------------------------
 
     def Describe(self, request, context):  # noqa: N802
-        resp = pb.DescribeResponse(plugin_version=self._version, api_versions=[API_VERSION])
+        resp = pb.DescribeResponse(
+            plugin_version=self._version,
+            api_versions=[API_VERSION],
+            expected_decide_p99_nanos=self._expected_p99_nanos,
+        )
         for name in self._order:
             t = self._types[name]
             ct = resp.types.add(name=t.name, kind=int(t.kind), inputs=int(t.inputs), doc=t.doc)

@@ -87,7 +87,11 @@
 //	           "kept" adds row 2^20 to the kept rows, "filtered-by" sets
 //	           filtered_by to an escape sequence and 1 MiB of "x" (no kept
 //	           rows), "error" answers the error "\x1b[31mred" followed by
-//	           SY_INVALID_BYTES (default 12 MiB) bytes of "e"
+//	           SY_INVALID_BYTES (default 12 MiB) bytes of "e";
+//	           "kept-descending" and "kept-all" change only a scorer's
+//	           result (costs, no kept rows): kept rows n, n-1, ..., 1 for
+//	           its n rows (descending, the first out of range), or every
+//	           row, 0 to n-1 (the full ascending list the router accepts)
 //	stderr-flood
 //	           write SY_STDERR_MB MiB (default 64) of 1 KiB lines to stderr,
 //	           then serve
@@ -95,6 +99,10 @@
 //	           serve the good types, but each t-lowest Pick first writes a
 //	           4 KiB line to file descriptor 1 (the raw stdout, not the
 //	           SDK's), the first Pick a line of 100 KiB before it
+//
+// SY_EXPECTED_P99 (a Go duration), in the modes that serve the good types
+// with serve(), is the Decide p99 Describe declares
+// (ServeOpts.ExpectedDecideP99).
 //
 // SY_STARTS names a file it appends a line ("pid unixnano") to at every
 // start, and SY_MARKER a file it creates, so tests can tell whether (and
@@ -492,6 +500,18 @@ func breakResult(r *pluginv1.DecideResult, how string) {
 		r.Picked = 1 << 20
 	case "kept":
 		r.Kept = append(r.Kept, 1<<20)
+	case "kept-descending", "kept-all":
+		if len(r.Costs) == 0 || len(r.Kept) > 0 {
+			return
+		}
+		n := len(r.Costs)
+		for i := range n {
+			if how == "kept-all" {
+				r.Kept = append(r.Kept, uint32(i))
+			} else {
+				r.Kept = append(r.Kept, uint32(n-i))
+			}
+		}
 	case "filtered-by":
 		r.FilteredBy, r.Kept, r.Costs, r.Picked = "\x1b[2J"+strings.Repeat("x", 1<<20), nil, nil, -1
 	case "error":
@@ -522,7 +542,9 @@ func (classifier) Classify(context.Context, *shared.Request) (shared.Classificat
 func (classifier) OnEvents([]shared.Event) {}
 
 func serve() {
-	shared.Serve(shared.ServeOpts{Version: "test", Types: types()})
+	// SY_EXPECTED_P99, a Go duration, is the Decide p99 Describe declares.
+	p99, _ := time.ParseDuration(os.Getenv("SY_EXPECTED_P99"))
+	shared.Serve(shared.ServeOpts{Version: "test", Types: types(), ExpectedDecideP99: p99})
 }
 
 // envKeys lists the plugin's environment variables, except go-plugin's.

@@ -251,10 +251,17 @@ type DescribeResponse struct {
 	// plugin_version is the plugin's own version string.
 	PluginVersion string `protobuf:"bytes,1,opt,name=plugin_version,json=pluginVersion,proto3" json:"plugin_version,omitempty"`
 	// api_versions the plugin speaks; the host picks the highest common one.
-	ApiVersions   []uint32         `protobuf:"varint,2,rep,packed,name=api_versions,json=apiVersions,proto3" json:"api_versions,omitempty"`
-	Types         []*ComponentType `protobuf:"bytes,3,rep,name=types,proto3" json:"types,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ApiVersions []uint32         `protobuf:"varint,2,rep,packed,name=api_versions,json=apiVersions,proto3" json:"api_versions,omitempty"`
+	Types       []*ComponentType `protobuf:"bytes,3,rep,name=types,proto3" json:"types,omitempty"`
+	// expected_decide_p99_nanos, when not 0, is the p99 latency of one
+	// Decide task the plugin's author expects under load, in nanoseconds
+	// (a Python scorer's is milliseconds where a Go one's is microseconds).
+	// The router warns at the plugin's start when the plugin block's
+	// call_timeout is below it, and `router plugins check` when
+	// call_timeout is below it or below the p99 it measures.
+	ExpectedDecideP99Nanos uint64 `protobuf:"varint,4,opt,name=expected_decide_p99_nanos,json=expectedDecideP99Nanos,proto3" json:"expected_decide_p99_nanos,omitempty"`
+	unknownFields          protoimpl.UnknownFields
+	sizeCache              protoimpl.SizeCache
 }
 
 func (x *DescribeResponse) Reset() {
@@ -306,6 +313,13 @@ func (x *DescribeResponse) GetTypes() []*ComponentType {
 		return x.Types
 	}
 	return nil
+}
+
+func (x *DescribeResponse) GetExpectedDecideP99Nanos() uint64 {
+	if x != nil {
+		return x.ExpectedDecideP99Nanos
+	}
+	return 0
 }
 
 // ComponentType describes one type the plugin provides.
@@ -1846,11 +1860,12 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"\n" +
 	"!switchyard/plugin/v1/plugin.proto\x12\x14switchyard.plugin.v1\"4\n" +
 	"\x0fDescribeRequest\x12!\n" +
-	"\fapi_versions\x18\x01 \x03(\rR\vapiVersions\"\x97\x01\n" +
+	"\fapi_versions\x18\x01 \x03(\rR\vapiVersions\"\xd2\x01\n" +
 	"\x10DescribeResponse\x12%\n" +
 	"\x0eplugin_version\x18\x01 \x01(\tR\rpluginVersion\x12!\n" +
 	"\fapi_versions\x18\x02 \x03(\rR\vapiVersions\x129\n" +
-	"\x05types\x18\x03 \x03(\v2#.switchyard.plugin.v1.ComponentTypeR\x05types\"\xb6\x01\n" +
+	"\x05types\x18\x03 \x03(\v2#.switchyard.plugin.v1.ComponentTypeR\x05types\x129\n" +
+	"\x19expected_decide_p99_nanos\x18\x04 \x01(\x04R\x16expectedDecideP99Nanos\"\xb6\x01\n" +
 	"\rComponentType\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12.\n" +
 	"\x04kind\x18\x02 \x01(\x0e2\x1a.switchyard.plugin.v1.KindR\x04kind\x12\x16\n" +
