@@ -73,18 +73,18 @@ type canaryBucket struct {
 // CanaryRollback is a canary switching itself off.
 type CanaryRollback struct {
 	// Role, Policy (the role's live policy) and Candidate name the canary.
-	Role      shared.Role
-	Policy    string
-	Candidate string
+	Role      shared.Role `json:"role"`
+	Policy    string      `json:"policy"`
+	Candidate string      `json:"candidate"`
 	// Reason is "fallback_share" or "ttft_p90": the threshold passed.
-	Reason string
+	Reason string `json:"reason"`
 	// At is the Router's clock (Options.Canary.Now) when it rolled back.
-	At time.Time
+	At time.Time `json:"at"`
 	// Window are the figures of the window the threshold was judged over.
-	Window CanaryWindow
+	Window CanaryWindow `json:"window"`
 	// CandidateDecisions is the candidate's decisions since the bundle
 	// loaded, this one included.
-	CandidateDecisions int64
+	CandidateDecisions int64 `json:"candidate_decisions"`
 }
 
 // The rollback reasons (CanaryRollback.Reason, the metric's reason label).
