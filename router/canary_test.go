@@ -57,7 +57,7 @@ func (c *fakeClock) Add(d time.Duration) {
 // canaryRouter is a Router over workers 1..4 whose aggregated policy
 // "live" always picks worker 1 and whose canary "trial" (with a
 // least-loaded fallback "safe") picks worker 4 until trial.fail is set.
-func canaryRouter(t *testing.T, weight float64, rb policy.CanaryRollback, o Options) (*Router, *canaryPick) {
+func canaryRouter(t testing.TB, weight float64, rb policy.CanaryRollback, o Options) (*Router, *canaryPick) {
 	t.Helper()
 	trial := &canaryPick{row: 3}
 	live := &policy.Policy{Name: "live", PickerName: "pick", Picker: &canaryPick{row: 0}}
@@ -354,3 +354,46 @@ func TestCanaryConcurrentRecording(t *testing.T) {
 		t.Fatalf("status %+v", st)
 	}
 }
+
+// BenchmarkCanaryPlace is one selection of a picker-only policy over 4
+// workers without a canary, with one (weight 0.5; both sides pick alike),
+// and the canary's choice alone.
+func BenchmarkCanaryPlace(b *testing.B) {
+	run := func(b *testing.B, r *Router) {
+		req := &shared.Request{ID: "x", SessionID: "s", Role: shared.RoleAggregated, PromptTokens: 4, BlockSize: 4}
+		var bk fleet.Booking
+		b.ReportAllocs()
+		for i := 0; b.Loop(); i++ {
+			req.SessionID = sessionKeys[i&1023]
+			d, err := r.Place(context.Background(), req, Placement{Booking: &bk})
+			if err != nil {
+				b.Fatal(err)
+			}
+			d.Booking.Release()
+		}
+	}
+	b.Run("no-canary", func(b *testing.B) {
+		r, err := New(Options{BlockSize: 4, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: {Name: "live", PickerName: "pick", Picker: &canaryPick{}}}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for i := range 4 {
+			if _, err := r.AddWorker(fleet.Spec{ID: shared.WorkerID(i + 1), Role: shared.RoleAggregated, TotalKVBlocks: 100}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		run(b, r)
+	})
+	b.Run("canary", func(b *testing.B) {
+		r, _ := canaryRouter(b, 0.5, policy.CanaryRollback{MaxFallbackShare: 1, Window: time.Minute, MinRequests: 1}, Options{})
+		run(b, r)
+	})
+}
+
+var sessionKeys = func() []string {
+	out := make([]string, 1024)
+	for i := range out {
+		out[i] = fmt.Sprintf("session-%d", i)
+	}
+	return out
+}()
