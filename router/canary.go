@@ -50,8 +50,8 @@ const canaryHashBits = 53
 
 // TTFT bins of a canary bucket's histogram (for the p90 it shows; the
 // rollback counts first tokens above the threshold exactly): bin 0 is up
-// to 1 ms, bin i up to 1 ms × 1.1^i, the last everything above ~1.8e5 s
-// ... in practice 1.1^127 ms ≈ 183 s.
+// to 1 ms, bin i up to 1 ms × 1.1^i, and the last (1.1^127 ms ≈ 183 s)
+// also holds everything above.
 const (
 	canaryTTFTBins  = 128
 	canaryTTFTRatio = 1.1
@@ -313,13 +313,13 @@ func binUpper(k int) time.Duration {
 // judge returns the reason the window w passes a threshold, or "".
 func (c *Canary) judge(w CanaryWindow) string {
 	rb := &c.cfg.Rollback
-	min := int64(rb.MinRequests)
-	if w.Decisions >= min && float64(w.Fallbacks) > rb.MaxFallbackShare*float64(w.Decisions) {
+	least := int64(rb.MinRequests)
+	if w.Decisions >= least && float64(w.Fallbacks) > rb.MaxFallbackShare*float64(w.Decisions) {
 		return CanaryReasonFallbackShare
 	}
 	// The p90 (nearest rank) is above the threshold exactly when more
 	// than n - ceil(0.9 n) first tokens are.
-	if rb.MaxTTFTP90 > 0 && w.TTFTs >= min && w.Slow > w.TTFTs-p90Rank(w.TTFTs) {
+	if rb.MaxTTFTP90 > 0 && w.TTFTs >= least && w.Slow > w.TTFTs-p90Rank(w.TTFTs) {
 		return CanaryReasonTTFTP90
 	}
 	return ""
@@ -341,7 +341,7 @@ func (c *Canary) Status(now time.Time) CanaryStatus {
 	}
 }
 
-// now is the canaries' clock.
+// canaryNow is the canaries' clock (CanaryOptions.Now).
 func (r *Router) canaryNow() time.Time {
 	if r.canaryOpts.Now != nil {
 		return r.canaryOpts.Now()
