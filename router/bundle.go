@@ -113,7 +113,7 @@ const (
 var bundleRoles = []shared.Role{shared.RoleAggregated, shared.RolePrefill, shared.RoleDecode}
 
 // NewBundle returns a bundle of the given role policies, each resolved
-// once (hosted or compiled, with its fallbacks and shadow), completed by
+// once (hosted or compiled, with its fallbacks, shadow and canary), completed by
 // o. Errors: an invalid role or a nil policy, and a *RoleError for a
 // policy that cannot run; with o.Owned the components are closed before
 // an error returns.
@@ -144,6 +144,9 @@ func NewBundle(roles map[shared.Role]*policy.Policy, o BundleOptions) (*Bundle, 
 			continue
 		}
 		rp, err := resolve(p, 0)
+		if err == nil {
+			rp.canary, err = newCanary(role, p)
+		}
 		if err != nil {
 			return fail(&RoleError{Role: role, Err: err})
 		}
@@ -310,6 +313,9 @@ func (b *Bundle) eachComponent(roles map[shared.Role]*policy.Policy, f func(c an
 		visit(p.Picker)
 		walk(p.Fallback, depth+1)
 		walk(p.Shadow, depth+1)
+		if p.Canary != nil {
+			walk(p.Canary.Policy, depth+1)
+		}
 	}
 	for _, rp := range b.roles {
 		walk(rp.policy, 0)

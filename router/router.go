@@ -50,6 +50,11 @@ type Options struct {
 	// Shadow sets how the policies' shadows run (serve: asynchronously;
 	// replay: Inline). Without a shadow in any policy it has no effect.
 	Shadow ShadowOptions
+	// Canary sets the canaries' clock and rollback hook. With a
+	// Registerer the Router also exports switchyard_canary_state,
+	// switchyard_canary_decisions_total and
+	// switchyard_canary_rollbacks_total (see Canary).
+	Canary CanaryOptions
 }
 
 // Selection errors of the Router itself.
@@ -88,6 +93,9 @@ type Router struct {
 	shadowJobs    sync.Pool      // *shadowJob
 	shadowPool    *shadowPool    // the asynchronous shadows; nil when Inline
 
+	canaryOpts    CanaryOptions
+	canaryMetrics *canaryMetrics // nil without a Registerer
+
 	// swapMu serialises Apply and Close.
 	swapMu sync.Mutex
 	closed bool
@@ -102,6 +110,7 @@ type rolePolicy struct {
 	compiled *pipeline.Compiled        // nil when hosted
 	fallback *rolePolicy
 	shadow   *rolePolicy // compiled, never hosted; its own fallback and shadow are not resolved
+	canary   *Canary     // the role's policy's canary (NewBundle); nil without one
 }
 
 // maxFallbackDepth bounds a chain of fallbacks (the loader rejects cycles).
@@ -187,10 +196,14 @@ func New(o Options) (*Router, error) {
 		fleet:           fleet.New(),
 		index:           prefix.New(o.BlockSize),
 		shadow:          o.Shadow,
+		canaryOpts:      o.Canary,
 	}
 	if o.Registerer != nil {
 		var err error
 		if r.shadowMetrics, err = registerShadow(o.Registerer); err != nil {
+			return nil, fmt.Errorf("router: metrics: %w", err)
+		}
+		if r.canaryMetrics, err = registerCanary(o.Registerer, r); err != nil {
 			return nil, fmt.Errorf("router: metrics: %w", err)
 		}
 	}
@@ -492,6 +505,13 @@ type Decision struct {
 	// for a Target decision (no policy ran). See Placement.Alternates for
 	// how they are ranked.
 	Alternates []*fleet.Worker
+	// Canary is the canary of the role's policy when it has one (nil
+	// otherwise, and for a Target decision), and Candidate is true when
+	// the canary's candidate decided (Policy names it, or its fallback
+	// when Fallback). Hand the decision to Router.CanaryTTFT at the first
+	// token.
+	Canary    *Canary
+	Candidate bool
 	// Shadow is the outcome of the role's policy's shadow when the Router
 	// runs shadows inline (ShadowOptions.Inline); the zero outcome
 	// (Result "") otherwise, for a policy without a shadow and for a
@@ -576,9 +596,21 @@ func (r *Router) Place(ctx context.Context, req *shared.Request, pl Placement) (
 	}
 	defer b.release(stripe)
 	rp := b.roles[req.Role]
+	// A canary sends the requests whose key hashes below its weight to
+	// its candidate, with the candidate's own fallbacks; the live
+	// policy's shadow is not asked for those.
+	c := rp.canary
+	candidate := c != nil && c.Candidate(req)
+	if candidate {
+		rp = c.cand
+	}
 	for try := 1; ; try++ {
 		d, err := r.placeOnce(ctx, b, rp, req, pl, try > 1)
 		if !errors.Is(err, errLostRace) {
+			if c != nil && err == nil && !d.Target {
+				d.Canary, d.Candidate = c, candidate
+				r.canaryDecided(c, candidate, d.Fallback)
+			}
 			return d, err
 		}
 		if try == maxTryBooks {

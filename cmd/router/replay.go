@@ -63,6 +63,9 @@ type replayFlags struct {
 	// failOnFallback makes any fallback a failure (exit 1), after the
 	// outputs are written.
 	failOnFallback bool
+	// canary is --canary: "" runs the policy files' canary blocks as
+	// declared; "off", "WEIGHT" or "CANDIDATE=WEIGHT" (replay.ParseCanary).
+	canary string
 	// memoryLimit is --memory-limit, MiB; 0 leaves the Go runtime's.
 	memoryLimit int
 	// quiet is --quiet: no progress on stderr (see progress).
@@ -111,6 +114,13 @@ policy failed (a plugin's error, panic, timeout, restart...) are counted in
 the table's fallbacks column, and stderr ends with one line per plugin that
 caused them, by cause, with the first error; with --fail-on-fallback any
 fallback makes the exit status 1.
+
+A policy's canary block (docs/policy-file.md, Canary) splits the requests
+as router serve would, by the hash of each trace record's session_id (its
+index without one), and rolls the candidate back in simulated time; stderr
+then shows each side's TTFT, E2E and fallbacks and whether the rollback
+would fire. --canary off runs without canaries, --canary 0.1 sets every
+canary's weight and --canary trial=0.1 the weight of candidate "trial".
 
 --prefix precise routes by the simulated engines' KV events instead of the
 router's own record of what it sent: each engine publishes the prefix blocks
@@ -163,6 +173,7 @@ releases, and the engines' KV events, --sync-delay later. A list of delays
 		fmt.Sprintf("router replicas sharing the fleet, 1 to %d: request i is routed by replica i mod N, and each sees the others' decisions and the engines' KV events --sync-delay later", replay.MaxReplicas))
 	fl.DurationSliceVar(&f.syncDelays, "sync-delay", nil,
 		"with --replicas: simulated time before a replica's decisions and the engines' KV events reach every replica (default 0); a comma-separated list sweeps (0,10ms,1s)")
+	fl.StringVar(&f.canary, "canary", "", "rehearse the policy files' canaries at another weight: off, WEIGHT or CANDIDATE=WEIGHT (0 to 1, or a percentage); without it they run as declared")
 	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
 	fl.IntVar(&f.memoryLimit, "memory-limit", DefaultReplayMemoryLimit,
 		"soft limit on the Go heap in MiB (runtime/debug.SetMemoryLimit), set unless GOMEMLIMIT is in the environment; 0: none")
@@ -209,6 +220,11 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 	}
 	if err := f.checkStreams(cmd); err != nil {
 		return err
+	}
+	if fs.Changed("canary") {
+		if _, err := replay.ParseCanary(f.canary); err != nil {
+			return err
+		}
 	}
 	if fs.Changed("compare") {
 		if len(f.compare) == 0 {
@@ -623,6 +639,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		if err := report.WriteShadowFailures(stderr, rep); err != nil {
 			return &exitError{code: 1, err: err}
 		}
+		if err := report.WriteCanary(stderr, rep); err != nil {
+			return &exitError{code: 1, err: err}
+		}
 	}
 	if f.failOnFallback && fellBack > 0 {
 		return &exitError{code: 1, err: fmt.Errorf("--fail-on-fallback: %d selections were decided by a fallback policy", fellBack)}
@@ -667,7 +686,12 @@ func (f *replayFlags) sweep(cmd *cobra.Command, tr *trace.Opened) *replay.Sweep 
 		slo, _ = report.ParseSLO(f.slo) // checked
 	}
 	stderr := cmd.ErrOrStderr()
+	var canary replay.Canary
+	if f.canary != "" {
+		canary, _ = replay.ParseCanary(f.canary) // checked
+	}
 	return &replay.Sweep{
+		Canary:       canary,
 		Trace:        tr,
 		Policies:     f.policyPaths(),
 		Fleets:       f.fleets(cmd),

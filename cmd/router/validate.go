@@ -92,6 +92,14 @@ func printBundle(w io.Writer, b *config.PolicyFile) error {
 			if d.Shadow != "" {
 				fmt.Fprintf(&sb, "            shadow %q\n", d.Shadow)
 			}
+			if d.Canary != "" {
+				fmt.Fprintf(&sb, "            canary %q", d.Canary)
+				if d.Policy != nil && d.Policy.Canary != nil {
+					c := d.Policy.Canary
+					fmt.Fprintf(&sb, " weight %g key %s", c.Weight, c.Key)
+				}
+				sb.WriteByte('\n')
+			}
 		}
 	}
 	if b.Classifier != nil {

@@ -282,6 +282,10 @@ type PolicyDecl struct {
 	// the roles that select it, whose answer is only compared (the
 	// policy's `shadow`); "" when it has none.
 	Shadow string
+	// Canary names the candidate of the policy's canary block, which
+	// decides a share of the requests of the roles that select this
+	// policy (Policy.Canary holds the rest); "" when it has none.
+	Canary string
 	// Used is true when some role reaches the policy, directly, through
 	// fallbacks, or as the shadow of a role's policy.
 	Used bool

@@ -219,6 +219,9 @@ func (l *loader) load(body hcl.Body) {
 	for _, d := range l.decls {
 		l.resolveShadow(d)
 	}
+	for _, d := range l.decls {
+		l.resolveCanary(d)
+	}
 	l.checkCycles()
 	if l.syntaxErrors || selection == nil && diags.HasErrors() {
 		l.badSelection = true // an unsupported top-level block may have meant it

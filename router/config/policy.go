@@ -21,6 +21,7 @@ var policySchema = &hcl.BodySchema{
 		{Type: "filter", LabelNames: []string{"name"}},
 		{Type: "scorer", LabelNames: []string{"name"}},
 		{Type: "picker", LabelNames: []string{"name"}},
+		{Type: "canary"},
 	},
 }
 
@@ -39,6 +40,7 @@ type policyDecl struct {
 	fallbackGone  []string       // the failed plugins it may come from
 	shadowAttr    *hcl.Attribute // nil without a shadow
 	shadow        *policyDecl    // the policy asked beside this one, never acted on
+	canary        *canaryDecl    // the canary block; nil without one
 	reach         []shared.Role  // the roles reaching the policy, in Roles order
 	used          bool
 
@@ -67,6 +69,9 @@ func (d *policyDecl) export() *PolicyDecl {
 	if d.shadow != nil {
 		out.Shadow = d.shadow.name
 	}
+	if c := d.canary; c != nil && c.cand != nil {
+		out.Canary = c.cand.name
+	}
 	return out
 }
 
@@ -93,6 +98,10 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 	var filters, scorers []*compDecl
 	var pick *compDecl
 	for _, cb := range content.Blocks {
+		if cb.Type == "canary" {
+			l.canaryBlock(d, cb)
+			continue
+		}
 		cname := cb.Labels[0]
 		cnameOK := l.checkName(cb.Type, cname, cb.LabelRanges[0])
 		if first := seen[cname]; cnameOK && first != nil {
@@ -308,6 +317,7 @@ func (l *loader) instantiateAll() {
 					p.Shadow = d.shadow.policy
 				}
 			}
+			p.Canary = canaryOf(d, role)
 		}
 	}
 }
@@ -454,7 +464,9 @@ func indexOf(ds []*policyDecl, d *policyDecl) int {
 }
 
 // markUsed records the roles reaching each policy, directly, through
-// fallbacks, or as the shadow of a role's policy, and warns about the declared policies nothing reaches.
+// fallbacks, as the shadow of a role's policy or as its canary's candidate
+// (and the candidate's fallbacks), and warns about the declared policies
+// nothing reaches.
 func (l *loader) markUsed() {
 	for _, role := range Roles {
 		name, ok := l.file.RolePolicies[role]
@@ -477,12 +489,24 @@ func (l *loader) markUsed() {
 			s.used = true
 			s.reach = append(s.reach, role)
 		}
+		// So does its canary's candidate, with the candidate's fallbacks
+		// (they answer when the candidate fails).
+		if c := d.canary; c != nil && c.cand != nil {
+			for f := c.cand; f != nil && !seen[f]; f = f.fallback {
+				seen[f] = true
+				if f == d.shadow {
+					continue // reached already, as the shadow
+				}
+				f.used = true
+				f.reach = append(f.reach, role)
+			}
+		}
 	}
 	for _, d := range l.decls {
 		// A role whose selection has an error may have meant any policy.
 		if !d.used && !l.badSelection {
 			l.warnf(d.rng, "Unused policy",
-				"Policy %q is declared but unused: no role selects it in worker_selection, directly, as a fallback of a policy in use or as the shadow of a role's policy. Select it for a role or remove it.",
+				"Policy %q is declared but unused: no role selects it in worker_selection, directly, as a fallback of a policy in use, as the shadow of a role's policy or as its canary. Select it for a role or remove it.",
 				d.name)
 		}
 	}

@@ -433,7 +433,8 @@ func (d *Daemon) newRouter(ctx context.Context, b *loader.Bundle, reg prometheus
 		return nil, err
 	}
 	r, err := router.New(router.Options{Bundle: b.Bundle, Registerer: reg,
-		Shadow: router.ShadowOptions{MaxInFlight: d.o.ShadowMaxInFlight, QueueLen: d.o.ShadowQueue, Logger: d.log.Named("shadow")}})
+		Shadow: router.ShadowOptions{MaxInFlight: d.o.ShadowMaxInFlight, QueueLen: d.o.ShadowQueue, Logger: d.log.Named("shadow")},
+		Canary: router.CanaryOptions{OnRollback: d.logRollback}})
 	if err != nil {
 		closeBundle()
 		return nil, err
@@ -448,6 +449,17 @@ func (d *Daemon) newRouter(ctx context.Context, b *loader.Bundle, reg prometheus
 	// that changes it is warned about.
 	d.queue = b.Queue()
 	return r, nil
+}
+
+// logRollback logs a canary's rollback (router.CanaryOptions.OnRollback)
+// at warning level: the candidate decides nothing until the policy file
+// is loaded again.
+func (d *Daemon) logRollback(rb router.CanaryRollback) {
+	d.log.Warn("canary rolled back: the live policy decides every request until the policy file is reloaded",
+		"role", string(rb.Role), "policy", rb.Policy, "candidate", rb.Candidate, "reason", rb.Reason,
+		"window_decisions", rb.Window.Decisions, "window_fallbacks", rb.Window.Fallbacks,
+		"window_ttfts", rb.Window.TTFTs, "window_ttft_p90", rb.Window.TTFTP90.String(),
+		"candidate_decisions", rb.CandidateDecisions)
 }
 
 // Reload reloads the policy file, as a reload signal does, and waits for

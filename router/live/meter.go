@@ -16,7 +16,8 @@ import (
 // Meter reads one engine answer as a face passes it on (the HTTP face's
 // proxy copies it, the ext_proc face is shown it): the first byte records
 // the request's first token (admission.Handle.FirstToken) and, for a
-// stream, switchyard_time_to_first_token_seconds; a stream's SSE events
+// stream, switchyard_time_to_first_token_seconds, and for a decision of a
+// canaried policy its TTFT (router.Router.CanaryTTFT); a stream's SSE events
 // ("\n\n"-terminated, about one token each) advance the request's
 // progress (the prompt plus one token per event,
 // admission.Handle.Progress); a non-streamed answer's body (when kept, at
@@ -75,8 +76,9 @@ func (rt *Runtime) Meter(h *admission.Handle, d router.Decision, req *Request, k
 }
 
 // FirstByte records the answer's first byte, once: the handle's
-// FirstToken (its prefill is done) and, for a stream,
-// switchyard_time_to_first_token_seconds since the request's Start.
+// FirstToken (its prefill is done), for a stream
+// switchyard_time_to_first_token_seconds since the request's Start, and
+// for a decision of a canaried policy its TTFT (router.Router.CanaryTTFT).
 func (m *Meter) FirstByte() {
 	if m.first {
 		return
@@ -85,6 +87,11 @@ func (m *Meter) FirstByte() {
 	m.h.FirstToken()
 	if m.rt.met != nil && m.stream {
 		m.rt.met.ttft.WithLabelValues(m.label).Observe(time.Since(m.start).Seconds())
+	}
+	if m.d.Canary != nil {
+		// A canary's candidate is judged on its TTFT (router.Router.
+		// CanaryTTFT): the first byte of a streamed or whole answer.
+		m.rt.r.CanaryTTFT(m.d, time.Since(m.start))
 	}
 }
 

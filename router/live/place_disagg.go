@@ -3,6 +3,7 @@ package live
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/admission"
@@ -125,5 +126,8 @@ func (rt *Runtime) EndPrefill(p *Placed, ok bool, reason string) {
 		return
 	}
 	ph.Handle.FirstToken()
+	if d := ph.Decision; d.Canary != nil {
+		rt.r.CanaryTTFT(d, time.Since(p.start)) // the prefill role's canary
+	}
 	rt.End(ph.Handle, admission.Completed(admission.Disaggregated.Hop(0).ContextTokens(p.PromptTokens, 1)))
 }

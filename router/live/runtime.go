@@ -390,6 +390,11 @@ type Readiness struct {
 	// the router unready (a replica cut from NATS routes on its own
 	// state).
 	Cluster *cluster.State `json:"cluster,omitempty"`
+	// Canaries are the current policies' canaries (router.Router.Canaries:
+	// each side's decisions, the candidate's window, and the rollback
+	// once it happened); absent without any. A rolled-back canary does
+	// not make the router unready: the live policy decides everything.
+	Canaries []router.CanaryStatus `json:"canaries,omitempty"`
 }
 
 // ClusterReady reports whether the cluster side lets the router be ready:
@@ -475,6 +480,7 @@ const pluginFallback = "degraded: serving by fallback"
 func (rt *Runtime) Readiness() Readiness {
 	a := Readiness{Policy: PolicyReadiness{State: "loaded"}, Plugins: []PluginReadiness{}, Workers: []WorkerReadiness{}}
 	rb := rt.r.Bundle()
+	a.Canaries = rt.r.Canaries()
 	if rb == nil {
 		a.Policy.State = "router closed"
 	} else if b := loader.Of(rb); b != nil {

@@ -7,7 +7,11 @@
 // it imports only shared.
 package policy
 
-import "github.com/switchyard-router/switchyard/shared"
+import (
+	"time"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
 
 // NamedFilter is one filter of a policy with its block name.
 type NamedFilter struct {
@@ -42,6 +46,62 @@ type Policy struct {
 	// filters, scorers and picker only; its own fallback and shadow are
 	// not run). Its components are instances of their own.
 	Shadow *Policy
+	// Canary, when not nil, sends a share of the role's decisions to a
+	// candidate policy instead of this one (the policy's `canary` block,
+	// docs/policy-file.md "Canary"), and rolls the candidate back when it
+	// misbehaves. Like Shadow it acts only for the role's own policy, not
+	// when this policy is another's fallback.
+	Canary *Canary
+}
+
+// CanaryKey is what a canary hashes to choose a request's side.
+type CanaryKey string
+
+// The canary keys.
+const (
+	// CanaryKeySession hashes the request's session id
+	// (shared.Request.SessionID: serve's x-session-id header, a trace's
+	// session_id), so every turn of a conversation stays on one side;
+	// a request without one hashes its request id.
+	CanaryKeySession CanaryKey = "session"
+	// CanaryKeyRequest hashes the request id alone.
+	CanaryKeyRequest CanaryKey = "request"
+)
+
+// Canary is a policy's canary: the candidate policy that decides a share
+// of the role's requests, and when it is rolled back.
+type Canary struct {
+	// Policy is the candidate, with instances of its own and its own
+	// fallback chain (its shadow and canary are not run as a candidate).
+	Policy *Policy
+	// Weight is the share of requests (keys) sent to the candidate, in
+	// [0, 1]; 0 sends none (the canary is declared but off).
+	Weight float64
+	// Key is what is hashed to choose a side.
+	Key CanaryKey
+	// Rollback sets when the candidate is switched off.
+	Rollback CanaryRollback
+}
+
+// CanaryRollback are the thresholds that switch a canary off (weight 0
+// until the policy file is loaded again), each judged over a sliding
+// Window of the candidate's decisions.
+type CanaryRollback struct {
+	// MaxFallbackShare is the largest share (0 to 1) of the candidate's
+	// decisions its fallback may decide; more rolls back. 1 never rolls
+	// back on fallbacks.
+	MaxFallbackShare float64
+	// MaxTTFTP90 is the largest 90th percentile (nearest rank) of the
+	// candidate's time to first token; more rolls back. 0 never rolls
+	// back on latency.
+	MaxTTFTP90 time.Duration
+	// Window is the sliding window the share and the percentile are
+	// taken over (> 0).
+	Window time.Duration
+	// MinRequests is how many decisions (for the fallback share) or first
+	// tokens (for TTFT) the window must hold before either is judged
+	// (>= 1).
+	MinRequests int
 }
 
 // Inputs is the union of the inputs every component declares, normalised

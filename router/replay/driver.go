@@ -15,6 +15,8 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/fleet"
+	"github.com/switchyard-router/switchyard/router/policy"
+	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
@@ -138,6 +140,8 @@ type driver struct {
 	shadow map[router.ShadowResult]int64
 	// shadowFirstErr is the first failed shadow decision's error.
 	shadowFirstErr string
+	// rollbacks are the canaries' rollbacks, in order (canaryRolledBack).
+	rollbacks []report.CanaryRollback
 }
 
 // request is one trace request's state through the replay, from its
@@ -155,6 +159,7 @@ type request struct {
 	class    string
 	charged  time.Duration // decision latency charged so far (out.DecisionMs)
 	hops     [2]hopState   // by hop index; decode only in disaggregated mode
+	side     uint8         // the canary side that decided it (sideNone, sideLive, sideCandidate)
 }
 
 // hopState is one hop of a request.
@@ -172,6 +177,7 @@ type hopState struct {
 // replica).
 type replica struct {
 	r       *router.Router
+	roles   map[shared.Role]*policy.Policy // what r routes with (Options.Canary applied)
 	adm     *admission.Controller
 	workers []*fleet.Worker // by fleet id
 }
@@ -279,12 +285,18 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 // hop order.
 func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, pol Replica, sizes [2]int) (*replica, error) {
 	// Shadows run inline: deterministic, and never charged to a request.
-	r, err := router.New(router.Options{BlockSize: o.BlockSize, Roles: pol.Roles, BookingsAreLoad: true,
-		Shadow: router.ShadowOptions{Inline: true}})
+	roles, err := o.Canary.apply(pol.Roles)
+	if err != nil {
+		return nil, err
+	}
+	// Canaries judge their windows on the simulated clock.
+	r, err := router.New(router.Options{BlockSize: o.BlockSize, Roles: roles, BookingsAreLoad: true,
+		Shadow: router.ShadowOptions{Inline: true},
+		Canary: router.CanaryOptions{Now: func() time.Time { return epoch.Add(d.now) }, OnRollback: d.canaryRolledBack}})
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
-	rep := &replica{r: r}
+	rep := &replica{r: r, roles: roles}
 	if rep.adm, err = admission.New(r, admission.Options{Queue: *queue, Classifier: pol.Classifier, Listeners: o.Listeners,
 		Now: func() time.Time { return epoch.Add(d.now) }, InlineEvents: true}); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)

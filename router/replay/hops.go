@@ -134,6 +134,7 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 	id := int(dec.Worker.ID)
 	st.hops[k].worker = int32(id - d.base[k])
 	out.Fallback = out.Fallback || dec.Fallback
+	canaryPlaced(st, dec)
 	d.selected(d.policy[k], dec)
 	d.mirrorPlaced(i, k, dec.Worker.ID, at)
 	charge := d.chargeFor(k, dec)
@@ -255,8 +256,12 @@ func (d *driver) handleFirst(e sim.Event) {
 		out.CachedTokens = e.CachedTokens
 		out.QueueMs = report.Millis(e.ScheduledAt - st.arrival)
 		d.tl.firstToken(e.At, st.rec.InputLength, e.CachedTokens)
-		st.hops[firstHop].h.FirstToken() // ends the booked prefill
+		h := st.hops[firstHop].h
+		h.FirstToken() // ends the booked prefill
 		d.mirrorFirstToken(i, firstHop, e.At)
+		if dec := h.Decision(); dec.Canary != nil {
+			d.replicaOf(i).r.CanaryTTFT(dec, e.At-st.arrival)
+		}
 	case sim.Completed:
 		if d.completed(i, firstHop, e.At) {
 			return
@@ -276,8 +281,15 @@ func (d *driver) handleDecode(events []sim.Event) {
 		d.now = e.At
 		switch e.Kind {
 		case sim.FirstToken:
-			d.req(i).hops[decodeHop].h.FirstToken() // books no prefill; marks the state
+			st := d.req(i)
+			h := st.hops[decodeHop].h
+			h.FirstToken() // books no prefill; marks the state
 			d.mirrorFirstToken(i, decodeHop, e.At)
+			if dec := h.Decision(); dec.Canary != nil {
+				// The decode role's canary: the answer's first token
+				// reaches the client from the decode worker.
+				d.replicaOf(i).r.CanaryTTFT(dec, e.At-st.arrival)
+			}
 		case sim.Completed:
 			d.completed(i, decodeHop, e.At)
 			if d.decodeWaiting > 0 {

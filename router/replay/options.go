@@ -188,6 +188,14 @@ type Options struct {
 	// (Report.Distributions), for plots; it changes nothing else.
 	Timeline bool
 
+	// Canary changes the canaries of the roles' policies (their policy
+	// file's canary blocks) for this replay; the zero value runs them as
+	// declared. A canary splits the requests by the hash of their
+	// session (the trace's session_id) or request id, as serve does, and
+	// judges its rollback on the simulated clock: Report.Canary has each
+	// side's figures and the rollbacks that fired.
+	Canary Canary
+
 	// Replicas is the number of router replicas (1 to MaxReplicas; 0
 	// means 1) that share the fleet, as several routers behind a
 	// round-robin load balancer: trace request i is routed by replica

@@ -47,4 +47,8 @@ type Outcome struct {
 	// counted in Report.Shadow only).
 	Shadow       string `json:"shadow,omitempty"`
 	ShadowWorker *int   `json:"shadow_worker,omitempty"`
+	// Canary is the side that decided the request when a role's policy
+	// has a canary (the first hop whose has one): "live" or
+	// "candidate"; absent otherwise.
+	Canary string `json:"canary,omitempty"`
 }

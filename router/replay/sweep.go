@@ -78,6 +78,9 @@ type Sweep struct {
 	SLO        report.SLO
 	Timeline   bool
 	PerRequest io.Writer
+	// Canary is every run's Options.Canary: the zero value runs the
+	// files' canaries as declared.
+	Canary Canary
 	// Load loads a policy file for a run. Required.
 	Load LoadFunc
 	// Warnings receives the policy files' diagnostics (their first load)
@@ -306,6 +309,7 @@ func (s *Sweep) options(b *loader.Bundle, path string, mode PrefixMode, fl Fleet
 		Timeline:       s.Timeline,
 		PerRequest:     s.PerRequest,
 		Progress:       s.Progress,
+		Canary:         s.Canary,
 	}
 	if mode == PrefixPrecise {
 		opts.KVEventDelay = s.KVEventDelay

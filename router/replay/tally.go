@@ -159,6 +159,7 @@ func (d *driver) report(o *Options, wall time.Duration) *report.Report {
 		rep.FallbackShare = float64(rep.Fallbacks) / float64(rep.Selections)
 	}
 	rep.Shadow = d.shadowReport(o, roles)
+	rep.Canary = d.canaryReport(d.reps[0].roles, roles)
 	if s := wall.Seconds(); s > 0 {
 		rep.SimRequestsPerS = float64(int(float64(d.next) / s))
 	}
@@ -195,6 +196,10 @@ type tally struct {
 	classes    []report.ClassReport
 	classNames []string
 	classIndex map[string]int32
+	// sides are the canary sides' counts (live, candidate), sideTTFT and
+	// sideE2E their completed requests' figures (canaryCount).
+	sides             [2]report.CanarySide
+	sideTTFT, sideE2E [2][]float64
 }
 
 // init sizes t for workers fleet members and the queue's classes.
@@ -222,6 +227,7 @@ func (d *driver) count(st *request) {
 	if !ok {
 		k = t.addClass(st.class)
 	}
+	t.canaryCount(st)
 	c := &t.classes[k]
 	c.Requests++
 	if out.Worker >= 0 {

@@ -162,6 +162,9 @@ type Report struct {
 	// Shadow counts the shadow decisions when a routed role's policy has a
 	// shadow (policy.Policy.Shadow); absent otherwise.
 	Shadow *ShadowReport `json:"shadow,omitempty"`
+	// Canary is each side's figures and the rollbacks when a routed
+	// role's policy has a canary; absent otherwise.
+	Canary *CanaryReport `json:"canary,omitempty"`
 	// PluginRestarts is how many times the policy's plugins were restarted
 	// during the replay (the caller that owns the plugins fills it in).
 	PluginRestarts int64 `json:"plugin_restarts"`
