@@ -222,14 +222,35 @@ func TestReplayNodeExample(t *testing.T) {
 	}
 	node, root := nodeExample(t)
 	routerBin := testkit.BuildNamed(t, ".", "router")
+	for _, listen := range []string{"unix", "tcp"} {
+		t.Run(listen, func(t *testing.T) { replayNodeExample(t, routerBin, node, root, listen) })
+	}
+}
+
+// replayNodeExample replays with the example policy, its plugin listening
+// on a Unix socket (the example as shipped) or, with listen "tcp", on
+// loopback TCP (NODE_PLUGIN_LISTEN in the block's env): the protocol's two
+// transports, both on Linux (docs/plugin-protocol.md, section 2).
+func replayNodeExample(t *testing.T, routerBin, node, root, listen string) {
 	policy := "examples/policies/node-example.hcl"
+	src := string(readFile(t, filepath.Join(root, policy)))
+	out := src
 	if _, err := os.Stat("/usr/bin/node"); err != nil {
 		// The example names Debian's /usr/bin/node; run the one on PATH.
-		src := string(readFile(t, filepath.Join(root, policy)))
-		out := strings.Replace(src, `command = "/usr/bin/node"`, fmt.Sprintf("command = %q", node), 1)
+		out = strings.Replace(out, `command = "/usr/bin/node"`, fmt.Sprintf("command = %q", node), 1)
 		if out == src {
 			t.Fatal(`node-example.hcl does not run "/usr/bin/node"`)
 		}
+	}
+	if listen == "tcp" {
+		with := strings.Replace(out, `start_timeout = "30s"`, `start_timeout = "30s"
+  env           = { NODE_PLUGIN_LISTEN = "tcp" }`, 1)
+		if with == out {
+			t.Fatal(`node-example.hcl has no start_timeout = "30s" line to add env after`)
+		}
+		out = with
+	}
+	if out != src {
 		policy = writeFile(t, "node-example.hcl", out)
 	}
 	dir := t.TempDir()

@@ -68,8 +68,8 @@ arguments look like flags: router plugins check -- node x.js --log-level debug.
                    service relays it (a Go plugin's os.Stdout); SKIP when the
                    plugin serves no such service: its stdout is then unseen
   parent death     a second copy, started under a parent that is then
-                   SIGKILLed, exits and removes its socket directory within
-                   10 s
+                   SIGKILLed, exits within 10 s; a socket directory it leaves
+                   is a WARNING (the router sweeps such directories)
   replay           with --replay TRACE (--replay alone: the bundled trace),
                    each filter, scorer and picker in a policy of its own
                    replays the first --replay-limit requests on 8 simulated

@@ -409,7 +409,10 @@ function shutdown() {
 function listen(callback) {
   const creds = grpc.ServerCredentials.createInsecure();
   const dir = process.env.PLUGIN_UNIX_SOCKET_DIR;
-  if (dir) {
+  // Section 2, step 3: either works on any system. NODE_PLUGIN_LISTEN=tcp
+  // (the block's env) chooses loopback TCP even when a socket directory
+  // is given, as a gRPC library without Unix sockets would.
+  if (dir && process.env.NODE_PLUGIN_LISTEN !== 'tcp') {
     // Section 2, step 3: a socket in PLUGIN_UNIX_SOCKET_DIR, named like
     // the Go SDK's (`plugin` and digits).
     const p = path.join(dir, `plugin${process.pid}`);
