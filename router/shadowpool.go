@@ -236,6 +236,14 @@ func (p *shadowPool) enqueue(j *shadowJob) bool {
 	p.start.Do(p.startWorkers)
 	select {
 	case p.queue <- j:
+		// A queue past half full asks for an adjustment before it
+		// fills: the rate then falls before any decision is dropped.
+		if len(p.queue) > cap(p.queue)/2 {
+			select {
+			case p.early <- struct{}{}:
+			default:
+			}
+		}
 		return true
 	default:
 	}
@@ -342,7 +350,7 @@ func (p *shadowPool) finished(j *shadowJob) {
 }
 
 // control adjusts the sample rate every interval, or earlier (after a
-// tenth of it) when the queue dropped a decision.
+// tenth of it) when the queue passed half full or dropped a decision.
 func (p *shadowPool) control() {
 	defer p.wg.Done()
 	t := time.NewTicker(p.interval)
