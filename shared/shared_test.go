@@ -1,6 +1,7 @@
 package shared
 
 import (
+	"hash/fnv"
 	"math"
 	"testing"
 	"time"
@@ -116,5 +117,32 @@ func TestKindAndRole(t *testing.T) {
 	}
 	if !RoleDecode.Valid() || Role("both").Valid() {
 		t.Error("Role.Valid")
+	}
+}
+
+// TestWorkerIDOf pins the id scheme against hash/fnv's FNV-1a 64 and
+// against values computed independently (Python, the formula in the doc).
+func TestWorkerIDOf(t *testing.T) {
+	for name, want := range map[string]uint64{
+		"":          14695981039346656037,
+		"a":         12638187200555641996,
+		"sim-3":     1266439823738918328,
+		"gpu-0":     2241005059874422408,
+		"prefill-0": 11000958765194345318,
+	} {
+		if got := WorkerIDOf(name); uint64(got) != want {
+			t.Errorf("WorkerIDOf(%q) = %d, want %d", name, got, want)
+		}
+		h := fnv.New64a()
+		h.Write([]byte(name))
+		if got := WorkerIDOf(name); uint64(got) != h.Sum64() {
+			t.Errorf("WorkerIDOf(%q) = %d, hash/fnv says %d", name, got, h.Sum64())
+		}
+	}
+	// Non-ASCII names hash their UTF-8 bytes.
+	h := fnv.New64a()
+	h.Write([]byte("wörker-é"))
+	if got := WorkerIDOf("wörker-é"); uint64(got) != h.Sum64() {
+		t.Errorf("WorkerIDOf(non-ASCII) = %d, want %d", got, h.Sum64())
 	}
 }
