@@ -983,6 +983,10 @@ func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Reques
 	if in.Has(shared.InputCapacity) {
 		copy(c.TotalKVBlocks, part.KVBlocks)
 	}
+	if in.Has(shared.InputLabels) {
+		copy(c.Names, part.Names)
+		copy(c.Labels, part.Labels)
+	}
 	if in.Has(shared.InputCache) {
 		r.index.FillTiersAt(part.Slots, req.BlockHashes, r.sizeOf(req), req.Prompt, c.OverlapBlocks, c.CPUOverlapBlocks)
 	}

@@ -66,9 +66,11 @@ func requestFromProto(p *pluginv1.Request, r *Request) {
 	}
 }
 
-// candidatesFromProto fills c from cols, reusing c's slices. Every non-empty
-// column must have one entry per id; an empty column is a nil one.
-func candidatesFromProto(cols *pluginv1.Columns, c *Candidates) error {
+// candidatesFromProto fills c from cols, reusing c's slices and *store for
+// the labels' storage. Every non-empty column must have one entry per id;
+// an empty column is a nil one. The label columns must add up: the counts
+// sum to the number of keys and of values.
+func candidatesFromProto(cols *pluginv1.Columns, c *Candidates, store *[]Label) error {
 	if cols == nil {
 		cols = &pluginv1.Columns{}
 	}
@@ -94,6 +96,8 @@ func candidatesFromProto(cols *pluginv1.Columns, c *Candidates) error {
 		{"overlap_blocks", len(cols.GetOverlapBlocks())},
 		{"total_kv_blocks", len(cols.GetTotalKvBlocks())},
 		{"costs", len(cols.GetCosts())},
+		{"names", len(cols.GetNames())},
+		{"label_counts", len(cols.GetLabelCounts())},
 	} {
 		if err := check(col.name, col.l); err != nil {
 			return err
@@ -120,7 +124,10 @@ func candidatesFromProto(cols *pluginv1.Columns, c *Candidates) error {
 		ids[i] = WorkerID(id)
 	}
 	*c = Candidates{IDs: ids, DPRanks: c.DPRanks, ActiveRequests: c.ActiveRequests, Load: c.Load,
-		OverlapBlocks: c.OverlapBlocks, TotalKVBlocks: c.TotalKVBlocks, Costs: c.Costs}
+		OverlapBlocks: c.OverlapBlocks, TotalKVBlocks: c.TotalKVBlocks, Costs: c.Costs, Names: c.Names, Labels: c.Labels}
+	if err := labelsFromProto(cols, c, store); err != nil {
+		return err
+	}
 	c.DPRanks = copyCol(c.DPRanks, cols.DpRanks)
 	c.ActiveRequests = copyCol(c.ActiveRequests, cols.ActiveRequests)
 	c.OverlapBlocks = copyCol(c.OverlapBlocks, cols.OverlapBlocks)
@@ -149,6 +156,41 @@ func candidatesFromProto(cols *pluginv1.Columns, c *Candidates) error {
 		if !c.Load[i].HasWaiting {
 			c.Load[i].Waiting = 0
 		}
+	}
+	return nil
+}
+
+// labelsFromProto fills c.Names and c.Labels from cols (nil when cols
+// carries none), the labels' pairs in *store. Linear in the pairs.
+func labelsFromProto(cols *pluginv1.Columns, c *Candidates, store *[]Label) error {
+	c.Names = copyCol(c.Names, cols.GetNames())
+	counts, keys, values := cols.GetLabelCounts(), cols.GetLabelKeys(), cols.GetLabelValues()
+	if len(counts) == 0 {
+		if len(keys) != 0 || len(values) != 0 {
+			return fmt.Errorf("label_keys has %d entries and label_values %d without label_counts", len(keys), len(values))
+		}
+		c.Labels = nil
+		return nil
+	}
+	if len(keys) != len(values) {
+		return fmt.Errorf("label_keys has %d entries, label_values %d", len(keys), len(values))
+	}
+	*store = pluginwire.GrowTo(*store, len(keys))
+	pairs := *store
+	for i := range keys {
+		pairs[i] = Label{Key: keys[i], Value: values[i]}
+	}
+	c.Labels = pluginwire.GrowTo(c.Labels, len(counts))
+	off := 0
+	for i, n := range counts {
+		if uint64(n) > uint64(len(pairs)-off) {
+			return fmt.Errorf("label_counts add up to more than the %d label_keys", len(pairs))
+		}
+		c.Labels[i] = Labels(pairs[off : off+int(n) : off+int(n)])
+		off += int(n)
+	}
+	if off != len(pairs) {
+		return fmt.Errorf("label_counts add up to %d, label_keys has %d entries", off, len(pairs))
 	}
 	return nil
 }

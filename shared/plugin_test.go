@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
 
@@ -22,14 +23,14 @@ func TestMain(m *testing.M) {
 // router's side checks its own direction in internal/pluginclient).
 func TestWireNumberingMatchesSDK(t *testing.T) {
 	// The ComponentType.inputs comment: 1 ACTIVE_REQUESTS, 2 OCCUPANCY,
-	// 4 LOAD, 8 CACHE, 16 CAPACITY.
-	inputs := map[Inputs]uint32{InputActiveRequests: 1, InputOccupancy: 2, InputLoad: 4, InputCache: 8, InputCapacity: 16}
+	// 4 LOAD, 8 CACHE, 16 CAPACITY, 32 LABELS.
+	inputs := map[Inputs]uint32{InputActiveRequests: 1, InputOccupancy: 2, InputLoad: 4, InputCache: 8, InputCapacity: 16, InputLabels: 32}
 	for in, bit := range inputs {
 		if inputsToProto(in) != bit {
 			t.Errorf("input %v: wire bit %d, want %d", in, inputsToProto(in), bit)
 		}
 	}
-	if AllInputs != 31 {
+	if AllInputs != 63 {
 		t.Errorf("AllInputs = %d; a new input needs a wire bit and this test", AllInputs)
 	}
 	kinds := map[Kind]pluginv1.Kind{KindFilter: pluginv1.Kind_KIND_FILTER, KindScorer: pluginv1.Kind_KIND_SCORER,
@@ -40,7 +41,8 @@ func TestWireNumberingMatchesSDK(t *testing.T) {
 		}
 	}
 	types := map[ParamType]pluginv1.ParamType{Number: pluginv1.ParamType_PARAM_TYPE_NUMBER, Int: pluginv1.ParamType_PARAM_TYPE_INT,
-		Bool: pluginv1.ParamType_PARAM_TYPE_BOOL, String: pluginv1.ParamType_PARAM_TYPE_STRING, Duration: pluginv1.ParamType_PARAM_TYPE_DURATION}
+		Bool: pluginv1.ParamType_PARAM_TYPE_BOOL, String: pluginv1.ParamType_PARAM_TYPE_STRING, Duration: pluginv1.ParamType_PARAM_TYPE_DURATION,
+		StringList: pluginv1.ParamType_PARAM_TYPE_STRING_LIST, NumberList: pluginv1.ParamType_PARAM_TYPE_NUMBER_LIST}
 	for pt, wt := range types {
 		if paramTypeToProto(pt) != wt {
 			t.Errorf("param type %v -> %v, want %v", pt, paramTypeToProto(pt), wt)
@@ -56,14 +58,56 @@ func TestCandidatesFromProtoRejectsBadColumns(t *testing.T) {
 	}{
 		{"short column", &pluginv1.Columns{Ids: []uint64{1, 2}, ActiveRequests: []int64{1}}, "column active_requests has 1 entries for 2 rows"},
 		{"partial load", &pluginv1.Columns{Ids: []uint64{1}, LoadAvailable: []bool{true}}, "load columns"},
+		{"short names", &pluginv1.Columns{Ids: []uint64{1, 2}, Names: []string{"a"}}, "column names has 1 entries for 2 rows"},
+		{"counts over keys", &pluginv1.Columns{Ids: []uint64{1, 2}, LabelCounts: []uint32{1, 2}, LabelKeys: []string{"a", "b"}, LabelValues: []string{"x", "y"}},
+			"label_counts add up to more than the 2 label_keys"},
+		{"keys over counts", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{1}, LabelKeys: []string{"a", "b"}, LabelValues: []string{"x", "y"}},
+			"label_counts add up to 1, label_keys has 2 entries"},
+		{"huge count", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{4294967295}, LabelKeys: []string{"a"}, LabelValues: []string{"x"}},
+			"label_counts add up to more than the 1 label_keys"},
+		{"keys without values", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{1}, LabelKeys: []string{"a"}}, "label_keys has 1 entries, label_values 0"},
+		{"keys without counts", &pluginv1.Columns{Ids: []uint64{1}, LabelKeys: []string{"a"}, LabelValues: []string{"x"}}, "without label_counts"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := candidatesFromProto(tt.cols, &Candidates{})
+			err := candidatesFromProto(tt.cols, &Candidates{}, new([]Label))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("err = %v, want %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// Names and labels decode into per-row Labels over one storage, reused
+// from task to task; without them both columns are nil.
+func TestCandidatesFromProtoLabels(t *testing.T) {
+	cols := &pluginv1.Columns{Ids: []uint64{1, 2, 3}, Names: []string{"a", "b", "c"},
+		LabelCounts: []uint32{2, 0, 1}, LabelKeys: []string{"rack", "zone", "zone"}, LabelValues: []string{"r1", "eu", "us"}}
+	var c Candidates
+	var store []Label
+	if err := candidatesFromProto(cols, &c, &store); err != nil {
+		t.Fatal(err)
+	}
+	want := Candidates{IDs: []WorkerID{1, 2, 3}, Names: []string{"a", "b", "c"},
+		Labels: []Labels{{{"rack", "r1"}, {"zone", "eu"}}, {}, {{"zone", "us"}}}}
+	if diff := cmp.Diff(want, c); diff != "" {
+		t.Fatalf("candidates (-want +got):\n%s", diff)
+	}
+	if v, ok := c.Labels[0].Get("zone"); !ok || v != "eu" {
+		t.Errorf("row 0 zone = %q, %v", v, ok)
+	}
+	if _, ok := c.Labels[1].Get("zone"); ok {
+		t.Error("row 1 has a zone")
+	}
+	// A row's labels cannot grow into the next row's.
+	if cap(c.Labels[0]) != 2 {
+		t.Errorf("row 0 labels have capacity %d, want 2", cap(c.Labels[0]))
+	}
+	if err := candidatesFromProto(&pluginv1.Columns{Ids: []uint64{7}}, &c, &store); err != nil {
+		t.Fatal(err)
+	}
+	if c.Names != nil || c.Labels != nil {
+		t.Errorf("without LABELS: names %v labels %v, want nil", c.Names, c.Labels)
 	}
 }
 

@@ -33,7 +33,7 @@ func inputsFromProto(in uint32) shared.Inputs { return shared.Inputs(in) & share
 // paramTypeFromProto maps the enum to a ParamType (the numbering is the
 // same); unknown values become 0 (invalid).
 func paramTypeFromProto(t pluginv1.ParamType) shared.ParamType {
-	if t < pluginv1.ParamType_PARAM_TYPE_NUMBER || t > pluginv1.ParamType_PARAM_TYPE_DURATION {
+	if t < pluginv1.ParamType_PARAM_TYPE_NUMBER || t > pluginv1.ParamType_PARAM_TYPE_NUMBER_LIST {
 		return 0
 	}
 	return shared.ParamType(t)
@@ -103,7 +103,10 @@ func requestIntoProto(r *shared.Request, p *pluginv1.Request) {
 // CandidatesToProto fills cols from c as the router sends a task's rows
 // (and `router plugins check` does): only the non-nil columns travel.
 // Load travels as parallel columns, with NaN kv_usage and -1 waiting when
-// the engine has not reported them. cols is reset first, its slices reused.
+// the engine has not reported them; labels as a count per row and the
+// rows' pairs in row order (label_counts, label_keys, label_values). cols
+// is reset first, its slices reused: once they have grown, filling them
+// allocates nothing (names and labels share the router's strings).
 func CandidatesToProto(c *shared.Candidates, cols *pluginv1.Columns) {
 	n := c.Len()
 	cols.Ids = cols.Ids[:0]
@@ -143,6 +146,15 @@ func CandidatesToProto(c *shared.Candidates, cols *pluginv1.Columns) {
 	cols.OverlapBlocks = append(cols.OverlapBlocks[:0], c.OverlapBlocks...)
 	cols.TotalKvBlocks = append(cols.TotalKvBlocks[:0], c.TotalKVBlocks...)
 	cols.Costs = append(cols.Costs[:0], c.Costs...)
+	cols.Names = append(cols.Names[:0], c.Names...)
+	cols.LabelCounts, cols.LabelKeys, cols.LabelValues = cols.LabelCounts[:0], cols.LabelKeys[:0], cols.LabelValues[:0]
+	for _, ls := range c.Labels {
+		cols.LabelCounts = append(cols.LabelCounts, uint32(len(ls)))
+		for _, l := range ls {
+			cols.LabelKeys = append(cols.LabelKeys, l.Key)
+			cols.LabelValues = append(cols.LabelValues, l.Value)
+		}
+	}
 }
 
 // resultFromProto converts a DecideResult for the caller of a task of

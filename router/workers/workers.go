@@ -660,6 +660,7 @@ func check(ws []config.Worker) error {
 
 func cloneWorker(w config.Worker) config.Worker {
 	w.Models = slices.Clone(w.Models)
+	w.Labels = maps.Clone(w.Labels)
 	if w.KVEvents != nil {
 		k := *w.KVEvents
 		w.KVEvents = &k
@@ -739,6 +740,7 @@ func (m *Manager) specLocked(e *entry, rs *rankState) fleet.Spec {
 	return fleet.Spec{
 		ID: e.id, DPRank: rs.rank, Role: e.cfg.Role, TotalKVBlocks: blocks,
 		Name: e.cfg.Name, Models: slices.Clone(models), EngineBlockSize: e.blockSizeLocked(rs), DataParallel: e.ranked,
+		Labels: e.cfg.Labels,
 	}
 }
 
@@ -756,7 +758,7 @@ func (e *entry) blockSizeLocked(rs *rankState) int64 {
 func sameSpec(a, b fleet.Spec) bool {
 	return a.ID == b.ID && a.DPRank == b.DPRank && a.Role == b.Role && a.TotalKVBlocks == b.TotalKVBlocks &&
 		a.Name == b.Name && slices.Equal(a.Models, b.Models) && a.EngineBlockSize == b.EngineBlockSize &&
-		a.DataParallel == b.DataParallel
+		a.DataParallel == b.DataParallel && maps.Equal(a.Labels, b.Labels)
 }
 
 // joinLocked joins every rank of e to the fleet as a new generation
