@@ -151,6 +151,8 @@ type Partition struct {
 	// Names[i] == Workers[i].Name and Labels[i] == Workers[i].AllLabels:
 	// the LABELS columns, copied as they are (string and slice headers)
 	// into the candidates of a selection whose policy declares LABELS.
+	// nil in a partition narrowed by the router (the selection then reads
+	// each worker's own).
 	Names  []string
 	Labels []shared.Labels
 	// Key identifies the candidate set (role and member generations), so a
