@@ -161,36 +161,42 @@ func candidatesFromProto(cols *pluginv1.Columns, c *Candidates, store *[]Label) 
 }
 
 // labelsFromProto fills c.Names and c.Labels from cols (nil when cols
-// carries none), the labels' pairs in *store. Linear in the pairs.
+// carries none), the labels' pairs in *store. Every row's labels must be
+// there (2 refs a label, the counts adding up to the refs) and every ref
+// an index into label_strings. Linear in the labels.
 func labelsFromProto(cols *pluginv1.Columns, c *Candidates, store *[]Label) error {
 	c.Names = copyCol(c.Names, cols.GetNames())
-	counts, keys, values := cols.GetLabelCounts(), cols.GetLabelKeys(), cols.GetLabelValues()
+	counts, refs, strs := cols.GetLabelCounts(), cols.GetLabelRefs(), cols.GetLabelStrings()
 	if len(counts) == 0 {
-		if len(keys) != 0 || len(values) != 0 {
-			return fmt.Errorf("label_keys has %d entries and label_values %d without label_counts", len(keys), len(values))
+		if len(refs) != 0 {
+			return fmt.Errorf("label_refs has %d entries without label_counts", len(refs))
 		}
 		c.Labels = nil
 		return nil
 	}
-	if len(keys) != len(values) {
-		return fmt.Errorf("label_keys has %d entries, label_values %d", len(keys), len(values))
+	if len(refs)%2 != 0 {
+		return fmt.Errorf("label_refs has %d entries, not a key and a value for each label", len(refs))
 	}
-	*store = pluginwire.GrowTo(*store, len(keys))
+	*store = pluginwire.GrowTo(*store, len(refs)/2)
 	pairs := *store
-	for i := range keys {
-		pairs[i] = Label{Key: keys[i], Value: values[i]}
+	for i := range pairs {
+		k, v := refs[2*i], refs[2*i+1]
+		if uint64(k) >= uint64(len(strs)) || uint64(v) >= uint64(len(strs)) {
+			return fmt.Errorf("label_refs entry %d refers to string %d of %d label_strings", 2*i, max(k, v), len(strs))
+		}
+		pairs[i] = Label{Key: strs[k], Value: strs[v]}
 	}
 	c.Labels = pluginwire.GrowTo(c.Labels, len(counts))
 	off := 0
 	for i, n := range counts {
 		if uint64(n) > uint64(len(pairs)-off) {
-			return fmt.Errorf("label_counts add up to more than the %d label_keys", len(pairs))
+			return fmt.Errorf("label_counts add up to more than the %d labels of label_refs", len(pairs))
 		}
 		c.Labels[i] = Labels(pairs[off : off+int(n) : off+int(n)])
 		off += int(n)
 	}
 	if off != len(pairs) {
-		return fmt.Errorf("label_counts add up to %d, label_keys has %d entries", off, len(pairs))
+		return fmt.Errorf("label_counts add up to %d labels, label_refs has %d", off, len(pairs))
 	}
 	return nil
 }

@@ -59,14 +59,17 @@ func TestCandidatesFromProtoRejectsBadColumns(t *testing.T) {
 		{"short column", &pluginv1.Columns{Ids: []uint64{1, 2}, ActiveRequests: []int64{1}}, "column active_requests has 1 entries for 2 rows"},
 		{"partial load", &pluginv1.Columns{Ids: []uint64{1}, LoadAvailable: []bool{true}}, "load columns"},
 		{"short names", &pluginv1.Columns{Ids: []uint64{1, 2}, Names: []string{"a"}}, "column names has 1 entries for 2 rows"},
-		{"counts over keys", &pluginv1.Columns{Ids: []uint64{1, 2}, LabelCounts: []uint32{1, 2}, LabelKeys: []string{"a", "b"}, LabelValues: []string{"x", "y"}},
-			"label_counts add up to more than the 2 label_keys"},
-		{"keys over counts", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{1}, LabelKeys: []string{"a", "b"}, LabelValues: []string{"x", "y"}},
-			"label_counts add up to 1, label_keys has 2 entries"},
-		{"huge count", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{4294967295}, LabelKeys: []string{"a"}, LabelValues: []string{"x"}},
-			"label_counts add up to more than the 1 label_keys"},
-		{"keys without values", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{1}, LabelKeys: []string{"a"}}, "label_keys has 1 entries, label_values 0"},
-		{"keys without counts", &pluginv1.Columns{Ids: []uint64{1}, LabelKeys: []string{"a"}, LabelValues: []string{"x"}}, "without label_counts"},
+		{"counts over refs", &pluginv1.Columns{Ids: []uint64{1, 2}, LabelCounts: []uint32{1, 2}, LabelRefs: []uint32{0, 1, 0, 1}, LabelStrings: []string{"a", "x"}},
+			"label_counts add up to more than the 2 labels of label_refs"},
+		{"refs over counts", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{1}, LabelRefs: []uint32{0, 1, 0, 1}, LabelStrings: []string{"a", "x"}},
+			"label_counts add up to 1 labels, label_refs has 2"},
+		{"huge count", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{4294967295}, LabelRefs: []uint32{0, 0}, LabelStrings: []string{"a"}},
+			"label_counts add up to more than the 1 labels of label_refs"},
+		{"odd refs", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{1}, LabelRefs: []uint32{0}, LabelStrings: []string{"a"}}, "label_refs has 1 entries, not a key and a value"},
+		{"ref out of range", &pluginv1.Columns{Ids: []uint64{1}, LabelCounts: []uint32{1}, LabelRefs: []uint32{0, 4294967295}, LabelStrings: []string{"a"}},
+			"label_refs entry 0 refers to string 4294967295 of 1 label_strings"},
+		{"refs without counts", &pluginv1.Columns{Ids: []uint64{1}, LabelRefs: []uint32{0, 0}, LabelStrings: []string{"a"}}, "without label_counts"},
+		{"short counts", &pluginv1.Columns{Ids: []uint64{1, 2}, LabelCounts: []uint32{0}}, "column label_counts has 1 entries for 2 rows"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -81,8 +84,9 @@ func TestCandidatesFromProtoRejectsBadColumns(t *testing.T) {
 // Names and labels decode into per-row Labels over one storage, reused
 // from task to task; without them both columns are nil.
 func TestCandidatesFromProtoLabels(t *testing.T) {
+	// label_strings: 0 rack, 1 r1, 2 zone, 3 eu, 4 us.
 	cols := &pluginv1.Columns{Ids: []uint64{1, 2, 3}, Names: []string{"a", "b", "c"},
-		LabelCounts: []uint32{2, 0, 1}, LabelKeys: []string{"rack", "zone", "zone"}, LabelValues: []string{"r1", "eu", "us"}}
+		LabelCounts: []uint32{2, 0, 1}, LabelRefs: []uint32{0, 1, 2, 3, 2, 4}, LabelStrings: []string{"rack", "r1", "zone", "eu", "us"}}
 	var c Candidates
 	var store []Label
 	if err := candidatesFromProto(cols, &c, &store); err != nil {

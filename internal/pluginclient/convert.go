@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/switchyard-router/switchyard/internal/untrusted"
@@ -104,7 +105,7 @@ func requestIntoProto(r *shared.Request, p *pluginv1.Request) {
 // (and `router plugins check` does): only the non-nil columns travel.
 // Load travels as parallel columns, with NaN kv_usage and -1 waiting when
 // the engine has not reported them; labels as a count per row and the
-// rows' pairs in row order (label_counts, label_keys, label_values). cols
+// rows' (key, value) indices into the distinct strings (labelsToProto). cols
 // is reset first, its slices reused: once they have grown, filling them
 // allocates nothing (names and labels share the router's strings).
 func CandidatesToProto(c *shared.Candidates, cols *pluginv1.Columns) {
@@ -147,14 +148,42 @@ func CandidatesToProto(c *shared.Candidates, cols *pluginv1.Columns) {
 	cols.TotalKvBlocks = append(cols.TotalKvBlocks[:0], c.TotalKVBlocks...)
 	cols.Costs = append(cols.Costs[:0], c.Costs...)
 	cols.Names = append(cols.Names[:0], c.Names...)
-	cols.LabelCounts, cols.LabelKeys, cols.LabelValues = cols.LabelCounts[:0], cols.LabelKeys[:0], cols.LabelValues[:0]
-	for _, ls := range c.Labels {
-		cols.LabelCounts = append(cols.LabelCounts, uint32(len(ls)))
-		for _, l := range ls {
-			cols.LabelKeys = append(cols.LabelKeys, l.Key)
-			cols.LabelValues = append(cols.LabelValues, l.Value)
+	labelsToProto(c.Labels, cols)
+}
+
+// labelTables are the string-to-index maps labelsToProto dedupes label
+// strings with, pooled: cleared, a map keeps its buckets, so a task's
+// labels cost no allocation once the map has grown.
+var labelTables = sync.Pool{New: func() any { return make(map[string]uint32) }}
+
+// labelsToProto fills the label columns from ls (none when ls is nil):
+// per row its count, per label a key and a value index into
+// label_strings, which holds each distinct string once. Workers share
+// keys (and often values), so the plugin decodes a few strings rather
+// than two per label. Linear in the labels.
+func labelsToProto(ls []shared.Labels, cols *pluginv1.Columns) {
+	cols.LabelCounts, cols.LabelRefs, cols.LabelStrings = cols.LabelCounts[:0], cols.LabelRefs[:0], cols.LabelStrings[:0]
+	if ls == nil {
+		return
+	}
+	idx := labelTables.Get().(map[string]uint32)
+	clear(idx)
+	ref := func(s string) uint32 {
+		i, ok := idx[s]
+		if !ok {
+			i = uint32(len(cols.LabelStrings))
+			idx[s] = i
+			cols.LabelStrings = append(cols.LabelStrings, s)
+		}
+		return i
+	}
+	for _, row := range ls {
+		cols.LabelCounts = append(cols.LabelCounts, uint32(len(row)))
+		for _, l := range row {
+			cols.LabelRefs = append(cols.LabelRefs, ref(l.Key), ref(l.Value))
 		}
 	}
+	labelTables.Put(idx)
 }
 
 // resultFromProto converts a DecideResult for the caller of a task of

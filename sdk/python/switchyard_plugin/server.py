@@ -772,25 +772,27 @@ def candidates_from_proto(cols: pb.Columns) -> Candidates:
 
 
 def _labels_from_proto(cols: pb.Columns, n: int) -> Optional[List[Mapping[str, str]]]:
-    """Row i's labels are the next label_counts[i] (key, value) pairs;
-    None when the columns carry none. Raises _TaskError when they do not
-    add up."""
-    counts, keys, values = cols.label_counts, cols.label_keys, cols.label_values
+    """Row i's labels are the next label_counts[i] (key, value) pairs of
+    label_refs, indices into label_strings; None when the columns carry
+    none. Raises _TaskError when they do not add up."""
+    counts, refs, strs = cols.label_counts, cols.label_refs, cols.label_strings
     if len(counts) == 0:
-        if len(keys) or len(values):
-            raise _TaskError(f"label_keys has {len(keys)} entries and label_values {len(values)} without label_counts")
+        if len(refs):
+            raise _TaskError(f"label_refs has {len(refs)} entries without label_counts")
         return None
     if len(counts) != n:
         raise _TaskError(f"column label_counts has {len(counts)} entries for {n} rows")
-    if len(keys) != len(values):
-        raise _TaskError(f"label_keys has {len(keys)} entries, label_values {len(values)}")
-    if sum(counts) != len(keys):
-        raise _TaskError(f"label_counts add up to {sum(counts)}, label_keys has {len(keys)} entries")
+    if len(refs) % 2:
+        raise _TaskError(f"label_refs has {len(refs)} entries, not a key and a value for each label")
+    if sum(counts) != len(refs) // 2:
+        raise _TaskError(f"label_counts add up to {sum(counts)} labels, label_refs has {len(refs) // 2}")
+    if refs and max(refs) >= len(strs):
+        raise _TaskError(f"label_refs refers to string {max(refs)} of {len(strs)} label_strings")
     out: List[Mapping[str, str]] = []
     off = 0
     for k in counts:
-        out.append(MappingProxyType(dict(zip(keys[off : off + k], values[off : off + k]))))
-        off += k
+        out.append(MappingProxyType({strs[refs[off + 2 * j]]: strs[refs[off + 2 * j + 1]] for j in range(k)}))
+        off += 2 * k
     return out
 
 

@@ -60,11 +60,19 @@ def labelled_columns(names, zones):
     zone=ZONE and the router's role key, as the router sends them."""
     rows = sorted(zip(names, zones), key=lambda r: sp.worker_id_of(r[0]))
     cols = pb.Columns(ids=[sp.worker_id_of(n) for n, _ in rows], names=[n for n, _ in rows])
+    strings = []
+
+    def ref(s):
+        if s not in strings:
+            strings.append(s)
+        return strings.index(s)
+
     for _, z in rows:
         pairs = sorted({"switchyard.io/role": "aggregated", "zone": z}.items())
         cols.label_counts.append(len(pairs))
-        cols.label_keys.extend(k for k, _ in pairs)
-        cols.label_values.extend(v for _, v in pairs)
+        for k, v in pairs:
+            cols.label_refs.extend([ref(k), ref(v)])
+    cols.label_strings.extend(strings)
     return cols
 
 
@@ -125,10 +133,12 @@ class LabelsTest(unittest.TestCase):
     def test_bad_label_columns_fail_the_task(self):
         self.configure("p", "prefer")
         for cols, want in [
-            (pb.Columns(ids=[1, 2], label_counts=[1, 2], label_keys=["a", "b"], label_values=["x", "y"]),
-             "label_counts add up to 3, label_keys has 2 entries"),
-            (pb.Columns(ids=[1], label_counts=[1], label_keys=["a"]), "label_keys has 1 entries, label_values 0"),
-            (pb.Columns(ids=[1], label_keys=["a"], label_values=["x"]), "without label_counts"),
+            (pb.Columns(ids=[1, 2], label_counts=[1, 2], label_refs=[0, 1, 0, 1], label_strings=["a", "x"]),
+             "label_counts add up to 3 labels, label_refs has 2"),
+            (pb.Columns(ids=[1], label_counts=[1], label_refs=[0]), "label_refs has 1 entries, not a key and a value"),
+            (pb.Columns(ids=[1], label_counts=[1], label_refs=[0, 7], label_strings=["a"]), "refers to string 7 of 1"),
+            (pb.Columns(ids=[1], label_refs=[0, 0], label_strings=["a"]), "without label_counts"),
+            (pb.Columns(ids=[1, 2], label_counts=[0]), "column label_counts has 1 entries for 2 rows"),
             (pb.Columns(ids=[1, 2], names=["a"]), "column names has 1 entries for 2 rows"),
         ]:
             r = self.decide(pb.DecideTask(task_id=2, request=pb.Request(id="r"), candidates=cols,

@@ -1076,14 +1076,16 @@ type Columns struct {
 	// empty when none ran.
 	Costs []float64 `protobuf:"fixed64,12,rep,packed,name=costs,proto3" json:"costs,omitempty"`
 	// LABELS (input 32), empty unless declared. names is each row's worker
-	// name (ids[i] is the FNV-1a 64 hash of names[i]). A row's labels are
-	// label_counts[i] (key, value) pairs, sorted by key, taken in row order
-	// from label_keys and label_values: row 0's are the first
-	// label_counts[0] entries, row 1's the next label_counts[1], and so on.
+	// name (ids[i] is the FNV-1a 64 hash of names[i]). Row i has
+	// label_counts[i] labels, sorted by key; each label is two entries of
+	// label_refs, a key and a value, as indices into label_strings, the
+	// task's distinct label keys and values. Row 0's labels are the first
+	// 2*label_counts[0] entries of label_refs, row 1's the next
+	// 2*label_counts[1], and so on.
 	Names         []string `protobuf:"bytes,13,rep,name=names,proto3" json:"names,omitempty"`
 	LabelCounts   []uint32 `protobuf:"varint,14,rep,packed,name=label_counts,json=labelCounts,proto3" json:"label_counts,omitempty"`
-	LabelKeys     []string `protobuf:"bytes,15,rep,name=label_keys,json=labelKeys,proto3" json:"label_keys,omitempty"`
-	LabelValues   []string `protobuf:"bytes,16,rep,name=label_values,json=labelValues,proto3" json:"label_values,omitempty"`
+	LabelRefs     []uint32 `protobuf:"varint,15,rep,packed,name=label_refs,json=labelRefs,proto3" json:"label_refs,omitempty"`
+	LabelStrings  []string `protobuf:"bytes,16,rep,name=label_strings,json=labelStrings,proto3" json:"label_strings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1216,16 +1218,16 @@ func (x *Columns) GetLabelCounts() []uint32 {
 	return nil
 }
 
-func (x *Columns) GetLabelKeys() []string {
+func (x *Columns) GetLabelRefs() []uint32 {
 	if x != nil {
-		return x.LabelKeys
+		return x.LabelRefs
 	}
 	return nil
 }
 
-func (x *Columns) GetLabelValues() []string {
+func (x *Columns) GetLabelStrings() []string {
 	if x != nil {
-		return x.LabelValues
+		return x.LabelStrings
 	}
 	return nil
 }
@@ -2083,7 +2085,7 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	" \x01(\rR\x12cachedPromptTokens\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd7\x04\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd9\x04\n" +
 	"\aColumns\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\x04R\x03ids\x12\x19\n" +
 	"\bdp_ranks\x18\x02 \x03(\rR\adpRanks\x12'\n" +
@@ -2101,8 +2103,8 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x05names\x18\r \x03(\tR\x05names\x12!\n" +
 	"\flabel_counts\x18\x0e \x03(\rR\vlabelCounts\x12\x1d\n" +
 	"\n" +
-	"label_keys\x18\x0f \x03(\tR\tlabelKeys\x12!\n" +
-	"\flabel_values\x18\x10 \x03(\tR\vlabelValues\";\n" +
+	"label_refs\x18\x0f \x03(\rR\tlabelRefs\x12#\n" +
+	"\rlabel_strings\x18\x10 \x03(\tR\flabelStrings\";\n" +
 	"\x05Stage\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\tR\binstance\x12\x16\n" +
 	"\x06weight\x18\x02 \x01(\x01R\x06weight\"\x80\x02\n" +
