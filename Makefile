@@ -45,7 +45,9 @@ browser-deps:
 
 ## sdk-deps: the official OpenAI and Anthropic Node SDKs pinned by
 ## scripts/sdk-check/package-lock.json (npm ci into scripts/sdk-check/node_modules;
-## Node.js >= 20 and npm, Debian's when node is missing), for cmd/router's TestServeE2ESDKs
+## Node.js >= 20 and npm, Debian's when node is missing), for cmd/router's TestServeE2ESDKs,
+## and examples/node-plugin's @grpc/grpc-js and @grpc/proto-loader (its package-lock.json),
+## for TestPluginsCheckNodeExample and TestReplayNodeExample
 sdk-deps:
 	scripts/sdk-check/install.sh
 

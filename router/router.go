@@ -83,14 +83,10 @@ type Router struct {
 	scratch   sync.Pool // *pipeline.Scratch
 	fallbacks atomic.Int64
 
-	shadow         ShadowOptions
-	shadowMetrics  *shadowMetrics // nil without a Registerer
-	shadowJobs     sync.Pool      // *shadowJob
-	shadowInFlight atomic.Int64
-	shadowWG       sync.WaitGroup  // the asynchronous shadow decisions running
-	shadowCtx      context.Context // cancelled by Close
-	shadowStop     context.CancelFunc
-	shadowClosed   atomic.Bool // set by Close: no asynchronous shadow starts
+	shadow        ShadowOptions
+	shadowMetrics *shadowMetrics // nil without a Registerer
+	shadowJobs    sync.Pool      // *shadowJob
+	shadowPool    *shadowPool    // the asynchronous shadows; nil when Inline
 
 	// swapMu serialises Apply and Close.
 	swapMu sync.Mutex
@@ -175,6 +171,15 @@ func New(o Options) (*Router, error) {
 	if o.Shadow.MaxInFlight <= 0 {
 		o.Shadow.MaxInFlight = DefaultShadowInFlight
 	}
+	if o.Shadow.QueueLen <= 0 {
+		o.Shadow.QueueLen = DefaultShadowQueue
+	}
+	if o.Shadow.SampleInterval <= 0 {
+		o.Shadow.SampleInterval = DefaultShadowSampleInterval
+	}
+	if o.Shadow.Recent <= 0 {
+		o.Shadow.Recent = DefaultShadowRecent
+	}
 	r := &Router{
 		blockSize:       o.BlockSize,
 		override:        override,
@@ -195,7 +200,9 @@ func New(o Options) (*Router, error) {
 	r.cur.Store(b)
 	r.scratch.New = func() any { return new(pipeline.Scratch) }
 	r.shadowJobs.New = func() any { return new(shadowJob) }
-	r.shadowCtx, r.shadowStop = context.WithCancel(context.Background())
+	if !o.Shadow.Inline {
+		r.shadowPool = newShadowPool(o.Shadow, r.shadowAsync, r.shadowMetrics)
+	}
 	return r, nil
 }
 
@@ -350,10 +357,13 @@ func (r *Router) Close(ctx context.Context) error {
 	b := r.cur.Swap(nil)
 	b.retire()
 	r.swapMu.Unlock()
-	r.shadowClosed.Store(true)
-	r.shadowStop()
+	if r.shadowPool != nil {
+		r.shadowPool.closing()
+	}
 	err := b.Close(ctx)
-	r.shadowWG.Wait()
+	if r.shadowPool != nil {
+		r.shadowPool.close()
+	}
 	return err
 }
 

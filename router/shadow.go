@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/shared"
@@ -27,9 +25,16 @@ const (
 	// ShadowFailed: the shadow erred (a plugin error, its call_timeout,
 	// a panic, the Router closing) and picked nothing.
 	ShadowFailed ShadowResult = "failed"
-	// ShadowDropped: the shadow was not asked because
-	// ShadowOptions.MaxInFlight shadow decisions were already running.
+	// ShadowDropped: the decision was sampled in but the shadow was not
+	// asked: ShadowOptions.QueueLen decisions were already waiting for a
+	// shadow worker. It happens only while the sample rate is above what
+	// the shadow can keep up with, before the next rate adjustment
+	// (ShadowOptions.SampleInterval) or a drop brings it down.
 	ShadowDropped ShadowResult = "dropped"
+	// ShadowSampledOut: the shadow was not asked because the decision
+	// was not in the sample: with sample rate 1/k (ShadowOutcome.SampleRate)
+	// only every k-th decision is asked. Counted, never silent.
+	ShadowSampledOut ShadowResult = "sampled_out"
 	// ShadowNone: the shadow's filters kept no candidate
 	// (shared.ErrAllFiltered): it made no choice.
 	ShadowNone ShadowResult = "none"
@@ -51,44 +56,23 @@ type ShadowOutcome struct {
 	Worker shared.WorkerID
 	DPRank uint32
 	// Elapsed is the shadow decision's wall-clock time in asynchronous
-	// mode; 0 inline (simulated time reads no clock) and for
-	// ShadowDropped.
+	// mode (the decision itself, not its wait in the queue); 0 inline
+	// (simulated time reads no clock), for ShadowDropped and
+	// ShadowSampledOut.
 	Elapsed time.Duration
 	// Err is the shadow's error for ShadowFailed and ShadowNone.
 	Err error
+	// SampleRate is the share of decisions asked (1/k: every k-th) when
+	// this one was sampled, in (0, 1]; 1 inline.
+	SampleRate float64
+	// RequestID is the request's shared.Request.ID (possibly empty).
+	RequestID string
+	// LiveWorker and LiveDPRank are the live decision's worker, for
+	// every result but ShadowSampledOut and ShadowDropped (the live
+	// decision is not booked yet when those are decided).
+	LiveWorker shared.WorkerID
+	LiveDPRank uint32
 }
-
-// ShadowOptions set how a Router runs the shadow policies of its
-// policies. The live decision never waits for a shadow decision, except
-// Inline, where the shadow runs inside Place after the live booking.
-type ShadowOptions struct {
-	// Inline runs each shadow decision inside Place, after the live
-	// decision was booked, and returns its outcome in Decision.Shadow:
-	// deterministic, for simulated time (replay). Otherwise each runs on
-	// a goroutine of its own, bounded by MaxInFlight, and its outcome
-	// reaches Observe only.
-	Inline bool
-	// MaxInFlight bounds the asynchronous shadow decisions running at
-	// once; one more is dropped (ShadowDropped), so a slow shadow never
-	// piles up goroutines. 0 means DefaultShadowInFlight.
-	MaxInFlight int
-	// Observe, when set, receives every outcome: inside Place when
-	// Inline, else on the shadow's goroutine (ShadowDropped inside
-	// Place). It must not block.
-	Observe func(ShadowOutcome)
-}
-
-// DefaultShadowInFlight is ShadowOptions.MaxInFlight's default (and
-// `router serve --shadow-max-inflight`'s). Few: a shadow plugin's calls
-// take CPU from live requests, and with few in flight a shadow whose
-// calls slow down because the CPUs are busy is asked less often (the rest
-// are dropped). On 2 busy cores, 64 let a plugin shadow cut the live
-// throughput to 0.6x in two runs of three; 4 kept it at 0.96-1.03x,
-// dropping two thirds of the shadow decisions (BENCHMARKS.md, "Shadow
-// mode"). A healthy plugin
-// answers in about 100 us, so 4 in flight still keep up with tens of
-// thousands of decisions per second.
-const DefaultShadowInFlight = 4
 
 // shadowJob is one shadow decision: a copy of the request, the candidate
 // inputs as the live decision saw them (before its booking changed
@@ -100,13 +84,18 @@ type shadowJob struct {
 	req    shared.Request
 	s      pipeline.Scratch
 	c      *shared.Candidates
-	b      *Bundle // held (enter) while asynchronous; nil inline
+	part   *fleet.Partition // the candidates' partition (immutable), for names
+	b      *Bundle          // held (enter) while asynchronous; nil inline
 	stripe int
+	// liveName and shadowName are the workers' names (fleet.Worker.Name)
+	// for the /debug view; set asynchronously only.
+	liveName, shadowName string
 }
 
 // shadowStart prepares the shadow decision of the live policy rp for
-// req, or returns nil: rp has no shadow, the Router is closing, or
-// (counted as ShadowDropped) MaxInFlight shadow decisions are running.
+// req, or returns nil: rp has no shadow, the Router is closing, the
+// decision is not in the sample (counted as ShadowSampledOut) or the
+// queue is full (that one is counted as ShadowDropped by shadowRun).
 // Asynchronously the job holds b in flight. The caller captures the
 // candidates (capture) before the live decision and then calls shadowRun
 // or shadowCancel exactly once.
@@ -115,15 +104,19 @@ func (r *Router) shadowStart(b *Bundle, rp *rolePolicy, req *shared.Request) *sh
 	if sp == nil {
 		return nil
 	}
-	if !r.shadow.Inline && r.shadowClosed.Load() {
-		return nil // the Router is closing: a selection still in flight
-	}
-	out := ShadowOutcome{Role: req.Role, Policy: rp.policy.Name, Shadow: sp.policy.Name}
-	if !r.shadow.Inline && r.shadowInFlight.Add(1) > int64(r.shadow.MaxInFlight) {
-		r.shadowInFlight.Add(-1)
-		out.Result = ShadowDropped
-		r.observeShadow(out)
-		return nil
+	out := ShadowOutcome{Role: req.Role, Policy: rp.policy.Name, Shadow: sp.policy.Name, SampleRate: 1, RequestID: req.ID}
+	if !r.shadow.Inline {
+		p := r.shadowPool
+		ask, rate := p.sample()
+		out.SampleRate = rate
+		if !ask {
+			out.Result = ShadowSampledOut
+			r.observeShadow(out)
+			return nil
+		}
+		if !p.begin() {
+			return nil // the Router is closing: a selection still in flight
+		}
 	}
 	j := r.shadowJobs.Get().(*shadowJob)
 	j.sp, j.out, j.req = sp, out, *req
@@ -138,6 +131,7 @@ func (r *Router) shadowStart(b *Bundle, rp *rolePolicy, req *shared.Request) *sh
 // others computed here, before the live booking changes any.
 func (r *Router) capture(j *shadowJob, live *shared.Candidates, part *fleet.Partition) {
 	in := j.sp.inputs
+	j.part = part
 	j.c = j.s.Candidates(len(part.Workers), in, part.DPRanks != nil)
 	var have shared.Inputs
 	if live != nil {
@@ -172,36 +166,56 @@ func (r *Router) shadowCancel(j *shadowJob) {
 }
 
 // shadowRun runs j, whose live decision booked w: inline it returns the
-// outcome; otherwise it starts j's goroutine and returns the zero outcome.
+// outcome; otherwise it queues j for the shadow workers (or, the queue
+// full, counts it as ShadowDropped) and returns the zero outcome. It
+// never blocks.
 func (r *Router) shadowRun(j *shadowJob, w *fleet.Worker) ShadowOutcome {
 	if j == nil {
 		return ShadowOutcome{}
 	}
+	j.out.LiveWorker, j.out.LiveDPRank = w.ID, w.DPRank
 	if r.shadow.Inline {
-		r.shadowDecide(context.Background(), j, w.ID, w.DPRank)
+		r.shadowDecide(context.Background(), j)
 		out := j.out
 		r.observeShadow(out)
 		r.shadowDone(j)
 		return out
 	}
-	r.shadowWG.Add(1)
-	go r.shadowAsync(j, w.ID, w.DPRank)
+	j.liveName = w.Name
+	if !r.shadowPool.enqueue(j) {
+		j.out.Result = ShadowDropped
+		r.observeShadow(j.out)
+		r.shadowDone(j)
+	}
 	return ShadowOutcome{}
 }
 
-func (r *Router) shadowAsync(j *shadowJob, id shared.WorkerID, dp uint32) {
-	defer r.shadowWG.Done()
-	t0 := time.Now()
-	r.shadowDecide(r.shadowCtx, j, id, dp)
-	j.out.Elapsed = time.Since(t0)
+// shadowAsync runs j on a shadow worker. A job taken after Close began
+// is failed with the Router's context error without asking the shadow.
+func (r *Router) shadowAsync(j *shadowJob) {
+	ctx := r.shadowPool.ctx
+	if err := ctx.Err(); err != nil {
+		j.out.Result, j.out.Err = ShadowFailed, fmt.Errorf("shadow policy %q not asked: the router is closing: %w", j.out.Shadow, err)
+	} else {
+		t0 := time.Now()
+		r.shadowDecide(ctx, j)
+		j.out.Elapsed = time.Since(t0)
+	}
+	if j.out.Result == ShadowAgree || j.out.Result == ShadowDisagree {
+		if i := locate(j.part, j.out.Worker, j.out.DPRank); i < len(j.part.Workers) && j.part.Workers[i].ID == j.out.Worker {
+			j.shadowName = j.part.Workers[i].Name
+		}
+	}
+	r.shadowPool.finished(j)
 	r.observeShadow(j.out)
 	r.shadowDone(j)
 }
 
 // shadowDecide runs the shadow policy over j's candidates and sets
-// j.out's result against the live worker (id, dp). A panic of a shadow
-// component is its failure, not the router's.
-func (r *Router) shadowDecide(ctx context.Context, j *shadowJob, id shared.WorkerID, dp uint32) {
+// j.out's result against the live worker (j.out.LiveWorker,
+// j.out.LiveDPRank). A panic of a shadow component is its failure, not
+// the router's.
+func (r *Router) shadowDecide(ctx context.Context, j *shadowJob) {
 	defer func() {
 		if p := recover(); p != nil {
 			j.out.Result, j.out.Err = ShadowFailed, fmt.Errorf("shadow policy %q panicked: %v", j.out.Shadow, p)
@@ -216,7 +230,7 @@ func (r *Router) shadowDecide(ctx context.Context, j *shadowJob, id shared.Worke
 	default:
 		j.out.Worker, j.out.DPRank = j.c.IDs[row], rank(j.c, row)
 		j.out.Result = ShadowDisagree
-		if j.out.Worker == id && j.out.DPRank == dp {
+		if j.out.Worker == j.out.LiveWorker && j.out.DPRank == j.out.LiveDPRank {
 			j.out.Result = ShadowAgree
 		}
 	}
@@ -226,9 +240,10 @@ func (r *Router) shadowDecide(ctx context.Context, j *shadowJob, id shared.Worke
 func (r *Router) shadowDone(j *shadowJob) {
 	if j.b != nil {
 		j.b.release(j.stripe)
-		r.shadowInFlight.Add(-1)
+		r.shadowPool.end()
 	}
-	j.sp, j.b, j.c, j.req, j.out = nil, nil, nil, shared.Request{}, ShadowOutcome{}
+	j.sp, j.b, j.c, j.part, j.req, j.out = nil, nil, nil, nil, shared.Request{}, ShadowOutcome{}
+	j.liveName, j.shadowName = "", ""
 	r.shadowJobs.Put(j)
 }
 
@@ -236,61 +251,5 @@ func (r *Router) observeShadow(out ShadowOutcome) {
 	r.shadowMetrics.observe(out)
 	if r.shadow.Observe != nil {
 		r.shadow.Observe(out)
-	}
-}
-
-// shadowMetrics are the Router's shadow series (Options.Registerer).
-type shadowMetrics struct {
-	decisions *prometheus.CounterVec   // role, policy, shadow, result
-	seconds   *prometheus.HistogramVec // role, shadow
-}
-
-// shadowBuckets span 1us to about 4s: a built-in shadow takes
-// microseconds, a plugin call milliseconds up to its call_timeout.
-var shadowBuckets = prometheus.ExponentialBuckets(1e-6, 4, 12)
-
-// registerShadow registers switchyard_shadow_decisions_total and
-// switchyard_shadow_decision_seconds, or takes the ones a previous
-// Router registered on reg.
-func registerShadow(reg prometheus.Registerer) (*shadowMetrics, error) {
-	m := &shadowMetrics{
-		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "switchyard_shadow_decisions_total",
-			Help: "Shadow decisions by role, live policy, shadow policy and result: agree (the shadow picked the live worker), disagree, failed (error, call_timeout, panic), dropped (too many shadow decisions running) or none (the shadow's filters kept no candidate).",
-		}, []string{"role", "policy", "shadow", "result"}),
-		seconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name:    "switchyard_shadow_decision_seconds",
-			Help:    "Wall time of each shadow decision that ran (not the dropped ones), off the live request's path, by role and shadow policy.",
-			Buckets: shadowBuckets,
-		}, []string{"role", "shadow"}),
-	}
-	if err := reg.Register(m.decisions); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, err
-		}
-		if m.decisions, _ = are.ExistingCollector.(*prometheus.CounterVec); m.decisions == nil {
-			return nil, err
-		}
-	}
-	if err := reg.Register(m.seconds); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			return nil, err
-		}
-		if m.seconds, _ = are.ExistingCollector.(*prometheus.HistogramVec); m.seconds == nil {
-			return nil, err
-		}
-	}
-	return m, nil
-}
-
-func (m *shadowMetrics) observe(out ShadowOutcome) {
-	if m == nil {
-		return
-	}
-	m.decisions.WithLabelValues(string(out.Role), out.Policy, out.Shadow, string(out.Result)).Inc()
-	if out.Result != ShadowDropped {
-		m.seconds.WithLabelValues(string(out.Role), out.Shadow).Observe(out.Elapsed.Seconds())
 	}
 }

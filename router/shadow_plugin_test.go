@@ -106,9 +106,9 @@ func waitStopped(t *testing.T, pid int) {
 // TestShadowPluginHangsAndCrashes: a shadow served by a real plugin
 // process. While the plugin is stopped (SIGSTOP) and then killed, every
 // live decision is made by the live policy in its order, never by a
-// fallback; the shadow's decisions are counted failed or dropped, never
-// more than MaxInFlight run at once, and once the plugin is restarted the
-// shadow answers again. The metrics count what Observe saw; TestMain
+// fallback; the shadow's decisions are counted failed, dropped (a queue of
+// 2) or sampled out, never more than MaxInFlight run at once, and once
+// the plugin is restarted the shadow answers again. The metrics count what Observe saw; TestMain
 // checks that no goroutine is left.
 func TestShadowPluginHangsAndCrashes(t *testing.T) {
 	if runtime.GOOS != "linux" {
@@ -121,7 +121,7 @@ func TestShadowPluginHangsAndCrashes(t *testing.T) {
 	tally := &shadowTally{counts: map[ShadowResult]int{}}
 	const maxInFlight = 2
 	r, err := New(Options{Bundle: b, BookingsAreLoad: true, Registerer: reg,
-		Shadow: ShadowOptions{MaxInFlight: maxInFlight, Observe: tally.observe}})
+		Shadow: ShadowOptions{MaxInFlight: maxInFlight, QueueLen: 2, Observe: tally.observe}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -151,23 +151,27 @@ func TestShadowPluginHangsAndCrashes(t *testing.T) {
 			}
 			d.Booking.Release()
 			placed++
-			if n := r.shadowInFlight.Load(); n > maxInFlight {
+			if n := r.shadowPool.running.Load(); n > maxInFlight {
 				t.Fatalf("%d shadow decisions in flight, limit %d", n, maxInFlight)
 			}
 		}
 	}
 
-	// Healthy: every shadow decision the limit let through answers.
-	place(40)
-	waitTally(t, tally, "40 shadows", func(_ map[ShadowResult]int, n int) bool { return n == 40 })
+	// Healthy: every shadow decision answers (one at a time: the queue
+	// is short so that the stopped plugin below holds few).
+	for i := range 40 {
+		place(1)
+		waitTally(t, tally, "each shadow", func(_ map[ShadowResult]int, n int) bool { return n == i+1 })
+	}
 	healthy, _ := tally.snapshot()
-	if healthy[ShadowAgree]+healthy[ShadowDisagree]+healthy[ShadowDropped] != 40 || healthy[ShadowAgree]+healthy[ShadowDisagree] == 0 {
+	if healthy[ShadowAgree]+healthy[ShadowDisagree] != 40 {
 		t.Fatalf("healthy plugin: outcomes %v", healthy)
 	}
 
 	// Hung: the plugin process is stopped. The live path is unaffected;
-	// the shadow fails (its call_timeout, then the open breaker) or is
-	// dropped while two hang.
+	// the shadow fails (its call_timeout, then the open breaker), or is
+	// dropped while two hang and two wait, or sampled out once the rate
+	// adapts.
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +180,7 @@ func TestShadowPluginHangsAndCrashes(t *testing.T) {
 	waitTally(t, tally, "100 shadows", func(_ map[ShadowResult]int, n int) bool { return n == 100 })
 	hung, _ := tally.snapshot()
 	if hung[ShadowAgree]+hung[ShadowDisagree] != healthy[ShadowAgree]+healthy[ShadowDisagree] ||
-		hung[ShadowFailed]+hung[ShadowDropped]-healthy[ShadowDropped] != 60 || hung[ShadowFailed] == 0 {
+		hung[ShadowFailed]+hung[ShadowDropped]+hung[ShadowSampledOut] != 60 || hung[ShadowFailed] == 0 {
 		t.Fatalf("stopped plugin: outcomes %v after %v", hung, healthy)
 	}
 
@@ -209,7 +213,7 @@ func TestShadowPluginHangsAndCrashes(t *testing.T) {
 	if total != placed {
 		t.Errorf("%d shadow outcomes for %d decisions", total, placed)
 	}
-	for _, res := range []ShadowResult{ShadowAgree, ShadowDisagree, ShadowFailed, ShadowDropped, ShadowNone} {
+	for _, res := range []ShadowResult{ShadowAgree, ShadowDisagree, ShadowFailed, ShadowDropped, ShadowNone, ShadowSampledOut} {
 		got := testutil.ToFloat64(r.shadowMetrics.decisions.WithLabelValues("aggregated", "live", "queue", string(res)))
 		if int(got) != final[res] {
 			t.Errorf("switchyard_shadow_decisions_total{result=%q} = %v, Observe saw %d", res, got, final[res])

@@ -255,16 +255,18 @@ func TestShadowFallbackAndTarget(t *testing.T) {
 }
 
 // TestShadowAsync: a shadow that hangs does not hold up live decisions; it
-// runs at most MaxInFlight at once, the rest are dropped, and Close
-// cancels the ones running (failed) and waits for them: no goroutine is
-// left.
+// runs at most MaxInFlight at once, QueueLen more wait, the rest are
+// dropped, and Close cancels the ones running and fails the ones waiting
+// without asking the shadow (both failed with context.Canceled) and waits
+// for them: no goroutine is left.
 func TestShadowAsync(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	bl := &blocking{started: make(chan struct{}, 16), release: make(chan struct{})}
 	var mu sync.Mutex
 	counts := map[ShadowResult]int{}
 	done := make(chan ShadowOutcome, 16)
-	o := ShadowOptions{MaxInFlight: 2, Observe: func(o ShadowOutcome) {
+	// The sample rate stays 1: an adjustment an hour away.
+	o := ShadowOptions{MaxInFlight: 2, QueueLen: 3, SampleInterval: time.Hour, Observe: func(o ShadowOutcome) {
 		mu.Lock()
 		counts[o.Result]++
 		mu.Unlock()
@@ -283,7 +285,8 @@ func TestShadowAsync(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Two shadows start and hang; the live decisions all complete.
+	// Two shadows start and hang, three wait; the live decisions all
+	// complete.
 	for i := range 10 {
 		d, err := r.Place(context.Background(), request(8, 1), Placement{})
 		if err != nil {
@@ -299,23 +302,30 @@ func TestShadowAsync(t *testing.T) {
 		}
 	}
 	mu.Lock()
-	if counts[ShadowDropped] != 8 {
-		t.Errorf("dropped = %d, want 8", counts[ShadowDropped])
+	if counts[ShadowDropped] != 5 || len(counts) != 1 {
+		t.Errorf("outcomes %v, want 5 dropped", counts)
 	}
 	mu.Unlock()
-	if n := r.Bundle().InFlight(); n != 2 {
-		t.Errorf("bundle in flight = %d, want the 2 shadows", n)
+	if n := r.Bundle().InFlight(); n != 5 {
+		t.Errorf("bundle in flight = %d, want the 5 shadows", n)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := r.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	for range 2 {
+	var ran int
+	for range 5 {
 		out := <-done
-		if out.Result != ShadowFailed || !errors.Is(out.Err, context.Canceled) || out.Elapsed <= 0 {
+		if out.Result != ShadowFailed || !errors.Is(out.Err, context.Canceled) {
 			t.Errorf("cancelled shadow = %+v", out)
 		}
+		if out.Elapsed > 0 {
+			ran++
+		}
+	}
+	if ran != 2 {
+		t.Errorf("%d cancelled shadows had asked the shadow, want the 2 running", ran)
 	}
 }
 

@@ -34,7 +34,7 @@ trap 'exit 130' INT TERM
 "$GO" build -o "$work/bench-serve" ./bench/serve
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ *//'), $("$GO" env GOVERSION) $("$GO" env GOOS)/$("$GO" env GOARCH)"
 echo "date:    $(date -u +%Y-%m-%dT%H:%M:%SZ); load before: $(cut -d' ' -f1-3 /proc/loadavg)"
-"$work/bench-serve" --router-bin "$BIN/router" --pid-file "$work/pids" "$@" &
+"$work/bench-serve" --router-bin "$BIN/router" --plugin-bin "$BIN/plugin-example" --pid-file "$work/pids" "$@" &
 bench_pid=$!
 set +e
 wait "$bench_pid"

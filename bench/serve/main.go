@@ -9,13 +9,19 @@
 //	(b) a bare httputil.ReverseProxy round-robin over the mock workers,
 //	(c) `router serve` with a round-robin policy,
 //	(d) `router serve` with the default (KV-aware) policy,
+//	(i) the KV policy of (g) and (h) below, declared, without a shadow,
 //	(g) the same KV policy with the template plugin's queue-depth scorer
-//	    as its shadow (asked beside it on every decision, never acted
-//	    on): against (d), what shadow mode costs the live path,
+//	    as its shadow (asked beside it on every decision it can keep up
+//	    with, sampled at a stated rate otherwise, never acted on):
+//	    against (i), what shadow mode costs the live path, and how many
+//	    of the shadow's decisions were dropped or sampled out,
 //	(h) the same with a built-in shadow (least-loaded): the cost of the
 //	    mechanism without a plugin process competing for the CPUs,
 //
-// first closed-loop at --concurrency clients (throughput), then with one
+// (i), (g) and (h) run their throughput phase at --shadow-concurrency
+// clients (64, issue 29's measure), in that order, one right after the
+// other; the shadow's counts are read right after the throughput phase.
+// The cases are first measured closed-loop at --concurrency clients (throughput), then with one
 // client (the per-request latency the proxy adds, without queueing), and
 // checks the issue's targets: (c) >= 0.9x the throughput of (b), and the
 // router adds <= 100us at p50; it also splits the router's added latency
@@ -93,6 +99,7 @@ type options struct {
 	jsonOut     string
 	pluginBin   string
 	pluginConc  int
+	shadowConc  int
 	apis        []string
 }
 
@@ -126,6 +133,7 @@ func main() {
 	flag.StringVar(&o.jsonOut, "json", "", "also write the results as JSON to this file")
 	flag.StringVar(&o.pluginBin, "plugin-bin", "bin/plugin-example", "the template plugin for case (e), an out-of-process scorer (empty: skip (e))")
 	flag.IntVar(&o.pluginConc, "plugin-concurrency", 64, "closed-loop clients of case (e)'s throughput phase")
+	flag.IntVar(&o.shadowConc, "shadow-concurrency", 64, "closed-loop clients of the throughput phase of cases (i), (g) and (h): shadow off and on")
 	apis := flag.String("apis", "responses,embeddings", "APIs besides chat measured with one client on (a), (f) and (c), comma-separated: "+strings.Join(slices.Sorted(maps.Keys(apiPaths)), ", ")+" (empty: none)")
 	flag.Parse()
 	for _, a := range strings.Split(*apis, ",") {
@@ -169,9 +177,12 @@ type result struct {
 	// plugin over the warm-up and the throughput phase
 	// (switchyard_plugin_decide_tasks_per_message).
 	TasksPerMessage float64 `json:"tasks_per_message,omitempty"`
-	// Shadow is case (g)'s shadow decisions by result over both phases
-	// (switchyard_shadow_decisions_total).
-	Shadow map[string]float64 `json:"shadow,omitempty"`
+	// Shadow is case (g)'s and (h)'s shadow decisions by result over the
+	// warm-up and the throughput phase (switchyard_shadow_decisions_total),
+	// and SampleRate the shadow's sample rate at its end
+	// (switchyard_shadow_sample_rate).
+	Shadow     map[string]float64 `json:"shadow,omitempty"`
+	SampleRate float64            `json:"sample_rate,omitempty"`
 	// APIs are the one-client phases of cases (a), (f) and (c) with the
 	// other APIs' requests (--apis), by API name.
 	APIs map[string]apiLatency `json:"apis,omitempty"`
@@ -218,22 +229,30 @@ func apiBody(api string, promptBytes, maxTokens int) []byte {
 }
 
 // shadowCounts reads the router's /metrics and returns
-// switchyard_shadow_decisions_total summed by its result label.
-func shadowCounts(ctx context.Context, base string) (map[string]float64, error) {
+// switchyard_shadow_decisions_total summed by its result label, and
+// switchyard_shadow_sample_rate.
+func shadowCounts(ctx context.Context, base string) (map[string]float64, float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+"/metrics", nil)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
 	out := map[string]float64{}
+	rate := -1.0
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
+		if v, ok := strings.CutPrefix(line, "switchyard_shadow_sample_rate "); ok {
+			if _, err := fmt.Sscan(v, &rate); err != nil {
+				return nil, 0, fmt.Errorf("switchyard_shadow_sample_rate: %w", err)
+			}
+			continue
+		}
 		if !strings.HasPrefix(line, "switchyard_shadow_decisions_total{") {
 			continue
 		}
@@ -244,15 +263,15 @@ func shadowCounts(ctx context.Context, base string) (map[string]float64, error) 
 		}
 	}
 	if err := sc.Err(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	if len(out) == 0 {
-		return nil, errors.New("no switchyard_shadow_decisions_total in /metrics")
+	if len(out) == 0 || rate < 0 {
+		return nil, 0, errors.New("no switchyard_shadow_decisions_total or switchyard_shadow_sample_rate in /metrics")
 	}
-	return out, nil
+	return out, rate, nil
 }
 
-var resultLabel = regexp.MustCompile(`result="([a-z]+)"`)
+var resultLabel = regexp.MustCompile(`result="([a-z_]+)"`)
 
 // tasksPerMessage reads the router's /metrics and returns the mean of
 // switchyard_plugin_decide_tasks_per_message (sum / count over plugins).
@@ -386,8 +405,21 @@ func run(ctx context.Context, o options, procs *children) error {
 		if err := os.WriteFile(plPolicy, []byte(pluginPolicyFile(mocks, pluginBin)), 0o644); err != nil {
 			return err
 		}
-		// Right after (d), its shadowless twin, so they see the same
-		// machine.
+		// (i), (g) and (h) one right after the other, so they see the
+		// same machine.
+		offPolicy := filepath.Join(work, "shadow-off.hcl")
+		if err := os.WriteFile(offPolicy, []byte(strings.Replace(shadowPolicyFile(mocks, "", `picker "pick" {
+    type = "least-loaded"
+  }`), "  shadow = \"trial\"\n", "", 1)), 0o644); err != nil {
+			return err
+		}
+		cases = append(cases, kase{"i", "(i) router serve, KV, shadow off", func() (string, func(), error) {
+			addr, err := procs.start(ctx, filepath.Join(work, "router-shadow-off.log"), routerRe, o.routerBin, serveArgs(offPolicy)...)
+			if err != nil {
+				return "", nil, err
+			}
+			return "http://" + addr, func() { procs.stopLast() }, waitReady(ctx, "http://"+addr)
+		}})
 		for _, sh := range []struct{ key, name, plugin, trial string }{
 			{"g", "(g) router serve, KV + plugin shadow", pluginBin, `scorer "depth" {
     type = "queue-depth"
@@ -429,8 +461,11 @@ func run(ctx context.Context, o options, procs *children) error {
 		target := base + "/v1/chat/completions"
 		r := result{key: c.key, Case: c.name}
 		conc := o.concurrency
-		if c.key == "e" {
+		switch c.key {
+		case "e":
 			conc = o.pluginConc
+		case "i", "g", "h":
+			conc = o.shadowConc
 		}
 		lat, n, elapsed, err := load(ctx, target, body, conc, o.warmup, o.duration)
 		if err != nil {
@@ -439,6 +474,14 @@ func run(ctx context.Context, o options, procs *children) error {
 		}
 		r.Requests, r.RPS = n, float64(n)/elapsed.Seconds()
 		r.P50us, r.P99us = pct(lat, 0.50), pct(lat, 0.99)
+		if c.key == "g" || c.key == "h" {
+			// The shadow's counts under load: read before the one-client
+			// phase adds its decisions.
+			if r.Shadow, r.SampleRate, err = shadowCounts(ctx, base); err != nil {
+				stopCase()
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+		}
 		if c.key == "e" {
 			// The batching of the throughput phase alone: read before the
 			// one-client phase adds its one-task messages.
@@ -475,12 +518,6 @@ func run(ctx context.Context, o options, procs *children) error {
 					r.APIs = map[string]apiLatency{}
 				}
 				r.APIs[api] = al
-			}
-		}
-		if c.key == "g" || c.key == "h" {
-			if r.Shadow, err = shadowCounts(ctx, base); err != nil {
-				stopCase()
-				return fmt.Errorf("%s: %w", c.name, err)
 			}
 		}
 		stopCase()
@@ -522,7 +559,7 @@ func report(w io.Writer, o options, rs []result) {
 	b, haveB := get("b")
 	c, haveC := get("c")
 	f, haveF := get("f")
-	fmt.Fprintf(w, "\nthroughput phase: %d concurrent clients (added = case - (a))\n", o.concurrency)
+	fmt.Fprintf(w, "\nthroughput phase: %d concurrent clients, (e) %d, (i) (g) (h) %d (added = case - (a))\n", o.concurrency, o.pluginConc, o.shadowConc)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "case\treq/s\tvs (b)\tp50 us\tp99 us\tadded p50 us\tadded p99 us\t")
 	for _, r := range rs {
@@ -574,23 +611,33 @@ func report(w io.Writer, o options, rs []result) {
 		fmt.Fprintf(w, "  Decide tasks per message under %d clients: mean %.2f  %s (target > 1.5)\n",
 			o.pluginConc, e.TasksPerMessage, verdict(e.TasksPerMessage > 1.5))
 	}
-	if d, ok := get("d"); ok {
+	if off, ok := get("i"); ok {
 		for _, key := range []string{"g", "h"} {
 			g, ok := get(key)
 			if !ok {
 				continue
 			}
-			fmt.Fprintf(w, "shadow on vs off ((%s) vs (d)): %d clients %.0f vs %.0f req/s (%.2fx), p50 %+.0f us, p99 %+.0f us",
-				key, o.concurrency, g.RPS, d.RPS, g.RPS/d.RPS, g.P50us-d.P50us, g.P99us-d.P99us)
+			ratio := g.RPS / off.RPS
+			fmt.Fprintf(w, "shadow on vs off ((%s) vs (i)): %d clients %.0f vs %.0f req/s (%.2fx), p50 %+.0f us, p99 %+.0f us",
+				key, o.shadowConc, g.RPS, off.RPS, ratio, g.P50us-off.P50us, g.P99us-off.P99us)
 			if o.serialDur > 0 {
-				fmt.Fprintf(w, "; 1 client p50 %+.0f us, p99 %+.0f us", g.SerialP50-d.SerialP50, g.SerialP99-d.SerialP99)
+				fmt.Fprintf(w, "; 1 client p50 %+.0f us, p99 %+.0f us", g.SerialP50-off.SerialP50, g.SerialP99-off.SerialP99)
 			}
 			var sum float64
 			for _, v := range g.Shadow {
 				sum += v
 			}
-			fmt.Fprintf(w, "\n  (%s)'s shadow decisions: %.0f agree, %.0f disagree, %.0f failed, %.0f dropped, %.0f none of %.0f\n",
-				key, g.Shadow["agree"], g.Shadow["disagree"], g.Shadow["failed"], g.Shadow["dropped"], g.Shadow["none"], sum)
+			pct := func(v float64) float64 {
+				if sum == 0 {
+					return 0
+				}
+				return 100 * v / sum
+			}
+			fmt.Fprintf(w, "  %s (target >= 0.95x)\n", verdict(ratio >= 0.95))
+			fmt.Fprintf(w, "  (%s)'s shadow decisions at %d clients (warm-up + throughput phase): %.0f agree, %.0f disagree, %.0f failed, %.0f none, %.0f sampled out (%.1f%%), %.0f dropped (%.2f%%) of %.0f; sample rate at the end %.4g  %s (target: no drop)\n",
+				key, o.shadowConc, g.Shadow["agree"], g.Shadow["disagree"], g.Shadow["failed"], g.Shadow["none"],
+				g.Shadow["sampled_out"], pct(g.Shadow["sampled_out"]), g.Shadow["dropped"], pct(g.Shadow["dropped"]), sum, g.SampleRate,
+				verdict(g.Shadow["dropped"] == 0))
 		}
 	}
 	if haveA && haveC {

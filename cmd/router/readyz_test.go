@@ -109,7 +109,8 @@ worker "sgl" {
 			Reason: fmt.Sprintf("%s/metrics answers 404 (SGLang serves metrics only with --enable-metrics); ready by %s/health", sgl.URL, sgl.URL)},
 	}
 	if fmt.Sprint(a.Workers) != fmt.Sprint(wantWorkers) || !a.Ready || a.Policy.File != policy ||
-		len(a.Plugins) != 1 || a.Plugins[0] != (live.PluginReadiness{Name: "example", State: "up", Status: "up"}) {
+		len(a.Plugins) != 1 || a.Plugins[0].Name != "example" || a.Plugins[0].State != "up" || a.Plugins[0].Status != "up" ||
+		a.Plugins[0].Version != "0.1.0" || len(a.Plugins[0].SHA256) != 64 || a.Plugins[0].Started == "" {
 		t.Errorf("/readyz %+v\nwant workers %+v and the plugin up", a, wantWorkers)
 	}
 

@@ -34,6 +34,7 @@ type runtimeFlags struct {
 	charsPerToken  int
 	debugListen    string
 	shadowInFlight int
+	shadowQueue    int
 	// passThrough is --pass-through: unknown paths under /v1/ are
 	// proxied to an engine serving the body's model.
 	passThrough bool
@@ -49,12 +50,14 @@ func (r *runtimeFlags) register(f *pflag.FlagSet) {
 	f.DurationVar(&r.drainTimeout, "drain-timeout", serve.DefaultDrainTimeout, "on SIGTERM or SIGINT, how long requests in flight (HTTP requests, ext_proc streams) may finish")
 	f.IntVar(&r.charsPerToken, "chars-per-token", live.DefaultCharsPerToken, "bytes of text per token of text prompts' routing key (an approximation)")
 	f.StringVar(&r.debugListen, "debug-listen", "", "serve Go's profiler (/debug/pprof/) and the router's debug views on this separate address; off when empty")
-	f.IntVar(&r.shadowInFlight, "shadow-max-inflight", router.DefaultShadowInFlight, "most shadow decisions running at once (policies with a shadow); one more is dropped")
+	f.IntVar(&r.shadowInFlight, "shadow-max-inflight", router.DefaultShadowInFlight, "shadow workers: most shadow decisions running at once (policies with a shadow); a shadow that cannot keep up with every decision is sampled")
+	f.IntVar(&r.shadowQueue, "shadow-queue", router.DefaultShadowQueue, "most shadow decisions waiting for a shadow worker; one more is dropped (counted) until the sample rate adapts")
 	f.BoolVar(&r.passThrough, "pass-through", true, "proxy a POST to a path under /v1/ the router does not route by its schema to an engine serving the body's \"model\" (admitted by load); --pass-through=false answers such paths 404")
 	setWant(f, "request-timeout", positiveDurationWant)
 	setWant(f, "drain-timeout", positiveDurationWant)
 	setWant(f, "chars-per-token", charsPerTokenWant)
 	setWant(f, "shadow-max-inflight", shadowInFlightWant)
+	setWant(f, "shadow-queue", shadowQueueWant)
 	r.pods.register(f)
 }
 
@@ -72,6 +75,8 @@ func (r *runtimeFlags) check(f *pflag.FlagSet) error {
 		return fmt.Errorf("--chars-per-token %d: want %s", r.charsPerToken, charsPerTokenWant)
 	case r.shadowInFlight < 1 || r.shadowInFlight > maxShadowInFlight:
 		return fmt.Errorf("--shadow-max-inflight %d: want %s", r.shadowInFlight, shadowInFlightWant)
+	case r.shadowQueue < 1 || r.shadowQueue > maxShadowQueue:
+		return fmt.Errorf("--shadow-queue %d: want %s", r.shadowQueue, shadowQueueWant)
 	}
 	return r.pods.check(f)
 }
@@ -100,7 +105,7 @@ func (r *runtimeFlags) daemonOptions(face serve.Options) live.DaemonOptions {
 	return live.DaemonOptions{
 		PolicyFile: r.policy, WorkersFile: r.workersFile, Watch: r.watch,
 		RequestTimeout: r.requestTimeout, CharsPerToken: r.charsPerToken,
-		ShadowMaxInFlight: r.shadowInFlight, Face: serve.Face(face),
+		ShadowMaxInFlight: r.shadowInFlight, ShadowQueue: r.shadowQueue, Face: serve.Face(face),
 	}
 }
 
@@ -161,12 +166,20 @@ connections (useful with --listen 127.0.0.1:0).`,
 	return cmd
 }
 
-// maxShadowInFlight bounds --shadow-max-inflight: each running shadow
-// decision holds a goroutine and a copy of its candidates.
+// maxShadowInFlight bounds --shadow-max-inflight: each shadow worker is a
+// goroutine for the router's life, and each running shadow decision holds
+// a copy of its candidates.
 const maxShadowInFlight = 4096
 
 // shadowInFlightWant words the values --shadow-max-inflight accepts.
 var shadowInFlightWant = fmt.Sprintf("a whole number from 1 to %d", maxShadowInFlight)
+
+// maxShadowQueue bounds --shadow-queue: each queued shadow decision holds
+// a copy of its request and candidates' columns.
+const maxShadowQueue = 1 << 20
+
+// shadowQueueWant words the values --shadow-queue accepts.
+var shadowQueueWant = fmt.Sprintf("a whole number from 1 to %d", maxShadowQueue)
 
 // charsPerTokenWant words the values --chars-per-token accepts.
 var charsPerTokenWant = fmt.Sprintf("a whole number from 1 to %d", math.MaxInt)

@@ -187,6 +187,14 @@ type Plugin struct {
 	// SHA256 is the expected checksum of Path in lowercase hex, or ""
 	// when the binary is not pinned.
 	SHA256 string
+	// SHA256Files pins the files the plugin runs besides its command (the
+	// script an interpreter runs, a module it loads): the block's
+	// sha256_files, by path as written there (relative to the router's
+	// working directory, like args) to the file's SHA-256 in lowercase
+	// hex; nil when none is pinned. The host hashes each (up to
+	// MaxPluginFileSize) before every start and refuses the start, never
+	// retried, when one differs or cannot be read.
+	SHA256Files map[string]string `json:",omitempty"`
 	// StartTimeout bounds the start and handshake (DefaultStartTimeout).
 	StartTimeout time.Duration
 	// CallTimeout bounds one call (DefaultCallTimeout).

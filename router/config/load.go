@@ -53,6 +53,7 @@ var pluginSchema = &hcl.BodySchema{
 		{Name: "env"},
 		{Name: "pass_env"},
 		{Name: "sha256"},
+		{Name: "sha256_files"},
 		{Name: "start_timeout"},
 		{Name: "call_timeout"},
 		{Name: "replay_decision_latency"},
@@ -338,6 +339,9 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 				p.SHA256 = strings.ToLower(s)
 			}
 		}
+	}
+	if attr, ok := content.Attributes["sha256_files"]; ok {
+		l.sha256Files(attr, p)
 	}
 	for _, f := range []struct {
 		name string

@@ -2,8 +2,10 @@ package config
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/hashicorp/hcl/v2"
+	"github.com/zclconf/go-cty/cty"
 
 	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/shared"
@@ -261,4 +264,119 @@ func dedupe(diags hcl.Diagnostics) hcl.Diagnostics {
 		out = append(out, d)
 	}
 	return out
+}
+
+// MaxPluginFileSize bounds how much of a plugin's file the router reads to
+// checksum it (1 GiB): a sha256 or sha256_files pin of a larger file
+// refuses the start, the checksums /readyz shows leave it out, and --watch
+// does not fingerprint it. Plugin binaries are megabytes to a few hundred
+// megabytes (a Go binary, a PyInstaller bundle).
+const MaxPluginFileSize = 1 << 30
+
+// Files lists the files the plugin runs, absolute and each once: the
+// executable (Path, or Command when Path is empty), then each of Args that
+// names an existing regular file (following symlinks) now, in order, then
+// the SHA256Files paths not listed yet, sorted. Relative paths are
+// relative to the router's working directory, where the plugin runs. An
+// argument that is not a path of a file ("-m", "--port=3", a directory)
+// is not listed. It is what `--watch` watches for the plugin and what the
+// checksums of /readyz cover (docs/policy-file.md, "Upgrading a plugin").
+func (p Plugin) Files() []string {
+	var out []string
+	add := func(path string) {
+		if path == "" || strings.ContainsRune(path, 0) {
+			return
+		}
+		abs, err := filepath.Abs(path)
+		if err != nil || slices.Contains(out, abs) {
+			return
+		}
+		out = append(out, abs)
+	}
+	exe := p.Path
+	if exe == "" {
+		exe = p.Command
+	}
+	add(exe)
+	for _, a := range p.Args {
+		if a == "" || strings.ContainsRune(a, 0) {
+			continue
+		}
+		if fi, err := os.Stat(a); err == nil && fi.Mode().IsRegular() {
+			add(a)
+		}
+	}
+	for _, path := range slices.Sorted(maps.Keys(p.SHA256Files)) {
+		add(path)
+	}
+	return out
+}
+
+// sha256Files decodes a plugin block's sha256_files map (path = "hex")
+// into p.SHA256Files. Each error is at the key or value it is about when
+// the attribute is a map written out ({ "plugin.py" = "..." }), else at
+// the attribute's value.
+func (l *loader) sha256Files(attr *hcl.Attribute, p *pluginDecl) {
+	const what = `sha256_files maps each file the plugin runs besides its command (a path as in args, relative to the router's working directory) to its SHA-256 in hex, as sha256sum prints it: sha256_files = { "plugin.py" = "9f86d0..." }`
+	type entry struct {
+		key, val     string
+		keyR, valR   hcl.Range
+		keyOK, valOK bool
+	}
+	var entries []entry
+	if pairs, diags := hcl.ExprMap(attr.Expr); !diags.HasErrors() {
+		for _, kv := range pairs {
+			e := entry{keyR: kv.Key.Range(), valR: kv.Value.Range()}
+			if k, d := kv.Key.Value(nil); !d.HasErrors() && k.Type() == cty.String && k.IsKnown() && !k.IsNull() {
+				e.key, e.keyOK = k.AsString(), true
+			}
+			if v, d := kv.Value.Value(nil); !d.HasErrors() && v.Type() == cty.String && v.IsKnown() && !v.IsNull() {
+				e.val, e.valOK = v.AsString(), true
+			}
+			entries = append(entries, e)
+		}
+	} else {
+		v, ok := l.decodeAttr(attr, cty.Map(cty.String))
+		if !ok || v.IsNull() {
+			if ok {
+				l.attrErrorf(attr, "Invalid sha256_files", "%s.", what)
+			}
+			return
+		}
+		r := attr.Expr.Range()
+		for k, e := range v.AsValueMap() {
+			entries = append(entries, entry{key: k, keyOK: true, keyR: r, valR: r, val: e.AsString(), valOK: !e.IsNull()})
+		}
+		slices.SortFunc(entries, func(a, b entry) int { return strings.Compare(a.key, b.key) })
+	}
+	seen := map[string]hcl.Range{}
+	for _, e := range entries {
+		switch {
+		case !e.keyOK || strings.TrimSpace(e.key) == "" || strings.ContainsRune(e.key, 0):
+			l.errorf(e.keyR, "Invalid sha256_files path", "%s; a key must be a non-empty path without NUL.", what)
+			continue
+		case !e.valOK:
+			l.errorf(e.valR, "Invalid sha256_files checksum", "%s; the value for %q is not a string.", what, e.key)
+			continue
+		}
+		abs, err := filepath.Abs(e.key)
+		if err != nil {
+			l.errorf(e.keyR, "Invalid sha256_files path", "The path %q cannot be made absolute: %v.", e.key, err)
+			continue
+		}
+		if first, dup := seen[abs]; dup {
+			l.errorf(e.keyR, "Duplicate sha256_files path", "%q names the file %s, already pinned at %s; keep one of them.", e.key, abs, pos(first))
+			continue
+		}
+		seen[abs] = e.keyR
+		if b, err := hex.DecodeString(e.val); err != nil || len(b) != 32 {
+			l.errorf(e.valR, "Invalid sha256_files checksum",
+				"The checksum of %q must be the 64 hexadecimal digits of its SHA-256 (as printed by sha256sum), got %d characters.", e.key, len(e.val))
+			continue
+		}
+		if p.SHA256Files == nil {
+			p.SHA256Files = make(map[string]string)
+		}
+		p.SHA256Files[e.key] = strings.ToLower(e.val)
+	}
 }

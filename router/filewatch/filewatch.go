@@ -20,10 +20,12 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -82,8 +84,16 @@ type Watcher struct {
 	close    sync.Once
 	closeErr error
 
+	// limit, when > 0, makes read hash the file as it streams, up to limit
+	// bytes, and reuse the last fingerprint while the file's identity,
+	// size and modification time stay (NewLarge); 0 reads it whole, up to
+	// inputfile.MaxConfigSize (New).
+	limit int64
+
 	// Owned by run once New returns.
 	last fingerprint
+	// lastStat is the file's stat when last hashed (NewLarge only).
+	lastStat statKey
 	// readErr is the text of the last failed read's error, "" after a
 	// successful one: a file that stays unreadable is reported once, not
 	// at every event in its directory (a log written beside it would
@@ -124,6 +134,24 @@ func (a fingerprint) differs(b fingerprint) bool {
 // must: New fails when that cannot be watched. Its errors name the path
 // and wrap the cause.
 func New(path string, debounce time.Duration) (*Watcher, error) {
+	return newWatcher(path, debounce, 0)
+}
+
+// NewLarge is New for a file that may be large, such as a plugin's
+// executable (router/live watches a policy's plugin files with it): the
+// file is hashed as it is read, never held whole in memory, up to limit
+// bytes (a larger file is a read error, sent to Errors, not a change),
+// and it is hashed again only when its inode, size or modification time
+// changed since the last hash, so the events of a busy directory cost a
+// stat each. limit <= 0 means inputfile.MaxConfigSize.
+func NewLarge(path string, debounce time.Duration, limit int64) (*Watcher, error) {
+	if limit <= 0 {
+		limit = inputfile.MaxConfigSize
+	}
+	return newWatcher(path, debounce, limit)
+}
+
+func newWatcher(path string, debounce time.Duration, limit int64) (*Watcher, error) {
 	abs, err := filepath.Abs(path)
 	if err != nil {
 		return nil, fmt.Errorf("filewatch: watching %s: %w", path, err)
@@ -142,6 +170,7 @@ func New(path string, debounce time.Duration) (*Watcher, error) {
 	}
 	w := &Watcher{
 		path:     abs,
+		limit:    limit,
 		home:     home,
 		debounce: debounce,
 		fsw:      fsw,
@@ -251,6 +280,9 @@ func (w *Watcher) run() {
 // regular file (a named pipe would block the read forever) or is over
 // inputfile.MaxConfigSize is an error, not a change.
 func (w *Watcher) read() (fingerprint, error) {
+	if w.limit > 0 {
+		return w.readLarge()
+	}
 	b, err := inputfile.ReadFile(w.path, inputfile.MaxConfigSize)
 	switch {
 	case err == nil:
@@ -261,6 +293,51 @@ func (w *Watcher) read() (fingerprint, error) {
 	default:
 		return fingerprint{}, fmt.Errorf("filewatch: %w", err) // names the path
 	}
+}
+
+// statKey is what readLarge compares before hashing a file again.
+type statKey struct {
+	dev, ino uint64
+	size     int64
+	mtime    int64 // UnixNano
+}
+
+// readLarge fingerprints the file for NewLarge: streamed through SHA-256
+// up to w.limit bytes, or the last fingerprint when the file's statKey is
+// the same as when it was hashed.
+func (w *Watcher) readLarge() (fingerprint, error) {
+	f, err := inputfile.Open(w.path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		w.lastStat = statKey{}
+		return fingerprint{state: absent}, nil
+	case err != nil:
+		return fingerprint{}, fmt.Errorf("filewatch: %w", err)
+	}
+	defer func() { _ = f.Close() }()
+	fi, err := f.Stat()
+	if err != nil {
+		return fingerprint{}, fmt.Errorf("filewatch: %w", err)
+	}
+	key := statKey{size: fi.Size(), mtime: fi.ModTime().UnixNano()}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		key.dev, key.ino = uint64(st.Dev), uint64(st.Ino)
+	}
+	if w.last.state == present && key == w.lastStat {
+		return w.last, nil
+	}
+	h := sha256.New()
+	n, err := io.Copy(h, io.LimitReader(f, w.limit+1))
+	if err != nil {
+		return fingerprint{}, fmt.Errorf("filewatch: reading %s: %w", w.path, err)
+	}
+	if n > w.limit {
+		return fingerprint{}, fmt.Errorf("filewatch: %s: %w: over the %d MiB limit", w.path, inputfile.ErrTooLarge, w.limit>>20)
+	}
+	fp := fingerprint{state: present}
+	h.Sum(fp.sum[:0])
+	w.lastStat = key
+	return fp, nil
 }
 
 // rewatch makes the watched directories those the path leads through now:

@@ -90,7 +90,8 @@ type DaemonOptions struct {
 	// DebugListener, when set, serves Go's profiler (net/http/pprof under
 	// /debug/pprof/), the router's view of its workers (/debug/workers,
 	// DebugWorkers), the blocks it believes each one's engine holds
-	// (/debug/workers/NAME/blocks, DebugBlocks) and the face's own views
+	// (/debug/workers/NAME/blocks, DebugBlocks), the shadow decisions
+	// (/debug/shadow, router.ShadowView) and the face's own views
 	// (Face.DebugRoutes: the HTTP face's /debug/route), never reachable on
 	// Listener. Run closes it.
 	DebugListener net.Listener
@@ -98,10 +99,13 @@ type DaemonOptions struct {
 	// takes the defaults there).
 	RequestTimeout time.Duration
 	CharsPerToken  int
-	// ShadowMaxInFlight bounds the shadow decisions running at once
-	// (router.ShadowOptions.MaxInFlight; router.DefaultShadowInFlight
-	// when zero).
+	// ShadowMaxInFlight is the number of shadow workers, the most shadow
+	// decisions running at once (router.ShadowOptions.MaxInFlight;
+	// router.DefaultShadowInFlight when zero); ShadowQueue bounds the
+	// decisions waiting for one (router.ShadowOptions.QueueLen;
+	// router.DefaultShadowQueue when zero).
 	ShadowMaxInFlight int
+	ShadowQueue       int
 	// ScrapeInterval is each worker's probe period and timeout
 	// (workers.DefaultScrapeInterval when zero).
 	ScrapeInterval time.Duration
@@ -390,6 +394,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		routes := map[string]http.Handler{
 			"GET /debug/workers":               http.HandlerFunc(d.rt.debugWorkers),
 			"GET /debug/workers/{name}/blocks": blocksView{status: mgr.StatusOf, kvs: kvs},
+			"GET /debug/shadow":                http.HandlerFunc(d.rt.debugShadow),
 		}
 		maps.Copy(routes, face.DebugRoutes())
 		wg.Go(func() { serveDebug(bg, o.DebugListener, d.log, routes) })
@@ -428,7 +433,7 @@ func (d *Daemon) newRouter(ctx context.Context, b *loader.Bundle, reg prometheus
 		return nil, err
 	}
 	r, err := router.New(router.Options{Bundle: b.Bundle, Registerer: reg,
-		Shadow: router.ShadowOptions{MaxInFlight: d.o.ShadowMaxInFlight}})
+		Shadow: router.ShadowOptions{MaxInFlight: d.o.ShadowMaxInFlight, QueueLen: d.o.ShadowQueue, Logger: d.log.Named("shadow")}})
 	if err != nil {
 		closeBundle()
 		return nil, err

@@ -32,8 +32,18 @@ type ReloaderOptions struct {
 	// save without changes or other files in the directory reload
 	// nothing. A file that disappears reloads (which fails, and the
 	// running policies stay), and so does its return. To reload an
-	// unchanged file (say, for a rebuilt plugin binary) send SIGHUP or
-	// call Trigger.
+	// unchanged file send SIGHUP or call Trigger.
+	//
+	// Watch also watches the files the running policy's plugins run
+	// (loader.Reloader.PluginFiles: each plugin's executable, the files
+	// its args name and those its sha256_files pin; at most
+	// MaxWatchedPluginFiles), each as the policy file is (content, not
+	// metadata; filewatch.NewLarge, up to config.MaxPluginFileSize) and
+	// with the same debounce: a change of one reloads the policy file, as
+	// SIGHUP does, which starts every plugin afresh. A broken new plugin
+	// fails that reload like a broken policy file (the running bundle
+	// stays; loader.Reloader.Reload); fixing it reloads again. The set is
+	// taken again after each reload.
 	Watch bool
 	// Debounce is the quiet period after a change: the file is reloaded
 	// once no further change arrived for this long, so an editor's burst
@@ -119,8 +129,10 @@ func (l *Reloader) Run(ctx context.Context) error {
 		sigs = ch
 	}
 	var (
-		changes <-chan struct{} // nil without Watch: never ready
-		errs    <-chan error
+		changes       <-chan struct{} // nil without Watch: never ready
+		errs          <-chan error
+		pluginChanges <-chan string
+		plugins       *pluginWatch
 	)
 	if l.o.Watch {
 		w, err := filewatch.New(l.path, l.o.Debounce)
@@ -129,18 +141,30 @@ func (l *Reloader) Run(ctx context.Context) error {
 		}
 		defer func() { _ = w.Close() }()
 		changes, errs = w.Changes(), w.Errors()
+		plugins = newPluginWatch(l.o.Debounce, l.o.Logger)
+		defer plugins.close()
+		plugins.set(l.r.PluginFiles())
+		pluginChanges = plugins.changed
 	}
 	close(l.ready)
 
 	reload := func(cause string) {
-		// This reload reads the file as it is now: a change reported
+		// This reload reads the files as they are now: a change reported
 		// before it is in it.
 		select {
 		case <-changes:
 		default:
 		}
+		if plugins != nil {
+			plugins.drain()
+		}
 		l.o.Logger.Info("reloading the policy file", "path", l.path, "cause", cause)
 		diags := l.r.Reload(ctx, l.path)
+		if plugins != nil {
+			// The running bundle's plugin files: the new file's after a
+			// reload that applied, the old one's after one that failed.
+			plugins.set(l.r.PluginFiles())
+		}
 		if l.o.OnReload != nil {
 			l.o.OnReload(diags)
 		}
@@ -155,6 +179,8 @@ func (l *Reloader) Run(ctx context.Context) error {
 			reload("trigger")
 		case <-changes:
 			reload("file changed")
+		case path := <-pluginChanges:
+			reload("plugin file changed: " + path)
 		case err := <-errs:
 			l.o.Logger.Warn("watching the policy file", "path", l.path, "error", err)
 		}

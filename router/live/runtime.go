@@ -431,6 +431,22 @@ type PluginReadiness struct {
 	// when it failed to start under on_start_failure = "fallback" (the
 	// load logged why).
 	Status string `json:"status"`
+	// Version is the running process's DescribeResponse.plugin_version;
+	// absent while no process runs or when the plugin reports none.
+	Version string `json:"version,omitempty"`
+	// SHA256 is the running process's executable's SHA-256 (for an
+	// interpreter, the interpreter's; Files has the script's), taken
+	// before it started; absent while no process runs.
+	SHA256 string `json:"sha256,omitempty"`
+	// Started is when the running process started serving (RFC 3339, UTC,
+	// with nanoseconds); absent while no process runs. A restart or a
+	// reload changes it.
+	Started string `json:"started,omitempty"`
+	// Files are the checksums of every file the running process runs
+	// (supervisor.PluginInfo.Files: the executable, then the files among
+	// its args and in sha256_files), in that order; absent while no
+	// process runs.
+	Files []supervisor.FileSum `json:"files,omitempty"`
 }
 
 // WorkerReadiness is one configured worker's state in Readiness, by name.
@@ -465,6 +481,10 @@ func (rt *Runtime) Readiness() Readiness {
 		a.Policy.File = b.Filename()
 		for _, p := range b.Plugins() {
 			pr := PluginReadiness{Name: p.Name, State: "up", Status: p.Status.String()}
+			if p.Running {
+				pr.Version, pr.SHA256, pr.Files = p.Info.Version, p.Info.SHA256(), p.Info.Files
+				pr.Started = p.Info.Started.UTC().Format(time.RFC3339Nano)
+			}
 			if !p.Started {
 				pr.Status = "not started"
 			}

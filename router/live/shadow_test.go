@@ -4,16 +4,25 @@ package live
 
 import (
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-router/switchyard/router"
 )
 
 // shadowCounts reads switchyard_shadow_decisions_total from reg by
@@ -60,23 +69,19 @@ func processOf(t *testing.T, bin string) int {
 	return pids[0]
 }
 
-// TestDaemonShadowPlugin runs the daemon with a round-robin policy whose
-// shadow is cmd/plugin-example's queue-depth scorer, a real plugin
-// process. Every request is answered by the live policy's worker while
-// the plugin serves, while it is stopped (SIGSTOP: the shadow times out
-// or is dropped) and after it is killed; /metrics counts the shadow's
-// decisions by result, the failed ones included.
-func TestDaemonShadowPlugin(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds and runs a plugin process")
-	}
+// shadowPluginPolicy builds cmd/plugin-example and writes a policy file
+// whose round-robin policy "live" has the plugin's queue-depth scorer
+// (policy "queue") as its shadow, over two mock workers a and b. It
+// returns the file and the plugin binary.
+func shadowPluginPolicy(t *testing.T) (policy, bin string) {
+	t.Helper()
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "shadow-plugin-example")
+	bin = filepath.Join(dir, "shadow-plugin-example")
 	if out, err := exec.Command("go", "build", "-o", bin, "../../cmd/plugin-example").CombinedOutput(); err != nil {
 		t.Fatalf("building cmd/plugin-example: %v\n%s", err, out)
 	}
 	a, b := newMock(t, "", 50), newMock(t, "", 50)
-	policy := filepath.Join(dir, "policy.hcl")
+	policy = filepath.Join(dir, "policy.hcl")
 	replaceFile(t, policy, fmt.Sprintf(`plugin "example" {
   command      = %q
   call_timeout = "2s"
@@ -94,6 +99,21 @@ policy "queue" {
 
 worker_selection { aggregated = "live" }
 `, bin)+workerBlocks("a="+a.URL, "b="+b.URL))
+	return policy, bin
+}
+
+// TestDaemonShadowPlugin runs the daemon with a round-robin policy whose
+// shadow is cmd/plugin-example's queue-depth scorer, a real plugin
+// process. Every request is answered by the live policy's worker while
+// the plugin serves, while it is stopped (SIGSTOP: the shadow times out
+// or is dropped) and after it is killed; /metrics counts the shadow's
+// decisions by result, the failed ones included, and the failures are
+// logged as the shadow's (logger "shadow"), not as failed plugin calls.
+func TestDaemonShadowPlugin(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs a plugin process")
+	}
+	policy, bin := shadowPluginPolicy(t)
 	reg := prometheus.NewRegistry()
 	rd := startDaemon(t, DaemonOptions{PolicyFile: policy, Registry: reg})
 	rd.waitWorkers(t, "a", "b")
@@ -152,10 +172,108 @@ worker_selection { aggregated = "live" }
 	if hung["agree"]+hung["disagree"] != healthy["agree"]+healthy["disagree"] || hung["failed"] == 0 {
 		t.Fatalf("stopped plugin: shadow outcomes %v after %v", hung, healthy)
 	}
+	// The failing shadow is logged as the shadow's, never as a failing
+	// plugin call of a live policy.
+	if logs := rd.logs.String(); !strings.Contains(logs, "shadow: shadow decision failed; live decisions are unaffected") ||
+		strings.Contains(logs, "plugin call failed") {
+		t.Errorf("logs of the failing shadow:\n%s", logs)
+	}
 
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	send(20)
 	wait()
+}
+
+// TestDaemonShadowPluginConcurrent: 16 clients at once through the
+// daemon whose shadow is a real plugin process: the shadow is asked about
+// every decision (none dropped, none sampled out: its workers keep up),
+// and GET /debug/shadow shows the counts, the sample rate 1 and, for the
+// last requests, where the live policy and the shadow sent each.
+func TestDaemonShadowPluginConcurrent(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs a plugin process")
+	}
+	policy, _ := shadowPluginPolicy(t)
+	dln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	rd := startDaemon(t, DaemonOptions{PolicyFile: policy, Registry: reg, DebugListener: dln})
+	rd.waitWorkers(t, "a", "b")
+
+	const clients, each = 16, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for c := range clients {
+		wg.Go(func() {
+			for i := range each {
+				resp, err := post(t, context.Background(), rd.base+"/v1/chat/completions", chatBody("m", false, fmt.Sprintf("hello %d %d", c, i)),
+					"X-Request-Id", fmt.Sprintf("client-%d-%d", c, i))
+				if err != nil {
+					errs <- err
+					return
+				}
+				body, _ := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					errs <- fmt.Errorf("client %d request %d: status %d: %s", c, i, resp.StatusCode, body)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	const total = clients * each
+	var counts map[string]int
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		counts = shadowCounts(t, reg)
+		n := 0
+		for _, v := range counts {
+			n += v
+		}
+		if n == total {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("shadow outcomes %v after 60s, want %d", counts, total)
+		}
+	}
+	if counts["agree"]+counts["disagree"] != total {
+		t.Errorf("shadow outcomes %v: want every one of %d answered (none dropped, sampled out or failed)", counts, total)
+	}
+
+	resp, err := http.Get("http://" + dln.Addr().String() + "/debug/shadow")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v router.ShadowView
+	err = json.NewDecoder(resp.Body).Decode(&v)
+	_ = resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("/debug/shadow: %d %v", resp.StatusCode, err)
+	}
+	if v.Mode != "async" || v.Decisions != total || v.SampleRate != 1 || v.SampleEvery != 1 || v.Failures != 0 ||
+		v.Results["agree"] != int64(counts["agree"]) || v.Results["dropped"] != 0 || v.Results["sampled_out"] != 0 {
+		t.Errorf("/debug/shadow: %+v, metrics %v", v, counts)
+	}
+	if len(v.Recent) != router.DefaultShadowRecent || v.Latency.Samples != total || v.Latency.P50us <= 0 || v.Latency.P99us < v.Latency.P50us {
+		t.Fatalf("/debug/shadow: %d recent, latency %+v", len(v.Recent), v.Latency)
+	}
+	seen := map[string]bool{}
+	for _, rec := range v.Recent {
+		if !strings.HasPrefix(rec.RequestID, "client-") || seen[rec.RequestID] || rec.Policy != "live" || rec.Shadow != "queue" ||
+			rec.LiveWorkerName != "a" && rec.LiveWorkerName != "b" || rec.ShadowWorker == nil ||
+			rec.ShadowWorkerName != "a" && rec.ShadowWorkerName != "b" ||
+			(rec.Result == "agree") != (rec.LiveWorkerName == rec.ShadowWorkerName) || rec.ElapsedUS <= 0 {
+			t.Errorf("recent decision %+v", rec)
+		}
+		seen[rec.RequestID] = true
+	}
 }

@@ -311,6 +311,12 @@ type PluginState struct {
 	// Stats are the plugin's decision-call counters since the bundle was
 	// loaded (calls, fallbacks, restarts...).
 	Stats supervisor.Stats
+	// Info is what the plugin's current process runs (version, file
+	// checksums, start time: supervisor.Host.Info); zero, with Running
+	// false, while it has no process.
+	Info supervisor.PluginInfo
+	// Running is true while the plugin has a process (Info is set).
+	Running bool
 }
 
 // Plugins returns the state of each of the file's plugin blocks, in file
@@ -326,7 +332,26 @@ func (b *Bundle) Plugins() []PluginState {
 		ps.Status = b.host.Status(p.Name)
 		ps.BreakerOpen = b.host.BreakerOpen(p.Name)
 		ps.Stats = b.host.Stats(p.Name)
+		ps.Info, ps.Running = b.host.Info(p.Name)
 		out[i] = ps
+	}
+	return out
+}
+
+// PluginFiles lists the files the bundle's plugins run, absolute and each
+// once, in file order (config.Plugin.Files of each plugin block, also of
+// one that failed to start): the executables, the files among their args
+// and those their sha256_files pin. `--watch` watches them
+// (live.ReloaderOptions.Watch). Each call looks at the file system again
+// (which args name existing files).
+func (b *Bundle) PluginFiles() []string {
+	var out []string
+	for _, p := range b.file.Plugins {
+		for _, f := range p.Files() {
+			if !slices.Contains(out, f) {
+				out = append(out, f)
+			}
+		}
 	}
 	return out
 }

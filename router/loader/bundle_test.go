@@ -4,7 +4,7 @@ import (
 	"context"
 	"maps"
 	"path/filepath"
-	"slices"
+	"reflect"
 	"testing"
 	"time"
 
@@ -91,7 +91,7 @@ func TestBundleAccessors(t *testing.T) {
 		t.Errorf("Classifier %v, %v, want header-priority's factory", f, err)
 	}
 	want := []PluginState{{Name: "gone", Started: false, Status: supervisor.StatusUnknown}}
-	if got := b.Plugins(); !slices.Equal(got, want) {
+	if got := b.Plugins(); !reflect.DeepEqual(got, want) {
 		t.Errorf("Plugins %+v, want %+v", got, want)
 	}
 	f := b.PolicyFile()

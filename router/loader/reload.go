@@ -177,3 +177,14 @@ func blockSizeSetting(override int) string {
 	}
 	return fmt.Sprintf("sets router.block_size %d", override)
 }
+
+// PluginFiles lists the files the plugins of the bundle the Router decides
+// with now run (Bundle.PluginFiles); nil when it has none or was not
+// loaded from a policy file. After a failed reload these are the running
+// bundle's.
+func (x *Reloader) PluginFiles() []string {
+	if b := Current(x.r); b != nil {
+		return b.PluginFiles()
+	}
+	return nil
+}

@@ -116,17 +116,22 @@ func checkParentDeath(ctx context.Context, p config.Plugin) Result {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	var left []string
 	if running {
-		left = append(left, fmt.Sprintf("process %d still running", pid))
+		left := fmt.Sprintf("process %d still running", pid)
+		if dirLeft {
+			left += ", socket directory " + dir + " still there"
+		}
 		killGroup(pid)
+		_ = os.RemoveAll(dir)
+		return fail(name, expected, left+" after "+parentWait.String())
 	}
 	if dirLeft {
-		left = append(left, "socket directory "+dir+" still there")
+		// The router removes it: a router sweeps the socket directories
+		// of dead routers at start (supervisor.SweepSocketDirs).
 		_ = os.RemoveAll(dir)
-	}
-	if len(left) > 0 {
-		return fail(name, expected, strings.Join(left, ", ")+" after "+parentWait.String())
+		r := pass(name, "gone "+ms(time.Since(killed))+" after its parent's SIGKILL")
+		r.Warning = "the plugin exited but left its socket directory " + dir + " (docs/plugin-protocol.md §6 asks it to remove it); the next router to start on this machine removes such a directory, since its router is dead"
+		return r
 	}
 	return pass(name, "gone, its socket directory removed, "+ms(time.Since(killed))+" after its parent's SIGKILL")
 }

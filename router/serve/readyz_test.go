@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"testing"
 	"time"
 
@@ -149,7 +150,7 @@ func TestReadyzExplains(t *testing.T) {
 	if a.Policy != (live.PolicyReadiness{State: "loaded", File: path}) {
 		t.Errorf("policy %+v", a.Policy)
 	}
-	if len(a.Plugins) != 1 || a.Plugins[0] != (live.PluginReadiness{Name: "gone", State: "degraded: serving by fallback", Status: "not started"}) {
+	if len(a.Plugins) != 1 || !reflect.DeepEqual(a.Plugins[0], live.PluginReadiness{Name: "gone", State: "degraded: serving by fallback", Status: "not started"}) {
 		t.Errorf("plugins %+v, want gone degraded", a.Plugins)
 	}
 

@@ -530,3 +530,20 @@ func (h *Host) Process(name string) (ProcessInfo, error) {
 	}
 	return ProcessInfo{PID: p.pid, SocketDir: p.sockDir, Conn: p.conn, Exited: p.exited}, nil
 }
+
+// Info returns what the named plugin's current process runs: its version,
+// the checksums of its files and when it started. ok is false when the
+// plugin is unknown or has no process (restarting, failed, shut down).
+func (h *Host) Info(name string) (info PluginInfo, ok bool) {
+	h.mu.Lock()
+	m := h.procs[name]
+	h.mu.Unlock()
+	if m == nil {
+		return PluginInfo{}, false
+	}
+	p := m.cur.Load()
+	if p == nil {
+		return PluginInfo{}, false
+	}
+	return p.info(), true
+}

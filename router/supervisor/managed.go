@@ -152,8 +152,11 @@ type managed struct {
 	restartTimes []time.Time // restart attempts within the window
 
 	// failLogs rate-limit the warnings of failed calls, one per cause
-	// code; the map is not modified after newManaged.
-	failLogs map[string]*failureLog
+	// code; shadowFailLogs the same of shadow decisions' calls
+	// (pipeline.IsShadow), logged apart; the maps are not modified after
+	// newManaged.
+	failLogs       map[string]*failureLog
+	shadowFailLogs map[string]*failureLog
 
 	// crashLoop: the plugin exceeded max_restarts within window and no
 	// process has stayed up for window since (StatusBackoff while it has
@@ -185,9 +188,11 @@ func (h *Host) newManaged(b config.Plugin, st *counters, rp RestartPolicy) *mana
 		m.callTimeout = config.DefaultCallTimeout
 	}
 	m.failLogs = make(map[string]*failureLog)
+	m.shadowFailLogs = make(map[string]*failureLog)
 	for _, code := range []string{codeTimeout, codeClosed, codeTooLarge, codeError, codePanic,
 		codeBreakerOpen, codeRestarting, codeBackoff, codeFailed, codeShutdown, codeInvalidAnswer} {
 		m.failLogs[code] = &failureLog{s: rate.Sometimes{Every: h.failLog.Every, Interval: h.failLog.Interval}}
+		m.shadowFailLogs[code] = &failureLog{s: rate.Sometimes{Every: h.failLog.Every, Interval: h.failLog.Interval}}
 	}
 	m.quitCtx, m.quitCancel = context.WithCancel(context.Background())
 	return m
@@ -219,6 +224,9 @@ func (m *managed) adopt(p *proc) {
 	p.upSince = time.Now()
 	m.cur.Store(p)
 	m.setStatus(StatusUp)
+	info := p.info()
+	m.met.setInfo(m, info)
+	m.log.Info("plugin process up", "pid", p.pid, "version", info.Version, "sha256", info.SHA256(), "files", len(info.Files))
 	m.met.setBreaker(m, gobreaker.StateClosed)
 	if m.health.ProbeInterval > 0 && p.conn != nil {
 		p.bg.Add(1)
@@ -721,11 +729,21 @@ func (m *managed) failed(op, code string, err error, shadow bool) error {
 			m.met.invalidAnswer(m.name, invalid.Reason)
 		}
 	}
-	if l := m.failLogs[code]; l != nil { // not canceled: the caller's doing
+	logs := m.failLogs
+	if shadow {
+		logs = m.shadowFailLogs
+	}
+	if l := logs[code]; l != nil { // not canceled: the caller's doing
 		n := l.n.Add(1)
 		log := false
 		l.s.Do(func() { log = true })
-		if log { // outside Sometimes' lock: a log write may block
+		switch {
+		case !log: // outside Sometimes' lock: a log write may block
+		case shadow:
+			// A shadow's failure changes no live decision; the Router
+			// warns about failing shadows itself (router.ShadowOptions.Logger).
+			m.log.Debug("shadow plugin call failed", "call", op, "cause", code, "shadow_failures", n, "error", err)
+		default:
 			m.log.Warn("plugin call failed", "call", op, "cause", code, "failures", n, "error", err)
 		}
 	}

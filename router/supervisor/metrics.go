@@ -26,6 +26,8 @@ type Metrics struct {
 	healthChecks *prometheus.CounterVec
 	decideTasks  *prometheus.HistogramVec
 	invalid      *prometheus.CounterVec
+	info         *prometheus.GaugeVec
+	startTime    *prometheus.GaugeVec
 
 	mu     sync.Mutex
 	owners map[string]*managed // plugin name -> who sets its gauges
@@ -103,6 +105,14 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Name: "switchyard_plugin_invalid_answers_total",
 			Help: "Decision calls whose answer did not fit the task (call_errors_total's invalid_answer), by reason: kept_out_of_range, row_count, non_finite_cost, picked_out_of_range, filtered_by.",
 		}, []string{"plugin", "reason"}),
+		info: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_plugin_info",
+			Help: "1 for what the plugin's current process runs: version (its DescribeResponse.plugin_version), sha256 (of its executable, as sha256sum prints it; empty when unreadable) and files_sha256 (of the files among its args and in sha256_files, comma-separated in /readyz's order, - for an unreadable one).",
+		}, []string{"plugin", "version", "sha256", "files_sha256"}),
+		startTime: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "switchyard_plugin_start_time_seconds",
+			Help: "When the plugin's current process started serving (handshake and Describe done), in seconds since the Unix epoch.",
+		}, []string{"plugin"}),
 		owners: make(map[string]*managed),
 	}
 	var errs []error
@@ -116,6 +126,8 @@ func newMetrics(reg prometheus.Registerer) (*Metrics, error) {
 	m.healthChecks = register(reg, m.healthChecks, &errs)
 	m.decideTasks = register(reg, m.decideTasks, &errs)
 	m.invalid = register(reg, m.invalid, &errs)
+	m.info = register(reg, m.info, &errs)
+	m.startTime = register(reg, m.startTime, &errs)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
@@ -171,6 +183,8 @@ func (m *Metrics) disown(p *managed) {
 	m.up.DeleteLabelValues(p.name)
 	m.state.DeletePartialMatch(prometheus.Labels{"plugin": p.name})
 	m.breakerState.DeleteLabelValues(p.name)
+	m.info.DeletePartialMatch(prometheus.Labels{"plugin": p.name})
+	m.startTime.DeleteLabelValues(p.name)
 }
 
 // gauges sets p's gauges if p owns them.
@@ -194,6 +208,16 @@ func (m *Metrics) setStatus(p *managed, s Status) {
 		for _, g := range gaugedStates {
 			m.state.WithLabelValues(name, g.String()).Set(b2f(s == g))
 		}
+	})
+}
+
+// setInfo makes info p's switchyard_plugin_info series (the one series of
+// p's name) and its start time, if p owns its gauges.
+func (m *Metrics) setInfo(p *managed, info PluginInfo) {
+	m.gauges(p, func(name string) {
+		m.info.DeletePartialMatch(prometheus.Labels{"plugin": name})
+		m.info.WithLabelValues(name, info.Version, info.SHA256(), filesLabel(info.Files)).Set(1)
+		m.startTime.WithLabelValues(name).Set(float64(info.Started.UnixNano()) / 1e9)
 	})
 }
 

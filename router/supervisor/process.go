@@ -62,6 +62,9 @@ type proc struct {
 	conn         *grpc.ClientConn // the plugin's connection, for health checks
 	pid          int              // also the process group id; 0 when the binary never ran
 	sockDir      string           // the private socket directory, removed by stop
+	sockLock     io.Closer        // holds sockDir's lock (sockdir.go); nil: unlocked
+	files        []FileSum        // the checksums of the files it runs, taken before it started
+	version      string           // DescribeResponse.plugin_version
 	stderr       *tail
 	exitR        *os.File // the exit pipe's read end, closed by stop
 
@@ -169,13 +172,24 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		secure = &plugin.SecureConfig{Checksum: sum, Hash: sha256.New()}
 	}
 
-	dir, err := socketDir()
+	// The files it runs, hashed before it runs: what /readyz and the
+	// metrics show, and what sha256_files pins.
+	sums := fileSums(b)
+	if err := checkPins(b, sums); err != nil {
+		return nil, nil, fail(true, err)
+	}
+
+	sweepOnce.Do(func() { h.sweepSocketDirs() })
+	dir, sockLock, err := socketDir()
 	if err != nil {
 		return nil, nil, fail(false, fmt.Errorf("creating the socket directory: %w", err))
 	}
 	exitR, exitW, err := os.Pipe()
 	if err != nil {
 		_ = os.RemoveAll(dir)
+		if sockLock != nil {
+			_ = sockLock.Close()
+		}
 		return nil, nil, fail(false, fmt.Errorf("creating the exit pipe: %w", err))
 	}
 
@@ -193,6 +207,8 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		callTimeout:  callTimeout,
 		log:          log,
 		sockDir:      dir,
+		sockLock:     sockLock,
+		files:        sums,
 		stderr:       newTail(),
 		exitR:        exitR,
 		exited:       make(chan struct{}),
@@ -340,6 +356,7 @@ func (h *Host) launch(ctx context.Context, b config.Plugin) (*proc, *pluginclien
 		return failStarted(true, fmt.Errorf("unsupported API version: the plugin speaks %v, this router %v",
 			desc.APIVersions, supportedAPIVersions))
 	}
+	p.version = desc.PluginVersion
 	p.log.Debug("plugin started", "pid", p.pid, "version", desc.PluginVersion, "types", len(desc.Types))
 	return p, desc, nil
 }
@@ -369,22 +386,6 @@ func (h *Host) clientOptions(name string, p *proc) pluginclient.Options {
 		}
 	}
 	return o
-}
-
-// maxSocketDir keeps the socket path (dir + "/plugin" + 10 digits) within
-// the 108 bytes of a unix socket address.
-const maxSocketDir = 80
-
-// socketDir creates the plugin's private socket directory (mode 0700) in
-// the temporary directory, or in /tmp when that path would be too long for
-// a socket.
-func socketDir() (string, error) {
-	dir, err := os.MkdirTemp("", "sy-")
-	if err != nil || len(dir) <= maxSocketDir {
-		return dir, err
-	}
-	_ = os.Remove(dir)
-	return os.MkdirTemp("/tmp", "sy-")
 }
 
 // environ is a plugin's whole environment: env, the variables passEnv
@@ -714,6 +715,9 @@ func (p *proc) doStop() error {
 	}
 	if err := os.RemoveAll(p.sockDir); err != nil {
 		errs = append(errs, fmt.Errorf("removing the socket directory: %w", err))
+	}
+	if p.sockLock != nil {
+		_ = p.sockLock.Close() // after the removal: a sweep never sees it unlocked
 	}
 	_ = p.exitR.Close() // ends watchExitPipe, should a stray descendant hold the pipe
 	if run != nil && !waitUntil(run.relayed, deadline) {

@@ -37,6 +37,9 @@ var testBin string
 var tmpDir string
 
 func TestMain(m *testing.M) {
+	if os.Getenv(sockOwnerEnv) != "" {
+		os.Exit(runSockOwner())
+	}
 	os.Exit(testMain(m))
 }
 

@@ -51,6 +51,9 @@
 //	           smallest int64 as max exits the process (status 3)
 //	orphan     serve the good types through go-plugin directly, ignoring
 //	           SIGTERM: nothing notices the parent's death
+//	leavedir   serve the good types through go-plugin directly, exiting
+//	           on SIGTERM (the parent-death signal) without removing the
+//	           socket directory
 //	nowait     serve the good types and t-classify, a classifier wanting
 //	           events, whose Classify calls are answered at once, without
 //	           waiting for events_through
@@ -313,7 +316,7 @@ func main() {
 			return newMax(info, p)
 		}
 		shared.Serve(shared.ServeOpts{Version: "test", Types: ts})
-	case "orphan":
+	case "orphan", "leavedir":
 		serveIntercepted()
 	case "nowait":
 		serveIntercepted(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
@@ -371,12 +374,21 @@ func startChild(stderr *os.File) {
 // go-plugin directly, without Serve's watch of the parent, with extra gRPC
 // server options.
 //
-// Unless in orphan mode (which ignores SIGTERM), SIGTERM removes the socket
+// Unless in orphan mode (which ignores SIGTERM) or leavedir mode (which
+// exits on it, leaving the socket directory), SIGTERM removes the socket
 // directory and exits, as Serve does.
 func serveIntercepted(extra ...grpc.ServerOption) {
-	if os.Getenv("SY_TEST_MODE") == "orphan" {
+	switch os.Getenv("SY_TEST_MODE") {
+	case "orphan":
 		signal.Ignore(syscall.SIGTERM)
-	} else {
+	case "leavedir":
+		terms := make(chan os.Signal, 1)
+		signal.Notify(terms, syscall.SIGTERM)
+		go func() {
+			<-terms
+			os.Exit(1)
+		}()
+	default:
 		terms := make(chan os.Signal, 1)
 		signal.Notify(terms, syscall.SIGTERM)
 		go func() {
