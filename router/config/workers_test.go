@@ -353,7 +353,7 @@ func TestLoadWorkers(t *testing.T) {
 
 	for _, tt := range []struct{ src, want string }{
 		{"policy \"p\" {\n}\n", "w.hcl:1:1: error: Unsupported block type"},
-		{workersSrc + "router {\n  block_size = 16\n}\n", "w.hcl:13:1: error: Unsupported block type"},
+		{workersSrc + "router {\n  block_size = 16\n}\n", "w.hcl:14:1: error: Unsupported block type"},
 		{"block_size = 16\n", "w.hcl:1:1: error: Unsupported argument"},
 		{"worker \"a\" {\n", "w.hcl:1:12: error: Unclosed configuration block"},
 	} {
