@@ -42,7 +42,6 @@ func BenchmarkDecodeLabels(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			b.ReportAllocs()
-			b.ReportMetric(float64(len(raw)), "wire-bytes")
 			var c Candidates
 			var store []Label
 			for b.Loop() {
@@ -54,6 +53,7 @@ func BenchmarkDecodeLabels(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
+			b.ReportMetric(float64(len(raw)), "wire-bytes")
 		})
 	}
 }
