@@ -1025,6 +1025,16 @@ func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Reques
 	if in.Has(shared.InputCapacity) {
 		copy(c.TotalKVBlocks, part.KVBlocks)
 	}
+	if in.Has(shared.InputLabels) {
+		if len(part.Names) == len(part.Workers) {
+			copy(c.Names, part.Names)
+			copy(c.Labels, part.Labels)
+		} else { // a narrowed partition (narrow) has no such columns
+			for i, w := range part.Workers {
+				c.Names[i], c.Labels[i] = w.Name, w.AllLabels
+			}
+		}
+	}
 	if in.Has(shared.InputCache) {
 		r.index.FillTiersAt(part.Slots, req.BlockHashes, r.sizeOf(req), req.Prompt, c.OverlapBlocks, c.CPUOverlapBlocks)
 	}

@@ -66,9 +66,11 @@ func requestFromProto(p *pluginv1.Request, r *Request) {
 	}
 }
 
-// candidatesFromProto fills c from cols, reusing c's slices. Every non-empty
-// column must have one entry per id; an empty column is a nil one.
-func candidatesFromProto(cols *pluginv1.Columns, c *Candidates) error {
+// candidatesFromProto fills c from cols, reusing c's slices and *store for
+// the labels' storage. Every non-empty column must have one entry per id;
+// an empty column is a nil one. The label columns must add up: the counts
+// sum to the number of keys and of values.
+func candidatesFromProto(cols *pluginv1.Columns, c *Candidates, store *[]Label) error {
 	if cols == nil {
 		cols = &pluginv1.Columns{}
 	}
@@ -94,6 +96,8 @@ func candidatesFromProto(cols *pluginv1.Columns, c *Candidates) error {
 		{"overlap_blocks", len(cols.GetOverlapBlocks())},
 		{"total_kv_blocks", len(cols.GetTotalKvBlocks())},
 		{"costs", len(cols.GetCosts())},
+		{"names", len(cols.GetNames())},
+		{"label_counts", len(cols.GetLabelCounts())},
 	} {
 		if err := check(col.name, col.l); err != nil {
 			return err
@@ -120,7 +124,10 @@ func candidatesFromProto(cols *pluginv1.Columns, c *Candidates) error {
 		ids[i] = WorkerID(id)
 	}
 	*c = Candidates{IDs: ids, DPRanks: c.DPRanks, ActiveRequests: c.ActiveRequests, Load: c.Load,
-		OverlapBlocks: c.OverlapBlocks, TotalKVBlocks: c.TotalKVBlocks, Costs: c.Costs}
+		OverlapBlocks: c.OverlapBlocks, TotalKVBlocks: c.TotalKVBlocks, Costs: c.Costs, Names: c.Names, Labels: c.Labels}
+	if err := labelsFromProto(cols, c, store); err != nil {
+		return err
+	}
 	c.DPRanks = copyCol(c.DPRanks, cols.DpRanks)
 	c.ActiveRequests = copyCol(c.ActiveRequests, cols.ActiveRequests)
 	c.OverlapBlocks = copyCol(c.OverlapBlocks, cols.OverlapBlocks)
@@ -149,6 +156,47 @@ func candidatesFromProto(cols *pluginv1.Columns, c *Candidates) error {
 		if !c.Load[i].HasWaiting {
 			c.Load[i].Waiting = 0
 		}
+	}
+	return nil
+}
+
+// labelsFromProto fills c.Names and c.Labels from cols (nil when cols
+// carries none), the labels' pairs in *store. Every row's labels must be
+// there (2 refs a label, the counts adding up to the refs) and every ref
+// an index into label_strings. Linear in the labels.
+func labelsFromProto(cols *pluginv1.Columns, c *Candidates, store *[]Label) error {
+	c.Names = copyCol(c.Names, cols.GetNames())
+	counts, refs, strs := cols.GetLabelCounts(), cols.GetLabelRefs(), cols.GetLabelStrings()
+	if len(counts) == 0 {
+		if len(refs) != 0 {
+			return fmt.Errorf("label_refs has %d entries without label_counts", len(refs))
+		}
+		c.Labels = nil
+		return nil
+	}
+	if len(refs)%2 != 0 {
+		return fmt.Errorf("label_refs has %d entries, not a key and a value for each label", len(refs))
+	}
+	*store = pluginwire.GrowTo(*store, len(refs)/2)
+	pairs := *store
+	for i := range pairs {
+		k, v := refs[2*i], refs[2*i+1]
+		if uint64(k) >= uint64(len(strs)) || uint64(v) >= uint64(len(strs)) {
+			return fmt.Errorf("label_refs entry %d refers to string %d of %d label_strings", 2*i, max(k, v), len(strs))
+		}
+		pairs[i] = Label{Key: strs[k], Value: strs[v]}
+	}
+	c.Labels = pluginwire.GrowTo(c.Labels, len(counts))
+	off := 0
+	for i, n := range counts {
+		if uint64(n) > uint64(len(pairs)-off) {
+			return fmt.Errorf("label_counts add up to more than the %d labels of label_refs", len(pairs))
+		}
+		c.Labels[i] = Labels(pairs[off : off+int(n) : off+int(n)])
+		off += int(n)
+	}
+	if off != len(pairs) {
+		return fmt.Errorf("label_counts add up to %d labels, label_refs has %d", off, len(pairs))
 	}
 	return nil
 }

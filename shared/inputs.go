@@ -26,6 +26,12 @@ const (
 	// (Candidates.TotalKVBlocks); 0 for a worker whose capacity is
 	// unknown (unavailable: an engine that has not reported it yet).
 	InputCapacity
+	// InputLabels is each worker's name and labels (Candidates.Names and
+	// Candidates.Labels: a worker block's or pod's labels plus the
+	// router-set LabelRole, LabelModel and LabelDPRank). The columns are
+	// filled only when some component of the policy declares it, so a
+	// policy that does not pays nothing for them.
+	InputLabels
 
 	inputsEnd
 )
@@ -33,7 +39,7 @@ const (
 // AllInputs is the union of every defined input flag.
 const AllInputs = inputsEnd - 1
 
-var inputNames = [...]string{"ACTIVE_REQUESTS", "OCCUPANCY", "LOAD", "CACHE", "CAPACITY"}
+var inputNames = [...]string{"ACTIVE_REQUESTS", "OCCUPANCY", "LOAD", "CACHE", "CAPACITY", "LABELS"}
 
 // Normalize folds the deprecated OCCUPANCY alias into ACTIVE_REQUESTS and
 // drops unknown bits.
@@ -62,7 +68,8 @@ func (in Inputs) String() string {
 }
 
 // ParseInput returns the flag named by its policy-file name ("ACTIVE_REQUESTS",
-// "OCCUPANCY", "LOAD", "CACHE", "CAPACITY") and whether the name is known.
+// "OCCUPANCY", "LOAD", "CACHE", "CAPACITY", "LABELS") and whether the name
+// is known.
 func ParseInput(name string) (Inputs, bool) {
 	for i, n := range inputNames {
 		if n == name {

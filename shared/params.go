@@ -12,18 +12,22 @@ import (
 type ParamType uint8
 
 // Parameter types. Values arrive in Params as float64 (Number), int64 (Int),
-// bool (Bool), string (String) or time.Duration (Duration, written as a Go
-// duration string such as "20ms").
+// bool (Bool), string (String), time.Duration (Duration, written as a Go
+// duration string such as "20ms"), []string (StringList, written as an HCL
+// list `["a", "b"]`) or []float64 (NumberList, `[0.5, 2]`, every entry
+// finite).
 const (
 	Number ParamType = iota + 1
 	Int
 	Bool
 	String
 	Duration
+	StringList
+	NumberList
 )
 
 // String returns the type's schema name: "number", "int", "bool",
-// "string", "duration", or "unknown".
+// "string", "duration", "list(string)", "list(number)", or "unknown".
 func (t ParamType) String() string { return pluginwire.ParamTypeName(paramTypeToProto(t)) }
 
 // ParamSpec declares one parameter of a component type: the schema the policy
@@ -34,7 +38,8 @@ type ParamSpec struct {
 	Type     ParamType
 	Required bool
 	// Default is used when the attribute is absent; nil means no default.
-	// Its Go type matches Type (float64, int64, bool, string, time.Duration).
+	// Its Go type matches Type (float64, int64, bool, string, time.Duration,
+	// []string, []float64).
 	Default any
 	// Doc states meaning, units and default for users.
 	Doc string
@@ -85,6 +90,24 @@ func (p Params) String(name string, def string) string {
 // Duration returns a Duration parameter, or def when absent.
 func (p Params) Duration(name string, def time.Duration) time.Duration {
 	if v, ok := p[name].(time.Duration); ok {
+		return v
+	}
+	return def
+}
+
+// Strings returns a StringList parameter, or def when absent. The slice is
+// the Params' own: do not modify it.
+func (p Params) Strings(name string, def []string) []string {
+	if v, ok := p[name].([]string); ok {
+		return v
+	}
+	return def
+}
+
+// Floats returns a NumberList parameter, or def when absent. The slice is
+// the Params' own: do not modify it.
+func (p Params) Floats(name string, def []float64) []float64 {
+	if v, ok := p[name].([]float64); ok {
 		return v
 	}
 	return def

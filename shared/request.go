@@ -109,6 +109,15 @@ type Candidates struct {
 	CPUOverlapBlocks []int32
 	TotalKVBlocks    []int64   // InputCapacity: KV capacity in router blocks; 0 = unavailable (unknown), never divide by it
 	Costs            []float64 // summed weighted scorer costs; nil when the policy has no scorer
+	// Names (InputLabels) is each row's worker name: its worker block's
+	// or pod's name, "sim-N" (prefill-N, decode-N) in router replay. Every
+	// rank of a data-parallel worker has its name. For the workers of
+	// router serve, router epp and router replay IDs[i] is
+	// WorkerIDOf(Names[i]) (`router plugins check` sends made-up rows).
+	Names []string
+	// Labels (InputLabels) is each row's worker labels (see Labels),
+	// shared with the router and every other decision: read-only.
+	Labels []Labels
 }
 
 // Len is the number of candidate rows.
@@ -146,6 +155,12 @@ func (c *Candidates) Compact(keep []bool) int {
 			if c.Costs != nil {
 				c.Costs[n] = c.Costs[i]
 			}
+			if c.Names != nil {
+				c.Names[n] = c.Names[i]
+			}
+			if c.Labels != nil {
+				c.Labels[n] = c.Labels[i]
+			}
 		}
 		n++
 	}
@@ -170,6 +185,12 @@ func (c *Candidates) Compact(keep []bool) int {
 	}
 	if c.Costs != nil {
 		c.Costs = c.Costs[:n]
+	}
+	if c.Names != nil {
+		c.Names = c.Names[:n]
+	}
+	if c.Labels != nil {
+		c.Labels = c.Labels[:n]
 	}
 	return n
 }

@@ -493,6 +493,7 @@ type taskScratch struct {
 	costs []float64 // one scorer's costs
 	sum   []float64 // the task's own weighted sum per current row
 	total []float64 // incoming costs plus sum: what a picker sees
+	pairs []Label   // storage of c.Labels
 }
 
 // runTask runs one task's stages and returns its result; it never panics.
@@ -524,7 +525,7 @@ func (s *server) execute(ctx context.Context, t *pluginv1.DecideTask, sc *taskSc
 	requestFromProto(t.GetRequest(), &sc.req)
 	req := &sc.req
 	c := &sc.c
-	if err := candidatesFromProto(t.GetCandidates(), c); err != nil {
+	if err := candidatesFromProto(t.GetCandidates(), c, &sc.pairs); err != nil {
 		return err
 	}
 	n := c.Len()

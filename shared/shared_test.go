@@ -1,7 +1,9 @@
 package shared
 
 import (
+	"hash/fnv"
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -17,6 +19,8 @@ func TestCompactKeepsOrderInEveryColumn(t *testing.T) {
 		CPUOverlapBlocks: []int32{13, 14, 15, 16},
 		TotalKVBlocks:    []int64{9, 10, 11, 12},
 		Costs:            []float64{0.1, 0.2, 0.3, 0.4},
+		Names:            []string{"a", "b", "c", "d"},
+		Labels:           []Labels{{{"k", "1"}}, {{"k", "2"}}, nil, {{"k", "4"}}},
 	}
 	if n := c.Compact([]bool{false, true, false, true}); n != 2 {
 		t.Fatalf("Compact = %d, want 2", n)
@@ -29,6 +33,8 @@ func TestCompactKeepsOrderInEveryColumn(t *testing.T) {
 		CPUOverlapBlocks: []int32{14, 16},
 		TotalKVBlocks:    []int64{10, 12},
 		Costs:            []float64{0.2, 0.4},
+		Names:            []string{"b", "d"},
+		Labels:           []Labels{{{"k", "2"}}, {{"k", "4"}}},
 	}
 	if diff := cmp.Diff(want, c); diff != "" {
 		t.Fatalf("after Compact (-want +got):\n%s", diff)
@@ -116,5 +122,79 @@ func TestKindAndRole(t *testing.T) {
 	}
 	if !RoleDecode.Valid() || Role("both").Valid() {
 		t.Error("Role.Valid")
+	}
+}
+
+// TestWorkerIDOf pins the id scheme against hash/fnv's FNV-1a 64 and
+// against values computed independently (Python, the formula in the doc).
+func TestWorkerIDOf(t *testing.T) {
+	for name, want := range map[string]uint64{
+		"":          14695981039346656037,
+		"a":         12638187200555641996,
+		"sim-3":     1266439823738918328,
+		"gpu-0":     2241005059874422408,
+		"prefill-0": 11000958765194345318,
+	} {
+		if got := WorkerIDOf(name); uint64(got) != want {
+			t.Errorf("WorkerIDOf(%q) = %d, want %d", name, got, want)
+		}
+		h := fnv.New64a()
+		h.Write([]byte(name))
+		if got := WorkerIDOf(name); uint64(got) != h.Sum64() {
+			t.Errorf("WorkerIDOf(%q) = %d, hash/fnv says %d", name, got, h.Sum64())
+		}
+	}
+	// Non-ASCII names hash their UTF-8 bytes.
+	h := fnv.New64a()
+	h.Write([]byte("wörker-é"))
+	if got := WorkerIDOf("wörker-é"); uint64(got) != h.Sum64() {
+		t.Errorf("WorkerIDOf(non-ASCII) = %d, want %d", got, h.Sum64())
+	}
+}
+
+func TestWorkerLabels(t *testing.T) {
+	own := map[string]string{"zone": "eu", "switchyard.io/role": "spoofed", "gpu": "h100"}
+	got := WorkerLabels(own, RoleDecode, []string{"llama", "", "gemma", "llama"}, true, 3)
+	want := Labels{{"gpu", "h100"}, {LabelDPRank, "3"}, {LabelModel, "gemma,llama"}, {LabelRole, "decode"}, {"zone", "eu"}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("WorkerLabels (-want +got):\n%s", diff)
+	}
+	if !got.Sorted() {
+		t.Error("not sorted")
+	}
+	if v, ok := got.Get(LabelRole); !ok || v != "decode" {
+		t.Errorf("Get(role) = %q, %v; the router's key wins over the worker's", v, ok)
+	}
+	if _, ok := got.Get("rack"); ok {
+		t.Error("Get(rack) found a label never set")
+	}
+	// No models, not data-parallel: neither key.
+	if diff := cmp.Diff(Labels{{LabelRole, "aggregated"}}, WorkerLabels(nil, RoleAggregated, nil, false, 0)); diff != "" {
+		t.Errorf("bare worker (-want +got):\n%s", diff)
+	}
+	if (Labels{{"b", ""}, {"a", ""}}).Sorted() || (Labels{{"a", ""}, {"a", ""}}).Sorted() {
+		t.Error("Sorted accepts unsorted or repeated keys")
+	}
+	if diff := cmp.Diff(map[string]string{"gpu": "h100", LabelDPRank: "3", LabelModel: "gemma,llama", LabelRole: "decode", "zone": "eu"}, got.Map()); diff != "" {
+		t.Errorf("Map (-want +got):\n%s", diff)
+	}
+}
+
+func TestListParams(t *testing.T) {
+	p := Params{"prefer": []string{"a", "b"}, "weights": []float64{0.5, 2}, "name": "x"}
+	if got := p.Strings("prefer", nil); !slices.Equal(got, []string{"a", "b"}) {
+		t.Errorf("Strings(prefer) = %v", got)
+	}
+	if got := p.Strings("name", []string{"def"}); !slices.Equal(got, []string{"def"}) {
+		t.Errorf("Strings(a string param) = %v, want the default", got)
+	}
+	if got := p.Floats("weights", nil); !slices.Equal(got, []float64{0.5, 2}) {
+		t.Errorf("Floats(weights) = %v", got)
+	}
+	if got := p.Floats("absent", nil); got != nil {
+		t.Errorf("Floats(absent) = %v, want nil", got)
+	}
+	if StringList.String() != "list(string)" || NumberList.String() != "list(number)" {
+		t.Errorf("names %q, %q", StringList.String(), NumberList.String())
 	}
 }

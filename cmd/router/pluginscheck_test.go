@@ -189,7 +189,7 @@ func TestPluginsCheckFailures(t *testing.T) {
 			"FAIL handshake: expected a Describe answer declaring at least one component type, got none: nothing to check\n",
 		}},
 		{"instance inputs beyond the type's", []string{faulty, "--env", "SY_TEST_MODE=extra-inputs", "--type", "t-lowest"}, []string{
-			`FAIL configure "t-lowest" inputs: expected the instance's inputs a subset of its type's (none), got ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (0x1f), of which ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (0x1f) beyond its type's` + "\n",
+			`FAIL configure "t-lowest" inputs: expected the instance's inputs a subset of its type's (none), got ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY|LABELS (0x3f), of which ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY|LABELS (0x3f) beyond its type's` + "\n",
 		}},
 		{"filtered_by with kept rows", []string{faulty, "--env", "SY_TEST_MODE=filtered-kept", "--type", "t-max-active"}, []string{
 			`FAIL decide batch: expected exactly one well-formed result per task, matched by task_id, got for task 4611686018427387905 (4096 rows): the router would fall back on this decision because invalid answer (filtered_by): filtered_by "check/t-max-active" with 1 kept rows (filtered_by means no row was kept)` + "\n",

@@ -193,6 +193,43 @@ func BenchmarkPluginDecide(b *testing.B) {
 	b.Logf("%d tasks in %d batches (largest %d)", rc.sentTasks.Load(), rc.batches.Load(), rc.maxBatch.Load())
 }
 
+// BenchmarkPluginDecideLabels is BenchmarkPluginDecide with and without
+// the LABELS columns in the task: the 64 rows' names and four labels each
+// (labels=sent, as for a policy one of whose components declares LABELS),
+// or none (labels=none, a policy that declares none: the payload of
+// BenchmarkPluginDecide). The plugin's SDK decodes them either way; its
+// components do not read them.
+//
+//	go test -run='^$' -bench=PluginDecideLabels -benchmem ./internal/pluginclient/
+func BenchmarkPluginDecideLabels(b *testing.B) {
+	rc, _ := startPlugin(b)
+	configure(b, rc, "s", "test-cost", nil)
+	configure(b, rc, "p", "test-lowest", nil)
+	req := benchRequest()
+	stages := []Stage{{Instance: "s", Weight: 1}, {Instance: "p"}}
+	for _, sent := range []bool{false, true} {
+		c := benchCandidates()
+		name := "none"
+		if sent {
+			name = "sent"
+			c.Names, c.Labels = make([]string, c.Len()), make([]shared.Labels, c.Len())
+			for i := range c.Names {
+				c.Names[i] = fmt.Sprintf("gpu-%d", i)
+				c.Labels[i] = shared.WorkerLabels(map[string]string{"zone": fmt.Sprint("z", i%4), "rack": fmt.Sprint("r", i%16)},
+					shared.RoleAggregated, []string{"llama"}, false, 0)
+			}
+		}
+		b.Run("labels="+name, func(b *testing.B) {
+			runBench(b, rc, func() error {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_, err := rc.Decide(ctx, &Task{Request: req, Candidates: c, Stages: stages})
+				return err
+			})
+		})
+	}
+}
+
 func BenchmarkUnaryGRPC(b *testing.B) {
 	rc, proto := startPlugin(b, "unary")
 	conn := proto.(*plugin.GRPCClient).Conn

@@ -101,6 +101,23 @@ func TestTaskTravels(t *testing.T) {
 			}
 			want.DPRanks = make([]uint32, want.Len())
 		}
+		if rng.IntN(2) == 0 {
+			// LABELS: a name per row and 0 to 3 sorted labels, some rows
+			// sharing one Labels as the router's workers' ranks do.
+			want.Names, want.Labels = make([]string, want.Len()), make([]shared.Labels, want.Len())
+			for i := range want.Names {
+				want.Names[i] = fmt.Sprintf("w-%d", want.IDs[i])
+				if i > 0 && rng.IntN(4) == 0 {
+					want.Labels[i] = want.Labels[i-1]
+					continue
+				}
+				own := map[string]string{}
+				for range rng.IntN(4) {
+					own[fmt.Sprint("k", rng.IntN(5))] = fmt.Sprint("v", rng.IntN(3))
+				}
+				want.Labels[i] = shared.LabelsOf(own)
+			}
+		}
 		req := &shared.Request{ID: fmt.Sprint("r", iter), Model: "m", Role: shared.RoleDecode, PromptTokens: rng.IntN(5000),
 			BlockSize: 16, BlockHashes: []uint64{rng.Uint64(), rng.Uint64()}, CachedPromptTokens: rng.IntN(100),
 			SessionID: "s", Priority: rng.IntN(11) - 5}
@@ -447,7 +464,7 @@ func TestPanicMessageKinds(t *testing.T) {
 // values it does not know become invalid, unknown input bits are dropped.
 func TestWireNumberingFromProto(t *testing.T) {
 	inputs := map[uint32]shared.Inputs{1: shared.InputActiveRequests, 2: shared.InputOccupancy, 4: shared.InputLoad, 8: shared.InputCache,
-		16: shared.InputCapacity, 1<<31 | 4: shared.InputLoad}
+		16: shared.InputCapacity, 32: shared.InputLabels, 1<<31 | 4: shared.InputLoad}
 	for bit, in := range inputs {
 		if got := inputsFromProto(bit); got != in {
 			t.Errorf("wire inputs %#x -> %v, want %v", bit, got, in)
@@ -462,7 +479,8 @@ func TestWireNumberingFromProto(t *testing.T) {
 	}
 	types := map[pluginv1.ParamType]shared.ParamType{pluginv1.ParamType_PARAM_TYPE_NUMBER: shared.Number, pluginv1.ParamType_PARAM_TYPE_INT: shared.Int,
 		pluginv1.ParamType_PARAM_TYPE_BOOL: shared.Bool, pluginv1.ParamType_PARAM_TYPE_STRING: shared.String,
-		pluginv1.ParamType_PARAM_TYPE_DURATION: shared.Duration, 0: 0, 99: 0}
+		pluginv1.ParamType_PARAM_TYPE_DURATION: shared.Duration, pluginv1.ParamType_PARAM_TYPE_STRING_LIST: shared.StringList,
+		pluginv1.ParamType_PARAM_TYPE_NUMBER_LIST: shared.NumberList, 0: 0, 99: 0}
 	for wt, pt := range types {
 		if got := paramTypeFromProto(wt); got != pt {
 			t.Errorf("param type %v -> %v, want %v", wt, got, pt)

@@ -10,6 +10,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/switchyard-router/switchyard/internal/untrusted"
@@ -33,7 +34,7 @@ func inputsFromProto(in uint32) shared.Inputs { return shared.Inputs(in) & share
 // paramTypeFromProto maps the enum to a ParamType (the numbering is the
 // same); unknown values become 0 (invalid).
 func paramTypeFromProto(t pluginv1.ParamType) shared.ParamType {
-	if t < pluginv1.ParamType_PARAM_TYPE_NUMBER || t > pluginv1.ParamType_PARAM_TYPE_DURATION {
+	if t < pluginv1.ParamType_PARAM_TYPE_NUMBER || t > pluginv1.ParamType_PARAM_TYPE_NUMBER_LIST {
 		return 0
 	}
 	return shared.ParamType(t)
@@ -103,7 +104,10 @@ func requestIntoProto(r *shared.Request, p *pluginv1.Request) {
 // CandidatesToProto fills cols from c as the router sends a task's rows
 // (and `router plugins check` does): only the non-nil columns travel.
 // Load travels as parallel columns, with NaN kv_usage and -1 waiting when
-// the engine has not reported them. cols is reset first, its slices reused.
+// the engine has not reported them; labels as a count per row and the
+// rows' (key, value) indices into the distinct strings (labelsToProto). cols
+// is reset first, its slices reused: once they have grown, filling them
+// allocates nothing (names and labels share the router's strings).
 func CandidatesToProto(c *shared.Candidates, cols *pluginv1.Columns) {
 	n := c.Len()
 	cols.Ids = cols.Ids[:0]
@@ -143,6 +147,43 @@ func CandidatesToProto(c *shared.Candidates, cols *pluginv1.Columns) {
 	cols.OverlapBlocks = append(cols.OverlapBlocks[:0], c.OverlapBlocks...)
 	cols.TotalKvBlocks = append(cols.TotalKvBlocks[:0], c.TotalKVBlocks...)
 	cols.Costs = append(cols.Costs[:0], c.Costs...)
+	cols.Names = append(cols.Names[:0], c.Names...)
+	labelsToProto(c.Labels, cols)
+}
+
+// labelTables are the string-to-index maps labelsToProto dedupes label
+// strings with, pooled: cleared, a map keeps its buckets, so a task's
+// labels cost no allocation once the map has grown.
+var labelTables = sync.Pool{New: func() any { return make(map[string]uint32) }}
+
+// labelsToProto fills the label columns from ls (none when ls is nil):
+// per row its count, per label a key and a value index into
+// label_strings, which holds each distinct string once. Workers share
+// keys (and often values), so the plugin decodes a few strings rather
+// than two per label. Linear in the labels.
+func labelsToProto(ls []shared.Labels, cols *pluginv1.Columns) {
+	cols.LabelCounts, cols.LabelRefs, cols.LabelStrings = cols.LabelCounts[:0], cols.LabelRefs[:0], cols.LabelStrings[:0]
+	if ls == nil {
+		return
+	}
+	idx := labelTables.Get().(map[string]uint32)
+	clear(idx)
+	ref := func(s string) uint32 {
+		i, ok := idx[s]
+		if !ok {
+			i = uint32(len(cols.LabelStrings))
+			idx[s] = i
+			cols.LabelStrings = append(cols.LabelStrings, s)
+		}
+		return i
+	}
+	for _, row := range ls {
+		cols.LabelCounts = append(cols.LabelCounts, uint32(len(row)))
+		for _, l := range row {
+			cols.LabelRefs = append(cols.LabelRefs, ref(l.Key), ref(l.Value))
+		}
+	}
+	labelTables.Put(idx)
 }
 
 // resultFromProto converts a DecideResult for the caller of a task of

@@ -157,7 +157,12 @@ func (f recordFilter) Filter(_ context.Context, req *shared.Request, c *shared.C
 	f.r.req.BlockHashes = slices.Clone(req.BlockHashes)
 	f.r.req.Metadata = maps.Clone(req.Metadata)
 	f.r.c = shared.Candidates{IDs: slices.Clone(c.IDs), DPRanks: slices.Clone(c.DPRanks), ActiveRequests: slices.Clone(c.ActiveRequests),
-		Load: slices.Clone(c.Load), OverlapBlocks: slices.Clone(c.OverlapBlocks), TotalKVBlocks: slices.Clone(c.TotalKVBlocks), Costs: slices.Clone(c.Costs)}
+		Load: slices.Clone(c.Load), OverlapBlocks: slices.Clone(c.OverlapBlocks), TotalKVBlocks: slices.Clone(c.TotalKVBlocks), Costs: slices.Clone(c.Costs),
+		Names: slices.Clone(c.Names)}
+	// Labels are the task's storage, reused by the next task: deep copy.
+	for _, l := range c.Labels {
+		f.r.c.Labels = append(f.r.c.Labels, slices.Clone(l))
+	}
 	return nil
 }
 

@@ -39,7 +39,7 @@ var (
 	// file's component block takes for itself (see ValidParam).
 	ErrReservedParam = errors.New("reserved parameter name")
 	// ErrNonFiniteDefault: a NUMBER parameter whose default is NaN or
-	// infinite.
+	// infinite, or a NUMBER_LIST one with such an entry.
 	ErrNonFiniteDefault = errors.New("non-finite default")
 )
 
@@ -62,6 +62,13 @@ func ValidParam(k shared.Kind, p shared.ParamSpec) error {
 	}
 	if f, ok := p.Default.(float64); ok && (math.IsNaN(f) || math.IsInf(f, 0)) {
 		return fmt.Errorf("parameter %q: %w %v: a NUMBER default must be finite", p.Name, ErrNonFiniteDefault, f)
+	}
+	if fs, ok := p.Default.([]float64); ok {
+		for i, f := range fs {
+			if math.IsNaN(f) || math.IsInf(f, 0) {
+				return fmt.Errorf("parameter %q: %w %v at entry %d: a NUMBER_LIST default must be finite", p.Name, ErrNonFiniteDefault, f, i)
+			}
+		}
 	}
 	return nil
 }

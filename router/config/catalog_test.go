@@ -126,6 +126,9 @@ func testCatalog(t testing.TB) *catalog.Catalog {
 			{Name: "enabled", Type: shared.Bool, Default: true},
 			{Name: "label", Type: shared.String},
 			{Name: "timeout", Type: shared.Duration, Default: time.Second},
+			{Name: "prefer", Type: shared.StringList},
+			{Name: "weights", Type: shared.NumberList},
+			{Name: "tags", Type: shared.StringList, Default: []string{"t"}},
 		}, nil),
 		filterType("broken", 0, nil, func(shared.Params) error { return fmt.Errorf("out of cheese") }),
 		{Name: "header-priority", Kind: shared.KindClassifier, Params: []shared.ParamSpec{

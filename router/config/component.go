@@ -275,6 +275,10 @@ func paramSpec(p shared.ParamSpec) (hcldec.Spec, bool) {
 		ty = cty.Bool
 	case shared.String, shared.Duration:
 		ty = cty.String
+	case shared.StringList:
+		ty = cty.List(cty.String)
+	case shared.NumberList:
+		ty = cty.List(cty.Number)
 	default:
 		return nil, false
 	}
@@ -346,7 +350,10 @@ func (l *loader) decodeParams(t *shared.TypeInfo, body hcl.Body, where string) (
 }
 
 // paramValue converts a decoded, known, non-null value to the Go type
-// Params documents for t.
+// Params documents for t: a list(string) or list(number) attribute
+// (`prefer = ["a", "b"]`) becomes a []string or []float64 in the order
+// written (never nil; an empty list is empty), a null or out-of-range
+// entry an error naming its index.
 func paramValue(t shared.ParamType, v cty.Value) (any, error) {
 	switch t {
 	case shared.Number:
@@ -359,6 +366,28 @@ func paramValue(t shared.ParamType, v cty.Value) (any, error) {
 		return v.AsString(), nil
 	case shared.Duration:
 		return toDuration(v)
+	case shared.StringList:
+		out := make([]string, 0, v.LengthInt())
+		for i, e := range v.AsValueSlice() {
+			if e.IsNull() {
+				return nil, fmt.Errorf("has a null entry %d; a list(string) holds strings", i)
+			}
+			out = append(out, e.AsString())
+		}
+		return out, nil
+	case shared.NumberList:
+		out := make([]float64, 0, v.LengthInt())
+		for i, e := range v.AsValueSlice() {
+			if e.IsNull() {
+				return nil, fmt.Errorf("has a null entry %d; a list(number) holds numbers", i)
+			}
+			f, err := toFloat(e)
+			if err != nil {
+				return nil, fmt.Errorf("entry %d %w", i, err)
+			}
+			out = append(out, f)
+		}
+		return out, nil
 	}
 	return nil, fmt.Errorf("has unknown parameter type %d", t)
 }

@@ -116,7 +116,8 @@ func TestLoadFull(t *testing.T) {
 	if tuned.Fallback == nil || tuned.Fallback == rr || tuned.Fallback.PickerType != "round-robin" {
 		t.Errorf("tuned fallback = %+v", tuned.Fallback)
 	}
-	wantAll := shared.Params{"ratio": 2.5, "count": int64(3), "enabled": false, "label": "x", "timeout": 90 * time.Second}
+	wantAll := shared.Params{"ratio": 2.5, "count": int64(3), "enabled": false, "label": "x", "timeout": 90 * time.Second,
+		"prefer": []string{"gpu-1", "gpu-0"}, "weights": []float64{0.5, 2, -1}, "tags": []string{"t"}}
 	if diff := cmp.Diff(wantAll, tuned.Filters[0].Filter.(*testFilter).params); diff != "" {
 		t.Errorf("all-types params (-want +got):\n%s", diff)
 	}
@@ -508,6 +509,42 @@ worker_selection { aggregated = "p" }`,
 			`The value of "count" must be a whole number, got 1.5`,
 			`The value of "timeout" must be a duration such as "20ms"`,
 			`is out of range`,
+		}},
+	{name: "list parameters", src: `
+policy "p" {
+  filter "f" {
+    type    = "all-types"
+    count   = 1
+    prefer  = "gpu-0"
+    weights = ["x"]
+  }
+  filter "g" {
+    type    = "all-types"
+    count   = 1
+    prefer  = ["a", null]
+    weights = [1, 1e400]
+  }
+  filter "h" {
+    type    = "all-types"
+    count   = 1
+    prefer  = [["a"]]
+    weights = [1, null]
+  }
+  picker "p" { type = "round-robin" }
+}
+worker_selection { aggregated = "p" }`,
+		errors: []string{
+			"t.hcl:6:15: Incorrect attribute value type",
+			"t.hcl:7:15: Incorrect attribute value type",
+			"t.hcl:12:15: Invalid list(string)",
+			"t.hcl:13:15: Invalid list(number)",
+			"t.hcl:18:15: Incorrect attribute value type",
+			"t.hcl:19:15: Invalid list(number)",
+		},
+		detail: []string{
+			`The value of "prefer" has a null entry 1; a list(string) holds strings`,
+			`The value of "weights" entry 1 is out of range: 1e+400`,
+			`The value of "weights" has a null entry 1; a list(number) holds numbers`,
 		}},
 	{name: "variables and functions are not allowed", src: `
 policy "p" {

@@ -3,11 +3,14 @@ package config
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/hashicorp/hcl/v2"
 	"github.com/zclconf/go-cty/cty"
@@ -28,6 +31,7 @@ const blockWorker = "worker"
 //	  models          = ["llama"]             # default: the engine's GET /v1/models
 //	  total_kv_blocks = 4096                  # in router blocks; default: the engine's /metrics
 //	  metrics_url     = ""                    # default: url + "/metrics"
+//	  labels          = { zone = "eu-1" }     # default: none; plugins declaring LABELS see them
 //	  kv_events {                             # optional: the engine's KV-event stream
 //	    endpoint        = "tcp://127.0.0.1:5557"
 //	    topic           = ""
@@ -63,6 +67,11 @@ type Worker struct {
 	MetricsURL string
 	// KVEvents is the block's kv_events block; nil when it has none.
 	KVEvents *KVEvents
+	// Labels are the block's `labels` map (see ValidLabel); nil when it
+	// sets none. Plugins that declare the LABELS input see them, with the
+	// router-set keys (shared.WorkerLabels). Kubernetes pod discovery sets
+	// them to the pod's labels.
+	Labels map[string]string
 	// Range is the block's definition (`worker "NAME"`).
 	Range hcl.Range
 	// AttrRanges holds the range of each attribute given, by name.
@@ -74,7 +83,48 @@ type Worker struct {
 func (w Worker) Equal(o Worker) bool {
 	return w.Name == o.Name && w.URL == o.URL && w.Role == o.Role &&
 		slices.Equal(w.Models, o.Models) && w.TotalKVBlocks == o.TotalKVBlocks &&
-		w.MetricsURL == o.MetricsURL && w.KVEvents.Equal(o.KVEvents)
+		w.MetricsURL == o.MetricsURL && w.KVEvents.Equal(o.KVEvents) && maps.Equal(w.Labels, o.Labels)
+}
+
+// Limits on a worker's labels (a worker block's; pods' labels are
+// Kubernetes', which limits them itself: keys of at most 253+1+63 bytes,
+// values of at most 63).
+const (
+	MaxLabels          = 64
+	MaxLabelKeyBytes   = 317
+	MaxLabelValueBytes = 1024
+)
+
+// ValidLabel returns nil when key = value may be a label of a worker block:
+// key 1 to MaxLabelKeyBytes bytes, value at most MaxLabelValueBytes, both
+// UTF-8 without control characters, and key not under shared.LabelPrefix
+// ("switchyard.io/"), which the router's own keys use.
+func ValidLabel(key, value string) error {
+	switch {
+	case key == "" || len(key) > MaxLabelKeyBytes:
+		return fmt.Errorf("label key %q must be 1 to %d bytes", trimmed(key), MaxLabelKeyBytes)
+	case len(value) > MaxLabelValueBytes:
+		return fmt.Errorf("label %q: value of %d bytes, at most %d", key, len(value), MaxLabelValueBytes)
+	case strings.HasPrefix(key, shared.LabelPrefix):
+		return fmt.Errorf("label key %q is under %q, which the router sets itself (%s, %s, %s)", key, shared.LabelPrefix,
+			shared.LabelRole, shared.LabelModel, shared.LabelDPRank)
+	case !printable(key):
+		return fmt.Errorf("label key %q must be UTF-8 without control characters", key)
+	case !printable(value):
+		return fmt.Errorf("label %q: the value must be UTF-8 without control characters", key)
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	return utf8.ValidString(s) && !strings.ContainsFunc(s, unicode.IsControl)
+}
+
+func trimmed(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
 }
 
 // KVEvents is a worker's `kv_events` block: where the engine publishes its
@@ -122,6 +172,7 @@ var workerSchema = &hcl.BodySchema{
 		{Name: "models"},
 		{Name: "total_kv_blocks"},
 		{Name: "metrics_url"},
+		{Name: "labels"},
 	},
 	Blocks: []hcl.BlockHeaderSchema{{Type: "kv_events"}},
 }
@@ -244,6 +295,11 @@ func (l *loader) workerBlock(blk *hcl.Block) {
 			} else {
 				w.TotalKVBlocks = n
 			}
+		}
+	}
+	if attr, found := content.Attributes["labels"]; found {
+		if v, good := l.nonNull(attr, cty.Map(cty.String)); good {
+			w.Labels = l.labels(attr, v)
 		}
 	}
 	for _, kb := range content.Blocks {
@@ -405,6 +461,32 @@ func redactErr(err error) error {
 
 // models checks the models list: at least one name, each non-empty and
 // listed once.
+// labels checks a worker's labels map (ValidLabel, at most MaxLabels) and
+// returns it; nil for an empty map or after reporting an error at the
+// attribute's file:line:col.
+func (l *loader) labels(attr *hcl.Attribute, v cty.Value) map[string]string {
+	if v.LengthInt() > MaxLabels {
+		l.attrErrorf(attr, "Invalid labels", "A worker has at most %d labels, got %d.", MaxLabels, v.LengthInt())
+		return nil
+	}
+	out := make(map[string]string, v.LengthInt())
+	for k, e := range v.AsValueMap() {
+		if e.IsNull() {
+			l.attrErrorf(attr, "Invalid labels", "Label %q is null; a label's value is a string (\"\" for none).", k)
+			return nil
+		}
+		if err := ValidLabel(k, e.AsString()); err != nil {
+			l.attrErrorf(attr, "Invalid labels", "%s.", capitalize(err.Error()))
+			return nil
+		}
+		out[k] = e.AsString()
+	}
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}
+
 func (l *loader) models(attr *hcl.Attribute, v cty.Value) []string {
 	var out []string
 	for _, e := range v.AsValueSlice() {

@@ -24,6 +24,7 @@ worker "b" {
   models          = ["llama"]
   total_kv_blocks = 10
   metrics_url     = "http://127.0.0.1:9002/m"
+  labels          = { zone = "eu-1", "example.com/gpu" = "h100", empty = "" }
 }
 `
 
@@ -31,7 +32,7 @@ var wantWorkers = []Worker{
 	{Name: "a", URL: "http://127.0.0.1:8001", GivenURL: "http://127.0.0.1:8001/", Role: shared.RoleAggregated, Models: []string{"llama", "qwen"},
 		TotalKVBlocks: 4096, MetricsURL: "http://127.0.0.1:8001/metrics"},
 	{Name: "b", URL: "http://127.0.0.1:8002/v1base", Role: shared.RoleDecode, Models: []string{"llama"},
-		TotalKVBlocks: 10, MetricsURL: "http://127.0.0.1:9002/m"},
+		TotalKVBlocks: 10, MetricsURL: "http://127.0.0.1:9002/m", Labels: map[string]string{"zone": "eu-1", "example.com/gpu": "h100", "empty": ""}},
 }
 
 var ignoreRanges = cmpopts.IgnoreFields(Worker{}, "Range", "AttrRanges")
@@ -53,6 +54,11 @@ func TestWorkerBlocksInPolicyFile(t *testing.T) {
 	if !b.Workers[0].Equal(wantWorkers[0]) || b.Workers[0].Equal(wantWorkers[1]) {
 		t.Error("Equal")
 	}
+	relabelled := b.Workers[1]
+	relabelled.Labels = map[string]string{"zone": "eu-2"}
+	if relabelled.Equal(b.Workers[1]) {
+		t.Error("Equal ignores labels")
+	}
 	b, _ = Load("p.hcl", nil, testCatalog(t))
 	if b.Workers != nil {
 		t.Errorf("no worker blocks: Workers = %v", b.Workers)
@@ -61,6 +67,30 @@ func TestWorkerBlocksInPolicyFile(t *testing.T) {
 
 // workerDiagCases pin each worker-block error at file:line:col.
 var workerDiagCases = []struct{ name, src, want string }{
+	{"labels not a map", `worker "a" {
+  url    = "http://h:1"
+  labels = ["zone"]
+}`, "w.hcl:3:12: error: Incorrect attribute value type"},
+	{"label under the router's prefix", `worker "a" {
+  url    = "http://h:1"
+  labels = { "switchyard.io/role" = "decode" }
+}`, `w.hcl:3:12: error: Invalid labels; Label key "switchyard.io/role" is under "switchyard.io/", which the router sets itself`},
+	{"label value not a string", `worker "a" {
+  url    = "http://h:1"
+  labels = { zone = ["eu"] }
+}`, "w.hcl:3:12: error: Incorrect attribute value type"},
+	{"label null", `worker "a" {
+  url    = "http://h:1"
+  labels = { zone = null }
+}`, `w.hcl:3:12: error: Invalid labels; Label "zone" is null`},
+	{"label with a control character", `worker "a" {
+  url    = "http://h:1"
+  labels = { zone = "eu\n1" }
+}`, `w.hcl:3:12: error: Invalid labels; Label "zone": the value must be UTF-8 without control characters`},
+	{"empty label key", `worker "a" {
+  url    = "http://h:1"
+  labels = { "" = "x" }
+}`, `w.hcl:3:12: error: Invalid labels; Label key "" must be 1 to 317 bytes`},
 	{"bad url", `worker "a" {
   url             = "127.0.0.1:8001"
   models          = ["m"]
@@ -323,7 +353,7 @@ func TestLoadWorkers(t *testing.T) {
 
 	for _, tt := range []struct{ src, want string }{
 		{"policy \"p\" {\n}\n", "w.hcl:1:1: error: Unsupported block type"},
-		{workersSrc + "router {\n  block_size = 16\n}\n", "w.hcl:13:1: error: Unsupported block type"},
+		{workersSrc + "router {\n  block_size = 16\n}\n", "w.hcl:14:1: error: Unsupported block type"},
 		{"block_size = 16\n", "w.hcl:1:1: error: Unsupported argument"},
 		{"worker \"a\" {\n", "w.hcl:1:12: error: Unclosed configuration block"},
 	} {

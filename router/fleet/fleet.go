@@ -31,8 +31,16 @@ type Spec struct {
 	// (block_size tokens), the CAPACITY input; >= 0, where 0 means unknown
 	// (CAPACITY unavailable for the worker, which stays routable).
 	TotalKVBlocks int64
-	// Name is a human label (a worker block name or "sim-3").
+	// Name is the worker's name (a worker block's or pod's name, or
+	// "sim-3" in router replay); ID is shared.WorkerIDOf(Name) for every
+	// worker the router's faces add. Plugins that declare LABELS see it
+	// (shared.Candidates.Names).
 	Name string
+	// Labels are the worker's own labels (its worker block's `labels`,
+	// or its pod's labels); nil when it has none. The fleet adds the
+	// router-set keys (shared.WorkerLabels) when the worker joins: plugins
+	// that declare LABELS see the result (shared.Candidates.Labels).
+	Labels map[string]string
 	// Models are the model names the worker serves; requests naming a
 	// model are routed among the workers that list it (Snapshot
 	// ModelPartition). Empty for simulated workers.
@@ -78,6 +86,10 @@ type Worker struct {
 	Spec
 	// Generation increases with every join across the fleet.
 	Generation uint64
+	// AllLabels are Spec.Labels with the router-set keys
+	// (shared.WorkerLabels of its role, models and rank), built once when
+	// the worker joins; immutable.
+	AllLabels shared.Labels
 
 	full *atomic.Int64 // the fleet's count of workers at capacity
 }
@@ -136,6 +148,13 @@ type Partition struct {
 	// KVBlocks[i] == Workers[i].TotalKVBlocks: the CAPACITY column,
 	// copied as it is into a selection's candidates.
 	KVBlocks []int64
+	// Names[i] == Workers[i].Name and Labels[i] == Workers[i].AllLabels:
+	// the LABELS columns, copied as they are (string and slice headers)
+	// into the candidates of a selection whose policy declares LABELS.
+	// nil in a partition narrowed by the router (the selection then reads
+	// each worker's own).
+	Names  []string
+	Labels []shared.Labels
 	// Key identifies the candidate set (role and member generations), so a
 	// round-robin cursor is never shared by two sets.
 	Key uint64
@@ -252,6 +271,7 @@ func (f *Fleet) AddWorkers(specs ...Spec) ([]*Worker, error) {
 		f.gen++
 		w := &batch[i]
 		w.Spec, w.Generation, w.full = s, f.gen, &f.full.n
+		w.AllLabels = shared.WorkerLabels(s.Labels, s.Role, s.Models, s.DataParallel || s.DPRank != 0, s.DPRank)
 		out[i] = w
 		f.members[key{s.ID, s.DPRank}] = w
 	}
@@ -310,10 +330,12 @@ func newPartition(model string, role shared.Role, ws []*Worker) *Partition {
 		}
 		return int(a.DPRank) - int(b.DPRank)
 	})
-	p := &Partition{Role: role, Model: model, Workers: ws, IDs: make([]shared.WorkerID, len(ws)), Slots: make([]int32, len(ws)), KVBlocks: make([]int64, len(ws)), Infos: make([]shared.WorkerInfo, len(ws))}
+	p := &Partition{Role: role, Model: model, Workers: ws, IDs: make([]shared.WorkerID, len(ws)), Slots: make([]int32, len(ws)), KVBlocks: make([]int64, len(ws)), Infos: make([]shared.WorkerInfo, len(ws)),
+		Names: make([]string, len(ws)), Labels: make([]shared.Labels, len(ws))}
 	h := fnv(fnv(0xcbf29ce484222325, []byte(role)), []byte(model))
 	for i, w := range ws {
 		p.IDs[i], p.Slots[i], p.KVBlocks[i] = w.ID, w.Slot, w.TotalKVBlocks
+		p.Names[i], p.Labels[i] = w.Name, w.AllLabels
 		p.Infos[i] = shared.WorkerInfo{ID: w.ID, DPRank: w.DPRank, TotalKVBlocks: w.TotalKVBlocks}
 		if w.DPRank != 0 && p.DPRanks == nil {
 			p.DPRanks = make([]uint32, len(ws))

@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -294,6 +295,7 @@ func (p *Pods) Workers() []config.Worker {
 	out := make([]config.Worker, len(p.workers))
 	for i, w := range p.workers {
 		w.Models = slices.Clone(w.Models)
+		w.Labels = maps.Clone(w.Labels)
 		if w.KVEvents != nil {
 			k := *w.KVEvents
 			w.KVEvents = &k
@@ -397,6 +399,10 @@ func (p *Pods) worker(pod *corev1.Pod) config.Worker {
 	w := config.Worker{
 		Name: pod.Name, URL: u, MetricsURL: u + "/metrics", Role: t.Role,
 		Models: slices.Clone(t.Models),
+		// The pod's labels, for plugins that declare LABELS (the router's
+		// own keys, shared.WorkerLabels, win over a pod label of the same
+		// key). Kubernetes bounds them: 253+1+63-byte keys, 63-byte values.
+		Labels: maps.Clone(pod.Labels),
 	}
 	if t.KVEventsPort != 0 {
 		w.KVEvents = &config.KVEvents{Endpoint: "tcp://" + net.JoinHostPort(ip, strconv.Itoa(t.KVEventsPort)), Topic: t.KVEventsTopic}

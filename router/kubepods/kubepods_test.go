@@ -97,9 +97,11 @@ func start(t *testing.T, client *fake.Clientset, o Options) *Pods {
 	return p
 }
 
-// worker is the worker the default template makes of a pod.
+// worker is the worker the default template makes of a pod labelled as
+// pod labels it.
 func worker(name, url string) config.Worker {
-	return config.Worker{Name: name, URL: url, MetricsURL: url + "/metrics", Role: shared.RoleAggregated}
+	return config.Worker{Name: name, URL: url, MetricsURL: url + "/metrics", Role: shared.RoleAggregated,
+		Labels: map[string]string{"app": "vllm", "tier": "gpu"}}
 }
 
 // waitWorkers waits until p's workers are want.
@@ -198,6 +200,13 @@ func TestWorkersFollowPods(t *testing.T) {
 		worker("vllm-pending", "http://10.0.0.30:8000"),
 	})
 
+	// A new label shows in the worker's labels (plugins declaring LABELS
+	// see them).
+	update("vllm-b", func(p *corev1.Pod) { p.Labels["zone"] = "eu-1" })
+	relabelled := worker("vllm-b", "http://10.0.0.22:8000")
+	relabelled.Labels["zone"] = "eu-1"
+	waitWorkers(t, p, []config.Worker{relabelled, worker("vllm-pending", "http://10.0.0.30:8000")})
+
 	// A label change takes a pod out too.
 	update("vllm-b", func(p *corev1.Pod) { p.Labels["app"] = "other" })
 	waitWorkers(t, p, []config.Worker{worker("vllm-pending", "http://10.0.0.30:8000")})
@@ -212,12 +221,12 @@ func TestTemplate(t *testing.T) {
 	want := []config.Worker{
 		{
 			Name: "vllm-a", URL: "http://10.0.0.1:8001", MetricsURL: "http://10.0.0.1:8001/metrics",
-			Role: shared.RoleDecode, Models: []string{"llama", "qwen"},
+			Role: shared.RoleDecode, Models: []string{"llama", "qwen"}, Labels: map[string]string{"app": "vllm", "tier": "gpu"},
 			KVEvents: &config.KVEvents{Endpoint: "tcp://10.0.0.1:5557", Topic: "kv", ReplayEndpoint: "tcp://10.0.0.1:5558"},
 		},
 		{
 			Name: "vllm-b", URL: "http://[fd00::2]:8001", MetricsURL: "http://[fd00::2]:8001/metrics",
-			Role: shared.RoleDecode, Models: []string{"llama", "qwen"},
+			Role: shared.RoleDecode, Models: []string{"llama", "qwen"}, Labels: map[string]string{"app": "vllm", "tier": "gpu"},
 			KVEvents: &config.KVEvents{Endpoint: "tcp://[fd00::2]:5557", Topic: "kv", ReplayEndpoint: "tcp://[fd00::2]:5558"},
 		},
 	}
@@ -228,6 +237,7 @@ func TestTemplate(t *testing.T) {
 	// Workers returns copies: changing them changes nothing.
 	got[0].Models[0] = "changed"
 	got[0].KVEvents.Topic = "changed"
+	got[0].Labels["app"] = "changed"
 	if diff := cmp.Diff(want, p.Workers()); diff != "" {
 		t.Fatalf("workers after changing a copy (-want +got):\n%s", diff)
 	}

@@ -20,7 +20,6 @@ import (
 	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/prefix"
-	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -154,7 +153,7 @@ cluster {
 		return rd
 	}
 	a, b := start("a"), start("b")
-	id := workers.ID("w0")
+	id := shared.WorkerIDOf("w0")
 	precise := func(rd *runningDaemon) prefix.PreciseStats {
 		p := rd.d.r.Prefix().Precise(prefix.Candidate{ID: id})
 		if p == nil {

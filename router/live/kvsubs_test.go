@@ -15,7 +15,6 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchyard-router/switchyard/router/prefix"
-	"github.com/switchyard-router/switchyard/router/workers"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -159,7 +158,7 @@ func TestDaemonKVSnapshotsAndSources(t *testing.T) {
 	t.Cleanup(func() { _ = rd.stop() })
 	rd.waitWorkers(t, "a", "b")
 	kvs := rd.d.kvs
-	ida, idb := workers.ID("a"), workers.ID("b")
+	ida, idb := shared.WorkerIDOf("a"), shared.WorkerIDOf("b")
 	precise := func(id shared.WorkerID) prefix.PreciseStats {
 		kvs.mu.Lock()
 		s := kvs.subs[prefix.Candidate{ID: id}]

@@ -24,6 +24,8 @@ type Scratch struct {
 	overlap []int32
 	cpu     []int32
 	kv      []int64
+	names   []string
+	labels  []shared.Labels
 	keep    []bool
 	costs   []float64
 	sum     []float64
@@ -38,7 +40,8 @@ func (s *Scratch) Overlap(n int) []int32 {
 
 // Candidates sizes the columns for n rows, allocating only the columns in
 // declared (plus IDs always, and DPRanks when withRanks; CACHE is two
-// columns, OverlapBlocks and CPUOverlapBlocks), and returns the
+// columns, OverlapBlocks and CPUOverlapBlocks; LABELS two, Names and
+// Labels), and returns the
 // candidate set for the caller to fill. The returned pointer is valid until
 // the next call.
 func (s *Scratch) Candidates(n int, declared shared.Inputs, withRanks bool) *shared.Candidates {
@@ -66,6 +69,12 @@ func (s *Scratch) Candidates(n int, declared shared.Inputs, withRanks bool) *sha
 	if declared.Has(shared.InputCapacity) {
 		s.kv = grow(s.kv, n)
 		s.c.TotalKVBlocks = s.kv
+	}
+	if declared.Has(shared.InputLabels) {
+		s.names = grow(s.names, n)
+		s.c.Names = s.names
+		s.labels = grow(s.labels, n)
+		s.c.Labels = s.labels
 	}
 	return &s.c
 }

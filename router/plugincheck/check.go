@@ -124,7 +124,8 @@ func ParseConfig(kvs []string) (map[string]string, error) {
 	return out, nil
 }
 
-// parseParamValue parses a --config value as a parameter of type t.
+// parseParamValue parses a --config value as a parameter of type t (a
+// list as comma-separated entries; "" is the empty list).
 func parseParamValue(t shared.ParamType, s string) (any, error) {
 	switch t {
 	case shared.Number:
@@ -137,6 +138,24 @@ func parseParamValue(t shared.ParamType, s string) (any, error) {
 		return s, nil
 	case shared.Duration:
 		return time.ParseDuration(s)
+	case shared.StringList:
+		if s == "" {
+			return []string{}, nil
+		}
+		return strings.Split(s, ","), nil
+	case shared.NumberList:
+		out := []float64{}
+		if s == "" {
+			return out, nil
+		}
+		for _, f := range strings.Split(s, ",") {
+			v, err := strconv.ParseFloat(f, 64)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, v)
+		}
+		return out, nil
 	}
 	return nil, fmt.Errorf("unknown parameter type %v", t)
 }
@@ -678,6 +697,10 @@ func valueOfType(v any, t shared.ParamType) bool {
 		return t == shared.String
 	case time.Duration:
 		return t == shared.Duration
+	case []string:
+		return t == shared.StringList
+	case []float64:
+		return t == shared.NumberList
 	}
 	return false
 }
@@ -798,9 +821,20 @@ func candidates(n int, declared shared.Inputs) *shared.Candidates {
 		if c.TotalKVBlocks != nil {
 			c.TotalKVBlocks[i] = 10000
 		}
+		if c.Names != nil {
+			c.Names[i] = "check-" + strconv.Itoa(i)
+			c.Labels[i] = checkLabels[i%len(checkLabels)]
+		}
 		c.Costs[i] = float64((i*37)%101) / 10
 	}
 	return c
+}
+
+// checkLabels are the LABELS rows of candidates, in turn: a worker with
+// router-set keys only, and one with labels of its own and a rank.
+var checkLabels = []shared.Labels{
+	shared.WorkerLabels(nil, shared.RoleAggregated, []string{"check-model"}, false, 0),
+	shared.WorkerLabels(map[string]string{"zone": "check-zone", "gpu": "check-gpu"}, shared.RoleAggregated, []string{"check-model"}, true, 1),
 }
 
 // request is the request every Decide check routes.

@@ -68,6 +68,10 @@ func boundaryValues(t shared.ParamType) []any {
 		return []any{time.Duration(0), time.Duration(-1), time.Duration(1), time.Duration(math.MaxInt64), time.Duration(math.MinInt64)}
 	case shared.Bool:
 		return []any{false, true}
+	case shared.StringList:
+		return []any{[]string{}, []string{""}, []string{"a", "ünïcödé ✓", strings.Repeat("x", 1<<16)}}
+	case shared.NumberList:
+		return []any{[]float64{}, []float64{0, -1, math.SmallestNonzeroFloat64, math.MaxFloat64, -math.MaxFloat64}}
 	}
 	return nil
 }

@@ -43,11 +43,16 @@ type driver struct {
 	traceName     string
 	hashesChecked bool
 
-	first     *sim.Cluster    // aggregated or prefill workers: fleet ids 0..first.Len()−1
-	decode    *sim.Cluster    // decode workers: fleet ids base[decodeHop].., or nil
-	clusters  [2]*sim.Cluster // by hop: first, decode
-	base      [2]int          // by hop: the fleet id of its cluster's worker 0
-	bandwidth float64         // bytes per second
+	first    *sim.Cluster    // aggregated or prefill workers: indexes 0..first.Len()−1
+	decode   *sim.Cluster    // decode workers: indexes base[decodeHop].., or nil
+	clusters [2]*sim.Cluster // by hop: first, decode
+	base     [2]int          // by hop: the index of its cluster's worker 0
+	// names, ids and index: the simulated workers' names and fleet ids by
+	// index, and the index by fleet id (nameWorkers).
+	names     []string
+	ids       []shared.WorkerID
+	index     map[shared.WorkerID]int32
+	bandwidth float64 // bytes per second
 
 	// workers is the fleet's size: aggregated, or prefill and decode
 	// workers together.
@@ -173,13 +178,13 @@ type hopState struct {
 }
 
 // replica is one router replica: a router of its own, with its own
-// admission queue and fleet members (the same fleet ids in every
+// admission queue and fleet members (the same fleet ids, shared.WorkerIDOf of the names, in every
 // replica).
 type replica struct {
 	r       *router.Router
 	roles   map[shared.Role]*policy.Policy // what r routes with (Options.Canary applied)
 	adm     *admission.Controller
-	workers []*fleet.Worker // by fleet id
+	workers []*fleet.Worker // by worker index (driver.ids)
 }
 
 func newDriver(ctx context.Context, o *Options) (*driver, error) {
@@ -231,6 +236,9 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		d.base[k] = d.workers
 		d.workers += sizes[k]
 	}
+	if err := d.nameWorkers(); err != nil {
+		return nil, err
+	}
 	for k := range o.replicas() {
 		pol := Replica{Roles: o.Roles, Classifier: o.Classifier}
 		if k > 0 {
@@ -281,7 +289,7 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 
 // newReplica builds one router replica routing with pol over the fleet
 // of the given cluster sizes (by hop): its router, its admission
-// controller on the simulated clock, and its members, fleet ids 0.. in
+// controller on the simulated clock, and its members, indexes 0.. in
 // hop order.
 func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, pol Replica, sizes [2]int) (*replica, error) {
 	// Shadows run inline: deterministic, and never charged to a request.
@@ -303,17 +311,13 @@ func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, po
 	}
 	// The index tracks what fits in each engine's KV cache, in router blocks.
 	capacity := max(int64(cfg.TotalKVBlocks)*int64(cfg.BlockSize)/int64(o.BlockSize), 1)
-	names := [2]string{"sim-"}
-	if d.path == admission.Disaggregated {
-		names = [2]string{"prefill-", "decode-"}
-	}
 	for k := range d.path.Len() {
 		// One membership change for the whole cluster: the fleet sorts
 		// its partition once, not once per worker.
 		specs := make([]fleet.Spec, sizes[k])
 		for i := range specs {
-			id := d.base[k] + i
-			specs[i] = fleet.Spec{ID: shared.WorkerID(id), Role: d.path.Hop(k).Role, TotalKVBlocks: capacity, Name: names[k] + strconv.Itoa(id)}
+			x := d.base[k] + i
+			specs[i] = fleet.Spec{ID: d.ids[x], Role: d.path.Hop(k).Role, TotalKVBlocks: capacity, Name: d.names[x]}
 		}
 		ws, err := r.AddWorkers(specs...)
 		if err != nil {
@@ -322,6 +326,44 @@ func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, po
 		rep.workers = append(rep.workers, ws...)
 	}
 	return rep, nil
+}
+
+// nameWorkers names the simulated workers and gives them their ids:
+// worker x (the index the per-request output's "worker" and the report's
+// RequestsPerWorker use) is "sim-x", or in a disaggregated replay
+// "prefill-x" and "decode-x" (x counting on across both clusters), and
+// its fleet id is shared.WorkerIDOf(name), as router serve and router epp
+// give a worker of that name, so a plugin acting on ids or names routes
+// the same here. Two names hashing to one id (FNV-1a 64 collisions are
+// not known among such short names) is an error.
+func (d *driver) nameWorkers() error {
+	prefixes := [2]string{"sim-"}
+	if d.path == admission.Disaggregated {
+		prefixes = [2]string{"prefill-", "decode-"}
+	}
+	d.names = make([]string, d.workers)
+	d.ids = make([]shared.WorkerID, d.workers)
+	d.index = make(map[shared.WorkerID]int32, d.workers)
+	for k := range d.path.Len() {
+		for x := d.base[k]; x < d.workers && (k+1 == d.path.Len() || x < d.base[k+1]); x++ {
+			d.names[x] = prefixes[k] + strconv.Itoa(x)
+			d.ids[x] = shared.WorkerIDOf(d.names[x])
+			if prev, dup := d.index[d.ids[x]]; dup {
+				return fmt.Errorf("replay: workers %q and %q have one id %d", d.names[prev], d.names[x], d.ids[x])
+			}
+			d.index[d.ids[x]] = int32(x)
+		}
+	}
+	return nil
+}
+
+// indexOf is the index of the simulated worker with fleet id id (-1 for
+// an id that is none of them).
+func (d *driver) indexOf(id shared.WorkerID) int {
+	if x, ok := d.index[id]; ok {
+		return int(x)
+	}
+	return -1
 }
 
 // replicaOf is the replica that routes trace request i: round-robin, as a

@@ -131,7 +131,7 @@ func (d *driver) classified(i int, cl *shared.Classification) {
 func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 	st := d.req(i)
 	rec, out := st.rec, &st.out
-	id := int(dec.Worker.ID)
+	id := d.indexOf(dec.Worker.ID)
 	st.hops[k].worker = int32(id - d.base[k])
 	out.Fallback = out.Fallback || dec.Fallback
 	canaryPlaced(st, dec)
@@ -148,7 +148,7 @@ func (d *driver) placed(i, k int, dec *router.Decision, at time.Duration) {
 		if sh := dec.Shadow; sh.Result != "" {
 			out.Shadow = string(sh.Result)
 			if sh.Result == router.ShadowAgree || sh.Result == router.ShadowDisagree {
-				w := int(sh.Worker)
+				w := d.indexOf(sh.Worker)
 				out.ShadowWorker = &w
 			}
 		}

@@ -153,7 +153,9 @@ worker_selection {
 		if p == nil || dc == nil || p.ended != shared.EventCompleted || dc.ended != shared.EventCompleted || !p.first || !dc.first {
 			t.Fatalf("request %d: prefill %+v, decode %+v", i, p, dc)
 		}
-		if int(p.worker) != o.Worker || int(dc.worker) != o.DecodeWorker || o.DecodeWorker != 2 {
+		// Events name fleet ids, shared.WorkerIDOf of the simulated
+		// workers' names; the outcome names their indexes.
+		if p.worker != shared.WorkerIDOf("prefill-"+strconv.Itoa(o.Worker)) || dc.worker != shared.WorkerIDOf("decode-2") || o.DecodeWorker != 2 {
 			t.Fatalf("request %d: events name workers %d and %d, outcome %d and %d", i, p.worker, dc.worker, o.Worker, o.DecodeWorker)
 		}
 		// The decode hop is admitted when its prefill completes and

@@ -29,7 +29,7 @@ type kvFeed struct {
 	batches, events int64
 }
 
-// newKVFeed puts every worker of c (fleet ids base..) in precise mode in
+// newKVFeed puts every worker of c (indexes base..) in precise mode in
 // every replica, keyed by engine hashes and live from the start (the
 // routers see each stream from its first event), and hooks c's events.
 func (d *driver) newKVFeed(c *sim.Cluster, base int, delay time.Duration) {

@@ -111,14 +111,16 @@ type Options struct {
 	// The first error the stream yields ends the replay with that error.
 	Trace iter.Seq2[*trace.Record, error]
 	// Workers is the number of simulated aggregated workers (1 to
-	// MaxWorkers), fleet ids 0..Workers−1; it must be 0 in disaggregated
-	// mode.
+	// MaxWorkers), indexes 0..Workers−1, named "sim-INDEX", with fleet id
+	// shared.WorkerIDOf(name) as router serve gives a worker of that name;
+	// it must be 0 in disaggregated mode.
 	Workers int
 	// PrefillWorkers and DecodeWorkers, when set (both >= 1, together at
 	// most MaxWorkers), replay disaggregated serving instead
-	// (admission.Disaggregated): prefill workers have fleet ids
-	// 0..PrefillWorkers−1 and role prefill, decode workers the next
-	// DecodeWorkers ids and role decode. Each request is admitted for a
+	// (admission.Disaggregated): prefill workers have indexes
+	// 0..PrefillWorkers−1 ("prefill-INDEX") and role prefill, decode
+	// workers the next DecodeWorkers indexes ("decode-INDEX") and role
+	// decode; fleet ids are shared.WorkerIDOf of the names. Each request is admitted for a
 	// prefill worker on arrival and computes its prompt and first token
 	// there (submitted with OutputLength 1). At that first token its
 	// prefill hop ends and, if it has more to generate, its decode hop is

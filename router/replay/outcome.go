@@ -7,8 +7,8 @@ package replay
 type Outcome struct {
 	Index     int     `json:"index"`
 	ArrivalMs float64 `json:"arrival_ms"`
-	Worker    int     `json:"worker"` // aggregated or prefill worker's fleet id, -1 when rejected
-	// DecodeWorker is the decode worker's fleet id in disaggregated mode, or
+	Worker    int     `json:"worker"` // aggregated or prefill worker's index (N of "sim-N", "prefill-N"), -1 when rejected
+	// DecodeWorker is the decode worker's index (N of "decode-N") in disaggregated mode, or
 	// -1 when the request reached none (rejected, or done at prefill with
 	// output_length <= 1). It is absent in aggregated mode: decode ids
 	// start after at least one prefill worker, so 0 never names one.
@@ -42,7 +42,7 @@ type Outcome struct {
 	Fallback     bool    `json:"fallback,omitempty"`
 	// Shadow is the result of the (prefill) hop's shadow decision
 	// (router.ShadowResult: agree, disagree, failed or none) and
-	// ShadowWorker the fleet id it picked (agree or disagree); both absent
+	// ShadowWorker the index of the worker it picked (agree or disagree); both absent
 	// when the role's policy has no shadow (a decode hop's shadow is
 	// counted in Report.Shadow only).
 	Shadow       string `json:"shadow,omitempty"`

@@ -121,7 +121,9 @@ func TestPerRequestFields(t *testing.T) {
 	}
 	// Line 1 of the file: 6755 input tokens, 500 output, arrival 0, first
 	// request on an idle worker: no cache, no queue, TTFT = one prefill.
-	if first.Index != 0 || first.ArrivalMs != 0 || first.Worker != 0 || first.InputLength != 6755 ||
+	// Round robin starts at the lowest id: WorkerIDOf("sim-1")
+	// (0x11934e4f4f5dd91e) is below WorkerIDOf("sim-0") (0x11934f4f4f5ddad1).
+	if first.Index != 0 || first.ArrivalMs != 0 || first.Worker != 1 || first.InputLength != 6755 ||
 		first.OutputLength != 500 || first.OverlapBlocks != 0 || first.CachedTokens != 0 || first.Status != "ok" {
 		t.Fatalf("first outcome %+v", first)
 	}

@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -85,6 +87,7 @@ func TestShadowReplay(t *testing.T) {
 		// workers, once per request in arrival order.
 		r := builtin.NewRandom(shared.Params{builtin.ParamSeed: int64(5)})
 		c := &shared.Candidates{IDs: make([]shared.WorkerID, workers)}
+		order := indexesByID("sim-", 0, workers) // the candidate rows' workers
 		var agree int64
 		outs := outcomes(t, per.Bytes())
 		for i, o := range outs {
@@ -92,11 +95,11 @@ func TestShadowReplay(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if o.ShadowWorker == nil || *o.ShadowWorker != row {
-				t.Fatalf("request %d: shadow worker %v, want %d", i, o.ShadowWorker, row)
+			if o.ShadowWorker == nil || *o.ShadowWorker != order[row] {
+				t.Fatalf("request %d: shadow worker %v, want %d (row %d)", i, deref(o.ShadowWorker), order[row], row)
 			}
 			wantResult := "disagree"
-			if row == o.Worker {
+			if order[row] == o.Worker {
 				agree++
 				wantResult = "agree"
 			}
@@ -221,5 +224,37 @@ worker_selection {
 	}
 	if rep.Selections != prefill+decode || decode == 0 {
 		t.Errorf("selections %d, prefill %d, decode %d", rep.Selections, prefill, decode)
+	}
+}
+
+// indexesByID returns the indexes from..from+n-1 of simulated workers
+// named prefix+index in ascending fleet id (shared.WorkerIDOf) order: the
+// order of the candidate rows a policy sees.
+func indexesByID(prefix string, from, n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = from + i
+	}
+	slices.SortFunc(out, func(a, b int) int {
+		ia, ib := shared.WorkerIDOf(prefix+strconv.Itoa(a)), shared.WorkerIDOf(prefix+strconv.Itoa(b))
+		if ia < ib {
+			return -1
+		}
+		return 1
+	})
+	return out
+}
+
+func deref(p *int) any {
+	if p == nil {
+		return nil
+	}
+	return *p
+}
+
+func TestIndexesByID(t *testing.T) {
+	// WorkerIDOf: sim-3 0x11934c4f4f5dd5b8 < sim-2 < sim-1 0x11934e4f4f5dd91e < sim-0 0x11934f4f4f5ddad1.
+	if got := indexesByID("sim-", 0, 4); !slices.Equal(got, []int{3, 2, 1, 0}) {
+		t.Errorf("indexesByID(sim-, 0, 4) = %v, want [3 2 1 0]", got)
 	}
 }

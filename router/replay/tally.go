@@ -175,7 +175,7 @@ func (d *driver) report(o *Options, wall time.Duration) *report.Report {
 // need, as the per-request lines print it, and an int32), which is all a
 // request leaves behind.
 type tally struct {
-	perWorker           []int // requests sent, by fleet id (Report.RequestsPerWorker)
+	perWorker           []int // requests sent, by worker index (Report.RequestsPerWorker)
 	completed, rejected int
 	reasons             map[string]int // Report.RejectionReasons
 	// ttft, e2e, queue and class are by completed request, xfer by

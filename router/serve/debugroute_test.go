@@ -15,7 +15,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/sim"
-	"github.com/switchyard-router/switchyard/router/workers"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // routeGet GETs /debug/route with query q.
@@ -145,7 +145,7 @@ func TestDaemonDebugRoute(t *testing.T) {
 			if r.PrefixIndexBlocks != nil {
 				v.index[w.Name] = *r.PrefixIndexBlocks
 			}
-			id := workers.ID(w.Name)
+			id := shared.WorkerIDOf(w.Name)
 			v.approx[w.Name] = rd.d.Runtime().Router().Prefix().Len(prefix.Candidate{ID: id})
 			var precise live.DebugBlocks
 			getJSON(t, debug+"/debug/workers/"+w.Name+"/blocks", &precise)

@@ -107,8 +107,8 @@ func TestURLOnlyWorkerDiscovery(t *testing.T) {
 	testkit.Eventually(t, "two ranks", func() bool { return len(ranksOf(r, "w")) == 2 })
 	ws := ranksOf(r, "w")
 	for i, want := range []fleet.Spec{
-		{ID: ID("w"), DPRank: 0, Role: shared.RoleAggregated, TotalKVBlocks: 2048, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16, DataParallel: true},
-		{ID: ID("w"), DPRank: 1, Role: shared.RoleAggregated, TotalKVBlocks: 1024, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16, DataParallel: true},
+		{ID: shared.WorkerIDOf("w"), DPRank: 0, Role: shared.RoleAggregated, TotalKVBlocks: 2048, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16, DataParallel: true},
+		{ID: shared.WorkerIDOf("w"), DPRank: 1, Role: shared.RoleAggregated, TotalKVBlocks: 1024, Name: "w", Models: []string{"llama", "llama-lora"}, EngineBlockSize: 16, DataParallel: true},
 	} {
 		if !sameSpec(ws[i].Spec, want) {
 			t.Errorf("rank %d spec = %+v, want %+v", i, ws[i].Spec, want)
@@ -313,7 +313,9 @@ func TestRankMetricsAndHooks(t *testing.T) {
 			}
 			return EventStream{State: "live", Received: 42, Gaps: 3, Malformed: 5}, true
 		},
-		IndexBlocks: func(id shared.WorkerID, rank uint32) (int64, bool) { return int64(rank) + 10, id == ID("w") },
+		IndexBlocks: func(id shared.WorkerID, rank uint32) (int64, bool) {
+			return int64(rank) + 10, id == shared.WorkerIDOf("w")
+		},
 	})
 	e := newVEngine(t, vllmDP, modelList("llama"))
 	if err := m.Sync([]config.Worker{urlOnly("w", e.srv.URL)}); err != nil {

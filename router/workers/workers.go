@@ -7,8 +7,9 @@
 //
 // # Identity
 //
-// A worker's shared.WorkerID is ID(name), the FNV-1a 64-bit hash of its
-// block name, so a worker keeps its id across reloads and rejoins and the
+// A worker's shared.WorkerID is shared.WorkerIDOf(name), the FNV-1a 64-bit
+// hash of its block (or pod) name, the id router replay gives a simulated
+// worker of that name too, so a worker keeps its id across reloads and rejoins and the
 // same file gives the same ids in every router process.
 //
 // # Data-parallel ranks
@@ -136,7 +137,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"maps"
 	"net/http"
 	"slices"
@@ -282,13 +282,6 @@ type EventStream struct {
 	// malformed: not [topic, sequence, payload], or a payload that does
 	// not decode (which also clears the candidate's precise index).
 	Malformed uint64 `json:"malformed_messages"`
-}
-
-// ID is the WorkerID of the worker named name: FNV-1a 64 of the name.
-func ID(name string) shared.WorkerID {
-	h := fnv.New64a()
-	_, _ = h.Write([]byte(name))
-	return shared.WorkerID(h.Sum64())
 }
 
 // Status is a snapshot of one configured worker.
@@ -656,17 +649,18 @@ func check(ws []config.Worker) error {
 		case w.Models != nil && len(w.Models) == 0:
 			return fmt.Errorf("workers: worker %q: an empty models list (nil: from the engine)", w.Name)
 		}
-		if other, dup := ids[ID(w.Name)]; dup {
+		if other, dup := ids[shared.WorkerIDOf(w.Name)]; dup {
 			return fmt.Errorf("workers: workers %q and %q have the same id; rename one", other, w.Name)
 		}
 		names[w.Name] = w.Range
-		ids[ID(w.Name)] = w.Name
+		ids[shared.WorkerIDOf(w.Name)] = w.Name
 	}
 	return nil
 }
 
 func cloneWorker(w config.Worker) config.Worker {
 	w.Models = slices.Clone(w.Models)
+	w.Labels = maps.Clone(w.Labels)
 	if w.KVEvents != nil {
 		k := *w.KVEvents
 		w.KVEvents = &k
@@ -677,7 +671,7 @@ func cloneWorker(w config.Worker) config.Worker {
 // startLocked adds an entry for w and starts its scrape loop.
 func (m *Manager) startLocked(w config.Worker) {
 	ctx, stop := context.WithCancel(m.ctx)
-	e := &entry{cfg: cloneWorker(w), id: ID(w.Name), stop: stop, ranks: []*rankState{{}}}
+	e := &entry{cfg: cloneWorker(w), id: shared.WorkerIDOf(w.Name), stop: stop, ranks: []*rankState{{}}}
 	e.gens, m.retired[w.Name] = m.retired[w.Name], nil
 	delete(m.retired, w.Name)
 	m.entries[w.Name] = e
@@ -746,6 +740,7 @@ func (m *Manager) specLocked(e *entry, rs *rankState) fleet.Spec {
 	return fleet.Spec{
 		ID: e.id, DPRank: rs.rank, Role: e.cfg.Role, TotalKVBlocks: blocks,
 		Name: e.cfg.Name, Models: slices.Clone(models), EngineBlockSize: e.blockSizeLocked(rs), DataParallel: e.ranked,
+		Labels: e.cfg.Labels,
 	}
 }
 
@@ -763,7 +758,7 @@ func (e *entry) blockSizeLocked(rs *rankState) int64 {
 func sameSpec(a, b fleet.Spec) bool {
 	return a.ID == b.ID && a.DPRank == b.DPRank && a.Role == b.Role && a.TotalKVBlocks == b.TotalKVBlocks &&
 		a.Name == b.Name && slices.Equal(a.Models, b.Models) && a.EngineBlockSize == b.EngineBlockSize &&
-		a.DataParallel == b.DataParallel
+		a.DataParallel == b.DataParallel && maps.Equal(a.Labels, b.Labels)
 }
 
 // joinLocked joins every rank of e to the fleet as a new generation

@@ -165,16 +165,6 @@ func membersAre(r *router.Router, model string, role shared.Role, want ...string
 	return func() bool { return slices.Equal(names(r, model, role), want) }
 }
 
-func TestID(t *testing.T) {
-	// FNV-1a 64 of "a": offset basis 0xcbf29ce484222325 xor 'a', times the prime.
-	if got, want := ID("a"), shared.WorkerID(0xaf63dc4c8601ec8c); got != want {
-		t.Errorf("ID(a) = %#x, want %#x", got, want)
-	}
-	if ID("gpu-0") == ID("gpu-1") {
-		t.Error("ids collide")
-	}
-}
-
 func TestEngineMetricsLandInLoad(t *testing.T) {
 	r := newRouter(t)
 	m, _ := newManager(t, r, Options{ScrapeInterval: fast})
@@ -195,7 +185,7 @@ func TestEngineMetricsLandInLoad(t *testing.T) {
 		waiting, running int64
 	}{{"v", "llama", 0.42, 7, 3}, {"s", "qwen", 0.25, 2, 5}} {
 		ws := r.Workers(c.model, shared.RoleAggregated)
-		if len(ws) != 1 || ws[0].Name != c.name || ws[0].ID != ID(c.name) {
+		if len(ws) != 1 || ws[0].Name != c.name || ws[0].ID != shared.WorkerIDOf(c.name) {
 			t.Fatalf("partition %s = %v", c.model, names(r, c.model, shared.RoleAggregated))
 		}
 		l := ws[0].Load(false)
@@ -374,7 +364,7 @@ func TestSyncAddRemoveChange(t *testing.T) {
 		t.Errorf("qwen decode = %v, want [b]", got)
 	}
 	wb := member(r, "b")
-	if wb.Generation <= genB || wb.TotalKVBlocks != 500 || wb.Role != shared.RoleDecode || wb.ID != ID("b") {
+	if wb.Generation <= genB || wb.TotalKVBlocks != 500 || wb.Role != shared.RoleDecode || wb.ID != shared.WorkerIDOf("b") {
 		t.Errorf("b = %+v", wb.Spec)
 	}
 	if !wb.Load(false).Available {
@@ -752,13 +742,13 @@ func TestManagerOverMembership(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "a joined", mem.callsAre("add a"))
-	if st, _ := m.StatusOf("a"); !st.Ready || st.ID != ID("a") || st.Member == nil || st.Member.Name != "a" {
+	if st, _ := m.StatusOf("a"); !st.Ready || st.ID != shared.WorkerIDOf("a") || st.Member == nil || st.Member.Name != "a" {
 		t.Errorf("a status %+v, want ready as member a", st)
 	}
 
 	mem.refuse.Store(true)
 	e.failing.Store(true)
-	removed := fmt.Sprintf("remove %d/0", ID("a"))
+	removed := fmt.Sprintf("remove %d/0", shared.WorkerIDOf("a"))
 	testkit.Eventually(t, "a removed", mem.callsAre("add a", removed))
 	e.failing.Store(false)
 	testkit.Eventually(t, "a refused", func() bool {

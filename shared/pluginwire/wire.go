@@ -25,7 +25,8 @@ import (
 )
 
 // ParamTypeName returns the schema name of a parameter type ("number",
-// "int", "bool", "string", "duration"), or "unknown". The SDK's
+// "int", "bool", "string", "duration", "list(string)", "list(number)"),
+// or "unknown". The SDK's
 // ParamType.String returns it: the numbering is the wire's.
 func ParamTypeName(t pluginv1.ParamType) string {
 	switch t {
@@ -39,13 +40,18 @@ func ParamTypeName(t pluginv1.ParamType) string {
 		return "string"
 	case pluginv1.ParamType_PARAM_TYPE_DURATION:
 		return "duration"
+	case pluginv1.ParamType_PARAM_TYPE_STRING_LIST:
+		return "list(string)"
+	case pluginv1.ParamType_PARAM_TYPE_NUMBER_LIST:
+		return "list(number)"
 	}
 	return "unknown"
 }
 
 // ValueToProto converts one parameter value. It accepts the Go types the
-// SDK's Params documents (float64, int64, bool, string, time.Duration)
-// and, for convenience, int; any other type is an error naming it.
+// SDK's Params documents (float64, int64, bool, string, time.Duration,
+// []string, []float64) and, for convenience, int; any other type is an
+// error naming it. A []float64 with a NaN or infinite entry is an error.
 func ValueToProto(v any) (*pluginv1.Value, error) {
 	switch v := v.(type) {
 	case float64:
@@ -60,14 +66,22 @@ func ValueToProto(v any) (*pluginv1.Value, error) {
 		return &pluginv1.Value{Kind: &pluginv1.Value_String_{String_: v}}, nil
 	case time.Duration:
 		return &pluginv1.Value{Kind: &pluginv1.Value_DurationNs{DurationNs: int64(v)}}, nil
+	case []string:
+		return &pluginv1.Value{Kind: &pluginv1.Value_StringList{StringList: &pluginv1.StringList{Values: slices.Clone(v)}}}, nil
+	case []float64:
+		if err := finiteList(v); err != nil {
+			return nil, err
+		}
+		return &pluginv1.Value{Kind: &pluginv1.Value_NumberList{NumberList: &pluginv1.NumberList{Values: slices.Clone(v)}}}, nil
 	}
 	return nil, fmt.Errorf("unsupported parameter value type %T", v)
 }
 
 // ValueFromProto converts a wire value to the Go type of want (float64,
-// int64, bool, string or time.Duration). A value of another kind is an
-// error naming both (`got a string value, want number`); an Int is
-// accepted for a Number.
+// int64, bool, string, time.Duration, []string or []float64; a list is a
+// copy, never nil). A value of another kind is an error naming both (`got
+// a string value, want number`); an Int is accepted for a Number. A
+// number list with a NaN or infinite entry is an error naming its index.
 func ValueFromProto(v *pluginv1.Value, want pluginv1.ParamType) (any, error) {
 	switch k := v.GetKind().(type) {
 	case *pluginv1.Value_Number:
@@ -93,6 +107,18 @@ func ValueFromProto(v *pluginv1.Value, want pluginv1.ParamType) (any, error) {
 		if want == pluginv1.ParamType_PARAM_TYPE_DURATION {
 			return time.Duration(k.DurationNs), nil
 		}
+	case *pluginv1.Value_StringList:
+		if want == pluginv1.ParamType_PARAM_TYPE_STRING_LIST {
+			return append([]string{}, k.StringList.GetValues()...), nil
+		}
+	case *pluginv1.Value_NumberList:
+		if want == pluginv1.ParamType_PARAM_TYPE_NUMBER_LIST {
+			vs := append([]float64{}, k.NumberList.GetValues()...)
+			if err := finiteList(vs); err != nil {
+				return nil, err
+			}
+			return vs, nil
+		}
 	case nil:
 		return nil, fmt.Errorf("empty value, want %s", ParamTypeName(want))
 	}
@@ -111,8 +137,22 @@ func valueKindName(v *pluginv1.Value) string {
 		return ParamTypeName(pluginv1.ParamType_PARAM_TYPE_STRING)
 	case *pluginv1.Value_DurationNs:
 		return ParamTypeName(pluginv1.ParamType_PARAM_TYPE_DURATION)
+	case *pluginv1.Value_StringList:
+		return ParamTypeName(pluginv1.ParamType_PARAM_TYPE_STRING_LIST)
+	case *pluginv1.Value_NumberList:
+		return ParamTypeName(pluginv1.ParamType_PARAM_TYPE_NUMBER_LIST)
 	}
 	return "empty"
+}
+
+// finiteList reports the first NaN or infinite entry of vs.
+func finiteList(vs []float64) error {
+	for i, v := range vs {
+		if math.IsNaN(v) || math.IsInf(v, 0) {
+			return fmt.Errorf("entry %d of the number list is %v, want a finite number", i, v)
+		}
+	}
+	return nil
 }
 
 // ClampU32 narrows v to [0, MaxUint32] for the wire.

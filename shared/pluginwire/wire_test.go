@@ -2,6 +2,7 @@ package pluginwire
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 
@@ -93,5 +94,46 @@ func TestTooLargeMessage(t *testing.T) {
 		if IsTooLargeMessage(other) {
 			t.Errorf("IsTooLargeMessage(%q) = true", other)
 		}
+	}
+}
+
+// Lists travel in their own Value cases, copied both ways; an empty list
+// decodes as an empty, non-nil slice; a list of the other element type or
+// a scalar is refused naming both; a non-finite number list is refused
+// either way.
+func TestListValues(t *testing.T) {
+	in := []string{"a", "b"}
+	v, err := ValueToProto(in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in[0] = "changed"
+	got, err := ValueFromProto(v, pluginv1.ParamType_PARAM_TYPE_STRING_LIST)
+	if err != nil || !slices.Equal(got.([]string), []string{"a", "b"}) {
+		t.Fatalf("string list = %v, %v; want [a b]", got, err)
+	}
+	nv, err := ValueToProto([]float64{0.5, -2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ValueFromProto(nv, pluginv1.ParamType_PARAM_TYPE_NUMBER_LIST); err != nil || !slices.Equal(got.([]float64), []float64{0.5, -2}) {
+		t.Fatalf("number list = %v, %v", got, err)
+	}
+	empty := &pluginv1.Value{Kind: &pluginv1.Value_StringList{}}
+	if got, err := ValueFromProto(empty, pluginv1.ParamType_PARAM_TYPE_STRING_LIST); err != nil || got.([]string) == nil || len(got.([]string)) != 0 {
+		t.Fatalf("empty list = %#v, %v; want []string{}", got, err)
+	}
+	if _, err := ValueFromProto(nv, pluginv1.ParamType_PARAM_TYPE_STRING_LIST); err == nil || err.Error() != "got a list(number) value, want list(string)" {
+		t.Errorf("mismatch: %v", err)
+	}
+	if _, err := ValueFromProto(v, pluginv1.ParamType_PARAM_TYPE_STRING); err == nil || err.Error() != "got a list(string) value, want string" {
+		t.Errorf("list for a string: %v", err)
+	}
+	if _, err := ValueToProto([]float64{1, math.Inf(1)}); err == nil || err.Error() != "entry 1 of the number list is +Inf, want a finite number" {
+		t.Errorf("Inf to the wire: %v", err)
+	}
+	bad := &pluginv1.Value{Kind: &pluginv1.Value_NumberList{NumberList: &pluginv1.NumberList{Values: []float64{math.NaN()}}}}
+	if _, err := ValueFromProto(bad, pluginv1.ParamType_PARAM_TYPE_NUMBER_LIST); err == nil || err.Error() != "entry 0 of the number list is NaN, want a finite number" {
+		t.Errorf("NaN from the wire: %v", err)
 	}
 }

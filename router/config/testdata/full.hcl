@@ -42,6 +42,8 @@ policy "tuned" {
     enabled = false
     label   = "x"
     timeout = "1m30s"
+    prefer  = ["gpu-1", "gpu-0"]
+    weights = [0.5, 2, -1]
   }
   picker "ll" {
     type = "least-loaded"

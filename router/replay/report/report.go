@@ -124,9 +124,9 @@ type Report struct {
 	// Sync describes the router replicas when there are several
 	// (Options.Replicas); absent with one.
 	Sync *SyncReport `json:"sync,omitempty"`
-	// RequestsPerWorker counts the requests each worker was sent, by fleet
-	// id: in disaggregated mode the prefill workers, then the decode
-	// workers.
+	// RequestsPerWorker counts the requests each worker was sent, by
+	// worker index (N of "sim-N", not the fleet id): in disaggregated mode
+	// the prefill workers, then the decode workers.
 	RequestsPerWorker []int `json:"requests_per_worker"`
 	// Imbalance is max over mean of RequestsPerWorker (1 is perfect); in
 	// disaggregated mode, the larger of the prefill and decode pools'.

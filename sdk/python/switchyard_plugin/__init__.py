@@ -37,6 +37,7 @@ from .types import (
     TypeInfo,
     WorkerInfo,
     non_negative,
+    worker_id_of,
 )
 
 __all__ = [
@@ -73,5 +74,6 @@ __all__ = [
     "WorkerInfo",
     "non_negative",
     "serve",
+    "worker_id_of",
     "setup_logging",
 ]

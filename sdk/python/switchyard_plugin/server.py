@@ -18,6 +18,7 @@ import operator
 import queue
 import threading
 import time
+from types import MappingProxyType
 from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Mapping, Set
 from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -83,6 +84,8 @@ _PARAM_FIELDS = {
     ParamType.BOOL: "bool",
     ParamType.STRING: "string",
     ParamType.DURATION: "duration_ns",
+    ParamType.STRING_LIST: "string_list",
+    ParamType.NUMBER_LIST: "number_list",
 }
 _FIELD_TYPES = {f: t for t, f in _PARAM_FIELDS.items()}
 
@@ -95,7 +98,21 @@ def quote(s: str) -> str:
 
 def value_to_proto(v: ParamValue, t: ParamType) -> pb.Value:
     """Converts a parameter value of type t; raises ValueError for a value of
-    another type (an int is accepted for a NUMBER, never a bool)."""
+    another type (an int is accepted for a NUMBER, never a bool; a list or
+    tuple for a list type, of str or of finite numbers)."""
+    if t in (ParamType.STRING_LIST, ParamType.NUMBER_LIST):
+        if not isinstance(v, (list, tuple)):
+            raise ValueError(f"a {type(v).__name__} value {v!r} is not a {t}")
+        if t == ParamType.STRING_LIST:
+            if not all(isinstance(e, str) for e in v):
+                raise ValueError(f"{v!r} is not a {t}: every entry must be a str")
+            return pb.Value(string_list=pb.StringList(values=list(v)))
+        if not all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in v):
+            raise ValueError(f"{v!r} is not a {t}: every entry must be a number")
+        for i, e in enumerate(v):
+            if not math.isfinite(e):
+                raise ValueError(f"entry {i} of the number list is {e}, want a finite number")
+        return pb.Value(number_list=pb.NumberList(values=[float(e) for e in v]))
     ok = {
         ParamType.NUMBER: isinstance(v, (int, float)) and not isinstance(v, bool),
         ParamType.INT: isinstance(v, int) and not isinstance(v, bool),
@@ -120,6 +137,14 @@ def value_from_proto(v: pb.Value, t: ParamType) -> ParamValue:
     if kind is None:
         raise ValueError(f"empty value, want {t}")
     got = _FIELD_TYPES[kind]
+    if got == t == ParamType.STRING_LIST:
+        return tuple(v.string_list.values)
+    if got == t == ParamType.NUMBER_LIST:
+        vs = tuple(v.number_list.values)
+        for i, e in enumerate(vs):
+            if not math.isfinite(e):
+                raise ValueError(f"entry {i} of the number list is {e}, want a finite number")
+        return vs
     if got == t:
         return getattr(v, kind)
     if got == ParamType.INT and t == ParamType.NUMBER:
@@ -730,6 +755,7 @@ _COLUMNS = (
     "overlap_blocks",
     "total_kv_blocks",
     "costs",
+    "names",
 )
 _LOAD_COLUMNS = _COLUMNS[2:8]
 
@@ -750,13 +776,39 @@ def candidates_from_proto(cols: pb.Columns) -> Candidates:
     loads = [len(getattr(cols, name)) for name in _LOAD_COLUMNS]
     if any(loads) and not all(loads):
         raise _TaskError(f"load columns have {loads} entries for {n} rows; all six travel together")
+    c.labels = _labels_from_proto(cols, n)
     return c
+
+
+def _labels_from_proto(cols: pb.Columns, n: int) -> Optional[List[Mapping[str, str]]]:
+    """Row i's labels are the next label_counts[i] (key, value) pairs of
+    label_refs, indices into label_strings; None when the columns carry
+    none. Raises _TaskError when they do not add up."""
+    counts, refs, strs = cols.label_counts, cols.label_refs, cols.label_strings
+    if len(counts) == 0:
+        if len(refs):
+            raise _TaskError(f"label_refs has {len(refs)} entries without label_counts")
+        return None
+    if len(counts) != n:
+        raise _TaskError(f"column label_counts has {len(counts)} entries for {n} rows")
+    if len(refs) % 2:
+        raise _TaskError(f"label_refs has {len(refs)} entries, not a key and a value for each label")
+    if sum(counts) != len(refs) // 2:
+        raise _TaskError(f"label_counts add up to {sum(counts)} labels, label_refs has {len(refs) // 2}")
+    if refs and max(refs) >= len(strs):
+        raise _TaskError(f"label_refs refers to string {max(refs)} of {len(strs)} label_strings")
+    out: List[Mapping[str, str]] = []
+    off = 0
+    for k in counts:
+        out.append(MappingProxyType({strs[refs[off + 2 * j]]: strs[refs[off + 2 * j + 1]] for j in range(k)}))
+        off += 2 * k
+    return out
 
 
 def _compact(c: Candidates, rows: Sequence[int]) -> None:
     """Keeps the given rows, in order, in every column that is set."""
     c.ids = [c.ids[i] for i in rows]
-    for name in _COLUMNS:
+    for name in _COLUMNS + ("labels",):
         col = getattr(c, name)
         if col is not None:
             setattr(c, name, [col[i] for i in rows])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Callable, Mapping, Optional, Protocol, Sequence, Union, runtime_checkable
+from typing import Callable, Mapping, Optional, Protocol, Sequence, Tuple, Union, runtime_checkable
 
 
 class Kind(enum.IntEnum):
@@ -31,8 +31,9 @@ class ParamType(enum.IntEnum):
     """The type of one parameter; the numbering is the wire's ``ParamType``.
 
     Values reach a component's constructor as ``float`` (NUMBER), ``int``
-    (INT, 64-bit), ``bool`` (BOOL), ``str`` (STRING) or ``int`` nanoseconds
-    (DURATION).
+    (INT, 64-bit), ``bool`` (BOOL), ``str`` (STRING), ``int`` nanoseconds
+    (DURATION), a tuple of ``str`` (STRING_LIST, written ``["a", "b"]`` in
+    the policy file) or a tuple of finite ``float`` (NUMBER_LIST).
     """
 
     NUMBER = 1
@@ -40,9 +41,12 @@ class ParamType(enum.IntEnum):
     BOOL = 3
     STRING = 4
     DURATION = 5
+    STRING_LIST = 6
+    NUMBER_LIST = 7
 
     def __str__(self) -> str:
-        return self.name.lower()
+        # The schema names the Go SDK and the router print.
+        return {6: "list(string)", 7: "list(number)"}.get(self.value, self.name.lower())
 
 
 class Inputs(enum.IntFlag):
@@ -63,10 +67,13 @@ class Inputs(enum.IntFlag):
     CACHE = 8
     #: ``Candidates.total_kv_blocks``: each worker's KV capacity in blocks (0: unknown).
     CAPACITY = 16
+    #: ``Candidates.names`` and ``Candidates.labels``: each worker's name and labels.
+    LABELS = 32
 
 
-#: A parameter value: float, int (also durations, in nanoseconds), bool or str.
-ParamValue = Union[float, int, bool, str]
+#: A parameter value: float, int (also durations, in nanoseconds), bool,
+#: str, or a tuple of str (STRING_LIST) or of float (NUMBER_LIST).
+ParamValue = Union[float, int, bool, str, Tuple[str, ...], Tuple[float, ...]]
 #: Decoded parameters by name, defaults filled in; absent optional
 #: parameters without a default are missing.
 Params = Mapping[str, ParamValue]
@@ -95,6 +102,16 @@ class ComponentError(Exception):
     """
 
 
+def worker_id_of(name: str) -> int:
+    """The worker id of the worker named ``name``, as the router gives it in
+    serve, epp and replay: FNV-1a 64 of the name's UTF-8 bytes (offset basis
+    14695981039346656037, prime 1099511628211, modulo 2**64)."""
+    h = 14695981039346656037
+    for b in name.encode("utf-8"):
+        h = ((h ^ b) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
 def non_negative(name: str, value: float) -> float:
     """Returns ``value`` when it is a finite number >= 0, else raises :class:`ParamError`."""
     if not math.isfinite(value) or value < 0:
@@ -108,7 +125,8 @@ class ParamSpec:
     file's attribute against and ``router plugins describe`` prints.
 
     ``default`` must be of ``type`` (an int is accepted for a NUMBER; a
-    DURATION is int nanoseconds); None means no default.
+    DURATION is int nanoseconds; a list type takes a list or tuple); None
+    means no default.
     """
 
     name: str
@@ -194,6 +212,12 @@ class Candidates:
     ``load_waiting`` -1 where the engine reported none. ``costs`` is the
     summed weighted cost of the scorers that ran before (a picker sees this
     task's scorers added), None when none did. Treat them as read-only.
+
+    With the LABELS input, ``names[i]`` is row i's worker name
+    (``worker_id_of(names[i]) == ids[i]`` for the router's workers) and
+    ``labels[i]`` its labels, a mapping of str to str: the worker block's
+    or pod's own plus the router's ``switchyard.io/role``,
+    ``switchyard.io/model`` and ``switchyard.io/dp-rank``.
     """
 
     ids: Sequence[int]
@@ -208,6 +232,8 @@ class Candidates:
     overlap_blocks: Optional[Sequence[int]] = None
     total_kv_blocks: Optional[Sequence[int]] = None
     costs: Optional[Sequence[float]] = None
+    names: Optional[Sequence[str]] = None
+    labels: Optional[Sequence[Mapping[str, str]]] = None
 
     def __len__(self) -> int:
         return len(self.ids)

@@ -149,9 +149,9 @@ class InputsTest(unittest.TestCase):
             (None, 'type "decl": inputs() returned None, not an Inputs value'),
             (True, 'type "decl": inputs() returned True, not an Inputs value'),
             (64 | 4, 'type "decl": inputs() returned 68, which has bits outside the known inputs '
-                     '(ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (31))'),
+                     '(ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY|LABELS (63))'),
             (-1, 'type "decl": inputs() returned -1, which has bits outside the known inputs '
-                 '(ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY (31))'),
+                 '(ACTIVE_REQUESTS|OCCUPANCY|LOAD|CACHE|CAPACITY|LABELS (63))'),
             (sp.Inputs.LOAD | sp.Inputs.ACTIVE_REQUESTS,
              'type "decl": inputs() returned ACTIVE_REQUESTS|LOAD (5), not a subset of the type\'s declared inputs '
              '(LOAD|CACHE (12))'),

@@ -13,7 +13,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"switchyard_plugin/_pb/plugin.proto\x12\x14switchyard.plugin.v1\"\'\n\x0f\x44\x65scribeRequest\x12\x14\n\x0c\x61pi_versions\x18\x01 \x03(\r\"\x97\x01\n\x10\x44\x65scribeResponse\x12\x16\n\x0eplugin_version\x18\x01 \x01(\t\x12\x14\n\x0c\x61pi_versions\x18\x02 \x03(\r\x12\x32\n\x05types\x18\x03 \x03(\x0b\x32#.switchyard.plugin.v1.ComponentType\x12!\n\x19\x65xpected_decide_p99_nanos\x18\x04 \x01(\x04\"\x95\x01\n\rComponentType\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.switchyard.plugin.v1.Kind\x12\x0e\n\x06inputs\x18\x03 \x01(\r\x12/\n\x06params\x18\x04 \x03(\x0b\x32\x1f.switchyard.plugin.v1.ParamSpec\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\"\x95\x01\n\tParamSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12-\n\x04type\x18\x02 \x01(\x0e\x32\x1f.switchyard.plugin.v1.ParamType\x12\x10\n\x08required\x18\x03 \x01(\x08\x12,\n\x07\x64\x65\x66\x61ult\x18\x04 \x01(\x0b\x32\x1b.switchyard.plugin.v1.Value\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\"i\n\x05Value\x12\x10\n\x06number\x18\x01 \x01(\x01H\x00\x12\r\n\x03int\x18\x02 \x01(\x03H\x00\x12\x0e\n\x04\x62ool\x18\x03 \x01(\x08H\x00\x12\x10\n\x06string\x18\x04 \x01(\tH\x00\x12\x15\n\x0b\x64uration_ns\x18\x05 \x01(\x03H\x00\x42\x06\n\x04kind\"\xe4\x01\n\x10\x43onfigureRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x42\n\x06params\x18\x05 \x03(\x0b\x32\x32.switchyard.plugin.v1.ConfigureRequest.ParamsEntry\x1aJ\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.switchyard.plugin.v1.Value:\x02\x38\x01\"j\n\x11\x43onfigureResponse\x12\x35\n\x0b\x64iagnostics\x18\x01 \x03(\x0b\x32 .switchyard.plugin.v1.Diagnostic\x12\x0e\n\x06inputs\x18\x02 \x01(\r\x12\x0e\n\x06\x65vents\x18\x03 \x01(\x08\"<\n\nDiagnostic\x12\r\n\x05param\x18\x01 \x01(\t\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xa7\x02\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x06 \x03(\x04\x12\x12\n\nsession_id\x18\x07 \x01(\t\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12=\n\x08metadata\x18\t \x03(\x0b\x32+.switchyard.plugin.v1.Request.MetadataEntry\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\n \x01(\r\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xab\x02\n\x07\x43olumns\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\x10\n\x08\x64p_ranks\x18\x02 \x03(\r\x12\x17\n\x0f\x61\x63tive_requests\x18\x03 \x03(\x03\x12\x16\n\x0eload_available\x18\x04 \x03(\x08\x12\"\n\x1aload_active_prefill_tokens\x18\x05 \x03(\x03\x12!\n\x19load_active_decode_blocks\x18\x06 \x03(\x03\x12\x1c\n\x14load_active_requests\x18\x07 \x03(\x03\x12\x15\n\rload_kv_usage\x18\x08 \x03(\x01\x12\x14\n\x0cload_waiting\x18\t \x03(\x03\x12\x16\n\x0eoverlap_blocks\x18\n \x03(\x05\x12\x17\n\x0ftotal_kv_blocks\x18\x0b \x03(\x03\x12\r\n\x05\x63osts\x18\x0c \x03(\x01\")\n\x05Stage\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"\xc9\x01\n\nDecideTask\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12.\n\x07request\x18\x02 \x01(\x0b\x32\x1d.switchyard.plugin.v1.Request\x12\x31\n\ncandidates\x18\x03 \x01(\x0b\x32\x1d.switchyard.plugin.v1.Columns\x12+\n\x06stages\x18\x04 \x03(\x0b\x32\x1b.switchyard.plugin.v1.Stage\x12\x1a\n\x12\x64\x65\x61\x64line_unix_nano\x18\x05 \x01(\x03\">\n\x0b\x44\x65\x63ideBatch\x12/\n\x05tasks\x18\x01 \x03(\x0b\x32 .switchyard.plugin.v1.DecideTask\"p\n\x0c\x44\x65\x63ideResult\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0c\n\x04kept\x18\x03 \x03(\r\x12\r\n\x05\x63osts\x18\x04 \x03(\x01\x12\x0e\n\x06picked\x18\x05 \x01(\x05\x12\x13\n\x0b\x66iltered_by\x18\x06 \x01(\t\"D\n\rDecideResults\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".switchyard.plugin.v1.DecideResult\"\xe3\x01\n\x0f\x43lassifyRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12.\n\x07request\x18\x02 \x01(\x0b\x32\x1d.switchyard.plugin.v1.Request\x12\x17\n\x0fworkers_version\x18\x03 \x01(\x04\x12\x13\n\x0bhas_workers\x18\x04 \x01(\x08\x12\x31\n\x07workers\x18\x05 \x03(\x0b\x32 .switchyard.plugin.v1.WorkerInfo\x12\x16\n\x0e\x65vents_through\x18\x06 \x01(\x04\x12\x15\n\rnow_unix_nano\x18\x07 \x01(\x03\"B\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x17\n\x0ftotal_kv_blocks\x18\x03 \x01(\x03\"\x95\x01\n\x10\x43lassifyResponse\x12\x10\n\x08priority\x18\x01 \x01(\x05\x12\x14\n\x0cpolicy_class\x18\x02 \x01(\t\x12\x15\n\rdue_unix_nano\x18\x03 \x01(\x03\x12\x1e\n\x16scheduling_cost_tokens\x18\x04 \x01(\x04\x12\x0e\n\x06target\x18\x05 \x01(\x04\x12\x12\n\nhas_target\x18\x06 \x01(\x08\"\xa9\x01\n\x05\x45vent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\x04kind\x18\x02 \x01(\x0e\x32\x1f.switchyard.plugin.v1.EventKind\x12\x0e\n\x06worker\x18\x03 \x01(\x04\x12\x12\n\nhas_worker\x18\x04 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x11\n\tunix_nano\x18\x07 \x01(\x03\"r\n\nEventBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12+\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x1b.switchyard.plugin.v1.Event\x12\x10\n\x08instance\x18\x03 \x01(\t\x12\x13\n\x0bthrough_seq\x18\x04 \x01(\x04\"\x1c\n\x08\x45ventAck\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04*d\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0f\n\x0bKIND_FILTER\x10\x01\x12\x0f\n\x0bKIND_SCORER\x10\x02\x12\x0f\n\x0bKIND_PICKER\x10\x03\x12\x13\n\x0fKIND_CLASSIFIER\x10\x04*\x97\x01\n\tParamType\x12\x1a\n\x16PARAM_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11PARAM_TYPE_NUMBER\x10\x01\x12\x12\n\x0ePARAM_TYPE_INT\x10\x02\x12\x13\n\x0fPARAM_TYPE_BOOL\x10\x03\x12\x15\n\x11PARAM_TYPE_STRING\x10\x04\x12\x17\n\x13PARAM_TYPE_DURATION\x10\x05*\x8a\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45VENT_KIND_SENT\x10\x01\x12\x1a\n\x16\x45VENT_KIND_FIRST_TOKEN\x10\x02\x12\x18\n\x14\x45VENT_KIND_COMPLETED\x10\x03\x12\x16\n\x12\x45VENT_KIND_ABORTED\x10\x04\x32\xc2\x03\n\x06Plugin\x12Y\n\x08\x44\x65scribe\x12%.switchyard.plugin.v1.DescribeRequest\x1a&.switchyard.plugin.v1.DescribeResponse\x12\\\n\tConfigure\x12&.switchyard.plugin.v1.ConfigureRequest\x1a\'.switchyard.plugin.v1.ConfigureResponse\x12T\n\x06\x44\x65\x63ide\x12!.switchyard.plugin.v1.DecideBatch\x1a#.switchyard.plugin.v1.DecideResults(\x01\x30\x01\x12Y\n\x08\x43lassify\x12%.switchyard.plugin.v1.ClassifyRequest\x1a&.switchyard.plugin.v1.ClassifyResponse\x12N\n\x06\x45vents\x12 .switchyard.plugin.v1.EventBatch\x1a\x1e.switchyard.plugin.v1.EventAck(\x01\x30\x01\x42ZZXgithub.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1;pluginv1b\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\"switchyard_plugin/_pb/plugin.proto\x12\x14switchyard.plugin.v1\"\'\n\x0f\x44\x65scribeRequest\x12\x14\n\x0c\x61pi_versions\x18\x01 \x03(\r\"\x97\x01\n\x10\x44\x65scribeResponse\x12\x16\n\x0eplugin_version\x18\x01 \x01(\t\x12\x14\n\x0c\x61pi_versions\x18\x02 \x03(\r\x12\x32\n\x05types\x18\x03 \x03(\x0b\x32#.switchyard.plugin.v1.ComponentType\x12!\n\x19\x65xpected_decide_p99_nanos\x18\x04 \x01(\x04\"\x95\x01\n\rComponentType\x12\x0c\n\x04name\x18\x01 \x01(\t\x12(\n\x04kind\x18\x02 \x01(\x0e\x32\x1a.switchyard.plugin.v1.Kind\x12\x0e\n\x06inputs\x18\x03 \x01(\r\x12/\n\x06params\x18\x04 \x03(\x0b\x32\x1f.switchyard.plugin.v1.ParamSpec\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\"\x95\x01\n\tParamSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12-\n\x04type\x18\x02 \x01(\x0e\x32\x1f.switchyard.plugin.v1.ParamType\x12\x10\n\x08required\x18\x03 \x01(\x08\x12,\n\x07\x64\x65\x66\x61ult\x18\x04 \x01(\x0b\x32\x1b.switchyard.plugin.v1.Value\x12\x0b\n\x03\x64oc\x18\x05 \x01(\t\"\xdb\x01\n\x05Value\x12\x10\n\x06number\x18\x01 \x01(\x01H\x00\x12\r\n\x03int\x18\x02 \x01(\x03H\x00\x12\x0e\n\x04\x62ool\x18\x03 \x01(\x08H\x00\x12\x10\n\x06string\x18\x04 \x01(\tH\x00\x12\x15\n\x0b\x64uration_ns\x18\x05 \x01(\x03H\x00\x12\x37\n\x0bstring_list\x18\x06 \x01(\x0b\x32 .switchyard.plugin.v1.StringListH\x00\x12\x37\n\x0bnumber_list\x18\x07 \x01(\x0b\x32 .switchyard.plugin.v1.NumberListH\x00\x42\x06\n\x04kind\"\x1c\n\nStringList\x12\x0e\n\x06values\x18\x01 \x03(\t\"\x1c\n\nNumberList\x12\x0e\n\x06values\x18\x01 \x03(\x01\"\xe4\x01\n\x10\x43onfigureRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0c\n\x04type\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x12\n\nblock_size\x18\x04 \x01(\r\x12\x42\n\x06params\x18\x05 \x03(\x0b\x32\x32.switchyard.plugin.v1.ConfigureRequest.ParamsEntry\x1aJ\n\x0bParamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12*\n\x05value\x18\x02 \x01(\x0b\x32\x1b.switchyard.plugin.v1.Value:\x02\x38\x01\"j\n\x11\x43onfigureResponse\x12\x35\n\x0b\x64iagnostics\x18\x01 \x03(\x0b\x32 .switchyard.plugin.v1.Diagnostic\x12\x0e\n\x06inputs\x18\x02 \x01(\r\x12\x0e\n\x06\x65vents\x18\x03 \x01(\x08\"<\n\nDiagnostic\x12\r\n\x05param\x18\x01 \x01(\t\x12\x0f\n\x07summary\x18\x02 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x03 \x01(\t\"\xa7\x02\n\x07Request\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0c\n\x04role\x18\x03 \x01(\t\x12\x15\n\rprompt_tokens\x18\x04 \x01(\r\x12\x12\n\nblock_size\x18\x05 \x01(\r\x12\x14\n\x0c\x62lock_hashes\x18\x06 \x03(\x04\x12\x12\n\nsession_id\x18\x07 \x01(\t\x12\x10\n\x08priority\x18\x08 \x01(\x05\x12=\n\x08metadata\x18\t \x03(\x0b\x32+.switchyard.plugin.v1.Request.MetadataEntry\x12\x1c\n\x14\x63\x61\x63hed_prompt_tokens\x18\n \x01(\r\x1a/\n\rMetadataEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xfb\x02\n\x07\x43olumns\x12\x0b\n\x03ids\x18\x01 \x03(\x04\x12\x10\n\x08\x64p_ranks\x18\x02 \x03(\r\x12\x17\n\x0f\x61\x63tive_requests\x18\x03 \x03(\x03\x12\x16\n\x0eload_available\x18\x04 \x03(\x08\x12\"\n\x1aload_active_prefill_tokens\x18\x05 \x03(\x03\x12!\n\x19load_active_decode_blocks\x18\x06 \x03(\x03\x12\x1c\n\x14load_active_requests\x18\x07 \x03(\x03\x12\x15\n\rload_kv_usage\x18\x08 \x03(\x01\x12\x14\n\x0cload_waiting\x18\t \x03(\x03\x12\x16\n\x0eoverlap_blocks\x18\n \x03(\x05\x12\x17\n\x0ftotal_kv_blocks\x18\x0b \x03(\x03\x12\r\n\x05\x63osts\x18\x0c \x03(\x01\x12\r\n\x05names\x18\r \x03(\t\x12\x14\n\x0clabel_counts\x18\x0e \x03(\r\x12\x12\n\nlabel_refs\x18\x0f \x03(\r\x12\x15\n\rlabel_strings\x18\x10 \x03(\t\")\n\x05Stage\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0e\n\x06weight\x18\x02 \x01(\x01\"\xc9\x01\n\nDecideTask\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12.\n\x07request\x18\x02 \x01(\x0b\x32\x1d.switchyard.plugin.v1.Request\x12\x31\n\ncandidates\x18\x03 \x01(\x0b\x32\x1d.switchyard.plugin.v1.Columns\x12+\n\x06stages\x18\x04 \x03(\x0b\x32\x1b.switchyard.plugin.v1.Stage\x12\x1a\n\x12\x64\x65\x61\x64line_unix_nano\x18\x05 \x01(\x03\">\n\x0b\x44\x65\x63ideBatch\x12/\n\x05tasks\x18\x01 \x03(\x0b\x32 .switchyard.plugin.v1.DecideTask\"p\n\x0c\x44\x65\x63ideResult\x12\x0f\n\x07task_id\x18\x01 \x01(\x04\x12\r\n\x05\x65rror\x18\x02 \x01(\t\x12\x0c\n\x04kept\x18\x03 \x03(\r\x12\r\n\x05\x63osts\x18\x04 \x03(\x01\x12\x0e\n\x06picked\x18\x05 \x01(\x05\x12\x13\n\x0b\x66iltered_by\x18\x06 \x01(\t\"D\n\rDecideResults\x12\x33\n\x07results\x18\x01 \x03(\x0b\x32\".switchyard.plugin.v1.DecideResult\"\xe3\x01\n\x0f\x43lassifyRequest\x12\x10\n\x08instance\x18\x01 \x01(\t\x12.\n\x07request\x18\x02 \x01(\x0b\x32\x1d.switchyard.plugin.v1.Request\x12\x17\n\x0fworkers_version\x18\x03 \x01(\x04\x12\x13\n\x0bhas_workers\x18\x04 \x01(\x08\x12\x31\n\x07workers\x18\x05 \x03(\x0b\x32 .switchyard.plugin.v1.WorkerInfo\x12\x16\n\x0e\x65vents_through\x18\x06 \x01(\x04\x12\x15\n\rnow_unix_nano\x18\x07 \x01(\x03\"B\n\nWorkerInfo\x12\n\n\x02id\x18\x01 \x01(\x04\x12\x0f\n\x07\x64p_rank\x18\x02 \x01(\r\x12\x17\n\x0ftotal_kv_blocks\x18\x03 \x01(\x03\"\x95\x01\n\x10\x43lassifyResponse\x12\x10\n\x08priority\x18\x01 \x01(\x05\x12\x14\n\x0cpolicy_class\x18\x02 \x01(\t\x12\x15\n\rdue_unix_nano\x18\x03 \x01(\x03\x12\x1e\n\x16scheduling_cost_tokens\x18\x04 \x01(\x04\x12\x0e\n\x06target\x18\x05 \x01(\x04\x12\x12\n\nhas_target\x18\x06 \x01(\x08\"\xa9\x01\n\x05\x45vent\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12-\n\x04kind\x18\x02 \x01(\x0e\x32\x1f.switchyard.plugin.v1.EventKind\x12\x0e\n\x06worker\x18\x03 \x01(\x04\x12\x12\n\nhas_worker\x18\x04 \x01(\x08\x12\x16\n\x0e\x63ontext_tokens\x18\x05 \x01(\x04\x12\x0e\n\x06reason\x18\x06 \x01(\t\x12\x11\n\tunix_nano\x18\x07 \x01(\x03\"r\n\nEventBatch\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04\x12+\n\x06\x65vents\x18\x02 \x03(\x0b\x32\x1b.switchyard.plugin.v1.Event\x12\x10\n\x08instance\x18\x03 \x01(\t\x12\x13\n\x0bthrough_seq\x18\x04 \x01(\x04\"\x1c\n\x08\x45ventAck\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x04*d\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x0f\n\x0bKIND_FILTER\x10\x01\x12\x0f\n\x0bKIND_SCORER\x10\x02\x12\x0f\n\x0bKIND_PICKER\x10\x03\x12\x13\n\x0fKIND_CLASSIFIER\x10\x04*\xcf\x01\n\tParamType\x12\x1a\n\x16PARAM_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11PARAM_TYPE_NUMBER\x10\x01\x12\x12\n\x0ePARAM_TYPE_INT\x10\x02\x12\x13\n\x0fPARAM_TYPE_BOOL\x10\x03\x12\x15\n\x11PARAM_TYPE_STRING\x10\x04\x12\x17\n\x13PARAM_TYPE_DURATION\x10\x05\x12\x1a\n\x16PARAM_TYPE_STRING_LIST\x10\x06\x12\x1a\n\x16PARAM_TYPE_NUMBER_LIST\x10\x07*\x8a\x01\n\tEventKind\x12\x1a\n\x16\x45VENT_KIND_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x45VENT_KIND_SENT\x10\x01\x12\x1a\n\x16\x45VENT_KIND_FIRST_TOKEN\x10\x02\x12\x18\n\x14\x45VENT_KIND_COMPLETED\x10\x03\x12\x16\n\x12\x45VENT_KIND_ABORTED\x10\x04\x32\xc2\x03\n\x06Plugin\x12Y\n\x08\x44\x65scribe\x12%.switchyard.plugin.v1.DescribeRequest\x1a&.switchyard.plugin.v1.DescribeResponse\x12\\\n\tConfigure\x12&.switchyard.plugin.v1.ConfigureRequest\x1a\'.switchyard.plugin.v1.ConfigureResponse\x12T\n\x06\x44\x65\x63ide\x12!.switchyard.plugin.v1.DecideBatch\x1a#.switchyard.plugin.v1.DecideResults(\x01\x30\x01\x12Y\n\x08\x43lassify\x12%.switchyard.plugin.v1.ClassifyRequest\x1a&.switchyard.plugin.v1.ClassifyResponse\x12N\n\x06\x45vents\x12 .switchyard.plugin.v1.EventBatch\x1a\x1e.switchyard.plugin.v1.EventAck(\x01\x30\x01\x42ZZXgithub.com/switchyard-router/switchyard/shared/pluginproto/switchyard/plugin/v1;pluginv1b\x06proto3')
 
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, globals())
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'switchyard_plugin._pb.plugin_pb2', globals())
@@ -25,12 +25,12 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _CONFIGUREREQUEST_PARAMSENTRY._serialized_options = b'8\001'
   _REQUEST_METADATAENTRY._options = None
   _REQUEST_METADATAENTRY._serialized_options = b'8\001'
-  _KIND._serialized_start=2930
-  _KIND._serialized_end=3030
-  _PARAMTYPE._serialized_start=3033
-  _PARAMTYPE._serialized_end=3184
-  _EVENTKIND._serialized_start=3187
-  _EVENTKIND._serialized_end=3325
+  _KIND._serialized_start=3185
+  _KIND._serialized_end=3285
+  _PARAMTYPE._serialized_start=3288
+  _PARAMTYPE._serialized_end=3495
+  _EVENTKIND._serialized_start=3498
+  _EVENTKIND._serialized_end=3636
   _DESCRIBEREQUEST._serialized_start=60
   _DESCRIBEREQUEST._serialized_end=99
   _DESCRIBERESPONSE._serialized_start=102
@@ -39,44 +39,48 @@ if _descriptor._USE_C_DESCRIPTORS == False:
   _COMPONENTTYPE._serialized_end=405
   _PARAMSPEC._serialized_start=408
   _PARAMSPEC._serialized_end=557
-  _VALUE._serialized_start=559
-  _VALUE._serialized_end=664
-  _CONFIGUREREQUEST._serialized_start=667
-  _CONFIGUREREQUEST._serialized_end=895
-  _CONFIGUREREQUEST_PARAMSENTRY._serialized_start=821
-  _CONFIGUREREQUEST_PARAMSENTRY._serialized_end=895
-  _CONFIGURERESPONSE._serialized_start=897
-  _CONFIGURERESPONSE._serialized_end=1003
-  _DIAGNOSTIC._serialized_start=1005
-  _DIAGNOSTIC._serialized_end=1065
-  _REQUEST._serialized_start=1068
-  _REQUEST._serialized_end=1363
-  _REQUEST_METADATAENTRY._serialized_start=1316
-  _REQUEST_METADATAENTRY._serialized_end=1363
-  _COLUMNS._serialized_start=1366
-  _COLUMNS._serialized_end=1665
-  _STAGE._serialized_start=1667
-  _STAGE._serialized_end=1708
-  _DECIDETASK._serialized_start=1711
-  _DECIDETASK._serialized_end=1912
-  _DECIDEBATCH._serialized_start=1914
-  _DECIDEBATCH._serialized_end=1976
-  _DECIDERESULT._serialized_start=1978
-  _DECIDERESULT._serialized_end=2090
-  _DECIDERESULTS._serialized_start=2092
-  _DECIDERESULTS._serialized_end=2160
-  _CLASSIFYREQUEST._serialized_start=2163
-  _CLASSIFYREQUEST._serialized_end=2390
-  _WORKERINFO._serialized_start=2392
-  _WORKERINFO._serialized_end=2458
-  _CLASSIFYRESPONSE._serialized_start=2461
-  _CLASSIFYRESPONSE._serialized_end=2610
-  _EVENT._serialized_start=2613
-  _EVENT._serialized_end=2782
-  _EVENTBATCH._serialized_start=2784
-  _EVENTBATCH._serialized_end=2898
-  _EVENTACK._serialized_start=2900
-  _EVENTACK._serialized_end=2928
-  _PLUGIN._serialized_start=3328
-  _PLUGIN._serialized_end=3778
+  _VALUE._serialized_start=560
+  _VALUE._serialized_end=779
+  _STRINGLIST._serialized_start=781
+  _STRINGLIST._serialized_end=809
+  _NUMBERLIST._serialized_start=811
+  _NUMBERLIST._serialized_end=839
+  _CONFIGUREREQUEST._serialized_start=842
+  _CONFIGUREREQUEST._serialized_end=1070
+  _CONFIGUREREQUEST_PARAMSENTRY._serialized_start=996
+  _CONFIGUREREQUEST_PARAMSENTRY._serialized_end=1070
+  _CONFIGURERESPONSE._serialized_start=1072
+  _CONFIGURERESPONSE._serialized_end=1178
+  _DIAGNOSTIC._serialized_start=1180
+  _DIAGNOSTIC._serialized_end=1240
+  _REQUEST._serialized_start=1243
+  _REQUEST._serialized_end=1538
+  _REQUEST_METADATAENTRY._serialized_start=1491
+  _REQUEST_METADATAENTRY._serialized_end=1538
+  _COLUMNS._serialized_start=1541
+  _COLUMNS._serialized_end=1920
+  _STAGE._serialized_start=1922
+  _STAGE._serialized_end=1963
+  _DECIDETASK._serialized_start=1966
+  _DECIDETASK._serialized_end=2167
+  _DECIDEBATCH._serialized_start=2169
+  _DECIDEBATCH._serialized_end=2231
+  _DECIDERESULT._serialized_start=2233
+  _DECIDERESULT._serialized_end=2345
+  _DECIDERESULTS._serialized_start=2347
+  _DECIDERESULTS._serialized_end=2415
+  _CLASSIFYREQUEST._serialized_start=2418
+  _CLASSIFYREQUEST._serialized_end=2645
+  _WORKERINFO._serialized_start=2647
+  _WORKERINFO._serialized_end=2713
+  _CLASSIFYRESPONSE._serialized_start=2716
+  _CLASSIFYRESPONSE._serialized_end=2865
+  _EVENT._serialized_start=2868
+  _EVENT._serialized_end=3037
+  _EVENTBATCH._serialized_start=3039
+  _EVENTBATCH._serialized_end=3153
+  _EVENTACK._serialized_start=3155
+  _EVENTACK._serialized_end=3183
+  _PLUGIN._serialized_start=3639
+  _PLUGIN._serialized_end=4089
 # @@protoc_insertion_point(module_scope)

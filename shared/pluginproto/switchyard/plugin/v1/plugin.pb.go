@@ -96,6 +96,8 @@ const (
 	ParamType_PARAM_TYPE_BOOL        ParamType = 3
 	ParamType_PARAM_TYPE_STRING      ParamType = 4
 	ParamType_PARAM_TYPE_DURATION    ParamType = 5 // nanoseconds
+	ParamType_PARAM_TYPE_STRING_LIST ParamType = 6 // a list of strings (Value.string_list)
+	ParamType_PARAM_TYPE_NUMBER_LIST ParamType = 7 // a list of doubles (Value.number_list)
 )
 
 // Enum value maps for ParamType.
@@ -107,6 +109,8 @@ var (
 		3: "PARAM_TYPE_BOOL",
 		4: "PARAM_TYPE_STRING",
 		5: "PARAM_TYPE_DURATION",
+		6: "PARAM_TYPE_STRING_LIST",
+		7: "PARAM_TYPE_NUMBER_LIST",
 	}
 	ParamType_value = map[string]int32{
 		"PARAM_TYPE_UNSPECIFIED": 0,
@@ -115,6 +119,8 @@ var (
 		"PARAM_TYPE_BOOL":        3,
 		"PARAM_TYPE_STRING":      4,
 		"PARAM_TYPE_DURATION":    5,
+		"PARAM_TYPE_STRING_LIST": 6,
+		"PARAM_TYPE_NUMBER_LIST": 7,
 	}
 )
 
@@ -328,7 +334,8 @@ type ComponentType struct {
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	Kind  Kind                   `protobuf:"varint,2,opt,name=kind,proto3,enum=switchyard.plugin.v1.Kind" json:"kind,omitempty"`
 	// inputs is the bit set of declared inputs: 1 ACTIVE_REQUESTS,
-	// 2 OCCUPANCY (deprecated alias), 4 LOAD, 8 CACHE, 16 CAPACITY.
+	// 2 OCCUPANCY (deprecated alias), 4 LOAD, 8 CACHE, 16 CAPACITY,
+	// 32 LABELS.
 	Inputs        uint32       `protobuf:"varint,3,opt,name=inputs,proto3" json:"inputs,omitempty"`
 	Params        []*ParamSpec `protobuf:"bytes,4,rep,name=params,proto3" json:"params,omitempty"`
 	Doc           string       `protobuf:"bytes,5,opt,name=doc,proto3" json:"doc,omitempty"`
@@ -489,6 +496,8 @@ type Value struct {
 	//	*Value_Bool
 	//	*Value_String_
 	//	*Value_DurationNs
+	//	*Value_StringList
+	//	*Value_NumberList
 	Kind          isValue_Kind `protobuf_oneof:"kind"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -576,6 +585,24 @@ func (x *Value) GetDurationNs() int64 {
 	return 0
 }
 
+func (x *Value) GetStringList() *StringList {
+	if x != nil {
+		if x, ok := x.Kind.(*Value_StringList); ok {
+			return x.StringList
+		}
+	}
+	return nil
+}
+
+func (x *Value) GetNumberList() *NumberList {
+	if x != nil {
+		if x, ok := x.Kind.(*Value_NumberList); ok {
+			return x.NumberList
+		}
+	}
+	return nil
+}
+
 type isValue_Kind interface {
 	isValue_Kind()
 }
@@ -600,6 +627,14 @@ type Value_DurationNs struct {
 	DurationNs int64 `protobuf:"varint,5,opt,name=duration_ns,json=durationNs,proto3,oneof"`
 }
 
+type Value_StringList struct {
+	StringList *StringList `protobuf:"bytes,6,opt,name=string_list,json=stringList,proto3,oneof"`
+}
+
+type Value_NumberList struct {
+	NumberList *NumberList `protobuf:"bytes,7,opt,name=number_list,json=numberList,proto3,oneof"`
+}
+
 func (*Value_Number) isValue_Kind() {}
 
 func (*Value_Int) isValue_Kind() {}
@@ -609,6 +644,101 @@ func (*Value_Bool) isValue_Kind() {}
 func (*Value_String_) isValue_Kind() {}
 
 func (*Value_DurationNs) isValue_Kind() {}
+
+func (*Value_StringList) isValue_Kind() {}
+
+func (*Value_NumberList) isValue_Kind() {}
+
+// StringList is a PARAM_TYPE_STRING_LIST value, in the order written.
+type StringList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []string               `protobuf:"bytes,1,rep,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StringList) Reset() {
+	*x = StringList{}
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StringList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StringList) ProtoMessage() {}
+
+func (x *StringList) ProtoReflect() protoreflect.Message {
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StringList.ProtoReflect.Descriptor instead.
+func (*StringList) Descriptor() ([]byte, []int) {
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *StringList) GetValues() []string {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
+
+// NumberList is a PARAM_TYPE_NUMBER_LIST value, in the order written;
+// every entry finite.
+type NumberList struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Values        []float64              `protobuf:"fixed64,1,rep,packed,name=values,proto3" json:"values,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NumberList) Reset() {
+	*x = NumberList{}
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NumberList) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NumberList) ProtoMessage() {}
+
+func (x *NumberList) ProtoReflect() protoreflect.Message {
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NumberList.ProtoReflect.Descriptor instead.
+func (*NumberList) Descriptor() ([]byte, []int) {
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *NumberList) GetValues() []float64 {
+	if x != nil {
+		return x.Values
+	}
+	return nil
+}
 
 type ConfigureRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -628,7 +758,7 @@ type ConfigureRequest struct {
 
 func (x *ConfigureRequest) Reset() {
 	*x = ConfigureRequest{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -640,7 +770,7 @@ func (x *ConfigureRequest) String() string {
 func (*ConfigureRequest) ProtoMessage() {}
 
 func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[5]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -653,7 +783,7 @@ func (x *ConfigureRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureRequest.ProtoReflect.Descriptor instead.
 func (*ConfigureRequest) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{5}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ConfigureRequest) GetInstance() string {
@@ -708,7 +838,7 @@ type ConfigureResponse struct {
 
 func (x *ConfigureResponse) Reset() {
 	*x = ConfigureResponse{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -720,7 +850,7 @@ func (x *ConfigureResponse) String() string {
 func (*ConfigureResponse) ProtoMessage() {}
 
 func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[6]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -733,7 +863,7 @@ func (x *ConfigureResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigureResponse.ProtoReflect.Descriptor instead.
 func (*ConfigureResponse) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{6}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ConfigureResponse) GetDiagnostics() []*Diagnostic {
@@ -771,7 +901,7 @@ type Diagnostic struct {
 
 func (x *Diagnostic) Reset() {
 	*x = Diagnostic{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -783,7 +913,7 @@ func (x *Diagnostic) String() string {
 func (*Diagnostic) ProtoMessage() {}
 
 func (x *Diagnostic) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[7]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -796,7 +926,7 @@ func (x *Diagnostic) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Diagnostic.ProtoReflect.Descriptor instead.
 func (*Diagnostic) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{7}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Diagnostic) GetParam() string {
@@ -841,7 +971,7 @@ type Request struct {
 
 func (x *Request) Reset() {
 	*x = Request{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -853,7 +983,7 @@ func (x *Request) String() string {
 func (*Request) ProtoMessage() {}
 
 func (x *Request) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[8]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -866,7 +996,7 @@ func (x *Request) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Request.ProtoReflect.Descriptor instead.
 func (*Request) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{8}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *Request) GetId() string {
@@ -958,14 +1088,25 @@ type Columns struct {
 	TotalKvBlocks           []int64   `protobuf:"varint,11,rep,packed,name=total_kv_blocks,json=totalKvBlocks,proto3" json:"total_kv_blocks,omitempty"`
 	// costs are the summed weighted costs of the policy's earlier scorers;
 	// empty when none ran.
-	Costs         []float64 `protobuf:"fixed64,12,rep,packed,name=costs,proto3" json:"costs,omitempty"`
+	Costs []float64 `protobuf:"fixed64,12,rep,packed,name=costs,proto3" json:"costs,omitempty"`
+	// LABELS (input 32), empty unless declared. names is each row's worker
+	// name (ids[i] is the FNV-1a 64 hash of names[i]). Row i has
+	// label_counts[i] labels, sorted by key; each label is two entries of
+	// label_refs, a key and a value, as indices into label_strings, the
+	// task's distinct label keys and values. Row 0's labels are the first
+	// 2*label_counts[0] entries of label_refs, row 1's the next
+	// 2*label_counts[1], and so on.
+	Names         []string `protobuf:"bytes,13,rep,name=names,proto3" json:"names,omitempty"`
+	LabelCounts   []uint32 `protobuf:"varint,14,rep,packed,name=label_counts,json=labelCounts,proto3" json:"label_counts,omitempty"`
+	LabelRefs     []uint32 `protobuf:"varint,15,rep,packed,name=label_refs,json=labelRefs,proto3" json:"label_refs,omitempty"`
+	LabelStrings  []string `protobuf:"bytes,16,rep,name=label_strings,json=labelStrings,proto3" json:"label_strings,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *Columns) Reset() {
 	*x = Columns{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -977,7 +1118,7 @@ func (x *Columns) String() string {
 func (*Columns) ProtoMessage() {}
 
 func (x *Columns) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[9]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -990,7 +1131,7 @@ func (x *Columns) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Columns.ProtoReflect.Descriptor instead.
 func (*Columns) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{9}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *Columns) GetIds() []uint64 {
@@ -1077,6 +1218,34 @@ func (x *Columns) GetCosts() []float64 {
 	return nil
 }
 
+func (x *Columns) GetNames() []string {
+	if x != nil {
+		return x.Names
+	}
+	return nil
+}
+
+func (x *Columns) GetLabelCounts() []uint32 {
+	if x != nil {
+		return x.LabelCounts
+	}
+	return nil
+}
+
+func (x *Columns) GetLabelRefs() []uint32 {
+	if x != nil {
+		return x.LabelRefs
+	}
+	return nil
+}
+
+func (x *Columns) GetLabelStrings() []string {
+	if x != nil {
+		return x.LabelStrings
+	}
+	return nil
+}
+
 // Stage is one component instance of a task's run, with a scorer's weight.
 type Stage struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -1088,7 +1257,7 @@ type Stage struct {
 
 func (x *Stage) Reset() {
 	*x = Stage{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1100,7 +1269,7 @@ func (x *Stage) String() string {
 func (*Stage) ProtoMessage() {}
 
 func (x *Stage) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[10]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1113,7 +1282,7 @@ func (x *Stage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Stage.ProtoReflect.Descriptor instead.
 func (*Stage) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{10}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *Stage) GetInstance() string {
@@ -1147,7 +1316,7 @@ type DecideTask struct {
 
 func (x *DecideTask) Reset() {
 	*x = DecideTask{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1159,7 +1328,7 @@ func (x *DecideTask) String() string {
 func (*DecideTask) ProtoMessage() {}
 
 func (x *DecideTask) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[11]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1172,7 +1341,7 @@ func (x *DecideTask) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideTask.ProtoReflect.Descriptor instead.
 func (*DecideTask) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{11}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DecideTask) GetTaskId() uint64 {
@@ -1219,7 +1388,7 @@ type DecideBatch struct {
 
 func (x *DecideBatch) Reset() {
 	*x = DecideBatch{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1231,7 +1400,7 @@ func (x *DecideBatch) String() string {
 func (*DecideBatch) ProtoMessage() {}
 
 func (x *DecideBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[12]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1244,7 +1413,7 @@ func (x *DecideBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideBatch.ProtoReflect.Descriptor instead.
 func (*DecideBatch) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{12}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DecideBatch) GetTasks() []*DecideTask {
@@ -1277,7 +1446,7 @@ type DecideResult struct {
 
 func (x *DecideResult) Reset() {
 	*x = DecideResult{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1289,7 +1458,7 @@ func (x *DecideResult) String() string {
 func (*DecideResult) ProtoMessage() {}
 
 func (x *DecideResult) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[13]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1302,7 +1471,7 @@ func (x *DecideResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResult.ProtoReflect.Descriptor instead.
 func (*DecideResult) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{13}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *DecideResult) GetTaskId() uint64 {
@@ -1356,7 +1525,7 @@ type DecideResults struct {
 
 func (x *DecideResults) Reset() {
 	*x = DecideResults{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1368,7 +1537,7 @@ func (x *DecideResults) String() string {
 func (*DecideResults) ProtoMessage() {}
 
 func (x *DecideResults) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[14]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1381,7 +1550,7 @@ func (x *DecideResults) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DecideResults.ProtoReflect.Descriptor instead.
 func (*DecideResults) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{14}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *DecideResults) GetResults() []*DecideResult {
@@ -1420,7 +1589,7 @@ type ClassifyRequest struct {
 
 func (x *ClassifyRequest) Reset() {
 	*x = ClassifyRequest{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1601,7 @@ func (x *ClassifyRequest) String() string {
 func (*ClassifyRequest) ProtoMessage() {}
 
 func (x *ClassifyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[15]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1614,7 @@ func (x *ClassifyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClassifyRequest.ProtoReflect.Descriptor instead.
 func (*ClassifyRequest) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{15}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ClassifyRequest) GetInstance() string {
@@ -1509,7 +1678,7 @@ type WorkerInfo struct {
 
 func (x *WorkerInfo) Reset() {
 	*x = WorkerInfo{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1521,7 +1690,7 @@ func (x *WorkerInfo) String() string {
 func (*WorkerInfo) ProtoMessage() {}
 
 func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[16]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1534,7 +1703,7 @@ func (x *WorkerInfo) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkerInfo.ProtoReflect.Descriptor instead.
 func (*WorkerInfo) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{16}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *WorkerInfo) GetId() uint64 {
@@ -1574,7 +1743,7 @@ type ClassifyResponse struct {
 
 func (x *ClassifyResponse) Reset() {
 	*x = ClassifyResponse{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1586,7 +1755,7 @@ func (x *ClassifyResponse) String() string {
 func (*ClassifyResponse) ProtoMessage() {}
 
 func (x *ClassifyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[17]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1599,7 +1768,7 @@ func (x *ClassifyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClassifyResponse.ProtoReflect.Descriptor instead.
 func (*ClassifyResponse) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{17}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ClassifyResponse) GetPriority() int32 {
@@ -1659,7 +1828,7 @@ type Event struct {
 
 func (x *Event) Reset() {
 	*x = Event{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1671,7 +1840,7 @@ func (x *Event) String() string {
 func (*Event) ProtoMessage() {}
 
 func (x *Event) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[18]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1684,7 +1853,7 @@ func (x *Event) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Event.ProtoReflect.Descriptor instead.
 func (*Event) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{18}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *Event) GetRequestId() string {
@@ -1754,7 +1923,7 @@ type EventBatch struct {
 
 func (x *EventBatch) Reset() {
 	*x = EventBatch{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1766,7 +1935,7 @@ func (x *EventBatch) String() string {
 func (*EventBatch) ProtoMessage() {}
 
 func (x *EventBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[19]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1779,7 +1948,7 @@ func (x *EventBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventBatch.ProtoReflect.Descriptor instead.
 func (*EventBatch) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{19}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *EventBatch) GetBatchId() uint64 {
@@ -1819,7 +1988,7 @@ type EventAck struct {
 
 func (x *EventAck) Reset() {
 	*x = EventAck{}
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1831,7 +2000,7 @@ func (x *EventAck) String() string {
 func (*EventAck) ProtoMessage() {}
 
 func (x *EventAck) ProtoReflect() protoreflect.Message {
-	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[20]
+	mi := &file_switchyard_plugin_v1_plugin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1844,7 +2013,7 @@ func (x *EventAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EventAck.ProtoReflect.Descriptor instead.
 func (*EventAck) Descriptor() ([]byte, []int) {
-	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{20}
+	return file_switchyard_plugin_v1_plugin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *EventAck) GetBatchId() uint64 {
@@ -1877,15 +2046,25 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x04type\x18\x02 \x01(\x0e2\x1f.switchyard.plugin.v1.ParamTypeR\x04type\x12\x1a\n" +
 	"\brequired\x18\x03 \x01(\bR\brequired\x125\n" +
 	"\adefault\x18\x04 \x01(\v2\x1b.switchyard.plugin.v1.ValueR\adefault\x12\x10\n" +
-	"\x03doc\x18\x05 \x01(\tR\x03doc\"\x90\x01\n" +
+	"\x03doc\x18\x05 \x01(\tR\x03doc\"\x9a\x02\n" +
 	"\x05Value\x12\x18\n" +
 	"\x06number\x18\x01 \x01(\x01H\x00R\x06number\x12\x12\n" +
 	"\x03int\x18\x02 \x01(\x03H\x00R\x03int\x12\x14\n" +
 	"\x04bool\x18\x03 \x01(\bH\x00R\x04bool\x12\x18\n" +
 	"\x06string\x18\x04 \x01(\tH\x00R\x06string\x12!\n" +
 	"\vduration_ns\x18\x05 \x01(\x03H\x00R\n" +
-	"durationNsB\x06\n" +
-	"\x04kind\"\x99\x02\n" +
+	"durationNs\x12C\n" +
+	"\vstring_list\x18\x06 \x01(\v2 .switchyard.plugin.v1.StringListH\x00R\n" +
+	"stringList\x12C\n" +
+	"\vnumber_list\x18\a \x01(\v2 .switchyard.plugin.v1.NumberListH\x00R\n" +
+	"numberListB\x06\n" +
+	"\x04kind\"$\n" +
+	"\n" +
+	"StringList\x12\x16\n" +
+	"\x06values\x18\x01 \x03(\tR\x06values\"$\n" +
+	"\n" +
+	"NumberList\x12\x16\n" +
+	"\x06values\x18\x01 \x03(\x01R\x06values\"\x99\x02\n" +
 	"\x10ConfigureRequest\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\tR\binstance\x12\x12\n" +
 	"\x04type\x18\x02 \x01(\tR\x04type\x12\x12\n" +
@@ -1921,7 +2100,7 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	" \x01(\rR\x12cachedPromptTokens\x1a;\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xdc\x03\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xd9\x04\n" +
 	"\aColumns\x12\x10\n" +
 	"\x03ids\x18\x01 \x03(\x04R\x03ids\x12\x19\n" +
 	"\bdp_ranks\x18\x02 \x03(\rR\adpRanks\x12'\n" +
@@ -1935,7 +2114,12 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"\x0eoverlap_blocks\x18\n" +
 	" \x03(\x05R\roverlapBlocks\x12&\n" +
 	"\x0ftotal_kv_blocks\x18\v \x03(\x03R\rtotalKvBlocks\x12\x14\n" +
-	"\x05costs\x18\f \x03(\x01R\x05costs\";\n" +
+	"\x05costs\x18\f \x03(\x01R\x05costs\x12\x14\n" +
+	"\x05names\x18\r \x03(\tR\x05names\x12!\n" +
+	"\flabel_counts\x18\x0e \x03(\rR\vlabelCounts\x12\x1d\n" +
+	"\n" +
+	"label_refs\x18\x0f \x03(\rR\tlabelRefs\x12#\n" +
+	"\rlabel_strings\x18\x10 \x03(\tR\flabelStrings\";\n" +
 	"\x05Stage\x12\x1a\n" +
 	"\binstance\x18\x01 \x01(\tR\binstance\x12\x16\n" +
 	"\x06weight\x18\x02 \x01(\x01R\x06weight\"\x80\x02\n" +
@@ -2006,14 +2190,16 @@ const file_switchyard_plugin_v1_plugin_proto_rawDesc = "" +
 	"\vKIND_FILTER\x10\x01\x12\x0f\n" +
 	"\vKIND_SCORER\x10\x02\x12\x0f\n" +
 	"\vKIND_PICKER\x10\x03\x12\x13\n" +
-	"\x0fKIND_CLASSIFIER\x10\x04*\x97\x01\n" +
+	"\x0fKIND_CLASSIFIER\x10\x04*\xcf\x01\n" +
 	"\tParamType\x12\x1a\n" +
 	"\x16PARAM_TYPE_UNSPECIFIED\x10\x00\x12\x15\n" +
 	"\x11PARAM_TYPE_NUMBER\x10\x01\x12\x12\n" +
 	"\x0ePARAM_TYPE_INT\x10\x02\x12\x13\n" +
 	"\x0fPARAM_TYPE_BOOL\x10\x03\x12\x15\n" +
 	"\x11PARAM_TYPE_STRING\x10\x04\x12\x17\n" +
-	"\x13PARAM_TYPE_DURATION\x10\x05*\x8a\x01\n" +
+	"\x13PARAM_TYPE_DURATION\x10\x05\x12\x1a\n" +
+	"\x16PARAM_TYPE_STRING_LIST\x10\x06\x12\x1a\n" +
+	"\x16PARAM_TYPE_NUMBER_LIST\x10\a*\x8a\x01\n" +
 	"\tEventKind\x12\x1a\n" +
 	"\x16EVENT_KIND_UNSPECIFIED\x10\x00\x12\x13\n" +
 	"\x0fEVENT_KIND_SENT\x10\x01\x12\x1a\n" +
@@ -2040,7 +2226,7 @@ func file_switchyard_plugin_v1_plugin_proto_rawDescGZIP() []byte {
 }
 
 var file_switchyard_plugin_v1_plugin_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_switchyard_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_switchyard_plugin_v1_plugin_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_switchyard_plugin_v1_plugin_proto_goTypes = []any{
 	(Kind)(0),                 // 0: switchyard.plugin.v1.Kind
 	(ParamType)(0),            // 1: switchyard.plugin.v1.ParamType
@@ -2050,24 +2236,26 @@ var file_switchyard_plugin_v1_plugin_proto_goTypes = []any{
 	(*ComponentType)(nil),     // 5: switchyard.plugin.v1.ComponentType
 	(*ParamSpec)(nil),         // 6: switchyard.plugin.v1.ParamSpec
 	(*Value)(nil),             // 7: switchyard.plugin.v1.Value
-	(*ConfigureRequest)(nil),  // 8: switchyard.plugin.v1.ConfigureRequest
-	(*ConfigureResponse)(nil), // 9: switchyard.plugin.v1.ConfigureResponse
-	(*Diagnostic)(nil),        // 10: switchyard.plugin.v1.Diagnostic
-	(*Request)(nil),           // 11: switchyard.plugin.v1.Request
-	(*Columns)(nil),           // 12: switchyard.plugin.v1.Columns
-	(*Stage)(nil),             // 13: switchyard.plugin.v1.Stage
-	(*DecideTask)(nil),        // 14: switchyard.plugin.v1.DecideTask
-	(*DecideBatch)(nil),       // 15: switchyard.plugin.v1.DecideBatch
-	(*DecideResult)(nil),      // 16: switchyard.plugin.v1.DecideResult
-	(*DecideResults)(nil),     // 17: switchyard.plugin.v1.DecideResults
-	(*ClassifyRequest)(nil),   // 18: switchyard.plugin.v1.ClassifyRequest
-	(*WorkerInfo)(nil),        // 19: switchyard.plugin.v1.WorkerInfo
-	(*ClassifyResponse)(nil),  // 20: switchyard.plugin.v1.ClassifyResponse
-	(*Event)(nil),             // 21: switchyard.plugin.v1.Event
-	(*EventBatch)(nil),        // 22: switchyard.plugin.v1.EventBatch
-	(*EventAck)(nil),          // 23: switchyard.plugin.v1.EventAck
-	nil,                       // 24: switchyard.plugin.v1.ConfigureRequest.ParamsEntry
-	nil,                       // 25: switchyard.plugin.v1.Request.MetadataEntry
+	(*StringList)(nil),        // 8: switchyard.plugin.v1.StringList
+	(*NumberList)(nil),        // 9: switchyard.plugin.v1.NumberList
+	(*ConfigureRequest)(nil),  // 10: switchyard.plugin.v1.ConfigureRequest
+	(*ConfigureResponse)(nil), // 11: switchyard.plugin.v1.ConfigureResponse
+	(*Diagnostic)(nil),        // 12: switchyard.plugin.v1.Diagnostic
+	(*Request)(nil),           // 13: switchyard.plugin.v1.Request
+	(*Columns)(nil),           // 14: switchyard.plugin.v1.Columns
+	(*Stage)(nil),             // 15: switchyard.plugin.v1.Stage
+	(*DecideTask)(nil),        // 16: switchyard.plugin.v1.DecideTask
+	(*DecideBatch)(nil),       // 17: switchyard.plugin.v1.DecideBatch
+	(*DecideResult)(nil),      // 18: switchyard.plugin.v1.DecideResult
+	(*DecideResults)(nil),     // 19: switchyard.plugin.v1.DecideResults
+	(*ClassifyRequest)(nil),   // 20: switchyard.plugin.v1.ClassifyRequest
+	(*WorkerInfo)(nil),        // 21: switchyard.plugin.v1.WorkerInfo
+	(*ClassifyResponse)(nil),  // 22: switchyard.plugin.v1.ClassifyResponse
+	(*Event)(nil),             // 23: switchyard.plugin.v1.Event
+	(*EventBatch)(nil),        // 24: switchyard.plugin.v1.EventBatch
+	(*EventAck)(nil),          // 25: switchyard.plugin.v1.EventAck
+	nil,                       // 26: switchyard.plugin.v1.ConfigureRequest.ParamsEntry
+	nil,                       // 27: switchyard.plugin.v1.Request.MetadataEntry
 }
 var file_switchyard_plugin_v1_plugin_proto_depIdxs = []int32{
 	5,  // 0: switchyard.plugin.v1.DescribeResponse.types:type_name -> switchyard.plugin.v1.ComponentType
@@ -2075,34 +2263,36 @@ var file_switchyard_plugin_v1_plugin_proto_depIdxs = []int32{
 	6,  // 2: switchyard.plugin.v1.ComponentType.params:type_name -> switchyard.plugin.v1.ParamSpec
 	1,  // 3: switchyard.plugin.v1.ParamSpec.type:type_name -> switchyard.plugin.v1.ParamType
 	7,  // 4: switchyard.plugin.v1.ParamSpec.default:type_name -> switchyard.plugin.v1.Value
-	24, // 5: switchyard.plugin.v1.ConfigureRequest.params:type_name -> switchyard.plugin.v1.ConfigureRequest.ParamsEntry
-	10, // 6: switchyard.plugin.v1.ConfigureResponse.diagnostics:type_name -> switchyard.plugin.v1.Diagnostic
-	25, // 7: switchyard.plugin.v1.Request.metadata:type_name -> switchyard.plugin.v1.Request.MetadataEntry
-	11, // 8: switchyard.plugin.v1.DecideTask.request:type_name -> switchyard.plugin.v1.Request
-	12, // 9: switchyard.plugin.v1.DecideTask.candidates:type_name -> switchyard.plugin.v1.Columns
-	13, // 10: switchyard.plugin.v1.DecideTask.stages:type_name -> switchyard.plugin.v1.Stage
-	14, // 11: switchyard.plugin.v1.DecideBatch.tasks:type_name -> switchyard.plugin.v1.DecideTask
-	16, // 12: switchyard.plugin.v1.DecideResults.results:type_name -> switchyard.plugin.v1.DecideResult
-	11, // 13: switchyard.plugin.v1.ClassifyRequest.request:type_name -> switchyard.plugin.v1.Request
-	19, // 14: switchyard.plugin.v1.ClassifyRequest.workers:type_name -> switchyard.plugin.v1.WorkerInfo
-	2,  // 15: switchyard.plugin.v1.Event.kind:type_name -> switchyard.plugin.v1.EventKind
-	21, // 16: switchyard.plugin.v1.EventBatch.events:type_name -> switchyard.plugin.v1.Event
-	7,  // 17: switchyard.plugin.v1.ConfigureRequest.ParamsEntry.value:type_name -> switchyard.plugin.v1.Value
-	3,  // 18: switchyard.plugin.v1.Plugin.Describe:input_type -> switchyard.plugin.v1.DescribeRequest
-	8,  // 19: switchyard.plugin.v1.Plugin.Configure:input_type -> switchyard.plugin.v1.ConfigureRequest
-	15, // 20: switchyard.plugin.v1.Plugin.Decide:input_type -> switchyard.plugin.v1.DecideBatch
-	18, // 21: switchyard.plugin.v1.Plugin.Classify:input_type -> switchyard.plugin.v1.ClassifyRequest
-	22, // 22: switchyard.plugin.v1.Plugin.Events:input_type -> switchyard.plugin.v1.EventBatch
-	4,  // 23: switchyard.plugin.v1.Plugin.Describe:output_type -> switchyard.plugin.v1.DescribeResponse
-	9,  // 24: switchyard.plugin.v1.Plugin.Configure:output_type -> switchyard.plugin.v1.ConfigureResponse
-	17, // 25: switchyard.plugin.v1.Plugin.Decide:output_type -> switchyard.plugin.v1.DecideResults
-	20, // 26: switchyard.plugin.v1.Plugin.Classify:output_type -> switchyard.plugin.v1.ClassifyResponse
-	23, // 27: switchyard.plugin.v1.Plugin.Events:output_type -> switchyard.plugin.v1.EventAck
-	23, // [23:28] is the sub-list for method output_type
-	18, // [18:23] is the sub-list for method input_type
-	18, // [18:18] is the sub-list for extension type_name
-	18, // [18:18] is the sub-list for extension extendee
-	0,  // [0:18] is the sub-list for field type_name
+	8,  // 5: switchyard.plugin.v1.Value.string_list:type_name -> switchyard.plugin.v1.StringList
+	9,  // 6: switchyard.plugin.v1.Value.number_list:type_name -> switchyard.plugin.v1.NumberList
+	26, // 7: switchyard.plugin.v1.ConfigureRequest.params:type_name -> switchyard.plugin.v1.ConfigureRequest.ParamsEntry
+	12, // 8: switchyard.plugin.v1.ConfigureResponse.diagnostics:type_name -> switchyard.plugin.v1.Diagnostic
+	27, // 9: switchyard.plugin.v1.Request.metadata:type_name -> switchyard.plugin.v1.Request.MetadataEntry
+	13, // 10: switchyard.plugin.v1.DecideTask.request:type_name -> switchyard.plugin.v1.Request
+	14, // 11: switchyard.plugin.v1.DecideTask.candidates:type_name -> switchyard.plugin.v1.Columns
+	15, // 12: switchyard.plugin.v1.DecideTask.stages:type_name -> switchyard.plugin.v1.Stage
+	16, // 13: switchyard.plugin.v1.DecideBatch.tasks:type_name -> switchyard.plugin.v1.DecideTask
+	18, // 14: switchyard.plugin.v1.DecideResults.results:type_name -> switchyard.plugin.v1.DecideResult
+	13, // 15: switchyard.plugin.v1.ClassifyRequest.request:type_name -> switchyard.plugin.v1.Request
+	21, // 16: switchyard.plugin.v1.ClassifyRequest.workers:type_name -> switchyard.plugin.v1.WorkerInfo
+	2,  // 17: switchyard.plugin.v1.Event.kind:type_name -> switchyard.plugin.v1.EventKind
+	23, // 18: switchyard.plugin.v1.EventBatch.events:type_name -> switchyard.plugin.v1.Event
+	7,  // 19: switchyard.plugin.v1.ConfigureRequest.ParamsEntry.value:type_name -> switchyard.plugin.v1.Value
+	3,  // 20: switchyard.plugin.v1.Plugin.Describe:input_type -> switchyard.plugin.v1.DescribeRequest
+	10, // 21: switchyard.plugin.v1.Plugin.Configure:input_type -> switchyard.plugin.v1.ConfigureRequest
+	17, // 22: switchyard.plugin.v1.Plugin.Decide:input_type -> switchyard.plugin.v1.DecideBatch
+	20, // 23: switchyard.plugin.v1.Plugin.Classify:input_type -> switchyard.plugin.v1.ClassifyRequest
+	24, // 24: switchyard.plugin.v1.Plugin.Events:input_type -> switchyard.plugin.v1.EventBatch
+	4,  // 25: switchyard.plugin.v1.Plugin.Describe:output_type -> switchyard.plugin.v1.DescribeResponse
+	11, // 26: switchyard.plugin.v1.Plugin.Configure:output_type -> switchyard.plugin.v1.ConfigureResponse
+	19, // 27: switchyard.plugin.v1.Plugin.Decide:output_type -> switchyard.plugin.v1.DecideResults
+	22, // 28: switchyard.plugin.v1.Plugin.Classify:output_type -> switchyard.plugin.v1.ClassifyResponse
+	25, // 29: switchyard.plugin.v1.Plugin.Events:output_type -> switchyard.plugin.v1.EventAck
+	25, // [25:30] is the sub-list for method output_type
+	20, // [20:25] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_switchyard_plugin_v1_plugin_proto_init() }
@@ -2116,6 +2306,8 @@ func file_switchyard_plugin_v1_plugin_proto_init() {
 		(*Value_Bool)(nil),
 		(*Value_String_)(nil),
 		(*Value_DurationNs)(nil),
+		(*Value_StringList)(nil),
+		(*Value_NumberList)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2123,7 +2315,7 @@ func file_switchyard_plugin_v1_plugin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_switchyard_plugin_v1_plugin_proto_rawDesc), len(file_switchyard_plugin_v1_plugin_proto_rawDesc)),
 			NumEnums:      3,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
