@@ -275,10 +275,11 @@ func paramSpec(p shared.ParamSpec) (hcldec.Spec, bool) {
 		ty = cty.Bool
 	case shared.String, shared.Duration:
 		ty = cty.String
-	case shared.StringList:
-		ty = cty.List(cty.String)
-	case shared.NumberList:
-		ty = cty.List(cty.Number)
+	case shared.StringList, shared.NumberList:
+		// Taken as written and checked entry by entry (paramValue):
+		// cty's conversion of a tuple to a list is quadratic in its
+		// length, and would turn numbers into strings.
+		ty = cty.DynamicPseudoType
 	default:
 		return nil, false
 	}
@@ -349,6 +350,60 @@ func (l *loader) decodeParams(t *shared.TypeInfo, body hcl.Body, where string) (
 	return params, attrs, ok
 }
 
+// MaxListEntries is the most entries a list(string) or list(number)
+// parameter may hold (65,536): a policy file is at most 4 MiB, and a list
+// longer than a fleet's workers many times over is a mistake; the bound
+// keeps a component's Configure message and its decoding small.
+const MaxListEntries = 1 << 16
+
+// listValue converts a list(string) or list(number) attribute's value, a
+// tuple or list as written, in one pass: each entry must be of the list's
+// element type exactly (a number in a list(string) is an error, not
+// converted), not null; at most MaxListEntries entries.
+func listValue(t shared.ParamType, v cty.Value) (any, error) {
+	elem, what := cty.String, "list(string)"
+	if t == shared.NumberList {
+		elem, what = cty.Number, "list(number)"
+	}
+	ty := v.Type()
+	if !ty.IsTupleType() && !ty.IsListType() && !ty.IsSetType() {
+		return nil, fmt.Errorf("must be a %s such as %s, got a %s", what, map[bool]string{true: `["a", "b"]`, false: "[1, 2.5]"}[t == shared.StringList], ty.FriendlyName())
+	}
+	n := v.LengthInt()
+	if n > MaxListEntries {
+		return nil, fmt.Errorf("has %d entries; a %s holds at most %d", n, what, MaxListEntries)
+	}
+	var strs []string
+	var nums []float64
+	if t == shared.StringList {
+		strs = make([]string, 0, n)
+	} else {
+		nums = make([]float64, 0, n)
+	}
+	i := 0
+	for it := v.ElementIterator(); it.Next(); i++ {
+		_, e := it.Element()
+		switch {
+		case e.IsNull():
+			return nil, fmt.Errorf("has a null entry %d; a %s holds %ss", i, what, elem.FriendlyName())
+		case !e.Type().Equals(elem):
+			return nil, fmt.Errorf("entry %d is a %s; a %s holds %ss", i, e.Type().FriendlyName(), what, elem.FriendlyName())
+		case t == shared.StringList:
+			strs = append(strs, e.AsString())
+		default:
+			f, err := toFloat(e)
+			if err != nil {
+				return nil, fmt.Errorf("entry %d %w", i, err)
+			}
+			nums = append(nums, f)
+		}
+	}
+	if t == shared.StringList {
+		return strs, nil
+	}
+	return nums, nil
+}
+
 // paramValue converts a decoded, known, non-null value to the Go type
 // Params documents for t: a list(string) or list(number) attribute
 // (`prefer = ["a", "b"]`) becomes a []string or []float64 in the order
@@ -366,28 +421,8 @@ func paramValue(t shared.ParamType, v cty.Value) (any, error) {
 		return v.AsString(), nil
 	case shared.Duration:
 		return toDuration(v)
-	case shared.StringList:
-		out := make([]string, 0, v.LengthInt())
-		for i, e := range v.AsValueSlice() {
-			if e.IsNull() {
-				return nil, fmt.Errorf("has a null entry %d; a list(string) holds strings", i)
-			}
-			out = append(out, e.AsString())
-		}
-		return out, nil
-	case shared.NumberList:
-		out := make([]float64, 0, v.LengthInt())
-		for i, e := range v.AsValueSlice() {
-			if e.IsNull() {
-				return nil, fmt.Errorf("has a null entry %d; a list(number) holds numbers", i)
-			}
-			f, err := toFloat(e)
-			if err != nil {
-				return nil, fmt.Errorf("entry %d %w", i, err)
-			}
-			out = append(out, f)
-		}
-		return out, nil
+	case shared.StringList, shared.NumberList:
+		return listValue(t, v)
 	}
 	return nil, fmt.Errorf("has unknown parameter type %d", t)
 }

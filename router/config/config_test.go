@@ -1,9 +1,11 @@
 package config
 
 import (
+	"fmt"
 	"maps"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -530,21 +532,36 @@ policy "p" {
     prefer  = [["a"]]
     weights = [1, null]
   }
+  filter "i" {
+    type    = "all-types"
+    count   = 1
+    prefer  = ["a", 1, true]
+    weights = [1, "2"]
+  }
   picker "p" { type = "round-robin" }
 }
 worker_selection { aggregated = "p" }`,
 		errors: []string{
-			"t.hcl:6:15: Incorrect attribute value type",
-			"t.hcl:7:15: Incorrect attribute value type",
+			"t.hcl:6:15: Invalid list(string)",
+			"t.hcl:7:15: Invalid list(number)",
 			"t.hcl:12:15: Invalid list(string)",
 			"t.hcl:13:15: Invalid list(number)",
-			"t.hcl:18:15: Incorrect attribute value type",
+			"t.hcl:18:15: Invalid list(string)",
 			"t.hcl:19:15: Invalid list(number)",
+			"t.hcl:24:15: Invalid list(string)",
+			"t.hcl:25:15: Invalid list(number)",
 		},
 		detail: []string{
+			`The value of "prefer" must be a list(string) such as ["a", "b"], got a string`,
+			`The value of "weights" entry 0 is a string; a list(number) holds numbers`,
 			`The value of "prefer" has a null entry 1; a list(string) holds strings`,
 			`The value of "weights" entry 1 is out of range: 1e+400`,
+			`The value of "prefer" entry 0 is a tuple; a list(string) holds strings`,
 			`The value of "weights" has a null entry 1; a list(number) holds numbers`,
+			// Not converted: a number or a bool in a list(string) is an
+			// error, as a string in a list(number) is.
+			`The value of "prefer" entry 1 is a number; a list(string) holds strings`,
+			`The value of "weights" entry 1 is a string; a list(number) holds numbers`,
 		}},
 	{name: "variables and functions are not allowed", src: `
 policy "p" {
@@ -940,5 +957,39 @@ func TestBlockSizeSetAtDefault(t *testing.T) {
 	}
 	if b.BlockSize != DefaultBlockSize || b.BlockSizeSet {
 		t.Errorf("router block without block_size: BlockSize %d set %v, want %d and unset", b.BlockSize, b.BlockSizeSet, DefaultBlockSize)
+	}
+}
+
+// TestListParamLength: a list parameter of MaxListEntries entries loads
+// with every entry in order; one more is an error at the attribute naming
+// the count. Each entry is checked once (listValue), so the largest list
+// a 4 MiB file can hold loads in linear work: cty's tuple-to-list
+// conversion, used before, took 71 s of CPU for 100,000 entries.
+func TestListParamLength(t *testing.T) {
+	cat := testCatalog(t)
+	src := func(n int) []byte {
+		var b strings.Builder
+		b.WriteString("policy \"p\" {\n  filter \"f\" {\n    type   = \"all-types\"\n    count  = 1\n    prefer = [")
+		for i := range n {
+			if i > 0 {
+				b.WriteString(",")
+			}
+			fmt.Fprintf(&b, "%q", "w"+strconv.Itoa(i))
+		}
+		b.WriteString("]\n  }\n  picker \"p\" { type = \"round-robin\" }\n}\nworker_selection { aggregated = \"p\" }\n")
+		return []byte(b.String())
+	}
+	b, diags := Load("t.hcl", src(MaxListEntries), cat)
+	if diags.HasErrors() {
+		t.Fatalf("%d entries: %s", MaxListEntries, FormatDiagnostics(diags))
+	}
+	got, _ := b.Policies["p"].Filters[0].Filter.(*testFilter).params["prefer"].([]string)
+	if len(got) != MaxListEntries || got[0] != "w0" || got[MaxListEntries-1] != "w"+strconv.Itoa(MaxListEntries-1) {
+		t.Fatalf("prefer has %d entries (%.3q...), want %d from w0", len(got), got[:min(len(got), 3)], MaxListEntries)
+	}
+	_, diags = Load("t.hcl", src(MaxListEntries+1), cat)
+	want := fmt.Sprintf("t.hcl:5:14: error: Invalid list(string); The value of \"prefer\" has %d entries; a list(string) holds at most %d.", MaxListEntries+1, MaxListEntries)
+	if out := FormatDiagnostics(diags); !strings.Contains(out, want) {
+		t.Errorf("%d entries: got\n%s\nwant %q", MaxListEntries+1, out, want)
 	}
 }
