@@ -106,7 +106,10 @@ func (l *loader) canaryBlock(d *policyDecl, blk *hcl.Block) {
 	l.diags = append(l.diags, diags...)
 	if attr, ok := content.Attributes["policy"]; ok {
 		c.policyAttr = attr
-		if s, ok := l.stringAttr(attr); ok {
+		if s, ok := l.stringAttr(attr); ok && s == "" {
+			l.attrErrorf(attr, "Empty canary policy",
+				"The canary of policy %q names no candidate: name the policy to try, or remove the canary block.", d.name)
+		} else if ok {
 			c.name = s
 		}
 	}

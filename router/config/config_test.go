@@ -563,6 +563,19 @@ worker_selection { aggregated = "p" }`,
 			`The value of "prefer" entry 1 is a number; a list(string) holds strings`,
 			`The value of "weights" entry 1 is a string; a list(number) holds numbers`,
 		}},
+	{name: "empty fallback and canary policy", src: `
+policy "p" {
+  picker "p" { type = "round-robin" }
+  fallback = ""
+  canary {
+    policy = ""
+  }
+}
+worker_selection { aggregated = "p" }`,
+		errors: []string{
+			"t.hcl:4:14: Empty fallback",
+			"t.hcl:6:14: Empty canary policy",
+		}},
 	{name: "variables and functions are not allowed", src: `
 policy "p" {
   picker "p" {

@@ -206,3 +206,30 @@ func toDuration(v cty.Value) (time.Duration, error) {
 	}
 	return d, nil
 }
+
+// duplicateKeys reports each key an object attribute (`env = { A = "x",
+// A = "y" }`) writes more than once, at the later key, naming the first:
+// HCL keeps the last silently. what names the map in the summary
+// ("environment variable", "label"). It reads the expression as written,
+// once (linear in its entries), and reports nothing for an expression
+// that is not an object constructor (decoding reports that).
+func (l *loader) duplicateKeys(attr *hcl.Attribute, what string) {
+	pairs, diags := hcl.ExprMap(attr.Expr)
+	if diags.HasErrors() {
+		return
+	}
+	seen := make(map[string]hcl.Range, len(pairs))
+	for _, kv := range pairs {
+		k, d := kv.Key.Value(nil)
+		if d.HasErrors() || !k.IsKnown() || k.IsNull() || k.Type() != cty.String {
+			continue
+		}
+		key := k.AsString()
+		if first, dup := seen[key]; dup {
+			l.errorf(kv.Key.Range(), "Duplicate "+what,
+				"%q is set twice in %s, first at %s; keep one of them.", key, attr.Name, pos(first))
+			continue
+		}
+		seen[key] = kv.Key.Range()
+	}
+}

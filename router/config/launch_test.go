@@ -110,6 +110,10 @@ func TestPluginPassEnv(t *testing.T) {
   env      = { K = "v" }
   pass_env = ["HOME", "A=B", "", "HOME", "K"]
 }
+plugin "q" {
+  command = "./q"
+  env     = { PYTHONPATH = "sdk/python", PYTHONPATH = "nope" }
+}
 `
 	_, diags := Load("t.hcl", []byte(src), testCatalog(t))
 	want := []string{
@@ -117,6 +121,7 @@ func TestPluginPassEnv(t *testing.T) {
 		"t.hcl:4:14: Invalid environment variable name",
 		"t.hcl:4:14: Duplicate environment variable",
 		"t.hcl:4:14: Environment variable set twice",
+		"t.hcl:8:42: Duplicate environment variable",
 	}
 	if got := short(diags, hcl.DiagError); !slices.Equal(got, want) {
 		t.Fatalf("errors = %q, want %q\n%s", got, want, FormatDiagnostics(diags))

@@ -313,6 +313,7 @@ func (l *loader) pluginBlock(blk *hcl.Block) {
 		}
 	}
 	if attr, ok := content.Attributes["env"]; ok {
+		l.duplicateKeys(attr, "environment variable")
 		if v, ok := l.decodeAttr(attr, cty.Map(cty.String)); ok && !v.IsNull() {
 			p.Env = make(map[string]string)
 			for k, e := range v.AsValueMap() {

@@ -148,7 +148,10 @@ func (l *loader) policyBlock(blk *hcl.Block) {
 	if attr, ok := content.Attributes["fallback"]; ok {
 		d.fallbackAttr = attr
 		d.fallbackName = ""
-		if s, ok := l.stringAttr(attr); ok {
+		if s, ok := l.stringAttr(attr); ok && s == "" {
+			l.attrErrorf(attr, "Empty fallback",
+				"Policy %q names no fallback: name a policy, %q or a picker type (without the attribute it is %q).", name, DefaultPolicyName, DefaultFallback)
+		} else if ok {
 			d.fallbackName = s
 		}
 	}

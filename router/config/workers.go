@@ -98,14 +98,14 @@ const (
 // ValidLabel returns nil when key = value may be a label of a worker block:
 // key 1 to MaxLabelKeyBytes bytes, value at most MaxLabelValueBytes, both
 // UTF-8 without control characters, and key not under shared.LabelPrefix
-// ("switchyard.io/"), which the router's own keys use.
+// ("switchyard.io/", in any case), which the router's own keys use.
 func ValidLabel(key, value string) error {
 	switch {
 	case key == "" || len(key) > MaxLabelKeyBytes:
 		return fmt.Errorf("label key %q must be 1 to %d bytes", trimmed(key), MaxLabelKeyBytes)
 	case len(value) > MaxLabelValueBytes:
 		return fmt.Errorf("label %q: value of %d bytes, at most %d", key, len(value), MaxLabelValueBytes)
-	case strings.HasPrefix(key, shared.LabelPrefix):
+	case len(key) >= len(shared.LabelPrefix) && strings.EqualFold(key[:len(shared.LabelPrefix)], shared.LabelPrefix):
 		return fmt.Errorf("label key %q is under %q, which the router sets itself (%s, %s, %s)", key, shared.LabelPrefix,
 			shared.LabelRole, shared.LabelModel, shared.LabelDPRank)
 	case !printable(key):
@@ -298,6 +298,7 @@ func (l *loader) workerBlock(blk *hcl.Block) {
 		}
 	}
 	if attr, found := content.Attributes["labels"]; found {
+		l.duplicateKeys(attr, "label")
 		if v, good := l.nonNull(attr, cty.Map(cty.String)); good {
 			w.Labels = l.labels(attr, v)
 		}

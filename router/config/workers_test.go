@@ -75,6 +75,14 @@ var workerDiagCases = []struct{ name, src, want string }{
   url    = "http://h:1"
   labels = { "switchyard.io/role" = "decode" }
 }`, `w.hcl:3:12: error: Invalid labels; Label key "switchyard.io/role" is under "switchyard.io/", which the router sets itself`},
+	{"label under the router's prefix in another case", `worker "a" {
+  url    = "http://h:1"
+  labels = { "Switchyard.IO/zone" = "eu" }
+}`, `w.hcl:3:12: error: Invalid labels; Label key "Switchyard.IO/zone" is under "switchyard.io/", which the router sets itself`},
+	{"label set twice", `worker "a" {
+  url    = "http://h:1"
+  labels = { zone = "us", zone = "eu" }
+}`, `w.hcl:3:27: error: Duplicate label; "zone" is set twice in labels, first at w.hcl:3:14; keep one of them.`},
 	{"label value not a string", `worker "a" {
   url    = "http://h:1"
   labels = { zone = ["eu"] }
