@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -70,7 +72,7 @@ arguments look like flags: router plugins check -- node x.js --log-level debug.
   parent death     a second copy, started under a parent that is then
                    SIGKILLed, exits within 10 s; a socket directory it leaves
                    is a WARNING (the router sweeps such directories)
-  replay           with --replay TRACE (--replay alone: the bundled trace),
+  replay           with --replay=TRACE (--replay alone: the bundled trace),
                    each filter, scorer and picker in a policy of its own
                    replays the first --replay-limit requests on 8 simulated
                    workers as router replay --fail-on-fallback: any
@@ -118,7 +120,10 @@ checks.`,
 				return runErr(fmt.Errorf("--replay-limit %d: want a whole number >= 1", replayLimit))
 			}
 			if cmd.Flags().Changed("replay-limit") && replayTrace == "" {
-				return runErr(errors.New("--replay-limit applies to --replay: give --replay TRACE (or --replay alone for the bundled trace)"))
+				return runErr(errors.New("--replay-limit applies to --replay: give --replay=TRACE (or --replay alone for the bundled trace)"))
+			}
+			if err := checkReplayFlag(replayTrace, args); err != nil {
+				return runErr(err)
 			}
 			var results []plugincheck.Result
 			b, err := src.plugin(cmd, args)
@@ -179,3 +184,38 @@ checks.`,
 // errChecksFailed is the command's error when a check failed: the failures
 // are already printed.
 var errChecksFailed = errors.New("some plugin checks failed")
+
+// checkReplayFlag catches a --replay trace that will not be read before
+// the checks run: a named trace that does not open (a usage error now, not
+// a failed check a minute later), and `--replay TRACE` written with a
+// space, which gives --replay no value (the bundled trace) and makes
+// TRACE the plugin or one of its arguments: when --replay is alone and a
+// positional argument is an existing file named like a trace (.jsonl,
+// .csv, either gzipped), say to write --replay=TRACE.
+func checkReplayFlag(replay string, args []string) error {
+	switch replay {
+	case "":
+		return nil
+	case plugincheck.BundledTrace:
+		for _, a := range args {
+			if !traceName(a) {
+				continue
+			}
+			if st, err := os.Stat(a); err == nil && st.Mode().IsRegular() {
+				return fmt.Errorf("--replay takes its trace after '=': write --replay=%s (with a space, %q is taken for the plugin or one of its arguments, and the bundled trace is replayed)", a, a)
+			}
+		}
+		return nil
+	}
+	f, err := os.Open(replay)
+	if err != nil {
+		return fmt.Errorf("--replay=%s: %w", replay, err)
+	}
+	return f.Close()
+}
+
+// traceName reports whether name ends like a trace file router replay reads.
+func traceName(name string) bool {
+	name = strings.TrimSuffix(name, ".gz")
+	return strings.HasSuffix(name, ".jsonl") || strings.HasSuffix(name, ".csv")
+}

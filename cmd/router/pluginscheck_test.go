@@ -539,4 +539,18 @@ func TestPluginsCheckReplay(t *testing.T) {
 	if code, _, errOut := routerRun(t, "plugins", "check", faulty, "--replay-limit", "3"); code != 2 || !strings.Contains(errOut, "--replay-limit applies to --replay") {
 		t.Errorf("--replay-limit without --replay: exit %d, want 2\nstderr:\n%s", code, errOut)
 	}
+	// A trace written after a space is not --replay's value: said before
+	// anything runs, whichever side of the plugin it is on; so is a trace
+	// that does not open.
+	tr := filepath.Join("..", "..", "testdata", "traces", "synthetic_sessions.jsonl")
+	for _, args := range [][]string{{"--replay", tr, faulty}, {faulty, "--replay", tr}} {
+		code, out, errOut := routerRun(t, append([]string{"plugins", "check"}, args...)...)
+		if want := "--replay takes its trace after '=': write --replay=" + tr; code != 2 || out != "" || !strings.Contains(errOut, want) {
+			t.Errorf("%q: exit %d, want 2 and %q\nstdout:\n%s\nstderr:\n%s", args, code, want, out, errOut)
+		}
+	}
+	missing := filepath.Join(t.TempDir(), "none.jsonl")
+	if code, out, errOut := routerRun(t, "plugins", "check", "--replay="+missing, faulty); code != 2 || out != "" || !strings.Contains(errOut, "--replay="+missing+": open ") {
+		t.Errorf("a missing trace: exit %d, want 2\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
 }
