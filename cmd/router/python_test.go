@@ -218,7 +218,7 @@ func TestPluginsCheckPythonMistakes(t *testing.T) {
 		{`sp.serve("0.1.0", [sp.TypeInfo(name="a", kind=sp.Kind.SCORER, doc="d", new=lambda i, p: None,
     params=[sp.ParamSpec("x", sp.ParamType.INT, "d"), sp.ParamSpec("x", sp.ParamType.INT, "d")])])`,
 			`FAIL handshake: expected the handshake line, then a usable Describe answer, got plugin "python3": ` +
-				`the plugin exited before completing the handshake (wrong handshake cookie, or not a Switchyard plugin?); ` +
+				`the plugin exited before completing the handshake; ` +
 				`stderr: "error: invalid plugin types: type \"a\" parameter \"x\" is defined twice"`},
 		{`class S:
     def score(self, req, cands):

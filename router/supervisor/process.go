@@ -452,8 +452,12 @@ func (p *proc) handshakeCause(err error, path, pinned string, startTimeout time.
 		return fmt.Errorf("no handshake within start_timeout (%v)%s", startTimeout, p.stderr.suffix()), false
 	case strings.Contains(msg, "Failed to read any lines from plugin's stdout"),
 		strings.Contains(msg, "plugin exited before we could connect"):
-		return fmt.Errorf("the plugin exited before completing the handshake (wrong handshake cookie, or not a Switchyard plugin?)%s",
-			p.stderr.suffix()), true
+		if tail := p.stderr.suffix(); tail != "" {
+			// Its own words first: a crash at start (a Python
+			// SyntaxError, a missing module) says more than a guess.
+			return fmt.Errorf("the plugin exited before completing the handshake%s", tail), true
+		}
+		return fmt.Errorf("the plugin exited before completing the handshake, printing nothing on stderr (wrong handshake cookie, or not a Switchyard plugin?)"), true
 	case strings.HasPrefix(msg, "Unrecognized remote plugin message: "):
 		line := strings.TrimPrefix(first, "Unrecognized remote plugin message: ")
 		if n := strings.Count(line, "|") + 1; n > 1 {
