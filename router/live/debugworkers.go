@@ -54,6 +54,11 @@ type RankView struct {
 	// not a member. ActiveRequests is its requests in flight.
 	Generation     uint64 `json:"generation,omitempty"`
 	ActiveRequests int64  `json:"active_requests"`
+	// Labels are the labels a plugin that declares LABELS sees for the
+	// candidate (shared.Candidates.Labels): the worker block's or pod's
+	// labels with the router-set switchyard.io/ keys; absent when it is
+	// not a member.
+	Labels map[string]string `json:"labels,omitempty"`
 	// CapacityBlocks is the KV capacity in router blocks (0: unknown);
 	// CapacitySource is "config", "engine" or "unknown".
 	CapacityBlocks int64  `json:"capacity_blocks"`
@@ -113,6 +118,7 @@ func debugView(sts []workers.Status, now time.Time) DebugWorkers {
 			}
 			if r.Member != nil {
 				rv.Generation, rv.ActiveRequests = r.Member.Generation, r.Member.ActiveRequests()
+				rv.Labels = r.Member.AllLabels.Map()
 			}
 			if r.HasIndexBlocks {
 				n := r.IndexBlocks

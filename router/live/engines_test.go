@@ -10,10 +10,13 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // fakeVLLM is an engine speaking what the router reads of vLLM: GET
@@ -114,6 +117,13 @@ func TestDaemonURLOnlyWorkers(t *testing.T) {
 			t.Fatalf("dp's two ranks never joined: %+v", view)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// Each rank shows the labels a plugin declaring LABELS sees for it.
+	for r, rv := range view.Workers[0].Ranks {
+		l := rv.Labels
+		if l[shared.LabelRole] != "aggregated" || l[shared.LabelDPRank] != strconv.Itoa(r) || l[shared.LabelModel] == "" {
+			t.Errorf("dp rank %d labels %v, want role aggregated, dp-rank %d and the engine's model", r, l, r)
+		}
 	}
 
 	// Six requests, round robin over three candidates: dp rank 0, dp
