@@ -116,12 +116,30 @@ func (s *pluginSource) plugin(cmd *cobra.Command, args []string) (config.Plugin,
 	return binaryPlugin(args, s.env, s.passEnv, s.startTimeout)
 }
 
+// pluginName names the plugin `router plugins check|describe ARGS...`
+// runs in its messages: the script's base name when args[0] is an
+// interpreter given a script (`python3 my/prefer.py` is "prefer.py",
+// `node plugin.js` "plugin.js"), else args[0]'s base name. An interpreter
+// is told by name only: python, node, ruby, perl, sh, bash, with any
+// version suffix.
+func pluginName(args []string) string {
+	name := filepath.Base(args[0])
+	interp := strings.TrimRight(name, "0123456789.")
+	switch interp {
+	case "python", "node", "nodejs", "ruby", "perl", "sh", "bash":
+		if len(args) > 1 && args[1] != "" && !strings.HasPrefix(args[1], "-") {
+			return filepath.Base(args[1])
+		}
+	}
+	return name
+}
+
 // binaryPlugin is the plugin block `router plugins describe BINARY ARGS...`
 // runs: args[0] looked up on PATH when it has no slash, the environment
 // env ("NAME=VALUE" each) gives plus the passEnv variables. A malformed,
 // repeated or doubly given variable is a usage error, as in a policy file.
 func binaryPlugin(args, env, passEnv []string, startTimeout time.Duration) (config.Plugin, error) {
-	b := config.Plugin{Name: filepath.Base(args[0]), Command: args[0], Args: args[1:], StartTimeout: startTimeout}
+	b := config.Plugin{Name: pluginName(args), Command: args[0], Args: args[1:], StartTimeout: startTimeout}
 	for _, kv := range env {
 		name, value, ok := strings.Cut(kv, "=")
 		if !ok || !config.ValidEnvName(name) || strings.ContainsRune(value, 0) {

@@ -217,14 +217,14 @@ func TestPluginsCheckPythonMistakes(t *testing.T) {
 	for i, c := range []struct{ script, want string }{
 		{`sp.serve("0.1.0", [sp.TypeInfo(name="a", kind=sp.Kind.SCORER, doc="d", new=lambda i, p: None,
     params=[sp.ParamSpec("x", sp.ParamType.INT, "d"), sp.ParamSpec("x", sp.ParamType.INT, "d")])])`,
-			`FAIL handshake: expected the handshake line, then a usable Describe answer, got plugin "python3": ` +
+			`FAIL handshake: expected the handshake line, then a usable Describe answer, got plugin "p0.py": ` +
 				`the plugin exited before completing the handshake; ` +
 				`stderr: "error: invalid plugin types: type \"a\" parameter \"x\" is defined twice"`},
 		{`class S:
     def score(self, req, cands):
         return None
 sp.serve("0.1.0", [sp.TypeInfo(name="s", kind=sp.Kind.SCORER, doc="d", new=lambda i, p: S())])`,
-			`FAIL decide "s" rows=1: expected an answer the router accepts, got the router would fall back on this decision because scorer "s": plugin "python3": ` +
+			`FAIL decide "s" rows=1: expected an answer the router accepts, got the router would fall back on this decision because scorer "s": plugin "p1.py": ` +
 				`plugin decide: scorer "check/s": returned None, not a sequence of numbers`},
 	} {
 		script := filepath.Join(dir, fmt.Sprintf("p%d.py", i))
