@@ -116,6 +116,14 @@ func TestCanarySplitsByShareAndKeepsSessions(t *testing.T) {
 		if d.Worker.ID != wantWorker {
 			t.Fatalf("candidate %v decided worker %d", d.Candidate, d.Worker.ID)
 		}
+		if i%97 == 0 {
+			// The dry run (/debug/route) takes the same side.
+			ex := r.Explain(context.Background(), &shared.Request{ID: s + "/x", SessionID: s, Role: shared.RoleAggregated, PromptTokens: 4}, Placement{})
+			if ex.Err != nil || ex.Canary != d.Candidate || ex.Policy != d.Policy || ex.Worker.ID != d.Worker.ID {
+				t.Fatalf("session %s: Explain canary %v policy %q worker %v (%v), Place candidate %v policy %q worker %d",
+					s, ex.Canary, ex.Policy, ex.Worker, ex.Err, d.Candidate, d.Policy, d.Worker.ID)
+			}
+		}
 		side[s] = d.Candidate
 	}
 	// 10% of 20,000 is 2,000 with a standard deviation of ~42: 5 sigma.

@@ -21,6 +21,10 @@ type Explanation struct {
 	Fallback      bool
 	FallbackCause error
 	Target        bool
+	// Canary is true when the role's policy has a canary whose
+	// candidate takes this request (Canary.Candidate): Policy and the
+	// choice are then the candidate's, as Place's would be.
+	Canary bool
 	// Worker is the member Place would choose; nil when Err is set.
 	// OverlapBlocks is the leading blocks of the request the index
 	// believes it holds (CACHE, in the request's blocks).
@@ -111,6 +115,9 @@ func (r *Router) Explain(ctx context.Context, req *shared.Request, pl Placement)
 	if rp == nil {
 		ex.Err = fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
 		return ex
+	}
+	if c := rp.canary; c != nil && c.Candidate(req) {
+		rp, ex.Canary = c.cand, true
 	}
 	ex.Policy = rp.policy.Name
 	part := r.fleet.Snapshot().ModelPartition(req.Model, req.Role)

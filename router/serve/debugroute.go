@@ -64,6 +64,9 @@ type RouteHop struct {
 	Fallback      bool   `json:"fallback,omitempty"`
 	FallbackCause string `json:"fallback_cause,omitempty"`
 	Target        bool   `json:"target,omitempty"`
+	// Canary: the role's policy has a canary whose candidate takes this
+	// request; Policy names the candidate.
+	Canary bool `json:"canary,omitempty"`
 	// Classifier, when set, says that the live path classifies the
 	// request first, which the dry run does not.
 	Classifier string `json:"classifier,omitempty"`
@@ -260,7 +263,7 @@ func (v routeView) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (v routeView) hop(ctx context.Context, ex *exchange, req *shared.Request) RouteHop {
 	s := v.s
 	e := s.r.Explain(ctx, req, router.Placement{Capacity: s.rt.Capacity()})
-	h := RouteHop{Role: string(req.Role), Policy: e.Policy, Hosted: e.Hosted, Fallback: e.Fallback, Target: e.Target,
+	h := RouteHop{Role: string(req.Role), Policy: e.Policy, Hosted: e.Hosted, Fallback: e.Fallback, Target: e.Target, Canary: e.Canary,
 		Candidates: make([]RouteCandidate, 0, len(e.Candidates))}
 	if e.FallbackCause != nil {
 		h.FallbackCause = untrusted.Text(e.FallbackCause.Error(), untrusted.MaxClient)
