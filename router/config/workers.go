@@ -87,8 +87,15 @@ func (w Worker) Equal(o Worker) bool {
 }
 
 // Limits on a worker's labels (a worker block's; pods' labels are
-// Kubernetes', which limits them itself: keys of at most 253+1+63 bytes,
-// values of at most 63).
+// Kubernetes', which limits them itself: a key is an optional prefix of at
+// most 253 characters (a DNS subdomain), "/", and a name of at most 63; a
+// value at most 63 characters. Sources: the Kubernetes documentation,
+// "Labels and Selectors", section "Syntax and character set"
+// (kubernetes.io/docs/concepts/overview/working-with-objects/labels), and
+// k8s.io/apimachinery pkg/util/validation (IsQualifiedName,
+// IsValidLabelValue)). MaxLabelKeyBytes is that key's most, 253+1+63;
+// values here may be longer than a pod's (1 KiB), a worker block not
+// being a Kubernetes object.
 const (
 	MaxLabels          = 64
 	MaxLabelKeyBytes   = 317
