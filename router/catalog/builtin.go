@@ -13,6 +13,7 @@ func builtinTypes() []shared.TypeInfo {
 	return []shared.TypeInfo{
 		// Filters.
 		builtin.BusyType(),
+		builtin.SLOType(),
 		// Scorers.
 		builtin.KVAffinityType(),
 		builtin.KVCostType(),

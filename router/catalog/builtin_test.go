@@ -102,12 +102,12 @@ func TestDefaultUnknownListsSorted(t *testing.T) {
 		t.Fatalf("Lookup(nope) error = %v, want *UnknownTypeError", err)
 	}
 	want := []string{"busy", "header-priority", "kv-affinity", "kv-cost", "least-loaded", "min-cost", "power-of-two",
-		"prompt-length-class", "random", "round-robin", "session-affinity"}
+		"prompt-length-class", "random", "round-robin", "session-affinity", "slo"}
 	if diff := cmp.Diff(want, u.Available); diff != "" {
 		t.Errorf("Available (-want +got):\n%s", diff)
 	}
 	const msg = `unknown type "nope"; available: busy, header-priority, kv-affinity, kv-cost, least-loaded, min-cost, ` +
-		`power-of-two, prompt-length-class, random, round-robin, session-affinity`
+		`power-of-two, prompt-length-class, random, round-robin, session-affinity, slo`
 	if err.Error() != msg {
 		t.Errorf("error = %q, want %q", err, msg)
 	}

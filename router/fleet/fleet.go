@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/switchyard-router/switchyard/router/predict"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -59,6 +60,14 @@ type Spec struct {
 	// Partition's Slots column; Router.AddWorkers sets it, whatever the
 	// caller gave. -1: not tracked (overlap 0).
 	Slot int32
+	// Predictor is the latency predictor's model of the worker's class
+	// (predict.Set.Class); Router.AddWorkers sets it, whatever the caller
+	// gave. nil: the pooled model.
+	Predictor *predict.Model
+	// KVTokens is TotalKVBlocks in tokens (the blocks' own size:
+	// Router.CapacityBlockSize); 0 when unknown. Router.AddWorkers sets
+	// it.
+	KVTokens int64
 }
 
 // Validate reports a spec the fleet refuses: an invalid role or a

@@ -298,8 +298,11 @@ func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, po
 		return nil, err
 	}
 	// Canaries judge their windows on the simulated clock.
+	// Predict: every replay reports the predictor's accuracy, whatever
+	// the policy (learning changes no decision of a policy that does not
+	// read LATENCY).
 	r, err := router.New(router.Options{BlockSize: o.BlockSize, Roles: roles, BookingsAreLoad: true,
-		Shadow: router.ShadowOptions{Inline: true},
+		Shadow: router.ShadowOptions{Inline: true}, Predict: true,
 		Canary: router.CanaryOptions{Now: func() time.Time { return epoch.Add(d.now) }, OnRollback: d.canaryRolledBack}})
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)

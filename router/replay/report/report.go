@@ -79,6 +79,11 @@ type Report struct {
 	OutputTokensPerS float64 `json:"output_tokens_per_s"`
 	// Goodput is the requests that met Options.SLO; absent without one.
 	Goodput *Goodput `json:"goodput,omitempty"`
+	// Predictor is the latency predictor's accuracy over the run: each
+	// decision's predicted TTFT and TPOT on the worker it chose, against
+	// what that worker then took (router/predict); absent when no
+	// prediction was compared.
+	Predictor *PredictorAccuracy `json:"predictor,omitempty"`
 	// Seed is the seed the policy ran with, when the caller sets it
 	// (router replay does, for --seeds).
 	Seed *int64 `json:"seed,omitempty"`
