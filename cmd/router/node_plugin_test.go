@@ -36,45 +36,8 @@ const nodePluginScript = "examples/node-plugin/plugin.js"
 // first).
 func nodeExample(t *testing.T) (node, root string) {
 	t.Helper()
-	const fix = "run `make sdk-deps` (scripts/sdk-check/install.sh: npm ci in examples/node-plugin; Node.js >= 20 and npm)"
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Fatalf("node (Node.js >= 20) not on PATH: %v; %s", err, fix)
-	}
-	out, err := exec.Command(node, "-p", "process.versions.node").Output()
-	if err != nil {
-		t.Fatalf("%s -p process.versions.node: %v; %s", node, err, fix)
-	}
-	v := strings.TrimSpace(string(out))
-	if major, err := strconv.Atoi(strings.SplitN(v, ".", 2)[0]); err != nil || major < 20 {
-		t.Fatalf("%s is Node.js %s, examples/node-plugin needs >= 20; %s", node, v, fix)
-	}
-	var pkg struct {
-		Dependencies map[string]string `json:"dependencies"`
-	}
-	if err := json.Unmarshal(readFile(t, filepath.Join(nodePluginDir, "package.json")), &pkg); err != nil {
-		t.Fatalf("examples/node-plugin/package.json: %v", err)
-	}
-	for _, name := range []string{"@grpc/grpc-js", "@grpc/proto-loader"} {
-		want, ok := pkg.Dependencies[name]
-		if !ok {
-			t.Fatalf("examples/node-plugin/package.json does not pin %s", name)
-		}
-		var got struct {
-			Version string `json:"version"`
-		}
-		b, err := os.ReadFile(filepath.Join(nodePluginDir, "node_modules", filepath.FromSlash(name), "package.json"))
-		if err == nil {
-			err = json.Unmarshal(b, &got)
-		}
-		if err != nil {
-			t.Fatalf("%s is not installed in examples/node-plugin/node_modules (%v); %s", name, err, fix)
-		}
-		if got.Version != want {
-			t.Fatalf("examples/node-plugin/node_modules has %s %s, package.json pins %s; %s", name, got.Version, want, fix)
-		}
-	}
-	root, err = filepath.Abs("../..")
+	node = nodePackages(t, nodePluginDir, "examples/node-plugin", "npm ci in examples/node-plugin", "@grpc/grpc-js", "@grpc/proto-loader")
+	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -43,12 +43,21 @@ var sdkSteps = []string{
 
 // sdkNode returns the path of node after checking that it is Node.js 20 or
 // later and that scripts/sdk-check/node_modules holds each SDK at the
-// version package.json pins; otherwise it fails the test naming
-// `make sdk-deps`, which installs them (never a skip: `make test` installs
-// them first).
+// version package.json pins (nodePackages).
 func sdkNode(t *testing.T) string {
 	t.Helper()
-	const fix = "run `make sdk-deps` (scripts/sdk-check/install.sh: npm ci of the pinned SDKs; Node.js >= 20 and npm)"
+	return nodePackages(t, sdkCheckDir, "scripts/sdk-check", "npm ci of the pinned SDKs", "openai", "@anthropic-ai/sdk")
+}
+
+// nodePackages returns the path of node after checking that it is Node.js
+// 20 or later and that dir/node_modules (dir named name in messages) holds
+// each of pkgs at the version dir/package.json pins; otherwise it fails
+// the test naming `make sdk-deps`, which installs them (what: what its
+// install step does there), never a skip: `make test` installs them
+// first.
+func nodePackages(t *testing.T, dir, name, what string, pkgs ...string) string {
+	t.Helper()
+	fix := "run `make sdk-deps` (scripts/sdk-check/install.sh: " + what + "; Node.js >= 20 and npm)"
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatalf("node (Node.js >= 20) not on PATH: %v; %s", err, fix)
@@ -58,37 +67,32 @@ func sdkNode(t *testing.T) string {
 		t.Fatalf("%s -p process.versions.node: %v; %s", node, err, fix)
 	}
 	v := strings.TrimSpace(string(out))
-	major, err := strconv.Atoi(strings.SplitN(v, ".", 2)[0])
-	if err != nil || major < 20 {
-		t.Fatalf("%s is Node.js %s, scripts/sdk-check needs >= 20; %s", node, v, fix)
+	if major, err := strconv.Atoi(strings.SplitN(v, ".", 2)[0]); err != nil || major < 20 {
+		t.Fatalf("%s is Node.js %s, %s needs >= 20; %s", node, v, name, fix)
 	}
 	var pkg struct {
 		Dependencies map[string]string `json:"dependencies"`
 	}
-	b, err := os.ReadFile(filepath.Join(sdkCheckDir, "package.json"))
-	if err != nil {
-		t.Fatal(err)
+	if err := json.Unmarshal(readFile(t, filepath.Join(dir, "package.json")), &pkg); err != nil {
+		t.Fatalf("%s/package.json: %v", name, err)
 	}
-	if err := json.Unmarshal(b, &pkg); err != nil {
-		t.Fatalf("scripts/sdk-check/package.json: %v", err)
-	}
-	for _, name := range []string{"openai", "@anthropic-ai/sdk"} {
-		want, ok := pkg.Dependencies[name]
+	for _, p := range pkgs {
+		want, ok := pkg.Dependencies[p]
 		if !ok {
-			t.Fatalf("scripts/sdk-check/package.json does not pin %s", name)
+			t.Fatalf("%s/package.json does not pin %s", name, p)
 		}
 		var got struct {
 			Version string `json:"version"`
 		}
-		b, err := os.ReadFile(filepath.Join(sdkCheckDir, "node_modules", filepath.FromSlash(name), "package.json"))
+		b, err := os.ReadFile(filepath.Join(dir, "node_modules", filepath.FromSlash(p), "package.json"))
 		if err == nil {
 			err = json.Unmarshal(b, &got)
 		}
 		if err != nil {
-			t.Fatalf("%s is not installed in scripts/sdk-check/node_modules (%v); %s", name, err, fix)
+			t.Fatalf("%s is not installed in %s/node_modules (%v); %s", p, name, err, fix)
 		}
 		if got.Version != want {
-			t.Fatalf("scripts/sdk-check/node_modules has %s %s, package.json pins %s; %s", name, got.Version, want, fix)
+			t.Fatalf("%s/node_modules has %s %s, package.json pins %s; %s", name, p, got.Version, want, fix)
 		}
 	}
 	return node
