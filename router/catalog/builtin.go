@@ -16,7 +16,9 @@ func builtinTypes() []shared.TypeInfo {
 		// Scorers.
 		builtin.KVAffinityType(),
 		builtin.KVCostType(),
+		builtin.NormalizedScoreType(),
 		// Pickers.
+		builtin.CacheAwareType(),
 		builtin.LeastLoadedType(),
 		builtin.MinCostType(),
 		builtin.PowerOfTwoType(),
