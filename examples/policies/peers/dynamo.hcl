@@ -19,7 +19,10 @@
 # the formula, not read at the commit above.
 # Temperature 0 (the default) takes a lowest logit; T > 0 samples
 #   p_i ~ exp(-(c_i - c_min) / ((c_max - c_min) * T)),
-# which is exactly min-cost's range-normalised softmax.
+# which is exactly min-cost's range-normalised softmax. Ties at temperature 0 are a
+# reservoir draw over candidates ordered by (worker_id, dp_rank), as min-cost's (the
+# default picker's port in Dynamo's worker-selection plugin examples says so; seen in
+# the file index, path not pinned).
 # Defaults: overlap_score_credit 1.0, prefill_load_scale 1.0,
 # decode_active_request_weight 0.0, router_temperature 0.0, overlap_score_credit_decay
 # 0.0 (off), host_cache_hit_weight 0.75. The last three come from secondary copies of
@@ -31,7 +34,8 @@
 # host_cache_hit_weight, engine_load = false (Dynamo scores its own active-block
 # bookings, not the engines' KV usage), and min-cost at Dynamo's temperature.
 #
-# What this file cannot reproduce with today's built-ins (the next step):
+# What this file cannot reproduce (no built-in type was added for Dynamo: the
+# remaining terms need data the router does not keep, not a new formula):
 # - decode_blocks: Dynamo's "potential" active blocks add this request's blocks to
 #   each worker, deduplicated against the sequences already active there (a second,
 #   in-flight prefix credit); kv-cost's decode term is the bookings alone.
@@ -39,8 +43,6 @@
 #   sees GPU and CPU tiers only.
 # - overlap_score_credit_decay (off by default) and the decode-role variant
 #   max(0, decode_blocks - credit) used when a decode router keeps a positive credit.
-# - ties at temperature 0: Dynamo's tie-break was not checked; min-cost draws
-#   uniformly among ties.
 # - block granularity: the bundled Mooncake traces hash 512-token blocks, so overlap is
 #   counted in 512-token blocks, not the engine's (16 to 64 tokens).
 router {

@@ -1,67 +1,70 @@
-# Peer baseline: llm-d's default scheduler profile (issue #30, part 1). An
-# approximation: its scores are min-max normalised per request, which no built-in
-# scorer does.
+# Peer baseline: llm-d's default scheduler profile (issue #30, part 1).
 #
-# Source read: github.com/llm-d/llm-d-inference-scheduler, tree 520af47896e5f06e43d09aca281a1149187b0ffd
-# (its Go module is now github.com/llm-d/llm-d-router; these files last changed at
-# 247608c0b72a68f6cdee1c5036f90344b0a398af):
-#   pkg/epp/config/loader/defaults.go                              (loadDefaultConfig)
-#   pkg/epp/framework/plugins/scheduling/scorer/queuedepth/queue.go
-#   pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization/kvcache_utilization.go
-#   pkg/epp/framework/plugins/scheduling/scorer/prefix/plugin.go
-#   pkg/epp/framework/plugins/scheduling/picker/maxscore/picker.go
+# Source read: github.com/llm-d/llm-d-router (the repository
+# llm-d/llm-d-inference-scheduler moved to; its files below at the commits named):
+#   pkg/epp/config/loader/defaults.go @ 159e739b98ed45c3974bd00a951edbf2778e3322
+#     (loadDefaultConfig, in llm-d-inference-scheduler): the "default" profile holds
+#     queue-scorer weight 2, kv-cache-utilization-scorer weight 2 and
+#     prefix-cache-scorer weight 3, no filter; ensureSchedulingLayer adds the
+#     max-score-picker.
+#   pkg/epp/framework/plugins/scheduling/scorer/queuedepth/queue.go @ 2342697faf4e5a1a3ebf5e95d9ca5c903ba64c4a
+#   pkg/epp/framework/plugins/scheduling/scorer/kvcacheutilization/kvcache_utilization.go @ 2342697faf4e5a1a3ebf5e95d9ca5c903ba64c4a
+#   pkg/epp/framework/plugins/scheduling/scorer/prefix/plugin.go @ 068b68d08c44a311012602f9e051276c689ef9c3
+#   pkg/epp/framework/plugins/scheduling/picker/maxscore/picker.go @ 0fa77a00202aa8c1bd72a9b3aa5b647e82f2e47f
+#   pkg/epp/framework/plugins/scheduling/picker/common.go @ 5155e4cbfb5ce9e7abbca075eb2130cf9492072f
 #
-# The default profile is three scorers and the max-score picker, no filter. Its
-# current weights are queue 2, kv-cache-utilization 2, prefix-cache 3 (the
-# kv-cache-utilization scorer is in the default too, not only the two the issue names):
-#   queue  = (q_max - q) / (q_max - q_min), 1 when all equal     (q: engine waiting queue)
-#   kvutil = 1 - kv_usage                                         (engine KV-cache usage)
-#   prefix = match_blocks / total_blocks                          (router-side approximate
-#                                                                  prefix index)
-#   score  = 2 * queue + 2 * kvutil + 3 * prefix; the highest wins, ties shuffled.
+# Rule, per candidate (scores in [0, 1], higher better):
+#   queue  = (q_max - q) / (q_max - q_min), 1 when all equal   (q: the engine's waiting count)
+#   kvutil = 1 - kv_usage                                       (the engine's KV-cache usage)
+#   prefix = match_blocks / total_blocks                        (prefixLengthWeight 0, the default)
+#   score  = 2 * queue + 2 * kvutil + 3 * prefix
+# The highest score wins; equal scores are taken in turn (RotateScoredEndpoints: a
+# round-robin counter over the tied endpoints, which replaced a random shuffle).
 #
-# Mapping: kv-cost + min-cost (temperature 0 draws uniformly among ties, as the shuffle
-# does). For one request, dividing a worker's kv-cost by the prompt's block count
-# (the same for every worker, so the ranking is unchanged) gives
-#   (active_prefill_tokens / prompt) + 1 - overlap_credit * match_ratio
-#   + unsent_waiting + max(active_decode_blocks, kv_usage * total_blocks) / prompt_blocks
-# so the prefix term is llm-d's match ratio weighted by overlap_credit, and queue and
-# KV usage enter as work rather than as normalised scores. overlap_credit = 1.5 puts
-# the prefix at llm-d's 3:2 weight against one queued prompt; that equivalence is
-# ours, not llm-d's, and holds only roughly. engine_load = true because llm-d scores
-# the engines' scraped waiting count and KV usage.
+# Mapping: three normalized-score scorers with llm-d's weights (each writes
+# 1 - score, so the weighted cost sum is 7 - llm-d's score and ranks alike) and
+# min-cost at temperature 0 with ties = "rotate".
 #
-# What this file cannot reproduce with today's built-ins (the next step):
-# - per-request min-max normalisation of the queue score (a scorer type that
-#   normalises a load column over the candidates);
-# - a KV-usage scorer on its own (1 - kv_usage), with its own weight;
-# - a prefix scorer returning match_blocks / total_blocks, weighted against the
-#   others (kv-cost charges absolute blocks);
-# - max-score over a weighted sum of such normalised scores (min-cost over their
-#   negation would do, once those scorers exist);
-# - llm-d's approximate prefix index (router-side, LRU per server, its own block
-#   size); Switchyard uses the engines' KV events or its own bookings, and the
-#   bundled traces hash 512-token blocks;
-# - the queue read is the engine's waiting count only; kv-cost also counts the
-#   router's own in-flight prefill tokens.
+# What this file cannot reproduce:
+# - the prefix index: llm-d's prefix scorer reads its own approximate, router-side
+#   index (its own block size, LRU per server); Switchyard's CACHE column is its own
+#   prefix index (the engines' KV events, or its bookings), in the request's blocks:
+#   512-token blocks on the bundled traces. The match ratio is taken in tokens
+#   (overlap * block_size / prompt), which differs from blocks / blocks only by the
+#   prompt's partial last block.
+# - metric staleness: llm-d scrapes the engines' metrics periodically; the simulated
+#   engines report after every change, so llm-d's queue and KV-usage scores are
+#   fresher here than in a cluster.
+# - the rotation counter is per picker instance here, shared by all pickers of the
+#   process in llm-d; its tied endpoints are in the scheduler's order, here in
+#   ascending worker id.
+# - the flow-control layer and saturation detector llm-d adds by default (they queue
+#   or shed at saturation; they do not choose among endpoints).
 router {
   block_size = 512
   seed       = 7
 }
 
 policy "llm-d" {
-  scorer "cost" {
-    type                  = "kv-cost"
-    overlap_credit        = 1.5
-    prefill_load_scale    = 1.0
-    decode_request_weight = 0
-    cpu_weight            = 0
-    engine_load           = true
+  scorer "queue" {
+    type   = "normalized-score"
+    signal = "queue"
+    weight = 2
   }
-  picker "pick" {
+  scorer "kv-cache-utilization" {
+    type   = "normalized-score"
+    signal = "kv-usage"
+    weight = 2
+  }
+  scorer "prefix-cache" {
+    type   = "normalized-score"
+    signal = "prefix-match"
+    weight = 3
+  }
+  picker "max-score" {
     type        = "min-cost"
     temperature = 0
-    seed        = 7
+    ties        = "rotate"
   }
 }
 

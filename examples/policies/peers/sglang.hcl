@@ -1,60 +1,46 @@
-# Peer baseline: SGLang model gateway's cache_aware policy (issue #30, part 1). An
-# approximation: the match-ratio threshold has no built-in equivalent.
+# Peer baseline: SGLang model gateway's cache_aware policy (issue #30, part 1).
 #
 # Source read: github.com/sgl-project/sglang
 #   sgl-model-gateway/src/policies/cache_aware.rs @ b93974f140de1e545d9134d87e77f0bd1fbf3014
 #     (CacheAwarePolicy::select_worker, select_worker_min_load)
-#   sgl-router/src/policies/cache_aware.rs        @ 026f853ba7ae08a457a2e127b85a26256a29e300
-#     (the earlier router: same guard; a miss went to the smallest tree, not the least load)
-# Defaults cache_threshold 0.3, balance_abs_threshold 64, balance_rel_threshold 1.5:
-# the gateway's cache_aware parsing and its startup log, found by text search in
-# copies of the repository; the config file's path and commit were not pinned.
+#   sgl-model-gateway/src/main.rs @ 01f6c92a0ae883504466f0be6235eb8e70651c46
+#     (CliArgs: --cache-threshold 0.3, --balance-abs-threshold 64,
+#     --balance-rel-threshold 1.5; the library's CacheAwareConfig::default in
+#     src/policies/mod.rs says 0.5 / 32 / 1.1, but the gateway launched from the
+#     command line, as documented, uses the CLI's)
 #
 # Rule (load = the gateway's in-flight request count per worker):
-#   imbalanced = (max_load - min_load) > balance_abs_threshold
-#                and max_load > balance_rel_threshold * min_load
-#   imbalanced:  the least-loaded worker
-#   otherwise:   match = the longest prefix of the request text in an approximate
-#                radix tree of text routed per worker (characters, not tokens);
-#                match / len(text) > cache_threshold: the worker holding that match;
-#                else: the least-loaded worker.
+#   imbalanced = (max_load - min_load) > 64 and max_load > 1.5 * min_load
+#   imbalanced:  the first least-loaded worker (min_by_key);
+#   otherwise:   the longest prefix match of the request text in an approximate radix
+#                tree of the text routed to each worker; match / len(text) > 0.3: the
+#                worker holding that match (whatever its load); else the first
+#                least-loaded worker.
 #
-# Mapping: kv-affinity with its imbalance switch set to SGLang's thresholds
-# (balance_abs = 64, balance_rel = 1.5: the same test on in-flight counts; the switch
-# was modelled on this policy), a large affinity so that the worker holding the
-# longest prefix wins whatever its queue (SGLang ignores load once the match passes),
-# no decode term and no bounded-load spill (SGLang has neither), and the router's own
-# bookings only (engine_load = false: SGLang reads no engine metrics).
+# Mapping: the cache-aware picker with SGLang's defaults and ties = "first".
 #
-# What this file cannot reproduce with today's built-ins (the next step):
-# - cache_threshold: below a 30% match SGLang ignores the match entirely and takes
-#   the least-loaded worker; here any overlap of one block or more wins;
-# - the miss branch picks the fewest in-flight requests; here, with no overlap
-#   anywhere, the least queued prefill work wins (tokens, not requests);
-# - the approximate tree: SGLang matches the characters it routed (with LRU
-#   eviction), not the engines' cache; Switchyard matches KV blocks it sees or
-#   books, and the bundled traces hash 512-token blocks;
-# - ties: SGLang takes the tree's matched tenant or the first minimum; min-cost
-#   draws uniformly among ties.
+# What this file cannot reproduce:
+# - the tree: SGLang matches the characters it routed (router-side, LRU-evicted every
+#   120 s down to 64 Mi nodes), not the engines' cache; Switchyard matches its own
+#   prefix index in KV blocks (512-token blocks on the bundled traces), so a match
+#   counts whole blocks and the ratio is in tokens, not characters.
+# - which worker wins a tie at the longest match: SGLang's tree returns one tenant of
+#   the matched node; here the first in worker-id order. "First least-loaded" is the
+#   first in SGLang's worker list, here in worker-id order.
 router {
   block_size = 512
   seed       = 7
 }
 
 policy "sglang" {
-  scorer "cost" {
-    type          = "kv-affinity"
-    affinity      = 1000
-    decode_weight = 0
-    spill_factor  = 0
-    balance_abs   = 64
-    balance_rel   = 1.5
-    engine_load   = false
-  }
-  picker "pick" {
-    type        = "min-cost"
-    temperature = 0
-    seed        = 7
+  picker "cache-aware" {
+    type            = "cache-aware"
+    cache_threshold = 0.3
+    balance_abs     = 64
+    balance_rel     = 1.5
+    imbalanced      = "least-loaded"
+    match_ties      = "any"
+    ties            = "first"
   }
 }
 
