@@ -17,7 +17,9 @@ func builtinTypes() []shared.TypeInfo {
 		// Scorers.
 		builtin.KVAffinityType(),
 		builtin.KVCostType(),
+		builtin.NormalizedScoreType(),
 		// Pickers.
+		builtin.CacheAwareType(),
 		builtin.LeastLoadedType(),
 		builtin.MinCostType(),
 		builtin.PowerOfTwoType(),

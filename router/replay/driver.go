@@ -280,6 +280,16 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	for _, c := range d.clusters[:d.path.Len()] {
 		c.OnTokenGap(d.tally.tokenGap)
 	}
+	// Every engine reports once before the first arrival, idle (0 waiting,
+	// 0% KV usage), as a scraped vLLM /metrics would: without it a worker
+	// that has served nothing yet has no report, and a policy scoring the
+	// reports (llm-d's queue and KV-usage scorers, normalized-score) would
+	// rank it as unknown rather than idle.
+	for k, c := range d.clusters[:d.path.Len()] {
+		for w := range c.Len() {
+			d.publish(c, w, d.base[k]+w)
+		}
+	}
 	if o.PerRequest != nil {
 		d.out = bufio.NewWriterSize(o.PerRequest, 1<<16)
 		d.enc = json.NewEncoder(d.out)
@@ -727,6 +737,13 @@ func requestIndex(id string) int {
 func (d *driver) observe(c *sim.Cluster, idx, id int, at time.Duration) {
 	l := c.Worker(idx).Load()
 	d.tl.worker(at, id, l.Running, l.Waiting)
+	d.publish(c, idx, id)
+}
+
+// publish sets simulated worker idx's engine state as fleet worker id's
+// engine report on every replica.
+func (d *driver) publish(c *sim.Cluster, idx, id int) {
+	l := c.Worker(idx).Load()
 	var usage float64
 	if total := l.UsedBlocks + l.FreeBlocks; total > 0 {
 		usage = float64(l.UsedBlocks) / float64(total)
