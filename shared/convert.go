@@ -21,7 +21,7 @@ import (
 func kindToProto(k Kind) pluginv1.Kind { return pluginv1.Kind(k) }
 
 // inputsToProto: the wire bit set equals Inputs.
-func inputsToProto(in Inputs) uint32 { return uint32(in) }
+func inputsToProto(in Inputs) uint32 { return uint32(in & PluginInputs) }
 
 // paramTypeToProto maps a ParamType to its enum; the numbering is the same.
 func paramTypeToProto(t ParamType) pluginv1.ParamType { return pluginv1.ParamType(t) }

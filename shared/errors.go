@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 )
 
 // Selection errors callers branch on with errors.Is.
@@ -15,6 +16,23 @@ var (
 	// ErrAllBusy: every candidate is at capacity; the request may queue.
 	ErrAllBusy = errors.New("all workers busy")
 )
+
+// NoHeadroomError is a selection refused because no candidate is predicted
+// to meet the request's latency targets and its SLO.OnMiss is
+// SLOMissReject. The faces answer 429 with a Retry-After header of
+// RetryAfter rounded up to whole seconds (RFC 9110, section 10.2.3).
+type NoHeadroomError struct {
+	// RetryAfter is when the best candidate is predicted to have headroom
+	// again (> 0).
+	RetryAfter time.Duration
+	// TTFT and TPOT are the best candidate's predictions, in seconds.
+	TTFT, TPOT float64
+}
+
+func (e *NoHeadroomError) Error() string {
+	return fmt.Sprintf("no worker is predicted to meet the request's latency targets (best: TTFT %.0f ms, TPOT %.1f ms); retry after %v",
+		e.TTFT*1e3, e.TPOT*1e3, e.RetryAfter)
+}
 
 // NonFiniteCostError reports a scorer whose cost, or whose weighted cost
 // added to the earlier scorers' sum, is NaN or ±Inf (the Scorer contract).

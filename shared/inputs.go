@@ -32,6 +32,13 @@ const (
 	// filled only when some component of the policy declares it, so a
 	// policy that does not pays nothing for them.
 	InputLabels
+	// InputLatency is each row's predicted time to first token and time
+	// per output token for this request (Candidates.PredictedTTFT and
+	// Candidates.PredictedTPOT), from the router's online latency
+	// predictor (router/predict). In-process components only: plugin
+	// protocol v1 does not carry the columns, so the flag never travels:
+	// a plugin that sets its bit declares nothing by it (PluginInputs).
+	InputLatency
 
 	inputsEnd
 )
@@ -39,7 +46,11 @@ const (
 // AllInputs is the union of every defined input flag.
 const AllInputs = inputsEnd - 1
 
-var inputNames = [...]string{"ACTIVE_REQUESTS", "OCCUPANCY", "LOAD", "CACHE", "CAPACITY", "LABELS"}
+// PluginInputs is the inputs an out-of-process component may declare:
+// every input but LATENCY, which plugin protocol v1 does not carry.
+const PluginInputs = AllInputs &^ InputLatency
+
+var inputNames = [...]string{"ACTIVE_REQUESTS", "OCCUPANCY", "LOAD", "CACHE", "CAPACITY", "LABELS", "LATENCY"}
 
 // Normalize folds the deprecated OCCUPANCY alias into ACTIVE_REQUESTS and
 // drops unknown bits.
@@ -68,7 +79,7 @@ func (in Inputs) String() string {
 }
 
 // ParseInput returns the flag named by its policy-file name ("ACTIVE_REQUESTS",
-// "OCCUPANCY", "LOAD", "CACHE", "CAPACITY", "LABELS") and whether the name
+// "OCCUPANCY", "LOAD", "CACHE", "CAPACITY", "LABELS", "LATENCY") and whether the name
 // is known.
 func ParseInput(name string) (Inputs, bool) {
 	for i, n := range inputNames {

@@ -30,8 +30,11 @@ func TestWireNumberingMatchesSDK(t *testing.T) {
 			t.Errorf("input %v: wire bit %d, want %d", in, inputsToProto(in), bit)
 		}
 	}
-	if AllInputs != 63 {
-		t.Errorf("AllInputs = %d; a new input needs a wire bit and this test", AllInputs)
+	if PluginInputs != 63 {
+		t.Errorf("PluginInputs = %d; a new input needs a wire bit and this test", PluginInputs)
+	}
+	if got := inputsToProto(InputLatency | InputLoad); got != 4 {
+		t.Errorf("LATENCY|LOAD on the wire = %d, want 4: LATENCY is in-process only", got)
 	}
 	kinds := map[Kind]pluginv1.Kind{KindFilter: pluginv1.Kind_KIND_FILTER, KindScorer: pluginv1.Kind_KIND_SCORER,
 		KindPicker: pluginv1.Kind_KIND_PICKER, KindClassifier: pluginv1.Kind_KIND_CLASSIFIER}

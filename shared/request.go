@@ -1,5 +1,7 @@
 package shared
 
+import "time"
+
 // WorkerID identifies one engine endpoint. Together with an optional
 // data-parallel rank it names one candidate: (WorkerID, DPRank).
 type WorkerID uint64
@@ -61,6 +63,79 @@ type Request struct {
 	// Metadata carries request attributes (HTTP headers in serve, trace
 	// fields in replay) for classifiers and plugins. May be nil.
 	Metadata map[string]string
+	// MaxTokens is the request's own cap on generated tokens (the body's
+	// max_tokens, max_completion_tokens or max_output_tokens); 0 when it
+	// sets none. The latency predictor takes it as the expected output
+	// length, else its learned per-class estimate.
+	MaxTokens int
+	// SLO is the request's latency targets (zero: none), from its
+	// headers, its queue class in the policy file, or replay's --slo.
+	SLO SLO
+}
+
+// SLO is one request's latency targets and what the router does when no
+// candidate is predicted to meet them. The zero SLO has no target.
+type SLO struct {
+	// TTFT is the target time to first token, measured from the
+	// request's arrival at the router (its time in the router's queue
+	// included); 0: none.
+	TTFT time.Duration
+	// TPOT is the target mean time per output token after the first
+	// (inter-token latency, ITL); 0: none.
+	TPOT time.Duration
+	// OnMiss is what happens when no candidate is predicted to meet the
+	// targets; SLOMissDefault is the policy's choice.
+	OnMiss SLOMiss
+	// Waited is how long the request had already waited in the router
+	// when this selection runs (set by admission): the TTFT left for the
+	// engine is TTFT - Waited.
+	Waited time.Duration
+}
+
+// Has reports whether s sets a target.
+func (s SLO) Has() bool { return s.TTFT > 0 || s.TPOT > 0 }
+
+// SLOMiss is what the router does with a request that no candidate is
+// predicted to serve within its targets.
+type SLOMiss uint8
+
+// The SLOMiss actions.
+const (
+	// SLOMissDefault leaves the choice to the policy (its slo component's
+	// on_miss parameter).
+	SLOMissDefault SLOMiss = iota
+	// SLOMissLeastLate sends the request to the candidate predicted to
+	// miss its targets by the least.
+	SLOMissLeastLate
+	// SLOMissWait keeps the request in the router's queue until some
+	// candidate has headroom (the selection answers ErrAllBusy), within
+	// its queue class's due time.
+	SLOMissWait
+	// SLOMissReject refuses the request at once: 429 with Retry-After in
+	// serve, "rejected" in replay (a *NoHeadroomError).
+	SLOMissReject
+)
+
+var sloMissNames = [...]string{"", "least-late", "wait", "reject"}
+
+// String returns "least-late", "wait", "reject", or "" for
+// SLOMissDefault.
+func (m SLOMiss) String() string {
+	if int(m) < len(sloMissNames) {
+		return sloMissNames[m]
+	}
+	return "unknown"
+}
+
+// ParseSLOMiss returns the action named "least-late", "wait" or "reject"
+// and whether the name is one of them.
+func ParseSLOMiss(name string) (SLOMiss, bool) {
+	for i, n := range sloMissNames {
+		if i > 0 && n == name {
+			return SLOMiss(i), true
+		}
+	}
+	return SLOMissDefault, false
 }
 
 // Load is what the router knows of one worker's load: its own bookings plus
@@ -118,6 +193,14 @@ type Candidates struct {
 	// Labels (InputLabels) is each row's worker labels (see Labels),
 	// shared with the router and every other decision: read-only.
 	Labels []Labels
+	// PredictedTTFT and PredictedTPOT (InputLatency, in-process
+	// components only) are, per row, the router's predicted time to
+	// first token of this request from its dispatch to that worker, and
+	// its mean time per output token after the first, in seconds (finite,
+	// >= 0). The router's queue wait so far is not included: compare
+	// PredictedTTFT with Request.SLO.TTFT - Request.SLO.Waited.
+	PredictedTTFT []float64
+	PredictedTPOT []float64
 }
 
 // Len is the number of candidate rows.
@@ -161,6 +244,12 @@ func (c *Candidates) Compact(keep []bool) int {
 			if c.Labels != nil {
 				c.Labels[n] = c.Labels[i]
 			}
+			if c.PredictedTTFT != nil {
+				c.PredictedTTFT[n] = c.PredictedTTFT[i]
+			}
+			if c.PredictedTPOT != nil {
+				c.PredictedTPOT[n] = c.PredictedTPOT[i]
+			}
 		}
 		n++
 	}
@@ -191,6 +280,12 @@ func (c *Candidates) Compact(keep []bool) int {
 	}
 	if c.Labels != nil {
 		c.Labels = c.Labels[:n]
+	}
+	if c.PredictedTTFT != nil {
+		c.PredictedTTFT = c.PredictedTTFT[:n]
+	}
+	if c.PredictedTPOT != nil {
+		c.PredictedTPOT = c.PredictedTPOT[:n]
 	}
 	return n
 }

@@ -28,8 +28,9 @@ func kindFromProto(k pluginv1.Kind) shared.Kind {
 	return shared.Kind(k)
 }
 
-// inputsFromProto: the wire bit set equals Inputs; unknown bits are dropped.
-func inputsFromProto(in uint32) shared.Inputs { return shared.Inputs(in) & shared.AllInputs }
+// inputsFromProto: the wire bit set equals Inputs; unknown bits, and the
+// in-process-only LATENCY, are dropped (shared.PluginInputs).
+func inputsFromProto(in uint32) shared.Inputs { return shared.Inputs(in) & shared.PluginInputs }
 
 // paramTypeFromProto maps the enum to a ParamType (the numbering is the
 // same); unknown values become 0 (invalid).

@@ -149,7 +149,7 @@ func (r *recorder) last() (shared.Request, shared.Candidates) {
 // recorder (deeply: the SDK reuses its buffers) and keeps every row.
 type recordFilter struct{ r *recorder }
 
-func (recordFilter) Inputs() shared.Inputs { return shared.AllInputs }
+func (recordFilter) Inputs() shared.Inputs { return shared.PluginInputs }
 func (f recordFilter) Filter(_ context.Context, req *shared.Request, c *shared.Candidates, _ []bool) error {
 	f.r.mu.Lock()
 	defer f.r.mu.Unlock()
@@ -242,7 +242,7 @@ func testTypes() []shared.TypeInfo {
 			},
 		},
 		{
-			Name: "record", Kind: shared.KindFilter, Inputs: shared.AllInputs, Doc: "Records what it is given; keeps every row.",
+			Name: "record", Kind: shared.KindFilter, Inputs: shared.PluginInputs, Doc: "Records what it is given; keeps every row.",
 			Params: []shared.ParamSpec{{Name: "recorder", Type: shared.String, Required: true, Doc: "The recorder's name (newRecorder)."}},
 			New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) {
 				r, ok := recorders.Load(p.String("recorder", ""))
