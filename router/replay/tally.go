@@ -82,6 +82,9 @@ func (d *driver) report(o *Options, wall time.Duration) *report.Report {
 			rep.RolePolicies[string(role)] = o.RolePolicies[role]
 		}
 	}
+	if slices.ContainsFunc(d.speeds, func(v float64) bool { return v != 1 }) {
+		rep.Speeds = slices.Clone(d.speeds)
+	}
 	t := &d.tally
 	rep.RequestsPerWorker = t.perWorker
 	rep.Classes = make(map[string]*report.ClassReport, len(t.classes))
