@@ -1172,10 +1172,10 @@ func (r *Router) features(req *shared.Request, l *shared.Load, overlap, bs int) 
 	}
 }
 
-// classOf is the predictor class of a worker: its predict.ClassLabel
+// classOf is the predictor class of a worker: its shared.LabelClass
 // label, else the worker alone (its name, or its id and rank).
 func classOf(s *fleet.Spec) string {
-	if c, ok := s.Labels[predict.ClassLabel]; ok && c != "" {
+	if c, ok := s.Labels[shared.LabelClass]; ok && c != "" {
 		return "class:" + c
 	}
 	if s.Name != "" {

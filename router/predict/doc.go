@@ -40,7 +40,7 @@
 // # Classes
 //
 // Models are kept per worker class (Set): the value of a worker's
-// ClassLabel label when it has one (workers that share hardware share a
+// switchyard.io/class label (shared.LabelClass) when it has one (workers that share hardware share a
 // model and learn from each other's answers), else the worker alone (a
 // mixed fleet is modelled with no configuration). Until a class has
 // heard MinObservations answers its predictions come from the pooled

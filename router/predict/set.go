@@ -6,11 +6,6 @@ import (
 	"sync/atomic"
 )
 
-// ClassLabel is the worker label whose value names the worker's hardware
-// class: workers with the same value share one model. A worker without
-// it is a class of its own.
-const ClassLabel = "switchyard.io/class"
-
 // Set is a router's models: one per worker class, plus the pooled model
 // that hears every answer and predicts for a class until it has heard
 // MinObservations. It also learns the mean output length and keeps the
@@ -36,8 +31,9 @@ func NewSet() *Set {
 }
 
 // Class returns the model of the class key, creating it on first use:
-// the worker's ClassLabel value, or a key unique to the worker (its
-// name) when it has none. Call it when a worker joins, not per request.
+// the router keys a worker by its switchyard.io/class label
+// (shared.LabelClass), or by a key unique to the worker (its name) when
+// it has none. Call it when a worker joins, not per request.
 func (s *Set) Class(key string) *Model {
 	s.mu.Lock()
 	defer s.mu.Unlock()
