@@ -46,9 +46,11 @@ type Options struct {
 	BookingsAreLoad bool
 
 	// Registerer, when set, gets the router's metrics:
-	// switchyard_shadow_decisions_total{role,policy,shadow,result} and
-	// switchyard_shadow_decision_seconds{role,shadow}. nil means no
-	// metrics.
+	// switchyard_shadow_decisions_total{role,policy,shadow,result},
+	// switchyard_shadow_decision_seconds{role,shadow} and the latency
+	// predictor's switchyard_predictor_relative_error{target,quantile},
+	// switchyard_predictor_comparisons_total{target} and
+	// switchyard_predictor_classes. nil means no metrics.
 	Registerer prometheus.Registerer
 	// Shadow sets how the policies' shadows run (serve: asynchronously;
 	// replay: Inline). Without a shadow in any policy it has no effect.
@@ -227,6 +229,9 @@ func New(o Options) (*Router, error) {
 			return nil, fmt.Errorf("router: metrics: %w", err)
 		}
 		if r.canaryMetrics, err = registerCanary(o.Registerer, r); err != nil {
+			return nil, fmt.Errorf("router: metrics: %w", err)
+		}
+		if err = registerPredictor(o.Registerer, r); err != nil {
 			return nil, fmt.Errorf("router: metrics: %w", err)
 		}
 	}

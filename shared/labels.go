@@ -41,8 +41,8 @@ const (
 	// apart. Router replay sets it on every simulated worker: "speed-"
 	// and the worker's speed relative to the modelled H100 ("speed-1",
 	// "speed-2"; router/replay Options.Speeds). Router serve does not set
-	// it; real workers' own labels (their worker block's or pod's) name
-	// their hardware.
+	// it: it is the one key under LabelPrefix a worker block's (or pod's)
+	// labels may set, to name the worker's hardware ("h100", "a10g").
 	LabelClass = "switchyard.io/class"
 	// LabelPrefix is the prefix of every router-set key.
 	LabelPrefix = "switchyard.io/"
