@@ -1092,10 +1092,22 @@ func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Reques
 		// LATENCY implies LOAD and CACHE (resolveOne): one pass over the
 		// filled columns, a few nanoseconds per row.
 		bs := r.sizeOf(req)
-		for i, w := range part.Workers {
-			f := r.features(req, &c.Load[i], int(c.OverlapBlocks[i]), bs)
-			f.Capacity = float64(w.KVTokens)
-			p := r.models.Predict(w.Predictor, &f)
+		f := r.features(req, &shared.Load{}, 0, bs)
+		preds, kv := part.Predictors, part.KVTokens
+		for i := range part.Workers {
+			var m *predict.Model
+			if len(preds) == len(part.Workers) {
+				m, f.Capacity = preds[i], float64(kv[i])
+			} else { // a narrowed partition (narrow) has no such columns
+				w := part.Workers[i]
+				m, f.Capacity = w.Predictor, float64(w.KVTokens)
+			}
+			l := &c.Load[i]
+			if req.Role != shared.RoleDecode {
+				f.Uncached = float64(max(req.PromptTokens-int(c.OverlapBlocks[i])*bs, 0))
+			}
+			f.Prefill, f.Context, f.Active = float64(l.ActivePrefillTokens), float64(l.ActiveDecodeBlocks*int64(bs)), float64(l.ActiveRequests)
+			p := r.models.Predict(m, &f)
 			c.PredictedTTFT[i], c.PredictedTPOT[i] = p.TTFT, p.TPOT
 		}
 	}
