@@ -136,6 +136,8 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 		code := StatusOf(err)
 		if ctx.Err() != nil {
 			code = live.CodeClientGone
+		} else {
+			p.Runtime.CountRefusal(p.Runtime.ModelLabel(placed.Model()), err)
 		}
 		p.Runtime.Finish(&placed, code, admission.Outcome{})
 		return Pick{}, err
