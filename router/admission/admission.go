@@ -98,8 +98,9 @@ type Options struct {
 // dispatched, from the router's state now (the best candidate's
 // prediction, say): the slack queue order (config.OrderSlack) reads it
 // for each request that queues with a TTFT target. The Controller finds
-// it on its core (*router.Router) by type assertion; without one it takes
-// the request's uncached prompt tokens times DefaultPrefillPerToken.
+// it on its core (*router.Router) by type assertion; without one, or when
+// it answers 0 (untrained), it takes the request's uncached prompt tokens
+// times DefaultPrefillPerToken.
 // Called outside every lock of this package; it must be safe for
 // concurrent use and must not block.
 type TTFTPredictor interface {
@@ -364,7 +365,7 @@ func (c *Controller) applySLO(h *Handle) {
 	}
 }
 
-// waited sets h's SLO.Waited, its time in the router at now, before a
+// setWaited sets h's SLO.Waited, its time in the router at now, before a
 // placement: only for a request with a target.
 func (h *Handle) setWaited(now time.Time) {
 	if h.req.SLO.Has() {
@@ -376,7 +377,9 @@ func (h *Handle) setWaited(now time.Time) {
 // dispatched (TTFTPredictor), for the slack order.
 func (c *Controller) predictTTFT(h *Handle) time.Duration {
 	if c.predictor != nil {
-		return c.predictor.PredictTTFT(h.req)
+		if d := c.predictor.PredictTTFT(h.req); d > 0 {
+			return d
+		}
 	}
 	return time.Duration(h.class.SchedulingCostTokens) * DefaultPrefillPerToken
 }
