@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
+	"sync/atomic"
 
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -13,6 +15,11 @@ const TypeMinCost = "min-cost"
 
 // ParamTemperature is the name of the min-cost picker's temperature.
 const ParamTemperature = "temperature"
+
+// TiesRotate is the min-cost picker's ties value that rotates among tied
+// lowest costs (llm-d's max-score picker); TiesRandom (the default) draws
+// uniformly. The parameter is ParamTies.
+const TiesRotate = "rotate"
 
 // MinCost picks by the summed scorer costs (Candidates.Costs). At
 // temperature 0 it picks a lowest-cost row, uniformly among ties. At
@@ -27,8 +34,21 @@ const ParamTemperature = "temperature"
 //
 // A pick makes two passes over the costs (range, then a one-pass weighted
 // reservoir draw, Chao 1982) and allocates nothing.
+//
+// With ties = "rotate" a temperature-0 pick among n tied lowest costs takes
+// the (k mod n)-th of them in row order, k a counter of the instance that
+// advances by one per tied pick and restarts at 0 when it reaches n: the
+// deterministic round-robin tie-break of llm-d's max-score picker
+// (github.com/llm-d/llm-d-router pkg/epp/framework/plugins/scheduling/
+// picker/maxscore/picker.go @ 0fa77a00202aa8c1bd72a9b3aa5b647e82f2e47f and
+// RotateScoredEndpoints in picker/common.go @
+// 5155e4cbfb5ce9e7abbca075eb2130cf9492072f), which replaced a random
+// shuffle because concurrent requests seeing equal scores converged on one
+// endpoint.
 type MinCost struct {
 	temperature float64
+	rotate      bool
+	counter     atomic.Int64 // ties = "rotate": the rotation counter
 	rng         *rng
 }
 
@@ -42,6 +62,9 @@ func MinCostType() shared.TypeInfo {
 				Doc: "Softmax temperature over range-normalised costs, unitless, finite, >= 0. " +
 					"Default 0: always a lowest-cost candidate (uniform among ties). At T > 0 the " +
 					"dearest candidate is exp(1/T) times less likely than the cheapest (T = 1: e times)."},
+			{Name: ParamTies, Type: shared.String, Default: TiesRandom,
+				Doc: `Ties among the lowest costs at temperature 0: "random" (default, uniform) or ` +
+					`"rotate" (round-robin over the tied rows in row order, llm-d's max-score picker).`},
 			seedSpec(),
 		},
 		Doc: "Picks the lowest summed scorer cost (temperature 0, uniform among ties) or samples " +
@@ -51,13 +74,18 @@ func MinCostType() shared.TypeInfo {
 }
 
 // NewMinCost returns a min-cost picker from p. A temperature that is NaN,
-// infinite or negative fails with a *shared.ParamError.
+// infinite or negative, or a ties other than "random" or "rotate", fails
+// with a *shared.ParamError.
 func NewMinCost(p shared.Params) (*MinCost, error) {
 	t := p.Float(ParamTemperature, 0)
 	if err := shared.NonNegative(ParamTemperature, t); err != nil {
 		return nil, err
 	}
-	return &MinCost{temperature: t, rng: newRNG(p)}, nil
+	rotate, err := choice(p, ParamTies, TiesRandom, TiesRotate)
+	if err != nil {
+		return nil, err
+	}
+	return &MinCost{temperature: t, rotate: rotate, rng: newRNG(p)}, nil
 }
 
 // Inputs returns 0: the picker reads only the costs the scorers wrote.
@@ -89,8 +117,11 @@ func (m *MinCost) Pick(_ context.Context, _ *shared.Request, c *shared.Candidate
 }
 
 // lowest returns a minimum-cost row, uniform among ties (reservoir
-// sampling).
+// sampling), or rotating among them with ties = "rotate".
 func (m *MinCost) lowest(costs []float64) int {
+	if m.rotate {
+		return m.rotated(costs)
+	}
 	g := m.rng.stream()
 	best, low, ties := 0, costs[0], 1
 	for i := 1; i < len(costs); i++ {
@@ -105,6 +136,44 @@ func (m *MinCost) lowest(costs []float64) int {
 		}
 	}
 	return best
+}
+
+// rotated returns the (k mod n)-th of the n rows with the lowest cost, k
+// the instance's rotation counter, which it advances (back to 0 at n).
+func (m *MinCost) rotated(costs []float64) int {
+	low, n := costs[0], 0
+	for _, c := range costs {
+		switch {
+		case c < low:
+			low, n = c, 1
+		case c == low:
+			n++
+		}
+	}
+	if n == 1 {
+		return slices.Index(costs, low)
+	}
+	var rot int64
+	for {
+		old := m.counter.Load()
+		rot = old % int64(n)
+		next := old + 1
+		if next >= int64(n) {
+			next = 0
+		}
+		if m.counter.CompareAndSwap(old, next) {
+			break
+		}
+	}
+	for i, c := range costs {
+		if c == low {
+			if rot == 0 {
+				return i
+			}
+			rot--
+		}
+	}
+	return 0 // unreachable: n rows cost low
 }
 
 // softmax samples row i with weight exp(-(c_i - c_min) * k), k = 1 /

@@ -143,3 +143,27 @@ func TestMinCostErrors(t *testing.T) {
 		t.Errorf("Pick with short costs: %v, want ErrMissingColumn", err)
 	}
 }
+
+// TestMinCostRotate checks llm-d's round-robin tie-break: tied lowest
+// rows are taken in turn, in row order, and an untied minimum is taken
+// without moving the rotation.
+func TestMinCostRotate(t *testing.T) {
+	m, err := NewMinCost(shared.Params{ParamTies: TiesRotate})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tied := &shared.Candidates{IDs: idsN(4), Costs: []float64{1, 0.5, 3, 0.5}}
+	single := &shared.Candidates{IDs: idsN(3), Costs: []float64{2, 1, 3}}
+	var got []int
+	for _, c := range []*shared.Candidates{tied, tied, single, tied, tied} {
+		row, err := m.Pick(context.Background(), &shared.Request{}, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, row)
+	}
+	if diff := cmp.Diff([]int{1, 3, 1, 1, 3}, got); diff != "" {
+		t.Errorf("rows (-want +got):\n%s", diff)
+	}
+	checkNew(t, MinCostType(), shared.Params{ParamTies: "first"}, ParamTies)
+}

@@ -49,6 +49,11 @@ type Bundle struct {
 
 	listenersOnce sync.Once
 	listeners     []shared.EventListener
+
+	// latency is true when some policy of the bundle (a role's, its
+	// fallbacks', shadow's or canary candidate's) declares LATENCY: the
+	// Router then predicts and learns from every answer (Decision.Sample).
+	latency bool
 }
 
 // BundleOptions complete a bundle NewBundle builds beyond its role
@@ -151,8 +156,20 @@ func NewBundle(roles map[shared.Role]*policy.Policy, o BundleOptions) (*Bundle, 
 			return fail(&RoleError{Role: role, Err: err})
 		}
 		b.roles[role] = rp
+		b.latency = b.latency || rp.declares(shared.InputLatency)
 	}
 	return b, nil
+}
+
+// declares reports whether rp, its fallbacks, its shadow or its canary's
+// candidate declare every input of in.
+func (rp *rolePolicy) declares(in shared.Inputs) bool {
+	for p := rp; p != nil; p = p.fallback {
+		if p.inputs.Has(in) || (p.shadow != nil && p.shadow.declares(in)) || (p.canary != nil && p.canary.cand.declares(in)) {
+			return true
+		}
+	}
+	return false
 }
 
 // BlockSize is BundleOptions.BlockSize: the default block size of a

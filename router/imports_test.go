@@ -24,7 +24,7 @@ func TestCoreImports(t *testing.T) {
 			got = append(got, strings.TrimPrefix(p, module+"/"))
 		}
 	}
-	want := []string{"hosted", "router/fleet", "router/pipeline", "router/policy", "router/prefix", "shared"}
+	want := []string{"hosted", "router/fleet", "router/pipeline", "router/policy", "router/predict", "router/prefix", "shared"}
 	slices.Sort(got)
 	if !slices.Equal(got, want) {
 		t.Errorf("the core imports, of module %s, %v; want exactly %v", module, got, want)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/pipeline"
 	"github.com/switchyard-router/switchyard/router/policy"
+	"github.com/switchyard-router/switchyard/router/predict"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -43,13 +46,21 @@ type Options struct {
 	BookingsAreLoad bool
 
 	// Registerer, when set, gets the router's metrics:
-	// switchyard_shadow_decisions_total{role,policy,shadow,result} and
-	// switchyard_shadow_decision_seconds{role,shadow}. nil means no
-	// metrics.
+	// switchyard_shadow_decisions_total{role,policy,shadow,result},
+	// switchyard_shadow_decision_seconds{role,shadow} and the latency
+	// predictor's switchyard_predictor_relative_error{target,quantile},
+	// switchyard_predictor_comparisons_total{target} and
+	// switchyard_predictor_classes. nil means no metrics.
 	Registerer prometheus.Registerer
 	// Shadow sets how the policies' shadows run (serve: asynchronously;
 	// replay: Inline). Without a shadow in any policy it has no effect.
 	Shadow ShadowOptions
+	// Predict makes the Router predict every decision's latency and learn
+	// from its answer (Decision.Sample) whatever the policies declare;
+	// otherwise it does only while a policy of the current bundle
+	// declares LATENCY. Replay sets it to report the predictor's
+	// accuracy under any policy.
+	Predict bool
 	// Canary sets the canaries' clock and rollback hook. With a
 	// Registerer the Router also exports switchyard_canary_state,
 	// switchyard_canary_decisions_total and
@@ -95,6 +106,12 @@ type Router struct {
 
 	canaryOpts    CanaryOptions
 	canaryMetrics *canaryMetrics // nil without a Registerer
+
+	// models is the latency predictor's models (one per worker class),
+	// fed by ObserveFirstToken and ObserveEnd; alwaysLearn is
+	// Options.Predict.
+	models      *predict.Set
+	alwaysLearn bool
 
 	// swapMu serialises Apply and Close.
 	swapMu sync.Mutex
@@ -142,7 +159,13 @@ func resolveOne(p *policy.Policy, hostedOK bool) (*rolePolicy, error) {
 	if p.Picker == nil {
 		return nil, fmt.Errorf("policy %q has no picker", p.Name)
 	}
-	rp := &rolePolicy{policy: p, inputs: p.Inputs()}
+	in := p.Inputs()
+	if in.Has(shared.InputLatency) {
+		// The predictions are computed from each candidate's load and
+		// overlap (predict.Features).
+		in |= shared.InputLoad | shared.InputCache
+	}
+	rp := &rolePolicy{policy: p, inputs: in}
 	if hostedOK {
 		rp.hosted, _ = hosted.IntoHosted(p)
 	}
@@ -197,6 +220,8 @@ func New(o Options) (*Router, error) {
 		index:           prefix.New(o.BlockSize),
 		shadow:          o.Shadow,
 		canaryOpts:      o.Canary,
+		models:          predict.NewSet(),
+		alwaysLearn:     o.Predict,
 	}
 	if o.Registerer != nil {
 		var err error
@@ -204,6 +229,9 @@ func New(o Options) (*Router, error) {
 			return nil, fmt.Errorf("router: metrics: %w", err)
 		}
 		if r.canaryMetrics, err = registerCanary(o.Registerer, r); err != nil {
+			return nil, fmt.Errorf("router: metrics: %w", err)
+		}
+		if err = registerPredictor(o.Registerer, r); err != nil {
 			return nil, fmt.Errorf("router: metrics: %w", err)
 		}
 	}
@@ -416,6 +444,8 @@ func (r *Router) AddWorkers(specs ...fleet.Spec) ([]*fleet.Worker, error) {
 	specs = slices.Clone(specs)
 	for i := range specs {
 		specs[i].Slot = slots[i]
+		specs[i].Predictor = r.models.Class(classOf(&specs[i]))
+		specs[i].KVTokens = specs[i].TotalKVBlocks * int64(r.CapacityBlockSize(specs[i]))
 	}
 	return r.fleet.AddWorkers(specs...)
 }
@@ -512,6 +542,12 @@ type Decision struct {
 	// token.
 	Canary    *Canary
 	Candidate bool
+	// Sample is what the latency predictor learns from at the first token
+	// and the end (ObserveFirstToken, ObserveEnd): the chosen worker's
+	// features at decision time and what was predicted for it. Learn is
+	// false (and Sample zero) when the Router is not predicting.
+	Sample predict.Sample
+	Learn  bool
 	// Shadow is the outcome of the role's policy's shadow when the Router
 	// runs shadows inline (ShadowOptions.Inline); the zero outcome
 	// (Result "") otherwise, for a policy without a shadow and for a
@@ -779,6 +815,11 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 	if known {
 		charge = prefill()
 	}
+	var before shared.Load
+	learn := r.learning()
+	if learn {
+		w.LoadInto(&before, true) // before this request's own charge
+	}
 	switch {
 	case capacity > 0 && over:
 		d.Booking = fleet.BookOver(booking, w, capacity, charge, blocks)
@@ -808,6 +849,13 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 	}
 	d.Worker = w
 	d.OverlapBlocks = overlap
+	if learn {
+		d.Learn = true
+		d.Sample.Features = r.features(req, &before, overlap, bs)
+		d.Sample.Features.Capacity = float64(w.KVTokens)
+		d.Sample.Model = w.Predictor
+		d.Sample.Predicted = r.models.Predict(w.Predictor, &d.Sample.Features)
+	}
 	return d, nil
 }
 
@@ -877,14 +925,16 @@ func narrow(p *fleet.Partition, tag string, keep func(*fleet.Worker) bool) *flee
 }
 
 // fallbackAllowed: the fallback answers for component failures, not for
-// outcomes that are the policy's answer (every candidate filtered out) or
+// outcomes that are the policy's answer (every candidate filtered out,
+// all busy, no headroom for the request's latency targets) or
 // the caller's. Whether the caller gave up is read from ctx, the caller's
 // own context: a component's error can wrap context.Canceled from a
 // context of its own (a plugin's stream ending with its process), and
 // that is a component failure.
 func fallbackAllowed(ctx context.Context, err error) bool {
+	var noHeadroom *shared.NoHeadroomError
 	return ctx.Err() == nil && !errors.Is(err, shared.ErrAllFiltered) && !errors.Is(err, shared.ErrAllBusy) &&
-		!errors.Is(err, ErrAllExcluded) && !errors.Is(err, shared.ErrNoWorkers)
+		!errors.Is(err, ErrAllExcluded) && !errors.Is(err, shared.ErrNoWorkers) && !errors.As(err, &noHeadroom)
 }
 
 // decide runs one policy over the partition and returns the chosen worker
@@ -1038,6 +1088,29 @@ func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Reques
 	if in.Has(shared.InputCache) {
 		r.index.FillTiersAt(part.Slots, req.BlockHashes, r.sizeOf(req), req.Prompt, c.OverlapBlocks, c.CPUOverlapBlocks)
 	}
+	if in.Has(shared.InputLatency) {
+		// LATENCY implies LOAD and CACHE (resolveOne): one pass over the
+		// filled columns, a few nanoseconds per row.
+		bs := r.sizeOf(req)
+		f := r.features(req, &shared.Load{}, 0, bs)
+		preds, kv := part.Predictors, part.KVTokens
+		for i := range part.Workers {
+			var m *predict.Model
+			if len(preds) == len(part.Workers) {
+				m, f.Capacity = preds[i], float64(kv[i])
+			} else { // a narrowed partition (narrow) has no such columns
+				w := part.Workers[i]
+				m, f.Capacity = w.Predictor, float64(w.KVTokens)
+			}
+			l := &c.Load[i]
+			if req.Role != shared.RoleDecode {
+				f.Uncached = float64(max(req.PromptTokens-int(c.OverlapBlocks[i])*bs, 0))
+			}
+			f.Prefill, f.Context, f.Active = float64(l.ActivePrefillTokens), float64(l.ActiveDecodeBlocks*int64(bs)), float64(l.ActiveRequests)
+			p := r.models.Predict(m, &f)
+			c.PredictedTTFT[i], c.PredictedTPOT[i] = p.TTFT, p.TPOT
+		}
+	}
 }
 
 func rank(c *shared.Candidates, row int) uint32 {
@@ -1085,4 +1158,96 @@ func (r *Router) begin(ctx context.Context, req *shared.Request) (b *Bundle, str
 		return nil, 0, fmt.Errorf("%w %q", ErrNoPolicy, req.Role)
 	}
 	return b, stripe, nil
+}
+
+// learning reports whether decisions keep a Sample: Options.Predict, or
+// a policy of the current bundle declares LATENCY.
+func (r *Router) learning() bool {
+	if r.alwaysLearn {
+		return true
+	}
+	b := r.cur.Load()
+	return b != nil && b.latency
+}
+
+// features is what the predictor knows of req on a worker with load l
+// and overlap blocks of bs tokens (predict.Features): the expected output
+// is the request's max_tokens, else the learned mean.
+func (r *Router) features(req *shared.Request, l *shared.Load, overlap, bs int) predict.Features {
+	uncached := 0
+	if req.Role != shared.RoleDecode {
+		uncached = max(req.PromptTokens-overlap*bs, 0)
+	}
+	out := float64(req.MaxTokens)
+	if out <= 0 {
+		out = r.models.ExpectedOutput()
+	}
+	return predict.Features{
+		Uncached: float64(uncached), Prompt: float64(req.PromptTokens), Output: out,
+		Prefill: float64(l.ActivePrefillTokens), Context: float64(l.ActiveDecodeBlocks * int64(bs)),
+		Active: float64(l.ActiveRequests),
+	}
+}
+
+// classOf is the predictor class of a worker: its shared.LabelClass
+// label, else the worker alone (its name, or its id and rank).
+func classOf(s *fleet.Spec) string {
+	if c, ok := s.Labels[shared.LabelClass]; ok && c != "" {
+		return "class:" + c
+	}
+	if s.Name != "" {
+		return "worker:" + s.Name
+	}
+	return fmt.Sprintf("worker:%d/%d", s.ID, s.DPRank)
+}
+
+// Predictor is the Router's latency predictor: its models and their
+// accuracy (predict.Set.Accuracy).
+func (r *Router) Predictor() *predict.Set { return r.models }
+
+// ObserveFirstToken teaches the predictor a decision's first token, ttft
+// after its dispatch. It does nothing for a decision without a sample
+// (Decision.Learn false).
+func (r *Router) ObserveFirstToken(d *Decision, ttft time.Duration) {
+	if d.Learn {
+		r.models.ObserveTTFT(&d.Sample, ttft.Seconds())
+	}
+}
+
+// ObserveEnd teaches the predictor a decision's completed answer of
+// outputTokens generated tokens whose tokens after the first came gap
+// apart on average (0 when fewer than two tokens or no first token was
+// seen). It does nothing for a decision without a sample.
+func (r *Router) ObserveEnd(d *Decision, outputTokens int64, gap time.Duration) {
+	if d.Learn {
+		r.models.ObserveEnd(&d.Sample, outputTokens, gap.Seconds())
+	}
+}
+
+// PredictTTFT is the smallest predicted TTFT of req among the workers of
+// its model and role, its uncached prompt on each as the index believes:
+// what a queue ordering by slack takes as the request's own service time.
+// 0 when the predictor is untrained or no worker serves the request.
+// O(workers): call it once per request, not per queue operation.
+func (r *Router) PredictTTFT(req *shared.Request) time.Duration {
+	part, err := r.partition(req)
+	if err != nil || len(part.Workers) == 0 {
+		return 0
+	}
+	bs := r.sizeOf(req)
+	best := math.Inf(1)
+	var l shared.Load
+	for _, w := range part.Workers {
+		w.LoadInto(&l, true)
+		overlap := r.index.OverlapAt(prefix.Candidate{ID: w.ID, Rank: w.DPRank}, req.BlockHashes, bs, req.Prompt)
+		f := r.features(req, &l, overlap, bs)
+		f.Capacity = float64(w.KVTokens)
+		if p := r.models.Predict(w.Predictor, &f); p.Trained {
+			best = min(best, p.TTFT)
+		}
+	}
+	if math.IsInf(best, 1) {
+		return 0
+	}
+	return time.Duration(best * float64(time.Second))
 }

@@ -22,9 +22,17 @@ policies' own component seeds dropped, so that the router seed governs every
 draw) and prints, per check, how many (cell, seed) runs met it and the worst
 value seen.
 
+--peers adds the peer baselines of issue #30 (examples/policies/peers/:
+Dynamo's KV router, llm-d's default scheduler profile, SGLang's cache-aware
+policy, AIBrix's prefix-cache policy) to every comparison and to the tables;
+with --seeds it also prints, per trace, a table of the default and each peer
+averaged over the seeds, with the range of TTFT p90 across them. The checks
+stay the default policy's against the example policies.
+
 Usage: scripts/routing-quality.py [--bin bin/router] [--workers 4,8,16]
-       [--seeds N,M,...] [TRACE ...]   (default: the bundled conversation and
-       arXiv traces and the generated session trace when present)
+       [--seeds N,M,...] [--peers] [TRACE ...]   (default: the bundled
+       conversation and arXiv traces and the generated session trace when
+       present)
 """
 import argparse
 import json
@@ -36,6 +44,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POLICIES = ["round-robin", "least-loaded", "power-of-two", "kv", "kv-affinity"]
+PEERS = ["dynamo", "llm-d", "sglang", "aibrix"]  # examples/policies/peers/NAME.hcl
 DEFAULT_TRACES = [
     "testdata/traces/mooncake_conversation_trace.jsonl",
     "testdata/traces/mooncake_arxiv_trace_first1000.jsonl",
@@ -43,8 +52,10 @@ DEFAULT_TRACES = [
 ]
 
 
-def run(binary, trace, workers, seed, policy_dir):
-    files = ",".join(os.path.join(policy_dir, p + ".hcl") for p in POLICIES)
+def run(binary, trace, workers, seed, policy_dir, peers=False):
+    """One --compare of the example policies (and the peers, from policy_dir/peers) on trace."""
+    names = POLICIES + [os.path.join("peers", p) for p in PEERS] * peers
+    files = ",".join(os.path.join(policy_dir, p + ".hcl") for p in names)
     cmd = [binary, "replay", "--trace", trace, "--workers", str(workers), "--compare", files, "--report", "-"]
     if seed is not None:
         cmd += ["--seed", str(seed)]
@@ -95,8 +106,9 @@ def checks(c):
 
 
 def unseeded_policies(tmp):
-    """Copies of the example policies without their components' own seeds."""
-    for p in POLICIES:
+    """Copies of the example policies (and peers) without their components' own seeds."""
+    os.makedirs(os.path.join(tmp, "peers"), exist_ok=True)
+    for p in POLICIES + [os.path.join("peers", p) for p in PEERS]:
         with open(os.path.join(ROOT, "examples/policies", p + ".hcl")) as f:
             src = f.read()
         # A component's seed is indented deeper than the router block's.
@@ -106,11 +118,35 @@ def unseeded_policies(tmp):
     return tmp
 
 
+def label(p):
+    return {"kv": "kv-cost", "kv-affinity": "kv-affinity (default)"}.get(p, p if p in POLICIES else "peer: " + p)
+
+
+def peer_table(runs, ws, seeds):
+    """The default and each peer, averaged over the seeds' runs: runs[(w, seed)] = {policy: record}."""
+    print(f"\nseeds {','.join(map(str, seeds))}, component seeds dropped: mean over the seeds "
+          "(TTFT p90 range across seeds in brackets)\n")
+    print("| policy | " + " | ".join(f"{w} workers: KV hit (of ref) | TTFT mean / p90 [min-max] / p99 ms" for w in ws) + " |")
+    print("| --- |" + " --- | --- |" * len(ws))
+    for p in ["kv-affinity"] + PEERS:
+        row = []
+        for w in ws:
+            rs = [runs[(w, seed)][p] for seed in seeds]
+            m = lambda f: sum(f(r) for r in rs) / len(rs)
+            p90s = [r["ttft_ms"]["p90"] for r in rs]
+            row.append(f"{m(lambda r: r['kv_hit_ratio']) * 100:.1f}% ({m(lambda r: r['kv_hit_of_reference']) * 100:.0f}%)")
+            row.append(f"{m(lambda r: r['ttft_ms']['mean']):.0f} / {m(lambda r: r['ttft_ms']['p90']):.0f} "
+                       f"[{min(p90s):.0f}-{max(p90s):.0f}] / {m(lambda r: r['ttft_ms']['p99']):.0f}")
+        print(f"| {label(p)} | " + " | ".join(row) + " |")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=os.path.join(ROOT, "bin/router"))
     ap.add_argument("--workers", type=fleet_sizes, default="4,8,16")
     ap.add_argument("--seeds", type=seed_list, help="comma-separated seeds to repeat every cell with")
+    ap.add_argument("--peers", action="store_true",
+                    help="also compare the peer baselines of examples/policies/peers/ (issue #30)")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
     if not (os.path.isfile(a.bin) and os.access(a.bin, os.X_OK)):
@@ -125,22 +161,21 @@ def main():
     examples = os.path.join(ROOT, "examples/policies")
     fails = 0
     for trace in traces:
-        cells = {w: run(a.bin, trace, w, None, examples) for w in a.workers}
+        cells = {w: run(a.bin, trace, w, None, examples, a.peers) for w in a.workers}
         ws = sorted(cells)
         print(f"\n### {os.path.basename(trace)}\n")
         print("| policy | " + " | ".join(f"{w} workers: KV hit (of ref) | TTFT mean / p90 / p99 ms" for w in ws) + " |")
         print("| --- |" + " --- | --- |" * len(ws))
         print("| reference (one LRU of the fleet's capacity) | "
               + " | ".join(f"{cells[w]['kv-affinity']['kv_hit_reference'] * 100:.1f}% | " for w in ws) + " |")
-        for p in POLICIES:
+        for p in POLICIES + PEERS * a.peers:
             row = []
             for w in ws:
                 r = cells[w][p]
                 t = r["ttft_ms"]
                 row.append(f"{r['kv_hit_ratio'] * 100:.1f}% ({r['kv_hit_of_reference'] * 100:.0f}%)")
                 row.append(f"{t['mean']:.0f} / {t['p90']:.0f} / {t['p99']:.0f}")
-            name = {"kv": "kv-cost", "kv-affinity": "kv-affinity (default)"}.get(p, p)
-            print(f"| {name} | " + " | ".join(row) + " |")
+            print(f"| {label(p)} | " + " | ".join(row) + " |")
         print()
         for w in ws:
             for name, ok, value, limit in checks(cells[w]):
@@ -150,10 +185,11 @@ def main():
             continue
         with tempfile.TemporaryDirectory() as tmp:
             unseeded = unseeded_policies(tmp)
-            tally = {}
+            tally, seeded = {}, {}
             for w in ws:
                 for seed in seeds:
-                    for name, ok, value, limit in checks(run(a.bin, trace, w, seed, unseeded)):
+                    seeded[(w, seed)] = run(a.bin, trace, w, seed, unseeded, a.peers)
+                    for name, ok, value, limit in checks(seeded[(w, seed)]):
                         met, runs, worst = tally.get((w, name), (0, 0, None))
                         # The worst run: the smallest value for the KV checks,
                         # the largest for the latency ones.
@@ -164,6 +200,8 @@ def main():
         print(f"\nseeds {','.join(map(str, seeds))}, component seeds dropped:")
         for (w, name), (met, runs, worst) in tally.items():
             print(f"- {w} workers: {name}: met in {met} of {runs} (worst: seed {worst[1]}, {worst[2]:.1f} against {worst[3]:.1f})")
+        if a.peers:
+            peer_table(seeded, ws, seeds)
     return 1 if fails else 0
 
 

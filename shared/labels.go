@@ -36,6 +36,14 @@ const (
 	// "1", ...); present only on workers whose engine reports
 	// data-parallel ranks.
 	LabelDPRank = "switchyard.io/dp-rank"
+	// LabelClass is the worker's hardware class, for policies and
+	// per-class latency models that must tell a fleet's kinds of hardware
+	// apart. Router replay sets it on every simulated worker: "speed-"
+	// and the worker's speed relative to the modelled H100 ("speed-1",
+	// "speed-2"; router/replay Options.Speeds). Router serve does not set
+	// it: it is the one key under LabelPrefix a worker block's (or pod's)
+	// labels may set, to name the worker's hardware ("h100", "a10g").
+	LabelClass = "switchyard.io/class"
 	// LabelPrefix is the prefix of every router-set key.
 	LabelPrefix = "switchyard.io/"
 )

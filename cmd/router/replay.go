@@ -23,6 +23,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/replay"
 	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/replay/report/htmlreport"
+	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/trace"
 )
 
@@ -70,6 +71,9 @@ type replayFlags struct {
 	memoryLimit int
 	// quiet is --quiet: no progress on stderr (see progress).
 	quiet bool
+	// speeds is --speeds as given: a comma-separated speed pattern
+	// (speedsOf).
+	speeds string
 }
 
 // DefaultReplayMemoryLimit is --memory-limit's default, MiB: the soft limit
@@ -134,7 +138,12 @@ equals what the engine served.
 request i is routed by replica i mod N, each with policies, a queue and a
 prefix index of its own, and each sees the others' bookings, first tokens and
 releases, and the engines' KV events, --sync-delay later. A list of delays
-(0,10ms,1s) sweeps, in rows NAME/N@D. The full reference is docs/replay.md.`,
+(0,10ms,1s) sweeps, in rows NAME/N@D.
+
+--speeds 2,1 replays a fleet of mixed hardware: worker i of each pool runs
+every engine step at speed 2,1,2,1... (entry i mod the list's length), relative
+to the modelled H100, and carries the label switchyard.io/class=speed-2 or
+speed-1. The full reference is docs/replay.md.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			f.cmd = cmd
@@ -177,6 +186,7 @@ releases, and the engines' KV events, --sync-delay later. A list of delays
 	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
 	fl.IntVar(&f.memoryLimit, "memory-limit", DefaultReplayMemoryLimit,
 		"soft limit on the Go heap in MiB (runtime/debug.SetMemoryLimit), set unless GOMEMLIMIT is in the environment; 0: none")
+	fl.StringVar(&f.speeds, "speeds", "", "simulated workers' speeds relative to the modelled H100, comma-separated, cycling over each fleet's workers: worker i runs at entry i mod N (2,1: half the workers twice as fast); default 1")
 	fl.BoolVar(&f.quiet, "quiet", false, "show no progress on stderr (shown when a replay takes over 2 s: requests done of total, simulated time, ETA)")
 	setWant(fl, "workers", fmt.Sprintf("whole numbers from 1 to %d, comma-separated", replay.MaxWorkers))
 	for _, name := range []string{"prefill-workers", "decode-workers"} {
@@ -190,6 +200,7 @@ releases, and the engines' KV events, --sync-delay later. A list of delays
 	setWant(fl, "kv-event-delay", "a duration >= 0 such as 20ms or 1s")
 	setWant(fl, "replicas", fmt.Sprintf("a whole number from 1 to %d", replay.MaxReplicas))
 	setWant(fl, "sync-delay", "durations >= 0 such as 0,10ms,1s, comma-separated")
+	setWant(fl, "speeds", fmt.Sprintf("numbers from %v to %v, comma-separated, at most %d", sim.MinSpeed, sim.MaxSpeed, replay.MaxWorkers))
 	return cmd
 }
 
@@ -238,6 +249,9 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 		}
 	}
 	if err := f.checkFleets(cmd); err != nil {
+		return err
+	}
+	if _, err := f.speedsOf(cmd); err != nil {
 		return err
 	}
 	if f.memoryLimit < 0 || f.memoryLimit > 1<<30 {
@@ -466,6 +480,55 @@ func (f *replayFlags) checkFleets(cmd *cobra.Command) error {
 	return nil
 }
 
+// speedsOf reads --speeds: the speed pattern (replay.Sweep.Speeds), one
+// entry per comma-separated value, each a number from sim.MinSpeed to
+// sim.MaxSpeed, at most replay.MaxWorkers of them (a longer pattern
+// could not reach its last entries). nil without the flag. Every error
+// is a usage error naming the entry.
+func (f *replayFlags) speedsOf(cmd *cobra.Command) ([]float64, error) {
+	if !cmd.Flags().Changed("speeds") {
+		return nil, nil
+	}
+	want := fmt.Sprintf("want numbers from %v to %v, comma-separated, such as 2,1", sim.MinSpeed, sim.MaxSpeed)
+	if strings.TrimSpace(f.speeds) == "" {
+		return nil, fmt.Errorf("--speeds '': %s", want)
+	}
+	// Count before splitting, so a huge value is refused without building
+	// its list.
+	if n := strings.Count(f.speeds, ",") + 1; n > replay.MaxWorkers {
+		return nil, fmt.Errorf("--speeds: %d entries; want at most %d, one per simulated worker", n, replay.MaxWorkers)
+	}
+	parts := strings.Split(f.speeds, ",")
+	out := make([]float64, len(parts))
+	for i, p := range parts {
+		p = strings.TrimSpace(p)
+		entry := fmt.Sprintf("--speeds %s: entry %d of %d", f.speeds, i+1, len(parts))
+		if p == "" {
+			return nil, fmt.Errorf("%s is empty; %s", entry, want)
+		}
+		v, err := strconv.ParseFloat(p, 64)
+		if err != nil || sim.CheckSpeed(v) != nil {
+			return nil, fmt.Errorf("%s, %q, is not a speed; %s (1: the modelled H100)", entry, p, want)
+		}
+		out[i] = v
+	}
+	return out, nil
+}
+
+// speedsText words --speeds for the header line: "" without it or when
+// every speed is 1, else "; worker speeds 2,1, repeating over each pool's
+// workers (1: the modelled H100)".
+func speedsText(speeds []float64) string {
+	if replay.CycleSpeeds(speeds, len(speeds)) == nil {
+		return ""
+	}
+	parts := make([]string, len(speeds))
+	for i, v := range speeds {
+		parts[i] = strconv.FormatFloat(v, 'g', -1, 64)
+	}
+	return fmt.Sprintf("; worker speeds %s, repeating over each pool's workers (1: the modelled H100)", strings.Join(parts, ","))
+}
+
 // maxFleetSizes bounds each fleet size list of a sweep.
 const maxFleetSizes = 64
 
@@ -690,8 +753,10 @@ func (f *replayFlags) sweep(cmd *cobra.Command, tr *trace.Opened) *replay.Sweep 
 	if f.canary != "" {
 		canary, _ = replay.ParseCanary(f.canary) // checked
 	}
+	speeds, _ := f.speedsOf(cmd) // checked
 	return &replay.Sweep{
 		Canary:       canary,
+		Speeds:       speeds,
 		Trace:        tr,
 		Policies:     f.policyPaths(),
 		Fleets:       f.fleets(cmd),
@@ -723,7 +788,7 @@ func (f *replayFlags) comparison(cmd *cobra.Command) report.Comparison {
 // printTable prints the header line and the table of res to out, and one
 // line per run with rejected requests to stderr.
 func (f *replayFlags) printTable(out, stderr io.Writer, tr *trace.Opened, s *replay.Sweep, res *replay.SweepResult, cmp report.Comparison) error {
-	fmt.Fprintln(out, f.headerLine(tr, s.Fleets))
+	fmt.Fprintln(out, f.headerLine(tr, s.Fleets)+speedsText(s.Speeds))
 	if err := report.WriteComparison(out, res.Cells, cmp); err != nil {
 		return err
 	}

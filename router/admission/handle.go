@@ -37,6 +37,10 @@ type Handle struct {
 	err      error // why the request was refused (state ended before a dispatch)
 	waited   time.Duration
 	first    bool // FirstToken was recorded
+	// sentAt and firstAt are when the request was dispatched and when its
+	// first token came (Controller clock), kept for the latency predictor
+	// when the decision learns (router.Decision.Learn).
+	sentAt, firstAt time.Time
 	// booking is the storage of the request's booking (no allocation per
 	// request); decision.Booking points here while it is dispatched.
 	booking fleet.Booking
@@ -155,6 +159,10 @@ func (h *Handle) FirstToken() {
 	}
 	h.first = true
 	h.decision.Booking.PrefillDone()
+	if h.decision.Learn {
+		h.firstAt = h.c.now()
+		h.c.core.ObserveFirstToken(&h.decision, h.firstAt.Sub(h.sentAt))
+	}
 	if h.c.obs != nil {
 		h.c.obs.FirstToken(h.req.ID)
 	}
@@ -199,6 +207,9 @@ func (h *Handle) End(o Outcome) {
 		ev.Worker, ev.HasWorker = h.decision.Worker.ID, true
 		if o.Completed {
 			ev.Kind, ev.ContextTokens, ev.Reason = shared.EventCompleted, o.ContextTokens, ""
+			if h.decision.Learn {
+				h.learnEnd(o.ContextTokens)
+			}
 		}
 	}
 	h.state = stateEnded
@@ -305,6 +316,9 @@ func (h *Handle) enter(ctx context.Context) error {
 	case err == nil:
 		h.mu.Lock()
 		h.state, h.decision = stateDispatched, d
+		if d.Learn {
+			h.sentAt = c.now()
+		}
 		if c.obs != nil {
 			c.obs.Booked(h.req, d)
 		}
@@ -354,6 +368,7 @@ func (h *Handle) dispatched(d router.Decision, now time.Time) bool {
 		return false
 	}
 	h.state, h.decision, h.waited = stateDispatched, d, now.Sub(h.arrival)
+	h.sentAt = now
 	if h.c.obs != nil {
 		h.c.obs.Booked(h.req, d)
 	}
@@ -375,4 +390,17 @@ func (h *Handle) refuse(err error, now time.Time) bool {
 	h.c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Reason: err.Error(), At: now})
 	close(h.ready)
 	return true
+}
+
+// learnEnd teaches the predictor the request's completed answer of
+// contextTokens (prompt plus generated): its output length and, with a
+// first token and at least two generated tokens, its mean gap between
+// tokens after the first. h.mu is held.
+func (h *Handle) learnEnd(contextTokens int64) {
+	out := contextTokens - int64(h.req.PromptTokens)
+	var gap time.Duration
+	if h.first && out >= 2 {
+		gap = h.c.now().Sub(h.firstAt) / time.Duration(out-1)
+	}
+	h.c.core.ObserveEnd(&h.decision, out, gap)
 }

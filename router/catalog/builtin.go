@@ -13,10 +13,13 @@ func builtinTypes() []shared.TypeInfo {
 	return []shared.TypeInfo{
 		// Filters.
 		builtin.BusyType(),
+		builtin.SLOType(),
 		// Scorers.
 		builtin.KVAffinityType(),
 		builtin.KVCostType(),
+		builtin.NormalizedScoreType(),
 		// Pickers.
+		builtin.CacheAwareType(),
 		builtin.LeastLoadedType(),
 		builtin.MinCostType(),
 		builtin.PowerOfTwoType(),

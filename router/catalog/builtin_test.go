@@ -14,16 +14,19 @@ import (
 func TestDefaultNames(t *testing.T) {
 	want := []string{
 		builtin.TypeBusy,
+		builtin.TypeCacheAware,
 		builtin.TypeHeaderPriority,
 		builtin.TypeKVAffinity,
 		builtin.TypeKVCost,
 		builtin.TypeLeastLoaded,
 		builtin.TypeMinCost,
+		builtin.TypeNormalizedScore,
 		builtin.TypePowerOfTwo,
 		builtin.TypePromptLengthClass,
 		builtin.TypeRandom,
 		builtin.TypeRoundRobin,
 		builtin.TypeSessionAffinity,
+		builtin.TypeSLO,
 	}
 	if diff := cmp.Diff(want, Default().Names(0)); diff != "" {
 		t.Errorf("Default().Names(0) (-want +got):\n%s", diff)
@@ -33,16 +36,19 @@ func TestDefaultNames(t *testing.T) {
 func TestDefaultKinds(t *testing.T) {
 	want := map[string]shared.Kind{
 		"busy":                shared.KindFilter,
+		"cache-aware":         shared.KindPicker,
 		"header-priority":     shared.KindClassifier,
 		"kv-affinity":         shared.KindScorer,
 		"kv-cost":             shared.KindScorer,
 		"least-loaded":        shared.KindPicker,
 		"min-cost":            shared.KindPicker,
+		"normalized-score":    shared.KindScorer,
 		"power-of-two":        shared.KindPicker,
 		"prompt-length-class": shared.KindClassifier,
 		"random":              shared.KindPicker,
 		"round-robin":         shared.KindPicker,
 		"session-affinity":    shared.KindClassifier,
+		"slo":                 shared.KindFilter,
 	}
 	got := map[string]shared.Kind{}
 	for _, e := range Default().Entries() {
@@ -63,6 +69,7 @@ func TestDefaultKinds(t *testing.T) {
 func TestDefaultConstructs(t *testing.T) {
 	extra := map[string]shared.Params{
 		"busy":                {"max_active_requests": int64(8)},
+		"normalized-score":    {"signal": "queue"},
 		"prompt-length-class": {"buckets": "short:1024,long"},
 	}
 	for _, e := range Default().Entries() {
@@ -101,13 +108,14 @@ func TestDefaultUnknownListsSorted(t *testing.T) {
 	if !errors.As(err, &u) {
 		t.Fatalf("Lookup(nope) error = %v, want *UnknownTypeError", err)
 	}
-	want := []string{"busy", "header-priority", "kv-affinity", "kv-cost", "least-loaded", "min-cost", "power-of-two",
-		"prompt-length-class", "random", "round-robin", "session-affinity"}
+	want := []string{"busy", "cache-aware", "header-priority", "kv-affinity", "kv-cost", "least-loaded", "min-cost",
+		"normalized-score", "power-of-two",
+		"prompt-length-class", "random", "round-robin", "session-affinity", "slo"}
 	if diff := cmp.Diff(want, u.Available); diff != "" {
 		t.Errorf("Available (-want +got):\n%s", diff)
 	}
-	const msg = `unknown type "nope"; available: busy, header-priority, kv-affinity, kv-cost, least-loaded, min-cost, ` +
-		`power-of-two, prompt-length-class, random, round-robin, session-affinity`
+	const msg = `unknown type "nope"; available: busy, cache-aware, header-priority, kv-affinity, kv-cost, least-loaded, ` +
+		`min-cost, normalized-score, power-of-two, prompt-length-class, random, round-robin, session-affinity, slo`
 	if err.Error() != msg {
 		t.Errorf("error = %q, want %q", err, msg)
 	}
@@ -116,7 +124,7 @@ func TestDefaultUnknownListsSorted(t *testing.T) {
 	if !errors.As(err, &u) {
 		t.Fatalf("LookupKind(nope) error = %v, want *UnknownTypeError", err)
 	}
-	wantPickers := []string{"least-loaded", "min-cost", "power-of-two", "random", "round-robin"}
+	wantPickers := []string{"cache-aware", "least-loaded", "min-cost", "power-of-two", "random", "round-robin"}
 	if diff := cmp.Diff(wantPickers, u.Available); diff != "" {
 		t.Errorf("picker Available (-want +got):\n%s", diff)
 	}

@@ -46,16 +46,22 @@ worker_selection { aggregated = "p" }`), cat)
 	}
 }
 
-// TestShippedPolicies loads every policy file under examples/policies and
-// every hcl example in README.md against the real built-in catalog: what we
-// ship and show must load without an error or a warning. Plugin types are
-// stood in for by shapeHost; the example plugins' own tests load these
-// files with the real binaries.
+// TestShippedPolicies loads every policy file under examples/policies and its
+// peers/ subdirectory, and every hcl example in README.md, against the real
+// built-in catalog: what we ship and show must load without an error or a
+// warning. Plugin types are stood in for by shapeHost; the example plugins'
+// own tests load these files with the real binaries.
 func TestShippedPolicies(t *testing.T) {
 	files, err := filepath.Glob("../../examples/policies/*.hcl")
 	if err != nil || len(files) < 4 {
 		t.Fatalf("example policies: %v %v", files, err)
 	}
+	// The peers' baselines (issue #30) live one level down.
+	peers, err := filepath.Glob("../../examples/policies/peers/*.hcl")
+	if err != nil || len(peers) < 4 {
+		t.Fatalf("peer policies: %v %v", peers, err)
+	}
+	files = append(files, peers...)
 	for _, f := range files {
 		src, err := os.ReadFile(f)
 		if err != nil {

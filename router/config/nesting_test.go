@@ -307,15 +307,20 @@ func (w *depthWalker) Exit(hclsyntax.Node) hcl.Diagnostics {
 	return nil
 }
 
-// TestRealFilesNestShallowly: the example policies and the test policies
-// are far from the limit (docs/policy-file.md says how far).
+// TestRealFilesNestShallowly: the example policies (the peer baselines of
+// examples/policies/peers/ among them) and the test policies are far from
+// the limit (docs/policy-file.md says how far).
 func TestRealFilesNestShallowly(t *testing.T) {
 	files, err := filepath.Glob("../../examples/policies/*.hcl")
 	if err != nil {
 		t.Fatal(err)
 	}
+	peers, _ := filepath.Glob("../../examples/policies/peers/*.hcl")
+	if len(peers) < 4 {
+		t.Fatalf("only %d peer policies: %v", len(peers), peers)
+	}
 	more, _ := filepath.Glob("testdata/*.hcl*")
-	files = append(files, more...)
+	files = append(append(files, peers...), more...)
 	if len(files) < 10 {
 		t.Fatalf("only %d files", len(files))
 	}

@@ -105,16 +105,18 @@ const (
 // ValidLabel returns nil when key = value may be a label of a worker block:
 // key 1 to MaxLabelKeyBytes bytes, value at most MaxLabelValueBytes, both
 // UTF-8 without control characters, and key not under shared.LabelPrefix
-// ("switchyard.io/", in any case), which the router's own keys use.
+// ("switchyard.io/", in any case), which the router's own keys use, but
+// for shared.LabelClass, the worker's hardware class, which only the
+// operator knows.
 func ValidLabel(key, value string) error {
 	switch {
 	case key == "" || len(key) > MaxLabelKeyBytes:
 		return fmt.Errorf("label key %q must be 1 to %d bytes", trimmed(key), MaxLabelKeyBytes)
 	case len(value) > MaxLabelValueBytes:
 		return fmt.Errorf("label %q: value of %d bytes, at most %d", key, len(value), MaxLabelValueBytes)
-	case len(key) >= len(shared.LabelPrefix) && strings.EqualFold(key[:len(shared.LabelPrefix)], shared.LabelPrefix):
-		return fmt.Errorf("label key %q is under %q, which the router sets itself (%s, %s, %s)", key, shared.LabelPrefix,
-			shared.LabelRole, shared.LabelModel, shared.LabelDPRank)
+	case key != shared.LabelClass && len(key) >= len(shared.LabelPrefix) && strings.EqualFold(key[:len(shared.LabelPrefix)], shared.LabelPrefix):
+		return fmt.Errorf("label key %q is under %q, which the router sets itself (%s, %s, %s; %s is the one key there a worker block sets)", key, shared.LabelPrefix,
+			shared.LabelRole, shared.LabelModel, shared.LabelDPRank, shared.LabelClass)
 	case !printable(key):
 		return fmt.Errorf("label key %q must be UTF-8 without control characters", key)
 	case !printable(value):

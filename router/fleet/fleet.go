@@ -16,6 +16,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/switchyard-router/switchyard/router/predict"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -59,6 +60,14 @@ type Spec struct {
 	// Partition's Slots column; Router.AddWorkers sets it, whatever the
 	// caller gave. -1: not tracked (overlap 0).
 	Slot int32
+	// Predictor is the latency predictor's model of the worker's class
+	// (predict.Set.Class); Router.AddWorkers sets it, whatever the caller
+	// gave. nil: the pooled model.
+	Predictor *predict.Model
+	// KVTokens is TotalKVBlocks in tokens (the blocks' own size:
+	// Router.CapacityBlockSize); 0 when unknown. Router.AddWorkers sets
+	// it.
+	KVTokens int64
 }
 
 // Validate reports a spec the fleet refuses: an invalid role or a
@@ -155,6 +164,12 @@ type Partition struct {
 	// each worker's own).
 	Names  []string
 	Labels []shared.Labels
+	// Predictors[i] == Workers[i].Predictor and KVTokens[i] ==
+	// Workers[i].KVTokens: what a selection that declares LATENCY reads
+	// of every candidate, as columns so that it does not touch each
+	// worker's spec. nil in a narrowed partition, like Names.
+	Predictors []*predict.Model
+	KVTokens   []int64
 	// Key identifies the candidate set (role and member generations), so a
 	// round-robin cursor is never shared by two sets.
 	Key uint64
@@ -331,11 +346,13 @@ func newPartition(model string, role shared.Role, ws []*Worker) *Partition {
 		return int(a.DPRank) - int(b.DPRank)
 	})
 	p := &Partition{Role: role, Model: model, Workers: ws, IDs: make([]shared.WorkerID, len(ws)), Slots: make([]int32, len(ws)), KVBlocks: make([]int64, len(ws)), Infos: make([]shared.WorkerInfo, len(ws)),
-		Names: make([]string, len(ws)), Labels: make([]shared.Labels, len(ws))}
+		Names: make([]string, len(ws)), Labels: make([]shared.Labels, len(ws)),
+		Predictors: make([]*predict.Model, len(ws)), KVTokens: make([]int64, len(ws))}
 	h := fnv(fnv(0xcbf29ce484222325, []byte(role)), []byte(model))
 	for i, w := range ws {
 		p.IDs[i], p.Slots[i], p.KVBlocks[i] = w.ID, w.Slot, w.TotalKVBlocks
 		p.Names[i], p.Labels[i] = w.Name, w.AllLabels
+		p.Predictors[i], p.KVTokens[i] = w.Predictor, w.KVTokens
 		p.Infos[i] = shared.WorkerInfo{ID: w.ID, DPRank: w.DPRank, TotalKVBlocks: w.TotalKVBlocks}
 		if w.DPRank != 0 && p.DPRanks == nil {
 			p.DPRanks = make([]uint32, len(ws))

@@ -26,6 +26,8 @@ type Scratch struct {
 	kv      []int64
 	names   []string
 	labels  []shared.Labels
+	ttft    []float64
+	tpot    []float64
 	keep    []bool
 	costs   []float64
 	sum     []float64
@@ -75,6 +77,12 @@ func (s *Scratch) Candidates(n int, declared shared.Inputs, withRanks bool) *sha
 		s.c.Names = s.names
 		s.labels = grow(s.labels, n)
 		s.c.Labels = s.labels
+	}
+	if declared.Has(shared.InputLatency) {
+		s.ttft = grow(s.ttft, n)
+		s.c.PredictedTTFT = s.ttft
+		s.tpot = grow(s.tpot, n)
+		s.c.PredictedTPOT = s.tpot
 	}
 	return &s.c
 }

@@ -57,6 +57,9 @@ type driver struct {
 	// workers is the fleet's size: aggregated, or prefill and decode
 	// workers together.
 	workers int
+	// speeds are the workers' speeds by index (Options.Speeds); nil when
+	// every worker runs at speed 1.
+	speeds []float64
 
 	// now is the simulated time the router's clock reads (Epoch + now):
 	// set before every admission call. reached is the latest instant the
@@ -229,8 +232,9 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	if d.path == admission.Disaggregated {
 		sizes = [2]int{o.PrefillWorkers, o.DecodeWorkers}
 	}
+	d.speeds = o.Speeds
 	for k := range d.path.Len() {
-		if d.clusters[k], err = sim.NewCluster(sizes[k], cfg); err != nil {
+		if d.clusters[k], err = d.newCluster(cfg, d.workers, sizes[k]); err != nil {
 			return nil, fmt.Errorf("replay: %w", err)
 		}
 		d.base[k] = d.workers
@@ -280,11 +284,46 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 	for _, c := range d.clusters[:d.path.Len()] {
 		c.OnTokenGap(d.tally.tokenGap)
 	}
+	// Every engine reports once before the first arrival, idle (0 waiting,
+	// 0% KV usage), as a scraped vLLM /metrics would: without it a worker
+	// that has served nothing yet has no report, and a policy scoring the
+	// reports (llm-d's queue and KV-usage scorers, normalized-score) would
+	// rank it as unknown rather than idle.
+	for k, c := range d.clusters[:d.path.Len()] {
+		for w := range c.Len() {
+			d.publish(c, w, d.base[k]+w)
+		}
+	}
 	if o.PerRequest != nil {
 		d.out = bufio.NewWriterSize(o.PerRequest, 1<<16)
 		d.enc = json.NewEncoder(d.out)
 	}
 	return d, nil
+}
+
+// newCluster is the simulated cluster of n workers of indexes base..,
+// each running cfg at its speed (speedOf).
+func (d *driver) newCluster(cfg sim.Config, base, n int) (*sim.Cluster, error) {
+	if d.speeds == nil {
+		return sim.NewCluster(n, cfg)
+	}
+	cfgs := make([]sim.Config, n)
+	for i := range cfgs {
+		cfgs[i] = cfg
+		var err error
+		if cfgs[i].Timing, err = cfg.Timing.Scaled(d.speedOf(base + i)); err != nil {
+			return nil, fmt.Errorf("worker %d: %w", base+i, err)
+		}
+	}
+	return sim.NewClusterOf(cfgs)
+}
+
+// speedOf is the speed of the worker of index x: Options.Speeds[x], or 1.
+func (d *driver) speedOf(x int) float64 {
+	if d.speeds == nil {
+		return 1
+	}
+	return d.speeds[x]
 }
 
 // newReplica builds one router replica routing with pol over the fleet
@@ -298,8 +337,11 @@ func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, po
 		return nil, err
 	}
 	// Canaries judge their windows on the simulated clock.
+	// Predict: every replay reports the predictor's accuracy, whatever
+	// the policy (learning changes no decision of a policy that does not
+	// read LATENCY).
 	r, err := router.New(router.Options{BlockSize: o.BlockSize, Roles: roles, BookingsAreLoad: true,
-		Shadow: router.ShadowOptions{Inline: true},
+		Shadow: router.ShadowOptions{Inline: true}, Predict: true,
 		Canary: router.CanaryOptions{Now: func() time.Time { return epoch.Add(d.now) }, OnRollback: d.canaryRolledBack}})
 	if err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
@@ -312,13 +354,22 @@ func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, po
 	}
 	// The index tracks what fits in each engine's KV cache, in router blocks.
 	capacity := max(int64(cfg.TotalKVBlocks)*int64(cfg.BlockSize)/int64(o.BlockSize), 1)
+	// Every worker carries its hardware class (Options.Speeds); workers of
+	// one class share one map (the fleet copies it into its Labels).
+	classes := map[float64]map[string]string{}
 	for k := range d.path.Len() {
 		// One membership change for the whole cluster: the fleet sorts
 		// its partition once, not once per worker.
 		specs := make([]fleet.Spec, sizes[k])
 		for i := range specs {
 			x := d.base[k] + i
-			specs[i] = fleet.Spec{ID: d.ids[x], Role: d.path.Hop(k).Role, TotalKVBlocks: capacity, Name: d.names[x]}
+			v := d.speedOf(x)
+			labels, ok := classes[v]
+			if !ok {
+				labels = map[string]string{shared.LabelClass: ClassOf(v)}
+				classes[v] = labels
+			}
+			specs[i] = fleet.Spec{ID: d.ids[x], Role: d.path.Hop(k).Role, TotalKVBlocks: capacity, Name: d.names[x], Labels: labels}
 		}
 		ws, err := r.AddWorkers(specs...)
 		if err != nil {
@@ -725,6 +776,13 @@ func requestIndex(id string) int {
 func (d *driver) observe(c *sim.Cluster, idx, id int, at time.Duration) {
 	l := c.Worker(idx).Load()
 	d.tl.worker(at, id, l.Running, l.Waiting)
+	d.publish(c, idx, id)
+}
+
+// publish sets simulated worker idx's engine state as fleet worker id's
+// engine report on every replica.
+func (d *driver) publish(c *sim.Cluster, idx, id int) {
+	l := c.Worker(idx).Load()
 	var usage float64
 	if total := l.UsedBlocks + l.FreeBlocks; total > 0 {
 		usage = float64(l.UsedBlocks) / float64(total)

@@ -6,6 +6,8 @@ import (
 	"io"
 	"iter"
 	"math"
+	"slices"
+	"strconv"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router/admission"
@@ -135,6 +137,18 @@ type Options struct {
 	// Sim configures every simulated worker, prefill and decode alike; zero
 	// means sim.DefaultConfig().
 	Sim sim.Config
+	// Speeds, when set, gives every simulated worker its speed, by worker
+	// index (aggregated workers; in disaggregated mode the prefill workers
+	// then the decode workers): worker x runs Sim with its Timing scaled by
+	// Speeds[x] (sim.Timing.Scaled: every step 1/Speeds[x] as long, the KV
+	// capacity the same), a fleet of mixed hardware. nil runs every worker
+	// at speed 1, as does a list of 1s, byte for byte. It must have one
+	// entry per worker, each from sim.MinSpeed to sim.MaxSpeed. Every
+	// worker carries its class as the label shared.LabelClass ("speed-2";
+	// see ClassOf), so that policies and per-class models can tell the
+	// classes apart; the report lists the speeds (Report.Speeds) when any
+	// is not 1. CycleSpeeds builds the list from a repeating pattern.
+	Speeds []float64
 	// PerRequest, when set, receives one JSON line per request in trace
 	// order (see Outcome), written as the replay goes: a request's line as
 	// soon as it and every request before it are over. A replay that
@@ -380,8 +394,43 @@ func (o *Options) check() (sim.Config, error) {
 	if err := cfg.Validate(); err != nil {
 		return sim.Config{}, fmt.Errorf("replay: %w", err)
 	}
+	if o.Speeds != nil {
+		n := o.Workers
+		if o.disaggregated() {
+			n = o.PrefillWorkers + o.DecodeWorkers
+		}
+		if len(o.Speeds) != n {
+			return sim.Config{}, fmt.Errorf("replay: %d speeds for %d workers, want one per worker (nil: all 1)", len(o.Speeds), n)
+		}
+		for x, v := range o.Speeds {
+			if err := sim.CheckSpeed(v); err != nil {
+				return sim.Config{}, fmt.Errorf("replay: worker %d: %w", x, err)
+			}
+		}
+	}
 	if o.Records != nil && o.Trace != nil {
 		return sim.Config{}, errors.New("replay: both Records and Trace set; give the trace one way")
 	}
 	return cfg, nil
 }
+
+// CycleSpeeds returns the per-worker speeds (Options.Speeds) of a fleet of
+// n workers whose speeds repeat pattern: worker i gets pattern[i mod
+// len(pattern)], so CycleSpeeds([]float64{2, 1}, 8) is 2,1,2,1,2,1,2,1,
+// half the workers twice as fast. It returns nil when every speed is 1
+// (the fleet of one hardware class) or pattern is empty.
+func CycleSpeeds(pattern []float64, n int) []float64 {
+	if len(pattern) == 0 || !slices.ContainsFunc(pattern, func(v float64) bool { return v != 1 }) {
+		return nil
+	}
+	out := make([]float64, n)
+	for i := range out {
+		out[i] = pattern[i%len(pattern)]
+	}
+	return out
+}
+
+// ClassOf is the hardware class of a simulated worker of speed v, the
+// value of its shared.LabelClass label: "speed-" and v as the shortest
+// decimal that reads back as v ("speed-1", "speed-2", "speed-0.5").
+func ClassOf(v float64) string { return "speed-" + strconv.FormatFloat(v, 'g', -1, 64) }

@@ -14,6 +14,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/loader"
 	"github.com/switchyard-router/switchyard/router/replay/report"
+	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/router/trace"
 	"github.com/switchyard-router/switchyard/shared"
@@ -81,6 +82,12 @@ type Sweep struct {
 	// Canary is every run's Options.Canary: the zero value runs the
 	// files' canaries as declared.
 	Canary Canary
+	// Speeds is the fleets' speed pattern: on each fleet, worker i of
+	// each pool (the aggregated workers; or the prefill workers, and the
+	// decode workers, each counted from 0) runs at Speeds[i mod
+	// len(Speeds)] (CycleSpeeds, Options.Speeds). nil, or all 1, is every
+	// worker at speed 1.
+	Speeds []float64
 	// Load loads a policy file for a run. Required.
 	Load LoadFunc
 	// Warnings receives the policy files' diagnostics (their first load)
@@ -208,6 +215,14 @@ func (s *Sweep) check() error {
 	case len(s.Fleets) == 0:
 		return errors.New("replay sweep: no fleet")
 	}
+	if len(s.Speeds) > MaxWorkers {
+		return fmt.Errorf("replay sweep: %d speeds, want at most %d (MaxWorkers)", len(s.Speeds), MaxWorkers)
+	}
+	for i, v := range s.Speeds {
+		if err := sim.CheckSpeed(v); err != nil {
+			return fmt.Errorf("replay sweep: speed %d of %d: %w", i+1, len(s.Speeds), err)
+		}
+	}
 	for _, fl := range s.Fleets[1:] {
 		if fl.Disaggregated() != s.Fleets[0].Disaggregated() {
 			return fmt.Errorf("replay sweep: fleets %s and %s: want all aggregated or all disaggregated", s.Fleets[0], fl)
@@ -310,6 +325,7 @@ func (s *Sweep) options(b *loader.Bundle, path string, mode PrefixMode, fl Fleet
 		PerRequest:     s.PerRequest,
 		Progress:       s.Progress,
 		Canary:         s.Canary,
+		Speeds:         fleetSpeeds(s.Speeds, fl),
 	}
 	if mode == PrefixPrecise {
 		opts.KVEventDelay = s.KVEventDelay
@@ -320,6 +336,21 @@ func (s *Sweep) options(b *loader.Bundle, path string, mode PrefixMode, fl Fleet
 	}
 	opts.DecisionLatency.Policies, opts.DecisionLatency.Classifier = b.ReplayDecisionLatency()
 	return opts, nil
+}
+
+// fleetSpeeds is the per-worker Options.Speeds of fleet fl with speed
+// pattern p (Sweep.Speeds): cycled over the aggregated workers, or over
+// the prefill workers and again over the decode workers. nil when every
+// speed is 1.
+func fleetSpeeds(p []float64, fl Fleet) []float64 {
+	if !fl.Disaggregated() {
+		return CycleSpeeds(p, fl.Workers)
+	}
+	pre := CycleSpeeds(p, fl.Prefill)
+	if pre == nil {
+		return nil
+	}
+	return append(pre, CycleSpeeds(p, fl.Decode)...)
 }
 
 // replicasLabel is what a run's label adds for its replicas: "/3@10ms" as

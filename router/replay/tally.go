@@ -9,6 +9,7 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/predict"
 	"github.com/switchyard-router/switchyard/router/replay/report"
 	"github.com/switchyard-router/switchyard/router/sim"
 	"github.com/switchyard-router/switchyard/shared"
@@ -80,6 +81,9 @@ func (d *driver) report(o *Options, wall time.Duration) *report.Report {
 		for _, role := range roles {
 			rep.RolePolicies[string(role)] = o.RolePolicies[role]
 		}
+	}
+	if slices.ContainsFunc(d.speeds, func(v float64) bool { return v != 1 }) {
+		rep.Speeds = slices.Clone(d.speeds)
 	}
 	t := &d.tally
 	rep.RequestsPerWorker = t.perWorker
@@ -158,6 +162,7 @@ func (d *driver) report(o *Options, wall time.Duration) *report.Report {
 	if rep.Selections > 0 {
 		rep.FallbackShare = float64(rep.Fallbacks) / float64(rep.Selections)
 	}
+	rep.Predictor = d.predictorAccuracy()
 	rep.Shadow = d.shadowReport(o, roles)
 	rep.Canary = d.canaryReport(d.reps[0].roles, roles)
 	if s := wall.Seconds(); s > 0 {
@@ -360,3 +365,25 @@ func (t *tally) itlSummary() report.Summary {
 }
 
 func round4(x float64) float64 { return float64(int64(x*10000+0.5)) / 10000 }
+
+// predictorAccuracy is the predictor's accuracy over the replicas'
+// decisions (every replica learns on its own, as replicas of router serve
+// do); nil when nothing was compared. With several replicas the quantiles
+// are the first replica's: each replica's histogram is its own.
+func (d *driver) predictorAccuracy() *report.PredictorAccuracy {
+	acc := &d.reps[0].r.Predictor().Accuracy
+	if acc.TTFT.Count() == 0 && acc.TPOT.Count() == 0 {
+		return nil
+	}
+	q := func(h *predict.ErrorHistogram, p float64) float64 {
+		if h.Count() == 0 {
+			return 0
+		}
+		return round4(h.Quantile(p))
+	}
+	return &report.PredictorAccuracy{
+		TTFTN: acc.TTFT.Count(), TPOTN: acc.TPOT.Count(),
+		TTFTP50: q(&acc.TTFT, 0.5), TTFTP90: q(&acc.TTFT, 0.9),
+		TPOTP50: q(&acc.TPOT, 0.5), TPOTP90: q(&acc.TPOT, 0.9),
+	}
+}

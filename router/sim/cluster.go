@@ -38,6 +38,27 @@ func NewCluster(n int, cfg Config) (*Cluster, error) {
 	return c, nil
 }
 
+// NewClusterOf returns len(cfgs) idle workers, worker i configured by
+// cfgs[i]: a fleet of mixed hardware, such as workers whose Timing is
+// DefaultTiming().Scaled(2) beside default ones. It returns an error
+// wrapping ErrInvalidConfig for no configs or an invalid one (naming its
+// index).
+func NewClusterOf(cfgs []Config) (*Cluster, error) {
+	if len(cfgs) == 0 {
+		return nil, fmt.Errorf("%w: 0 workers, want >= 1", ErrInvalidConfig)
+	}
+	c := &Cluster{workers: make([]*Worker, len(cfgs))}
+	for i := range c.workers {
+		w, err := NewWorker(cfgs[i])
+		if err != nil {
+			return nil, fmt.Errorf("worker %d: %w", i, err)
+		}
+		w.index = i
+		c.workers[i] = w
+	}
+	return c, nil
+}
+
 // Len returns the number of workers.
 func (c *Cluster) Len() int { return len(c.workers) }
 

@@ -99,6 +99,67 @@ func (t Timing) Validate() error {
 // maxCoefMs bounds a coefficient (1000 s, in ms).
 const maxCoefMs = 1e6
 
+// MinSpeed and MaxSpeed bound a worker's speed (Timing.Scaled): from 100
+// times slower to 100 times faster than the modelled H100. Within them the
+// scaled default coefficients keep at least two significant digits after
+// rounding to whole picoseconds (PrefillAttn, the smallest, is 1,050 ps at
+// speed 1 and 10.5 → 11 ps at speed 100); beyond them a typo such as 1e9
+// would make every step round to 0 ns.
+const (
+	MinSpeed = 0.01
+	MaxSpeed = 100.0
+)
+
+// Scaled returns t for an engine speed times as fast as the one t models:
+// every coefficient divided by speed, so every step takes 1/speed as long
+// (to the rounding of each coefficient to whole picoseconds, at most
+// 0.5 ps: for the defaults at speed 10 at most 0.5% on PrefillAttn, the
+// smallest at 105 ps, and 0.007% on DecodeAttn; and of the step to whole
+// nanoseconds. For speed 2 and the defaults, whose picosecond values are
+// all even, only the latter). Speed 1 returns t unchanged.
+//
+// The model (README.md, Model, "Mixed hardware") is that of a GPU speed
+// times faster in both its compute-bound terms (ComputeBase, PerToken,
+// PrefillAttn: the dense GEMMs and prefill attention, FLOP-bound) and its
+// memory-bound ones (WeightFloor, DecodeAttn: weight and KV reads,
+// bandwidth-bound), as the Vidur/DistServe split of the step time makes
+// them. The simplification: Fixed and PerSeq, the per-step and
+// per-sequence overheads (scheduling, sampling, kernel launch; BLIS β₇ and
+// β₆), are host-side in a real engine and would not speed up with the
+// GPU; Scaled divides them too, so a whole engine is speed times faster.
+// Keeping them fixed would make a speed-2 worker 1.86 times as fast on a
+// 1×1k-context decode step and 1.995 times on an 8k-token prefill (the
+// sanity table's 6.58 ms and 209.27 ms). The KV capacity (Config) is not
+// changed: a faster GPU with more memory is a Config of its own.
+//
+// Errors: speed NaN, infinite, or outside [MinSpeed, MaxSpeed].
+func (t Timing) Scaled(speed float64) (Timing, error) {
+	if err := CheckSpeed(speed); err != nil {
+		return Timing{}, err
+	}
+	if speed == 1 {
+		return t, nil
+	}
+	return Timing{
+		Fixed:       t.Fixed / speed,
+		PerSeq:      t.PerSeq / speed,
+		WeightFloor: t.WeightFloor / speed,
+		ComputeBase: t.ComputeBase / speed,
+		PerToken:    t.PerToken / speed,
+		PrefillAttn: t.PrefillAttn / speed,
+		DecodeAttn:  t.DecodeAttn / speed,
+	}, nil
+}
+
+// CheckSpeed reports a speed Timing.Scaled refuses: NaN, infinite, or
+// outside [MinSpeed, MaxSpeed]. The error wraps ErrInvalidConfig.
+func CheckSpeed(speed float64) error {
+	if !(speed >= MinSpeed && speed <= MaxSpeed) { // NaN fails both
+		return fmt.Errorf("%w: speed %v, want a number from %v to %v (1: the modelled H100)", ErrInvalidConfig, speed, MinSpeed, MaxSpeed)
+	}
+	return nil
+}
+
 // StepShape is the work of one engine step, the input of Timing.StepTime.
 type StepShape struct {
 	Decodes       int   // D: sequences decoding one token

@@ -44,6 +44,11 @@ type Report struct {
 	// aggregated mode.
 	PrefillWorkers int `json:"prefill_workers,omitempty"`
 	DecodeWorkers  int `json:"decode_workers,omitempty"`
+	// Speeds is each worker's speed relative to the modelled H100, by
+	// worker index (replay.Options.Speeds: aggregated workers, or the
+	// prefill then the decode workers), on a fleet of mixed hardware;
+	// absent when every worker runs at speed 1.
+	Speeds []float64 `json:"speeds,omitempty"`
 	// Requests is the number of requests replayed; Completed those that
 	// finished; Rejected those the router or a worker refused.
 	Requests  int `json:"requests"`
@@ -79,6 +84,11 @@ type Report struct {
 	OutputTokensPerS float64 `json:"output_tokens_per_s"`
 	// Goodput is the requests that met Options.SLO; absent without one.
 	Goodput *Goodput `json:"goodput,omitempty"`
+	// Predictor is the latency predictor's accuracy over the run: each
+	// decision's predicted TTFT and TPOT on the worker it chose, against
+	// what that worker then took (router/predict); absent when no
+	// prediction was compared.
+	Predictor *PredictorAccuracy `json:"predictor,omitempty"`
 	// Seed is the seed the policy ran with, when the caller sets it
 	// (router replay does, for --seeds).
 	Seed *int64 `json:"seed,omitempty"`
@@ -330,6 +340,30 @@ func (r *Report) label() string {
 		return s
 	}
 	return r.Policy + "(" + pool(r.PrefillWorkers, "P", shared.RolePrefill) + "+" + pool(r.DecodeWorkers, "D", shared.RoleDecode) + ")"
+}
+
+// SpeedMix words the fleet's hardware classes (Speeds) as the number of
+// workers of each speed, in the order of their first worker: "4 × speed 2
+// + 4 × speed 1"; "" when every worker runs at speed 1.
+func (r *Report) SpeedMix() string {
+	if len(r.Speeds) == 0 {
+		return ""
+	}
+	var (
+		order []float64
+		count = map[float64]int{}
+	)
+	for _, v := range r.Speeds {
+		if count[v] == 0 {
+			order = append(order, v)
+		}
+		count[v]++
+	}
+	parts := make([]string, len(order))
+	for i, v := range order {
+		parts[i] = fmt.Sprintf("%d × speed %s", count[v], strconv.FormatFloat(v, 'g', -1, 64))
+	}
+	return strings.Join(parts, " + ")
 }
 
 // TopRejection returns the most common rejection reason and its count,

@@ -258,6 +258,9 @@ func fleetName(f string) string {
 func newFleetSection(f string, cells []report.Cell, sweep bool) (fleetSection, error) {
 	s := fleetSection{Fleet: f, Heading: fleetName(f)}
 	on := slices.DeleteFunc(slices.Clone(cells), func(c report.Cell) bool { return c.Fleet() != f })
+	if mix := on[0].Runs[0].SpeedMix(); mix != "" {
+		s.Heading += " (" + mix + ")" // a mixed fleet: its hardware classes
+	}
 	names := labels(cells)
 	suffix := ""
 	if sweep {

@@ -1,0 +1,200 @@
+package builtin
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// TypeSLO is the type name of the SLO filter.
+const TypeSLO = "slo"
+
+// Parameter names of the slo filter.
+const (
+	ParamHeadroom = "headroom"
+	ParamOnMiss   = "on_miss"
+	ParamMaxWait  = "max_wait"
+)
+
+// DefaultSLOHeadroom is the slo filter's default headroom: a candidate
+// meets a target when its prediction times 1.25 is within it. It is the
+// predictor's measured median relative error on the simulated engine
+// and about half its p90 (BENCHMARKS.md, "Latency predictor"): a
+// candidate predicted exactly at its target misses it about half the
+// time, and one with 25% to spare misses it only when the prediction
+// errs by more than the median.
+const DefaultSLOHeadroom = 0.25
+
+// DefaultSLOMaxWait is how long, by default, a request with a TPOT target
+// but no TTFT target waits in the queue for a candidate with headroom
+// before it goes to the least-late one: one second, the order of a
+// decode batch turning over.
+const DefaultSLOMaxWait = time.Second
+
+// SLO keeps the candidates predicted to meet the request's latency
+// targets (shared.Request.SLO) with headroom: a row meets them when
+//
+//	PredictedTTFT × (1 + headroom) <= SLO.TTFT − SLO.Waited   (when TTFT is set)
+//	PredictedTPOT × (1 + headroom) <= SLO.TPOT               (when TPOT is set)
+//
+// A request without targets, and every request while the predictor has
+// learned nothing (its predictions are 0), keeps every row. When no row
+// meets them, the request's SLO.OnMiss (else the filter's on_miss)
+// decides, and a request of negative priority is refused whatever it
+// says (it sheds first):
+//   - "least-late" keeps the rows whose summed lateness, each target's
+//     excess over what is left of it as a fraction of the target, is
+//     smallest;
+//   - "wait" answers shared.ErrAllBusy, so the request waits in the
+//     router's queue and is placed again when a request ends; once its
+//     TTFT target has passed (or, without one, after max_wait) waiting
+//     cannot help and it goes to the least-late row;
+//   - "reject" answers a *shared.NoHeadroomError whose RetryAfter is the
+//     best row's TTFT excess, at least one second.
+//
+// It composes with any scorers: a policy of slo followed by the default
+// kv-affinity scorer places for the cache among the rows with headroom.
+// It declares LATENCY (so the router also computes LOAD and CACHE).
+type SLO struct {
+	headroom float64
+	onMiss   shared.SLOMiss
+	maxWait  time.Duration
+}
+
+// SLOType describes the slo filter.
+func SLOType() shared.TypeInfo {
+	return shared.TypeInfo{
+		Name:   TypeSLO,
+		Kind:   shared.KindFilter,
+		Inputs: shared.InputLatency,
+		Params: []shared.ParamSpec{
+			{Name: ParamHeadroom, Type: shared.Number,
+				Doc: "A candidate meets a target when its prediction times (1 + headroom) is within it. " +
+					"Fraction, 0 to 10; default 0.25 (the predictor's median relative error, BENCHMARKS.md)."},
+			{Name: ParamOnMiss, Type: shared.String,
+				Doc: "What to do when no candidate meets the targets and the request says nothing " +
+					"(its class's or header's on_miss): \"least-late\" (default), \"wait\" or \"reject\"."},
+			{Name: ParamMaxWait, Type: shared.Duration,
+				Doc: "With on_miss \"wait\" and no TTFT target: the longest a request waits for headroom " +
+					"before it goes to the least-late candidate. > 0; default 1s."},
+		},
+		Doc: "Keeps the candidates predicted (LATENCY) to meet the request's TTFT and TPOT targets " +
+			"with headroom; when none does: the least late, wait in the queue, or refuse with 429.",
+		New: func(_ shared.InstanceInfo, p shared.Params) (shared.Component, error) { return NewSLO(p) },
+	}
+}
+
+// NewSLO returns an slo filter from p. It fails with a *shared.ParamError
+// for a headroom outside [0, 10], an unknown on_miss, or a max_wait <= 0.
+func NewSLO(p shared.Params) (*SLO, error) {
+	s := &SLO{headroom: DefaultSLOHeadroom, onMiss: shared.SLOMissLeastLate, maxWait: DefaultSLOMaxWait}
+	if p.Has(ParamHeadroom) {
+		s.headroom = p.Float(ParamHeadroom, 0)
+		if math.IsNaN(s.headroom) || s.headroom < 0 || s.headroom > 10 {
+			return nil, &shared.ParamError{Param: ParamHeadroom, Err: fmt.Errorf("must be in [0, 10], got %v", s.headroom)}
+		}
+	}
+	if p.Has(ParamOnMiss) {
+		name := p.String(ParamOnMiss, "")
+		m, ok := shared.ParseSLOMiss(name)
+		if !ok {
+			return nil, &shared.ParamError{Param: ParamOnMiss, Err: fmt.Errorf("%q: want \"least-late\", \"wait\" or \"reject\"", name)}
+		}
+		s.onMiss = m
+	}
+	if p.Has(ParamMaxWait) {
+		s.maxWait = p.Duration(ParamMaxWait, 0)
+		if s.maxWait <= 0 {
+			return nil, &shared.ParamError{Param: ParamMaxWait, Err: fmt.Errorf("must be > 0, got %v", s.maxWait)}
+		}
+	}
+	return s, nil
+}
+
+// Inputs returns LATENCY.
+func (s *SLO) Inputs() shared.Inputs { return shared.InputLatency }
+
+// Filter keeps the rows predicted to meet req's targets, or applies the
+// miss action (see SLO). It fails with ErrMissingColumn when the LATENCY
+// columns are missing.
+func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidates, keep []bool) error {
+	n := c.Len()
+	if len(keep) != n {
+		return fmt.Errorf("slo: keep has %d entries for %d candidates", len(keep), n)
+	}
+	slo := req.SLO
+	if !slo.Has() {
+		return nil
+	}
+	if len(c.PredictedTTFT) != n || len(c.PredictedTPOT) != n {
+		return fmt.Errorf("slo: %w: LATENCY", ErrMissingColumn)
+	}
+	k := 1 + s.headroom
+	ttftLeft := (slo.TTFT - slo.Waited).Seconds()
+	tpot := slo.TPOT.Seconds()
+	// late is row i's summed lateness: each target's predicted excess
+	// (with headroom) over what is left of it, as a fraction of the
+	// target; 0 when it meets both.
+	late := func(i int) float64 {
+		var l float64
+		if slo.TTFT > 0 {
+			if over := c.PredictedTTFT[i]*k - ttftLeft; over > 0 {
+				l += over / slo.TTFT.Seconds()
+			}
+		}
+		if slo.TPOT > 0 {
+			if over := c.PredictedTPOT[i]*k - tpot; over > 0 {
+				l += over / tpot
+			}
+		}
+		return l
+	}
+	met := 0
+	best, bestRow := math.Inf(1), 0
+	for i := range n {
+		late := late(i)
+		if late == 0 {
+			met++
+			continue
+		}
+		keep[i] = false
+		if late < best {
+			best, bestRow = late, i
+		}
+	}
+	if met > 0 {
+		return nil
+	}
+	action := slo.OnMiss
+	if action == shared.SLOMissDefault {
+		action = s.onMiss
+	}
+	if req.Priority < 0 {
+		action = shared.SLOMissReject
+	}
+	switch action {
+	case shared.SLOMissReject:
+		retry := time.Second
+		if slo.TTFT > 0 {
+			excess := time.Duration((c.PredictedTTFT[bestRow]*k - ttftLeft) * float64(time.Second))
+			retry = max(retry, excess)
+		}
+		return &shared.NoHeadroomError{RetryAfter: retry, TTFT: c.PredictedTTFT[bestRow], TPOT: c.PredictedTPOT[bestRow]}
+	case shared.SLOMissWait:
+		if (slo.TTFT > 0 && ttftLeft > 0) || (slo.TTFT == 0 && slo.Waited < s.maxWait) {
+			return shared.ErrAllBusy
+		}
+	}
+	// least-late, and a wait that can no longer help: every row as late
+	// as the least late (ties kept for the scorers to break).
+	for i := range n {
+		keep[i] = late(i) <= best
+	}
+	return nil
+}
+
+// Interface guard.
+var _ shared.Filter = (*SLO)(nil)

@@ -1,0 +1,144 @@
+package builtin
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// sloRows builds candidates with the given predicted TTFTs and TPOTs (seconds).
+func sloRows(ttft, tpot []float64) *shared.Candidates {
+	c := &shared.Candidates{IDs: make([]shared.WorkerID, len(ttft)), PredictedTTFT: ttft, PredictedTPOT: tpot}
+	for i := range c.IDs {
+		c.IDs[i] = shared.WorkerID(i + 1)
+	}
+	return c
+}
+
+func sloFilter(t *testing.T, p shared.Params) *SLO {
+	t.Helper()
+	s, err := NewSLO(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func runSLO(t *testing.T, s *SLO, req *shared.Request, c *shared.Candidates) ([]bool, error) {
+	t.Helper()
+	keep := make([]bool, c.Len())
+	for i := range keep {
+		keep[i] = true
+	}
+	err := s.Filter(context.Background(), req, c, keep)
+	return keep, err
+}
+
+func TestSLOKeepsRowsWithHeadroom(t *testing.T) {
+	s := sloFilter(t, shared.Params{ParamHeadroom: 0.25})
+	// Targets 500 ms TTFT (100 ms waited: 400 left) and 50 ms TPOT.
+	req := &shared.Request{SLO: shared.SLO{TTFT: 500 * time.Millisecond, TPOT: 50 * time.Millisecond, Waited: 100 * time.Millisecond}}
+	// Row 0: 0.32 s x 1.25 = 0.4 <= 0.4 and 0.04 x 1.25 = 0.05 <= 0.05: meets, exactly.
+	// Row 1: TTFT 0.33 x 1.25 > 0.4: misses. Row 2: TPOT 0.041 x 1.25 > 0.05: misses.
+	// Row 3: both well within.
+	c := sloRows([]float64{0.32, 0.33, 0.1, 0.05}, []float64{0.04, 0.01, 0.041, 0.01})
+	keep, err := runSLO(t, s, req, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []bool{true, false, false, true}; !slices.Equal(keep, want) {
+		t.Fatalf("keep %v, want %v", keep, want)
+	}
+	// No targets: every row kept, whatever the predictions.
+	keep, err = runSLO(t, s, &shared.Request{}, c)
+	if err != nil || !slices.Equal(keep, []bool{true, true, true, true}) {
+		t.Fatalf("without targets: keep %v, err %v", keep, err)
+	}
+}
+
+func TestSLOMissActions(t *testing.T) {
+	// Nobody meets 200 ms TTFT: predictions 0.3, 0.25 (least late), 0.4.
+	c := func() *shared.Candidates { return sloRows([]float64{0.3, 0.25, 0.4}, []float64{0.01, 0.01, 0.01}) }
+	target := shared.SLO{TTFT: 200 * time.Millisecond}
+
+	t.Run("least-late by default", func(t *testing.T) {
+		keep, err := runSLO(t, sloFilter(t, shared.Params{ParamHeadroom: 0.0}), &shared.Request{SLO: target}, c())
+		if err != nil || !slices.Equal(keep, []bool{false, true, false}) {
+			t.Fatalf("keep %v, err %v; want only the least late row", keep, err)
+		}
+	})
+	t.Run("wait while the target can still be met", func(t *testing.T) {
+		s := sloFilter(t, shared.Params{ParamOnMiss: "wait"})
+		_, err := runSLO(t, s, &shared.Request{SLO: target}, c())
+		if !errors.Is(err, shared.ErrAllBusy) {
+			t.Fatalf("err %v, want ErrAllBusy", err)
+		}
+		late := target
+		late.Waited = 250 * time.Millisecond // past the target: waiting cannot help
+		keep, err := runSLO(t, s, &shared.Request{SLO: late}, c())
+		if err != nil || !slices.Equal(keep, []bool{false, true, false}) {
+			t.Fatalf("past the target: keep %v, err %v; want the least late row", keep, err)
+		}
+	})
+	t.Run("the request's own action wins", func(t *testing.T) {
+		own := target
+		own.OnMiss = shared.SLOMissReject
+		_, err := runSLO(t, sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamHeadroom: 0.0}), &shared.Request{SLO: own}, c())
+		var nh *shared.NoHeadroomError
+		if !errors.As(err, &nh) {
+			t.Fatalf("err %v, want *NoHeadroomError", err)
+		}
+		if nh.TTFT != 0.25 || nh.RetryAfter != time.Second {
+			t.Fatalf("%+v: want the best row's TTFT 0.25 and the 1 s minimum Retry-After", nh)
+		}
+	})
+	t.Run("retry after the best row's excess", func(t *testing.T) {
+		long := shared.SLO{TTFT: time.Second, OnMiss: shared.SLOMissReject}
+		_, err := runSLO(t, sloFilter(t, shared.Params{ParamHeadroom: 0.0}), &shared.Request{SLO: long}, sloRows([]float64{4, 3.5}, []float64{0, 0}))
+		var nh *shared.NoHeadroomError
+		if !errors.As(err, &nh) || nh.RetryAfter != 2500*time.Millisecond {
+			t.Fatalf("err %v, want Retry-After 2.5s (3.5 s predicted for 1 s)", err)
+		}
+	})
+	t.Run("negative priority sheds first", func(t *testing.T) {
+		_, err := runSLO(t, sloFilter(t, shared.Params{ParamOnMiss: "wait"}), &shared.Request{SLO: target, Priority: -1}, c())
+		var nh *shared.NoHeadroomError
+		if !errors.As(err, &nh) {
+			t.Fatalf("err %v, want *NoHeadroomError for priority -1", err)
+		}
+	})
+	t.Run("TPOT-only wait ends after max_wait", func(t *testing.T) {
+		s := sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamMaxWait: 2 * time.Second})
+		tp := shared.SLO{TPOT: 5 * time.Millisecond}
+		cs := sloRows([]float64{0, 0}, []float64{0.02, 0.01})
+		if _, err := runSLO(t, s, &shared.Request{SLO: tp}, cs); !errors.Is(err, shared.ErrAllBusy) {
+			t.Fatalf("err %v, want ErrAllBusy before max_wait", err)
+		}
+		tp.Waited = 2 * time.Second
+		keep, err := runSLO(t, s, &shared.Request{SLO: tp}, cs)
+		if err != nil || !slices.Equal(keep, []bool{false, true}) {
+			t.Fatalf("after max_wait: keep %v, err %v", keep, err)
+		}
+	})
+}
+
+func TestSLOParams(t *testing.T) {
+	for _, p := range []shared.Params{
+		{ParamHeadroom: -0.1}, {ParamHeadroom: 11.0}, {ParamOnMiss: "later"}, {ParamMaxWait: time.Duration(0)},
+	} {
+		if _, err := NewSLO(p); err == nil {
+			t.Errorf("NewSLO(%v) accepted", p)
+		}
+	}
+	s := sloFilter(t, nil)
+	if s.headroom != DefaultSLOHeadroom || s.onMiss != shared.SLOMissLeastLate || s.maxWait != DefaultSLOMaxWait {
+		t.Fatalf("defaults %+v", s)
+	}
+	if _, err := runSLO(t, s, &shared.Request{SLO: shared.SLO{TTFT: time.Second}}, &shared.Candidates{IDs: []shared.WorkerID{1}}); !errors.Is(err, ErrMissingColumn) {
+		t.Fatalf("err %v, want ErrMissingColumn without LATENCY columns", err)
+	}
+}

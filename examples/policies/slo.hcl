@@ -1,0 +1,46 @@
+# SLO-aware routing (issue #30): the default kv-affinity policy with the
+# slo filter in front. The router predicts every candidate's TTFT and
+# TPOT for the request (router/predict: an online model per worker class,
+# learned from the answers), and the filter keeps the candidates predicted
+# to meet the request's targets with 25% headroom; kv-affinity then places
+# for the prefix cache among them, exactly as the default does.
+#
+# Targets come from the request's headers (docs/serve.md), else from its
+# queue class below, else from replay's --slo. When no candidate has
+# headroom, on_miss decides: "least-late" (default here) sends it to the
+# candidate predicted to miss by the least; "wait" keeps it queued until
+# one has headroom; "reject" answers 429 with Retry-After. A request of
+# negative priority is refused first.
+#
+#   router replay --policy examples/policies/slo.hcl --slo ttft=1s
+#   router replay --compare examples/policies/kv-affinity.hcl,examples/policies/slo.hcl \
+#       --slo ttft=1s --baseline kv-affinity --workers 4,8,16
+router {
+  block_size = 512
+  seed       = 7
+}
+
+policy "slo" {
+  filter "headroom" {
+    type     = "slo"
+    headroom = 0.25
+    on_miss  = "least-late"
+  }
+  scorer "cost" {
+    type          = "kv-affinity"
+    affinity      = 4
+    decode_weight = 0.03125
+    spill_factor  = 2
+    balance_abs   = 32
+    balance_rel   = 2
+  }
+  picker "pick" {
+    type        = "min-cost"
+    temperature = 0
+    seed        = 7
+  }
+}
+
+worker_selection {
+  aggregated = "slo"
+}

@@ -1,0 +1,116 @@
+package serve
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/switchyard-router/switchyard/router/live"
+)
+
+// TestDaemonPredictorLearnsFromAnswers serves a policy whose slo filter
+// declares LATENCY through `router serve`'s face to two mock engines: the
+// predictor learns from the answers (streamed and not), and /metrics
+// exports its accuracy: one TTFT comparison per request after the first
+// (the first had nothing to predict from) and finite relative errors.
+func TestDaemonPredictorLearnsFromAnswers(t *testing.T) {
+	a, b := newMock(t, "", 50), newMock(t, "", 50)
+	dir := t.TempDir()
+	policy := filepath.Join(dir, "policy.hcl")
+	replaceFile(t, policy, fmt.Sprintf(`policy "slo" {
+  filter "headroom" { type = "slo" }
+  scorer "cost" { type = "kv-affinity" }
+  picker "pick" { type = "min-cost" }
+}
+
+worker_selection { aggregated = "slo" }
+
+worker "a" {
+  url    = %q
+  models = ["m"]
+  labels = { "switchyard.io/class" = "h100" }
+}
+worker "b" {
+  url    = %q
+  models = ["m"]
+  labels = { "switchyard.io/class" = "h100" }
+}
+`, a.URL, b.URL))
+	reg := prometheus.NewRegistry()
+	rd := startDaemon(t, live.DaemonOptions{PolicyFile: policy, Registry: reg})
+	rd.waitWorkers(t, "a", "b")
+	const n = 30
+	for i := range n {
+		req, err := http.NewRequest(http.MethodPost, rd.base+"/v1/chat/completions",
+			strings.NewReader(chatBody("m", i%2 == 0, fmt.Sprintf("tell me about %d", i))))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: status %d: %s", i, resp.StatusCode, out)
+		}
+	}
+	if got := gathered(t, reg, "switchyard_predictor_comparisons_total", "ttft"); got != n-1 {
+		t.Errorf("TTFT comparisons %v, want %d (every request after the first)", got, n-1)
+	}
+	if got := gathered(t, reg, "switchyard_predictor_classes", ""); got != 1 {
+		t.Errorf("classes %v, want 1 (both workers labelled h100)", got)
+	}
+	med := gathered(t, reg, "switchyard_predictor_relative_error", "0.5", "ttft") // quantile, target
+	if math.IsNaN(med) || med < 0 {
+		t.Errorf("TTFT median relative error %v, want a finite fraction", med)
+	}
+	t.Logf("TTFT median relative error after %d answers: %.3f", n, med)
+}
+
+// gathered is the value of the series of metric name whose label values,
+// in the order of the label names (sorted, as the registry gives them), are values ("" for a metric without
+// labels); the test fails when there is none.
+func gathered(t *testing.T, reg *prometheus.Registry, name string, values ...string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			lp := m.GetLabel()
+			if len(values) == 1 && values[0] == "" {
+				values = nil
+			}
+			if len(lp) != len(values) {
+				continue
+			}
+			for i, l := range lp {
+				if l.GetValue() != values[i] {
+					continue metrics
+				}
+			}
+			switch {
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			}
+		}
+	}
+	t.Fatalf("no series %s%v", name, values)
+	return 0
+}
