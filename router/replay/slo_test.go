@@ -2,7 +2,6 @@ package replay
 
 import (
 	"context"
-	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -16,8 +15,7 @@ import (
 
 // sloRefuser is a picker that records each request's latency targets and
 // refuses, with a *shared.NoHeadroomError, those whose TTFT target is
-// under a second (joined with ErrAllFiltered, the policy's own answer,
-// so that the core does not decide by the fallback instead).
+// under a second (the policy's own answer: no fallback decides instead).
 type sloRefuser struct {
 	mu   sync.Mutex
 	seen map[int]shared.SLO
@@ -31,7 +29,7 @@ func (p *sloRefuser) Pick(_ context.Context, req *shared.Request, _ *shared.Cand
 	p.seen[i] = req.SLO
 	p.mu.Unlock()
 	if req.SLO.TTFT < time.Second {
-		return 0, errors.Join(&shared.NoHeadroomError{RetryAfter: time.Second, TTFT: 2, TPOT: 0.01}, shared.ErrAllFiltered)
+		return 0, &shared.NoHeadroomError{RetryAfter: time.Second, TTFT: 2, TPOT: 0.01}
 	}
 	return 0, nil
 }

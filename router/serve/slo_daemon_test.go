@@ -2,7 +2,6 @@ package serve
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,10 +35,9 @@ func (f *headroomFilter) Filter(_ context.Context, req *shared.Request, _ *share
 	f.seen = append(f.seen, req.SLO)
 	f.mu.Unlock()
 	if req.SLO.OnMiss == shared.SLOMissReject {
-		// Joined with ErrAllFiltered, the policy's own answer, so that
-		// the core does not decide by the policy's fallback instead
-		// (router.FallsBack: a component's other errors fall back).
-		return errors.Join(&shared.NoHeadroomError{RetryAfter: 2300 * time.Millisecond, TTFT: 0.9, TPOT: 0.031}, shared.ErrAllFiltered)
+		// The policy's own answer: the core does not decide by the
+		// policy's fallback instead (router.FallsBack).
+		return &shared.NoHeadroomError{RetryAfter: 2300 * time.Millisecond, TTFT: 0.9, TPOT: 0.031}
 	}
 	return nil
 }
