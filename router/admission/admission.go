@@ -88,7 +88,30 @@ type Options struct {
 	// shared.PartitionContext.Sessions (router replicas share session
 	// bindings: router/cluster); nil: none.
 	Sessions func(model string, role shared.Role) shared.SessionStore
+	// DefaultSLO is the latency targets of a request that sets none of
+	// its own and whose queue class sets none (replay's --slo), field by
+	// field; zero: none.
+	DefaultSLO shared.SLO
 }
+
+// TTFTPredictor predicts a request's time to first token once it is
+// dispatched, from the router's state now (the best candidate's
+// prediction, say): the slack queue order (config.OrderSlack) reads it
+// for each request that queues with a TTFT target. The Controller finds
+// it on its core (*router.Router) by type assertion; without one, or when
+// it answers 0 (untrained), it takes the request's uncached prompt tokens
+// times DefaultPrefillPerToken.
+// Called outside every lock of this package; it must be safe for
+// concurrent use and must not block.
+type TTFTPredictor interface {
+	PredictTTFT(req *shared.Request) time.Duration
+}
+
+// DefaultPrefillPerToken is the prefill time per uncached prompt token of
+// the fallback TTFT prediction: the simulated engine's default compute
+// slope, 0.021 ms a batched token (router/sim DefaultTiming PerToken:
+// Llama-3.1-8B bf16 on one H100).
+const DefaultPrefillPerToken = 21 * time.Microsecond
 
 // Observer hears the bookings a Controller makes: Booked when a request
 // is placed on a worker (at Admit, at a dispatch from the queue, at a
@@ -124,6 +147,16 @@ type Controller struct {
 	onQueued func()
 	obs      Observer // nil: none
 	sessions func(model string, role shared.Role) shared.SessionStore
+	// classSLO is each queue class's targets (config.QueueClass.SLO), by
+	// name; defaultSLO Options.DefaultSLO; sloOn says either sets some,
+	// so a request without targets of its own looks them up.
+	classSLO   map[string]shared.SLO
+	defaultSLO shared.SLO
+	sloOn      bool
+	// slack names the classes of the slack order; predictor is the
+	// core's TTFTPredictor, nil for the fallback.
+	slack     map[string]bool
+	predictor TTFTPredictor
 
 	// dispatchMu serialises Dispatch calls: the queue's order is the
 	// point. Admissions never take it. blocked is Dispatch's scratch.
@@ -154,6 +187,22 @@ func New(core *router.Router, o Options) (*Controller, error) {
 		obs:      o.Observer,
 	}
 	c.live.init()
+	c.defaultSLO, c.sloOn = o.DefaultSLO, o.DefaultSLO.Has() || o.DefaultSLO.OnMiss != shared.SLOMissDefault
+	for _, cl := range o.Queue.Classes {
+		if cl.SLO.Has() || cl.SLO.OnMiss != shared.SLOMissDefault {
+			if c.classSLO == nil {
+				c.classSLO = make(map[string]shared.SLO)
+			}
+			c.classSLO[cl.Name], c.sloOn = cl.SLO, true
+		}
+		if cl.Order == config.OrderSlack {
+			if c.slack == nil {
+				c.slack = make(map[string]bool)
+			}
+			c.slack[cl.Name] = true
+		}
+	}
+	c.predictor, _ = any(core).(TTFTPredictor)
 	if err := c.queues.init(queueConfig(o.Queue)); err != nil {
 		return nil, fmt.Errorf("admission: queue: %w", err)
 	}
@@ -195,6 +244,14 @@ type Option func(*Handle)
 // while the request is live.
 func Exclude(ids ...shared.WorkerID) Option {
 	return func(h *Handle) { h.exclude = append(h.exclude, ids...) }
+}
+
+// Arrival says when the request arrived at the router, on the
+// Controller's clock (serve: its first byte, before its body was read):
+// its time in the router counts against its TTFT target from then
+// (shared.SLO.Waited). Without it, the request arrives at Admit.
+func Arrival(t time.Time) Option {
+	return func(h *Handle) { h.start = t }
 }
 
 // Alternates asks for up to k runners-up with the request's placement
@@ -240,6 +297,7 @@ func (c *Controller) Admit(ctx context.Context, req *shared.Request, opts ...Opt
 		c.live.remove(req.ID, h)
 		return nil, err
 	}
+	c.applySLO(h)
 	if err := h.enter(ctx); err != nil {
 		return h, err
 	}
@@ -277,6 +335,53 @@ func (c *Controller) classify(ctx context.Context, h *Handle) error {
 		h.class.SchedulingCostTokens = uncached
 	}
 	return nil
+}
+
+// applySLO completes h's latency targets, field by field, from its queue
+// class's (the classification's, else the default class) and then
+// Options.DefaultSLO; a request with a target reads the clock for its
+// arrival unless Arrival gave it.
+func (c *Controller) applySLO(h *Handle) {
+	s := &h.req.SLO
+	if c.sloOn {
+		name := h.class.PolicyClass
+		if name == "" {
+			name = c.queueCfg.DefaultClass
+		}
+		for _, d := range [...]shared.SLO{c.classSLO[name], c.defaultSLO} {
+			if s.TTFT == 0 {
+				s.TTFT = d.TTFT
+			}
+			if s.TPOT == 0 {
+				s.TPOT = d.TPOT
+			}
+			if s.OnMiss == shared.SLOMissDefault {
+				s.OnMiss = d.OnMiss
+			}
+		}
+	}
+	if s.Has() && h.start.IsZero() {
+		h.start = c.now()
+	}
+}
+
+// setWaited sets h's SLO.Waited, its time in the router at now, before a
+// placement: only for a request with a target.
+func (h *Handle) setWaited(now time.Time) {
+	if h.req.SLO.Has() {
+		h.req.SLO.Waited = max(now.Sub(h.start), 0)
+	}
+}
+
+// predictTTFT is the predicted time to first token of h's request once
+// dispatched (TTFTPredictor), for the slack order.
+func (c *Controller) predictTTFT(h *Handle) time.Duration {
+	if c.predictor != nil {
+		if d := c.predictor.PredictTTFT(h.req); d > 0 {
+			return d
+		}
+	}
+	return time.Duration(h.class.SchedulingCostTokens) * DefaultPrefillPerToken
 }
 
 // uncached sets req.CachedPromptTokens from the prefix index and returns
@@ -334,6 +439,12 @@ func (c *Controller) push(h *Handle) error {
 	pq := c.queues.get(partKey{h.req.Model, h.req.Role})
 	it := &queue.Item{ID: h.req.ID, Class: h.class.PolicyClass, Priority: h.class.Priority,
 		Cost: h.class.SchedulingCostTokens, Arrival: h.arrival, DueAt: h.class.DueAt, Value: h}
+	if ttft := h.req.SLO.TTFT; ttft > 0 && c.slackClass(h.class.PolicyClass) {
+		// The target's part left (at least 1ns: a spent target still
+		// ranks above none), and the prediction, made before the lock.
+		it.TTFT = max(ttft-max(h.arrival.Sub(h.start), 0), 1)
+		it.PredictedTTFT = c.predictTTFT(h)
+	}
 	pq.mu.Lock()
 	err := pq.q.Push(it)
 	if err == nil {
@@ -344,6 +455,18 @@ func (c *Controller) push(h *Handle) error {
 		c.waiting.Add(-1)
 	}
 	return err
+}
+
+// slackClass reports whether the class name ("" for the default) orders
+// by slack.
+func (c *Controller) slackClass(name string) bool {
+	if c.slack == nil {
+		return false
+	}
+	if name == "" {
+		name = c.queueCfg.DefaultClass
+	}
+	return c.slack[name]
 }
 
 // reserve counts one more waiting request; false when max_waiting
@@ -426,6 +549,7 @@ func (c *Controller) Dispatch(ctx context.Context, out []*Handle) []*Handle {
 			}
 			pq := qs[best]
 			h := it.Value.(*Handle)
+			h.setWaited(now)
 			d, err := c.core.Place(ctx, h.req, c.placement(h))
 			if ctx.Err() != nil {
 				if err == nil {

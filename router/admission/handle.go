@@ -23,9 +23,12 @@ type Handle struct {
 	req        *shared.Request
 	class      shared.Classification
 	exclude    []shared.WorkerID
-	alternates int          // runners-up asked for (Alternates)
-	arrival    time.Time    // when it last joined a queue (Controller clock)
-	tokens     atomic.Int64 // prompt plus generated tokens so far
+	alternates int       // runners-up asked for (Alternates)
+	arrival    time.Time // when it last joined a queue (Controller clock)
+	// start is the request's arrival at the router (Arrival, else Admit's
+	// clock when it has a latency target; zero otherwise).
+	start  time.Time
+	tokens atomic.Int64 // prompt plus generated tokens so far
 
 	mu       sync.Mutex
 	state    state
@@ -305,6 +308,9 @@ func (h *Handle) Move(ctx context.Context, id shared.WorkerID, reason string) er
 // is at capacity; on any other failure the request ends.
 func (h *Handle) enter(ctx context.Context) error {
 	c := h.c
+	if h.req.SLO.Has() {
+		h.setWaited(c.now())
+	}
 	d, err := c.core.Place(ctx, h.req, c.placement(h))
 	switch {
 	case err == nil:

@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // blockQueue is the queue block's name.
@@ -15,7 +17,14 @@ const (
 	OrderFCFS = "fcfs" // first come, first served (the default)
 	OrderLCFS = "lcfs" // last come, first served
 	OrderWSPT = "wspt" // weighted shortest processing time: the smallest scheduling cost first
+	// OrderSlack serves the least slack first: the earliest latest useful
+	// start, arrival + TTFT target - predicted TTFT; requests without a
+	// TTFT target after those with one, first come first served.
+	OrderSlack = "slack"
 )
+
+// MaxSLOTarget bounds a queue class's ttft and tpot: one hour.
+const MaxSLOTarget = time.Hour
 
 // Queue is the file's queue block: requests that cannot be placed because
 // every candidate is at capacity wait here, served between classes by
@@ -33,6 +42,12 @@ const (
 //	  class "batch" {
 //	    weight = 1
 //	    order  = "wspt"
+//	  }
+//	  class "chat" {
+//	    order   = "slack"
+//	    ttft    = "500ms"     # latency targets of the class's requests (shared.SLO)
+//	    tpot    = "50ms"
+//	    on_miss = "wait"      # least-late, wait or reject
 //	  }
 //	}
 type Queue struct {
@@ -56,12 +71,19 @@ type Queue struct {
 	Range hcl.Range
 }
 
-// QueueClass is one `class "NAME" { weight order }` of the queue block.
+// QueueClass is one `class "NAME" { weight order ttft tpot on_miss }` of
+// the queue block.
 type QueueClass struct {
 	Name   string
 	Weight int    // >= 1; default 1
-	Order  string // OrderFCFS (default), OrderLCFS or OrderWSPT
-	Range  hcl.Range
+	Order  string // OrderFCFS (default), OrderLCFS, OrderWSPT or OrderSlack
+	// SLO is the latency targets of the class's requests (ttft, tpot:
+	// durations from 0 to MaxSLOTarget, 0 for none; on_miss:
+	// "least-late", "wait" or "reject", unset for the policy's choice);
+	// a request's own targets (its headers) win field by field. Its
+	// Waited is always 0.
+	SLO   shared.SLO
+	Range hcl.Range
 }
 
 // DefaultAging is the aging of a queue block that sets none, and of the
@@ -89,6 +111,9 @@ var queueClassSchema = &hcl.BodySchema{
 	Attributes: []hcl.AttributeSchema{
 		{Name: "weight"},
 		{Name: "order"},
+		{Name: "ttft"},
+		{Name: "tpot"},
+		{Name: "on_miss"},
 	},
 }
 
@@ -148,10 +173,34 @@ func (l *loader) queueBlock(blk *hcl.Block) {
 		if attr, ok := cc.Attributes["order"]; ok {
 			if s, ok := l.stringAttr(attr); ok {
 				switch s {
-				case OrderFCFS, OrderLCFS, OrderWSPT:
+				case OrderFCFS, OrderLCFS, OrderWSPT, OrderSlack:
 					c.Order = s
 				default:
-					l.attrErrorf(attr, "Invalid order", "order must be %q, %q or %q, got %q.", OrderFCFS, OrderLCFS, OrderWSPT, s)
+					l.attrErrorf(attr, "Invalid order", "order must be %q, %q, %q or %q, got %q.", OrderFCFS, OrderLCFS, OrderWSPT, OrderSlack, s)
+				}
+			}
+		}
+		for _, f := range []struct {
+			name string
+			dst  *time.Duration
+		}{{"ttft", &c.SLO.TTFT}, {"tpot", &c.SLO.TPOT}} {
+			if attr, ok := cc.Attributes[f.name]; ok {
+				if d, ok := l.durationAttr(attr); ok {
+					if d < 0 || d > MaxSLOTarget {
+						l.attrErrorf(attr, "Invalid "+f.name, "%s must be a duration from \"0s\" (no target) to %q, got %q.", f.name, MaxSLOTarget.String(), d.String())
+					} else {
+						*f.dst = d
+					}
+				}
+			}
+		}
+		if attr, ok := cc.Attributes["on_miss"]; ok {
+			if s, ok := l.stringAttr(attr); ok {
+				if m, ok := shared.ParseSLOMiss(s); ok {
+					c.SLO.OnMiss = m
+				} else {
+					l.attrErrorf(attr, "Invalid on_miss", "on_miss must be %q, %q or %q, got %q.",
+						shared.SLOMissLeastLate.String(), shared.SLOMissWait.String(), shared.SLOMissReject.String(), s)
 				}
 			}
 		}

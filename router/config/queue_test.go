@@ -8,6 +8,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/hashicorp/hcl/v2"
+
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 func TestQueueBlock(t *testing.T) {
@@ -52,6 +54,53 @@ func TestQueueBlock(t *testing.T) {
 		{"queue {\n  max_active_requests = -1\n  class \"a\" {\n  }\n}\n", "q.hcl:2:25: error: Invalid max_active_requests"},
 		{"queue {\n  aging = \"0s\"\n  class \"a\" {\n  }\n}\n", "q.hcl:2:3: warning: Strict priority can starve requests"},
 		{"queue {\n  class \"a\" {\n  }\n}\nqueue {\n  class \"b\" {\n  }\n}\n", "q.hcl:5:1: error: Duplicate queue block"},
+	} {
+		if _, diags := load(tt.src); !strings.Contains(diags, tt.want) {
+			t.Errorf("%q:\n%s\nwant %q", tt.src, diags, tt.want)
+		}
+	}
+}
+
+// TestQueueClassSLO: a class's ttft, tpot and on_miss, and the slack
+// order; bad values are errors at the attribute's file:line:col.
+func TestQueueClassSLO(t *testing.T) {
+	load := func(src string) (*PolicyFile, string) {
+		b, diags := Load("q.hcl", []byte(src), testCatalog(t))
+		return b, FormatDiagnostics(diags)
+	}
+	src := `queue {
+  class "chat" {
+    order   = "slack"
+    ttft    = "500ms"
+    tpot    = "50ms"
+    on_miss = "reject"
+  }
+  class "batch" {
+    tpot = "200ms"
+  }
+  class "plain" {
+  }
+}
+`
+	b, diags := load(src)
+	if b == nil || diags != "" {
+		t.Fatalf("diagnostics:\n%s", diags)
+	}
+	want := []QueueClass{
+		{Name: "chat", Weight: 1, Order: OrderSlack, SLO: shared.SLO{TTFT: 500 * time.Millisecond, TPOT: 50 * time.Millisecond, OnMiss: shared.SLOMissReject}},
+		{Name: "batch", Weight: 1, Order: OrderFCFS, SLO: shared.SLO{TPOT: 200 * time.Millisecond}},
+		{Name: "plain", Weight: 1, Order: OrderFCFS},
+	}
+	if diff := cmp.Diff(want, b.Queue.Classes, cmpopts.IgnoreTypes(hcl.Range{})); diff != "" {
+		t.Fatalf("classes (-want +got):\n%s", diff)
+	}
+	for _, tt := range []struct{ src, want string }{
+		{"queue {\n  class \"a\" {\n    ttft = \"soon\"\n  }\n}\n", "q.hcl:3:12: error: Invalid duration"},
+		{"queue {\n  class \"a\" {\n    ttft = \"-1s\"\n  }\n}\n", "q.hcl:3:12: error: Invalid ttft"},
+		{"queue {\n  class \"a\" {\n    tpot = \"2h\"\n  }\n}\n", "q.hcl:3:12: error: Invalid tpot"},
+		{"queue {\n  class \"a\" {\n    tpot = 5\n  }\n}\n", "q.hcl:3:12: error:"},
+		{"queue {\n  class \"a\" {\n    on_miss = \"shed\"\n  }\n}\n", "q.hcl:3:15: error: Invalid on_miss"},
+		{"queue {\n  class \"a\" {\n    order = \"edf\"\n  }\n}\n", `order must be "fcfs", "lcfs", "wspt" or "slack", got "edf".`},
 	} {
 		if _, diags := load(tt.src); !strings.Contains(diags, tt.want) {
 			t.Errorf("%q:\n%s\nwant %q", tt.src, diags, tt.want)

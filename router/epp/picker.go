@@ -95,7 +95,10 @@ var _ Picker = (*RouterPicker)(nil)
 // model, or none in the subset), ErrShed (the queue is full, or the
 // request timeout passed while it waited), ErrPastDue (its due time
 // passed while it waited), each wrapping the runtime's error and worded
-// by it; other errors as Place returns them.
+// by it; a *shared.NoHeadroomError (no worker predicted to meet the
+// request's latency targets: Server answers it 429 with retry-after,
+// counted by live.Runtime.CountRefusal) and other errors as Place
+// returns them.
 func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 	rt, err := route(req.Headers[":method"], req.Headers[":path"], !p.DisablePassThrough)
 	if err != nil {
@@ -136,6 +139,8 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 		code := StatusOf(err)
 		if ctx.Err() != nil {
 			code = live.CodeClientGone
+		} else {
+			p.Runtime.CountRefusal(p.Runtime.ModelLabel(placed.Model()), err)
 		}
 		p.Runtime.Finish(&placed, code, admission.Outcome{})
 		return Pick{}, err

@@ -706,6 +706,9 @@ type answer struct {
 // answerOf returns the answer to a Picker error.
 func answerOf(err error) answer {
 	var rnf *live.ResponseNotFoundError
+	if _, _, ok := live.NoHeadroom(err); ok {
+		return answer{status: http.StatusTooManyRequests, typ: "rate_limit_error", code: live.CodeSLONoHeadroom}
+	}
 	switch {
 	case errors.As(err, &rnf):
 		return answer{status: http.StatusNotFound, typ: "invalid_request_error", code: "response_not_found"}
@@ -727,7 +730,8 @@ func answerOf(err error) answer {
 
 // StatusOf returns the HTTP status code Server answers a Picker error
 // with: 503 for ErrNoEndpoint and errors it does not know, 429 for
-// ErrShed and ErrPastDue, 400 for ErrBadRequest, 405 for
+// ErrShed, ErrPastDue and a *shared.NoHeadroomError (slo_no_headroom,
+// with a Retry-After header: live.NoHeadroom), 400 for ErrBadRequest, 405 for
 // ErrMethodNotAllowed, 404 for ErrNotFound and
 // *live.ResponseNotFoundError.
 func StatusOf(err error) int { return answerOf(err).status }
@@ -754,11 +758,17 @@ func (st *stream) immediateErr(err error) error {
 			allow = me.Allow
 		}
 	}
-	b, jerr := st.errorBody(a.typ, a.code, a.msgPrefix+err.Error())
+	msg := a.msgPrefix + err.Error()
+	var extra []*corev3.HeaderValueOption
+	if nh, retryAfter, ok := live.NoHeadroom(err); ok {
+		msg = nh.Error()
+		extra = append(extra, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after", RawValue: []byte(retryAfter)}})
+	}
+	b, jerr := st.errorBody(a.typ, a.code, msg)
 	if jerr != nil {
 		return jerr
 	}
-	return st.respond(a.status, a.code, b, allow)
+	return st.respond(a.status, a.code, b, allow, extra...)
 }
 
 // vllmError is vLLM's error body (vllm/entrypoints/openai/protocol.py,
@@ -860,9 +870,9 @@ func (st *stream) immediate(status int, typ, code, message string) error {
 }
 
 // respond ends the request with an immediate response of status and the
-// JSON body, details naming it for the proxy's logs, and an allow header
-// when allow is not "".
-func (st *stream) respond(status int, details string, body []byte, allow string) error {
+// JSON body, details naming it for the proxy's logs, an allow header
+// when allow is not "", and the extra headers.
+func (st *stream) respond(status int, details string, body []byte, allow string, extra ...*corev3.HeaderValueOption) error {
 	st.refused, st.req.Body = true, nil
 	headers := []*corev3.HeaderValueOption{{
 		Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")},
@@ -870,6 +880,7 @@ func (st *stream) respond(status int, details string, body []byte, allow string)
 	if allow != "" {
 		headers = append(headers, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "allow", RawValue: []byte(allow)}})
 	}
+	headers = append(headers, extra...)
 	return st.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{
 		ImmediateResponse: &extprocv3.ImmediateResponse{
 			Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},

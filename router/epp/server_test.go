@@ -24,6 +24,8 @@ import (
 	grpcstatus "google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -492,6 +494,38 @@ func TestPickerErrorsAnswerImmediately(t *testing.T) {
 				t.Errorf("a refused pick observed as a decision: %v", obs.v)
 			}
 		})
+	}
+}
+
+// TestNoHeadroomAnswers429RetryAfter: a Picker's *shared.NoHeadroomError
+// (the runtime's, through RouterPicker: no worker is predicted to meet
+// the request's latency targets) is a 429 slo_no_headroom with a
+// retry-after header of its RetryAfter in whole seconds, rounded up, in
+// the OpenAI error shape, its own words the message.
+func TestNoHeadroomAnswers429RetryAfter(t *testing.T) {
+	nh := &shared.NoHeadroomError{RetryAfter: 4100 * time.Millisecond, TTFT: 1.5, TPOT: 0.02}
+	p := &fakePicker{err: fmt.Errorf("request %q: %w", "r1#0", nh)}
+	e := newEnvoy(t, t.Context(), startServer(t, &Server{Picker: p}))
+	e.mustSend(headersMsg("r1", false, nil))
+	e.mustRecv()
+	e.mustSend(bodyMsg(chatBody, true))
+	r := e.mustRecv()
+	status, body := immediateOf(t, r)
+	if status != 429 || body["type"] != "rate_limit_error" || body["code"] != "slo_no_headroom" || body["message"] != nh.Error() {
+		t.Fatalf("got %d %v; want 429 rate_limit_error slo_no_headroom %q", status, body, nh.Error())
+	}
+	var retry []string
+	for _, h := range r.GetImmediateResponse().GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "retry-after" {
+			retry = append(retry, string(h.GetHeader().GetRawValue()))
+		}
+	}
+	if !slices.Equal(retry, []string{"5"}) {
+		t.Errorf("retry-after headers %q, want [5]", retry)
+	}
+	e.finish()
+	if StatusOf(p.err) != 429 {
+		t.Errorf("StatusOf = %d, want 429", StatusOf(p.err))
 	}
 }
 

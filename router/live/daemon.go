@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/router/cluster"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/filewatch"
@@ -78,6 +79,11 @@ type DaemonOptions struct {
 	// again after each value on Pods.Changes; the caller starts and stops
 	// it.
 	Pods WorkerSource
+	// Catalog holds the built-in component types the policy file is
+	// resolved against, at start and on every reload; nil means
+	// catalog.Default() (loader.LoadOptions.Catalog). Tests add types of
+	// their own to a clone of the default.
+	Catalog *catalog.Catalog
 	// Watch also reloads the policy file whenever its content changes
 	// (ReloaderOptions.Watch); a reload signal reloads it either
 	// way.
@@ -248,7 +254,7 @@ func (d *Daemon) Run(ctx context.Context) error {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 
-	load := loader.LoadOptions{Logger: d.log, Registerer: reg}
+	load := loader.LoadOptions{Logger: d.log, Registerer: reg, Catalog: o.Catalog}
 	b, diags := loader.LoadBundle(ctx, o.PolicyFile, load)
 	d.diagnostics(diags)
 	if diags.HasErrors() || b == nil {

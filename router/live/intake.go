@@ -36,6 +36,11 @@ type Request struct {
 	// shared.Request Metadata (RequestMetadata).
 	Session string
 	Meta    map[string]string
+	// SLO is the request's latency targets from its headers (ParseSLO);
+	// MaxTokens its body's cap on generated tokens
+	// (CompletionRequest.MaxTokens). Admit passes both on.
+	SLO       shared.SLO
+	MaxTokens int
 
 	// Set by Key.
 
@@ -155,7 +160,8 @@ func (req *Request) PromptKey() shared.PromptKey {
 // Admit admits the first attempt of req's hop (admission.Path's: its
 // role, and whether it carries the prompt's block hashes) under the id
 // req.ID+tag+"0" (a unique one, Runtime.NewID's, when the client reused a
-// live request's), with opts, under ctx, and records the selection's
+// live request's), with its SLO, MaxTokens and arrival (req.Start,
+// admission.Arrival), with opts, under ctx, and records the selection's
 // duration (switchyard_selection_duration_seconds). It returns the
 // handle, placed or queued, or the admission's error.
 func (rt *Runtime) Admit(ctx context.Context, req *Request, hop admission.Hop, tag string, opts ...admission.Option) (*admission.Handle, error) {
@@ -167,8 +173,16 @@ func (rt *Runtime) Admit(ctx context.Context, req *Request, hop admission.Hop, t
 		SessionID:    req.Session,
 		Metadata:     req.Meta,
 		Prompt:       req.PromptKey(),
+		MaxTokens:    req.MaxTokens,
+		SLO:          req.SLO,
 	})
 	sr.ID = req.ID + tag + "0"
+	if !req.Start.IsZero() {
+		// The request's time in the router counts against its TTFT
+		// target (its own or its class's) from its arrival
+		// (shared.SLO.Waited).
+		opts = append(opts[:len(opts):len(opts)], admission.Arrival(req.Start))
+	}
 	t0 := time.Now()
 	h, err := rt.adm.Admit(ctx, sr, opts...)
 	if errors.Is(err, admission.ErrDuplicateRequest) {

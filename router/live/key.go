@@ -27,7 +27,16 @@ type CompletionRequest struct {
 	// the stored response it continues, which only the engine that
 	// answered it holds; "" for none and for the other schemas.
 	PreviousResponseID string
-	routing            RoutingKey
+	// MaxTokens is the request's own cap on generated tokens: chat's
+	// max_completion_tokens when set, else its max_tokens (vLLM's
+	// ChatCompletionRequest.build_tok_params, vllm/entrypoints/openai/
+	// chat_completion/protocol.py, commit
+	// d5dba2d7b0ab9b98096560c69db7126b54b14d79), completions' max_tokens,
+	// Responses' max_output_tokens, Messages' max_tokens; 0 when it sets
+	// none, or sets a number that is not a non-negative integer (the
+	// engine answers that); at most maxTokensCap.
+	MaxTokens int
+	routing   RoutingKey
 	// salt is the request's cache_salt ("" for none, or null), vLLM's
 	// prefix-cache salt: part of the routing key (key).
 	salt string

@@ -69,6 +69,16 @@ func readFast(v *fastjson.Value, chat bool) (*CompletionRequest, error) {
 	if req.Model == "" {
 		return nil, fmt.Errorf("%w: you must provide a model parameter", ErrBadRequest)
 	}
+	// Chat's max_completion_tokens, when set, wins over max_tokens
+	// (MaxTokens): the later name read counts.
+	for _, name := range maxTokensFields(chat) {
+		if mt := field(v, name); mt != nil && mt.Type() != fastjson.TypeNull {
+			if mt.Type() != fastjson.TypeNumber {
+				return nil, typeError(name, mt)
+			}
+			req.MaxTokens = maxTokens(mt.String())
+		}
+	}
 	if cs := field(v, "cache_salt"); cs != nil && cs.Type() != fastjson.TypeNull {
 		b, err := cs.StringBytes()
 		if err != nil {

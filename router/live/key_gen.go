@@ -36,7 +36,8 @@ func parseGen(body []byte, api API) (*CompletionRequest, error) {
 	if g.Model == "" {
 		return nil, fmt.Errorf("%w: you must provide a model parameter", ErrBadRequest)
 	}
-	req := &CompletionRequest{Model: g.Model, Stream: g.Stream, PreviousResponseID: g.PreviousResponseID, salt: g.CacheSalt}
+	req := &CompletionRequest{Model: g.Model, Stream: g.Stream, PreviousResponseID: g.PreviousResponseID, salt: g.CacheSalt,
+		MaxTokens: int(min(max(g.MaxTokens, 0), maxTokensCap))}
 	req.routing = renderMessages(g.Tools, g.Messages)
 	return req, nil
 }

@@ -44,7 +44,7 @@ func readStd(body []byte, chat bool) (*CompletionRequest, error) {
 	if body[0] != '{' {
 		return nil, fmt.Errorf("%w: body must be a JSON object, not a JSON %s", ErrBadRequest, rawType(body))
 	}
-	var model, stream, tokenIDs, messages, prompt, salt, tools []byte // the last raw value of each
+	var model, stream, tokenIDs, messages, prompt, salt, tools, maxTok, maxCompl []byte // the last raw value of each
 	members(body, func(key, val []byte) {
 		switch string(unquoteKey(key)) {
 		case "model":
@@ -61,6 +61,10 @@ func readStd(body []byte, chat bool) (*CompletionRequest, error) {
 			salt = val
 		case "tools":
 			tools = val
+		case "max_tokens":
+			maxTok = val
+		case "max_completion_tokens":
+			maxCompl = val
 		}
 	})
 
@@ -82,6 +86,20 @@ func readStd(body []byte, chat bool) (*CompletionRequest, error) {
 	}
 	if req.Model == "" {
 		return nil, fmt.Errorf("%w: you must provide a model parameter", ErrBadRequest)
+	}
+	// As parseFast: chat's max_completion_tokens, when set, wins over
+	// max_tokens.
+	for _, name := range maxTokensFields(chat) {
+		raw := present(maxTok)
+		if name == "max_completion_tokens" {
+			raw = present(maxCompl)
+		}
+		if raw != nil {
+			if rawType(raw) != "number" {
+				return nil, rawTypeError(name, raw)
+			}
+			req.MaxTokens = maxTokens(string(raw))
+		}
 	}
 	if raw := present(salt); raw != nil {
 		if raw[0] != '"' {

@@ -20,6 +20,9 @@ type metrics struct {
 	promptMatch *prometheus.CounterVec // model, result
 	// Tokens of the engines' answers' usage, by model.
 	promptTokens, cachedTokens, completionTokens *prometheus.CounterVec
+	// sloRefusals counts requests refused because no worker was
+	// predicted to meet their latency targets (CountRefusal).
+	sloRefusals *prometheus.CounterVec // model
 }
 
 // latencyBuckets span 5ms to about 10 minutes.
@@ -79,8 +82,12 @@ func newMetrics(reg prometheus.Registerer, adm *admission.Controller) (*metrics,
 			Name: "switchyard_completion_tokens_total",
 			Help: "Completion tokens of the answered requests, by model (usage.completion_tokens).",
 		}, []string{"model"}),
+		sloRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "switchyard_slo_refusals_total",
+			Help: "Requests refused with 429 (slo_no_headroom) because no worker was predicted to meet their latency targets and their on_miss is reject, by model.",
+		}, []string{"model"}),
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, m.tokenize, m.tokFails, m.belief, m.promptMatch, m.promptTokens, m.cachedTokens, m.completionTokens, &queueDepth{adm: adm}} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.selection, m.tokenize, m.tokFails, m.belief, m.promptMatch, m.promptTokens, m.cachedTokens, m.completionTokens, m.sloRefusals, &queueDepth{adm: adm}} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -123,7 +123,8 @@ var ErrNoRoute = errors.New("the path is not one the router routes by its schema
 // the request's first hop, and nothing more.
 //
 // A generation request (api.Generates) is parsed with the intake's
-// parser and bound (ParseRequest), its prompt keyed (Key: token ids, the
+// parser and bound (ParseRequest), its latency targets read from its
+// headers (ParseSLO), its prompt keyed (Key: token ids, the
 // model's tokenizer or character blocks), the request built from header
 // (X-Request-Id, else a generated id; X-Session-Id; the other headers but
 // the credentials as Metadata), admitted on the aggregated role with opts
@@ -177,7 +178,10 @@ func (rt *Runtime) Place(ctx context.Context, api API, header http.Header, body 
 	ctx, cancel := context.WithTimeout(ctx, rt.timeout)
 	defer cancel()
 	req := rt.request(start, parsed.Model, label, api, header)
-	req.Stream = parsed.Stream
+	req.Stream, req.MaxTokens = parsed.Stream, parsed.MaxTokens
+	if req.SLO, err = ParseSLO(header); err != nil {
+		return refused, err
+	}
 	rt.Key(ctx, req, parsed.Key())
 	if parsed.PreviousResponseID != "" {
 		return rt.placeFollowUp(ctx, req, parsed.PreviousResponseID, refused, opts)

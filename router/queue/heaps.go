@@ -33,6 +33,13 @@ func classLess(order Order) func(a, b *entry) bool {
 			if a.cost != b.cost {
 				return a.cost < b.cost
 			}
+		case Slack:
+			if a.hasTTFT != b.hasTTFT {
+				return a.hasTTFT
+			}
+			if a.hasTTFT && a.start != b.start {
+				return a.start < b.start
+			}
 		}
 		if a.arrival != b.arrival {
 			return a.arrival < b.arrival

@@ -114,6 +114,16 @@ func (r *ref) best(c *refClass, now time.Time) int {
 				d = -it.Arrival.Compare(b.Arrival) // later first
 			case WSPT:
 				d = cmp.Compare(it.Cost, b.Cost)
+			case Slack:
+				switch {
+				case (it.TTFT > 0) != (b.TTFT > 0):
+					d = 1 // the one with a target first
+					if it.TTFT > 0 {
+						d = -1
+					}
+				case it.TTFT > 0:
+					d = latestStart(it).Compare(latestStart(b))
+				}
 			}
 		}
 		if d == 0 {
@@ -127,6 +137,11 @@ func (r *ref) best(c *refClass, now time.Time) int {
 		}
 	}
 	return bi
+}
+
+// latestStart is a Slack item's latest useful start, the plain way.
+func latestStart(it *Item) time.Time {
+	return it.Arrival.Add(it.TTFT).Add(-max(it.PredictedTTFT, 0))
 }
 
 func (r *ref) take(ci, i int) *Item {
@@ -264,6 +279,8 @@ func TestModel(t *testing.T) {
 		{Classes: []ClassConfig{{Name: "a", Weight: 2, Order: LCFS}, {Name: "b", Weight: 1, Order: WSPT}, {Name: "c", Weight: 5}}, Aging: time.Second, DefaultClass: "c"},
 		{Classes: []ClassConfig{{Name: "a", Weight: 1, Order: WSPT}, {Name: "b", Weight: 4, Order: FCFS}, {Name: "c", Weight: 2, Order: LCFS}}, Aging: 300 * time.Millisecond, Quantum: 17, MaxLen: 60},
 		{Classes: []ClassConfig{{Name: "a", Weight: 1, Order: LCFS}}, Aging: 50 * time.Millisecond, Quantum: 64},
+		{Classes: []ClassConfig{{Name: "a", Weight: 2, Order: Slack}, {Name: "b", Weight: 1, Order: FCFS}}, Aging: time.Second},
+		{Classes: []ClassConfig{{Name: "a", Weight: 1, Order: Slack}}},
 	}
 	for n, cfg := range configs {
 		t.Run(fmt.Sprint(n), func(t *testing.T) {
@@ -302,6 +319,10 @@ func TestModel(t *testing.T) {
 					}
 					if rng.IntN(2) == 0 {
 						it.DueAt = now.Add(time.Duration(rng.IntN(3000)) * time.Millisecond)
+					}
+					if rng.IntN(3) > 0 { // read by the slack order only
+						it.TTFT = time.Duration(rng.IntN(3000)) * time.Millisecond
+						it.PredictedTTFT = time.Duration(rng.IntN(1500)-100) * time.Millisecond
 					}
 					got, want := q.Push(it), r.push(it)
 					if !errors.Is(got, want) || (want == nil) != (got == nil) {

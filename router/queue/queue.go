@@ -46,6 +46,19 @@ const (
 	// processing time with every weight 1 (priority already ranks above
 	// the order), ties by earlier arrival.
 	WSPT Order = "wspt"
+	// Slack serves the least slack first: the earliest latest useful
+	// start, Arrival + TTFT - PredictedTTFT (the last moment the request
+	// can still be dispatched and meet its TTFT target, by the
+	// prediction), ties by earlier arrival; items without a TTFT target
+	// (Item.TTFT 0) after every item with one, first come first served
+	// among themselves. llm-d's slo-deadline order is this with no
+	// prediction: ReceivedTimestamp + x-slo-ttft-ms
+	// (llm-d/llm-d-inference-scheduler,
+	// pkg/epp/framework/plugins/flowcontrol/ordering/slodeadline/slo_deadline.go,
+	// commit 520af47896e5f06e43d09aca281a1149187b0ffd); subtracting the
+	// predicted TTFT serves first a long prompt that must start sooner
+	// than a short one of the same deadline (least laxity first).
+	Slack Order = "slack"
 )
 
 // DefaultQuantum is the base DRR quantum in tokens used when
@@ -64,7 +77,7 @@ type ClassConfig struct {
 	// backlogged classes; >= 1.
 	Weight int
 	// Order breaks ties of aged priority within the class: "fcfs"
-	// (default when empty), "lcfs" or "wspt".
+	// (default when empty), "lcfs", "wspt" or "slack".
 	Order Order
 }
 
@@ -111,6 +124,12 @@ type Item struct {
 	Arrival time.Time
 	// DueAt is when the request expires if still waiting; zero for never.
 	DueAt time.Time
+	// TTFT is the request's time-to-first-token target left when it
+	// joined the queue (its target less its time in the router before),
+	// PredictedTTFT its predicted time to first token once dispatched;
+	// read by the Slack order only. TTFT <= 0: no target (a target
+	// already spent has a small positive TTFT: the caller keeps it).
+	TTFT, PredictedTTFT time.Duration
 	// Value is the caller's; the queue never reads it.
 	Value any
 }
@@ -118,15 +137,19 @@ type Item struct {
 // entry is the queue's record of one held item, with its sort keys copied
 // at Push.
 type entry struct {
-	it       *Item
-	id       string
-	class    int32
-	expired  bool   // set aside by expiry, waiting for Expire
-	keyHi    int64  // aged priority (see key), 128-bit two's complement
-	keyLo    uint64 //
-	arrival  int64  // Unix ns
-	due      int64  // Unix ns; valid when dueIdx >= 0
-	cost     int64
+	it      *Item
+	id      string
+	class   int32
+	expired bool   // set aside by expiry, waiting for Expire
+	keyHi   int64  // aged priority (see key), 128-bit two's complement
+	keyLo   uint64 //
+	arrival int64  // Unix ns
+	due     int64  // Unix ns; valid when dueIdx >= 0
+	cost    int64
+	// start is the latest useful start (Slack: Arrival + TTFT -
+	// PredictedTTFT, Unix ns); hasTTFT says the item has a TTFT target.
+	start    int64
+	hasTTFT  bool
 	classIdx int // position in the class heap
 	dueIdx   int // position in the due heap, -1 when none
 }
@@ -194,9 +217,9 @@ func New(cfg Config) (*Queue, error) {
 		switch order {
 		case "":
 			order = FCFS
-		case FCFS, LCFS, WSPT:
+		case FCFS, LCFS, WSPT, Slack:
 		default:
-			errs = append(errs, fmt.Errorf("class %q: unknown order %q, want one of %q, %q, %q", name, cc.Order, FCFS, LCFS, WSPT))
+			errs = append(errs, fmt.Errorf("class %q: unknown order %q, want one of %q, %q, %q, %q", name, cc.Order, FCFS, LCFS, WSPT, Slack))
 		}
 		q.byName[name] = int32(i)
 		q.classes = append(q.classes, &class{
@@ -259,6 +282,10 @@ func (q *Queue) Push(it *Item) error {
 	e.it, e.id, e.class = it, it.ID, ci
 	e.arrival = it.Arrival.UnixNano()
 	e.cost = it.Cost
+	if it.TTFT > 0 {
+		e.hasTTFT = true
+		e.start = satAdd(e.arrival, int64(it.TTFT)-int64(max(it.PredictedTTFT, 0)))
+	}
 	e.keyHi, e.keyLo = key(int64(it.Priority), e.arrival, q.aging)
 	e.dueIdx = -1
 	if !it.DueAt.IsZero() {
@@ -416,6 +443,18 @@ func key(priority, arrival, aging int64) (hi int64, lo uint64) {
 		}
 	}
 	return sub128(priority, tick)
+}
+
+// satAdd returns a + b, saturated at the int64 bounds.
+func satAdd(a, b int64) int64 {
+	s := a + b
+	switch {
+	case b > 0 && s < a:
+		return 1<<63 - 1
+	case b < 0 && s > a:
+		return -1 << 63
+	}
+	return s
 }
 
 // sub128 returns a − b exactly, as a 128-bit two's-complement integer.

@@ -174,6 +174,32 @@ func TestOrders(t *testing.T) {
 	}
 }
 
+// TestSlackOrder: the slack order serves the earliest latest useful
+// start (arrival + TTFT - predicted TTFT) first, then the items without
+// a TTFT target first come first served; priority still ranks above it.
+func TestSlackOrder(t *testing.T) {
+	slo := func(id string, prio int, arrival, ttft, pred time.Duration) *Item {
+		it := item(id, "", prio, 10, arrival)
+		it.TTFT, it.PredictedTTFT = ttft, pred
+		return it
+	}
+	q := mustNew(t, oneClass(Slack, 0))
+	mustPush(t, q,
+		slo("none-late", 0, 1*time.Millisecond, 0, 0),                             // no target
+		slo("loose", 0, 0, 2*time.Second, 100*time.Millisecond),                   // starts by 1.9s
+		slo("long", 0, 500*time.Millisecond, 1*time.Second, 800*time.Millisecond), // by 0.7s
+		slo("short", 0, 100*time.Millisecond, 1*time.Second, 50*time.Millisecond), // by 1.05s
+		slo("none-early", 0, 0, 0, 0),                                             // no target, arrived first
+		slo("spent", 0, 2*time.Second, time.Nanosecond, 300*time.Millisecond),     // by 1.7s: already late
+		slo("neg-pred", 0, 0, time.Second, -time.Second),                          // a negative prediction counts as 0: by 1s
+		slo("urgent", 1, 3*time.Second, 0, 0),                                     // priority first
+	)
+	want := []string{"urgent", "long", "neg-pred", "short", "spent", "loose", "none-early", "none-late"}
+	if diff := cmp.Diff(want, drain(q, at(time.Hour))); diff != "" {
+		t.Errorf("pop order (-want +got):\n%s", diff)
+	}
+}
+
 // TestPriorityAging checks exact sequences with and without aging. With
 // Aging 1s an item's aged priority is priority − ⌊arrival/1s⌋ (t0 is a
 // whole second), and the order breaks ties.

@@ -348,7 +348,8 @@ func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, po
 	}
 	rep := &replica{r: r, roles: roles}
 	if rep.adm, err = admission.New(r, admission.Options{Queue: *queue, Classifier: pol.Classifier, Listeners: o.Listeners,
-		Now: func() time.Time { return epoch.Add(d.now) }, InlineEvents: true}); err != nil {
+		Now: func() time.Time { return epoch.Add(d.now) }, InlineEvents: true,
+		DefaultSLO: shared.SLO{TTFT: o.SLO.TTFT, TPOT: o.SLO.TPOT}}); err != nil {
 		return nil, fmt.Errorf("replay: %w", err)
 	}
 	// The index tracks what fits in each engine's KV cache, in router blocks.
@@ -708,7 +709,7 @@ func (d *driver) dispatch(at time.Duration) bool {
 			d.unqueue(i, k)
 			if err := h.Err(); err != nil {
 				d.req(i).hops[k].h = nil
-				d.reject(i, k, err.Error())
+				d.reject(i, k, rejectReason(err))
 				continue
 			}
 			d.decisions++

@@ -1,6 +1,7 @@
 package replay
 
 import (
+	"errors"
 	"strconv"
 	"time"
 
@@ -94,7 +95,7 @@ func (d *driver) admitted(i, k int, h *admission.Handle, err error, at time.Dura
 	hp := &d.req(i).hops[k]
 	switch {
 	case err != nil:
-		d.reject(i, k, err.Error())
+		d.reject(i, k, rejectReason(err))
 	case h.Queued():
 		hp.h, hp.queued = h, true
 		d.waiting++
@@ -227,6 +228,22 @@ func (d *driver) end(i, k int, o admission.Outcome) {
 		hp.h = nil
 		d.mirrorReleased(i, k, d.now)
 	}
+}
+
+// RejectNoHeadroom is the rejection reason (Outcome.Status "rejected:
+// ...", Report.RejectionReasons) of a request refused because no worker
+// was predicted to meet its latency targets and its on_miss is reject (a
+// *shared.NoHeadroomError): one reason, whatever the predictions.
+const RejectNoHeadroom = "slo_no_headroom: no worker predicted to meet the latency targets"
+
+// rejectReason is the rejection reason of an admission error: its text,
+// but RejectNoHeadroom for a *shared.NoHeadroomError.
+func rejectReason(err error) string {
+	var nh *shared.NoHeadroomError
+	if errors.As(err, &nh) {
+		return RejectNoHeadroom
+	}
+	return err.Error()
 }
 
 // reject marks request i rejected at hop k for reason: it is over.

@@ -197,7 +197,10 @@ type Options struct {
 	// in PrefixApproximate mode.
 	KVEventDelay time.Duration
 	// SLO, when set, adds goodput to the report (Report.Goodput): the
-	// requests that met every target.
+	// requests that met every target. Its TTFT and TPOT are also every
+	// request's latency targets (shared.Request.SLO, through
+	// admission.Options.DefaultSLO) where its queue class in the policy
+	// file sets none, field by field.
 	SLO report.SLO
 	// Timeline, when true, samples the replay's state over simulated time
 	// (Report.Timeline) and keeps its latency distributions

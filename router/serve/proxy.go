@@ -135,6 +135,11 @@ func (s *Server) exchange(ex *exchange, api live.API) int {
 		s.fail(ex, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", msg)
 		return http.StatusBadRequest
 	}
+	ex.MaxTokens = req.MaxTokens
+	if ex.SLO, err = live.ParseSLO(ex.r.Header); err != nil {
+		s.fail(ex, http.StatusBadRequest, live.TypeInvalidRequest, "invalid_request", err.Error())
+		return http.StatusBadRequest
+	}
 	if err := ex.ctx.Err(); err != nil {
 		// The client left, or the request timeout passed, while the body
 		// was read and parsed: nothing more is done for it.
@@ -274,10 +279,21 @@ func (s *Server) answer(ex *exchange, spec hopSpec, err error) int {
 	return s.admitError(ex, err)
 }
 
-// admitError answers an admission failure and returns its code.
+// admitError answers an admission failure and returns its code: a
+// *shared.NoHeadroomError is 429 slo_no_headroom with a Retry-After
+// header (live.NoHeadroom), counted (live.Runtime.CountRefusal); the
+// others as errorAnswer words them.
 func (s *Server) admitError(ex *exchange, err error) int {
 	if ex.r.Context().Err() != nil {
 		return live.CodeClientGone
+	}
+	if nh, retryAfter, ok := live.NoHeadroom(err); ok {
+		// No worker is predicted to meet the request's latency targets
+		// and its on_miss is reject: retry when one is predicted to.
+		s.rt.CountRefusal(ex.Label, err)
+		ex.w.Header().Set("Retry-After", retryAfter)
+		s.fail(ex, http.StatusTooManyRequests, live.TypeRateLimit, live.CodeSLONoHeadroom, nh.Error())
+		return http.StatusTooManyRequests
 	}
 	a := s.errorAnswer(ex.Model, ex.ID, err, true)
 	s.fail(ex, a.status, a.typ, a.code, a.msg)
