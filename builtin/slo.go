@@ -14,19 +14,32 @@ const TypeSLO = "slo"
 
 // Parameter names of the slo filter.
 const (
-	ParamHeadroom = "headroom"
-	ParamOnMiss   = "on_miss"
-	ParamMaxWait  = "max_wait"
+	ParamTTFTHeadroom = "ttft_headroom"
+	ParamTPOTHeadroom = "tpot_headroom"
+	ParamOnMiss       = "on_miss"
+	ParamMaxWait      = "max_wait"
+	ParamLateness     = "tolerance"
 )
 
-// DefaultSLOHeadroom is the slo filter's default headroom: a candidate
-// meets a target when its prediction times 1.25 is within it. It is the
-// predictor's measured median relative error on the simulated engine
-// and about half its p90 (BENCHMARKS.md, "Latency predictor"): a
-// candidate predicted exactly at its target misses it about half the
-// time, and one with 25% to spare misses it only when the prediction
-// errs by more than the median.
-const DefaultSLOHeadroom = 0.25
+// DefaultTTFTHeadroom and DefaultTPOTHeadroom are the slo filter's
+// default headrooms: a candidate meets the TTFT target when its
+// predicted TTFT is within what is left of it (no headroom), and the TPOT
+// target when its predicted TPOT times 1.25 is. The asymmetry is
+// measured (BENCHMARKS.md, "SLO-aware routing"): a TTFT prediction is of
+// work already booked and errs both ways, so headroom only turns away
+// candidates that would have met it; a TPOT prediction is of the batch
+// at dispatch, which grows with every later arrival while the answer
+// streams, so it errs low, by about its p90 relative error (15-35% at 8
+// to 16 simulated workers).
+const (
+	DefaultTTFTHeadroom = 0.0
+	DefaultTPOTHeadroom = 0.25
+)
+
+// DefaultSLOTolerance is how much later than the least late a candidate
+// may be predicted and still be kept when none meets the targets, as a
+// fraction of the target: 0.5.
+const DefaultSLOTolerance = 0.5
 
 // DefaultSLOMaxWait is how long, by default, a request with a TPOT target
 // but no TTFT target waits in the queue for a candidate with headroom
@@ -37,8 +50,8 @@ const DefaultSLOMaxWait = time.Second
 // SLO keeps the candidates predicted to meet the request's latency
 // targets (shared.Request.SLO) with headroom: a row meets them when
 //
-//	PredictedTTFT × (1 + headroom) <= SLO.TTFT − SLO.Waited   (when TTFT is set)
-//	PredictedTPOT × (1 + headroom) <= SLO.TPOT               (when TPOT is set)
+//	PredictedTTFT × (1 + ttft_headroom) <= SLO.TTFT − SLO.Waited   (when TTFT is set)
+//	PredictedTPOT × (1 + tpot_headroom) <= SLO.TPOT               (when TPOT is set)
 //
 // A request without targets, and every request while the predictor has
 // learned nothing (its predictions are 0), keeps every row. When no row
@@ -47,11 +60,15 @@ const DefaultSLOMaxWait = time.Second
 // says (it sheds first):
 //   - "least-late" keeps the rows whose summed lateness, each target's
 //     excess over what is left of it as a fraction of the target, is
-//     smallest;
+//     within tolerance of the smallest (the scorers choose among them:
+//     a strict least-late would override the cache affinity of every
+//     request in an overloaded fleet);
 //   - "wait" answers shared.ErrAllBusy, so the request waits in the
-//     router's queue and is placed again when a request ends; once its
-//     TTFT target has passed (or, without one, after max_wait) waiting
-//     cannot help and it goes to the least-late row;
+//     router's queue and is placed again when a request ends, while no
+//     row meets its TTFT target (a row that meets it but misses the TPOT
+//     target is taken as least-late: waiting would spend the TTFT);
+//     once its TTFT target has passed (or, without one, after max_wait)
+//     waiting cannot help and it goes to the least-late rows;
 //   - "reject" answers a *shared.NoHeadroomError whose RetryAfter is the
 //     best row's TTFT excess, at least one second.
 //
@@ -59,9 +76,10 @@ const DefaultSLOMaxWait = time.Second
 // kv-affinity scorer places for the cache among the rows with headroom.
 // It declares LATENCY (so the router also computes LOAD and CACHE).
 type SLO struct {
-	headroom float64
-	onMiss   shared.SLOMiss
-	maxWait  time.Duration
+	tolerance          float64
+	ttftHead, tpotHead float64
+	onMiss             shared.SLOMiss
+	maxWait            time.Duration
 }
 
 // SLOType describes the slo filter.
@@ -71,12 +89,18 @@ func SLOType() shared.TypeInfo {
 		Kind:   shared.KindFilter,
 		Inputs: shared.InputLatency,
 		Params: []shared.ParamSpec{
-			{Name: ParamHeadroom, Type: shared.Number,
-				Doc: "A candidate meets a target when its prediction times (1 + headroom) is within it. " +
-					"Fraction, 0 to 10; default 0.25 (the predictor's median relative error, BENCHMARKS.md)."},
+			{Name: ParamTTFTHeadroom, Type: shared.Number,
+				Doc: "A candidate meets the TTFT target when its predicted TTFT times (1 + ttft_headroom) is within what is left of it. " +
+					"Fraction, 0 to 10; default 0."},
+			{Name: ParamTPOTHeadroom, Type: shared.Number,
+				Doc: "A candidate meets the TPOT target when its predicted TPOT times (1 + tpot_headroom) is within it. " +
+					"Fraction, 0 to 10; default 0.25."},
 			{Name: ParamOnMiss, Type: shared.String,
 				Doc: "What to do when no candidate meets the targets and the request says nothing " +
 					"(its class's or header's on_miss): \"least-late\" (default), \"wait\" or \"reject\"."},
+			{Name: ParamLateness, Type: shared.Number,
+				Doc: "When no candidate meets the targets (least-late): keep those predicted at most this much later than the least late, " +
+					"as a fraction of the target, for the scorers to choose among. >= 0; default 0.5."},
 			{Name: ParamMaxWait, Type: shared.Duration,
 				Doc: "With on_miss \"wait\" and no TTFT target: the longest a request waits for headroom " +
 					"before it goes to the least-late candidate. > 0; default 1s."},
@@ -90,11 +114,22 @@ func SLOType() shared.TypeInfo {
 // NewSLO returns an slo filter from p. It fails with a *shared.ParamError
 // for a headroom outside [0, 10], an unknown on_miss, or a max_wait <= 0.
 func NewSLO(p shared.Params) (*SLO, error) {
-	s := &SLO{headroom: DefaultSLOHeadroom, onMiss: shared.SLOMissLeastLate, maxWait: DefaultSLOMaxWait}
-	if p.Has(ParamHeadroom) {
-		s.headroom = p.Float(ParamHeadroom, 0)
-		if math.IsNaN(s.headroom) || s.headroom < 0 || s.headroom > 10 {
-			return nil, &shared.ParamError{Param: ParamHeadroom, Err: fmt.Errorf("must be in [0, 10], got %v", s.headroom)}
+	s := &SLO{ttftHead: DefaultTTFTHeadroom, tpotHead: DefaultTPOTHeadroom, onMiss: shared.SLOMissLeastLate, maxWait: DefaultSLOMaxWait, tolerance: DefaultSLOTolerance}
+	if p.Has(ParamLateness) {
+		s.tolerance = p.Float(ParamLateness, 0)
+		if math.IsNaN(s.tolerance) || s.tolerance < 0 {
+			return nil, &shared.ParamError{Param: ParamLateness, Err: fmt.Errorf("must be >= 0, got %v", s.tolerance)}
+		}
+	}
+	for _, h := range [...]struct {
+		name string
+		v    *float64
+	}{{ParamTTFTHeadroom, &s.ttftHead}, {ParamTPOTHeadroom, &s.tpotHead}} {
+		if p.Has(h.name) {
+			*h.v = p.Float(h.name, 0)
+			if math.IsNaN(*h.v) || *h.v < 0 || *h.v > 10 {
+				return nil, &shared.ParamError{Param: h.name, Err: fmt.Errorf("must be in [0, 10], got %v", *h.v)}
+			}
 		}
 	}
 	if p.Has(ParamOnMiss) {
@@ -132,7 +167,7 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 	if len(c.PredictedTTFT) != n || len(c.PredictedTPOT) != n {
 		return fmt.Errorf("slo: %w: LATENCY", ErrMissingColumn)
 	}
-	k := 1 + s.headroom
+	kt, kp := 1+s.ttftHead, 1+s.tpotHead
 	ttftLeft := (slo.TTFT - slo.Waited).Seconds()
 	tpot := slo.TPOT.Seconds()
 	// late is row i's summed lateness: each target's predicted excess
@@ -141,20 +176,23 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 	late := func(i int) float64 {
 		var l float64
 		if slo.TTFT > 0 {
-			if over := c.PredictedTTFT[i]*k - ttftLeft; over > 0 {
+			if over := c.PredictedTTFT[i]*kt - ttftLeft; over > 0 {
 				l += over / slo.TTFT.Seconds()
 			}
 		}
 		if slo.TPOT > 0 {
-			if over := c.PredictedTPOT[i]*k - tpot; over > 0 {
+			if over := c.PredictedTPOT[i]*kp - tpot; over > 0 {
 				l += over / tpot
 			}
 		}
 		return l
 	}
-	met := 0
+	met, metTTFT := 0, 0
 	best, bestRow := math.Inf(1), 0
 	for i := range n {
+		if slo.TTFT > 0 && c.PredictedTTFT[i]*kt <= ttftLeft {
+			metTTFT++
+		}
 		late := late(i)
 		if late == 0 {
 			met++
@@ -179,19 +217,26 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 	case shared.SLOMissReject:
 		retry := time.Second
 		if slo.TTFT > 0 {
-			excess := time.Duration((c.PredictedTTFT[bestRow]*k - ttftLeft) * float64(time.Second))
+			excess := time.Duration((c.PredictedTTFT[bestRow]*kt - ttftLeft) * float64(time.Second))
 			retry = max(retry, excess)
 		}
 		return &shared.NoHeadroomError{RetryAfter: retry, TTFT: c.PredictedTTFT[bestRow], TPOT: c.PredictedTPOT[bestRow]}
 	case shared.SLOMissWait:
-		if (slo.TTFT > 0 && ttftLeft > 0) || (slo.TTFT == 0 && slo.Waited < s.maxWait) {
+		// Waiting spends the TTFT target: only when no row can meet it
+		// now and it is not yet gone. A row that meets the TTFT target
+		// but not the TPOT one is taken as least-late.
+		// A request no idle worker could serve in time waits too: held
+		// back until its target is gone, it leaves the engines to the
+		// requests that can still meet theirs (BENCHMARKS.md, "SLO-aware
+		// routing": the goodput comes from there).
+		if (slo.TTFT > 0 && metTTFT == 0 && ttftLeft > 0) || (slo.TTFT == 0 && slo.Waited < s.maxWait) {
 			return shared.ErrAllBusy
 		}
 	}
 	// least-late, and a wait that can no longer help: every row as late
 	// as the least late (ties kept for the scorers to break).
 	for i := range n {
-		keep[i] = late(i) <= best
+		keep[i] = late(i) <= best+s.tolerance
 	}
 	return nil
 }

@@ -39,7 +39,7 @@ func runSLO(t *testing.T, s *SLO, req *shared.Request, c *shared.Candidates) ([]
 }
 
 func TestSLOKeepsRowsWithHeadroom(t *testing.T) {
-	s := sloFilter(t, shared.Params{ParamHeadroom: 0.25})
+	s := sloFilter(t, shared.Params{ParamTTFTHeadroom: 0.25, ParamTPOTHeadroom: 0.25})
 	// Targets 500 ms TTFT (100 ms waited: 400 left) and 50 ms TPOT.
 	req := &shared.Request{SLO: shared.SLO{TTFT: 500 * time.Millisecond, TPOT: 50 * time.Millisecond, Waited: 100 * time.Millisecond}}
 	// Row 0: 0.32 s x 1.25 = 0.4 <= 0.4 and 0.04 x 1.25 = 0.05 <= 0.05: meets, exactly.
@@ -66,9 +66,15 @@ func TestSLOMissActions(t *testing.T) {
 	target := shared.SLO{TTFT: 200 * time.Millisecond}
 
 	t.Run("least-late by default", func(t *testing.T) {
-		keep, err := runSLO(t, sloFilter(t, shared.Params{ParamHeadroom: 0.0}), &shared.Request{SLO: target}, c())
+		// Lateness 0.5, 0.25 and 1 (of the 200 ms target): within the
+		// default tolerance 0.5 of the least late, rows 0 and 1.
+		keep, err := runSLO(t, sloFilter(t, nil), &shared.Request{SLO: target}, c())
+		if err != nil || !slices.Equal(keep, []bool{true, true, false}) {
+			t.Fatalf("keep %v, err %v; want the rows within tolerance of the least late", keep, err)
+		}
+		keep, err = runSLO(t, sloFilter(t, shared.Params{ParamLateness: 0.0}), &shared.Request{SLO: target}, c())
 		if err != nil || !slices.Equal(keep, []bool{false, true, false}) {
-			t.Fatalf("keep %v, err %v; want only the least late row", keep, err)
+			t.Fatalf("tolerance 0: keep %v, err %v; want only the least late row", keep, err)
 		}
 	})
 	t.Run("wait while the target can still be met", func(t *testing.T) {
@@ -79,7 +85,7 @@ func TestSLOMissActions(t *testing.T) {
 		}
 		late := target
 		late.Waited = 250 * time.Millisecond // past the target: waiting cannot help
-		keep, err := runSLO(t, s, &shared.Request{SLO: late}, c())
+		keep, err := runSLO(t, sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamLateness: 0.0}), &shared.Request{SLO: late}, c())
 		if err != nil || !slices.Equal(keep, []bool{false, true, false}) {
 			t.Fatalf("past the target: keep %v, err %v; want the least late row", keep, err)
 		}
@@ -87,7 +93,7 @@ func TestSLOMissActions(t *testing.T) {
 	t.Run("the request's own action wins", func(t *testing.T) {
 		own := target
 		own.OnMiss = shared.SLOMissReject
-		_, err := runSLO(t, sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamHeadroom: 0.0}), &shared.Request{SLO: own}, c())
+		_, err := runSLO(t, sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamTTFTHeadroom: 0.0}), &shared.Request{SLO: own}, c())
 		var nh *shared.NoHeadroomError
 		if !errors.As(err, &nh) {
 			t.Fatalf("err %v, want *NoHeadroomError", err)
@@ -98,7 +104,7 @@ func TestSLOMissActions(t *testing.T) {
 	})
 	t.Run("retry after the best row's excess", func(t *testing.T) {
 		long := shared.SLO{TTFT: time.Second, OnMiss: shared.SLOMissReject}
-		_, err := runSLO(t, sloFilter(t, shared.Params{ParamHeadroom: 0.0}), &shared.Request{SLO: long}, sloRows([]float64{4, 3.5}, []float64{0, 0}))
+		_, err := runSLO(t, sloFilter(t, shared.Params{ParamTTFTHeadroom: 0.0}), &shared.Request{SLO: long}, sloRows([]float64{4, 3.5}, []float64{0, 0}))
 		var nh *shared.NoHeadroomError
 		if !errors.As(err, &nh) || nh.RetryAfter != 2500*time.Millisecond {
 			t.Fatalf("err %v, want Retry-After 2.5s (3.5 s predicted for 1 s)", err)
@@ -111,6 +117,16 @@ func TestSLOMissActions(t *testing.T) {
 			t.Fatalf("err %v, want *NoHeadroomError for priority -1", err)
 		}
 	})
+	t.Run("no wait when a row meets the TTFT target", func(t *testing.T) {
+		// Row 1 meets 200 ms TTFT but misses the 10 ms TPOT: waiting would
+		// spend the TTFT, so the least late rows go now.
+		both := shared.SLO{TTFT: 200 * time.Millisecond, TPOT: 10 * time.Millisecond}
+		s := sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamLateness: 0.0})
+		keep, err := runSLO(t, s, &shared.Request{SLO: both}, sloRows([]float64{0.3, 0.1}, []float64{0.011, 0.011}))
+		if err != nil || !slices.Equal(keep, []bool{false, true}) {
+			t.Fatalf("keep %v, err %v; want row 1 at once", keep, err)
+		}
+	})
 	t.Run("TPOT-only wait ends after max_wait", func(t *testing.T) {
 		s := sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamMaxWait: 2 * time.Second})
 		tp := shared.SLO{TPOT: 5 * time.Millisecond}
@@ -119,6 +135,7 @@ func TestSLOMissActions(t *testing.T) {
 			t.Fatalf("err %v, want ErrAllBusy before max_wait", err)
 		}
 		tp.Waited = 2 * time.Second
+		s = sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamMaxWait: 2 * time.Second, ParamLateness: 0.0})
 		keep, err := runSLO(t, s, &shared.Request{SLO: tp}, cs)
 		if err != nil || !slices.Equal(keep, []bool{false, true}) {
 			t.Fatalf("after max_wait: keep %v, err %v", keep, err)
@@ -128,14 +145,14 @@ func TestSLOMissActions(t *testing.T) {
 
 func TestSLOParams(t *testing.T) {
 	for _, p := range []shared.Params{
-		{ParamHeadroom: -0.1}, {ParamHeadroom: 11.0}, {ParamOnMiss: "later"}, {ParamMaxWait: time.Duration(0)},
+		{ParamTTFTHeadroom: -0.1}, {ParamTPOTHeadroom: 11.0}, {ParamLateness: -1.0}, {ParamOnMiss: "later"}, {ParamMaxWait: time.Duration(0)},
 	} {
 		if _, err := NewSLO(p); err == nil {
 			t.Errorf("NewSLO(%v) accepted", p)
 		}
 	}
 	s := sloFilter(t, nil)
-	if s.headroom != DefaultSLOHeadroom || s.onMiss != shared.SLOMissLeastLate || s.maxWait != DefaultSLOMaxWait {
+	if s.ttftHead != DefaultTTFTHeadroom || s.tpotHead != DefaultTPOTHeadroom || s.tolerance != DefaultSLOTolerance || s.onMiss != shared.SLOMissLeastLate || s.maxWait != DefaultSLOMaxWait {
 		t.Fatalf("defaults %+v", s)
 	}
 	if _, err := runSLO(t, s, &shared.Request{SLO: shared.SLO{TTFT: time.Second}}, &shared.Candidates{IDs: []shared.WorkerID{1}}); !errors.Is(err, ErrMissingColumn) {

@@ -705,6 +705,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		if err := report.WriteCanary(stderr, rep); err != nil {
 			return &exitError{code: 1, err: err}
 		}
+		if err := report.WritePredictor(stderr, rep); err != nil {
+			return &exitError{code: 1, err: err}
+		}
 	}
 	if f.failOnFallback && fellBack > 0 {
 		return &exitError{code: 1, err: fmt.Errorf("--fail-on-fallback: %d selections were decided by a fallback policy", fellBack)}

@@ -2,15 +2,19 @@
 # slo filter in front. The router predicts every candidate's TTFT and
 # TPOT for the request (router/predict: an online model per worker class,
 # learned from the answers), and the filter keeps the candidates predicted
-# to meet the request's targets with 25% headroom; kv-affinity then places
-# for the prefix cache among them, exactly as the default does.
+# to meet the request's targets (TTFT as predicted, TPOT with 25%
+# headroom); kv-affinity then places for the prefix cache among them,
+# exactly as the default does.
 #
-# Targets come from the request's headers (docs/serve.md), else from its
-# queue class below, else from replay's --slo. When no candidate has
-# headroom, on_miss decides: "least-late" (default here) sends it to the
-# candidate predicted to miss by the least; "wait" keeps it queued until
-# one has headroom; "reject" answers 429 with Retry-After. A request of
-# negative priority is refused first.
+# Targets come from the request's headers (docs/serve.md, "Latency
+# targets"), else from its queue class, else from replay's --slo. When no
+# candidate is predicted to meet them, on_miss decides (a request's own
+# header or class wins): "wait" (here) keeps it in the router's queue,
+# ordered by slack, until a candidate can meet its TTFT target, and sends
+# it to the least late once the target is gone; "least-late" sends it at
+# once; "reject" answers 429 with Retry-After. A request of negative
+# priority is refused first. BENCHMARKS.md, "SLO-aware routing", compares
+# it with the default and the peers' policies.
 #
 #   router replay --policy examples/policies/slo.hcl --slo ttft=1s
 #   router replay --compare examples/policies/kv-affinity.hcl,examples/policies/slo.hcl \
@@ -22,9 +26,10 @@ router {
 
 policy "slo" {
   filter "headroom" {
-    type     = "slo"
-    headroom = 0.25
-    on_miss  = "least-late"
+    type          = "slo"
+    ttft_headroom = 0
+    tpot_headroom = 0.25
+    on_miss       = "wait"
   }
   scorer "cost" {
     type          = "kv-affinity"
@@ -39,6 +44,10 @@ policy "slo" {
     temperature = 0
     seed        = 7
   }
+}
+
+queue {
+  class "interactive" { order = "slack" }
 }
 
 worker_selection {

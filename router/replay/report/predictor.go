@@ -1,5 +1,10 @@
 package report
 
+import (
+	"fmt"
+	"io"
+)
+
 // PredictorAccuracy is the latency predictor's relative error,
 // |predicted − observed| / observed, over one replay's decisions: TTFT
 // from dispatch to the first token, TPOT the mean gap between output
@@ -17,4 +22,17 @@ type PredictorAccuracy struct {
 	TTFTP90 float64 `json:"ttft_p90"`
 	TPOTP50 float64 `json:"tpot_p50"`
 	TPOTP90 float64 `json:"tpot_p90"`
+}
+
+// WritePredictor writes r's predictor accuracy as one line, "router:
+// LABEL: predictor relative error TTFT p50/p90 ...", for stderr; nothing
+// when the report has none.
+func WritePredictor(w io.Writer, r *Report) error {
+	p := r.Predictor
+	if p == nil {
+		return nil
+	}
+	_, err := fmt.Fprintf(w, "router: %s: latency predictor, relative error p50/p90: TTFT %.1f%%/%.1f%% (%d compared), TPOT %.1f%%/%.1f%% (%d compared)\n",
+		r.Label(), 100*p.TTFTP50, 100*p.TTFTP90, p.TTFTN, 100*p.TPOTP50, 100*p.TPOTP90, p.TPOTN)
+	return err
 }

@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 )
@@ -23,5 +24,21 @@ func TestParseSLO(t *testing.T) {
 		if _, err := ParseSLO(in); err == nil || !bytes.Contains([]byte(err.Error()), []byte(want)) {
 			t.Errorf("ParseSLO(%q): %v, want %q", in, err, want)
 		}
+	}
+}
+
+func TestWritePredictor(t *testing.T) {
+	var b strings.Builder
+	r := &Report{Policy: "slo"}
+	if err := WritePredictor(&b, r); err != nil || b.Len() != 0 {
+		t.Fatalf("without accuracy: %q, %v; want nothing", b.String(), err)
+	}
+	r.Predictor = &PredictorAccuracy{TTFTN: 10, TPOTN: 9, TTFTP50: 0.089, TTFTP90: 0.5, TPOTP50: 0.1, TPOTP90: 0.2}
+	if err := WritePredictor(&b, r); err != nil {
+		t.Fatal(err)
+	}
+	const want = "router: slo: latency predictor, relative error p50/p90: TTFT 8.9%/50.0% (10 compared), TPOT 10.0%/20.0% (9 compared)\n"
+	if b.String() != want {
+		t.Fatalf("got %q, want %q", b.String(), want)
 	}
 }
