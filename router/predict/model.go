@@ -166,6 +166,24 @@ func (r *rls) update(x Vector, y float64) bool {
 			r.p[i][j] = (r.p[i][j] - px[i]*px[j]/den) / Forgetting
 		}
 	}
+	// Against covariance wind-up: a feature that stays 0 (an unknown
+	// capacity, an idle fleet) is never excited, so the forgetting
+	// divides its part of P by λ at every update without bound and,
+	// after about 700,000 answers, overflows it and freezes the fit. A
+	// diagonal entry past its initial value is scaled back with its row
+	// and column (P ← S P S for a positive diagonal S keeps P positive
+	// definite), which leaves the excited directions' gains alone
+	// (bounding P: Åström and Wittenmark, Adaptive Control, 2nd ed.,
+	// section 11.2).
+	for i := range D {
+		if d := r.p[i][i]; d > initialP {
+			k := math.Sqrt(initialP / d)
+			for j := range D {
+				r.p[i][j] *= k
+				r.p[j][i] *= k
+			}
+		}
+	}
 	r.w = nw
 	r.n++
 	return true

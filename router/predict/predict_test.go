@@ -197,3 +197,30 @@ func TestFoldedScalesMatchFeatures(t *testing.T) {
 		}
 	}
 }
+
+// A feature that is always 0 (here the KV overflow, with no capacity
+// known) is never excited: without a bound on P the forgetting winds it
+// up until it overflows (about 700,000 updates) and the fit stops
+// learning. Two million updates later the model still follows a change.
+func TestNoCovarianceWindup(t *testing.T) {
+	m := NewModel()
+	f := Features{Prompt: 1000, Uncached: 500, Prefill: 2000, Active: 10, Context: 50000}
+	for range 2_000_000 {
+		m.ObserveTTFT(&f, 0.2)
+	}
+	for i := range D {
+		for j := range D {
+			if v := m.ttft.p[i][j]; math.IsNaN(v) || math.IsInf(v, 0) || math.Abs(v) > D*initialP {
+				t.Fatalf("P[%d][%d] = %v after 2e6 updates", i, j, v)
+			}
+		}
+	}
+	// The engine slows down: the fit must follow.
+	for range 5000 {
+		m.ObserveTTFT(&f, 0.4)
+	}
+	s := &Set{pooled: NewModel()}
+	if got := s.Predict(m, &f).TTFT; math.Abs(got-0.4) > 0.01 {
+		t.Fatalf("after the change the model predicts %v, want about 0.4", got)
+	}
+}
