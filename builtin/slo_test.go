@@ -159,3 +159,26 @@ func TestSLOParams(t *testing.T) {
 		t.Fatalf("err %v, want ErrMissingColumn without LATENCY columns", err)
 	}
 }
+
+// The row holding the request's longest prefix meets the TPOT target with
+// cached_tpot_headroom (-0.1 by default) instead of tpot_headroom: the
+// cache it holds is worth a TPOT slightly over the plain headroom.
+func TestSLOCachedRowTPOT(t *testing.T) {
+	s := sloFilter(t, nil)
+	req := &shared.Request{SLO: shared.SLO{TPOT: 30 * time.Millisecond}}
+	// Row 0 holds 4 blocks: 0.032 x 0.9 = 0.0288 <= 0.03, kept. Row 1 holds
+	// 2: 0.025 x 1.25 = 0.03125 > 0.03, dropped. Row 2 holds none and is
+	// idle: 0.02 x 1.25 = 0.025, kept.
+	c := sloRows([]float64{0.1, 0.1, 0.1}, []float64{0.032, 0.025, 0.02})
+	c.OverlapBlocks = []int32{4, 2, 0}
+	keep, err := runSLO(t, s, req, c)
+	if err != nil || !slices.Equal(keep, []bool{true, false, true}) {
+		t.Fatalf("keep %v, err %v; want rows 0 and 2", keep, err)
+	}
+	// Without a cached prefix anywhere, no row is excepted.
+	c.OverlapBlocks = []int32{0, 0, 0}
+	keep, err = runSLO(t, s, req, c)
+	if err != nil || !slices.Equal(keep, []bool{false, false, true}) {
+		t.Fatalf("no cache: keep %v, err %v; want row 2 only", keep, err)
+	}
+}
