@@ -1163,11 +1163,7 @@ func (r *Router) begin(ctx context.Context, req *shared.Request) (b *Bundle, str
 // learning reports whether decisions keep a Sample: Options.Predict, or
 // a policy of the current bundle declares LATENCY.
 func (r *Router) learning() bool {
-	if r.alwaysLearn {
-		return true
-	}
-	b := r.cur.Load()
-	return b != nil && b.latency
+	return r.alwaysLearn || r.ReadsLatency()
 }
 
 // features is what the predictor knows of req on a worker with load l
@@ -1250,4 +1246,11 @@ func (r *Router) PredictTTFT(req *shared.Request) time.Duration {
 		return 0
 	}
 	return time.Duration(best * float64(time.Second))
+}
+
+// ReadsLatency reports whether a policy of the current bundle declares
+// LATENCY: the predictions are read, not only learned from.
+func (r *Router) ReadsLatency() bool {
+	b := r.cur.Load()
+	return b != nil && b.latency
 }

@@ -696,6 +696,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 	var fellBack int64
 	for _, rep := range res.Reports {
 		fellBack += rep.Fallbacks
+		if err := report.WritePredictor(stderr, rep); err != nil {
+			return &exitError{code: 1, err: err}
+		}
 		if err := report.WriteFallbacks(stderr, rep); err != nil {
 			return &exitError{code: 1, err: err}
 		}
@@ -703,9 +706,6 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 			return &exitError{code: 1, err: err}
 		}
 		if err := report.WriteCanary(stderr, rep); err != nil {
-			return &exitError{code: 1, err: err}
-		}
-		if err := report.WritePredictor(stderr, rep); err != nil {
 			return &exitError{code: 1, err: err}
 		}
 	}

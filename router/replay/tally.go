@@ -385,5 +385,6 @@ func (d *driver) predictorAccuracy() *report.PredictorAccuracy {
 		TTFTN: acc.TTFT.Count(), TPOTN: acc.TPOT.Count(),
 		TTFTP50: q(&acc.TTFT, 0.5), TTFTP90: q(&acc.TTFT, 0.9),
 		TPOTP50: q(&acc.TPOT, 0.5), TPOTP90: q(&acc.TPOT, 0.9),
+		Read: d.reps[0].r.ReadsLatency(),
 	}
 }

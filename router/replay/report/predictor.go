@@ -22,14 +22,18 @@ type PredictorAccuracy struct {
 	TTFTP90 float64 `json:"ttft_p90"`
 	TPOTP50 float64 `json:"tpot_p50"`
 	TPOTP90 float64 `json:"tpot_p90"`
+	// Read is true when a policy of the run read the predictions (it
+	// declared LATENCY); otherwise they were made for this report only.
+	Read bool `json:"read"`
 }
 
 // WritePredictor writes r's predictor accuracy as one line, "router:
-// LABEL: predictor relative error TTFT p50/p90 ...", for stderr; nothing
-// when the report has none.
+// LABEL: latency predictor, relative error p50/p90: ...", for stderr;
+// nothing when the report has none or no policy of the run read the
+// predictions (PredictorAccuracy.Read: the JSON report has them anyway).
 func WritePredictor(w io.Writer, r *Report) error {
 	p := r.Predictor
-	if p == nil {
+	if p == nil || !p.Read {
 		return nil
 	}
 	_, err := fmt.Fprintf(w, "router: %s: latency predictor, relative error p50/p90: TTFT %.1f%%/%.1f%% (%d compared), TPOT %.1f%%/%.1f%% (%d compared)\n",

@@ -34,6 +34,10 @@ func TestWritePredictor(t *testing.T) {
 		t.Fatalf("without accuracy: %q, %v; want nothing", b.String(), err)
 	}
 	r.Predictor = &PredictorAccuracy{TTFTN: 10, TPOTN: 9, TTFTP50: 0.089, TTFTP90: 0.5, TPOTP50: 0.1, TPOTP90: 0.2}
+	if err := WritePredictor(&b, r); err != nil || b.Len() != 0 {
+		t.Fatalf("for a policy that does not read them: %q, %v; want nothing", b.String(), err)
+	}
+	r.Predictor.Read = true
 	if err := WritePredictor(&b, r); err != nil {
 		t.Fatal(err)
 	}

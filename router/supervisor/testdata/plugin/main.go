@@ -438,7 +438,7 @@ func mangleUnary(mode string) grpc.UnaryServerInterceptor {
 			}
 		case *pluginv1.ConfigureResponse:
 			if mode == "extra-inputs" && len(r.GetDiagnostics()) == 0 {
-				r.Inputs = uint32(shared.AllInputs)
+				r.Inputs = uint32(shared.PluginInputs)
 			}
 		}
 		return resp, err
