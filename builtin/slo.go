@@ -18,7 +18,6 @@ const (
 	ParamTPOTHeadroom = "tpot_headroom"
 	ParamCachedTPOT   = "cached_tpot_headroom"
 	ParamOnMiss       = "on_miss"
-	ParamMaxWait      = "max_wait"
 	ParamLateness     = "tolerance"
 )
 
@@ -53,12 +52,6 @@ const (
 // fraction of the target: 0.5.
 const DefaultSLOTolerance = 0.5
 
-// DefaultSLOMaxWait is how long, by default, a request with a TPOT target
-// but no TTFT target waits in the queue for a candidate with headroom
-// before it goes to the least-late one: one second, the order of a
-// decode batch turning over.
-const DefaultSLOMaxWait = time.Second
-
 // SLO keeps the candidates predicted to meet the request's latency
 // targets (shared.Request.SLO) with headroom: a row meets them when
 //
@@ -81,10 +74,11 @@ const DefaultSLOMaxWait = time.Second
 //     request in an overloaded fleet);
 //   - "wait" answers shared.ErrAllBusy, so the request waits in the
 //     router's queue and is placed again when a request ends, while no
-//     row meets its TTFT target (a row that meets it but misses the TPOT
-//     target is taken as least-late: waiting would spend the TTFT);
-//     once its TTFT target has passed (or, without one, after max_wait)
-//     waiting cannot help and it goes to the least-late rows;
+//     row meets its TTFT target, the target is not yet gone and some row
+//     has requests in flight; otherwise (a row meets the TTFT target but
+//     not the TPOT one, a request with a TPOT target only, an idle
+//     fleet, a target already gone) it goes to the least-late rows at
+//     once;
 //   - "reject" answers a *shared.NoHeadroomError whose RetryAfter is the
 //     best row's TTFT excess, at least one second.
 //
@@ -96,7 +90,6 @@ type SLO struct {
 	tolerance          float64
 	ttftHead, tpotHead float64
 	onMiss             shared.SLOMiss
-	maxWait            time.Duration
 }
 
 // SLOType describes the slo filter.
@@ -121,9 +114,6 @@ func SLOType() shared.TypeInfo {
 			{Name: ParamLateness, Type: shared.Number,
 				Doc: "When no candidate meets the targets (least-late): keep those predicted at most this much later than the least late, " +
 					"as a fraction of the target, for the scorers to choose among. >= 0; default 0.5."},
-			{Name: ParamMaxWait, Type: shared.Duration,
-				Doc: "With on_miss \"wait\" and no TTFT target: the longest a request waits for headroom " +
-					"before it goes to the least-late candidate. > 0; default 1s."},
 		},
 		Doc: "Keeps the candidates predicted (LATENCY) to meet the request's TTFT and TPOT targets " +
 			"with headroom; when none does: the least late, wait in the queue, or refuse with 429.",
@@ -132,9 +122,10 @@ func SLOType() shared.TypeInfo {
 }
 
 // NewSLO returns an slo filter from p. It fails with a *shared.ParamError
-// for a headroom outside [0, 10], an unknown on_miss, or a max_wait <= 0.
+// for a headroom outside its range, a negative tolerance or an unknown
+// on_miss.
 func NewSLO(p shared.Params) (*SLO, error) {
-	s := &SLO{ttftHead: DefaultTTFTHeadroom, tpotHead: DefaultTPOTHeadroom, cachedTPOTHead: DefaultCachedTPOTHeadroom, onMiss: shared.SLOMissLeastLate, maxWait: DefaultSLOMaxWait, tolerance: DefaultSLOTolerance}
+	s := &SLO{ttftHead: DefaultTTFTHeadroom, tpotHead: DefaultTPOTHeadroom, cachedTPOTHead: DefaultCachedTPOTHeadroom, onMiss: shared.SLOMissLeastLate, tolerance: DefaultSLOTolerance}
 	if p.Has(ParamLateness) {
 		s.tolerance = p.Float(ParamLateness, 0)
 		if math.IsNaN(s.tolerance) || s.tolerance < 0 {
@@ -160,12 +151,6 @@ func NewSLO(p shared.Params) (*SLO, error) {
 			return nil, &shared.ParamError{Param: ParamOnMiss, Err: fmt.Errorf("%q: want \"least-late\", \"wait\" or \"reject\"", name)}
 		}
 		s.onMiss = m
-	}
-	if p.Has(ParamMaxWait) {
-		s.maxWait = p.Duration(ParamMaxWait, 0)
-		if s.maxWait <= 0 {
-			return nil, &shared.ParamError{Param: ParamMaxWait, Err: fmt.Errorf("must be > 0, got %v", s.maxWait)}
-		}
 	}
 	return s, nil
 }
@@ -249,7 +234,8 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 			excess := time.Duration((c.PredictedTTFT[bestRow]*kt - ttftLeft) * float64(time.Second))
 			retry = max(retry, excess)
 		}
-		return &shared.NoHeadroomError{RetryAfter: retry, TTFT: c.PredictedTTFT[bestRow], TPOT: c.PredictedTPOT[bestRow]}
+		return &shared.NoHeadroomError{RetryAfter: retry, TTFT: c.PredictedTTFT[bestRow], TPOT: c.PredictedTPOT[bestRow],
+			TTFTLeft: ttftLeft, HasTTFTLeft: slo.TTFT > 0}
 	case shared.SLOMissWait:
 		// Waiting spends the TTFT target: only when no row can meet it
 		// now and it is not yet gone. A row that meets the TTFT target
@@ -258,7 +244,11 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 		// back until its target is gone, it leaves the engines to the
 		// requests that can still meet theirs (BENCHMARKS.md, "SLO-aware
 		// routing": the goodput comes from there).
-		if (slo.TTFT > 0 && metTTFT == 0 && ttftLeft > 0) || (slo.TTFT == 0 && slo.Waited < s.maxWait) {
+		// And only while some row has requests in flight: their end is
+		// what places a waiting request again, and on an idle fleet
+		// waiting changes nothing. Without a TTFT target there is none to
+		// wait for.
+		if slo.TTFT > 0 && metTTFT == 0 && ttftLeft > 0 && busy(c) {
 			return shared.ErrAllBusy
 		}
 	}
@@ -272,3 +262,17 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 
 // Interface guard.
 var _ shared.Filter = (*SLO)(nil)
+
+// busy reports whether some row has requests in flight (LOAD); true when
+// the column is missing, as nothing says the fleet is idle.
+func busy(c *shared.Candidates) bool {
+	if len(c.Load) != c.Len() {
+		return true
+	}
+	for i := range c.Load {
+		if c.Load[i].ActiveRequests > 0 {
+			return true
+		}
+	}
+	return false
+}

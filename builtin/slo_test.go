@@ -127,32 +127,41 @@ func TestSLOMissActions(t *testing.T) {
 			t.Fatalf("keep %v, err %v; want row 1 at once", keep, err)
 		}
 	})
-	t.Run("TPOT-only wait ends after max_wait", func(t *testing.T) {
-		s := sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamMaxWait: 2 * time.Second})
+	t.Run("no wait for a TPOT target alone", func(t *testing.T) {
+		s := sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamLateness: 0.0})
 		tp := shared.SLO{TPOT: 5 * time.Millisecond}
-		cs := sloRows([]float64{0, 0}, []float64{0.02, 0.01})
-		if _, err := runSLO(t, s, &shared.Request{SLO: tp}, cs); !errors.Is(err, shared.ErrAllBusy) {
-			t.Fatalf("err %v, want ErrAllBusy before max_wait", err)
-		}
-		tp.Waited = 2 * time.Second
-		s = sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamMaxWait: 2 * time.Second, ParamLateness: 0.0})
-		keep, err := runSLO(t, s, &shared.Request{SLO: tp}, cs)
+		keep, err := runSLO(t, s, &shared.Request{SLO: tp}, sloRows([]float64{0, 0}, []float64{0.02, 0.01}))
 		if err != nil || !slices.Equal(keep, []bool{false, true}) {
-			t.Fatalf("after max_wait: keep %v, err %v", keep, err)
+			t.Fatalf("keep %v, err %v; want the least late row at once", keep, err)
+		}
+	})
+	t.Run("no wait on an idle fleet", func(t *testing.T) {
+		s := sloFilter(t, shared.Params{ParamOnMiss: "wait", ParamLateness: 0.0})
+		cs := c()
+		cs.Load = make([]shared.Load, 3) // nothing in flight anywhere
+		keep, err := runSLO(t, s, &shared.Request{SLO: target}, cs)
+		if err != nil || !slices.Equal(keep, []bool{false, true, false}) {
+			t.Fatalf("keep %v, err %v; want the least late row at once", keep, err)
+		}
+		cs = c()
+		cs.Load = make([]shared.Load, 3)
+		cs.Load[2].ActiveRequests = 1
+		if _, err := runSLO(t, s, &shared.Request{SLO: target}, cs); !errors.Is(err, shared.ErrAllBusy) {
+			t.Fatalf("err %v, want ErrAllBusy with a request in flight", err)
 		}
 	})
 }
 
 func TestSLOParams(t *testing.T) {
 	for _, p := range []shared.Params{
-		{ParamTTFTHeadroom: -0.1}, {ParamTPOTHeadroom: 11.0}, {ParamLateness: -1.0}, {ParamOnMiss: "later"}, {ParamMaxWait: time.Duration(0)},
+		{ParamTTFTHeadroom: -0.1}, {ParamTPOTHeadroom: 11.0}, {ParamLateness: -1.0}, {ParamOnMiss: "later"}, {ParamCachedTPOT: -0.6},
 	} {
 		if _, err := NewSLO(p); err == nil {
 			t.Errorf("NewSLO(%v) accepted", p)
 		}
 	}
 	s := sloFilter(t, nil)
-	if s.ttftHead != DefaultTTFTHeadroom || s.tpotHead != DefaultTPOTHeadroom || s.tolerance != DefaultSLOTolerance || s.onMiss != shared.SLOMissLeastLate || s.maxWait != DefaultSLOMaxWait {
+	if s.ttftHead != DefaultTTFTHeadroom || s.tpotHead != DefaultTPOTHeadroom || s.tolerance != DefaultSLOTolerance || s.onMiss != shared.SLOMissLeastLate {
 		t.Fatalf("defaults %+v", s)
 	}
 	if _, err := runSLO(t, s, &shared.Request{SLO: shared.SLO{TTFT: time.Second}}, &shared.Candidates{IDs: []shared.WorkerID{1}}); !errors.Is(err, ErrMissingColumn) {

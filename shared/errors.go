@@ -27,11 +27,23 @@ type NoHeadroomError struct {
 	RetryAfter time.Duration
 	// TTFT and TPOT are the best candidate's predictions, in seconds.
 	TTFT, TPOT float64
+	// TTFTLeft, when HasTTFTLeft, is what was left of the TTFT target
+	// when the request was refused (the target less its time in the
+	// router), in seconds; <= 0 when that time alone used it up.
+	TTFTLeft    float64
+	HasTTFTLeft bool
 }
 
 func (e *NoHeadroomError) Error() string {
-	return fmt.Sprintf("no worker is predicted to meet the request's latency targets (best: TTFT %.0f ms, TPOT %.1f ms); retry after %v",
-		e.TTFT*1e3, e.TPOT*1e3, e.RetryAfter)
+	left := ""
+	if e.HasTTFTLeft {
+		left = fmt.Sprintf(" against %.0f ms left of the TTFT target", max(e.TTFTLeft, 0)*1e3)
+		if e.TTFTLeft <= 0 {
+			left = " against a TTFT target its time in the router already used up"
+		}
+	}
+	return fmt.Sprintf("no worker is predicted to meet the request's latency targets (best: TTFT %.0f ms, TPOT %.1f ms%s); retry after %v",
+		e.TTFT*1e3, e.TPOT*1e3, left, e.RetryAfter)
 }
 
 // NonFiniteCostError reports a scorer whose cost, or whose weighted cost

@@ -198,3 +198,21 @@ func TestListParams(t *testing.T) {
 		t.Errorf("names %q, %q", StringList.String(), NumberList.String())
 	}
 }
+
+func TestNoHeadroomErrorMessage(t *testing.T) {
+	for _, c := range []struct {
+		e    NoHeadroomError
+		want string
+	}{
+		{NoHeadroomError{RetryAfter: time.Second, TTFT: 0.5, TPOT: 0.031},
+			"no worker is predicted to meet the request's latency targets (best: TTFT 500 ms, TPOT 31.0 ms); retry after 1s"},
+		{NoHeadroomError{RetryAfter: time.Second, TTFT: 0.5, TPOT: 0.031, TTFTLeft: 0.2, HasTTFTLeft: true},
+			"no worker is predicted to meet the request's latency targets (best: TTFT 500 ms, TPOT 31.0 ms against 200 ms left of the TTFT target); retry after 1s"},
+		{NoHeadroomError{RetryAfter: time.Second, TTFTLeft: -0.01, HasTTFTLeft: true},
+			"no worker is predicted to meet the request's latency targets (best: TTFT 0 ms, TPOT 0.0 ms against a TTFT target its time in the router already used up); retry after 1s"},
+	} {
+		if got := c.e.Error(); got != c.want {
+			t.Errorf("got %q\nwant %q", got, c.want)
+		}
+	}
+}

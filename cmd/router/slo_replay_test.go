@@ -39,8 +39,30 @@ func TestReplaySLOPolicy(t *testing.T) {
 			t.Errorf("%s: predictor read %v, want %v", r.Policy, p.Read, want)
 		}
 	}
-	if !strings.Contains(stderr, "router: slo: latency predictor, relative error p50/p90: TTFT ") ||
-		strings.Contains(stderr, "router: kv-affinity: latency predictor") {
+	if !strings.Contains(stderr, "router: slo, 8 workers: latency predictor, relative error p50/p90: TTFT ") ||
+		strings.Contains(stderr, "router: kv-affinity, 8 workers: latency predictor") {
 		t.Errorf("stderr %q: want the slo policy's predictor line and not the default's", stderr)
+	}
+}
+
+// TestReplaySLOReplicas: with router replicas the predictor's figures
+// cover every replica's decisions, not the first's alone.
+func TestReplaySLOReplicas(t *testing.T) {
+	code, stdout, stderr := runRouter("replay", "--limit", "400", "--slo", "ttft=1s", "--replicas", "2",
+		"--policy", "../../examples/policies/slo.hcl", "--report", "-")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var reps []report.Report
+	if err := json.Unmarshal([]byte(stdout), &reps); err != nil {
+		var one report.Report
+		if err2 := json.Unmarshal([]byte(stdout), &one); err2 != nil {
+			t.Fatalf("report: %v\n%s", err, stdout)
+		}
+		reps = []report.Report{one}
+	}
+	// Each replica's first decision has nothing to predict from.
+	if p := reps[0].Predictor; p == nil || p.TTFTN < 380 {
+		t.Fatalf("predictor %+v over two replicas, want about 398 TTFT comparisons", p)
 	}
 }

@@ -254,6 +254,15 @@ func Arrival(t time.Time) Option {
 	return func(h *Handle) { h.start = t }
 }
 
+// Untimed says the request's answer is not streamed: its first byte
+// comes with the whole answer, so the time to it is no time to first
+// token, and the latency predictor learns neither TTFT nor TPOT from the
+// request (only its output length). FirstToken still ends its booked
+// prefill and listeners still hear first_token.
+func Untimed() Option {
+	return func(h *Handle) { h.untimed = true }
+}
+
 // Alternates asks for up to k runners-up with the request's placement
 // (router.Placement.Alternates, at most router.MaxAlternates): they are
 // in Handle.Decision().Alternates, at Admit or at the dispatch of a

@@ -41,6 +41,7 @@ type Handle struct {
 	// first token came (Controller clock), kept for the latency predictor
 	// when the decision learns (router.Decision.Learn).
 	sentAt, firstAt time.Time
+	untimed         bool // Untimed: a whole answer, no timing to learn from
 	// booking is the storage of the request's booking (no allocation per
 	// request); decision.Booking points here while it is dispatched.
 	booking fleet.Booking
@@ -159,7 +160,7 @@ func (h *Handle) FirstToken() {
 	}
 	h.first = true
 	h.decision.Booking.PrefillDone()
-	if h.decision.Learn {
+	if h.decision.Learn && !h.untimed {
 		h.firstAt = h.c.now()
 		h.c.core.ObserveFirstToken(&h.decision, h.firstAt.Sub(h.sentAt))
 	}
@@ -394,12 +395,12 @@ func (h *Handle) refuse(err error, now time.Time) bool {
 
 // learnEnd teaches the predictor the request's completed answer of
 // contextTokens (prompt plus generated): its output length and, with a
-// first token and at least two generated tokens, its mean gap between
-// tokens after the first. h.mu is held.
+// timed first token (not Untimed) and at least two generated tokens, its
+// mean gap between tokens after the first. h.mu is held.
 func (h *Handle) learnEnd(contextTokens int64) {
 	out := contextTokens - int64(h.req.PromptTokens)
 	var gap time.Duration
-	if h.first && out >= 2 {
+	if h.first && out >= 2 && !h.untimed {
 		gap = h.c.now().Sub(h.firstAt) / time.Duration(out-1)
 	}
 	h.c.core.ObserveEnd(&h.decision, out, gap)

@@ -183,6 +183,11 @@ func (rt *Runtime) Admit(ctx context.Context, req *Request, hop admission.Hop, t
 		// (shared.SLO.Waited).
 		opts = append(opts[:len(opts):len(opts)], admission.Arrival(req.Start))
 	}
+	if !req.Stream {
+		// A whole answer's first byte is no first token: the latency
+		// predictor must not learn TTFT or TPOT from it.
+		opts = append(opts[:len(opts):len(opts)], admission.Untimed())
+	}
 	t0 := time.Now()
 	h, err := rt.adm.Admit(ctx, sr, opts...)
 	if errors.Is(err, admission.ErrDuplicateRequest) {

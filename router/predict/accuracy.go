@@ -50,6 +50,16 @@ func upper(b int) float64 {
 	return math.Pow(10, minDecade+float64(min(b, nBins-2))/binsPerDecade)
 }
 
+// AddTo adds h's counts to dst (another router replica's, for one
+// figure over several). Not atomic as a whole: call it when h is not
+// being added to.
+func (h *ErrorHistogram) AddTo(dst *ErrorHistogram) {
+	for i := range h.bins {
+		dst.bins[i].Add(h.bins[i].Load())
+	}
+	dst.n.Add(h.n.Load())
+}
+
 // Count is how many predictions were compared.
 func (h *ErrorHistogram) Count() int64 { return h.n.Load() }
 

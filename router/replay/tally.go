@@ -366,12 +366,16 @@ func (t *tally) itlSummary() report.Summary {
 
 func round4(x float64) float64 { return float64(int64(x*10000+0.5)) / 10000 }
 
-// predictorAccuracy is the predictor's accuracy over the replicas'
-// decisions (every replica learns on its own, as replicas of router serve
-// do); nil when nothing was compared. With several replicas the quantiles
-// are the first replica's: each replica's histogram is its own.
+// predictorAccuracy is the predictor's accuracy over every replica's
+// decisions (each replica learns on its own, as replicas of router serve
+// do; their histograms are summed); nil when nothing was compared.
 func (d *driver) predictorAccuracy() *report.PredictorAccuracy {
-	acc := &d.reps[0].r.Predictor().Accuracy
+	acc := new(predict.Accuracy)
+	for _, rep := range d.reps {
+		a := &rep.r.Predictor().Accuracy
+		a.TTFT.AddTo(&acc.TTFT)
+		a.TPOT.AddTo(&acc.TPOT)
+	}
 	if acc.TTFT.Count() == 0 && acc.TPOT.Count() == 0 {
 		return nil
 	}

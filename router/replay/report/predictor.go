@@ -36,7 +36,7 @@ func WritePredictor(w io.Writer, r *Report) error {
 	if p == nil || !p.Read {
 		return nil
 	}
-	_, err := fmt.Fprintf(w, "router: %s: latency predictor, relative error p50/p90: TTFT %.1f%%/%.1f%% (%d compared), TPOT %.1f%%/%.1f%% (%d compared)\n",
-		r.Label(), 100*p.TTFTP50, 100*p.TTFTP90, p.TTFTN, 100*p.TPOTP50, 100*p.TPOTP90, p.TPOTN)
+	_, err := fmt.Fprintf(w, "router: %s, %d workers: latency predictor, relative error p50/p90: TTFT %.1f%%/%.1f%% (%d compared), TPOT %.1f%%/%.1f%% (%d compared)\n",
+		r.Label(), r.Workers, 100*p.TTFTP50, 100*p.TTFTP90, p.TTFTN, 100*p.TPOTP50, 100*p.TPOTP90, p.TPOTN)
 	return err
 }

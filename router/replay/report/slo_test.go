@@ -29,7 +29,7 @@ func TestParseSLO(t *testing.T) {
 
 func TestWritePredictor(t *testing.T) {
 	var b strings.Builder
-	r := &Report{Policy: "slo"}
+	r := &Report{Policy: "slo", Workers: 8}
 	if err := WritePredictor(&b, r); err != nil || b.Len() != 0 {
 		t.Fatalf("without accuracy: %q, %v; want nothing", b.String(), err)
 	}
@@ -41,7 +41,7 @@ func TestWritePredictor(t *testing.T) {
 	if err := WritePredictor(&b, r); err != nil {
 		t.Fatal(err)
 	}
-	const want = "router: slo: latency predictor, relative error p50/p90: TTFT 8.9%/50.0% (10 compared), TPOT 10.0%/20.0% (9 compared)\n"
+	const want = "router: slo, 8 workers: latency predictor, relative error p50/p90: TTFT 8.9%/50.0% (10 compared), TPOT 10.0%/20.0% (9 compared)\n"
 	if b.String() != want {
 		t.Fatalf("got %q, want %q", b.String(), want)
 	}
