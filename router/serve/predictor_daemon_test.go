@@ -11,6 +11,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
+
 	"github.com/switchyard-router/switchyard/router/live"
 )
 
@@ -67,54 +69,15 @@ worker "b" {
 	// Only the 15 streamed answers are timed (a whole answer's first byte
 	// is no first token: admission.Untimed); the first of them had
 	// nothing to be predicted from.
-	if got := gathered(t, reg, "switchyard_predictor_comparisons_total", "ttft"); got != n/2-1 {
+	if got := testkit.MetricValue(t, reg, "switchyard_predictor_comparisons_total", "target", "ttft"); got != n/2-1 {
 		t.Errorf("TTFT comparisons %v, want %d (every streamed request after the first)", got, n/2-1)
 	}
-	if got := gathered(t, reg, "switchyard_predictor_classes", ""); got != 1 {
+	if got := testkit.MetricValue(t, reg, "switchyard_predictor_classes"); got != 1 {
 		t.Errorf("classes %v, want 1 (both workers labelled h100)", got)
 	}
-	med := gathered(t, reg, "switchyard_predictor_relative_error", "0.5", "ttft") // quantile, target
+	med := testkit.MetricValue(t, reg, "switchyard_predictor_relative_error", "target", "ttft", "quantile", "0.5")
 	if math.IsNaN(med) || med < 0 {
 		t.Errorf("TTFT median relative error %v, want a finite fraction", med)
 	}
 	t.Logf("TTFT median relative error after %d answers: %.3f", n, med)
-}
-
-// gathered is the value of the series of metric name whose label values,
-// in the order of the label names (sorted, as the registry gives them), are values ("" for a metric without
-// labels); the test fails when there is none.
-func gathered(t *testing.T, reg *prometheus.Registry, name string, values ...string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			lp := m.GetLabel()
-			if len(values) == 1 && values[0] == "" {
-				values = nil
-			}
-			if len(lp) != len(values) {
-				continue
-			}
-			for i, l := range lp {
-				if l.GetValue() != values[i] {
-					continue metrics
-				}
-			}
-			switch {
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	t.Fatalf("no series %s%v", name, values)
-	return 0
 }

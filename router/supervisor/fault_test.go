@@ -48,38 +48,11 @@ func faultHost(t *testing.T, o Options) (*Host, *prometheus.Registry) {
 	return h, reg
 }
 
+// counterValue is the value of a series of name with the label pairs
+// labels; -1 when there is none (testkit.MetricValue).
 func counterValue(t *testing.T, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue metrics
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	return -1 // no such series
+	return testkit.MetricValue(t, reg, name, labels...)
 }
 
 // runningProc is the process serving the named plugin, or nil.
