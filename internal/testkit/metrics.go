@@ -12,6 +12,16 @@ import (
 // such series. A gathering error fails the test.
 func MetricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...string) float64 {
 	t.Helper()
+	if v, ok := MetricSeries(t, reg, name, labels...); ok {
+		return v
+	}
+	return -1
+}
+
+// MetricSeries is MetricValue with whether the series exists (false: the
+// value is 0).
+func MetricSeries(t testing.TB, reg prometheus.Gatherer, name string, labels ...string) (float64, bool) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -35,11 +45,11 @@ func MetricValue(t testing.TB, reg prometheus.Gatherer, name string, labels ...s
 			}
 			switch {
 			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
+				return m.GetCounter().GetValue(), true
 			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
+				return m.GetGauge().GetValue(), true
 			}
 		}
 	}
-	return -1
+	return 0, false
 }

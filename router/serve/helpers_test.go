@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
+
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -321,34 +323,8 @@ type errorBody struct {
 // named name with the labels (name, value pairs); 0 when there is none.
 func (e *env) metric(t *testing.T, name string, labels ...string) float64 {
 	t.Helper()
-	mfs, err := e.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			for i := 0; i+1 < len(labels); i += 2 {
-				found := false
-				for _, lp := range m.GetLabel() {
-					if lp.GetName() == labels[i] && lp.GetValue() == labels[i+1] {
-						found = true
-					}
-				}
-				if !found {
-					continue series
-				}
-			}
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
+	v, _ := testkit.MetricSeries(t, e.reg, name, labels...)
+	return v
 }
 
 // series returns how many series of the family name e's registry holds.
