@@ -19,6 +19,7 @@ const (
 	ParamCachedTPOT   = "cached_tpot_headroom"
 	ParamOnMiss       = "on_miss"
 	ParamLateness     = "tolerance"
+	ParamDivert       = "divert"
 )
 
 // DefaultTTFTHeadroom and DefaultTPOTHeadroom are the slo filter's
@@ -47,6 +48,17 @@ const (
 	DefaultCachedTPOTHeadroom = -0.1
 )
 
+// DefaultSLODivert is the slo filter's default divert: true, the filter
+// keeps only the candidates predicted to meet the targets when some are.
+// examples/policies/slo.hcl sets false, measured against the default
+// policy with common tie-break draws (BENCHMARKS.md, "SLO-aware
+// routing"): on 4, 8 and 16 workers of the three bundled traces, uniform
+// and mixed, seeds 1-3, diverting loses to the default in 9 of 54 cells
+// (worst -1.1 pp: the generated sessions, whose turns it moves off their
+// cache), not diverting in 3 (worst -0.2 pp), while keeping 80% of the
+// summed gain (+100 pp against +125 pp): most of the gain is the wait.
+const DefaultSLODivert = true
+
 // DefaultSLOTolerance is how much later than the least late a candidate
 // may be predicted and still be kept when none meets the targets, as a
 // fraction of the target: 0.5.
@@ -60,7 +72,10 @@ const DefaultSLOTolerance = 0.5
 //
 // except that the rows holding the request's longest cached prefix among
 // the candidates (OverlapBlocks, when it is > 0) use
-// cached_tpot_headroom for TPOT (DefaultCachedTPOTHeadroom).
+// cached_tpot_headroom for TPOT (DefaultCachedTPOTHeadroom). With divert
+// false (DefaultSLODivert is true) the filter removes no row: it only
+// decides, when no row meets the targets, whether the request waits or is
+// refused, and the scorers place every request that goes.
 //
 // A request without targets, and every request while the predictor has
 // learned nothing (its predictions are 0), keeps every row. When no row
@@ -74,10 +89,10 @@ const DefaultSLOTolerance = 0.5
 //     request in an overloaded fleet);
 //   - "wait" answers shared.ErrAllBusy, so the request waits in the
 //     router's queue and is placed again when a request ends, while no
-//     row meets its TTFT target, the target is not yet gone and some row
+//     row meets its TTFT target, the target is not yet gone and every row
 //     has requests in flight; otherwise (a row meets the TTFT target but
 //     not the TPOT one, a request with a TPOT target only, an idle
-//     fleet, a target already gone) it goes to the least-late rows at
+//     row, a target already gone) it goes to the least-late rows at
 //     once;
 //   - "reject" answers a *shared.NoHeadroomError whose RetryAfter is the
 //     best row's TTFT excess, at least one second.
@@ -90,6 +105,7 @@ type SLO struct {
 	tolerance          float64
 	ttftHead, tpotHead float64
 	onMiss             shared.SLOMiss
+	divert             bool
 }
 
 // SLOType describes the slo filter.
@@ -114,6 +130,9 @@ func SLOType() shared.TypeInfo {
 			{Name: ParamLateness, Type: shared.Number,
 				Doc: "When no candidate meets the targets (least-late): keep those predicted at most this much later than the least late, " +
 					"as a fraction of the target, for the scorers to choose among. >= 0; default 0.5."},
+			{Name: ParamDivert, Type: shared.Bool, Default: DefaultSLODivert,
+				Doc: "When some candidates meet the targets, keep only them (true, default); false keeps every candidate " +
+					"then, and on a least-late miss too: the filter only holds (wait) or refuses (reject) requests."},
 		},
 		Doc: "Keeps the candidates predicted (LATENCY) to meet the request's TTFT and TPOT targets " +
 			"with headroom; when none does: the least late, wait in the queue, or refuse with 429.",
@@ -125,7 +144,8 @@ func SLOType() shared.TypeInfo {
 // for a headroom outside its range, a negative tolerance or an unknown
 // on_miss.
 func NewSLO(p shared.Params) (*SLO, error) {
-	s := &SLO{ttftHead: DefaultTTFTHeadroom, tpotHead: DefaultTPOTHeadroom, cachedTPOTHead: DefaultCachedTPOTHeadroom, onMiss: shared.SLOMissLeastLate, tolerance: DefaultSLOTolerance}
+	s := &SLO{ttftHead: DefaultTTFTHeadroom, tpotHead: DefaultTPOTHeadroom, cachedTPOTHead: DefaultCachedTPOTHeadroom,
+		onMiss: shared.SLOMissLeastLate, tolerance: DefaultSLOTolerance, divert: p.Bool(ParamDivert, DefaultSLODivert)}
 	if p.Has(ParamLateness) {
 		s.tolerance = p.Float(ParamLateness, 0)
 		if math.IsNaN(s.tolerance) || s.tolerance < 0 {
@@ -218,6 +238,9 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 		}
 	}
 	if met > 0 {
+		if !s.divert {
+			keepAll(keep)
+		}
 		return nil
 	}
 	action := slo.OnMiss
@@ -244,13 +267,20 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 		// back until its target is gone, it leaves the engines to the
 		// requests that can still meet theirs (BENCHMARKS.md, "SLO-aware
 		// routing": the goodput comes from there).
-		// And only while some row has requests in flight: their end is
-		// what places a waiting request again, and on an idle fleet
-		// waiting changes nothing. Without a TTFT target there is none to
-		// wait for.
-		if slo.TTFT > 0 && metTTFT == 0 && ttftLeft > 0 && busy(c) {
+		// And only while every row has requests in flight: their end is
+		// what places a waiting request again, and no row gets faster
+		// than idle, so a request an idle row is predicted to serve late
+		// gains nothing by waiting and loses what the prediction erred
+		// (measured: waiting with an idle row lost 0.2-0.6 pp of goodput
+		// to the default at 16 workers; BENCHMARKS.md, "SLO-aware
+		// routing"). Without a TTFT target there is none to wait for.
+		if slo.TTFT > 0 && metTTFT == 0 && ttftLeft > 0 && allBusy(c) {
 			return shared.ErrAllBusy
 		}
+	}
+	if !s.divert {
+		keepAll(keep)
+		return nil
 	}
 	// least-late, and a wait that can no longer help: every row as late
 	// as the least late (ties kept for the scorers to break).
@@ -263,16 +293,23 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 // Interface guard.
 var _ shared.Filter = (*SLO)(nil)
 
-// busy reports whether some row has requests in flight (LOAD); true when
-// the column is missing, as nothing says the fleet is idle.
-func busy(c *shared.Candidates) bool {
+// allBusy reports whether every row has requests in flight (LOAD); true
+// when the column is missing, as nothing says a row is idle.
+func allBusy(c *shared.Candidates) bool {
 	if len(c.Load) != c.Len() {
 		return true
 	}
 	for i := range c.Load {
-		if c.Load[i].ActiveRequests > 0 {
-			return true
+		if c.Load[i].ActiveRequests == 0 {
+			return false
 		}
 	}
-	return false
+	return true
+}
+
+// keepAll sets every entry of keep.
+func keepAll(keep []bool) {
+	for i := range keep {
+		keep[i] = true
+	}
 }
