@@ -48,16 +48,34 @@ const (
 	DefaultCachedTPOTHeadroom = -0.1
 )
 
-// DefaultSLODivert is the slo filter's default divert: true, the filter
-// keeps only the candidates predicted to meet the targets when some are.
-// examples/policies/slo.hcl sets false, measured against the default
-// policy with common tie-break draws (BENCHMARKS.md, "SLO-aware
-// routing"): on 4, 8 and 16 workers of the three bundled traces, uniform
-// and mixed, seeds 1-3, diverting loses to the default in 9 of 54 cells
-// (worst -1.1 pp: the generated sessions, whose turns it moves off their
-// cache), not diverting in 3 (worst -0.2 pp), while keeping 80% of the
-// summed gain (+100 pp against +125 pp): most of the gain is the wait.
-const DefaultSLODivert = true
+// Values of the slo filter's divert parameter: when some rows meet the
+// targets, DivertAlways keeps only those (the default, DefaultSLODivert);
+// DivertNever keeps every row, and on a least-late miss too, so the filter
+// only holds (wait) or refuses (reject) requests; DivertClasses keeps
+// every row unless the candidates span more than one worker class (their
+// shared.LabelClass label, as the predictor models them), and then keeps
+// the rows predicted to meet the TTFT target.
+//
+// examples/policies/slo.hcl sets DivertClasses, measured against the
+// default policy with common tie-break draws (BENCHMARKS.md, "SLO-aware
+// routing"; 4, 8 and 16 workers of the three bundled traces, uniform and
+// mixed fleets, seeds 1-3: 54 cells). Diverting on a uniform fleet
+// second-guesses kv-affinity, whose cost already counts the prefill
+// queued on each worker, with a noisier model, and moves session turns
+// off their cache: always loses to the default in 9 cells (worst -1.1
+// pp), never in 3 (-0.2 pp). On a mixed fleet the predictor knows which
+// workers are fast and kv-affinity does not: diverting there on the
+// TTFT target is worth 1.3-5 pp on the conversation trace, while
+// diverting on the TPOT target too loses on the generated sessions
+// (-0.9 to -1.1 pp at 4 workers). classes loses in 1 cell (-0.2 pp).
+const (
+	DivertAlways  = "always"
+	DivertNever   = "never"
+	DivertClasses = "classes"
+)
+
+// DefaultSLODivert is the slo filter's default divert: DivertAlways.
+const DefaultSLODivert = DivertAlways
 
 // DefaultSLOTolerance is how much later than the least late a candidate
 // may be predicted and still be kept when none meets the targets, as a
@@ -72,10 +90,11 @@ const DefaultSLOTolerance = 0.5
 //
 // except that the rows holding the request's longest cached prefix among
 // the candidates (OverlapBlocks, when it is > 0) use
-// cached_tpot_headroom for TPOT (DefaultCachedTPOTHeadroom). With divert
-// false (DefaultSLODivert is true) the filter removes no row: it only
-// decides, when no row meets the targets, whether the request waits or is
-// refused, and the scorers place every request that goes.
+// cached_tpot_headroom for TPOT (DefaultCachedTPOTHeadroom). The divert
+// parameter (DivertAlways, DivertNever, DivertClasses) can turn that off:
+// the filter then removes no row and only decides, when no row meets the
+// targets, whether the request waits or is refused; the scorers place
+// every request that goes.
 //
 // A request without targets, and every request while the predictor has
 // learned nothing (its predictions are 0), keeps every row. When no row
@@ -99,13 +118,14 @@ const DefaultSLOTolerance = 0.5
 //
 // It composes with any scorers: a policy of slo followed by the default
 // kv-affinity scorer places for the cache among the rows with headroom.
-// It declares LATENCY (so the router also computes LOAD and CACHE).
+// It declares LATENCY (so the router also computes LOAD and CACHE), and
+// LABELS with divert "classes".
 type SLO struct {
 	cachedTPOTHead     float64 // tpot_headroom of the rows holding the longest prefix
 	tolerance          float64
 	ttftHead, tpotHead float64
 	onMiss             shared.SLOMiss
-	divert             bool
+	divert             string
 }
 
 // SLOType describes the slo filter.
@@ -113,7 +133,7 @@ func SLOType() shared.TypeInfo {
 	return shared.TypeInfo{
 		Name:   TypeSLO,
 		Kind:   shared.KindFilter,
-		Inputs: shared.InputLatency,
+		Inputs: shared.InputLatency | shared.InputLabels, // LABELS with divert "classes" only (SLO.Inputs)
 		Params: []shared.ParamSpec{
 			{Name: ParamTTFTHeadroom, Type: shared.Number,
 				Doc: "A candidate meets the TTFT target when its predicted TTFT times (1 + ttft_headroom) is within what is left of it. " +
@@ -130,9 +150,11 @@ func SLOType() shared.TypeInfo {
 			{Name: ParamLateness, Type: shared.Number,
 				Doc: "When no candidate meets the targets (least-late): keep those predicted at most this much later than the least late, " +
 					"as a fraction of the target, for the scorers to choose among. >= 0; default 0.5."},
-			{Name: ParamDivert, Type: shared.Bool, Default: DefaultSLODivert,
-				Doc: "When some candidates meet the targets, keep only them (true, default); false keeps every candidate " +
-					"then, and on a least-late miss too: the filter only holds (wait) or refuses (reject) requests."},
+			{Name: ParamDivert, Type: shared.String, Default: DefaultSLODivert,
+				Doc: "When some candidates meet the targets: \"always\" (default) keeps only them; \"never\" keeps every " +
+					"candidate, then and on a least-late miss, so the filter only holds (wait) or refuses (reject); " +
+					"\"classes\" is never unless the candidates span more than one worker class (switchyard.io/class), " +
+					"and then keeps those predicted to meet the TTFT target."},
 		},
 		Doc: "Keeps the candidates predicted (LATENCY) to meet the request's TTFT and TPOT targets " +
 			"with headroom; when none does: the least late, wait in the queue, or refuse with 429.",
@@ -145,7 +167,12 @@ func SLOType() shared.TypeInfo {
 // on_miss.
 func NewSLO(p shared.Params) (*SLO, error) {
 	s := &SLO{ttftHead: DefaultTTFTHeadroom, tpotHead: DefaultTPOTHeadroom, cachedTPOTHead: DefaultCachedTPOTHeadroom,
-		onMiss: shared.SLOMissLeastLate, tolerance: DefaultSLOTolerance, divert: p.Bool(ParamDivert, DefaultSLODivert)}
+		onMiss: shared.SLOMissLeastLate, tolerance: DefaultSLOTolerance, divert: p.String(ParamDivert, DefaultSLODivert)}
+	switch s.divert {
+	case DivertAlways, DivertNever, DivertClasses:
+	default:
+		return nil, &shared.ParamError{Param: ParamDivert, Err: fmt.Errorf("%q: want \"always\", \"never\" or \"classes\"", s.divert)}
+	}
 	if p.Has(ParamLateness) {
 		s.tolerance = p.Float(ParamLateness, 0)
 		if math.IsNaN(s.tolerance) || s.tolerance < 0 {
@@ -175,8 +202,13 @@ func NewSLO(p shared.Params) (*SLO, error) {
 	return s, nil
 }
 
-// Inputs returns LATENCY.
-func (s *SLO) Inputs() shared.Inputs { return shared.InputLatency }
+// Inputs returns LATENCY, and LABELS with divert "classes".
+func (s *SLO) Inputs() shared.Inputs {
+	if s.divert == DivertClasses {
+		return shared.InputLatency | shared.InputLabels
+	}
+	return shared.InputLatency
+}
 
 // Filter keeps the rows predicted to meet req's targets, or applies the
 // miss action (see SLO). It fails with ErrMissingColumn when the LATENCY
@@ -238,7 +270,14 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 		}
 	}
 	if met > 0 {
-		if !s.divert {
+		switch {
+		case s.divert == DivertNever:
+			keepAll(keep)
+		case s.divert == DivertClasses && slo.TTFT > 0 && mixedClasses(c):
+			for i := range n {
+				keep[i] = c.PredictedTTFT[i]*kt <= ttftLeft
+			}
+		case s.divert == DivertClasses:
 			keepAll(keep)
 		}
 		return nil
@@ -278,7 +317,7 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 			return shared.ErrAllBusy
 		}
 	}
-	if !s.divert {
+	if s.divert != DivertAlways {
 		keepAll(keep)
 		return nil
 	}
@@ -305,6 +344,23 @@ func allBusy(c *shared.Candidates) bool {
 		}
 	}
 	return true
+}
+
+// mixedClasses reports whether the rows' shared.LabelClass labels differ
+// (a row without one counts as the empty class, so an unlabelled fleet is
+// one class). False without the LABELS columns.
+func mixedClasses(c *shared.Candidates) bool {
+	n := c.Len()
+	if len(c.Labels) != n || n < 2 {
+		return false
+	}
+	first, _ := c.Labels[0].Get(shared.LabelClass)
+	for i := 1; i < n; i++ {
+		if cl, _ := c.Labels[i].Get(shared.LabelClass); cl != first {
+			return true
+		}
+	}
+	return false
 }
 
 // keepAll sets every entry of keep.

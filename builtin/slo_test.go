@@ -159,13 +159,13 @@ func TestSLOMissActions(t *testing.T) {
 	})
 }
 
-// With divert = false the filter removes no row: every row when some
+// With divert = "never" the filter removes no row: every row when some
 // meet the targets, every row on a least-late miss; it still holds
 // (wait) and refuses (reject, negative priority).
 func TestSLONoDivert(t *testing.T) {
-	s := sloFilter(t, shared.Params{ParamDivert: false, ParamOnMiss: "wait"})
-	if s.divert {
-		t.Fatal("divert = false not applied")
+	s := sloFilter(t, shared.Params{ParamDivert: DivertNever, ParamOnMiss: "wait"})
+	if s.divert != DivertNever || s.Inputs() != shared.InputLatency {
+		t.Fatalf("divert %q, inputs %v: want never, LATENCY", s.divert, s.Inputs())
 	}
 	req := &shared.Request{SLO: shared.SLO{TTFT: 200 * time.Millisecond, TPOT: 20 * time.Millisecond}}
 	// Row 1 alone meets both (0.1 s, 0.01 x 1.25): a diverting filter keeps
@@ -203,6 +203,52 @@ func TestSLONoDivert(t *testing.T) {
 	}
 }
 
+// With divert = "classes" the filter keeps every row on a fleet of one
+// worker class, and the rows predicted to meet the TTFT target (whatever
+// their TPOT) when the candidates span classes.
+func TestSLODivertClasses(t *testing.T) {
+	s := sloFilter(t, shared.Params{ParamDivert: DivertClasses})
+	if s.Inputs() != shared.InputLatency|shared.InputLabels {
+		t.Fatalf("inputs %v, want LATENCY|LABELS", s.Inputs())
+	}
+	req := &shared.Request{SLO: shared.SLO{TTFT: 200 * time.Millisecond, TPOT: 20 * time.Millisecond}}
+	// Row 0 misses TTFT (0.3 s); row 1 meets both; row 2 meets TTFT but
+	// not TPOT (0.05 x 1.25 > 0.02).
+	rows := func(classes ...string) *shared.Candidates {
+		c := sloRows([]float64{0.3, 0.1, 0.15}, []float64{0.01, 0.01, 0.05})
+		c.Labels = make([]shared.Labels, len(classes))
+		for i, cl := range classes {
+			if cl != "" {
+				c.Labels[i] = shared.LabelsOf(map[string]string{shared.LabelClass: cl, "zone": "a"})
+			}
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name    string
+		classes []string
+		want    []bool
+	}{
+		{"one class", []string{"speed-1", "speed-1", "speed-1"}, []bool{true, true, true}},
+		{"unlabelled", []string{"", "", ""}, []bool{true, true, true}},
+		{"two classes", []string{"speed-1", "speed-2", "speed-1"}, []bool{false, true, true}},
+		{"labelled and not", []string{"", "", "speed-2"}, []bool{false, true, true}},
+	} {
+		keep, err := runSLO(t, s, req, rows(tc.classes...))
+		if err != nil || !slices.Equal(keep, tc.want) {
+			t.Errorf("%s: keep %v, err %v; want %v", tc.name, keep, err, tc.want)
+		}
+	}
+	// Without the LABELS columns nothing says the fleet is mixed.
+	c := sloRows([]float64{0.3, 0.1, 0.15}, []float64{0.01, 0.01, 0.05})
+	if keep, err := runSLO(t, s, req, c); err != nil || !slices.Equal(keep, []bool{true, true, true}) {
+		t.Errorf("no labels: keep %v, err %v; want every row", keep, err)
+	}
+	if _, err := NewSLO(shared.Params{ParamDivert: "sometimes"}); err == nil {
+		t.Error("divert \"sometimes\" accepted")
+	}
+}
+
 func TestSLOParams(t *testing.T) {
 	for _, p := range []shared.Params{
 		{ParamTTFTHeadroom: -0.1}, {ParamTPOTHeadroom: 11.0}, {ParamLateness: -1.0}, {ParamOnMiss: "later"}, {ParamCachedTPOT: -0.6},
@@ -212,8 +258,8 @@ func TestSLOParams(t *testing.T) {
 		}
 	}
 	s := sloFilter(t, nil)
-	if !s.divert {
-		t.Fatal("divert defaults to false, want DefaultSLODivert (true)")
+	if s.divert != DivertAlways || s.Inputs() != shared.InputLatency {
+		t.Fatalf("divert %q, inputs %v: want DefaultSLODivert (always), LATENCY", s.divert, s.Inputs())
 	}
 	if s.ttftHead != DefaultTTFTHeadroom || s.tpotHead != DefaultTPOTHeadroom || s.tolerance != DefaultSLOTolerance || s.onMiss != shared.SLOMissLeastLate {
 		t.Fatalf("defaults %+v", s)

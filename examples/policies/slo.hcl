@@ -3,11 +3,14 @@
 # TPOT for the request (router/predict: an online model per worker class,
 # learned from the answers). When some candidate is predicted to meet the
 # request's targets (TTFT as predicted, TPOT with 25% headroom), the
-# request goes where kv-affinity places it, exactly as the default does:
-# divert = false keeps every candidate (divert = true, the filter's
-# default, would keep only those predicted to meet them; measured, that
-# moves session turns off their cache and loses to the default in 9 of
-# the 54 cells of BENCHMARKS.md "SLO-aware routing", against 3 without).
+# request goes where kv-affinity places it, exactly as the default does,
+# unless the fleet mixes worker classes (switchyard.io/class): there
+# divert = "classes" keeps the candidates predicted to meet the TTFT
+# target, as the predictor knows which workers are fast and kv-affinity
+# does not. ("always", the filter's default, keeps only the candidates
+# meeting both targets on any fleet; measured, that moves session turns
+# off their cache and loses to the default in 9 of the 54 cells of
+# BENCHMARKS.md "SLO-aware routing", against 1 with "classes".)
 #
 # Targets come from the request's headers (docs/serve.md, "Latency
 # targets"), else from its queue class, else from replay's --slo. When no
@@ -33,7 +36,7 @@ policy "slo" {
     ttft_headroom = 0
     tpot_headroom = 0.25
     on_miss       = "wait"
-    divert        = false
+    divert        = "classes"
   }
   scorer "cost" {
     type          = "kv-affinity"
