@@ -65,7 +65,7 @@ const (
 // off their cache: always loses to the default in 9 cells (worst -1.1
 // pp), never in 3 (-0.2 pp). On a mixed fleet the predictor knows which
 // workers are fast and kv-affinity does not: diverting there on the
-// TTFT target is worth 1.3-5 pp on the conversation trace, while
+// TTFT target is worth 1.5-3.6 pp on the conversation trace, while
 // diverting on the TPOT target too loses on the generated sessions
 // (-0.9 to -1.1 pp at 4 workers). classes loses in 1 cell (-0.2 pp).
 const (
