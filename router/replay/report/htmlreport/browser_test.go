@@ -158,7 +158,7 @@ func TestReportInChromium(t *testing.T) {
 	var rows int
 	step("count the table's rows", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
 		var err error
-		rows, err = chromedp.Evaluate[int](`document.querySelectorAll("table tbody tr").length`)(ctx, target)
+		rows, err = chromedp.Evaluate[int](`document.querySelectorAll("#comparison-table tbody tr").length`)(ctx, target)
 		return chromedp.Void{}, err
 	})
 	var shot []byte
