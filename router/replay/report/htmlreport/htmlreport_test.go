@@ -129,7 +129,7 @@ func TestKVSeriesIsTheRatioOfTokenSums(t *testing.T) {
 // Up to MaxWorkerLines workers the in-flight chart has a line per
 // worker; over it, the min–max band, the p10–p90 band and the median
 // worker's line.
-func TestInFlightBands(t *testing.T) {
+func TestInFlightBandOverSixteenWorkers(t *testing.T) {
 	timeline := func(workers int) *report.Timeline {
 		tl := &report.Timeline{IntervalS: 2}
 		for k := range 3 {

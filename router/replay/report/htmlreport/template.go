@@ -46,6 +46,7 @@ details > summary { cursor: pointer; color: #8a5a00; font-size: .85rem; }
 <p class="meta">Trace {{.Trace}}, {{.Requests}} requests per run{{if gt .Seeds 1}}, {{.Seeds}} seeds per row{{end}}.{{if .SLO}} Goodput targets (--slo): {{.SLO}}.{{end}}</p>
 {{with .Command}}<pre>{{.}}</pre>{{end}}
 
+<section id="decide">
 {{if or .Decision.Fleets .Verdict}}<h2 id="verdict">Verdict</h2>
 {{with .Decision.Summary}}<p class="summary">{{.}}</p>{{end}}
 {{with .Verdict}}<p class="verdict"><strong>{{.}}</strong></p>{{end}}
@@ -76,6 +77,7 @@ details > summary { cursor: pointer; color: #8a5a00; font-size: .85rem; }
 {{if .Table.Delta}}<li>under each value: its change against {{.Table.Delta}}'s on the same fleet: in percentage points (pp) for shares (columns in %), in percent for other figures (▲ green better, ▼ red worse)</li>{{end}}
 {{range .Table.Legend}}<li>{{.}}</li>
 {{end}}</ul>
+</section>
 
 {{range .Fleets}}
 <h2 id="cdf-{{.Fleet}}">Latency distributions{{if gt (len $.Fleets) 1}}, {{.Heading}}{{end}}</h2>
