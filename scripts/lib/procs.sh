@@ -19,7 +19,8 @@
 # stdout and stderr to LOG, records its pid in `pids` and `started_pid`, and
 # waits (15 s at most) for a line of LOG matching the extended regular
 # expression REGEX; its first group goes to `started_addr`. When CMD exits
-# first, or no line comes, it prints LOG and exits 1.
+# first, or no line comes, it prints LOG and exits 1, naming the owner of a
+# port its bind found taken.
 start_listening() {
   local name=$1 log=$2 re=$3
   shift 3
@@ -37,6 +38,12 @@ start_listening() {
     if ! kill -0 "$started_pid" 2>/dev/null; then
       echo "$name (pid $started_pid) exited before listening; its output:" >&2
       sed 's/^/  /' "$log" >&2
+      local taken
+      taken=$(grep -oE '[0-9.]+:[0-9]+: bind: address already in use' "$log" | head -1) || true
+      if [ -n "$taken" ]; then
+        taken=${taken%%: bind*}
+        echo "port ${taken##*:} is held by $(port_owner "${taken##*:}")" >&2
+      fi
       exit 1
     fi
     sleep 0.05
