@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 
 	"github.com/switchyard-router/switchyard/router/inputfile"
 	"github.com/switchyard-router/switchyard/router/loader"
@@ -668,7 +669,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		out = stderr // standard output carries the output
 	}
 	cmp := f.comparison(cmd)
-	if err := f.printTable(out, stderr, tr, sweep, res, cmp); err != nil {
+	table := cmp
+	table.Width = tableWidth(out)
+	if err := f.printTable(out, stderr, tr, sweep, res, table); err != nil {
 		return &exitError{code: 1, err: err}
 	}
 	if err := f.writeOutputs(outs, tr, res, cmp); err != nil {
@@ -767,16 +770,38 @@ func (f *replayFlags) sweep(cmd *cobra.Command, tr *trace.Opened) *replay.Sweep 
 // comparison is the table's settings the flags ask for: --columns,
 // --baseline and --goodput-target.
 func (f *replayFlags) comparison(cmd *cobra.Command) report.Comparison {
-	columns, _ := report.ParseColumns(f.columns)  // checked
+	var columns []report.Metric // the default columns: the text table fits them to its width
+	if cmd.Flags().Changed("columns") {
+		columns, _ = report.ParseColumns(f.columns) // checked
+	}
 	baseline, baselineMetric, _ := f.baselineOf() // checked
 	target, _ := f.goodputTargetOf(cmd)           // checked
 	return report.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric, GoodputTarget: target}
 }
 
+// defaultTableWidth is the text table's width when neither $COLUMNS nor
+// a terminal tells it: the README's commands fit it.
+const defaultTableWidth = 100
+
+// tableWidth is the width the text table is fitted to
+// (report.Comparison.Width): $COLUMNS when it is a whole number from 40,
+// else the width of the terminal out is, else defaultTableWidth.
+func tableWidth(out io.Writer) int {
+	if n, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && n >= 40 {
+		return n
+	}
+	if f := terminalFile(out); f != nil && term.IsTerminal(int(f.Fd())) {
+		if cols, _, err := term.GetSize(int(f.Fd())); err == nil && cols >= 40 {
+			return cols
+		}
+	}
+	return defaultTableWidth
+}
+
 // printTable prints the header line and the table of res to out, and one
 // line per run with rejected requests to stderr.
 func (f *replayFlags) printTable(out, stderr io.Writer, tr *trace.Opened, s *replay.Sweep, res *replay.SweepResult, cmp report.Comparison) error {
-	fmt.Fprintln(out, f.headerLine(tr, s.Fleets)+speedsText(s.Speeds))
+	fmt.Fprintln(out, report.Wrap(f.headerLine(tr, s.Fleets)+speedsText(s.Speeds), cmp.Width))
 	if err := report.WriteComparison(out, res.Cells, cmp); err != nil {
 		return err
 	}

@@ -151,7 +151,7 @@ func TestWriteComparisonSeedsSweepBaseline(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantLines(t, buf.String(),
-		"policy workers TTFT p90 Δ TTFT p90 vs rr",
+		"policy workers TTFT p90 Δ TTFT p90",
 		"rr 4 200 [100–300] base",
 		"kv 4 50 -75.0%",
 		"rr 8 110 [100–120] base",
@@ -233,7 +233,7 @@ func TestNoCompletedRequestsHaveNoLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantLines(t, buf.String(),
-		"policy completed rejected TTFT p50 E2E p99 Δ TTFT p90 vs rr",
+		"policy completed rejected TTFT p50 E2E p99 Δ TTFT p90",
 		"rr 3 0 100 900 base",
 		"busy 0 3 - - -",
 	)
