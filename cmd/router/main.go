@@ -22,9 +22,6 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
-
 // exitError carries an exit code through cobra without printing usage.
 type exitError struct {
 	code int
@@ -50,18 +47,6 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(newServeCmd(), newEPPCmd(), newKVRelayCmd(), newPDSidecarCmd())
 	root.AddCommand(newTraceCmd())
 	return root
-}
-
-func newVersionCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "version",
-		Short: "Print the router version",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprintf(cmd.OutOrStdout(), "switchyard router %s (plugin API switchyard.plugin.v1)\n", version)
-			return err
-		},
-	}
 }
 
 // main runs the command line. The first SIGINT or SIGTERM cancels the

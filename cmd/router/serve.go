@@ -101,7 +101,7 @@ func (r *runtimeFlags) listenDebug() (net.Listener, error) {
 func (r *runtimeFlags) daemonOptions(face serve.Options) live.DaemonOptions {
 	face.DrainTimeout = r.drainTimeout
 	face.DisablePassThrough = !r.passThrough
-	face.Version = version
+	face.Version = routerVersion()
 	return live.DaemonOptions{
 		PolicyFile: r.policy, WorkersFile: r.workersFile, Watch: r.watch,
 		RequestTimeout: r.requestTimeout, CharsPerToken: r.charsPerToken,
