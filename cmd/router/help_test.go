@@ -72,3 +72,61 @@ func TestHelpOneDefaultPerFlag(t *testing.T) {
 		t.Fatalf("walked only %d flags", seen)
 	}
 }
+
+// TestUnknownFlagSuggestions: an unknown long flag is a usage error
+// (exit 2) naming the closest flags of the command, its inherited ones
+// included, or pointing at --help when none is close.
+func TestUnknownFlagSuggestions(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"replay", "--worker", "4"}, "router: unknown flag: --worker; did you mean --workers?\n"},
+		{[]string{"replay", "--polcy", "x.hcl"}, "router: unknown flag: --polcy; did you mean --policy?\n"},
+		{[]string{"replay", "--Workers=4"}, "router: unknown flag: --Workers; did you mean --workers?\n"},
+		{[]string{"replay", "--work", "4"}, "router: unknown flag: --work; did you mean --workers?\n"},
+		{[]string{"validate", "--log-levl", "debug", "x.hcl"}, "router: unknown flag: --log-levl; did you mean --log-level?\n"},
+		{[]string{"trace", "generate", "--request", "3"}, "router: unknown flag: --request; did you mean --requests?\n"},
+		{[]string{"replay", "--xyzzy"}, "router: unknown flag: --xyzzy; see 'router replay --help'\n"},
+		{[]string{"replay", "-z"}, "router: unknown shorthand flag: 'z' in -z\n"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, out, errOut := routerRun(t, tc.args...)
+			if code != 2 || out != "" || errOut != tc.want {
+				t.Errorf("exit %d, stdout %q, stderr %q; want exit 2, stderr %q", code, out, errOut, tc.want)
+			}
+		})
+	}
+}
+
+func TestSuggestFlags(t *testing.T) {
+	fs := pflag.NewFlagSet("x", pflag.ContinueOnError)
+	for _, n := range []string{"workers", "workers-file", "prefill-workers", "policy", "seed", "seeds", "hidden-one"} {
+		fs.String(n, "", "")
+	}
+	_ = fs.MarkHidden("hidden-one")
+	for _, tc := range []struct {
+		name string
+		want string
+	}{
+		{"worker", "--workers"},
+		{"sed", "--seed"},              // distance 1 to seed, 2 to seeds: the closest only
+		{"seedz", "--seed or --seeds"}, // a tie
+		{"wor", "--workers or --workers-file"},
+		{"hidden-on", ""}, // hidden flags are never suggested
+		{"ab", ""},        // two edits would rewrite it whole
+		{strings.Repeat("w", maxSuggestName+1), ""},
+	} {
+		if got := strings.Join(suggestFlags(fs, tc.name), " or "); got != tc.want {
+			t.Errorf("suggestFlags(%q) = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		a, b string
+		d    int
+	}{{"", "abc", 3}, {"kitten", "sitting", 3}, {"workers", "worker", 1}, {"flaw", "lawn", 2}, {"same", "same", 0}} {
+		if d := levenshtein(tc.a, tc.b); d != tc.d {
+			t.Errorf("levenshtein(%q, %q) = %d, want %d", tc.a, tc.b, d, tc.d)
+		}
+	}
+}
