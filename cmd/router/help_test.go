@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"regexp"
 	"strings"
@@ -127,6 +128,55 @@ func TestSuggestFlags(t *testing.T) {
 	}{{"", "abc", 3}, {"kitten", "sitting", 3}, {"workers", "worker", 1}, {"flaw", "lawn", 2}, {"same", "same", 0}} {
 		if d := levenshtein(tc.a, tc.b); d != tc.d {
 			t.Errorf("levenshtein(%q, %q) = %d, want %d", tc.a, tc.b, d, tc.d)
+		}
+	}
+}
+
+// TestCommandGroups: every command that holds subcommands, the root and
+// cobra's completion included, behaves the same: alone, it prints its
+// help (its commands listed) on stdout and exits 0; followed by a word
+// that is none of its commands, it is a usage error (exit 2) naming the
+// word, with a suggestion when one is close.
+func TestCommandGroups(t *testing.T) {
+	root := newRootCmd(io.Discard, io.Discard)
+	groups := 0
+	for _, cmd := range allCommands(root) {
+		if !cmd.HasAvailableSubCommands() {
+			continue
+		}
+		groups++
+		path := strings.Fields(cmd.CommandPath())[1:]
+		t.Run(cmd.CommandPath(), func(t *testing.T) {
+			code, out, errOut := routerRun(t, path...)
+			if code != 0 || errOut != "" {
+				t.Errorf("alone: exit %d, stderr %q; want its help and exit 0", code, errOut)
+			}
+			if !strings.HasPrefix(out, cmd.Short) && !strings.HasPrefix(out, cmd.Long) || !strings.Contains(out, "Available Commands:") {
+				t.Errorf("alone: stdout is not its help:\n%s", out)
+			}
+			for _, sub := range cmd.Commands() {
+				if sub.IsAvailableCommand() && !strings.Contains(out, "\n  "+sub.Name()+" ") {
+					t.Errorf("alone: its help does not list %q:\n%s", sub.Name(), out)
+				}
+			}
+			code, out, errOut = routerRun(t, append(path, "no-such-command")...)
+			if want := fmt.Sprintf("router: unknown command %q for %q", "no-such-command", cmd.CommandPath()); code != 2 || out != "" || !strings.HasPrefix(errOut, want) {
+				t.Errorf("with an unknown command: exit %d, stdout %q, stderr %q; want exit 2 and %q", code, out, errOut, want)
+			}
+		})
+	}
+	if groups < 4 {
+		t.Fatalf("found %d command groups, want the root, completion, plugins and trace at least", groups)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"trace", "genrate"}, `router: unknown command "genrate" for "router trace"; did you mean "generate"? (its commands: generate; see 'router trace --help')` + "\n"},
+		{[]string{"plugins", "chek"}, `router: unknown command "chek" for "router plugins"; did you mean "check"? (its commands: check, describe; see 'router plugins --help')` + "\n"},
+	} {
+		if code, _, errOut := routerRun(t, tc.args...); code != 2 || errOut != tc.want {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2, %q", tc.args, code, errOut, tc.want)
 		}
 	}
 }
