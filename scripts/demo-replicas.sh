@@ -9,8 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! command -v nats-server >/dev/null 2>&1 || ! command -v haproxy >/dev/null 2>&1; then
-	apt-get update -qq
-	apt-get install -y -qq nats-server haproxy >/dev/null
+	scripts/apt-install.sh nats-server haproxy
 fi
 PATH="$PATH:/usr/sbin"
 make build >/dev/null
