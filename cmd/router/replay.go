@@ -600,37 +600,21 @@ func (f *replayFlags) policyPaths() []string {
 	return []string{f.policy}
 }
 
-// checkPaths refuses an output that would overwrite an input or the other
-// output. "-" (standard input or output) is no path.
+// checkPaths refuses an output that would overwrite an input, a bundled
+// default's source or the other output (checkOutputPaths). "-" (standard
+// input or output) is no path.
 func (f *replayFlags) checkPaths() error {
-	type named struct{ flag, path string }
-	var inputs, outputs []named
-	for _, in := range []named{{"--trace", f.trace}, {"--policy", f.policy}} {
-		if in.path != "" && in.path != "-" {
-			inputs = append(inputs, in)
-		}
-	}
+	inputs := []namedPath{{"--trace", f.trace}, {"--policy", f.policy}}
 	for _, p := range f.compare {
-		inputs = append(inputs, named{"--compare", p})
+		inputs = append(inputs, namedPath{"--compare", p})
 	}
-	for _, out := range []named{{"--per-request", f.perRequest}, {"--report", f.report}, {"--html", f.html}} {
-		if out.path != "" && out.path != "-" {
-			outputs = append(outputs, out)
-		}
-	}
-	for i, out := range outputs {
-		for _, in := range inputs {
-			if samePath(out.path, in.path) {
-				return fmt.Errorf("%s %s is the %s input %s: choose another output file", out.flag, out.path, in.flag, in.path)
-			}
-		}
-		for _, other := range outputs[i+1:] {
-			if samePath(out.path, other.path) {
-				return fmt.Errorf("%s %s and %s %s are the same file: choose two files", out.flag, out.path, other.flag, other.path)
-			}
-		}
-	}
-	return nil
+	return checkOutputPaths(f.outputs(), inputs)
+}
+
+// outputs are the output flags of router replay with their paths ("" when
+// not given), in flag order.
+func (f *replayFlags) outputs() []namedPath {
+	return []namedPath{{"--per-request", f.perRequest}, {"--report", f.report}, {"--html", f.html}}
 }
 
 // runReplay runs router replay: it checks the flags, creates the outputs'
@@ -729,13 +713,14 @@ func (f *replayFlags) createOutputs(stdout io.Writer) (*replayOutputs, error) {
 	outs := &replayOutputs{}
 	for _, o := range []struct {
 		flag, path string
+		kind       outputKind
 		file       **pendingFile
-	}{{"--per-request", f.perRequest, &outs.perReq}, {"--report", f.report, &outs.report}, {"--html", f.html, &outs.html}} {
+	}{{"--per-request", f.perRequest, kindPerRequest, &outs.perReq}, {"--report", f.report, kindReport, &outs.report}, {"--html", f.html, kindHTML, &outs.html}} {
 		if o.path == "" {
 			continue
 		}
 		var err error
-		if *o.file, err = createOutput(o.flag, o.path, stdout); err != nil {
+		if *o.file, err = createOutput(o.flag, o.path, o.kind, stdout); err != nil {
 			return outs, err
 		}
 	}

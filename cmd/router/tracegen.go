@@ -89,7 +89,10 @@ func runTraceGenerate(cmd *cobra.Command, p synth.Params, out string) error {
 		}
 		return err // a usage error: exit 2
 	}
-	w, err := createOutput("--out", out, cmd.OutOrStdout())
+	if err := checkOutputPaths([]namedPath{{"--out", out}}, nil); err != nil {
+		return err // a usage error: exit 2
+	}
+	w, err := createOutput("--out", out, kindGeneratedTrace, cmd.OutOrStdout())
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}
