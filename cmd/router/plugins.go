@@ -21,11 +21,10 @@ import (
 )
 
 func newPluginsCmd() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := commandGroup(&cobra.Command{
 		Use:   "plugins",
 		Short: "Inspect out-of-process plugin binaries",
-		Args:  noArgs,
-	}
+	})
 	var src pluginSource
 	describe := &cobra.Command{
 		Use:   "describe (BINARY [ARGS...] | --policy FILE --plugin NAME)",

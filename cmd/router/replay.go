@@ -170,7 +170,7 @@ speed-1. The full reference is docs/replay.md.`,
 	fl.StringVar(&f.baseline, "baseline", "", "add a delta column (percent) against policy NAME on the same fleet: NAME, or NAME:COLUMN for another column than TTFT p90 (goodput with --slo)")
 	fl.StringVar(&f.slo, "slo", "", "latency targets for goodput, such as ttft=500ms,tpot=50ms (targets ttft, tpot, e2e): adds the share and rate of requests that met every one")
 	fl.StringVar(&f.goodputTarget, "goodput-target", "", "with --slo: the goodput share a policy must reach, in percent (95 or 95%); the table then ends with the smallest fleet on which each policy reaches it")
-	fl.StringVar(&f.columns, "columns", "default", "table columns: default, all, or a comma-separated list of names (default,e2e_p50,imbalance); see docs/replay.md")
+	fl.StringVar(&f.columns, "columns", "default", "table columns: default, all, or a comma-separated list of names such as default,e2e_p50,imbalance; see docs/replay.md")
 	fl.StringVar(&f.html, "html", "", "write a self-contained HTML report with plots (table, TTFT and E2E CDFs, load and KV hit over time, sweeps) to FILE, or - for standard output")
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
 	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE, or - for standard output (one run only: not with --compare, --prefix both, several --workers sizes or --seeds above 1)")
@@ -178,11 +178,14 @@ speed-1. The full reference is docs/replay.md.`,
 	fl.StringSliceVar(&f.compare, "compare", nil, "run each policy file FILE,FILE,... on the same trace and print one table (not with --policy)")
 	fl.StringVar(&f.prefix, "prefix", "approximate", "how the router learns what the engines cache: approximate (what it sent them), precise (their KV events) or both (each policy twice)")
 	fl.DurationVar(&f.kvEventDelay, "kv-event-delay", replay.DefaultKVEventDelay,
-		"simulated time from an engine's cache change to the router applying its KV event (--prefix precise or both; default: one engine step)")
+		fmt.Sprintf("simulated time from an engine's cache change to the router applying its KV event (--prefix precise or both; %v is one simulated engine step)", replay.DefaultKVEventDelay))
 	fl.IntVar(&f.replicas, "replicas", 1,
 		fmt.Sprintf("router replicas sharing the fleet, 1 to %d: request i is routed by replica i mod N, and each sees the others' decisions and the engines' KV events --sync-delay later", replay.MaxReplicas))
 	fl.DurationSliceVar(&f.syncDelays, "sync-delay", nil,
-		"with --replicas: simulated time before a replica's decisions and the engines' KV events reach every replica (default 0); a comma-separated list sweeps (0,10ms,1s)")
+		"with --replicas: simulated time before a replica's decisions and the engines' KV events reach every replica; a comma-separated list sweeps (0,10ms,1s)")
+	// pflag would print the nil list's default as "(default [])"; a
+	// replay without the flag runs with no delay (replayFlags.delays).
+	fl.Lookup("sync-delay").DefValue = "0s"
 	fl.StringVar(&f.canary, "canary", "", "rehearse the policy files' canaries at another weight: off, WEIGHT or CANDIDATE=WEIGHT (0 to 1, or a percentage); without it they run as declared")
 	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
 	fl.IntVar(&f.memoryLimit, "memory-limit", DefaultReplayMemoryLimit,

@@ -11,14 +11,10 @@ import (
 )
 
 func newTraceCmd() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := commandGroup(&cobra.Command{
 		Use:   "trace",
 		Short: "Work with request traces",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return fmt.Errorf("%s needs a subcommand: generate; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
-		},
-	}
+	})
 	cmd.AddCommand(newTraceGenerateCmd())
 	return cmd
 }
