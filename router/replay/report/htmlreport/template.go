@@ -71,10 +71,10 @@ details > summary { cursor: pointer; color: #8a5a00; font-size: .85rem; }
 </table>
 </div>
 <ul class="legend">
-<li><strong>bold</strong>&nbsp;★ marks the best value of its fleet in each column with a direction (none where every row shows the same)</li>
+<li><strong>bold</strong>&nbsp;★ marks the best value of its fleet in each column with a direction, only where it beats the next row beyond the noise, the verdict's rule (under {{.NoisePP}} pp for shares, under {{.NoiseRelative}}% otherwise, no mark)</li>
 {{if gt .Seeds 1}}<li>each cell: the median of {{.Seeds}} seeds, with the least–greatest under it when they differ</li>{{end}}
 <li>latencies in ms of simulated time; ↓ lower is better, ↑ higher is better</li>
-{{if .Table.Delta}}<li>under each value: its change against {{.Table.Delta}}'s on the same fleet: in percentage points (pp) for shares (columns in %), in percent for other figures (▲ green better, ▼ red worse)</li>{{end}}
+{{if .Table.Delta}}<li>under each value: its change against {{.Table.Delta}}'s on the same fleet: in percentage points (pp) for shares (columns in %), in percent for other figures (▲ green better, ▼ red worse); none where the row shows the baseline's value</li>{{end}}
 {{range .Table.Legend}}<li>{{.}}</li>
 {{end}}</ul>
 </section>
