@@ -212,9 +212,20 @@ speed-1. The full reference is docs/replay.md.`,
 // as an unknown command.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return fmt.Errorf("%s takes no arguments, got %q; see '%s --help'", cmd.CommandPath(), args, cmd.CommandPath())
+		return fmt.Errorf("%s takes no arguments, got %q; see '%s --help'", subcommand(cmd), args, cmd.CommandPath())
 	}
 	return nil
+}
+
+// subcommand is cmd's path without the root's name ("trace generate"),
+// for an error that main prints after "router: ", which would otherwise
+// read "router: router trace generate ..."; the root's own name for the
+// root.
+func subcommand(cmd *cobra.Command) string {
+	if cmd == cmd.Root() {
+		return cmd.Name()
+	}
+	return strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
 }
 
 // check validates the flags; every error it returns is a usage error.
