@@ -204,8 +204,10 @@ type row struct {
 	Cells        []tableCell
 }
 
-// decision is the page's verdict: a table of fleets by headline
-// metrics (report.Bests), and a sentence over it.
+// decision is the page's verdict: per fleet, a block of the headline
+// metrics as rows (report.Bests), the blocks in a grid that wraps, so
+// the verdict reads at a 900 px window without a sideways scroll; and a
+// sentence over it.
 type decision struct {
 	Summary string
 	Metrics []column
@@ -217,8 +219,10 @@ type decisionRow struct {
 	Cells []decisionCell // one per Metrics; Label "" where the fleet has no verdict
 }
 
-// decisionCell is one fleet's verdict on one metric.
+// decisionCell is one fleet's verdict on one metric: the metric's
+// header and "↓" or "↑" (its column of Metrics), then the verdict.
 type decisionCell struct {
+	Header, Better              string
 	Label, Value, Margin, Seeds string
 	Tie, Split                  bool
 }
@@ -252,14 +256,15 @@ func newDecision(cells []report.Cell) decision {
 	decided, ties := 0, 0
 	for _, f := range fleetsOf(cells) {
 		r := decisionRow{Fleet: fleetName(f)}
-		for _, m := range shown {
+		for k, m := range shown {
 			i := slices.IndexFunc(bests, func(b report.Best) bool { return b.Fleet == f && b.Metric.Name == m.Name })
 			if i < 0 {
-				r.Cells = append(r.Cells, decisionCell{})
+				r.Cells = append(r.Cells, decisionCell{Header: d.Metrics[k].Header, Better: d.Metrics[k].Better})
 				continue
 			}
 			b := bests[i]
-			c := decisionCell{Label: b.Label, Value: withUnit(m, b.Value), Margin: b.MarginText(), Tie: b.Tie}
+			c := decisionCell{Header: d.Metrics[k].Header, Better: d.Metrics[k].Better,
+				Label: b.Label, Value: withUnit(m, b.Value), Margin: b.MarginText(), Tie: b.Tie}
 			if b.Seeds > 1 {
 				c.Seeds = fmt.Sprintf("%d of %d seeds agree", b.SeedsAgree, b.Seeds)
 				c.Split = b.SeedsAgree < b.Seeds
