@@ -52,7 +52,7 @@ func createPending(flag, path string, kind outputKind) (*pendingFile, error) {
 		case fi.IsDir():
 			return nil, fmt.Errorf("%s %s: is a directory, want a file", flag, path)
 		case !fi.Mode().IsRegular():
-			return nil, fmt.Errorf("%s %s: not a regular file (outputs are written to a temporary file and renamed over the target)", flag, path)
+			return nil, fmt.Errorf("%s %s: not a regular file (outputs are written to a temporary file and renamed over the target); for standard output use %s -", flag, path, flag)
 		}
 		if name := stdStream(fi); name != "" {
 			return nil, fmt.Errorf("%s %s: is the router's standard %s (a file it was redirected to), which the output would replace, not write to; use %s - for standard output, or name another file", flag, path, name, flag)
@@ -240,7 +240,9 @@ func createOutput(flag, path string, kind outputKind, stdout io.Writer) (*pendin
 //   - By identity (checkOutputPaths, before any work): an output may not be
 //     any input of the run (however spelt: samePath sees through symbolic
 //     and hard links), nor a file a bundled default was built from
-//     (bundledSources), nor another output of the run.
+//     (bundledSources), nor a trace the repository ships (listed in a
+//     checkout's testdata/traces/SHA256SUMS: shippedTraceFiles), nor
+//     another output of the run.
 //   - By content (createPending, for every output): an existing, non-empty
 //     file is replaced only when it holds what the flag writes (holdsKind).
 //
@@ -259,14 +261,19 @@ func createOutput(flag, path string, kind outputKind, stdout io.Writer) (*pendin
 type outputKind int
 
 const (
-	// kindReport is router replay --report: a JSON object with the string
-	// members "policy" and "trace" (report.Metric), or an array of them.
+	// kindReport is router replay --report: a JSON object (report.Report),
+	// or an array of them, with every member report.Report always writes
+	// up to "rejected" (reportMembers), so that a hand-made JSON file with
+	// a "policy" and a "trace" is not taken for one.
 	kindReport outputKind = iota
 	// kindHTML is router replay --html: an HTML document
-	// (htmlreport.Write), "<!DOCTYPE html>" first.
+	// (htmlreport.Write), "<!DOCTYPE html>" first, whose head carries the
+	// generator marker generatorMeta, so that another HTML page is
+	// not taken for one.
 	kindHTML
 	// kindPerRequest is router replay --per-request: JSON lines of
-	// replay.Outcome, whose first line has "index" and "arrival_ms".
+	// replay.Outcome, whose first line has every member an Outcome always
+	// writes (outcomeMembers).
 	kindPerRequest
 	// kindGeneratedTrace is router trace generate --out: Mooncake JSON
 	// lines whose first line has exactly the members synth.WriteJSONL
@@ -293,10 +300,12 @@ func (k outputKind) String() string {
 	return "router output"
 }
 
-// sniffLimit bounds what holdsKind reads of an existing file: 64 KiB, far
-// more than the first record of any output kind, so the check costs the
-// same for a 3 MB trace as for an empty file.
-const sniffLimit = 64 << 10
+// sniffLimit bounds what holdsKind reads of an existing file: 256 KiB,
+// more than the first record of any output kind (a report's "speeds" of
+// replay.MaxWorkers workers, which precede "requests", take at most about
+// 100 KiB), so the check costs the same for a 3 MB trace as for an empty
+// file.
+const sniffLimit = 256 << 10
 
 // checkReplaceable refuses, naming flag and path, an existing file at path
 // that does not hold kind.
@@ -324,12 +333,20 @@ func holdsKind(head []byte, kind outputKind) bool {
 	case kindHTML:
 		h := bytes.TrimLeft(bytes.TrimPrefix(head, []byte("\xef\xbb\xbf")), " \t\r\n")
 		const doctype = "<!doctype html"
-		return len(h) >= len(doctype) && bytes.EqualFold(h[:len(doctype)], []byte(doctype))
+		if len(h) < len(doctype) || !bytes.EqualFold(h[:len(doctype)], []byte(doctype)) {
+			return false
+		}
+		// The marker in the document's head, before its body.
+		end := bytes.Index(h, []byte("<body"))
+		if end < 0 {
+			end = len(h)
+		}
+		return bytes.Contains(h[:end], []byte(generatorMeta))
 	case kindReport:
 		return reportHead(head)
 	case kindPerRequest:
 		m, ok := firstLine(head)
-		return ok && isNumber(m["index"]) && isNumber(m["arrival_ms"])
+		return ok && hasMembers(m, outcomeMembers)
 	case kindGeneratedTrace:
 		m, ok := firstLine(head)
 		if !ok || len(m) != 5 {
@@ -348,6 +365,66 @@ func holdsKind(head []byte, kind outputKind) bool {
 		n, ok := strings.CutPrefix(sid, "s")
 		_, err := strconv.ParseUint(n, 10, 64)
 		return ok && err == nil
+	}
+	return false
+}
+
+// generatorMeta is the marker of router replay's HTML report: the meta
+// element the page template of package htmlreport
+// (router/replay/report/htmlreport/template.go) writes in its head.
+// TestOutputRerunReplacesOwnOutput fails if the two part.
+const generatorMeta = `<meta name="generator" content="switchyard router replay">`
+
+// jsonType is the type a JSON member must have.
+type jsonType int
+
+const (
+	jsonNumber jsonType = iota
+	jsonString
+)
+
+// member is a JSON member an output always writes, and its type.
+type member struct {
+	name string
+	typ  jsonType
+}
+
+// outcomeMembers are the members replay.Outcome always writes (its fields
+// without omitempty): a per-request line has every one of them.
+var outcomeMembers = []member{
+	{"index", jsonNumber}, {"arrival_ms", jsonNumber}, {"worker", jsonNumber},
+	{"input_length", jsonNumber}, {"output_length", jsonNumber},
+	{"overlap_blocks", jsonNumber}, {"cached_tokens", jsonNumber},
+	{"queue_ms", jsonNumber}, {"ttft_ms", jsonNumber}, {"e2e_ms", jsonNumber},
+	{"status", jsonString},
+}
+
+// reportMembers are the members report.Report always writes (no
+// omitempty) up to "rejected", in its order: the fields that precede its
+// maps of any size (rejection_reasons), so they lie within sniffLimit.
+var reportMembers = []member{
+	{"policy", jsonString}, {"trace", jsonString}, {"workers", jsonNumber},
+	{"requests", jsonNumber}, {"completed", jsonNumber}, {"rejected", jsonNumber},
+}
+
+// hasMembers reports whether m has every member of want, of its type.
+func hasMembers(m map[string]json.RawMessage, want []member) bool {
+	for _, w := range want {
+		if !isType(m[w.name], w.typ) {
+			return false
+		}
+	}
+	return true
+}
+
+// isType reports whether v is a JSON value of type t.
+func isType(v json.RawMessage, t jsonType) bool {
+	switch t {
+	case jsonNumber:
+		return isNumber(v)
+	case jsonString:
+		var s string
+		return len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil
 	}
 	return false
 }
@@ -373,9 +450,10 @@ func isNumber(v json.RawMessage) bool {
 }
 
 // reportHead reports whether head begins as a JSON report does: an object
-// with string members "policy" and "trace", or an array that is empty or
-// whose first element is such an object. A policy file in HCL's JSON
-// syntax has "policy" too, but as an object (a block), not a string.
+// with every member of reportMembers, of its type, or an array that is
+// empty or whose first element is such an object. A policy file in HCL's
+// JSON syntax has "policy" too, but as an object (a block), not a string;
+// a hand-made summary with "policy" and "trace" lacks the counts.
 func reportHead(head []byte) bool {
 	dec := json.NewDecoder(bytes.NewReader(head))
 	tok, err := dec.Token()
@@ -394,8 +472,8 @@ func reportHead(head []byte) bool {
 	if tok != json.Delim('{') {
 		return false
 	}
-	var policy, trace bool
-	for dec.More() && !(policy && trace) {
+	seen := make(map[string]json.RawMessage, len(reportMembers))
+	for dec.More() && len(seen) < len(reportMembers) {
 		k, err := dec.Token()
 		if err != nil {
 			return false
@@ -404,24 +482,25 @@ func reportHead(head []byte) bool {
 		if err := dec.Decode(&v); err != nil {
 			return false
 		}
-		var s string
-		isString := len(v) > 0 && v[0] == '"' && json.Unmarshal(v, &s) == nil
-		switch k {
-		case "policy":
-			policy = isString
-		case "trace":
-			trace = isString
+		for _, w := range reportMembers {
+			if k == w.name {
+				if !isType(v, w.typ) {
+					return false
+				}
+				seen[w.name] = v
+			}
 		}
 	}
-	return policy && trace
+	return len(seen) == len(reportMembers)
 }
 
 // namedPath is a file a flag names: an input or an output of a run.
 type namedPath struct{ flag, path string }
 
 // checkOutputPaths refuses an output that is an input of the run (inputs),
-// a file a bundled default was built from (bundledSources), or another
-// output (outputs, in flag order). An empty path or "-" (standard input or
+// a file a bundled default was built from (bundledSources), a trace the
+// repository ships (shippedTraceFiles), or another output (outputs, in
+// flag order). An empty path or "-" (standard input or
 // output) names no file and is skipped. Every error names the output's
 // flag and path and the file it would replace.
 func checkOutputPaths(outputs, inputs []namedPath) error {
@@ -435,6 +514,7 @@ func checkOutputPaths(outputs, inputs []namedPath) error {
 		return nil
 	}
 	sources := bundledSourceFiles()
+	shipped := shippedTraceFiles()
 	for i, out := range outs {
 		for _, in := range inputs {
 			if in.path != "" && in.path != "-" && samePath(out.path, in.path) {
@@ -444,6 +524,11 @@ func checkOutputPaths(outputs, inputs []namedPath) error {
 		for _, src := range sources {
 			if samePath(out.path, src.path) {
 				return fmt.Errorf("%s %s is the file %s was built from (%s): choose another output file", out.flag, out.path, src.flag, src.path)
+			}
+		}
+		for _, tr := range shipped {
+			if samePath(out.path, tr.path) {
+				return fmt.Errorf("%s %s is %s (%s): choose another output file", out.flag, out.path, tr.flag, tr.path)
 			}
 		}
 		for _, other := range outs[i+1:] {
@@ -469,13 +554,49 @@ var bundledSources = []struct{ what, path string }{
 // modulePath is the module whose checkout holds bundledSources.
 const modulePath = "github.com/switchyard-router/switchyard"
 
-// bundledSourceFiles returns the bundledSources that exist (flag holds
-// what the file is the source of), with their path
-// as seen from the working directory: relative to it, and relative to
-// each checkout of the module found above it or above the running binary
-// (bin/router in a checkout), whichever exist.
-func bundledSourceFiles() []namedPath {
-	roots := []string{"."}
+// shippedSums is the checksum list of the traces the repository ships, by
+// module-relative path: every file it lists, in its directory, is
+// protected (testdata/traces/README.md).
+var shippedSums = filepath.Join("testdata", "traces", "SHA256SUMS")
+
+// maxSumsBytes bounds what shippedTraceFiles reads of a SHA256SUMS: 64 KiB,
+// some 600 lines of sha256sum's format.
+const maxSumsBytes = 64 << 10
+
+// shippedTraceFiles returns the files listed in shippedSums of each
+// checkout of the module found above the working directory or above the
+// running binary (as bundledSourceFiles finds them), that exist, with flag
+// saying what the file is. A line of shippedSums is sha256sum's output:
+// 64 hex digits, a space, a space or "*" (binary mode), the file name
+// relative to the list's directory; other lines are skipped.
+func shippedTraceFiles() []namedPath {
+	var out []namedPath
+	for _, root := range checkoutRoots() {
+		sums := filepath.Join(root, shippedSums)
+		b, err := readHead(sums, maxSumsBytes)
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			line = strings.TrimRight(line, "\r\n")
+			if len(line) < 67 || line[64] != ' ' || (line[65] != ' ' && line[65] != '*') {
+				continue
+			}
+			name := line[66:]
+			p := filepath.Join(filepath.Dir(sums), filepath.FromSlash(name))
+			if _, err := os.Stat(p); err == nil {
+				out = append(out, namedPath{"a trace the repository ships, listed in " + shippedSums, p})
+			}
+		}
+	}
+	return out
+}
+
+// checkoutRoots returns the checkouts of the module (moduleRoots) above
+// the working directory and above the running binary (bin/router in a
+// checkout).
+func checkoutRoots() []string {
+	var roots []string
 	if wd, err := os.Getwd(); err == nil {
 		roots = append(roots, moduleRoots(wd)...)
 	}
@@ -484,6 +605,16 @@ func bundledSourceFiles() []namedPath {
 			roots = append(roots, moduleRoots(filepath.Dir(exe))...)
 		}
 	}
+	return roots
+}
+
+// bundledSourceFiles returns the bundledSources that exist (flag holds
+// what the file is the source of), with their path
+// as seen from the working directory: relative to it, and relative to
+// each checkout of the module found above it or above the running binary
+// (bin/router in a checkout), whichever exist.
+func bundledSourceFiles() []namedPath {
+	roots := append([]string{"."}, checkoutRoots()...)
 	var out []namedPath
 	for _, root := range roots {
 		for _, src := range bundledSources {

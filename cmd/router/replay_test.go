@@ -195,7 +195,7 @@ func TestReplayFailureKeepsTargets(t *testing.T) {
 			report, perReq := filepath.Join(dir, "report.json"), filepath.Join(dir, "requests.jsonl")
 			// Earlier outputs of these flags: a file of another kind is
 			// refused before the run (TestOutputRule).
-			old := map[string]string{report: `{"policy": "old", "trace": "old"}`, perReq: `{"index":0,"arrival_ms":0}` + "\n"}
+			old := map[string]string{report: ownReport, perReq: ownPerRequest}
 			for _, p := range []string{report, perReq} {
 				if err := os.WriteFile(p, []byte(old[p]), 0o600); err != nil {
 					t.Fatal(err)
@@ -232,7 +232,7 @@ func canceled() context.Context {
 func TestReplayReplacesTargets(t *testing.T) {
 	dir := t.TempDir()
 	report, perReq := filepath.Join(dir, "report.json"), filepath.Join(dir, "requests.jsonl")
-	if err := os.WriteFile(report, []byte(`[{"policy": "old", "trace": "old"}]`), 0o600); err != nil {
+	if err := os.WriteFile(report, []byte(`[`+ownReport+`]`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	code, _, errOut := routerRun(t, "replay", "--trace", arxivTrace, "--limit", "20", "--workers", "2",

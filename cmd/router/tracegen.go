@@ -47,9 +47,10 @@ package router/trace/synth and docs/replay.md.
 The output is written atomically, only when the whole trace is generated; a
 summary line goes to standard error. The bundled
 testdata/traces/synthetic_sessions.jsonl is this command's output with the
-defaults:
+defaults (no output replaces a trace the repository ships; compare instead):
 
-  router trace generate --seed 1 --out testdata/traces/synthetic_sessions.jsonl`,
+  router trace generate --seed 1 --out /tmp/synthetic_sessions.jsonl
+  cmp /tmp/synthetic_sessions.jsonl testdata/traces/synthetic_sessions.jsonl`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runTraceGenerate(cmd, p, out)
