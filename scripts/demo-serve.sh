@@ -107,7 +107,10 @@ echo "requests per worker:"
 sort "$work/split" | uniq -c | awk '{printf "  %-4s %s\n", $2, $1}'
 echo
 echo "router metrics:"
-echo "$metrics" | grep -E '^switchyard_(requests_total|worker_ready|worker_capacity_blocks|worker_kv_events_total|prefix_belief_total|prompt_tokens_total|cached_prompt_tokens_total|time_to_first_token_seconds_count)' | sed 's/^/  /'
+# The requests above are not streamed: switchyard_time_to_first_token_seconds
+# (router/live/metrics.go) counts streamed ones only, so the request duration
+# histogram's count is the one with this run's requests (docs/serve.md, metrics).
+echo "$metrics" | grep -E '^switchyard_(requests_total|worker_ready|worker_capacity_blocks|worker_kv_events_total|prefix_belief_total|prompt_tokens_total|cached_prompt_tokens_total|request_duration_seconds_count)' | sed 's/^/  /'
 echo
 echo "the router's view of worker a (/debug/workers on --debug-listen):"
 if command -v python3 >/dev/null; then

@@ -167,7 +167,7 @@ speed-1. The full reference is docs/replay.md.`,
 		fmt.Sprintf("seed for seeded components that set none (default: the file's router.seed, else %d)", replay.DefaultSeed))
 	fl.IntVar(&f.seeds, "seeds", 1,
 		fmt.Sprintf("run every cell N times, adding 0 to N-1 to every seed of the policy (router.seed and each component's own), and show the median with [least–greatest]; at most %d", maxSeeds))
-	fl.StringVar(&f.baseline, "baseline", "", "add a delta column (percent) against policy NAME on the same fleet: NAME, or NAME:COLUMN for another column than TTFT p90 (goodput with --slo)")
+	fl.StringVar(&f.baseline, "baseline", "", "add a delta column against policy NAME on the same fleet (in pp for a share, in percent otherwise): NAME, or NAME:COLUMN for another column than TTFT p90 (goodput with --slo)")
 	fl.StringVar(&f.slo, "slo", "", "latency targets for goodput, such as ttft=500ms,tpot=50ms (targets ttft, tpot, e2e): adds the share and rate of requests that met every one")
 	fl.StringVar(&f.goodputTarget, "goodput-target", "", "with --slo: the goodput share a policy must reach, in percent (95 or 95%); the table then ends with the smallest fleet on which each policy reaches it")
 	fl.StringVar(&f.columns, "columns", "default", "table columns: default, all, or a comma-separated list of names such as default,e2e_p50,imbalance; see docs/replay.md")
@@ -212,9 +212,20 @@ speed-1. The full reference is docs/replay.md.`,
 // as an unknown command.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return fmt.Errorf("%s takes no arguments, got %q; see '%s --help'", cmd.CommandPath(), args, cmd.CommandPath())
+		return fmt.Errorf("%s takes no arguments, got %q; see '%s --help'", subcommand(cmd), args, cmd.CommandPath())
 	}
 	return nil
+}
+
+// subcommand is cmd's path without the root's name ("trace generate"),
+// for an error that main prints after "router: ", which would otherwise
+// read "router: router trace generate ..."; the root's own name for the
+// root.
+func subcommand(cmd *cobra.Command) string {
+	if cmd == cmd.Root() {
+		return cmd.Name()
+	}
+	return strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
 }
 
 // check validates the flags; every error it returns is a usage error.

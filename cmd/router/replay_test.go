@@ -73,7 +73,7 @@ func TestReplayEmptyValues(t *testing.T) {
 }
 
 func TestReplayNoArgs(t *testing.T) {
-	errOut := wantExit(t, 2, []string{"replay", "foo"}, `router replay takes no arguments, got ["foo"]`)
+	errOut := wantExit(t, 2, []string{"replay", "foo"}, `router: replay takes no arguments, got ["foo"]`)
 	if strings.Contains(errOut, "unknown command") {
 		t.Errorf("stderr %q calls the argument a command", errOut)
 	}

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -55,6 +57,54 @@ func TestServeWarnsWithoutWorkers(t *testing.T) {
 		stop()
 		if strings.Contains(stderr.String(), "no workers") {
 			t.Errorf("%v: warned of no workers:\n%s", args, stderr.String())
+		}
+	}
+}
+
+// TestEPPWarnsWithoutWorkers: `router epp` warns of no workers on stderr
+// as serve does (the same noWorkersWarning), once started; with a
+// --workers-file it does not.
+func TestEPPWarnsWithoutWorkers(t *testing.T) {
+	const noWorkers = "policy \"p\" {\n  picker \"pick\" { type = \"round-robin\" }\n}\nworker_selection { aggregated = \"p\" }\n"
+	policy := writeFile(t, "no-workers.hcl", noWorkers)
+	workersFile := writeFile(t, "workers.hcl", fmt.Sprintf("worker \"a\" {\n  url = %q\n  models = [\"m\"]\n}\n", startMockWorker(t, "m")))
+	want := "[WARN]  router: no workers: " + policy + " declares no worker block and neither --workers-file nor --pool-selector is given"
+	for _, tt := range []struct {
+		args []string
+		warn bool
+	}{
+		{[]string{"--policy", policy}, true},
+		{[]string{"--policy", policy, "--workers-file", workersFile}, false},
+	} {
+		ctx, cancel := context.WithCancel(context.Background())
+		pr, pw := io.Pipe()
+		stderr := &serveStderr{}
+		exit := make(chan int, 1)
+		go func() {
+			exit <- runContext(ctx, append([]string{"epp", "--listen", "127.0.0.1:0", "--http-listen", "127.0.0.1:0", "--drain-timeout", "5s"}, tt.args...), pw, stderr)
+			_ = pw.Close()
+		}()
+		// Started: the gRPC listening line, printed once the daemon runs.
+		sc := bufio.NewScanner(pr)
+		started := false
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "router epp listening on grpc://") {
+				started = true
+				break
+			}
+		}
+		go func() { _, _ = io.Copy(io.Discard, pr) }()
+		cancel()
+		if code := <-exit; code != 0 || !started {
+			t.Fatalf("%v: exit %d, started %v; stderr:\n%s", tt.args, code, started, stderr.String())
+		}
+		if got := strings.Contains(stderr.String(), want); got != tt.warn {
+			t.Errorf("%v: warned %v, want %v; stderr:\n%s", tt.args, got, tt.warn, stderr.String())
+		}
+		for _, hint := range []string{"--workers-file FILE", "--pool-selector SELECTOR --pool-port PORT"} {
+			if tt.warn && !strings.Contains(stderr.String(), hint) {
+				t.Errorf("the warning does not name %q:\n%s", hint, stderr.String())
+			}
 		}
 	}
 }

@@ -163,7 +163,7 @@ func TestTraceGenerateErrors(t *testing.T) {
 		{[]string{"--requests", "ten"}, 2, "router: --requests ten: want a whole number from 1 to 1000000\n"},
 		{[]string{"--seed", "-1"}, 2, "router: --seed -1: want a whole number from 0 to 18446744073709551615\n"},
 		{[]string{"--out", ""}, 2, "router: --out '': want a file name, or - for standard output\n"},
-		{[]string{"extra"}, 2, `router: router trace generate takes no arguments, got ["extra"]; see 'router trace generate --help'` + "\n"},
+		{[]string{"extra"}, 2, `router: trace generate takes no arguments, got ["extra"]; see 'router trace generate --help'` + "\n"},
 		{[]string{"--requests", "5", "--out", missing}, 1, "router: --out " + missing + ": "},
 	} {
 		code, stdout, stderr := routerRun(t, append([]string{"trace", "generate"}, c.args...)...)

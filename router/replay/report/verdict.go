@@ -106,15 +106,7 @@ func Bests(cells []Cell, metrics []Metric) []Best {
 			top, next := rows[0], rows[1]
 			b := Best{Metric: m, Fleet: f, Label: top.c.Label(), RunnerUp: next.c.Label(),
 				Value: top.st.Median, RunnerUpValue: next.st.Median}
-			if m.Ratio() {
-				b.Margin = math.Abs(top.st.Median - next.st.Median)
-				b.Tie = b.Margin < NoisePP
-			} else {
-				if next.st.Median != 0 {
-					b.Margin = math.Abs(top.st.Median-next.st.Median) / math.Abs(next.st.Median) * 100
-				}
-				b.Tie = b.Margin < NoiseRelative
-			}
+			b.Margin, b.Tie = lead(m, top.st.Median, next.st.Median)
 			b.Seeds = len(rows[0].c.Runs)
 			for _, r := range rows {
 				b.Seeds = min(b.Seeds, len(r.c.Runs))
@@ -137,43 +129,41 @@ func Bests(cells []Cell, metrics []Metric) []Best {
 	return out
 }
 
-// BestMarks marks, for column m, the cells whose median is the best of
-// their fleet as the table shows it (equal in m's format): true at the
-// index of each. No mark on a fleet of one row with m, where every row
-// shows the same value, or for a metric without a direction.
+// lead is top's margin over next on m (in percentage points for a Ratio
+// metric, else in percent of next's value; never negative), and whether
+// it is within the noise (NoisePP, NoiseRelative): the rule of Bests and
+// BestMarks alike.
+func lead(m Metric, top, next float64) (margin float64, tie bool) {
+	if m.Ratio() {
+		margin = math.Abs(top - next)
+		return margin, margin < NoisePP
+	}
+	if next != 0 {
+		margin = math.Abs(top-next) / math.Abs(next) * 100
+	}
+	return margin, margin < NoiseRelative
+}
+
+// BestMarks marks, for column m, the cell whose median is the best of its
+// fleet when it beats the next best by more than the noise, the rule of
+// the verdict (Bests: a Best that is no Tie): true at its index. No mark
+// where the best is within noise of the next (under NoisePP percentage
+// points for a Ratio metric, under NoiseRelative percent otherwise), on a
+// fleet of one row with m, or for a metric without a direction.
 func BestMarks(cells []Cell, m Metric) []bool {
 	marks := make([]bool, len(cells))
 	if !m.Lower && !m.Higher() {
 		return marks
 	}
-	for _, f := range distinctFleets(cells) {
-		var idx []int
-		var vals []float64
-		for i, c := range cells {
-			if st, ok := c.Stat(m); ok && c.Fleet() == f {
-				idx, vals = append(idx, i), append(vals, st.Median)
-			}
-		}
-		if len(idx) < 2 {
+	for _, b := range Bests(cells, []Metric{m}) {
+		if b.Tie {
 			continue
 		}
-		best := vals[0]
-		for _, v := range vals[1:] {
-			if better(m, v, best) {
-				best = v
-			}
-		}
-		text, all := m.Format(best), true
-		for k, v := range vals {
-			if m.Format(v) == text {
-				marks[idx[k]] = true
-			} else {
-				all = false
-			}
-		}
-		if all {
-			for _, i := range idx {
-				marks[i] = false
+		for i, c := range cells {
+			if c.Fleet() == b.Fleet && c.Label() == b.Label {
+				if _, ok := c.Stat(m); ok {
+					marks[i] = true
+				}
 			}
 		}
 	}

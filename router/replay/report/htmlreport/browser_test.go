@@ -242,6 +242,32 @@ func TestReportInChromium(t *testing.T) {
 	if narrow.View != 900 || narrow.Page > narrow.View || narrow.Right > narrow.View || narrow.Overflow != "auto" || narrow.Sticky != "sticky" {
 		t.Errorf("at 900 px: %+v; want a page no wider than the viewport, the table scrolling in a container on screen, the policy column sticky", narrow)
 	}
+	// The verdict reads at 900 px without any scroll sideways: every
+	// cell of it is within the viewport, and no box of it scrolls.
+	var verdict struct {
+		Cells     int
+		Outside   []string // the cells not wholly within the viewport
+		Scrolling []string // the boxes whose content is wider than they are
+	}
+	step("measure the verdict at 900 px", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+		var err error
+		verdict, err = chromedp.Evaluate[struct {
+			Cells     int
+			Outside   []string
+			Scrolling []string
+		}](`(() => { const cells = [...document.querySelectorAll("#decide table.decision th, #decide table.decision td")];
+  const name = e => e.tagName + "." + e.className + " " + e.textContent.slice(0, 40);
+  return {Cells: cells.length,
+    Outside: cells.filter(c => { const r = c.getBoundingClientRect(); return r.left < 0 || r.right > window.innerWidth; }).map(name),
+    Scrolling: [...document.querySelectorAll("#decide .verdicts, #decide .verdicts *")].filter(e => e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0).map(name)}; })()`)(ctx, target)
+		return chromedp.Void{}, err
+	})
+	// Two fleets of the verdict's metrics: a heading and at least the four
+	// latency and cache rows (header and value cells) each.
+	if verdict.Cells < 2*(1+4*2) || len(verdict.Outside) != 0 || len(verdict.Scrolling) != 0 {
+		t.Errorf("the verdict at 900 px: %d cells, outside the viewport %q, boxes wider inside %q; want every cell within the viewport and no box scrolling",
+			verdict.Cells, verdict.Outside, verdict.Scrolling)
+	}
 	var small []byte
 	step("screenshot at 900 px", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
 		var err error
@@ -279,7 +305,12 @@ func TestReportInChromium(t *testing.T) {
 			t.Errorf("figure %d: title %q, empty or repeated", i, f.Title)
 		}
 		titles[f.Title] = true
-		if !slices.ContainsFunc(f.Texts, func(s string) bool { return strings.HasSuffix(s, ")") && strings.Contains(s, " (") }) {
+		// An axis label with its unit: "TTFT p90 (ms)", or a header that
+		// ends with it, "out tok/s" (never "out tok/s (tok/s)").
+		if slices.ContainsFunc(f.Texts, func(s string) bool { return strings.HasSuffix(s, "tok/s (tok/s)") }) ||
+			!slices.ContainsFunc(f.Texts, func(s string) bool {
+				return strings.HasSuffix(s, ")") && strings.Contains(s, " (") || s == "out tok/s"
+			}) {
 			t.Errorf("figure %d %q: no axis label with its unit in its texts %q", i, f.Title, f.Texts)
 		}
 	}

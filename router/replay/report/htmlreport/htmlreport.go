@@ -204,8 +204,10 @@ type row struct {
 	Cells        []tableCell
 }
 
-// decision is the page's verdict: a table of fleets by headline
-// metrics (report.Bests), and a sentence over it.
+// decision is the page's verdict: per fleet, a block of the headline
+// metrics as rows (report.Bests), the blocks in a grid that wraps, so
+// the verdict reads at a 900 px window without a sideways scroll; and a
+// sentence over it.
 type decision struct {
 	Summary string
 	Metrics []column
@@ -217,8 +219,10 @@ type decisionRow struct {
 	Cells []decisionCell // one per Metrics; Label "" where the fleet has no verdict
 }
 
-// decisionCell is one fleet's verdict on one metric.
+// decisionCell is one fleet's verdict on one metric: the metric's
+// header and "↓" or "↑" (its column of Metrics), then the verdict.
 type decisionCell struct {
+	Header, Better              string
 	Label, Value, Margin, Seeds string
 	Tie, Split                  bool
 }
@@ -240,7 +244,7 @@ func newDecision(cells []report.Cell) decision {
 	for _, m := range metrics {
 		if slices.ContainsFunc(bests, func(b report.Best) bool { return b.Metric.Name == m.Name }) {
 			shown = append(shown, m)
-			col := column{Header: m.Header, Unit: m.Unit, Better: "↑"}
+			col := column{Header: m.Header, Unit: shownUnit(m), Better: "↑"}
 			if m.Lower {
 				col.Better = "↓"
 			}
@@ -252,14 +256,15 @@ func newDecision(cells []report.Cell) decision {
 	decided, ties := 0, 0
 	for _, f := range fleetsOf(cells) {
 		r := decisionRow{Fleet: fleetName(f)}
-		for _, m := range shown {
+		for k, m := range shown {
 			i := slices.IndexFunc(bests, func(b report.Best) bool { return b.Fleet == f && b.Metric.Name == m.Name })
 			if i < 0 {
-				r.Cells = append(r.Cells, decisionCell{})
+				r.Cells = append(r.Cells, decisionCell{Header: d.Metrics[k].Header, Better: d.Metrics[k].Better})
 				continue
 			}
 			b := bests[i]
-			c := decisionCell{Label: b.Label, Value: withUnit(m, b.Value), Margin: b.MarginText(), Tie: b.Tie}
+			c := decisionCell{Header: d.Metrics[k].Header, Better: d.Metrics[k].Better,
+				Label: b.Label, Value: withUnit(m, b.Value), Margin: b.MarginText(), Tie: b.Tie}
 			if b.Seeds > 1 {
 				c.Seeds = fmt.Sprintf("%d of %d seeds agree", b.SeedsAgree, b.Seeds)
 				c.Split = b.SeedsAgree < b.Seeds
@@ -323,7 +328,7 @@ func newTable(cells []report.Cell, cmp report.Comparison) table {
 	t := table{Fleets: len(fleetsOf(cells)) > 1, Delta: cmp.Baseline}
 	said := map[string]bool{}
 	for _, m := range cols {
-		col := column{Header: m.Header, Unit: m.Unit}
+		col := column{Header: m.Header, Unit: shownUnit(m)}
 		switch {
 		case m.Lower:
 			col.Better = "↓"
@@ -358,7 +363,9 @@ func newTable(cells []report.Cell, cmp report.Comparison) table {
 
 // delta is c's change in m against the baseline's cell on its fleet
 // (report.Change): "+3.1 pp" for a share, "-42.0%" for any other, "" on
-// the baseline's own row and without one; and whether it is better or
+// the baseline's own row, without one, and where the row shows the same
+// value as the baseline (so no "+0.0%" under the trace's own request
+// count); and whether it is better or
 // worse, for metrics lower is better of (report.Metric's Lower) and
 // those higher is better of (Higher).
 func delta(cells []report.Cell, c report.Cell, baseline string, m report.Metric) (text string, better, worse bool) {
@@ -368,7 +375,7 @@ func delta(cells []report.Cell, c report.Cell, baseline string, m report.Metric)
 		return "", false, false
 	}
 	d, text, ok := report.Change(c, base, m)
-	if !ok {
+	if !ok || c.Text(m) == base.Text(m) {
 		return "", false, false
 	}
 	if text == "+0.0%" || text == "-0.0%" || text == "+0.0 pp" || text == "-0.0 pp" || !directed(m) {
@@ -684,8 +691,17 @@ func sweepLines(ss []series, ticks []plot.Tick) [][]float64 {
 	return out
 }
 
+// shownUnit is m's unit for a header or an axis, "" when m's header
+// already ends with it ("out tok/s", not "out tok/s tok/s").
+func shownUnit(m report.Metric) string {
+	if strings.HasSuffix(m.Header, m.Unit) {
+		return ""
+	}
+	return m.Unit
+}
+
 func axisLabel(m report.Metric) string {
-	if m.Unit == "" {
+	if shownUnit(m) == "" {
 		return m.Header
 	}
 	return m.Header + " (" + m.Unit + ")"

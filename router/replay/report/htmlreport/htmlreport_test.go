@@ -30,7 +30,7 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 	if err := Write(&page, Input{Cells: cells, Comparison: cmp}); err != nil {
 		t.Fatal(err)
 	}
-	ranges, deltas := 0, 0
+	ranges, deltas, sameCount := 0, 0, 0
 	for i, c := range cells {
 		r := tab.Rows[i]
 		if r.Label != c.Label() || r.Fleet != c.Fleet() || r.Baseline != (c.Runs[0].Policy == "power-of-two") {
@@ -41,8 +41,15 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 			t.Fatalf("row %d: no baseline", i)
 		}
 		for j, m := range cols {
-			if tab.Columns[j].Header != m.Header || tab.Columns[j].Unit != m.Unit {
-				t.Fatalf("column %d: %+v, want %s in %q", j, tab.Columns[j], m.Header, m.Unit)
+			unit := m.Unit
+			if strings.HasSuffix(m.Header, m.Unit) {
+				unit = "" // "out tok/s", not "out tok/s tok/s"
+			}
+			if tab.Columns[j].Header != m.Header || tab.Columns[j].Unit != unit {
+				t.Fatalf("column %d: %+v, want %s in %q", j, tab.Columns[j], m.Header, unit)
+			}
+			if m.Name == "output_tok_s" && unit != "" {
+				t.Errorf("out tok/s: unit %q under a header that has it", unit)
 			}
 			got := r.Cells[j]
 			text := got.Value
@@ -68,6 +75,16 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 					t.Errorf("%s/%s %s: delta %q without a baseline value", c.Label(), c.Fleet(), m.Name, got.Delta)
 				}
 				continue
+			case c.Text(m) == base.Text(m):
+				// The same value as the baseline's, such as the trace's
+				// own request count: no "+0.0%".
+				if got.Delta != "" {
+					t.Errorf("%s/%s %s: delta %q where the row shows the baseline's %q", c.Label(), c.Fleet(), m.Name, got.Delta, c.Text(m))
+				}
+				if m.Name == "requests" {
+					sameCount++
+				}
+				continue
 			}
 			deltas++
 			if m.Ratio() != strings.HasSuffix(want, " pp") {
@@ -85,8 +102,8 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 		}
 	}
 	// Two seeds of power-of-two differ; the default policy's deltas exist.
-	if ranges == 0 || deltas == 0 {
-		t.Errorf("%d cells with a range, %d with a delta; want some of each", ranges, deltas)
+	if ranges == 0 || deltas == 0 || sameCount == 0 {
+		t.Errorf("%d cells with a range, %d with a delta, %d request counts equal to the baseline's; want some of each", ranges, deltas, sameCount)
 	}
 }
 

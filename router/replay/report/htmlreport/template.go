@@ -34,7 +34,11 @@ figure svg { width: 100%; height: auto; }
 figure svg text { font-family: "Liberation Sans", Arial, Helvetica, sans-serif !important; }
 .note { color: #8a5a00; font-size: .85rem; }
 .summary { font-size: 1.05rem; font-weight: bold; }
-table.decision td { text-align: left; min-width: 9rem; }
+.verdicts { display: grid; grid-template-columns: repeat(auto-fill, minmax(min(100%, 24rem), 1fr)); gap: .8rem; }
+table.decision { width: 100%; }
+table.decision th, table.decision td { text-align: left; position: static; }
+table.decision th[scope=row] { font-weight: normal; color: #444; white-space: nowrap; width: 8rem; background: #fafafa; }
+table.decision td { overflow-wrap: anywhere; }
 td .margin { display: block; font-size: .75rem; color: #555; }
 td .split { color: #b3261e; }
 td .tie { color: #555; }
@@ -51,14 +55,16 @@ details > summary { cursor: pointer; color: #8a5a00; font-size: .85rem; }
 {{if or .Decision.Fleets .Verdict}}<h2 id="verdict">Verdict</h2>
 {{with .Decision.Summary}}<p class="summary">{{.}}</p>{{end}}
 {{with .Verdict}}<p class="verdict"><strong>{{.}}</strong></p>{{end}}
-{{if .Decision.Fleets}}<div class="scroll">
+{{if .Decision.Fleets}}<div class="verdicts">
+{{range .Decision.Fleets}}<div class="verdict-fleet">
 <table class="decision">
-<thead><tr><th class="label">fleet</th>{{range .Decision.Metrics}}<th>best {{.Header}}<span class="unit">{{.Better}}</span></th>{{end}}</tr></thead>
+<thead><tr><th colspan="2" class="fleet">{{.Fleet}}</th></tr></thead>
 <tbody>
-{{range .Decision.Fleets}}<tr><td class="label">{{.Fleet}}</td>{{range .Cells}}<td>{{if .Label}}{{if .Tie}}<span class="tie">{{.Label}}</span>{{else}}<strong>{{.Label}}</strong>{{end}} {{.Value}}<span class="margin">{{.Margin}}</span>{{if .Seeds}}<span class="margin{{if .Split}} split{{end}}">{{.Seeds}}</span>{{end}}{{else}}–{{end}}</td>{{end}}</tr>
+{{range .Cells}}<tr><th scope="row">best {{.Header}} {{.Better}}</th><td>{{if .Label}}{{if .Tie}}<span class="tie">{{.Label}}</span>{{else}}<strong>{{.Label}}</strong>{{end}} {{.Value}}<span class="margin">{{.Margin}}</span>{{if .Seeds}}<span class="margin{{if .Split}} split{{end}}">{{.Seeds}}</span>{{end}}{{else}}–{{end}}</td></tr>
 {{end}}</tbody>
 </table>
 </div>
+{{end}}</div>
 <p class="meta">Best = the best median of the fleet's rows; the margin is over the next row, in percentage points for shares and in percent for other figures. Within noise: under {{.NoisePP}} pp, or under {{.NoiseRelative}}% of the next row's value. Seeds agree when the best row is also best on that seed's own runs.</p>{{end}}
 {{end}}
 
@@ -72,10 +78,10 @@ details > summary { cursor: pointer; color: #8a5a00; font-size: .85rem; }
 </table>
 </div>
 <ul class="legend">
-<li><strong>bold</strong>&nbsp;★ marks the best value of its fleet in each column with a direction (none where every row shows the same)</li>
+<li><strong>bold</strong>&nbsp;★ marks the best value of its fleet in each column with a direction, only where it beats the next row beyond the noise, the verdict's rule (under {{.NoisePP}} pp for shares, under {{.NoiseRelative}}% otherwise, no mark)</li>
 {{if gt .Seeds 1}}<li>each cell: the median of {{.Seeds}} seeds, with the least–greatest under it when they differ</li>{{end}}
 <li>latencies in ms of simulated time; ↓ lower is better, ↑ higher is better</li>
-{{if .Table.Delta}}<li>under each value: its change against {{.Table.Delta}}'s on the same fleet: in percentage points (pp) for shares (columns in %), in percent for other figures (▲ green better, ▼ red worse)</li>{{end}}
+{{if .Table.Delta}}<li>under each value: its change against {{.Table.Delta}}'s on the same fleet: in percentage points (pp) for shares (columns in %), in percent for other figures (▲ green better, ▼ red worse); none where the row shows the baseline's value</li>{{end}}
 {{range .Table.Legend}}<li>{{.}}</li>
 {{end}}</ul>
 </section>
