@@ -16,9 +16,17 @@ PYTHON_DEBS := python3-grpcio python3-protobuf
 
 all: build
 
+# BUILDVCS stamps the commit into the binaries (`router version`) even where
+# GOFLAGS has -buildvcs=false: -buildvcs=true, but only in a git work tree
+# whose git directory is its own. A linked worktree (git worktree add: its
+# --git-dir differs from --git-common-dir) gets no VCS stamp from go build
+# (golang/go#58218), nor does a tree outside git; both build without it.
+BUILDVCS := $(shell gd=$$(git rev-parse --git-dir 2>/dev/null) && [ "$$gd" = "$$(git rev-parse --git-common-dir 2>/dev/null)" ] && echo -buildvcs=true)
+
 ## build: the router, the template plugin and the example plugins into bin/
+## (with the commit stamped in when the tree is a git checkout: BUILDVCS)
 build:
-	$(GO) build -o $(BIN)/ ./cmd/... ./examples/disagg-filter-score-pick ./examples/soft-pin-repin
+	$(GO) build $(BUILDVCS) -o $(BIN)/ ./cmd/... ./examples/disagg-filter-score-pick ./examples/soft-pin-repin
 
 ## test: gofmt check, go vet, every Go test of both modules (the router's and
 ## the SDK's, shared/) under the race detector, and the

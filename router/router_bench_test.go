@@ -259,3 +259,63 @@ func BenchmarkPlaceShadowInterleaved(b *testing.B) {
 		b.ReportMetric(q(0.9), m+"-p90-ns")
 	}
 }
+
+// BenchmarkSelectFloor is the floor under BenchmarkSelect's held=all
+// shape: the least a load- and cache-aware selection over n workers must
+// do, timed with the same fleets. Each timed iteration reads the fleet
+// snapshot's partition, reads every worker's load counters into a
+// column (Worker.LoadInto, as fill does), computes a cost per row from
+// them and a constant overlap (every worker holds the prompt: no index
+// lookup), and takes the first lowest. No prefix-index lookup, no
+// booking, no recording, no random tie-break: what is left of a whole
+// selection is its per-worker scan, which this times.
+//
+//	go test -run='^$' -bench='^BenchmarkSelect(Floor)?$' -benchmem ./router/
+func BenchmarkSelectFloor(b *testing.B) {
+	for _, n := range []int{64, 1024, 4096} {
+		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
+			r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: benchDefaultPolicy()}, BookingsAreLoad: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			specs := make([]fleet.Spec, n)
+			for i := range specs {
+				specs[i] = fleet.Spec{ID: shared.WorkerID(i), Role: shared.RoleAggregated, TotalKVBlocks: 4096}
+			}
+			if _, err := r.AddWorkers(specs...); err != nil {
+				b.Fatal(err)
+			}
+			req := &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8192, BlockSize: 512}
+			loads := make([]shared.Load, n)
+			const overlap, bs = 16, 512.0
+			b.ReportAllocs()
+			var sink int
+			n, cpu0 := 0, cputime.Process()
+			for b.Loop() {
+				n++
+				part, err := r.partition(req)
+				if err != nil {
+					b.Fatal(err)
+				}
+				ls := loads[:len(part.Workers)]
+				for i, w := range part.Workers {
+					w.LoadInto(&ls[i], true)
+				}
+				best, low := 0, 0.0
+				for i := range ls {
+					c := float64(ls[i].ActivePrefillTokens)/bs + 16 - 4*overlap + float64(ls[i].ActiveDecodeBlocks)/32
+					if i == 0 || c < low {
+						best, low = i, c
+					}
+				}
+				sink += best
+			}
+			if sink < 0 {
+				b.Fatal("unreachable")
+			}
+			if cpu := cputime.Process() - cpu0; cpu > 0 {
+				b.ReportMetric(float64(cpu.Nanoseconds())/float64(n), "cpu-ns/op")
+			}
+		})
+	}
+}

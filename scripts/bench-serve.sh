@@ -11,6 +11,9 @@
 # --apis chooses), the router's added latency on each against the floor;
 # then prints PASS/MISS for the targets. The bench starts every process it measures; whatever it
 # started is killed on exit, even if it is itself interrupted or killed.
+# Ports: every process it starts listens on port 0 and the bench reads the
+# bound address from that process's own "listening on http://ADDR" line
+# (children.start in bench/serve), so runs at once never share a server.
 # Extra arguments go to the bench (e.g. --concurrency 64 --duration 8s).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -4,14 +4,20 @@
 # nats-server with JetStream, three mock engines, and a multi-turn
 # conversation workload (bench/replicas): it prints the KV hit ratio of one
 # router, of the replicas with sync (the cluster block) and without.
-# Installs nats-server and haproxy from Debian when missing (needs root and
-# apt). Everything runs on 127.0.0.1 and is stopped on exit.
+# Installs nats-server and haproxy from Debian when missing (as root or
+# through sudo: scripts/apt-install.sh). Everything runs on 127.0.0.1 and is
+# stopped on exit.
+#
+# Ports: nats-server takes a free port (-p -1) and the script reads it from
+# its log; HAProxy and the replicas get ports from free_port
+# (scripts/lib/procs.sh), written into a copy of HAProxy's configuration, and
+# the script checks that the process listening on the load balancer's port is
+# the HAProxy it started. A port taken meanwhile fails naming it and its
+# owner. bench/replicas starts the engines on ports of their own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! command -v nats-server >/dev/null 2>&1 || ! command -v haproxy >/dev/null 2>&1; then
-	apt-get update -qq
-	apt-get install -y -qq nats-server haproxy >/dev/null
-fi
+. scripts/lib/procs.sh
+scripts/apt-install.sh nats-server haproxy
 PATH="$PATH:/usr/sbin"
 make build >/dev/null
 tmp=$(mktemp -d)
@@ -22,13 +28,36 @@ cleanup() {
 	rm -rf "$tmp"
 }
 trap cleanup EXIT
-nats-server -a 127.0.0.1 -p 14222 -js -sd "$tmp/nats" >"$tmp/nats.log" 2>&1 &
-pids+=($!)
-haproxy -f deploy/haproxy/replicas.cfg -db >"$tmp/haproxy.log" 2>&1 &
-pids+=($!)
+start_listening nats-server "$tmp/nats.log" 'Listening for client connections on ([0-9.]+:[0-9]+)' \
+	nats-server -a 127.0.0.1 -p -1 -js -sd "$tmp/nats"
+nats=nats://$started_addr
+
+lb=$(free_port)
+ports=()
+for _ in 1 2 3; do
+	p=$(free_port)
+	while [ "$p" = "$lb" ] || [[ " ${ports[*]} " == *" $p "* ]]; do p=$(free_port); done
+	ports+=("$p")
+done
+sed -e "s/127.0.0.1:18080/127.0.0.1:$lb/" -e "s/127.0.0.1:18081/127.0.0.1:${ports[0]}/" \
+	-e "s/127.0.0.1:18082/127.0.0.1:${ports[1]}/" -e "s/127.0.0.1:18083/127.0.0.1:${ports[2]}/" \
+	deploy/haproxy/replicas.cfg >"$tmp/haproxy.cfg"
+haproxy -f "$tmp/haproxy.cfg" -db >"$tmp/haproxy.log" 2>&1 &
+haproxy_pid=$!
+pids+=("$haproxy_pid")
 for _ in $(seq 100); do
-	if (echo >/dev/tcp/127.0.0.1/14222) 2>/dev/null; then break; fi
+	port_in_use "$lb" && break
+	kill -0 "$haproxy_pid" 2>/dev/null || break
 	sleep 0.1
 done
-go run ./bench/replicas --router-bin bin/router --nats nats://127.0.0.1:14222 \
-	--ports 18081,18082,18083 --lb http://127.0.0.1:18080 "$@"
+owner=$(port_owner "$lb")
+if ! kill -0 "$haproxy_pid" 2>/dev/null || [[ $owner != *"(pid $haproxy_pid)" ]]; then
+	echo "HAProxy (pid $haproxy_pid) does not hold the load balancer's port 127.0.0.1:$lb; it is held by $owner. HAProxy's log:" >&2
+	sed 's/^/  /' "$tmp/haproxy.log" >&2
+	exit 1
+fi
+echo "nats-server on $nats, HAProxy (pid $haproxy_pid) on 127.0.0.1:$lb, replicas on ${ports[*]}"
+go run ./bench/replicas --router-bin bin/router --nats "$nats" \
+	--ports "$(IFS=,; echo "${ports[*]}")" --lb "http://127.0.0.1:$lb" "$@"
+alive_or_fail nats-server "${pids[0]}"
+alive_or_fail HAProxy "$haproxy_pid"

@@ -134,6 +134,8 @@ const probeWait = 10 * time.Second
 // workers, serve's HTTP API) and, once it is ready, the ext_proc gRPC
 // server over its Runtime. On shutdown the gRPC server stops first (readiness
 // NOT_SERVING, streams drained up to the drain timeout), then the daemon.
+// A start with no workers is warned of on stderr, as serve does
+// (runtimeFlags.noWorkersWarning).
 func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr io.Writer) error {
 	gln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -165,6 +167,9 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	})
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), decisions)
 	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
+	if w := o.noWorkersWarning(); w != "" {
+		logger.Warn(w) // as serve does (runServe)
+	}
 	// The pods' watch lives as long as the daemon; a signal while the
 	// pods are first listed ends it.
 	unlink := context.AfterFunc(ctx, stopDaemon)

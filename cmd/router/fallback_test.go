@@ -51,6 +51,7 @@ var fallbackLine = regexp.MustCompile(`^router: fail: plugin "flaky" made 200 of
 // first error. --fail-on-fallback then exits 1, after writing the same
 // outputs.
 func TestReplayFailingPluginIsReported(t *testing.T) {
+	t.Setenv("COLUMNS", "1000") // every default column, one line each: the rows are read by position
 	for _, tt := range []struct {
 		fail, cause, first string
 	}{
@@ -174,6 +175,7 @@ func checkCauses(t *testing.T, s, own string) map[string]int64 {
 // A replay whose plugin answers every call: no fallback, a 0 in the
 // table, no fallback line, and exit 0 with --fail-on-fallback.
 func TestReplayHealthyPluginPassesFailOnFallback(t *testing.T) {
+	t.Setenv("COLUMNS", "1000") // every default column, one line each: the rows are read by position
 	file := faultyPolicy(t, "fine", "ok")
 	rep := filepath.Join(t.TempDir(), "rep.json")
 	code, out, errOut := routerRun(t, "replay", "--policy", file, "--trace", filepath.Join(traceDir, "mooncake_arxiv_trace_first1000.jsonl"),
@@ -201,6 +203,7 @@ func TestReplayHealthyPluginPassesFailOnFallback(t *testing.T) {
 // With --compare every row has its fallbacks cell, and the stderr line
 // names the row whose plugin failed.
 func TestReplayCompareShowsFallbacks(t *testing.T) {
+	t.Setenv("COLUMNS", "1000") // every default column, one line each: the rows are read by position
 	healthy := policyWith(t, "plugin-example.hcl", "plugin-example")
 	failing := faultyPolicy(t, "fail", "error")
 	rep := filepath.Join(t.TempDir(), "rep.json")

@@ -339,10 +339,13 @@ func TestArgumentsInWords(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"validate"}, 2, "router: router validate takes the policy file to check; see 'router validate --help'\n"},
-		{[]string{"validate", "a.hcl", "b.hcl"}, 2, "router: router validate takes one policy file, got 2: [\"a.hcl\" \"b.hcl\"]\n"},
+		{[]string{"validate"}, 2, "router: validate takes the policy file to check; see 'router validate --help'\n"},
+		{[]string{"validate", "a.hcl", "b.hcl"}, 2, "router: validate takes one policy file, got 2: [\"a.hcl\" \"b.hcl\"]\n"},
 		{[]string{"plugins", "describe"}, 2,
-			"router: router plugins describe takes a plugin binary to start (and its arguments), or --policy FILE --plugin NAME; see 'router plugins describe --help'\n"},
+			"router: plugins describe takes a plugin binary to start (and its arguments), or --policy FILE --plugin NAME; see 'router plugins describe --help'\n"},
+		// The command is named once, after main's "router: " (not
+		// "router: router version ...").
+		{[]string{"version", "x"}, 2, "router: version takes no arguments, got [\"x\"]; see 'router version --help'\n"},
 		{[]string{"mock-worker", "--listen", "nohost"}, 1, "router: --listen nohost: listen tcp: address nohost: missing port in address\n"},
 		{[]string{"serve", "--policy", rrPolicy, "--listen", "nohost"}, 1, "router: --listen nohost: listen tcp: address nohost: missing port in address\n"},
 		// A directory is not a stream: no hint to pipe it.

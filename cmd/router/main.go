@@ -15,15 +15,13 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 
 	"github.com/spf13/cobra"
 )
-
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
 
 // exitError carries an exit code through cobra without printing usage.
 type exitError struct {
@@ -49,19 +47,46 @@ func newRootCmd(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(newMockWorkerCmd())
 	root.AddCommand(newServeCmd(), newEPPCmd(), newKVRelayCmd(), newPDSidecarCmd())
 	root.AddCommand(newTraceCmd())
+	// cobra's completion command, made here rather than at Execute, so
+	// that it is a group like the others.
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		if c.Name() == "completion" {
+			commandGroup(c)
+		}
+	}
 	return root
 }
 
-func newVersionCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:   "version",
-		Short: "Print the router version",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			_, err := fmt.Fprintf(cmd.OutOrStdout(), "switchyard router %s (plugin API switchyard.plugin.v1)\n", version)
-			return err
-		},
+// commandGroup makes cmd, a command that only holds subcommands, behave
+// as every group of the router does: without arguments it prints its
+// help on stdout and exits 0 (what cobra does for the root, a command
+// with no run function); a first argument that names none of its
+// subcommands is a usage error (exit 2) with cobra's suggestions
+// (Command.SuggestionsFor), where cobra alone would print the help and
+// exit 0 for a group below the root. It returns cmd.
+func commandGroup(cmd *cobra.Command) *cobra.Command {
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.SuggestionsMinimumDistance = 2 // cobra's own for the root
+	cmd.DisableFlagsInUseLine = true
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		names := make([]string, 0, len(cmd.Commands()))
+		for _, c := range cmd.Commands() {
+			if c.IsAvailableCommand() {
+				names = append(names, c.Name())
+			}
+		}
+		hint := ""
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			hint = fmt.Sprintf("; did you mean %q?", s[0])
+		}
+		return fmt.Errorf("unknown command %q for %q%s (its commands: %s; see '%s --help')",
+			args[0], cmd.CommandPath(), hint, strings.Join(names, ", "), cmd.CommandPath())
 	}
+	return cmd
 }
 
 // main runs the command line. The first SIGINT or SIGTERM cancels the

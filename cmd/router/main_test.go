@@ -37,16 +37,6 @@ func writeFile(t *testing.T, name, content string) string {
 	return p
 }
 
-func TestVersion(t *testing.T) {
-	code, out, errOut := routerRun(t, "version")
-	if code != 0 || errOut != "" {
-		t.Fatalf("exit %d, stderr %q", code, errOut)
-	}
-	if want := "switchyard router dev (plugin API switchyard.plugin.v1)\n"; out != want {
-		t.Errorf("stdout %q, want %q", out, want)
-	}
-}
-
 func TestValidateOK(t *testing.T) {
 	shadowPolicy := filepath.Join(t.TempDir(), "shadow.hcl")
 	if err := os.WriteFile(shadowPolicy, []byte(`policy "live" {

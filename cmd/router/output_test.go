@@ -20,7 +20,7 @@ func TestPendingFileDanglingSymlinkCreatesTarget(t *testing.T) {
 	if err := os.Symlink(filepath.Join("sub", "real.jsonl"), link); err != nil {
 		t.Fatal(err)
 	}
-	p, err := createPending("--out", link)
+	p, err := createPending("--out", link, kindGeneratedTrace)
 	if err != nil {
 		t.Fatalf("createPending: %v", err)
 	}
@@ -49,7 +49,7 @@ func TestPendingFileSymlinkLoop(t *testing.T) {
 	if err := os.Symlink("a", b); err != nil {
 		t.Fatal(err)
 	}
-	if p, err := createPending("--out", a); err == nil {
+	if p, err := createPending("--out", a, kindGeneratedTrace); err == nil {
 		p.abort()
 		t.Fatal("createPending of a symlink loop: no error")
 	}
@@ -69,7 +69,7 @@ func TestPendingFilePipeThroughProcLink(t *testing.T) {
 	if _, err := os.Stat(path); err != nil {
 		t.Skipf("no /proc: %v", err)
 	}
-	p, err := createPending("--out", path)
+	p, err := createPending("--out", path, kindGeneratedTrace)
 	if err == nil {
 		p.abort()
 		t.Fatalf("createPending(%s): no error", path)

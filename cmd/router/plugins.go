@@ -21,11 +21,10 @@ import (
 )
 
 func newPluginsCmd() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := commandGroup(&cobra.Command{
 		Use:   "plugins",
 		Short: "Inspect out-of-process plugin binaries",
-		Args:  noArgs,
-	}
+	})
 	var src pluginSource
 	describe := &cobra.Command{
 		Use:   "describe (BINARY [ARGS...] | --policy FILE --plugin NAME)",
@@ -93,7 +92,7 @@ func (s *pluginSource) validate(cmd *cobra.Command, args []string) error {
 		return nil
 	}
 	if len(args) == 0 {
-		return fmt.Errorf("%s takes a plugin binary to start (and its arguments), or --policy FILE --plugin NAME; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
+		return fmt.Errorf("%s takes a plugin binary to start (and its arguments), or --policy FILE --plugin NAME; see '%s --help'", subcommand(cmd), cmd.CommandPath())
 	}
 	if s.startTimeout <= 0 {
 		return fmt.Errorf("--start-timeout %v: want %s", s.startTimeout, positiveDurationWant)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"golang.org/x/term"
 
 	"github.com/switchyard-router/switchyard/router/inputfile"
 	"github.com/switchyard-router/switchyard/router/loader"
@@ -166,10 +167,10 @@ speed-1. The full reference is docs/replay.md.`,
 		fmt.Sprintf("seed for seeded components that set none (default: the file's router.seed, else %d)", replay.DefaultSeed))
 	fl.IntVar(&f.seeds, "seeds", 1,
 		fmt.Sprintf("run every cell N times, adding 0 to N-1 to every seed of the policy (router.seed and each component's own), and show the median with [least–greatest]; at most %d", maxSeeds))
-	fl.StringVar(&f.baseline, "baseline", "", "add a delta column (percent) against policy NAME on the same fleet: NAME, or NAME:COLUMN for another column than TTFT p90 (goodput with --slo)")
+	fl.StringVar(&f.baseline, "baseline", "", "add a delta column against policy NAME on the same fleet (in pp for a share, in percent otherwise): NAME, or NAME:COLUMN for another column than TTFT p90 (goodput with --slo)")
 	fl.StringVar(&f.slo, "slo", "", "latency targets for goodput, such as ttft=500ms,tpot=50ms (targets ttft, tpot, e2e): adds the share and rate of requests that met every one")
 	fl.StringVar(&f.goodputTarget, "goodput-target", "", "with --slo: the goodput share a policy must reach, in percent (95 or 95%); the table then ends with the smallest fleet on which each policy reaches it")
-	fl.StringVar(&f.columns, "columns", "default", "table columns: default, all, or a comma-separated list of names (default,e2e_p50,imbalance); see docs/replay.md")
+	fl.StringVar(&f.columns, "columns", "default", "table columns: default, all, or a comma-separated list of names such as default,e2e_p50,imbalance; see docs/replay.md")
 	fl.StringVar(&f.html, "html", "", "write a self-contained HTML report with plots (table, TTFT and E2E CDFs, load and KV hit over time, sweeps) to FILE, or - for standard output")
 	fl.IntVar(&f.limit, "limit", 0, "replay only the first N requests (0: all)")
 	fl.StringVar(&f.perRequest, "per-request", "", "write one JSON line per request to FILE, or - for standard output (one run only: not with --compare, --prefix both, several --workers sizes or --seeds above 1)")
@@ -177,11 +178,14 @@ speed-1. The full reference is docs/replay.md.`,
 	fl.StringSliceVar(&f.compare, "compare", nil, "run each policy file FILE,FILE,... on the same trace and print one table (not with --policy)")
 	fl.StringVar(&f.prefix, "prefix", "approximate", "how the router learns what the engines cache: approximate (what it sent them), precise (their KV events) or both (each policy twice)")
 	fl.DurationVar(&f.kvEventDelay, "kv-event-delay", replay.DefaultKVEventDelay,
-		"simulated time from an engine's cache change to the router applying its KV event (--prefix precise or both; default: one engine step)")
+		fmt.Sprintf("simulated time from an engine's cache change to the router applying its KV event (--prefix precise or both; %v is one simulated engine step)", replay.DefaultKVEventDelay))
 	fl.IntVar(&f.replicas, "replicas", 1,
 		fmt.Sprintf("router replicas sharing the fleet, 1 to %d: request i is routed by replica i mod N, and each sees the others' decisions and the engines' KV events --sync-delay later", replay.MaxReplicas))
 	fl.DurationSliceVar(&f.syncDelays, "sync-delay", nil,
-		"with --replicas: simulated time before a replica's decisions and the engines' KV events reach every replica (default 0); a comma-separated list sweeps (0,10ms,1s)")
+		"with --replicas: simulated time before a replica's decisions and the engines' KV events reach every replica; a comma-separated list sweeps (0,10ms,1s)")
+	// pflag would print the nil list's default as "(default [])"; a
+	// replay without the flag runs with no delay (replayFlags.delays).
+	fl.Lookup("sync-delay").DefValue = "0s"
 	fl.StringVar(&f.canary, "canary", "", "rehearse the policy files' canaries at another weight: off, WEIGHT or CANDIDATE=WEIGHT (0 to 1, or a percentage); without it they run as declared")
 	fl.BoolVar(&f.failOnFallback, "fail-on-fallback", false, "exit 1 when any selection was decided by a fallback because its policy failed (outputs are still written)")
 	fl.IntVar(&f.memoryLimit, "memory-limit", DefaultReplayMemoryLimit,
@@ -208,9 +212,20 @@ speed-1. The full reference is docs/replay.md.`,
 // as an unknown command.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return fmt.Errorf("%s takes no arguments, got %q; see '%s --help'", cmd.CommandPath(), args, cmd.CommandPath())
+		return fmt.Errorf("%s takes no arguments, got %q; see '%s --help'", subcommand(cmd), args, cmd.CommandPath())
 	}
 	return nil
+}
+
+// subcommand is cmd's path without the root's name ("trace generate"),
+// for an error that main prints after "router: ", which would otherwise
+// read "router: router trace generate ..."; the root's own name for the
+// root.
+func subcommand(cmd *cobra.Command) string {
+	if cmd == cmd.Root() {
+		return cmd.Name()
+	}
+	return strings.TrimPrefix(cmd.CommandPath(), cmd.Root().Name()+" ")
 }
 
 // check validates the flags; every error it returns is a usage error.
@@ -597,37 +612,21 @@ func (f *replayFlags) policyPaths() []string {
 	return []string{f.policy}
 }
 
-// checkPaths refuses an output that would overwrite an input or the other
-// output. "-" (standard input or output) is no path.
+// checkPaths refuses an output that would overwrite an input, a bundled
+// default's source or the other output (checkOutputPaths). "-" (standard
+// input or output) is no path.
 func (f *replayFlags) checkPaths() error {
-	type named struct{ flag, path string }
-	var inputs, outputs []named
-	for _, in := range []named{{"--trace", f.trace}, {"--policy", f.policy}} {
-		if in.path != "" && in.path != "-" {
-			inputs = append(inputs, in)
-		}
-	}
+	inputs := []namedPath{{"--trace", f.trace}, {"--policy", f.policy}}
 	for _, p := range f.compare {
-		inputs = append(inputs, named{"--compare", p})
+		inputs = append(inputs, namedPath{"--compare", p})
 	}
-	for _, out := range []named{{"--per-request", f.perRequest}, {"--report", f.report}, {"--html", f.html}} {
-		if out.path != "" && out.path != "-" {
-			outputs = append(outputs, out)
-		}
-	}
-	for i, out := range outputs {
-		for _, in := range inputs {
-			if samePath(out.path, in.path) {
-				return fmt.Errorf("%s %s is the %s input %s: choose another output file", out.flag, out.path, in.flag, in.path)
-			}
-		}
-		for _, other := range outputs[i+1:] {
-			if samePath(out.path, other.path) {
-				return fmt.Errorf("%s %s and %s %s are the same file: choose two files", out.flag, out.path, other.flag, other.path)
-			}
-		}
-	}
-	return nil
+	return checkOutputPaths(f.outputs(), inputs)
+}
+
+// outputs are the output flags of router replay with their paths ("" when
+// not given), in flag order.
+func (f *replayFlags) outputs() []namedPath {
+	return []namedPath{{"--per-request", f.perRequest}, {"--report", f.report}, {"--html", f.html}}
 }
 
 // runReplay runs router replay: it checks the flags, creates the outputs'
@@ -684,7 +683,9 @@ func runReplay(cmd *cobra.Command, f *replayFlags) error {
 		out = stderr // standard output carries the output
 	}
 	cmp := f.comparison(cmd)
-	if err := f.printTable(out, stderr, tr, sweep, res, cmp); err != nil {
+	table := cmp
+	table.Width = tableWidth(out)
+	if err := f.printTable(out, stderr, tr, sweep, res, table); err != nil {
 		return &exitError{code: 1, err: err}
 	}
 	if err := f.writeOutputs(outs, tr, res, cmp); err != nil {
@@ -726,13 +727,14 @@ func (f *replayFlags) createOutputs(stdout io.Writer) (*replayOutputs, error) {
 	outs := &replayOutputs{}
 	for _, o := range []struct {
 		flag, path string
+		kind       outputKind
 		file       **pendingFile
-	}{{"--per-request", f.perRequest, &outs.perReq}, {"--report", f.report, &outs.report}, {"--html", f.html, &outs.html}} {
+	}{{"--per-request", f.perRequest, kindPerRequest, &outs.perReq}, {"--report", f.report, kindReport, &outs.report}, {"--html", f.html, kindHTML, &outs.html}} {
 		if o.path == "" {
 			continue
 		}
 		var err error
-		if *o.file, err = createOutput(o.flag, o.path, stdout); err != nil {
+		if *o.file, err = createOutput(o.flag, o.path, o.kind, stdout); err != nil {
 			return outs, err
 		}
 	}
@@ -782,16 +784,38 @@ func (f *replayFlags) sweep(cmd *cobra.Command, tr *trace.Opened) *replay.Sweep 
 // comparison is the table's settings the flags ask for: --columns,
 // --baseline and --goodput-target.
 func (f *replayFlags) comparison(cmd *cobra.Command) report.Comparison {
-	columns, _ := report.ParseColumns(f.columns)  // checked
+	var columns []report.Metric // the default columns: the text table fits them to its width
+	if cmd.Flags().Changed("columns") {
+		columns, _ = report.ParseColumns(f.columns) // checked
+	}
 	baseline, baselineMetric, _ := f.baselineOf() // checked
 	target, _ := f.goodputTargetOf(cmd)           // checked
 	return report.Comparison{Columns: columns, Baseline: baseline, BaselineMetric: baselineMetric, GoodputTarget: target}
 }
 
+// defaultTableWidth is the text table's width when neither $COLUMNS nor
+// a terminal tells it: the README's commands fit it.
+const defaultTableWidth = 100
+
+// tableWidth is the width the text table is fitted to
+// (report.Comparison.Width): $COLUMNS when it is a whole number from 40,
+// else the width of the terminal out is, else defaultTableWidth.
+func tableWidth(out io.Writer) int {
+	if n, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && n >= 40 {
+		return n
+	}
+	if f := terminalFile(out); f != nil && term.IsTerminal(int(f.Fd())) {
+		if cols, _, err := term.GetSize(int(f.Fd())); err == nil && cols >= 40 {
+			return cols
+		}
+	}
+	return defaultTableWidth
+}
+
 // printTable prints the header line and the table of res to out, and one
 // line per run with rejected requests to stderr.
 func (f *replayFlags) printTable(out, stderr io.Writer, tr *trace.Opened, s *replay.Sweep, res *replay.SweepResult, cmp report.Comparison) error {
-	fmt.Fprintln(out, f.headerLine(tr, s.Fleets)+speedsText(s.Speeds))
+	fmt.Fprintln(out, report.Wrap(f.headerLine(tr, s.Fleets)+speedsText(s.Speeds), cmp.Width))
 	if err := report.WriteComparison(out, res.Cells, cmp); err != nil {
 		return err
 	}

@@ -73,7 +73,7 @@ func TestReplayEmptyValues(t *testing.T) {
 }
 
 func TestReplayNoArgs(t *testing.T) {
-	errOut := wantExit(t, 2, []string{"replay", "foo"}, `router replay takes no arguments, got ["foo"]`)
+	errOut := wantExit(t, 2, []string{"replay", "foo"}, `router: replay takes no arguments, got ["foo"]`)
 	if strings.Contains(errOut, "unknown command") {
 		t.Errorf("stderr %q calls the argument a command", errOut)
 	}
@@ -193,8 +193,11 @@ func TestReplayFailureKeepsTargets(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := t.TempDir()
 			report, perReq := filepath.Join(dir, "report.json"), filepath.Join(dir, "requests.jsonl")
+			// Earlier outputs of these flags: a file of another kind is
+			// refused before the run (TestOutputRule).
+			old := map[string]string{report: ownReport, perReq: ownPerRequest}
 			for _, p := range []string{report, perReq} {
-				if err := os.WriteFile(p, []byte("old "+filepath.Base(p)), 0o600); err != nil {
+				if err := os.WriteFile(p, []byte(old[p]), 0o600); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -207,7 +210,7 @@ func TestReplayFailureKeepsTargets(t *testing.T) {
 				t.Fatalf("exit %d, stderr %q; want 1 and %q", code, errb.String(), tt.wantErr)
 			}
 			for _, p := range []string{report, perReq} {
-				if b, err := os.ReadFile(p); err != nil || string(b) != "old "+filepath.Base(p) {
+				if b, err := os.ReadFile(p); err != nil || string(b) != old[p] {
 					t.Errorf("%s: %q, %v; want it unchanged", p, b, err)
 				}
 			}
@@ -229,7 +232,7 @@ func canceled() context.Context {
 func TestReplayReplacesTargets(t *testing.T) {
 	dir := t.TempDir()
 	report, perReq := filepath.Join(dir, "report.json"), filepath.Join(dir, "requests.jsonl")
-	if err := os.WriteFile(report, []byte("old"), 0o600); err != nil {
+	if err := os.WriteFile(report, []byte(`[`+ownReport+`]`), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	code, _, errOut := routerRun(t, "replay", "--trace", arxivTrace, "--limit", "20", "--workers", "2",

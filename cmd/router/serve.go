@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/switchyard-router/switchyard/router"
+	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
@@ -101,7 +102,7 @@ func (r *runtimeFlags) listenDebug() (net.Listener, error) {
 func (r *runtimeFlags) daemonOptions(face serve.Options) live.DaemonOptions {
 	face.DrainTimeout = r.drainTimeout
 	face.DisablePassThrough = !r.passThrough
-	face.Version = version
+	face.Version = routerVersion()
 	return live.DaemonOptions{
 		PolicyFile: r.policy, WorkersFile: r.workersFile, Watch: r.watch,
 		RequestTimeout: r.requestTimeout, CharsPerToken: r.charsPerToken,
@@ -244,8 +245,31 @@ func (b byteSize) perClient() int64 {
 	return int64(b)
 }
 
+// noWorkersWarning is the warning for a runtime started with no worker
+// at all: the policy file declares no worker block (read with
+// config.LoadClusterWorkers, which starts nothing) and neither
+// --workers-file nor --pool-selector gives any. Every model is then
+// unknown (404 model_not_found) and /readyz says "no worker ready: none
+// is configured". It is "" when workers may come from somewhere, or when
+// the policy file does not load (the daemon reports that).
+func (r *runtimeFlags) noWorkersWarning() string {
+	if r.workersFile != "" || r.pods.selector != "" {
+		return ""
+	}
+	_, ws, diags := config.LoadClusterWorkers(r.policy)
+	if diags.HasErrors() || len(ws) > 0 {
+		return ""
+	}
+	return fmt.Sprintf("no workers: %s declares no worker block and neither --workers-file nor --pool-selector is given, "+
+		"so every request is refused (404 model_not_found) and /readyz is 503 until workers are given: "+
+		"add worker \"NAME\" { url = \"http://HOST:PORT\" } blocks to the policy file (then SIGHUP, or run with --watch), "+
+		"or start with --workers-file FILE (watched) or --pool-selector SELECTOR --pool-port PORT (Kubernetes pods); docs/serve.md",
+		r.policy)
+}
+
 // runServe runs `router serve` until ctx ends: the listeners, then
-// live.Daemon with serve's HTTP face.
+// live.Daemon with serve's HTTP face. A start with no workers is warned
+// of in the log, on stderr (noWorkersWarning).
 func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, stderr io.Writer) error {
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -257,6 +281,9 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		return &exitError{code: 1, err: err}
 	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
+	if w := o.noWorkersWarning(); w != "" {
+		logger.Warn(w)
+	}
 	// The pods' watch lives as long as the daemon.
 	pctx, stopPods := context.WithCancel(ctx)
 	defer stopPods()

@@ -87,6 +87,7 @@ func TestReplaySpeedsOneIsDefault(t *testing.T) {
 // workers finish theirs sooner (mean TTFT and E2E from the per-request
 // lines); the header line names the speeds.
 func TestReplaySpeedsFastFinishSooner(t *testing.T) {
+	t.Setenv("COLUMNS", "1000") // the header line unwrapped
 	code, out, errOut := routerRun(t, "replay", "--trace", arxivTrace, "--limit", "300", "--workers", "4", "--quiet",
 		"--policy", rrPolicy, "--speeds", "2,1", "--per-request", "-")
 	if code != 0 {

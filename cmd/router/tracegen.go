@@ -11,14 +11,10 @@ import (
 )
 
 func newTraceCmd() *cobra.Command {
-	cmd := &cobra.Command{
+	cmd := commandGroup(&cobra.Command{
 		Use:   "trace",
 		Short: "Work with request traces",
-		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return fmt.Errorf("%s needs a subcommand: generate; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
-		},
-	}
+	})
 	cmd.AddCommand(newTraceGenerateCmd())
 	return cmd
 }
@@ -51,9 +47,10 @@ package router/trace/synth and docs/replay.md.
 The output is written atomically, only when the whole trace is generated; a
 summary line goes to standard error. The bundled
 testdata/traces/synthetic_sessions.jsonl is this command's output with the
-defaults:
+defaults (no output replaces a trace the repository ships; compare instead):
 
-  router trace generate --seed 1 --out testdata/traces/synthetic_sessions.jsonl`,
+  router trace generate --seed 1 --out /tmp/synthetic_sessions.jsonl
+  cmp /tmp/synthetic_sessions.jsonl testdata/traces/synthetic_sessions.jsonl`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return runTraceGenerate(cmd, p, out)
@@ -93,7 +90,10 @@ func runTraceGenerate(cmd *cobra.Command, p synth.Params, out string) error {
 		}
 		return err // a usage error: exit 2
 	}
-	w, err := createOutput("--out", out, cmd.OutOrStdout())
+	if err := checkOutputPaths([]namedPath{{"--out", out}}, nil); err != nil {
+		return err // a usage error: exit 2
+	}
+	w, err := createOutput("--out", out, kindGeneratedTrace, cmd.OutOrStdout())
 	if err != nil {
 		return &exitError{code: 1, err: err}
 	}

@@ -26,9 +26,9 @@ file:line:col and the exit status is 1.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			switch {
 			case len(args) == 0:
-				return fmt.Errorf("%s takes the policy file to check; see '%s --help'", cmd.CommandPath(), cmd.CommandPath())
+				return fmt.Errorf("%s takes the policy file to check; see '%s --help'", subcommand(cmd), cmd.CommandPath())
 			case len(args) > 1:
-				return fmt.Errorf("%s takes one policy file, got %d: %q", cmd.CommandPath(), len(args), args)
+				return fmt.Errorf("%s takes one policy file, got %d: %q", subcommand(cmd), len(args), args)
 			}
 			return nil
 		},

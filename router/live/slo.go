@@ -61,21 +61,19 @@ const maxSLOHeaderBytes = 64
 // one of the three. Constant work per header.
 func ParseSLO(h http.Header) (shared.SLO, error) {
 	var s shared.SLO
-	var err error
-	for _, f := range [...]struct {
-		name string
-		dst  *time.Duration
-		ms   bool // llm-d's: milliseconds only
-	}{
-		{HeaderLLMDSLOTTFT, &s.TTFT, true}, {HeaderLLMDSLOTPOT, &s.TPOT, true},
-		{HeaderSLOTTFT, &s.TTFT, false}, {HeaderSLOTPOT, &s.TPOT, false},
-	} {
+	for _, f := range sloHeaders {
 		v := h.Get(f.name)
 		if v == "" {
 			continue
 		}
-		if *f.dst, err = sloTarget(f.name, v, f.ms); err != nil {
+		d, err := sloTarget(f.name, v, f.ms)
+		if err != nil {
 			return shared.SLO{}, err
+		}
+		if f.tpot {
+			s.TPOT = d
+		} else {
+			s.TTFT = d
 		}
 	}
 	if v := h.Get(HeaderSLOOnMiss); v != "" {
@@ -87,6 +85,17 @@ func ParseSLO(h http.Header) (shared.SLO, error) {
 		s.OnMiss = m
 	}
 	return s, nil
+}
+
+// sloHeaders are the target headers ParseSLO reads, in order (a later
+// one wins): llm-d's (milliseconds only), then the router's own.
+var sloHeaders = [...]struct {
+	name string
+	tpot bool // the TPOT target, else TTFT
+	ms   bool // llm-d's: milliseconds only
+}{
+	{HeaderLLMDSLOTTFT, false, true}, {HeaderLLMDSLOTPOT, true, true},
+	{HeaderSLOTTFT, false, false}, {HeaderSLOTPOT, true, false},
 }
 
 // sloTarget parses header name's value v: a number of milliseconds, or

@@ -383,7 +383,7 @@ func TestSweepSeedsBaselineSLO(t *testing.T) {
 	out := tableOf(t, res, report.Comparison{Columns: columns, Baseline: "round-robin", BaselineMetric: goodput, GoodputTarget: 50})
 	lines := strings.Split(out, "\n")
 	fields := func(s string) string { return strings.Join(strings.Fields(s), " ") }
-	if got, want := fields(lines[0]), "policy workers TTFT p90 goodput ITL p99 Δ goodput vs round-robin"; got != want {
+	if got, want := fields(lines[0]), "policy workers TTFT p90 goodput ITL p99 Δ goodput"; got != want {
 		t.Errorf("columns %q, want %q", got, want)
 	}
 	for i, prefix := range []string{"round-robin 2 ", "kv-affinity 2 ", "round-robin 4 ", "kv-affinity 4 "} {

@@ -45,6 +45,24 @@ func (m Metric) Value(r *Report) (float64, bool) { return m.value(r) }
 // Format writes v as the table does.
 func (m Metric) Format(v float64) string { return m.format(v) }
 
+// Higher is true for the metrics higher values of are better: the
+// shares and rates of requests served well (completed, KV hit, of ref,
+// belief, output tokens/s, goodput, goodput/s, req/s (wall)). A metric
+// is better lower (Lower), better higher, or neither (requests, KV ref,
+// sim s...).
+func (m Metric) Higher() bool {
+	switch m.Name {
+	case "completed", "kv_hit", "of_ref", "belief", "output_tok_s", "goodput", "goodput_per_s", "req_s_wall":
+		return true
+	}
+	return false
+}
+
+// Ratio is true for the metrics that are shares in percent (Unit "%"):
+// a change of one is a difference in percentage points, not a relative
+// change.
+func (m Metric) Ratio() bool { return m.Unit == "%" }
+
 func always(f func(*Report) float64) func(*Report) (float64, bool) {
 	return func(r *Report) (float64, bool) { return f(r), true }
 }
@@ -131,8 +149,9 @@ var allMetrics = []Metric{
 	{Name: "kv_ref", Header: "KV ref", Unit: "%",
 		Legend: "KV ref = the same for one LRU cache of the whole fleet's KV capacity fed the trace in arrival order (a reference, not a bound)",
 		value:  always(func(r *Report) float64 { return 100 * r.KVHitReference }), format: pct1},
-	{Name: "of_ref", Header: "of ref", Unit: "%", Legend: "of ref = KV hit / KV ref",
-		value: always(func(r *Report) float64 { return 100 * r.KVHitOfReference }), format: pct0},
+	{Name: "of_ref", Header: "of ref", Unit: "%",
+		Legend: "of ref = KV hit / KV ref, KV ref being the KV hit of one LRU cache of the whole fleet's KV capacity fed the trace in arrival order (a reference, not a bound)",
+		value:  always(func(r *Report) float64 { return 100 * r.KVHitOfReference }), format: pct0},
 	{Name: "kv_ceiling", Header: "KV ceiling", Unit: "%", Legend: "KV ceiling = the KV hit of a cache that never evicts",
 		value: always(func(r *Report) float64 { return 100 * r.KVHitCeiling }), format: pct1},
 	{Name: "belief", Header: "belief", Unit: "%",
@@ -307,6 +326,13 @@ type Comparison struct {
 	// must reach to meet the SLO: the table then ends with the smallest
 	// fleet on which each row's policy reaches it (SmallestFleets).
 	GoodputTarget float64
+	// Width, when > 0, is the width in terminal columns (runes) the text
+	// table is written for (WriteComparison): its legend is wrapped to
+	// it, and with the default columns (Columns empty) columns are left
+	// out until every row fits. 0 writes every column and unwrapped
+	// lines. router replay sets it from $COLUMNS, else the terminal's
+	// width, else 100.
+	Width int
 }
 
 // FleetVerdict is, for one row label (a policy in one prefix mode), the
@@ -392,6 +418,28 @@ func Delta(cell, base Cell, m Metric) (float64, bool) {
 	return (a.Median - b.Median) / math.Abs(b.Median) * 100, true
 }
 
+// Change is a cell's change in m against the baseline cell: for a
+// Ratio metric the difference of the medians in percentage points
+// (KV hit 9.1% against 6.0% is +3.1 pp), for any other the relative
+// change in percent (Delta); text is "+3.1 pp" or "-42.0%". False when
+// either has no value, or for a relative change the baseline's is 0.
+func Change(cell, base Cell, m Metric) (d float64, text string, ok bool) {
+	if m.Ratio() {
+		a, ok1 := cell.Stat(m)
+		b, ok2 := base.Stat(m)
+		if !ok1 || !ok2 {
+			return 0, "", false
+		}
+		d = a.Median - b.Median
+		return d, fmt.Sprintf("%+.1f pp", d), true
+	}
+	d, ok = Delta(cell, base, m)
+	if !ok {
+		return 0, "", false
+	}
+	return d, fmt.Sprintf("%+.1f%%", d), true
+}
+
 // BaselineOf returns the cell of policy name on c's fleet, in c's prefix
 // mode, with c's replicas and sync delay, and false when cells has none.
 func BaselineOf(cells []Cell, c Cell, name string) (Cell, bool) {
@@ -415,6 +463,12 @@ const SyncLegend = "NAME/N@D = routed by N router replicas (request i by replica
 // then the delta column when cmp has a baseline, then a legend of the
 // columns shown. Cells of one run with more than one queue class are
 // broken down by class in a second table under it.
+//
+// With cmp.Width set, the legend's lines are wrapped to it, and with
+// the default columns (cmp.Columns empty) the table is fitted to it
+// (Comparison.Width): count columns equal on every row move to one
+// line under the table, then columns are left out, least important
+// first (FitOrder), until every row fits, and a line names them.
 func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 	cols := TableColumns(cells, cmp)
 	fleets := map[string]bool{}
@@ -427,57 +481,76 @@ func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 	if bm.Name == "" {
 		bm, _ = MetricByName("ttft_p90")
 	}
+	t := textTable{cells: cells, fleets: len(fleets) > 1, baseline: cmp.Baseline, delta: bm}
+	var folded, dropped []Metric
+	if cmp.Width > 0 && len(cmp.Columns) == 0 {
+		cols, folded, dropped = t.fit(cols, cmp.Width)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "policy\t"
-	if len(fleets) > 1 {
-		head += "workers\t"
-	}
-	for _, m := range cols {
-		head += m.Header + "\t"
-	}
-	if cmp.Baseline != "" {
-		head += "Δ " + bm.Header + " vs " + cmp.Baseline + "\t"
-	}
-	fmt.Fprintln(tw, head)
-	for _, c := range cells {
-		row := c.Label() + "\t"
-		if len(fleets) > 1 {
-			row += c.Fleet() + "\t"
-		}
-		for _, m := range cols {
-			row += c.Text(m) + "\t"
-		}
-		if cmp.Baseline != "" {
-			row += deltaText(cells, c, cmp.Baseline, bm) + "\t"
-		}
-		fmt.Fprintln(tw, row)
+	for _, line := range t.rows(cols) {
+		fmt.Fprintln(tw, strings.Join(line, "\t")+"\t")
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	var legend strings.Builder
-	if seeds > 1 {
-		fmt.Fprintf(&legend, "each cell: the median of %d seeds, [least–greatest] when they differ\n", seeds)
+	var legend []string
+	if len(folded) > 0 {
+		parts := make([]string, len(folded))
+		for i, m := range folded {
+			parts[i] = m.Header + " " + cells[0].Text(m)
+		}
+		lead := "every row: "
+		if len(cells) == 1 {
+			lead = "also: "
+		}
+		legend = append(legend, lead+strings.Join(parts, ", "))
 	}
-	legend.WriteString("latencies in ms of simulated time\n")
+	if len(dropped) > 0 {
+		names := make([]string, len(dropped))
+		for i, m := range dropped {
+			names[i] = m.Header
+		}
+		legend = append(legend, fmt.Sprintf("left out to fit %d columns: %s (a wider terminal or $COLUMNS shows more; --columns all shows every one)",
+			cmp.Width, strings.Join(names, ", ")))
+	}
+	if seeds > 1 {
+		legend = append(legend, fmt.Sprintf("each cell: the median of %d seeds, [least–greatest] when they differ", seeds))
+	}
+	legend = append(legend, "latencies in ms of simulated time")
+	legend = append(legend, "policy = the policy file's name (default: the built-in policy)")
+	if t.fleets {
+		legend = append(legend, "workers = the simulated fleet's workers (P+D: prefill and decode workers)")
+	}
 	if slices.ContainsFunc(cells, func(c Cell) bool { return c.Runs[0].Sync != nil }) {
-		legend.WriteString(SyncLegend)
+		legend = append(legend, strings.TrimSuffix(SyncLegend, "\n"))
 	}
 	said := map[string]bool{}
-	for _, m := range cols {
+	for _, m := range append(slices.Clone(cols), folded...) {
 		if m.Legend != "" && !said[m.Legend] {
 			said[m.Legend] = true
-			legend.WriteString(m.Legend + "\n")
+			legend = append(legend, m.Legend)
 		}
 	}
 	if cmp.Baseline != "" {
-		fmt.Fprintf(&legend, "Δ = the change of the row's %s against %s's on the same fleet, in percent\n", bm.Header, cmp.Baseline)
+		unit := "in percent (relative change)"
+		if bm.Ratio() {
+			unit = "in percentage points"
+		}
+		legend = append(legend, fmt.Sprintf("Δ %s = the row's %s against %s's on the same fleet, %s; base marks %s's own rows",
+			bm.Header, bm.Header, cmp.Baseline, unit, cmp.Baseline))
 	}
-	legend.WriteString(bestGoodput(cells))
+	if b := bestGoodput(cells); b != "" {
+		legend = append(legend, strings.TrimSuffix(b, "\n"))
+	}
 	if v := GoodputVerdict(cells, cmp.GoodputTarget); v != "" {
-		legend.WriteString(v + "\n")
+		legend = append(legend, v)
 	}
-	if _, err := io.WriteString(w, legend.String()); err != nil {
+	var out strings.Builder
+	for _, l := range legend {
+		out.WriteString(Wrap(l, cmp.Width))
+		out.WriteByte('\n')
+	}
+	if _, err := io.WriteString(w, out.String()); err != nil {
 		return err
 	}
 	return writeClasses(w, cells)
@@ -569,11 +642,11 @@ func deltaText(cells []Cell, c Cell, name string, m Metric) string {
 	case base.Runs[0] == c.Runs[0]:
 		return "base"
 	}
-	d, ok := Delta(c, base, m)
+	_, text, ok := Change(c, base, m)
 	if !ok {
 		return "-"
 	}
-	return fmt.Sprintf("%+.1f%%", d)
+	return text
 }
 
 // writeClasses writes, for the cells of one run with more than one queue

@@ -377,15 +377,15 @@ func (r *Report) TopRejection() (reason string, n int) {
 	return reason, n
 }
 
+// ms writes a latency in milliseconds: whole ms from 100 ms, one decimal
+// under it, the decimal kept when it is 0 ("47.0" beside "46.8"), so a
+// column's values have the same precision (docs/replay.md, "Reading the
+// report").
 func ms(v float64) string {
-	switch {
-	case v >= 10000:
-		return fmt.Sprintf("%.0f", v)
-	case v >= 100:
-		return fmt.Sprintf("%.0f", v)
-	default:
-		return strings.TrimRight(strings.TrimRight(fmt.Sprintf("%.1f", v), "0"), ".")
+	if math.Round(v*10) >= 1000 { // 99.96 shows as 100, not 100.0
+		return strconv.FormatFloat(v, 'f', 0, 64)
 	}
+	return strconv.FormatFloat(v, 'f', 1, 64)
 }
 
 // KVReference is what one shared cache would have served of a trace: the

@@ -71,8 +71,8 @@ func TestWriteTable(t *testing.T) {
 	lines := strings.Split(buf.String(), "\n")
 	wantLines(t, buf.String(),
 		"policy requests completed rejected fallbacks TTFT p50 TTFT p90 TTFT p99 TPOT p90 ITL p99 E2E p99 queue p99 KV hit of ref preempt out tok/s",
-		"kv 300 290 10 12 (4.1%) 41.2 120 15000 12.5 31.2 9.5 7 45.7% 91% 3 1234",
-		"rr 300 300 0 0 50 130 16000 - - 9.5 0 10.0% 20% 0 0",
+		"kv 300 290 10 12 (4.1%) 41.2 120 15000 12.5 31.2 9.5 7.0 45.7% 91% 3 1234",
+		"rr 300 300 0 0 50.0 130 16000 - - 9.5 0.0 10.0% 20% 0 0",
 	)
 	// Columns stay aligned: every cell ends where its header does.
 	if end := strings.Index(lines[0], "fallbacks") + len("fallbacks"); !strings.HasSuffix(lines[1][:end], " 12 (4.1%)") || !strings.HasSuffix(lines[2][:end], " 0") {
@@ -151,11 +151,11 @@ func TestWriteComparisonSeedsSweepBaseline(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantLines(t, buf.String(),
-		"policy workers TTFT p90 Δ TTFT p90 vs rr",
+		"policy workers TTFT p90 Δ TTFT p90",
 		"rr 4 200 [100–300] base",
-		"kv 4 50 -75.0%",
+		"kv 4 50.0 -75.0%",
 		"rr 8 110 [100–120] base",
-		"kv 8 77 [66–88] -30.0%",
+		"kv 8 77.0 [66.0–88.0] -30.0%",
 		"each cell: the median of 3 seeds, [least–greatest] when they differ",
 	)
 }
@@ -233,7 +233,7 @@ func TestNoCompletedRequestsHaveNoLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantLines(t, buf.String(),
-		"policy completed rejected TTFT p50 E2E p99 Δ TTFT p90 vs rr",
+		"policy completed rejected TTFT p50 E2E p99 Δ TTFT p90",
 		"rr 3 0 100 900 base",
 		"busy 0 3 - - -",
 	)

@@ -140,6 +140,33 @@ func TestReportInChromium(t *testing.T) {
 	}
 	pageURL := (&url.URL{Scheme: "file", Path: file}).String()
 	step("open "+pageURL, chromedp.Navigate(pageURL))
+	var layout struct {
+		Headings []string
+		Best     int // best cells marked in bold with a star
+		Closed   int // collapsed charts
+	}
+	step("read the layout", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+		var err error
+		layout, err = chromedp.Evaluate[struct {
+			Headings []string
+			Best     int
+			Closed   int
+		}](`({Headings: [...document.querySelectorAll("h2")].map(h => h.id),
+  Best: [...document.querySelectorAll("#comparison-table td.best")].filter(td => td.querySelector("strong") && td.textContent.includes("★")).length,
+  Closed: [...document.querySelectorAll("details")].filter(d => !d.open).length})`)(ctx, target)
+		return chromedp.Void{}, err
+	})
+	if len(layout.Headings) < 2 || layout.Headings[0] != "verdict" || layout.Headings[1] != "comparison" {
+		t.Errorf("headings %q: want the verdict first, then the comparison", layout.Headings)
+	}
+	if layout.Best == 0 {
+		t.Error("no table cell marked best (bold and ★)")
+	}
+	// Open the collapsed charts, so that every chart is measured drawn.
+	step("open the collapsed charts", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+		_, err := chromedp.Evaluate[int](`document.querySelectorAll("details").forEach(d => d.open = true), 0`)(ctx, target)
+		return chromedp.Void{}, err
+	})
 
 	var figures []figureInfo
 	step("read the charts", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
@@ -158,7 +185,7 @@ func TestReportInChromium(t *testing.T) {
 	var rows int
 	step("count the table's rows", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
 		var err error
-		rows, err = chromedp.Evaluate[int](`document.querySelectorAll("table tbody tr").length`)(ctx, target)
+		rows, err = chromedp.Evaluate[int](`document.querySelectorAll("#comparison-table tbody tr").length`)(ctx, target)
 		return chromedp.Void{}, err
 	})
 	var shot []byte
@@ -172,6 +199,85 @@ func TestReportInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("screenshot: %s", png)
+
+	// The documentation's images: the verdict and table, and the
+	// in-flight bands of the fleet over MaxWorkerLines.
+	images := os.Getenv("SWITCHYARD_REPORT_IMAGES")
+	if images == "" {
+		images = dir
+	}
+	for _, shot := range []struct{ name, sel string }{
+		{"report-verdict.png", `#decide`},
+		{"report-in-flight.png", fmt.Sprintf(`//figure[contains(string(.), "default, %d workers: requests in flight")]`, fixtureFleets[1])},
+	} {
+		var png []byte
+		step("screenshot "+shot.sel, func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+			var err error
+			png, err = chromedp.Screenshot(chromedp.Search(shot.sel))(ctx, target)
+			return chromedp.Void{}, err
+		})
+		if err := os.WriteFile(filepath.Join(images, shot.name), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// At a 900 px viewport the page does not overflow sideways: the
+	// tables scroll inside their containers, whose right edge is on
+	// screen, with the policy column kept in view.
+	step("a 900 px viewport", chromedp.EmulateViewport(900, 1000))
+	var narrow struct {
+		Page, View, Right float64
+		Overflow, Sticky  string
+	}
+	step("measure at 900 px", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+		var err error
+		narrow, err = chromedp.Evaluate[struct {
+			Page, View, Right float64
+			Overflow, Sticky  string
+		}](`(() => { const wrap = document.querySelector("#comparison-table").parentElement;
+  return {Page: document.documentElement.scrollWidth, View: window.innerWidth, Right: wrap.getBoundingClientRect().right,
+    Overflow: getComputedStyle(wrap).overflowX, Sticky: getComputedStyle(document.querySelector("#comparison-table td.label")).position}; })()`)(ctx, target)
+		return chromedp.Void{}, err
+	})
+	if narrow.View != 900 || narrow.Page > narrow.View || narrow.Right > narrow.View || narrow.Overflow != "auto" || narrow.Sticky != "sticky" {
+		t.Errorf("at 900 px: %+v; want a page no wider than the viewport, the table scrolling in a container on screen, the policy column sticky", narrow)
+	}
+	// The verdict reads at 900 px without any scroll sideways: every
+	// cell of it is within the viewport, and no box of it scrolls.
+	var verdict struct {
+		Cells     int
+		Outside   []string // the cells not wholly within the viewport
+		Scrolling []string // the boxes whose content is wider than they are
+	}
+	step("measure the verdict at 900 px", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+		var err error
+		verdict, err = chromedp.Evaluate[struct {
+			Cells     int
+			Outside   []string
+			Scrolling []string
+		}](`(() => { const cells = [...document.querySelectorAll("#decide table.decision th, #decide table.decision td")];
+  const name = e => e.tagName + "." + e.className + " " + e.textContent.slice(0, 40);
+  return {Cells: cells.length,
+    Outside: cells.filter(c => { const r = c.getBoundingClientRect(); return r.left < 0 || r.right > window.innerWidth; }).map(name),
+    Scrolling: [...document.querySelectorAll("#decide .verdicts, #decide .verdicts *")].filter(e => e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0).map(name)}; })()`)(ctx, target)
+		return chromedp.Void{}, err
+	})
+	// Two fleets of the verdict's metrics: a heading and at least the four
+	// latency and cache rows (header and value cells) each.
+	if verdict.Cells < 2*(1+4*2) || len(verdict.Outside) != 0 || len(verdict.Scrolling) != 0 {
+		t.Errorf("the verdict at 900 px: %d cells, outside the viewport %q, boxes wider inside %q; want every cell within the viewport and no box scrolling",
+			verdict.Cells, verdict.Outside, verdict.Scrolling)
+	}
+	var small []byte
+	step("screenshot at 900 px", func(ctx context.Context, target *chromedp.Target) (chromedp.Void, error) {
+		var err error
+		small, err = chromedp.CaptureScreenshot()(ctx, target)
+		return chromedp.Void{}, err
+	})
+	if err := os.WriteFile(filepath.Join(images, "report-900px.png"), small, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("images: %s", images)
 
 	mu.Lock()
 	defer mu.Unlock()
@@ -199,7 +305,12 @@ func TestReportInChromium(t *testing.T) {
 			t.Errorf("figure %d: title %q, empty or repeated", i, f.Title)
 		}
 		titles[f.Title] = true
-		if !slices.ContainsFunc(f.Texts, func(s string) bool { return strings.HasSuffix(s, ")") && strings.Contains(s, " (") }) {
+		// An axis label with its unit: "TTFT p90 (ms)", or a header that
+		// ends with it, "out tok/s" (never "out tok/s (tok/s)").
+		if slices.ContainsFunc(f.Texts, func(s string) bool { return strings.HasSuffix(s, "tok/s (tok/s)") }) ||
+			!slices.ContainsFunc(f.Texts, func(s string) bool {
+				return strings.HasSuffix(s, ")") && strings.Contains(s, " (") || s == "out tok/s"
+			}) {
 			t.Errorf("figure %d %q: no axis label with its unit in its texts %q", i, f.Title, f.Texts)
 		}
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/switchyard-router/switchyard/router/replay/report"
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/font"
-	"gonum.org/v1/plot/palette"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
@@ -33,6 +32,8 @@ type chart struct {
 	// xTicks, when set, are the x axis's ticks (a sweep's fleets).
 	xTicks []plot.Tick
 	series []series
+	// note, when set, is shown under the chart (what it leaves out).
+	note string
 }
 
 // series is one legend entry: a line, or a filled band between two
@@ -42,6 +43,8 @@ type series struct {
 	xys    plotter.XYs
 	color  color.Color
 	dashes []vg.Length
+	// width is the line's width in points; 0 for the default, 1.2.
+	width vg.Length
 	// points marks each point (sweeps, whose x values are few).
 	points bool
 	// errs, when set, are error bars below and above each point.
@@ -93,6 +96,9 @@ func (c chart) svg() (string, error) {
 			return "", fmt.Errorf("%s: %s: %w", c.title, s.name, err)
 		}
 		l.Color, l.Dashes, l.Width = s.color, s.dashes, vg.Points(1.2)
+		if s.width > 0 {
+			l.Width = s.width
+		}
 		p.Add(l)
 		thumbs := []plot.Thumbnailer{l}
 		if s.points {
@@ -189,16 +195,29 @@ type errorXYs struct {
 	plotter.YErrors
 }
 
-// colorOf is the i-th policy's color: the soft palette, with dashes
-// telling apart lines whose colors repeat.
-func colorOf(i int) (color.Color, []vg.Length) {
-	n := len(plotutil.SoftColors)
-	return plotutil.SoftColors[i%n], plotutil.Dashes(i / n)
+// Palette is the policies' colors, in order: a colour-blind-safe set of
+// twelve, the eight of Okabe and Ito's "Color Universal Design"
+// (https://jfly.uni-koeln.de/color/, 2008: blue, vermillion, bluish
+// green, reddish purple, orange, sky blue, black, yellow), then four of
+// Paul Tol's "muted" qualitative scheme (SRON, "Colour schemes",
+// https://personal.sron.nl/~pault/: wine, olive, indigo, purple). The
+// Okabe-Ito colors come in an order that puts the most different ones
+// first and the yellow, faint on white, last.
+var Palette = []color.RGBA{
+	rgb(0x0072B2), rgb(0xD55E00), rgb(0x009E73), rgb(0xCC79A7), rgb(0xE69F00), rgb(0x56B4E9), rgb(0x000000), rgb(0xF0E442),
+	rgb(0x882255), rgb(0x999933), rgb(0x332288), rgb(0xAA4499),
 }
 
-// workerColors are n distinguishable colors, one per worker.
-func workerColors(n int) []color.Color {
-	return palette.Rainbow(n, palette.Red, palette.Magenta, 0.8, 0.85, 1).Colors()
+func rgb(v uint32) color.RGBA {
+	return color.RGBA{R: uint8(v >> 16), G: uint8(v >> 8), B: uint8(v), A: 0xff}
+}
+
+// colorOf is the i-th policy's color (Palette) and dashes: solid for
+// the first policy, a dash pattern of its own for each other, so that
+// lines that lie on each other, and lines whose colors repeat past the
+// palette's twelve, still tell apart.
+func colorOf(i int) (color.Color, []vg.Length) {
+	return Palette[i%len(Palette)], plotutil.Dashes((i + i/len(Palette)) % len(plotutil.DefaultDashes))
 }
 
 // simplify drops the points between two neighbours with the same y: on a
@@ -219,14 +238,26 @@ func simplify(xys plotter.XYs) plotter.XYs {
 }
 
 // MaxWorkerLines is the most workers the in-flight chart draws a line
-// for; over it, the chart draws the median worker and the band between
-// the least and the most loaded.
-const MaxWorkerLines = 16
+// for; over it, a line per worker is a block of colour, so the chart
+// draws the spread across workers at each sample: the band from the
+// least to the most loaded worker, the band from the 10th to the 90th
+// percentile, and the median worker's line (quantileBands). That reads
+// the same at 3 workers and at 4,096, and its size does not grow with
+// the workers.
+const MaxWorkerLines = 2
+
+// Band colours of the in-flight quantile chart: ColorBrewer's "Blues"
+// (https://colorbrewer2.org, sequential, colour-blind safe), light for
+// min–max, medium for p10–p90, dark for the median.
+var (
+	bandOuter  = rgb(0xC6DBEF)
+	bandInner  = rgb(0x6BAED6)
+	bandMedian = rgb(0x08519C)
+)
 
 // inFlightSeries is tl's in-flight requests over time: one line per
-// worker, or for more than MaxWorkerLines workers the median worker's
-// line and the min–max band across workers. x is seconds since the first
-// arrival at each sample's end.
+// worker up to MaxWorkerLines workers, else quantileBands. x is seconds
+// since the first arrival at each sample's end.
 func inFlightSeries(tl *report.Timeline) []series {
 	if len(tl.InFlight) == 0 {
 		return nil
@@ -234,18 +265,33 @@ func inFlightSeries(tl *report.Timeline) []series {
 	workers := len(tl.InFlight[0])
 	at := func(k int) float64 { return float64(k+1) * tl.IntervalS }
 	if workers <= MaxWorkerLines {
-		colors := workerColors(workers)
 		out := make([]series, workers)
 		for w := range workers {
 			xys := make(plotter.XYs, len(tl.InFlight))
 			for k, row := range tl.InFlight {
 				xys[k] = plotter.XY{X: at(k), Y: float64(row[w])}
 			}
-			out[w] = series{name: fmt.Sprintf("worker %d", w), xys: simplify(xys), color: colors[w]}
+			col, dash := colorOf(w)
+			out[w] = series{name: fmt.Sprintf("worker %d", w), xys: simplify(xys), color: col, dashes: dash}
 		}
 		return out
 	}
-	lo, med, hi := make(plotter.XYs, len(tl.InFlight)), make(plotter.XYs, len(tl.InFlight)), make(plotter.XYs, len(tl.InFlight))
+	return quantileBands(tl, at)
+}
+
+// quantileBands is the spread of tl's in-flight requests across workers
+// at each sample: the min–max band, the p10–p90 band and the median
+// line. Quantiles are nearest rank over the sample's workers (p10 is
+// the value of rank ⌈0.1·n⌉); the median of an even count is the mean
+// of the two middle values.
+func quantileBands(tl *report.Timeline, at func(int) float64) []series {
+	workers := len(tl.InFlight[0])
+	n := len(tl.InFlight)
+	lo, p10, med, p90, hi := make(plotter.XYs, n), make(plotter.XYs, n), make(plotter.XYs, n), make(plotter.XYs, n), make(plotter.XYs, n)
+	rank := func(row []int32, p float64) float64 {
+		i := max(0, min(workers-1, int(math.Ceil(p*float64(workers)))-1))
+		return float64(row[i])
+	}
 	row := make([]int32, workers)
 	for k := range tl.InFlight {
 		copy(row, tl.InFlight[k])
@@ -253,34 +299,42 @@ func inFlightSeries(tl *report.Timeline) []series {
 		x := at(k)
 		lo[k] = plotter.XY{X: x, Y: float64(row[0])}
 		hi[k] = plotter.XY{X: x, Y: float64(row[workers-1])}
+		p10[k] = plotter.XY{X: x, Y: rank(row, 0.1)}
+		p90[k] = plotter.XY{X: x, Y: rank(row, 0.9)}
 		m := float64(row[workers/2])
 		if workers%2 == 0 {
 			m = (float64(row[workers/2-1]) + m) / 2
 		}
 		med[k] = plotter.XY{X: x, Y: m}
 	}
-	c, _ := colorOf(0)
 	return []series{
-		{name: fmt.Sprintf("min–max of %d workers", workers), lo: lo, hi: hi, color: color.RGBA{R: 0x99, G: 0xbb, B: 0xdd, A: 0xff}},
-		{name: "median worker", xys: simplify(med), color: c},
+		{name: fmt.Sprintf("min–max of %d workers", workers), lo: lo, hi: hi, color: bandOuter},
+		{name: "p10–p90", lo: p10, hi: p90, color: bandInner},
+		{name: "median worker", xys: simplify(med), color: bandMedian},
 	}
 }
 
-// queueSeries is tl's router queue and engines' waiting requests over
-// time.
-func queueSeries(tl *report.Timeline) []series {
+// queueChart is the chart of tl's waiting requests over time: the
+// engines' queues, and the router's queue drawn over them in a heavier
+// line; a router queue of 0 throughout, which would lie hidden on the
+// x axis, is left out and said in the chart's note.
+func queueChart(title string, tl *report.Timeline, xMax, yMax float64) chart {
 	router, engine := make(plotter.XYs, len(tl.RouterQueue)), make(plotter.XYs, len(tl.EngineQueue))
+	queued := false
 	for k := range tl.RouterQueue {
 		x := float64(k+1) * tl.IntervalS
 		router[k] = plotter.XY{X: x, Y: float64(tl.RouterQueue[k])}
 		engine[k] = plotter.XY{X: x, Y: float64(tl.EngineQueue[k])}
+		queued = queued || tl.RouterQueue[k] > 0
 	}
-	c0, _ := colorOf(0)
-	c1, _ := colorOf(1)
-	return []series{
-		{name: "router queue", xys: simplify(router), color: c0},
-		{name: "engine queues", xys: simplify(engine), color: c1},
+	ch := chart{title: title, xLabel: "simulated time (s)", yLabel: "requests waiting", xMax: xMax, yMax: yMax,
+		series: []series{{name: "engine queues", xys: simplify(engine), color: Palette[2]}}}
+	if queued {
+		ch.series = append(ch.series, series{name: "router queue", xys: simplify(router), color: Palette[1], width: vg.Points(2)})
+	} else {
+		ch.note = "router queue: no request queued in the router (0 throughout), so only the engines' queues are drawn"
 	}
+	return ch
 }
 
 // kvBins is the most points of a KV-hit-over-time line: a timeline's

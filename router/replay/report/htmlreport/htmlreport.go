@@ -69,7 +69,7 @@ func Write(w io.Writer, in Input) error {
 	if len(in.Cells) == 0 || slices.ContainsFunc(in.Cells, func(c report.Cell) bool { return len(c.Runs) == 0 }) {
 		return ErrNoCells
 	}
-	p := page{Input: in, Seeds: 1}
+	p := page{Input: in, Seeds: 1, NoisePP: report.NoisePP, NoiseRelative: report.NoiseRelative}
 	if p.Title == "" {
 		p.Title = "router replay"
 	}
@@ -78,6 +78,7 @@ func Write(w io.Writer, in Input) error {
 	}
 	p.Table = newTable(in.Cells, in.Comparison)
 	p.Verdict = report.GoodputVerdict(in.Cells, in.Comparison.GoodputTarget)
+	p.Decision = newDecision(in.Cells)
 	fleets := fleetsOf(in.Cells)
 	var err error
 	for _, f := range fleets {
@@ -99,18 +100,68 @@ func Write(w io.Writer, in Input) error {
 type page struct {
 	Input
 	Seeds int
-	Table table
+	// NoisePP and NoiseRelative are the verdict's noise rule
+	// (report.NoisePP, report.NoiseRelative), stated on the page.
+	NoisePP, NoiseRelative float64
+	Table                  table
 	// Verdict is report.GoodputVerdict of the cells ("" without a
 	// goodput target).
 	Verdict string
-	Fleets  []fleetSection
-	Sweep   []figure
+	// Decision is the verdict at the top of the page: per fleet, the best
+	// row on each headline metric.
+	Decision decision
+	Fleets   []fleetSection
+	Sweep    []figure
 }
 
 // figure is one chart on the page, or a note in its place.
 type figure struct {
 	SVG  template.HTML
 	Note string
+	// Collapsed, when set, is why the chart tells nothing (Flatness): the
+	// page shows this line, and the chart only when the reader opens it.
+	Collapsed string
+}
+
+// FlatShare is the rule for an uninformative chart of several lines:
+// when the largest gap between any two lines, at any point they share,
+// is under FlatShare of the chart's value range (its y range; for a CDF
+// the x range in log10, the axis it is drawn on), the lines are equal
+// within noise and the page collapses the chart, with a note.
+const FlatShare = 0.02
+
+// flatness is the largest gap between two of lines, in the unit of
+// their values, and whether they have one: lines are value series over
+// shared points (one per quantile of a CDF, or per fleet of a sweep),
+// NaN where a line has no point.
+func flatness(lines [][]float64) (gap float64, ok bool) {
+	for a := range lines {
+		for b := a + 1; b < len(lines); b++ {
+			for k := range min(len(lines[a]), len(lines[b])) {
+				x, y := lines[a][k], lines[b][k]
+				if math.IsNaN(x) || math.IsNaN(y) {
+					continue
+				}
+				gap, ok = max(gap, math.Abs(x-y)), true
+			}
+		}
+	}
+	return gap, ok
+}
+
+// collapseNote is the note of a chart of lines over a value range
+// (span) whose largest gap is under FlatShare of it, "" for a chart that
+// tells something: fewer than two lines, or a gap at least that.
+func collapseNote(lines [][]float64, span float64, what string) string {
+	if len(lines) < 2 || span <= 0 {
+		return ""
+	}
+	gap, ok := flatness(lines)
+	if !ok || gap >= FlatShare*span {
+		return ""
+	}
+	return fmt.Sprintf("%s: the %d lines lie within %.1f%% of the axis range of each other (under %.0f%%: equal within noise); open to see the chart",
+		what, len(lines), 100*gap/span, 100*FlatShare)
 }
 
 // fleetsOf is the cells' fleets (report.Cell.Fleet), in first order.
@@ -153,6 +204,111 @@ type row struct {
 	Cells        []tableCell
 }
 
+// decision is the page's verdict: per fleet, a block of the headline
+// metrics as rows (report.Bests), the blocks in a grid that wraps, so
+// the verdict reads at a 900 px window without a sideways scroll; and a
+// sentence over it.
+type decision struct {
+	Summary string
+	Metrics []column
+	Fleets  []decisionRow
+}
+
+type decisionRow struct {
+	Fleet string
+	Cells []decisionCell // one per Metrics; Label "" where the fleet has no verdict
+}
+
+// decisionCell is one fleet's verdict on one metric: the metric's
+// header and "↓" or "↑" (its column of Metrics), then the verdict.
+type decisionCell struct {
+	Header, Better              string
+	Label, Value, Margin, Seeds string
+	Tie, Split                  bool
+}
+
+// newDecision is the verdict of cells on report.HeadlineMetrics; empty
+// (no Fleets) when no fleet has two rows to compare.
+func newDecision(cells []report.Cell) decision {
+	var metrics []report.Metric
+	for _, name := range report.HeadlineMetrics {
+		m, _ := report.MetricByName(name)
+		metrics = append(metrics, m)
+	}
+	bests := report.Bests(cells, metrics)
+	if len(bests) == 0 {
+		return decision{}
+	}
+	var d decision
+	var shown []report.Metric
+	for _, m := range metrics {
+		if slices.ContainsFunc(bests, func(b report.Best) bool { return b.Metric.Name == m.Name }) {
+			shown = append(shown, m)
+			col := column{Header: m.Header, Unit: shownUnit(m), Better: "↑"}
+			if m.Lower {
+				col.Better = "↓"
+			}
+			d.Metrics = append(d.Metrics, col)
+		}
+	}
+	wins := map[string]int{}
+	var order []string
+	decided, ties := 0, 0
+	for _, f := range fleetsOf(cells) {
+		r := decisionRow{Fleet: fleetName(f)}
+		for k, m := range shown {
+			i := slices.IndexFunc(bests, func(b report.Best) bool { return b.Fleet == f && b.Metric.Name == m.Name })
+			if i < 0 {
+				r.Cells = append(r.Cells, decisionCell{Header: d.Metrics[k].Header, Better: d.Metrics[k].Better})
+				continue
+			}
+			b := bests[i]
+			c := decisionCell{Header: d.Metrics[k].Header, Better: d.Metrics[k].Better,
+				Label: b.Label, Value: withUnit(m, b.Value), Margin: b.MarginText(), Tie: b.Tie}
+			if b.Seeds > 1 {
+				c.Seeds = fmt.Sprintf("%d of %d seeds agree", b.SeedsAgree, b.Seeds)
+				c.Split = b.SeedsAgree < b.Seeds
+			}
+			if b.Tie {
+				c.Label = b.Label + " ≈ " + b.RunnerUp
+				ties++
+			} else {
+				decided++
+				if wins[b.Label] == 0 {
+					order = append(order, b.Label)
+				}
+				wins[b.Label]++
+			}
+			r.Cells = append(r.Cells, c)
+		}
+		d.Fleets = append(d.Fleets, r)
+	}
+	switch {
+	case decided == 0:
+		d.Summary = "No policy is ahead beyond the noise on any headline metric."
+	case len(order) == 1:
+		d.Summary = fmt.Sprintf("%s is best on every headline metric that differs (%d of %d verdicts; %d within noise).",
+			order[0], decided, decided+ties, ties)
+	default:
+		slices.SortStableFunc(order, func(a, b string) int { return wins[b] - wins[a] })
+		parts := make([]string, len(order))
+		for i, l := range order {
+			parts[i] = fmt.Sprintf("%s %d", l, wins[l])
+		}
+		d.Summary = fmt.Sprintf("Verdicts won: %s (of %d; %d within noise).", strings.Join(parts, ", "), decided+ties, ties)
+	}
+	return d
+}
+
+// withUnit is v in m's format with m's unit ("951 ms", "15.1%").
+func withUnit(m report.Metric, v float64) string {
+	s := m.Format(v)
+	if m.Unit != "" && m.Unit != "%" {
+		s += " " + m.Unit
+	}
+	return s
+}
+
 // tableCell is one cell: the median (report.Cell.Text before its
 // range), the runs' range ("least–greatest", "" when they agree), and the
 // change against the baseline ("" for none, and on the baseline's own
@@ -162,6 +318,9 @@ type tableCell struct {
 	// Better is true, and Worse, when the delta is an improvement or a
 	// regression for a metric with a direction.
 	Better, Worse bool
+	// Best marks the best value of its fleet in the column
+	// (report.BestMarks).
+	Best bool
 }
 
 func newTable(cells []report.Cell, cmp report.Comparison) table {
@@ -169,7 +328,7 @@ func newTable(cells []report.Cell, cmp report.Comparison) table {
 	t := table{Fleets: len(fleetsOf(cells)) > 1, Delta: cmp.Baseline}
 	said := map[string]bool{}
 	for _, m := range cols {
-		col := column{Header: m.Header, Unit: m.Unit}
+		col := column{Header: m.Header, Unit: shownUnit(m)}
 		switch {
 		case m.Lower:
 			col.Better = "↓"
@@ -182,12 +341,16 @@ func newTable(cells []report.Cell, cmp report.Comparison) table {
 			t.Legend = append(t.Legend, m.Legend)
 		}
 	}
-	for _, c := range cells {
+	marks := make([][]bool, len(cols))
+	for j, m := range cols {
+		marks[j] = report.BestMarks(cells, m)
+	}
+	for i, c := range cells {
 		r := row{Label: c.Label(), Fleet: c.Fleet(), Baseline: cmp.Baseline != "" && c.Runs[0].Policy == cmp.Baseline}
-		for _, m := range cols {
+		for j, m := range cols {
 			text := c.Text(m)
 			value, rng, _ := strings.Cut(text, " [")
-			tc := tableCell{Value: value, Range: strings.TrimSuffix(rng, "]")}
+			tc := tableCell{Value: value, Range: strings.TrimSuffix(rng, "]"), Best: marks[j][i]}
 			if cmp.Baseline != "" {
 				tc.Delta, tc.Better, tc.Worse = delta(cells, c, cmp.Baseline, m)
 			}
@@ -198,22 +361,24 @@ func newTable(cells []report.Cell, cmp report.Comparison) table {
 	return t
 }
 
-// delta is c's change in m against the baseline's cell on its fleet:
-// "+3.1%", "" on the baseline's own row and without one; and whether
-// it is better or worse, for metrics lower is better of (report.Metric's
-// Lower) and the shares and rates higher is better of.
+// delta is c's change in m against the baseline's cell on its fleet
+// (report.Change): "+3.1 pp" for a share, "-42.0%" for any other, "" on
+// the baseline's own row, without one, and where the row shows the same
+// value as the baseline (so no "+0.0%" under the trace's own request
+// count); and whether it is better or
+// worse, for metrics lower is better of (report.Metric's Lower) and
+// those higher is better of (Higher).
 func delta(cells []report.Cell, c report.Cell, baseline string, m report.Metric) (text string, better, worse bool) {
 	base, ok := report.BaselineOf(cells, c, baseline)
 	switch {
 	case !ok, base.Runs[0] == c.Runs[0]:
 		return "", false, false
 	}
-	d, ok := report.Delta(c, base, m)
-	if !ok {
+	d, text, ok := report.Change(c, base, m)
+	if !ok || c.Text(m) == base.Text(m) {
 		return "", false, false
 	}
-	text = fmt.Sprintf("%+.1f%%", d)
-	if text == "+0.0%" || text == "-0.0%" || !directed(m) {
+	if text == "+0.0%" || text == "-0.0%" || text == "+0.0 pp" || text == "-0.0 pp" || !directed(m) {
 		return text, false, false
 	}
 	if m.Lower {
@@ -222,15 +387,8 @@ func delta(cells []report.Cell, c report.Cell, baseline string, m report.Metric)
 	return text, d > 0, d < 0
 }
 
-// directed is true for the metrics one direction of is better: those
-// lower is better of, and these, higher.
-func directed(m report.Metric) bool {
-	switch m.Name {
-	case "completed", "kv_hit", "of_ref", "belief", "output_tok_s", "goodput", "goodput_per_s", "req_s_wall":
-		return true
-	}
-	return m.Lower
-}
+// directed is true for the metrics one direction of is better.
+func directed(m report.Metric) bool { return m.Higher() || m.Lower }
 
 // fleetSection is one fleet's plots: the CDFs of its cells, then each
 // cell's state over time.
@@ -292,6 +450,7 @@ func newFleetSection(f string, cells []report.Cell, sweep bool) (fleetSection, e
 		if err != nil {
 			return s, err
 		}
+		fig.Collapsed = collapseNote(logQuantiles(on, which), logSpan(on, which), ch.title)
 		if len(missing) > 0 && len(ch.series) > 0 {
 			fig.Note = "left out (no distribution, or none above 0 ms): " + strings.Join(missing, ", ")
 		}
@@ -322,8 +481,7 @@ func newFleetSection(f string, cells []report.Cell, sweep bool) (fleetSection, e
 		charts := []chart{
 			{title: title + "requests in flight", xLabel: "simulated time (s)", yLabel: "requests on the worker",
 				xMax: xMax, yMax: inFlightMax, series: inFlightSeries(tl)},
-			{title: title + "queue depth", xLabel: "simulated time (s)", yLabel: "requests waiting",
-				xMax: xMax, yMax: queueMax, series: queueSeries(tl)},
+			queueChart(title+"queue depth", tl, xMax, queueMax),
 			{title: title + "KV hit over time", xLabel: "simulated time (s)", yLabel: "prompt tokens from cache (%)",
 				xMax: xMax, yMax: 100, series: []series{
 					{name: "KV hit", xys: hit, color: col, dashes: dash},
@@ -342,6 +500,48 @@ func newFleetSection(f string, cells []report.Cell, sweep bool) (fleetSection, e
 	return s, nil
 }
 
+// logQuantiles is each cell's distribution of which ("TTFT" or "E2E") in
+// log10 ms, NaN where a quantile is 0 or less (off the log axis); cells
+// without one are left out.
+func logQuantiles(cells []report.Cell, which string) [][]float64 {
+	var out [][]float64
+	for _, c := range cells {
+		d := c.Runs[0].Distributions
+		if d == nil || len(d.TTFT) == 0 {
+			continue
+		}
+		q := d.TTFT
+		if which == "E2E" {
+			q = d.E2E
+		}
+		l := make([]float64, len(q))
+		for k, v := range q {
+			l[k] = math.NaN()
+			if v > 0 {
+				l[k] = math.Log10(v)
+			}
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// logSpan is the x range of the cells' CDFs of which, in log10 ms.
+func logSpan(cells []report.Cell, which string) float64 {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, l := range logQuantiles(cells, which) {
+		for _, v := range l {
+			if !math.IsNaN(v) {
+				lo, hi = min(lo, v), max(hi, v)
+			}
+		}
+	}
+	if hi < lo {
+		return 0
+	}
+	return hi - lo
+}
+
 // figureOf is ch's figure, or a note when ok is false.
 func figureOf(ch chart, ok bool, note string) (figure, error) {
 	if !ok {
@@ -352,7 +552,7 @@ func figureOf(ch chart, ok bool, note string) (figure, error) {
 		return figure{}, fmt.Errorf("htmlreport: drawing %q: %w", ch.title, err)
 	}
 	// gonum's SVG escapes its text (html.EscapeString).
-	return figure{SVG: template.HTML(svg)}, nil
+	return figure{SVG: template.HTML(svg), Note: ch.note}, nil
 }
 
 // seriesNames names the sweep line each cell is a point of: its label
@@ -463,13 +663,45 @@ func sweepFigures(cells []report.Cell, goodputTarget float64) ([]figure, error) 
 		if err != nil {
 			return nil, err
 		}
+		fig.Collapsed = collapseNote(sweepLines(ch.series, ticks), ch.yMax, ch.title)
 		out = append(out, fig)
 	}
 	return out, nil
 }
 
+// sweepLines is each policy's line of a sweep chart (not the target's)
+// as values at the ticks' fleet sizes, NaN where it has no point.
+func sweepLines(ss []series, ticks []plot.Tick) [][]float64 {
+	var out [][]float64
+	for _, s := range ss {
+		if !s.points {
+			continue // the goodput target's line
+		}
+		l := make([]float64, len(ticks))
+		for k, t := range ticks {
+			l[k] = math.NaN()
+			for _, p := range s.xys {
+				if p.X == t.Value {
+					l[k] = p.Y
+				}
+			}
+		}
+		out = append(out, l)
+	}
+	return out
+}
+
+// shownUnit is m's unit for a header or an axis, "" when m's header
+// already ends with it ("out tok/s", not "out tok/s tok/s").
+func shownUnit(m report.Metric) string {
+	if strings.HasSuffix(m.Header, m.Unit) {
+		return ""
+	}
+	return m.Unit
+}
+
 func axisLabel(m report.Metric) string {
-	if m.Unit == "" {
+	if shownUnit(m) == "" {
 		return m.Header
 	}
 	return m.Header + " (" + m.Unit + ")"

@@ -30,7 +30,7 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 	if err := Write(&page, Input{Cells: cells, Comparison: cmp}); err != nil {
 		t.Fatal(err)
 	}
-	ranges, deltas := 0, 0
+	ranges, deltas, sameCount := 0, 0, 0
 	for i, c := range cells {
 		r := tab.Rows[i]
 		if r.Label != c.Label() || r.Fleet != c.Fleet() || r.Baseline != (c.Runs[0].Policy == "power-of-two") {
@@ -41,8 +41,15 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 			t.Fatalf("row %d: no baseline", i)
 		}
 		for j, m := range cols {
-			if tab.Columns[j].Header != m.Header || tab.Columns[j].Unit != m.Unit {
-				t.Fatalf("column %d: %+v, want %s in %q", j, tab.Columns[j], m.Header, m.Unit)
+			unit := m.Unit
+			if strings.HasSuffix(m.Header, m.Unit) {
+				unit = "" // "out tok/s", not "out tok/s tok/s"
+			}
+			if tab.Columns[j].Header != m.Header || tab.Columns[j].Unit != unit {
+				t.Fatalf("column %d: %+v, want %s in %q", j, tab.Columns[j], m.Header, unit)
+			}
+			if m.Name == "output_tok_s" && unit != "" {
+				t.Errorf("out tok/s: unit %q under a header that has it", unit)
 			}
 			got := r.Cells[j]
 			text := got.Value
@@ -56,7 +63,7 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 			if !strings.Contains(page.String(), ">"+html.EscapeString(got.Value)+"<") {
 				t.Errorf("%s/%s %s: the page has no cell %q", c.Label(), c.Fleet(), m.Name, got.Value)
 			}
-			d, ok := report.Delta(c, base, m)
+			d, want, ok := report.Change(c, base, m)
 			switch {
 			case r.Baseline:
 				if got.Delta != "" {
@@ -68,9 +75,22 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 					t.Errorf("%s/%s %s: delta %q without a baseline value", c.Label(), c.Fleet(), m.Name, got.Delta)
 				}
 				continue
+			case c.Text(m) == base.Text(m):
+				// The same value as the baseline's, such as the trace's
+				// own request count: no "+0.0%".
+				if got.Delta != "" {
+					t.Errorf("%s/%s %s: delta %q where the row shows the baseline's %q", c.Label(), c.Fleet(), m.Name, got.Delta, c.Text(m))
+				}
+				if m.Name == "requests" {
+					sameCount++
+				}
+				continue
 			}
 			deltas++
-			if want := fmt.Sprintf("%+.1f%%", d); got.Delta != want {
+			if m.Ratio() != strings.HasSuffix(want, " pp") {
+				t.Errorf("%s: delta %q; want percentage points for a share, percent for another figure", m.Name, want)
+			}
+			if got.Delta != want {
 				t.Errorf("%s/%s %s: delta %q, want %q", c.Label(), c.Fleet(), m.Name, got.Delta, want)
 			}
 			if m.Name == "ttft_p90" && (got.Better != (d < -0.05) || got.Worse != (d > 0.05)) {
@@ -82,8 +102,8 @@ func TestTableMatchesTheTextTable(t *testing.T) {
 		}
 	}
 	// Two seeds of power-of-two differ; the default policy's deltas exist.
-	if ranges == 0 || deltas == 0 {
-		t.Errorf("%d cells with a range, %d with a delta; want some of each", ranges, deltas)
+	if ranges == 0 || deltas == 0 || sameCount == 0 {
+		t.Errorf("%d cells with a range, %d with a delta, %d request counts equal to the baseline's; want some of each", ranges, deltas, sameCount)
 	}
 }
 
@@ -124,7 +144,8 @@ func TestKVSeriesIsTheRatioOfTokenSums(t *testing.T) {
 }
 
 // Up to MaxWorkerLines workers the in-flight chart has a line per
-// worker; over it, the median worker and the min–max band.
+// worker; over it, the min–max band, the p10–p90 band and the median
+// worker's line.
 func TestInFlightBandOverSixteenWorkers(t *testing.T) {
 	timeline := func(workers int) *report.Timeline {
 		tl := &report.Timeline{IntervalS: 2}
@@ -141,20 +162,30 @@ func TestInFlightBandOverSixteenWorkers(t *testing.T) {
 	if len(lines) != MaxWorkerLines {
 		t.Fatalf("%d series for %d workers, want a line each", len(lines), MaxWorkerLines)
 	}
-	if want := (plotter.XYs{{X: 2, Y: 5}, {X: 4, Y: 10}, {X: 6, Y: 15}}); lines[5].name != "worker 5" || !equalXYs(lines[5].xys, want) {
-		t.Errorf("worker 5: %q %v, want %v", lines[5].name, lines[5].xys, want)
+	if want := (plotter.XYs{{X: 2, Y: 1}, {X: 4, Y: 2}, {X: 6, Y: 3}}); lines[1].name != "worker 1" || !equalXYs(lines[1].xys, want) {
+		t.Errorf("worker 1: %q %v, want %v", lines[1].name, lines[1].xys, want)
 	}
-	for _, workers := range []int{MaxWorkerLines + 1, MaxWorkerLines + 2} {
-		ss := inFlightSeries(timeline(workers))
-		if len(ss) != 2 || ss[0].lo == nil || ss[1].xys == nil {
-			t.Fatalf("%d workers: %d series, want the band and the median", workers, len(ss))
+	for _, tt := range []struct {
+		workers  int
+		p10, p90 int // ranks of the nearest-rank quantiles, from 0: ⌈p·n⌉ − 1
+	}{
+		{MaxWorkerLines + 1, 0, 2}, {16, 1, 14}, {20, 1, 17}, {4096, 409, 3686},
+	} {
+		ss := inFlightSeries(timeline(tt.workers))
+		if len(ss) != 3 || ss[0].lo == nil || ss[1].lo == nil || ss[2].xys == nil {
+			t.Fatalf("%d workers: %d series, want two bands and the median", tt.workers, len(ss))
 		}
 		// Sample k holds w·(k+1) for w in 0..workers−1: least 0, most
-		// (workers−1)(k+1), median (workers−1)(k+1)/2.
+		// (workers−1)(k+1), median (workers−1)(k+1)/2, the worker of rank
+		// r r·(k+1).
 		for k := range 3 {
-			top := float64((workers - 1) * (k + 1))
-			if ss[0].lo[k].Y != 0 || ss[0].hi[k].Y != top || ss[1].xys[k].Y != top/2 {
-				t.Errorf("%d workers, sample %d: band %v–%v, median %v; want 0–%v, %v", workers, k, ss[0].lo[k].Y, ss[0].hi[k].Y, ss[1].xys[k].Y, top, top/2)
+			f := float64(k + 1)
+			top := float64(tt.workers-1) * f
+			if ss[0].lo[k].Y != 0 || ss[0].hi[k].Y != top || ss[2].xys[k].Y != top/2 {
+				t.Errorf("%d workers, sample %d: band %v–%v, median %v; want 0–%v, %v", tt.workers, k, ss[0].lo[k].Y, ss[0].hi[k].Y, ss[2].xys[k].Y, top, top/2)
+			}
+			if ss[1].lo[k].Y != float64(tt.p10)*f || ss[1].hi[k].Y != float64(tt.p90)*f {
+				t.Errorf("%d workers, sample %d: p10–p90 %v–%v, want %v–%v", tt.workers, k, ss[1].lo[k].Y, ss[1].hi[k].Y, float64(tt.p10)*f, float64(tt.p90)*f)
 			}
 		}
 	}
@@ -381,5 +412,57 @@ func TestGoodputTargetLine(t *testing.T) {
 	}
 	if figs, _ = sweepFigures(cells, 0); slices.ContainsFunc(figs, func(f figure) bool { return strings.Contains(string(f.SVG), "target ") }) {
 		t.Error("a target line without a target")
+	}
+}
+
+// The page opens with the verdict, before the table: per fleet, the best
+// row on each headline metric with its margin and the seeds that agree
+// (report.Bests), the goodput target's line, and a sentence over them;
+// the table marks each column's best cells in bold with a star.
+func TestPageOpensWithTheVerdict(t *testing.T) {
+	cells := mustCells(t)
+	var page bytes.Buffer
+	in := Input{Cells: cells, SLO: fixtureSLO.String(), Comparison: report.Comparison{GoodputTarget: 90, Baseline: "power-of-two"}}
+	if err := Write(&page, in); err != nil {
+		t.Fatal(err)
+	}
+	s := page.String()
+	verdict, table := strings.Index(s, `<h2 id="verdict">`), strings.Index(s, `<h2 id="comparison">`)
+	if verdict < 0 || table < verdict {
+		t.Fatalf("verdict at %d, table at %d: want the verdict first", verdict, table)
+	}
+	head := html.UnescapeString(s[verdict:table])
+	var ms []report.Metric
+	for _, n := range report.HeadlineMetrics {
+		m, _ := report.MetricByName(n)
+		ms = append(ms, m)
+	}
+	bests := report.Bests(cells, ms)
+	if len(bests) != len(fixtureFleets)*len(report.HeadlineMetrics) {
+		t.Fatalf("%d verdicts, want one per fleet and headline metric", len(bests))
+	}
+	for _, b := range bests {
+		for _, want := range []string{"best " + b.Metric.Header, b.MarginText(),
+			fmt.Sprintf("%d of %d seeds agree", b.SeedsAgree, b.Seeds)} {
+			if !strings.Contains(head, want) {
+				t.Errorf("%s on %s: the verdict lacks %q", b.Metric.Name, b.Fleet, want)
+			}
+		}
+	}
+	for _, want := range []string{`<p class="summary">`, "smallest fleet with goodput >= 90.0%"} {
+		if !strings.Contains(head, want) {
+			t.Errorf("the verdict lacks %q", want)
+		}
+	}
+	marks := 0
+	for _, m := range report.TableColumns(cells, in.Comparison) {
+		for _, b := range report.BestMarks(cells, m) {
+			if b {
+				marks++
+			}
+		}
+	}
+	if got := strings.Count(s[table:], `<td class="best"><strong>`); marks == 0 || got != marks {
+		t.Errorf("%d cells marked best, want %d (report.BestMarks), some", got, marks)
 	}
 }
