@@ -19,6 +19,7 @@ const (
 	ParamCachedTPOT   = "cached_tpot_headroom"
 	ParamOnMiss       = "on_miss"
 	ParamLateness     = "tolerance"
+	ParamDivert       = "divert"
 )
 
 // DefaultTTFTHeadroom and DefaultTPOTHeadroom are the slo filter's
@@ -47,6 +48,35 @@ const (
 	DefaultCachedTPOTHeadroom = -0.1
 )
 
+// Values of the slo filter's divert parameter: when some rows meet the
+// targets, DivertAlways keeps only those (the default, DefaultSLODivert);
+// DivertNever keeps every row, and on a least-late miss too, so the filter
+// only holds (wait) or refuses (reject) requests; DivertClasses keeps
+// every row unless the candidates span more than one worker class (their
+// shared.LabelClass label, as the predictor models them), and then keeps
+// the rows predicted to meet the TTFT target.
+//
+// examples/policies/slo.hcl sets DivertClasses, measured against the
+// default policy with common tie-break draws (BENCHMARKS.md, "SLO-aware
+// routing"; 4, 8 and 16 workers of the three bundled traces, uniform and
+// mixed fleets, seeds 1-3: 54 cells). Diverting on a uniform fleet
+// second-guesses kv-affinity, whose cost already counts the prefill
+// queued on each worker, with a noisier model, and moves session turns
+// off their cache: always loses to the default in 9 cells (worst -1.1
+// pp), never in 3 (-0.2 pp). On a mixed fleet the predictor knows which
+// workers are fast and kv-affinity does not: diverting there on the
+// TTFT target is worth 1.5-3.6 pp on the conversation trace, while
+// diverting on the TPOT target too loses on the generated sessions
+// (-0.9 to -1.1 pp at 4 workers). classes loses in 1 cell (-0.2 pp).
+const (
+	DivertAlways  = "always"
+	DivertNever   = "never"
+	DivertClasses = "classes"
+)
+
+// DefaultSLODivert is the slo filter's default divert: DivertAlways.
+const DefaultSLODivert = DivertAlways
+
 // DefaultSLOTolerance is how much later than the least late a candidate
 // may be predicted and still be kept when none meets the targets, as a
 // fraction of the target: 0.5.
@@ -60,7 +90,11 @@ const DefaultSLOTolerance = 0.5
 //
 // except that the rows holding the request's longest cached prefix among
 // the candidates (OverlapBlocks, when it is > 0) use
-// cached_tpot_headroom for TPOT (DefaultCachedTPOTHeadroom).
+// cached_tpot_headroom for TPOT (DefaultCachedTPOTHeadroom). The divert
+// parameter (DivertAlways, DivertNever, DivertClasses) can turn that off:
+// the filter then removes no row and only decides, when no row meets the
+// targets, whether the request waits or is refused; the scorers place
+// every request that goes.
 //
 // A request without targets, and every request while the predictor has
 // learned nothing (its predictions are 0), keeps every row. When no row
@@ -74,22 +108,24 @@ const DefaultSLOTolerance = 0.5
 //     request in an overloaded fleet);
 //   - "wait" answers shared.ErrAllBusy, so the request waits in the
 //     router's queue and is placed again when a request ends, while no
-//     row meets its TTFT target, the target is not yet gone and some row
+//     row meets its TTFT target, the target is not yet gone and every row
 //     has requests in flight; otherwise (a row meets the TTFT target but
 //     not the TPOT one, a request with a TPOT target only, an idle
-//     fleet, a target already gone) it goes to the least-late rows at
+//     row, a target already gone) it goes to the least-late rows at
 //     once;
 //   - "reject" answers a *shared.NoHeadroomError whose RetryAfter is the
 //     best row's TTFT excess, at least one second.
 //
 // It composes with any scorers: a policy of slo followed by the default
 // kv-affinity scorer places for the cache among the rows with headroom.
-// It declares LATENCY (so the router also computes LOAD and CACHE).
+// It declares LATENCY (so the router also computes LOAD and CACHE), and
+// LABELS with divert "classes".
 type SLO struct {
 	cachedTPOTHead     float64 // tpot_headroom of the rows holding the longest prefix
 	tolerance          float64
 	ttftHead, tpotHead float64
 	onMiss             shared.SLOMiss
+	divert             string
 }
 
 // SLOType describes the slo filter.
@@ -97,7 +133,7 @@ func SLOType() shared.TypeInfo {
 	return shared.TypeInfo{
 		Name:   TypeSLO,
 		Kind:   shared.KindFilter,
-		Inputs: shared.InputLatency,
+		Inputs: shared.InputLatency | shared.InputLabels, // LABELS with divert "classes" only (SLO.Inputs)
 		Params: []shared.ParamSpec{
 			{Name: ParamTTFTHeadroom, Type: shared.Number,
 				Doc: "A candidate meets the TTFT target when its predicted TTFT times (1 + ttft_headroom) is within what is left of it. " +
@@ -114,6 +150,11 @@ func SLOType() shared.TypeInfo {
 			{Name: ParamLateness, Type: shared.Number,
 				Doc: "When no candidate meets the targets (least-late): keep those predicted at most this much later than the least late, " +
 					"as a fraction of the target, for the scorers to choose among. >= 0; default 0.5."},
+			{Name: ParamDivert, Type: shared.String, Default: DefaultSLODivert,
+				Doc: "When some candidates meet the targets: \"always\" (default) keeps only them; \"never\" keeps every " +
+					"candidate, then and on a least-late miss, so the filter only holds (wait) or refuses (reject); " +
+					"\"classes\" is never unless the candidates span more than one worker class (switchyard.io/class), " +
+					"and then keeps those predicted to meet the TTFT target."},
 		},
 		Doc: "Keeps the candidates predicted (LATENCY) to meet the request's TTFT and TPOT targets " +
 			"with headroom; when none does: the least late, wait in the queue, or refuse with 429.",
@@ -125,7 +166,13 @@ func SLOType() shared.TypeInfo {
 // for a headroom outside its range, a negative tolerance or an unknown
 // on_miss.
 func NewSLO(p shared.Params) (*SLO, error) {
-	s := &SLO{ttftHead: DefaultTTFTHeadroom, tpotHead: DefaultTPOTHeadroom, cachedTPOTHead: DefaultCachedTPOTHeadroom, onMiss: shared.SLOMissLeastLate, tolerance: DefaultSLOTolerance}
+	s := &SLO{ttftHead: DefaultTTFTHeadroom, tpotHead: DefaultTPOTHeadroom, cachedTPOTHead: DefaultCachedTPOTHeadroom,
+		onMiss: shared.SLOMissLeastLate, tolerance: DefaultSLOTolerance, divert: p.String(ParamDivert, DefaultSLODivert)}
+	switch s.divert {
+	case DivertAlways, DivertNever, DivertClasses:
+	default:
+		return nil, &shared.ParamError{Param: ParamDivert, Err: fmt.Errorf("%q: want \"always\", \"never\" or \"classes\"", s.divert)}
+	}
 	if p.Has(ParamLateness) {
 		s.tolerance = p.Float(ParamLateness, 0)
 		if math.IsNaN(s.tolerance) || s.tolerance < 0 {
@@ -155,8 +202,13 @@ func NewSLO(p shared.Params) (*SLO, error) {
 	return s, nil
 }
 
-// Inputs returns LATENCY.
-func (s *SLO) Inputs() shared.Inputs { return shared.InputLatency }
+// Inputs returns LATENCY, and LABELS with divert "classes".
+func (s *SLO) Inputs() shared.Inputs {
+	if s.divert == DivertClasses {
+		return shared.InputLatency | shared.InputLabels
+	}
+	return shared.InputLatency
+}
 
 // Filter keeps the rows predicted to meet req's targets, or applies the
 // miss action (see SLO). It fails with ErrMissingColumn when the LATENCY
@@ -218,6 +270,16 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 		}
 	}
 	if met > 0 {
+		switch {
+		case s.divert == DivertNever:
+			keepAll(keep)
+		case s.divert == DivertClasses && slo.TTFT > 0 && mixedClasses(c):
+			for i := range n {
+				keep[i] = c.PredictedTTFT[i]*kt <= ttftLeft
+			}
+		case s.divert == DivertClasses:
+			keepAll(keep)
+		}
 		return nil
 	}
 	action := slo.OnMiss
@@ -244,13 +306,20 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 		// back until its target is gone, it leaves the engines to the
 		// requests that can still meet theirs (BENCHMARKS.md, "SLO-aware
 		// routing": the goodput comes from there).
-		// And only while some row has requests in flight: their end is
-		// what places a waiting request again, and on an idle fleet
-		// waiting changes nothing. Without a TTFT target there is none to
-		// wait for.
-		if slo.TTFT > 0 && metTTFT == 0 && ttftLeft > 0 && busy(c) {
+		// And only while every row has requests in flight: their end is
+		// what places a waiting request again, and no row gets faster
+		// than idle, so a request an idle row is predicted to serve late
+		// gains nothing by waiting and loses what the prediction erred
+		// (measured: waiting with an idle row lost 0.2-0.6 pp of goodput
+		// to the default at 16 workers; BENCHMARKS.md, "SLO-aware
+		// routing"). Without a TTFT target there is none to wait for.
+		if slo.TTFT > 0 && metTTFT == 0 && ttftLeft > 0 && allBusy(c) {
 			return shared.ErrAllBusy
 		}
+	}
+	if s.divert != DivertAlways {
+		keepAll(keep)
+		return nil
 	}
 	// least-late, and a wait that can no longer help: every row as late
 	// as the least late (ties kept for the scorers to break).
@@ -263,16 +332,40 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 // Interface guard.
 var _ shared.Filter = (*SLO)(nil)
 
-// busy reports whether some row has requests in flight (LOAD); true when
-// the column is missing, as nothing says the fleet is idle.
-func busy(c *shared.Candidates) bool {
+// allBusy reports whether every row has requests in flight (LOAD); true
+// when the column is missing, as nothing says a row is idle.
+func allBusy(c *shared.Candidates) bool {
 	if len(c.Load) != c.Len() {
 		return true
 	}
 	for i := range c.Load {
-		if c.Load[i].ActiveRequests > 0 {
+		if c.Load[i].ActiveRequests == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// mixedClasses reports whether the rows' shared.LabelClass labels differ
+// (a row without one counts as the empty class, so an unlabelled fleet is
+// one class). False without the LABELS columns.
+func mixedClasses(c *shared.Candidates) bool {
+	n := c.Len()
+	if len(c.Labels) != n || n < 2 {
+		return false
+	}
+	first, _ := c.Labels[0].Get(shared.LabelClass)
+	for i := 1; i < n; i++ {
+		if cl, _ := c.Labels[i].Get(shared.LabelClass); cl != first {
 			return true
 		}
 	}
 	return false
+}
+
+// keepAll sets every entry of keep.
+func keepAll(keep []bool) {
+	for i := range keep {
+		keep[i] = true
+	}
 }

@@ -143,13 +143,110 @@ func TestSLOMissActions(t *testing.T) {
 		if err != nil || !slices.Equal(keep, []bool{false, true, false}) {
 			t.Fatalf("keep %v, err %v; want the least late row at once", keep, err)
 		}
+		// One idle row is enough: no row gets faster than idle, so waiting
+		// cannot bring this request its target.
 		cs = c()
 		cs.Load = make([]shared.Load, 3)
+		cs.Load[0].ActiveRequests, cs.Load[1].ActiveRequests = 2, 1
+		keep, err = runSLO(t, s, &shared.Request{SLO: target}, cs)
+		if err != nil || !slices.Equal(keep, []bool{false, true, false}) {
+			t.Fatalf("row 2 idle: keep %v, err %v; want the least late row at once", keep, err)
+		}
 		cs.Load[2].ActiveRequests = 1
 		if _, err := runSLO(t, s, &shared.Request{SLO: target}, cs); !errors.Is(err, shared.ErrAllBusy) {
-			t.Fatalf("err %v, want ErrAllBusy with a request in flight", err)
+			t.Fatalf("err %v, want ErrAllBusy with requests in flight on every row", err)
 		}
 	})
+}
+
+// With divert = "never" the filter removes no row: every row when some
+// meet the targets, every row on a least-late miss; it still holds
+// (wait) and refuses (reject, negative priority).
+func TestSLONoDivert(t *testing.T) {
+	s := sloFilter(t, shared.Params{ParamDivert: DivertNever, ParamOnMiss: "wait"})
+	if s.divert != DivertNever || s.Inputs() != shared.InputLatency {
+		t.Fatalf("divert %q, inputs %v: want never, LATENCY", s.divert, s.Inputs())
+	}
+	req := &shared.Request{SLO: shared.SLO{TTFT: 200 * time.Millisecond, TPOT: 20 * time.Millisecond}}
+	// Row 1 alone meets both (0.1 s, 0.01 x 1.25): a diverting filter keeps
+	// only it (checked below), this one every row.
+	c := func() *shared.Candidates {
+		return sloRows([]float64{0.3, 0.1, 0.25}, []float64{0.01, 0.01, 0.05})
+	}
+	keep, err := runSLO(t, s, req, c())
+	if err != nil || !slices.Equal(keep, []bool{true, true, true}) {
+		t.Fatalf("keep %v, err %v; want every row", keep, err)
+	}
+	keep, err = runSLO(t, sloFilter(t, shared.Params{ParamOnMiss: "wait"}), req, c())
+	if err != nil || !slices.Equal(keep, []bool{false, true, false}) {
+		t.Fatalf("divert (default): keep %v, err %v; want row 1 only", keep, err)
+	}
+	// Nobody meets 50 ms TTFT and every row is busy: it waits.
+	tight := &shared.Request{SLO: shared.SLO{TTFT: 50 * time.Millisecond}}
+	busyRows := c()
+	busyRows.Load = []shared.Load{{ActiveRequests: 1}, {ActiveRequests: 3}, {ActiveRequests: 2}}
+	if _, err := runSLO(t, s, tight, busyRows); !errors.Is(err, shared.ErrAllBusy) {
+		t.Fatalf("err %v, want ErrAllBusy", err)
+	}
+	// The same miss with row 0 idle goes at once, to any row: the least
+	// late is row 1 (0.1 s), yet every row is kept for the scorers.
+	busyRows.Load[0].ActiveRequests = 0
+	keep, err = runSLO(t, s, tight, busyRows)
+	if err != nil || !slices.Equal(keep, []bool{true, true, true}) {
+		t.Fatalf("idle row: keep %v, err %v; want every row", keep, err)
+	}
+	// Negative priority is still refused.
+	neg := &shared.Request{SLO: tight.SLO, Priority: -1}
+	var nh *shared.NoHeadroomError
+	if _, err := runSLO(t, s, neg, busyRows); !errors.As(err, &nh) {
+		t.Fatalf("err %v, want *NoHeadroomError for priority -1", err)
+	}
+}
+
+// With divert = "classes" the filter keeps every row on a fleet of one
+// worker class, and the rows predicted to meet the TTFT target (whatever
+// their TPOT) when the candidates span classes.
+func TestSLODivertClasses(t *testing.T) {
+	s := sloFilter(t, shared.Params{ParamDivert: DivertClasses})
+	if s.Inputs() != shared.InputLatency|shared.InputLabels {
+		t.Fatalf("inputs %v, want LATENCY|LABELS", s.Inputs())
+	}
+	req := &shared.Request{SLO: shared.SLO{TTFT: 200 * time.Millisecond, TPOT: 20 * time.Millisecond}}
+	// Row 0 misses TTFT (0.3 s); row 1 meets both; row 2 meets TTFT but
+	// not TPOT (0.05 x 1.25 > 0.02).
+	rows := func(classes ...string) *shared.Candidates {
+		c := sloRows([]float64{0.3, 0.1, 0.15}, []float64{0.01, 0.01, 0.05})
+		c.Labels = make([]shared.Labels, len(classes))
+		for i, cl := range classes {
+			if cl != "" {
+				c.Labels[i] = shared.LabelsOf(map[string]string{shared.LabelClass: cl, "zone": "a"})
+			}
+		}
+		return c
+	}
+	for _, tc := range []struct {
+		name    string
+		classes []string
+		want    []bool
+	}{
+		{"one class", []string{"speed-1", "speed-1", "speed-1"}, []bool{true, true, true}},
+		{"unlabelled", []string{"", "", ""}, []bool{true, true, true}},
+		{"two classes", []string{"speed-1", "speed-2", "speed-1"}, []bool{false, true, true}},
+		{"labelled and not", []string{"", "", "speed-2"}, []bool{false, true, true}},
+	} {
+		keep, err := runSLO(t, s, req, rows(tc.classes...))
+		if err != nil || !slices.Equal(keep, tc.want) {
+			t.Errorf("%s: keep %v, err %v; want %v", tc.name, keep, err, tc.want)
+		}
+	}
+	// Without the LABELS columns nothing says the fleet is mixed.
+	c := sloRows([]float64{0.3, 0.1, 0.15}, []float64{0.01, 0.01, 0.05})
+	if keep, err := runSLO(t, s, req, c); err != nil || !slices.Equal(keep, []bool{true, true, true}) {
+		t.Errorf("no labels: keep %v, err %v; want every row", keep, err)
+	}
+	if _, err := NewSLO(shared.Params{ParamDivert: "sometimes"}); err == nil {
+		t.Error("divert \"sometimes\" accepted")
+	}
 }
 
 func TestSLOParams(t *testing.T) {
@@ -161,6 +258,9 @@ func TestSLOParams(t *testing.T) {
 		}
 	}
 	s := sloFilter(t, nil)
+	if s.divert != DivertAlways || s.Inputs() != shared.InputLatency {
+		t.Fatalf("divert %q, inputs %v: want DefaultSLODivert (always), LATENCY", s.divert, s.Inputs())
+	}
 	if s.ttftHead != DefaultTTFTHeadroom || s.tpotHead != DefaultTPOTHeadroom || s.tolerance != DefaultSLOTolerance || s.onMiss != shared.SLOMissLeastLate {
 		t.Fatalf("defaults %+v", s)
 	}

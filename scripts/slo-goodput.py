@@ -21,8 +21,15 @@ when one fails.
 
 Replay is simulated time: the figures do not depend on the machine.
 
+Common random numbers: the default and the SLO policy break their
+min-cost ties from one stream (each run's picker seed is the run's --seed
+in both files), so a cell where the slo filter changes no decision is the
+default's exactly; with the seed derived from each policy's name (as the
+peers' are) the tie-breaks alone move a cell by up to 3 pp (the default
+renamed "slo": -3.1 pp on the generated sessions at 8 workers).
+
 Usage: scripts/slo-goodput.py [--bin bin/router] [--seeds 1,2,3]
-       [--target 90] [--mixed] [TRACE ...]
+       [--target 90] [--mixed] [--sizes 2-20|4,8,16] [TRACE ...]
 """
 import argparse
 import json
@@ -41,26 +48,45 @@ TARGETS = {
     "testdata/traces/mooncake_arxiv_trace_first1000.jsonl": "ttft=1s,tpot=30ms",
     "testdata/traces/synthetic_sessions.jsonl": "ttft=1s,tpot=30ms",
 }
-SIZES = list(range(2, 21))
 TABLE_SIZES = [4, 8, 16]
 
 
-def unseeded(tmp):
+# The policies whose pickers share one tie-break stream (common random
+# numbers, above).
+PAIRED = {"kv-affinity", "slo"}
+
+
+def unseeded(tmp, seed):
     """Copies of the policies without their components' own seeds, so that
-    --seed governs every draw (as scripts/routing-quality.py does)."""
+    --seed governs every draw (as scripts/routing-quality.py does), except
+    that the pickers of PAIRED are seeded with seed itself."""
     os.makedirs(os.path.join(tmp, "peers"), exist_ok=True)
     for p in POLICIES:
         with open(os.path.join(ROOT, "examples/policies", p + ".hcl")) as f:
             src = f.read()
         src = re.sub(r"(?m)^ {3,}seed\s*=.*$", "", src)
+        if p in PAIRED:
+            src, n = re.subn(r'(?m)^(  picker "[^"]*" \{\n)', lambda m: m.group(1) + f"    seed = {seed}\n", src)
+            if n != 1:
+                sys.exit(f"{p}.hcl: want one picker block, found {n}")
         with open(os.path.join(tmp, p + ".hcl"), "w") as f:
             f.write(src)
     return tmp
 
 
-def run(binary, trace, slo, seed, mixed, policy_dir):
+def parse_sizes(spec):
+    """'2-20' or '4,8,16' (or a mix: '2-5,8') -> sorted sizes."""
+    out = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return sorted(out)
+
+
+def run(binary, trace, slo, seed, mixed, sizes):
+    policy_dir = unseeded(tempfile.mkdtemp(prefix="slo-goodput-"), seed)
     files = ",".join(os.path.join(policy_dir, p + ".hcl") for p in POLICIES)
-    cmd = [binary, "replay", "--trace", trace, "--workers", ",".join(map(str, SIZES)), "--compare", files,
+    cmd = [binary, "replay", "--trace", trace, "--workers", ",".join(map(str, sizes)), "--compare", files,
            "--slo", slo, "--seed", str(seed), "--report", "-"]
     if mixed:
         cmd += ["--speeds", "2,1"]
@@ -81,25 +107,28 @@ def main():
     ap.add_argument("--seeds", default="1,2,3")
     ap.add_argument("--target", type=float, default=90.0, help="goodput target, percent")
     ap.add_argument("--mixed", action="store_true", help="half the workers twice as fast (--speeds 2,1)")
+    ap.add_argument("--sizes", default="2-20",
+                    help="fleet sizes: '2-20' (default), '4,8,16' (the table's only), or a mix")
     ap.add_argument("traces", nargs="*")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
+    sizes = parse_sizes(a.sizes)
+    table_sizes = [w for w in TABLE_SIZES if w in sizes] or sizes[:3]
     traces = a.traces or list(TARGETS)
     failed = []
     fleet = "mixed (--speeds 2,1)" if a.mixed else "uniform"
-    policy_dir = unseeded(tempfile.mkdtemp(prefix="slo-goodput-"))
     for trace in traces:
         slo = TARGETS.get(trace, "ttft=500ms,tpot=25ms")
-        runs = {s: run(a.bin, trace, slo, s, a.mixed, policy_dir) for s in seeds}
+        runs = {s: run(a.bin, trace, slo, s, a.mixed, sizes) for s in seeds}
         print(f"\n### {os.path.basename(trace)}, --slo {slo}, {fleet} fleet, seeds {a.seeds}\n")
-        print("| policy | " + " | ".join(f"goodput @{w}" for w in TABLE_SIZES) +
+        print("| policy | " + " | ".join(f"goodput @{w}" for w in table_sizes) +
               f" | smallest fleet >= {a.target:g}% (per seed) |")
-        print("| --- |" + " --- |" * (len(TABLE_SIZES) + 1))
+        print("| --- |" + " --- |" * (len(table_sizes) + 1))
         smallest = {}
         for p in POLICIES:
             n = name(p)
             cells = []
-            for w in TABLE_SIZES:
+            for w in table_sizes:
                 shares = [runs[s][(n, w)] for s in seeds]
                 mean = sum(shares) / len(shares) * 100
                 if n == "kv-affinity":
@@ -109,17 +138,18 @@ def main():
                     cells.append(f"{mean:.1f}% ({worst:+.1f} pp worst)")
             sm = []
             for s in seeds:
-                reach = [w for w in SIZES if runs[s][(n, w)] * 100 >= a.target]
+                reach = [w for w in sizes if runs[s][(n, w)] * 100 >= a.target]
                 sm.append(reach[0] if reach else None)
             smallest[n] = sm
-            shown = ", ".join(str(x) if x is not None else f">{SIZES[-1]}" for x in sm)
+            shown = ", ".join(str(x) if x is not None else f">{sizes[-1]}" for x in sm)
             label = {"kv-affinity": "default (kv-affinity)", "slo": "slo"}.get(n, "peer: " + n)
             print(f"| {label} | " + " | ".join(cells) + f" | {shown} |")
         # Issue #30's goals.
-        d8 = [runs[s][("kv-affinity", 8)] for s in seeds]
-        print(f"\nThe default meets the targets for {min(d8)*100:.1f}-{max(d8)*100:.1f}% of requests at 8 workers.")
+        if 8 in sizes:
+            d8 = [runs[s][("kv-affinity", 8)] for s in seeds]
+            print(f"\nThe default meets the targets for {min(d8)*100:.1f}-{max(d8)*100:.1f}% of requests at 8 workers.")
         for s in seeds:
-            for w in SIZES:
+            for w in sizes:
                 if runs[s][("slo", w)] < runs[s][("kv-affinity", w)]:
                     failed.append(f"{os.path.basename(trace)} {fleet} seed {s}, {w} workers: slo goodput "
                                   f"{runs[s][('slo', w)]*100:.1f}% < default {runs[s][('kv-affinity', w)]*100:.1f}%")

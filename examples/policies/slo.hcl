@@ -1,18 +1,24 @@
 # SLO-aware routing (issue #30): the default kv-affinity policy with the
 # slo filter in front. The router predicts every candidate's TTFT and
 # TPOT for the request (router/predict: an online model per worker class,
-# learned from the answers), and the filter keeps the candidates predicted
-# to meet the request's targets (TTFT as predicted, TPOT with 25%
-# headroom); kv-affinity then places for the prefix cache among them,
-# exactly as the default does.
+# learned from the answers). When some candidate is predicted to meet the
+# request's targets (TTFT as predicted, TPOT with 25% headroom), the
+# request goes where kv-affinity places it, exactly as the default does,
+# unless the fleet mixes worker classes (switchyard.io/class): there
+# divert = "classes" keeps the candidates predicted to meet the TTFT
+# target, as the predictor knows which workers are fast and kv-affinity
+# does not. ("always", the filter's default, keeps only the candidates
+# meeting both targets on any fleet; measured, that moves session turns
+# off their cache and loses to the default in 9 of the 54 cells of
+# BENCHMARKS.md "SLO-aware routing", against 1 with "classes".)
 #
 # Targets come from the request's headers (docs/serve.md, "Latency
 # targets"), else from its queue class, else from replay's --slo. When no
 # candidate is predicted to meet them, on_miss decides (a request's own
 # header or class wins): "wait" (here) keeps it in the router's queue,
 # ordered by slack, until a candidate can meet its TTFT target, and sends
-# it to the least late once the target is gone; "least-late" sends it at
-# once; "reject" answers 429 with Retry-After. A request of negative
+# it on once the target is gone or a worker is idle (no worker gets faster
+# than idle); "least-late" sends it at once; "reject" answers 429 with Retry-After. A request of negative
 # priority is refused first. BENCHMARKS.md, "SLO-aware routing", compares
 # it with the default and the peers' policies.
 #
@@ -30,6 +36,7 @@ policy "slo" {
     ttft_headroom = 0
     tpot_headroom = 0.25
     on_miss       = "wait"
+    divert        = "classes"
   }
   scorer "cost" {
     type          = "kv-affinity"
