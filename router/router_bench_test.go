@@ -24,6 +24,25 @@ func benchDefaultPolicy() *policy.Policy {
 	return &policy.Policy{Name: "default", Scorers: []policy.WeightedScorer{{Name: "cost", Weight: 1, Scorer: kv}}, PickerName: "pick", Picker: mc}
 }
 
+// benchDefaultFleet returns a router over n aggregated workers of 4,096
+// KV blocks each (ids 0 to n-1), with the default policy
+// (benchDefaultPolicy), 512-token blocks and bookings as load.
+func benchDefaultFleet(b *testing.B, n int) *Router {
+	b.Helper()
+	r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: benchDefaultPolicy()}, BookingsAreLoad: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	specs := make([]fleet.Spec, n)
+	for i := range specs {
+		specs[i] = fleet.Spec{ID: shared.WorkerID(i), Role: shared.RoleAggregated, TotalKVBlocks: 4096}
+	}
+	if _, err := r.AddWorkers(specs...); err != nil {
+		b.Fatal(err)
+	}
+	return r
+}
+
 // BenchmarkSelect times whole selections of the default policy
 // (kv-affinity scorer + min-cost picker, temperature 0) at 64, 1,024 and 4,096
 // workers, for a 16-block (8,192-token, 512-token blocks) prompt whose
@@ -50,18 +69,7 @@ func BenchmarkSelect(b *testing.B) {
 	for _, n := range []int{64, 1024, 4096} {
 		for _, shape := range []string{"none", "one", "all"} {
 			b.Run(fmt.Sprintf("workers=%d/held=%s", n, shape), func(b *testing.B) {
-				pol := benchDefaultPolicy()
-				r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: pol}, BookingsAreLoad: true})
-				if err != nil {
-					b.Fatal(err)
-				}
-				specs := make([]fleet.Spec, n)
-				for i := range specs {
-					specs[i] = fleet.Spec{ID: shared.WorkerID(i), Role: shared.RoleAggregated, TotalKVBlocks: 4096}
-				}
-				if _, err := r.AddWorkers(specs...); err != nil {
-					b.Fatal(err)
-				}
+				r := benchDefaultFleet(b, n)
 				ids := make([]uint64, 16)
 				for k := range ids {
 					ids[k] = uint64(k)
@@ -274,17 +282,7 @@ func BenchmarkPlaceShadowInterleaved(b *testing.B) {
 func BenchmarkSelectFloor(b *testing.B) {
 	for _, n := range []int{64, 1024, 4096} {
 		b.Run(fmt.Sprintf("workers=%d", n), func(b *testing.B) {
-			r, err := New(Options{BlockSize: 512, Roles: map[shared.Role]*policy.Policy{shared.RoleAggregated: benchDefaultPolicy()}, BookingsAreLoad: true})
-			if err != nil {
-				b.Fatal(err)
-			}
-			specs := make([]fleet.Spec, n)
-			for i := range specs {
-				specs[i] = fleet.Spec{ID: shared.WorkerID(i), Role: shared.RoleAggregated, TotalKVBlocks: 4096}
-			}
-			if _, err := r.AddWorkers(specs...); err != nil {
-				b.Fatal(err)
-			}
+			r := benchDefaultFleet(b, n)
 			req := &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8192, BlockSize: 512}
 			loads := make([]shared.Load, n)
 			const overlap, bs = 16, 512.0

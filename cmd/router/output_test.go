@@ -55,20 +55,28 @@ func TestPendingFileSymlinkLoop(t *testing.T) {
 	}
 }
 
-// A path to a pipe through /proc's links (as /dev/stdout is when the
-// output is piped) is refused as not a regular file, as the kernel
-// resolves it, not by its link's text ("pipe:[N]").
-func TestPendingFilePipeThroughProcLink(t *testing.T) {
+// pipePath returns a path naming the write end of a new pipe through
+// /proc's links (as /dev/stdout does when the output is piped), closed
+// with the test; it skips the test where there is no /proc.
+func pipePath(t *testing.T) string {
+	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer r.Close()
-	defer w.Close()
+	t.Cleanup(func() { r.Close(); w.Close() })
 	path := "/proc/self/fd/" + strconv.Itoa(int(w.Fd()))
 	if _, err := os.Stat(path); err != nil {
 		t.Skipf("no /proc: %v", err)
 	}
+	return path
+}
+
+// A path to a pipe through /proc's links (as /dev/stdout is when the
+// output is piped) is refused as not a regular file, as the kernel
+// resolves it, not by its link's text ("pipe:[N]").
+func TestPendingFilePipeThroughProcLink(t *testing.T) {
+	path := pipePath(t)
 	p, err := createPending("--out", path, kindGeneratedTrace)
 	if err == nil {
 		p.abort()

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -206,16 +205,7 @@ func TestOutputShippedTraces(t *testing.T) {
 // by path (/dev/stdout when standard output is piped; here the pipe's
 // /proc/self/fd link) is refused with a message suggesting "-".
 func TestOutputPipeSuggestsDash(t *testing.T) {
-	r, w, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	defer w.Close()
-	path := "/proc/self/fd/" + strconv.Itoa(int(w.Fd()))
-	if _, err := os.Stat(path); err != nil {
-		t.Skipf("no /proc: %v", err)
-	}
+	path := pipePath(t)
 	for _, o := range outputFlags {
 		t.Run(o.name, func(t *testing.T) {
 			code, errOut := o.run(t, path)
