@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/switchyard-router/switchyard/router/config"
 )
 
 // SLO is a latency target per request for goodput (Report.Goodput): a
@@ -52,7 +54,8 @@ func (s SLO) targets() []sloTarget {
 }
 
 // ParseSLO reads a comma-separated list of targets NAME=DURATION, NAME one
-// of ttft, tpot and e2e, DURATION a Go duration > 0 such as 500ms or 2s:
+// of ttft, tpot and e2e, DURATION a Go duration > 0 such as 500ms or 2s
+// (ttft and tpot at most config.MaxSLOTarget, one hour):
 // "ttft=500ms,tpot=50ms". Each name at most once. Errors name the bad
 // entry and what is wanted.
 func ParseSLO(v string) (SLO, error) {
@@ -85,6 +88,11 @@ func ParseSLO(v string) (SLO, error) {
 		d, err := time.ParseDuration(strings.TrimSpace(val))
 		if err != nil || d <= 0 {
 			return s, fmt.Errorf("slo entry %q: want a duration > 0 such as 500ms or 2s", entry)
+		}
+		if name != "e2e" && d > config.MaxSLOTarget {
+			// Replay also gives ttft and tpot to every request as its
+			// targets, bounded as a header's or a queue class's are.
+			return s, fmt.Errorf("slo entry %q: %s is at most %v, as a request's target from a header or a queue class", entry, name, config.MaxSLOTarget)
 		}
 		*field = d
 	}

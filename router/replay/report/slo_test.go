@@ -12,6 +12,11 @@ func TestParseSLO(t *testing.T) {
 	if err != nil || s != (SLO{TTFT: 500 * time.Millisecond, TPOT: 50 * time.Millisecond, E2E: 2 * time.Second}) || s.String() != "ttft=500ms,tpot=50ms,e2e=2s" {
 		t.Errorf("ParseSLO: %+v %q, %v", s, s.String(), err)
 	}
+	// The bound is the one a header's and a class's targets have; an E2E
+	// target is replay's goodput alone, not a request's, and has none.
+	if s, err := ParseSLO("ttft=1h,tpot=1h,e2e=3h"); err != nil || s.TTFT != time.Hour || s.E2E != 3*time.Hour {
+		t.Errorf("ParseSLO at the bound: %+v, %v", s, err)
+	}
 	for in, want := range map[string]string{
 		"":                    "want targets such as",
 		"ttft":                "want NAME=DURATION",
@@ -20,6 +25,8 @@ func TestParseSLO(t *testing.T) {
 		"itl=5ms":             `unknown target "itl"`,
 		"ttft=1s,ttft=2s":     "ttft given twice",
 		"ttft=1s,,tpot=200ms": "want NAME=DURATION",
+		"ttft=2h":             "ttft is at most 1h0m0s",
+		"tpot=61m":            "tpot is at most 1h0m0s",
 	} {
 		if _, err := ParseSLO(in); err == nil || !bytes.Contains([]byte(err.Error()), []byte(want)) {
 			t.Errorf("ParseSLO(%q): %v, want %q", in, err, want)
