@@ -8,7 +8,7 @@ import (
 
 // lru is one worker's set of block hashes in recency order: an
 // index-linked list over the hash array (front = most recent), with a
-// map from hash to index. No allocation after the arrays fill. mu guards
+// map from hash to index (hashPos). No allocation after the arrays fill. mu guards
 // every field but owner and capacity; dead marks a list its worker left.
 // owner is the candidate's slot in the index (Index.Slot).
 type lru struct {
@@ -17,18 +17,18 @@ type lru struct {
 	owner    int32
 	single   []int32 // {owner}: the holder list of blocks only it holds
 	capacity int
-	pos      map[uint64]int32
+	pos      hashPos
 	hash     []uint64
 	order    ilist.List
 }
 
 func newLRU(owner int32, capacity int) *lru {
-	return &lru{owner: owner, single: []int32{owner}, capacity: capacity, pos: make(map[uint64]int32)}
+	return &lru{owner: owner, single: []int32{owner}, capacity: capacity, pos: newHashPos()}
 }
 
 // touch moves h to the front and reports whether it was present.
 func (l *lru) touch(h uint64) bool {
-	i, ok := l.pos[h]
+	i, ok := l.pos.get(h)
 	if !ok {
 		return false
 	}
@@ -40,17 +40,17 @@ func (l *lru) touch(h uint64) bool {
 // recently used hash first and returns it.
 func (l *lru) insert(h uint64) (evicted uint64, ok bool) {
 	var i int32
-	if len(l.pos) >= l.capacity {
+	if l.pos.len() >= l.capacity {
 		i = l.order.Back()
 		evicted, ok = l.hash[i], true
-		delete(l.pos, evicted)
+		l.pos.del(evicted)
 		l.order.Remove(i)
 	} else {
 		i = int32(len(l.hash))
 		l.hash = append(l.hash, 0)
 	}
 	l.hash[i] = h
-	l.pos[h] = i
+	l.pos.put(h, i)
 	l.order.PushFront(i)
 	return evicted, ok
 }
@@ -59,7 +59,7 @@ func (l *lru) insert(h uint64) (evicted uint64, ok bool) {
 func (l *lru) leading(hashes []uint64) int {
 	n := 0
 	for _, h := range hashes {
-		if _, ok := l.pos[h]; !ok {
+		if _, ok := l.pos.get(h); !ok {
 			break
 		}
 		n++

@@ -643,5 +643,5 @@ func (x *Index) Len(c Candidate) int {
 	if l.dead {
 		return 0
 	}
-	return len(l.pos)
+	return l.pos.len()
 }

@@ -280,7 +280,7 @@ func TestConcurrentRecordFillRemove(t *testing.T) {
 				if l == nil {
 					t.Fatalf("block %x held by untracked worker %d", h, w)
 				}
-				if _, ok := l.lru.pos[h]; !ok {
+				if _, ok := l.lru.pos.get(h); !ok {
 					t.Fatalf("block %x listed as held by %d, which does not hold it", h, w)
 				}
 			}

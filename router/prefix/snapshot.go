@@ -110,7 +110,7 @@ func (x *Index) Export(c Candidate) (Content, bool) {
 	l := m.lru
 	l.mu.Lock()
 	if !l.dead {
-		out.Approx = make([]uint64, 0, len(l.pos))
+		out.Approx = make([]uint64, 0, l.pos.len())
 		for i := l.order.Front(); i >= 0; i = l.order.Next(i) {
 			out.Approx = append(out.Approx, l.hash[i])
 		}
