@@ -2,6 +2,7 @@ package migrate
 
 import (
 	"bytes"
+	"encoding/json"
 	"strconv"
 	"sync/atomic"
 
@@ -102,6 +103,10 @@ type Stream struct {
 	id       string // the first chunk's id
 	finished bool
 	done     bool
+	// usageSeen: a usage chunk passed; usedUp: the answer was cut with
+	// every token max_tokens allowed generated (UsedUp).
+	usageSeen bool
+	usedUp    bool
 	other    string // why the answer cannot be continued ("": it can)
 
 	// Of the attempt being read.
@@ -311,6 +316,9 @@ func (s *Stream) event(ev, out []byte) ([]byte, *Cut) {
 		return append(out, ev...), nil
 	}
 	rewrite := s.strip || s.cont
+	if u := gjson.GetBytes(data, "usage"); u.IsObject() {
+		s.usageSeen = true
+	}
 	if s.id == "" {
 		s.id = gjson.GetBytes(data, "id").Str
 	}
@@ -568,3 +576,89 @@ func replace(b []byte, path, raw string) []byte {
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// UsedUp records that the answer had generated every token its
+// max_tokens allowed when it was cut (migrate.ErrNothingLeft): EndEvents
+// then ends it with finish_reason "length".
+func (s *Stream) UsedUp() { s.usedUp = true }
+
+// EndEvents returns the events that end a cut stream whose answer had
+// ended (Finished, or UsedUp): for UsedUp a last chunk with
+// finish_reason "length" (of model, created at the Unix time created),
+// then, when the client asked for usage and none passed and the prompt's
+// token count is known (the engine returned its ids), the usage chunk,
+// then "data: [DONE]". Nothing is sent to an engine again.
+func (s *Stream) EndEvents(model string, created int64) []byte {
+	var b []byte
+	head := func() {
+		b = append(b, `data: {"id":`...)
+		b = strconv.AppendQuote(b, s.id)
+		if s.api == Chat {
+			b = append(b, `,"object":"chat.completion.chunk","created":`...)
+		} else {
+			b = append(b, `,"object":"text_completion","created":`...)
+		}
+		b = strconv.AppendInt(b, created, 10)
+		b = append(b, `,"model":`...)
+		b = strconv.AppendQuote(b, model)
+	}
+	if s.usedUp && !s.finished {
+		head()
+		if s.api == Chat {
+			b = append(b, `,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}]}`+"\n\n"...)
+		} else {
+			b = append(b, `,"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}`+"\n\n"...)
+		}
+	}
+	if s.usage && !s.usageSeen && s.promptIDs != nil {
+		head()
+		p, c := int64(len(s.promptIDs)), int64(s.Tokens())
+		b = append(b, `,"choices":[],"usage":{"prompt_tokens":`...)
+		b = strconv.AppendInt(b, p, 10)
+		b = append(b, `,"total_tokens":`...)
+		b = strconv.AppendInt(b, p+c, 10)
+		b = append(b, `,"completion_tokens":`...)
+		b = strconv.AppendInt(b, c, 10)
+		b = append(b, "}}\n\n"...)
+	}
+	return append(b, "data: [DONE]\n\n"...)
+}
+
+// Event returns the SSE event whose data is data (one line: JSON as the
+// engines send it); nil for nil.
+func Event(data []byte) []byte {
+	if data == nil {
+		return nil
+	}
+	b := make([]byte, 0, len(data)+8)
+	b = append(b, "data: "...)
+	b = append(b, data...)
+	return append(b, "\n\n"...)
+}
+
+// ErrorEvent returns the error event the router sends in a stream it
+// cannot continue: OpenAI's error object, as vLLM sends one mid-stream
+// ({"error": {"message", "type", "param", "code"}}).
+func ErrorEvent(msg, typ, code string) []byte {
+	b := []byte(`data: {"error":{"message":`)
+	b = strconv.AppendQuote(b, msg)
+	b = append(b, `,"type":`...)
+	b = strconv.AppendQuote(b, typ)
+	b = append(b, `,"param":null,"code":`...)
+	b = strconv.AppendQuote(b, code)
+	return append(b, "}}\n\n"...)
+}
+
+// WithDone returns events followed by the stream's terminator.
+func WithDone(events []byte) []byte { return append(events, "data: [DONE]\n\n"...) }
+
+// EngineErrorEvent returns an engine's error answer body (a refused
+// continuation's) as an event of the stream, compacted to one line; nil
+// when the body is not a JSON object.
+func EngineErrorEvent(body []byte) []byte {
+	var c bytes.Buffer
+	if !gjson.ValidBytes(body) || !gjson.ParseBytes(body).IsObject() || json.Compact(&c, body) != nil {
+		return nil
+	}
+	return Event(c.Bytes())
+}
