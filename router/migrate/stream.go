@@ -107,7 +107,7 @@ type Stream struct {
 	// every token max_tokens allowed generated (UsedUp).
 	usageSeen bool
 	usedUp    bool
-	other    string // why the answer cannot be continued ("": it can)
+	other     string // why the answer cannot be continued ("": it can)
 
 	// Of the attempt being read.
 	cont       bool  // it continues an earlier attempt
