@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/tidwall/gjson"
+	"github.com/valyala/fastjson"
 )
 
 // API is the schema of a migratable answer.
@@ -113,7 +114,6 @@ type Stream struct {
 	cont       bool  // it continues an earlier attempt
 	before     int   // tokens generated before this attempt
 	promptBase int64 // the original prompt's tokens, -1 when unknown
-	sawRole    bool
 }
 
 // NewStream returns a Stream of api under pol; strip: the router added
@@ -192,7 +192,7 @@ func (s *Stream) Reason() string {
 // tokens generated before).
 func (s *Stream) Continue() {
 	s.pend = s.pend[:0]
-	s.cont, s.before, s.sawRole = true, s.Tokens(), false
+	s.cont, s.before = true, s.Tokens()
 	if s.promptIDs != nil {
 		s.promptBase = int64(len(s.promptIDs))
 	}
@@ -296,6 +296,9 @@ func dataOf(ev []byte) []byte {
 
 var doneData = []byte("[DONE]")
 
+// parsers parse the events' JSON (fastjson: no allocation once warm).
+var parsers fastjson.ParserPool
+
 // event reads one whole event and appends what the client gets of it.
 func (s *Stream) event(ev, out []byte) ([]byte, *Cut) {
 	data := dataOf(ev)
@@ -306,129 +309,124 @@ func (s *Stream) event(ev, out []byte) ([]byte, *Cut) {
 		s.done = true
 		return append(out, ev...), nil
 	}
-	if !gjson.ValidBytes(data) {
+	p := parsers.Get()
+	defer parsers.Put(p)
+	v, err := p.ParseBytes(data)
+	if err != nil || v.Type() != fastjson.TypeObject {
 		return append(out, ev...), nil
 	}
-	if e := gjson.GetBytes(data, "error"); e.Exists() || gjson.GetBytes(data, "object").Str == "error" {
-		if serverSide(data) {
+	if e := v.Get("error"); e != nil || string(v.GetStringBytes("object")) == "error" {
+		if serverSide(v) {
 			return out, &Cut{Cause: CauseEngineError, Event: append([]byte(nil), data...)}
 		}
 		return append(out, ev...), nil
 	}
-	rewrite := s.strip || s.cont
-	if u := gjson.GetBytes(data, "usage"); u.IsObject() {
+	if u := v.Get("usage"); u != nil && u.Type() == fastjson.TypeObject {
 		s.usageSeen = true
 	}
 	if s.id == "" {
-		s.id = gjson.GetBytes(data, "id").Str
+		s.id = string(v.GetStringBytes("id"))
 	}
+	choices := v.GetArray("choices")
 	if !s.cont {
-		s.readPrompt(data)
+		s.readPrompt(v, choices)
 	}
-	choices := gjson.GetBytes(data, "choices")
-	if choices.IsArray() {
-		n := 0
-		skip := false
-		choices.ForEach(func(_, c gjson.Result) bool {
-			n++
-			if n > 1 || c.Get("index").Int() != 0 {
-				s.other = "the answer has several choices"
-				return false
-			}
-			skip = s.choice(c)
-			return true
-		})
-		if skip {
+	for i, c := range choices {
+		if i > 0 || c.GetInt("index") != 0 {
+			s.other = "the answer has several choices"
+			break
+		}
+		if s.choice(c) {
 			return out, nil
 		}
 	}
-	if !rewrite {
-		return append(out, ev...), nil
+	switch {
+	case s.cont:
+		return s.rewrite(data, out), nil
+	case s.strip:
+		out = append(out, "data: "...)
+		out = appendWithout(out, data, tokenIDsKey, promptIDsKey)
+		return append(out, "\n\n"...), nil
 	}
-	return s.rewrite(data, out), nil
+	return append(out, ev...), nil
 }
 
 // serverSide reports whether an error event is the engine's failure
 // (a code of 500 or more, or none; vLLM's ErrorInfo.code is the HTTP
 // status) rather than the request's.
-func serverSide(data []byte) bool {
-	code := gjson.GetBytes(data, "error.code")
-	if !code.Exists() {
-		code = gjson.GetBytes(data, "code")
+func serverSide(v *fastjson.Value) bool {
+	code := v.Get("error", "code")
+	if code == nil {
+		code = v.Get("code")
 	}
-	if code.Type == gjson.Number {
-		return code.Int() >= 500
+	if code != nil && code.Type() == fastjson.TypeNumber {
+		return code.GetInt() >= 500
 	}
 	return true
 }
 
 // readPrompt keeps a first attempt's prompt token ids (vLLM: the chat
 // chunk's top-level prompt_token_ids, the completions choice's).
-func (s *Stream) readPrompt(data []byte) {
+func (s *Stream) readPrompt(v *fastjson.Value, choices []*fastjson.Value) {
 	if s.promptIDs != nil {
 		return
 	}
-	p := gjson.GetBytes(data, "prompt_token_ids")
-	if !p.IsArray() {
-		p = gjson.GetBytes(data, "choices.0.prompt_token_ids")
+	ids := v.GetArray("prompt_token_ids")
+	if ids == nil && len(choices) > 0 {
+		ids = choices[0].GetArray("prompt_token_ids")
 	}
-	if !p.IsArray() {
+	if ids == nil {
 		return
 	}
-	ids := make([]int64, 0, 64)
-	p.ForEach(func(_, v gjson.Result) bool {
-		ids = append(ids, v.Int())
-		return true
-	})
-	if s.account(int64(8 * len(ids))) {
-		s.promptIDs = ids
+	if !s.account(int64(8 * len(ids))) {
+		return
+	}
+	s.promptIDs = make([]int64, len(ids))
+	for i, id := range ids {
+		s.promptIDs[i] = id.GetInt64()
 	}
 }
 
 // choice reads choice 0 of a chunk; skip: the chunk is not passed on (a
 // continuation's repeated chat role chunk).
-func (s *Stream) choice(c gjson.Result) (skip bool) {
-	var text gjson.Result
+func (s *Stream) choice(c *fastjson.Value) (skip bool) {
+	var text []byte
 	if s.api == Chat {
 		d := c.Get("delta")
-		if d.Get("tool_calls").Exists() || d.Get("function_call").Exists() {
+		if d.Exists("tool_calls") || d.Exists("function_call") {
 			s.other = "the answer calls tools"
 		}
-		if r := d.Get("reasoning_content"); r.Exists() && r.Str != "" {
+		if len(d.GetStringBytes("reasoning_content")) > 0 || len(d.GetStringBytes("reasoning")) > 0 {
 			s.other = "the answer carries reasoning content"
 		}
-		if r := d.Get("reasoning"); r.Exists() && r.Str != "" {
-			s.other = "the answer carries reasoning content"
-		}
-		text = d.Get("content")
-		if d.Get("role").Exists() {
-			if fr := c.Get("finish_reason"); s.cont && text.Str == "" && fr.Type == gjson.Null && len(c.Get("token_ids").Array()) == 0 {
+		text = d.GetStringBytes("content")
+		if d.Exists("role") {
+			fr := c.Get("finish_reason")
+			if s.cont && len(text) == 0 && (fr == nil || fr.Type() == fastjson.TypeNull) && len(c.GetArray("token_ids")) == 0 {
 				return true
 			}
-			s.sawRole = true
 		}
 	} else {
-		text = c.Get("text")
+		text = c.GetStringBytes("text")
 	}
-	ids := c.Get("token_ids")
-	content := text.Str != "" || (ids.IsArray() && len(ids.Array()) > 0)
-	if content {
+	ids := c.GetArray("token_ids")
+	if len(text) > 0 || len(ids) > 0 {
 		s.events++
-		s.keepText(text.Str)
-		if ids.IsArray() {
+		s.keepText(text)
+		if ids != nil {
 			s.keepIDs(ids)
 		} else {
 			s.idsEvery = false
 		}
 	}
-	if fr := c.Get("finish_reason"); fr.Exists() && fr.Type != gjson.Null {
+	if fr := c.Get("finish_reason"); fr != nil && fr.Type() != fastjson.TypeNull {
 		s.finished = true
 	}
 	return false
 }
 
-func (s *Stream) keepText(t string) {
-	if !s.keep || t == "" {
+func (s *Stream) keepText(t []byte) {
+	if !s.keep || len(t) == 0 {
 		return
 	}
 	if s.account(int64(len(t))) {
@@ -436,13 +434,13 @@ func (s *Stream) keepText(t string) {
 	}
 }
 
-func (s *Stream) keepIDs(ids gjson.Result) {
-	ids.ForEach(func(_, v gjson.Result) bool {
-		if s.keep && s.account(8) {
-			s.ids = append(s.ids, v.Int())
-		}
-		return true
-	})
+func (s *Stream) keepIDs(ids []*fastjson.Value) {
+	if !s.keep || !s.account(int64(8*len(ids))) {
+		return
+	}
+	for _, v := range ids {
+		s.ids = append(s.ids, v.GetInt64())
+	}
 }
 
 // account takes n more bytes for what is kept, within MaxBytes and the
@@ -460,28 +458,134 @@ func (s *Stream) account(n int64) bool {
 	return true
 }
 
-// rewrite appends the client's version of a chunk with data: without the
-// token ids the router asked for, with the first attempt's id, and a
-// continuation's usage counting the whole answer.
+// The keys of the token ids the router asks for (vLLM's
+// return_token_ids).
+var (
+	tokenIDsKey  = []byte(`"token_ids"`)
+	promptIDsKey = []byte(`"prompt_token_ids"`)
+)
+
+// appendWithout appends the JSON object data to out without the members
+// whose keys are keys, at any depth (the first of each). In valid JSON a
+// key's quoted name with its quotes unescaped appears only as a key (a
+// quote inside a string is escaped), so a byte search finds it; its value
+// is skipped by its brackets and strings. Linear in data.
+func appendWithout(out, data []byte, keys ...[]byte) []byte {
+	type span struct{ from, to int }
+	var cuts [2]span
+	n := 0
+	for _, k := range keys {
+		i := bytes.Index(data, k)
+		if i < 0 || n == len(cuts) {
+			continue
+		}
+		from, to, ok := memberSpan(data, i, len(k))
+		if ok {
+			cuts[n] = span{from, to}
+			n++
+		}
+	}
+	if n == 2 && cuts[1].from < cuts[0].from {
+		cuts[0], cuts[1] = cuts[1], cuts[0]
+	}
+	at := 0
+	for _, c := range cuts[:n] {
+		if c.from < at {
+			continue // overlapping: cannot happen for distinct keys
+		}
+		out = append(out, data[at:c.from]...)
+		at = c.to
+	}
+	return append(out, data[at:]...)
+}
+
+// memberSpan returns the span of the member whose key starts at i (klen
+// bytes, quotes included) with the comma that separates it from its
+// neighbour; ok false when what follows is not ': value'.
+func memberSpan(b []byte, i, klen int) (from, to int, ok bool) {
+	j := skipSpace(b, i+klen)
+	if j >= len(b) || b[j] != ':' {
+		return 0, 0, false
+	}
+	end, ok := skipValue(b, skipSpace(b, j+1))
+	if !ok {
+		return 0, 0, false
+	}
+	from, to = i, end
+	k := i - 1
+	for k >= 0 && isSpace(b[k]) {
+		k--
+	}
+	if k >= 0 && b[k] == ',' {
+		return k, to, true
+	}
+	m := skipSpace(b, end)
+	if m < len(b) && b[m] == ',' {
+		return from, m + 1, true
+	}
+	return from, to, true
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+// skipValue returns the end of the JSON value starting at i.
+func skipValue(b []byte, i int) (int, bool) {
+	depth := 0
+	for ; i < len(b); i++ {
+		switch c := b[i]; c {
+		case '"':
+			for i++; i < len(b) && b[i] != '"'; i++ {
+				if b[i] == '\\' {
+					i++
+				}
+			}
+			if depth == 0 {
+				return i + 1, i < len(b)
+			}
+		case '[', '{':
+			depth++
+		case ']', '}':
+			depth--
+			if depth == 0 {
+				return i + 1, true
+			}
+			if depth < 0 {
+				return i, true // a scalar ended by its container
+			}
+		case ',':
+			if depth == 0 {
+				return i, true
+			}
+		default:
+			if depth == 0 && isSpace(c) {
+				return i, true
+			}
+		}
+	}
+	return i, depth == 0
+}
+
+// rewrite appends a continuation's chunk with data as the client gets
+// it: without the prompt's ids (the client had them from the first
+// attempt), without the token ids the router asked for, with the first
+// attempt's id, and its usage counting the whole answer.
 func (s *Stream) rewrite(data, out []byte) []byte {
 	b := data
 	if s.strip {
 		b = remove(b, "choices.0.token_ids")
-		b = remove(b, "choices.0.prompt_token_ids")
-		b = remove(b, "prompt_token_ids")
 	}
-	if s.cont {
-		if !s.strip {
-			// The client asked for the ids: it had the prompt's already.
-			b = remove(b, "choices.0.prompt_token_ids")
-			b = remove(b, "prompt_token_ids")
-		}
-		if s.id != "" {
-			b = replace(b, "id", strconv.Quote(s.id))
-		}
-		if u := gjson.GetBytes(b, "usage"); u.IsObject() {
-			b = replace(b, "usage", s.wholeUsage(u))
-		}
+	b = remove(b, "choices.0.prompt_token_ids")
+	b = remove(b, "prompt_token_ids")
+	if s.id != "" {
+		b = replace(b, "id", strconv.Quote(s.id))
+	}
+	if u := gjson.GetBytes(b, "usage"); u.IsObject() {
+		b = replace(b, "usage", s.wholeUsage(u))
 	}
 	out = append(out, "data: "...)
 	out = append(out, b...)

@@ -303,3 +303,20 @@ func TestPolicyDecide(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestAppendWithout(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{"a":1,"token_ids":[1,2]}`, `{"a":1}`},
+		{`{"token_ids":[1,2],"a":1}`, `{"a":1}`},
+		{`{"choices":[{"text":"say \"token_ids\": [9]","token_ids":[3]}],"prompt_token_ids":[1, 2]}`, `{"choices":[{"text":"say \"token_ids\": [9]"}]}`},
+		{`{"prompt_token_ids" : [1] , "choices":[{"token_ids" :[4]}]}`, `{ "choices":[{}]}`},
+		{`{"a":"no ids"}`, `{"a":"no ids"}`},
+	} {
+		if got := string(appendWithout(nil, []byte(c.in), tokenIDsKey, promptIDsKey)); got != c.want {
+			t.Errorf("appendWithout(%s) = %s, want %s", c.in, got, c.want)
+		}
+		if !json.Valid(appendWithout(nil, []byte(c.in), tokenIDsKey, promptIDsKey)) {
+			t.Errorf("%s: invalid JSON", c.in)
+		}
+	}
+}

@@ -233,14 +233,15 @@ func (s *Server) migrating(ex *exchange, h *admission.Handle, d router.Decision,
 	if resp == nil {
 		return code, retry, why
 	}
-	rc := s.answerStart(ex, w, resp)
+	s.answerStart(ex, w, resp)
 	if resp.StatusCode/100 != 2 || !isSSE(resp) {
 		defer func() { _ = resp.Body.Close() }()
 		if a.timer != nil {
 			a.timer.Stop()
 		}
-		return s.relay(ex, h, w, resp, rc)
+		return s.relay(ex, h, w, resp)
 	}
+	rc := http.NewResponseController(ex.w)
 	a.meter = s.rt.Meter(h, d, &ex.Request, false, -1)
 	return s.follow(ex, h, d, a, resp, st, rc, body), false, ""
 }
@@ -326,28 +327,6 @@ func (s *Server) follow(ex *exchange, h *admission.Handle, d router.Decision, a 
 		a.meter = s.rt.Meter(h, d, &ex.Request, false, -1)
 		a.meter.Continued()
 	}
-}
-
-// passThroughMoving is passThrough for a generation request that
-// migrate.Stream does not read (not streamed, or of another schema):
-// when its worker leaves the fleet and the drain grace passes before the
-// answer's headers, the attempt is cut and the request placed again
-// elsewhere (the hop's retry: nothing has reached the client, and the
-// engine had not finished).
-func (s *Server) passThroughMoving(ex *exchange, h *admission.Handle, d router.Decision) (int, bool, string) {
-	a := s.newAttempt(ex, d.Worker, false)
-	defer a.stop()
-	resp, code, retry, why := s.send(a.ctx, ex, h, d.Worker, ex.body)
-	if resp == nil {
-		if retry && errors.Is(context.Cause(a.ctx), errDrained) {
-			s.mig.count(migrate.CauseDrain, migrate.Migrated)
-			why = "the worker left the fleet and its drain grace ended"
-		}
-		return code, retry, why
-	}
-	defer func() { _ = resp.Body.Close() }()
-	rc := s.answerStart(ex, d.Worker, resp)
-	return s.relay(ex, h, d.Worker, resp, rc)
 }
 
 // codeNoWorker is replace's code when no worker can take the

@@ -159,7 +159,7 @@ func (s *Server) exchange(ex *exchange, api live.API) int {
 			if api, ok := migratable(ex); ok {
 				return s.migrating(ex, h, d, api)
 			}
-			return s.passThroughMoving(ex, h, d)
+			return s.passThrough(ex, h, d.Worker, ex.body)
 		})
 }
 
@@ -551,8 +551,8 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 		return code, retry, why
 	}
 	defer func() { _ = resp.Body.Close() }()
-	rc := s.answerStart(ex, w, resp)
-	return s.relay(ex, h, w, resp, rc)
+	s.answerStart(ex, w, resp)
+	return s.relay(ex, h, w, resp)
 }
 
 // send sends body to the worker w as the admitted request h (nil: not
@@ -602,8 +602,8 @@ func (s *Server) send(ctx context.Context, ex *exchange, h *admission.Handle, w 
 }
 
 // answerStart writes the client's answer headers from the engine's
-// answer resp of worker w, and returns the controller that flushes it.
-func (s *Server) answerStart(ex *exchange, w *fleet.Worker, resp *http.Response) *http.ResponseController {
+// answer resp of worker w (flushed at once for a stream).
+func (s *Server) answerStart(ex *exchange, w *fleet.Worker, resp *http.Response) {
 	hdr := ex.w.Header()
 	s.answerHeaders(hdr, resp.Header)
 	hdr.Set("X-Switchyard-Worker", w.Name)
@@ -616,14 +616,14 @@ func (s *Server) answerStart(ex *exchange, w *fleet.Worker, resp *http.Response)
 		// write.
 		_ = rc.Flush()
 	}
-	return rc
 }
 
 // relay passes the engine's answer resp (its headers written to the
 // client by answerStart) through to the client chunk by chunk, as
 // passThrough describes, and ends h on every path.
-func (s *Server) relay(ex *exchange, h *admission.Handle, w *fleet.Worker, resp *http.Response, rc *http.ResponseController) (code int, retry bool, why string) {
+func (s *Server) relay(ex *exchange, h *admission.Handle, w *fleet.Worker, resp *http.Response) (code int, retry bool, why string) {
 	name := w.Name
+	rc := http.NewResponseController(ex.w)
 	end := func(o admission.Outcome) {
 		if h != nil {
 			s.rt.End(h, o)

@@ -94,10 +94,9 @@ type Options struct {
 	// its engine is taken for hung and the request migrates
 	// (DefaultStallTimeout when 0; negative: never).
 	StallTimeout time.Duration
-	// WorkerDrainGrace is how long a generation request in flight on a
-	// worker that left the fleet (drained, removed, not ready) may run
-	// there before it moves: a streamed chat or completions answer
-	// migrates, a request without an answer yet is placed again
+	// WorkerDrainGrace is how long a streamed chat or completions answer
+	// in flight on a worker that left the fleet (drained, removed, not
+	// ready) may run there before it migrates
 	// (DefaultWorkerDrainGrace when 0; negative: never).
 	WorkerDrainGrace time.Duration
 }
