@@ -513,6 +513,11 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 		writeError(w, perr)
 		return
 	}
+	fault, perr := requestFault(r)
+	if perr != nil {
+		writeError(w, perr)
+		return
+	}
 	eng, a, ok := s.begin(w, r, req, sr)
 	if !ok {
 		return
@@ -523,7 +528,12 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 			eng.abort(a.id) // client gone, write failed or shutdown
 		}
 	}()
-	g := generation{s: s, eng: eng, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix(), start: req.start}
+	g := generation{s: s, eng: eng, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix(), start: req.start, fault: fault}
+	defer func() {
+		if g.conn != nil {
+			g.conn.close() // an answer framed by the connection's close
+		}
+	}()
 	if req.ReturnTokenIDs != nil && *req.ReturnTokenIDs {
 		g.promptIDs = req.ids
 		if g.promptIDs == nil {
@@ -658,6 +668,13 @@ type generation struct {
 	// promptIDs, when not nil, are the prompt's token ids to report
 	// with the answer's (return_token_ids).
 	promptIDs []int64
+	// fault is the request's own fault (FaultHeader); nil for none.
+	fault *Fault
+	// conn, when not nil, is the taken-over connection an answer framed
+	// by its close is written on (g.w is conn); gone is closed when its
+	// client leaves.
+	conn *closeWriter
+	gone <-chan struct{}
 }
 
 // kvAnswer is the kv_transfer_params of a prefill request's answer: this
@@ -704,6 +721,8 @@ func (g *generation) wait(r *http.Request) bool {
 	case <-g.a.notify:
 		return true
 	case <-r.Context().Done():
+		return false
+	case <-g.gone:
 		return false
 	case <-g.eng.done:
 		return false
@@ -797,9 +816,28 @@ func (g *generation) streamTokens(r *http.Request, buf *bytes.Buffer, head func(
 // complete answers a non-streamed request once all tokens are produced.
 // It reports whether the request finished in the engine.
 func (g *generation) complete(r *http.Request) bool {
-	p, ok := g.waitAll(r)
-	if !ok {
-		return false
+	if g.closeFraming() {
+		g.frameByClose(r)
+	}
+	var p progress
+	for {
+		p = g.a.since(0)
+		if f := g.faultNow(len(p.times)); f != nil {
+			g.fire(r, f, nil, false, false)
+			return false
+		}
+		if p.done {
+			break
+		}
+		if !g.wait(r) {
+			if p = g.a.since(0); p.done {
+				break
+			}
+			if r.Context().Err() == nil {
+				writeError(g.w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", msg: errClosed.Error()})
+			}
+			return false
+		}
 	}
 	out := textFrom(g.start, g.sr.OutputLength)
 	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "length"}
@@ -848,16 +886,19 @@ func (g *generation) stream(r *http.Request, includeUsage bool) bool {
 	sent := 0
 	for {
 		p := g.a.since(sent)
-		if sent == 0 && len(p.times) > 0 {
-			h := g.w.Header()
-			h.Set("Content-Type", "text/event-stream")
-			h.Set("Cache-Control", "no-cache")
-			h.Set("x-mock-cached-tokens", strconv.Itoa(p.cached))
-			h.Set("x-mock-ttft-seconds", seconds(p.times[0]-p.submitAt))
-			g.w.WriteHeader(http.StatusOK)
-		}
 		buf.Reset()
 		for _, at := range p.times {
+			if f := g.faultNow(sent); f != nil {
+				g.fire(r, f, buf.Bytes(), true, sent > 0)
+				return false
+			}
+			if sent == 0 {
+				if g.closeFraming() {
+					g.frameByClose(r)
+					rc = http.NewResponseController(g.w)
+				}
+				g.streamHeaders(p)
+			}
 			c := choice{}
 			if sent == g.sr.OutputLength-1 {
 				c.FinishReason = &finishLength

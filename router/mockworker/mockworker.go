@@ -209,6 +209,8 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -390,6 +392,10 @@ type Config struct {
 	// on a concrete address.
 	KVEventsAdvertiseHost string
 
+	// Exit ends the process for an exit fault (FaultExit); nil means
+	// os.Exit. A hook that returns leaves the connection reset.
+	Exit func(code int)
+
 	// Tokenizer, when set, tokenizes text prompts (chat: rendered by its
 	// chat template) into the token ids that count the prompt's length,
 	// key its prefix cache (the engine's block hashes of the ids) and
@@ -427,6 +433,17 @@ type Server struct {
 	// responses are the Responses API answers kept for
 	// previous_response_id and GET /v1/responses/{id}.
 	responses responseStore
+	// fault is the process-wide fault (SetFault); nil for none.
+	fault atomic.Pointer[Fault]
+	// exit is Config.Exit or os.Exit.
+	exit func(int)
+	// Drain state (see Drain): draining, requests admitted and not done,
+	// drainStarted closed by Drain, drained once draining and idle.
+	drainMu      sync.Mutex
+	draining     bool
+	inFlight     int
+	drainStarted chan struct{}
+	drained      chan struct{}
 }
 
 // New validates cfg, starts the simulated engine and returns the server.
@@ -512,7 +529,10 @@ func New(cfg Config) (*Server, error) {
 		engineID = "mock-" + hex.EncodeToString(rnd[:])
 	}
 	s := &Server{cfg: cfg, model: model, mux: http.NewServeMux(), created: time.Now().Unix(), engineID: engineID,
-		hasher: hasher, lora: lora}
+		hasher: hasher, lora: lora, exit: cfg.Exit, drainStarted: make(chan struct{}), drained: make(chan struct{})}
+	if s.exit == nil {
+		s.exit = os.Exit
+	}
 	if cfg.KVEventsEndpoint != "" {
 		o := kvEventsOptions{endpoint: cfg.KVEventsEndpoint, replay: cfg.KVEventsReplayEndpoint,
 			snapshot: cfg.KVEventsSnapshotEndpoint, snapshotUnavailable: cfg.KVEventsSnapshotUnavailable,
@@ -555,7 +575,9 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, false) })
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, true) })
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
-	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.mux.HandleFunc("GET /health", s.handleHealth)
+	s.mux.HandleFunc("/mock/fault", s.handleFault)
+	s.mux.HandleFunc("POST /mock/drain", s.handleDrain)
 	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	s.mux.HandleFunc("GET /debug/kv_blocks", s.handleKVBlocks)
@@ -617,8 +639,20 @@ func (s *Server) Model() string { return s.model }
 // remote_engine_id (Config.EngineID or the generated one).
 func (s *Server) EngineID() string { return s.engineID }
 
-// ServeHTTP serves the endpoints listed in the package documentation.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP serves the endpoints listed in the package documentation;
+// while draining, requests other than GET and /mock/ get 503.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if drainExempt(r) {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	if !s.enter() {
+		writeError(w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", msg: errDraining.Error()})
+		return
+	}
+	defer s.leave()
+	s.mux.ServeHTTP(w, r)
+}
 
 // Close stops the simulated engine and waits for its goroutine to exit.
 // Requests in flight end (a streamed one stops without [DONE], one that has
