@@ -108,7 +108,7 @@ func (s *Server) SetFault(f *Fault) {
 
 // handleFault serves /mock/fault: POST {"kind", "after_tokens"} sets the
 // process-wide fault (answered with it), DELETE clears it (204), GET
-// answers it (null for none).
+// answers it (null for none); other methods 405.
 func (s *Server) handleFault(w http.ResponseWriter, r *http.Request) {
 	switch r.Method {
 	case http.MethodPost:
@@ -131,9 +131,12 @@ func (s *Server) handleFault(w http.ResponseWriter, r *http.Request) {
 	case http.MethodDelete:
 		s.SetFault(nil)
 		w.WriteHeader(http.StatusNoContent)
-	default:
+	case http.MethodGet, http.MethodHead:
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(s.fault.Load())
+	default:
+		w.Header().Set("Allow", "GET, POST, DELETE")
+		writeError(w, &apiError{status: http.StatusMethodNotAllowed, typ: "invalid_request_error", msg: "/mock/fault takes GET, POST or DELETE"})
 	}
 }
 

@@ -256,6 +256,11 @@ func TestProcessFault(t *testing.T) {
 		late.Body.Close()
 		t.Errorf("a stream started after the fault was answered %d", late.StatusCode)
 	}
+	if r, err := http.Get(url + "/mock/fault"); err != nil || r.StatusCode != 200 {
+		t.Fatalf("GET /mock/fault: %v %v", r, err)
+	} else if b, _ := io.ReadAll(r.Body); r.Body.Close() != nil || strings.TrimSpace(string(b)) != `{"kind":"reset","after_tokens":0}` {
+		t.Errorf("GET /mock/fault: %s", b)
+	}
 	req, _ := http.NewRequest(http.MethodDelete, url+"/mock/fault", nil)
 	if resp, err := http.DefaultClient.Do(req); err != nil || resp.Body.Close() != nil || resp.StatusCode != 204 {
 		t.Fatalf("DELETE: %v %v", resp, err)
@@ -279,8 +284,10 @@ func TestProcessFault(t *testing.T) {
 // TestDrain: draining, /health and new requests get 503 while the
 // request in flight runs to its end; Drained closes after it.
 func TestDrain(t *testing.T) {
-	s, url := startServer(t, Config{Model: testModel})
-	resp := openStream(t, context.Background(), url, "/v1/completions", `{"prompt": "hi", "max_tokens": 30, "stream": true}`, nil)
+	// Slow enough (about a second of wall time) to be in flight through
+	// the checks.
+	s, url := startServer(t, Config{Model: testModel, Speedup: 2})
+	resp := openStream(t, context.Background(), url, "/v1/completions", `{"prompt": "hi", "max_tokens": 150, "stream": true}`, nil)
 	br := bufio.NewReader(resp.Body)
 	readEvents(t, br, 1)
 	s.Drain()
@@ -296,7 +303,7 @@ func TestDrain(t *testing.T) {
 	default:
 	}
 	rest, err := io.ReadAll(br)
-	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || strings.Count(string(rest), `"text":`) != 29 {
+	if err != nil || !strings.HasSuffix(string(rest), "data: [DONE]\n\n") || strings.Count(string(rest), `"text":`) != 149 {
 		t.Errorf("the request in flight: %v, %q", err, rest)
 	}
 	resp.Body.Close()
