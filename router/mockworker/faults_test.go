@@ -87,6 +87,15 @@ func TestFaultReset(t *testing.T) {
 	if !errors.Is(err, syscall.ECONNRESET) || strings.Count(string(raw), `"text":`) != 2 {
 		t.Errorf("raw: %v after %q; want ECONNRESET after 2 tokens", err, raw)
 	}
+
+	// A whole answer is reset before its first byte.
+	req, _ := http.NewRequest(http.MethodPost, url+"/v1/completions", strings.NewReader(`{"prompt": "hi", "max_tokens": 5}`))
+	req.Header.Set(FaultHeader, "reset@2")
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	if resp, err := c.Do(req); err == nil {
+		resp.Body.Close()
+		t.Errorf("whole answer under reset@2: %d", resp.StatusCode)
+	}
 }
 
 // TestFaultClose: an answer under a close fault is framed by the
