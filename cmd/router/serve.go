@@ -123,6 +123,8 @@ type serveOptions struct {
 	// --stall-timeout (0: never).
 	migrationLimit int
 	stall          time.Duration
+	// grace is --worker-drain-grace (0: never move).
+	grace time.Duration
 }
 
 func newServeCmd() *cobra.Command {
@@ -174,19 +176,25 @@ connections (useful with --listen 127.0.0.1:0).`,
 	setWant(f, "max-body-bytes-per-client", byteSizeWant)
 	f.IntVar(&o.migrationLimit, "migration-limit", migrate.DefaultLimit, "times a streamed chat or completions answer cut mid-stream (engine died, hung or reset) is continued on another worker; 0: none (a cut stream ends with an error event)")
 	f.DurationVar(&o.stall, "stall-timeout", serve.DefaultStallTimeout, "how long a streamed answer may send no byte before its engine is taken for hung and the request migrates; 0: never")
+	f.DurationVar(&o.grace, "worker-drain-grace", serve.DefaultWorkerDrainGrace, "how long a generation request in flight on a worker that left the fleet (draining, removed, not ready) may run there before it moves to another worker; 0: never")
 	return cmd
 }
 
 // migrationOptions returns the HTTP face's migration settings from
-// --migration-limit and --stall-timeout.
+// --migration-limit, --stall-timeout and --worker-drain-grace.
 func (o *serveOptions) migrationOptions(so serve.Options) (serve.Options, error) {
 	switch {
 	case o.migrationLimit < 0:
 		return so, fmt.Errorf("--migration-limit %d: want 0 (no migration) or more", o.migrationLimit)
 	case o.stall < 0:
 		return so, fmt.Errorf("--stall-timeout %v: want 0 (never) or a positive duration", o.stall)
+	case o.grace < 0:
+		return so, fmt.Errorf("--worker-drain-grace %v: want 0 (never) or a positive duration", o.grace)
 	}
-	so.MigrationLimit, so.StallTimeout = o.migrationLimit, o.stall
+	so.MigrationLimit, so.StallTimeout, so.WorkerDrainGrace = o.migrationLimit, o.stall, o.grace
+	if o.grace == 0 {
+		so.WorkerDrainGrace = -1
+	}
 	if o.migrationLimit == 0 {
 		so.MigrationLimit = -1
 	}

@@ -193,7 +193,7 @@ type envOptions struct {
 	models []string
 	// migrationLimit and stall: Options.MigrationLimit and StallTimeout.
 	migrationLimit int
-	stall          time.Duration
+	stall, grace   time.Duration
 }
 
 func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
@@ -241,7 +241,7 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 		t.Fatal(err)
 	}
 	e.s, err = New(e.rt, Options{MaxBodyBytesInFlight: o.bodiesInFlight, MaxBodyBytesPerClient: o.perClient, DrainTimeout: o.drain,
-		MigrationLimit: o.migrationLimit, StallTimeout: o.stall})
+		MigrationLimit: o.migrationLimit, StallTimeout: o.stall, WorkerDrainGrace: o.grace})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -26,9 +26,20 @@ import (
 // engine, and stays well below this on a fleet the router balances.
 const DefaultStallTimeout = 30 * time.Second
 
+// DefaultWorkerDrainGrace is how long a request in flight on a worker
+// that left the fleet (drained, removed from the configuration, not
+// ready) may run there before it migrates (Options.WorkerDrainGrace):
+// 20 s, under Kubernetes' default termination grace period of 30 s, so
+// that a pod's requests move before the kubelet's SIGKILL cuts them.
+const DefaultWorkerDrainGrace = 20 * time.Second
+
 // errStalled is the cause an attempt's context is cancelled with when
-// its answer stalled.
-var errStalled = errors.New("no byte of the answer for the stall timeout")
+// its answer stalled; errDrained when its worker left and the grace
+// ended.
+var (
+	errStalled = errors.New("no byte of the answer for the stall timeout")
+	errDrained = errors.New("the worker left the fleet and its drain grace ended")
+)
 
 // migration is what the HTTP face keeps to migrate cut streams: the
 // policy, the budget of what every stream keeps, the stall timeout and
@@ -36,7 +47,9 @@ var errStalled = errors.New("no byte of the answer for the stall timeout")
 type migration struct {
 	pol    migrate.Policy
 	budget *migrate.Budget
-	stall  time.Duration
+	// stall and grace: Options.StallTimeout and WorkerDrainGrace
+	// (negative: never).
+	stall, grace time.Duration
 	// cuts counts switchyard_migrations_total{cause,outcome}; gap
 	// observes switchyard_migration_gap_seconds. nil without a registry.
 	cuts *prometheus.CounterVec
@@ -56,9 +69,12 @@ func newMigration(o Options, reg *prometheus.Registry) (*migration, error) {
 	if err := pol.Validate(); err != nil {
 		return nil, err
 	}
-	m := &migration{pol: pol, budget: migrate.NewBudget(pol.TotalBytes), stall: o.StallTimeout}
+	m := &migration{pol: pol, budget: migrate.NewBudget(pol.TotalBytes), stall: o.StallTimeout, grace: o.WorkerDrainGrace}
 	if m.stall == 0 {
 		m.stall = DefaultStallTimeout
+	}
+	if m.grace == 0 {
+		m.grace = DefaultWorkerDrainGrace
 	}
 	if reg == nil {
 		return m, nil
@@ -143,16 +159,43 @@ type attempt struct {
 	cancel context.CancelCauseFunc
 	timer  *time.Timer
 	stall  time.Duration
+	grace  time.Duration
 	meter  live.Meter
 }
 
-func (s *Server) newAttempt(ex *exchange) *attempt {
+// newAttempt starts an attempt on worker w: its context ends with
+// errDrained once w has left the fleet and the drain grace passed, and,
+// when stall, with errStalled after the stall timeout without a byte
+// (alive).
+func (s *Server) newAttempt(ex *exchange, w *fleet.Worker, stall bool) *attempt {
 	ctx, cancel := context.WithCancelCause(ex.ctx)
-	a := &attempt{ctx: ctx, cancel: cancel, stall: s.mig.stall}
-	if a.stall > 0 {
+	a := &attempt{ctx: ctx, cancel: cancel, grace: s.mig.grace}
+	if stall && s.mig.stall > 0 {
+		a.stall = s.mig.stall
 		a.timer = time.AfterFunc(a.stall, func() { cancel(errStalled) })
 	}
+	if left := w.Left(); left != nil && s.mig.grace >= 0 {
+		go watchLeave(ctx, cancel, left, s.mig.grace)
+	}
 	return a
+}
+
+// watchLeave cancels an attempt's context with errDrained when its
+// worker has left (left is closed) and grace has passed since, unless
+// the attempt ends first.
+func watchLeave(ctx context.Context, cancel context.CancelCauseFunc, left <-chan struct{}, grace time.Duration) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-left:
+	}
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+		cancel(errDrained)
+	}
 }
 
 // alive records a byte of the answer: the stall timer starts again.
@@ -184,7 +227,7 @@ func (s *Server) migrating(ex *exchange, h *admission.Handle, d router.Decision,
 	body, st := migrate.Begin(ex.body, api, s.mig.pol, s.mig.budget)
 	defer st.Close()
 	w := d.Worker
-	a := s.newAttempt(ex)
+	a := s.newAttempt(ex, w, true)
 	defer func() { a.stop() }()
 	resp, code, retry, why := s.send(a.ctx, ex, h, w, body)
 	if resp == nil {
@@ -253,9 +296,9 @@ func (s *Server) follow(ex *exchange, h *admission.Handle, d router.Decision, a 
 			}
 			migrations++
 			a.stop()
-			a = s.newAttempt(ex)
-			defer a.stop()
 			w = d.Worker
+			a = s.newAttempt(ex, w, true)
+			defer a.stop()
 			var retry bool
 			resp, code, retry, _ = s.send(a.ctx, ex, h, w, next)
 			if resp == nil && !retry {
@@ -283,6 +326,28 @@ func (s *Server) follow(ex *exchange, h *admission.Handle, d router.Decision, a 
 		a.meter = s.rt.Meter(h, d, &ex.Request, false, -1)
 		a.meter.Continued()
 	}
+}
+
+// passThroughMoving is passThrough for a generation request that
+// migrate.Stream does not read (not streamed, or of another schema):
+// when its worker leaves the fleet and the drain grace passes before the
+// answer's headers, the attempt is cut and the request placed again
+// elsewhere (the hop's retry: nothing has reached the client, and the
+// engine had not finished).
+func (s *Server) passThroughMoving(ex *exchange, h *admission.Handle, d router.Decision) (int, bool, string) {
+	a := s.newAttempt(ex, d.Worker, false)
+	defer a.stop()
+	resp, code, retry, why := s.send(a.ctx, ex, h, d.Worker, ex.body)
+	if resp == nil {
+		if retry && errors.Is(context.Cause(a.ctx), errDrained) {
+			s.mig.count(migrate.CauseDrain, migrate.Migrated)
+			why = "the worker left the fleet and its drain grace ended"
+		}
+		return code, retry, why
+	}
+	defer func() { _ = resp.Body.Close() }()
+	rc := s.answerStart(ex, d.Worker, resp)
+	return s.relay(ex, h, d.Worker, resp, rc)
 }
 
 // codeNoWorker is replace's code when no worker can take the
@@ -421,6 +486,8 @@ func (s *Server) pump(ex *exchange, h *admission.Handle, a *attempt, resp *http.
 			return pumpResult{code: http.StatusGatewayTimeout}
 		case errors.Is(context.Cause(a.ctx), errStalled):
 			return pumpResult{cause: migrate.CauseStall, detail: "no byte for " + a.stall.String()}
+		case errors.Is(context.Cause(a.ctx), errDrained):
+			return pumpResult{cause: migrate.CauseDrain, detail: "the worker left the fleet " + a.grace.String() + " ago"}
 		default:
 			return pumpResult{cause: migrate.CauseReset, detail: rerr.Error()}
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/switchyard-router/switchyard/internal/testkit"
+	"github.com/switchyard-router/switchyard/shared"
 )
 
 // contEngine is an engine that continues its answers: token i of an
@@ -29,6 +30,7 @@ type contEngine struct {
 	cutAll   bool   // continuations are cut too
 	cutAfter int
 	refuse   bool // continuations are answered 400
+	delay    time.Duration // between tokens
 
 	mu     sync.Mutex
 	bodies [][]byte
@@ -100,6 +102,13 @@ func (e *contEngine) serve(w http.ResponseWriter, r *http.Request) {
 	cutting := e.cut != "" && (!cont || e.cutAll)
 	for i := range n {
 		tok := start + i
+		if e.delay > 0 && i > 0 {
+			select {
+			case <-time.After(e.delay):
+			case <-r.Context().Done():
+				return
+			}
+		}
 		if cutting && e.cut != "finished" && i == e.cutAfter {
 			e.doCut(w, r, id)
 			return
@@ -405,4 +414,52 @@ func TestMigrationEnds(t *testing.T) {
 			t.Errorf("%d engine requests, want 3 (the first and 2 migrations)", total)
 		}
 	})
+}
+
+// TestMigrationOnDrain: a worker that leaves the fleet mid-stream keeps
+// its stream for the drain grace, then the stream migrates (cause
+// drain); a non-streamed request without an answer yet is placed again.
+func TestMigrationOnDrain(t *testing.T) {
+	e1, e2 := newContEngine(t, "", 0), newContEngine(t, "", 0)
+	e1.delay, e2.delay = 10*time.Millisecond, 10*time.Millisecond
+	env := newEnv(t, envOptions{grace: 50 * time.Millisecond}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+	body := `{"model":"m","stream":true,"max_tokens":60,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	first := resp.Header.Get("X-Switchyard-Worker")
+	var events []string
+	sc := bufio.NewScanner(resp.Body)
+	removed := false
+	for sc.Scan() {
+		d, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		events = append(events, d)
+		if !removed && len(events) == 4 { // the role chunk and 3 tokens
+			removed = true
+			for i, w := range env.workers {
+				if w.Name == first {
+					if err := env.r.RemoveWorker(shared.WorkerID(i+1), 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+	}
+	checkWhole(t, events, true, 60, true)
+	moved, stayed := e2, e1
+	if first == "w2" {
+		moved, stayed = e1, e2
+	}
+	if len(stayed.requests()) != 1 || len(moved.requests()) != 1 || !gjson.GetBytes(moved.requests()[0], "continue_final_message").Bool() {
+		t.Fatalf("requests: %d on %s, %d on the other", len(stayed.requests()), first, len(moved.requests()))
+	}
+	env.settle(t)
+	if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "drain", "outcome", "migrated"); n != 1 {
+		t.Errorf("drain migrations %v, want 1", n)
+	}
 }

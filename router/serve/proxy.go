@@ -159,7 +159,7 @@ func (s *Server) exchange(ex *exchange, api live.API) int {
 			if api, ok := migratable(ex); ok {
 				return s.migrating(ex, h, d, api)
 			}
-			return s.passThrough(ex, h, d.Worker, ex.body)
+			return s.passThroughMoving(ex, h, d)
 		})
 }
 
@@ -587,6 +587,16 @@ func (s *Server) send(ctx context.Context, ex *exchange, h *admission.Handle, w 
 		s.workers.ReportFailure(name)
 	} else {
 		s.workers.ReportSuccess(name)
+	}
+	if resp.StatusCode == http.StatusServiceUnavailable && h != nil {
+		// The engine is not serving (vLLM answers 503 once its engine is
+		// dead or it is shutting down; a draining engine does): nothing
+		// has reached the client, so the request goes elsewhere, as when
+		// the connection fails.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxEngineError))
+		_ = resp.Body.Close()
+		s.log.Warn("worker answered 503 (not serving)", "worker", name, "request_id", ex.ID)
+		return nil, 0, true, "worker answered 503"
 	}
 	return resp, 0, false, ""
 }

@@ -94,6 +94,12 @@ type Options struct {
 	// its engine is taken for hung and the request migrates
 	// (DefaultStallTimeout when 0; negative: never).
 	StallTimeout time.Duration
+	// WorkerDrainGrace is how long a generation request in flight on a
+	// worker that left the fleet (drained, removed, not ready) may run
+	// there before it moves: a streamed chat or completions answer
+	// migrates, a request without an answer yet is placed again
+	// (DefaultWorkerDrainGrace when 0; negative: never).
+	WorkerDrainGrace time.Duration
 }
 
 // Server is the OpenAI-compatible front end over a live.Runtime. Safe for
