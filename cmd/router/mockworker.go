@@ -18,9 +18,10 @@ import (
 	"github.com/switchyard-router/switchyard/router/tokenizer"
 )
 
-// mockWorkerDrain bounds how long a stopping mock worker waits for requests
-// in flight before cutting them off.
-const mockWorkerDrain = 5 * time.Second
+// mockWorkerCut bounds how long a mock worker whose --drain-timeout passed
+// waits for the requests it cut (vLLM's error event) before closing their
+// connections.
+const mockWorkerCut = 2 * time.Second
 
 func newMockWorkerCmd() *cobra.Command {
 	var (
@@ -49,6 +50,7 @@ func newMockWorkerCmd() *cobra.Command {
 		tokenizerFile    string
 		tokenizerConfig  string
 		chatTemplate     string
+		drainTimeout     time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "mock-worker",
@@ -104,8 +106,18 @@ It prints "mock-worker listening on http://ADDR (model NAME)" once it accepts co
 (useful with --listen 127.0.0.1:0), then, with KV events, one line per rank
 "mock-worker rank R KV events on tcp://ADDR" (and " replay on tcp://ADDR",
 " snapshot on tcp://ADDR publisher ID"), and stops on SIGINT or SIGTERM,
-letting requests in flight finish for up to 5s. A restarted process has a new
-publisher id, sequences from 0 and an empty cache.`,
+draining as a vLLM with --shutdown-timeout does: /health and new requests
+get 503, requests in flight run to their end for up to --drain-timeout (30s),
+then those left get vLLM's in-stream error and the process exits (also after
+POST /mock/drain). A restarted process has a new publisher id, sequences from
+0 and an empty cache.
+
+Faults on command (see the mockworker package): a request header
+X-Mock-Fault: KIND@N, or POST /mock/fault {"kind": KIND, "after_tokens": N}
+for every generation in flight and to come (DELETE clears it), makes chat and
+completions answers fail after N tokens: reset (TCP RST), close (a clean close
+of an answer framed by the connection's close), stall, error (vLLM's error
+event), exit (the process exits with status 1).`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			// New reads 0 as "default"; the flags' defaults are not 0.
@@ -159,6 +171,9 @@ publisher id, sequences from 0 and an empty cache.`,
 			if kvSnapshotRefuse && kvSnapshot == "" {
 				return fmt.Errorf("--kv-events-snapshot-unavailable needs --kv-events-snapshot-endpoint")
 			}
+			if drainTimeout < 0 {
+				return fmt.Errorf("--drain-timeout %v: want 0 or more", drainTimeout)
+			}
 			if tokenizerFile == "" && (tokenizerConfig != "" || chatTemplate != "") {
 				return fmt.Errorf("--tokenizer-config and --chat-template need --tokenizer")
 			}
@@ -192,7 +207,7 @@ publisher id, sequences from 0 and an empty cache.`,
 			if err != nil {
 				return &exitError{code: 1, err: fmt.Errorf("--listen %s: %w", listen, err)}
 			}
-			return serveMockWorker(cmd.Context(), cmd, ln, srv)
+			return serveMockWorker(cmd.Context(), cmd, ln, srv, drainTimeout)
 		},
 	}
 	f := cmd.Flags()
@@ -222,6 +237,7 @@ publisher id, sequences from 0 and an empty cache.`,
 	f.StringVar(&tokenizerFile, "tokenizer", "", "a Hugging Face tokenizer.json: tokenize prompts, key the prefix cache by token ids, serve POST /tokenize")
 	f.StringVar(&tokenizerConfig, "tokenizer-config", "", "the model's tokenizer_config.json, for its chat template and BOS/EOS tokens (with --tokenizer)")
 	f.StringVar(&chatTemplate, "chat-template", "", "a Jinja chat template file, instead of the one in --tokenizer-config (with --tokenizer)")
+	f.DurationVar(&drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM or POST /mock/drain, how long requests in flight may run (/health and new requests get 503 meanwhile) before they are cut with vLLM's error event and the process exits")
 	setWant(f, "data-parallel-size", dpSizeWant)
 	setWant(f, "speedup", speedupWant)
 	setWant(f, "engine-block-size", engineBlockSizeWant)
@@ -301,8 +317,10 @@ func loadMockTokenizer(path, configPath, templatePath string) (*tokenizer.File, 
 	return tok, nil
 }
 
-// serveMockWorker serves srv on ln until ctx is cancelled, then drains.
-func serveMockWorker(ctx context.Context, cmd *cobra.Command, ln net.Listener, srv *mockworker.Server) error {
+// serveMockWorker serves srv on ln until ctx is cancelled or a drain is
+// asked for (POST /mock/drain), then drains (mockworker.Server.Drain) for
+// at most drainTimeout, cuts what is left and stops.
+func serveMockWorker(ctx context.Context, cmd *cobra.Command, ln net.Listener, srv *mockworker.Server, drainTimeout time.Duration) error {
 	hs := &http.Server{Handler: srv, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
@@ -323,9 +341,21 @@ func serveMockWorker(ctx context.Context, cmd *cobra.Command, ln net.Listener, s
 	case err := <-errc:
 		return &exitError{code: 1, err: err}
 	case <-ctx.Done():
+	case <-srv.DrainStarted():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), mockWorkerDrain)
+	// Drain while still listening: /health and new requests get 503.
+	srv.Drain()
+	dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
+	if srv.WaitDrained(dctx) != nil {
+		// vLLM aborts what is left with finish_reason "error".
+		srv.SetFault(&mockworker.Fault{Kind: mockworker.FaultError})
+		cctx, ccancel := context.WithTimeout(context.Background(), mockWorkerCut)
+		_ = srv.WaitDrained(cctx)
+		ccancel()
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), mockWorkerCut)
+	defer scancel()
 	if err := hs.Shutdown(sctx); err != nil {
 		hs.Close()
 	}

@@ -43,6 +43,12 @@ type genRequest struct {
 	// ignores them.
 	RoutedDPRank     *int `json:"routed_dp_rank"`
 	DataParallelRank *int `json:"data_parallel_rank"`
+	// ContinueFinalMessage and AddGenerationPrompt are vLLM's chat
+	// fields (see checkGenerationPrompt); ReturnTokenIDs asks for the
+	// prompt's and the answer's token ids (vLLM's return_token_ids).
+	ContinueFinalMessage *bool `json:"continue_final_message"`
+	AddGenerationPrompt  *bool `json:"add_generation_prompt"`
+	ReturnTokenIDs       *bool `json:"return_token_ids"`
 
 	// prefill: do_remote_decode, answer one token and the KV's
 	// kv_transfer_params, not streamed.
@@ -59,6 +65,12 @@ type genRequest struct {
 	// loraID its vLLM adapter id.
 	lora   string
 	loraID int64
+	// start is the first generated word (see FillerWords): the
+	// context's end.
+	start int
+	// text is the prompt's text when it has no ids (nil ids), for the
+	// synthetic ids return_token_ids reports.
+	text string
 }
 
 // kvTransferParams is the part of a request's kv_transfer_params the mock
@@ -245,21 +257,26 @@ func isTextPart(typ string) bool {
 // encode tokenizes a text prompt (chat messages and tools when msgs is
 // non-nil) with the configured tokenizer: special tokens added to a text
 // prompt, the chat template with its generation prompt for messages, as
-// vLLM's completions and chat completions do.
+// vLLM's completions and chat completions do. A text prompt's trailing
+// filler words are the mock's own tokens (FillerTokenID), one each.
 func (s *Server) encode(ctx context.Context, text string, msgs []prefix.ChatMessage, tools string) ([]int64, *apiError) {
 	var (
 		ids []int64
 		err error
 	)
+	var filler []int64
 	if msgs != nil {
 		ids, err = s.cfg.Tokenizer.EncodeChat(ctx, msgs, tools)
 	} else {
+		// Generated words are one token each (FillerTokenID): a prompt
+		// ending with them (a continuation) counts them so.
+		text, filler = splitFillerSuffix(text)
 		ids, err = s.cfg.Tokenizer.Encode(ctx, text)
 	}
 	if err != nil {
 		return nil, badRequest("tokenizing the prompt: %v", err)
 	}
-	return ids, nil
+	return append(ids, filler...), nil
 }
 
 // parse decodes and validates a request body into the simulated request.
@@ -309,6 +326,7 @@ func (s *Server) prepare(ctx context.Context, req *genRequest, chat bool) (sim.R
 		salt = *req.CacheSalt
 	}
 	var p prompt
+	req.start = 0
 	switch {
 	case req.rendered != nil:
 		if p, aerr = s.chatPrompt(ctx, req.rendered, req.tools); aerr != nil {
@@ -316,31 +334,58 @@ func (s *Server) prepare(ctx context.Context, req *genRequest, chat bool) (sim.R
 		}
 	case req.PromptTokenIDs != nil:
 		p = prompt{ids: req.PromptTokenIDs, useIDs: true}
+		if n := len(p.ids); n > 0 {
+			req.start = nextWord(fillerIndex(p.ids[n-1]))
+		}
 	case chat:
 		if len(req.Messages) == 0 {
 			return sim.Request{}, badRequest("messages is required and must not be empty")
+		}
+		cont, aerr := checkGenerationPrompt(req)
+		if aerr != nil {
+			return sim.Request{}, aerr
 		}
 		msgs, err := chatMessages(req.Messages)
 		if err != nil {
 			return sim.Request{}, err
 		}
-		if p, aerr = s.chatPrompt(ctx, msgs, nonEmptyArray(req.Tools)); aerr != nil {
+		if cont {
+			req.start = nextWord(fillerSuffix(msgs[len(msgs)-1].Content))
+			p, aerr = s.continuedChatPrompt(ctx, msgs, nonEmptyArray(req.Tools))
+		} else {
+			p, aerr = s.chatPrompt(ctx, msgs, nonEmptyArray(req.Tools))
+		}
+		if aerr != nil {
 			return sim.Request{}, aerr
 		}
 	default:
 		if p, aerr = parsePrompt(req.Prompt); aerr != nil {
 			return sim.Request{}, aerr
 		}
+		if p.useIDs {
+			if n := len(p.ids); n > 0 {
+				req.start = nextWord(fillerIndex(p.ids[n-1]))
+			}
+		} else {
+			req.start = nextWord(fillerSuffix(p.text))
+		}
 		if p, aerr = s.textPrompt(ctx, p); aerr != nil {
 			return sim.Request{}, aerr
 		}
 	}
 	out := s.cfg.DefaultMaxTokens
+	// asked is the output vLLM checks against the context (0 for a chat
+	// request that set none: vLLM fills the rest of the context), param
+	// its field.
+	asked, param := out, "max_tokens"
+	if chat {
+		asked = 0
+	}
 	if req.MaxTokens != nil {
-		out = *req.MaxTokens
+		out, asked = *req.MaxTokens, *req.MaxTokens
 	}
 	if chat && req.MaxCompletionTokens != nil {
-		out = *req.MaxCompletionTokens
+		out, asked, param = *req.MaxCompletionTokens, *req.MaxCompletionTokens, "max_completion_tokens"
 	}
 	if out < 1 {
 		return sim.Request{}, badRequest("max_tokens must be at least 1, got %d", out)
@@ -366,7 +411,10 @@ func (s *Server) prepare(ctx context.Context, req *genRequest, chat bool) (sim.R
 	if aerr != nil {
 		return sim.Request{}, aerr
 	}
-	req.ids = ids
+	if aerr := contextError(r.InputLength, asked, s.maxModelLen(), param); aerr != nil {
+		return sim.Request{}, aerr
+	}
+	req.ids, req.text = ids, p.text
 	return r, nil
 }
 
@@ -423,10 +471,9 @@ func (s *Server) permission() map[string]any {
 // loaded from).
 func loraPath(name string) string { return "/mock/lora/" + name }
 
-// words are the generated text, one per token.
-var words = [...]string{" lorem", " ipsum", " dolor", " sit", " amet", " consectetur", " adipiscing", " elit"}
-
-func token(i int) string { return words[i%len(words)] }
+// token is the i-th word of an answer starting at word 0 (a new turn:
+// /v1/responses, /v1/messages).
+func token(i int) string { return FillerWords[i%len(FillerWords)] }
 
 func seconds(d time.Duration) string { return strconv.FormatFloat(d.Seconds(), 'f', 6, 64) }
 
@@ -466,6 +513,11 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 		writeError(w, perr)
 		return
 	}
+	fault, perr := requestFault(r)
+	if perr != nil {
+		writeError(w, perr)
+		return
+	}
 	eng, a, ok := s.begin(w, r, req, sr)
 	if !ok {
 		return
@@ -476,7 +528,18 @@ func (s *Server) handleGenerate(w http.ResponseWriter, r *http.Request, chat boo
 			eng.abort(a.id) // client gone, write failed or shutdown
 		}
 	}()
-	g := generation{s: s, eng: eng, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix()}
+	g := generation{s: s, eng: eng, w: w, a: a, chat: chat, sr: sr, created: time.Now().Unix(), start: req.start, fault: fault}
+	defer func() {
+		if g.conn != nil {
+			g.conn.close() // an answer framed by the connection's close
+		}
+	}()
+	if req.ReturnTokenIDs != nil && *req.ReturnTokenIDs {
+		g.promptIDs = req.ids
+		if g.promptIDs == nil {
+			g.promptIDs = syntheticIDs(req.text, s.cfg.CharsPerToken)
+		}
+	}
 	if req.prefill {
 		g.kv = s.kvAnswer(r, sr)
 	}
@@ -550,23 +613,34 @@ func (s *Server) submitError(err error, sr sim.Request) *apiError {
 
 // chunk is a streamed response chunk, in the OpenAI chunk format plus the
 // simulated time its token was produced.
+//
+// With return_token_ids, fields sit where vLLM's protocol puts them
+// (vllm/entrypoints/openai/chat_completion/protocol.py and
+// completion/protocol.py@002032ee): a chat chunk carries the prompt's ids
+// as the chunk's own prompt_token_ids (ChatCompletionStreamResponse), in
+// its first chunk only; a completions chunk carries them in its choice
+// (CompletionResponseStreamChoice), first chunk only; both carry the
+// chunk's generated ids as the choice's token_ids.
 type chunk struct {
-	ID         string   `json:"id"`
-	Object     string   `json:"object"`
-	Created    int64    `json:"created"`
-	Model      string   `json:"model"`
-	Choices    []choice `json:"choices"`
-	Usage      *usage   `json:"usage,omitempty"`
-	SimSeconds *float64 `json:"x_mock_sim_seconds,omitempty"`
+	ID             string   `json:"id"`
+	Object         string   `json:"object"`
+	Created        int64    `json:"created"`
+	Model          string   `json:"model"`
+	Choices        []choice `json:"choices"`
+	Usage          *usage   `json:"usage,omitempty"`
+	PromptTokenIDs []int64  `json:"prompt_token_ids,omitempty"`
+	SimSeconds     *float64 `json:"x_mock_sim_seconds,omitempty"`
 }
 
 // choice is one choice of a chunk: Text for completions, Delta for chat.
 type choice struct {
-	Index        int     `json:"index"`
-	Text         *string `json:"text,omitempty"`
-	Delta        *delta  `json:"delta,omitempty"`
-	Logprobs     any     `json:"logprobs"`
-	FinishReason *string `json:"finish_reason"`
+	Index          int     `json:"index"`
+	Text           *string `json:"text,omitempty"`
+	Delta          *delta  `json:"delta,omitempty"`
+	Logprobs       any     `json:"logprobs"`
+	FinishReason   *string `json:"finish_reason"`
+	PromptTokenIDs []int64 `json:"prompt_token_ids,omitempty"`
+	TokenIDs       []int64 `json:"token_ids,omitempty"`
 }
 
 type delta struct {
@@ -589,6 +663,18 @@ type generation struct {
 	created int64
 	// kv is a prefill answer's kv_transfer_params; nil otherwise.
 	kv *kvTransferAnswer
+	// start is the first generated word (FillerWords).
+	start int
+	// promptIDs, when not nil, are the prompt's token ids to report
+	// with the answer's (return_token_ids).
+	promptIDs []int64
+	// fault is the request's own fault (FaultHeader); nil for none.
+	fault *Fault
+	// conn, when not nil, is the taken-over connection an answer framed
+	// by its close is written on (g.w is conn); gone is closed when its
+	// client leaves.
+	conn *closeWriter
+	gone <-chan struct{}
 }
 
 // kvAnswer is the kv_transfer_params of a prefill request's answer: this
@@ -635,6 +721,8 @@ func (g *generation) wait(r *http.Request) bool {
 	case <-g.a.notify:
 		return true
 	case <-r.Context().Done():
+		return false
+	case <-g.gone:
 		return false
 	case <-g.eng.done:
 		return false
@@ -728,11 +816,30 @@ func (g *generation) streamTokens(r *http.Request, buf *bytes.Buffer, head func(
 // complete answers a non-streamed request once all tokens are produced.
 // It reports whether the request finished in the engine.
 func (g *generation) complete(r *http.Request) bool {
-	p, ok := g.waitAll(r)
-	if !ok {
-		return false
+	if g.closeFraming() {
+		g.frameByClose(r)
 	}
-	out := text(g.sr.OutputLength)
+	var p progress
+	for {
+		p = g.a.since(0)
+		if f := g.faultNow(len(p.times)); f != nil {
+			g.fire(r, f, nil, false, false)
+			return false
+		}
+		if p.done {
+			break
+		}
+		if !g.wait(r) {
+			if p = g.a.since(0); p.done {
+				break
+			}
+			if r.Context().Err() == nil {
+				writeError(g.w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", msg: errClosed.Error()})
+			}
+			return false
+		}
+	}
+	out := textFrom(g.start, g.sr.OutputLength)
 	choice := map[string]any{"index": 0, "logprobs": nil, "finish_reason": "length"}
 	object := "text_completion"
 	if g.chat {
@@ -745,6 +852,17 @@ func (g *generation) complete(r *http.Request) bool {
 	answer := map[string]any{
 		"id": g.id, "object": object, "created": g.created, "model": g.model,
 		"choices": []any{choice}, "usage": g.usage(p.cached),
+	}
+	if g.promptIDs != nil {
+		// vLLM: the answer's ids in the choice; the prompt's at the top
+		// of a chat answer (ChatCompletionResponse), in the choice of a
+		// completions one (CompletionResponseChoice).
+		choice["token_ids"] = idsFrom(g.start, g.sr.OutputLength)
+		if g.chat {
+			answer["prompt_token_ids"] = g.promptIDs
+		} else {
+			choice["prompt_token_ids"] = g.promptIDs
+		}
 	}
 	if g.kv != nil {
 		answer["kv_transfer_params"] = g.kv
@@ -768,21 +886,25 @@ func (g *generation) stream(r *http.Request, includeUsage bool) bool {
 	sent := 0
 	for {
 		p := g.a.since(sent)
-		if sent == 0 && len(p.times) > 0 {
-			h := g.w.Header()
-			h.Set("Content-Type", "text/event-stream")
-			h.Set("Cache-Control", "no-cache")
-			h.Set("x-mock-cached-tokens", strconv.Itoa(p.cached))
-			h.Set("x-mock-ttft-seconds", seconds(p.times[0]-p.submitAt))
-			g.w.WriteHeader(http.StatusOK)
-		}
 		buf.Reset()
 		for _, at := range p.times {
+			if f := g.faultNow(sent); f != nil {
+				g.fire(r, f, buf.Bytes(), true, sent > 0)
+				return false
+			}
+			if sent == 0 {
+				if g.closeFraming() {
+					g.frameByClose(r)
+					rc = http.NewResponseController(g.w)
+				}
+				g.streamHeaders(p)
+			}
 			c := choice{}
 			if sent == g.sr.OutputLength-1 {
 				c.FinishReason = &finishLength
 			}
-			tok := token(sent)
+			word := wordAt(g.start, sent)
+			tok := FillerWords[word]
 			if g.chat {
 				c.Delta = &delta{Content: tok}
 				if sent == 0 {
@@ -790,6 +912,15 @@ func (g *generation) stream(r *http.Request, includeUsage bool) bool {
 				}
 			} else {
 				c.Text = &tok
+			}
+			ck.PromptTokenIDs = nil
+			if g.promptIDs != nil {
+				c.TokenIDs = []int64{FillerTokenID + int64(word)}
+				if sent == 0 && g.chat {
+					ck.PromptTokenIDs = g.promptIDs
+				} else if sent == 0 {
+					c.PromptTokenIDs = g.promptIDs
+				}
 			}
 			sim := at.Seconds()
 			ck.Choices, ck.SimSeconds = append(ck.Choices[:0], c), &sim
@@ -801,7 +932,7 @@ func (g *generation) stream(r *http.Request, includeUsage bool) bool {
 		if p.done {
 			if includeUsage {
 				u := g.usage(p.cached)
-				ck.Choices, ck.SimSeconds, ck.Usage = ck.Choices[:0], nil, &u
+				ck.Choices, ck.SimSeconds, ck.Usage, ck.PromptTokenIDs = ck.Choices[:0], nil, &u, nil
 				buf.WriteString("data: ")
 				_ = enc.Encode(&ck)
 				buf.WriteString("\n")

@@ -27,7 +27,9 @@
 //	GET  /kv_event_sources      vLLM: one KV event source per data-parallel rank (vLLM PR 55844)
 //	GET  /server_info           SGLang (and /get_server_info): page_size, dp_size, the kv_events descriptor
 //	GET  /debug/kv_blocks       the mock's own: every block its prefix cache holds, per rank (handleKVBlocks)
-//	GET  /health                200
+//	GET  /health                200; 503 while draining (Drain)
+//	/mock/fault                 the mock's own: POST sets, DELETE clears, GET shows the process-wide Fault
+//	POST /mock/drain            the mock's own: Drain, 202
 //	GET  /metrics               Prometheus text, the engine's metric names; 404 with Config.NoMetrics
 //
 // Any other path answers 404 {"detail": "Not Found"}, FastAPI's answer.
@@ -51,7 +53,13 @@
 // most 4096 bytes, that becomes part of the first block's hash, so the
 // request hits only prompts salted alike). "model" may name a LoRA
 // adapter of Config.LoRA. The engine always generates exactly max_tokens
-// tokens (finish_reason "length"); the text is filler words.
+// tokens (finish_reason "length"); the text is filler words, one token
+// each, that continue the context (see FillerWords): a request continued
+// after k of its tokens (vLLM's continue_final_message on chat, the text
+// or token ids so far appended to a completions prompt) generates exactly
+// the rest of the uninterrupted answer. "return_token_ids" reports the
+// prompt's and the answer's token ids where vLLM puts them (see chunk). A
+// prompt plus max_tokens over max_model_len is vLLM's 400 (contextError).
 //
 // # Prompt length and prefix hashing
 //
@@ -191,12 +199,28 @@
 // "kv_transfer_params" a top-level member; max_output_tokens (Responses)
 // and max_tokens (Messages) are the bound a prefill overrides.
 //
+// # Faults and drain
+//
+// The mock's own interface, no engine's: the header FaultHeader
+// ("X-Mock-Fault: KIND@N") on a chat or completions request, or POST
+// /mock/fault {"kind", "after_tokens"} for every generation in flight and
+// to come (Server.SetFault; DELETE clears), makes answers fail after N
+// tokens (see Fault): reset (TCP RST), close (a clean close of an answer
+// framed by the connection's close from its first byte, so the cut reads
+// as a normal end of body), stall (nothing more is sent), error (vLLM's
+// in-stream error, StreamErrorEvent, then [DONE]; a whole answer vLLM's
+// 500), exit (the process exits, Config.Exit). Drain (POST /mock/drain;
+// `router mock-worker` on SIGTERM) models a vLLM shutting down with
+// --shutdown-timeout: /health and new requests answer 503, requests in
+// flight run to their end, Drained closes when none is left.
+//
 // # Errors and cancellation
 //
 // Errors use the OpenAI shape {"error": {"message", "type", "param",
 // "code"}} with the HTTP status as code: malformed JSON or invalid fields
-// 400, a model other than Config.Model 404, a prompt plus max_tokens that
-// can never fit the KV cache 400, a closed server 503. A client that
+// 400, a model other than Config.Model 404, a prompt plus max_tokens over
+// max_model_len 400 (vLLM's BadRequestError), a closed or draining server
+// 503. A client that
 // disconnects, before or during its response, aborts its request in the
 // simulated engine (sim.Worker.Abort), which frees its KV blocks.
 package mockworker
@@ -209,6 +233,8 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -390,6 +416,10 @@ type Config struct {
 	// on a concrete address.
 	KVEventsAdvertiseHost string
 
+	// Exit ends the process for an exit fault (FaultExit); nil means
+	// os.Exit. A hook that returns leaves the connection reset.
+	Exit func(code int)
+
 	// Tokenizer, when set, tokenizes text prompts (chat: rendered by its
 	// chat template) into the token ids that count the prompt's length,
 	// key its prefix cache (the engine's block hashes of the ids) and
@@ -427,6 +457,17 @@ type Server struct {
 	// responses are the Responses API answers kept for
 	// previous_response_id and GET /v1/responses/{id}.
 	responses responseStore
+	// fault is the process-wide fault (SetFault); nil for none.
+	fault atomic.Pointer[Fault]
+	// exit is Config.Exit or os.Exit.
+	exit func(int)
+	// Drain state (see Drain): draining, requests admitted and not done,
+	// drainStarted closed by Drain, drained once draining and idle.
+	drainMu      sync.Mutex
+	draining     bool
+	inFlight     int
+	drainStarted chan struct{}
+	drained      chan struct{}
 }
 
 // New validates cfg, starts the simulated engine and returns the server.
@@ -512,7 +553,10 @@ func New(cfg Config) (*Server, error) {
 		engineID = "mock-" + hex.EncodeToString(rnd[:])
 	}
 	s := &Server{cfg: cfg, model: model, mux: http.NewServeMux(), created: time.Now().Unix(), engineID: engineID,
-		hasher: hasher, lora: lora}
+		hasher: hasher, lora: lora, exit: cfg.Exit, drainStarted: make(chan struct{}), drained: make(chan struct{})}
+	if s.exit == nil {
+		s.exit = os.Exit
+	}
 	if cfg.KVEventsEndpoint != "" {
 		o := kvEventsOptions{endpoint: cfg.KVEventsEndpoint, replay: cfg.KVEventsReplayEndpoint,
 			snapshot: cfg.KVEventsSnapshotEndpoint, snapshotUnavailable: cfg.KVEventsSnapshotUnavailable,
@@ -555,7 +599,9 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, false) })
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.handleGenerate(w, r, true) })
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
-	s.mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) })
+	s.mux.HandleFunc("GET /health", s.handleHealth)
+	s.mux.HandleFunc("/mock/fault", s.handleFault)
+	s.mux.HandleFunc("POST /mock/drain", s.handleDrain)
 	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	s.mux.HandleFunc("GET /debug/kv_blocks", s.handleKVBlocks)
@@ -617,8 +663,20 @@ func (s *Server) Model() string { return s.model }
 // remote_engine_id (Config.EngineID or the generated one).
 func (s *Server) EngineID() string { return s.engineID }
 
-// ServeHTTP serves the endpoints listed in the package documentation.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+// ServeHTTP serves the endpoints listed in the package documentation;
+// while draining, requests other than GET and /mock/ get 503.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if drainExempt(r) {
+		s.mux.ServeHTTP(w, r)
+		return
+	}
+	if !s.enter() {
+		writeError(w, &apiError{status: http.StatusServiceUnavailable, typ: "ServiceUnavailableError", msg: errDraining.Error()})
+		return
+	}
+	defer s.leave()
+	s.mux.ServeHTTP(w, r)
+}
 
 // Close stops the simulated engine and waits for its goroutine to exit.
 // Requests in flight end (a streamed one stops without [DONE], one that has

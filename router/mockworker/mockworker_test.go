@@ -513,7 +513,10 @@ func TestErrors(t *testing.T) {
 		{"no messages", "/v1/chat/completions", `{"messages": []}`, 400, "messages"},
 		{"bad content", "/v1/chat/completions", `{"messages": [{"role": "user", "content": 7}]}`, 400, "content"},
 		{"zero max_tokens", "/v1/completions", `{"prompt": "a", "max_tokens": 0}`, 400, "max_tokens"},
-		{"never fits", "/v1/completions", mustJSON(map[string]any{"prompt": ids, "max_tokens": 2}), 400, "does not fit the KV cache"},
+		{"never fits", "/v1/completions", mustJSON(map[string]any{"prompt": ids, "max_tokens": 2}), 400,
+			"This model's maximum context length is 1600 tokens. However, you requested 2 output tokens and your prompt contains 1600 input tokens, for a total of 1602 tokens."},
+		{"output over the context", "/v1/completions", mustJSON(map[string]any{"prompt": "a", "max_tokens": 1601}), 400,
+			"max_tokens=1601cannot be greater than max_model_len=max_total_tokens=1600."},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			resp, body := postRaw(t, url+tt.path, []byte(tt.body))
@@ -533,9 +536,14 @@ func TestErrors(t *testing.T) {
 			}
 		})
 	}
-	// 1599 prompt tokens + 1 output token fit exactly.
-	if resp, body := post(t, url+"/v1/completions", map[string]any{"prompt": ids[:1599], "max_tokens": 2}); resp.StatusCode != 200 {
+	// vLLM's rule: prompt plus max_tokens at most max_model_len (the KV
+	// cache, 1600 tokens): 1598 + 2 fit, 1599 + 2 do not.
+	if resp, body := post(t, url+"/v1/completions", map[string]any{"prompt": ids[:1598], "max_tokens": 2}); resp.StatusCode != 200 {
 		t.Errorf("fitting prompt: %d %s", resp.StatusCode, body)
+	}
+	if resp, body := post(t, url+"/v1/completions", map[string]any{"prompt": ids[:1599], "max_tokens": 2}); resp.StatusCode != 400 ||
+		!strings.Contains(string(body), `"param":"input_tokens"`) || !strings.Contains(string(body), `"type":"BadRequestError"`) {
+		t.Errorf("one token over: %d %s", resp.StatusCode, body)
 	}
 	// After Close, requests get 503.
 	s.Close()
