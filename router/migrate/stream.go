@@ -82,7 +82,7 @@ type Stream struct {
 	pol    Policy
 	budget *Budget
 	// strip: the router asked the engine for token ids the client did not
-	// ask for; they are removed from what the client sees.
+	// ask for; the client sees them null, as vLLM sends them unasked.
 	strip bool
 	// usage: the client asked for the usage chunk
 	// (stream_options.include_usage).
@@ -345,7 +345,7 @@ func (s *Stream) event(ev, out []byte) ([]byte, *Cut) {
 		return s.rewrite(data, out), nil
 	case s.strip:
 		out = append(out, "data: "...)
-		out = appendWithout(out, data, tokenIDsKey, promptIDsKey)
+		out = appendNulled(out, data, tokenIDsKey, promptIDsKey)
 		return append(out, "\n\n"...), nil
 	}
 	return append(out, ev...), nil
@@ -465,12 +465,15 @@ var (
 	promptIDsKey = []byte(`"prompt_token_ids"`)
 )
 
-// appendWithout appends the JSON object data to out without the members
-// whose keys are keys, at any depth (the first of each). In valid JSON a
-// key's quoted name with its quotes unescaped appears only as a key (a
-// quote inside a string is escaped), so a byte search finds it; its value
-// is skipped by its brackets and strings. Linear in data.
-func appendWithout(out, data []byte, keys ...[]byte) []byte {
+// appendNulled appends the JSON object data to out with the values of
+// the members whose keys are keys (the first of each, at any depth) made
+// null: what vLLM sends for them when the client did not ask for token
+// ids ("token_ids": null in every choice, "prompt_token_ids": null in
+// the first chunk). In valid JSON a key's quoted name with its quotes
+// unescaped appears only as a key (a quote inside a string is escaped),
+// so a byte search finds it; its value is skipped by its brackets and
+// strings. Linear in data.
+func appendNulled(out, data []byte, keys ...[]byte) []byte {
 	type span struct{ from, to int }
 	var cuts [2]span
 	n := 0
@@ -479,8 +482,8 @@ func appendWithout(out, data []byte, keys ...[]byte) []byte {
 		if i < 0 || n == len(cuts) {
 			continue
 		}
-		from, to, ok := memberSpan(data, i, len(k))
-		if ok {
+		from, to, ok := valueSpan(data, i, len(k))
+		if ok && string(data[from:to]) != "null" {
 			cuts[n] = span{from, to}
 			n++
 		}
@@ -494,36 +497,23 @@ func appendWithout(out, data []byte, keys ...[]byte) []byte {
 			continue // overlapping: cannot happen for distinct keys
 		}
 		out = append(out, data[at:c.from]...)
+		out = append(out, "null"...)
 		at = c.to
 	}
 	return append(out, data[at:]...)
 }
 
-// memberSpan returns the span of the member whose key starts at i (klen
-// bytes, quotes included) with the comma that separates it from its
-// neighbour; ok false when what follows is not ': value'.
-func memberSpan(b []byte, i, klen int) (from, to int, ok bool) {
+// valueSpan returns the span of the value of the member whose key starts
+// at i (klen bytes, quotes included); ok false when what follows is not
+// ': value'.
+func valueSpan(b []byte, i, klen int) (from, to int, ok bool) {
 	j := skipSpace(b, i+klen)
 	if j >= len(b) || b[j] != ':' {
 		return 0, 0, false
 	}
-	end, ok := skipValue(b, skipSpace(b, j+1))
-	if !ok {
-		return 0, 0, false
-	}
-	from, to = i, end
-	k := i - 1
-	for k >= 0 && isSpace(b[k]) {
-		k--
-	}
-	if k >= 0 && b[k] == ',' {
-		return k, to, true
-	}
-	m := skipSpace(b, end)
-	if m < len(b) && b[m] == ',' {
-		return from, m + 1, true
-	}
-	return from, to, true
+	from = skipSpace(b, j+1)
+	to, ok = skipValue(b, from)
+	return from, to, ok
 }
 
 func skipSpace(b []byte, i int) int {
@@ -571,16 +561,21 @@ func skipValue(b []byte, i int) (int, bool) {
 }
 
 // rewrite appends a continuation's chunk with data as the client gets
-// it: without the prompt's ids (the client had them from the first
-// attempt), without the token ids the router asked for, with the first
+// it: the prompt's ids null (the client had them from the first
+// attempt), the token ids the router asked for null, the first
 // attempt's id, and its usage counting the whole answer.
 func (s *Stream) rewrite(data, out []byte) []byte {
 	b := data
 	if s.strip {
-		b = remove(b, "choices.0.token_ids")
+		b = nulled(b, "choices.0.token_ids")
 	}
-	b = remove(b, "choices.0.prompt_token_ids")
-	b = remove(b, "prompt_token_ids")
+	b = nulled(b, "choices.0.prompt_token_ids")
+	b = nulled(b, "prompt_token_ids")
+	if s.api == Chat {
+		// An engine that sends the role with the first token: the client
+		// had the role from the first attempt.
+		b = removeMember(b, "choices.0.delta.role")
+	}
 	if s.id != "" {
 		b = replace(b, "id", strconv.Quote(s.id))
 	}
@@ -616,9 +611,9 @@ func (s *Stream) wholeUsage(u gjson.Result) string {
 	return string(append(b, '}'))
 }
 
-// remove returns b without the member at path (b itself when it has
-// none; a copy otherwise).
-func remove(b []byte, path string) []byte {
+// removeMember returns b without the member at path (b itself when it
+// has none; a copy otherwise), and the comma that separated it.
+func removeMember(b []byte, path string) []byte {
 	r := gjson.GetBytes(b, path)
 	if !r.Exists() || r.Index <= 0 {
 		return b
@@ -639,31 +634,33 @@ func remove(b []byte, path string) []byte {
 		return b
 	}
 	i--
-	for i >= 0 && !(b[i] == '"' && (i == 0 || b[i-1] != '\\')) {
+	for i >= 0 && (b[i] != '"' || (i > 0 && b[i-1] == '\\')) {
 		i--
 	}
 	if i < 0 {
 		return b
 	}
 	start, end := i, r.Index+len(r.Raw)
-	// The comma before (or, for a first member, after) goes too.
 	j := start - 1
 	for j >= 0 && isSpace(b[j]) {
 		j--
 	}
 	if j >= 0 && b[j] == ',' {
 		start = j
-	} else {
-		k := end
-		for k < len(b) && isSpace(b[k]) {
-			k++
-		}
-		if k < len(b) && b[k] == ',' {
-			end = k + 1
-		}
+	} else if k := skipSpace(b, end); k < len(b) && b[k] == ',' {
+		end = k + 1
 	}
 	c := make([]byte, 0, len(b)-(end-start))
 	return append(append(c, b[:start]...), b[end:]...)
+}
+
+// nulled returns b with the value at path made null (b when it has none
+// or it is null already).
+func nulled(b []byte, path string) []byte {
+	if r := gjson.GetBytes(b, path); !r.Exists() || r.Type == gjson.Null {
+		return b
+	}
+	return replace(b, path, "null")
 }
 
 // replace returns b with the value at path replaced by raw (b when it

@@ -39,14 +39,16 @@ func TestStreamStripsWhatTheRouterAsked(t *testing.T) {
 	for _, step := range []int{1, 7, 1 << 20} {
 		s := NewStream(Chat, DefaultPolicy(), nil, true, true)
 		got := feedAll(t, s, chatEvents, step)
-		if strings.Contains(got, "token_ids") {
+		if strings.Contains(got, `"token_ids":[`) {
 			t.Fatalf("step %d: token ids reached the client:\n%s", step, got)
 		}
 		if n := strings.Count(got, "data: "); n != len(chatEvents) {
 			t.Fatalf("step %d: %d events passed, want %d", step, n, len(chatEvents))
 		}
-		// Everything else is byte for byte the engine's.
-		want := strings.NewReplacer(`,"prompt_token_ids":[1,2,3]`, "", `,"token_ids":[10]`, "", `,"token_ids":[11]`, "", `,"token_ids":[12]`, "").Replace(strings.Join(chatEvents, ""))
+		// Everything else is byte for byte the engine's; the ids are null,
+		// as vLLM sends them unasked.
+		want := strings.NewReplacer(`"prompt_token_ids":[1,2,3]`, `"prompt_token_ids":null`, `"token_ids":[10]`, `"token_ids":null`,
+			`"token_ids":[11]`, `"token_ids":null`, `"token_ids":[12]`, `"token_ids":null`).Replace(strings.Join(chatEvents, ""))
 		if got != want {
 			t.Fatalf("step %d:\n got %s\nwant %s", step, got, want)
 		}
@@ -187,7 +189,7 @@ func TestChatContinuation(t *testing.T) {
 		"data: [DONE]\n\n",
 	}
 	got := feedAll(t, s, cont, 3)
-	want := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":2,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"stop"}]}` + "\n\n" +
+	want := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":2,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"stop","token_ids":null}]}` + "\n\n" +
 		`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":2,"model":"m","choices":[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":3}}}` + "\n\n" +
 		"data: [DONE]\n\n"
 	if got != want {
@@ -224,7 +226,7 @@ func TestCompletionsContinuation(t *testing.T) {
 	// With the engine's token ids: the prompt's ids then the generated.
 	body := []byte(`{"model":"m","stream":true,"prompt":"Say hi","max_tokens":5}`)
 	up, s := Begin(body, Completions, DefaultPolicy(), nil)
-	if got := feedAll(t, s, completionEvents, 4); strings.Contains(got, "token_ids") {
+	if got := feedAll(t, s, completionEvents, 4); strings.Contains(got, `_ids":[`) {
 		t.Fatalf("ids reached the client: %s", got)
 	}
 	next, err := Continuation(up, s)
@@ -268,20 +270,30 @@ func TestCompletionsContinuation(t *testing.T) {
 	}
 }
 
-func TestRemoveAndReplace(t *testing.T) {
+func TestRemoveMember(t *testing.T) {
 	for _, c := range []struct{ in, path, want string }{
 		{`{"a":1,"b":2}`, "a", `{"b":2}`},
 		{`{"a":1,"b":2}`, "b", `{"a":1}`},
 		{`{"a":1 , "b" : [1,2] , "c":3}`, "b", `{"a":1  , "c":3}`},
 		{`{"a":{"x":"q\"b","y":1}}`, "a.y", `{"a":{"x":"q\"b"}}`},
+		{`{"choices":[{"delta":{"role":"assistant","content":"t3 "}}]}`, "choices.0.delta.role", `{"choices":[{"delta":{"content":"t3 "}}]}`},
 		{`{"a":1}`, "z", `{"a":1}`},
 	} {
-		if got := string(remove([]byte(c.in), c.path)); got != c.want {
-			t.Errorf("remove(%s, %s) = %s, want %s", c.in, c.path, got, c.want)
+		if got := string(removeMember([]byte(c.in), c.path)); got != c.want {
+			t.Errorf("removeMember(%s, %s) = %s, want %s", c.in, c.path, got, c.want)
 		}
 	}
+}
+
+func TestReplaceAndNulled(t *testing.T) {
 	if got := string(replace([]byte(`{"id":"x","b":1}`), "id", `"yy"`)); got != `{"id":"yy","b":1}` {
 		t.Errorf("replace: %s", got)
+	}
+	if got := string(nulled([]byte(`{"a":{"token_ids":[1,2]},"b":null}`), "a.token_ids")); got != `{"a":{"token_ids":null},"b":null}` {
+		t.Errorf("nulled: %s", got)
+	}
+	if in := []byte(`{"b":null}`); &nulled(in, "b")[0] != &in[0] {
+		t.Error("nulled copied a null value")
 	}
 }
 
@@ -304,18 +316,19 @@ func TestPolicyDecide(t *testing.T) {
 	}
 }
 
-func TestAppendWithout(t *testing.T) {
+func TestAppendNulled(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
-		{`{"a":1,"token_ids":[1,2]}`, `{"a":1}`},
-		{`{"token_ids":[1,2],"a":1}`, `{"a":1}`},
-		{`{"choices":[{"text":"say \"token_ids\": [9]","token_ids":[3]}],"prompt_token_ids":[1, 2]}`, `{"choices":[{"text":"say \"token_ids\": [9]"}]}`},
-		{`{"prompt_token_ids" : [1] , "choices":[{"token_ids" :[4]}]}`, `{ "choices":[{}]}`},
-		{`{"a":"no ids"}`, `{"a":"no ids"}`},
+		{`{"a":1,"token_ids":[1,2]}`, `{"a":1,"token_ids":null}`},
+		{`{"token_ids":[1,2],"a":1}`, `{"token_ids":null,"a":1}`},
+		{`{"choices":[{"text":"say \"token_ids\": [9]","token_ids":[3]}],"prompt_token_ids":[1, 2]}`, `{"choices":[{"text":"say \"token_ids\": [9]","token_ids":null}],"prompt_token_ids":null}`},
+		{`{"prompt_token_ids" : [1] , "choices":[{"token_ids" :[4]}]}`, `{"prompt_token_ids" : null , "choices":[{"token_ids" :null}]}`},
+		{`{"a":"no ids","token_ids":null}`, `{"a":"no ids","token_ids":null}`},
 	} {
-		if got := string(appendWithout(nil, []byte(c.in), tokenIDsKey, promptIDsKey)); got != c.want {
-			t.Errorf("appendWithout(%s) = %s, want %s", c.in, got, c.want)
+		got := appendNulled(nil, []byte(c.in), tokenIDsKey, promptIDsKey)
+		if string(got) != c.want {
+			t.Errorf("appendNulled(%s) = %s, want %s", c.in, got, c.want)
 		}
-		if !json.Valid(appendWithout(nil, []byte(c.in), tokenIDsKey, promptIDsKey)) {
+		if !json.Valid(got) {
 			t.Errorf("%s: invalid JSON", c.in)
 		}
 	}
