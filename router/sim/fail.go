@@ -67,3 +67,14 @@ func (c *Cluster) Fail(at time.Duration, i int, out []Cut) ([]Cut, error) {
 	}
 	return c.workers[i].Fail(at, out)
 }
+
+// Busy reports whether any worker holds a request (running or waiting),
+// without forming a step (unlike NextEvent).
+func (c *Cluster) Busy() bool {
+	for _, w := range c.workers {
+		if w.hasWork() {
+			return true
+		}
+	}
+	return false
+}
