@@ -84,8 +84,8 @@ func writeMigrations(w io.Writer, cells []Cell, width int) error {
 				name += fmt.Sprintf(" (seed run %d)", k+1)
 			}
 			failed, parts := m.failed()
-			line := fmt.Sprintf("%s: %d failures, %d restarts; %d cuts: %d migrated, %d failed", name,
-				m.Failures, m.Restarts, m.Cut, m.Outcomes["migrated"], failed)
+			line := fmt.Sprintf("%s: %s, %s; %s: %d migrated, %d failed", name,
+				plural(m.Failures, "failure"), plural(m.Restarts, "restart"), plural(m.Cut, "cut"), m.Outcomes["migrated"], failed)
 			if len(parts) > 0 {
 				line += " (" + strings.Join(parts, ", ") + ")"
 			}
@@ -104,4 +104,12 @@ func writeMigrations(w io.Writer, cells []Cell, width int) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// plural is "1 noun" or "N nouns".
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
