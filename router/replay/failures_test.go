@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/migrate"
 	"github.com/switchyard-router/switchyard/router/prefix"
 	"github.com/switchyard-router/switchyard/router/replay/report"
@@ -303,5 +304,65 @@ func TestFailuresChecked(t *testing.T) {
 		if _, err := Run(context.Background(), o); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.f, err, tc.want)
 		}
+	}
+}
+
+// With every other worker at capacity the continuation waits in the
+// router's queue (admission) and runs once a request ends there.
+func TestFailureContinuationQueues(t *testing.T) {
+	recs := []trace.Record{
+		{InputLength: 1000, OutputLength: 200},
+		{InputLength: 1000, OutputLength: 200},
+	}
+	b := loadPolicy(t, "") // load-aware: the two requests on two workers
+	q := config.DefaultQueue()
+	q.MaxActiveRequests = 1
+	var lines bytes.Buffer
+	failAt := 500 * time.Millisecond
+	o := Options{PolicyName: "rr", Roles: b.Roles, BlockSize: b.BlockSize, TraceName: "t", Records: recs, Workers: 2, Queue: q,
+		PerRequest: &lines, Failures: &Failures{At: []Failure{{Worker: 0, At: failAt}, {Worker: 1, At: failAt}}, Migration: migrate.DefaultPolicy()}}
+	// Fail only the worker of request 1: learn it from a run without.
+	o.Failures = nil
+	if _, err := Run(context.Background(), o); err != nil {
+		t.Fatal(err)
+	}
+	var first [2]Outcome
+	for i, l := range strings.Split(strings.TrimSpace(lines.String()), "\n") {
+		if err := json.Unmarshal([]byte(l), &first[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lines.Reset()
+	o.Failures = &Failures{At: []Failure{{Worker: first[1].Worker, At: failAt}}, Migration: migrate.DefaultPolicy()}
+	rep, err := Run(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var outs [2]Outcome
+	for i, l := range strings.Split(strings.TrimSpace(lines.String()), "\n") {
+		if err := json.Unmarshal([]byte(l), &outs[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if first[0].Worker == first[1].Worker {
+		t.Fatalf("both requests on worker %d", first[0].Worker)
+	}
+	outs[0].Priority, first[0].Priority = nil, nil
+	if outs[0] != first[0] {
+		t.Errorf("request 0 changed: %+v, was %+v", outs[0], first[0])
+	}
+	r1 := outs[1]
+	if r1.Status != "ok" || r1.Migrations != 1 || r1.Worker != first[0].Worker || r1.TTFTMs != first[1].TTFTMs {
+		t.Fatalf("request 1: %+v", r1)
+	}
+	// It waited for request 0's end, then prefilled and decoded the rest.
+	if r1.E2EMs <= outs[0].E2EMs {
+		t.Errorf("request 1 ended at %v ms, request 0 at %v: want after", r1.E2EMs, outs[0].E2EMs)
+	}
+	if g := rep.Migration.Gap.P50; g < outs[0].E2EMs-report.Millis(failAt) {
+		t.Errorf("gap %v ms, want at least the wait for request 0's end, %v", g, outs[0].E2EMs-report.Millis(failAt))
+	}
+	if rep.Completed != 2 || rep.Migration.Outcomes["migrated"] != 1 {
+		t.Errorf("completed %d, outcomes %v", rep.Completed, rep.Migration.Outcomes)
 	}
 }

@@ -62,19 +62,19 @@ func (m *MigrationReport) failed() (n int, parts []string) {
 	return n, parts
 }
 
-// writeMigrations writes, under the table, one short paragraph per run
-// with engine failures, each line wrapped to width (0: no wrapping):
-// a section of its own rather than more columns.
-func writeMigrations(w io.Writer, cells []Cell, width int) error {
-	var b strings.Builder
+// MigrationLines are the engine failure section's lines, unwrapped: per
+// run with engine failures, its failures, restarts and cuts by outcome,
+// and, when some requests migrated, their TTFT, E2E, the client's gap and
+// the extra prefill; each second line starts with two spaces. None when
+// no run has failures. The text table's section (under WriteComparison's
+// table) and the HTML page show them.
+func MigrationLines(cells []Cell) []string {
+	var out []string
 	for _, c := range cells {
 		for k, r := range c.Runs {
 			m := r.Migration
 			if m == nil {
 				continue
-			}
-			if b.Len() == 0 {
-				b.WriteString("\nengine failures (latencies in ms of simulated time):\n")
 			}
 			name := r.Label() + " on " + c.Fleet() + " workers"
 			if r.PrefillWorkers > 0 {
@@ -89,17 +89,39 @@ func writeMigrations(w io.Writer, cells []Cell, width int) error {
 			if len(parts) > 0 {
 				line += " (" + strings.Join(parts, ", ") + ")"
 			}
-			b.WriteString(Wrap(line, width) + "\n")
+			out = append(out, line)
 			if m.Requests > 0 {
 				pct := 0.0
 				if m.ExtraPrefillTokens > 0 {
 					pct = 100 * float64(m.ExtraPrefillCachedTokens) / float64(m.ExtraPrefillTokens)
 				}
-				line = fmt.Sprintf("%d migrated requests, %d completed: TTFT p50 %s p90 %s, E2E p50 %s p90 %s; cut to next token p50 %s p90 %s; extra prefill %d tokens (%.0f%% from cache)",
+				out = append(out, fmt.Sprintf("  %d migrated requests, %d completed: TTFT p50 %s p90 %s, E2E p50 %s p90 %s; cut to next token p50 %s p90 %s; extra prefill %d tokens (%.0f%% from cache)",
 					m.Requests, m.Completed, ms(m.TTFT.P50), ms(m.TTFT.P90), ms(m.E2E.P50), ms(m.E2E.P90),
-					ms(m.Gap.P50), ms(m.Gap.P90), m.ExtraPrefillTokens, pct)
-				b.WriteString("  " + Wrap(line, width-2) + "\n")
+					ms(m.Gap.P50), ms(m.Gap.P90), m.ExtraPrefillTokens, pct))
 			}
+		}
+	}
+	return out
+}
+
+// MigrationHeading is the engine failure section's heading.
+const MigrationHeading = "engine failures (latencies in ms of simulated time):"
+
+// writeMigrations writes, under the table, the MigrationLines, each
+// wrapped to width (0: no wrapping): a section of its own rather than
+// more columns; nothing when no run has failures.
+func writeMigrations(w io.Writer, cells []Cell, width int) error {
+	lines := MigrationLines(cells)
+	if len(lines) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("\n" + MigrationHeading + "\n")
+	for _, l := range lines {
+		if rest, ok := strings.CutPrefix(l, "  "); ok {
+			b.WriteString("  " + Wrap(rest, width-2) + "\n")
+		} else {
+			b.WriteString(Wrap(l, width) + "\n")
 		}
 	}
 	_, err := io.WriteString(w, b.String())
