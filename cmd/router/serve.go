@@ -18,6 +18,7 @@ import (
 	"github.com/switchyard-router/switchyard/router"
 	"github.com/switchyard-router/switchyard/router/config"
 	"github.com/switchyard-router/switchyard/router/live"
+	"github.com/switchyard-router/switchyard/router/migrate"
 	"github.com/switchyard-router/switchyard/router/serve"
 )
 
@@ -118,6 +119,12 @@ type serveOptions struct {
 	// bodyPerClient is --max-body-bytes-per-client; 0: no bound per
 	// client address.
 	bodyPerClient byteSize
+	// migrationLimit is --migration-limit (0: none); stall is
+	// --stall-timeout (0: never).
+	migrationLimit int
+	stall          time.Duration
+	// grace is --worker-drain-grace (0: never move).
+	grace time.Duration
 }
 
 func newServeCmd() *cobra.Command {
@@ -155,6 +162,9 @@ connections (useful with --listen 127.0.0.1:0).`,
 			if err := o.check(cmd.Flags()); err != nil {
 				return err
 			}
+			if _, err := o.migrationOptions(serve.Options{}); err != nil {
+				return err
+			}
 			level := logLevel(cmd.Context(), hclog.Info)
 			return runServe(cmd.Context(), o, level, cmd.OutOrStdout(), cmd.ErrOrStderr())
 		},
@@ -164,7 +174,34 @@ connections (useful with --listen 127.0.0.1:0).`,
 	f.StringVar(&o.listen, "listen", "127.0.0.1:8080", "address to serve on")
 	f.Var(&o.bodyPerClient, "max-body-bytes-per-client", "most request body bytes held at once for one client address (IPv6: its /64); 0: no bound per address. Raise it behind a proxy or NAT")
 	setWant(f, "max-body-bytes-per-client", byteSizeWant)
+	f.IntVar(&o.migrationLimit, "migration-limit", migrate.DefaultLimit, "times a streamed chat or completions answer cut mid-stream (engine died, hung or reset) is continued on another worker; 0: none (a cut stream ends with an error event)")
+	f.DurationVar(&o.stall, "stall-timeout", serve.DefaultStallTimeout, "how long a streamed answer may send no byte before its engine is taken for hung and the request migrates; 0: never")
+	f.DurationVar(&o.grace, "worker-drain-grace", serve.DefaultWorkerDrainGrace, "how long a generation request in flight on a worker that left the fleet (draining, removed, not ready) may run there before it moves to another worker; 0: never")
 	return cmd
+}
+
+// migrationOptions returns the HTTP face's migration settings from
+// --migration-limit, --stall-timeout and --worker-drain-grace.
+func (o *serveOptions) migrationOptions(so serve.Options) (serve.Options, error) {
+	switch {
+	case o.migrationLimit < 0:
+		return so, fmt.Errorf("--migration-limit %d: want 0 (no migration) or more", o.migrationLimit)
+	case o.stall < 0:
+		return so, fmt.Errorf("--stall-timeout %v: want 0 (never) or a positive duration", o.stall)
+	case o.grace < 0:
+		return so, fmt.Errorf("--worker-drain-grace %v: want 0 (never) or a positive duration", o.grace)
+	}
+	so.MigrationLimit, so.StallTimeout, so.WorkerDrainGrace = o.migrationLimit, o.stall, o.grace
+	if o.grace == 0 {
+		so.WorkerDrainGrace = -1
+	}
+	if o.migrationLimit == 0 {
+		so.MigrationLimit = -1
+	}
+	if o.stall == 0 {
+		so.StallTimeout = -1
+	}
+	return so, nil
 }
 
 // maxShadowInFlight bounds --shadow-max-inflight: each shadow worker is a
@@ -298,7 +335,15 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 		}
 		return &exitError{code: 1, err: err}
 	}
-	do := o.daemonOptions(serve.Options{MaxBodyBytesPerClient: o.bodyPerClient.perClient()})
+	so, err := o.migrationOptions(serve.Options{MaxBodyBytesPerClient: o.bodyPerClient.perClient()})
+	if err != nil {
+		_ = ln.Close()
+		if debug != nil {
+			_ = debug.Close()
+		}
+		return &exitError{code: 2, err: err}
+	}
+	do := o.daemonOptions(so)
 	do.Pods, do.Listener, do.DebugListener = pods, ln, debug
 	do.Logger, do.Diagnostics = logger, stderr
 	do.OnReady = func() {

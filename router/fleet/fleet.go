@@ -101,7 +101,16 @@ type Worker struct {
 	AllLabels shared.Labels
 
 	full *atomic.Int64 // the fleet's count of workers at capacity
+	// left is closed when this generation leaves the fleet (Left).
+	left chan struct{}
 }
+
+// Left returns a channel closed when this join generation of the worker
+// leaves the fleet: RemoveWorker, or a join of the same id and rank that
+// replaces it. Requests in flight on it keep their bookings; a face may
+// let them finish for a grace period and then move them (serve's
+// migration). nil for a Worker the fleet did not make.
+func (w *Worker) Left() <-chan struct{} { return w.left }
 
 // EngineLoad is what the engine last reported of itself.
 type EngineLoad struct {
@@ -285,9 +294,12 @@ func (f *Fleet) AddWorkers(specs ...Spec) ([]*Worker, error) {
 	for i, s := range specs {
 		f.gen++
 		w := &batch[i]
-		w.Spec, w.Generation, w.full = s, f.gen, &f.full.n
+		w.Spec, w.Generation, w.full, w.left = s, f.gen, &f.full.n, make(chan struct{})
 		w.AllLabels = shared.WorkerLabels(s.Labels, s.Role, s.Models, s.DataParallel || s.DPRank != 0, s.DPRank)
 		out[i] = w
+		if old, ok := f.members[key{s.ID, s.DPRank}]; ok && old.left != nil {
+			close(old.left)
+		}
 		f.members[key{s.ID, s.DPRank}] = w
 	}
 	f.publishLocked()
@@ -300,10 +312,14 @@ func (f *Fleet) RemoveWorker(id shared.WorkerID, rank uint32) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	k := key{id, rank}
-	if _, ok := f.members[k]; !ok {
+	w, ok := f.members[k]
+	if !ok {
 		return fmt.Errorf("removing worker %d rank %d: %w", id, rank, ErrUnknownWorker)
 	}
 	delete(f.members, k)
+	if w.left != nil {
+		close(w.left)
+	}
 	f.publishLocked()
 	return nil
 }

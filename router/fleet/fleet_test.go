@@ -196,3 +196,35 @@ func TestModelPartitions(t *testing.T) {
 		t.Fatal(`model "" must be the role's whole partition`)
 	}
 }
+
+// TestLeftClosesOnLeave: a worker's Left channel closes when it is
+// removed, and when a join of its id and rank replaces it; not before.
+func TestLeftClosesOnLeave(t *testing.T) {
+	f := New()
+	a, err := f.AddWorker(Spec{ID: 1, Role: shared.RoleAggregated})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := f.AddWorker(Spec{ID: 2, Role: shared.RoleAggregated})
+	closed := func(w *Worker) bool {
+		select {
+		case <-w.Left():
+			return true
+		default:
+			return false
+		}
+	}
+	if closed(a) || closed(b) {
+		t.Fatal("Left closed on join")
+	}
+	a2, _ := f.AddWorker(Spec{ID: 1, Role: shared.RoleAggregated})
+	if !closed(a) || closed(a2) {
+		t.Fatalf("replaced: old closed %v, new closed %v", closed(a), closed(a2))
+	}
+	if err := f.RemoveWorker(2, 0); err != nil {
+		t.Fatal(err)
+	}
+	if !closed(b) || closed(a2) {
+		t.Fatalf("removed: %v, other %v", closed(b), closed(a2))
+	}
+}

@@ -54,7 +54,17 @@ type Meter struct {
 	idRead bool
 	// sse reads a Responses or Messages stream's events (gen.go).
 	sse *sseReader
+	// continued: the attempt continues a migrated request (Continued).
+	continued bool
 }
+
+// Continued marks the meter's attempt as the continuation of a migrated
+// request (router/migrate): its first byte is not the request's TTFT (the
+// client had its first token from an earlier attempt) nor a canary's,
+// and its usage's prompt is the original prompt plus the tokens generated
+// before, so Done counts its tokens but neither compares the prompt's
+// count nor the prefix belief.
+func (m *Meter) Continued() { m.continued = true }
 
 // Meter returns the meter of one attempt of req, booked by h on d's
 // worker. keep says whether a non-streamed answer's body is kept for its
@@ -85,6 +95,9 @@ func (m *Meter) FirstByte() {
 	}
 	m.first = true
 	m.h.FirstToken()
+	if m.continued {
+		return
+	}
 	if m.rt.met != nil && m.stream {
 		m.rt.met.ttft.WithLabelValues(m.label).Observe(time.Since(m.start).Seconds())
 	}
@@ -178,6 +191,12 @@ func (m *Meter) Done() int64 {
 	}
 	rt := m.rt
 	rt.countUsage(m.label, u)
+	if m.continued {
+		if m.keep && u.total > 0 {
+			return u.total
+		}
+		return m.Tokens()
+	}
 	rt.countBelief(m.id, m.blockSize, m.d, u)
 	rt.checkPromptTokens(promptCount{label: m.label, id: m.id, worker: m.d.Worker.Name, chat: m.api != APICompletions,
 		exact: m.exact, tokens: m.tokens}, u)

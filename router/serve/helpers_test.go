@@ -191,6 +191,9 @@ type envOptions struct {
 	// models, when set, are the models the workers list (servingSet, as
 	// workers.Manager knows them); nil: the workers know no model list.
 	models []string
+	// migrationLimit and stall: Options.MigrationLimit and StallTimeout.
+	migrationLimit int
+	stall, grace   time.Duration
 }
 
 func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
@@ -237,7 +240,8 @@ func newEnv(t *testing.T, o envOptions, backends ...backend) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.s, err = New(e.rt, Options{MaxBodyBytesInFlight: o.bodiesInFlight, MaxBodyBytesPerClient: o.perClient, DrainTimeout: o.drain})
+	e.s, err = New(e.rt, Options{MaxBodyBytesInFlight: o.bodiesInFlight, MaxBodyBytesPerClient: o.perClient, DrainTimeout: o.drain,
+		MigrationLimit: o.migrationLimit, StallTimeout: o.stall, WorkerDrainGrace: o.grace})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -156,7 +156,10 @@ func (s *Server) exchange(ex *exchange, api live.API) int {
 	}
 	return s.hop(ex, hopSpec{hop: admission.Aggregated.Hop(0), tag: "#"},
 		func(h *admission.Handle, d router.Decision) (int, bool, string) {
-			return s.passThrough(ex, h, d.Worker, ex.body)
+			if api, ok := migratable(ex); ok {
+				return s.migrating(ex, h, d, api)
+			}
+			return s.passThroughMoving(ex, h, d)
 		})
 }
 
@@ -492,6 +495,12 @@ const HeaderDPRank = "X-Data-Parallel-Rank"
 // HeaderDPRank. nil and why when the worker is unknown or its URL does
 // not make a request (reported as the worker's failure).
 func (s *Server) upstream(ex *exchange, w *fleet.Worker, body []byte) (*http.Request, string) {
+	return s.upstreamCtx(ex.ctx, ex, w, body)
+}
+
+// upstreamCtx is upstream with the request's context ctx (an attempt's,
+// which a stall cancels, within ex.ctx).
+func (s *Server) upstreamCtx(ctx context.Context, ex *exchange, w *fleet.Worker, body []byte) (*http.Request, string) {
 	name := w.Name
 	base, ok := s.workers.URL(name)
 	if !ok {
@@ -505,7 +514,7 @@ func (s *Server) upstream(ex *exchange, w *fleet.Worker, body []byte) (*http.Req
 	if ex.r.Method != http.MethodGet {
 		rd = bytes.NewReader(body)
 	}
-	up, err := http.NewRequestWithContext(ex.ctx, ex.r.Method, target, rd)
+	up, err := http.NewRequestWithContext(ctx, ex.r.Method, target, rd)
 	if err != nil {
 		s.workers.ReportFailure(name)
 		return nil, "bad worker url"
@@ -537,39 +546,67 @@ func (s *Server) upstream(ex *exchange, w *fleet.Worker, body []byte) (*http.Req
 // as soon as the answer carries it (live.Runtime.BindResponse), so a
 // follow-up can reach w while the answer still streams.
 func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker, body []byte) (code int, retry bool, why string) {
-	name := w.Name
-	up, why := s.upstream(ex, w, body)
-	if up == nil {
-		return 0, true, why
+	resp, code, retry, why := s.send(ex.ctx, ex, h, w, body)
+	if resp == nil {
+		return code, retry, why
 	}
-	end := func(o admission.Outcome) {
-		if h != nil {
-			s.rt.End(h, o)
-		}
+	defer func() { _ = resp.Body.Close() }()
+	rc := s.answerStart(ex, w, resp)
+	return s.relay(ex, h, w, resp, rc)
+}
+
+// send sends body to the worker w as the admitted request h (nil: not
+// admitted) with the context ctx, and returns the engine's answer with
+// its headers read. resp is nil when there is none: retry is true, with
+// why, when the worker failed before answering (sendFunc); else code is
+// the code of the error answered to the client (the request timed out)
+// or live.CodeClientGone, and h has ended.
+func (s *Server) send(ctx context.Context, ex *exchange, h *admission.Handle, w *fleet.Worker, body []byte) (resp *http.Response, code int, retry bool, why string) {
+	name := w.Name
+	up, why := s.upstreamCtx(ctx, ex, w, body)
+	if up == nil {
+		return nil, 0, true, why
 	}
 	resp, err := s.transport.RoundTrip(up)
 	if err != nil {
 		if ex.ctx.Err() != nil {
-			end(admission.Aborted(ctxReason(ex)))
+			if h != nil {
+				s.rt.End(h, admission.Aborted(ctxReason(ex)))
+			}
 			if ex.r.Context().Err() != nil {
-				return live.CodeClientGone, false, ""
+				return nil, live.CodeClientGone, false, ""
 			}
 			s.fail(ex, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the worker answered")
-			return http.StatusGatewayTimeout, false, ""
+			return nil, http.StatusGatewayTimeout, false, ""
 		}
 		s.log.Warn("worker failed before answering", "worker", name, "request_id", ex.ID, "error", err)
 		s.workers.ReportFailure(name)
-		return 0, true, "worker error: " + err.Error()
+		return nil, 0, true, "worker error: " + err.Error()
 	}
-	defer func() { _ = resp.Body.Close() }()
 	if resp.StatusCode >= 500 {
 		s.workers.ReportFailure(name)
 	} else {
 		s.workers.ReportSuccess(name)
 	}
+	if resp.StatusCode == http.StatusServiceUnavailable && h != nil {
+		// The engine is not serving (vLLM answers 503 once its engine is
+		// dead or it is shutting down; a draining engine does): nothing
+		// has reached the client, so the request goes elsewhere, as when
+		// the connection fails.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxEngineError))
+		_ = resp.Body.Close()
+		s.log.Warn("worker answered 503 (not serving)", "worker", name, "request_id", ex.ID)
+		return nil, 0, true, "worker answered 503"
+	}
+	return resp, 0, false, ""
+}
+
+// answerStart writes the client's answer headers from the engine's
+// answer resp of worker w, and returns the controller that flushes it.
+func (s *Server) answerStart(ex *exchange, w *fleet.Worker, resp *http.Response) *http.ResponseController {
 	hdr := ex.w.Header()
 	s.answerHeaders(hdr, resp.Header)
-	hdr.Set("X-Switchyard-Worker", name)
+	hdr.Set("X-Switchyard-Worker", w.Name)
 	hdr.Set("X-Request-Id", ex.ID)
 	ex.w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(ex.w)
@@ -578,6 +615,19 @@ func (s *Server) passThrough(ex *exchange, h *admission.Handle, w *fleet.Worker,
 		// chunk. A body of known length goes out with its headers in one
 		// write.
 		_ = rc.Flush()
+	}
+	return rc
+}
+
+// relay passes the engine's answer resp (its headers written to the
+// client by answerStart) through to the client chunk by chunk, as
+// passThrough describes, and ends h on every path.
+func (s *Server) relay(ex *exchange, h *admission.Handle, w *fleet.Worker, resp *http.Response, rc *http.ResponseController) (code int, retry bool, why string) {
+	name := w.Name
+	end := func(o admission.Outcome) {
+		if h != nil {
+			s.rt.End(h, o)
+		}
 	}
 
 	bp := s.bufs.Get().(*[]byte)

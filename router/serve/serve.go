@@ -85,6 +85,21 @@ type Options struct {
 	// serving the body's "model", admitted by load like a pooling
 	// request; with it set, such a path is answered 404 not_found.
 	DisablePassThrough bool
+	// MigrationLimit bounds how many times one streamed chat or
+	// completions request whose answer is cut mid-stream is continued on
+	// another worker (router/migrate; migrate.DefaultLimit when 0;
+	// negative: none, a cut stream ends with an error event).
+	MigrationLimit int
+	// StallTimeout is how long a streamed answer may send no byte before
+	// its engine is taken for hung and the request migrates
+	// (DefaultStallTimeout when 0; negative: never).
+	StallTimeout time.Duration
+	// WorkerDrainGrace is how long a generation request in flight on a
+	// worker that left the fleet (drained, removed, not ready) may run
+	// there before it moves: a streamed chat or completions answer
+	// migrates, a request without an answer yet is placed again
+	// (DefaultWorkerDrainGrace when 0; negative: never).
+	WorkerDrainGrace time.Duration
 }
 
 // Server is the OpenAI-compatible front end over a live.Runtime. Safe for
@@ -115,6 +130,9 @@ type Server struct {
 	passUnknown bool
 
 	bufs sync.Pool // *[]byte, proxy copy buffers
+
+	// mig migrates cut streams (migrate.go).
+	mig *migration
 }
 
 // New returns the HTTP face over rt with o. rt's dispatcher
@@ -160,6 +178,11 @@ func New(rt *live.Runtime, o Options) (*Server, error) {
 	}
 	s.bufs.New = func() any { b := make([]byte, 32<<10); return &b }
 	reg := rt.Registry()
+	mig, err := newMigration(o, reg)
+	if err != nil {
+		return nil, fmt.Errorf("serve: %w", err)
+	}
+	s.mig = mig
 	mux := http.NewServeMux()
 	// Every POST endpoint of the engines' servers that the router routes
 	// by its schema (live.Endpoints): generation, pooling and scoring,

@@ -726,7 +726,43 @@ const maxReasonBytes = 200
 // without --enable-metrics) it GETs w.URL + "/health" instead and, when
 // that answers 200, returns an empty report (Load nil). noLoad says why a
 // successful probe has no load; "" when it has one.
+//
+// Alongside the metrics it GETs w.URL + "/health": an engine that answers
+// it 503 (or any 5xx) is not serving, whatever its metrics say: vLLM's
+// /health answers 503 once its engine is dead, a draining engine's does
+// (the probe fails with ErrNotServing). Another answer, or none, leaves
+// the metrics' verdict.
 func probe(ctx context.Context, c *http.Client, w config.Worker, timeout time.Duration) (rep Engine, noLoad string, err error) {
+	health := make(chan error, 1)
+	go func() { health <- checkHealth(ctx, c, w.URL+"/health", timeout) }()
+	rep, noLoad, err = probeMetrics(ctx, c, w, timeout)
+	if herr := <-health; herr != nil && err == nil {
+		return Engine{}, "", herr
+	}
+	return rep, noLoad, err
+}
+
+// ErrNotServing: the engine's /health answered a 5xx status.
+var ErrNotServing = errors.New("not serving")
+
+// checkHealth GETs url and returns ErrNotServing (wrapped) when it answers
+// 5xx, nil otherwise.
+func checkHealth(ctx context.Context, c *http.Client, url string, timeout time.Duration) error {
+	resp, err := get(ctx, c, url, "", timeout)
+	if err == nil {
+		drain(resp)
+		return nil
+	}
+	var se *StatusError
+	if errors.As(err, &se) && se.Code >= 500 {
+		return fmt.Errorf("%w: %s answers %d (the engine is draining or dead)", ErrNotServing, url, se.Code)
+	}
+	return nil
+}
+
+// probeMetrics is probe's scrape of the metrics (or /health when they
+// answer 404).
+func probeMetrics(ctx context.Context, c *http.Client, w config.Worker, timeout time.Duration) (rep Engine, noLoad string, err error) {
 	rep, err = scrape(ctx, c, w.MetricsURL, timeout)
 	if se := (*StatusError)(nil); errors.As(err, &se) && se.Code == http.StatusNotFound {
 		health := w.URL + "/health"

@@ -232,6 +232,9 @@ func TestReadinessChangesLoggedOnce(t *testing.T) {
 
 	a.failing.Store(false)
 	a.noMetrics.Store(false)
+	// A /health answering 503 keeps a worker out whatever its metrics
+	// say (a draining engine): it is back once both answer.
+	a.healthCode.Store(http.StatusOK)
 	testkit.Eventually(t, "a back", func() bool { return anyReady(m) })
 	n = a.scrapes.Load()
 	testkit.Eventually(t, "3 more probes", func() bool { return a.scrapes.Load() >= n+3 })
@@ -333,4 +336,33 @@ func TestScrapeTooLarge(t *testing.T) {
 	if err != nil || !rep.HasLoad() {
 		t.Errorf("scrape of %d bytes = %+v, %v; want its load", len(fill+vllmMetrics), rep, err)
 	}
+}
+
+// TestHealth503TakesAWorkerOut: an engine whose metrics answer but whose
+// /health answers 503 (a draining vLLM) leaves the candidate set with the
+// reason; a /health that answers 404 (an engine without one) changes
+// nothing; the worker is back once /health answers 200.
+func TestHealth503TakesAWorkerOut(t *testing.T) {
+	m, _ := infoManager(t, Options{ScrapeInterval: every})
+	draining := newEngine(t, vllmMetrics)
+	noHealth := newEngine(t, vllmMetrics)
+	noHealth.healthCode.Store(http.StatusNotFound)
+	if err := m.Sync([]config.Worker{worker("draining", draining, "m"), worker("nohealth", noHealth, "m")}); err != nil {
+		t.Fatal(err)
+	}
+	ready := func(name string) func() bool {
+		return func() bool { st, _ := m.StatusOf(name); return st.Ready }
+	}
+	testkit.Eventually(t, "both ready", func() bool { return ready("draining")() && ready("nohealth")() })
+	draining.healthCode.Store(http.StatusServiceUnavailable)
+	testkit.Eventually(t, "draining out", func() bool { return !ready("draining")() })
+	st, _ := m.StatusOf("draining")
+	if want := "not serving: " + draining.srv.URL + "/health answers 503 (the engine is draining or dead)"; !strings.Contains(st.Reason, want) {
+		t.Errorf("reason %q, want it to say %q", st.Reason, want)
+	}
+	if !ready("nohealth")() {
+		t.Error("a worker whose /health answers 404 left")
+	}
+	draining.healthCode.Store(http.StatusOK)
+	testkit.Eventually(t, "draining back", ready("draining"))
 }

@@ -1,0 +1,305 @@
+package migrate
+
+import (
+	"encoding/json"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/tidwall/gjson"
+)
+
+// A vLLM chat stream with return_token_ids (prompt_token_ids at the top
+// of the first chunk, token_ids per choice) and include_usage.
+var chatEvents = []string{
+	`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,2,3]}` + "\n\n",
+	`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":null,"token_ids":[10]}]}` + "\n\n",
+	`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" world"},"logprobs":null,"finish_reason":null,"token_ids":[11]}]}` + "\n\n",
+	`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"stop","token_ids":[12]}]}` + "\n\n",
+	`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3}}` + "\n\n",
+	"data: [DONE]\n\n",
+}
+
+func feedAll(t *testing.T, s *Stream, events []string, step int) string {
+	t.Helper()
+	all := strings.Join(events, "")
+	var out []byte
+	for i := 0; i < len(all); i += step {
+		var cut *Cut
+		out, cut = s.Feed([]byte(all[i:min(i+step, len(all))]), out)
+		if cut != nil {
+			t.Fatalf("unexpected cut %+v", cut)
+		}
+	}
+	return string(out)
+}
+
+func TestStreamStripsWhatTheRouterAsked(t *testing.T) {
+	for _, step := range []int{1, 7, 1 << 20} {
+		s := NewStream(Chat, DefaultPolicy(), nil, true, true)
+		got := feedAll(t, s, chatEvents, step)
+		if strings.Contains(got, "token_ids") {
+			t.Fatalf("step %d: token ids reached the client:\n%s", step, got)
+		}
+		if n := strings.Count(got, "data: "); n != len(chatEvents) {
+			t.Fatalf("step %d: %d events passed, want %d", step, n, len(chatEvents))
+		}
+		// Everything else is byte for byte the engine's.
+		want := strings.NewReplacer(`,"prompt_token_ids":[1,2,3]`, "", `,"token_ids":[10]`, "", `,"token_ids":[11]`, "", `,"token_ids":[12]`, "").Replace(strings.Join(chatEvents, ""))
+		if got != want {
+			t.Fatalf("step %d:\n got %s\nwant %s", step, got, want)
+		}
+		if s.Tokens() != 3 || string(s.Text()) != "Hello world!" || !reflect.DeepEqual(s.IDs(), []int64{10, 11, 12}) ||
+			!reflect.DeepEqual(s.PromptIDs(), []int64{1, 2, 3}) || !s.Finished() || !s.Done() {
+			t.Fatalf("step %d: tokens %d text %q ids %v prompt %v finished %v done %v", step, s.Tokens(), s.Text(), s.IDs(), s.PromptIDs(), s.Finished(), s.Done())
+		}
+	}
+}
+
+func TestStreamClientAskedForIDs(t *testing.T) {
+	s := NewStream(Chat, DefaultPolicy(), nil, false, true)
+	if got := feedAll(t, s, chatEvents, 5); got != strings.Join(chatEvents, "") {
+		t.Fatalf("the client's own ids were changed:\n%s", got)
+	}
+}
+
+func TestStreamHoldsPartialEvents(t *testing.T) {
+	s := NewStream(Chat, DefaultPolicy(), nil, false, false)
+	half := chatEvents[2][:len(chatEvents[2])/2]
+	out, cut := s.Feed([]byte(chatEvents[0]+chatEvents[1]+half), nil)
+	if cut != nil || string(out) != chatEvents[0]+chatEvents[1] {
+		t.Fatalf("passed %q", out)
+	}
+	if !s.Pending() || s.Tokens() != 1 || string(s.Text()) != "Hello" || s.Done() || s.Finished() {
+		t.Fatalf("pending %v tokens %d text %q", s.Pending(), s.Tokens(), s.Text())
+	}
+}
+
+func TestStreamErrorEvents(t *testing.T) {
+	// vLLM's in-stream error (ErrorResponse, code the HTTP status).
+	server := `data: {"error":{"message":"engine dead","type":"InternalServerError","param":null,"code":500}}` + "\n\n"
+	client := `data: {"error":{"message":"bad grammar","type":"BadRequestError","param":null,"code":400}}` + "\n\n"
+	s := NewStream(Chat, DefaultPolicy(), nil, false, false)
+	out, cut := s.Feed([]byte(chatEvents[0]+chatEvents[1]+server+"data: [DONE]\n\n"), nil)
+	if cut == nil || cut.Cause != CauseEngineError || !strings.Contains(string(cut.Event), "engine dead") {
+		t.Fatalf("cut %+v", cut)
+	}
+	if string(out) != chatEvents[0]+chatEvents[1] {
+		t.Fatalf("passed %q", out)
+	}
+	s = NewStream(Chat, DefaultPolicy(), nil, false, false)
+	out, cut = s.Feed([]byte(client), nil)
+	if cut != nil || string(out) != client {
+		t.Fatalf("a request's own error: cut %+v out %q", cut, out)
+	}
+}
+
+func TestStreamBounds(t *testing.T) {
+	b := NewBudget(1 << 20)
+	pol := DefaultPolicy()
+	pol.MaxBytes = 30 // the prompt's 3 ids (24 bytes) and 6 bytes of text
+	s := NewStream(Chat, pol, b, true, false)
+	feedAll(t, s, chatEvents[:2], 1<<20)
+	if ok, _ := s.Migratable(); !ok || b.Used() != 24+5+8 {
+		// 24 + "Hello" (5) + one id (8) = 37 > 30
+		if ok || b.Used() != 0 {
+			t.Fatalf("migratable %v, budget %d", ok, b.Used())
+		}
+	}
+	feedAll(t, s, chatEvents[2:3], 1<<20)
+	if ok, why := s.Migratable(); ok || why != TooLong || b.Used() != 0 || s.Text() != nil {
+		t.Fatalf("over MaxBytes: migratable %v (%s), budget %d, text %q", ok, why, b.Used(), s.Text())
+	}
+	// The router's budget: a second stream cannot keep past it.
+	b = NewBudget(30)
+	s1 := NewStream(Chat, DefaultPolicy(), b, true, false)
+	feedAll(t, s1, chatEvents[:2], 1<<20) // 24 + 5 + 8 = 37 > 30
+	if ok, _ := s1.Migratable(); ok || b.Used() != 0 {
+		t.Fatalf("budget: migratable %v used %d", ok, b.Used())
+	}
+	s2 := NewStream(Chat, DefaultPolicy(), b, false, false)
+	feedAll(t, s2, chatEvents[1:2], 1<<20) // 5 + 8
+	if b.Used() != 13 {
+		t.Fatalf("used %d, want 13", b.Used())
+	}
+	s2.Close()
+	s2.Close()
+	if b.Used() != 0 {
+		t.Fatalf("used %d after Close, want 0", b.Used())
+	}
+}
+
+func TestBeginAddsReturnTokenIDs(t *testing.T) {
+	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	up, s := Begin(body, Chat, DefaultPolicy(), nil)
+	if !gjson.GetBytes(up, "return_token_ids").Bool() || !s.strip || gjson.GetBytes(up, "model").Str != "m" || !json.Valid(up) {
+		t.Fatalf("upstream %s strip %v", up, s.strip)
+	}
+	up, s = Begin([]byte(`{ }`), Chat, DefaultPolicy(), nil)
+	if string(up) != `{"return_token_ids":true}` || !s.strip {
+		t.Fatalf("empty object: %s", up)
+	}
+	// The client's own setting is kept, and nothing is stripped.
+	own := []byte(`{"return_token_ids":false,"messages":[]}`)
+	if up, s = Begin(own, Chat, DefaultPolicy(), nil); string(up) != string(own) || s.strip {
+		t.Fatalf("client's own: %s", up)
+	}
+	for _, c := range []struct{ body, why string }{
+		{`{"n":2,"prompt":"a"}`, "several choices"},
+		{`{"best_of":3,"prompt":"a"}`, "best_of"},
+		{`{"echo":true,"prompt":"a"}`, "echoes"},
+	} {
+		up, s := Begin([]byte(c.body), Completions, DefaultPolicy(), nil)
+		if ok, o := s.Migratable(); ok || o != NotMigratable || !strings.Contains(s.Reason(), c.why) || string(up) != c.body {
+			t.Errorf("%s: migratable %v %s %q, body %s", c.body, ok, o, s.Reason(), up)
+		}
+	}
+	off := DefaultPolicy()
+	off.Limit = 0
+	if up, s := Begin(body, Chat, off, nil); string(up) != string(body) || s.Reason() != "migration is off" {
+		t.Fatalf("limit 0: %s %q", up, s.Reason())
+	}
+}
+
+func TestChatContinuation(t *testing.T) {
+	body := []byte(`{"model":"m","stream":true,"seed":7,"temperature":0.5,"max_tokens":10,"min_tokens":2,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
+	up, s := Begin(body, Chat, DefaultPolicy(), nil)
+	feedAll(t, s, chatEvents[:3], 1<<20) // cut after "Hello world"
+	next, err := Continuation(up, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := func(p string) gjson.Result { return gjson.GetBytes(next, p) }
+	if g("max_tokens").Int() != 8 || g("min_tokens").Int() != 0 || g("seed").Int() != 7 || g("temperature").Float() != 0.5 ||
+		!g("continue_final_message").Bool() || g("add_generation_prompt").Bool() || !g("add_generation_prompt").Exists() ||
+		g("messages.#").Int() != 2 || g("messages.1.role").Str != "assistant" || g("messages.1.content").Str != "Hello world" ||
+		!g("return_token_ids").Bool() || !g("stream_options.include_usage").Bool() {
+		t.Fatalf("continuation %s", next)
+	}
+	// The continuation's answer: its role chunk is dropped, its id is the
+	// first attempt's, its usage counts the whole answer.
+	s.Continue()
+	cont := []string{
+		`data: {"id":"chatcmpl-2","object":"chat.completion.chunk","created":2,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,2,3,10,11]}` + "\n\n",
+		`data: {"id":"chatcmpl-2","object":"chat.completion.chunk","created":2,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"stop","token_ids":[12]}]}` + "\n\n",
+		`data: {"id":"chatcmpl-2","object":"chat.completion.chunk","created":2,"model":"m","choices":[],"usage":{"prompt_tokens":5,"total_tokens":6,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":4}}}` + "\n\n",
+		"data: [DONE]\n\n",
+	}
+	got := feedAll(t, s, cont, 3)
+	want := `data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":2,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"stop"}]}` + "\n\n" +
+		`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":2,"model":"m","choices":[],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3,"prompt_tokens_details":{"cached_tokens":3}}}` + "\n\n" +
+		"data: [DONE]\n\n"
+	if got != want {
+		t.Fatalf("continued stream:\n got %s\nwant %s", got, want)
+	}
+	if string(s.Text()) != "Hello world!" || s.Tokens() != 3 || !s.Done() {
+		t.Fatalf("text %q tokens %d", s.Text(), s.Tokens())
+	}
+}
+
+func TestChatContinuesTheClientsFinalMessage(t *testing.T) {
+	body := []byte(`{"stream":true,"continue_final_message":true,"add_generation_prompt":false,"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Say: "}]}`)
+	up, s := Begin(body, Chat, DefaultPolicy(), nil)
+	feedAll(t, s, chatEvents[:3], 1<<20)
+	next, err := Continuation(up, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := gjson.GetBytes(next, "messages.#").Int(); n != 2 || gjson.GetBytes(next, "messages.1.content").Str != "Say: Hello world" {
+		t.Fatalf("continuation %s", next)
+	}
+	// A chat request without max_tokens sets none.
+	if gjson.GetBytes(next, "max_tokens").Exists() {
+		t.Fatalf("max_tokens set: %s", next)
+	}
+}
+
+var completionEvents = []string{
+	`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"Hello","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":[5,6],"token_ids":[10]}]}` + "\n\n",
+	`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" world","logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":[11]}]}` + "\n\n",
+}
+
+func TestCompletionsContinuation(t *testing.T) {
+	// With the engine's token ids: the prompt's ids then the generated.
+	body := []byte(`{"model":"m","stream":true,"prompt":"Say hi","max_tokens":5}`)
+	up, s := Begin(body, Completions, DefaultPolicy(), nil)
+	if got := feedAll(t, s, completionEvents, 4); strings.Contains(got, "token_ids") {
+		t.Fatalf("ids reached the client: %s", got)
+	}
+	next, err := Continuation(up, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := gjson.GetBytes(next, "prompt").Raw; p != "[5,6,10,11]" || gjson.GetBytes(next, "max_tokens").Int() != 3 {
+		t.Fatalf("continuation %s", next)
+	}
+	// Without them (an engine that ignores return_token_ids): the text.
+	noIDs := strings.NewReplacer(`,"prompt_token_ids":[5,6]`, "", `,"token_ids":[10]`, "", `,"token_ids":[11]`, "")
+	_, s = Begin(body, Completions, DefaultPolicy(), nil)
+	feedAll(t, s, []string{noIDs.Replace(completionEvents[0]), noIDs.Replace(completionEvents[1])}, 1<<20)
+	next, err = Continuation(body, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := gjson.GetBytes(next, "prompt").Str; p != "Say hiHello world" || gjson.GetBytes(next, "max_tokens").Int() != 3 {
+		t.Fatalf("continuation %s", next)
+	}
+	// max_tokens unset: vLLM's default of 16.
+	_, s = Begin([]byte(`{"prompt":["Say hi"],"stream":true}`), Completions, DefaultPolicy(), nil)
+	feedAll(t, s, []string{noIDs.Replace(completionEvents[0])}, 1<<20)
+	if next, err = Continuation([]byte(`{"prompt":["Say hi"],"stream":true}`), s); err != nil || gjson.GetBytes(next, "max_tokens").Int() != 15 ||
+		gjson.GetBytes(next, "prompt").Str != "Say hiHello" {
+		t.Fatalf("continuation %s, %v", next, err)
+	}
+	// A prompt of ids with no generated ids has no form.
+	ids := []byte(`{"prompt":[1,2],"stream":true}`)
+	_, s = Begin(ids, Completions, DefaultPolicy(), nil)
+	feedAll(t, s, []string{noIDs.Replace(completionEvents[0])}, 1<<20)
+	if _, err = Continuation(ids, s); !errors.Is(err, ErrNotMigratable) {
+		t.Fatalf("ids prompt without ids: %v", err)
+	}
+	// Every allowed token generated: nothing to continue.
+	full := []byte(`{"prompt":"a","stream":true,"max_tokens":2}`)
+	up, s = Begin(full, Completions, DefaultPolicy(), nil)
+	feedAll(t, s, completionEvents, 1<<20)
+	if _, err = Continuation(up, s); !errors.Is(err, ErrNothingLeft) {
+		t.Fatalf("used up: %v", err)
+	}
+}
+
+func TestRemoveAndReplace(t *testing.T) {
+	for _, c := range []struct{ in, path, want string }{
+		{`{"a":1,"b":2}`, "a", `{"b":2}`},
+		{`{"a":1,"b":2}`, "b", `{"a":1}`},
+		{`{"a":1 , "b" : [1,2] , "c":3}`, "b", `{"a":1  , "c":3}`},
+		{`{"a":{"x":"q\"b","y":1}}`, "a.y", `{"a":{"x":"q\"b"}}`},
+		{`{"a":1}`, "z", `{"a":1}`},
+	} {
+		if got := string(remove([]byte(c.in), c.path)); got != c.want {
+			t.Errorf("remove(%s, %s) = %s, want %s", c.in, c.path, got, c.want)
+		}
+	}
+	if got := string(replace([]byte(`{"id":"x","b":1}`), "id", `"yy"`)); got != `{"id":"yy","b":1}` {
+		t.Errorf("replace: %s", got)
+	}
+}
+
+func TestPolicyDecide(t *testing.T) {
+	p := DefaultPolicy()
+	for _, c := range []struct {
+		migrations, generated int
+		ok                    bool
+		o                     Outcome
+	}{{0, 10, true, Migrated}, {2, 0, true, Migrated}, {3, 0, false, OverLimit}, {0, DefaultMaxTokens + 1, false, TooLong}} {
+		if ok, o := p.Decide(c.migrations, c.generated); ok != c.ok || o != c.o {
+			t.Errorf("Decide(%d, %d) = %v %s", c.migrations, c.generated, ok, o)
+		}
+	}
+	if err := (Policy{Limit: -1, MaxTokens: 1, MaxBytes: 1, TotalBytes: 1}).Validate(); err == nil {
+		t.Error("negative limit accepted")
+	}
+	if err := DefaultPolicy().Validate(); err != nil {
+		t.Error(err)
+	}
+}

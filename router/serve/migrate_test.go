@@ -1,0 +1,465 @@
+package serve
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tidwall/gjson"
+
+	"github.com/switchyard-router/switchyard/internal/testkit"
+	"github.com/switchyard-router/switchyard/shared"
+)
+
+// contEngine is an engine that continues its answers: token i of an
+// answer is "t<i> " (id 100+i), whatever attempt generates it: a chat
+// request continuing its final assistant message (vLLM's
+// continue_final_message) starts after the tokens that message holds, a
+// completions request after the ids past its 3 prompt ids. Its first
+// attempts (not continuations) are cut after cutAfter tokens as cut says.
+type contEngine struct {
+	*httptest.Server
+	cut      string // "eof", "reset", "error", "stall", "finished", "" (none)
+	cutAll   bool   // continuations are cut too
+	cutAfter int
+	refuse   bool // continuations are answered 400
+	delay    time.Duration // between tokens
+
+	mu     sync.Mutex
+	bodies [][]byte
+}
+
+const contDefaultMax = 8
+
+func newContEngine(t *testing.T, cut string, cutAfter int) *contEngine {
+	e := &contEngine{cut: cut, cutAfter: cutAfter}
+	e.Server = httptest.NewServer(http.HandlerFunc(e.serve))
+	t.Cleanup(e.Close)
+	return e
+}
+
+func (e *contEngine) requests() [][]byte {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([][]byte(nil), e.bodies...)
+}
+
+func (e *contEngine) serve(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	e.mu.Lock()
+	e.bodies = append(e.bodies, body)
+	e.mu.Unlock()
+	g := func(p string) gjson.Result { return gjson.GetBytes(body, p) }
+	chat := strings.HasSuffix(r.URL.Path, "/chat/completions")
+	start, prompt := 0, 3
+	cont := false
+	if chat && g("continue_final_message").Bool() {
+		start = len(strings.Fields(g("messages.@reverse.0.content").Str))
+		prompt += start
+		cont = true
+	}
+	if !chat && g("prompt").IsArray() {
+		ids := g("prompt").Array()
+		start, prompt = len(ids)-3, len(ids)
+		cont = start > 0
+	}
+	if cont && e.refuse {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = io.WriteString(w, `{"error":{"message":"This model's maximum context length is 8 tokens.","type":"BadRequestError","param":null,"code":400}}`)
+		return
+	}
+	n := contDefaultMax
+	if m := g("max_tokens"); m.Exists() {
+		n = int(m.Int())
+	}
+	ids := g("return_token_ids").Bool()
+	object, id := "text_completion", fmt.Sprintf("cmpl-%p-%d", e, len(e.requests()))
+	if chat {
+		object = "chat.completion.chunk"
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	f := w.(http.Flusher)
+	ev := func(choice string, extra string) {
+		fmt.Fprintf(w, "data: {\"id\":%q,\"object\":%q,\"created\":1,\"model\":\"m\",\"choices\":[%s]%s}\n\n", id, object, choice, extra)
+		f.Flush()
+	}
+	if chat {
+		extra := ""
+		if ids {
+			extra = `,"prompt_token_ids":[1,2,3]`
+		}
+		ev(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`, extra)
+	}
+	cutting := e.cut != "" && (!cont || e.cutAll)
+	for i := range n {
+		tok := start + i
+		if e.delay > 0 && i > 0 {
+			select {
+			case <-time.After(e.delay):
+			case <-r.Context().Done():
+				return
+			}
+		}
+		if cutting && e.cut != "finished" && i == e.cutAfter {
+			e.doCut(w, r, id)
+			return
+		}
+		finish := "null"
+		if i == n-1 {
+			finish = `"length"`
+		}
+		tids := ""
+		if ids {
+			tids = fmt.Sprintf(`,"token_ids":[%d]`, 100+tok)
+		}
+		if chat {
+			ev(fmt.Sprintf(`{"index":0,"delta":{"content":"t%d "},"logprobs":null,"finish_reason":%s%s}`, tok, finish, tids), "")
+		} else {
+			pids := ""
+			if ids && i == 0 {
+				pids = `,"prompt_token_ids":[1,2,3]`
+			}
+			ev(fmt.Sprintf(`{"index":0,"text":"t%d ","logprobs":null,"finish_reason":%s%s%s}`, tok, finish, pids, tids), "")
+		}
+	}
+	if g("stream_options.include_usage").Bool() {
+		ev("", fmt.Sprintf(`,"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}`, prompt, prompt+n, n))
+	}
+	if cutting && e.cut == "finished" {
+		e.doCut(w, r, id)
+		return
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	f.Flush()
+}
+
+// doCut cuts the answer: the connection closed cleanly mid-stream (eof:
+// an unchunked stream ends so), broken (reset), an error event, or
+// nothing more (stall).
+func (e *contEngine) doCut(w http.ResponseWriter, r *http.Request, id string) {
+	switch e.cut {
+	case "eof", "finished":
+		// A chunked body would read as broken: end the stream as an engine
+		// that sends it unchunked does, by closing the connection after a
+		// clean end. The router's transport sees EOF.
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			_ = buf.Flush()
+			// The chunked framing's terminator: a clean end of body.
+			_, _ = conn.Write([]byte("0\r\n\r\n"))
+			_ = conn.Close()
+		}
+	case "reset":
+		panic(http.ErrAbortHandler)
+	case "error":
+		fmt.Fprint(w, "data: {\"error\":{\"message\":\"engine failed\",\"type\":\"InternalServerError\",\"param\":null,\"code\":500}}\n\n")
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	case "stall":
+		<-r.Context().Done()
+	}
+}
+
+// readStream reads a client's stream: every event's data.
+func readStream(t *testing.T, resp *http.Response) []string {
+	t.Helper()
+	defer func() { _ = resp.Body.Close() }()
+	var events []string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if d, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			events = append(events, d)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatalf("reading the stream: %v (events %q)", err, events)
+	}
+	return events
+}
+
+// checkWhole asserts that events are one well-formed answer of want
+// tokens: one id, one role chunk (chat), tokens t0.. once in order, one
+// finish, one [DONE] last, no token ids, and when usage, a usage chunk
+// counting the whole answer.
+func checkWhole(t *testing.T, events []string, chat bool, want int, usage bool) {
+	t.Helper()
+	var text strings.Builder
+	ids := map[string]bool{}
+	roles, finishes, usages := 0, 0, 0
+	for i, ev := range events {
+		if ev == "[DONE]" {
+			if i != len(events)-1 {
+				t.Fatalf("[DONE] at %d of %d: %q", i, len(events), events)
+			}
+			continue
+		}
+		if strings.Contains(ev, "token_ids") {
+			t.Fatalf("token ids reached the client: %s", ev)
+		}
+		if gjson.Get(ev, "error").Exists() {
+			t.Fatalf("error event: %s", ev)
+		}
+		ids[gjson.Get(ev, "id").Str] = true
+		c := gjson.Get(ev, "choices.0")
+		if chat {
+			if c.Get("delta.role").Exists() {
+				roles++
+			}
+			text.WriteString(c.Get("delta.content").Str)
+		} else {
+			text.WriteString(c.Get("text").Str)
+		}
+		if fr := c.Get("finish_reason"); fr.Exists() && fr.Type != gjson.Null {
+			finishes++
+		}
+		if u := gjson.Get(ev, "usage"); u.IsObject() {
+			usages++
+			if u.Get("prompt_tokens").Int() != 3 || u.Get("completion_tokens").Int() != int64(want) || u.Get("total_tokens").Int() != int64(3+want) {
+				t.Errorf("usage %s, want prompt 3, completion %d", u.Raw, want)
+			}
+		}
+	}
+	var wantText strings.Builder
+	for i := range want {
+		fmt.Fprintf(&wantText, "t%d ", i)
+	}
+	if text.String() != wantText.String() {
+		t.Errorf("text %q, want %q", text.String(), wantText.String())
+	}
+	if len(events) == 0 || events[len(events)-1] != "[DONE]" {
+		t.Errorf("no [DONE] at the end: %q", events)
+	}
+	if len(ids) != 1 {
+		t.Errorf("chunk ids %v, want one", ids)
+	}
+	if chat && roles != 1 {
+		t.Errorf("%d role chunks, want 1", roles)
+	}
+	if finishes != 1 {
+		t.Errorf("%d finishes, want 1", finishes)
+	}
+	if want := map[bool]int{true: 1, false: 0}[usage]; usages != want {
+		t.Errorf("%d usage chunks, want %d", usages, want)
+	}
+}
+
+func TestMigrationContinuesACutStream(t *testing.T) {
+	for _, cut := range []string{"eof", "reset", "error", "stall"} {
+		for _, chat := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%s/chat=%v", cut, chat), func(t *testing.T) {
+				e1, e2 := newContEngine(t, cut, 3), newContEngine(t, cut, 3)
+				o := envOptions{}
+				if cut == "stall" {
+					o.stall = 100 * time.Millisecond
+				}
+				env := newEnv(t, o, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+				path, body := "/v1/completions", `{"model":"m","stream":true,"prompt":"hi","max_tokens":8,"stream_options":{"include_usage":true}}`
+				if chat {
+					path, body = "/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":8,"seed":5,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+				}
+				resp, err := post(t, context.Background(), env.url+path, body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("status %d", resp.StatusCode)
+				}
+				checkWhole(t, readStream(t, resp), chat, 8, true)
+				// One engine was cut, the other continued: its request is
+				// the first's with the 3 tokens so far and 5 to go.
+				first, next := e1.requests(), e2.requests()
+				if len(first) == 0 {
+					first, next = next, first
+				}
+				if len(first) != 1 || len(next) != 1 {
+					t.Fatalf("requests %d and %d, want 1 each", len(first), len(next))
+				}
+				g := func(p string) gjson.Result { return gjson.GetBytes(next[0], p) }
+				if g("max_tokens").Int() != 5 || !g("return_token_ids").Bool() || !gjson.GetBytes(first[0], "return_token_ids").Bool() {
+					t.Errorf("continuation %s", next[0])
+				}
+				if chat {
+					if g("messages.#").Int() != 2 || g("messages.1.content").Str != "t0 t1 t2 " || !g("continue_final_message").Bool() ||
+						g("add_generation_prompt").Bool() || g("seed").Int() != 5 {
+						t.Errorf("chat continuation %s", next[0])
+					}
+				} else if g("prompt").Raw != "[1,2,3,100,101,102]" {
+					t.Errorf("completions continuation %s", next[0])
+				}
+				env.settle(t)
+				cause := map[string]string{"eof": "eof", "reset": "reset", "error": "engine_error", "stall": "stall"}[cut]
+				if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", cause, "outcome", "migrated"); n != 1 {
+					t.Errorf("switchyard_migrations_total{cause=%q,outcome=migrated} = %v, want 1", cause, n)
+				}
+				if n := testkit.MetricValue(t, env.reg, "switchyard_migration_kept_bytes"); n != 0 {
+					t.Errorf("kept bytes %v after the request, want 0", n)
+				}
+			})
+		}
+	}
+}
+
+func TestMigrationEnds(t *testing.T) {
+	chat := `{"model":"m","stream":true,"max_tokens":8,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	t.Run("finished before the cut: nothing sent again", func(t *testing.T) {
+		e1, e2 := newContEngine(t, "finished", 0), newContEngine(t, "finished", 0)
+		env := newEnv(t, envOptions{}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkWhole(t, readStream(t, resp), true, 8, true)
+		if n := len(e1.requests()) + len(e2.requests()); n != 1 {
+			t.Errorf("%d engine requests, want 1", n)
+		}
+		env.settle(t)
+		if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "eof", "outcome", "finished"); n != 1 {
+			t.Errorf("finished cuts %v, want 1", n)
+		}
+	})
+	t.Run("every worker cuts: an error event", func(t *testing.T) {
+		e1, e2 := newContEngine(t, "reset", 2), newContEngine(t, "reset", 2)
+		e1.cutAll, e2.cutAll = true, true
+		env := newEnv(t, envOptions{}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events := readStream(t, resp)
+		n := len(events)
+		if n < 3 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], `"code":"worker_failed"`) ||
+			!strings.Contains(events[n-2], "no other worker") {
+			t.Fatalf("events %q", events)
+		}
+		// The tokens that reached the client are t0.. once, in order.
+		var text strings.Builder
+		for _, ev := range events[:n-2] {
+			text.WriteString(gjson.Get(ev, "choices.0.delta.content").Str)
+		}
+		if text.String() != "t0 t1 t2 t3 " {
+			t.Errorf("text %q", text.String())
+		}
+		env.settle(t)
+		if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "reset", "outcome", "no_worker"); n != 1 {
+			t.Errorf("no_worker %v, want 1", n)
+		}
+	})
+	t.Run("the continuation refused: the engine's error", func(t *testing.T) {
+		e1, e2 := newContEngine(t, "eof", 2), newContEngine(t, "eof", 2)
+		e1.refuse, e2.refuse = true, true
+		env := newEnv(t, envOptions{}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events := readStream(t, resp)
+		n := len(events)
+		if n < 2 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], "maximum context length") {
+			t.Fatalf("events %q", events)
+		}
+		env.settle(t)
+		if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "eof", "outcome", "refused"); n != 1 {
+			t.Errorf("refused %v, want 1", n)
+		}
+	})
+	t.Run("migration off: an error event", func(t *testing.T) {
+		e1 := newContEngine(t, "eof", 2)
+		env := newEnv(t, envOptions{migrationLimit: -1}, backend{name: "w1", url: e1.URL})
+		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events := readStream(t, resp)
+		n := len(events)
+		if n < 2 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], "migration is off") {
+			t.Fatalf("events %q", events)
+		}
+		if len(e1.requests()) != 1 || gjson.GetBytes(e1.requests()[0], "return_token_ids").Exists() {
+			t.Errorf("with migration off the request is the client's: %s", e1.requests()[0])
+		}
+	})
+	t.Run("over the limit", func(t *testing.T) {
+		var backends []backend
+		var engines []*contEngine
+		for i := range 6 {
+			e := newContEngine(t, "eof", 1)
+			e.cutAll = true
+			engines = append(engines, e)
+			backends = append(backends, backend{name: fmt.Sprintf("w%d", i), url: e.URL})
+		}
+		env := newEnv(t, envOptions{migrationLimit: 2}, backends...)
+		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
+		if err != nil {
+			t.Fatal(err)
+		}
+		events := readStream(t, resp)
+		n := len(events)
+		if n < 2 || !strings.Contains(events[n-2], "migration limit") {
+			t.Fatalf("events %q", events)
+		}
+		total := 0
+		for _, e := range engines {
+			total += len(e.requests())
+		}
+		if total != 3 {
+			t.Errorf("%d engine requests, want 3 (the first and 2 migrations)", total)
+		}
+	})
+}
+
+// TestMigrationOnDrain: a worker that leaves the fleet mid-stream keeps
+// its stream for the drain grace, then the stream migrates (cause
+// drain); a non-streamed request without an answer yet is placed again.
+func TestMigrationOnDrain(t *testing.T) {
+	e1, e2 := newContEngine(t, "", 0), newContEngine(t, "", 0)
+	e1.delay, e2.delay = 10*time.Millisecond, 10*time.Millisecond
+	env := newEnv(t, envOptions{grace: 50 * time.Millisecond}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+	body := `{"model":"m","stream":true,"max_tokens":60,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
+	resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	first := resp.Header.Get("X-Switchyard-Worker")
+	var events []string
+	sc := bufio.NewScanner(resp.Body)
+	removed := false
+	for sc.Scan() {
+		d, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		events = append(events, d)
+		if !removed && len(events) == 4 { // the role chunk and 3 tokens
+			removed = true
+			for i, w := range env.workers {
+				if w.Name == first {
+					if err := env.r.RemoveWorker(shared.WorkerID(i+1), 0); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+		}
+	}
+	checkWhole(t, events, true, 60, true)
+	moved, stayed := e2, e1
+	if first == "w2" {
+		moved, stayed = e1, e2
+	}
+	if len(stayed.requests()) != 1 || len(moved.requests()) != 1 || !gjson.GetBytes(moved.requests()[0], "continue_final_message").Bool() {
+		t.Fatalf("requests: %d on %s, %d on the other", len(stayed.requests()), first, len(moved.requests()))
+	}
+	env.settle(t)
+	if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "drain", "outcome", "migrated"); n != 1 {
+		t.Errorf("drain migrations %v, want 1", n)
+	}
+}
