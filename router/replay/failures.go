@@ -33,6 +33,12 @@ import (
 // no worker can take, fails: "rejected: engine failed, not migrated:
 // OUTCOME" (Outcome.Status, Report.RejectionReasons). The failed worker
 // rejoins the fleet, empty, RestartAfter later.
+//
+// At one instant, failures and restarts come after the steps that end
+// then (their tokens reached the client) and before that instant's
+// submissions, dispatches and arrivals. A request excludes every worker
+// that failed under it, even after that worker rejoins (Retry's
+// exclusion list is the request's).
 
 // DefaultRestartAfter is how long a failed engine stays out of the fleet
 // before it rejoins, empty (Failures.RestartAfter): 60 s, about what a
