@@ -75,6 +75,13 @@ type replayFlags struct {
 	// speeds is --speeds as given: a comma-separated speed pattern
 	// (speedsOf).
 	speeds string
+	// fail, failRate, restartAfter and migrationLimit are --fail (each
+	// value as given), --fail-rate, --restart-after and --migration-limit
+	// (replayfail.go).
+	fail           []string
+	failRate       float64
+	restartAfter   time.Duration
+	migrationLimit int
 }
 
 // DefaultReplayMemoryLimit is --memory-limit's default, MiB: the soft limit
@@ -192,6 +199,7 @@ speed-1. The full reference is docs/replay.md.`,
 		"soft limit on the Go heap in MiB (runtime/debug.SetMemoryLimit), set unless GOMEMLIMIT is in the environment; 0: none")
 	fl.StringVar(&f.speeds, "speeds", "", "simulated workers' speeds relative to the modelled H100, comma-separated, cycling over each fleet's workers: worker i runs at entry i mod N (2,1: half the workers twice as fast); default 1")
 	fl.BoolVar(&f.quiet, "quiet", false, "show no progress on stderr (shown when a replay takes over 2 s: requests done of total, simulated time, ETA)")
+	addFailureFlags(fl, &f)
 	setWant(fl, "workers", fmt.Sprintf("whole numbers from 1 to %d, comma-separated", replay.MaxWorkers))
 	for _, name := range []string{"prefill-workers", "decode-workers"} {
 		setWant(fl, name, fmt.Sprintf("whole numbers from 1 to %d, comma-separated (prefill and decode workers together)", replay.MaxWorkers))
@@ -276,6 +284,9 @@ func (f *replayFlags) check(cmd *cobra.Command) error {
 		return fmt.Errorf("--seeds %d: want a whole number from 1 to %d", f.seeds, maxSeeds)
 	}
 	if err := f.checkReplicas(cmd); err != nil {
+		return err
+	}
+	if _, err := f.failuresOf(cmd); err != nil {
 		return err
 	}
 	if f.perRequest != "" && f.runsPerPolicy(cmd) > 1 {
@@ -758,8 +769,10 @@ func (f *replayFlags) sweep(cmd *cobra.Command, tr *trace.Opened) *replay.Sweep 
 	if f.canary != "" {
 		canary, _ = replay.ParseCanary(f.canary) // checked
 	}
-	speeds, _ := f.speedsOf(cmd) // checked
+	speeds, _ := f.speedsOf(cmd)     // checked
+	failures, _ := f.failuresOf(cmd) // checked
 	return &replay.Sweep{
+		Failures:     failures,
 		Canary:       canary,
 		Speeds:       speeds,
 		Trace:        tr,

@@ -150,6 +150,9 @@ type driver struct {
 	shadowFirstErr string
 	// rollbacks are the canaries' rollbacks, in order (canaryRolledBack).
 	rollbacks []report.CanaryRollback
+	// faults are the engine failures and their migrations
+	// (Options.Failures, failures.go); nil without.
+	faults *faults
 }
 
 // request is one trace request's state through the replay, from its
@@ -168,6 +171,14 @@ type request struct {
 	charged  time.Duration // decision latency charged so far (out.DecisionMs)
 	hops     [2]hopState   // by hop index; decode only in disaggregated mode
 	side     uint8         // the canary side that decided it (sideNone, sideLive, sideCandidate)
+	// migrations is how many times an engine failure cut it and it was
+	// placed again; generated the output tokens it had when last cut
+	// (its continuation's sim.Request.Generated). cutPending is set from
+	// a cut until the next token reaches the client, cutAt the first
+	// such cut's instant (failures.go).
+	migrations, generated int
+	cutPending            bool
+	cutAt                 time.Duration
 }
 
 // hopState is one hop of a request.
@@ -188,6 +199,9 @@ type replica struct {
 	roles   map[shared.Role]*policy.Policy // what r routes with (Options.Canary applied)
 	adm     *admission.Controller
 	workers []*fleet.Worker // by worker index (driver.ids)
+	// specs are the workers' fleet specs by worker index, to join a
+	// failed worker again when it restarts (failures.go).
+	specs []fleet.Spec
 }
 
 func newDriver(ctx context.Context, o *Options) (*driver, error) {
@@ -275,6 +289,9 @@ func newDriver(ctx context.Context, o *Options) (*driver, error) {
 		d.bandwidth = DefaultKVTransferBandwidth
 	}
 	d.tally.init(d.workers, d.classes)
+	if o.Failures != nil {
+		d.faults = newFaults(o.Failures, d.workers)
+	}
 	d.ref = newKVRef(d.blockSize, d.engineBlock, int64(d.first.Len())*int64(d.engineKV))
 	if o.Timeline {
 		d.tl = newTimeline(d.workers)
@@ -376,6 +393,7 @@ func (d *driver) newReplica(o *Options, cfg *sim.Config, queue *config.Queue, po
 			return nil, fmt.Errorf("replay: %w", err)
 		}
 		rep.workers = append(rep.workers, ws...)
+		rep.specs = append(rep.specs, specs...)
 	}
 	return rep, nil
 }
@@ -515,6 +533,9 @@ func (d *driver) loop() error {
 			}
 			d.reached = t
 			d.advance(t)
+			if err := d.applyFaults(t); err != nil {
+				return err
+			}
 			d.startDue(t)
 			if d.arriving != nil && d.arriving.Arrival == t {
 				if err := d.arrive(); err != nil {
@@ -537,6 +558,9 @@ func (d *driver) loop() error {
 		}
 		d.now, d.reached = t, t
 		d.advance(t)
+		if err := d.applyFaults(t); err != nil {
+			return err
+		}
 		d.startDue(t)
 		d.dispatch(t)
 		for d.arriving != nil && d.arriving.Arrival == t {
@@ -560,7 +584,8 @@ func (d *driver) finish() error {
 }
 
 // nextInput is the next instant something enters the first-hop cluster:
-// the next arrival or first-hop submission; false when there is none.
+// the next arrival or first-hop submission, or an engine failure or
+// restart that can still matter (nextFault); false when there is none.
 func (d *driver) nextInput() (time.Duration, bool) {
 	var t time.Duration
 	ok := d.arriving != nil
@@ -569,6 +594,9 @@ func (d *driver) nextInput() (time.Duration, bool) {
 	}
 	if d.starts.Len() > 0 && (!ok || d.starts.At(0).at < t) {
 		t, ok = d.starts.At(0).at, true
+	}
+	if at, due := d.nextFault(); due && (!ok || at < t) {
+		t, ok = at, true
 	}
 	return t, ok
 }

@@ -207,11 +207,17 @@ func (d *driver) submit(i, k int, at time.Duration) {
 	rec, hp := st.rec, &st.hops[k]
 	hop := d.path.Hop(k)
 	r := sim.Request{ID: i, InputLength: max(rec.InputLength, 1), OutputLength: hop.OutputTokens(rec.OutputLength),
-		KVTransferred: k == decodeHop}
+		KVTransferred: k == decodeHop, Generated: st.generated}
 	if hop.PrefixHashes {
 		r.PrefixHashes, r.PrefixBlockTokens = hp.h.Request().BlockHashes, d.blockSize
 	}
 	c, w := d.clusters[k], int(hp.worker)
+	if d.faults.isDown(d.base[k] + w) {
+		// Placed before its worker failed, on its way since: cut before
+		// it reached the engine.
+		d.cut(i, st.generated, d.base[k]+w, at)
+		return
+	}
 	if err := c.Submit(at, w, &r); err != nil {
 		d.now = at
 		d.end(i, k, admission.Aborted(err.Error())) // releases the booking
@@ -268,6 +274,16 @@ func (d *driver) handleFirst(e sim.Event) {
 	d.now = e.At
 	switch e.Kind {
 	case sim.FirstToken:
+		if st.cutPending {
+			d.continued(st, e.At, e.CachedTokens)
+			if st.generated > 0 {
+				// The client had its first token from an engine that
+				// failed since: only the booking's prefill ends.
+				st.hops[firstHop].h.FirstToken()
+				d.mirrorFirstToken(i, firstHop, e.At)
+				return
+			}
+		}
 		out := &st.out
 		out.TTFTMs = report.Millis(e.At - st.arrival)
 		out.CachedTokens = e.CachedTokens

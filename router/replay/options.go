@@ -238,6 +238,9 @@ type Options struct {
 	// draws) that replicas do not share. Required when Replicas > 1; its
 	// error ends the replay.
 	Replica func(k int) (Replica, error)
+	// Failures are engine failures to model, and how the requests they
+	// cut migrate (failures.go, docs/replay.md); nil: none.
+	Failures *Failures
 }
 
 // Replica is what one router replica routes with (Options.Replica): its
@@ -406,6 +409,11 @@ func (o *Options) check() (sim.Config, error) {
 			if err := sim.CheckSpeed(v); err != nil {
 				return sim.Config{}, fmt.Errorf("replay: worker %d: %w", x, err)
 			}
+		}
+	}
+	if o.Failures != nil {
+		if err := o.Failures.check(o); err != nil {
+			return sim.Config{}, err
 		}
 	}
 	if o.Records != nil && o.Trace != nil {

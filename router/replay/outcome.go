@@ -51,4 +51,10 @@ type Outcome struct {
 	// has a canary (the first hop whose has one): "live" or
 	// "candidate"; absent otherwise.
 	Canary string `json:"canary,omitempty"`
+	// Migrations is how many times an engine failure cut the request and
+	// it continued on another worker (Options.Failures); ExtraPrefillTokens
+	// the prompt plus generated tokens those continuations' engines had
+	// to prefill again. Both absent when it never migrated.
+	Migrations         int `json:"migrations,omitempty"`
+	ExtraPrefillTokens int `json:"extra_prefill_tokens,omitempty"`
 }

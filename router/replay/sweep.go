@@ -88,6 +88,11 @@ type Sweep struct {
 	// len(Speeds)] (CycleSpeeds, Options.Speeds). nil, or all 1, is every
 	// worker at speed 1.
 	Speeds []float64
+	// Failures are every run's engine failures (Options.Failures), their
+	// Seed replaced by each run's policy seed (router.seed with the run's
+	// offset, DefaultSeed without), so runs of other seeds draw other
+	// random failures; nil: none.
+	Failures *Failures
 	// Load loads a policy file for a run. Required.
 	Load LoadFunc
 	// Warnings receives the policy files' diagnostics (their first load)
@@ -329,6 +334,13 @@ func (s *Sweep) options(b *loader.Bundle, path string, mode PrefixMode, fl Fleet
 	}
 	if mode == PrefixPrecise {
 		opts.KVEventDelay = s.KVEventDelay
+	}
+	if s.Failures != nil {
+		f := *s.Failures
+		if seed := b.PolicyFile().Seed; seed != nil {
+			f.Seed = *seed
+		}
+		opts.Failures = &f
 	}
 	var err error
 	if opts.Queue, opts.Classifier, err = bundleAdmission(b); err != nil {

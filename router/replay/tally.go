@@ -162,6 +162,9 @@ func (d *driver) report(o *Options, wall time.Duration) *report.Report {
 	if rep.Selections > 0 {
 		rep.FallbackShare = float64(rep.Fallbacks) / float64(rep.Selections)
 	}
+	if d.faults != nil {
+		rep.Migration = d.faults.report()
+	}
 	rep.Predictor = d.predictorAccuracy()
 	rep.Shadow = d.shadowReport(o, roles)
 	rep.Canary = d.canaryReport(d.reps[0].roles, roles)
@@ -233,6 +236,9 @@ func (d *driver) count(st *request) {
 		k = t.addClass(st.class)
 	}
 	t.canaryCount(st)
+	if st.migrations > 0 {
+		d.faults.countMigrated(out)
+	}
 	c := &t.classes[k]
 	c.Requests++
 	if out.Worker >= 0 {

@@ -146,6 +146,8 @@ func (c *Cluster) Stats() Stats {
 		s.Submitted += x.Submitted
 		s.Completed += x.Completed
 		s.Aborted += x.Aborted
+		s.Failures += x.Failures
+		s.Cut += x.Cut
 	}
 	return s
 }

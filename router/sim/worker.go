@@ -56,6 +56,16 @@ type Request struct {
 	// generated tokens locally as an ordinary prefill (vLLM's recompute
 	// preemption; the worker cannot fetch the KV again).
 	KVTransferred bool
+	// Generated is the output tokens already generated for the request
+	// elsewhere, before its engine failed (a migrated continuation,
+	// router/migrate): the worker computes the prompt and these tokens
+	// as one prefill, as it recomputes a preempted request (the prefix
+	// cache can serve only the prompt's blocks: PrefixHashes cover the
+	// prompt, the generated tokens get private blocks), then samples the
+	// remaining OutputLength−Generated tokens. Its FirstToken event is
+	// the first token sampled here (token Generated+1 of the answer).
+	// 0 <= Generated < OutputLength; not with KVTransferred.
+	Generated int
 }
 
 // EventKind says what happened to a request.
@@ -124,6 +134,8 @@ type Stats struct {
 	Submitted, Completed int64 // requests
 	// Aborted counts requests removed by Abort before completing.
 	Aborted int64
+	// Failures counts Fail calls; Cut the requests they removed.
+	Failures, Cut int64
 }
 
 // Load is a worker's instantaneous state, for routers that read engine
@@ -274,6 +286,10 @@ func (w *Worker) Submit(now time.Duration, r *Request) error {
 	if r == nil || r.InputLength < 1 || r.OutputLength < 0 {
 		return fmt.Errorf("%w: input %d tokens, output %d tokens", ErrInvalidRequest, lenOr(r, true), lenOr(r, false))
 	}
+	if r.Generated < 0 || (r.Generated > 0 && (r.KVTransferred || r.Generated >= r.OutputLength)) {
+		return fmt.Errorf("%w: %d tokens generated before, output %d tokens (want 0 <= generated < output, not KV-transferred)",
+			ErrInvalidRequest, r.Generated, r.OutputLength)
+	}
 	if r.KVTransferred && r.OutputLength < 2 {
 		return fmt.Errorf("%w: KV-transferred request with output %d tokens, want >= 2 (its first token was sampled by the prefill worker)",
 			ErrInvalidRequest, r.OutputLength)
@@ -326,6 +342,7 @@ func (w *Worker) Submit(now time.Duration, r *Request) error {
 		s.generated = 1 // sampled by the prefill worker
 	} else {
 		s.hashes, s.groupTokens = r.PrefixHashes, r.PrefixBlockTokens
+		s.generated = r.Generated
 	}
 	w.wait.pushBack(i)
 	w.stats.Submitted++
@@ -715,7 +732,7 @@ func (w *Worker) plan(start time.Duration) {
 			w.admit(s, hit, need)
 			w.wait.popFront()
 			w.running = append(w.running, idx)
-			if !s.first && s.generated == 0 {
+			if !s.first {
 				s.cached = hit * w.bs
 			}
 			if !s.scheduled {

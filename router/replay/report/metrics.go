@@ -553,7 +553,10 @@ func WriteComparison(w io.Writer, cells []Cell, cmp Comparison) error {
 	if _, err := io.WriteString(w, out.String()); err != nil {
 		return err
 	}
-	return writeClasses(w, cells)
+	if err := writeClasses(w, cells); err != nil {
+		return err
+	}
+	return writeMigrations(w, cells, cmp.Width)
 }
 
 // bestGoodput is the line naming, fleet by fleet, the row of the highest

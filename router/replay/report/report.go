@@ -175,6 +175,9 @@ type Report struct {
 	// Canary is each side's figures and the rollbacks when a routed
 	// role's policy has a canary; absent otherwise.
 	Canary *CanaryReport `json:"canary,omitempty"`
+	// Migration is the engine failures and the migrations of the requests
+	// they cut (router replay --fail, --fail-rate); absent without.
+	Migration *MigrationReport `json:"migration,omitempty"`
 	// PluginRestarts is how many times the policy's plugins were restarted
 	// during the replay (the caller that owns the plugins fills it in).
 	PluginRestarts int64 `json:"plugin_restarts"`

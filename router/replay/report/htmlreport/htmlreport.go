@@ -79,6 +79,7 @@ func Write(w io.Writer, in Input) error {
 	p.Table = newTable(in.Cells, in.Comparison)
 	p.Verdict = report.GoodputVerdict(in.Cells, in.Comparison.GoodputTarget)
 	p.Decision = newDecision(in.Cells)
+	p.Failures = report.MigrationLines(in.Cells)
 	fleets := fleetsOf(in.Cells)
 	var err error
 	for _, f := range fleets {
@@ -112,6 +113,9 @@ type page struct {
 	Decision decision
 	Fleets   []fleetSection
 	Sweep    []figure
+	// Failures are report.MigrationLines: the runs' engine failures and
+	// migrations (replay --fail, --fail-rate); none without.
+	Failures []string
 }
 
 // figure is one chart on the page, or a note in its place.

@@ -466,3 +466,31 @@ func TestPageOpensWithTheVerdict(t *testing.T) {
 		t.Errorf("%d cells marked best, want %d (report.BestMarks), some", got, marks)
 	}
 }
+
+// A run with engine failures gets the failures section: the text
+// section's lines (report.MigrationLines); a page without has none.
+func TestFailuresSection(t *testing.T) {
+	r := syntheticReport("kv", 8, 1)
+	r.Migration = &report.MigrationReport{Failures: 2, Restarts: 1, Cut: 5, Outcomes: map[string]int{"migrated": 4, "over_limit": 1},
+		Requests: 4, Completed: 4, ExtraPrefillTokens: 1000}
+	var page bytes.Buffer
+	if err := Write(&page, Input{Trace: "t", Requests: 1, Cells: []report.Cell{{Runs: []*report.Report{r}}}}); err != nil {
+		t.Fatal(err)
+	}
+	s := page.String()
+	for _, w := range []string{`<h2 id="failures">Engine failures</h2>`,
+		"<li>kv on 8 workers: 2 failures, 1 restart; 5 cuts: 4 migrated, 1 failed (over_limit 1)</li>",
+		"4 migrated requests, 4 completed:", "extra prefill 1000 tokens (0% from cache)"} {
+		if !strings.Contains(s, w) {
+			t.Errorf("page lacks %q", w)
+		}
+	}
+	r.Migration = nil
+	page.Reset()
+	if err := Write(&page, Input{Trace: "t", Requests: 1, Cells: []report.Cell{{Runs: []*report.Report{r}}}}); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(page.String(), `id="failures"`) {
+		t.Error("a page without failures has the failures section")
+	}
+}

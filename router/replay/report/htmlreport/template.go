@@ -86,6 +86,11 @@ details > summary { cursor: pointer; color: #8a5a00; font-size: .85rem; }
 {{end}}</ul>
 </section>
 
+{{if .Failures}}<h2 id="failures">Engine failures</h2>
+<ul class="legend">{{range .Failures}}<li>{{.}}</li>
+{{end}}</ul>
+<p class="meta">Latencies in ms of simulated time; the gap is from a cut to the next token the client receives.</p>
+{{end}}
 {{range .Fleets}}
 <h2 id="cdf-{{.Fleet}}">Latency distributions{{if gt (len $.Fleets) 1}}, {{.Heading}}{{end}}</h2>
 <div class="grid">{{range .CDFs}}{{template "figure" .}}{{end}}</div>
