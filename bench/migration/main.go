@@ -21,8 +21,8 @@
 //   - memory: --mem-streams streams held in flight (slow engines) until
 //     each has --mem-tokens tokens; then switchyard_migration_kept_bytes
 //     and the router's live heap after a GC (HeapAlloc of
-//     /debug/pprof/heap?debug=1&gc=1), against the heap once they ended;
-//     with migration on and with --migration-limit 0.
+//     /debug/pprof/heap?debug=1&gc=1), against the lower of the heaps
+//     before and after; with migration on and with --migration-limit 0.
 //
 //     make build && go run ./bench/migration --router-bin bin/router
 //
@@ -539,7 +539,10 @@ func memoryOnce(o options, dir, limit string) error {
 	n := float64(o.memStreams)
 	fmt.Printf("memory, --migration-limit %s, %d streams in flight at %d+ tokens each (chat and completions):\n", limit, o.memStreams, o.memTokens)
 	fmt.Printf("  switchyard_migration_kept_bytes %.0f: %.0f bytes a stream\n", kept, kept/n)
-	fmt.Printf("  router live heap: idle %d, in flight %d (%.0f bytes a stream), after %d\n", idle, held, float64(held-idle)/n, after)
+	// The lower of the heaps before and after is the baseline: the one
+	// before may still hold the warm-up's connections.
+	base := min(idle, after)
+	fmt.Printf("  router live heap: before %d, in flight %d, after %d: %.0f bytes a stream\n", idle, held, after, float64(held-base)/n)
 	return nil
 }
 
