@@ -172,7 +172,7 @@ event), exit (the process exits with status 1).`,
 				return fmt.Errorf("--kv-events-snapshot-unavailable needs --kv-events-snapshot-endpoint")
 			}
 			if drainTimeout < 0 {
-				return fmt.Errorf("--drain-timeout %v: want 0 or more", drainTimeout)
+				return fmt.Errorf("--drain-timeout %v: want a duration >= 0 with a unit, such as 500ms, 30s or 5m", drainTimeout)
 			}
 			if tokenizerFile == "" && (tokenizerConfig != "" || chatTemplate != "") {
 				return fmt.Errorf("--tokenizer-config and --chat-template need --tokenizer")
@@ -238,6 +238,7 @@ event), exit (the process exits with status 1).`,
 	f.StringVar(&tokenizerConfig, "tokenizer-config", "", "the model's tokenizer_config.json, for its chat template and BOS/EOS tokens (with --tokenizer)")
 	f.StringVar(&chatTemplate, "chat-template", "", "a Jinja chat template file, instead of the one in --tokenizer-config (with --tokenizer)")
 	f.DurationVar(&drainTimeout, "drain-timeout", 30*time.Second, "on SIGTERM or POST /mock/drain, how long requests in flight may run (/health and new requests get 503 meanwhile) before they are cut with vLLM's error event and the process exits")
+	setWant(f, "drain-timeout", "a duration >= 0 with a unit, such as 500ms, 30s or 5m")
 	setWant(f, "data-parallel-size", dpSizeWant)
 	setWant(f, "speedup", speedupWant)
 	setWant(f, "engine-block-size", engineBlockSizeWant)

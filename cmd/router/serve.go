@@ -176,20 +176,29 @@ connections (useful with --listen 127.0.0.1:0).`,
 	setWant(f, "max-body-bytes-per-client", byteSizeWant)
 	f.IntVar(&o.migrationLimit, "migration-limit", migrate.DefaultLimit, "times a streamed chat or completions answer cut mid-stream (engine died, hung or reset) is continued on another worker; 0: none (a cut stream ends with an error event)")
 	f.DurationVar(&o.stall, "stall-timeout", serve.DefaultStallTimeout, "how long a streamed answer may send no byte before its engine is taken for hung and the request migrates; 0: never")
+	setWant(f, "migration-limit", migrationLimitWant)
+	setWant(f, "stall-timeout", offDurationWant)
 	f.DurationVar(&o.grace, "worker-drain-grace", serve.DefaultWorkerDrainGrace, "how long a generation request in flight on a worker that left the fleet (draining, removed, not ready) may run there before it moves to another worker; 0: never")
+	setWant(f, "worker-drain-grace", offDurationWant)
 	return cmd
 }
+
+// migrationLimitWant words the values --migration-limit takes.
+const migrationLimitWant = "a whole number >= 0 (0: no migration)"
+
+// offDurationWant words a duration flag whose 0 turns it off.
+const offDurationWant = "0 (never) or a duration with a unit, such as 500ms, 30s or 5m"
 
 // migrationOptions returns the HTTP face's migration settings from
 // --migration-limit, --stall-timeout and --worker-drain-grace.
 func (o *serveOptions) migrationOptions(so serve.Options) (serve.Options, error) {
 	switch {
 	case o.migrationLimit < 0:
-		return so, fmt.Errorf("--migration-limit %d: want 0 (no migration) or more", o.migrationLimit)
+		return so, fmt.Errorf("--migration-limit %d: want %s", o.migrationLimit, migrationLimitWant)
 	case o.stall < 0:
-		return so, fmt.Errorf("--stall-timeout %v: want 0 (never) or a positive duration", o.stall)
+		return so, fmt.Errorf("--stall-timeout %v: want %s", o.stall, offDurationWant)
 	case o.grace < 0:
-		return so, fmt.Errorf("--worker-drain-grace %v: want 0 (never) or a positive duration", o.grace)
+		return so, fmt.Errorf("--worker-drain-grace %v: want %s", o.grace, offDurationWant)
 	}
 	so.MigrationLimit, so.StallTimeout, so.WorkerDrainGrace = o.migrationLimit, o.stall, o.grace
 	if o.grace == 0 {

@@ -56,6 +56,42 @@ type Meter struct {
 	sse *sseReader
 	// continued: the attempt continues a migrated request (Continued).
 	continued bool
+	// tail holds a chat or completions stream's last bytes (tailN of
+	// them), for Ended.
+	tail  [16]byte
+	tailN int
+}
+
+// Ended reports whether the answer read so far ends as a whole answer of
+// its schema does: a chat or completions stream with "data: [DONE]", a
+// Responses stream with its final event (response.completed, .incomplete
+// or .failed), a Messages stream with message_stop. A stream that ends
+// without it was cut, whatever the transport said (an engine that sends
+// its stream unchunked and dies ends it with what reads as a clean end of
+// body). Always true for an answer that is not streamed.
+func (m *Meter) Ended() bool {
+	switch {
+	case !m.stream:
+		return true
+	case m.sse != nil:
+		return m.sse.ended
+	}
+	return bytes.HasSuffix(bytes.TrimRight(m.tail[:m.tailN], "\r\n"), doneMark)
+}
+
+var doneMark = []byte("data: [DONE]")
+
+// keepTail keeps chunk's last bytes in the tail.
+func (m *Meter) keepTail(chunk []byte) {
+	if len(chunk) >= len(m.tail) {
+		m.tailN = copy(m.tail[:], chunk[len(chunk)-len(m.tail):])
+		return
+	}
+	if m.tailN+len(chunk) > len(m.tail) {
+		drop := m.tailN + len(chunk) - len(m.tail)
+		m.tailN = copy(m.tail[:], m.tail[drop:m.tailN])
+	}
+	m.tailN += copy(m.tail[m.tailN:], chunk)
 }
 
 // Continued marks the meter's attempt as the continuation of a migrated
@@ -128,6 +164,9 @@ func (m *Meter) Read(chunk []byte) {
 			m.events++
 		}
 		m.last = c
+	}
+	if m.stream {
+		m.keepTail(chunk)
 	}
 	switch {
 	case m.keep:

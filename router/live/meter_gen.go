@@ -28,6 +28,7 @@ const (
 	evCompleted                  // Responses' final event: the response's usage (and id)
 	evStart                      // Messages' message_start: the prompt's usage
 	evMsgDelta                   // Messages' message_delta: the output's usage
+	evStop                       // Messages' message_stop: the stream's end
 )
 
 // classify names the kind of the event name of a stream of schema api.
@@ -66,6 +67,8 @@ func classify(api API, name string) eventKind {
 		return evStart
 	case "message_delta":
 		return evMsgDelta
+	case "message_stop":
+		return evStop
 	}
 	return evOther
 }
@@ -93,6 +96,9 @@ type sseReader struct {
 	usage usage
 	// Messages' usage fields, as the events give them (-1: not given).
 	in, cacheRead, cacheCreate, out int64
+	// ended: the stream's final event passed (Responses' response.completed,
+	// .incomplete or .failed; Messages' message_stop).
+	ended bool
 }
 
 // newSSEReader returns the reader of a stream of schema api (APIResponses
@@ -125,6 +131,9 @@ func (r *sseReader) read(chunk []byte) (tokens int64) {
 			if r.kind == evToken || (!r.named && r.lines) {
 				tokens++
 			}
+			if r.kind == evCompleted || r.kind == evStop {
+				r.ended = true
+			}
 			r.kind, r.named, r.lines, r.capturing, r.over = evOther, false, false, false, false
 			r.capture = r.capture[:0]
 			continue
@@ -133,7 +142,7 @@ func (r *sseReader) read(chunk []byte) (tokens int64) {
 		if name, ok := bytes.CutPrefix(r.line[:min(r.lineN, sseLine)], []byte("event:")); ok && !r.named {
 			r.named = true
 			r.kind = classify(r.api, string(bytes.TrimSpace(name)))
-			if r.kind >= evCreated && !(r.kind == evCreated && r.respID != "") {
+			if r.kind >= evCreated && r.kind != evStop && !(r.kind == evCreated && r.respID != "") {
 				r.capturing, start = true, i+1
 			}
 		}

@@ -175,3 +175,29 @@ func TestMeterResponseIDBounds(t *testing.T) {
 		t.Errorf("oversized event: id %q usage %+v, %d bytes kept", r.respID, r.usage, len(r.capture))
 	}
 }
+
+// TestMeterEnded: a chat or completions stream is whole when it ends with
+// "data: [DONE]", however its bytes were split; one that does not is
+// cut; an answer that is not streamed always reads as whole.
+func TestMeterEnded(t *testing.T) {
+	whole := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n"
+	for _, step := range []int{1, 3, 16, 17, len(whole)} {
+		m := Meter{stream: true}
+		for i := 0; i < len(whole); i += step {
+			m.keepTail([]byte(whole[i:min(i+step, len(whole))]))
+		}
+		if !m.Ended() {
+			t.Errorf("step %d: a whole stream read as cut (tail %q)", step, m.tail[:m.tailN])
+		}
+		cut := Meter{stream: true}
+		for i := 0; i < len(whole)-len("data: [DONE]\n\n"); i += step {
+			cut.keepTail([]byte(whole[i:min(i+step, len(whole)-len("data: [DONE]\n\n"))]))
+		}
+		if cut.Ended() {
+			t.Errorf("step %d: a cut stream read as whole", step)
+		}
+	}
+	if !(&Meter{}).Ended() {
+		t.Error("an answer that is not streamed read as cut")
+	}
+}

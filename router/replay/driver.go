@@ -8,6 +8,7 @@ import (
 	"iter"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/switchyard-router/switchyard/internal/heap"
@@ -785,11 +786,15 @@ func (d *driver) abandon() {
 	}
 }
 
-// requestIndex is the trace index of an admitted request's id ("7", or
-// "7#d" for a decode hop).
+// requestIndex is the trace index of an admitted request's id ("7",
+// "7#d" for a decode hop, "7#m1" for a migrated request's continuation).
 func requestIndex(id string) int {
 	if n := len(id) - len(DecodeIDSuffix); n > 0 && id[n:] == DecodeIDSuffix {
 		id = id[:n]
+	}
+	// A migrated request's continuation is "N#mK" (failures.go).
+	if j := strings.IndexByte(id, '#'); j >= 0 {
+		id = id[:j]
 	}
 	i, _ := strconv.Atoi(id)
 	return i

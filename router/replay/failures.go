@@ -323,7 +323,10 @@ func (d *driver) cut(i, generated, x int, at time.Duration) {
 	req := h.Request()
 	req.PromptTokens = max(st.rec.InputLength, 1) + generated
 	d.mirrorReleased(i, firstHop, at)
-	if err := h.Retry(d.ctx, req.ID, "engine failed: "+d.names[x], d.ids[x]); err != nil {
+	// The continuation's id is serve's: the request's own, "#m" and the
+	// migration's number (router/serve, Server.replace).
+	id := strconv.Itoa(i) + "#m" + strconv.Itoa(st.migrations+1)
+	if err := h.Retry(d.ctx, id, "engine failed: "+d.names[x], d.ids[x]); err != nil {
 		hp.h = nil // ended by the failed placement
 		d.notMigrated(i, migrate.NoWorker)
 		return

@@ -286,7 +286,7 @@ func (s *Server) follow(ex *exchange, h *admission.Handle, d router.Decision, a 
 			// Placed again through the same lifecycle, the cut worker
 			// excluded.
 			var code int
-			d, code = s.replace(ex, h, migrations+1, "worker cut the answer: "+string(r.cause), w)
+			d, code = s.replace(ex, h, migrations+1, st.Tokens(), "worker cut the answer: "+string(r.cause), w)
 			if code == codeNoWorker {
 				s.mig.count(r.cause, migrate.NoWorker)
 				ev := migrate.ErrorEvent("the worker failed mid-answer and no other worker could continue it", live.TypeServer, "worker_failed")
@@ -334,11 +334,16 @@ func (s *Server) follow(ex *exchange, h *admission.Handle, d router.Decision, a 
 const codeNoWorker = -1
 
 // replace places the migrating request h again as its attempt n after
-// worker w cut it (why). It returns the placement, or codeNoWorker when no
+// worker w cut it (why), with tokens generated so far. It returns the placement, or codeNoWorker when no
 // other worker can take it, or the code the request is counted under
 // when the client left or the request timed out (h has ended then).
-func (s *Server) replace(ex *exchange, h *admission.Handle, n int, why string, w *fleet.Worker) (router.Decision, int) {
+func (s *Server) replace(ex *exchange, h *admission.Handle, n, tokens int, why string, w *fleet.Worker) (router.Decision, int) {
 	suffix := "#m" + strconv.Itoa(n)
+	// The continuation's prompt is the prompt and the tokens so far: its
+	// engine prefills them all again (replay books it so too).
+	if req := h.Request(); req != nil {
+		req.PromptTokens = max(ex.Tokens, 1) + tokens
+	}
 	err := h.Retry(ex.ctx, ex.ID+suffix, why, w.ID)
 	if errors.Is(err, admission.ErrDuplicateRequest) {
 		err = h.Retry(ex.ctx, s.rt.NewID()+suffix, why, w.ID)

@@ -463,3 +463,61 @@ func TestMigrationOnDrain(t *testing.T) {
 		t.Errorf("drain migrations %v, want 1", n)
 	}
 }
+
+// TestCutStreamsThatDoNotMigrate: a Responses or Messages stream that
+// ends without its final event, however cleanly its connection ends, is
+// a cut: the client's connection is cut (it reads an error, not a clean
+// end), the worker is reported, the cut counted. One that ends with it
+// is whole.
+func TestCutStreamsThatDoNotMigrate(t *testing.T) {
+	for _, c := range []struct {
+		path, body, events, last string
+	}{
+		{"/v1/responses", `{"model":"m","stream":true,"input":"hi"}`,
+			"event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"id\":\"resp_1\"}}\n\n" +
+				"event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"t0 \"}\n\n",
+			"event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":3,\"output_tokens\":1,\"total_tokens\":4}}}\n\n"},
+		{"/v1/messages", `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`,
+			"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":3}}}\n\n" +
+				"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"type\":\"text_delta\",\"text\":\"t0 \"}}\n\n",
+			"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"},
+	} {
+		for _, whole := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/whole=%v", c.path, whole), func(t *testing.T) {
+				eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					_, _ = io.Copy(io.Discard, r.Body)
+					w.Header().Set("Content-Type", "text/event-stream")
+					w.WriteHeader(http.StatusOK)
+					w.(http.Flusher).Flush() // a stream: no Content-Length
+					_, _ = io.WriteString(w, c.events)
+					if whole {
+						_, _ = io.WriteString(w, c.last)
+					}
+				}))
+				t.Cleanup(eng.Close)
+				env := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+				resp, err := post(t, context.Background(), env.url+c.path, c.body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := io.ReadAll(resp.Body)
+				_ = resp.Body.Close()
+				if whole {
+					if err != nil || !strings.HasSuffix(string(b), c.last) {
+						t.Fatalf("a whole stream: %v, %q", err, b)
+					}
+				} else if err == nil {
+					t.Fatalf("a stream cut before its final event read as whole: %q", b)
+				}
+				env.settle(t)
+				want := map[bool]float64{false: 1, true: 0}[whole]
+				if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "eof", "outcome", "not_migratable"); n != want {
+					t.Errorf("cuts counted %v, want %v", n, want)
+				}
+				if n := env.ws.failures["w1"]; float64(n) != want {
+					t.Errorf("failures reported %d, want %v", n, want)
+				}
+			})
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/switchyard-router/switchyard/router/admission"
 	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/router/live"
+	"github.com/switchyard-router/switchyard/router/migrate"
 	"github.com/switchyard-router/switchyard/router/supervisor"
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -679,6 +680,17 @@ func (s *Server) relay(ex *exchange, h *admission.Handle, w *fleet.Worker, resp 
 			}
 		}
 		if rerr == io.EOF {
+			if metered && !m.Ended() && resp.StatusCode/100 == 2 && isSSE(resp) {
+				// A stream without its terminator was cut, however cleanly
+				// its connection ended: the client must not take it for
+				// a whole answer.
+				s.log.Warn("worker ended the stream without its terminator", "worker", name, "request_id", ex.ID)
+				s.workers.ReportFailure(name)
+				s.mig.count(migrate.CauseEOF, migrate.NotMigratable)
+				aborted("worker cut the stream")
+				ex.abort = true
+				return http.StatusBadGateway, false, ""
+			}
 			if metered {
 				end(admission.Completed(m.Done()))
 			} else {
