@@ -10,8 +10,11 @@
 //     TCP RST; close@40, a clean close without [DONE], the eof cause);
 //     the continuation's 40 tokens are not cut (an answer of no more than
 //     N tokens is not). For each: the client's gap from token 40 to
-//     token 41 (the cut is right after token 40 leaves the engine), and
-//     every other inter-token gap of the same streams, p50 and p90.
+//     token 41, and every other inter-token gap of the same streams, p50
+//     and p90; the mock cuts when token 41 is due, so the gap across the
+//     cut holds one normal step, and the migration's extra latency is
+//     the difference. The time to the first token is printed beside it:
+//     a continuation is a new request of the prompt and the 40 tokens.
 //
 //   - kill: rounds of --kill-streams streams; once all are under way the
 //     engine "a" carrying a third of them is SIGKILLed, then restarted on

@@ -47,10 +47,7 @@ worker_selection {
 `
 
 // migRequest is one client's request: its API path and body.
-type migRequest struct {
-	path, body string
-	chat       bool
-}
+type migRequest struct{ path, body string }
 
 // migLoad is n requests, alternately chat and completions, each its own
 // prompt and max_tokens (so every answer differs in length), all asking
@@ -61,7 +58,7 @@ func migLoad(n, maxTokens int) []migRequest {
 	for i := range rs {
 		mt := maxTokens + 3*i
 		if i%2 == 0 {
-			rs[i] = migRequest{path: "/v1/chat/completions", chat: true, body: fmt.Sprintf(
+			rs[i] = migRequest{path: "/v1/chat/completions", body: fmt.Sprintf(
 				`{"model":"mock","stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"seed":%d,"temperature":0.7,"messages":[{"role":"system","content":"You are client %d."},{"role":"user","content":"Tell me a story about the number %d."}]}`,
 				mt, i, i, i)}
 		} else {
@@ -567,7 +564,7 @@ func TestServeE2EMigrationContextWindow(t *testing.T) {
 	router := startRouter(t, routerBin, "--policy", policy)
 	c := e2eClient(t)
 	waitMetrics(t, c, router, time.Minute, "both workers ready", allReady(names...))
-	req := migRequest{path: "/v1/chat/completions", chat: true,
+	req := migRequest{path: "/v1/chat/completions",
 		body: `{"model":"mock","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"Tell me a long story."}]}`}
 	// Round robin: one of two requests goes to big; small refuses the
 	// request itself with its 400.
