@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/switchyard-router/switchyard/internal/testkit"
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -519,5 +520,48 @@ func TestCutStreamsThatDoNotMigrate(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestDrainMovesAWaitingNonStreamedRequest: a non-streamed request whose
+// engine holds it (hung) while its worker leaves the fleet is placed
+// again on another worker once the drain grace passes; it is answered
+// there, counted as a drain migration, and nothing stays booked.
+func TestDrainMovesAWaitingNonStreamedRequest(t *testing.T) {
+	hung := newEngine(t, 4, time.Millisecond)
+	hung.gate = make(chan struct{})
+	defer close(hung.gate)
+	free := newEngine(t, 4, time.Millisecond)
+	env := newEnv(t, envOptions{grace: 50 * time.Millisecond}, backend{name: "w1", url: hung.URL})
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chatBody("m", false, "x"))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	testkit.Eventually(t, "the request at the hung engine", func() bool { return hung.requests.Load() == 1 })
+	env.ws.mu.Lock()
+	env.ws.urls["w2"] = free.URL
+	env.ws.mu.Unlock()
+	if _, err := env.r.AddWorker(fleet.Spec{ID: 2, Role: shared.RoleAggregated, TotalKVBlocks: 1000, Name: "w2", Models: []string{"m"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.r.RemoveWorker(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	resp := <-done
+	if resp == nil {
+		t.FailNow()
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Switchyard-Worker") != "w2" || free.requests.Load() != 1 {
+		t.Fatalf("status %d from %q (%d requests at w2): %s", resp.StatusCode, resp.Header.Get("X-Switchyard-Worker"), free.requests.Load(), b)
+	}
+	env.settle(t)
+	if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "drain", "outcome", "migrated"); n != 1 {
+		t.Errorf("drain migrations %v, want 1", n)
 	}
 }
