@@ -32,6 +32,7 @@ type contEngine struct {
 	cutAfter int
 	refuse   bool          // continuations are answered 400
 	delay    time.Duration // between tokens
+	hangCont bool          // continuations get no answer
 
 	mu     sync.Mutex
 	bodies [][]byte
@@ -70,6 +71,10 @@ func (e *contEngine) serve(w http.ResponseWriter, r *http.Request) {
 		ids := g("prompt").Array()
 		start, prompt = len(ids)-3, len(ids)
 		cont = start > 0
+	}
+	if cont && e.hangCont {
+		<-r.Context().Done()
+		return
 	}
 	if cont && e.refuse {
 		w.Header().Set("Content-Type", "application/json")
@@ -564,4 +569,23 @@ func TestDrainMovesAWaitingNonStreamedRequest(t *testing.T) {
 	if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "drain", "outcome", "migrated"); n != 1 {
 		t.Errorf("drain migrations %v, want 1", n)
 	}
+}
+
+// TestMigrationTimesOut: a request whose continuation is still waiting
+// for its engine when the request timeout passes ends with a timeout
+// error event and the terminator, nothing else after the tokens passed.
+func TestMigrationTimesOut(t *testing.T) {
+	e1, e2 := newContEngine(t, "eof", 2), newContEngine(t, "eof", 2)
+	e1.hangCont, e2.hangCont = true, true
+	env := newEnv(t, envOptions{timeout: 300 * time.Millisecond}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+	resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := readStream(t, resp)
+	n := len(events)
+	if n != 5 || events[n-1] != "[DONE]" || events[n-2] != `{"error":{"message":"the request timed out","type":"server_error","param":null,"code":"timeout"}}` {
+		t.Fatalf("events %q, want the role chunk, 2 tokens, the timeout event and [DONE]", events)
+	}
+	env.settle(t)
 }

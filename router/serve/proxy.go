@@ -35,6 +35,9 @@ type exchange struct {
 	body        []byte
 	// labelSet: Request.Label was set, the body parsed.
 	labelSet bool
+	// sent: the answer's headers went to the client (answerStart); a
+	// migrating stream's later attempts answer their errors in the stream.
+	sent bool
 	// watch links a non-streamed attempt into the drain watch
 	// (drainwatch.go) and holds ex.ctx's cancel and deadline.
 	watch watchLink
@@ -589,7 +592,9 @@ func (s *Server) send(ctx context.Context, ex *exchange, h *admission.Handle, w 
 			if ex.r.Context().Err() != nil {
 				return nil, live.CodeClientGone, false, ""
 			}
-			s.fail(ex, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the worker answered")
+			if !ex.sent {
+				s.fail(ex, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the worker answered")
+			}
 			return nil, http.StatusGatewayTimeout, false, ""
 		}
 		s.log.Warn("worker failed before answering", "worker", name, "request_id", ex.ID, "error", err)
@@ -617,6 +622,7 @@ func (s *Server) send(ctx context.Context, ex *exchange, h *admission.Handle, w 
 // answerStart writes the client's answer headers from the engine's
 // answer resp of worker w (flushed at once for a stream).
 func (s *Server) answerStart(ex *exchange, w *fleet.Worker, resp *http.Response) {
+	ex.sent = true
 	hdr := ex.w.Header()
 	s.answerHeaders(hdr, resp.Header)
 	hdr.Set("X-Switchyard-Worker", w.Name)
