@@ -292,8 +292,11 @@ func (s *Server) follow(ex *exchange, h *admission.Handle, d router.Decision, a 
 				ev := migrate.ErrorEvent("the worker failed mid-answer and no other worker could continue it", live.TypeServer, "worker_failed")
 				return s.writeEnd(ex, rc, migrate.WithDone(ev), http.StatusBadGateway)
 			}
+			if code == http.StatusGatewayTimeout {
+				return s.writeEnd(ex, rc, migrate.WithDone(migrate.ErrorEvent("the request timed out", live.TypeServer, "timeout")), code)
+			}
 			if code != 0 {
-				return s.writeEnd(ex, rc, nil, code)
+				return code // the client left
 			}
 			migrations++
 			a.stop()
@@ -303,7 +306,11 @@ func (s *Server) follow(ex *exchange, h *admission.Handle, d router.Decision, a 
 			var retry bool
 			resp, code, retry, _ = s.send(a.ctx, ex, h, w, next)
 			if resp == nil && !retry {
-				return code // the client left or the request timed out
+				// The client left or the request timed out (h has ended).
+				if code == http.StatusGatewayTimeout {
+					return s.writeEnd(ex, rc, migrate.WithDone(migrate.ErrorEvent("the request timed out", live.TypeServer, "timeout")), code)
+				}
+				return code
 			}
 			if resp == nil {
 				// The continuation's worker failed before answering: one

@@ -15,6 +15,7 @@ import (
 	"github.com/tidwall/gjson"
 
 	"github.com/switchyard-router/switchyard/internal/testkit"
+	"github.com/switchyard-router/switchyard/router/fleet"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -31,6 +32,7 @@ type contEngine struct {
 	cutAfter int
 	refuse   bool          // continuations are answered 400
 	delay    time.Duration // between tokens
+	hangCont bool          // continuations get no answer
 
 	mu     sync.Mutex
 	bodies [][]byte
@@ -69,6 +71,10 @@ func (e *contEngine) serve(w http.ResponseWriter, r *http.Request) {
 		ids := g("prompt").Array()
 		start, prompt = len(ids)-3, len(ids)
 		cont = start > 0
+	}
+	if cont && e.hangCont {
+		<-r.Context().Done()
+		return
 	}
 	if cont && e.refuse {
 		w.Header().Set("Content-Type", "application/json")
@@ -520,4 +526,66 @@ func TestCutStreamsThatDoNotMigrate(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestDrainMovesAWaitingNonStreamedRequest: a non-streamed request whose
+// engine holds it (hung) while its worker leaves the fleet is placed
+// again on another worker once the drain grace passes; it is answered
+// there, counted as a drain migration, and nothing stays booked.
+func TestDrainMovesAWaitingNonStreamedRequest(t *testing.T) {
+	hung := newEngine(t, 4, time.Millisecond)
+	hung.gate = make(chan struct{})
+	defer close(hung.gate)
+	free := newEngine(t, 4, time.Millisecond)
+	env := newEnv(t, envOptions{grace: 50 * time.Millisecond}, backend{name: "w1", url: hung.URL})
+	done := make(chan *http.Response, 1)
+	go func() {
+		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chatBody("m", false, "x"))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- resp
+	}()
+	testkit.Eventually(t, "the request at the hung engine", func() bool { return hung.requests.Load() == 1 })
+	env.ws.mu.Lock()
+	env.ws.urls["w2"] = free.URL
+	env.ws.mu.Unlock()
+	if _, err := env.r.AddWorker(fleet.Spec{ID: 2, Role: shared.RoleAggregated, TotalKVBlocks: 1000, Name: "w2", Models: []string{"m"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := env.r.RemoveWorker(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	resp := <-done
+	if resp == nil {
+		t.FailNow()
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Switchyard-Worker") != "w2" || free.requests.Load() != 1 {
+		t.Fatalf("status %d from %q (%d requests at w2): %s", resp.StatusCode, resp.Header.Get("X-Switchyard-Worker"), free.requests.Load(), b)
+	}
+	env.settle(t)
+	if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "drain", "outcome", "migrated"); n != 1 {
+		t.Errorf("drain migrations %v, want 1", n)
+	}
+}
+
+// TestMigrationTimesOut: a request whose continuation is still waiting
+// for its engine when the request timeout passes ends with a timeout
+// error event and the terminator, nothing else after the tokens passed.
+func TestMigrationTimesOut(t *testing.T) {
+	e1, e2 := newContEngine(t, "eof", 2), newContEngine(t, "eof", 2)
+	e1.hangCont, e2.hangCont = true, true
+	env := newEnv(t, envOptions{timeout: 300 * time.Millisecond}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+	resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := readStream(t, resp)
+	n := len(events)
+	if n != 5 || events[n-1] != "[DONE]" || events[n-2] != `{"error":{"message":"the request timed out","type":"server_error","param":null,"code":"timeout"}}` {
+		t.Fatalf("events %q, want the role chunk, 2 tokens, the timeout event and [DONE]", events)
+	}
+	env.settle(t)
 }

@@ -35,6 +35,12 @@ type exchange struct {
 	body        []byte
 	// labelSet: Request.Label was set, the body parsed.
 	labelSet bool
+	// sent: the answer's headers went to the client (answerStart); a
+	// migrating stream's later attempts answer their errors in the stream.
+	sent bool
+	// watch links a non-streamed attempt into the drain watch
+	// (drainwatch.go) and holds ex.ctx's cancel and deadline.
+	watch watchLink
 	// abort: the answer failed after its headers were sent; the
 	// connection is cut (http.ErrAbortHandler) so the client sees an
 	// error rather than a clean end of a truncated answer.
@@ -47,9 +53,11 @@ type exchange struct {
 func (s *Server) complete(w http.ResponseWriter, r *http.Request, api live.API) {
 	s.inflight.Add(1)
 	defer s.inflight.Add(-1)
-	ctx, cancel := context.WithTimeout(r.Context(), s.timeout)
-	defer cancel()
+	deadline := time.Now().Add(s.timeout)
+	ctx, cancel := context.WithDeadline(r.Context(), deadline)
 	ex := &exchange{w: w, r: r, ctx: ctx, path: r.URL.EscapedPath(), query: r.URL.RawQuery}
+	ex.watch.shard, ex.watch.cancel, ex.watch.deadline = -1, cancel, deadline
+	defer func() { ex.watch.cancel() }() // renew may replace the context
 	ex.Start = time.Now()
 	ex.ID = r.Header.Get("X-Request-Id")
 	if ex.ID == "" {
@@ -159,6 +167,9 @@ func (s *Server) exchange(ex *exchange, api live.API) int {
 		func(h *admission.Handle, d router.Decision) (int, bool, string) {
 			if api, ok := migratable(ex); ok {
 				return s.migrating(ex, h, d, api)
+			}
+			if !ex.Stream {
+				return s.passThroughWatched(ex, h, d.Worker)
 			}
 			return s.passThrough(ex, h, d.Worker, ex.body)
 		})
@@ -570,6 +581,10 @@ func (s *Server) send(ctx context.Context, ex *exchange, h *admission.Handle, w 
 	}
 	resp, err := s.transport.RoundTrip(up)
 	if err != nil {
+		if ex.watch.drained.Load() {
+			// The drain watch cut it: the worker left (passThroughWatched).
+			return nil, 0, true, "the worker left the fleet and its drain grace ended"
+		}
 		if ex.ctx.Err() != nil {
 			if h != nil {
 				s.rt.End(h, admission.Aborted(ctxReason(ex)))
@@ -577,7 +592,9 @@ func (s *Server) send(ctx context.Context, ex *exchange, h *admission.Handle, w 
 			if ex.r.Context().Err() != nil {
 				return nil, live.CodeClientGone, false, ""
 			}
-			s.fail(ex, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the worker answered")
+			if !ex.sent {
+				s.fail(ex, http.StatusGatewayTimeout, live.TypeServer, "timeout", "the request timed out before the worker answered")
+			}
 			return nil, http.StatusGatewayTimeout, false, ""
 		}
 		s.log.Warn("worker failed before answering", "worker", name, "request_id", ex.ID, "error", err)
@@ -605,6 +622,7 @@ func (s *Server) send(ctx context.Context, ex *exchange, h *admission.Handle, w 
 // answerStart writes the client's answer headers from the engine's
 // answer resp of worker w (flushed at once for a stream).
 func (s *Server) answerStart(ex *exchange, w *fleet.Worker, resp *http.Response) {
+	ex.sent = true
 	hdr := ex.w.Header()
 	s.answerHeaders(hdr, resp.Header)
 	hdr.Set("X-Switchyard-Worker", w.Name)

@@ -94,10 +94,11 @@ type Options struct {
 	// its engine is taken for hung and the request migrates
 	// (DefaultStallTimeout when 0; negative: never).
 	StallTimeout time.Duration
-	// WorkerDrainGrace is how long a streamed chat or completions answer
-	// in flight on a worker that left the fleet (drained, removed, not
-	// ready) may run there before it migrates
-	// (DefaultWorkerDrainGrace when 0; negative: never).
+	// WorkerDrainGrace is how long a generation request in flight on a
+	// worker that left the fleet (drained, removed, not ready) may run
+	// there before it moves: a streamed chat or completions answer
+	// migrates, a non-streamed request still waiting for its answer is
+	// placed again (DefaultWorkerDrainGrace when 0; negative: never).
 	WorkerDrainGrace time.Duration
 }
 
@@ -130,8 +131,10 @@ type Server struct {
 
 	bufs sync.Pool // *[]byte, proxy copy buffers
 
-	// mig migrates cut streams (migrate.go).
+	// mig migrates cut streams (migrate.go); dw cuts non-streamed
+	// attempts on workers that left (drainwatch.go; nil: never).
 	mig *migration
+	dw  *drainWatch
 }
 
 // New returns the HTTP face over rt with o. rt's dispatcher
@@ -182,6 +185,9 @@ func New(rt *live.Runtime, o Options) (*Server, error) {
 		return nil, fmt.Errorf("serve: %w", err)
 	}
 	s.mig = mig
+	if mig.grace >= 0 {
+		s.dw = newDrainWatch(mig.grace)
+	}
 	mux := http.NewServeMux()
 	// Every POST endpoint of the engines' servers that the router routes
 	// by its schema (live.Endpoints): generation, pooling and scoring,
