@@ -12,7 +12,7 @@ SDK         := shared
 PYTHON      := /usr/bin/python3
 PYTHON_DEBS := python3-grpcio python3-protobuf
 
-.PHONY: all build test python-deps browser-deps sdk-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-failover bench-serve chaos demo-replicas bench-overlap bench-fleet bench-fleet-smoke demo demo-serve proto proto-check clean
+.PHONY: all build test python-deps browser-deps sdk-deps test-under-load vet fmt-check lint bench bench-epp bench-replicas bench-failover bench-serve chaos bench-migration demo-replicas bench-overlap bench-fleet bench-fleet-smoke demo demo-serve proto proto-check clean
 
 all: build
 
@@ -124,6 +124,12 @@ bench-failover: build
 ## rest (bookings, queue, descriptors, goroutines). Three runs, about 10 minutes.
 chaos: build
 	$(GO) run ./bench/chaos --router-bin $(BIN)/router --plugin-bin $(BIN)/plugin-example --runs 3
+
+## bench-migration: what request migration costs (bench/migration): the gap a
+## client sees across a cut stream (reset, close, kill -9), 200 each, and the
+## router's memory per stream in flight, migration on and off (about 3 minutes)
+bench-migration: build
+	$(GO) run ./bench/migration --router-bin $(BIN)/router
 
 ## demo-replicas: three `router serve` replicas behind HAProxy sharing over
 ## Debian's nats-server (both installed when missing), three mock engines,

@@ -425,8 +425,11 @@ func (s *Stream) choice(c *fastjson.Value) (skip bool) {
 	return false
 }
 
+// keepText keeps t, choice 0's next text, for a continuation: not when
+// the answer cannot continue (s.other: migration off, several choices...),
+// which would only take from the budget.
 func (s *Stream) keepText(t []byte) {
-	if !s.keep || len(t) == 0 {
+	if !s.keep || s.other != "" || len(t) == 0 {
 		return
 	}
 	if s.account(int64(len(t))) {

@@ -164,6 +164,41 @@ func TestBeginAddsReturnTokenIDs(t *testing.T) {
 	}
 }
 
+// TestNotMigratableKeepsNoText: a stream that cannot continue (migration
+// off, several choices) keeps none of its text, which only a continuation
+// reads; the token ids the engine sent (here unasked by the router) stay
+// kept, as they count the tokens and the usage of a stream ended by the
+// router: 3 prompt and 2 generated ids, 40 bytes.
+func TestNotMigratableKeepsNoText(t *testing.T) {
+	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	off := DefaultPolicy()
+	off.Limit = 0
+	for _, c := range []struct {
+		name string
+		pol  Policy
+		body []byte
+	}{
+		{"limit 0", off, body},
+		{"n 2", DefaultPolicy(), []byte(`{"model":"m","stream":true,"n":2,"messages":[{"role":"user","content":"hi"}]}`)},
+	} {
+		b := NewBudget(1 << 20)
+		_, s := Begin(c.body, Chat, c.pol, b)
+		feedAll(t, s, chatEvents[:3], 1<<20)
+		if s.Text() != nil || b.Used() != 40 || s.Tokens() != 2 {
+			t.Errorf("%s: text %q, budget used %d, tokens %d: want none, 40, 2", c.name, s.Text(), b.Used(), s.Tokens())
+		}
+		s.Close()
+	}
+	// A migratable one keeps its text, within the budget.
+	b := NewBudget(1 << 20)
+	_, s := Begin(body, Chat, DefaultPolicy(), b)
+	feedAll(t, s, chatEvents[:3], 1<<20)
+	if string(s.Text()) != "Hello world" || b.Used() != 40+int64(len("Hello world")) {
+		t.Errorf("migratable: text %q, budget used %d", s.Text(), b.Used())
+	}
+	s.Close()
+}
+
 func TestChatContinuation(t *testing.T) {
 	body := []byte(`{"model":"m","stream":true,"seed":7,"temperature":0.5,"max_tokens":10,"min_tokens":2,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`)
 	up, s := Begin(body, Chat, DefaultPolicy(), nil)
