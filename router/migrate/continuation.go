@@ -171,7 +171,7 @@ func continueChat(m map[string]json.RawMessage, text []byte) error {
 
 func continueCompletion(m map[string]json.RawMessage, s *Stream) error {
 	if ids, prompt := s.IDs(), s.PromptIDs(); ids != nil && prompt != nil {
-		all := make([]int64, 0, len(prompt)+len(ids))
+		all := make([]int32, 0, len(prompt)+len(ids))
 		all = append(append(all, prompt...), ids...)
 		b, _ := json.Marshal(all)
 		m["prompt"] = b

@@ -52,7 +52,7 @@ type Policy struct {
 	// to migrate.
 	MaxTokens int
 	// MaxBytes bounds what is kept per request (text and token ids, in
-	// bytes as kept: 8 per token id).
+	// bytes as kept: 4 per token id).
 	MaxBytes int
 	// TotalBytes bounds what is kept of every request in flight.
 	TotalBytes int64

@@ -3,6 +3,7 @@ package migrate
 import (
 	"bytes"
 	"encoding/json"
+	"math"
 	"strconv"
 	"sync/atomic"
 
@@ -91,8 +92,8 @@ type Stream struct {
 	pend []byte // the event being received
 
 	text      []byte
-	ids       []int64
-	promptIDs []int64
+	ids       []int32 // token ids: every vocabulary in use fits (tokenID)
+	promptIDs []int32
 	held      int64 // bytes taken from budget
 	keep      bool  // still keeping (within the bounds)
 	why       Outcome
@@ -152,7 +153,7 @@ func (s *Stream) Text() []byte { return s.text }
 
 // IDs returns the generated token ids so far when the engine returned
 // every one, else nil.
-func (s *Stream) IDs() []int64 {
+func (s *Stream) IDs() []int32 {
 	if s.idsEvery && s.keep {
 		return s.ids
 	}
@@ -160,7 +161,7 @@ func (s *Stream) IDs() []int64 {
 }
 
 // PromptIDs returns the prompt's token ids when the engine returned them.
-func (s *Stream) PromptIDs() []int64 { return s.promptIDs }
+func (s *Stream) PromptIDs() []int32 { return s.promptIDs }
 
 // Migratable reports whether a cut now could continue, and the outcome
 // when it could not (TooLong, NotMigratable).
@@ -378,13 +379,24 @@ func (s *Stream) readPrompt(v *fastjson.Value, choices []*fastjson.Value) {
 	if ids == nil {
 		return
 	}
-	if !s.account(int64(8 * len(ids))) {
+	if !s.account(int64(4 * len(ids))) {
 		return
 	}
-	s.promptIDs = make([]int64, len(ids))
+	s.promptIDs = make([]int32, len(ids))
 	for i, id := range ids {
-		s.promptIDs[i] = id.GetInt64()
+		s.promptIDs[i] = s.tokenID(id)
 	}
+}
+
+// tokenID reads a token id; one that is not a number from 0 to 2^31-1
+// (no vocabulary has more) makes the answer not migratable.
+func (s *Stream) tokenID(v *fastjson.Value) int32 {
+	n, err := v.Int64()
+	if err != nil || n < 0 || n > math.MaxInt32 {
+		s.other = "the engine returned a token id that is not one"
+		return 0
+	}
+	return int32(n)
 }
 
 // choice reads choice 0 of a chunk; skip: the chunk is not passed on (a
@@ -438,11 +450,11 @@ func (s *Stream) keepText(t []byte) {
 }
 
 func (s *Stream) keepIDs(ids []*fastjson.Value) {
-	if !s.keep || !s.account(int64(8*len(ids))) {
+	if !s.keep || !s.account(int64(4*len(ids))) {
 		return
 	}
 	for _, v := range ids {
-		s.ids = append(s.ids, v.GetInt64())
+		s.ids = append(s.ids, s.tokenID(v))
 	}
 }
 

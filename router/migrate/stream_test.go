@@ -52,8 +52,8 @@ func TestStreamStripsWhatTheRouterAsked(t *testing.T) {
 		if got != want {
 			t.Fatalf("step %d:\n got %s\nwant %s", step, got, want)
 		}
-		if s.Tokens() != 3 || string(s.Text()) != "Hello world!" || !reflect.DeepEqual(s.IDs(), []int64{10, 11, 12}) ||
-			!reflect.DeepEqual(s.PromptIDs(), []int64{1, 2, 3}) || !s.Finished() || !s.Done() {
+		if s.Tokens() != 3 || string(s.Text()) != "Hello world!" || !reflect.DeepEqual(s.IDs(), []int32{10, 11, 12}) ||
+			!reflect.DeepEqual(s.PromptIDs(), []int32{1, 2, 3}) || !s.Finished() || !s.Done() {
 			t.Fatalf("step %d: tokens %d text %q ids %v prompt %v finished %v done %v", step, s.Tokens(), s.Text(), s.IDs(), s.PromptIDs(), s.Finished(), s.Done())
 		}
 	}
@@ -100,30 +100,27 @@ func TestStreamErrorEvents(t *testing.T) {
 func TestStreamBounds(t *testing.T) {
 	b := NewBudget(1 << 20)
 	pol := DefaultPolicy()
-	pol.MaxBytes = 30 // the prompt's 3 ids (24 bytes) and 6 bytes of text
+	pol.MaxBytes = 25 // the prompt's 3 ids (12 bytes), "Hello" (5) and its id (4): 21
 	s := NewStream(Chat, pol, b, true, false)
 	feedAll(t, s, chatEvents[:2], 1<<20)
-	if ok, _ := s.Migratable(); !ok || b.Used() != 24+5+8 {
-		// 24 + "Hello" (5) + one id (8) = 37 > 30
-		if ok || b.Used() != 0 {
-			t.Fatalf("migratable %v, budget %d", ok, b.Used())
-		}
+	if ok, _ := s.Migratable(); !ok || b.Used() != 21 {
+		t.Fatalf("within MaxBytes: migratable %v, budget %d, want 21", ok, b.Used())
 	}
-	feedAll(t, s, chatEvents[2:3], 1<<20)
+	feedAll(t, s, chatEvents[2:3], 1<<20) // " world" (6) and its id: 31 > 25
 	if ok, why := s.Migratable(); ok || why != TooLong || b.Used() != 0 || s.Text() != nil {
 		t.Fatalf("over MaxBytes: migratable %v (%s), budget %d, text %q", ok, why, b.Used(), s.Text())
 	}
-	// The router's budget: a second stream cannot keep past it.
-	b = NewBudget(30)
+	// The router's budget: a stream cannot keep past it.
+	b = NewBudget(20)
 	s1 := NewStream(Chat, DefaultPolicy(), b, true, false)
-	feedAll(t, s1, chatEvents[:2], 1<<20) // 24 + 5 + 8 = 37 > 30
+	feedAll(t, s1, chatEvents[:2], 1<<20) // 12 + 5 + 4 = 21 > 20
 	if ok, _ := s1.Migratable(); ok || b.Used() != 0 {
 		t.Fatalf("budget: migratable %v used %d", ok, b.Used())
 	}
 	s2 := NewStream(Chat, DefaultPolicy(), b, false, false)
-	feedAll(t, s2, chatEvents[1:2], 1<<20) // 5 + 8
-	if b.Used() != 13 {
-		t.Fatalf("used %d, want 13", b.Used())
+	feedAll(t, s2, chatEvents[1:2], 1<<20) // 5 + 4
+	if b.Used() != 9 {
+		t.Fatalf("used %d, want 9", b.Used())
 	}
 	s2.Close()
 	s2.Close()
@@ -168,7 +165,7 @@ func TestBeginAddsReturnTokenIDs(t *testing.T) {
 // off, several choices) keeps none of its text, which only a continuation
 // reads; the token ids the engine sent (here unasked by the router) stay
 // kept, as they count the tokens and the usage of a stream ended by the
-// router: 3 prompt and 2 generated ids, 40 bytes.
+// router: 3 prompt and 2 generated ids, 20 bytes.
 func TestNotMigratableKeepsNoText(t *testing.T) {
 	body := []byte(`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	off := DefaultPolicy()
@@ -184,8 +181,8 @@ func TestNotMigratableKeepsNoText(t *testing.T) {
 		b := NewBudget(1 << 20)
 		_, s := Begin(c.body, Chat, c.pol, b)
 		feedAll(t, s, chatEvents[:3], 1<<20)
-		if s.Text() != nil || b.Used() != 40 || s.Tokens() != 2 {
-			t.Errorf("%s: text %q, budget used %d, tokens %d: want none, 40, 2", c.name, s.Text(), b.Used(), s.Tokens())
+		if s.Text() != nil || b.Used() != 20 || s.Tokens() != 2 {
+			t.Errorf("%s: text %q, budget used %d, tokens %d: want none, 20, 2", c.name, s.Text(), b.Used(), s.Tokens())
 		}
 		s.Close()
 	}
@@ -193,7 +190,7 @@ func TestNotMigratableKeepsNoText(t *testing.T) {
 	b := NewBudget(1 << 20)
 	_, s := Begin(body, Chat, DefaultPolicy(), b)
 	feedAll(t, s, chatEvents[:3], 1<<20)
-	if string(s.Text()) != "Hello world" || b.Used() != 40+int64(len("Hello world")) {
+	if string(s.Text()) != "Hello world" || b.Used() != 20+int64(len("Hello world")) {
 		t.Errorf("migratable: text %q, budget used %d", s.Text(), b.Used())
 	}
 	s.Close()
@@ -365,6 +362,19 @@ func TestAppendNulled(t *testing.T) {
 		}
 		if !json.Valid(got) {
 			t.Errorf("%s: invalid JSON", c.in)
+		}
+	}
+}
+
+// TestTokenIDsOutOfRange: an id that is not a token id (negative, past
+// 2^31-1, not a number) makes the answer not migratable.
+func TestTokenIDsOutOfRange(t *testing.T) {
+	for _, id := range []string{"-1", "2147483648", `"7"`, "1.5"} {
+		s := NewStream(Completions, DefaultPolicy(), nil, false, false)
+		ev := `data: {"id":"c","choices":[{"index":0,"text":"a","token_ids":[` + id + `]}]}` + "\n\n"
+		feedAll(t, s, []string{ev}, 1<<20)
+		if ok, o := s.Migratable(); ok || o != NotMigratable {
+			t.Errorf("id %s: migratable %v (%s)", id, ok, o)
 		}
 	}
 }
