@@ -40,7 +40,7 @@ func Begin(body []byte, api API, pol Policy, budget *Budget) ([]byte, *Stream) {
 	s := NewStream(api, pol, budget, strip, usage)
 	switch {
 	case pol.Limit == 0:
-		s.other = "migration is off"
+		s.off = true
 	case gjson.GetBytes(body, "n").Int() > 1:
 		s.other = "the request asks for several choices"
 	case gjson.GetBytes(body, "best_of").Int() > 1:
@@ -48,7 +48,7 @@ func Begin(body []byte, api API, pol Policy, budget *Budget) ([]byte, *Stream) {
 	case api == Completions && gjson.GetBytes(body, "echo").Bool():
 		s.other = "the request echoes its prompt"
 	}
-	if !strip || s.other != "" {
+	if !strip || s.off || s.other != "" {
 		s.strip = false
 		return body, s
 	}
@@ -95,6 +95,10 @@ func Continuation(body []byte, s *Stream) ([]byte, error) {
 		return nil, fmt.Errorf("%w: the request body: %v", ErrNotMigratable, err)
 	}
 	n := s.Tokens()
+	if n == 0 {
+		// Nothing generated yet: the request itself, sent again.
+		return append([]byte(nil), body...), nil
+	}
 	left := false
 	for _, k := range []string{"max_tokens", "max_completion_tokens"} {
 		v, ok := m[k]

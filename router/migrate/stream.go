@@ -105,6 +105,17 @@ type Stream struct {
 	id       string // the first chunk's id
 	finished bool
 	done     bool
+	// skipping: an event over MaxEvent is being passed on unread;
+	// skipNL: its last byte so far ended a line.
+	skipping, skipNL bool
+	// off: migration is off (Policy.Limit 0).
+	off bool
+	// passed counts the events passed to the client; roleSent: a chat
+	// chunk with the role passed.
+	passed   int
+	roleSent bool
+	// keepRole: the chunk being read carries the client's first role.
+	keepRole bool
 	// usageSeen: a usage chunk passed; usedUp: the answer was cut with
 	// every token max_tokens allowed generated (UsedUp).
 	usageSeen bool
@@ -167,6 +178,8 @@ func (s *Stream) PromptIDs() []int32 { return s.promptIDs }
 // when it could not (TooLong, NotMigratable).
 func (s *Stream) Migratable() (bool, Outcome) {
 	switch {
+	case s.off:
+		return false, OverLimit
 	case s.other != "":
 		return false, NotMigratable
 	case !s.keep:
@@ -177,6 +190,9 @@ func (s *Stream) Migratable() (bool, Outcome) {
 
 // Reason says why the answer cannot be continued, "" when it can.
 func (s *Stream) Reason() string {
+	if s.off {
+		return "migration is off (migration limit 0)"
+	}
 	if s.other != "" {
 		return s.other
 	}
@@ -186,13 +202,20 @@ func (s *Stream) Reason() string {
 	return ""
 }
 
-// Continue starts the reading of a continuation's answer: its chunks
-// continue the stream (Feed). promptTokens is the original prompt's
-// token count when known (the first attempt's prompt_token_ids; else
-// -1: the usage chunk's prompt_tokens is the continuation's less the
-// tokens generated before).
+// Continue starts the reading of the next attempt's answer: its chunks
+// continue the stream (Feed). When no event had reached the client the
+// attempt simply starts the stream (the answer is read as a first one);
+// else it continues it: a chat role chunk the client had is not
+// repeated, every chunk carries the first attempt's id, and the usage
+// chunk counts the whole answer: the original prompt (its token ids'
+// count when the engine gave them, else the continuation's prompt less
+// the tokens generated before) and every generated token.
 func (s *Stream) Continue() {
-	s.pend = s.pend[:0]
+	s.pend, s.skipping = s.pend[:0], false
+	if s.passed == 0 {
+		s.id = ""
+		return
+	}
 	s.cont, s.before = true, s.Tokens()
 	if s.promptIDs != nil {
 		s.promptBase = int64(len(s.promptIDs))
@@ -203,41 +226,70 @@ func (s *Stream) Continue() {
 // what goes to the client: every SSE event the chunk completes, rewritten
 // as the stream needs. cut is non-nil when an event reports an engine
 // failure (a server-side error event): the event is not passed on, and
-// what follows it is dropped. Linear in the chunk.
+// what follows it is dropped. An event longer than MaxEvent is passed on
+// as it arrives, unread (the answer is then not migratable), and events
+// are read again after its end. Linear in the chunk: each event is
+// copied once, the held rest once per chunk.
 func (s *Stream) Feed(chunk, out []byte) ([]byte, *Cut) {
-	for len(chunk) > 0 {
-		if s.other == errEventTooLong {
-			return append(out, chunk...), nil
+	if s.skipping {
+		n, ended := s.skipEvent(chunk)
+		out = append(out, chunk[:n]...)
+		if !ended {
+			return out, nil
 		}
-		// An event ends at a blank line: "\n\n" (or "\r\n\r\n").
-		start := len(s.pend)
-		s.pend = append(s.pend, chunk...)
-		chunk = nil
-		from := max(start-3, 0)
-		for {
-			end := eventEnd(s.pend, from)
-			if end < 0 {
-				break
-			}
-			ev := s.pend[:end]
-			var cut *Cut
-			out, cut = s.event(ev, out)
-			rest := s.pend[end:]
-			if cut != nil {
-				s.pend = s.pend[:0]
-				return out, cut
-			}
-			s.pend = append(s.pend[:0], rest...)
-			from = 0
+		s.skipping = false
+		chunk = chunk[n:]
+	}
+	if len(chunk) == 0 {
+		return out, nil
+	}
+	// An event ends at a blank line: "\n\n" (or "\r\n\r\n").
+	start := len(s.pend)
+	s.pend = append(s.pend, chunk...)
+	at, from := 0, max(start-3, 0)
+	for {
+		end := eventEnd(s.pend, max(from, at))
+		if end < 0 {
+			break
 		}
-		if len(s.pend) > MaxEvent {
-			// Too long to hold: pass it on and stop reading events.
-			out = append(out, s.pend...)
+		var cut *Cut
+		out, cut = s.event(s.pend[at:end], out)
+		if cut != nil {
 			s.pend = s.pend[:0]
-			s.other = errEventTooLong
+			return out, cut
+		}
+		at = end
+	}
+	rest := s.pend[at:]
+	if len(rest) > MaxEvent {
+		// Too long to hold: pass on what arrived and the rest of the
+		// event as it comes.
+		out = append(out, rest...)
+		s.pend = s.pend[:0]
+		s.other, s.skipping, s.skipNL = errEventTooLong, true, rest[len(rest)-1] == '\n'
+		return out, nil
+	}
+	s.pend = s.pend[:copy(s.pend, rest)]
+	return out, nil
+}
+
+// skipEvent finds the end of the over-long event being passed on in
+// chunk: the bytes up to and including its blank line, and whether it
+// ended there.
+func (s *Stream) skipEvent(chunk []byte) (int, bool) {
+	for i, c := range chunk {
+		switch c {
+		case '\n':
+			if s.skipNL {
+				return i + 1, true
+			}
+			s.skipNL = true
+		case '\r':
+		default:
+			s.skipNL = false
 		}
 	}
-	return out, nil
+	return len(chunk), false
 }
 
 const errEventTooLong = "an event of the answer is over 1 MiB"
@@ -295,7 +347,10 @@ func dataOf(ev []byte) []byte {
 	return data
 }
 
-var doneData = []byte("[DONE]")
+var (
+	doneData = []byte("[DONE]")
+	doneLine = []byte("\n[DONE]")
+)
 
 // parsers parse the events' JSON (fastjson: no allocation once warm).
 var parsers fastjson.ParserPool
@@ -306,7 +361,10 @@ func (s *Stream) event(ev, out []byte) ([]byte, *Cut) {
 	if data == nil {
 		return append(out, ev...), nil // a comment, a keep-alive
 	}
-	if bytes.Equal(bytes.TrimSpace(data), doneData) {
+	s.passed++
+	if t := bytes.TrimSpace(data); bytes.Equal(t, doneData) || bytes.HasSuffix(t, doneLine) {
+		// The terminator (also as the last data line of an event that
+		// holds others: an engine that leaves out the blank lines).
 		s.done = true
 		return append(out, ev...), nil
 	}
@@ -314,6 +372,9 @@ func (s *Stream) event(ev, out []byte) ([]byte, *Cut) {
 	defer parsers.Put(p)
 	v, err := p.ParseBytes(data)
 	if err != nil || v.Type() != fastjson.TypeObject {
+		// Passed on as the engine sent it; what it held is unknown, so
+		// the answer cannot be continued without repeating or losing it.
+		s.other = "the engine sent an event that is not a JSON object"
 		return append(out, ev...), nil
 	}
 	if e := v.Get("error"); e != nil || string(v.GetStringBytes("object")) == "error" {
@@ -338,6 +399,7 @@ func (s *Stream) event(ev, out []byte) ([]byte, *Cut) {
 			break
 		}
 		if s.choice(c) {
+			s.passed--
 			return out, nil
 		}
 	}
@@ -360,8 +422,15 @@ func serverSide(v *fastjson.Value) bool {
 	if code == nil {
 		code = v.Get("code")
 	}
-	if code != nil && code.Type() == fastjson.TypeNumber {
+	switch {
+	case code != nil && code.Type() == fastjson.TypeNumber:
 		return code.GetInt() >= 500
+	case code != nil && code.Type() == fastjson.TypeString:
+		// A status as a string ("400"); a name ("invalid_value") says
+		// nothing of the side.
+		if n, err := strconv.Atoi(string(code.GetStringBytes())); err == nil {
+			return n >= 500
+		}
 	}
 	return true
 }
@@ -414,9 +483,11 @@ func (s *Stream) choice(c *fastjson.Value) (skip bool) {
 		text = d.GetStringBytes("content")
 		if d.Exists("role") {
 			fr := c.Get("finish_reason")
-			if s.cont && len(text) == 0 && (fr == nil || fr.Type() == fastjson.TypeNull) && len(c.GetArray("token_ids")) == 0 {
-				return true
+			if s.cont && s.roleSent && len(text) == 0 && (fr == nil || fr.Type() == fastjson.TypeNull) && len(c.GetArray("token_ids")) == 0 {
+				return true // the client had the role
 			}
+			s.keepRole = !s.roleSent
+			s.roleSent = true
 		}
 	} else {
 		text = c.GetStringBytes("text")
@@ -441,7 +512,7 @@ func (s *Stream) choice(c *fastjson.Value) (skip bool) {
 // the answer cannot continue (s.other: migration off, several choices...),
 // which would only take from the budget.
 func (s *Stream) keepText(t []byte) {
-	if !s.keep || s.other != "" || len(t) == 0 {
+	if !s.keep || s.off || s.other != "" || len(t) == 0 {
 		return
 	}
 	if s.account(int64(len(t))) {
@@ -586,11 +657,12 @@ func (s *Stream) rewrite(data, out []byte) []byte {
 	}
 	b = nulled(b, "choices.0.prompt_token_ids")
 	b = nulled(b, "prompt_token_ids")
-	if s.api == Chat {
+	if s.api == Chat && !s.keepRole {
 		// An engine that sends the role with the first token: the client
 		// had the role from the first attempt.
 		b = removeMember(b, "choices.0.delta.role")
 	}
+	s.keepRole = false
 	if s.id != "" {
 		b = replace(b, "id", strconv.Quote(s.id))
 	}
@@ -692,6 +764,14 @@ func replace(b []byte, path, raw string) []byte {
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// Refuse records why the answer cannot be continued (Reason), when a
+// continuation could not be built (Continuation's error).
+func (s *Stream) Refuse(why string) {
+	if s.other == "" {
+		s.other = why
+	}
+}
 
 // UsedUp records that the answer had generated every token its
 // max_tokens allowed when it was cut (migrate.ErrNothingLeft): EndEvents

@@ -90,6 +90,12 @@ func TestStreamErrorEvents(t *testing.T) {
 	if string(out) != chatEvents[0]+chatEvents[1] {
 		t.Fatalf("passed %q", out)
 	}
+	for _, own := range []string{client, `data: {"error":{"message":"bad","type":"BadRequestError","param":null,"code":"400"}}` + "\n\n"} {
+		s = NewStream(Chat, DefaultPolicy(), nil, false, false)
+		if out, cut = s.Feed([]byte(own), nil); cut != nil || string(out) != own {
+			t.Fatalf("a request's own error: cut %+v out %q", cut, out)
+		}
+	}
 	s = NewStream(Chat, DefaultPolicy(), nil, false, false)
 	out, cut = s.Feed([]byte(client), nil)
 	if cut != nil || string(out) != client {
@@ -156,8 +162,9 @@ func TestBeginAddsReturnTokenIDs(t *testing.T) {
 	}
 	off := DefaultPolicy()
 	off.Limit = 0
-	if up, s := Begin(body, Chat, off, nil); string(up) != string(body) || s.Reason() != "migration is off" {
-		t.Fatalf("limit 0: %s %q", up, s.Reason())
+	up, s = Begin(body, Chat, off, nil)
+	if ok, o := s.Migratable(); string(up) != string(body) || !strings.Contains(s.Reason(), "migration is off") || ok || o != OverLimit {
+		t.Fatalf("limit 0: %s %q, migratable %v (%s)", up, s.Reason(), ok, o)
 	}
 }
 
@@ -376,5 +383,96 @@ func TestTokenIDsOutOfRange(t *testing.T) {
 		if ok, o := s.Migratable(); ok || o != NotMigratable {
 			t.Errorf("id %s: migratable %v (%s)", id, ok, o)
 		}
+	}
+}
+
+// TestStreamOverLongEvent: an event over MaxEvent passes whole, unread
+// (the answer is then not migratable), and the events after it are read:
+// the terminator is seen, the ids of later chunks are made null.
+func TestStreamOverLongEvent(t *testing.T) {
+	big := `data: {"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"` + strings.Repeat("x", MaxEvent+64<<10) + `"},"token_ids":[9]}]}` + "\n\n"
+	all := chatEvents[0] + chatEvents[1] + big + chatEvents[2] + chatEvents[3] + "data: [DONE]\n\n"
+	// Read as serve reads, at most 32 KiB at a time (held: at most
+	// MaxEvent and one read).
+	for _, step := range []int{4096, 32 << 10} {
+		s := NewStream(Chat, DefaultPolicy(), nil, true, false)
+		var out []byte
+		for i := 0; i < len(all); i += step {
+			var cut *Cut
+			out, cut = s.Feed([]byte(all[i:min(i+step, len(all))]), out)
+			if cut != nil {
+				t.Fatalf("cut %+v", cut)
+			}
+		}
+		got := string(out)
+		if !s.Done() || strings.Count(got, "data: [DONE]") != 1 || !strings.Contains(got, big) ||
+			strings.Contains(got, `"token_ids":[11]`) || !strings.Contains(got, `"content":" world"},"logprobs":null,"finish_reason":null,"token_ids":null`) {
+			t.Fatalf("step %d: done %v, %d bytes out", step, s.Done(), len(got))
+		}
+		if ok, o := s.Migratable(); ok || o != NotMigratable || !strings.Contains(s.Reason(), "over 1 MiB") {
+			t.Errorf("step %d: migratable %v (%s) %q", step, ok, o, s.Reason())
+		}
+	}
+}
+
+// TestStreamMalformedEvents: an event whose data is not a JSON object is
+// passed on as sent and makes the answer not migratable; a terminator as
+// the last data line of an event that holds others (an engine that leaves
+// out the blank lines) ends the stream.
+func TestStreamMalformedEvents(t *testing.T) {
+	s := NewStream(Chat, DefaultPolicy(), nil, false, false)
+	out, _ := s.Feed([]byte("data: {not json\n\n"), nil)
+	if string(out) != "data: {not json\n\n" || s.Done() {
+		t.Fatalf("out %q", out)
+	}
+	if ok, o := s.Migratable(); ok || o != NotMigratable {
+		t.Errorf("migratable %v (%s)", ok, o)
+	}
+	s = NewStream(Chat, DefaultPolicy(), nil, false, false)
+	noBlank := "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\ndata: [DONE]\n\n"
+	if out, _ = s.Feed([]byte(noBlank), nil); string(out) != noBlank || !s.Done() {
+		t.Fatalf("out %q, done %v", out, s.Done())
+	}
+}
+
+// TestStreamCutBeforeAnyEvent: an answer cut before any event reached
+// the client is simply sent again: the request itself, and its answer
+// read as a first one (its role and id pass as they are).
+func TestStreamCutBeforeAnyEvent(t *testing.T) {
+	body := []byte(`{"model":"m","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
+	up, s := Begin(body, Chat, DefaultPolicy(), nil)
+	next, err := Continuation(up, s)
+	if err != nil || string(next) != string(up) {
+		t.Fatalf("continuation %s, %v: want the request itself", next, err)
+	}
+	s.Continue()
+	got := feedAll(t, s, chatEvents, 7)
+	if strings.Count(got, `"role":"assistant"`) != 1 || !strings.Contains(got, `"id":"chatcmpl-1"`) {
+		t.Fatalf("restarted stream %s", got)
+	}
+	// Cut after the role chunk alone: the request itself again, and the
+	// role not repeated.
+	up, s = Begin(body, Chat, DefaultPolicy(), nil)
+	feedAll(t, s, chatEvents[:1], 1<<20)
+	if next, err = Continuation(up, s); err != nil || string(next) != string(up) {
+		t.Fatalf("continuation %s, %v", next, err)
+	}
+	s.Continue()
+	if got = feedAll(t, s, chatEvents, 1<<20); strings.Contains(got, `"role"`) {
+		t.Fatalf("the role repeated: %s", got)
+	}
+}
+
+// TestStreamRoleWithFirstToken: a continuation whose engine sends the
+// role with its first token keeps the role only when the client had
+// none.
+func TestStreamRoleWithFirstToken(t *testing.T) {
+	first := `data: {"id":"a","choices":[{"index":0,"delta":{"role":"assistant","content":"t0 "}}]}` + "\n\n"
+	cont := `data: {"id":"b","choices":[{"index":0,"delta":{"role":"assistant","content":"t1 "}}]}` + "\n\n"
+	s := NewStream(Chat, DefaultPolicy(), nil, false, false)
+	feedAll(t, s, []string{first}, 1<<20)
+	s.Continue()
+	if got := feedAll(t, s, []string{cont}, 1<<20); strings.Contains(got, "role") || !strings.Contains(got, `"id":"a"`) {
+		t.Fatalf("continued: %s", got)
 	}
 }

@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -181,8 +182,34 @@ func (s *Server) passThroughWatched(ex *exchange, h *admission.Handle, w *fleet.
 		return code, retry, why
 	}
 	defer func() { _ = resp.Body.Close() }()
+	if resp.StatusCode/100 == 2 {
+		// The answer's first bytes before its headers go out: an answer
+		// that ends before its body (an engine that closed its connection
+		// as it died) is one that failed before answering, and the request
+		// goes elsewhere while nothing has reached the client.
+		bp := s.bufs.Get().(*[]byte)
+		defer s.bufs.Put(bp)
+		n, rerr := readSome(resp.Body, *bp)
+		if n == 0 && rerr != nil && ex.ctx.Err() == nil {
+			s.workers.ReportFailure(w.Name)
+			s.log.Warn("worker ended its answer before its body", "worker", w.Name, "request_id", ex.ID, "error", rerr)
+			s.mig.count(migrate.CauseEOF, migrate.Migrated)
+			return 0, true, "the worker's answer ended before its body"
+		}
+		ex.pre, ex.preErr = (*bp)[:n], rerr
+	}
 	s.answerStart(ex, w, resp)
 	return s.relay(ex, h, w, resp)
+}
+
+// readSome reads r into buf until it gives a byte or an error.
+func readSome(r io.Reader, buf []byte) (int, error) {
+	for {
+		n, err := r.Read(buf)
+		if n > 0 || err != nil {
+			return n, err
+		}
+	}
 }
 
 // renew gives ex a new context for its next attempt after a sweep cut

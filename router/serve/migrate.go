@@ -233,14 +233,16 @@ func (s *Server) migrating(ex *exchange, h *admission.Handle, d router.Decision,
 	if resp == nil {
 		return code, retry, why
 	}
-	s.answerStart(ex, w, resp)
 	if resp.StatusCode/100 != 2 || !isSSE(resp) {
+		s.answerStart(ex, w, resp)
 		defer func() { _ = resp.Body.Close() }()
 		if a.timer != nil {
 			a.timer.Stop()
 		}
 		return s.relay(ex, h, w, resp)
 	}
+	ex.rewrites = true
+	s.answerStart(ex, w, resp)
 	rc := http.NewResponseController(ex.w)
 	a.meter = s.rt.Meter(h, d, &ex.Request, false, -1)
 	return s.follow(ex, h, d, a, resp, st, rc, body), false, ""
@@ -394,6 +396,7 @@ func (s *Server) continuation(st *migrate.Stream, body []byte, migrations int) (
 		st.UsedUp()
 		return nil, migrate.Finished
 	case err != nil:
+		st.Refuse(err.Error())
 		return nil, migrate.NotMigratable
 	}
 	return next, migrate.Migrated
@@ -401,6 +404,9 @@ func (s *Server) continuation(st *migrate.Stream, body []byte, migrations int) (
 
 // cutReason words why a cut stream was not continued.
 func cutReason(o migrate.Outcome, st *migrate.Stream) string {
+	if r := st.Reason(); r != "" {
+		return r
+	}
 	switch o {
 	case migrate.OverLimit:
 		return "it was migrated as many times as the migration limit allows"

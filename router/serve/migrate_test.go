@@ -98,6 +98,14 @@ func (e *contEngine) serve(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "data: {\"id\":%q,\"object\":%q,\"created\":1,\"model\":\"m\",\"choices\":[%s]%s}\n\n", id, object, choice, extra)
 		f.Flush()
 	}
+	cutting := e.cut != "" && (!cont || e.cutAll)
+	if cutting && e.cut == "headers" {
+		// Headers, then the connection closed before any event (vLLM
+		// killed during the prefill sends its headers first).
+		f.Flush()
+		e.doCut(w, r, id)
+		return
+	}
 	if chat {
 		extra := ""
 		if ids {
@@ -105,7 +113,6 @@ func (e *contEngine) serve(w http.ResponseWriter, r *http.Request) {
 		}
 		ev(`{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}`, extra)
 	}
-	cutting := e.cut != "" && (!cont || e.cutAll)
 	for i := range n {
 		tok := start + i
 		if e.delay > 0 && i > 0 {
@@ -153,7 +160,7 @@ func (e *contEngine) serve(w http.ResponseWriter, r *http.Request) {
 // nothing more (stall).
 func (e *contEngine) doCut(w http.ResponseWriter, r *http.Request, id string) {
 	switch e.cut {
-	case "eof", "finished":
+	case "eof", "finished", "headers":
 		// A chunked body would read as broken: end the stream as an engine
 		// that sends it unchunked does, by closing the connection after a
 		// clean end. The router's transport sees EOF.
@@ -259,10 +266,15 @@ func checkWhole(t *testing.T, events []string, chat bool, want int, usage bool) 
 }
 
 func TestMigrationContinuesACutStream(t *testing.T) {
-	for _, cut := range []string{"eof", "reset", "error", "stall"} {
+	for _, cut := range []string{"eof", "reset", "error", "stall", "headers"} {
 		for _, chat := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%s/chat=%v", cut, chat), func(t *testing.T) {
 				e1, e2 := newContEngine(t, cut, 3), newContEngine(t, cut, 3)
+				if cut == "headers" {
+					// Sent again as it was, the request reads as a first
+					// attempt: only one engine cuts.
+					e2.cut = ""
+				}
 				o := envOptions{}
 				if cut == "stall" {
 					o.stall = 100 * time.Millisecond
@@ -290,10 +302,16 @@ func TestMigrationContinuesACutStream(t *testing.T) {
 					t.Fatalf("requests %d and %d, want 1 each", len(first), len(next))
 				}
 				g := func(p string) gjson.Result { return gjson.GetBytes(next[0], p) }
-				if g("max_tokens").Int() != 5 || !g("return_token_ids").Bool() || !gjson.GetBytes(first[0], "return_token_ids").Bool() {
+				if cut == "headers" {
+					// Cut before any token: the request itself, again.
+					if string(next[0]) != string(first[0]) {
+						t.Errorf("sent again %s, first %s", next[0], first[0])
+					}
+				} else if g("max_tokens").Int() != 5 || !g("return_token_ids").Bool() || !gjson.GetBytes(first[0], "return_token_ids").Bool() {
 					t.Errorf("continuation %s", next[0])
 				}
-				if chat {
+				if cut == "headers" {
+				} else if chat {
 					if g("messages.#").Int() != 2 || g("messages.1.content").Str != "t0 t1 t2 " || !g("continue_final_message").Bool() ||
 						g("add_generation_prompt").Bool() || g("seed").Int() != 5 {
 						t.Errorf("chat continuation %s", next[0])
@@ -302,7 +320,7 @@ func TestMigrationContinuesACutStream(t *testing.T) {
 					t.Errorf("completions continuation %s", next[0])
 				}
 				env.settle(t)
-				cause := map[string]string{"eof": "eof", "reset": "reset", "error": "engine_error", "stall": "stall"}[cut]
+				cause := map[string]string{"eof": "eof", "reset": "reset", "error": "engine_error", "stall": "stall", "headers": "eof"}[cut]
 				if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", cause, "outcome", "migrated"); n != 1 {
 					t.Errorf("switchyard_migrations_total{cause=%q,outcome=migrated} = %v, want 1", cause, n)
 				}
@@ -588,4 +606,91 @@ func TestMigrationTimesOut(t *testing.T) {
 		t.Fatalf("events %q, want the role chunk, 2 tokens, the timeout event and [DONE]", events)
 	}
 	env.settle(t)
+}
+
+// TestRewrittenStreamDropsContentLength: a stream the router rewrites
+// (the ids it asked for made null) does not carry the engine's
+// Content-Length, which no longer holds: the client reads it whole.
+func TestRewrittenStreamDropsContentLength(t *testing.T) {
+	eng := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		body := strings.Join(chatIDEvents, "")
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.Header().Set("Content-Length", fmt.Sprint(len(body)))
+		_, _ = io.WriteString(w, body)
+	}))
+	t.Cleanup(eng.Close)
+	env := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if err != nil || resp.ContentLength != -1 || !strings.HasSuffix(string(b), "data: [DONE]\n\n") || strings.Contains(string(b), `"token_ids":[`) {
+		t.Fatalf("read %v, length %d: %q", err, resp.ContentLength, b)
+	}
+}
+
+// chatIDEvents is a short vLLM chat stream with token ids.
+var chatIDEvents = []string{
+	`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":[1,2,3]}` + "\n\n",
+	`data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"t0 "},"logprobs":null,"finish_reason":"length","token_ids":[100]}]}` + "\n\n",
+	"data: [DONE]\n\n",
+}
+
+// TestNonStreamedCutAnswers: a whole answer whose engine closes its
+// connection before the body (an empty 200) is placed again elsewhere;
+// one cut short in its body (not a whole JSON object) cuts the client's
+// connection rather than pass for a whole answer.
+func TestNonStreamedCutAnswers(t *testing.T) {
+	closeAfter := func(body string) *httptest.Server {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body)
+			conn, buf, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nConnection: close\r\n\r\n" + body)
+			_ = buf.Flush()
+			_ = conn.Close()
+		}))
+		t.Cleanup(srv.Close)
+		return srv
+	}
+	t.Run("empty: placed again", func(t *testing.T) {
+		good := newEngine(t, 4, time.Millisecond)
+		env := newEnv(t, envOptions{}, backend{name: "w1", url: closeAfter("").URL}, backend{name: "w2", url: good.URL})
+		for range 2 { // round-robin: one of the two meets the empty answer first
+			resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chatBody("m", false, "x"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, err := io.ReadAll(resp.Body)
+			_ = resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusOK || resp.Header.Get("X-Switchyard-Worker") != "w2" || !strings.HasSuffix(string(b), "}") {
+				t.Fatalf("%d from %q: %v %q", resp.StatusCode, resp.Header.Get("X-Switchyard-Worker"), err, b)
+			}
+		}
+		env.settle(t)
+		if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "eof", "outcome", "migrated"); n < 1 {
+			t.Errorf("empty answers placed again: %v, want at least 1", n)
+		}
+	})
+	t.Run("cut in its body: the client's connection cut", func(t *testing.T) {
+		env := newEnv(t, envOptions{}, backend{name: "w1", url: closeAfter(`{"id":"x","choices":[{"index":0,`).URL})
+		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chatBody("m", false, "x"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if err == nil {
+			t.Fatalf("a cut answer read as whole: %q", b)
+		}
+		env.settle(t)
+		if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "eof", "outcome", "not_migratable"); n != 1 {
+			t.Errorf("cut answers counted %v, want 1", n)
+		}
+	})
 }

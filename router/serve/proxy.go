@@ -35,6 +35,13 @@ type exchange struct {
 	body        []byte
 	// labelSet: Request.Label was set, the body parsed.
 	labelSet bool
+	// pre and preErr: what was read of the answer before its headers
+	// went to the client (passThroughWatched), for relay.
+	pre    []byte
+	preErr error
+	// rewrites: the answer is a stream the router rewrites
+	// (migrate.Stream): the engine's Content-Length does not hold.
+	rewrites bool
 	// sent: the answer's headers went to the client (answerStart); a
 	// migrating stream's later attempts answer their errors in the stream.
 	sent bool
@@ -625,11 +632,14 @@ func (s *Server) answerStart(ex *exchange, w *fleet.Worker, resp *http.Response)
 	ex.sent = true
 	hdr := ex.w.Header()
 	s.answerHeaders(hdr, resp.Header)
+	if ex.rewrites {
+		hdr.Del("Content-Length")
+	}
 	hdr.Set("X-Switchyard-Worker", w.Name)
 	hdr.Set("X-Request-Id", ex.ID)
 	ex.w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(ex.w)
-	if resp.ContentLength < 0 {
+	if resp.ContentLength < 0 || ex.rewrites {
 		// A stream (no length): send the headers now, not with the first
 		// chunk. A body of known length goes out with its headers in one
 		// write.
@@ -671,8 +681,25 @@ func (s *Server) relay(ex *exchange, h *admission.Handle, w *fleet.Worker, resp 
 	var read int64
 	first := false
 	aborted := func(reason string) { end(admission.Aborted(reason)) }
+	// last is the answer's last byte that is not white space: a whole
+	// JSON answer's is '}'.
+	var last byte
 	for {
-		n, rerr := resp.Body.Read(buf)
+		var n int
+		var rerr error
+		if ex.pre != nil {
+			// Read before the headers went out (passThroughWatched).
+			n, rerr = copy(buf, ex.pre), ex.preErr
+			ex.pre, ex.preErr = nil, nil
+		} else {
+			n, rerr = resp.Body.Read(buf)
+		}
+		for i := n - 1; i >= 0; i-- {
+			if c := buf[i]; c != ' ' && c != '\n' && c != '\r' && c != '\t' {
+				last = c
+				break
+			}
+		}
 		if n > 0 {
 			switch {
 			case metered:
@@ -698,6 +725,16 @@ func (s *Server) relay(ex *exchange, h *admission.Handle, w *fleet.Worker, resp 
 			}
 		}
 		if rerr == io.EOF {
+			if metered && !ex.Stream && resp.StatusCode/100 == 2 && last != '}' {
+				// A whole answer cut short where its connection's close
+				// ends its body: not a whole JSON answer.
+				s.log.Warn("worker ended its answer before its end", "worker", name, "request_id", ex.ID)
+				s.workers.ReportFailure(name)
+				s.mig.count(migrate.CauseEOF, migrate.NotMigratable)
+				aborted("worker cut the answer")
+				ex.abort = true
+				return http.StatusBadGateway, false, ""
+			}
 			if metered && !m.Ended() && resp.StatusCode/100 == 2 && isSSE(resp) {
 				// A stream without its terminator was cut, however cleanly
 				// its connection ended: the client must not take it for
