@@ -156,6 +156,8 @@ type faults struct {
 	down    []bool           // by worker index
 	rngs    []*rand.Rand     // by worker index; nil without a rate
 	cuts    []sim.Cut        // Fail's buffer
+	// reached counts the --fail failures whose time the run reached.
+	reached int
 
 	failures, restarts, cut int
 	outcomes                map[migrate.Outcome]int
@@ -171,6 +173,8 @@ type fault struct {
 	at      time.Duration
 	worker  int
 	restart bool
+	// scheduled: a --fail failure (not a random one, not a restart).
+	scheduled bool
 }
 
 // faultLess orders faults by time, restarts first, then worker: a total
@@ -193,7 +197,7 @@ func newFaults(f *Failures, n int) *faults {
 		fs.restart = DefaultRestartAfter
 	}
 	for _, x := range f.At {
-		fs.queue.Push(fault{at: x.At, worker: x.Worker})
+		fs.queue.Push(fault{at: x.At, worker: x.Worker, scheduled: true})
 	}
 	if f.Rate > 0 {
 		fs.rngs = make([]*rand.Rand, n)
@@ -241,6 +245,9 @@ func (d *driver) applyFaults(t time.Duration) error {
 			return nil
 		}
 		f := fs.queue.Pop()
+		if f.scheduled {
+			fs.reached++
+		}
 		var err error
 		switch {
 		case f.restart:
@@ -382,7 +389,7 @@ func (fs *faults) countMigrated(out *Outcome) {
 func (fs *faults) report() *report.MigrationReport {
 	r := &report.MigrationReport{
 		Limit: fs.o.Migration.Limit, RestartAfterMs: report.Millis(fs.restart), RatePerWorkerHour: fs.o.Rate,
-		Failures: fs.failures, Restarts: fs.restarts, Cut: fs.cut,
+		Failures: fs.failures, Restarts: fs.restarts, Cut: fs.cut, NotReached: len(fs.o.At) - fs.reached,
 		Causes:   map[string]int{string(migrate.CauseFailure): fs.cut},
 		Outcomes: make(map[string]int, len(migrate.Outcomes)),
 		Requests: fs.migrated, Completed: fs.completed,

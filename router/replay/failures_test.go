@@ -200,6 +200,17 @@ func TestFailureNoOtherWorker(t *testing.T) {
 	}
 }
 
+// TestFailureAfterTheEnd: a --fail failure timed after the run's last
+// request ended does nothing, and the report says so.
+func TestFailureAfterTheEnd(t *testing.T) {
+	recs, cfg := failureScenario()
+	rep, outs := runFailures(t, recs[:2], cfg, 2, &Failures{At: []Failure{{Worker: 0, At: 30 * time.Millisecond}, {Worker: 1, At: 1000 * time.Hour}},
+		Migration: migrate.DefaultPolicy()})
+	if rep.Migration.Failures != 1 || rep.Migration.NotReached != 1 || outs[0].Status != "ok" {
+		t.Errorf("failures %d, not reached %d, r0 %q", rep.Migration.Failures, rep.Migration.NotReached, outs[0].Status)
+	}
+}
+
 func TestFailureRateReproducible(t *testing.T) {
 	recs := readTrace(t, "mooncake_arxiv_trace_first1000.jsonl")[:400]
 	run := func(seed int64) (*report.Report, []Outcome) {

@@ -604,6 +604,12 @@ func (s *Server) send(ctx context.Context, ex *exchange, h *admission.Handle, w 
 			}
 			return nil, http.StatusGatewayTimeout, false, ""
 		}
+		if errors.Is(context.Cause(ctx), errStalled) {
+			// A stream's stall timer ran out before the headers came.
+			s.log.Warn("worker sent no answer for the stall timeout", "worker", name, "request_id", ex.ID, "stall_timeout", s.mig.stall)
+			s.workers.ReportFailure(name)
+			return nil, 0, true, "no answer for the stall timeout"
+		}
 		s.log.Warn("worker failed before answering", "worker", name, "request_id", ex.ID, "error", err)
 		s.workers.ReportFailure(name)
 		return nil, 0, true, "worker error: " + err.Error()

@@ -22,6 +22,9 @@ type MigrationReport struct {
 	Failures int `json:"failures"`
 	Restarts int `json:"restarts"`
 	Cut      int `json:"cut"`
+	// NotReached counts the --fail failures timed after the run's end
+	// (its last request ended first): they did nothing.
+	NotReached int `json:"not_reached"`
 	// Causes counts the cuts by cause and Outcomes by outcome, keyed as
 	// router/migrate's Cause and Outcome (every outcome present, 0
 	// included). Outcomes other than "migrated" are requests that failed
@@ -90,6 +93,9 @@ func MigrationLines(cells []Cell) []string {
 				line += " (" + strings.Join(parts, ", ") + ")"
 			}
 			out = append(out, line)
+			if m.NotReached > 0 {
+				out = append(out, fmt.Sprintf("  %s timed after the run's last request ended: not applied", plural(m.NotReached, "--fail failure")))
+			}
 			if m.Requests > 0 {
 				pct := 0.0
 				if m.ExtraPrefillTokens > 0 {
