@@ -538,24 +538,8 @@ func (e *env) booked(ctx context.Context) (int64, error) {
 var goroutineRe = regexp.MustCompile(`goroutine profile: total (\d+)`)
 
 func (e *env) goroutines(ctx context.Context) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.debug+"/debug/pprof/goroutine?debug=1", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := e.client.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
-	if err != nil {
-		return 0, err
-	}
-	m := goroutineRe.FindSubmatch(b)
-	if m == nil {
-		return 0, errors.New("no goroutine total in /debug/pprof/goroutine")
-	}
-	return strconv.Atoi(string(m[1]))
+	n, err := benchproc.DebugNumber(ctx, e.client, e.debug, "/debug/pprof/goroutine?debug=1", 64<<20, goroutineRe)
+	return int(n), err
 }
 
 // descriptors counts the router's open descriptors: pool is its TCP

@@ -39,7 +39,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -474,24 +473,7 @@ var heapRe = regexp.MustCompile(`# HeapAlloc = (\d+)`)
 
 // heap returns the router's live heap after a GC.
 func (e *env) heap(ctx context.Context) (int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.debug+"/debug/pprof/heap?debug=1&gc=1", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := e.client.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
-	if err != nil {
-		return 0, err
-	}
-	m := heapRe.FindSubmatch(b)
-	if m == nil {
-		return 0, errors.New("no HeapAlloc in /debug/pprof/heap?debug=1")
-	}
-	return strconv.ParseInt(string(m[1]), 10, 64)
+	return benchproc.DebugNumber(ctx, e.client, e.debug, "/debug/pprof/heap?debug=1&gc=1", 256<<20, heapRe)
 }
 
 // memoryRun measures the router's memory per stream in flight, with

@@ -20,6 +20,30 @@ import (
 	"time"
 )
 
+// DebugNumber GETs http://addr+path (a Go pprof page of the process's
+// --debug-listen, such as /debug/pprof/heap?debug=1&gc=1), reads at most
+// limit bytes and returns the number re's first group matches in them.
+func DebugNumber(ctx context.Context, c *http.Client, addr, path string, limit int64, re *regexp.Regexp) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, limit))
+	if err != nil {
+		return 0, err
+	}
+	m := re.FindSubmatch(b)
+	if m == nil {
+		return 0, fmt.Errorf("%s: no match of %s", path, re)
+	}
+	return strconv.ParseInt(string(m[1]), 10, 64)
+}
+
 // Scrape reads base's /metrics into series -> value (the text format's
 // "name{labels}" as written, comments skipped).
 func Scrape(c *http.Client, base string) (map[string]float64, error) {
