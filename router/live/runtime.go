@@ -505,9 +505,11 @@ func (rt *Runtime) Readiness() Readiness {
 	}
 	clusterReady := true
 	if cs, ok := rt.observer.(clusterMember); ok {
+		// Ready before State: a replica that catches up between the two
+		// reads must not say ready and not caught up (both only turn true).
+		clusterReady = cs.Ready()
 		st := cs.State()
 		a.Cluster = &st
-		clusterReady = cs.Ready()
 	}
 	anyReady := false
 	for _, st := range rt.workers.Status() {
