@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/switchyard-router/switchyard/router/live"
 	"github.com/switchyard-router/switchyard/router/mockworker"
@@ -154,7 +155,15 @@ func TestDaemonDebugRoute(t *testing.T) {
 		}
 		return v
 	}
-	before := look()
+	// The client has the whole answer a moment before the handler ends
+	// the request (its read of the engine's end follows its last write):
+	// wait for the booking's release.
+	var before fleetView
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		if before = look(); before.active[served] == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
 	if before.approx[served] == 0 || before.precise[served] != 6 || before.active[served] != 0 {
 		t.Fatalf("after the first turn: %+v, want %s to hold it (6 precise blocks) with nothing in flight", before, served)
 	}
