@@ -294,10 +294,6 @@ func (s *Stream) skipEvent(chunk []byte) (int, bool) {
 
 const errEventTooLong = "an event of the answer is over 1 MiB"
 
-// Pending reports whether part of an event is held (an answer ending
-// now ends mid-event).
-func (s *Stream) Pending() bool { return len(bytes.TrimSpace(s.pend)) > 0 }
-
 // eventEnd returns the end (past the blank line) of the first event in
 // b, searching from from; -1 when b holds no whole event.
 func eventEnd(b []byte, from int) int {

@@ -332,11 +332,44 @@ func TestMigrationContinuesACutStream(t *testing.T) {
 	}
 }
 
+// twoEngines returns an env over two contEngines that cut as cut after
+// `after` tokens, each first adjusted by set (nil: none).
+func twoEngines(t *testing.T, o envOptions, cut string, after int, set func(*contEngine)) (*env, *contEngine, *contEngine) {
+	t.Helper()
+	e1, e2 := newContEngine(t, cut, after), newContEngine(t, cut, after)
+	if set != nil {
+		set(e1)
+		set(e2)
+	}
+	return newEnv(t, o, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL}), e1, e2
+}
+
+// endedWith posts body to env's chat endpoint and returns its stream's
+// events, which must end with an event holding every one of want and
+// then "[DONE]".
+func endedWith(t *testing.T, env *env, body string, want ...string) []string {
+	t.Helper()
+	resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := readStream(t, resp)
+	n := len(events)
+	if n < 2 || events[n-1] != "[DONE]" {
+		t.Fatalf("events %q, want [DONE] last", events)
+	}
+	for _, w := range want {
+		if !strings.Contains(events[n-2], w) {
+			t.Fatalf("events %q, want the last before [DONE] to hold %q", events, w)
+		}
+	}
+	return events
+}
+
 func TestMigrationEnds(t *testing.T) {
 	chat := `{"model":"m","stream":true,"max_tokens":8,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}`
 	t.Run("finished before the cut: nothing sent again", func(t *testing.T) {
-		e1, e2 := newContEngine(t, "finished", 0), newContEngine(t, "finished", 0)
-		env := newEnv(t, envOptions{}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+		env, e1, e2 := twoEngines(t, envOptions{}, "finished", 0, nil)
 		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
 		if err != nil {
 			t.Fatal(err)
@@ -351,19 +384,9 @@ func TestMigrationEnds(t *testing.T) {
 		}
 	})
 	t.Run("every worker cuts: an error event", func(t *testing.T) {
-		e1, e2 := newContEngine(t, "reset", 2), newContEngine(t, "reset", 2)
-		e1.cutAll, e2.cutAll = true, true
-		env := newEnv(t, envOptions{}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
-		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
-		if err != nil {
-			t.Fatal(err)
-		}
-		events := readStream(t, resp)
+		env, _, _ := twoEngines(t, envOptions{}, "reset", 2, func(e *contEngine) { e.cutAll = true })
+		events := endedWith(t, env, chat, `"code":"worker_failed"`, "no other worker")
 		n := len(events)
-		if n < 3 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], `"code":"worker_failed"`) ||
-			!strings.Contains(events[n-2], "no other worker") {
-			t.Fatalf("events %q", events)
-		}
 		// The tokens that reached the client are t0.. once, in order.
 		var text strings.Builder
 		for _, ev := range events[:n-2] {
@@ -378,18 +401,8 @@ func TestMigrationEnds(t *testing.T) {
 		}
 	})
 	t.Run("the continuation refused: the engine's error", func(t *testing.T) {
-		e1, e2 := newContEngine(t, "eof", 2), newContEngine(t, "eof", 2)
-		e1.refuse, e2.refuse = true, true
-		env := newEnv(t, envOptions{}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
-		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
-		if err != nil {
-			t.Fatal(err)
-		}
-		events := readStream(t, resp)
-		n := len(events)
-		if n < 2 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], "maximum context length") {
-			t.Fatalf("events %q", events)
-		}
+		env, _, _ := twoEngines(t, envOptions{}, "eof", 2, func(e *contEngine) { e.refuse = true })
+		endedWith(t, env, chat, "maximum context length")
 		env.settle(t)
 		if n := testkit.MetricValue(t, env.reg, "switchyard_migrations_total", "cause", "eof", "outcome", "refused"); n != 1 {
 			t.Errorf("refused %v, want 1", n)
@@ -398,15 +411,7 @@ func TestMigrationEnds(t *testing.T) {
 	t.Run("migration off: an error event", func(t *testing.T) {
 		e1 := newContEngine(t, "eof", 2)
 		env := newEnv(t, envOptions{migrationLimit: -1}, backend{name: "w1", url: e1.URL})
-		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
-		if err != nil {
-			t.Fatal(err)
-		}
-		events := readStream(t, resp)
-		n := len(events)
-		if n < 2 || events[n-1] != "[DONE]" || !strings.Contains(events[n-2], "migration is off") {
-			t.Fatalf("events %q", events)
-		}
+		endedWith(t, env, chat, "migration is off")
 		if len(e1.requests()) != 1 || gjson.GetBytes(e1.requests()[0], "return_token_ids").Exists() {
 			t.Errorf("with migration off the request is the client's: %s", e1.requests()[0])
 		}
@@ -421,15 +426,7 @@ func TestMigrationEnds(t *testing.T) {
 			backends = append(backends, backend{name: fmt.Sprintf("w%d", i), url: e.URL})
 		}
 		env := newEnv(t, envOptions{migrationLimit: 2}, backends...)
-		resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", chat)
-		if err != nil {
-			t.Fatal(err)
-		}
-		events := readStream(t, resp)
-		n := len(events)
-		if n < 2 || !strings.Contains(events[n-2], "migration limit") {
-			t.Fatalf("events %q", events)
-		}
+		endedWith(t, env, chat, "migration limit")
 		total := 0
 		for _, e := range engines {
 			total += len(e.requests())
@@ -593,9 +590,7 @@ func TestDrainMovesAWaitingNonStreamedRequest(t *testing.T) {
 // for its engine when the request timeout passes ends with a timeout
 // error event and the terminator, nothing else after the tokens passed.
 func TestMigrationTimesOut(t *testing.T) {
-	e1, e2 := newContEngine(t, "eof", 2), newContEngine(t, "eof", 2)
-	e1.hangCont, e2.hangCont = true, true
-	env := newEnv(t, envOptions{timeout: 300 * time.Millisecond}, backend{name: "w1", url: e1.URL}, backend{name: "w2", url: e2.URL})
+	env, _, _ := twoEngines(t, envOptions{timeout: 300 * time.Millisecond}, "eof", 2, func(e *contEngine) { e.hangCont = true })
 	resp, err := post(t, context.Background(), env.url+"/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
 	if err != nil {
 		t.Fatal(err)
