@@ -7,7 +7,6 @@ package pipeline
 import (
 	"context"
 	"fmt"
-	"math"
 
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -256,7 +255,7 @@ func (s *Scratch) weigh(c *shared.Candidates, si int, name string, weight float6
 	sum := s.sum[:c.Len()]
 	for i, v := range sum {
 		w := weight * v
-		if math.IsNaN(w) || math.IsInf(w, 0) {
+		if w-w != 0 { // NaN or ±Inf (x-x is NaN for both, 0 for every finite x)
 			return &shared.NonFiniteCostError{Scorer: si, Name: name, Row: i, Cost: v, Sum: w}
 		}
 		sum[i] = w
@@ -277,7 +276,7 @@ func (s *Scratch) addCosts(c *shared.Candidates, si int, name string, weight flo
 	}
 	for i, v := range costs[:n] {
 		sum := c.Costs[i] + weight*v
-		if math.IsNaN(sum) || math.IsInf(sum, 0) {
+		if sum-sum != 0 { // NaN or ±Inf
 			return &shared.NonFiniteCostError{Scorer: si, Name: name, Row: i, Cost: v, Sum: sum}
 		}
 		c.Costs[i] = sum
