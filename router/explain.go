@@ -130,8 +130,8 @@ func (r *Router) Explain(ctx context.Context, req *shared.Request, pl Placement)
 		return ex
 	}
 	r.explainInputs(&ex, req, part)
-	if len(pl.Exclude) > 0 {
-		kept := excluding(part, pl.Exclude)
+	if len(pl.Exclude) > 0 || len(pl.Failed) > 0 {
+		kept := excluding(part, pl.Exclude, pl.Failed)
 		markExcluded(&ex, kept, "exclude")
 		if part = kept; part == nil {
 			ex.Err = fmt.Errorf("role %s: %w", req.Role, ErrAllExcluded)

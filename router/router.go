@@ -565,6 +565,12 @@ type Placement struct {
 	// Exclude are workers that are not candidates at all (every rank of
 	// an id). The slice is read, not kept.
 	Exclude []shared.WorkerID
+	// Failed are workers that failed under the request, each in the join
+	// it failed in (fleet.Worker.Generation): not candidates while that
+	// join lasts (every rank of the id), candidates again once the worker
+	// left and joined again (a restarted engine). The slice is read, not
+	// kept.
+	Failed []WorkerJoin
 	// Target, when HasTarget, is an advisory worker (a classifier's
 	// shared.Classification.Target, or a request's pin): taken without
 	// running the policy when it is a candidate (its lowest rank), ignored
@@ -666,8 +672,8 @@ func (r *Router) placeOnce(ctx context.Context, b *Bundle, rp *rolePolicy, req *
 	if err != nil {
 		return Decision{}, err
 	}
-	if len(pl.Exclude) > 0 {
-		if part = excluding(part, pl.Exclude); part == nil {
+	if len(pl.Exclude) > 0 || len(pl.Failed) > 0 {
+		if part = excluding(part, pl.Exclude, pl.Failed); part == nil {
 			return Decision{}, fmt.Errorf("role %s: %w", req.Role, ErrAllExcluded)
 		}
 	}
@@ -867,11 +873,21 @@ func underCapacity(p *fleet.Partition, capacity int64) *fleet.Partition {
 	return narrow(p, "capacity", func(w *fleet.Worker) bool { return w.ActiveRequests() < capacity })
 }
 
-// excluding returns the members of p whose id is not in ids: p itself
-// when none is, nil when every member is. Every rank of an excluded id is
-// left out.
-func excluding(p *fleet.Partition, ids []shared.WorkerID) *fleet.Partition {
-	return narrow(p, "exclude", func(w *fleet.Worker) bool { return !slices.Contains(ids, w.ID) })
+// excluding returns the members of p whose id is not in ids and whose
+// join is not in failed: p itself when none is, nil when every member
+// is. Every rank of an excluded id (or join) is left out.
+func excluding(p *fleet.Partition, ids []shared.WorkerID, failed []WorkerJoin) *fleet.Partition {
+	return narrow(p, "exclude", func(w *fleet.Worker) bool {
+		return !slices.Contains(ids, w.ID) && !slices.Contains(failed, WorkerJoin{ID: w.ID, Generation: w.Generation})
+	})
+}
+
+// WorkerJoin is one join of a worker to the fleet: its id and the
+// generation of that join (fleet.Worker.Generation; a worker that leaves
+// and joins again has a new one).
+type WorkerJoin struct {
+	ID         shared.WorkerID
+	Generation uint64
 }
 
 // narrow returns the members of p that keep accepts: p itself when all

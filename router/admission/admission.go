@@ -424,7 +424,7 @@ func (c *Controller) classNames() string {
 // workers, and its explicit pin or else the classification's advisory
 // target; the booking is made in the handle.
 func (c *Controller) placement(h *Handle) router.Placement {
-	pl := router.Placement{Capacity: c.capacity, Exclude: h.exclude, Target: h.class.Target, HasTarget: h.class.HasTarget, Booking: &h.booking,
+	pl := router.Placement{Capacity: c.capacity, Exclude: h.exclude, Failed: h.failed, Target: h.class.Target, HasTarget: h.class.HasTarget, Booking: &h.booking,
 		Alternates: h.alternates}
 	if h.req.HasPin {
 		pl.Target, pl.HasTarget = h.req.Pin, true

@@ -630,6 +630,57 @@ func TestRetryExcludesTheFailedWorkerAndKeepsTheClassification(t *testing.T) {
 	}
 }
 
+// TestRetryRejoinedWorkerIsACandidateAgain: a worker that failed under a
+// request is excluded from it while the join it failed in lasts; once it
+// left the fleet and joined again (a restarted engine) the request may go
+// back to it. An id excluded at Admit stays excluded in every join.
+func TestRetryRejoinedWorkerIsACandidateAgain(t *testing.T) {
+	e := newEnv(t, 2, config.DefaultQueue(), nil)
+	ctx := context.Background()
+	h := e.admit(t, "r")
+	first := worker(h)
+	if err := h.Retry(ctx, "r#m1", "engine failed", first); err != nil {
+		t.Fatal(err)
+	}
+	second := worker(h)
+	if second == first || second == 0 {
+		t.Fatalf("the retry excluding %d went to %d", first, second)
+	}
+	// The failed worker leaves and joins again, empty.
+	if err := e.r.RemoveWorker(first, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.r.AddWorker(fleet.Spec{ID: first, Role: shared.RoleAggregated, TotalKVBlocks: 100}); err != nil {
+		t.Fatal(err)
+	}
+	// The second fails too, in its only join: the rejoined first takes it.
+	if err := h.Retry(ctx, "r#m2", "engine failed", second); err != nil {
+		t.Fatalf("retry with the first worker rejoined: %v, want a placement on it", err)
+	}
+	if got := worker(h); got != first {
+		t.Fatalf("the retry went to %d, want the rejoined %d", got, first)
+	}
+	// It fails again in its new join: now both are out.
+	if err := h.Retry(ctx, "r#m3", "engine failed", first); !errors.Is(err, router.ErrAllExcluded) {
+		t.Fatalf("retry with both failed in their current joins: %v, want ErrAllExcluded", err)
+	}
+
+	// An exclusion given at Admit holds across joins.
+	g := e.admit(t, "s", admission.Exclude(1))
+	if worker(g) != 2 {
+		t.Fatalf("s excluding 1 went to %d", worker(g))
+	}
+	if err := e.r.RemoveWorker(1, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.r.AddWorker(fleet.Spec{ID: 1, Role: shared.RoleAggregated, TotalKVBlocks: 100}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Retry(ctx, "s#m1", "engine failed", 2); !errors.Is(err, router.ErrAllExcluded) {
+		t.Fatalf("retry of s with 1 excluded at Admit and 2 failed: %v, want ErrAllExcluded", err)
+	}
+}
+
 // A retry under an id that is live changes nothing: the request stays
 // dispatched on its worker under its id.
 func TestRetryUnderALiveIDChangesNothing(t *testing.T) {

@@ -23,8 +23,9 @@ type Handle struct {
 	req        *shared.Request
 	class      shared.Classification
 	exclude    []shared.WorkerID
-	alternates int       // runners-up asked for (Alternates)
-	arrival    time.Time // when it last joined a queue (Controller clock)
+	failed     []router.WorkerJoin // workers that failed under the request, in the join they failed in (Retry)
+	alternates int                 // runners-up asked for (Alternates)
+	arrival    time.Time           // when it last joined a queue (Controller clock)
 	// start is the request's arrival at the router (Arrival, else Admit's
 	// clock when it has a latency target; zero otherwise).
 	start  time.Time
@@ -225,7 +226,10 @@ func (h *Handle) End(o Outcome) {
 // after its worker failed before answering: the attempt ends (its booking
 // released, listeners hear aborted for reason under the old id) and the
 // request continues as id, with the failed workers excluded, placed now
-// or queued. Wait then returns the new placement. Errors:
+// or queued. A failed worker that is the request's own stays excluded
+// only while the join it failed in lasts: once it left the fleet and
+// joined again (a restarted engine, a new fleet.Worker.Generation) it is
+// a candidate again; another failed id is excluded in every join. Wait then returns the new placement. Errors:
 // ErrDuplicateRequest when id is live (nothing changed: retry with
 // another id), ErrEnded when the request is not dispatched, and the
 // errors of a placement (the request has then ended).
@@ -249,7 +253,13 @@ func (h *Handle) Retry(ctx context.Context, id, reason string, failed ...shared.
 		c.live.remove(h.req.ID, h)
 		h.req.ID = id
 	}
-	h.exclude = append(h.exclude, failed...)
+	for _, id := range failed {
+		if w := h.decision.Worker; w != nil && w.ID == id {
+			h.failed = append(h.failed, router.WorkerJoin{ID: id, Generation: w.Generation})
+		} else {
+			h.exclude = append(h.exclude, id)
+		}
+	}
 	h.state, h.decision, h.first, h.ready = stateNew, router.Decision{}, false, nil
 	h.mu.Unlock()
 	return h.enter(ctx)

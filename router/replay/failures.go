@@ -37,8 +37,8 @@ import (
 // At one instant, failures and restarts come after the steps that end
 // then (their tokens reached the client) and before that instant's
 // submissions, dispatches and arrivals. A request excludes every worker
-// that failed under it, even after that worker rejoins (Retry's
-// exclusion list is the request's).
+// that failed under it until that worker rejoins (admission.Handle.Retry:
+// a rejoined worker is a new join, a candidate again), as serve does.
 
 // DefaultRestartAfter is how long a failed engine stays out of the fleet
 // before it rejoins, empty (Failures.RestartAfter): 60 s, about what a
