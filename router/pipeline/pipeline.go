@@ -7,6 +7,7 @@ package pipeline
 import (
 	"context"
 	"fmt"
+	"math"
 
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -255,7 +256,7 @@ func (s *Scratch) weigh(c *shared.Candidates, si int, name string, weight float6
 	sum := s.sum[:c.Len()]
 	for i, v := range sum {
 		w := weight * v
-		if w-w != 0 { // NaN or ±Inf (x-x is NaN for both, 0 for every finite x)
+		if math.IsNaN(w) || math.IsInf(w, 0) {
 			return &shared.NonFiniteCostError{Scorer: si, Name: name, Row: i, Cost: v, Sum: w}
 		}
 		sum[i] = w
@@ -276,7 +277,7 @@ func (s *Scratch) addCosts(c *shared.Candidates, si int, name string, weight flo
 	}
 	for i, v := range costs[:n] {
 		sum := c.Costs[i] + weight*v
-		if sum-sum != 0 { // NaN or ±Inf
+		if math.IsNaN(sum) || math.IsInf(sum, 0) {
 			return &shared.NonFiniteCostError{Scorer: si, Name: name, Row: i, Cost: v, Sum: sum}
 		}
 		c.Costs[i] = sum
