@@ -335,16 +335,22 @@ func failover(ctx context.Context, o options, natsURL string) error {
 	}
 	var readyAfter time.Duration
 	var rz readiness
+	last := "no answer"
 	for readyAfter == 0 && time.Since(restartAt) < time.Minute {
 		r, code, err := getReadyz(client, bases[0])
 		if err == nil && code == http.StatusOK {
 			readyAfter, rz = time.Since(restartAt), r
 			break
 		}
+		last = fmt.Sprintf("status %d, error %v, ready %v", code, err, r.Ready)
+		if r.Cluster != nil {
+			last += fmt.Sprintf(", caught up %v, snapshot loaded %v", r.Cluster.CaughtUp, r.Cluster.Snapshot != nil)
+		}
 		_ = sleep(20 * time.Millisecond)
 	}
 	if readyAfter == 0 {
-		return errors.New("the restarted r0 was not ready within a minute")
+		logb, _ := os.ReadFile(filepath.Join(dir, "router0.log"))
+		return fmt.Errorf("the restarted r0 was not ready within a minute (last /readyz: %s); its log's end:\n%s", last, logb[max(0, len(logb)-3000):])
 	}
 	caught := "not logged"
 	if logb, err := os.ReadFile(filepath.Join(dir, "router0.log")); err == nil {
