@@ -341,17 +341,13 @@ func start(ctx context.Context, o options, dir string) (*env, error) {
 	if err := e.writeWorkers(); err != nil {
 		return e, err
 	}
-	dport, err := benchproc.FreePort()
-	if err != nil {
-		return e, err
-	}
-	e.debug = "127.0.0.1:" + strconv.Itoa(dport)
-	e.router, err = e.procs.Start(ctx, filepath.Join(dir, "router.log"), routerRe, o.routerBin, "serve",
+	got, err := e.procs.StartAll(ctx, filepath.Join(dir, "router.log"), []*regexp.Regexp{routerRe, benchproc.ServeProfiler}, o.routerBin, "serve",
 		"--policy", e.policyPath, "--workers-file", e.wfPath, "--watch", "--listen", "127.0.0.1:0",
-		"--debug-listen", e.debug, "--drain-timeout", "20s", "--log-level", "debug")
+		"--debug-listen", "127.0.0.1:0", "--drain-timeout", "20s", "--log-level", "debug")
 	if err != nil {
 		return e, err
 	}
+	e.router, e.debug = got[0], got[1]
 	return e, e.waitReady(ctx, 60*time.Second)
 }
 

@@ -92,19 +92,15 @@ func (f *fleet) startEngines(ctx context.Context, a engineArgs) error {
 // startRouter starts `router serve` on the engines and returns when
 // /readyz is 200 with every engine ready (the time it first was).
 func (f *fleet) startRouter(ctx context.Context) (time.Time, error) {
-	port, err := benchproc.FreePort()
-	if err != nil {
-		return time.Time{}, err
-	}
-	f.debug = "http://127.0.0.1:" + strconv.Itoa(port)
 	f.routers++
 	log := filepath.Join(f.dir, fmt.Sprintf("router%d.log", f.routers))
-	f.router, err = f.procs.Start(ctx, log, listening, f.o.routerBin, "serve", "--policy", f.policy,
-		"--workers-file", f.workers, "--listen", "127.0.0.1:0", "--debug-listen", "127.0.0.1:"+strconv.Itoa(port),
+	got, err := f.procs.StartAll(ctx, log, []*regexp.Regexp{listening, benchproc.ServeProfiler}, f.o.routerBin, "serve", "--policy", f.policy,
+		"--workers-file", f.workers, "--listen", "127.0.0.1:0", "--debug-listen", "127.0.0.1:0",
 		"--log-level", f.o.logLevel)
 	if err != nil {
 		return time.Time{}, err
 	}
+	f.router, f.debug = got[0], "http://"+got[1]
 	deadline := time.Now().Add(time.Minute)
 	var last string
 	for {

@@ -47,7 +47,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -160,18 +159,13 @@ func start(ctx context.Context, o options, dir, name, speed string, extra ...str
 	if err := os.WriteFile(policy, []byte(b.String()), 0o644); err != nil {
 		return e, err
 	}
-	dport, err := benchproc.FreePort()
-	if err != nil {
-		return e, err
-	}
-	e.debug = "127.0.0.1:" + strconv.Itoa(dport)
-	args := append([]string{"serve", "--policy", policy, "--listen", "127.0.0.1:0", "--debug-listen", e.debug,
+	args := append([]string{"serve", "--policy", policy, "--listen", "127.0.0.1:0", "--debug-listen", "127.0.0.1:0",
 		"--drain-timeout", "10s", "--request-timeout", "2m"}, extra...)
-	r, err := e.procs.Start(ctx, filepath.Join(e.dir, "router.log"), routerRe, o.routerBin, args...)
+	got, err := e.procs.StartAll(ctx, filepath.Join(e.dir, "router.log"), []*regexp.Regexp{routerRe, benchproc.ServeProfiler}, o.routerBin, args...)
 	if err != nil {
 		return e, err
 	}
-	e.router = "http://" + r
+	e.router, e.debug = "http://"+got[0], got[1]
 	return e, e.waitReady(ctx, []string{"a", "b", "c"})
 }
 

@@ -110,18 +110,15 @@ func run(ctx context.Context, o options) error {
 	var workersFile strings.Builder
 	engines := make([]string, o.workers)
 	for i := range engines {
-		port, err := benchproc.FreePort()
-		if err != nil {
-			return err
-		}
-		endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", port)
-		engines[i], err = procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), listening, o.routerBin,
+		got, err := procs.StartAll(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), []*regexp.Regexp{listening, benchproc.MockKVEvents}, o.routerBin,
 			"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--engine-block-size", "16",
 			"--kv-blocks", strconv.Itoa(o.kvBlocks), "--tokenizer", tok, "--tokenizer-config", tokCfg,
-			"--kv-events-endpoint", endpoint, "--kv-events-encoding", o.encoding)
+			"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-encoding", o.encoding)
 		if err != nil {
 			return err
 		}
+		engines[i] = got[0]
+		endpoint := got[1]
 		fmt.Fprintf(&workersFile, "worker \"w%d\" {\n  url = %q\n  kv_events {\n    endpoint = %q\n  }\n}\n", i, engines[i], endpoint)
 	}
 	tokBlock := fmt.Sprintf("tokenizer \"mock\" {\n  source = \"file\"\n  path   = %q\n  config = %q\n}\n", tok, tokCfg)
@@ -143,16 +140,13 @@ func run(ctx context.Context, o options) error {
 			}
 		}()
 	}
-	debugPort, err := benchproc.FreePort()
-	if err != nil {
-		return err
-	}
-	router, err := procs.Start(ctx, filepath.Join(dir, "router.log"), listening, o.routerBin,
+	got, err := procs.StartAll(ctx, filepath.Join(dir, "router.log"), []*regexp.Regexp{listening, benchproc.ServeProfiler}, o.routerBin,
 		"serve", "--listen", "127.0.0.1:0", "--policy", policy, "--workers-file", workers, "--log-level", "debug",
-		"--debug-listen", "127.0.0.1:"+strconv.Itoa(debugPort))
+		"--debug-listen", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
+	router, debugAddr := got[0], got[1]
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}, Timeout: 2 * time.Minute}
 	if err := waitReady(ctx, client, router, o); err != nil {
 		out, _ := os.ReadFile(filepath.Join(dir, "router.log"))
@@ -170,7 +164,7 @@ func run(ctx context.Context, o options) error {
 		return err
 	}
 	if o.keepLog != "" {
-		if resp, err := client.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/workers", debugPort)); err == nil {
+		if resp, err := client.Get("http://" + debugAddr + "/debug/workers"); err == nil {
 			b, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			_ = os.WriteFile(o.keepLog+".workers.json", b, 0o644)

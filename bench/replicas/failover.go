@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -242,13 +243,14 @@ func failover(ctx context.Context, o options, natsURL string) error {
 	if err != nil {
 		return err
 	}
-	ports := o.ports
-	for len(ports) < o.replicas {
-		p, err := benchproc.FreePort()
-		if err != nil {
-			return err
+	// Each replica on --ports, or on a port the kernel picks; r0 comes back
+	// on its port (a port another process took meanwhile fails the start,
+	// naming that process).
+	listen := func(i int) string {
+		if o.ports != nil {
+			return "127.0.0.1:" + strconv.Itoa(o.ports[i])
 		}
-		ports = append(ports, p)
+		return "127.0.0.1:0"
 	}
 	const ttl, heartbeat = 10 * time.Second, time.Second // the cluster block's defaults
 	clusterBlock := func(i int) string {
@@ -256,9 +258,13 @@ func failover(ctx context.Context, o options, natsURL string) error {
 	}
 	bases := make([]string, o.replicas)
 	for i := range bases {
-		if bases[i], err = startRouter(ctx, o, dir, i, blocks+clusterBlock(i), "127.0.0.1:"+strconv.Itoa(ports[i]), &procs); err != nil {
+		if bases[i], err = startRouter(ctx, o, dir, i, blocks+clusterBlock(i), listen(i), &procs); err != nil {
 			return err
 		}
+	}
+	r0, err := url.Parse(bases[0])
+	if err != nil {
+		return fmt.Errorf("r0's address %q: %w", bases[0], err)
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}, Timeout: 2 * time.Minute}
 	if err := waitReady(ctx, client, bases, o.workers, true); err != nil {
@@ -324,21 +330,27 @@ func failover(ctx context.Context, o options, natsURL string) error {
 
 	// r0 again, under its name and port.
 	restartAt := time.Now()
-	if bases[0], err = startRouter(ctx, o, dir, 0, blocks+clusterBlock(0), "127.0.0.1:"+strconv.Itoa(ports[0]), &procs); err != nil {
+	if bases[0], err = startRouter(ctx, o, dir, 0, blocks+clusterBlock(0), r0.Host, &procs); err != nil {
 		return fmt.Errorf("restarting r0: %w", err)
 	}
 	var readyAfter time.Duration
 	var rz readiness
+	last := "no answer"
 	for readyAfter == 0 && time.Since(restartAt) < time.Minute {
 		r, code, err := getReadyz(client, bases[0])
 		if err == nil && code == http.StatusOK {
 			readyAfter, rz = time.Since(restartAt), r
 			break
 		}
+		last = fmt.Sprintf("status %d, error %v, ready %v", code, err, r.Ready)
+		if r.Cluster != nil {
+			last += fmt.Sprintf(", caught up %v, snapshot loaded %v", r.Cluster.CaughtUp, r.Cluster.Snapshot != nil)
+		}
 		_ = sleep(20 * time.Millisecond)
 	}
 	if readyAfter == 0 {
-		return errors.New("the restarted r0 was not ready within a minute")
+		logb, _ := os.ReadFile(filepath.Join(dir, "router0.log"))
+		return fmt.Errorf("the restarted r0 was not ready within a minute (last /readyz: %s); its log's end:\n%s", last, logb[max(0, len(logb)-3000):])
 	}
 	caught := "not logged"
 	if logb, err := os.ReadFile(filepath.Join(dir, "router0.log")); err == nil {

@@ -38,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -203,21 +204,21 @@ func run(ctx context.Context, o options) error {
 // natsServer is the NATS server of this process, restartable on its port.
 type natsServer struct {
 	dir  string
-	port int
+	port int // server.RANDOM_PORT until the first start bound one
 	s    *server.Server
 	runs int
 }
 
+// startNATS starts the server on a port the kernel picks (its bind is
+// the reservation: no other process can hold it meanwhile).
 func startNATS(dir string) (*natsServer, error) {
-	port, err := benchproc.FreePort()
-	if err != nil {
-		return nil, err
-	}
-	n := &natsServer{dir: dir, port: port}
+	n := &natsServer{dir: dir, port: server.RANDOM_PORT}
 	return n, n.start()
 }
 
-// start starts a new, empty server on the port.
+// start starts a new, empty server on the port. A restart needs the same
+// port (the routers' cluster blocks name it); when another process took
+// it meanwhile, the error names that process.
 func (n *natsServer) start() error {
 	n.runs++
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: n.port, JetStream: true, JetStreamMaxMemory: 1 << 30,
@@ -227,9 +228,18 @@ func (n *natsServer) start() error {
 	}
 	go s.Start()
 	if !s.ReadyForConnections(30 * time.Second) {
+		s.Shutdown()
+		if n.port > 0 {
+			return fmt.Errorf("the NATS server did not start on port %d (held by %s)", n.port, benchproc.PortOwner(n.port))
+		}
 		return errors.New("the NATS server did not start")
 	}
-	n.s = s
+	addr, ok := s.Addr().(*net.TCPAddr)
+	if !ok {
+		s.Shutdown()
+		return fmt.Errorf("the NATS server listens on %v, not a TCP address", s.Addr())
+	}
+	n.s, n.port = s, addr.Port
 	return nil
 }
 
@@ -369,18 +379,18 @@ func startWorkers(ctx context.Context, o options, dir string, procs *benchproc.C
 	for i := range o.workers {
 		args := []string{"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", o.speedup, "--engine-block-size", "16",
 			"--tokenizer", o.tokenizer, "--tokenizer-config", o.tokenizerCfg}
-		endpoint := ""
+		res := []*regexp.Regexp{listening}
 		if o.kvEvents {
-			port, err := benchproc.FreePort()
-			if err != nil {
-				return "", err
-			}
-			endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", port)
-			args = append(args, "--kv-events-endpoint", endpoint)
+			args = append(args, "--kv-events-endpoint", "tcp://127.0.0.1:0")
+			res = append(res, benchproc.MockKVEvents)
 		}
-		url, err := procs.Start(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), listening, o.routerBin, args...)
+		got, err := procs.StartAll(ctx, filepath.Join(dir, fmt.Sprintf("mock%d.log", i)), res, o.routerBin, args...)
 		if err != nil {
 			return "", err
+		}
+		url, endpoint := got[0], ""
+		if o.kvEvents {
+			endpoint = got[1]
 		}
 		fmt.Fprintf(&blocks, "worker \"w%d\" {\n  url = %q\n", i, url)
 		if endpoint != "" {

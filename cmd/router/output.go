@@ -13,14 +13,19 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/switchyard-router/switchyard/router/trace/bundled"
 )
 
 // pendingFile is an output file written atomically: the content goes to a
-// temporary file in the target's directory, which commit renames over the
-// target and abort removes. Until commit the target is untouched, and a
-// reader never sees a partly written file.
+// temporary file in the target's directory (".NAME.PID.RAND.tmp": the
+// target's name, this process's id, a random base-36 number), which commit
+// renames over the target and abort removes. Until commit the target is
+// untouched, and a reader never sees a partly written file. A process
+// killed by SIGKILL cannot remove its temporary; the next run writing the
+// same target does (removeStaleTemps).
 type pendingFile struct {
 	flag   string // the flag that named the file, for messages
 	target string // the path renamed over: the named path, symlinks resolved
@@ -71,8 +76,9 @@ func createPending(flag, path string, kind outputKind) (*pendingFile, error) {
 		return nil, fmt.Errorf("%s %s: %w", flag, path, err)
 	}
 	dir, base := filepath.Dir(target), filepath.Base(target)
+	pid := strconv.Itoa(os.Getpid())
 	for range 100 {
-		name := filepath.Join(dir, "."+base+"."+strconv.FormatUint(uint64(rand.Uint32()), 36)+".tmp")
+		name := filepath.Join(dir, "."+base+"."+pid+"."+strconv.FormatUint(uint64(rand.Uint32()), 36)+".tmp")
 		f, err := os.OpenFile(name, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o644)
 		if errors.Is(err, fs.ErrExist) {
 			continue
@@ -93,9 +99,90 @@ func createPending(flag, path string, kind outputKind) (*pendingFile, error) {
 				return nil, fmt.Errorf("%s %s: %w", flag, path, err)
 			}
 		}
+		if fi, err := f.Stat(); err == nil {
+			removeStaleTemps(dir, base, fi.ModTime())
+		}
 		return &pendingFile{flag: flag, target: target, f: f}, nil
 	}
 	return nil, fmt.Errorf("%s %s: cannot create a temporary file in %s", flag, path, dir)
+}
+
+// staleTempAge is how much older than this run's own temporary a
+// temporary of a process that is gone must be before removeStaleTemps
+// removes it: a margin for clocks (of a network file system's server and
+// its clients) that disagree by a little.
+const staleTempAge = 5 * time.Second
+
+// removeStaleTemps removes the temporaries of target base in dir that a
+// killed run left (a SIGKILL cannot be caught, so the run could not): a
+// file is removed only when its name is exactly ".BASE.PID.RAND.tmp" (PID
+// decimal, RAND base 36: createPending's pattern), it is a regular file
+// (not a link), its modification time is at least staleTempAge before
+// ours (the modification time of this run's own new temporary, so no clock
+// but the file system's is read), and no process PID exists (processGone).
+// Anything else, another target's temporary, a live process's, is left
+// alone. Errors are ignored: a temporary left is harmless, and the output
+// itself does not depend on it. The directory is read in batches: work
+// linear in its entries.
+func removeStaleTemps(dir, base string, ours time.Time) {
+	d, err := os.Open(dir)
+	if err != nil {
+		return
+	}
+	defer d.Close()
+	for {
+		names, err := d.Readdirnames(256)
+		for _, name := range names {
+			pid, ok := tempPID(name, base)
+			if !ok {
+				continue
+			}
+			path := filepath.Join(dir, name)
+			fi, err := os.Lstat(path)
+			if err != nil || !fi.Mode().IsRegular() || ours.Sub(fi.ModTime()) < staleTempAge || !processGone(pid) {
+				continue
+			}
+			_ = os.Remove(path)
+		}
+		if err != nil {
+			return // io.EOF at the end
+		}
+	}
+}
+
+// processGone reports whether no process pid exists: kill(pid, 0) fails
+// with ESRCH (a process of another user, EPERM, or a zombie exists).
+func processGone(pid int) bool {
+	return errors.Is(syscall.Kill(pid, 0), syscall.ESRCH)
+}
+
+// tempPID returns PID when name is a temporary of target base in
+// createPending's pattern ".BASE.PID.RAND.tmp" (PID a positive decimal
+// without leading zeros, RAND one or more of [0-9a-z]), else false.
+func tempPID(name, base string) (int, bool) {
+	rest, ok := strings.CutPrefix(name, "."+base+".")
+	if !ok {
+		return 0, false
+	}
+	if rest, ok = strings.CutSuffix(rest, ".tmp"); !ok {
+		return 0, false
+	}
+	num, rnd, ok := strings.Cut(rest, ".")
+	if !ok || rnd == "" || num == "" || num[0] == '0' || len(num) > 10 {
+		return 0, false
+	}
+	for _, c := range rnd {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'z') {
+			return 0, false
+		}
+	}
+	for _, c := range num {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+	}
+	pid, err := strconv.Atoi(num)
+	return pid, err == nil && pid > 0
 }
 
 // maxLinks bounds the symbolic links linkTarget follows, as Linux's

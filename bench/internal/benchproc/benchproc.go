@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -72,15 +71,16 @@ func Scrape(c *http.Client, base string) (map[string]float64, error) {
 	return m, sc.Err()
 }
 
-// FreePort returns a loopback port nothing listened on a moment ago.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
+// Lines the router's processes print with an address they bound (given
+// port 0), for Start and StartAll.
+var (
+	// ServeProfiler is `router serve`'s --debug-listen line; group 1 is
+	// host:port.
+	ServeProfiler = regexp.MustCompile(`router serve profiler on http://(\S+)/debug/pprof/`)
+	// MockKVEvents is `router mock-worker`'s line for rank 0's KV events
+	// publisher (--kv-events-endpoint); group 1 is tcp://host:port.
+	MockKVEvents = regexp.MustCompile(`mock-worker rank 0 KV events on (tcp://\S+)`)
+)
 
 // Children are the processes a bench started, stopped in reverse order
 // (StopAll). Each is SIGKILLed by the kernel if the bench dies (Linux).
@@ -93,11 +93,29 @@ type child struct {
 }
 
 // Start runs bin args with stderr to logPath and waits (30 s at most) for
-// the stdout line matching re, returning its first group.
+// the stdout line matching re, returning its first group. Give a child
+// port 0 (--listen 127.0.0.1:0) and re its "listening on" line: the
+// address is then that child's own socket, which no other process can
+// hold while the child lives. Errors: the child could not start, exited
+// first (quoting its log, and naming the process that holds a port its
+// bind found taken: PortOwner), printed no match in time, or ctx ended.
 func (cs *Children) Start(ctx context.Context, logPath string, re *regexp.Regexp, bin string, args ...string) (string, error) {
-	lf, err := os.Create(logPath)
+	got, err := cs.StartAll(ctx, logPath, []*regexp.Regexp{re}, bin, args...)
 	if err != nil {
 		return "", err
+	}
+	return got[0], nil
+}
+
+// StartAll is Start waiting for a stdout line matching each of res (in
+// any order; the first line matching each counts), returning their first
+// groups in res's order: a mock worker's HTTP address and its KV events'
+// address, say. The child is known to Kill, Pid, Signal and Wait by the
+// first. Errors: as Start's.
+func (cs *Children) StartAll(ctx context.Context, logPath string, res []*regexp.Regexp, bin string, args ...string) ([]string, error) {
+	lf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
 	}
 	defer lf.Close()
 	cmd := exec.Command(bin, args...)
@@ -105,39 +123,74 @@ func (cs *Children) Start(ctx context.Context, logPath string, re *regexp.Regexp
 	cmd.SysProcAttr = sysProcAttr()
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", err
+		return nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", err
+		return nil, err
 	}
 	c := &child{cmd: cmd, done: make(chan struct{})}
 	cs.list = append(cs.list, c)
-	addr := make(chan string, 1)
+	found := make(chan []string, 1)
 	go func() {
+		got, n := make([]string, len(res)), 0
+		seen := make([]bool, len(res))
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			if m := re.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case addr <- m[1]:
-				default:
+			if n == len(res) {
+				continue // keep reading: the child must not block on a full pipe
+			}
+			for i, re := range res {
+				if m := re.FindStringSubmatch(sc.Text()); m != nil && !seen[i] {
+					got[i], seen[i] = m[1], true
+					if n++; n == len(res) {
+						found <- got
+					}
 				}
 			}
 		}
 		_ = cmd.Wait()
 		close(c.done)
 	}()
-	select {
-	case a := <-addr:
-		c.addr = a
-		return a, nil
-	case <-c.done:
-		b, _ := os.ReadFile(logPath)
-		return "", fmt.Errorf("%s %s exited before listening: %s", filepath.Base(bin), args[0], b)
-	case <-time.After(30 * time.Second):
-		return "", fmt.Errorf("%s %s did not listen within 30 s", filepath.Base(bin), args[0])
-	case <-ctx.Done():
-		return "", ctx.Err()
+	name := filepath.Base(bin)
+	if len(args) > 0 {
+		name += " " + args[0]
 	}
+	select {
+	case got := <-found:
+		c.addr = got[0]
+		return got, nil
+	case <-c.done:
+		select {
+		case got := <-found: // matched, then exited at once
+			c.addr = got[0]
+			return got, nil
+		default:
+		}
+		b, _ := os.ReadFile(logPath)
+		return nil, fmt.Errorf("%s (pid %d) exited before listening: %s%s", name, cmd.Process.Pid, b, takenPortNote(b))
+	case <-time.After(30 * time.Second):
+		return nil, fmt.Errorf("%s (pid %d) did not print %v within 30 s", name, cmd.Process.Pid, res)
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// addrInUse matches Go's error for a bind to a taken port ("listen tcp
+// 127.0.0.1:8080: bind: address already in use"); group 1 is the port.
+var addrInUse = regexp.MustCompile(`:(\d+): bind: address already in use`)
+
+// takenPortNote is "\nport N is held by OWNER" when log holds a bind
+// error for port N, else "".
+func takenPortNote(log []byte) string {
+	m := addrInUse.FindSubmatch(log)
+	if m == nil {
+		return ""
+	}
+	port, err := strconv.Atoi(string(m[1]))
+	if err != nil {
+		return ""
+	}
+	return fmt.Sprintf("\nport %d is held by %s", port, PortOwner(port))
 }
 
 // StopAll stops every child: SIGTERM, then SIGKILL after 5 s.
