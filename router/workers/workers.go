@@ -165,6 +165,16 @@ const (
 	// DefaultFailureThreshold is how many consecutive failed probes, or
 	// consecutive failed requests, make a worker not ready.
 	DefaultFailureThreshold = 3
+	// DefaultMaxEjectedPercent bounds the share of the configured workers
+	// that request failures may hold out of the candidate set at once
+	// (at least one worker whatever the share): Envoy's outlier
+	// detection default (max_ejection_percent, 10%, "will eject at least
+	// one host regardless of the value"). A request that fails on every
+	// engine it reaches (one whose prompt crashes or resets engines) would
+	// otherwise take each of them out in turn, and three such requests
+	// empty a three-worker fleet; probes are not bounded so, and take out
+	// every engine that is down.
+	DefaultMaxEjectedPercent = 10
 	// StaleIntervals is the age, in scrape intervals, at which an engine
 	// report is cleared.
 	StaleIntervals = 3
@@ -190,6 +200,13 @@ type Options struct {
 	// FailureThreshold is the consecutive failures that make a worker not
 	// ready (DefaultFailureThreshold).
 	FailureThreshold int
+	// MaxEjectedPercent bounds the workers held out by request failures
+	// (ReportFailure) at once, as a percentage of the configured workers,
+	// at least one (DefaultMaxEjectedPercent; 0 takes the default, 100
+	// bounds nothing). A worker at the threshold past the bound stays in
+	// (logged once until it succeeds or leaves); its probes still take
+	// it out when its engine is down.
+	MaxEjectedPercent int
 	// Client scrapes the engines; nil uses a client of its own that,
 	// unlike http.DefaultTransport, ignores HTTP_PROXY (the engines'
 	// requests take no proxy either) and closes connections idle for
@@ -450,15 +467,19 @@ type entry struct {
 	gens         []*fleet.Worker // generations that may still have requests in flight
 	scrapeFails  int
 	requestFails int
-	leftAt       time.Time // when it last left the candidate set
-	probedOK     time.Time // when a probe last succeeded
-	lastErr      error
-	leftWhy      string      // why it left the candidate set, or could not join
-	noLoad       string      // why the last successful probe had no load; "" when it had one
-	models       []string    // the engine's models, sorted; nil until read
-	cards        []ModelCard // the engine's model cards, sorted by id; nil until read
-	modelsAt     time.Time   // when they were last read
-	modelsWhy    string      // why the last re-read failed; "" when it did not
+	// ejected: it left for request failures (ReportFailure) and has not
+	// joined since; kept: it reached the threshold while the ejection
+	// bound held it in (logged once).
+	ejected, kept bool
+	leftAt        time.Time // when it last left the candidate set
+	probedOK      time.Time // when a probe last succeeded
+	lastErr       error
+	leftWhy       string      // why it left the candidate set, or could not join
+	noLoad        string      // why the last successful probe had no load; "" when it had one
+	models        []string    // the engine's models, sorted; nil until read
+	cards         []ModelCard // the engine's model cards, sorted by id; nil until read
+	modelsAt      time.Time   // when they were last read
+	modelsWhy     string      // why the last re-read failed; "" when it did not
 
 	// The engine's KV-event publishers (discover).
 	srcAt       time.Time  // when they were last asked for; zero: never
@@ -495,6 +516,9 @@ func NewManager(r Membership, o Options) (*Manager, error) {
 	}
 	if o.ScrapeInterval <= 0 {
 		o.ScrapeInterval = DefaultScrapeInterval
+	}
+	if o.MaxEjectedPercent <= 0 || o.MaxEjectedPercent > 100 {
+		o.MaxEjectedPercent = DefaultMaxEjectedPercent
 	}
 	if o.FailureThreshold <= 0 {
 		o.FailureThreshold = DefaultFailureThreshold
@@ -769,7 +793,7 @@ func (m *Manager) joinLocked(e *entry) {
 		m.leaveLocked(e, e.leftWhy)
 		return
 	}
-	e.requestFails, e.leftWhy = 0, ""
+	e.requestFails, e.leftWhy, e.ejected, e.kept = 0, "", false, false
 }
 
 // reconcileLocked makes the fleet hold each rank of the ready e under its
@@ -979,8 +1003,13 @@ func (m *Manager) observe(e *entry, start time.Time, o outcome) {
 				"ready", e.ready, "consecutive_failures", e.scrapeFails)
 		}
 		e.lastErr = err
-		if e.ready && e.scrapeFails >= m.o.FailureThreshold {
-			m.leaveLocked(e, fmt.Sprintf("%d consecutive probes failed: %v", e.scrapeFails, err))
+		if e.scrapeFails >= m.o.FailureThreshold {
+			// Out on its probes' word now: it no longer holds the
+			// request failures' ejection bound (ReportFailure).
+			e.ejected = false
+			if e.ready {
+				m.leaveLocked(e, fmt.Sprintf("%d consecutive probes failed: %v", e.scrapeFails, err))
+			}
 		}
 	default:
 		e.scrapeFails, e.lastErr, e.probedOK = 0, nil, now
@@ -1223,7 +1252,9 @@ func (e *entry) sourceRanksLocked() Engine {
 // ReportFailure records that a request to the worker named name failed
 // (connection refused, reset before any byte, a 5xx). FailureThreshold
 // consecutive failures take it out of the candidate set until a scrape
-// succeeds again. Unknown names and workers not ready are ignored.
+// succeeds again, unless MaxEjectedPercent of the configured workers (at
+// least one) are out for request failures already. Unknown names and
+// workers not ready are ignored.
 func (m *Manager) ReportFailure(name string) {
 	m.mu.Lock()
 	defer m.unlock()
@@ -1232,9 +1263,26 @@ func (m *Manager) ReportFailure(name string) {
 		return
 	}
 	e.requestFails++
-	if e.requestFails >= m.o.FailureThreshold {
-		m.leaveLocked(e, fmt.Sprintf("%d consecutive requests failed", e.requestFails))
+	if e.requestFails < m.o.FailureThreshold {
+		return
 	}
+	ejected := 0
+	for _, o := range m.entries {
+		if o.ejected {
+			ejected++
+		}
+	}
+	if bound := max(1, len(m.entries)*m.o.MaxEjectedPercent/100); ejected >= bound {
+		if !e.kept {
+			e.kept = true
+			m.log.Warn("worker kept in despite failed requests: request failures hold the most workers out they may",
+				"worker", e.cfg.Name, "consecutive_failures", e.requestFails, "out_for_request_failures", ejected,
+				"max_ejected_percent", m.o.MaxEjectedPercent)
+		}
+		return
+	}
+	e.ejected = true
+	m.leaveLocked(e, fmt.Sprintf("%d consecutive requests failed", e.requestFails))
 }
 
 // ReportSuccess records that a request to the worker named name succeeded,
@@ -1243,7 +1291,7 @@ func (m *Manager) ReportSuccess(name string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e := m.entries[name]; e != nil {
-		e.requestFails = 0
+		e.requestFails, e.kept = 0, false
 	}
 }
 

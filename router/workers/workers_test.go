@@ -340,6 +340,47 @@ func TestReportFailure(t *testing.T) {
 	}
 }
 
+// TestRequestFailuresEjectBounded: request failures hold at most
+// MaxEjectedPercent of the configured workers out at once (at least one):
+// a request that fails on every engine it reaches (three of them, each
+// past the threshold) takes one out, not the fleet; the others are kept
+// in, logged once each. Once the ejected one is back, another may go.
+func TestRequestFailuresEjectBounded(t *testing.T) {
+	r := newRouter(t)
+	// A scrape interval long enough that the ejected worker cannot
+	// rejoin between the reports and the checks right after them.
+	m, logs := newManager(t, r, Options{ScrapeInterval: time.Second})
+	ws := []config.Worker{worker("a", newEngine(t, vllmMetrics), "m"), worker("b", newEngine(t, vllmMetrics), "m"),
+		worker("c", newEngine(t, vllmMetrics), "m")}
+	if err := m.Sync(ws); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "a, b, c ready", membersAre(r, "m", shared.RoleAggregated, "a", "b", "c"))
+	for range DefaultFailureThreshold + 1 { // one past the threshold: still logged once
+		for _, name := range []string{"a", "b", "c"} {
+			m.ReportFailure(name)
+		}
+	}
+	if got := names(r, "m", shared.RoleAggregated); !slices.Equal(got, []string{"b", "c"}) {
+		t.Fatalf("members after %d failures on each of 3 workers: %v, want [b c] (10%% of 3 is 1 worker out at most)",
+			DefaultFailureThreshold+1, got)
+	}
+	if n := strings.Count(logs.String(), "worker kept in despite failed requests"); n != 2 {
+		t.Errorf("%d kept-in warnings, want 2 (b and c once each):\n%s", n, logs.String())
+	}
+	for _, name := range []string{"b", "c"} {
+		if st, _ := m.StatusOf(name); !st.Ready || st.RequestFailures != DefaultFailureThreshold+1 {
+			t.Errorf("%s: ready %v, request failures %d; want ready with %d", name, st.Ready, st.RequestFailures, DefaultFailureThreshold+1)
+		}
+	}
+	// a rejoins at its next probe; then b's next failure takes it out.
+	testkit.Eventually(t, "a back", membersAre(r, "m", shared.RoleAggregated, "a", "b", "c"))
+	m.ReportFailure("b")
+	if got := names(r, "m", shared.RoleAggregated); !slices.Equal(got, []string{"a", "c"}) {
+		t.Fatalf("members after b's next failure with a back: %v, want [a c]", got)
+	}
+}
+
 func TestSyncAddRemoveChange(t *testing.T) {
 	r := newRouter(t)
 	m, _ := newManager(t, r, Options{ScrapeInterval: fast})
