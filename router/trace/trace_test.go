@@ -307,6 +307,16 @@ func TestAzureErrors(t *testing.T) {
 			"a.csv:4: timestamp decreases: 2023-11-16 18:17:03.0000000 after 2023-11-16 18:17:03.9799600", ErrTimestampDecreased},
 		{"bare quote", hdr + "2023-11-16 18:17:04.0319600,3\"1,8\r\n", 3,
 			`a.csv:3: bare " in non-quoted-field`, nil},
+		// A failed csv.Reader.Read may have read no field: the line is the
+		// *csv.ParseError's, never cr.FieldPos's (which panicked here).
+		{"unclosed quote", "TIMESTAMP,ContextTokens,GeneratedTokens\n\"2023-11-16 18:15:46.6805900,374,44\n", 2,
+			`a.csv:2: extraneous or missing " in quoted-field`, nil},
+		{"unclosed quote, more lines", hdr + "\"2023-11-16 18:17:04.0319600,3180,8\r\n2023-11-16 18:17:05.0000000,1,1\r\n", 3,
+			`a.csv:3: extraneous or missing " in quoted-field (in the record starting here, at line 4, column 33)`, nil},
+		{"unclosed quote in the header", "\"TIMESTAMP,ContextTokens,GeneratedTokens\n", 1,
+			`a.csv:1: extraneous or missing " in quoted-field`, nil},
+		{"text after a closing quote", hdr + "\"2023-11-16 18:17:04.0319600\"x,3180,8\r\n", 3,
+			`a.csv:3: extraneous or missing " in quoted-field`, nil},
 		// Time.Sub saturates at about 292 years; the offset must not.
 		{"offset overflow", hdr + "2023-11-16 18:17:05.0000000,1,1\r\n2400-01-01 00:00:00.0000000,3180,8\r\n", 4,
 			"a.csv:4: TIMESTAMP 2400-01-01 00:00:00.0000000 is too far after the first request's 2023-11-16 18:17:03.9799600: " +
