@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -267,6 +268,9 @@ func decodeError(err error) error {
 		field := te.Field
 		if field == "" {
 			return fmt.Errorf("invalid JSON: the line is %s %s, want an object", article(te.Value), te.Value)
+		}
+		if te.Type != nil && te.Type.Kind() == reflect.String { // policy_class, session_id
+			return fmt.Errorf("%s: %s, want a string", field, te.Value)
 		}
 		if num, ok := strings.CutPrefix(te.Value, "number "); ok {
 			return fmt.Errorf("%s: %w", field, notCount(num))
