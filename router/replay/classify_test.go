@@ -191,4 +191,19 @@ worker_selection {
 	if reason, count := rep.TopRejection(); reason != want || count != n {
 		t.Errorf("TopRejection = %q, %d; want %q, %d", reason, count, want, n)
 	}
+
+	// No request completed: the latency distributions have no sample, and
+	// the JSON report says null, not 0 ms.
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(reportJSON(t, rep), &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ttft_ms", "e2e_ms", "queue_ms", "tpot_ms", "itl_ms"} {
+		if string(got[k]) != "null" {
+			t.Errorf("%s = %s, want null", k, got[k])
+		}
+	}
+	if string(got["completed"]) != "0" {
+		t.Errorf("completed = %s, want 0", got["completed"])
+	}
 }
