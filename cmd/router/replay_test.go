@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -282,5 +283,52 @@ func TestReplayPrefixFlagErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			wantExit(t, 2, append([]string{"replay", "--limit", "10"}, tt.args...), tt.want)
 		})
+	}
+}
+
+// TestReplayReportNoneCompleted: a run where every request is rejected
+// (each names a class the policy's queue lacks) exits 0, names one
+// reason with the full count, and its JSON report has null latency
+// summaries, not 0 ms.
+func TestReplayReportNoneCompleted(t *testing.T) {
+	policy := writeFile(t, "p.hcl", `queue {
+  default_class = "a"
+  class "a" {
+    weight = 1
+  }
+}
+
+request_classifier {
+  type = "header-priority"
+}
+`)
+	var tr strings.Builder
+	for i := range 4 {
+		fmt.Fprintf(&tr, `{"timestamp": %d, "input_length": 10, "output_length": 2, "hash_ids": [%d], "policy_class": "zzz"}`+"\n", i, i)
+	}
+	trace := writeFile(t, "z.jsonl", tr.String())
+	report := filepath.Join(t.TempDir(), "r.json")
+	code, _, errOut := routerRun(t, "replay", "--trace", trace, "--policy", policy, "--report", report)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	if want := `4 of 4 requests rejected; most common reason (4): unknown policy class "zzz" (queue classes: a)`; !strings.Contains(errOut, want) {
+		t.Errorf("stderr %q lacks %q", errOut, want)
+	}
+	b, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rep map[string]json.RawMessage
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ttft_ms", "e2e_ms", "queue_ms", "tpot_ms", "itl_ms"} {
+		if string(rep[k]) != "null" {
+			t.Errorf("%s = %s, want null", k, rep[k])
+		}
+	}
+	if string(rep["completed"]) != "0" || !strings.Contains(string(rep["classes"]), `"ttft_ms": null`) {
+		t.Errorf("completed %s, classes %s", rep["completed"], rep["classes"])
 	}
 }

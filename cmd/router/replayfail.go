@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -47,10 +48,22 @@ func (f *replayFlags) failuresOf(cmd *cobra.Command) (*replay.Failures, error) {
 	}
 	out := &replay.Failures{Rate: f.failRate, RestartAfter: f.restartAfter, Migration: migrate.DefaultPolicy()}
 	out.Migration.Limit = f.migrationLimit
+	first := make(map[replay.Failure]string) // each failure's first entry, as given
 	for _, v := range f.fail {
 		xs, err := replay.ParseFailures(v)
 		if err != nil {
 			return nil, err
+		}
+		// ParseFailures gives one failure per comma-separated entry, in order.
+		for i, e := range strings.Split(v, ",") {
+			e = strings.TrimSpace(e)
+			switch prev, dup := first[xs[i]]; {
+			case dup && prev == e:
+				return nil, fmt.Errorf("--fail: %s is listed twice", e)
+			case dup:
+				return nil, fmt.Errorf("--fail: %s is listed twice (as %s and %s)", failureName(xs[i]), prev, e)
+			}
+			first[xs[i]] = e
 		}
 		out.At = append(out.At, xs...)
 	}
@@ -81,3 +94,6 @@ func (f *replayFlags) failuresOf(cmd *cobra.Command) (*replay.Failures, error) {
 	}
 	return out, nil
 }
+
+// failureName is f as an entry of --fail: sim-3@1m30s.
+func failureName(f replay.Failure) string { return fmt.Sprintf("sim-%d@%v", f.Worker, f.At) }

@@ -24,6 +24,12 @@ func TestReplayFailFlagErrors(t *testing.T) {
 		{"restart zero", []string{"--fail", "1@1s", "--restart-after", "0s"}, "--restart-after 0s: want a duration above 0"},
 		{"precise", []string{"--fail", "1@1s", "--prefix", "precise"}, "approximate prefix mode only"},
 		{"disaggregated", []string{"--fail", "1@1s", "--prefill-workers", "2", "--decode-workers", "2"}, "aggregated workers only"},
+		// An entry listed twice is refused, as --workers 8,8 is; the same
+		// failure written two ways too.
+		{"twice in one value", []string{"--fail", "3@1768s,3@1768s"}, "--fail: 3@1768s is listed twice"},
+		{"twice in two values", []string{"--fail", "3@1768s", "--fail", "1@1s", "--fail", "3@1768s"}, "--fail: 3@1768s is listed twice"},
+		{"twice, written two ways", []string{"--fail", "3@1768s", "--fail", "sim-3@29m28s"},
+			"--fail: sim-3@29m28s is listed twice (as 3@1768s and sim-3@29m28s)"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			wantExit(t, 2, append([]string{"replay", "--limit", "10"}, tt.args...), tt.want)
@@ -67,5 +73,35 @@ func TestReplayFailReport(t *testing.T) {
 		if n := len([]rune(l)); n > defaultTableWidth {
 			t.Errorf("line of %d runes, want at most %d: %q", n, defaultTableWidth, l)
 		}
+	}
+}
+
+// TestReplayFailWhileDown: a --fail failure timed while its worker is
+// still down from an earlier one does nothing, and the text section and
+// the JSON report (while_down, next to not_reached) say so.
+func TestReplayFailWhileDown(t *testing.T) {
+	report := filepath.Join(t.TempDir(), "r.json")
+	code, out, errOut := routerRun(t, "replay", "--trace", arxivTrace, "--limit", "300", "--workers", "2",
+		"--fail", "sim-1@20s", "--fail", "1@22s", "--restart-after", "5s", "--report", report)
+	if code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	var rep struct {
+		Migration *struct {
+			Failures, Restarts int
+			NotReached         int `json:"not_reached"`
+			WhileDown          int `json:"while_down"`
+		}
+	}
+	b, err := os.ReadFile(report)
+	if err != nil || json.Unmarshal(b, &rep) != nil {
+		t.Fatalf("report %q: %v", b, err)
+	}
+	if m := rep.Migration; m == nil || m.Failures != 1 || m.Restarts != 1 || m.WhileDown != 1 || m.NotReached != 0 {
+		t.Fatalf("migration %+v, want 1 failure, 1 restart, 1 while down, 0 not reached", m)
+	}
+	if !strings.Contains(out, "default on 2 workers: 1 failure, 1 restart;") ||
+		!strings.Contains(out, "\n  1 --fail failure timed while its worker was down (failed, not yet restarted): not applied\n") {
+		t.Errorf("no while-down line in\n%s", out)
 	}
 }

@@ -285,7 +285,10 @@ func Alternates(k int) Option {
 // clients: one nobody serves is refused unclassified). Errors
 // after classification come with the handle (ended, its classification
 // readable, so callers can account the refusal to its class):
-// ErrQueueFull, or the core's (router.Place).
+// ErrQueueFull, or the core's (router.Place). Only ErrDuplicateRequest's
+// text names the request's id (the id is the fault): the others read the
+// same for every request they refuse, so that replay groups rejections
+// by reason and serve and the EPP answer them without an internal id.
 func (c *Controller) Admit(ctx context.Context, req *shared.Request, opts ...Option) (*Handle, error) {
 	if c.closed.Load() {
 		return nil, ErrClosed
@@ -321,11 +324,11 @@ func (c *Controller) classify(ctx context.Context, h *Handle) error {
 	req := h.req
 	cl, err := c.classifierFor(req.Model, req.Role)
 	if errors.Is(err, shared.ErrNoWorkers) {
-		return fmt.Errorf("request %q: %w", req.ID, err)
+		return err
 	}
 	if err != nil || cl == nil {
 		if err != nil {
-			return fmt.Errorf("request %q: creating the classifier: %w", req.ID, err)
+			return fmt.Errorf("creating the classifier: %w", err)
 		}
 		return nil
 	}
@@ -336,7 +339,7 @@ func (c *Controller) classify(ctx context.Context, h *Handle) error {
 		return err
 	}
 	if class.PolicyClass != "" && !c.knownClass(class.PolicyClass) {
-		return fmt.Errorf("request %q: %w %q (queue classes: %s)", req.ID, ErrUnknownClass, class.PolicyClass, c.classNames())
+		return fmt.Errorf("%w %q (queue classes: %s)", ErrUnknownClass, class.PolicyClass, c.classNames())
 	}
 	h.class = class
 	req.Priority = class.Priority

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -213,6 +212,34 @@ func TestQueuesAtCapacityAndDispatchesWhenFreed(t *testing.T) {
 	}
 }
 
+// The same classifier failure on two requests reads the same: the error
+// text carries no request id (ClassifyError.RequestID does), so callers
+// can group refusals by it.
+func TestClassifierFailureTextHasNoRequestID(t *testing.T) {
+	c := classifyWith(func(req *shared.Request) (shared.Classification, error) {
+		if req.ID[0] == 'p' {
+			panic("classifier bug")
+		}
+		return shared.Classification{}, errors.New("no such tenant")
+	})
+	e := newEnv(t, 1, config.DefaultQueue(), c)
+	for _, tt := range []struct {
+		ids  [2]string
+		want string
+	}{
+		{[2]string{"e1", "e2"}, "classifier request_classifier: no such tenant"},
+		{[2]string{"p1", "p2"}, "classifier request_classifier: panic: classifier bug"},
+	} {
+		for _, id := range tt.ids {
+			_, err := e.c.Admit(context.Background(), &shared.Request{ID: id, Role: shared.RoleAggregated})
+			var ce *admission.ClassifyError
+			if !errors.As(err, &ce) || ce.RequestID != id || err.Error() != tt.want {
+				t.Fatalf("%s: err = %v, want a *admission.ClassifyError reading %q", id, err, tt.want)
+			}
+		}
+	}
+}
+
 func TestClassifierFailureFailsOnlyThatRequest(t *testing.T) {
 	c := classifyWith(func(req *shared.Request) (shared.Classification, error) {
 		switch req.ID {
@@ -396,7 +423,9 @@ func TestUnknownClass(t *testing.T) {
 	})
 	e := newEnv(t, 2, config.DefaultQueue(), c)
 	h, err := e.c.Admit(context.Background(), &shared.Request{ID: "a", Role: shared.RoleAggregated})
-	if !errors.Is(err, admission.ErrUnknownClass) || !strings.Contains(err.Error(), `"bulk" (queue classes: default)`) || h != nil {
+	// The text names no request id: replay counts rejections by it, and
+	// serve and the EPP answer it to clients.
+	if !errors.Is(err, admission.ErrUnknownClass) || err.Error() != `unknown policy class "bulk" (queue classes: default)` || h != nil {
 		t.Fatalf("handle %v, err = %v", h, err)
 	}
 	if _, live := e.c.Progress("a"); live || len(e.rec.events()) != 0 {

@@ -14,7 +14,8 @@ import (
 type ClassifyError struct {
 	// Classifier names the classifier instance (or type) that failed.
 	Classifier string
-	// RequestID is the failed request's id.
+	// RequestID is the failed request's id, for logs; Error leaves it
+	// out, so that the same failure on many requests reads the same.
 	RequestID string
 	// Err is the error Classify returned; nil after a panic.
 	Err error
@@ -24,18 +25,21 @@ type ClassifyError struct {
 	Stack []byte
 }
 
+// Error implements error as "classifier NAME: CAUSE" or "classifier NAME:
+// panic: VALUE", without the request's id (RequestID holds it): callers
+// group and count failures by their text, and answer it to clients.
 func (e *ClassifyError) Error() string {
 	if e.Err == nil {
-		return fmt.Sprintf("classifier %s: request %q: panic: %v", e.Classifier, e.RequestID, e.Panic)
+		return fmt.Sprintf("classifier %s: panic: %v", e.Classifier, e.Panic)
 	}
-	return fmt.Sprintf("classifier %s: request %q: %v", e.Classifier, e.RequestID, e.Err)
+	return fmt.Sprintf("classifier %s: %v", e.Classifier, e.Err)
 }
 
 // Unwrap returns the error Classify returned, or nil after a panic.
 func (e *ClassifyError) Unwrap() error { return e.Err }
 
 // SafeClassify calls c.Classify and turns both a returned error and a panic
-// into a *ClassifyError naming the classifier name and the request, so one
+// into a *ClassifyError naming the classifier and the request, so one
 // request's failure never takes down the caller. It also refuses a negative
 // SchedulingCostTokens. It adds no allocation on success.
 func SafeClassify(ctx context.Context, name string, c shared.Classifier, req *shared.Request) (cl shared.Classification, err error) {

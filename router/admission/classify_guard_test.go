@@ -34,17 +34,17 @@ func TestSafeClassify(t *testing.T) {
 		}, shared.Classification{Priority: 3, PolicyClass: "gold", Target: 7, HasTarget: true}, "", nil, false},
 		{"error", func(context.Context, *shared.Request) (shared.Classification, error) {
 			return shared.Classification{Priority: 9}, errBad
-		}, shared.Classification{}, `classifier hp: request "r1": bad header`, errBad, false},
+		}, shared.Classification{}, `classifier hp: bad header`, errBad, false},
 		{"panic", func(context.Context, *shared.Request) (shared.Classification, error) {
 			panic("boom")
-		}, shared.Classification{}, `classifier hp: request "r1": panic: boom`, nil, true},
+		}, shared.Classification{}, `classifier hp: panic: boom`, nil, true},
 		{"runtime error", func(_ context.Context, r *shared.Request) (shared.Classification, error) {
 			var prio []int
 			return shared.Classification{Priority: prio[len(r.ID)]}, nil
-		}, shared.Classification{}, `classifier hp: request "r1": panic: runtime error: index out of range [2] with length 0`, nil, true},
+		}, shared.Classification{}, `classifier hp: panic: runtime error: index out of range [2] with length 0`, nil, true},
 		{"negative cost", func(context.Context, *shared.Request) (shared.Classification, error) {
 			return shared.Classification{SchedulingCostTokens: -1}, nil
-		}, shared.Classification{}, `classifier hp: request "r1": scheduling cost -1 tokens is negative`, nil, false},
+		}, shared.Classification{}, `classifier hp: scheduling cost -1 tokens is negative`, nil, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

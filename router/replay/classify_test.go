@@ -142,3 +142,68 @@ func TestSweepClassifiesAndQueues(t *testing.T) {
 		}
 	}
 }
+
+// A classification that fails every request (here each names a class the
+// queue lacks) is one rejection reason counted once per request, not one
+// reason per request id: the reasons stay as many as the ways to fail.
+func TestRejectionReasonsGroupAcrossRequests(t *testing.T) {
+	dir := t.TempDir()
+	policy, tr := filepath.Join(dir, "p.hcl"), filepath.Join(dir, "t.jsonl")
+	const pol = `
+queue {
+  default_class = "a"
+  class "a" {
+    weight = 1
+  }
+}
+
+request_classifier {
+  type = "header-priority"
+}
+
+policy "rr" {
+  picker "rr" {
+    type = "round-robin"
+  }
+}
+
+worker_selection {
+  aggregated = "rr"
+}
+`
+	if err := os.WriteFile(policy, []byte(pol), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const n = 25
+	var b strings.Builder
+	for i := range n {
+		fmt.Fprintf(&b, `{"timestamp": %d, "input_length": 10, "output_length": 2, "hash_ids": [%d], "policy_class": "zzz"}`+"\n", i, i)
+	}
+	if err := os.WriteFile(tr, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res := runSweep(t, &Sweep{Trace: openTrace(t, tr, 0), Policies: []string{policy}, Fleets: []Fleet{{Workers: 2}}})
+	rep := res.Reports[0]
+	const want = `unknown policy class "zzz" (queue classes: a)`
+	if rep.Rejected != n || len(rep.RejectionReasons) != 1 || rep.RejectionReasons[want] != n {
+		t.Fatalf("%d of %d rejected, reasons %v; want all, as {%q: %d}", rep.Rejected, n, rep.RejectionReasons, want, n)
+	}
+	if reason, count := rep.TopRejection(); reason != want || count != n {
+		t.Errorf("TopRejection = %q, %d; want %q, %d", reason, count, want, n)
+	}
+
+	// No request completed: the latency distributions have no sample, and
+	// the JSON report says null, not 0 ms.
+	var got map[string]json.RawMessage
+	if err := json.Unmarshal(reportJSON(t, rep), &got); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"ttft_ms", "e2e_ms", "queue_ms", "tpot_ms", "itl_ms"} {
+		if string(got[k]) != "null" {
+			t.Errorf("%s = %s, want null", k, got[k])
+		}
+	}
+	if string(got["completed"]) != "0" {
+		t.Errorf("completed = %s, want 0", got["completed"])
+	}
+}

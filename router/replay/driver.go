@@ -738,7 +738,7 @@ func (d *driver) dispatch(at time.Duration) bool {
 			d.unqueue(i, k)
 			if err := h.Err(); err != nil {
 				d.req(i).hops[k].h = nil
-				d.reject(i, k, rejectReason(err))
+				d.reject(i, k, rejectReason(err, i, k))
 				continue
 			}
 			d.decisions++

@@ -133,7 +133,12 @@ func (f *Failures) check(o *Options) error {
 	case f.RestartAfter < 0 || f.RestartAfter > MaxRestartAfter:
 		return fmt.Errorf("replay: restart after %v, want 0 (default %v) to %v", f.RestartAfter, DefaultRestartAfter, MaxRestartAfter)
 	}
+	seen := make(map[Failure]bool, len(f.At))
 	for _, x := range f.At {
+		if seen[x] {
+			return fmt.Errorf("replay: failure of worker sim-%d at %v is listed twice", x.Worker, x.At)
+		}
+		seen[x] = true
 		if x.Worker < 0 || x.Worker >= o.Workers {
 			return fmt.Errorf("replay: failure of worker sim-%d at %v: the fleet has sim-0 to sim-%d", x.Worker, x.At, o.Workers-1)
 		}
@@ -156,8 +161,10 @@ type faults struct {
 	down    []bool           // by worker index
 	rngs    []*rand.Rand     // by worker index; nil without a rate
 	cuts    []sim.Cut        // Fail's buffer
-	// reached counts the --fail failures whose time the run reached.
-	reached int
+	// reached counts the --fail failures whose time the run reached;
+	// whileDown those of them that found their worker already down (failed
+	// and not yet rejoined), which did nothing.
+	reached, whileDown int
 
 	failures, restarts, cut int
 	outcomes                map[migrate.Outcome]int
@@ -252,8 +259,10 @@ func (d *driver) applyFaults(t time.Duration) error {
 		switch {
 		case f.restart:
 			err = d.rejoin(f.worker, t)
-		case !fs.down[f.worker]: // a failure of a worker already down changes nothing
+		case !fs.down[f.worker]:
 			err = d.failWorker(f.worker, t)
+		case f.scheduled: // a failure of a worker already down changes nothing: said in the report
+			fs.whileDown++
 		}
 		if err != nil {
 			return err
@@ -389,7 +398,7 @@ func (fs *faults) countMigrated(out *Outcome) {
 func (fs *faults) report() *report.MigrationReport {
 	r := &report.MigrationReport{
 		Limit: fs.o.Migration.Limit, RestartAfterMs: report.Millis(fs.restart), RatePerWorkerHour: fs.o.Rate,
-		Failures: fs.failures, Restarts: fs.restarts, Cut: fs.cut, NotReached: len(fs.o.At) - fs.reached,
+		Failures: fs.failures, Restarts: fs.restarts, Cut: fs.cut, NotReached: len(fs.o.At) - fs.reached, WhileDown: fs.whileDown,
 		Causes:   map[string]int{string(migrate.CauseFailure): fs.cut},
 		Outcomes: make(map[string]int, len(migrate.Outcomes)),
 		Requests: fs.migrated, Completed: fs.completed,

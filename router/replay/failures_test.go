@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -208,6 +209,38 @@ func TestFailureAfterTheEnd(t *testing.T) {
 		Migration: migrate.DefaultPolicy()})
 	if rep.Migration.Failures != 1 || rep.Migration.NotReached != 1 || outs[0].Status != "ok" {
 		t.Errorf("failures %d, not reached %d, r0 %q", rep.Migration.Failures, rep.Migration.NotReached, outs[0].Status)
+	}
+}
+
+// TestFailureWhileDown: a --fail failure timed while its worker is down
+// (failed, not yet restarted) does nothing, and the report counts it
+// apart from those past the end; a failure listed twice is refused.
+func TestFailureWhileDown(t *testing.T) {
+	recs, cfg := failureScenario()
+	rep, outs := runFailures(t, recs[:2], cfg, 2, &Failures{At: []Failure{{Worker: 0, At: 30 * time.Millisecond},
+		{Worker: 0, At: 40 * time.Millisecond}, {Worker: 1, At: 1000 * time.Hour}}, Migration: migrate.DefaultPolicy()})
+	m := rep.Migration
+	if m.Failures != 1 || m.Restarts != 0 || m.WhileDown != 1 || m.NotReached != 1 || outs[1].Status != "ok" {
+		t.Fatalf("failures %d, restarts %d, while down %d, not reached %d, r1 %q; want 1, 0, 1, 1, ok",
+			m.Failures, m.Restarts, m.WhileDown, m.NotReached, outs[1].Status)
+	}
+	b, err := json.Marshal(m)
+	if err != nil || !bytes.Contains(b, []byte(`"not_reached":1,"while_down":1,`)) {
+		t.Errorf("JSON %s, %v: want not_reached 1 and while_down 1", b, err)
+	}
+	lines := report.MigrationLines([]report.Cell{{Runs: []*report.Report{rep}}})
+	want := []string{"rr on 2 workers: 1 failure, 0 restarts; 1 cut: 1 migrated, 0 failed",
+		"  1 --fail failure timed after the run's last request ended: not applied",
+		"  1 --fail failure timed while its worker was down (failed, not yet restarted): not applied"}
+	if len(lines) < 3 || !slices.Equal(lines[:3], want) {
+		t.Errorf("lines\n%s\nwant them to start\n%s", strings.Join(lines, "\n"), strings.Join(want, "\n"))
+	}
+
+	b2 := loadPolicy(t, roundRobin)
+	_, err = Run(context.Background(), Options{PolicyName: "rr", Roles: b2.Roles, BlockSize: b2.BlockSize, TraceName: "t", Records: recs, Workers: 2,
+		Sim: cfg, Failures: &Failures{At: []Failure{{Worker: 1, At: time.Second}, {Worker: 1, At: time.Second}}, Migration: migrate.DefaultPolicy()}})
+	if err == nil || err.Error() != "replay: failure of worker sim-1 at 1s is listed twice" {
+		t.Errorf("a failure listed twice: %v", err)
 	}
 }
 

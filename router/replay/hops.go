@@ -3,6 +3,7 @@ package replay
 import (
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/switchyard-router/switchyard/router"
@@ -95,7 +96,7 @@ func (d *driver) admitted(i, k int, h *admission.Handle, err error, at time.Dura
 	hp := &d.req(i).hops[k]
 	switch {
 	case err != nil:
-		d.reject(i, k, rejectReason(err))
+		d.reject(i, k, rejectReason(err, i, k))
 	case h.Queued():
 		hp.h, hp.queued = h, true
 		d.waiting++
@@ -242,14 +243,22 @@ func (d *driver) end(i, k int, o admission.Outcome) {
 // *shared.NoHeadroomError): one reason, whatever the predictions.
 const RejectNoHeadroom = "slo_no_headroom: no worker predicted to meet the latency targets"
 
-// rejectReason is the rejection reason of an admission error: its text,
-// but RejectNoHeadroom for a *shared.NoHeadroomError.
-func rejectReason(err error) string {
+// rejectReason is the rejection reason of hop k of request i's admission
+// error: its text, but RejectNoHeadroom for a *shared.NoHeadroomError. The
+// reason must read the same for every request refused alike, since
+// Report.RejectionReasons counts by it: admission's own errors name no
+// request, and a `request "ID": ` naming the hop's id that a plugin
+// classifier's answer may carry (the SDK's words) is cut out.
+func rejectReason(err error, i, k int) string {
 	var nh *shared.NoHeadroomError
 	if errors.As(err, &nh) {
 		return RejectNoHeadroom
 	}
-	return err.Error()
+	id := strconv.Itoa(i)
+	if k == decodeHop {
+		id += DecodeIDSuffix
+	}
+	return strings.ReplaceAll(err.Error(), "request "+strconv.Quote(id)+": ", "")
 }
 
 // reject marks request i rejected at hop k for reason: it is over.

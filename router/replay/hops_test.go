@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math"
 	"strconv"
 	"strings"
@@ -471,5 +472,25 @@ func TestDecodeHopDispatchedWhenDecodeWorkerFrees(t *testing.T) {
 	}
 	if d1.sent != d0.end {
 		t.Fatalf("request 1's decode hop was dispatched at %v, want when request 0's decode completed, %v", d1.sent, d0.end)
+	}
+}
+
+// rejectReason cuts the hop's own id out of an error that carries it (a
+// plugin classifier's answer, in the SDK's words) and leaves other text.
+func TestRejectReasonDropsTheRequestID(t *testing.T) {
+	cause := errors.New(`plugin p: classifier c: request "12": no such tenant`)
+	for _, tt := range []struct {
+		err  error
+		i, k int
+		want string
+	}{
+		{fmt.Errorf("classifier request_classifier: %w", cause), 12, firstHop, "classifier request_classifier: plugin p: classifier c: no such tenant"},
+		{errors.New(`classifier c: request "12#d": no such tenant`), 12, decodeHop, "classifier c: no such tenant"},
+		{errors.New(`classifier c: request "120": no such tenant`), 12, firstHop, `classifier c: request "120": no such tenant`},
+		{fmt.Errorf("x: %w", &shared.NoHeadroomError{}), 3, firstHop, RejectNoHeadroom},
+	} {
+		if got := rejectReason(tt.err, tt.i, tt.k); got != tt.want {
+			t.Errorf("rejectReason(%q, %d, %d) = %q, want %q", tt.err, tt.i, tt.k, got, tt.want)
+		}
 	}
 }

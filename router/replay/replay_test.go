@@ -161,7 +161,7 @@ func TestAzureTraceHasNoPrefixHits(t *testing.T) {
 func TestSummarizeNearestRank(t *testing.T) {
 	xs := []float64{5, 1, 4, 2, 3, 10, 9, 8, 7, 6}
 	got := summarize(xs)
-	want := report.Summary{P50: 5, P90: 9, P99: 10, Mean: 5.5}
+	want := report.Summary{P50: 5, P90: 9, P99: 10, Mean: 5.5, N: 10}
 	if got != want {
 		t.Fatalf("summarize = %+v, want %+v", got, want)
 	}

@@ -30,6 +30,7 @@ func summarize(xs []float64) report.Summary {
 		P90:  nearestRank(xs, 0.90),
 		P99:  nearestRank(xs, 0.99),
 		Mean: round3(sum / float64(len(xs))),
+		N:    len(xs),
 	}
 }
 
@@ -367,6 +368,7 @@ func (t *tally) itlSummary() report.Summary {
 		P90:  ms(h.ValueAtQuantile(90)),
 		P99:  ms(h.ValueAtQuantile(99)),
 		Mean: round3(h.Mean() / 1000),
+		N:    int(h.TotalCount()),
 	}
 }
 

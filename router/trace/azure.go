@@ -80,24 +80,30 @@ func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 	cr.FieldsPerRecord = 0 // the header's: every record must have as many
 	cr.ReuseRecord = true
 	var hdr []string
-	wrap := func(line int, err error) error {
+	// wrap words an error of cr.Read. It must not ask cr.FieldPos for the
+	// line: after a failed Read no field may have been read, and FieldPos
+	// panics. A *csv.ParseError carries its lines: the record's first
+	// line is named (a quote left open runs the record to the end of the
+	// file), and the line of the fault too when it is another; any other
+	// error (a line too long, a read error) happened where lr is reading.
+	wrap := func(err error) error {
 		var pe *csv.ParseError
 		switch {
 		case errors.As(err, &pe) && errors.Is(pe.Err, csv.ErrFieldCount):
-			return &ParseError{File: name, Line: pe.Line, Err: fmt.Errorf("%w: want %d, %s", pe.Err, len(hdr), strings.Join(hdr, ","))}
+			return &ParseError{File: name, Line: pe.StartLine, Err: fmt.Errorf("%w: want %d, %s", pe.Err, len(hdr), strings.Join(hdr, ","))}
+		case errors.As(err, &pe) && pe.StartLine != pe.Line:
+			return &ParseError{File: name, Line: pe.StartLine, Err: fmt.Errorf("%w (in the record starting here, at line %d, column %d)", pe.Err, pe.Line, pe.Column)}
 		case errors.As(err, &pe):
-			return &ParseError{File: name, Line: pe.Line, Err: pe.Err}
-		case errors.Is(err, ErrLineTooLong):
-			return &ParseError{File: name, Line: lr.line, Err: err}
+			return &ParseError{File: name, Line: pe.StartLine, Err: pe.Err}
 		}
-		return &ParseError{File: name, Line: line, Err: err}
+		return &ParseError{File: name, Line: lr.line, Err: err}
 	}
 	h, err := cr.Read()
 	if err == io.EOF {
 		return &ParseError{File: name, Line: 1, Err: errors.New("empty file: missing header")}
 	}
 	if err != nil {
-		return wrap(1, err)
+		return wrap(err)
 	}
 	hdr = slices.Clone(h) // cr reuses h
 	hdrLine, _ := cr.FieldPos(0)
@@ -125,8 +131,7 @@ func scanAzure(r io.Reader, name string, yield func(*Record) bool) error {
 			return nil
 		}
 		if err != nil {
-			line, _ := cr.FieldPos(0)
-			return wrap(line, err)
+			return wrap(err)
 		}
 		line, _ := cr.FieldPos(0)
 		if n == 0 {

@@ -73,7 +73,7 @@ func burstGPTColumns(hdr []string) (burstGPTCols, error) {
 // number of seconds >= 0, a non-integer or negative token count, a
 // Timestamp smaller than the previous line's (ErrTimestampDecreased), or
 // one too large for a time.Duration in nanoseconds (ErrDurationOverflow).
-func scanBurstGPT(cr *csv.Reader, name string, cols burstGPTCols, wrap func(int, error) error, yield func(*Record) bool) error {
+func scanBurstGPT(cr *csv.Reader, name string, cols burstGPTCols, wrap func(error) error, yield func(*Record) bool) error {
 	var (
 		n     int // records read
 		first time.Duration
@@ -87,10 +87,10 @@ func scanBurstGPT(cr *csv.Reader, name string, cols burstGPTCols, wrap func(int,
 			}
 			return nil
 		}
-		line, _ := cr.FieldPos(0)
 		if err != nil {
-			return wrap(line, err)
+			return wrap(err) // not cr.FieldPos: it panics when Read read no field
 		}
+		line, _ := cr.FieldPos(0)
 		ts := rec[cols.timestamp]
 		t, err := seconds(ts)
 		if err != nil {

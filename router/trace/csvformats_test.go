@@ -1,8 +1,10 @@
 package trace
 
 import (
+	"bytes"
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -133,6 +135,10 @@ func TestBurstGPTErrors(t *testing.T) {
 			"b.csv:3: Request tokens: negative value (-1)", ErrNegative},
 		{"empty response", hdr + row + "6,ChatGPT,1,,1,API log\n", 3,
 			"b.csv:3: Response tokens: empty, want an integer", nil},
+		{"unclosed quote", hdr + "\"5,ChatGPT,472,18,490,Conversation log\n", 2,
+			`b.csv:2: extraneous or missing " in quoted-field`, nil},
+		{"unclosed quote after a record", hdr + row + "6,\"ChatGPT,1,1,2,API log\n", 3,
+			`b.csv:3: extraneous or missing " in quoted-field`, nil},
 		{"field count", hdr + row + row + "6,ChatGPT,1,1,2\n", 4,
 			"b.csv:4: wrong number of fields: want 6, Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type", nil},
 		{"missing column", "Timestamp,Model,Request tokens,Response tokens,Log Type\n" + row, 1,
@@ -199,4 +205,36 @@ func TestByteOrderMark(t *testing.T) {
 			t.Errorf("%s with a BOM: got %+v, want %+v", tc.name, got, want)
 		}
 	}
+}
+
+// FuzzReadCSV reads arbitrary bytes as a .csv trace (Azure or BurstGPT, by
+// the header): it must not panic, and an error names the file and a line
+// of it. The seeds include the malformed quotes that once made
+// csv.Reader.FieldPos panic after a failed Read.
+func FuzzReadCSV(f *testing.F) {
+	f.Add([]byte(azure2024Code))
+	f.Add([]byte(burstGPTHead))
+	f.Add([]byte("TIMESTAMP,ContextTokens,GeneratedTokens\n\"2023-11-16 18:15:46.6805900,374,44\n"))
+	f.Add([]byte(burstGPTHead + "\"5,ChatGPT,472,18,490,Conversation log\n"))
+	f.Add([]byte("\"TIMESTAMP,ContextTokens,GeneratedTokens\n"))
+	f.Add([]byte("TIMESTAMP,ContextTokens,GeneratedTokens\n\"2023-11-16 18:17:04.0319600\"x,1,1\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		recs, err := Read(bytes.NewReader(data), "f.csv")
+		if err != nil {
+			var pe *ParseError
+			if errors.Is(err, ErrNoRecords) {
+				return
+			}
+			if !errors.As(err, &pe) || pe.Line < 1 || pe.Line > bytes.Count(data, []byte("\n"))+1 ||
+				!strings.HasPrefix(err.Error(), "f.csv:"+strconv.Itoa(pe.Line)+": ") {
+				t.Fatalf("bad error %v", err)
+			}
+			return
+		}
+		for i, r := range recs {
+			if r.Index != i || r.InputLength < 0 || r.OutputLength < 0 || r.Arrival < 0 || r.Line < 2 {
+				t.Fatalf("bad record %+v", r)
+			}
+		}
+	})
 }

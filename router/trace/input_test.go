@@ -41,6 +41,10 @@ func TestFormatMismatch(t *testing.T) {
 	for _, tt := range []struct{ in, want string }{
 		{"hello\n", "t.jsonl:1: invalid JSON at column 1: invalid character 'h' looking for beginning of value"},
 		{jsonLine + "\na,b\n", "t.jsonl:2: invalid JSON at column 1: invalid character 'a' looking for beginning of value"},
+		// JSON with commas is JSON, not CSV: the error says what it is.
+		{"[1,2]\n", "t.jsonl:1: the line is a JSON array, not an object"},
+		{"[1,2\n", "t.jsonl:1: invalid JSON: unexpected end of line"},
+		{`"a,b"` + "\n", "t.jsonl:1: the line is a JSON string, not an object"},
 	} {
 		_, err := ReadMooncake(strings.NewReader(tt.in), "t.jsonl")
 		var fe *FormatError

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -156,11 +157,14 @@ func scanMooncake(r io.Reader, name string, yield func(*Record) bool) error {
 func ceilDiv(a, b int64) int64 { return a/b + min(a%b, 1) }
 
 // looksLikeCSV reports whether the first line of a would-be JSONL trace,
-// which did not decode, is rather a CSV line: it is no JSON object and
-// has commas (the Azure header is "TIMESTAMP,ContextTokens,GeneratedTokens").
+// which did not decode, is rather a CSV line: it has commas (the Azure
+// header is "TIMESTAMP,ContextTokens,GeneratedTokens") and is no JSON
+// value, nor starts like a JSON object or array ([1,2] is JSON, and its
+// error says it is an array, not an object).
 func looksLikeCSV(line []byte) bool {
 	line = bytes.TrimSpace(line)
-	return !bytes.HasPrefix(line, []byte("{")) && bytes.Contains(line, []byte(","))
+	return !bytes.HasPrefix(line, []byte("{")) && !bytes.HasPrefix(line, []byte("[")) &&
+		bytes.Contains(line, []byte(",")) && !json.Valid(line)
 }
 
 // mooncakeLine is one trace line. The fields are pointers so that a missing
@@ -266,7 +270,14 @@ func decodeError(err error) error {
 		// Value is "number 1.5", "number -3", "string", "bool", "array", ...
 		field := te.Field
 		if field == "" {
-			return fmt.Errorf("invalid JSON: the line is %s %s, want an object", article(te.Value), te.Value)
+			kind := te.Value // array, string, number, bool
+			if kind == "bool" {
+				kind = "boolean"
+			}
+			return fmt.Errorf("the line is a JSON %s, not an object", kind)
+		}
+		if te.Type != nil && te.Type.Kind() == reflect.String { // policy_class, session_id
+			return fmt.Errorf("%s: %s, want a string", field, te.Value)
 		}
 		if num, ok := strings.CutPrefix(te.Value, "number "); ok {
 			return fmt.Errorf("%s: %w", field, notCount(num))
@@ -286,11 +297,4 @@ func decodeError(err error) error {
 		}
 		return err
 	}
-}
-
-func article(s string) string {
-	if s != "" && strings.ContainsRune("aeiou", rune(s[0])) {
-		return "an"
-	}
-	return "a"
 }

@@ -25,6 +25,10 @@ type MigrationReport struct {
 	// NotReached counts the --fail failures timed after the run's end
 	// (its last request ended first): they did nothing.
 	NotReached int `json:"not_reached"`
+	// WhileDown counts the --fail failures timed while their worker was
+	// already down (failed before and not yet restarted): they did
+	// nothing either.
+	WhileDown int `json:"while_down"`
 	// Causes counts the cuts by cause and Outcomes by outcome, keyed as
 	// router/migrate's Cause and Outcome (every outcome present, 0
 	// included). Outcomes other than "migrated" are requests that failed
@@ -95,6 +99,9 @@ func MigrationLines(cells []Cell) []string {
 			out = append(out, line)
 			if m.NotReached > 0 {
 				out = append(out, fmt.Sprintf("  %s timed after the run's last request ended: not applied", plural(m.NotReached, "--fail failure")))
+			}
+			if m.WhileDown > 0 {
+				out = append(out, fmt.Sprintf("  %s timed while its worker was down (failed, not yet restarted): not applied", plural(m.WhileDown, "--fail failure")))
 			}
 			if m.Requests > 0 {
 				pct := 0.0

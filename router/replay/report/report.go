@@ -1,6 +1,7 @@
 package report
 
 import (
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -20,6 +21,23 @@ type Summary struct {
 	P90  float64 `json:"p90"`
 	P99  float64 `json:"p99"`
 	Mean float64 `json:"mean"`
+	// N is how many values the distribution is over. It is not written:
+	// a Summary without any (N 0 and every value 0, as the zero Summary)
+	// is written as null, so that a run where no request completed does
+	// not read as one of 0 ms latencies.
+	N int `json:"-"`
+}
+
+// MarshalJSON implements json.Marshaler: null for a Summary without
+// values (N 0 and P50, P90, P99 and Mean all 0), else the object
+// {"p50", "p90", "p99", "mean"}. A Summary with values and N 0 (one
+// built by hand, or read back from JSON) is written as an object.
+func (s Summary) MarshalJSON() ([]byte, error) {
+	if s == (Summary{}) {
+		return []byte("null"), nil
+	}
+	type plain Summary // without this method
+	return json.Marshal(plain(s))
 }
 
 // Report is the summary of one replay, written by --report as JSON.

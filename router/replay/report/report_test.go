@@ -2,6 +2,7 @@ package report
 
 import (
 	"bytes"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -271,5 +272,42 @@ func wantLines(t *testing.T, table string, want ...string) {
 		if got != w {
 			t.Errorf("line %d %q, want %q", i, got, w)
 		}
+	}
+}
+
+// A Summary without samples is written as null (a run with no completed
+// request has no latency, not 0 ms); one whose samples are all 0, or one
+// built with values, as the object; the zero KVTransfer is left out.
+func TestSummaryJSONNullWithoutSamples(t *testing.T) {
+	for _, tt := range []struct {
+		s    Summary
+		want string
+	}{
+		{Summary{}, `null`},
+		{Summary{N: 3}, `{"p50":0,"p90":0,"p99":0,"mean":0}`},
+		{Summary{P50: 1.5, P90: 2, P99: 4, Mean: 2.25, N: 9}, `{"p50":1.5,"p90":2,"p99":4,"mean":2.25}`},
+		{Summary{P90: 7}, `{"p50":0,"p90":7,"p99":0,"mean":0}`},
+	} {
+		b, err := json.Marshal(tt.s)
+		if err != nil || string(b) != tt.want {
+			t.Errorf("%+v: %s, %v; want %s", tt.s, b, err, tt.want)
+		}
+	}
+	b, err := json.Marshal(&Report{Policy: "p", Requests: 2, Rejected: 2, Queue: Summary{N: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"ttft_ms":null,"e2e_ms":null,"queue_ms":{"p50":0,"p90":0,"p99":0,"mean":0}`, `"tpot_ms":null`, `"itl_ms":null`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("report %s lacks %s", b, want)
+		}
+	}
+	if strings.Contains(string(b), "kv_transfer_ms") {
+		t.Errorf("report %s has kv_transfer_ms", b)
+	}
+	// Read back, null is the zero Summary.
+	var r Report
+	if err := json.Unmarshal(b, &r); err != nil || r.TTFT != (Summary{}) || r.Queue != (Summary{}) {
+		t.Errorf("read back: %+v, %v", r, err)
 	}
 }
