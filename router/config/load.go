@@ -113,6 +113,10 @@ type loader struct {
 	workerAt    map[string]hcl.Range
 	tokenizerAt map[string]hcl.Range
 
+	// queueErrors: the queue block has errors, so its classes may be
+	// incomplete and the classifier's class names are not checked.
+	queueErrors bool
+
 	decls      []*policyDecl
 	byName     map[string]*policyDecl
 	def        *policyDecl // the built-in default policy; nil when unavailable
@@ -237,6 +241,7 @@ func (l *loader) load(body hcl.Body) {
 	l.instantiateAll()
 	if l.classifier != nil {
 		l.file.Classifier = l.instantiate(l.classifier, "", "request_classifier", true)
+		l.checkClassifierClasses()
 	}
 	l.finish()
 }
