@@ -278,7 +278,12 @@ func (q *Queue) classNames() string {
 	return strings.Join(names, ", ")
 }
 
-// String renders a queue for messages: "2 classes, aging 1s, max_active_requests 64".
+// String renders a queue for messages: "2 classes, aging 1s, max_active_requests 64"
+// ("1 class, ..." for one).
 func (q Queue) String() string {
-	return fmt.Sprintf("%d classes, aging %s, max_active_requests %d", len(q.Classes), q.Aging, q.MaxActiveRequests)
+	classes := "classes"
+	if len(q.Classes) == 1 {
+		classes = "class"
+	}
+	return fmt.Sprintf("%d %s, aging %s, max_active_requests %d", len(q.Classes), classes, q.Aging, q.MaxActiveRequests)
 }

@@ -154,3 +154,17 @@ func TestClassifierQueueClasses(t *testing.T) {
 		t.Errorf("%q:\n%s\nwant only the Invalid weight error", src, diags)
 	}
 }
+
+// TestQueueString: the queue's summary (router validate's queue line) says
+// "1 class", not "1 classes".
+func TestQueueString(t *testing.T) {
+	q := DefaultQueue()
+	if got, want := q.String(), "1 class, aging 1s, max_active_requests 0"; got != want {
+		t.Errorf("one class: %q, want %q", got, want)
+	}
+	q.Classes = append(q.Classes, QueueClass{Name: "b", Weight: 1})
+	q.MaxActiveRequests = 64
+	if got, want := q.String(), "2 classes, aging 1s, max_active_requests 64"; got != want {
+		t.Errorf("two classes: %q, want %q", got, want)
+	}
+}
