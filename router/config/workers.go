@@ -383,6 +383,11 @@ func (l *loader) zmqEndpoint(attr *hcl.Attribute, s string) string {
 func (l *loader) engineURL(attr *hcl.Attribute, s string) string {
 	u, err := url.Parse(s)
 	switch {
+	case !strings.Contains(s, "://"):
+		// "127.0.0.1:8001" fails to parse and "localhost:8001" parses
+		// with scheme "localhost": say what both lack.
+		l.attrErrorf(attr, "Invalid URL", "The value of %q has no scheme: want http://HOST:PORT (add \"http://\": %q).",
+			attr.Name, "http://"+redactHostPort(s))
 	case err != nil:
 		l.attrErrorf(attr, "Invalid URL", "The value of %q must be an http or https URL such as \"http://127.0.0.1:8001\": %v.", attr.Name, redactErr(err))
 	case u.Scheme != "http" && u.Scheme != "https":
@@ -455,6 +460,16 @@ func validPort(p string) bool {
 	}
 	n, err := strconv.Atoi(p)
 	return err == nil && n >= 1 && n <= 65535
+}
+
+// redactHostPort is s, a URL written without a scheme, with any user
+// information before an '@' dropped, so a password in the file is never
+// echoed.
+func redactHostPort(s string) string {
+	if i := strings.LastIndexByte(s, '@'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
 }
 
 // redactErr hides the user information of the URL a *url.Error names.

@@ -413,6 +413,12 @@ func TestWorkerURLPortAndSecrets(t *testing.T) {
 		{"http://127.0.0.1:99999", `The port of "url" must be a number from 1 to 65535, got "99999"`, ""},
 		{"http://127.0.0.1:0", `got "0"`, ""},
 		{"http://user:s3cret@127.0.0.1:8001/", "must have no user", "s3cret"},
+		// Without a scheme: "127.0.0.1:8001" fails url.Parse ("first path
+		// segment in URL cannot contain colon"), "localhost:8001" parses
+		// with scheme "localhost"; both say what to write.
+		{"127.0.0.1:8001", `The value of "url" has no scheme: want http://HOST:PORT (add "http://": "http://127.0.0.1:8001").` + "\n", "cannot contain colon"},
+		{"localhost:8001", `The value of "url" has no scheme: want http://HOST:PORT (add "http://": "http://localhost:8001").` + "\n", `got scheme "localhost"`},
+		{"user:s3cret@10.0.0.5:8000", `has no scheme: want http://HOST:PORT (add "http://": "http://10.0.0.5:8000").` + "\n", "s3cret"},
 	} {
 		src := "worker \"w\" {\n  url             = \"" + tt.url + "\"\n  models          = [\"m\"]\n  total_kv_blocks = 10\n}\n"
 		_, diags := Load("w.hcl", []byte(src), nil)
