@@ -112,6 +112,9 @@ type loader struct {
 	pluginAt    map[string]*pluginDecl
 	workerAt    map[string]hcl.Range
 	tokenizerAt map[string]hcl.Range
+	// workerURLAt is the first loaded worker by its (normalised) url,
+	// for the same-URL warning (sameURL).
+	workerURLAt map[string]*Worker
 
 	// queueErrors: the queue block has errors, so its classes may be
 	// incomplete and the classifier's class names are not checked.
@@ -147,6 +150,7 @@ func newLoader(filename string, cat *catalog.Catalog) *loader {
 		pluginAt:    make(map[string]*pluginDecl),
 		workerAt:    make(map[string]hcl.Range),
 		tokenizerAt: make(map[string]hcl.Range),
+		workerURLAt: make(map[string]*Worker),
 	}
 }
 

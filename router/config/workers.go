@@ -323,7 +323,25 @@ func (l *loader) workerBlock(blk *hcl.Block) {
 	if ok && len(l.diags.Errs()) == errorsBefore {
 		l.file.Workers = append(l.file.Workers, w)
 		l.workerAt[name] = w.Range
+		l.sameURL(&w)
 	}
+}
+
+// sameURL warns when w, a loaded worker block, has the url of an earlier
+// block of the file: one engine declared twice is counted twice (its
+// capacity, its requests in flight split across two names), a copy-paste
+// mistake more often than not. It is not refused: two names for one engine
+// may be deliberate (a test of the router's bookkeeping, an engine given a
+// second role), and the router works either way.
+func (l *loader) sameURL(w *Worker) {
+	first, dup := l.workerURLAt[w.URL]
+	if !dup {
+		l.workerURLAt[w.URL] = w
+		return
+	}
+	l.warnf(w.Range, "Two workers at one URL",
+		"Worker %q (here) and worker %q (%s) both have url %q: one engine counted as two workers, with two capacities and two bookings. Remove one, or give each its engine's URL.",
+		w.Name, first.Name, pos(first.Range), w.URL)
 }
 
 // kvEventsBlock decodes a worker's kv_events block; its errors are reported
