@@ -163,6 +163,27 @@ func lookupFold(m map[string]string, lower, canon string) string {
 	return ""
 }
 
+// QueueClassNamer is implemented by the classifiers whose parameters name
+// queue classes: header-priority's default_class and prompt-length-class's
+// buckets. The policy-file loader (router/config) checks every name against
+// the file's queue and reports one the queue lacks as an error at the
+// parameter, instead of a router that refuses each request so classified.
+type QueueClassNamer interface {
+	// QueueClasses returns the name of the parameter that names queue
+	// classes and the classes it names, in order; no classes when the
+	// parameter leaves the class to the queue's default_class.
+	QueueClasses() (param string, classes []string)
+}
+
+// QueueClasses returns default_class and its class, or none when it is
+// empty (the queue's default class).
+func (h *HeaderPriority) QueueClasses() (string, []string) {
+	if h.defClass == "" {
+		return ParamDefaultClass, nil
+	}
+	return ParamDefaultClass, []string{h.defClass}
+}
+
 // validClassName reports whether s is an identifier [A-Za-z0-9_.-]+.
 func validClassName(s string) bool {
 	if s == "" {

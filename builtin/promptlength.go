@@ -106,6 +106,11 @@ func parseBuckets(s string) (bounds []int, classes []string, err error) {
 	return bounds, classes, nil
 }
 
+// QueueClasses returns buckets and its classes, shortest prompts first.
+func (c *PromptLengthClass) QueueClasses() (string, []string) {
+	return ParamBuckets, c.classes
+}
+
 // Inputs returns 0: the classifier reads only the request.
 func (*PromptLengthClass) Inputs() shared.Inputs { return 0 }
 

@@ -134,24 +134,12 @@ const probeWait = 10 * time.Second
 // workers, serve's HTTP API) and, once it is ready, the ext_proc gRPC
 // server over its Runtime. On shutdown the gRPC server stops first (readiness
 // NOT_SERVING, streams drained up to the drain timeout), then the daemon.
-// A start with no workers is warned of on stderr, as serve does
-// (runtimeFlags.noWorkersWarning).
+// The listeners are opened once the daemon has loaded the policy file and
+// the workers (live.DaemonOptions.Listen), so that a file's errors are
+// reported before an address in use; a start with no workers is warned of
+// on stderr then, as serve does (runtimeFlags.noWorkersWarning).
 func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr io.Writer) error {
-	gln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return &exitError{code: 1, err: fmt.Errorf("--listen %s: %w", o.listen, err)}
-	}
-	hln, err := net.Listen("tcp", o.httpListen)
-	if err != nil {
-		_ = gln.Close()
-		return &exitError{code: 1, err: fmt.Errorf("--http-listen %s: %w", o.httpListen, err)}
-	}
-	debug, err := o.listenDebug()
-	if err != nil {
-		_ = gln.Close()
-		_ = hln.Close()
-		return &exitError{code: 1, err: err}
-	}
+	var gln, hln, debug net.Listener // opened by do.Listen
 	gs := grpc.NewServer(epp.GRPCServerOptions(o.maxBody)...)
 	var grpcDone sync.WaitGroup
 	// The daemon outlives the gRPC server: its context ends once the
@@ -167,20 +155,12 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	})
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), decisions)
 	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
-	if w := o.noWorkersWarning(); w != "" {
-		logger.Warn(w) // as serve does (runServe)
-	}
 	// The pods' watch lives as long as the daemon; a signal while the
 	// pods are first listed ends it.
 	unlink := context.AfterFunc(ctx, stopDaemon)
 	pods, podsDone, err := o.pods.start(dctx, logger)
 	unlink()
 	if err != nil {
-		_ = gln.Close()
-		_ = hln.Close()
-		if debug != nil {
-			_ = debug.Close()
-		}
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			return nil // stopped while listing the pods
 		}
@@ -188,7 +168,22 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	}
 	var d *live.Daemon
 	do := o.daemonOptions(serve.Options{})
-	do.Pods, do.Listener, do.DebugListener = pods, hln, debug
+	do.Pods = pods
+	do.Listen = func() (net.Listener, net.Listener, error) {
+		if w := o.noWorkersWarning(); w != "" {
+			logger.Warn(w) // as serve does (runServe)
+		}
+		l, err := net.Listen("tcp", o.listen)
+		if err != nil {
+			return nil, nil, fmt.Errorf("--listen %s: %w", o.listen, err)
+		}
+		if hln, debug, err = o.listenFace("--http-listen", o.httpListen); err != nil {
+			_ = l.Close()
+			return nil, nil, err
+		}
+		gln = l
+		return hln, debug, nil
+	}
 	do.Logger, do.Diagnostics, do.Registry = logger, stderr, reg
 	do.OnReady = func() {
 		picker := &epp.RouterPicker{Runtime: d.Runtime(), Fallbacks: o.fallbacks, DisablePassThrough: !o.passThrough}
@@ -241,7 +236,9 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	// gRPC then. Otherwise it returns after the gRPC server stopped.
 	stopDaemon()
 	gs.Stop()
-	_ = gln.Close()
+	if gln != nil {
+		_ = gln.Close()
+	}
 	grpcDone.Wait()
 	<-podsDone
 	if err != nil {

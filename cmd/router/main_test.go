@@ -51,6 +51,7 @@ worker_selection { aggregated = "live" }
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	oneClass := writeFile(t, "one-class.hcl", "queue {\n  class \"a\" {\n  }\n}\nworker_selection { aggregated = \"default\" }\n")
 	tests := []struct {
 		file string
 		want []string // lines (prefixes after trimming) stdout must contain
@@ -76,6 +77,10 @@ worker_selection { aggregated = "live" }
 			`aggregated  policy "live"  [pipeline, inputs LOAD|CACHE|CAPACITY]`,
 			`fallback "least-loaded"`,
 			`shadow "trial"`,
+		}},
+		{oneClass, []string{
+			oneClass + `: ok (block_size 512)`,
+			`queue       1 class, aging 1s, max_active_requests 0`,
 		}},
 	}
 	for _, tt := range tests {

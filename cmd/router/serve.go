@@ -83,6 +83,21 @@ func (r *runtimeFlags) check(f *pflag.FlagSet) error {
 	return r.pods.check(f)
 }
 
+// listenFace opens the face's listener on addr, given by flag (serve's
+// --listen, epp's --http-listen), and --debug-listen's (listenDebug),
+// closing the first when the second fails.
+func (r *runtimeFlags) listenFace(flag, addr string) (ln, debug net.Listener, err error) {
+	ln, err = net.Listen("tcp", addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s %s: %w", flag, addr, err)
+	}
+	if debug, err = r.listenDebug(); err != nil {
+		_ = ln.Close()
+		return nil, nil, err
+	}
+	return ln, debug, nil
+}
+
 // listenDebug opens --debug-listen's listener; nil when the flag is empty.
 func (r *runtimeFlags) listenDebug() (net.Listener, error) {
 	if r.debugListen == "" {
@@ -313,47 +328,40 @@ func (r *runtimeFlags) noWorkersWarning() string {
 		r.policy)
 }
 
-// runServe runs `router serve` until ctx ends: the listeners, then
-// live.Daemon with serve's HTTP face. A start with no workers is warned
-// of in the log, on stderr (noWorkersWarning).
+// runServe runs `router serve` until ctx ends: live.Daemon with serve's
+// HTTP face, which loads the policy file and the workers, then opens the
+// listeners (listen), so that a file's errors are reported before an
+// address in use. A start with no workers is warned of in the log, on
+// stderr (noWorkersWarning), once the policy file has loaded.
 func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, stderr io.Writer) error {
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return &exitError{code: 1, err: fmt.Errorf("--listen %s: %w", o.listen, err)}
-	}
-	debug, err := o.listenDebug()
-	if err != nil {
-		_ = ln.Close()
-		return &exitError{code: 1, err: err}
-	}
 	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
-	if w := o.noWorkersWarning(); w != "" {
-		logger.Warn(w)
+	so, err := o.migrationOptions(serve.Options{MaxBodyBytesPerClient: o.bodyPerClient.perClient()})
+	if err != nil {
+		return &exitError{code: 2, err: err}
 	}
 	// The pods' watch lives as long as the daemon.
 	pctx, stopPods := context.WithCancel(ctx)
 	defer stopPods()
 	pods, podsDone, err := o.pods.start(pctx, logger)
 	if err != nil {
-		_ = ln.Close()
-		if debug != nil {
-			_ = debug.Close()
-		}
 		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 			return nil // stopped while listing the pods
 		}
 		return &exitError{code: 1, err: err}
 	}
-	so, err := o.migrationOptions(serve.Options{MaxBodyBytesPerClient: o.bodyPerClient.perClient()})
-	if err != nil {
-		_ = ln.Close()
-		if debug != nil {
-			_ = debug.Close()
-		}
-		return &exitError{code: 2, err: err}
-	}
+	var ln, debug net.Listener
 	do := o.daemonOptions(so)
-	do.Pods, do.Listener, do.DebugListener = pods, ln, debug
+	do.Pods = pods
+	do.Listen = func() (net.Listener, net.Listener, error) {
+		if w := o.noWorkersWarning(); w != "" {
+			logger.Warn(w)
+		}
+		var err error
+		if ln, debug, err = o.listenFace("--listen", o.listen); err != nil {
+			return nil, nil, err
+		}
+		return ln, debug, nil
+	}
 	do.Logger, do.Diagnostics = logger, stderr
 	do.OnReady = func() {
 		if debug != nil {

@@ -87,7 +87,7 @@ func TestShippedPolicies(t *testing.T) {
 // The built-in classifiers load through request_classifier, with their
 // parameters checked at file:line:col.
 func TestBuiltinClassifierLoads(t *testing.T) {
-	src := "request_classifier {\n  type          = \"header-priority\"\n  default_class = \"batch\"\n}\n"
+	src := "queue {\n  class \"batch\" {\n  }\n}\nrequest_classifier {\n  type          = \"header-priority\"\n  default_class = \"batch\"\n}\n"
 	b, diags := Load("c.hcl", []byte(src), catalog.Default())
 	if b == nil || len(diags) != 0 {
 		t.Fatalf("diagnostics:\n%s", FormatDiagnostics(diags))

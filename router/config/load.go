@@ -112,6 +112,13 @@ type loader struct {
 	pluginAt    map[string]*pluginDecl
 	workerAt    map[string]hcl.Range
 	tokenizerAt map[string]hcl.Range
+	// workerURLAt is the first loaded worker by its (normalised) url,
+	// for the same-URL warning (sameURL).
+	workerURLAt map[string]*Worker
+
+	// queueErrors: the queue block has errors, so its classes may be
+	// incomplete and the classifier's class names are not checked.
+	queueErrors bool
 
 	decls      []*policyDecl
 	byName     map[string]*policyDecl
@@ -143,6 +150,7 @@ func newLoader(filename string, cat *catalog.Catalog) *loader {
 		pluginAt:    make(map[string]*pluginDecl),
 		workerAt:    make(map[string]hcl.Range),
 		tokenizerAt: make(map[string]hcl.Range),
+		workerURLAt: make(map[string]*Worker),
 	}
 }
 
@@ -237,6 +245,7 @@ func (l *loader) load(body hcl.Body) {
 	l.instantiateAll()
 	if l.classifier != nil {
 		l.file.Classifier = l.instantiate(l.classifier, "", "request_classifier", true)
+		l.checkClassifierClasses()
 	}
 	l.finish()
 }

@@ -2,10 +2,13 @@ package config
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/hcl/v2"
 
+	"github.com/switchyard-router/switchyard/builtin"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -120,6 +123,8 @@ var queueClassSchema = &hcl.BodySchema{
 // queueBlock decodes the queue block into the PolicyFile.
 func (l *loader) queueBlock(blk *hcl.Block) {
 	q := Queue{Aging: DefaultAging, Range: blk.DefRange}
+	errorsBefore := len(l.diags.Errs())
+	defer func() { l.queueErrors = len(l.diags.Errs()) > errorsBefore }()
 	content, diags := blk.Body.Content(queueSchema)
 	l.diags = append(l.diags, diags...)
 	for _, f := range []struct {
@@ -231,7 +236,54 @@ func (l *loader) queueBlock(blk *hcl.Block) {
 	l.file.Queue = q
 }
 
-// String renders a queue for messages: "2 classes, aging 1s, max_active_requests 64".
+// checkClassifierClasses reports each queue class the request classifier's
+// parameters name (builtin.QueueClassNamer) that the file's queue lacks (the
+// default queue's only class is "default"), at the parameter: admission
+// would refuse every request so classified.
+func (l *loader) checkClassifierClasses() {
+	c, decl := l.file.Classifier, l.classifier
+	if c == nil || c.Instance == nil || l.queueErrors {
+		return
+	}
+	namer, ok := c.Instance.(builtin.QueueClassNamer)
+	if !ok {
+		return
+	}
+	param, classes := namer.QueueClasses()
+	attr := decl.attrs[param]
+	if attr == nil {
+		return // a default, which names no class
+	}
+	q := &l.file.Queue
+	for _, name := range classes {
+		if slices.ContainsFunc(q.Classes, func(qc QueueClass) bool { return qc.Name == name }) {
+			continue
+		}
+		where := "the queue block"
+		if q.Range == (hcl.Range{}) {
+			where = "the default queue (no queue block)"
+		}
+		l.attrErrorf(attr, "Unknown queue class",
+			"%s names queue class %q, which %s does not have (classes: %s); every request so classified would be refused. Name one of them, or add class %q to the queue.",
+			param, name, where, q.classNames(), name)
+	}
+}
+
+// classNames lists q's class names, comma-separated, for messages.
+func (q *Queue) classNames() string {
+	names := make([]string, len(q.Classes))
+	for i, c := range q.Classes {
+		names[i] = c.Name
+	}
+	return strings.Join(names, ", ")
+}
+
+// String renders a queue for messages: "2 classes, aging 1s, max_active_requests 64"
+// ("1 class, ..." for one).
 func (q Queue) String() string {
-	return fmt.Sprintf("%d classes, aging %s, max_active_requests %d", len(q.Classes), q.Aging, q.MaxActiveRequests)
+	classes := "classes"
+	if len(q.Classes) == 1 {
+		classes = "class"
+	}
+	return fmt.Sprintf("%d %s, aging %s, max_active_requests %d", len(q.Classes), classes, q.Aging, q.MaxActiveRequests)
 }

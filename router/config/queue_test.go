@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/hashicorp/hcl/v2"
 
+	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -105,5 +106,65 @@ func TestQueueClassSLO(t *testing.T) {
 		if _, diags := load(tt.src); !strings.Contains(diags, tt.want) {
 			t.Errorf("%q:\n%s\nwant %q", tt.src, diags, tt.want)
 		}
+	}
+}
+
+// TestClassifierQueueClasses: the queue classes a built-in classifier's
+// parameters name (header-priority's default_class, prompt-length-class's
+// buckets) must be classes of the file's queue, or of the default queue
+// ("default") without a queue block; one that is not is an error at the
+// parameter's value, not a router that refuses every request so
+// classified. An empty default_class (the queue's default) names none, and
+// a queue block with errors is not checked against.
+func TestClassifierQueueClasses(t *testing.T) {
+	load := func(src string) (*PolicyFile, string) {
+		b, diags := Load("q.hcl", []byte(src), catalog.Default())
+		return b, FormatDiagnostics(diags)
+	}
+	const queueAB = "queue {\n  class \"a\" {\n  }\n  class \"b\" {\n  }\n}\n"
+	for _, tt := range []struct{ src, want string }{
+		{queueAB + "request_classifier {\n  type = \"header-priority\"\n  default_class = \"zzz\"\n}\n",
+			`q.hcl:9:19: error: Unknown queue class; default_class names queue class "zzz", which the queue block does not have (classes: a, b); ` +
+				`every request so classified would be refused. Name one of them, or add class "zzz" to the queue.` + "\n"},
+		{"request_classifier {\n  type = \"header-priority\"\n  default_class = \"a\"\n}\n",
+			`q.hcl:3:19: error: Unknown queue class; default_class names queue class "a", which the default queue (no queue block) does not have (classes: default); ` +
+				`every request so classified would be refused. Name one of them, or add class "a" to the queue.` + "\n"},
+		{queueAB + "request_classifier {\n  type = \"prompt-length-class\"\n  buckets = \"a:100,c:200,b\"\n}\n",
+			`q.hcl:9:13: error: Unknown queue class; buckets names queue class "c", which the queue block does not have (classes: a, b); ` +
+				`every request so classified would be refused. Name one of them, or add class "c" to the queue.` + "\n"},
+		{queueAB + "request_classifier {\n  type = \"header-priority\"\n  default_class = \"b\"\n}\n", ""},
+		{queueAB + "request_classifier {\n  type = \"header-priority\"\n  default_class = \"\"\n}\n", ""},
+		{queueAB + "request_classifier {\n  type = \"prompt-length-class\"\n  buckets = \"a:100,b\"\n}\n", ""},
+		{"request_classifier {\n  type = \"header-priority\"\n}\n", ""},
+		{"request_classifier {\n  type = \"prompt-length-class\"\n  buckets = \"default\"\n}\n", ""},
+	} {
+		b, diags := load(tt.src)
+		if diags != tt.want {
+			t.Errorf("%q:\n%s\nwant\n%s", tt.src, diags, tt.want)
+		}
+		if tt.want == "" && (b == nil || b.Classifier == nil) {
+			t.Errorf("%q: no classifier loaded", tt.src)
+		}
+	}
+	// A queue with errors (class "b" has a bad weight) is not checked
+	// against: only its own error is reported.
+	src := "queue {\n  class \"a\" {\n  }\n  class \"b\" {\n    weight = 0\n  }\n}\n" +
+		"request_classifier {\n  type = \"header-priority\"\n  default_class = \"b\"\n}\n"
+	if _, diags := load(src); !strings.HasPrefix(diags, "q.hcl:5:14: error: Invalid weight") || strings.Contains(diags, "Unknown queue class") {
+		t.Errorf("%q:\n%s\nwant only the Invalid weight error", src, diags)
+	}
+}
+
+// TestQueueString: the queue's summary (router validate's queue line) says
+// "1 class", not "1 classes".
+func TestQueueString(t *testing.T) {
+	q := DefaultQueue()
+	if got, want := q.String(), "1 class, aging 1s, max_active_requests 0"; got != want {
+		t.Errorf("one class: %q, want %q", got, want)
+	}
+	q.Classes = append(q.Classes, QueueClass{Name: "b", Weight: 1})
+	q.MaxActiveRequests = 64
+	if got, want := q.String(), "2 classes, aging 1s, max_active_requests 64"; got != want {
+		t.Errorf("two classes: %q, want %q", got, want)
 	}
 }

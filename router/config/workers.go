@@ -323,7 +323,25 @@ func (l *loader) workerBlock(blk *hcl.Block) {
 	if ok && len(l.diags.Errs()) == errorsBefore {
 		l.file.Workers = append(l.file.Workers, w)
 		l.workerAt[name] = w.Range
+		l.sameURL(&w)
 	}
+}
+
+// sameURL warns when w, a loaded worker block, has the url of an earlier
+// block of the file: one engine declared twice is counted twice (its
+// capacity, its requests in flight split across two names), a copy-paste
+// mistake more often than not. It is not refused: two names for one engine
+// may be deliberate (a test of the router's bookkeeping, an engine given a
+// second role), and the router works either way.
+func (l *loader) sameURL(w *Worker) {
+	first, dup := l.workerURLAt[w.URL]
+	if !dup {
+		l.workerURLAt[w.URL] = w
+		return
+	}
+	l.warnf(w.Range, "Two workers at one URL",
+		"Worker %q (here) and worker %q (%s) both have url %q: one engine counted as two workers, with two capacities and two bookings. Remove one, or give each its engine's URL.",
+		w.Name, first.Name, pos(first.Range), w.URL)
 }
 
 // kvEventsBlock decodes a worker's kv_events block; its errors are reported
@@ -383,6 +401,11 @@ func (l *loader) zmqEndpoint(attr *hcl.Attribute, s string) string {
 func (l *loader) engineURL(attr *hcl.Attribute, s string) string {
 	u, err := url.Parse(s)
 	switch {
+	case !strings.Contains(s, "://"):
+		// "127.0.0.1:8001" fails to parse and "localhost:8001" parses
+		// with scheme "localhost": say what both lack.
+		l.attrErrorf(attr, "Invalid URL", "The value of %q has no scheme: want http://HOST:PORT (add \"http://\": %q).",
+			attr.Name, "http://"+redactHostPort(s))
 	case err != nil:
 		l.attrErrorf(attr, "Invalid URL", "The value of %q must be an http or https URL such as \"http://127.0.0.1:8001\": %v.", attr.Name, redactErr(err))
 	case u.Scheme != "http" && u.Scheme != "https":
@@ -455,6 +478,16 @@ func validPort(p string) bool {
 	}
 	n, err := strconv.Atoi(p)
 	return err == nil && n >= 1 && n <= 65535
+}
+
+// redactHostPort is s, a URL written without a scheme, with any user
+// information before an '@' dropped, so a password in the file is never
+// echoed.
+func redactHostPort(s string) string {
+	if i := strings.LastIndexByte(s, '@'); i >= 0 {
+		return s[i+1:]
+	}
+	return s
 }
 
 // redactErr hides the user information of the URL a *url.Error names.

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	"github.com/hashicorp/hcl/v2"
 
+	"github.com/switchyard-router/switchyard/router/catalog"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -413,6 +415,12 @@ func TestWorkerURLPortAndSecrets(t *testing.T) {
 		{"http://127.0.0.1:99999", `The port of "url" must be a number from 1 to 65535, got "99999"`, ""},
 		{"http://127.0.0.1:0", `got "0"`, ""},
 		{"http://user:s3cret@127.0.0.1:8001/", "must have no user", "s3cret"},
+		// Without a scheme: "127.0.0.1:8001" fails url.Parse ("first path
+		// segment in URL cannot contain colon"), "localhost:8001" parses
+		// with scheme "localhost"; both say what to write.
+		{"127.0.0.1:8001", `The value of "url" has no scheme: want http://HOST:PORT (add "http://": "http://127.0.0.1:8001").` + "\n", "cannot contain colon"},
+		{"localhost:8001", `The value of "url" has no scheme: want http://HOST:PORT (add "http://": "http://localhost:8001").` + "\n", `got scheme "localhost"`},
+		{"user:s3cret@10.0.0.5:8000", `has no scheme: want http://HOST:PORT (add "http://": "http://10.0.0.5:8000").` + "\n", "s3cret"},
 	} {
 		src := "worker \"w\" {\n  url             = \"" + tt.url + "\"\n  models          = [\"m\"]\n  total_kv_blocks = 10\n}\n"
 		_, diags := Load("w.hcl", []byte(src), nil)
@@ -498,5 +506,30 @@ func TestEngineBaseURL(t *testing.T) {
 	}
 	if _, err := EngineBaseURL("http://h/%76%31"); err == nil {
 		t.Error(`an escaped "v1" segment taken as a base URL`)
+	}
+}
+
+// TestWorkersAtOneURL: two worker blocks of different names with one url
+// (as written, or normalised alike: a trailing "/v1") load, both, with a
+// warning at the second naming both blocks and where the first is; a third
+// at that url is warned about too, and distinct urls are not. The same
+// holds in a workers file (ParseWorkers).
+func TestWorkersAtOneURL(t *testing.T) {
+	src := "worker \"a\" {\n  url = \"http://127.0.0.1:8001\"\n}\n" +
+		"worker \"b\" {\n  url = \"http://127.0.0.1:8001/v1\"\n}\n" +
+		"worker \"c\" {\n  url = \"http://127.0.0.1:8002\"\n}\n" +
+		"worker \"d\" {\n  url = \"http://127.0.0.1:8001\"\n}\n"
+	warn := func(name string, line int) string {
+		return fmt.Sprintf("w.hcl:%d:1: warning: Two workers at one URL; Worker %q (here) and worker \"a\" (w.hcl:1:1) both have url \"http://127.0.0.1:8001\": "+
+			"one engine counted as two workers, with two capacities and two bookings. Remove one, or give each its engine's URL.\n", line, name)
+	}
+	want := warn("b", 4) + warn("d", 10)
+	b, diags := Load("w.hcl", []byte(src), catalog.Default())
+	if b == nil || len(b.Workers) != 4 || FormatDiagnostics(diags) != want {
+		t.Errorf("policy file: %d workers, diagnostics\n%s\nwant 4 and\n%s", len(b.Workers), FormatDiagnostics(diags), want)
+	}
+	ws, diags := ParseWorkers("w.hcl", []byte(src))
+	if len(ws) != 4 || FormatDiagnostics(diags) != want {
+		t.Errorf("workers file: %d workers, diagnostics\n%s\nwant 4 and\n%s", len(ws), FormatDiagnostics(diags), want)
 	}
 }

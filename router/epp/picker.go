@@ -92,7 +92,9 @@ var _ Picker = (*RouterPicker)(nil)
 // wrong type, over its bound, no model; an unknown class),
 // *live.ResponseNotFoundError (a follow-up, GET or cancel of a response
 // no live binding reaches), ErrNoEndpoint (no ready worker for the
-// model, or none in the subset), ErrShed (the queue is full, or the
+// model, or none in the subset), a *live.ModelNotFoundError (no
+// configured worker serves or lists the model: 404 model_not_found, as
+// serve answers it), ErrShed (the queue is full, or the
 // request timeout passed while it waited), ErrPastDue (its due time
 // passed while it waited), each wrapping the runtime's error and worded
 // by it; a *shared.NoHeadroomError (no worker predicted to meet the
@@ -135,7 +137,7 @@ func (p *RouterPicker) Pick(ctx context.Context, req *Request) (Pick, error) {
 		placed, err = p.Runtime.Place(ctx, rt.api, header, req.Body, opts...)
 	}
 	if err != nil {
-		err = mapErr(ctx, err)
+		err = mapErr(ctx, p.Runtime.ModelNotFound(placed.Model(), err))
 		code := StatusOf(err)
 		if ctx.Err() != nil {
 			code = live.CodeClientGone
@@ -346,6 +348,8 @@ func mapErr(ctx context.Context, err error) error {
 		return err // the stream is gone: nobody reads the answer
 	case errors.Is(err, live.ErrNoRoute):
 		return mapped{ErrNotFound, err}
+	case errors.As(err, new(*live.ModelNotFoundError)):
+		return err // answered 404 model_not_found (answerOf), as serve does
 	case errors.Is(err, live.ErrBadRequest), errors.Is(err, admission.ErrUnknownClass):
 		return mapped{ErrBadRequest, err}
 	case errors.Is(err, shared.ErrNoWorkers), errors.Is(err, router.ErrAllExcluded):

@@ -140,8 +140,8 @@ func TestRouterPickerPoolingByLoad(t *testing.T) {
 // (serve's rule, live.Runtime.UtilityWorker), with no fallbacks, and are
 // not booked: while one worker holds a chat request each goes to the
 // other, and the bookings stay as they were; with both idle, ties
-// alternate. A model no worker serves is 503 no_worker; a body without a
-// model 400.
+// alternate. A model no worker serves or lists is 404 model_not_found, as
+// serve answers it; a body without a model 400.
 func TestRouterPickerUtilitiesNotBooked(t *testing.T) {
 	e := newRouterEnvWith(t, 2, "", 2)
 	held, dests, r := e.pick(t, t.Context(), "chat", chatOf("hold it"), nil)
@@ -184,9 +184,9 @@ func TestRouterPickerUtilitiesNotBooked(t *testing.T) {
 	}
 
 	ev, got, r := e.send(t, t.Context(), "POST", "/tokenize", "unknown", `{"model":"nobody","prompt":"hi"}`)
-	if status, body := immediateOf(t, r); got != "" || status != 503 || body["code"] != "no_worker" ||
-		body["message"] != `no workers for model "nobody": none serving it is ready` {
-		t.Errorf("a model no worker serves: picked %q, %d %v; want 503 no_worker", got, status, body)
+	if status, body := immediateOf(t, r); got != "" || status != 404 || body["code"] != "model_not_found" ||
+		body["type"] != "invalid_request_error" || body["message"] != `the model "nobody" does not exist: no worker serves it` {
+		t.Errorf("a model no worker serves: picked %q, %d %v; want 404 model_not_found, as serve answers", got, status, body)
 	}
 	ev.finish()
 	ev, _, r = e.send(t, t.Context(), "POST", "/tokenize", "nomodel", `{"prompt":"hi"}`)

@@ -712,6 +712,8 @@ func answerOf(err error) answer {
 	switch {
 	case errors.As(err, &rnf):
 		return answer{status: http.StatusNotFound, typ: "invalid_request_error", code: "response_not_found"}
+	case errors.As(err, new(*live.ModelNotFoundError)):
+		return answer{status: http.StatusNotFound, typ: live.TypeInvalidRequest, code: live.CodeModelNotFound}
 	case errors.Is(err, ErrNotFound):
 		return answer{status: http.StatusNotFound, typ: "invalid_request_error", code: "not_found"}
 	case errors.Is(err, ErrNoEndpoint):
@@ -732,8 +734,9 @@ func answerOf(err error) answer {
 // with: 503 for ErrNoEndpoint and errors it does not know, 429 for
 // ErrShed, ErrPastDue and a *shared.NoHeadroomError (slo_no_headroom,
 // with a Retry-After header: live.NoHeadroom), 400 for ErrBadRequest, 405 for
-// ErrMethodNotAllowed, 404 for ErrNotFound and
-// *live.ResponseNotFoundError.
+// ErrMethodNotAllowed, 404 for ErrNotFound, *live.ResponseNotFoundError
+// and *live.ModelNotFoundError (model_not_found: no configured worker
+// serves or lists the model).
 func StatusOf(err error) int { return answerOf(err).status }
 
 // immediateErr answers a Picker error (or an empty subset hint): a

@@ -88,8 +88,18 @@ type DaemonOptions struct {
 	// (ReloaderOptions.Watch); a reload signal reloads it either
 	// way.
 	Watch bool
-	// Listener is where Face serves (required). Run closes it.
+	// Listener is where Face serves (this or Listen is required). Run
+	// closes it.
 	Listener net.Listener
+	// Listen, when Listener is nil, opens Face's listener and the debug
+	// listener (nil: none; DebugListener is then ignored) once the policy
+	// file and the workers file have loaded and their diagnostics are
+	// written, and before anything serves: a file's errors are reported
+	// even when the address is in use, and an address in use is reported
+	// only for files that load (docs/serve.md: the router loads the policy
+	// file, adds the workers, listens). Run returns its error as is, and
+	// closes what it opened.
+	Listen func() (ln, debug net.Listener, err error)
 	// Face builds the front end served on Listener (required): `router
 	// serve`'s and `router epp`'s is serve's HTTP face (serve.Face).
 	Face FaceFunc
@@ -211,7 +221,7 @@ func NewDaemon(o DaemonOptions) (*Daemon, error) {
 	if o.PolicyFile == "" {
 		return nil, errors.New("live: daemon: no policy file")
 	}
-	if o.Listener == nil {
+	if o.Listener == nil && o.Listen == nil {
 		return nil, errors.New("live: daemon: no listener")
 	}
 	if o.Face == nil {
@@ -234,9 +244,14 @@ func (d *Daemon) Run(ctx context.Context) error {
 		return errors.New("live: daemon: Run called twice")
 	}
 	defer close(d.stopped)
-	o := d.o
+	o := &d.o
+	if o.Listener == nil {
+		o.DebugListener = nil // Listen opens it
+	}
 	defer func() {
-		_ = o.Listener.Close()
+		if o.Listener != nil {
+			_ = o.Listener.Close()
+		}
 		if o.DebugListener != nil {
 			_ = o.DebugListener.Close()
 		}
@@ -315,6 +330,11 @@ func (d *Daemon) Run(ctx context.Context) error {
 	toks, err := d.tokenizers(b)
 	if err != nil {
 		return fmt.Errorf("%s %w: %w", o.PolicyFile, ErrNotLoaded, err)
+	}
+	if o.Listener == nil {
+		if o.Listener, o.DebugListener, err = o.Listen(); err != nil {
+			return err
+		}
 	}
 	// Replicas share their bookings and prefix records (the cluster
 	// block; read once at start, as the queue block is).

@@ -120,7 +120,10 @@ func (rt *Runtime) Key(ctx context.Context, req *Request, key RoutingKey) {
 			if tok := set.For(req.Model); tok != nil {
 				t0 := time.Now()
 				hashes, ids, err := tokenizer.Blocks(ctx, tok, tokenizer.Prompt{Text: key.text, Messages: key.messages(), Tools: key.tools()}, bs, rt.cpt)
-				if rt.met != nil && !errors.Is(err, tokenizer.ErrUnsupported) {
+				// A call was made unless the engine's back-off answered
+				// (ErrUnsupported without ErrEngine).
+				called := !errors.Is(err, tokenizer.ErrUnsupported) || errors.Is(err, tokenizer.ErrEngine)
+				if rt.met != nil && called {
 					rt.met.tokenize.WithLabelValues(req.Label).Observe(time.Since(t0).Seconds())
 				}
 				if err == nil {
@@ -132,7 +135,7 @@ func (rt *Runtime) Key(ctx context.Context, req *Request, key RoutingKey) {
 					return
 				}
 				req.TokErr = err
-				if !errors.Is(err, tokenizer.ErrUnsupported) {
+				if !errors.Is(err, tokenizer.ErrUnsupported) { // an engine without the form fails nothing
 					if rt.met != nil {
 						rt.met.tokFails.WithLabelValues(req.Label).Inc()
 					}

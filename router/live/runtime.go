@@ -333,6 +333,38 @@ func (rt *Runtime) Unknown(model string) bool {
 	return ok && !ms.Serves(model)
 }
 
+// CodeModelNotFound is the OpenAI error code of a *ModelNotFoundError,
+// answered 404 with type TypeInvalidRequest (OpenAI's answer for a model
+// that does not exist: not retryable).
+const CodeModelNotFound = "model_not_found"
+
+// ModelNotFoundError is the refusal of a request whose model no configured
+// worker serves or lists (Runtime.Unknown): serve and the EPP answer it 404
+// CodeModelNotFound, where a model whose workers are all down or starting
+// is a retryable 503. Runtime.ModelNotFound makes it.
+type ModelNotFoundError struct {
+	Model string // the request's model, as the client sent it
+	Err   error  // the runtime's refusal, wrapping shared.ErrNoWorkers
+}
+
+// Error is the answer's message: the model (quoted, escaped) and why.
+func (e *ModelNotFoundError) Error() string {
+	return fmt.Sprintf("the model %q does not exist: no worker serves it", e.Model)
+}
+
+// Unwrap returns the runtime's refusal.
+func (e *ModelNotFoundError) Unwrap() error { return e.Err }
+
+// ModelNotFound returns err as a *ModelNotFoundError when it wraps
+// shared.ErrNoWorkers and no configured worker serves or lists model
+// (Unknown), and err unchanged otherwise (nil for nil).
+func (rt *Runtime) ModelNotFound(model string, err error) error {
+	if err == nil || !errors.Is(err, shared.ErrNoWorkers) || !rt.Unknown(model) {
+		return err
+	}
+	return &ModelNotFoundError{Model: model, Err: err}
+}
+
 // ModelLabel bounds the metrics' model label's values to the fleet's
 // models: model when a worker serves or lists it, "" for none, else
 // "unknown".

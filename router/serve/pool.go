@@ -1,6 +1,7 @@
 package serve
 
 import (
+	"errors"
 	"fmt"
 	"net/http"
 
@@ -72,13 +73,14 @@ func (s *Server) utility(ex *exchange) int {
 	for attempt := 0; ; attempt++ {
 		w := s.utilityWorker(ex.Model, failed)
 		if w == nil {
+			var mnf *live.ModelNotFoundError
 			switch {
 			case len(failed) > 0:
 				s.fail(ex, http.StatusBadGateway, live.TypeServer, "worker_failed",
 					fmt.Sprintf("the selected workers failed before answering (%d attempts)", attempt))
 				return http.StatusBadGateway
-			case s.rt.Unknown(ex.Model):
-				s.fail(ex, http.StatusNotFound, live.TypeInvalidRequest, "model_not_found", fmt.Sprintf("the model %q does not exist: no worker serves it", ex.Model))
+			case errors.As(s.rt.ModelNotFound(ex.Model, shared.ErrNoWorkers), &mnf):
+				s.fail(ex, http.StatusNotFound, live.TypeInvalidRequest, live.CodeModelNotFound, mnf.Error())
 				return http.StatusNotFound
 			default:
 				s.fail(ex, http.StatusServiceUnavailable, live.TypeServer, "no_worker", fmt.Sprintf("no ready worker for model %q: its workers are starting or not answering", ex.Model))

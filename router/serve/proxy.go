@@ -371,9 +371,10 @@ func (s *Server) errorAnswer(model, id string, err error, log bool) errAnswer {
 		}
 		return errAnswer{http.StatusBadRequest, live.TypeInvalidRequest, "classification_failed", "the request could not be classified: " + msg}
 	case errors.Is(err, shared.ErrNoWorkers):
-		if s.rt.Unknown(model) {
+		var mnf *live.ModelNotFoundError
+		if errors.As(s.rt.ModelNotFound(model, err), &mnf) {
 			// OpenAI's answer for a model that does not exist: not retryable.
-			return errAnswer{http.StatusNotFound, live.TypeInvalidRequest, "model_not_found", fmt.Sprintf("the model %q does not exist: no worker serves it", model)}
+			return errAnswer{http.StatusNotFound, live.TypeInvalidRequest, live.CodeModelNotFound, mnf.Error()}
 		}
 		return errAnswer{http.StatusServiceUnavailable, live.TypeServer, "no_worker", fmt.Sprintf("no ready worker for model %q: its workers are starting or not answering", model)}
 	case errors.Is(err, context.DeadlineExceeded):

@@ -271,6 +271,11 @@ func (s *Server) connectionClose(next http.Handler) http.Handler {
 // the redirect would send its POST, body and all, a second time.
 func canonicalPaths(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p := r.URL.EscapedPath(); debugPath(path.Clean(r.URL.Path)) {
+			writeError(w, p, http.StatusNotFound, live.TypeInvalidRequest, "not_found",
+				fmt.Sprintf("no endpoint %s %s: %s", r.Method, untrusted.Text(p, untrusted.MaxClient), debugOnly))
+			return
+		}
 		if p := r.URL.EscapedPath(); p != path.Clean(r.URL.Path) && !escapedID(r.URL.Path) {
 			// In the shape of the API the clean path is under (Anthropic's
 			// for /v1/messages/ and /v1/messages%2Fcount_tokens).
@@ -281,6 +286,16 @@ func canonicalPaths(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// debugOnly says where the paths debugPath matches are served.
+const debugOnly = "Go's profiler (/debug/pprof/) and the router's /debug views are served only on --debug-listen's address, not on the API's"
+
+// debugPath reports whether p, a clean path, is /debug or under it: the
+// profiler and the debug views, which the API's address never serves
+// (live.DaemonOptions.DebugListener does).
+func debugPath(p string) bool {
+	return p == "/debug" || strings.HasPrefix(p, "/debug/")
 }
 
 // escapedID reports whether p, a request's decoded path, is in canonical

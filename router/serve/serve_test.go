@@ -987,3 +987,31 @@ func TestDataParallelRankHeader(t *testing.T) {
 	}
 	e.settle(t)
 }
+
+// TestDebugPathsOnAPIPort: the profiler and the debug views are served only
+// on --debug-listen's address; on the API's, a path under /debug is
+// answered 404 not_found saying so (GET /debug/pprof/ used to be "the path
+// is not in canonical form (/debug/pprof)", and GET /debug/route a bare
+// "no endpoint").
+func TestDebugPathsOnAPIPort(t *testing.T) {
+	eng := newEngine(t, 1, 0)
+	e := newEnv(t, envOptions{}, backend{name: "w1", url: eng.URL})
+	for _, tc := range []struct{ method, path string }{
+		{"GET", "/debug/pprof/"}, {"GET", "/debug/pprof"}, {"GET", "/debug/pprof/heap"}, {"GET", "/debug"},
+		{"GET", "/debug/route"}, {"GET", "/debug/workers"}, {"POST", "/debug/pprof/profile"},
+	} {
+		req, _ := http.NewRequest(tc.method, e.url+tc.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "no endpoint " + tc.method + " " + tc.path + ": Go's profiler (/debug/pprof/) and the router's /debug views " +
+			"are served only on --debug-listen's address, not on the API's"
+		if got := decodeError(t, resp); resp.StatusCode != http.StatusNotFound || got.Code != "not_found" || got.Message != want {
+			t.Errorf("%s %s: status %d, %+v; want 404 not_found %q", tc.method, tc.path, resp.StatusCode, got, want)
+		}
+	}
+	if n := eng.requests.Load(); n != 0 {
+		t.Errorf("the engine got %d requests", n)
+	}
+}

@@ -91,7 +91,7 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	live.WriteError(w, http.StatusNotFound, live.TypeInvalidRequest, "model_not_found",
+	live.WriteError(w, http.StatusNotFound, live.TypeInvalidRequest, live.CodeModelNotFound,
 		fmt.Sprintf("The model `%s` does not exist.", id))
 }
 

@@ -86,9 +86,10 @@ type EngineOptions struct {
 // Errors of an Engine.
 var (
 	// ErrUnsupported: the engine answered this form of /tokenize (a text
-	// prompt, or chat messages) 404, 405, 422 or 501 within the last
-	// EngineOptions.UnsupportedBackoff: no call was made. The caller keys
-	// the prompt by characters.
+	// prompt, or chat messages) 404, 405, 422 or 501, now (the error
+	// wraps ErrEngine too: a call was made, and the back-off starts) or
+	// within the last EngineOptions.UnsupportedBackoff (no call was made).
+	// The caller keys the prompt by characters, and counts no failure.
 	ErrUnsupported = errors.New("the engine does not tokenize this form of prompt")
 )
 
@@ -504,13 +505,17 @@ func (e *Engine) call(ctx context.Context, off *atomic.Int64, body map[string]an
 		return nil, err
 	}
 	if status != http.StatusOK {
+		err := fmt.Errorf("tokenizer: POST %s: %w: status %d: %s", url, ErrEngine, status, untrusted.Bytes(data, 200))
 		switch status {
 		case http.StatusNotFound, http.StatusMethodNotAllowed, http.StatusUnprocessableEntity, http.StatusNotImplemented:
 			if off != nil {
+				// The answer that starts the back-off is ErrUnsupported, as
+				// the back-off's are: the engine lacks the form, which is
+				// no failure.
 				off.Store(time.Now().Add(e.backoff).UnixNano())
+				err = fmt.Errorf("%w (%w)", err, ErrUnsupported)
 			}
 		}
-		err := fmt.Errorf("tokenizer: POST %s: %w: status %d: %s", url, ErrEngine, status, untrusted.Bytes(data, 200))
 		if status >= 400 && status < 500 {
 			err = fmt.Errorf("%w (%w)", err, errRefused)
 		}

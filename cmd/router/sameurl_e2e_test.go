@@ -1,0 +1,37 @@
+//go:build linux
+
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestWorkersAtOneURLWarned: two worker blocks of different names with one
+// url (a copy-paste mistake: one engine counted twice) are warned about at
+// load, naming both blocks and where each is, and still loaded: `router
+// validate` exits 0 with the warning on stderr and both workers listed;
+// `router serve` logs it at start and serves with both workers ready.
+func TestWorkersAtOneURLWarned(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	mock := startMocks(t, routerBin, 1, "50")[0]
+	policy := filepath.Join(t.TempDir(), "policy.hcl")
+	src := "worker \"a\" {\n  url = \"" + mock.url + "\"\n}\n\nworker \"b\" {\n  url = \"" + mock.url + "\"\n}\n"
+	if err := os.WriteFile(policy, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := policy + ":5:1: warning: Two workers at one URL; Worker \"b\" (here) and worker \"a\" (" + policy + ":1:1) both have url \"" + mock.url +
+		"\": one engine counted as two workers, with two capacities and two bookings. Remove one, or give each its engine's URL."
+	code, out, errOut := routerRun(t, "validate", policy)
+	if code != 0 || !hasLinePrefix(errOut, want) || !strings.Contains(out, "worker      a ") || !strings.Contains(out, "worker      b ") {
+		t.Errorf("validate: exit %d, stdout\n%s\nstderr\n%s\nwant exit 0, both workers, and a line starting\n%s", code, out, errOut, want)
+	}
+	router := startRouter(t, routerBin, "--policy", policy)
+	waitMetrics(t, e2eClient(t), router, time.Minute, "both workers ready", allReady("a", "b"))
+	if !hasLinePrefix(router.stderr.String(), want) {
+		t.Errorf("serve's stderr\n%s\nlacks a line starting\n%s", router.stderr.String(), want)
+	}
+}
