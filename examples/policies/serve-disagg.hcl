@@ -13,10 +13,6 @@
 # Real engines: vLLM with a KV connector, prefill workers as producers and
 # decode workers as consumers, e.g. --kv-transfer-config
 # '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'.
-router {
-  block_size = 512
-}
-
 # Prefill where the prompt's prefix is already cached, charged for the
 # prefill work each worker has booked. The queue below applies to the
 # prefill hop (admission), as it does to aggregated requests.
@@ -62,26 +58,22 @@ worker "prefill-a" {
   url             = "http://127.0.0.1:8001"
   role            = "prefill"
   models          = ["llama"]
-  total_kv_blocks = 859
 }
 
 worker "prefill-b" {
   url             = "http://127.0.0.1:8002"
   role            = "prefill"
   models          = ["llama"]
-  total_kv_blocks = 859
 }
 
 worker "decode-a" {
   url             = "http://127.0.0.1:8003"
   role            = "decode"
   models          = ["llama"]
-  total_kv_blocks = 859
 }
 
 worker "decode-b" {
   url             = "http://127.0.0.1:8004"
   role            = "decode"
   models          = ["llama"]
-  total_kv_blocks = 859
 }
