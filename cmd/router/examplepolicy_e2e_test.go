@@ -50,13 +50,7 @@ func TestServeE2EExampleServePolicyWarnsNothing(t *testing.T) {
 		}
 	}
 	m := waitMetrics(t, c, router, time.Minute, "three requests counted", func(m map[string]float64) bool {
-		var n float64
-		for k, v := range m {
-			if strings.HasPrefix(k, "switchyard_requests_total{") {
-				n += v
-			}
-		}
-		return n == 3
+		return requestsCounted(m) == 3
 	})
 	for _, n := range names {
 		if got := m[`switchyard_worker_capacity_blocks{rank="0",worker="`+n+`"}`]; got != 27500 {

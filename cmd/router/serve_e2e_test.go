@@ -313,6 +313,18 @@ func allReady(names ...string) func(map[string]float64) bool {
 	}
 }
 
+// requestsCounted is the router's switchyard_requests_total summed over
+// its series (every code and model).
+func requestsCounted(m map[string]float64) float64 {
+	var n float64
+	for k, v := range m {
+		if strings.HasPrefix(k, "switchyard_requests_total{") {
+			n += v
+		}
+	}
+	return n
+}
+
 // idle: every worker's active requests and every queue class's depth are
 // 0 (and at least one worker series is there).
 func idle(m map[string]float64) bool {
@@ -639,12 +651,7 @@ func TestServeE2ECancellationAccounting(t *testing.T) {
 	if interrupted.Load() == 0 {
 		t.Errorf("none of the %d cancellations interrupted a request", cancelled)
 	}
-	var counted float64
-	for k, v := range m {
-		if strings.HasPrefix(k, "switchyard_requests_total{") {
-			counted += v
-		}
-	}
+	counted := requestsCounted(m)
 	t.Logf("%d requests (%d cancelled, %d interrupted, %d completed) in %v; idle %v later; %v counted by the router: 200 %v, 499 %v; test %v",
 		total, cancelled, interrupted.Load(), ok200.Load(), load, settled, counted,
 		m[`switchyard_requests_total{code="200",model="mock"}`], m[`switchyard_requests_total{code="499",model="mock"}`], time.Since(t0))

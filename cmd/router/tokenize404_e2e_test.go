@@ -49,13 +49,7 @@ func TestServeE2ETokenize404IsNoFailure(t *testing.T) {
 		}
 	}
 	m := waitMetrics(t, c, router, time.Minute, "three requests counted", func(m map[string]float64) bool {
-		var n float64
-		for k, v := range m {
-			if strings.HasPrefix(k, "switchyard_requests_total{") {
-				n += v
-			}
-		}
-		return n == 3
+		return requestsCounted(m) == 3
 	})
 	for k, v := range m {
 		if strings.HasPrefix(k, "switchyard_tokenize_failures_total") {
