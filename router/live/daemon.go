@@ -79,6 +79,14 @@ type DaemonOptions struct {
 	// again after each value on Pods.Changes; the caller starts and stops
 	// it.
 	Pods WorkerSource
+	// StartPods, when set and Pods is nil, starts Pods: Run calls it once
+	// the policy file and the workers file have loaded and their
+	// diagnostics are written, before the workers are first set, so that
+	// a file's errors are reported before a membership source's (`router
+	// serve --pool-selector` lists the Kubernetes pods here, as Listen
+	// opens the listeners after the files). A nil source means none. Run
+	// returns its error as is; the caller stops what it started.
+	StartPods func() (WorkerSource, error)
 	// Catalog holds the built-in component types the policy file is
 	// resolved against, at start and on every reload; nil means
 	// catalog.Default() (loader.LoadOptions.Catalog). Tests add types of
@@ -321,6 +329,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 			return fmt.Errorf("workers file: %w", err)
 		}
 		defer func() { _ = workersWatch.Close() }()
+	}
+	if o.Pods == nil && o.StartPods != nil {
+		// The workers file's errors before the pods' (syncWorkers reads
+		// it again, and writes its diagnostics).
+		if o.WorkersFile != "" {
+			if _, fdiags := config.LoadWorkers(o.WorkersFile); fdiags.HasErrors() {
+				d.diagnostics(fdiags)
+				return fmt.Errorf("%s %w", o.WorkersFile, ErrNotLoaded)
+			}
+		}
+		if o.Pods, err = o.StartPods(); err != nil {
+			return err
+		}
 	}
 	_, wdiags, err := d.syncWorkers()
 	d.diagnostics(wdiags)

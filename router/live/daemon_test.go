@@ -305,8 +305,9 @@ func TestDaemonSIGHUP(t *testing.T) {
 
 // TestDaemonStartErrors: a policy or workers file that does not load
 // ends Run with ErrNotLoaded naming the file, its diagnostics at
-// file:line:col on Diagnostics; the listener is closed; Reload before
-// Run is ErrNotRunning.
+// file:line:col on Diagnostics, before StartPods is called (a Kubernetes
+// error would hide them); the listener is closed; Reload before Run is
+// ErrNotRunning. With files that load, StartPods' error is Run's, as is.
 func TestDaemonStartErrors(t *testing.T) {
 	dir := t.TempDir()
 	good, bad := filepath.Join(dir, "good.hcl"), filepath.Join(dir, "bad.hcl")
@@ -330,6 +331,10 @@ func TestDaemonStartErrors(t *testing.T) {
 			var diags lockedBuffer
 			tt.o.Listener, tt.o.Diagnostics, tt.o.Face = ln, &diags, newTestFace
 			tt.o.OnReady = func() { t.Error("ready with a file that does not load") }
+			tt.o.StartPods = func() (WorkerSource, error) {
+				t.Error("StartPods called with a file that does not load")
+				return nil, errors.New("pods")
+			}
 			d, err := NewDaemon(tt.o)
 			if err != nil {
 				t.Fatal(err)
@@ -352,6 +357,24 @@ func TestDaemonStartErrors(t *testing.T) {
 			}
 		})
 	}
+	t.Run("pods", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var diags lockedBuffer
+		podsErr := errors.New("--kubeconfig: no such file")
+		calls := 0
+		d, err := NewDaemon(DaemonOptions{PolicyFile: good, Listener: ln, Diagnostics: &diags, Face: newTestFace,
+			OnReady:   func() { t.Error("ready although the pods did not start") },
+			StartPods: func() (WorkerSource, error) { calls++; return nil, podsErr }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Run(context.Background()); err != podsErr || calls != 1 || diags.String() != "" {
+			t.Errorf("Run: %v after %d StartPods calls, diagnostics %q; want %v after 1, none", err, calls, diags.String(), podsErr)
+		}
+	})
 	if _, err := NewDaemon(DaemonOptions{Listener: nil, PolicyFile: good}); err == nil {
 		t.Error("NewDaemon without a listener: no error")
 	}
