@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -300,6 +301,46 @@ func TestDaemonSIGHUP(t *testing.T) {
 	}
 	if !strings.Contains(rd.logs.String(), "signal hangup") {
 		t.Errorf("the reload is not logged as the signal's; logs:\n%s", rd.logs)
+	}
+}
+
+// TestDaemonWarnsOfOneURLAcrossFiles: a workers file's worker at the url
+// of a policy file's worker (one engine counted twice) is warned about
+// at the workers file's block, naming the policy file's: at start on
+// Diagnostics, and in the log when the workers file changes to one; both
+// workers serve either way.
+func TestDaemonWarnsOfOneURLAcrossFiles(t *testing.T) {
+	dir := t.TempDir()
+	a, b := newMock(t, "", 50), newMock(t, "", 50)
+	policy, workersFile := filepath.Join(dir, "policy.hcl"), filepath.Join(dir, "workers.hcl")
+	replaceFile(t, policy, daemonPolicy("one", "a="+a.URL))
+	replaceFile(t, workersFile, workerBlocks("c="+a.URL))
+	warning := func(name string) string {
+		return fmt.Sprintf("%s:2:1: warning: Two workers at one URL; Worker %q (here) and worker \"a\" (%s:", workersFile, name, policy)
+	}
+	var diags lockedBuffer
+	rd := startDaemon(t, DaemonOptions{PolicyFile: policy, WorkersFile: workersFile, Diagnostics: &diags})
+	rd.waitWorkers(t, "a", "c")
+	if !strings.HasPrefix(diags.String(), warning("c")) {
+		t.Errorf("diagnostics at start %q, want the warning at c: %q...", diags.String(), warning("c"))
+	}
+
+	// Distinct urls: no warning; then one at a's again: logged.
+	replaceFile(t, workersFile, workerBlocks("d="+b.URL))
+	rd.waitWorkers(t, "a", "d")
+	if strings.Contains(rd.logs.String(), "Two workers at one URL") {
+		t.Errorf("a warning for distinct urls; logs:\n%s", rd.logs)
+	}
+	replaceFile(t, workersFile, workerBlocks("e="+a.URL))
+	rd.waitWorkers(t, "a", "e")
+	deadline := time.Now().Add(time.Minute)
+	for want := strconv.Quote(warning("e")); ; time.Sleep(10 * time.Millisecond) {
+		if logs := rd.logs.String(); strings.Contains(logs, "workers file loaded with warnings") && strings.Contains(logs, want[1:len(want)-1]) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning logged for e at a's url; logs:\n%s", rd.logs)
+		}
 	}
 }
 
