@@ -15,6 +15,11 @@ Targets (issue #14 section 2), per trace and fleet size:
     power-of-two;
   - TTFT mean and p90 <= kv-cost's.
 
+A policy that completed no request has no TTFT (the report's ttft_ms is
+null): its table cells read n/a; a check of the default policy's TTFT then
+misses, and a check against a policy without one compares with the others
+(skipped, "not judged", when none has one).
+
 Replay is simulated time: the figures do not depend on the machine. They do
 depend on the seeds: a random tie-break early in a run changes every later
 decision. --seeds 1,2,3 repeats every cell with each seed (the example
@@ -89,20 +94,54 @@ def seed_list(text):
         raise argparse.ArgumentTypeError(f"{text!r}: want comma-separated whole numbers, such as 1,2,3")
 
 
+def ttft(r, q):
+    """Record r's TTFT quantile q (ms), or None when it has none (ttft_ms null: no request completed)."""
+    t = r.get("ttft_ms")
+    return None if t is None else t[q]
+
+
+def at_most(value, limit):
+    """A latency check: True or False, None (not judged) without a limit; a missing value misses."""
+    if limit is None:
+        return None
+    return value is not None and value <= limit
+
+
 def checks(c):
-    """Issue #14's checks of the default policy in one cell: (name, met, value, limit)."""
+    """Issue #14's checks of the default policy in one cell: (name, met, value, limit).
+
+    met is True, False or None (not judged: no policy to compare with has a
+    TTFT); value and limit are None where a policy has no TTFT."""
     d, rr, kc = c["kv-affinity"], c["round-robin"], c["kv"]
-    base = [c[p]["ttft_ms"] for p in ("round-robin", "least-loaded", "power-of-two")]
+    base = [c[p] for p in ("round-robin", "least-loaded", "power-of-two")]
     out = [
         ("KV hit >= 90% of reference", d["kv_hit_of_reference"] >= 0.9, d["kv_hit_of_reference"] * 100, 90.0),
         ("KV hit >= round-robin's", d["kv_hit_ratio"] >= rr["kv_hit_ratio"], d["kv_hit_ratio"] * 100, rr["kv_hit_ratio"] * 100),
     ]
     for q in ("p90", "p99"):
-        best = min(b[q] for b in base)
-        out.append((f"TTFT {q} <= 1.05 x best of rr/ll/p2c", d["ttft_ms"][q] <= 1.05 * best, d["ttft_ms"][q], 1.05 * best))
+        have = [ttft(b, q) for b in base if ttft(b, q) is not None]
+        limit = 1.05 * min(have) if have else None
+        out.append((f"TTFT {q} <= 1.05 x best of rr/ll/p2c", at_most(ttft(d, q), limit), ttft(d, q), limit))
     for q in ("mean", "p90"):
-        out.append((f"TTFT {q} <= kv-cost's", d["ttft_ms"][q] <= kc["ttft_ms"][q], d["ttft_ms"][q], kc["ttft_ms"][q]))
+        out.append((f"TTFT {q} <= kv-cost's", at_most(ttft(d, q), ttft(kc, q)), ttft(d, q), ttft(kc, q)))
     return out
+
+
+def num(v, fmt=".1f"):
+    """v formatted, or n/a for None."""
+    return "n/a" if v is None else format(v, fmt)
+
+
+def verdict(ok):
+    return {True: "met", False: "MISSED", None: "not judged"}[ok]
+
+
+def ttft_cell(r):
+    """A table's "TTFT mean / p90 / p99" cell of record r."""
+    if r.get("ttft_ms") is None:
+        return "n/a (none completed)"
+    t = r["ttft_ms"]
+    return f"{t['mean']:.0f} / {t['p90']:.0f} / {t['p99']:.0f}"
 
 
 def unseeded_policies(tmp):
@@ -133,10 +172,17 @@ def peer_table(runs, ws, seeds):
         for w in ws:
             rs = [runs[(w, seed)][p] for seed in seeds]
             m = lambda f: sum(f(r) for r in rs) / len(rs)
-            p90s = [r["ttft_ms"]["p90"] for r in rs]
             row.append(f"{m(lambda r: r['kv_hit_ratio']) * 100:.1f}% ({m(lambda r: r['kv_hit_of_reference']) * 100:.0f}%)")
-            row.append(f"{m(lambda r: r['ttft_ms']['mean']):.0f} / {m(lambda r: r['ttft_ms']['p90']):.0f} "
-                       f"[{min(p90s):.0f}-{max(p90s):.0f}] / {m(lambda r: r['ttft_ms']['p99']):.0f}")
+            # TTFT over the seeds' runs that have one (a run that completed
+            # nothing has none).
+            ts = [r for r in rs if r.get("ttft_ms") is not None]
+            if not ts:
+                row.append("n/a (none completed)")
+                continue
+            mt = lambda q: sum(r["ttft_ms"][q] for r in ts) / len(ts)
+            p90s = [r["ttft_ms"]["p90"] for r in ts]
+            some = f" ({len(ts)} of {len(rs)} seeds)" if len(ts) < len(rs) else ""
+            row.append(f"{mt('mean'):.0f} / {mt('p90'):.0f} [{min(p90s):.0f}-{max(p90s):.0f}] / {mt('p99'):.0f}{some}")
         print(f"| {label(p)} | " + " | ".join(row) + " |")
 
 
@@ -172,15 +218,14 @@ def main():
             row = []
             for w in ws:
                 r = cells[w][p]
-                t = r["ttft_ms"]
                 row.append(f"{r['kv_hit_ratio'] * 100:.1f}% ({r['kv_hit_of_reference'] * 100:.0f}%)")
-                row.append(f"{t['mean']:.0f} / {t['p90']:.0f} / {t['p99']:.0f}")
+                row.append(ttft_cell(r))
             print(f"| {label(p)} | " + " | ".join(row) + " |")
         print()
         for w in ws:
             for name, ok, value, limit in checks(cells[w]):
-                fails += not ok
-                print(f"- {w} workers: {'met' if ok else 'MISSED'}: {name} ({value:.1f} against {limit:.1f})")
+                fails += ok is False
+                print(f"- {w} workers: {verdict(ok)}: {name} ({num(value)} against {num(limit)})")
         if not seeds:
             continue
         with tempfile.TemporaryDirectory() as tmp:
@@ -190,16 +235,28 @@ def main():
                 for seed in seeds:
                     seeded[(w, seed)] = run(a.bin, trace, w, seed, unseeded, a.peers)
                     for name, ok, value, limit in checks(seeded[(w, seed)]):
-                        met, runs, worst = tally.get((w, name), (0, 0, None))
+                        met, runs, skipped, worst = tally.get((w, name), (0, 0, 0, None))
+                        if ok is None:
+                            tally[(w, name)] = (met, runs, skipped + 1, worst)
+                            continue
                         # The worst run: the smallest value for the KV checks,
-                        # the largest for the latency ones.
-                        bad = value - limit if name.startswith("TTFT") else limit - value
+                        # the largest for the latency ones; a default policy
+                        # without a TTFT is worse than any with one.
+                        if value is None:
+                            bad = float("inf")
+                        else:
+                            bad = value - limit if name.startswith("TTFT") else limit - value
                         if worst is None or bad > worst[0]:
                             worst = (bad, seed, value, limit)
-                        tally[(w, name)] = (met + ok, runs + 1, worst)
+                        tally[(w, name)] = (met + ok, runs + 1, skipped, worst)
         print(f"\nseeds {','.join(map(str, seeds))}, component seeds dropped:")
-        for (w, name), (met, runs, worst) in tally.items():
-            print(f"- {w} workers: {name}: met in {met} of {runs} (worst: seed {worst[1]}, {worst[2]:.1f} against {worst[3]:.1f})")
+        for (w, name), (met, runs, skipped, worst) in tally.items():
+            line = f"- {w} workers: {name}: met in {met} of {runs}"
+            if worst is not None:
+                line += f" (worst: seed {worst[1]}, {num(worst[2])} against {num(worst[3])})"
+            if skipped:
+                line += f"; not judged in {skipped} (no policy to compare with completed a request)"
+            print(line)
         if a.peers:
             peer_table(seeded, ws, seeds)
     return 1 if fails else 0

@@ -53,6 +53,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/switchyard-router/switchyard/bench/internal/benchproc"
+	"github.com/switchyard-router/switchyard/internal/portowner"
 )
 
 type options struct {
@@ -230,7 +231,7 @@ func (n *natsServer) start() error {
 	if !s.ReadyForConnections(30 * time.Second) {
 		s.Shutdown()
 		if n.port > 0 {
-			return fmt.Errorf("the NATS server did not start on port %d (held by %s)", n.port, benchproc.PortOwner(n.port))
+			return fmt.Errorf("the NATS server did not start on port %d (held by %s)", n.port, portowner.Of(n.port))
 		}
 		return errors.New("the NATS server did not start")
 	}

@@ -69,3 +69,54 @@ func TestBusyPortDoesNotHidePolicyErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolSelectorDoesNotHidePolicyErrors: with --pool-selector the pods
+// are listed once the policy file and the workers file have loaded, as
+// the listeners are opened (TestBusyPortDoesNotHidePolicyErrors). With a
+// kubeconfig that cannot be read, a policy file or a workers file with
+// errors exits 1 with the file's errors and no Kubernetes error, which
+// used to come first and alone; files that load exit 1 on the
+// kubeconfig.
+func TestPoolSelectorDoesNotHidePolicyErrors(t *testing.T) {
+	bin, _ := e2eBinaries(t)
+	dir := t.TempDir()
+	write := func(name, src string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	badURL := write("bad-url.hcl", "worker \"w\" {\n  url = \"127.0.0.1:8001\"\n}\n")
+	good := write("good.hcl", "router {\n  block_size = 16\n}\n")
+	badWorkers := write("bad-workers.hcl", "worker \"x\" {\n  url = \"127.0.0.1:8002\"\n}\n")
+	kubeconfig := filepath.Join(dir, "no-such-kubeconfig")
+	kubeErr := "router: --kubeconfig: kubernetes client configuration: stat " + kubeconfig + ": no such file or directory"
+	for _, face := range []string{"serve", "epp"} {
+		args := func(policy string, more ...string) []string {
+			a := []string{face, "--policy", policy, "--listen", "127.0.0.1:0",
+				"--pool-selector", "app=vllm", "--pool-port", "8000", "--kubeconfig", kubeconfig}
+			if face == "epp" {
+				a = append(a, "--http-listen", "127.0.0.1:0")
+			}
+			return append(a, more...)
+		}
+		for _, tt := range []struct {
+			args      []string
+			want, bad string
+		}{
+			{args(badURL), badURL + `:2:9: error: Invalid URL; The value of "url" has no scheme: want http://HOST:PORT (add "http://": "http://127.0.0.1:8001").`, badURL},
+			{args(good, "--workers-file", badWorkers), badWorkers + `:2:9: error: Invalid URL; The value of "url" has no scheme: want http://HOST:PORT (add "http://": "http://127.0.0.1:8002").`, badWorkers},
+		} {
+			code, stderr := runBinary(t, bin, tt.args...)
+			if code != 1 || !hasLinePrefix(stderr, tt.want) || !hasLinePrefix(stderr, "router: "+tt.bad+" does not load") || strings.Contains(stderr, "kubeconfig") {
+				t.Errorf("%s %v: exit %d, stderr\n%s\nwant exit 1, a line starting %q, %s does not load and no Kubernetes error",
+					face, tt.args[1:], code, stderr, tt.want, filepath.Base(tt.bad))
+			}
+		}
+		code, stderr := runBinary(t, bin, args(good)...)
+		if code != 1 || !hasLinePrefix(stderr, kubeErr) {
+			t.Errorf("%s, files that load: exit %d, stderr\n%s\nwant exit 1 and a line starting %q", face, code, stderr, kubeErr)
+		}
+	}
+}

@@ -155,20 +155,24 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	})
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), decisions)
 	logger := hclog.New(&hclog.LoggerOptions{Name: "router", Output: stderr, Level: level})
-	// The pods' watch lives as long as the daemon; a signal while the
-	// pods are first listed ends it.
-	unlink := context.AfterFunc(ctx, stopDaemon)
-	pods, podsDone, err := o.pods.start(dctx, logger)
-	unlink()
-	if err != nil {
-		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-			return nil // stopped while listing the pods
-		}
-		return &exitError{code: 1, err: err}
-	}
+	// The pods' watch lives as long as the daemon; they are first listed
+	// once the files have loaded (StartPods, as serve does), and a signal
+	// while they are ends it.
+	podsDone := closedChan()
 	var d *live.Daemon
 	do := o.daemonOptions(serve.Options{})
-	do.Pods = pods
+	if o.pods.selector != "" {
+		do.StartPods = func() (live.WorkerSource, error) {
+			unlink := context.AfterFunc(ctx, stopDaemon)
+			defer unlink()
+			pods, done, err := o.pods.start(dctx, logger)
+			if err != nil {
+				return nil, err
+			}
+			podsDone = done
+			return pods, nil
+		}
+	}
 	do.Listen = func() (net.Listener, net.Listener, error) {
 		if w := o.noWorkersWarning(); w != "" {
 			logger.Warn(w) // as serve does (runServe)
@@ -228,7 +232,7 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 		fmt.Fprintf(stdout, "router epp http api on http://%s\n", hln.Addr())
 		fmt.Fprintf(stdout, "router epp listening on grpc://%s\n", gln.Addr())
 	}
-	d, err = live.NewDaemon(do)
+	d, err := live.NewDaemon(do)
 	if err == nil {
 		err = d.Run(dctx)
 	}
@@ -242,6 +246,9 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	grpcDone.Wait()
 	<-podsDone
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return nil // stopped while listing the pods
+		}
 		return &exitError{code: 1, err: err}
 	}
 	return nil

@@ -55,11 +55,10 @@ func startKVFleet(t *testing.T, routerBin string) *kvFleet {
 		tokenizer: fmt.Sprintf("tokenizer \"mock\" {\n  source = \"file\"\n  path   = %q\n  config = %q\n}\n", tok, tokCfg)}
 	var b strings.Builder
 	for _, n := range f.names {
-		port := consecutivePorts(t, 1)
 		m := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50",
 			"--engine-block-size", "16", "--tokenizer", tok, "--tokenizer-config", tokCfg,
-			"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", port))
-		fmt.Fprintf(&b, "worker %q {\n  url = %q\n  kv_events {\n    endpoint = \"tcp://127.0.0.1:%d\"\n  }\n}\n", n, m.url, port)
+			"--kv-events-endpoint", "tcp://127.0.0.1:0")
+		fmt.Fprintf(&b, "worker %q {\n  url = %q\n  kv_events {\n    endpoint = %q\n  }\n}\n", n, m.url, m.waitStdout(t, mockKVEvents)[1])
 		ep, err := epp.Endpoint(m.url)
 		if err != nil {
 			t.Fatal(err)

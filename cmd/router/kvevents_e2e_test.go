@@ -34,15 +34,15 @@ func TestServeE2EKVEvents(t *testing.T) {
 	var workers strings.Builder
 	var engines []string
 	for i, n := range names {
-		port := consecutivePorts(t, 1)
 		encoding := "array"
 		if i == 2 {
 			encoding = "map"
 		}
 		m := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50",
 			"--engine-block-size", "16", "--kv-blocks", fmt.Sprint(kvBlocks), "--tokenizer", tok, "--tokenizer-config", tokCfg,
-			"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", port), "--kv-events-encoding", encoding)
-		fmt.Fprintf(&workers, "worker %q {\n  url = %q\n  kv_events {\n    endpoint = \"tcp://127.0.0.1:%d\"\n  }\n}\n", n, m.url, port)
+			"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-encoding", encoding)
+		ep := m.waitStdout(t, mockKVEvents)[1]
+		fmt.Fprintf(&workers, "worker %q {\n  url = %q\n  kv_events {\n    endpoint = %q\n  }\n}\n", n, m.url, ep)
 		engines = append(engines, m.url)
 	}
 	dir := t.TempDir()

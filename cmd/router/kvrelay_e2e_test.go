@@ -27,9 +27,9 @@ func TestKVRelayE2E(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
 	ns := natskit.Start(t, 0)
 
-	kvPort, replayPort, debugPort := consecutivePorts(t, 1), consecutivePorts(t, 1), consecutivePorts(t, 1)
 	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--engine-block-size", "16",
-		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", kvPort), "--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", replayPort))
+		"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0")
+	kv := engine.waitStdout(t, mockKVEvents)
 	policy := filepath.Join(t.TempDir(), "policy.hcl")
 	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`router {
   block_size = 16
@@ -38,8 +38,8 @@ func TestKVRelayE2E(t *testing.T) {
 worker "w" {
   url = %q
   kv_events {
-    endpoint        = "tcp://127.0.0.1:%d"
-    replay_endpoint = "tcp://127.0.0.1:%d"
+    endpoint        = %q
+    replay_endpoint = %q
   }
 }
 
@@ -50,7 +50,7 @@ cluster {
   heartbeat   = "200ms"
   booking_ttl = "3s"
 }
-`, engine.url, kvPort, replayPort, ns.ClientURL())), 0o644); err != nil {
+`, engine.url, kv[1], kv[2], ns.ClientURL())), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c := e2eClient(t)
@@ -58,7 +58,8 @@ cluster {
 	waitMetrics(t, c, relay, time.Minute, "the relay holds the engine's lease", func(m map[string]float64) bool {
 		return m["switchyard_cluster_leases_held"] == 1
 	})
-	serve := startProc(t, routerBin, "serve", "--policy", policy, "--listen", "127.0.0.1:0", "--debug-listen", fmt.Sprintf("127.0.0.1:%d", debugPort))
+	serve := startProc(t, routerBin, "serve", "--policy", policy, "--listen", "127.0.0.1:0", "--debug-listen", "127.0.0.1:0")
+	debugAddr := serve.waitStdout(t, serveProfiler)[1]
 	waitMetrics(t, c, serve, time.Minute, "the worker ready", func(m map[string]float64) bool { return m[readyOf("w")] == 1 })
 
 	// stream returns serve's view of the worker's rank 0 (/debug/workers).
@@ -70,7 +71,7 @@ cluster {
 		} `json:"kv_events"`
 	}
 	stream := func() rankView {
-		resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/debug/workers", debugPort))
+		resp, err := c.Get("http://" + debugAddr + "/debug/workers")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -163,14 +164,13 @@ cluster {
 func TestKVRelayKilledE2E(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
 	ns := natskit.Start(t, 0)
-	kvPort := consecutivePorts(t, 1)
 	engine := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--engine-block-size", "16",
-		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", kvPort))
+		"--kv-events-endpoint", "tcp://127.0.0.1:0")
 	policy := filepath.Join(t.TempDir(), "policy.hcl")
 	if err := os.WriteFile(policy, []byte(fmt.Sprintf(`worker "w" {
   url = %q
   kv_events {
-    endpoint = "tcp://127.0.0.1:%d"
+    endpoint = %q
   }
 }
 
@@ -180,7 +180,7 @@ cluster {
   name      = "killed"
   heartbeat = "200ms"
 }
-`, engine.url, kvPort, ns.ClientURL())), 0o644); err != nil {
+`, engine.url, engine.waitStdout(t, mockKVEvents)[1], ns.ClientURL())), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c := e2eClient(t)

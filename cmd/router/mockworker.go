@@ -90,9 +90,10 @@ X-data-parallel-rank: R pins a request to rank R, others go to the least loaded
 rank (vLLM's score 4*waiting + running).
 
 --kv-events-endpoint tcp://HOST:PORT publishes the prefix cache's KV events in
-the engine's ZeroMQ format (rank R on PORT+R; port 0 a free port per rank;
-HOST * every interface): one BlockStored per request and step with the
-engine's hashes, token ids, LoRA fields and extra keys, one BlockRemoved per
+the engine's ZeroMQ format (rank R on PORT+R; port 0 a free port per rank,
+with --engine sglang a free base for rank 0 and base + R for rank R; HOST *
+every interface): one BlockStored per request and step with the engine's
+hashes, token ids, LoRA fields and extra keys, one BlockRemoved per
 evicted copy. --kv-events-replay-endpoint adds replay from the last
 --kv-events-buffer-steps batches (vLLM's current framing, or
 --kv-events-replay-format two-frame); --kv-events-snapshot-endpoint adds

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -115,16 +116,25 @@ type mockSource struct {
 // published, then [“”, “”, -1, “”] (vLLM PR 45177). A process restarted on
 // the same ports has a new publisher id, sequences from 0, an empty cache
 // and a later process_start_time_seconds.
+//
+// The first process binds port 0 (every rank's endpoints a free port of
+// their own, as its stdout and /kv_event_sources say); the restart, whose
+// checks are rank 0's, is given rank 0's ports and one rank (two would
+// put rank 1 on those + 1, ports nothing reserved, which an outgoing
+// connection's ephemeral port can hold): a bind that finds one taken
+// fails naming its owner (startProc).
 func TestMockWorkerProcessKVProtocols(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
 	c := e2eClient(t)
-	p := consecutivePorts(t, 6)
-	args := []string{"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--kv-blocks", "40",
-		"--data-parallel-size", "2", "--lora", "ad1",
-		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p),
-		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p+2),
-		"--kv-events-snapshot-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p+4)}
-	mock := startProc(t, routerBin, args...)
+	kvArgs := func(ranks int, pub, replay, snapshot string) []string {
+		return []string{"mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50", "--kv-blocks", "40",
+			"--data-parallel-size", strconv.Itoa(ranks), "--lora", "ad1",
+			"--kv-events-endpoint", pub, "--kv-events-replay-endpoint", replay, "--kv-events-snapshot-endpoint", snapshot}
+	}
+	const port0 = "tcp://127.0.0.1:0"
+	mock := startProc(t, routerBin, kvArgs(2, port0, port0, port0)...)
+	printed := mock.waitStdout(t, regexp.MustCompile(`(?m)^mock-worker rank 0 KV events on (tcp://\S+) replay on (tcp://\S+) snapshot on (tcp://\S+) publisher [0-9a-f]+\n`+
+		`mock-worker rank 1 KV events on (tcp://\S+) replay on (tcp://\S+) snapshot on (tcp://\S+) publisher [0-9a-f]+$`))
 
 	getJSON := func(url string, v any) {
 		t.Helper()
@@ -144,10 +154,17 @@ func TestMockWorkerProcessKVProtocols(t *testing.T) {
 	if len(body.Sources) != 2 {
 		t.Fatalf("/kv_event_sources: %+v", body)
 	}
+	ports := map[string]bool{}
 	for r, s := range body.Sources {
-		ep := func(port int) string { return fmt.Sprintf("tcp://127.0.0.1:%d", port+r) }
-		if s.Rank != r || s.Endpoint != ep(p) || s.Replay == nil || *s.Replay != ep(p+2) || s.Snapshot != ep(p+4) || s.Topic != "" {
-			t.Fatalf("source %d: %+v", r, s)
+		want := printed[1+3*r : 4+3*r]
+		if s.Rank != r || s.Endpoint != want[0] || s.Replay == nil || *s.Replay != want[1] || s.Snapshot != want[2] || s.Topic != "" {
+			t.Fatalf("source %d: %+v, want the endpoints printed, %q", r, s, want)
+		}
+		for _, ep := range want {
+			if strings.HasSuffix(ep, ":0") || ports[ep] {
+				t.Fatalf("endpoint %s of rank %d: port 0 or another's (%q)", ep, r, printed[1:])
+			}
+			ports[ep] = true
 		}
 	}
 	src := body.Sources[0]
@@ -318,10 +335,10 @@ func TestMockWorkerProcessKVProtocols(t *testing.T) {
 		t.Fatalf("no process_start_time_seconds: %v", metrics)
 	}
 
-	// The restart, on the same ports.
+	// The restart, on rank 0's ports, with one rank.
 	mock.stop(t)
 
-	mock = startProc(t, routerBin, args...)
+	mock = startProc(t, routerBin, kvArgs(1, src.Endpoint, *src.Replay, src.Snapshot)...)
 	if metrics, err = scrape(c, mock.url); err != nil || metrics["process_start_time_seconds"] <= started {
 		t.Fatalf("after the restart process_start_time_seconds %v, before %v (%v)", metrics["process_start_time_seconds"], started, err)
 	}
@@ -353,11 +370,10 @@ func TestMockWorkerProcessKVProtocols(t *testing.T) {
 func TestMockWorkerProcessBufferSteps(t *testing.T) {
 	routerBin, _ := e2eBinaries(t)
 	c := e2eClient(t)
-	p := consecutivePorts(t, 2)
 	mock := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--speedup", "50", "--kv-events-buffer-steps", "3",
-		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p),
-		"--kv-events-replay-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", p+1))
-	sub := zmqDial(t, zmq4.NewSub(context.Background()), fmt.Sprintf("tcp://127.0.0.1:%d", p))
+		"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0")
+	kv := mock.waitStdout(t, mockKVEvents)
+	sub := zmqDial(t, zmq4.NewSub(context.Background()), kv[1])
 	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -417,7 +433,7 @@ func TestMockWorkerProcessBufferSteps(t *testing.T) {
 	if last < 6 {
 		t.Fatalf("last sequence %d: too few batches to test a buffer of 3", last)
 	}
-	dealer := zmqDial(t, zmq4.NewDealer(context.Background()), fmt.Sprintf("tcp://127.0.0.1:%d", p+1))
+	dealer := zmqDial(t, zmq4.NewDealer(context.Background()), kv[2])
 	if err := dealer.Send(zmq4.NewMsgFrom(nil, binary.BigEndian.AppendUint64(nil, 0))); err != nil {
 		t.Fatal(err)
 	}

@@ -87,15 +87,21 @@ func (p *podFlags) check(f *pflag.FlagSet) error {
 	return nil
 }
 
+// closedChan returns a closed channel: the done of a pods' watch that
+// never started.
+func closedChan() <-chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}
+
 // start starts watching the pods when --pool-selector is set, and waits
 // for their first list (or ctx's end); the watch runs until ctx ends,
 // and done is closed after it stopped. Without --pool-selector it
 // returns a nil source and a closed done.
 func (p *podFlags) start(ctx context.Context, log hclog.Logger) (src live.WorkerSource, done <-chan struct{}, err error) {
 	if p.selector == "" {
-		closed := make(chan struct{})
-		close(closed)
-		return nil, closed, nil
+		return nil, closedChan(), nil
 	}
 	ns := p.namespace
 	if ns == "" {

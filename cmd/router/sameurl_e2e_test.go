@@ -35,3 +35,28 @@ func TestWorkersAtOneURLWarned(t *testing.T) {
 		t.Errorf("serve's stderr\n%s\nlacks a line starting\n%s", router.stderr.String(), want)
 	}
 }
+
+// TestWorkersAtOneURLAcrossFilesWarned: a workers file's worker at the
+// url of a policy file's worker (one engine in both files: counted
+// twice) is warned about at start, at the workers file's block, naming
+// the policy file's block and where it is; `router serve` still serves
+// with both workers ready. Before, each file was checked alone.
+func TestWorkersAtOneURLAcrossFilesWarned(t *testing.T) {
+	routerBin, _ := e2eBinaries(t)
+	mock := startMocks(t, routerBin, 1, "50")[0]
+	dir := t.TempDir()
+	policy, workersFile := filepath.Join(dir, "policy.hcl"), filepath.Join(dir, "workers.hcl")
+	if err := os.WriteFile(policy, []byte("worker \"a\" {\n  url = \""+mock.url+"\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(workersFile, []byte("# the same engine\nworker \"c\" {\n  url = \""+mock.url+"/v1\"\n}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	want := workersFile + ":2:1: warning: Two workers at one URL; Worker \"c\" (here) and worker \"a\" (" + policy + ":1:1) both have url \"" + mock.url +
+		"\": one engine counted as two workers, with two capacities and two bookings. Remove one, or give each its engine's URL."
+	router := startRouter(t, routerBin, "--policy", policy, "--workers-file", workersFile)
+	waitMetrics(t, e2eClient(t), router, time.Minute, "both workers ready", allReady("a", "c"))
+	if !hasLinePrefix(router.stderr.String(), want) {
+		t.Errorf("serve's stderr\n%s\nlacks a line starting\n%s", router.stderr.String(), want)
+	}
+}

@@ -339,19 +339,24 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	if err != nil {
 		return &exitError{code: 2, err: err}
 	}
-	// The pods' watch lives as long as the daemon.
+	// The pods' watch lives as long as the daemon; the pods are first
+	// listed once the files have loaded (StartPods), so a file's errors
+	// come before a Kubernetes error.
 	pctx, stopPods := context.WithCancel(ctx)
 	defer stopPods()
-	pods, podsDone, err := o.pods.start(pctx, logger)
-	if err != nil {
-		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
-			return nil // stopped while listing the pods
-		}
-		return &exitError{code: 1, err: err}
-	}
+	podsDone := closedChan()
 	var ln, debug net.Listener
 	do := o.daemonOptions(so)
-	do.Pods = pods
+	if o.pods.selector != "" {
+		do.StartPods = func() (live.WorkerSource, error) {
+			pods, done, err := o.pods.start(pctx, logger)
+			if err != nil {
+				return nil, err
+			}
+			podsDone = done
+			return pods, nil
+		}
+	}
 	do.Listen = func() (net.Listener, net.Listener, error) {
 		if w := o.noWorkersWarning(); w != "" {
 			logger.Warn(w)
@@ -376,6 +381,9 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	stopPods()
 	<-podsDone
 	if err != nil {
+		if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+			return nil // stopped while listing the pods
+		}
 		return &exitError{code: 1, err: err}
 	}
 	return nil

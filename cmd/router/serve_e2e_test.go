@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/switchyard-router/switchyard/internal/portowner"
 )
 
 // End-to-end tests of `router serve` with real processes on loopback: the
@@ -158,12 +161,51 @@ func startProc(t *testing.T, bin string, args ...string) *e2eProc {
 	select {
 	case p.url = <-addr:
 	case <-p.done:
-		t.Fatalf("%s %v exited before listening: %v\n%s", filepath.Base(bin), args, p.cmd.ProcessState, p.stderr.String())
+		t.Fatalf("%s %v exited before listening: %v\n%s%s", filepath.Base(bin), args, p.cmd.ProcessState, p.stderr.String(),
+			portowner.TakenNote([]byte(p.stderr.String())))
 	case <-time.After(time.Minute):
 		t.Fatalf("%s %v: no listening line in a minute\n%s", filepath.Base(bin), args, p.stderr.String())
 	}
 	return p
 }
+
+// waitStdout waits (a minute at most) for a line of p's stdout that
+// matches re and returns re's submatches of the first such line; it
+// fails the test if p exits first. The addresses a process bound on port
+// 0 besides its API (a mock worker's KV events, mockKVEvents; serve's
+// profiler, serveProfiler) are read so: from the process's own output.
+func (p *e2eProc) waitStdout(t *testing.T, re *regexp.Regexp) []string {
+	t.Helper()
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(5 * time.Millisecond) {
+		if m := re.FindStringSubmatch(p.stdout.String()); m != nil {
+			return m
+		}
+		select {
+		case <-p.done:
+			if m := re.FindStringSubmatch(p.stdout.String()); m != nil {
+				return m
+			}
+			t.Fatalf("%s exited before printing %v: %v\nstdout:\n%s\nstderr:\n%s%s", p.cmd.Path, re, p.cmd.ProcessState,
+				p.stdout, p.stderr, portowner.TakenNote([]byte(p.stderr.String())))
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s printed no line matching %v in a minute:\n%s", p.cmd.Path, re, p.stdout)
+		}
+	}
+}
+
+// Lines of the router's processes that name an address bound on port 0,
+// for waitStdout.
+var (
+	// mockKVEvents is `router mock-worker`'s line for rank 0's KV events:
+	// group 1 the publisher's tcp://ADDR, group 2 the replay endpoint's
+	// (empty without one), group 3 the snapshot endpoint's (likewise).
+	mockKVEvents = regexp.MustCompile(`(?m)^mock-worker rank 0 KV events on (tcp://\S+)(?: replay on (tcp://\S+))?(?: snapshot on (tcp://\S+))?`)
+	// serveProfiler is `router serve`'s --debug-listen line: group 1 is
+	// host:port.
+	serveProfiler = regexp.MustCompile(`router serve profiler on http://(\S+)/debug/pprof/`)
+)
 
 // stop ends the process group: SIGTERM, then SIGKILL if it is not gone
 // within a minute. Idempotent.

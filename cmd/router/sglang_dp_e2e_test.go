@@ -14,7 +14,8 @@ import (
 
 // TestServeE2ESGLangDataParallel: a `router mock-worker --engine sglang`
 // process with two data-parallel ranks, each with its own KV cache and
-// KV-event publisher (port base + rank), SGLang's dp_rank-labelled
+// KV-event publisher (port base + rank; given port 0, the mock takes a
+// free base for rank 0 and rank 1 on base + 1), SGLang's dp_rank-labelled
 // metrics and SGLang's choice of rank (the X-Data-Parallel-Rank header,
 // else round-robin), given to the router by its URL only. The router
 // reads each rank's load from its own series, subscribes to both ranks'
@@ -28,11 +29,10 @@ func TestServeE2ESGLangDataParallel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := consecutivePorts(t, 2)
 	mock := startProc(t, routerBin, "mock-worker", "--engine", "sglang", "--listen", "127.0.0.1:0", "--model", "mock",
 		"--speedup", "1", "--engine-block-size", "16", "--kv-blocks", "300", "--data-parallel-size", "2",
 		"--tokenizer", filepath.Join(tokDir, "bytebpe.json"), "--tokenizer-config", filepath.Join(tokDir, "chatml_config.json"),
-		"--kv-events-endpoint", fmt.Sprintf("tcp://127.0.0.1:%d", port))
+		"--kv-events-endpoint", "tcp://127.0.0.1:0")
 	policy := filepath.Join(t.TempDir(), "policy.hcl")
 	if err := os.WriteFile(policy, []byte(fmt.Sprintf("worker \"s\" {\n  url = %q\n}\n", mock.url)), 0o644); err != nil {
 		t.Fatal(err)

@@ -339,9 +339,43 @@ func (l *loader) sameURL(w *Worker) {
 		l.workerURLAt[w.URL] = w
 		return
 	}
-	l.warnf(w.Range, "Two workers at one URL",
-		"Worker %q (here) and worker %q (%s) both have url %q: one engine counted as two workers, with two capacities and two bookings. Remove one, or give each its engine's URL.",
-		w.Name, first.Name, pos(first.Range), w.URL)
+	l.diags = append(l.diags, sameURLWarning(w, first))
+}
+
+// sameURLWarning is the warning at w that it has the url of first, an
+// earlier worker block (of its file or another).
+func sameURLWarning(w, first *Worker) *hcl.Diagnostic {
+	return &hcl.Diagnostic{
+		Severity: hcl.DiagWarning,
+		Summary:  "Two workers at one URL",
+		Detail: fmt.Sprintf("Worker %q (here) and worker %q (%s) both have url %q: one engine counted as two workers, with two capacities and two bookings. Remove one, or give each its engine's URL.",
+			w.Name, first.Name, pos(first.Range), w.URL),
+		Subject: w.Range.Ptr(),
+	}
+}
+
+// SameURLAcross warns, as a file's own blocks are warned about (Load,
+// ParseWorkers), at each worker of later whose url (as loaded:
+// normalised) is that of a worker of earlier, naming the first such
+// worker of earlier and where it is: the policy file's worker blocks
+// (earlier) and a workers file's (later) are one membership, so one
+// engine declared in both is counted twice. Workers at one url within
+// later are its loader's to warn about, not this. Work linear in the
+// workers.
+func SameURLAcross(earlier, later []Worker) hcl.Diagnostics {
+	at := make(map[string]*Worker, len(earlier))
+	for i := range earlier {
+		if _, ok := at[earlier[i].URL]; !ok {
+			at[earlier[i].URL] = &earlier[i]
+		}
+	}
+	var diags hcl.Diagnostics
+	for i := range later {
+		if first, ok := at[later[i].URL]; ok {
+			diags = append(diags, sameURLWarning(&later[i], first))
+		}
+	}
+	return diags
 }
 
 // kvEventsBlock decodes a worker's kv_events block; its errors are reported

@@ -509,6 +509,35 @@ func TestEngineBaseURL(t *testing.T) {
 	}
 }
 
+// TestWorkersAtOneURLAcross: a workers file's workers at the url of a
+// policy file's worker (as written, or normalised alike) are warned
+// about at the workers file's blocks, naming the policy file's block and
+// where it is; a url of the workers file alone is not.
+func TestWorkersAtOneURLAcross(t *testing.T) {
+	policy, diags := Load("p.hcl", []byte("worker \"a\" {\n  url = \"http://127.0.0.1:8001\"\n}\n"+
+		"worker \"b\" {\n  url = \"http://127.0.0.1:8002\"\n}\n"), catalog.Default())
+	if policy == nil || len(diags) != 0 {
+		t.Fatalf("policy file: %s", FormatDiagnostics(diags))
+	}
+	file, diags := ParseWorkers("w.hcl", []byte("worker \"x\" {\n  url = \"http://127.0.0.1:8001/v1\"\n}\n"+
+		"worker \"y\" {\n  url = \"http://127.0.0.1:8003\"\n}\n"+
+		"worker \"z\" {\n  url = \"http://127.0.0.1:8002\"\n}\n"))
+	if len(file) != 3 || len(diags) != 0 {
+		t.Fatalf("workers file: %d workers, %s", len(file), FormatDiagnostics(diags))
+	}
+	warn := func(name, line, first, firstAt, url string) string {
+		return fmt.Sprintf("w.hcl:%s:1: warning: Two workers at one URL; Worker %q (here) and worker %q (p.hcl:%s:1) both have url %q: "+
+			"one engine counted as two workers, with two capacities and two bookings. Remove one, or give each its engine's URL.\n", line, name, first, firstAt, url)
+	}
+	want := warn("x", "1", "a", "1", "http://127.0.0.1:8001") + warn("z", "7", "b", "4", "http://127.0.0.1:8002")
+	if got := FormatDiagnostics(SameURLAcross(policy.Workers, file)); got != want {
+		t.Errorf("SameURLAcross:\n%s\nwant\n%s", got, want)
+	}
+	if got := SameURLAcross(file[1:2], policy.Workers); len(got) != 0 {
+		t.Errorf("distinct urls: %s", FormatDiagnostics(got))
+	}
+}
+
 // TestWorkersAtOneURL: two worker blocks of different names with one url
 // (as written, or normalised alike: a trailing "/v1") load, both, with a
 // warning at the second naming both blocks and where the first is; a third

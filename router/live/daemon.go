@@ -79,6 +79,14 @@ type DaemonOptions struct {
 	// again after each value on Pods.Changes; the caller starts and stops
 	// it.
 	Pods WorkerSource
+	// StartPods, when set and Pods is nil, starts Pods: Run calls it once
+	// the policy file and the workers file have loaded and their
+	// diagnostics are written, before the workers are first set, so that
+	// a file's errors are reported before a membership source's (`router
+	// serve --pool-selector` lists the Kubernetes pods here, as Listen
+	// opens the listeners after the files). A nil source means none. Run
+	// returns its error as is; the caller stops what it started.
+	StartPods func() (WorkerSource, error)
 	// Catalog holds the built-in component types the policy file is
 	// resolved against, at start and on every reload; nil means
 	// catalog.Default() (loader.LoadOptions.Catalog). Tests add types of
@@ -322,6 +330,19 @@ func (d *Daemon) Run(ctx context.Context) error {
 		}
 		defer func() { _ = workersWatch.Close() }()
 	}
+	if o.Pods == nil && o.StartPods != nil {
+		// The workers file's errors before the pods' (syncWorkers reads
+		// it again, and writes its diagnostics).
+		if o.WorkersFile != "" {
+			if _, fdiags := config.LoadWorkers(o.WorkersFile); fdiags.HasErrors() {
+				d.diagnostics(fdiags)
+				return fmt.Errorf("%s %w", o.WorkersFile, ErrNotLoaded)
+			}
+		}
+		if o.Pods, err = o.StartPods(); err != nil {
+			return err
+		}
+	}
 	_, wdiags, err := d.syncWorkers()
 	d.diagnostics(wdiags)
 	if err != nil {
@@ -530,12 +551,14 @@ func (d *Daemon) afterReload(diags hcl.Diagnostics) error {
 			d.rt.SetTokenizers(toks)
 		}
 	}
-	if _, wdiags, err := d.syncWorkers(); err != nil {
+	_, wdiags, err := d.syncWorkers()
+	if err != nil {
 		err = withDiagnostics(err, wdiags)
 		d.log.Error("policy reload half-applied: the new policies decide, but the workers were not updated; the previous workers stay",
 			"path", d.o.PolicyFile, "error", err)
 		return fmt.Errorf("%w: %w", ErrPartialReload, err)
 	}
+	d.warnWorkers(wdiags)
 	d.rt.Wake()
 	return nil
 }
@@ -600,6 +623,7 @@ func (d *Daemon) watchWorkers(ctx context.Context, w *filewatch.Watcher) {
 				d.log.Error("workers file change not applied; the workers stay", "path", d.o.WorkersFile, "error", withDiagnostics(err, diags))
 				continue
 			}
+			d.warnWorkers(diags)
 			d.log.Info("workers file reloaded", "path", d.o.WorkersFile, "workers", n)
 			d.rt.Wake()
 		case err := <-w.Errors():
@@ -629,7 +653,9 @@ func (d *Daemon) watchPods(ctx context.Context) {
 
 // syncWorkers makes the current bundle's worker blocks followed by the
 // workers file's and DaemonOptions.Pods' the Manager's workers, and
-// returns how many there are and the workers file's diagnostics. A
+// returns how many there are and the workers file's diagnostics, with a
+// warning at each of its workers whose url a policy file's worker has
+// (config.SameURLAcross). A
 // workers file that does not load is an error wrapping ErrNotLoaded and
 // changes nothing; so is a set the Manager refuses (a repeated name).
 func (d *Daemon) syncWorkers() (int, hcl.Diagnostics, error) {
@@ -647,6 +673,8 @@ func (d *Daemon) syncWorkers() (int, hcl.Diagnostics, error) {
 		if diags.HasErrors() {
 			return 0, diags, fmt.Errorf("%s %w", d.o.WorkersFile, ErrNotLoaded)
 		}
+		// One engine in both files: warned as within one file.
+		diags = append(diags, config.SameURLAcross(ws, fw)...)
 		ws = append(ws, fw...)
 	}
 	if d.o.Pods != nil {
@@ -659,6 +687,16 @@ func (d *Daemon) syncWorkers() (int, hcl.Diagnostics, error) {
 	}
 	d.kvs.setWorkers(configured(ws))
 	return len(ws), diags, nil
+}
+
+// warnWorkers logs the warnings of a workers file that loaded after a
+// change of it or of the policy file (a worker at the url of another,
+// config.SameURLAcross among them); those at start go to
+// DaemonOptions.Diagnostics.
+func (d *Daemon) warnWorkers(diags hcl.Diagnostics) {
+	if len(diags) > 0 {
+		d.log.Warn("workers file loaded with warnings", "path", d.o.WorkersFile, "diagnostics", strings.TrimSpace(config.FormatDiagnostics(diags)))
+	}
 }
 
 // withDiagnostics adds the error diagnostics among diags to err's text.

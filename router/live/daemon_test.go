@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -303,10 +304,51 @@ func TestDaemonSIGHUP(t *testing.T) {
 	}
 }
 
+// TestDaemonWarnsOfOneURLAcrossFiles: a workers file's worker at the url
+// of a policy file's worker (one engine counted twice) is warned about
+// at the workers file's block, naming the policy file's: at start on
+// Diagnostics, and in the log when the workers file changes to one; both
+// workers serve either way.
+func TestDaemonWarnsOfOneURLAcrossFiles(t *testing.T) {
+	dir := t.TempDir()
+	a, b := newMock(t, "", 50), newMock(t, "", 50)
+	policy, workersFile := filepath.Join(dir, "policy.hcl"), filepath.Join(dir, "workers.hcl")
+	replaceFile(t, policy, daemonPolicy("one", "a="+a.URL))
+	replaceFile(t, workersFile, workerBlocks("c="+a.URL))
+	warning := func(name string) string {
+		return fmt.Sprintf("%s:2:1: warning: Two workers at one URL; Worker %q (here) and worker \"a\" (%s:", workersFile, name, policy)
+	}
+	var diags lockedBuffer
+	rd := startDaemon(t, DaemonOptions{PolicyFile: policy, WorkersFile: workersFile, Diagnostics: &diags})
+	rd.waitWorkers(t, "a", "c")
+	if !strings.HasPrefix(diags.String(), warning("c")) {
+		t.Errorf("diagnostics at start %q, want the warning at c: %q...", diags.String(), warning("c"))
+	}
+
+	// Distinct urls: no warning; then one at a's again: logged.
+	replaceFile(t, workersFile, workerBlocks("d="+b.URL))
+	rd.waitWorkers(t, "a", "d")
+	if strings.Contains(rd.logs.String(), "Two workers at one URL") {
+		t.Errorf("a warning for distinct urls; logs:\n%s", rd.logs)
+	}
+	replaceFile(t, workersFile, workerBlocks("e="+a.URL))
+	rd.waitWorkers(t, "a", "e")
+	deadline := time.Now().Add(time.Minute)
+	for want := strconv.Quote(warning("e")); ; time.Sleep(10 * time.Millisecond) {
+		if logs := rd.logs.String(); strings.Contains(logs, "workers file loaded with warnings") && strings.Contains(logs, want[1:len(want)-1]) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning logged for e at a's url; logs:\n%s", rd.logs)
+		}
+	}
+}
+
 // TestDaemonStartErrors: a policy or workers file that does not load
 // ends Run with ErrNotLoaded naming the file, its diagnostics at
-// file:line:col on Diagnostics; the listener is closed; Reload before
-// Run is ErrNotRunning.
+// file:line:col on Diagnostics, before StartPods is called (a Kubernetes
+// error would hide them); the listener is closed; Reload before Run is
+// ErrNotRunning. With files that load, StartPods' error is Run's, as is.
 func TestDaemonStartErrors(t *testing.T) {
 	dir := t.TempDir()
 	good, bad := filepath.Join(dir, "good.hcl"), filepath.Join(dir, "bad.hcl")
@@ -330,6 +372,10 @@ func TestDaemonStartErrors(t *testing.T) {
 			var diags lockedBuffer
 			tt.o.Listener, tt.o.Diagnostics, tt.o.Face = ln, &diags, newTestFace
 			tt.o.OnReady = func() { t.Error("ready with a file that does not load") }
+			tt.o.StartPods = func() (WorkerSource, error) {
+				t.Error("StartPods called with a file that does not load")
+				return nil, errors.New("pods")
+			}
 			d, err := NewDaemon(tt.o)
 			if err != nil {
 				t.Fatal(err)
@@ -352,6 +398,24 @@ func TestDaemonStartErrors(t *testing.T) {
 			}
 		})
 	}
+	t.Run("pods", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var diags lockedBuffer
+		podsErr := errors.New("--kubeconfig: no such file")
+		calls := 0
+		d, err := NewDaemon(DaemonOptions{PolicyFile: good, Listener: ln, Diagnostics: &diags, Face: newTestFace,
+			OnReady:   func() { t.Error("ready although the pods did not start") },
+			StartPods: func() (WorkerSource, error) { calls++; return nil, podsErr }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Run(context.Background()); err != podsErr || calls != 1 || diags.String() != "" {
+			t.Errorf("Run: %v after %d StartPods calls, diagnostics %q; want %v after 1, none", err, calls, diags.String(), podsErr)
+		}
+	})
 	if _, err := NewDaemon(DaemonOptions{Listener: nil, PolicyFile: good}); err == nil {
 		t.Error("NewDaemon without a listener: no error")
 	}

@@ -74,8 +74,9 @@ func readyPod(name, ip string, ready bool) *corev1.Pod {
 	}
 }
 
-// TestDaemonPods: a Daemon whose DaemonOptions.Pods is a kubepods.Pods
-// over client-go's fake clientset routes to the ready pods (mock engines
+// TestDaemonPods: a Daemon whose DaemonOptions.StartPods starts a
+// kubepods.Pods over client-go's fake clientset (once the policy file
+// has loaded) routes to the ready pods (mock engines
 // at the pods' IPs) beside its worker blocks; a pod becoming ready joins,
 // a deleted one leaves, and a pod named as a worker block is refused
 // with a log while the workers stay.
@@ -98,10 +99,12 @@ func TestDaemonPods(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(func() { cancel(); <-pods.Done() })
-	if err := pods.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	rd := startDaemon(t, DaemonOptions{PolicyFile: policy, Pods: pods})
+	rd := startDaemon(t, DaemonOptions{PolicyFile: policy, StartPods: func() (WorkerSource, error) {
+		if err := pods.Start(ctx); err != nil {
+			return nil, err
+		}
+		return pods, nil
+	}})
 
 	rd.waitWorkers(t, "a", "vllm-0")
 	if got := rd.split(t, 6); got["a"] != 3 || got["vllm-0"] != 3 {

@@ -113,6 +113,69 @@ func newKVPublisher(o kvEventsOptions, rank int, m *rankMetrics) (*kvPublisher, 
 	return p, nil
 }
 
+// sglangBaseAttempts bounds newKVPublishers' search for a base port
+// whose next ranks' ports are free too.
+const sglangBaseAttempts = 64
+
+// newKVPublishers listens on each rank's endpoints (newKVPublisher), one
+// publisher per element of ms, in rank order. An SGLang engine reports a
+// port base only, rank R on base + R (/server_info's
+// endpoint_port_base), so given port 0 with several ranks it takes the
+// port the OS gave rank 0 as the base and puts rank R on base + R (a
+// replay or snapshot endpoint of port 0 likewise), trying a new base, at
+// most sglangBaseAttempts times, while one of those ports is taken.
+// Errors: newKVPublisher's (ErrListen when a port is taken).
+func newKVPublishers(o kvEventsOptions, ms []*rankMetrics) ([]*kvPublisher, error) {
+	consecutive := o.sglang && len(ms) > 1 && zeroPort(o.endpoint)
+	for attempt := 1; ; attempt++ {
+		var pubs []*kvPublisher
+		var err error
+		for r, m := range ms {
+			ro := o
+			if consecutive && r > 0 {
+				ro.endpoint = withPort(o.endpoint, pubs[0].pub.Addr())
+				if zeroPort(o.replay) {
+					ro.replay = withPort(o.replay, pubs[0].pub.ReplayAddr())
+				}
+				if zeroPort(o.snapshot) {
+					ro.snapshot = withPort(o.snapshot, pubs[0].pub.SnapshotAddr())
+				}
+			}
+			var p *kvPublisher
+			if p, err = newKVPublisher(ro, r, m); err != nil {
+				break
+			}
+			pubs = append(pubs, p)
+		}
+		if err == nil {
+			return pubs, nil
+		}
+		for _, p := range pubs {
+			p.close()
+		}
+		if !consecutive || len(pubs) == 0 || !errors.Is(err, ErrListen) || attempt == sglangBaseAttempts {
+			return nil, err
+		}
+	}
+}
+
+// zeroPort says whether endpoint ("tcp://host:port") has port 0.
+func zeroPort(endpoint string) bool {
+	u, err := url.Parse(endpoint)
+	return err == nil && u.Port() == "0"
+}
+
+// withPort is endpoint with its port replaced by addr's (a *net.TCPAddr),
+// its host kept (a wildcard stays one); endpoint when addr has no port.
+func withPort(endpoint string, addr net.Addr) string {
+	u, err := url.Parse(endpoint)
+	a, ok := addr.(*net.TCPAddr)
+	if err != nil || !ok {
+		return endpoint
+	}
+	return u.Scheme + "://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(a.Port))
+}
+
 // bound is endpoint as the engine reports it: as configured, but with a
 // port of 0 replaced by the port bound, and then a wildcard host by
 // 127.0.0.1 (vLLM binds tcp://*:0 to the node's IP and reports that).

@@ -136,7 +136,8 @@
 // With Config.KVEventsEndpoint each rank publishes its prefix cache's
 // changes as vLLM's ZmqEventPublisher does (kvevents.Publisher): messages
 // [topic, sequence, payload] on a PUB socket, rank R on the endpoint's
-// port + R (port 0: a free port per rank), one batch per change of the
+// port + R (port 0: a free port per rank; SGLang, which advertises one
+// base, a free base with rank R on base + R), one batch per change of the
 // simulated engine (a step's evictions and the blocks it caches, a
 // reset), data_parallel_rank R. vLLM (vllm/v1/core/block_pool.py): one
 // BlockStored per request and step with the blocks' hashes (64-bit
@@ -377,8 +378,9 @@ type Config struct {
 	// in the engine's format on a ZeroMQ PUB socket listening there
 	// ("tcp://HOST:PORT"; vLLM's default is tcp://*:5557; HOST * listens
 	// on every interface), rank N on PORT+N (port 0: each rank a free
-	// port, as vLLM PR 55844 does not offset port 0). See the package
-	// doc, "KV events".
+	// port, as vLLM PR 55844 does not offset port 0; with EngineSGLang,
+	// whose /server_info names one base, rank 0 a free port and rank N
+	// that base + N). See the package doc, "KV events".
 	KVEventsEndpoint string
 	// KVEventsReplayEndpoint, when set with KVEventsEndpoint, also listens
 	// there (a ROUTER socket, rank N on PORT+N) for replay requests,
@@ -569,14 +571,11 @@ func New(cfg Config) (*Server, error) {
 		if o.sglang {
 			o.encoding = kvevents.EncodingSGLang
 		}
-		for r := range cfg.DataParallelSize {
-			p, err := newKVPublisher(o, r, m.ranks[r])
-			if err != nil {
-				s.closePubs()
-				return nil, fmt.Errorf("mockworker: %w", err)
-			}
-			s.pubs = append(s.pubs, p)
+		pubs, err := newKVPublishers(o, m.ranks[:cfg.DataParallelSize])
+		if err != nil {
+			return nil, fmt.Errorf("mockworker: %w", err)
 		}
+		s.pubs = pubs
 	}
 	epoch := time.Now()
 	for r := range cfg.DataParallelSize {

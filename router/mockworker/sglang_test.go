@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -291,4 +292,42 @@ func equalJSON(a, b any) bool {
 	x, err1 := json.Marshal(a)
 	y, err2 := json.Marshal(b)
 	return err1 == nil && err2 == nil && bytes.Equal(x, y)
+}
+
+// TestSGLangPortZeroBase: an SGLang engine with three ranks given port 0
+// (publisher and replay) takes a free base for rank 0 and puts rank R on
+// base + R, as SGLang's one advertised base says, and /server_info
+// reports that base. Before, /server_info said null for port 0 and each
+// rank had an unrelated free port.
+func TestSGLangPortZeroBase(t *testing.T) {
+	s, url := startServer(t, Config{Model: testModel, Engine: EngineSGLang, DataParallelSize: 3,
+		KVEventsEndpoint: "tcp://127.0.0.1:0", KVEventsReplayEndpoint: "tcp://127.0.0.1:0"})
+	port := func(a net.Addr) int {
+		t.Helper()
+		ta, ok := a.(*net.TCPAddr)
+		if !ok || ta.Port == 0 {
+			t.Fatalf("address %v: not a bound TCP port", a)
+		}
+		return ta.Port
+	}
+	pub0, rep0 := s.KVEventsAddr(0)
+	base, repBase := port(pub0), port(rep0)
+	for r := 1; r < 3; r++ {
+		pub, rep := s.KVEventsAddr(r)
+		if port(pub) != base+r || port(rep) != repBase+r {
+			t.Errorf("rank %d on %v, replay %v; want ports %d and %d", r, pub, rep, base+r, repBase+r)
+		}
+	}
+	resp, err := http.Get(url + "/server_info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info struct {
+		KV map[string]any `json:"kv_events"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&info)
+	resp.Body.Close()
+	if err != nil || info.KV["endpoint_port_base"] != float64(base) || info.KV["endpoint_host"] != "127.0.0.1" || info.KV["dp_size"] != float64(3) {
+		t.Fatalf("/server_info kv_events %v (%v), want base %d, host 127.0.0.1, dp_size 3", info.KV, err, base)
+	}
 }

@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 )
 
 // kvEventSource is one data-parallel rank's entry of GET
@@ -67,22 +66,25 @@ func (s *Server) handleKVEventSources(w http.ResponseWriter, _ *http.Request) {
 // descriptor of SGLang PR 25844 (server_args.py
 // describe_kv_events_publisher): {"publisher": "zmq", "endpoint_host",
 // "endpoint_port_base", "topic", "block_size" (the page size),
-// "dp_size"}, or null without KV events or when the endpoint's port is 0
-// (SGLang advertises only a port in 1..65535; rank R is on base + R).
+// "dp_size"}, or null without KV events. The base is the port rank 0
+// bound: with a configured port of 0 the one newKVPublishers chose, rank
+// R on base + R (SGLang advertises only a port in 1..65535).
 func (s *Server) handleServerInfo(w http.ResponseWriter, _ *http.Request) {
 	info := map[string]any{
 		"model_path": s.model, "served_model_name": s.model, "page_size": s.cfg.Sim.BlockSize,
 		"dp_size": len(s.engines), "max_total_num_tokens": s.cfg.Sim.TotalKVBlocks * s.cfg.Sim.BlockSize,
 		"context_len": s.maxModelLen(), "version": "switchyard-mock", "kv_events": nil,
 	}
-	if u, err := url.Parse(s.cfg.KVEventsEndpoint); err == nil && s.cfg.KVEventsEndpoint != "" {
-		if port, err := strconv.Atoi(u.Port()); err == nil && port > 0 {
+	if u, err := url.Parse(s.cfg.KVEventsEndpoint); err == nil && len(s.pubs) > 0 {
+		// The port rank 0 bound: the one configured, or the base
+		// newKVPublishers chose for port 0.
+		if a, ok := s.pubs[0].pub.Addr().(*net.TCPAddr); ok && a.Port > 0 {
 			host := u.Hostname()
 			if s.cfg.KVEventsAdvertiseHost != "" {
 				host = s.cfg.KVEventsAdvertiseHost
 			}
 			info["kv_events"] = map[string]any{
-				"publisher": "zmq", "endpoint_host": host, "endpoint_port_base": port,
+				"publisher": "zmq", "endpoint_host": host, "endpoint_port_base": a.Port,
 				"topic": s.cfg.KVEventsTopic, "block_size": s.cfg.Sim.BlockSize, "dp_size": len(s.engines),
 			}
 		}

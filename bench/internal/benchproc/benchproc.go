@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/switchyard-router/switchyard/internal/portowner"
 )
 
 // DebugNumber GETs http://addr+path (a Go pprof page of the process's
@@ -98,7 +100,7 @@ type child struct {
 // address is then that child's own socket, which no other process can
 // hold while the child lives. Errors: the child could not start, exited
 // first (quoting its log, and naming the process that holds a port its
-// bind found taken: PortOwner), printed no match in time, or ctx ended.
+// bind found taken: portowner.Of), printed no match in time, or ctx ended.
 func (cs *Children) Start(ctx context.Context, logPath string, re *regexp.Regexp, bin string, args ...string) (string, error) {
 	got, err := cs.StartAll(ctx, logPath, []*regexp.Regexp{re}, bin, args...)
 	if err != nil {
@@ -167,30 +169,12 @@ func (cs *Children) StartAll(ctx context.Context, logPath string, res []*regexp.
 		default:
 		}
 		b, _ := os.ReadFile(logPath)
-		return nil, fmt.Errorf("%s (pid %d) exited before listening: %s%s", name, cmd.Process.Pid, b, takenPortNote(b))
+		return nil, fmt.Errorf("%s (pid %d) exited before listening: %s%s", name, cmd.Process.Pid, b, portowner.TakenNote(b))
 	case <-time.After(30 * time.Second):
 		return nil, fmt.Errorf("%s (pid %d) did not print %v within 30 s", name, cmd.Process.Pid, res)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-}
-
-// addrInUse matches Go's error for a bind to a taken port ("listen tcp
-// 127.0.0.1:8080: bind: address already in use"); group 1 is the port.
-var addrInUse = regexp.MustCompile(`:(\d+): bind: address already in use`)
-
-// takenPortNote is "\nport N is held by OWNER" when log holds a bind
-// error for port N, else "".
-func takenPortNote(log []byte) string {
-	m := addrInUse.FindSubmatch(log)
-	if m == nil {
-		return ""
-	}
-	port, err := strconv.Atoi(string(m[1]))
-	if err != nil {
-		return ""
-	}
-	return fmt.Sprintf("\nport %d is held by %s", port, PortOwner(port))
 }
 
 // StopAll stops every child: SIGTERM, then SIGKILL after 5 s.

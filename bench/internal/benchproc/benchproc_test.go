@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/switchyard-router/switchyard/internal/portowner"
 )
 
 // helperEnv makes the test binary a child for Start: "listen ADDR" binds
@@ -70,8 +72,8 @@ func TestStartAllReadsEachAddress(t *testing.T) {
 	if runtime.GOOS == "linux" {
 		var p int
 		fmt.Sscan(port, &p)
-		if owner := PortOwner(p); !strings.HasSuffix(owner, fmt.Sprintf("(pid %d)", pid)) {
-			t.Fatalf("PortOwner(%d) = %q, want the child, pid %d", p, owner, pid)
+		if owner := portowner.Of(p); !strings.HasSuffix(owner, fmt.Sprintf("(pid %d)", pid)) {
+			t.Fatalf("portowner.Of(%d) = %q, want the child, pid %d", p, owner, pid)
 		}
 	}
 }
@@ -81,7 +83,7 @@ func TestStartAllReadsEachAddress(t *testing.T) {
 // test's).
 func TestStartNamesTheTakenPortsOwner(t *testing.T) {
 	if runtime.GOOS != "linux" {
-		t.Skip("PortOwner reads /proc")
+		t.Skip("portowner.Of reads /proc")
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -99,24 +101,5 @@ func TestStartNamesTheTakenPortsOwner(t *testing.T) {
 	want := fmt.Sprintf("port %d is held by %s (pid %d)", port, strings.TrimSpace(string(comm)), os.Getpid())
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("StartAll on a taken port: %v, want it to say %q", err, want)
-	}
-}
-
-// TestPortOwnerOfAFreePort: a port nothing listens on has no owner.
-func TestPortOwnerOfAFreePort(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("PortOwner reads /proc")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	if got := PortOwner(port); !strings.HasSuffix(got, fmt.Sprintf("(pid %d)", os.Getpid())) {
-		t.Fatalf("PortOwner(%d) while this test listens = %q", port, got)
-	}
-	ln.Close()
-	if got := PortOwner(port); got != "no process now" {
-		t.Fatalf("PortOwner(%d) after the close = %q, want %q", port, got, "no process now")
 	}
 }

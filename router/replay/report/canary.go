@@ -77,6 +77,9 @@ type CanaryRollback struct {
 //	router: conv: canary live: 900 requests, TTFT p50/p90 120.5/300.2 ms, E2E p50/p90 ..., fallbacks 0.0%
 //	router: conv: canary candidate: 100 requests, ...
 //	router: conv: canary rollback would not fire (fallback share > 5.0% or TTFT p90 > 2000 ms over 60 s)
+//
+// A side's latencies without a value (no request of it completed: null
+// in the JSON report) read "n/a (none completed)", not 0 ms.
 func WriteCanary(w io.Writer, r *Report) error {
 	c := r.Canary
 	if c == nil {
@@ -89,8 +92,8 @@ func WriteCanary(w io.Writer, r *Report) error {
 		fmt.Fprintf(&b, "router: %s: canary %q for %q (%s, weight %.1f%%, key %s)\n", label, cf.Candidate, cf.Policy, role, 100*cf.Weight, cf.Key)
 	}
 	side := func(name string, s CanarySide) {
-		fmt.Fprintf(&b, "router: %s: canary %s: %d requests (%d rejected), TTFT p50/p90 %.1f/%.1f ms, E2E p50/p90 %.1f/%.1f ms, fallbacks %s\n",
-			label, name, s.Requests, s.Rejected, s.TTFT.P50, s.TTFT.P90, s.E2E.P50, s.E2E.P90, share(int64(s.Fallbacks), int64(s.Requests)))
+		fmt.Fprintf(&b, "router: %s: canary %s: %d requests (%d rejected), TTFT p50/p90 %s, E2E p50/p90 %s, fallbacks %s\n",
+			label, name, s.Requests, s.Rejected, p50p90(s.TTFT), p50p90(s.E2E), share(int64(s.Fallbacks), int64(s.Requests)))
 	}
 	side("live", c.Live)
 	side("candidate", c.Candidate)
@@ -103,4 +106,13 @@ func WriteCanary(w io.Writer, r *Report) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// p50p90 is "P50/P90 ms" of s, one decimal, or "n/a (none completed)"
+// for a Summary without values (Summary.MarshalJSON's null).
+func p50p90(s Summary) string {
+	if s == (Summary{}) {
+		return "n/a (none completed)"
+	}
+	return fmt.Sprintf("%.1f/%.1f ms", s.P50, s.P90)
 }

@@ -1,4 +1,4 @@
-package benchproc
+package portowner
 
 import (
 	"bufio"
@@ -9,13 +9,13 @@ import (
 	"strings"
 )
 
-// PortOwner names who listens on TCP port (any local address, IPv4 or
+// Of names who listens on TCP port (any local address, IPv4 or
 // IPv6): "NAME (pid N)" from /proc/net/tcp{,6} (the listening socket's
 // inode) and /proc/PID/fd (the process holding it), "a process of user
 // UID" when the socket is another user's and its process cannot be seen,
 // "no process now" when nothing listens on it any more. It reads each
 // /proc file once: work linear in the sockets and open descriptors.
-func PortOwner(port int) string {
+func Of(port int) string {
 	inodes := map[string]string{} // socket inode -> owner's uid
 	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
 		listeners(f, port, inodes)
