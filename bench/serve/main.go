@@ -6,6 +6,9 @@
 //	(f) the floor of a process hop: a minimal HTTP/1.1 forwarder (no
 //	    net/http server or Transport; one upstream connection per client
 //	    connection, round-robin), so that (f) - (a) is the hop itself,
+//	(s) net/http's server with the floor's client and (t) the floor's
+//	    server with net/http's Transport (split.go): which half of
+//	    net/http a hop pays for, (s) - (f) and (t) - (f),
 //	(b) a bare httputil.ReverseProxy round-robin over the mock workers,
 //	(c) `router serve` with a round-robin policy,
 //	(d) `router serve` with the default (KV-aware) policy,
@@ -47,6 +50,8 @@
 //	go run ./bench/serve --router-bin bin/router
 //	serve proxy --listen 127.0.0.1:0 --targets http://A,http://B   (the bare proxy)
 //	serve floor --listen 127.0.0.1:0 --targets http://A,http://B   (the floor forwarder)
+//	serve split-server --listen 127.0.0.1:0 --targets http://A,http://B   (case (s))
+//	serve split-client --listen 127.0.0.1:0 --targets http://A,http://B   (case (t))
 package main
 
 import (
@@ -117,6 +122,15 @@ func main() {
 			os.Exit(1)
 		}
 		return
+	}
+	for name, run := range map[string]func([]string) error{"split-server": runSplitServer, "split-client": runSplitClient} {
+		if len(os.Args) > 1 && os.Args[1] == name {
+			if err := run(os.Args[2:]); err != nil {
+				fmt.Fprintf(os.Stderr, "bench-serve %s: %v\n", name, err)
+				os.Exit(1)
+			}
+			return
+		}
 	}
 	var o options
 	flag.StringVar(&o.routerBin, "router-bin", "bin/router", "the router binary (mock-worker and serve)")
@@ -368,6 +382,22 @@ func run(ctx context.Context, o options, procs *children) error {
 		{"f", "(f) floor: minimal HTTP/1.1 forwarder", func() (string, func(), error) {
 			addr, err := procs.start(ctx, filepath.Join(work, "floor.log"), floorRe, self,
 				"floor", "--listen", "127.0.0.1:0", "--targets", strings.Join(mocks, ","))
+			if err != nil {
+				return "", nil, err
+			}
+			return "http://" + addr, func() { procs.stopLast() }, nil
+		}},
+		{"s", "(s) net/http server, floor's client", func() (string, func(), error) {
+			addr, err := procs.start(ctx, filepath.Join(work, "split-server.log"), splitServerRe, self,
+				"split-server", "--listen", "127.0.0.1:0", "--targets", strings.Join(mocks, ","))
+			if err != nil {
+				return "", nil, err
+			}
+			return "http://" + addr, func() { procs.stopLast() }, nil
+		}},
+		{"t", "(t) floor's server, net/http Transport", func() (string, func(), error) {
+			addr, err := procs.start(ctx, filepath.Join(work, "split-client.log"), splitClientRe, self,
+				"split-client", "--listen", "127.0.0.1:0", "--targets", strings.Join(mocks, ","))
 			if err != nil {
 				return "", nil, err
 			}
@@ -926,6 +956,9 @@ var (
 	routerRe = regexp.MustCompile(`router serve listening on http://(\S+)`)
 	proxyRe  = regexp.MustCompile(`proxy listening on http://(\S+)`)
 	floorRe  = regexp.MustCompile(`floor listening on http://(\S+)`)
+	// splitServerRe and splitClientRe read the split cases' addresses.
+	splitServerRe = regexp.MustCompile(`split-server listening on http://(\S+)`)
+	splitClientRe = regexp.MustCompile(`split-client listening on http://(\S+)`)
 )
 
 // children are the processes the bench started, stopped in reverse order.
@@ -1060,23 +1093,37 @@ func runProxy(args []string) error {
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(ups[(next.Add(1)-1)%uint64(len(ups))])
 		},
-		Transport: &http.Transport{
-			DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-			MaxIdleConns:        4096,
-			MaxIdleConnsPerHost: 256,
-			IdleConnTimeout:     90 * time.Second,
-			DisableCompression:  true,
-		},
-		ErrorLog: nil,
+		Transport: engineTransport(),
+		ErrorLog:  nil,
 	}
-	ln, err := net.Listen("tcp", *listen)
+	return serveHTTP("proxy", *listen, rp)
+}
+
+// engineTransport is an http.Transport with the router's engine
+// transport settings (pooled keep-alive, 256 idle per host, no
+// compression): the client of cases (b) and (t).
+func engineTransport() *http.Transport {
+	return &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        4096,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+		DisableCompression:  true,
+	}
+}
+
+// serveHTTP serves h with net/http's server on listen, printing "NAME
+// listening on http://ADDR" once bound, until SIGINT or SIGTERM: the
+// server of cases (b) and (s).
+func serveHTTP(name, listen string, h http.Handler) error {
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	hs := &http.Server{Handler: rp, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Printf("proxy listening on http://%s\n", ln.Addr())
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	fmt.Printf("%s listening on http://%s\n", name, ln.Addr())
 	errc := make(chan error, 1)
 	go func() { errc <- hs.Serve(ln) }()
 	select {
