@@ -452,6 +452,8 @@ type view struct {
 	// cards are the models' cards, by id; list sorted by id.
 	cards map[string]ModelCard
 	list  []ModelCard
+	// urls are the configured workers' engine base URLs, by name (URL).
+	urls map[string]string
 }
 
 // entry is one configured worker; its fields after done are guarded by
@@ -1297,14 +1299,14 @@ func (m *Manager) ReportSuccess(name string) {
 
 // URL returns the engine base URL of the configured worker named name
 // (config.Worker.URL, without a trailing "/"), ready or not; false when no
-// worker of that name is configured.
+// worker of that name is configured. Like BlockSize it reads the summary
+// rebuilt when the configuration changes, without taking the Manager's
+// lock: every request asks it, and the lock is held meanwhile by probes'
+// outcomes and membership changes (a join hands a warm-start snapshot's
+// content to the cluster replica under it).
 func (m *Manager) URL(name string) (string, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e := m.entries[name]; e != nil {
-		return e.cfg.URL, true
-	}
-	return "", false
+	u, ok := m.view.Load().urls[name]
+	return u, ok
 }
 
 // Serves reports whether some configured worker, ready or not, lists
