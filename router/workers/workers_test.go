@@ -902,3 +902,34 @@ func TestURLWithoutTheLock(t *testing.T) {
 		t.Errorf("URL(v) after it left the configuration = %q, want none", u)
 	}
 }
+
+// TestReportSuccessWithoutTheLock: a success of a worker with no failed
+// requests to reset is recorded without the Manager's lock (every request
+// reports one); after a failure it takes the lock and resets the count.
+func TestReportSuccessWithoutTheLock(t *testing.T) {
+	r := newRouter(t)
+	m, _ := newManager(t, r, Options{ScrapeInterval: 300 * time.Millisecond})
+	a := newEngine(t, vllmMetrics)
+	if err := m.Sync([]config.Worker{worker("a", a, "m")}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "a ready", func() bool { return anyReady(m) })
+	m.mu.Lock()
+	done := make(chan struct{})
+	go func() { m.ReportSuccess("a"); m.ReportSuccess("nobody"); close(done) }()
+	select {
+	case <-done:
+		m.mu.Unlock()
+	case <-time.After(30 * time.Second):
+		m.mu.Unlock()
+		t.Fatal("ReportSuccess of a worker without failures waited for the Manager's lock")
+	}
+	m.ReportFailure("a")
+	if st, _ := m.StatusOf("a"); st.RequestFailures != 1 {
+		t.Fatalf("request failures after one = %d", st.RequestFailures)
+	}
+	m.ReportSuccess("a")
+	if st, _ := m.StatusOf("a"); st.RequestFailures != 0 {
+		t.Errorf("request failures after a success = %d, want 0", st.RequestFailures)
+	}
+}
