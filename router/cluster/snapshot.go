@@ -530,7 +530,7 @@ func (r *Replica) loadSnapshot(ctx context.Context, js jetstream.JetStream) (uin
 	defer r.snapMu.Unlock()
 	for i := range s.Workers {
 		w := &s.Workers[i]
-		if r.importLocked(w, s.KVNext[i]) {
+		if id, ok := r.o.Resolve(w.Worker); ok && r.importLocked(id, w, s.KVNext[i]) {
 			imported++
 			continue
 		}
@@ -590,15 +590,11 @@ type pendingPrefix struct {
 	kvNext uint64
 }
 
-// importLocked imports w's content into the Router; false when its
-// worker is not a member (or the content is malformed). kvNext is its
+// importLocked imports w's content into the Router as worker id; false
+// when id is not a member (or the content is malformed). kvNext is its
 // precise index's stream position, kept for the candidate's follow when
 // the precise content was taken. r.snapMu is held.
-func (r *Replica) importLocked(w *WorkerPrefix, kvNext uint64) bool {
-	id, ok := r.o.Resolve(w.Worker)
-	if !ok {
-		return false
-	}
+func (r *Replica) importLocked(id shared.WorkerID, w *WorkerPrefix, kvNext uint64) bool {
 	ok, precise := r.o.Router.Prefix().Import(prefix.Candidate{ID: id, Rank: w.Rank}, w.Content)
 	if ok && precise && kvNext > 0 {
 		r.snapKV[kvCandidate{w.Worker, w.Rank}] = kvNext
@@ -608,11 +604,15 @@ func (r *Replica) importLocked(w *WorkerPrefix, kvNext uint64) bool {
 
 // Joined imports the loaded snapshot's content of candidate (worker,
 // rank), which was not a member when the snapshot was loaded, now that it
-// is one: the daemon's membership calls it after each join, before the
-// candidate's KV-event follow starts (so that a precise index taken from
-// the snapshot is followed from the snapshot's position). Once per
-// candidate; nothing when the snapshot had none.
-func (r *Replica) Joined(worker string, rank uint32) {
+// is one, as id in the Router's fleet: the daemon's membership calls it
+// after each join, before the candidate's KV-event follow starts (so that
+// a precise index taken from the snapshot is followed from the
+// snapshot's position). Once per candidate; nothing when the snapshot had
+// none. It does not call Options.Resolve: its caller, the worker
+// manager's membership, holds the lock Resolve takes (a replica that
+// resolved here deadlocked when a worker joined after the snapshot
+// loaded, and every request with it).
+func (r *Replica) Joined(worker string, rank uint32, id shared.WorkerID) {
 	r.snapMu.Lock()
 	defer r.snapMu.Unlock()
 	k := kvCandidate{worker, rank}
@@ -621,7 +621,7 @@ func (r *Replica) Joined(worker string, rank uint32) {
 		return
 	}
 	delete(r.pending, k)
-	if r.importLocked(&p.w, p.kvNext) && r.snapLoaded != nil {
+	if r.importLocked(id, &p.w, p.kvNext) && r.snapLoaded != nil {
 		r.snapLoaded.Workers++
 	}
 }

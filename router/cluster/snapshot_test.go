@@ -567,7 +567,7 @@ func TestWarmStartKVEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	pc := c.r.Prefix().Precise(prefix.Candidate{ID: 201})
-	c.rep.Joined("w0", 0)
+	c.rep.Joined("w0", 0, 201)
 	if st := c.rep.State(); st.Snapshot.Workers != 1 {
 		t.Fatalf("c imported %d workers once w0 joined, want 1", st.Snapshot.Workers)
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -12,11 +13,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/switchyard-router/switchyard/internal/testkit"
 	"github.com/switchyard-router/switchyard/internal/testkit/natskit"
 	"github.com/switchyard-router/switchyard/router/mockworker"
 	"github.com/switchyard-router/switchyard/router/prefix"
@@ -279,5 +282,100 @@ func TestDaemonReadyOnlyCaughtUp(t *testing.T) {
 	code, a = readyz(alone)
 	if code != http.StatusOK || !a.Ready || a.Cluster == nil || a.Cluster.CaughtUp || a.Cluster.Connected || !alone.d.Runtime().ClusterReady() {
 		t.Fatalf("a replica with warm_timeout 0s: %d %+v %+v, want 200, neither connected nor caught up", code, a, a.Cluster)
+	}
+}
+
+// TestDaemonReplicaImportsAWorkerThatJoinsLate: replica b starts while its
+// worker w0 answers no probe, loads replica a's prefix-index snapshot
+// (w0's content pending: not a member yet), and then w0 comes up. The
+// worker manager joins w0 under its lock and the membership hands the
+// snapshot's content to the replica (cluster.Replica.Joined): b becomes
+// ready with w0's content imported and routes. Before, Joined resolved
+// w0's name through the worker manager, whose lock the join held: the
+// daemon deadlocked (no /readyz answer, every request stuck), seen as a
+// restarted replica of bench/replicas' failover never ready on a loaded
+// machine.
+func TestDaemonReplicaImportsAWorkerThatJoinsLate(t *testing.T) {
+	ns := natskit.Start(t, 0)
+	m, err := mockworker.New(mockworker.Config{Speedup: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	open := httptest.NewServer(m)
+	var up atomic.Bool
+	gated := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !up.Load() {
+			http.Error(w, "starting", http.StatusServiceUnavailable)
+			return
+		}
+		m.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() { open.Close(); gated.Close(); m.Close() })
+	start := func(replica, url string, reg *prometheus.Registry) *runningDaemon {
+		path := filepath.Join(t.TempDir(), "policy.hcl")
+		policy := daemonPolicy("rr", "w0="+url) + fmt.Sprintf("\ncluster {\n  nats = %q\n  replica = %q\n  name = \"late\"\n  snapshot_interval = \"100ms\"\n  warm_timeout = \"1h\"\n}\n", ns.ClientURL(), replica)
+		if err := os.WriteFile(path, []byte(policy), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return startDaemon(t, DaemonOptions{PolicyFile: path, Registry: reg})
+	}
+	regA := prometheus.NewRegistry()
+	a := start("a", open.URL, regA)
+	a.waitWorkers(t, "w0")
+	resp, err := post(t, context.Background(), a.base+"/v1/chat/completions", chatBody("m", false, "a prompt a's index records"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	// Two snapshot writes after the request: the second holds it.
+	writes := testkit.MetricValue(t, regA, "switchyard_cluster_index_snapshot_writes_total", "result", "written")
+	testkit.Eventually(t, "a writes two snapshots", func() bool {
+		return testkit.MetricValue(t, regA, "switchyard_cluster_index_snapshot_writes_total", "result", "written") >= writes+2
+	})
+
+	b := start("b", gated.URL, nil)
+	client := &http.Client{Timeout: 5 * time.Second}
+	readyz := func() (int, Readiness, error) {
+		resp, err := client.Get(b.base + "/readyz")
+		if err != nil {
+			return 0, Readiness{}, err
+		}
+		defer func() { _ = resp.Body.Close() }()
+		var r Readiness
+		err = json.NewDecoder(resp.Body).Decode(&r)
+		return resp.StatusCode, r, err
+	}
+	testkit.Eventually(t, "b loaded a's snapshot, w0 pending", func() bool {
+		_, r, err := readyz()
+		return err == nil && r.Cluster != nil && r.Cluster.Snapshot != nil
+	})
+	if _, r, _ := readyz(); r.Ready || r.Cluster.Snapshot.Workers != 0 {
+		t.Fatalf("b before w0 is up: ready %v, snapshot workers %d; want not ready, 0 imported", r.Ready, r.Cluster.Snapshot.Workers)
+	}
+	up.Store(true)
+	var last string
+	deadline := time.Now().Add(time.Minute)
+	for {
+		code, r, err := readyz()
+		if err == nil && code == http.StatusOK && r.Cluster.Snapshot.Workers == 1 {
+			break
+		}
+		last = fmt.Sprintf("status %d, error %v, %+v", code, err, r)
+		if time.Now().After(deadline) {
+			t.Fatalf("b not ready with w0's content imported within a minute of w0 coming up; last /readyz: %s\nlogs:\n%s", last, b.logs)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err = post(t, ctx, b.base+"/v1/chat/completions", chatBody("m", false, "a prompt a's index records"))
+	if err != nil {
+		t.Fatalf("b routes no request: %v", err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("b answered %d", resp.StatusCode)
 	}
 }

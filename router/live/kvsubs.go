@@ -172,7 +172,7 @@ func (k *kvSubs) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 		if _, _, _, ok := k.sourceLocked(s.Name, c.Rank); ok && !k.stopped {
 			k.r.Prefix().Precise(c)
 		}
-		k.rep.Joined(s.Name, s.DPRank)
+		k.rep.Joined(s.Name, s.DPRank, s.ID)
 	}
 	k.reconcileLocked(c, s.Name)
 	return w, nil

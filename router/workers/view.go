@@ -52,8 +52,11 @@ func (m *Manager) ModelCards() []ModelCard {
 // size warnings. Work is linear in the workers' models and ranks (plus
 // sorting the names).
 func (m *Manager) rebuildLocked() {
-	v := &view{blockSize: map[string]int{}, cards: map[string]ModelCard{}}
+	v := &view{blockSize: map[string]int{}, cards: map[string]ModelCard{}, urls: make(map[string]string, len(m.entries)), entries: maps.Clone(m.entries)}
 	names := slices.Sorted(maps.Keys(m.entries))
+	for _, name := range names {
+		v.urls[name] = m.entries[name].cfg.URL
+	}
 	sizes := map[string][]int{}
 	carded := map[string]bool{} // models whose card came from an engine
 	for _, ready := range []bool{true, false} {

@@ -452,6 +452,10 @@ type view struct {
 	// cards are the models' cards, by id; list sorted by id.
 	cards map[string]ModelCard
 	list  []ModelCard
+	// urls are the configured workers' engine base URLs, by name (URL),
+	// and entries the workers (ReportSuccess reads their failing flag).
+	urls    map[string]string
+	entries map[string]*entry
 }
 
 // entry is one configured worker; its fields after done are guarded by
@@ -467,6 +471,9 @@ type entry struct {
 	gens         []*fleet.Worker // generations that may still have requests in flight
 	scrapeFails  int
 	requestFails int
+	// failing is requestFails > 0 or kept, readable without the lock:
+	// ReportSuccess, once per request, takes the lock only then.
+	failing atomic.Bool
 	// ejected: it left for request failures (ReportFailure) and has not
 	// joined since; kept: it reached the threshold while the ejection
 	// bound held it in (logged once).
@@ -794,6 +801,7 @@ func (m *Manager) joinLocked(e *entry) {
 		return
 	}
 	e.requestFails, e.leftWhy, e.ejected, e.kept = 0, "", false, false
+	e.failing.Store(false)
 }
 
 // reconcileLocked makes the fleet hold each rank of the ready e under its
@@ -1263,6 +1271,7 @@ func (m *Manager) ReportFailure(name string) {
 		return
 	}
 	e.requestFails++
+	e.failing.Store(true)
 	if e.requestFails < m.o.FailureThreshold {
 		return
 	}
@@ -1286,25 +1295,32 @@ func (m *Manager) ReportFailure(name string) {
 }
 
 // ReportSuccess records that a request to the worker named name succeeded,
-// resetting its consecutive request failures.
+// resetting its consecutive request failures. Every request reports: it
+// takes the Manager's lock only when the worker has failures to reset
+// (a success reported while a failure is being recorded may leave that
+// failure counted: of two requests ending at once, either may be last).
 func (m *Manager) ReportSuccess(name string) {
+	if e := m.view.Load().entries[name]; e == nil || !e.failing.Load() {
+		return
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if e := m.entries[name]; e != nil {
 		e.requestFails, e.kept = 0, false
+		e.failing.Store(false)
 	}
 }
 
 // URL returns the engine base URL of the configured worker named name
 // (config.Worker.URL, without a trailing "/"), ready or not; false when no
-// worker of that name is configured.
+// worker of that name is configured. Like BlockSize it reads the summary
+// rebuilt when the configuration changes, without taking the Manager's
+// lock: every request asks it, and the lock is held meanwhile by probes'
+// outcomes and membership changes (a join hands a warm-start snapshot's
+// content to the cluster replica under it).
 func (m *Manager) URL(name string) (string, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if e := m.entries[name]; e != nil {
-		return e.cfg.URL, true
-	}
-	return "", false
+	u, ok := m.view.Load().urls[name]
+	return u, ok
 }
 
 // Serves reports whether some configured worker, ready or not, lists

@@ -862,3 +862,74 @@ func TestSyncReportsDepartedURLs(t *testing.T) {
 		t.Fatalf("departed %v, want %v", d, want)
 	}
 }
+
+// TestURLWithoutTheLock: URL answers while the Manager's lock is held (a
+// probe's outcome or a membership change under way: a join hands a
+// warm-start snapshot to the cluster replica under it), from the
+// configuration: every request asks it. A worker that leaves the
+// configuration leaves it, and one whose url changes answers the new one.
+func TestURLWithoutTheLock(t *testing.T) {
+	r := newRouter(t)
+	m, _ := newManager(t, r, Options{ScrapeInterval: fast})
+	v, s := newEngine(t, vllmMetrics), newEngine(t, sglangMetrics)
+	if err := m.Sync([]config.Worker{worker("v", v, "llama")}); err != nil {
+		t.Fatal(err)
+	}
+	m.mu.Lock()
+	got := make(chan string, 1)
+	go func() { u, _ := m.URL("v"); got <- u }()
+	select {
+	case u := <-got:
+		m.mu.Unlock()
+		if u != v.srv.URL {
+			t.Errorf("URL(v) under the lock = %q, want %q", u, v.srv.URL)
+		}
+	case <-time.After(30 * time.Second):
+		m.mu.Unlock()
+		t.Fatal("URL waited for the Manager's lock")
+	}
+	moved := worker("v", s, "llama")
+	if err := m.Sync([]config.Worker{moved}); err != nil {
+		t.Fatal(err)
+	}
+	if u, ok := m.URL("v"); !ok || u != s.srv.URL {
+		t.Errorf("URL(v) after its url changed = %q, %v; want %q", u, ok, s.srv.URL)
+	}
+	if err := m.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if u, ok := m.URL("v"); ok {
+		t.Errorf("URL(v) after it left the configuration = %q, want none", u)
+	}
+}
+
+// TestReportSuccessWithoutTheLock: a success of a worker with no failed
+// requests to reset is recorded without the Manager's lock (every request
+// reports one); after a failure it takes the lock and resets the count.
+func TestReportSuccessWithoutTheLock(t *testing.T) {
+	r := newRouter(t)
+	m, _ := newManager(t, r, Options{ScrapeInterval: 300 * time.Millisecond})
+	a := newEngine(t, vllmMetrics)
+	if err := m.Sync([]config.Worker{worker("a", a, "m")}); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, "a ready", func() bool { return anyReady(m) })
+	m.mu.Lock()
+	done := make(chan struct{})
+	go func() { m.ReportSuccess("a"); m.ReportSuccess("nobody"); close(done) }()
+	select {
+	case <-done:
+		m.mu.Unlock()
+	case <-time.After(30 * time.Second):
+		m.mu.Unlock()
+		t.Fatal("ReportSuccess of a worker without failures waited for the Manager's lock")
+	}
+	m.ReportFailure("a")
+	if st, _ := m.StatusOf("a"); st.RequestFailures != 1 {
+		t.Fatalf("request failures after one = %d", st.RequestFailures)
+	}
+	m.ReportSuccess("a")
+	if st, _ := m.StatusOf("a"); st.RequestFailures != 0 {
+		t.Errorf("request failures after a success = %d, want 0", st.RequestFailures)
+	}
+}
