@@ -29,25 +29,35 @@ func runFloor(args []string) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", *listen)
+	var next uint64
+	return serveConns("floor", *listen, func(cc net.Conn) {
+		up := ups[next%uint64(len(ups))]
+		next++
+		go floorConn(cc, up)
+	})
+}
+
+// serveConns accepts connections on listen and hands each to accepted
+// (in the accepting goroutine, which accepted must not block), printing
+// "NAME listening on http://ADDR" once bound, until SIGINT or SIGTERM:
+// the server of cases (f) and (t).
+func serveConns(name, listen string, accepted func(net.Conn)) error {
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	fmt.Printf("floor listening on http://%s\n", ln.Addr())
+	fmt.Printf("%s listening on http://%s\n", name, ln.Addr())
 	errc := make(chan error, 1)
 	go func() {
-		var next uint64
 		for {
 			cc, err := ln.Accept()
 			if err != nil {
 				errc <- err
 				return
 			}
-			up := ups[next%uint64(len(ups))]
-			next++
-			go floorConn(cc, up)
+			accepted(cc)
 		}
 	}()
 	select {
@@ -68,8 +78,25 @@ func floorConn(cc net.Conn, up *url.URL) {
 		return
 	}
 	defer uc.Close()
-	cr, cw := bufio.NewReader(cc), bufio.NewWriter(cc)
 	ur, uw := bufio.NewReader(uc), bufio.NewWriter(uc)
+	forwardConn(cc, func() *url.URL { return up }, func(req *http.Request) (*http.Response, error) {
+		if err := req.Write(uw); err != nil {
+			return nil, err
+		}
+		if err := uw.Flush(); err != nil {
+			return nil, err
+		}
+		return http.ReadResponse(ur, req)
+	})
+}
+
+// forwardConn is the floor's connection loop: per request on cc, read it
+// (http.ReadRequest) and its body fully, send it to pick()'s host with
+// roundTrip, read the answer's body fully and write the answer back with
+// a Content-Length, until either side closes or fails. A chunked request
+// body is refused (the bench sends none).
+func forwardConn(cc net.Conn, pick func() *url.URL, roundTrip func(*http.Request) (*http.Response, error)) {
+	cr, cw := bufio.NewReader(cc), bufio.NewWriter(cc)
 	var reqBody, respBody bytes.Buffer
 	for {
 		req, err := http.ReadRequest(cr)
@@ -77,7 +104,6 @@ func floorConn(cc net.Conn, up *url.URL) {
 			return
 		}
 		if len(req.TransferEncoding) > 0 {
-			// Chunked request bodies are refused; the bench sends none.
 			_, _ = io.WriteString(cc, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
 			return
 		}
@@ -87,16 +113,11 @@ func floorConn(cc net.Conn, up *url.URL) {
 		}
 		req.Body.Close()
 		setBody(&req.Body, &req.ContentLength, reqBody.Bytes())
+		up := pick()
 		req.RequestURI = ""
 		req.URL.Scheme, req.URL.Host = up.Scheme, up.Host
 		req.Host = "" // Host: the target's, as ReverseProxy's SetURL does
-		if err := req.Write(uw); err != nil {
-			return
-		}
-		if err := uw.Flush(); err != nil {
-			return
-		}
-		resp, err := http.ReadResponse(ur, req)
+		resp, err := roundTrip(req)
 		if err != nil {
 			return
 		}

@@ -9,11 +9,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
-	"os/signal"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 )
 
@@ -141,78 +138,13 @@ func runSplitClient(args []string) error {
 		return err
 	}
 	tr := engineTransport()
-	ln, err := net.Listen("tcp", *listen)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	fmt.Printf("split-client listening on http://%s\n", ln.Addr())
 	var next atomic.Uint64
-	errc := make(chan error, 1)
-	go func() {
-		for {
-			cc, err := ln.Accept()
-			if err != nil {
-				errc <- err
-				return
-			}
-			go splitClientConn(cc, tr, func() *url.URL { return ups[(next.Add(1)-1)%uint64(len(ups))] })
-		}
-	}()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	ln.Close()
-	return nil
+	pick := func() *url.URL { return ups[(next.Add(1)-1)%uint64(len(ups))] }
+	return serveConns("split-client", *listen, func(cc net.Conn) { go splitClientConn(cc, tr, pick) })
 }
 
 // splitClientConn is floorConn with each request sent through tr.
 func splitClientConn(cc net.Conn, tr http.RoundTripper, pick func() *url.URL) {
 	defer cc.Close()
-	cr, cw := bufio.NewReader(cc), bufio.NewWriter(cc)
-	var reqBody, respBody bytes.Buffer
-	for {
-		req, err := http.ReadRequest(cr)
-		if err != nil {
-			return
-		}
-		if len(req.TransferEncoding) > 0 {
-			_, _ = io.WriteString(cc, "HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-			return
-		}
-		reqBody.Reset()
-		if _, err := reqBody.ReadFrom(req.Body); err != nil {
-			return
-		}
-		req.Body.Close()
-		setBody(&req.Body, &req.ContentLength, reqBody.Bytes())
-		up := pick()
-		req.RequestURI = ""
-		req.URL.Scheme, req.URL.Host = up.Scheme, up.Host
-		req.Host = ""
-		resp, err := tr.RoundTrip(req)
-		if err != nil {
-			return
-		}
-		respBody.Reset()
-		_, err = respBody.ReadFrom(resp.Body)
-		resp.Body.Close()
-		if err != nil {
-			return
-		}
-		resp.TransferEncoding = nil
-		setBody(&resp.Body, &resp.ContentLength, respBody.Bytes())
-		if err := resp.Write(cw); err != nil {
-			return
-		}
-		if err := cw.Flush(); err != nil {
-			return
-		}
-		if req.Close {
-			return
-		}
-	}
+	forwardConn(cc, pick, tr.RoundTrip)
 }

@@ -4,7 +4,6 @@ package main
 
 import (
 	"net"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -29,17 +28,9 @@ func TestBusyPortDoesNotHidePolicyErrors(t *testing.T) {
 		return ln.Addr().String()
 	}
 	addr, httpAddr, debugAddr := busy(), busy(), busy()
-	dir := t.TempDir()
-	write := func(name, src string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	badURL := write("bad-url.hcl", "worker \"w\" {\n  url = \"127.0.0.1:8001\"\n}\n")
-	badClass := write("bad-class.hcl", "request_classifier {\n  type          = \"header-priority\"\n  default_class = \"zzz\"\n}\n")
-	noWorkers := write("no-workers.hcl", "router {\n  block_size = 16\n}\n")
+	badURL := writeFile(t, "bad-url.hcl", "worker \"w\" {\n  url = \"127.0.0.1:8001\"\n}\n")
+	badClass := writeFile(t, "bad-class.hcl", "request_classifier {\n  type          = \"header-priority\"\n  default_class = \"zzz\"\n}\n")
+	noWorkers := writeFile(t, "no-workers.hcl", "router {\n  block_size = 16\n}\n")
 	const inUse = "address already in use"
 	const noWorkersWarn = "[WARN]  router: no workers: "
 	for _, face := range []string{"serve", "epp"} {
@@ -80,16 +71,9 @@ func TestBusyPortDoesNotHidePolicyErrors(t *testing.T) {
 func TestPoolSelectorDoesNotHidePolicyErrors(t *testing.T) {
 	bin, _ := e2eBinaries(t)
 	dir := t.TempDir()
-	write := func(name, src string) string {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return p
-	}
-	badURL := write("bad-url.hcl", "worker \"w\" {\n  url = \"127.0.0.1:8001\"\n}\n")
-	good := write("good.hcl", "router {\n  block_size = 16\n}\n")
-	badWorkers := write("bad-workers.hcl", "worker \"x\" {\n  url = \"127.0.0.1:8002\"\n}\n")
+	badURL := writeFile(t, "bad-url.hcl", "worker \"w\" {\n  url = \"127.0.0.1:8001\"\n}\n")
+	good := writeFile(t, "good.hcl", "router {\n  block_size = 16\n}\n")
+	badWorkers := writeFile(t, "bad-workers.hcl", "worker \"x\" {\n  url = \"127.0.0.1:8002\"\n}\n")
 	kubeconfig := filepath.Join(dir, "no-such-kubeconfig")
 	kubeErr := "router: --kubeconfig: kubernetes client configuration: stat " + kubeconfig + ": no such file or directory"
 	for _, face := range []string{"serve", "epp"} {

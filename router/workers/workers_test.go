@@ -308,16 +308,23 @@ switchyard_worker_ready{worker="b"} 1
 	}
 }
 
-func TestReportFailure(t *testing.T) {
-	r := newRouter(t)
-	// A long interval so that the checks right after the reports see the
-	// state before the next scrape.
+// oneReadyWorker returns a Manager of r over one vLLM engine, worker "a"
+// of model "m", once it is ready. Its long probe interval lets the checks
+// right after request reports see the state before the next probe.
+func oneReadyWorker(t *testing.T, r *router.Router) *Manager {
+	t.Helper()
 	m, _ := newManager(t, r, Options{ScrapeInterval: 300 * time.Millisecond})
 	a := newEngine(t, vllmMetrics)
 	if err := m.Sync([]config.Worker{worker("a", a, "m")}); err != nil {
 		t.Fatal(err)
 	}
 	testkit.Eventually(t, "a ready", func() bool { return anyReady(m) })
+	return m
+}
+
+func TestReportFailure(t *testing.T) {
+	r := newRouter(t)
+	m := oneReadyWorker(t, r)
 
 	m.ReportFailure("a")
 	m.ReportFailure("a")
@@ -907,13 +914,7 @@ func TestURLWithoutTheLock(t *testing.T) {
 // requests to reset is recorded without the Manager's lock (every request
 // reports one); after a failure it takes the lock and resets the count.
 func TestReportSuccessWithoutTheLock(t *testing.T) {
-	r := newRouter(t)
-	m, _ := newManager(t, r, Options{ScrapeInterval: 300 * time.Millisecond})
-	a := newEngine(t, vllmMetrics)
-	if err := m.Sync([]config.Worker{worker("a", a, "m")}); err != nil {
-		t.Fatal(err)
-	}
-	testkit.Eventually(t, "a ready", func() bool { return anyReady(m) })
+	m := oneReadyWorker(t, newRouter(t))
 	m.mu.Lock()
 	done := make(chan struct{})
 	go func() { m.ReportSuccess("a"); m.ReportSuccess("nobody"); close(done) }()
