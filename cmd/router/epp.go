@@ -161,16 +161,11 @@ func runEPP(ctx context.Context, o eppOptions, level hclog.Level, stdout, stderr
 	podsDone := closedChan()
 	var d *live.Daemon
 	do := o.daemonOptions(serve.Options{})
-	if o.pods.selector != "" {
+	if start := o.pods.starter(dctx, logger, &podsDone); start != nil {
 		do.StartPods = func() (live.WorkerSource, error) {
 			unlink := context.AfterFunc(ctx, stopDaemon)
 			defer unlink()
-			pods, done, err := o.pods.start(dctx, logger)
-			if err != nil {
-				return nil, err
-			}
-			podsDone = done
-			return pods, nil
+			return start()
 		}
 	}
 	do.Listen = func() (net.Listener, net.Listener, error) {

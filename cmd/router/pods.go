@@ -95,6 +95,23 @@ func closedChan() <-chan struct{} {
 	return c
 }
 
+// starter returns a live.DaemonOptions.StartPods that starts watching
+// the pods with ctx (start) and sets *done to the watch's done; nil
+// without --pool-selector (the daemon then lists none).
+func (p *podFlags) starter(ctx context.Context, log hclog.Logger, done *<-chan struct{}) func() (live.WorkerSource, error) {
+	if p.selector == "" {
+		return nil
+	}
+	return func() (live.WorkerSource, error) {
+		pods, d, err := p.start(ctx, log)
+		if err != nil {
+			return nil, err
+		}
+		*done = d
+		return pods, nil
+	}
+}
+
 // start starts watching the pods when --pool-selector is set, and waits
 // for their first list (or ctx's end); the watch runs until ctx ends,
 // and done is closed after it stopped. Without --pool-selector it

@@ -347,16 +347,7 @@ func runServe(ctx context.Context, o serveOptions, level hclog.Level, stdout, st
 	podsDone := closedChan()
 	var ln, debug net.Listener
 	do := o.daemonOptions(so)
-	if o.pods.selector != "" {
-		do.StartPods = func() (live.WorkerSource, error) {
-			pods, done, err := o.pods.start(pctx, logger)
-			if err != nil {
-				return nil, err
-			}
-			podsDone = done
-			return pods, nil
-		}
-	}
+	do.StartPods = o.pods.starter(pctx, logger, &podsDone)
 	do.Listen = func() (net.Listener, net.Listener, error) {
 		if w := o.noWorkersWarning(); w != "" {
 			logger.Warn(w)
