@@ -60,3 +60,22 @@ func TestWorkersAtOneURLAcrossFilesWarned(t *testing.T) {
 		t.Errorf("serve's stderr\n%s\nlacks a line starting\n%s", router.stderr.String(), want)
 	}
 }
+
+// TestValidateWorkersFile: `router validate --workers-file` loads the
+// workers file beside the policy file as serve does: its workers counted,
+// a worker at a policy-file worker's url warned about at its block, and
+// a workers file with an error exits 1 with the error at file:line:col.
+func TestValidateWorkersFile(t *testing.T) {
+	policy := writeFile(t, "policy.hcl", "worker \"a\" {\n  url = \"http://127.0.0.1:8001\"\n}\n")
+	workersFile := writeFile(t, "workers.hcl", "worker \"b\" {\n  url = \"http://127.0.0.1:8002\"\n}\n\nworker \"c\" {\n  url = \"http://127.0.0.1:8001/v1\"\n}\n")
+	code, stdout, stderr := routerRun(t, "validate", policy, "--workers-file", workersFile)
+	want := workersFile + ":5:1: warning: Two workers at one URL; Worker \"c\" (here) and worker \"a\" (" + policy + ":1:1) both have url \"http://127.0.0.1:8001\""
+	if code != 0 || !strings.Contains(stdout, workersFile+": ok (2 workers)") || !hasLinePrefix(stderr, want) {
+		t.Errorf("validate with a workers file: exit %d\nstdout:\n%s\nstderr:\n%s\nwant exit 0, %q and a line starting %q", code, stdout, stderr, workersFile+": ok (2 workers)", want)
+	}
+	bad := writeFile(t, "bad-workers.hcl", "worker \"x\" {\n  url = \"127.0.0.1:8003\"\n}\n")
+	code, stdout, stderr = routerRun(t, "validate", policy, "--workers-file", bad)
+	if wantErr := bad + ":2:9: error: Invalid URL"; code != 1 || !hasLinePrefix(stderr, wantErr) || strings.Contains(stdout, "ok") {
+		t.Errorf("validate with a bad workers file: exit %d\nstdout:\n%s\nstderr:\n%s\nwant exit 1 and a line starting %q", code, stdout, stderr, wantErr)
+	}
+}

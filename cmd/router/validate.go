@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/hashicorp/hcl/v2"
 	"github.com/spf13/cobra"
 
 	"github.com/switchyard-router/switchyard/hosted"
@@ -16,13 +17,16 @@ import (
 )
 
 func newValidateCmd() *cobra.Command {
-	return &cobra.Command{
+	var workersFile string
+	cmd := &cobra.Command{
 		Use:   "validate FILE",
 		Short: "Load a policy file and show what each role resolves to",
 		Long: `Load a policy file, resolve its bundle, and print per role the policy, its
 components (kind, name, type, source) and whether it runs on the hosted fast
-path. Warnings go to stderr; on any error the diagnostics are printed as
-file:line:col and the exit status is 1.`,
+path. With --workers-file, also load that workers file as serve and epp do: its
+errors, and a warning at each of its workers whose url a policy file's worker
+has (one engine counted twice). Warnings go to stderr; on any error the
+diagnostics are printed as file:line:col and the exit status is 1.`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			switch {
 			case len(args) == 0:
@@ -38,9 +42,32 @@ file:line:col and the exit status is 1.`,
 				return &exitError{code: 1, err: errors.New("")}
 			}
 			defer closeBundle(b)
-			return printBundle(cmd.OutOrStdout(), b.PolicyFile())
+			var ws []config.Worker
+			if workersFile != "" {
+				var diags hcl.Diagnostics
+				ws, diags = config.LoadWorkers(workersFile)
+				if !diags.HasErrors() {
+					diags = append(diags, config.SameURLAcross(b.Workers(), ws)...)
+				}
+				if len(diags) > 0 {
+					fmt.Fprint(cmd.ErrOrStderr(), config.FormatDiagnostics(diags))
+				}
+				if diags.HasErrors() {
+					return &exitError{code: 1, err: errors.New("")}
+				}
+			}
+			if err := printBundle(cmd.OutOrStdout(), b.PolicyFile()); err != nil {
+				return err
+			}
+			if workersFile != "" {
+				_, err := fmt.Fprintf(cmd.OutOrStdout(), "%s: ok (%s)\n", workersFile, plural(len(ws), "worker"))
+				return err
+			}
+			return nil
 		},
 	}
+	cmd.Flags().StringVar(&workersFile, "workers-file", "", "a workers file (serve's and epp's --workers-file) to load beside the policy file")
+	return cmd
 }
 
 // printBundle writes the per-role resolution of b.
