@@ -40,9 +40,9 @@ func TestServeE2EKVEvents(t *testing.T) {
 		}
 		m := startProc(t, routerBin, "mock-worker", "--listen", "127.0.0.1:0", "--model", "mock", "--speedup", "50",
 			"--engine-block-size", "16", "--kv-blocks", fmt.Sprint(kvBlocks), "--tokenizer", tok, "--tokenizer-config", tokCfg,
-			"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-encoding", encoding)
-		ep := m.waitStdout(t, mockKVEvents)[1]
-		fmt.Fprintf(&workers, "worker %q {\n  url = %q\n  kv_events {\n    endpoint = %q\n  }\n}\n", n, m.url, ep)
+			"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-replay-endpoint", "tcp://127.0.0.1:0", "--kv-events-encoding", encoding)
+		ep := m.waitStdout(t, mockKVEvents)
+		fmt.Fprintf(&workers, "worker %q {\n  url = %q\n  kv_events {\n    endpoint        = %q\n    replay_endpoint = %q\n  }\n}\n", n, m.url, ep[1], ep[2])
 		engines = append(engines, m.url)
 	}
 	dir := t.TempDir()
@@ -79,15 +79,34 @@ tokenizer "mock" {
 	// engine directly, past the router, makes every stream live before
 	// the run, so that every request of it is believed precisely too
 	// (else a worker that no earlier turn reached is believed only
-	// approximately, however many turns have passed).
-	warm := fmt.Sprintf(`{"model":"mock","max_tokens":1,"prompt":%q}`, strings.Repeat("A warm-up prompt of a few blocks. ", 8))
-	for _, u := range engines {
-		resp, err := c.Post(u+"/v1/completions", "application/json", strings.NewReader(warm))
+	// approximately, however many turns have passed). A subscription
+	// reaches the engine's PUB socket a moment after the router connects
+	// (ZeroMQ's slow joiner), so a first event can be missed: an engine
+	// still unheard of gets another warm-up every 2 s, whose event the
+	// router sees mid-stream and completes from the replay endpoint.
+	warm := func(u string, k int) {
+		body := fmt.Sprintf(`{"model":"mock","max_tokens":1,"prompt":%q}`, strings.Repeat(fmt.Sprintf("Warm-up prompt %d of a few blocks. ", k), 8))
+		resp, err := c.Post(u+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+	}
+	heard := func(m map[string]float64, n string) bool {
+		return m[`switchyard_worker_kv_events_total{rank="0",worker="`+n+`"}`] >= 1
+	}
+	for i, n := range names {
+		deadline := time.Now().Add(time.Minute)
+	engine:
+		for k := 0; time.Now().Before(deadline); k++ { // past it, waitMetrics below reports
+			warm(engines[i], k)
+			for again := time.Now().Add(2 * time.Second); time.Now().Before(again); time.Sleep(50 * time.Millisecond) {
+				if m, err := scrape(c, router.url); err == nil && heard(m, n) {
+					break engine
+				}
+			}
+		}
 	}
 	waitMetrics(t, c, router, time.Minute, "an event from every engine", func(m map[string]float64) bool {
 		for _, n := range names {

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -13,6 +14,7 @@ import (
 // warning (the router sweeps such directories at start), and the check
 // removes the directory.
 func TestPluginsCheckSocketDirLeft(t *testing.T) {
+	private := privateSocketDirs(t)
 	code, out, errOut := routerRun(t, "plugins", "check", examplePlugin(t, "faulty"), "--env", "SY_TEST_MODE=leavedir", "--type", "t-lowest")
 	if code != 0 {
 		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
@@ -28,4 +30,26 @@ func TestPluginsCheckSocketDirLeft(t *testing.T) {
 	if _, err := os.Stat(m[1]); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("socket directory %s left behind by the check: %v", m[1], err)
 	}
+	if !strings.HasPrefix(m[1], private+"/") {
+		t.Errorf("socket directory %s outside the test's own %s", m[1], private)
+	}
+}
+
+// privateSocketDirs points TMPDIR, for the rest of the test (which must
+// not be parallel), at a fresh directory of its own under /tmp, short
+// enough to hold plugin sockets: the plugin socket directories the test
+// makes there are out of the way of every other router starting on the
+// machine meanwhile (another package's tests), whose start-up sweep
+// removes the socket directories of dead routers from its temporary
+// directory, the directories a parent-death check leaves on purpose. It
+// returns the directory.
+func privateSocketDirs(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "syt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	t.Setenv("TMPDIR", dir)
+	return dir
 }

@@ -296,6 +296,7 @@ func TestPluginsCheckDuplicateType(t *testing.T) {
 // SIGTERM handling, no watch of its parent pid) fails the parent-death
 // check, which then kills it and removes its socket directory.
 func TestPluginsCheckOrphan(t *testing.T) {
+	private := privateSocketDirs(t)
 	code, out, errOut := routerRun(t, "plugins", "check", examplePlugin(t, "faulty"), "--env", "SY_TEST_MODE=orphan", "--type", "t-lowest")
 	if code != 1 {
 		t.Fatalf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
@@ -307,6 +308,9 @@ func TestPluginsCheckOrphan(t *testing.T) {
 	}
 	if _, err := os.Stat(m[2]); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("socket directory %s left behind: %v", m[2], err)
+	}
+	if !strings.HasPrefix(m[2], private+"/") {
+		t.Errorf("socket directory %s outside the test's own %s", m[2], private)
 	}
 	pid, _ := strconv.Atoi(m[1])
 	deadline := time.Now().Add(30 * time.Second)
