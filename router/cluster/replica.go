@@ -269,7 +269,12 @@ func (r *Replica) State() State {
 	st.CaughtUp = r.caughtUp.Load()
 	st.StalledKVFeeds = r.StalledKVFeeds()
 	r.snapMu.Lock()
-	st.Snapshot = r.snapLoaded
+	if r.snapLoaded != nil {
+		// A copy: Joined counts workers into it under snapMu while the
+		// caller reads the State (encodes it for /readyz) without it.
+		loaded := *r.snapLoaded
+		st.Snapshot = &loaded
+	}
 	r.snapMu.Unlock()
 	return st
 }
