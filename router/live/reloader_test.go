@@ -238,8 +238,8 @@ func TestReloaderWatch(t *testing.T) {
 	}
 	noReload(t, results, 300*time.Millisecond)
 
-	// A burst of in-place writes ending invalid: one reload, which fails
-	// and changes nothing.
+	// A burst of in-place writes ending invalid: the last reload fails and
+	// changes nothing.
 	for i := range 5 {
 		content := llHCL
 		if i == 4 {
@@ -249,7 +249,14 @@ func TestReloaderWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	assertDiagAt(t, nextReload(t, results), path, 3)
+	// Usually one reload; a machine slow enough to space two writes by the
+	// debounce makes more, of the valid content, before the failing one.
+	extra := 0
+	d := nextReload(t, results)
+	for ; !d.HasErrors() && extra < 4; extra++ {
+		d = nextReload(t, results)
+	}
+	assertDiagAt(t, d, path, 3)
 	noReload(t, results, 300*time.Millisecond)
 	if d := selectOne(t, r); d.Policy != "ll" {
 		t.Fatalf("after the invalid write: %q", d.Policy)
@@ -268,7 +275,7 @@ func TestReloaderWatch(t *testing.T) {
 		t.Fatal(config.FormatDiagnostics(d))
 	}
 	assertRoundRobin(t, r)
-	assertReloads(t, reg, 2, 1)
+	assertReloads(t, reg, 2+extra, 1)
 }
 
 // A Kubernetes ConfigMap update (kubelet's AtomicWriter) never names the
