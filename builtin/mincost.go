@@ -116,26 +116,41 @@ func (m *MinCost) Pick(_ context.Context, _ *shared.Request, c *shared.Candidate
 	return m.softmax(costs), nil
 }
 
-// lowest returns a minimum-cost row, uniform among ties (reservoir
-// sampling), or rotating among them with ties = "rotate".
+// lowest returns a minimum-cost row, uniform among ties, or rotating among
+// them with ties = "rotate". The uniform choice is a reservoir scan (tie j
+// replaces the kept row when a draw in [0, j) is 0), evaluated in three
+// passes so that it costs one draw per two ties on average rather than one
+// per tie: the lowest cost, how many rows hold it and how many draws the
+// scan would have spent before its first row; then the winning tie from
+// the end (stream.reservoirWinner); then that tie's row. It picks the
+// row the one-pass scan picks from the same stream (but for the
+// rejection-zone draws reservoirWinner describes, under 2.3e-13 a pick).
 func (m *MinCost) lowest(costs []float64) int {
 	if m.rotate {
 		return m.rotated(costs)
 	}
 	g := m.rng.stream()
-	best, low, ties := 0, costs[0], 1
+	first, low, ties, draws, skip := 0, costs[0], 1, 0, 0
 	for i := 1; i < len(costs); i++ {
 		switch c := costs[i]; {
 		case c < low:
-			best, low, ties = i, c, 1
+			first, low, ties, skip = i, c, 1, draws
 		case c == low:
 			ties++
-			if g.intn(ties) == 0 {
-				best = i
+			draws++
+		}
+	}
+	if ties == 1 {
+		return first
+	}
+	j := g.reservoirWinner(ties, skip)
+	for i := first; ; i++ {
+		if costs[i] == low {
+			if j--; j == 0 {
+				return i
 			}
 		}
 	}
-	return best
 }
 
 // rotated returns the (k mod n)-th of the n rows with the lowest cost, k

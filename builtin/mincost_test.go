@@ -167,3 +167,66 @@ func TestMinCostRotate(t *testing.T) {
 	}
 	checkNew(t, MinCostType(), shared.Params{ParamTies: "first"}, ParamTies)
 }
+
+// onePassLowest is min-cost's temperature-0 pick as a single reservoir
+// scan, one draw per tie (the picker's code before the three-pass form):
+// the reference TestMinCostLowestMatchesOnePassScan holds lowest to.
+func onePassLowest(g stream, costs []float64) int {
+	best, low, ties := 0, costs[0], 1
+	for i := 1; i < len(costs); i++ {
+		switch c := costs[i]; {
+		case c < low:
+			best, low, ties = i, c, 1
+		case c == low:
+			ties++
+			if g.intn(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best
+}
+
+// TestMinCostLowestMatchesOnePassScan: the three-pass tie-break picks the
+// row a one-pass reservoir scan over the same stream picks, on cost rows
+// with few and many distinct values (so ties at a higher cost spend draws
+// before a lower cost supersedes them), lengths 1 to 300, 20,000 rows in
+// all; and 3,000 picks among 300 tied rows fall about evenly in every
+// tenth of them.
+func TestMinCostLowestMatchesOnePassScan(t *testing.T) {
+	m, err := NewMinCost(seeded(11))
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := newRNG(seeded(12))
+	spread := map[int]int{}
+	for trial := range 20000 {
+		n := 1 + src.intn(300)
+		levels := 1 + src.intn(4)
+		if trial%5 == 0 {
+			levels = 1 + src.intn(n)
+		}
+		costs := make([]float64, n)
+		for i := range costs {
+			costs[i] = float64(src.intn(levels))
+		}
+		before := m.rng.state.Load()
+		got := m.lowest(costs)
+		ref := newRNG(seeded(int64(before)))
+		if want := onePassLowest(ref.stream(), costs); got != want {
+			t.Fatalf("trial %d (%d rows, %d levels): lowest = row %d, the one-pass scan row %d", trial, n, levels, got, want)
+		}
+		if m.rng.state.Load() != ref.state.Load() {
+			t.Fatalf("trial %d: lowest advanced the generator differently from the one-pass scan", trial)
+		}
+	}
+	tied := make([]float64, 300)
+	for range 3000 {
+		spread[m.lowest(tied)/30]++
+	}
+	for decile := range 10 {
+		if k := spread[decile]; k < 200 || k > 400 {
+			t.Errorf("all-tied picks in rows %d-%d: %d of 3000, want 300 ± 100 (uniform): %v", decile*30, decile*30+29, k, spread)
+		}
+	}
+}
