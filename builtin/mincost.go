@@ -122,20 +122,22 @@ func (m *MinCost) Pick(_ context.Context, _ *shared.Request, c *shared.Candidate
 // passes so that it costs one draw per two ties on average rather than one
 // per tie: the lowest cost, how many rows hold it and how many draws the
 // scan would have spent before its first row; then the winning tie from
-// the end (stream.reservoirWinner); then that tie's row. It picks the
-// row the one-pass scan picks from the same stream (but for the
-// rejection-zone draws reservoirWinner describes, under 2.3e-13 a pick).
+// the end (stream.reservoirWinner); then that tie's row, counted from the
+// nearer end. It picks the row the one-pass scan picks from the same
+// stream (but for the rejection-zone draws reservoirWinner describes,
+// under 2.3e-13 a pick).
 func (m *MinCost) lowest(costs []float64) int {
 	if m.rotate {
 		return m.rotated(costs)
 	}
 	g := m.rng.stream()
-	first, low, ties, draws, skip := 0, costs[0], 1, 0, 0
+	first, last, low, ties, draws, skip := 0, 0, costs[0], 1, 0, 0
 	for i := 1; i < len(costs); i++ {
 		switch c := costs[i]; {
 		case c < low:
-			first, low, ties, skip = i, c, 1, draws
+			first, last, low, ties, skip = i, i, c, 1, draws
 		case c == low:
+			last = i
 			ties++
 			draws++
 		}
@@ -144,11 +146,21 @@ func (m *MinCost) lowest(costs []float64) int {
 		return first
 	}
 	j := g.reservoirWinner(ties, skip)
-	for i := first; ; i++ {
+	if j <= ties/2 { // the j-th tie from the first row
+		for i := first; ; i++ {
+			if costs[i] == low {
+				if j--; j == 0 {
+					return i
+				}
+			}
+		}
+	}
+	for i, back := last, ties-j; ; i-- { // the (ties-j)-th before the last
 		if costs[i] == low {
-			if j--; j == 0 {
+			if back == 0 {
 				return i
 			}
+			back--
 		}
 	}
 }
