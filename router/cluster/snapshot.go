@@ -602,16 +602,27 @@ func (r *Replica) importLocked(id shared.WorkerID, w *WorkerPrefix, kvNext uint6
 	return ok
 }
 
+// Pending reports whether the loaded snapshot holds content of candidate
+// (worker, rank) that Joined would import: the candidate was not a member
+// when the snapshot loaded and has not joined since.
+func (r *Replica) Pending(worker string, rank uint32) bool {
+	r.snapMu.Lock()
+	defer r.snapMu.Unlock()
+	_, ok := r.pending[kvCandidate{worker, rank}]
+	return ok
+}
+
 // Joined imports the loaded snapshot's content of candidate (worker,
 // rank), which was not a member when the snapshot was loaded, now that it
 // is one, as id in the Router's fleet: the daemon's membership calls it
-// after each join, before the candidate's KV-event follow starts (so that
-// a precise index taken from the snapshot is followed from the
-// snapshot's position). Once per candidate; nothing when the snapshot had
-// none. It does not call Options.Resolve: its caller, the worker
-// manager's membership, holds the lock Resolve takes (a replica that
-// resolved here deadlocked when a worker joined after the snapshot
-// loaded, and every request with it).
+// after a join for which Pending is true, from a goroutine of its own (an
+// import can be long, and the join holds the worker manager's lock), and
+// before the candidate's KV-event follow starts (so that a precise index
+// taken from the snapshot is followed from the snapshot's position). Once
+// per candidate; nothing when the snapshot had none. It does not call
+// Options.Resolve, which takes the worker manager's lock (a replica that
+// resolved here while the join held it deadlocked when a worker joined
+// after the snapshot loaded, and every request with it).
 func (r *Replica) Joined(worker string, rank uint32, id shared.WorkerID) {
 	r.snapMu.Lock()
 	defer r.snapMu.Unlock()

@@ -285,24 +285,26 @@ func TestDaemonReadyOnlyCaughtUp(t *testing.T) {
 	}
 }
 
-// TestDaemonReplicaImportsAWorkerThatJoinsLate: replica b starts while its
-// worker w0 answers no probe, loads replica a's prefix-index snapshot
-// (w0's content pending: not a member yet), and then w0 comes up. The
-// worker manager joins w0 under its lock and the membership hands the
-// snapshot's content to the replica (cluster.Replica.Joined): b becomes
-// ready with w0's content imported and routes. Before, Joined resolved
-// w0's name through the worker manager, whose lock the join held: the
-// daemon deadlocked (no /readyz answer, every request stuck), seen as a
-// restarted replica of bench/replicas' failover never ready on a loaded
-// machine.
-func TestDaemonReplicaImportsAWorkerThatJoinsLate(t *testing.T) {
+// lateJoin is replica b of a two-replica cluster whose one worker w0
+// answers no probe until up is set, started once it has loaded replica
+// a's prefix-index snapshot (which holds w0's content: pending in b).
+type lateJoin struct {
+	b  *runningDaemon
+	up *atomic.Bool
+}
+
+// startLateJoin starts a with w0 up, routes one request through it, waits
+// for a snapshot that holds it, and starts b with w0 held down until b
+// has loaded that snapshot.
+func startLateJoin(t *testing.T) *lateJoin {
+	t.Helper()
 	ns := natskit.Start(t, 0)
 	m, err := mockworker.New(mockworker.Config{Speedup: 5})
 	if err != nil {
 		t.Fatal(err)
 	}
 	open := httptest.NewServer(m)
-	var up atomic.Bool
+	up := &atomic.Bool{}
 	gated := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !up.Load() {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
@@ -333,43 +335,64 @@ func TestDaemonReplicaImportsAWorkerThatJoinsLate(t *testing.T) {
 	testkit.Eventually(t, "a writes two snapshots", func() bool {
 		return testkit.MetricValue(t, regA, "switchyard_cluster_index_snapshot_writes_total", "result", "written") >= writes+2
 	})
-
-	b := start("b", gated.URL, nil)
-	client := &http.Client{Timeout: 5 * time.Second}
-	readyz := func() (int, Readiness, error) {
-		resp, err := client.Get(b.base + "/readyz")
-		if err != nil {
-			return 0, Readiness{}, err
-		}
-		defer func() { _ = resp.Body.Close() }()
-		var r Readiness
-		err = json.NewDecoder(resp.Body).Decode(&r)
-		return resp.StatusCode, r, err
-	}
+	lj := &lateJoin{b: start("b", gated.URL, nil), up: up}
 	testkit.Eventually(t, "b loaded a's snapshot, w0 pending", func() bool {
-		_, r, err := readyz()
+		_, r, err := lj.readyz()
 		return err == nil && r.Cluster != nil && r.Cluster.Snapshot != nil
 	})
-	if _, r, _ := readyz(); r.Ready || r.Cluster.Snapshot.Workers != 0 {
+	if _, r, _ := lj.readyz(); r.Ready || r.Cluster.Snapshot.Workers != 0 {
 		t.Fatalf("b before w0 is up: ready %v, snapshot workers %d; want not ready, 0 imported", r.Ready, r.Cluster.Snapshot.Workers)
 	}
-	up.Store(true)
+	return lj
+}
+
+// readyz asks b's /readyz, giving up after 5 s.
+func (lj *lateJoin) readyz() (int, Readiness, error) {
+	client := &http.Client{Timeout: 5 * time.Second}
+	resp, err := client.Get(lj.b.base + "/readyz")
+	if err != nil {
+		return 0, Readiness{}, err
+	}
+	defer func() { _ = resp.Body.Close() }()
+	var r Readiness
+	err = json.NewDecoder(resp.Body).Decode(&r)
+	return resp.StatusCode, r, err
+}
+
+// waitImported waits until b is ready with w0's snapshot content imported.
+func (lj *lateJoin) waitImported(t *testing.T) {
+	t.Helper()
 	var last string
 	deadline := time.Now().Add(time.Minute)
 	for {
-		code, r, err := readyz()
+		code, r, err := lj.readyz()
 		if err == nil && code == http.StatusOK && r.Cluster.Snapshot.Workers == 1 {
-			break
+			return
 		}
 		last = fmt.Sprintf("status %d, error %v, %+v", code, err, r)
 		if time.Now().After(deadline) {
-			t.Fatalf("b not ready with w0's content imported within a minute of w0 coming up; last /readyz: %s\nlogs:\n%s", last, b.logs)
+			t.Fatalf("b not ready with w0's content imported within a minute of w0 coming up; last /readyz: %s\nlogs:\n%s", last, lj.b.logs)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// TestDaemonReplicaImportsAWorkerThatJoinsLate: replica b starts while its
+// worker w0 answers no probe, loads replica a's prefix-index snapshot
+// (w0's content pending: not a member yet), and then w0 comes up. The
+// worker manager joins w0 and the membership hands the snapshot's content
+// to the replica (cluster.Replica.Joined): b becomes ready with w0's
+// content imported and routes. Before, Joined resolved w0's name through
+// the worker manager, whose lock the join held: the daemon deadlocked (no
+// /readyz answer, every request stuck), seen as a restarted replica of
+// bench/replicas' failover never ready on a loaded machine.
+func TestDaemonReplicaImportsAWorkerThatJoinsLate(t *testing.T) {
+	lj := startLateJoin(t)
+	lj.up.Store(true)
+	lj.waitImported(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	resp, err = post(t, ctx, b.base+"/v1/chat/completions", chatBody("m", false, "a prompt a's index records"))
+	resp, err := post(t, ctx, lj.b.base+"/v1/chat/completions", chatBody("m", false, "a prompt a's index records"))
 	if err != nil {
 		t.Fatalf("b routes no request: %v", err)
 	}
@@ -378,4 +401,36 @@ func TestDaemonReplicaImportsAWorkerThatJoinsLate(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("b answered %d", resp.StatusCode)
 	}
+}
+
+// TestDaemonReplicaImportsOutsideTheWorkerLock: the warm-start import of a
+// worker that joins late (a million blocks can take a second) runs after
+// the join, not under the worker manager's lock: held in the middle, b's
+// /readyz (the manager's Status) still answers, with w0 ready and its
+// content not yet imported; let go, the import completes. Before, the
+// membership imported inside the join, and every probe's outcome and
+// /readyz waited for it.
+func TestDaemonReplicaImportsOutsideTheWorkerLock(t *testing.T) {
+	lj := startLateJoin(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	kvs := lj.b.d.kvs
+	kvs.mu.Lock()
+	kvs.beforeImport = func(prefix.Candidate) { close(entered); <-release }
+	kvs.mu.Unlock()
+	lj.up.Store(true)
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		close(release)
+		t.Fatalf("no import of w0 within a minute of it coming up; logs:\n%s", lj.b.logs)
+	}
+	code, r, err := lj.readyz()
+	close(release)
+	if err != nil {
+		t.Fatalf("/readyz while the import is held: %v", err)
+	}
+	if code != http.StatusOK || len(r.Workers) != 1 || !r.Workers[0].Ready || r.Cluster.Snapshot.Workers != 0 {
+		t.Fatalf("/readyz while the import is held: %d, workers %+v, snapshot workers %d; want 200, w0 ready, 0 imported", code, r.Workers, r.Cluster.Snapshot.Workers)
+	}
+	lj.waitImported(t)
 }

@@ -64,9 +64,15 @@ type kvSubs struct {
 	discovered map[string][]kvSource
 	known      map[prefix.Candidate]string
 	subs       map[prefix.Candidate]*kvSub
-	stopped    bool
-	stop       context.CancelFunc
-	wg         sync.WaitGroup
+	// importing counts, per candidate, the warm-start imports under way
+	// (importJoined): its follow starts when the last ends.
+	importing map[prefix.Candidate]int
+	// beforeImport, when set (tests), is called by importJoined before
+	// the import.
+	beforeImport func(prefix.Candidate)
+	stopped      bool
+	stop         context.CancelFunc
+	wg           sync.WaitGroup
 }
 
 // kvSource is one data-parallel rank's KV-event source as the engine
@@ -112,7 +118,7 @@ type kvSub struct {
 func newKVSubs(r *router.Router, log hclog.Logger, clustered bool) *kvSubs {
 	ctx, stop := context.WithCancel(context.Background())
 	return &kvSubs{r: r, log: log, ctx: ctx, stop: stop, clustered: clustered, cfgs: map[string]*config.KVEvents{},
-		discovered: map[string][]kvSource{}, known: map[prefix.Candidate]string{}, subs: map[prefix.Candidate]*kvSub{}}
+		discovered: map[string][]kvSource{}, known: map[prefix.Candidate]string{}, importing: map[prefix.Candidate]int{}, subs: map[prefix.Candidate]*kvSub{}}
 }
 
 // useCluster hands the candidates to rep (clustered): each is followed
@@ -172,10 +178,41 @@ func (k *kvSubs) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 		if _, _, _, ok := k.sourceLocked(s.Name, c.Rank); ok && !k.stopped {
 			k.r.Prefix().Precise(c)
 		}
-		k.rep.Joined(s.Name, s.DPRank, s.ID)
+		if !k.stopped && k.rep.Pending(s.Name, s.DPRank) {
+			// The import can take long (a million blocks), and the
+			// caller, the worker manager, holds its lock: it runs on
+			// its own, the follow after it.
+			k.importing[c]++
+			k.wg.Add(1)
+			go k.importJoined(c, s)
+			return w, nil
+		}
 	}
 	k.reconcileLocked(c, s.Name)
 	return w, nil
+}
+
+// importJoined imports the warm-start snapshot's content of candidate c,
+// which joined as s, then starts its follow (unless another import of c
+// is still under way: the last one starts it).
+func (k *kvSubs) importJoined(c prefix.Candidate, s fleet.Spec) {
+	defer k.wg.Done()
+	k.mu.Lock()
+	hook := k.beforeImport
+	k.mu.Unlock()
+	if hook != nil {
+		hook(c)
+	}
+	k.rep.Joined(s.Name, s.DPRank, s.ID)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.importing[c]--; k.importing[c] > 0 {
+		return
+	}
+	delete(k.importing, c)
+	if name, ok := k.known[c]; ok {
+		k.reconcileLocked(c, name)
+	}
 }
 
 // RemoveWorker takes the candidate out of the fleet (workers.Membership);
@@ -216,7 +253,7 @@ func (k *kvSubs) sourceLocked(name string, rank uint32) (src kvSource, cfg confi
 // nothing when it follows it already, else its subscriber (if any) is
 // stopped and, when it has a source, started on it. k.mu is held.
 func (k *kvSubs) reconcileLocked(c prefix.Candidate, name string) {
-	if k.stopped {
+	if k.stopped || k.importing[c] > 0 {
 		return
 	}
 	src, cfg, rankEndpoints, ok := k.sourceLocked(name, c.Rank)
