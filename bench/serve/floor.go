@@ -42,6 +42,23 @@ func runFloor(args []string) error {
 // "NAME listening on http://ADDR" once bound, until SIGINT or SIGTERM:
 // the server of cases (f) and (t).
 func serveConns(name, listen string, accepted func(net.Conn)) error {
+	return serveUntilSignal(name, listen, func(ln net.Listener) error {
+		for {
+			cc, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			accepted(cc)
+		}
+	}, nil)
+}
+
+// serveUntilSignal listens on listen (TCP), prints "NAME listening on
+// http://ADDR" once bound and runs serve on the listener until serve
+// returns (its error is returned) or SIGINT or SIGTERM comes; then it
+// calls shutdown, when not nil, with 2 s to finish, and closes the
+// listener. It is the accept-and-stop loop of every forwarder case.
+func serveUntilSignal(name, listen string, serve func(net.Listener) error, shutdown func(context.Context) error) error {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return err
@@ -50,20 +67,16 @@ func serveConns(name, listen string, accepted func(net.Conn)) error {
 	defer stop()
 	fmt.Printf("%s listening on http://%s\n", name, ln.Addr())
 	errc := make(chan error, 1)
-	go func() {
-		for {
-			cc, err := ln.Accept()
-			if err != nil {
-				errc <- err
-				return
-			}
-			accepted(cc)
-		}
-	}()
+	go func() { errc <- serve(ln) }()
 	select {
 	case err := <-errc:
 		return err
 	case <-ctx.Done():
+	}
+	if shutdown != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = shutdown(sctx)
 	}
 	ln.Close()
 	return nil

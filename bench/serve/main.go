@@ -10,6 +10,9 @@
 //	    server with net/http's Transport (split.go): which half of
 //	    net/http a hop pays for, (s) - (f) and (t) - (f),
 //	(b) a bare httputil.ReverseProxy round-robin over the mock workers,
+//	(x) the same bare proxy on fasthttp, its Server and one HostClient
+//	    per mock worker (fastproxy.go): how close a library whose server
+//	    and client keep the floor's shape gets to it, (x) - (f),
 //	(c) `router serve` with a round-robin policy,
 //	(d) `router serve` with the default (KV-aware) policy,
 //	(i) the KV policy of (g) and (h) below, declared, without a shadow,
@@ -52,6 +55,7 @@
 //	serve floor --listen 127.0.0.1:0 --targets http://A,http://B   (the floor forwarder)
 //	serve split-server --listen 127.0.0.1:0 --targets http://A,http://B   (case (s))
 //	serve split-client --listen 127.0.0.1:0 --targets http://A,http://B   (case (t))
+//	serve fastproxy --listen 127.0.0.1:0 --targets http://A,http://B   (case (x))
 package main
 
 import (
@@ -123,7 +127,7 @@ func main() {
 		}
 		return
 	}
-	for name, run := range map[string]func([]string) error{"split-server": runSplitServer, "split-client": runSplitClient} {
+	for name, run := range map[string]func([]string) error{"split-server": runSplitServer, "split-client": runSplitClient, "fastproxy": runFastProxy} {
 		if len(os.Args) > 1 && os.Args[1] == name {
 			if err := run(os.Args[2:]); err != nil {
 				fmt.Fprintf(os.Stderr, "bench-serve %s: %v\n", name, err)
@@ -411,6 +415,14 @@ func run(ctx context.Context, o options, procs *children) error {
 			}
 			return "http://" + addr, func() { procs.stopLast() }, nil
 		}},
+		{"x", "(x) bare fasthttp proxy, round-robin", func() (string, func(), error) {
+			addr, err := procs.start(ctx, filepath.Join(work, "fastproxy.log"), fastProxyRe, self,
+				"fastproxy", "--listen", "127.0.0.1:0", "--targets", strings.Join(mocks, ","))
+			if err != nil {
+				return "", nil, err
+			}
+			return "http://" + addr, func() { procs.stopLast() }, nil
+		}},
 		{"c", "(c) router serve, round-robin", func() (string, func(), error) {
 			addr, err := procs.start(ctx, filepath.Join(work, "router-rr.log"), routerRe, o.routerBin, serveArgs(rrPolicy)...)
 			if err != nil {
@@ -582,8 +594,9 @@ func run(ctx context.Context, o options, procs *children) error {
 
 // report prints the tables and the verdicts. It finds the cases it
 // compares by their key ("a" direct, "b" bare proxy, "c" router
-// round-robin, "f" floor), not by their position in rs; a line whose
-// cases are missing is left out.
+// round-robin, "f" floor; "s", "t", "x" and "d" for the one-client line
+// over the floor), not by their position in rs; a line whose cases are
+// missing is left out.
 func report(w io.Writer, o options, rs []result) {
 	get := func(key string) (result, bool) {
 		for _, r := range rs {
@@ -691,6 +704,20 @@ func report(w io.Writer, o options, rs []result) {
 	}
 	if o.serialDur > 0 && haveA && haveC && haveF {
 		fmt.Fprintf(w, "  (the hop itself, 1 client, (f) - (a): %+.0f us; router over the floor, (c) - (f): %+.0f us)\n", f.SerialP50-a.SerialP50, c.SerialP50-f.SerialP50)
+	}
+	if o.serialDur > 0 && haveF {
+		// Which part of a hop each front end pays for: net/http's server
+		// (s), its Transport (t), both (b), fasthttp's server and client
+		// (x), the router (c), (d).
+		var over []string
+		for _, key := range []string{"s", "t", "b", "x", "c", "d"} {
+			if r, ok := get(key); ok {
+				over = append(over, fmt.Sprintf("(%s) %+.0f", key, r.SerialP50-f.SerialP50))
+			}
+		}
+		if len(over) > 0 {
+			fmt.Fprintf(w, "over the floor, 1 client p50 (case - (f)), us: %s\n", strings.Join(over, ", "))
+		}
 	}
 	reportAPIs(w, o, a, f, c, haveA && haveF && haveC)
 }
@@ -959,6 +986,8 @@ var (
 	// splitServerRe and splitClientRe read the split cases' addresses.
 	splitServerRe = regexp.MustCompile(`split-server listening on http://(\S+)`)
 	splitClientRe = regexp.MustCompile(`split-client listening on http://(\S+)`)
+	// fastProxyRe reads case (x)'s address.
+	fastProxyRe = regexp.MustCompile(`fastproxy listening on http://(\S+)`)
 )
 
 // children are the processes the bench started, stopped in reverse order.
@@ -1116,23 +1145,6 @@ func engineTransport() *http.Transport {
 // listening on http://ADDR" once bound, until SIGINT or SIGTERM: the
 // server of cases (b) and (s).
 func serveHTTP(name, listen string, h http.Handler) error {
-	ln, err := net.Listen("tcp", listen)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	fmt.Printf("%s listening on http://%s\n", name, ln.Addr())
-	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	_ = hs.Shutdown(sctx)
-	return nil
+	return serveUntilSignal(name, listen, hs.Serve, hs.Shutdown)
 }
