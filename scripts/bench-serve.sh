@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # make bench-serve: the loopback load generator of issue 6 (bench/serve).
 # One run measures (a) direct to one mock worker, (f) the floor of a hop (a
-# minimal HTTP/1.1 forwarder), (b) a bare httputil.ReverseProxy
-# round-robin, (c) `router serve` round-robin and
+# minimal HTTP/1.1 forwarder), (s) net/http's server with the floor's
+# client and (t) the floor's server with net/http's Transport (which half
+# of net/http a hop pays for), (b) a bare httputil.ReverseProxy
+# round-robin, (x) the same bare proxy on fasthttp, server and client,
+# (c) `router serve` round-robin and
 # (d) `router serve` with the default KV policy, (g) the same with the
 # template plugin as its shadow (shadow mode's cost), (e) `router serve` with an
 # out-of-process scorer (the template plugin) under 64 clients against one
