@@ -370,32 +370,12 @@ func checkReplay(t *testing.T, addr string, seen []kvMsg) {
 	}
 }
 
-// freePorts returns a port p such that p and p+1 were free a moment ago.
-func freePorts(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		l1, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		p := l1.Addr().(*net.TCPAddr).Port
-		l2, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+1)))
-		l1.Close()
-		if err == nil {
-			l2.Close()
-			return p
-		}
-	}
-	t.Fatal("no two consecutive free ports")
-	return 0
-}
-
 // TestKVEventsDataParallel: rank N publishes on the endpoint's port + N
 // with data_parallel_rank N, only the events of its own cache.
 func TestKVEventsDataParallel(t *testing.T) {
-	port := freePorts(t)
-	s, url := startServer(t, Config{Model: testModel, DataParallelSize: 2,
-		KVEventsEndpoint: "tcp://127.0.0.1:" + strconv.Itoa(port)})
+	s, url, port := startOnFreeRange(t, 2, func(p int) Config {
+		return Config{Model: testModel, DataParallelSize: 2, KVEventsEndpoint: "tcp://127.0.0.1:" + strconv.Itoa(p)}
+	})
 	subs := make([]*kvSub, 2)
 	for r := range subs {
 		pub, replay := s.KVEventsAddr(r)

@@ -38,6 +38,40 @@ func startServer(t *testing.T, cfg Config) (*Server, string) {
 	return s, ts.URL
 }
 
+// startOnFreeRange runs a mock engine like startServer with mk(p)'s
+// configuration, p the first of n consecutive ports free a moment ago
+// (freeRange): for the KV-event endpoints whose ranks take the
+// configured port + rank, as vLLM's and SGLang's do. Another process can
+// take one of those ports between the check and the bind; such a start
+// is tried again on another range, up to 20 times.
+func startOnFreeRange(t *testing.T, n int, mk func(p int) Config) (s *Server, url string, p int) {
+	t.Helper()
+	for range 20 {
+		p = freeRange(t, n)
+		cfg := mk(p)
+		if cfg.Speedup == 0 {
+			cfg.Speedup = 50
+		}
+		var err error
+		if s, err = New(cfg); err != nil {
+			if strings.Contains(err.Error(), "address already in use") {
+				t.Logf("ports %d-%d: %v; another range", p, p+n-1, err)
+				continue
+			}
+			t.Fatal(err)
+		}
+		t.Cleanup(s.Close)
+		ts := httptest.NewServer(s)
+		t.Cleanup(func() {
+			ts.Close()
+			http.DefaultClient.CloseIdleConnections()
+		})
+		return s, ts.URL, p
+	}
+	t.Fatalf("no %d consecutive ports stayed free for a start in 20 tries", n)
+	return nil, "", 0
+}
+
 func post(t *testing.T, url string, body any) (*http.Response, []byte) {
 	t.Helper()
 	b, err := json.Marshal(body)

@@ -35,10 +35,11 @@ func TestSGLang(t *testing.T) {
 	cfg := sim.DefaultConfig()
 	cfg.BlockSize = 4 // SGLang's page_size
 	cfg.TotalKVBlocks = 1000
-	p := freeRange(t, 2)
-	ep := "tcp://127.0.0.1:" + strconv.Itoa(p)
-	s, url := startServer(t, Config{Model: testModel, Engine: EngineSGLang, Sim: cfg, Tokenizer: testTokenizer(t),
-		KVEventsEndpoint: ep, KVEventsReplayEndpoint: "tcp://127.0.0.1:0", KVEventsAdvertiseHost: "*"})
+	tok := testTokenizer(t)
+	s, url, p := startOnFreeRange(t, 2, func(p int) Config {
+		return Config{Model: testModel, Engine: EngineSGLang, Sim: cfg, Tokenizer: tok,
+			KVEventsEndpoint: "tcp://127.0.0.1:" + strconv.Itoa(p), KVEventsReplayEndpoint: "tcp://127.0.0.1:0", KVEventsAdvertiseHost: "*"}
+	})
 
 	for _, path := range []string{"/server_info", "/get_server_info"} {
 		resp, err := http.Get(url + path)

@@ -257,10 +257,11 @@ func TestKVEventSources(t *testing.T) {
 		}
 		return b
 	}
-	p := freeRange(t, 6)
 	ep := func(port int) string { return "tcp://127.0.0.1:" + strconv.Itoa(port) }
-	_, url := startServer(t, Config{DataParallelSize: 2, KVEventsEndpoint: ep(p), KVEventsReplayEndpoint: ep(p + 2),
-		KVEventsSnapshotEndpoint: ep(p + 4), KVEventsTopic: "kv"})
+	_, url, p := startOnFreeRange(t, 6, func(p int) Config {
+		return Config{DataParallelSize: 2, KVEventsEndpoint: ep(p), KVEventsReplayEndpoint: ep(p + 2),
+			KVEventsSnapshotEndpoint: ep(p + 4), KVEventsTopic: "kv"}
+	})
 	want := fmt.Sprintf(`{"sources":[`+
 		`{"data_parallel_rank":0,"endpoint":"tcp://127.0.0.1:%d","replay_endpoint":"tcp://127.0.0.1:%d","snapshot_endpoint":"tcp://127.0.0.1:%d","topic":"kv"},`+
 		`{"data_parallel_rank":1,"endpoint":"tcp://127.0.0.1:%d","replay_endpoint":"tcp://127.0.0.1:%d","snapshot_endpoint":"tcp://127.0.0.1:%d","topic":"kv"}]}`,
@@ -269,8 +270,9 @@ func TestKVEventSources(t *testing.T) {
 		t.Fatalf("sources\n%s\nwant\n%s", got, want)
 	}
 
-	p = freeRange(t, 2)
-	_, url = startServer(t, Config{DataParallelSize: 2, KVEventsEndpoint: ep(p), KVEventSources: SourcesArray, KVEventsAdvertiseHost: "*"})
+	_, url, p = startOnFreeRange(t, 2, func(p int) Config {
+		return Config{DataParallelSize: 2, KVEventsEndpoint: ep(p), KVEventSources: SourcesArray, KVEventsAdvertiseHost: "*"}
+	})
 	want = fmt.Sprintf(`[{"data_parallel_rank":0,"endpoint":"tcp://*:%d","replay_endpoint":null,"topic":""},`+
 		`{"data_parallel_rank":1,"endpoint":"tcp://*:%d","replay_endpoint":null,"topic":""}]`, p, p+1)
 	if got := string(get(url)); got != want {
@@ -279,8 +281,7 @@ func TestKVEventSources(t *testing.T) {
 
 	// A wildcard configured is reported as configured, and listens on
 	// every interface.
-	p = freeRange(t, 1)
-	_, url = startServer(t, Config{KVEventsEndpoint: "tcp://*:" + strconv.Itoa(p)})
+	_, url, p = startOnFreeRange(t, 1, func(p int) Config { return Config{KVEventsEndpoint: "tcp://*:" + strconv.Itoa(p)} })
 	if got, want := string(get(url)), fmt.Sprintf(`{"sources":[{"data_parallel_rank":0,"endpoint":"tcp://*:%d","replay_endpoint":null,"topic":""}]}`, p); got != want {
 		t.Fatalf("wildcard sources\n%s\nwant\n%s", got, want)
 	}
