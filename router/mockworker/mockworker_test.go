@@ -22,20 +22,32 @@ const testModel = "test-model"
 // startServer runs a mock engine behind a real HTTP server on 127.0.0.1:0.
 func startServer(t *testing.T, cfg Config) (*Server, string) {
 	t.Helper()
-	if cfg.Speedup == 0 {
-		cfg.Speedup = 50
-	}
-	s, err := New(cfg)
+	s, err := New(testSpeed(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s, serveMock(t, s)
+}
+
+// testSpeed gives cfg the tests' default Speedup, 50, when it sets none.
+func testSpeed(cfg Config) Config {
+	if cfg.Speedup == 0 {
+		cfg.Speedup = 50
+	}
+	return cfg
+}
+
+// serveMock serves s on 127.0.0.1:0 until the test ends and returns its
+// URL; s is closed then too.
+func serveMock(t *testing.T, s *Server) string {
+	t.Helper()
 	t.Cleanup(s.Close)
 	ts := httptest.NewServer(s)
 	t.Cleanup(func() {
 		ts.Close()
 		http.DefaultClient.CloseIdleConnections()
 	})
-	return s, ts.URL
+	return ts.URL
 }
 
 // startOnFreeRange runs a mock engine like startServer with mk(p)'s
@@ -48,25 +60,15 @@ func startOnFreeRange(t *testing.T, n int, mk func(p int) Config) (s *Server, ur
 	t.Helper()
 	for range 20 {
 		p = freeRange(t, n)
-		cfg := mk(p)
-		if cfg.Speedup == 0 {
-			cfg.Speedup = 50
-		}
 		var err error
-		if s, err = New(cfg); err != nil {
+		if s, err = New(testSpeed(mk(p))); err != nil {
 			if strings.Contains(err.Error(), "address already in use") {
 				t.Logf("ports %d-%d: %v; another range", p, p+n-1, err)
 				continue
 			}
 			t.Fatal(err)
 		}
-		t.Cleanup(s.Close)
-		ts := httptest.NewServer(s)
-		t.Cleanup(func() {
-			ts.Close()
-			http.DefaultClient.CloseIdleConnections()
-		})
-		return s, ts.URL, p
+		return s, serveMock(t, s), p
 	}
 	t.Fatalf("no %d consecutive ports stayed free for a start in 20 tries", n)
 	return nil, "", 0
