@@ -161,7 +161,10 @@ func (f *feedSink) Clear() {
 
 // AddWorker joins s to the Router's fleet (workers.Membership) and, when
 // its worker has a KV-event source for the candidate's rank, starts the
-// candidate's subscriber if it has none.
+// candidate's subscriber if it has none. A clustered candidate whose
+// content the warm-start snapshot holds (cluster.Replica.Pending) has it
+// imported first, by importJoined on its own goroutine, which then starts
+// the subscriber: the worker manager calls AddWorker holding its lock.
 func (k *kvSubs) AddWorker(s fleet.Spec) (*fleet.Worker, error) {
 	w, err := k.r.AddWorker(s)
 	if err != nil {
