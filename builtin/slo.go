@@ -20,7 +20,6 @@ const (
 	ParamOnMiss       = "on_miss"
 	ParamLateness     = "tolerance"
 	ParamDivert       = "divert"
-	ParamWaitMiss     = "wait_miss_share"
 )
 
 // DefaultTTFTHeadroom and DefaultTPOTHeadroom are the slo filter's
@@ -127,7 +126,6 @@ type SLO struct {
 	ttftHead, tpotHead float64
 	onMiss             shared.SLOMiss
 	divert             string
-	waitMiss           float64 // wait_miss_share
 }
 
 // SLOType describes the slo filter.
@@ -157,9 +155,6 @@ func SLOType() shared.TypeInfo {
 					"candidate, then and on a least-late miss, so the filter only holds (wait) or refuses (reject); " +
 					"\"classes\" is never unless the candidates span more than one worker class (switchyard.io/class), " +
 					"and then keeps those predicted to meet the TTFT target."},
-			{Name: ParamWaitMiss, Type: shared.Number,
-				Doc: "wait applies only while at least this share of the recent requests with a TTFT target missed it " +
-					"(shared.SLO.MissShare); below it the request goes least-late. 0 to 1; default 0 (always)."},
 		},
 		Doc: "Keeps the candidates predicted (LATENCY) to meet the request's TTFT and TPOT targets " +
 			"with headroom; when none does: the least late, wait in the queue, or refuse with 429.",
@@ -194,12 +189,6 @@ func NewSLO(p shared.Params) (*SLO, error) {
 			if math.IsNaN(*h.v) || *h.v < h.lo || *h.v > 10 {
 				return nil, &shared.ParamError{Param: h.name, Err: fmt.Errorf("must be in [%v, 10], got %v", h.lo, *h.v)}
 			}
-		}
-	}
-	if p.Has(ParamWaitMiss) {
-		s.waitMiss = p.Float(ParamWaitMiss, 0)
-		if math.IsNaN(s.waitMiss) || s.waitMiss < 0 || s.waitMiss > 1 {
-			return nil, &shared.ParamError{Param: ParamWaitMiss, Err: fmt.Errorf("must be in [0, 1], got %v", s.waitMiss)}
 		}
 	}
 	if p.Has(ParamOnMiss) {
@@ -324,7 +313,7 @@ func (s *SLO) Filter(_ context.Context, req *shared.Request, c *shared.Candidate
 		// (measured: waiting with an idle row lost 0.2-0.6 pp of goodput
 		// to the default at 16 workers; BENCHMARKS.md, "SLO-aware
 		// routing"). Without a TTFT target there is none to wait for.
-		if slo.TTFT > 0 && metTTFT == 0 && ttftLeft > 0 && slo.MissShare >= s.waitMiss && allBusy(c) {
+		if slo.TTFT > 0 && metTTFT == 0 && ttftLeft > 0 && allBusy(c) {
 			return shared.ErrAllBusy
 		}
 	}

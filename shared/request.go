@@ -90,13 +90,6 @@ type SLO struct {
 	// when this selection runs (set by admission): the TTFT left for the
 	// engine is TTFT - Waited.
 	Waited time.Duration
-	// MissShare is the share, 0 to 1, of the recent requests with a TTFT
-	// target, of the router (its admission layer) placing this one, that
-	// missed theirs: the last admission.MissWindow to reach their first
-	// token, or to end without one after their target had passed (set by
-	// admission with Waited, before every placement; 0 before any
-	// reached either). In-process only: not on the plugin wire.
-	MissShare float64
 }
 
 // Has reports whether s sets a target.

@@ -163,9 +163,6 @@ type Controller struct {
 	dispatchMu sync.Mutex
 	blocked    []bool
 	closed     atomic.Bool
-	// misses is the TTFT outcome of the latest requests with a TTFT
-	// target (shared.SLO.MissShare).
-	misses missWindow
 }
 
 // New returns a Controller that places requests through core.
@@ -190,7 +187,6 @@ func New(core *router.Router, o Options) (*Controller, error) {
 		obs:      o.Observer,
 	}
 	c.live.init()
-	c.misses.init()
 	c.defaultSLO, c.sloOn = o.DefaultSLO, o.DefaultSLO.Has() || o.DefaultSLO.OnMiss != shared.SLOMissDefault
 	for _, cl := range o.Queue.Classes {
 		if cl.SLO.Has() || cl.SLO.OnMiss != shared.SLOMissDefault {
@@ -386,7 +382,6 @@ func (c *Controller) applySLO(h *Handle) {
 func (h *Handle) setWaited(now time.Time) {
 	if h.req.SLO.Has() {
 		h.req.SLO.Waited = max(now.Sub(h.start), 0)
-		h.req.SLO.MissShare = h.c.misses.share()
 	}
 }
 

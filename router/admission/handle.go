@@ -43,8 +43,6 @@ type Handle struct {
 	// when the decision learns (router.Decision.Learn).
 	sentAt, firstAt time.Time
 	untimed         bool // Untimed: a whole answer, no timing to learn from
-	ttftRecorded    bool // its TTFT outcome is in the Controller's missWindow
-	firstTok        time.Time
 	// booking is the storage of the request's booking (no allocation per
 	// request); decision.Booking points here while it is dispatched.
 	booking fleet.Booking
@@ -163,7 +161,6 @@ func (h *Handle) FirstToken() {
 	}
 	h.first = true
 	h.decision.Booking.PrefillDone()
-	h.recordTTFT(h.c.now(), true)
 	if h.decision.Learn && !h.untimed {
 		h.firstAt = h.c.now()
 		h.c.core.ObserveFirstToken(&h.decision, h.firstAt.Sub(h.sentAt))
@@ -212,14 +209,10 @@ func (h *Handle) End(o Outcome) {
 		ev.Worker, ev.HasWorker = h.decision.Worker.ID, true
 		if o.Completed {
 			ev.Kind, ev.ContextTokens, ev.Reason = shared.EventCompleted, o.ContextTokens, ""
-			h.recordEnd(c.now(), o.ContextTokens)
 			if h.decision.Learn {
 				h.learnEnd(o.ContextTokens)
 			}
 		}
-	}
-	if !h.first {
-		h.recordTTFT(c.now(), false)
 	}
 	h.state = stateEnded
 	if h.err == nil {
@@ -372,7 +365,6 @@ func (h *Handle) fail(err error) {
 		close(h.ready)
 	}
 	h.state, h.err = stateEnded, err
-	h.recordTTFT(h.c.now(), false)
 	h.c.live.remove(h.req.ID, h)
 	h.c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Reason: err.Error()})
 }
@@ -405,7 +397,6 @@ func (h *Handle) refuse(err error, now time.Time) bool {
 		return false
 	}
 	h.state, h.err, h.waited = stateEnded, err, now.Sub(h.arrival)
-	h.recordTTFT(now, false)
 	h.c.live.remove(h.req.ID, h)
 	h.c.bus.emit(shared.Event{Kind: shared.EventAborted, RequestID: h.req.ID, Reason: err.Error(), At: now})
 	close(h.ready)
