@@ -192,34 +192,21 @@ func (s *KVAffinity) Score(_ context.Context, req *shared.Request, c *shared.Can
 		return nil
 	}
 	loads := c.Load[:n]
-	minActive, maxActive, sumActive := loads[0].ActiveRequests, loads[0].ActiveRequests, int64(0)
-	for i := range loads {
-		a := loads[i].ActiveRequests
-		if a < minActive {
-			minActive = a
-		}
-		if a > maxActive {
-			maxActive = a
-		}
-		sumActive += a
-	}
-	affinity := s.affinity
-	if s.balanceRel > 0 && float64(maxActive-minActive) > s.balanceAbs && float64(maxActive) > s.balanceRel*float64(minActive) {
-		affinity = 0
-	}
-	bound := s.spillFactor*float64(sumActive)/float64(n) + 1
-	spill := s.spillFactor > 0 && float64(maxActive) > bound
 	bs := float64(req.BlockSize)
 	prompt := float64(req.PromptTokens) / bs
 	overlap := c.OverlapBlocks[:n]
 	capacity := c.TotalKVBlocks[:n]
 	costs = costs[:n]
-	for i := range loads {
-		l := &loads[i]
-		unsent, decode := kvLoad(l, capacity[i], s.engineLoad)
-		pending := float64(l.ActivePrefillTokens)/bs + float64(unsent)*prompt
-		costs[i] = pending + prompt - affinity*float64(overlap[i]) + s.decodeWeight*decode
+	// One pass writes the costs with the prefix credited and gathers the
+	// in-flight counts' range and sum; the imbalance switch, which those
+	// decide after the pass, rarely turns the credit off, and then a
+	// second pass writes the costs again without it.
+	minActive, maxActive, sumActive := s.costs(loads, overlap, capacity, costs, bs, prompt, s.affinity)
+	if s.affinity != 0 && s.balanceRel > 0 && float64(maxActive-minActive) > s.balanceAbs && float64(maxActive) > s.balanceRel*float64(minActive) {
+		s.costs(loads, overlap, capacity, costs, bs, prompt, 0)
 	}
+	bound := s.spillFactor*float64(sumActive)/float64(n) + 1
+	spill := s.spillFactor > 0 && float64(maxActive) > bound
 	if !spill {
 		return nil
 	}
@@ -239,6 +226,25 @@ func (s *KVAffinity) Score(_ context.Context, req *shared.Request, c *shared.Can
 		}
 	}
 	return nil
+}
+
+// costs writes each row's cost with the given prefix credit (affinity
+// prefill blocks per held block) into costs, bs being the request's block
+// size and prompt its length in blocks, and returns the smallest, the
+// largest and the sum of the rows' in-flight request counts.
+func (s *KVAffinity) costs(loads []shared.Load, overlap []int32, capacity []int64, costs []float64, bs, prompt, affinity float64) (minActive, maxActive, sumActive int64) {
+	minActive, maxActive = loads[0].ActiveRequests, loads[0].ActiveRequests
+	for i := range loads {
+		l := &loads[i]
+		a := l.ActiveRequests
+		minActive = min(minActive, a)
+		maxActive = max(maxActive, a)
+		sumActive += a
+		unsent, decode := kvLoad(l, capacity[i], s.engineLoad)
+		pending := float64(l.ActivePrefillTokens)/bs + float64(unsent)*prompt
+		costs[i] = pending + prompt - affinity*float64(overlap[i]) + s.decodeWeight*decode
+	}
+	return minActive, maxActive, sumActive
 }
 
 // Interface guard.

@@ -1083,10 +1083,7 @@ func (r *Router) fill(c *shared.Candidates, in shared.Inputs, req *shared.Reques
 		}
 	}
 	if in.Has(shared.InputLoad) {
-		load := c.Load[:len(part.Workers)]
-		for i, w := range part.Workers {
-			w.LoadInto(&load[i], r.bookingsAreLoad)
-		}
+		fleet.FillLoads(part.Workers, c.Load, r.bookingsAreLoad)
 	}
 	if in.Has(shared.InputCapacity) {
 		copy(c.TotalKVBlocks, part.KVBlocks)

@@ -143,6 +143,34 @@ func TestEngineLoadMakesAvailable(t *testing.T) {
 	}
 }
 
+// FillLoads overwrites every field of a reused column: a row whose engine
+// has not reported keeps none of the last selection's engine figures.
+func TestFillLoadsOverwritesTheColumn(t *testing.T) {
+	f := New()
+	reported, silent := add(t, f, 1, shared.RoleAggregated), add(t, f, 2, shared.RoleAggregated)
+	reported.SetEngineLoad(&EngineLoad{KVUsage: 0.25, HasKVUsage: true, Waiting: 3, HasWaiting: true})
+	var b Booking
+	if BookOver(&b, silent, 100, 700, 9) == nil {
+		t.Fatal("no booking")
+	}
+	stale := shared.Load{ActivePrefillTokens: 1, ActiveDecodeBlocks: 1, ActiveRequests: 1, Available: true, KVUsage: 0.9, HasKVUsage: true, Waiting: 8, HasWaiting: true}
+	loads := []shared.Load{stale, stale, stale}
+	FillLoads([]*Worker{reported, silent}, loads, false)
+	want := []shared.Load{
+		{Available: true, KVUsage: 0.25, HasKVUsage: true, Waiting: 3, HasWaiting: true},
+		{ActivePrefillTokens: 700, ActiveDecodeBlocks: 9, ActiveRequests: 1},
+		stale, // past the workers: untouched
+	}
+	if diff := cmp.Diff(want, loads); diff != "" {
+		t.Fatalf("loads (-want +got):\n%s", diff)
+	}
+	for i, w := range []*Worker{reported, silent} {
+		if got := w.Load(false); got != want[i] {
+			t.Errorf("worker %d: Load = %+v, FillLoads wrote %+v", w.ID, got, want[i])
+		}
+	}
+}
+
 func TestAddWorkersAllOrNothing(t *testing.T) {
 	f := New()
 	ws, err := f.AddWorkers(

@@ -141,6 +141,20 @@ func TestRunErrors(t *testing.T) {
 				var e *shared.NonFiniteCostError
 				return errors.As(err, &e) && e.Scorer == 0 && e.Row == 1 && e.Name == "nan" && math.IsNaN(e.Cost)
 			}},
+		{"non-finite first cost at weight 1", policy.Policy{Scorers: []policy.WeightedScorer{{Name: "nan", Weight: 1, Scorer: nan}}, Picker: lowest}, 3,
+			func(err error) bool {
+				var e *shared.NonFiniteCostError
+				return errors.As(err, &e) && e.Scorer == 0 && e.Row == 1 && e.Name == "nan" && math.IsNaN(e.Cost)
+			}},
+		// Nine rows: the infinite one is past the weight-1 check's groups of four.
+		{"infinite first cost at weight 1 in the last row", policy.Policy{Scorers: []policy.WeightedScorer{{Name: "inf", Weight: 1, Scorer: scorerFunc(func(_ *shared.Candidates, costs []float64) error {
+			costs[8] = math.Inf(-1)
+			return nil
+		})}}, Picker: lowest}, 9,
+			func(err error) bool {
+				var e *shared.NonFiniteCostError
+				return errors.As(err, &e) && e.Row == 8 && math.IsInf(e.Cost, -1)
+			}},
 		{"weighted sum overflows", policy.Policy{Scorers: []policy.WeightedScorer{{Name: "big", Weight: 1e308, Scorer: scorerFunc(func(_ *shared.Candidates, costs []float64) error {
 			costs[2] = 10
 			return nil

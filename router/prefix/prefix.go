@@ -119,8 +119,7 @@ type Index struct {
 	// approximate lists hold it, each once. The slices are never modified
 	// once stored.
 	holders *xsync.Map[uint64, []int32]
-	// depths pools Fill's per-slot scratch (*[]int32, all zero when
-	// pooled).
+	// depths pools Fill's per-slot scratch (*depthScratch).
 	depths sync.Pool
 	// live counts precise candidates whose stream is live, so Fill skips
 	// the precise pass when there are none.
@@ -554,17 +553,18 @@ func (x *Index) FillAt(slots []int32, hashes []uint64, blockSize int, prompt sha
 // takes no lock and allocates nothing.
 func (x *Index) FillTiersAt(slots []int32, hashes []uint64, blockSize int, prompt shared.PromptKey, overlap, cpu []int32) {
 	members := *x.bySlot.Load()
-	p, _ := x.depths.Get().(*[]int32)
-	if p == nil || len(*p) < len(members) {
-		d := make([]int32, len(members))
-		p = &d
+	ds, _ := x.depths.Get().(*depthScratch)
+	if ds == nil {
+		ds = new(depthScratch)
 	}
-	depth := *p
-	// depth[s] is how many leading blocks slot s holds: it advances from k
-	// to k+1 only while s held every block before block k. A run of
-	// blocks [start, k) sharing one list advances the slots of that list
-	// at depth start to k in one pass, as block-by-block passes would.
-	var first, run []int32
+	depth, stamp := ds.begin(len(members))
+	// depth[s] is stamp|d for the d leading blocks slot s holds (any
+	// other stamp: 0): d advances from k to k+1 only while s held every
+	// block before block k. A run of blocks [start, k) sharing one list
+	// advances the slots of that list at depth start to k in one pass,
+	// as block-by-block passes would. The stamp, new for every call,
+	// stands for clearing the slots the last call set.
+	var run []int32
 	start := 0
 	for k := 0; k <= len(hashes); k++ {
 		var hs []int32
@@ -576,10 +576,23 @@ func (x *Index) FillTiersAt(slots []int32, hashes []uint64, blockSize int, promp
 		}
 		if k > 0 {
 			advanced := false
-			for _, s := range run {
-				if int(s) < len(depth) && depth[s] == int32(start) {
-					depth[s] = int32(k)
-					advanced = true
+			if start == 0 {
+				// The first run: every slot in it is at depth 0, that is
+				// of an older stamp (a slot listed twice: the second
+				// finds it advanced).
+				for _, s := range run {
+					if int(s) < len(depth) && depth[s]&stampMask != stamp {
+						depth[s] = stamp | uint64(k)
+						advanced = true
+					}
+				}
+			} else {
+				from := stamp | uint64(start)
+				for _, s := range run {
+					if int(s) < len(depth) && depth[s] == from {
+						depth[s] = stamp | uint64(k)
+						advanced = true
+					}
 				}
 			}
 			if !advanced {
@@ -589,18 +602,18 @@ func (x *Index) FillTiersAt(slots []int32, hashes []uint64, blockSize int, promp
 		if len(hs) == 0 {
 			break
 		}
-		if k == 0 {
-			first = hs
-		}
 		run, start = hs, k
 	}
 	for i, s := range slots {
-		if s < 0 || int(s) >= len(depth) {
-			overlap[i] = 0
-			continue
+		var d int32
+		if s >= 0 && int(s) < len(depth) {
+			if v := depth[s]; v&stampMask == stamp {
+				d = int32(uint32(v))
+			}
 		}
-		overlap[i] = depth[s]
+		overlap[i] = d
 	}
+	x.depths.Put(ds)
 	if cpu != nil {
 		clear(cpu[:len(slots)])
 	}
@@ -621,13 +634,34 @@ func (x *Index) FillTiersAt(slots []int32, hashes []uint64, blockSize int, promp
 			}
 		}
 	}
-	// Only the first block's holders can have left 0.
-	for _, s := range first {
-		if int(s) < len(depth) {
-			depth[s] = 0
-		}
+}
+
+// stampMask selects a depthScratch entry's stamp (its upper 32 bits).
+const stampMask uint64 = 0xffff_ffff_0000_0000
+
+// depthScratch is FillTiersAt's per-slot scratch: entry s is the call's
+// stamp (upper 32 bits) and slot s's depth in blocks (lower 32), an
+// entry of any other stamp standing for depth 0. A new stamp per call
+// clears every entry at once, so a call writes only the slots its
+// prefix's holders name, never resets them, and reads the others as 0.
+type depthScratch struct {
+	depth []uint64
+	stamp uint64 // the last call's, in the upper 32 bits; 0 before the first
+}
+
+// begin returns the scratch for n slots and this call's stamp. When the
+// 32-bit stamp wraps it clears the entries, so no entry of 2^32 calls
+// before reads as this call's.
+func (d *depthScratch) begin(n int) ([]uint64, uint64) {
+	if len(d.depth) < n {
+		d.depth = make([]uint64, n) // zero entries: stamp 0, never a call's
 	}
-	x.depths.Put(p)
+	d.stamp += 1 << 32
+	if d.stamp == 0 {
+		clear(d.depth)
+		d.stamp = 1 << 32
+	}
+	return d.depth, d.stamp
 }
 
 // Len returns the number of blocks (of any size) in the candidate's

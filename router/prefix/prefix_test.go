@@ -439,3 +439,25 @@ func TestFillAgreesWithOverlap(t *testing.T) {
 		}
 	}
 }
+
+// An entry a call set 2^32 calls ago carries the stamp the wrapped counter
+// hands out again: begin clears the entries when it wraps, so the entry
+// reads as depth 0, not as the old call's depth.
+func TestDepthScratchStampWraps(t *testing.T) {
+	var d depthScratch
+	depth, first := d.begin(4)
+	if first != 1<<32 {
+		t.Fatalf("first stamp %#x, want 1<<32", first)
+	}
+	depth[2] = first | 5
+	d.stamp = stampMask // the last call had the largest stamp
+	depth, again := d.begin(4)
+	if again != first || depth[2] != 0 {
+		t.Fatalf("after the wrap: stamp %#x (want %#x), entry %#x (want 0)", again, first, depth[2])
+	}
+	// Growing keeps counting and reads every new entry as depth 0.
+	depth, grown := d.begin(8)
+	if len(depth) != 8 || grown != again+1<<32 || depth[7] != 0 {
+		t.Fatalf("grown: len %d stamp %#x entry %#x", len(depth), grown, depth[7])
+	}
+}
