@@ -36,6 +36,20 @@ func (l *lru) touch(h uint64) bool {
 	return true
 }
 
+// frontIs reports whether the list begins with hashes, in their order
+// (hashes[0] most recent): then recording them would leave the list as it
+// is. At most len(hashes)+1 steps along the list, no lookup.
+func (l *lru) frontIs(hashes []uint64) bool {
+	i := l.order.Front()
+	for _, h := range hashes {
+		if i == ilist.None || l.hash[i] != h {
+			return false
+		}
+		i = l.order.Next(i)
+	}
+	return true
+}
+
 // insert adds an absent h at the front; when full it evicts the least
 // recently used hash first and returns it.
 func (l *lru) insert(h uint64) (evicted uint64, ok bool) {

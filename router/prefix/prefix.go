@@ -362,7 +362,7 @@ func (x *Index) member(c Candidate) *member {
 // capacity evict the least recently used. Unknown candidates are ignored.
 // A precise candidate records too: its approximate list is what it is
 // scored by while its stream is cold.
-func (x *Index) Record(c Candidate, hashes []uint64) { x.RecordOverlapAt(c, hashes, 0, nil) }
+func (x *Index) Record(c Candidate, hashes []uint64) { x.record(c, hashes, 0, nil, false) }
 
 // RecordOverlap is Record, also returning what Overlap returned just
 // before it, under one lock of the candidate's list instead of two. 0 for
@@ -376,12 +376,20 @@ func (x *Index) RecordOverlap(c Candidate, hashes []uint64, prompt shared.Prompt
 // block (the size its hashes were cut at, the unit of the overlap
 // returned; <= 0: the index's default).
 func (x *Index) RecordOverlapAt(c Candidate, hashes []uint64, blockSize int, prompt shared.PromptKey) int {
+	return x.record(c, hashes, blockSize, prompt, true)
+}
+
+// record is RecordOverlapAt; without count it returns 0 and skips the
+// count (a lookup per leading block).
+func (x *Index) record(c Candidate, hashes []uint64, blockSize int, prompt shared.PromptKey, count bool) int {
 	m := x.member(c)
 	if m == nil {
 		return 0
 	}
 	blocks, ok := -1, false
-	if m.precise != nil {
+	if !count {
+		blocks, ok = 0, true
+	} else if m.precise != nil {
 		var tokens int
 		if tokens, ok = m.precise.overlapTokens(prompt); ok {
 			blocks = tokens / x.size(blockSize)
@@ -395,6 +403,15 @@ func (x *Index) RecordOverlapAt(c Candidate, hashes []uint64, blockSize int, pro
 	defer l.mu.Unlock()
 	if l.dead {
 		return 0
+	}
+	// The same prompt recorded again (a repeated request, a burst of one
+	// prompt) leaves the list as it is: the walk from the front is cheaper
+	// than a lookup and a move per block.
+	if l.frontIs(hashes) {
+		if !ok {
+			blocks = len(hashes)
+		}
+		return blocks
 	}
 	// Counted before recording: recording a long prompt can evict its own
 	// leading blocks before it reaches them.

@@ -1,10 +1,12 @@
 package prefix
 
 import (
+	"slices"
 	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/switchyard-router/switchyard/internal/ilist"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
@@ -459,5 +461,56 @@ func TestDepthScratchStampWraps(t *testing.T) {
 	depth, grown := d.begin(8)
 	if len(depth) != 8 || grown != again+1<<32 || depth[7] != 0 {
 		t.Fatalf("grown: len %d stamp %#x entry %#x", len(depth), grown, depth[7])
+	}
+}
+
+// Recording keeps the list in the order a naive recency list would: each
+// prompt's blocks most recent, its first block first, the least recent
+// evicted. The prompts repeat and nest often, so the front-match shortcut
+// (lru.frontIs) is taken, and not taken, many times.
+func TestRecordOrderMatchesNaiveRecency(t *testing.T) {
+	const capacity = 12
+	x := New(1)
+	c := cand(1)
+	if err := x.AddWorker(c, capacity); err != nil {
+		t.Fatal(err)
+	}
+	var naive []uint64 // front first
+	rng := uint64(7)
+	next := func(m int) int {
+		rng = rng*6364136223846793005 + 1442695040888963407
+		return int(rng>>33) % m
+	}
+	prompts := [][]uint64{hashes(1, 2, 3, 4), hashes(1, 2), hashes(1, 2, 3, 4, 5, 6), hashes(9, 8, 7), hashes(1, 5)}
+	shortcuts := 0
+	for step := range 2000 {
+		p := prompts[next(len(prompts))]
+		m := x.member(c)
+		m.lru.mu.Lock()
+		if m.lru.frontIs(p) {
+			shortcuts++
+		}
+		m.lru.mu.Unlock()
+		x.Record(c, p)
+		for i := len(p) - 1; i >= 0; i-- {
+			naive = slices.DeleteFunc(naive, func(h uint64) bool { return h == p[i] })
+			naive = append([]uint64{p[i]}, naive...)
+		}
+		if len(naive) > capacity {
+			naive = naive[:capacity]
+		}
+		var got []uint64
+		l := m.lru
+		l.mu.Lock()
+		for i := l.order.Front(); i != ilist.None; i = l.order.Next(i) {
+			got = append(got, l.hash[i])
+		}
+		l.mu.Unlock()
+		if !slices.Equal(got, naive) {
+			t.Fatalf("step %d: list %x, naive recency %x", step, got, naive)
+		}
+	}
+	if shortcuts < 100 || shortcuts > 1900 {
+		t.Fatalf("the shortcut was taken %d times of 2000: the test does not exercise both ways", shortcuts)
 	}
 }
