@@ -26,6 +26,7 @@ import (
 	"sync/atomic"
 
 	"github.com/puzpuzpuz/xsync/v4"
+	"github.com/switchyard-router/switchyard/internal/ilist"
 
 	"github.com/switchyard-router/switchyard/shared"
 )
@@ -342,6 +343,28 @@ func (e *holderEdits) add(hm *xsync.Map[uint64, []int32], h uint64, c int32, sin
 	})
 }
 
+// warm reads, without a lock, the holder-map entries that recording
+// hashes into l may edit: the blocks l lacks and, when l is full, as many
+// of its least recent blocks as it lacks (the ones their inserts evict).
+// Each edit then locks an entry's bucket already in cache: the lock is an
+// atomic read-modify-write, which waits for its cache miss alone, where
+// these plain reads' misses overlap.
+func (x *Index) warm(l *lru, hashes []uint64) {
+	missing := 0
+	for _, h := range hashes {
+		if _, ok := l.pos.get(h); !ok {
+			x.holders.Load(h)
+			missing++
+		}
+	}
+	if l.pos.len()+missing <= l.capacity {
+		return
+	}
+	for i, k := l.order.Back(), 0; i != ilist.None && k < missing; i, k = l.order.Prev(i), k+1 {
+		x.holders.Load(l.hash[i])
+	}
+}
+
 // member returns c's state, nil when untracked.
 // size returns bs, or the index's default block size when bs <= 0.
 func (x *Index) size(bs int) int {
@@ -418,6 +441,7 @@ func (x *Index) record(c Candidate, hashes []uint64, blockSize int, prompt share
 	if !ok {
 		blocks = l.leading(hashes)
 	}
+	x.warm(l, hashes)
 	var e holderEdits
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
