@@ -841,7 +841,7 @@ func (r *Router) book(req *shared.Request, d Decision, w *fleet.Worker, overlap 
 		d.Belief = r.index.BeliefAt(c, req.BlockHashes, bs, req.Prompt)
 	}
 	if known {
-		r.index.Record(c, req.BlockHashes)
+		r.index.RecordAt(w.Slot, c, req.BlockHashes)
 	} else {
 		// Before the prompt is added in flight below, which would count
 		// the request's own blocks as held.

@@ -81,6 +81,7 @@ type member struct {
 	// holder lists and of Fill's slots column. Kept while it is tracked
 	// (re-adding it keeps it), reused after it leaves.
 	slot    int32
+	cand    Candidate
 	lru     *lru
 	precise *Precise // nil in approximate mode
 	// capacity is the candidate's KV capacity in blocks of its hashes,
@@ -210,7 +211,7 @@ func (x *Index) AddWorkers(ms ...Member) ([]int32, error) {
 			unit = x.blockSize
 		}
 		p := x.precise[j.Candidate]
-		m := &member{slot: slot, lru: newLRU(slot, bound), precise: p, capacity: j.Capacity, capTokens: 2 * j.Capacity * unit}
+		m := &member{slot: slot, cand: j.Candidate, lru: newLRU(slot, bound), precise: p, capacity: j.Capacity, capTokens: 2 * j.Capacity * unit}
 		next[j.Candidate], slots[slot], out[i] = m, m, slot
 		if p != nil {
 			p.resize(m.capTokens)
@@ -385,7 +386,21 @@ func (x *Index) member(c Candidate) *member {
 // capacity evict the least recently used. Unknown candidates are ignored.
 // A precise candidate records too: its approximate list is what it is
 // scored by while its stream is cold.
-func (x *Index) Record(c Candidate, hashes []uint64) { x.record(c, hashes, 0, nil, false) }
+func (x *Index) Record(c Candidate, hashes []uint64) { x.record(x.member(c), hashes, 0, nil, false) }
+
+// RecordAt is Record given also the slot the caller read for c (Slot, a
+// partition's Slots column): the slot finds c's list without the lookup by
+// id, which a slot reused since by another candidate falls back to.
+func (x *Index) RecordAt(slot int32, c Candidate, hashes []uint64) {
+	var m *member
+	if members := *x.bySlot.Load(); slot >= 0 && int(slot) < len(members) {
+		m = members[slot]
+	}
+	if m == nil || m.cand != c {
+		m = x.member(c)
+	}
+	x.record(m, hashes, 0, nil, false)
+}
 
 // RecordOverlap is Record, also returning what Overlap returned just
 // before it, under one lock of the candidate's list instead of two. 0 for
@@ -399,13 +414,12 @@ func (x *Index) RecordOverlap(c Candidate, hashes []uint64, prompt shared.Prompt
 // block (the size its hashes were cut at, the unit of the overlap
 // returned; <= 0: the index's default).
 func (x *Index) RecordOverlapAt(c Candidate, hashes []uint64, blockSize int, prompt shared.PromptKey) int {
-	return x.record(c, hashes, blockSize, prompt, true)
+	return x.record(x.member(c), hashes, blockSize, prompt, true)
 }
 
-// record is RecordOverlapAt; without count it returns 0 and skips the
-// count (a lookup per leading block).
-func (x *Index) record(c Candidate, hashes []uint64, blockSize int, prompt shared.PromptKey, count bool) int {
-	m := x.member(c)
+// record is RecordOverlapAt for member m (nil: untracked); without count
+// it returns 0 and skips the count (a lookup per leading block).
+func (x *Index) record(m *member, hashes []uint64, blockSize int, prompt shared.PromptKey, count bool) int {
 	if m == nil {
 		return 0
 	}

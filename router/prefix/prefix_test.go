@@ -514,3 +514,38 @@ func TestRecordOrderMatchesNaiveRecency(t *testing.T) {
 		t.Fatalf("the shortcut was taken %d times of 2000: the test does not exercise both ways", shortcuts)
 	}
 }
+
+// RecordAt records on the candidate it names whatever the slot hint says:
+// the hint is taken when the slot is still that candidate's, and a slot
+// reused since by another, out of range or negative falls back to the id.
+func TestRecordAtStaleSlot(t *testing.T) {
+	x := New(1)
+	for id := 1; id <= 2; id++ {
+		if err := x.AddWorker(cand(id), 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s1 := x.Slot(cand(1))
+	s2 := x.Slot(cand(2))
+	x.RemoveWorker(cand(1))
+	if err := x.AddWorker(cand(3), 10); err != nil {
+		t.Fatal(err)
+	}
+	if s3 := x.Slot(cand(3)); s3 != s1 {
+		t.Fatalf("worker 3 took slot %d, not worker 1's %d: the test needs the reuse", s3, s1)
+	}
+	p, q, r := hashes(1, 2), hashes(3), hashes(4, 5, 6)
+	x.RecordAt(s1, cand(2), p) // worker 3's slot now
+	x.RecordAt(99, cand(2), q)
+	x.RecordAt(s2, cand(2), r) // its own
+	x.RecordAt(s1, cand(1), r) // gone: nothing
+	for _, c := range []struct {
+		id     int
+		prompt []uint64
+		want   int
+	}{{2, p, 2}, {2, q, 1}, {2, r, 3}, {3, p, 0}, {3, r, 0}} {
+		if got := x.Overlap(cand(c.id), c.prompt, nil); got != c.want {
+			t.Errorf("worker %d holds %d blocks of %x, want %d", c.id, got, c.prompt, c.want)
+		}
+	}
+}
