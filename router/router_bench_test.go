@@ -272,7 +272,7 @@ func BenchmarkPlaceShadowInterleaved(b *testing.B) {
 // shape: the least a load- and cache-aware selection over n workers must
 // do, timed with the same fleets. Each timed iteration reads the fleet
 // snapshot's partition, reads every worker's load counters into a
-// column (Worker.LoadInto, as fill does), computes a cost per row from
+// column (fleet.FillLoads, as fill does), computes a cost per row from
 // them and a constant overlap (every worker holds the prompt: no index
 // lookup), and takes the first lowest. No prefix-index lookup, no
 // booking, no recording, no random tie-break: what is left of a whole
@@ -296,9 +296,7 @@ func BenchmarkSelectFloor(b *testing.B) {
 					b.Fatal(err)
 				}
 				ls := loads[:len(part.Workers)]
-				for i, w := range part.Workers {
-					w.LoadInto(&ls[i], true)
-				}
+				fleet.FillLoads(part.Workers, ls, true)
 				best, low := 0, 0.0
 				for i := range ls {
 					c := float64(ls[i].ActivePrefillTokens)/bs + 16 - 4*overlap + float64(ls[i].ActiveDecodeBlocks)/32
