@@ -73,6 +73,26 @@ func (l *List) MoveToFront(i int32) {
 	l.links[0].next = k
 }
 
+// MoveRunToFront moves the run of entries from first to last (both on
+// the list, first at or before last, the run read front to back) to the
+// front in its order, in constant time: what MoveToFront of last, then
+// of each entry before it back to first, does one entry at a time.
+func (l *List) MoveRunToFront(first, last int32) {
+	a, b := first+1, last+1
+	before := l.links[a].prev
+	if before == 0 {
+		return // already at the front
+	}
+	after := l.links[b].next
+	l.links[before].next = after
+	l.links[after].prev = before
+	front := l.links[0].next
+	l.links[b].next = front
+	l.links[front].prev = b
+	l.links[a].prev = 0
+	l.links[0].next = a
+}
+
 // Front returns the first index, or None when the list is empty.
 func (l *List) Front() int32 {
 	if len(l.links) == 0 {

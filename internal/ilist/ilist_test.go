@@ -113,7 +113,7 @@ func TestAgainstContainerList(t *testing.T) {
 		for range 2000 {
 			i := int32(rng.IntN(64))
 			e, on := elems[i]
-			switch op := rng.IntN(5); {
+			switch op := rng.IntN(6); {
 			case !on && op < 2:
 				l.PushFront(i)
 				elems[i] = ref.PushFront(i)
@@ -127,6 +127,16 @@ func TestAgainstContainerList(t *testing.T) {
 				l.Remove(i)
 				ref.Remove(e)
 				delete(elems, i)
+			case op == 5:
+				// A run of up to 6 entries from i, to the front in its order.
+				run := []*list.Element{e}
+				for k := rng.IntN(6); k > 0 && run[len(run)-1].Next() != nil; k-- {
+					run = append(run, run[len(run)-1].Next())
+				}
+				l.MoveRunToFront(i, run[len(run)-1].Value.(int32))
+				for k := len(run) - 1; k >= 0; k-- {
+					ref.MoveToFront(run[k])
+				}
 			default:
 				// Pop the back, as an LRU evicts.
 				b := l.Back()

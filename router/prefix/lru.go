@@ -36,18 +36,28 @@ func (l *lru) touch(h uint64) bool {
 	return true
 }
 
-// frontIs reports whether the list begins with hashes, in their order
-// (hashes[0] most recent): then recording them would leave the list as it
-// is. At most len(hashes)+1 steps along the list, no lookup.
-func (l *lru) frontIs(hashes []uint64) bool {
-	i := l.order.Front()
-	for _, h := range hashes {
-		if i == ilist.None || l.hash[i] != h {
-			return false
-		}
-		i = l.order.Next(i)
+// run reports whether hashes are all on the list, one after another in
+// their order (hashes[0] the most recent of them), and where the run
+// begins and ends: then recording them moves the run to the front as it
+// is (ilist.List.MoveRunToFront), and a run already at the front stays.
+// At most one lookup and len(hashes) steps along the list.
+func (l *lru) run(hashes []uint64) (first, last int32, ok bool) {
+	if len(hashes) == 0 {
+		return 0, 0, false
 	}
-	return true
+	// At the front (the last prompt recorded here again) without the lookup.
+	if first = l.order.Front(); first == ilist.None || l.hash[first] != hashes[0] {
+		if first, ok = l.pos.get(hashes[0]); !ok {
+			return 0, 0, false
+		}
+	}
+	last = first
+	for _, h := range hashes[1:] {
+		if last = l.order.Next(last); last == ilist.None || l.hash[last] != h {
+			return 0, 0, false
+		}
+	}
+	return first, last, true
 }
 
 // insert adds an absent h at the front; when full it evicts the least

@@ -441,10 +441,14 @@ func (x *Index) record(m *member, hashes []uint64, blockSize int, prompt shared.
 	if l.dead {
 		return 0
 	}
-	// The same prompt recorded again (a repeated request, a burst of one
-	// prompt) leaves the list as it is: the walk from the front is cheaper
-	// than a lookup and a move per block.
-	if l.frontIs(hashes) {
+	// A prompt recorded before and held since as it was recorded (a
+	// repeated request, a conversation's earlier turn, the same prompt sent
+	// to every worker in turn) moves to the front as one run: one lookup
+	// and a walk, where a lookup and a move per block would write the
+	// list in as many places (and, across cores, take as many cache lines
+	// from the core that last recorded on this worker).
+	if first, last, ok2 := l.run(hashes); ok2 {
+		l.order.MoveRunToFront(first, last)
 		if !ok {
 			blocks = len(hashes)
 		}

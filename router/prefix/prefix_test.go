@@ -467,7 +467,7 @@ func TestDepthScratchStampWraps(t *testing.T) {
 // Recording keeps the list in the order a naive recency list would: each
 // prompt's blocks most recent, its first block first, the least recent
 // evicted. The prompts repeat and nest often, so the front-match shortcut
-// (lru.frontIs) is taken, and not taken, many times.
+// (lru.run) is taken, and not taken, many times.
 func TestRecordOrderMatchesNaiveRecency(t *testing.T) {
 	const capacity = 12
 	x := New(1)
@@ -487,7 +487,7 @@ func TestRecordOrderMatchesNaiveRecency(t *testing.T) {
 		p := prompts[next(len(prompts))]
 		m := x.member(c)
 		m.lru.mu.Lock()
-		if m.lru.frontIs(p) {
+		if _, _, ok := m.lru.run(p); ok {
 			shortcuts++
 		}
 		m.lru.mu.Unlock()
