@@ -47,8 +47,10 @@ func benchDefaultFleet(b *testing.B, n int) *Router {
 // (kv-affinity scorer + min-cost picker, temperature 0) at 64, 1,024 and 4,096
 // workers, for a 16-block (8,192-token, 512-token blocks) prompt whose
 // prefix no worker holds (none), one worker holds (one: it wins every
-// selection) or every worker holds (all: a tie among all, broken at
-// random). Each timed iteration is one Router.Place and the release of
+// selection), every worker holds (all: a tie among all, broken at
+// random) or every worker holds the first half of (half: a shared
+// system prompt and a new question, the last 8 blocks new every
+// iteration). Each timed iteration is one Router.Place and the release of
 // its booking: reading the fleet snapshot and the bundle, the CACHE
 // column from the prefix index (Index.Fill), the LOAD column (each
 // worker's booking counters), the CAPACITY column, kv-affinity's costs,
@@ -58,8 +60,9 @@ func benchDefaultFleet(b *testing.B, n int) *Router {
 // iteration's prompt is new (its first block id is the iteration
 // number), so the iteration also computes its 16 chained hashes and
 // records 16 new blocks in the index (evicting the worker's 16 least
-// recent once its 4,096-block list is full); the other shapes record
-// blocks the chosen worker already holds. Not timed: building the fleet
+// recent once its 4,096-block list is full); with half, its 9th block id
+// is the iteration number, so it records the 8 held blocks and 8 new
+// ones; one and all record blocks the chosen worker already holds. Not timed: building the fleet
 // and recording the held prefix. Besides ns/op (wall time) it reports
 // cpu-ns/op, the process's CPU time per selection (getrusage), which
 // other processes on a shared machine do not stretch.
@@ -67,7 +70,7 @@ func benchDefaultFleet(b *testing.B, n int) *Router {
 //	go test -run='^$' -bench='^BenchmarkSelect$' -benchmem ./router/
 func BenchmarkSelect(b *testing.B) {
 	for _, n := range []int{64, 1024, 4096} {
-		for _, shape := range []string{"none", "one", "all"} {
+		for _, shape := range []string{"none", "one", "all", "half"} {
 			b.Run(fmt.Sprintf("workers=%d/held=%s", n, shape), func(b *testing.B) {
 				r := benchDefaultFleet(b, n)
 				ids := make([]uint64, 16)
@@ -82,6 +85,10 @@ func BenchmarkSelect(b *testing.B) {
 					for i := range n {
 						r.index.Record(prefix.Candidate{ID: shared.WorkerID(i)}, held)
 					}
+				case "half":
+					for i := range n {
+						r.index.Record(prefix.Candidate{ID: shared.WorkerID(i)}, held[:8])
+					}
 				}
 				req := &shared.Request{Role: shared.RoleAggregated, PromptTokens: 8192, BlockSize: 512, BlockHashes: held}
 				ctx := context.Background()
@@ -90,8 +97,12 @@ func BenchmarkSelect(b *testing.B) {
 				b.ReportAllocs()
 				n, cpu0 := 0, cputime.Process()
 				for i := uint64(1 << 40); b.Loop(); i++ {
-					if shape == "none" {
+					switch shape {
+					case "none":
 						ids[0] = i
+						req.BlockHashes = prefix.ChainHashes(req.BlockHashes[:0], ids)
+					case "half":
+						ids[8] = i
 						req.BlockHashes = prefix.ChainHashes(req.BlockHashes[:0], ids)
 					}
 					d, err := r.Place(ctx, req, pl)
