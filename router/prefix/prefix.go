@@ -26,8 +26,8 @@ import (
 	"sync/atomic"
 
 	"github.com/puzpuzpuz/xsync/v4"
-	"github.com/switchyard-router/switchyard/internal/ilist"
 
+	"github.com/switchyard-router/switchyard/internal/ilist"
 	"github.com/switchyard-router/switchyard/shared"
 )
 
