@@ -155,7 +155,9 @@ func TestAgainstContainerList(t *testing.T) {
 }
 
 // FuzzAgainstContainerList is TestAgainstContainerList over fuzzed
-// operation bytes: low 6 bits the index, high 2 the operation.
+// operation bytes: low 6 bits the index, high 2 the operation (for an
+// entry on the list: 0-1 MoveToFront, 2 Remove, 3 MoveRunToFront of it
+// and up to two after it).
 func FuzzAgainstContainerList(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 65, 130, 195, 3, 64})
 	f.Fuzz(func(t *testing.T, ops []byte) {
@@ -175,10 +177,21 @@ func FuzzAgainstContainerList(f *testing.F) {
 			case op < 2:
 				l.MoveToFront(i)
 				ref.MoveToFront(e)
-			default:
+			case op == 2:
 				l.Remove(i)
 				ref.Remove(e)
 				delete(elems, i)
+			default:
+				// i and the two entries after it (fewer at the back), to
+				// the front as a run.
+				run := []*list.Element{e}
+				for len(run) < 3 && run[len(run)-1].Next() != nil {
+					run = append(run, run[len(run)-1].Next())
+				}
+				l.MoveRunToFront(i, run[len(run)-1].Value.(int32))
+				for k := len(run) - 1; k >= 0; k-- {
+					ref.MoveToFront(run[k])
+				}
 			}
 		}
 		if got, want := contents(t, &l), refContents(ref); !slices.Equal(got, want) {
